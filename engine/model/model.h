@@ -1,0 +1,106 @@
+// Model: a causal LM forward pass over a paged KV cache.
+//
+// One Forward call runs a step of continuous batching: any mix of prefill chunks and decode
+// tokens from several sequences, flattened into one token list. The scheduler plans the step
+// (block tables, slot mapping) on the host; the model only consumes the plan.
+#ifndef SLUICE_ENGINE_MODEL_MODEL_H_
+#define SLUICE_ENGINE_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/model/model_config.h"
+
+namespace sluice {
+
+// KvCacheSpec describes what one token stores per layer. A standard attention layer stores
+// K [num_kv_heads, head_dim] and V [num_kv_heads, v_head_dim]; an MLA layer stores the
+// compressed latent [kv_lora_rank] and the shared rope key [qk_rope_head_dim] as "K" and
+// nothing as "V" (v_floats_per_token = 0).
+struct KvCacheSpec {
+  int64_t num_layers = 0;
+  int64_t k_floats_per_token = 0;  // per layer
+  int64_t v_floats_per_token = 0;  // per layer
+  int64_t BytesPerToken() const {  // over all layers, float32 storage
+    return num_layers * (k_floats_per_token + v_floats_per_token) * 4;
+  }
+};
+
+// KvCache owns the paged KV storage on the CPU backend:
+//   k(layer): [num_blocks, block_size, k_floats_per_token], float32
+//   v(layer): [num_blocks, block_size, v_floats_per_token], float32
+// Slot s = block_id * block_size + offset_in_block addresses one token's entry.
+// Not thread-safe; the engine owns it and runs one step at a time.
+class KvCache {
+ public:
+  KvCache(const KvCacheSpec& spec, int64_t num_blocks, int64_t block_size);
+  const KvCacheSpec& spec() const { return spec_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  float* k(int64_t layer) { return k_[layer].data(); }
+  float* v(int64_t layer) { return v_[layer].data(); }
+  const float* k(int64_t layer) const { return k_[layer].data(); }
+  const float* v(int64_t layer) const { return v_[layer].data(); }
+  // Bytes of one block over all layers.
+  int64_t BlockBytes() const { return spec_.BytesPerToken() * block_size_; }
+
+ private:
+  KvCacheSpec spec_;
+  int64_t num_blocks_;
+  int64_t block_size_;
+  std::vector<std::vector<float>> k_;
+  std::vector<std::vector<float>> v_;
+};
+
+// SequenceSlice is one sequence's part of a step: tokens
+// [query_start, query_start + num_query_tokens) of the flattened batch are this sequence's
+// positions [num_context_tokens, num_context_tokens + num_query_tokens). The first
+// num_context_tokens tokens are already in the KV cache. block_table lists the sequence's KV
+// blocks in order (it covers at least num_context_tokens + num_query_tokens tokens).
+struct SequenceSlice {
+  int32_t query_start = 0;
+  int32_t num_query_tokens = 0;
+  int32_t num_context_tokens = 0;
+  absl::Span<const int32_t> block_table;
+};
+
+// ForwardInput is one step's plan.
+struct ForwardInput {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens], absolute position in its sequence
+  std::vector<int64_t> slot_mapping;  // [num_tokens], KV slot each token's K/V is written to
+  std::vector<SequenceSlice> sequences;
+  std::vector<int32_t> logits_indices;  // flattened token indices whose logits are wanted
+};
+
+// Model is implemented per architecture (llama.cc, qwen3 via llama.cc, deepseek_v3.cc).
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KvCacheSpec kv_cache_spec() const = 0;
+  // Bytes of weights read by one decode step of one token (routed experts counted only for the
+  // experts a token uses). Used for the memory-bandwidth roofline in bench/.
+  virtual int64_t WeightBytesPerToken() const = 0;
+  // Forward runs one step: writes every token's K/V into `kv_cache` at its slot, attends over
+  // each sequence's cached context plus its new tokens (causal, sliding window where the layer
+  // has one), and writes logits for each of `input.logits_indices` into
+  // `logits` [logits_indices.size(), vocab_size], float32.
+  // Errors: InvalidArgument for a token id outside the vocabulary or an inconsistent plan.
+  virtual absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                               absl::Span<float> logits) = 0;
+};
+
+// LoadModel reads config.json + safetensors from `dir` and builds the model (weights
+// converted to float32). Errors: those of ModelConfig::Load and Checkpoint, plus
+// NotFound/InvalidArgument naming any missing tensor or one with the wrong shape/dtype.
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir);
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_MODEL_MODEL_H_

@@ -1,0 +1,50 @@
+// Sampler: logits processing (penalties, temperature, top-k/top-p/min-p) and token choice for
+// one sequence, with logprobs.
+#ifndef SLUICE_ENGINE_SAMPLE_SAMPLER_H_
+#define SLUICE_ENGINE_SAMPLE_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/sample/sampling_params.h"
+
+namespace sluice {
+
+// TokenLogprob is one (token, log-probability) pair.
+struct TokenLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
+// SampledToken is the sampler's result for one sequence and step.
+struct SampledToken {
+  int32_t token_id = 0;
+  float logprob = 0.0f;                    // of the chosen token, under the raw model distribution
+  std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, descending
+};
+
+// SamplerRng is the per-request generator: seeded from SamplingParams::seed, so a request's
+// tokens do not depend on what it is batched with.
+using SamplerRng = std::mt19937_64;
+
+// SequenceContext is what penalties look at.
+struct SequenceContext {
+  absl::Span<const int32_t> prompt_token_ids;
+  absl::Span<const int32_t> output_token_ids;
+  absl::Span<const int32_t> eos_token_ids;  // model EOS + stop_token_ids, suppressed < min_tokens
+};
+
+// SampleToken processes `logits` ([vocab_size], float32, modified in place as scratch) and
+// picks a token. Order (vLLM's): min_tokens suppression, repetition/presence/frequency
+// penalties, then greedy argmax (temperature 0; ties → lowest id) or temperature → min_p →
+// top_k → top_p → categorical draw from `rng`. Logprobs are log_softmax of the raw logits
+// (before any processing), as vLLM and OpenAI report them.
+SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
+                         const SequenceContext& context, SamplerRng& rng);
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_SAMPLE_SAMPLER_H_

@@ -1,0 +1,39 @@
+// SamplingParams: per-request decoding controls, with OpenAI and vLLM semantics.
+#ifndef SLUICE_ENGINE_SAMPLE_SAMPLING_PARAMS_H_
+#define SLUICE_ENGINE_SAMPLE_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace sluice {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = -1;               // -1 or 0: disabled
+  float min_p = 0.0f;               // [0, 1]
+  float presence_penalty = 0.0f;    // [-2, 2], OpenAI: logit -= p if the token was generated
+  float frequency_penalty = 0.0f;   // [-2, 2], OpenAI: logit -= f * count in the output
+  float repetition_penalty = 1.0f;  // > 0, CTRL (Keskar et al. 2019) over prompt + output
+  std::optional<uint64_t> seed;     // per-request RNG; unset: random
+  int32_t max_tokens = 16;          // new tokens
+  int32_t min_tokens = 0;           // EOS / stop ids suppressed before this many tokens
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
+  std::vector<std::string> stop;        // stop strings (applied by the output processor)
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  std::optional<int32_t> logprobs;  // number of top logprobs per token (0: just the sampled one)
+
+  // Validate returns InvalidArgument naming the offending field.
+  absl::Status Validate(int32_t vocab_size) const;
+  bool IsGreedy() const { return temperature == 0.0f; }
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_SAMPLE_SAMPLING_PARAMS_H_

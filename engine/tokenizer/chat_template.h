@@ -1,0 +1,49 @@
+// ChatTemplate: renders a Hugging Face Jinja `chat_template` (the subset HF templates use).
+//
+// Supported: {{ }}, {% %}, {# #}, whitespace control (-), `for` (with `loop.index`,
+// `loop.index0`, `loop.first`, `loop.last`, `loop.length`, `loop.revindex`, else-branch,
+// filtering `if`), `if/elif/else`, `set` (also `namespace()` attributes), `macro`, literals,
+// lists, dicts, slicing, `in`, `is defined/none/string/...` tests, filters (`trim`, `length`,
+// `tojson`, `upper`, `lower`, `default`, `join`, `first`, `last`, `replace`, `items`, ...),
+// string methods (`strip`, `lstrip`, `rstrip`, `startswith`, `endswith`, `split`, `upper`,
+// `lower`, `replace`, `title`), dict `.get/.items/.keys/.values`, `raise_exception(msg)`.
+#ifndef SLUICE_ENGINE_TOKENIZER_CHAT_TEMPLATE_H_
+#define SLUICE_ENGINE_TOKENIZER_CHAT_TEMPLATE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace sluice {
+
+class ChatTemplate {
+ public:
+  // Parse compiles `source`. Errors: InvalidArgument with line/column of a syntax error.
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Parse(const std::string& source);
+  // FromTokenizerConfig reads `chat_template` from tokenizer_config.json (string or list of
+  // {name, template}, picking "default") or chat_template.jinja in `model_dir`, and the
+  // bos/eos token strings. Errors: NotFound when the model has no chat template.
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromModelDir(const std::string& model_dir);
+  virtual ~ChatTemplate() = default;
+
+  // Render evaluates the template with `context` as the global variables (a JSON object,
+  // e.g. {"messages": [...], "add_generation_prompt": true, "bos_token": "...", ...}).
+  // Errors: InvalidArgument for `raise_exception(msg)` (message = msg) or a runtime type error.
+  virtual absl::StatusOr<std::string> Render(const nlohmann::json& context) const = 0;
+
+  // RenderMessages is Render with messages, add_generation_prompt, and the bos/eos tokens read
+  // by FromModelDir (empty when built with Parse) merged with `extra` (e.g. tools).
+  absl::StatusOr<std::string> RenderMessages(const nlohmann::json& messages,
+                                             bool add_generation_prompt,
+                                             const nlohmann::json& extra = nlohmann::json::object()) const;
+
+ protected:
+  std::string bos_token_;
+  std::string eos_token_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_TOKENIZER_CHAT_TEMPLATE_H_

@@ -1,0 +1,57 @@
+#include "services/api/openai_errors.h"
+
+#include <optional>
+
+#include "absl/strings/cord.h"
+
+namespace sluice {
+namespace {
+constexpr char kParamPayload[] = "sluice.param";
+}  // namespace
+
+int HttpStatusFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kCancelled: return 499;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+absl::Status InvalidParam(const std::string& param, const std::string& message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+nlohmann::json OpenAiErrorJson(const absl::Status& status, const std::string& param) {
+  std::string p = param;
+  if (p.empty()) {
+    if (auto payload = status.GetPayload(kParamPayload)) {
+      p = std::string(*payload);
+    }
+  }
+  const int http = HttpStatusFor(status);
+  const char* type = http == 404 ? "NotFoundError"
+                     : http < 500 ? "BadRequestError"
+                                  : "InternalServerError";
+  if (http == 400) type = "invalid_request_error";
+  nlohmann::json error = {{"message", std::string(status.message())},
+                          {"type", type},
+                          {"param", p.empty() ? nlohmann::json(nullptr) : nlohmann::json(p)},
+                          {"code", http}};
+  return nlohmann::json{{"error", error}};
+}
+
+}  // namespace sluice

@@ -1,0 +1,37 @@
+#include "tests/util/test_paths.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+namespace sluice::testing {
+
+std::string SharedDir() {
+  if (const char* env = std::getenv("SLUICE_SHARED_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return SLUICE_SHARED_DIR;
+}
+
+std::string RequirePath(const std::string& path) {
+  if (!std::filesystem::exists(path)) {
+    ADD_FAILURE() << "required fixture is missing: " << path
+                  << " (set SLUICE_SHARED_DIR to the shared/ folder)";
+  }
+  return path;
+}
+
+std::string FixtureDir(const std::string& name) {
+  return RequirePath(SharedDir() + "/fixtures/" + name);
+}
+
+std::string SharedModelDir(const std::string& name) {
+  return RequirePath(SharedDir() + "/models/" + name);
+}
+
+std::string EmbeddedModelDir() {
+  return RequirePath(std::string(SLUICE_SOURCE_DIR) + "/models/sluice-mini-moe");
+}
+
+}  // namespace sluice::testing
