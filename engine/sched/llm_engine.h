@@ -47,6 +47,9 @@ class LLMEngine {
   // max_model_len — message gives both numbers —, token id outside the vocabulary, bad sampling
   // params), AlreadyExists (duplicate id), ResourceExhausted (waiting queue full).
   virtual absl::Status AddRequest(EngineRequest request) = 0;
+  // ValidateRequest runs AddRequest's checks that depend only on the request and the model
+  // (not on engine state). Thread-safe: reads immutable configuration only.
+  virtual absl::Status ValidateRequest(const EngineRequest& request) const = 0;
   // AbortRequest finishes the request with kAbort in the next Step's outputs and frees its
   // blocks. Unknown ids are ignored.
   virtual void AbortRequest(const std::string& request_id) = 0;

@@ -1,0 +1,271 @@
+#include "engine/sched/llm_engine.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "engine/kv/kv_block_allocator.h"
+#include "engine/sample/sampler.h"
+#include "engine/sched/scheduler.h"
+
+namespace sluice {
+namespace {
+
+class LLMEngineImpl final : public LLMEngine {
+ public:
+  LLMEngineImpl(std::unique_ptr<Model> model, const EngineOptions& options, int64_t num_blocks,
+                int32_t max_model_len)
+      : model_(std::move(model)),
+        options_(options),
+        max_model_len_(max_model_len),
+        kv_cache_(model_->kv_cache_spec(), num_blocks, options.block_size),
+        scheduler_(SchedulerConfig{options.block_size, options.max_num_seqs,
+                                   options.max_num_batched_tokens},
+                   num_blocks) {
+    const auto& eos = model_->config().eos_token_ids;
+    eos_token_ids_.assign(eos.begin(), eos.end());
+  }
+
+  absl::Status ValidateRequest(const EngineRequest& request) const override {
+    const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
+    const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
+    if (num_prompt == 0) return absl::InvalidArgumentError("prompt must not be empty");
+    for (int32_t id : request.prompt_token_ids) {
+      if (id < 0 || id >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+      }
+    }
+    if (num_prompt >= max_model_len_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("This model's maximum context length is ", max_model_len_,
+                       " tokens, but the prompt has ", num_prompt, " tokens"));
+    }
+    if (num_prompt + request.sampling.max_tokens > max_model_len_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "This model's maximum context length is ", max_model_len_, " tokens. However, you ",
+          "requested ", num_prompt + request.sampling.max_tokens, " tokens (", num_prompt,
+          " in the prompt, ", request.sampling.max_tokens,
+          " for the completion). Please reduce the prompt or max_tokens."));
+    }
+    return request.sampling.Validate(vocab);
+  }
+
+  absl::Status AddRequest(EngineRequest request) override {
+    if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+    if (ids_.contains(request.request_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("request id '", request.request_id, "' is already in flight"));
+    }
+    if (scheduler_.num_waiting() >= options_.max_waiting_requests) {
+      return absl::ResourceExhaustedError("too many waiting requests; retry later");
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->request = std::move(request);
+    seq->token_ids = seq->request.prompt_token_ids;
+    seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
+                                                         : std::random_device{}());
+    ids_.insert(seq->request.request_id);
+    scheduler_.Add(std::move(seq));
+    return absl::OkStatus();
+  }
+
+  void AbortRequest(const std::string& request_id) override {
+    if (ids_.contains(request_id)) pending_aborts_.push_back(request_id);
+  }
+
+  std::vector<RequestOutput> Step() override {
+    std::vector<RequestOutput> outputs;
+    for (const std::string& id : pending_aborts_) {
+      if (std::unique_ptr<Sequence> seq = scheduler_.Remove(id)) {
+        outputs.push_back(FinalOutput(*seq, FinishReason::kAbort, absl::OkStatus()));
+        ids_.erase(id);
+      }
+    }
+    pending_aborts_.clear();
+
+    SchedulerOutput plan = scheduler_.Schedule();
+    counters_.num_preemptions += plan.num_preempted;
+    if (plan.scheduled.empty()) return outputs;
+    ++counters_.num_steps;
+
+    BuildForwardInput(plan);
+    const int64_t vocab = model_->config().vocab_size;
+    logits_.resize(input_.logits_indices.size() * vocab);
+    absl::Status status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    if (!status.ok()) {
+      // A failed step fails the requests in it; the others go on.
+      for (const ScheduledSequence& s : plan.scheduled) {
+        const std::string id = s.seq->request.request_id;
+        std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
+        outputs.push_back(FinalOutput(*seq, FinishReason::kError, status));
+        ids_.erase(id);
+      }
+      return outputs;
+    }
+
+    size_t logits_row = 0;
+    std::vector<std::string> finished;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      Sequence& seq = *s.seq;
+      const bool samples = s.samples();
+      const int32_t before = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());
+      seq.num_computed_tokens += s.num_new_tokens;
+      counters_.num_prompt_tokens_computed +=
+          std::min(seq.num_computed_tokens, seq.num_prompt_tokens()) - before;
+      if (!samples) continue;
+      absl::Span<float> row(logits_.data() + logits_row * vocab, vocab);
+      ++logits_row;
+      SampledToken token = Sample(seq, row);
+      seq.AppendToken(token.token_id);
+      ++counters_.num_generation_tokens;
+
+      RequestOutput out;
+      out.request_id = seq.request.request_id;
+      out.new_tokens.push_back(std::move(token));
+      out.num_prompt_tokens = seq.num_prompt_tokens();
+      out.num_cached_tokens = seq.num_cached_tokens;
+      out.num_output_tokens = seq.num_output_tokens();
+      out.finish_reason = CheckFinished(seq);
+      if (out.finished()) finished.push_back(out.request_id);
+      outputs.push_back(std::move(out));
+    }
+    for (const std::string& id : finished) {
+      scheduler_.Remove(id);
+      ids_.erase(id);
+    }
+    return outputs;
+  }
+
+  bool HasUnfinishedRequests() const override { return !ids_.empty(); }
+  const Model& model() const override { return *model_; }
+  int32_t max_model_len() const override { return max_model_len_; }
+  int64_t num_waiting() const override { return scheduler_.num_waiting(); }
+  int64_t num_running() const override { return scheduler_.num_running(); }
+  int64_t num_total_blocks() const override {
+    return scheduler_.allocator().num_total_blocks();
+  }
+  int64_t num_free_blocks() const override { return scheduler_.allocator().num_free_blocks(); }
+  int64_t block_size() const override { return options_.block_size; }
+  EngineCounters counters() const override { return counters_; }
+
+ private:
+  void BuildForwardInput(const SchedulerOutput& plan) {
+    input_.token_ids.clear();
+    input_.positions.clear();
+    input_.slot_mapping.clear();
+    input_.sequences.clear();
+    input_.logits_indices.clear();
+    const int64_t bs = options_.block_size;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      const Sequence& seq = *s.seq;
+      SequenceSlice slice;
+      slice.query_start = static_cast<int32_t>(input_.token_ids.size());
+      slice.num_query_tokens = s.num_new_tokens;
+      slice.num_context_tokens = seq.num_computed_tokens;
+      slice.block_table = absl::MakeConstSpan(seq.block_table);
+      for (int32_t k = 0; k < s.num_new_tokens; ++k) {
+        const int32_t pos = seq.num_computed_tokens + k;
+        input_.token_ids.push_back(seq.token_ids[pos]);
+        input_.positions.push_back(pos);
+        input_.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[pos / bs]) * bs +
+                                      pos % bs);
+      }
+      if (s.samples()) {
+        input_.logits_indices.push_back(slice.query_start + s.num_new_tokens - 1);
+      }
+      input_.sequences.push_back(slice);
+    }
+  }
+
+  SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
+    const SamplingParams& p = seq.request.sampling;
+    stop_ids_.clear();
+    if (!p.ignore_eos) stop_ids_.assign(eos_token_ids_.begin(), eos_token_ids_.end());
+    stop_ids_.insert(stop_ids_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+    SequenceContext context{absl::MakeConstSpan(seq.request.prompt_token_ids),
+                            absl::MakeConstSpan(seq.output_token_ids),
+                            absl::MakeConstSpan(stop_ids_)};
+    return SampleToken(logits, p, context, seq.rng);
+  }
+
+  FinishReason CheckFinished(const Sequence& seq) const {
+    const SamplingParams& p = seq.request.sampling;
+    const int32_t last = seq.output_token_ids.back();
+    if (seq.num_output_tokens() >= p.min_tokens) {
+      if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) !=
+          p.stop_token_ids.end()) {
+        return FinishReason::kStop;
+      }
+      if (!p.ignore_eos &&
+          std::find(eos_token_ids_.begin(), eos_token_ids_.end(), last) != eos_token_ids_.end()) {
+        return FinishReason::kStop;
+      }
+    }
+    if (seq.num_output_tokens() >= p.max_tokens || seq.num_tokens() >= max_model_len_) {
+      return FinishReason::kLength;
+    }
+    return FinishReason::kNone;
+  }
+
+  RequestOutput FinalOutput(const Sequence& seq, FinishReason reason, absl::Status status) {
+    RequestOutput out;
+    out.request_id = seq.request.request_id;
+    out.finish_reason = reason;
+    out.status = std::move(status);
+    out.num_prompt_tokens = seq.num_prompt_tokens();
+    out.num_cached_tokens = seq.num_cached_tokens;
+    out.num_output_tokens = seq.num_output_tokens();
+    return out;
+  }
+
+  std::unique_ptr<Model> model_;
+  EngineOptions options_;
+  int32_t max_model_len_;
+  KvCache kv_cache_;
+  Scheduler scheduler_;
+  std::vector<int32_t> eos_token_ids_;
+  std::unordered_set<std::string> ids_;  // in-flight request ids
+  std::vector<std::string> pending_aborts_;
+  ForwardInput input_;
+  std::vector<float> logits_;
+  std::vector<int32_t> stop_ids_;
+  EngineCounters counters_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Model> model,
+                                                             const EngineOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("model is null");
+  if (options.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  if (options.max_num_seqs <= 0) return absl::InvalidArgumentError("max_num_seqs must be > 0");
+  if (options.max_num_batched_tokens <= 0) {
+    return absl::InvalidArgumentError("max_num_batched_tokens must be > 0");
+  }
+  const int64_t model_len = model->config().max_position_embeddings;
+  const int32_t max_model_len =
+      options.max_model_len > 0 ? options.max_model_len : static_cast<int32_t>(model_len);
+  if (max_model_len > model_len) {
+    return absl::InvalidArgumentError(absl::StrCat("max_model_len ", max_model_len,
+                                                   " exceeds the model's max_position_embeddings ",
+                                                   model_len));
+  }
+  const KvCacheSpec spec = model->kv_cache_spec();
+  const int64_t block_bytes = spec.BytesPerToken() * options.block_size;
+  int64_t num_blocks = options.num_kv_blocks;
+  if (num_blocks <= 0) num_blocks = block_bytes > 0 ? options.kv_cache_bytes / block_bytes : 0;
+  const int64_t needed = NumBlocksFor(max_model_len, options.block_size);
+  if (num_blocks < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache of ", num_blocks, " blocks cannot hold one sequence of max_model_len ",
+        max_model_len, " tokens (needs ", needed, " blocks of ", options.block_size, " tokens)"));
+  }
+  return std::unique_ptr<LLMEngine>(
+      new LLMEngineImpl(std::move(model), options, num_blocks, max_model_len));
+}
+
+}  // namespace sluice

@@ -1,0 +1,38 @@
+// Sequence: the engine's state for one request (one choice).
+#ifndef SLUICE_ENGINE_SCHED_SEQUENCE_H_
+#define SLUICE_ENGINE_SCHED_SEQUENCE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/sample/sampler.h"
+#include "engine/sched/request.h"
+
+namespace sluice {
+
+struct Sequence {
+  EngineRequest request;
+  std::vector<int32_t> output_token_ids;
+  // All tokens whose KV the sequence needs: prompt then outputs. Kept in sync by AppendToken.
+  std::vector<int32_t> token_ids;
+  std::vector<int32_t> block_table;  // KV blocks in order
+  int32_t num_computed_tokens = 0;   // tokens of token_ids whose KV is in the cache
+  int32_t num_cached_tokens = 0;     // prompt tokens served from a prefix cache
+  SamplerRng rng;
+  int64_t admission_order = 0;       // larger = admitted later = preempted first
+  int32_t num_preemptions = 0;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_prompt_tokens() const {
+    return static_cast<int32_t>(request.prompt_token_ids.size());
+  }
+  int32_t num_output_tokens() const { return static_cast<int32_t>(output_token_ids.size()); }
+  void AppendToken(int32_t token) {
+    output_token_ids.push_back(token);
+    token_ids.push_back(token);
+  }
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_SCHED_SEQUENCE_H_
