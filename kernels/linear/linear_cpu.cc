@@ -1,0 +1,107 @@
+// LinearCpu: register-tiled float32 GEMM y = x · Wᵀ (+ bias), batch invariant.
+//
+// Every output element y[i, j] is computed by the same sequence of operations whatever m is and
+// wherever (i, j) falls in the tiling: one 16-lane accumulator over k in steps of 16
+// (lane l sums x[i, k]·w[j, k] for k ≡ l mod 16, in increasing k), a fixed pairwise reduction
+// of the 16 lanes, then the k % 16 tail in increasing k, then the bias. Tiles only decide how
+// many (i, j) pairs share loads, never the arithmetic of one pair.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/common/parallel.h"
+#include "kernels/linear/linear.h"
+
+namespace sluice::kernels {
+namespace {
+
+constexpr int kLanes = 16;
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+
+inline V16 Load(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Fixed-order horizontal sum: pairwise halves 16 → 8 → 4 → 2 → 1.
+inline float Reduce(V16 v) {
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof(a));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) a[l] = a[l] + a[l + width];
+  }
+  return a[0];
+}
+
+// Computes the MR × NR block y[i0.., j0..]. Arithmetic per element is independent of MR/NR.
+template <int MR, int NR>
+inline void MicroKernel(const float* x, const float* w, const float* bias, float* y, int64_t n,
+                        int64_t k, int64_t i0, int64_t j0) {
+  V16 acc[MR][NR];
+  for (int a = 0; a < MR; ++a) {
+    for (int b = 0; b < NR; ++b) acc[a][b] = V16{};
+  }
+  const int64_t k_main = k - k % kLanes;
+  const float* xr[MR];
+  const float* wr[NR];
+  for (int a = 0; a < MR; ++a) xr[a] = x + (i0 + a) * k;
+  for (int b = 0; b < NR; ++b) wr[b] = w + (j0 + b) * k;
+  for (int64_t kk = 0; kk < k_main; kk += kLanes) {
+    V16 wv[NR];
+    for (int b = 0; b < NR; ++b) wv[b] = Load(wr[b] + kk);
+    for (int a = 0; a < MR; ++a) {
+      V16 xv = Load(xr[a] + kk);
+      for (int b = 0; b < NR; ++b) acc[a][b] = acc[a][b] + xv * wv[b];
+    }
+  }
+  for (int a = 0; a < MR; ++a) {
+    for (int b = 0; b < NR; ++b) {
+      float s = Reduce(acc[a][b]);
+      for (int64_t kk = k_main; kk < k; ++kk) s += xr[a][kk] * wr[b][kk];
+      if (bias != nullptr) s += bias[j0 + b];
+      y[(i0 + a) * n + j0 + b] = s;
+    }
+  }
+}
+
+template <int NR>
+void RowBlocks(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+               int64_t k, int64_t j0) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) MicroKernel<4, NR>(x, w, bias, y, n, k, i, j0);
+  for (; i < m; ++i) MicroKernel<1, NR>(x, w, bias, y, n, k, i, j0);
+}
+
+// Column panel [j_begin, j_end): panels of 64 columns stay hot in L2 while every x row
+// streams past them.
+void Panel(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+           int64_t k, int64_t j_begin, int64_t j_end) {
+  constexpr int64_t kPanel = 64;
+  for (int64_t p = j_begin; p < j_end; p += kPanel) {
+    const int64_t p_end = std::min(j_end, p + kPanel);
+    int64_t j = p;
+    if (m == 1) {
+      // Decode: more independent accumulators per x load to keep the FMA pipes busy.
+      for (; j + 8 <= p_end; j += 8) MicroKernel<1, 8>(x, w, bias, y, n, k, 0, j);
+    }
+    for (; j + 4 <= p_end; j += 4) RowBlocks<4>(x, w, bias, y, m, n, k, j);
+    for (; j < p_end; ++j) RowBlocks<1>(x, w, bias, y, m, n, k, j);
+  }
+}
+
+}  // namespace
+
+void LinearCpu(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+               int64_t k) {
+  if (m <= 0 || n <= 0) return;
+  // Split n in groups of 8 columns; each chunk gets at least ~256K multiply-adds.
+  constexpr int64_t kGroup = 8;
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  const int64_t work_per_group = std::max<int64_t>(1, m * k * kGroup);
+  const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_group);
+  ParallelFor(groups, min_chunk, [&](int64_t g_begin, int64_t g_end) {
+    Panel(x, w, bias, y, m, n, k, g_begin * kGroup, std::min(n, g_end * kGroup));
+  });
+}
+
+}  // namespace sluice::kernels
