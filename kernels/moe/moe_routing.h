@@ -1,0 +1,54 @@
+// MoE top-k routing with DeepSeek-V3 group-limited selection and score-correction bias.
+//
+// Formula (transformers' `DeepseekV3TopkRouter`, modeling_deepseek_v3.py; "DeepSeek-V3 Technical
+// Report", arXiv:2412.19437 §2.1.2, auxiliary-loss-free balancing):
+//   s      = sigmoid(router_logits)            (or softmax over the experts)
+//   choice = s + e_score_correction_bias       (bias only steers the choice)
+//   group score = sum of the 2 highest choice scores of each of n_group equal groups
+//   keep the topk_group best groups; choice scores of experts in other groups are set to 0.0
+//   (transformers' `masked_fill(~mask, 0.0)`: a masked expert is still a candidate with score 0)
+//   ids    = top_k experts by choice score
+//   w      = s[ids] (unbiased), divided by (sum + 1e-20) when norm_topk_prob, × routed_scaling_factor
+#ifndef SLUICE_KERNELS_MOE_MOE_ROUTING_H_
+#define SLUICE_KERNELS_MOE_MOE_ROUTING_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace sluice::kernels {
+
+// MoeScoring selects how router logits become expert scores.
+enum class MoeScoring { kSigmoid, kSoftmax };
+
+// MoeRoutingParams configures MoeRoutingCpu. n_group = 1 disables group-limited selection.
+struct MoeRoutingParams {
+  int64_t num_experts = 0;  // n_routed_experts
+  int64_t top_k = 0;        // num_experts_per_tok
+  int64_t n_group = 1;      // experts split into n_group equal consecutive groups
+  int64_t topk_group = 1;   // groups kept per token
+  MoeScoring scoring = MoeScoring::kSigmoid;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+// ValidateMoeRoutingParams checks num_experts > 0, 0 < top_k <= num_experts,
+// num_experts % n_group == 0, 0 < topk_group <= n_group, and that the kept groups hold at least
+// top_k experts. Errors: InvalidArgument naming the bad field.
+absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& params);
+
+// MoeRoutingCpu routes `num_tokens` tokens.
+//   router_logits:   [num_tokens, num_experts], float32 (x · gate.weightᵀ)
+//   correction_bias: [num_experts], float32, or null (no bias)
+//   topk_ids:        [num_tokens, top_k], int32 out: chosen experts by descending choice score
+//                    (ties: lower expert index first)
+//   topk_weights:    [num_tokens, top_k], float32 out, aligned with topk_ids
+// Each token is routed independently (batch invariant); parallel over tokens.
+// Errors: those of ValidateMoeRoutingParams.
+absl::Status MoeRoutingCpu(const float* router_logits, const float* correction_bias,
+                           int64_t num_tokens, const MoeRoutingParams& params, int32_t* topk_ids,
+                           float* topk_weights);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_MOE_MOE_ROUTING_H_
