@@ -1,0 +1,260 @@
+// SampleToken: per-sequence logits processing and token choice (see sampler.h).
+//
+// Semantics follow vLLM v1 (vllm/v1/sample/sampler.py, vllm/model_executor/layers/utils.py
+// apply_penalties, vllm/v1/sample/ops/topk_topp_sampler.py):
+//  - min_tokens: EOS and stop token ids get -inf while fewer than min_tokens were generated.
+//  - repetition_penalty (CTRL, Keskar et al. 2019, arXiv:1909.05858): for every token that
+//    occurs in the prompt or the output, logit > 0 → logit / p, else logit * p.
+//  - presence / frequency penalties (OpenAI API reference): over OUTPUT tokens only,
+//    logit -= frequency * count, then logit -= presence * (count > 0).
+//  - temperature < 1e-5 (vLLM's _SAMPLING_EPS) → greedy argmax, lowest id on ties.
+//  - otherwise logits / T, then min_p (drop p_i < min_p * p_max), top_k, then top_p over the
+//    distribution renormalized after top_k (smallest prefix of the descending order whose mass
+//    reaches top_p, at least one token), then one categorical draw.
+// The draw uses u = (rng() >> 11) * 2^-53, exact and platform-independent given the rng state
+// (std::uniform_real_distribution's bit usage is implementation-defined).
+#include "engine/sample/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <vector>
+
+namespace sluice {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// vLLM's _SAMPLING_EPS: temperatures below it are treated as greedy.
+constexpr float kGreedyTemperature = 1e-5f;
+// Initial size of the sorted prefix when top_p needs the descending order without top_k.
+constexpr size_t kInitialSortedPrefix = 64;
+
+// Ranks token a before token b: higher value first, then lower id.
+struct RankDescending {
+  const float* values;
+  bool operator()(int32_t a, int32_t b) const {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  }
+};
+
+// Uniform double in [0, 1) from the top 53 bits of one 64-bit draw.
+double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+bool InVocab(int32_t id, size_t vocab_size) {
+  return id >= 0 && static_cast<size_t>(id) < vocab_size;
+}
+
+void SuppressStopTokens(absl::Span<float> logits, const SamplingParams& params,
+                        const SequenceContext& context) {
+  if (static_cast<int64_t>(context.output_token_ids.size()) >= params.min_tokens) return;
+  for (int32_t id : context.eos_token_ids) {
+    if (InVocab(id, logits.size())) logits[id] = kNegInf;
+  }
+}
+
+void ApplyPenalties(absl::Span<float> logits, const SamplingParams& params,
+                    const SequenceContext& context) {
+  thread_local std::vector<int32_t> ids;
+  if (params.repetition_penalty != 1.0f) {
+    ids.clear();
+    for (int32_t id : context.prompt_token_ids) {
+      if (InVocab(id, logits.size())) ids.push_back(id);
+    }
+    for (int32_t id : context.output_token_ids) {
+      if (InVocab(id, logits.size())) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const float penalty = params.repetition_penalty;
+    for (int32_t id : ids) {
+      float& logit = logits[id];
+      logit = logit > 0.0f ? logit / penalty : logit * penalty;
+    }
+  }
+  if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
+    ids.clear();
+    for (int32_t id : context.output_token_ids) {
+      if (InVocab(id, logits.size())) ids.push_back(id);
+    }
+    std::sort(ids.begin(), ids.end());
+    for (size_t begin = 0; begin < ids.size();) {
+      size_t end = begin;
+      while (end < ids.size() && ids[end] == ids[begin]) ++end;
+      float& logit = logits[ids[begin]];
+      logit -= params.frequency_penalty * static_cast<float>(end - begin);
+      logit -= params.presence_penalty;
+      begin = end;
+    }
+  }
+}
+
+// Argmax with the lowest id on ties; NaN never wins; all -inf/NaN → 0.
+int32_t Argmax(absl::Span<const float> logits) {
+  int32_t best_id = 0;
+  float best = kNegInf;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > best) {
+      best = logits[i];
+      best_id = static_cast<int32_t>(i);
+    }
+  }
+  return best_id;
+}
+
+// Draws from softmax(logits) restricted to finite entries; `max_logit` is their maximum.
+// Walks ids in ascending order: O(V), no sort.
+int32_t DrawUnsorted(absl::Span<const float> logits, float max_logit, SamplerRng& rng) {
+  double total = 0.0;
+  int32_t last = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > kNegInf) total += std::exp(static_cast<double>(logits[i]) - max_logit);
+  }
+  const double target = UniformUnit(rng) * total;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!(logits[i] > kNegInf)) continue;
+    cumulative += std::exp(static_cast<double>(logits[i]) - max_logit);
+    last = static_cast<int32_t>(i);
+    if (cumulative > target) return last;
+  }
+  return last;  // only reached through rounding at the top end
+}
+
+// Applies top_k / top_p and draws, walking candidates in descending order. Sorts only the
+// prefix it needs: nth_element + sort of k entries for top_k, a doubling sorted prefix for
+// top_p alone.
+int32_t DrawTopKTopP(absl::Span<const float> logits, float max_logit, int32_t top_k, float top_p,
+                     SamplerRng& rng) {
+  thread_local std::vector<int32_t> candidates;
+  candidates.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > kNegInf) candidates.push_back(static_cast<int32_t>(i));
+  }
+  const RankDescending rank{logits.data()};
+  auto first = candidates.begin();
+  size_t sorted_end = 0;
+  if (top_k > 0 && static_cast<size_t>(top_k) < candidates.size()) {
+    std::nth_element(first, first + top_k, candidates.end(), rank);
+    candidates.resize(top_k);
+    std::sort(candidates.begin(), candidates.end(), rank);
+    sorted_end = candidates.size();
+  }
+  const size_t n = candidates.size();
+  // Extends the sorted prefix to cover [0, upto).
+  auto ensure_sorted = [&](size_t upto) {
+    if (upto <= sorted_end) return;
+    const size_t new_end = std::min(n, std::max({upto, 2 * sorted_end, kInitialSortedPrefix}));
+    if (new_end < n) std::nth_element(first + sorted_end, first + new_end, first + n, rank);
+    std::sort(first + sorted_end, first + new_end, rank);
+    sorted_end = new_end;
+  };
+  auto weight = [&](size_t rank_index) {
+    return std::exp(static_cast<double>(logits[candidates[rank_index]]) - max_logit);
+  };
+
+  size_t keep = n;
+  double kept_mass = 0.0;
+  if (top_p < 1.0f) {
+    double total = 0.0;
+    for (size_t i = 0; i < n; ++i) total += weight(i);
+    const double threshold = static_cast<double>(top_p) * total;
+    for (size_t i = 0; i < n; ++i) {
+      ensure_sorted(i + 1);
+      kept_mass += weight(i);
+      if (kept_mass >= threshold) {
+        keep = i + 1;
+        break;
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) kept_mass += weight(i);
+  }
+  const double target = UniformUnit(rng) * kept_mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    ensure_sorted(i + 1);
+    cumulative += weight(i);
+    if (cumulative > target) return candidates[i];
+  }
+  return candidates[keep - 1];
+}
+
+int32_t SampleRandom(absl::Span<float> logits, const SamplingParams& params, SamplerRng& rng) {
+  if (params.temperature != 1.0f) {
+    for (float& logit : logits) logit /= params.temperature;
+  }
+  float max_logit = kNegInf;
+  for (float logit : logits) max_logit = std::max(max_logit, logit);
+  if (!(max_logit > kNegInf)) return Argmax(logits);  // nothing to draw from
+  if (params.min_p > 0.0f) {
+    // p_i < min_p * p_max  ⇔  logit_i - max_logit < log(min_p)
+    const double log_min_p = std::log(static_cast<double>(params.min_p));
+    for (float& logit : logits) {
+      if (static_cast<double>(logit) - max_logit < log_min_p) logit = kNegInf;
+    }
+  }
+  const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < logits.size();
+  if (!use_top_k && params.top_p >= 1.0f) return DrawUnsorted(logits, max_logit, rng);
+  return DrawTopKTopP(logits, max_logit, use_top_k ? params.top_k : 0, params.top_p, rng);
+}
+
+// log(sum(exp(raw))) over non-NaN entries, in double.
+double LogSumExp(absl::Span<const float> raw) {
+  float max_logit = kNegInf;
+  for (float logit : raw) max_logit = std::max(max_logit, logit);
+  if (!(max_logit > kNegInf)) return max_logit;
+  double sum = 0.0;
+  for (float logit : raw) {
+    if (logit > kNegInf) sum += std::exp(static_cast<double>(logit) - max_logit);
+  }
+  return max_logit + std::log(sum);
+}
+
+// The `count` highest raw logits (descending, lower id first on ties) as logprobs.
+std::vector<TokenLogprob> TopLogprobs(absl::Span<const float> raw, double log_sum_exp,
+                                      size_t count) {
+  count = std::min(count, raw.size());
+  std::vector<int32_t> best;  // sorted by RankDescending, at most `count` entries
+  best.reserve(count + 1);
+  const RankDescending rank{raw.data()};
+  for (size_t i = 0; i < raw.size() && count > 0; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    if (std::isnan(raw[i])) continue;
+    if (best.size() == count && !rank(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, rank), id);
+    if (best.size() > count) best.pop_back();
+  }
+  std::vector<TokenLogprob> out;
+  out.reserve(best.size());
+  for (int32_t id : best) {
+    out.push_back({id, static_cast<float>(static_cast<double>(raw[id]) - log_sum_exp)});
+  }
+  return out;
+}
+
+}  // namespace
+
+SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
+                         const SequenceContext& context, SamplerRng& rng) {
+  thread_local std::vector<float> raw;
+  raw.assign(logits.begin(), logits.end());
+
+  SuppressStopTokens(logits, params, context);
+  ApplyPenalties(logits, params, context);
+
+  SampledToken result;
+  result.token_id = params.temperature < kGreedyTemperature ? Argmax(logits)
+                                                            : SampleRandom(logits, params, rng);
+  const absl::Span<const float> raw_span(raw);
+  const double log_sum_exp = LogSumExp(raw_span);
+  if (!raw.empty()) {
+    result.logprob = static_cast<float>(static_cast<double>(raw[result.token_id]) - log_sum_exp);
+  }
+  if (params.logprobs.has_value() && *params.logprobs > 0) {
+    result.top_logprobs = TopLogprobs(raw_span, log_sum_exp, static_cast<size_t>(*params.logprobs));
+  }
+  return result;
+}
+
+}  // namespace sluice
