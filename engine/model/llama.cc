@@ -1,0 +1,388 @@
+#include "engine/model/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/model/weight_loader.h"
+#include "kernels/activation/activation.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/rms_norm/rms_norm.h"
+#include "kernels/rope/rope.h"
+
+namespace sluice {
+namespace {
+
+#define SLUICE_LLAMA_RETURN_IF_ERROR(expr) \
+  do {                                     \
+    absl::Status _s = (expr);              \
+    if (!_s.ok()) return _s;               \
+  } while (0)
+
+// One decoder layer's weights, float32. q/k/v and gate/up are fused row-wise so each needs one
+// GEMM: w_qkv [(nh + 2·nkv)·hd, H] (q rows, then k, then v), w_gate_up [2·I, H] (gate, up).
+struct LlamaLayer {
+  std::vector<float> input_norm;     // [H]
+  std::vector<float> w_qkv;          // [(nh + 2 nkv) hd, H]
+  std::vector<float> b_qkv;          // [(nh + 2 nkv) hd] or empty
+  std::vector<float> q_norm;         // [hd] (Qwen3) or empty
+  std::vector<float> k_norm;         // [hd] (Qwen3) or empty
+  std::vector<float> w_o;            // [H, nh hd]
+  std::vector<float> b_o;            // [H] or empty
+  std::vector<float> post_norm;      // [H]
+  std::vector<float> w_gate_up;      // [2 I, H]
+  std::vector<float> b_gate_up;      // [2 I] or empty
+  std::vector<float> w_down;         // [H, I]
+  std::vector<float> b_down;         // [H] or empty
+  int64_t sliding_window = 0;        // 0: full attention
+};
+
+// Appends the rows of `part` to `fused`.
+void Append(std::vector<float>* fused, const std::vector<float>& part) {
+  fused->insert(fused->end(), part.begin(), part.end());
+}
+
+class LlamaModel : public Model {
+ public:
+  explicit LlamaModel(const ModelConfig& config) : config_(config) {
+    hidden_ = config.hidden_size;
+    heads_ = config.num_attention_heads;
+    kv_heads_ = config.num_key_value_heads;
+    head_dim_ = config.head_dim;
+    inter_ = config.intermediate_size;
+    vocab_ = config.vocab_size;
+    qkv_dim_ = (heads_ + 2 * kv_heads_) * head_dim_;
+  }
+
+  absl::Status Load(const Checkpoint& ckpt);
+
+  const ModelConfig& config() const override { return config_; }
+
+  KvCacheSpec kv_cache_spec() const override {
+    KvCacheSpec spec;
+    spec.num_layers = config_.num_hidden_layers;
+    spec.k_floats_per_token = kv_heads_ * head_dim_;
+    spec.v_floats_per_token = kv_heads_ * head_dim_;
+    return spec;
+  }
+
+  int64_t WeightBytesPerToken() const override {
+    int64_t floats = hidden_;  // one embedding row
+    for (const LlamaLayer& l : layers_) {
+      floats += static_cast<int64_t>(l.input_norm.size() + l.w_qkv.size() + l.b_qkv.size() +
+                                     l.q_norm.size() + l.k_norm.size() + l.w_o.size() +
+                                     l.b_o.size() + l.post_norm.size() + l.w_gate_up.size() +
+                                     l.b_gate_up.size() + l.w_down.size() + l.b_down.size());
+    }
+    floats += hidden_ + vocab_ * hidden_;  // final norm + lm_head
+    return floats * static_cast<int64_t>(sizeof(float));
+  }
+
+  absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                       absl::Span<float> logits) override;
+
+ private:
+  absl::Status Validate(const ForwardInput& input, const KvCache& kv_cache,
+                        absl::Span<float> logits) const;
+  static void Grow(std::vector<float>* v, int64_t n) {
+    if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
+  }
+
+  ModelConfig config_;
+  int64_t hidden_, heads_, kv_heads_, head_dim_, inter_, vocab_, qkv_dim_;
+  std::vector<float> embed_;      // [V, H]
+  std::vector<float> final_norm_;  // [H]
+  std::vector<float> lm_head_;    // [V, H]; empty when tied to embed_
+  std::vector<LlamaLayer> layers_;
+  kernels::RopeTable rope_;
+
+  // Scratch buffers, grown on demand and reused across Forward calls (one caller at a time).
+  std::vector<float> residual_, normed_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, gathered_;
+  std::vector<kernels::PagedSequence> seqs_;
+};
+
+absl::Status LlamaModel::Load(const Checkpoint& ckpt) {
+  const ModelConfig& c = config_;
+  if (c.architecture != Architecture::kLlama && c.architecture != Architecture::kQwen3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadLlama: architecture ", c.architecture_name, " is not Llama or Qwen3"));
+  }
+  if (c.hidden_act != "silu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported hidden_act ", c.hidden_act, " (only silu)"));
+  }
+  if (inter_ <= 0 || head_dim_ <= 0) {
+    return absl::InvalidArgumentError("intermediate_size and head_dim must be positive");
+  }
+  kernels::RopeParams rp;
+  rp.rope_type = c.rope.rope_type;
+  rp.theta = c.rope.rope_theta;
+  rp.rotary_dim = head_dim_;
+  rp.factor = c.rope.factor;
+  rp.original_max_position_embeddings = c.rope.original_max_position_embeddings > 0
+                                            ? c.rope.original_max_position_embeddings
+                                            : c.max_position_embeddings;
+  rp.beta_fast = c.rope.beta_fast;
+  rp.beta_slow = c.rope.beta_slow;
+  rp.mscale = c.rope.mscale;
+  rp.mscale_all_dim = c.rope.mscale_all_dim;
+  rp.low_freq_factor = c.rope.low_freq_factor;
+  rp.high_freq_factor = c.rope.high_freq_factor;
+  auto table = kernels::MakeRopeTable(rp);
+  if (!table.ok()) return table.status();
+  rope_ = std::move(*table);
+
+  const int64_t H = hidden_, hd = head_dim_;
+  SLUICE_LLAMA_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, "model.embed_tokens.weight", {vocab_, H}, &embed_));
+  SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {H}, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, "lm_head.weight", {vocab_, H}, &lm_head_));
+  }
+  const bool qwen3 = c.architecture == Architecture::kQwen3;
+  layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+  std::vector<float> tmp;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LlamaLayer& L = layers_[static_cast<size_t>(i)];
+    const std::string p = LayerPrefix(i);
+    SLUICE_LLAMA_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, p + "input_layernorm.weight", {H}, &L.input_norm));
+    SLUICE_LLAMA_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
+    const std::pair<const char*, int64_t> qkv[] = {
+        {"q_proj", heads_ * hd}, {"k_proj", kv_heads_ * hd}, {"v_proj", kv_heads_ * hd}};
+    L.w_qkv.reserve(static_cast<size_t>(qkv_dim_ * H));
+    for (const auto& [name, rows] : qkv) {
+      SLUICE_LLAMA_RETURN_IF_ERROR(
+          LoadWeightInto(ckpt, p + "self_attn." + name + ".weight", {rows, H}, &tmp));
+      Append(&L.w_qkv, tmp);
+      if (c.attention_bias) {
+        SLUICE_LLAMA_RETURN_IF_ERROR(
+            LoadWeightInto(ckpt, p + "self_attn." + name + ".bias", {rows}, &tmp));
+        Append(&L.b_qkv, tmp);
+      }
+    }
+    SLUICE_LLAMA_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, p + "self_attn.o_proj.weight", {H, heads_ * hd}, &L.w_o));
+    if (c.attention_bias) {
+      SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "self_attn.o_proj.bias", {H}, &L.b_o));
+    }
+    if (qwen3) {
+      SLUICE_LLAMA_RETURN_IF_ERROR(
+          LoadWeightInto(ckpt, p + "self_attn.q_norm.weight", {hd}, &L.q_norm));
+      SLUICE_LLAMA_RETURN_IF_ERROR(
+          LoadWeightInto(ckpt, p + "self_attn.k_norm.weight", {hd}, &L.k_norm));
+    }
+    for (const char* name : {"gate_proj", "up_proj"}) {
+      SLUICE_LLAMA_RETURN_IF_ERROR(
+          LoadWeightInto(ckpt, p + "mlp." + name + ".weight", {inter_, H}, &tmp));
+      Append(&L.w_gate_up, tmp);
+      if (c.mlp_bias) {
+        SLUICE_LLAMA_RETURN_IF_ERROR(
+            LoadWeightInto(ckpt, p + "mlp." + name + ".bias", {inter_}, &tmp));
+        Append(&L.b_gate_up, tmp);
+      }
+    }
+    SLUICE_LLAMA_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, p + "mlp.down_proj.weight", {H, inter_}, &L.w_down));
+    if (c.mlp_bias) {
+      SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.down_proj.bias", {H}, &L.b_down));
+    }
+    if (static_cast<size_t>(i) < c.layer_is_sliding.size() && c.layer_is_sliding[i]) {
+      L.sliding_window = c.sliding_window;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCache& cache,
+                                  absl::Span<float> logits) const {
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  if (static_cast<int64_t>(in.positions.size()) != T ||
+      static_cast<int64_t>(in.slot_mapping.size()) != T) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ForwardInput: token_ids (", T, "), positions (", in.positions.size(),
+        ") and slot_mapping (", in.slot_mapping.size(), ") must have the same length"));
+  }
+  const KvCacheSpec spec = kv_cache_spec();
+  if (cache.spec().num_layers != spec.num_layers ||
+      cache.spec().k_floats_per_token != spec.k_floats_per_token ||
+      cache.spec().v_floats_per_token != spec.v_floats_per_token) {
+    return absl::InvalidArgumentError("KV cache spec does not match the model");
+  }
+  if (static_cast<int64_t>(logits.size()) !=
+      static_cast<int64_t>(in.logits_indices.size()) * vocab_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits span has ", logits.size(), " floats, expected ",
+                     in.logits_indices.size(), " x ", vocab_));
+  }
+  for (int32_t idx : in.logits_indices) {
+    if (idx < 0 || idx >= T) {
+      return absl::InvalidArgumentError(absl::StrCat("logits index ", idx, " outside [0, ", T, ")"));
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    if (in.token_ids[t] < 0 || in.token_ids[t] >= vocab_) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", in.token_ids[t],
+                                                     " is outside the vocabulary [0, ", vocab_,
+                                                     ")"));
+    }
+  }
+  const int64_t bs = cache.block_size();
+  std::vector<bool> covered(static_cast<size_t>(T), false);
+  for (size_t s = 0; s < in.sequences.size(); ++s) {
+    const SequenceSlice& seq = in.sequences[s];
+    if (seq.query_start < 0 || seq.num_query_tokens < 0 || seq.num_context_tokens < 0 ||
+        seq.query_start + seq.num_query_tokens > T) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, ": query range outside the batch"));
+    }
+    const int64_t total = int64_t{seq.num_context_tokens} + seq.num_query_tokens;
+    if (static_cast<int64_t>(seq.block_table.size()) * bs < total) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block table of ",
+                                                     seq.block_table.size(),
+                                                     " blocks does not cover ", total, " tokens"));
+    }
+    for (int64_t b = 0; b < (total + bs - 1) / bs; ++b) {
+      if (seq.block_table[b] < 0 || seq.block_table[b] >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": block id ", seq.block_table[b], " out of range"));
+      }
+    }
+    for (int32_t i = 0; i < seq.num_query_tokens; ++i) {
+      const int64_t t = seq.query_start + i;
+      const int64_t pos = int64_t{seq.num_context_tokens} + i;
+      if (covered[t]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, " belongs to more than one sequence"));
+      }
+      covered[t] = true;
+      if (in.positions[t] != pos) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": position ",
+                                                       in.positions[t], " expected ", pos));
+      }
+      const int64_t slot = int64_t{seq.block_table[pos / bs]} * bs + pos % bs;
+      if (in.slot_mapping[t] != slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token ", t, ": slot ", in.slot_mapping[t], " does not match block table slot ",
+            slot));
+      }
+    }
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    if (!covered[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("token ", t, " belongs to no sequence"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
+                                 absl::Span<float> logits) {
+  SLUICE_LLAMA_RETURN_IF_ERROR(Validate(in, cache, logits));
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  if (T == 0) return absl::OkStatus();
+  const int64_t H = hidden_, hd = head_dim_;
+  const int64_t q_dim = heads_ * hd, kv_dim = kv_heads_ * hd;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  Grow(&residual_, T * H);
+  Grow(&normed_, T * H);
+  Grow(&qkv_, T * qkv_dim_);
+  Grow(&q_, T * q_dim);
+  Grow(&k_, T * kv_dim);
+  Grow(&v_, T * kv_dim);
+  Grow(&attn_, T * q_dim);
+  Grow(&tmp_, T * H);
+  Grow(&gate_up_, T * 2 * inter_);
+  Grow(&act_, T * inter_);
+
+  seqs_.clear();
+  for (const SequenceSlice& s : in.sequences) {
+    seqs_.push_back({s.query_start, s.num_query_tokens, s.num_context_tokens, s.block_table.data()});
+  }
+  kernels::PagedAttentionParams ap;
+  ap.num_heads = heads_;
+  ap.num_kv_heads = kv_heads_;
+  ap.head_dim = hd;
+  ap.v_head_dim = hd;
+  ap.block_size = cache.block_size();
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  SLUICE_LLAMA_RETURN_IF_ERROR(
+      kernels::EmbeddingCpu(embed_.data(), vocab_, H, in.token_ids.data(), T, residual_.data()));
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const LlamaLayer& L = layers_[li];
+    // Pre-attention norm; from layer 1 on it is fused with the previous MLP's residual add.
+    if (li == 0) {
+      kernels::RmsNormCpu(residual_.data(), H, L.input_norm.data(), normed_.data(), H, T, H, eps);
+    } else {
+      kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.input_norm.data(), normed_.data(),
+                             T, H, eps);
+    }
+    kernels::LinearCpu(normed_.data(), L.w_qkv.data(), L.b_qkv.empty() ? nullptr : L.b_qkv.data(),
+                       qkv_.data(), T, qkv_dim_, H);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv_.data() + t * qkv_dim_;
+      std::memcpy(q_.data() + t * q_dim, row, q_dim * sizeof(float));
+      std::memcpy(k_.data() + t * kv_dim, row + q_dim, kv_dim * sizeof(float));
+      std::memcpy(v_.data() + t * kv_dim, row + q_dim + kv_dim, kv_dim * sizeof(float));
+    }
+    if (!L.q_norm.empty()) {  // Qwen3: RMSNorm over each head's channels, before RoPE
+      kernels::RmsNormCpu(q_.data(), hd, L.q_norm.data(), q_.data(), hd, T * heads_, hd, eps);
+      kernels::RmsNormCpu(k_.data(), hd, L.k_norm.data(), k_.data(), hd, T * kv_heads_, hd, eps);
+    }
+    kernels::RopeCpu(q_.data(), T, heads_, q_dim, hd, 0, in.positions.data(), rope_, false);
+    kernels::RopeCpu(k_.data(), T, kv_heads_, kv_dim, hd, 0, in.positions.data(), rope_, false);
+    kernels::WriteKvCacheCpu(k_.data(), kv_dim, v_.data(), kv_dim, in.slot_mapping.data(), T,
+                             kv_dim, kv_dim, cache.k(static_cast<int64_t>(li)),
+                             cache.v(static_cast<int64_t>(li)));
+    ap.sliding_window = L.sliding_window;
+    kernels::PagedAttentionCpu(q_.data(), q_dim, cache.k(static_cast<int64_t>(li)),
+                               cache.v(static_cast<int64_t>(li)), seqs_.data(),
+                               static_cast<int64_t>(seqs_.size()), ap, attn_.data());
+    kernels::LinearCpu(attn_.data(), L.w_o.data(), L.b_o.empty() ? nullptr : L.b_o.data(),
+                       tmp_.data(), T, H, q_dim);
+    kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.post_norm.data(), normed_.data(), T,
+                           H, eps);
+    kernels::LinearCpu(normed_.data(), L.w_gate_up.data(),
+                       L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(), gate_up_.data(), T,
+                       2 * inter_, H);
+    kernels::SiluMulCpu(gate_up_.data(), act_.data(), T, inter_);
+    kernels::LinearCpu(act_.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(),
+                       tmp_.data(), T, H, inter_);
+  }
+  // Final residual add + norm, only for the rows whose logits are wanted.
+  const int64_t n_out = static_cast<int64_t>(in.logits_indices.size());
+  if (n_out == 0) return absl::OkStatus();
+  Grow(&gathered_, 2 * n_out * H);
+  float* g_res = gathered_.data();
+  float* g_norm = gathered_.data() + n_out * H;
+  for (int64_t r = 0; r < n_out; ++r) {
+    const int64_t t = in.logits_indices[r];
+    const float* res = residual_.data() + t * H;
+    const float* x = tmp_.data() + t * H;
+    for (int64_t j = 0; j < H; ++j) g_res[r * H + j] = res[j] + x[j];
+  }
+  kernels::RmsNormCpu(g_res, H, final_norm_.data(), g_norm, H, n_out, H, eps);
+  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  kernels::LinearCpu(g_norm, head, nullptr, logits.data(), n_out, vocab_, H);
+  return absl::OkStatus();
+}
+
+#undef SLUICE_LLAMA_RETURN_IF_ERROR
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadLlama(const ModelConfig& config,
+                                                 const Checkpoint& checkpoint) {
+  auto model = std::make_unique<LlamaModel>(config);
+  if (absl::Status s = model->Load(checkpoint); !s.ok()) return s;
+  return std::unique_ptr<Model>(std::move(model));
+}
+
+}  // namespace sluice
