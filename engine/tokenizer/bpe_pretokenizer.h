@@ -1,0 +1,65 @@
+// BpePreTokenizer: the `pre_tokenizer` stage of a HF tokenizer.json, splitting text into the
+// words the BPE model tokenizes one by one.
+//
+// Supported (HF tokenizers semantics, `pre_tokenizers/{split,byte_level,sequence}.rs`):
+//   * Split {pattern: {Regex|String}, behavior: Removed|Isolated|MergedWithPrevious|
+//            MergedWithNext|Contiguous, invert};
+//   * ByteLevel {add_prefix_space, use_regex (GPT-2 pattern)}: the byte->unicode mapping itself
+//     is implicit, because BpeModel works on raw bytes;
+//   * Sequence of the above; null (the whole text is one word).
+// ByteLevel must come last in a Sequence (its output is in the byte alphabet, which a later
+// regex would see differently); other types are InvalidArgument.
+#ifndef SLUICE_ENGINE_TOKENIZER_BPE_PRETOKENIZER_H_
+#define SLUICE_ENGINE_TOKENIZER_BPE_PRETOKENIZER_H_
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/bpe_regex.h"
+
+namespace sluice {
+
+class BpePreTokenizer {
+ public:
+  // How a Split step treats the matches (tokenizers' SplitDelimiterBehavior).
+  enum class Behavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+  // FromJson builds the pre-tokenizer from tokenizer.json's "pre_tokenizer" value (may be
+  // null). Errors: InvalidArgument naming an unsupported type or behavior, or a bad regex.
+  static absl::StatusOr<std::unique_ptr<BpePreTokenizer>> FromJson(const nlohmann::json& config);
+
+  // byte_level: whether a ByteLevel step is present (the model then works on bytes).
+  bool byte_level() const { return byte_level_; }
+
+  // Split calls `on_word` for every word of `text`, in order; the views are valid only during
+  // the call. Thread-safe.
+  void Split(std::string_view text, absl::FunctionRef<void(std::string_view)> on_word) const;
+
+ private:
+  struct Step {
+    enum class Kind { kSplit, kByteLevel } kind;
+    std::unique_ptr<BpeRegex> regex;  // kSplit; kByteLevel with use_regex
+    Behavior behavior = Behavior::kIsolated;
+    bool invert = false;
+    bool add_prefix_space = false;  // kByteLevel
+  };
+
+  BpePreTokenizer() = default;
+  static absl::Status AddStep(const nlohmann::json& config, BpePreTokenizer* pre);
+  void Run(size_t step, std::string_view piece,
+           absl::FunctionRef<void(std::string_view)> on_word) const;
+  void RunSplit(const Step& step, size_t index, std::string_view piece,
+                absl::FunctionRef<void(std::string_view)> on_word) const;
+
+  std::vector<Step> steps_;
+  bool byte_level_ = false;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_TOKENIZER_BPE_PRETOKENIZER_H_
