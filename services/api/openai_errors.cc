@@ -35,6 +35,11 @@ absl::Status InvalidParam(const std::string& param, const std::string& message) 
   return status;
 }
 
+absl::Status WithParam(absl::Status status, const std::string& param) {
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
 nlohmann::json OpenAiErrorJson(const absl::Status& status, const std::string& param) {
   std::string p = param;
   if (p.empty()) {

@@ -23,6 +23,9 @@ nlohmann::json OpenAiErrorJson(const absl::Status& status, const std::string& pa
 // InvalidParam returns InvalidArgument carrying `param` as a payload, so the error body names it.
 absl::Status InvalidParam(const std::string& param, const std::string& message);
 
+// WithParam returns `status` carrying `param` as its payload (any code, e.g. NotFound "model").
+absl::Status WithParam(absl::Status status, const std::string& param);
+
 }  // namespace sluice
 
 #endif  // SLUICE_SERVICES_API_OPENAI_ERRORS_H_

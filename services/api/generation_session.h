@@ -1,0 +1,85 @@
+// GenerationSession: one /v1/chat/completions or /v1/completions request in flight.
+//
+// It submits one engine request per choice (ids "<response id>-<choice>", seeds seed + choice
+// when a seed is given), turns engine outputs into choice text (ChoiceOutput), and writes
+// either one JSON response or a Server-Sent Events stream to its ResponseSink. Engine outputs
+// arrive on the engine thread and are handed to the session's executor with the Poster, so
+// all session state is touched by one executor only.
+#ifndef SLUICE_SERVICES_API_GENERATION_SESSION_H_
+#define SLUICE_SERVICES_API_GENERATION_SESSION_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "services/api/choice_output.h"
+#include "services/api/inference_backend.h"
+#include "services/api/metrics.h"
+#include "services/api/openai_protocol.h"
+#include "services/api/openai_responses.h"
+#include "services/api/response_sink.h"
+
+namespace sluice {
+
+class GenerationSession : public RequestHandle,
+                          public std::enable_shared_from_this<GenerationSession> {
+ public:
+  // Dependencies are borrowed and must outlive the session's engine requests. `on_done` runs
+  // once, on the executor, when the response is complete, failed or cancelled.
+  struct Deps {
+    InferenceBackend* backend = nullptr;
+    const Tokenizer* tokenizer = nullptr;
+    ApiMetrics* metrics = nullptr;
+    std::string endpoint_path;  // metrics label, e.g. "/v1/completions"
+    std::function<void()> on_done;
+  };
+
+  GenerationSession(Deps deps, GenerationRequest request, std::shared_ptr<ResponseSink> sink,
+                    Poster poster);
+  ~GenerationSession() override;
+
+  // Start submits the engine requests; on a Submit error it aborts those already submitted
+  // and answers with the error. Call on the executor.
+  void Start();
+  void Cancel() override;
+
+  const ResponseMeta& meta() const { return meta_; }
+
+ private:
+  struct Choice {
+    std::string engine_request_id;
+    std::unique_ptr<ChoiceOutput> output;
+    std::chrono::steady_clock::time_point last_token_time;
+    bool got_first_token = false;
+  };
+
+  void OnOutput(int32_t index, const RequestOutput& output);
+  void StreamDelta(int32_t index, const ChoiceDelta& delta);
+  void Fail(const absl::Status& status);
+  void Complete();
+  void Done();
+  void AbortUnfinished();
+  bool is_chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
+  const char* object_name() const;
+
+  Deps deps_;
+  GenerationRequest request_;
+  std::shared_ptr<ResponseSink> sink_;
+  Poster poster_;
+  ResponseMeta meta_;
+  std::vector<Choice> choices_;
+  std::vector<std::string> echo_prefixes_;  // per prompt, when echo
+  std::chrono::steady_clock::time_point arrival_;
+  int32_t num_finished_ = 0;
+  bool stream_started_ = false;
+  bool done_ = false;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_API_GENERATION_SESSION_H_

@@ -1,0 +1,325 @@
+#include "services/api/http_server.h"
+
+#include <deque>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/api/openai_errors.h"
+#include "services/api/openai_responses.h"
+
+namespace sluice {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+constexpr size_t kMonitorReadBytes = 4096;
+
+std::string StatusLine(int status) {
+  const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
+  return absl::StrCat("HTTP/1.1 ", status, " ", std::string(reason.data(), reason.size()),
+                      "\r\n");
+}
+
+// Connection serves one TCP connection, on its own strand. It is the ResponseSink of the
+// request it is answering.
+class Connection : public ResponseSink, public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, const HttpServerOptions& options, const HttpHandler& handler)
+      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+
+  void Run() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+  }
+
+  void SendResponse(int status, const std::string& content_type, std::string body) override {
+    if (closed_) return;
+    std::string out = StatusLine(status);
+    absl::StrAppend(&out, "Server: sluice\r\nContent-Type: ", content_type,
+                    "\r\nContent-Length: ", body.size(),
+                    keep_alive_ ? "\r\nConnection: keep-alive\r\n\r\n"
+                                : "\r\nConnection: close\r\n\r\n");
+    if (!head_request_) out += body;
+    Enqueue(std::move(out), /*last=*/true);
+  }
+
+  void StartEventStream() override {
+    if (closed_) return;
+    std::string out = StatusLine(200);
+    absl::StrAppend(&out,
+                    "Server: sluice\r\nContent-Type: text/event-stream\r\n"
+                    "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n",
+                    keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
+    Enqueue(std::move(out), /*last=*/false);
+  }
+
+  void SendEvent(std::string event) override {
+    if (closed_ || event.empty()) return;
+    // RFC 9112 §7.1: chunk = chunk-size (hex) CRLF chunk-data CRLF.
+    std::string out = absl::StrFormat("%x\r\n", event.size());
+    out += event;
+    out += "\r\n";
+    Enqueue(std::move(out), /*last=*/false);
+  }
+
+  void EndEventStream() override {
+    if (closed_) return;
+    Enqueue("0\r\n\r\n", /*last=*/true);
+  }
+
+ private:
+  void DoRead() {
+    if (closed_) return;
+    parser_.emplace();
+    parser_->body_limit(options_.body_limit_bytes);
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(options_.idle_timeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnRead(ec);
+                     });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (closed_) return;
+    stream_.expires_never();
+    if (ec == http::error::body_limit) {
+      RespondAndClose(413, absl::StrCat("request body larger than ", options_.body_limit_bytes,
+                                        " bytes"));
+      return;
+    }
+    if (ec == http::error::end_of_stream || ec == net::error::eof ||
+        ec == net::error::connection_reset || ec == beast::error::timeout ||
+        ec == net::error::operation_aborted) {
+      Close();
+      return;
+    }
+    if (ec) {
+      RespondAndClose(400, absl::StrCat("malformed HTTP request: ", ec.message()));
+      return;
+    }
+    http::request<http::string_body> req = parser_->release();
+    parser_.reset();
+    keep_alive_ = req.keep_alive();
+    head_request_ = req.method() == http::verb::head;
+    request_active_ = true;
+    response_finished_ = false;
+    HttpRequestInfo info;
+    info.method = std::string(req.method_string());
+    info.target = std::string(req.target());
+    info.body = std::move(req.body());
+    auto executor = stream_.get_executor();
+    Poster poster = [executor](std::function<void()> task) {
+      net::post(executor, std::move(task));
+    };
+    handle_ = handler_(info, shared_from_this(), std::move(poster));
+    if (!response_finished_) StartMonitor();
+  }
+
+  // RespondAndClose answers a request that could not be parsed, then closes.
+  void RespondAndClose(int status, const std::string& message) {
+    keep_alive_ = false;
+    head_request_ = false;
+    request_active_ = true;
+    response_finished_ = false;
+    nlohmann::json error = OpenAiErrorJson(absl::InvalidArgumentError(message));
+    error["error"]["code"] = status;
+    SendResponse(status, "application/json", DumpJson(error));
+  }
+
+  // StartMonitor keeps a read pending while the response is produced, to notice a client
+  // that goes away. Data that arrives (a pipelined request) is kept in buffer_ for the parser.
+  void StartMonitor() {
+    if (monitor_pending_ || closed_) return;
+    monitor_pending_ = true;
+    stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->OnMonitor(ec, n);
+                            });
+  }
+
+  void OnMonitor(beast::error_code ec, size_t n) {
+    monitor_pending_ = false;
+    if (closed_) return;
+    if (ec) {
+      Close();  // cancels the active request
+      return;
+    }
+    buffer_.commit(n);
+    // Between requests the monitor read is the start of the next request.
+    if (!request_active_) DoRead();
+  }
+
+  void Enqueue(std::string bytes, bool last) {
+    if (last) response_finished_ = true;
+    pending_ += bytes;
+    if (!writing_) DoWrite();
+  }
+
+  void DoWrite() {
+    if (pending_.empty() || closed_) return;
+    writing_ = true;
+    in_flight_.swap(pending_);
+    pending_.clear();
+    net::async_write(stream_, net::buffer(in_flight_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnWrite(ec);
+                     });
+  }
+
+  void OnWrite(beast::error_code ec) {
+    writing_ = false;
+    in_flight_.clear();
+    if (closed_) return;
+    if (ec) {
+      Close();
+      return;
+    }
+    if (!pending_.empty()) {
+      DoWrite();
+      return;
+    }
+    if (request_active_ && response_finished_) ResponseComplete();
+  }
+
+  void ResponseComplete() {
+    request_active_ = false;
+    handle_.reset();
+    if (!keep_alive_) {
+      Close();
+      return;
+    }
+    if (!monitor_pending_) DoRead();  // else OnMonitor starts the next read
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    if (request_active_ && handle_ != nullptr) handle_->Cancel();
+    handle_.reset();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  const HttpServerOptions& options_;
+  const HttpHandler& handler_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::string pending_;    // bytes queued behind the write in flight
+  std::string in_flight_;  // bytes of the write in flight
+  std::shared_ptr<RequestHandle> handle_;
+  bool writing_ = false;
+  bool request_active_ = false;
+  bool response_finished_ = false;
+  bool monitor_pending_ = false;
+  bool keep_alive_ = true;
+  bool head_request_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+class HttpServer::Impl {
+ public:
+  Impl(const HttpServerOptions& options, HttpHandler handler)
+      : options_(options),
+        handler_(std::move(handler)),
+        ioc_(options.num_io_threads),
+        acceptor_(net::make_strand(ioc_)) {}
+
+  absl::Status Listen() {
+    beast::error_code ec;
+    const net::ip::address address = net::ip::make_address(options_.host, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("bad host '", options_.host, "'"));
+    const tcp::endpoint endpoint(address, options_.port);
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.host, ":",
+                                                 options_.port, ": ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint().port();
+    DoAccept();
+    const int n = std::max(1, options_.num_io_threads);
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this] { ioc_.run(); });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    net::post(acceptor_.get_executor(), [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+    });
+    ioc_.stop();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  uint16_t port() const { return port_; }
+
+ private:
+  void DoAccept() {
+    acceptor_.async_accept(net::make_strand(ioc_),
+                           [this](beast::error_code ec, tcp::socket socket) {
+                             if (ec == net::error::operation_aborted || !acceptor_.is_open()) {
+                               return;
+                             }
+                             if (!ec) {
+                               socket.set_option(tcp::no_delay(true), ec);
+                               std::make_shared<Connection>(std::move(socket), options_,
+                                                            handler_)
+                                   ->Run();
+                             }
+                             DoAccept();
+                           });
+  }
+
+  HttpServerOptions options_;
+  HttpHandler handler_;
+  net::io_context ioc_;
+  tcp::acceptor acceptor_;
+  std::vector<std::thread> threads_;
+  uint16_t port_ = 0;
+  bool stopped_ = false;
+};
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+uint16_t HttpServer::port() const { return impl_->port(); }
+
+void HttpServer::Stop() {
+  if (impl_ != nullptr) impl_->Stop();
+}
+
+}  // namespace sluice

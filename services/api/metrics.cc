@@ -1,0 +1,145 @@
+#include "services/api/metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace sluice {
+namespace {
+
+// FormatDouble prints a sample value as Prometheus expects ("+Inf", shortest round-trip).
+std::string FormatDouble(double v) { return absl::StrFormat("%.17g", v); }
+
+void Header(std::string& out, const std::string& name, const char* type, const char* help) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+void Gauge(std::string& out, const std::string& name, const char* help, double value) {
+  Header(out, name, "gauge", help);
+  absl::StrAppend(&out, name, " ", FormatDouble(value), "\n");
+}
+
+void Counter(std::string& out, const std::string& name, const char* help, double value) {
+  Header(out, name, "counter", help);
+  absl::StrAppend(&out, name, " ", FormatDouble(value), "\n");
+}
+
+// Buckets follow vLLM's choices for the same latencies, in seconds.
+std::vector<double> TtftBuckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> ItlBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+          0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
+}
+std::vector<double> E2eBuckets() {
+  return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+          120.0, 240.0, 480.0, 960.0};
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), counts_(upper_bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t bucket =
+      std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin();
+  ++counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, std::string& out) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < upper_bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    absl::StrAppend(&out, name, "_bucket{le=\"", FormatDouble(upper_bounds_[i]), "\"} ",
+                    cumulative, "\n");
+  }
+  absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", count_, "\n");
+  absl::StrAppend(&out, name, "_sum ", FormatDouble(sum_), "\n");
+  absl::StrAppend(&out, name, "_count ", count_, "\n");
+}
+
+ApiMetrics::ApiMetrics() : ttft_(TtftBuckets()), itl_(ItlBuckets()), e2e_(E2eBuckets()) {}
+
+void ApiMetrics::ObserveRequest(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void ApiMetrics::ObserveTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.Observe(seconds);
+}
+
+void ApiMetrics::ObserveInterTokenLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  itl_.Observe(seconds);
+}
+
+void ApiMetrics::ObserveE2eLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e2e_.Observe(seconds);
+}
+
+void ApiMetrics::AddTokens(int64_t num_prompt_tokens, int64_t num_generation_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_tokens_ += num_prompt_tokens;
+  generation_tokens_ += num_generation_tokens;
+}
+
+void ApiMetrics::SetInFlight(int64_t num_requests) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_ = num_requests;
+}
+
+std::string ApiMetrics::Render(const BackendStats& stats) const {
+  std::string out;
+  std::lock_guard<std::mutex> lock(mu_);
+  Header(out, "sluice_http_requests_total", "counter",
+         "HTTP requests answered, by endpoint and status code.");
+  for (const auto& [key, count] : requests_) {
+    absl::StrAppend(&out, "sluice_http_requests_total{endpoint=\"", key.first, "\",status=\"",
+                    key.second, "\"} ", count, "\n");
+  }
+  Header(out, "sluice_time_to_first_token_seconds", "histogram",
+         "Time from request arrival to its first generated token.");
+  ttft_.Render("sluice_time_to_first_token_seconds", out);
+  Header(out, "sluice_inter_token_latency_seconds", "histogram",
+         "Time between consecutive generated tokens of a request.");
+  itl_.Render("sluice_inter_token_latency_seconds", out);
+  Header(out, "sluice_e2e_request_latency_seconds", "histogram",
+         "Time from request arrival to its last token.");
+  e2e_.Render("sluice_e2e_request_latency_seconds", out);
+  Counter(out, "sluice_prompt_tokens_total", "Prompt tokens of finished requests.",
+          static_cast<double>(prompt_tokens_));
+  Counter(out, "sluice_generation_tokens_total", "Generated tokens of finished requests.",
+          static_cast<double>(generation_tokens_));
+  Gauge(out, "sluice_http_requests_in_flight", "Generation requests being served.",
+        static_cast<double>(in_flight_));
+  Gauge(out, "sluice_num_requests_waiting", "Requests waiting to be scheduled.",
+        static_cast<double>(stats.num_waiting_requests));
+  Gauge(out, "sluice_num_requests_running", "Requests being decoded or prefilled.",
+        static_cast<double>(stats.num_running_requests));
+  Gauge(out, "sluice_kv_cache_blocks", "KV cache blocks in total.",
+        static_cast<double>(stats.num_total_blocks));
+  Gauge(out, "sluice_kv_cache_free_blocks", "KV cache blocks free.",
+        static_cast<double>(stats.num_free_blocks));
+  const double usage = stats.num_total_blocks > 0
+                           ? 1.0 - static_cast<double>(stats.num_free_blocks) /
+                                       static_cast<double>(stats.num_total_blocks)
+                           : 0.0;
+  Gauge(out, "sluice_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0 to 1).",
+        usage);
+  Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
+        static_cast<double>(stats.block_size));
+  Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
+          static_cast<double>(stats.num_preemptions_total));
+  return out;
+}
+
+}  // namespace sluice

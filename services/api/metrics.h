@@ -1,0 +1,64 @@
+// ApiMetrics: the OpenAI front end's Prometheus metrics (text exposition format 0.0.4).
+//
+// Names carry the `sluice_` prefix and base units (seconds, tokens); counters end in `_total`;
+// latencies are histograms with cumulative `le` buckets, `_sum` and `_count`. Engine load
+// (waiting/running requests, KV blocks) comes from InferenceBackend::Stats() at scrape time.
+// Thread-safe.
+#ifndef SLUICE_SERVICES_API_METRICS_H_
+#define SLUICE_SERVICES_API_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "services/api/inference_backend.h"
+
+namespace sluice {
+
+// Histogram accumulates observations into fixed upper bounds (seconds). Not thread-safe.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void Observe(double value);
+  // Render appends the `_bucket`, `_sum` and `_count` lines of metric `name`.
+  void Render(const std::string& name, std::string& out) const;
+
+ private:
+  std::vector<double> upper_bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last = +Inf
+  double sum_ = 0.0;
+  uint64_t count_ = 0;
+};
+
+class ApiMetrics {
+ public:
+  ApiMetrics();
+
+  // ObserveRequest counts one finished HTTP request by endpoint path and status code.
+  void ObserveRequest(const std::string& endpoint, int status);
+  void ObserveTimeToFirstToken(double seconds);
+  void ObserveInterTokenLatency(double seconds);
+  void ObserveE2eLatency(double seconds);
+  void AddTokens(int64_t num_prompt_tokens, int64_t num_generation_tokens);
+  void SetInFlight(int64_t num_requests);
+
+  // Render returns the whole exposition, with `stats` as the engine gauges.
+  std::string Render(const BackendStats& stats) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status) → count
+  Histogram ttft_;
+  Histogram itl_;
+  Histogram e2e_;
+  int64_t prompt_tokens_ = 0;
+  int64_t generation_tokens_ = 0;
+  int64_t in_flight_ = 0;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_API_METRICS_H_

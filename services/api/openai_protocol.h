@@ -1,0 +1,71 @@
+// Parsing and validation of OpenAI request bodies (/v1/chat/completions, /v1/completions).
+//
+// A body becomes a GenerationRequest: tokenized prompt(s), resolved SamplingParams, and the
+// response options (n, streaming, logprobs, echo). Every rejection is InvalidArgument with the
+// offending request field as the "param" payload (see InvalidParam in openai_errors.h), except
+// an unknown model, which is NotFound (param "model").
+#ifndef SLUICE_SERVICES_API_OPENAI_PROTOCOL_H_
+#define SLUICE_SERVICES_API_OPENAI_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/sample/sampling_params.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace sluice {
+
+// Endpoint is the OpenAI API a request came through; it selects the response shapes.
+enum class Endpoint { kChatCompletions, kCompletions };
+
+// GenerationRequest is a validated request. Choice c (0 <= c < num_choices()) generates from
+// prompts[c / n]; its response index is c.
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                          // the served model name it asked for
+  std::vector<std::vector<int32_t>> prompts;  // token ids, one entry per prompt (chat: 1)
+  SamplingParams sampling;                    // max_tokens resolved against the context
+  bool max_tokens_given = false;              // false: max_tokens = context left per prompt
+  int32_t n = 1;                              // choices per prompt, 1..16
+  bool stream = false;
+  bool include_usage = false;                 // stream_options.include_usage
+  bool logprobs = false;                      // return logprobs for sampled tokens
+  int32_t top_logprobs = 0;                   // alternatives per token, 0..20
+  bool echo = false;                          // completions: prepend the prompt text
+  bool return_tokens_as_token_ids = false;    // completions logprobs tokens as "token_id:N"
+
+  int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
+};
+
+// ParseContext is what parsing needs from the deployment. Pointers are borrowed.
+struct ParseContext {
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
+  std::string served_model_name;
+  int32_t max_model_len = 0;  // prompt + output tokens per sequence
+};
+
+// ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body
+// that is not a JSON object (no exception escapes).
+absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
+
+// ParseChatCompletionRequest validates a /v1/chat/completions body: renders `messages` with
+// the chat template (add_generation_prompt defaults to true) and tokenizes the result with
+// add_special_tokens=false, parse_special=true (the template emits BOS itself).
+absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const nlohmann::json& body,
+                                                             const ParseContext& context);
+
+// ParseCompletionRequest validates a /v1/completions body. `prompt` may be a string, a list of
+// strings, a list of token ids, or a list of token-id lists (each list entry is one prompt);
+// strings are tokenized with add_special_tokens=true.
+absl::StatusOr<GenerationRequest> ParseCompletionRequest(const nlohmann::json& body,
+                                                         const ParseContext& context);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_API_OPENAI_PROTOCOL_H_

@@ -1,0 +1,153 @@
+#include "services/api/openai_responses.h"
+
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+using nlohmann::json;
+
+// JSON has no -inf: clamp like vLLM (-9999.0) so clients can parse every logprob.
+double FiniteLogprob(float logprob) {
+  if (std::isnan(logprob)) return -9999.0;
+  return std::max(static_cast<double>(logprob), -9999.0);
+}
+
+json BytesJson(const std::string& bytes) {
+  json out = json::array();
+  for (unsigned char c : bytes) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+std::string TokenText(const Tokenizer& tokenizer, int32_t id) {
+  const int32_t ids[1] = {id};
+  return tokenizer.Decode(ids, /*skip_special_tokens=*/false);
+}
+
+std::string TokenBytes(const Tokenizer& tokenizer, int32_t id) {
+  const int32_t ids[1] = {id};
+  return tokenizer.DecodeBytes(ids, /*skip_special_tokens=*/false);
+}
+
+}  // namespace
+
+std::string NewResponseId(const std::string& prefix) {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  uint64_t a, b;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    a = rng();
+    b = rng();
+  }
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b));
+  return prefix + hex;
+}
+
+json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  return json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+json ChatLogprobsJson(const Tokenizer& tokenizer, const std::vector<TokenLogprobInfo>& tokens) {
+  json content = json::array();
+  for (const TokenLogprobInfo& t : tokens) {
+    json top = json::array();
+    for (const TokenLogprob& alt : t.top_logprobs) {
+      top.push_back({{"token", TokenText(tokenizer, alt.token_id)},
+                     {"logprob", FiniteLogprob(alt.logprob)},
+                     {"bytes", BytesJson(TokenBytes(tokenizer, alt.token_id))}});
+    }
+    content.push_back({{"token", TokenText(tokenizer, t.token_id)},
+                       {"logprob", FiniteLogprob(t.logprob)},
+                       {"bytes", BytesJson(TokenBytes(tokenizer, t.token_id))},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json CompletionLogprobsJson(const Tokenizer& tokenizer,
+                            const std::vector<TokenLogprobInfo>& tokens, bool tokens_as_ids) {
+  auto name = [&](int32_t id) {
+    return tokens_as_ids ? absl::StrCat("token_id:", id) : TokenText(tokenizer, id);
+  };
+  json out_tokens = json::array();
+  json token_logprobs = json::array();
+  json top_logprobs = json::array();
+  json text_offset = json::array();
+  for (const TokenLogprobInfo& t : tokens) {
+    out_tokens.push_back(name(t.token_id));
+    token_logprobs.push_back(FiniteLogprob(t.logprob));
+    json top = json::object();
+    for (const TokenLogprob& alt : t.top_logprobs) {
+      const std::string key = name(alt.token_id);
+      if (!top.contains(key)) top[key] = FiniteLogprob(alt.logprob);
+    }
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(t.text_offset);
+  }
+  return json{{"tokens", std::move(out_tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(text_offset)}};
+}
+
+json ChatChoiceJson(int32_t index, const std::string& content, const json& logprobs,
+                    const std::string& finish_reason) {
+  return json{{"index", index},
+              {"message", {{"role", "assistant"}, {"content", content}, {"refusal", nullptr}}},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_reason}};
+}
+
+json CompletionChoiceJson(int32_t index, const std::string& text, const json& logprobs,
+                          const json& finish_reason) {
+  return json{{"index", index},
+              {"text", text},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_reason}};
+}
+
+json ChatChunkChoiceJson(int32_t index, const json& delta, const json& logprobs,
+                         const json& finish_reason) {
+  return json{{"index", index},
+              {"delta", delta},
+              {"logprobs", logprobs},
+              {"finish_reason", finish_reason}};
+}
+
+json ResponseJson(const ResponseMeta& meta, const char* object, json choices, json usage) {
+  return json{{"id", meta.id},        {"object", object},
+              {"created", meta.created}, {"model", meta.model},
+              {"choices", std::move(choices)}, {"usage", std::move(usage)}};
+}
+
+json ChunkJson(const ResponseMeta& meta, const char* object, json choices,
+               bool with_usage_null) {
+  json chunk{{"id", meta.id},
+             {"object", object},
+             {"created", meta.created},
+             {"model", meta.model},
+             {"choices", std::move(choices)}};
+  if (with_usage_null) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::string DumpJson(const json& value) {
+  return value.dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+}
+
+std::string SseEvent(const json& value) { return absl::StrCat("data: ", DumpJson(value), "\n\n"); }
+
+std::string SseDone() { return "data: [DONE]\n\n"; }
+
+}  // namespace sluice

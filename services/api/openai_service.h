@@ -1,0 +1,71 @@
+// OpenAiService: routes HTTP requests to the OpenAI-compatible endpoints, independent of the
+// transport (the HTTP server, the offline batch runner and tests drive it the same way).
+//
+//   POST /v1/chat/completions, POST /v1/completions   generation (JSON or SSE)
+//   GET  /v1/models, /v1/models/{id}                  the served model
+//   GET  /health                                      200 {"status":"ok"}
+//   GET  /metrics                                     Prometheus text format
+// A known path with another method gets 405, an unknown path 404, both as OpenAI error JSON.
+// More than max_concurrent_requests generations in flight → 503.
+#ifndef SLUICE_SERVICES_API_OPENAI_SERVICE_H_
+#define SLUICE_SERVICES_API_OPENAI_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "services/api/inference_backend.h"
+#include "services/api/metrics.h"
+#include "services/api/openai_protocol.h"
+#include "services/api/response_sink.h"
+
+namespace sluice {
+
+struct OpenAiServiceOptions {
+  std::string served_model_name;
+  int64_t max_concurrent_requests = 512;  // generation requests in flight before 503
+};
+
+class OpenAiService {
+ public:
+  // Pointers are borrowed and must outlive the service and every request it started.
+  // `chat_template` may be null (chat requests then get 400).
+  OpenAiService(InferenceBackend* backend, const Tokenizer* tokenizer,
+                const ChatTemplate* chat_template, OpenAiServiceOptions options);
+
+  // Handle answers `request` through `sink`. Quick endpoints answer before returning; a
+  // generation returns its handle (for cancellation on disconnect) and answers later through
+  // `poster`. Call on the connection's executor. Thread-safe across connections.
+  std::shared_ptr<RequestHandle> Handle(const HttpRequestInfo& request,
+                                        std::shared_ptr<ResponseSink> sink, Poster poster);
+
+  // HandleGeneration starts a generation from an already parsed body (used by Handle and by
+  // `sluice generate`). Errors are answered through `sink`; returns null in that case.
+  std::shared_ptr<RequestHandle> HandleGeneration(Endpoint endpoint, const nlohmann::json& body,
+                                                  std::shared_ptr<ResponseSink> sink,
+                                                  Poster poster);
+
+  ApiMetrics& metrics() { return metrics_; }
+  int64_t num_in_flight() const { return in_flight_.load(); }
+  const std::string& served_model_name() const { return options_.served_model_name; }
+
+ private:
+  void SendError(ResponseSink& sink, const std::string& endpoint, const absl::Status& status);
+  nlohmann::json ModelCard() const;
+
+  InferenceBackend* backend_;
+  const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  OpenAiServiceOptions options_;
+  ApiMetrics metrics_;
+  std::atomic<int64_t> in_flight_{0};
+  int64_t created_;  // Unix seconds, for the model card
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_API_OPENAI_SERVICE_H_
