@@ -1,14 +1,571 @@
+// DeepSeek-V3 forward pass on the CPU backend; see deepseek_v3.h.
+//
+// Layer structure (transformers' `DeepseekV3DecoderLayer`, modeling_deepseek_v3.py):
+//   x = x + o_proj(MLA(input_layernorm(x)))
+//   x = x + MLP(post_attention_layernorm(x))      MLP: dense SwiGLU for layers < first_k_dense_replace,
+//                                                 else routed experts + shared experts
+// logits = lm_head(norm(x)).
+//
+// MLA runs in the absorbed form over a latent cache (kernels/mla_attention): per token and layer
+// the cache holds kv_a_layernorm(c_kv) [kv_lora_rank] and the roped shared key [qk_rope_head_dim].
 #include "engine/model/deepseek_v3.h"
 
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/model/weight_loader.h"
+#include "kernels/activation/activation.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/mla_attention/mla_attention.h"
+#include "kernels/moe/moe_experts.h"
+#include "kernels/moe/moe_routing.h"
+#include "kernels/rms_norm/rms_norm.h"
+#include "kernels/rope/rope.h"
 
 namespace sluice {
+namespace {
+
+#define SLUICE_DSV3_RETURN_IF_ERROR(expr)    \
+  do {                                       \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                             \
+    }                                        \
+  } while (0)
+
+// SwiGLU MLP with gate and up fused: gate_up [2 * intermediate, hidden], down [hidden,
+// intermediate].
+struct MlpWeights {
+  int64_t intermediate = 0;
+  std::vector<float> gate_up;
+  std::vector<float> down;
+};
+
+struct MoeWeights {
+  std::vector<float> router;           // [n_routed_experts, hidden] (mlp.gate.weight)
+  std::vector<float> correction_bias;  // [n_routed_experts] (mlp.gate.e_score_correction_bias)
+  std::vector<float> experts_gate_up;  // [n_routed_experts, 2 * moe_intermediate, hidden]
+  std::vector<float> experts_down;     // [n_routed_experts, hidden, moe_intermediate]
+  std::vector<kernels::MoeExpertWeights> views;  // per expert, into the two vectors above
+  bool has_shared = false;
+  MlpWeights shared;  // intermediate = moe_intermediate_size * n_shared_experts
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;           // [hidden]
+  std::vector<float> post_attention_norm;  // [hidden]
+  // Fused input projection: rows of q_a_proj [q_lora_rank] (or q_proj [heads * qk_head_dim]
+  // when q_lora_rank = 0), then kv_a_proj_with_mqa [kv_lora_rank + qk_rope_head_dim]; [*, hidden].
+  std::vector<float> w_a;
+  std::vector<float> b_a;        // bias of w_a (attention_bias), else empty
+  std::vector<float> q_a_norm;   // [q_lora_rank]
+  std::vector<float> q_b;        // [heads * qk_head_dim, q_lora_rank]; empty when q_lora_rank = 0
+  std::vector<float> kv_a_norm;  // [kv_lora_rank]
+  std::vector<float> kv_b;       // [heads, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+  std::vector<float> o_proj;     // [hidden, heads * v_head_dim]
+  std::vector<float> o_bias;     // [hidden] or empty
+  bool is_moe = false;
+  MlpWeights dense;
+  MoeWeights moe;
+};
+
+// Scratch of one Forward call; vectors only grow, so steady-state steps do not allocate.
+struct Workspace {
+  std::vector<float> residual, normed, a_out, q_a_normed, q, latent, attn, delta;
+  std::vector<float> gate_up, act, router_logits, topk_weights, routed, shared_gate_up,
+      shared_act, lm_rows;
+  std::vector<int32_t> topk_ids;
+  std::vector<uint8_t> covered;
+  std::vector<kernels::MlaSequence> sequences;
+  kernels::MoeWorkspace moe;
+};
+
+template <typename T>
+void Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+class DeepseekV3Model : public Model {
+ public:
+  explicit DeepseekV3Model(const ModelConfig& config) : config_(config) {}
+
+  absl::Status Load(const Checkpoint& checkpoint);
+
+  const ModelConfig& config() const override { return config_; }
+  KvCacheSpec kv_cache_spec() const override {
+    KvCacheSpec spec;
+    spec.num_layers = config_.num_hidden_layers;
+    spec.k_floats_per_token = config_.kv_lora_rank + config_.qk_rope_head_dim;
+    spec.v_floats_per_token = 0;
+    return spec;
+  }
+  int64_t WeightBytesPerToken() const override { return weight_bytes_per_token_; }
+  absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                       absl::Span<float> logits) override;
+
+ private:
+  absl::Status ValidateConfig() const;
+  absl::Status LoadMlp(const Checkpoint& ckpt, const std::string& prefix, int64_t intermediate,
+                       MlpWeights* mlp) const;
+  absl::Status LoadLayer(const Checkpoint& ckpt, int64_t layer, LayerWeights* w) const;
+  absl::Status ValidatePlan(const ForwardInput& input, const KvCache& kv_cache,
+                            absl::Span<float> logits);
+  void Attention(int64_t layer, const ForwardInput& input, KvCache& kv_cache, int64_t num_tokens,
+                 absl::Status* status);
+  absl::Status Mlp(const LayerWeights& w, int64_t num_tokens);
+  void SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows, std::vector<float>& gate_up,
+              std::vector<float>& act, float* out);
+
+  ModelConfig config_;
+  int64_t q_width_ = 0;  // heads * (qk_nope_head_dim + qk_rope_head_dim)
+  int64_t a_width_ = 0;  // rows of w_a
+  kernels::MlaDims mla_dims_;
+  kernels::MoeRoutingParams routing_;
+  kernels::RopeTable rope_;
+  std::vector<float> embed_;    // [vocab, hidden]
+  std::vector<float> lm_head_;  // [vocab, hidden]; empty when tied (then embed_ is used)
+  std::vector<float> final_norm_;
+  std::vector<LayerWeights> layers_;
+  int64_t weight_bytes_per_token_ = 0;
+  Workspace ws_;
+};
+
+absl::Status DeepseekV3Model::ValidateConfig() const {
+  const ModelConfig& c = config_;
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("deepseek_v3 config: ", what));
+  };
+  if (c.architecture != Architecture::kDeepseekV3) return bad("not a DeepSeek-V3 config");
+  if (c.hidden_size <= 0 || c.num_hidden_layers <= 0 || c.num_attention_heads <= 0 ||
+      c.vocab_size <= 0) {
+    return bad("hidden_size, num_hidden_layers, num_attention_heads, vocab_size must be positive");
+  }
+  if (c.hidden_act != "silu") return bad(absl::StrCat("unsupported hidden_act ", c.hidden_act));
+  if (c.kv_lora_rank <= 0 || c.qk_nope_head_dim < 0 || c.v_head_dim <= 0 ||
+      c.qk_rope_head_dim <= 0 || c.qk_rope_head_dim % 2 != 0 || c.q_lora_rank < 0) {
+    return bad("MLA dims: kv_lora_rank, v_head_dim > 0, qk_rope_head_dim > 0 and even");
+  }
+  if (c.first_k_dense_replace < c.num_hidden_layers) {
+    if (c.n_routed_experts <= 0 || c.moe_intermediate_size <= 0 || c.num_experts_per_tok <= 0) {
+      return bad("MoE layers need n_routed_experts, moe_intermediate_size, num_experts_per_tok");
+    }
+    if (c.scoring_func != "sigmoid" && c.scoring_func != "softmax") {
+      return bad(absl::StrCat("unsupported scoring_func ", c.scoring_func));
+    }
+    if (c.n_shared_experts < 0) return bad("n_shared_experts is negative");
+  }
+  if (c.first_k_dense_replace > 0 && c.intermediate_size <= 0) {
+    return bad("dense layers need intermediate_size");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::LoadMlp(const Checkpoint& ckpt, const std::string& prefix,
+                                      int64_t intermediate, MlpWeights* mlp) const {
+  const int64_t h = config_.hidden_size;
+  mlp->intermediate = intermediate;
+  std::vector<float> up;
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, prefix + "gate_proj.weight", {intermediate, h}, &mlp->gate_up));
+  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, prefix + "up_proj.weight", {intermediate, h}, &up));
+  mlp->gate_up.insert(mlp->gate_up.end(), up.begin(), up.end());
+  return LoadWeightInto(ckpt, prefix + "down_proj.weight", {h, intermediate}, &mlp->down);
+}
+
+absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
+                                        LayerWeights* w) const {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  const int64_t heads = c.num_attention_heads;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t dr = c.qk_rope_head_dim;
+  const std::string p = LayerPrefix(layer);
+  const std::string attn = p + "self_attn.";
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, p + "input_layernorm.weight", {h}, &w->input_norm));
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {h}, &w->post_attention_norm));
+
+  // Fused input projection [q_a_proj | q_proj ; kv_a_proj_with_mqa].
+  std::vector<float> kv_a, q_first, kv_a_bias, q_first_bias;
+  const std::string q_first_name = c.q_lora_rank > 0 ? "q_a_proj" : "q_proj";
+  const int64_t q_first_rows = c.q_lora_rank > 0 ? c.q_lora_rank : q_width_;
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, attn + q_first_name + ".weight", {q_first_rows, h}, &q_first));
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, attn + "kv_a_proj_with_mqa.weight", {rank + dr, h}, &kv_a));
+  w->w_a = std::move(q_first);
+  w->w_a.insert(w->w_a.end(), kv_a.begin(), kv_a.end());
+  if (c.attention_bias) {
+    // transformers: q_a_proj and kv_a_proj_with_mqa carry the bias; q_proj has none.
+    if (c.q_lora_rank > 0) {
+      SLUICE_DSV3_RETURN_IF_ERROR(
+          LoadWeightInto(ckpt, attn + "q_a_proj.bias", {c.q_lora_rank}, &q_first_bias));
+    } else {
+      q_first_bias.assign(q_width_, 0.0f);
+    }
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, attn + "kv_a_proj_with_mqa.bias", {rank + dr}, &kv_a_bias));
+    w->b_a = std::move(q_first_bias);
+    w->b_a.insert(w->b_a.end(), kv_a_bias.begin(), kv_a_bias.end());
+    SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, attn + "o_proj.bias", {h}, &w->o_bias));
+  }
+  if (c.q_lora_rank > 0) {
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, attn + "q_a_layernorm.weight", {c.q_lora_rank}, &w->q_a_norm));
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, attn + "q_b_proj.weight", {q_width_, c.q_lora_rank}, &w->q_b));
+  }
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, attn + "kv_a_layernorm.weight", {rank}, &w->kv_a_norm));
+  // kv_b_proj rows are per head [k_nope (qk_nope_head_dim) ; v (v_head_dim)]: exactly the
+  // [heads, dn + dv, R] layout of W_UK / W_UV that the absorbed kernel reads.
+  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(
+      ckpt, attn + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), rank},
+      &w->kv_b));
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, attn + "o_proj.weight", {h, heads * c.v_head_dim}, &w->o_proj));
+
+  w->is_moe = layer >= c.first_k_dense_replace;
+  if (!w->is_moe) return LoadMlp(ckpt, p + "mlp.", c.intermediate_size, &w->dense);
+
+  MoeWeights& m = w->moe;
+  const int64_t e_count = c.n_routed_experts;
+  const int64_t inter = c.moe_intermediate_size;
+  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.weight", {e_count, h}, &m.router));
+  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.e_score_correction_bias",
+                                             {e_count}, &m.correction_bias));
+  m.experts_gate_up.resize(e_count * 2 * inter * h);
+  m.experts_down.resize(e_count * h * inter);
+  for (int64_t e = 0; e < e_count; ++e) {
+    MlpWeights expert;
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadMlp(ckpt, absl::StrCat(p, "mlp.experts.", e, "."), inter, &expert));
+    std::memcpy(m.experts_gate_up.data() + e * 2 * inter * h, expert.gate_up.data(),
+                expert.gate_up.size() * sizeof(float));
+    std::memcpy(m.experts_down.data() + e * h * inter, expert.down.data(),
+                expert.down.size() * sizeof(float));
+  }
+  for (int64_t e = 0; e < e_count; ++e) {
+    m.views.push_back({m.experts_gate_up.data() + e * 2 * inter * h,
+                       m.experts_down.data() + e * h * inter});
+  }
+  m.has_shared = c.n_shared_experts > 0;
+  if (m.has_shared) {
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadMlp(ckpt, p + "mlp.shared_experts.", inter * c.n_shared_experts, &m.shared));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
+  SLUICE_DSV3_RETURN_IF_ERROR(ValidateConfig());
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  q_width_ = c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+  a_width_ = (c.q_lora_rank > 0 ? c.q_lora_rank : q_width_) + c.kv_lora_rank + c.qk_rope_head_dim;
+
+  // Softmax scale: transformers' DeepseekV3Attention.__init__ uses qk_head_dim^-0.5 and, when
+  // rope scaling is configured with mscale_all_dim, multiplies it by yarn_get_mscale(factor,
+  // mscale_all_dim)² where yarn_get_mscale(s, m) = 1 if s <= 1 else 0.1·m·ln(s) + 1.
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  if (c.rope.rope_type != "default" && c.rope.mscale_all_dim != 0.0) {
+    const double m =
+        c.rope.factor <= 1.0 ? 1.0 : 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  mla_dims_ = kernels::MlaDims{c.num_attention_heads, c.kv_lora_rank,     c.qk_nope_head_dim,
+                               c.qk_rope_head_dim,    c.v_head_dim,       static_cast<float>(scale)};
+
+  kernels::RopeParams rp;
+  rp.rope_type = c.rope.rope_type;
+  rp.theta = c.rope.rope_theta;
+  rp.rotary_dim = c.qk_rope_head_dim;
+  rp.factor = c.rope.factor;
+  rp.original_max_position_embeddings = c.rope.original_max_position_embeddings > 0
+                                            ? c.rope.original_max_position_embeddings
+                                            : c.max_position_embeddings;
+  rp.beta_fast = c.rope.beta_fast;
+  rp.beta_slow = c.rope.beta_slow;
+  rp.mscale = c.rope.mscale;
+  rp.mscale_all_dim = c.rope.mscale_all_dim;
+  rp.low_freq_factor = c.rope.low_freq_factor;
+  rp.high_freq_factor = c.rope.high_freq_factor;
+  auto table = kernels::MakeRopeTable(rp);
+  if (!table.ok()) return table.status();
+  rope_ = std::move(*table);
+
+  if (c.first_k_dense_replace < c.num_hidden_layers) {
+    routing_.num_experts = c.n_routed_experts;
+    routing_.top_k = c.num_experts_per_tok;
+    routing_.n_group = c.n_group;
+    routing_.topk_group = c.topk_group;
+    routing_.scoring =
+        c.scoring_func == "softmax" ? kernels::MoeScoring::kSoftmax : kernels::MoeScoring::kSigmoid;
+    routing_.norm_topk_prob = c.norm_topk_prob;
+    routing_.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+    if (absl::Status s = kernels::ValidateMoeRoutingParams(routing_); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("deepseek_v3 config: ", s.message()));
+    }
+  }
+
+  SLUICE_DSV3_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}, &embed_));
+  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {h}, &final_norm_));
+  if (!c.tie_word_embeddings) {
+    SLUICE_DSV3_RETURN_IF_ERROR(
+        LoadWeightInto(ckpt, "lm_head.weight", {c.vocab_size, h}, &lm_head_));
+  }
+  layers_.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    SLUICE_DSV3_RETURN_IF_ERROR(LoadLayer(ckpt, l, &layers_[l]));
+  }
+
+  // Bytes one decode token reads (float32 storage): every attention/norm/dense weight, the
+  // router, num_experts_per_tok routed experts and the shared experts per MoE layer, the final
+  // norm, lm_head and one embedding row.
+  int64_t floats = h + final_norm_.size() + static_cast<int64_t>(c.vocab_size) * h;
+  for (const LayerWeights& w : layers_) {
+    floats += w.input_norm.size() + w.post_attention_norm.size() + w.w_a.size() + w.b_a.size() +
+              w.q_a_norm.size() + w.q_b.size() + w.kv_a_norm.size() + w.kv_b.size() +
+              w.o_proj.size() + w.o_bias.size();
+    if (!w.is_moe) {
+      floats += w.dense.gate_up.size() + w.dense.down.size();
+    } else {
+      floats += w.moe.router.size() + w.moe.correction_bias.size() +
+                c.num_experts_per_tok * 3 * c.moe_intermediate_size * h +
+                w.moe.shared.gate_up.size() + w.moe.shared.down.size();
+    }
+  }
+  weight_bytes_per_token_ = floats * static_cast<int64_t>(sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::ValidatePlan(const ForwardInput& input, const KvCache& kv_cache,
+                                           absl::Span<float> logits) {
+  const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
+  if (static_cast<int64_t>(input.positions.size()) != num_tokens ||
+      static_cast<int64_t>(input.slot_mapping.size()) != num_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: ", num_tokens, " token ids but ", input.positions.size(), " positions and ",
+        input.slot_mapping.size(), " slots"));
+  }
+  const KvCacheSpec want = kv_cache_spec();
+  const KvCacheSpec& have = kv_cache.spec();
+  if (have.num_layers != want.num_layers || have.k_floats_per_token != want.k_floats_per_token ||
+      have.v_floats_per_token != want.v_floats_per_token || kv_cache.block_size() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: KV cache spec (layers ", have.num_layers, ", k ", have.k_floats_per_token,
+        ", v ", have.v_floats_per_token, ") does not match the model's (", want.num_layers, ", ",
+        want.k_floats_per_token, ", 0)"));
+  }
+  if (logits.size() != input.logits_indices.size() * static_cast<size_t>(config_.vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: logits buffer of ", logits.size(), " floats, expected ",
+                     input.logits_indices.size(), " x ", config_.vocab_size));
+  }
+  for (int32_t idx : input.logits_indices) {
+    if (idx < 0 || idx >= num_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: logits index ", idx, " outside [0, ", num_tokens, ")"));
+    }
+  }
+  ws_.covered.assign(num_tokens, 0);
+  ws_.sequences.clear();
+  for (const SequenceSlice& s : input.sequences) {
+    if (s.query_start < 0 || s.num_query_tokens < 0 || s.num_context_tokens < 0 ||
+        int64_t{s.query_start} + s.num_query_tokens > num_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward: sequence tokens [", s.query_start, ", +", s.num_query_tokens,
+          ") outside the batch of ", num_tokens));
+    }
+    for (int32_t i = 0; i < s.num_query_tokens; ++i) {
+      const int64_t t = s.query_start + i;
+      if (ws_.covered[t]) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: token ", t, " in two sequences"));
+      }
+      ws_.covered[t] = 1;
+      if (input.positions[t] != s.num_context_tokens + i) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "forward: token ", t, " has position ", input.positions[t], ", expected ",
+            s.num_context_tokens + i, " from its sequence's context length"));
+      }
+    }
+    ws_.sequences.push_back(
+        {s.query_start, s.num_query_tokens, s.num_context_tokens, s.block_table});
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (!ws_.covered[t]) {
+      return absl::InvalidArgumentError(absl::StrCat("forward: token ", t, " in no sequence"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void DeepseekV3Model::SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows,
+                             std::vector<float>& gate_up, std::vector<float>& act, float* out) {
+  const int64_t h = config_.hidden_size;
+  Grow(gate_up, rows * 2 * mlp.intermediate);
+  Grow(act, rows * mlp.intermediate);
+  kernels::LinearCpu(x, mlp.gate_up.data(), nullptr, gate_up.data(), rows, 2 * mlp.intermediate,
+                     h);
+  kernels::SiluMulCpu(gate_up.data(), act.data(), rows, mlp.intermediate);
+  kernels::LinearCpu(act.data(), mlp.down.data(), nullptr, out, rows, h, mlp.intermediate);
+}
+
+// Attention reads ws_.normed and writes o_proj's output to ws_.delta.
+void DeepseekV3Model::Attention(int64_t layer, const ForwardInput& input, KvCache& kv_cache,
+                                int64_t num_tokens, absl::Status* status) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = layers_[layer];
+  const int64_t h = c.hidden_size;
+  const int64_t rank = c.kv_lora_rank;
+  const int64_t dr = c.qk_rope_head_dim;
+  const int64_t q_first = c.q_lora_rank > 0 ? c.q_lora_rank : q_width_;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t latent_width = rank + dr;
+
+  kernels::LinearCpu(ws_.normed.data(), w.w_a.data(), w.b_a.empty() ? nullptr : w.b_a.data(),
+                     ws_.a_out.data(), num_tokens, a_width_, h);
+  // Query: q_b_proj(q_a_layernorm(q_a)) or q_proj's rows of the fused output.
+  float* q = nullptr;
+  int64_t q_stride = 0;
+  if (c.q_lora_rank > 0) {
+    kernels::RmsNormCpu(ws_.a_out.data(), a_width_, w.q_a_norm.data(), ws_.q_a_normed.data(),
+                        c.q_lora_rank, num_tokens, c.q_lora_rank, eps);
+    kernels::LinearCpu(ws_.q_a_normed.data(), w.q_b.data(), nullptr, ws_.q.data(), num_tokens,
+                       q_width_, c.q_lora_rank);
+    q = ws_.q.data();
+    q_stride = q_width_;
+  } else {
+    q = ws_.a_out.data();
+    q_stride = a_width_;
+  }
+  // Latent cache entry: [kv_a_layernorm(c_kv) ; rope(k_pe)].
+  kernels::RmsNormCpu(ws_.a_out.data() + q_first, a_width_, w.kv_a_norm.data(),
+                      ws_.latent.data(), latent_width, num_tokens, rank, eps);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::memcpy(ws_.latent.data() + t * latent_width + rank,
+                ws_.a_out.data() + t * a_width_ + q_first + rank, dr * sizeof(float));
+  }
+  kernels::RopeCpu(ws_.latent.data(), num_tokens, 1, latent_width, 0, rank,
+                   input.positions.data(), rope_, c.rope_interleave);
+  kernels::RopeCpu(q, num_tokens, c.num_attention_heads, q_stride,
+                   c.qk_nope_head_dim + c.qk_rope_head_dim, c.qk_nope_head_dim,
+                   input.positions.data(), rope_, c.rope_interleave);
+
+  kernels::MlaPagedCache cache{kv_cache.k(layer), kv_cache.num_blocks(), kv_cache.block_size()};
+  *status = kernels::MlaWriteCacheCpu(ws_.latent.data(), input.slot_mapping.data(), num_tokens,
+                                      mla_dims_, cache);
+  if (!status->ok()) return;
+  *status = kernels::MlaAttentionCpu(q, q_stride, w.kv_b.data(), ws_.sequences, mla_dims_, cache,
+                                     ws_.attn.data());
+  if (!status->ok()) return;
+  kernels::LinearCpu(ws_.attn.data(), w.o_proj.data(), w.o_bias.empty() ? nullptr : w.o_bias.data(),
+                     ws_.delta.data(), num_tokens, h, c.num_attention_heads * c.v_head_dim);
+}
+
+// Mlp reads ws_.normed and writes the MLP output to ws_.delta.
+absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
+  const int64_t h = config_.hidden_size;
+  if (!w.is_moe) {
+    SwiGlu(w.dense, ws_.normed.data(), num_tokens, ws_.gate_up, ws_.act, ws_.delta.data());
+    return absl::OkStatus();
+  }
+  const MoeWeights& m = w.moe;
+  const int64_t e_count = config_.n_routed_experts;
+  const int64_t top_k = config_.num_experts_per_tok;
+  Grow(ws_.router_logits, num_tokens * e_count);
+  Grow(ws_.topk_ids, num_tokens * top_k);
+  Grow(ws_.topk_weights, num_tokens * top_k);
+  Grow(ws_.routed, num_tokens * h);
+  // Router logits in float32 (transformers upcasts the router to float32 as well).
+  kernels::LinearCpu(ws_.normed.data(), m.router.data(), nullptr, ws_.router_logits.data(),
+                     num_tokens, e_count, h);
+  SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeRoutingCpu(ws_.router_logits.data(),
+                                                     m.correction_bias.data(), num_tokens,
+                                                     routing_, ws_.topk_ids.data(),
+                                                     ws_.topk_weights.data()));
+  SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeExpertsCpu(
+      ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size, ws_.topk_ids.data(),
+      ws_.topk_weights.data(), top_k, m.views, ws_.routed.data(), ws_.moe));
+  if (!m.has_shared) {
+    std::memcpy(ws_.delta.data(), ws_.routed.data(), num_tokens * h * sizeof(float));
+    return absl::OkStatus();
+  }
+  SwiGlu(m.shared, ws_.normed.data(), num_tokens, ws_.shared_gate_up, ws_.shared_act,
+         ws_.delta.data());
+  // transformers: moe(hidden) + shared_experts(residuals).
+  float* d = ws_.delta.data();
+  const float* r = ws_.routed.data();
+  for (int64_t i = 0; i < num_tokens * h; ++i) d[i] = r[i] + d[i];
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cache,
+                                      absl::Span<float> logits) {
+  SLUICE_DSV3_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, logits));
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
+  if (num_tokens == 0) return absl::OkStatus();
+  const int64_t h = c.hidden_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  Grow(ws_.residual, num_tokens * h);
+  Grow(ws_.normed, num_tokens * h);
+  Grow(ws_.delta, num_tokens * h);
+  Grow(ws_.a_out, num_tokens * a_width_);
+  Grow(ws_.q_a_normed, num_tokens * std::max<int64_t>(c.q_lora_rank, 1));
+  Grow(ws_.q, num_tokens * q_width_);
+  Grow(ws_.latent, num_tokens * (c.kv_lora_rank + c.qk_rope_head_dim));
+  Grow(ws_.attn, num_tokens * c.num_attention_heads * c.v_head_dim);
+
+  SLUICE_DSV3_RETURN_IF_ERROR(kernels::EmbeddingCpu(embed_.data(), c.vocab_size, h,
+                                                    input.token_ids.data(), num_tokens,
+                                                    ws_.residual.data()));
+  kernels::RmsNormCpu(ws_.residual.data(), h, layers_[0].input_norm.data(), ws_.normed.data(), h,
+                      num_tokens, h, eps);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    absl::Status status;
+    Attention(l, input, kv_cache, num_tokens, &status);
+    SLUICE_DSV3_RETURN_IF_ERROR(status);
+    kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), w.post_attention_norm.data(),
+                           ws_.normed.data(), num_tokens, h, eps);
+    SLUICE_DSV3_RETURN_IF_ERROR(Mlp(w, num_tokens));
+    const float* next_norm =
+        l + 1 < c.num_hidden_layers ? layers_[l + 1].input_norm.data() : final_norm_.data();
+    kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), next_norm, ws_.normed.data(),
+                           num_tokens, h, eps);
+  }
+
+  const int64_t num_logits = static_cast<int64_t>(input.logits_indices.size());
+  if (num_logits == 0) return absl::OkStatus();
+  Grow(ws_.lm_rows, num_logits * h);
+  for (int64_t i = 0; i < num_logits; ++i) {
+    std::memcpy(ws_.lm_rows.data() + i * h, ws_.normed.data() + input.logits_indices[i] * h,
+                h * sizeof(float));
+  }
+  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
+                     h);
+  return absl::OkStatus();
+}
+
+#undef SLUICE_DSV3_RETURN_IF_ERROR
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config,
                                                       const Checkpoint& checkpoint) {
-  (void)config;
-  (void)checkpoint;
-  return absl::UnimplementedError("DeepSeek-V3 model is not implemented yet");
+  auto model = std::make_unique<DeepseekV3Model>(config);
+  if (absl::Status s = model->Load(checkpoint); !s.ok()) return s;
+  return std::unique_ptr<Model>(std::move(model));
 }
 
 }  // namespace sluice
