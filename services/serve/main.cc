@@ -1,7 +1,84 @@
-// `sluice`: command-line entry point (serve, generate).
-#include <cstdio>
+// `sluice`: command-line entry point.
+//
+//   sluice serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] ...
+//   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "services/serve/generate_command.h"
+#include "services/serve/log.h"
+#include "services/serve/serve_command.h"
+
+namespace {
+
+// AddEngineFlags registers the flags shared by `serve` and `generate`.
+void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_cache_gib) {
+  app.add_option("--model", runtime.model_dir, "Hugging Face model folder")->required();
+  app.add_option("--served-model-name", runtime.served_model_name,
+                 "Model id clients use (default: the model folder's name)");
+  app.add_option("--max-num-seqs", runtime.engine.max_num_seqs, "Running sequences per step")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-num-batched-tokens", runtime.engine.max_num_batched_tokens,
+                 "Token budget per engine step")
+      ->check(CLI::PositiveNumber);
+  auto* gib = app.add_option("--kv-cache-memory-gib", kv_cache_gib,
+                             "KV cache memory budget in GiB")
+                  ->check(CLI::PositiveNumber);
+  app.add_option("--num-kv-blocks", runtime.engine.num_kv_blocks,
+                 "KV cache blocks (overrides --kv-cache-memory-gib)")
+      ->check(CLI::PositiveNumber)
+      ->excludes(gib);
+  app.add_option("--block-size", runtime.engine.block_size, "Tokens per KV block")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-model-len", runtime.engine.max_model_len,
+                 "Max prompt + output tokens (default: the model's max_position_embeddings)")
+      ->check(CLI::PositiveNumber);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::fprintf(stderr, "sluice: no commands yet\n");
-  return 1;
+  CLI::App app{"Sluice: an LLM serving engine with an OpenAI-compatible API"};
+  app.require_subcommand(1);
+
+  sluice::ServeOptions serve;
+  double serve_kv_gib = 0.0;
+  int port = serve.http.port;
+  CLI::App* serve_cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
+  AddEngineFlags(*serve_cmd, serve.runtime, serve_kv_gib);
+  serve_cmd->add_option("--host", serve.http.host, "Address to listen on");
+  serve_cmd->add_option("--port", port, "Port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  serve_cmd->add_option("--max-concurrent-requests", serve.max_concurrent_requests,
+                        "Generation requests in flight before answering 503")
+      ->check(CLI::PositiveNumber);
+  serve_cmd->add_option("--io-threads", serve.http.num_io_threads, "HTTP io threads")
+      ->check(CLI::PositiveNumber);
+
+  sluice::GenerateOptions generate;
+  double generate_kv_gib = 0.0;
+  CLI::App* generate_cmd =
+      app.add_subcommand("generate", "Offline batch inference over a JSONL file");
+  AddEngineFlags(*generate_cmd, generate.runtime, generate_kv_gib);
+  generate_cmd->add_option("--input", generate.input_path, "Requests, one JSON per line")
+      ->required();
+  generate_cmd->add_option("--output", generate.output_path, "Responses, one JSON per line")
+      ->required();
+  generate_cmd->add_option("--max-in-flight", generate.max_in_flight,
+                           "Requests being generated at once")
+      ->check(CLI::PositiveNumber);
+  generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto gib_to_bytes = [](double gib) { return static_cast<int64_t>(gib * (1ull << 30)); };
+  if (serve_cmd->parsed()) {
+    if (serve_kv_gib > 0) serve.runtime.engine.kv_cache_bytes = gib_to_bytes(serve_kv_gib);
+    serve.http.port = static_cast<uint16_t>(port);
+    return sluice::RunServe(serve);
+  }
+  if (generate_kv_gib > 0) generate.runtime.engine.kv_cache_bytes = gib_to_bytes(generate_kv_gib);
+  return sluice::RunGenerate(generate);
 }

@@ -1,0 +1,60 @@
+#include "services/serve/serve_command.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <utility>
+
+#include "services/api/openai_service.h"
+#include "services/serve/log.h"
+
+namespace sluice {
+
+int RunServe(const ServeOptions& options) {
+  // Block the shutdown signals in every thread (threads inherit the mask), then wait for them
+  // on this thread with sigwait: no async-signal-safety concerns.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(options.runtime);
+  if (!runtime.ok()) {
+    spdlog::error("cannot load the model: {}", std::string(runtime.status().ToString()));
+    return 1;
+  }
+  OpenAiServiceOptions service_options;
+  service_options.served_model_name = runtime->served_model_name;
+  service_options.max_concurrent_requests = options.max_concurrent_requests;
+  auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
+                                                 runtime->chat_template.get(), service_options);
+  OpenAiService* service_ptr = service.get();
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      options.http, [service_ptr](const HttpRequestInfo& request,
+                                  std::shared_ptr<ResponseSink> sink, Poster poster) {
+        return service_ptr->Handle(request, std::move(sink), std::move(poster));
+      });
+  if (!server.ok()) {
+    spdlog::error("{}", std::string(server.status().ToString()));
+    return 1;
+  }
+  spdlog::info("serving model '{}'", runtime->served_model_name);
+  std::printf("Sluice listening on http://%s:%u\n", options.http.host.c_str(),
+              static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received signal {}, shutting down", signal_number);
+  // Order matters: stop the io threads, then the engine (its final callbacks post into the
+  // stopped io_context, which still exists), then destroy the server and its pending handlers.
+  (*server)->Stop();
+  runtime->backend.reset();
+  server->reset();
+  spdlog::info("bye");
+  return 0;
+}
+
+}  // namespace sluice
