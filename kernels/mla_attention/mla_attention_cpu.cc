@@ -11,24 +11,71 @@
 namespace sluice::kernels {
 namespace {
 
-// Dot with 16 independent partial sums (vectorizable without -ffast-math); the summation order
-// depends only on n.
-inline float Dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+constexpr int kLanes = 16;
+typedef float V16 __attribute__((vector_size(64), aligned(4)));
+
+inline V16 Load(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// Fixed-order horizontal sum: pairwise halves 16 → 8 → 4 → 2 → 1.
+inline float Reduce(V16 v) {
+  float a[kLanes];
+  std::memcpy(a, &v, sizeof(a));
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) a[l] = a[l] + a[l + width];
   }
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail;
+  return a[0];
 }
 
-// Axpy: y += a * x.
-inline void Axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+// DotN computes N dot products a · b[i] (each of length n) with N independent accumulators.
+// The arithmetic of each result is that of DotN<1>: lane l sums the products of indices
+// ≡ l (mod 16) in increasing order, then Reduce, then the n % 16 tail in increasing order.
+template <int N>
+inline void DotN(const float* a, const float* const* b, int64_t n, float* out) {
+  V16 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = V16{};
+  const int64_t main = n - n % kLanes;
+  for (int64_t k = 0; k < main; k += kLanes) {
+    const V16 av = Load(a + k);
+    for (int i = 0; i < N; ++i) acc[i] += av * Load(b[i] + k);
+  }
+  for (int i = 0; i < N; ++i) {
+    float s = Reduce(acc[i]);
+    for (int64_t k = main; k < n; ++k) s += a[k] * b[i][k];
+    out[i] = s;
+  }
+}
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float out;
+  DotN<1>(a, &b, n, &out);
+  return out;
+}
+
+// WeightedRowSum: y[0..n) = Σ_j coef[j] · rows[j][0..n), j in increasing order, accumulated in
+// registers over column chunks of 64 floats (the per-element order does not depend on chunking).
+inline void WeightedRowSum(const float* coef, const float* const* rows, int64_t num_rows,
+                           int64_t n, float* y) {
+  constexpr int kChunk = 4;  // vectors per chunk
+  int64_t c = 0;
+  for (; c + kChunk * kLanes <= n; c += kChunk * kLanes) {
+    V16 acc[kChunk];
+    for (int i = 0; i < kChunk; ++i) acc[i] = V16{};
+    for (int64_t j = 0; j < num_rows; ++j) {
+      const float w = coef[j];
+      for (int i = 0; i < kChunk; ++i) acc[i] += w * Load(rows[j] + c + i * kLanes);
+    }
+    for (int i = 0; i < kChunk; ++i) Store(y + c + i * kLanes, acc[i]);
+  }
+  for (; c < n; ++c) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < num_rows; ++j) acc += coef[j] * rows[j][c];
+    y[c] = acc;
+  }
 }
 
 }  // namespace
@@ -91,13 +138,19 @@ absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float
 
   ParallelFor(num_tokens * heads, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
+    thread_local std::vector<const float*> row_ptrs;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / heads;
       const int64_t h = item % heads;
       if (token_seq[t] < 0) continue;  // token not in any sequence: left untouched
       const MlaSequence& s = sequences[token_seq[t]];
       const int64_t num_keys = int64_t{s.num_context_tokens} + (t - s.query_start) + 1;
-      scratch.resize(2 * rank + num_keys);
+      if (static_cast<int64_t>(scratch.size()) < 2 * rank + num_keys) {
+        scratch.resize(2 * rank + num_keys);
+      }
+      if (static_cast<int64_t>(row_ptrs.size()) < std::max(num_keys, dn)) {
+        row_ptrs.resize(std::max(num_keys, dn));
+      }
       float* q_lat = scratch.data();
       float* out_lat = q_lat + rank;
       float* scores = out_lat + rank;
@@ -106,31 +159,50 @@ absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float
       const float* q_pe = q_nope + dn;
       const float* w_uk = w_kv_b + h * (dn + dv) * rank;  // [dn, R]
       const float* w_uv = w_uk + dn * rank;               // [dv, R]
-      std::fill(q_lat, q_lat + rank, 0.0f);
-      for (int64_t d = 0; d < dn; ++d) Axpy(q_nope[d], w_uk + d * rank, q_lat, rank);
+      const float** rows = row_ptrs.data();
+      // q_lat = W_UKᵀ · q_nope: a weighted sum of the dn rows of W_UK.
+      for (int64_t d = 0; d < dn; ++d) rows[d] = w_uk + d * rank;
+      WeightedRowSum(q_nope, rows, dn, rank, q_lat);
 
-      float max_score = -INFINITY;
       for (int64_t j = 0; j < num_keys; ++j) {
-        const int64_t slot = int64_t{s.block_table[j / bs]} * bs + j % bs;
-        const float* entry = cache.data + slot * width;
-        const float score =
-            (Dot(q_lat, entry, rank) + Dot(q_pe, entry + rank, dr)) * dims.softmax_scale;
-        scores[j] = score;
-        max_score = std::max(max_score, score);
+        rows[j] = cache.data + (int64_t{s.block_table[j / bs]} * bs + j % bs) * width;
+      }
+      float max_score = -INFINITY;
+      int64_t j = 0;
+      for (; j + 4 <= num_keys; j += 4) {
+        float lat[4], pe[4];
+        const float* pe_rows[4] = {rows[j] + rank, rows[j + 1] + rank, rows[j + 2] + rank,
+                                   rows[j + 3] + rank};
+        DotN<4>(q_lat, rows + j, rank, lat);
+        DotN<4>(q_pe, pe_rows, dr, pe);
+        for (int i = 0; i < 4; ++i) {
+          scores[j + i] = (lat[i] + pe[i]) * dims.softmax_scale;
+          max_score = std::max(max_score, scores[j + i]);
+        }
+      }
+      for (; j < num_keys; ++j) {
+        scores[j] = (Dot(q_lat, rows[j], rank) + Dot(q_pe, rows[j] + rank, dr)) *
+                    dims.softmax_scale;
+        max_score = std::max(max_score, scores[j]);
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j < num_keys; ++j) {
+      for (j = 0; j < num_keys; ++j) {
         scores[j] = std::exp(scores[j] - max_score);
         sum += scores[j];
       }
       const float inv_sum = 1.0f / sum;
-      std::fill(out_lat, out_lat + rank, 0.0f);
-      for (int64_t j = 0; j < num_keys; ++j) {
-        const int64_t slot = int64_t{s.block_table[j / bs]} * bs + j % bs;
-        Axpy(scores[j] * inv_sum, cache.data + slot * width, out_lat, rank);
-      }
+      for (j = 0; j < num_keys; ++j) scores[j] *= inv_sum;
+      WeightedRowSum(scores, rows, num_keys, rank, out_lat);
+
+      // out_h = W_UV · out_lat.
       float* o = out + t * heads * dv + h * dv;
-      for (int64_t v = 0; v < dv; ++v) o[v] = Dot(w_uv + v * rank, out_lat, rank);
+      int64_t v = 0;
+      for (; v + 4 <= dv; v += 4) {
+        const float* uv_rows[4] = {w_uv + v * rank, w_uv + (v + 1) * rank, w_uv + (v + 2) * rank,
+                                   w_uv + (v + 3) * rank};
+        DotN<4>(out_lat, uv_rows, rank, o + v);
+      }
+      for (; v < dv; ++v) o[v] = Dot(w_uv + v * rank, out_lat, rank);
     }
   });
   return absl::OkStatus();
