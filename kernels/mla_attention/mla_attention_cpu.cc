@@ -31,6 +31,28 @@ inline float Reduce(V16 v) {
   return a[0];
 }
 
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+// Reduce4 returns Reduce(a), Reduce(b), Reduce(c), Reduce(d) with the same pairwise tree per
+// vector (16 → 8 → 4 → 2 → 1), computed on transposed lanes with shuffles: bit-identical to four
+// Reduce calls at a fraction of their cost.
+inline void Reduce4(V16 a, V16 b, V16 c, V16 d, float* out) {
+  const V16 p01 = __builtin_shuffle(a, b, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                  __builtin_shuffle(a, b, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  const V16 p23 = __builtin_shuffle(c, d, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                  __builtin_shuffle(c, d, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  // q[4k + i] = v_k[i] + v_k[i + 4] over the 8 partial sums of vector k.
+  const V16 q = __builtin_shuffle(p01, p23, I16{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+                __builtin_shuffle(p01, p23, I16{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  const V16 r = __builtin_shuffle(q, I16{0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13}) +
+                __builtin_shuffle(q, I16{2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15});
+  const V16 t = __builtin_shuffle(r, I16{0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6}) +
+                __builtin_shuffle(r, I16{1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7});
+  float lanes[kLanes];
+  std::memcpy(lanes, &t, sizeof(lanes));
+  for (int i = 0; i < 4; ++i) out[i] = lanes[i];
+}
+
 // DotN computes N dot products a · b[i] (each of length n) with N independent accumulators.
 // The arithmetic of each result is that of DotN<1>: lane l sums the products of indices
 // ≡ l (mod 16) in increasing order, then Reduce, then the n % 16 tail in increasing order.
@@ -43,8 +65,14 @@ inline void DotN(const float* a, const float* const* b, int64_t n, float* out) {
     const V16 av = Load(a + k);
     for (int i = 0; i < N; ++i) acc[i] += av * Load(b[i] + k);
   }
+  float sums[N];
+  if constexpr (N == 4) {
+    Reduce4(acc[0], acc[1], acc[2], acc[3], sums);
+  } else {
+    for (int i = 0; i < N; ++i) sums[i] = Reduce(acc[i]);
+  }
   for (int i = 0; i < N; ++i) {
-    float s = Reduce(acc[i]);
+    float s = sums[i];
     for (int64_t k = main; k < n; ++k) s += a[k] * b[i][k];
     out[i] = s;
   }
