@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/bpe_regex_translate.h"
 
 namespace sluice {
 namespace {
@@ -56,8 +57,10 @@ absl::StatusOr<std::unique_ptr<BpeRegex>> BpeRegex::Compile(std::string_view pat
   options |= literal ? PCRE2_LITERAL : PCRE2_UCP;
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
+  const std::string translated =
+      literal ? std::string(pattern) : TranslateOnigurumaPattern(pattern);
   pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
                     &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];

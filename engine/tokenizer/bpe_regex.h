@@ -1,8 +1,9 @@
 // BpeRegex: a compiled PCRE2 pattern (UTF + UCP, JIT when available) that enumerates the
 // matches a HF `Split` pre-tokenizer splits on.
 //
-// HF tokenizers run these patterns with Oniguruma; PCRE2 with PCRE2_UCP has the same Unicode
-// property classes (\p{L}, \p{N}, \s) and the same leftmost-first backtracking semantics.
+// HF tokenizers run these patterns with Oniguruma; PCRE2 has the same leftmost-first
+// backtracking semantics, and TranslateOnigurumaPattern aligns the Unicode classes (\s, \p{L},
+// \p{N}) with Oniguruma's.
 // Invalid UTF-8 never fails a match: the pattern is compiled with PCRE2_MATCH_INVALID_UTF, so
 // ill-formed bytes simply match nothing and end up in the gaps between matches.
 #ifndef SLUICE_ENGINE_TOKENIZER_BPE_REGEX_H_

@@ -194,6 +194,13 @@ TEST(PreTokenizerTest, Llama3RegexMatchesOniguruma) {
   EXPECT_EQ(PreTokenize(config, "\u017Ft's"), (V{"\u017Ft", "'s"}));
   EXPECT_EQ(PreTokenize(config, "\u180E \u200B "), (V{"\u180E", " \u200B", " "}));
   EXPECT_EQ(PreTokenize(config, "12345 don'T"), (V{"123", "45", " don", "'T"}));
+  // U+180E is \s for PCRE2 but not for Oniguruma (TranslateOnigurumaPattern fixes it).
+  EXPECT_EQ(PreTokenize(config, "\u180E'S"), (V{"\u180E'", "S"}));
+  EXPECT_EQ(PreTokenize(config, "\u180E\u180E!"), (V{"\u180E\u180E!"}));
+  // Unicode 16 letters (U+105C0) and digits (U+10D40..) that PCRE2 10.42's tables lack.
+  EXPECT_EQ(PreTokenize(config, "a\U000105C0 x"), (V{"a\U000105C0", " x"}));
+  EXPECT_EQ(PreTokenize(config, "1\U00010D40\U00010D41\U00010D42\U00010D43"),
+            (V{"1\U00010D40\U00010D41", "\U00010D42\U00010D43"}));
 }
 
 // Expected ids from tokenizers 0.23.2 on the same JSON (ids follow the vocabulary, as HF
