@@ -164,7 +164,15 @@ absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float
   }
   const int32_t* token_seq = token_seq_buffer.data();
 
-  ParallelFor(num_tokens * heads, 1, [&](int64_t begin, int64_t end) {
+  // Chunks of at least ~256K multiply-adds: a ParallelFor dispatch costs more than a short
+  // decode attention (the pool wakes its workers through a condition variable).
+  int64_t max_keys = 1;
+  for (const MlaSequence& s : sequences) {
+    max_keys = std::max<int64_t>(max_keys, int64_t{s.num_context_tokens} + s.num_query_tokens);
+  }
+  const int64_t item_work = (dn + dv) * rank + max_keys * (2 * rank + dr);
+  const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 18) / item_work);
+  ParallelFor(num_tokens * heads, min_chunk, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     thread_local std::vector<const float*> row_ptrs;
     for (int64_t item = begin; item < end; ++item) {
