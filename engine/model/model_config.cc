@@ -204,9 +204,10 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   // >= max_window_layers slide.
   c.layer_is_sliding.assign(static_cast<size_t>(c.num_hidden_layers), false);
   if (c.architecture == Architecture::kQwen3) {
+    // Defaults of transformers' Qwen3Config: sliding_window 4096, max_window_layers 28.
     bool use_sliding_window = false;
-    int64_t window = 0;
-    int64_t max_window_layers = 0;
+    int64_t window = 4096;
+    int64_t max_window_layers = 28;
     SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "use_sliding_window", &use_sliding_window));
     SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "sliding_window", &window));
     SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "max_window_layers", &max_window_layers));

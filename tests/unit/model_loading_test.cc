@@ -2,6 +2,7 @@
 // files written by the test itself, plus the shared fixtures.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -268,6 +269,15 @@ TEST(ModelConfigTest, SlidingWindowFollowsQwen3Semantics) {
   ASSERT_TRUE(mw.ok()) << mw.status();
   EXPECT_EQ(mw->layer_is_sliding, (std::vector<bool>{false, false, true, true}));
   EXPECT_EQ(mw->sliding_window, 8);
+  // transformers' defaults: sliding_window 4096 from max_window_layers 28 on.
+  auto defaults = ModelConfig::FromJsonText(
+      R"({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+          "num_hidden_layers": 30, "num_attention_heads": 2, "use_sliding_window": true})");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->sliding_window, 4096);
+  EXPECT_EQ(std::count(defaults->layer_is_sliding.begin(), defaults->layer_is_sliding.end(), true),
+            2);
+  EXPECT_TRUE(defaults->layer_is_sliding[28] && defaults->layer_is_sliding[29]);
   // Wrong number of layer types.
   auto bad = ModelConfig::FromJsonText("{" + base +
                                        R"(, "use_sliding_window": true, "layer_types": ["full_attention"]})");
