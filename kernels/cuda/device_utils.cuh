@@ -1,0 +1,65 @@
+// Device-side helpers shared by the .cu kernels: 16-byte bf16 vectors and a block-wide sum.
+#ifndef SLUICE_KERNELS_CUDA_DEVICE_UTILS_CUH_
+#define SLUICE_KERNELS_CUDA_DEVICE_UTILS_CUH_
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace sluice::kernels::cuda_detail {
+
+// Bf16x8: eight bfloat16 values in one 16-byte aligned load/store.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat162 h[4];
+};
+
+// Loads 8 bf16 from 16-byte aligned `p` and widens them to fp32.
+__device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&out)[8]) {
+  const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(v.h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// Rounds 8 fp32 values to bf16 (nearest even) and stores them at 16-byte aligned `p`.
+__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&in)[8]) {
+  Bf16x8 v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+  *reinterpret_cast<Bf16x8*>(p) = v;
+}
+
+// True when every pointer is 16-byte aligned (so rows of a multiple of 8 bf16 can be moved
+// as Bf16x8).
+__host__ __device__ inline bool Aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// BlockSum returns the sum of `v` over the block to every thread, combined in a fixed order
+// (deterministic). blockDim.x must be a multiple of 32, at most 1024. `scratch` is 32 floats
+// of shared memory; the call contains __syncthreads() and must be reached by all threads.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = lane < num_warps ? scratch[lane] : 0.0f;
+  total = WarpSum(total);
+  __syncthreads();  // scratch may be reused by the caller afterwards.
+  return total;
+}
+
+}  // namespace sluice::kernels::cuda_detail
+
+#endif  // SLUICE_KERNELS_CUDA_DEVICE_UTILS_CUH_

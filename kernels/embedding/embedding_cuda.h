@@ -1,0 +1,25 @@
+// CUDA token embedding gather (bf16). Launcher conventions: kernels/cuda/cuda_common.h.
+#ifndef SLUICE_KERNELS_EMBEDDING_EMBEDDING_CUDA_H_
+#define SLUICE_KERNELS_EMBEDDING_EMBEDDING_CUDA_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_common.h"
+
+namespace sluice::kernels {
+
+// EmbeddingCuda: out[t, :] = table[ids[t], :] for t < num_tokens. table: [vocab_size, dim] bf16,
+// ids: [num_tokens] int32 (device), out: [num_tokens, dim] bf16.
+// Ids are only known on the device, so a bad id cannot fail the call: a row whose id is
+// outside [0, vocab_size) is zero-filled and, when `bad_index` (device, one int32) is not null,
+// atomicMin(bad_index, t) records the first such token. Callers set *bad_index to INT32_MAX
+// beforehand and check it when they next synchronize (EmbeddingCpu's InvalidArgument case).
+// Errors: InvalidArgument for vocab_size < 1, dim < 1 or num_tokens < 0; Internal for launch
+// errors.
+absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
+                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_EMBEDDING_EMBEDDING_CUDA_H_

@@ -1,0 +1,86 @@
+// EmbeddingCuda against EmbeddingCpu on fresh random tables and ids. Needs a GPU
+// (kernels_cuda_test).
+#include "kernels/embedding/embedding_cuda.h"
+
+#include <climits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/embedding/embedding.h"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_test::Download;
+using cuda_test::ExpectClose;
+using cuda_test::NanBuffer;
+using cuda_test::RandomBf16;
+using cuda_test::ToFloat;
+using cuda_test::Upload;
+
+TEST(EmbeddingCudaTest, MatchesCpuReferenceExactly) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t shapes[][3] = {{1000, 64, 1}, {32000, 4096, 37}, {500, 13, 300}, {128, 2048, 7}};
+  for (const auto& shape : shapes) {
+    const int64_t vocab = shape[0], dim = shape[1], tokens = shape[2];
+    const auto table = RandomBf16(static_cast<size_t>(vocab * dim), rng, -1.0f, 1.0f);
+    std::uniform_int_distribution<int32_t> id_dist(0, static_cast<int32_t>(vocab - 1));
+    std::vector<int32_t> ids(static_cast<size_t>(tokens));
+    for (auto& id : ids) id = id_dist(rng);
+    ids[0] = static_cast<int32_t>(vocab - 1);  // last row
+    auto d_table = Upload(table);
+    auto d_ids = Upload(ids);
+    auto d_out = NanBuffer(static_cast<size_t>(tokens * dim));
+    auto d_bad = Upload(std::vector<int32_t>{INT32_MAX});
+    ASSERT_TRUE(EmbeddingCuda(d_table.data(), vocab, dim, d_ids.data(), tokens, d_out.data(),
+                              d_bad.data(), nullptr)
+                    .ok());
+    const auto table_f = ToFloat(table);
+    std::vector<float> want(static_cast<size_t>(tokens * dim));
+    ASSERT_TRUE(EmbeddingCpu(table_f.data(), vocab, dim, ids.data(), tokens, want.data()).ok());
+    ExpectClose(absl::StrCat("embedding vocab=", vocab, " dim=", dim, " tokens=", tokens),
+                Download(d_out), want, 0.0, 0.0);
+    int32_t bad = 0;
+    ASSERT_EQ(cudaMemcpy(&bad, d_bad.data(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(bad, INT32_MAX);
+  }
+}
+
+TEST(EmbeddingCudaTest, ReportsFirstOutOfRangeIdAndZeroFillsItsRow) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t vocab = 100, dim = 64;
+  const auto table = RandomBf16(static_cast<size_t>(vocab * dim), rng, -1.0f, 1.0f);
+  const std::vector<int32_t> ids = {5, 99, 100, 7, -1, 0};
+  auto d_table = Upload(table);
+  auto d_ids = Upload(ids);
+  auto d_out = NanBuffer(ids.size() * dim);
+  auto d_bad = Upload(std::vector<int32_t>{INT32_MAX});
+  ASSERT_TRUE(EmbeddingCuda(d_table.data(), vocab, dim, d_ids.data(),
+                            static_cast<int64_t>(ids.size()), d_out.data(), d_bad.data(), nullptr)
+                  .ok());
+  const auto got = Download(d_out);
+  int32_t bad = 0;
+  ASSERT_EQ(cudaMemcpy(&bad, d_bad.data(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(bad, 2);
+  const auto table_f = ToFloat(table);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const bool valid = ids[t] >= 0 && ids[t] < vocab;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float want = valid ? table_f[static_cast<size_t>(ids[t] * dim + j)] : 0.0f;
+      ASSERT_EQ(got[t * dim + j], want) << "token " << t << " channel " << j;
+    }
+  }
+  // The CPU reference rejects the same ids.
+  std::vector<float> cpu_out(ids.size() * dim);
+  EXPECT_EQ(EmbeddingCpu(table_f.data(), vocab, dim, ids.data(), static_cast<int64_t>(ids.size()),
+                         cpu_out.data())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice::kernels

@@ -1,0 +1,108 @@
+// RopeCuda against RopeCpu (same RopeTable: default, llama3, YaRN; rotate-half and DeepSeek
+// interleave; partial rotary spans at an offset) on fresh random bf16 inputs. Needs a GPU
+// (kernels_cuda_test).
+#include "kernels/rope/rope_cuda.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/rope/rope.h"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_test::Download;
+using cuda_test::ExpectClose;
+using cuda_test::RandomBf16;
+using cuda_test::ToFloat;
+using cuda_test::Upload;
+
+struct Case {
+  std::string name;
+  RopeParams params;
+  int64_t num_tokens, num_heads, head_stride, token_stride, offset;
+  bool interleave;
+  int32_t max_pos;
+};
+
+std::vector<Case> Cases() {
+  RopeParams llama;  // Llama-3-8B: theta 500000, head_dim 128, llama3 scaling
+  llama.rope_type = "llama3";
+  llama.theta = 500000.0;
+  llama.rotary_dim = 128;
+  llama.factor = 8.0;
+  llama.original_max_position_embeddings = 8192;
+  RopeParams plain;
+  plain.theta = 10000.0;
+  plain.rotary_dim = 64;
+  RopeParams yarn;  // DeepSeek-V2-Lite: qk_rope_head_dim 64, YaRN factor 40
+  yarn.rope_type = "yarn";
+  yarn.theta = 10000.0;
+  yarn.rotary_dim = 64;
+  yarn.factor = 40.0;
+  yarn.original_max_position_embeddings = 4096;
+  yarn.beta_fast = 32.0;
+  yarn.beta_slow = 1.0;
+  yarn.mscale = 0.707;
+  yarn.mscale_all_dim = 0.707;
+  RopeParams yarn_plain = yarn;  // mscale 1 → attention_scaling = 0.1·ln(factor) + 1 ≠ 1
+  yarn_plain.mscale = 1.0;
+  yarn_plain.mscale_all_dim = 0.0;
+  yarn_plain.rotary_dim = 128;
+  return {
+      // q of Llama-3-8B: 32 heads × 128, whole head rotated.
+      {"llama3 q", llama, 19, 32, 128, 32 * 128, 0, false, 8192},
+      // Fused qkv row: rotate 8 kv heads inside a wider token stride.
+      {"llama3 k in qkv", llama, 5, 8, 128, 48 * 128, 32 * 128, false, 100000},
+      {"default partial", plain, 7, 3, 96, 3 * 96, 16, false, 2048},
+      // DeepSeek q: head = 128 nope + 64 rope channels, interleaved pairs, YaRN table.
+      {"yarn interleave q", yarn, 11, 16, 192, 16 * 192, 128, true, 163840},
+      // DeepSeek k_pe: one shared rope head of 64 at the end of the 576-wide latent row.
+      {"yarn interleave k_pe", yarn, 33, 1, 64, 576, 512, true, 163840},
+      {"yarn scaled rotate-half", yarn_plain, 9, 5, 128, 5 * 128, 0, false, 131072},
+  };
+}
+
+TEST(RopeCudaTest, MatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  for (const Case& c : Cases()) {
+    auto table = MakeRopeTable(c.params);
+    ASSERT_TRUE(table.ok()) << table.status();
+    auto d_table = UploadRopeTable(*table);
+    ASSERT_TRUE(d_table.ok()) << d_table.status();
+    const size_t n = static_cast<size_t>(c.num_tokens * c.token_stride);
+    const auto x = RandomBf16(n, rng, -2.0f, 2.0f);
+    std::uniform_int_distribution<int32_t> pos_dist(0, c.max_pos - 1);
+    std::vector<int32_t> positions(static_cast<size_t>(c.num_tokens));
+    for (auto& p : positions) p = pos_dist(rng);
+    positions[0] = c.max_pos - 1;
+    auto d_x = Upload(x);
+    auto d_pos = Upload(positions);
+    ASSERT_TRUE(RopeCuda(d_x.data(), c.num_tokens, c.num_heads, c.token_stride, c.head_stride,
+                         c.offset, d_pos.data(), *d_table, c.interleave, nullptr)
+                    .ok());
+    auto want = ToFloat(x);
+    RopeCpu(want.data(), c.num_tokens, c.num_heads, c.token_stride, c.head_stride, c.offset,
+            positions.data(), *table, c.interleave);
+    // Whole buffer: channels outside the rotated spans must be untouched (exactly equal).
+    ExpectClose(absl::StrCat("rope ", c.name, " scaling=", table->attention_scaling), Download(d_x),
+                want, 1.0 / 128, 1e-4);
+  }
+}
+
+TEST(RopeCudaTest, RejectsBadArguments) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  RopeTable big;
+  big.inv_freq.assign(2048, 1.0f);
+  EXPECT_EQ(UploadRopeTable(big).status().code(), absl::StatusCode::kInvalidArgument);
+  DeviceRopeTable empty;
+  EXPECT_EQ(RopeCuda(nullptr, 1, 1, 64, 64, 0, nullptr, empty, false, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice::kernels
