@@ -43,7 +43,7 @@ struct PagedAttentionParams {
 //   k_cache: [num_blocks, block_size, num_kv_heads, head_dim]   (one layer)
 //   v_cache: [num_blocks, block_size, num_kv_heads, v_head_dim] (one layer)
 //   out:     [num_tokens, num_heads, v_head_dim], contiguous
-// Parallel over (query token, KV head).
+// Parallel over (query token, KV head), or (query token, head) when there are few tokens.
 void PagedAttentionCpu(const float* q, int64_t q_token_stride, const float* k_cache,
                        const float* v_cache, const PagedSequence* sequences,
                        int64_t num_sequences, const PagedAttentionParams& params, float* out);

@@ -47,21 +47,27 @@ void PagedAttentionCpu(const float* q, int64_t q_token_stride, const float* k_ca
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t kv_k_stride = p.num_kv_heads * p.head_dim;    // floats per cached token (K)
   const int64_t kv_v_stride = p.num_kv_heads * p.v_head_dim;  // floats per cached token (V)
-  const int64_t num_units = static_cast<int64_t>(items.size()) * p.num_kv_heads;
-  ParallelFor(num_units, 1, [&](int64_t begin, int64_t end) {
+  // A work unit is one query token and a run of query heads sharing a KV head (so its K/V rows
+  // are reused from cache). With few units (small decode batches) each head is its own unit,
+  // so long contexts still spread over all threads. Per-head arithmetic is the same either way.
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t heads_per_unit =
+      num_items * p.num_kv_heads >= 2 * NumCpuThreads() ? group : 1;
+  const int64_t units_per_token = p.num_heads / heads_per_unit;
+  ParallelFor(num_items * units_per_token, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(p.v_head_dim));
     for (int64_t u = begin; u < end; ++u) {
-      const Item& item = items[static_cast<size_t>(u / p.num_kv_heads)];
-      const int64_t kvh = u % p.num_kv_heads;
+      const Item& item = items[static_cast<size_t>(u / units_per_token)];
+      const int64_t h0 = (u % units_per_token) * heads_per_unit;
+      const int64_t kvh = h0 / group;
       const PagedSequence& seq = sequences[item.seq];
       const int64_t last = item.position;  // inclusive
       int64_t first = 0;
       if (p.sliding_window > 0) first = std::max<int64_t>(0, last - p.sliding_window + 1);
       const int64_t n_keys = last - first + 1;
       scores.resize(static_cast<size_t>(n_keys));
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = kvh * group + g;
+      for (int64_t h = h0; h < h0 + heads_per_unit; ++h) {
         const float* qh = q + item.token * q_token_stride + h * p.head_dim;
         float max_score = -std::numeric_limits<float>::infinity();
         for (int64_t j = first; j <= last; ++j) {
