@@ -87,6 +87,14 @@ std::string GitCommit() {
   return out.empty() ? "unknown" : out;
 }
 
+// /proc/loadavg's 1-minute figure: other load on the machine while the benchmark ran.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double one_minute = -1.0;
+  in >> one_minute;
+  return one_minute;
+}
+
 std::string UtcNow() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -461,7 +469,8 @@ int Main(int argc, char** argv) {
                        {"kernel_threads", kernels::NumCpuThreads()},
                        {"l3_cache_bytes", l3},
                        {"git_commit", GitCommit()},
-                       {"timestamp_utc", UtcNow()}};
+                       {"timestamp_utc", UtcNow()},
+                       {"loadavg_1min_at_start", LoadAverage()}};
 
   const Clock::time_point load_start = Clock::now();
   auto model = LoadModel(model_dir);
@@ -548,6 +557,7 @@ int Main(int argc, char** argv) {
     std::cerr << "prefill " << length << ": " << (*run)["tokens_per_s"] << " tokens/s\n";
   }
   result["prefill"] = prefill;
+  result["machine"]["loadavg_1min_at_end"] = LoadAverage();
 
   const std::string text = result.dump(2);
   std::cout << text << "\n";
