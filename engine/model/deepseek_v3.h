@@ -16,10 +16,32 @@
 namespace sluice {
 
 // LoadDeepseekV3 builds a DeepSeek-V3 model from `config` (architecture kDeepseekV3) and the
-// tensors of `checkpoint`, converting weights to float32. The KV cache spec is one latent entry
-// per token and layer: k_floats_per_token = kv_lora_rank + qk_rope_head_dim, v = 0.
-// Errors: NotFound naming a missing tensor, InvalidArgument naming a tensor with the wrong
-// shape/dtype or an unsupported config value.
+// tensors of `checkpoint`, converting weights to float32 (the checkpoint is not referenced
+// afterwards).
+//
+// Supported: q_lora_rank > 0 (q_a_proj → q_a_layernorm → q_b_proj) or 0 (q_proj); default and
+// YaRN RoPE (with `rope_interleave`); first_k_dense_replace dense SwiGLU layers, then MoE layers
+// with n_routed_experts experts (sigmoid or softmax scores, e_score_correction_bias, n_group /
+// topk_group group-limited top-k, norm_topk_prob, routed_scaling_factor) plus n_shared_experts
+// (0 = none) fused as one SwiGLU of moe_intermediate_size · n_shared_experts; attention_bias;
+// tied or untied embeddings. MTP layers (num_nextn_predict_layers) are not loaded.
+//
+// Softmax scale (transformers' DeepseekV3Attention): (qk_nope_head_dim + qk_rope_head_dim)^-½,
+// times mscale² with mscale = 0.1 · mscale_all_dim · ln(factor) + 1 (1 when factor <= 1) when
+// rope scaling is configured with a nonzero mscale_all_dim.
+//
+// KV cache: one latent entry per token and layer (MLA, absorbed form, arXiv:2405.04434 §2.1.3):
+// k_floats_per_token = kv_lora_rank + qk_rope_head_dim ([kv_a_layernorm(c_kv) ; roped k_pe]),
+// v_floats_per_token = 0. WeightBytesPerToken counts float32 bytes of every non-expert weight,
+// the router and correction bias, num_experts_per_tok routed experts and the shared experts per
+// MoE layer, lm_head and one embedding row.
+//
+// The returned model's Forward reuses internal scratch buffers: not thread-safe (one step at a
+// time, like the KvCache). Its logits are batch invariant: a sequence's logits do not depend on
+// the other sequences of the step or on how its prompt is chunked.
+//
+// Errors: NotFound "missing tensor <name>", InvalidArgument naming a tensor with the wrong
+// shape/dtype, or "deepseek_v3 config: ..." for an unsupported/inconsistent config value.
 absl::StatusOr<std::unique_ptr<Model>> LoadDeepseekV3(const ModelConfig& config,
                                                       const Checkpoint& checkpoint);
 
