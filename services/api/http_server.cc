@@ -161,6 +161,10 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
       return;
     }
     buffer_.commit(n);
+    if (!keep_alive_ && !request_active_) {
+      Linger();  // the response said Connection: close; never read another request
+      return;
+    }
     // Between requests the monitor read is the start of the next request.
     if (!request_active_) DoRead();
   }
@@ -201,10 +205,34 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     request_active_ = false;
     handle_.reset();
     if (!keep_alive_) {
-      Close();
+      Linger();
       return;
     }
     if (!monitor_pending_) DoRead();  // else OnMonitor starts the next read
+  }
+
+  // Linger ends a `Connection: close` response gracefully: closing a socket with unread input
+  // sends a TCP reset that can destroy the response in flight (e.g. a 413 answered before the
+  // body was read), so half-close, discard input until the client closes (or 2 s), then close.
+  void Linger() {
+    if (closed_) return;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (monitor_pending_) return;  // OnMonitor sees the client's EOF and closes
+    stream_.expires_after(std::chrono::seconds(2));
+    DiscardInput();
+  }
+
+  void DiscardInput() {
+    buffer_.clear();
+    stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) {
+                                self->Close();
+                              } else {
+                                self->DiscardInput();
+                              }
+                            });
   }
 
   void Close() {

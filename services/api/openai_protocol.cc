@@ -285,6 +285,11 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     sp.max_tokens = static_cast<int32_t>(max_len - num_prompt);
   }
   if (!req.max_tokens_given && sp.min_tokens > sp.max_tokens) sp.min_tokens = sp.max_tokens;
+  // The engine's own checks as a safety net; its messages start with the field name.
+  if (absl::Status s = sp.Validate(vocab_size); !s.ok()) {
+    const std::string message(s.message());
+    return InvalidParam(message.substr(0, message.find(' ')), message);
+  }
   return absl::OkStatus();
 }
 

@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
 
   CLI11_PARSE(app, argc, argv);
+  sluice::InitLogging();
 
   auto gib_to_bytes = [](double gib) { return static_cast<int64_t>(gib * (1ull << 30)); };
   if (serve_cmd->parsed()) {
