@@ -1,0 +1,281 @@
+// LLMEngine and Scheduler tests on a fake model whose output depends on every token stored in
+// the paged KV cache, so wrong block tables, slot mappings, chunk boundaries or a bad recompute
+// after preemption change the generated tokens.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/model.h"
+#include "engine/sched/async_engine.h"
+#include "engine/sched/llm_engine.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kVocab = 64;
+constexpr int32_t kEos = 1;
+
+// Next token = (Σ of the context's token ids read back from the KV cache · 31 + position) mod V,
+// never EOS unless the sum hits a multiple chosen by the test.
+class ChecksumModel final : public Model {
+ public:
+  ChecksumModel() {
+    config_.vocab_size = kVocab;
+    config_.max_position_embeddings = 256;
+    config_.eos_token_ids = {kEos};
+  }
+  const ModelConfig& config() const override { return config_; }
+  KvCacheSpec kv_cache_spec() const override { return {1, 1, 0}; }
+  int64_t WeightBytesPerToken() const override { return 0; }
+  absl::Status Forward(const ForwardInput& in, KvCache& kv, absl::Span<float> logits) override {
+    const int64_t bs = kv.block_size();
+    for (size_t t = 0; t < in.token_ids.size(); ++t) {
+      if (in.token_ids[t] < 0 || in.token_ids[t] >= kVocab) {
+        return absl::InvalidArgumentError("token out of range");
+      }
+      kv.k(0)[in.slot_mapping[t]] = static_cast<float>(in.token_ids[t]);
+    }
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    size_t row = 0;
+    for (int32_t index : in.logits_indices) {
+      const SequenceSlice* seq = nullptr;
+      for (const SequenceSlice& s : in.sequences) {
+        if (index >= s.query_start && index < s.query_start + s.num_query_tokens) seq = &s;
+      }
+      if (seq == nullptr) return absl::InternalError("logits index outside every sequence");
+      const int32_t pos = in.positions[index];
+      int64_t sum = 0;
+      for (int32_t p = 0; p <= pos; ++p) {
+        sum += static_cast<int64_t>(kv.k(0)[seq->block_table[p / bs] * bs + p % bs]);
+      }
+      logits[row * kVocab + Next(sum, pos)] = 10.0f;
+      ++row;
+    }
+    ++num_forward_calls;
+    return absl::OkStatus();
+  }
+  static int32_t Next(int64_t sum, int32_t pos) {
+    int32_t t = static_cast<int32_t>((sum * 31 + pos) % kVocab);
+    return t == kEos ? 2 : t;  // the fake never emits EOS on its own
+  }
+  int num_forward_calls = 0;
+
+ private:
+  ModelConfig config_;
+};
+
+// The reference: the same rule computed without any cache.
+std::vector<int32_t> Reference(std::vector<int32_t> tokens, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int64_t sum = 0;
+    for (int32_t t : tokens) sum += t;
+    int32_t next = ChecksumModel::Next(sum, static_cast<int32_t>(tokens.size()) - 1);
+    out.push_back(next);
+    tokens.push_back(next);
+  }
+  return out;
+}
+
+std::vector<int32_t> Prompt(int len, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + (i * 7 + salt * 13) % (kVocab - 3));
+  return p;
+}
+
+EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+struct EngineRun {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, FinishReason> finish;
+  std::map<std::string, RequestOutput> last;
+};
+
+EngineRun Drain(LLMEngine& engine, int max_steps = 10000) {
+  EngineRun run;
+  for (int i = 0; i < max_steps && engine.HasUnfinishedRequests(); ++i) {
+    for (const RequestOutput& out : engine.Step()) {
+      for (const SampledToken& t : out.new_tokens) run.tokens[out.request_id].push_back(t.token_id);
+      if (out.finished()) {
+        EXPECT_EQ(run.finish.count(out.request_id), 0u) << "finished twice: " << out.request_id;
+        run.finish[out.request_id] = out.finish_reason;
+        run.last[out.request_id] = out;
+      }
+    }
+  }
+  EXPECT_FALSE(engine.HasUnfinishedRequests());
+  return run;
+}
+
+std::unique_ptr<LLMEngine> MakeEngine(const EngineOptions& options) {
+  auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+TEST(LLMEngineTest, SingleRequestMatchesReference) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 128;
+  auto engine = MakeEngine(options);
+  ASSERT_TRUE(engine->AddRequest(Greedy("a", Prompt(10, 0), 20)).ok());
+  EngineRun run = Drain(*engine);
+  EXPECT_EQ(run.tokens["a"], Reference(Prompt(10, 0), 20));
+  EXPECT_EQ(run.finish["a"], FinishReason::kLength);
+  EXPECT_EQ(run.last["a"].num_prompt_tokens, 10);
+  EXPECT_EQ(run.last["a"].num_output_tokens, 20);
+  EXPECT_EQ(engine->num_free_blocks(), 128);
+}
+
+// Many requests, small token budget (prefill split into chunks), few blocks (preemption and
+// recompute): every request still produces exactly the reference tokens, and every block is
+// free at the end.
+TEST(LLMEngineTest, ChunkedPrefillAndPreemptionKeepOutputsExact) {
+  for (int32_t budget : {3, 8, 64}) {
+    EngineOptions options;
+    options.block_size = 4;
+    options.num_kv_blocks = 64;  // 256 tokens for 12 requests of up to 70 tokens each
+    options.max_model_len = 256;
+    options.max_num_batched_tokens = budget;
+    options.max_num_seqs = 8;
+    auto engine = MakeEngine(options);
+    for (int i = 0; i < 12; ++i) {
+      ASSERT_TRUE(engine->AddRequest(Greedy(absl::StrCat("r", i), Prompt(5 + 3 * i, i), 30)).ok());
+    }
+    EngineRun run = Drain(*engine);
+    for (int i = 0; i < 12; ++i) {
+      const std::string id = absl::StrCat("r", i);
+      EXPECT_EQ(run.tokens[id], Reference(Prompt(5 + 3 * i, i), 30)) << id << " budget " << budget;
+      EXPECT_EQ(run.finish[id], FinishReason::kLength);
+    }
+    // With a large budget 8 sequences run at once and outgrow the 64 blocks.
+    if (budget == 64) EXPECT_GT(engine->counters().num_preemptions, 0);
+    EXPECT_EQ(engine->num_free_blocks(), 64);
+    EXPECT_EQ(engine->num_running(), 0);
+    EXPECT_EQ(engine->num_waiting(), 0);
+  }
+}
+
+TEST(LLMEngineTest, AbortFreesBlocksAndOthersContinue) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 100;
+  auto engine = MakeEngine(options);
+  ASSERT_TRUE(engine->AddRequest(Greedy("keep", Prompt(9, 1), 25)).ok());
+  ASSERT_TRUE(engine->AddRequest(Greedy("drop", Prompt(9, 2), 25)).ok());
+  for (int i = 0; i < 3; ++i) engine->Step();
+  EXPECT_LT(engine->num_free_blocks(), 100);
+  engine->AbortRequest("drop");
+  engine->AbortRequest("unknown");  // ignored
+  EngineRun run = Drain(*engine);
+  EXPECT_EQ(run.finish["drop"], FinishReason::kAbort);
+  EXPECT_EQ(run.finish.count("unknown"), 0u);
+  EXPECT_EQ(run.tokens["keep"].size(), 22u);  // 3 tokens came before Drain
+  EXPECT_EQ(run.finish["keep"], FinishReason::kLength);
+  EXPECT_EQ(engine->num_free_blocks(), 100);
+}
+
+TEST(LLMEngineTest, StopTokenIdsEosAndMinTokens) {
+  const std::vector<int32_t> ref = Reference(Prompt(6, 3), 30);
+  EngineOptions options;
+  options.block_size = 8;
+  options.num_kv_blocks = 64;
+  auto engine = MakeEngine(options);
+  // Stop on the 5th reference token.
+  EngineRequest stop = Greedy("stop", Prompt(6, 3), 30);
+  stop.sampling.stop_token_ids = {ref[4]};
+  ASSERT_TRUE(engine->AddRequest(stop).ok());
+  EngineRun run = Drain(*engine);
+  const auto first = std::find(ref.begin(), ref.end(), ref[4]) - ref.begin();
+  EXPECT_EQ(run.tokens["stop"], std::vector<int32_t>(ref.begin(), ref.begin() + first + 1));
+  EXPECT_EQ(run.finish["stop"], FinishReason::kStop);
+}
+
+TEST(LLMEngineTest, RejectsBadRequests) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 128;
+  options.max_model_len = 100;
+  auto engine = MakeEngine(options);
+  EXPECT_EQ(engine->AddRequest(Greedy("empty", {}, 4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddRequest(Greedy("oov", {5, 64}, 4)).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status too_long = engine->AddRequest(Greedy("long", Prompt(90, 0), 20));
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_long.message().find("maximum context length is 100"), std::string::npos)
+      << too_long;
+  ASSERT_TRUE(engine->AddRequest(Greedy("dup", Prompt(4, 0), 4)).ok());
+  EXPECT_EQ(engine->AddRequest(Greedy("dup", Prompt(4, 0), 4)).code(),
+            absl::StatusCode::kAlreadyExists);
+  Drain(*engine);
+}
+
+TEST(LLMEngineTest, CreateRejectsCacheTooSmallForOneSequence) {
+  EngineOptions options;
+  options.block_size = 16;
+  options.num_kv_blocks = 2;
+  options.max_model_len = 64;
+  auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 48;
+  options.max_model_len = 128;
+  options.max_num_batched_tokens = 16;
+  auto engine = MakeEngine(options);
+  AsyncEngine async(std::move(engine));
+  std::mutex mu;
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, FinishReason> finish;
+  std::condition_variable cv;
+  constexpr int kRequests = 20;
+  for (int i = 0; i < kRequests; ++i) {
+    const std::string id = absl::StrCat("q", i);
+    ASSERT_TRUE(async
+                    .Submit(Greedy(id, Prompt(4 + i, i), 12),
+                            [&, id](const RequestOutput& out) {
+                              std::lock_guard<std::mutex> lock(mu);
+                              for (const auto& t : out.new_tokens) tokens[id].push_back(t.token_id);
+                              if (out.finished()) {
+                                finish[id] = out.finish_reason;
+                                cv.notify_all();
+                              }
+                            })
+                    .ok());
+  }
+  async.Abort("q19");
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30),
+                          [&] { return finish.size() == static_cast<size_t>(kRequests); }));
+  for (int i = 0; i < 19; ++i) {
+    const std::string id = absl::StrCat("q", i);
+    EXPECT_EQ(tokens[id], Reference(Prompt(4 + i, i), 12)) << id;
+  }
+  EXPECT_EQ(finish["q19"], FinishReason::kAbort);
+  lock.unlock();
+  // Stats are published after the step that finished the last request.
+  for (int i = 0; i < 100 && async.Stats().num_free_blocks != 48; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(async.Stats().num_free_blocks, 48);
+  EXPECT_EQ(async.Submit(Greedy("bad", {}, 1), [](const RequestOutput&) {}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice
