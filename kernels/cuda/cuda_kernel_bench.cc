@@ -129,35 +129,38 @@ absl::StatusOr<nlohmann::json> Run() {
   BENCH_ASSIGN_OR_RETURN(o, DeviceBuffer<bf16>::Create(n));
   BENCH_ASSIGN_OR_RETURN(weight, RandomDevice(static_cast<size_t>(dim), rng, 0.5f, 1.5f));
   nlohmann::json mem = nlohmann::json::array();
-  auto record = [&](const std::string& op, double bytes, double ms) {
+  auto record = [&](const std::string& op, int64_t op_rows, int64_t op_dim, double bytes,
+                    double ms) {
     const double gbps = bytes / (ms * 1e-3) / 1e9;
     mem.push_back({{"op", op},
-                   {"rows", rows},
-                   {"dim", dim},
+                   {"rows", op_rows},
+                   {"dim", op_dim},
                    {"bytes_moved", bytes},
                    {"ms", ms},
                    {"bandwidth_gbps", gbps},
                    {"fraction_of_copy", gbps / copy_gbps}});
   };
   const double tensor_bytes = 2.0 * n;
-  BENCH_ASSIGN_OR_RETURN(rms_ms, TimeMs(
-                                     [&]() {
-                                       return RmsNormCuda(a.data(), dim, weight.data(), o.data(),
-                                                          dim, rows, dim, 1e-6f, stream);
-                                     },
-                                     3, 20, stream));
-  record("rms_norm", 2 * tensor_bytes + 2.0 * dim, rms_ms);
-  BENCH_ASSIGN_OR_RETURN(add_ms, TimeMs(
-                                     [&]() {
-                                       return AddRmsNormCuda(a.data(), b.data(), weight.data(),
-                                                             o.data(), rows, dim, 1e-6f, stream);
-                                     },
-                                     3, 20, stream));
-  record("add_rms_norm", 4 * tensor_bytes + 2.0 * dim, add_ms);
+  // vecs_per_thread 0 is the launcher's default; 1, 2 and 4 are the variants it chooses from.
+  for (const int vpt : {0, 1, 2, 4}) {
+    const std::string suffix = vpt == 0 ? " (default)" : absl::StrCat(" vecs_per_thread=", vpt);
+    auto rms = [&]() {
+      return RmsNormCudaTuned(a.data(), dim, nullptr, weight.data(), o.data(), dim, rows, dim,
+                              1e-6f, vpt, stream);
+    };
+    BENCH_ASSIGN_OR_RETURN(rms_ms, TimeMs(rms, 3, 20, stream));
+    record("rms_norm" + suffix, rows, dim, 2 * tensor_bytes + 2.0 * dim, rms_ms);
+    auto add = [&]() {
+      return RmsNormCudaTuned(a.data(), dim, b.data(), weight.data(), o.data(), dim, rows, dim,
+                              1e-6f, vpt, stream);
+    };
+    BENCH_ASSIGN_OR_RETURN(add_ms, TimeMs(add, 3, 20, stream));
+    record("add_rms_norm" + suffix, rows, dim, 4 * tensor_bytes + 2.0 * dim, add_ms);
+  }
   BENCH_ASSIGN_OR_RETURN(
       silu_ms, TimeMs([&]() { return SiluMulCuda(a.data(), o.data(), rows / 2, dim, stream); }, 3,
                       20, stream));
-  record("silu_mul", 1.5 * tensor_bytes, silu_ms);
+  record("silu_mul (input [rows, 2 dim])", rows / 2, dim, 1.5 * tensor_bytes, silu_ms);
   out["memory_bound_kernels"] = mem;
   return out;
 }

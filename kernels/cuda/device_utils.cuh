@@ -13,9 +13,8 @@ struct alignas(16) Bf16x8 {
   __nv_bfloat162 h[4];
 };
 
-// Loads 8 bf16 from 16-byte aligned `p` and widens them to fp32.
-__device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&out)[8]) {
-  const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+// Widens the 8 values of `v` to fp32.
+__device__ __forceinline__ void ToFloat8(const Bf16x8& v, float (&out)[8]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 f = __bfloat1622float2(v.h[i]);
@@ -24,12 +23,22 @@ __device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&out)[
   }
 }
 
-// Rounds 8 fp32 values to bf16 (nearest even) and stores them at 16-byte aligned `p`.
-__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&in)[8]) {
+// Rounds 8 fp32 values to bf16 (nearest even).
+__device__ __forceinline__ Bf16x8 ToBf16x8(const float (&in)[8]) {
   Bf16x8 v;
 #pragma unroll
   for (int i = 0; i < 4; ++i) v.h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
-  *reinterpret_cast<Bf16x8*>(p) = v;
+  return v;
+}
+
+// Loads 8 bf16 from 16-byte aligned `p` and widens them to fp32.
+__device__ __forceinline__ void LoadBf16x8(const __nv_bfloat16* p, float (&out)[8]) {
+  ToFloat8(*reinterpret_cast<const Bf16x8*>(p), out);
+}
+
+// Rounds 8 fp32 values to bf16 (nearest even) and stores them at 16-byte aligned `p`.
+__device__ __forceinline__ void StoreBf16x8(__nv_bfloat16* p, const float (&in)[8]) {
+  *reinterpret_cast<Bf16x8*>(p) = ToBf16x8(in);
 }
 
 // True when every pointer is 16-byte aligned (so rows of a multiple of 8 bf16 can be moved

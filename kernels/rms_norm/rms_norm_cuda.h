@@ -27,6 +27,16 @@ absl::Status RmsNormCuda(const bf16* x, int64_t x_stride, const bf16* weight, bf
 absl::Status AddRmsNormCuda(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
                             int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 
+// RmsNormCudaTuned: RmsNormCuda (residual == nullptr) or AddRmsNormCuda (residual != nullptr,
+// contiguous: strides == dim) with an explicit launch shape for benchmarks and tests: on the
+// vectorized path (dim % 8 == 0, 16-byte aligned rows) each thread handles `vecs_per_thread`
+// (1, 2 or 4) 8-element vectors of its row, for rows of at most vecs_per_thread·8192 elements;
+// 0 picks the default. Results are identical for every choice. Other rows take the scalar path.
+// Errors: those of RmsNormCuda, and InvalidArgument for another vecs_per_thread.
+absl::Status RmsNormCudaTuned(const bf16* x, int64_t x_stride, bf16* residual, const bf16* weight,
+                              bf16* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
+                              int vecs_per_thread, cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_RMS_NORM_RMS_NORM_CUDA_H_

@@ -92,10 +92,54 @@ TEST(AddRmsNormCudaTest, MatchesCpuReference) {
     std::vector<float> want(n);
     AddRmsNormCpu(xf.data(), res_f.data(), wf.data(), want.data(), s.rows, s.dim, kEps);
     const std::string tag = absl::StrCat("add_rms_norm rows=", s.rows, " dim=", s.dim);
-    // The sum of two bf16 values is exact in fp32, so the bf16 residual must equal the rounded
-    // CPU residual bit for bit.
-    ExpectClose(tag + " residual", Download(d_res), cuda_test::RoundTrip(res_f), 0.0, 0.0);
+    // Both sides add in fp32 and round once, so the bf16 residual must equal the rounded CPU
+    // residual bit for bit; the norm is then taken of that rounded residual.
+    const auto rounded = cuda_test::RoundTrip(res_f);
+    ExpectClose(tag + " residual", Download(d_res), rounded, 0.0, 0.0);
+    RmsNormCpu(rounded.data(), s.dim, wf.data(), want.data(), s.dim, s.rows, s.dim, kEps);
     ExpectClose(tag + " out", Download(d_out), want, kRtol, kAtol);
+  }
+}
+
+TEST(RmsNormCudaTest, EveryLaunchShapeMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t shapes[][2] = {{7, 4096}, {33, 5120}, {16, 8192}, {3, 16392}, {2, 24}};
+  for (const auto& shape : shapes) {
+    const int64_t rows = shape[0], dim = shape[1];
+    const size_t n = static_cast<size_t>(rows * dim);
+    for (const bool add : {false, true}) {
+      for (const int vecs_per_thread : {1, 2, 4}) {
+        const auto x = RandomBf16(n, rng, -3.0f, 3.0f);
+        const auto res = RandomBf16(n, rng, -3.0f, 3.0f);
+        const auto w = RandomBf16(static_cast<size_t>(dim), rng, 0.5f, 1.5f);
+        auto d_x = Upload(x);
+        auto d_res = Upload(res);
+        auto d_w = Upload(w);
+        auto d_out = NanBuffer(n);
+        ASSERT_TRUE(RmsNormCudaTuned(d_x.data(), dim, add ? d_res.data() : nullptr, d_w.data(),
+                                     d_out.data(), dim, rows, dim, kEps, vecs_per_thread, nullptr)
+                        .ok());
+        const auto xf = ToFloat(x);
+        auto res_f = ToFloat(res);
+        const auto wf = ToFloat(w);
+        std::vector<float> want(n);
+        if (add) {
+          // Norm of the rounded residual (see MatchesCpuReference above).
+          AddRmsNormCpu(xf.data(), res_f.data(), wf.data(), want.data(), rows, dim, kEps);
+          const auto rounded = cuda_test::RoundTrip(res_f);
+          RmsNormCpu(rounded.data(), dim, wf.data(), want.data(), dim, rows, dim, kEps);
+        } else {
+          RmsNormCpu(xf.data(), dim, wf.data(), want.data(), dim, rows, dim, kEps);
+        }
+        const std::string tag = absl::StrCat(add ? "add_" : "", "rms_norm rows=", rows,
+                                             " dim=", dim, " vecs_per_thread=", vecs_per_thread);
+        if (add) {
+          ExpectClose(tag + " residual", Download(d_res), cuda_test::RoundTrip(res_f), 0.0, 0.0);
+        }
+        ExpectClose(tag, Download(d_out), want, kRtol, kAtol);
+      }
+    }
   }
 }
 
@@ -106,6 +150,9 @@ TEST(RmsNormCudaTest, RejectsBadShapes) {
   EXPECT_EQ(RmsNormCuda(nullptr, 4, nullptr, nullptr, 8, 1, 8, kEps, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(RmsNormCuda(nullptr, 8, nullptr, nullptr, 8, 0, 8, kEps, nullptr).ok());
+  EXPECT_EQ(
+      RmsNormCudaTuned(nullptr, 8, nullptr, nullptr, nullptr, 8, 1, 8, kEps, 3, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
