@@ -246,9 +246,12 @@ TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
   constexpr int kRequests = 20;
   for (int i = 0; i < kRequests; ++i) {
     const std::string id = absl::StrCat("q", i);
+    // q19 asks for many tokens and is aborted from its first output, so the abort is
+    // processed (before the next step) while it is certainly still running.
     ASSERT_TRUE(async
-                    .Submit(Greedy(id, Prompt(4 + i, i), 12),
+                    .Submit(Greedy(id, Prompt(4 + i, i), i == 19 ? 100 : 12),
                             [&, id](const RequestOutput& out) {
+                              if (id == "q19" && out.num_output_tokens == 1) async.Abort(id);
                               std::lock_guard<std::mutex> lock(mu);
                               for (const auto& t : out.new_tokens) tokens[id].push_back(t.token_id);
                               if (out.finished()) {
@@ -258,7 +261,6 @@ TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
                             })
                     .ok());
   }
-  async.Abort("q19");
   std::unique_lock<std::mutex> lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30),
                           [&] { return finish.size() == static_cast<size_t>(kRequests); }));
@@ -267,6 +269,7 @@ TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
     EXPECT_EQ(tokens[id], Reference(Prompt(4 + i, i), 12)) << id;
   }
   EXPECT_EQ(finish["q19"], FinishReason::kAbort);
+  EXPECT_EQ(tokens["q19"].size(), 1u);
   lock.unlock();
   // Stats are published after the step that finished the last request.
   for (int i = 0; i < 100 && async.Stats().num_free_blocks != 48; ++i) {
