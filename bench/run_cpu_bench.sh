@@ -18,14 +18,13 @@ ninja -C "$BUILD_DIR" -j"$JOBS" engine_throughput
 echo "== engine_throughput ==" >&2
 "$BUILD_DIR/bin/engine_throughput" --out "$RESULTS/cpu_engine.json" "$@"
 
-if [[ -f "$ROOT/bench/tokenizer_throughput.py" ]]; then
-  echo "== tokenizer_throughput ==" >&2
-  # The tokenizer comparison may use a C++ helper built from bench/; build it when it exists.
-  for src in "$ROOT"/bench/tokenizer*.cc; do
-    [[ -f "$src" ]] && ninja -C "$BUILD_DIR" -j"$JOBS" "$(basename "${src%.cc}")"
-  done
-  BUILD_DIR="$BUILD_DIR" python3 "$ROOT/bench/tokenizer_throughput.py" \
-    --build-dir "$BUILD_DIR" --out "$RESULTS/tokenizer.json"
+if [[ -f "$ROOT/bench/tokenizer_throughput.py" && -f "$ROOT/bench/tokenizer_bench.cc" ]]; then
+  echo "== tokenizer_throughput (sluice vs HF tokenizers) ==" >&2
+  ninja -C "$BUILD_DIR" -j"$JOBS" tokenizer_bench
+  PYTHON="$ROOT/.venv/bin/python"  # has HF `tokenizers` (scripts/install_deps.sh)
+  [[ -x "$PYTHON" ]] || PYTHON=python3
+  "$PYTHON" "$ROOT/bench/tokenizer_throughput.py" --bin "$BUILD_DIR/bin/tokenizer_bench" \
+    --out "$RESULTS/tokenizer_throughput.json"
 else
-  echo "bench/tokenizer_throughput.py not present: tokenizer comparison skipped" >&2
+  echo "bench/tokenizer_throughput.py or tokenizer_bench.cc missing: tokenizer comparison skipped" >&2
 fi
