@@ -32,12 +32,21 @@ class ChatTemplate {
   // e.g. {"messages": [...], "add_generation_prompt": true, "bos_token": "...", ...}).
   // Errors: InvalidArgument for `raise_exception(msg)` (message = msg) or a runtime type error.
   virtual absl::StatusOr<std::string> Render(const nlohmann::json& context) const = 0;
+  // RenderOrdered is Render for an ordered_json context: object keys keep their insertion order
+  // (what HF's `tojson` prints, e.g. for tool schemas), whereas nlohmann::json sorts keys.
+  virtual absl::StatusOr<std::string> RenderOrdered(const nlohmann::ordered_json& context) const = 0;
 
   // RenderMessages is Render with messages, add_generation_prompt, and the bos/eos tokens read
   // by FromModelDir (empty when built with Parse) merged with `extra` (e.g. tools).
   absl::StatusOr<std::string> RenderMessages(const nlohmann::json& messages,
                                              bool add_generation_prompt,
                                              const nlohmann::json& extra = nlohmann::json::object()) const;
+  // RenderMessagesOrdered is RenderMessages keeping object key order (see RenderOrdered).
+  // HF passes `tools` and `documents` (None unless given in `extra`) to every template; so do
+  // both functions. Keys of `extra` override bos_token/eos_token.
+  absl::StatusOr<std::string> RenderMessagesOrdered(
+      const nlohmann::ordered_json& messages, bool add_generation_prompt,
+      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
  protected:
   std::string bos_token_;
