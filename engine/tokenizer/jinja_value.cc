@@ -26,6 +26,8 @@ void Dict::Set(const std::string& key, Value value) {
   entries_.emplace_back(key, std::move(value));
 }
 
+void Dict::SetAt(size_t index, Value value) { entries_[index].second = std::move(value); }
+
 const Value* CallArgs::Kwarg(absl::string_view name) const {
   for (const auto& [key, value] : keyword) {
     if (key == name) return &value;

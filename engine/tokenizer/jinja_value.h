@@ -60,7 +60,7 @@ class Dict {
   // Set inserts or replaces `key` (an existing key keeps its position).
   void Set(const std::string& key, Value value);
   // SetAt replaces the value of the `index`-th entry (index < size()).
-  void SetAt(size_t index, Value value) { entries_[index].second = std::move(value); }
+  void SetAt(size_t index, Value value);
   bool Contains(absl::string_view key) const { return index_.contains(key); }
   size_t size() const { return entries_.size(); }
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
