@@ -1,17 +1,35 @@
 #include "kernels/common/parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace sluice::kernels {
 namespace {
 
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Set on the caller while it runs its chunk and on every worker thread, so that a nested
+// ParallelFor runs inline instead of waiting on the pool it is part of.
+thread_local bool tl_in_parallel = false;
+
 // A fixed pool of worker threads; the caller runs chunk 0 itself. One ParallelFor at a time
-// (serialized by run_mu_) since the engine runs one step at a time.
+// (serialized by run_mu_): the engine runs one step at a time. Workers spin briefly on the
+// generation counter before sleeping, because a decode step issues hundreds of short
+// ParallelFor calls and a condition-variable wake-up (~20 µs) would dominate them; after
+// kSpinIterations idle pauses (a few ms) they sleep so an idle server burns no CPU.
 class Pool {
  public:
   explicit Pool(int num_threads) : num_threads_(num_threads) {
@@ -20,7 +38,8 @@ class Pool {
   ~Pool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      stop_.store(true);
+      generation_.fetch_add(1);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -29,52 +48,60 @@ class Pool {
   int num_threads() const { return num_threads_; }
 
   void Run(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn) {
-    thread_local bool in_parallel = false;
-    int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
-    int chunks = static_cast<int>(std::min<int64_t>(num_threads_, max_chunks));
-    if (chunks <= 1 || in_parallel) {
+    const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
+    const int chunks = static_cast<int>(std::min<int64_t>(num_threads_, max_chunks));
+    if (chunks <= 1 || tl_in_parallel) {
       if (n > 0) fn(0, n);
       return;
     }
     std::lock_guard<std::mutex> run_lock(run_mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    pending_.store(chunks - 1, std::memory_order_relaxed);
     {
+      // Publishing under mu_ pairs with the sleepers' predicate check: no lost wake-up.
       std::lock_guard<std::mutex> lock(mu_);
-      fn_ = &fn;
-      n_ = n;
-      chunks_ = chunks;
-      pending_ = chunks - 1;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_seq_cst);
     }
-    cv_.notify_all();
-    in_parallel = true;
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) cv_.notify_all();
+    tl_in_parallel = true;
     RunChunk(0);
-    in_parallel = false;
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    tl_in_parallel = false;
+    while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
     fn_ = nullptr;
   }
 
  private:
+  static constexpr int kSpinIterations = 100000;
+
   void RunChunk(int index) {
-    int64_t begin = n_ * index / chunks_;
-    int64_t end = n_ * (index + 1) / chunks_;
+    const int64_t begin = n_ * index / chunks_;
+    const int64_t end = n_ * (index + 1) / chunks_;
     if (begin < end) (*fn_)(begin, end);
   }
 
   void Work(int index) {
+    tl_in_parallel = true;
     uint64_t seen = 0;
     for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        if (index >= chunks_) continue;
+      uint64_t g = generation_.load(std::memory_order_acquire);
+      for (int spins = 0; g == seen && spins < kSpinIterations; ++spins) {
+        CpuRelax();
+        g = generation_.load(std::memory_order_acquire);
       }
-      RunChunk(index);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (--pending_ == 0) done_cv_.notify_one();
+      if (g == seen) {
+        std::unique_lock<std::mutex> lock(mu_);
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        g = generation_.load(std::memory_order_acquire);
+      }
+      if (stop_.load()) return;
+      seen = g;
+      if (index < chunks_) {
+        RunChunk(index);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
   }
@@ -84,13 +111,13 @@ class Pool {
   std::mutex run_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::condition_variable done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int chunks_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
 };
 
 Pool& GlobalPool() {

@@ -33,6 +33,25 @@ inline float Reduce(V16 v) {
   return a[0];
 }
 
+typedef int32_t I16 __attribute__((vector_size(64)));
+// Reduce4 writes the horizontal sums of a, b, c, d to out[0..3]: the same pairwise tree as
+// Reduce (so results are bit-identical) but four vectors at a time with shuffles.
+inline void Reduce4(V16 a, V16 b, V16 c, V16 d, float* out) {
+  const V16 p01 = __builtin_shuffle(a, b, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                  __builtin_shuffle(a, b, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  const V16 p23 = __builtin_shuffle(c, d, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                  __builtin_shuffle(c, d, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+  const V16 q = __builtin_shuffle(p01, p23, I16{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
+                __builtin_shuffle(p01, p23, I16{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
+  const V16 r = __builtin_shuffle(q, I16{0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13}) +
+                __builtin_shuffle(q, I16{2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15});
+  const V16 t = __builtin_shuffle(r, I16{0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6}) +
+                __builtin_shuffle(r, I16{1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7});
+  float lanes[kLanes];
+  std::memcpy(lanes, &t, sizeof(lanes));
+  for (int i = 0; i < 4; ++i) out[i] = lanes[i];
+}
+
 // Computes the MR × NR block y[i0.., j0..]. Arithmetic per element is independent of MR/NR.
 template <int MR, int NR>
 inline void MicroKernel(const float* x, const float* w, const float* bias, float* y, int64_t n,
@@ -54,9 +73,17 @@ inline void MicroKernel(const float* x, const float* w, const float* bias, float
       for (int b = 0; b < NR; ++b) acc[a][b] = acc[a][b] + xv * wv[b];
     }
   }
+  float red[MR][NR];
+  for (int a = 0; a < MR; ++a) {
+    if constexpr (NR % 4 == 0) {
+      for (int b = 0; b < NR; b += 4) Reduce4(acc[a][b], acc[a][b + 1], acc[a][b + 2], acc[a][b + 3], &red[a][b]);
+    } else {
+      for (int b = 0; b < NR; ++b) red[a][b] = Reduce(acc[a][b]);
+    }
+  }
   for (int a = 0; a < MR; ++a) {
     for (int b = 0; b < NR; ++b) {
-      float s = Reduce(acc[a][b]);
+      float s = red[a][b];
       for (int64_t kk = k_main; kk < k; ++kk) s += xr[a][kk] * wr[b][kk];
       if (bias != nullptr) s += bias[j0 + b];
       y[(i0 + a) * n + j0 + b] = s;
@@ -98,7 +125,9 @@ void LinearCpu(const float* x, const float* w, const float* bias, float* y, int6
   constexpr int64_t kGroup = 8;
   const int64_t groups = (n + kGroup - 1) / kGroup;
   const int64_t work_per_group = std::max<int64_t>(1, m * k * kGroup);
-  const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 18) / work_per_group);
+  // ~32K multiply-adds per chunk: the spinning pool (kernels/common/parallel.cc) makes a
+  // split this small pay off, so an m=1 decode GEMM uses every core.
+  const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 15) / work_per_group);
   ParallelFor(groups, min_chunk, [&](int64_t g_begin, int64_t g_end) {
     Panel(x, w, bias, y, m, n, k, g_begin * kGroup, std::min(n, g_end * kGroup));
   });
