@@ -1,12 +1,15 @@
 // Attribute/item access, slicing, operators, str/dict/list methods and global functions of the
 // Jinja interpreter (declared in jinja_builtins.h).
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <ctime>
 #include <limits>
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/tokenizer/jinja_builtins.h"
@@ -465,6 +468,116 @@ absl::StatusOr<Value> Repeat(const Value& seq, int64_t times) {
   return Value::MakeList(std::move(out), seq.is_tuple());
 }
 
+
+// PercentFormat is Python's printf-style `fmt % args` for the conversions templates use:
+// %s %r %d %i %f %e %g %x %o %c %% with flags (-, 0, +, space), width and precision, and
+// %(name)s with a dict argument.
+absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args) {
+  std::vector<Value> positional;
+  const bool mapping = args.is_dict() && !args.is_namespace();
+  if (args.is_tuple()) {
+    positional = args.as_list();
+  } else {
+    positional.push_back(args);
+  }
+  size_t next = 0;
+  std::string out;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    if (fmt[i] != '%') {
+      out.push_back(fmt[i]);
+      continue;
+    }
+    if (++i >= fmt.size()) return TypeError("incomplete format");
+    const Value* arg = nullptr;
+    if (fmt[i] == '(') {
+      const size_t close = fmt.find(')', i);
+      if (close == std::string::npos || !mapping) return TypeError("format requires a mapping");
+      arg = args.as_dict().Get(fmt.substr(i + 1, close - i - 1));
+      if (arg == nullptr) return TypeError(absl::StrCat("KeyError: '", fmt.substr(i + 1, close - i - 1), "'"));
+      i = close + 1;
+    }
+    std::string flags;
+    while (i < fmt.size() && std::strchr("-+ 0#", fmt[i]) != nullptr) flags.push_back(fmt[i++]);
+    std::string width;
+    while (i < fmt.size() && absl::ascii_isdigit(fmt[i])) width.push_back(fmt[i++]);
+    std::string precision;
+    if (i < fmt.size() && fmt[i] == '.') {
+      precision = ".";
+      ++i;
+      while (i < fmt.size() && absl::ascii_isdigit(fmt[i])) precision.push_back(fmt[i++]);
+    }
+    if (i >= fmt.size()) return TypeError("incomplete format");
+    const char conv = fmt[i];
+    if (conv == '%') {
+      out.push_back('%');
+      continue;
+    }
+    if (arg == nullptr) {
+      if (next >= positional.size()) return TypeError("not enough arguments for format string");
+      arg = &positional[next++];
+    }
+    if (arg->is_undefined()) return UndefinedError(*arg);
+    if (width.size() > 4 || precision.size() > 4) return TypeError("format width too large");
+    const std::string spec = absl::StrCat("%", flags, width, precision);
+    char buf[512];
+    switch (conv) {
+      case 's':
+      case 'r': {
+        std::string text = conv == 's' ? ToStr(*arg) : Repr(*arg);
+        if (precision.size() > 1) text = text.substr(0, std::stoul(precision.substr(1)));
+        const size_t w = width.empty() ? 0 : std::stoul(width);
+        const size_t len = Utf8Length(text);
+        if (len < w) {
+          const std::string pad(w - len, ' ');
+          text = flags.find('-') != std::string::npos ? text + pad : pad + text;
+        }
+        out += text;
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'x':
+      case 'X':
+      case 'o':
+      case 'c': {
+        if (!arg->is_number() && !arg->is_bool()) {
+          return TypeError(absl::StrCat("%", std::string(1, conv), " format: a number is required, not ",
+                                        arg->TypeName()));
+        }
+        const long long v = arg->is_float() ? static_cast<long long>(arg->as_double()) : arg->as_int();
+        if (conv == 'c') {
+          Utf8Append(static_cast<uint32_t>(v), &out);
+          break;
+        }
+        const char c = conv == 'i' ? 'd' : conv;
+        std::snprintf(buf, sizeof(buf), (spec + "ll" + std::string(1, c)).c_str(), v);
+        out += buf;
+        break;
+      }
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G': {
+        if (!arg->is_number() && !arg->is_bool()) {
+          return TypeError(absl::StrCat("must be real number, not ", arg->TypeName()));
+        }
+        std::snprintf(buf, sizeof(buf), (spec + std::string(1, conv)).c_str(), arg->as_double());
+        out += buf;
+        break;
+      }
+      default:
+        return TypeError(absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
+    }
+    SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(out.size()));
+  }
+  if (!mapping && next < positional.size() && args.is_tuple()) {
+    return TypeError("not all arguments converted during string formatting");
+  }
+  return Value::String(std::move(out));
+}
+
 }  // namespace
 
 absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value& b) {
@@ -562,9 +675,7 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
     if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) return Repeat(a, b.as_int());
     if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) return Repeat(b, a.as_int());
   }
-  if (op == "%" && a.is_string()) {
-    return TypeError("printf-style string formatting is not supported");
-  }
+  if (op == "%" && a.is_string()) return PercentFormat(a.as_string(), b);
   return OperandError(op, a, b);
 }
 

@@ -576,6 +576,47 @@ TEST(JinjaTest, RangeNamespaceDict) {
                "[0, 1, 2] [1, 3, 5] [5, 3, 1] [] {'a': 1, 'b': 'x'} 1 2");
 }
 
+TEST(JinjaTest, PercentFormatting) {
+  ExpectRender(R"J({{ '%s-%d' % ('a', 3) }}|{{ '%5.2f|%-4s|%04d|%x|%%|%r' % (3.14159, 'ab', 42, 255, 'q') }}|{{ '%(n)s!' % d }})J",
+               R"J({"d": {"n": "v"}})J",
+               "a-3| 3.14|ab  |0042|ff|%|'q'|v!");
+}
+
+TEST(JinjaTest, TojsonOptions) {
+  ExpectRender(R"J({{ v|tojson(ensure_ascii=true) }} {{ v|tojson(separators=(',', ':')) }} {{ [1, [2]]|tojson(indent='\t') }})J",
+               R"J({"v": {"s": "é☀😀\u0001", "n": [1, 2.0]}})J",
+               "{\"s\": \"\\u00e9\\u2600\\ud83d\\ude00\\u0001\", \"n\": [1, 2.0]} {\"s\":\"é☀😀\\u0001\",\"n\":[1,2.0]} [\n"
+               "\t1,\n"
+               "\t[\n"
+               "\t\t2\n"
+               "\t]\n"
+               "]");
+}
+
+TEST(JinjaTest, MacroAssignmentsStayLocal) {
+  ExpectRender(R"J({% set x = 1 %}{% macro m() %}[{{ x }}]{% set x = 2 %}[{{ x }}]{% if y is not defined %}{% set y = 'd' %}{% endif %}{{ y }}{% endmacro %}{{ m() }}{{ x }}{{ y is defined }})J",
+               R"J({})J",
+               "[1][2]d1False");
+}
+
+TEST(JinjaTest, NestedLoopsHaveTheirOwnLoopVariable) {
+  ExpectRender(R"J({% for i in [1, 2] %}{% for j in [3, 4] %}{{ loop.index }}{{ i }}{{ j }} {% endfor %}{{ loop.index }};{% endfor %}{{ loop is defined }})J",
+               R"J({})J",
+               "113 214 1;123 224 2;False");
+}
+
+TEST(JinjaTest, ReassigningIterableInsideLoop) {
+  ExpectRender(R"J({% set items = [1, 2, 3] %}{% for i in items %}{% set items = [9] %}{{ items }}{% endfor %}{{ items }})J",
+               R"J({})J",
+               "[9][9][9][1, 2, 3]");
+}
+
+TEST(JinjaTest, DeepAccessAndPrecedence) {
+  ExpectRender(R"J({% set m = {'a': {'b': [1, {'c': 'deep'}]}} %}{{ m.a.b[1].c }}{{ m['a']['b'][-1]['c'] }}{{ m.a.b.1.c }} {{ 10 // 3 * 3 + 10 % 3 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 1 - -1 }} {{ not 1 == 2 }} {{ -1|abs }})J",
+               R"J({})J",
+               "deepdeepdeep 10 64 4 2 True 1");
+}
+
 TEST(JinjaTest, StrftimeNow) {
   ExpectRender(R"J({{ strftime_now('%%') }}{{ strftime_now('%Y')|length }})J",
                R"J({})J",
