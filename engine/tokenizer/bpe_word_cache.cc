@@ -15,7 +15,7 @@ BpeWordCache::Shard& BpeWordCache::ShardFor(std::string_view word) const {
 bool BpeWordCache::Lookup(std::string_view word, std::vector<int32_t>* out) const {
   if (word.size() > kMaxWordBytes || shard_capacity_ == 0) return false;
   Shard& shard = ShardFor(word);
-  absl::MutexLock lock(&shard.mu);
+  std::lock_guard<std::mutex> lock(shard.mu);
   const auto it = shard.map.find(absl::string_view(word.data(), word.size()));
   if (it == shard.map.end()) return false;
   out->insert(out->end(), it->second.begin(), it->second.end());
@@ -25,7 +25,7 @@ bool BpeWordCache::Lookup(std::string_view word, std::vector<int32_t>* out) cons
 void BpeWordCache::Insert(std::string_view word, absl::Span<const int32_t> ids) {
   if (word.size() > kMaxWordBytes || shard_capacity_ == 0) return;
   Shard& shard = ShardFor(word);
-  absl::MutexLock lock(&shard.mu);
+  std::lock_guard<std::mutex> lock(shard.mu);
   if (shard.map.size() >= shard_capacity_) return;
   shard.map.try_emplace(std::string(word), ids.begin(), ids.end());
 }
