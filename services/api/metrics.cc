@@ -1,6 +1,8 @@
 #include "services/api/metrics.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -8,8 +10,17 @@
 namespace sluice {
 namespace {
 
-// FormatDouble prints a sample value as Prometheus expects ("+Inf", shortest round-trip).
-std::string FormatDouble(double v) { return absl::StrFormat("%.17g", v); }
+// FormatDouble prints a value with the fewest significant digits (15 to 17) that read back
+// exactly, so bucket bounds print as "0.005", not "0.0050000000000000001".
+std::string FormatDouble(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::string out;
+  for (int precision = 15; precision <= 17; ++precision) {
+    out = absl::StrFormat("%.*g", precision, v);
+    if (std::strtod(out.c_str(), nullptr) == v) break;
+  }
+  return out;
+}
 
 void Header(std::string& out, const std::string& name, const char* type, const char* help) {
   absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");

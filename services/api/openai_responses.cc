@@ -92,6 +92,10 @@ json CompletionLogprobsJson(const Tokenizer& tokenizer,
       const std::string key = name(alt.token_id);
       if (!top.contains(key)) top[key] = FiniteLogprob(alt.logprob);
     }
+    // OpenAI: "the API will always return the logprob of the sampled token, so there may be
+    // up to logprobs+1 elements".
+    const std::string sampled = name(t.token_id);
+    if (!top.contains(sampled)) top[sampled] = FiniteLogprob(t.logprob);
     top_logprobs.push_back(std::move(top));
     text_offset.push_back(t.text_offset);
   }

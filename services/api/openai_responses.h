@@ -43,7 +43,8 @@ nlohmann::json ChatLogprobsJson(const Tokenizer& tokenizer,
                                 const std::vector<TokenLogprobInfo>& tokens);
 
 // CompletionLogprobsJson: {tokens, token_logprobs, top_logprobs:[{token: logprob}],
-// text_offset}. With tokens_as_ids, tokens (and top_logprobs keys) are "token_id:N" (vLLM's
+// text_offset}; each top_logprobs dict also holds the sampled token (OpenAI: up to logprobs+1
+// entries). With tokens_as_ids, tokens (and top_logprobs keys) are "token_id:N" (vLLM's
 // return_tokens_as_token_ids).
 nlohmann::json CompletionLogprobsJson(const Tokenizer& tokenizer,
                                       const std::vector<TokenLogprobInfo>& tokens,

@@ -96,7 +96,11 @@ def test_completion_logprobs(client, model):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert len(lp.text_offset) == 5
     assert lp.text_offset == sorted(lp.text_offset)
-    assert all(len(t) <= 2 and len(t) >= 1 for t in lp.top_logprobs)
+    # Up to logprobs + 1 entries: the top 2 and the sampled token (greedy: among the top 2).
+    assert all(len(t) == 2 for t in lp.top_logprobs)
+    for token, top in zip(lp.tokens, lp.top_logprobs):
+        assert token in top
+        assert top[token] == max(top.values())
     assert "".join(lp.tokens) == r.choices[0].text
 
 

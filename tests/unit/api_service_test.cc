@@ -246,7 +246,16 @@ TEST_F(ServiceTest, CompletionLogprobsWithTokenIdsAndOffsets) {
   EXPECT_EQ(lp["token_logprobs"], json::array({-0.5, -0.5, -0.5}));
   EXPECT_EQ(lp["text_offset"], json::array({0, 1, 2}));
   ASSERT_EQ(lp["top_logprobs"].size(), 3u);
-  EXPECT_DOUBLE_EQ(lp["top_logprobs"][0]["token_id:" + std::to_string(a)].get<double>(), -0.5);
+  EXPECT_EQ(lp["top_logprobs"][0], json({{"token_id:" + std::to_string(a), -0.5}}));
+}
+
+TEST_F(ServiceTest, CompletionTopLogprobsAlwaysHoldTheSampledToken) {
+  auto sink = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"}, {"logprobs", 0}});
+  const std::string id = backend_.order().at(0);
+  EmitText(id, "q", FinishReason::kLength);
+  json lp = sink->json()["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], json::array({"q"}));
+  EXPECT_EQ(lp["top_logprobs"], json::parse(R"([{"q": -0.5}])"));
 }
 
 TEST_F(ServiceTest, EchoPrependsPrompt) {
@@ -375,6 +384,7 @@ TEST_F(ServiceTest, MetricsExposition) {
   EXPECT_THAT(m, HasSubstr("sluice_kv_cache_free_blocks 25\n"));
   EXPECT_THAT(m, HasSubstr("sluice_kv_cache_usage_ratio 0.75\n"));
   EXPECT_THAT(m, HasSubstr("sluice_kv_cache_block_size_tokens 16\n"));
+  EXPECT_THAT(m, HasSubstr("sluice_time_to_first_token_seconds_bucket{le=\"0.005\"} "));
   // Every sample line belongs to a family declared with HELP and TYPE.
   std::istringstream lines(m);
   std::string line;
