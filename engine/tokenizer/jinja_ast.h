@@ -60,8 +60,8 @@ enum class StmtKind {
   kGeneration,  // {% generation %} body {% endgeneration %}
   kBreak,
   kContinue,
-  kCallBlock,   // {% call macro(args) %} body {% endcall %}: expr is the call, body is caller()
-  kFilterBlock, // {% filter f %} body {% endfilter %}: expr is the filter chain
+  kCallBlock,    // {% call macro(args) %} body {% endcall %}: expr is the call, body is caller()
+  kFilterBlock,  // {% filter f %} body {% endfilter %}: expr is the filter chain
 };
 
 struct MacroParam {

@@ -8,9 +8,9 @@
 
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/tokenizer/jinja_value.h"
 
 namespace sluice::jinja {

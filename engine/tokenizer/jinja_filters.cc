@@ -22,8 +22,7 @@
 namespace sluice::jinja {
 namespace {
 
-using FilterFn =
-    std::function<absl::StatusOr<Value>(Interpreter&, const Value&, const CallArgs&)>;
+using FilterFn = std::function<absl::StatusOr<Value>(Interpreter&, const Value&, const CallArgs&)>;
 using TestFn = std::function<absl::StatusOr<bool>(Interpreter&, const Value&, const CallArgs&)>;
 
 absl::Status TypeError(std::string message) {
@@ -54,7 +53,9 @@ CallArgs DropPositional(const CallArgs& args, size_t n) {
   return rest;
 }
 
-Value IgnoreCase(const Value& v) { return v.is_string() ? Value::String(PyLower(v.as_string())) : v; }
+Value IgnoreCase(const Value& v) {
+  return v.is_string() ? Value::String(PyLower(v.as_string())) : v;
+}
 
 // Attribute implements Jinja's make_attrgetter: "a.b.0" looks up item by item (ints as indexes).
 absl::StatusOr<Value> Attribute(const Value& item, const Value& attribute) {
@@ -63,7 +64,8 @@ absl::StatusOr<Value> Attribute(const Value& item, const Value& attribute) {
   Value current = item;
   for (absl::string_view part : absl::StrSplit(attribute.as_string(), '.')) {
     int64_t index = 0;
-    Value key = absl::SimpleAtoi(part, &index) ? Value::Int(index) : Value::String(std::string(part));
+    Value key =
+        absl::SimpleAtoi(part, &index) ? Value::Int(index) : Value::String(std::string(part));
     SLUICE_JINJA_ASSIGN_OR_RETURN(current, GetItem(current, key));
   }
   return current;
@@ -235,7 +237,8 @@ absl::StatusOr<Value> SelectOrReject(Interpreter& interp, const Value& input, co
 absl::StatusOr<Value> ToJsonFilter(const Value& input, const CallArgs& args) {
   // HF's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
   JsonOptions options;
-  if (const Value* v = args.Arg(0, "ensure_ascii"); v != nullptr) options.ensure_ascii = v->Truthy();
+  if (const Value* v = args.Arg(0, "ensure_ascii"); v != nullptr)
+    options.ensure_ascii = v->Truthy();
   if (const Value* v = args.Arg(1, "indent"); v != nullptr && !v->is_none()) {
     if (v->is_string()) {
       options.indent_str = v->as_string();
@@ -490,7 +493,9 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       if (!std::isfinite(d) || std::fabs(d) >= 9.2e18) return def;
       return Value::Int(static_cast<int64_t>(d));
     };
-    f["indent"] = [](Interpreter&, const Value& v, const CallArgs& a) { return IndentFilter(v, a); };
+    f["indent"] = [](Interpreter&, const Value& v, const CallArgs& a) {
+      return IndentFilter(v, a);
+    };
     f["items"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
       if (v.is_undefined()) return Value::MakeList({});
       if (!v.is_dict()) return TypeError("Can only get item pairs from a mapping.");
@@ -591,7 +596,9 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       }
       return total;
     };
-    f["tojson"] = [](Interpreter&, const Value& v, const CallArgs& a) { return ToJsonFilter(v, a); };
+    f["tojson"] = [](Interpreter&, const Value& v, const CallArgs& a) {
+      return ToJsonFilter(v, a);
+    };
     f["trim"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
       const Value* chars = a.Arg(0, "chars");
       if (chars != nullptr && !chars->is_none()) {
@@ -625,8 +632,9 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       int64_t count = 0;
       bool in_word = false;
       for (uint32_t cp : Utf8Decode(SoftStr(v))) {
-        const bool word = (cp < 0x80 && (absl::ascii_isalnum(static_cast<char>(cp)) || cp == '_')) ||
-                          (cp >= 0x80 && !IsPySpace(cp));
+        const bool word =
+            (cp < 0x80 && (absl::ascii_isalnum(static_cast<char>(cp)) || cp == '_')) ||
+            (cp >= 0x80 && !IsPySpace(cp));
         if (word && !in_word) ++count;
         in_word = word;
       }
@@ -697,8 +705,8 @@ const absl::flat_hash_map<std::string, TestFn>& Tests() {
       return Equals(r, Value::Int(0));
     };
     const std::pair<const char*, const char*> compare_aliases[] = {
-        {"eq", "=="}, {"equalto", "=="}, {"==", "=="},     {"ne", "!="},      {"!=", "!="},
-        {"lt", "<"},  {"lessthan", "<"}, {"<", "<"},       {"le", "<="},      {"<=", "<="},
+        {"eq", "=="}, {"equalto", "=="}, {"==", "=="},         {"ne", "!="}, {"!=", "!="},
+        {"lt", "<"},  {"lessthan", "<"}, {"<", "<"},           {"le", "<="}, {"<=", "<="},
         {"gt", ">"},  {">", ">"},        {"greaterthan", ">"}, {"ge", ">="}, {">=", ">="}};
     for (const auto& [name, op] : compare_aliases) {
       std::string op_str = op;

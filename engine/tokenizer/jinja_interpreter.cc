@@ -223,17 +223,18 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::
   // entries are overwritten in place (far cheaper than rebuilding them per item).
   auto loop = std::make_shared<Dict>();
   auto cycle_index = std::make_shared<int64_t>(0);
-  const char* const kKeys[] = {"index",  "index0", "revindex", "revindex0", "first",
-                               "last",   "length", "depth",    "depth0",    "previtem",
-                               "nextitem"};
+  const char* const kKeys[] = {"index",  "index0", "revindex", "revindex0", "first",   "last",
+                               "length", "depth",  "depth0",   "previtem",  "nextitem"};
   for (const char* key : kKeys) loop->Set(key, Value());
-  loop->Set("cycle", Value::MakeCallable("cycle", [cycle_index](Interpreter&, const CallArgs& args)
-                                                      -> absl::StatusOr<Value> {
-              if (args.positional.empty()) {
-                return absl::InvalidArgumentError("no items for cycling given");
-              }
-              return args.positional[static_cast<size_t>(*cycle_index) % args.positional.size()];
-            }));
+  loop->Set(
+      "cycle",
+      Value::MakeCallable(
+          "cycle", [cycle_index](Interpreter&, const CallArgs& args) -> absl::StatusOr<Value> {
+            if (args.positional.empty()) {
+              return absl::InvalidArgumentError("no items for cycling given");
+            }
+            return args.positional[static_cast<size_t>(*cycle_index) % args.positional.size()];
+          }));
   const Value loop_value = Value::MakeDict(loop);
   auto scope = std::make_shared<Frame>();
   scope->parent = frame;
@@ -425,8 +426,8 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
       if (operand.is_undefined()) return UndefinedError(operand);
       if (operand.is_bool()) operand = Value::Int(operand.as_int());
       if (!operand.is_number()) {
-        return absl::InvalidArgumentError(absl::StrCat("bad operand type for unary ", expr.name,
-                                                       ": '", operand.TypeName(), "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad operand type for unary ", expr.name, ": '", operand.TypeName(), "'"));
       }
       if (expr.name == "+") return operand;
       if (operand.is_float()) return Value::Float(-operand.as_double());
@@ -441,8 +442,9 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
       SLUICE_JINJA_ASSIGN_OR_RETURN(Value cond, Eval(*expr.args[0], frame));
       if (cond.Truthy()) return Eval(*expr.args[1], frame);
       if (expr.args[2] == nullptr) {
-        return Value::Undefined("the inline if-expression evaluated to false and no else "
-                                "section was defined.");
+        return Value::Undefined(
+            "the inline if-expression evaluated to false and no else "
+            "section was defined.");
       }
       return Eval(*expr.args[2], frame);
     }
@@ -482,9 +484,9 @@ absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr, const FramePtr&
       if (right.is_undefined()) return UndefinedError(right);
       auto cmp = Compare(left, right);
       if (!cmp.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", op, "' not supported between instances of '",
-                                                       left.TypeName(), "' and '",
-                                                       right.TypeName(), "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", op, "' not supported between instances of '", left.TypeName(),
+                         "' and '", right.TypeName(), "'"));
       }
       if (op == "<") result = *cmp < 0;
       if (op == "<=") result = *cmp <= 0;

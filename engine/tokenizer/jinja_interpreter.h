@@ -10,11 +10,11 @@
 
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/tokenizer/jinja_ast.h"
 #include "engine/tokenizer/jinja_value.h"
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/tokenizer/jinja_value.h"
 
 namespace sluice::jinja {
@@ -14,9 +14,7 @@ bool IsSpace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsNameStart(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
+bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
 
 std::string NormalizeNewlines(const std::string& source, bool keep_trailing_newline) {
@@ -155,8 +153,8 @@ class Lexer {
         continue;
       }
       const bool block = kind == '%';
-      tokens_.push_back({block ? TokenType::kBlockBegin : TokenType::kVarBegin,
-                         block ? "{%" : "{{", LineAt(start)});
+      tokens_.push_back({block ? TokenType::kBlockBegin : TokenType::kVarBegin, block ? "{%" : "{{",
+                         LineAt(start)});
       pos_ = p;
       SLUICE_JINJA_RETURN_IF_ERROR(LexTag(block, start, &line_starting));
     }
@@ -302,8 +300,8 @@ class Lexer {
           end = pos_ + 2;
         }
         if (end != std::string::npos) {
-          tokens_.push_back(
-              {block ? TokenType::kBlockEnd : TokenType::kVarEnd, block ? "%}" : "}}", LineAt(pos_)});
+          tokens_.push_back({block ? TokenType::kBlockEnd : TokenType::kVarEnd, block ? "%}" : "}}",
+                             LineAt(pos_)});
           *line_starting = end > 0 && src_[end - 1] == '\n';
           pos_ = end;
           return absl::OkStatus();
@@ -327,9 +325,9 @@ class Lexer {
           ++p;
         }
         if (p >= src_.size()) return Error(start, "unexpected end of string");
-        tokens_.push_back(
-            {TokenType::kString, Unescape(absl::string_view(src_).substr(pos_ + 1, p - pos_ - 1)),
-             LineAt(start)});
+        tokens_.push_back({TokenType::kString,
+                           Unescape(absl::string_view(src_).substr(pos_ + 1, p - pos_ - 1)),
+                           LineAt(start)});
         pos_ = p + 1;
         continue;
       }
@@ -351,7 +349,8 @@ class Lexer {
         if (brackets.size() > 512) return Error(start, "brackets nested too deeply");
         brackets.push_back(c == '(' ? ')' : (c == '[' ? ']' : '}'));
       } else if (c == ')' || c == ']' || c == '}') {
-        if (brackets.empty()) return Error(start, absl::StrCat("unexpected '", std::string(1, c), "'"));
+        if (brackets.empty())
+          return Error(start, absl::StrCat("unexpected '", std::string(1, c), "'"));
         if (brackets.back() != c) {
           return Error(start, absl::StrCat("unexpected '", std::string(1, c), "', expected '",
                                            std::string(1, brackets.back()), "'"));
@@ -366,9 +365,9 @@ class Lexer {
   absl::Status LexNumber() {
     const size_t start = pos_;
     auto digits = [&](std::string* out) {
-      while (pos_ < src_.size() && (IsDigit(src_[pos_]) ||
-                                    (src_[pos_] == '_' && pos_ + 1 < src_.size() &&
-                                     IsDigit(src_[pos_ + 1]) && pos_ > start))) {
+      while (pos_ < src_.size() &&
+             (IsDigit(src_[pos_]) || (src_[pos_] == '_' && pos_ + 1 < src_.size() &&
+                                      IsDigit(src_[pos_ + 1]) && pos_ > start))) {
         if (src_[pos_] != '_') out->push_back(src_[pos_]);
         ++pos_;
       }

@@ -1,9 +1,9 @@
 // Attribute/item access, slicing, operators, str/dict/list methods and global functions of the
 // Jinja interpreter (declared in jinja_builtins.h).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <cmath>
 #include <ctime>
 #include <limits>
 #include <string>
@@ -41,11 +41,12 @@ absl::Status CheckSize(size_t bytes) {
 
 // ArgString reads optional string argument `index`/`name` (None → nullopt).
 absl::StatusOr<std::optional<std::string>> OptString(const CallArgs& args, size_t index,
-                                                      absl::string_view name) {
+                                                     absl::string_view name) {
   const Value* v = args.Arg(index, name);
   if (v == nullptr || v->is_none()) return std::optional<std::string>();
   if (!v->is_string()) {
-    return TypeError(absl::StrCat("argument '", name, "' must be str or None, not ", v->TypeName()));
+    return TypeError(
+        absl::StrCat("argument '", name, "' must be str or None, not ", v->TypeName()));
   }
   return std::optional<std::string>(v->as_string());
 }
@@ -64,13 +65,13 @@ absl::StatusOr<int64_t> OptInt(const CallArgs& args, size_t index, absl::string_
   const Value* v = args.Arg(index, name);
   if (v == nullptr || v->is_none()) return fallback;
   if (!v->is_int() && !v->is_bool()) {
-    return TypeError(absl::StrCat("'", v->TypeName(), "' object cannot be interpreted as an integer"));
+    return TypeError(
+        absl::StrCat("'", v->TypeName(), "' object cannot be interpreted as an integer"));
   }
   return v->as_int();
 }
 
-Value Method(const std::string& name,
-             std::function<absl::StatusOr<Value>(const CallArgs&)> fn) {
+Value Method(const std::string& name, std::function<absl::StatusOr<Value>(const CallArgs&)> fn) {
   return Value::MakeCallable(
       name, [fn = std::move(fn)](Interpreter&, const CallArgs& args) { return fn(args); });
 }
@@ -88,12 +89,13 @@ absl::StatusOr<Value> AffixMatch(const std::string& s, const CallArgs& args, boo
       candidates.push_back(v.as_string());
     }
   } else {
-    return TypeError(absl::StrCat("startswith/endswith first arg must be str or a tuple of str, not ",
-                                  arg->TypeName()));
+    return TypeError(absl::StrCat(
+        "startswith/endswith first arg must be str or a tuple of str, not ", arg->TypeName()));
   }
   for (const std::string& c : candidates) {
     if (c.size() > s.size()) continue;
-    if (prefix ? s.compare(0, c.size(), c) == 0 : s.compare(s.size() - c.size(), c.size(), c) == 0) {
+    if (prefix ? s.compare(0, c.size(), c) == 0
+               : s.compare(s.size() - c.size(), c.size(), c) == 0) {
       return Value::Bool(true);
     }
   }
@@ -152,8 +154,7 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
       return Value::String(std::move(out));
     });
   }
-  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" ||
-      name == "count") {
+  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     return Method(name, [s, name](const CallArgs& args) -> absl::StatusOr<Value> {
       SLUICE_JINJA_ASSIGN_OR_RETURN(std::string sub, ReqString(args, 0, "sub"));
       if (name == "count") return Value::Int(PyCount(s, sub));
@@ -247,9 +248,9 @@ absl::StatusOr<Value> ListMethod(const Value& obj, const std::string& name) {
       return Value::Int(count);
     });
   }
-  if (!obj.is_tuple() && (name == "append" || name == "extend" || name == "insert" ||
-                          name == "pop" || name == "remove" || name == "reverse" ||
-                          name == "sort" || name == "clear")) {
+  if (!obj.is_tuple() &&
+      (name == "append" || name == "extend" || name == "insert" || name == "pop" ||
+       name == "remove" || name == "reverse" || name == "sort" || name == "clear")) {
     return Unsafe(name, "list");
   }
   return Value::Undefined(
@@ -282,12 +283,14 @@ absl::StatusOr<Value> GetAttribute(const Value& obj, const std::string& name) {
         if (found) return method;
       }
       if (const Value* v = obj.as_dict().Get(name); v != nullptr) return *v;
-      return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name, "'"));
+      return Value::Undefined(
+          absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name, "'"));
     }
     case Value::Kind::kList:
       return ListMethod(obj, name);
     default:
-      return Value::Undefined(absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name, "'"));
+      return Value::Undefined(
+          absl::StrCat("'", ObjectTypeRepr(obj), "' has no attribute '", name, "'"));
   }
 }
 
@@ -317,7 +320,8 @@ absl::StatusOr<Value> GetItem(const Value& obj, const Value& key) {
       const int64_t n = static_cast<int64_t>(cps.size());
       if (index < 0) index += n;
       if (index < 0 || index >= n) return missing();
-      return Value::String(Utf8Encode(cps, static_cast<size_t>(index), static_cast<size_t>(index) + 1));
+      return Value::String(
+          Utf8Encode(cps, static_cast<size_t>(index), static_cast<size_t>(index) + 1));
     }
     if (key.is_string()) return GetAttribute(obj, key.as_string());
   }
@@ -408,8 +412,8 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
       return false;
     case Value::Kind::kString:
       if (!item.is_string()) {
-        return TypeError(absl::StrCat("'in <string>' requires string as left operand, not ",
-                                      item.TypeName()));
+        return TypeError(
+            absl::StrCat("'in <string>' requires string as left operand, not ", item.TypeName()));
       }
       return container.as_string().find(item.as_string()) != std::string::npos;
     case Value::Kind::kList:
@@ -468,7 +472,6 @@ absl::StatusOr<Value> Repeat(const Value& seq, int64_t times) {
   return Value::MakeList(std::move(out), seq.is_tuple());
 }
 
-
 // PercentFormat is Python's printf-style `fmt % args` for the conversions templates use:
 // %s %r %d %i %f %e %g %x %o %c %% with flags (-, 0, +, space), width and precision, and
 // %(name)s with a dict argument.
@@ -493,7 +496,8 @@ absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args) {
       const size_t close = fmt.find(')', i);
       if (close == std::string::npos || !mapping) return TypeError("format requires a mapping");
       arg = args.as_dict().Get(fmt.substr(i + 1, close - i - 1));
-      if (arg == nullptr) return TypeError(absl::StrCat("KeyError: '", fmt.substr(i + 1, close - i - 1), "'"));
+      if (arg == nullptr)
+        return TypeError(absl::StrCat("KeyError: '", fmt.substr(i + 1, close - i - 1), "'"));
       i = close + 1;
     }
     std::string flags;
@@ -541,10 +545,11 @@ absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args) {
       case 'o':
       case 'c': {
         if (!arg->is_number() && !arg->is_bool()) {
-          return TypeError(absl::StrCat("%", std::string(1, conv), " format: a number is required, not ",
-                                        arg->TypeName()));
+          return TypeError(absl::StrCat("%", std::string(1, conv),
+                                        " format: a number is required, not ", arg->TypeName()));
         }
-        const long long v = arg->is_float() ? static_cast<long long>(arg->as_double()) : arg->as_int();
+        const long long v =
+            arg->is_float() ? static_cast<long long>(arg->as_double()) : arg->as_int();
         if (conv == 'c') {
           Utf8Append(static_cast<uint32_t>(v), &out);
           break;
@@ -595,9 +600,12 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
     const bool is_float = a.is_float() || b.is_float();
     const double x = a.as_double();
     const double y = b.as_double();
-    if (op == "+") return is_float ? Value::Float(x + y) : IntResult(__int128(a.as_int()) + b.as_int());
-    if (op == "-") return is_float ? Value::Float(x - y) : IntResult(__int128(a.as_int()) - b.as_int());
-    if (op == "*") return is_float ? Value::Float(x * y) : IntResult(__int128(a.as_int()) * b.as_int());
+    if (op == "+")
+      return is_float ? Value::Float(x + y) : IntResult(__int128(a.as_int()) + b.as_int());
+    if (op == "-")
+      return is_float ? Value::Float(x - y) : IntResult(__int128(a.as_int()) - b.as_int());
+    if (op == "*")
+      return is_float ? Value::Float(x * y) : IntResult(__int128(a.as_int()) * b.as_int());
     if (op == "/") {
       if (y == 0) return TypeError("division by zero");
       return Value::Float(x / y);
@@ -605,7 +613,8 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
     if (op == "//" || op == "%") {
       if (y == 0) {
         if (is_float) return TypeError(op == "%" ? "float modulo" : "float floor division by zero");
-        return TypeError(op == "%" ? "integer modulo by zero" : "integer division or modulo by zero");
+        return TypeError(op == "%" ? "integer modulo by zero"
+                                   : "integer division or modulo by zero");
       }
       if (is_float) {
         // CPython float_divmod.
@@ -683,45 +692,48 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
 // Globals
 
 void AddGlobals(Dict* globals) {
-  globals->Set("range", Value::MakeCallable("range", [](Interpreter& interp, const CallArgs& args)
-                                                         -> absl::StatusOr<Value> {
-    if (args.positional.empty() || args.positional.size() > 3) {
-      return TypeError("range expected 1 to 3 arguments");
-    }
-    int64_t bounds[3] = {0, 0, 1};
-    for (size_t i = 0; i < args.positional.size(); ++i) {
-      const Value& v = args.positional[i];
-      if (!v.is_int() && !v.is_bool()) {
-        return TypeError(
-            absl::StrCat("'", v.TypeName(), "' object cannot be interpreted as an integer"));
-      }
-    }
-    if (args.positional.size() == 1) {
-      bounds[1] = args.positional[0].as_int();
-    } else {
-      bounds[0] = args.positional[0].as_int();
-      bounds[1] = args.positional[1].as_int();
-      if (args.positional.size() == 3) bounds[2] = args.positional[2].as_int();
-    }
-    if (bounds[2] == 0) return TypeError("range() arg 3 must not be zero");
-    const __int128 span = __int128(bounds[1]) - bounds[0];
-    __int128 count = 0;
-    if ((bounds[2] > 0 && span > 0) || (bounds[2] < 0 && span < 0)) {
-      const __int128 step = bounds[2];
-      count = (span + step - (step > 0 ? 1 : -1)) / step;
-    }
-    if (count > kMaxRange) {
-      return TypeError(absl::StrCat(
-          "Range too big. The sandbox blocks ranges larger than MAX_RANGE (", kMaxRange, ")."));
-    }
-    SLUICE_JINJA_RETURN_IF_ERROR(interp.ChargeIterations(static_cast<int64_t>(count)));
-    List out;
-    out.reserve(static_cast<size_t>(count));
-    for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
-      out.push_back(Value::Int(bounds[0] + i * bounds[2]));
-    }
-    return Value::MakeList(std::move(out));
-  }));
+  globals->Set(
+      "range",
+      Value::MakeCallable(
+          "range", [](Interpreter& interp, const CallArgs& args) -> absl::StatusOr<Value> {
+            if (args.positional.empty() || args.positional.size() > 3) {
+              return TypeError("range expected 1 to 3 arguments");
+            }
+            int64_t bounds[3] = {0, 0, 1};
+            for (size_t i = 0; i < args.positional.size(); ++i) {
+              const Value& v = args.positional[i];
+              if (!v.is_int() && !v.is_bool()) {
+                return TypeError(absl::StrCat("'", v.TypeName(),
+                                              "' object cannot be interpreted as an integer"));
+              }
+            }
+            if (args.positional.size() == 1) {
+              bounds[1] = args.positional[0].as_int();
+            } else {
+              bounds[0] = args.positional[0].as_int();
+              bounds[1] = args.positional[1].as_int();
+              if (args.positional.size() == 3) bounds[2] = args.positional[2].as_int();
+            }
+            if (bounds[2] == 0) return TypeError("range() arg 3 must not be zero");
+            const __int128 span = __int128(bounds[1]) - bounds[0];
+            __int128 count = 0;
+            if ((bounds[2] > 0 && span > 0) || (bounds[2] < 0 && span < 0)) {
+              const __int128 step = bounds[2];
+              count = (span + step - (step > 0 ? 1 : -1)) / step;
+            }
+            if (count > kMaxRange) {
+              return TypeError(
+                  absl::StrCat("Range too big. The sandbox blocks ranges larger than MAX_RANGE (",
+                               kMaxRange, ")."));
+            }
+            SLUICE_JINJA_RETURN_IF_ERROR(interp.ChargeIterations(static_cast<int64_t>(count)));
+            List out;
+            out.reserve(static_cast<size_t>(count));
+            for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {
+              out.push_back(Value::Int(bounds[0] + i * bounds[2]));
+            }
+            return Value::MakeList(std::move(out));
+          }));
   auto make_dict = [](const CallArgs& args, bool is_namespace) -> absl::StatusOr<Value> {
     auto dict = std::make_shared<Dict>();
     if (args.positional.size() > 1) return TypeError("expected at most 1 positional argument");
@@ -743,32 +755,35 @@ void AddGlobals(Dict* globals) {
     for (const auto& [key, value] : args.keyword) dict->Set(key, value);
     return Value::MakeDict(std::move(dict), is_namespace);
   };
-  globals->Set("namespace", Value::MakeCallable("namespace", [make_dict](Interpreter&, const CallArgs& args) {
+  globals->Set("namespace",
+               Value::MakeCallable("namespace", [make_dict](Interpreter&, const CallArgs& args) {
                  return make_dict(args, true);
                }));
   globals->Set("dict", Value::MakeCallable("dict", [make_dict](Interpreter&, const CallArgs& args) {
                  return make_dict(args, false);
                }));
-  globals->Set("raise_exception",
-               Value::MakeCallable("raise_exception", [](Interpreter&, const CallArgs& args)
-                                                          -> absl::StatusOr<Value> {
-                 const Value* msg = args.Arg(0, "message");
-                 return RaisedError(msg == nullptr ? std::string() : ToStr(*msg));
-               }));
+  globals->Set(
+      "raise_exception",
+      Value::MakeCallable("raise_exception",
+                          [](Interpreter&, const CallArgs& args) -> absl::StatusOr<Value> {
+                            const Value* msg = args.Arg(0, "message");
+                            return RaisedError(msg == nullptr ? std::string() : ToStr(*msg));
+                          }));
   globals->Set("strftime_now",
-               Value::MakeCallable("strftime_now", [](Interpreter&, const CallArgs& args)
-                                                       -> absl::StatusOr<Value> {
-                 const Value* fmt = args.Arg(0, "format");
-                 if (fmt == nullptr || !fmt->is_string()) {
-                   return TypeError("strftime_now expects a format string");
-                 }
-                 const std::time_t now = std::time(nullptr);
-                 std::tm local{};
-                 localtime_r(&now, &local);
-                 char buf[512];
-                 const size_t n = std::strftime(buf, sizeof(buf), fmt->as_string().c_str(), &local);
-                 return Value::String(std::string(buf, n));
-               }));
+               Value::MakeCallable(
+                   "strftime_now", [](Interpreter&, const CallArgs& args) -> absl::StatusOr<Value> {
+                     const Value* fmt = args.Arg(0, "format");
+                     if (fmt == nullptr || !fmt->is_string()) {
+                       return TypeError("strftime_now expects a format string");
+                     }
+                     const std::time_t now = std::time(nullptr);
+                     std::tm local{};
+                     localtime_r(&now, &local);
+                     char buf[512];
+                     const size_t n =
+                         std::strftime(buf, sizeof(buf), fmt->as_string().c_str(), &local);
+                     return Value::String(std::string(buf, n));
+                   }));
 }
 
 }  // namespace sluice::jinja

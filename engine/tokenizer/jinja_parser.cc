@@ -2,13 +2,13 @@
 
 #include <cstdlib>
 #include <initializer_list>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "engine/tokenizer/jinja_builtins.h"
 #include "engine/tokenizer/jinja_lexer.h"
 
@@ -164,9 +164,9 @@ class Parser {
           if (end_names.size() == 0) return absl::OkStatus();
           std::vector<std::string> quoted;
           for (absl::string_view end : end_names) quoted.push_back(absl::StrCat("'", end, "'"));
-          return Error(absl::StrCat(
-              "Unexpected end of template. Jinja was looking for the following tags: ",
-              absl::StrJoin(quoted, " or "), "."));
+          return Error(
+              absl::StrCat("Unexpected end of template. Jinja was looking for the following tags: ",
+                           absl::StrJoin(quoted, " or "), "."));
         }
         default:
           return Error(absl::StrCat("unexpected '", Describe(token), "'"));
@@ -329,7 +329,8 @@ class Parser {
         SLUICE_JINJA_ASSIGN_OR_RETURN(param.default_value, ParseExpression(true));
       } else {
         for (const auto& p : stmt->params) {
-          if (p.default_value != nullptr) return Error("non-default argument follows default argument");
+          if (p.default_value != nullptr)
+            return Error("non-default argument follows default argument");
         }
       }
       stmt->params.push_back(std::move(param));
@@ -400,9 +401,9 @@ class Parser {
     return expr;
   }
 
-  absl::StatusOr<ExprPtr> ParseBinaryChain(
-      absl::StatusOr<ExprPtr> (Parser::*next)(), std::initializer_list<absl::string_view> ops,
-      bool name_ops) {
+  absl::StatusOr<ExprPtr> ParseBinaryChain(absl::StatusOr<ExprPtr> (Parser::*next)(),
+                                           std::initializer_list<absl::string_view> ops,
+                                           bool name_ops) {
     SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
     while (true) {
       std::string op;

@@ -152,8 +152,7 @@ std::vector<std::string> PySplitLines(absl::string_view s) {
   for (size_t i = 0; i < cps.size(); ++i) {
     const uint32_t cp = cps[i];
     const bool is_break = cp == '\n' || cp == '\r' || cp == 0x0B || cp == 0x0C ||
-                          (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 || cp == 0x2028 ||
-                          cp == 0x2029;
+                          (cp >= 0x1C && cp <= 0x1E) || cp == 0x85 || cp == 0x2028 || cp == 0x2029;
     if (!is_break) continue;
     out.push_back(Utf8Encode(cps, start, i));
     if (cp == '\r' && i + 1 < cps.size() && cps[i + 1] == '\n') ++i;
@@ -242,7 +241,8 @@ absl::StatusOr<std::string> PyReplace(absl::string_view s, absl::string_view old
 int64_t PyCount(absl::string_view s, absl::string_view sub) {
   if (sub.empty()) return static_cast<int64_t>(Utf8Length(s)) + 1;
   int64_t n = 0;
-  for (size_t pos = s.find(sub); pos != absl::string_view::npos; pos = s.find(sub, pos + sub.size())) {
+  for (size_t pos = s.find(sub); pos != absl::string_view::npos;
+       pos = s.find(sub, pos + sub.size())) {
     ++n;
   }
   return n;

@@ -507,9 +507,9 @@ absl::Status AppendJson(const Value& value, const JsonOptions& options, int leve
     return absl::InvalidArgumentError("tojson: output exceeds the size limit");
   }
   const bool pretty = options.indent >= 0 || options.indent_str.has_value();
-  const std::string indent_unit =
-      options.indent_str.has_value() ? *options.indent_str
-                                     : std::string(std::max(options.indent, 0), ' ');
+  const std::string indent_unit = options.indent_str.has_value()
+                                      ? *options.indent_str
+                                      : std::string(std::max(options.indent, 0), ' ');
   const std::string item_sep =
       options.item_separator.value_or(pretty ? std::string(",") : std::string(", "));
   const std::string key_sep = options.key_separator.value_or(": ");

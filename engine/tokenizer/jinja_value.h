@@ -14,19 +14,19 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 // SLUICE_JINJA_RETURN_IF_ERROR(expr): returns the status of `expr` when it is not OK.
-#define SLUICE_JINJA_RETURN_IF_ERROR(expr)       \
-  do {                                           \
-    ::absl::Status sluice_jinja_status = (expr); \
+#define SLUICE_JINJA_RETURN_IF_ERROR(expr)                     \
+  do {                                                         \
+    ::absl::Status sluice_jinja_status = (expr);               \
     if (!sluice_jinja_status.ok()) return sluice_jinja_status; \
   } while (0)
 
@@ -37,8 +37,8 @@
 #define SLUICE_JINJA_ASSIGN_OR_RETURN(lhs, expr) \
   SLUICE_JINJA_ASSIGN_OR_RETURN_IMPL(SLUICE_JINJA_CONCAT(sluice_jinja_or_, __LINE__), lhs, expr)
 #define SLUICE_JINJA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                      \
-  if (!tmp.ok()) return std::move(tmp).status();          \
+  auto tmp = (expr);                                       \
+  if (!tmp.ok()) return std::move(tmp).status();           \
   lhs = std::move(tmp).value()
 
 namespace sluice::jinja {
@@ -222,7 +222,8 @@ Value Value::FromJson(const Json& json) {
     }
     case nlohmann::json::value_t::object: {
       auto dict = std::make_shared<Dict>();
-      for (auto it = json.begin(); it != json.end(); ++it) dict->Set(it.key(), FromJson(it.value()));
+      for (auto it = json.begin(); it != json.end(); ++it)
+        dict->Set(it.key(), FromJson(it.value()));
       return MakeDict(std::move(dict));
     }
     case nlohmann::json::value_t::binary:

@@ -2,12 +2,12 @@
 // every conversation of shared/fixtures/tokenizer/chat_golden.json, with and without the
 // generation prompt, must render byte-identically, and the error cases must be rejected with the
 // template's raise_exception message.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "engine/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
@@ -26,18 +26,15 @@ nlohmann::ordered_json LoadJson(const std::string& path) {
   return nlohmann::ordered_json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
 }
 
-std::string GoldenPath() {
-  return sluice::testing::FixtureDir("tokenizer") + "/chat_golden.json";
-}
+std::string GoldenPath() { return sluice::testing::FixtureDir("tokenizer") + "/chat_golden.json"; }
 
 // Checks one golden conversation rendered by `tmpl`; returns true when it matched.
 bool CheckConversation(const ChatTemplate& tmpl, const nlohmann::ordered_json& conversation,
                        bool add_generation_prompt) {
   const std::string name = conversation.at("name").get<std::string>();
-  const auto& expected =
-      conversation.at(add_generation_prompt ? "with_generation_prompt" : "without_generation_prompt");
-  auto rendered =
-      tmpl.RenderMessagesOrdered(conversation.at("messages"), add_generation_prompt);
+  const auto& expected = conversation.at(add_generation_prompt ? "with_generation_prompt"
+                                                               : "without_generation_prompt");
+  auto rendered = tmpl.RenderMessagesOrdered(conversation.at("messages"), add_generation_prompt);
   SCOPED_TRACE(name + (add_generation_prompt ? " (with generation prompt)" : ""));
   if (expected.contains("error")) {
     const std::string error = expected.at("error").get<std::string>();
@@ -73,7 +70,8 @@ TEST(ChatTemplateGoldenTest, EveryConversationMatchesTransformers) {
   for (const auto& conversation : conversations) {
     for (bool add_generation_prompt : {false, true}) {
       if (CheckConversation(**tmpl, conversation, add_generation_prompt)) ++passed;
-      const char* key = add_generation_prompt ? "with_generation_prompt" : "without_generation_prompt";
+      const char* key =
+          add_generation_prompt ? "with_generation_prompt" : "without_generation_prompt";
       if (conversation.at(key).contains("error")) ++errors_checked;
     }
   }
@@ -113,8 +111,8 @@ void ExpectModelDirRendersGolden(const std::string& model_dir) {
     auto rendered = (*tmpl)->RenderMessagesOrdered(conversation.at("messages"), true);
     ASSERT_TRUE(rendered.ok()) << rendered.status();
     EXPECT_EQ(*rendered, conversation.at("with_generation_prompt").at("text").get<std::string>());
-    auto unordered = (*tmpl)->RenderMessages(
-        nlohmann::json::parse(conversation.at("messages").dump()), false);
+    auto unordered =
+        (*tmpl)->RenderMessages(nlohmann::json::parse(conversation.at("messages").dump()), false);
     ASSERT_TRUE(unordered.ok()) << unordered.status();
     EXPECT_EQ(*unordered,
               conversation.at("without_generation_prompt").at("text").get<std::string>());

@@ -4,14 +4,13 @@
 // Face's environment (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols,
 // HF's tojson and raise_exception); they were checked against that reference by hand. Contexts
 // are parsed as ordered JSON so that dict key order is the one written here.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "engine/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
@@ -167,24 +166,20 @@ y)J",
 }
 
 TEST(JinjaTest, LstripBlocksKeepsTextBeforeTagOnSameLine) {
-  ExpectRender(R"J(a {% if true %}b{% endif %} c)J",
-               R"J({})J",
-               "a b c");
+  ExpectRender(R"J(a {% if true %}b{% endif %} c)J", R"J({})J", "a b c");
 }
 
 TEST(JinjaTest, DashStripsWhitespaceOnBothSides) {
   ExpectRender(R"J(a  
   {%- if true -%}  
  b {%- endif %})J",
-               R"J({})J",
-               "ab");
+               R"J({})J", "ab");
 }
 
 TEST(JinjaTest, DashOnExpressionTags) {
   ExpectRender(R"J(a {{- 'b' -}} 
  c)J",
-               R"J({})J",
-               "abc");
+               R"J({})J", "abc");
 }
 
 TEST(JinjaTest, ExpressionTagsAreNotTrimmed) {
@@ -198,9 +193,7 @@ b
 }
 
 TEST(JinjaTest, PlusDisablesLstripBlocks) {
-  ExpectRender(R"J(  {%+ if true %}x{% endif %})J",
-               R"J({})J",
-               "  x");
+  ExpectRender(R"J(  {%+ if true %}x{% endif %})J", R"J({})J", "  x");
 }
 
 TEST(JinjaTest, CommentsAreRemovedAndTrimmed) {
@@ -213,167 +206,166 @@ b{#- x -#}  c)J",
 }
 
 TEST(JinjaTest, RawBlockIsLiteral) {
-  ExpectRender(R"J({% raw %}{{ x }}{% if %}{% endraw %}!)J",
-               R"J({})J",
-               "{{ x }}{% if %}!");
+  ExpectRender(R"J({% raw %}{{ x }}{% if %}{% endraw %}!)J", R"J({})J", "{{ x }}{% if %}!");
 }
 
 TEST(JinjaTest, SingleTrailingNewlineDropped) {
   ExpectRender(R"J(a
 
 )J",
-               R"J({})J",
-               "a\n");
+               R"J({})J", "a\n");
 }
 
 TEST(JinjaTest, NewlinesNormalized) {
-  ExpectRender("a\r\n"
+  ExpectRender(
+      "a\r\n"
       "b\rc",
-               R"J({})J",
-               "a\n"
-               "b\n"
-               "c");
+      R"J({})J",
+      "a\n"
+      "b\n"
+      "c");
 }
 
 TEST(JinjaTest, NestedBlocksIndentation) {
-  ExpectRender(R"J({% for m in messages %}
+  ExpectRender(
+      R"J({% for m in messages %}
     {% if m.role == 'user' %}
         U:{{ m.content }}
     {% else %}
         O:{{ m.role }}
     {% endif %}
 {% endfor %})J",
-               R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
-               "        O:system\n"
-               "        U:Hi there\n"
-               "        O:assistant\n"
-               "        U:Bye\n");
+      R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
+      "        O:system\n"
+      "        U:Hi there\n"
+      "        O:assistant\n"
+      "        U:Bye\n");
 }
 
 TEST(JinjaTest, StringEscapes) {
-  ExpectRender(R"J({{ "tab\tq\"\u00e9\x41\\n" ~ 'it\'s' }})J",
-               R"J({})J",
-               "tab\tq\"éA\\nit's");
+  ExpectRender(R"J({{ "tab\tq\"\u00e9\x41\\n" ~ 'it\'s' }})J", R"J({})J", "tab\tq\"éA\\nit's");
 }
 
 TEST(JinjaTest, AdjacentStringLiteralsConcatenate) {
-  ExpectRender(R"J({{ 'a' "b" 'c' }})J",
-               R"J({})J",
-               "abc");
+  ExpectRender(R"J({{ 'a' "b" 'c' }})J", R"J({})J", "abc");
 }
 
 TEST(JinjaTest, PrintsPythonReprs) {
-  ExpectRender(R"J({{ none }}|{{ true }}|{{ False }}|{{ [1, 'a', "b'c", none, 2.5] }}|{{ {'k': (1,), 'e': ()} }}|{{ (1, 'x') }})J",
-               R"J({})J",
-               "None|True|False|[1, 'a', \"b'c\", None, 2.5]|{'k': (1,), 'e': ()}|(1, 'x')");
+  ExpectRender(
+      R"J({{ none }}|{{ true }}|{{ False }}|{{ [1, 'a', "b'c", none, 2.5] }}|{{ {'k': (1,), 'e': ()} }}|{{ (1, 'x') }})J",
+      R"J({})J", "None|True|False|[1, 'a', \"b'c\", None, 2.5]|{'k': (1,), 'e': ()}|(1, 'x')");
 }
 
 TEST(JinjaTest, FloatFormattingMatchesPython) {
-  ExpectRender(R"J({{ 1.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1/3 }} {{ -2.5e-7 }} {{ 100.0 * 3 }} {{ 1_000 }})J",
-               R"J({})J",
-               "1.0 0.30000000000000004 1e+16 1000000000000000.0 0.0001 1e-05 0.3333333333333333 -2.5e-07 300.0 1000");
+  ExpectRender(
+      R"J({{ 1.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ 1/3 }} {{ -2.5e-7 }} {{ 100.0 * 3 }} {{ 1_000 }})J",
+      R"J({})J",
+      "1.0 0.30000000000000004 1e+16 1000000000000000.0 0.0001 1e-05 0.3333333333333333 -2.5e-07 "
+      "300.0 1000");
 }
 
 TEST(JinjaTest, UndefinedPrintsEmpty) {
   ExpectRender(R"J([{{ missing }}][{{ d.nokey }}][{{ d['nokey'] }}][{{ l[10] }}])J",
-               R"J({"d": {"a": 1}, "l": [1]})J",
-               "[][][][]");
+               R"J({"d": {"a": 1}, "l": [1]})J", "[][][][]");
 }
 
 TEST(JinjaTest, Arithmetic) {
-  ExpectRender(R"J({{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 1.5 + 1 }} {{ -7.5 // 2 }} {{ 7.5 % 2 }} {{ -(3) }} {{ true + 1 }})J",
-               R"J({})J",
-               "7 9 3 -4 1 2 1024 3.5 2.0 2.5 -4.0 1.5 -3 2");
+  ExpectRender(
+      R"J({{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 1.5 + 1 }} {{ -7.5 // 2 }} {{ 7.5 % 2 }} {{ -(3) }} {{ true + 1 }})J",
+      R"J({})J", "7 9 3 -4 1 2 1024 3.5 2.0 2.5 -4.0 1.5 -3 2");
 }
 
 TEST(JinjaTest, StringAndListOperators) {
-  ExpectRender(R"J({{ 'ab' + 'cd' }} {{ 'ab' ~ 1 ~ none ~ true }} {{ 'x' * 3 }} {{ [1] + [2, 3] }} {{ [0] * 3 }} {{ 2 * 'yo' }})J",
-               R"J({})J",
-               "abcd ab1NoneTrue xxx [1, 2, 3] [0, 0, 0] yoyo");
+  ExpectRender(
+      R"J({{ 'ab' + 'cd' }} {{ 'ab' ~ 1 ~ none ~ true }} {{ 'x' * 3 }} {{ [1] + [2, 3] }} {{ [0] * 3 }} {{ 2 * 'yo' }})J",
+      R"J({})J", "abcd ab1NoneTrue xxx [1, 2, 3] [0, 0, 0] yoyo");
 }
 
 TEST(JinjaTest, ComparisonsAndLogic) {
-  ExpectRender(R"J({{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ true == 1 }} {{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }} {{ 1 != 2 }} {{ not 0 }} {{ 0 or 'x' }} {{ 'y' and 0 }} {{ none or [] }} {{ missing == none }})J",
-               R"J({})J",
-               "True False True True True True True True True x 0 [] False");
+  ExpectRender(
+      R"J({{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ 1 == 1.0 }} {{ true == 1 }} {{ [1, 2] == [1, 2] }} {{ {'a': 1} == {'a': 1} }} {{ 1 != 2 }} {{ not 0 }} {{ 0 or 'x' }} {{ 'y' and 0 }} {{ none or [] }} {{ missing == none }})J",
+      R"J({})J", "True False True True True True True True True x 0 [] False");
 }
 
 TEST(JinjaTest, InOperator) {
-  ExpectRender(R"J({{ 1 in l }} {{ 9 not in l }} {{ 'ell' in 'hello' }} {{ 'a' in d }} {{ 'z' in d }} {{ 'x' in missing }})J",
-               R"J({"l": [1, 2], "d": {"a": 1}})J",
-               "True True True True False False");
+  ExpectRender(
+      R"J({{ 1 in l }} {{ 9 not in l }} {{ 'ell' in 'hello' }} {{ 'a' in d }} {{ 'z' in d }} {{ 'x' in missing }})J",
+      R"J({"l": [1, 2], "d": {"a": 1}})J", "True True True True False False");
 }
 
 TEST(JinjaTest, ConditionalExpression) {
-  ExpectRender(R"J({{ 'y' if flag else 'n' }} {{ 'y' if not flag else 'n' }} [{{ 'only' if not flag }}] {{ 1 if false else 2 if false else 3 }})J",
-               R"J({"flag": true})J",
-               "y n [] 3");
+  ExpectRender(
+      R"J({{ 'y' if flag else 'n' }} {{ 'y' if not flag else 'n' }} [{{ 'only' if not flag }}] {{ 1 if false else 2 if false else 3 }})J",
+      R"J({"flag": true})J", "y n [] 3");
 }
 
 TEST(JinjaTest, SlicingListsAndStrings) {
-  ExpectRender(R"J({{ l[1:] }} {{ l[:-1] }} {{ l[::-1] }} {{ l[::2] }} {{ l[-2:] }} {{ l[5:] }} {{ s[1:4] }} {{ s[::-1] }} {{ s[-1] }} {{ u[1:3] }} {{ u[::-1] }})J",
-               R"J({"l": [1, 2, 3, 4], "s": "hello", "u": "héllo wörld"})J",
-               "[2, 3, 4] [1, 2, 3] [4, 3, 2, 1] [1, 3] [3, 4] [] ell olleh o él dlröw olléh");
+  ExpectRender(
+      R"J({{ l[1:] }} {{ l[:-1] }} {{ l[::-1] }} {{ l[::2] }} {{ l[-2:] }} {{ l[5:] }} {{ s[1:4] }} {{ s[::-1] }} {{ s[-1] }} {{ u[1:3] }} {{ u[::-1] }})J",
+      R"J({"l": [1, 2, 3, 4], "s": "hello", "u": "héllo wörld"})J",
+      "[2, 3, 4] [1, 2, 3] [4, 3, 2, 1] [1, 3] [3, 4] [] ell olleh o él dlröw olléh");
 }
 
 TEST(JinjaTest, AttributeAndItemAccess) {
-  ExpectRender(R"J({{ m.role }} {{ m['role'] }} {{ m.meta.tags[1] }} {{ m['meta']['tags'][-1] }} {{ l.0 }} {{ m.missing is defined }} {{ m['missing'] is undefined }})J",
-               R"J({"m": {"role": "user", "meta": {"tags": ["a", "b", "c"]}}, "l": ["zero"]})J",
-               "user user b c zero False True");
+  ExpectRender(
+      R"J({{ m.role }} {{ m['role'] }} {{ m.meta.tags[1] }} {{ m['meta']['tags'][-1] }} {{ l.0 }} {{ m.missing is defined }} {{ m['missing'] is undefined }})J",
+      R"J({"m": {"role": "user", "meta": {"tags": ["a", "b", "c"]}}, "l": ["zero"]})J",
+      "user user b c zero False True");
 }
 
 TEST(JinjaTest, IfElifElse) {
-  ExpectRender(R"J({% for x in [1, 2, 3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %};{% endfor %})J",
-               R"J({})J",
-               "one;two;many;");
+  ExpectRender(
+      R"J({% for x in [1, 2, 3] %}{% if x == 1 %}one{% elif x == 2 %}two{% else %}many{% endif %};{% endfor %})J",
+      R"J({})J", "one;two;many;");
 }
 
 TEST(JinjaTest, LoopVariables) {
-  ExpectRender(R"J({% for m in messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}:{{ m.role }};{% endfor %})J",
-               R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
-               "1043TrueFalse4:system;2132FalseFalse4:user;3221FalseFalse4:assistant;4310FalseTrue4:user;");
+  ExpectRender(
+      R"J({% for m in messages %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}:{{ m.role }};{% endfor %})J",
+      R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
+      "1043TrueFalse4:system;2132FalseFalse4:user;3221FalseFalse4:assistant;4310FalseTrue4:user;");
 }
 
 TEST(JinjaTest, LoopPrevNextItemAndCycle) {
-  ExpectRender(R"J({% for x in [1, 2, 3] %}[{{ loop.previtem }}|{{ loop.nextitem }}|{{ loop.cycle('odd', 'even') }}]{% endfor %})J",
-               R"J({})J",
-               "[|2|odd][1|3|even][2||odd]");
+  ExpectRender(
+      R"J({% for x in [1, 2, 3] %}[{{ loop.previtem }}|{{ loop.nextitem }}|{{ loop.cycle('odd', 'even') }}]{% endfor %})J",
+      R"J({})J", "[|2|odd][1|3|even][2||odd]");
 }
 
 TEST(JinjaTest, LoopFilterAndElse) {
-  ExpectRender(R"J({% for m in messages if m.role == 'user' %}{{ loop.index }}/{{ loop.length }}={{ m.content }};{% endfor %}{% for x in [] %}x{% else %}empty{% endfor %}{% for x in [1] if x > 5 %}x{% else %}none-kept{% endfor %})J",
-               R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
-               "1/2=Hi there;2/2=Bye;emptynone-kept");
+  ExpectRender(
+      R"J({% for m in messages if m.role == 'user' %}{{ loop.index }}/{{ loop.length }}={{ m.content }};{% endfor %}{% for x in [] %}x{% else %}empty{% endfor %}{% for x in [1] if x > 5 %}x{% else %}none-kept{% endfor %})J",
+      R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
+      "1/2=Hi there;2/2=Bye;emptynone-kept");
 }
 
 TEST(JinjaTest, LoopOverDictStringAndItems) {
-  ExpectRender(R"J({% for k in d %}{{ k }}{% endfor %}|{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k, v in d|items %}{{ k }}{% endfor %}|{% for c in 'ab' %}{{ c }}.{% endfor %}|{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %})J",
-               R"J({"d": {"z": 1, "a": 2, "m": 3}})J",
-               "zam|z=1;a=2;m=3;|zam|a.b.|37");
+  ExpectRender(
+      R"J({% for k in d %}{{ k }}{% endfor %}|{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k, v in d|items %}{{ k }}{% endfor %}|{% for c in 'ab' %}{{ c }}.{% endfor %}|{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %})J",
+      R"J({"d": {"z": 1, "a": 2, "m": 3}})J", "zam|z=1;a=2;m=3;|zam|a.b.|37");
 }
 
 TEST(JinjaTest, BreakAndContinue) {
-  ExpectRender(R"J({% for i in range(10) %}{% if i is even %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %})J",
-               R"J({})J",
-               "135");
+  ExpectRender(
+      R"J({% for i in range(10) %}{% if i is even %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %})J",
+      R"J({})J", "135");
 }
 
 TEST(JinjaTest, LoopScopeDoesNotLeak) {
-  ExpectRender(R"J({% set x = 'outer' %}{% for i in [1, 2] %}{{ x }}{% set x = i %}{{ x }};{% endfor %}{{ x }}|{% for i in [1] %}{% set inner = 1 %}{% endfor %}{{ inner is defined }})J",
-               R"J({})J",
-               "outer1;outer2;outer|False");
+  ExpectRender(
+      R"J({% set x = 'outer' %}{% for i in [1, 2] %}{{ x }}{% set x = i %}{{ x }};{% endfor %}{{ x }}|{% for i in [1] %}{% set inner = 1 %}{% endfor %}{{ inner is defined }})J",
+      R"J({})J", "outer1;outer2;outer|False");
 }
 
 TEST(JinjaTest, IfDoesNotCreateScope) {
-  ExpectRender(R"J({% if true %}{% set y = 5 %}{% endif %}{{ y }})J",
-               R"J({})J",
-               "5");
+  ExpectRender(R"J({% if true %}{% set y = 5 %}{% endif %}{{ y }})J", R"J({})J", "5");
 }
 
 TEST(JinjaTest, NamespaceCarriesStateOutOfLoops) {
-  ExpectRender(R"J({% set ns = namespace(found=false, count=0, items=[]) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.found = true %}{% set ns.items = ns.items + [m.content] %}{% endif %}{% set ns.count = ns.count + 1 %}{% endfor %}{{ ns.found }} {{ ns.count }} {{ ns.items }})J",
-               R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
-               "True 4 ['Hi there', 'Bye']");
+  ExpectRender(
+      R"J({% set ns = namespace(found=false, count=0, items=[]) %}{% for m in messages %}{% if m.role == 'user' %}{% set ns.found = true %}{% set ns.items = ns.items + [m.content] %}{% endif %}{% set ns.count = ns.count + 1 %}{% endfor %}{{ ns.found }} {{ ns.count }} {{ ns.items }})J",
+      R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
+      "True 4 ['Hi there', 'Bye']");
 }
 
 TEST(JinjaTest, SetTupleAndBlockSet) {
@@ -385,242 +377,260 @@ TEST(JinjaTest, SetTupleAndBlockSet) {
 }
 
 TEST(JinjaTest, MacroWithDefaultsAndKeywords) {
-  ExpectRender(R"J({% macro tag(name, body='', close=true) %}<{{ name }}>{{ body }}{% if close %}</{{ name }}>{% endif %}{% endmacro %}{{ tag('a') }}{{ tag('b', 'x') }}{{ tag('c', close=false, body='y') }}{{ tag('d')|upper }})J",
-               R"J({})J",
-               "<a></a><b>x</b><c>y<D></D>");
+  ExpectRender(
+      R"J({% macro tag(name, body='', close=true) %}<{{ name }}>{{ body }}{% if close %}</{{ name }}>{% endif %}{% endmacro %}{{ tag('a') }}{{ tag('b', 'x') }}{{ tag('c', close=false, body='y') }}{{ tag('d')|upper }})J",
+      R"J({})J", "<a></a><b>x</b><c>y<D></D>");
 }
 
 TEST(JinjaTest, MacroRecursion) {
-  ExpectRender(R"J({% macro walk(node) %}{{ node.name }}{% if node.children %}({% for c in node.children %}{{ walk(c) }}{% if not loop.last %},{% endif %}{% endfor %}){% endif %}{% endmacro %}{{ walk(tree) }})J",
-               R"J({"tree": {"name": "r", "children": [{"name": "a", "children": []}, {"name": "b", "children": [{"name": "c"}]}]}})J",
-               "r(a,b(c))");
+  ExpectRender(
+      R"J({% macro walk(node) %}{{ node.name }}{% if node.children %}({% for c in node.children %}{{ walk(c) }}{% if not loop.last %},{% endif %}{% endfor %}){% endif %}{% endmacro %}{{ walk(tree) }})J",
+      R"J({"tree": {"name": "r", "children": [{"name": "a", "children": []}, {"name": "b", "children": [{"name": "c"}]}]}})J",
+      "r(a,b(c))");
 }
 
 TEST(JinjaTest, MacroSeesGlobalsNotCallerLocals) {
-  ExpectRender(R"J({% macro show() %}{{ g }}-{{ local is defined }}{% endmacro %}{% for local in [1] %}{{ show() }}{% endfor %})J",
-               R"J({"g": "G"})J",
-               "G-False");
+  ExpectRender(
+      R"J({% macro show() %}{{ g }}-{{ local is defined }}{% endmacro %}{% for local in [1] %}{{ show() }}{% endfor %})J",
+      R"J({"g": "G"})J", "G-False");
 }
 
 TEST(JinjaTest, CallBlockPassesCaller) {
-  ExpectRender(R"J({% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% call wrap('b') %}inside {{ 1 + 1 }}{% endcall %})J",
-               R"J({})J",
-               "<b>inside 2</b>");
+  ExpectRender(
+      R"J({% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% call wrap('b') %}inside {{ 1 + 1 }}{% endcall %})J",
+      R"J({})J", "<b>inside 2</b>");
 }
 
 TEST(JinjaTest, GenerationBlockRendersBody) {
-  ExpectRender(R"J({% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}{% endfor %})J",
-               R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
-               "Hello!");
+  ExpectRender(
+      R"J({% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}{% endfor %})J",
+      R"J({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]})J",
+      "Hello!");
 }
 
 TEST(JinjaTest, FilterBlock) {
-  ExpectRender(R"J({% filter upper %}hello {{ 'world' }}{% endfilter %})J",
-               R"J({})J",
+  ExpectRender(R"J({% filter upper %}hello {{ 'world' }}{% endfilter %})J", R"J({})J",
                "HELLO WORLD");
 }
 
 TEST(JinjaTest, StringFilters) {
-  ExpectRender(R"J({{ s|trim }}|{{ 'xxhixx'|trim('x') }}|{{ s|upper }}|{{ s|lower }}|{{ 'hello wORLD'|capitalize }}|{{ "hello wORLD-foo (bar) it's"|title }}|{{ s|length }}|{{ 'héllo'|count }}|{{ 'aaa'|replace('a', 'b') }}|{{ 'aaa'|replace('a', 'b', 2) }}|{{ 42|string ~ '!' }}|{{ 'a<b>&"\''|e }}|{{ 'x'|safe }})J",
-               R"J({"s": "  Hello World  "})J",
-               "Hello World|hi|  HELLO WORLD  |  hello world  |Hello world|Hello World-Foo (Bar) It's|15|5|bbb|bba|42!|a&lt;b&gt;&amp;&#34;&#39;|x");
+  ExpectRender(
+      R"J({{ s|trim }}|{{ 'xxhixx'|trim('x') }}|{{ s|upper }}|{{ s|lower }}|{{ 'hello wORLD'|capitalize }}|{{ "hello wORLD-foo (bar) it's"|title }}|{{ s|length }}|{{ 'héllo'|count }}|{{ 'aaa'|replace('a', 'b') }}|{{ 'aaa'|replace('a', 'b', 2) }}|{{ 42|string ~ '!' }}|{{ 'a<b>&"\''|e }}|{{ 'x'|safe }})J",
+      R"J({"s": "  Hello World  "})J",
+      "Hello World|hi|  HELLO WORLD  |  hello world  |Hello world|Hello World-Foo (Bar) "
+      "It's|15|5|bbb|bba|42!|a&lt;b&gt;&amp;&#34;&#39;|x");
 }
 
 TEST(JinjaTest, DefaultFilter) {
-  ExpectRender(R"J({{ missing|default('d') }} {{ missing|d('short') }} {{ none|default('n') }} {{ ''|default('empty', true) }} {{ 0|default(5, boolean=true) }} {{ 'set'|default('x') }} [{{ missing|default }}])J",
-               R"J({})J",
-               "d short None empty 5 set []");
+  ExpectRender(
+      R"J({{ missing|default('d') }} {{ missing|d('short') }} {{ none|default('n') }} {{ ''|default('empty', true) }} {{ 0|default(5, boolean=true) }} {{ 'set'|default('x') }} [{{ missing|default }}])J",
+      R"J({})J", "d short None empty 5 set []");
 }
 
 TEST(JinjaTest, ListFilters) {
-  ExpectRender(R"J({{ l|length }} {{ l|first }} {{ l|last }} {{ l|join(', ') }} {{ l|join }} {{ l|sort }} {{ l|sort(reverse=true) }} {{ l|reverse|list }} {{ l|unique|list }} {{ l|sum }} {{ l|min }} {{ l|max }} {{ 'ab'|list }} {{ d|list }} {{ []|first is defined }})J",
-               R"J({"l": [3, 1, 2, 3], "d": {"k": 1, "j": 2}})J",
-               "4 3 3 3, 1, 2, 3 3123 [1, 2, 3, 3] [3, 3, 2, 1] [3, 2, 1, 3] [3, 1, 2] 9 1 3 ['a', 'b'] ['k', 'j'] False");
+  ExpectRender(
+      R"J({{ l|length }} {{ l|first }} {{ l|last }} {{ l|join(', ') }} {{ l|join }} {{ l|sort }} {{ l|sort(reverse=true) }} {{ l|reverse|list }} {{ l|unique|list }} {{ l|sum }} {{ l|min }} {{ l|max }} {{ 'ab'|list }} {{ d|list }} {{ []|first is defined }})J",
+      R"J({"l": [3, 1, 2, 3], "d": {"k": 1, "j": 2}})J",
+      "4 3 3 3, 1, 2, 3 3123 [1, 2, 3, 3] [3, 3, 2, 1] [3, 2, 1, 3] [3, 1, 2] 9 1 3 ['a', 'b'] "
+      "['k', 'j'] False");
 }
 
 TEST(JinjaTest, CaseInsensitiveSortAndUnique) {
-  ExpectRender(R"J({{ w|sort }} {{ w|sort(case_sensitive=true) }} {{ w|unique|list }} {{ w|unique(case_sensitive=true)|list }} {{ w|max }} {{ w|min }})J",
-               R"J({"w": ["b", "A", "a", "C"]})J",
-               "['A', 'a', 'b', 'C'] ['A', 'C', 'a', 'b'] ['b', 'A', 'C'] ['b', 'A', 'a', 'C'] C A");
+  ExpectRender(
+      R"J({{ w|sort }} {{ w|sort(case_sensitive=true) }} {{ w|unique|list }} {{ w|unique(case_sensitive=true)|list }} {{ w|max }} {{ w|min }})J",
+      R"J({"w": ["b", "A", "a", "C"]})J",
+      "['A', 'a', 'b', 'C'] ['A', 'C', 'a', 'b'] ['b', 'A', 'C'] ['b', 'A', 'a', 'C'] C A");
 }
 
 TEST(JinjaTest, AttributeFilters) {
-  ExpectRender(R"J({{ users|map(attribute='name')|join(',') }} {{ users|sort(attribute='age')|map(attribute='name')|list }} {{ users|selectattr('admin')|map(attribute='name')|list }} {{ users|rejectattr('admin')|map(attribute='name')|list }} {{ users|selectattr('age', 'gt', 30)|map(attribute='name')|list }} {{ users|selectattr('name', 'equalto', 'bo')|list|length }} {{ users|map(attribute='nick', default='-')|list }} {{ users|sum(attribute='age') }} {{ users|join('/', attribute='name') }})J",
-               R"J({"users": [{"name": "bo", "age": 40, "admin": true}, {"name": "al", "age": 25}, {"name": "cy", "age": 31, "admin": false}]})J",
-               "bo,al,cy ['al', 'cy', 'bo'] ['bo'] ['al', 'cy'] ['bo', 'cy'] 1 ['-', '-', '-'] 96 bo/al/cy");
+  ExpectRender(
+      R"J({{ users|map(attribute='name')|join(',') }} {{ users|sort(attribute='age')|map(attribute='name')|list }} {{ users|selectattr('admin')|map(attribute='name')|list }} {{ users|rejectattr('admin')|map(attribute='name')|list }} {{ users|selectattr('age', 'gt', 30)|map(attribute='name')|list }} {{ users|selectattr('name', 'equalto', 'bo')|list|length }} {{ users|map(attribute='nick', default='-')|list }} {{ users|sum(attribute='age') }} {{ users|join('/', attribute='name') }})J",
+      R"J({"users": [{"name": "bo", "age": 40, "admin": true}, {"name": "al", "age": 25}, {"name": "cy", "age": 31, "admin": false}]})J",
+      "bo,al,cy ['al', 'cy', 'bo'] ['bo'] ['al', 'cy'] ['bo', 'cy'] 1 ['-', '-', '-'] 96 bo/al/cy");
 }
 
 TEST(JinjaTest, SelectRejectMap) {
-  ExpectRender(R"J({{ l|select('odd')|list }} {{ l|reject('odd')|list }} {{ l|select|list }} {{ l|select('greaterthan', 2)|list }} {{ l|map('string')|join('-') }} {{ ['a', 'b']|map('upper')|list }} {{ l|select('in', [1, 4])|list }})J",
-               R"J({"l": [0, 1, 2, 3, 4]})J",
-               "[1, 3] [0, 2, 4] [1, 2, 3, 4] [3, 4] 0-1-2-3-4 ['A', 'B'] [1, 4]");
+  ExpectRender(
+      R"J({{ l|select('odd')|list }} {{ l|reject('odd')|list }} {{ l|select|list }} {{ l|select('greaterthan', 2)|list }} {{ l|map('string')|join('-') }} {{ ['a', 'b']|map('upper')|list }} {{ l|select('in', [1, 4])|list }})J",
+      R"J({"l": [0, 1, 2, 3, 4]})J",
+      "[1, 3] [0, 2, 4] [1, 2, 3, 4] [3, 4] 0-1-2-3-4 ['A', 'B'] [1, 4]");
 }
 
 TEST(JinjaTest, ItemsAndDictsort) {
-  ExpectRender(R"J({{ d|items|list }} {{ d|dictsort }} {{ d|dictsort(by='value') }} {{ d|dictsort(reverse=true) }})J",
-               R"J({"d": {"b": 1, "a": 3, "c": 2}})J",
-               "[('b', 1), ('a', 3), ('c', 2)] [('a', 3), ('b', 1), ('c', 2)] [('b', 1), ('c', 2), ('a', 3)] [('c', 2), ('b', 1), ('a', 3)]");
+  ExpectRender(
+      R"J({{ d|items|list }} {{ d|dictsort }} {{ d|dictsort(by='value') }} {{ d|dictsort(reverse=true) }})J",
+      R"J({"d": {"b": 1, "a": 3, "c": 2}})J",
+      "[('b', 1), ('a', 3), ('c', 2)] [('a', 3), ('b', 1), ('c', 2)] [('b', 1), ('c', 2), ('a', "
+      "3)] [('c', 2), ('b', 1), ('a', 3)]");
 }
 
 TEST(JinjaTest, NumberFilters) {
-  ExpectRender(R"J({{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }} {{ 3.5|round }} {{ 3|round }} {{ 2.4|round(0, 'ceil') }} {{ 2.6|round(0, 'floor') }} {{ '42'|int }} {{ ' 7 '|int }} {{ '4.7'|int }} {{ 'x'|int(-1) }} {{ 3.9|int }} {{ '3.5'|float }} {{ 3|float }} {{ 'bad'|float }})J",
-               R"J({})J",
-               "3 2.57 2.0 4.0 3 3.0 2.0 42 7 4 -1 3 3.5 3.0 0.0");
+  ExpectRender(
+      R"J({{ -3|abs }} {{ 2.567|round(2) }} {{ 2.5|round }} {{ 3.5|round }} {{ 3|round }} {{ 2.4|round(0, 'ceil') }} {{ 2.6|round(0, 'floor') }} {{ '42'|int }} {{ ' 7 '|int }} {{ '4.7'|int }} {{ 'x'|int(-1) }} {{ 3.9|int }} {{ '3.5'|float }} {{ 3|float }} {{ 'bad'|float }})J",
+      R"J({})J", "3 2.57 2.0 4.0 3 3.0 2.0 42 7 4 -1 3 3.5 3.0 0.0");
 }
 
 TEST(JinjaTest, TojsonMatchesPythonJsonDumps) {
-  ExpectRender(R"J({{ v|tojson }}
+  ExpectRender(
+      R"J({{ v|tojson }}
 {{ v|tojson(indent=2) }}
 {{ v|tojson(sort_keys=true) }}
 {{ 'é "q" \n'|tojson }}
 {{ []|tojson(indent=2) }}{{ {}|tojson(indent=2) }})J",
-               R"J({"v": {"name": "f", "args": {"z": 1, "a": [1.5, null, true, "x"]}, "e": {}, "l": []}})J",
-               "{\"name\": \"f\", \"args\": {\"z\": 1, \"a\": [1.5, null, true, \"x\"]}, \"e\": {}, \"l\": []}\n"
-               "{\n"
-               "  \"name\": \"f\",\n"
-               "  \"args\": {\n"
-               "    \"z\": 1,\n"
-               "    \"a\": [\n"
-               "      1.5,\n"
-               "      null,\n"
-               "      true,\n"
-               "      \"x\"\n"
-               "    ]\n"
-               "  },\n"
-               "  \"e\": {},\n"
-               "  \"l\": []\n"
-               "}\n"
-               "{\"args\": {\"a\": [1.5, null, true, \"x\"], \"z\": 1}, \"e\": {}, \"l\": [], \"name\": \"f\"}\n"
-               "\"é \\\"q\\\" \\n\"\n"
-               "[]{}");
+      R"J({"v": {"name": "f", "args": {"z": 1, "a": [1.5, null, true, "x"]}, "e": {}, "l": []}})J",
+      "{\"name\": \"f\", \"args\": {\"z\": 1, \"a\": [1.5, null, true, \"x\"]}, \"e\": {}, \"l\": "
+      "[]}\n"
+      "{\n"
+      "  \"name\": \"f\",\n"
+      "  \"args\": {\n"
+      "    \"z\": 1,\n"
+      "    \"a\": [\n"
+      "      1.5,\n"
+      "      null,\n"
+      "      true,\n"
+      "      \"x\"\n"
+      "    ]\n"
+      "  },\n"
+      "  \"e\": {},\n"
+      "  \"l\": []\n"
+      "}\n"
+      "{\"args\": {\"a\": [1.5, null, true, \"x\"], \"z\": 1}, \"e\": {}, \"l\": [], \"name\": "
+      "\"f\"}\n"
+      "\"é \\\"q\\\" \\n\"\n"
+      "[]{}");
 }
 
 TEST(JinjaTest, TojsonOfToolSchemaWithIndent4) {
-  ExpectRender(R"J({% for t in tools %}{{ t|tojson(indent=4) }}
+  ExpectRender(
+      R"J({% for t in tools %}{{ t|tojson(indent=4) }}
 
 {% endfor %})J",
-               R"J({"tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather ☀", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city"]}}}]})J",
-               "{\n"
-               "    \"type\": \"function\",\n"
-               "    \"function\": {\n"
-               "        \"name\": \"get_weather\",\n"
-               "        \"description\": \"Get the weather ☀\",\n"
-               "        \"parameters\": {\n"
-               "            \"type\": \"object\",\n"
-               "            \"properties\": {\n"
-               "                \"city\": {\n"
-               "                    \"type\": \"string\"\n"
-               "                },\n"
-               "                \"days\": {\n"
-               "                    \"type\": \"integer\",\n"
-               "                    \"minimum\": 1\n"
-               "                }\n"
-               "            },\n"
-               "            \"required\": [\n"
-               "                \"city\"\n"
-               "            ]\n"
-               "        }\n"
-               "    }\n"
-               "}\n"
-               "\n");
+      R"J({"tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather ☀", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city"]}}}]})J",
+      "{\n"
+      "    \"type\": \"function\",\n"
+      "    \"function\": {\n"
+      "        \"name\": \"get_weather\",\n"
+      "        \"description\": \"Get the weather ☀\",\n"
+      "        \"parameters\": {\n"
+      "            \"type\": \"object\",\n"
+      "            \"properties\": {\n"
+      "                \"city\": {\n"
+      "                    \"type\": \"string\"\n"
+      "                },\n"
+      "                \"days\": {\n"
+      "                    \"type\": \"integer\",\n"
+      "                    \"minimum\": 1\n"
+      "                }\n"
+      "            },\n"
+      "            \"required\": [\n"
+      "                \"city\"\n"
+      "            ]\n"
+      "        }\n"
+      "    }\n"
+      "}\n"
+      "\n");
 }
 
 TEST(JinjaTest, IndentCenterWordcountBatch) {
-  ExpectRender(R"J({{ text|indent(2) }}|{{ text|indent(2, true) }}|{{ text|indent('> ', first=true, blank=true) }}|{{ 'ab'|center(6) }}|{{ 'one two  three'|wordcount }}|{{ [1, 2, 3]|batch(2)|list }})J",
-               R"J({"text": "a\n\nb\nc"})J",
-               "a\n"
-               "\n"
-               "  b\n"
-               "  c|  a\n"
-               "\n"
-               "  b\n"
-               "  c|> a\n"
-               "> \n"
-               "> b\n"
-               "> c|  ab  |3|[[1, 2], [3]]");
+  ExpectRender(
+      R"J({{ text|indent(2) }}|{{ text|indent(2, true) }}|{{ text|indent('> ', first=true, blank=true) }}|{{ 'ab'|center(6) }}|{{ 'one two  three'|wordcount }}|{{ [1, 2, 3]|batch(2)|list }})J",
+      R"J({"text": "a\n\nb\nc"})J",
+      "a\n"
+      "\n"
+      "  b\n"
+      "  c|  a\n"
+      "\n"
+      "  b\n"
+      "  c|> a\n"
+      "> \n"
+      "> b\n"
+      "> c|  ab  |3|[[1, 2], [3]]");
 }
 
 TEST(JinjaTest, IsTests) {
-  ExpectRender(R"J({{ x is defined }}{{ missing is defined }}{{ missing is undefined }}{{ none is none }}{{ 's' is string }}{{ 1 is number }}{{ 1.5 is number }}{{ 1 is integer }}{{ 1.0 is integer }}{{ 1.0 is float }}{{ d is mapping }}{{ l is mapping }}{{ l is iterable }}{{ 's' is iterable }}{{ 1 is iterable }}{{ l is sequence }}{{ true is boolean }}{{ 1 is boolean }}{{ true is true }}{{ 1 is true }}{{ false is false }})J",
-               R"J({"x": 1, "d": {}, "l": []})J",
-               "TrueFalseTrueTrueTrueTrueTrueTrueFalseTrueTrueFalseTrueTrueFalseTrueTrueFalseTrueFalseTrue");
+  ExpectRender(
+      R"J({{ x is defined }}{{ missing is defined }}{{ missing is undefined }}{{ none is none }}{{ 's' is string }}{{ 1 is number }}{{ 1.5 is number }}{{ 1 is integer }}{{ 1.0 is integer }}{{ 1.0 is float }}{{ d is mapping }}{{ l is mapping }}{{ l is iterable }}{{ 's' is iterable }}{{ 1 is iterable }}{{ l is sequence }}{{ true is boolean }}{{ 1 is boolean }}{{ true is true }}{{ 1 is true }}{{ false is false }})J",
+      R"J({"x": 1, "d": {}, "l": []})J",
+      "TrueFalseTrueTrueTrueTrueTrueTrueFalseTrueTrueFalseTrueTrueFalseTrueTrueFalseTrueFalseTrue");
 }
 
 TEST(JinjaTest, IsTestsWithArguments) {
-  ExpectRender(R"J({{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(4) }}{{ 1 is eq 1 }}{{ 1 is ne 2 }}{{ 2 is lt 3 }}{{ 3 is ge 3 }}{{ 2 is gt 3 }}{{ 2 is in [1, 2] }}{{ 'abc' is lower }}{{ 'ABC' is upper }}{{ l is sameas l }}{{ 'x' is not string }}{{ not 'x' is string }}{{ range is callable }})J",
-               R"J({"l": [1]})J",
-               "TrueTrueTrueFalseTrueTrueTrueTrueFalseTrueTrueTrueTrueFalseFalseTrue");
+  ExpectRender(
+      R"J({{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(4) }}{{ 1 is eq 1 }}{{ 1 is ne 2 }}{{ 2 is lt 3 }}{{ 3 is ge 3 }}{{ 2 is gt 3 }}{{ 2 is in [1, 2] }}{{ 'abc' is lower }}{{ 'ABC' is upper }}{{ l is sameas l }}{{ 'x' is not string }}{{ not 'x' is string }}{{ range is callable }})J",
+      R"J({"l": [1]})J", "TrueTrueTrueFalseTrueTrueTrueTrueFalseTrueTrueTrueTrueFalseFalseTrue");
 }
 
 TEST(JinjaTest, StringMethods) {
-  ExpectRender(R"J({{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  x '.lstrip() }}|{{ ' x  '.rstrip() }}|{{ '\n\nx\n'.strip('\n') }}|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}|{{ 'a b  c '.split() }}|{{ 'a,b,,c'.split(',') }}|{{ 'a,b,c'.split(',', 1) }}|{{ 'a,b,c'.rsplit(',', 1) }}|{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}|{{ 'aXa'.replace('a', 'b') }}|{{ "they're bill's".title() }}|{{ 'hELLO'.capitalize() }}|{{ 'hello'.find('l') }}{{ 'hello'.rfind('l') }}{{ 'hello'.find('z') }}|{{ 'héllo'.find('l') }}|{{ 'a-b'.count('-') }}|{{ ', '.join(['x', 'y']) }}|{{ 'l1\nl2\r\nl3'.splitlines() }}|{{ '42'.isdigit() }}{{ 'a1'.isalpha() }})J",
-               R"J({})J",
-               "x|hi|x | x|x|TrueTrue|['a', 'b', 'c']|['a', 'b', '', 'c']|['a', 'b,c']|['a,b', 'c']|ABab|bXb|They'Re Bill'S|Hello|23-1|2|1|x, y|['l1', 'l2', 'l3']|TrueFalse");
+  ExpectRender(
+      R"J({{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  x '.lstrip() }}|{{ ' x  '.rstrip() }}|{{ '\n\nx\n'.strip('\n') }}|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}|{{ 'a b  c '.split() }}|{{ 'a,b,,c'.split(',') }}|{{ 'a,b,c'.split(',', 1) }}|{{ 'a,b,c'.rsplit(',', 1) }}|{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}|{{ 'aXa'.replace('a', 'b') }}|{{ "they're bill's".title() }}|{{ 'hELLO'.capitalize() }}|{{ 'hello'.find('l') }}{{ 'hello'.rfind('l') }}{{ 'hello'.find('z') }}|{{ 'héllo'.find('l') }}|{{ 'a-b'.count('-') }}|{{ ', '.join(['x', 'y']) }}|{{ 'l1\nl2\r\nl3'.splitlines() }}|{{ '42'.isdigit() }}{{ 'a1'.isalpha() }})J",
+      R"J({})J",
+      "x|hi|x | x|x|TrueTrue|['a', 'b', 'c']|['a', 'b', '', 'c']|['a', 'b,c']|['a,b', "
+      "'c']|ABab|bXb|They'Re Bill'S|Hello|23-1|2|1|x, y|['l1', 'l2', 'l3']|TrueFalse");
 }
 
 TEST(JinjaTest, ThinkingSplitLikeQwen) {
-  ExpectRender(R"J({% set c = content.split('</think>')[-1].lstrip('\n') %}{% set r = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}[{{ r }}][{{ c }}])J",
-               R"J({"content": "<think>\nplan it\n</think>\n\nThe answer."})J",
-               "[plan it][The answer.]");
+  ExpectRender(
+      R"J({% set c = content.split('</think>')[-1].lstrip('\n') %}{% set r = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}[{{ r }}][{{ c }}])J",
+      R"J({"content": "<think>\nplan it\n</think>\n\nThe answer."})J", "[plan it][The answer.]");
 }
 
 TEST(JinjaTest, DictMethods) {
-  ExpectRender(R"J({{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 'dv') }} {{ d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }} {{ d['items'] is defined }})J",
-               R"J({"d": {"b": 2, "a": 1}})J",
-               "1 None dv ['b', 'a'] [2, 1] [('b', 2), ('a', 1)] True");
+  ExpectRender(
+      R"J({{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 'dv') }} {{ d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }} {{ d['items'] is defined }})J",
+      R"J({"d": {"b": 2, "a": 1}})J", "1 None dv ['b', 'a'] [2, 1] [('b', 2), ('a', 1)] True");
 }
 
 TEST(JinjaTest, RangeNamespaceDict) {
-  ExpectRender(R"J({{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ range(5, 0, -2)|list }} {{ range(0)|list }} {{ dict(a=1, b='x') }} {{ namespace(a=1).a }} {{ namespace({'k': 2}).k }})J",
-               R"J({})J",
-               "[0, 1, 2] [1, 3, 5] [5, 3, 1] [] {'a': 1, 'b': 'x'} 1 2");
+  ExpectRender(
+      R"J({{ range(3)|list }} {{ range(1, 7, 2)|list }} {{ range(5, 0, -2)|list }} {{ range(0)|list }} {{ dict(a=1, b='x') }} {{ namespace(a=1).a }} {{ namespace({'k': 2}).k }})J",
+      R"J({})J", "[0, 1, 2] [1, 3, 5] [5, 3, 1] [] {'a': 1, 'b': 'x'} 1 2");
 }
 
 TEST(JinjaTest, PercentFormatting) {
-  ExpectRender(R"J({{ '%s-%d' % ('a', 3) }}|{{ '%5.2f|%-4s|%04d|%x|%%|%r' % (3.14159, 'ab', 42, 255, 'q') }}|{{ '%(n)s!' % d }})J",
-               R"J({"d": {"n": "v"}})J",
-               "a-3| 3.14|ab  |0042|ff|%|'q'|v!");
+  ExpectRender(
+      R"J({{ '%s-%d' % ('a', 3) }}|{{ '%5.2f|%-4s|%04d|%x|%%|%r' % (3.14159, 'ab', 42, 255, 'q') }}|{{ '%(n)s!' % d }})J",
+      R"J({"d": {"n": "v"}})J", "a-3| 3.14|ab  |0042|ff|%|'q'|v!");
 }
 
 TEST(JinjaTest, TojsonOptions) {
-  ExpectRender(R"J({{ v|tojson(ensure_ascii=true) }} {{ v|tojson(separators=(',', ':')) }} {{ [1, [2]]|tojson(indent='\t') }})J",
-               R"J({"v": {"s": "é☀😀\u0001", "n": [1, 2.0]}})J",
-               "{\"s\": \"\\u00e9\\u2600\\ud83d\\ude00\\u0001\", \"n\": [1, 2.0]} {\"s\":\"é☀😀\\u0001\",\"n\":[1,2.0]} [\n"
-               "\t1,\n"
-               "\t[\n"
-               "\t\t2\n"
-               "\t]\n"
-               "]");
+  ExpectRender(
+      R"J({{ v|tojson(ensure_ascii=true) }} {{ v|tojson(separators=(',', ':')) }} {{ [1, [2]]|tojson(indent='\t') }})J",
+      R"J({"v": {"s": "é☀😀\u0001", "n": [1, 2.0]}})J",
+      "{\"s\": \"\\u00e9\\u2600\\ud83d\\ude00\\u0001\", \"n\": [1, 2.0]} "
+      "{\"s\":\"é☀😀\\u0001\",\"n\":[1,2.0]} [\n"
+      "\t1,\n"
+      "\t[\n"
+      "\t\t2\n"
+      "\t]\n"
+      "]");
 }
 
 TEST(JinjaTest, MacroAssignmentsStayLocal) {
-  ExpectRender(R"J({% set x = 1 %}{% macro m() %}[{{ x }}]{% set x = 2 %}[{{ x }}]{% if y is not defined %}{% set y = 'd' %}{% endif %}{{ y }}{% endmacro %}{{ m() }}{{ x }}{{ y is defined }})J",
-               R"J({})J",
-               "[1][2]d1False");
+  ExpectRender(
+      R"J({% set x = 1 %}{% macro m() %}[{{ x }}]{% set x = 2 %}[{{ x }}]{% if y is not defined %}{% set y = 'd' %}{% endif %}{{ y }}{% endmacro %}{{ m() }}{{ x }}{{ y is defined }})J",
+      R"J({})J", "[1][2]d1False");
 }
 
 TEST(JinjaTest, NestedLoopsHaveTheirOwnLoopVariable) {
-  ExpectRender(R"J({% for i in [1, 2] %}{% for j in [3, 4] %}{{ loop.index }}{{ i }}{{ j }} {% endfor %}{{ loop.index }};{% endfor %}{{ loop is defined }})J",
-               R"J({})J",
-               "113 214 1;123 224 2;False");
+  ExpectRender(
+      R"J({% for i in [1, 2] %}{% for j in [3, 4] %}{{ loop.index }}{{ i }}{{ j }} {% endfor %}{{ loop.index }};{% endfor %}{{ loop is defined }})J",
+      R"J({})J", "113 214 1;123 224 2;False");
 }
 
 TEST(JinjaTest, ReassigningIterableInsideLoop) {
-  ExpectRender(R"J({% set items = [1, 2, 3] %}{% for i in items %}{% set items = [9] %}{{ items }}{% endfor %}{{ items }})J",
-               R"J({})J",
-               "[9][9][9][1, 2, 3]");
+  ExpectRender(
+      R"J({% set items = [1, 2, 3] %}{% for i in items %}{% set items = [9] %}{{ items }}{% endfor %}{{ items }})J",
+      R"J({})J", "[9][9][9][1, 2, 3]");
 }
 
 TEST(JinjaTest, DeepAccessAndPrecedence) {
-  ExpectRender(R"J({% set m = {'a': {'b': [1, {'c': 'deep'}]}} %}{{ m.a.b[1].c }}{{ m['a']['b'][-1]['c'] }}{{ m.a.b.1.c }} {{ 10 // 3 * 3 + 10 % 3 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 1 - -1 }} {{ not 1 == 2 }} {{ -1|abs }})J",
-               R"J({})J",
-               "deepdeepdeep 10 64 4 2 True 1");
+  ExpectRender(
+      R"J({% set m = {'a': {'b': [1, {'c': 'deep'}]}} %}{{ m.a.b[1].c }}{{ m['a']['b'][-1]['c'] }}{{ m.a.b.1.c }} {{ 10 // 3 * 3 + 10 % 3 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 1 - -1 }} {{ not 1 == 2 }} {{ -1|abs }})J",
+      R"J({})J", "deepdeepdeep 10 64 4 2 True 1");
 }
 
 TEST(JinjaTest, StrftimeNow) {
-  ExpectRender(R"J({{ strftime_now('%%') }}{{ strftime_now('%Y')|length }})J",
-               R"J({})J",
-               "%4");
+  ExpectRender(R"J({{ strftime_now('%%') }}{{ strftime_now('%Y')|length }})J", R"J({})J", "%4");
 }
 
 TEST(JinjaTest, SyntaxErrorReportsLine) {
@@ -628,7 +638,8 @@ TEST(JinjaTest, SyntaxErrorReportsLine) {
   ExpectError(R"J(line1
 {{ ok }}
 {% if %}
-)J", R"J({})J", "line 3");
+)J",
+              R"J({})J", "line 3");
 }
 
 TEST(JinjaTest, UnknownTag) {
@@ -647,7 +658,8 @@ TEST(JinjaTest, UnknownTestIsRejectedAtParse) {
 }
 
 TEST(JinjaTest, UnclosedForLoop) {
-  // Jinja2: TemplateSyntaxError: Unexpected end of template. Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that needs to be cl
+  // Jinja2: TemplateSyntaxError: Unexpected end of template. Jinja was looking for the following
+  // tags: 'endfor' or 'else'. The innermost block that needs to be cl
   ExpectError(R"J({% for x in y %}body)J", R"J({})J", "endfor");
 }
 
@@ -673,7 +685,8 @@ TEST(JinjaTest, UndefinedVariableAttribute) {
 
 TEST(JinjaTest, MethodOnMissingKey) {
   // Jinja2: UndefinedError: 'dict object' has no attribute 'content'
-  ExpectError(R"J({{ m.content.strip() }})J", R"J({"m": {}})J", "'dict object' has no attribute 'content'");
+  ExpectError(R"J({{ m.content.strip() }})J", R"J({"m": {}})J",
+              "'dict object' has no attribute 'content'");
 }
 
 TEST(JinjaTest, StrPlusInt) {
@@ -685,7 +698,8 @@ TEST(JinjaTest, DivisionByZeroHasLine) {
   // Jinja2: ZeroDivisionError: division by zero
   ExpectError(R"J(a
 
-{{ 1 / 0 }})J", R"J({})J", "line 3: division by zero");
+{{ 1 / 0 }})J",
+              R"J({})J", "line 3: division by zero");
 }
 
 TEST(JinjaTest, SandboxRefusesMutation) {
@@ -695,7 +709,8 @@ TEST(JinjaTest, SandboxRefusesMutation) {
 
 TEST(JinjaTest, UnpackMismatch) {
   // Jinja2: ValueError: too many values to unpack (expected 2)
-  ExpectError(R"J({% for a, b in [[1, 2, 3]] %}{% endfor %})J", R"J({})J", "too many values to unpack");
+  ExpectError(R"J({% for a, b in [[1, 2, 3]] %}{% endfor %})J", R"J({})J",
+              "too many values to unpack");
 }
 
 TEST(JinjaTest, NotIterable) {
@@ -715,7 +730,8 @@ TEST(JinjaTest, AssignAttributeOnNonNamespace) {
 
 TEST(JinjaTest, IncomparableTypes) {
   // Jinja2: TypeError: '<' not supported between instances of 'int' and 'str'
-  ExpectError(R"J({{ 1 < 'a' }})J", R"J({})J", "not supported between instances of 'int' and 'str'");
+  ExpectError(R"J({{ 1 < 'a' }})J", R"J({})J",
+              "not supported between instances of 'int' and 'str'");
 }
 
 TEST(JinjaTest, TojsonOfUndefined) {
@@ -729,154 +745,175 @@ TEST(JinjaTest, CallingNonCallable) {
 }
 
 TEST(JinjaTest, LlamaStyleTemplateWithTools) {
-  ExpectRender(kLlamaStyle,
-               R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "date_string": "26 Jul 2024", "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Zürich", "unit": "celsius"}}}]}, {"role": "tool", "content": "{\"temperature\": 21.5}"}, {"role": "assistant", "content": "It is 21.5 °C."}], "add_generation_prompt": true})J",
-               "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-               "\n"
-               "Environment: ipython\n"
-               "Today Date: 26 Jul 2024\n"
-               "\n"
-               "You have access to these functions:\n"
-               "\n"
-               "{\n"
-               "    \"type\": \"function\",\n"
-               "    \"function\": {\n"
-               "        \"name\": \"get_weather\",\n"
-               "        \"description\": \"Get the current weather\",\n"
-               "        \"parameters\": {\n"
-               "            \"type\": \"object\",\n"
-               "            \"properties\": {\n"
-               "                \"location\": {\n"
-               "                    \"type\": \"string\",\n"
-               "                    \"description\": \"City, e.g. Zürich\"\n"
-               "                },\n"
-               "                \"unit\": {\n"
-               "                    \"type\": \"string\",\n"
-               "                    \"enum\": [\n"
-               "                        \"celsius\",\n"
-               "                        \"fahrenheit\"\n"
-               "                    ]\n"
-               "                }\n"
-               "            },\n"
-               "            \"required\": [\n"
-               "                \"location\"\n"
-               "            ]\n"
-               "        }\n"
-               "    }\n"
-               "}\n"
-               "\n"
-               "You are a weather bot.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-               "\n"
-               "Weather in Zürich?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-               "\n"
-               "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Zürich\", \"unit\": \"celsius\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n"
-               "\n"
-               "{\"temperature\": 21.5}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-               "\n"
-               "It is 21.5 °C.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-               "\n");
+  ExpectRender(
+      kLlamaStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "date_string": "26 Jul 2024", "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Zürich", "unit": "celsius"}}}]}, {"role": "tool", "content": "{\"temperature\": 21.5}"}, {"role": "assistant", "content": "It is 21.5 °C."}], "add_generation_prompt": true})J",
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+      "\n"
+      "Environment: ipython\n"
+      "Today Date: 26 Jul 2024\n"
+      "\n"
+      "You have access to these functions:\n"
+      "\n"
+      "{\n"
+      "    \"type\": \"function\",\n"
+      "    \"function\": {\n"
+      "        \"name\": \"get_weather\",\n"
+      "        \"description\": \"Get the current weather\",\n"
+      "        \"parameters\": {\n"
+      "            \"type\": \"object\",\n"
+      "            \"properties\": {\n"
+      "                \"location\": {\n"
+      "                    \"type\": \"string\",\n"
+      "                    \"description\": \"City, e.g. Zürich\"\n"
+      "                },\n"
+      "                \"unit\": {\n"
+      "                    \"type\": \"string\",\n"
+      "                    \"enum\": [\n"
+      "                        \"celsius\",\n"
+      "                        \"fahrenheit\"\n"
+      "                    ]\n"
+      "                }\n"
+      "            },\n"
+      "            \"required\": [\n"
+      "                \"location\"\n"
+      "            ]\n"
+      "        }\n"
+      "    }\n"
+      "}\n"
+      "\n"
+      "You are a weather bot.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+      "\n"
+      "Weather in Zürich?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+      "\n"
+      "{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Zürich\", \"unit\": "
+      "\"celsius\"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n"
+      "\n"
+      "{\"temperature\": 21.5}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+      "\n"
+      "It is 21.5 °C.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+      "\n");
 }
 
 TEST(JinjaTest, LlamaStyleTemplateWithoutTools) {
-  ExpectRender(kLlamaStyle,
-               R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": " Hi! "}], "add_generation_prompt": false})J",
-               "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
-               "\n"
-               "You are a weather bot.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
-               "\n"
-               "Weather in Zürich?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
-               "\n"
-               "Hi!<|eot_id|>");
+  ExpectRender(
+      kLlamaStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": " Hi! "}], "add_generation_prompt": false})J",
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n"
+      "\n"
+      "You are a weather bot.<|eot_id|><|start_header_id|>user<|end_header_id|>\n"
+      "\n"
+      "Weather in Zürich?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n"
+      "\n"
+      "Hi!<|eot_id|>");
 }
 
 TEST(JinjaTest, QwenStyleTemplateWithTools) {
-  ExpectRender(kQwenStyle,
-               R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Zürich", "unit": "celsius"}}}]}, {"role": "tool", "content": "{\"temperature\": 21.5}"}, {"role": "assistant", "content": "It is 21.5 °C."}], "add_generation_prompt": true})J",
-               "<|im_start|>system\n"
-               "You are a weather bot.\n"
-               "\n"
-               "# Tools\n"
-               "\n"
-               "<tools>\n"
-               "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the current weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"location\": {\"type\": \"string\", \"description\": \"City, e.g. Zürich\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"location\"]}}}\n"
-               "</tools>\n"
-               "\n"
-               "Return calls as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
-               "<|im_start|>user\n"
-               "Weather in Zürich?<|im_end|>\n"
-               "<|im_start|>assistant\n"
-               "<tool_call>\n"
-               "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Zürich\", \"unit\": \"celsius\"}}\n"
-               "</tool_call><|im_end|>\n"
-               "<|im_start|>user\n"
-               "<tool_response>\n"
-               "{\"temperature\": 21.5}\n"
-               "</tool_response><|im_end|>\n"
-               "<|im_start|>assistant\n"
-               "It is 21.5 °C.<|im_end|>\n"
-               "<|im_start|>assistant\n");
+  ExpectRender(
+      kQwenStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Zürich", "unit": "celsius"}}}]}, {"role": "tool", "content": "{\"temperature\": 21.5}"}, {"role": "assistant", "content": "It is 21.5 °C."}], "add_generation_prompt": true})J",
+      "<|im_start|>system\n"
+      "You are a weather bot.\n"
+      "\n"
+      "# Tools\n"
+      "\n"
+      "<tools>\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
+      "the current weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
+      "{\"location\": {\"type\": \"string\", \"description\": \"City, e.g. Zürich\"}, \"unit\": "
+      "{\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": "
+      "[\"location\"]}}}\n"
+      "</tools>\n"
+      "\n"
+      "Return calls as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
+      "<|im_start|>user\n"
+      "Weather in Zürich?<|im_end|>\n"
+      "<|im_start|>assistant\n"
+      "<tool_call>\n"
+      "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Zürich\", \"unit\": "
+      "\"celsius\"}}\n"
+      "</tool_call><|im_end|>\n"
+      "<|im_start|>user\n"
+      "<tool_response>\n"
+      "{\"temperature\": 21.5}\n"
+      "</tool_response><|im_end|>\n"
+      "<|im_start|>assistant\n"
+      "It is 21.5 °C.<|im_end|>\n"
+      "<|im_start|>assistant\n");
 }
 
 TEST(JinjaTest, QwenStyleTemplateParallelToolCalls) {
-  ExpectRender(kQwenStyle,
-               R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "user", "content": "Compare Paris and Rome."}, {"role": "assistant", "content": "Checking both.", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}, {"type": "function", "function": {"name": "get_weather", "arguments": "{\"location\": \"Rome\"}"}}]}, {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], "add_generation_prompt": false})J",
-               "<|im_start|>system\n"
-               "You are a helpful assistant.\n"
-               "\n"
-               "# Tools\n"
-               "\n"
-               "<tools>\n"
-               "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get the current weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"location\": {\"type\": \"string\", \"description\": \"City, e.g. Zürich\"}, \"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"location\"]}}}\n"
-               "</tools>\n"
-               "\n"
-               "Return calls as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
-               "<|im_start|>user\n"
-               "Compare Paris and Rome.<|im_end|>\n"
-               "<|im_start|>assistant\n"
-               "Checking both.\n"
-               "<tool_call>\n"
-               "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n"
-               "</tool_call>\n"
-               "<tool_call>\n"
-               "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Rome\"}}\n"
-               "</tool_call><|im_end|>\n"
-               "<|im_start|>user\n"
-               "<tool_response>\n"
-               "sunny\n"
-               "</tool_response>\n"
-               "<tool_response>\n"
-               "rainy\n"
-               "</tool_response><|im_end|>\n");
+  ExpectRender(
+      kQwenStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "user", "content": "Compare Paris and Rome."}, {"role": "assistant", "content": "Checking both.", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}, {"type": "function", "function": {"name": "get_weather", "arguments": "{\"location\": \"Rome\"}"}}]}, {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], "add_generation_prompt": false})J",
+      "<|im_start|>system\n"
+      "You are a helpful assistant.\n"
+      "\n"
+      "# Tools\n"
+      "\n"
+      "<tools>\n"
+      "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Get "
+      "the current weather\", \"parameters\": {\"type\": \"object\", \"properties\": "
+      "{\"location\": {\"type\": \"string\", \"description\": \"City, e.g. Zürich\"}, \"unit\": "
+      "{\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": "
+      "[\"location\"]}}}\n"
+      "</tools>\n"
+      "\n"
+      "Return calls as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
+      "<|im_start|>user\n"
+      "Compare Paris and Rome.<|im_end|>\n"
+      "<|im_start|>assistant\n"
+      "Checking both.\n"
+      "<tool_call>\n"
+      "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n"
+      "</tool_call>\n"
+      "<tool_call>\n"
+      "{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Rome\"}}\n"
+      "</tool_call><|im_end|>\n"
+      "<|im_start|>user\n"
+      "<tool_response>\n"
+      "sunny\n"
+      "</tool_response>\n"
+      "<tool_response>\n"
+      "rainy\n"
+      "</tool_response><|im_end|>\n");
 }
 
 TEST(JinjaTest, QwenStyleTemplateNoThinking) {
-  ExpectRender(kQwenStyle,
-               R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "enable_thinking": false, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}], "add_generation_prompt": true})J",
-               "<|im_start|>system\n"
-               "You are a weather bot.<|im_end|>\n"
-               "<|im_start|>user\n"
-               "Weather in Zürich?<|im_end|>\n"
-               "<|im_start|>assistant\n"
-               "<think>\n"
-               "\n"
-               "</think>\n"
-               "\n");
+  ExpectRender(
+      kQwenStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "enable_thinking": false, "messages": [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Zürich?"}], "add_generation_prompt": true})J",
+      "<|im_start|>system\n"
+      "You are a weather bot.<|im_end|>\n"
+      "<|im_start|>user\n"
+      "Weather in Zürich?<|im_end|>\n"
+      "<|im_start|>assistant\n"
+      "<think>\n"
+      "\n"
+      "</think>\n"
+      "\n");
 }
 
 TEST(JinjaTest, LlamaStyleTemplateRejectsParallelCalls) {
-  ExpectRaised(kLlamaStyle, R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "user", "content": "Compare Paris and Rome."}, {"role": "assistant", "content": "Checking both.", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}, {"type": "function", "function": {"name": "get_weather", "arguments": "{\"location\": \"Rome\"}"}}]}, {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], "add_generation_prompt": false})J", "Only one tool call per message is supported.");
+  ExpectRaised(
+      kLlamaStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "City, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["location"]}}}], "documents": null, "messages": [{"role": "user", "content": "Compare Paris and Rome."}, {"role": "assistant", "content": "Checking both.", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}, {"type": "function", "function": {"name": "get_weather", "arguments": "{\"location\": \"Rome\"}"}}]}, {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "rainy"}], "add_generation_prompt": false})J",
+      "Only one tool call per message is supported.");
 }
 
 TEST(JinjaTest, LlamaStyleTemplateRejectsUnknownRole) {
-  ExpectRaised(kLlamaStyle, R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "messages": [{"role": "critic", "content": "x"}], "add_generation_prompt": false})J", "Unknown role: critic");
+  ExpectRaised(
+      kLlamaStyle,
+      R"J({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "tools": null, "documents": null, "messages": [{"role": "critic", "content": "x"}], "add_generation_prompt": false})J",
+      "Unknown role: critic");
 }
 
 // ---------------------------------------------------------------------------------------------
 // raise_exception, resource limits and hostile input.
 
 TEST(JinjaTest, RaiseExceptionMessageIsVerbatim) {
-  ExpectRaised("a\n{% if x %}{{ raise_exception('Bad role: ' ~ x) }}{% endif %}", R"({"x": "critic"})",
-               "Bad role: critic");
+  ExpectRaised("a\n{% if x %}{{ raise_exception('Bad role: ' ~ x) }}{% endif %}",
+               R"({"x": "critic"})", "Bad role: critic");
 }
 
 TEST(JinjaTest, RaiseExceptionInsideMacroAndLoop) {
@@ -919,10 +956,28 @@ TEST(JinjaTest, DeepNestingIsRejectedNotCrashing) {
 }
 
 TEST(JinjaTest, GarbageInputNeverCrashes) {
-  const char* inputs[] = {"{{", "{%", "{#", "{{ }}", "{% %}", "{{ 'a }}", "{{ a. }}", "{{ a[ }}",
-                          "{% for %}", "{% set %}", "{% macro %}", "{% endif %}", "{{ a | }}",
-                          "{{ a is }}", "{% if a %}{% else %}{% else %}{% endif %}", "}}", "%}",
-                          "{{ 1 + }}", "{{ (1, }}", "{{ {1: } }}", "{% raw %}", "\xff\xfe{{ 1 }}"};
+  const char* inputs[] = {"{{",
+                          "{%",
+                          "{#",
+                          "{{ }}",
+                          "{% %}",
+                          "{{ 'a }}",
+                          "{{ a. }}",
+                          "{{ a[ }}",
+                          "{% for %}",
+                          "{% set %}",
+                          "{% macro %}",
+                          "{% endif %}",
+                          "{{ a | }}",
+                          "{{ a is }}",
+                          "{% if a %}{% else %}{% else %}{% endif %}",
+                          "}}",
+                          "%}",
+                          "{{ 1 + }}",
+                          "{{ (1, }}",
+                          "{{ {1: } }}",
+                          "{% raw %}",
+                          "\xff\xfe{{ 1 }}"};
   for (const char* input : inputs) {
     auto rendered = Render(input, "{}");
     if (!rendered.ok()) {
@@ -1001,15 +1056,16 @@ TEST_F(ModelDirTest, ReadsNamedTemplateListAndAddedTokenObjects) {
        nlohmann::ordered_json::array(
            {{{"name", "tool_use"}, {"template", "TOOLS"}},
             {{"name", "default"},
-             {"template", "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}"
-                          "{% endfor %}{% if add_generation_prompt %}>{% endif %}"}}})}};
+             {"template",
+              "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}"
+              "{% endfor %}{% if add_generation_prompt %}>{% endif %}"}}})}};
   Write("tokenizer_config.json", config.dump());
   auto tmpl = ChatTemplate::FromModelDir(dir_.string());
   ASSERT_TRUE(tmpl.ok()) << tmpl.status();
-  auto rendered = (*tmpl)->RenderMessages(
-      nlohmann::json::array({{{"role", "user"}, {"content", "a"}},
-                             {{"role", "assistant"}, {"content", "b"}}}),
-      true);
+  auto rendered =
+      (*tmpl)->RenderMessages(nlohmann::json::array({{{"role", "user"}, {"content", "a"}},
+                                                     {{"role", "assistant"}, {"content", "b"}}}),
+                              true);
   ASSERT_TRUE(rendered.ok()) << rendered.status();
   EXPECT_EQ(*rendered, "<s>a</s>b</s>>");
 }
