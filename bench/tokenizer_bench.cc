@@ -5,20 +5,20 @@
 //
 // Encodes the whole file (as one string, add_special_tokens=false, special tokens parsed; with
 // --per-line each line including its '\n' separately, ids concatenated) once to warm up (the
-// BPE word cache fills as it would in a server), then N timed times on one thread. Prints JSON: {"tokens", "bytes", "iters", "seconds" (mean per encode),
-// "tokens_per_second", "mb_per_second" (10^6 bytes), "load_seconds"}. --ids-out writes the ids
-// as a JSON array (for cross-checking against HF tokenizers).
+// BPE word cache fills as it would in a server), then N timed times on one thread. Prints JSON:
+// {"tokens", "bytes", "iters", "seconds" (mean per encode), "tokens_per_second", "mb_per_second"
+// (10^6 bytes), "load_seconds"}. --ids-out writes the ids as a JSON array (for cross-checking
+// against HF tokenizers).
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "engine/tokenizer/tokenizer.h"
 

@@ -24,7 +24,8 @@ size_t WhitespaceRunStart(std::string_view text, size_t end) {
   while (end > 0) {
     const size_t start = UnitStartBefore(text, end);
     const byte_level::Utf8Sequence seq = byte_level::ScanUtf8(text, start);
-    if (!seq.valid || start + seq.length != end || !byte_level::IsUnicodeWhitespace(seq.codepoint)) {
+    if (!seq.valid || start + seq.length != end ||
+        !byte_level::IsUnicodeWhitespace(seq.codepoint)) {
       break;
     }
     end = start;
@@ -62,8 +63,7 @@ void BpeAddedVocab::Trie::Insert(std::string_view key, int32_t value) {
   first_byte_[static_cast<uint8_t>(key[0])] = true;
 }
 
-std::pair<size_t, int32_t> BpeAddedVocab::Trie::LongestAt(std::string_view text,
-                                                          size_t pos) const {
+std::pair<size_t, int32_t> BpeAddedVocab::Trie::LongestAt(std::string_view text, size_t pos) const {
   std::pair<size_t, int32_t> best{0, -1};
   int32_t node = 0;
   for (size_t i = pos; i < text.size(); ++i) {
@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<BpeAddedVocab>> BpeAddedVocab::Create(
       return absl::InvalidArgumentError(absl::StrCat("added token ", t.id, " has no content"));
     }
     if (t.id < 0 || !vocab->by_id_.emplace(t.id, i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("added token id ", t.id,
-                                                     " is negative or duplicated"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("added token id ", t.id, " is negative or duplicated"));
     }
     vocab->by_content_.try_emplace(t.content, t.id);
     (t.normalized ? vocab->normalized_trie_ : vocab->raw_trie_)

@@ -82,8 +82,8 @@ class BpeAddedVocab {
   std::vector<AddedToken> tokens_;
   absl::flat_hash_map<int32_t, size_t> by_id_;
   absl::flat_hash_map<std::string, int32_t> by_content_;
-  Trie raw_trie_;         // normalized == false
-  Trie normalized_trie_;  // normalized == true
+  Trie raw_trie_;                        // normalized == false
+  Trie normalized_trie_;                 // normalized == true
   std::unique_ptr<BpeRegex> word_char_;  // `\w`, only when some token is single_word
   int32_t max_id_ = -1;
 };

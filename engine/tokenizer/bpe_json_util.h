@@ -3,10 +3,9 @@
 #ifndef SLUICE_ENGINE_TOKENIZER_BPE_JSON_UTIL_H_
 #define SLUICE_ENGINE_TOKENIZER_BPE_JSON_UTIL_H_
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,9 +32,8 @@ inline absl::StatusOr<std::string> String(const nlohmann::json& object, std::str
                                           std::string_view what) {
   const nlohmann::json* v = Field(object, key);
   if (v == nullptr || !v->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": field '", std::string(key),
-                     "' is missing or not a string"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": field '", std::string(key),
+                                                   "' is missing or not a string"));
   }
   return v->get<std::string>();
 }

@@ -13,8 +13,7 @@ namespace sluice {
 namespace {
 
 constexpr uint64_t PairKey(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-         static_cast<uint32_t>(right);
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 // Words with more initial symbols than this use the heap-based merge loop.
@@ -75,8 +74,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     const auto n = model->token_to_id_.find(absl::StrCat(left, right));
     if (l == model->token_to_id_.end() || r == model->token_to_id_.end() ||
         n == model->token_to_id_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("BPE merge ", rank, " ('", left, "', '",
-                                                     right, "') uses a token not in the vocab"));
+      return absl::InvalidArgumentError(absl::StrCat("BPE merge ", rank, " ('", left, "', '", right,
+                                                     "') uses a token not in the vocab"));
     }
     model->merges_.try_emplace(PairKey(l->second, r->second),
                                Merge{static_cast<int32_t>(rank), n->second});
@@ -128,9 +127,9 @@ void BpeModel::InitialSymbols(std::string_view word, std::vector<int32_t>* symbo
       symbols->push_back(id);
       continue;
     }
-    if (options_.byte_fallback &&
-        std::all_of(unit.begin(), unit.end(),
-                    [&](char c) { return fallback_byte_id_[static_cast<uint8_t>(c)] >= 0; })) {
+    if (options_.byte_fallback && std::all_of(unit.begin(), unit.end(), [&](char c) {
+          return fallback_byte_id_[static_cast<uint8_t>(c)] >= 0;
+        })) {
       flush_unk();
       for (char c : unit) symbols->push_back(fallback_byte_id_[static_cast<uint8_t>(c)]);
       continue;

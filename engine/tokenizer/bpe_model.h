@@ -30,7 +30,7 @@ struct BpeModelOptions {
   bool ignore_merges = false;  // a word found whole in the vocabulary is emitted as is
   std::optional<std::string> unk_token;
   bool fuse_unk = false;
-  bool byte_fallback = false;  // unknown characters become <0xXX> tokens
+  bool byte_fallback = false;       // unknown characters become <0xXX> tokens
   size_t cache_capacity = 1 << 16;  // words; 0 disables the cache
 };
 
@@ -74,8 +74,8 @@ class BpeModel {
   std::vector<std::string> id_to_token_;  // "" for holes in the id range
   absl::flat_hash_map<std::string, int32_t> token_to_id_;
   absl::flat_hash_map<std::string, int32_t> key_to_id_;  // raw bytes (or chars) -> id
-  std::array<int32_t, 256> byte_to_id_{};                 // byte-level mode; -1 if absent
-  std::array<int32_t, 256> fallback_byte_id_{};           // <0xXX> tokens; -1 if absent
+  std::array<int32_t, 256> byte_to_id_{};                // byte-level mode; -1 if absent
+  std::array<int32_t, 256> fallback_byte_id_{};          // <0xXX> tokens; -1 if absent
   std::optional<int32_t> unk_id_;
   absl::flat_hash_map<uint64_t, Merge> merges_;  // key: left id << 32 | right id
   mutable BpeWordCache cache_;

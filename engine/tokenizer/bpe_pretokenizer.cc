@@ -1,10 +1,9 @@
 #include "engine/tokenizer/bpe_pretokenizer.h"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -96,8 +95,7 @@ absl::Status BpePreTokenizer::AddStep(const nlohmann::json& config, BpePreTokeni
     }
     pre->byte_level_ = true;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported pre-tokenizer type '", type, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported pre-tokenizer type '", type, "'"));
   }
   pre->steps_.push_back(std::move(step));
   return absl::OkStatus();

@@ -13,10 +13,9 @@
 #define SLUICE_ENGINE_TOKENIZER_BPE_PRETOKENIZER_H_
 
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"

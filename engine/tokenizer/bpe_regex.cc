@@ -59,15 +59,14 @@ absl::StatusOr<std::unique_ptr<BpeRegex>> BpeRegex::Compile(std::string_view pat
   PCRE2_SIZE error_offset = 0;
   const std::string translated =
       literal ? std::string(pattern) : TranslateOnigurumaPattern(pattern);
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
-                    &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
+                                   translated.size(), options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat("cannot compile split regex '", std::string(pattern),
-                                                   "' at offset ", error_offset, ": ",
-                                                   reinterpret_cast<const char*>(message)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot compile split regex '", std::string(pattern), "' at offset ",
+                     error_offset, ": ", reinterpret_cast<const char*>(message)));
   }
   std::unique_ptr<BpeRegex> regex(new BpeRegex());
   regex->code_ = code;
@@ -85,10 +84,9 @@ void BpeRegex::ForEachMatch(std::string_view text,
   const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.match_data);
   size_t pos = 0;
   while (pos < text.size()) {
-    const int rc = jit_ ? pcre2_jit_match(code, subject, text.size(), pos, 0, state.match_data,
-                                          state.context)
-                        : pcre2_match(code, subject, text.size(), pos, 0, state.match_data,
-                                      state.context);
+    const int rc =
+        jit_ ? pcre2_jit_match(code, subject, text.size(), pos, 0, state.match_data, state.context)
+             : pcre2_match(code, subject, text.size(), pos, 0, state.match_data, state.context);
     if (rc < 0) return;  // no further match (or a resource error: the rest stays a gap)
     const size_t begin = ovector[0];
     const size_t end = ovector[1];

@@ -27,8 +27,7 @@ class BpeRegex {
  public:
   // Compile compiles `pattern` (a regex, or a literal string when `literal`). Errors:
   // InvalidArgument with PCRE2's message and offset.
-  static absl::StatusOr<std::unique_ptr<BpeRegex>> Compile(std::string_view pattern,
-                                                           bool literal);
+  static absl::StatusOr<std::unique_ptr<BpeRegex>> Compile(std::string_view pattern, bool literal);
   ~BpeRegex();
   BpeRegex(const BpeRegex&) = delete;
   BpeRegex& operator=(const BpeRegex&) = delete;

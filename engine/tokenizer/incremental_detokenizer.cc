@@ -4,8 +4,7 @@
 
 namespace sluice {
 
-IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer,
-                                               bool skip_special_tokens)
+IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {}
 
 std::string IncrementalDetokenizer::Push(int32_t token_id) {
@@ -17,8 +16,7 @@ std::string IncrementalDetokenizer::Push(int32_t token_id) {
   const size_t hold = byte_level::IncompleteUtf8TailLength(pending_);
   std::string delta;
   if (pending_.size() == hold) return delta;
-  byte_level::AppendUtf8Lossy(std::string_view(pending_).substr(0, pending_.size() - hold),
-                              &delta);
+  byte_level::AppendUtf8Lossy(std::string_view(pending_).substr(0, pending_.size() - hold), &delta);
   pending_.erase(0, pending_.size() - hold);
   return delta;
 }

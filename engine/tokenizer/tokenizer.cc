@@ -4,10 +4,9 @@
 #include "engine/tokenizer/tokenizer.h"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -59,8 +58,7 @@ class BpeTokenizer final : public Tokenizer {
     return text;
   }
 
-  std::string DecodeBytes(absl::Span<const int32_t> ids,
-                          bool skip_special_tokens) const override {
+  std::string DecodeBytes(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {
     std::string out;
     bool first = true;
     for (int32_t id : ids) {
@@ -88,9 +86,7 @@ class BpeTokenizer final : public Tokenizer {
     return model_->TokenToId(token);
   }
 
-  bool IsSpecial(int32_t id) const override {
-    return id >= 0 && id < vocab_size_ && special_[id];
-  }
+  bool IsSpecial(int32_t id) const override { return id >= 0 && id < vocab_size_ && special_[id]; }
 
   int32_t vocab_size() const override { return vocab_size_; }
 
@@ -209,7 +205,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> ParseModel(const json& root, bool byte
   vocab.reserve(vocab_json->size());
   for (const auto& [token, id] : vocab_json->items()) {
     if (!id.is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat("vocab id of '", token, "' is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab id of '", token, "' is not an integer"));
     }
     vocab.emplace_back(token, id.get<int32_t>());
   }
@@ -240,7 +237,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> ParseModel(const json& root, bool byte
 absl::StatusOr<int32_t> PairId(const json& config, std::string_view key) {
   const json* v = bpe_json::Field(config, key);
   if (v == nullptr || !v->is_array() || v->size() != 2 || !(*v)[1].is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat("post-processor field '", std::string(key), "' malformed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("post-processor field '", std::string(key), "' malformed"));
   }
   return (*v)[1].get<int32_t>();
 }
@@ -269,8 +267,7 @@ absl::Status ParsePostProcessor(const json& config, std::vector<PostTemplate>* t
     return absl::OkStatus();
   }
   if (type != "TemplateProcessing") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported post-processor type '", type, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported post-processor type '", type, "'"));
   }
   const json* single = bpe_json::Field(config, "single");
   const json* specials = bpe_json::Field(config, "special_tokens");
@@ -293,8 +290,8 @@ absl::Status ParsePostProcessor(const json& config, std::vector<PostTemplate>* t
         specials != nullptr ? bpe_json::Field(*specials, name->get<std::string>()) : nullptr;
     const json* ids = entry != nullptr ? bpe_json::Field(*entry, "ids") : nullptr;
     if (ids == nullptr || !ids->is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TemplateProcessing special token '", name->get<std::string>(), "' has no ids"));
+      return absl::InvalidArgumentError(absl::StrCat("TemplateProcessing special token '",
+                                                     name->get<std::string>(), "' has no ids"));
     }
     for (const json& id : *ids) {
       if (!id.is_number_integer()) {
@@ -332,8 +329,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const json& root) {
   if (!pre.ok()) return pre.status();
   tokenizer->pre_ = *std::move(pre);
 
-  absl::StatusOr<std::unique_ptr<BpeModel>> model =
-      ParseModel(root, tokenizer->pre_->byte_level());
+  absl::StatusOr<std::unique_ptr<BpeModel>> model = ParseModel(root, tokenizer->pre_->byte_level());
   if (!model.ok()) return model.status();
   tokenizer->model_ = *std::move(model);
 

@@ -1,14 +1,14 @@
 // Golden tests: the byte-level BPE tokenizer against HF tokenizers 0.23.2 outputs
 // (shared/fixtures/tokenizer/tokenizer_golden.json, 369 cases).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/util/test_paths.h"
@@ -97,9 +97,9 @@ TEST(TokenizerGoldenTest, SpecialTokensTable) {
 TEST(TokenizerGoldenTest, ChatRenderingExample) {
   std::unique_ptr<Tokenizer> tokenizer = LoadTokenizer(testing::FixtureDir("tokenizer"));
   ASSERT_NE(tokenizer, nullptr);
-  EXPECT_THAT(tokenizer->Encode(
-                  "<|begin_of_text|><|user|>\nHello!<|end_of_text|>\n<|assistant|>\n", false),
-              ElementsAre(0, 2, 206, 47, 554, 86, 8, 1, 206, 3, 206));
+  EXPECT_THAT(
+      tokenizer->Encode("<|begin_of_text|><|user|>\nHello!<|end_of_text|>\n<|assistant|>\n", false),
+      ElementsAre(0, 2, 206, 47, 554, 86, 8, 1, 206, 3, 206));
 }
 
 // Every model folder ships the same tokenizer.json; each must load and encode identically.

@@ -1,15 +1,15 @@
 // IncrementalDetokenizer: streaming deltas are valid UTF-8 and add up to the full decode.
 #include "engine/tokenizer/incremental_detokenizer.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/util/test_paths.h"
@@ -52,8 +52,7 @@ bool IsValidUtf8(const std::string& s) {
 class IncrementalDetokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto tokenizer =
-        Tokenizer::FromFile(testing::FixtureDir("tokenizer") + "/tokenizer.json");
+    auto tokenizer = Tokenizer::FromFile(testing::FixtureDir("tokenizer") + "/tokenizer.json");
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = *std::move(tokenizer);
   }
@@ -106,9 +105,11 @@ TEST_F(IncrementalDetokenizerTest, CombiningMarkAndCjk) {
 TEST_F(IncrementalDetokenizerTest, GoldenMultiByteCasesStreamToFullDecode) {
   std::ifstream in(testing::FixtureDir("tokenizer") + "/tokenizer_golden.json");
   const nlohmann::json golden = nlohmann::json::parse(in);
-  const std::set<std::string> categories = {"emoji",       "cjk",          "scripts",
-                                            "unicode_nfc", "unicode_nfd",  "unicode_combining",
-                                            "control",     "special_parsed", "long"};
+  const std::set<std::string> categories = {"emoji",       "cjk",
+                                            "scripts",     "unicode_nfc",
+                                            "unicode_nfd", "unicode_combining",
+                                            "control",     "special_parsed",
+                                            "long"};
   int num_cases = 0;
   for (const nlohmann::json& c : golden.at("cases")) {
     if (categories.count(c.at("category").get<std::string>()) == 0) continue;
@@ -145,8 +146,8 @@ TEST_F(IncrementalDetokenizerTest, InterruptedCharacterBecomesReplacementCharact
   const std::string text = Stream(ids, false, &deltas);
   EXPECT_EQ(text, tokenizer_->Decode(ids, false));
   EXPECT_EQ(text, "\xEF\xBF\xBDH\xEF\xBF\xBD<|user|>");
-  EXPECT_EQ(deltas, (std::vector<std::string>{"", "", "\xEF\xBF\xBDH", "",
-                                              "\xEF\xBF\xBD<|user|>", ""}));
+  EXPECT_EQ(deltas,
+            (std::vector<std::string>{"", "", "\xEF\xBF\xBDH", "", "\xEF\xBF\xBD<|user|>", ""}));
 }
 
 TEST_F(IncrementalDetokenizerTest, UnknownIdsAreIgnored) {

@@ -2,15 +2,15 @@
 // order, added-token flags, error cases). Expected values come from HF tokenizers 0.23.2.
 #include "engine/tokenizer/tokenizer.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "engine/tokenizer/bpe_pretokenizer.h"
@@ -28,14 +28,14 @@ using json = nlohmann::json;
 std::string MakeTokenizerJson(const json& model, const json& pre = nullptr,
                               const json& added = json::array(), const json& post = nullptr,
                               const json& decoder = nullptr, const json& normalizer = nullptr) {
-  return json{{"version", "1.0"},       {"truncation", nullptr},     {"padding", nullptr},
-              {"added_tokens", added},  {"normalizer", normalizer},  {"pre_tokenizer", pre},
-              {"model", model},         {"post_processor", post},    {"decoder", decoder}}
+  return json{{"version", "1.0"},      {"truncation", nullptr},    {"padding", nullptr},
+              {"added_tokens", added}, {"normalizer", normalizer}, {"pre_tokenizer", pre},
+              {"model", model},        {"post_processor", post},   {"decoder", decoder}}
       .dump();
 }
 
 json CharBpe(json vocab, json merges, bool fuse_unk) {
-  return {{"type", "BPE"},        {"dropout", nullptr},    {"unk_token", "<unk>"},
+  return {{"type", "BPE"},        {"dropout", nullptr},     {"unk_token", "<unk>"},
           {"fuse_unk", fuse_unk}, {"byte_fallback", false}, {"ignore_merges", false},
           {"vocab", vocab},       {"merges", merges}};
 }
@@ -63,14 +63,13 @@ std::vector<std::string> PreTokenize(const json& config, std::string_view text) 
 TEST(TokenizerErrorsTest, MalformedJson) {
   auto tokenizer = Tokenizer::FromJsonText("{\"model\": {\"type\": \"BPE\",");
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Tokenizer::FromJsonText("[1, 2]").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Tokenizer::FromJsonText("[1, 2]").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Tokenizer::FromJsonText("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TokenizerErrorsTest, UnknownModelType) {
-  auto tokenizer = Tokenizer::FromJsonText(MakeTokenizerJson(
-      {{"type", "WordPiece"}, {"vocab", {{"a", 0}}}, {"unk_token", "[UNK]"}}));
+  auto tokenizer = Tokenizer::FromJsonText(
+      MakeTokenizerJson({{"type", "WordPiece"}, {"vocab", {{"a", 0}}}, {"unk_token", "[UNK]"}}));
   ASSERT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(tokenizer.status().message(), HasSubstr("WordPiece"));
 }
@@ -106,11 +105,11 @@ TEST(TokenizerErrorsTest, MissingFileIsNotFound) {
 }
 
 TEST(BpeModelTest, MergesApplyByRankNotPosition) {
-  const json vocab = {{"<unk>", 0}, {"a", 1}, {"b", 2}, {"c", 3}, {"ab", 4}, {"bc", 5}, {"abc", 6},
-                      {"ca", 7}};
+  const json vocab = {{"<unk>", 0}, {"a", 1},  {"b", 2},   {"c", 3},
+                      {"ab", 4},    {"bc", 5}, {"abc", 6}, {"ca", 7}};
   // "b c" outranks "a b": "abc" -> a bc -> abc (via "a bc"); as [a, b] pairs.
-  auto t1 = MustLoad(MakeTokenizerJson(
-      CharBpe(vocab, json::array({{"b", "c"}, {"a", "b"}, {"a", "bc"}}), false)));
+  auto t1 = MustLoad(
+      MakeTokenizerJson(CharBpe(vocab, json::array({{"b", "c"}, {"a", "b"}, {"a", "bc"}}), false)));
   ASSERT_NE(t1, nullptr);
   EXPECT_THAT(t1->Encode("abc", false), ElementsAre(6));
   EXPECT_THAT(t1->Encode("ab", false), ElementsAre(4));
@@ -139,8 +138,8 @@ TEST(BpeModelTest, UnknownCharactersFuseOrNot) {
 }
 
 TEST(BpeModelTest, IgnoreMergesTakesWholeWords) {
-  json model = CharBpe({{"<unk>", 0}, {"a", 1}, {"b", 2}, {"c", 3}, {"ab", 4}, {"abc", 5}},
-                       {"a b"}, false);
+  json model =
+      CharBpe({{"<unk>", 0}, {"a", 1}, {"b", 2}, {"c", 3}, {"ab", 4}, {"abc", 5}}, {"a b"}, false);
   auto merging = MustLoad(MakeTokenizerJson(model));
   model["ignore_merges"] = true;
   auto ignoring = MustLoad(MakeTokenizerJson(model));
@@ -208,13 +207,27 @@ TEST(PreTokenizerTest, Llama3RegexMatchesOniguruma) {
 TEST(AddedTokensTest, StripAndSingleWordFlags) {
   const json model = CharBpe(
       {{"<unk>", 0}, {"a", 1}, {"b", 2}, {" ", 3}, {"h", 4}, {"i", 5}, {"t", 6}}, {}, false);
-  const json added = json::array(
-      {{{"id", 7}, {"content", "<m>"}, {"lstrip", true}, {"rstrip", false},
-        {"single_word", false}, {"normalized", false}, {"special", true}},
-       {{"id", 8}, {"content", "<r>"}, {"lstrip", false}, {"rstrip", true},
-        {"single_word", false}, {"normalized", false}, {"special", true}},
-       {{"id", 9}, {"content", "hi"}, {"lstrip", false}, {"rstrip", false},
-        {"single_word", true}, {"normalized", true}, {"special", false}}});
+  const json added = json::array({{{"id", 7},
+                                   {"content", "<m>"},
+                                   {"lstrip", true},
+                                   {"rstrip", false},
+                                   {"single_word", false},
+                                   {"normalized", false},
+                                   {"special", true}},
+                                  {{"id", 8},
+                                   {"content", "<r>"},
+                                   {"lstrip", false},
+                                   {"rstrip", true},
+                                   {"single_word", false},
+                                   {"normalized", false},
+                                   {"special", true}},
+                                  {{"id", 9},
+                                   {"content", "hi"},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"single_word", true},
+                                   {"normalized", true},
+                                   {"special", false}}});
   auto tokenizer = MustLoad(MakeTokenizerJson(model, nullptr, added));
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_THAT(tokenizer->Encode("a  <m> b", false), ElementsAre(1, 7, 3, 2));
@@ -259,8 +272,8 @@ TEST(FixtureTokenizerTest, ConcurrentEncodesAgree) {
   ASSERT_NE(tokenizer, nullptr);
   std::string text;
   for (int i = 0; i < 200; ++i) {
-    text += "In the beginning God created the heaven and the earth " + std::to_string(i) +
-            " 中文 😀\n";
+    text +=
+        "In the beginning God created the heaven and the earth " + std::to_string(i) + " 中文 😀\n";
   }
   const std::vector<int32_t> want = tokenizer->Encode(text, true);
   std::vector<std::vector<int32_t>> got(4);
