@@ -342,8 +342,16 @@ class Lexer {
         }
       }
       if (matched) continue;
-      if (std::strchr("+-*/%~<>=()[]{},.:|;", c) == nullptr) {
-        return Error(start, absl::StrCat("unexpected char '", std::string(1, c), "'"));
+      if (c == '\0' || std::strchr("+-*/%~<>=()[]{},.:|;", c) == nullptr) {
+        // Quote the whole UTF-8 sequence so that the message stays valid UTF-8.
+        const std::vector<uint32_t> cps =
+            Utf8Decode(absl::string_view(src_).substr(pos_, std::min<size_t>(4, src_.size() - pos_)));
+        std::string shown;
+        if (!cps.empty() && !(cps[0] >= 0xDC80 && cps[0] <= 0xDCFF)) Utf8Append(cps[0], &shown);
+        if (shown.empty() || cps[0] < 0x20) {
+          shown = absl::StrCat("\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        }
+        return Error(start, absl::StrCat("unexpected char '", shown, "'"));
       }
       if (c == '(' || c == '[' || c == '{') {
         if (brackets.size() > 512) return Error(start, "brackets nested too deeply");

@@ -988,6 +988,11 @@ TEST(JinjaTest, GarbageInputNeverCrashes) {
   ExpectRender("}} %} #} { {x} \xff\xfe", "{}", "}} %} #} { {x} \xff\xfe");
 }
 
+TEST(JinjaTest, LexerErrorQuotesWholeUtf8Character) {
+  ExpectError("{{ a \u00ff b }}", "{}", "line 1: unexpected char '\u00ff'");
+  ExpectError("{{ a \x01 }}", "{}", "unexpected char '\\x01'");
+}
+
 // ---------------------------------------------------------------------------------------------
 // ChatTemplate API.
 
