@@ -89,6 +89,37 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     parser_->body_limit(options_.body_limit_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(options_.idle_timeout);
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              self->OnHeader(ec);
+                            });
+  }
+
+  // OnHeader answers `Expect: 100-continue` (curl sends it for bodies over 1 KiB and would
+  // otherwise wait a second) before reading the body. An over-limit Content-Length is already
+  // reported here as body_limit, so such bodies are refused before they are sent.
+  void OnHeader(beast::error_code ec) {
+    if (ec || parser_->is_done()) {
+      OnRead(ec);
+      return;
+    }
+    const auto expect = parser_->get()[http::field::expect];
+    if (beast::iequals(expect, "100-continue")) {
+      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      net::async_write(stream_, net::buffer(kContinue),
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         if (ec) {
+                           self->Close();
+                         } else {
+                           self->ReadBody();
+                         }
+                       });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        self->OnRead(ec);

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include <boost/asio/connect.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -154,6 +156,24 @@ TEST_F(HttpTest, StreamUsesChunkedServerSentEvents) {
   EXPECT_THAT(body, HasSubstr(R"("finish_reason":"length")"));
   EXPECT_EQ(body.substr(body.size() - 14), "data: [DONE]\n\n");
   EXPECT_EQ(Roundtrip(*stream, http::verb::get, "/health").result_int(), 200);
+}
+
+TEST_F(HttpTest, ExpectContinueIsAnswered) {
+  auto stream = Connect();
+  const std::string body = R"({"model":"mini","prompt":"x","stream":"no"})";
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Expect: 100-continue\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+  net::write(stream->socket(), net::buffer(head));
+  std::string interim;
+  net::read_until(stream->socket(), net::dynamic_buffer(interim), "\r\n\r\n");
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  beast::flat_buffer buffer;
+  net::write(stream->socket(), net::buffer(body));
+  http::response<http::string_body> res;
+  http::read(*stream, buffer, res);
+  EXPECT_EQ(res.result_int(), 400);
+  EXPECT_EQ(json::parse(res.body())["error"]["param"], "stream");
 }
 
 TEST_F(HttpTest, BodyOverLimitIs413) {
