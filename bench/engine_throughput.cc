@@ -76,7 +76,8 @@ int64_t L3CacheBytes() {
 }
 
 std::string GitCommit() {
-  std::string command = std::string("git -C '") + SLUICE_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
+  std::string command =
+      std::string("git -C '") + SLUICE_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "unknown";
   char buffer[128] = {};
@@ -130,8 +131,8 @@ double TimeRead(const std::vector<uint64_t>& buffer, int runs) {
   for (int r = 0; r < runs; ++r) {
     const Clock::time_point start = Clock::now();
     kernels::ParallelFor(num_chunks, 1, [&](int64_t begin, int64_t end) {
-      uint64_t sum = SumWords(buffer.data() + begin * words_per_chunk,
-                              (end - begin) * words_per_chunk);
+      uint64_t sum =
+          SumWords(buffer.data() + begin * words_per_chunk, (end - begin) * words_per_chunk);
       g_sink.fetch_add(sum, std::memory_order_relaxed);
     });
     best = std::min(best, SecondsSince(start));
@@ -243,9 +244,9 @@ std::vector<int32_t> RandomPrompt(int32_t length, int64_t vocab, std::mt19937_64
 
 struct StepLog {
   double seconds = 0.0;
-  int64_t prompt_tokens = 0;      // prompt tokens computed in the step
-  int64_t sampled = 0;            // sequences that produced a token
-  int64_t context_tokens = 0;     // Σ over sampled sequences of tokens attended (KV read)
+  int64_t prompt_tokens = 0;   // prompt tokens computed in the step
+  int64_t sampled = 0;         // sequences that produced a token
+  int64_t context_tokens = 0;  // Σ over sampled sequences of tokens attended (KV read)
 };
 
 // Runs the engine until all requests finish, logging every step.
@@ -363,9 +364,9 @@ double PrefillFlopsPerToken(const Model& model, int32_t length) {
     d_qk = c.kv_lora_rank + c.qk_rope_head_dim;
     d_v = c.kv_lora_rank;
   }
-  const double attention = 2.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads *
-                                                     (d_qk + d_v)) *
-                           (static_cast<double>(length) + 1.0) / 2.0;
+  const double attention =
+      2.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * (d_qk + d_v)) *
+      (static_cast<double>(length) + 1.0) / 2.0;
   return 2.0 * weights + attention;
 }
 
@@ -526,8 +527,8 @@ int Main(int argc, char** argv) {
   std::mt19937_64 rng(2024);
   int64_t next_id = 0;
   // Warm-up: first-touch of the KV cache and scratch buffers.
-  if (auto warm = RunDecode(**engine, bytes, read_gbps, working_set_gbps, max_batch, prompt_len,
-                            4, rng, &next_id);
+  if (auto warm = RunDecode(**engine, bytes, read_gbps, working_set_gbps, max_batch, prompt_len, 4,
+                            rng, &next_id);
       !warm.ok()) {
     std::cerr << "warm-up: " << warm.status() << "\n";
     return 1;

@@ -244,8 +244,8 @@ SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
   ApplyPenalties(logits, params, context);
 
   SampledToken result;
-  result.token_id = params.temperature < kGreedyTemperature ? Argmax(logits)
-                                                            : SampleRandom(logits, params, rng);
+  result.token_id =
+      params.temperature < kGreedyTemperature ? Argmax(logits) : SampleRandom(logits, params, rng);
   const absl::Span<const float> raw_span(raw);
   const double log_sum_exp = LogSumExp(raw_span);
   if (!raw.empty()) {

@@ -50,8 +50,8 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(absl::StrCat("max_tokens must be >= 1, got ", max_tokens));
   }
   if (min_tokens < 0 || min_tokens > max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("min_tokens must be in [0, max_tokens=",
-                                                   max_tokens, "], got ", min_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_tokens must be in [0, max_tokens=", max_tokens, "], got ", min_tokens));
   }
   if (logprobs.has_value() && (*logprobs < 0 || *logprobs > kMaxLogprobs)) {
     return absl::InvalidArgumentError(
@@ -59,8 +59,8 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
   }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids must be in [0, vocab_size=",
-                                                     vocab_size, "), got ", id));
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop_token_ids must be in [0, vocab_size=", vocab_size, "), got ", id));
     }
   }
   return absl::OkStatus();

@@ -209,7 +209,7 @@ TEST(SamplerTest, TopKRestrictsToKBest) {
 
 TEST(SamplerTest, TopPAppliesAfterTopKRenormalization) {
   SamplingParams params;
-  params.top_k = 3;     // 0.5, 0.3, 0.15 → renormalized 0.526, 0.316, 0.158
+  params.top_k = 3;      // 0.5, 0.3, 0.15 → renormalized 0.526, 0.316, 0.158
   params.top_p = 0.82f;  // 0.526 < 0.82 <= 0.842; without renormalization 0.8 < 0.82 keeps 3
   ExpectDrawsFollow(FourTokenLogits(), params, {}, {0.5, 0.3, 0.0, 0.0});
 }
