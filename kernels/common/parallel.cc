@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -26,22 +25,20 @@ inline void CpuRelax() {
 thread_local bool tl_in_parallel = false;
 
 // A fixed pool of worker threads; the caller runs chunk 0 itself. One ParallelFor at a time
-// (serialized by run_mu_): the engine runs one step at a time. Workers spin briefly on the
-// generation counter before sleeping, because a decode step issues hundreds of short
-// ParallelFor calls and a condition-variable wake-up (~20 µs) would dominate them; after
-// kSpinIterations idle pauses (a few ms) they sleep so an idle server burns no CPU.
+// (serialized by run_mu_): the engine runs one step at a time. A decode step issues hundreds
+// of short ParallelFor calls, so both sides spin briefly (kSpinIterations pauses, ~0.1 ms)
+// before blocking in a futex wait (C++20 atomic wait): a condition-variable wake-up (~20 µs)
+// would dominate short kernels, while unbounded spinning starves the other threads when the
+// machine is oversubscribed.
 class Pool {
  public:
   explicit Pool(int num_threads) : num_threads_(num_threads) {
     for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { Work(i); });
   }
   ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_.store(true);
-      generation_.fetch_add(1);
-    }
-    cv_.notify_all();
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
     for (auto& t : workers_) t.join();
   }
 
@@ -59,21 +56,25 @@ class Pool {
     n_ = n;
     chunks_ = chunks;
     pending_.store(chunks - 1, std::memory_order_relaxed);
-    {
-      // Publishing under mu_ pairs with the sleepers' predicate check: no lost wake-up.
-      std::lock_guard<std::mutex> lock(mu_);
-      generation_.fetch_add(1, std::memory_order_seq_cst);
-    }
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) cv_.notify_all();
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
     tl_in_parallel = true;
     RunChunk(0);
     tl_in_parallel = false;
-    while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
+    for (int spins = 0;; ++spins) {
+      const int left = pending_.load(std::memory_order_acquire);
+      if (left == 0) break;
+      if (spins < kSpinIterations) {
+        CpuRelax();
+      } else {
+        pending_.wait(left, std::memory_order_acquire);
+      }
+    }
     fn_ = nullptr;
   }
 
  private:
-  static constexpr int kSpinIterations = 100000;
+  static constexpr int kSpinIterations = 4000;
 
   void RunChunk(int index) {
     const int64_t begin = n_ * index / chunks_;
@@ -86,22 +87,19 @@ class Pool {
     uint64_t seen = 0;
     for (;;) {
       uint64_t g = generation_.load(std::memory_order_acquire);
-      for (int spins = 0; g == seen && spins < kSpinIterations; ++spins) {
-        CpuRelax();
-        g = generation_.load(std::memory_order_acquire);
-      }
-      if (g == seen) {
-        std::unique_lock<std::mutex> lock(mu_);
-        sleepers_.fetch_add(1, std::memory_order_seq_cst);
-        cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-        sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      for (int spins = 0; g == seen; ++spins) {
+        if (spins < kSpinIterations) {
+          CpuRelax();
+        } else {
+          generation_.wait(seen, std::memory_order_acquire);
+        }
         g = generation_.load(std::memory_order_acquire);
       }
       if (stop_.load()) return;
       seen = g;
       if (index < chunks_) {
         RunChunk(index);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
       }
     }
   }
@@ -109,13 +107,10 @@ class Pool {
   int num_threads_;
   std::vector<std::thread> workers_;
   std::mutex run_mu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int chunks_ = 0;
   std::atomic<int> pending_{0};
-  std::atomic<int> sleepers_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
 };
