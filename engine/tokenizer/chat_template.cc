@@ -39,6 +39,10 @@ class JinjaChatTemplate final : public ChatTemplate {
       if (!context.is_object()) {
         return absl::InvalidArgumentError("chat template context must be a JSON object");
       }
+      if (jinja::Value::JsonDepth(context, jinja::kMaxValueDepth) > jinja::kMaxValueDepth) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chat template context is nested deeper than ", jinja::kMaxValueDepth, " levels"));
+      }
       jinja::Interpreter interpreter(*template_);
       return interpreter.Render(jinja::Value::FromJson(context));
     } catch (const std::exception& e) {

@@ -37,6 +37,7 @@ enum class ExprKind {
 struct Expr {
   ExprKind kind;
   int line = 0;
+  int depth = 1;  // height of this subtree (bounded by the parser)
   std::string name;
   Value literal;
   std::vector<ExprPtr> args;

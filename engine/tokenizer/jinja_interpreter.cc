@@ -188,7 +188,16 @@ absl::Status Unpack(const std::vector<std::string>& targets, bool tuple, const V
 }  // namespace
 
 absl::Status Interpreter::Assign(const Stmt& stmt, const FramePtr& frame, Value value) {
+  if (value.depth() > kMaxValueDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("value nested deeper than ", kMaxValueDepth, " levels"));
+  }
   if (!stmt.attr.empty()) {
+    // A namespace inside a namespace could form a reference cycle (leaked memory, endless
+    // walks); chat templates never need one.
+    if (value.has_namespace()) {
+      return absl::InvalidArgumentError("a namespace cannot be stored in a namespace attribute");
+    }
     Value target = Lookup(stmt.targets[0], frame);
     if (!target.is_namespace()) {
       return absl::InvalidArgumentError("cannot assign attribute on non-namespace object");

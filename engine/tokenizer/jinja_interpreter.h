@@ -21,7 +21,7 @@
 namespace sluice::jinja {
 
 inline constexpr int64_t kMaxLoopIterations = 1'000'000;
-inline constexpr int kMaxCallDepth = 200;
+inline constexpr int kMaxCallDepth = 64;
 
 // RaisedError builds the status of `raise_exception(message)`: InvalidArgument whose message is
 // exactly `message` (no line prefix is ever added to it).

@@ -1,5 +1,6 @@
 #include "engine/tokenizer/jinja_parser.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 #include <utility>
@@ -15,7 +16,10 @@
 namespace sluice::jinja {
 namespace {
 
-constexpr int kMaxDepth = 256;
+constexpr int kMaxDepth = 128;
+// Height limit of one expression tree: evaluation and destruction recurse over it, and loops
+// such as `a + b + ...` or `x|f|f|...` build deep trees without deep parser recursion.
+constexpr int kMaxExprHeight = 200;
 
 std::string Describe(const Token& token) {
   switch (token.type) {
@@ -105,6 +109,21 @@ class Parser {
     auto e = std::make_unique<Expr>();
     e->kind = kind;
     e->line = line;
+    return e;
+  }
+
+  // Sealed records the height of a completed node. Errors: "expression nested too deeply".
+  absl::StatusOr<ExprPtr> Sealed(ExprPtr e) {
+    int height = 0;
+    for (const ExprPtr& arg : e->args) {
+      if (arg != nullptr) height = std::max(height, arg->depth);
+    }
+    for (const auto& [key, value] : e->kwargs) height = std::max(height, value->depth);
+    e->depth = height + 1;
+    if (e->depth > kMaxExprHeight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", e->line, ": expression nested too deeply"));
+    }
     return e;
   }
 
@@ -376,7 +395,7 @@ class Parser {
     }
     auto tuple = MakeExpr(ExprKind::kTuple, line);
     tuple->args = std::move(items);
-    return tuple;
+    return Sealed(std::move(tuple));
   }
 
   absl::StatusOr<ExprPtr> ParseExpression(bool with_condexpr) {
@@ -396,7 +415,7 @@ class Parser {
       cond->args.push_back(std::move(test));
       cond->args.push_back(std::move(expr));
       cond->args.push_back(std::move(otherwise));
-      expr = std::move(cond);
+      SLUICE_JINJA_ASSIGN_OR_RETURN(expr, Sealed(std::move(cond)));
     }
     return expr;
   }
@@ -418,7 +437,7 @@ class Parser {
       bin->name = op;
       bin->args.push_back(std::move(left));
       bin->args.push_back(std::move(right));
-      left = std::move(bin);
+      SLUICE_JINJA_ASSIGN_OR_RETURN(left, Sealed(std::move(bin)));
     }
   }
 
@@ -435,7 +454,7 @@ class Parser {
       e->name = "not";
       SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
       e->args.push_back(std::move(operand));
-      return e;
+      return Sealed(std::move(e));
     }
     return ParseCompare();
   }
@@ -470,7 +489,7 @@ class Parser {
       cmp->args.push_back(std::move(operand));
     }
     if (cmp == nullptr) return first;
-    return cmp;
+    return Sealed(std::move(cmp));
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
@@ -497,7 +516,7 @@ class Parser {
       Next();
       SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
       e->args.push_back(std::move(operand));
-      node = std::move(e);
+      SLUICE_JINJA_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
     } else {
       SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParsePrimary());
     }
@@ -573,7 +592,7 @@ class Parser {
             e->args.push_back(std::move(item));
           }
           Next();
-          return e;
+          return Sealed(std::move(e));
         }
         if (token.value == "{") {
           Next();
@@ -588,7 +607,7 @@ class Parser {
             e->args.push_back(std::move(value));
           }
           Next();
-          return e;
+          return Sealed(std::move(e));
         }
         break;
       default:
@@ -631,7 +650,7 @@ class Parser {
         e->name = Cur().value;
         e->args.push_back(std::move(node));
         Next();
-        return e;
+        return Sealed(std::move(e));
       }
       if (Cur().type == TokenType::kInt) {
         auto e = MakeExpr(ExprKind::kGetItem, line);
@@ -642,7 +661,7 @@ class Parser {
         index->literal = Value::Int(v);
         e->args.push_back(std::move(index));
         Next();
-        return e;
+        return Sealed(std::move(e));
       }
       return Error(absl::StrCat("expected name or number, got '", Describe(Cur()), "'"));
     }
@@ -675,7 +694,7 @@ class Parser {
     auto e = MakeExpr(is_slice ? ExprKind::kSlice : ExprKind::kGetItem, line);
     e->args.push_back(std::move(node));
     for (auto& part : parts) e->args.push_back(std::move(part));
-    return e;
+    return Sealed(std::move(e));
   }
 
   // ParseCallArgs parses `(a, b, k=v)` into `e->args` (after existing args) and `e->kwargs`.
@@ -707,7 +726,7 @@ class Parser {
     auto e = MakeExpr(ExprKind::kCall, Cur().line);
     e->args.push_back(std::move(callee));
     SLUICE_JINJA_RETURN_IF_ERROR(ParseCallArgs(e.get()));
-    return e;
+    return Sealed(std::move(e));
   }
 
   absl::StatusOr<std::string> ParseDottedName() {
@@ -736,7 +755,7 @@ class Parser {
       e->name = std::move(name);
       e->args.push_back(std::move(node));
       if (IsOp("(")) SLUICE_JINJA_RETURN_IF_ERROR(ParseCallArgs(e.get()));
-      node = std::move(e);
+      SLUICE_JINJA_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
     }
     return node;
   }
@@ -764,7 +783,7 @@ class Parser {
       SLUICE_JINJA_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
       e->args.push_back(std::move(arg));
     }
-    return e;
+    return Sealed(std::move(e));
   }
 
   std::vector<Token> tokens_;

@@ -13,7 +13,7 @@ namespace sluice::jinja {
 
 // ParseTemplate lexes and parses `source`. Errors: InvalidArgument "line N: ..." for syntax
 // errors, unknown tags, unknown filters/tests (Jinja reports those at compile time too),
-// `break`/`continue` outside a loop, and nesting deeper than 256 levels.
+// `break`/`continue` outside a loop, and nesting deeper than 128 levels.
 absl::StatusOr<std::unique_ptr<Template>> ParseTemplate(const std::string& source);
 
 }  // namespace sluice::jinja

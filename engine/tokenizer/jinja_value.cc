@@ -84,6 +84,11 @@ Value Value::MakeList(List items, bool is_tuple) {
   Value v;
   v.kind_ = Kind::kList;
   v.is_tuple_ = is_tuple;
+  for (const Value& item : items) {
+    v.depth_ = std::max(v.depth_, item.depth_ + 1);
+    v.has_namespace_ = v.has_namespace_ || item.has_namespace_;
+  }
+  if (items.empty()) v.depth_ = 1;
   v.list_ = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -92,6 +97,14 @@ Value Value::MakeDict(std::shared_ptr<Dict> dict, bool is_namespace) {
   Value v;
   v.kind_ = Kind::kDict;
   v.is_namespace_ = is_namespace;
+  v.has_namespace_ = is_namespace;
+  v.depth_ = 1;
+  if (!is_namespace) {
+    for (const auto& [key, item] : dict->entries()) {
+      v.depth_ = std::max(v.depth_, item.depth_ + 1);
+      v.has_namespace_ = v.has_namespace_ || item.has_namespace_;
+    }
+  }
   v.dict_ = std::move(dict);
   return v;
 }

@@ -9,6 +9,7 @@
 #ifndef SLUICE_ENGINE_TOKENIZER_JINJA_VALUE_H_
 #define SLUICE_ENGINE_TOKENIZER_JINJA_VALUE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +47,9 @@ namespace sluice::jinja {
 // kMaxValueBytes caps every string, list and rendered output the interpreter builds (16 MiB),
 // so a hostile template cannot exhaust memory.
 inline constexpr size_t kMaxValueBytes = size_t{16} << 20;
+// kMaxValueDepth caps the nesting of lists/dicts a template may store in a variable (and of the
+// JSON context), so recursive walks over values and their destruction stay shallow.
+inline constexpr int kMaxValueDepth = 256;
 
 class Value;
 class Interpreter;
@@ -108,6 +112,10 @@ class Value {
   // container's iteration order).
   template <typename Json>
   static Value FromJson(const Json& json);
+  // JsonDepth is the nesting height of `json`, counting at most `limit` + 1 levels (so the walk
+  // itself stays shallow).
+  template <typename Json>
+  static int JsonDepth(const Json& json, int limit);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
@@ -134,6 +142,11 @@ class Value {
   Dict& mutable_dict() const { return *dict_; }
   const Callable& as_callable() const { return *callable_; }
   const std::string& undefined_hint() const { return hint_; }
+  // depth is the nesting height: 0 for scalars, 1 + the deepest element for lists and dicts
+  // (a namespace counts 1; its attributes are checked when assigned).
+  int depth() const { return depth_; }
+  // has_namespace is whether this value is or (transitively) contains a namespace.
+  bool has_namespace() const { return has_namespace_; }
 
   // Truthy is Python's bool(): false for undefined, None, False, 0, 0.0, "", [], {}.
   bool Truthy() const;
@@ -145,6 +158,8 @@ class Value {
   bool b_ = false;
   bool is_tuple_ = false;
   bool is_namespace_ = false;
+  bool has_namespace_ = false;
+  int depth_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;
@@ -194,6 +209,15 @@ size_t Utf8Length(absl::string_view s);
 
 // IsPySpace is Python str.isspace() for one code point (ASCII and common Unicode spaces).
 bool IsPySpace(uint32_t cp);
+
+template <typename Json>
+int Value::JsonDepth(const Json& json, int limit) {
+  if (!json.is_structured()) return 0;
+  if (limit <= 0) return 1;
+  int deepest = 0;
+  for (const auto& item : json) deepest = std::max(deepest, JsonDepth(item, limit - 1));
+  return deepest + 1;
+}
 
 template <typename Json>
 Value Value::FromJson(const Json& json) {

@@ -955,6 +955,37 @@ TEST(JinjaTest, DeepNestingIsRejectedNotCrashing) {
   ExpectError("{{ " + std::string(3000, '[') + " }}", "{}", "line 1");
 }
 
+TEST(JinjaTest, LongOperatorAndFilterChainsAreBounded) {
+  std::string sum = "{{ 1";
+  for (int i = 0; i < 5000; ++i) sum += " + 1";
+  ExpectError(sum + " }}", "{}", "nested too deeply");
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 5000; ++i) filters += "|upper";
+  ExpectError(filters + " }}", "{}", "nested too deeply");
+  std::string attrs = "{{ d";
+  for (int i = 0; i < 5000; ++i) attrs += ".a";
+  ExpectError(attrs + " }}", "{}", "nested too deeply");
+  // A long but shallow chain is fine: 150 additions.
+  std::string ok = "{{ 0";
+  for (int i = 0; i < 150; ++i) ok += " + 1";
+  ExpectRender(ok + " }}", "{}", "150");
+}
+
+TEST(JinjaTest, StoredValueNestingIsBounded) {
+  ExpectError(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+      "{% endfor %}",
+      "{}", "nested deeper than 256 levels");
+  std::string sets = "{% set y = [] %}";
+  for (int i = 0; i < 300; ++i) sets += "{% set y = [y] %}";
+  ExpectError(sets, "{}", "nested deeper than 256 levels");
+  ExpectError("{% set ns = namespace(a=1) %}{% set ns.self = [ns] %}", "{}",
+              "namespace cannot be stored");
+  std::string deep_json(1000, '[');
+  deep_json += std::string(1000, ']');
+  ExpectError("{{ x|length }}", R"({"x": )" + deep_json + "}", "nested deeper than 256 levels");
+}
+
 TEST(JinjaTest, GarbageInputNeverCrashes) {
   const char* inputs[] = {"{{",
                           "{%",
