@@ -344,8 +344,8 @@ class Lexer {
       if (matched) continue;
       if (c == '\0' || std::strchr("+-*/%~<>=()[]{},.:|;", c) == nullptr) {
         // Quote the whole UTF-8 sequence so that the message stays valid UTF-8.
-        const std::vector<uint32_t> cps =
-            Utf8Decode(absl::string_view(src_).substr(pos_, std::min<size_t>(4, src_.size() - pos_)));
+        const std::vector<uint32_t> cps = Utf8Decode(
+            absl::string_view(src_).substr(pos_, std::min<size_t>(4, src_.size() - pos_)));
         std::string shown;
         if (!cps.empty() && !(cps[0] >= 0xDC80 && cps[0] <= 0xDCFF)) Utf8Append(cps[0], &shown);
         if (shown.empty() || cps[0] < 0x20) {
