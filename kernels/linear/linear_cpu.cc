@@ -9,48 +9,18 @@
 #include <cstring>
 
 #include "kernels/common/parallel.h"
+#include "kernels/common/vec16.h"
 #include "kernels/linear/linear.h"
 
 namespace sluice::kernels {
 namespace {
 
-constexpr int kLanes = 16;
-typedef float V16 __attribute__((vector_size(64), aligned(4)));
-
-inline V16 Load(const float* p) {
-  V16 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// Fixed-order horizontal sum: pairwise halves 16 → 8 → 4 → 2 → 1.
-inline float Reduce(V16 v) {
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(a));
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int l = 0; l < width; ++l) a[l] = a[l] + a[l + width];
-  }
-  return a[0];
-}
-
-typedef int32_t I16 __attribute__((vector_size(64)));
-// Reduce4 writes the horizontal sums of a, b, c, d to out[0..3]: the same pairwise tree as
-// Reduce (so results are bit-identical) but four vectors at a time with shuffles.
-inline void Reduce4(V16 a, V16 b, V16 c, V16 d, float* out) {
-  const V16 p01 = __builtin_shuffle(a, b, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
-                  __builtin_shuffle(a, b, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
-  const V16 p23 = __builtin_shuffle(c, d, I16{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
-                  __builtin_shuffle(c, d, I16{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
-  const V16 q = __builtin_shuffle(p01, p23, I16{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}) +
-                __builtin_shuffle(p01, p23, I16{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31});
-  const V16 r = __builtin_shuffle(q, I16{0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13}) +
-                __builtin_shuffle(q, I16{2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15});
-  const V16 t = __builtin_shuffle(r, I16{0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6}) +
-                __builtin_shuffle(r, I16{1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7});
-  float lanes[kLanes];
-  std::memcpy(lanes, &t, sizeof(lanes));
-  for (int i = 0; i < 4; ++i) out[i] = lanes[i];
-}
+using simd::kLanes;
+using simd::Load;
+using simd::Reduce;
+using simd::Reduce4;
+using simd::Store;
+using simd::V16;
 
 // Computes the MR × NR block y[i0.., j0..]. Arithmetic per element is independent of MR/NR.
 template <int MR, int NR>
