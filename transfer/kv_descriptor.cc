@@ -1,8 +1,8 @@
 // RemoteKvDescriptor wire format (all integers little-endian):
 //   u32 magic 'SKVD' (0x44564b53), u32 version (1),
 //   u32 worker_address length, bytes,
-//   u32 num_regions, then per region: u64 base_address, i64 num_blocks, i64 block_bytes,
-//   u32 rkey length, bytes.
+//   u32 num_regions, then per region: u64 base_address, i64 num_blocks, i64
+//   block_bytes, u32 rkey length, bytes.
 #include <bit>
 #include <cstring>
 #include <limits>
@@ -15,7 +15,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x44564b53;  // "SKVD" read as little-endian u32
 constexpr uint32_t kVersion = 1;
-// Bounds that no real descriptor comes near; they keep a hostile length from allocating GiBs.
+// Bounds that no real descriptor comes near; they keep a hostile length from
+// allocating GiBs.
 constexpr uint32_t kMaxBlobBytes = 1 << 20;
 constexpr uint32_t kMaxRegions = 1 << 16;
 
@@ -83,7 +84,8 @@ std::string RemoteKvDescriptor::Serialize() const {
   return out;
 }
 
-absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(std::string_view bytes) {
+absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(
+    std::string_view bytes) {
   Reader reader(bytes);
   uint32_t magic = 0, version = 0;
   if (!reader.Get(&magic) || magic != kMagic) {
@@ -91,15 +93,18 @@ absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(std::string_view by
   }
   if (!reader.Get(&version) || version != kVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unsupported KV descriptor version ", version, " (want ", kVersion, ")"));
+        absl::StrCat("unsupported KV descriptor version ", version, " (want ",
+                     kVersion, ")"));
   }
   RemoteKvDescriptor desc;
   if (!reader.GetBlob(&desc.worker_address)) return Truncated("worker address");
   if (desc.worker_address.empty()) {
-    return absl::InvalidArgumentError("KV descriptor has an empty worker address");
+    return absl::InvalidArgumentError(
+        "KV descriptor has an empty worker address");
   }
   uint32_t num_regions = 0;
-  if (!reader.Get(&num_regions) || num_regions > kMaxRegions) return Truncated("region count");
+  if (!reader.Get(&num_regions) || num_regions > kMaxRegions)
+    return Truncated("region count");
   desc.regions.resize(num_regions);
   for (uint32_t i = 0; i < num_regions; ++i) {
     RemoteRegion& r = desc.regions[i];
@@ -107,25 +112,28 @@ absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(std::string_view by
         !reader.Get(&r.block_bytes) || !reader.GetBlob(&r.rkey)) {
       return Truncated("region");
     }
-    // The region's last byte must be addressable: base + num_blocks * block_bytes <= 2^64.
+    // The region's last byte must be addressable: base + num_blocks *
+    // block_bytes <= 2^64.
     if (r.num_blocks < 0 || r.block_bytes <= 0 || r.rkey.empty() ||
         (r.num_blocks > 0 &&
-         static_cast<unsigned __int128>(r.num_blocks) * static_cast<uint64_t>(r.block_bytes) >
+         static_cast<unsigned __int128>(r.num_blocks) *
+                 static_cast<uint64_t>(r.block_bytes) >
              std::numeric_limits<uint64_t>::max() - r.base_address)) {
-      return absl::InvalidArgumentError(absl::StrCat("KV descriptor region ", i,
-                                                     " has invalid geometry or remote key"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV descriptor region ", i, " has invalid geometry or remote key"));
     }
   }
-  if (!reader.AtEnd()) return absl::InvalidArgumentError("trailing bytes after KV descriptor");
+  if (!reader.AtEnd())
+    return absl::InvalidArgumentError("trailing bytes after KV descriptor");
   return desc;
 }
 
-absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::SelectRegions(size_t first,
-                                                                     size_t count) const {
+absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::SelectRegions(
+    size_t first, size_t count) const {
   if (first > regions.size() || count > regions.size() - first) {
-    return absl::InvalidArgumentError(absl::StrCat("regions [", first, ", ", first + count,
-                                                   ") out of range; descriptor has ",
-                                                   regions.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("regions [", first, ", ", first + count,
+                     ") out of range; descriptor has ", regions.size()));
   }
   RemoteKvDescriptor out;
   out.worker_address = worker_address;
