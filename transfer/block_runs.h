@@ -53,9 +53,8 @@ struct RunPair {
 // local {10,6} -> (5->10,3),(20->13,2),(40->15,1). Errors: InvalidArgument if a
 // run has num_blocks < 1 or first_block < 0, if a run's end overflows int32, or
 // if the two sides cover different numbers of blocks.
-absl::StatusOr<std::vector<RunPair>> PairRuns(
-    absl::Span<const BlockRun> remote_runs,
-    absl::Span<const BlockRun> local_runs);
+absl::StatusOr<std::vector<RunPair>> PairRuns(absl::Span<const BlockRun> remote_runs,
+                                              absl::Span<const BlockRun> local_runs);
 
 }  // namespace sluice::transfer
 

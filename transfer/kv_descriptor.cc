@@ -63,8 +63,7 @@ class Reader {
 };
 
 absl::Status Truncated(const char* what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("KV descriptor truncated or oversized at ", what));
+  return absl::InvalidArgumentError(absl::StrCat("KV descriptor truncated or oversized at ", what));
 }
 
 }  // namespace
@@ -84,8 +83,7 @@ std::string RemoteKvDescriptor::Serialize() const {
   return out;
 }
 
-absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(
-    std::string_view bytes) {
+absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(std::string_view bytes) {
   Reader reader(bytes);
   uint32_t magic = 0, version = 0;
   if (!reader.Get(&magic) || magic != kMagic) {
@@ -93,47 +91,42 @@ absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::Parse(
   }
   if (!reader.Get(&version) || version != kVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unsupported KV descriptor version ", version, " (want ",
-                     kVersion, ")"));
+        absl::StrCat("unsupported KV descriptor version ", version, " (want ", kVersion, ")"));
   }
   RemoteKvDescriptor desc;
   if (!reader.GetBlob(&desc.worker_address)) return Truncated("worker address");
   if (desc.worker_address.empty()) {
-    return absl::InvalidArgumentError(
-        "KV descriptor has an empty worker address");
+    return absl::InvalidArgumentError("KV descriptor has an empty worker address");
   }
   uint32_t num_regions = 0;
-  if (!reader.Get(&num_regions) || num_regions > kMaxRegions)
-    return Truncated("region count");
+  if (!reader.Get(&num_regions) || num_regions > kMaxRegions) return Truncated("region count");
   desc.regions.resize(num_regions);
   for (uint32_t i = 0; i < num_regions; ++i) {
     RemoteRegion& r = desc.regions[i];
-    if (!reader.Get(&r.base_address) || !reader.Get(&r.num_blocks) ||
-        !reader.Get(&r.block_bytes) || !reader.GetBlob(&r.rkey)) {
+    if (!reader.Get(&r.base_address) || !reader.Get(&r.num_blocks) || !reader.Get(&r.block_bytes) ||
+        !reader.GetBlob(&r.rkey)) {
       return Truncated("region");
     }
     // The region's last byte must be addressable: base + num_blocks *
     // block_bytes <= 2^64.
     if (r.num_blocks < 0 || r.block_bytes <= 0 || r.rkey.empty() ||
         (r.num_blocks > 0 &&
-         static_cast<unsigned __int128>(r.num_blocks) *
-                 static_cast<uint64_t>(r.block_bytes) >
+         static_cast<unsigned __int128>(r.num_blocks) * static_cast<uint64_t>(r.block_bytes) >
              std::numeric_limits<uint64_t>::max() - r.base_address)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV descriptor region ", i, " has invalid geometry or remote key"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV descriptor region ", i, " has invalid geometry or remote key"));
     }
   }
-  if (!reader.AtEnd())
-    return absl::InvalidArgumentError("trailing bytes after KV descriptor");
+  if (!reader.AtEnd()) return absl::InvalidArgumentError("trailing bytes after KV descriptor");
   return desc;
 }
 
-absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::SelectRegions(
-    size_t first, size_t count) const {
+absl::StatusOr<RemoteKvDescriptor> RemoteKvDescriptor::SelectRegions(size_t first,
+                                                                     size_t count) const {
   if (first > regions.size() || count > regions.size() - first) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("regions [", first, ", ", first + count,
-                     ") out of range; descriptor has ", regions.size()));
+    return absl::InvalidArgumentError(absl::StrCat("regions [", first, ", ", first + count,
+                                                   ") out of range; descriptor has ",
+                                                   regions.size()));
   }
   RemoteKvDescriptor out;
   out.worker_address = worker_address;

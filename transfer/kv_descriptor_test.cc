@@ -9,8 +9,7 @@ namespace {
 RemoteKvDescriptor Sample() {
   RemoteKvDescriptor desc;
   desc.worker_address = std::string("\x01\x02\x00worker", 9);
-  desc.regions.push_back(
-      {0x7f0000001000ull, 64, 2048, std::string("rkey-a\0z", 8)});
+  desc.regions.push_back({0x7f0000001000ull, 64, 2048, std::string("rkey-a\0z", 8)});
   desc.regions.push_back({0x7f0000100000ull, 128, 512, "rkey-b"});
   return desc;
 }
@@ -47,14 +46,11 @@ TEST(RemoteKvDescriptorTest, EveryTruncationIsInvalidArgument) {
 }
 
 TEST(RemoteKvDescriptorTest, RejectsGarbageAndBadGeometry) {
-  EXPECT_EQ(RemoteKvDescriptor::Parse("hello world, not a descriptor")
-                .status()
-                .code(),
+  EXPECT_EQ(RemoteKvDescriptor::Parse("hello world, not a descriptor").status().code(),
             absl::StatusCode::kInvalidArgument);
   std::string bytes = Sample().Serialize();
   bytes[4] = 2;  // version 2
-  EXPECT_EQ(RemoteKvDescriptor::Parse(bytes).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoteKvDescriptor::Parse(bytes).status().code(), absl::StatusCode::kInvalidArgument);
 
   RemoteKvDescriptor desc = Sample();
   desc.regions[1].block_bytes = 0;
@@ -86,10 +82,8 @@ TEST(RemoteKvDescriptorTest, SelectRegions) {
   ASSERT_EQ(second->regions.size(), 1u);
   EXPECT_EQ(second->regions[0].rkey, "rkey-b");
   EXPECT_TRUE(desc.SelectRegions(2, 0).ok());
-  EXPECT_EQ(desc.SelectRegions(1, 2).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(desc.SelectRegions(3, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(desc.SelectRegions(1, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(desc.SelectRegions(3, 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

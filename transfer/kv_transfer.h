@@ -58,8 +58,7 @@ struct KvRegion {
 
 // RemoteRegion: a peer's KvRegion as seen from another process.
 struct RemoteRegion {
-  uint64_t base_address =
-      0;  // virtual address of block 0 in the owner's address space
+  uint64_t base_address = 0;  // virtual address of block 0 in the owner's address space
   int64_t num_blocks = 0;
   int64_t block_bytes = 0;
   std::string rkey;  // packed UCX remote key (ucp_rkey_pack) of the
@@ -72,8 +71,7 @@ struct RemoteRegion {
 // magic/version, absurd sizes, address overflow) and returns InvalidArgument
 // instead of crashing on garbage.
 struct RemoteKvDescriptor {
-  std::string
-      worker_address;  // ucp_worker_get_address bytes of the owning agent
+  std::string worker_address;  // ucp_worker_get_address bytes of the owning agent
   std::vector<RemoteRegion> regions;
 
   std::string Serialize() const;
@@ -82,8 +80,7 @@ struct RemoteKvDescriptor {
   // SelectRegions: a copy holding only regions [first, first + count), e.g. the
   // k and v regions of one layer for a layer-by-layer push. InvalidArgument if
   // the range is out of bounds.
-  absl::StatusOr<RemoteKvDescriptor> SelectRegions(size_t first,
-                                                   size_t count) const;
+  absl::StatusOr<RemoteKvDescriptor> SelectRegions(size_t first, size_t count) const;
 };
 
 // RegionHandle: one registration (RegisterRegion). `rkey` is the packed remote
@@ -120,12 +117,9 @@ struct KvTransferOptions {
 
 // KvTransferStats: cumulative counters since Create (for /metrics).
 struct KvTransferStats {
-  int64_t bytes_pulled =
-      0;  // payload bytes read from peers by successful Pulls
-  int64_t bytes_pushed =
-      0;  // payload bytes written to peers by successful Pushes
-  int64_t num_rma_ops =
-      0;  // RMA operations posted (one per run pair per region)
+  int64_t bytes_pulled = 0;  // payload bytes read from peers by successful Pulls
+  int64_t bytes_pushed = 0;  // payload bytes written to peers by successful Pushes
+  int64_t num_rma_ops = 0;   // RMA operations posted (one per run pair per region)
   int64_t num_transfers_ok = 0;
   int64_t num_transfers_failed = 0;  // includes deadline exceeded
   int64_t num_endpoints = 0;         // endpoints currently cached
@@ -147,8 +141,7 @@ class KvTransferAgent {
  public:
   // Create: a ready agent. Errors: Internal/Unavailable if UCX cannot be
   // initialized with the requested transports (e.g. an unknown transport name).
-  static absl::StatusOr<std::unique_ptr<KvTransferAgent>> Create(
-      const KvTransferOptions& options);
+  static absl::StatusOr<std::unique_ptr<KvTransferAgent>> Create(const KvTransferOptions& options);
 
   virtual ~KvTransferAgent() = default;
 
@@ -161,8 +154,7 @@ class KvTransferAgent {
   // The memory must stay valid until DeregisterRegion or the agent's
   // destruction. Errors: InvalidArgument for a null base or bytes <= 0;
   // Internal if UCX fails to map/pack.
-  virtual absl::StatusOr<RegionHandle> RegisterRegion(void* base,
-                                                      int64_t bytes) = 0;
+  virtual absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) = 0;
 
   // DeregisterRegion: unregisters a handle's memory. The caller must ensure no
   // transfer uses it. Errors: NotFound for an unknown id.
@@ -170,8 +162,7 @@ class KvTransferAgent {
 
   // Describe: the descriptor a peer needs for `regions` (each must lie inside a
   // registration: otherwise FailedPrecondition).
-  virtual absl::StatusOr<RemoteKvDescriptor> Describe(
-      absl::Span<const KvRegion> regions) = 0;
+  virtual absl::StatusOr<RemoteKvDescriptor> Describe(absl::Span<const KvRegion> regions) = 0;
 
   // Pull: RMA-reads remote blocks into local blocks: for every region index i
   // and every paired run (PairRuns(remote_runs, local_runs)), one get of
@@ -185,8 +176,7 @@ class KvTransferAgent {
   virtual absl::Status Pull(const RemoteKvDescriptor& remote,
                             absl::Span<const BlockRun> remote_runs,
                             absl::Span<const KvRegion> local_regions,
-                            absl::Span<const BlockRun> local_runs,
-                            absl::Time deadline) = 0;
+                            absl::Span<const BlockRun> local_runs, absl::Time deadline) = 0;
 
   // Push: the mirror of Pull: RMA-writes local blocks into remote blocks and
   // returns when they are complete at the target (endpoint flushed). Same
@@ -194,8 +184,7 @@ class KvTransferAgent {
   virtual absl::Status Push(const RemoteKvDescriptor& remote,
                             absl::Span<const BlockRun> remote_runs,
                             absl::Span<const KvRegion> local_regions,
-                            absl::Span<const BlockRun> local_runs,
-                            absl::Time deadline) = 0;
+                            absl::Span<const BlockRun> local_runs, absl::Time deadline) = 0;
 
   // DropPeer: closes and forgets the cached endpoint to `worker_address` (no-op
   // if none), e.g. when the router reports the peer dead.

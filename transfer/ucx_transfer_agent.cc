@@ -11,10 +11,8 @@
 namespace sluice::transfer {
 namespace {
 
-absl::Status UcsError(absl::StatusCode code, const char* what,
-                      ucs_status_t status) {
-  return absl::Status(code,
-                      absl::StrCat(what, ": ", ucs_status_string(status)));
+absl::Status UcsError(absl::StatusCode code, const char* what, ucs_status_t status) {
+  return absl::Status(code, absl::StrCat(what, ": ", ucs_status_string(status)));
 }
 
 // Maps the completion status of an RMA/flush request to our error contract.
@@ -47,22 +45,18 @@ absl::StatusOr<std::unique_ptr<UcxTransferAgent>> UcxTransferAgent::Create(
   return agent;
 }
 
-UcxTransferAgent::UcxTransferAgent(const KvTransferOptions& options)
-    : options_(options) {}
+UcxTransferAgent::UcxTransferAgent(const KvTransferOptions& options) : options_(options) {}
 
 absl::Status UcxTransferAgent::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kInternal, "ucp_config_read", st);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_config_read", st);
   if (!options_.transports.empty()) {
     st = ucp_config_modify(config, "TLS", options_.transports.c_str());
     if (st != UCS_OK) {
       ucp_config_release(config);
-      return UcsError(
-          absl::StatusCode::kInvalidArgument,
-          absl::StrCat("UCX transports '", options_.transports, "'").c_str(),
-          st);
+      return UcsError(absl::StatusCode::kInvalidArgument,
+                      absl::StrCat("UCX transports '", options_.transports, "'").c_str(), st);
     }
   }
   ucp_params_t params{};
@@ -70,31 +64,25 @@ absl::Status UcxTransferAgent::Init() {
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kUnavailable, "ucp_init", st);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kUnavailable, "ucp_init", st);
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   // All worker calls happen with mu_ held.
   wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   st = ucp_worker_create(context_, &wparams, &worker_);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kUnavailable, "ucp_worker_create", st);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kUnavailable, "ucp_worker_create", st);
 
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
   st = ucp_worker_get_address(worker_, &address, &address_length);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kInternal, "ucp_worker_get_address", st);
-  worker_address_.assign(reinterpret_cast<const char*>(address),
-                         address_length);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_worker_get_address", st);
+  worker_address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(worker_, address);
 
   st = ucp_worker_get_efd(worker_, &event_fd_);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kInternal, "ucp_worker_get_efd", st);
-  if (options_.progress_thread)
-    progress_thread_ = std::thread([this] { ProgressLoop(); });
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_worker_get_efd", st);
+  if (options_.progress_thread) progress_thread_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
 }
 
@@ -136,22 +124,18 @@ void UcxTransferAgent::ProgressLoop() {
 }
 
 void UcxTransferAgent::OnEndpointError(void* arg, ucp_ep_h ep,
-                                       ucs_status_t status)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                       ucs_status_t status) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Runs inside ucp_worker_progress, which is only called with mu_ held.
   static_cast<UcxTransferAgent*>(arg)->failed_endpoints_.insert(ep);
 }
 
-absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base,
-                                                              int64_t bytes) {
+absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base, int64_t bytes) {
   if (base == nullptr || bytes <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RegisterRegion needs a non-null base and bytes > 0, got bytes=",
-        bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterRegion needs a non-null base and bytes > 0, got bytes=", bytes));
   }
   ucp_mem_map_params_t mparams{};
-  mparams.field_mask =
-      UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mparams.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mparams.address = base;
   mparams.length = static_cast<size_t>(bytes);
   absl::MutexLock lock(&mu_);
@@ -159,8 +143,7 @@ absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base,
   reg.base = static_cast<char*>(base);
   reg.bytes = bytes;
   ucs_status_t st = ucp_mem_map(context_, &mparams, &reg.memh);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kInternal, "ucp_mem_map", st);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_mem_map", st);
   void* packed = nullptr;
   size_t packed_size = 0;
   st = ucp_rkey_pack(context_, reg.memh, &packed, &packed_size);
@@ -180,68 +163,57 @@ absl::Status UcxTransferAgent::DeregisterRegion(uint64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = registrations_.find(id);
   if (it == registrations_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("no registered region with id ", id));
+    return absl::NotFoundError(absl::StrCat("no registered region with id ", id));
   }
   ucp_mem_unmap(context_, it->second.memh);
   registrations_.erase(it);
   return absl::OkStatus();
 }
 
-const UcxTransferAgent::Registration* UcxTransferAgent::FindRegistration(
-    const void* base, int64_t bytes) const {
+const UcxTransferAgent::Registration* UcxTransferAgent::FindRegistration(const void* base,
+                                                                         int64_t bytes) const {
   const char* begin = static_cast<const char*>(base);
   for (const auto& [id, reg] : registrations_) {
-    if (begin >= reg.base && bytes >= 0 &&
-        begin - reg.base <= reg.bytes - bytes)
-      return &reg;
+    if (begin >= reg.base && bytes >= 0 && begin - reg.base <= reg.bytes - bytes) return &reg;
   }
   return nullptr;
 }
 
-absl::StatusOr<RemoteKvDescriptor> UcxTransferAgent::Describe(
-    absl::Span<const KvRegion> regions) {
+absl::StatusOr<RemoteKvDescriptor> UcxTransferAgent::Describe(absl::Span<const KvRegion> regions) {
   RemoteKvDescriptor desc;
   desc.worker_address = worker_address_;
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < regions.size(); ++i) {
     const KvRegion& r = regions[i];
     if (r.num_blocks < 0 || r.block_bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", i, " has invalid geometry"));
+      return absl::InvalidArgumentError(absl::StrCat("region ", i, " has invalid geometry"));
     }
-    const Registration* reg =
-        FindRegistration(r.base, r.num_blocks * r.block_bytes);
+    const Registration* reg = FindRegistration(r.base, r.num_blocks * r.block_bytes);
     if (reg == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "region ", i, " is not inside a registered memory range"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("region ", i, " is not inside a registered memory range"));
     }
-    desc.regions.push_back({reinterpret_cast<uint64_t>(r.base), r.num_blocks,
-                            r.block_bytes, reg->rkey});
+    desc.regions.push_back(
+        {reinterpret_cast<uint64_t>(r.base), r.num_blocks, r.block_bytes, reg->rkey});
   }
   return desc;
 }
 
-absl::StatusOr<ucp_ep_h> UcxTransferAgent::GetEndpoint(
-    const std::string& address) {
-  if (auto it = endpoints_.find(address); it != endpoints_.end())
-    return it->second;
+absl::StatusOr<ucp_ep_h> UcxTransferAgent::GetEndpoint(const std::string& address) {
+  if (auto it = endpoints_.find(address); it != endpoints_.end()) return it->second;
   ucp_ep_params_t eparams{};
-  eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+  eparams.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
   eparams.address = reinterpret_cast<const ucp_address_t*>(address.data());
   // PEER mode: UCX detects a dead peer (keepalive / transport errors) and calls
   // us back.
-  eparams.err_mode = options_.peer_failure_detection
-                         ? UCP_ERR_HANDLING_MODE_PEER
-                         : UCP_ERR_HANDLING_MODE_NONE;
+  eparams.err_mode =
+      options_.peer_failure_detection ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   eparams.err_handler.cb = &UcxTransferAgent::OnEndpointError;
   eparams.err_handler.arg = this;
   ucp_ep_h ep = nullptr;
   ucs_status_t st = ucp_ep_create(worker_, &eparams, &ep);
-  if (st != UCS_OK)
-    return UcsError(absl::StatusCode::kUnavailable, "ucp_ep_create", st);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kUnavailable, "ucp_ep_create", st);
   endpoints_.emplace(address, ep);
   stats_.num_endpoints = static_cast<int64_t>(endpoints_.size());
   return ep;
@@ -261,8 +233,7 @@ void UcxTransferAgent::CloseEndpoint(ucp_ep_h ep) {
   void* request = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(request)) {
     const absl::Time deadline = absl::Now() + options_.close_timeout;
-    while (ucp_request_check_status(request) == UCS_INPROGRESS &&
-           absl::Now() < deadline) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < deadline) {
       ucp_worker_progress(worker_);
     }
     ucp_request_free(request);
@@ -272,24 +243,20 @@ void UcxTransferAgent::CloseEndpoint(ucp_ep_h ep) {
 
 void UcxTransferAgent::DropPeer(const std::string& worker_address) {
   absl::MutexLock lock(&mu_);
-  if (auto it = endpoints_.find(worker_address); it != endpoints_.end())
-    CloseEndpoint(it->second);
+  if (auto it = endpoints_.find(worker_address); it != endpoints_.end()) CloseEndpoint(it->second);
 }
 
 template <typename Done>
-absl::Status UcxTransferAgent::WaitLocked(ucp_ep_h ep, absl::Time deadline,
-                                          Done done) {
+absl::Status UcxTransferAgent::WaitLocked(ucp_ep_h ep, absl::Time deadline, Done done) {
   int idle_spins = 0;
   while (true) {
     const unsigned progressed = ucp_worker_progress(worker_);
     if (failed_endpoints_.contains(ep)) {
-      return absl::UnavailableError(
-          "KV transfer peer failed or is unreachable");
+      return absl::UnavailableError("KV transfer peer failed or is unreachable");
     }
     if (done()) return absl::OkStatus();
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          "KV transfer did not complete before its deadline");
+      return absl::DeadlineExceededError("KV transfer did not complete before its deadline");
     }
     if (progressed != 0) {
       idle_spins = 0;
@@ -309,8 +276,7 @@ absl::Status UcxTransferAgent::WaitLocked(ucp_ep_h ep, absl::Time deadline,
 absl::Status UcxTransferAgent::Pull(const RemoteKvDescriptor& remote,
                                     absl::Span<const BlockRun> remote_runs,
                                     absl::Span<const KvRegion> local_regions,
-                                    absl::Span<const BlockRun> local_runs,
-                                    absl::Time deadline) {
+                                    absl::Span<const BlockRun> local_runs, absl::Time deadline) {
   return Transfer(remote, remote_runs, local_regions, local_runs, deadline,
                   /*is_put=*/false);
 }
@@ -318,22 +284,22 @@ absl::Status UcxTransferAgent::Pull(const RemoteKvDescriptor& remote,
 absl::Status UcxTransferAgent::Push(const RemoteKvDescriptor& remote,
                                     absl::Span<const BlockRun> remote_runs,
                                     absl::Span<const KvRegion> local_regions,
-                                    absl::Span<const BlockRun> local_runs,
-                                    absl::Time deadline) {
+                                    absl::Span<const BlockRun> local_runs, absl::Time deadline) {
   return Transfer(remote, remote_runs, local_regions, local_runs, deadline,
                   /*is_put=*/true);
 }
 
-absl::Status UcxTransferAgent::Transfer(
-    const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
-    absl::Span<const KvRegion> local_regions,
-    absl::Span<const BlockRun> local_runs, absl::Time deadline, bool is_put) {
+absl::Status UcxTransferAgent::Transfer(const RemoteKvDescriptor& remote,
+                                        absl::Span<const BlockRun> remote_runs,
+                                        absl::Span<const KvRegion> local_regions,
+                                        absl::Span<const BlockRun> local_runs, absl::Time deadline,
+                                        bool is_put) {
   // Validate everything before touching UCX: a bad descriptor is an error,
   // never a crash.
   if (remote.regions.size() != local_regions.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("descriptor has ", remote.regions.size(), " regions but ",
-                     local_regions.size(), " local regions were given"));
+    return absl::InvalidArgumentError(absl::StrCat("descriptor has ", remote.regions.size(),
+                                                   " regions but ", local_regions.size(),
+                                                   " local regions were given"));
   }
   if (remote.worker_address.empty()) {
     return absl::InvalidArgumentError("descriptor has an empty worker address");
@@ -342,29 +308,24 @@ absl::Status UcxTransferAgent::Transfer(
   if (!pairs.ok()) return pairs.status();
   int64_t max_remote_end = 0, max_local_end = 0;
   for (const RunPair& p : *pairs) {
-    max_remote_end = std::max<int64_t>(max_remote_end,
-                                       int64_t{p.remote_first} + p.num_blocks);
-    max_local_end =
-        std::max<int64_t>(max_local_end, int64_t{p.local_first} + p.num_blocks);
+    max_remote_end = std::max<int64_t>(max_remote_end, int64_t{p.remote_first} + p.num_blocks);
+    max_local_end = std::max<int64_t>(max_local_end, int64_t{p.local_first} + p.num_blocks);
   }
   for (size_t i = 0; i < local_regions.size(); ++i) {
     const RemoteRegion& rr = remote.regions[i];
     const KvRegion& lr = local_regions[i];
     if (rr.block_bytes != lr.block_bytes || lr.block_bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", i, ": remote block_bytes ", rr.block_bytes,
-                       " != local block_bytes ", lr.block_bytes));
+      return absl::InvalidArgumentError(absl::StrCat("region ", i, ": remote block_bytes ",
+                                                     rr.block_bytes, " != local block_bytes ",
+                                                     lr.block_bytes));
     }
     if (max_remote_end > rr.num_blocks || max_local_end > lr.num_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", i, ": block runs reach block ",
-                       std::max(max_remote_end, max_local_end) - 1,
-                       " beyond remote num_blocks ", rr.num_blocks,
-                       " or local num_blocks ", lr.num_blocks));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region ", i, ": block runs reach block ", std::max(max_remote_end, max_local_end) - 1,
+          " beyond remote num_blocks ", rr.num_blocks, " or local num_blocks ", lr.num_blocks));
     }
     if (rr.rkey.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("region ", i, " has an empty remote key"));
+      return absl::InvalidArgumentError(absl::StrCat("region ", i, " has an empty remote key"));
     }
   }
   if (pairs->empty() || local_regions.empty()) return absl::OkStatus();
@@ -373,11 +334,10 @@ absl::Status UcxTransferAgent::Transfer(
   std::vector<ucp_mem_h> memhs(local_regions.size());
   for (size_t i = 0; i < local_regions.size(); ++i) {
     const KvRegion& lr = local_regions[i];
-    const Registration* reg =
-        FindRegistration(lr.base, lr.num_blocks * lr.block_bytes);
+    const Registration* reg = FindRegistration(lr.base, lr.num_blocks * lr.block_bytes);
     if (reg == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "local region ", i, " is not inside a registered memory range"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("local region ", i, " is not inside a registered memory range"));
     }
     memhs[i] = reg->memh;
   }
@@ -397,11 +357,9 @@ absl::Status UcxTransferAgent::Transfer(
   };
   for (size_t i = 0; i < remote.regions.size() && status.ok(); ++i) {
     ucp_rkey_h rkey = nullptr;
-    ucs_status_t st =
-        ucp_ep_rkey_unpack(ep, remote.regions[i].rkey.data(), &rkey);
+    ucs_status_t st = ucp_ep_rkey_unpack(ep, remote.regions[i].rkey.data(), &rkey);
     if (st != UCS_OK) {
-      status = UcsError(absl::StatusCode::kInvalidArgument,
-                        "ucp_ep_rkey_unpack", st);
+      status = UcsError(absl::StatusCode::kInvalidArgument, "ucp_ep_rkey_unpack", st);
     } else {
       rkeys.push_back(rkey);
     }
@@ -416,19 +374,14 @@ absl::Status UcxTransferAgent::Transfer(
     param.memh = memhs[i];
     for (const RunPair& p : *pairs) {
       const size_t length = static_cast<size_t>(p.num_blocks) * rr.block_bytes;
-      char* local =
-          local_base + static_cast<int64_t>(p.local_first) * rr.block_bytes;
+      char* local = local_base + static_cast<int64_t>(p.local_first) * rr.block_bytes;
       const uint64_t remote_address =
-          rr.base_address +
-          static_cast<uint64_t>(p.remote_first) * rr.block_bytes;
-      void* request = is_put ? ucp_put_nbx(ep, local, length, remote_address,
-                                           rkeys[i], &param)
-                             : ucp_get_nbx(ep, local, length, remote_address,
-                                           rkeys[i], &param);
+          rr.base_address + static_cast<uint64_t>(p.remote_first) * rr.block_bytes;
+      void* request = is_put ? ucp_put_nbx(ep, local, length, remote_address, rkeys[i], &param)
+                             : ucp_get_nbx(ep, local, length, remote_address, rkeys[i], &param);
       ++stats_.num_rma_ops;
       if (UCS_PTR_IS_ERR(request)) {
-        status = FromUcs(is_put ? "ucp_put_nbx" : "ucp_get_nbx",
-                         UCS_PTR_STATUS(request));
+        status = FromUcs(is_put ? "ucp_put_nbx" : "ucp_get_nbx", UCS_PTR_STATUS(request));
         break;
       }
       if (request != nullptr) requests.push_back(request);

@@ -30,8 +30,7 @@ namespace sluice::transfer {
 class UcxTransferAgent final : public KvTransferAgent {
  public:
   // Create: see KvTransferAgent::Create.
-  static absl::StatusOr<std::unique_ptr<UcxTransferAgent>> Create(
-      const KvTransferOptions& options);
+  static absl::StatusOr<std::unique_ptr<UcxTransferAgent>> Create(const KvTransferOptions& options);
 
   // Stops the progress thread, force-closes endpoints, unregisters memory,
   // destroys the worker and context. No transfer may be running.
@@ -41,20 +40,14 @@ class UcxTransferAgent final : public KvTransferAgent {
   UcxTransferAgent& operator=(const UcxTransferAgent&) = delete;
 
   const std::string& worker_address() const override { return worker_address_; }
-  absl::StatusOr<RegionHandle> RegisterRegion(void* base,
-                                              int64_t bytes) override;
+  absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) override;
   absl::Status DeregisterRegion(uint64_t id) override;
-  absl::StatusOr<RemoteKvDescriptor> Describe(
-      absl::Span<const KvRegion> regions) override;
-  absl::Status Pull(const RemoteKvDescriptor& remote,
-                    absl::Span<const BlockRun> remote_runs,
-                    absl::Span<const KvRegion> local_regions,
-                    absl::Span<const BlockRun> local_runs,
+  absl::StatusOr<RemoteKvDescriptor> Describe(absl::Span<const KvRegion> regions) override;
+  absl::Status Pull(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
+                    absl::Span<const KvRegion> local_regions, absl::Span<const BlockRun> local_runs,
                     absl::Time deadline) override;
-  absl::Status Push(const RemoteKvDescriptor& remote,
-                    absl::Span<const BlockRun> remote_runs,
-                    absl::Span<const KvRegion> local_regions,
-                    absl::Span<const BlockRun> local_runs,
+  absl::Status Push(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
+                    absl::Span<const KvRegion> local_regions, absl::Span<const BlockRun> local_runs,
                     absl::Time deadline) override;
   void DropPeer(const std::string& worker_address) override;
   KvTransferStats stats() const override;
@@ -71,11 +64,9 @@ class UcxTransferAgent final : public KvTransferAgent {
   absl::Status Init();
 
   // Shared body of Pull (is_put = false) and Push (is_put = true).
-  absl::Status Transfer(const RemoteKvDescriptor& remote,
-                        absl::Span<const BlockRun> remote_runs,
+  absl::Status Transfer(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
                         absl::Span<const KvRegion> local_regions,
-                        absl::Span<const BlockRun> local_runs,
-                        absl::Time deadline, bool is_put);
+                        absl::Span<const BlockRun> local_runs, absl::Time deadline, bool is_put);
 
   // The registration containing [base, base + bytes), or nullptr.
   const Registration* FindRegistration(const void* base, int64_t bytes) const

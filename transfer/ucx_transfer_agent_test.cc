@@ -25,19 +25,16 @@ struct KvBuffers {
 
   // Fills byte o of block b of region r with a value unique to (seed, r, b, o)
   // mod 251.
-  explicit KvBuffers(int seed)
-      : data(kNumRegions, std::vector<uint8_t>(kNumBlocks * kBlockBytes)) {
+  explicit KvBuffers(int seed) : data(kNumRegions, std::vector<uint8_t>(kNumBlocks * kBlockBytes)) {
     for (int r = 0; r < kNumRegions; ++r) {
       for (int b = 0; b < kNumBlocks; ++b) {
-        for (int o = 0; o < kBlockBytes; ++o)
-          data[r][b * kBlockBytes + o] = Pattern(seed, r, b, o);
+        for (int o = 0; o < kBlockBytes; ++o) data[r][b * kBlockBytes + o] = Pattern(seed, r, b, o);
       }
       regions.push_back({data[r].data(), kNumBlocks, kBlockBytes});
     }
   }
   static uint8_t Pattern(int seed, int r, int b, int o) {
-    return static_cast<uint8_t>((seed * 7919 + r * 104729 + b * 131 + o * 7) %
-                                251);
+    return static_cast<uint8_t>((seed * 7919 + r * 104729 + b * 131 + o * 7) % 251);
   }
   void Register(KvTransferAgent& agent) {
     for (const KvRegion& r : regions) {
@@ -51,8 +48,7 @@ struct KvBuffers {
   bool BlockHolds(int b, int seed, int src_block) const {
     for (int r = 0; r < kNumRegions; ++r) {
       for (int o = 0; o < kBlockBytes; ++o) {
-        if (data[r][b * kBlockBytes + o] != Pattern(seed, r, src_block, o))
-          return false;
+        if (data[r][b * kBlockBytes + o] != Pattern(seed, r, src_block, o)) return false;
       }
     }
     return true;
@@ -84,22 +80,19 @@ TEST_P(KvTransferAgentTest, PullsScatteredBlocksExactly) {
   local.Register(*local_agent);
   auto desc = remote_agent->Describe(remote.regions);
   ASSERT_TRUE(desc.ok()) << desc.status();
-  auto parsed =
-      RemoteKvDescriptor::Parse(desc->Serialize());  // as it crosses gRPC
+  auto parsed = RemoteKvDescriptor::Parse(desc->Serialize());  // as it crosses gRPC
   ASSERT_TRUE(parsed.ok()) << parsed.status();
 
   const std::vector<int32_t> src = {5, 6, 7, 20, 21, 40};
   const std::vector<int32_t> dst = {10, 11, 12, 13, 50, 51};
-  absl::Status s =
-      local_agent->Pull(*parsed, CoalesceBlocks(src), local.regions,
-                        CoalesceBlocks(dst), absl::Now() + absl::Seconds(10));
+  absl::Status s = local_agent->Pull(*parsed, CoalesceBlocks(src), local.regions,
+                                     CoalesceBlocks(dst), absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(s.ok()) << s;
   for (int b = 0; b < kNumBlocks; ++b) {
     auto it = std::find(dst.begin(), dst.end(), b);
     const int expected_seed = it == dst.end() ? 2 : 1;
     const int expected_block = it == dst.end() ? b : src[it - dst.begin()];
-    EXPECT_TRUE(local.BlockHolds(b, expected_seed, expected_block))
-        << "local block " << b;
+    EXPECT_TRUE(local.BlockHolds(b, expected_seed, expected_block)) << "local block " << b;
     EXPECT_TRUE(remote.BlockHolds(b, 1, b)) << "remote block " << b;
   }
   const KvTransferStats stats = local_agent->stats();
@@ -113,8 +106,8 @@ TEST_P(KvTransferAgentTest, PullsScatteredBlocksExactly) {
   // The cached endpoint is reused for a second pull.
   const std::vector<int32_t> src2 = {63};
   const std::vector<int32_t> dst2 = {0};
-  s = local_agent->Pull(*parsed, CoalesceBlocks(src2), local.regions,
-                        CoalesceBlocks(dst2), absl::Now() + absl::Seconds(10));
+  s = local_agent->Pull(*parsed, CoalesceBlocks(src2), local.regions, CoalesceBlocks(dst2),
+                        absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(local.BlockHolds(0, 1, 63));
   EXPECT_EQ(local_agent->stats().num_endpoints, 1);
@@ -133,9 +126,8 @@ TEST_P(KvTransferAgentTest, PushesScatteredBlocksExactly) {
 
   const std::vector<int32_t> src = {0, 1, 2, 3, 33, 62, 63};   // local blocks
   const std::vector<int32_t> dst = {5, 6, 7, 20, 21, 40, 41};  // remote blocks
-  absl::Status s =
-      local_agent->Push(*desc, CoalesceBlocks(dst), local.regions,
-                        CoalesceBlocks(src), absl::Now() + absl::Seconds(10));
+  absl::Status s = local_agent->Push(*desc, CoalesceBlocks(dst), local.regions, CoalesceBlocks(src),
+                                     absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(s.ok()) << s;
   // Push returns only once the bytes are at the target: check without further
   // progress.
@@ -143,8 +135,7 @@ TEST_P(KvTransferAgentTest, PushesScatteredBlocksExactly) {
     auto it = std::find(dst.begin(), dst.end(), b);
     const int expected_seed = it == dst.end() ? 3 : 4;
     const int expected_block = it == dst.end() ? b : src[it - dst.begin()];
-    EXPECT_TRUE(remote.BlockHolds(b, expected_seed, expected_block))
-        << "remote block " << b;
+    EXPECT_TRUE(remote.BlockHolds(b, expected_seed, expected_block)) << "remote block " << b;
     EXPECT_TRUE(local.BlockHolds(b, 4, b)) << "local block " << b;
   }
   EXPECT_EQ(local_agent->stats().bytes_pushed, 7 * kBlockBytes * kNumRegions);
@@ -163,20 +154,16 @@ TEST_P(KvTransferAgentTest, LayerByLayerPushWithSelectedRegions) {
   auto layer1 = desc->SelectRegions(1, 1);
   ASSERT_TRUE(layer1.ok()) << layer1.status();
   const std::vector<BlockRun> runs = {{8, 2}};
-  absl::Status s = local_agent->Push(
-      *layer1, runs, absl::MakeConstSpan(local.regions).subspan(1, 1), runs,
-      absl::Now() + absl::Seconds(10));
+  absl::Status s =
+      local_agent->Push(*layer1, runs, absl::MakeConstSpan(local.regions).subspan(1, 1), runs,
+                        absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(s.ok()) << s;
   for (int o = 0; o < kBlockBytes; ++o) {
-    ASSERT_EQ(remote.data[1][8 * kBlockBytes + o],
-              KvBuffers::Pattern(6, 1, 8, o));
-    ASSERT_EQ(remote.data[0][8 * kBlockBytes + o],
-              KvBuffers::Pattern(5, 0, 8, o));
-    ASSERT_EQ(remote.data[2][9 * kBlockBytes + o],
-              KvBuffers::Pattern(5, 2, 9, o));
+    ASSERT_EQ(remote.data[1][8 * kBlockBytes + o], KvBuffers::Pattern(6, 1, 8, o));
+    ASSERT_EQ(remote.data[0][8 * kBlockBytes + o], KvBuffers::Pattern(5, 0, 8, o));
+    ASSERT_EQ(remote.data[2][9 * kBlockBytes + o], KvBuffers::Pattern(5, 2, 9, o));
   }
-  EXPECT_EQ(desc->SelectRegions(2, 2).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(desc->SelectRegions(2, 2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(KvTransferAgentTest, RejectsBadRequestsWithoutTouchingMemory) {
@@ -195,44 +182,34 @@ TEST_P(KvTransferAgentTest, RejectsBadRequestsWithoutTouchingMemory) {
   // Region count mismatch.
   EXPECT_EQ(
       local_agent
-          ->Pull(*desc, ok_runs, absl::MakeConstSpan(local.regions).first(2),
-                 ok_runs, deadline)
+          ->Pull(*desc, ok_runs, absl::MakeConstSpan(local.regions).first(2), ok_runs, deadline)
           .code(),
       absl::StatusCode::kInvalidArgument);
   // Runs past the end of the remote region.
   const std::vector<BlockRun> past_end = {{63, 2}};
-  EXPECT_EQ(local_agent->Pull(*desc, past_end, local.regions, ok_runs, deadline)
-                .code(),
+  EXPECT_EQ(local_agent->Pull(*desc, past_end, local.regions, ok_runs, deadline).code(),
             absl::StatusCode::kInvalidArgument);
   // Different block totals.
   const std::vector<BlockRun> three = {{1, 3}};
-  EXPECT_EQ(
-      local_agent->Pull(*desc, three, local.regions, ok_runs, deadline).code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(local_agent->Pull(*desc, three, local.regions, ok_runs, deadline).code(),
+            absl::StatusCode::kInvalidArgument);
   // block_bytes mismatch.
   RemoteKvDescriptor wrong_geometry = *desc;
   wrong_geometry.regions[1].block_bytes = 1024;
-  EXPECT_EQ(
-      local_agent
-          ->Pull(wrong_geometry, ok_runs, local.regions, ok_runs, deadline)
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(local_agent->Pull(wrong_geometry, ok_runs, local.regions, ok_runs, deadline).code(),
+            absl::StatusCode::kInvalidArgument);
   // Local memory that is not registered.
   KvBuffers unregistered(/*seed=*/9);
-  EXPECT_EQ(
-      local_agent->Pull(*desc, ok_runs, unregistered.regions, ok_runs, deadline)
-          .code(),
-      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(local_agent->Pull(*desc, ok_runs, unregistered.regions, ok_runs, deadline).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(local_agent->Describe(unregistered.regions).status().code(),
             absl::StatusCode::kFailedPrecondition);
   for (int b = 0; b < kNumBlocks; ++b) ASSERT_TRUE(local.BlockHolds(b, 8, b));
-  for (int b = 0; b < kNumBlocks; ++b)
-    ASSERT_TRUE(unregistered.BlockHolds(b, 9, b));
+  for (int b = 0; b < kNumBlocks; ++b) ASSERT_TRUE(unregistered.BlockHolds(b, 9, b));
   EXPECT_EQ(local_agent->stats().num_rma_ops, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, KvTransferAgentTest,
-                         ::testing::Values("sm", "tcp"),
+INSTANTIATE_TEST_SUITE_P(Transports, KvTransferAgentTest, ::testing::Values("sm", "tcp"),
                          [](const auto& info) { return info.param; });
 
 TEST(KvTransferAgentFailureTest, PeerGoneIsAnErrorWithinTheDeadline) {
@@ -246,16 +223,12 @@ TEST(KvTransferAgentFailureTest, PeerGoneIsAnErrorWithinTheDeadline) {
   auto desc = remote_agent->Describe(remote.regions);
   ASSERT_TRUE(desc.ok()) << desc.status();
   const std::vector<BlockRun> runs = {{3, 4}};
-  ASSERT_TRUE(local_agent
-                  ->Pull(*desc, runs, local.regions, runs,
-                         absl::Now() + absl::Seconds(10))
-                  .ok());
+  ASSERT_TRUE(
+      local_agent->Pull(*desc, runs, local.regions, runs, absl::Now() + absl::Seconds(10)).ok());
 
-  remote_agent
-      .reset();  // the peer goes away (its buffers stay mapped in this process)
+  remote_agent.reset();  // the peer goes away (its buffers stay mapped in this process)
   const absl::Time start = absl::Now();
-  absl::Status s = local_agent->Pull(*desc, runs, local.regions, runs,
-                                     start + absl::Seconds(2));
+  absl::Status s = local_agent->Pull(*desc, runs, local.regions, runs, start + absl::Seconds(2));
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
@@ -263,12 +236,10 @@ TEST(KvTransferAgentFailureTest, PeerGoneIsAnErrorWithinTheDeadline) {
       << s;
   EXPECT_LT(took, absl::Seconds(4)) << "deadline 2 s plus close_timeout 1 s";
   EXPECT_EQ(local_agent->stats().num_transfers_failed, 1);
-  EXPECT_EQ(local_agent->stats().num_endpoints, 0)
-      << "a failed peer's endpoint is dropped";
+  EXPECT_EQ(local_agent->stats().num_endpoints, 0) << "a failed peer's endpoint is dropped";
 }
 
-TEST(KvTransferAgentFailureTest,
-     StuckPeerGivesDeadlineExceededAndAgentStaysUsable) {
+TEST(KvTransferAgentFailureTest, StuckPeerGivesDeadlineExceededAndAgentStaysUsable) {
   // Over tcp, RMA is emulated with active messages: a target that never
   // progresses never answers, like a hung process.
   auto stuck_agent = MakeAgent("tcp", /*progress_thread=*/false);
@@ -287,15 +258,14 @@ TEST(KvTransferAgentFailureTest,
   const std::vector<BlockRun> runs = {{10, 2}};
 
   const absl::Time start = absl::Now();
-  absl::Status s = local_agent->Pull(*stuck_desc, runs, local.regions, runs,
-                                     start + absl::Milliseconds(300));
+  absl::Status s =
+      local_agent->Pull(*stuck_desc, runs, local.regions, runs, start + absl::Milliseconds(300));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_GE(took, absl::Milliseconds(300));
   EXPECT_LT(took, absl::Seconds(2));
 
-  s = local_agent->Pull(*live_desc, runs, local.regions, runs,
-                        absl::Now() + absl::Seconds(10));
+  s = local_agent->Pull(*live_desc, runs, local.regions, runs, absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(local.BlockHolds(10, 3, 10));
   EXPECT_TRUE(local.BlockHolds(11, 3, 11));
@@ -312,8 +282,7 @@ TEST(KvTransferAgentTest, RegisterAndDeregister) {
   auto agent = MakeAgent("sm");
   ASSERT_NE(agent, nullptr);
   std::vector<uint8_t> buf(4096);
-  EXPECT_EQ(agent->RegisterRegion(nullptr, 10).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent->RegisterRegion(nullptr, 10).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(agent->RegisterRegion(buf.data(), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   auto handle = agent->RegisterRegion(buf.data(), 4096);
@@ -322,10 +291,8 @@ TEST(KvTransferAgentTest, RegisterAndDeregister) {
   const KvRegion region{buf.data(), 2, 2048};
   EXPECT_TRUE(agent->Describe({&region, 1}).ok());
   EXPECT_TRUE(agent->DeregisterRegion(handle->id).ok());
-  EXPECT_EQ(agent->DeregisterRegion(handle->id).code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(agent->Describe({&region, 1}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(agent->DeregisterRegion(handle->id).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(agent->Describe({&region, 1}).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
