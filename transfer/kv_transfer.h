@@ -156,6 +156,14 @@ class KvTransferAgent {
   // Internal if UCX fails to map/pack.
   virtual absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) = 0;
 
+  // AllocateRegion: allocates `bytes` of host memory through UCX (ucp_mem_map with
+  // UCP_MEM_MAP_ALLOCATE) and registers it; `base` of the handle is the memory (contents
+  // unspecified). UCX places it where its transports reach it fastest: on one host, a shared-memory
+  // segment that posix/sysv map directly into the peer, so RMA is a memcpy instead of emulated
+  // messages (Debian's UCX 1.13 has no usable cma RMA lane for user memory). DeregisterRegion frees
+  // it. Errors: InvalidArgument for bytes <= 0; ResourceExhausted/Internal if UCX cannot allocate.
+  virtual absl::StatusOr<RegionHandle> AllocateRegion(int64_t bytes) = 0;
+
   // DeregisterRegion: unregisters a handle's memory. The caller must ensure no
   // transfer uses it. Errors: NotFound for an unknown id.
   virtual absl::Status DeregisterRegion(uint64_t id) = 0;

@@ -134,16 +134,40 @@ absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base, int64_
     return absl::InvalidArgumentError(
         absl::StrCat("RegisterRegion needs a non-null base and bytes > 0, got bytes=", bytes));
   }
+  return MapRegion(base, bytes);
+}
+
+absl::StatusOr<RegionHandle> UcxTransferAgent::AllocateRegion(int64_t bytes) {
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AllocateRegion needs bytes > 0, got ", bytes));
+  }
+  return MapRegion(nullptr, bytes);
+}
+
+absl::StatusOr<RegionHandle> UcxTransferAgent::MapRegion(void* base, int64_t bytes) {
   ucp_mem_map_params_t mparams{};
-  mparams.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mparams.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mparams.address = base;
   mparams.length = static_cast<size_t>(bytes);
+  mparams.flags = base == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
   absl::MutexLock lock(&mu_);
   Registration reg;
-  reg.base = static_cast<char*>(base);
-  reg.bytes = bytes;
   ucs_status_t st = ucp_mem_map(context_, &mparams, &reg.memh);
-  if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_mem_map", st);
+  if (st != UCS_OK) {
+    return UcsError(st == UCS_ERR_NO_MEMORY ? absl::StatusCode::kResourceExhausted
+                                            : absl::StatusCode::kInternal,
+                    "ucp_mem_map", st);
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(reg.memh, &attr);
+  if (st != UCS_OK || attr.length < static_cast<size_t>(bytes)) {
+    ucp_mem_unmap(context_, reg.memh);
+    return UcsError(absl::StatusCode::kInternal, "ucp_mem_query", st);
+  }
+  reg.base = static_cast<char*>(attr.address);
+  reg.bytes = bytes;
   void* packed = nullptr;
   size_t packed_size = 0;
   st = ucp_rkey_pack(context_, reg.memh, &packed, &packed_size);
@@ -154,7 +178,7 @@ absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base, int64_
   reg.rkey.assign(static_cast<const char*>(packed), packed_size);
   ucp_rkey_buffer_release(packed);
   const uint64_t id = next_region_id_++;
-  RegionHandle handle{id, base, bytes, reg.rkey};
+  RegionHandle handle{id, reg.base, bytes, reg.rkey};
   registrations_.emplace(id, std::move(reg));
   return handle;
 }

@@ -41,6 +41,7 @@ class UcxTransferAgent final : public KvTransferAgent {
 
   const std::string& worker_address() const override { return worker_address_; }
   absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) override;
+  absl::StatusOr<RegionHandle> AllocateRegion(int64_t bytes) override;
   absl::Status DeregisterRegion(uint64_t id) override;
   absl::StatusOr<RemoteKvDescriptor> Describe(absl::Span<const KvRegion> regions) override;
   absl::Status Pull(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
@@ -62,6 +63,8 @@ class UcxTransferAgent final : public KvTransferAgent {
 
   explicit UcxTransferAgent(const KvTransferOptions& options);
   absl::Status Init();
+  // Maps (base != nullptr: registers; base == nullptr: allocates) and records a region.
+  absl::StatusOr<RegionHandle> MapRegion(void* base, int64_t bytes);
 
   // Shared body of Pull (is_put = false) and Push (is_put = true).
   absl::Status Transfer(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
