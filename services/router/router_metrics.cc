@@ -85,6 +85,7 @@ nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
                     {"address", worker.address},
                     {"draining", worker.draining},
                     {"assigned", worker.num_assigned},
+                    {"picked", worker.num_picked_total},
                     {"waiting", worker.load.num_waiting_requests},
                     {"running", worker.load.num_running_requests},
                     {"free_blocks", worker.load.num_free_blocks},

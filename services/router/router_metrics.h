@@ -28,7 +28,7 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                                 const RemoteBackendCounters& counters);
 
 // WorkersJson lists the workers for GET /v1/workers:
-//   {"object":"list","data":[{"id","role","address","draining","assigned",
+//   {"object":"list","data":[{"id","role","address","draining","assigned","picked",
 //    "waiting","running","free_blocks","total_blocks"}...]}
 nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers);
 
