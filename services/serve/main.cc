@@ -12,6 +12,7 @@
 #include "services/serve/log.h"
 #include "services/serve/router_command.h"
 #include "services/serve/serve_command.h"
+#include "services/serve/worker_command.h"
 
 namespace {
 
@@ -101,6 +102,32 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
 
+  // `sluice prefill` / `sluice decode`: disaggregated workers (services/prefill/README.md).
+  sluice::WorkerOptions worker_options[2];
+  double worker_kv_gib[2] = {0.0, 0.0};
+  CLI::App* worker_cmds[2];
+  const char* worker_names[2] = {"prefill", "decode"};
+  for (int i = 0; i < 2; ++i) {
+    sluice::WorkerOptions& w = worker_options[i];
+    worker_cmds[i] = app.add_subcommand(
+        worker_names[i], i == 0 ? "gRPC prefill worker (pins KV for decode workers)"
+                                : "gRPC decode worker (pulls KV from prefill workers)");
+    CLI::App& cmd = *worker_cmds[i];
+    AddEngineFlags(cmd, w.runtime, worker_kv_gib[i]);
+    cmd.add_option("--listen", w.listen, "gRPC host:port to listen on (port 0: any)");
+    cmd.add_option("--advertise", w.advertise, "Address others reach this worker at");
+    cmd.add_option("--router", w.router, "Router registry host:port (empty: no registration)");
+    cmd.add_option("--ucx-transports", w.ucx_transports, "UCX transports (UCX_TLS syntax)");
+    cmd.add_option("--kv-pin-timeout-s", w.kv_pin_timeout_s,
+                   "Prefill: free pinned KV blocks after this many seconds without a Release")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--reserve-timeout-s", w.reserve_timeout_s,
+                   "Decode: fail a reservation without KV transfer after this many seconds")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--transfer-timeout-s", w.transfer_timeout_s, "Decode: KV pull deadline")
+        ->check(CLI::PositiveNumber);
+  }
+
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
 
@@ -110,6 +137,14 @@ int main(int argc, char** argv) {
     return sluice::RunRouter(router);
   }
   auto gib_to_bytes = [](double gib) { return static_cast<int64_t>(gib * (1ull << 30)); };
+  for (int i = 0; i < 2; ++i) {
+    if (!worker_cmds[i]->parsed()) continue;
+    if (worker_kv_gib[i] > 0) {
+      worker_options[i].runtime.engine.kv_cache_bytes = gib_to_bytes(worker_kv_gib[i]);
+    }
+    return i == 0 ? sluice::RunPrefillWorker(worker_options[i])
+                  : sluice::RunDecodeWorker(worker_options[i]);
+  }
   if (serve_cmd->parsed()) {
     if (serve_kv_gib > 0) serve.runtime.engine.kv_cache_bytes = gib_to_bytes(serve_kv_gib);
     serve.http.port = static_cast<uint16_t>(port);
