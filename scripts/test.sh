@@ -10,3 +10,5 @@ echo "[test] ctest"
 (cd "$BUILD_DIR" && ctest --output-on-failure -j "${SLUICE_JOBS:-$(nproc)}")
 echo "[test] end-to-end (pytest)"
 SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/e2e
+echo "[test] integration (multi-process: router + prefill/decode workers, k8s manifests)"
+SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/integration

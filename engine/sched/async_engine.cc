@@ -1,5 +1,6 @@
 #include "engine/sched/async_engine.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -51,11 +52,50 @@ class AsyncEngine::Impl {
   }
 
   void Abort(const std::string& request_id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!in_flight_.contains(request_id)) return;
-    ops_.push_back(AbortOp{request_id});
-    cv_.notify_one();
+    // Not only in-flight ids: a finished prefill request may still hold KV blocks.
+    Enqueue(AbortOp{request_id});
   }
+
+  void ReleaseHeldBlocks(const std::string& request_id, std::function<void(absl::Status)> done) {
+    if (!Enqueue(ReleaseOp{request_id, done}) && done) {
+      done(absl::UnavailableError("engine is shutting down"));
+    }
+  }
+
+  void ReserveForTransfer(EngineRequest request, std::optional<SampledToken> first_token,
+                          absl::Time deadline,
+                          std::function<void(absl::StatusOr<std::vector<int32_t>>)> on_reserved,
+                          OutputCallback on_output) {
+    absl::Status s = engine_->ValidateRequest(request);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) {
+        s = absl::UnavailableError("engine is shutting down");
+      } else if (in_flight_.contains(request.request_id)) {
+        s = absl::AlreadyExistsError(
+            absl::StrCat("request id '", request.request_id, "' is already in flight"));
+      } else {
+        in_flight_.insert(request.request_id);
+        ops_.push_back(ReserveOp{std::move(request), std::move(first_token), deadline,
+                                 std::move(on_reserved), std::move(on_output)});
+        cv_.notify_one();
+        return;
+      }
+    }
+    on_reserved(s);
+  }
+
+  void CompleteTransfer(const std::string& request_id, absl::Status status,
+                        std::optional<SampledToken> first_token,
+                        std::function<void(absl::Status)> done) {
+    if (!Enqueue(CompleteOp{request_id, std::move(status), std::move(first_token), done}) &&
+        done) {
+      done(absl::UnavailableError("engine is shutting down"));
+    }
+  }
+
+  KvCache& kv_cache() { return engine_->kv_cache(); }
+  int64_t block_size() const { return engine_->block_size(); }
 
   AsyncEngineStats Stats() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -73,37 +113,134 @@ class AsyncEngine::Impl {
   struct AbortOp {
     std::string request_id;
   };
-  using Op = std::variant<SubmitOp, AbortOp>;
+  struct ReleaseOp {
+    std::string request_id;
+    std::function<void(absl::Status)> done;
+  };
+  struct ReserveOp {
+    EngineRequest request;
+    std::optional<SampledToken> first_token;
+    absl::Time deadline;
+    std::function<void(absl::StatusOr<std::vector<int32_t>>)> on_reserved;
+    OutputCallback on_output;
+  };
+  struct CompleteOp {
+    std::string request_id;
+    absl::Status status;
+    std::optional<SampledToken> first_token;
+    std::function<void(absl::Status)> done;
+  };
+  using Op = std::variant<SubmitOp, AbortOp, ReleaseOp, ReserveOp, CompleteOp>;
+
+  // While timers (held blocks, reservations, queued reserves) exist the loop wakes this often.
+  static constexpr std::chrono::milliseconds kTimerPoll{10};
+
+  // Enqueue: false (op dropped) once shutting down.
+  bool Enqueue(Op op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    ops_.push_back(std::move(op));
+    cv_.notify_one();
+    return true;
+  }
+
+  // TryReserve: reserves now; true when done (reserved or failed for good), false when blocks
+  // are short and the op should wait for the next step.
+  bool TryReserve(ReserveOp& op) {
+    const std::string id = op.request.request_id;
+    absl::StatusOr<std::vector<int32_t>> blocks =
+        engine_->ReserveForTransfer(op.request, op.first_token);
+    if (blocks.ok()) {
+      callbacks_.emplace(id, std::move(op.on_output));
+      op.on_reserved(std::move(blocks));
+      return true;
+    }
+    if (absl::IsResourceExhausted(blocks.status()) && absl::Now() < op.deadline) return false;
+    if (absl::IsResourceExhausted(blocks.status())) {
+      blocks = absl::DeadlineExceededError(
+          absl::StrCat("no KV blocks for request '", id, "' before the deadline: ",
+                       blocks.status().message()));
+    }
+    op.on_reserved(blocks.status());
+    Forget(id);
+    return true;
+  }
+
+  void RetryPendingReserves() {
+    while (!pending_reserves_.empty()) {
+      if (!TryReserve(pending_reserves_.front())) {
+        // FIFO: later ones wait too, unless past their deadline.
+        for (auto it = pending_reserves_.begin() + 1; it != pending_reserves_.end();) {
+          if (absl::Now() >= it->deadline) {
+            it->on_reserved(absl::DeadlineExceededError(absl::StrCat(
+                "no KV blocks for request '", it->request.request_id, "' before the deadline")));
+            Forget(it->request.request_id);
+            it = pending_reserves_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        return;
+      }
+      pending_reserves_.pop_front();
+    }
+  }
+
+  void Apply(Op& op) {
+    if (auto* submit = std::get_if<SubmitOp>(&op)) {
+      const std::string id = submit->request.request_id;
+      absl::Status s = engine_->AddRequest(std::move(submit->request));
+      if (!s.ok()) {
+        // Validated in Submit; only engine-state errors (queue full) land here.
+        RequestOutput out;
+        out.request_id = id;
+        out.finish_reason = FinishReason::kError;
+        out.status = s;
+        submit->callback(out);
+        Forget(id);
+        return;
+      }
+      callbacks_.emplace(id, std::move(submit->callback));
+    } else if (auto* abort = std::get_if<AbortOp>(&op)) {
+      for (auto it = pending_reserves_.begin(); it != pending_reserves_.end(); ++it) {
+        if (it->request.request_id == abort->request_id) {
+          it->on_reserved(absl::CancelledError("aborted before its KV blocks were reserved"));
+          Forget(abort->request_id);
+          pending_reserves_.erase(it);
+          return;
+        }
+      }
+      engine_->AbortRequest(abort->request_id);
+    } else if (auto* release = std::get_if<ReleaseOp>(&op)) {
+      absl::Status s = engine_->ReleaseHeldBlocks(release->request_id);
+      if (release->done) release->done(s);
+    } else if (auto* reserve = std::get_if<ReserveOp>(&op)) {
+      if (!pending_reserves_.empty() || !TryReserve(*reserve)) {
+        pending_reserves_.push_back(std::move(*reserve));
+      }
+    } else if (auto* complete = std::get_if<CompleteOp>(&op)) {
+      absl::Status s = engine_->CompleteTransfer(
+          complete->request_id, std::move(complete->status), std::move(complete->first_token));
+      if (complete->done) complete->done(s);
+    }
+  }
 
   void Loop() {
     for (;;) {
       std::deque<Op> ops;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !ops_.empty() || engine_->HasUnfinishedRequests(); });
+        auto ready = [&] { return stop_ || !ops_.empty() || engine_->HasStepWork(); };
+        if (engine_->HasPendingTimers() || !pending_reserves_.empty()) {
+          cv_.wait_for(lock, kTimerPoll, ready);
+        } else {
+          cv_.wait(lock, ready);
+        }
         if (stop_) break;
         ops.swap(ops_);
         num_queued_submits_ = 0;
       }
-      for (Op& op : ops) {
-        if (auto* submit = std::get_if<SubmitOp>(&op)) {
-          const std::string id = submit->request.request_id;
-          absl::Status s = engine_->AddRequest(std::move(submit->request));
-          if (!s.ok()) {
-            // Validated in Submit; only engine-state errors (queue full) land here.
-            RequestOutput out;
-            out.request_id = id;
-            out.finish_reason = FinishReason::kError;
-            out.status = s;
-            submit->callback(out);
-            Forget(id);
-            continue;
-          }
-          callbacks_.emplace(id, std::move(submit->callback));
-        } else {
-          engine_->AbortRequest(std::get<AbortOp>(op).request_id);
-        }
-      }
+      for (Op& op : ops) Apply(op);
       for (const RequestOutput& out : engine_->Step()) {
         auto it = callbacks_.find(out.request_id);
         if (it == callbacks_.end()) continue;
@@ -113,9 +250,14 @@ class AsyncEngine::Impl {
           Forget(out.request_id);
         }
       }
+      RetryPendingReserves();
       PublishStats();
     }
     // Shutdown: every request still in flight gets its final (aborted) output.
+    for (ReserveOp& op : pending_reserves_) {
+      op.on_reserved(absl::UnavailableError("engine shut down"));
+    }
+    pending_reserves_.clear();
     for (auto& [id, callback] : callbacks_) {
       RequestOutput out;
       out.request_id = id;
@@ -138,6 +280,8 @@ class AsyncEngine::Impl {
     s.num_total_blocks = engine_->num_total_blocks();
     s.num_free_blocks = engine_->num_free_blocks();
     s.block_size = engine_->block_size();
+    s.num_held_blocks = engine_->num_held_blocks();
+    s.num_reserved = engine_->num_reserved();
     s.counters = engine_->counters();
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = s;
@@ -154,6 +298,7 @@ class AsyncEngine::Impl {
   AsyncEngineStats stats_;                      // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
   std::unordered_map<std::string, OutputCallback> callbacks_;  // engine thread only
+  std::deque<ReserveOp> pending_reserves_;  // engine thread only: waiting for free blocks
 };
 
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine)
@@ -163,6 +308,24 @@ absl::Status AsyncEngine::Submit(EngineRequest request, OutputCallback on_output
   return impl_->Submit(std::move(request), std::move(on_output));
 }
 void AsyncEngine::Abort(const std::string& request_id) { impl_->Abort(request_id); }
+void AsyncEngine::ReleaseHeldBlocks(const std::string& request_id,
+                                    std::function<void(absl::Status)> done) {
+  impl_->ReleaseHeldBlocks(request_id, std::move(done));
+}
+void AsyncEngine::ReserveForTransfer(
+    EngineRequest request, std::optional<SampledToken> first_token, absl::Time deadline,
+    std::function<void(absl::StatusOr<std::vector<int32_t>>)> on_reserved,
+    OutputCallback on_output) {
+  impl_->ReserveForTransfer(std::move(request), std::move(first_token), deadline,
+                            std::move(on_reserved), std::move(on_output));
+}
+void AsyncEngine::CompleteTransfer(const std::string& request_id, absl::Status status,
+                                   std::optional<SampledToken> first_token,
+                                   std::function<void(absl::Status)> done) {
+  impl_->CompleteTransfer(request_id, std::move(status), std::move(first_token), std::move(done));
+}
+KvCache& AsyncEngine::kv_cache() { return impl_->kv_cache(); }
+int64_t AsyncEngine::block_size() const { return impl_->block_size(); }
 AsyncEngineStats AsyncEngine::Stats() const { return impl_->Stats(); }
 int32_t AsyncEngine::max_model_len() const { return impl_->max_model_len(); }
 const Model& AsyncEngine::model() const { return impl_->model(); }

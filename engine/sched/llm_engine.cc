@@ -1,6 +1,7 @@
 #include "engine/sched/llm_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <unordered_set>
 #include <utility>
@@ -56,36 +57,116 @@ class LLMEngineImpl final : public LLMEngine {
 
   absl::Status AddRequest(EngineRequest request) override {
     if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
-    if (ids_.contains(request.request_id)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("request id '", request.request_id, "' is already in flight"));
-    }
+    if (absl::Status s = CheckNewId(request.request_id); !s.ok()) return s;
     if (scheduler_.num_waiting() >= options_.max_waiting_requests) {
       return absl::ResourceExhaustedError("too many waiting requests; retry later");
     }
-    auto seq = std::make_unique<Sequence>();
-    seq->request = std::move(request);
-    seq->token_ids = seq->request.prompt_token_ids;
-    seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
-                                                         : std::random_device{}());
+    std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
     ids_.insert(seq->request.request_id);
     scheduler_.Add(std::move(seq));
     return absl::OkStatus();
   }
 
   void AbortRequest(const std::string& request_id) override {
-    if (ids_.contains(request_id)) pending_aborts_.push_back(request_id);
+    if (ids_.contains(request_id)) {
+      pending_aborts_.push_back(request_id);
+    } else if (held_.contains(request_id)) {
+      FreeHeld(request_id);
+      ++counters_.num_held_released;
+    }
   }
+
+  absl::Status ReleaseHeldBlocks(const std::string& request_id) override {
+    if (!held_.contains(request_id)) {
+      return absl::NotFoundError(
+          absl::StrCat("no KV blocks are held for request '", request_id, "'"));
+    }
+    FreeHeld(request_id);
+    ++counters_.num_held_released;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<int32_t>> ReserveForTransfer(
+      EngineRequest request, std::optional<SampledToken> first_token) override {
+    if (absl::Status s = ValidateRequest(request); !s.ok()) return s;
+    if (absl::Status s = CheckNewId(request.request_id); !s.ok()) return s;
+    if (request.hold_kv_blocks) {
+      return absl::InvalidArgumentError("a transfer reservation cannot hold its KV blocks");
+    }
+    const std::string id = request.request_id;
+    std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
+    // The prefill engine drew once from the same seeded generator for the first token when
+    // sampling randomly (SampleToken uses exactly one rng() per random draw, greedy none):
+    // skip that draw so later tokens equal a single-engine run's.
+    if (!seq->request.sampling.IsGreedy()) seq->rng.discard(1);
+    seq->num_computed_tokens = seq->num_prompt_tokens();
+    const int64_t num_tokens = seq->num_prompt_tokens() + 1;
+    if (!scheduler_.Reserve(seq, num_tokens)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough free KV blocks to reserve ", NumBlocksFor(num_tokens, options_.block_size),
+          " blocks (", scheduler_.allocator().num_free_blocks(), " free)"));
+    }
+    Sequence* parked = scheduler_.Find(id);
+    ids_.insert(id);
+    reservations_[id] = Reservation{Now() + Ms(options_.kv_reserve_timeout_ms),
+                                    std::move(first_token)};
+    return parked->block_table;
+  }
+
+  absl::Status CompleteTransfer(const std::string& request_id, absl::Status status,
+                                std::optional<SampledToken> first_token) override {
+    auto it = reservations_.find(request_id);
+    if (it == reservations_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("no KV transfer reservation for request '", request_id, "'"));
+    }
+    if (status.ok()) {
+      if (first_token.has_value()) it->second.first_token = std::move(first_token);
+      if (!it->second.first_token.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request '", request_id, "': the first token was not given"));
+      }
+    }
+    std::optional<SampledToken> token = std::move(it->second.first_token);
+    reservations_.erase(it);
+    if (!status.ok()) {
+      FailReserved(request_id, std::move(status));
+      return absl::OkStatus();
+    }
+    Sequence* seq = scheduler_.Find(request_id);
+    seq->AppendToken(token->token_id);
+    ++counters_.num_transfers_completed;
+    if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
+      std::unique_ptr<Sequence> done = scheduler_.Remove(request_id);
+      pending_outputs_.push_back(FinalOutput(*done, reason, absl::OkStatus()));
+      ids_.erase(request_id);
+      return absl::OkStatus();
+    }
+    scheduler_.Activate(request_id);
+    return absl::OkStatus();
+  }
+
+  bool HasPendingTimers() const override { return !held_.empty() || !reservations_.empty(); }
+  bool HasStepWork() const override {
+    return scheduler_.num_waiting() > 0 || scheduler_.num_running() > 0 ||
+           !pending_aborts_.empty() || !pending_outputs_.empty();
+  }
+  int64_t num_held_blocks() const override { return num_held_blocks_; }
+  int64_t num_reserved() const override { return scheduler_.num_reserved(); }
+  KvCache& kv_cache() override { return kv_cache_; }
 
   std::vector<RequestOutput> Step() override {
     std::vector<RequestOutput> outputs;
+    outputs.swap(pending_outputs_);
     for (const std::string& id : pending_aborts_) {
       if (std::unique_ptr<Sequence> seq = scheduler_.Remove(id)) {
+        if (reservations_.erase(id) > 0) ++counters_.num_transfers_failed;
         outputs.push_back(FinalOutput(*seq, FinishReason::kAbort, absl::OkStatus()));
         ids_.erase(id);
       }
     }
     pending_aborts_.clear();
+    ExpireTimers(outputs);
 
     SchedulerOutput plan = scheduler_.Schedule();
     counters_.num_preemptions += plan.num_preempted;
@@ -130,11 +211,22 @@ class LLMEngineImpl final : public LLMEngine {
       out.num_cached_tokens = seq.num_cached_tokens;
       out.num_output_tokens = seq.num_output_tokens();
       out.finish_reason = CheckFinished(seq);
+      if (out.finish_reason == FinishReason::kNone && seq.request.hold_kv_blocks) {
+        // Prefill mode: stop after the first token, keep the prompt's blocks pinned.
+        out.kv_held = true;
+        out.held_block_ids = seq.block_table;
+      }
       if (out.finished()) finished.push_back(out.request_id);
       outputs.push_back(std::move(out));
     }
     for (const std::string& id : finished) {
-      scheduler_.Remove(id);
+      if (scheduler_.Find(id)->request.hold_kv_blocks && IsHeldOutput(outputs, id)) {
+        std::unique_ptr<Sequence> seq = scheduler_.Detach(id);
+        num_held_blocks_ += static_cast<int64_t>(seq->block_table.size());
+        held_[id] = Held{std::move(seq->block_table), Now() + Ms(options_.kv_hold_timeout_ms)};
+      } else {
+        scheduler_.Remove(id);
+      }
       ids_.erase(id);
     }
     return outputs;
@@ -211,6 +303,83 @@ class LLMEngineImpl final : public LLMEngine {
     return FinishReason::kNone;
   }
 
+  using Clock = std::chrono::steady_clock;
+  static Clock::time_point Now() { return Clock::now(); }
+  static Clock::duration Ms(int64_t ms) { return std::chrono::milliseconds(ms); }
+
+  // Held: a prefill request's pinned blocks. Reservation: a decode request waiting for KV.
+  struct Held {
+    std::vector<int32_t> blocks;
+    Clock::time_point deadline;
+  };
+  struct Reservation {
+    Clock::time_point deadline;
+    std::optional<SampledToken> first_token;
+  };
+
+  absl::Status CheckNewId(const std::string& id) const {
+    if (ids_.contains(id) || held_.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("request id '", id, "' is already in flight"));
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<Sequence> NewSequence(EngineRequest request) const {
+    auto seq = std::make_unique<Sequence>();
+    seq->request = std::move(request);
+    seq->token_ids = seq->request.prompt_token_ids;
+    seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
+                                                         : std::random_device{}());
+    return seq;
+  }
+
+  static bool IsHeldOutput(const std::vector<RequestOutput>& outputs, const std::string& id) {
+    for (auto it = outputs.rbegin(); it != outputs.rend(); ++it) {
+      if (it->request_id == id) return it->kv_held;
+    }
+    return false;
+  }
+
+  void FreeHeld(const std::string& id) {
+    auto it = held_.find(id);
+    num_held_blocks_ -= static_cast<int64_t>(it->second.blocks.size());
+    scheduler_.FreeBlocks(it->second.blocks);
+    held_.erase(it);
+  }
+
+  void FailReserved(const std::string& id, absl::Status status) {
+    std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
+    ++counters_.num_transfers_failed;
+    pending_outputs_.push_back(FinalOutput(*seq, FinishReason::kError, std::move(status)));
+    ids_.erase(id);
+  }
+
+  // ExpireTimers frees held blocks and fails reservations past their deadlines.
+  void ExpireTimers(std::vector<RequestOutput>& outputs) {
+    if (held_.empty() && reservations_.empty()) return;
+    const Clock::time_point now = Now();
+    std::vector<std::string> expired;
+    for (const auto& [id, h] : held_) {
+      if (h.deadline <= now) expired.push_back(id);
+    }
+    for (const std::string& id : expired) {
+      FreeHeld(id);
+      ++counters_.num_held_expired;
+    }
+    expired.clear();
+    for (const auto& [id, r] : reservations_) {
+      if (r.deadline <= now) expired.push_back(id);
+    }
+    for (const std::string& id : expired) {
+      reservations_.erase(id);
+      FailReserved(id, absl::DeadlineExceededError(absl::StrCat(
+                           "KV transfer for request '", id, "' not completed within ",
+                           options_.kv_reserve_timeout_ms, " ms")));
+    }
+    for (RequestOutput& out : pending_outputs_) outputs.push_back(std::move(out));
+    pending_outputs_.clear();
+  }
+
   RequestOutput FinalOutput(const Sequence& seq, FinishReason reason, absl::Status status) {
     RequestOutput out;
     out.request_id = seq.request.request_id;
@@ -230,6 +399,10 @@ class LLMEngineImpl final : public LLMEngine {
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;
+  std::vector<RequestOutput> pending_outputs_;  // produced between steps, emitted by Step()
+  absl::flat_hash_map<std::string, Held> held_;
+  absl::flat_hash_map<std::string, Reservation> reservations_;
+  int64_t num_held_blocks_ = 0;
   ForwardInput input_;
   std::vector<float> logits_;
   std::vector<int32_t> stop_ids_;

@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
 
@@ -26,6 +28,10 @@ struct EngineOptions {
   int32_t max_num_batched_tokens = 512;  // token budget per step (prefill chunk + decodes)
   int32_t max_model_len = 0;           // 0: the model's max_position_embeddings
   int32_t max_waiting_requests = 4096;  // beyond this Submit returns ResourceExhausted
+  // Disaggregation: prefill-held KV blocks are freed after this long without a release
+  // (milliseconds); a decode reservation without CompleteTransfer fails after this long.
+  int64_t kv_hold_timeout_ms = 30000;
+  int64_t kv_reserve_timeout_ms = 30000;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -34,6 +40,10 @@ struct EngineCounters {
   int64_t num_prompt_tokens_computed = 0;  // prefill tokens run through the model (incl. recompute)
   int64_t num_generation_tokens = 0;
   int64_t num_preemptions = 0;
+  int64_t num_held_released = 0;   // prefill-held block sets freed by ReleaseHeldBlocks/abort
+  int64_t num_held_expired = 0;    // prefill-held block sets freed by kv_hold_timeout_ms
+  int64_t num_transfers_completed = 0;  // reservations completed OK
+  int64_t num_transfers_failed = 0;     // reservations failed, aborted or timed out
 };
 
 class LLMEngine {
@@ -51,8 +61,47 @@ class LLMEngine {
   // (not on engine state). Thread-safe: reads immutable configuration only.
   virtual absl::Status ValidateRequest(const EngineRequest& request) const = 0;
   // AbortRequest finishes the request with kAbort in the next Step's outputs and frees its
-  // blocks. Unknown ids are ignored.
+  // blocks — also a reserved one (decode mode) and a held one (prefill mode: the blocks are
+  // freed, no output since it already finished). Unknown ids are ignored.
   virtual void AbortRequest(const std::string& request_id) = 0;
+
+  // --- Disaggregated serving hooks ---
+  // Prefill side: EngineRequest::hold_kv_blocks makes the request stop after its first token
+  // with its blocks pinned (see RequestOutput::kv_held).
+  // ReleaseHeldBlocks frees the pinned blocks of a held request. NotFound if nothing is held
+  // under that id (never held, already released, or expired).
+  virtual absl::Status ReleaseHeldBlocks(const std::string& request_id) = 0;
+
+  // Decode side: ReserveForTransfer validates `request` like AddRequest, allocates blocks for
+  // prompt + 1 tokens and returns their ids in sequence order (the first
+  // NumBlocksFor(prompt_len, block_size) receive the transferred prompt KV; the last slot takes
+  // the first token's KV in the first decode step). The sequence is not scheduled until
+  // CompleteTransfer. `first_token` may be given here or at CompleteTransfer (the router
+  // reserves while prefill still runs). Errors: as AddRequest; ResourceExhausted when not enough
+  // blocks are free (nothing changed).
+  virtual absl::StatusOr<std::vector<int32_t>> ReserveForTransfer(
+      EngineRequest request, std::optional<SampledToken> first_token) = 0;
+  // CompleteTransfer: with an OK `status` the reserved sequence becomes schedulable with
+  // num_computed_tokens = prompt length and the first token appended as its first output (it is
+  // not emitted again and not recomputed; outputs resume with the second token; if the first
+  // token already ends the request the next Step emits a final output without tokens). With an
+  // error status the request finishes with kError and that status, its blocks freed.
+  // Errors: NotFound (no reservation under that id), InvalidArgument (OK status but no first
+  // token given at either call; the reservation stays).
+  virtual absl::Status CompleteTransfer(const std::string& request_id, absl::Status status,
+                                        std::optional<SampledToken> first_token) = 0;
+  // HasPendingTimers: held blocks or reservations exist, whose timeouts Step() enforces; a
+  // driver should call Step() periodically (e.g. every 10 ms) while this is true.
+  virtual bool HasPendingTimers() const = 0;
+  // HasStepWork: a Step() now would compute or emit something (waiting/running sequences,
+  // pending aborts or outputs). Reserved and held requests alone are not step work.
+  virtual bool HasStepWork() const = 0;
+  virtual int64_t num_held_blocks() const = 0;  // blocks pinned by held prefill requests
+  virtual int64_t num_reserved() const = 0;     // requests waiting for a KV transfer
+  // kv_cache: the paged KV storage (per layer k/v float32 [num_blocks, block_size, floats]).
+  // Buffer addresses are fixed for the engine's lifetime (register them with the transfer
+  // agent at start); contents are written only by Step().
+  virtual KvCache& kv_cache() = 0;
   // Step runs one scheduling step and returns the outputs it produced.
   virtual std::vector<RequestOutput> Step() = 0;
   virtual bool HasUnfinishedRequests() const = 0;

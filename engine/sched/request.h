@@ -18,6 +18,11 @@ struct EngineRequest {
   std::string request_id;                // unique among in-flight requests
   std::vector<int32_t> prompt_token_ids;
   SamplingParams sampling;
+  // Prefill mode (disaggregated serving): run the prompt, sample only the first token, then
+  // finish the request but keep its KV blocks pinned (RequestOutput::kv_held) until
+  // ReleaseHeldBlocks, an abort, or the engine's kv_hold_timeout_ms. If the first token already
+  // ends the request (EOS, stop id, max_tokens == 1) it finishes normally and nothing is held.
+  bool hold_kv_blocks = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -32,7 +37,13 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;         // prompt tokens served from the prefix cache
   int32_t num_output_tokens = 0;         // total so far
-  bool finished() const { return finish_reason != FinishReason::kNone; }
+  // Prefill mode only (EngineRequest::hold_kv_blocks): true on the last output when the request
+  // stopped after its first token with its prompt KV pinned in `held_block_ids` (in sequence
+  // order: token t is in held_block_ids[t / block_size]; NumBlocksFor(num_prompt_tokens) ids).
+  // finish_reason stays kNone then: generation continues elsewhere.
+  bool kv_held = false;
+  std::vector<int32_t> held_block_ids;
+  bool finished() const { return finish_reason != FinishReason::kNone || kv_held; }
 };
 
 // OutputCallback receives a request's outputs in order; the last one has finished() true.

@@ -17,10 +17,38 @@ Sequence* Scheduler::Find(const std::string& request_id) {
   for (auto& s : waiting_) {
     if (s->request.request_id == request_id) return s.get();
   }
+  for (auto& s : reserved_) {
+    if (s->request.request_id == request_id) return s.get();
+  }
   return nullptr;
 }
 
+bool Scheduler::Reserve(std::unique_ptr<Sequence>& seq, int64_t num_tokens) {
+  if (!EnsureBlocks(*seq, num_tokens)) return false;
+  reserved_.push_back(std::move(seq));
+  return true;
+}
+
+bool Scheduler::Activate(const std::string& request_id) {
+  auto it = std::find_if(reserved_.begin(), reserved_.end(), [&](const auto& s) {
+    return s->request.request_id == request_id;
+  });
+  if (it == reserved_.end()) return false;
+  waiting_.push_front(std::move(*it));
+  reserved_.erase(it);
+  return true;
+}
+
 std::unique_ptr<Sequence> Scheduler::Remove(const std::string& request_id) {
+  std::unique_ptr<Sequence> out = Detach(request_id);
+  if (out != nullptr) {
+    allocator_.Free(out->block_table);
+    out->block_table.clear();
+  }
+  return out;
+}
+
+std::unique_ptr<Sequence> Scheduler::Detach(const std::string& request_id) {
   std::unique_ptr<Sequence> out;
   auto match = [&](const std::unique_ptr<Sequence>& s) {
     return s->request.request_id == request_id;
@@ -32,10 +60,10 @@ std::unique_ptr<Sequence> Scheduler::Remove(const std::string& request_id) {
              wit != waiting_.end()) {
     out = std::move(*wit);
     waiting_.erase(wit);
-  }
-  if (out != nullptr) {
-    allocator_.Free(out->block_table);
-    out->block_table.clear();
+  } else if (auto rit = std::find_if(reserved_.begin(), reserved_.end(), match);
+             rit != reserved_.end()) {
+    out = std::move(*rit);
+    reserved_.erase(rit);
   }
   return out;
 }

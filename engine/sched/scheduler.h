@@ -54,6 +54,21 @@ class Scheduler {
   std::unique_ptr<Sequence> Remove(const std::string& request_id);
   Sequence* Find(const std::string& request_id);
 
+  // Disaggregation hooks.
+  // Reserve allocates blocks for `num_tokens` tokens and parks `seq` outside the waiting and
+  // running queues (never scheduled) until Activate. Returns false (seq untouched, still owned
+  // by the caller) when not enough blocks are free.
+  bool Reserve(std::unique_ptr<Sequence>& seq, int64_t num_tokens);
+  // Activate moves a reserved sequence to the front of the waiting queue (it keeps its blocks
+  // and num_computed_tokens). False if no reserved sequence has that id.
+  bool Activate(const std::string& request_id);
+  // Detach takes a sequence out (waiting, running or reserved) WITHOUT freeing its blocks; the
+  // caller owns the blocks (returns them with FreeBlocks). nullptr if unknown.
+  std::unique_ptr<Sequence> Detach(const std::string& request_id);
+  // FreeBlocks drops one reference to each block (blocks from Detach).
+  void FreeBlocks(const std::vector<int32_t>& blocks) { allocator_.Free(blocks); }
+  int64_t num_reserved() const { return static_cast<int64_t>(reserved_.size()); }
+
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   const KvBlockAllocator& allocator() const { return allocator_; }
@@ -68,6 +83,7 @@ class Scheduler {
   KvBlockAllocator allocator_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
+  std::vector<std::unique_ptr<Sequence>> reserved_;  // waiting for a KV transfer
   int64_t next_admission_ = 0;
   int64_t num_preemptions_ = 0;
 };

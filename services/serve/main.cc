@@ -2,6 +2,7 @@
 //
 //   sluice serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] ...
 //   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
+//   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
 #include <cstdint>
 #include <string>
 
@@ -9,7 +10,9 @@
 
 #include "services/serve/generate_command.h"
 #include "services/serve/log.h"
+#include "services/serve/router_command.h"
 #include "services/serve/serve_command.h"
+#include "services/serve/worker_command.h"
 
 namespace {
 
@@ -71,10 +74,77 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
 
+  sluice::RouterOptions router;
+  int router_port = router.http.port;
+  int router_grpc_port = router.grpc_port;
+  CLI::App* router_cmd = app.add_subcommand(
+      "router", "OpenAI HTTP API in front of registered prefill/decode workers");
+  router_cmd->add_option("--model", router.model_dir, "Model folder (tokenizer, template)")
+      ->required();
+  router_cmd->add_option("--served-model-name", router.served_model_name, "Model id clients use");
+  router_cmd->add_option("--host", router.http.host, "HTTP address to listen on");
+  router_cmd->add_option("--port", router_port, "HTTP port (0: any free port)")
+      ->check(CLI::Range(0, 65535));
+  router_cmd->add_option("--grpc-host", router.grpc_host, "Registry gRPC address");
+  router_cmd->add_option("--grpc-port", router_grpc_port, "Registry gRPC port (0: any)")
+      ->check(CLI::Range(0, 65535));
+  router_cmd->add_option("--max-model-len", router.max_model_len,
+                         "Max prompt + output tokens (default: config.json)")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--max-concurrent-requests", router.max_concurrent_requests,
+                         "Generation requests in flight before answering 503")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--min-remote-prefill-tokens", router.backend.min_remote_prefill_tokens,
+                         "Shorter prompts prefill on the decode worker")
+      ->check(CLI::NonNegativeNumber);
+  router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")
+      ->check(CLI::PositiveNumber);
+
+  // `sluice prefill` / `sluice decode`: disaggregated workers (services/prefill/README.md).
+  sluice::WorkerOptions worker_options[2];
+  double worker_kv_gib[2] = {0.0, 0.0};
+  CLI::App* worker_cmds[2];
+  const char* worker_names[2] = {"prefill", "decode"};
+  for (int i = 0; i < 2; ++i) {
+    sluice::WorkerOptions& w = worker_options[i];
+    worker_cmds[i] = app.add_subcommand(
+        worker_names[i], i == 0 ? "gRPC prefill worker (pins KV for decode workers)"
+                                : "gRPC decode worker (pulls KV from prefill workers)");
+    CLI::App& cmd = *worker_cmds[i];
+    AddEngineFlags(cmd, w.runtime, worker_kv_gib[i]);
+    cmd.add_option("--listen", w.listen, "gRPC host:port to listen on (port 0: any)");
+    cmd.add_option("--advertise", w.advertise, "Address others reach this worker at");
+    cmd.add_option("--router", w.router, "Router registry host:port (empty: no registration)");
+    cmd.add_option("--ucx-transports", w.ucx_transports, "UCX transports (UCX_TLS syntax)");
+    cmd.add_option("--kv-pin-timeout-s", w.kv_pin_timeout_s,
+                   "Prefill: free pinned KV blocks after this many seconds without a Release")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--reserve-timeout-s", w.reserve_timeout_s,
+                   "Decode: fail a reservation without KV transfer after this many seconds")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--transfer-timeout-s", w.transfer_timeout_s, "Decode: KV pull deadline")
+        ->check(CLI::PositiveNumber);
+  }
+
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
 
+  if (router_cmd->parsed()) {
+    router.http.port = static_cast<uint16_t>(router_port);
+    router.grpc_port = static_cast<uint16_t>(router_grpc_port);
+    return sluice::RunRouter(router);
+  }
   auto gib_to_bytes = [](double gib) { return static_cast<int64_t>(gib * (1ull << 30)); };
+  for (int i = 0; i < 2; ++i) {
+    if (!worker_cmds[i]->parsed()) continue;
+    if (worker_kv_gib[i] > 0) {
+      worker_options[i].runtime.engine.kv_cache_bytes = gib_to_bytes(worker_kv_gib[i]);
+    }
+    return i == 0 ? sluice::RunPrefillWorker(worker_options[i])
+                  : sluice::RunDecodeWorker(worker_options[i]);
+  }
   if (serve_cmd->parsed()) {
     if (serve_kv_gib > 0) serve.runtime.engine.kv_cache_bytes = gib_to_bytes(serve_kv_gib);
     serve.http.port = static_cast<uint16_t>(port);

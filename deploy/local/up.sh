@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Starts a disaggregated Sluice on loopback: one router, N prefill and M decode workers, each its
+# own process with its own log under the run directory; waits until the router answers /health
+# and every worker has registered (GET /v1/workers), then prints the endpoint.
+#
+#   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
+#                      [--bin PATH] [--timeout SECONDS] [-- extra worker flags...]
+# Stop with deploy/local/down.sh [--run-dir DIR].
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+PREFILL=1
+DECODE=1
+MODEL="$ROOT/models/sluice-mini-moe"
+PORT=8000
+RUN_DIR="${SLUICE_RUN_DIR:-${TMPDIR:-/tmp}/sluice-local}"
+BIN="${SLUICE_BIN:-$ROOT/build/bin/sluice}"
+TIMEOUT=300
+WORKER_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prefill) PREFILL="$2"; shift 2 ;;
+    --decode) DECODE="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --port) PORT="$2"; shift 2 ;;
+    --run-dir) RUN_DIR="$2"; shift 2 ;;
+    --bin) BIN="$2"; shift 2 ;;
+    --timeout) TIMEOUT="$2"; shift 2 ;;
+    --) shift; WORKER_ARGS=("$@"); break ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+[ -x "$BIN" ] || { echo "up.sh: no sluice binary at $BIN (build it or set SLUICE_BIN)" >&2; exit 1; }
+if [ -f "$RUN_DIR/pids" ]; then
+  echo "up.sh: $RUN_DIR/pids exists; run down.sh --run-dir $RUN_DIR first" >&2
+  exit 1
+fi
+mkdir -p "$RUN_DIR"
+
+# Ports: the router's registry at PORT+1000; workers from PORT+1100 (prefill) and PORT+1200.
+GRPC_PORT=$((PORT + 1000))
+: > "$RUN_DIR/pids"
+start() {  # start NAME ARGS...: runs one service in the background, logs to RUN_DIR/NAME.log
+  local name="$1"; shift
+  "$@" > "$RUN_DIR/$name.log" 2>&1 &
+  echo "$! $name" >> "$RUN_DIR/pids"
+}
+start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT"
+for i in $(seq 1 "$PREFILL"); do
+  start "prefill-$i" "$BIN" prefill --model "$MODEL" --listen "127.0.0.1:$((PORT + 1100 + i))" \
+    --router "127.0.0.1:$GRPC_PORT" "${WORKER_ARGS[@]}"
+done
+for i in $(seq 1 "$DECODE"); do
+  start "decode-$i" "$BIN" decode --model "$MODEL" --listen "127.0.0.1:$((PORT + 1200 + i))" \
+    --router "127.0.0.1:$GRPC_PORT" "${WORKER_ARGS[@]}"
+done
+
+URL="http://127.0.0.1:$PORT"
+WANT=$((PREFILL + DECODE))
+deadline=$((SECONDS + TIMEOUT))
+while :; do
+  while read -r pid name; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "up.sh: $name (pid $pid) exited; last lines of $RUN_DIR/$name.log:" >&2
+      tail -n 20 "$RUN_DIR/$name.log" >&2
+      "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true
+      exit 1
+    fi
+  done < "$RUN_DIR/pids"
+  registered=$(curl -sf --max-time 2 "$URL/v1/workers" 2>/dev/null |
+    python3 -c 'import json,sys; print(sum(1 for w in json.load(sys.stdin)["data"] if not w["draining"]))' \
+    2>/dev/null || echo 0)
+  if [ "$registered" -ge "$WANT" ] && curl -sf --max-time 2 "$URL/health" >/dev/null 2>&1; then
+    break
+  fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "up.sh: not ready after ${TIMEOUT}s ($registered/$WANT workers registered); logs in $RUN_DIR" >&2
+    "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true
+    exit 1
+  fi
+  sleep 0.5
+done
+echo "$URL" > "$RUN_DIR/endpoint"
+echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode; logs in $RUN_DIR)"

@@ -1,0 +1,85 @@
+// DecodeService: the DecodeWorker gRPC service (proto/sluice/v1/worker.proto) around an
+// AsyncEngine in decode mode.
+//
+// Per request (a DecodeSession): Reserve (or Decode without a prior Reserve) reserves blocks for
+// prompt + 1 tokens; Decode with a prefill result pulls the prompt KV from the prefill worker
+// over UCX into the first reserved blocks (TaskPool thread, deadline), acks with
+// PrefillWorker.Release, completes the transfer in the engine and streams TokenOutput from the
+// second token on. Decode without a prefill result runs the whole request locally (all tokens
+// streamed). A cancelled call or Cancel RPC aborts; an abort during a pull waits for the pull to
+// end (no block is freed while a transfer into it may run).
+#ifndef SLUICE_SERVICES_DECODE_DECODE_SERVICE_H_
+#define SLUICE_SERVICES_DECODE_DECODE_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "engine/sched/async_engine.h"
+#include "services/worker_common/task_pool.h"
+#include "sluice/v1/worker.grpc.pb.h"
+#include "transfer/kv_transfer.h"
+
+namespace sluice {
+
+struct DecodeServiceOptions {
+  absl::Duration reserve_timeout = absl::Seconds(30);  // waiting for free blocks
+  absl::Duration transfer_timeout = absl::Seconds(10);  // KV pull, when the request gives none
+  absl::Duration release_timeout = absl::Seconds(2);    // Release ack RPC
+  int transfer_threads = 4;
+};
+
+class DecodeSession;
+
+class DecodeService final : public v1::DecodeWorker::CallbackService {
+ public:
+  // `engine` and `agent` must outlive the service; `regions` are the engine's KV regions
+  // (KvRegionsOf), registered with `agent`; `kv_descriptor` their serialized descriptor.
+  DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
+                std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
+                DecodeServiceOptions options);
+  ~DecodeService() override;
+
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
+                                    const v1::ReserveRequest* request,
+                                    v1::ReserveResponse* response) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerWriteReactor<v1::TokenOutput>* Decode(grpc::CallbackServerContext* context,
+                                                    const v1::DecodeRequest* request) override;
+
+  void set_draining(bool draining) { draining_.store(draining); }
+  int64_t num_sessions() const;
+
+  // Used by DecodeSession.
+  AsyncEngine* engine() { return engine_; }
+  void Forget(const std::string& request_id, const DecodeSession* session);
+  void StartTransfer(std::shared_ptr<DecodeSession> session);
+
+ private:
+  std::shared_ptr<DecodeSession> NewSession(const std::string& request_id,
+                                            std::vector<int32_t> prompt,
+                                            const v1::SamplingParams& sampling,
+                                            absl::Status* error);
+  v1::PrefillWorker::Stub* PrefillStub(const std::string& address);
+
+  AsyncEngine* engine_;
+  transfer::KvTransferAgent* agent_;
+  std::vector<transfer::KvRegion> regions_;
+  std::string kv_descriptor_;
+  DecodeServiceOptions options_;
+  std::atomic<bool> draining_{false};
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<DecodeSession>> sessions_;  // guarded by mu_
+  std::unordered_map<std::string, std::unique_ptr<v1::PrefillWorker::Stub>> stubs_;  // mu_
+  TaskPool pool_;  // last: joined first
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_DECODE_DECODE_SERVICE_H_

@@ -1,0 +1,72 @@
+#include "services/router/registry_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+namespace sluice {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+int32_t LeaseMs(absl::Duration lease) {
+  return static_cast<int32_t>(absl::ToInt64Milliseconds(lease));
+}
+
+}  // namespace
+
+grpc::Status RegistryService::Register(grpc::ServerContext* context,
+                                       const v1::RegisterRequest* request,
+                                       v1::RegisterResponse* response) {
+  const v1::WorkerInfo& info = request->worker();
+  WorkerRole role;
+  switch (info.role()) {
+    case v1::WORKER_ROLE_PREFILL:
+      role = WorkerRole::kPrefill;
+      break;
+    case v1::WORKER_ROLE_DECODE:
+      role = WorkerRole::kDecode;
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker.role is unspecified");
+  }
+  WorkerLoad load;
+  load.num_total_blocks = info.num_total_blocks();
+  load.num_free_blocks = info.num_total_blocks();  // until the first heartbeat says otherwise
+  load.block_size = info.kv_block_size();
+  auto registration = registry_->Register(role, info.address(), load);
+  if (!registration.ok()) return ToGrpc(registration.status());
+  response->set_worker_id(registration->worker_id);
+  response->set_lease_ms(LeaseMs(registration->lease));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
+                                        const v1::HeartbeatRequest* request,
+                                        v1::HeartbeatResponse* response) {
+  const v1::WorkerLoad& wire = request->load();
+  auto previous = registry_->Get(request->worker_id());
+  WorkerLoad load;
+  load.num_waiting_requests = wire.num_waiting_requests();
+  load.num_running_requests = wire.num_running_requests();
+  load.num_free_blocks = wire.num_free_blocks();
+  load.num_total_blocks = wire.num_total_blocks();
+  load.block_size = previous.has_value() ? previous->load.block_size : 0;
+  absl::Status status = registry_->Heartbeat(request->worker_id(), load);
+  if (status.ok() && wire.draining()) status = registry_->Drain(request->worker_id());
+  if (!status.ok()) return ToGrpc(status);
+  response->set_lease_ms(LeaseMs(registry_->lease()));
+  auto worker = registry_->Get(request->worker_id());
+  response->set_drain(worker.has_value() && worker->draining);
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                                    v1::DrainResponse* response) {
+  return ToGrpc(registry_->Drain(request->worker_id()));
+}
+
+}  // namespace sluice

@@ -1,0 +1,33 @@
+// RegistryService: the router's sluice.v1.Registry gRPC service over a
+// WorkerRegistry (Register / Heartbeat / Drain from prefill and decode
+// workers).
+#ifndef SLUICE_SERVICES_ROUTER_REGISTRY_SERVICE_H_
+#define SLUICE_SERVICES_ROUTER_REGISTRY_SERVICE_H_
+
+#include "services/router/worker_registry.h"
+#include "sluice/v1/registry.grpc.pb.h"
+
+namespace sluice {
+
+// RegistryService maps the wire messages onto `registry` (borrowed, must
+// outlive the service). Errors: INVALID_ARGUMENT (unspecified role, empty
+// address), NOT_FOUND (unknown worker id on Heartbeat/Drain: the worker must
+// Register again). Thread-safe as WorkerRegistry is.
+class RegistryService final : public v1::Registry::Service {
+ public:
+  explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
+
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override;
+
+ private:
+  WorkerRegistry* registry_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ROUTER_REGISTRY_SERVICE_H_

@@ -1,0 +1,108 @@
+// RemoteBackend: the InferenceBackend of `sluice router` — requests run on
+// remote prefill and decode workers over gRPC (sluice.v1.PrefillWorker /
+// DecodeWorker), chosen by WorkerRegistry, so the same OpenAI HTTP handlers as
+// `sluice serve` serve the router's API.
+//
+// One request (pull mode):
+//   1. pick a decode worker D and (prompt >= min_remote_prefill_tokens) a
+//   prefill worker P;
+//   2. at once: D.Reserve (blocks reserved while prefill runs) and P.Prefill;
+//   3. the first token from P is delivered to the caller as soon as P answers;
+//   4. D.Decode(prefill result) streams the second token on (D pulls the KV
+//   from P over UCX).
+// Short prompts (or no live prefill worker) skip step 2: D.Decode prefills
+// locally and streams from the first token. Every RPC has a deadline; Abort
+// cancels every RPC of the request. Failures: a prefill worker failing
+// (UNAVAILABLE, deadline, removed from the registry) → the prefill is retried
+// on another one; a decode worker failing before any token reached the caller →
+// retried on another decode worker; after a token was delivered → the request
+// ends at once with FinishReason::kError and an UNAVAILABLE status naming the
+// worker.
+#ifndef SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
+#define SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "absl/time/time.h"
+#include "services/api/inference_backend.h"
+#include "services/router/worker_registry.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace sluice {
+
+struct RemoteBackendOptions {
+  int32_t max_model_len = 4096;           // tokens (prompt + output) per sequence
+  int32_t min_remote_prefill_tokens = 0;  // shorter prompts prefill on the decode worker
+  absl::Duration control_deadline = absl::Seconds(5);    // Reserve, Cancel
+  absl::Duration prefill_deadline = absl::Seconds(120);  // one Prefill call
+  absl::Duration decode_deadline = absl::Seconds(600);   // one whole Decode stream
+  int32_t max_prefill_attempts = 3;
+  int32_t max_decode_attempts = 2;  // only while no token reached the caller
+};
+
+// RemoteBackendCounters: cumulative outcomes for /metrics.
+struct RemoteBackendCounters {
+  int64_t num_remote_prefills = 0;  // requests whose first token came from a prefill worker
+  int64_t num_local_prefills = 0;   // requests prefilled on their decode worker
+  int64_t num_prefill_retries = 0;
+  int64_t num_decode_retries = 0;
+  int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
+};
+
+// RemoteBackend is thread-safe. Each request runs on its own thread (blocking
+// gRPC calls with deadlines); destruction aborts everything in flight and joins
+// them.
+class RemoteBackend : public InferenceBackend {
+ public:
+  // `registry` is borrowed and must outlive the backend.
+  RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions options);
+  ~RemoteBackend() override;
+
+  // Submit: errors InvalidArgument (empty prompt, prompt >= max_model_len),
+  // AlreadyExists (duplicate id in flight), Unavailable (no live decode worker,
+  // or shutting down).
+  absl::Status Submit(EngineRequest request, OutputCallback on_output) override;
+  void Abort(const std::string& request_id) override;
+  // Stats sums the load the workers reported with their last heartbeats.
+  BackendStats Stats() const override;
+  int32_t max_model_len() const override { return options_.max_model_len; }
+
+  RemoteBackendCounters counters() const;
+  int64_t num_in_flight() const;
+
+ private:
+  struct Call;
+  class Attempt;
+
+  void Run(std::shared_ptr<Call> call);
+  // Flow pieces; each returns true when the request is finished (output
+  // delivered).
+  bool RunOnDecodeWorker(Call& call, const WorkerSnapshot& decode,
+                         std::set<std::string>& bad_prefill, bool* retry_decode);
+  void OnWorkerRemoved(const WorkerSnapshot& worker, const absl::Status& why);
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+
+  WorkerRegistry* registry_;
+  RemoteBackendOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_cv_;
+  std::map<std::string, std::shared_ptr<Call>> calls_;              // guarded by mu_
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
+  RemoteBackendCounters counters_;                                  // guarded by mu_
+  bool shutting_down_ = false;                                      // guarded by mu_
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_

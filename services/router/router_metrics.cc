@@ -1,0 +1,97 @@
+#include "services/router/router_metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+void Header(std::string& out, const char* name, const char* type, const char* help) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+std::string WorkerLabels(const WorkerSnapshot& worker) {
+  return absl::StrCat("worker=\"", worker.worker_id, "\",role=\"", WorkerRoleName(worker.role),
+                      "\"");
+}
+
+// PerWorker renders one gauge with a sample per worker.
+template <typename Value>
+void PerWorker(std::string& out, const char* name, const char* help,
+               const std::vector<WorkerSnapshot>& workers, Value value) {
+  Header(out, name, "gauge", help);
+  for (const WorkerSnapshot& worker : workers) {
+    absl::StrAppend(&out, name, "{", WorkerLabels(worker), "} ", value(worker), "\n");
+  }
+}
+
+}  // namespace
+
+std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
+                                const RemoteBackendCounters& counters) {
+  std::string out;
+  Header(out, "sluice_router_workers", "gauge", "Live (registered, not draining) workers.");
+  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
+    int64_t live = 0;
+    for (const WorkerSnapshot& worker : workers) {
+      if (worker.role == role && !worker.draining) ++live;
+    }
+    absl::StrAppend(&out, "sluice_router_workers{role=\"", WorkerRoleName(role), "\"} ", live,
+                    "\n");
+  }
+  Header(out, "sluice_router_worker_up", "gauge",
+         "1 for a registered worker taking new work, 0 while it drains.");
+  for (const WorkerSnapshot& worker : workers) {
+    absl::StrAppend(&out, "sluice_router_worker_up{", WorkerLabels(worker), ",address=\"",
+                    worker.address, "\"} ", worker.draining ? 0 : 1, "\n");
+  }
+  PerWorker(out, "sluice_router_worker_waiting_requests",
+            "Requests waiting in the worker's engine (last heartbeat).", workers,
+            [](const WorkerSnapshot& w) { return w.load.num_waiting_requests; });
+  PerWorker(out, "sluice_router_worker_running_requests",
+            "Requests running in the worker's engine (last heartbeat).", workers,
+            [](const WorkerSnapshot& w) { return w.load.num_running_requests; });
+  PerWorker(out, "sluice_router_worker_kv_total_blocks",
+            "KV cache blocks of the worker (last heartbeat).", workers,
+            [](const WorkerSnapshot& w) { return w.load.num_total_blocks; });
+  PerWorker(out, "sluice_router_worker_kv_free_blocks",
+            "Free KV cache blocks of the worker (last heartbeat).", workers,
+            [](const WorkerSnapshot& w) { return w.load.num_free_blocks; });
+  PerWorker(out, "sluice_router_worker_assigned_requests",
+            "Requests the router sent to the worker and has not seen finish.", workers,
+            [](const WorkerSnapshot& w) { return w.num_assigned; });
+  Header(out, "sluice_router_prefills_total", "counter",
+         "Requests by where their prompt was prefilled.");
+  absl::StrAppend(&out, "sluice_router_prefills_total{where=\"remote\"} ",
+                  counters.num_remote_prefills, "\n");
+  absl::StrAppend(&out, "sluice_router_prefills_total{where=\"local\"} ",
+                  counters.num_local_prefills, "\n");
+  Header(out, "sluice_router_retries_total", "counter",
+         "Requests retried on another worker after one failed.");
+  absl::StrAppend(&out, "sluice_router_retries_total{stage=\"prefill\"} ",
+                  counters.num_prefill_retries, "\n");
+  absl::StrAppend(&out, "sluice_router_retries_total{stage=\"decode\"} ",
+                  counters.num_decode_retries, "\n");
+  Header(out, "sluice_router_worker_failures_total", "counter",
+         "Requests ended with an error because a worker failed.");
+  absl::StrAppend(&out, "sluice_router_worker_failures_total ", counters.num_worker_failures, "\n");
+  return out;
+}
+
+nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
+  nlohmann::json data = nlohmann::json::array();
+  for (const WorkerSnapshot& worker : workers) {
+    data.push_back({{"id", worker.worker_id},
+                    {"role", WorkerRoleName(worker.role)},
+                    {"address", worker.address},
+                    {"draining", worker.draining},
+                    {"assigned", worker.num_assigned},
+                    {"picked", worker.num_picked_total},
+                    {"waiting", worker.load.num_waiting_requests},
+                    {"running", worker.load.num_running_requests},
+                    {"free_blocks", worker.load.num_free_blocks},
+                    {"total_blocks", worker.load.num_total_blocks}});
+  }
+  return {{"object", "list"}, {"data", data}};
+}
+
+}  // namespace sluice

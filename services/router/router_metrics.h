@@ -1,0 +1,37 @@
+// Router-only Prometheus metrics: worker health and load per registered worker,
+// and the outcomes of the router's dispatch (remote/local prefills, retries,
+// worker failures). Appended to the OpenAI front end's /metrics
+// (services/api/metrics.h) by `sluice router`.
+#ifndef SLUICE_SERVICES_ROUTER_ROUTER_METRICS_H_
+#define SLUICE_SERVICES_ROUTER_ROUTER_METRICS_H_
+
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "services/router/remote_backend.h"
+#include "services/router/worker_registry.h"
+
+namespace sluice {
+
+// RenderRouterMetrics returns exposition-format text (0.0.4) for:
+//   sluice_router_workers{role}                  gauge, live (non-draining)
+//   workers sluice_router_worker_up{worker,role,address} gauge, 1 live, 0
+//   draining sluice_router_worker_{waiting,running}_requests{worker,role}
+//   gauges, last heartbeat
+//   sluice_router_worker_kv_{total,free}_blocks{worker,role}       gauges, last
+//   heartbeat sluice_router_worker_assigned_requests{worker,role} gauge,
+//   router's own count sluice_router_prefills_total{where="remote"|"local"}
+//   counter sluice_router_retries_total{stage="prefill"|"decode"} counter
+//   sluice_router_worker_failures_total                           counter
+std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
+                                const RemoteBackendCounters& counters);
+
+// WorkersJson lists the workers for GET /v1/workers:
+//   {"object":"list","data":[{"id","role","address","draining","assigned","picked",
+//    "waiting","running","free_blocks","total_blocks"}...]}
+nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ROUTER_ROUTER_METRICS_H_

@@ -1,0 +1,58 @@
+#include "services/router/wire_convert.h"
+
+namespace sluice {
+
+void ToWire(const SamplingParams& params, v1::SamplingParams* out) {
+  out->set_temperature(params.temperature);
+  out->set_top_p(params.top_p);
+  out->set_top_k(params.top_k);
+  out->set_min_p(params.min_p);
+  out->set_presence_penalty(params.presence_penalty);
+  out->set_frequency_penalty(params.frequency_penalty);
+  out->set_repetition_penalty(params.repetition_penalty);
+  if (params.seed.has_value()) out->set_seed(*params.seed);
+  out->set_max_tokens(params.max_tokens);
+  out->set_min_tokens(params.min_tokens);
+  out->set_ignore_eos(params.ignore_eos);
+  for (int32_t id : params.stop_token_ids) out->add_stop_token_ids(id);
+  for (const std::string& stop : params.stop) out->add_stop(stop);
+  out->set_include_stop_str_in_output(params.include_stop_str_in_output);
+  out->set_skip_special_tokens(params.skip_special_tokens);
+  if (params.logprobs.has_value()) out->set_logprobs(*params.logprobs);
+}
+
+SampledToken FromWire(const v1::SampledToken& token) {
+  SampledToken out;
+  out.token_id = token.token_id();
+  out.logprob = token.logprob();
+  out.top_logprobs.reserve(token.top_logprobs_size());
+  for (const v1::TokenLogprob& top : token.top_logprobs()) {
+    out.top_logprobs.push_back(TokenLogprob{top.token_id(), top.logprob()});
+  }
+  return out;
+}
+
+FinishReason FromWire(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return FinishReason::kStop;
+    case v1::FINISH_REASON_LENGTH:
+      return FinishReason::kLength;
+    case v1::FINISH_REASON_ABORT:
+      return FinishReason::kAbort;
+    case v1::FINISH_REASON_ERROR:
+      return FinishReason::kError;
+    default:
+      return FinishReason::kNone;
+  }
+}
+
+absl::Status StatusFromWire(const v1::Error& error) {
+  const int code = error.code();
+  if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(error.message().empty() ? "worker error" : error.message());
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), error.message());
+}
+
+}  // namespace sluice

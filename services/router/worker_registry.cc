@@ -1,0 +1,188 @@
+#include "services/router/worker_registry.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+const char* WorkerRoleName(WorkerRole role) {
+  return role == WorkerRole::kPrefill ? "prefill" : "decode";
+}
+
+WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, Clock clock)
+    : options_(options), clock_(std::move(clock)) {}
+
+absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(WorkerRole role,
+                                                                      const std::string& address,
+                                                                      const WorkerLoad& load) {
+  if (address.empty()) return absl::InvalidArgumentError("worker address is empty");
+  std::vector<WorkerSnapshot> replaced;
+  RemovedCallback callback;
+  Registration registration;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->second.address == address) {
+        replaced.push_back(std::move(it->second));
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    registration.worker_id = absl::StrCat(WorkerRoleName(role), "-", next_id_++);
+    registration.lease = options_.lease;
+    WorkerSnapshot& worker = workers_[registration.worker_id];
+    worker.worker_id = registration.worker_id;
+    worker.role = role;
+    worker.address = address;
+    worker.load = load;
+    worker.lease_expiry = clock_() + options_.lease;
+    callback = on_removed_;
+  }
+  for (const WorkerSnapshot& old : replaced) {
+    if (callback) {
+      callback(old, absl::UnavailableError(
+                        absl::StrCat("worker '", old.worker_id, "' restarted at ", address)));
+    }
+  }
+  return registration;
+}
+
+absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, const WorkerLoad& load) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  }
+  it->second.load = load;
+  it->second.lease_expiry = clock_() + options_.lease;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Drain(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  }
+  it->second.draining = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Deregister(const std::string& worker_id) {
+  WorkerSnapshot removed;
+  RemovedCallback callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end()) {
+      return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+    }
+    removed = std::move(it->second);
+    workers_.erase(it);
+    callback = on_removed_;
+  }
+  if (callback) callback(removed, absl::UnavailableError("worker deregistered"));
+  return absl::OkStatus();
+}
+
+std::vector<std::string> WorkerRegistry::ExpireLeases() {
+  std::vector<WorkerSnapshot> removed;
+  RemovedCallback callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = clock_();
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->second.lease_expiry < now) {
+        removed.push_back(std::move(it->second));
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    callback = on_removed_;
+  }
+  std::vector<std::string> ids;
+  for (const WorkerSnapshot& worker : removed) {
+    ids.push_back(worker.worker_id);
+    if (callback) {
+      callback(worker,
+               absl::UnavailableError(absl::StrCat(WorkerRoleName(worker.role), " worker '",
+                                                   worker.worker_id, "' missed its lease")));
+    }
+  }
+  return ids;
+}
+
+std::optional<WorkerSnapshot> WorkerRegistry::Pick(WorkerRole role, int64_t tokens_needed,
+                                                   const std::set<std::string>& exclude) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_();
+  WorkerSnapshot* best = nullptr;
+  // (cannot fit, load score, times picked, id): lexicographic, lower is better.
+  std::tuple<bool, double, int64_t, std::string> best_key;
+  for (auto& [id, worker] : workers_) {
+    if (worker.role != role || worker.draining || worker.lease_expiry < now) continue;
+    if (exclude.count(id) > 0) continue;
+    const WorkerLoad& load = worker.load;
+    const double reported =
+        static_cast<double>(load.num_waiting_requests + load.num_running_requests);
+    const double usage = load.num_total_blocks > 0
+                             ? 1.0 - static_cast<double>(load.num_free_blocks) /
+                                         static_cast<double>(load.num_total_blocks)
+                             : 0.0;
+    const double score = std::max(static_cast<double>(worker.num_assigned), reported) +
+                         options_.kv_usage_weight * usage;
+    const bool cannot_fit =
+        load.num_total_blocks > 0 && load.num_free_blocks * load.block_size < tokens_needed;
+    auto key = std::make_tuple(cannot_fit, score, worker.num_picked_total, id);
+    if (best == nullptr || key < best_key) {
+      best = &worker;
+      best_key = std::move(key);
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  ++best->num_assigned;
+  ++best->num_picked_total;
+  return *best;
+}
+
+void WorkerRegistry::Release(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it != workers_.end() && it->second.num_assigned > 0) --it->second.num_assigned;
+}
+
+std::optional<WorkerSnapshot> WorkerRegistry::Get(const std::string& worker_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<WorkerSnapshot> WorkerRegistry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerSnapshot> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, worker] : workers_) out.push_back(worker);
+  return out;
+}
+
+int64_t WorkerRegistry::CountLive(WorkerRole role) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t count = 0;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.role == role && !worker.draining) ++count;
+  }
+  return count;
+}
+
+void WorkerRegistry::OnRemoved(RemovedCallback callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_removed_ = std::move(callback);
+}
+
+}  // namespace sluice

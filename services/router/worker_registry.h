@@ -1,0 +1,123 @@
+// WorkerRegistry: the router's view of its prefill and decode workers — who is
+// alive (leases), who accepts new work (drain), and how loaded each one is —
+// plus the load-aware choice of a worker for a new request. Transport-free: the
+// gRPC Registry service and the tests drive it.
+#ifndef SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
+#define SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace sluice {
+
+enum class WorkerRole { kPrefill, kDecode };
+const char* WorkerRoleName(WorkerRole role);  // "prefill" | "decode"
+
+// WorkerLoad: what a worker reports with each heartbeat (counts, not rates).
+struct WorkerLoad {
+  int64_t num_waiting_requests = 0;  // queued in the worker's engine, not yet running
+  int64_t num_running_requests = 0;  // being prefilled or decoded
+  int64_t num_free_blocks = 0;       // KV cache blocks free
+  int64_t num_total_blocks = 0;      // KV cache blocks in total
+  int64_t block_size = 0;            // tokens per KV block
+};
+
+// WorkerSnapshot: a copy of one registry entry.
+struct WorkerSnapshot {
+  std::string worker_id;
+  WorkerRole role = WorkerRole::kDecode;
+  std::string address;  // gRPC "host:port"
+  WorkerLoad load;
+  bool draining = false;
+  int64_t num_assigned = 0;  // requests this router sent and has not released yet
+  int64_t num_picked_total = 0;
+  absl::Time lease_expiry;
+};
+
+struct WorkerRegistryOptions {
+  absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is removed
+  // Weight of KV pressure (usage ratio in [0, 1]) against one queued request in
+  // the score.
+  double kv_usage_weight = 4.0;
+};
+
+// WorkerRegistry is thread-safe. Time comes from `clock` (absl::Now by default)
+// so tests can drive leases deterministically.
+class WorkerRegistry {
+ public:
+  using Clock = std::function<absl::Time()>;
+  // RemovedCallback runs (without the registry lock held) for each worker
+  // removed by a lease expiry or deregistration, with the snapshot it had. Must
+  // not call back into Register.
+  using RemovedCallback = std::function<void(const WorkerSnapshot&, const absl::Status& why)>;
+
+  explicit WorkerRegistry(WorkerRegistryOptions options = {}, Clock clock = &absl::Now);
+
+  // Registration: what Register hands back to the worker.
+  struct Registration {
+    std::string worker_id;  // "<role>-<n>", unique for the registry's lifetime
+    absl::Duration lease;
+  };
+  // Register adds a worker and assigns it a fresh id. A worker already
+  // registered at the same address is replaced (a restart): the old entry is
+  // removed first (OnRemoved runs for it). InvalidArgument for an empty
+  // address.
+  absl::StatusOr<Registration> Register(WorkerRole role, const std::string& address,
+                                        const WorkerLoad& load);
+  // Heartbeat extends the lease and records `load`. NotFound when the worker is
+  // unknown (its lease already expired): the worker must Register again.
+  absl::Status Heartbeat(const std::string& worker_id, const WorkerLoad& load);
+  // Drain stops new work for the worker; requests already assigned continue.
+  // NotFound if unknown.
+  absl::Status Drain(const std::string& worker_id);
+  // Deregister removes the worker at once (clean shutdown). NotFound if
+  // unknown.
+  absl::Status Deregister(const std::string& worker_id);
+  // ExpireLeases removes every worker whose lease ended before now; returns
+  // their ids.
+  std::vector<std::string> ExpireLeases();
+
+  // Pick chooses the least-loaded live, non-draining worker of `role`, skipping
+  // `exclude`, and counts one assignment against it (undo with Release). Score
+  // (lower is better):
+  //   max(num_assigned, reported waiting + running) + kv_usage_weight * KV
+  //   usage ratio,
+  // where workers whose free KV (free blocks * block_size, in tokens) is below
+  // `tokens_needed` rank after all others; ties go to the worker picked least
+  // often, then to the smallest id. nullopt when none qualifies.
+  std::optional<WorkerSnapshot> Pick(WorkerRole role, int64_t tokens_needed,
+                                     const std::set<std::string>& exclude = {});
+  // Release undoes one Pick of `worker_id` (no-op for a removed worker).
+  void Release(const std::string& worker_id);
+
+  std::optional<WorkerSnapshot> Get(const std::string& worker_id) const;
+  std::vector<WorkerSnapshot> List() const;  // ordered by worker id
+  int64_t CountLive(WorkerRole role) const;  // registered and not draining
+
+  // OnRemoved sets the removal callback (replaces any previous one).
+  void OnRemoved(RemovedCallback callback);
+  absl::Duration lease() const { return options_.lease; }
+
+ private:
+  WorkerRegistryOptions options_;
+  Clock clock_;
+  mutable std::mutex mu_;
+  std::map<std::string, WorkerSnapshot> workers_;  // guarded by mu_
+  int64_t next_id_ = 1;                            // guarded by mu_
+  RemovedCallback on_removed_;                     // guarded by mu_
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_

@@ -1,0 +1,186 @@
+#include "services/serve/router_command.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/model_config.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "services/api/openai_service.h"
+#include "services/router/registry_service.h"
+#include "services/router/router_metrics.h"
+#include "services/router/worker_registry.h"
+#include "services/serve/log.h"
+#include "services/serve/model_runtime.h"
+
+namespace sluice {
+namespace {
+
+// LeaseSweeper removes workers whose lease ran out, every `period`, until
+// destroyed.
+class LeaseSweeper {
+ public:
+  LeaseSweeper(WorkerRegistry* registry, absl::Duration period)
+      : thread_([this, registry, period] {
+          std::unique_lock<std::mutex> lock(mu_);
+          while (!stop_) {
+            cv_.wait_for(lock, absl::ToChronoMilliseconds(period));
+            if (stop_) break;
+            lock.unlock();
+            for (const std::string& id : registry->ExpireLeases()) {
+              spdlog::warn("worker {} missed its lease; removed", id);
+            }
+            lock.lock();
+          }
+        }) {}
+  ~LeaseSweeper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int RunRouter(const RouterOptions& options) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromFile(options.model_dir + "/tokenizer.json");
+  if (!tokenizer.ok()) {
+    spdlog::error("cannot load the tokenizer: {}", std::string(tokenizer.status().ToString()));
+    return 1;
+  }
+  std::unique_ptr<ChatTemplate> chat_template;
+  absl::StatusOr<std::unique_ptr<ChatTemplate>> loaded_template =
+      ChatTemplate::FromModelDir(options.model_dir);
+  if (loaded_template.ok()) {
+    chat_template = *std::move(loaded_template);
+  } else if (!absl::IsNotFound(loaded_template.status())) {
+    spdlog::error("cannot load the chat template: {}",
+                  std::string(loaded_template.status().ToString()));
+    return 1;
+  }
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
+  if (!config.ok()) {
+    spdlog::error("cannot read config.json: {}", std::string(config.status().ToString()));
+    return 1;
+  }
+
+  WorkerRegistryOptions registry_options;
+  registry_options.lease = absl::Seconds(options.lease_seconds);
+  WorkerRegistry registry(registry_options);
+  RemoteBackendOptions backend_options = options.backend;
+  backend_options.max_model_len = options.max_model_len > 0
+                                      ? options.max_model_len
+                                      : static_cast<int32_t>(config->max_position_embeddings);
+  auto backend = std::make_unique<RemoteBackend>(&registry, backend_options);
+  RemoteBackend* backend_ptr = backend.get();
+
+  RegistryService registry_service(&registry);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
+                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&registry_service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || grpc_port == 0) {
+    spdlog::error("cannot listen for gRPC on {}:{}", options.grpc_host, options.grpc_port);
+    return 1;
+  }
+  LeaseSweeper sweeper(&registry, registry_options.lease / 12);
+
+  const std::string model_name = options.served_model_name.empty()
+                                     ? ModelNameFromDir(options.model_dir)
+                                     : options.served_model_name;
+  OpenAiServiceOptions service_options;
+  service_options.served_model_name = model_name;
+  service_options.max_concurrent_requests = options.max_concurrent_requests;
+  auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
+                                                 service_options);
+  OpenAiService* service_ptr = service.get();
+  WorkerRegistry* registry_ptr = &registry;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      options.http,
+      [service_ptr, registry_ptr, backend_ptr](const HttpRequestInfo& request,
+                                               std::shared_ptr<ResponseSink> sink,
+                                               Poster poster) -> std::shared_ptr<RequestHandle> {
+        const std::string path = request.target.substr(0, request.target.find('?'));
+        if (request.method == "GET" && path == "/v1/workers") {
+          sink->SendResponse(200, "application/json", WorkersJson(registry_ptr->List()).dump());
+          return nullptr;
+        }
+        if (request.method == "GET" && path == "/health" &&
+            registry_ptr->CountLive(WorkerRole::kDecode) == 0) {
+          sink->SendResponse(503, "application/json",
+                             R"({"status":"no decode worker registered"})");
+          return nullptr;
+        }
+        if (request.method == "GET" && path == "/metrics") {
+          // The front end's metrics (one scrape) plus the router's worker
+          // gauges.
+          struct Capture : ResponseSink {
+            int status = 0;
+            std::string content_type, body;
+            void SendResponse(int s, const std::string& type, std::string b) override {
+              status = s;
+              content_type = type;
+              body = std::move(b);
+            }
+            void StartEventStream() override {}
+            void SendEvent(std::string) override {}
+            void EndEventStream() override {}
+          };
+          auto capture = std::make_shared<Capture>();
+          service_ptr->Handle(request, capture, poster);
+          capture->body += RenderRouterMetrics(registry_ptr->List(), backend_ptr->counters());
+          sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
+          return nullptr;
+        }
+        return service_ptr->Handle(request, std::move(sink), std::move(poster));
+      });
+  if (!server.ok()) {
+    spdlog::error("{}", std::string(server.status().ToString()));
+    return 1;
+  }
+  spdlog::info("router for model '{}', max_model_len {}", model_name,
+               backend_options.max_model_len);
+  std::printf("Sluice router listening on http://%s:%u grpc %s:%d\n", options.http.host.c_str(),
+              static_cast<unsigned>((*server)->port()), options.grpc_host.c_str(), grpc_port);
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received signal {}, shutting down", signal_number);
+  (*server)->Stop();
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  backend.reset();
+  server->reset();
+  service.reset();
+  spdlog::info("bye");
+  return 0;
+}
+
+}  // namespace sluice

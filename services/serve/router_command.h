@@ -1,0 +1,41 @@
+// `sluice router`: the OpenAI HTTP API (the same handlers as `sluice serve`) in
+// front of remote prefill and decode workers, plus the gRPC worker Registry
+// they register with.
+//
+//   sluice router --model DIR [--host 127.0.0.1] [--port 8000] [--grpc-port
+//   7000] ...
+//
+// The model folder provides the tokenizer, the chat template and config.json
+// (max context); no weights are loaded. Extra HTTP endpoints: GET /v1/workers
+// (the registry, JSON) and worker gauges appended to GET /metrics. /health
+// answers 503 until at least one decode worker is registered.
+#ifndef SLUICE_SERVICES_SERVE_ROUTER_COMMAND_H_
+#define SLUICE_SERVICES_SERVE_ROUTER_COMMAND_H_
+
+#include <cstdint>
+#include <string>
+
+#include "services/api/http_server.h"
+#include "services/router/remote_backend.h"
+
+namespace sluice {
+
+struct RouterOptions {
+  std::string model_dir;
+  std::string served_model_name;  // empty: the model folder's name
+  HttpServerOptions http;
+  std::string grpc_host = "127.0.0.1";
+  uint16_t grpc_port = 7000;  // Registry service; 0: any free port (printed)
+  int32_t max_model_len = 0;  // 0: config.json max_position_embeddings
+  int64_t max_concurrent_requests = 512;
+  double lease_seconds = 6.0;    // workers heartbeat every lease/3
+  RemoteBackendOptions backend;  // max_model_len is filled in from the above
+};
+
+// RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on
+// http://H:P grpc H:G" on stdout when ready. Returns the process exit code.
+int RunRouter(const RouterOptions& options);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_ROUTER_COMMAND_H_

@@ -1,0 +1,145 @@
+#include "services/serve/worker_command.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "services/decode/decode_service.h"
+#include "services/prefill/prefill_service.h"
+#include "services/serve/log.h"
+#include "services/worker_common/registration_client.h"
+#include "services/worker_common/worker_wire.h"
+#include "transfer/kv_transfer.h"
+
+namespace sluice {
+namespace {
+
+enum class Role { kPrefill, kDecode };
+
+int Run(const WorkerOptions& options, Role role) {
+  const char* name = role == Role::kPrefill ? "prefill" : "decode";
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  RuntimeOptions runtime_options = options.runtime;
+  runtime_options.engine.kv_hold_timeout_ms =
+      static_cast<int64_t>(options.kv_pin_timeout_s * 1000);
+  runtime_options.engine.kv_reserve_timeout_ms =
+      static_cast<int64_t>(options.reserve_timeout_s * 1000);
+  absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(runtime_options);
+  if (!runtime.ok()) {
+    spdlog::error("{}", runtime.status().ToString());
+    return 1;
+  }
+  AsyncEngine& engine = runtime->backend->engine();
+
+  // KV memory registered once with the transfer agent.
+  transfer::KvTransferOptions transfer_options;
+  transfer_options.transports = options.ucx_transports;
+  auto agent = transfer::KvTransferAgent::Create(transfer_options);
+  if (!agent.ok()) {
+    spdlog::error("UCX: {}", agent.status().ToString());
+    return 1;
+  }
+  std::vector<transfer::KvRegion> regions = KvRegionsOf(engine.kv_cache());
+  for (const transfer::KvRegion& r : regions) {
+    auto handle = (*agent)->RegisterRegion(r.base, r.num_blocks * r.block_bytes);
+    if (!handle.ok()) {
+      spdlog::error("register KV memory: {}", handle.status().ToString());
+      return 1;
+    }
+  }
+  auto descriptor = (*agent)->Describe(regions);
+  if (!descriptor.ok()) {
+    spdlog::error("describe KV memory: {}", descriptor.status().ToString());
+    return 1;
+  }
+  const std::string kv_descriptor = descriptor->Serialize();
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  std::unique_ptr<PrefillService> prefill;
+  std::unique_ptr<DecodeService> decode;
+  std::string advertise = options.advertise;
+  if (advertise.empty()) {
+    const size_t colon = options.listen.rfind(':');
+    advertise = options.listen.substr(0, colon + 1);  // port filled in after binding
+  }
+  if (role == Role::kPrefill) {
+    // The advertised address is only known after binding; the service copies it below.
+    prefill = std::make_unique<PrefillService>(&engine, kv_descriptor, "");
+    builder.RegisterService(prefill.get());
+  } else {
+    DecodeServiceOptions decode_options;
+    decode_options.reserve_timeout = absl::Seconds(options.reserve_timeout_s);
+    decode_options.transfer_timeout = absl::Seconds(options.transfer_timeout_s);
+    decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
+                                             decode_options);
+    builder.RegisterService(decode.get());
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    spdlog::error("cannot listen on {}", options.listen);
+    return 1;
+  }
+  if (options.advertise.empty()) advertise = absl::StrCat(advertise, bound_port);
+  if (prefill != nullptr) {
+    // Rebuild with the final address (no call can have arrived before registration).
+    prefill->set_advertised_address(advertise);
+  }
+
+  std::unique_ptr<RegistrationClient> registration;
+  if (!options.router.empty()) {
+    RegistrationOptions reg;
+    reg.router_address = options.router;
+    reg.worker.set_role(role == Role::kPrefill ? v1::WORKER_ROLE_PREFILL
+                                               : v1::WORKER_ROLE_DECODE);
+    reg.worker.set_address(advertise);
+    reg.worker.set_model(runtime->served_model_name);
+    reg.worker.set_kv_block_size(static_cast<int32_t>(engine.block_size()));
+    reg.worker.set_num_total_blocks(engine.Stats().num_total_blocks);
+    reg.worker.set_max_model_len(engine.max_model_len());
+    PrefillService* p = prefill.get();
+    registration = std::make_unique<RegistrationClient>(reg, [&engine, p] {
+      const AsyncEngineStats s = engine.Stats();
+      v1::WorkerLoad load;
+      load.set_num_waiting_requests(s.num_waiting_requests + s.num_reserved);
+      load.set_num_running_requests(s.num_running_requests);
+      load.set_num_free_blocks(s.num_free_blocks);
+      load.set_num_total_blocks(s.num_total_blocks);
+      load.set_num_pinned_blocks(s.num_held_blocks);
+      if (p != nullptr) load.set_num_queued_prefill_tokens(p->num_queued_prefill_tokens());
+      return load;
+    });
+  }
+  std::printf("Sluice %s worker listening on %s\n", name, advertise.c_str());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received signal {}, draining", signal_number);
+  if (prefill != nullptr) prefill->set_draining(true);
+  if (decode != nullptr) decode->set_draining(true);
+  if (registration != nullptr) registration->Drain();
+  // In-flight calls get up to 10 s to finish, then are cancelled.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  registration.reset();
+  return 0;
+}
+
+}  // namespace
+
+int RunPrefillWorker(const WorkerOptions& options) { return Run(options, Role::kPrefill); }
+int RunDecodeWorker(const WorkerOptions& options) { return Run(options, Role::kDecode); }
+
+}  // namespace sluice

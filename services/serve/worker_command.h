@@ -1,0 +1,32 @@
+// `sluice prefill` and `sluice decode`: gRPC workers for disaggregated serving.
+//
+//   sluice prefill --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
+//   sluice decode  --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
+// See services/prefill/README.md.
+#ifndef SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
+#define SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
+
+#include <string>
+
+#include "services/serve/model_runtime.h"
+
+namespace sluice {
+
+struct WorkerOptions {
+  RuntimeOptions runtime;
+  std::string listen = "127.0.0.1:7101";  // gRPC host:port (port 0: any free port)
+  std::string advertise;        // address peers/router use; empty: the bound listen address
+  std::string router;           // router Registry host:port; empty: do not register
+  std::string ucx_transports;   // UCX_TLS syntax; empty: UCX's choice
+  double kv_pin_timeout_s = 30;     // prefill: pinned blocks freed without a Release after this
+  double reserve_timeout_s = 30;    // decode: reservation without transfer fails after this
+  double transfer_timeout_s = 10;   // decode: KV pull deadline
+};
+
+// RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.
+int RunPrefillWorker(const WorkerOptions& options);
+int RunDecodeWorker(const WorkerOptions& options);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_

@@ -1,0 +1,56 @@
+// RegistrationClient: keeps a worker registered with the router (Registry service): registers,
+// heartbeats within the lease with the worker's load, registers again when the router forgot the
+// worker (NOT_FOUND: lease expired or router restarted), and drains on shutdown. One background
+// thread; every RPC has a deadline.
+#ifndef SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
+#define SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "sluice/v1/registry.grpc.pb.h"
+
+namespace sluice {
+
+struct RegistrationOptions {
+  std::string router_address;  // host:port of the router's gRPC Registry
+  v1::WorkerInfo worker;
+  absl::Duration rpc_timeout = absl::Seconds(2);
+  absl::Duration retry_interval = absl::Milliseconds(500);  // while the router is unreachable
+};
+
+class RegistrationClient {
+ public:
+  // `load` is called from the client's thread before each heartbeat; it must be thread-safe.
+  RegistrationClient(RegistrationOptions options, std::function<v1::WorkerLoad()> load);
+  ~RegistrationClient();  // stops the thread (no drain)
+
+  // Drain tells the router to stop routing new work here (bounded by rpc_timeout).
+  void Drain();
+  bool registered() const;
+
+ private:
+  void Loop();
+  bool RegisterOnce();
+  bool HeartbeatOnce();
+
+  RegistrationOptions options_;
+  std::function<v1::WorkerLoad()> load_;
+  std::unique_ptr<v1::Registry::Stub> stub_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;             // guarded by mu_
+  std::string worker_id_;         // guarded by mu_; empty: not registered
+  absl::Duration lease_ = absl::Seconds(3);  // guarded by mu_
+  bool draining_ = false;         // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_

@@ -1,0 +1,105 @@
+#include "services/worker_common/worker_wire.h"
+
+namespace sluice {
+
+SamplingParams SamplingFromWire(const v1::SamplingParams& in) {
+  SamplingParams p;
+  if (in.has_temperature()) p.temperature = in.temperature();
+  if (in.has_top_p()) p.top_p = in.top_p();
+  if (in.has_top_k()) p.top_k = in.top_k();
+  if (in.has_min_p()) p.min_p = in.min_p();
+  if (in.has_presence_penalty()) p.presence_penalty = in.presence_penalty();
+  if (in.has_frequency_penalty()) p.frequency_penalty = in.frequency_penalty();
+  if (in.has_repetition_penalty()) p.repetition_penalty = in.repetition_penalty();
+  if (in.has_seed()) p.seed = in.seed();
+  if (in.has_max_tokens()) p.max_tokens = in.max_tokens();
+  if (in.has_min_tokens()) p.min_tokens = in.min_tokens();
+  p.ignore_eos = in.ignore_eos();
+  p.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
+  p.stop.assign(in.stop().begin(), in.stop().end());
+  p.include_stop_str_in_output = in.include_stop_str_in_output();
+  if (in.has_skip_special_tokens()) p.skip_special_tokens = in.skip_special_tokens();
+  if (in.has_logprobs()) p.logprobs = in.logprobs();
+  return p;
+}
+
+void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out) {
+  out->set_token_id(in.token_id);
+  out->set_logprob(in.logprob);
+  for (const TokenLogprob& t : in.top_logprobs) {
+    v1::TokenLogprob* w = out->add_top_logprobs();
+    w->set_token_id(t.token_id);
+    w->set_logprob(t.logprob);
+  }
+}
+
+v1::FinishReason FinishReasonToWire(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return v1::FINISH_REASON_UNSPECIFIED;
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAbort:
+      return v1::FINISH_REASON_ABORT;
+    case FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_ERROR;
+}
+
+void OutputToWire(const RequestOutput& in, v1::TokenOutput* out) {
+  out->set_request_id(in.request_id);
+  for (const SampledToken& t : in.new_tokens) SampledTokenToWire(t, out->add_tokens());
+  out->set_finish_reason(FinishReasonToWire(in.finish_reason));
+  v1::Usage* usage = out->mutable_usage();
+  usage->set_prompt_tokens(in.num_prompt_tokens);
+  usage->set_completion_tokens(in.num_output_tokens);
+  usage->set_cached_tokens(in.num_cached_tokens);
+  if (in.finish_reason == FinishReason::kError) {
+    out->mutable_error()->set_code(static_cast<int32_t>(in.status.code()));
+    out->mutable_error()->set_message(std::string(in.status.message()));
+  }
+}
+
+std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache) {
+  std::vector<transfer::KvRegion> regions;
+  const KvCacheSpec& spec = cache.spec();
+  const int64_t k_bytes = cache.block_size() * spec.k_floats_per_token * 4;
+  const int64_t v_bytes = cache.block_size() * spec.v_floats_per_token * 4;
+  for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
+    regions.push_back({cache.k(layer), cache.num_blocks(), k_bytes});
+    if (v_bytes > 0) regions.push_back({cache.v(layer), cache.num_blocks(), v_bytes});
+  }
+  return regions;
+}
+
+v1::KvLayout LayoutOf(const KvCache& cache) {
+  v1::KvLayout layout;
+  layout.set_num_layers(static_cast<int32_t>(cache.spec().num_layers));
+  layout.set_block_size(static_cast<int32_t>(cache.block_size()));
+  layout.set_floats_per_token(
+      static_cast<int32_t>(cache.spec().k_floats_per_token + cache.spec().v_floats_per_token));
+  layout.set_dtype_bytes(4);
+  layout.set_num_blocks(cache.num_blocks());
+  return layout;
+}
+
+void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out) {
+  for (const transfer::BlockRun& run : transfer::CoalesceBlocks(block_ids)) {
+    v1::BlockRun* w = out->add_runs();
+    w->set_first_block(static_cast<uint32_t>(run.first_block));
+    w->set_num_blocks(static_cast<uint32_t>(run.num_blocks));
+  }
+}
+
+std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in) {
+  std::vector<transfer::BlockRun> runs;
+  for (const v1::BlockRun& w : in.runs()) {
+    runs.push_back({static_cast<int32_t>(w.first_block()), static_cast<int32_t>(w.num_blocks())});
+  }
+  return runs;
+}
+
+}  // namespace sluice

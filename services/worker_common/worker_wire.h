@@ -1,0 +1,36 @@
+// Conversions between engine types and sluice.v1 messages used by the prefill and decode
+// workers (the router's services/router/wire_convert.h covers the other direction).
+#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
+#define SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/kv/kv_block_allocator.h"
+#include "engine/model/model.h"
+#include "engine/sched/request.h"
+#include "sluice/v1/common.pb.h"
+#include "sluice/v1/kv.pb.h"
+#include "transfer/kv_transfer.h"
+
+namespace sluice {
+
+// SamplingFromWire: unset optional fields keep sluice::SamplingParams' defaults.
+SamplingParams SamplingFromWire(const v1::SamplingParams& in);
+void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out);
+v1::FinishReason FinishReasonToWire(FinishReason reason);
+// OutputToWire: one engine output as a stream message (usage totals, error for kError).
+void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);
+
+// KvRegionsOf: the transfer regions of a KV cache, in the order both workers use: for each
+// layer its k array, then its v array (omitted when v_floats_per_token is 0).
+std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache);
+// LayoutOf: the cache geometry for KvBlocks.layout.
+v1::KvLayout LayoutOf(const KvCache& cache);
+// RunsToWire / RunsFromWire: BlockRun lists.
+void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
+std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_

@@ -1,0 +1,152 @@
+"""Multi-process fixtures: a router with prefill/decode workers, and a `sluice serve` reference.
+
+Every process binds loopback ports; every wait has a deadline. The binary comes from $SLUICE_BIN
+(default build/bin/sluice), the model is the embedded models/sluice-mini-moe.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MODEL_DIR = REPO / "models" / "sluice-mini-moe"
+MODEL_NAME = "sluice-mini-moe"
+STARTUP_TIMEOUT_S = float(os.environ.get("SLUICE_STARTUP_TIMEOUT", "300"))
+
+
+def sluice_bin() -> str:
+    path = os.environ.get("SLUICE_BIN", str(REPO / "build" / "bin" / "sluice"))
+    return path if os.path.isabs(path) else str(REPO / path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Proc:
+    """One service process with its log file."""
+
+    def __init__(self, name, args, log_dir):
+        self.name = name
+        self.args = args
+        self.log_path = pathlib.Path(log_dir) / f"{name}.log"
+        self.start()
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=self.log)
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+    def tail(self, n=30):
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+class Cluster:
+    """`sluice router` + N prefill + M decode workers on loopback."""
+
+    def __init__(self, num_prefill, num_decode, worker_args=()):
+        self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.http_port}"
+        binary = sluice_bin()
+        if not os.path.exists(binary):
+            raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
+        self.router = Proc("router", [binary, "router", "--model", str(MODEL_DIR), "--port",
+                                      str(self.http_port), "--grpc-port", str(self.grpc_port),
+                                      "--lease-seconds", "3"], self.dir)
+        self.workers = {}
+        for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+            for i in range(count):
+                name = f"{role}-{i}"
+                self.workers[name] = Proc(name, [
+                    binary, role, "--model", str(MODEL_DIR), "--listen",
+                    f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
+                    *worker_args], self.dir)
+        self.wait_registered(num_prefill, num_decode)
+
+    def workers_json(self):
+        return json.loads(http_get(self.url + "/v1/workers")[1])["data"]
+
+    def addresses(self, role):
+        return {w["address"] for w in self.workers_json() if w["role"] == role}
+
+    def wait_registered(self, num_prefill, num_decode, timeout=STARTUP_TIMEOUT_S):
+        def ready():
+            for proc in [self.router, *self.workers.values()]:
+                if proc.proc.poll() is not None:
+                    raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+            live = [w for w in self.workers_json() if not w["draining"]]
+            return (sum(w["role"] == "prefill" for w in live) == num_prefill and
+                    sum(w["role"] == "decode" for w in live) == num_decode and
+                    http_get(self.url + "/health")[0] == 200)
+        wait_until(ready, timeout, f"{num_prefill} prefill + {num_decode} decode registered")
+
+    def metric(self, name):
+        """Sum of every sample of `name` in the router's /metrics."""
+        text = http_get(self.url + "/metrics")[1]
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+            if m:
+                total += float(m.group(2))
+        return total
+
+    def stop(self):
+        for proc in [*self.workers.values(), self.router]:
+            proc.stop()
+
+
+class Serve:
+    """A plain `sluice serve` for reference outputs."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="sluice-reference-")
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = Proc("serve", [sluice_bin(), "serve", "--model", str(MODEL_DIR), "--port",
+                                   str(port)], self.dir)
+        wait_until(lambda: http_get(self.url + "/health")[0] == 200, STARTUP_TIMEOUT_S,
+                   "sluice serve /health")
+
+    def stop(self):
+        self.proc.stop()

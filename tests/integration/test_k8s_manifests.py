@@ -1,0 +1,115 @@
+"""deploy/k8s: the kustomize base and GPU overlay render and are consistent.
+
+Rendered with `kubectl kustomize` when kubectl is installed (Debian: kubernetes-client);
+otherwise the base files are read directly with PyYAML and the overlay's patch is checked on
+its own, so the structural checks run either way.
+"""
+
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+KUBECTL = shutil.which("kubectl")
+
+
+def render(path: pathlib.Path):
+    if KUBECTL:
+        out = subprocess.run([KUBECTL, "kustomize", str(path)], check=True, capture_output=True,
+                             text=True, timeout=60).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+    docs = []
+    kustomization = yaml.safe_load((path / "kustomization.yaml").read_text())
+    for name in kustomization.get("resources", []):
+        docs += [d for d in yaml.safe_load_all((path / name).read_text()) if d]
+    return docs
+
+
+def by_kind(docs, kind):
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def container(deployment):
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def test_base_has_the_three_services():
+    docs = render(K8S / "base")
+    deployments = by_kind(docs, "Deployment")
+    services = by_kind(docs, "Service")
+    assert set(deployments) == {"sluice-router", "sluice-prefill", "sluice-decode"}
+    assert set(services) == {"sluice-router", "sluice-prefill", "sluice-decode"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    for name, deployment in deployments.items():
+        assert deployment["apiVersion"] == "apps/v1"
+        c = container(deployment)
+        assert c["args"][0] == name.removeprefix("sluice-")
+        assert "--model" in c["args"]
+        # Probes over HTTP on a declared port; readiness on /health everywhere.
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["port"] in ports, (name, probe)
+        assert c["resources"]["requests"]["cpu"]
+        assert c["resources"]["requests"]["memory"]
+        # The selector matches the pod template's labels.
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items(), name
+    assert container(deployments["sluice-router"])["ports"][0]["containerPort"] == 8000
+    assert container(deployments["sluice-prefill"])["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container(deployments["sluice-decode"])["livenessProbe"]["httpGet"]["path"] == "/health"
+    # Workers register with the router's Service on its gRPC port.
+    router_ports = {p["name"]: p["port"] for p in services["sluice-router"]["spec"]["ports"]}
+    assert router_ports == {"http": 8000, "grpc": 7000}
+    for worker in ("sluice-prefill", "sluice-decode"):
+        args = container(deployments[worker])["args"]
+        assert args[args.index("--router") + 1] == f"sluice-router:{router_ports['grpc']}"
+
+
+def test_every_service_selects_a_deployment_and_named_ports():
+    docs = render(K8S / "base")
+    deployments = by_kind(docs, "Deployment")
+    for name, service in by_kind(docs, "Service").items():
+        selector = service["spec"]["selector"]
+        matches = [d for d in deployments.values()
+                   if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(matches) == 1, f"Service {name} selects {len(matches)} Deployments"
+        port_names = {p["name"] for p in container(matches[0])["ports"]}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in port_names, (name, port)
+
+
+def test_gpu_overlay_requests_gpus_for_workers_only():
+    if KUBECTL:
+        docs = render(K8S / "overlays" / "gpu")
+    else:
+        overlay = K8S / "overlays" / "gpu"
+        kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+        docs = []
+        for patch in kustomization["patchesStrategicMerge"]:
+            docs += [d for d in yaml.safe_load_all((overlay / patch).read_text()) if d]
+    deployments = by_kind(docs, "Deployment")
+    for worker in ("sluice-prefill", "sluice-decode"):
+        resources = container(deployments[worker])["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == 1
+        assert resources["requests"]["nvidia.com/gpu"] == 1
+    if KUBECTL:
+        router = container(deployments["sluice-router"])
+        assert "nvidia.com/gpu" not in router["resources"].get("limits", {})
+        assert router["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert container(deployments["sluice-decode"])["image"].endswith(":latest-cuda")
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
+def test_kubectl_renders_without_errors():
+    for path in (K8S / "base", K8S / "overlays" / "gpu"):
+        result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, result.stderr

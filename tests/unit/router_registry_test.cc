@@ -1,0 +1,155 @@
+// WorkerRegistry: leases, drain, re-registration and the load-aware worker
+// choice.
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/router/worker_registry.h"
+
+namespace sluice {
+namespace {
+
+class RouterRegistryTest : public ::testing::Test {
+ protected:
+  RouterRegistryTest()
+      : registry_(WorkerRegistryOptions{absl::Seconds(6), 4.0}, [this] { return now_; }) {}
+
+  static WorkerLoad Load(int64_t waiting, int64_t running, int64_t free_blocks,
+                         int64_t total_blocks = 100, int64_t block_size = 16) {
+    return WorkerLoad{waiting, running, free_blocks, total_blocks, block_size};
+  }
+  std::string Add(WorkerRole role, const std::string& address, const WorkerLoad& load) {
+    auto registration = registry_.Register(role, address, load);
+    EXPECT_TRUE(registration.ok()) << registration.status();
+    return registration.ok() ? registration->worker_id : "";
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+  WorkerRegistry registry_;
+};
+
+TEST_F(RouterRegistryTest, RegisterAssignsIdsAndLease) {
+  auto a = registry_.Register(WorkerRole::kPrefill, "127.0.0.1:7101", Load(0, 0, 100));
+  auto b = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100));
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->worker_id, "prefill-1");
+  EXPECT_EQ(b->worker_id, "decode-2");
+  EXPECT_EQ(a->lease, absl::Seconds(6));
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kPrefill), 1);
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 1);
+  EXPECT_EQ(registry_.Register(WorkerRole::kDecode, "", Load(0, 0, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RouterRegistryTest, MissedLeaseRemovesWorkerAndHeartbeatKeepsIt) {
+  const std::string kept = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
+  const std::string lost = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(0, 0, 100));
+  std::vector<std::string> removed_ids;
+  registry_.OnRemoved([&](const WorkerSnapshot& worker, const absl::Status& why) {
+    removed_ids.push_back(worker.worker_id);
+    EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable);
+  });
+  now_ += absl::Seconds(4);
+  ASSERT_TRUE(registry_.Heartbeat(kept, Load(1, 2, 50)).ok());
+  EXPECT_TRUE(registry_.ExpireLeases().empty());  // 4 s < 6 s lease
+  now_ += absl::Seconds(3);                       // lost: 7 s silent; kept: 3 s
+  EXPECT_EQ(registry_.ExpireLeases(), std::vector<std::string>{lost});
+  EXPECT_EQ(removed_ids, std::vector<std::string>{lost});
+  EXPECT_FALSE(registry_.Get(lost).has_value());
+  ASSERT_TRUE(registry_.Get(kept).has_value());
+  EXPECT_EQ(registry_.Get(kept)->load.num_running_requests, 2);
+  // A heartbeat after expiry asks the worker to register again.
+  EXPECT_EQ(registry_.Heartbeat(lost, Load(0, 0, 100)).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RouterRegistryTest, ExpiredWorkerIsNotPickedBeforeTheSweep) {
+  Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
+  now_ += absl::Seconds(7);
+  EXPECT_FALSE(registry_.Pick(WorkerRole::kDecode, 10).has_value());
+}
+
+TEST_F(RouterRegistryTest, SameAddressReplacesTheOldEntry) {
+  const std::string old_id = Add(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100));
+  ASSERT_TRUE(registry_.Pick(WorkerRole::kDecode, 1).has_value());
+  std::vector<std::string> removed_ids;
+  registry_.OnRemoved([&](const WorkerSnapshot& worker, const absl::Status&) {
+    removed_ids.push_back(worker.worker_id);
+  });
+  const std::string new_id = Add(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100));
+  EXPECT_NE(new_id, old_id);
+  EXPECT_EQ(removed_ids, std::vector<std::string>{old_id});
+  ASSERT_EQ(registry_.List().size(), 1u);
+  EXPECT_EQ(registry_.List()[0].num_assigned, 0);
+}
+
+TEST_F(RouterRegistryTest, DrainStopsNewWorkOnly) {
+  const std::string a = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
+  const std::string b = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(5, 5, 100));
+  auto first = registry_.Pick(WorkerRole::kDecode, 1);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->worker_id, a);
+  ASSERT_TRUE(registry_.Drain(a).ok());
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 1);
+  auto second = registry_.Pick(WorkerRole::kDecode, 1);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->worker_id, b);  // busier, but a is draining
+  // The draining worker keeps its in-flight assignment until released.
+  EXPECT_EQ(registry_.Get(a)->num_assigned, 1);
+  registry_.Release(a);
+  EXPECT_EQ(registry_.Get(a)->num_assigned, 0);
+  EXPECT_EQ(registry_.Drain("nope").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry_.Drain(b).ok());
+  EXPECT_FALSE(registry_.Pick(WorkerRole::kDecode, 1).has_value());
+}
+
+TEST_F(RouterRegistryTest, PickPrefersLeastLoadedAndSpreadsAssignments) {
+  const std::string idle = Add(WorkerRole::kPrefill, "127.0.0.1:1", Load(0, 0, 100));
+  const std::string busy = Add(WorkerRole::kPrefill, "127.0.0.1:2", Load(3, 4, 100));
+  Add(WorkerRole::kDecode, "127.0.0.1:3", Load(0, 0, 100));  // other role: never picked
+  // idle scores max(n, 0), busy max(n, 7): the first 7 picks all go to idle
+  // (ties broken by fewer picks: at 7 assigned each side scores 7 and busy has
+  // been picked less).
+  for (int i = 0; i < 7; ++i) {
+    auto pick = registry_.Pick(WorkerRole::kPrefill, 16);
+    ASSERT_TRUE(pick.has_value());
+    EXPECT_EQ(pick->worker_id, idle) << i;
+  }
+  auto eighth = registry_.Pick(WorkerRole::kPrefill, 16);
+  ASSERT_TRUE(eighth.has_value());
+  EXPECT_EQ(eighth->worker_id, busy);
+  // Excluding a worker (a retry after it failed) picks the other.
+  auto retry = registry_.Pick(WorkerRole::kPrefill, 16, {busy});
+  ASSERT_TRUE(retry.has_value());
+  EXPECT_EQ(retry->worker_id, idle);
+}
+
+TEST_F(RouterRegistryTest, KvPressureAndCapacityShapeTheChoice) {
+  // Same queue, different KV usage: 90% used scores 0 + 4 * 0.9 = 3.6 vs 0.4.
+  const std::string full = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 10));
+  const std::string roomy = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(0, 0, 90));
+  EXPECT_EQ(registry_.Pick(WorkerRole::kDecode, 16)->worker_id, roomy);
+  registry_.Release(roomy);
+  // A request needing more than `full` can hold (10 blocks * 16 = 160 tokens)
+  // never goes there while another fits, however busy the other is.
+  ASSERT_TRUE(registry_.Heartbeat(roomy, Load(20, 30, 90)).ok());
+  EXPECT_EQ(registry_.Pick(WorkerRole::kDecode, 161)->worker_id, roomy);
+  registry_.Release(roomy);
+  EXPECT_EQ(registry_.Pick(WorkerRole::kDecode, 160)->worker_id, full);
+}
+
+TEST_F(RouterRegistryTest, DeregisterRunsTheCallback) {
+  const std::string id = Add(WorkerRole::kPrefill, "127.0.0.1:1", Load(0, 0, 100));
+  int calls = 0;
+  registry_.OnRemoved([&](const WorkerSnapshot& worker, const absl::Status&) {
+    ++calls;
+    EXPECT_EQ(worker.address, "127.0.0.1:1");
+  });
+  ASSERT_TRUE(registry_.Deregister(id).ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(registry_.Deregister(id).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry_.List().empty());
+}
+
+}  // namespace
+}  // namespace sluice
