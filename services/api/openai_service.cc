@@ -58,9 +58,17 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
                                                      Poster poster) {
   const std::string path = Path(request.target);
   const bool is_get = request.method == "GET" || request.method == "HEAD";
+  // The metrics label is one of the known routes, never the raw client path: a raw path
+  // would let any client add unbounded series and break the exposition format.
+  const std::string metric_endpoint =
+      (path == kChatPath || path == kCompletionsPath || path == kModelsPath ||
+       path == "/health" || path == "/metrics")
+          ? path
+          : absl::StartsWith(path, absl::StrCat(kModelsPath, "/")) ? std::string(kModelsPath)
+                                                                   : std::string("other");
   auto reply = [&](int status, const std::string& content_type, std::string body) {
     sink->SendResponse(status, content_type, std::move(body));
-    metrics_.ObserveRequest(path, status);
+    metrics_.ObserveRequest(metric_endpoint, status);
   };
   auto wrong_method = [&](const char* allowed) {
     json error = OpenAiErrorJson(absl::InvalidArgumentError(absl::StrCat(

@@ -19,6 +19,7 @@ namespace {
 using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 using testing::ByteTokenizer;
 using testing::FakeBackend;
@@ -365,6 +366,10 @@ TEST_F(ServiceTest, MetricsExposition) {
   EmitText(id, "a");
   EmitText(id, "b", FinishReason::kLength);
   Send("GET", "/nope");
+  // Client-chosen paths never become label values (found by a hostile-client test: a quote in
+  // the path broke the exposition format and every distinct path added a series).
+  EXPECT_EQ(Send("POST", "/v1/models/a\"b\\c")->status, 405);
+  EXPECT_EQ(Send("POST", "/v1/models/other-id")->status, 405);
   auto metrics = Send("GET", "/metrics");
   EXPECT_EQ(metrics->status, 200);
   EXPECT_THAT(metrics->type, StartsWith("text/plain; version=0.0.4"));
@@ -372,6 +377,8 @@ TEST_F(ServiceTest, MetricsExposition) {
   EXPECT_THAT(m, HasSubstr("# TYPE sluice_http_requests_total counter\n"));
   EXPECT_THAT(m, HasSubstr("sluice_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 1\n"));
   EXPECT_THAT(m, HasSubstr("sluice_http_requests_total{endpoint=\"other\",status=\"404\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("sluice_http_requests_total{endpoint=\"/v1/models\",status=\"405\"} 2\n"));
+  EXPECT_THAT(m, Not(HasSubstr("a\"b")));
   EXPECT_THAT(m, HasSubstr("# TYPE sluice_time_to_first_token_seconds histogram\n"));
   EXPECT_THAT(m, HasSubstr("sluice_time_to_first_token_seconds_count 1\n"));
   EXPECT_THAT(m, HasSubstr("sluice_inter_token_latency_seconds_count 1\n"));
