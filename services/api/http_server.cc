@@ -177,6 +177,9 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   // that goes away. Data that arrives (a pipelined request) is kept in buffer_ for the parser.
   void StartMonitor() {
     if (monitor_pending_ || closed_) return;
+    // Bytes of a pipelined next request are already buffered: the client is alive, and a
+    // monitor read would wait for input that never comes while the next request sits unparsed.
+    if (buffer_.size() > 0) return;
     monitor_pending_ = true;
     stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
                             [self = shared_from_this()](beast::error_code ec, size_t n) {

@@ -114,3 +114,32 @@ def test_concurrent_streams(client, model):
         assert finish in ("stop", "length")
         assert usage.completion_tokens >= 1
         assert finish == "stop" or usage.completion_tokens == 16
+
+
+def test_pipelined_request_after_generation_is_answered(base_url, model):
+    """Two HTTP/1.1 requests in one write (a generation, then /health) both get responses.
+
+    Regression: the second request's bytes were buffered with the first, and the server waited
+    for more input before parsing them.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(base_url)
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 2})
+    first = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}"
+    )
+    second = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall((first + second).encode())
+        data = b""
+        deadline = time.time() + 30
+        while data.count(b"HTTP/1.1 200") < 2 and time.time() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.count(b"HTTP/1.1 200") == 2, data[:400]
+    assert b'"status":"ok"' in data
