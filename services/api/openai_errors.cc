@@ -48,10 +48,11 @@ nlohmann::json OpenAiErrorJson(const absl::Status& status, const std::string& pa
     }
   }
   const int http = HttpStatusFor(status);
-  const char* type = http == 404 ? "NotFoundError"
-                     : http < 500 ? "BadRequestError"
-                                  : "InternalServerError";
-  if (http == 400) type = "invalid_request_error";
+  // OpenAI's error types: client errors (400/404/405/413/...) are "invalid_request_error",
+  // rate limits "rate_limit_error", and 5xx "server_error".
+  const char* type = http == 429 ? "rate_limit_error"
+                     : http < 500 ? "invalid_request_error"
+                                  : "server_error";
   nlohmann::json error = {{"message", std::string(status.message())},
                           {"type", type},
                           {"param", p.empty() ? nlohmann::json(nullptr) : nlohmann::json(p)},
