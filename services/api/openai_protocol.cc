@@ -204,6 +204,20 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     } else {
       return TypeError("stop", "a string or a list of strings");
     }
+    // Matching cost per streamed delta grows with the total stop length: bound it (OpenAI
+    // allows 4 stop strings; vLLM is unbounded).
+    constexpr size_t kMaxStopStrings = 64;
+    constexpr size_t kMaxStopStringBytes = 1024;
+    if (sp.stop.size() > kMaxStopStrings) {
+      return InvalidParam("stop", absl::StrCat("'stop' may hold at most ", kMaxStopStrings,
+                                               " strings, got ", sp.stop.size()));
+    }
+    for (const std::string& s : sp.stop) {
+      if (s.size() > kMaxStopStringBytes) {
+        return InvalidParam("stop", absl::StrCat("each 'stop' string may be at most ",
+                                                 kMaxStopStringBytes, " bytes, got ", s.size()));
+      }
+    }
   }
   const int32_t vocab_size = context.tokenizer->vocab_size();
   if (const json* ids = Present(body, "stop_token_ids"); ids != nullptr) {

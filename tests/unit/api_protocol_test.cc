@@ -150,6 +150,8 @@ TEST_F(ProtocolTest, ChatParameterErrorsNameTheParameter) {
   ExpectChatError({{"top_logprobs", 2}}, "top_logprobs");
   ExpectChatError({{"stop", 5}}, "stop");
   ExpectChatError({{"stop", {"a", 1}}}, "stop");
+  ExpectChatError({{"stop", json(std::vector<std::string>(65, "x"))}}, "stop");
+  ExpectChatError({{"stop", std::string(1025, 'x')}}, "stop");
   ExpectChatError({{"seed", "x"}}, "seed");
   ExpectChatError({{"presence_penalty", 3}}, "presence_penalty");
   ExpectChatError({{"frequency_penalty", -2.5}}, "frequency_penalty");
