@@ -1,5 +1,5 @@
-// LLMEngine and Scheduler tests on a fake model whose output depends on every token stored in
-// the paged KV cache, so wrong block tables, slot mappings, chunk boundaries or a bad recompute
+// LLMEngine and Scheduler tests on a fake model (tests/util/fake_models.h) whose output depends
+// on every token stored in the paged KV cache, so wrong block tables, slot mappings, chunk boundaries or a bad recompute
 // after preemption change the generated tokens.
 #include <algorithm>
 #include <map>
@@ -13,73 +13,16 @@
 #include "engine/model/model.h"
 #include "engine/sched/async_engine.h"
 #include "engine/sched/llm_engine.h"
+#include "tests/util/fake_models.h"
 
 namespace sluice {
 namespace {
 
-constexpr int64_t kVocab = 64;
-constexpr int32_t kEos = 1;
+using testing::ChecksumModel;
+constexpr int64_t kVocab = ChecksumModel::kVocab;
 
-// Next token = (Σ of the context's token ids read back from the KV cache · 31 + position) mod V,
-// never EOS unless the sum hits a multiple chosen by the test.
-class ChecksumModel final : public Model {
- public:
-  ChecksumModel() {
-    config_.vocab_size = kVocab;
-    config_.max_position_embeddings = 256;
-    config_.eos_token_ids = {kEos};
-  }
-  const ModelConfig& config() const override { return config_; }
-  KvCacheSpec kv_cache_spec() const override { return {1, 1, 0}; }
-  int64_t WeightBytesPerToken() const override { return 0; }
-  absl::Status Forward(const ForwardInput& in, KvCache& kv, absl::Span<float> logits) override {
-    const int64_t bs = kv.block_size();
-    for (size_t t = 0; t < in.token_ids.size(); ++t) {
-      if (in.token_ids[t] < 0 || in.token_ids[t] >= kVocab) {
-        return absl::InvalidArgumentError("token out of range");
-      }
-      kv.k(0)[in.slot_mapping[t]] = static_cast<float>(in.token_ids[t]);
-    }
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    size_t row = 0;
-    for (int32_t index : in.logits_indices) {
-      const SequenceSlice* seq = nullptr;
-      for (const SequenceSlice& s : in.sequences) {
-        if (index >= s.query_start && index < s.query_start + s.num_query_tokens) seq = &s;
-      }
-      if (seq == nullptr) return absl::InternalError("logits index outside every sequence");
-      const int32_t pos = in.positions[index];
-      int64_t sum = 0;
-      for (int32_t p = 0; p <= pos; ++p) {
-        sum += static_cast<int64_t>(kv.k(0)[seq->block_table[p / bs] * bs + p % bs]);
-      }
-      logits[row * kVocab + Next(sum, pos)] = 10.0f;
-      ++row;
-    }
-    ++num_forward_calls;
-    return absl::OkStatus();
-  }
-  static int32_t Next(int64_t sum, int32_t pos) {
-    int32_t t = static_cast<int32_t>((sum * 31 + pos) % kVocab);
-    return t == kEos ? 2 : t;  // the fake never emits EOS on its own
-  }
-  int num_forward_calls = 0;
-
- private:
-  ModelConfig config_;
-};
-
-// The reference: the same rule computed without any cache.
 std::vector<int32_t> Reference(std::vector<int32_t> tokens, int n) {
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    int64_t sum = 0;
-    for (int32_t t : tokens) sum += t;
-    int32_t next = ChecksumModel::Next(sum, static_cast<int32_t>(tokens.size()) - 1);
-    out.push_back(next);
-    tokens.push_back(next);
-  }
-  return out;
+  return ChecksumModel::Reference(std::move(tokens), n);
 }
 
 std::vector<int32_t> Prompt(int len, int salt) {
