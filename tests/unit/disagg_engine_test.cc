@@ -288,6 +288,10 @@ TEST(DisaggEngineTest, AsyncEnginesPrefillReserveTransferDecode) {
   }
   ASSERT_TRUE(reserved->ok()) << reserved->status();
   ASSERT_TRUE(prefill_last->kv_held);
+  // Stats are published after the step whose callback fired: wait for them.
+  for (int i = 0; i < 200 && prefill.Stats().num_held_blocks != 6; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_EQ(prefill.Stats().num_held_blocks, 6);
   // Copy while neither engine touches these blocks (held / reserved).
   const int64_t bs = 4;
