@@ -1,0 +1,72 @@
+// CUDA paged attention (bf16 storage, fp32 math) over a block-structured KV cache: the same
+// semantics as PagedAttentionCpu (paged_attention.h) — causal attention of each sequence's query
+// tokens over its cached context plus its own new tokens, GQA, optional sliding window — with
+// all step metadata in device memory so a decode step can be captured in a CUDA graph.
+// Launcher conventions: kernels/cuda/cuda_common.h.
+#ifndef SLUICE_KERNELS_ATTENTION_PAGED_ATTENTION_CUDA_H_
+#define SLUICE_KERNELS_ATTENTION_PAGED_ATTENTION_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/cuda/cuda_common.h"
+
+namespace sluice::kernels {
+
+// PagedAttentionCudaBatch: one step's layout. Pointers are device memory.
+//   query_start_loc: [num_sequences + 1] int32, prefix sums of query tokens per sequence
+//                    (sequence s owns q/out rows [query_start_loc[s], query_start_loc[s+1])).
+//   context_lens:    [num_sequences] int32, tokens already cached before this step's queries
+//                    (PagedSequence::num_context_tokens); the cache must also hold the new
+//                    tokens' K/V (WriteKvCacheCuda first).
+//   block_tables:    [num_sequences, max_blocks_per_seq] int32, row-major; entries past a
+//                    sequence's last block are ignored.
+// Host-side bounds size the grid: max_query_len ≥ every sequence's query count and
+// max_seq_len ≥ every context_len + query count. Launch shape depends only on
+// (num_sequences, num_tokens, max_query_len, max_seq_len), so a graph captured with fixed
+// bounds stays valid while the device metadata changes between replays.
+struct PagedAttentionCudaBatch {
+  const int32_t* query_start_loc = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int64_t max_blocks_per_seq = 0;
+  int64_t num_sequences = 0;
+  int64_t num_tokens = 0;
+  int64_t max_query_len = 0;
+  int64_t max_seq_len = 0;
+};
+
+// PagedAttentionCudaWorkspaceBytes: device scratch PagedAttentionCuda needs for split-KV
+// partial results (0 when no split is used) for these bounds.
+size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
+                                        const PagedAttentionParams& params);
+
+// PagedAttentionCuda: out = softmax(scale · q·kᵀ) · v per sequence, query token and head.
+//   q:       [num_tokens, num_heads, head_dim] bf16, row stride q_token_stride elements
+//   k_cache: [num_blocks, block_size, num_kv_heads, head_dim] bf16 (one layer)
+//   v_cache: [num_blocks, block_size, num_kv_heads, v_head_dim] bf16 (one layer)
+//   out:     [num_tokens, num_heads, v_head_dim] bf16, contiguous
+//   workspace: PagedAttentionCudaWorkspaceBytes(batch, params) bytes of device memory (may be
+//              null when that is 0).
+// Errors: InvalidArgument for sizes < 1, num_heads not a multiple of num_kv_heads, unsupported
+// head dims; Internal for launch errors.
+absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
+                                const bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                                const PagedAttentionParams& params, void* workspace, bf16* out,
+                                cudaStream_t stream);
+
+// WriteKvCacheCuda: token t's K (k_elems_per_token at k + t·k_token_stride) and V
+// (v_elems_per_token at v + t·v_token_stride) go to slot slot_mapping[t] of the cache
+// (k_cache + slot·k_elems_per_token, likewise v); slots < 0 are skipped. slot_mapping is a
+// device array [num_tokens] int64. v/v_cache may be null when v_elems_per_token is 0.
+absl::Status WriteKvCacheCuda(const bf16* k, int64_t k_token_stride, const bf16* v,
+                              int64_t v_token_stride, const int64_t* slot_mapping,
+                              int64_t num_tokens, int64_t k_elems_per_token,
+                              int64_t v_elems_per_token, bf16* k_cache, bf16* v_cache,
+                              cudaStream_t stream);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_ATTENTION_PAGED_ATTENTION_CUDA_H_
