@@ -85,8 +85,20 @@ class LlamaModel : public Model {
 
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
+  bool SupportsSwaReplay() const override { return true; }
 
  private:
+  // Attention of one sliding-window layer when some sequence's window reaches below its
+  // ForwardInput::sliding_kv_start (SWA bounded replay, and the first decode steps after a
+  // replay shorter than the window). Each such sequence's present keys
+  // [sliding_kv_start, context + queries) are gathered into a contiguous scratch cache and the
+  // unchanged kernel attends there with the context shortened by sliding_kv_start: the window
+  // mask is relative (keys j with i - window < j <= i), RoPE is already applied to the cached
+  // keys, and the keys keep their order, so each query sees exactly the keys
+  // max(sliding_kv_start, i - window + 1)..i. Other sequences use the cache directly.
+  void SlidingAttentionBounded(const ForwardInput& in, const float* k_layer,
+                               const float* v_layer, int64_t block_size,
+                               const kernels::PagedAttentionParams& ap);
   absl::Status Validate(const ForwardInput& input, const KvCache& kv_cache,
                         absl::Span<float> logits) const;
   static void Grow(std::vector<float>* v, int64_t n) {
@@ -104,6 +116,10 @@ class LlamaModel : public Model {
   // Scratch buffers, grown on demand and reused across Forward calls (one caller at a time).
   std::vector<float> residual_, normed_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, gathered_;
   std::vector<kernels::PagedSequence> seqs_;
+  // SWA bounded replay scratch (SlidingAttentionBounded).
+  std::vector<kernels::PagedSequence> plain_seqs_, bounded_seqs_;
+  std::vector<int32_t> scratch_table_;
+  std::vector<float> scratch_k_, scratch_v_;
 };
 
 absl::Status LlamaModel::Load(const Checkpoint& ckpt) {
@@ -279,7 +295,82 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCache& cache,
       return absl::InvalidArgumentError(absl::StrCat("token ", t, " belongs to no sequence"));
     }
   }
+  if (!in.kv_frozen_layers.empty() &&
+      static_cast<int64_t>(in.kv_frozen_layers.size()) != spec.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_frozen_layers has ",
+                                                   in.kv_frozen_layers.size(),
+                                                   " entries, expected ", spec.num_layers));
+  }
+  if (!in.sliding_kv_start.empty()) {
+    if (in.sliding_kv_start.size() != in.sequences.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("sliding_kv_start has ",
+                                                     in.sliding_kv_start.size(),
+                                                     " entries, expected one per sequence (",
+                                                     in.sequences.size(), ")"));
+    }
+    for (size_t s = 0; s < in.sequences.size(); ++s) {
+      if (in.sliding_kv_start[s] < 0 ||
+          in.sliding_kv_start[s] > in.sequences[s].num_context_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", s, ": sliding_kv_start ", in.sliding_kv_start[s], " outside [0, ",
+            in.sequences[s].num_context_tokens, "]"));
+      }
+    }
+  }
   return absl::OkStatus();
+}
+
+void LlamaModel::SlidingAttentionBounded(const ForwardInput& in, const float* k_layer,
+                                         const float* v_layer, int64_t bs,
+                                         const kernels::PagedAttentionParams& ap) {
+  const int64_t kv_dim = kv_heads_ * head_dim_;
+  plain_seqs_.clear();
+  bounded_seqs_.clear();
+  // First pass: which sequences need the gather, and how many scratch blocks they take.
+  int64_t scratch_blocks = 0;
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    const int64_t start = in.sliding_kv_start[s];
+    const int64_t ctx = seqs_[s].num_context_tokens;
+    if (start == 0 || ctx - ap.sliding_window + 1 >= start) {
+      plain_seqs_.push_back(seqs_[s]);  // every query's window starts at or after `start`
+    } else {
+      const int64_t keys = ctx + seqs_[s].num_query_tokens - start;
+      scratch_blocks += (keys + bs - 1) / bs;
+    }
+  }
+  Grow(&scratch_k_, scratch_blocks * bs * kv_dim);
+  Grow(&scratch_v_, scratch_blocks * bs * kv_dim);
+  scratch_table_.resize(static_cast<size_t>(scratch_blocks));
+  for (int64_t b = 0; b < scratch_blocks; ++b) scratch_table_[b] = static_cast<int32_t>(b);
+  int64_t next_block = 0;
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    const int64_t start = in.sliding_kv_start[s];
+    const kernels::PagedSequence& seq = seqs_[s];
+    if (start == 0 || seq.num_context_tokens - ap.sliding_window + 1 >= start) continue;
+    const int64_t end = int64_t{seq.num_context_tokens} + seq.num_query_tokens;
+    for (int64_t p = start; p < end; ++p) {
+      const int64_t src = int64_t{seq.block_table[p / bs]} * bs + p % bs;
+      const int64_t dst = next_block * bs + (p - start);
+      std::memcpy(scratch_k_.data() + dst * kv_dim, k_layer + src * kv_dim,
+                  kv_dim * sizeof(float));
+      std::memcpy(scratch_v_.data() + dst * kv_dim, v_layer + src * kv_dim,
+                  kv_dim * sizeof(float));
+    }
+    bounded_seqs_.push_back({seq.query_start, seq.num_query_tokens,
+                             static_cast<int32_t>(seq.num_context_tokens - start),
+                             scratch_table_.data() + next_block});
+    next_block += (end - start + bs - 1) / bs;
+  }
+  if (!plain_seqs_.empty()) {
+    kernels::PagedAttentionCpu(q_.data(), heads_ * head_dim_, k_layer, v_layer,
+                               plain_seqs_.data(), static_cast<int64_t>(plain_seqs_.size()), ap,
+                               attn_.data());
+  }
+  if (!bounded_seqs_.empty()) {
+    kernels::PagedAttentionCpu(q_.data(), heads_ * head_dim_, scratch_k_.data(),
+                               scratch_v_.data(), bounded_seqs_.data(),
+                               static_cast<int64_t>(bounded_seqs_.size()), ap, attn_.data());
+  }
 }
 
 absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
@@ -312,6 +403,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
   ap.v_head_dim = hd;
   ap.block_size = cache.block_size();
   ap.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool bounded = std::any_of(in.sliding_kv_start.begin(), in.sliding_kv_start.end(),
+                                   [](int32_t start) { return start > 0; });
 
   SLUICE_LLAMA_RETURN_IF_ERROR(
       kernels::EmbeddingCpu(embed_.data(), vocab_, H, in.token_ids.data(), T, residual_.data()));
@@ -338,13 +431,21 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     }
     kernels::RopeCpu(q_.data(), T, heads_, q_dim, hd, 0, in.positions.data(), rope_, false);
     kernels::RopeCpu(k_.data(), T, kv_heads_, kv_dim, hd, 0, in.positions.data(), rope_, false);
-    kernels::WriteKvCacheCpu(k_.data(), kv_dim, v_.data(), kv_dim, in.slot_mapping.data(), T,
-                             kv_dim, kv_dim, cache.k(static_cast<int64_t>(li)),
-                             cache.v(static_cast<int64_t>(li)));
+    const bool frozen = !in.kv_frozen_layers.empty() && in.kv_frozen_layers[li] != 0;
+    if (!frozen) {
+      kernels::WriteKvCacheCpu(k_.data(), kv_dim, v_.data(), kv_dim, in.slot_mapping.data(), T,
+                               kv_dim, kv_dim, cache.k(static_cast<int64_t>(li)),
+                               cache.v(static_cast<int64_t>(li)));
+    }
     ap.sliding_window = L.sliding_window;
-    kernels::PagedAttentionCpu(q_.data(), q_dim, cache.k(static_cast<int64_t>(li)),
-                               cache.v(static_cast<int64_t>(li)), seqs_.data(),
-                               static_cast<int64_t>(seqs_.size()), ap, attn_.data());
+    if (L.sliding_window > 0 && bounded) {
+      SlidingAttentionBounded(in, cache.k(static_cast<int64_t>(li)),
+                              cache.v(static_cast<int64_t>(li)), cache.block_size(), ap);
+    } else {
+      kernels::PagedAttentionCpu(q_.data(), q_dim, cache.k(static_cast<int64_t>(li)),
+                                 cache.v(static_cast<int64_t>(li)), seqs_.data(),
+                                 static_cast<int64_t>(seqs_.size()), ap, attn_.data());
+    }
     kernels::LinearCpu(attn_.data(), L.w_o.data(), L.b_o.empty() ? nullptr : L.b_o.data(),
                        tmp_.data(), T, H, q_dim);
     kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.post_norm.data(), normed_.data(), T,

@@ -76,6 +76,21 @@ struct ForwardInput {
   std::vector<int64_t> slot_mapping;  // [num_tokens], KV slot each token's K/V is written to
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logits_indices;  // flattened token indices whose logits are wanted
+
+  // Optional hooks for SWA bounded replay (engine/kv/swa_replay.h, DESIGN.md "SWA bounded
+  // replay"); both empty in ordinary steps, which then run exactly as without them. Only models
+  // whose SupportsSwaReplay() is true honour them; callers must check it (swa_replay.cc does).
+  //
+  // kv_frozen_layers [num_layers] or empty: a non-zero entry keeps that layer's cache entries
+  // untouched by this step (its new K/V are computed but not written); its attention reads the
+  // cache as it is, the query tokens' own entries included. Replay uses it to make
+  // full-attention layers attend the exact transferred K/V instead of recomputed ones.
+  std::vector<uint8_t> kv_frozen_layers;
+  // sliding_kv_start [sequences.size()] or empty: the first position whose sliding-window
+  // layers' K/V is present in the cache for that sequence (0..num_context_tokens). A query at
+  // position i of a sliding layer then attends keys max(sliding_kv_start, i - window + 1)..i
+  // instead of i - window + 1..i. Full-attention layers are unaffected.
+  std::vector<int32_t> sliding_kv_start;
 };
 
 // Model is implemented per architecture (llama.cc, qwen3 via llama.cc, deepseek_v3.cc).
@@ -94,6 +109,8 @@ class Model {
   // Errors: InvalidArgument for a token id outside the vocabulary or an inconsistent plan.
   virtual absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                                absl::Span<float> logits) = 0;
+  // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
+  virtual bool SupportsSwaReplay() const { return false; }
 };
 
 // LoadModel reads config.json + safetensors from `dir` and builds the model (weights
