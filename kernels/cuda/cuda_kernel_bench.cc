@@ -4,8 +4,14 @@
 //   - device-to-device copy bandwidth (cudaMemcpyAsync, bytes read + written per second);
 //   - bf16 GEMM TFLOP/s through LinearCuda (cuBLASLt, fp32 accumulation), 2·m·n·k per product;
 //   - RMSNorm, fused add+RMSNorm and SiLU·mul achieved bandwidth (bytes the kernel must move)
-//     and its fraction of the copy bandwidth.
+//     and its fraction of the copy bandwidth;
+//   - paged attention (Llama-3-8B layer shapes: 32 heads, 8 KV heads, head_dim 128, block 16):
+//     decode at batch 1/64/256 × context 1k/8k as KV bytes read per second and as a fraction of
+//     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
+//     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
+//     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V).
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -17,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/activation_cuda.h"
+#include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
@@ -64,6 +71,118 @@ absl::StatusOr<DeviceBuffer<bf16>> RandomDevice(size_t n, std::mt19937& rng, flo
   auto lhs##_or = (expr);                       \
   if (!lhs##_or.ok()) return lhs##_or.status(); \
   auto lhs = *std::move(lhs##_or)
+
+// Paged attention at Llama-3-8B layer shapes. The cache holds kSeqs sequences of kMaxCtx
+// tokens in shuffled blocks (8 GiB K+V); decode call i uses sequences starting at row
+// (i·batch) mod kSeqs of the block table, so consecutive calls read disjoint KV.
+absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rng,
+                                              cudaStream_t stream) {
+  constexpr int64_t kSeqs = 256, kMaxCtx = 8192, kBlock = 16;
+  PagedAttentionParams p;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_dim = 128;
+  p.v_head_dim = 128;
+  p.block_size = kBlock;
+  p.scale = 0.08838834764831845f;  // 1/sqrt(128)
+  const int64_t blocks_per_seq = kMaxCtx / kBlock;
+  const int64_t num_blocks = kSeqs * blocks_per_seq;
+  const size_t cache_elems = static_cast<size_t>(num_blocks * kBlock * p.num_kv_heads * 128);
+  BENCH_ASSIGN_OR_RETURN(k_cache, DeviceBuffer<bf16>::Create(cache_elems));
+  BENCH_ASSIGN_OR_RETURN(v_cache, DeviceBuffer<bf16>::Create(cache_elems));
+  // Bytes 0x3C: every element is bf16 0x3C3C (≈0.0115); the kernels' speed is value-blind.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(k_cache.data(), 0x3C, k_cache.bytes()), "cudaMemset");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(v_cache.data(), 0x3C, v_cache.bytes()), "cudaMemset");
+  std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>(i);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  // Twice the rows, so a window of `batch` rows starting anywhere below kSeqs stays in range.
+  tables.insert(tables.end(), tables.begin(), tables.end());
+  BENCH_ASSIGN_OR_RETURN(d_tables, DeviceBuffer<int32_t>::Create(tables.size()));
+  if (absl::Status s = d_tables.CopyFromHost(tables.data()); !s.ok()) return s;
+  const int64_t max_tokens = 16384;
+  BENCH_ASSIGN_OR_RETURN(q, RandomDevice(static_cast<size_t>(max_tokens * 32 * 128), rng, -1, 1));
+  BENCH_ASSIGN_OR_RETURN(o, DeviceBuffer<bf16>::Create(q.size()));
+  std::vector<int32_t> starts(static_cast<size_t>(kSeqs + 1));
+  for (size_t i = 0; i < starts.size(); ++i) starts[i] = static_cast<int32_t>(i);
+  BENCH_ASSIGN_OR_RETURN(d_starts, DeviceBuffer<int32_t>::Create(starts.size()));
+  if (absl::Status s = d_starts.CopyFromHost(starts.data()); !s.ok()) return s;
+  BENCH_ASSIGN_OR_RETURN(d_ctx, DeviceBuffer<int32_t>::Create(kSeqs));
+
+  nlohmann::json decode = nlohmann::json::array();
+  for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
+    // The query is the ctx-th token: ctx - 1 cached plus itself, ctx keys in all.
+    std::vector<int32_t> ctx_lens(kSeqs, static_cast<int32_t>(ctx - 1));
+    if (absl::Status s = d_ctx.CopyFromHost(ctx_lens.data()); !s.ok()) return s;
+    for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
+      PagedAttentionCudaBatch b;
+      b.query_start_loc = d_starts.data();
+      b.context_lens = d_ctx.data();
+      b.block_tables = d_tables.data();
+      b.max_blocks_per_seq = blocks_per_seq;
+      b.num_sequences = batch;
+      b.num_tokens = batch;
+      b.max_query_len = 1;
+      b.max_seq_len = ctx;
+      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+      BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+      int64_t call = 0;
+      auto step = [&]() {
+        PagedAttentionCudaBatch shifted = b;
+        shifted.block_tables = d_tables.data() + ((call++ * batch) % kSeqs) * blocks_per_seq;
+        return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(), v_cache.data(), shifted, p,
+                                  ws.data(), o.data(), stream);
+      };
+      BENCH_ASSIGN_OR_RETURN(ms, TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
+      const double kv_bytes = 2.0 * batch * ctx * p.num_kv_heads * 128 * sizeof(bf16);
+      const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
+      decode.push_back({{"batch", batch},
+                        {"context", ctx},
+                        {"kv_bytes_read", kv_bytes},
+                        {"workspace_bytes", ws_bytes},
+                        {"us", ms * 1e3},
+                        {"kv_bandwidth_gbps", gbps},
+                        {"fraction_of_copy", gbps / copy_gbps}});
+    }
+  }
+
+  nlohmann::json prefill = nlohmann::json::array();
+  for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
+    const std::vector<int32_t> one_start = {0, static_cast<int32_t>(tokens)};
+    const std::vector<int32_t> zero = {0};
+    BENCH_ASSIGN_OR_RETURN(d_one_start, DeviceBuffer<int32_t>::Create(2));
+    BENCH_ASSIGN_OR_RETURN(d_zero, DeviceBuffer<int32_t>::Create(1));
+    if (absl::Status s = d_one_start.CopyFromHost(one_start.data()); !s.ok()) return s;
+    if (absl::Status s = d_zero.CopyFromHost(zero.data()); !s.ok()) return s;
+    PagedAttentionCudaBatch b;
+    b.query_start_loc = d_one_start.data();
+    b.context_lens = d_zero.data();
+    b.block_tables = d_tables.data();
+    b.max_blocks_per_seq = tokens / kBlock;
+    b.num_sequences = 1;
+    b.num_tokens = tokens;
+    b.max_query_len = tokens;
+    b.max_seq_len = tokens;
+    const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
+                                   [&]() {
+                                     return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(),
+                                                               v_cache.data(), b, p, ws.data(),
+                                                               o.data(), stream);
+                                   },
+                                   3, tokens == 4096 ? 50 : 10, stream));
+    const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
+    const double flops = 4.0 * 128 * p.num_heads * pairs;
+    prefill.push_back(
+        {{"tokens", tokens}, {"causal", true}, {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}});
+  }
+  return nlohmann::json{
+      {"shape",
+       {{"num_heads", 32}, {"num_kv_heads", 8}, {"head_dim", 128}, {"block_size", kBlock}}},
+      {"decode", decode},
+      {"prefill", prefill}};
+}
 
 absl::StatusOr<nlohmann::json> Run() {
   nlohmann::json out;
@@ -162,6 +281,11 @@ absl::StatusOr<nlohmann::json> Run() {
                       20, stream));
   record("silu_mul (input [rows, 2 dim])", rows / 2, dim, 1.5 * tensor_bytes, silu_ms);
   out["memory_bound_kernels"] = mem;
+  a = DeviceBuffer<bf16>();
+  b = DeviceBuffer<bf16>();
+  o = DeviceBuffer<bf16>();
+  BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
+  out["paged_attention_llama3_8b"] = attention;
   return out;
 }
 

@@ -1,0 +1,808 @@
+// CUDA paged attention (paged_attention_cuda.h): one FlashAttention-2-style kernel for prefill
+// chunks and decode tokens, plus a split-KV combine and the KV-cache write.
+//
+// Algorithm (Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+// Partitioning", 2023): each CTA owns a tile of query rows and streams the keys it may see in
+// tiles through shared memory, keeping a running max m, running sum l and an unnormalized
+// fp32 accumulator per row (online softmax), so scores never reach global memory.
+// Tensor cores: S = Q·Kᵀ and O += P·V with mma.sync m16n8k16 (bf16 in, fp32 accumulate), P
+// re-packed from the S accumulators into A fragments in registers as in FlashAttention-2.
+//
+// GQA head packing: a CTA serves ONE KV head, and its query rows are (query token, query head
+// of that KV head's group) pairs, row = token · group + head-in-group. A decode token of a
+// Llama-3-8B layer (group 4) is 4 rows of one m16 tile, so the group's query heads share every
+// K/V byte loaded (the decode step is bandwidth-bound, so KV bytes are what counts).
+//
+// Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023): when the grid of
+// (query tiles × KV heads × sequences) is too small to fill the GPU — decode at small batch —
+// the key range is cut into partitions handled by separate CTAs, each writing a normalized
+// partial output and its (max, sum); AttentionCombineKernel merges them with the log-sum-exp
+// rule  o = Σ_i o_i·l_i·2^(m_i−M) / Σ_i l_i·2^(m_i−M),  M = max_i m_i.
+// Inside a CTA the same split happens across warps (kWarpsN > 1: each warp takes a slice of
+// every key tile, merged through shared memory at the end), which keeps 4 warps busy on the
+// 16 rows of a decode tile.
+//
+// Shapes are compile-time padded: head dims are rounded up to a supported tile width (kD, kDV)
+// and the padding columns are zero-filled in shared memory (cp.async with src-size 0), as are
+// key rows past the partition end, so no uninitialized shared memory reaches an mma.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_detail::Aligned16;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttnArgs {
+  const bf16* q;
+  int64_t q_token_stride;
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* query_start_loc;
+  const int32_t* context_lens;
+  const int32_t* block_tables;
+  int64_t max_blocks_per_seq;
+  int num_heads;
+  int num_kv_heads;
+  int group;  // query heads per KV head
+  int head_dim;
+  int v_head_dim;
+  int block_size;
+  int block_shift;  // log2(block_size) when a power of two, else -1
+  int sliding_window;
+  float scale_log2;  // softmax scale · log2(e): scores are exponentiated with exp2
+  int num_m_tiles;
+  int num_splits;
+  int partition_tokens;  // keys per split (multiple of the key tile); unused when num_splits 1
+  int num_tokens;
+  bf16* out;
+  float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
+  float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global→shared copy; src_bytes 0 writes zeros (used for padding and masked rows).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
+// "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
+//   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four transposed 8×8 bf16 matrices from shared memory (ldmatrix .trans): lanes 8i..8i+7 give
+// the row addresses of matrix i; each lane receives the B-fragment layout of the transposes.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(smem_row)));
+}
+
+// 2^x on the special-function unit (ex2.approx: ~2 ulp, 2^-inf = 0); inputs are ≤ 0 here.
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Shared-memory row pitch in bf16: 8 elements (16 bytes) of padding shift consecutive rows by
+// 4 banks, so the 8 rows read by one B-fragment load (and by ldmatrix) hit distinct banks.
+template <int kD>
+__host__ __device__ constexpr int Pitch() {
+  return kD + 8;
+}
+
+// Configuration: kD/kDV padded head dims (multiples of 16), kWarpsM warps over query rows
+// (16 rows each), kWarpsN warps over each key tile (kBN keys each).
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+struct AttnConfig {
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kBM = 16 * kWarpsM;
+  static constexpr int kTileN = kBN * kWarpsN;
+  // One K+V tile; two are resident (the next tile's copy overlaps this tile's math).
+  static constexpr int kTileElems = kTileN * (Pitch<kD>() + Pitch<kDV>());
+  static constexpr int kLoopBytes = 2 * kTileElems * static_cast<int>(sizeof(bf16));
+  static constexpr int kMergeBytes = kWarpsN > 1
+                                         ? kThreads*(kDV / 2 + 4) * static_cast<int>(sizeof(float))
+                                         : 0;
+  static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
+};
+
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
+    PagedAttentionKernel(const AttnArgs args) {
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
+  constexpr int kSTiles = kBN / 8;   // n8 score tiles per warp
+  constexpr int kVTiles = kDV / 8;   // n8 output tiles
+  constexpr int kPSteps = kBN / 16;  // k16 steps of P·V
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* const tile_smem = reinterpret_cast<bf16*>(smem_raw);
+
+  const int seq = blockIdx.z;
+  const int kv_head = blockIdx.y;
+  // Later query tiles see more keys under the causal mask: launch them first so the short
+  // ones fill the tail of the grid.
+  const int m_tile = args.num_m_tiles - 1 - static_cast<int>(blockIdx.x) / args.num_splits;
+  const int split = blockIdx.x % args.num_splits;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  const int ctx = args.context_lens[seq];
+  const int group = args.group;
+  const int rows = q_len * group;
+  const int row0 = m_tile * Cfg::kBM;
+  if (row0 >= rows) return;  // uniform over the CTA
+  const int row_last = min(row0 + Cfg::kBM, rows) - 1;
+
+  // Keys this tile may see: causal end at the last row's position, window start at the
+  // first row's; then this CTA's partition of them.
+  const int pos_first = ctx + row0 / group;
+  const int pos_last = ctx + row_last / group;
+  int kv_begin = args.sliding_window > 0 ? max(0, pos_first - args.sliding_window + 1) : 0;
+  int kv_end = pos_last + 1;
+  if (args.num_splits > 1) {
+    kv_begin = max(kv_begin, split * args.partition_tokens);
+    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int wm = warp % kWarpsM;
+  const int wn = warp / kWarpsM;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  // This thread's two rows (g and g+8 of the warp's m16 tile).
+  int row_pos[2], row_token[2], row_head[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + wm * 16 + g + 8 * i;
+    row_valid[i] = r < rows;
+    const int qi = row_valid[i] ? r / group : 0;
+    row_token[i] = q_begin + qi;
+    row_head[i] = kv_head * group + (row_valid[i] ? r % group : 0);
+    row_pos[i] = ctx + qi;
+  }
+
+  // Q fragments (A operand), straight from global memory: read once per CTA.
+  uint32_t q_frag[kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j & 1;
+      const int col = ks * 16 + 2 * t + (j >> 1) * 8;
+      float lo = 0.0f, hi = 0.0f;
+      if (row_valid[i] && col < args.head_dim) {
+        const bf16* src =
+            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim + col;
+        lo = __bfloat162float(src[0]);
+        hi = __bfloat162float(src[1]);
+      }
+      q_frag[ks][j] = PackBf16(lo, hi);
+    }
+  }
+
+  float acc[kVTiles][4];
+#pragma unroll
+  for (int u = 0; u < kVTiles; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's partial; summed over the quad at the end
+
+  const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
+  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+  const bf16* k_base = args.k_cache + static_cast<int64_t>(kv_head) * args.head_dim;
+  const bf16* v_base = args.v_cache + static_cast<int64_t>(kv_head) * args.v_head_dim;
+
+  // Cooperative copy of the K and V tile starting at key `tile` into buffer `buf` (16-byte
+  // chunks, zero-filled outside [kv_begin, kv_end) and past the true head dims).
+  auto load_tile = [&](int tile, int buf) {
+    bf16* k_dst = tile_smem + buf * Cfg::kTileElems;
+    bf16* v_dst = k_dst + Cfg::kTileN * Pitch<kD>();
+    constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;
+    constexpr int kChunks = kKChunks > kVChunks ? kKChunks : kVChunks;
+    // Thread c copies chunk c % kChunks of key c / kChunks for K and for V, so a warp moves
+    // whole contiguous rows and one block-table lookup serves both.
+#pragma unroll 4
+    for (int c = threadIdx.x; c < Cfg::kTileN * kChunks; c += Cfg::kThreads) {
+      const int key = c / kChunks;
+      const int col = (c % kChunks) * 8;
+      const int j = tile + key;
+      const bool in_range = j >= kv_begin && j < kv_end;
+      int64_t slot = 0;
+      if (in_range) {
+        const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
+        const int offset = j - block * args.block_size;
+        slot = static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
+      }
+      if (col < kD) {
+        const bool live = in_range && col < args.head_dim;
+        CpAsync16(k_dst + key * Pitch<kD>() + col,
+                  live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0);
+      }
+      if (col < kDV) {
+        const bool live = in_range && col < args.v_head_dim;
+        CpAsync16(v_dst + key * Pitch<kDV>() + col,
+                  live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
+  const int tile_first = kv_begin / Cfg::kTileN * Cfg::kTileN;
+  if (tile_first < kv_end) load_tile(tile_first, 0);
+  int buf = 0;
+  for (int tile = tile_first; tile < kv_end; tile += Cfg::kTileN, buf ^= 1) {
+    if (tile + Cfg::kTileN < kv_end) {
+      load_tile(tile + Cfg::kTileN, buf ^ 1);  // prefetch; its buffer was freed last round
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const bf16* k_smem = tile_smem + buf * Cfg::kTileElems;
+    const bf16* v_smem = k_smem + Cfg::kTileN * Pitch<kD>();
+
+    const int key0 = tile + wn * kBN;  // first key of this warp's slice
+    // Skip slices no row of this warp can see (past the causal end / before the window).
+    const bool any = key0 < kv_end && key0 + kBN > kv_begin;
+    if (any) {
+      float s[kSTiles][4];
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const bf16* krow = k_smem + (wn * kBN + n * 8 + g) * Pitch<kD>() + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
+          Mma16816(s[n], q_frag[ks], b0, b1);
+        }
+      }
+      // Scale, mask (partition, causal, window, padding rows), online softmax update. Slices
+      // every row of the CTA sees in full (most prefill tiles) skip the per-element mask;
+      // padding rows then hold finite junk that is never stored.
+      const bool full = key0 >= kv_begin && key0 + kBN <= kv_end && key0 + kBN - 1 <= pos_first &&
+                        (args.sliding_window <= 0 || key0 > pos_last - args.sliding_window);
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1;
+          const int j = key0 + n * 8 + 2 * t + (e & 1);
+          const bool visible =
+              full || (row_valid[i] && j >= kv_begin && j < kv_end && j <= row_pos[i] &&
+                       (args.sliding_window <= 0 || j > row_pos[i] - args.sliding_window));
+          s[n][e] = visible ? s[n][e] * args.scale_log2 : -INFINITY;
+          tile_max[i] = fmaxf(tile_max[i], s[n][e]);
+        }
+      }
+      float alpha[2], base[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+        const float new_max = fmaxf(row_max[i], tile_max[i]);
+        // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
+        // exp2(−inf − base) is 0 rather than NaN.
+        base[i] = new_max == -INFINITY ? 0.0f : new_max;
+        alpha[i] = Exp2(row_max[i] - base[i]);
+        row_max[i] = new_max;
+        row_sum[i] *= alpha[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        acc[u][0] *= alpha[0];
+        acc[u][1] *= alpha[0];
+        acc[u][2] *= alpha[1];
+        acc[u][3] *= alpha[1];
+      }
+      uint32_t p_frag[kPSteps][4];
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[e] = Exp2(s[n][e] - base[e >> 1]);
+          row_sum[e >> 1] += p[e];
+        }
+        // C fragments of score tiles 2k and 2k+1 are exactly the A fragment of P's k-step k.
+        p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+        p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk) {
+        // ldmatrix.x4.trans: matrices (keys 0-7, cols u·8), (keys 8-15, u·8), (0-7, u·8+8),
+        // (8-15, u·8+8) → B fragments of output tiles u and u+1.
+        const bf16* vrow =
+            v_smem + (wn * kBN + kk * 16 + (lane & 15)) * Pitch<kDV>() + (lane >> 4) * 8;
+#pragma unroll
+        for (int u = 0; u < kVTiles; u += 2) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, vrow + u * 8);
+          Mma16816(acc[u], p_frag[kk], b[0], b[1]);
+          Mma16816(acc[u + 1], p_frag[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the prefetch after this overwrites the buffer just read
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+  }
+
+  if constexpr (kWarpsN > 1) {
+    // Merge the kWarpsN key slices: every warp has the same fragment layout, so lane l of
+    // warp (wm, wn) merges elementwise with lane l of warps (wm, *). Loop smem is free now.
+    constexpr int kStride = kDV / 2 + 4;  // floats per lane: acc + (max, sum) × 2 rows
+    float* merge = reinterpret_cast<float*>(smem_raw) + threadIdx.x * kStride;
+    if (wn > 0) {
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) merge[u * 4 + e] = acc[u][e];
+      }
+      merge[kDV / 2 + 0] = row_max[0];
+      merge[kDV / 2 + 1] = row_max[1];
+      merge[kDV / 2 + 2] = row_sum[0];
+      merge[kDV / 2 + 3] = row_sum[1];
+    }
+    __syncthreads();
+    if (wn > 0) return;
+    for (int w = 1; w < kWarpsN; ++w) {
+      const float* other = merge + w * kWarpsM * 32 * kStride;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float m_other = other[kDV / 2 + i];
+        const float new_max = fmaxf(row_max[i], m_other);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;
+        const float a_self = Exp2(row_max[i] - base);
+        const float a_other = Exp2(m_other - base);
+        row_sum[i] = row_sum[i] * a_self + other[kDV / 2 + 2 + i] * a_other;
+        row_max[i] = new_max;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          acc[u][2 * i] = acc[u][2 * i] * a_self + other[u * 4 + 2 * i] * a_other;
+          acc[u][2 * i + 1] = acc[u][2 * i + 1] * a_self + other[u * 4 + 2 * i + 1] * a_other;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!row_valid[i]) continue;
+    const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+    const int64_t out_row = static_cast<int64_t>(row_token[i]) * args.num_heads + row_head[i];
+    if (args.num_splits == 1) {
+      bf16* o = args.out + out_row * args.v_head_dim;
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        const int col = u * 8 + 2 * t;
+        if (col < args.v_head_dim) {
+          *reinterpret_cast<__nv_bfloat162*>(o + col) =
+              __floats2bfloat162_rn(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
+        }
+      }
+    } else {
+      const int64_t part_row =
+          static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
+      float* o = args.partial_out + part_row * args.v_head_dim;
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        const int col = u * 8 + 2 * t;
+        if (col < args.v_head_dim) {
+          *reinterpret_cast<float2*>(o + col) =
+              make_float2(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
+        }
+      }
+      if (t == 0) args.partial_ml[part_row] = make_float2(row_max[i], row_sum[i]);
+    }
+  }
+}
+
+// One CTA per (query token of a sequence, sequence, head): merges the num_splits partial
+// outputs of that row (log-sum-exp weights, see the file comment) into bf16 `out`. The first
+// warp finds the max and the weight sum; then every thread owns output channels and
+// recomputes the (cached, broadcast) per-split weights itself.
+__global__ void AttentionCombineKernel(const AttnArgs args) {
+  __shared__ float shared_max, shared_inv;
+  const int seq = blockIdx.y;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  if (static_cast<int>(blockIdx.x) >= q_len) return;
+  const int64_t row = static_cast<int64_t>(q_begin + blockIdx.x) * args.num_heads + blockIdx.z;
+  const int64_t split_stride = static_cast<int64_t>(args.num_tokens) * args.num_heads;
+  const float2* ml = args.partial_ml + row;
+  if (threadIdx.x < 32) {
+    // Empty partitions (sum 0, max −inf) weigh 0.
+    float global_max = -INFINITY;
+    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
+      const float2 v = ml[sp * split_stride];
+      if (v.y > 0.0f) global_max = fmaxf(global_max, v.x);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      global_max = fmaxf(global_max, __shfl_xor_sync(0xffffffffu, global_max, off));
+    }
+    float den = 0.0f;
+    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
+      const float2 v = ml[sp * split_stride];
+      if (v.y > 0.0f) den += v.y * Exp2(v.x - global_max);
+    }
+    den = cuda_detail::WarpSum(den);
+    if (threadIdx.x == 0) {
+      shared_max = global_max;
+      shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
+    }
+  }
+  __syncthreads();
+  const float global_max = shared_max;
+  for (int d = threadIdx.x; d < args.v_head_dim; d += blockDim.x) {
+    const float* src = args.partial_out + row * args.v_head_dim + d;
+    float num = 0.0f;
+    for (int sp = 0; sp < args.num_splits; ++sp) {
+      const float2 v = ml[sp * split_stride];
+      if (v.y > 0.0f) {
+        num += v.y * Exp2(v.x - global_max) * src[sp * split_stride * args.v_head_dim];
+      }
+    }
+    args.out[row * args.v_head_dim + d] = __float2bfloat16_rn(num * shared_inv);
+  }
+}
+
+// Padded head-dim variants: the smallest (kD, kDV) covering (head_dim, v_head_dim).
+enum class Variant { k32, k64, k128, k192v128, k256 };
+
+bool PickVariant(int64_t d, int64_t dv, Variant* v) {
+  const int64_t m = std::max(d, dv);
+  if (m <= 32) {
+    *v = Variant::k32;
+  } else if (m <= 64) {
+    *v = Variant::k64;
+  } else if (m <= 128) {
+    *v = Variant::k128;
+  } else if (d <= 192 && dv <= 128) {
+    *v = Variant::k192v128;
+  } else if (m <= 256) {
+    *v = Variant::k256;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Decode tiles (≤ 16 rows per token group) use 4 warps over keys; prefill tiles 4 warps over
+// rows with 64-key tiles shared by all of them.
+constexpr int kDecodeWarpsN = 4, kDecodeBN = 16;
+constexpr int kPrefillWarpsM = 4, kPrefillBN = 64;
+constexpr int kKeyTile = 64;  // = kDecodeWarpsN·kDecodeBN = kPrefillBN; partitions align to it
+static_assert(kDecodeWarpsN * kDecodeBN == kKeyTile && kPrefillBN == kKeyTile);
+constexpr int kMinPartition = 2 * kKeyTile;
+constexpr int64_t kMaxSplits = 4096;
+
+struct LaunchPlan {
+  bool decode;  // rows per sequence fit one m16 tile
+  int rows_per_cta;
+  int m_tiles;
+  int num_splits;
+  int partition_tokens;
+};
+
+LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
+  LaunchPlan plan;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t max_rows = b.max_query_len * group;
+  plan.decode = max_rows <= 16;
+  plan.rows_per_cta = plan.decode ? 16 : 16 * kPrefillWarpsM;
+  plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
+  plan.num_splits = 1;
+  plan.partition_tokens = 0;
+  // Split the keys only when the CTAs cannot fill the GPU (two waves of CTAs per SM pair is
+  // plenty for a bandwidth-bound loop) and each partition keeps ≥ kMinPartition keys.
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) == cudaSuccess) {
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
+  const int64_t target = 4LL * sms;
+  int64_t keys = b.max_seq_len;
+  if (p.sliding_window > 0) {
+    keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
+  }
+  if (ctas < target && keys >= 2 * kMinPartition) {
+    const int64_t want = (target + ctas - 1) / ctas;
+    const int64_t most = keys / kMinPartition;
+    int64_t splits = std::min({want, most, kMaxSplits});
+    if (splits > 1) {
+      int64_t part = (b.max_seq_len + splits - 1) / splits;
+      part = (part + kKeyTile - 1) / kKeyTile * kKeyTile;
+      plan.partition_tokens = static_cast<int>(part);
+      plan.num_splits = static_cast<int>((b.max_seq_len + part - 1) / part);
+    }
+  }
+  if (plan.num_splits == 1) plan.partition_tokens = 0;
+  return plan;
+}
+
+absl::Status ValidateParams(const PagedAttentionParams& p) {
+  if (p.num_heads < 1 || p.num_kv_heads < 1 || p.head_dim < 1 || p.v_head_dim < 1 ||
+      p.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: sizes must be >= 1 (num_heads ", p.num_heads,
+                     ", num_kv_heads ", p.num_kv_heads, ", head_dim ", p.head_dim, ", v_head_dim ",
+                     p.v_head_dim, ", block_size ", p.block_size, ")"));
+  }
+  if (p.num_heads > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: num_heads ", p.num_heads, " > 65535"));
+  }
+  if (p.num_heads % p.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttentionCuda: num_heads ", p.num_heads,
+                                                   " is not a multiple of num_kv_heads ",
+                                                   p.num_kv_heads));
+  }
+  Variant v;
+  if (p.head_dim % 8 != 0 || p.v_head_dim % 8 != 0 || !PickVariant(p.head_dim, p.v_head_dim, &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: unsupported head dims (head_dim ", p.head_dim,
+                     ", v_head_dim ", p.v_head_dim, "); both must be multiples of 8, at most 256"));
+  }
+  if (p.sliding_window < 0 || p.sliding_window > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: sliding_window ", p.sliding_window, " out of range"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBatch(const PagedAttentionCudaBatch& b) {
+  if (b.num_sequences < 1 || b.num_tokens < 1 || b.max_query_len < 1 || b.max_seq_len < 1 ||
+      b.max_blocks_per_seq < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttentionCuda: batch sizes must be >= 1 (num_sequences ", b.num_sequences,
+        ", num_tokens ", b.num_tokens, ", max_query_len ", b.max_query_len, ", max_seq_len ",
+        b.max_seq_len, ", max_blocks_per_seq ", b.max_blocks_per_seq, ")"));
+  }
+  if (b.max_query_len > b.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttentionCuda: max_query_len ",
+                                                   b.max_query_len, " exceeds max_seq_len ",
+                                                   b.max_seq_len));
+  }
+  if (b.num_sequences > 65535 || b.max_seq_len > INT32_MAX / 2 || b.num_tokens > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: batch too large (num_sequences ", b.num_sequences,
+                     " > 65535 or max_seq_len ", b.max_seq_len, " / num_tokens ", b.num_tokens,
+                     " beyond int32)"));
+  }
+  if (b.query_start_loc == nullptr || b.context_lens == nullptr || b.block_tables == nullptr) {
+    return absl::InvalidArgumentError("PagedAttentionCuda: null batch metadata pointer");
+  }
+  return absl::OkStatus();
+}
+
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
+    // Above 48 KiB dynamic shared memory must be opted into (idempotent, host-only; allowed
+    // during stream capture).
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+        "PagedAttentionCuda: cudaFuncSetAttribute");
+  }
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  return CudaLaunchStatus("PagedAttentionCuda");
+}
+
+template <int kD, int kDV>
+absl::Status LaunchDims(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
+                        cudaStream_t stream) {
+  if (plan.decode) return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN>(args, grid, stream);
+  return Launch<kD, kDV, kPrefillWarpsM, 1, kPrefillBN>(args, grid, stream);
+}
+
+absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
+                           const PagedAttentionParams& params, cudaStream_t stream) {
+  Variant v = Variant::k128;
+  PickVariant(params.head_dim, params.v_head_dim, &v);
+  switch (v) {
+    case Variant::k32:
+      return LaunchDims<32, 32>(args, plan, grid, stream);
+    case Variant::k64:
+      return LaunchDims<64, 64>(args, plan, grid, stream);
+    case Variant::k128:
+      return LaunchDims<128, 128>(args, plan, grid, stream);
+    case Variant::k192v128:
+      return LaunchDims<192, 128>(args, plan, grid, stream);
+    case Variant::k256:
+      return LaunchDims<256, 256>(args, plan, grid, stream);
+  }
+  return absl::InternalError("PagedAttentionCuda: unknown variant");
+}
+
+}  // namespace
+
+size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
+                                        const PagedAttentionParams& params) {
+  if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return 0;
+  const LaunchPlan plan = Plan(batch, params);
+  if (plan.num_splits == 1) return 0;
+  const size_t rows = static_cast<size_t>(plan.num_splits) * static_cast<size_t>(batch.num_tokens) *
+                      static_cast<size_t>(params.num_heads);
+  // partial_ml (float2) first keeps both arrays aligned.
+  return rows * sizeof(float2) + rows * static_cast<size_t>(params.v_head_dim) * sizeof(float);
+}
+
+absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
+                                const bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                                const PagedAttentionParams& params, void* workspace, bf16* out,
+                                cudaStream_t stream) {
+  if (absl::Status s = ValidateParams(params); !s.ok()) return s;
+  if (absl::Status s = ValidateBatch(batch); !s.ok()) return s;
+  if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("PagedAttentionCuda: null q, cache or out pointer");
+  }
+  if (q_token_stride < params.num_heads * params.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttentionCuda: q_token_stride ",
+                                                   q_token_stride, " < num_heads · head_dim ",
+                                                   params.num_heads * params.head_dim));
+  }
+  if (!Aligned16(k_cache) || !Aligned16(v_cache) || (reinterpret_cast<uintptr_t>(q) & 3u) != 0 ||
+      (reinterpret_cast<uintptr_t>(out) & 3u) != 0 || q_token_stride % 2 != 0) {
+    return absl::InvalidArgumentError(
+        "PagedAttentionCuda: k_cache/v_cache must be 16-byte aligned, q/out 4-byte aligned "
+        "with an even q_token_stride");
+  }
+  const LaunchPlan plan = Plan(batch, params);
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, params);
+  if (ws_bytes > 0 && (workspace == nullptr || !Aligned16(workspace))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: needs a 16-byte aligned workspace of ", ws_bytes,
+                     " bytes (PagedAttentionCudaWorkspaceBytes)"));
+  }
+  AttnArgs args;
+  args.q = q;
+  args.q_token_stride = q_token_stride;
+  args.k_cache = k_cache;
+  args.v_cache = v_cache;
+  args.query_start_loc = batch.query_start_loc;
+  args.context_lens = batch.context_lens;
+  args.block_tables = batch.block_tables;
+  args.max_blocks_per_seq = batch.max_blocks_per_seq;
+  args.num_heads = static_cast<int>(params.num_heads);
+  args.num_kv_heads = static_cast<int>(params.num_kv_heads);
+  args.group = static_cast<int>(params.num_heads / params.num_kv_heads);
+  args.head_dim = static_cast<int>(params.head_dim);
+  args.v_head_dim = static_cast<int>(params.v_head_dim);
+  args.block_size = static_cast<int>(params.block_size);
+  args.block_shift = -1;
+  for (int sh = 0; sh < 31; ++sh) {
+    if ((int64_t{1} << sh) == params.block_size) args.block_shift = sh;
+  }
+  args.sliding_window = static_cast<int>(params.sliding_window);
+  args.scale_log2 = params.scale * kLog2e;
+  args.num_m_tiles = plan.m_tiles;
+  args.num_splits = plan.num_splits;
+  args.partition_tokens = plan.partition_tokens;
+  args.num_tokens = static_cast<int>(batch.num_tokens);
+  args.out = out;
+  const size_t ml_bytes = static_cast<size_t>(plan.num_splits) *
+                          static_cast<size_t>(batch.num_tokens) *
+                          static_cast<size_t>(params.num_heads) * sizeof(float2);
+  args.partial_ml = ws_bytes > 0 ? static_cast<float2*>(workspace) : nullptr;
+  args.partial_out =
+      ws_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + ml_bytes) : nullptr;
+
+  const dim3 grid(static_cast<unsigned>(plan.m_tiles * plan.num_splits),
+                  static_cast<unsigned>(params.num_kv_heads),
+                  static_cast<unsigned>(batch.num_sequences));
+  const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
+  if (!s.ok() || plan.num_splits == 1) return s;
+  const dim3 combine_grid(static_cast<unsigned>(batch.max_query_len),
+                          static_cast<unsigned>(batch.num_sequences),
+                          static_cast<unsigned>(params.num_heads));
+  AttentionCombineKernel<<<combine_grid, 128, 0, stream>>>(args);
+  return CudaLaunchStatus("PagedAttentionCuda combine");
+}
+
+namespace {
+
+// One CTA per token; 16-byte moves when every pointer, stride and row length allows.
+__global__ void WriteKvCacheKernel(const bf16* k, int64_t k_token_stride, const bf16* v,
+                                   int64_t v_token_stride, const int64_t* slot_mapping,
+                                   int64_t k_elems, int64_t v_elems, bf16* k_cache, bf16* v_cache,
+                                   bool vec) {
+  const int64_t token = blockIdx.x;
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0) return;
+  const bf16* srcs[2] = {k + token * k_token_stride, v + token * v_token_stride};
+  bf16* dsts[2] = {k_cache + slot * k_elems, v_cache + slot * v_elems};
+  const int64_t lens[2] = {k_elems, v_elems};
+  for (int which = 0; which < 2; ++which) {
+    if (lens[which] == 0) continue;
+    if (vec) {
+      const auto* s = reinterpret_cast<const cuda_detail::Bf16x8*>(srcs[which]);
+      auto* d = reinterpret_cast<cuda_detail::Bf16x8*>(dsts[which]);
+      for (int64_t i = threadIdx.x; i < lens[which] / 8; i += blockDim.x) d[i] = s[i];
+    } else {
+      for (int64_t i = threadIdx.x; i < lens[which]; i += blockDim.x) {
+        dsts[which][i] = srcs[which][i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status WriteKvCacheCuda(const bf16* k, int64_t k_token_stride, const bf16* v,
+                              int64_t v_token_stride, const int64_t* slot_mapping,
+                              int64_t num_tokens, int64_t k_elems_per_token,
+                              int64_t v_elems_per_token, bf16* k_cache, bf16* v_cache,
+                              cudaStream_t stream) {
+  if (num_tokens < 0 || k_elems_per_token < 1 || v_elems_per_token < 0 ||
+      k_token_stride < k_elems_per_token || v_token_stride < v_elems_per_token) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WriteKvCacheCuda: bad sizes (num_tokens ", num_tokens, ", k_elems_per_token ",
+        k_elems_per_token, ", v_elems_per_token ", v_elems_per_token, ", k_token_stride ",
+        k_token_stride, ", v_token_stride ", v_token_stride, ")"));
+  }
+  if (num_tokens > INT32_MAX) {
+    return absl::InvalidArgumentError("WriteKvCacheCuda: num_tokens beyond int32");
+  }
+  if (k == nullptr || k_cache == nullptr || slot_mapping == nullptr ||
+      (v_elems_per_token > 0 && (v == nullptr || v_cache == nullptr))) {
+    return absl::InvalidArgumentError("WriteKvCacheCuda: null pointer");
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  const bool vec =
+      Aligned16(k) && Aligned16(k_cache) && k_token_stride % 8 == 0 && k_elems_per_token % 8 == 0 &&
+      (v_elems_per_token == 0 || (Aligned16(v) && Aligned16(v_cache) && v_token_stride % 8 == 0 &&
+                                  v_elems_per_token % 8 == 0));
+  WriteKvCacheKernel<<<static_cast<unsigned>(num_tokens), 128, 0, stream>>>(
+      k, k_token_stride, v, v_token_stride, slot_mapping, k_elems_per_token, v_elems_per_token,
+      k_cache, v_cache, vec);
+  return CudaLaunchStatus("WriteKvCacheCuda");
+}
+
+}  // namespace sluice::kernels

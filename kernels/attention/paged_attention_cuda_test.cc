@@ -1,0 +1,363 @@
+// PagedAttentionCuda / WriteKvCacheCuda against the float32 CPU reference (paged_attention.h)
+// on fresh random bf16 inputs: decode (split-KV and not), prefill chunks over cached prefixes,
+// mixed batches, sliding windows, GQA group sizes, the head dims of the supported models and
+// fixtures, scattered block tables, graph-style loose bounds, and bad arguments. Cache slots
+// no sequence owns hold NaN, so a read of the wrong block shows up as a NaN output. Needs a
+// GPU: part of kernels_cuda_test, skipped without a device.
+#include "kernels/attention/paged_attention_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/cuda/cuda_test_util.h"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_test::Download;
+using cuda_test::ExpectClose;
+using cuda_test::NanBuffer;
+using cuda_test::RandomBf16;
+using cuda_test::ToFloat;
+using cuda_test::Upload;
+
+// Probabilities are rounded to bf16 before P·V (as in FlashAttention-2) and the output is
+// bf16: a few bf16 roundings per element. atol is relative to max|out|; outputs are weighted
+// means of V, so near-zero outputs come from cancellation and need the absolute slack.
+constexpr double kRtol = 1.0 / 64;
+constexpr double kAtol = 1.0 / 128;
+
+struct SeqSpec {
+  int32_t context;  // cached tokens before this step
+  int32_t query;    // new tokens this step
+};
+
+struct Case {
+  std::string name;
+  PagedAttentionParams params;
+  std::vector<SeqSpec> seqs;
+  int64_t q_stride_pad = 0;     // extra elements per q row (fused-QKV style stride)
+  int64_t extra_query_len = 0;  // loosen max_query_len beyond the batch's (graph bounds)
+  int64_t extra_seq_len = 0;    // loosen max_seq_len likewise
+};
+
+PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t dv, int64_t block,
+                            int64_t window = 0) {
+  PagedAttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.head_dim = d;
+  p.v_head_dim = dv;
+  p.block_size = block;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.sliding_window = window;
+  return p;
+}
+
+// Runs one case on the device and against PagedAttentionCpu.
+void RunCase(const Case& c, std::mt19937& rng) {
+  SCOPED_TRACE(c.name);
+  const PagedAttentionParams& p = c.params;
+  const int64_t num_seqs = static_cast<int64_t>(c.seqs.size());
+  int64_t num_tokens = 0, max_query = 0, max_seq = 0, max_blocks = 1;
+  for (const SeqSpec& s : c.seqs) {
+    num_tokens += s.query;
+    max_query = std::max<int64_t>(max_query, s.query);
+    max_seq = std::max<int64_t>(max_seq, s.context + s.query);
+    max_blocks =
+        std::max<int64_t>(max_blocks, (s.context + s.query + p.block_size - 1) / p.block_size);
+  }
+  max_blocks += 1;  // a spare column: entries past the last block must be ignored
+  int64_t total_blocks = 0;
+  for (const SeqSpec& s : c.seqs) {
+    total_blocks += (s.context + s.query + p.block_size - 1) / p.block_size;
+  }
+  total_blocks = total_blocks * 2 + 3;  // unowned blocks in between
+
+  // Scattered block tables: a random permutation of physical blocks; unused entries are -1
+  // (must never be read) except the spare column, which points at a NaN block.
+  std::vector<int32_t> physical(static_cast<size_t>(total_blocks));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs * max_blocks), -1);
+  const int64_t k_per_token = p.num_kv_heads * p.head_dim;
+  const int64_t v_per_token = p.num_kv_heads * p.v_head_dim;
+  const int64_t slots = total_blocks * p.block_size;
+  std::vector<bf16> k_cache(static_cast<size_t>(slots * k_per_token),
+                            FloatToBf16(std::numeric_limits<float>::quiet_NaN()));
+  std::vector<bf16> v_cache(static_cast<size_t>(slots * v_per_token), k_cache[0]);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  size_t next = 0;
+  std::vector<int32_t> query_start(c.seqs.size() + 1, 0);
+  std::vector<int32_t> context_lens(c.seqs.size());
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const SeqSpec& spec = c.seqs[static_cast<size_t>(s)];
+    query_start[s + 1] = query_start[s] + spec.query;
+    context_lens[s] = spec.context;
+    const int64_t len = spec.context + spec.query;
+    const int64_t nb = (len + p.block_size - 1) / p.block_size;
+    for (int64_t b = 0; b < nb; ++b) tables[s * max_blocks + b] = physical[next++];
+    if (nb < max_blocks) tables[s * max_blocks + nb] = physical[physical.size() - 1];
+    for (int64_t pos = 0; pos < len; ++pos) {
+      const int64_t slot =
+          static_cast<int64_t>(tables[s * max_blocks + pos / p.block_size]) * p.block_size +
+          pos % p.block_size;
+      for (int64_t i = 0; i < k_per_token; ++i) {
+        k_cache[slot * k_per_token + i] = FloatToBf16(dist(rng));
+      }
+      for (int64_t i = 0; i < v_per_token; ++i) {
+        v_cache[slot * v_per_token + i] = FloatToBf16(dist(rng));
+      }
+    }
+  }
+  const int64_t q_stride = p.num_heads * p.head_dim + c.q_stride_pad;
+  // Scores up to ~±4·sqrt(d)·scale keep the softmax neither flat nor one-hot.
+  const auto q = RandomBf16(static_cast<size_t>(num_tokens * q_stride), rng, -2.0f, 2.0f);
+
+  std::vector<int32_t> cpu_tables = tables;
+  for (auto& e : cpu_tables) e = std::max(e, 0);
+  std::vector<PagedSequence> sequences(c.seqs.size());
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    sequences[s].query_start = query_start[s];
+    sequences[s].num_query_tokens = c.seqs[s].query;
+    sequences[s].num_context_tokens = c.seqs[s].context;
+    sequences[s].block_table = cpu_tables.data() + s * max_blocks;
+  }
+  const auto qf = ToFloat(q);
+  const auto kf = ToFloat(k_cache);
+  const auto vf = ToFloat(v_cache);
+  std::vector<float> want(static_cast<size_t>(num_tokens * p.num_heads * p.v_head_dim));
+  PagedAttentionCpu(qf.data(), q_stride, kf.data(), vf.data(), sequences.data(), num_seqs, p,
+                    want.data());
+
+  auto d_q = Upload(q);
+  auto d_k = Upload(k_cache);
+  auto d_v = Upload(v_cache);
+  auto d_start = Upload(query_start);
+  auto d_ctx = Upload(context_lens);
+  auto d_tables = Upload(tables);
+  auto d_out = NanBuffer(want.size());
+  PagedAttentionCudaBatch batch;
+  batch.query_start_loc = d_start.data();
+  batch.context_lens = d_ctx.data();
+  batch.block_tables = d_tables.data();
+  batch.max_blocks_per_seq = max_blocks;
+  batch.num_sequences = num_seqs;
+  batch.num_tokens = num_tokens;
+  batch.max_query_len = max_query + c.extra_query_len;
+  batch.max_seq_len = max_seq + c.extra_seq_len;
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
+  auto ws = DeviceBuffer<uint8_t>::Create(ws_bytes);
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  if (ws_bytes > 0) {
+    ASSERT_EQ(cudaMemset(ws->data(), 0xFF, ws_bytes), cudaSuccess);
+  }
+  const absl::Status st = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(), batch, p,
+                                             ws->data(), d_out.data(), nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ExpectClose(absl::StrCat(c.name, " (workspace ", ws_bytes, " B)"), Download(d_out), want, kRtol,
+              kAtol);
+}
+
+std::vector<SeqSpec> Decode(std::initializer_list<int32_t> contexts) {
+  std::vector<SeqSpec> out;
+  for (int32_t c : contexts) out.push_back({c, 1});
+  return out;
+}
+
+TEST(PagedAttentionCudaTest, DecodeLlama3Shapes) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  // Batch 1 at 3000 tokens splits the keys across CTAs; batch 8 with short contexts does not.
+  RunCase({"decode b1 ctx3000", Params(32, 8, 128, 128, 16), Decode({3000})}, rng);
+  RunCase({"decode b8 mixed ctx", Params(32, 8, 128, 128, 16),
+           Decode({0, 1, 15, 16, 17, 100, 513, 1200})},
+          rng);
+}
+
+TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  RunCase({"prefill 300 fresh", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
+  RunCase({"prefill chunk 77 over 1000", Params(32, 8, 128, 128, 16), {{1000, 77}}}, rng);
+  RunCase({"prefill chunks x3", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
+}
+
+TEST(PagedAttentionCudaTest, MixedBatch) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  RunCase({"mixed decode+prefill",
+           Params(32, 8, 128, 128, 16),
+           {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {5, 1}, {0, 1}, {1100, 17}}},
+          rng);
+  // Odd block size and a padded q stride (q read from a fused QKV buffer).
+  Case odd{"mixed block 7 q stride pad", Params(8, 2, 64, 64, 7), {{50, 3}, {0, 20}, {333, 1}}};
+  odd.q_stride_pad = 2 * 2 * 64;
+  RunCase(odd, rng);
+}
+
+TEST(PagedAttentionCudaTest, SlidingWindow) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  RunCase({"window 16 fixture dims", Params(4, 2, 16, 16, 16, 16), {{40, 1}, {0, 50}, {7, 9}}},
+          rng);
+  RunCase({"window 1000 decode b1 ctx 5000", Params(32, 8, 128, 128, 16, 1000), Decode({5000})},
+          rng);
+  RunCase({"window 100 prefill", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
+}
+
+TEST(PagedAttentionCudaTest, HeadDimsAndGroups) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const std::vector<SeqSpec> seqs = {{200, 1}, {0, 33}, {1500, 1}, {90, 20}};
+  // llama-tiny / qwen3-tiny fixtures (16), deepseek-v3-tiny unabsorbed (24/16), DeepSeek
+  // V2/V3 unabsorbed (192/128), Gemma-style 256, MHA and group 7 (Qwen2-7B: 28/4), MQA 16.
+  RunCase({"d16 g2", Params(4, 2, 16, 16, 16), seqs}, rng);
+  RunCase({"d24 dv16 mha", Params(4, 4, 24, 16, 16), seqs}, rng);
+  RunCase({"d64 g1", Params(8, 8, 64, 64, 16), seqs}, rng);
+  RunCase({"d128 g7", Params(28, 4, 128, 128, 16), seqs}, rng);
+  RunCase({"d192 dv128", Params(16, 16, 192, 128, 64), seqs}, rng);
+  RunCase({"d256 g2", Params(8, 4, 256, 256, 16), seqs}, rng);
+  RunCase({"d128 mqa 16", Params(16, 1, 128, 128, 32), seqs}, rng);
+  RunCase({"d128 decode g16", Params(16, 1, 128, 128, 16), Decode({10, 4000})}, rng);
+}
+
+TEST(PagedAttentionCudaTest, LooseGraphBoundsGiveTheSameResult) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  // A captured decode graph sizes its grid for the bucket's bounds, not this step's batch.
+  Case c{"decode loose bounds", Params(32, 8, 128, 128, 16), Decode({10, 900, 64})};
+  c.extra_seq_len = 8192 - 901;
+  RunCase(c, rng);
+  Case pre{"prefill loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
+  pre.extra_query_len = 100;
+  pre.extra_seq_len = 3000;
+  RunCase(pre, rng);
+}
+
+TEST(PagedAttentionCudaTest, RejectsBadArguments) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto q = DeviceBuffer<bf16>::Create(4096);
+  auto kv = DeviceBuffer<bf16>::Create(4096);
+  auto meta = DeviceBuffer<int32_t>::Create(16);
+  ASSERT_TRUE(q.ok() && kv.ok() && meta.ok());
+  PagedAttentionCudaBatch b;
+  b.query_start_loc = meta->data();
+  b.context_lens = meta->data();
+  b.block_tables = meta->data();
+  b.max_blocks_per_seq = 1;
+  b.num_sequences = 1;
+  b.num_tokens = 1;
+  b.max_query_len = 1;
+  b.max_seq_len = 1;
+  const PagedAttentionParams good = Params(4, 2, 16, 16, 16);
+  auto call = [&](const PagedAttentionCudaBatch& batch, const PagedAttentionParams& p) {
+    return PagedAttentionCuda(q->data(), 64, kv->data(), kv->data(), batch, p, nullptr, q->data(),
+                              nullptr)
+        .code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  auto p = good;
+  p.num_kv_heads = 3;  // 4 heads not a multiple of 3
+  EXPECT_EQ(call(b, p), kInvalid);
+  p = good;
+  p.head_dim = 12;  // not a multiple of 8
+  EXPECT_EQ(call(b, p), kInvalid);
+  p = good;
+  p.v_head_dim = 512;  // too wide for the kernel
+  EXPECT_EQ(call(b, p), kInvalid);
+  p = good;
+  p.block_size = 0;
+  EXPECT_EQ(call(b, p), kInvalid);
+  p = good;
+  p.sliding_window = -1;
+  EXPECT_EQ(call(b, p), kInvalid);
+  auto bb = b;
+  bb.num_sequences = 0;
+  EXPECT_EQ(call(bb, good), kInvalid);
+  bb = b;
+  bb.max_query_len = 2;  // > max_seq_len
+  EXPECT_EQ(call(bb, good), kInvalid);
+  bb = b;
+  bb.block_tables = nullptr;
+  EXPECT_EQ(call(bb, good), kInvalid);
+  EXPECT_EQ(PagedAttentionCuda(q->data(), 63, kv->data(), kv->data(), b, good, nullptr, q->data(),
+                               nullptr)
+                .code(),
+            kInvalid);  // q stride below num_heads·head_dim
+  EXPECT_EQ(PagedAttentionCuda(q->data(), 64, kv->data() + 1, kv->data(), b, good, nullptr,
+                               q->data(), nullptr)
+                .code(),
+            kInvalid);  // misaligned cache
+  // A split-KV launch without its workspace.
+  bb = b;
+  bb.max_seq_len = 32768;
+  const PagedAttentionParams llama = Params(32, 8, 128, 128, 16);
+  ASSERT_GT(PagedAttentionCudaWorkspaceBytes(bb, llama), 0u);
+  EXPECT_EQ(PagedAttentionCuda(q->data(), 4096, kv->data(), kv->data(), bb, llama, nullptr,
+                               q->data(), nullptr)
+                .code(),
+            kInvalid);
+  EXPECT_EQ(PagedAttentionCudaWorkspaceBytes(b, p), 0u);  // invalid params: no workspace
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  struct Shape {
+    int64_t k_elems, v_elems, k_stride, v_stride;
+  };
+  // Vector path (multiples of 8, 16-byte strides), scalar path (odd sizes), MLA latent (no V).
+  for (const Shape& sh :
+       {Shape{1024, 1024, 3072, 3072}, Shape{24, 16, 30, 17}, Shape{576, 0, 576, 0}}) {
+    const int64_t tokens = 37, slots = 100;
+    const auto k = RandomBf16(static_cast<size_t>(tokens * sh.k_stride), rng, -1.0f, 1.0f);
+    const auto v = RandomBf16(static_cast<size_t>(std::max<int64_t>(1, tokens * sh.v_stride)), rng,
+                              -1.0f, 1.0f);
+    std::vector<int64_t> slot(static_cast<size_t>(tokens));
+    std::vector<int64_t> perm(static_cast<size_t>(slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t t = 0; t < tokens; ++t) slot[t] = t % 5 == 4 ? -1 : perm[t];
+    auto d_k = Upload(k);
+    auto d_v = Upload(v);
+    auto d_slot = Upload(slot);
+    auto d_kc = NanBuffer(static_cast<size_t>(slots * sh.k_elems));
+    auto d_vc = NanBuffer(static_cast<size_t>(std::max<int64_t>(1, slots * sh.v_elems)));
+    ASSERT_TRUE(WriteKvCacheCuda(d_k.data(), sh.k_stride, sh.v_elems ? d_v.data() : nullptr,
+                                 sh.v_stride, d_slot.data(), tokens, sh.k_elems, sh.v_elems,
+                                 d_kc.data(), sh.v_elems ? d_vc.data() : nullptr, nullptr)
+                    .ok());
+    const auto kf = ToFloat(k);
+    const auto vf = ToFloat(v);
+    std::vector<float> kc(d_kc.size(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> vc(d_vc.size(), std::numeric_limits<float>::quiet_NaN());
+    WriteKvCacheCpu(kf.data(), sh.k_stride, vf.data(), sh.v_stride, slot.data(), tokens, sh.k_elems,
+                    sh.v_elems, kc.data(), vc.data());
+    const auto got_k = Download(d_kc);
+    const auto got_v = Download(d_vc);
+    // Exact copy, and untouched slots stay NaN.
+    for (size_t i = 0; i < kc.size(); ++i) {
+      ASSERT_TRUE(std::isnan(kc[i]) ? std::isnan(got_k[i]) : got_k[i] == kc[i]) << "k " << i;
+    }
+    for (size_t i = 0; i < vc.size(); ++i) {
+      ASSERT_TRUE(std::isnan(vc[i]) ? std::isnan(got_v[i]) : got_v[i] == vc[i]) << "v " << i;
+    }
+  }
+  // Bad sizes.
+  EXPECT_EQ(
+      WriteKvCacheCuda(nullptr, 8, nullptr, 0, nullptr, 1, 8, 0, nullptr, nullptr, nullptr).code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice::kernels
