@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -441,11 +442,14 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   }
 }
 
+constexpr int kMaxSplitsDevice = 1024;  // = kMaxSplits
+
 // One CTA per (query token of a sequence, sequence, head): merges the num_splits partial
 // outputs of that row (log-sum-exp weights, see the file comment) into bf16 `out`. The first
-// warp finds the max and the weight sum; then every thread owns output channels and
-// recomputes the (cached, broadcast) per-split weights itself.
+// warp finds the max and the weight sum, the CTA turns them into per-split weights in shared
+// memory, then every thread owns output channels.
 __global__ void AttentionCombineKernel(const AttnArgs args) {
+  __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
   __shared__ float shared_max, shared_inv;
   const int seq = blockIdx.y;
   const int q_begin = args.query_start_loc[seq];
@@ -477,17 +481,19 @@ __global__ void AttentionCombineKernel(const AttnArgs args) {
     }
   }
   __syncthreads();
-  const float global_max = shared_max;
+  for (int sp = threadIdx.x; sp < args.num_splits; sp += blockDim.x) {
+    const float2 v = ml[sp * split_stride];
+    weight[sp] = v.y > 0.0f ? v.y * Exp2(v.x - shared_max) * shared_inv : 0.0f;
+  }
+  __syncthreads();
   for (int d = threadIdx.x; d < args.v_head_dim; d += blockDim.x) {
     const float* src = args.partial_out + row * args.v_head_dim + d;
+    const int64_t stride = split_stride * args.v_head_dim;
+    // Independent loads, so several splits are in flight at once.
     float num = 0.0f;
-    for (int sp = 0; sp < args.num_splits; ++sp) {
-      const float2 v = ml[sp * split_stride];
-      if (v.y > 0.0f) {
-        num += v.y * Exp2(v.x - global_max) * src[sp * split_stride * args.v_head_dim];
-      }
-    }
-    args.out[row * args.v_head_dim + d] = __float2bfloat16_rn(num * shared_inv);
+#pragma unroll 8
+    for (int sp = 0; sp < args.num_splits; ++sp) num += weight[sp] * src[sp * stride];
+    args.out[row * args.v_head_dim + d] = __float2bfloat16_rn(num);
   }
 }
 
@@ -519,7 +525,7 @@ constexpr int kPrefillWarpsM = 4, kPrefillBN = 64;
 constexpr int kKeyTile = 64;  // = kDecodeWarpsN·kDecodeBN = kPrefillBN; partitions align to it
 static_assert(kDecodeWarpsN * kDecodeBN == kKeyTile && kPrefillBN == kKeyTile);
 constexpr int kMinPartition = 2 * kKeyTile;
-constexpr int64_t kMaxSplits = 4096;
+constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
@@ -528,42 +534,6 @@ struct LaunchPlan {
   int num_splits;
   int partition_tokens;
 };
-
-LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
-  LaunchPlan plan;
-  const int64_t group = p.num_heads / p.num_kv_heads;
-  const int64_t max_rows = b.max_query_len * group;
-  plan.decode = max_rows <= 16;
-  plan.rows_per_cta = plan.decode ? 16 : 16 * kPrefillWarpsM;
-  plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
-  plan.num_splits = 1;
-  plan.partition_tokens = 0;
-  // Split the keys only when the CTAs cannot fill the GPU (two waves of CTAs per SM pair is
-  // plenty for a bandwidth-bound loop) and each partition keeps ≥ kMinPartition keys.
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
-  const int64_t target = 4LL * sms;
-  int64_t keys = b.max_seq_len;
-  if (p.sliding_window > 0) {
-    keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
-  }
-  if (ctas < target && keys >= 2 * kMinPartition) {
-    const int64_t want = (target + ctas - 1) / ctas;
-    const int64_t most = keys / kMinPartition;
-    int64_t splits = std::min({want, most, kMaxSplits});
-    if (splits > 1) {
-      int64_t part = (b.max_seq_len + splits - 1) / splits;
-      part = (part + kKeyTile - 1) / kKeyTile * kKeyTile;
-      plan.partition_tokens = static_cast<int>(part);
-      plan.num_splits = static_cast<int>((b.max_seq_len + part - 1) / part);
-    }
-  }
-  if (plan.num_splits == 1) plan.partition_tokens = 0;
-  return plan;
-}
 
 absl::Status ValidateParams(const PagedAttentionParams& p) {
   if (p.num_heads < 1 || p.num_kv_heads < 1 || p.head_dim < 1 || p.v_head_dim < 1 ||
@@ -640,6 +610,110 @@ absl::Status LaunchDims(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
                         cudaStream_t stream) {
   if (plan.decode) return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN>(args, grid, stream);
   return Launch<kD, kDV, kPrefillWarpsM, 1, kPrefillBN>(args, grid, stream);
+}
+
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+int ResidentCtas() {
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  if (Cfg::kSmemBytes > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) !=
+          cudaSuccess) {
+    return 1;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+      cudaSuccess) {
+    return 1;
+  }
+  return std::max(n, 1);
+}
+
+template <int kD, int kDV>
+int ResidentCtasDims(bool decode) {
+  return decode ? ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN>()
+                : ResidentCtas<kD, kDV, kPrefillWarpsM, 1, kPrefillBN>();
+}
+
+// CTAs of the chosen kernel resident on the whole GPU at once (SMs × occupancy), cached per
+// (variant, decode) for device 0..15; the launch path must stay cheap and capturable.
+int64_t ResidentSlots(Variant v, bool decode) {
+  static std::atomic<int> cache[16][5][2];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
+  std::atomic<int>& slot = cache[device][static_cast<int>(v)][decode ? 1 : 0];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  int sms = 132;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int per_sm = 1;
+  switch (v) {
+    case Variant::k32:
+      per_sm = ResidentCtasDims<32, 32>(decode);
+      break;
+    case Variant::k64:
+      per_sm = ResidentCtasDims<64, 64>(decode);
+      break;
+    case Variant::k128:
+      per_sm = ResidentCtasDims<128, 128>(decode);
+      break;
+    case Variant::k192v128:
+      per_sm = ResidentCtasDims<192, 128>(decode);
+      break;
+    case Variant::k256:
+      per_sm = ResidentCtasDims<256, 256>(decode);
+      break;
+  }
+  n = std::max(1, sms * per_sm);
+  slot.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Plan picks the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in waves of
+// `slots`, so a partial last wave wastes its share. Among partitions of ≥ kMinPartition keys
+// (multiples of the key tile) pick the one whose waves are fullest, preferring fewer splits
+// (each split costs a partial-output write and the combine pass) unless more splits fill the
+// waves ≥ 2% better (relative). Depends only on host-side bounds, so captured graphs stay valid.
+LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
+  LaunchPlan plan;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  const int64_t max_rows = b.max_query_len * group;
+  plan.decode = max_rows <= 16;
+  plan.rows_per_cta = plan.decode ? 16 : 16 * kPrefillWarpsM;
+  plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
+  plan.num_splits = 1;
+  plan.partition_tokens = 0;
+  Variant v = Variant::k128;
+  PickVariant(p.head_dim, p.v_head_dim, &v);
+  const int64_t slots = ResidentSlots(v, plan.decode);
+  const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
+  int64_t keys = b.max_seq_len;
+  if (p.sliding_window > 0) {
+    keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
+  }
+  if (ctas >= 8 * slots || keys < 2 * kMinPartition) return plan;
+  auto fill = [&](int64_t splits) {
+    const int64_t total = ctas * splits;
+    const int64_t waves = (total + slots - 1) / slots;
+    return static_cast<double>(total) / static_cast<double>(waves * slots);
+  };
+  double best_fill = fill(1);
+  int64_t best_part = 0;
+  for (int64_t part = (keys / kKeyTile) * kKeyTile; part >= kMinPartition; part -= kKeyTile) {
+    const int64_t splits = (b.max_seq_len + part - 1) / part;
+    if (splits < 2 || splits > kMaxSplits) continue;
+    if (ctas * splits > 16 * slots) break;
+    const double f = fill(splits);
+    if (f > best_fill * 1.02) {
+      best_fill = f;
+      best_part = part;
+    }
+  }
+  if (best_part > 0) {
+    plan.partition_tokens = static_cast<int>(best_part);
+    plan.num_splits = static_cast<int>((b.max_seq_len + best_part - 1) / best_part);
+  }
+  return plan;
 }
 
 absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
