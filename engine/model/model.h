@@ -18,6 +18,8 @@
 
 namespace sluice {
 
+class Communicator;  // engine/parallel/communicator.h
+
 // KvCacheSpec describes what one token stores per layer. A standard attention layer stores
 // K [num_kv_heads, head_dim] and V [num_kv_heads, v_head_dim]; an MLA layer stores the
 // compressed latent [kv_lora_rank] and the shared rope key [qk_rope_head_dim] as "K" and
@@ -84,13 +86,35 @@ struct ForwardInput {
   // kv_frozen_layers [num_layers] or empty: a non-zero entry keeps that layer's cache entries
   // untouched by this step (its new K/V are computed but not written); its attention reads the
   // cache as it is, the query tokens' own entries included. Replay uses it to make
-  // full-attention layers attend the exact transferred K/V instead of recomputed ones.
+  // full-attention layers attend the exact transferred K/V instead of recomputed ones. It holds
+  // for every sequence of the step, so a replay runs as a Forward of its own.
   std::vector<uint8_t> kv_frozen_layers;
   // sliding_kv_start [sequences.size()] or empty: the first position whose sliding-window
   // layers' K/V is present in the cache for that sequence (0..num_context_tokens). A query at
   // position i of a sliding layer then attends keys max(sliding_kv_start, i - window + 1)..i
   // instead of i - window + 1..i. Full-attention layers are unaffected.
   std::vector<int32_t> sliding_kv_start;
+};
+
+// ParallelShard names one rank's part of a tensor/expert-parallel model replica (issue 4;
+// engine/parallel/). Every rank holds its own Model instance, loaded in full and then cut down
+// by Model::Shard, and calls Forward with the same ForwardInput at the same time.
+struct ParallelShard {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  // The group's communicator (not owned; must outlive the model). Used only inside Forward.
+  Communicator* comm = nullptr;
+  // Tensor parallelism: attention heads and dense MLPs split (q/k/v and gate/up by output rows,
+  // o_proj and down_proj by input columns, each followed by an all-reduce). Embeddings,
+  // norms and lm_head stay replicated.
+  bool tensor_parallel = true;
+  // Expert parallelism (MoE models): routed experts sharded over the ranks, routed tokens
+  // dispatched to and combined from the experts' owners with AllToAllV.
+  bool expert_parallel = false;
+  // Expert parallelism: the logical expert of every physical slot, rank-major
+  // [world_size * slots_per_rank] (engine/parallel/eplb.h ExpertPlacement::physical_to_logical,
+  // the same for every MoE layer); empty: experts split contiguously, E / world_size per rank.
+  std::vector<int32_t> expert_slots;
 };
 
 // Model is implemented per architecture (llama.cc, qwen3 via llama.cc, deepseek_v3.cc).
@@ -111,6 +135,16 @@ class Model {
                                absl::Span<float> logits) = 0;
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
+  // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'
+  // weight slices). Call once, before the first Forward. Afterwards kv_cache_spec() and
+  // config()'s num_attention_heads / num_key_value_heads / intermediate_size describe this rank, Forward is collective (all ranks, same input, same
+  // order) and every rank writes the same full-vocabulary logits.
+  // Errors: Unimplemented for architectures without parallel support; InvalidArgument for a
+  // head/channel/expert count the world size does not divide, a missing communicator, or
+  // expert parallelism on a model without MoE layers.
+  virtual absl::Status Shard(const ParallelShard& shard) {
+    return absl::UnimplementedError("this model does not support tensor/expert parallelism");
+  }
 };
 
 // LoadModel reads config.json + safetensors from `dir` and builds the model (weights

@@ -262,6 +262,52 @@ TEST(SwaReplayTransferTest, MiniSwaGreedyAfterReplayMatchesExact) {
   }
 }
 
+// A step mixing a sequence whose sliding windows reach below its sliding_kv_start (replayed
+// with R = 8 < window 16) and an ordinary one gives each the logits it gets alone, bit for bit.
+TEST(SwaReplayTransferTest, BoundedSlidingAttentionIsBatchInvariant) {
+  Model* model = HybridTiny();
+  ASSERT_NE(model, nullptr);
+  const int64_t bs = 4, V = model->config().vocab_size;
+  const std::vector<int32_t> a = Prefix(SequenceIds(5), 61), b = Prefix(SequenceIds(9), 31);
+  const std::vector<int32_t> ta = {15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0};
+  const std::vector<int32_t> tb = {16, 18, 20, 22, 17, 19, 21, 23};
+  KvCache cache(model->kv_cache_spec(), 24, bs);
+  ASSERT_TRUE(model->Forward(SequenceChunkInput(a, 0, 60, ta, bs, {}), cache, {}).ok());
+  ASSERT_TRUE(model->Forward(SequenceChunkInput(b, 0, 30, tb, bs, {}), cache, {}).ok());
+  SwaReplayOptions options;
+  options.replay_tokens = 8;
+  auto replay = ReplaySlidingWindowKv(*model, cache, Prefix(a, 60), ta, options);
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  ASSERT_EQ(replay->sliding_kv_start, 52);
+  const KvCache before = cache;
+
+  ForwardInput alone_a = SequenceChunkInput(a, 60, 1, ta, bs, {0});
+  alone_a.sliding_kv_start = {52};
+  const ForwardInput alone_b = SequenceChunkInput(b, 30, 1, tb, bs, {0});
+  ForwardInput both = alone_a;  // a's token is row 0, b's row 1
+  both.token_ids.push_back(alone_b.token_ids[0]);
+  both.positions.push_back(alone_b.positions[0]);
+  both.slot_mapping.push_back(alone_b.slot_mapping[0]);
+  both.sequences.push_back({1, 1, 30, tb});
+  both.sliding_kv_start = {52, 0};
+  both.logits_indices = {0, 1};
+
+  std::vector<float> la(static_cast<size_t>(V)), lb(la.size()), lab(2 * la.size());
+  ASSERT_TRUE(model->Forward(alone_a, cache, absl::MakeSpan(la)).ok());
+  ASSERT_TRUE(model->Forward(alone_b, cache, absl::MakeSpan(lb)).ok());
+  cache = before;
+  ASSERT_TRUE(model->Forward(both, cache, absl::MakeSpan(lab)).ok());
+  EXPECT_EQ(std::vector<float>(lab.begin(), lab.begin() + V), la);
+  EXPECT_EQ(std::vector<float>(lab.begin() + V, lab.end()), lb);
+  // The bound matters: without it a's window would also read keys 45..51 left by the prefill.
+  cache = before;
+  ForwardInput unbounded = alone_a;
+  unbounded.sliding_kv_start.clear();
+  std::vector<float> lu(la.size());
+  ASSERT_TRUE(model->Forward(unbounded, cache, absl::MakeSpan(lu)).ok());
+  EXPECT_NE(lu, la);
+}
+
 TEST(SwaReplayTransferTest, LayoutDescribesFullAttentionLayersOnly) {
   Model* model = MiniSwa();
   ASSERT_NE(model, nullptr);
