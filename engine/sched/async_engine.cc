@@ -18,7 +18,8 @@ namespace sluice {
 // mu_; the thread drains the queue between steps and delivers outputs to the callbacks.
 class AsyncEngine::Impl {
  public:
-  explicit Impl(std::unique_ptr<LLMEngine> engine) : engine_(std::move(engine)) {
+  explicit Impl(std::unique_ptr<LLMEngine> engine)
+      : engine_(std::move(engine)), kv_events_(engine_->kv_events()) {
     max_model_len_ = engine_->max_model_len();
     PublishStats();
     thread_ = std::thread([this] { Loop(); });
@@ -101,6 +102,11 @@ class AsyncEngine::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
   }
+  KvEventBatch ReadKvEvents(uint64_t after_seq, size_t max_events) const {
+    return kv_events_->Read(after_seq, max_events);
+  }
+  KvSnapshot KvCacheSnapshot() const { return kv_events_->Snapshot(); }
+  const std::string& kv_identity() const { return engine_->kv_identity(); }
   int32_t max_model_len() const { return max_model_len_; }
   const Model& model() const { return engine_->model(); }
 
@@ -282,12 +288,14 @@ class AsyncEngine::Impl {
     s.block_size = engine_->block_size();
     s.num_held_blocks = engine_->num_held_blocks();
     s.num_reserved = engine_->num_reserved();
+    s.num_cached_blocks = engine_->num_cached_blocks();
     s.counters = engine_->counters();
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = s;
   }
 
   std::unique_ptr<LLMEngine> engine_;
+  std::shared_ptr<const KvEventLog> kv_events_;  // thread-safe
   int32_t max_model_len_ = 0;
   std::thread thread_;
   mutable std::mutex mu_;
@@ -327,6 +335,11 @@ void AsyncEngine::CompleteTransfer(const std::string& request_id, absl::Status s
 KvCache& AsyncEngine::kv_cache() { return impl_->kv_cache(); }
 int64_t AsyncEngine::block_size() const { return impl_->block_size(); }
 AsyncEngineStats AsyncEngine::Stats() const { return impl_->Stats(); }
+KvEventBatch AsyncEngine::ReadKvEvents(uint64_t after_seq, size_t max_events) const {
+  return impl_->ReadKvEvents(after_seq, max_events);
+}
+KvSnapshot AsyncEngine::KvCacheSnapshot() const { return impl_->KvCacheSnapshot(); }
+const std::string& AsyncEngine::kv_identity() const { return impl_->kv_identity(); }
 int32_t AsyncEngine::max_model_len() const { return impl_->max_model_len(); }
 const Model& AsyncEngine::model() const { return impl_->model(); }
 

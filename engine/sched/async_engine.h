@@ -25,6 +25,7 @@ struct AsyncEngineStats {
   int64_t block_size = 0;
   int64_t num_held_blocks = 0;  // prefill: blocks pinned for decode workers
   int64_t num_reserved = 0;     // decode: requests waiting for their KV transfer
+  int64_t num_cached_blocks = 0;  // blocks registered in the prefix cache
   EngineCounters counters;
 };
 
@@ -65,6 +66,14 @@ class AsyncEngine {
   // Addresses are stable; only the engine thread writes the contents.
   KvCache& kv_cache();
   int64_t block_size() const;
+
+  // --- KV events (prefix cache changes), for KV-aware routing. Thread-safe, never block on a
+  // step. ReadKvEvents returns the events after `after_seq` (at most `max_events`); with
+  // fell_behind set the caller must resync from KvCacheSnapshot() and continue from its seq.
+  KvEventBatch ReadKvEvents(uint64_t after_seq, size_t max_events = 1024) const;
+  KvSnapshot KvCacheSnapshot() const;
+  // The block-hash identity (seed string) of this engine's cache; see KvLayoutIdentity.
+  const std::string& kv_identity() const;
 
   AsyncEngineStats Stats() const;
   int32_t max_model_len() const;

@@ -23,11 +23,29 @@ class LLMEngineImpl final : public LLMEngine {
         options_(options),
         max_model_len_(max_model_len),
         kv_cache_(model_->kv_cache_spec(), num_blocks, options.block_size),
+        kv_identity_(KvIdentity(*model_, options)),
+        kv_events_(std::make_shared<KvEventLog>(
+            static_cast<size_t>(std::max<int64_t>(1, options.kv_event_buffer_size)))),
         scheduler_(SchedulerConfig{options.block_size, options.max_num_seqs,
-                                   options.max_num_batched_tokens},
-                   num_blocks) {
+                                   options.max_num_batched_tokens,
+                                   options.enable_prefix_caching, kv_identity_},
+                   num_blocks, kv_events_) {
     const auto& eos = model_->config().eos_token_ids;
     eos_token_ids_.assign(eos.begin(), eos.end());
+    const auto& sliding = model_->config().layer_is_sliding;
+    has_sliding_layers_ = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+  }
+
+  static std::string KvIdentity(const Model& model, const EngineOptions& options) {
+    const ModelConfig& c = model.config();
+    const KvCacheSpec spec = model.kv_cache_spec();
+    const std::string model_id =
+        !options.model_id.empty()
+            ? options.model_id
+            : absl::StrCat(c.model_type, "/", c.architecture_name, "/vocab", c.vocab_size,
+                           "/hidden", c.hidden_size, "/layers", c.num_hidden_layers);
+    return KvLayoutIdentity(model_id, options.block_size, "f32", spec.num_layers,
+                            spec.k_floats_per_token, spec.v_floats_per_token);
   }
 
   absl::Status ValidateRequest(const EngineRequest& request) const override {
@@ -100,6 +118,14 @@ class LLMEngineImpl final : public LLMEngine {
     // skip that draw so later tokens equal a single-engine run's.
     if (!seq->request.sampling.IsGreedy()) seq->rng.discard(1);
     seq->num_computed_tokens = seq->num_prompt_tokens();
+    // The transferred prompt blocks join the prefix cache after the first decode step (only
+    // after CompleteTransfer(OK), so a block still being written is never shared). Not for
+    // sliding-window models: the sender may move only the full-attention layers' KV and have
+    // the sliding layers rebuilt for the last tokens only (SWA replay), which a later request
+    // reusing the prefix would read. After a preemption the recompute is local and cacheable.
+    if (has_sliding_layers_) {
+      seq->num_committed_blocks = seq->num_prompt_tokens() / static_cast<int32_t>(block_size());
+    }
     const int64_t num_tokens = seq->num_prompt_tokens() + 1;
     if (!scheduler_.Reserve(seq, num_tokens)) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -197,6 +223,7 @@ class LLMEngineImpl final : public LLMEngine {
       seq.num_computed_tokens += s.num_new_tokens;
       counters_.num_prompt_tokens_computed +=
           std::min(seq.num_computed_tokens, seq.num_prompt_tokens()) - before;
+      scheduler_.CommitBlocks(seq);
       if (!samples) continue;
       absl::Span<float> row(logits_.data() + logits_row * vocab, vocab);
       ++logits_row;
@@ -242,7 +269,21 @@ class LLMEngineImpl final : public LLMEngine {
   }
   int64_t num_free_blocks() const override { return scheduler_.allocator().num_free_blocks(); }
   int64_t block_size() const override { return options_.block_size; }
-  EngineCounters counters() const override { return counters_; }
+  EngineCounters counters() const override {
+    EngineCounters c = counters_;
+    const PrefixCacheStats& pc = scheduler_.prefix_cache_stats();
+    c.num_prompt_tokens_cached = scheduler_.num_cached_prompt_tokens();
+    c.num_prefix_cache_queried_blocks = pc.num_queried_blocks;
+    c.num_prefix_cache_hit_blocks = pc.num_hit_blocks;
+    c.num_prefix_cache_evicted_blocks = pc.num_evicted_blocks;
+    return c;
+  }
+  int64_t num_cached_blocks() const override {
+    return scheduler_.prefix_cache_stats().num_cached_blocks;
+  }
+  void ResetPrefixCache() override { scheduler_.ResetPrefixCache(); }
+  const std::string& kv_identity() const override { return kv_identity_; }
+  std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
   void BuildForwardInput(const SchedulerOutput& plan) {
@@ -395,7 +436,10 @@ class LLMEngineImpl final : public LLMEngine {
   EngineOptions options_;
   int32_t max_model_len_;
   KvCache kv_cache_;
+  std::string kv_identity_;
+  std::shared_ptr<KvEventLog> kv_events_;
   Scheduler scheduler_;
+  bool has_sliding_layers_ = false;
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;

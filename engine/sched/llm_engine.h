@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
 
@@ -32,12 +33,26 @@ struct EngineOptions {
   // (milliseconds); a decode reservation without CompleteTransfer fails after this long.
   int64_t kv_hold_timeout_ms = 30000;
   int64_t kv_reserve_timeout_ms = 30000;
+  // Prefix caching (engine/kv/prefix_cache.h): full KV blocks are content-addressed by chained
+  // block hashes and reused by later requests with the same leading tokens (and cache_salt).
+  bool enable_prefix_caching = true;
+  // Names the weights in the block-hash seed (KvLayoutIdentity), e.g. the served model name;
+  // empty: derived from the model config (architecture and shapes).
+  std::string model_id;
+  // KV events kept for ReadKvEvents readers before the oldest are dropped.
+  int64_t kv_event_buffer_size = 4096;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
 struct EngineCounters {
   int64_t num_steps = 0;
   int64_t num_prompt_tokens_computed = 0;  // prefill tokens run through the model (incl. recompute)
+  // Prompt tokens served from the prefix cache when a request was admitted (again after each
+  // preemption). Without preemptions: computed + cached = Σ prompt tokens of prefilled requests.
+  int64_t num_prompt_tokens_cached = 0;
+  int64_t num_prefix_cache_queried_blocks = 0;  // full blocks looked up at admissions
+  int64_t num_prefix_cache_hit_blocks = 0;      // of those, reused from the cache
+  int64_t num_prefix_cache_evicted_blocks = 0;  // cached blocks evicted for new allocations
   int64_t num_generation_tokens = 0;
   int64_t num_preemptions = 0;
   int64_t num_held_released = 0;   // prefill-held block sets freed by ReleaseHeldBlocks/abort
@@ -114,6 +129,17 @@ class LLMEngine {
   virtual int64_t num_free_blocks() const = 0;
   virtual int64_t block_size() const = 0;
   virtual EngineCounters counters() const = 0;
+
+  // --- Prefix cache ---
+  virtual int64_t num_cached_blocks() const = 0;  // blocks registered in the prefix cache
+  // ResetPrefixCache forgets every cached block (running requests keep theirs, uncached) and
+  // publishes all_cleared.
+  virtual void ResetPrefixCache() = 0;
+  // The identity string that seeds this engine's block hashes (see KvLayoutIdentity).
+  virtual const std::string& kv_identity() const = 0;
+  // kv_events: the prefix cache's event stream. The log is thread-safe (any thread may read it
+  // while Step() runs) and lives as long as any holder of the pointer.
+  virtual std::shared_ptr<const KvEventLog> kv_events() const = 0;
 };
 
 }  // namespace sluice

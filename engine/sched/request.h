@@ -23,6 +23,9 @@ struct EngineRequest {
   // ReleaseHeldBlocks, an abort, or the engine's kv_hold_timeout_ms. If the first token already
   // ends the request (EOS, stop id, max_tokens == 1) it finishes normally and nothing is held.
   bool hold_kv_blocks = false;
+  // Prefix-cache namespace: requests share cached KV only with requests of the same salt
+  // (per-tenant isolation; empty = the shared namespace). Part of every block hash.
+  std::string cache_salt;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

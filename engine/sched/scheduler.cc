@@ -1,14 +1,21 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 namespace sluice {
 
-Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks)
-    : config_(config), allocator_(num_kv_blocks) {}
+Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
+                     std::shared_ptr<KvEventLog> events)
+    : config_(config),
+      hasher_(config.kv_identity, config.block_size),
+      cache_(num_kv_blocks, config.enable_prefix_caching, std::move(events)) {}
 
-void Scheduler::Add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
+void Scheduler::Add(std::unique_ptr<Sequence> seq) {
+  seq->root_hash = hasher_.RootHash(seq->request.cache_salt);
+  waiting_.push_back(std::move(seq));
+}
 
 Sequence* Scheduler::Find(const std::string& request_id) {
   for (auto& s : running_) {
@@ -25,6 +32,7 @@ Sequence* Scheduler::Find(const std::string& request_id) {
 
 bool Scheduler::Reserve(std::unique_ptr<Sequence>& seq, int64_t num_tokens) {
   if (!EnsureBlocks(*seq, num_tokens)) return false;
+  seq->root_hash = hasher_.RootHash(seq->request.cache_salt);
   reserved_.push_back(std::move(seq));
   return true;
 }
@@ -42,7 +50,7 @@ bool Scheduler::Activate(const std::string& request_id) {
 std::unique_ptr<Sequence> Scheduler::Remove(const std::string& request_id) {
   std::unique_ptr<Sequence> out = Detach(request_id);
   if (out != nullptr) {
-    allocator_.Free(out->block_table);
+    cache_.Free(out->block_table);
     out->block_table.clear();
   }
   return out;
@@ -72,16 +80,46 @@ bool Scheduler::EnsureBlocks(Sequence& seq, int64_t num_tokens) {
   const int64_t needed =
       NumBlocksFor(num_tokens, config_.block_size) - static_cast<int64_t>(seq.block_table.size());
   if (needed <= 0) return true;
-  return allocator_.Allocate(needed, seq.block_table);
+  return cache_.Allocate(needed, seq.block_table);
 }
 
-void Scheduler::Preempt(Sequence& seq) {
-  allocator_.Free(seq.block_table);
+void Scheduler::DropBlocks(Sequence& seq) {
+  cache_.Free(seq.block_table);
   seq.block_table.clear();
   seq.num_computed_tokens = 0;
   seq.num_cached_tokens = 0;
+  seq.num_committed_blocks = 0;
+}
+
+void Scheduler::Preempt(Sequence& seq) {
+  DropBlocks(seq);
   ++seq.num_preemptions;
   ++num_preemptions_;
+}
+
+void Scheduler::ReuseCachedPrefix(Sequence& seq) {
+  if (!cache_.enabled()) return;
+  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.block_hashes);
+  // Leave at least one token to compute: its logits sample the next token.
+  const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
+  seq.block_table = cache_.AcquirePrefix(seq.block_hashes, max_blocks);
+  const int32_t cached = static_cast<int32_t>(seq.block_table.size() * config_.block_size);
+  seq.num_computed_tokens = cached;
+  seq.num_cached_tokens = std::min(cached, seq.num_prompt_tokens());
+  seq.num_committed_blocks = static_cast<int32_t>(seq.block_table.size());
+}
+
+void Scheduler::CommitBlocks(Sequence& seq) {
+  if (!cache_.enabled()) return;
+  const int32_t full = seq.num_computed_tokens / static_cast<int32_t>(config_.block_size);
+  const int32_t from = seq.num_committed_blocks;
+  if (full <= from) return;
+  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.block_hashes);
+  const std::optional<BlockHash> parent =
+      from == 0 ? std::nullopt : std::optional<BlockHash>(seq.block_hashes[from - 1]);
+  cache_.Register(absl::MakeConstSpan(seq.block_table).subspan(from, full - from),
+                  absl::MakeConstSpan(seq.block_hashes).subspan(from, full - from), parent);
+  seq.num_committed_blocks = full;
 }
 
 SchedulerOutput Scheduler::Schedule() {
@@ -119,8 +157,14 @@ SchedulerOutput Scheduler::Schedule() {
   while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence& seq = *waiting_.front();
+    const bool fresh = seq.block_table.empty();  // new or preempted (reserved ones have blocks)
+    if (fresh) ReuseCachedPrefix(seq);
     const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
-    if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) break;
+    if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) {
+      if (fresh) DropBlocks(seq);  // give the shared blocks back; retried next step
+      break;
+    }
+    if (fresh) num_cached_prompt_tokens_ += seq.num_cached_tokens;
     seq.admission_order = next_admission_++;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

@@ -7,6 +7,9 @@
 //     is preempted (blocks freed, recomputed from scratch later) until they fit.
 //  2. Waiting sequences in FIFO order (preempted ones go first) while budget, blocks and the
 //     max_num_seqs limit allow; a long prompt is split into prefill chunks over several steps.
+//     With prefix caching a sequence admitted without blocks (new, or preempted) first shares
+//     the longest cached run of its leading full blocks and computes only the rest (at least
+//     one token, so the step has logits to sample from).
 // Not thread-safe.
 #ifndef SLUICE_ENGINE_SCHED_SCHEDULER_H_
 #define SLUICE_ENGINE_SCHED_SCHEDULER_H_
@@ -14,9 +17,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "engine/kv/block_hash.h"
 #include "engine/kv/kv_block_allocator.h"
+#include "engine/kv/kv_events.h"
+#include "engine/kv/prefix_cache.h"
 #include "engine/sched/sequence.h"
 
 namespace sluice {
@@ -25,6 +32,9 @@ struct SchedulerConfig {
   int64_t block_size = 16;
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 512;
+  bool enable_prefix_caching = false;
+  // Seeds the block hashes (KvLayoutIdentity); used with prefix caching.
+  std::string kv_identity;
 };
 
 // ScheduledSequence: `num_new_tokens` tokens of `seq` starting at seq->num_computed_tokens.
@@ -43,7 +53,9 @@ struct SchedulerOutput {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks);
+  // `events` (may be null) receives the prefix cache's changes.
+  Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
+            std::shared_ptr<KvEventLog> events = nullptr);
 
   // Add queues a new sequence at the back of the waiting queue. Takes ownership.
   void Add(std::unique_ptr<Sequence> seq);
@@ -65,22 +77,38 @@ class Scheduler {
   // Detach takes a sequence out (waiting, running or reserved) WITHOUT freeing its blocks; the
   // caller owns the blocks (returns them with FreeBlocks). nullptr if unknown.
   std::unique_ptr<Sequence> Detach(const std::string& request_id);
-  // FreeBlocks drops one reference to each block (blocks from Detach).
-  void FreeBlocks(const std::vector<int32_t>& blocks) { allocator_.Free(blocks); }
+  // FreeBlocks drops one reference to each block (blocks from Detach, in sequence order).
+  void FreeBlocks(const std::vector<int32_t>& blocks) { cache_.Free(blocks); }
+
+  // --- Prefix caching ---
+  // CommitBlocks registers seq's full blocks whose KV is computed (up to num_computed_tokens)
+  // in the prefix cache. Call after every step that computed tokens of `seq`.
+  void CommitBlocks(Sequence& seq);
+  // ResetPrefixCache forgets every cached block (blocks in use stay with their sequences).
+  void ResetPrefixCache() { cache_.Reset(); }
+  const PrefixCacheStats& prefix_cache_stats() const { return cache_.stats(); }
+  // Prompt tokens served from the cache at admissions so far (recomputes included).
+  int64_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
   int64_t num_reserved() const { return static_cast<int64_t>(reserved_.size()); }
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
-  const KvBlockAllocator& allocator() const { return allocator_; }
+  const KvBlockAllocator& allocator() const { return cache_.allocator(); }
   int64_t num_preemptions() const { return num_preemptions_; }
 
  private:
   // EnsureBlocks grows seq's block table to hold `num_tokens` tokens; false if blocks ran out.
   bool EnsureBlocks(Sequence& seq, int64_t num_tokens);
   void Preempt(Sequence& seq);
+  // ReuseCachedPrefix gives a sequence without blocks its cached leading blocks.
+  void ReuseCachedPrefix(Sequence& seq);
+  // DropBlocks frees seq's blocks and resets it to "nothing computed".
+  void DropBlocks(Sequence& seq);
 
   SchedulerConfig config_;
-  KvBlockAllocator allocator_;
+  BlockHasher hasher_;
+  PrefixCache cache_;
+  int64_t num_cached_prompt_tokens_ = 0;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::vector<std::unique_ptr<Sequence>> reserved_;  // waiting for a KV transfer

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/kv/block_hash.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/request.h"
 
@@ -18,6 +19,12 @@ struct Sequence {
   std::vector<int32_t> block_table;  // KV blocks in order
   int32_t num_computed_tokens = 0;   // tokens of token_ids whose KV is in the cache
   int32_t num_cached_tokens = 0;     // prompt tokens served from a prefix cache
+  // Prefix caching: chained hashes of token_ids' full blocks so far (under root_hash, from the
+  // request's cache_salt), and how many leading blocks of block_table were already offered to
+  // the cache (registered, found there, or left out on purpose).
+  BlockHash root_hash;
+  std::vector<BlockHash> block_hashes;
+  int32_t num_committed_blocks = 0;
   SamplerRng rng;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;

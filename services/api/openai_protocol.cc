@@ -187,6 +187,17 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     }
   }
   if (auto s = GetBool(body, "ignore_eos", &sp.ignore_eos); !s.ok()) return s;
+  // cache_salt (vLLM extra): requests share prefix-cache KV only with the same salt. An empty
+  // salt would silently mean "shared", so it is rejected like vLLM does.
+  if (const json* salt = Present(body, "cache_salt"); salt != nullptr) {
+    constexpr size_t kMaxCacheSaltBytes = 256;
+    if (!salt->is_string()) return TypeError("cache_salt", "a string");
+    req.cache_salt = salt->get<std::string>();
+    if (req.cache_salt.empty() || req.cache_salt.size() > kMaxCacheSaltBytes) {
+      return RangeError("cache_salt", absl::StrCat("a string of 1 to ", kMaxCacheSaltBytes,
+                                                   " bytes, got ", req.cache_salt.size()));
+    }
+  }
   if (auto s = GetBool(body, "skip_special_tokens", &sp.skip_special_tokens); !s.ok()) return s;
   if (auto s = GetBool(body, "include_stop_str_in_output", &sp.include_stop_str_in_output);
       !s.ok()) {

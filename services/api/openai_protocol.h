@@ -38,6 +38,7 @@ struct GenerationRequest {
   int32_t top_logprobs = 0;                   // alternatives per token, 0..20
   bool echo = false;                          // completions: prepend the prompt text
   bool return_tokens_as_token_ids = false;    // completions logprobs tokens as "token_id:N"
+  std::string cache_salt;                     // prefix-cache namespace (vLLM extra), 1..256 B
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };

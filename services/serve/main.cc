@@ -38,6 +38,8 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
   app.add_option("--max-model-len", runtime.engine.max_model_len,
                  "Max prompt + output tokens (default: the model's max_position_embeddings)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("!--no-prefix-caching", runtime.engine.enable_prefix_caching,
+               "Compute every prompt in full (no reuse of cached KV blocks)");
 }
 
 }  // namespace

@@ -39,11 +39,16 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   spdlog::info("loading model from {}", options.model_dir);
   absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
   if (!model.ok()) return model.status();
+  EngineOptions engine_options = options.engine;
+  // The served name seeds the block hashes, so every worker of a deployment (and the kvstore)
+  // agrees on them while another model never shares an address.
+  if (engine_options.model_id.empty()) engine_options.model_id = runtime.served_model_name;
   absl::StatusOr<std::unique_ptr<LLMEngine>> engine =
-      LLMEngine::Create(*std::move(model), options.engine);
+      LLMEngine::Create(*std::move(model), engine_options);
   if (!engine.ok()) return engine.status();
-  spdlog::info("engine ready: {} KV blocks of {} tokens, max_model_len {}",
-               (*engine)->num_total_blocks(), (*engine)->block_size(), (*engine)->max_model_len());
+  spdlog::info("engine ready: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}",
+               (*engine)->num_total_blocks(), (*engine)->block_size(), (*engine)->max_model_len(),
+               engine_options.enable_prefix_caching ? "on" : "off");
   runtime.backend =
       std::make_unique<LocalBackend>(std::make_unique<AsyncEngine>(*std::move(engine)));
   return runtime;

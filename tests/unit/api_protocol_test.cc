@@ -167,6 +167,19 @@ TEST_F(ProtocolTest, ChatParameterErrorsNameTheParameter) {
   ExpectChatError({{"model", 7}}, "model");
 }
 
+TEST_F(ProtocolTest, CacheSaltIsANonEmptyBoundedString) {
+  absl::StatusOr<GenerationRequest> r =
+      ParseChatCompletionRequest(Chat({{"cache_salt", "tenant-7"}}), context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->cache_salt, "tenant-7");
+  r = ParseCompletionRequest(Completion(), context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->cache_salt, "");
+  ExpectChatError({{"cache_salt", 5}}, "cache_salt");
+  ExpectChatError({{"cache_salt", ""}}, "cache_salt");
+  ExpectCompletionError({{"cache_salt", std::string(257, 's')}}, "cache_salt");
+}
+
 TEST_F(ProtocolTest, UnsupportedOutputChangingFieldsAreRejectedByName) {
   ExpectChatError({{"logit_bias", {{"5", 10}}}}, "logit_bias");
   ExpectChatError({{"response_format", {{"type", "json_object"}}}}, "response_format");
