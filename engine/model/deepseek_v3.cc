@@ -19,6 +19,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/weight_loader.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/expert_parallel.h"
+#include "engine/parallel/sharding.h"
 #include "kernels/activation/activation.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
@@ -107,8 +110,11 @@ class DeepseekV3Model : public Model {
   int64_t WeightBytesPerToken() const override { return weight_bytes_per_token_; }
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
+  absl::Status Shard(const ParallelShard& shard) override;
 
  private:
+  absl::Status ShardAttentionAndDense(const ParallelShard& shard);
+  absl::Status ShardExperts(const ParallelShard& shard);
   absl::Status ValidateConfig() const;
   absl::Status LoadMlp(const Checkpoint& ckpt, const std::string& prefix, int64_t intermediate,
                        MlpWeights* mlp) const;
@@ -133,6 +139,10 @@ class DeepseekV3Model : public Model {
   std::vector<LayerWeights> layers_;
   int64_t weight_bytes_per_token_ = 0;
   Workspace ws_;
+  // Parallelism (Shard): tensor-parallel group completing o_proj and dense down_proj, and per
+  // layer the expert-parallel runner of MoE layers (null for dense layers or without EP).
+  Communicator* tp_comm_ = nullptr;
+  std::vector<std::unique_ptr<ExpertParallelMoe>> ep_;
 };
 
 absl::Status DeepseekV3Model::ValidateConfig() const {
@@ -468,6 +478,9 @@ void DeepseekV3Model::Attention(int64_t layer, const ForwardInput& input, KvCach
   if (!status->ok()) return;
   kernels::LinearCpu(ws_.attn.data(), w.o_proj.data(), w.o_bias.empty() ? nullptr : w.o_bias.data(),
                      ws_.delta.data(), num_tokens, h, c.num_attention_heads * c.v_head_dim);
+  if (tp_comm_ != nullptr) {  // row-parallel o_proj over this rank's heads
+    *status = tp_comm_->AllReduceSum(absl::MakeSpan(ws_.delta.data(), num_tokens * h));
+  }
 }
 
 // Mlp reads ws_.normed and writes the MLP output to ws_.delta.
@@ -475,6 +488,9 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
   const int64_t h = config_.hidden_size;
   if (!w.is_moe) {
     SwiGlu(w.dense, ws_.normed.data(), num_tokens, ws_.gate_up, ws_.act, ws_.delta.data());
+    if (tp_comm_ != nullptr) {  // row-parallel down_proj
+      return tp_comm_->AllReduceSum(absl::MakeSpan(ws_.delta.data(), num_tokens * h));
+    }
     return absl::OkStatus();
   }
   const MoeWeights& m = w.moe;
@@ -491,9 +507,17 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
                                                      m.correction_bias.data(), num_tokens,
                                                      routing_, ws_.topk_ids.data(),
                                                      ws_.topk_weights.data()));
-  SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeExpertsCpu(
-      ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size, ws_.topk_ids.data(),
-      ws_.topk_weights.data(), top_k, m.views, ws_.routed.data(), ws_.moe));
+  ExpertParallelMoe* ep = ep_.empty() ? nullptr : ep_[&w - layers_.data()].get();
+  if (ep != nullptr) {  // m.views holds this rank's expert slots only
+    SLUICE_DSV3_RETURN_IF_ERROR(ep->Run(ws_.normed.data(), num_tokens, h,
+                                        config_.moe_intermediate_size, ws_.topk_ids.data(),
+                                        ws_.topk_weights.data(), top_k, m.views,
+                                        ws_.routed.data()));
+  } else {
+    SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeExpertsCpu(
+        ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size, ws_.topk_ids.data(),
+        ws_.topk_weights.data(), top_k, m.views, ws_.routed.data(), ws_.moe));
+  }
   if (!m.has_shared) {
     std::memcpy(ws_.delta.data(), ws_.routed.data(), num_tokens * h * sizeof(float));
     return absl::OkStatus();
@@ -554,6 +578,92 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
   const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
   kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
                      h);
+  return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::Shard(const ParallelShard& shard) {
+  if (shard.world_size == 1) return absl::OkStatus();
+  if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
+  if (shard.tensor_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
+  if (shard.expert_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardExperts(shard));
+  return absl::OkStatus();
+}
+
+// MLA heads split (q_b_proj or q_proj rows and kv_b_proj rows by head, o_proj columns); the
+// latent projection kv_a_proj_with_mqa, its norm and hence the latent KV cache stay replicated.
+// Dense MLPs: gate/up rows and down columns by channel. Shared and routed experts of MoE layers
+// are not split here (replicated, or sharded whole by ShardExperts).
+absl::Status DeepseekV3Model::ShardAttentionAndDense(const ParallelShard& shard) {
+  ModelConfig& c = config_;
+  auto heads = EvenShard(c.num_attention_heads, shard.rank, shard.world_size,
+                         "num_attention_heads");
+  if (!heads.ok()) return heads.status();
+  const int64_t h = c.hidden_size, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const int64_t latent = c.kv_lora_rank + c.qk_rope_head_dim;
+  for (LayerWeights& w : layers_) {
+    if (c.q_lora_rank > 0) {
+      w.q_b = GatherRows(w.q_b, c.q_lora_rank, {Scale(*heads, qk)});
+    } else {  // w_a = [q_proj ; kv_a_proj_with_mqa]: keep this rank's q rows and all kv_a rows
+      const Range rows[] = {Scale(*heads, qk), {q_width_, latent}};
+      w.w_a = GatherRows(w.w_a, h, rows);
+      if (!w.b_a.empty()) w.b_a = GatherRows(w.b_a, 1, rows);
+    }
+    w.kv_b = GatherRows(w.kv_b, c.kv_lora_rank, {Scale(*heads, c.qk_nope_head_dim + c.v_head_dim)});
+    w.o_proj = SliceColumns(w.o_proj, h, c.num_attention_heads * c.v_head_dim,
+                            Scale(*heads, c.v_head_dim));
+    if (shard.rank != 0) w.o_bias.clear();
+    if (!w.is_moe) {
+      auto inter = EvenShard(w.dense.intermediate, shard.rank, shard.world_size,
+                             "intermediate_size");
+      if (!inter.ok()) return inter.status();
+      const Range rows[] = {*inter, Offset(*inter, w.dense.intermediate)};
+      w.dense.gate_up = GatherRows(w.dense.gate_up, h, rows);
+      w.dense.down = SliceColumns(w.dense.down, h, w.dense.intermediate, *inter);
+      w.dense.intermediate = inter->count;
+    }
+  }
+  c.num_attention_heads = heads->count;
+  c.num_key_value_heads = heads->count;
+  c.intermediate_size /= shard.world_size;
+  q_width_ = heads->count * qk;
+  a_width_ = (c.q_lora_rank > 0 ? c.q_lora_rank : q_width_) + latent;
+  mla_dims_.num_heads = heads->count;
+  tp_comm_ = shard.comm;
+  return absl::OkStatus();
+}
+
+// Routed experts: each rank keeps the weights of its expert slots (shard.expert_slots, or a
+// contiguous split) and runs MoE layers through ExpertParallelMoe. Router and shared experts
+// stay replicated.
+absl::Status DeepseekV3Model::ShardExperts(const ParallelShard& shard) {
+  const ModelConfig& c = config_;
+  if (c.first_k_dense_replace >= c.num_hidden_layers) {
+    return absl::InvalidArgumentError("expert parallelism: the model has no MoE layers");
+  }
+  auto placement = PlacementFromSlots(shard.expert_slots, static_cast<int32_t>(c.n_routed_experts),
+                                      shard.world_size);
+  if (!placement.ok()) return placement.status();
+  const std::vector<int32_t> mine = placement->RankExperts(shard.rank);
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  const int64_t gu = 2 * inter * h, dn = h * inter;  // floats per expert
+  ep_.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (!layers_[l].is_moe) continue;
+    MoeWeights& m = layers_[l].moe;
+    std::vector<float> gate_up(mine.size() * gu), down(mine.size() * dn);
+    for (size_t s = 0; s < mine.size(); ++s) {
+      std::memcpy(gate_up.data() + s * gu, m.experts_gate_up.data() + mine[s] * gu,
+                  gu * sizeof(float));
+      std::memcpy(down.data() + s * dn, m.experts_down.data() + mine[s] * dn, dn * sizeof(float));
+    }
+    m.experts_gate_up = std::move(gate_up);
+    m.experts_down = std::move(down);
+    m.views.clear();
+    for (size_t s = 0; s < mine.size(); ++s) {
+      m.views.push_back({m.experts_gate_up.data() + s * gu, m.experts_down.data() + s * dn});
+    }
+    ep_[l] = std::make_unique<ExpertParallelMoe>(shard.comm, *placement);
+  }
   return absl::OkStatus();
 }
 

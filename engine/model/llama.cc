@@ -8,6 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/weight_loader.h"
+#include "engine/parallel/communicator.h"
+#include "engine/parallel/sharding.h"
 #include "kernels/activation/activation.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/embedding/embedding.h"
@@ -86,6 +88,7 @@ class LlamaModel : public Model {
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   bool SupportsSwaReplay() const override { return true; }
+  absl::Status Shard(const ParallelShard& shard) override;
 
  private:
   // Attention of one sliding-window layer when some sequence's window reaches below its
@@ -112,6 +115,8 @@ class LlamaModel : public Model {
   std::vector<float> lm_head_;    // [V, H]; empty when tied to embed_
   std::vector<LlamaLayer> layers_;
   kernels::RopeTable rope_;
+  // Tensor parallelism (Shard): the group whose all-reduce completes o_proj and down_proj.
+  Communicator* tp_comm_ = nullptr;
 
   // Scratch buffers, grown on demand and reused across Forward calls (one caller at a time).
   std::vector<float> residual_, normed_, qkv_, q_, k_, v_, attn_, tmp_, gate_up_, act_, gathered_;
@@ -448,6 +453,9 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     }
     kernels::LinearCpu(attn_.data(), L.w_o.data(), L.b_o.empty() ? nullptr : L.b_o.data(),
                        tmp_.data(), T, H, q_dim);
+    if (tp_comm_ != nullptr) {  // row-parallel o_proj: sum the ranks' partial outputs
+      SLUICE_LLAMA_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
+    }
     kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.post_norm.data(), normed_.data(), T,
                            H, eps);
     kernels::LinearCpu(normed_.data(), L.w_gate_up.data(),
@@ -456,6 +464,9 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     kernels::SiluMulCpu(gate_up_.data(), act_.data(), T, inter_);
     kernels::LinearCpu(act_.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(),
                        tmp_.data(), T, H, inter_);
+    if (tp_comm_ != nullptr) {  // row-parallel down_proj
+      SLUICE_LLAMA_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
+    }
   }
   // Final residual add + norm, only for the rows whose logits are wanted.
   const int64_t n_out = static_cast<int64_t>(in.logits_indices.size());
@@ -472,6 +483,47 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
   kernels::RmsNormCpu(g_res, H, final_norm_.data(), g_norm, H, n_out, H, eps);
   const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
   kernels::LinearCpu(g_norm, head, nullptr, logits.data(), n_out, vocab_, H);
+  return absl::OkStatus();
+}
+
+// Column-parallel q/k/v (by heads) and gate/up (by channels), row-parallel o_proj and
+// down_proj (engine/parallel/sharding.h); their biases are added by rank 0 only so the
+// all-reduce counts them once.
+absl::Status LlamaModel::Shard(const ParallelShard& shard) {
+  if (shard.expert_parallel) {
+    return absl::InvalidArgumentError("expert parallelism: Llama/Qwen3 have no MoE layers");
+  }
+  if (!shard.tensor_parallel || shard.world_size == 1) return absl::OkStatus();
+  if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
+  auto heads = ShardAttentionHeads(heads_, kv_heads_, shard.rank, shard.world_size);
+  if (!heads.ok()) return heads.status();
+  auto inter = EvenShard(inter_, shard.rank, shard.world_size, "intermediate_size");
+  if (!inter.ok()) return inter.status();
+  const int64_t H = hidden_, hd = head_dim_;
+  const Range qkv_rows[] = {Scale(heads->q_heads, hd),
+                            Offset(Scale(heads->kv_heads, hd), heads_ * hd),
+                            Offset(Scale(heads->kv_heads, hd), (heads_ + kv_heads_) * hd)};
+  const Range gate_up_rows[] = {*inter, Offset(*inter, inter_)};
+  for (LlamaLayer& L : layers_) {
+    L.w_qkv = GatherRows(L.w_qkv, H, qkv_rows);
+    if (!L.b_qkv.empty()) L.b_qkv = GatherRows(L.b_qkv, 1, qkv_rows);
+    L.w_o = SliceColumns(L.w_o, H, heads_ * hd, Scale(heads->q_heads, hd));
+    L.w_gate_up = GatherRows(L.w_gate_up, H, gate_up_rows);
+    if (!L.b_gate_up.empty()) L.b_gate_up = GatherRows(L.b_gate_up, 1, gate_up_rows);
+    L.w_down = SliceColumns(L.w_down, H, inter_, *inter);
+    if (shard.rank != 0) {
+      L.b_o.clear();
+      L.b_down.clear();
+    }
+  }
+  heads_ = heads->q_heads.count;
+  kv_heads_ = heads->kv_heads.count;
+  inter_ = inter->count;
+  qkv_dim_ = (heads_ + 2 * kv_heads_) * head_dim_;
+  config_.num_attention_heads = heads_;
+  config_.num_key_value_heads = kv_heads_;
+  config_.intermediate_size = inter_;
+  tp_comm_ = shard.comm;
   return absl::OkStatus();
 }
 

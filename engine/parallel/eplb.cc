@@ -137,6 +137,31 @@ absl::StatusOr<ExpertPlacement> ContiguousPlacement(int32_t num_logical_experts,
   return Finish(num_logical_experts, num_ranks, num_logical_experts / num_ranks, std::move(p2l));
 }
 
+absl::StatusOr<ExpertPlacement> PlacementFromSlots(absl::Span<const int32_t> physical_to_logical,
+                                                   int32_t num_logical_experts, int32_t num_ranks) {
+  if (physical_to_logical.empty()) return ContiguousPlacement(num_logical_experts, num_ranks);
+  const int64_t n = static_cast<int64_t>(physical_to_logical.size());
+  if (num_ranks < 1 || n % num_ranks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert slots: ", n, " slots do not split over ", num_ranks, " ranks"));
+  }
+  std::vector<bool> seen(static_cast<size_t>(std::max(num_logical_experts, 0)), false);
+  for (int64_t slot = 0; slot < n; ++slot) {
+    const int32_t e = physical_to_logical[slot];
+    if (e < 0 || e >= num_logical_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("expert slots: slot ", slot, " holds expert ",
+                                                     e, " outside [0, ", num_logical_experts, ")"));
+    }
+    seen[e] = true;
+  }
+  for (int32_t e = 0; e < num_logical_experts; ++e) {
+    if (!seen[e])
+      return absl::InvalidArgumentError(absl::StrCat("expert slots: expert ", e, " has no slot"));
+  }
+  return Finish(num_logical_experts, num_ranks, static_cast<int32_t>(n / num_ranks),
+                std::vector<int32_t>(physical_to_logical.begin(), physical_to_logical.end()));
+}
+
 absl::StatusOr<ExpertPlacement> PlanEplb(absl::Span<const double> load,
                                          const EplbOptions &options) {
   if (absl::Status s = ValidateLoad(load); !s.ok()) return s;

@@ -68,6 +68,13 @@ struct ExpertPlacement {
 // E % num_ranks == 0.
 absl::StatusOr<ExpertPlacement> ContiguousPlacement(int32_t num_logical_experts, int32_t num_ranks);
 
+// PlacementFromSlots builds an ExpertPlacement from physical_to_logical [num_ranks ·
+// slots_per_rank] (rank-major, e.g. ParallelShard::expert_slots); an empty span means
+// ContiguousPlacement. Errors: InvalidArgument when the size is not a multiple of num_ranks, an
+// id is outside [0, num_logical_experts), or some logical expert has no slot.
+absl::StatusOr<ExpertPlacement> PlacementFromSlots(absl::Span<const int32_t> physical_to_logical,
+                                                   int32_t num_logical_experts, int32_t num_ranks);
+
 struct EplbOptions {
   int32_t num_ranks = 1;
   int32_t num_redundant_experts = 0;  // R; (E + R) must be divisible by num_ranks

@@ -1,0 +1,87 @@
+#include "engine/parallel/cpu_parallel_model.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/parallel/cpu_communicator.h"
+
+namespace sluice {
+namespace {
+
+class CpuParallelModel : public Model {
+ public:
+  CpuParallelModel(std::unique_ptr<CpuCommunicatorGroup> group,
+                   std::vector<std::unique_ptr<Model>> ranks)
+      : group_(std::move(group)), ranks_(std::move(ranks)) {}
+
+  const ModelConfig& config() const override { return ranks_[0]->config(); }
+  KvCacheSpec kv_cache_spec() const override { return ranks_[0]->kv_cache_spec(); }
+  int64_t WeightBytesPerToken() const override { return ranks_[0]->WeightBytesPerToken(); }
+
+  absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                       absl::Span<float> logits) override {
+    const size_t n = ranks_.size();
+    // Caches of ranks 1..N-1 follow rank 0's geometry (the engine sizes rank 0's).
+    if (caches_.size() != n - 1 || (n > 1 && (caches_[0]->num_blocks() != kv_cache.num_blocks() ||
+                                              caches_[0]->block_size() != kv_cache.block_size()))) {
+      caches_.clear();
+      for (size_t r = 1; r < n; ++r) {
+        caches_.push_back(std::make_unique<KvCache>(ranks_[r]->kv_cache_spec(),
+                                                    kv_cache.num_blocks(), kv_cache.block_size()));
+      }
+    }
+    rank_logits_.resize(n - 1);
+    std::vector<absl::Status> status(n);
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < n; ++r) {
+      rank_logits_[r - 1].resize(logits.size());
+      threads.emplace_back([&, r] {
+        status[r] = ranks_[r]->Forward(input, *caches_[r - 1], absl::MakeSpan(rank_logits_[r - 1]));
+        if (MustAbort(status[r])) group_->Abort();
+      });
+    }
+    status[0] = ranks_[0]->Forward(input, kv_cache, logits);
+    if (MustAbort(status[0])) group_->Abort();
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // A rank that fails mid-step must not leave the others waiting out their timeout. Input
+  // errors (InvalidArgument) are found by every rank alike before any collective (all ranks
+  // validate the same ForwardInput), so they leave the group usable for the next step.
+  static bool MustAbort(const absl::Status& s) { return !s.ok() && !absl::IsInvalidArgument(s); }
+
+  std::unique_ptr<CpuCommunicatorGroup> group_;
+  std::vector<std::unique_ptr<Model>> ranks_;
+  std::vector<std::unique_ptr<KvCache>> caches_;  // ranks 1..N-1
+  std::vector<std::vector<float>> rank_logits_;   // ranks 1..N-1, discarded
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> LoadCpuParallelModel(const std::string& dir,
+                                                            const CpuParallelOptions& options) {
+  auto group = CpuCommunicatorGroup::Create(options.world_size, options.timeout);
+  if (!group.ok()) return group.status();
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int32_t r = 0; r < options.world_size; ++r) {
+    auto model = LoadModel(dir);
+    if (!model.ok()) return model.status();
+    ParallelShard shard;
+    shard.rank = r;
+    shard.world_size = options.world_size;
+    shard.comm = (*group)->communicator(r);
+    shard.tensor_parallel = options.tensor_parallel;
+    shard.expert_parallel = options.expert_parallel;
+    shard.expert_slots = options.expert_slots;
+    if (absl::Status s = (*model)->Shard(shard); !s.ok()) return s;
+    ranks.push_back(std::move(*model));
+  }
+  return std::unique_ptr<Model>(new CpuParallelModel(std::move(*group), std::move(ranks)));
+}
+
+}  // namespace sluice
