@@ -37,8 +37,10 @@ if [ -f "$RUN_DIR/pids" ]; then
 fi
 mkdir -p "$RUN_DIR"
 
-# Ports: the router's registry at PORT+1000; workers from PORT+1100 (prefill) and PORT+1200.
+# Ports: the router's registry at PORT+1000; worker gRPC from PORT+1100 (prefill) and PORT+1200
+# (decode); worker HTTP (/metrics, /health) from PORT+1300 (prefill) and PORT+1400 (decode).
 GRPC_PORT=$((PORT + 1000))
+METRICS_URLS=()
 : > "$RUN_DIR/pids"
 start() {  # start NAME ARGS...: runs one service in the background, logs to RUN_DIR/NAME.log
   local name="$1"; shift
@@ -49,11 +51,13 @@ start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
   --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT"
 for i in $(seq 1 "$PREFILL"); do
   start "prefill-$i" "$BIN" prefill --model "$MODEL" --listen "127.0.0.1:$((PORT + 1100 + i))" \
-    --router "127.0.0.1:$GRPC_PORT" "${WORKER_ARGS[@]}"
+    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${WORKER_ARGS[@]}"
+  METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
 done
 for i in $(seq 1 "$DECODE"); do
   start "decode-$i" "$BIN" decode --model "$MODEL" --listen "127.0.0.1:$((PORT + 1200 + i))" \
-    --router "127.0.0.1:$GRPC_PORT" "${WORKER_ARGS[@]}"
+    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${WORKER_ARGS[@]}"
+  METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
 done
 
 URL="http://127.0.0.1:$PORT"
@@ -83,3 +87,5 @@ while :; do
 done
 echo "$URL" > "$RUN_DIR/endpoint"
 echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode; logs in $RUN_DIR)"
+echo "Metrics: router $URL/metrics"
+for entry in "${METRICS_URLS[@]}"; do echo "  $entry"; done

@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 
 namespace sluice {
-namespace {
+namespace prometheus {
 
 // FormatDouble prints a value with the fewest significant digits (15 to 17) that read back
 // exactly, so bucket bounds print as "0.005", not "0.0050000000000000001".
@@ -45,6 +45,18 @@ std::vector<double> ItlBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
           0.075, 0.1,    0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
 }
+
+}  // namespace prometheus
+
+namespace {
+
+using prometheus::Counter;
+using prometheus::FormatDouble;
+using prometheus::Gauge;
+using prometheus::Header;
+using prometheus::ItlBuckets;
+using prometheus::TtftBuckets;
+
 std::vector<double> E2eBuckets() {
   return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
           120.0, 240.0, 480.0, 960.0};

@@ -33,6 +33,21 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// Exposition helpers, shared with the prefill/decode workers' /metrics
+// (services/worker_common/worker_metrics.h).
+namespace prometheus {
+// FormatDouble: the shortest text that reads back as exactly `v` ("+Inf" for infinity).
+std::string FormatDouble(double v);
+// Header appends the `# HELP` and `# TYPE` lines of metric `name` (type: "gauge", ...).
+void Header(std::string& out, const std::string& name, const char* type, const char* help);
+// Gauge / Counter append a whole unlabelled metric: header and one sample.
+void Gauge(std::string& out, const std::string& name, const char* help, double value);
+void Counter(std::string& out, const std::string& name, const char* help, double value);
+// Histogram bounds (seconds) for time to first token and inter-token latency (vLLM's choices).
+std::vector<double> TtftBuckets();
+std::vector<double> ItlBuckets();
+}  // namespace prometheus
+
 class ApiMetrics {
  public:
   ApiMetrics();

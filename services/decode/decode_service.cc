@@ -1,5 +1,6 @@
 #include "services/decode/decode_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -18,9 +19,33 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMicroseconds(d);
 }
+
+const char* ModeName(v1::KvTransferMode mode) {
+  return mode == v1::KV_TRANSFER_MODE_PUSH ? "push" : "pull";
+}
+
+// OutcomeOf: a final stream message as a request outcome (sluice_worker_requests_total).
+absl::Status OutcomeOf(const v1::TokenOutput& message) {
+  switch (message.finish_reason()) {
+    case v1::FINISH_REASON_ABORT:
+      return absl::CancelledError("aborted");
+    case v1::FINISH_REASON_ERROR:
+      return absl::Status(static_cast<absl::StatusCode>(message.error().code()),
+                          message.error().message());
+    default:
+      return absl::OkStatus();
+  }
+}
+
+// A transfer must be over this long before the engine's reservation timeout frees its blocks.
+constexpr absl::Duration kReserveMargin = absl::Seconds(1);
 
 }  // namespace
 
@@ -32,13 +57,19 @@ class DecodeWriter final : public grpc::ServerWriteReactor<v1::TokenOutput> {
 
   void Push(v1::TokenOutput message, bool final) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (final) {
+      end_ = grpc::Status::OK;
+      if (!outcome_.has_value()) outcome_ = OutcomeOf(message);
+    }
     queue_.push_back(std::move(message));
-    if (final) end_ = grpc::Status::OK;
     MaybeWriteLocked();
   }
   void End(grpc::Status status) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!end_.has_value()) end_ = std::move(status);
+    if (!end_.has_value()) {
+      if (!outcome_.has_value()) outcome_ = FromGrpc(status);
+      end_ = std::move(status);
+    }
     MaybeWriteLocked();
   }
 
@@ -75,6 +106,7 @@ class DecodeWriter final : public grpc::ServerWriteReactor<v1::TokenOutput> {
   bool writing_ = false;
   bool finished_ = false;
   std::optional<grpc::Status> end_;
+  std::optional<absl::Status> outcome_;  // the request's outcome, once known
 };
 
 // DecodeSession: one request's state across Reserve, the KV pull and the Decode stream.
@@ -86,6 +118,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       : service_(service), id_(std::move(id)), engine_id_(std::move(engine_id)) {}
   const std::string& id() const { return id_; }
   const std::string& engine_id() const { return engine_id_; }
+  DecodeService* service() const { return service_; }
 
   // Engine thread: a reservation result.
   void OnReserved(absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -97,6 +130,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       reply = std::move(reserve_reply_);
       if (blocks.ok()) {
         blocks_ = *blocks;
+        reserved_at_ = absl::Now();
         state_ = State::kReserved;
         start = prefill_.has_value() && !cancelled_;
       } else {
@@ -118,8 +152,13 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     OutputToWire(out, &message);
     message.set_request_id(id_);
     const bool final = out.finished();
+    const absl::Time now = absl::Now();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (out.finish_reason != FinishReason::kAbort &&
+          out.finish_reason != FinishReason::kError) {
+        ObserveStepLocked(now);
+      }
       if (writer_ != nullptr) {
         writer_->Push(std::move(message), final);
       } else {
@@ -129,6 +168,18 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       if (final) state_ = State::kFailed;  // done: no more transitions
     }
     if (final) service_->Forget(id_, this);
+  }
+
+  // ObserveStepLocked: the first output after a remote prefill ends the handover; later ones are
+  // inter-token latencies.
+  void ObserveStepLocked(absl::Time now) {
+    WorkerMetrics* metrics = service_->metrics();
+    if (last_output_ != absl::InfinitePast()) {
+      metrics->ObserveInterTokenLatency(absl::ToDoubleSeconds(now - last_output_));
+    } else if (prefill_finished_ != absl::InfinitePast()) {
+      metrics->ObserveHandover(absl::ToDoubleSeconds(now - prefill_finished_));
+    }
+    last_output_ = now;
   }
 
   // Decode call attached: replay buffered outputs. Returns false if another writer exists.
@@ -141,6 +192,9 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       attached_once_ = true;
       writer_ = writer;
       prefill_ = std::move(prefill);
+      if (prefill_.has_value() && prefill_->prefill_finished_unix_us() > 0) {
+        prefill_finished_ = absl::FromUnixMicros(prefill_->prefill_finished_unix_us());
+      }
       transfer_timeout_ = transfer_timeout;
       for (size_t i = 0; i < buffered_.size(); ++i) {
         writer->Push(std::move(buffered_[i]), buffered_final_ && i + 1 == buffered_.size());
@@ -179,12 +233,13 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     v1::PrefillResponse prefill;
     std::vector<int32_t> blocks;
     absl::Duration timeout;
+    absl::Time reserved_at;  // the engine frees the blocks reserve_timeout after this
   };
   std::optional<TransferJob> BeginTransfer() {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kReserved || !prefill_.has_value()) return std::nullopt;
     state_ = State::kTransferring;
-    return TransferJob{*prefill_, blocks_, transfer_timeout_};
+    return TransferJob{*prefill_, blocks_, transfer_timeout_, reserved_at_};
   }
   // After the pull: whether the client cancelled meanwhile.
   bool EndTransfer() {
@@ -206,6 +261,9 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   std::mutex mu_;
   State state_ = State::kReserving;
   std::vector<int32_t> blocks_;
+  absl::Time reserved_at_ = absl::InfinitePast();
+  absl::Time prefill_finished_ = absl::InfinitePast();  // remote prefill's first token
+  absl::Time last_output_ = absl::InfinitePast();       // last output with a step's result
   std::optional<v1::PrefillResponse> prefill_;
   absl::Duration transfer_timeout_;
   bool cancelled_ = false;
@@ -219,16 +277,19 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
 void DecodeWriter::OnCancel() { session_->Cancel(); }
 void DecodeWriter::OnDone() {
   session_->DetachWriter(this);
+  session_->service()->metrics()->CountOutcome(
+      outcome_.value_or(absl::CancelledError("stream ended early")));
   delete this;
 }
 
 DecodeService::DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
                              std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
-                             DecodeServiceOptions options)
+                             WorkerMetrics* metrics, DecodeServiceOptions options)
     : engine_(engine),
       agent_(agent),
       regions_(std::move(regions)),
       kv_descriptor_(std::move(kv_descriptor)),
+      metrics_(metrics),
       options_(options),
       pool_(options.transfer_threads) {}
 
@@ -237,6 +298,12 @@ DecodeService::~DecodeService() = default;
 int64_t DecodeService::num_sessions() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(sessions_.size());
+}
+
+bool DecodeService::WasCancelled(const std::string& request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cancelled_.find(request_id);
+  return it != cancelled_.end() && it->second >= absl::Now();
 }
 
 void DecodeService::Forget(const std::string& request_id, const DecodeSession* session) {
@@ -278,7 +345,12 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining"));
     return reactor;
   }
-  absl::Status error;
+  if (context->IsCancelled() || WasCancelled(request->request_id())) {
+    // The caller gave up (and sent Cancel, which may have overtaken this call): reserving now
+    // would hold blocks nobody claims until the reservation timeout.
+    reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "request was cancelled"));
+    return reactor;
+  }
   // The reply is set before reserving could complete: NewSession's engine op runs later.
   auto session = std::make_shared<DecodeSession>(this, request->request_id(),
                                                  request->request_id());
@@ -325,7 +397,16 @@ grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* con
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(request->request_id());
-    if (it != sessions_.end()) session = it->second;
+    if (it != sessions_.end()) {
+      session = it->second;
+    } else {
+      // Unknown: the Reserve or Decode it cancels may still be on its way; refuse it then.
+      const absl::Time now = absl::Now();
+      for (auto c = cancelled_.begin(); c != cancelled_.end();) {
+        c = c->second < now ? cancelled_.erase(c) : std::next(c);
+      }
+      cancelled_[request->request_id()] = now + options_.cancel_memory;
+    }
   }
   response->set_found(session != nullptr);
   if (session != nullptr) session->Cancel();
@@ -352,6 +433,11 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     done.set_request_id(id);
     done.set_finish_reason(request->prefill().finish_reason());
     writer->Push(std::move(done), /*final=*/true);
+    return writer;
+  }
+  if (existing == nullptr && WasCancelled(id)) {
+    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
+    writer->End(grpc::Status(grpc::StatusCode::CANCELLED, "request was cancelled"));
     return writer;
   }
   if (draining_.load() && existing == nullptr) {
@@ -417,51 +503,124 @@ v1::PrefillWorker::Stub* DecodeService::PrefillStub(const std::string& address) 
   return stub.get();
 }
 
+void DecodeService::SendRelease(const std::string& request_id,
+                                const std::string& prefill_address) {
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(options_.release_timeout));
+  v1::ReleaseRequest release;
+  release.set_request_id(request_id);
+  v1::ReleaseResponse released;
+  PrefillStub(prefill_address)->Release(&context, release, &released);
+}
+
+absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
+                                   const std::vector<int32_t>& blocks, absl::Time deadline) {
+  const v1::KvBlocks& kv = prefill.kv();
+  if (kv.layout().block_size() != engine_->block_size() || kv.layout().dtype_bytes() != 4) {
+    return absl::FailedPreconditionError(absl::StrCat("KV layout mismatch: prefill block_size ",
+                                                      kv.layout().block_size(), ", decode ",
+                                                      engine_->block_size()));
+  }
+  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
+      transfer::RemoteKvDescriptor::Parse(kv.kv_descriptor());
+  if (!remote.ok()) return remote.status();
+  const std::vector<transfer::BlockRun> remote_runs = RunsFromWire(kv);
+  const int64_t n = transfer::TotalBlocks(remote_runs);
+  if (n > static_cast<int64_t>(blocks.size())) {
+    return absl::InvalidArgumentError("prefill sent more blocks than were reserved");
+  }
+  std::vector<int32_t> local(blocks.begin(), blocks.begin() + n);
+  return agent_->Pull(*remote, remote_runs, regions_, transfer::CoalesceBlocks(local), deadline);
+}
+
+absl::Status DecodeService::RequestPush(const std::string& request_id,
+                                        const v1::PrefillResponse& prefill,
+                                        const std::vector<int32_t>& blocks, absl::Time deadline,
+                                        absl::Time* safe_at) {
+  const int64_t n = transfer::TotalBlocks(RunsFromWire(prefill.kv()));
+  if (n > static_cast<int64_t>(blocks.size())) {
+    return absl::InvalidArgumentError("prefill pinned more blocks than were reserved");
+  }
+  const absl::Time sent = absl::Now();
+  const absl::Duration timeout = deadline - options_.push_grace - sent;
+  if (timeout < absl::Milliseconds(1)) {
+    return absl::DeadlineExceededError("no time left to push the KV before the reservation ends");
+  }
+  v1::PushKvRequest request;
+  request.set_request_id(request_id);
+  v1::KvBlocks* destination = request.mutable_destination();
+  destination->set_kv_descriptor(kv_descriptor_);
+  RunsToWire(std::vector<int32_t>(blocks.begin(), blocks.begin() + n), destination);
+  *destination->mutable_layout() = LayoutOf(engine_->kv_cache());
+  destination->set_num_tokens(prefill.kv().num_tokens());
+  request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  v1::PushKvResponse response;
+  const grpc::Status status =
+      PrefillStub(prefill.prefill_worker_address())->PushKv(&context, request, &response);
+  if (status.ok()) return absl::OkStatus();
+  switch (status.error_code()) {
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      break;  // refused before any put was posted
+    default:
+      // No proof the put ended (the call may have failed in transport while the push runs): it
+      // is cancelled by timeout after the prefill worker received the call; the grace covers
+      // the delivery delay.
+      *safe_at = sent + timeout + options_.push_grace;
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("KV push from prefill worker ", prefill.prefill_worker_address(),
+                                   " failed: ", status.error_message()));
+}
+
 void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
   pool_.Post([this, session] {
     std::optional<DecodeSession::TransferJob> job = session->BeginTransfer();
     if (!job.has_value()) return;
-    const v1::KvBlocks& kv = job->prefill.kv();
+    const v1::PrefillResponse& prefill = job->prefill;
+    const v1::KvTransferMode theirs = prefill.kv_transfer_mode() == v1::KV_TRANSFER_MODE_PUSH
+                                          ? v1::KV_TRANSFER_MODE_PUSH
+                                          : v1::KV_TRANSFER_MODE_PULL;
+    const bool push = options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH;
+    const absl::Time start = absl::Now();
+    // Every transfer ends before the engine's reservation timeout could free its blocks.
+    const absl::Time deadline =
+        std::min(start + job->timeout, job->reserved_at + options_.reserve_timeout - kReserveMargin);
     absl::Status status;
-    if (kv.layout().block_size() != engine_->block_size() ||
-        kv.layout().dtype_bytes() != 4) {
+    absl::Time safe_at = absl::InfinitePast();
+    if (theirs != options_.transfer_mode) {
       status = absl::FailedPreconditionError(absl::StrCat(
-          "KV layout mismatch: prefill block_size ", kv.layout().block_size(), ", decode ",
-          engine_->block_size()));
+          "KV transfer mode mismatch: decode worker runs --kv-transfer-mode ",
+          ModeName(options_.transfer_mode), ", prefill worker ", prefill.prefill_worker_address(),
+          " runs ", ModeName(theirs), "; start every worker with the same --kv-transfer-mode"));
+    } else if (deadline <= start) {
+      status = absl::DeadlineExceededError("the KV reservation expired before the transfer");
+    } else {
+      status = push ? RequestPush(session->id(), prefill, job->blocks, deadline, &safe_at)
+                    : PullKv(prefill, job->blocks, deadline);
+      metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
     }
-    absl::StatusOr<transfer::RemoteKvDescriptor> remote =
-        transfer::RemoteKvDescriptor::Parse(kv.kv_descriptor());
-    if (status.ok() && !remote.ok()) status = remote.status();
-    if (status.ok()) {
-      const std::vector<transfer::BlockRun> remote_runs = RunsFromWire(kv);
-      const int64_t n = transfer::TotalBlocks(remote_runs);
-      if (n > static_cast<int64_t>(job->blocks.size())) {
-        status = absl::InvalidArgumentError("prefill sent more blocks than were reserved");
-      } else {
-        std::vector<int32_t> local(job->blocks.begin(), job->blocks.begin() + n);
-        status = agent_->Pull(*remote, remote_runs, regions_, transfer::CoalesceBlocks(local),
-                              absl::Now() + job->timeout);
-      }
-    }
-    // The ack: the prefill worker may free its pinned blocks (also after a failed pull).
-    {
-      grpc::ClientContext context;
-      context.set_deadline(DeadlineAfter(options_.release_timeout));
-      v1::ReleaseRequest release;
-      release.set_request_id(session->id());
-      v1::ReleaseResponse released;
-      PrefillStub(job->prefill.prefill_worker_address())->Release(&context, release, &released);
-    }
-    if (session->EndTransfer() && status.ok()) {
-      status = absl::CancelledError("client cancelled during the KV transfer");
-    }
+    // The ack: the prefill worker may free its pinned blocks (also after a failed pull). After a
+    // successful push it freed them itself.
+    if (!push || !status.ok()) SendRelease(session->id(), prefill.prefill_worker_address());
     std::optional<SampledToken> first;
-    if (job->prefill.has_first_token()) {
-      first = SampledToken{job->prefill.first_token().token_id(),
-                           job->prefill.first_token().logprob(),
-                           {}};
+    if (prefill.has_first_token()) {
+      first = SampledToken{prefill.first_token().token_id(), prefill.first_token().logprob(), {}};
     }
-    engine_->CompleteTransfer(session->engine_id(), status, first);
+    auto complete = [this, session, status, first]() mutable {
+      if (session->EndTransfer() && status.ok()) {
+        status = absl::CancelledError("client cancelled during the KV transfer");
+      }
+      engine_->CompleteTransfer(session->engine_id(), status, first);
+    };
+    if (safe_at > absl::Now()) {
+      pool_.PostAt(safe_at, std::move(complete));  // blocks stay reserved until no put can run
+    } else {
+      complete();
+    }
   });
 }
 

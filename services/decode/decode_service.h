@@ -5,9 +5,13 @@
 // prompt + 1 tokens; Decode with a prefill result pulls the prompt KV from the prefill worker
 // over UCX into the first reserved blocks (TaskPool thread, deadline), acks with
 // PrefillWorker.Release, completes the transfer in the engine and streams TokenOutput from the
-// second token on. Decode without a prefill result runs the whole request locally (all tokens
-// streamed). A cancelled call or Cancel RPC aborts; an abort during a pull waits for the pull to
-// end (no block is freed while a transfer into it may run).
+// second token on. Push mode (--kv-transfer-mode push): instead of pulling, decode asks the
+// prefill worker to write the KV into its reserved blocks (PrefillWorker.PushKv with this
+// worker's descriptor and block runs); when that call fails without proof that the put ended,
+// the blocks are freed only after the push's deadline plus a grace period. Decode without a
+// prefill result runs the whole request locally (all tokens streamed). A cancelled call or Cancel
+// RPC aborts; an abort during a transfer waits for the transfer to end (no block is freed while
+// a transfer into it may run). Every transfer ends before the engine's reservation timeout.
 #ifndef SLUICE_SERVICES_DECODE_DECODE_SERVICE_H_
 #define SLUICE_SERVICES_DECODE_DECODE_SERVICE_H_
 
@@ -21,6 +25,7 @@
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
 #include "services/worker_common/task_pool.h"
+#include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
 
@@ -31,6 +36,13 @@ struct DecodeServiceOptions {
   absl::Duration transfer_timeout = absl::Seconds(10);  // KV pull, when the request gives none
   absl::Duration release_timeout = absl::Seconds(2);    // Release ack RPC
   int transfer_threads = 4;
+  v1::KvTransferMode transfer_mode = v1::KV_TRANSFER_MODE_PULL;
+  // A Cancel for an unknown id is remembered this long: a Reserve or Decode for it arriving
+  // later (reordered behind the Cancel) is refused instead of reserving blocks nobody claims.
+  absl::Duration cancel_memory = absl::Seconds(10);
+  // Push mode: after a PushKv call failed without an answer from the prefill worker's push job,
+  // its put may still run until the push deadline; blocks stay reserved this much longer.
+  absl::Duration push_grace = absl::Seconds(1);
 };
 
 class DecodeSession;
@@ -39,9 +51,10 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
  public:
   // `engine` and `agent` must outlive the service; `regions` are the engine's KV regions
   // (KvRegionsOf), registered with `agent`; `kv_descriptor` their serialized descriptor.
+  // `metrics` must outlive the service.
   DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
                 std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
-                DecodeServiceOptions options);
+                WorkerMetrics* metrics, DecodeServiceOptions options);
   ~DecodeService() override;
 
   grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
@@ -58,6 +71,7 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
 
   // Used by DecodeSession.
   AsyncEngine* engine() { return engine_; }
+  WorkerMetrics* metrics() { return metrics_; }
   void Forget(const std::string& request_id, const DecodeSession* session);
   void StartTransfer(std::shared_ptr<DecodeSession> session);
 
@@ -67,16 +81,28 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
                                             const v1::SamplingParams& sampling,
                                             absl::Status* error);
   v1::PrefillWorker::Stub* PrefillStub(const std::string& address);
+  bool WasCancelled(const std::string& request_id) const;
+  // Transfer steps (pool thread). `deadline`: the transfer must be over by then.
+  absl::Status PullKv(const v1::PrefillResponse& prefill, const std::vector<int32_t>& blocks,
+                      absl::Time deadline);
+  // RequestPush asks the prefill worker to push; *safe_at is when the blocks may be reused if
+  // the call failed (absl::InfinitePast(): at once).
+  absl::Status RequestPush(const std::string& request_id, const v1::PrefillResponse& prefill,
+                           const std::vector<int32_t>& blocks, absl::Time deadline,
+                           absl::Time* safe_at);
+  void SendRelease(const std::string& request_id, const std::string& prefill_address);
 
   AsyncEngine* engine_;
   transfer::KvTransferAgent* agent_;
   std::vector<transfer::KvRegion> regions_;
   std::string kv_descriptor_;
+  WorkerMetrics* metrics_;
   DecodeServiceOptions options_;
   std::atomic<bool> draining_{false};
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<DecodeSession>> sessions_;  // guarded by mu_
   std::unordered_map<std::string, std::unique_ptr<v1::PrefillWorker::Stub>> stubs_;  // mu_
+  std::unordered_map<std::string, absl::Time> cancelled_;  // id -> forget after; guarded by mu_
   TaskPool pool_;  // last: joined first
 };
 

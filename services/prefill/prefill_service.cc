@@ -1,5 +1,6 @@
 #include "services/prefill/prefill_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,39 +14,74 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// A push must end this long before the engine's pin timeout may free the blocks it reads.
+constexpr absl::Duration kPinMargin = absl::Seconds(1);
+
 // One Prefill call: finished by the engine thread's final output (or at once on a submit
 // error); a client cancel aborts the engine request, which also frees blocks already held.
 class PrefillReactor final : public grpc::ServerUnaryReactor {
  public:
-  PrefillReactor(AsyncEngine* engine, std::string request_id)
-      : engine_(engine), request_id_(std::move(request_id)) {}
-  void OnCancel() override { engine_->Abort(request_id_); }
-  void OnDone() override { delete this; }
+  PrefillReactor(PrefillService* service, grpc::CallbackServerContext* context,
+                 WorkerMetrics* metrics, std::string request_id)
+      : service_(service),
+        context_(context),
+        metrics_(metrics),
+        request_id_(std::move(request_id)) {}
+  void OnCancel() override { service_->DropRequest(request_id_); }
+  void OnDone() override {
+    // A call that finished here but was cancelled before its answer reached the caller (the
+    // client went away as the response left) leaves pinned blocks nobody will Release or pull:
+    // free them now instead of at the pin timeout.
+    if (context_->IsCancelled()) service_->DropRequest(request_id_);
+    delete this;
+  }
+  // End finishes the call and counts its outcome.
+  void End(const grpc::Status& status) {
+    metrics_->CountOutcome(FromGrpc(status));
+    Finish(status);
+  }
 
  private:
-  AsyncEngine* engine_;
+  PrefillService* service_;
+  grpc::CallbackServerContext* context_;
+  WorkerMetrics* metrics_;
   std::string request_id_;
 };
 
 }  // namespace
 
-PrefillService::PrefillService(AsyncEngine* engine, std::string kv_descriptor,
-                               std::string advertised_address)
+PrefillService::PrefillService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
+                               std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
+                               std::string advertised_address, WorkerMetrics* metrics,
+                               PrefillServiceOptions options)
     : engine_(engine),
+      agent_(agent),
+      regions_(std::move(regions)),
       kv_descriptor_(std::move(kv_descriptor)),
-      advertised_address_(std::move(advertised_address)) {}
+      advertised_address_(std::move(advertised_address)),
+      metrics_(metrics),
+      options_(options),
+      pool_(options.push_threads) {}
+
+PrefillService::~PrefillService() = default;
 
 grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* context,
                                                   const v1::PrefillRequest* request,
                                                   v1::PrefillResponse* response) {
-  auto* reactor = new PrefillReactor(engine_, request->request_id());
+  auto* reactor = new PrefillReactor(this, context, metrics_, request->request_id());
   if (draining_.load()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining"));
+    reactor->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining"));
     return reactor;
   }
   if (request->has_decode_reservation()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                 "push mode is not implemented by this worker; use pull"));
+    reactor->End(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        "PrefillRequest.decode_reservation (layer-by-layer push during compute) is not "
+        "implemented; push mode moves the KV after prefill through PushKv"));
     return reactor;
   }
   EngineRequest er;
@@ -57,18 +93,22 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
   queued_tokens_ += num_prompt;
   const v1::KvLayout layout = LayoutOf(engine_->kv_cache());
+  const absl::Time arrival = absl::Now();
   absl::Status s = engine_->Submit(
-      std::move(er), [this, reactor, response, num_prompt, layout](const RequestOutput& out) {
+      std::move(er),
+      [this, reactor, response, num_prompt, layout, arrival](const RequestOutput& out) {
         if (!out.finished()) return;  // hold mode: the only output is the final one
         queued_tokens_ -= num_prompt;
         if (out.finish_reason == FinishReason::kError) {
-          reactor->Finish(ToGrpc(out.status));
+          reactor->End(ToGrpc(out.status));
           return;
         }
         if (out.finish_reason == FinishReason::kAbort) {
-          reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "prefill aborted"));
+          reactor->End(grpc::Status(grpc::StatusCode::CANCELLED, "prefill aborted"));
           return;
         }
+        const absl::Time finished = absl::Now();
+        metrics_->ObserveTimeToFirstToken(absl::ToDoubleSeconds(finished - arrival));
         response->set_request_id(out.request_id);
         if (!out.new_tokens.empty()) {
           SampledTokenToWire(out.new_tokens.front(), response->mutable_first_token());
@@ -77,31 +117,171 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         response->set_num_cached_tokens(out.num_cached_tokens);
         response->set_finish_reason(FinishReasonToWire(out.finish_reason));
         response->set_prefill_worker_address(advertised_address_);
+        response->set_prefill_finished_unix_us(absl::ToUnixMicros(finished));
+        response->set_kv_transfer_mode(options_.transfer_mode);
         if (out.kv_held) {
           v1::KvBlocks* kv = response->mutable_kv();
           kv->set_kv_descriptor(kv_descriptor_);
           RunsToWire(out.held_block_ids, kv);
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
+          if (options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH) {
+            RememberHeld(out.request_id, out.held_block_ids);
+          }
         }
-        reactor->Finish(grpc::Status::OK);
+        reactor->End(grpc::Status::OK);
       });
   if (!s.ok()) {
     queued_tokens_ -= num_prompt;
-    reactor->Finish(ToGrpc(s));
+    reactor->End(ToGrpc(s));
   }
   return reactor;
+}
+
+void PrefillService::DropRequest(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(request_id);
+    if (it != held_.end()) {
+      if (it->second.pushing) return;  // the push job frees the blocks when its put ended
+      held_.erase(it);
+    }
+  }
+  engine_->Abort(request_id);
+}
+
+void PrefillService::RememberHeld(const std::string& request_id,
+                                  std::vector<int32_t> block_ids) {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  // Entries whose pin timed out in the engine (no PushKv or Release came) are dropped here.
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (!it->second.pushing && now - it->second.pinned_at > options_.pin_timeout) {
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  held_[request_id] = Held{std::move(block_ids), now};
 }
 
 grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* context,
                                                   const v1::ReleaseRequest* request,
                                                   v1::ReleaseResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(request->request_id());
+    if (it != held_.end()) {
+      if (it->second.pushing) {
+        // No block is freed while a put reads it: the push job releases when it ends.
+        response->set_released(true);
+        reactor->Finish(grpc::Status::OK);
+        return reactor;
+      }
+      held_.erase(it);
+    }
+  }
   engine_->ReleaseHeldBlocks(request->request_id(), [reactor, response](absl::Status s) {
     response->set_released(s.ok());
     reactor->Finish(grpc::Status::OK);
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* context,
+                                                 const v1::PushKvRequest* request,
+                                                 v1::PushKvResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (options_.transfer_mode != v1::KV_TRANSFER_MODE_PUSH) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "KV transfer mode mismatch: this prefill worker runs --kv-transfer-mode pull but a decode "
+        "worker asked it to push; start every worker with the same --kv-transfer-mode"));
+    return reactor;
+  }
+  const absl::Duration timeout = request->timeout_ms() > 0
+                                     ? absl::Milliseconds(request->timeout_ms())
+                                     : options_.default_push_timeout;
+  std::vector<int32_t> block_ids;
+  absl::Time deadline = absl::Now() + timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(request->request_id());
+    if (it == held_.end()) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("no pinned KV for request '", request->request_id(),
+                       "' (released, aborted or its pin timed out)")));
+      return reactor;
+    }
+    if (it->second.pushing) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                   "a push of this request's KV is already running"));
+      return reactor;
+    }
+    // The engine frees the pinned blocks at pinned_at + pin_timeout: the push ends before.
+    deadline = std::min(deadline, it->second.pinned_at + options_.pin_timeout - kPinMargin);
+    it->second.pushing = true;
+    block_ids = it->second.block_ids;
+  }
+  const std::string id = request->request_id();
+  pool_.Post([this, reactor, request, response, id, block_ids = std::move(block_ids), deadline] {
+    int64_t bytes = 0;
+    const absl::Time start = absl::Now();
+    absl::Status status = RunPush(id, *request, block_ids, deadline, &bytes);
+    metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
+    // The put is complete (or cancelled): the pinned blocks go back to the engine either way —
+    // after a failed push the decode worker cannot use them.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.erase(id);
+    }
+    engine_->ReleaseHeldBlocks(id);
+    response->set_bytes(bytes);
+    reactor->Finish(ToGrpc(status));
+  });
+  return reactor;
+}
+
+absl::Status PrefillService::RunPush(const std::string& request_id,
+                                     const v1::PushKvRequest& request,
+                                     std::vector<int32_t> block_ids, absl::Time deadline,
+                                     int64_t* bytes) {
+  const v1::KvBlocks& destination = request.destination();
+  const v1::KvLayout own = LayoutOf(engine_->kv_cache());
+  const v1::KvLayout& theirs = destination.layout();
+  if (theirs.block_size() != own.block_size() || theirs.num_layers() != own.num_layers() ||
+      theirs.floats_per_token() != own.floats_per_token() ||
+      theirs.dtype_bytes() != own.dtype_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV layout mismatch for request '", request_id, "': decode block_size ",
+        theirs.block_size(), ", layers ", theirs.num_layers(), ", floats/token ",
+        theirs.floats_per_token(), "; prefill ", own.block_size(), ", ", own.num_layers(), ", ",
+        own.floats_per_token()));
+  }
+  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
+      transfer::RemoteKvDescriptor::Parse(destination.kv_descriptor());
+  if (!remote.ok()) return remote.status();
+  std::vector<int32_t> dest_ids = transfer::ExpandRuns(RunsFromWire(destination));
+  if (dest_ids.size() < block_ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("decode reserved ", dest_ids.size(),
+                                                   " blocks; the prompt's KV needs ",
+                                                   block_ids.size()));
+  }
+  dest_ids.resize(block_ids.size());
+  if (absl::Now() >= deadline) {
+    return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
+  }
+  absl::Status status =
+      agent_->Push(*remote, transfer::CoalesceBlocks(dest_ids), regions_,
+                   transfer::CoalesceBlocks(block_ids), deadline);
+  if (status.ok()) {
+    for (const transfer::KvRegion& region : regions_) {
+      *bytes += region.block_bytes * static_cast<int64_t>(block_ids.size());
+    }
+  }
+  return status;
 }
 
 }  // namespace sluice

@@ -14,6 +14,8 @@
 #include "services/prefill/prefill_service.h"
 #include "services/serve/log.h"
 #include "services/worker_common/registration_client.h"
+#include "services/worker_common/worker_http.h"
+#include "services/worker_common/worker_metrics.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/kv_transfer.h"
 
@@ -29,6 +31,20 @@ int Run(const WorkerOptions& options, Role role) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  v1::KvTransferMode transfer_mode;
+  if (options.kv_transfer_mode == "pull") {
+    transfer_mode = v1::KV_TRANSFER_MODE_PULL;
+  } else if (options.kv_transfer_mode == "push") {
+    transfer_mode = v1::KV_TRANSFER_MODE_PUSH;
+  } else {
+    spdlog::error("--kv-transfer-mode must be pull or push, not '{}'", options.kv_transfer_mode);
+    return 1;
+  }
+  if (options.http_port < 0 || options.http_port > 65535) {
+    spdlog::error("--http-port must be in [0, 65535], not {}", options.http_port);
+    return 1;
+  }
 
   RuntimeOptions runtime_options = options.runtime;
   runtime_options.engine.kv_hold_timeout_ms =
@@ -75,16 +91,23 @@ int Run(const WorkerOptions& options, Role role) {
     const size_t colon = options.listen.rfind(':');
     advertise = options.listen.substr(0, colon + 1);  // port filled in after binding
   }
+  WorkerMetrics metrics(name, runtime->served_model_name);
   if (role == Role::kPrefill) {
+    PrefillServiceOptions prefill_options;
+    prefill_options.transfer_mode = transfer_mode;
+    prefill_options.pin_timeout = absl::Seconds(options.kv_pin_timeout_s);
+    prefill_options.default_push_timeout = absl::Seconds(options.transfer_timeout_s);
     // The advertised address is only known after binding; the service copies it below.
-    prefill = std::make_unique<PrefillService>(&engine, kv_descriptor, "");
+    prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
+                                               &metrics, prefill_options);
     builder.RegisterService(prefill.get());
   } else {
     DecodeServiceOptions decode_options;
     decode_options.reserve_timeout = absl::Seconds(options.reserve_timeout_s);
     decode_options.transfer_timeout = absl::Seconds(options.transfer_timeout_s);
+    decode_options.transfer_mode = transfer_mode;
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
-                                             decode_options);
+                                             &metrics, decode_options);
     builder.RegisterService(decode.get());
   }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -98,6 +121,29 @@ int Run(const WorkerOptions& options, Role role) {
     prefill->set_advertised_address(advertise);
   }
 
+  // /metrics and /health over HTTP (scrapers, Kubernetes probes).
+  WorkerHttpOptions http_options;
+  http_options.host = options.http_host;
+  http_options.port = static_cast<uint16_t>(options.http_port);
+  PrefillService* prefill_ptr = prefill.get();
+  DecodeService* decode_ptr = decode.get();
+  transfer::KvTransferAgent* agent_ptr = agent->get();
+  http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr] {
+    WorkerMetrics::ServiceGauges gauges;
+    if (prefill_ptr != nullptr) gauges.num_queued_prefill_tokens =
+        prefill_ptr->num_queued_prefill_tokens();
+    if (decode_ptr != nullptr) gauges.num_sessions = decode_ptr->num_sessions();
+    return metrics.Render(engine.Stats(), agent_ptr->stats(), gauges);
+  };
+  http_options.healthy = [&metrics] { return metrics.healthy(); };
+  absl::StatusOr<std::unique_ptr<HttpServer>> http = StartWorkerHttp(std::move(http_options));
+  if (!http.ok()) {
+    spdlog::error("metrics HTTP server: {}", http.status().ToString());
+    server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  }
+  const std::string metrics_address = absl::StrCat(options.http_host, ":", (*http)->port());
+
   std::unique_ptr<RegistrationClient> registration;
   if (!options.router.empty()) {
     RegistrationOptions reg;
@@ -109,6 +155,7 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.set_kv_block_size(static_cast<int32_t>(engine.block_size()));
     reg.worker.set_num_total_blocks(engine.Stats().num_total_blocks);
     reg.worker.set_max_model_len(engine.max_model_len());
+    reg.worker.set_metrics_address(metrics_address);
     PrefillService* p = prefill.get();
     registration = std::make_unique<RegistrationClient>(reg, [&engine, p] {
       const AsyncEngineStats s = engine.Stats();
@@ -122,18 +169,22 @@ int Run(const WorkerOptions& options, Role role) {
       return load;
     });
   }
-  std::printf("Sluice %s worker listening on %s\n", name, advertise.c_str());
+  std::printf("Sluice %s worker listening on %s (KV transfer: %s)\n", name, advertise.c_str(),
+              options.kv_transfer_mode.c_str());
+  std::printf("Sluice %s worker metrics on http://%s/metrics\n", name, metrics_address.c_str());
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("received signal {}, draining", signal_number);
+  metrics.set_healthy(false);
   if (prefill != nullptr) prefill->set_draining(true);
   if (decode != nullptr) decode->set_draining(true);
   if (registration != nullptr) registration->Drain();
   // In-flight calls get up to 10 s to finish, then are cancelled.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
   registration.reset();
+  (*http)->Stop();
   return 0;
 }
 

@@ -2,6 +2,7 @@
 //
 //   sluice prefill --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
 //   sluice decode  --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
+//     [--http-port N] [--kv-transfer-mode pull|push]
 // See services/prefill/README.md.
 #ifndef SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
 #define SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
@@ -20,7 +21,10 @@ struct WorkerOptions {
   std::string ucx_transports;   // UCX_TLS syntax; empty: UCX's choice
   double kv_pin_timeout_s = 30;     // prefill: pinned blocks freed without a Release after this
   double reserve_timeout_s = 30;    // decode: reservation without transfer fails after this
-  double transfer_timeout_s = 10;   // decode: KV pull deadline
+  double transfer_timeout_s = 10;   // decode: KV transfer deadline
+  std::string http_host = "127.0.0.1";  // /metrics and /health (HTTP)
+  int http_port = 0;                    // 0: any free port (printed at start)
+  std::string kv_transfer_mode = "pull";  // "pull" (decode reads) or "push" (prefill writes)
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

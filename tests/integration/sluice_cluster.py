@@ -49,6 +49,16 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
+def sum_samples(text, name):
+    """Sum of every sample of metric `name` (any labels) in Prometheus exposition `text`."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
 class Proc:
     """One service process with its log file."""
 
@@ -84,7 +94,7 @@ class Proc:
 class Cluster:
     """`sluice router` + N prefill + M decode workers on loopback."""
 
-    def __init__(self, num_prefill, num_decode, worker_args=()):
+    def __init__(self, num_prefill, num_decode, worker_args=(), router_args=()):
         self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
         self.http_port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
@@ -93,15 +103,18 @@ class Cluster:
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
         self.router = Proc("router", [binary, "router", "--model", str(MODEL_DIR), "--port",
                                       str(self.http_port), "--grpc-port", str(self.grpc_port),
-                                      "--lease-seconds", "3"], self.dir)
+                                      "--lease-seconds", "3", *router_args], self.dir)
         self.workers = {}
+        self.metrics_urls = {}  # worker name -> its /metrics URL (HTTP, --http-port)
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):
             for i in range(count):
                 name = f"{role}-{i}"
+                http_port = free_port()
+                self.metrics_urls[name] = f"http://127.0.0.1:{http_port}/metrics"
                 self.workers[name] = Proc(name, [
                     binary, role, "--model", str(MODEL_DIR), "--listen",
                     f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
-                    *worker_args], self.dir)
+                    "--http-port", str(http_port), *worker_args], self.dir)
         self.wait_registered(num_prefill, num_decode)
 
     def workers_json(self):
@@ -123,13 +136,15 @@ class Cluster:
 
     def metric(self, name):
         """Sum of every sample of `name` in the router's /metrics."""
-        text = http_get(self.url + "/metrics")[1]
-        total = 0.0
-        for line in text.splitlines():
-            m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
-            if m:
-                total += float(m.group(2))
-        return total
+        return sum_samples(http_get(self.url + "/metrics")[1], name)
+
+    def worker_metrics_text(self, name):
+        """The raw /metrics text of worker `name` (served on its --http-port)."""
+        return http_get(self.metrics_urls[name])[1]
+
+    def worker_metric(self, name, metric):
+        """Sum of every sample of `metric` in worker `name`'s /metrics."""
+        return sum_samples(self.worker_metrics_text(name), metric)
 
     def stop(self):
         for proc in [*self.workers.values(), self.router]:

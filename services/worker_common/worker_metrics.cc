@@ -1,0 +1,186 @@
+#include "services/worker_common/worker_metrics.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+namespace {
+
+using prometheus::Counter;
+using prometheus::FormatDouble;
+using prometheus::Gauge;
+using prometheus::Header;
+
+// KV transfers of one request: tens of microseconds (shared memory, a few blocks) to seconds
+// (large prompts over TCP).
+std::vector<double> TransferBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+}
+
+// Handover: includes the router's Decode call and the transfer; up to the reservation timeout.
+std::vector<double> HandoverBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
+}
+
+// LabelValue escapes a label value per the text format: backslash, double quote and newline.
+std::string LabelValue(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(std::string role, std::string model_name)
+    : role_(std::move(role)),
+      model_name_(std::move(model_name)),
+      ttft_(prometheus::TtftBuckets()),
+      itl_(prometheus::ItlBuckets()),
+      transfer_(TransferBuckets()),
+      handover_(HandoverBuckets()) {}
+
+void WorkerMetrics::ObserveTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.Observe(seconds);
+}
+
+void WorkerMetrics::ObserveInterTokenLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  itl_.Observe(seconds);
+}
+
+void WorkerMetrics::ObserveTransfer(double seconds, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  transfer_.Observe(seconds);
+  ++(ok ? num_transfers_ok_ : num_transfers_failed_);
+}
+
+void WorkerMetrics::ObserveHandover(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handover_.Observe(seconds < 0 ? 0 : seconds);  // clocks of two hosts may disagree
+}
+
+void WorkerMetrics::CountOutcome(const absl::Status& status) {
+  const std::string label = StatusLabel(status);
+  std::lock_guard<std::mutex> lock(mu_);
+  ++outcomes_[label];
+}
+
+std::string WorkerMetrics::StatusLabel(const absl::Status& status) {
+  if (status.ok()) return "ok";
+  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
+}
+
+std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
+                                  const transfer::KvTransferStats& transfer,
+                                  const ServiceGauges& service) const {
+  std::string out;
+  const double total = static_cast<double>(stats.num_total_blocks);
+  const double free = static_cast<double>(stats.num_free_blocks);
+  const double usage = total > 0 ? (total - free) / total : 0.0;
+  // Requests waiting for a KV transfer count as waiting: they hold blocks but do not run yet.
+  const double waiting = static_cast<double>(stats.num_waiting_requests + stats.num_reserved);
+  const double running = static_cast<double>(stats.num_running_requests);
+
+  Header(out, "sluice_worker_healthy", "gauge",
+         "1 while the worker takes new work, 0 while it drains.");
+  absl::StrAppend(&out, "sluice_worker_healthy{role=\"", role_, "\"} ", healthy() ? 1 : 0, "\n");
+  Gauge(out, "sluice_num_requests_waiting",
+        "Requests queued in the engine or waiting for their KV transfer.", waiting);
+  Gauge(out, "sluice_num_requests_running", "Requests being prefilled or decoded.", running);
+  Gauge(out, "sluice_kv_cache_blocks", "KV cache blocks in total.", total);
+  Gauge(out, "sluice_kv_cache_free_blocks", "KV cache blocks free.", free);
+  Gauge(out, "sluice_kv_cache_used_blocks",
+        "KV cache blocks in use (running, pinned for a decode worker, or reserved).",
+        total - free);
+  Gauge(out, "sluice_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0 to 1).", usage);
+  Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
+        static_cast<double>(stats.block_size));
+  Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
+          static_cast<double>(stats.counters.num_preemptions));
+  if (role_ == "prefill") {
+    Gauge(out, "sluice_prefill_held_blocks",
+          "KV blocks pinned for decode workers to pull (or to be pushed).",
+          static_cast<double>(stats.num_held_blocks));
+    Gauge(out, "sluice_prefill_queued_tokens", "Prompt tokens admitted and not yet answered.",
+          static_cast<double>(service.num_queued_prefill_tokens));
+    Header(out, "sluice_prefill_held_released_total", "counter",
+           "Pinned block sets freed, by why: released (ack or abort) or expired (pin timeout).");
+    absl::StrAppend(&out, "sluice_prefill_held_released_total{reason=\"released\"} ",
+                    stats.counters.num_held_released, "\n",
+                    "sluice_prefill_held_released_total{reason=\"expired\"} ",
+                    stats.counters.num_held_expired, "\n");
+  } else {
+    Gauge(out, "sluice_decode_reserved_transfers",
+          "Requests holding reserved KV blocks while their KV transfer is pending.",
+          static_cast<double>(stats.num_reserved));
+    Gauge(out, "sluice_decode_sessions", "Requests known to the decode service.",
+          static_cast<double>(service.num_sessions));
+  }
+  Header(out, "sluice_kv_transfer_bytes_total", "counter",
+         "KV payload bytes moved by successful transfers, by direction (pull: read from a peer, "
+         "push: written to a peer).");
+  absl::StrAppend(&out, "sluice_kv_transfer_bytes_total{direction=\"pull\"} ",
+                  transfer.bytes_pulled, "\n", "sluice_kv_transfer_bytes_total{direction=\"push\"} ",
+                  transfer.bytes_pushed, "\n");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Header(out, "sluice_kv_transfers_total", "counter",
+           "KV transfers run by this worker, by result.");
+    absl::StrAppend(&out, "sluice_kv_transfers_total{result=\"ok\"} ", num_transfers_ok_, "\n",
+                    "sluice_kv_transfers_total{result=\"failed\"} ", num_transfers_failed_, "\n");
+    Header(out, "sluice_kv_transfer_seconds", "histogram",
+           "Time of one request's KV transfer (decode: pull; prefill: push).");
+    transfer_.Render("sluice_kv_transfer_seconds", out);
+    if (role_ == "prefill") {
+      Header(out, "sluice_time_to_first_token_seconds", "histogram",
+             "Prefill call arrival to its first token sampled (queue and compute).");
+      ttft_.Render("sluice_time_to_first_token_seconds", out);
+    } else {
+      Header(out, "sluice_kv_handover_seconds", "histogram",
+             "Prefill finished (first token sampled) to the request's first decode step here.");
+      handover_.Render("sluice_kv_handover_seconds", out);
+      Header(out, "sluice_inter_token_latency_seconds", "histogram",
+             "Time between consecutive streamed outputs of a request.");
+      itl_.Render("sluice_inter_token_latency_seconds", out);
+    }
+    Header(out, "sluice_worker_requests_total", "counter",
+           "Requests this worker finished, by status (ok or a gRPC status code name).");
+    for (const auto& [label, count] : outcomes_) {
+      absl::StrAppend(&out, "sluice_worker_requests_total{status=\"", label, "\"} ", count, "\n");
+    }
+  }
+
+  // The gauges Kubernetes inference gateways route on, under vLLM's names and its `model_name`
+  // label. The Gateway API Inference Extension's model server protocol
+  // (kubernetes-sigs/gateway-api-inference-extension, docs/proposals/003-model-server-protocol/
+  // README.md) reads vllm:num_requests_waiting, vllm:num_requests_running,
+  // vllm:kv_cache_usage_perc (a 0-1 fraction despite the name) and the block_size /
+  // num_gpu_blocks labels of vllm:cache_config_info. promtool's linter flags the ':' in these
+  // names (a recording-rule convention), which is expected.
+  const std::string model_label = absl::StrCat("{model_name=\"", LabelValue(model_name_), "\"} ");
+  Header(out, "vllm:num_requests_waiting", "gauge", "Requests waiting (vLLM-compatible).");
+  absl::StrAppend(&out, "vllm:num_requests_waiting", model_label, FormatDouble(waiting), "\n");
+  Header(out, "vllm:num_requests_running", "gauge", "Requests running (vLLM-compatible).");
+  absl::StrAppend(&out, "vllm:num_requests_running", model_label, FormatDouble(running), "\n");
+  Header(out, "vllm:kv_cache_usage_perc", "gauge",
+         "KV cache usage, 1 means 100 percent (vLLM-compatible).");
+  absl::StrAppend(&out, "vllm:kv_cache_usage_perc", model_label, FormatDouble(usage), "\n");
+  Header(out, "vllm:cache_config_info", "gauge",
+         "KV cache configuration in labels, value 1 (vLLM-compatible).");
+  absl::StrAppend(&out, "vllm:cache_config_info{block_size=\"", stats.block_size,
+                  "\",num_gpu_blocks=\"", stats.num_total_blocks, "\"} 1\n");
+  return out;
+}
+
+}  // namespace sluice
