@@ -3,12 +3,14 @@
 //   sluice serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] ...
 //   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
+//   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "services/serve/generate_command.h"
+#include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
 #include "services/serve/router_command.h"
 #include "services/serve/serve_command.h"
@@ -130,9 +132,13 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
   }
 
+  sluice::KvStoreOptions kvstore_options;
+  CLI::App* kvstore_cmd = sluice::AddKvStoreCommand(app, kvstore_options);
+
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
 
+  if (kvstore_cmd->parsed()) return sluice::RunKvStore(kvstore_options);
   if (router_cmd->parsed()) {
     cmd.add_option("--http-host", w.http_host, "Host for /metrics and /health (HTTP)");
     cmd.add_option("--http-port", w.http_port, "Port for /metrics and /health (0: any free)")

@@ -44,8 +44,9 @@ def test_base_has_the_three_services():
     deployments = by_kind(docs, "Deployment")
     services = by_kind(docs, "Service")
     assert set(deployments) == {"sluice-router", "sluice-prefill", "sluice-decode"}
-    assert set(services) == {"sluice-router", "sluice-prefill", "sluice-decode"}
-    assert {d["kind"] for d in docs} == {"Deployment", "Service"}
+    assert set(services) == {"sluice-router", "sluice-prefill", "sluice-decode", "sluice-kvstore"}
+    # The kvstore is a StatefulSet (its SSD volume); tests/integration/test_kvstore.py checks it.
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "StatefulSet"}
     for name, deployment in deployments.items():
         assert deployment["apiVersion"] == "apps/v1"
         c = container(deployment)
@@ -75,7 +76,7 @@ def test_base_has_the_three_services():
 
 def test_every_service_selects_a_deployment_and_named_ports():
     docs = render(K8S / "base")
-    deployments = by_kind(docs, "Deployment")
+    deployments = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
     for name, service in by_kind(docs, "Service").items():
         selector = service["spec"]["selector"]
         matches = [d for d in deployments.values()

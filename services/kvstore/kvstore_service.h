@@ -1,0 +1,81 @@
+// KvStoreService: the gRPC face of a BlockStore (proto/sluice/v1/kvstore.proto).
+//
+// Control rides gRPC; bytes ride UCX: PutBegin/GetBegin answer with the DRAM slots granted and,
+// per arena page, a transfer::RemoteKvDescriptor (one region: the page) that the client pushes
+// into or pulls from with its KvTransferAgent. The arena must be registered with `agent` (e.g.
+// allocated by agent->AllocateRegion). Without an agent only the Inline calls work.
+//
+// Status codes follow Abseil's retry meaning: InvalidArgument for malformed requests,
+// NotFound for an unknown/expired lease, FailedPrecondition for UCX calls on a store without UCX.
+// Thread safety: gRPC calls it from many threads; the BlockStore serializes what must be.
+#ifndef SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
+#define SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "services/kvstore/block_store.h"
+#include "sluice/v1/kvstore.grpc.pb.h"
+#include "transfer/kv_transfer.h"
+
+namespace sluice::kvstore {
+
+class KvStoreService final : public sluice::v1::KvStore::Service {
+ public:
+  // Largest number of blocks in one call (larger: InvalidArgument).
+  static constexpr int kMaxBlocksPerCall = 65536;
+
+  // `store` and `agent` (may be null) are not owned and must outlive the service.
+  KvStoreService(BlockStore* store, transfer::KvTransferAgent* agent);
+
+  grpc::Status Exists(grpc::ServerContext*, const v1::KvExistsRequest*,
+                      v1::KvExistsResponse*) override;
+  grpc::Status PutBegin(grpc::ServerContext*, const v1::KvPutBeginRequest*,
+                        v1::KvPutBeginResponse*) override;
+  grpc::Status PutCommit(grpc::ServerContext*, const v1::KvPutCommitRequest*,
+                         v1::KvPutCommitResponse*) override;
+  grpc::Status GetBegin(grpc::ServerContext*, const v1::KvGetBeginRequest*,
+                        v1::KvGetBeginResponse*) override;
+  grpc::Status Release(grpc::ServerContext*, const v1::KvReleaseRequest*,
+                       v1::KvReleaseResponse*) override;
+  grpc::Status PutInline(grpc::ServerContext*, const v1::KvPutInlineRequest*,
+                         v1::KvPutInlineResponse*) override;
+  grpc::Status GetInline(grpc::ServerContext*, const v1::KvGetInlineRequest*,
+                         v1::KvGetInlineResponse*) override;
+  grpc::Status Stats(grpc::ServerContext*, const v1::KvStatsRequest*,
+                     v1::KvStatsResponse*) override;
+  grpc::Status Health(grpc::ServerContext*, const v1::KvHealthRequest*,
+                      v1::KvHealthResponse*) override;
+
+ private:
+  // PageDescriptor: the serialized RemoteKvDescriptor of arena page `p` in its current layout.
+  absl::StatusOr<std::string> PageDescriptor(int32_t p);
+  // AddSlot: appends `id` to `slots`, adding its page's descriptor to `pages` once per response.
+  absl::Status AddSlot(SlotId id, google::protobuf::RepeatedPtrField<v1::KvPageSlot>* slots,
+                       google::protobuf::RepeatedPtrField<v1::KvPage>* pages,
+                       absl::flat_hash_map<int32_t, int32_t>& page_index);
+
+  BlockStore* const store_;
+  transfer::KvTransferAgent* const agent_;
+  absl::Mutex mu_;
+  // page -> (block_bytes it was described with, descriptor bytes); pages change geometry only
+  // when reassigned to another layout.
+  absl::flat_hash_map<int32_t, std::pair<int64_t, std::string>> descriptors_ ABSL_GUARDED_BY(mu_);
+};
+
+// ToGrpc / FromGrpc: the same status code and message across the gRPC edge.
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+
+// ToKey / ToBlockId: proto <-> BlockKey.
+BlockKey ToKey(const v1::BlockId& id);
+void ToBlockId(const BlockKey& key, v1::BlockId* id);
+
+}  // namespace sluice::kvstore
+
+#endif  // SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
