@@ -27,6 +27,14 @@
 // The "recomputed" variant (SwaReplayFullKv::kRecomputed) also overwrites the full layers'
 // K/V of [s0, n) with the replay's own: a chunked prefill of [s0, n) over a cache that holds
 // full-layer K/V for [0, s0) only. It is exact only for R >= n and exists for the evaluation.
+//
+// Wiring into disaggregated serving (services/prefill, services/decode): both sides build the
+// same KvTransferLayout (kFullAttentionOnly) and the prefill worker announces it with the KV
+// descriptor; the decode worker pulls only layout.region_indices of its region list (and of the
+// RemoteKvDescriptor), then, on the engine thread and before the sequence's first decode step,
+// calls RebuildSlidingKvAfterTransfer as a Forward of its own. The first token still comes from
+// the prefill worker's exact logits. Blocks whose sliding-layer K/V is absent (positions below
+// s0) must not be offered to prefix caching as complete blocks.
 #ifndef SLUICE_ENGINE_KV_SWA_REPLAY_H_
 #define SLUICE_ENGINE_KV_SWA_REPLAY_H_
 
