@@ -17,7 +17,7 @@ size_t CommDataTypeSize(CommDataType dtype) {
   return 0;
 }
 
-const char *CommDataTypeName(CommDataType dtype) {
+const char* CommDataTypeName(CommDataType dtype) {
   switch (dtype) {
     case CommDataType::kFloat32:
       return "f32";
@@ -31,13 +31,18 @@ const char *CommDataTypeName(CommDataType dtype) {
   return "?";
 }
 
-absl::Status Communicator::AllGather(const void *send, int64_t count, void *recv,
+absl::Status Communicator::AllGather(const void* send, int64_t count, void* recv,
                                      CommDataType dtype) {
   const std::vector<int64_t> counts(static_cast<size_t>(world_size()), count);
   return AllGatherV(send, count, recv, counts, dtype);
 }
 
-absl::StatusOr<std::vector<int64_t>> ExchangeCounts(Communicator &comm,
+absl::Status Communicator::ExchangeHostCounts(const int64_t* send, int64_t* recv) {
+  const std::vector<int64_t> ones(static_cast<size_t>(world_size()), 1);
+  return AllToAllV(send, ones, recv, ones, CommDataType::kInt64);
+}
+
+absl::StatusOr<std::vector<int64_t>> ExchangeCounts(Communicator& comm,
                                                     absl::Span<const int64_t> send_counts) {
   const size_t n = static_cast<size_t>(comm.world_size());
   if (send_counts.size() != n) {
@@ -47,11 +52,8 @@ absl::StatusOr<std::vector<int64_t>> ExchangeCounts(Communicator &comm,
   for (int64_t c : send_counts) {
     if (c < 0) return absl::InvalidArgumentError(absl::StrCat("ExchangeCounts: count ", c));
   }
-  const std::vector<int64_t> ones(n, 1);
   std::vector<int64_t> recv_counts(n, 0);
-  if (absl::Status s =
-          comm.AllToAllV(send_counts.data(), ones, recv_counts.data(), ones, CommDataType::kInt64);
-      !s.ok()) {
+  if (absl::Status s = comm.ExchangeHostCounts(send_counts.data(), recv_counts.data()); !s.ok()) {
     return s;
   }
   return recv_counts;

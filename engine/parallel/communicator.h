@@ -37,7 +37,7 @@ enum class CommDataType { kFloat32, kBFloat16, kInt32, kInt64 };
 // CommDataTypeSize returns bytes per element (4, 2, 4, 8).
 size_t CommDataTypeSize(CommDataType dtype);
 // CommDataTypeName returns "f32", "bf16", "i32" or "i64".
-const char *CommDataTypeName(CommDataType dtype);
+const char* CommDataTypeName(CommDataType dtype);
 
 class Communicator {
  public:
@@ -51,7 +51,7 @@ class Communicator {
   // rounded once, to nearest even). Errors: InvalidArgument when the ranks
   // disagree on count or dtype, or for an integer dtype (every rank gets the
   // same error); DeadlineExceeded / FailedPrecondition as above.
-  virtual absl::Status AllReduceSum(void *data, int64_t count, CommDataType dtype) = 0;
+  virtual absl::Status AllReduceSum(void* data, int64_t count, CommDataType dtype) = 0;
 
   // AllGatherV concatenates every rank's send[0..send_count) in rank order into
   // recv on every rank. recv_counts [world_size] lists each rank's send_count
@@ -59,7 +59,7 @@ class Communicator {
   // not overlap send. Errors: InvalidArgument when a rank's send_count differs
   // from the others' recv_counts entry, recv_counts has the wrong length, or
   // dtypes differ.
-  virtual absl::Status AllGatherV(const void *send, int64_t send_count, void *recv,
+  virtual absl::Status AllGatherV(const void* send, int64_t send_count, void* recv,
                                   absl::Span<const int64_t> recv_counts, CommDataType dtype) = 0;
 
   // AllToAllV: rank r sends send[send_offset(r→d) .. + send_counts[d]) to every
@@ -71,8 +71,8 @@ class Communicator {
   // token owners) step of expert parallelism. recv must not overlap send.
   // Errors: InvalidArgument for inconsistent counts or dtypes (reported on
   // every rank).
-  virtual absl::Status AllToAllV(const void *send, absl::Span<const int64_t> send_counts,
-                                 void *recv, absl::Span<const int64_t> recv_counts,
+  virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                                 void* recv, absl::Span<const int64_t> recv_counts,
                                  CommDataType dtype) = 0;
 
   // Barrier returns once every rank has entered it.
@@ -85,7 +85,13 @@ class Communicator {
   }
   // AllGather is AllGatherV with the same count on every rank: recv [world_size
   // * count].
-  absl::Status AllGather(const void *send, int64_t count, void *recv, CommDataType dtype);
+  absl::Status AllGather(const void* send, int64_t count, void* recv, CommDataType dtype);
+
+  // ExchangeHostCounts is the collective behind ExchangeCounts: send/recv are HOST arrays of
+  // world_size int64 (element d of send goes to rank d). The default runs AllToAllV on them,
+  // which is right for host-memory communicators; device communicators stage through device
+  // memory.
+  virtual absl::Status ExchangeHostCounts(const int64_t* send, int64_t* recv);
 };
 
 // ExchangeCounts is the count step before an AllToAllV: rank r passes
@@ -94,7 +100,7 @@ class Communicator {
 // Errors: InvalidArgument for a wrong length or a negative count (checked
 // locally, so the other ranks then fail on their next collective with
 // DeadlineExceeded), plus those of AllToAllV.
-absl::StatusOr<std::vector<int64_t>> ExchangeCounts(Communicator &comm,
+absl::StatusOr<std::vector<int64_t>> ExchangeCounts(Communicator& comm,
                                                     absl::Span<const int64_t> send_counts);
 
 }  // namespace sluice

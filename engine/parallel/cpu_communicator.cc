@@ -59,7 +59,7 @@ absl::Status CpuCommunicatorGroup::Rendezvous(int rank) {
 }
 
 absl::Status CpuCommunicatorGroup::Validate() const {
-  const Post &first = posts_[0];
+  const Post& first = posts_[0];
   for (int r = 1; r < world_size_; ++r) {
     if (posts_[r].op != first.op) {
       return absl::InvalidArgumentError(absl::StrCat("collective mismatch: rank ", r,
@@ -131,7 +131,7 @@ absl::Status CpuCommunicatorGroup::Validate() const {
 }
 
 template <typename MoveFn>
-absl::Status CpuCommunicatorGroup::Run(int rank, const Post &post, MoveFn move) {
+absl::Status CpuCommunicatorGroup::Run(int rank, const Post& post, MoveFn move) {
   posts_[rank] = post;
   if (absl::Status s = Rendezvous(rank); !s.ok()) return s;
   absl::Status verdict = Validate();
@@ -145,7 +145,7 @@ absl::Status CpuCommunicatorGroup::Run(int rank, const Post &post, MoveFn move) 
 
 int CpuCommunicator::world_size() const { return group_->world_size(); }
 
-absl::Status CpuCommunicator::AllReduceSum(void *data, int64_t count, CommDataType dtype) {
+absl::Status CpuCommunicator::AllReduceSum(void* data, int64_t count, CommDataType dtype) {
   const CpuCommunicatorGroup::Post post{
       .op = CpuCommunicatorGroup::Op::kAllReduce, .dtype = dtype, .send = data, .count = count};
   const int n = world_size();
@@ -153,14 +153,14 @@ absl::Status CpuCommunicator::AllReduceSum(void *data, int64_t count, CommDataTy
     // Every rank sums all inputs itself in rank order: identical bits on every
     // rank.
     scratch_.assign(static_cast<size_t>(count), 0.0f);
-    float *sum = scratch_.data();
+    float* sum = scratch_.data();
     for (int r = 0; r < n; ++r) {
-      const void *in = group_->posts_[r].send;
+      const void* in = group_->posts_[r].send;
       if (dtype == CommDataType::kFloat32) {
-        const float *x = static_cast<const float *>(in);
+        const float* x = static_cast<const float*>(in);
         for (int64_t i = 0; i < count; ++i) sum[i] += x[i];
       } else {
-        const uint16_t *x = static_cast<const uint16_t *>(in);
+        const uint16_t* x = static_cast<const uint16_t*>(in);
         for (int64_t i = 0; i < count; ++i) sum[i] += Bf16ToFloat(x[i]);
       }
     }
@@ -171,13 +171,13 @@ absl::Status CpuCommunicator::AllReduceSum(void *data, int64_t count, CommDataTy
   if (dtype == CommDataType::kFloat32) {
     std::memcpy(data, scratch_.data(), static_cast<size_t>(count) * sizeof(float));
   } else {
-    uint16_t *out = static_cast<uint16_t *>(data);
+    uint16_t* out = static_cast<uint16_t*>(data);
     for (int64_t i = 0; i < count; ++i) out[i] = FloatToBf16(scratch_[i]);
   }
   return absl::OkStatus();
 }
 
-absl::Status CpuCommunicator::AllGatherV(const void *send, int64_t send_count, void *recv,
+absl::Status CpuCommunicator::AllGatherV(const void* send, int64_t send_count, void* recv,
                                          absl::Span<const int64_t> recv_counts,
                                          CommDataType dtype) {
   const CpuCommunicatorGroup::Post post{.op = CpuCommunicatorGroup::Op::kAllGather,
@@ -188,7 +188,7 @@ absl::Status CpuCommunicator::AllGatherV(const void *send, int64_t send_count, v
                                         .recv_counts = recv_counts};
   const size_t elem = CommDataTypeSize(dtype);
   return group_->Run(rank_, post, [&] {
-    uint8_t *out = static_cast<uint8_t *>(recv);
+    uint8_t* out = static_cast<uint8_t*>(recv);
     for (int r = 0; r < world_size(); ++r) {
       const size_t bytes = static_cast<size_t>(recv_counts[r]) * elem;
       if (bytes > 0) std::memcpy(out, group_->posts_[r].send, bytes);
@@ -197,8 +197,8 @@ absl::Status CpuCommunicator::AllGatherV(const void *send, int64_t send_count, v
   });
 }
 
-absl::Status CpuCommunicator::AllToAllV(const void *send, absl::Span<const int64_t> send_counts,
-                                        void *recv, absl::Span<const int64_t> recv_counts,
+absl::Status CpuCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_counts,
+                                        void* recv, absl::Span<const int64_t> recv_counts,
                                         CommDataType dtype) {
   const CpuCommunicatorGroup::Post post{.op = CpuCommunicatorGroup::Op::kAllToAll,
                                         .dtype = dtype,
@@ -210,14 +210,14 @@ absl::Status CpuCommunicator::AllToAllV(const void *send, absl::Span<const int64
   return group_->Run(rank_, post, [&] {
     // Pull model: this rank copies its part of every source's send buffer into
     // its own recv.
-    uint8_t *out = static_cast<uint8_t *>(recv);
+    uint8_t* out = static_cast<uint8_t*>(recv);
     for (int s = 0; s < world_size(); ++s) {
-      const CpuCommunicatorGroup::Post &src = group_->posts_[s];
+      const CpuCommunicatorGroup::Post& src = group_->posts_[s];
       int64_t offset = 0;
       for (int d = 0; d < rank_; ++d) offset += src.send_counts[d];
       const size_t bytes = static_cast<size_t>(recv_counts[s]) * elem;
       if (bytes > 0) {
-        std::memcpy(out, static_cast<const uint8_t *>(src.send) + offset * elem, bytes);
+        std::memcpy(out, static_cast<const uint8_t*>(src.send) + offset * elem, bytes);
       }
       out += bytes;
     }

@@ -37,17 +37,17 @@ class CpuCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override;
-  absl::Status AllReduceSum(void *data, int64_t count, CommDataType dtype) override;
-  absl::Status AllGatherV(const void *send, int64_t send_count, void *recv,
+  absl::Status AllReduceSum(void* data, int64_t count, CommDataType dtype) override;
+  absl::Status AllGatherV(const void* send, int64_t send_count, void* recv,
                           absl::Span<const int64_t> recv_counts, CommDataType dtype) override;
-  absl::Status AllToAllV(const void *send, absl::Span<const int64_t> send_counts, void *recv,
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_counts, void* recv,
                          absl::Span<const int64_t> recv_counts, CommDataType dtype) override;
   absl::Status Barrier() override;
 
  private:
   friend class CpuCommunicatorGroup;
-  CpuCommunicator(CpuCommunicatorGroup *group, int rank) : group_(group), rank_(rank) {}
-  CpuCommunicatorGroup *group_;
+  CpuCommunicator(CpuCommunicatorGroup* group, int rank) : group_(group), rank_(rank) {}
+  CpuCommunicatorGroup* group_;
   int rank_;
   std::vector<float> scratch_;  // AllReduceSum: this rank's copy of the sum
 };
@@ -64,7 +64,7 @@ class CpuCommunicatorGroup {
   int world_size() const { return world_size_; }
   // communicator(r) is rank r's communicator (0 <= r < world_size), owned by
   // the group.
-  CpuCommunicator *communicator(int rank) { return comms_[rank].get(); }
+  CpuCommunicator* communicator(int rank) { return comms_[rank].get(); }
   // Abort fails every pending and future collective with FailedPrecondition
   // (used when a rank's thread gives up, so the others do not wait out their
   // timeout).
@@ -77,8 +77,8 @@ class CpuCommunicatorGroup {
   struct Post {
     Op op = Op::kNone;
     CommDataType dtype = CommDataType::kFloat32;
-    const void *send = nullptr;
-    void *recv = nullptr;
+    const void* send = nullptr;
+    void* recv = nullptr;
     int64_t count = 0;                      // AllReduce: elements; AllGather: send_count
     absl::Span<const int64_t> send_counts;  // AllToAll
     absl::Span<const int64_t> recv_counts;  // AllGather, AllToAll
@@ -92,7 +92,7 @@ class CpuCommunicatorGroup {
   // the data, rendezvous. `move` runs only when validation passed on every
   // rank.
   template <typename MoveFn>
-  absl::Status Run(int rank, const Post &post, MoveFn move);
+  absl::Status Run(int rank, const Post& post, MoveFn move);
   // Validate checks that all posts agree; returns the same verdict on every
   // rank.
   absl::Status Validate() const;

@@ -27,7 +27,7 @@ ExpertPlacement Finish(int32_t num_logical, int32_t num_ranks, int32_t slots_per
 // Replicate returns replicas per expert (>= 1 each, summing to num_slots): each
 // extra replica goes to the expert with the largest load per replica (ties:
 // lowest index).
-std::vector<int32_t> Replicate(const std::vector<double> &load, int32_t num_slots) {
+std::vector<int32_t> Replicate(const std::vector<double>& load, int32_t num_slots) {
   std::vector<int32_t> count(load.size(), 1);
   for (int32_t extra = static_cast<int32_t>(load.size()); extra < num_slots; ++extra) {
     size_t best = 0;
@@ -50,7 +50,7 @@ struct Item {
 // (items.size() == num_packs · capacity): heaviest first, each to the lightest
 // pack with room, preferring packs without that logical id (ties: lowest pack).
 // Returns the pack of each item, in input order.
-std::vector<int32_t> Pack(const std::vector<Item> &items, int32_t num_packs, int32_t capacity) {
+std::vector<int32_t> Pack(const std::vector<Item>& items, int32_t num_packs, int32_t capacity) {
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -85,9 +85,9 @@ std::vector<int32_t> Pack(const std::vector<Item> &items, int32_t num_packs, int
 // ReplicateAndPack places `experts` (logical ids) with their loads onto
 // `num_ranks` ranks of `slots_per_rank` slots starting at rank `first_rank`,
 // writing physical_to_logical.
-void ReplicateAndPack(const std::vector<int32_t> &experts, absl::Span<const double> load,
+void ReplicateAndPack(const std::vector<int32_t>& experts, absl::Span<const double> load,
                       int32_t first_rank, int32_t num_ranks, int32_t slots_per_rank,
-                      std::vector<int32_t> *physical_to_logical) {
+                      std::vector<int32_t>* physical_to_logical) {
   std::vector<double> local_load;
   for (int32_t e : experts) local_load.push_back(load[e]);
   const std::vector<int32_t> count = Replicate(local_load, num_ranks * slots_per_rank);
@@ -163,7 +163,7 @@ absl::StatusOr<ExpertPlacement> PlacementFromSlots(absl::Span<const int32_t> phy
 }
 
 absl::StatusOr<ExpertPlacement> PlanEplb(absl::Span<const double> load,
-                                         const EplbOptions &options) {
+                                         const EplbOptions& options) {
   if (absl::Status s = ValidateLoad(load); !s.ok()) return s;
   const int32_t num_logical = static_cast<int32_t>(load.size());
   const int32_t n = options.num_ranks, r = options.num_redundant_experts, m = options.num_nodes;
@@ -197,7 +197,7 @@ absl::StatusOr<ExpertPlacement> PlanEplb(absl::Span<const double> load,
   return Finish(num_logical, n, slots_per_rank, std::move(p2l));
 }
 
-absl::StatusOr<std::vector<double>> RankLoads(const ExpertPlacement &placement,
+absl::StatusOr<std::vector<double>> RankLoads(const ExpertPlacement& placement,
                                               absl::Span<const double> load) {
   if (static_cast<int32_t>(load.size()) != placement.num_logical_experts) {
     return absl::InvalidArgumentError(absl::StrCat("RankLoads: ", load.size(),
@@ -224,7 +224,7 @@ double Imbalance(absl::Span<const double> rank_loads) {
   return max / (sum / static_cast<double>(rank_loads.size()));
 }
 
-ReplicaRouter::ReplicaRouter(const ExpertPlacement *placement, ReplicaPolicy policy)
+ReplicaRouter::ReplicaRouter(const ExpertPlacement* placement, ReplicaPolicy policy)
     : placement_(placement),
       policy_(policy),
       next_(static_cast<size_t>(placement->num_logical_experts), 0) {}
@@ -232,16 +232,16 @@ ReplicaRouter::ReplicaRouter(const ExpertPlacement *placement, ReplicaPolicy pol
 void ReplicaRouter::Reset() { std::fill(next_.begin(), next_.end(), 0); }
 
 int32_t ReplicaRouter::PhysicalSlot(int32_t logical, int64_t token_index) {
-  const std::vector<int32_t> &replicas = placement_->logical_to_physical[logical];
+  const std::vector<int32_t>& replicas = placement_->logical_to_physical[logical];
   const int64_t n = static_cast<int64_t>(replicas.size());
   const int64_t pick =
       policy_ == ReplicaPolicy::kRoundRobin ? next_[logical]++ % n : token_index % n;
   return replicas[pick];
 }
 
-absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement &current,
+absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement& current,
                                             absl::Span<const double> load,
-                                            const EplbOptions &options, double min_improvement) {
+                                            const EplbOptions& options, double min_improvement) {
   auto fresh = PlanEplb(load, options);
   if (!fresh.ok()) return fresh.status();
   if (current.num_logical_experts != fresh->num_logical_experts ||
@@ -316,7 +316,7 @@ absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement &current,
   for (int32_t slot = 0; slot < n * slots; ++slot) {
     const int32_t e = plan.placement.physical_to_logical[slot];
     if (current.physical_to_logical[slot] == e) continue;
-    const std::vector<int32_t> &sources = current.logical_to_physical[e];
+    const std::vector<int32_t>& sources = current.logical_to_physical[e];
     int32_t src = sources.front();
     for (int32_t s : sources) {
       if (current.RankOfSlot(s) == current.RankOfSlot(slot)) {

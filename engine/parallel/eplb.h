@@ -87,12 +87,12 @@ struct EplbOptions {
 // load, num_ranks < 1, R < 0, (E + R) % num_ranks != 0, (E + R) / num_ranks <
 // 1, or a num_nodes that does not divide num_ranks and E (or leaves a node
 // fewer slots than experts).
-absl::StatusOr<ExpertPlacement> PlanEplb(absl::Span<const double> load, const EplbOptions &options);
+absl::StatusOr<ExpertPlacement> PlanEplb(absl::Span<const double> load, const EplbOptions& options);
 
 // RankLoads returns [num_ranks] load per rank under `placement` (each logical
 // expert's load split evenly over its replicas). Errors: InvalidArgument when
 // load.size() differs from the placement's number of logical experts.
-absl::StatusOr<std::vector<double>> RankLoads(const ExpertPlacement &placement,
+absl::StatusOr<std::vector<double>> RankLoads(const ExpertPlacement& placement,
                                               absl::Span<const double> load);
 
 // Imbalance returns max / mean of `rank_loads` (1 = perfectly balanced; 1 for
@@ -111,7 +111,7 @@ enum class ReplicaPolicy {
 // thread-safe.
 class ReplicaRouter {
  public:
-  ReplicaRouter(const ExpertPlacement *placement, ReplicaPolicy policy);
+  ReplicaRouter(const ExpertPlacement* placement, ReplicaPolicy policy);
   // Reset starts a new step (clears the round-robin counters).
   void Reset();
   // PhysicalSlot returns the slot serving logical expert `logical` for token
@@ -119,7 +119,7 @@ class ReplicaRouter {
   int32_t PhysicalSlot(int32_t logical, int64_t token_index);
 
  private:
-  const ExpertPlacement *placement_;
+  const ExpertPlacement* placement_;
   ReplicaPolicy policy_;
   std::vector<int64_t> next_;  // [num_logical_experts] round-robin counters
 };
@@ -131,7 +131,7 @@ struct ExpertMove {
   int32_t dst_slot = 0;
   int32_t src_slot = 0;
   int32_t logical = 0;
-  bool operator==(const ExpertMove &o) const {
+  bool operator==(const ExpertMove& o) const {
     return dst_slot == o.dst_slot && src_slot == o.src_slot && logical == o.logical;
   }
 };
@@ -151,9 +151,9 @@ struct RebalancePlan {
 // returned. A source slot prefers the destination's own rank (a local copy).
 // Errors: those of PlanEplb; InvalidArgument when `current` does not match the
 // load size or options' rank and slot counts.
-absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement &current,
+absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement& current,
                                             absl::Span<const double> load,
-                                            const EplbOptions &options,
+                                            const EplbOptions& options,
                                             double min_improvement = 0.05);
 
 }  // namespace sluice

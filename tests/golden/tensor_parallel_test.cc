@@ -70,8 +70,8 @@ void ExpectSameAsSingleRank(const std::string& fixture, const CpuParallelOptions
       max_diff = std::max(max_diff, std::fabs(got[p].logits[i] - want[p].logits[i]));
     }
     EXPECT_LT(max_diff, kTolerance) << fixture << " prompt " << p;
-    std::cout << fixture << " world " << options.world_size << " prompt " << p
-              << ": max |dlogit| " << max_diff << "\n";
+    std::cout << fixture << " world " << options.world_size << " prompt " << p << ": max |dlogit| "
+              << max_diff << "\n";
     EXPECT_EQ(got[p].greedy, want[p].greedy) << fixture << " prompt " << p;
   }
 }

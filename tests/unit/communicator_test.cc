@@ -14,15 +14,15 @@ namespace {
 
 // RunRanks runs body(rank, comm) on one thread per rank and returns each rank's
 // status.
-std::vector<absl::Status> RunRanks(CpuCommunicatorGroup &group,
-                                   const std::function<absl::Status(int, Communicator &)> &body) {
+std::vector<absl::Status> RunRanks(CpuCommunicatorGroup& group,
+                                   const std::function<absl::Status(int, Communicator&)>& body) {
   const int n = group.world_size();
   std::vector<absl::Status> status(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] { status[r] = body(r, *group.communicator(r)); });
   }
-  for (std::thread &t : threads) t.join();
+  for (std::thread& t : threads) t.join();
   return status;
 }
 
@@ -38,7 +38,7 @@ TEST_P(CommunicatorTest, AllReduceSumF32IsRankOrderedAndIdenticalOnAllRanks) {
   const int n = GetParam();
   auto group = MakeGroup(n);
   std::vector<std::vector<float>> data(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     EXPECT_EQ(c.rank(), r);
     EXPECT_EQ(c.world_size(), n);
     // Element 0 is chosen so the summation order matters in float32: 1e8 + 1 +
@@ -60,7 +60,7 @@ TEST_P(CommunicatorTest, AllReduceSumBf16) {
   const int n = GetParam();
   auto group = MakeGroup(n);
   std::vector<std::vector<uint16_t>> data(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     data[r] = {FloatToBf16(1.5f), FloatToBf16(static_cast<float>(r))};
     return c.AllReduceSum(data[r].data(), 2, CommDataType::kBFloat16);
   });
@@ -78,7 +78,7 @@ TEST_P(CommunicatorTest, AllGatherAndAllGatherV) {
   // Rank r contributes r + 1 elements valued 10 r + i to the V variant.
   std::vector<int64_t> counts;
   for (int r = 0; r < n; ++r) counts.push_back(r + 1);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     const int32_t mine[2] = {r, -r};
     equal[r].assign(2 * n, 0);
     if (absl::Status s = c.AllGather(mine, 2, equal[r].data(), CommDataType::kInt32); !s.ok()) {
@@ -109,7 +109,7 @@ TEST_P(CommunicatorTest, AllToAllVDispatchAndCombineRoundTrip) {
   auto count = [](int s, int d) { return static_cast<int64_t>((s + d) % 3); };
   std::vector<std::vector<float>> received(n), returned(n);
   std::vector<std::vector<int64_t>> learned(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     std::vector<int64_t> send_counts;
     std::vector<float> send;
     for (int d = 0; d < n; ++d) {
@@ -153,7 +153,7 @@ TEST_P(CommunicatorTest, AllToAllVDispatchAndCombineRoundTrip) {
 TEST_P(CommunicatorTest, MismatchedAllReduceSizesAreInvalidArgumentOnEveryRank) {
   const int n = GetParam();
   auto group = MakeGroup(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     std::vector<float> data(r == n - 1 ? 3 : 4, 1.0f);
     absl::Status s = c.AllReduceSum(absl::MakeSpan(data));
     // The group stays usable after a validation error.
@@ -172,7 +172,7 @@ TEST_P(CommunicatorTest, MismatchedAllReduceSizesAreInvalidArgumentOnEveryRank) 
 TEST_P(CommunicatorTest, InconsistentAllToAllCountsAreInvalidArgument) {
   const int n = GetParam();
   auto group = MakeGroup(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     std::vector<int64_t> send_counts(n, 1), recv_counts(n, 1);
     if (r == 1) recv_counts[0] = 2;  // rank 0 sends 1, rank 1 expects 2
     std::vector<float> send(n, 0.0f), recv(n + 1, 0.0f);
@@ -186,17 +186,17 @@ TEST_P(CommunicatorTest, InconsistentAllToAllCountsAreInvalidArgument) {
 TEST_P(CommunicatorTest, MismatchedOperationsAndDtypesAreInvalidArgument) {
   const int n = GetParam();
   auto group = MakeGroup(n);
-  auto ops = RunRanks(*group, [&](int r, Communicator &c) {
+  auto ops = RunRanks(*group, [&](int r, Communicator& c) {
     std::vector<float> data(2, 1.0f);
     if (r == 0) return c.Barrier();
     return c.AllReduceSum(absl::MakeSpan(data));
   });
-  auto dtypes = RunRanks(*group, [&](int r, Communicator &c) {
+  auto dtypes = RunRanks(*group, [&](int r, Communicator& c) {
     std::vector<float> data(2, 1.0f);
     return c.AllReduceSum(data.data(), 2,
                           r == 0 ? CommDataType::kBFloat16 : CommDataType::kFloat32);
   });
-  auto ints = RunRanks(*group, [&](int r, Communicator &c) {
+  auto ints = RunRanks(*group, [&](int r, Communicator& c) {
     int32_t x[2] = {1, 2};
     return c.AllReduceSum(x, 2, CommDataType::kInt32);
   });
@@ -210,7 +210,7 @@ TEST_P(CommunicatorTest, MismatchedOperationsAndDtypesAreInvalidArgument) {
 TEST_P(CommunicatorTest, BarrierAndWrongCountLengths) {
   const int n = GetParam();
   auto group = MakeGroup(n);
-  auto status = RunRanks(*group, [&](int r, Communicator &c) {
+  auto status = RunRanks(*group, [&](int r, Communicator& c) {
     if (absl::Status s = c.Barrier(); !s.ok()) return s;
     std::vector<int64_t> short_counts(n - 1, 1);
     int32_t x = r;

@@ -12,14 +12,14 @@
 namespace sluice {
 namespace {
 
-double ImbalanceOf(const ExpertPlacement &p, const std::vector<double> &load) {
+double ImbalanceOf(const ExpertPlacement& p, const std::vector<double>& load) {
   auto loads = RankLoads(p, load);
   EXPECT_TRUE(loads.ok()) << loads.status();
   return Imbalance(*loads);
 }
 
 // Every logical expert has a replica, slots are filled, and the two maps agree.
-void ExpectConsistent(const ExpertPlacement &p) {
+void ExpectConsistent(const ExpertPlacement& p) {
   ASSERT_EQ(p.physical_to_logical.size(), static_cast<size_t>(p.num_ranks * p.slots_per_rank));
   ASSERT_EQ(p.logical_to_physical.size(), static_cast<size_t>(p.num_logical_experts));
   size_t replicas = 0;
@@ -196,7 +196,7 @@ TEST(EplbTest, RebalanceMovesTurnOldPlacementIntoNew) {
   // Applying the copies (sources read from the old slots) yields exactly the
   // new placement, and only slots whose expert changes are written.
   std::vector<int32_t> slots = current->physical_to_logical;
-  for (const ExpertMove &m : plan->moves) {
+  for (const ExpertMove& m : plan->moves) {
     EXPECT_EQ(current->physical_to_logical[m.src_slot], m.logical);
     EXPECT_NE(current->physical_to_logical[m.dst_slot], m.logical);
     slots[m.dst_slot] = m.logical;
