@@ -3,11 +3,19 @@
 # of our Debian dependencies (the `run` device tool's machines).
 #
 # Usage: scripts/device_bundle.sh [TARGET...]   (default: kernels_cuda_test cuda_kernel_bench)
+#   Model runner targets: cuda_model_test (engine/cuda GPU tests; the llama-tiny and
+#   qwen3-hybrid-tiny fixtures are copied into the bundle's fixtures/ and found through
+#   SLUICE_SHARED_DIR) and cuda_decode_bench (with bench/configs/ and bench/hf_baseline.py, run
+#   beside it with the device's own PyTorch + transformers when `python3 -c "import
+#   transformers"` works there).
 #   SLUICE_DEVICE_BUILD_DIR   build folder (default build-device; SLUICE_NATIVE=OFF so the
 #                             binaries run on any x86-64 CPU, SLUICE_CUDA=ON)
 #   SLUICE_DEVICE_BUNDLE_DIR  bundle folder (default device/cuda-kernels; /device/ is ignored by
 #                             git, so name it in the device tool's `carry`)
 #   SLUICE_JOBS               parallel build jobs (default 2)
+#   SLUICE_DEVICE_COMPRESS=1  pack the bundle (all but run_on_device.sh) into bundle.tar.xz,
+#                             unpacked by run_on_device.sh: the device tool carries at most
+#                             64 MiB with the tracked tree, which is already most of it
 # The bundle holds the stripped binaries, lib/ with their non-system shared libraries (rpath
 # $ORIGIN/lib, via ../shared/tools/device-bundle.sh; cuBLAS and the CUDA driver come from the
 # target's CUDA install; cudart is linked statically) and run_on_device.sh, which runs
@@ -36,12 +44,59 @@ for t in "${targets[@]}"; do
 done
 rm -rf "$bundle"
 "$bundler" "$bundle" "${bins[@]}"
+for t in "${targets[@]}"; do
+  case "$t" in
+    cuda_model_test)
+      mkdir -p "$bundle/fixtures"
+      # llama-tiny with the goldens of its first 3 prompts (5, 17, 64 tokens; the 150-token
+      # case alone is 4.9 MB of logits); qwen3-hybrid-tiny's config only (the runner rejects
+      # the architecture before reading weights).
+      mkdir -p "$bundle/fixtures/llama-tiny" "$bundle/fixtures/qwen3-hybrid-tiny"
+      cp ../shared/fixtures/llama-tiny/{config.json,generation_config.json,model.safetensors} \
+        "$bundle/fixtures/llama-tiny/"
+      cp ../shared/fixtures/qwen3-hybrid-tiny/config.json "$bundle/fixtures/qwen3-hybrid-tiny/"
+      python3 - ../shared/fixtures/llama-tiny/golden.safetensors \
+        "$bundle/fixtures/llama-tiny/golden.safetensors" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+with open(src, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    data = f.read()
+keep = {k: v for k, v in header.items()
+        if k == "__metadata__" or k.rsplit("_", 1)[-1] in ("0", "1", "2")}
+out, blobs, off = {}, [], 0
+for k, v in keep.items():
+    if k == "__metadata__":
+        out[k] = v
+        continue
+    b, e = v["data_offsets"]
+    blobs.append(data[b:e])
+    out[k] = dict(v, data_offsets=[off, off + e - b])
+    off += e - b
+text = json.dumps(out).encode()
+text += b" " * (-len(text) % 8)
+with open(dst, "wb") as f:
+    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+PY
+      ;;
+    cuda_decode_bench)
+      mkdir -p "$bundle/configs"
+      cp -r bench/configs/. "$bundle/configs/"
+      cp bench/hf_baseline.py "$bundle/" ;;
+  esac
+done
+# UCX transport modules only matter to binaries that load UCX.
+if ! grep -lq libucp "$bundle"/lib/*.so* 2>/dev/null && ! ldd "${bins[@]}" | grep -q libucp; then
+  rm -rf "$bundle/lib/ucx"
+fi
 
 cat >"$bundle/run_on_device.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the bundled CUDA kernel tests and bench on a GPU machine; results go to ${1:-$OUT}.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+[ -f "$here/bundle.tar.xz" ] && tar -xJf "$here/bundle.tar.xz" -C "$here"
 out="${1:-${OUT:?give an output folder}}"
 mkdir -p "$out"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -63,6 +118,18 @@ if [ -x "$here/kernels_cuda_test" ]; then
     tail -n 3 "$out/sanitizer.log"
   fi
 fi
+if [ -x "$here/cuda_model_test" ]; then
+  SLUICE_SHARED_DIR="$here" "$here/cuda_model_test" --gtest_output="json:$out/cuda_model_test.json" \
+    2>&1 | tee "$out/cuda_model_test.log" || rc=1
+fi
+if [ -x "$here/cuda_decode_bench" ]; then
+  "$here/cuda_decode_bench" --config "$here/configs/llama3-8b" --out "$out/cuda_llama8b.json" \
+    2>&1 | tee "$out/cuda_decode_bench.log" || rc=1
+  if python3 -c "import transformers" 2>/dev/null; then
+    python3 "$here/hf_baseline.py" --config "$here/configs/llama3-8b" --out "$out/hf_llama8b.json" \
+      2>&1 | grep -v Warning | tee "$out/hf_baseline.log" || rc=1
+  fi
+fi
 if [ -x "$here/cuda_kernel_bench" ]; then
   "$here/cuda_kernel_bench" "$out/cuda_kernels_h200.json" >"$out/bench.log" 2>&1 || rc=1
   cat "$out/bench.log"
@@ -70,4 +137,8 @@ fi
 exit $rc
 RUN
 chmod +x "$bundle/run_on_device.sh"
+if [ "${SLUICE_DEVICE_COMPRESS:-0}" = 1 ]; then
+  (cd "$bundle" && ls -A | grep -v '^run_on_device.sh$' | tar -cJf bundle.tar.xz -T - &&
+    ls -A | grep -Ev '^(run_on_device.sh|bundle.tar.xz)$' | xargs rm -rf)
+fi
 du -sh "$bundle"

@@ -1,0 +1,360 @@
+// cuda_decode_bench: decode and prefill speed of the CUDA model runner (engine/cuda) on a
+// Llama-family config with dummy weights, against the GPU's own ceilings measured in the same
+// process.
+//   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
+//                     [--prefill 4096,16384] [--out OUT.json]
+// Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
+//
+// Ceilings (CUDA events, mean over timed repetitions after warm-ups):
+//   copy_gbps  device-to-device cudaMemcpyAsync of 2 GiB, (bytes read + bytes written) / s —
+//              the HBM bandwidth a streaming kernel can reach;
+//   gemm_tflops bf16 GEMM through LinearCuda (cuBLASLt, fp32 accumulation) at the model's
+//              largest prefill shape (m = 4096, n = 2·intermediate, k = hidden), 2·m·n·k / s.
+// Decode, for each batch B: B sequences with `context` tokens already in the KV cache (the
+// cache is allocated, not prefilled: decode reads the same bytes whatever they hold), then
+// `decode_steps` steps replayed from the CUDA graph of bucket B, token ids fed back on the
+// device, host planning overlapped with the GPU; ITL = GPU time per step. Roofline per step =
+// (weight bytes + KV bytes read: B · mean context · KV bytes/token) / copy_gbps; the ratio
+// measured / roofline is the target figure (≤ 1.2 at batch 1, ≤ 1.3 at 64 and 256).
+// Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
+// FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
+// / time, as a fraction of gemm_tflops.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/cuda/cuda_llama_runner.h"
+#include "engine/cuda/runner_kernels.h"
+#include "engine/model/dummy_weights.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/linear_cuda.h"
+#include "nlohmann/json.hpp"
+
+namespace sluice::cuda_runner {
+namespace {
+
+using kernels::bf16;
+using kernels::DeviceBuffer;
+
+struct Flags {
+  std::string config_dir = SLUICE_SOURCE_DIR "/bench/configs/llama3-8b";
+  int64_t context = 1024;
+  int64_t decode_steps = 64;
+  std::vector<int64_t> batches = {1, 64, 256};
+  std::vector<int64_t> prefill = {4096, 16384};
+  std::string out;
+};
+
+#define BENCH_RETURN_IF_ERROR(expr) \
+  do {                              \
+    absl::Status _s = (expr);       \
+    if (!_s.ok()) return _s;        \
+  } while (0)
+
+class EventTimer {
+ public:
+  EventTimer() {
+    cudaEventCreate(&start_);
+    cudaEventCreate(&stop_);
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  void Start(cudaStream_t s) { cudaEventRecord(start_, s); }
+  absl::StatusOr<double> StopMs(cudaStream_t s) {
+    cudaEventRecord(stop_, s);
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return static_cast<double>(ms);
+  }
+
+ private:
+  cudaEvent_t start_, stop_;
+};
+
+absl::StatusOr<double> CopyGbps() {
+  const size_t bytes = size_t{2} << 30;
+  auto src = DeviceBuffer<uint8_t>::Create(bytes);
+  auto dst = DeviceBuffer<uint8_t>::Create(bytes);
+  if (!src.ok() || !dst.ok()) return absl::InternalError("copy buffers");
+  cudaMemset(src->data(), 1, bytes);
+  EventTimer t;
+  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(dst->data(), src->data(), bytes, cudaMemcpyDeviceToDevice, 0);
+  constexpr int kIters = 10;
+  t.Start(0);
+  for (int i = 0; i < kIters; ++i) {
+    cudaMemcpyAsync(dst->data(), src->data(), bytes, cudaMemcpyDeviceToDevice, 0);
+  }
+  auto ms = t.StopMs(0);
+  if (!ms.ok()) return ms.status();
+  return 2.0 * bytes * kIters / (*ms * 1e-3) / 1e9;
+}
+
+absl::StatusOr<double> GemmTflops(int64_t m, int64_t n, int64_t k) {
+  auto lt = kernels::CublasLt::Create();
+  if (!lt.ok()) return lt.status();
+  auto x = DeviceBuffer<bf16>::Create(m * k);
+  auto w = DeviceBuffer<bf16>::Create(n * k);
+  auto y = DeviceBuffer<bf16>::Create(m * n);
+  if (!x.ok() || !w.ok() || !y.ok()) return absl::InternalError("gemm buffers");
+  BENCH_RETURN_IF_ERROR(FillDummyCuda(x->data(), m * k, 1, DummyInit::kNormal, 0));
+  BENCH_RETURN_IF_ERROR(FillDummyCuda(w->data(), n * k, 2, DummyInit::kNormal, 0));
+  for (int i = 0; i < 3; ++i) {
+    BENCH_RETURN_IF_ERROR(kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m,
+                                              n, k, 0));
+  }
+  constexpr int kIters = 20;
+  EventTimer t;
+  t.Start(0);
+  for (int i = 0; i < kIters; ++i) {
+    BENCH_RETURN_IF_ERROR(kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m,
+                                              n, k, 0));
+  }
+  auto ms = t.StopMs(0);
+  if (!ms.ok()) return ms.status();
+  return 2.0 * m * n * k * kIters / (*ms * 1e-3) / 1e12;
+}
+
+// Decode plan for `batch` sequences whose block tables are consecutive runs of `blocks_per_seq`
+// blocks; at step `step` sequence s has context + step cached tokens and feeds back row s.
+struct DecodePlanner {
+  int64_t batch, context, block_size, blocks_per_seq;
+  std::vector<std::vector<int32_t>> tables;
+  DecodePlanner(int64_t b, int64_t ctx, int64_t bs, int64_t bps)
+      : batch(b), context(ctx), block_size(bs), blocks_per_seq(bps), tables(b) {
+    for (int64_t s = 0; s < b; ++s) {
+      for (int64_t i = 0; i < bps; ++i) tables[s].push_back(static_cast<int32_t>(s * bps + i));
+    }
+  }
+  void Plan(int64_t step, bool first, ForwardInput* in) const {
+    in->token_ids.clear();
+    in->positions.clear();
+    in->slot_mapping.clear();
+    in->sequences.clear();
+    in->logits_indices.clear();
+    const int64_t pos = context + step;
+    for (int64_t s = 0; s < batch; ++s) {
+      in->token_ids.push_back(first ? static_cast<int32_t>(1000 + s) : -static_cast<int32_t>(s + 1));
+      in->positions.push_back(static_cast<int32_t>(pos));
+      in->slot_mapping.push_back(int64_t{tables[s][pos / block_size]} * block_size +
+                                 pos % block_size);
+      SequenceSlice q;
+      q.query_start = static_cast<int32_t>(s);
+      q.num_query_tokens = 1;
+      q.num_context_tokens = static_cast<int32_t>(pos);
+      q.block_table = absl::MakeConstSpan(tables[s]);
+      in->sequences.push_back(q);
+      in->logits_indices.push_back(static_cast<int32_t>(s));
+    }
+  }
+};
+
+absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flags& f,
+                                           double copy_gbps) {
+  CudaRunnerOptions o;
+  o.block_size = 16;
+  o.max_model_len = f.context + f.decode_steps + 16;
+  o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
+  o.max_num_tokens = o.max_num_seqs;
+  auto runner = CudaLlamaRunner::CreateDummy(config, kDefaultDummySeed, o);
+  if (!runner.ok()) return runner.status();
+  const int64_t bps = (o.max_model_len + o.block_size - 1) / o.block_size;
+  BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(o.max_num_seqs * bps));
+  const double weight_bytes = static_cast<double>((*runner)->WeightBytesPerStep());
+  const double kv_per_token = static_cast<double>((*runner)->KvBytesPerToken());
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t b : f.batches) {
+    DecodePlanner planner(b, f.context, o.block_size, bps);
+    ForwardInput in;
+    constexpr int kWarmup = 4;
+    for (int i = 0; i < kWarmup; ++i) {
+      planner.Plan(i, i == 0, &in);
+      BENCH_RETURN_IF_ERROR((*runner)->Step(in));
+    }
+    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    const bool graph = (*runner)->last_step().graph;
+    // The runner's stream is private: time on the host around fully enqueued work, bracketed by
+    // synchronizations (the host only enqueues, so it runs ahead of the GPU).
+    const int64_t steps = f.decode_steps - kWarmup;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      planner.Plan(kWarmup + i, false, &in);
+      BENCH_RETURN_IF_ERROR((*runner)->Step(in));
+    }
+    auto tokens = (*runner)->SampledTokens();
+    if (!tokens.ok()) return tokens.status();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double itl_ms = ms / static_cast<double>(steps);
+    const double mean_ctx = static_cast<double>(f.context) + kWarmup + steps / 2.0;
+    const double step_bytes = weight_bytes + b * mean_ctx * kv_per_token;
+    const double roofline_ms = step_bytes / (copy_gbps * 1e9) * 1e3;
+    int64_t distinct = 0;
+    {
+      std::vector<int32_t> t = *tokens;
+      std::sort(t.begin(), t.end());
+      distinct = std::unique(t.begin(), t.end()) - t.begin();
+    }
+    out.push_back({{"batch", b},
+                   {"context", f.context},
+                   {"steps_timed", steps},
+                   {"cuda_graph", graph},
+                   {"itl_ms", itl_ms},
+                   {"tokens_per_s", b * 1e3 / itl_ms},
+                   {"weight_bytes", weight_bytes},
+                   {"kv_bytes", b * mean_ctx * kv_per_token},
+                   {"roofline_ms", roofline_ms},
+                   {"roofline_tokens_per_s", b * 1e3 / roofline_ms},
+                   {"ratio_to_roofline", itl_ms / roofline_ms},
+                   {"distinct_last_tokens", distinct}});
+    std::printf("decode B=%lld: ITL %.3f ms (%.0f tok/s), roofline %.3f ms, ratio %.3f, graph %d\n",
+                static_cast<long long>(b), itl_ms, b * 1e3 / itl_ms, roofline_ms,
+                itl_ms / roofline_ms, graph);
+    std::fflush(stdout);
+  }
+  return out;
+}
+
+absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f,
+                                            double gemm_tflops) {
+  const int64_t max_t = *std::max_element(f.prefill.begin(), f.prefill.end());
+  CudaRunnerOptions o;
+  o.block_size = 16;
+  o.max_model_len = max_t;
+  o.max_num_tokens = max_t;
+  o.max_num_seqs = 1;
+  o.use_cuda_graphs = false;
+  auto runner = CudaLlamaRunner::CreateDummy(c, kDefaultDummySeed, o);
+  if (!runner.ok()) return runner.status();
+  const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
+  BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(blocks));
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
+  const double hd = static_cast<double>(c.head_dim);
+  const double matmul_params =
+      static_cast<double>(c.num_hidden_layers) *
+          (c.hidden_size * (c.num_attention_heads + 2.0 * c.num_key_value_heads) * hd +
+           c.hidden_size * c.num_attention_heads * hd + 3.0 * c.hidden_size * c.intermediate_size);
+  nlohmann::json out = nlohmann::json::array();
+  for (int64_t T : f.prefill) {
+    ForwardInput in;
+    for (int64_t t = 0; t < T; ++t) {
+      in.token_ids.push_back(static_cast<int32_t>((t * 7919) % c.vocab_size));
+      in.positions.push_back(static_cast<int32_t>(t));
+      in.slot_mapping.push_back(t);
+    }
+    in.sequences.push_back({0, static_cast<int32_t>(T), 0, absl::MakeConstSpan(table)});
+    in.logits_indices.push_back(static_cast<int32_t>(T - 1));
+    BENCH_RETURN_IF_ERROR((*runner)->Step(in));  // warm-up (cuBLASLt plans, workspace)
+    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    constexpr int kIters = 3;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kIters; ++i) BENCH_RETURN_IF_ERROR((*runner)->Step(in));
+    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+        kIters;
+    const double flops = 2.0 * matmul_params * T + 2.0 * c.hidden_size * c.vocab_size +
+                         4.0 * c.num_hidden_layers * c.num_attention_heads * hd * T * T / 2.0;
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    out.push_back({{"tokens", T},
+                   {"ms", ms},
+                   {"tokens_per_s", T * 1e3 / ms},
+                   {"model_tflops", tflops},
+                   {"fraction_of_gemm", tflops / gemm_tflops}});
+    std::printf("prefill T=%lld: %.2f ms, %.0f tok/s, %.0f TFLOP/s (%.2f of GEMM)\n",
+                static_cast<long long>(T), ms, T * 1e3 / ms, tflops, tflops / gemm_tflops);
+    std::fflush(stdout);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',')) {
+    int64_t v;
+    if (!absl::SimpleAtoi(p, &v) || v < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("bad list element '", p, "'"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::Status Main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("missing value for ", a));
+    const std::string v = argv[++i];
+    if (a == "--config") {
+      f.config_dir = v;
+    } else if (a == "--out") {
+      f.out = v;
+    } else if (a == "--context" || a == "--decode-steps") {
+      int64_t n;
+      if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
+      (a == "--context" ? f.context : f.decode_steps) = n;
+    } else if (a == "--batches" || a == "--prefill") {
+      auto l = ParseList(v);
+      if (!l.ok()) return l.status();
+      (a == "--batches" ? f.batches : f.prefill) = *l;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", a));
+    }
+  }
+  if (f.decode_steps < 8) return absl::InvalidArgumentError("--decode-steps must be >= 8");
+  auto config = ModelConfig::Load(f.config_dir);
+  if (!config.ok()) return config.status();
+  auto gpu = kernels::CudaDeviceName();
+  if (!gpu.ok()) return gpu.status();
+  nlohmann::json out;
+  out["gpu"] = *gpu;
+  out["config"] = f.config_dir;
+  out["weights"] = "dummy (engine/model/dummy_weights.h), bf16";
+  auto copy = CopyGbps();
+  if (!copy.ok()) return copy.status();
+  auto gemm = GemmTflops(4096, 2 * config->intermediate_size, config->hidden_size);
+  if (!gemm.ok()) return gemm.status();
+  out["copy_gbps"] = *copy;
+  out["gemm_tflops"] = *gemm;
+  out["gemm_shape"] = {4096, 2 * config->intermediate_size, config->hidden_size};
+  std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
+  std::fflush(stdout);
+  auto decode = BenchDecode(*config, f, *copy);
+  if (!decode.ok()) return decode.status();
+  out["decode"] = *decode;
+  auto prefill = BenchPrefill(*config, f, *gemm);
+  if (!prefill.ok()) return prefill.status();
+  out["prefill"] = *prefill;
+  const std::string text = out.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (!f.out.empty()) {
+    std::ofstream file(f.out);
+    file << text << "\n";
+    if (!file) return absl::InternalError("cannot write " + f.out);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace sluice::cuda_runner
+
+int main(int argc, char** argv) {
+  const absl::Status s = sluice::cuda_runner::Main(argc, argv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "cuda_decode_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+#include "engine/cuda/runner_kernels.h"
+
+#include <cfloat>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice::cuda_runner {
+namespace {
+
+__global__ void ResolveTokenIdsKernel(int32_t* ids, int64_t n, const int32_t* sampled) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t < n && ids[t] < 0) ids[t] = sampled[-ids[t] - 1];
+}
+
+// One block per output row; 16-byte vectors when the row allows (dim % 8 == 0, aligned).
+__global__ void GatherRowsKernel(const bf16* in, const int32_t* idx, int64_t dim, bf16* out,
+                                 bool vec) {
+  const int64_t r = blockIdx.x;
+  const bf16* src = in + int64_t{idx[r]} * dim;
+  bf16* dst = out + r * dim;
+  if (vec) {
+    const int4* s = reinterpret_cast<const int4*>(src);
+    int4* d = reinterpret_cast<int4*>(dst);
+    for (int64_t i = threadIdx.x; i < dim / 8; i += blockDim.x) d[i] = s[i];
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+// Keeps the larger value, the lower index on ties; NaN compares false so never replaces.
+__device__ __forceinline__ void ArgmaxCombine(float& best, int32_t& best_idx, float v,
+                                              int32_t i) {
+  if (v > best || (v == best && i < best_idx)) {
+    best = v;
+    best_idx = i;
+  }
+}
+
+constexpr int kArgmaxThreads = 1024;
+
+__global__ void ArgmaxRowsKernel(const bf16* logits, int64_t vocab, int32_t* out) {
+  const bf16* row = logits + blockIdx.x * vocab;
+  float best = -FLT_MAX;
+  int32_t best_idx = INT32_MAX;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    ArgmaxCombine(best, best_idx, __bfloat162float(row[j]), static_cast<int32_t>(j));
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, off);
+    const int32_t i = __shfl_xor_sync(0xffffffffu, best_idx, off);
+    ArgmaxCombine(best, best_idx, v, i);
+  }
+  __shared__ float s_val[kArgmaxThreads / 32];
+  __shared__ int32_t s_idx[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_val[warp] = best;
+    s_idx[warp] = best_idx;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    best = lane < warps ? s_val[lane] : -FLT_MAX;
+    best_idx = lane < warps ? s_idx[lane] : INT32_MAX;
+    for (int off = 16; off > 0; off >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, best, off);
+      const int32_t i = __shfl_xor_sync(0xffffffffu, best_idx, off);
+      ArgmaxCombine(best, best_idx, v, i);
+    }
+    // A row of only NaN/-inf: fall back to token 0 rather than an invalid id.
+    if (lane == 0) out[blockIdx.x] = best_idx == INT32_MAX ? 0 : best_idx;
+  }
+}
+
+__global__ void FillDummyKernel(bf16* out, int64_t n, uint64_t seed, int init) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
+    float v = 0.0f;
+    if (init == static_cast<int>(DummyInit::kNormal)) {
+      v = DummyNormal(seed, static_cast<uint64_t>(i));
+    } else if (init == static_cast<int>(DummyInit::kOnes)) {
+      v = 1.0f;
+    }
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace
+
+absl::Status ResolveTokenIdsCuda(int32_t* ids, int64_t n, const int32_t* sampled,
+                                 cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError("ResolveTokenIdsCuda: n < 0");
+  if (n == 0) return absl::OkStatus();
+  ResolveTokenIdsKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(ids, n,
+                                                                                      sampled);
+  return kernels::CudaLaunchStatus("ResolveTokenIdsKernel");
+}
+
+absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, int64_t dim,
+                            bf16* out, cudaStream_t stream) {
+  if (rows < 0 || dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("GatherRowsCuda: rows ", rows, " dim ", dim));
+  }
+  if (rows == 0) return absl::OkStatus();
+  const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  GatherRowsKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(in, idx, dim, out, vec);
+  return kernels::CudaLaunchStatus("GatherRowsKernel");
+}
+
+absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int32_t* out,
+                            cudaStream_t stream) {
+  if (rows < 0 || vocab < 1 || vocab > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ArgmaxRowsCuda: rows ", rows, " vocab ", vocab));
+  }
+  if (rows == 0) return absl::OkStatus();
+  ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab,
+                                                                               out);
+  return kernels::CudaLaunchStatus("ArgmaxRowsKernel");
+}
+
+absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit init,
+                           cudaStream_t stream) {
+  if (n < 0) return absl::InvalidArgumentError("FillDummyCuda: n < 0");
+  if (n == 0) return absl::OkStatus();
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65536);
+  FillDummyKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(out, n, tensor_seed,
+                                                                     static_cast<int>(init));
+  return kernels::CudaLaunchStatus("FillDummyKernel");
+}
+
+}  // namespace sluice::cuda_runner

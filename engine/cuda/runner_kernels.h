@@ -1,0 +1,42 @@
+// Small CUDA kernels of the model runner that are not model ops of their own: step plumbing
+// (resolving fed-back token ids, gathering the rows whose logits are wanted), greedy sampling,
+// and dummy-weight generation. Launcher conventions: kernels/cuda/cuda_common.h (device
+// pointers, enqueued on `stream`, no synchronization, graph-capturable).
+#ifndef SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_
+#define SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/model/dummy_weights.h"
+#include "kernels/cuda/cuda_common.h"
+
+namespace sluice::cuda_runner {
+
+using kernels::bf16;
+
+// ResolveTokenIdsCuda: for t < n, a negative ids[t] = -(r + 1) is replaced by sampled[r] (the
+// token the previous step sampled for its logits row r), so decode steps can feed tokens back
+// without a host round trip. Non-negative ids are left alone. ids: [n] int32, in place.
+absl::Status ResolveTokenIdsCuda(int32_t* ids, int64_t n, const int32_t* sampled,
+                                 cudaStream_t stream);
+
+// GatherRowsCuda: out[r, :] = in[idx[r], :] for r < rows; in/out [*, dim] bf16 contiguous,
+// idx [rows] int32 (device; must be valid rows of `in`).
+absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, int64_t dim,
+                            bf16* out, cudaStream_t stream);
+
+// ArgmaxRowsCuda: out[r] = argmax_j logits[r, j] (lowest index on ties; NaN never wins) for
+// r < rows; logits [rows, vocab] bf16, out [rows] int32. One thread block per row.
+absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int32_t* out,
+                            cudaStream_t stream);
+
+// FillDummyCuda: out[i] = bf16(value of element `first + i` of a dummy tensor) for i < n, with
+// DummyNormal(tensor_seed, first + i) for kNormal, 1 for kOnes, 0 for kZeros
+// (engine/model/dummy_weights.h: the same values as the CPU loader before bf16 rounding).
+absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit init,
+                           cudaStream_t stream);
+
+}  // namespace sluice::cuda_runner
+
+#endif  // SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_
