@@ -16,11 +16,11 @@
 // Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023): when the grid of
 // (query tiles × KV heads × sequences) is too small to fill the GPU — decode at small batch —
 // the key range is cut into partitions handled by separate CTAs, each writing a normalized
-// partial output and its (max, sum); AttentionCombineKernel merges them with the log-sum-exp
-// rule  o = Σ_i o_i·l_i·2^(m_i−M) / Σ_i l_i·2^(m_i−M),  M = max_i m_i.
-// Inside a CTA the same split happens across warps (kWarpsN > 1: each warp takes a slice of
-// every key tile, merged through shared memory at the end), which keeps 4 warps busy on the
-// 16 rows of a decode tile.
+// partial output and its (max, sum); SplitKvCombineKernel (attention_device.cuh) merges them with
+// the log-sum-exp rule  o = Σ_i o_i·l_i·2^(m_i−M) / Σ_i l_i·2^(m_i−M),  M = max_i m_i. Inside a CTA
+// the same split happens across warps (kWarpsN > 1: each warp takes a slice of every key tile,
+// merged through shared memory at the end), which keeps 4 warps busy on the 16 rows of a decode
+// tile.
 //
 // Shapes are compile-time padded: head dims are rounded up to a supported tile width (kD, kDV)
 // and the padding columns are zero-filled in shared memory (cp.async with src-size 0), as are
@@ -34,12 +34,19 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention/attention_device.cuh"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels {
 namespace {
 
+using attention_detail::CpAsync16;
+using attention_detail::CpAsyncCommit;
+using attention_detail::CpAsyncWait;
+using attention_detail::Exp2;
+using attention_detail::kMaxSplitsDevice;
+using attention_detail::SmemAddr;
 using cuda_detail::Aligned16;
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -71,21 +78,6 @@ struct AttnArgs {
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global→shared copy; src_bytes 0 writes zeros (used for padding and masked rows).
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
 // "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
 //   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -105,13 +97,6 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* sm
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(smem_row)));
-}
-
-// 2^x on the special-function unit (ex2.approx: ~2 ulp, 2^-inf = 0); inputs are ≤ 0 here.
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
@@ -442,61 +427,6 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   }
 }
 
-constexpr int kMaxSplitsDevice = 1024;  // = kMaxSplits
-
-// One CTA per (query token of a sequence, sequence, head): merges the num_splits partial
-// outputs of that row (log-sum-exp weights, see the file comment) into bf16 `out`. The first
-// warp finds the max and the weight sum, the CTA turns them into per-split weights in shared
-// memory, then every thread owns output channels.
-__global__ void AttentionCombineKernel(const AttnArgs args) {
-  __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
-  __shared__ float shared_max, shared_inv;
-  const int seq = blockIdx.y;
-  const int q_begin = args.query_start_loc[seq];
-  const int q_len = args.query_start_loc[seq + 1] - q_begin;
-  if (static_cast<int>(blockIdx.x) >= q_len) return;
-  const int64_t row = static_cast<int64_t>(q_begin + blockIdx.x) * args.num_heads + blockIdx.z;
-  const int64_t split_stride = static_cast<int64_t>(args.num_tokens) * args.num_heads;
-  const float2* ml = args.partial_ml + row;
-  if (threadIdx.x < 32) {
-    // Empty partitions (sum 0, max −inf) weigh 0.
-    float global_max = -INFINITY;
-    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
-      const float2 v = ml[sp * split_stride];
-      if (v.y > 0.0f) global_max = fmaxf(global_max, v.x);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      global_max = fmaxf(global_max, __shfl_xor_sync(0xffffffffu, global_max, off));
-    }
-    float den = 0.0f;
-    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
-      const float2 v = ml[sp * split_stride];
-      if (v.y > 0.0f) den += v.y * Exp2(v.x - global_max);
-    }
-    den = cuda_detail::WarpSum(den);
-    if (threadIdx.x == 0) {
-      shared_max = global_max;
-      shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
-    }
-  }
-  __syncthreads();
-  for (int sp = threadIdx.x; sp < args.num_splits; sp += blockDim.x) {
-    const float2 v = ml[sp * split_stride];
-    weight[sp] = v.y > 0.0f ? v.y * Exp2(v.x - shared_max) * shared_inv : 0.0f;
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < args.v_head_dim; d += blockDim.x) {
-    const float* src = args.partial_out + row * args.v_head_dim + d;
-    const int64_t stride = split_stride * args.v_head_dim;
-    // Independent loads, so several splits are in flight at once.
-    float num = 0.0f;
-#pragma unroll 8
-    for (int sp = 0; sp < args.num_splits; ++sp) num += weight[sp] * src[sp * stride];
-    args.out[row * args.v_head_dim + d] = __float2bfloat16_rn(num);
-  }
-}
-
 // Padded head-dim variants: the smallest (kD, kDV) covering (head_dim, v_head_dim).
 enum class Variant { k32, k64, k128, k192v128, k256 };
 
@@ -673,7 +603,7 @@ int64_t ResidentSlots(Variant v, bool decode) {
 // `slots`, so a partial last wave wastes its share. Among partitions of ≥ kMinPartition keys
 // (multiples of the key tile) pick the one whose waves are fullest, preferring fewer splits
 // (each split costs a partial-output write and the combine pass) unless more splits fill the
-// waves ≥ 2% better (relative). Depends only on host-side bounds, so captured graphs stay valid.
+// waves ≥ 10% better (relative). Depends only on host-side bounds, so captured graphs stay valid.
 LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
   LaunchPlan plan;
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -692,6 +622,10 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
   }
   if (ctas >= 8 * slots || keys < 2 * kMinPartition) return plan;
+  // Short partitions only when the batch is far too small to fill the GPU (latency-bound);
+  // otherwise each split's partial write, combine and pipeline ramp cost more than a slightly
+  // emptier last wave (measured on the H200 at Llama-3-8B decode shapes).
+  const int64_t min_part = ctas * 4 < slots ? kMinPartition : 4 * kMinPartition;
   auto fill = [&](int64_t splits) {
     const int64_t total = ctas * splits;
     const int64_t waves = (total + slots - 1) / slots;
@@ -699,12 +633,12 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   };
   double best_fill = fill(1);
   int64_t best_part = 0;
-  for (int64_t part = (keys / kKeyTile) * kKeyTile; part >= kMinPartition; part -= kKeyTile) {
+  for (int64_t part = (keys / kKeyTile) * kKeyTile; part >= min_part; part -= kKeyTile) {
     const int64_t splits = (b.max_seq_len + part - 1) / part;
     if (splits < 2 || splits > kMaxSplits) continue;
     if (ctas * splits > 16 * slots) break;
     const double f = fill(splits);
-    if (f > best_fill * 1.02) {
+    if (f > best_fill * 1.1) {
       best_fill = f;
       best_part = part;
     }
@@ -741,11 +675,8 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                         const PagedAttentionParams& params) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return 0;
   const LaunchPlan plan = Plan(batch, params);
-  if (plan.num_splits == 1) return 0;
-  const size_t rows = static_cast<size_t>(plan.num_splits) * static_cast<size_t>(batch.num_tokens) *
-                      static_cast<size_t>(params.num_heads);
-  // partial_ml (float2) first keeps both arrays aligned.
-  return rows * sizeof(float2) + rows * static_cast<size_t>(params.v_head_dim) * sizeof(float);
+  return attention_detail::SplitKvWorkspaceBytes(plan.num_splits, batch.num_tokens,
+                                                 params.num_heads, params.v_head_dim);
 }
 
 absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
@@ -801,22 +732,18 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
   args.partition_tokens = plan.partition_tokens;
   args.num_tokens = static_cast<int>(batch.num_tokens);
   args.out = out;
-  const size_t ml_bytes = static_cast<size_t>(plan.num_splits) *
-                          static_cast<size_t>(batch.num_tokens) *
-                          static_cast<size_t>(params.num_heads) * sizeof(float2);
-  args.partial_ml = ws_bytes > 0 ? static_cast<float2*>(workspace) : nullptr;
-  args.partial_out =
-      ws_bytes > 0 ? reinterpret_cast<float*>(static_cast<char*>(workspace) + ml_bytes) : nullptr;
+  const attention_detail::SplitKvCombineArgs combine = attention_detail::MakeSplitKvCombineArgs(
+      ws_bytes > 0 ? workspace : nullptr, batch.query_start_loc, plan.num_splits, args.num_tokens,
+      args.num_heads, args.v_head_dim, out);
+  args.partial_ml = combine.partial_ml;
+  args.partial_out = combine.partial_out;
 
   const dim3 grid(static_cast<unsigned>(plan.m_tiles * plan.num_splits),
                   static_cast<unsigned>(params.num_kv_heads),
                   static_cast<unsigned>(batch.num_sequences));
   const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
   if (!s.ok() || plan.num_splits == 1) return s;
-  const dim3 combine_grid(static_cast<unsigned>(batch.max_query_len),
-                          static_cast<unsigned>(batch.num_sequences),
-                          static_cast<unsigned>(params.num_heads));
-  AttentionCombineKernel<<<combine_grid, 128, 0, stream>>>(args);
+  attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream);
   return CudaLaunchStatus("PagedAttentionCuda combine");
 }
 

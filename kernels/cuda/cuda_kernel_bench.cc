@@ -9,7 +9,9 @@
 //     decode at batch 1/64/256 × context 1k/8k as KV bytes read per second and as a fraction of
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
-//     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V).
+//     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V);
+//   - MLA latent attention decode at DeepSeek-V2-Lite shapes (latent bytes read per second,
+//     fp32 FMA rate).
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
@@ -26,6 +28,7 @@
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "nlohmann/json.hpp"
 
@@ -109,21 +112,29 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   if (absl::Status s = d_starts.CopyFromHost(starts.data()); !s.ok()) return s;
   BENCH_ASSIGN_OR_RETURN(d_ctx, DeviceBuffer<int32_t>::Create(kSeqs));
 
+  // Decode steps: `batch` sequences of one new token each, the ctx-th token (ctx - 1 cached
+  // plus itself, ctx keys in all).
+  auto set_context = [&](int64_t ctx) {
+    std::vector<int32_t> ctx_lens(kSeqs, static_cast<int32_t>(ctx - 1));
+    return d_ctx.CopyFromHost(ctx_lens.data());
+  };
+  auto decode_batch = [&](int64_t batch, int64_t ctx) {
+    PagedAttentionCudaBatch b;
+    b.query_start_loc = d_starts.data();
+    b.context_lens = d_ctx.data();
+    b.block_tables = d_tables.data();
+    b.max_blocks_per_seq = blocks_per_seq;
+    b.num_sequences = batch;
+    b.num_tokens = batch;
+    b.max_query_len = 1;
+    b.max_seq_len = ctx;
+    return b;
+  };
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
-    // The query is the ctx-th token: ctx - 1 cached plus itself, ctx keys in all.
-    std::vector<int32_t> ctx_lens(kSeqs, static_cast<int32_t>(ctx - 1));
-    if (absl::Status s = d_ctx.CopyFromHost(ctx_lens.data()); !s.ok()) return s;
+    if (absl::Status s = set_context(ctx); !s.ok()) return s;
     for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
-      PagedAttentionCudaBatch b;
-      b.query_start_loc = d_starts.data();
-      b.context_lens = d_ctx.data();
-      b.block_tables = d_tables.data();
-      b.max_blocks_per_seq = blocks_per_seq;
-      b.num_sequences = batch;
-      b.num_tokens = batch;
-      b.max_query_len = 1;
-      b.max_seq_len = ctx;
+      const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
       BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
       int64_t call = 0;
@@ -143,6 +154,44 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
                         {"us", ms * 1e3},
                         {"kv_bandwidth_gbps", gbps},
                         {"fraction_of_copy", gbps / copy_gbps}});
+    }
+  }
+
+  // MLA latent attention at DeepSeek-V2-Lite shapes (16 heads, kv_lora_rank 512, rope 64):
+  // decode over 1k/8k contexts; the rows are read from the start of the K buffer (reused).
+  nlohmann::json mla = nlohmann::json::array();
+  {
+    MlaDims dims;
+    dims.num_heads = 16;
+    dims.kv_lora_rank = 512;
+    dims.qk_rope_head_dim = 64;
+    dims.qk_nope_head_dim = 128;
+    dims.v_head_dim = 128;
+    dims.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
+    const int64_t width = dims.LatentWidth();
+    for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
+      if (absl::Status s = set_context(ctx); !s.ok()) return s;
+      for (const int64_t batch : {int64_t{1}, int64_t{64}}) {
+        const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
+        const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
+        BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+        // Latent rows of width 576 over the K buffer: num_blocks·16 rows of 576 fit in it.
+        BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
+                                       [&]() {
+                                         return MlaLatentAttentionCuda(
+                                             q.data(), dims.num_heads * width, k_cache.data(),
+                                             kBlock, b, dims, ws.data(), o.data(), stream);
+                                       },
+                                       3, 20, stream));
+        const double bytes = static_cast<double>(batch) * ctx * width * sizeof(bf16);
+        const double fmas =
+            static_cast<double>(batch) * ctx * dims.num_heads * (width + dims.kv_lora_rank);
+        mla.push_back({{"batch", batch},
+                       {"context", ctx},
+                       {"us", ms * 1e3},
+                       {"latent_bandwidth_gbps", bytes / (ms * 1e-3) / 1e9},
+                       {"tflops", 2 * fmas / (ms * 1e-3) / 1e12}});
+      }
     }
   }
 
@@ -181,7 +230,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       {"shape",
        {{"num_heads", 32}, {"num_kv_heads", 8}, {"head_dim", 128}, {"block_size", kBlock}}},
       {"decode", decode},
-      {"prefill", prefill}};
+      {"prefill", prefill},
+      {"mla_latent_decode_deepseek_v2_lite", mla}};
 }
 
 absl::StatusOr<nlohmann::json> Run() {

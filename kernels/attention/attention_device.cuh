@@ -1,0 +1,159 @@
+// Device helpers shared by the CUDA attention kernels (paged_attention.cu, mla_attention.cu):
+// cp.async copies, exp2 on the SFU, and the split-KV combine.
+//
+// Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023): a row's keys are
+// cut into partitions handled by separate CTAs; each writes its normalized partial output o_i
+// and (m_i, l_i) = (running max of the log2-scaled scores, sum of 2^(s - m_i)). They merge as
+//   o = Σ_i o_i·l_i·2^(m_i−M) / Σ_i l_i·2^(m_i−M),  M = max_i m_i
+// (empty partitions have l_i = 0 and weigh nothing).
+#ifndef SLUICE_KERNELS_ATTENTION_ATTENTION_DEVICE_CUH_
+#define SLUICE_KERNELS_ATTENTION_ATTENTION_DEVICE_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/device_utils.cuh"
+
+namespace sluice::kernels::attention_detail {
+
+static __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global→shared copy; src_bytes 0 writes zeros (used for padding and masked rows).
+static __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+static __device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+static __device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// 2^x on the special-function unit (ex2.approx: ~2 ulp, 2^-inf = 0); inputs are ≤ 0 here.
+static __device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// SplitKvCombineArgs: the partial results of num_splits partitions for the rows
+// (token, head) of a step, and where the merged rows go.
+//   partial_ml:  [num_splits, num_tokens, num_heads] (m_i, l_i)
+//   partial_out: [num_splits, num_tokens, num_heads, dim] normalized fp32
+//   out:         [num_tokens, num_heads, dim] bf16
+struct SplitKvCombineArgs {
+  const int32_t* query_start_loc;  // [num_sequences + 1]
+  float2* partial_ml;
+  float* partial_out;
+  __nv_bfloat16* out;
+  int num_splits;
+  int num_tokens;
+  int num_heads;
+  int dim;
+};
+
+// Most partitions one combine can merge (its weights live in static shared memory).
+constexpr int kMaxSplitsDevice = 1024;
+
+// One CTA per (query token of a sequence, sequence, head): merges the num_splits partial
+// outputs of that row (log-sum-exp weights, see above) into bf16 `out`. The first
+// warp finds the max and the weight sum, the CTA turns them into per-split weights in shared
+// memory, then every thread owns output channels.
+static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
+  __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
+  __shared__ float shared_max, shared_inv;
+  const int seq = blockIdx.y;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  if (static_cast<int>(blockIdx.x) >= q_len) return;
+  const int64_t row = static_cast<int64_t>(q_begin + blockIdx.x) * args.num_heads + blockIdx.z;
+  const int64_t split_stride = static_cast<int64_t>(args.num_tokens) * args.num_heads;
+  const float2* ml = args.partial_ml + row;
+  if (threadIdx.x < 32) {
+    // Empty partitions (sum 0, max −inf) weigh 0.
+    float global_max = -INFINITY;
+    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
+      const float2 v = ml[sp * split_stride];
+      if (v.y > 0.0f) global_max = fmaxf(global_max, v.x);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      global_max = fmaxf(global_max, __shfl_xor_sync(0xffffffffu, global_max, off));
+    }
+    float den = 0.0f;
+    for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
+      const float2 v = ml[sp * split_stride];
+      if (v.y > 0.0f) den += v.y * Exp2(v.x - global_max);
+    }
+    den = cuda_detail::WarpSum(den);
+    if (threadIdx.x == 0) {
+      shared_max = global_max;
+      shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
+    }
+  }
+  __syncthreads();
+  for (int sp = threadIdx.x; sp < args.num_splits; sp += blockDim.x) {
+    const float2 v = ml[sp * split_stride];
+    weight[sp] = v.y > 0.0f ? v.y * Exp2(v.x - shared_max) * shared_inv : 0.0f;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < args.dim; d += blockDim.x) {
+    const float* src = args.partial_out + row * args.dim + d;
+    const int64_t stride = split_stride * args.dim;
+    // Independent loads, so several splits are in flight at once.
+    float num = 0.0f;
+#pragma unroll 8
+    for (int sp = 0; sp < args.num_splits; ++sp) num += weight[sp] * src[sp * stride];
+    args.out[row * args.dim + d] = __float2bfloat16_rn(num);
+  }
+}
+
+// SplitKvWorkspaceBytes: device bytes of the partial (m, l) pairs and partial outputs of
+// `splits` partitions of tokens × heads rows of width dim (0 without a split).
+inline size_t SplitKvWorkspaceBytes(int64_t splits, int64_t tokens, int64_t heads, int64_t dim) {
+  if (splits <= 1) return 0;
+  const size_t rows =
+      static_cast<size_t>(splits) * static_cast<size_t>(tokens) * static_cast<size_t>(heads);
+  return rows * sizeof(float2) + rows * static_cast<size_t>(dim) * sizeof(float);
+}
+
+// MakeSplitKvCombineArgs carves `workspace` (SplitKvWorkspaceBytes; partial_ml first, which
+// keeps both arrays aligned) into the combine's inputs; null pointers without a split.
+inline SplitKvCombineArgs MakeSplitKvCombineArgs(void* workspace, const int32_t* query_start_loc,
+                                                 int splits, int tokens, int heads, int dim,
+                                                 __nv_bfloat16* out) {
+  SplitKvCombineArgs a;
+  a.query_start_loc = query_start_loc;
+  const bool split = splits > 1 && workspace != nullptr;
+  a.partial_ml = split ? static_cast<float2*>(workspace) : nullptr;
+  a.partial_out =
+      split
+          ? reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                     static_cast<size_t>(splits) * tokens * heads * sizeof(float2))
+          : nullptr;
+  a.out = out;
+  a.num_splits = splits;
+  a.num_tokens = tokens;
+  a.num_heads = heads;
+  a.dim = dim;
+  return a;
+}
+
+// Launches SplitKvCombineKernel for every query token of every sequence: grid
+// (max_query_len, num_sequences, num_heads).
+inline void LaunchSplitKvCombine(const SplitKvCombineArgs& args, int64_t max_query_len,
+                                 int64_t num_sequences, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(max_query_len), static_cast<unsigned>(num_sequences),
+                  static_cast<unsigned>(args.num_heads));
+  SplitKvCombineKernel<<<grid, 128, 0, stream>>>(args);
+}
+
+}  // namespace sluice::kernels::attention_detail
+
+#endif  // SLUICE_KERNELS_ATTENTION_ATTENTION_DEVICE_CUH_

@@ -1,0 +1,47 @@
+// CUDA MLA attention core over the paged latent cache, absorbed form (mla_attention.h has
+// the math). The absorbed query and the output projection are per-head GEMMs done outside:
+//   q_latent_h = [W_UK_hᵀ · q_nope_h, q_pe_h]                [kv_lora_rank + qk_rope_head_dim]
+//   out_latent_h = Σ_j softmax_j(scale · q_latent_h · entry_j) · c_j        [kv_lora_rank]
+//   out_h = W_UV_h · out_latent_h                                           [v_head_dim]
+// where entry_j = [c_j, k_pe_j] is cache slot j's row. Every head reads the same latent rows
+// (one "KV head"), so a CTA serves a group of heads and shares each row it loads.
+// Launcher conventions: kernels/cuda/cuda_common.h.
+#ifndef SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_
+#define SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/mla_attention/mla_attention.h"
+
+namespace sluice::kernels {
+
+// MlaLatentAttentionCudaWorkspaceBytes: device scratch MlaLatentAttentionCuda needs for
+// split-KV partial results with these bounds (0 when it does not split). 0 for invalid dims.
+size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
+                                            const MlaDims& dims);
+
+// MlaLatentAttentionCuda: causal attention of each sequence's query tokens (positions
+// context_lens[s] + i) over its cached latent rows, all heads sharing them.
+//   q_latent:   [num_tokens, num_heads, kv_lora_rank + qk_rope_head_dim] bf16, row stride
+//               q_token_stride elements (absorbed q_nope, then roped q_pe)
+//   cache:      [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim] bf16 (one layer;
+//               WriteKvCacheCuda with v_elems_per_token 0 fills it)
+//   batch:      step metadata as for PagedAttentionCuda (device pointers, host bounds)
+//   dims:       num_heads, kv_lora_rank, qk_rope_head_dim, softmax_scale are used
+//   workspace:  MlaLatentAttentionCudaWorkspaceBytes(batch, dims) bytes (null when 0)
+//   out_latent: [num_tokens, num_heads, kv_lora_rank] bf16, contiguous
+// Errors: InvalidArgument for sizes < 1, kv_lora_rank odd or > 512, a row width
+// (kv_lora_rank + qk_rope_head_dim) not a multiple of 8 or > 1024, misaligned pointers, a
+// missing workspace; Internal for launch errors.
+absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride, const bf16* cache,
+                                    int64_t block_size, const PagedAttentionCudaBatch& batch,
+                                    const MlaDims& dims, void* workspace, bf16* out_latent,
+                                    cudaStream_t stream);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_
