@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/router/wire_convert.h"
+#include "services/serve/log.h"
 #include "sluice/v1/worker.grpc.pb.h"
 
 namespace sluice {
@@ -91,7 +92,7 @@ struct RemoteBackend::Call {
 };
 
 RemoteBackend::RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions options)
-    : registry_(registry), options_(options) {
+    : registry_(registry), options_(options), prober_(registry, options.probe_timeout) {
   registry_->OnRemoved([this](const WorkerSnapshot& worker, const absl::Status& why) {
     OnWorkerRemoved(worker, why);
   });
@@ -151,6 +152,8 @@ void RemoteBackend::Abort(const std::string& request_id) {
 }
 
 void RemoteBackend::OnWorkerRemoved(const WorkerSnapshot& worker, const absl::Status& why) {
+  spdlog::warn("{} worker {} ({}) removed: {}", WorkerRoleName(worker.role), worker.worker_id,
+               worker.address, std::string(why.message()));
   std::vector<std::shared_ptr<Call>> calls;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -242,6 +245,7 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
   };
 
   std::optional<v1::PrefillResponse> prefill;
+  std::optional<WorkerSnapshot> prefill_worker;  // the worker that answered `prefill`
   const bool remote_prefill = prompt_len >= options_.min_remote_prefill_tokens &&
                               registry_->CountLive(WorkerRole::kPrefill) > 0 &&
                               c.num_output_tokens == 0;
@@ -268,13 +272,16 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
           [reservation](grpc::Status status) { reservation->done.set_value(std::move(status)); });
     }
     absl::Status prefill_error;
-    for (int attempt = 0; attempt < options_.max_prefill_attempts && !c.IsAborted(); ++attempt) {
+    const auto prefill_until = DeadlineIn(options_.prefill_deadline);
+    for (int attempt = 0; attempt < options_.max_prefill_attempts && !c.IsAborted() &&
+                          std::chrono::system_clock::now() < prefill_until;
+         ++attempt) {
       std::optional<WorkerSnapshot> worker =
           registry_->Pick(WorkerRole::kPrefill, prompt_len, bad_prefill);
       if (!worker.has_value()) break;
       auto prefill_stub = v1::PrefillWorker::NewStub(ChannelTo(worker->address));
       grpc::ClientContext context;
-      context.set_deadline(DeadlineIn(options_.prefill_deadline));
+      context.set_deadline(prefill_until);
       v1::PrefillRequest request;
       request.set_request_id(id);
       request.mutable_prompt_token_ids()->Add(c.request.prompt_token_ids.begin(),
@@ -289,6 +296,7 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
       registry_->Release(worker->worker_id);
       if (status.ok()) {
         prefill = std::move(response);
+        prefill_worker = std::move(worker);
         break;
       }
       if (c.IsAborted()) break;
@@ -296,6 +304,7 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
         prefill_error = FromGrpc(status);
         break;
       }
+      prober_.Suspect(*worker);
       bad_prefill.insert(worker->worker_id);
       std::lock_guard<std::mutex> lock(mu_);
       ++counters_.num_prefill_retries;
@@ -387,6 +396,8 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
     output.finish_reason = FromWire(message.finish_reason());
     if (output.finish_reason == FinishReason::kError) {
       output.status = StatusFromWire(message.error());
+      // Most often the KV pull failed: check that the prefill worker still lives.
+      if (prefill_worker.has_value()) prober_.Suspect(*prefill_worker);
     }
     c.Deliver(std::move(output));
   }
@@ -399,6 +410,7 @@ bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
     return true;
   }
   // The stream ended without a final message: the decode worker failed.
+  if (IsWorkerFailure(status.error_code())) prober_.Suspect(decode);
   absl::Status failure = c.WorkerFailure(decode.worker_id);
   if (failure.ok()) {
     failure =
@@ -428,8 +440,13 @@ BackendStats RemoteBackend::Stats() const {
 }
 
 RemoteBackendCounters RemoteBackend::counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return counters_;
+  RemoteBackendCounters counters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    counters = counters_;
+  }
+  counters.num_workers_dropped = prober_.num_removed();
+  return counters;
 }
 
 int64_t RemoteBackend::num_in_flight() const {

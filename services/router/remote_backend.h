@@ -17,7 +17,9 @@
 // on another one; a decode worker failing before any token reached the caller →
 // retried on another decode worker; after a token was delivered → the request
 // ends at once with FinishReason::kError and an UNAVAILABLE status naming the
-// worker.
+// worker. A worker whose RPC failed is probed (WorkerProber) and, when nothing
+// answers at its address, removed from the registry at once rather than at the
+// end of its lease.
 #ifndef SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
 #define SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
 
@@ -32,6 +34,7 @@
 
 #include "absl/time/time.h"
 #include "services/api/inference_backend.h"
+#include "services/router/worker_prober.h"
 #include "services/router/worker_registry.h"
 
 namespace grpc {
@@ -44,10 +47,13 @@ struct RemoteBackendOptions {
   int32_t max_model_len = 4096;           // tokens (prompt + output) per sequence
   int32_t min_remote_prefill_tokens = 0;  // shorter prompts prefill on the decode worker
   absl::Duration control_deadline = absl::Seconds(5);    // Reserve, Cancel
-  absl::Duration prefill_deadline = absl::Seconds(120);  // one Prefill call
+  // All Prefill attempts of one request together (retries share it).
+  absl::Duration prefill_deadline = absl::Seconds(120);
   absl::Duration decode_deadline = absl::Seconds(600);   // one whole Decode stream
   int32_t max_prefill_attempts = 3;
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
+  // One connection probe of a worker whose RPC failed (see WorkerProber).
+  absl::Duration probe_timeout = absl::Seconds(2);
 };
 
 // RemoteBackendCounters: cumulative outcomes for /metrics.
@@ -57,6 +63,7 @@ struct RemoteBackendCounters {
   int64_t num_prefill_retries = 0;
   int64_t num_decode_retries = 0;
   int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
+  int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
 
 // RemoteBackend is thread-safe. Each request runs on its own thread (blocking
@@ -101,6 +108,9 @@ class RemoteBackend : public InferenceBackend {
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
   RemoteBackendCounters counters_;                                  // guarded by mu_
   bool shutting_down_ = false;                                      // guarded by mu_
+  // Last member: destroyed first, while the registry and the backend still
+  // exist.
+  WorkerProber prober_;
 };
 
 }  // namespace sluice

@@ -74,6 +74,10 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
   Header(out, "sluice_router_worker_failures_total", "counter",
          "Requests ended with an error because a worker failed.");
   absl::StrAppend(&out, "sluice_router_worker_failures_total ", counters.num_worker_failures, "\n");
+  Header(out, "sluice_router_workers_dropped_total", "counter",
+         "Workers removed before their lease ended because a connection probe failed.");
+  absl::StrAppend(&out, "sluice_router_workers_dropped_total ", counters.num_workers_dropped,
+                  "\n");
   return out;
 }
 

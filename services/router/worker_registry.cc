@@ -73,6 +73,10 @@ absl::Status WorkerRegistry::Drain(const std::string& worker_id) {
 }
 
 absl::Status WorkerRegistry::Deregister(const std::string& worker_id) {
+  return Remove(worker_id, absl::UnavailableError("worker deregistered"));
+}
+
+absl::Status WorkerRegistry::Remove(const std::string& worker_id, const absl::Status& why) {
   WorkerSnapshot removed;
   RemovedCallback callback;
   {
@@ -85,7 +89,7 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id) {
     workers_.erase(it);
     callback = on_removed_;
   }
-  if (callback) callback(removed, absl::UnavailableError("worker deregistered"));
+  if (callback) callback(removed, why);
   return absl::OkStatus();
 }
 

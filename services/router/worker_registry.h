@@ -84,6 +84,11 @@ class WorkerRegistry {
   // Deregister removes the worker at once (clean shutdown). NotFound if
   // unknown.
   absl::Status Deregister(const std::string& worker_id);
+  // Remove drops a worker the router found dead (its gRPC channel cannot
+  // connect) without waiting for its lease; OnRemoved runs with `why`. A worker
+  // that is in fact alive gets NotFound on its next heartbeat and registers
+  // again. NotFound if unknown (already removed).
+  absl::Status Remove(const std::string& worker_id, const absl::Status& why);
   // ExpireLeases removes every worker whose lease ended before now; returns
   // their ids.
   std::vector<std::string> ExpireLeases();

@@ -6,6 +6,10 @@
 2. Fault: kill -9 a decode worker while requests stream: its requests end promptly with an error
    (or complete, when retried before any token), all others complete, the router drops the
    worker, and a restarted worker rejoins and gets work.
+3. Fault: the same for a prefill worker under a steady flow of streaming requests: requests whose
+   prefill it had (or that pick it before the router notices) are retried on the other prefill
+   worker; only a request whose first token was already sent may end with an error event. The
+   router drops the worker on the failed connection (a probe), not at its lease's end.
 """
 
 import concurrent.futures
@@ -44,7 +48,7 @@ def reference():
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", timeout=REQUEST_TIMEOUT_S,
                            max_retries=0)
     # 7 distinct prompt shapes, but every request is compared: the ids differ per request.
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    with concurrent.futures.ThreadPoolExecutor(NUM_REQUESTS) as pool:
         outputs = list(pool.map(lambda i: complete(client, i), range(NUM_REQUESTS)))
     s.stop()
     return outputs
@@ -72,26 +76,45 @@ def test_200_concurrent_greedy_chats_match_sluice_serve(cluster, reference):
 
 
 def stream(client, i, events):
-    """Streams request i; returns ("ok", text) or ("error", message), recording timings."""
-    text = ""
+    """Streams request i; returns ("ok", text, n) or ("error", message, n), n = content chunks
+    received before the end, recording the time of the last one in events[i]."""
+    text, n = "", 0
     try:
         s = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
                                            max_tokens=48, stream=True)
         for chunk in s:
             if chunk.choices and chunk.choices[0].delta.content:
                 text += chunk.choices[0].delta.content
+                n += 1
                 events[i] = time.monotonic()
-        return "ok", text
+        return "ok", text, n
     except (openai.APIError, openai.APIConnectionError) as e:
-        return "error", str(e)
+        return "error", str(e), n
+
+
+def assert_clear_errors(errors):
+    assert all("worker" in msg or "Unavailable" in msg or "error" in msg.lower()
+               for _, msg, _ in errors), errors
+
+
+def assert_restart_rejoins(cluster, client, role, victim, addresses, survivors):
+    """Restarts `victim` (same address); it registers again and gets picked for new work."""
+    victim.start()
+    wait_until(lambda: cluster.addresses(role) == addresses, 120,
+               f"restarted {role} worker registered")
+    victim_address = [a for a in addresses if a not in survivors][0]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda i: complete(client, i), range(8)))
+    assert all(o[1] in ("stop", "length") for o in outs)
+    rejoined = [w for w in cluster.workers_json() if w["address"] == victim_address]
+    assert len(rejoined) == 1 and rejoined[0]["picked"] > 0, rejoined
 
 
 def test_kill_decode_worker_mid_stream(cluster):
     client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
                            max_retries=0)
     decode_addresses = cluster.addresses("decode")
-    victim_name = "decode-0"
-    victim = cluster.workers[victim_name]
+    victim = cluster.workers["decode-0"]
     events = {}
     n = 24
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
@@ -105,19 +128,50 @@ def test_kill_decode_worker_mid_stream(cluster):
     assert len(oks) + len(errors) == n
     assert len(oks) >= n // 4, f"too few requests completed: {len(oks)} of {n}"
     # The failed ones failed promptly (not at a deadline) and said why.
-    assert all("decode worker" in msg or "Unavailable" in msg or "error" in msg.lower()
-               for _, msg in errors), errors
+    assert_clear_errors(errors)
     assert time.monotonic() - killed_at < 60
     # The router drops the worker (broken connection or missed lease)...
     wait_until(lambda: len(cluster.addresses("decode")) == 1, 15, "router dropping the worker")
-    survivors = cluster.addresses("decode")
     # ...and a restarted worker rejoins and gets work.
-    victim.start()
-    wait_until(lambda: cluster.addresses("decode") == decode_addresses, 120,
-               "restarted decode worker registered")
-    victim_address = [a for a in decode_addresses if a not in survivors][0]
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(lambda i: complete(client, i), range(8)))
-    assert all(o[1] in ("stop", "length") for o in outs)
-    rejoined = [w for w in cluster.workers_json() if w["address"] == victim_address]
-    assert len(rejoined) == 1 and rejoined[0]["picked"] > 0, rejoined
+    assert_restart_rejoins(cluster, client, "decode", victim, decode_addresses,
+                           cluster.addresses("decode"))
+
+
+def test_kill_prefill_worker_under_streaming_load(cluster):
+    client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                           max_retries=0)
+    prefill_addresses = cluster.addresses("prefill")
+    retries_before = cluster.metric("sluice_router_retries_total")
+    dropped_before = cluster.metric("sluice_router_workers_dropped_total")
+    victim = cluster.workers["prefill-0"]
+    events = {}
+    # A steady flow: 8 clients, each streaming one request after another, so prefills are in
+    # flight and new requests keep arriving when the worker dies.
+    clients, per_client = 8, 3
+    n = clients * per_client
+
+    def client_loop(k):
+        return [stream(client, k * per_client + j, events) for j in range(per_client)]
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        futures = [pool.submit(client_loop, k) for k in range(clients)]
+        wait_until(lambda: len(events) >= clients, 120, "streams producing tokens")
+        killed_at = time.monotonic()
+        victim.kill9()
+        results = [r for f in futures for r in f.result(timeout=180)]
+    assert time.monotonic() - killed_at < 90
+    errors = [r for r in results if r[0] == "error"]
+    assert len(results) == n
+    # A request fails only when its first token (from prefill) had already been sent and the
+    # decode worker then could not pull the KV from the dead worker; the others were retried.
+    assert all(count >= 1 for _, _, count in errors), errors
+    assert len(errors) <= clients, f"{len(errors)} of {n} failed: {errors}"
+    assert_clear_errors(errors)
+    # The router dropped the worker on its failed connection (a probe), not at the lease's end.
+    wait_until(lambda: len(cluster.addresses("prefill")) == 1, 15, "router dropping the worker")
+    assert cluster.metric("sluice_router_workers_dropped_total") >= dropped_before + 1
+    assert "is unreachable (connection failed)" in cluster.router.log_path.read_text()
+    print(f"\nprefill kill: {len(errors)} of {n} ended with an error event, "
+          f"{cluster.metric('sluice_router_retries_total') - retries_before:.0f} retries")
+    assert_restart_rejoins(cluster, client, "prefill", victim, prefill_addresses,
+                           cluster.addresses("prefill"))
