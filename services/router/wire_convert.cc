@@ -21,6 +21,16 @@ void ToWire(const SamplingParams& params, v1::SamplingParams* out) {
   if (params.logprobs.has_value()) out->set_logprobs(*params.logprobs);
 }
 
+void ToWire(const SampledToken& token, v1::SampledToken* out) {
+  out->set_token_id(token.token_id);
+  out->set_logprob(token.logprob);
+  for (const TokenLogprob& top : token.top_logprobs) {
+    v1::TokenLogprob* wire = out->add_top_logprobs();
+    wire->set_token_id(top.token_id);
+    wire->set_logprob(top.logprob);
+  }
+}
+
 SampledToken FromWire(const v1::SampledToken& token) {
   SampledToken out;
   out.token_id = token.token_id();

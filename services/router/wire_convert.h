@@ -13,6 +13,8 @@ namespace sluice {
 
 // ToWire copies every field of `params` (unset optionals stay unset).
 void ToWire(const SamplingParams& params, v1::SamplingParams* out);
+// ToWire converts one sampled token with its top logprobs.
+void ToWire(const SampledToken& token, v1::SampledToken* out);
 // FromWire converts one sampled token with its top logprobs.
 SampledToken FromWire(const v1::SampledToken& token);
 // FromWire maps the wire finish reason (UNSPECIFIED → kNone).

@@ -63,6 +63,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   serve_cmd->add_option("--io-threads", serve.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
+  serve_cmd->add_option("--grpc-host", serve.grpc_host, "gRPC API address");
+  serve_cmd->add_option("--grpc-port", serve.grpc_port,
+                        "Serve the gRPC API (sluice.v1.Inference) on this port (0: any free)")
+      ->check(CLI::Range(0, 65535));
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;
@@ -90,7 +94,8 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--port", router_port, "HTTP port (0: any free port)")
       ->check(CLI::Range(0, 65535));
   router_cmd->add_option("--grpc-host", router.grpc_host, "Registry gRPC address");
-  router_cmd->add_option("--grpc-port", router_grpc_port, "Registry gRPC port (0: any)")
+  router_cmd->add_option("--grpc-port", router_grpc_port,
+                         "gRPC port: the Inference API and the worker Registry (0: any)")
       ->check(CLI::Range(0, 65535));
   router_cmd->add_option("--max-model-len", router.max_model_len,
                          "Max prompt + output tokens (default: config.json)")

@@ -16,6 +16,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/openai_service.h"
+#include "services/router/inference_grpc_service.h"
 #include "services/router/registry_service.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_registry.h"
@@ -99,19 +100,6 @@ int RunRouter(const RouterOptions& options) {
   auto backend = std::make_unique<RemoteBackend>(&registry, backend_options);
   RemoteBackend* backend_ptr = backend.get();
 
-  RegistryService registry_service(&registry);
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
-  builder.RegisterService(&registry_service);
-  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  if (grpc_server == nullptr || grpc_port == 0) {
-    spdlog::error("cannot listen for gRPC on {}:{}", options.grpc_host, options.grpc_port);
-    return 1;
-  }
-  LeaseSweeper sweeper(&registry, registry_options.lease / 12);
-
   const std::string model_name = options.served_model_name.empty()
                                      ? ModelNameFromDir(options.model_dir)
                                      : options.served_model_name;
@@ -122,6 +110,33 @@ int RunRouter(const RouterOptions& options) {
                                                  service_options);
   OpenAiService* service_ptr = service.get();
   WorkerRegistry* registry_ptr = &registry;
+
+  // One gRPC port: the public Inference API (same validation, backend and metrics as the
+  // HTTP API) and the Registry the workers register with.
+  InferenceGrpcServiceOptions inference_options;
+  inference_options.served_model_name = model_name;
+  inference_options.max_concurrent_requests = options.max_concurrent_requests;
+  inference_options.health = [registry_ptr]() {
+    return registry_ptr->CountLive(WorkerRole::kDecode) > 0
+               ? absl::OkStatus()
+               : absl::UnavailableError("no decode worker registered");
+  };
+  InferenceGrpcService inference_service(backend_ptr, tokenizer->get(), chat_template.get(),
+                                         &service->metrics(), inference_options);
+  RegistryService registry_service(&registry);
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
+                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&registry_service);
+  builder.RegisterService(&inference_service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || grpc_port == 0) {
+    spdlog::error("cannot listen for gRPC on {}:{}", options.grpc_host, options.grpc_port);
+    return 1;
+  }
+  LeaseSweeper sweeper(&registry, registry_options.lease / 12);
+
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       options.http,
       [service_ptr, registry_ptr, backend_ptr](const HttpRequestInfo& request,

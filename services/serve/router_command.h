@@ -1,6 +1,7 @@
 // `sluice router`: the OpenAI HTTP API (the same handlers as `sluice serve`) in
-// front of remote prefill and decode workers, plus the gRPC worker Registry
-// they register with.
+// front of remote prefill and decode workers; on the gRPC port, the public
+// Inference API (sluice.v1.Inference) and the worker Registry they register
+// with.
 //
 //   sluice router --model DIR [--host 127.0.0.1] [--port 8000] [--grpc-port
 //   7000] ...
@@ -25,7 +26,7 @@ struct RouterOptions {
   std::string served_model_name;  // empty: the model folder's name
   HttpServerOptions http;
   std::string grpc_host = "127.0.0.1";
-  uint16_t grpc_port = 7000;  // Registry service; 0: any free port (printed)
+  uint16_t grpc_port = 7000;  // Inference API + Registry; 0: any free port (printed)
   int32_t max_model_len = 0;  // 0: config.json max_position_embeddings
   int64_t max_concurrent_requests = 512;
   double lease_seconds = 6.0;    // workers heartbeat every lease/3

@@ -1,12 +1,15 @@
 #include "services/serve/serve_command.h"
 
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <cstdio>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "services/api/openai_service.h"
+#include "services/router/inference_grpc_service.h"
 #include "services/serve/log.h"
 
 namespace sluice {
@@ -40,9 +43,32 @@ int RunServe(const ServeOptions& options) {
     spdlog::error("{}", std::string(server.status().ToString()));
     return 1;
   }
+  // The gRPC API shares the HTTP API's validation, backend and metrics.
+  std::unique_ptr<InferenceGrpcService> grpc_service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::string grpc_listening;
+  if (options.grpc_port >= 0) {
+    InferenceGrpcServiceOptions grpc_options;
+    grpc_options.served_model_name = runtime->served_model_name;
+    grpc_options.max_concurrent_requests = options.max_concurrent_requests;
+    grpc_service = std::make_unique<InferenceGrpcService>(
+        runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
+        &service->metrics(), grpc_options);
+    grpc::ServerBuilder builder;
+    int grpc_port = 0;
+    builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
+                             grpc::InsecureServerCredentials(), &grpc_port);
+    builder.RegisterService(grpc_service.get());
+    grpc_server = builder.BuildAndStart();
+    if (grpc_server == nullptr || grpc_port == 0) {
+      spdlog::error("cannot listen for gRPC on {}:{}", options.grpc_host, options.grpc_port);
+      return 1;
+    }
+    grpc_listening = absl::StrCat(" grpc ", options.grpc_host, ":", grpc_port);
+  }
   spdlog::info("serving model '{}'", runtime->served_model_name);
-  std::printf("Sluice listening on http://%s:%u\n", options.http.host.c_str(),
-              static_cast<unsigned>((*server)->port()));
+  std::printf("Sluice listening on http://%s:%u%s\n", options.http.host.c_str(),
+              static_cast<unsigned>((*server)->port()), grpc_listening.c_str());
   std::fflush(stdout);
 
   int signal_number = 0;
@@ -51,6 +77,10 @@ int RunServe(const ServeOptions& options) {
   // Order matters: stop the io threads, then the engine (its final callbacks post into the
   // stopped io_context, which still exists), then destroy the server and its pending handlers.
   (*server)->Stop();
+  // Cancels the open gRPC calls; their reactors finish once the engine delivered their final
+  // (aborted) outputs, which happens while the engine still runs.
+  if (grpc_server != nullptr) grpc_server->Shutdown(std::chrono::system_clock::now() +
+                                                    std::chrono::seconds(2));
   runtime->backend.reset();
   server->reset();
   spdlog::info("bye");

@@ -14,10 +14,14 @@ struct ServeOptions {
   RuntimeOptions runtime;
   HttpServerOptions http;
   int64_t max_concurrent_requests = 512;  // generation requests in flight before 503
+  // The gRPC API (sluice.v1.Inference) on grpc_host:grpc_port; -1: off, 0: any free port.
+  std::string grpc_host = "127.0.0.1";
+  int32_t grpc_port = -1;
 };
 
 // RunServe loads the model, listens, prints "Sluice listening on http://HOST:PORT" on stdout
-// once accepting, and serves until SIGINT/SIGTERM. Returns the process exit code.
+// (followed by " grpc HOST:PORT" when the gRPC API is on) once accepting, and serves until
+// SIGINT/SIGTERM. Returns the process exit code.
 int RunServe(const ServeOptions& options);
 
 }  // namespace sluice

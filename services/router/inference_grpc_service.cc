@@ -1,0 +1,439 @@
+#include "services/router/inference_grpc_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <ctime>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/api/choice_output.h"
+#include "services/api/openai_responses.h"
+#include "services/router/wire_convert.h"
+
+namespace sluice {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// SamplingToJson writes the fields the client set, under the HTTP API's names.
+void SamplingToJson(const v1::SamplingParams& sp, Endpoint endpoint, json& body) {
+  if (sp.has_temperature()) body["temperature"] = sp.temperature();
+  if (sp.has_top_p()) body["top_p"] = sp.top_p();
+  if (sp.has_top_k()) body["top_k"] = sp.top_k();
+  if (sp.has_min_p()) body["min_p"] = sp.min_p();
+  if (sp.has_presence_penalty()) body["presence_penalty"] = sp.presence_penalty();
+  if (sp.has_frequency_penalty()) body["frequency_penalty"] = sp.frequency_penalty();
+  if (sp.has_repetition_penalty()) body["repetition_penalty"] = sp.repetition_penalty();
+  if (sp.has_seed()) body["seed"] = sp.seed();
+  if (sp.has_max_tokens()) body["max_tokens"] = sp.max_tokens();
+  if (sp.has_min_tokens()) body["min_tokens"] = sp.min_tokens();
+  if (sp.ignore_eos()) body["ignore_eos"] = true;
+  if (sp.stop_token_ids_size() > 0) {
+    body["stop_token_ids"] =
+        std::vector<int32_t>(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  }
+  if (sp.stop_size() > 0) {
+    body["stop"] = std::vector<std::string>(sp.stop().begin(), sp.stop().end());
+  }
+  if (sp.include_stop_str_in_output()) body["include_stop_str_in_output"] = true;
+  if (sp.has_skip_special_tokens()) body["skip_special_tokens"] = sp.skip_special_tokens();
+  if (sp.has_logprobs()) {
+    if (endpoint == Endpoint::kChatCompletions) {
+      body["logprobs"] = true;
+      body["top_logprobs"] = sp.logprobs();
+    } else {
+      body["logprobs"] = sp.logprobs();
+    }
+  }
+}
+
+json ChatToJson(const v1::ChatPrompt& chat) {
+  json messages = json::array();
+  for (const v1::ChatMessage& m : chat.messages()) {
+    messages.push_back(json{{"role", m.role()}, {"content", m.content()}});
+  }
+  return messages;
+}
+
+// FinishedReactor answers a unary call at once.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+v1::FinishReason FinishReasonFromText(const std::string& reason) {
+  if (reason == "stop") return v1::FINISH_REASON_STOP;
+  if (reason == "length") return v1::FINISH_REASON_LENGTH;
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+}  // namespace
+
+absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
+                                           const std::string& served_model_name,
+                                           Endpoint* endpoint) {
+  json body = json::object();
+  body["model"] = request.model().empty() ? served_model_name : request.model();
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kChat:
+      *endpoint = Endpoint::kChatCompletions;
+      body["messages"] = ChatToJson(request.chat());
+      body["add_generation_prompt"] = request.chat().add_generation_prompt();
+      break;
+    case v1::GenerateRequest::kText:
+      *endpoint = Endpoint::kCompletions;
+      body["prompt"] = request.text();
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      *endpoint = Endpoint::kCompletions;
+      body["prompt"] =
+          std::vector<int32_t>(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    default:
+      return absl::InvalidArgumentError("one of 'text', 'token_ids' or 'chat' is required");
+  }
+  SamplingToJson(request.sampling(), *endpoint, body);
+  return body;
+}
+
+// GenerateReactor: one Generate call. Engine outputs arrive on backend threads
+// and are queued as TokenOutput messages; one write is in flight at a time.
+// Deletes itself once gRPC is done with it (OnDone) and the backend delivered
+// its final output (or was never started).
+class InferenceGrpcService::GenerateReactor final
+    : public grpc::ServerWriteReactor<v1::TokenOutput> {
+ public:
+  GenerateReactor(InferenceGrpcService* service, std::string request_id,
+                  const GenerationRequest& request, bool detokenize)
+      : service_(service),
+        request_id_(std::move(request_id)),
+        choice_(*service->tokenizer_, request.sampling, request.logprobs),
+        detokenize_(detokenize || !request.sampling.stop.empty()),
+        num_prompt_tokens_(static_cast<int32_t>(request.prompts[0].size())),
+        arrival_(Clock::now()) {}
+
+  // Fail ends a call that never reached the backend.
+  void Fail(const absl::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      backend_done_ = true;
+    }
+    FinishOnce(ToGrpc(status));
+  }
+
+  // Start submits the engine request; on an error the call ends with its status.
+  void Start(EngineRequest engine_request) {
+    absl::Status status = service_->backend_->Submit(
+        std::move(engine_request), [this](const RequestOutput& output) { OnOutput(output); });
+    if (!status.ok()) {
+      service_->in_flight_.fetch_sub(1);
+      Fail(status);
+    }
+  }
+
+  void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (backend_done_) return;
+    }
+    // The backend answers with a final kAbort output, which finishes the call.
+    service_->backend_->Abort(request_id_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    queue_.pop_front();
+    writing_ = false;
+    if (!ok) {
+      // The client is gone: drop what is queued, stop the engine request.
+      queue_.clear();
+      client_gone_ = true;
+      const bool abort = !backend_done_;
+      lock.unlock();
+      if (abort) service_->backend_->Abort(request_id_);
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+      return;
+    }
+    lock.unlock();
+    Pump();
+  }
+
+  void OnDone() override {
+    bool destroy;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      grpc_done_ = true;
+      destroy = backend_done_;
+    }
+    if (destroy) delete this;
+  }
+
+ private:
+  // OnOutput runs on a backend thread; it must not block.
+  void OnOutput(const RequestOutput& output) {
+    const Clock::time_point now = Clock::now();
+    bool abort_engine = false;
+    bool destroy = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int32_t consumed_before = choice_.num_output_tokens();
+      const bool was_finished = choice_.finished();
+      ChoiceDelta delta = choice_.Push(output);
+      if (!was_finished) Observe(output, delta, now);
+      abort_engine = delta.stopped_by_string && !output.finished();
+      if (!was_finished && !client_gone_) Enqueue(output, delta, consumed_before);
+      if (output.finished()) {
+        backend_done_ = true;
+        service_->in_flight_.fetch_sub(1);
+        destroy = grpc_done_;
+      }
+    }
+    if (destroy) {
+      delete this;
+      return;
+    }
+    if (abort_engine) service_->backend_->Abort(request_id_);
+    Pump();
+  }
+
+  // Observe records latency metrics beside the HTTP API's. Holds mu_.
+  void Observe(const RequestOutput& output, const ChoiceDelta& delta, Clock::time_point now) {
+    ApiMetrics* metrics = service_->metrics_;
+    if (metrics == nullptr) return;
+    if (!output.new_tokens.empty()) {
+      if (!got_first_token_) {
+        got_first_token_ = true;
+        metrics->ObserveTimeToFirstToken(SecondsSince(arrival_));
+      } else {
+        const double gap = std::chrono::duration<double>(now - last_token_time_).count() /
+                           static_cast<double>(output.new_tokens.size());
+        for (size_t i = 0; i < output.new_tokens.size(); ++i)
+          metrics->ObserveInterTokenLatency(gap);
+      }
+      last_token_time_ = now;
+    }
+    if (delta.finished) {
+      metrics->ObserveE2eLatency(SecondsSince(arrival_));
+      metrics->AddTokens(num_prompt_tokens_, choice_.num_output_tokens());
+    }
+  }
+
+  // Enqueue turns one engine output into the messages to send. Holds mu_.
+  void Enqueue(const RequestOutput& output, const ChoiceDelta& delta, int32_t consumed_before) {
+    if (delta.failed) {
+      const absl::Status error = output.finish_reason == FinishReason::kAbort && delta.error.ok()
+                                     ? absl::CancelledError("the request was aborted")
+                                     : delta.error;
+      if (!sent_any_) {
+        // Nothing streamed yet: the call's status carries the error.
+        final_status_ = ToGrpc(error.ok() ? absl::InternalError("generation failed") : error);
+        finish_pending_ = true;
+        return;
+      }
+      v1::TokenOutput& message = queue_.emplace_back();
+      message.set_request_id(request_id_);
+      message.set_finish_reason(output.finish_reason == FinishReason::kAbort
+                                    ? v1::FINISH_REASON_ABORT
+                                    : v1::FINISH_REASON_ERROR);
+      message.mutable_error()->set_code(static_cast<int32_t>(error.code()));
+      message.mutable_error()->set_message(std::string(error.message()));
+      FillUsage(message);
+      finish_pending_ = true;
+      return;
+    }
+    // Tokens past a stop string are not part of the choice.
+    const int32_t consumed = choice_.num_output_tokens() - consumed_before;
+    if (consumed == 0 && delta.text.empty() && !delta.finished) return;
+    v1::TokenOutput& message = queue_.emplace_back();
+    message.set_request_id(request_id_);
+    for (int32_t i = 0; i < consumed && i < static_cast<int32_t>(output.new_tokens.size()); ++i) {
+      ToWire(output.new_tokens[i], message.add_tokens());
+    }
+    if (detokenize_) message.set_text(delta.text);
+    if (delta.finished) {
+      message.set_finish_reason(FinishReasonFromText(delta.finish_reason));
+      finish_pending_ = true;
+    }
+    FillUsage(message);
+    sent_any_ = true;
+  }
+
+  void FillUsage(v1::TokenOutput& message) const {
+    v1::Usage* usage = message.mutable_usage();
+    usage->set_prompt_tokens(num_prompt_tokens_);
+    usage->set_completion_tokens(choice_.num_output_tokens());
+    usage->set_cached_tokens(choice_.num_cached_tokens());
+  }
+
+  // Pump starts the next write, or finishes the call once everything is written.
+  void Pump() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (writing_ || client_gone_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      // deque: the front element stays put while others are appended.
+      const v1::TokenOutput* message = &queue_.front();
+      lock.unlock();
+      StartWrite(message);
+      return;
+    }
+    if (!finish_pending_) return;
+    grpc::Status status = final_status_;
+    lock.unlock();
+    FinishOnce(std::move(status));
+  }
+
+  void FinishOnce(grpc::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finish_called_) return;
+      finish_called_ = true;
+    }
+    Finish(std::move(status));
+  }
+
+  InferenceGrpcService* service_;
+  const std::string request_id_;
+  std::mutex mu_;
+  ChoiceOutput choice_;  // guarded by mu_
+  const bool detokenize_;
+  const int32_t num_prompt_tokens_;
+  const Clock::time_point arrival_;
+  Clock::time_point last_token_time_;             // guarded by mu_
+  bool got_first_token_ = false;                  // guarded by mu_
+  std::deque<v1::TokenOutput> queue_;             // front = being written; guarded by mu_
+  bool writing_ = false;                          // guarded by mu_
+  bool sent_any_ = false;                         // a token message was queued; guarded by mu_
+  bool finish_pending_ = false;                   // finish after the queue drains; guarded by mu_
+  grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_
+  bool finish_called_ = false;                    // guarded by mu_
+  bool client_gone_ = false;                      // guarded by mu_
+  bool backend_done_ = false;                     // final output seen / never started; guarded
+  bool grpc_done_ = false;                        // OnDone ran; guarded by mu_
+};
+
+InferenceGrpcService::InferenceGrpcService(InferenceBackend* backend, const Tokenizer* tokenizer,
+                                           const ChatTemplate* chat_template, ApiMetrics* metrics,
+                                           InferenceGrpcServiceOptions options)
+    : backend_(backend),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      metrics_(metrics),
+      options_(std::move(options)),
+      created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+ParseContext InferenceGrpcService::MakeParseContext() const {
+  ParseContext context;
+  context.tokenizer = tokenizer_;
+  context.chat_template = chat_template_;
+  context.served_model_name = options_.served_model_name;
+  context.max_model_len = backend_->max_model_len();
+  return context;
+}
+
+grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  Endpoint endpoint = Endpoint::kCompletions;
+  absl::StatusOr<json> body =
+      GenerateRequestToJson(*request, options_.served_model_name, &endpoint);
+  absl::StatusOr<GenerationRequest> parsed =
+      !body.ok() ? absl::StatusOr<GenerationRequest>(body.status())
+      : endpoint == Endpoint::kChatCompletions
+          ? ParseChatCompletionRequest(*body, MakeParseContext())
+          : ParseCompletionRequest(*body, MakeParseContext());
+  // Server-assigned ids cannot collide with the HTTP API's ("chatcmpl-…", "cmpl-…").
+  std::string id = request->request_id().empty() ? NewResponseId("gen-") : request->request_id();
+  if (!parsed.ok()) {
+    // A reactor needs a valid request to exist; answer through a minimal one.
+    GenerationRequest empty;
+    empty.prompts.push_back({0});
+    auto* reactor = new GenerateReactor(this, id, empty, false);
+    reactor->Fail(parsed.status());
+    return reactor;
+  }
+  auto* reactor = new GenerateReactor(this, id, *parsed, request->detokenize());
+  if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
+    in_flight_.fetch_sub(1);
+    reactor->Fail(absl::ResourceExhaustedError(absl::StrCat("The server is overloaded (",
+                                                            options_.max_concurrent_requests,
+                                                            " requests in flight); retry later")));
+    return reactor;
+  }
+  EngineRequest engine_request;
+  engine_request.request_id = std::move(id);
+  engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
+  engine_request.sampling = parsed->sampling;
+  reactor->Start(std::move(engine_request));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceGrpcService::Tokenize(grpc::CallbackServerContext* context,
+                                                         const v1::TokenizeRequest* request,
+                                                         v1::TokenizeResponse* response) {
+  std::vector<int32_t> ids;
+  if (request->model().size() > 0 && request->model() != options_.served_model_name) {
+    return Answer(context,
+                  grpc::Status(grpc::StatusCode::NOT_FOUND,
+                               absl::StrCat("The model '", request->model(), "' does not exist")));
+  }
+  switch (request->prompt_case()) {
+    case v1::TokenizeRequest::kText:
+      ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
+      break;
+    case v1::TokenizeRequest::kChat: {
+      // The chat template is applied exactly as for a chat Generate.
+      json body{{"model", options_.served_model_name},
+                {"messages", ChatToJson(request->chat())},
+                {"add_generation_prompt", request->chat().add_generation_prompt()}};
+      absl::StatusOr<GenerationRequest> parsed =
+          ParseChatCompletionRequest(body, MakeParseContext());
+      if (!parsed.ok()) return Answer(context, ToGrpc(parsed.status()));
+      ids = std::move(parsed->prompts[0]);
+      break;
+    }
+    default:
+      return Answer(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                          "one of 'text' or 'chat' is required"));
+  }
+  response->mutable_token_ids()->Add(ids.begin(), ids.end());
+  response->set_max_model_len(backend_->max_model_len());
+  return Answer(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* InferenceGrpcService::ListModels(grpc::CallbackServerContext* context,
+                                                           const v1::ListModelsRequest* request,
+                                                           v1::ListModelsResponse* response) {
+  v1::ModelInfo* model = response->add_models();
+  model->set_id(options_.served_model_name);
+  model->set_max_model_len(backend_->max_model_len());
+  model->set_created(created_);
+  model->set_owned_by("sluice");
+  return Answer(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* InferenceGrpcService::Health(grpc::CallbackServerContext* context,
+                                                       const v1::HealthRequest* request,
+                                                       v1::HealthResponse* response) {
+  const absl::Status health = options_.health ? options_.health() : absl::OkStatus();
+  response->set_status(health.ok() ? v1::HealthResponse::SERVING : v1::HealthResponse::NOT_SERVING);
+  response->set_detail(health.ok() ? "ok" : std::string(health.message()));
+  return Answer(context, grpc::Status::OK);
+}
+
+}  // namespace sluice

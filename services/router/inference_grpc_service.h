@@ -1,0 +1,94 @@
+// InferenceGrpcService: the public gRPC API (sluice.v1.Inference, proto/sluice/v1/
+// inference.proto) over any InferenceBackend — the router's remote workers or
+// `sluice serve`'s in-process engine.
+//
+// It shares the HTTP API's code path instead of repeating it: a GenerateRequest
+// is turned into the equivalent OpenAI JSON body (a chat prompt into a
+// /v1/chat/completions body, a text or token-id prompt into a /v1/completions
+// body) and validated by the same ParseChatCompletionRequest /
+// ParseCompletionRequest, so parameters, defaults (e.g. unset max_tokens = the
+// context left), limits and error messages are the HTTP API's. Tokens then go
+// through the same ChoiceOutput (incremental detokenizer + stop strings) as an
+// HTTP choice.
+//
+// Status codes: bad parameters INVALID_ARGUMENT (the message names the field,
+// as the HTTP 400 does), unknown model NOT_FOUND, too many requests in flight
+// RESOURCE_EXHAUSTED, no worker UNAVAILABLE. An engine error before any message
+// was sent ends the call with its status; after that as a final TokenOutput
+// with `error` set. Cancelling a Generate call aborts its engine request (and
+// so frees its KV blocks on every worker).
+#ifndef SLUICE_SERVICES_ROUTER_INFERENCE_GRPC_SERVICE_H_
+#define SLUICE_SERVICES_ROUTER_INFERENCE_GRPC_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "services/api/inference_backend.h"
+#include "services/api/metrics.h"
+#include "services/api/openai_protocol.h"
+#include "sluice/v1/inference.grpc.pb.h"
+
+namespace sluice {
+
+struct InferenceGrpcServiceOptions {
+  std::string served_model_name;
+  int64_t max_concurrent_requests = 512;  // Generate calls in flight before RESOURCE_EXHAUSTED
+  // Health: OK → SERVING; an error → NOT_SERVING with its message. Unset: always SERVING.
+  std::function<absl::Status()> health;
+};
+
+// GenerateRequestToJson returns the OpenAI body equivalent to `request`
+// (model filled in with `served_model_name` when empty) and the endpoint whose
+// parser validates it. InvalidArgument when no prompt is set.
+absl::StatusOr<nlohmann::json> GenerateRequestToJson(const v1::GenerateRequest& request,
+                                                     const std::string& served_model_name,
+                                                     Endpoint* endpoint);
+
+class InferenceGrpcService final : public v1::Inference::CallbackService {
+ public:
+  // Pointers are borrowed and must outlive the gRPC server using the service.
+  // `chat_template` may be null (chat prompts get INVALID_ARGUMENT); `metrics`
+  // may be null (else TTFT, ITL, end-to-end latency and token counts are
+  // recorded beside the HTTP API's).
+  InferenceGrpcService(InferenceBackend* backend, const Tokenizer* tokenizer,
+                       const ChatTemplate* chat_template, ApiMetrics* metrics,
+                       InferenceGrpcServiceOptions options);
+
+  grpc::ServerWriteReactor<v1::TokenOutput>* Generate(grpc::CallbackServerContext* context,
+                                                      const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* context,
+                                   const v1::HealthRequest* request,
+                                   v1::HealthResponse* response) override;
+
+  int64_t num_in_flight() const { return in_flight_.load(); }
+
+ private:
+  class GenerateReactor;
+  ParseContext MakeParseContext() const;
+
+  InferenceBackend* backend_;
+  const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  ApiMetrics* metrics_;
+  InferenceGrpcServiceOptions options_;
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> next_id_{0};
+  int64_t created_;  // Unix seconds, for ModelInfo
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ROUTER_INFERENCE_GRPC_SERVICE_H_
