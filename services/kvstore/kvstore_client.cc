@@ -38,8 +38,12 @@ class GrpcKvStoreClient final : public KvStoreClient {
   explicit GrpcKvStoreClient(const KvStoreClientOptions& options)
       : options_(options), hrw_(options.shards) {
     for (const std::string& shard : options.shards) {
+      grpc::ChannelArguments args;
+      // One inline block may be as large as a store page (64 MiB by default).
+      args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+      args.SetMaxSendMessageSize(kMaxMessageBytes);
       stubs_.push_back(v1::KvStore::NewStub(
-          grpc::CreateChannel(shard, grpc::InsecureChannelCredentials())));
+          grpc::CreateCustomChannel(shard, grpc::InsecureChannelCredentials(), args)));
     }
   }
 
@@ -80,7 +84,9 @@ class GrpcKvStoreClient final : public KvStoreClient {
     std::vector<ShardOutcome> outcomes =
         ForEachShard(keys, [&](int shard, const std::vector<size_t>& idx, ShardOutcome& out) {
           if (options_.agent == nullptr) {
-            PutInlineShard(shard, idx, keys, local, block_ids, deadline, out);
+            for (const std::vector<size_t>& chunk : InlineChunks(idx, local.block_bytes)) {
+              PutInlineShard(shard, chunk, keys, local, block_ids, deadline, out);
+            }
           } else {
             PutShard(shard, idx, keys, local, block_ids, deadline, out);
           }
@@ -104,7 +110,9 @@ class GrpcKvStoreClient final : public KvStoreClient {
     std::vector<ShardOutcome> outcomes =
         ForEachShard(keys, [&](int shard, const std::vector<size_t>& idx, ShardOutcome& out) {
           if (options_.agent == nullptr) {
-            GetInlineShard(shard, idx, keys, local, block_ids, deadline, found, out);
+            for (const std::vector<size_t>& chunk : InlineChunks(idx, local.block_bytes)) {
+              GetInlineShard(shard, chunk, keys, local, block_ids, deadline, found, out);
+            }
           } else {
             GetShard(shard, idx, keys, local, block_ids, deadline, found, out);
           }
@@ -119,6 +127,22 @@ class GrpcKvStoreClient final : public KvStoreClient {
   }
 
  private:
+  // Inline calls carry about this many payload bytes each (under gRPC's default 4 MiB message
+  // limit, which the store may keep); a larger block goes alone, up to kMaxMessageBytes.
+  static constexpr int64_t kInlineBytesPerCall = 3 << 20;
+  static constexpr int kMaxMessageBytes = 256 << 20;
+
+  static std::vector<std::vector<size_t>> InlineChunks(const std::vector<size_t>& idx,
+                                                       int64_t block_bytes) {
+    const size_t per_call =
+        static_cast<size_t>(std::max<int64_t>(1, kInlineBytesPerCall / block_bytes));
+    std::vector<std::vector<size_t>> chunks;
+    for (size_t i = 0; i < idx.size(); i += per_call) {
+      chunks.emplace_back(idx.begin() + i, idx.begin() + std::min(idx.size(), i + per_call));
+    }
+    return chunks;
+  }
+
   using ShardFn = std::function<void(int, const std::vector<size_t>&, ShardOutcome&)>;
 
   // ForEachShard: groups key indices by owning shard and runs `fn` once per shard with keys,
@@ -334,7 +358,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
     }
     absl::StatusOr<std::map<int32_t, PageTransfer>> groups =
         PageGroups(grant, idx, block_ids, usable);
-    if (!groups.ok()) out.error = ShardError(shard, groups.status());
+    if (!groups.ok() && out.error.ok()) out.error = ShardError(shard, groups.status());
     const absl::Time transfer_deadline = TransferDeadline(deadline, grant.lease_ms());
     if (groups.ok()) {
       for (auto& [page, t] : *groups) {
@@ -380,7 +404,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
       s = absl::InternalError("PutInline answered the wrong number of blocks");
     }
     if (!s.ok()) {
-      out.error = ShardError(shard, s);
+      if (out.error.ok()) out.error = ShardError(shard, s);
       out.num_failed += static_cast<int64_t>(idx.size());
       return;
     }
@@ -406,7 +430,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
       s = absl::InternalError("GetInline answered the wrong number of blocks");
     }
     if (!s.ok()) {
-      out.error = ShardError(shard, s);
+      if (out.error.ok()) out.error = ShardError(shard, s);
       return;
     }
     for (int j = 0; j < n; ++j) {

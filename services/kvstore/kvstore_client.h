@@ -30,10 +30,19 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "engine/kv/block_hash.h"
 #include "services/kvstore/block_key.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice::kvstore {
+
+// KvStoreKey: the kvstore address of a block the engine hashed with `hasher` (the one block-hash
+// scheme, engine/kv/block_hash.h): layout id = hasher.seed(), the XXH3-64 of its model/layout
+// identity, so every worker serving the same model with the same KV layout agrees on it, and
+// two layouts never share a key.
+inline BlockKey KvStoreKey(const BlockHasher& hasher, const BlockHash& hash) {
+  return BlockKey{hasher.seed(), hash.hi, hash.lo};
+}
 
 struct KvStoreClientOptions {
   // host:port of every kvstore shard. The string is also the shard's rendezvous identity: use

@@ -6,7 +6,8 @@
 //   kvstore_tool get  (same flags)
 // Block i (F <= i < F + N) has key (L, hi = i * 0x9E3779B97F4A7C15, lo = i) and bytes
 // derived from (L, i). Prints one JSON line: put {"stored","present","failed","error"};
-// get {"found","exact","missing":[i...],"corrupt","error"}. Exit 0 unless the call failed.
+// get {"found","exact","missing":[i...],"corrupt","error"}; both add "seconds" (the client call
+// alone, for throughput). Exit 0 unless the call failed.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -103,18 +104,24 @@ int main(int argc, char** argv) {
   auto block = [&](int64_t j) { return static_cast<uint8_t*>(base) + j * block_bytes; };
   if (command == "put") {
     for (int64_t j = 0; j < count; ++j) FillBlock(layout, first + j, block(j), block_bytes);
+    const absl::Time start = absl::Now();
     auto r = (*client)->Put(keys, local, ids, deadline);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
       return 1;
     }
-    std::printf("{\"stored\": %lld, \"present\": %lld, \"failed\": %lld, \"error\": %s}\n",
+    std::printf("{\"stored\": %lld, \"present\": %lld, \"failed\": %lld, \"error\": %s, "
+                "\"seconds\": %.6f}\n",
                 static_cast<long long>(r->num_stored), static_cast<long long>(r->num_present),
-                static_cast<long long>(r->num_failed), JsonString(r->error.ToString()).c_str());
+                static_cast<long long>(r->num_failed), JsonString(r->error.ToString()).c_str(),
+                seconds);
     return 0;
   }
   std::memset(base, 0, static_cast<size_t>(total));
+  const absl::Time start = absl::Now();
   auto r = (*client)->Get(keys, local, ids, deadline);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     return 1;
@@ -132,9 +139,9 @@ int main(int argc, char** argv) {
     if (std::memcmp(want.data(), block(j), static_cast<size_t>(block_bytes)) == 0) ++exact;
   }
   std::printf("{\"found\": %lld, \"exact\": %lld, \"missing\": [%s], \"corrupt\": %lld, "
-              "\"error\": %s}\n",
+              "\"error\": %s, \"seconds\": %.6f}\n",
               static_cast<long long>(found), static_cast<long long>(exact),
               absl::StrJoin(missing, ", ").c_str(), static_cast<long long>(r->num_corrupt),
-              JsonString(r->error.ToString()).c_str());
+              JsonString(r->error.ToString()).c_str(), seconds);
   return 0;
 }

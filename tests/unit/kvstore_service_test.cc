@@ -188,20 +188,33 @@ TEST(KvstoreService, PutThenGetOverUcxIsByteExact) {
 
 TEST(KvstoreService, InlineFallbackWithoutUcx) {
   TestStore store(/*with_ucx=*/false);
-  ClientSide side(4, /*with_ucx=*/false);
+  // 400 blocks of 8 KiB = 3.2 MiB: more than one inline call's worth, so the client splits it.
+  constexpr int kN = 400;
+  ClientSide side(kN, /*with_ucx=*/false);
   auto client = Client({store.address()}, nullptr);
-  const std::vector<BlockKey> keys = Keys(4, 6);
-  for (int i = 0; i < 4; ++i) side.Fill(i, 40 + i);
-  auto put = client->Put(keys, side.region(), Iota(4), Soon());
+  const std::vector<BlockKey> keys = Keys(kN, 6);
+  for (int i = 0; i < kN; ++i) side.Fill(i, 40 + i);
+  auto put = client->Put(keys, side.region(), Iota(kN), Soon());
   ASSERT_TRUE(put.ok());
-  EXPECT_EQ(put->num_stored, 4);
-  std::memset(side.block(0), 0, 4 * kBlockBytes);
-  auto got = client->Get(keys, side.region(), {3, 2, 1, 0}, Soon());
+  EXPECT_TRUE(put->error.ok()) << put->error;
+  EXPECT_EQ(put->num_stored, kN);
+  std::memset(side.block(0), 0, kN * kBlockBytes);
+  std::vector<int32_t> reversed(kN);
+  for (int i = 0; i < kN; ++i) reversed[i] = kN - 1 - i;
+  auto got = client->Get(keys, side.region(), reversed, Soon());
   ASSERT_TRUE(got.ok());
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_TRUE(got->found[i]);
-    EXPECT_TRUE(side.Holds(3 - i, 40 + i)) << i;
+  EXPECT_TRUE(got->error.ok()) << got->error;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_TRUE(got->found[i]) << i;
+    EXPECT_TRUE(side.Holds(kN - 1 - i, 40 + i)) << i;
   }
+  // A UCX call against a store without UCX: refused, nothing stored, no hang.
+  ClientSide ucx_side(2);
+  auto ucx_client = Client({store.address()}, ucx_side.agent());
+  auto refused = ucx_client->Put(Keys(2, 6, 1000), ucx_side.region(), Iota(2), Soon());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->num_failed, 2);
+  EXPECT_EQ(refused->error.code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(KvstoreService, ShardsSplitTheKeysAndADeadShardMeansMissesNotHangs) {
@@ -233,7 +246,9 @@ TEST(KvstoreService, ShardsSplitTheKeysAndADeadShardMeansMissesNotHangs) {
   for (int i = 0; i < 64; ++i) {
     const bool live = hrw.Pick(keys[i]) != 2;
     EXPECT_EQ(got->found[i], live) << i;
-    if (live) EXPECT_TRUE(side.Holds(i, 1000 + i)) << i;
+    if (live) {
+      EXPECT_TRUE(side.Holds(i, 1000 + i)) << i;
+    }
   }
   EXPECT_FALSE(got->error.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
@@ -273,6 +288,21 @@ TEST(KvstoreService, CommitOfAnUnknownLeaseIsNotFound) {
   begin.add_blocks()->set_hash_lo(1);
   v1::KvPutBeginResponse begun;
   EXPECT_EQ(stub->PutBegin(&ctx2, begin, &begun).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST(KvstoreService, KeysComeFromTheEngineBlockHashScheme) {
+  const std::string identity = KvLayoutIdentity("sluice-mini-moe", 16, "f32", 4, 128, 128);
+  const BlockHasher a(identity, 16), b(identity, 16);
+  const BlockHasher other(KvLayoutIdentity("sluice-mini-moe", 32, "f32", 4, 128, 128), 32);
+  std::vector<int32_t> tokens(16);
+  for (int i = 0; i < 16; ++i) tokens[i] = 100 + i;
+  const BlockHash h = a.HashBlock(a.RootHash(""), tokens);
+  const BlockKey ka = KvStoreKey(a, h);
+  EXPECT_EQ(ka, KvStoreKey(b, b.HashBlock(b.RootHash(""), tokens)));
+  EXPECT_EQ(ka.layout_id, a.seed());
+  EXPECT_EQ(ka.hash_hi, h.hi);
+  EXPECT_EQ(ka.hash_lo, h.lo);
+  EXPECT_NE(KvStoreKey(other, h).layout_id, ka.layout_id);
 }
 
 TEST(KvstoreMetrics, RendersTierLabelsAndCounters) {
