@@ -234,12 +234,15 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     std::vector<int32_t> blocks;
     absl::Duration timeout;
     absl::Time reserved_at;  // the engine frees the blocks reserve_timeout after this
+    // The client cancelled before the transfer began: Cancel() already aborted the reservation
+    // (its blocks are being freed), so nothing may be written into them; only ack the prefill.
+    bool cancelled = false;
   };
   std::optional<TransferJob> BeginTransfer() {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kReserved || !prefill_.has_value()) return std::nullopt;
-    state_ = State::kTransferring;
-    return TransferJob{*prefill_, blocks_, transfer_timeout_, reserved_at_};
+    if (!cancelled_) state_ = State::kTransferring;
+    return TransferJob{*prefill_, blocks_, transfer_timeout_, reserved_at_, cancelled_};
   }
   // After the pull: whether the client cancelled meanwhile.
   bool EndTransfer() {
@@ -465,6 +468,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     auto* writer = new DecodeWriter(session);
     if (!session->Attach(writer, request->prefill(), transfer_timeout)) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "request is being decoded"));
+    } else if (context->IsCancelled()) {
+      session->Cancel();  // cancelled before this handler ran: free the reservation now
     }
     return writer;
   }
@@ -581,6 +586,10 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
     std::optional<DecodeSession::TransferJob> job = session->BeginTransfer();
     if (!job.has_value()) return;
     const v1::PrefillResponse& prefill = job->prefill;
+    if (job->cancelled) {
+      SendRelease(session->id(), prefill.prefill_worker_address());
+      return;
+    }
     const v1::KvTransferMode theirs = prefill.kv_transfer_mode() == v1::KV_TRANSFER_MODE_PUSH
                                           ? v1::KV_TRANSFER_MODE_PUSH
                                           : v1::KV_TRANSFER_MODE_PULL;

@@ -94,7 +94,9 @@ class Proc:
 class Cluster:
     """`sluice router` + N prefill + M decode workers on loopback."""
 
-    def __init__(self, num_prefill, num_decode, worker_args=(), router_args=()):
+    def __init__(self, num_prefill, num_decode, worker_args=(), router_args=(), role_args=None):
+        """worker_args go to every worker, role_args[role] (e.g. {"prefill": [...]}) to one role."""
+        role_args = role_args or {}
         self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
         self.http_port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
@@ -114,7 +116,8 @@ class Cluster:
                 self.workers[name] = Proc(name, [
                     binary, role, "--model", str(MODEL_DIR), "--listen",
                     f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
-                    "--http-port", str(http_port), *worker_args], self.dir)
+                    "--http-port", str(http_port), *worker_args, *role_args.get(role, ())],
+                    self.dir)
         self.wait_registered(num_prefill, num_decode)
 
     def workers_json(self):
