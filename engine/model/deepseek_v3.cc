@@ -111,6 +111,8 @@ class DeepseekV3Model : public Model {
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   absl::Status Shard(const ParallelShard& shard) override;
+  absl::Status UpdateExpertPlacement(absl::Span<const int32_t> expert_slots) override;
+  std::vector<int64_t> TakeExpertLoad() override;
 
  private:
   absl::Status ShardAttentionAndDense(const ParallelShard& shard);
@@ -142,6 +144,7 @@ class DeepseekV3Model : public Model {
   // Parallelism (Shard): tensor-parallel group completing o_proj and dense down_proj, and per
   // layer the expert-parallel runner of MoE layers (null for dense layers or without EP).
   Communicator* tp_comm_ = nullptr;
+  Communicator* group_comm_ = nullptr;  // the group of this shard (set by Shard)
   std::vector<std::unique_ptr<ExpertParallelMoe>> ep_;
 };
 
@@ -584,6 +587,7 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
 absl::Status DeepseekV3Model::Shard(const ParallelShard& shard) {
   if (shard.world_size == 1) return absl::OkStatus();
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
+  group_comm_ = shard.comm;
   if (shard.tensor_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
   if (shard.expert_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardExperts(shard));
   return absl::OkStatus();
@@ -665,6 +669,47 @@ absl::Status DeepseekV3Model::ShardExperts(const ParallelShard& shard) {
     ep_[l] = std::make_unique<ExpertParallelMoe>(shard.comm, *placement);
   }
   return absl::OkStatus();
+}
+
+absl::Status DeepseekV3Model::UpdateExpertPlacement(absl::Span<const int32_t> expert_slots) {
+  const ExpertParallelMoe* any = nullptr;
+  for (const auto& ep : ep_) any = any != nullptr ? any : ep.get();
+  if (any == nullptr) return absl::FailedPreconditionError("the model is not expert-parallel");
+  const ExpertPlacement from = any->placement();
+  auto to = PlacementFromSlots(expert_slots, from.num_logical_experts, from.num_ranks);
+  if (!to.ok()) return to.status();
+  const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (ep_[l] == nullptr) continue;
+    MoeWeights& m = layers_[l].moe;
+    Communicator& comm = *group_comm_;
+    auto gate_up = RedistributeExperts(comm, from, *to, m.experts_gate_up, 2 * inter * h);
+    if (!gate_up.ok()) return gate_up.status();
+    auto down = RedistributeExperts(comm, from, *to, m.experts_down, h * inter);
+    if (!down.ok()) return down.status();
+    m.experts_gate_up = std::move(*gate_up);
+    m.experts_down = std::move(*down);
+    m.views.clear();
+    for (int32_t s = 0; s < to->slots_per_rank; ++s) {
+      m.views.push_back({m.experts_gate_up.data() + s * 2 * inter * h,
+                         m.experts_down.data() + s * h * inter});
+    }
+    std::vector<int64_t> load = ep_[l]->load();  // keep counting across the swap
+    ep_[l] = std::make_unique<ExpertParallelMoe>(&comm, *to);
+    ep_[l]->AddLoad(load);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> DeepseekV3Model::TakeExpertLoad() {
+  std::vector<int64_t> total;
+  for (const auto& ep : ep_) {
+    if (ep == nullptr) continue;
+    total.resize(ep->load().size(), 0);
+    for (size_t e = 0; e < total.size(); ++e) total[e] += ep->load()[e];
+    ep->ResetLoad();
+  }
+  return total;
 }
 
 #undef SLUICE_DSV3_RETURN_IF_ERROR

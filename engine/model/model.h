@@ -145,6 +145,20 @@ class Model {
   virtual absl::Status Shard(const ParallelShard& shard) {
     return absl::UnimplementedError("this model does not support tensor/expert parallelism");
   }
+  // UpdateExpertPlacement re-places the routed experts of an expert-parallel model onto
+  // `expert_slots` (ParallelShard::expert_slots format, e.g. RebalancePlan::placement's
+  // physical_to_logical), moving expert weights between ranks. Collective; call between steps:
+  // KV caches are untouched, so sequences in flight continue with the next Forward.
+  // Errors: FailedPrecondition when the model is not expert-parallel; InvalidArgument for a
+  // malformed placement (every rank reaches the same verdict); those of the communicator.
+  virtual absl::Status UpdateExpertPlacement(absl::Span<const int32_t> expert_slots) {
+    return absl::FailedPreconditionError("the model is not expert-parallel");
+  }
+  // TakeExpertLoad returns [n_routed_experts] tokens routed to each logical expert, summed over
+  // MoE layers, since the previous call (EPLB's input), and restarts the count. A shard counts
+  // its own share of the tokens; a whole replica (LoadCpuParallelModel) sums its ranks. Empty
+  // when the model is not expert-parallel.
+  virtual std::vector<int64_t> TakeExpertLoad() { return {}; }
 };
 
 // LoadModel reads config.json + safetensors from `dir` and builds the model (weights

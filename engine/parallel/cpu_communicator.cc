@@ -136,9 +136,8 @@ absl::Status CpuCommunicatorGroup::Run(int rank, const Post& post, MoveFn move) 
   if (absl::Status s = Rendezvous(rank); !s.ok()) return s;
   absl::Status verdict = Validate();
   if (verdict.ok()) move();
-  // Second rendezvous even on a validation error: every rank reached the same
-  // verdict, and the posts must stay valid until all ranks are done reading
-  // them.
+  // Second rendezvous even on a validation error: every rank reached the same verdict, and the
+  // posts must stay valid until all ranks are done reading them.
   if (absl::Status s = Rendezvous(rank); !s.ok()) return s;
   return verdict;
 }
@@ -150,8 +149,7 @@ absl::Status CpuCommunicator::AllReduceSum(void* data, int64_t count, CommDataTy
       .op = CpuCommunicatorGroup::Op::kAllReduce, .dtype = dtype, .send = data, .count = count};
   const int n = world_size();
   absl::Status s = group_->Run(rank_, post, [&] {
-    // Every rank sums all inputs itself in rank order: identical bits on every
-    // rank.
+    // Every rank sums all inputs itself in rank order: identical bits on every rank.
     scratch_.assign(static_cast<size_t>(count), 0.0f);
     float* sum = scratch_.data();
     for (int r = 0; r < n; ++r) {
@@ -166,8 +164,7 @@ absl::Status CpuCommunicator::AllReduceSum(void* data, int64_t count, CommDataTy
     }
   });
   if (!s.ok()) return s;
-  // Inputs may be overwritten only now: after the second rendezvous no rank
-  // reads them.
+  // Inputs may be overwritten only now: after the second rendezvous no rank reads them.
   if (dtype == CommDataType::kFloat32) {
     std::memcpy(data, scratch_.data(), static_cast<size_t>(count) * sizeof(float));
   } else {
@@ -208,8 +205,7 @@ absl::Status CpuCommunicator::AllToAllV(const void* send, absl::Span<const int64
                                         .recv_counts = recv_counts};
   const size_t elem = CommDataTypeSize(dtype);
   return group_->Run(rank_, post, [&] {
-    // Pull model: this rank copies its part of every source's send buffer into
-    // its own recv.
+    // Pull model: this rank copies its part of every source's send buffer into its own recv.
     uint8_t* out = static_cast<uint8_t*>(recv);
     for (int s = 0; s < world_size(); ++s) {
       const CpuCommunicatorGroup::Post& src = group_->posts_[s];

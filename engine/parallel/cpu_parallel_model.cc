@@ -31,22 +31,25 @@ class CpuParallelModel : public Model {
       }
     }
     rank_logits_.resize(n - 1);
-    std::vector<absl::Status> status(n);
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < n; ++r) {
-      rank_logits_[r - 1].resize(logits.size());
-      threads.emplace_back([&, r] {
-        status[r] = ranks_[r]->Forward(input, *caches_[r - 1], absl::MakeSpan(rank_logits_[r - 1]));
-        if (MustAbort(status[r])) group_->Abort();
-      });
+    for (auto& l : rank_logits_) l.resize(logits.size());
+    return RunAll([&](size_t r) {
+      if (r == 0) return ranks_[0]->Forward(input, kv_cache, logits);
+      return ranks_[r]->Forward(input, *caches_[r - 1], absl::MakeSpan(rank_logits_[r - 1]));
+    });
+  }
+
+  absl::Status UpdateExpertPlacement(absl::Span<const int32_t> expert_slots) override {
+    return RunAll([&](size_t r) { return ranks_[r]->UpdateExpertPlacement(expert_slots); });
+  }
+
+  std::vector<int64_t> TakeExpertLoad() override {
+    std::vector<int64_t> total;
+    for (auto& rank : ranks_) {
+      const std::vector<int64_t> load = rank->TakeExpertLoad();
+      total.resize(load.size(), 0);
+      for (size_t e = 0; e < load.size(); ++e) total[e] += load[e];
     }
-    status[0] = ranks_[0]->Forward(input, kv_cache, logits);
-    if (MustAbort(status[0])) group_->Abort();
-    for (std::thread& t : threads) t.join();
-    for (const absl::Status& s : status) {
-      if (!s.ok()) return s;
-    }
-    return absl::OkStatus();
+    return total;
   }
 
  private:
@@ -54,6 +57,28 @@ class CpuParallelModel : public Model {
   // errors (InvalidArgument) are found by every rank alike before any collective (all ranks
   // validate the same ForwardInput), so they leave the group usable for the next step.
   static bool MustAbort(const absl::Status& s) { return !s.ok() && !absl::IsInvalidArgument(s); }
+
+  // RunAll runs fn(rank) for every rank at once, rank 0 on the calling thread, and returns the
+  // first error (by rank).
+  template <typename Fn>
+  absl::Status RunAll(Fn fn) {
+    const size_t n = ranks_.size();
+    std::vector<absl::Status> status(n);
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        status[r] = fn(r);
+        if (MustAbort(status[r])) group_->Abort();
+      });
+    }
+    status[0] = fn(0);
+    if (MustAbort(status[0])) group_->Abort();
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
 
   std::unique_ptr<CpuCommunicatorGroup> group_;
   std::vector<std::unique_ptr<Model>> ranks_;

@@ -24,16 +24,14 @@ ExpertPlacement Finish(int32_t num_logical, int32_t num_ranks, int32_t slots_per
   return p;
 }
 
-// Replicate returns replicas per expert (>= 1 each, summing to num_slots): each
-// extra replica goes to the expert with the largest load per replica (ties:
-// lowest index).
+// Replicate returns replicas per expert (>= 1 each, summing to num_slots): each extra replica goes
+// to the expert with the largest load per replica (ties: lowest index).
 std::vector<int32_t> Replicate(const std::vector<double>& load, int32_t num_slots) {
   std::vector<int32_t> count(load.size(), 1);
   for (int32_t extra = static_cast<int32_t>(load.size()); extra < num_slots; ++extra) {
     size_t best = 0;
     for (size_t e = 1; e < load.size(); ++e) {
-      // a/ca > b/cb  <=>  a·cb > b·ca (counts are positive; avoids division
-      // ties drifting).
+      // a/ca > b/cb  <=>  a·cb > b·ca (counts are positive; avoids division ties drifting).
       if (load[e] * count[best] > load[best] * count[e]) best = e;
     }
     ++count[best];
@@ -46,10 +44,9 @@ struct Item {
   double weight;
 };
 
-// Pack assigns items to num_packs packs of exactly `capacity` items
-// (items.size() == num_packs · capacity): heaviest first, each to the lightest
-// pack with room, preferring packs without that logical id (ties: lowest pack).
-// Returns the pack of each item, in input order.
+// Pack assigns items to num_packs packs of exactly `capacity` items (items.size() == num_packs ·
+// capacity): heaviest first, each to the lightest pack with room, preferring packs without that
+// logical id (ties: lowest pack). Returns the pack of each item, in input order.
 std::vector<int32_t> Pack(const std::vector<Item>& items, int32_t num_packs, int32_t capacity) {
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
@@ -82,9 +79,8 @@ std::vector<int32_t> Pack(const std::vector<Item>& items, int32_t num_packs, int
   return assignment;
 }
 
-// ReplicateAndPack places `experts` (logical ids) with their loads onto
-// `num_ranks` ranks of `slots_per_rank` slots starting at rank `first_rank`,
-// writing physical_to_logical.
+// ReplicateAndPack places `experts` (logical ids) with their loads onto `num_ranks` ranks of
+// `slots_per_rank` slots starting at rank `first_rank`, writing physical_to_logical.
 void ReplicateAndPack(const std::vector<int32_t>& experts, absl::Span<const double> load,
                       int32_t first_rank, int32_t num_ranks, int32_t slots_per_rank,
                       std::vector<int32_t>* physical_to_logical) {
@@ -263,9 +259,8 @@ absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement& current,
     return plan;
   }
   const int32_t n = current.num_ranks, slots = current.slots_per_rank;
-  // Match each new pack to the old rank it overlaps most (multiset
-  // intersection), greedily by overlap; packs are interchangeable, so this
-  // relabelling changes no rank load.
+  // Match each new pack to the old rank it overlaps most (multiset intersection), greedily by
+  // overlap; packs are interchangeable, so this relabelling changes no rank load.
   auto overlap = [&](int32_t new_rank, int32_t old_rank) {
     std::vector<int32_t> a = fresh->RankExperts(new_rank), b = current.RankExperts(old_rank);
     std::sort(b.begin(), b.end());
@@ -292,8 +287,7 @@ absl::StatusOr<RebalancePlan> PlanRebalance(const ExpertPlacement& current,
     target[best_new] = best_old;
     used[best_old] = true;
   }
-  // Within each rank keep slots whose expert stays; fill the others in slot
-  // order.
+  // Within each rank keep slots whose expert stays; fill the others in slot order.
   std::vector<int32_t> p2l(current.physical_to_logical.size(), -1);
   for (int32_t a = 0; a < n; ++a) {
     const int32_t rank = target[a];

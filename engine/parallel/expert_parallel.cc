@@ -132,4 +132,83 @@ absl::Status ExpertParallelMoe::Run(const float* x, int64_t num_tokens, int64_t 
   return expert_status;
 }
 
+namespace {
+
+// Holds reports whether `rank` holds logical expert `e` under `p`.
+bool Holds(const ExpertPlacement& p, int32_t rank, int32_t e) {
+  for (int32_t slot : p.logical_to_physical[e]) {
+    if (p.RankOfSlot(slot) == rank) return true;
+  }
+  return false;
+}
+
+// Source is the rank that sends expert `e` to a rank that lacks it: its first replica's owner.
+int32_t Source(const ExpertPlacement& p, int32_t e) {
+  return p.RankOfSlot(p.logical_to_physical[e].front());
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> RedistributeExperts(Communicator& comm,
+                                                       const ExpertPlacement& from,
+                                                       const ExpertPlacement& to,
+                                                       absl::Span<const float> local,
+                                                       int64_t floats_per_expert) {
+  const int32_t world = comm.world_size(), me = comm.rank();
+  if (from.num_logical_experts != to.num_logical_experts || from.num_ranks != world ||
+      to.num_ranks != world ||
+      static_cast<int64_t>(local.size()) != from.slots_per_rank * floats_per_expert) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RedistributeExperts: placements of ", from.num_logical_experts, "/",
+                     to.num_logical_experts, " experts over ", from.num_ranks, "/", to.num_ranks,
+                     " ranks, world ", world, ", ", local.size(), " local floats"));
+  }
+  // Transfers in a fixed order: destination rank, then destination slot. Rank d receives, for
+  // each of its new slots whose expert it lacks, that expert from Source().
+  std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+  std::vector<float> send;
+  for (int32_t d = 0; d < world; ++d) {
+    if (d == me) continue;
+    for (int32_t e : to.RankExperts(d)) {
+      if (Holds(from, d, e) || Source(from, e) != me) continue;
+      // My copy: the first of my old slots holding e.
+      const std::vector<int32_t> mine = from.RankExperts(me);
+      const int64_t j = std::find(mine.begin(), mine.end(), e) - mine.begin();
+      send.insert(send.end(), local.begin() + j * floats_per_expert,
+                  local.begin() + (j + 1) * floats_per_expert);
+      send_counts[d] += floats_per_expert;
+    }
+  }
+  const std::vector<int32_t> old_mine = from.RankExperts(me), new_mine = to.RankExperts(me);
+  for (int32_t e : new_mine) {
+    if (!Holds(from, me, e)) recv_counts[Source(from, e)] += floats_per_expert;
+  }
+  const int64_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  std::vector<float> recv(std::max<int64_t>(received, 1));
+  send.resize(std::max<size_t>(send.size(), 1));
+  if (absl::Status s = comm.AllToAllV(send.data(), send_counts, recv.data(), recv_counts,
+                                      CommDataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  // Received experts arrive grouped by source rank, each group in my new-slot order.
+  std::vector<int64_t> next(world, 0);
+  for (int32_t r = 1; r < world; ++r) next[r] = next[r - 1] + recv_counts[r - 1];
+  std::vector<float> out(new_mine.size() * floats_per_expert);
+  for (size_t j = 0; j < new_mine.size(); ++j) {
+    const int32_t e = new_mine[j];
+    const float* src = nullptr;
+    if (Holds(from, me, e)) {
+      const int64_t k = std::find(old_mine.begin(), old_mine.end(), e) - old_mine.begin();
+      src = local.data() + k * floats_per_expert;
+    } else {
+      int64_t& pos = next[Source(from, e)];
+      src = recv.data() + pos;
+      pos += floats_per_expert;
+    }
+    std::copy(src, src + floats_per_expert, out.begin() + j * floats_per_expert);
+  }
+  return out;
+}
+
 }  // namespace sluice

@@ -18,6 +18,7 @@
 #ifndef SLUICE_ENGINE_PARALLEL_EXPERT_PARALLEL_H_
 #define SLUICE_ENGINE_PARALLEL_EXPERT_PARALLEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -54,6 +55,10 @@ class ExpertParallelMoe {
   // over ranks for the layer's total; the ranks' token shares do not overlap).
   const std::vector<int64_t>& load() const { return load_; }
   void ResetLoad() { std::fill(load_.begin(), load_.end(), 0); }
+  // AddLoad adds `load` [num_logical_experts] to the counters (carried over a placement swap).
+  void AddLoad(absl::Span<const int64_t> load) {
+    for (size_t e = 0; e < load_.size() && e < load.size(); ++e) load_[e] += load[e];
+  }
 
  private:
   Communicator* comm_;
@@ -66,6 +71,21 @@ class ExpertParallelMoe {
   std::vector<float> send_x_, recv_x_, expert_out_, returned_, ones_, local_out_;
   kernels::MoeWorkspace moe_;
 };
+
+// RedistributeExperts moves expert weights from placement `from` to placement `to` (same
+// logical experts and ranks; collective over `comm`, run between steps). `local` holds this
+// rank's experts under `from`: [from.slots_per_rank, floats_per_expert] float32 in slot order.
+// Returns this rank's experts under `to`: [to.slots_per_rank, floats_per_expert]. An expert the
+// rank already holds is copied locally; any other comes from the rank holding its first
+// replica under `from`, in one AllToAllV (every rank derives the same transfer plan from the
+// two placements, so no count exchange is needed).
+// Errors: InvalidArgument when the placements' experts or ranks differ from each other or the
+// communicator, or `local` has the wrong size; those of AllToAllV.
+absl::StatusOr<std::vector<float>> RedistributeExperts(Communicator& comm,
+                                                       const ExpertPlacement& from,
+                                                       const ExpertPlacement& to,
+                                                       absl::Span<const float> local,
+                                                       int64_t floats_per_expert);
 
 }  // namespace sluice
 

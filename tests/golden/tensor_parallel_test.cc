@@ -119,6 +119,77 @@ TEST(ExpertParallelTest, DeepseekV3TinyEp4WithEplbReplicas) {
   ExpectSameAsSingleRank("deepseek-v3-tiny", o);
 }
 
+// One-sequence step over blocks 0, 1, ... of block_size 4: `tokens` at positions
+// context.. context + tokens.size(), logits of the last one.
+ForwardInput Step(const std::vector<int32_t>& tokens, int32_t context,
+                  const std::vector<int32_t>& blocks) {
+  ForwardInput in;
+  in.token_ids = tokens;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t pos = context + static_cast<int32_t>(i);
+    in.positions.push_back(pos);
+    in.slot_mapping.push_back(int64_t{blocks[pos / 4]} * 4 + pos % 4);
+  }
+  in.sequences = {{0, static_cast<int32_t>(tokens.size()), context, absl::MakeConstSpan(blocks)}};
+  in.logits_indices = {static_cast<int32_t>(tokens.size()) - 1};
+  return in;
+}
+
+// EPLB between steps of a sequence in flight: measure the expert load of the prefill, move to
+// an EPLB placement with 4 redundant replicas (weights move between ranks), decode, rebalance
+// again on the decode load, decode on. Every step's logits equal the single-rank model's.
+TEST(ExpertParallelTest, DeepseekV3TinyRebalanceBetweenSteps) {
+  const std::string dir = sluice::testing::FixtureDir("deepseek-v3-tiny");
+  const auto prompts = Prompts(dir);
+  ASSERT_FALSE(prompts.empty());
+  auto single = LoadModel(dir);
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto parallel = LoadCpuParallelModel(dir, Ep(4));
+  ASSERT_TRUE(parallel.ok()) << parallel.status();
+  const int64_t vocab = (*single)->config().vocab_size;
+  const std::vector<int32_t> blocks = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  KvCache single_cache((*single)->kv_cache_spec(), 16, 4);
+  KvCache parallel_cache((*parallel)->kv_cache_spec(), 16, 4);
+  std::vector<int32_t> tokens = prompts[0];
+  ASSERT_LT(tokens.size() + 6, blocks.size() * 4);
+  int32_t context = 0;
+  ExpertPlacement placement = *ContiguousPlacement(8, 4);
+  const EplbOptions options{.num_ranks = 4, .num_redundant_experts = 4};
+  for (int step = 0; step < 6; ++step) {
+    const ForwardInput in = Step(tokens, context, blocks);
+    std::vector<float> want(vocab), got(vocab);
+    ASSERT_TRUE((*single)->Forward(in, single_cache, absl::MakeSpan(want)).ok());
+    ASSERT_TRUE((*parallel)->Forward(in, parallel_cache, absl::MakeSpan(got)).ok());
+    float max_diff = 0;
+    for (int64_t v = 0; v < vocab; ++v) max_diff = std::max(max_diff, std::fabs(got[v] - want[v]));
+    EXPECT_LT(max_diff, kTolerance) << "step " << step;
+    const int32_t next = sluice::testing::ArgMax(want.data(), vocab);
+    EXPECT_EQ(sluice::testing::ArgMax(got.data(), vocab), next) << "step " << step;
+    context += static_cast<int32_t>(tokens.size());
+    // 2 MoE layers x top-2 experts per token.
+    const std::vector<int64_t> load = (*parallel)->TakeExpertLoad();
+    ASSERT_EQ(load.size(), 8u);
+    int64_t routed = 0;
+    for (int64_t x : load) routed += x;
+    EXPECT_EQ(routed, 2 * 2 * static_cast<int64_t>(tokens.size())) << "step " << step;
+    tokens = {next};
+    if (step != 0 && step != 3) continue;
+    const std::vector<double> measured(load.begin(), load.end());
+    if (step == 0) {
+      auto planned = PlanEplb(measured, options);
+      ASSERT_TRUE(planned.ok()) << planned.status();
+      placement = *planned;
+    } else {
+      // Always apply (min_improvement -1): exercise the moves whatever the gain.
+      auto plan = PlanRebalance(placement, measured, options, -1.0);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      placement = plan->placement;
+    }
+    ASSERT_TRUE((*parallel)->UpdateExpertPlacement(placement.physical_to_logical).ok());
+  }
+  EXPECT_EQ((*single)->UpdateExpertPlacement({}).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(ParallelShardTest, RejectsIndivisibleAndUnsupportedSplits) {
   const std::string llama = sluice::testing::FixtureDir("llama-tiny");
   const std::string dsv3 = sluice::testing::FixtureDir("deepseek-v3-tiny");

@@ -1,6 +1,5 @@
-// CpuCommunicator: every collective on 2, 3 and 4 ranks (threads), exact
-// expected values, error cases reported consistently on every rank, and the
-// abort/deadline path.
+// CpuCommunicator: every collective on 2, 3 and 4 ranks (threads), exact expected values, error
+// cases reported consistently on every rank, and the abort/deadline path.
 #include <functional>
 #include <thread>
 #include <vector>
@@ -12,8 +11,7 @@
 namespace sluice {
 namespace {
 
-// RunRanks runs body(rank, comm) on one thread per rank and returns each rank's
-// status.
+// RunRanks runs body(rank, comm) on one thread per rank and returns each rank's status.
 std::vector<absl::Status> RunRanks(CpuCommunicatorGroup& group,
                                    const std::function<absl::Status(int, Communicator&)>& body) {
   const int n = group.world_size();
@@ -41,8 +39,8 @@ TEST_P(CommunicatorTest, AllReduceSumF32IsRankOrderedAndIdenticalOnAllRanks) {
   auto status = RunRanks(*group, [&](int r, Communicator& c) {
     EXPECT_EQ(c.rank(), r);
     EXPECT_EQ(c.world_size(), n);
-    // Element 0 is chosen so the summation order matters in float32: 1e8 + 1 +
-    // ... rounds differently from 1 + ... + 1e8; element 1 checks a plain sum.
+    // Element 0 is chosen so the summation order matters in float32: 1e8 + 1 + ... rounds
+    // differently from 1 + ... + 1e8; element 1 checks a plain sum.
     data[r] = {r == 0 ? 1e8f : 1.0f, static_cast<float>(r + 1), -0.5f};
     return c.AllReduceSum(absl::MakeSpan(data[r]));
   });
@@ -127,8 +125,7 @@ TEST_P(CommunicatorTest, AllToAllVDispatchAndCombineRoundTrip) {
         !s.ok()) {
       return s;
     }
-    // Combine: send everything back (counts swap roles); the origin gets its
-    // rows in order.
+    // Combine: send everything back (counts swap roles); the origin gets its rows in order.
     returned[r].assign(send.size(), -1.0f);
     return c.AllToAllV(received[r].data(), *recv_counts, returned[r].data(), send_counts,
                        CommDataType::kFloat32);
@@ -235,8 +232,8 @@ TEST(CpuCommunicatorGroupTest, CreateRejectsBadArguments) {
   EXPECT_EQ(x[0], 2.5f);
 }
 
-// A rank that never arrives: the waiting rank gets DeadlineExceeded after the
-// (short) timeout, and the group is then aborted for everyone.
+// A rank that never arrives: the waiting rank gets DeadlineExceeded after the (short) timeout, and
+// the group is then aborted for everyone.
 TEST(CpuCommunicatorGroupTest, MissingPeerIsDeadlineExceededThenAborted) {
   auto group = MakeGroup(2, absl::Milliseconds(50));
   std::vector<float> x = {1.0f};
@@ -250,8 +247,7 @@ TEST(CpuCommunicatorGroupTest, AbortWakesWaitingRanks) {
   auto group = MakeGroup(2, absl::Seconds(30));
   absl::Status waiting;
   std::thread t([&] { waiting = group->communicator(0)->Barrier(); });
-  // No timing assumption: Abort either reaches the waiter or precedes its
-  // arrival; both fail.
+  // No timing assumption: Abort either reaches the waiter or precedes its arrival; both fail.
   group->Abort();
   t.join();
   EXPECT_EQ(waiting.code(), absl::StatusCode::kFailedPrecondition) << waiting;

@@ -1,6 +1,5 @@
-// EPLB placement: exact placements on small hand-computed cases, imbalance on
-// recorded skewed loads versus the naive contiguous layout, replica routing,
-// rebalance moves, errors.
+// EPLB placement: exact placements on small hand-computed cases, imbalance on recorded skewed loads
+// versus the naive contiguous layout, replica routing, rebalance moves, errors.
 #include "engine/parallel/eplb.h"
 
 #include <cmath>
@@ -32,11 +31,10 @@ void ExpectConsistent(const ExpertPlacement& p) {
 }
 
 TEST(EplbTest, ExactPlacementWithRedundantReplicas) {
-  // Loads 8, 4, 2, 2 on 2 ranks with 2 redundant slots (3 slots per rank).
-  // Replicate: expert 0 (8) gets a 2nd replica (8/2 = 4 ties expert 1's 4; the
-  // lower id wins the next one too), so replicas [3, 1, 1, 1], per-replica
-  // loads 8/3, 4, 2, 2. Pack (heaviest first, lightest rank with room, prefer
-  // ranks without that expert):
+  // Loads 8, 4, 2, 2 on 2 ranks with 2 redundant slots (3 slots per rank). Replicate: expert 0 (8)
+  // gets a 2nd replica (8/2 = 4 ties expert 1's 4; the lower id wins the next one too), so replicas
+  // [3, 1, 1, 1], per-replica loads 8/3, 4, 2, 2. Pack (heaviest first, lightest rank with room,
+  // prefer ranks without that expert):
   //   e1→r0 (4), e0→r1 (8/3), e0→r0 (r1 holds e0) 20/3, e0→r1 16/3, e2→r1 22/3
   //   (full), e3→r0.
   const std::vector<double> load = {8, 4, 2, 2};
@@ -60,8 +58,7 @@ TEST(EplbTest, ExactPlacementWithRedundantReplicas) {
 }
 
 TEST(EplbTest, ExactPlacementWithoutRedundancy) {
-  // 5, 4, 2, 1 on 2 ranks: e0→r0, e1→r1, e2→r1 (4 < 5), e3→r0: both ranks
-  // carry 6.
+  // 5, 4, 2, 1 on 2 ranks: e0→r0, e1→r1, e2→r1 (4 < 5), e3→r0: both ranks carry 6.
   const std::vector<double> load = {5, 4, 2, 1};
   auto p = PlanEplb(load, {.num_ranks = 2});
   ASSERT_TRUE(p.ok()) << p.status();
@@ -71,10 +68,9 @@ TEST(EplbTest, ExactPlacementWithoutRedundancy) {
   EXPECT_DOUBLE_EQ(ImbalanceOf(*naive, load), 1.5);
 }
 
-// Recorded skewed loads: Zipf(s = 1.2) over 64 experts (tokens per expert of a
-// window of 100k routed tokens, ranked by a fixed permutation so hot experts
-// are not all on rank 0), and a uniform load with one hot expert at 20x the
-// mean.
+// Recorded skewed loads: Zipf(s = 1.2) over 64 experts (tokens per expert of a window of 100k
+// routed tokens, ranked by a fixed permutation so hot experts are not all on rank 0), and a uniform
+// load with one hot expert at 20x the mean.
 std::vector<double> ZipfLoad() {
   std::vector<double> load(64);
   double z = 0;
@@ -86,8 +82,8 @@ std::vector<double> ZipfLoad() {
 }
 
 std::vector<double> HotExpertLoad() {
-  // 31 experts at 100 tokens and expert 5 at 20x the mean of all 32.
-  // mean = (3100 + h) / 32 and h = 20 mean  =>  h = 20 * 3100 / 12 = 5166.67.
+  // 31 experts at 100 tokens and expert 5 at 20x the mean of all 32. mean = (3100 + h) / 32 and h =
+  // 20 mean  =>  h = 20 * 3100 / 12 = 5166.67.
   std::vector<double> load(32, 100.0);
   load[5] = 20.0 * 3100.0 / 12.0;
   return load;
@@ -117,16 +113,14 @@ TEST(EplbTest, HotExpertAt20xMeanGetsReplicas) {
   auto p = PlanEplb(load, {.num_ranks = 4, .num_redundant_experts = 4});
   ASSERT_TRUE(p.ok()) << p.status();
   ExpectConsistent(*p);
-  // All 4 redundant slots go to the hot expert (5166/5 = 1033 per replica still
-  // > 100).
+  // All 4 redundant slots go to the hot expert (5166/5 = 1033 per replica still > 100).
   EXPECT_EQ(p->logical_to_physical[5].size(), 5u);
   const double before = ImbalanceOf(*naive, load), after = ImbalanceOf(*p, load);
   EXPECT_NEAR(before, (5166.67 + 700) / ((3100 + 5166.67) / 4), 1e-3);
   EXPECT_LT(after, before);
-  // 5 hot replicas on 4 ranks: one rank holds two (2 x 1033 + 7 x 100), the
-  // others one hot replica and 8 cold experts. Greedy replicate-then-pack
-  // cannot see that a 4th replica would balance better — a known limit of the
-  // method; still 2.8x → 1.34.
+  // 5 hot replicas on 4 ranks: one rank holds two (2 x 1033 + 7 x 100), the others one hot replica
+  // and 8 cold experts. Greedy replicate-then-pack cannot see that a 4th replica would balance
+  // better — a known limit of the method; still 2.8x → 1.34.
   EXPECT_NEAR(after, (2 * load[5] / 5 + 700) / ((3100 + load[5]) / 4), 1e-9);
 }
 
@@ -163,8 +157,7 @@ TEST(EplbTest, ReplicaRouterPolicies) {
 TEST(EplbTest, RebalanceExactMoves) {
   auto current = ContiguousPlacement(4, 2);  // [0, 1 | 2, 3]
   ASSERT_TRUE(current.ok());
-  // Fresh plan [0, 3 | 1, 2]; relabelled to keep e0 in slot 0 and e2 in slot 2:
-  // [0, 3 | 2, 1].
+  // Fresh plan [0, 3 | 1, 2]; relabelled to keep e0 in slot 0 and e2 in slot 2: [0, 3 | 2, 1].
   auto plan = PlanRebalance(*current, std::vector<double>{5, 4, 2, 1}, {.num_ranks = 2});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->changed);
@@ -184,8 +177,7 @@ TEST(EplbTest, RebalanceMovesTurnOldPlacementIntoNew) {
   const std::vector<double> first = ZipfLoad();
   auto current = PlanEplb(first, {.num_ranks = 8, .num_redundant_experts = 16});
   ASSERT_TRUE(current.ok());
-  // The load shifts: the same Zipf shape over another permutation of the
-  // experts.
+  // The load shifts: the same Zipf shape over another permutation of the experts.
   std::vector<double> shifted(64);
   for (int e = 0; e < 64; ++e) shifted[(e * 5 + 3) % 64] = first[e];
   auto plan = PlanRebalance(*current, shifted, {.num_ranks = 8, .num_redundant_experts = 16});
@@ -193,8 +185,8 @@ TEST(EplbTest, RebalanceMovesTurnOldPlacementIntoNew) {
   ASSERT_TRUE(plan->changed);
   ExpectConsistent(plan->placement);
   EXPECT_LT(plan->new_imbalance, plan->old_imbalance);
-  // Applying the copies (sources read from the old slots) yields exactly the
-  // new placement, and only slots whose expert changes are written.
+  // Applying the copies (sources read from the old slots) yields exactly the new placement, and
+  // only slots whose expert changes are written.
   std::vector<int32_t> slots = current->physical_to_logical;
   for (const ExpertMove& m : plan->moves) {
     EXPECT_EQ(current->physical_to_logical[m.src_slot], m.logical);
@@ -202,8 +194,7 @@ TEST(EplbTest, RebalanceMovesTurnOldPlacementIntoNew) {
     slots[m.dst_slot] = m.logical;
   }
   EXPECT_EQ(slots, plan->placement.physical_to_logical);
-  // The relabelling saves copies compared to writing the fresh plan as it
-  // comes.
+  // The relabelling saves copies compared to writing the fresh plan as it comes.
   auto fresh = PlanEplb(shifted, {.num_ranks = 8, .num_redundant_experts = 16});
   size_t naive_moves = 0;
   for (size_t s = 0; s < slots.size(); ++s) {
