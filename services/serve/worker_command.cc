@@ -142,7 +142,11 @@ int Run(const WorkerOptions& options, Role role) {
     server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
-  const std::string metrics_address = absl::StrCat(options.http_host, ":", (*http)->port());
+  // Peers reach a wildcard-bound HTTP server at the advertised gRPC host.
+  const bool wildcard = options.http_host == "0.0.0.0" || options.http_host == "::";
+  const std::string metrics_host =
+      wildcard ? advertise.substr(0, advertise.rfind(':')) : options.http_host;
+  const std::string metrics_address = absl::StrCat(metrics_host, ":", (*http)->port());
 
   std::unique_ptr<RegistrationClient> registration;
   if (!options.router.empty()) {

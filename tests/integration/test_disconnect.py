@@ -127,8 +127,6 @@ def test_disconnects_free_blocks_on_both_workers(cluster):
     assert 'sluice_worker_requests_total{status="cancelled"}' in p, p
     d = cluster.worker_metrics_text("decode-0")
     assert 'sluice_worker_requests_total{status="cancelled"}' in d, d
-    wait_until(lambda: cluster.metric("sluice_router_worker_assigned_requests") == 0, 10,
-               "router assignments back to zero")
     # The workers still serve.
     assert client.chat.completions.create(
         model=MODEL_NAME, temperature=0, max_tokens=4,
