@@ -86,7 +86,7 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   std::atomic<bool> draining_{false};
   std::mutex mu_;
   std::unordered_map<std::string, Held> held_;  // guarded by mu_
-  TaskPool pool_;  // last: joined first
+  TaskPool pool_;                               // last: joined first
 };
 
 }  // namespace sluice

@@ -79,9 +79,9 @@ class TaskPool {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;                // guarded by mu_
+  std::deque<std::function<void()>> jobs_;                    // guarded by mu_
   std::multimap<absl::Time, std::function<void()>> delayed_;  // guarded by mu_
-  bool stop_ = false;                                     // guarded by mu_
+  bool stop_ = false;                                         // guarded by mu_
   std::vector<std::thread> threads_;
 };
 

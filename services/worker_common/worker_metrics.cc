@@ -101,8 +101,7 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
   Gauge(out, "sluice_kv_cache_blocks", "KV cache blocks in total.", total);
   Gauge(out, "sluice_kv_cache_free_blocks", "KV cache blocks free.", free);
   Gauge(out, "sluice_kv_cache_used_blocks",
-        "KV cache blocks in use (running, pinned for a decode worker, or reserved).",
-        total - free);
+        "KV cache blocks in use (running, pinned for a decode worker, or reserved).", total - free);
   Gauge(out, "sluice_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0 to 1).", usage);
   Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
         static_cast<double>(stats.block_size));
@@ -130,9 +129,9 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
   Header(out, "sluice_kv_transfer_bytes_total", "counter",
          "KV payload bytes moved by successful transfers, by direction (pull: read from a peer, "
          "push: written to a peer).");
-  absl::StrAppend(&out, "sluice_kv_transfer_bytes_total{direction=\"pull\"} ",
-                  transfer.bytes_pulled, "\n", "sluice_kv_transfer_bytes_total{direction=\"push\"} ",
-                  transfer.bytes_pushed, "\n");
+  absl::StrAppend(
+      &out, "sluice_kv_transfer_bytes_total{direction=\"pull\"} ", transfer.bytes_pulled, "\n",
+      "sluice_kv_transfer_bytes_total{direction=\"push\"} ", transfer.bytes_pushed, "\n");
   {
     std::lock_guard<std::mutex> lock(mu_);
     Header(out, "sluice_kv_transfers_total", "counter",

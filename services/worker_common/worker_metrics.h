@@ -62,12 +62,12 @@ class WorkerMetrics {
   const std::string model_name_;
   std::atomic<bool> healthy_{true};
   mutable std::mutex mu_;
-  Histogram ttft_;      // guarded by mu_
-  Histogram itl_;       // guarded by mu_
-  Histogram transfer_;  // guarded by mu_
-  Histogram handover_;  // guarded by mu_
-  int64_t num_transfers_ok_ = 0;      // guarded by mu_
-  int64_t num_transfers_failed_ = 0;  // guarded by mu_
+  Histogram ttft_;                           // guarded by mu_
+  Histogram itl_;                            // guarded by mu_
+  Histogram transfer_;                       // guarded by mu_
+  Histogram handover_;                       // guarded by mu_
+  int64_t num_transfers_ok_ = 0;             // guarded by mu_
+  int64_t num_transfers_failed_ = 0;         // guarded by mu_
   std::map<std::string, int64_t> outcomes_;  // status label -> count; guarded by mu_
 };
 
