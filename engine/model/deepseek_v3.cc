@@ -587,6 +587,7 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
 absl::Status DeepseekV3Model::Shard(const ParallelShard& shard) {
   if (shard.world_size == 1) return absl::OkStatus();
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
+  if (group_comm_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
   group_comm_ = shard.comm;
   if (shard.tensor_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
   if (shard.expert_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardExperts(shard));

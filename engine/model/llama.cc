@@ -493,6 +493,7 @@ absl::Status LlamaModel::Shard(const ParallelShard& shard) {
   if (shard.expert_parallel) {
     return absl::InvalidArgumentError("expert parallelism: Llama/Qwen3 have no MoE layers");
   }
+  if (tp_comm_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
   if (!shard.tensor_parallel || shard.world_size == 1) return absl::OkStatus();
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
   auto heads = ShardAttentionHeads(heads_, kv_heads_, shard.rank, shard.world_size);

@@ -139,9 +139,9 @@ class Model {
   // weight slices). Call once, before the first Forward. Afterwards kv_cache_spec() and
   // config()'s num_attention_heads / num_key_value_heads / intermediate_size describe this rank, Forward is collective (all ranks, same input, same
   // order) and every rank writes the same full-vocabulary logits.
-  // Errors: Unimplemented for architectures without parallel support; InvalidArgument for a
-  // head/channel/expert count the world size does not divide, a missing communicator, or
-  // expert parallelism on a model without MoE layers.
+  // Errors: Unimplemented for architectures without parallel support; FailedPrecondition when
+  // already sharded; InvalidArgument for a head/channel/expert count the world size does not
+  // divide, a missing communicator, or expert parallelism on a model without MoE layers.
   virtual absl::Status Shard(const ParallelShard& shard) {
     return absl::UnimplementedError("this model does not support tensor/expert parallelism");
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/model/model.h"
+#include "engine/parallel/cpu_communicator.h"
 #include "engine/parallel/cpu_parallel_model.h"
 #include "engine/parallel/eplb.h"
 #include "tests/util/golden_runner.h"
@@ -225,6 +226,18 @@ TEST(ParallelShardTest, InvalidInputKeepsReplicaUsable) {
             absl::StatusCode::kInvalidArgument);
   in.token_ids = {3};
   EXPECT_TRUE(model.Forward(in, cache, absl::MakeSpan(logits)).ok());
+}
+
+TEST(ParallelShardTest, ShardingTwiceIsFailedPrecondition) {
+  for (const char* fixture : {"llama-tiny", "deepseek-v3-tiny"}) {
+    auto model = LoadModel(sluice::testing::FixtureDir(fixture));
+    ASSERT_TRUE(model.ok()) << model.status();
+    auto group = CpuCommunicatorGroup::Create(2);
+    ASSERT_TRUE(group.ok());
+    ParallelShard shard{.rank = 0, .world_size = 2, .comm = (*group)->communicator(0)};
+    ASSERT_TRUE((*model)->Shard(shard).ok()) << fixture;
+    EXPECT_EQ((*model)->Shard(shard).code(), absl::StatusCode::kFailedPrecondition) << fixture;
+  }
 }
 
 }  // namespace
