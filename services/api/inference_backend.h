@@ -21,6 +21,12 @@ struct BackendStats {
   int64_t num_preemptions_total = 0;
   int64_t num_prompt_tokens_total = 0;
   int64_t num_generation_tokens_total = 0;
+  // Prefix cache (0 where the backend has none): tokens looked up / found at admissions,
+  // prompt tokens served from the cache, blocks registered now.
+  int64_t num_prefix_cache_query_tokens_total = 0;
+  int64_t num_prefix_cache_hit_tokens_total = 0;
+  int64_t num_prompt_tokens_cached_total = 0;
+  int64_t num_cached_blocks = 0;
 };
 
 class InferenceBackend {

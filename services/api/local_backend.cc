@@ -23,6 +23,11 @@ BackendStats LocalBackend::Stats() const {
   out.num_preemptions_total = s.counters.num_preemptions;
   out.num_prompt_tokens_total = s.counters.num_prompt_tokens_computed;
   out.num_generation_tokens_total = s.counters.num_generation_tokens;
+  out.num_prefix_cache_query_tokens_total =
+      s.counters.num_prefix_cache_queried_blocks * s.block_size;
+  out.num_prefix_cache_hit_tokens_total = s.counters.num_prefix_cache_hit_blocks * s.block_size;
+  out.num_prompt_tokens_cached_total = s.counters.num_prompt_tokens_cached;
+  out.num_cached_blocks = s.num_cached_blocks;
   return out;
 }
 

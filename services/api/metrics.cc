@@ -162,6 +162,19 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
         static_cast<double>(stats.block_size));
   Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
           static_cast<double>(stats.num_preemptions_total));
+  // Prefix cache; hit rate = hits / queries (vLLM's prefix_cache_queries/hits, in tokens).
+  Counter(out, "sluice_prefix_cache_queries_total",
+          "Tokens of full prompt blocks looked up in the prefix cache.",
+          static_cast<double>(stats.num_prefix_cache_query_tokens_total));
+  Counter(out, "sluice_prefix_cache_hits_total",
+          "Tokens of full prompt blocks found in the prefix cache.",
+          static_cast<double>(stats.num_prefix_cache_hit_tokens_total));
+  Counter(out, "sluice_prompt_tokens_cached_total",
+          "Prompt tokens served from the prefix cache instead of being computed.",
+          static_cast<double>(stats.num_prompt_tokens_cached_total));
+  Gauge(out, "sluice_kv_cache_cached_blocks",
+        "KV blocks registered in the prefix cache (in use or evictable).",
+        static_cast<double>(stats.num_cached_blocks));
   return out;
 }
 

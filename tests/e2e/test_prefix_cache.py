@@ -7,6 +7,9 @@ never match (the session server keeps its cache across tests). Block size is the
 (16 tokens): a repeat serves every full block of the prompt except the one holding its last token.
 """
 
+import re
+import time
+import urllib.request
 import uuid
 
 import openai
@@ -111,3 +114,31 @@ def test_no_prefix_caching_reports_zero(uncached_client, model):
     chat(uncached_client, model, messages)
     again = chat(uncached_client, model, messages)
     assert again.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def test_metrics_count_prefix_cache_hits(client, model, base_url):
+    before_hits = metric(base_url, "sluice_prefix_cache_hits_total")
+    before_cached = metric(base_url, "sluice_prompt_tokens_cached_total")
+    messages = [{"role": "user", "content": long_question(nonce())}]
+    chat(client, model, messages)
+    again = chat(client, model, messages)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    # The engine publishes its counters after each step: wait (bounded) for that step.
+    deadline = time.monotonic() + 10
+    while (metric(base_url, "sluice_prompt_tokens_cached_total") - before_cached != cached
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+    assert metric(base_url, "sluice_prompt_tokens_cached_total") - before_cached == cached
+    assert metric(base_url, "sluice_prefix_cache_hits_total") - before_hits == cached
+    queries = metric(base_url, "sluice_prefix_cache_queries_total")
+    assert queries >= metric(base_url, "sluice_prefix_cache_hits_total")
+    assert metric(base_url, "sluice_kv_cache_cached_blocks") > 0
