@@ -3,9 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <future>
 #include <optional>
-#include <thread>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -32,56 +31,134 @@ bool IsWorkerFailure(grpc::StatusCode code) {
          code == grpc::StatusCode::UNKNOWN || code == grpc::StatusCode::ABORTED;
 }
 
+// Unary: one callback-API unary RPC's buffers, kept alive (shared) until its
+// callback ran. `Stub` keeps the channel alive for fire-and-forget calls.
+template <typename Stub, typename Request, typename Response>
+struct Unary {
+  std::shared_ptr<Stub> stub;
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+};
+
 }  // namespace
 
-// Call: one request's state, shared by its thread, Abort and worker removal.
-struct RemoteBackend::Call {
-  EngineRequest request;
-  OutputCallback on_output;
+// Call: one request. No thread of its own: each step starts an RPC whose
+// callback runs the next step. At most one step runs at a time, except that the
+// Reserve and Prefill callbacks may race; they meet in PrefillPhaseEnded, where
+// exactly one of them goes on. Flow state is guarded by `mu_`; RPCs are started
+// and outputs delivered without it held.
+class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
+ public:
+  Call(RemoteBackend* backend, EngineRequest request, OutputCallback on_output)
+      : backend_(backend),
+        options_(backend->options_),
+        request_(std::move(request)),
+        on_output_(std::move(on_output)),
+        prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())) {
+    ToWire(request_.sampling, &wire_sampling_);
+  }
 
-  std::mutex mu;
-  bool aborted = false;                                // guarded by mu
-  std::map<grpc::ClientContext*, std::string> active;  // RPC context → worker id; guarded
-  std::map<std::string, absl::Status> failed_workers;  // removed while in use; guarded
-  // Written by the request thread only.
-  bool finished = false;
-  int32_t num_prompt_tokens = 0;
-  int32_t num_cached_tokens = 0;
-  int32_t num_output_tokens = 0;
+  const std::string& id() const { return request_.request_id; }
+  void Start() { NextDecodeAttempt(); }
+
+  // Abort cancels every RPC in flight; their callbacks end the request.
+  void Abort() {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    for (auto& [context, worker] : active_) context->TryCancel();
+  }
+
+  void OnWorkerRemoved(const std::string& worker_id, const absl::Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool uses = false;
+    for (auto& [context, worker] : active_) {
+      if (worker == worker_id) {
+        uses = true;
+        context->TryCancel();
+      }
+    }
+    if (uses) failed_workers_[worker_id] = why;
+  }
+
+  // DecodeMessage delivers one message of the Decode stream; returns false
+  // once the request is finished (stop reading).
+  bool DecodeMessage(const v1::TokenOutput& message) {
+    RequestOutput output;
+    output.new_tokens.reserve(message.tokens_size());
+    for (const v1::SampledToken& token : message.tokens()) {
+      output.new_tokens.push_back(FromWire(token));
+    }
+    if (!prefill_.has_value() && message.has_usage()) {
+      num_prompt_tokens_ = message.usage().prompt_tokens();
+      num_cached_tokens_ = message.usage().cached_tokens();
+    }
+    output.finish_reason = FromWire(message.finish_reason());
+    if (output.finish_reason == FinishReason::kError) {
+      output.status = StatusFromWire(message.error());
+      // Most often the KV pull failed: check that the prefill worker still lives.
+      if (prefill_worker_.has_value()) backend_->prober_.Suspect(*prefill_worker_);
+    }
+    Deliver(std::move(output));
+    return !finished_;
+  }
+
+  void DecodeEnded(grpc::ClientContext* context, const grpc::Status& status) {
+    Detach(context);
+    if (finished_) return Done();
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    // The stream ended without a final message: the decode worker failed.
+    if (IsWorkerFailure(status.error_code())) backend_->prober_.Suspect(*decode_);
+    absl::Status failure = WorkerFailure(decode_->worker_id);
+    if (failure.ok()) {
+      failure = absl::UnavailableError(absl::StrCat("decode worker ", decode_->worker_id, " (",
+                                                    decode_->address,
+                                                    ") failed: ", status.error_message()));
+    }
+    if (num_output_tokens_ == 0 && IsWorkerFailure(status.error_code())) return RetryDecode();
+    Finish(FinishReason::kError, failure);
+    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    Done();
+  }
+
+ private:
+  using DecodeStub = v1::DecodeWorker::Stub;
+  using PrefillStub = v1::PrefillWorker::Stub;
 
   // Attach registers an RPC about to start; false when the request was aborted
-  // already.
+  // or the worker was removed meanwhile.
   bool Attach(grpc::ClientContext* context, const std::string& worker_id) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted) return false;
-    auto failed = failed_workers.find(worker_id);
-    if (failed != failed_workers.end()) return false;
-    active[context] = worker_id;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_ || failed_workers_.count(worker_id) > 0) return false;
+    active_[context] = worker_id;
     return true;
   }
   void Detach(grpc::ClientContext* context) {
-    std::lock_guard<std::mutex> lock(mu);
-    active.erase(context);
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.erase(context);
   }
   bool IsAborted() {
-    std::lock_guard<std::mutex> lock(mu);
-    return aborted;
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_;
   }
   absl::Status WorkerFailure(const std::string& worker_id) {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = failed_workers.find(worker_id);
-    return it == failed_workers.end() ? absl::OkStatus() : it->second;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = failed_workers_.find(worker_id);
+    return it == failed_workers_.end() ? absl::OkStatus() : it->second;
   }
 
   void Deliver(RequestOutput output) {
-    if (finished) return;
-    output.request_id = request.request_id;
-    num_output_tokens += static_cast<int32_t>(output.new_tokens.size());
-    output.num_prompt_tokens = num_prompt_tokens;
-    output.num_cached_tokens = num_cached_tokens;
-    output.num_output_tokens = num_output_tokens;
-    finished = output.finished();
-    on_output(output);
+    if (finished_) return;
+    output.request_id = request_.request_id;
+    num_output_tokens_ += static_cast<int32_t>(output.new_tokens.size());
+    output.num_prompt_tokens = num_prompt_tokens_;
+    output.num_cached_tokens = num_cached_tokens_;
+    output.num_output_tokens = num_output_tokens_;
+    finished_ = output.finished();
+    on_output_(output);
   }
   void Finish(FinishReason reason, absl::Status status = absl::OkStatus()) {
     RequestOutput output;
@@ -89,7 +166,286 @@ struct RemoteBackend::Call {
     output.status = std::move(status);
     Deliver(std::move(output));
   }
+
+  // Done releases the decode worker and forgets the request: the last step.
+  void Done() {
+    if (decode_.has_value()) backend_->registry_->Release(decode_->worker_id);
+    backend_->Forget(request_.request_id);
+  }
+
+  void NextDecodeAttempt() {
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    const int64_t tokens_needed = prompt_len_ + request_.sampling.max_tokens;
+    decode_ = num_decode_attempts_++ < options_.max_decode_attempts
+                  ? backend_->registry_->Pick(WorkerRole::kDecode, tokens_needed, bad_decode_)
+                  : std::nullopt;
+    if (!decode_.has_value()) {
+      Finish(
+          FinishReason::kError,
+          absl::UnavailableError(num_decode_attempts_ == 1 ? "no decode worker is available"
+                                                           : "every decode worker tried failed"));
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      return Done();
+    }
+    decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
+    prefill_.reset();
+    prefill_worker_.reset();
+    prefill_error_ = absl::OkStatus();
+    const bool remote_prefill = prompt_len_ >= options_.min_remote_prefill_tokens &&
+                                backend_->registry_->CountLive(WorkerRole::kPrefill) > 0 &&
+                                num_output_tokens_ == 0;
+    if (!remote_prefill) {
+      backend_->Count(&RemoteBackendCounters::num_local_prefills);
+      return StartDecode();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_phase_ended_ = false;
+      reserving_ = true;
+    }
+    num_prefill_attempts_ = 0;
+    prefill_until_ = DeadlineIn(options_.prefill_deadline);
+    StartReserve();
+    StartPrefill();
+  }
+
+  // StartReserve reserves blocks on the decode worker while prefill runs.
+  void StartReserve() {
+    using Rpc = Unary<DecodeStub, v1::ReserveRequest, v1::ReserveResponse>;
+    auto rpc = std::make_shared<Rpc>();
+    rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+    rpc->request.set_request_id(id());
+    rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
+                                                 request_.prompt_token_ids.end());
+    *rpc->request.mutable_sampling() = wire_sampling_;
+    if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
+    decode_stub_->async()->Reserve(&rpc->context, &rpc->request, &rpc->response,
+                                   [self = shared_from_this(), rpc](grpc::Status) {
+                                     self->Detach(&rpc->context);
+                                     self->ReserveEnded();
+                                   });
+  }
+
+  void StartPrefill() {
+    if (IsAborted() || num_prefill_attempts_ >= options_.max_prefill_attempts ||
+        std::chrono::system_clock::now() >= prefill_until_) {
+      return PrefillPhaseEnded();
+    }
+    std::optional<WorkerSnapshot> worker =
+        backend_->registry_->Pick(WorkerRole::kPrefill, prompt_len_, bad_prefill_);
+    if (!worker.has_value()) return PrefillPhaseEnded();
+    ++num_prefill_attempts_;
+    using Rpc = Unary<PrefillStub, v1::PrefillRequest, v1::PrefillResponse>;
+    auto rpc = std::make_shared<Rpc>();
+    rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(worker->address));
+    rpc->context.set_deadline(prefill_until_);
+    rpc->request.set_request_id(id());
+    rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
+                                                 request_.prompt_token_ids.end());
+    *rpc->request.mutable_sampling() = wire_sampling_;
+    if (!Attach(&rpc->context, worker->worker_id)) {
+      return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
+    }
+    rpc->stub->async()->Prefill(
+        &rpc->context, &rpc->request, &rpc->response,
+        [self = shared_from_this(), rpc, worker = *worker](grpc::Status status) {
+          self->Detach(&rpc->context);
+          self->PrefillEnded(worker, status, &rpc->response);
+        });
+  }
+
+  void PrefillEnded(const WorkerSnapshot& worker, const grpc::Status& status,
+                    v1::PrefillResponse* response) {
+    backend_->registry_->Release(worker.worker_id);
+    if (status.ok()) {
+      prefill_ = std::move(*response);
+      prefill_worker_ = worker;
+      return PrefillPhaseEnded();
+    }
+    if (IsAborted()) return PrefillPhaseEnded();
+    if (!IsWorkerFailure(status.error_code())) {
+      prefill_error_ = FromGrpc(status);
+      return PrefillPhaseEnded();
+    }
+    backend_->prober_.Suspect(worker);
+    bad_prefill_.insert(worker.worker_id);
+    backend_->Count(&RemoteBackendCounters::num_prefill_retries);
+    StartPrefill();
+  }
+
+  // The Reserve and the prefill phase each end once; whichever ends second
+  // goes on (Decode must claim the reservation, not race it).
+  void ReserveEnded() {
+    bool go;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserving_ = false;
+      go = prefill_phase_ended_;
+    }
+    if (go) AfterPrefill();
+  }
+  void PrefillPhaseEnded() {
+    bool go;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_phase_ended_ = true;
+      go = !reserving_;
+    }
+    if (go) AfterPrefill();
+  }
+
+  void AfterPrefill() {
+    if (IsAborted() || !prefill_error_.ok()) {
+      CancelOnDecode();
+      if (IsAborted()) {
+        Finish(FinishReason::kAbort);
+      } else {
+        Finish(FinishReason::kError, prefill_error_);
+      }
+      return Done();
+    }
+    if (!prefill_.has_value()) {
+      // No prefill worker answered: the decode worker prefills.
+      backend_->Count(&RemoteBackendCounters::num_local_prefills);
+      return StartDecode();
+    }
+    backend_->Count(&RemoteBackendCounters::num_remote_prefills);
+    num_prompt_tokens_ = prefill_->num_prompt_tokens();
+    num_cached_tokens_ = prefill_->num_cached_tokens();
+    RequestOutput first;
+    first.new_tokens.push_back(FromWire(prefill_->first_token()));
+    first.finish_reason = FromWire(prefill_->finish_reason());
+    Deliver(std::move(first));
+    if (finished_) {
+      CancelOnDecode();
+      return Done();
+    }
+    StartDecode();
+  }
+
+  void StartDecode();
+
+  void RetryDecode() {
+    backend_->registry_->Release(decode_->worker_id);
+    bad_decode_.insert(decode_->worker_id);
+    decode_.reset();
+    backend_->Count(&RemoteBackendCounters::num_decode_retries);
+    NextDecodeAttempt();
+  }
+
+  // Fire-and-forget control calls, bounded by control_deadline.
+  void CancelOnDecode() {
+    using Rpc = Unary<DecodeStub, v1::CancelRequest, v1::CancelResponse>;
+    auto rpc = std::make_shared<Rpc>();
+    rpc->stub = decode_stub_;
+    rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+    rpc->request.set_request_id(id());
+    rpc->stub->async()->Cancel(&rpc->context, &rpc->request, &rpc->response,
+                               [rpc](grpc::Status) {});
+  }
+  void ReleaseOnPrefill(const std::string& address) {
+    using Rpc = Unary<PrefillStub, v1::ReleaseRequest, v1::ReleaseResponse>;
+    auto rpc = std::make_shared<Rpc>();
+    rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(address));
+    rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+    rpc->request.set_request_id(id());
+    rpc->stub->async()->Release(&rpc->context, &rpc->request, &rpc->response,
+                                [rpc](grpc::Status) {});
+  }
+
+  RemoteBackend* const backend_;
+  const RemoteBackendOptions& options_;
+  EngineRequest request_;
+  OutputCallback on_output_;
+  const int64_t prompt_len_;
+  v1::SamplingParams wire_sampling_;
+
+  std::mutex mu_;
+  bool aborted_ = false;                                // guarded by mu_
+  std::map<grpc::ClientContext*, std::string> active_;  // RPC → worker id; guarded by mu_
+  std::map<std::string, absl::Status> failed_workers_;  // removed while in use; guarded by mu_
+  bool reserving_ = false;                              // guarded by mu_
+  bool prefill_phase_ended_ = false;                    // guarded by mu_
+
+  // Flow state: touched by one step at a time (see the class comment).
+  std::optional<WorkerSnapshot> decode_;  // the decode worker of this attempt (assigned)
+  std::shared_ptr<DecodeStub> decode_stub_;
+  int32_t num_decode_attempts_ = 0;
+  std::set<std::string> bad_decode_;
+  std::set<std::string> bad_prefill_;
+  int32_t num_prefill_attempts_ = 0;
+  std::chrono::system_clock::time_point prefill_until_;
+  std::optional<v1::PrefillResponse> prefill_;
+  std::optional<WorkerSnapshot> prefill_worker_;  // the worker that answered `prefill_`
+  absl::Status prefill_error_;
+  bool finished_ = false;
+  int32_t num_prompt_tokens_ = 0;
+  int32_t num_cached_tokens_ = 0;
+  int32_t num_output_tokens_ = 0;
 };
+
+// DecodeReader: the Decode stream of one attempt. Deletes itself when done.
+class RemoteBackend::DecodeReader final : public grpc::ClientReadReactor<v1::TokenOutput> {
+ public:
+  explicit DecodeReader(std::shared_ptr<Call> call) : call_(std::move(call)) {}
+
+  grpc::ClientContext context;
+  v1::DecodeRequest request;
+
+  void Begin() {
+    StartRead(&message_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (call_->DecodeMessage(message_)) {
+      StartRead(&message_);
+    } else {
+      context.TryCancel();  // finished: end the stream promptly
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->DecodeEnded(&context, status);
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<Call> call_;
+  v1::TokenOutput message_;
+};
+
+void RemoteBackend::Call::StartDecode() {
+  auto* reader = new DecodeReader(shared_from_this());
+  reader->context.set_deadline(DeadlineIn(options_.decode_deadline));
+  reader->request.set_request_id(id());
+  reader->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
+                                                  request_.prompt_token_ids.end());
+  *reader->request.mutable_sampling() = wire_sampling_;
+  if (prefill_.has_value()) *reader->request.mutable_prefill() = *prefill_;
+  if (!Attach(&reader->context, decode_->worker_id)) {
+    delete reader;
+    const absl::Status failure = WorkerFailure(decode_->worker_id);
+    if (prefill_.has_value()) {
+      // Decode never starts: free the prefill worker's pin now rather than at
+      // its timeout.
+      ReleaseOnPrefill(prefill_->prefill_worker_address());
+      CancelOnDecode();
+    }
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    if (num_output_tokens_ == 0) return RetryDecode();
+    Finish(FinishReason::kError, failure);
+    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    return Done();
+  }
+  decode_stub_->async()->Decode(&reader->context, &reader->request, reader);
+  reader->Begin();
+}
 
 RemoteBackend::RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions options)
     : registry_(registry), options_(options), prober_(registry, options.probe_timeout) {
@@ -100,15 +456,16 @@ RemoteBackend::RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions opti
 
 RemoteBackend::~RemoteBackend() {
   registry_->OnRemoved(nullptr);
-  std::unique_lock<std::mutex> lock(mu_);
-  shutting_down_ = true;
-  for (auto& [id, call] : calls_) {
-    std::lock_guard<std::mutex> call_lock(call->mu);
-    call->aborted = true;
-    for (auto& [context, worker] : call->active) context->TryCancel();
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    for (auto& [id, call] : calls_) calls.push_back(call);
   }
-  // Every RPC has a deadline, and cancelled ones return at once: this wait is
+  for (auto& call : calls) call->Abort();
+  // Every RPC has a deadline, and cancelled ones end at once: this wait is
   // bounded.
+  std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [this] { return calls_.empty(); });
 }
 
@@ -123,18 +480,16 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
   if (registry_->CountLive(WorkerRole::kDecode) == 0) {
     return absl::UnavailableError("no decode worker is registered with the router");
   }
-  auto call = std::make_shared<Call>();
-  call->request = std::move(request);
-  call->on_output = std::move(on_output);
+  auto call = std::make_shared<Call>(this, std::move(request), std::move(on_output));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("the router is shutting down");
-    if (!calls_.emplace(call->request.request_id, call).second) {
+    if (!calls_.emplace(call->id(), call).second) {
       return absl::AlreadyExistsError(
-          absl::StrCat("request id '", call->request.request_id, "' is already in flight"));
+          absl::StrCat("request id '", call->id(), "' is already in flight"));
     }
   }
-  std::thread([this, call] { Run(call); }).detach();
+  call->Start();
   return absl::OkStatus();
 }
 
@@ -146,9 +501,18 @@ void RemoteBackend::Abort(const std::string& request_id) {
     if (it == calls_.end()) return;
     call = it->second;
   }
-  std::lock_guard<std::mutex> lock(call->mu);
-  call->aborted = true;
-  for (auto& [context, worker] : call->active) context->TryCancel();
+  call->Abort();
+}
+
+void RemoteBackend::Forget(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_.erase(request_id);
+  if (calls_.empty()) idle_cv_.notify_all();
+}
+
+void RemoteBackend::Count(int64_t RemoteBackendCounters::*counter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(counters_.*counter);
 }
 
 void RemoteBackend::OnWorkerRemoved(const WorkerSnapshot& worker, const absl::Status& why) {
@@ -160,17 +524,7 @@ void RemoteBackend::OnWorkerRemoved(const WorkerSnapshot& worker, const absl::St
     channels_.erase(worker.address);
     for (auto& [id, call] : calls_) calls.push_back(call);
   }
-  for (auto& call : calls) {
-    std::lock_guard<std::mutex> lock(call->mu);
-    bool uses = false;
-    for (auto& [context, worker_id] : call->active) {
-      if (worker_id == worker.worker_id) {
-        uses = true;
-        context->TryCancel();
-      }
-    }
-    if (uses) call->failed_workers[worker.worker_id] = why;
-  }
+  for (auto& call : calls) call->OnWorkerRemoved(worker.worker_id, why);
 }
 
 std::shared_ptr<grpc::Channel> RemoteBackend::ChannelTo(const std::string& address) {
@@ -184,247 +538,6 @@ std::shared_ptr<grpc::Channel> RemoteBackend::ChannelTo(const std::string& addre
     channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
   return channel;
-}
-
-void RemoteBackend::Run(std::shared_ptr<Call> call) {
-  Call& c = *call;
-  const SamplingParams& sampling = c.request.sampling;
-  const int64_t tokens_needed =
-      static_cast<int64_t>(c.request.prompt_token_ids.size()) + sampling.max_tokens;
-  std::set<std::string> bad_decode;
-  std::set<std::string> bad_prefill;
-  for (int attempt = 0; !c.finished; ++attempt) {
-    if (c.IsAborted()) {
-      c.Finish(FinishReason::kAbort);
-      break;
-    }
-    std::optional<WorkerSnapshot> decode =
-        attempt < options_.max_decode_attempts
-            ? registry_->Pick(WorkerRole::kDecode, tokens_needed, bad_decode)
-            : std::nullopt;
-    if (!decode.has_value()) {
-      c.Finish(FinishReason::kError,
-               absl::UnavailableError(attempt == 0 ? "no decode worker is available"
-                                                   : "every decode worker tried failed"));
-      std::lock_guard<std::mutex> lock(mu_);
-      ++counters_.num_worker_failures;
-      break;
-    }
-    bool retry_decode = false;
-    RunOnDecodeWorker(c, *decode, bad_prefill, &retry_decode);
-    registry_->Release(decode->worker_id);
-    if (retry_decode) {
-      bad_decode.insert(decode->worker_id);
-      std::lock_guard<std::mutex> lock(mu_);
-      ++counters_.num_decode_retries;
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  calls_.erase(c.request.request_id);
-  if (calls_.empty()) idle_cv_.notify_all();
-}
-
-bool RemoteBackend::RunOnDecodeWorker(Call& c, const WorkerSnapshot& decode,
-                                      std::set<std::string>& bad_prefill, bool* retry_decode) {
-  *retry_decode = false;
-  const std::string& id = c.request.request_id;
-  const int64_t prompt_len = static_cast<int64_t>(c.request.prompt_token_ids.size());
-  auto decode_stub = v1::DecodeWorker::NewStub(ChannelTo(decode.address));
-  v1::SamplingParams wire_sampling;
-  ToWire(c.request.sampling, &wire_sampling);
-
-  // Cancel drops a reservation (or a decode) on the decode worker, best effort,
-  // bounded.
-  auto cancel_on_decode = [&] {
-    grpc::ClientContext context;
-    context.set_deadline(DeadlineIn(options_.control_deadline));
-    v1::CancelRequest request;
-    request.set_request_id(id);
-    v1::CancelResponse response;
-    decode_stub->Cancel(&context, request, &response);
-  };
-
-  std::optional<v1::PrefillResponse> prefill;
-  std::optional<WorkerSnapshot> prefill_worker;  // the worker that answered `prefill`
-  const bool remote_prefill = prompt_len >= options_.min_remote_prefill_tokens &&
-                              registry_->CountLive(WorkerRole::kPrefill) > 0 &&
-                              c.num_output_tokens == 0;
-  if (remote_prefill) {
-    // Reserve on the decode worker while prefill runs (callback API: no extra
-    // thread).
-    struct Reservation {
-      grpc::ClientContext context;
-      v1::ReserveRequest request;
-      v1::ReserveResponse response;
-      std::promise<grpc::Status> done;
-    };
-    auto reservation = std::make_shared<Reservation>();
-    reservation->context.set_deadline(DeadlineIn(options_.control_deadline));
-    reservation->request.set_request_id(id);
-    reservation->request.mutable_prompt_token_ids()->Add(c.request.prompt_token_ids.begin(),
-                                                         c.request.prompt_token_ids.end());
-    *reservation->request.mutable_sampling() = wire_sampling;
-    std::future<grpc::Status> reserved = reservation->done.get_future();
-    const bool reserving = c.Attach(&reservation->context, decode.worker_id);
-    if (reserving) {
-      decode_stub->async()->Reserve(
-          &reservation->context, &reservation->request, &reservation->response,
-          [reservation](grpc::Status status) { reservation->done.set_value(std::move(status)); });
-    }
-    absl::Status prefill_error;
-    const auto prefill_until = DeadlineIn(options_.prefill_deadline);
-    for (int attempt = 0; attempt < options_.max_prefill_attempts && !c.IsAborted() &&
-                          std::chrono::system_clock::now() < prefill_until;
-         ++attempt) {
-      std::optional<WorkerSnapshot> worker =
-          registry_->Pick(WorkerRole::kPrefill, prompt_len, bad_prefill);
-      if (!worker.has_value()) break;
-      auto prefill_stub = v1::PrefillWorker::NewStub(ChannelTo(worker->address));
-      grpc::ClientContext context;
-      context.set_deadline(prefill_until);
-      v1::PrefillRequest request;
-      request.set_request_id(id);
-      request.mutable_prompt_token_ids()->Add(c.request.prompt_token_ids.begin(),
-                                              c.request.prompt_token_ids.end());
-      *request.mutable_sampling() = wire_sampling;
-      v1::PrefillResponse response;
-      grpc::Status status = grpc::Status(grpc::StatusCode::CANCELLED, "aborted");
-      if (c.Attach(&context, worker->worker_id)) {
-        status = prefill_stub->Prefill(&context, request, &response);
-        c.Detach(&context);
-      }
-      registry_->Release(worker->worker_id);
-      if (status.ok()) {
-        prefill = std::move(response);
-        prefill_worker = std::move(worker);
-        break;
-      }
-      if (c.IsAborted()) break;
-      if (!IsWorkerFailure(status.error_code())) {
-        prefill_error = FromGrpc(status);
-        break;
-      }
-      prober_.Suspect(*worker);
-      bad_prefill.insert(worker->worker_id);
-      std::lock_guard<std::mutex> lock(mu_);
-      ++counters_.num_prefill_retries;
-    }
-    if (reserving) {
-      reserved.wait_for(absl::ToChronoMicroseconds(options_.control_deadline + absl::Seconds(1)));
-      c.Detach(&reservation->context);
-    }
-    if (c.IsAborted() || !prefill_error.ok()) {
-      cancel_on_decode();
-      if (c.IsAborted()) {
-        c.Finish(FinishReason::kAbort);
-      } else {
-        c.Finish(FinishReason::kError, prefill_error);
-      }
-      return true;
-    }
-    if (prefill.has_value()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++counters_.num_remote_prefills;
-    }
-    // No prefill worker answered: fall through to a local prefill on the decode
-    // worker.
-  }
-
-  if (prefill.has_value()) {
-    c.num_prompt_tokens = prefill->num_prompt_tokens();
-    c.num_cached_tokens = prefill->num_cached_tokens();
-    RequestOutput first;
-    first.new_tokens.push_back(FromWire(prefill->first_token()));
-    first.finish_reason = FromWire(prefill->finish_reason());
-    c.Deliver(std::move(first));
-    if (c.finished) {
-      cancel_on_decode();
-      return true;
-    }
-  } else {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++counters_.num_local_prefills;
-  }
-
-  grpc::ClientContext context;
-  context.set_deadline(DeadlineIn(options_.decode_deadline));
-  v1::DecodeRequest request;
-  request.set_request_id(id);
-  request.mutable_prompt_token_ids()->Add(c.request.prompt_token_ids.begin(),
-                                          c.request.prompt_token_ids.end());
-  *request.mutable_sampling() = wire_sampling;
-  if (prefill.has_value()) *request.mutable_prefill() = *prefill;
-  if (!c.Attach(&context, decode.worker_id)) {
-    absl::Status failure = c.WorkerFailure(decode.worker_id);
-    if (prefill.has_value()) {
-      // Decode never starts: free the prefill worker's pin now rather than at
-      // its timeout.
-      auto prefill_stub = v1::PrefillWorker::NewStub(ChannelTo(prefill->prefill_worker_address()));
-      grpc::ClientContext release_context;
-      release_context.set_deadline(DeadlineIn(options_.control_deadline));
-      v1::ReleaseRequest release;
-      release.set_request_id(id);
-      v1::ReleaseResponse released;
-      prefill_stub->Release(&release_context, release, &released);
-      cancel_on_decode();
-    }
-    if (c.IsAborted()) {
-      c.Finish(FinishReason::kAbort);
-      return true;
-    }
-    *retry_decode = c.num_output_tokens == 0;
-    if (!*retry_decode) {
-      c.Finish(FinishReason::kError, failure);
-      std::lock_guard<std::mutex> lock(mu_);
-      ++counters_.num_worker_failures;
-    }
-    return !*retry_decode;
-  }
-  std::unique_ptr<grpc::ClientReader<v1::TokenOutput>> reader =
-      decode_stub->Decode(&context, request);
-  v1::TokenOutput message;
-  while (!c.finished && reader->Read(&message)) {
-    RequestOutput output;
-    output.new_tokens.reserve(message.tokens_size());
-    for (const v1::SampledToken& token : message.tokens()) {
-      output.new_tokens.push_back(FromWire(token));
-    }
-    if (!prefill.has_value() && message.has_usage()) {
-      c.num_prompt_tokens = message.usage().prompt_tokens();
-      c.num_cached_tokens = message.usage().cached_tokens();
-    }
-    output.finish_reason = FromWire(message.finish_reason());
-    if (output.finish_reason == FinishReason::kError) {
-      output.status = StatusFromWire(message.error());
-      // Most often the KV pull failed: check that the prefill worker still lives.
-      if (prefill_worker.has_value()) prober_.Suspect(*prefill_worker);
-    }
-    c.Deliver(std::move(output));
-  }
-  if (c.finished) context.TryCancel();  // nothing more to read; end the stream promptly
-  const grpc::Status status = reader->Finish();
-  c.Detach(&context);
-  if (c.finished) return true;
-  if (c.IsAborted()) {
-    c.Finish(FinishReason::kAbort);
-    return true;
-  }
-  // The stream ended without a final message: the decode worker failed.
-  if (IsWorkerFailure(status.error_code())) prober_.Suspect(decode);
-  absl::Status failure = c.WorkerFailure(decode.worker_id);
-  if (failure.ok()) {
-    failure =
-        absl::UnavailableError(absl::StrCat("decode worker ", decode.worker_id, " (",
-                                            decode.address, ") failed: ", status.error_message()));
-  }
-  if (c.num_output_tokens == 0 && IsWorkerFailure(status.error_code())) {
-    *retry_decode = true;
-    return false;
-  }
-  c.Finish(FinishReason::kError, failure);
-  std::lock_guard<std::mutex> lock(mu_);
-  ++counters_.num_worker_failures;
-  return true;
 }
 
 BackendStats RemoteBackend::Stats() const {

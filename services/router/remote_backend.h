@@ -29,7 +29,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 
 #include "absl/time/time.h"
@@ -46,10 +45,10 @@ namespace sluice {
 struct RemoteBackendOptions {
   int32_t max_model_len = 4096;           // tokens (prompt + output) per sequence
   int32_t min_remote_prefill_tokens = 0;  // shorter prompts prefill on the decode worker
-  absl::Duration control_deadline = absl::Seconds(5);    // Reserve, Cancel
+  absl::Duration control_deadline = absl::Seconds(5);  // Reserve, Cancel
   // All Prefill attempts of one request together (retries share it).
   absl::Duration prefill_deadline = absl::Seconds(120);
-  absl::Duration decode_deadline = absl::Seconds(600);   // one whole Decode stream
+  absl::Duration decode_deadline = absl::Seconds(600);  // one whole Decode stream
   int32_t max_prefill_attempts = 3;
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
   // One connection probe of a worker whose RPC failed (see WorkerProber).
@@ -66,9 +65,12 @@ struct RemoteBackendCounters {
   int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
 
-// RemoteBackend is thread-safe. Each request runs on its own thread (blocking
-// gRPC calls with deadlines); destruction aborts everything in flight and joins
-// them.
+// RemoteBackend is thread-safe and has no thread per request: every worker RPC
+// uses gRPC's callback API, and a request's next step runs in the callback of
+// its previous RPC (on gRPC's threads), so thousands of concurrent streams need
+// no thousands of threads. Destruction aborts everything in flight and waits
+// (bounded by the RPC deadlines) until every request has delivered its final
+// output.
 class RemoteBackend : public InferenceBackend {
  public:
   // `registry` is borrowed and must outlive the backend.
@@ -88,16 +90,14 @@ class RemoteBackend : public InferenceBackend {
   int64_t num_in_flight() const;
 
  private:
-  struct Call;
-  class Attempt;
+  class Call;          // one request's state machine (remote_backend.cc)
+  class DecodeReader;  // the Decode stream of one attempt
 
-  void Run(std::shared_ptr<Call> call);
-  // Flow pieces; each returns true when the request is finished (output
-  // delivered).
-  bool RunOnDecodeWorker(Call& call, const WorkerSnapshot& decode,
-                         std::set<std::string>& bad_prefill, bool* retry_decode);
   void OnWorkerRemoved(const WorkerSnapshot& worker, const absl::Status& why);
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+  void Count(int64_t RemoteBackendCounters::*counter);
+  // Forget drops a finished request; the last thing a request does.
+  void Forget(const std::string& request_id);
 
   WorkerRegistry* registry_;
   RemoteBackendOptions options_;
