@@ -233,7 +233,8 @@ absl::StatusOr<GetGrant> BlockStore::BeginGet(absl::Span<const BlockKey> keys,
   if (absl::Status s = CheckDistinct(keys); !s.ok()) return s;
   GetGrant grant;
   grant.blocks.assign(keys.size(), std::nullopt);
-  enum class Source { kMiss, kDram, kSsd };
+  grant.busy.assign(keys.size(), false);
+  enum class Source { kMiss, kDram, kSsd, kBusy };
   std::vector<Source> source(keys.size(), Source::kMiss);
   std::vector<SlotId> slots(keys.size());
   std::vector<uint64_t> checksums(keys.size(), 0);
@@ -265,13 +266,15 @@ absl::StatusOr<GetGrant> BlockStore::BeginGet(absl::Span<const BlockKey> keys,
         source[i] = Source::kSsd;
         slots[i] = *id;
         sizes[i] = *bytes;
+      } else {
+        source[i] = Source::kBusy;
       }
     }
   }
   // Checksums and SSD reads outside the lock, on pinned slots.
   std::vector<bool> ok(keys.size(), false);
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (source[i] == Source::kMiss) continue;
+    if (source[i] == Source::kMiss || source[i] == Source::kBusy) continue;
     const absl::Span<uint8_t> bytes(slot_data(slots[i]), static_cast<size_t>(sizes[i]));
     if (source[i] == Source::kDram) {
       ok[i] = BlockChecksum(bytes) == checksums[i];
@@ -291,6 +294,10 @@ absl::StatusOr<GetGrant> BlockStore::BeginGet(absl::Span<const BlockKey> keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     if (source[i] == Source::kMiss) {
       counters_.misses++;
+      continue;
+    }
+    if (source[i] == Source::kBusy) {
+      grant.busy[i] = true;
       continue;
     }
     SlotId id = slots[i];
@@ -366,16 +373,28 @@ absl::StatusOr<std::vector<PutOutcome>> BlockStore::Put(
 
 absl::StatusOr<std::vector<std::optional<std::string>>> BlockStore::Get(
     absl::Span<const BlockKey> keys) {
-  absl::StatusOr<GetGrant> grant = BeginGet(keys, options_.max_lease);
-  if (!grant.ok()) return grant.status();
   std::vector<std::optional<std::string>> out(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (!grant->blocks[i]) continue;
-    const SlotId id = grant->blocks[i]->slot;
-    out[i].emplace(reinterpret_cast<const char*>(slot_data(id)),
-                   static_cast<size_t>(page(id.page).block_bytes));
+  // Rounds: keys that found no free DRAM slot to be promoted into (busy) go again after this
+  // round's lease is released, while that helps.
+  std::vector<size_t> pending(keys.size());
+  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  while (!pending.empty()) {
+    std::vector<BlockKey> round;
+    for (size_t i : pending) round.push_back(keys[i]);
+    absl::StatusOr<GetGrant> grant = BeginGet(round, options_.max_lease);
+    if (!grant.ok()) return grant.status();
+    std::vector<size_t> busy;
+    for (size_t j = 0; j < round.size(); ++j) {
+      if (grant->busy[j]) busy.push_back(pending[j]);
+      if (!grant->blocks[j]) continue;
+      const SlotId id = grant->blocks[j]->slot;
+      out[pending[j]].emplace(reinterpret_cast<const char*>(slot_data(id)),
+                              static_cast<size_t>(page(id.page).block_bytes));
+    }
+    if (grant->lease_id != 0) (void)Release(grant->lease_id);
+    if (busy.size() == pending.size()) break;  // no progress: leave them as misses
+    pending = std::move(busy);
   }
-  if (grant->lease_id != 0) (void)Release(grant->lease_id);
   return out;
 }
 

@@ -82,7 +82,10 @@ struct PutGrant {
 struct GetGrant {
   uint64_t lease_id = 0;  // 0 if nothing was found
   absl::Time expiry;
-  std::vector<std::optional<SlotRef>> blocks;  // per key; nullopt = miss
+  std::vector<std::optional<SlotRef>> blocks;  // per key; nullopt = miss or busy
+  // Per key: on SSD but no DRAM slot was free to promote it into (all leased, e.g. by this very
+  // grant): not a miss; ask again after releasing this lease.
+  std::vector<bool> busy;
 };
 
 struct BlockStoreStats {

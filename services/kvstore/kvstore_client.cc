@@ -83,12 +83,28 @@ class GrpcKvStoreClient final : public KvStoreClient {
     if (absl::Status s = Validate(keys, local, block_ids); !s.ok()) return s;
     std::vector<ShardOutcome> outcomes =
         ForEachShard(keys, [&](int shard, const std::vector<size_t>& idx, ShardOutcome& out) {
-          if (options_.agent == nullptr) {
-            for (const std::vector<size_t>& chunk : InlineChunks(idx, local.block_bytes)) {
-              PutInlineShard(shard, chunk, keys, local, block_ids, deadline, out);
+          const bool inline_path = options_.agent == nullptr;
+          // Rounds: keys the store had no free slot for (all leased, e.g. by an earlier chunk
+          // of this call) go again once the chunks before them are committed, while that helps.
+          std::vector<size_t> pending = idx;
+          while (!pending.empty()) {
+            std::vector<size_t> retry;
+            for (const std::vector<size_t>& chunk :
+                 Chunks(pending, local.block_bytes,
+                        inline_path ? kInlineBytesPerCall : kUcxBytesPerCall)) {
+              if (!out.error.ok()) {  // this shard failed: do not wait on it again in this call
+                out.num_failed += static_cast<int64_t>(chunk.size());
+              } else if (inline_path) {
+                PutInlineShard(shard, chunk, keys, local, block_ids, deadline, out, retry);
+              } else {
+                PutShard(shard, chunk, keys, local, block_ids, deadline, out, retry);
+              }
             }
-          } else {
-            PutShard(shard, idx, keys, local, block_ids, deadline, out);
+            if (retry.size() == pending.size()) {  // no progress: no room at all
+              out.num_failed += static_cast<int64_t>(retry.size());
+              break;
+            }
+            pending = std::move(retry);
           }
         });
     KvPutResult result;
@@ -109,12 +125,24 @@ class GrpcKvStoreClient final : public KvStoreClient {
     std::vector<char> found(keys.size(), 0);
     std::vector<ShardOutcome> outcomes =
         ForEachShard(keys, [&](int shard, const std::vector<size_t>& idx, ShardOutcome& out) {
-          if (options_.agent == nullptr) {
-            for (const std::vector<size_t>& chunk : InlineChunks(idx, local.block_bytes)) {
-              GetInlineShard(shard, chunk, keys, local, block_ids, deadline, found, out);
+          const bool inline_path = options_.agent == nullptr;
+          // Rounds: blocks the store could not promote from SSD (every DRAM slot leased, e.g.
+          // by an earlier chunk of this call) are asked again after those leases are released.
+          std::vector<size_t> pending = idx;
+          while (!pending.empty()) {
+            std::vector<size_t> retry;
+            for (const std::vector<size_t>& chunk :
+                 Chunks(pending, local.block_bytes,
+                        inline_path ? kInlineBytesPerCall : kUcxBytesPerCall)) {
+              if (!out.error.ok()) break;  // this shard failed: its remaining keys are misses
+              if (inline_path) {
+                GetInlineShard(shard, chunk, keys, local, block_ids, deadline, found, out);
+              } else {
+                GetShard(shard, chunk, keys, local, block_ids, deadline, found, out, retry);
+              }
             }
-          } else {
-            GetShard(shard, idx, keys, local, block_ids, deadline, found, out);
+            if (!out.error.ok() || retry.size() == pending.size()) break;
+            pending = std::move(retry);
           }
         });
     KvGetResult result;
@@ -131,11 +159,16 @@ class GrpcKvStoreClient final : public KvStoreClient {
   // limit, which the store may keep); a larger block goes alone, up to kMaxMessageBytes.
   static constexpr int64_t kInlineBytesPerCall = 3 << 20;
   static constexpr int kMaxMessageBytes = 256 << 20;
+  // UCX calls move about this many bytes per PutBegin/PutCommit (or GetBegin/Release) round:
+  // the store writes a commit through to SSD (and reads promotions from it) inside the RPC, so
+  // a batch's RPC time grows with its bytes and must stay well inside rpc_timeout.
+  static constexpr int64_t kUcxBytesPerCall = 32 << 20;
 
-  static std::vector<std::vector<size_t>> InlineChunks(const std::vector<size_t>& idx,
-                                                       int64_t block_bytes) {
+  // Chunks: `idx` split into runs of at most max(1, bytes_per_call / block_bytes) keys.
+  static std::vector<std::vector<size_t>> Chunks(const std::vector<size_t>& idx,
+                                                 int64_t block_bytes, int64_t bytes_per_call) {
     const size_t per_call =
-        static_cast<size_t>(std::max<int64_t>(1, kInlineBytesPerCall / block_bytes));
+        static_cast<size_t>(std::max<int64_t>(1, bytes_per_call / block_bytes));
     std::vector<std::vector<size_t>> chunks;
     for (size_t i = 0; i < idx.size(); i += per_call) {
       chunks.emplace_back(idx.begin() + i, idx.begin() + std::min(idx.size(), i + per_call));
@@ -256,7 +289,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
 
   void PutShard(int shard, const std::vector<size_t>& idx, absl::Span<const BlockKey> keys,
                 const transfer::KvRegion& local, absl::Span<const int32_t> block_ids,
-                absl::Time deadline, ShardOutcome& out) {
+                absl::Time deadline, ShardOutcome& out, std::vector<size_t>& no_space) {
     v1::KvPutBeginRequest req;
     for (size_t i : idx) ToBlockId(keys[i], req.add_blocks());
     req.set_block_bytes(local.block_bytes);
@@ -271,7 +304,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
         s = absl::InternalError("PutBegin answered the wrong number of blocks");
       }
       if (!s.ok()) {
-        out.error = ShardError(shard, s);
+        if (out.error.ok()) out.error = ShardError(shard, s);
         out.num_failed += n;
         return;
       }
@@ -279,7 +312,11 @@ class GrpcKvStoreClient final : public KvStoreClient {
     auto stored = [&](size_t j) { return grant.outcomes(static_cast<int>(j)) == v1::KV_PUT_STORED; };
     for (size_t j = 0; j < idx.size(); ++j) {
       if (grant.outcomes(static_cast<int>(j)) == v1::KV_PUT_PRESENT) out.num_present++;
-      if (!stored(j) && grant.outcomes(static_cast<int>(j)) != v1::KV_PUT_PRESENT) out.num_failed++;
+      if (grant.outcomes(static_cast<int>(j)) == v1::KV_PUT_NO_SPACE) {
+        no_space.push_back(idx[j]);
+      } else if (!stored(j) && grant.outcomes(static_cast<int>(j)) != v1::KV_PUT_PRESENT) {
+        out.num_failed++;
+      }
     }
     if (grant.lease_id() == 0) return;
     // Checksums first: they describe what the client meant to store, whatever the wire does.
@@ -304,7 +341,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
     } else {
       for (size_t j = 0; j < idx.size(); ++j) commit.set_checksums(j, ~commit.checksums(j));
     }
-    if (!transfer_error.ok()) out.error = ShardError(shard, transfer_error);
+    if (!transfer_error.ok() && out.error.ok()) out.error = ShardError(shard, transfer_error);
     v1::KvPutCommitResponse done;
     grpc::ClientContext ctx;
     SetDeadline(ctx, deadline);
@@ -324,7 +361,8 @@ class GrpcKvStoreClient final : public KvStoreClient {
 
   void GetShard(int shard, const std::vector<size_t>& idx, absl::Span<const BlockKey> keys,
                 const transfer::KvRegion& local, absl::Span<const int32_t> block_ids,
-                absl::Time deadline, std::vector<char>& found, ShardOutcome& out) {
+                absl::Time deadline, std::vector<char>& found, ShardOutcome& out,
+                std::vector<size_t>& busy) {
     v1::KvGetBeginRequest req;
     for (size_t i : idx) ToBlockId(keys[i], req.add_blocks());
     req.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
@@ -335,13 +373,17 @@ class GrpcKvStoreClient final : public KvStoreClient {
       absl::Status s = FromGrpc(stubs_[shard]->GetBegin(&ctx, req, &grant));
       const int n = static_cast<int>(idx.size());
       if (s.ok() && (grant.found_size() != n || grant.slots_size() != n ||
-                     grant.checksums_size() != n || grant.block_bytes_size() != n)) {
+                     grant.checksums_size() != n || grant.block_bytes_size() != n ||
+                     grant.busy_size() != n)) {
         s = absl::InternalError("GetBegin answered the wrong number of blocks");
       }
       if (!s.ok()) {
-        out.error = ShardError(shard, s);
+        if (out.error.ok()) out.error = ShardError(shard, s);
         return;
       }
+    }
+    for (size_t j = 0; j < idx.size(); ++j) {
+      if (grant.busy(static_cast<int>(j))) busy.push_back(idx[j]);
     }
     if (grant.lease_id() == 0) return;
     // A block of another size would not fit the local block: a miss (and a caller bug to report).
@@ -389,7 +431,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
 
   void PutInlineShard(int shard, const std::vector<size_t>& idx, absl::Span<const BlockKey> keys,
                       const transfer::KvRegion& local, absl::Span<const int32_t> block_ids,
-                      absl::Time deadline, ShardOutcome& out) {
+                      absl::Time deadline, ShardOutcome& out, std::vector<size_t>& no_space) {
     v1::KvPutInlineRequest req;
     for (size_t i : idx) {
       ToBlockId(keys[i], req.add_blocks());
@@ -410,6 +452,10 @@ class GrpcKvStoreClient final : public KvStoreClient {
     }
     for (int j = 0; j < resp.outcomes_size(); ++j) {
       const v1::KvPutOutcome o = resp.outcomes(j);
+      if (o == v1::KV_PUT_NO_SPACE) {
+        no_space.push_back(idx[j]);
+        continue;
+      }
       (o == v1::KV_PUT_STORED || o == v1::KV_PUT_SSD_FAILED ? out.num_stored
        : o == v1::KV_PUT_PRESENT                             ? out.num_present
                                                              : out.num_failed)++;

@@ -144,6 +144,7 @@ grpc::Status KvStoreService::GetBegin(grpc::ServerContext*, const v1::KvGetBegin
   for (size_t i = 0; i < keys->size() && status.ok(); ++i) {
     const std::optional<SlotRef>& b = grant->blocks[i];
     resp->add_found(b.has_value());
+    resp->add_busy(grant->busy[i]);
     resp->add_checksums(b ? b->checksum : 0);
     resp->add_block_bytes(b ? store_->page(b->slot.page).block_bytes : 0);
     if (b) {

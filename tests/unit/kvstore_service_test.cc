@@ -186,6 +186,36 @@ TEST(KvstoreService, PutThenGetOverUcxIsByteExact) {
   EXPECT_FALSE(exists->found[12]);
 }
 
+TEST(KvstoreService, OneCallLargerThanTheDramTierGoesInRounds) {
+  TestStore store;  // 4 MiB of DRAM: 512 slots of 8 KiB
+  constexpr int kN = 1200;
+  ClientSide side(kN);
+  auto client = Client({store.address()}, side.agent());
+  const std::vector<BlockKey> keys = Keys(kN, 12);
+  for (int i = 0; i < kN; ++i) side.Fill(i, 7000 + i);
+  auto put = client->Put(keys, side.region(), Iota(kN), Soon());
+  ASSERT_TRUE(put.ok());
+  EXPECT_TRUE(put->error.ok()) << put->error;
+  EXPECT_EQ(put->num_stored, kN);
+  EXPECT_EQ(put->num_failed, 0);
+  std::memset(side.block(0), 0, kN * kBlockBytes);
+  auto got = client->Get(keys, side.region(), Iota(kN), Soon());
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->error.ok()) << got->error;
+  int found = 0, exact = 0;
+  for (int i = 0; i < kN; ++i) {
+    found += got->found[i];
+    exact += got->found[i] && side.Holds(i, 7000 + i);
+  }
+  EXPECT_EQ(found, kN);
+  EXPECT_EQ(exact, kN);
+  const BlockStoreStats s = store.store().stats();
+  EXPECT_EQ(s.ssd_blocks, kN);
+  EXPECT_GT(s.hits_ssd, 0);
+  EXPECT_EQ(s.misses, 0);
+  EXPECT_EQ(s.active_leases, 0);
+}
+
 TEST(KvstoreService, InlineFallbackWithoutUcx) {
   TestStore store(/*with_ucx=*/false);
   // 400 blocks of 8 KiB = 3.2 MiB: more than one inline call's worth, so the client splits it.
