@@ -28,11 +28,7 @@ namespace {
 
 using testing::ChecksumModel;
 
-std::vector<int32_t> Prompt(int len, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(3 + (i * 7 + salt * 13) % (ChecksumModel::kVocab - 3));
-  return p;
-}
+std::vector<int32_t> Prompt(int len, int salt) { return testing::ChecksumPrompt(len, salt); }
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -41,11 +37,7 @@ std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens,
                      const std::string& salt = "") {
-  EngineRequest r;
-  r.request_id = id;
-  r.prompt_token_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
+  EngineRequest r = testing::GreedyRequest(id, std::move(prompt), max_tokens);
   r.cache_salt = salt;
   return r;
 }

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/model/model.h"
+#include "engine/sched/request.h"
 
 namespace sluice::testing {
 
@@ -74,6 +77,24 @@ class ChecksumModel final : public Model {
  private:
   ModelConfig config_;
 };
+
+// ChecksumPrompt: `len` deterministic prompt tokens in [3, kVocab), varied by `salt`.
+inline std::vector<int32_t> ChecksumPrompt(int len, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + (i * 7 + salt * 13) % (ChecksumModel::kVocab - 3));
+  return p;
+}
+
+// GreedyRequest: a greedy request for `max_tokens` tokens.
+inline EngineRequest GreedyRequest(const std::string& id, std::vector<int32_t> prompt,
+                                   int max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
 
 }  // namespace sluice::testing
 
