@@ -2,7 +2,8 @@
 // Llama-family config with dummy weights, against the GPU's own ceilings measured in the same
 // process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
-//                     [--prefill 4096,16384] [--out OUT.json]
+//                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
+//                     [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
 //
 // Ceilings (CUDA events, mean over timed repetitions after warm-ups):
@@ -16,6 +17,12 @@
 // device, host planning overlapped with the GPU; ITL = GPU time per step. Roofline per step =
 // (weight bytes + KV bytes read: B · mean context · KV bytes/token) / copy_gbps; the ratio
 // measured / roofline is the target figure (≤ 1.2 at batch 1, ≤ 1.3 at 64 and 256).
+// --breakdown 1 (default): after each batch's timed loop, one more step is run eagerly with a
+// CUDA event after every op (CudaLlamaRunner::ProfileStep: kernels queued behind a spin kernel, so
+// they run back to back) and GPU ms per op class is reported beside the graph ITL; the GEMM
+// shapes and the kernel chosen for each (GEMV / cuBLASLt algorithm, tuned timings) follow.
+// --compare-untuned 1: the decode figures are also measured with GEMM autotuning off
+// (cuBLASLt's first heuristic pick everywhere), as "decode_untuned".
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops.
@@ -50,6 +57,8 @@ struct Flags {
   int64_t decode_steps = 64;
   std::vector<int64_t> batches = {1, 64, 256};
   std::vector<int64_t> prefill = {4096, 16384};
+  bool breakdown = true;
+  bool compare_untuned = false;
   std::string out;
 };
 
@@ -160,8 +169,10 @@ struct DecodePlanner {
 };
 
 absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flags& f,
-                                           double copy_gbps) {
+                                           double copy_gbps, bool autotune,
+                                           nlohmann::json* gemm_plans) {
   CudaRunnerOptions o;
+  o.autotune_gemms = autotune;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
@@ -205,7 +216,30 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
       std::sort(t.begin(), t.end());
       distinct = std::unique(t.begin(), t.end()) - t.begin();
     }
+    nlohmann::json breakdown = nlohmann::json::array();
+    if (f.breakdown) {
+      planner.Plan(f.decode_steps, false, &in);
+      auto prof = (*runner)->ProfileStep(in);
+      if (!prof.ok()) return prof.status();
+      double total = 0.0;
+      for (const ProfileEntry& e : *prof) total += e.ms;
+      std::printf("  breakdown B=%lld (eager, back to back): total %.3f ms\n",
+                  static_cast<long long>(b), total);
+      for (const ProfileEntry& e : *prof) {
+        breakdown.push_back({{"op", e.op},
+                             {"calls", e.launches_between_marks},
+                             {"ms", e.ms},
+                             {"us_per_call", e.ms * 1e3 / e.launches_between_marks},
+                             {"share", e.ms / total}});
+        std::printf("    %-14s %4lld calls %8.3f ms %8.1f us/call %5.1f%%\n", e.op.c_str(),
+                    static_cast<long long>(e.launches_between_marks), e.ms,
+                    e.ms * 1e3 / e.launches_between_marks, 100.0 * e.ms / total);
+      }
+      std::fflush(stdout);
+    }
     out.push_back({{"batch", b},
+                   {"gemm_autotune", autotune},
+                   {"breakdown", breakdown},
                    {"context", f.context},
                    {"steps_timed", steps},
                    {"cuda_graph", graph},
@@ -221,6 +255,15 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
                 static_cast<long long>(b), itl_ms, b * 1e3 / itl_ms, roofline_ms,
                 itl_ms / roofline_ms, graph);
     std::fflush(stdout);
+  }
+  if (gemm_plans != nullptr) {
+    const std::string plans = (*runner)->GemmPlans();
+    std::printf("GEMM plans (autotune %d):\n%s", autotune, plans.c_str());
+    std::fflush(stdout);
+    *gemm_plans = nlohmann::json::array();
+    for (absl::string_view line : absl::StrSplit(plans, '\n', absl::SkipEmpty())) {
+      gemm_plans->push_back(std::string(line));
+    }
   }
   return out;
 }
@@ -301,6 +344,9 @@ absl::Status Main(int argc, char** argv) {
       f.config_dir = v;
     } else if (a == "--out") {
       f.out = v;
+    } else if (a == "--breakdown" || a == "--compare-untuned") {
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      (a == "--breakdown" ? f.breakdown : f.compare_untuned) = v == "1";
     } else if (a == "--context" || a == "--decode-steps") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
@@ -331,9 +377,18 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_shape"] = {4096, 2 * config->intermediate_size, config->hidden_size};
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
-  auto decode = BenchDecode(*config, f, *copy);
+  nlohmann::json plans;
+  auto decode = BenchDecode(*config, f, *copy, /*autotune=*/true, &plans);
   if (!decode.ok()) return decode.status();
   out["decode"] = *decode;
+  out["gemm_plans"] = plans;
+  if (f.compare_untuned) {
+    nlohmann::json untuned_plans;
+    auto untuned = BenchDecode(*config, f, *copy, /*autotune=*/false, &untuned_plans);
+    if (!untuned.ok()) return untuned.status();
+    out["decode_untuned"] = *untuned;
+    out["gemm_plans_untuned"] = untuned_plans;
+  }
   auto prefill = BenchPrefill(*config, f, *gemm);
   if (!prefill.ok()) return prefill.status();
   out["prefill"] = *prefill;

@@ -195,6 +195,28 @@ struct CudaLlamaRunner::Impl {
   StepInfo last;
   int64_t prev_num_logits = 0;  // logits rows of the previous step (for fed-back token ids)
 
+  // ProfileStep: while set, Mark records one timing event after each op of Enqueue.
+  std::vector<std::pair<const char*, cudaEvent_t>>* profile = nullptr;
+  absl::Status profile_error;
+  void Mark(const char* name) {
+    if (profile == nullptr) return;
+    cudaEvent_t e = nullptr;
+    cudaError_t err = cudaEventCreate(&e);
+    if (err == cudaSuccess) err = cudaEventRecord(e, stream.get());
+    if (err != cudaSuccess) {
+      if (e != nullptr) cudaEventDestroy(e);
+      if (profile_error.ok()) profile_error = kernels::CudaStatus(err, "profile event");
+      return;
+    }
+    profile->emplace_back(name, e);
+  }
+  // ReserveEagerWorkspace grows the eager attention workspace to what `plan` needs (a
+  // synchronization when it grows) and returns the plan's longest query and sequence.
+  absl::Status ReserveEagerWorkspace(const ForwardInput& plan, int64_t* max_q, int64_t* max_len);
+  // EnqueueStep stages `plan` and enqueues it: from a decode graph when allow_graph and a
+  // bucket fits, else eagerly.
+  absl::Status EnqueueStep(const ForwardInput& plan, bool allow_graph);
+
   ~Impl() { DestroyGraphs(); }
 
   void DestroyGraphs() {
@@ -527,8 +549,10 @@ absl::Status CudaLlamaRunner::Impl::Enqueue(const DeviceMeta& m, int64_t T, int6
   const kernels::PagedAttentionCudaBatch batch = AttnBatch(m, T, S, max_query_len, max_seq_len);
 
   SLUICE_RUNNER_RETURN_IF_ERROR(ResolveTokenIdsCuda(m.ids, T, sampled.data(), st));
+  Mark("resolve_ids");
   SLUICE_RUNNER_RETURN_IF_ERROR(
       kernels::EmbeddingCuda(embed.data(), vocab, H, m.ids, T, residual.data(), nullptr, st));
+  Mark("embedding");
   for (size_t li = 0; li < layers.size(); ++li) {
     const DeviceLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
@@ -539,42 +563,53 @@ absl::Status CudaLlamaRunner::Impl::Enqueue(const DeviceMeta& m, int64_t T, int6
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
           tmp.data(), residual.data(), L.input_norm.data(), normed.data(), T, H, eps, st));
     }
+    Mark("add_rmsnorm");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_qkv.data(),
                                                       opt(L.b_qkv), qkv.data(), T, qkv_dim, H,
                                                       st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(qkv.data(), T, heads, qkv_dim, hd, 0,
-                                                    m.positions, rope, false, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(qkv.data() + q_dim, T, kv_heads, qkv_dim, hd,
-                                                    0, m.positions, rope, false, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(
-        qkv.data() + q_dim, qkv_dim, qkv.data() + q_dim + kv_dim, qkv_dim, m.slots, T, kv_dim,
-        kv_dim, k_cache[li].data(), v_cache[li].data(), st));
+    Mark("qkv_gemm");
+    // RoPE on q and k and the K/V cache write in one launch.
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
+        qkv.data(), T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
+        k_cache[li].data(), v_cache[li].data(), st));
+    Mark("rope_kv_write");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
         qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, attn_params,
         workspace, attn.data(), st));
+    Mark("attention");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.w_o.data(), opt(L.b_o),
                                                       tmp.data(), T, H, q_dim, st));
+    Mark("o_gemm");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
         tmp.data(), residual.data(), L.post_norm.data(), normed.data(), T, H, eps, st));
+    Mark("add_rmsnorm");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_gate_up.data(),
                                                       opt(L.b_gate_up), gate_up.data(), T,
                                                       2 * inter, H, st));
+    Mark("gate_up_gemm");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::SiluMulCuda(gate_up.data(), act.data(), T, inter, st));
+    Mark("silu_mul");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(),
                                                       opt(L.b_down), tmp.data(), T, H, inter,
                                                       st));
+    Mark("down_gemm");
   }
   if (N == 0) return absl::OkStatus();
   // Final residual add + norm over the step, then only the wanted rows go through lm_head.
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), residual.data(),
                                                         final_norm.data(), normed.data(), T, H,
                                                         eps, st));
+  Mark("final_norm");
   SLUICE_RUNNER_RETURN_IF_ERROR(GatherRowsCuda(normed.data(), m.logits_rows, N, H,
                                                gathered.data(), st));
+  Mark("gather_rows");
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
   SLUICE_RUNNER_RETURN_IF_ERROR(
       kernels::LinearCuda(*lt, gathered.data(), head, nullptr, logits.data(), N, vocab, H, st));
-  return ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st);
+  Mark("lm_head");
+  SLUICE_RUNNER_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st));
+  Mark("argmax");
+  return absl::OkStatus();
 }
 
 absl::Status CudaLlamaRunner::Impl::CaptureGraphs() {
@@ -612,6 +647,10 @@ absl::Status CudaLlamaRunner::Impl::CaptureGraphs() {
   if (!ws.ok()) return ws.status();
   graph_ws = std::move(*ws);
   ForwardInput empty;
+  // The bucket shapes' GEMMs are tuned once, in the eager run before each capture (and only
+  // there, so Step never synchronizes to tune): weight-streaming shapes gain most from the
+  // choice (GEMV for m <= 8, else the fastest of cuBLASLt's candidates rather than its first).
+  if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
   for (Graph& g : graphs) {
     const int64_t b = g.batch;
     auto host = AcquireStaging(g.layout.bytes);
@@ -633,6 +672,7 @@ absl::Status CudaLlamaRunner::Impl::CaptureGraphs() {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&g.exec, g.graph, 0),
                                 "cudaGraphInstantiate");
   }
+  lt->set_autotune(0);
   return stream.Synchronize();
 }
 
@@ -708,7 +748,79 @@ absl::Status CudaLlamaRunner::AllocateKvCache(int64_t num_blocks) {
 }
 
 absl::Status CudaLlamaRunner::Step(const ForwardInput& plan) {
+  return impl_->EnqueueStep(plan, /*allow_graph=*/true);
+}
+
+absl::StatusOr<std::vector<ProfileEntry>> CudaLlamaRunner::ProfileStep(const ForwardInput& plan,
+                                                                       int64_t hold_ms) {
   Impl& m = *impl_;
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
+  int64_t max_q = 0, max_len = 0;  // (unused: the eager path recomputes them)
+  // Grown here, before the hold: growing it synchronizes, which would end the hold early.
+  if (!plan.token_ids.empty()) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  // Hold the GPU while the host enqueues, so the kernels then run back to back as they would
+  // from a graph instead of waiting on the host's launches.
+  SLUICE_RUNNER_RETURN_IF_ERROR(SpinCuda(hold_ms * 1000000, m.stream.get()));
+  std::vector<std::pair<const char*, cudaEvent_t>> events;
+  m.profile = &events;
+  m.profile_error = absl::OkStatus();
+  m.Mark("start");
+  absl::Status st = m.EnqueueStep(plan, /*allow_graph=*/false);
+  m.profile = nullptr;
+  if (st.ok()) st = m.profile_error;
+  if (st.ok()) st = m.stream.Synchronize();
+  std::vector<ProfileEntry> out;
+  for (size_t i = 1; st.ok() && i < events.size(); ++i) {
+    float ms = 0.0f;
+    const cudaError_t err = cudaEventElapsedTime(&ms, events[i - 1].second, events[i].second);
+    if (err != cudaSuccess) {
+      st = kernels::CudaStatus(err, "cudaEventElapsedTime");
+      break;
+    }
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const ProfileEntry& e) { return e.op == events[i].first; });
+    if (it == out.end()) it = out.insert(out.end(), ProfileEntry{events[i].first, 0, 0.0});
+    it->launches_between_marks += 1;
+    it->ms += ms;
+  }
+  (void)m.stream.Synchronize();
+  for (auto& [name, e] : events) cudaEventDestroy(e);
+  if (!st.ok()) return st;
+  return out;
+}
+
+std::string CudaLlamaRunner::GemmPlans() { return impl_->lt->DescribePlans(); }
+
+absl::Status CudaLlamaRunner::Impl::ReserveEagerWorkspace(const ForwardInput& plan,
+                                                          int64_t* max_q, int64_t* max_len) {
+  const int64_t T = static_cast<int64_t>(plan.token_ids.size());
+  const int64_t S = static_cast<int64_t>(plan.sequences.size());
+  const int64_t N = static_cast<int64_t>(plan.logits_indices.size());
+  *max_q = 0;
+  *max_len = 0;
+  for (const SequenceSlice& q : plan.sequences) {
+    *max_q = std::max<int64_t>(*max_q, q.num_query_tokens);
+    *max_len = std::max<int64_t>(*max_len, int64_t{q.num_context_tokens} + q.num_query_tokens);
+  }
+  const MetaLayout layout = MakeLayout(T, S, N, max_blocks_per_seq);
+  const DeviceMeta meta = MetaPointers(eager_meta.data(), layout);
+  const size_t ws = kernels::PagedAttentionCudaWorkspaceBytes(
+      AttnBatch(meta, T, S, *max_q, *max_len), attn_params);
+  if (ws > eager_ws.size()) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());  // the old workspace may be in use
+    eager_ws = DeviceBuffer<uint8_t>();
+    auto b = DeviceBuffer<uint8_t>::Create(ws);
+    if (!b.ok()) return b.status();
+    eager_ws = std::move(*b);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaLlamaRunner::Impl::EnqueueStep(const ForwardInput& plan, bool allow_graph) {
+  Impl& m = *this;
   SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
   const int64_t T = static_cast<int64_t>(plan.token_ids.size());
   const int64_t S = static_cast<int64_t>(plan.sequences.size());
@@ -718,7 +830,8 @@ absl::Status CudaLlamaRunner::Step(const ForwardInput& plan) {
     m.prev_num_logits = 0;
     return absl::OkStatus();
   }
-  const bool decode = T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
+  const bool decode =
+      allow_graph && T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
   if (decode) {
     Impl::Graph* g = nullptr;
     for (Impl::Graph& cand : m.graphs) {
@@ -740,21 +853,9 @@ absl::Status CudaLlamaRunner::Step(const ForwardInput& plan) {
     }
   }
   int64_t max_q = 0, max_len = 0;
-  for (const SequenceSlice& q : plan.sequences) {
-    max_q = std::max<int64_t>(max_q, q.num_query_tokens);
-    max_len = std::max<int64_t>(max_len, int64_t{q.num_context_tokens} + q.num_query_tokens);
-  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
   const MetaLayout layout = MakeLayout(T, S, N, m.max_blocks_per_seq);
   const DeviceMeta meta = MetaPointers(m.eager_meta.data(), layout);
-  const size_t ws = kernels::PagedAttentionCudaWorkspaceBytes(
-      m.AttnBatch(meta, T, S, max_q, max_len), m.attn_params);
-  if (ws > m.eager_ws.size()) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());  // the old workspace may be in use
-    m.eager_ws = DeviceBuffer<uint8_t>();
-    auto b = DeviceBuffer<uint8_t>::Create(ws);
-    if (!b.ok()) return b.status();
-    m.eager_ws = std::move(*b);
-  }
   auto host = m.AcquireStaging(layout.bytes);
   if (!host.ok()) return host.status();
   m.Pack(plan, layout, S, *host);

@@ -4,9 +4,9 @@
 // replayed from CUDA graphs captured per batch-size bucket.
 //
 // Per layer (transformers' modeling_llama.py, pre-norm): [Add]RmsNorm → fused QKV GEMM → RoPE
-// on q and k (in place, in the QKV rows) → K/V into the paged cache → paged attention → o_proj
-// → AddRmsNorm → fused gate/up GEMM → SiLU·mul → down GEMM. Then the final AddRmsNorm, the rows
-// whose logits are wanted are gathered, lm_head, argmax.
+// on q and k (in place, in the QKV rows) fused with the K/V write into the paged cache (one
+// launch) → paged attention → o_proj → AddRmsNorm → fused gate/up GEMM → SiLU·mul → down GEMM.
+// Then the final AddRmsNorm, the rows whose logits are wanted are gathered, lm_head, argmax.
 //
 // Step metadata (token ids, positions, slot mapping, query_start_loc, context lengths, logits
 // rows, block tables) is packed on the host into pinned staging memory and sent with ONE
@@ -42,6 +42,9 @@ struct CudaRunnerOptions {
   int64_t max_num_tokens = 8192;  // tokens per step (prefill chunk budget)
   int64_t max_num_seqs = 256;     // sequences per step
   bool use_cuda_graphs = true;
+  // Tune the bucket shapes' GEMMs once, in the eager run before each graph capture
+  // (kernels::CublasLt::set_autotune); only with use_cuda_graphs.
+  bool autotune_gemms = true;
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
@@ -53,6 +56,14 @@ struct StepInfo {
   int64_t graph_batch = 0;   // its bucket
   int64_t num_tokens = 0;
   int64_t num_logits = 0;
+};
+
+// One op class of a profiled step (ProfileStep): GPU time between the event before and after
+// each of its calls, summed over layers.
+struct ProfileEntry {
+  std::string op;                      // e.g. "qkv_gemm", "attention", "add_rmsnorm"
+  int64_t launches_between_marks = 0;  // calls (layers) it was measured over
+  double ms = 0.0;
 };
 
 class CudaLlamaRunner {
@@ -80,7 +91,8 @@ class CudaLlamaRunner {
 
   // AllocateKvCache (re)allocates a zeroed device KV cache of num_blocks blocks of
   // options().block_size tokens and, with use_cuda_graphs, captures the decode graphs (each
-  // bucket is run once eagerly first, which also settles cuBLASLt's plan choice). Must be
+  // bucket is run once eagerly first, which also settles cuBLASLt's plan choice and, with
+  // autotune_gemms, tunes the bucket's GEMM shapes: about a second for an 8B model). Must be
   // called before Step. Errors: InvalidArgument for num_blocks < 1; Internal for CUDA failures.
   absl::Status AllocateKvCache(int64_t num_blocks);
   int64_t num_blocks() const;
@@ -94,6 +106,16 @@ class CudaLlamaRunner {
   // max_num_seqs sequences; FailedPrecondition before AllocateKvCache; Internal for CUDA errors.
   absl::Status Step(const ForwardInput& plan);
   const StepInfo& last_step() const;
+
+  // ProfileStep runs `plan` (as Step would, but always eagerly, never from a graph) with a CUDA
+  // event after every op and returns GPU time per op class in first-seen order. The stream is
+  // first held by a `hold_ms` spin kernel while the host enqueues, so kernels run back to back
+  // as in a graph (events add about a microsecond each). Synchronizes. Errors: those of Step.
+  absl::StatusOr<std::vector<ProfileEntry>> ProfileStep(const ForwardInput& plan,
+                                                        int64_t hold_ms = 50);
+  // GemmPlans describes each GEMM shape met so far and the kernel chosen for it
+  // (kernels::CublasLt::DescribePlans).
+  std::string GemmPlans();
 
   // SampledTokens waits for the last Step and returns its greedy tokens, one per logits row.
   absl::StatusOr<std::vector<int32_t>> SampledTokens();

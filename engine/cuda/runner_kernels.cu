@@ -85,7 +85,24 @@ __global__ void FillDummyKernel(bf16* out, int64_t n, uint64_t seed, int init) {
   }
 }
 
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void SpinKernel(int64_t ns) {
+  const uint64_t start = GlobalTimerNs();
+  while (GlobalTimerNs() - start < static_cast<uint64_t>(ns)) __nanosleep(1000);
+}
+
 }  // namespace
+
+absl::Status SpinCuda(int64_t ns, cudaStream_t stream) {
+  if (ns < 0) return absl::InvalidArgumentError("SpinCuda: ns < 0");
+  SpinKernel<<<1, 1, 0, stream>>>(ns);
+  return kernels::CudaLaunchStatus("SpinKernel");
+}
 
 absl::Status ResolveTokenIdsCuda(int32_t* ids, int64_t n, const int32_t* sampled,
                                  cudaStream_t stream) {

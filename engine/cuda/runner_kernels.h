@@ -37,6 +37,10 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
 absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit init,
                            cudaStream_t stream);
 
+// SpinCuda: one thread busy-waits for `ns` nanoseconds of the GPU's global timer (holds the
+// stream, e.g. so a profiled step's kernels queue up behind it).
+absl::Status SpinCuda(int64_t ns, cudaStream_t stream);
+
 }  // namespace sluice::cuda_runner
 
 #endif  // SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_

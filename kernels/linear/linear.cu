@@ -2,18 +2,119 @@
 // y[m, n] = x[m, k] · w[n, k]ᵀ is issued as the column-major yᵀ[n, m] = op(A) · B with
 // A = w seen as a k×n column-major matrix (op = transpose), B = x seen as k×m, C = D = y seen as
 // n×m (ld n). The bias epilogue adds bias[n] along D's rows (CUBLASLT_EPILOGUE_BIAS).
+//
+// Autotune (CublasLt::set_autotune): the first call of a small-m shape, outside stream capture,
+// times up to kTuneCandidates of cuBLASLt's heuristic algorithms and, for m <= kGemvMaxRows,
+// GemvCuda on the caller's own operands (L2 flushed before each timed run), and keeps the
+// fastest. Small-m products are weight-streaming (bandwidth-bound): the heuristic's first pick
+// there is often a split-K algorithm with a separate reduction pass, which a one-pass GEMV
+// avoids.
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/linear/linear_cuda.h"
 
 namespace sluice::kernels {
 namespace {
+
+using cuda_detail::Aligned16;
+using cuda_detail::Bf16x8;
+using cuda_detail::ToFloat8;
+using cuda_detail::WarpSum;
+
+constexpr int kTuneCandidates = 8;
+constexpr int kGemvThreads = 256;
+constexpr int kGemvUnroll = 4;  // 16-byte weight loads in flight per lane
+
+// Weights are read exactly once per call: load them through the non-coherent path without
+// allocating in L1, which keeps L1 for the x rows every warp re-reads.
+__device__ __forceinline__ Bf16x8 LoadStreaming(const Bf16x8* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  Bf16x8 v;
+  static_assert(sizeof(v) == sizeof(r));
+  memcpy(&v, &r, sizeof(v));
+  return v;
+}
+
+// One warp per output column n: lanes stride over w[n, :] in 16-byte vectors (kGemvUnroll in
+// flight), each multiplied by the same 8 elements of every x row (m <= kM), fp32 sums reduced
+// across the warp; lane 0 adds the bias and rounds once.
+template <int kM>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+               const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
+  const int col = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5);
+  const int lane = threadIdx.x & 31;
+  if (col >= n) return;
+  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + int64_t{col} * k);
+  const int vecs = k / 8;
+  float acc[kM];
+#pragma unroll
+  for (int r = 0; r < kM; ++r) acc[r] = 0.0f;
+  auto fma_vec = [&](const Bf16x8& wv, int vi) {
+    float wf[8];
+    ToFloat8(wv, wf);
+#pragma unroll
+    for (int r = 0; r < kM; ++r) {
+      if (r < m) {
+        float xf[8];
+        ToFloat8(*reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k + int64_t{vi} * 8), xf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
+      }
+    }
+  };
+  int i = lane;
+  for (; i + 32 * (kGemvUnroll - 1) < vecs; i += 32 * kGemvUnroll) {
+    Bf16x8 wv[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = LoadStreaming(wr + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) fma_vec(wv[u], i + 32 * u);
+  }
+  for (; i < vecs; i += 32) fma_vec(LoadStreaming(wr + i), i);
+#pragma unroll
+  for (int r = 0; r < kM; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane == 0) {
+    const float b = bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < kM; ++r) {
+      if (r < m) y[int64_t{r} * n + col] = __float2bfloat16_rn(acc[r] + b);
+    }
+  }
+}
+
+bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
+  return m >= 1 && m <= kGemvMaxRows && k % 8 == 0 && n <= 0x7fffffff / 32 &&
+         k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
+}
+
+// Launches without validating (callers checked GemvSupported).
+void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
+                int64_t k, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>((n * 32 + kGemvThreads - 1) / kGemvThreads);
+  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+  if (m == 1) {
+    GemvKernel<1><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+  } else if (m == 2) {
+    GemvKernel<2><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+  } else if (m <= 4) {
+    GemvKernel<4><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+  } else {
+    GemvKernel<8><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+  }
+}
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -42,6 +143,13 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo;
+  // Heuristic results in its order (algo = candidates[0] until tuned).
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  bool tuned = false;
+  bool gemv = false;      // the tuned choice is GemvCuda
+  float best_us = 0.0f;   // tuned: the winner's time
+  float first_us = 0.0f;  // tuned: the heuristic's first pick's time
+  float gemv_us = 0.0f;   // tuned: GemvCuda's time (0 when not eligible)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -61,8 +169,10 @@ using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, 
 struct CublasLt::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer<uint8_t> workspace;
+  DeviceBuffer<uint8_t> flush;  // Tune's L2 flush buffer (allocated on first use)
   std::mutex mu;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans;
+  int64_t autotune_max_m = 0;  // plans with m <= this are tuned
 
   ~Impl() {
     plans.clear();
@@ -121,11 +231,12 @@ struct CublasLt::Impl {
       }
     }
     (void)align_bias;  // Part of the key only: the bias epilogue reads it element-wise.
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
     int count = 0;
     if (s == CUBLAS_STATUS_SUCCESS) {
       s = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
-                                         1, &result, &count);
+                                         m <= autotune_max_m ? kTuneCandidates : 1, results,
+                                         &count);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     SLUICE_CUBLAS_RETURN_IF_ERROR(s, "cublasLtMatmulAlgoGetHeuristic");
@@ -133,10 +244,94 @@ struct CublasLt::Impl {
       return absl::InternalError(
           absl::StrCat("cuBLASLt has no bf16 algorithm for m=", m, " n=", n, " k=", k));
     }
-    plan->algo = result.algo;
+    plan->algo = results[0].algo;
+    for (int i = 0; i < count; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
+    }
     Plan* raw = plan.get();
     plans.emplace(key, std::move(plan));
     return raw;
+  }
+
+  cublasStatus_t RunAlgo(Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* w,
+                         bf16* y, cudaStream_t stream) {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo,
+                          workspace.data(), workspace.bytes(), stream);
+  }
+
+  // Tune times each candidate (and GemvCuda when eligible) on the caller's operands: 2 warm-up
+  // runs, then the mean of 5 between CUDA events. y is overwritten (the real call follows).
+  // A candidate that fails to run is skipped. Synchronizes `stream`.
+  absl::Status Tune(Plan& p, const PlanKey& key, const bf16* x, const bf16* w, const bf16* bias,
+                    bf16* y, cudaStream_t stream) {
+    const int64_t m = std::get<0>(key), n = std::get<1>(key), k = std::get<2>(key);
+    cudaEvent_t ev[2];
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ev[0]), "cudaEventCreate");
+    if (cudaEventCreate(&ev[1]) != cudaSuccess) {
+      cudaEventDestroy(ev[0]);
+      return absl::InternalError("cudaEventCreate");
+    }
+    constexpr int kWarm = 2, kReps = 5;
+    // In a decode step each GEMM streams weights that are not in L2 (the layers in between
+    // evicted them), so every timed run starts from a flushed L2: a memset of twice its size,
+    // outside the timed span.
+    if (flush.size() == 0) {
+      int device = 0, l2 = 0;
+      cudaGetDevice(&device);
+      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+      auto buf = DeviceBuffer<uint8_t>::Create(std::max<size_t>(2 * static_cast<size_t>(l2), 1));
+      if (buf.ok()) flush = std::move(*buf);
+    }
+    // Returns the mean microseconds of `run`, or a negative value when it failed.
+    auto time = [&](auto&& run) -> float {
+      for (int i = 0; i < kWarm; ++i) {
+        if (!run()) return -1.0f;
+      }
+      float total = 0.0f;
+      for (int i = 0; i < kReps; ++i) {
+        if (flush.size() > 0) cudaMemsetAsync(flush.data(), i, flush.bytes(), stream);
+        cudaEventRecord(ev[0], stream);
+        run();
+        cudaEventRecord(ev[1], stream);
+        float ms = 0.0f;
+        if (cudaEventSynchronize(ev[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess) {
+          return -1.0f;
+        }
+        total += ms;
+      }
+      return total * 1e3f / kReps;
+    };
+    float best = -1.0f;
+    for (size_t i = 0; i < p.candidates.size(); ++i) {
+      const cublasLtMatmulAlgo_t& algo = p.candidates[i];
+      const float us =
+          time([&] { return RunAlgo(p, algo, x, w, y, stream) == CUBLAS_STATUS_SUCCESS; });
+      if (i == 0) p.first_us = us;
+      if (us >= 0.0f && (best < 0.0f || us < best)) {
+        best = us;
+        p.algo = algo;
+      }
+    }
+    if (GemvSupported(x, w, m, n, k)) {
+      p.gemv_us = time([&] {
+        LaunchGemv(x, w, bias, y, m, n, k, stream);
+        return cudaPeekAtLastError() == cudaSuccess;
+      });
+      if (p.gemv_us >= 0.0f && (best < 0.0f || p.gemv_us < best)) {
+        best = p.gemv_us;
+        p.gemv = true;
+      }
+    }
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    // A failed timing run leaves a sticky launch error only for real faults; clear the
+    // non-sticky one a rejected candidate may have set.
+    (void)cudaGetLastError();
+    p.best_us = best;
+    p.tuned = true;
+    return absl::OkStatus();
   }
 };
 
@@ -172,17 +367,76 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
   auto plan = impl.GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
+  if (m <= impl.autotune_max_m && !p.tuned) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture == cudaStreamCaptureStatusNone) {
+      if (bias != nullptr) {
+        SLUICE_CUBLAS_RETURN_IF_ERROR(
+            cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof(bias)),
+            "set BIAS_POINTER");
+      }
+      absl::Status st = impl.Tune(p, key, x, w, bias, y, stream);
+      if (!st.ok()) return st;
+    }
+  }
+  if (p.gemv) {
+    LaunchGemv(x, w, bias, y, m, n, k, stream);
+    return CudaLaunchStatus("GemvKernel");
+  }
   if (bias != nullptr) {
     SLUICE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
                                       p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                                   "set BIAS_POINTER");
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  SLUICE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmul(impl.handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                     impl.workspace.data(), impl.workspace.bytes(), stream),
-      "cublasLtMatmul");
+  SLUICE_CUBLAS_RETURN_IF_ERROR(impl.RunAlgo(p, p.algo, x, w, y, stream), "cublasLtMatmul");
   return absl::OkStatus();
+}
+
+void CublasLt::set_autotune(int64_t max_m) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->autotune_max_m = max_m;
+}
+
+std::string CublasLt::DescribePlans() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::pair<PlanKey, const Plan*>> sorted;
+  for (const auto& [key, plan] : impl_->plans) sorted.emplace_back(key, plan.get());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  for (const auto& [key, p] : sorted) {
+    const auto [m, n, k, has_bias, ax, aw, ay, ab] = key;
+    int32_t algo_id = -1, tile = -1, splitk = 1;
+    size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id,
+                                         sizeof(algo_id), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                         sizeof(tile), &written);
+    cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                         sizeof(splitk), &written);
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "m=%lld n=%lld k=%lld%s: %s; cublasLt algo %d tile %d splitK %d; candidates %zu; "
+                  "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us\n",
+                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                  has_bias ? " +bias" : "", p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
+                  p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us);
+    out += line;
+  }
+  return out;
+}
+
+absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                      int64_t n, int64_t k, cudaStream_t stream) {
+  if (n < 1 || k < 1 || !GemvSupported(x, w, m, n, k) || y == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemvCuda: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned x and w "
+        "(m=", m, " n=", n, " k=", k, ")"));
+  }
+  LaunchGemv(x, w, bias, y, m, n, k, stream);
+  return CudaLaunchStatus("GemvKernel");
 }
 
 }  // namespace sluice::kernels

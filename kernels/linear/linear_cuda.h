@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,6 +27,16 @@ class CublasLt {
       size_t workspace_bytes = kDefaultWorkspaceBytes);
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
+  // set_autotune(max_m): each new (shape, bias, alignment) plan with m <= max_m is tuned on its
+  // first call made outside stream capture: up to 8 of the heuristic's algorithms and, for
+  // m <= kGemvMaxRows, GemvCuda are timed on that call's operands (7 runs each; the stream is
+  // synchronized) and the fastest is kept. A plan first met during capture keeps the
+  // heuristic's pick. 0 (the default) turns tuning off, so every call stays asynchronous; meant
+  // for the few decode shapes, not for every prefill length.
+  void set_autotune(int64_t max_m);
+  // DescribePlans: one line per cached plan (shape, chosen kernel, cuBLASLt algo/tile/split-K,
+  // tuned timings in microseconds), for benchmarks.
+  std::string DescribePlans();
   CublasLt& operator=(const CublasLt&) = delete;
 
   struct Impl;
@@ -36,6 +47,17 @@ class CublasLt {
   friend absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
                                  bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 };
+
+// Largest m GemvCuda serves.
+inline constexpr int64_t kGemvMaxRows = 8;
+
+// GemvCuda: the same product as LinearCuda for few rows, y[m, n] = bf16(Σ_k x[m, k]·w[n, k] +
+// bias[n]) with fp32 accumulation, as one bandwidth-oriented kernel: a warp per output column
+// streams w[n, :] once with 16-byte loads. Needs 1 <= m <= kGemvMaxRows, k % 8 == 0 and
+// 16-byte aligned x and w (y and bias: element alignment). y must not overlap x or w.
+// Errors: InvalidArgument when those do not hold; Internal for launch errors.
+absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                      int64_t n, int64_t k, cudaStream_t stream);
 
 // LinearCuda computes y[m, n] = bf16(Σ_k x[m, k] · w[n, k] + bias[n]) (LinearCpu's layout:
 // row-major, contiguous; bias [n] may be null), accumulating in fp32 (CUBLAS_COMPUTE_32F) and

@@ -2,6 +2,9 @@
 // bf16 inputs. Needs a GPU (kernels_cuda_test).
 #include "kernels/linear/linear_cuda.h"
 
+#include <algorithm>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +52,76 @@ TEST(LinearCudaTest, MatchesCpuReference) {
     ExpectClose(absl::StrCat("linear m=", s.m, " n=", s.n, " k=", s.k, s.bias ? " +bias" : ""),
                 Download(d_y), want, 1.0 / 128, 1e-3);
   }
+}
+
+// Runs `s` through `run` (LinearCuda or GemvCuda) and compares with LinearCpu.
+template <typename Run>
+void CheckShape(const std::string& what, int64_t m, int64_t n, int64_t k, bool bias,
+                std::mt19937& rng, Run&& run) {
+  const auto x = RandomBf16(static_cast<size_t>(m * k), rng, -1.0f, 1.0f);
+  const auto w = RandomBf16(static_cast<size_t>(n * k), rng, -1.0f, 1.0f);
+  const auto b = RandomBf16(static_cast<size_t>(n), rng, -4.0f, 4.0f);
+  auto d_x = Upload(x);
+  auto d_w = Upload(w);
+  auto d_b = Upload(b);
+  auto d_y = NanBuffer(static_cast<size_t>(m * n));
+  const absl::Status st = run(d_x.data(), d_w.data(), bias ? d_b.data() : nullptr, d_y.data());
+  ASSERT_TRUE(st.ok()) << st;
+  const auto xf = ToFloat(x), wf = ToFloat(w), bf = ToFloat(b);
+  std::vector<float> want(static_cast<size_t>(m * n));
+  LinearCpu(xf.data(), wf.data(), bias ? bf.data() : nullptr, want.data(), m, n, k);
+  ExpectClose(absl::StrCat(what, " m=", m, " n=", n, " k=", k, bias ? " +bias" : ""),
+              Download(d_y), want, 1.0 / 128, 1e-3);
+}
+
+// GemvCuda for every row count it serves, k not a multiple of the unrolled stride (tail loop),
+// bias, and Llama-3-8B decode shapes (o_proj, down).
+TEST(LinearCudaTest, GemvMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  struct Shape {
+    int64_t m, n, k;
+    bool bias;
+  };
+  const Shape shapes[] = {{1, 4096, 4096, false}, {2, 333, 1032, true}, {3, 77, 64, true},
+                          {4, 1000, 8, false},    {5, 129, 4104, true}, {8, 4096, 14336, false},
+                          {7, 31, 256, false}};
+  for (const Shape& sh : shapes) {
+    CheckShape("gemv", sh.m, sh.n, sh.k, sh.bias, rng,
+               [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                 return GemvCuda(x, w, b, y, sh.m, sh.n, sh.k, nullptr);
+               });
+  }
+  EXPECT_EQ(GemvCuda(nullptr, nullptr, nullptr, nullptr, 9, 8, 8, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto w = NanBuffer(64);
+  EXPECT_EQ(GemvCuda(w.data(), w.data(), nullptr, w.data(), 1, 4, 12, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // k % 8 != 0
+}
+
+// With autotune on, whichever kernel wins (cuBLASLt algorithm or GEMV), results stay within
+// tolerance, on the tuning call and on the cached plan's next call; every plan is tuned.
+TEST(LinearCudaTest, AutotuneMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto lt = CublasLt::Create();
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->set_autotune(64);
+  auto rng = cuda_test::Rng();
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const auto& sh : {std::tuple<int64_t, int64_t, int64_t, bool>{1, 6144, 4096, false},
+                           {4, 512, 1024, true},
+                           {64, 1024, 512, false},
+                           {3, 77, 999, true}}) {
+      const int64_t m = std::get<0>(sh), n = std::get<1>(sh), k = std::get<2>(sh);
+      CheckShape("autotuned", m, n, k, std::get<3>(sh), rng,
+                 [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                   return LinearCuda(**lt, x, w, b, y, m, n, k, nullptr);
+                 });
+    }
+  }
+  const std::string plans = (*lt)->DescribePlans();
+  EXPECT_EQ(std::count(plans.begin(), plans.end(), '\n'), 4) << plans;
+  EXPECT_EQ(plans.find("tuned 0"), std::string::npos) << plans;
 }
 
 TEST(LinearCudaTest, RejectsBadShapes) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_utils.cuh"
 #include "kernels/rope/rope_cuda.h"
 
 namespace sluice::kernels {
@@ -12,19 +13,34 @@ namespace {
 
 constexpr int kTargetThreads = 256;
 
+// The rotation pair i = threadIdx.x % half of token blockIdx.x and its cos / sin (fp32 angle
+// pos · inv_freq[i]), both times `scaling`.
+struct PairRotation {
+  int i;
+  float c, s;
+};
+__device__ __forceinline__ PairRotation ThreadPairRotation(const int32_t* __restrict__ positions,
+                                                         const float* __restrict__ inv_freq,
+                                                         int half, float scaling) {
+  PairRotation r;
+  r.i = threadIdx.x % half;
+  const float angle = static_cast<float>(positions[blockIdx.x]) * inv_freq[r.i];
+  sincosf(angle, &r.s, &r.c);
+  r.c *= scaling;
+  r.s *= scaling;
+  return r;
+}
+
 template <bool kInterleave>
 __global__ void __launch_bounds__(1024)
     RopeKernel(bf16* x, int64_t num_heads, int64_t token_stride, int64_t head_stride,
                int64_t offset, const int32_t* __restrict__ positions,
                const float* __restrict__ inv_freq, int half, int heads_per_pass, float scaling) {
   const int64_t t = blockIdx.x;
-  const int i = threadIdx.x % half;
+  const PairRotation rot = ThreadPairRotation(positions, inv_freq, half, scaling);
+  const int i = rot.i;
+  const float c = rot.c, s = rot.s;
   const int head_in_pass = threadIdx.x / half;
-  const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-  float s, c;
-  sincosf(angle, &s, &c);
-  c *= scaling;
-  s *= scaling;
   bf16* token = x + t * token_stride + offset;
   for (int64_t h0 = 0; h0 < num_heads; h0 += heads_per_pass) {
     const int64_t h = h0 + head_in_pass;
@@ -44,7 +60,93 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// Fused QKV row of one token: q heads, then k heads, then v (each head head_dim wide). Rotates
+// q and k (rotate-half, pair i of a head per thread, heads swept like RopeKernel) in place and,
+// when the token has a cache slot, writes the rotated k and the v row to it. Each k element is
+// stored to the cache by the thread that produced it, so no barrier is needed.
+__global__ void __launch_bounds__(1024)
+    RopeQkWriteKvKernel(bf16* qkv, int64_t token_stride, int num_heads, int num_kv_heads,
+                        int head_dim, const int32_t* __restrict__ positions,
+                        const float* __restrict__ inv_freq, int half, int heads_per_pass,
+                        float scaling, const int64_t* __restrict__ slot_mapping, bf16* k_cache,
+                        bf16* v_cache) {
+  const int64_t t = blockIdx.x;
+  const PairRotation rot = ThreadPairRotation(positions, inv_freq, half, scaling);
+  const int i = rot.i;
+  const float c = rot.c, s = rot.s;
+  const int head_in_pass = threadIdx.x / half;
+  const int64_t slot = slot_mapping[t];
+  const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
+  bf16* token = qkv + t * token_stride;
+  bf16* k_dst = slot >= 0 ? k_cache + slot * kv_dim : nullptr;
+  const int heads = num_heads + num_kv_heads;
+  for (int h = head_in_pass; h < heads; h += heads_per_pass) {
+    bf16* v = token + int64_t{h} * head_dim;
+    const float x1 = __bfloat162float(v[i]);
+    const float x2 = __bfloat162float(v[i + half]);
+    const bf16 o1 = __float2bfloat16_rn(x1 * c - x2 * s);
+    const bf16 o2 = __float2bfloat16_rn(x2 * c + x1 * s);
+    v[i] = o1;
+    v[i + half] = o2;
+    if (h >= num_heads && k_dst != nullptr) {
+      bf16* kh = k_dst + int64_t{h - num_heads} * head_dim;
+      kh[i] = o1;
+      kh[i + half] = o2;
+    }
+  }
+  if (k_dst == nullptr) return;
+  // Channels past the rotary span (partial rotary) go to the cache unchanged.
+  const int tail = head_dim - 2 * half;
+  if (tail > 0) {
+    const bf16* k_src = token + int64_t{num_heads} * head_dim;
+    for (int64_t e = threadIdx.x; e < int64_t{num_kv_heads} * tail; e += blockDim.x) {
+      const int64_t at = (e / tail) * head_dim + 2 * half + e % tail;
+      k_dst[at] = k_src[at];
+    }
+  }
+  const bf16* v_src = token + int64_t{num_heads + num_kv_heads} * head_dim;
+  bf16* v_dst = v_cache + slot * kv_dim;
+  if (kv_dim % 8 == 0 && cuda_detail::Aligned16(v_src) && cuda_detail::Aligned16(v_dst)) {
+    const auto* src = reinterpret_cast<const cuda_detail::Bf16x8*>(v_src);
+    auto* dst = reinterpret_cast<cuda_detail::Bf16x8*>(v_dst);
+    for (int64_t e = threadIdx.x; e < kv_dim / 8; e += blockDim.x) dst[e] = src[e];
+  } else {
+    for (int64_t e = threadIdx.x; e < kv_dim; e += blockDim.x) v_dst[e] = v_src[e];
+  }
+}
+
 }  // namespace
+
+absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               const int32_t* positions, const DeviceRopeTable& table,
+                               const int64_t* slot_mapping, bf16* k_cache, bf16* v_cache,
+                               cudaStream_t stream) {
+  const int64_t half = table.rotary_dim / 2;
+  if (num_tokens < 0 || num_tokens > 0x7fffffff || num_heads < 1 || num_kv_heads < 1 ||
+      head_dim < 1 || half < 1 || half > 1024 || 2 * half > head_dim ||
+      table.inv_freq.size() != static_cast<size_t>(half) ||
+      token_stride < (num_heads + 2 * num_kv_heads) * head_dim ||
+      num_heads + num_kv_heads > 0x7fffffff / head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RopeQkWriteKvCuda: bad arguments num_tokens=", num_tokens, " token_stride=",
+        token_stride, " num_heads=", num_heads, " num_kv_heads=", num_kv_heads, " head_dim=",
+        head_dim, " rotary_dim=", table.rotary_dim));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (qkv == nullptr || positions == nullptr || slot_mapping == nullptr || k_cache == nullptr ||
+      v_cache == nullptr) {
+    return absl::InvalidArgumentError("RopeQkWriteKvCuda: null pointer");
+  }
+  const int64_t heads = num_heads + num_kv_heads;
+  const int64_t heads_per_pass = std::clamp<int64_t>(kTargetThreads / half, 1, heads);
+  RopeQkWriteKvKernel<<<static_cast<unsigned>(num_tokens),
+                        static_cast<unsigned>(heads_per_pass * half), 0, stream>>>(
+      qkv, token_stride, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
+      static_cast<int>(head_dim), positions, table.inv_freq.data(), static_cast<int>(half),
+      static_cast<int>(heads_per_pass), table.attention_scaling, slot_mapping, k_cache, v_cache);
+  return CudaLaunchStatus("RopeQkWriteKvCuda launch");
+}
 
 absl::StatusOr<DeviceRopeTable> UploadRopeTable(const RopeTable& table) {
   const size_t half = table.inv_freq.size();

@@ -39,6 +39,22 @@ absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t to
                       int64_t head_stride, int64_t offset, const int32_t* positions,
                       const DeviceRopeTable& table, bool interleave, cudaStream_t stream);
 
+// RopeQkWriteKvCuda: RoPE of q and k plus the KV-cache write of one layer in one launch, for
+// fused QKV rows (Llama: rotate-half layout). qkv: bf16 [num_tokens, token_stride] whose row
+// holds q (num_heads × head_dim) at 0, k (num_kv_heads × head_dim) right after, then v (same
+// size as k). The first table.rotary_dim channels of every q and k head are rotated in place
+// exactly as RopeCuda(interleave = false) does; then, for slot = slot_mapping[t] >= 0, token t's
+// rotated k and its v row are written to k_cache / v_cache + slot · num_kv_heads · head_dim
+// (WriteKvCacheCuda's layout). Tokens with slot < 0 are rotated but not cached.
+// positions: [num_tokens] int32, slot_mapping: [num_tokens] int64 (device).
+// Errors: InvalidArgument for bad sizes (rotary_dim > head_dim, token_stride shorter than the
+// q+k+v row) or null pointers; Internal for launch errors.
+absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               const int32_t* positions, const DeviceRopeTable& table,
+                               const int64_t* slot_mapping, bf16* k_cache, bf16* v_cache,
+                               cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_ROPE_ROPE_CUDA_H_

@@ -3,6 +3,8 @@
 // (kernels_cuda_test).
 #include "kernels/rope/rope_cuda.h"
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -28,13 +30,19 @@ struct Case {
   int32_t max_pos;
 };
 
-std::vector<Case> Cases() {
-  RopeParams llama;  // Llama-3-8B: theta 500000, head_dim 128, llama3 scaling
+// Llama-3-8B: theta 500000, head_dim 128, llama3 scaling.
+RopeParams Llama3Params() {
+  RopeParams llama;
   llama.rope_type = "llama3";
   llama.theta = 500000.0;
   llama.rotary_dim = 128;
   llama.factor = 8.0;
   llama.original_max_position_embeddings = 8192;
+  return llama;
+}
+
+std::vector<Case> Cases() {
+  const RopeParams llama = Llama3Params();
   RopeParams plain;
   plain.theta = 10000.0;
   plain.rotary_dim = 64;
@@ -94,6 +102,79 @@ TEST(RopeCudaTest, MatchesCpuReference) {
   }
 }
 
+// The fused q/k rotation + KV-cache write equals RopeCpu on q and k, with the rotated k and the
+// untouched v in the token's cache slot; a slot of -1 rotates but writes nothing (the cache
+// keeps its NaN fill). Llama-3-8B shapes and a partial rotary span (k tail copied unrotated).
+TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  struct Shape {
+    RopeParams params;
+    int64_t tokens, heads, kv_heads, head_dim, pad;
+  };
+  const RopeParams llama = Llama3Params();
+  RopeParams partial;
+  partial.theta = 10000.0;
+  partial.rotary_dim = 32;
+  for (const Shape& sh : {Shape{llama, 7, 32, 8, 128, 0}, Shape{partial, 5, 6, 2, 48, 8}}) {
+    auto table = MakeRopeTable(sh.params);
+    ASSERT_TRUE(table.ok()) << table.status();
+    auto d_table = UploadRopeTable(*table);
+    ASSERT_TRUE(d_table.ok()) << d_table.status();
+    const int64_t q_dim = sh.heads * sh.head_dim, kv_dim = sh.kv_heads * sh.head_dim;
+    const int64_t stride = q_dim + 2 * kv_dim + sh.pad;
+    const int64_t num_slots = 2 * sh.tokens;
+    const auto x = RandomBf16(static_cast<size_t>(sh.tokens * stride), rng, -2.0f, 2.0f);
+    std::vector<int32_t> positions(static_cast<size_t>(sh.tokens));
+    std::vector<int64_t> slots(static_cast<size_t>(sh.tokens));
+    for (int64_t t = 0; t < sh.tokens; ++t) {
+      positions[t] = static_cast<int32_t>((t * 977 + 13) % 8192);
+      slots[t] = t == 1 ? -1 : (num_slots - 1 - 2 * t);  // scattered, one skipped
+    }
+    auto d_x = Upload(x);
+    auto d_pos = Upload(positions);
+    auto d_slots = Upload(slots);
+    auto k_cache = cuda_test::NanBuffer(static_cast<size_t>(num_slots * kv_dim));
+    auto v_cache = cuda_test::NanBuffer(static_cast<size_t>(num_slots * kv_dim));
+    const absl::Status st = RopeQkWriteKvCuda(d_x.data(), sh.tokens, stride, sh.heads,
+                                              sh.kv_heads, sh.head_dim, d_pos.data(), *d_table,
+                                              d_slots.data(), k_cache.data(), v_cache.data(),
+                                              nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    auto want = ToFloat(x);
+    RopeCpu(want.data(), sh.tokens, sh.heads + sh.kv_heads, stride, sh.head_dim, 0,
+            positions.data(), *table, false);
+    const std::string name = absl::StrCat("rope+kv heads=", sh.heads, " head_dim=", sh.head_dim);
+    const auto rotated = Download(d_x);
+    ExpectClose(name + " qkv", rotated, want, 1.0 / 128, 1e-4);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> want_k(static_cast<size_t>(num_slots * kv_dim), nan);
+    std::vector<float> want_v = want_k;
+    for (int64_t t = 0; t < sh.tokens; ++t) {
+      if (slots[t] < 0) continue;
+      for (int64_t e = 0; e < kv_dim; ++e) {
+        want_k[slots[t] * kv_dim + e] = want[t * stride + q_dim + e];
+        want_v[slots[t] * kv_dim + e] = want[t * stride + q_dim + kv_dim + e];
+      }
+    }
+    const auto got_k = Download(k_cache), got_v = Download(v_cache);
+    for (size_t i = 0; i < want_k.size(); ++i) {
+      if (std::isnan(want_k[i])) {
+        ASSERT_TRUE(std::isnan(got_k[i]) && std::isnan(got_v[i])) << name << " cache elem " << i;
+      }
+    }
+    // Cached k must be the bits of the rotated q/k row (compared above); exact equality here.
+    for (size_t i = 0; i < want_k.size(); ++i) {
+      if (std::isnan(want_k[i])) continue;
+      const int64_t slot = static_cast<int64_t>(i) / kv_dim, e = static_cast<int64_t>(i) % kv_dim;
+      int64_t t = 0;
+      while (slots[t] != slot) ++t;
+      ASSERT_EQ(got_k[i], rotated[t * stride + q_dim + e]) << name << " k slot " << slot;
+      ASSERT_EQ(got_v[i], want_v[i]) << name << " v slot " << slot;
+    }
+  }
+}
+
 TEST(RopeCudaTest, RejectsBadArguments) {
   SLUICE_SKIP_WITHOUT_CUDA();
   RopeTable big;
@@ -101,6 +182,10 @@ TEST(RopeCudaTest, RejectsBadArguments) {
   EXPECT_EQ(UploadRopeTable(big).status().code(), absl::StatusCode::kInvalidArgument);
   DeviceRopeTable empty;
   EXPECT_EQ(RopeCuda(nullptr, 1, 1, 64, 64, 0, nullptr, empty, false, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RopeQkWriteKvCuda(nullptr, 1, 64, 1, 1, 64, nullptr, empty, nullptr, nullptr, nullptr,
+                              nullptr)
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
