@@ -28,7 +28,8 @@ class LLMEngineImpl final : public LLMEngine {
             static_cast<size_t>(std::max<int64_t>(1, options.kv_event_buffer_size)))),
         scheduler_(SchedulerConfig{options.block_size, options.max_num_seqs,
                                    options.max_num_batched_tokens,
-                                   options.enable_prefix_caching, kv_identity_},
+                                   options.enable_prefix_caching, kv_identity_,
+                                   options.kv_connector.get()},
                    num_blocks, kv_events_) {
     const auto& eos = model_->config().eos_token_ids;
     eos_token_ids_.assign(eos.begin(), eos.end());
@@ -125,6 +126,7 @@ class LLMEngineImpl final : public LLMEngine {
     // reusing the prefix would read. After a preemption the recompute is local and cacheable.
     if (has_sliding_layers_) {
       seq->num_committed_blocks = seq->num_prompt_tokens() / static_cast<int32_t>(block_size());
+      seq->num_saved_blocks = seq->num_committed_blocks;
     }
     const int64_t num_tokens = seq->num_prompt_tokens() + 1;
     if (!scheduler_.Reserve(seq, num_tokens)) {
@@ -172,7 +174,10 @@ class LLMEngineImpl final : public LLMEngine {
     return absl::OkStatus();
   }
 
-  bool HasPendingTimers() const override { return !held_.empty() || !reservations_.empty(); }
+  bool HasPendingTimers() const override {
+    // Connector loads finish off-thread: Step() polls them.
+    return !held_.empty() || !reservations_.empty() || scheduler_.num_loading() > 0;
+  }
   bool HasStepWork() const override {
     return scheduler_.num_waiting() > 0 || scheduler_.num_running() > 0 ||
            !pending_aborts_.empty() || !pending_outputs_.empty();
@@ -193,6 +198,7 @@ class LLMEngineImpl final : public LLMEngine {
     }
     pending_aborts_.clear();
     ExpireTimers(outputs);
+    FinishConnectorLoads();
 
     SchedulerOutput plan = scheduler_.Schedule();
     counters_.num_preemptions += plan.num_preempted;
@@ -224,6 +230,7 @@ class LLMEngineImpl final : public LLMEngine {
       counters_.num_prompt_tokens_computed +=
           std::min(seq.num_computed_tokens, seq.num_prompt_tokens()) - before;
       scheduler_.CommitBlocks(seq);
+      WriteThrough(seq);
       if (!samples) continue;
       absl::Span<float> row(logits_.data() + logits_row * vocab, vocab);
       ++logits_row;
@@ -273,6 +280,8 @@ class LLMEngineImpl final : public LLMEngine {
     EngineCounters c = counters_;
     const PrefixCacheStats& pc = scheduler_.prefix_cache_stats();
     c.num_prompt_tokens_cached = scheduler_.num_cached_prompt_tokens();
+    c.num_prompt_tokens_cached_external = scheduler_.num_external_cached_prompt_tokens();
+    if (options_.kv_connector != nullptr) c.kv_connector = options_.kv_connector->stats();
     c.num_prefix_cache_queried_blocks = pc.num_queried_blocks;
     c.num_prefix_cache_hit_blocks = pc.num_hit_blocks;
     c.num_prefix_cache_evicted_blocks = pc.num_evicted_blocks;
@@ -286,6 +295,41 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
+  // FinishConnectorLoads copies finished connector loads into their blocks (see
+  // Scheduler::FinishLoad); loads of aborted requests are dropped.
+  void FinishConnectorLoads() {
+    if (options_.kv_connector == nullptr) return;
+    const int64_t block_bytes = kv_cache_.BlockBytes();
+    for (const KvLoadResult& r : options_.kv_connector->PollLoads()) {
+      const int64_t n = std::min<int64_t>(
+          r.num_blocks, static_cast<int64_t>(r.bytes.size()) / block_bytes);
+      if (!scheduler_.FinishLoad(r.ticket, n, load_blocks_)) continue;
+      for (size_t i = 0; i < load_blocks_.size(); ++i) {
+        ScatterKvBlock(absl::MakeConstSpan(r.bytes).subspan(i * block_bytes, block_bytes),
+                       load_blocks_[i], kv_cache_);
+      }
+    }
+  }
+
+  // WriteThrough hands seq's newly registered full blocks to the connector. The bytes are
+  // copied out here, so the blocks may be freed and reused while the connector writes.
+  void WriteThrough(Sequence& seq) {
+    if (options_.kv_connector == nullptr) return;
+    const int32_t from = seq.num_saved_blocks;
+    const int32_t to = seq.num_committed_blocks;
+    if (to <= from) return;
+    const int64_t block_bytes = kv_cache_.BlockBytes();
+    std::vector<uint8_t> bytes(static_cast<size_t>((to - from) * block_bytes));
+    for (int32_t b = from; b < to; ++b) {
+      GatherKvBlock(kv_cache_, seq.block_table[b],
+                    absl::MakeSpan(bytes).subspan((b - from) * block_bytes, block_bytes));
+    }
+    options_.kv_connector->Save(
+        std::vector<BlockHash>(seq.block_hashes.begin() + from, seq.block_hashes.begin() + to),
+        std::move(bytes));
+    seq.num_saved_blocks = to;
+  }
+
   void BuildForwardInput(const SchedulerOutput& plan) {
     input_.token_ids.clear();
     input_.positions.clear();
@@ -450,6 +494,7 @@ class LLMEngineImpl final : public LLMEngine {
   ForwardInput input_;
   std::vector<float> logits_;
   std::vector<int32_t> stop_ids_;
+  std::vector<int32_t> load_blocks_;  // scratch
   EngineCounters counters_;
 };
 
@@ -481,8 +526,14 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
         "KV cache of ", num_blocks, " blocks cannot hold one sequence of max_model_len ",
         max_model_len, " tokens (needs ", needed, " blocks of ", options.block_size, " tokens)"));
   }
-  return std::unique_ptr<LLMEngine>(
+  auto engine = std::unique_ptr<LLMEngineImpl>(
       new LLMEngineImpl(std::move(model), options, num_blocks, max_model_len));
+  if (options.kv_connector != nullptr) {
+    absl::Status bound = options.kv_connector->Bind(KvConnectorLayout{
+        engine->kv_identity(), options.block_size, engine->kv_cache().BlockBytes()});
+    if (!bound.ok()) return bound;
+  }
+  return std::unique_ptr<LLMEngine>(std::move(engine));
 }
 
 }  // namespace sluice

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv/kv_connector.h"
 #include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
@@ -41,6 +42,10 @@ struct EngineOptions {
   std::string model_id;
   // KV events kept for ReadKvEvents readers before the oldest are dropped.
   int64_t kv_event_buffer_size = 4096;
+  // KV outside this engine (engine/kv/kv_connector.h), e.g. the kvstore: with prefix caching,
+  // prompt blocks past the local hit are loaded through it at admission and new full blocks are
+  // written through after each step. Null: none.
+  std::shared_ptr<KvConnector> kv_connector;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -50,6 +55,9 @@ struct EngineCounters {
   // Prompt tokens served from the prefix cache when a request was admitted (again after each
   // preemption). Without preemptions: computed + cached = Σ prompt tokens of prefilled requests.
   int64_t num_prompt_tokens_cached = 0;
+  // Of those, tokens loaded through the KV connector (the rest came from the local cache).
+  int64_t num_prompt_tokens_cached_external = 0;
+  KvConnectorStats kv_connector;  // zeros without a connector
   int64_t num_prefix_cache_queried_blocks = 0;  // full blocks looked up at admissions
   int64_t num_prefix_cache_hit_blocks = 0;      // of those, reused from the cache
   int64_t num_prefix_cache_evicted_blocks = 0;  // cached blocks evicted for new allocations

@@ -27,6 +27,9 @@ Sequence* Scheduler::Find(const std::string& request_id) {
   for (auto& s : reserved_) {
     if (s->request.request_id == request_id) return s.get();
   }
+  for (auto& s : loading_) {
+    if (s->request.request_id == request_id) return s.get();
+  }
   return nullptr;
 }
 
@@ -72,6 +75,10 @@ std::unique_ptr<Sequence> Scheduler::Detach(const std::string& request_id) {
              rit != reserved_.end()) {
     out = std::move(*rit);
     reserved_.erase(rit);
+  } else if (auto lit = std::find_if(loading_.begin(), loading_.end(), match);
+             lit != loading_.end()) {
+    out = std::move(*lit);  // a load still running for it is dropped by FinishLoad
+    loading_.erase(lit);
   }
   return out;
 }
@@ -107,6 +114,50 @@ void Scheduler::ReuseCachedPrefix(Sequence& seq) {
   seq.num_computed_tokens = cached;
   seq.num_cached_tokens = std::min(cached, seq.num_prompt_tokens());
   seq.num_committed_blocks = static_cast<int32_t>(seq.block_table.size());
+  seq.num_saved_blocks = seq.num_committed_blocks;
+}
+
+bool Scheduler::StartExternalLoad(Sequence& seq) {
+  if (config_.kv_connector == nullptr || !cache_.enabled() || seq.kv_lookup_done) return false;
+  seq.kv_lookup_done = true;  // once per request: a preempted one recomputes locally
+  const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
+  const int64_t local = static_cast<int64_t>(seq.block_table.size());
+  if (max_blocks <= local) return false;
+  seq.kv_load_ticket = next_load_ticket_++;
+  config_.kv_connector->StartLoad(
+      seq.kv_load_ticket,
+      std::vector<BlockHash>(seq.block_hashes.begin() + local,
+                             seq.block_hashes.begin() + max_blocks));
+  return true;
+}
+
+bool Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
+                           std::vector<int32_t>& load_blocks) {
+  load_blocks.clear();
+  auto it = std::find_if(loading_.begin(), loading_.end(),
+                         [&](const auto& s) { return s->kv_load_ticket == ticket; });
+  if (it == loading_.end()) return false;
+  Sequence& seq = **it;
+  const int64_t local = static_cast<int64_t>(seq.block_table.size());
+  const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
+  int64_t n = std::clamp<int64_t>(num_blocks, 0, max_blocks - local);
+  if (n > 0 && !cache_.Allocate(n, seq.block_table)) n = 0;  // no room: compute instead
+  load_blocks.assign(seq.block_table.begin() + local, seq.block_table.end());
+  const int32_t loaded = static_cast<int32_t>(n * config_.block_size);
+  seq.num_computed_tokens += loaded;
+  seq.num_cached_tokens = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());
+  seq.num_external_cached_tokens = loaded;
+  num_external_cached_prompt_tokens_ += loaded;
+  // Loaded blocks are outside already: never written back.
+  seq.num_saved_blocks = static_cast<int32_t>(local + n);
+  // The caller fills the blocks before the next step; registering now is safe because nothing
+  // reads the cache in between (one engine thread).
+  CommitBlocks(seq);
+  // A sequence with blocks is not fresh at admission: count its cached tokens here.
+  if (!seq.block_table.empty()) num_cached_prompt_tokens_ += seq.num_cached_tokens;
+  waiting_.push_front(std::move(*it));
+  loading_.erase(it);
+  return true;
 }
 
 void Scheduler::CommitBlocks(Sequence& seq) {
@@ -158,7 +209,14 @@ SchedulerOutput Scheduler::Schedule() {
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence& seq = *waiting_.front();
     const bool fresh = seq.block_table.empty();  // new or preempted (reserved ones have blocks)
-    if (fresh) ReuseCachedPrefix(seq);
+    if (fresh) {
+      ReuseCachedPrefix(seq);
+      if (StartExternalLoad(seq)) {  // parked until FinishLoad; the next one goes on
+        loading_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        continue;
+      }
+    }
     const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
     if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) {
       if (fresh) DropBlocks(seq);  // give the shared blocks back; retried next step

@@ -22,6 +22,7 @@
 
 #include "engine/kv/block_hash.h"
 #include "engine/kv/kv_block_allocator.h"
+#include "engine/kv/kv_connector.h"
 #include "engine/kv/kv_events.h"
 #include "engine/kv/prefix_cache.h"
 #include "engine/sched/sequence.h"
@@ -35,6 +36,9 @@ struct SchedulerConfig {
   bool enable_prefix_caching = false;
   // Seeds the block hashes (KvLayoutIdentity); used with prefix caching.
   std::string kv_identity;
+  // Optional (not owned): blocks beyond the local prefix hit are looked up and loaded through it
+  // at admission (needs prefix caching).
+  KvConnector* kv_connector = nullptr;
 };
 
 // ScheduledSequence: `num_new_tokens` tokens of `seq` starting at seq->num_computed_tokens.
@@ -90,6 +94,19 @@ class Scheduler {
   // Prompt tokens served from the cache at admissions so far (recomputes included).
   int64_t num_cached_prompt_tokens() const { return num_cached_prompt_tokens_; }
   int64_t num_reserved() const { return static_cast<int64_t>(reserved_.size()); }
+  // Of those, prompt tokens loaded through the KV connector.
+  int64_t num_external_cached_prompt_tokens() const { return num_external_cached_prompt_tokens_; }
+
+  // --- KV connector loads ---
+  // A fresh sequence reaching the head of the waiting queue whose prompt has full blocks past
+  // the local hit is parked as "loading" (keeping its local prefix blocks) while
+  // kv_connector->StartLoad runs; Schedule() skips it. FinishLoad takes a finished load back:
+  // allocates blocks for its first `num_blocks` loaded blocks (fewer if blocks ran out), counts
+  // them as computed, registers them in the prefix cache and queues the sequence at the front.
+  // `load_blocks` gets the block ids to fill with the loaded bytes, in order. False (nothing
+  // changed) when no loading sequence has that ticket (aborted meanwhile).
+  bool FinishLoad(uint64_t ticket, int64_t num_blocks, std::vector<int32_t>& load_blocks);
+  int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
@@ -102,6 +119,9 @@ class Scheduler {
   void Preempt(Sequence& seq);
   // ReuseCachedPrefix gives a sequence without blocks its cached leading blocks.
   void ReuseCachedPrefix(Sequence& seq);
+  // StartExternalLoad parks a fresh sequence as loading (see FinishLoad); false if it has
+  // nothing to load or there is no connector.
+  bool StartExternalLoad(Sequence& seq);
   // DropBlocks frees seq's blocks and resets it to "nothing computed".
   void DropBlocks(Sequence& seq);
 
@@ -112,6 +132,9 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::vector<std::unique_ptr<Sequence>> reserved_;  // waiting for a KV transfer
+  std::vector<std::unique_ptr<Sequence>> loading_;   // waiting for a KV connector load
+  uint64_t next_load_ticket_ = 1;
+  int64_t num_external_cached_prompt_tokens_ = 0;
   int64_t next_admission_ = 0;
   int64_t num_preemptions_ = 0;
 };

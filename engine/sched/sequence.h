@@ -25,6 +25,13 @@ struct Sequence {
   BlockHash root_hash;
   std::vector<BlockHash> block_hashes;
   int32_t num_committed_blocks = 0;
+  // KV connector (engine/kv/kv_connector.h): whether the external lookup at admission was done,
+  // its ticket while it runs, prompt tokens it served, and how many leading blocks are known to
+  // be outside already (written through, or loaded from there).
+  bool kv_lookup_done = false;
+  uint64_t kv_load_ticket = 0;
+  int32_t num_external_cached_tokens = 0;
+  int32_t num_saved_blocks = 0;
   SamplerRng rng;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;
