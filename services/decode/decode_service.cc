@@ -318,6 +318,7 @@ void DecodeService::Forget(const std::string& request_id, const DecodeSession* s
 std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& request_id,
                                                          std::vector<int32_t> prompt,
                                                          const v1::SamplingParams& sampling,
+                                                         const std::string& cache_salt,
                                                          absl::Status* error) {
   auto session = std::make_shared<DecodeSession>(this, request_id, request_id);
   {
@@ -331,6 +332,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);
   er.sampling = SamplingFromWire(sampling);
+  er.cache_salt = cache_salt;
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -384,6 +386,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
+  er.cache_salt = request->cache_salt();
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -458,7 +461,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       session = NewSession(id,
                            std::vector<int32_t>(request->prompt_token_ids().begin(),
                                                 request->prompt_token_ids().end()),
-                           request->sampling(), &error);
+                           request->sampling(), request->cache_salt(), &error);
     }
     if (session == nullptr) {
       auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
@@ -489,6 +492,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
+  er.cache_salt = request->cache_salt();
   absl::Status s = engine_->Submit(std::move(er),
                                    [session](const RequestOutput& out) { session->OnOutput(out); });
   if (!s.ok()) {

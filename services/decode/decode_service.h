@@ -79,6 +79,7 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   std::shared_ptr<DecodeSession> NewSession(const std::string& request_id,
                                             std::vector<int32_t> prompt,
                                             const v1::SamplingParams& sampling,
+                                            const std::string& cache_salt,
                                             absl::Status* error);
   v1::PrefillWorker::Stub* PrefillStub(const std::string& address);
   bool WasCancelled(const std::string& request_id) const;

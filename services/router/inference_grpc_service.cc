@@ -109,6 +109,7 @@ absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
       return absl::InvalidArgumentError("one of 'text', 'token_ids' or 'chat' is required");
   }
   SamplingToJson(request.sampling(), *endpoint, body);
+  if (request.has_cache_salt()) body["cache_salt"] = request.cache_salt();
   return body;
 }
 
@@ -379,6 +380,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
   engine_request.request_id = std::move(id);
   engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
   engine_request.sampling = parsed->sampling;
+  engine_request.cache_salt = parsed->cache_salt;
   reactor->Start(std::move(engine_request));
   return reactor;
 }

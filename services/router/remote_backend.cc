@@ -221,6 +221,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                  request_.prompt_token_ids.end());
     *rpc->request.mutable_sampling() = wire_sampling_;
+    rpc->request.set_cache_salt(request_.cache_salt);
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
     decode_stub_->async()->Reserve(&rpc->context, &rpc->request, &rpc->response,
                                    [self = shared_from_this(), rpc](grpc::Status) {
@@ -246,6 +247,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                  request_.prompt_token_ids.end());
     *rpc->request.mutable_sampling() = wire_sampling_;
+    rpc->request.set_cache_salt(request_.cache_salt);
     if (!Attach(&rpc->context, worker->worker_id)) {
       return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
     }
@@ -424,6 +426,7 @@ void RemoteBackend::Call::StartDecode() {
   reader->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                   request_.prompt_token_ids.end());
   *reader->request.mutable_sampling() = wire_sampling_;
+  reader->request.set_cache_salt(request_.cache_salt);
   if (prefill_.has_value()) *reader->request.mutable_prefill() = *prefill_;
   if (!Attach(&reader->context, decode_->worker_id)) {
     delete reader;
