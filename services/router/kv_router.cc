@@ -186,6 +186,7 @@ std::optional<WorkerSnapshot> KvRouter::Assign(WorkerRole role, const std::strin
 
 std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string& request_id,
                                              const std::vector<int32_t>& prompt,
+                                             const std::string& cache_salt,
                                              int64_t tokens_needed,
                                              const std::set<std::string>& exclude) {
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
@@ -208,14 +209,15 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
     size_t next;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      next = static_cast<size_t>(round_robin_next_++ % candidates.size());
+      // One cycle per role: a shared counter would alternate roles and skip workers.
+      next = static_cast<size_t>(round_robin_next_[static_cast<int>(role)]++ % candidates.size());
     }
     return Assign(role, candidates[next].worker_id, tokens_needed, candidates);
   }
 
-  // Hash the prompt once per block-hash identity among the candidates (normally one). The
-  // engine hashes under the request's cache salt; workers are not sent a salt yet, so they all
-  // use the shared namespace (empty salt) and so do we.
+  // Hash the prompt once per block-hash identity among the candidates (normally one), under the
+  // request's cache salt as the engine does (a worker that is not sent the salt hashes under the
+  // shared root: salted prompts then just match nothing there).
   std::map<std::string, std::vector<BlockHash>> hashes_by_identity;
   std::vector<KvCandidate> scored;
   std::vector<const std::vector<BlockHash>*> hashes_of;  // per candidate; may be null
@@ -238,7 +240,7 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
         auto [it, inserted] = hashes_by_identity.try_emplace(kv->second.identity);
         if (inserted) {
           const BlockHasher& hasher = *hashers_.at(kv->second.identity);
-          hasher.ExtendFullBlockHashes(hasher.RootHash(""), prompt, it->second);
+          hasher.ExtendFullBlockHashes(hasher.RootHash(cache_salt), prompt, it->second);
         }
         hashes = &it->second;
         c.block_size = kv->second.block_size;

@@ -70,11 +70,12 @@ class KvRouter {
   ~KvRouter();  // stops and joins the poller
 
   // Pick chooses a live, non-draining worker of `role` outside `exclude` for a request with
-  // prompt `prompt` (token ids) needing `tokens_needed` KV tokens in all, and counts it in the
-  // registry (undo with Release). kLoad, and decode picks whose prompt prefills remotely, use the
+  // prompt `prompt` (token ids) under prefix-cache namespace `cache_salt` (empty: shared),
+  // needing `tokens_needed` KV tokens in all, and counts it in the registry (undo with Release). kLoad, and decode picks whose prompt prefills remotely, use the
   // registry's load-only Pick. nullopt when none qualifies.
   std::optional<WorkerSnapshot> Pick(WorkerRole role, const std::string& request_id,
-                                     const std::vector<int32_t>& prompt, int64_t tokens_needed,
+                                     const std::vector<int32_t>& prompt,
+                                     const std::string& cache_salt, int64_t tokens_needed,
                                      const std::set<std::string>& exclude);
   // Release undoes Pick's accounting for (worker_id, request_id).
   void Release(const std::string& worker_id, const std::string& request_id);
@@ -118,7 +119,7 @@ class KvRouter {
   std::map<std::pair<std::string, std::string>, int64_t> assigned_;  // guarded by mu_
   std::map<std::string, std::unique_ptr<BlockHasher>> hashers_;      // by identity; mu_
   KvRouterCounters counters_;                                        // guarded by mu_
-  uint64_t round_robin_next_ = 0;                                    // guarded by mu_
+  uint64_t round_robin_next_[2] = {0, 0};  // per WorkerRole; guarded by mu_
 
   std::mutex poll_mu_;  // one PollOnce at a time
   std::mutex stop_mu_;

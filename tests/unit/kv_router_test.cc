@@ -81,7 +81,8 @@ TEST_F(KvRouterTest, PicksTheWorkerHoldingThePrefixAndRecordsIt) {
   EXPECT_EQ(router.counters().num_resyncs, 2);
   EXPECT_EQ(router.index().MatchPrefix(hashes), (std::map<std::string, int64_t>{{id_b, 2}}));
 
-  std::optional<WorkerSnapshot> picked = router.Pick(WorkerRole::kPrefill, "r1", prompt_, 30, {});
+  std::optional<WorkerSnapshot> picked =
+      router.Pick(WorkerRole::kPrefill, "r1", prompt_, "", 30, {});
   ASSERT_TRUE(picked.has_value());
   EXPECT_EQ(picked->worker_id, id_b);
   EXPECT_EQ(registry_.Get(id_b)->num_assigned, 1);
@@ -93,6 +94,12 @@ TEST_F(KvRouterTest, PicksTheWorkerHoldingThePrefixAndRecordsIt) {
   EXPECT_EQ(router.index().MatchPrefix(hashes), (std::map<std::string, int64_t>{{id_b, 3}}));
   router.Release(id_b, "r1");
   EXPECT_EQ(registry_.Get(id_b)->num_assigned, 0);
+  // Another tenant's salt hashes to other blocks: no overlap anywhere, so the less-picked a.
+  picked = router.Pick(WorkerRole::kPrefill, "r2", prompt_, "tenant-2", 30, {});
+  ASSERT_TRUE(picked.has_value());
+  EXPECT_EQ(picked->worker_id, id_a);
+  EXPECT_EQ(router.counters().num_picks_with_overlap, 1);
+  router.Release(id_a, "r2");
 
   // Events after the snapshot are applied in order; a's stored event shows up after a poll.
   a.log.Stored(std::nullopt, hashes);
@@ -149,13 +156,19 @@ TEST_F(KvRouterTest, RoundRobinCyclesAndPolicyNamesParse) {
   for (int i = 0; i < 4; ++i) {
     const std::string request_id = "r" + std::to_string(i);
     std::optional<WorkerSnapshot> picked =
-        router.Pick(WorkerRole::kPrefill, request_id, prompt_, 30, {});
+        router.Pick(WorkerRole::kPrefill, request_id, prompt_, "", 30, {});
     ASSERT_TRUE(picked.has_value());
     picks.push_back(picked->worker_id);
     router.Release(picked->worker_id, request_id);
   }
   EXPECT_EQ(picks, (std::vector<std::string>{id_a, id_b, id_a, id_b}));
-  EXPECT_FALSE(router.Pick(WorkerRole::kDecode, "r9", prompt_, 30, {}).has_value());
+  EXPECT_FALSE(router.Pick(WorkerRole::kDecode, "r8", prompt_, "", 30, {}).has_value());
+  // Decode picks have their own cycle: the prefill cycle goes on with a.
+  ASSERT_TRUE(
+      registry_.Register(WorkerRole::kDecode, "127.0.0.1:9", WorkerLoad{0, 0, 100, 100, kBlock})
+          .ok());
+  EXPECT_TRUE(router.Pick(WorkerRole::kDecode, "r9", prompt_, "", 30, {}).has_value());
+  EXPECT_EQ(router.Pick(WorkerRole::kPrefill, "r10", prompt_, "", 30, {})->worker_id, id_a);
 
   EXPECT_EQ(*ParseRoutingPolicy("kv"), RoutingPolicy::kKv);
   EXPECT_EQ(*ParseRoutingPolicy("load"), RoutingPolicy::kLoad);
