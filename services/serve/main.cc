@@ -135,6 +135,12 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     cmd.add_option("--transfer-timeout-s", w.transfer_timeout_s, "KV transfer deadline")
         ->check(CLI::PositiveNumber);
+    cmd.add_option("--http-host", w.http_host, "Host for /metrics and /health (HTTP)");
+    cmd.add_option("--http-port", w.http_port, "Port for /metrics and /health (0: any free)")
+        ->check(CLI::Range(0, 65535));
+    cmd.add_option("--kv-transfer-mode", w.kv_transfer_mode,
+                   "pull: decode reads the KV; push: prefill writes it (same on every worker)")
+        ->check(CLI::IsMember({"pull", "push"}));
   }
 
   sluice::KvStoreOptions kvstore_options;
@@ -145,12 +151,6 @@ int main(int argc, char** argv) {
 
   if (kvstore_cmd->parsed()) return sluice::RunKvStore(kvstore_options);
   if (router_cmd->parsed()) {
-    cmd.add_option("--http-host", w.http_host, "Host for /metrics and /health (HTTP)");
-    cmd.add_option("--http-port", w.http_port, "Port for /metrics and /health (0: any free)")
-        ->check(CLI::Range(0, 65535));
-    cmd.add_option("--kv-transfer-mode", w.kv_transfer_mode,
-                   "pull: decode reads the KV; push: prefill writes it (same on every worker)")
-        ->check(CLI::IsMember({"pull", "push"}));
     router.http.port = static_cast<uint16_t>(router_port);
     router.grpc_port = static_cast<uint16_t>(router_grpc_port);
     return sluice::RunRouter(router);
