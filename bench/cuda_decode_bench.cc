@@ -3,7 +3,7 @@
 // process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
-//                     [--out OUT.json]
+//                     [--attn-stages 0] [--compare-attn-stages 0] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
 //
 // Ceilings (CUDA events, mean over timed repetitions after warm-ups):
@@ -23,6 +23,12 @@
 // shapes and the kernel chosen for each (GEMV / cuBLASLt algorithm, tuned timings) follow.
 // --compare-untuned 1: the decode figures are also measured with GEMM autotuning off
 // (cuBLASLt's first heuristic pick everywhere), as "decode_untuned".
+// --attn-stages N: decode attention's cp.async ring depth (SetPagedAttentionDecodeStages: 2, 3,
+// or 0 = automatic, the default); --compare-attn-stages 1 also measures decode with depths 2
+// and 3 forced, as "decode_attn_stages_2" / "_3", and with programmatic dependent launch of
+// attention and its combine (SetPagedAttentionPdl), as "decode_attn_pdl" (fresh runners, so
+// split plans, workspaces and graphs follow the setting; a failing variant is recorded as an
+// error).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops.
@@ -41,6 +47,7 @@
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
+#include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
 #include "nlohmann/json.hpp"
@@ -59,6 +66,8 @@ struct Flags {
   std::vector<int64_t> prefill = {4096, 16384};
   bool breakdown = true;
   bool compare_untuned = false;
+  int attn_stages = 0;
+  bool compare_attn_stages = false;
   std::string out;
 };
 
@@ -239,6 +248,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
     }
     out.push_back({{"batch", b},
                    {"gemm_autotune", autotune},
+                   {"attn_decode_stages_setting", kernels::PagedAttentionDecodeStages()},
                    {"breakdown", breakdown},
                    {"context", f.context},
                    {"steps_timed", steps},
@@ -344,9 +354,16 @@ absl::Status Main(int argc, char** argv) {
       f.config_dir = v;
     } else if (a == "--out") {
       f.out = v;
-    } else if (a == "--breakdown" || a == "--compare-untuned") {
+    } else if (a == "--breakdown" || a == "--compare-untuned" || a == "--compare-attn-stages") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      (a == "--breakdown" ? f.breakdown : f.compare_untuned) = v == "1";
+      (a == "--breakdown"         ? f.breakdown
+       : a == "--compare-untuned" ? f.compare_untuned
+                                  : f.compare_attn_stages) = v == "1";
+    } else if (a == "--attn-stages") {
+      if (v != "0" && v != "2" && v != "3") {
+        return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
+      }
+      f.attn_stages = v[0] - '0';
     } else if (a == "--context" || a == "--decode-steps") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
@@ -377,6 +394,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_shape"] = {4096, 2 * config->intermediate_size, config->hidden_size};
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
+  BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   nlohmann::json plans;
   auto decode = BenchDecode(*config, f, *copy, /*autotune=*/true, &plans);
   if (!decode.ok()) return decode.status();
@@ -388,6 +406,22 @@ absl::Status Main(int argc, char** argv) {
     if (!untuned.ok()) return untuned.status();
     out["decode_untuned"] = *untuned;
     out["gemm_plans_untuned"] = untuned_plans;
+  }
+  if (f.compare_attn_stages) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const int stages = variant == 2 ? f.attn_stages : variant + 2;
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(stages));
+      kernels::SetPagedAttentionPdl(variant == 2);
+      const std::string key =
+          variant == 2 ? "decode_attn_pdl" : absl::StrCat("decode_attn_stages_", stages);
+      std::printf("--- %s\n", key.c_str());
+      std::fflush(stdout);
+      auto alt = BenchDecode(*config, f, *copy, /*autotune=*/true, nullptr);
+      out[key] = alt.ok() ? *alt : nlohmann::json({{"error", alt.status().ToString()}});
+      if (!alt.ok()) std::printf("%s failed: %s\n", key.c_str(), alt.status().ToString().c_str());
+    }
+    kernels::SetPagedAttentionPdl(false);
+    BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
   auto prefill = BenchPrefill(*config, f, *gemm);
   if (!prefill.ok()) return prefill.status();

@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <random>
 
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
@@ -277,6 +279,52 @@ TEST_F(CudaModelTest, BadPlansAreRejected) {
   EXPECT_EQ((*runner)->Step(bad).code(), absl::StatusCode::kInvalidArgument);
   auto qwen = CudaLlamaRunner::Load(testing::FixtureDir("qwen3-hybrid-tiny"), TinyOptions(false));
   EXPECT_EQ(qwen.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// ArgmaxRowsCuda against a host scan (largest value, lowest index on ties, NaN never wins) at
+// the Llama-3 vocab (16-byte vector path: tail-free, several unrolled rounds) and at an odd
+// vocab (scalar path), with planted ties and NaNs.
+TEST_F(CudaModelTest, ArgmaxRowsMatchesHostScan) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const int64_t vocab : {int64_t{128256}, int64_t{1001}, int64_t{8}}) {
+    constexpr int64_t kRows = 5;
+    std::vector<bf16> h(kRows * vocab);
+    for (bf16& x : h) x = __float2bfloat16(normal(rng));
+    // Row 1: a tie between a late and an early index; row 2: NaNs beside the max; row 3: the
+    // max at the last index; row 4: every value equal (index 0 wins).
+    const float big = 100.0f;
+    h[1 * vocab + vocab - 2] = __float2bfloat16(big);
+    h[1 * vocab + vocab / 3] = __float2bfloat16(big);
+    h[2 * vocab + 0] = __float2bfloat16(NAN);
+    h[2 * vocab + vocab / 2] = __float2bfloat16(big);
+    h[2 * vocab + vocab - 1] = __float2bfloat16(NAN);
+    h[3 * vocab + vocab - 1] = __float2bfloat16(big);
+    for (int64_t j = 0; j < vocab; ++j) h[4 * vocab + j] = __float2bfloat16(1.0f);
+    std::vector<int32_t> want(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      float best = -INFINITY;
+      int32_t idx = 0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const float v = __bfloat162float(h[r * vocab + j]);
+        if (v > best) {
+          best = v;
+          idx = static_cast<int32_t>(j);
+        }
+      }
+      want[r] = idx;
+    }
+    auto d_logits = kernels::DeviceBuffer<bf16>::Create(h.size());
+    auto d_out = kernels::DeviceBuffer<int32_t>::Create(kRows);
+    ASSERT_TRUE(d_logits.ok() && d_out.ok());
+    ASSERT_TRUE(d_logits->CopyFromHost(h.data()).ok());
+    ASSERT_TRUE(ArgmaxRowsCuda(d_logits->data(), kRows, vocab, d_out->data(), nullptr).ok());
+    std::vector<int32_t> got(kRows);
+    ASSERT_TRUE(d_out->CopyToHost(got.data()).ok());
+    EXPECT_EQ(got, want) << "vocab " << vocab;
+  }
+  EXPECT_EQ(ArgmaxRowsCuda(nullptr, 1, 0, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

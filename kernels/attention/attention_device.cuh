@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/device_utils.cuh"
 
@@ -42,6 +43,42 @@ static __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (CUDA Programming Guide, "Programmatic Dependent Launch and
+// Synchronization"; PTX griddepcontrol, sm_90+). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel in the
+// stream is still running; GridDependencyWait blocks until that kernel has completed and its
+// writes are visible (a no-op for a normal launch). LaunchDependents lets the next kernel, if it
+// was launched that way, start now. Both compile to nothing below sm_90.
+static __device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// LaunchKernelMaybePdl launches `kernel` on `stream`, as a programmatic dependent of the
+// previous kernel when `pdl` (the kernel must then call GridDependencyWait before it reads
+// anything that kernel writes).
+template <typename... Params, typename... Args>
+cudaError_t LaunchKernelMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                 cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 // SplitKvCombineArgs: the partial results of num_splits partitions for the rows
 // (token, head) of a step, and where the merged rows go.
 //   partial_ml:  [num_splits, num_tokens, num_heads] (m_i, l_i)
@@ -68,6 +105,7 @@ constexpr int kMaxSplitsDevice = 1024;
 static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
   __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
   __shared__ float shared_max, shared_inv;
+  GridDependencyWait();  // the partials come from the kernel just before
   const int seq = blockIdx.y;
   const int q_begin = args.query_start_loc[seq];
   const int q_len = args.query_start_loc[seq + 1] - q_begin;
@@ -146,12 +184,12 @@ inline SplitKvCombineArgs MakeSplitKvCombineArgs(void* workspace, const int32_t*
 }
 
 // Launches SplitKvCombineKernel for every query token of every sequence: grid
-// (max_query_len, num_sequences, num_heads).
+// (max_query_len, num_sequences, num_heads); `pdl`: as a programmatic dependent launch.
 inline void LaunchSplitKvCombine(const SplitKvCombineArgs& args, int64_t max_query_len,
-                                 int64_t num_sequences, cudaStream_t stream) {
+                                 int64_t num_sequences, cudaStream_t stream, bool pdl = false) {
   const dim3 grid(static_cast<unsigned>(max_query_len), static_cast<unsigned>(num_sequences),
                   static_cast<unsigned>(args.num_heads));
-  SplitKvCombineKernel<<<grid, 128, 0, stream>>>(args);
+  LaunchKernelMaybePdl(&SplitKvCombineKernel, grid, dim3(128), 0, stream, pdl, args);
 }
 
 }  // namespace sluice::kernels::attention_detail

@@ -112,25 +112,26 @@ __host__ __device__ constexpr int Pitch() {
 }
 
 // Configuration: kD/kDV padded head dims (multiples of 16), kWarpsM warps over query rows
-// (16 rows each), kWarpsN warps over each key tile (kBN keys each).
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+// (16 rows each), kWarpsN warps over each key tile (kBN keys each), kStages K+V tiles resident
+// in a cp.async ring (kStages − 1 copies in flight while one tile is being used).
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
 struct AttnConfig {
+  static_assert(kStages >= 2);
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kBM = 16 * kWarpsM;
   static constexpr int kTileN = kBN * kWarpsN;
-  // One K+V tile; two are resident (the next tile's copy overlaps this tile's math).
   static constexpr int kTileElems = kTileN * (Pitch<kD>() + Pitch<kDV>());
-  static constexpr int kLoopBytes = 2 * kTileElems * static_cast<int>(sizeof(bf16));
+  static constexpr int kLoopBytes = kStages * kTileElems * static_cast<int>(sizeof(bf16));
   static constexpr int kMergeBytes = kWarpsN > 1
                                          ? kThreads*(kDV / 2 + 4) * static_cast<int>(sizeof(float))
                                          : 0;
   static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
 };
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     PagedAttentionKernel(const AttnArgs args) {
-  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
   constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
   constexpr int kSTiles = kBN / 8;   // n8 score tiles per warp
   constexpr int kVTiles = kDV / 8;   // n8 output tiles
@@ -138,6 +139,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const tile_smem = reinterpret_cast<bf16*>(smem_raw);
 
+  // Everything below may read what the previous kernel wrote (q, the K/V just appended).
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();  // a PDL-launched combine may get ready meanwhile
   const int seq = blockIdx.z;
   const int kv_head = blockIdx.y;
   // Later query tiles see more keys under the causal mask: launch them first so the short
@@ -251,16 +255,29 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   };
 
   // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
+  // Ring: tile i lives in buffer i % kStages and is copy group i; every iteration commits one
+  // group (empty past the last tile: an empty group completes at once), so "tile i landed" is
+  // always "at most kStages − 1 newer groups pending".
   const int tile_first = kv_begin / Cfg::kTileN * Cfg::kTileN;
-  if (tile_first < kv_end) load_tile(tile_first, 0);
-  int buf = 0;
-  for (int tile = tile_first; tile < kv_end; tile += Cfg::kTileN, buf ^= 1) {
-    if (tile + Cfg::kTileN < kv_end) {
-      load_tile(tile + Cfg::kTileN, buf ^ 1);  // prefetch; its buffer was freed last round
-      CpAsyncWait<1>();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int tile = tile_first + s * Cfg::kTileN;
+    if (tile < kv_end) {
+      load_tile(tile, s);
     } else {
-      CpAsyncWait<0>();
+      CpAsyncCommit();
     }
+  }
+  int buf = 0;                // buffer of `tile`
+  int fill = kStages - 1;     // buffer the next prefetch goes to (freed last round)
+  for (int tile = tile_first; tile < kv_end; tile += Cfg::kTileN) {
+    const int ahead = tile + (kStages - 1) * Cfg::kTileN;
+    if (ahead < kv_end) {
+      load_tile(ahead, fill);
+    } else {
+      CpAsyncCommit();
+    }
+    CpAsyncWait<kStages - 1>();
     __syncthreads();
     const bf16* k_smem = tile_smem + buf * Cfg::kTileElems;
     const bf16* v_smem = k_smem + Cfg::kTileN * Pitch<kD>();
@@ -349,6 +366,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       }
     }
     __syncthreads();  // the prefetch after this overwrites the buffer just read
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    fill = fill + 1 == kStages ? 0 : fill + 1;
   }
 
 #pragma unroll
@@ -452,13 +471,39 @@ bool PickVariant(int64_t d, int64_t dv, Variant* v) {
 // rows with 64-key tiles shared by all of them.
 constexpr int kDecodeWarpsN = 4, kDecodeBN = 16;
 constexpr int kPrefillWarpsM = 4, kPrefillBN = 64;
+constexpr int kPrefillStages = 2;
 constexpr int kKeyTile = 64;  // = kDecodeWarpsN·kDecodeBN = kPrefillBN; partitions align to it
 static_assert(kDecodeWarpsN * kDecodeBN == kKeyTile && kPrefillBN == kKeyTile);
 constexpr int kMinPartition = 2 * kKeyTile;
 constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 
+// Decode pipeline depth (SetPagedAttentionDecodeStages). Decode streams K/V with little math per
+// byte, so what bounds it is the bytes in flight per SM: with 64-key bf16 tiles of 34 KiB
+// (padded), 2 stages fit 3 CTAs per SM (3 tiles in flight), 3 stages 2 CTAs (4 in flight).
+// 0 = automatic (DecodeStages).
+std::atomic<int> g_decode_stages{0};
+
+// SetPagedAttentionPdl; effective only on sm_90+ devices (checked once per device).
+std::atomic<bool> g_pdl{false};
+
+bool PdlEnabled() {
+  if (!g_pdl.load(std::memory_order_relaxed)) return false;
+  static std::atomic<int> major_cache[16];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return false;
+  int major = major_cache[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    major_cache[device].store(major, std::memory_order_relaxed);
+  }
+  return major >= 9;
+}
+
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
+  int stages;   // cp.async ring depth of the chosen kernel
   int rows_per_cta;
   int m_tiles;
   int num_splits;
@@ -520,10 +565,10 @@ absl::Status ValidateBatch(const PagedAttentionCudaBatch& b) {
   return absl::OkStatus();
 }
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
 absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
-  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
-  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
   if constexpr (Cfg::kSmemBytes > 48 * 1024) {
     // Above 48 KiB dynamic shared memory must be opted into (idempotent, host-only; allowed
     // during stream capture).
@@ -531,21 +576,26 @@ absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
         "PagedAttentionCuda: cudaFuncSetAttribute");
   }
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+  const cudaError_t e = attention_detail::LaunchKernelMaybePdl(
+      kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, PdlEnabled(), args);
+  SLUICE_CUDA_RETURN_IF_ERROR(e, "PagedAttentionCuda: launch");
   return CudaLaunchStatus("PagedAttentionCuda");
 }
 
 template <int kD, int kDV>
 absl::Status LaunchDims(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
                         cudaStream_t stream) {
-  if (plan.decode) return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN>(args, grid, stream);
-  return Launch<kD, kDV, kPrefillWarpsM, 1, kPrefillBN>(args, grid, stream);
+  if (plan.decode && plan.stages == 3) {
+    return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3>(args, grid, stream);
+  }
+  if (plan.decode) return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2>(args, grid, stream);
+  return Launch<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages>(args, grid, stream);
 }
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN>
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
 int ResidentCtas() {
-  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN>;
-  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN>;
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
   if (Cfg::kSmemBytes > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) !=
           cudaSuccess) {
@@ -559,19 +609,22 @@ int ResidentCtas() {
   return std::max(n, 1);
 }
 
+// kind: 0 prefill, 1 decode with 2 stages, 2 decode with 3 stages.
 template <int kD, int kDV>
-int ResidentCtasDims(bool decode) {
-  return decode ? ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN>()
-                : ResidentCtas<kD, kDV, kPrefillWarpsM, 1, kPrefillBN>();
+int ResidentCtasDims(int kind) {
+  if (kind == 2) return ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3>();
+  if (kind == 1) return ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2>();
+  return ResidentCtas<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages>();
 }
 
 // CTAs of the chosen kernel resident on the whole GPU at once (SMs × occupancy), cached per
-// (variant, decode) for device 0..15; the launch path must stay cheap and capturable.
-int64_t ResidentSlots(Variant v, bool decode) {
-  static std::atomic<int> cache[16][5][2];
+// (variant, kernel kind) for device 0..15; the launch path must stay cheap and capturable.
+int64_t ResidentSlots(Variant v, bool decode, int stages) {
+  static std::atomic<int> cache[16][5][3];
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
-  std::atomic<int>& slot = cache[device][static_cast<int>(v)][decode ? 1 : 0];
+  const int kind = decode ? (stages == 3 ? 2 : 1) : 0;
+  std::atomic<int>& slot = cache[device][static_cast<int>(v)][kind];
   int n = slot.load(std::memory_order_relaxed);
   if (n > 0) return n;
   int sms = 132;
@@ -579,19 +632,19 @@ int64_t ResidentSlots(Variant v, bool decode) {
   int per_sm = 1;
   switch (v) {
     case Variant::k32:
-      per_sm = ResidentCtasDims<32, 32>(decode);
+      per_sm = ResidentCtasDims<32, 32>(kind);
       break;
     case Variant::k64:
-      per_sm = ResidentCtasDims<64, 64>(decode);
+      per_sm = ResidentCtasDims<64, 64>(kind);
       break;
     case Variant::k128:
-      per_sm = ResidentCtasDims<128, 128>(decode);
+      per_sm = ResidentCtasDims<128, 128>(kind);
       break;
     case Variant::k192v128:
-      per_sm = ResidentCtasDims<192, 128>(decode);
+      per_sm = ResidentCtasDims<192, 128>(kind);
       break;
     case Variant::k256:
-      per_sm = ResidentCtasDims<256, 256>(decode);
+      per_sm = ResidentCtasDims<256, 256>(kind);
       break;
   }
   n = std::max(1, sms * per_sm);
@@ -615,8 +668,17 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   plan.partition_tokens = 0;
   Variant v = Variant::k128;
   PickVariant(p.head_dim, p.v_head_dim, &v);
-  const int64_t slots = ResidentSlots(v, plan.decode);
   const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
+  plan.stages = kPrefillStages;
+  if (plan.decode) {
+    // Automatic depth: 3 stages while the unsplit grid fits two waves of the deeper kernel (the
+    // fewer, fuller waves need no split), else 2 (3 CTAs per SM, each CTA's ramp and epilogue
+    // hidden behind the others' streaming). H200, Llama-3-8B at 1k context: batch 64 (512
+    // CTAs) attention 112.5 → 108.3 µs a layer with 3; batch 256 (2048 CTAs) 382.7 → 409.7.
+    const int forced = g_decode_stages.load(std::memory_order_relaxed);
+    plan.stages = forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, true, 3) ? 3 : 2);
+  }
+  const int64_t slots = ResidentSlots(v, plan.decode, plan.stages);
   int64_t keys = b.max_seq_len;
   if (p.sliding_window > 0) {
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
@@ -624,8 +686,14 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   if (ctas >= 8 * slots || keys < 2 * kMinPartition) return plan;
   // Short partitions only when the batch is far too small to fill the GPU (latency-bound);
   // otherwise each split's partial write, combine and pipeline ramp cost more than a slightly
-  // emptier last wave (measured on the H200 at Llama-3-8B decode shapes).
-  const int64_t min_part = ctas * 4 < slots ? kMinPartition : 4 * kMinPartition;
+  // emptier last wave (measured on the H200 at Llama-3-8B decode shapes). Latency-bound decode
+  // goes down to one key tile per CTA (batch 1 × 1k context, 8 KV heads: 8 CTAs → 8·17), so
+  // every SM streams and each CTA's chain is one copy and one tile of math. (On the H200 this
+  // did not move batch 1: 17 µs a layer either way, eager with events — launch, the metadata →
+  // block table → K/V dependency chain and the combine launch dominate, not the bytes.)
+  const bool latency_bound = ctas * 4 < slots;
+  const int64_t min_part =
+      latency_bound ? (plan.decode ? kKeyTile : kMinPartition) : 4 * kMinPartition;
   auto fill = [&](int64_t splits) {
     const int64_t total = ctas * splits;
     const int64_t waves = (total + slots - 1) / slots;
@@ -670,6 +738,19 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
 }
 
 }  // namespace
+
+absl::Status SetPagedAttentionDecodeStages(int stages) {
+  if (stages != 0 && stages != 2 && stages != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetPagedAttentionDecodeStages: stages ", stages, " is not 0, 2 or 3"));
+  }
+  g_decode_stages.store(stages, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void SetPagedAttentionPdl(bool enabled) { g_pdl.store(enabled, std::memory_order_relaxed); }
+
+int PagedAttentionDecodeStages() { return g_decode_stages.load(std::memory_order_relaxed); }
 
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                         const PagedAttentionParams& params) {
@@ -743,7 +824,8 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
                   static_cast<unsigned>(batch.num_sequences));
   const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
   if (!s.ok() || plan.num_splits == 1) return s;
-  attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream);
+  attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,
+                                         PdlEnabled());
   return CudaLaunchStatus("PagedAttentionCuda combine");
 }
 

@@ -57,6 +57,23 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
                                 const PagedAttentionParams& params, void* workspace, bf16* out,
                                 cudaStream_t stream);
 
+// SetPagedAttentionDecodeStages: depth of the cp.async K/V ring of decode-shaped launches
+// (every sequence's query rows fit one 16-row tile): 2 (3 CTAs per SM), 3 (2 CTAs per SM, more
+// bytes in flight per CTA) or 0 (the default: chosen per launch from the grid size, see
+// paged_attention.cu Plan). Process-wide, read when a launch is planned; since the split plan
+// and so PagedAttentionCudaWorkspaceBytes depend on it, set it before sizing workspaces or
+// capturing graphs (benchmarks and tests compare the settings). InvalidArgument for other
+// values. PagedAttentionDecodeStages returns the setting.
+absl::Status SetPagedAttentionDecodeStages(int stages);
+int PagedAttentionDecodeStages();
+
+// SetPagedAttentionPdl: launch the attention kernel and its split-KV combine as programmatic
+// dependents of the kernel before each (cudaLaunchAttributeProgrammaticStreamSerialization;
+// the kernels wait on griddepcontrol before reading their inputs), so their launch overlaps
+// the predecessor's tail. Process-wide, off by default, ignored below sm_90; graph-capturable
+// (CUDA ≥ 12.3 turns it into programmatic graph edges).
+void SetPagedAttentionPdl(bool enabled);
+
 // WriteKvCacheCuda: token t's K (k_elems_per_token at k + t·k_token_stride) and V
 // (v_elems_per_token at v + t·v_token_stride) go to slot slot_mapping[t] of the cache
 // (k_cache + slot·k_elems_per_token, likewise v); slots < 0 are skipped. slot_mapping is a

@@ -183,6 +183,32 @@ TEST(PagedAttentionCudaTest, DecodeLlama3Shapes) {
           rng);
 }
 
+// Both decode pipeline depths and the automatic choice (SetPagedAttentionDecodeStages), each
+// through the split plans it leads to: batch 1 at ~1k keys (one 64-key tile per partition), a
+// batch of 64 mixed contexts (enough CTAs for whole waves: no split) and a window, with tiles
+// fewer and more than stages.
+TEST(PagedAttentionCudaTest, DecodePipelineDepths) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionDecodeStages(4).code(), absl::StatusCode::kInvalidArgument);
+  const int default_stages = PagedAttentionDecodeStages();
+  std::vector<SeqSpec> b64;
+  for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 37) % 1100), 1});
+  for (const int stages : {2, 3, 0}) {
+    ASSERT_TRUE(SetPagedAttentionDecodeStages(stages).ok());
+    const std::string tag = "stages " + std::to_string(stages) + " ";
+    Case loose{tag + "decode b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
+    loose.extra_seq_len = 1104 - 1024;
+    RunCase(loose, rng);
+    RunCase({tag + "decode b1 ctx 64", Params(32, 8, 128, 128, 16), Decode({64})}, rng);
+    RunCase({tag + "decode b64", Params(32, 8, 128, 128, 16), b64}, rng);
+    RunCase({tag + "decode window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3})},
+            rng);
+    RunCase({tag + "decode d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeStages(default_stages).ok());
+}
+
 TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
