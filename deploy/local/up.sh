@@ -4,7 +4,10 @@
 # and every worker has registered (GET /v1/workers), then prints the endpoint.
 #
 #   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
-#                      [--bin PATH] [--timeout SECONDS] [-- extra worker flags...]
+#                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [-- extra worker flags...]
+# --kvstore N (default 0) first starts N kvstore shards (kvstore.sh, gRPC from PORT+1501) and
+# gives their list to the prefill workers (--kvstore): prompt KV is loaded from and written
+# through to them. Their SSD tier stays in RUN_DIR/kvstore-data across runs.
 # Stop with deploy/local/down.sh [--run-dir DIR].
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -15,6 +18,7 @@ PORT=8000
 RUN_DIR="${SLUICE_RUN_DIR:-${TMPDIR:-/tmp}/sluice-local}"
 BIN="${SLUICE_BIN:-$ROOT/build/bin/sluice}"
 TIMEOUT=300
+KVSTORE=0
 WORKER_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,8 +29,9 @@ while [ $# -gt 0 ]; do
     --run-dir) RUN_DIR="$2"; shift 2 ;;
     --bin) BIN="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
+    --kvstore) KVSTORE="$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -47,11 +52,18 @@ start() {  # start NAME ARGS...: runs one service in the background, logs to RUN
   "$@" > "$RUN_DIR/$name.log" 2>&1 &
   echo "$! $name" >> "$RUN_DIR/pids"
 }
+PREFILL_ARGS=()
+if [ "$KVSTORE" -gt 0 ]; then
+  "$ROOT/deploy/local/kvstore.sh" --shards "$KVSTORE" --port $((PORT + 1500)) --run-dir "$RUN_DIR" \
+    --bin "$BIN" || { "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true; exit 1; }
+  PREFILL_ARGS=(--kvstore "$(cat "$RUN_DIR/kvstore_shards")")
+fi
 start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
   --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT"
 for i in $(seq 1 "$PREFILL"); do
   start "prefill-$i" "$BIN" prefill --model "$MODEL" --listen "127.0.0.1:$((PORT + 1100 + i))" \
-    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${WORKER_ARGS[@]}"
+    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${PREFILL_ARGS[@]}" \
+    "${WORKER_ARGS[@]}"
   METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
 done
 for i in $(seq 1 "$DECODE"); do

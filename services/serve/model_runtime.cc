@@ -5,6 +5,7 @@
 
 #include "engine/model/model.h"
 #include "engine/sched/async_engine.h"
+#include "services/kvstore/kvstore_connector.h"
 #include "services/serve/log.h"
 
 namespace sluice {
@@ -43,6 +44,16 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   // The served name seeds the block hashes, so every worker of a deployment (and the kvstore)
   // agrees on them while another model never shares an address.
   if (engine_options.model_id.empty()) engine_options.model_id = runtime.served_model_name;
+  if (!options.kvstore.empty()) {
+    absl::StatusOr<std::vector<std::string>> shards = kvstore::ParseKvStoreShards(options.kvstore);
+    if (!shards.ok()) return shards.status();
+    absl::StatusOr<std::shared_ptr<KvConnector>> connector =
+        kvstore::CreateKvStoreConnector(*shards);
+    if (!connector.ok()) return connector.status();
+    engine_options.kv_connector = *std::move(connector);
+    runtime.kv_connector = engine_options.kv_connector;
+    spdlog::info("kvstore connector: {} shard(s) {}", shards->size(), options.kvstore);
+  }
   absl::StatusOr<std::unique_ptr<LLMEngine>> engine =
       LLMEngine::Create(*std::move(model), engine_options);
   if (!engine.ok()) return engine.status();

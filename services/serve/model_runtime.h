@@ -20,6 +20,9 @@ struct RuntimeOptions {
   std::string model_dir;
   std::string served_model_name;  // empty: the model folder's name
   EngineOptions engine;
+  // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
+  // (services/kvstore/kvstore_connector.h); empty: none.
+  std::string kvstore;
 };
 
 struct ModelRuntime {
@@ -27,6 +30,7 @@ struct ModelRuntime {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatTemplate> chat_template;  // null when the model has none
   std::unique_ptr<LocalBackend> backend;        // owns the AsyncEngine (and the model)
+  std::shared_ptr<KvConnector> kv_connector;    // --kvstore (also held by the engine), or null
 };
 
 // LoadModelRuntime loads `<model_dir>`: config + weights (LoadModel), tokenizer.json, the chat

@@ -128,12 +128,17 @@ int Run(const WorkerOptions& options, Role role) {
   PrefillService* prefill_ptr = prefill.get();
   DecodeService* decode_ptr = decode.get();
   transfer::KvTransferAgent* agent_ptr = agent->get();
-  http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr] {
+  std::shared_ptr<KvConnector> kv_connector = runtime->kv_connector;
+  http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr,
+                                 kv_connector] {
     WorkerMetrics::ServiceGauges gauges;
     if (prefill_ptr != nullptr) gauges.num_queued_prefill_tokens =
         prefill_ptr->num_queued_prefill_tokens();
     if (decode_ptr != nullptr) gauges.num_sessions = decode_ptr->num_sessions();
-    return metrics.Render(engine.Stats(), agent_ptr->stats(), gauges);
+    AsyncEngineStats stats = engine.Stats();
+    // Write-through finishes after the engine's last step: read the connector live.
+    if (kv_connector != nullptr) stats.counters.kv_connector = kv_connector->stats();
+    return metrics.Render(stats, agent_ptr->stats(), gauges);
   };
   http_options.healthy = [&metrics] { return metrics.healthy(); };
   absl::StatusOr<std::unique_ptr<HttpServer>> http = StartWorkerHttp(std::move(http_options));

@@ -107,6 +107,34 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
         static_cast<double>(stats.block_size));
   Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
           static_cast<double>(stats.counters.num_preemptions));
+  {
+    // Prompt KV: computed here vs served from a cache, by where it came from.
+    const EngineCounters& c = stats.counters;
+    Counter(out, "sluice_prompt_tokens_computed_total",
+            "Prompt tokens run through the model (recomputes included).",
+            static_cast<double>(c.num_prompt_tokens_computed));
+    Header(out, "sluice_prompt_tokens_cached_total", "counter",
+           "Prompt tokens served from a KV cache at admission, by source (local: this worker's "
+           "prefix cache; kvstore: loaded from the kvstore).");
+    absl::StrAppend(&out, "sluice_prompt_tokens_cached_total{source=\"local\"} ",
+                    c.num_prompt_tokens_cached - c.num_prompt_tokens_cached_external, "\n",
+                    "sluice_prompt_tokens_cached_total{source=\"kvstore\"} ",
+                    c.num_prompt_tokens_cached_external, "\n");
+    const KvConnectorStats& k = c.kv_connector;
+    Header(out, "sluice_kvstore_blocks_total", "counter",
+           "KV blocks through the kvstore connector, by op: loaded (verified, into the cache), "
+           "saved (written through), present (already stored), failed (not stored), dropped "
+           "(save queue full).");
+    absl::StrAppend(&out, "sluice_kvstore_blocks_total{op=\"loaded\"} ", k.num_loaded_blocks,
+                    "\n", "sluice_kvstore_blocks_total{op=\"saved\"} ", k.num_saved_blocks, "\n",
+                    "sluice_kvstore_blocks_total{op=\"present\"} ", k.num_save_present_blocks,
+                    "\n", "sluice_kvstore_blocks_total{op=\"failed\"} ",
+                    k.num_save_failed_blocks, "\n", "sluice_kvstore_blocks_total{op=\"dropped\"} ",
+                    k.num_save_dropped_blocks, "\n");
+    Counter(out, "sluice_kvstore_load_errors_total",
+            "Kvstore loads cut short by a store error or deadline (the rest is computed).",
+            static_cast<double>(k.num_load_errors));
+  }
   if (role_ == "prefill") {
     Gauge(out, "sluice_prefill_held_blocks",
           "KV blocks pinned for decode workers to pull (or to be pushed).",
