@@ -4,7 +4,11 @@
 # and every worker has registered (GET /v1/workers), then prints the endpoint.
 #
 #   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
-#                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [-- extra worker flags...]
+#                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [--tp N] [--ep N]
+#                      [-- extra worker flags...]
+# --tp N / --ep N (default 1): every prefill and decode worker is one process holding N ranks of
+# its model replica (--tensor-parallel-size / --expert-parallel-size; on the CPU the ranks are
+# threads). A layout the model cannot take makes the workers exit 2 at start-up.
 # --kvstore N (default 0) first starts N kvstore shards (kvstore.sh, gRPC from PORT+1501) and
 # gives their list to the prefill workers (--kvstore): prompt KV is loaded from and written
 # through to them. Their SSD tier stays in RUN_DIR/kvstore-data across runs.
@@ -19,6 +23,8 @@ RUN_DIR="${SLUICE_RUN_DIR:-${TMPDIR:-/tmp}/sluice-local}"
 BIN="${SLUICE_BIN:-$ROOT/build/bin/sluice}"
 TIMEOUT=300
 KVSTORE=0
+TP=1
+EP=1
 WORKER_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,8 +36,10 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --kvstore) KVSTORE="$2"; shift 2 ;;
+    --tp) TP="$2"; shift 2 ;;
+    --ep) EP="$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +61,7 @@ start() {  # start NAME ARGS...: runs one service in the background, logs to RUN
   echo "$! $name" >> "$RUN_DIR/pids"
 }
 PREFILL_ARGS=()
+PARALLEL_ARGS=(--tensor-parallel-size "$TP" --expert-parallel-size "$EP")
 if [ "$KVSTORE" -gt 0 ]; then
   "$ROOT/deploy/local/kvstore.sh" --shards "$KVSTORE" --port $((PORT + 1500)) --run-dir "$RUN_DIR" \
     --bin "$BIN" || { "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true; exit 1; }
@@ -63,12 +72,13 @@ start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
 for i in $(seq 1 "$PREFILL"); do
   start "prefill-$i" "$BIN" prefill --model "$MODEL" --listen "127.0.0.1:$((PORT + 1100 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${PREFILL_ARGS[@]}" \
-    "${WORKER_ARGS[@]}"
+    "${PARALLEL_ARGS[@]}" "${WORKER_ARGS[@]}"
   METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
 done
 for i in $(seq 1 "$DECODE"); do
   start "decode-$i" "$BIN" decode --model "$MODEL" --listen "127.0.0.1:$((PORT + 1200 + i))" \
-    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${WORKER_ARGS[@]}"
+    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${PARALLEL_ARGS[@]}" \
+    "${WORKER_ARGS[@]}"
   METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
 done
 
@@ -98,6 +108,6 @@ while :; do
   sleep 0.5
 done
 echo "$URL" > "$RUN_DIR/endpoint"
-echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode; logs in $RUN_DIR)"
+echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode, TP=$TP EP=$EP; logs in $RUN_DIR)"
 echo "Metrics: router $URL/metrics"
 for entry in "${METRICS_URLS[@]}"; do echo "  $entry"; done

@@ -2,10 +2,13 @@
 //
 //   sluice serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] ...
 //   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
+//   (serve/generate/prefill/decode: [--tensor-parallel-size N] [--expert-parallel-size N]
+//    [--enable-eplb [--eplb-step-interval K] [--num-redundant-experts R]])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
@@ -18,7 +21,7 @@
 
 namespace {
 
-// AddEngineFlags registers the flags shared by `serve` and `generate`.
+// AddEngineFlags registers the flags shared by `serve`, `generate`, `prefill` and `decode`.
 void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_cache_gib) {
   app.add_option("--model", runtime.model_dir, "Hugging Face model folder")->required();
   app.add_option("--served-model-name", runtime.served_model_name,
@@ -45,6 +48,22 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
   app.add_option("--kvstore", runtime.kvstore,
                  "kvstore shards host:port[,host:port...]: load prompt KV blocks from them and "
                  "write new ones through (needs prefix caching)");
+  app.add_option("--tensor-parallel-size", runtime.tensor_parallel_size,
+                 "Ranks splitting attention heads and dense MLPs (CPU: threads of this process)");
+  auto* ep = app.add_option("--expert-parallel-size", runtime.expert_parallel_size,
+                            "Ranks holding disjoint routed experts of MoE layers (equal to "
+                            "--tensor-parallel-size when both exceed 1)");
+  auto* eplb = app.add_flag("--enable-eplb", runtime.enable_eplb,
+                            "Rebalance experts over the EP ranks from the measured load")
+                   ->needs(ep);
+  app.add_option("--eplb-step-interval", runtime.eplb_step_interval,
+                 "Engine steps between EPLB rebalances")
+      ->check(CLI::PositiveNumber)
+      ->needs(eplb);
+  app.add_option("--num-redundant-experts", runtime.num_redundant_experts,
+                 "Extra expert replicas EPLB places on the EP ranks")
+      ->check(CLI::NonNegativeNumber)
+      ->needs(eplb);
 }
 
 }  // namespace
@@ -151,6 +170,20 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
+
+  // A TP/EP layout the model cannot take is a usage error (exit 2), found before any weight loads.
+  const std::pair<CLI::App*, const sluice::RuntimeOptions*> engine_cmds[] = {
+      {serve_cmd, &serve.runtime},
+      {generate_cmd, &generate.runtime},
+      {worker_cmds[0], &worker_options[0].runtime},
+      {worker_cmds[1], &worker_options[1].runtime}};
+  for (const auto& [cmd, runtime] : engine_cmds) {
+    if (!cmd->parsed()) continue;
+    if (auto layout = sluice::CheckParallelLayout(*runtime); !layout.ok()) {
+      spdlog::error("{}", layout.status().ToString());
+      return 2;
+    }
+  }
 
   if (kvstore_cmd->parsed()) return sluice::RunKvStore(kvstore_options);
   if (router_cmd->parsed()) {

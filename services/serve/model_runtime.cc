@@ -1,14 +1,159 @@
 #include "services/serve/model_runtime.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/parallel/eplb.h"
+#include "engine/parallel/sharding.h"
 #include "engine/sched/async_engine.h"
 #include "services/kvstore/kvstore_connector.h"
 #include "services/serve/log.h"
 
 namespace sluice {
+
+namespace {
+
+// FlagError prefixes an engine sharding error with the flag that caused it.
+absl::Status FlagError(const char* flag, int32_t value, const absl::Status& status) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, ": ", status.message()));
+}
+
+// EplbModel drives periodic expert rebalancing for an expert-parallel replica: after every
+// `interval` Forward calls it plans a placement for the load routed since the last plan
+// (PlanRebalance) and applies it with UpdateExpertPlacement. It runs between steps on the
+// engine thread, so no step is in flight and every sequence keeps its KV cache.
+class EplbModel : public Model {
+ public:
+  EplbModel(std::unique_ptr<Model> inner, ExpertPlacement placement, EplbOptions options,
+            int32_t interval)
+      : inner_(std::move(inner)),
+        placement_(std::move(placement)),
+        options_(options),
+        interval_(interval) {}
+
+  const ModelConfig& config() const override { return inner_->config(); }
+  KvCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
+  int64_t WeightBytesPerToken() const override { return inner_->WeightBytesPerToken(); }
+  absl::Status UpdateExpertPlacement(absl::Span<const int32_t> slots) override {
+    return inner_->UpdateExpertPlacement(slots);
+  }
+  std::vector<int64_t> TakeExpertLoad() override { return inner_->TakeExpertLoad(); }
+
+  absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                       absl::Span<float> logits) override {
+    if (absl::Status s = inner_->Forward(input, kv_cache, logits); !s.ok()) return s;
+    if (++steps_ < interval_) return absl::OkStatus();
+    steps_ = 0;
+    const std::vector<int64_t> counts = inner_->TakeExpertLoad();
+    const std::vector<double> load(counts.begin(), counts.end());
+    absl::StatusOr<RebalancePlan> plan = PlanRebalance(placement_, load, options_);
+    // A failed plan (e.g. no tokens routed yet) keeps the current placement: still correct.
+    if (!plan.ok() || !plan->changed) return absl::OkStatus();
+    if (absl::Status s = inner_->UpdateExpertPlacement(plan->placement.physical_to_logical);
+        !s.ok()) {
+      return s;
+    }
+    spdlog::info("EPLB: rebalanced experts (max/mean rank load {:.3f} -> {:.3f}, {} copies)",
+                 plan->old_imbalance, plan->new_imbalance, plan->moves.size());
+    placement_ = std::move(plan->placement);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  ExpertPlacement placement_;
+  EplbOptions options_;
+  int32_t interval_;
+  int32_t steps_ = 0;
+};
+
+// CheckTensorParallel applies the engine's head/channel split rules for `tp` ranks.
+absl::Status CheckTensorParallel(const ModelConfig& c, int32_t tp) {
+  if (c.architecture == Architecture::kDeepseekV3) {
+    // MLA: query heads split, the latent KV is replicated (deepseek_v3.cc ShardAttentionAndDense).
+    if (auto heads = EvenShard(c.num_attention_heads, 0, tp, "num_attention_heads"); !heads.ok()) {
+      return heads.status();
+    }
+    if (c.first_k_dense_replace == 0) return absl::OkStatus();  // no dense MLP layer
+  } else if (auto heads = ShardAttentionHeads(c.num_attention_heads, c.num_key_value_heads, 0, tp);
+             !heads.ok()) {
+    return heads.status();
+  }
+  return EvenShard(c.intermediate_size, 0, tp, "intermediate_size").status();
+}
+
+}  // namespace
+
+absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options) {
+  const int32_t tp = options.tensor_parallel_size, ep = options.expert_parallel_size;
+  if (tp < 1) return FlagError("--tensor-parallel-size", tp, absl::InvalidArgumentError("must be >= 1"));
+  if (ep < 1) return FlagError("--expert-parallel-size", ep, absl::InvalidArgumentError("must be >= 1"));
+  if (tp > 1 && ep > 1 && tp != ep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tensor-parallel-size ", tp, " and --expert-parallel-size ", ep,
+        " differ: when both exceed 1 the same ranks split attention and hold the experts, so "
+        "they must be equal"));
+  }
+  if (options.enable_eplb && ep == 1) {
+    return absl::InvalidArgumentError("--enable-eplb needs --expert-parallel-size > 1");
+  }
+  ParallelLayout layout;
+  layout.cpu.world_size = std::max(tp, ep);
+  layout.cpu.tensor_parallel = tp > 1;
+  layout.cpu.expert_parallel = ep > 1;
+  if (layout.cpu.world_size == 1) {
+    layout.description = "single rank (no tensor/expert parallelism)";
+    return layout;
+  }
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
+  if (!config.ok()) return config.status();
+  const ModelConfig& c = *config;
+  layout.description = absl::StrCat(layout.cpu.world_size, " ranks as threads of this process");
+  if (tp > 1) {
+    if (absl::Status s = CheckTensorParallel(c, tp); !s.ok()) {
+      return FlagError("--tensor-parallel-size", tp, s);
+    }
+    absl::StrAppend(&layout.description, "; TP=", tp, ": ", c.num_attention_heads / tp, " of ",
+                    c.num_attention_heads, " attention heads per rank");
+  }
+  if (ep > 1) {
+    if (c.architecture != Architecture::kDeepseekV3 || c.n_routed_experts == 0 ||
+        c.first_k_dense_replace >= c.num_hidden_layers) {
+      return FlagError("--expert-parallel-size", ep,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "expert parallelism needs MoE layers; ", c.architecture_name,
+                           " has none")));
+    }
+    const int32_t experts = static_cast<int32_t>(c.n_routed_experts);
+    const int32_t slots = experts + options.num_redundant_experts;
+    if (options.num_redundant_experts < 0 || slots % ep != 0) {
+      return FlagError("--expert-parallel-size", ep,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "n_routed_experts (", experts, ") + --num-redundant-experts (",
+                           options.num_redundant_experts, ") is not divisible by it")));
+    }
+    absl::StrAppend(&layout.description, "; EP=", ep, ": ", slots / ep, " of ", experts,
+                    " routed experts per rank",
+                    tp > 1 ? "" : " (attention replicated)");
+    if (options.enable_eplb) {
+      // Start from the EPLB placement of a uniform load: with redundant slots that spreads the
+      // replicas; the measured load re-places them every eplb_step_interval steps.
+      const std::vector<double> uniform(static_cast<size_t>(experts), 1.0);
+      absl::StatusOr<ExpertPlacement> initial =
+          PlanEplb(uniform, EplbOptions{ep, options.num_redundant_experts, 1});
+      if (!initial.ok()) return FlagError("--expert-parallel-size", ep, initial.status());
+      layout.cpu.expert_slots = initial->physical_to_logical;
+      absl::StrAppend(&layout.description, "; EPLB every ", options.eplb_step_interval,
+                      " steps, ", options.num_redundant_experts, " redundant experts");
+    }
+  }
+  return layout;
+}
 
 std::string ModelNameFromDir(const std::string& dir) {
   std::filesystem::path path(dir);
@@ -37,9 +182,23 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     return chat_template.status();
   }
 
-  spdlog::info("loading model from {}", options.model_dir);
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(options.model_dir);
+  absl::StatusOr<ParallelLayout> layout = CheckParallelLayout(options);
+  if (!layout.ok()) return layout.status();
+  spdlog::info("loading model from {}; parallel layout: {}", options.model_dir,
+               layout->description);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      layout->cpu.world_size == 1 ? LoadModel(options.model_dir)
+                                  : LoadCpuParallelModel(options.model_dir, layout->cpu);
   if (!model.ok()) return model.status();
+  if (options.enable_eplb) {
+    const int32_t ep = layout->cpu.world_size;
+    absl::StatusOr<ExpertPlacement> placement = PlacementFromSlots(
+        layout->cpu.expert_slots, static_cast<int32_t>((*model)->config().n_routed_experts), ep);
+    if (!placement.ok()) return placement.status();
+    model = std::unique_ptr<Model>(new EplbModel(
+        *std::move(model), *std::move(placement),
+        EplbOptions{ep, options.num_redundant_experts, 1}, options.eplb_step_interval));
+  }
   EngineOptions engine_options = options.engine;
   // The served name seeds the block hashes, so every worker of a deployment (and the kvstore)
   // agrees on them while another model never shares an address.

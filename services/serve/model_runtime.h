@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/parallel/cpu_parallel_model.h"
 #include "engine/sched/llm_engine.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -23,7 +24,32 @@ struct RuntimeOptions {
   // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
   // (services/kvstore/kvstore_connector.h); empty: none.
   std::string kvstore;
+  // Ranks of one model replica (engine/parallel/README.md; vLLM's flag names). On the CPU backend
+  // the ranks are threads of this process (LoadCpuParallelModel). Both > 1: the same N ranks
+  // split attention/dense MLPs (TP) and hold disjoint routed experts (EP), so they must be equal.
+  int32_t tensor_parallel_size = 1;
+  int32_t expert_parallel_size = 1;
+  // EPLB (expert-parallel only): every `eplb_step_interval` engine steps, the routed load measured
+  // since the last rebalance is re-placed over the ranks (PlanRebalance) with
+  // `num_redundant_experts` extra replicas, between steps (sequences in flight keep their KV).
+  bool enable_eplb = false;
+  int32_t eplb_step_interval = 256;
+  int32_t num_redundant_experts = 0;
 };
+
+// ParallelLayout is a checked TP/EP layout: what LoadModelRuntime will build.
+struct ParallelLayout {
+  CpuParallelOptions cpu;    // world_size 1: the unsharded model (LoadModel)
+  std::string description;  // one line for the start-up log
+};
+
+// CheckParallelLayout validates the TP/EP/EPLB options against `<model_dir>/config.json` with the
+// engine's own sharding rules (engine/parallel/sharding.h, eplb.h) before any weight is loaded.
+// Errors: InvalidArgument naming the flag and the constraint (sizes < 1; TP and EP both > 1 but
+// different; TP not dividing num_attention_heads / intermediate_size, or KV heads that neither
+// divide nor are divided by TP; EP on a model without MoE layers or not dividing n_routed_experts
+// + num_redundant_experts; EPLB without EP); those of ModelConfig::Load.
+absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options);
 
 struct ModelRuntime {
   std::string served_model_name;
@@ -33,8 +59,9 @@ struct ModelRuntime {
   std::shared_ptr<KvConnector> kv_connector;    // --kvstore (also held by the engine), or null
 };
 
-// LoadModelRuntime loads `<model_dir>`: config + weights (LoadModel), tokenizer.json, the chat
-// template (optional), and starts the engine thread. Errors: those of LoadModel,
+// LoadModelRuntime loads `<model_dir>`: config + weights (LoadModel, or LoadCpuParallelModel for
+// TP/EP > 1, after CheckParallelLayout), tokenizer.json, the chat template (optional), and starts
+// the engine thread. Errors: those of CheckParallelLayout, LoadModel / LoadCpuParallelModel,
 // Tokenizer::FromFile, ChatTemplate (other than NotFound) and LLMEngine::Create.
 absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options);
 

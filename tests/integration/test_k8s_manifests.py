@@ -1,4 +1,4 @@
-"""deploy/k8s: the kustomize base and GPU overlay render and are consistent.
+"""deploy/k8s: the kustomize base, the GPU overlay and the multi-GPU decode overlay render and are consistent.
 
 Rendered with `kubectl kustomize` when kubectl is installed (Debian: kubernetes-client);
 otherwise the base files are read directly with PyYAML and the overlay's patch is checked on
@@ -108,9 +108,41 @@ def test_gpu_overlay_requests_gpus_for_workers_only():
         assert container(deployments["sluice-decode"])["image"].endswith(":latest-cuda")
 
 
+def flag_value(args, flag):
+    assert args.count(flag) == 1, (flag, args)
+    return args[args.index(flag) + 1]
+
+
+def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
+    overlay = K8S / "overlays" / "gpu-tp2"
+    if KUBECTL:
+        deployments = by_kind(render(overlay), "Deployment")
+        decode = container(deployments["sluice-decode"])
+        prefill = container(deployments["sluice-prefill"])
+        args = decode["args"]
+        # The base's arguments are kept (the flags are appended, not a replaced list).
+        assert args[:2] == ["decode", "--model"] and "--router" in args
+        assert decode["image"].endswith(":latest-cuda")
+        # Prefill keeps the GPU overlay's single GPU and no parallel flags.
+        assert prefill["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert "--tensor-parallel-size" not in prefill["args"]
+        resources = decode["resources"]
+    else:  # the overlay's own files: the GPU patch and the appended flags
+        kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+        patch = yaml.safe_load((overlay / "decode-gpus.yaml").read_text())
+        resources = container(patch)["resources"]
+        args = [op["value"] for p in kustomization["patches"] if "patch" in p
+                for op in yaml.safe_load(p["patch"])]
+    # One process per pod holding N ranks: N GPUs requested = the parallel sizes.
+    gpus = resources["limits"]["nvidia.com/gpu"]
+    assert gpus == resources["requests"]["nvidia.com/gpu"] == 2
+    assert flag_value(args, "--tensor-parallel-size") == str(gpus)
+    assert flag_value(args, "--expert-parallel-size") == str(gpus)
+
+
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 def test_kubectl_renders_without_errors():
-    for path in (K8S / "base", K8S / "overlays" / "gpu"):
+    for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr

@@ -1,0 +1,81 @@
+"""`sluice serve` with several ranks (issue 4): --tensor-parallel-size / --expert-parallel-size
+load the model with LoadCpuParallelModel (ranks as threads) and must answer the same greedy text
+as the single-rank server; a layout the model cannot take is a start-up error (exit 2).
+
+models/sluice-mini-moe is DeepSeek-V3-shaped: 6 attention heads (TP 2, 3, 6 divide them; 4 does
+not), 16 routed experts (EP 2, 4, 8, 16), intermediate_size 1024.
+"""
+
+import subprocess
+
+import openai
+import pytest
+
+from conftest import MODEL_DIR, ServerProcess, sluice_bin
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):",
+    "1, 2, 3, 4,",
+]
+MAX_TOKENS = 24
+
+
+def greedy_texts(url, model):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-unused", max_retries=0, timeout=120)
+    out = []
+    for prompt in PROMPTS:
+        r = client.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == MAX_TOKENS
+        out.append(r.choices[0].text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(server, model):
+    return greedy_texts(server.url, model)
+
+
+@pytest.mark.parametrize("flags, layout", [
+    (["--tensor-parallel-size", "2"], "TP=2: 3 of 6 attention heads per rank"),
+    # EPLB with 2 redundant replicas (9 slots a rank), re-placed every 2 engine steps: experts
+    # move between ranks while the prompts decode.
+    (["--expert-parallel-size", "2", "--enable-eplb", "--eplb-step-interval", "2",
+      "--num-redundant-experts", "2"], "EP=2: 9 of 16 routed experts per rank"),
+    (["--tensor-parallel-size", "2", "--expert-parallel-size", "2"],
+     "EP=2: 8 of 16 routed experts per rank"),
+], ids=["tp2", "ep2-eplb", "tp2-ep2"])
+def test_parallel_server_matches_single_rank(reference, model, flags, layout):
+    proc = ServerProcess(extra_args=flags)
+    try:
+        texts = greedy_texts(proc.url, model)
+    finally:
+        code = proc.stop()
+    logs = proc.logs()
+    assert code == 0, logs
+    assert "2 ranks as threads of this process" in logs and layout in logs, logs
+    if "--enable-eplb" in flags:
+        assert "EPLB: rebalanced experts" in logs, logs
+    assert texts == reference
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--tensor-parallel-size", "4"],
+     "--tensor-parallel-size 4: num_attention_heads (6) is not divisible by the parallel size 4"),
+    (["--expert-parallel-size", "3"],
+     "--expert-parallel-size 3: n_routed_experts (16) + --num-redundant-experts (0) is not "
+     "divisible by it"),
+    (["--tensor-parallel-size", "2", "--expert-parallel-size", "4"],
+     "--tensor-parallel-size 2 and --expert-parallel-size 4 differ"),
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0: must be >= 1"),
+    (["--enable-eplb", "--expert-parallel-size", "1"],
+     "--enable-eplb needs --expert-parallel-size > 1"),
+], ids=["tp4-heads", "ep3-experts", "tp-ep-differ", "tp0", "eplb-without-ep"])
+def test_bad_layout_fails_at_startup(flags, message):
+    result = subprocess.run(
+        [sluice_bin(), "serve", "--model", str(MODEL_DIR), "--port", "0"] + flags,
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stdout + result.stderr
