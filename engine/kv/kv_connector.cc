@@ -122,12 +122,14 @@ bool AsyncKvConnector::WaitIdle(absl::Time deadline) {
 KvLoadResult AsyncKvConnector::RunLoad(const LoadJob& job) {
   KvLoadResult result;
   result.ticket = job.ticket;
+  if (absl::Now() < skip_loads_until_) return result;
   const absl::Time deadline = absl::Now() + options_.load_timeout;
   // One batched Exists first: the common miss costs no data movement, and only the leading run
   // is fetched (a block after a gap is useless: its KV is valid only under its exact parents).
   absl::StatusOr<std::vector<bool>> exists = backend_->Exists(job.hashes, deadline);
   if (!exists.ok()) {
     result.error = exists.status();
+    skip_loads_until_ = absl::Now() + options_.failure_backoff;
     return result;
   }
   size_t run = 0;
@@ -139,6 +141,7 @@ KvLoadResult AsyncKvConnector::RunLoad(const LoadJob& job) {
                     deadline);
   if (!found.ok()) {
     result.error = found.status();
+    skip_loads_until_ = absl::Now() + options_.failure_backoff;
     return result;
   }
   size_t got = 0;
@@ -162,9 +165,11 @@ void AsyncKvConnector::LoadLoop() {
     loads_.pop_front();
     ++num_busy_;
     lock.unlock();
+    const bool skipped = absl::Now() < skip_loads_until_;
     KvLoadResult result = RunLoad(job);
     lock.lock();
     --num_busy_;
+    if (skipped) ++stats_.num_load_skipped;
     stats_.num_loaded_blocks += result.num_blocks;
     if (!result.error.ok()) ++stats_.num_load_errors;
     done_.push_back(std::move(result));

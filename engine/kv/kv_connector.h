@@ -69,6 +69,7 @@ struct KvConnectorStats {
   int64_t num_load_queried_blocks = 0;
   int64_t num_loaded_blocks = 0;     // handed back verified
   int64_t num_load_errors = 0;       // loads that hit a store error or deadline
+  int64_t num_load_skipped = 0;      // loads answered empty during a failure back-off
   int64_t num_saved_blocks = 0;      // written now
   int64_t num_save_present_blocks = 0;  // already stored
   int64_t num_save_failed_blocks = 0;   // not stored (store error, no space, deadline)
@@ -119,6 +120,10 @@ struct AsyncKvConnectorOptions {
   // Saves queued beyond this many bytes are dropped (counted), so a slow or dead store never
   // grows memory without bound.
   int64_t max_pending_save_bytes = 256LL << 20;
+  // After a load fails with a store error or deadline, loads answer "nothing found" at once for
+  // this long (no calls), so a dead or unreachable store costs at most one deadline per back-off
+  // instead of one per request. Saves are not held back (they never delay a request).
+  absl::Duration failure_backoff = absl::Seconds(5);
 };
 
 // AsyncKvConnector: runs a KvBlockStoreBackend on two background threads (loads; saves), so a
@@ -164,6 +169,7 @@ class AsyncKvConnector final : public KvConnector {
   std::deque<SaveJob> saves_;
   int64_t pending_save_bytes_ = 0;
   int32_t num_busy_ = 0;  // jobs taken off a queue and running
+  absl::Time skip_loads_until_ = absl::InfinitePast();  // failure back-off (load thread only)
   std::vector<KvLoadResult> done_;
   KvConnectorStats stats_;
   std::thread load_thread_;

@@ -1,5 +1,6 @@
 #include "services/kvstore/kvstore_connector.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 
@@ -25,7 +26,7 @@ class KvStoreBlockBackend final : public KvBlockStoreBackend {
                                            absl::Time deadline) override {
     absl::StatusOr<KvExistsResult> r = client_->Exists(Keys(hashes), deadline);
     if (!r.ok()) return r.status();
-    return std::move(r->found);
+    return FoundOrError(std::move(r->found), r->error);
   }
 
   absl::StatusOr<std::vector<bool>> Get(absl::Span<const BlockHash> hashes,
@@ -34,7 +35,7 @@ class KvStoreBlockBackend final : public KvBlockStoreBackend {
         client_->Get(Keys(hashes), Region(out.data(), hashes.size()), Ids(hashes.size()),
                      deadline);
     if (!r.ok()) return r.status();
-    return std::move(r->found);
+    return FoundOrError(std::move(r->found), r->error);
   }
 
   absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
@@ -48,6 +49,15 @@ class KvStoreBlockBackend final : public KvBlockStoreBackend {
   }
 
  private:
+  // The client reports a failed shard as misses plus `error`. Nothing found and an error: the
+  // store is down or unreachable, which the connector must see (it backs off); a partial answer
+  // is still worth using.
+  static absl::StatusOr<std::vector<bool>> FoundOrError(std::vector<bool> found,
+                                                        const absl::Status& error) {
+    if (!error.ok() && std::find(found.begin(), found.end(), true) == found.end()) return error;
+    return found;
+  }
+
   std::vector<BlockKey> Keys(absl::Span<const BlockHash> hashes) const {
     std::vector<BlockKey> keys;
     keys.reserve(hashes.size());

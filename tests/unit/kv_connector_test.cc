@@ -97,8 +97,10 @@ struct Node {
 
 Node MakeNode(FakeStore* store) {
   Node node;
-  node.connector = std::make_shared<AsyncKvConnector>(std::make_unique<FakeBackend>(store),
-                                                      AsyncKvConnectorOptions{});
+  AsyncKvConnectorOptions connector_options;
+  connector_options.failure_backoff = absl::Hours(1);  // never runs out within a test
+  node.connector =
+      std::make_shared<AsyncKvConnector>(std::make_unique<FakeBackend>(store), connector_options);
   EngineOptions options;
   options.block_size = 4;
   options.num_kv_blocks = 64;
@@ -227,6 +229,12 @@ TEST(KvConnectorTest, StoreDownComputesEverything) {
   EXPECT_EQ(c.num_prompt_tokens_computed, 30);
   EXPECT_EQ(c.kv_connector.num_load_errors, 1);
   EXPECT_GT(c.kv_connector.num_save_failed_blocks, 0);
+  // Within the failure back-off the next load makes no store call at all.
+  const int64_t exists_calls = store.num_exists_calls;
+  RunChecked(b, "b2", testing::ChecksumPrompt(30, 5), 3, &out);
+  EXPECT_EQ(out.num_cached_tokens, 0);
+  EXPECT_EQ(store.num_exists_calls, exists_calls);
+  EXPECT_EQ(b.engine->counters().kv_connector.num_load_skipped, 1);
 }
 
 TEST(KvConnectorTest, AbortWhileLoadingFreesBlocksAndDropsTheLoad) {
