@@ -7,7 +7,8 @@ their full blocks through to the kvstore. Then A drains and a fresh prefill work
     cached_total{source="kvstore"}, usage cached_tokens), same greedy text as on A;
   * kill -9 + restart the kvstore (same SSD dir), Y on B: still served, from the SSD tier;
   * one of Z's block files flipped on disk, Z on B: the store detects it, the loaded run stops
-    there, the rest is recomputed, the text is still A's.
+    there, the rest is recomputed, the text is still A's;
+  * the kvstore stopped: a new prompt still succeeds, computed in full.
 """
 
 import pathlib
@@ -194,3 +195,16 @@ def test_prefill_served_from_kvstore_across_workers_restart_and_corruption(env):
     assert computed == n - from_store
     assert r.usage.prompt_tokens_details.cached_tokens == from_store
     assert store.metric("sluice_kvstore_corrupt_blocks_total") == 1
+
+    # The kvstore gone: a new prompt still succeeds, computed in full; A's text for it unknown,
+    # so its greedy text is checked against a second ask on the same worker (local cache).
+    store.proc.stop()
+    w = prompt_text(f"w{run}")
+    computed0, kvstore0 = worker_counts(c, b)
+    r = ask(client, w)
+    computed1, kvstore1 = worker_counts(c, b)
+    assert (computed1 - computed0, kvstore1 - kvstore0) == (r.usage.prompt_tokens, 0)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    assert c.worker_metric(b, "sluice_kvstore_load_errors_total") >= 1
+    again = ask(client, w)
+    assert again.choices[0].message.content == r.choices[0].message.content
