@@ -11,8 +11,8 @@ KvCost ComputeKvCost(const KvAwarePolicyOptions& options, const KvCandidate& can
   const int64_t block_size = std::max<int64_t>(candidate.block_size, 1);
   // The engine computes at least the last prompt token (it needs its logits), so a fully cached
   // prompt still costs one token.
-  cost.cached_tokens =
-      std::clamp<int64_t>(candidate.cached_blocks * block_size, 0, std::max<int64_t>(prompt_tokens - 1, 0));
+  cost.cached_tokens = std::clamp<int64_t>(candidate.cached_blocks * block_size, 0,
+                                           std::max<int64_t>(prompt_tokens - 1, 0));
   cost.new_tokens = prompt_tokens - cost.cached_tokens;
   const int64_t queued = std::max(candidate.queued_prefill_tokens, candidate.assigned_new_tokens);
   const int64_t running = std::max(candidate.running_requests, candidate.assigned_requests);

@@ -50,8 +50,8 @@ class KvRouterTest : public ::testing::Test {
     return hashes;
   }
   std::string Add(const FakeWorker& worker) {
-    auto registration =
-        registry_.Register(WorkerRole::kPrefill, worker.address, WorkerLoad{0, 0, 100, 100, kBlock});
+    auto registration = registry_.Register(WorkerRole::kPrefill, worker.address,
+                                           WorkerLoad{0, 0, 100, 100, kBlock});
     EXPECT_TRUE(registration.ok()) << registration.status();
     return registration.ok() ? registration->worker_id : "";
   }
