@@ -1,5 +1,6 @@
 #include "engine/parallel/cpu_parallel_model.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,7 @@ class CpuParallelModel : public Model {
                                                     kv_cache.num_blocks(), kv_cache.block_size()));
       }
     }
+    SyncReplicatedContext(input, kv_cache);
     rank_logits_.resize(n - 1);
     for (auto& l : rank_logits_) l.resize(logits.size());
     return RunAll([&](size_t r) {
@@ -57,6 +59,35 @@ class CpuParallelModel : public Model {
   // errors (InvalidArgument) are found by every rank alike before any collective (all ranks
   // validate the same ForwardInput), so they leave the group usable for the next step.
   static bool MustAbort(const absl::Status& s) { return !s.ok() && !absl::IsInvalidArgument(s); }
+
+  // SyncReplicatedContext copies the context blocks of this step's sequences from the engine's
+  // cache into the other ranks' caches when every rank stores the same KV (MLA's replicated
+  // latent, or attention replicated under EP alone). The engine's cache is rank 0's, and KV can
+  // land there without a Forward (KV transfer from a prefill worker, a kvstore load); the other
+  // ranks must attend to the same entries. Costs one copy of the context KV per rank per step.
+  void SyncReplicatedContext(const ForwardInput& input, const KvCache& kv_cache) {
+    const KvCacheSpec& spec = kv_cache.spec();
+    const int64_t bs = kv_cache.block_size();
+    const int64_t k_block = bs * spec.k_floats_per_token, v_block = bs * spec.v_floats_per_token;
+    for (auto& cache : caches_) {
+      const KvCacheSpec& mine = cache->spec();
+      if (mine.num_layers != spec.num_layers || mine.k_floats_per_token != spec.k_floats_per_token ||
+          mine.v_floats_per_token != spec.v_floats_per_token) {
+        continue;  // KV heads split over the ranks: each rank's own entries (serve only)
+      }
+      for (const SequenceSlice& seq : input.sequences) {
+        const int64_t blocks = std::min<int64_t>((seq.num_context_tokens + bs - 1) / bs,
+                                                 static_cast<int64_t>(seq.block_table.size()));
+        for (int64_t b = 0; b < blocks; ++b) {
+          const int64_t id = seq.block_table[b];
+          for (int64_t l = 0; l < spec.num_layers; ++l) {
+            std::copy_n(kv_cache.k(l) + id * k_block, k_block, cache->k(l) + id * k_block);
+            std::copy_n(kv_cache.v(l) + id * v_block, v_block, cache->v(l) + id * v_block);
+          }
+        }
+      }
+    }
+  }
 
   // RunAll runs fn(rank) for every rank at once, rank 0 on the calling thread, and returns the
   // first error (by rank).

@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
       {generate_cmd, &generate.runtime},
       {worker_cmds[0], &worker_options[0].runtime},
       {worker_cmds[1], &worker_options[1].runtime}};
+  for (sluice::WorkerOptions& w : worker_options) w.runtime.kv_crosses_processes = true;
   for (const auto& [cmd, runtime] : engine_cmds) {
     if (!cmd->parsed()) continue;
     if (auto layout = sluice::CheckParallelLayout(*runtime); !layout.ok()) {

@@ -118,6 +118,14 @@ absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options
     if (absl::Status s = CheckTensorParallel(c, tp); !s.ok()) {
       return FlagError("--tensor-parallel-size", tp, s);
     }
+    if (c.architecture != Architecture::kDeepseekV3 &&
+        (options.kv_crosses_processes || !options.kvstore.empty())) {
+      return FlagError("--tensor-parallel-size", tp,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           c.architecture_name, " ranks each cache their own KV heads, which KV "
+                           "transfer and the kvstore do not carry yet; use it with sluice serve "
+                           "without --kvstore")));
+    }
     absl::StrAppend(&layout.description, "; TP=", tp, ": ", c.num_attention_heads / tp, " of ",
                     c.num_attention_heads, " attention heads per rank");
   }
@@ -204,6 +212,10 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   // agrees on them while another model never shares an address.
   if (engine_options.model_id.empty()) engine_options.model_id = runtime.served_model_name;
   if (!options.kvstore.empty()) {
+    if (!engine_options.enable_prefix_caching) {
+      // Blocks are looked up and stored by their prefix-cache hashes.
+      return absl::InvalidArgumentError("--kvstore needs prefix caching (drop --no-prefix-caching)");
+    }
     absl::StatusOr<std::vector<std::string>> shards = kvstore::ParseKvStoreShards(options.kvstore);
     if (!shards.ok()) return shards.status();
     absl::StatusOr<std::shared_ptr<KvConnector>> connector =

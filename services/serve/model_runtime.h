@@ -35,6 +35,9 @@ struct RuntimeOptions {
   bool enable_eplb = false;
   int32_t eplb_step_interval = 256;
   int32_t num_redundant_experts = 0;
+  // True for `sluice prefill` / `sluice decode`: KV blocks move between processes, and they carry
+  // only the engine's cache (rank 0's), so TP must keep the KV replicated (MLA), not split by head.
+  bool kv_crosses_processes = false;
 };
 
 // ParallelLayout is a checked TP/EP layout: what LoadModelRuntime will build.
@@ -47,7 +50,8 @@ struct ParallelLayout {
 // engine's own sharding rules (engine/parallel/sharding.h, eplb.h) before any weight is loaded.
 // Errors: InvalidArgument naming the flag and the constraint (sizes < 1; TP and EP both > 1 but
 // different; TP not dividing num_attention_heads / intermediate_size, or KV heads that neither
-// divide nor are divided by TP; EP on a model without MoE layers or not dividing n_routed_experts
+// divide nor are divided by TP; TP splitting KV heads (Llama/Qwen3) when KV leaves the process
+// (--kvstore, kv_crosses_processes); EP on a model without MoE layers or not dividing n_routed_experts
 // + num_redundant_experts; EPLB without EP); those of ModelConfig::Load.
 absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options);
 

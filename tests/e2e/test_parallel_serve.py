@@ -6,12 +6,14 @@ models/sluice-mini-moe is DeepSeek-V3-shaped: 6 attention heads (TP 2, 3, 6 divi
 not), 16 routed experts (EP 2, 4, 8, 16), intermediate_size 1024.
 """
 
+import pathlib
+import socket
 import subprocess
 
 import openai
 import pytest
 
-from conftest import MODEL_DIR, ServerProcess, sluice_bin
+from conftest import MODEL_DIR, REPO, ServerProcess, sluice_bin
 
 PROMPTS = [
     "The capital of France is",
@@ -58,6 +60,31 @@ def test_parallel_server_matches_single_rank(reference, model, flags, layout):
     assert "2 ranks as threads of this process" in logs and layout in logs, logs
     if "--enable-eplb" in flags:
         assert "EPLB: rebalanced experts" in logs, logs
+    assert texts == reference
+
+
+def test_local_deploy_two_ranks_per_worker(reference, model, tmp_path):
+    """deploy/local/up.sh --tp 2 --ep 2: every prompt is prefilled on the prefill worker and its
+    KV moves to the decode worker (only the engine's cache, rank 0's, travels; the decode
+    worker's other rank must see it too), and the text still equals the single-rank server's."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    up = subprocess.run(
+        [str(REPO / "deploy/local/up.sh"), "--port", str(port), "--run-dir", str(run_dir),
+         "--bin", sluice_bin(), "--timeout", "60", "--tp", "2", "--ep", "2",
+         "--", "--num-kv-blocks", "256"], capture_output=True, text=True, timeout=90)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "TP=2 EP=2" in up.stdout
+        texts = greedy_texts(f"http://127.0.0.1:{port}", model)
+    finally:
+        subprocess.run([str(REPO / "deploy/local/down.sh"), "--run-dir", str(run_dir)],
+                       capture_output=True, timeout=60)
+    for worker in ("prefill-1", "decode-1"):
+        log = pathlib.Path(run_dir / f"{worker}.log").read_text()
+        assert "TP=2: 3 of 6 attention heads per rank; EP=2: 8 of 16" in log, log[-4000:]
     assert texts == reference
 
 
