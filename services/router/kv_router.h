@@ -71,8 +71,9 @@ class KvRouter {
 
   // Pick chooses a live, non-draining worker of `role` outside `exclude` for a request with
   // prompt `prompt` (token ids) under prefix-cache namespace `cache_salt` (empty: shared),
-  // needing `tokens_needed` KV tokens in all, and counts it in the registry (undo with Release). kLoad, and decode picks whose prompt prefills remotely, use the
-  // registry's load-only Pick. nullopt when none qualifies.
+  // needing `tokens_needed` KV tokens in all, and counts it in the registry (undo with
+  // Release). kLoad, and decode picks whose prompt prefills remotely, use the registry's
+  // load-only Pick. nullopt when none qualifies.
   std::optional<WorkerSnapshot> Pick(WorkerRole role, const std::string& request_id,
                                      const std::vector<int32_t>& prompt,
                                      const std::string& cache_salt, int64_t tokens_needed,

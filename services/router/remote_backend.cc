@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/router/kv_router.h"
 #include "services/router/wire_convert.h"
 #include "services/serve/log.h"
 #include "sluice/v1/worker.grpc.pb.h"
@@ -169,7 +170,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   // Done releases the decode worker and forgets the request: the last step.
   void Done() {
-    if (decode_.has_value()) backend_->registry_->Release(decode_->worker_id);
+    if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
     backend_->Forget(request_.request_id);
   }
 
@@ -180,7 +181,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     }
     const int64_t tokens_needed = prompt_len_ + request_.sampling.max_tokens;
     decode_ = num_decode_attempts_++ < options_.max_decode_attempts
-                  ? backend_->registry_->Pick(WorkerRole::kDecode, tokens_needed, bad_decode_)
+                  ? backend_->PickWorker(WorkerRole::kDecode, request_, tokens_needed, bad_decode_)
                   : std::nullopt;
     if (!decode_.has_value()) {
       Finish(
@@ -236,7 +237,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return PrefillPhaseEnded();
     }
     std::optional<WorkerSnapshot> worker =
-        backend_->registry_->Pick(WorkerRole::kPrefill, prompt_len_, bad_prefill_);
+        backend_->PickWorker(WorkerRole::kPrefill, request_, prompt_len_, bad_prefill_);
     if (!worker.has_value()) return PrefillPhaseEnded();
     ++num_prefill_attempts_;
     using Rpc = Unary<PrefillStub, v1::PrefillRequest, v1::PrefillResponse>;
@@ -261,7 +262,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   void PrefillEnded(const WorkerSnapshot& worker, const grpc::Status& status,
                     v1::PrefillResponse* response) {
-    backend_->registry_->Release(worker.worker_id);
+    backend_->ReleaseWorker(worker.worker_id, request_.request_id);
     if (status.ok()) {
       prefill_ = std::move(*response);
       prefill_worker_ = worker;
@@ -331,7 +332,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   void StartDecode();
 
   void RetryDecode() {
-    backend_->registry_->Release(decode_->worker_id);
+    backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
     bad_decode_.insert(decode_->worker_id);
     decode_.reset();
     backend_->Count(&RemoteBackendCounters::num_decode_retries);
@@ -505,6 +506,20 @@ void RemoteBackend::Abort(const std::string& request_id) {
     call = it->second;
   }
   call->Abort();
+}
+
+std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
+                                                        const EngineRequest& request,
+                                                        int64_t tokens_needed,
+                                                        const std::set<std::string>& exclude) {
+  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, exclude);
+  return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
+                                  request.cache_salt, tokens_needed, exclude);
+}
+
+void RemoteBackend::ReleaseWorker(const std::string& worker_id, const std::string& request_id) {
+  if (options_.kv_router == nullptr) return registry_->Release(worker_id);
+  options_.kv_router->Release(worker_id, request_id);
 }
 
 void RemoteBackend::Forget(const std::string& request_id) {

@@ -42,6 +42,8 @@ class Channel;
 
 namespace sluice {
 
+class KvRouter;
+
 struct RemoteBackendOptions {
   int32_t max_model_len = 4096;           // tokens (prompt + output) per sequence
   int32_t min_remote_prefill_tokens = 0;  // shorter prompts prefill on the decode worker
@@ -53,6 +55,9 @@ struct RemoteBackendOptions {
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
   // One connection probe of a worker whose RPC failed (see WorkerProber).
   absl::Duration probe_timeout = absl::Seconds(2);
+  // Worker choice by --routing-policy (services/router/kv_router.h); nullptr: the registry's
+  // load-only Pick. Borrowed; must outlive the backend.
+  KvRouter* kv_router = nullptr;
 };
 
 // RemoteBackendCounters: cumulative outcomes for /metrics.
@@ -98,6 +103,11 @@ class RemoteBackend : public InferenceBackend {
   void Count(int64_t RemoteBackendCounters::*counter);
   // Forget drops a finished request; the last thing a request does.
   void Forget(const std::string& request_id);
+  // PickWorker / ReleaseWorker: options_.kv_router's choice when set, else the registry's.
+  std::optional<WorkerSnapshot> PickWorker(WorkerRole role, const EngineRequest& request,
+                                           int64_t tokens_needed,
+                                           const std::set<std::string>& exclude);
+  void ReleaseWorker(const std::string& worker_id, const std::string& request_id);
 
   WorkerRegistry* registry_;
   RemoteBackendOptions options_;

@@ -128,6 +128,9 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--min-remote-prefill-tokens", router.backend.min_remote_prefill_tokens,
                          "Shorter prompts prefill on the decode worker")
       ->check(CLI::NonNegativeNumber);
+  router_cmd->add_option("--routing-policy", router.routing_policy,
+                         "Worker choice: kv (cached prefix vs load), load, round_robin")
+      ->check(CLI::IsMember({"kv", "load", "round_robin"}));
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")

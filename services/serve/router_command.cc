@@ -17,6 +17,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/openai_service.h"
 #include "services/router/inference_grpc_service.h"
+#include "services/router/kv_router.h"
 #include "services/router/registry_service.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_registry.h"
@@ -97,6 +98,16 @@ int RunRouter(const RouterOptions& options) {
   backend_options.max_model_len = options.max_model_len > 0
                                       ? options.max_model_len
                                       : static_cast<int32_t>(config->max_position_embeddings);
+  absl::StatusOr<RoutingPolicy> routing_policy = ParseRoutingPolicy(options.routing_policy);
+  if (!routing_policy.ok()) {
+    spdlog::error("{}", std::string(routing_policy.status().message()));
+    return 1;
+  }
+  KvRouterOptions kv_router_options;
+  kv_router_options.policy = *routing_policy;
+  kv_router_options.min_remote_prefill_tokens = backend_options.min_remote_prefill_tokens;
+  KvRouter kv_router(&registry, kv_router_options);  // outlives the backend
+  backend_options.kv_router = &kv_router;
   auto backend = std::make_unique<RemoteBackend>(&registry, backend_options);
   RemoteBackend* backend_ptr = backend.get();
 

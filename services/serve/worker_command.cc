@@ -13,6 +13,7 @@
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/serve/log.h"
+#include "services/worker_common/kv_event_publisher.h"
 #include "services/worker_common/registration_client.h"
 #include "services/worker_common/worker_http.h"
 #include "services/worker_common/worker_metrics.h"
@@ -110,6 +111,8 @@ int Run(const WorkerOptions& options, Role role) {
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());
   }
+  KvEventPublisher kv_events(&engine);  // KV events for KV-aware routers
+  builder.RegisterService(&kv_events);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     spdlog::error("cannot listen on {}", options.listen);
