@@ -108,6 +108,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     Detach(context);
     if (finished_) return Done();
     if (IsAborted()) {
+      // A Decode cancelled right after it started may never reach the decode worker:
+      // free its reservation and the prefill pin now, not at their timeouts (both
+      // calls are idempotent on the workers).
+      CancelOnDecode();
+      if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
       Finish(FinishReason::kAbort);
       return Done();
     }
@@ -303,6 +308,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   void AfterPrefill() {
     if (IsAborted() || !prefill_error_.ok()) {
       CancelOnDecode();
+      // Prefill may have answered OK just as the client left: unpin its blocks now.
+      if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
       if (IsAborted()) {
         Finish(FinishReason::kAbort);
       } else {

@@ -133,10 +133,6 @@ def test_disconnects_free_blocks_on_both_workers(cluster):
         messages=[{"role": "user", "content": "Still there?"}]).choices[0].finish_reason
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "router (services/router/remote_backend.cc): a Decode call the router cancels right after "
-    "it started can be dropped by gRPC before the decode worker's handler runs; after an "
-    "aborted Decode stream RemoteBackend must Cancel on decode and Release on prefill itself"))
 def test_disconnect_right_after_first_token_frees_blocks(cluster):
     # Worker-side regressions covered here: a Decode call cancelled before its handler ran got no
     # OnCancel, and a transfer job could start after Cancel() had aborted the reservation; the
