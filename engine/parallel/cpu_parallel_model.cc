@@ -11,9 +11,10 @@ namespace {
 
 class CpuParallelModel : public Model {
  public:
+  // `full_spec`: the unsharded model's KV spec (a rank storing it holds the whole KV).
   CpuParallelModel(std::unique_ptr<CpuCommunicatorGroup> group,
-                   std::vector<std::unique_ptr<Model>> ranks)
-      : group_(std::move(group)), ranks_(std::move(ranks)) {}
+                   std::vector<std::unique_ptr<Model>> ranks, const KvCacheSpec& full_spec)
+      : group_(std::move(group)), ranks_(std::move(ranks)), full_spec_(full_spec) {}
 
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvCacheSpec kv_cache_spec() const override { return ranks_[0]->kv_cache_spec(); }
@@ -60,21 +61,23 @@ class CpuParallelModel : public Model {
   // validate the same ForwardInput), so they leave the group usable for the next step.
   static bool MustAbort(const absl::Status& s) { return !s.ok() && !absl::IsInvalidArgument(s); }
 
+  static bool SameSpec(const KvCacheSpec& a, const KvCacheSpec& b) {
+    return a.num_layers == b.num_layers && a.k_floats_per_token == b.k_floats_per_token &&
+           a.v_floats_per_token == b.v_floats_per_token;
+  }
+
   // SyncReplicatedContext copies the context blocks of this step's sequences from the engine's
-  // cache into the other ranks' caches when every rank stores the same KV (MLA's replicated
-  // latent, or attention replicated under EP alone). The engine's cache is rank 0's, and KV can
+  // cache into the other ranks' caches when every rank stores the whole KV (MLA's replicated
+  // latent, attention replicated under EP alone, or a single KV head replicated over TP ranks). The engine's cache is rank 0's, and KV can
   // land there without a Forward (KV transfer from a prefill worker, a kvstore load); the other
   // ranks must attend to the same entries. Costs one copy of the context KV per rank per step.
   void SyncReplicatedContext(const ForwardInput& input, const KvCache& kv_cache) {
     const KvCacheSpec& spec = kv_cache.spec();
+    if (!SameSpec(spec, full_spec_)) return;  // KV heads split: each rank's own entries (serve)
     const int64_t bs = kv_cache.block_size();
     const int64_t k_block = bs * spec.k_floats_per_token, v_block = bs * spec.v_floats_per_token;
     for (auto& cache : caches_) {
-      const KvCacheSpec& mine = cache->spec();
-      if (mine.num_layers != spec.num_layers || mine.k_floats_per_token != spec.k_floats_per_token ||
-          mine.v_floats_per_token != spec.v_floats_per_token) {
-        continue;  // KV heads split over the ranks: each rank's own entries (serve only)
-      }
+      if (!SameSpec(cache->spec(), full_spec_)) continue;
       for (const SequenceSlice& seq : input.sequences) {
         const int64_t blocks = std::min<int64_t>((seq.num_context_tokens + bs - 1) / bs,
                                                  static_cast<int64_t>(seq.block_table.size()));
@@ -113,6 +116,7 @@ class CpuParallelModel : public Model {
 
   std::unique_ptr<CpuCommunicatorGroup> group_;
   std::vector<std::unique_ptr<Model>> ranks_;
+  KvCacheSpec full_spec_;
   std::vector<std::unique_ptr<KvCache>> caches_;  // ranks 1..N-1
   std::vector<std::vector<float>> rank_logits_;   // ranks 1..N-1, discarded
 };
@@ -124,9 +128,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCpuParallelModel(const std::string& d
   auto group = CpuCommunicatorGroup::Create(options.world_size, options.timeout);
   if (!group.ok()) return group.status();
   std::vector<std::unique_ptr<Model>> ranks;
+  KvCacheSpec full_spec;
   for (int32_t r = 0; r < options.world_size; ++r) {
     auto model = LoadModel(dir);
     if (!model.ok()) return model.status();
+    if (r == 0) full_spec = (*model)->kv_cache_spec();
     ParallelShard shard;
     shard.rank = r;
     shard.world_size = options.world_size;
@@ -137,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCpuParallelModel(const std::string& d
     if (absl::Status s = (*model)->Shard(shard); !s.ok()) return s;
     ranks.push_back(std::move(*model));
   }
-  return std::unique_ptr<Model>(new CpuParallelModel(std::move(*group), std::move(ranks)));
+  return std::unique_ptr<Model>(new CpuParallelModel(std::move(*group), std::move(ranks), full_spec));
 }
 
 }  // namespace sluice
