@@ -7,6 +7,7 @@ cached. The router learns the first turn's blocks both from its own routing reco
 worker's KV events (polled every 50 ms).
 """
 
+import json
 import time
 
 import openai
@@ -28,7 +29,7 @@ def cluster():
 
 
 def picks(cluster):
-    import json
+    """Prefill picks per prefill worker id, from the router's /v1/workers."""
     workers = json.loads(http_get(cluster.url + "/v1/workers")[1])["data"]
     return {w["id"]: w["picked"] for w in workers if w["role"] == "prefill"}
 
