@@ -185,16 +185,19 @@ def test_prefill_served_from_kvstore_across_workers_restart_and_corruption(env):
     assert store.metric("sluice_kvstore_hits_total", "ssd") - hits_ssd0 == cacheable // BLOCK_SIZE
 
     # One of Z's block files corrupted on disk: detected, that block and the rest recomputed.
-    victim = z_files[len(z_files) // 2]
-    data = bytearray(victim.read_bytes())
-    data[64 + 100] ^= 0x40  # payload byte (the header is 64 bytes)
-    victim.write_bytes(bytes(data))
+    # Files are named by block hash, so their order says nothing about prompt position, and the
+    # prompt's last full block is never loaded (one token is always computed): corrupt two files,
+    # so at least one loadable block is corrupt whichever position each holds.
+    for victim in z_files[:2]:
+        data = bytearray(victim.read_bytes())
+        data[64 + 100] ^= 0x40  # payload byte (the header is 64 bytes)
+        victim.write_bytes(bytes(data))
     r, computed, from_store = served_on_b("z", z)
     n = r.usage.prompt_tokens
     assert from_store % BLOCK_SIZE == 0 and from_store < (n - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert computed == n - from_store
     assert r.usage.prompt_tokens_details.cached_tokens == from_store
-    assert store.metric("sluice_kvstore_corrupt_blocks_total") == 1
+    assert 1 <= store.metric("sluice_kvstore_corrupt_blocks_total") <= 2
 
     # The kvstore gone: a new prompt still succeeds, computed in full; A's text for it unknown,
     # so its greedy text is checked against a second ask on the same worker (local cache).
