@@ -81,6 +81,27 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
   return out;
 }
 
+std::string RenderKvRouterMetrics(const KvRouterCounters& counters) {
+  std::string out;
+  Header(out, "sluice_router_kv_picks_total", "counter",
+         "Workers picked by the router, by whether the chosen one held a prompt block.");
+  absl::StrAppend(&out, "sluice_router_kv_picks_total{overlap=\"true\"} ",
+                  counters.num_picks_with_overlap, "\n");
+  absl::StrAppend(&out, "sluice_router_kv_picks_total{overlap=\"false\"} ",
+                  counters.num_picks - counters.num_picks_with_overlap, "\n");
+  Header(out, "sluice_router_kv_predicted_cached_tokens_total", "counter",
+         "Prompt tokens the router's KV index predicted cached on the chosen workers.");
+  absl::StrAppend(&out, "sluice_router_kv_predicted_cached_tokens_total ",
+                  counters.predicted_cached_tokens, "\n");
+  Header(out, "sluice_router_kv_resyncs_total", "counter",
+         "KV index snapshots fetched from workers after a gap, a fall-behind or a restart.");
+  absl::StrAppend(&out, "sluice_router_kv_resyncs_total ", counters.num_resyncs, "\n");
+  Header(out, "sluice_router_kv_poll_errors_total", "counter",
+         "KV event polls of workers that failed (worker down, deadline).");
+  absl::StrAppend(&out, "sluice_router_kv_poll_errors_total ", counters.num_poll_errors, "\n");
+  return out;
+}
+
 nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
   nlohmann::json data = nlohmann::json::array();
   for (const WorkerSnapshot& worker : workers) {

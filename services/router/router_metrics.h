@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "services/router/kv_router.h"
 #include "services/router/remote_backend.h"
 #include "services/router/worker_registry.h"
 
@@ -26,6 +27,14 @@ namespace sluice {
 //   sluice_router_worker_failures_total                           counter
 std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                                 const RemoteBackendCounters& counters);
+
+// RenderKvRouterMetrics returns the KV-aware routing counters (all `counter`):
+//   sluice_router_kv_picks_total{overlap="true"|"false"}  picks by whether the chosen worker
+//                                                          held at least one prompt block
+//   sluice_router_kv_predicted_cached_tokens_total        prompt tokens the index predicted cached
+//   sluice_router_kv_resyncs_total                        worker snapshots fetched (gap/restart)
+//   sluice_router_kv_poll_errors_total                    failed KV event polls
+std::string RenderKvRouterMetrics(const KvRouterCounters& counters);
 
 // WorkersJson lists the workers for GET /v1/workers:
 //   {"object":"list","data":[{"id","role","address","draining","assigned","picked",

@@ -121,6 +121,7 @@ int RunRouter(const RouterOptions& options) {
                                                  service_options);
   OpenAiService* service_ptr = service.get();
   WorkerRegistry* registry_ptr = &registry;
+  KvRouter* kv_router_ptr = &kv_router;
 
   // One gRPC port: the public Inference API (same validation, backend and metrics as the
   // HTTP API) and the Registry the workers register with.
@@ -150,7 +151,7 @@ int RunRouter(const RouterOptions& options) {
 
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       options.http,
-      [service_ptr, registry_ptr, backend_ptr](const HttpRequestInfo& request,
+      [service_ptr, registry_ptr, backend_ptr, kv_router_ptr](const HttpRequestInfo& request,
                                                std::shared_ptr<ResponseSink> sink,
                                                Poster poster) -> std::shared_ptr<RequestHandle> {
         const std::string path = request.target.substr(0, request.target.find('?'));
@@ -182,6 +183,7 @@ int RunRouter(const RouterOptions& options) {
           auto capture = std::make_shared<Capture>();
           service_ptr->Handle(request, capture, poster);
           capture->body += RenderRouterMetrics(registry_ptr->List(), backend_ptr->counters());
+          capture->body += RenderKvRouterMetrics(kv_router_ptr->counters());
           sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
           return nullptr;
         }

@@ -8,6 +8,8 @@ worker's KV events (polled every 50 ms).
 """
 
 import json
+import shutil
+import subprocess
 import time
 
 import openai
@@ -55,3 +57,13 @@ def test_second_turn_goes_to_the_worker_holding_its_prefix(cluster):
     # At least the first turn's full blocks (block size 16) minus the last, partial one.
     assert cached >= (first.usage.prompt_tokens // 16 - 1) * 16
     assert cached < second.usage.prompt_tokens
+    # The router's own view: the second pick had overlap, and the index predicted what the
+    # worker then reported cached (both count whole blocks, so the prediction cannot exceed it).
+    text = http_get(cluster.url + "/metrics")[1]
+    assert 'sluice_router_kv_picks_total{overlap="true"} 1' in text, text
+    predicted = cluster.metric("sluice_router_kv_predicted_cached_tokens_total")
+    assert 0 < predicted <= second.usage.prompt_tokens
+    if shutil.which("promtool"):  # the router's whole exposition stays valid
+        check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                               capture_output=True, timeout=30)
+        assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
