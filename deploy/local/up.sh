@@ -67,6 +67,20 @@ if [ "$KVSTORE" -gt 0 ]; then
     --bin "$BIN" || { "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true; exit 1; }
   PREFILL_ARGS=(--kvstore "$(cat "$RUN_DIR/kvstore_shards")")
 fi
+# Refuse ports something already listens on: otherwise another instance's router could answer
+# the readiness checks below while this one's services die on "address in use".
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+PORTS=("$PORT" "$GRPC_PORT")
+for i in $(seq 1 "$PREFILL"); do PORTS+=("$((PORT + 1100 + i))" "$((PORT + 1300 + i))"); done
+for i in $(seq 1 "$DECODE"); do PORTS+=("$((PORT + 1200 + i))" "$((PORT + 1400 + i))"); done
+for p in "${PORTS[@]}"; do
+  if port_in_use "$p"; then
+    echo "up.sh: port $p on 127.0.0.1 is already in use (another instance? see down.sh, or pick" \
+      "another --port; each instance uses PORT, PORT+1000 and PORT+1101..PORT+1499)" >&2
+    "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true
+    exit 1
+  fi
+done
 start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
   --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT"
 for i in $(seq 1 "$PREFILL"); do

@@ -116,7 +116,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       Finish(FinishReason::kAbort);
       return Done();
     }
-    // The stream ended without a final message: the decode worker failed.
+    // The stream ended without a final message: the decode worker failed. Its prefill pin
+    // is of no further use (a retry prefills again): free it now, not at its timeout.
+    if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
     if (IsWorkerFailure(status.error_code())) backend_->prober_.Suspect(*decode_);
     absl::Status failure = WorkerFailure(decode_->worker_id);
     if (failure.ok()) {
