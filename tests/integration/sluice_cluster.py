@@ -118,7 +118,13 @@ class Cluster:
                     f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
                     "--http-port", str(http_port), *worker_args, *role_args.get(role, ())],
                     self.dir)
-        self.wait_registered(num_prefill, num_decode)
+        try:
+            self.wait_registered(num_prefill, num_decode)
+        except BaseException:
+            # The fixture never gets a Cluster to stop: stop what started, or the workers
+            # outlive the test run (they retry registration forever).
+            self.stop()
+            raise
 
     def workers_json(self):
         return json.loads(http_get(self.url + "/v1/workers")[1])["data"]
