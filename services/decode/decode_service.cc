@@ -10,18 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/worker_common/worker_wire.h"
+#include "proto/grpc_status.h"
 
 namespace sluice {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMicroseconds(d);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc_status.h"
 
 namespace sluice::kvstore {
 namespace {
@@ -37,16 +38,6 @@ grpc::Status FinishGrant(BlockStore& store, const absl::Status& status, uint64_t
 }
 
 }  // namespace
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 BlockKey ToKey(const v1::BlockId& id) { return BlockKey{id.layout_id(), id.hash_hi(), id.hash_lo()}; }
 

@@ -22,6 +22,7 @@
 #include "services/kvstore/block_store.h"
 #include "sluice/v1/kvstore.grpc.pb.h"
 #include "transfer/kv_transfer.h"
+#include "proto/grpc_status.h"
 
 namespace sluice::kvstore {
 
@@ -67,10 +68,6 @@ class KvStoreService final : public sluice::v1::KvStore::Service {
   // when reassigned to another layout.
   absl::flat_hash_map<int32_t, std::pair<int64_t, std::string>> descriptors_ ABSL_GUARDED_BY(mu_);
 };
-
-// ToGrpc / FromGrpc: the same status code and message across the gRPC edge.
-grpc::Status ToGrpc(const absl::Status& s);
-absl::Status FromGrpc(const grpc::Status& s);
 
 // ToKey / ToBlockId: proto <-> BlockKey.
 BlockKey ToKey(const v1::BlockId& id);

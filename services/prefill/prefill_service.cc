@@ -5,18 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/worker_common/worker_wire.h"
+#include "proto/grpc_status.h"
 
 namespace sluice {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
 
 // A push must end this long before the engine's pin timeout may free the blocks it reads.
 constexpr absl::Duration kPinMargin = absl::Seconds(1);

@@ -14,17 +14,13 @@
 #include "services/api/choice_output.h"
 #include "services/api/openai_responses.h"
 #include "services/router/wire_convert.h"
+#include "proto/grpc_status.h"
 
 namespace sluice {
 namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

@@ -13,16 +13,13 @@
 #include "services/router/wire_convert.h"
 #include "services/serve/log.h"
 #include "sluice/v1/worker.grpc.pb.h"
+#include "proto/grpc_status.h"
 
 namespace sluice {
 namespace {
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMicroseconds(d);
-}
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // Retryable: the worker (or the way to it) failed, not the request.
