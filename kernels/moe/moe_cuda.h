@@ -1,0 +1,116 @@
+// CUDA mixture-of-experts ops: router logits, top-k routing and the routed SwiGLU experts, with
+// bf16 storage and fp32 accumulation. Same formulas as the CPU references beside them
+// (moe_routing.h: transformers' `DeepseekV3TopkRouter` / DeepSeek-V3 report arXiv:2412.19437
+// §2.1.2; moe_experts.h: transformers' `DeepseekV3MoE.moe`, modeling_deepseek_v3.py).
+//
+// Launcher conventions (kernels/cuda/cuda_common.h): device pointers, work enqueued on `stream`,
+// no host synchronization, no allocation (scratch comes from a caller-owned workspace), so every
+// call can be captured in a CUDA graph. Arguments are checked on the host from sizes, pointers
+// and alignment only; device-resident values (expert ids) are never read back.
+#ifndef SLUICE_KERNELS_MOE_MOE_CUDA_H_
+#define SLUICE_KERNELS_MOE_MOE_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/moe/moe_routing.h"
+
+namespace sluice::kernels {
+
+// Largest num_experts the CUDA MoE kernels accept (routing keeps a per-lane bitmask of taken
+// experts; the expert sort keeps per-expert counters in shared memory).
+inline constexpr int64_t kMoeCudaMaxExperts = 1024;
+
+// MoeRouterLogitsCuda: logits[t, e] = Σ_h x[t, h] · w_gate[e, h] in fp32 (bf16 operands widened
+// exactly, fp32 products and sums), as transformers' DeepseekV3TopkRouter computes the router
+// in fp32 (`F.linear(x.float(), weight.float())`).
+//   x:      [num_tokens, hidden] bf16, 16-byte aligned
+//   w_gate: [num_experts, hidden] bf16 (`mlp.gate.weight`), 16-byte aligned
+//   logits: [num_tokens, num_experts] fp32 out, overwritten
+// A token's logits do not depend on num_tokens (batch invariant).
+// Errors: InvalidArgument for num_tokens < 0, num_experts < 1, hidden < 8 or hidden % 8 != 0,
+// a null or misaligned pointer (when num_tokens > 0); Internal for launch errors.
+absl::Status MoeRouterLogitsCuda(const bf16* x, const bf16* w_gate, int64_t num_tokens,
+                                 int64_t hidden, int64_t num_experts, float* logits,
+                                 cudaStream_t stream);
+
+// MoeRoutingCuda: MoeRoutingCpu on the device (moe_routing.h has the formula). One warp per
+// token; the scoring, group scores, group ranking, top-k selection (descending choice score,
+// ties: lower expert index first) and the weight normalization follow the CPU reference
+// operation by operation (softmax and norm sums in the same sequential order), so ids equal
+// MoeRoutingCpu's and weights agree to fp32 rounding (CUDA's expf may differ from the host's by
+// an ulp).
+//   router_logits:   [num_tokens, num_experts], fp32 (or the bf16 overload below)
+//   correction_bias: [num_experts] fp32 (`e_score_correction_bias`), or null
+//   topk_ids:        [num_tokens, top_k] int32 out
+//   topk_weights:    [num_tokens, top_k] fp32 out
+// Errors: those of ValidateMoeRoutingParams; InvalidArgument for num_tokens < 0,
+// num_experts > kMoeCudaMaxExperts or null pointers (when num_tokens > 0); Internal for launch
+// errors.
+absl::Status MoeRoutingCuda(const float* router_logits, const float* correction_bias,
+                            int64_t num_tokens, const MoeRoutingParams& params, int32_t* topk_ids,
+                            float* topk_weights, cudaStream_t stream);
+// Same, with bf16 router logits (widened exactly to fp32 first).
+absl::Status MoeRoutingCuda(const bf16* router_logits, const float* correction_bias,
+                            int64_t num_tokens, const MoeRoutingParams& params, int32_t* topk_ids,
+                            float* topk_weights, cudaStream_t stream);
+
+// MoeCudaWorkspace: caller-owned device scratch of MoeExpertsCuda (not owned here). Size it with
+// MoeCudaWorkspaceBytes for the largest batch; 16-byte aligned (cudaMalloc memory is).
+struct MoeCudaWorkspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// MoeCudaWorkspaceBytes: workspace bytes MoeExpertsCuda needs for up to max_tokens tokens:
+// per-expert offsets and tile counts, the expert-sorted row permutation and its inverse, the
+// SwiGLU activations [max_tokens·top_k, intermediate] bf16 and the per-row expert outputs
+// [max_tokens·top_k, hidden] bf16 (each segment 256-byte aligned). 0 for non-positive sizes.
+size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts,
+                             int64_t hidden, int64_t intermediate);
+
+// MoeExpertsPath picks MoeExpertsCuda's implementation. Both give the same result up to fp32
+// summation order (each rounds the activations and the expert outputs to bf16 once).
+enum class MoeExpertsPath {
+  kAuto,     // kGemv for num_tokens <= kMoeGemvMaxTokens, else kGrouped
+  kGemv,     // decode: per touched expert, a warp per output column streams that expert's
+             // weight rows once for all of its tokens (only the selected experts are read)
+  kGrouped,  // prefill: grouped tensor-core GEMMs (bf16 WMMA, fp32 accumulators) over the
+             // expert-sorted rows; per-expert row counts stay on the device
+};
+inline constexpr int64_t kMoeGemvMaxTokens = 8;
+
+// MoeExpertsCuda: the routed-expert output of MoeExpertsCpu (moe_experts.h) on the device,
+//   out[t] = bf16(Σ_k w[t, k] · down_e(silu(gate_e(x[t])) ⊙ up_e(x[t]))),  e = topk_ids[t, k]
+// Steps: device-side counting sort of the (token, k) rows by expert; gate/up GEMM fused with
+// SiLU·mul (activations rounded to bf16); down GEMM (expert outputs rounded to bf16); combine
+// per token in k order in fp32 with one final rounding. No atomics touch the outputs and each
+// row is computed independently of the others, so results are deterministic and a token's
+// output does not depend on the other tokens of the batch (for a fixed path).
+//   x:            [num_tokens, hidden] bf16
+//   topk_ids:     [num_tokens, top_k] int32 (device), experts in [0, num_experts); a row whose id
+//                 is outside that range contributes nothing (ids are not read on the host)
+//   topk_weights: [num_tokens, top_k] fp32 (device)
+//   w_gate_up:    [num_experts, 2·intermediate, hidden] bf16: per expert gate_proj rows, then
+//                 up_proj rows (the CPU MoeExpertWeights::gate_up layout, experts stacked)
+//   w_down:       [num_experts, hidden, intermediate] bf16 (down_proj, experts stacked)
+//   out:          [num_tokens, hidden] bf16, overwritten; may alias x (x is last read before
+//                 out is written)
+//   workspace:    at least MoeCudaWorkspaceBytes(num_tokens, top_k, num_experts, hidden,
+//                 intermediate) bytes; must not overlap the other arguments
+// num_tokens == 0 enqueues nothing.
+// Errors: InvalidArgument for num_tokens < 0, num_experts outside [1, kMoeCudaMaxExperts],
+// top_k outside [1, num_experts], hidden or intermediate < 8 or not a multiple of 8,
+// num_tokens·top_k > 2^31 - 1, a null or non-16-byte-aligned pointer, or a workspace that is
+// too small; Internal for launch errors.
+absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float* topk_weights,
+                            int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                            int64_t top_k, int64_t num_experts, const bf16* w_gate_up,
+                            const bf16* w_down, bf16* out, MoeCudaWorkspace workspace,
+                            cudaStream_t stream, MoeExpertsPath path = MoeExpertsPath::kAuto);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_MOE_MOE_CUDA_H_
