@@ -30,8 +30,9 @@ inline constexpr int64_t kMoeCudaMaxExperts = 1024;
 //   w_gate: [num_experts, hidden] bf16 (`mlp.gate.weight`), 16-byte aligned
 //   logits: [num_tokens, num_experts] fp32 out, overwritten
 // A token's logits do not depend on num_tokens (batch invariant).
-// Errors: InvalidArgument for num_tokens < 0, num_experts < 1, hidden < 8 or hidden % 8 != 0,
-// a null or misaligned pointer (when num_tokens > 0); Internal for launch errors.
+// Errors: InvalidArgument for num_tokens < 0, num_experts outside [1, kMoeCudaMaxExperts],
+// hidden < 8 or hidden % 8 != 0, a null or misaligned pointer (when num_tokens > 0); Internal
+// for launch errors.
 absl::Status MoeRouterLogitsCuda(const bf16* x, const bf16* w_gate, int64_t num_tokens,
                                  int64_t hidden, int64_t num_experts, float* logits,
                                  cudaStream_t stream);
@@ -68,8 +69,8 @@ struct MoeCudaWorkspace {
 // per-expert offsets and tile counts, the expert-sorted row permutation and its inverse, the
 // SwiGLU activations [max_tokens·top_k, intermediate] bf16 and the per-row expert outputs
 // [max_tokens·top_k, hidden] bf16 (each segment 256-byte aligned). 0 for non-positive sizes.
-size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts,
-                             int64_t hidden, int64_t intermediate);
+size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
+                             int64_t intermediate);
 
 // MoeExpertsPath picks MoeExpertsCuda's implementation. Both give the same result up to fp32
 // summation order (each rounds the activations and the expert outputs to bf16 once).
@@ -102,14 +103,14 @@ inline constexpr int64_t kMoeGemvMaxTokens = 8;
 //                 intermediate) bytes; must not overlap the other arguments
 // num_tokens == 0 enqueues nothing.
 // Errors: InvalidArgument for num_tokens < 0, num_experts outside [1, kMoeCudaMaxExperts],
-// top_k outside [1, num_experts], hidden or intermediate < 8 or not a multiple of 8,
+// top_k outside [1, num_experts], hidden or intermediate not a multiple of 8 in [8, 2^22],
 // num_tokens·top_k > 2^31 - 1, a null or non-16-byte-aligned pointer, or a workspace that is
 // too small; Internal for launch errors.
 absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float* topk_weights,
-                            int64_t num_tokens, int64_t hidden, int64_t intermediate,
-                            int64_t top_k, int64_t num_experts, const bf16* w_gate_up,
-                            const bf16* w_down, bf16* out, MoeCudaWorkspace workspace,
-                            cudaStream_t stream, MoeExpertsPath path = MoeExpertsPath::kAuto);
+                            int64_t num_tokens, int64_t hidden, int64_t intermediate, int64_t top_k,
+                            int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
+                            bf16* out, MoeCudaWorkspace workspace, cudaStream_t stream,
+                            MoeExpertsPath path = MoeExpertsPath::kAuto);
 
 }  // namespace sluice::kernels
 

@@ -1,0 +1,426 @@
+// MoeRouterLogitsCuda / MoeRoutingCuda / MoeExpertsCuda against the CPU references
+// (moe_routing.h, moe_experts.h) on fresh random bf16-valued inputs. Needs a GPU: part of
+// kernels_cuda_test, skipped without a device (the argument checks run everywhere).
+#include "kernels/moe/moe_cuda.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/moe/moe_experts.h"
+#include "kernels/moe/moe_routing.h"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_test::ExpectClose;
+using cuda_test::NanBuffer;
+using cuda_test::RandomBf16;
+using cuda_test::ToFloat;
+using cuda_test::Upload;
+
+// Two GEMMs with bf16-rounded activations and expert outputs, then a bf16 output.
+constexpr double kExpertsRtol = 1.0 / 64;
+constexpr double kExpertsAtol = 1.0 / 256;
+// Routing weights: fp32 operations in the CPU's order; CUDA's expf may differ by an ulp or two.
+constexpr float kWeightRtol = 4e-6f;
+
+struct MoeConfig {
+  std::string name;
+  MoeRoutingParams routing;
+  bool bias;
+  int64_t hidden, intermediate;
+};
+
+// DeepSeek-V3-like routing (sigmoid, correction bias, 8 groups keep 4, top-8 of 256, scaling
+// 2.5) with small expert matrices; V2-Lite-like (softmax, greedy top-6 of 64, no
+// normalization) with dims that leave partial tiles in every direction.
+std::vector<MoeConfig> Configs() {
+  MoeConfig v3{"deepseek-v3-like", {}, true, 256, 128};
+  v3.routing.num_experts = 256;
+  v3.routing.top_k = 8;
+  v3.routing.n_group = 8;
+  v3.routing.topk_group = 4;
+  v3.routing.scoring = MoeScoring::kSigmoid;
+  v3.routing.norm_topk_prob = true;
+  v3.routing.routed_scaling_factor = 2.5f;
+  MoeConfig v2{"v2-lite-like", {}, false, 200, 88};
+  v2.routing.num_experts = 64;
+  v2.routing.top_k = 6;
+  v2.routing.scoring = MoeScoring::kSoftmax;
+  v2.routing.norm_topk_prob = false;
+  v2.routing.routed_scaling_factor = 1.0f;
+  return {v3, v2};
+}
+
+constexpr int64_t kTokenCounts[] = {1, 3, 64, 300};
+
+template <typename T>
+std::vector<T> DownloadRaw(const DeviceBuffer<T>& buf) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<T> host(buf.size());
+  const absl::Status s = buf.CopyToHost(host.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return host;
+}
+
+// Device buffer of n elements with every byte 0xFF: NaN for floats, -1 for int32.
+template <typename T>
+DeviceBuffer<T> Poisoned(size_t n) {
+  auto buf = DeviceBuffer<T>::Create(n);
+  EXPECT_TRUE(buf.ok()) << buf.status();
+  if (!buf.ok()) return DeviceBuffer<T>();
+  EXPECT_EQ(cudaMemset(buf->data(), 0xFF, buf->bytes()), cudaSuccess);
+  return *std::move(buf);
+}
+
+std::vector<float> RandomBf16Floats(size_t n, std::mt19937& rng, float lo, float hi) {
+  return ToFloat(RandomBf16(n, rng, lo, hi));
+}
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routed RouteCpu(const std::vector<float>& logits, const std::vector<float>& bias,
+                int64_t num_tokens, const MoeRoutingParams& p) {
+  Routed r{std::vector<int32_t>(num_tokens * p.top_k), std::vector<float>(num_tokens * p.top_k)};
+  EXPECT_TRUE(MoeRoutingCpu(logits.data(), bias.empty() ? nullptr : bias.data(), num_tokens, p,
+                            r.ids.data(), r.weights.data())
+                  .ok());
+  return r;
+}
+
+// Runs MoeRoutingCuda (fp32 logits, and the bf16 overload) and checks it against MoeRoutingCpu:
+// ids equal, weights within fp32 rounding.
+void CheckRouting(const std::string& tag, const std::vector<float>& logits,
+                  const std::vector<float>& bias, int64_t num_tokens, const MoeRoutingParams& p) {
+  const Routed want = RouteCpu(logits, bias, num_tokens, p);
+  auto d_logits = Upload(logits);
+  std::vector<bf16> logits_bf16(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) logits_bf16[i] = FloatToBf16(logits[i]);
+  auto d_logits_bf16 = Upload(logits_bf16);
+  auto d_bias = Upload(bias);
+  for (bool bf16_logits : {false, true}) {
+    const size_t n = static_cast<size_t>(num_tokens * p.top_k);
+    auto d_ids = Poisoned<int32_t>(n);
+    auto d_w = Poisoned<float>(n);
+    const float* bias_ptr = bias.empty() ? nullptr : d_bias.data();
+    const absl::Status s = bf16_logits ? MoeRoutingCuda(d_logits_bf16.data(), bias_ptr, num_tokens,
+                                                        p, d_ids.data(), d_w.data(), nullptr)
+                                       : MoeRoutingCuda(d_logits.data(), bias_ptr, num_tokens, p,
+                                                        d_ids.data(), d_w.data(), nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    const auto ids = DownloadRaw(d_ids);
+    const auto w = DownloadRaw(d_w);
+    const std::string what = absl::StrCat(tag, bf16_logits ? " bf16 logits" : " fp32 logits");
+    int64_t bad_ids = 0, bad_w = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (ids[i] != want.ids[i]) {
+        if (bad_ids++ == 0) {
+          ADD_FAILURE() << what << ": token " << i / p.top_k << " rank " << i % p.top_k << " id "
+                        << ids[i] << ", want " << want.ids[i];
+        }
+      }
+      if (!(std::fabs(w[i] - want.weights[i]) <= kWeightRtol * std::fabs(want.weights[i]))) {
+        if (bad_w++ == 0) {
+          ADD_FAILURE() << what << ": weight " << i << " = " << w[i] << ", want "
+                        << want.weights[i];
+        }
+      }
+    }
+    std::printf("[cuda-check] moe routing %s: n=%zu bad_ids=%lld bad_weights=%lld\n", what.c_str(),
+                n, static_cast<long long>(bad_ids), static_cast<long long>(bad_w));
+  }
+}
+
+TEST(MoeRoutingCudaTest, MatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  for (const MoeConfig& cfg : Configs()) {
+    const int64_t e = cfg.routing.num_experts;
+    // bf16-valued logits: distinct logits give scores far apart, so an ulp of expf never flips
+    // an order; equal logits give exact ties on both sides.
+    const auto bias = cfg.bias ? RandomBf16Floats(e, rng, -0.5f, 0.5f) : std::vector<float>();
+    for (int64_t t : kTokenCounts) {
+      const auto logits = RandomBf16Floats(t * e, rng, -4.0f, 4.0f);
+      CheckRouting(absl::StrCat(cfg.name, " T=", t), logits, bias, t, cfg.routing);
+    }
+  }
+}
+
+TEST(MoeRoutingCudaTest, TiesBreakLikeCpu) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  // Logits from {0, 1, 3} and a constant bias: many equal scores and equal group scores, while
+  // distinct pair sums stay far apart (with {-1, 0, 1}, s(-1) + s(1) and 2·s(0) would both be
+  // 1 up to the last bit of expf, which host and device may round differently).
+  const float kValues[] = {0.0f, 1.0f, 3.0f};
+  std::uniform_int_distribution<int> pick(0, 2);
+  for (const MoeConfig& cfg : Configs()) {
+    const int64_t e = cfg.routing.num_experts, t = 64;
+    std::vector<float> logits(t * e);
+    for (float& v : logits) v = kValues[pick(rng)];
+    const std::vector<float> bias = cfg.bias ? std::vector<float>(e, 0.125f) : std::vector<float>();
+    CheckRouting(absl::StrCat(cfg.name, " ties"), logits, bias, t, cfg.routing);
+  }
+}
+
+TEST(MoeRouterLogitsCudaTest, MatchesFp32Dot) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t hidden = 264, experts = 72;
+  for (int64_t t : {int64_t{1}, int64_t{9}, int64_t{300}}) {
+    const auto x = RandomBf16(t * hidden, rng, -1.0f, 1.0f);
+    const auto w = RandomBf16(experts * hidden, rng, -0.1f, 0.1f);
+    auto d_x = Upload(x);
+    auto d_w = Upload(w);
+    auto d_logits = Poisoned<float>(t * experts);
+    ASSERT_TRUE(
+        MoeRouterLogitsCuda(d_x.data(), d_w.data(), t, hidden, experts, d_logits.data(), nullptr)
+            .ok());
+    const auto xf = ToFloat(x), wf = ToFloat(w);
+    std::vector<float> want(t * experts);
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t e = 0; e < experts; ++e) {
+        double acc = 0;
+        for (int64_t h = 0; h < hidden; ++h) acc += double{xf[i * hidden + h]} * wf[e * hidden + h];
+        want[i * experts + e] = static_cast<float>(acc);
+      }
+    }
+    ExpectClose(absl::StrCat("moe router logits T=", t), DownloadRaw(d_logits), want, 1e-4, 1e-5);
+  }
+}
+
+// Weights of one config, bf16-valued: stacked on the device, per expert (float) for the CPU.
+struct ExpertWeights {
+  std::vector<bf16> gate_up, down;  // [E, 2I, H], [E, H, I]
+  std::vector<float> gate_up_f, down_f;
+  std::vector<MoeExpertWeights> cpu;
+  DeviceBuffer<bf16> d_gate_up, d_down;
+
+  ExpertWeights(const MoeConfig& cfg, std::mt19937& rng) {
+    const int64_t e = cfg.routing.num_experts, h = cfg.hidden, i = cfg.intermediate;
+    const float a = 1.0f / std::sqrt(static_cast<float>(h));
+    const float b = 1.0f / std::sqrt(static_cast<float>(i));
+    gate_up = RandomBf16(e * 2 * i * h, rng, -a, a);
+    down = RandomBf16(e * h * i, rng, -b, b);
+    gate_up_f = ToFloat(gate_up);
+    down_f = ToFloat(down);
+    for (int64_t x = 0; x < e; ++x) {
+      cpu.push_back({gate_up_f.data() + x * 2 * i * h, down_f.data() + x * h * i});
+    }
+    d_gate_up = Upload(gate_up);
+    d_down = Upload(down);
+  }
+};
+
+const char* PathName(MoeExpertsPath p) {
+  switch (p) {
+    case MoeExpertsPath::kGemv:
+      return "gemv";
+    case MoeExpertsPath::kGrouped:
+      return "grouped";
+    default:
+      return "auto";
+  }
+}
+
+// Runs MoeExpertsCuda into a NaN-filled output and returns it (widened to float).
+std::vector<float> RunExpertsCuda(const MoeConfig& cfg, const ExpertWeights& w,
+                                  const std::vector<bf16>& x, const Routed& routed, int64_t t,
+                                  MoeExpertsPath path) {
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  auto d_x = Upload(x);
+  auto d_ids = Upload(routed.ids);
+  auto d_w = Upload(routed.weights);
+  auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  const absl::Status s =
+      MoeExpertsCuda(d_x.data(), d_ids.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e,
+                     w.d_gate_up.data(), w.d_down.data(), d_out.data(),
+                     MoeCudaWorkspace{d_ws.data(), ws_bytes}, nullptr, path);
+  EXPECT_TRUE(s.ok()) << s;
+  return cuda_test::Download(d_out);
+}
+
+std::vector<float> RunExpertsCpu(const MoeConfig& cfg, const ExpertWeights& w,
+                                 const std::vector<bf16>& x, const Routed& routed, int64_t t) {
+  const auto xf = ToFloat(x);
+  std::vector<float> out(t * cfg.hidden);
+  MoeWorkspace ws;
+  EXPECT_TRUE(MoeExpertsCpu(xf.data(), t, cfg.hidden, cfg.intermediate, routed.ids.data(),
+                            routed.weights.data(), cfg.routing.top_k, w.cpu, out.data(), ws)
+                  .ok());
+  return out;
+}
+
+constexpr MoeExpertsPath kPaths[] = {MoeExpertsPath::kAuto, MoeExpertsPath::kGemv,
+                                     MoeExpertsPath::kGrouped};
+
+TEST(MoeExpertsCudaTest, MatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  for (const MoeConfig& cfg : Configs()) {
+    const ExpertWeights w(cfg, rng);
+    const int64_t e = cfg.routing.num_experts;
+    const auto bias = cfg.bias ? RandomBf16Floats(e, rng, -0.5f, 0.5f) : std::vector<float>();
+    for (int64_t t : kTokenCounts) {
+      const auto x = RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f);
+      const auto logits = RandomBf16Floats(t * e, rng, -4.0f, 4.0f);
+      const Routed routed = RouteCpu(logits, bias, t, cfg.routing);
+      const auto want = RunExpertsCpu(cfg, w, x, routed, t);
+      for (MoeExpertsPath path : kPaths) {
+        ExpectClose(absl::StrCat("moe experts ", cfg.name, " T=", t, " ", PathName(path)),
+                    RunExpertsCuda(cfg, w, x, routed, t, path), want, kExpertsRtol, kExpertsAtol);
+      }
+    }
+  }
+}
+
+// Skewed routing: one expert takes every token (more rows than a GEMM tile and a GEMV pass),
+// most experts get none, and two rows carry ids outside [0, E), which must contribute nothing.
+// Also checks batch invariance: token 0 alone gives the same bits as inside the batch.
+TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MoeConfig cfg = Configs()[1];
+  const ExpertWeights w(cfg, rng);
+  const int64_t t = 70, k = cfg.routing.top_k, e = cfg.routing.num_experts;
+  const auto x = RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f);
+  Routed routed{std::vector<int32_t>(t * k), RandomBf16Floats(t * k, rng, 0.05f, 0.5f)};
+  for (int64_t i = 0; i < t; ++i) {
+    routed.ids[i * k] = 5;
+    for (int64_t j = 1; j < k; ++j)
+      routed.ids[i * k + j] = static_cast<int32_t>(16 + (i + 7 * j) % 16);
+  }
+  Routed gpu_routed = routed;
+  gpu_routed.ids[3 * k + 1] = static_cast<int32_t>(e);
+  gpu_routed.ids[4 * k + 2] = -1;
+  // The CPU reference rejects such ids: give it a valid id with weight 0 instead.
+  routed.weights[3 * k + 1] = 0.0f;
+  routed.weights[4 * k + 2] = 0.0f;
+  const auto want = RunExpertsCpu(cfg, w, x, routed, t);
+  const std::vector<bf16> x0(x.begin(), x.begin() + cfg.hidden);
+  const Routed routed0{
+      std::vector<int32_t>(gpu_routed.ids.begin(), gpu_routed.ids.begin() + k),
+      std::vector<float>(gpu_routed.weights.begin(), gpu_routed.weights.begin() + k)};
+  for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGrouped}) {
+    const auto got = RunExpertsCuda(cfg, w, x, gpu_routed, t, path);
+    ExpectClose(absl::StrCat("moe experts skewed ", PathName(path)), got, want, kExpertsRtol,
+                kExpertsAtol);
+    const auto alone = RunExpertsCuda(cfg, w, x0, routed0, 1, path);
+    for (int64_t h = 0; h < cfg.hidden; ++h) {
+      ASSERT_EQ(alone[h], got[h]) << PathName(path) << ": token 0 differs alone, column " << h;
+    }
+  }
+}
+
+// Routing + experts captured in a CUDA graph and replayed give the direct calls' bits (no host
+// synchronization or allocation inside the calls).
+TEST(MoeExpertsCudaTest, CapturesInCudaGraph) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MoeConfig cfg = Configs()[0];
+  const ExpertWeights w(cfg, rng);
+  const int64_t t = 4, k = cfg.routing.top_k, e = cfg.routing.num_experts;
+  auto d_x = Upload(RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f));
+  auto d_logits = Upload(RandomBf16Floats(t * e, rng, -4.0f, 4.0f));
+  auto d_bias = Upload(RandomBf16Floats(e, rng, -0.5f, 0.5f));
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto run = [&](bf16* out) {
+    EXPECT_TRUE(MoeRoutingCuda(d_logits.data(), d_bias.data(), t, cfg.routing, d_ids.data(),
+                               d_w.data(), stream->get())
+                    .ok());
+    EXPECT_TRUE(MoeExpertsCuda(d_x.data(), d_ids.data(), d_w.data(), t, cfg.hidden,
+                               cfg.intermediate, k, e, w.d_gate_up.data(), w.d_down.data(), out,
+                               MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream->get())
+                    .ok());
+  };
+  auto direct = NanBuffer(t * cfg.hidden);
+  run(direct.data());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  auto replayed = NanBuffer(t * cfg.hidden);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  run(replayed.data());
+  ASSERT_EQ(cudaStreamEndCapture(stream->get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream->get()), cudaSuccess);
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  const auto a = cuda_test::Download(direct);
+  const auto b = cuda_test::Download(replayed);
+  ExpectClose("moe graph replay vs direct", b, a, 0.0, 0.0);
+}
+
+// Argument errors are found on the host from sizes and pointers alone (no device needed; the
+// fake pointers are never dereferenced).
+TEST(MoeCudaArgsTest, BadArgumentsAreInvalidArgument) {
+  bf16* p = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  int32_t* ids = reinterpret_cast<int32_t*>(uintptr_t{2} << 20);
+  float* wts = reinterpret_cast<float*>(uintptr_t{3} << 20);
+  const int64_t t = 4, h = 64, i = 32, k = 2, e = 8;
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, i);
+  ASSERT_GT(ws_bytes, 0u);
+  const MoeCudaWorkspace ws{reinterpret_cast<void*>(uintptr_t{4} << 20), ws_bytes};
+  auto experts = [&](const bf16* x, int64_t tt, int64_t hh, int64_t ii, int64_t kk, int64_t ee,
+                     MoeCudaWorkspace w) {
+    return MoeExpertsCuda(x, ids, wts, tt, hh, ii, kk, ee, p, p, p, w, nullptr).code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(experts(p, -1, h, i, k, e, ws), kInvalid);
+  EXPECT_EQ(experts(p, t, 60, i, k, e, ws), kInvalid);     // hidden % 8
+  EXPECT_EQ(experts(p, t, h, 0, k, e, ws), kInvalid);      // intermediate
+  EXPECT_EQ(experts(p, t, h, i, 0, e, ws), kInvalid);      // top_k
+  EXPECT_EQ(experts(p, t, h, i, e + 1, e, ws), kInvalid);  // top_k > experts
+  EXPECT_EQ(experts(p, t, h, i, k, kMoeCudaMaxExperts + 1, ws), kInvalid);
+  EXPECT_EQ(experts(nullptr, t, h, i, k, e, ws), kInvalid);
+  EXPECT_EQ(experts(p + 1, t, h, i, k, e, ws), kInvalid);  // misaligned x
+  EXPECT_EQ(experts(p, t, h, i, k, e, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
+  EXPECT_EQ(experts(p, t, h, i, k, e, MoeCudaWorkspace{nullptr, ws_bytes}), kInvalid);
+  EXPECT_EQ(experts(p, 0, h, i, k, e, ws), absl::StatusCode::kOk);  // enqueues nothing
+  EXPECT_GT(MoeCudaWorkspaceBytes(2 * t, k, e, h, i), ws_bytes);
+  EXPECT_EQ(MoeCudaWorkspaceBytes(0, k, e, h, i), 0u);
+
+  MoeRoutingParams r;
+  r.num_experts = 64;
+  r.top_k = 6;
+  auto route = [&](const MoeRoutingParams& params, int64_t tt) {
+    return MoeRoutingCuda(wts, nullptr, tt, params, ids, wts, nullptr).code();
+  };
+  EXPECT_EQ(route(r, 0), absl::StatusCode::kOk);
+  EXPECT_EQ(route(r, -1), kInvalid);
+  MoeRoutingParams bad = r;
+  bad.n_group = 3;  // does not divide 64
+  EXPECT_EQ(route(bad, t), kInvalid);
+  bad = r;
+  bad.top_k = 65;
+  EXPECT_EQ(route(bad, t), kInvalid);
+  bad = r;
+  bad.num_experts = kMoeCudaMaxExperts * 2;
+  EXPECT_EQ(route(bad, t), kInvalid);
+  EXPECT_EQ(
+      MoeRoutingCuda(static_cast<const float*>(nullptr), nullptr, t, r, ids, wts, nullptr).code(),
+      kInvalid);
+
+  EXPECT_EQ(MoeRouterLogitsCuda(p, p, t, 60, e, wts, nullptr).code(), kInvalid);
+  EXPECT_EQ(MoeRouterLogitsCuda(p, p, t, h, 0, wts, nullptr).code(), kInvalid);
+  EXPECT_EQ(MoeRouterLogitsCuda(p + 1, p, t, h, e, wts, nullptr).code(), kInvalid);
+}
+
+}  // namespace
+}  // namespace sluice::kernels

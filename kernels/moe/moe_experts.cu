@@ -1,0 +1,455 @@
+// CUDA routed experts; see moe_cuda.h for the API and moe_experts.h for the CPU reference.
+//
+// Four launches, all sized from host-known bounds so nothing is read back:
+//   1. MoeSortKernel (one block): histogram of the (token, k) rows by expert, exclusive scans
+//      into row offsets, tile offsets (grouped path) and the list of touched experts (GEMV
+//      path), then the permutation sorted_rows / row_to_sorted. Positions within an expert come
+//      from shared-memory atomics, so their order may vary between runs; every row is computed
+//      independently of its neighbours, so the results do not.
+//   2. gate/up + SiLU·mul → act [rows, I] bf16 (sorted order), x rows gathered on load.
+//   3. down → expert_out [rows, H] bf16 (sorted order).
+//   4. MoeCombineKernel: out[t] = Σ_k w[t, k] · expert_out[row_to_sorted[t, k]] in k order.
+// Steps 2 and 3 are either the GEMV kernels (a warp per output column streams that column's
+// weight row of each touched expert once) or the grouped WMMA GEMM (64×64 tiles; the grid
+// covers the largest possible tile count and CTAs past the device-side count exit).
+#include <mma.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_cuda_detail.cuh"
+
+namespace sluice::kernels {
+namespace {
+
+using cuda_detail::Aligned16;
+using cuda_detail::LoadBf16x8;
+using cuda_detail::StoreBf16x8;
+using moe_detail::kWarpDotRows;
+using moe_detail::WarpDotRows;
+
+constexpr int kSortThreads = 1024;
+constexpr int kGemvWarps = 8;
+constexpr int kCombineThreads = 128;
+
+// Grouped GEMM tile: kBm sorted rows × kBn output columns (per weight matrix), kBk deep;
+// four warps, each a 32×32 quadrant of 2×2 WMMA 16×16×16 fragments per matrix.
+constexpr int kBm = 64;
+constexpr int kBn = 64;
+constexpr int kBk = 32;
+constexpr int kLds = kBk + 8;  // bf16 row pitch of the A/B tiles: 80 bytes (WMMA needs 16 B
+                               // multiples; the offset spreads rows over banks)
+constexpr int kLdc = kBn + 4;  // fp32 row pitch of the epilogue tile (16-byte multiple)
+constexpr int kGemmThreads = 128;
+// Largest hidden / intermediate: keeps the column grids within 65535 blocks.
+constexpr int64_t kMaxDim = int64_t{1} << 22;
+
+// Workspace segments (see MoeCudaWorkspaceBytes), each 256-byte aligned.
+struct Layout {
+  size_t offsets, tile_offsets, active, num_active, sorted_rows, row_to_sorted, act, expert_out;
+  size_t total;
+};
+
+size_t Align256(size_t v) { return (v + 255) / 256 * 256; }
+
+Layout MakeLayout(int64_t rows, int64_t num_experts, int64_t hidden, int64_t intermediate) {
+  Layout l;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t begin = at;
+    at = Align256(at + bytes);
+    return begin;
+  };
+  const size_t e = static_cast<size_t>(num_experts);
+  const size_t r = static_cast<size_t>(rows);
+  l.offsets = take((e + 1) * sizeof(int32_t));
+  l.tile_offsets = take((e + 1) * sizeof(int32_t));
+  l.active = take(e * sizeof(int32_t));
+  l.num_active = take(sizeof(int32_t));
+  l.sorted_rows = take(r * sizeof(int32_t));
+  l.row_to_sorted = take(r * sizeof(int32_t));
+  l.act = take(r * static_cast<size_t>(intermediate) * sizeof(bf16));
+  l.expert_out = take(r * static_cast<size_t>(hidden) * sizeof(bf16));
+  l.total = at;
+  return l;
+}
+
+struct SortOut {
+  int32_t* offsets;        // [E + 1] first sorted row of each expert; [E] = valid rows
+  int32_t* tile_offsets;   // [E + 1] first kBm-row tile of each expert; [E] = tiles
+  int32_t* active;         // [E] experts with rows, ascending; first *num_active valid
+  int32_t* num_active;     // [1]
+  int32_t* sorted_rows;    // [rows] sorted position -> row t·top_k + k
+  int32_t* row_to_sorted;  // [rows] row -> sorted position, -1 for an id outside [0, E)
+};
+
+// Inclusive warp scan (Hillis-Steele over shuffles).
+__device__ __forceinline__ int WarpInclusiveScan(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += n;
+  }
+  return v;
+}
+
+// One block of kSortThreads; dynamic shared memory: counts [E] and cursors [E] (int32).
+__global__ void __launch_bounds__(kSortThreads)
+    MoeSortKernel(const int32_t* __restrict__ topk_ids, int rows, int num_experts, SortOut o) {
+  extern __shared__ int32_t sort_smem[];
+  int32_t* counts = sort_smem;
+  int32_t* cursor = sort_smem + num_experts;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int e = topk_ids[r];
+    if (e >= 0 && e < num_experts) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // warp 0 scans 32 experts at a time
+    const int lane = threadIdx.x;
+    int run_rows = 0, run_tiles = 0, run_active = 0;
+    for (int base = 0; base < num_experts; base += 32) {
+      const int e = base + lane;
+      const int c = e < num_experts ? counts[e] : 0;
+      const int tiles = (c + kBm - 1) / kBm;
+      const int is_active = c > 0 ? 1 : 0;
+      const int inc_rows = WarpInclusiveScan(c);
+      const int inc_tiles = WarpInclusiveScan(tiles);
+      const int inc_active = WarpInclusiveScan(is_active);
+      if (e < num_experts) {
+        const int first = run_rows + inc_rows - c;
+        o.offsets[e] = first;
+        cursor[e] = first;
+        o.tile_offsets[e] = run_tiles + inc_tiles - tiles;
+        if (is_active) o.active[run_active + inc_active - 1] = e;
+      }
+      run_rows += __shfl_sync(0xffffffffu, inc_rows, 31);
+      run_tiles += __shfl_sync(0xffffffffu, inc_tiles, 31);
+      run_active += __shfl_sync(0xffffffffu, inc_active, 31);
+    }
+    if (lane == 0) {
+      o.offsets[num_experts] = run_rows;
+      o.tile_offsets[num_experts] = run_tiles;
+      *o.num_active = run_active;
+    }
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int e = topk_ids[r];
+    int pos = -1;
+    if (e >= 0 && e < num_experts) {
+      pos = atomicAdd(&cursor[e], 1);
+      o.sorted_rows[pos] = r;
+    }
+    o.row_to_sorted[r] = pos;
+  }
+}
+
+// The A operand of both expert GEMMs, row by sorted position p: for gate/up the token's x row
+// (x[sorted_rows[p] / top_k]), for down the activation row act[p].
+struct ARows {
+  const bf16* base;
+  const int32_t* sorted_rows;  // null: row p is base[p]
+  int top_k;
+  int k;  // row length (elements)
+  __device__ __forceinline__ const bf16* Row(int p) const {
+    const int src = sorted_rows != nullptr ? sorted_rows[p] / top_k : p;
+    return base + static_cast<int64_t>(src) * k;
+  }
+};
+
+// Output columns [col] of one expert: gate/up writes silu(gate)·up into act[p, col] (n = I),
+// down writes expert_out[p, col] (n = H); both rounded to bf16 once.
+__device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// GEMV path, one warp per output column, blockIdx.y = slot in the touched-expert list.
+// kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    MoeGemvKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
+                  const int32_t* __restrict__ active, const int32_t* __restrict__ num_active, int n,
+                  bf16* __restrict__ c) {
+  const int slot = blockIdx.y;
+  if (slot >= *num_active) return;
+  const int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (col >= n) return;
+  const int lane = threadIdx.x & 31;
+  const int e = active[slot];
+  const int k = a_rows.k;
+  constexpr int kMats = kGateUp ? 2 : 1;
+  const bf16* we = w + static_cast<int64_t>(e) * kMats * n * k;
+  const bf16* wr[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) wr[m] = we + (static_cast<int64_t>(m) * n + col) * k;
+  const int end = offsets[e + 1];
+  for (int p0 = offsets[e]; p0 < end; p0 += kWarpDotRows) {
+    const int rows = min(kWarpDotRows, end - p0);
+    const bf16* a[kWarpDotRows];
+#pragma unroll
+    for (int j = 0; j < kWarpDotRows; ++j) a[j] = a_rows.Row(p0 + (j < rows ? j : 0));
+    float acc[kMats][kWarpDotRows];
+    WarpDotRows<kMats>(wr, a, rows, k, acc);
+#pragma unroll
+    for (int j = 0; j < kWarpDotRows; ++j) {
+      if (j < rows && lane == j) {
+        const float v = kGateUp ? SiluMul(acc[0][j], acc[kMats - 1][j]) : acc[0][j];
+        c[static_cast<int64_t>(p0 + j) * n + col] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+// Grouped GEMM over the sorted rows: blockIdx.x = global tile index (expert found by binary
+// search in tile_offsets), blockIdx.y = kBn-column block. C[p, col] = Σ_i A[p, i] · W_e[col, i]
+// (gate/up: two matrices, fused SiLU·mul epilogue). fp32 accumulation in WMMA fragments.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGemmThreads)
+    MoeGroupedGemmKernel(ARows a_rows, const bf16* __restrict__ w,
+                         const int32_t* __restrict__ offsets,
+                         const int32_t* __restrict__ tile_offsets, int num_experts, int n,
+                         bf16* __restrict__ c) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int kMats = kGateUp ? 2 : 1;
+  constexpr int kTileBytes = (kBm + kMats * kBn) * kLds * static_cast<int>(sizeof(bf16));
+  constexpr int kEpiBytes = kMats * kBm * kLdc * static_cast<int>(sizeof(float));
+  constexpr int kSmemBytes = kTileBytes > kEpiBytes ? kTileBytes : kEpiBytes;
+  static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
+  __shared__ __align__(128) unsigned char smem[kSmemBytes];
+  bf16(*a_tile)[kLds] = reinterpret_cast<bf16(*)[kLds]>(smem);
+  bf16(*b_tile)[kLds] = reinterpret_cast<bf16(*)[kLds]>(smem + kBm * kLds * sizeof(bf16));
+  float(*c_tile)[kLdc] = reinterpret_cast<float(*)[kLdc]>(smem);  // after the main loop
+
+  const int tile = blockIdx.x;
+  if (tile >= tile_offsets[num_experts]) return;  // uniform per block, before any barrier
+  int lo = 0, hi = num_experts - 1;               // largest e with tile_offsets[e] <= tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_offsets[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int e = lo;
+  const int row_begin = offsets[e] + (tile - tile_offsets[e]) * kBm;
+  const int rows = min(kBm, offsets[e + 1] - row_begin);
+  const int n0 = blockIdx.y * kBn;
+  const int k = a_rows.k;
+  const bf16* we = w + static_cast<int64_t>(e) * kMats * n * k;
+
+  // Each thread moves 2 of the tile's 256 16-byte chunks per matrix: chunk q = tid + 128·i
+  // is row q / 4, columns (q % 4)·8 .. +8.
+  const int tid = threadIdx.x;
+  const bf16* a_src[2];
+  const bf16* b_src[kMats][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = (tid + kGemmThreads * i) >> 2;
+    a_src[i] = r < rows ? a_rows.Row(row_begin + r) : nullptr;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+      b_src[m][i] = n0 + r < n ? we + (static_cast<int64_t>(m) * n + n0 + r) * k : nullptr;
+    }
+  }
+  const int chunk_col = (tid & 3) * 8;
+  uint4 a_reg[2], b_reg[kMats][2];
+  auto load = [&](int k0) {
+    const int kc = k0 + chunk_col;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      a_reg[i] = make_uint4(0, 0, 0, 0);
+      if (a_src[i] != nullptr && kc < k) a_reg[i] = *reinterpret_cast<const uint4*>(a_src[i] + kc);
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        b_reg[m][i] = make_uint4(0, 0, 0, 0);
+        if (b_src[m][i] != nullptr && kc < k) {
+          b_reg[m][i] = __ldcs(reinterpret_cast<const uint4*>(b_src[m][i] + kc));
+        }
+      }
+    }
+  };
+
+  const int warp = tid >> 5;
+  const int wm = (warp >> 1) * 32;  // warp's quadrant
+  const int wn = (warp & 1) * 32;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kMats][2][2];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[m][i][j], 0.0f);
+    }
+  }
+
+  load(0);
+  for (int k0 = 0; k0 < k; k0 += kBk) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = (tid + kGemmThreads * i) >> 2;
+      *reinterpret_cast<uint4*>(&a_tile[r][chunk_col]) = a_reg[i];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        *reinterpret_cast<uint4*>(&b_tile[m * kBn + r][chunk_col]) = b_reg[m][i];
+      }
+    }
+    __syncthreads();
+    if (k0 + kBk < k) load(k0 + kBk);  // next tile's global loads overlap this tile's MMAs
+#pragma unroll
+    for (int kk = 0; kk < kBk; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], &a_tile[wm + 16 * i][kk], kLds);
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          // W rows are B's columns: B (k × n) is W's tile read column-major.
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, &b_tile[m * kBn + wn + 16 * j][kk], kLds);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[m][i][j], fa[i], fb, acc[m][i][j]);
+        }
+      }
+    }
+    __syncthreads();  // the tiles are overwritten next (by the next step or the epilogue)
+  }
+
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::store_matrix_sync(&c_tile[m * kBm + wm + 16 * i][wn + 16 * j], acc[m][i][j], kLdc,
+                                wmma::mem_row_major);
+      }
+    }
+  }
+  __syncthreads();
+  for (int q = tid; q < kBm * (kBn / 8); q += kGemmThreads) {
+    const int r = q / (kBn / 8);
+    const int cc = (q % (kBn / 8)) * 8;
+    if (r >= rows || n0 + cc >= n) continue;  // n % 8 == 0: a chunk is all in or all out
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      v[u] = kGateUp ? SiluMul(c_tile[r][cc + u], c_tile[(kMats - 1) * kBm + r][cc + u])
+                     : c_tile[r][cc + u];
+    }
+    StoreBf16x8(c + static_cast<int64_t>(row_begin + r) * n + n0 + cc, v);
+  }
+}
+
+// One block per token: out[t, :] = bf16(Σ_k w[t, k] · expert_out[row_to_sorted[t·top_k + k]]),
+// fp32 sums in k order; rows with an invalid expert (-1) are skipped.
+__global__ void __launch_bounds__(kCombineThreads)
+    MoeCombineKernel(const bf16* __restrict__ expert_out, const int32_t* __restrict__ row_to_sorted,
+                     const float* __restrict__ topk_weights, int top_k, int hidden, bf16* out) {
+  const int64_t t = blockIdx.x;
+  for (int col = threadIdx.x * 8; col < hidden; col += kCombineThreads * 8) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int kk = 0; kk < top_k; ++kk) {
+      const int pos = row_to_sorted[t * top_k + kk];
+      if (pos < 0) continue;
+      const float w = topk_weights[t * top_k + kk];
+      float y[8];
+      LoadBf16x8(expert_out + static_cast<int64_t>(pos) * hidden + col, y);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[u] = fmaf(w, y[u], acc[u]);
+    }
+    StoreBf16x8(out + t * hidden + col, acc);
+  }
+}
+
+}  // namespace
+
+size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
+                             int64_t intermediate) {
+  if (max_tokens <= 0 || top_k <= 0 || num_experts <= 0 || hidden <= 0 || intermediate <= 0) {
+    return 0;
+  }
+  return MakeLayout(max_tokens * top_k, num_experts, hidden, intermediate).total;
+}
+
+absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float* topk_weights,
+                            int64_t num_tokens, int64_t hidden, int64_t intermediate, int64_t top_k,
+                            int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
+                            bf16* out, MoeCudaWorkspace workspace, cudaStream_t stream,
+                            MoeExpertsPath path) {
+  if (num_tokens < 0 || num_experts < 1 || num_experts > kMoeCudaMaxExperts || top_k < 1 ||
+      top_k > num_experts || hidden < 8 || hidden % 8 != 0 || intermediate < 8 ||
+      intermediate % 8 != 0 || hidden > kMaxDim || intermediate > kMaxDim ||
+      num_tokens * top_k > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeExpertsCuda: bad shape num_tokens=", num_tokens, " hidden=", hidden,
+        " intermediate=", intermediate, " top_k=", top_k, " num_experts=", num_experts,
+        " (hidden and intermediate: multiples of 8 in [8, 2^22]; 1 <= top_k <= num_experts <= ",
+        kMoeCudaMaxExperts, ")"));
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(topk_ids),
+                        static_cast<const void*>(topk_weights), static_cast<const void*>(w_gate_up),
+                        static_cast<const void*>(w_down), static_cast<const void*>(out),
+                        static_cast<const void*>(workspace.data)}) {
+    if (p == nullptr || !Aligned16(p)) {
+      return absl::InvalidArgumentError(
+          "MoeExpertsCuda: every pointer (x, topk_ids, topk_weights, w_gate_up, w_down, out, "
+          "workspace) must be non-null and 16-byte aligned");
+    }
+  }
+  const int64_t rows = num_tokens * top_k;
+  const Layout l = MakeLayout(rows, num_experts, hidden, intermediate);
+  if (workspace.bytes < l.total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeExpertsCuda: workspace of ", workspace.bytes, " bytes, need ", l.total));
+  }
+  unsigned char* ws = static_cast<unsigned char*>(workspace.data);
+  SortOut so;
+  so.offsets = reinterpret_cast<int32_t*>(ws + l.offsets);
+  so.tile_offsets = reinterpret_cast<int32_t*>(ws + l.tile_offsets);
+  so.active = reinterpret_cast<int32_t*>(ws + l.active);
+  so.num_active = reinterpret_cast<int32_t*>(ws + l.num_active);
+  so.sorted_rows = reinterpret_cast<int32_t*>(ws + l.sorted_rows);
+  so.row_to_sorted = reinterpret_cast<int32_t*>(ws + l.row_to_sorted);
+  bf16* act = reinterpret_cast<bf16*>(ws + l.act);
+  bf16* expert_out = reinterpret_cast<bf16*>(ws + l.expert_out);
+
+  const int r = static_cast<int>(rows);
+  const int e = static_cast<int>(num_experts);
+  const int h = static_cast<int>(hidden);
+  const int i = static_cast<int>(intermediate);
+  const int k = static_cast<int>(top_k);
+  MoeSortKernel<<<1, kSortThreads, 2 * num_experts * sizeof(int32_t), stream>>>(topk_ids, r, e, so);
+  const ARows x_rows{x, so.sorted_rows, k, h};
+  const ARows act_rows{act, nullptr, 1, i};
+  if (path == MoeExpertsPath::kAuto) {
+    path = num_tokens <= kMoeGemvMaxTokens ? MoeExpertsPath::kGemv : MoeExpertsPath::kGrouped;
+  }
+  // Touched experts <= min(E, rows): one grid slot (GEMV) or one partial tile (GEMM) each.
+  const unsigned max_active = static_cast<unsigned>(std::min(num_experts, rows));
+  if (path == MoeExpertsPath::kGemv) {
+    auto columns = [](int n) { return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps); };
+    MoeGemvKernel<true><<<dim3(columns(i), max_active), kGemvWarps * 32, 0, stream>>>(
+        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
+    MoeGemvKernel<false><<<dim3(columns(h), max_active), kGemvWarps * 32, 0, stream>>>(
+        act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
+  } else {
+    const unsigned max_tiles = static_cast<unsigned>((rows + kBm - 1) / kBm) + max_active;
+    auto columns = [](int n) { return static_cast<unsigned>((n + kBn - 1) / kBn); };
+    MoeGroupedGemmKernel<true><<<dim3(max_tiles, columns(i)), kGemmThreads, 0, stream>>>(
+        x_rows, w_gate_up, so.offsets, so.tile_offsets, e, i, act);
+    MoeGroupedGemmKernel<false><<<dim3(max_tiles, columns(h)), kGemmThreads, 0, stream>>>(
+        act_rows, w_down, so.offsets, so.tile_offsets, e, h, expert_out);
+  }
+  MoeCombineKernel<<<static_cast<unsigned>(num_tokens), kCombineThreads, 0, stream>>>(
+      expert_out, so.row_to_sorted, topk_weights, k, h, out);
+  return CudaLaunchStatus("MoeExpertsCuda launch");
+}
+
+}  // namespace sluice::kernels
