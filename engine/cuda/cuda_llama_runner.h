@@ -8,13 +8,7 @@
 // launch) → paged attention → o_proj → AddRmsNorm → fused gate/up GEMM → SiLU·mul → down GEMM.
 // Then the final AddRmsNorm, the rows whose logits are wanted are gathered, lm_head, argmax.
 //
-// Step metadata (token ids, positions, slot mapping, query_start_loc, context lengths, logits
-// rows, block tables) is packed on the host into pinned staging memory and sent with ONE
-// cudaMemcpyAsync into a device buffer at fixed addresses (one per graph bucket), so replaying a
-// decode graph needs only that copy and cudaGraphLaunch. Steps are asynchronous: Step returns
-// once the work is enqueued; the host may plan the next step while the GPU runs this one, and
-// a token id -(r + 1) in the plan stands for the token the previous step sampled for its
-// logits row r (fed back on the device, no host round trip).
+// The step machinery (metadata staging, graphs, sampling) is RunnerCore's (cuda_runner.h).
 //
 // Supported: LlamaForCausalLM (any GQA ratio, attention/MLP biases, tied embeddings, rope
 // default/linear/llama3/YaRN). Qwen3 (per-head q/k norms) is rejected with Unimplemented.
@@ -25,48 +19,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
-#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model/model.h"
+#include "engine/cuda/cuda_runner.h"
 #include "engine/model/model_config.h"
 
 namespace sluice::cuda_runner {
 
-struct CudaRunnerOptions {
-  int64_t block_size = 16;  // tokens per KV block
-  // Longest sequence (context + new tokens) a step may hold: the block-table width and the
-  // attention bound the decode graphs are captured with.
-  int64_t max_model_len = 4096;
-  int64_t max_num_tokens = 8192;  // tokens per step (prefill chunk budget)
-  int64_t max_num_seqs = 256;     // sequences per step
-  bool use_cuda_graphs = true;
-  // Tune the bucket shapes' GEMMs once, in the eager run before each graph capture
-  // (kernels::CublasLt::set_autotune); only with use_cuda_graphs.
-  bool autotune_gemms = true;
-  // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
-  // sequences replays the smallest bucket ≥ n, padded with inert rows.
-  std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-};
-
-// StepTimingInfo: what the last Step did (for tests and benchmarks).
-struct StepInfo {
-  bool graph = false;        // replayed a captured decode graph
-  int64_t graph_batch = 0;   // its bucket
-  int64_t num_tokens = 0;
-  int64_t num_logits = 0;
-};
-
-// One op class of a profiled step (ProfileStep): GPU time between the event before and after
-// each of its calls, summed over layers.
-struct ProfileEntry {
-  std::string op;                      // e.g. "qkv_gemm", "attention", "add_rmsnorm"
-  int64_t launches_between_marks = 0;  // calls (layers) it was measured over
-  double ms = 0.0;
-};
-
-class CudaLlamaRunner {
+class CudaLlamaRunner : public CudaRunner {
  public:
   // Load reads config.json + safetensors from `dir` (weights converted to bf16 on the device).
   // Errors: those of ModelConfig::Load / Checkpoint / LoadWeight (NotFound "missing tensor
@@ -78,58 +38,9 @@ class CudaLlamaRunner {
   // (engine/model/dummy_weights.h: the same values as LoadDummyModel, rounded to bf16).
   static absl::StatusOr<std::unique_ptr<CudaLlamaRunner>> CreateDummy(
       const ModelConfig& config, uint64_t seed, const CudaRunnerOptions& options);
-  ~CudaLlamaRunner();
-  CudaLlamaRunner(const CudaLlamaRunner&) = delete;
-  CudaLlamaRunner& operator=(const CudaLlamaRunner&) = delete;
-
-  const ModelConfig& config() const;
-  const CudaRunnerOptions& options() const;
-  // Bytes of bf16 weights one decode step reads (every matrix once, one embedding row).
-  int64_t WeightBytesPerStep() const;
-  // KV cache bytes per token over all layers (bf16 K and V).
-  int64_t KvBytesPerToken() const;
-
-  // AllocateKvCache (re)allocates a zeroed device KV cache of num_blocks blocks of
-  // options().block_size tokens and, with use_cuda_graphs, captures the decode graphs (each
-  // bucket is run once eagerly first, which also settles cuBLASLt's plan choice and, with
-  // autotune_gemms, tunes the bucket's GEMM shapes: about a second for an 8B model). Must be
-  // called before Step. Errors: InvalidArgument for num_blocks < 1; Internal for CUDA failures.
-  absl::Status AllocateKvCache(int64_t num_blocks);
-  int64_t num_blocks() const;
-
-  // Step enqueues one forward over `plan` (model.h ForwardInput; every sequence's block table
-  // must cover its tokens, slot_mapping must agree with it) followed by greedy sampling of the
-  // logits rows plan.logits_indices. Returns after enqueuing. A token id < 0 means -(r + 1):
-  // row r of the previous Step's sampled tokens (r < that step's logits count).
-  // Errors (nothing is enqueued): InvalidArgument for an inconsistent plan, a token id outside
-  // the vocabulary, a sequence longer than max_model_len, more than max_num_tokens tokens or
-  // max_num_seqs sequences; FailedPrecondition before AllocateKvCache; Internal for CUDA errors.
-  absl::Status Step(const ForwardInput& plan);
-  const StepInfo& last_step() const;
-
-  // ProfileStep runs `plan` (as Step would, but always eagerly, never from a graph) with a CUDA
-  // event after every op and returns GPU time per op class in first-seen order. The stream is
-  // first held by a `hold_ms` spin kernel while the host enqueues, so kernels run back to back
-  // as in a graph (events add about a microsecond each). Synchronizes. Errors: those of Step.
-  absl::StatusOr<std::vector<ProfileEntry>> ProfileStep(const ForwardInput& plan,
-                                                        int64_t hold_ms = 50);
-  // GemmPlans describes each GEMM shape met so far and the kernel chosen for it
-  // (kernels::CublasLt::DescribePlans).
-  std::string GemmPlans();
-
-  // SampledTokens waits for the last Step and returns its greedy tokens, one per logits row.
-  absl::StatusOr<std::vector<int32_t>> SampledTokens();
-  // Logits waits for the last Step and returns its logits [num_logits, vocab_size] (bf16 values
-  // widened to float32).
-  absl::StatusOr<std::vector<float>> Logits();
-  // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
-  absl::Status Synchronize();
-
-  struct Impl;
 
  private:
-  explicit CudaLlamaRunner(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  using CudaRunner::CudaRunner;
 };
 
 }  // namespace sluice::cuda_runner

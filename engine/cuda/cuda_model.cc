@@ -4,24 +4,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_deepseek_runner.h"
+#include "engine/cuda/cuda_llama_runner.h"
 
 namespace sluice::cuda_runner {
 namespace {
 
 class CudaModel : public Model {
  public:
-  explicit CudaModel(std::unique_ptr<CudaLlamaRunner> runner) : runner_(std::move(runner)) {}
+  explicit CudaModel(std::unique_ptr<CudaRunner> runner) : runner_(std::move(runner)) {}
 
   const ModelConfig& config() const override { return runner_->config(); }
 
-  KvCacheSpec kv_cache_spec() const override {
-    const ModelConfig& c = runner_->config();
-    KvCacheSpec spec;
-    spec.num_layers = c.num_hidden_layers;
-    spec.k_floats_per_token = c.num_key_value_heads * c.head_dim;
-    spec.v_floats_per_token = c.num_key_value_heads * c.head_dim;
-    return spec;
-  }
+  KvCacheSpec kv_cache_spec() const override { return runner_->kv_cache_spec(); }
 
   int64_t WeightBytesPerToken() const override { return runner_->WeightBytesPerStep(); }
 
@@ -55,18 +50,44 @@ class CudaModel : public Model {
   }
 
  private:
-  std::unique_ptr<CudaLlamaRunner> runner_;
+  std::unique_ptr<CudaRunner> runner_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> WrapRunner(std::unique_ptr<CudaLlamaRunner> runner) {
+absl::StatusOr<std::unique_ptr<CudaRunner>> LoadCudaRunner(const std::string& dir,
+                                                           const CudaRunnerOptions& options) {
+  auto config = ModelConfig::Load(dir);
+  if (!config.ok()) return config.status();
+  if (config->architecture == Architecture::kDeepseekV3) {
+    auto r = CudaDeepseekRunner::Load(dir, options);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<CudaRunner>(std::move(*r));
+  }
+  auto r = CudaLlamaRunner::Load(dir, options);  // Unimplemented for other architectures
+  if (!r.ok()) return r.status();
+  return std::unique_ptr<CudaRunner>(std::move(*r));
+}
+
+absl::StatusOr<std::unique_ptr<CudaRunner>> CreateDummyCudaRunner(
+    const ModelConfig& config, uint64_t seed, const CudaRunnerOptions& options) {
+  if (config.architecture == Architecture::kDeepseekV3) {
+    auto r = CudaDeepseekRunner::CreateDummy(config, seed, options);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<CudaRunner>(std::move(*r));
+  }
+  auto r = CudaLlamaRunner::CreateDummy(config, seed, options);
+  if (!r.ok()) return r.status();
+  return std::unique_ptr<CudaRunner>(std::move(*r));
+}
+
+std::unique_ptr<Model> WrapRunner(std::unique_ptr<CudaRunner> runner) {
   return std::make_unique<CudaModel>(std::move(runner));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadCudaModel(const std::string& dir,
                                                      const CudaRunnerOptions& options) {
-  auto runner = CudaLlamaRunner::Load(dir, options);
+  auto runner = LoadCudaRunner(dir, options);
   if (!runner.ok()) return runner.status();
   return WrapRunner(std::move(*runner));
 }

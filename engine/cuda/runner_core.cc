@@ -1,0 +1,620 @@
+#include "engine/cuda/runner_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/runner_kernels.h"
+#include "engine/model/weight_loader.h"
+#include "kernels/embedding/embedding_cuda.h"
+#include "kernels/rms_norm/rms_norm_cuda.h"
+
+namespace sluice::cuda_runner {
+
+MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb) {
+  MetaLayout l;
+  l.num_tokens = t;
+  l.num_seqs = s;
+  l.num_logits = n;
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + 7) / 8 * 8;
+    return at;
+  };
+  l.slots = take(t * sizeof(int64_t));
+  l.ids = take(t * sizeof(int32_t));
+  l.positions = take(t * sizeof(int32_t));
+  l.query_start = take((s + 1) * sizeof(int32_t));
+  l.context_lens = take(s * sizeof(int32_t));
+  l.logits_rows = take(n * sizeof(int32_t));
+  l.block_tables = take(s * mb * sizeof(int32_t));
+  l.bytes = off;
+  return l;
+}
+
+DeviceMeta MetaPointers(void* base, const MetaLayout& l) {
+  char* b = static_cast<char*>(base);
+  return {reinterpret_cast<const int64_t*>(b + l.slots),
+          reinterpret_cast<int32_t*>(b + l.ids),
+          reinterpret_cast<const int32_t*>(b + l.positions),
+          reinterpret_cast<const int32_t*>(b + l.query_start),
+          reinterpret_cast<const int32_t*>(b + l.context_lens),
+          reinterpret_cast<const int32_t*>(b + l.logits_rows),
+          reinterpret_cast<const int32_t*>(b + l.block_tables)};
+}
+
+absl::Status CheckpointSource::Fill(const std::string& name, const std::vector<int64_t>& shape,
+                                    DummyInit, bf16* dst, cudaStream_t) {
+  auto w = LoadWeight(*ckpt_, name, shape);
+  if (!w.ok()) return w.status();
+  bits_.resize(w->size());
+  for (size_t i = 0; i < w->size(); ++i) bits_[i] = kernels::FloatToBf16((*w)[i]);
+  // Synchronous: bits_ is reused by the next tensor.
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, bits_.data(), bits_.size() * sizeof(bf16), cudaMemcpyHostToDevice),
+      "cudaMemcpy weights");
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointSource::FillFloat(const std::string& name,
+                                         const std::vector<int64_t>& shape, DummyInit,
+                                         float* dst) {
+  auto w = LoadWeight(*ckpt_, name, shape);
+  if (!w.ok()) return w.status();
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, w->data(), w->size() * sizeof(float), cudaMemcpyHostToDevice),
+      "cudaMemcpy weights");
+  return absl::OkStatus();
+}
+
+absl::Status DummySource::FillFloat(const std::string& name, const std::vector<int64_t>& shape,
+                                    DummyInit dummy_init, float* dst) {
+  DummyTensorSpec spec{name, shape, dummy_init};
+  std::vector<float> host(static_cast<size_t>(spec.NumElements()));
+  FillDummyTensor(spec, seed_, host.data());
+  for (float& v : host) v = kernels::Bf16ToFloat(kernels::FloatToBf16(v));
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+      "cudaMemcpy weights");
+  return absl::OkStatus();
+}
+
+absl::Status DummySource::Fill(const std::string& name, const std::vector<int64_t>& shape,
+                               DummyInit dummy_init, bf16* dst, cudaStream_t stream) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return FillDummyCuda(dst, n, DummyTensorSeed(seed_, name), dummy_init, stream);
+}
+
+absl::StatusOr<DeviceBuffer<bf16>> AllocBf16(int64_t n) {
+  return DeviceBuffer<bf16>::Create(static_cast<size_t>(n));
+}
+
+absl::Status AllocFill(WeightSource& src, DeviceBuffer<bf16>* buf, const std::string& name,
+                       const std::vector<int64_t>& shape, DummyInit init, cudaStream_t stream) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  auto b = AllocBf16(n);
+  if (!b.ok()) return b.status();
+  *buf = std::move(*b);
+  return src.Fill(name, shape, init, buf->data(), stream);
+}
+
+absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
+                            const std::vector<WeightPart>& parts, int64_t cols, DummyInit init,
+                            cudaStream_t stream) {
+  int64_t rows = 0;
+  for (const WeightPart& p : parts) rows += p.rows;
+  auto b = AllocBf16(rows * cols);
+  if (!b.ok()) return b.status();
+  *buf = std::move(*b);
+  int64_t at = 0;
+  for (const WeightPart& p : parts) {
+    std::vector<int64_t> shape =
+        cols > 1 ? std::vector<int64_t>{p.rows, cols} : std::vector<int64_t>{p.rows};
+    SLUICE_RUNNER_RETURN_IF_ERROR(src.Fill(p.name, shape, init, buf->data() + at * cols, stream));
+    at += p.rows;
+  }
+  return absl::OkStatus();
+}
+
+RunnerCore::~RunnerCore() {
+  if (stream.get() != nullptr) (void)stream.Synchronize();
+  DestroyGraphs();
+}
+
+void RunnerCore::DestroyGraphs() {
+  for (Graph& g : graphs) {
+    if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+  }
+  graphs.clear();
+  for (cudaEvent_t& e : staging_done) {
+    if (e != nullptr) cudaEventDestroy(e);
+    e = nullptr;
+  }
+}
+
+void RunnerCore::Mark(const char* name) {
+  if (profile == nullptr) return;
+  cudaEvent_t e = nullptr;
+  cudaError_t err = cudaEventCreate(&e);
+  if (err == cudaSuccess) err = cudaEventRecord(e, stream.get());
+  if (err != cudaSuccess) {
+    if (e != nullptr) cudaEventDestroy(e);
+    if (profile_error.ok()) profile_error = kernels::CudaStatus(err, "profile event");
+    return;
+  }
+  profile->emplace_back(name, e);
+}
+
+absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions& o,
+                                  int64_t hidden_size) {
+  config = c;
+  options = o;
+  if (o.block_size < 1 || o.max_model_len < 1 || o.max_num_tokens < 1 || o.max_num_seqs < 1) {
+    return absl::InvalidArgumentError(
+        "CUDA runner: block_size, max_model_len, max_num_tokens and max_num_seqs must be >= 1");
+  }
+  hidden = hidden_size;
+  vocab = c.vocab_size;
+  max_blocks_per_seq = (o.max_model_len + o.block_size - 1) / o.block_size;
+  auto s = kernels::CudaStream::Create();
+  if (!s.ok()) return s.status();
+  stream = std::move(*s);
+  auto l = kernels::CublasLt::Create();
+  if (!l.ok()) return l.status();
+  lt = std::move(*l);
+
+  const int64_t T = o.max_num_tokens, S = o.max_num_seqs;
+  for (const auto& [buf, n] : {std::pair{&gathered, S * hidden}, std::pair{&logits, S * vocab}}) {
+    auto b = AllocBf16(n);
+    if (!b.ok()) return b.status();
+    *buf = std::move(*b);
+  }
+  auto sm = DeviceBuffer<int32_t>::Create(static_cast<size_t>(S));
+  if (!sm.ok()) return sm.status();
+  sampled = std::move(*sm);
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(sampled.data(), 0, sampled.bytes()), "cudaMemset");
+
+  const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
+  auto em = DeviceBuffer<int64_t>::Create(max_layout.bytes / 8);
+  if (!em.ok()) return em.status();
+  eager_meta = std::move(*em);
+  for (int i = 0; i < 2; ++i) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&staging[i].ptr, max_layout.bytes),
+                                "cudaMallocHost");
+    staging[i].bytes = max_layout.bytes;
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&staging_done[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::EnqueueEmbedding(const DeviceMeta& m, int64_t T, const bf16* embed,
+                                          bf16* out) {
+  cudaStream_t st = stream.get();
+  SLUICE_RUNNER_RETURN_IF_ERROR(ResolveTokenIdsCuda(m.ids, T, sampled.data(), st));
+  Mark("resolve_ids");
+  SLUICE_RUNNER_RETURN_IF_ERROR(
+      kernels::EmbeddingCuda(embed, vocab, hidden, m.ids, T, out, nullptr, st));
+  Mark("embedding");
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::EnqueueLogits(const DeviceMeta& m, int64_t T, int64_t N,
+                                       const bf16* delta, bf16* residual,
+                                       const bf16* final_norm, float eps, bf16* normed,
+                                       const bf16* head) {
+  if (N == 0) return absl::OkStatus();
+  cudaStream_t st = stream.get();
+  // Final residual add + norm over the step, then only the wanted rows go through lm_head.
+  SLUICE_RUNNER_RETURN_IF_ERROR(
+      kernels::AddRmsNormCuda(delta, residual, final_norm, normed, T, hidden, eps, st));
+  Mark("final_norm");
+  SLUICE_RUNNER_RETURN_IF_ERROR(GatherRowsCuda(normed, m.logits_rows, N, hidden,
+                                               gathered.data(), st));
+  Mark("gather_rows");
+  SLUICE_RUNNER_RETURN_IF_ERROR(
+      kernels::LinearCuda(*lt, gathered.data(), head, nullptr, logits.data(), N, vocab, hidden,
+                          st));
+  Mark("lm_head");
+  SLUICE_RUNNER_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st));
+  Mark("argmax");
+  return absl::OkStatus();
+}
+
+kernels::PagedAttentionCudaBatch RunnerCore::AttnBatch(const DeviceMeta& m, int64_t t, int64_t s,
+                                                       int64_t max_query_len,
+                                                       int64_t max_seq_len) const {
+  kernels::PagedAttentionCudaBatch b;
+  b.query_start_loc = m.query_start;
+  b.context_lens = m.context_lens;
+  b.block_tables = m.block_tables;
+  b.max_blocks_per_seq = max_blocks_per_seq;
+  b.num_sequences = s;
+  b.num_tokens = t;
+  b.max_query_len = max_query_len;
+  b.max_seq_len = max_seq_len;
+  return b;
+}
+
+absl::Status RunnerCore::Validate(const ForwardInput& in) const {
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  const int64_t S = static_cast<int64_t>(in.sequences.size());
+  const int64_t N = static_cast<int64_t>(in.logits_indices.size());
+  if (num_blocks == 0) return absl::FailedPreconditionError("AllocateKvCache was not called");
+  if (static_cast<int64_t>(in.positions.size()) != T ||
+      static_cast<int64_t>(in.slot_mapping.size()) != T) {
+    return absl::InvalidArgumentError(
+        "ForwardInput: token_ids, positions and slot_mapping differ in length");
+  }
+  if (T > options.max_num_tokens || S > options.max_num_seqs || N > options.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step of ", T, " tokens, ", S, " sequences, ", N, " logits rows exceeds the limits (",
+        options.max_num_tokens, ", ", options.max_num_seqs, ", ", options.max_num_seqs, ")"));
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t id = in.token_ids[t];
+    if (id >= vocab || (id < 0 && -int64_t{id} - 1 >= prev_num_logits)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", id, " is outside the vocabulary [0, ", vocab,
+          ") and not a previous-step row reference (", prev_num_logits, " rows)"));
+    }
+  }
+  for (int32_t r : in.logits_indices) {
+    if (r < 0 || r >= T) {
+      return absl::InvalidArgumentError(absl::StrCat("logits index ", r, " outside [0, ", T, ")"));
+    }
+  }
+  // Sequences own consecutive query rows, in order (query_start_loc is a prefix sum).
+  const int64_t bs = options.block_size;
+  int64_t next_row = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const SequenceSlice& q = in.sequences[s];
+    if (q.query_start != next_row || q.num_query_tokens < 1 || q.num_context_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": query rows must start at ", next_row,
+          " (sequences in order, back to back) and hold at least one token"));
+    }
+    next_row += q.num_query_tokens;
+    if (next_row > T) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": rows outside the batch"));
+    }
+    const int64_t total = int64_t{q.num_context_tokens} + q.num_query_tokens;
+    if (total > options.max_model_len) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", total,
+                                                     " tokens exceed max_model_len ",
+                                                     options.max_model_len));
+    }
+    const int64_t need = (total + bs - 1) / bs;
+    if (static_cast<int64_t>(q.block_table.size()) < need) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": block table of ", q.block_table.size(), " blocks, ", need, " needed"));
+    }
+    for (int64_t b = 0; b < need; ++b) {
+      if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": block id ", q.block_table[b], " out of range"));
+      }
+    }
+    for (int64_t i = 0; i < q.num_query_tokens; ++i) {
+      const int64_t t = q.query_start + i, pos = q.num_context_tokens + i;
+      const int64_t slot = int64_t{q.block_table[pos / bs]} * bs + pos % bs;
+      if (in.positions[t] != pos || in.slot_mapping[t] != slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token ", t, ": position ", in.positions[t], " / slot ", in.slot_mapping[t],
+            " disagree with its sequence (expected ", pos, " / ", slot, ")"));
+      }
+    }
+  }
+  if (next_row != T) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", next_row, ", ", T,
+                                                   ") belong to no sequence"));
+  }
+  return absl::OkStatus();
+}
+
+// Pack writes the plan into `dst` laid out as `l`. Rows past the plan (graph padding, up to
+// l.num_seqs) are inert: one token at position 0 whose K/V is not written (slot -1), reading
+// block 0, its logits row its own.
+void RunnerCore::Pack(const ForwardInput& in, const MetaLayout& l,
+                                 int64_t padded_seqs, char* dst) const {
+  const int64_t T = static_cast<int64_t>(in.token_ids.size());
+  const int64_t S = static_cast<int64_t>(in.sequences.size());
+  const int64_t N = static_cast<int64_t>(in.logits_indices.size());
+  auto* slots = reinterpret_cast<int64_t*>(dst + l.slots);
+  auto* ids = reinterpret_cast<int32_t*>(dst + l.ids);
+  auto* pos = reinterpret_cast<int32_t*>(dst + l.positions);
+  auto* qsl = reinterpret_cast<int32_t*>(dst + l.query_start);
+  auto* ctx = reinterpret_cast<int32_t*>(dst + l.context_lens);
+  auto* rows = reinterpret_cast<int32_t*>(dst + l.logits_rows);
+  auto* bt = reinterpret_cast<int32_t*>(dst + l.block_tables);
+  std::memcpy(slots, in.slot_mapping.data(), T * sizeof(int64_t));
+  std::memcpy(ids, in.token_ids.data(), T * sizeof(int32_t));
+  std::memcpy(pos, in.positions.data(), T * sizeof(int32_t));
+  std::memcpy(rows, in.logits_indices.data(), N * sizeof(int32_t));
+  const int64_t bs = options.block_size;
+  qsl[0] = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const SequenceSlice& q = in.sequences[s];
+    qsl[s + 1] = q.query_start + q.num_query_tokens;
+    ctx[s] = q.num_context_tokens;
+    const int64_t need = (int64_t{q.num_context_tokens} + q.num_query_tokens + bs - 1) / bs;
+    std::memcpy(bt + s * max_blocks_per_seq, q.block_table.data(), need * sizeof(int32_t));
+  }
+  for (int64_t s = S; s < padded_seqs; ++s) {
+    slots[s] = -1;
+    ids[s] = 0;
+    pos[s] = 0;
+    qsl[s + 1] = static_cast<int32_t>(s + 1);
+    ctx[s] = 0;
+    bt[s * max_blocks_per_seq] = 0;
+  }
+  for (int64_t r = N; r < l.num_logits; ++r) rows[r] = static_cast<int32_t>(r);
+}
+
+absl::StatusOr<char*> RunnerCore::AcquireStaging(size_t bytes) {
+  const int i = next_staging;
+  // The copy that last read this staging buffer must be done before it is rewritten.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(staging_done[i]), "cudaEventSynchronize");
+  if (bytes > staging[i].bytes) return absl::InternalError("staging buffer too small");
+  return static_cast<char*>(staging[i].ptr);
+}
+
+absl::Status RunnerCore::Upload(const char* host, size_t bytes, void* device) {
+  const int i = next_staging;
+  next_staging ^= 1;
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream.get()),
+      "cudaMemcpyAsync step metadata");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(staging_done[i], stream.get()), "cudaEventRecord");
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::CaptureGraphs() {
+  DestroyGraphs();
+  for (int i = 0; i < 2; ++i) {
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&staging_done[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  if (!options.use_cuda_graphs) return absl::OkStatus();
+  std::vector<int64_t> sizes;
+  for (int64_t b : options.graph_batch_sizes) {
+    if (b >= 1 && b <= options.max_num_seqs && b <= options.max_num_tokens) sizes.push_back(b);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  // Fixed metadata buffers first: the workspace size is computed from the real batch.
+  for (int64_t b : sizes) {
+    Graph g;
+    g.batch = b;
+    g.layout = MakeLayout(b, b, b, max_blocks_per_seq);
+    auto meta = DeviceBuffer<int64_t>::Create(g.layout.bytes / 8);
+    if (!meta.ok()) return meta.status();
+    g.meta = std::move(*meta);
+    graphs.push_back(std::move(g));
+  }
+  // One workspace serves every bucket (graphs replay one at a time on one stream).
+  size_t ws_bytes = 0;
+  for (const Graph& g : graphs) {
+    const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
+    ws_bytes = std::max(ws_bytes, AttentionWorkspaceBytes(
+                                      AttnBatch(m, g.batch, g.batch, 1, options.max_model_len)));
+  }
+  auto ws = DeviceBuffer<uint8_t>::Create(ws_bytes);
+  if (!ws.ok()) return ws.status();
+  graph_ws = std::move(*ws);
+  ForwardInput empty;
+  // The bucket shapes' GEMMs are tuned once, in the eager run before each capture (and only
+  // there, so Step never synchronizes to tune): weight-streaming shapes gain most from the
+  // choice (GEMV for m <= 8, else the fastest of cuBLASLt's candidates rather than its first).
+  if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
+  for (Graph& g : graphs) {
+    const int64_t b = g.batch;
+    auto host = AcquireStaging(g.layout.bytes);
+    if (!host.ok()) return host.status();
+    Pack(empty, g.layout, b, *host);  // all rows inert
+    SLUICE_RUNNER_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
+    const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
+    // Eager run first: cuBLASLt picks and caches its plans outside the capture.
+    SLUICE_RUNNER_RETURN_IF_ERROR(
+        Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
+    SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture");
+    absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
+    const cudaError_t end = cudaStreamEndCapture(stream.get(), &g.graph);
+    SLUICE_RUNNER_RETURN_IF_ERROR(enq);
+    SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&g.exec, g.graph, 0),
+                                "cudaGraphInstantiate");
+  }
+  lt->set_autotune(0);
+  return stream.Synchronize();
+}
+
+absl::StatusOr<std::vector<ProfileEntry>> RunnerCore::ProfileStep(const ForwardInput& plan,
+                                                                  int64_t hold_ms) {
+  RunnerCore& m = *this;
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
+  int64_t max_q = 0, max_len = 0;  // (unused: the eager path recomputes them)
+  // Grown here, before the hold: growing it synchronizes, which would end the hold early.
+  if (!plan.token_ids.empty()) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  // Hold the GPU while the host enqueues, so the kernels then run back to back as they would
+  // from a graph instead of waiting on the host's launches.
+  SLUICE_RUNNER_RETURN_IF_ERROR(SpinCuda(hold_ms * 1000000, m.stream.get()));
+  std::vector<std::pair<const char*, cudaEvent_t>> events;
+  m.profile = &events;
+  m.profile_error = absl::OkStatus();
+  m.Mark("start");
+  absl::Status st = m.EnqueueStep(plan, /*allow_graph=*/false);
+  m.profile = nullptr;
+  if (st.ok()) st = m.profile_error;
+  if (st.ok()) st = m.stream.Synchronize();
+  std::vector<ProfileEntry> out;
+  for (size_t i = 1; st.ok() && i < events.size(); ++i) {
+    float ms = 0.0f;
+    const cudaError_t err = cudaEventElapsedTime(&ms, events[i - 1].second, events[i].second);
+    if (err != cudaSuccess) {
+      st = kernels::CudaStatus(err, "cudaEventElapsedTime");
+      break;
+    }
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const ProfileEntry& e) { return e.op == events[i].first; });
+    if (it == out.end()) it = out.insert(out.end(), ProfileEntry{events[i].first, 0, 0.0});
+    it->launches_between_marks += 1;
+    it->ms += ms;
+  }
+  (void)m.stream.Synchronize();
+  for (auto& [name, e] : events) cudaEventDestroy(e);
+  if (!st.ok()) return st;
+  return out;
+}
+
+absl::Status RunnerCore::ReserveEagerWorkspace(const ForwardInput& plan,
+                                                          int64_t* max_q, int64_t* max_len) {
+  const int64_t T = static_cast<int64_t>(plan.token_ids.size());
+  const int64_t S = static_cast<int64_t>(plan.sequences.size());
+  const int64_t N = static_cast<int64_t>(plan.logits_indices.size());
+  *max_q = 0;
+  *max_len = 0;
+  for (const SequenceSlice& q : plan.sequences) {
+    *max_q = std::max<int64_t>(*max_q, q.num_query_tokens);
+    *max_len = std::max<int64_t>(*max_len, int64_t{q.num_context_tokens} + q.num_query_tokens);
+  }
+  const MetaLayout layout = MakeLayout(T, S, N, max_blocks_per_seq);
+  const DeviceMeta meta = MetaPointers(eager_meta.data(), layout);
+  const size_t ws = AttentionWorkspaceBytes(AttnBatch(meta, T, S, *max_q, *max_len));
+  if (ws > eager_ws.size()) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());  // the old workspace may be in use
+    eager_ws = DeviceBuffer<uint8_t>();
+    auto b = DeviceBuffer<uint8_t>::Create(ws);
+    if (!b.ok()) return b.status();
+    eager_ws = std::move(*b);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph) {
+  RunnerCore& m = *this;
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
+  const int64_t T = static_cast<int64_t>(plan.token_ids.size());
+  const int64_t S = static_cast<int64_t>(plan.sequences.size());
+  const int64_t N = static_cast<int64_t>(plan.logits_indices.size());
+  m.last = StepInfo{false, 0, T, N};
+  if (T == 0) {
+    m.prev_num_logits = 0;
+    return absl::OkStatus();
+  }
+  const bool decode =
+      allow_graph && T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
+  if (decode) {
+    Graph* g = nullptr;
+    for (Graph& cand : m.graphs) {
+      if (cand.batch >= S && cand.batch >= N) {
+        g = &cand;
+        break;
+      }
+    }
+    if (g != nullptr) {
+      auto host = m.AcquireStaging(g->layout.bytes);
+      if (!host.ok()) return host.status();
+      m.Pack(plan, g->layout, g->batch, *host);
+      SLUICE_RUNNER_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g->exec, m.stream.get()), "cudaGraphLaunch");
+      m.last.graph = true;
+      m.last.graph_batch = g->batch;
+      m.prev_num_logits = N;
+      return absl::OkStatus();
+    }
+  }
+  int64_t max_q = 0, max_len = 0;
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+  const MetaLayout layout = MakeLayout(T, S, N, m.max_blocks_per_seq);
+  const DeviceMeta meta = MetaPointers(m.eager_meta.data(), layout);
+  auto host = m.AcquireStaging(layout.bytes);
+  if (!host.ok()) return host.status();
+  m.Pack(plan, layout, S, *host);
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
+  m.prev_num_logits = N;
+  return m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
+}
+
+absl::StatusOr<std::vector<int32_t>> RunnerCore::SampledTokens() {
+  RunnerCore& m = *this;
+  std::vector<int32_t> out(static_cast<size_t>(m.last.num_logits));
+  if (!out.empty()) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), m.sampled.data(),
+                                                out.size() * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, m.stream.get()),
+                                "cudaMemcpyAsync sampled");
+  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> RunnerCore::Logits() {
+  RunnerCore& m = *this;
+  const size_t n = static_cast<size_t>(m.last.num_logits * m.vocab);
+  std::vector<kernels::bf16> bits(n);
+  if (n > 0) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bits.data(), m.logits.data(),
+                                                n * sizeof(kernels::bf16),
+                                                cudaMemcpyDeviceToHost, m.stream.get()),
+                                "cudaMemcpyAsync logits");
+  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = kernels::Bf16ToFloat(bits[i]);
+  return out;
+}
+
+absl::Status RunnerCore::AllocateKvCache(int64_t blocks) {
+  if (blocks < 1) return absl::InvalidArgumentError("AllocateKvCache: num_blocks < 1");
+  SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+  num_blocks = 0;
+  SLUICE_RUNNER_RETURN_IF_ERROR(AllocateCache(blocks));
+  num_blocks = blocks;
+  prev_num_logits = 0;
+  return CaptureGraphs();
+}
+
+// ---- CudaRunner: the public surface over a RunnerCore.
+
+CudaRunner::CudaRunner(std::unique_ptr<RunnerCore> core) : core_(std::move(core)) {}
+CudaRunner::~CudaRunner() {
+  // Before the model's buffers go: work still queued may read them.
+  if (core_ != nullptr && core_->stream.get() != nullptr) (void)core_->stream.Synchronize();
+}
+
+const ModelConfig& CudaRunner::config() const { return core_->config; }
+const CudaRunnerOptions& CudaRunner::options() const { return core_->options; }
+int64_t CudaRunner::WeightBytesPerStep() const { return core_->WeightBytes(); }
+int64_t CudaRunner::ActiveWeightBytesPerToken() const { return core_->ActiveWeightBytes(); }
+int64_t CudaRunner::KvBytesPerToken() const { return core_->KvBytesPerToken(); }
+KvCacheSpec CudaRunner::kv_cache_spec() const { return core_->CacheSpec(); }
+absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {
+  return core_->AllocateKvCache(num_blocks);
+}
+int64_t CudaRunner::num_blocks() const { return core_->num_blocks; }
+absl::Status CudaRunner::Step(const ForwardInput& plan) {
+  return core_->EnqueueStep(plan, /*allow_graph=*/true);
+}
+const StepInfo& CudaRunner::last_step() const { return core_->last; }
+absl::StatusOr<std::vector<ProfileEntry>> CudaRunner::ProfileStep(const ForwardInput& plan,
+                                                                  int64_t hold_ms) {
+  return core_->ProfileStep(plan, hold_ms);
+}
+std::string CudaRunner::GemmPlans() { return core_->lt->DescribePlans(); }
+absl::StatusOr<std::vector<int32_t>> CudaRunner::SampledTokens() { return core_->SampledTokens(); }
+absl::StatusOr<std::vector<float>> CudaRunner::Logits() { return core_->Logits(); }
+absl::Status CudaRunner::Synchronize() { return core_->stream.Synchronize(); }
+
+}  // namespace sluice::cuda_runner

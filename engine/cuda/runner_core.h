@@ -1,0 +1,247 @@
+// RunnerCore: the architecture-independent part of a CUDA model runner (cuda_runner.h) — plan
+// validation, step metadata packed into pinned staging memory and sent with one copy, decode
+// CUDA graphs captured per batch bucket, the embedding / final-rows / lm_head / argmax ends of
+// the forward pass, weight upload (checkpoint or dummy), profiling. A model (CudaLlamaRunner,
+// CudaDeepseekRunner) derives from it and implements the decoder layers (Enqueue), its KV cache
+// and its attention workspace size. Internal to engine/cuda.
+#ifndef SLUICE_ENGINE_CUDA_RUNNER_CORE_H_
+#define SLUICE_ENGINE_CUDA_RUNNER_CORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/cuda/cuda_runner.h"
+#include "engine/model/dummy_weights.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/model/safetensors.h"
+#include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/linear_cuda.h"
+
+namespace sluice::cuda_runner {
+
+using kernels::bf16;
+using kernels::DeviceBuffer;
+
+#define SLUICE_RUNNER_RETURN_IF_ERROR(expr) \
+  do {                                      \
+    absl::Status _st = (expr);              \
+    if (!_st.ok()) return _st;              \
+  } while (0)
+
+// Byte offsets of one step's metadata inside its (host staging / device) buffer. Sizes:
+// T tokens, S sequences, N logits rows, MB block-table width. slot_mapping comes first so the
+// int64 array is 8-byte aligned.
+struct MetaLayout {
+  int64_t num_tokens = 0, num_seqs = 0, num_logits = 0;
+  size_t slots = 0, ids = 0, positions = 0, query_start = 0, context_lens = 0, logits_rows = 0,
+         block_tables = 0, bytes = 0;
+};
+
+MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb);
+
+// Device pointers of one step's metadata.
+struct DeviceMeta {
+  const int64_t* slots;
+  int32_t* ids;
+  const int32_t* positions;
+  const int32_t* query_start;
+  const int32_t* context_lens;
+  const int32_t* logits_rows;
+  const int32_t* block_tables;
+};
+
+DeviceMeta MetaPointers(void* base, const MetaLayout& l);
+
+// Where weights come from: a safetensors checkpoint (converted to bf16) or the dummy rule.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Writes tensor `name` of `shape` to device memory `dst` (element count = product of shape).
+  virtual absl::Status Fill(const std::string& name, const std::vector<int64_t>& shape,
+                            DummyInit dummy_init, bf16* dst, cudaStream_t stream) = 0;
+  // Same, kept in float32 (small tensors the model reads in fp32, e.g. DeepSeek's
+  // e_score_correction_bias). Synchronous.
+  virtual absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape,
+                                 DummyInit dummy_init, float* dst) = 0;
+};
+
+// CheckpointSource: tensors of a safetensors checkpoint, converted to bf16 on the host and
+// copied synchronously.
+class CheckpointSource : public WeightSource {
+ public:
+  explicit CheckpointSource(std::unique_ptr<Checkpoint> ckpt) : ckpt_(std::move(ckpt)) {}
+  absl::Status Fill(const std::string& name, const std::vector<int64_t>& shape, DummyInit,
+                    bf16* dst, cudaStream_t stream) override;
+  absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape, DummyInit,
+                         float* dst) override;
+
+ private:
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::vector<bf16> bits_;
+};
+
+// DummySource: engine/model/dummy_weights.h values generated on the device.
+class DummySource : public WeightSource {
+ public:
+  explicit DummySource(uint64_t seed) : seed_(seed) {}
+  absl::Status Fill(const std::string& name, const std::vector<int64_t>& shape,
+                    DummyInit dummy_init, bf16* dst, cudaStream_t stream) override;
+  // The values of Fill widened back to float32 (the CPU dummy checkpoint stores bf16 too).
+  absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape,
+                         DummyInit dummy_init, float* dst) override;
+
+ private:
+  uint64_t seed_;
+};
+
+absl::StatusOr<DeviceBuffer<bf16>> AllocBf16(int64_t n);
+
+// AllocFill allocates `buf` for `shape` and fills it with tensor `name`.
+absl::Status AllocFill(WeightSource& src, DeviceBuffer<bf16>* buf, const std::string& name,
+                       const std::vector<int64_t>& shape, DummyInit init, cudaStream_t stream);
+
+// One row block of a fused weight.
+struct WeightPart {
+  std::string name;
+  int64_t rows;
+};
+// AllocFillFused allocates `buf` [Σ rows, cols] and writes the parts row block after row block
+// (cols == 1: vectors, e.g. fused biases).
+absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
+                            const std::vector<WeightPart>& parts, int64_t cols, DummyInit init,
+                            cudaStream_t stream);
+
+// RAII pinned host memory.
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+};
+
+class RunnerCore {
+ public:
+  virtual ~RunnerCore();
+
+  // ---- Model hooks.
+  // Enqueue enqueues the forward of a staged step (metadata m: T tokens, S sequences, N logits
+  // rows; attention bounds max_query_len / max_seq_len; `workspace` holds
+  // AttentionWorkspaceBytes of these bounds). Must be graph-capturable. Calls EnqueueEmbedding
+  // first and EnqueueLogits last.
+  virtual absl::Status Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64_t N,
+                               int64_t max_query_len, int64_t max_seq_len, void* workspace) = 0;
+  // Scratch the model's attention needs for `batch`.
+  virtual size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const = 0;
+  // Frees the old cache and allocates a zeroed one of num_blocks blocks.
+  virtual absl::Status AllocateCache(int64_t num_blocks) = 0;
+  virtual int64_t WeightBytes() const = 0;
+  virtual int64_t ActiveWeightBytes() const { return WeightBytes(); }
+  virtual int64_t KvBytesPerToken() const = 0;
+  virtual KvCacheSpec CacheSpec() const = 0;
+
+  // ---- Shared machinery.
+  // InitCore validates the options and creates the stream, cuBLASLt, the sampling buffers
+  // (`hidden` wide gathered rows, logits) and the metadata staging.
+  absl::Status InitCore(const ModelConfig& c, const CudaRunnerOptions& o, int64_t hidden);
+  // Resolves fed-back token ids and gathers the embedding rows into `out` [T, hidden].
+  absl::Status EnqueueEmbedding(const DeviceMeta& m, int64_t T, const bf16* embed, bf16* out);
+  // The end of the forward: residual += delta, normed = RmsNorm(residual) · final_norm (both
+  // [T, hidden]); then the N logits rows of normed are gathered, `head` [vocab, hidden] applied
+  // and sampled greedily. Nothing when N == 0.
+  absl::Status EnqueueLogits(const DeviceMeta& m, int64_t T, int64_t N, const bf16* delta,
+                             bf16* residual, const bf16* final_norm, float eps, bf16* normed,
+                             const bf16* head);
+  kernels::PagedAttentionCudaBatch AttnBatch(const DeviceMeta& m, int64_t t, int64_t s,
+                                             int64_t max_query_len, int64_t max_seq_len) const;
+  absl::Status AllocateKvCache(int64_t num_blocks);
+  absl::Status EnqueueStep(const ForwardInput& plan, bool allow_graph);
+  absl::StatusOr<std::vector<ProfileEntry>> ProfileStep(const ForwardInput& plan,
+                                                        int64_t hold_ms);
+  absl::StatusOr<std::vector<int32_t>> SampledTokens();
+  absl::StatusOr<std::vector<float>> Logits();
+  // Mark records a profiling event named `name` after the op just enqueued (ProfileStep only).
+  void Mark(const char* name);
+
+  ModelConfig config;
+  CudaRunnerOptions options;
+  int64_t hidden = 0, vocab = 0, max_blocks_per_seq = 0;
+  kernels::CudaStream stream;
+  std::unique_ptr<kernels::CublasLt> lt;
+  DeviceBuffer<bf16> gathered, logits;  // [max_num_seqs, hidden], [max_num_seqs, vocab]
+  DeviceBuffer<int32_t> sampled;        // [max_num_seqs]
+  int64_t num_blocks = 0;
+  StepInfo last;
+
+ private:
+  struct Graph {
+    int64_t batch = 0;
+    MetaLayout layout;
+    DeviceBuffer<int64_t> meta;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  void DestroyGraphs();
+  absl::Status CaptureGraphs();
+  absl::Status Validate(const ForwardInput& plan) const;
+  void Pack(const ForwardInput& plan, const MetaLayout& l, int64_t padded_seqs, char* dst) const;
+  absl::StatusOr<char*> AcquireStaging(size_t bytes);
+  absl::Status Upload(const char* host, size_t bytes, void* device);
+  // ReserveEagerWorkspace grows the eager attention workspace to what `plan` needs (a
+  // synchronization when it grows) and returns the plan's longest query and sequence.
+  absl::Status ReserveEagerWorkspace(const ForwardInput& plan, int64_t* max_q, int64_t* max_len);
+
+  // Metadata: eager steps use `eager_meta`; each graph bucket has its own fixed buffer.
+  DeviceBuffer<int64_t> eager_meta;
+  DeviceBuffer<uint8_t> eager_ws, graph_ws;
+  PinnedBuffer staging[2];
+  cudaEvent_t staging_done[2] = {nullptr, nullptr};
+  int next_staging = 0;
+  std::vector<Graph> graphs;    // ascending batch
+  int64_t prev_num_logits = 0;  // logits rows of the previous step (for fed-back token ids)
+  // ProfileStep: while set, Mark records one timing event after each op of Enqueue.
+  std::vector<std::pair<const char*, cudaEvent_t>>* profile = nullptr;
+  absl::Status profile_error;
+};
+
+// LoadCore / DummyCore: a model core (Init(config, options), LoadWeights(WeightSource&))
+// initialized and filled from the checkpoint in `dir` or with dummy weights of `seed`.
+template <typename Core>
+absl::StatusOr<std::unique_ptr<Core>> LoadCore(const std::string& dir,
+                                               const CudaRunnerOptions& options) {
+  auto config = ModelConfig::Load(dir);
+  if (!config.ok()) return config.status();
+  auto core = std::make_unique<Core>();
+  SLUICE_RUNNER_RETURN_IF_ERROR(core->Init(*config, options));
+  auto ckpt = Checkpoint::Open(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  CheckpointSource src(std::move(*ckpt));
+  SLUICE_RUNNER_RETURN_IF_ERROR(core->LoadWeights(src));
+  return core;
+}
+
+template <typename Core>
+absl::StatusOr<std::unique_ptr<Core>> DummyCore(const ModelConfig& config, uint64_t seed,
+                                                const CudaRunnerOptions& options) {
+  auto core = std::make_unique<Core>();
+  SLUICE_RUNNER_RETURN_IF_ERROR(core->Init(config, options));
+  DummySource src(seed);
+  SLUICE_RUNNER_RETURN_IF_ERROR(core->LoadWeights(src));
+  return core;
+}
+
+}  // namespace sluice::cuda_runner
+
+#endif  // SLUICE_ENGINE_CUDA_RUNNER_CORE_H_
