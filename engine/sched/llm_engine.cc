@@ -148,8 +148,8 @@ class LLMEngineImpl final : public LLMEngine {
       return absl::NotFoundError(
           absl::StrCat("no KV transfer reservation for request '", request_id, "'"));
     }
+    if (first_token.has_value()) it->second.first_token = std::move(first_token);
     if (status.ok()) {
-      if (first_token.has_value()) it->second.first_token = std::move(first_token);
       if (!it->second.first_token.has_value()) {
         return absl::InvalidArgumentError(
             absl::StrCat("request '", request_id, "': the first token was not given"));
@@ -157,20 +157,27 @@ class LLMEngineImpl final : public LLMEngine {
     }
     std::optional<SampledToken> token = std::move(it->second.first_token);
     reservations_.erase(it);
-    if (!status.ok()) {
+    const bool recompute = !status.ok() && options_.recompute_failed_transfers &&
+                           token.has_value() &&
+                           (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status));
+    if (!status.ok() && !recompute) {
       FailReserved(request_id, std::move(status));
       return absl::OkStatus();
     }
     Sequence* seq = scheduler_.Find(request_id);
     seq->AppendToken(token->token_id);
-    ++counters_.num_transfers_completed;
+    ++(recompute ? counters_.num_transfers_recomputed : counters_.num_transfers_completed);
     if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
       std::unique_ptr<Sequence> done = scheduler_.Remove(request_id);
       pending_outputs_.push_back(FinalOutput(*done, reason, absl::OkStatus()));
       ids_.erase(request_id);
       return absl::OkStatus();
     }
-    scheduler_.Activate(request_id);
+    if (recompute) {
+      scheduler_.ActivateForRecompute(request_id);
+    } else {
+      scheduler_.Activate(request_id);
+    }
     return absl::OkStatus();
   }
 

@@ -34,6 +34,10 @@ struct EngineOptions {
   // (milliseconds); a decode reservation without CompleteTransfer fails after this long.
   int64_t kv_hold_timeout_ms = 30000;
   int64_t kv_reserve_timeout_ms = 30000;
+  // A transfer that fails because its KV source is gone (CompleteTransfer with Unavailable or
+  // DeadlineExceeded) after the first token is known: recompute the prompt here instead of
+  // failing the request (vLLM's kv_load_failure_policy "recompute"). False: fail it.
+  bool recompute_failed_transfers = true;
   // Prefix caching (engine/kv/prefix_cache.h): full KV blocks are content-addressed by chained
   // block hashes and reused by later requests with the same leading tokens (and cache_salt).
   bool enable_prefix_caching = true;
@@ -67,6 +71,9 @@ struct EngineCounters {
   int64_t num_held_expired = 0;    // prefill-held block sets freed by kv_hold_timeout_ms
   int64_t num_transfers_completed = 0;  // reservations completed OK
   int64_t num_transfers_failed = 0;     // reservations failed, aborted or timed out
+  // Reservations whose transfer failed and whose prompt was recomputed locally instead
+  // (recompute_failed_transfers); not counted as failed.
+  int64_t num_transfers_recomputed = 0;
 };
 
 class LLMEngine {
@@ -108,7 +115,12 @@ class LLMEngine {
   // num_computed_tokens = prompt length and the first token appended as its first output (it is
   // not emitted again and not recomputed; outputs resume with the second token; if the first
   // token already ends the request the next Step emits a final output without tokens). With an
-  // error status the request finishes with kError and that status, its blocks freed.
+  // error status the request finishes with kError and that status, its blocks freed — except,
+  // with options.recompute_failed_transfers, an Unavailable or DeadlineExceeded status (the KV
+  // source failed or was too slow) when the first token is known: then the reserved blocks are
+  // dropped, the first token appended, and the sequence is scheduled like a preempted one (its
+  // prompt recomputed here, prefix cache first); outputs resume with the second token as after
+  // an OK transfer.
   // Errors: NotFound (no reservation under that id), InvalidArgument (OK status but no first
   // token given at either call; the reservation stays).
   virtual absl::Status CompleteTransfer(const std::string& request_id, absl::Status status,

@@ -50,6 +50,18 @@ bool Scheduler::Activate(const std::string& request_id) {
   return true;
 }
 
+bool Scheduler::ActivateForRecompute(const std::string& request_id) {
+  auto it = std::find_if(reserved_.begin(), reserved_.end(), [&](const auto& s) {
+    return s->request.request_id == request_id;
+  });
+  if (it == reserved_.end()) return false;
+  DropBlocks(**it);
+  (*it)->num_saved_blocks = 0;
+  waiting_.push_front(std::move(*it));
+  reserved_.erase(it);
+  return true;
+}
+
 std::unique_ptr<Sequence> Scheduler::Remove(const std::string& request_id) {
   std::unique_ptr<Sequence> out = Detach(request_id);
   if (out != nullptr) {

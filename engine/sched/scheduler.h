@@ -78,6 +78,10 @@ class Scheduler {
   // Activate moves a reserved sequence to the front of the waiting queue (it keeps its blocks
   // and num_computed_tokens). False if no reserved sequence has that id.
   bool Activate(const std::string& request_id);
+  // ActivateForRecompute drops a reserved sequence's blocks (nothing was computed into them that
+  // can be trusted) and queues it at the front like a preempted sequence, to be recomputed from
+  // its tokens. False if no reserved sequence has that id.
+  bool ActivateForRecompute(const std::string& request_id);
   // Detach takes a sequence out (waiting, running or reserved) WITHOUT freeing its blocks; the
   // caller owns the blocks (returns them with FreeBlocks). nullptr if unknown.
   std::unique_ptr<Sequence> Detach(const std::string& request_id);

@@ -153,6 +153,10 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
           static_cast<double>(stats.num_reserved));
     Gauge(out, "sluice_decode_sessions", "Requests known to the decode service.",
           static_cast<double>(service.num_sessions));
+    Counter(out, "sluice_decode_transfers_recomputed_total",
+            "Requests whose KV transfer failed (source gone or too slow) after the first token "
+            "was sent, and whose prompt was recomputed here instead of failing.",
+            static_cast<double>(stats.counters.num_transfers_recomputed));
   }
   Header(out, "sluice_kv_transfer_bytes_total", "counter",
          "KV payload bytes moved by successful transfers, by direction (pull: read from a peer, "

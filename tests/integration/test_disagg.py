@@ -162,16 +162,19 @@ def test_kill_prefill_worker_under_streaming_load(cluster):
     assert time.monotonic() - killed_at < 90
     errors = [r for r in results if r[0] == "error"]
     assert len(results) == n
-    # A request fails only when its first token (from prefill) had already been sent and the
-    # decode worker then could not pull the KV from the dead worker; the others were retried.
-    assert all(count >= 1 for _, _, count in errors), errors
-    assert len(errors) <= clients, f"{len(errors)} of {n} failed: {errors}"
-    assert_clear_errors(errors)
+    # No request fails: one whose prefill was in flight is retried on the other prefill worker;
+    # one whose first token was already sent but whose KV the decode worker could not pull from
+    # the dead worker has its prompt recomputed on the decode worker.
+    assert not errors, f"{len(errors)} of {n} failed: {errors}"
+    assert all(r[2] >= 1 for r in results)
+    recomputed = sum(cluster.worker_metric(name, "sluice_decode_transfers_recomputed_total")
+                     for name in cluster.workers if name.startswith("decode"))
     # The router dropped the worker on its failed connection (a probe), not at the lease's end.
     wait_until(lambda: len(cluster.addresses("prefill")) == 1, 15, "router dropping the worker")
     assert cluster.metric("sluice_router_workers_dropped_total") >= dropped_before + 1
     assert "is unreachable (connection failed)" in cluster.router.log_path.read_text()
-    print(f"\nprefill kill: {len(errors)} of {n} ended with an error event, "
-          f"{cluster.metric('sluice_router_retries_total') - retries_before:.0f} retries")
+    print(f"\nprefill kill: {n} of {n} completed, "
+          f"{cluster.metric('sluice_router_retries_total') - retries_before:.0f} retried on the "
+          f"other prefill worker, {recomputed:.0f} recomputed on a decode worker")
     assert_restart_rejoins(cluster, client, "prefill", victim, prefill_addresses,
                            cluster.addresses("prefill"))

@@ -203,6 +203,73 @@ TEST(DisaggEngineTest, ReserveAndCompleteTransferMatchesSingleEngineRun) {
   }
 }
 
+// The KV source died (or was too slow) after the first token went out: decode recomputes the
+// prompt itself (the reserved blocks were never written, so reading them would change the
+// fake model's output) and continues from the known first token.
+TEST(DisaggEngineTest, FailedTransferWithKnownFirstTokenRecomputesThePrompt) {
+  for (absl::Status failure : {absl::UnavailableError("KV transfer peer failed or is unreachable"),
+                               absl::DeadlineExceededError("transfer too slow")}) {
+    SCOPED_TRACE(failure.ToString());
+    const std::vector<int32_t> prompt = Prompt(37, 5);
+    const int max_tokens = 10;
+    const std::vector<int32_t> expected = ChecksumModel::Reference(prompt, max_tokens);
+    auto decode = MakeEngine(64);
+    ASSERT_TRUE(decode->ReserveForTransfer(Greedy("r", prompt, max_tokens), std::nullopt).ok());
+    const SampledToken first{expected[0], -0.5f, {}};
+    ASSERT_TRUE(decode->CompleteTransfer("r", failure, first).ok());
+    EXPECT_EQ(decode->num_reserved(), 0);
+    std::vector<RequestOutput> outs = RunUntilFinished(*decode, "r");
+    std::vector<int32_t> tokens = {first.token_id};
+    for (const RequestOutput& o : outs) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      for (const SampledToken& t : o.new_tokens) tokens.push_back(t.token_id);
+    }
+    EXPECT_EQ(tokens, expected);  // the first token is not emitted again
+    EXPECT_EQ(outs.back().finish_reason, FinishReason::kLength);
+    EXPECT_EQ(outs.back().num_output_tokens, max_tokens);
+    const EngineCounters& c = decode->counters();
+    EXPECT_EQ(c.num_transfers_recomputed, 1);
+    EXPECT_EQ(c.num_transfers_failed, 0);
+    EXPECT_EQ(c.num_transfers_completed, 0);
+    // The prompt plus the first token's position were computed here.
+    EXPECT_EQ(c.num_prompt_tokens_computed, 37);
+    EXPECT_EQ(decode->num_free_blocks(), 64);
+  }
+}
+
+TEST(DisaggEngineTest, FailedTransferFailsWhenRecomputeIsOffOrTheErrorIsNotTheSources) {
+  struct Case {
+    bool recompute;
+    absl::Status failure;
+    std::optional<SampledToken> first;
+  };
+  const std::vector<Case> cases = {
+      {false, absl::UnavailableError("peer gone"), SampledToken{9}},
+      {true, absl::FailedPreconditionError("KV transfer mode mismatch"), SampledToken{9}},
+      {true, absl::CancelledError("client cancelled during the KV transfer"), SampledToken{9}},
+      {true, absl::UnavailableError("peer gone"), std::nullopt},  // first token unknown
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.failure.ToString());
+    EngineOptions options;
+    options.block_size = 4;
+    options.num_kv_blocks = 32;
+    options.max_model_len = 64;
+    options.recompute_failed_transfers = c.recompute;
+    auto decode = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
+    ASSERT_TRUE(decode.ok());
+    ASSERT_TRUE((*decode)->ReserveForTransfer(Greedy("x", Prompt(9, 1), 4), std::nullopt).ok());
+    ASSERT_TRUE((*decode)->CompleteTransfer("x", c.failure, c.first).ok());
+    std::vector<RequestOutput> outs = RunUntilFinished(**decode, "x");
+    ASSERT_EQ(outs.size(), 1u);
+    EXPECT_EQ(outs[0].finish_reason, FinishReason::kError);
+    EXPECT_EQ(outs[0].status, c.failure);
+    EXPECT_EQ((*decode)->counters().num_transfers_failed, 1);
+    EXPECT_EQ((*decode)->counters().num_transfers_recomputed, 0);
+    EXPECT_EQ((*decode)->num_free_blocks(), 32);
+  }
+}
+
 TEST(DisaggEngineTest, ReservationErrorsAbortAndTimeoutFreeBlocks) {
   auto decode = MakeEngine(16, 30000, /*reserve_ms=*/30);
   ASSERT_TRUE(decode->ReserveForTransfer(Greedy("x", Prompt(6, 1), 4), std::nullopt).ok());
