@@ -12,6 +12,10 @@
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V);
 //   - MLA latent attention decode at DeepSeek-V2-Lite shapes (latent bytes read per second,
 //     fp32 FMA rate).
+//   - MoE routed experts at DeepSeek-V2-Lite shapes (64 experts, hidden 2048, intermediate
+//     1408, top-6): decode (GEMV path) as touched experts' weight bytes per second and fraction
+//     of the copy bandwidth (consecutive calls route to disjoint experts, so weights come from
+//     HBM), prefill (grouped GEMM path) in TFLOP/s; DeepSeek-V3 routing (256 experts) latency.
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +33,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "nlohmann/json.hpp"
 
@@ -234,6 +239,92 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       {"mla_latent_decode_deepseek_v2_lite", mla}};
 }
 
+// MoE routed experts at DeepSeek-V2-Lite shapes. Call i of a timed run uses routing set
+// i mod kSets; set s sends token t's k-th row to expert (kTopK·(s·T + t) + k) mod kExperts, so
+// consecutive decode calls touch disjoint experts and stream their weights from HBM.
+absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cudaStream_t stream) {
+  constexpr int64_t kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6, kSets = 16;
+  const int64_t expert_elems = 3 * kHidden * kInter;
+  BENCH_ASSIGN_OR_RETURN(
+      w_gate_up, RandomDevice(static_cast<size_t>(kExperts * 2 * kInter * kHidden), rng, -0.02f,
+                              0.02f));
+  BENCH_ASSIGN_OR_RETURN(
+      w_down, RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int64_t t : {1, 4, 8, 512, 4096}) {
+    const bool decode = t <= kMoeGemvMaxTokens;
+    std::vector<int32_t> ids(static_cast<size_t>(kSets * t * kTopK));
+    for (int64_t s = 0; s < kSets; ++s) {
+      for (int64_t r = 0; r < t * kTopK; ++r) {
+        ids[s * t * kTopK + r] = static_cast<int32_t>((s * t * kTopK + r) % kExperts);
+      }
+    }
+    // Distinct experts one call touches (the same for every set).
+    std::vector<bool> touched(kExperts, false);
+    for (int64_t r = 0; r < t * kTopK; ++r) touched[ids[r]] = true;
+    const int64_t n_touched = std::count(touched.begin(), touched.end(), true);
+    std::vector<float> weights(ids.size(), 1.0f / kTopK);
+    BENCH_ASSIGN_OR_RETURN(d_ids, DeviceBuffer<int32_t>::Create(ids.size()));
+    BENCH_ASSIGN_OR_RETURN(d_w, DeviceBuffer<float>::Create(weights.size()));
+    if (absl::Status s = d_ids.CopyFromHost(ids.data()); !s.ok()) return s;
+    if (absl::Status s = d_w.CopyFromHost(weights.data()); !s.ok()) return s;
+    BENCH_ASSIGN_OR_RETURN(x, RandomDevice(static_cast<size_t>(t * kHidden), rng, -1.0f, 1.0f));
+    BENCH_ASSIGN_OR_RETURN(out, DeviceBuffer<bf16>::Create(static_cast<size_t>(t * kHidden)));
+    const size_t ws_bytes = MoeCudaWorkspaceBytes(t, kTopK, kExperts, kHidden, kInter);
+    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+    int64_t call = 0;
+    auto run = [&]() {
+      const int64_t set = call++ % kSets;
+      return MoeExpertsCuda(x.data(), d_ids.data() + set * t * kTopK,
+                            d_w.data() + set * t * kTopK, t, kHidden, kInter, kTopK, kExperts,
+                            w_gate_up.data(), w_down.data(), out.data(),
+                            MoeCudaWorkspace{ws.data(), ws_bytes}, stream);
+    };
+    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(run, 3, decode ? 200 : 20, stream));
+    const double weight_bytes = 2.0 * expert_elems * n_touched;
+    const double flops = 2.0 * expert_elems * t * kTopK;
+    nlohmann::json row = {{"tokens", t},
+                          {"path", decode ? "gemv" : "grouped"},
+                          {"experts_touched", n_touched},
+                          {"ms", ms},
+                          {"weight_bytes", weight_bytes},
+                          {"weight_gbps", weight_bytes / (ms * 1e-3) / 1e9},
+                          {"fraction_of_copy", weight_bytes / (ms * 1e-3) / 1e9 / copy_gbps},
+                          {"tflops", flops / (ms * 1e-3) / 1e12}};
+    rows.push_back(row);
+  }
+
+  // DeepSeek-V3 routing (sigmoid + bias, 8 groups keep 4, top-8 of 256) for 1 and 4096 tokens.
+  MoeRoutingParams p;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.routed_scaling_factor = 2.5f;
+  nlohmann::json routing = nlohmann::json::array();
+  for (const int64_t t : {1, 4096}) {
+    BENCH_ASSIGN_OR_RETURN(logits, DeviceBuffer<float>::Create(static_cast<size_t>(t * 256)));
+    BENCH_ASSIGN_OR_RETURN(bias, DeviceBuffer<float>::Create(256));
+    BENCH_ASSIGN_OR_RETURN(ids, DeviceBuffer<int32_t>::Create(static_cast<size_t>(t * 8)));
+    BENCH_ASSIGN_OR_RETURN(w, DeviceBuffer<float>::Create(static_cast<size_t>(t * 8)));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(logits.data(), 0, logits.bytes()), "cudaMemset");
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(bias.data(), 0, bias.bytes()), "cudaMemset");
+    BENCH_ASSIGN_OR_RETURN(
+        ms, TimeMs(
+                [&]() {
+                  return MoeRoutingCuda(logits.data(), bias.data(), t, p, ids.data(), w.data(),
+                                        stream);
+                },
+                3, 100, stream));
+    routing.push_back({{"tokens", t}, {"ms", ms}});
+  }
+  return nlohmann::json{
+      {"shape",
+       {{"experts", kExperts}, {"hidden", kHidden}, {"intermediate", kInter}, {"top_k", kTopK}}},
+      {"experts", rows},
+      {"routing_deepseek_v3", routing}};
+}
+
 absl::StatusOr<nlohmann::json> Run() {
   nlohmann::json out;
   BENCH_ASSIGN_OR_RETURN(name, CudaDeviceName());
@@ -336,6 +427,8 @@ absl::StatusOr<nlohmann::json> Run() {
   o = DeviceBuffer<bf16>();
   BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
   out["paged_attention_llama3_8b"] = attention;
+  BENCH_ASSIGN_OR_RETURN(moe, BenchMoe(copy_gbps, rng, stream));
+  out["moe_deepseek_v2_lite"] = moe;
   return out;
 }
 

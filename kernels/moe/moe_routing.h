@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace sluice::kernels {
 
@@ -34,8 +35,33 @@ struct MoeRoutingParams {
 
 // ValidateMoeRoutingParams checks num_experts > 0, 0 < top_k <= num_experts,
 // num_experts % n_group == 0, 0 < topk_group <= n_group, and that the kept groups hold at least
-// top_k experts. Errors: InvalidArgument naming the bad field.
-absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& params);
+// top_k experts. Errors: InvalidArgument naming the bad field. Inline: the CUDA library
+// (sluice_kernels_cuda, linked after sluice_kernels) calls it too.
+inline absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p) {
+  if (p.num_experts <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe routing: num_experts ", p.num_experts,
+                                                   " must be positive"));
+  }
+  if (p.top_k <= 0 || p.top_k > p.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("moe routing: top_k ", p.top_k,
+                                                   " must be in [1, num_experts=",
+                                                   p.num_experts, "]"));
+  }
+  if (p.n_group <= 0 || p.num_experts % p.n_group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe routing: n_group ", p.n_group,
+                                                   " must divide num_experts ", p.num_experts));
+  }
+  if (p.topk_group <= 0 || p.topk_group > p.n_group) {
+    return absl::InvalidArgumentError(absl::StrCat("moe routing: topk_group ", p.topk_group,
+                                                   " must be in [1, n_group=", p.n_group, "]"));
+  }
+  if (p.topk_group * (p.num_experts / p.n_group) < p.top_k) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("moe routing: topk_group ", p.topk_group, " groups of ",
+                     p.num_experts / p.n_group, " experts cannot hold top_k ", p.top_k));
+  }
+  return absl::OkStatus();
+}
 
 // MoeRoutingCpu routes `num_tokens` tokens.
 //   router_logits:   [num_tokens, num_experts], float32 (x · gate.weightᵀ)

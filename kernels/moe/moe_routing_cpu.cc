@@ -91,32 +91,6 @@ void RouteOne(const float* logits, const float* bias, const MoeRoutingParams& p,
 
 }  // namespace
 
-absl::Status ValidateMoeRoutingParams(const MoeRoutingParams& p) {
-  if (p.num_experts <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("moe routing: num_experts ", p.num_experts,
-                                                   " must be positive"));
-  }
-  if (p.top_k <= 0 || p.top_k > p.num_experts) {
-    return absl::InvalidArgumentError(absl::StrCat("moe routing: top_k ", p.top_k,
-                                                   " must be in [1, num_experts=",
-                                                   p.num_experts, "]"));
-  }
-  if (p.n_group <= 0 || p.num_experts % p.n_group != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("moe routing: n_group ", p.n_group,
-                                                   " must divide num_experts ", p.num_experts));
-  }
-  if (p.topk_group <= 0 || p.topk_group > p.n_group) {
-    return absl::InvalidArgumentError(absl::StrCat("moe routing: topk_group ", p.topk_group,
-                                                   " must be in [1, n_group=", p.n_group, "]"));
-  }
-  if (p.topk_group * (p.num_experts / p.n_group) < p.top_k) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("moe routing: topk_group ", p.topk_group, " groups of ",
-                     p.num_experts / p.n_group, " experts cannot hold top_k ", p.top_k));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status MoeRoutingCpu(const float* router_logits, const float* correction_bias,
                            int64_t num_tokens, const MoeRoutingParams& params, int32_t* topk_ids,
                            float* topk_weights) {

@@ -135,6 +135,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_option_function<double>(
+      "--decode-queue-timeout-s",
+      [&router](double s) { router.backend.decode_queue_timeout = absl::Seconds(s); },
+      "Wait this long for a decode worker with free KV blocks before answering 503 (120)");
+  router_cmd->add_option_function<double>(
+      "--kv-pin-timeout-s",
+      [&router](double s) { router.backend.prefill_pin_timeout = absl::Seconds(s); },
+      "The prefill workers' --kv-pin-timeout-s: how long a first token's KV stays pinned (30)");
+  router_cmd->add_option_function<double>(
+      "--test-decode-start-delay-ms",
+      [&router](double ms) { router.backend.test_decode_start_delay = absl::Milliseconds(ms); },
+      "Test only: delay the first Decode call after a remote prefill's first token was sent");
 
   // `sluice prefill` / `sluice decode`: disaggregated workers (services/prefill/README.md).
   sluice::WorkerOptions worker_options[2];
