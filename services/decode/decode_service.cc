@@ -379,8 +379,13 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
   er.cache_salt = request->cache_salt();
+  // The caller may bound the wait for free blocks (it has other decode workers to try).
+  const absl::Duration wait =
+      request->max_wait_ms() > 0
+          ? std::min(absl::Milliseconds(request->max_wait_ms()), options_.reserve_timeout)
+          : options_.reserve_timeout;
   engine_->ReserveForTransfer(
-      std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
+      std::move(er), std::nullopt, absl::Now() + wait,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
         session->OnReserved(std::move(blocks));
       },

@@ -22,6 +22,18 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMicroseconds(d);
 }
 
+// Waits and retries that rely on a prefill worker's pinned KV end this long before the pin's
+// timeout: the Reserve, the Decode call and the pull still have to happen.
+constexpr absl::Duration kPinMargin = absl::Seconds(2);
+
+// NoRoom: a Reserve answer meaning "this decode worker has no free blocks now" (the worker's
+// wait for blocks ran out, the call's deadline passed, or it refused a request id the router
+// cancelled there a moment ago): try another worker, or this one later.
+bool NoRoom(grpc::StatusCode code) {
+  return code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::CANCELLED;
+}
+
 // Retryable: the worker (or the way to it) failed, not the request.
 bool IsWorkerFailure(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -53,7 +65,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
         options_(backend->options_),
         request_(std::move(request)),
         on_output_(std::move(on_output)),
-        prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())) {
+        prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())),
+        queue_until_(absl::Now() + options_.decode_queue_timeout) {
     ToWire(request_.sampling, &wire_sampling_);
   }
 
@@ -82,6 +95,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // DecodeMessage delivers one message of the Decode stream; returns false
   // once the request is finished (stop reading).
   bool DecodeMessage(const v1::TokenOutput& message) {
+    decode_streamed_ = true;
     RequestOutput output;
     output.new_tokens.reserve(message.tokens_size());
     for (const v1::SampledToken& token : message.tokens()) {
@@ -113,17 +127,23 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       Finish(FinishReason::kAbort);
       return Done();
     }
-    // The stream ended without a final message: the decode worker failed. Its prefill pin
-    // is of no further use (a retry prefills again): free it now, not at its timeout.
-    if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
-    if (IsWorkerFailure(status.error_code())) backend_->prober_.Suspect(*decode_);
+    // The stream ended without a final message: the decode worker failed.
+    const bool worker_failed = IsWorkerFailure(status.error_code());
+    if (worker_failed) backend_->prober_.Suspect(*decode_);
+    // Nothing streamed after the first token: another decode worker pulls the same pinned KV.
+    if (worker_failed && !decode_streamed_ && num_output_tokens_ > 0 && CanReusePin()) {
+      return RetryDecodeWithPinnedKv();
+    }
     absl::Status failure = WorkerFailure(decode_->worker_id);
     if (failure.ok()) {
       failure = absl::UnavailableError(absl::StrCat("decode worker ", decode_->worker_id, " (",
                                                     decode_->address,
                                                     ") failed: ", status.error_message()));
     }
-    if (num_output_tokens_ == 0 && IsWorkerFailure(status.error_code())) return RetryDecode();
+    // The prefill pin is of no further use (a retry from scratch prefills again): free it now,
+    // not at its timeout.
+    if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
+    if (num_output_tokens_ == 0 && worker_failed) return RetryDecode();
     Finish(FinishReason::kError, failure);
     backend_->Count(&RemoteBackendCounters::num_worker_failures);
     Done();
@@ -209,30 +229,117 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_phase_ended_ = false;
+      prefill_ok_ = false;
       reserving_ = true;
     }
     num_prefill_attempts_ = 0;
     prefill_until_ = DeadlineIn(options_.prefill_deadline);
+    reserve_error_ = absl::OkStatus();
+    full_decode_.clear();
+    backoff_ = absl::ZeroDuration();
     StartReserve();
     StartPrefill();
   }
 
-  // StartReserve reserves blocks on the decode worker while prefill runs.
+  // StartReserve reserves blocks on decode_ while prefill runs; the worker waits at most
+  // reserve_attempt_wait for free blocks.
   void StartReserve() {
     using Rpc = Unary<DecodeStub, v1::ReserveRequest, v1::ReserveResponse>;
     auto rpc = std::make_shared<Rpc>();
-    rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+    const auto deadline = DeadlineIn(options_.control_deadline + options_.reserve_attempt_wait);
+    rpc->context.set_deadline(deadline);
     rpc->request.set_request_id(id());
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                  request_.prompt_token_ids.end());
     *rpc->request.mutable_sampling() = wire_sampling_;
     rpc->request.set_cache_salt(request_.cache_salt);
+    rpc->request.set_max_wait_ms(
+        static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
-    decode_stub_->async()->Reserve(&rpc->context, &rpc->request, &rpc->response,
-                                   [self = shared_from_this(), rpc](grpc::Status) {
-                                     self->Detach(&rpc->context);
-                                     self->ReserveEnded();
-                                   });
+    decode_stub_->async()->Reserve(
+        &rpc->context, &rpc->request, &rpc->response,
+        [self = shared_from_this(), rpc, deadline](grpc::Status status) {
+          self->Detach(&rpc->context);
+          self->ReserveAnswered(status, deadline);
+        });
+  }
+
+  // ReserveAnswered: blocks reserved (or a failure Decode will meet again: go on), or no room
+  // on decode_: try the next decode worker.
+  void ReserveAnswered(const grpc::Status& status,
+                       std::chrono::system_clock::time_point deadline) {
+    if (status.ok() || !NoRoom(status.error_code()) || IsAborted()) return ReserveEnded();
+    backend_->Count(&RemoteBackendCounters::num_reserve_full);
+    // The call's own deadline passed: the worker may still reserve later; free that now.
+    if (std::chrono::system_clock::now() >= deadline) CancelOnDecode();
+    full_decode_.insert(decode_->worker_id);
+    ReleaseDecode();
+    NextReserve();
+  }
+
+  // NextReserve: Reserve on a decode worker not yet found full (nor failed); when every one
+  // is full, wait (backoff) and try them all again, until the wait's end.
+  void NextReserve() {
+    std::set<std::string> exclude = bad_decode_;
+    exclude.insert(full_decode_.begin(), full_decode_.end());
+    if (num_decode_attempts_ <= options_.max_decode_attempts) {
+      decode_ = backend_->PickWorker(WorkerRole::kDecode, request_, TokensNeeded(), exclude);
+    }
+    if (decode_.has_value()) {
+      decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
+      return StartReserve();
+    }
+    if (full_decode_.empty()) {
+      // No live decode worker at all (or none left to try): the phase ends without blocks.
+      reserve_error_ = absl::UnavailableError(num_decode_attempts_ <= 1
+                                                  ? "no decode worker is available"
+                                                  : "every decode worker tried failed");
+      return ReserveEnded();
+    }
+    backoff_ = std::min(options_.reserve_backoff_max,
+                        backoff_ == absl::ZeroDuration() ? options_.reserve_backoff_initial
+                                                         : backoff_ * 2);
+    const absl::Time wake = absl::Now() + backoff_;
+    if (wake >= WaitUntil()) {
+      reserve_error_ = absl::UnavailableError(absl::StrCat(
+          "no decode worker had free KV blocks for this request (", prompt_len_ + 1,
+          " tokens) within ", absl::FormatDuration(WaitUntil() - arrived_),
+          " of waiting; the decode workers are full, retry later"));
+      backend_->Count(&RemoteBackendCounters::num_decode_queue_timeouts);
+      return ReserveEnded();
+    }
+    backend_->timers_.PostAt(wake, [self = shared_from_this()] { self->AfterBackoff(); });
+  }
+
+  void AfterBackoff() {
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Aborted, or prefill failed for good: nothing will use a reservation.
+      stop = aborted_ || (prefill_phase_ended_ && !prefill_ok_);
+    }
+    if (stop) return ReserveEnded();
+    full_decode_.clear();
+    NextReserve();
+  }
+
+  // WaitUntil: the end of the wait for decode blocks: the queue timeout, and while prefill
+  // pins the first token's KV, the pin's end.
+  absl::Time WaitUntil() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::min(queue_until_, pin_until_);
+  }
+  bool CanReusePin() {
+    if (!prefill_.has_value() || num_decode_attempts_ >= options_.max_decode_attempts) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::Now() < pin_until_;
+  }
+  int64_t TokensNeeded() const { return prompt_len_ + request_.sampling.max_tokens; }
+  void ReleaseDecode() {
+    if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
+    decode_.reset();
   }
 
   void StartPrefill() {
@@ -270,6 +377,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     if (status.ok()) {
       prefill_ = std::move(*response);
       prefill_worker_ = worker;
+      if (prefill_->kv().runs_size() > 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        prefill_ok_ = true;
+        pin_until_ = absl::Now() + options_.prefill_pin_timeout - kPinMargin;
+      } else {
+        std::lock_guard<std::mutex> lock(mu_);
+        prefill_ok_ = true;  // finished with its first token: nothing pinned
+      }
       return PrefillPhaseEnded();
     }
     if (IsAborted()) return PrefillPhaseEnded();
@@ -317,36 +432,87 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return Done();
     }
     if (!prefill_.has_value()) {
-      // No prefill worker answered: the decode worker prefills.
+      // No prefill worker answered: the decode worker prefills (its engine queues the request
+      // until blocks are free; no reservation needed).
+      if (!decode_.has_value()) {
+        decode_ = backend_->PickWorker(WorkerRole::kDecode, request_, TokensNeeded(), bad_decode_);
+        if (!decode_.has_value()) return FailNoDecode(reserve_error_);
+        decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
+      }
       backend_->Count(&RemoteBackendCounters::num_local_prefills);
       return StartDecode();
     }
-    backend_->Count(&RemoteBackendCounters::num_remote_prefills);
-    num_prompt_tokens_ = prefill_->num_prompt_tokens();
-    num_cached_tokens_ = prefill_->num_cached_tokens();
-    RequestOutput first;
-    first.new_tokens.push_back(FromWire(prefill_->first_token()));
-    first.finish_reason = FromWire(prefill_->finish_reason());
-    Deliver(std::move(first));
-    if (finished_) {
-      CancelOnDecode();
-      return Done();
+    const bool finished_by_prefill = prefill_->kv().runs_size() == 0;
+    if (!reserve_error_.ok() && !finished_by_prefill) {
+      // No decode worker could take the request in time: unpin the KV, fail (503).
+      ReleaseOnPrefill(prefill_->prefill_worker_address());
+      return FailNoDecode(reserve_error_);
+    }
+    if (num_output_tokens_ == 0) {
+      backend_->Count(&RemoteBackendCounters::num_remote_prefills);
+      num_prompt_tokens_ = prefill_->num_prompt_tokens();
+      num_cached_tokens_ = prefill_->num_cached_tokens();
+      RequestOutput first;
+      first.new_tokens.push_back(FromWire(prefill_->first_token()));
+      first.finish_reason = FromWire(prefill_->finish_reason());
+      Deliver(std::move(first));
+      if (finished_) {
+        if (decode_.has_value()) CancelOnDecode();
+        return Done();
+      }
+      if (options_.test_decode_start_delay > absl::ZeroDuration()) {
+        backend_->timers_.PostAt(absl::Now() + options_.test_decode_start_delay,
+                                 [self = shared_from_this()] { self->StartDecode(); });
+        return;
+      }
     }
     StartDecode();
+  }
+
+  void FailNoDecode(absl::Status why) {
+    if (why.ok()) why = absl::UnavailableError("no decode worker is available");
+    Finish(FinishReason::kError, std::move(why));
+    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    Done();
   }
 
   void StartDecode();
 
   void RetryDecode() {
-    backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
     bad_decode_.insert(decode_->worker_id);
-    decode_.reset();
+    ReleaseDecode();
     backend_->Count(&RemoteBackendCounters::num_decode_retries);
     NextDecodeAttempt();
   }
 
+  // RetryDecodeWithPinnedKv: decode_ failed after the first token was sent but before it
+  // streamed anything. The prefill worker still pins the KV (decode_ never acked it, or died
+  // before it could matter): another decode worker reserves blocks and decodes the same
+  // prefill response; the caller's stream goes on from the second token. Known gap: a decode
+  // worker that pulled, acked (Release) and died before its first output leaves the pin
+  // freed; the next worker's pull then reads blocks prefill may reuse — the decode side must
+  // check ReleaseResponse.released after its pull to catch that.
+  void RetryDecodeWithPinnedKv() {
+    CancelOnDecode();  // a failed-but-alive worker drops its reservation
+    bad_decode_.insert(decode_->worker_id);
+    ReleaseDecode();
+    backend_->Count(&RemoteBackendCounters::num_decode_retries);
+    backend_->Count(&RemoteBackendCounters::num_decode_retries_pinned_kv);
+    ++num_decode_attempts_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserving_ = true;
+      prefill_phase_ended_ = true;
+    }
+    reserve_error_ = absl::OkStatus();
+    full_decode_.clear();
+    backoff_ = absl::ZeroDuration();
+    NextReserve();  // ends in AfterPrefill, which goes on to StartDecode
+  }
+
   // Fire-and-forget control calls, bounded by control_deadline.
   void CancelOnDecode() {
+    if (decode_stub_ == nullptr) return;
     using Rpc = Unary<DecodeStub, v1::CancelRequest, v1::CancelResponse>;
     auto rpc = std::make_shared<Rpc>();
     rpc->stub = decode_stub_;
@@ -371,6 +537,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   OutputCallback on_output_;
   const int64_t prompt_len_;
   v1::SamplingParams wire_sampling_;
+  const absl::Time arrived_ = absl::Now();
 
   std::mutex mu_;
   bool aborted_ = false;                                // guarded by mu_
@@ -378,12 +545,19 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::map<std::string, absl::Status> failed_workers_;  // removed while in use; guarded by mu_
   bool reserving_ = false;                              // guarded by mu_
   bool prefill_phase_ended_ = false;                    // guarded by mu_
+  bool prefill_ok_ = false;  // a prefill worker answered the first token; guarded by mu_
+  const absl::Time queue_until_;                        // the end of the wait for decode blocks
+  absl::Time pin_until_ = absl::InfiniteFuture();       // pinned KV usable until; guarded by mu_
 
   // Flow state: touched by one step at a time (see the class comment).
   std::optional<WorkerSnapshot> decode_;  // the decode worker of this attempt (assigned)
   std::shared_ptr<DecodeStub> decode_stub_;
   int32_t num_decode_attempts_ = 0;
   std::set<std::string> bad_decode_;
+  std::set<std::string> full_decode_;  // answered Reserve without free blocks this round
+  absl::Duration backoff_;             // the last wait between rounds over the decode workers
+  absl::Status reserve_error_;         // the wait for decode blocks ended without any
+  bool decode_streamed_ = false;       // this attempt's Decode stream delivered a message
   std::set<std::string> bad_prefill_;
   int32_t num_prefill_attempts_ = 0;
   std::chrono::system_clock::time_point prefill_until_;
@@ -427,6 +601,11 @@ class RemoteBackend::DecodeReader final : public grpc::ClientReadReactor<v1::Tok
 };
 
 void RemoteBackend::Call::StartDecode() {
+  decode_streamed_ = false;
+  if (!decode_.has_value()) {
+    if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
+    return FailNoDecode(reserve_error_);
+  }
   auto* reader = new DecodeReader(shared_from_this());
   reader->context.set_deadline(DeadlineIn(options_.decode_deadline));
   reader->request.set_request_id(id());
@@ -438,6 +617,9 @@ void RemoteBackend::Call::StartDecode() {
   if (!Attach(&reader->context, decode_->worker_id)) {
     delete reader;
     const absl::Status failure = WorkerFailure(decode_->worker_id);
+    if (!IsAborted() && num_output_tokens_ > 0 && CanReusePin()) {
+      return RetryDecodeWithPinnedKv();  // decode_ was removed before Decode started
+    }
     if (prefill_.has_value()) {
       // Decode never starts: free the prefill worker's pin now rather than at
       // its timeout.

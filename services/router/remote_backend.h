@@ -16,10 +16,21 @@
 // (UNAVAILABLE, deadline, removed from the registry) → the prefill is retried
 // on another one; a decode worker failing before any token reached the caller →
 // retried on another decode worker; after a token was delivered → the request
-// ends at once with FinishReason::kError and an UNAVAILABLE status naming the
-// worker. A worker whose RPC failed is probed (WorkerProber) and, when nothing
-// answers at its address, removed from the registry at once rather than at the
-// end of its lease.
+// ends with FinishReason::kError and an UNAVAILABLE status naming the worker —
+// unless the decode worker failed before it streamed anything after a remote
+// prefill's first token: then, while the prefill worker still pins the KV
+// (prefill_pin_timeout), another decode worker reserves and pulls from the same
+// prefill response and the stream goes on seamlessly. A worker whose RPC failed
+// is probed (WorkerProber) and, when nothing answers at its address, removed
+// from the registry at once rather than at the end of its lease.
+//
+// KV blocks on decode (the queue): each Reserve lets the decode worker wait at
+// most reserve_attempt_wait for free blocks; a worker that has none is skipped
+// for another live decode worker; when all are full the router tries them again
+// with exponential backoff until decode_queue_timeout after the request arrived
+// (and before the prefill pin runs out), then fails the request with
+// UNAVAILABLE (503) saying so. The first token is sent only once decode blocks
+// are reserved, so a request that times out in the queue gets a clean 503.
 #ifndef SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
 #define SLUICE_SERVICES_ROUTER_REMOTE_BACKEND_H_
 
@@ -33,6 +44,7 @@
 
 #include "absl/time/time.h"
 #include "services/api/inference_backend.h"
+#include "services/worker_common/task_pool.h"
 #include "services/router/worker_prober.h"
 #include "services/router/worker_registry.h"
 
@@ -55,6 +67,20 @@ struct RemoteBackendOptions {
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
   // One connection probe of a worker whose RPC failed (see WorkerProber).
   absl::Duration probe_timeout = absl::Seconds(2);
+  // Waiting for decode KV blocks (see the file comment): per Reserve, the most a decode
+  // worker waits for free blocks before answering (ReserveRequest.max_wait_ms); the backoff
+  // between rounds over all decode workers (doubling from initial to max); the whole wait,
+  // from the request's arrival (--decode-queue-timeout-s).
+  absl::Duration reserve_attempt_wait = absl::Milliseconds(500);
+  absl::Duration reserve_backoff_initial = absl::Milliseconds(50);
+  absl::Duration reserve_backoff_max = absl::Seconds(1);
+  absl::Duration decode_queue_timeout = absl::Seconds(120);
+  // The prefill workers' --kv-pin-timeout-s: their pinned KV is freed this long after they
+  // answered. Waits and decode retries that rely on it end kPinMargin (2 s) earlier.
+  absl::Duration prefill_pin_timeout = absl::Seconds(30);
+  // Test only (fault tests): delay between sending a remote prefill's first token and the
+  // first Decode call, a window to kill the chosen decode worker in.
+  absl::Duration test_decode_start_delay = absl::ZeroDuration();
   // Worker choice by --routing-policy (services/router/kv_router.h); nullptr: the registry's
   // load-only Pick. Borrowed; must outlive the backend.
   KvRouter* kv_router = nullptr;
@@ -66,6 +92,11 @@ struct RemoteBackendCounters {
   int64_t num_local_prefills = 0;   // requests prefilled on their decode worker
   int64_t num_prefill_retries = 0;
   int64_t num_decode_retries = 0;
+  // Of those: after the first token was sent, on another decode worker pulling the same
+  // pinned prefill KV.
+  int64_t num_decode_retries_pinned_kv = 0;
+  int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
+  int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
   int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
   int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
@@ -118,6 +149,9 @@ class RemoteBackend : public InferenceBackend {
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
   RemoteBackendCounters counters_;                                  // guarded by mu_
   bool shutting_down_ = false;                                      // guarded by mu_
+  // One thread running delayed steps (backoff waits); outlives every Call (the destructor
+  // waits for them before members go).
+  TaskPool timers_{1};
   // Last member: destroyed first, while the registry and the backend still
   // exist.
   WorkerProber prober_;

@@ -71,6 +71,20 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                   counters.num_prefill_retries, "\n");
   absl::StrAppend(&out, "sluice_router_retries_total{stage=\"decode\"} ",
                   counters.num_decode_retries, "\n");
+  Header(out, "sluice_router_decode_retries_pinned_kv_total", "counter",
+         "Decode retries after the first token was sent, on another decode worker pulling the "
+         "same pinned prefill KV.");
+  absl::StrAppend(&out, "sluice_router_decode_retries_pinned_kv_total ",
+                  counters.num_decode_retries_pinned_kv, "\n");
+  Header(out, "sluice_router_decode_reserve_full_total", "counter",
+         "Reserve calls a decode worker answered without free KV blocks (the router tried "
+         "another or waited).");
+  absl::StrAppend(&out, "sluice_router_decode_reserve_full_total ", counters.num_reserve_full,
+                  "\n");
+  Header(out, "sluice_router_decode_queue_timeouts_total", "counter",
+         "Requests failed (503) because no decode worker had free KV blocks within the wait.");
+  absl::StrAppend(&out, "sluice_router_decode_queue_timeouts_total ",
+                  counters.num_decode_queue_timeouts, "\n");
   Header(out, "sluice_router_worker_failures_total", "counter",
          "Requests ended with an error because a worker failed.");
   absl::StrAppend(&out, "sluice_router_worker_failures_total ", counters.num_worker_failures, "\n");

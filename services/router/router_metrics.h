@@ -25,6 +25,9 @@ namespace sluice {
 //   router's own count sluice_router_prefills_total{where="remote"|"local"}
 //   counter sluice_router_retries_total{stage="prefill"|"decode"} counter
 //   sluice_router_worker_failures_total                           counter
+//   sluice_router_decode_retries_pinned_kv_total                  counter
+//   sluice_router_decode_reserve_full_total                       counter
+//   sluice_router_decode_queue_timeouts_total                     counter
 std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                                 const RemoteBackendCounters& counters);
 

@@ -1,0 +1,135 @@
+"""Decode-side failures after the first token, and a full decode tier (router + prefill + decode).
+
+1. kill -9 a decode worker while its requests have their first token (from prefill) but before it
+   streamed anything (the router's test-only --test-decode-start-delay-ms holds the first Decode
+   call; the test kills once every stream has its first token, inside that window): every request
+   completes on the other decode worker, which pulls the same pinned prefill KV, and the text
+   equals `sluice serve` (one seamless stream). Every pin is released by an ack, none expires.
+2. Two decode workers with very few KV blocks under 16 concurrent requests: Reserve finds no free
+   blocks, the router tries the other worker, then waits with backoff; no request fails, the texts
+   equal `sluice serve`, and the router counts the full answers (none timed out in the queue).
+"""
+
+import concurrent.futures
+import time
+
+import openai
+import pytest
+
+from sluice_cluster import MODEL_NAME, Cluster, Serve, sum_samples, wait_until
+
+MAX_TOKENS = 24
+DECODE_START_DELAY_MS = 6000  # the kill window; the test does not sleep through it
+
+
+def messages(i):
+    return [{"role": "user", "content": f"Request {i}: list {i % 5 + 2} kinds of trees."}]
+
+
+def complete(client, i):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
+                                       max_tokens=MAX_TOKENS)
+    return r.choices[0].message.content, r.choices[0].finish_reason
+
+
+def stream(client, i, first_token_at):
+    """Streams request i; records when its first content arrived; returns (text, finish)."""
+    text, finish = "", None
+    s = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
+                                       max_tokens=MAX_TOKENS, stream=True)
+    for chunk in s:
+        if not chunk.choices:
+            continue
+        if chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+            first_token_at.setdefault(i, time.monotonic())
+        finish = chunk.choices[0].finish_reason or finish
+    return text, finish
+
+
+@pytest.fixture(scope="module")
+def reference():
+    s = Serve()
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", timeout=120, max_retries=0)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(lambda i: complete(client, i), range(16)))
+    s.stop()
+    return outputs
+
+
+def listen_address(proc):
+    return proc.args[proc.args.index("--listen") + 1]
+
+
+def prefill_pins_released(cluster, name="prefill-0"):
+    """The prefill worker holds no pin, and none was freed by its timeout."""
+    def released():
+        return cluster.worker_metric(name, "sluice_prefill_held_blocks") == 0
+    wait_until(released, 10, "prefill pins released")
+    text = cluster.worker_metrics_text(name)
+    assert 'sluice_prefill_held_released_total{reason="expired"} 0' in text, text
+
+
+def test_kill_decode_worker_after_first_token_completes_elsewhere(reference):
+    n = 8
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      router_args=["--test-decode-start-delay-ms", str(DECODE_START_DELAY_MS)])
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        first_token_at = {}
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(stream, client, i, first_token_at) for i in range(n)]
+            wait_until(lambda: len(first_token_at) == n or any(f.done() for f in futures), 60,
+                       "every stream's first token")
+            assert len(first_token_at) == n, [f.result() for f in futures if f.done()]
+            # Inside the window: no Decode call has started yet.
+            assert time.monotonic() - min(first_token_at.values()) < DECODE_START_DELAY_MS / 1e3
+            assigned = {w["address"]: w["assigned"] for w in cluster.workers_json()
+                        if w["role"] == "decode"}
+            # Kill the decode worker that holds the most of them.
+            name = max(("decode-0", "decode-1"), key=lambda k: assigned[listen_address(
+                cluster.workers[k])])
+            moved = assigned[listen_address(cluster.workers[name])]
+            cluster.workers[name].kill9()
+            outputs = [f.result(timeout=120) for f in futures]
+        expected = [(reference[i][0], reference[i][1]) for i in range(n)]
+        assert outputs == expected
+        # Every request of the killed worker moved, each once; none failed.
+        retried = cluster.metric("sluice_router_decode_retries_pinned_kv_total")
+        assert moved >= 1 and retried == moved, assigned
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        prefill_pins_released(cluster)
+        print(f"\ndecode kill after first token: {retried:.0f} of {n} requests moved to the "
+              f"other decode worker (assigned before the kill: {assigned})")
+    finally:
+        cluster.stop()
+
+
+def test_full_decode_workers_queue_instead_of_503(reference):
+    n = 16
+    # 8 blocks of 16 tokens: one request needs 3-4 blocks (prompt + 24 tokens), so each worker
+    # holds two at a time and most Reserve calls find it full.
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      role_args={"decode": ["--num-kv-blocks", "8", "--max-model-len", "128",
+                                            "--reserve-timeout-s", "3"]})
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(lambda i: complete(client, i), range(n)))
+        elapsed = time.monotonic() - start
+        assert outputs == reference[:n]
+        full = cluster.metric("sluice_router_decode_reserve_full_total")
+        assert full >= 1
+        assert cluster.metric("sluice_router_decode_queue_timeouts_total") == 0
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        prefill_pins_released(cluster)
+        for name in ("decode-0", "decode-1"):
+            text = cluster.worker_metrics_text(name)
+            assert sum_samples(text, "sluice_decode_reserved_transfers") == 0, text
+        print(f"\nfull decode tier: {n} requests in {elapsed:.1f}s, {full:.0f} Reserve answers "
+              "without blocks, 0 failed")
+    finally:
+        cluster.stop()
