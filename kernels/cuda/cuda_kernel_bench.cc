@@ -246,8 +246,8 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
   constexpr int64_t kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6, kSets = 16;
   const int64_t expert_elems = 3 * kHidden * kInter;
   BENCH_ASSIGN_OR_RETURN(
-      w_gate_up, RandomDevice(static_cast<size_t>(kExperts * 2 * kInter * kHidden), rng, -0.02f,
-                              0.02f));
+      w_gate_up,
+      RandomDevice(static_cast<size_t>(kExperts * 2 * kInter * kHidden), rng, -0.02f, 0.02f));
   BENCH_ASSIGN_OR_RETURN(
       w_down, RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
   nlohmann::json rows = nlohmann::json::array();
@@ -275,10 +275,9 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
     int64_t call = 0;
     auto run = [&]() {
       const int64_t set = call++ % kSets;
-      return MoeExpertsCuda(x.data(), d_ids.data() + set * t * kTopK,
-                            d_w.data() + set * t * kTopK, t, kHidden, kInter, kTopK, kExperts,
-                            w_gate_up.data(), w_down.data(), out.data(),
-                            MoeCudaWorkspace{ws.data(), ws_bytes}, stream);
+      return MoeExpertsCuda(x.data(), d_ids.data() + set * t * kTopK, d_w.data() + set * t * kTopK,
+                            t, kHidden, kInter, kTopK, kExperts, w_gate_up.data(), w_down.data(),
+                            out.data(), MoeCudaWorkspace{ws.data(), ws_bytes}, stream);
     };
     BENCH_ASSIGN_OR_RETURN(ms, TimeMs(run, 3, decode ? 200 : 20, stream));
     const double weight_bytes = 2.0 * expert_elems * n_touched;
@@ -309,13 +308,12 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
     BENCH_ASSIGN_OR_RETURN(w, DeviceBuffer<float>::Create(static_cast<size_t>(t * 8)));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(logits.data(), 0, logits.bytes()), "cudaMemset");
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(bias.data(), 0, bias.bytes()), "cudaMemset");
-    BENCH_ASSIGN_OR_RETURN(
-        ms, TimeMs(
-                [&]() {
-                  return MoeRoutingCuda(logits.data(), bias.data(), t, p, ids.data(), w.data(),
-                                        stream);
-                },
-                3, 100, stream));
+    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
+                                   [&]() {
+                                     return MoeRoutingCuda(logits.data(), bias.data(), t, p,
+                                                           ids.data(), w.data(), stream);
+                                   },
+                                   3, 100, stream));
     routing.push_back({{"tokens", t}, {"ms", ms}});
   }
   return nlohmann::json{

@@ -167,9 +167,11 @@ struct ARows {
 // down writes expert_out[p, col] (n = H); both rounded to bf16 once.
 __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-// GEMV path, one warp per output column, blockIdx.y = slot in the touched-expert list.
+// GEMV path, one warp per output column, blockIdx.y = slot in the touched-expert list. An
+// expert's rows are taken kRows at a time (kRows >= the expert's row count in the usual case:
+// a token picks an expert at most once, so counts <= num_tokens; the host picks kRows from it).
 // kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
-template <bool kGateUp>
+template <bool kGateUp, int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     MoeGemvKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
                   const int32_t* __restrict__ active, const int32_t* __restrict__ num_active, int n,
@@ -187,21 +189,33 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int m = 0; m < kMats; ++m) wr[m] = we + (static_cast<int64_t>(m) * n + col) * k;
   const int end = offsets[e + 1];
-  for (int p0 = offsets[e]; p0 < end; p0 += kWarpDotRows) {
-    const int rows = min(kWarpDotRows, end - p0);
-    const bf16* a[kWarpDotRows];
+  for (int p0 = offsets[e]; p0 < end; p0 += kRows) {
+    const int rows = min(kRows, end - p0);
+    const bf16* a[kRows];
 #pragma unroll
-    for (int j = 0; j < kWarpDotRows; ++j) a[j] = a_rows.Row(p0 + (j < rows ? j : 0));
-    float acc[kMats][kWarpDotRows];
-    WarpDotRows<kMats>(wr, a, rows, k, acc);
+    for (int j = 0; j < kRows; ++j) a[j] = a_rows.Row(p0 + (j < rows ? j : 0));
+    float acc[kMats][kRows];
+    WarpDotRows<kMats, kRows>(wr, a, rows, k, acc);
 #pragma unroll
-    for (int j = 0; j < kWarpDotRows; ++j) {
+    for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
         const float v = kGateUp ? SiluMul(acc[0][j], acc[kMats - 1][j]) : acc[0][j];
         c[static_cast<int64_t>(p0 + j) * n + col] = __float2bfloat16_rn(v);
       }
     }
   }
+}
+
+// Launches both GEMV steps with kRows rows per pass.
+template <int kRows>
+void LaunchGemv(const ARows& x_rows, const ARows& act_rows, const bf16* w_gate_up,
+                const bf16* w_down, const SortOut& so, unsigned max_active, int h, int i, bf16* act,
+                bf16* expert_out, cudaStream_t stream) {
+  auto columns = [](int n) { return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps); };
+  MoeGemvKernel<true, kRows><<<dim3(columns(i), max_active), kGemvWarps * 32, 0, stream>>>(
+      x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
+  MoeGemvKernel<false, kRows><<<dim3(columns(h), max_active), kGemvWarps * 32, 0, stream>>>(
+      act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
 }
 
 // Grouped GEMM over the sorted rows: blockIdx.x = global tile index (expert found by binary
@@ -268,7 +282,7 @@ __global__ void __launch_bounds__(kGemmThreads)
       for (int m = 0; m < kMats; ++m) {
         b_reg[m][i] = make_uint4(0, 0, 0, 0);
         if (b_src[m][i] != nullptr && kc < k) {
-          b_reg[m][i] = __ldcs(reinterpret_cast<const uint4*>(b_src[m][i] + kc));
+          b_reg[m][i] = *reinterpret_cast<const uint4*>(b_src[m][i] + kc);
         }
       }
     }
@@ -434,11 +448,20 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
   // Touched experts <= min(E, rows): one grid slot (GEMV) or one partial tile (GEMM) each.
   const unsigned max_active = static_cast<unsigned>(std::min(num_experts, rows));
   if (path == MoeExpertsPath::kGemv) {
-    auto columns = [](int n) { return static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps); };
-    MoeGemvKernel<true><<<dim3(columns(i), max_active), kGemvWarps * 32, 0, stream>>>(
-        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
-    MoeGemvKernel<false><<<dim3(columns(h), max_active), kGemvWarps * 32, 0, stream>>>(
-        act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
+    // An expert's row count is usually <= num_tokens: fewer rows per pass use fewer registers.
+    if (num_tokens == 1) {
+      LaunchGemv<1>(x_rows, act_rows, w_gate_up, w_down, so, max_active, h, i, act, expert_out,
+                    stream);
+    } else if (num_tokens == 2) {
+      LaunchGemv<2>(x_rows, act_rows, w_gate_up, w_down, so, max_active, h, i, act, expert_out,
+                    stream);
+    } else if (num_tokens <= 4) {
+      LaunchGemv<4>(x_rows, act_rows, w_gate_up, w_down, so, max_active, h, i, act, expert_out,
+                    stream);
+    } else {
+      LaunchGemv<kWarpDotRows>(x_rows, act_rows, w_gate_up, w_down, so, max_active, h, i, act,
+                               expert_out, stream);
+    }
   } else {
     const unsigned max_tiles = static_cast<unsigned>((rows + kBm - 1) / kBm) + max_active;
     auto columns = [](int n) { return static_cast<unsigned>((n + kBn - 1) / kBn); };

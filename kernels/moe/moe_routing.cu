@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kLogitsWarps * 32)
     a[j] = x + static_cast<int64_t>(t0 + (j < rows ? j : 0)) * hidden;
   }
   float acc[1][kWarpDotRows];
-  WarpDotRows<1>(w, a, rows, hidden, acc);
+  WarpDotRows<1, kWarpDotRows>(w, a, rows, hidden, acc);
 #pragma unroll
   for (int j = 0; j < kWarpDotRows; ++j) {
     if (j < rows && lane == j) logits[static_cast<int64_t>(t0 + j) * num_experts + e] = acc[0][j];
