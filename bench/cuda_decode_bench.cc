@@ -1,6 +1,6 @@
 // cuda_decode_bench: decode and prefill speed of the CUDA model runner (engine/cuda) on a
-// Llama-family config with dummy weights, against the GPU's own ceilings measured in the same
-// process.
+// Llama-family or DeepSeek-V3 (MLA + MoE, e.g. bench/configs/deepseek-v2-lite) config with dummy
+// weights, against the GPU's own ceilings measured in the same process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-stages 0] [--compare-attn-stages 0] [--out OUT.json]
@@ -17,6 +17,11 @@
 // device, host planning overlapped with the GPU; ITL = GPU time per step. Roofline per step =
 // (weight bytes + KV bytes read: B · mean context · KV bytes/token) / copy_gbps; the ratio
 // measured / roofline is the target figure (≤ 1.2 at batch 1, ≤ 1.3 at 64 and 256).
+// MoE models: a step reads only the routed experts its tokens chose, so the weight bytes of the
+// roofline count the non-expert weights plus the expected number of distinct experts B tokens
+// touch under uniform routing, E · (1 − (1 − k/E)^B) per MoE layer (exactly k at B = 1:
+// CudaRunner::ActiveWeightBytesPerToken); "weight_bytes_all_experts" is the dense-equivalent
+// figure. KV bytes per token: the MLA latent row (kv_lora_rank + qk_rope_head_dim) per layer.
 // --breakdown 1 (default): after each batch's timed loop, one more step is run eagerly with a
 // CUDA event after every op (CudaLlamaRunner::ProfileStep: kernels queued behind a spin kernel, so
 // they run back to back) and GPU ms per op class is reported beside the graph ITL; the GEMM
@@ -31,9 +36,12 @@
 // error).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
-// / time, as a fraction of gemm_tflops.
+// / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
+// experts, not all); MLA attention (absorbed) counts 2 · layers · heads · (2 · kv_lora_rank +
+// qk_rope_head_dim) · T²/2.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -44,7 +52,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "engine/cuda/cuda_llama_runner.h"
+#include "engine/cuda/cuda_model.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "kernels/attention/paged_attention_cuda.h"
@@ -186,11 +194,19 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
   o.max_num_tokens = o.max_num_seqs;
-  auto runner = CudaLlamaRunner::CreateDummy(config, kDefaultDummySeed, o);
+  auto runner = CreateDummyCudaRunner(config, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t bps = (o.max_model_len + o.block_size - 1) / o.block_size;
   BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(o.max_num_seqs * bps));
-  const double weight_bytes = static_cast<double>((*runner)->WeightBytesPerStep());
+  const double all_weight_bytes = static_cast<double>((*runner)->WeightBytesPerStep());
+  const double active_bytes = static_cast<double>((*runner)->ActiveWeightBytesPerToken());
+  const bool moe = config.architecture == Architecture::kDeepseekV3 &&
+                   config.first_k_dense_replace < config.num_hidden_layers &&
+                   config.num_experts_per_tok < config.n_routed_experts;
+  // all = base + X, active = base + X·k/E (X: all routed-expert bytes).
+  const double e_count = moe ? static_cast<double>(config.n_routed_experts) : 1.0;
+  const double k_frac = moe ? config.num_experts_per_tok / e_count : 1.0;
+  const double expert_bytes = moe ? (all_weight_bytes - active_bytes) / (1.0 - k_frac) : 0.0;
   const double kv_per_token = static_cast<double>((*runner)->KvBytesPerToken());
   nlohmann::json out = nlohmann::json::array();
   for (int64_t b : f.batches) {
@@ -217,6 +233,9 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double itl_ms = ms / static_cast<double>(steps);
     const double mean_ctx = static_cast<double>(f.context) + kWarmup + steps / 2.0;
+    // Expected distinct experts per MoE layer at batch b (uniform routing), as a fraction of E.
+    const double touched = moe ? 1.0 - std::pow(1.0 - k_frac, static_cast<double>(b)) : 1.0;
+    const double weight_bytes = all_weight_bytes - expert_bytes + expert_bytes * touched;
     const double step_bytes = weight_bytes + b * mean_ctx * kv_per_token;
     const double roofline_ms = step_bytes / (copy_gbps * 1e9) * 1e3;
     int64_t distinct = 0;
@@ -256,6 +275,8 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
                    {"itl_ms", itl_ms},
                    {"tokens_per_s", b * 1e3 / itl_ms},
                    {"weight_bytes", weight_bytes},
+                   {"weight_bytes_all_experts", all_weight_bytes},
+                   {"expected_experts_touched_per_moe_layer", touched * e_count},
                    {"kv_bytes", b * mean_ctx * kv_per_token},
                    {"roofline_ms", roofline_ms},
                    {"roofline_tokens_per_s", b * 1e3 / roofline_ms},
@@ -287,17 +308,26 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
   o.max_num_tokens = max_t;
   o.max_num_seqs = 1;
   o.use_cuda_graphs = false;
-  auto runner = CudaLlamaRunner::CreateDummy(c, kDefaultDummySeed, o);
+  auto runner = CreateDummyCudaRunner(c, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
   BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(blocks));
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
   const double hd = static_cast<double>(c.head_dim);
+  const bool mla = c.architecture == Architecture::kDeepseekV3;
+  // Per-token matmul parameters: Llama from the config; DeepSeek from the runner's active bytes
+  // (top-k experts) less the embedding row, the lm_head (counted below) and the norms.
   const double matmul_params =
-      static_cast<double>(c.num_hidden_layers) *
-          (c.hidden_size * (c.num_attention_heads + 2.0 * c.num_key_value_heads) * hd +
-           c.hidden_size * c.num_attention_heads * hd + 3.0 * c.hidden_size * c.intermediate_size);
+      mla ? (*runner)->ActiveWeightBytesPerToken() / 2.0 - c.hidden_size -
+                static_cast<double>(c.vocab_size) * c.hidden_size
+          : static_cast<double>(c.num_hidden_layers) *
+                (c.hidden_size * (c.num_attention_heads + 2.0 * c.num_key_value_heads) * hd +
+                 c.hidden_size * c.num_attention_heads * hd +
+                 3.0 * c.hidden_size * c.intermediate_size);
+  // Multiply-adds per (query, key) pair and head: q·k and p·v.
+  const double attn_width =
+      mla ? 2.0 * c.kv_lora_rank + c.qk_rope_head_dim : 2.0 * hd;
   nlohmann::json out = nlohmann::json::array();
   for (int64_t T : f.prefill) {
     ForwardInput in;
@@ -318,7 +348,8 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
         kIters;
     const double flops = 2.0 * matmul_params * T + 2.0 * c.hidden_size * c.vocab_size +
-                         4.0 * c.num_hidden_layers * c.num_attention_heads * hd * T * T / 2.0;
+                         2.0 * c.num_hidden_layers * c.num_attention_heads * attn_width * T * T /
+                             2.0;
     const double tflops = flops / (ms * 1e-3) / 1e12;
     out.push_back({{"tokens", T},
                    {"ms", ms},

@@ -3,11 +3,12 @@
 # of our Debian dependencies (the `run` device tool's machines).
 #
 # Usage: scripts/device_bundle.sh [TARGET...]   (default: kernels_cuda_test cuda_kernel_bench)
-#   Model runner targets: cuda_model_test (engine/cuda GPU tests; the llama-tiny and
-#   qwen3-hybrid-tiny fixtures are copied into the bundle's fixtures/ and found through
-#   SLUICE_SHARED_DIR) and cuda_decode_bench (with bench/configs/ and bench/hf_baseline.py, run
-#   beside it with the device's own PyTorch + transformers when `python3 -c "import
-#   transformers"` works there).
+#   Model runner targets: cuda_model_test (engine/cuda GPU tests; the llama-tiny,
+#   deepseek-v3-tiny and qwen3-hybrid-tiny fixtures are copied into the bundle's fixtures/ and
+#   found through SLUICE_SHARED_DIR, sluice-mini-moe is linked at run time from the repository
+#   copy the bundle sits in) and cuda_decode_bench (Llama-3-8B and DeepSeek-V2-Lite shapes, with
+#   bench/configs/ and bench/hf_baseline.py, run beside it with the device's own PyTorch +
+#   transformers when `python3 -c "import transformers"` works there).
 #   SLUICE_DEVICE_BUILD_DIR   build folder (default build-device; SLUICE_NATIVE=OFF so the
 #                             binaries run on any x86-64 CPU, SLUICE_CUDA=ON)
 #   SLUICE_DEVICE_BUNDLE_DIR  bundle folder (default device/cuda-kernels; /device/ is ignored by
@@ -49,35 +50,60 @@ for t in "${targets[@]}"; do
     cuda_model_test)
       mkdir -p "$bundle/fixtures"
       # llama-tiny with the goldens of its first 3 prompts (5, 17, 64 tokens; the 150-token
-      # case alone is 4.9 MB of logits); qwen3-hybrid-tiny's config only (the runner rejects
-      # the architecture before reading weights).
-      mkdir -p "$bundle/fixtures/llama-tiny" "$bundle/fixtures/qwen3-hybrid-tiny"
-      cp ../shared/fixtures/llama-tiny/{config.json,generation_config.json,model.safetensors} \
-        "$bundle/fixtures/llama-tiny/"
+      # case alone is 4.9 MB of logits); deepseek-v3-tiny with those of its first 2 prompts and
+      # its float32 weights stored as bf16 (rounded to nearest even, as the CUDA runner's loader
+      # rounds them, so the device sees the same values; e_score_correction_bias stays float32
+      # as the runner keeps it): the travelling tree is limited to 64 MiB and the tracked tree
+      # (models/sluice-mini-moe included) is most of it. qwen3-hybrid-tiny's config only (the
+      # runner rejects the architecture before reading weights). sluice-mini-moe is not copied:
+      # it is tracked (models/sluice-mini-moe); run_on_device.sh links it into models/.
+      mkdir -p "$bundle/fixtures/qwen3-hybrid-tiny"
       cp ../shared/fixtures/qwen3-hybrid-tiny/config.json "$bundle/fixtures/qwen3-hybrid-tiny/"
-      python3 - ../shared/fixtures/llama-tiny/golden.safetensors \
-        "$bundle/fixtures/llama-tiny/golden.safetensors" <<'PY'
+      for m in llama-tiny deepseek-v3-tiny; do
+        mkdir -p "$bundle/fixtures/$m"
+        cp ../shared/fixtures/$m/{config.json,generation_config.json} "$bundle/fixtures/$m/"
+      done
+      cp ../shared/fixtures/llama-tiny/model.safetensors "$bundle/fixtures/llama-tiny/"
+      python3 - ../shared/fixtures "$bundle/fixtures" <<'PY'
 import json, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-with open(src, "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    header = json.loads(f.read(n))
-    data = f.read()
-keep = {k: v for k, v in header.items()
-        if k == "__metadata__" or k.rsplit("_", 1)[-1] in ("0", "1", "2")}
-out, blobs, off = {}, [], 0
-for k, v in keep.items():
-    if k == "__metadata__":
-        out[k] = v
-        continue
-    b, e = v["data_offsets"]
-    blobs.append(data[b:e])
-    out[k] = dict(v, data_offsets=[off, off + e - b])
-    off += e - b
-text = json.dumps(out).encode()
-text += b" " * (-len(text) % 8)
-with open(dst, "wb") as f:
-    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+from array import array
+src_dir, dst_dir = sys.argv[1], sys.argv[2]
+
+def rewrite(src, dst, keep, to_bf16):
+    """Copies the tensors `keep(name)` of safetensors `src` to `dst`, F32 -> BF16 (round to
+    nearest even) for the names `to_bf16(name)`."""
+    with open(src, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out, blobs, off = {}, [], 0
+    for k, v in header.items():
+        if k == "__metadata__":
+            out[k] = v
+            continue
+        if not keep(k):
+            continue
+        b, e = v["data_offsets"]
+        blob = data[b:e]
+        if v["dtype"] == "F32" and to_bf16(k):
+            blob = array("H", ((x + 0x7FFF + ((x >> 16) & 1)) >> 16
+                               for x in array("I", blob))).tobytes()
+            v = dict(v, dtype="BF16")
+        blobs.append(blob)
+        out[k] = dict(v, data_offsets=[off, off + len(blob)])
+        off += len(blob)
+    text = json.dumps(out).encode()
+    text += b" " * (-len(text) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+never = lambda k: False
+for model, cases in (("llama-tiny", ("0", "1", "2")), ("deepseek-v3-tiny", ("0", "1"))):
+    rewrite(f"{src_dir}/{model}/golden.safetensors", f"{dst_dir}/{model}/golden.safetensors",
+            lambda k: k.rsplit("_", 1)[-1] in cases, never)
+rewrite(f"{src_dir}/deepseek-v3-tiny/model.safetensors",
+        f"{dst_dir}/deepseek-v3-tiny/model.safetensors", lambda k: True,
+        lambda k: not k.endswith("e_score_correction_bias"))
 PY
       ;;
     cuda_decode_bench)
@@ -119,12 +145,26 @@ if [ -x "$here/kernels_cuda_test" ]; then
   fi
 fi
 if [ -x "$here/cuda_model_test" ]; then
+  # sluice-mini-moe from the repository copy this bundle sits in (models/ is tracked).
+  if [ ! -e "$here/models/sluice-mini-moe" ]; then
+    d="$here"
+    while [ "$d" != / ]; do
+      d="$(dirname "$d")"
+      if [ -f "$d/models/sluice-mini-moe/model.safetensors" ]; then
+        mkdir -p "$here/models" && ln -s "$d/models/sluice-mini-moe" "$here/models/sluice-mini-moe"
+        break
+      fi
+    done
+  fi
   SLUICE_SHARED_DIR="$here" "$here/cuda_model_test" --gtest_output="json:$out/cuda_model_test.json" \
     2>&1 | tee "$out/cuda_model_test.log" || rc=1
 fi
 if [ -x "$here/cuda_decode_bench" ]; then
   "$here/cuda_decode_bench" --config "$here/configs/llama3-8b" --out "$out/cuda_llama8b.json" \
     2>&1 | tee "$out/cuda_decode_bench.log" || rc=1
+  # DeepSeek-V2-Lite shapes (MLA + MoE, 15.7B parameters, dummy bf16 weights: 31 GB).
+  "$here/cuda_decode_bench" --config "$here/configs/deepseek-v2-lite" --batches 1,64 \
+    --prefill 4096 --out "$out/cuda_dsv2lite.json" 2>&1 | tee "$out/cuda_dsv2lite_bench.log" || rc=1
   if python3 -c "import transformers" 2>/dev/null; then
     python3 "$here/hf_baseline.py" --config "$here/configs/llama3-8b" --out "$out/hf_llama8b.json" \
       2>&1 | grep -v Warning | tee "$out/hf_baseline.log" || rc=1
@@ -142,3 +182,10 @@ if [ "${SLUICE_DEVICE_COMPRESS:-0}" = 1 ]; then
     ls -A | grep -Ev '^(run_on_device.sh|bundle.tar.xz)$' | xargs rm -rf)
 fi
 du -sh "$bundle"
+# The device tool sends the tracked and untracked-not-ignored files plus carried paths, 64 MiB
+# at most.
+tree_bytes=$(git ls-files -co --exclude-standard -z | xargs -0 du -cb 2>/dev/null | awk 'END {print $1}')
+bundle_bytes=$(du -sb "$bundle" | cut -f1)
+echo "device_bundle: working tree $tree_bytes + bundle $bundle_bytes bytes (limit 67108864)"
+[ $((tree_bytes + bundle_bytes)) -le 67108864 ] ||
+  echo "device_bundle: WARNING: over the device tool's 64 MiB (SLUICE_DEVICE_COMPRESS=1?)" >&2

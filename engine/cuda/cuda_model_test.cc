@@ -8,11 +8,19 @@
 // (the golden tokens fed as a prompt, the argmax at each position compared to the next golden
 // token) with agreement ≥ 0.9, and the decode path (CUDA graphs) is checked against the same
 // runner's prefill logits of the same tokens (|Δlogit| ≤ 0.05, pooled top-1 ≥ 0.95).
+//
+// DeepSeek-V3 (MLA + MoE; deepseek-v3-tiny fixture, sluice-mini-moe trained model): the same bars
+// except that an MoE in bf16 routes some tokens to different experts than the float32 golden
+// (near-tie router scores; shared/models/README.md: "elementwise bounds do not apply", bf16
+// top-1 agreement 0.95 measured with PyTorch), which moves a whole row's logits. So the logit
+// bound (0.15, as for Llama) must hold at ≥ 90% of the prompt positions rather than all, and
+// top-1 / teacher-forced greedy agreement ≥ 0.9 as above.
 #include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
 
+#include "engine/cuda/cuda_deepseek_runner.h"
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/runner_kernels.h"
@@ -59,6 +67,35 @@ float MaxAbsDiff(const float* a, const float* b, int64_t n) {
   return m;
 }
 
+// RowsWithin: fraction of the n rows (of `vocab` logits) whose max |a - b| is <= bound.
+double RowsWithin(const float* a, const float* b, int64_t n, int64_t vocab, float bound) {
+  int64_t ok = 0;
+  for (int64_t r = 0; r < n; ++r) ok += MaxAbsDiff(a + r * vocab, b + r * vocab, vocab) <= bound;
+  return n == 0 ? 1.0 : static_cast<double>(ok) / static_cast<double>(n);
+}
+
+// The greedy argmax at the golden continuation's positions, teacher-forced: prompt + golden
+// greedy tokens as one prompt; the argmax at position T-1+j must be golden greedy[j]. Returns
+// the agreement rate.
+double TeacherForcedAgreement(Model& model, const testing::GoldenCase& g, int64_t block_size) {
+  const int64_t T = static_cast<int64_t>(g.input_ids.size());
+  const int64_t V = model.config().vocab_size;
+  std::vector<int32_t> forced = g.input_ids;
+  forced.insert(forced.end(), g.greedy.begin(), g.greedy.end() - 1);
+  testing::GoldenRunOptions fopt;
+  fopt.block_size = block_size;
+  fopt.num_new_tokens = 1;
+  auto frun = testing::RunGreedy(model, forced, fopt);
+  EXPECT_TRUE(frun.ok()) << frun.status();
+  if (!frun.ok()) return 0.0;
+  int64_t agree = 0;
+  for (size_t j = 0; j < g.greedy.size(); ++j) {
+    const float* row = frun->logits.data() + (T - 1 + static_cast<int64_t>(j)) * V;
+    agree += testing::ArgMax(row, V) == g.greedy[j];
+  }
+  return static_cast<double>(agree) / static_cast<double>(g.greedy.size());
+}
+
 class CudaModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -66,12 +103,16 @@ class CudaModelTest : public ::testing::Test {
   }
 };
 
-// Every prompt alone (batch 1, chunked prefill of 7, then 32 greedy tokens via decode graphs).
-TEST_F(CudaModelTest, LlamaTinyMatchesGoldenLogitsAndGreedy) {
-  const std::string dir = testing::FixtureDir("llama-tiny");
-  auto model = LoadCudaModel(dir, TinyOptions(true));
+// CheckGoldenAlone runs every golden prompt of `model_dir` alone (batch 1, chunked prefill of 7,
+// then the golden's number of greedy tokens via decode graphs) and checks: prompt logits within
+// kMaxLogitDiff at a fraction >= min_rows_within of the positions (1: everywhere), pooled
+// prompt top-1 >= kMinTop1, teacher-forced greedy agreement >= kMinTop1 per case, and the decode
+// path against prefill logits of the same tokens (within 0.05 at >= min_rows_within of the
+// rows, pooled top-1 >= 0.95).
+void CheckGoldenAlone(const std::string& model_dir, double min_rows_within) {
+  auto model = LoadCudaModel(model_dir, TinyOptions(true));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto cases = testing::LoadGoldenCases(dir + "/golden.safetensors");
+  auto cases = testing::LoadGoldenCases(model_dir + "/golden.safetensors");
   ASSERT_TRUE(cases.ok()) << cases.status();
   const int64_t V = (*model)->config().vocab_size;
   Top1 prompt_top1, decode_top1;
@@ -81,45 +122,38 @@ TEST_F(CudaModelTest, LlamaTinyMatchesGoldenLogitsAndGreedy) {
     testing::GoldenRunOptions opt;
     opt.block_size = 4;
     opt.prefill_chunk = 7;
-    opt.num_new_tokens = 32;
+    opt.num_new_tokens = static_cast<int64_t>(g.greedy.size());
     auto run = testing::RunGreedy(**model, g.input_ids, opt);
     ASSERT_TRUE(run.ok()) << run.status();
     const testing::GoldenComparison cmp = testing::CompareToGolden(*run, g, V);
     const double top1 = prompt_top1.Add(run->logits.data(), g.logits.data(), T, V);
-    std::printf("case %zu (T=%lld): max|dlogit| %.4f, top-1 %.3f, first greedy mismatch %lld\n",
-                i, static_cast<long long>(T), cmp.max_abs_diff, top1,
-                static_cast<long long>(cmp.first_greedy_mismatch));
-    EXPECT_LE(cmp.max_abs_diff, kMaxLogitDiff) << "case " << i;
-
-    // Teacher-forced greedy: prompt + golden greedy tokens as one prompt; the argmax at
-    // position T-1+j must be golden greedy[j].
-    std::vector<int32_t> forced = g.input_ids;
-    forced.insert(forced.end(), g.greedy.begin(), g.greedy.end() - 1);
-    testing::GoldenRunOptions fopt;
-    fopt.block_size = 4;
-    fopt.num_new_tokens = 1;
-    auto frun = testing::RunGreedy(**model, forced, fopt);
-    ASSERT_TRUE(frun.ok()) << frun.status();
-    int64_t agree = 0;
-    for (size_t j = 0; j < g.greedy.size(); ++j) {
-      const float* row = frun->logits.data() + (T - 1 + static_cast<int64_t>(j)) * V;
-      agree += testing::ArgMax(row, V) == g.greedy[j];
-    }
-    EXPECT_GE(static_cast<double>(agree) / g.greedy.size(), kMinTop1) << "case " << i;
+    const double within = RowsWithin(run->logits.data(), g.logits.data(), T, V, kMaxLogitDiff);
+    const double forced = TeacherForcedAgreement(**model, g, 4);
+    std::printf("case %zu (T=%lld): max|dlogit| %.4f (rows within %.2f: %.3f), top-1 %.3f, "
+                "teacher-forced greedy %.3f, first free-running greedy mismatch %lld\n",
+                i, static_cast<long long>(T), cmp.max_abs_diff, kMaxLogitDiff, within, top1,
+                forced, static_cast<long long>(cmp.first_greedy_mismatch));
+    EXPECT_GE(within, min_rows_within) << "case " << i;
+    EXPECT_GE(forced, kMinTop1) << "case " << i;
 
     // The decode path (graphs, one token per step) against prefill logits of the same tokens:
     // the run's own greedy tokens fed as a prompt.
     std::vector<int32_t> replay = g.input_ids;
     replay.insert(replay.end(), run->greedy.begin(), run->greedy.end() - 1);
+    testing::GoldenRunOptions fopt;
+    fopt.block_size = 4;
+    fopt.num_new_tokens = 1;
     auto rrun = testing::RunGreedy(**model, replay, fopt);
     ASSERT_TRUE(rrun.ok()) << rrun.status();
     const int64_t decode_rows = static_cast<int64_t>(run->greedy.size()) - 1;
     const float* dec = run->logits.data() + T * V;
     const float* pre = rrun->logits.data() + T * V;
     const float diff = MaxAbsDiff(dec, pre, decode_rows * V);
+    const double dwithin = RowsWithin(dec, pre, decode_rows, V, 0.05f);
     const double dtop1 = decode_top1.Add(dec, pre, decode_rows, V);
-    std::printf("  decode vs prefill: max|dlogit| %.4f, top-1 %.3f\n", diff, dtop1);
-    EXPECT_LE(diff, 0.05f);
+    std::printf("  decode vs prefill: max|dlogit| %.4f (rows within 0.05: %.3f), top-1 %.3f\n",
+                diff, dwithin, dtop1);
+    EXPECT_GE(dwithin, min_rows_within) << "case " << i;
   }
   std::printf("pooled top-1: prompts %.3f, decode vs prefill %.3f\n", prompt_top1.Rate(),
               decode_top1.Rate());
@@ -127,12 +161,12 @@ TEST_F(CudaModelTest, LlamaTinyMatchesGoldenLogitsAndGreedy) {
   EXPECT_GE(decode_top1.Rate(), 0.95);
 }
 
-// All prompts in one batch: mixed prefill chunks and decode tokens per step, scattered blocks.
-TEST_F(CudaModelTest, LlamaTinyBatchMatchesGolden) {
-  const std::string dir = testing::FixtureDir("llama-tiny");
-  auto model = LoadCudaModel(dir, TinyOptions(true));
+// CheckGoldenBatch runs all golden prompts of `model_dir` in one batch: mixed prefill chunks
+// and decode tokens per step, scattered blocks.
+void CheckGoldenBatch(const std::string& model_dir, double min_rows_within) {
+  auto model = LoadCudaModel(model_dir, TinyOptions(true));
   ASSERT_TRUE(model.ok()) << model.status();
-  auto cases = testing::LoadGoldenCases(dir + "/golden.safetensors");
+  auto cases = testing::LoadGoldenCases(model_dir + "/golden.safetensors");
   ASSERT_TRUE(cases.ok()) << cases.status();
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& g : *cases) prompts.push_back(g.input_ids);
@@ -148,21 +182,44 @@ TEST_F(CudaModelTest, LlamaTinyBatchMatchesGolden) {
     const testing::GoldenComparison cmp = testing::CompareToGolden((*runs)[i], (*cases)[i], V);
     const int64_t T = static_cast<int64_t>(prompts[i].size());
     const double top1 = pooled.Add((*runs)[i].logits.data(), (*cases)[i].logits.data(), T, V);
-    std::printf("batch case %zu: max|dlogit| %.4f, top-1 %.3f, first greedy mismatch %lld\n", i,
-                cmp.max_abs_diff, top1, static_cast<long long>(cmp.first_greedy_mismatch));
-    EXPECT_LE(cmp.max_abs_diff, kMaxLogitDiff);
+    const double within = RowsWithin((*runs)[i].logits.data(), (*cases)[i].logits.data(), T, V,
+                                     kMaxLogitDiff);
+    std::printf("batch case %zu: max|dlogit| %.4f (rows within: %.3f), top-1 %.3f, first greedy "
+                "mismatch %lld\n", i, cmp.max_abs_diff, within, top1,
+                static_cast<long long>(cmp.first_greedy_mismatch));
+    EXPECT_GE(within, min_rows_within) << "case " << i;
   }
   EXPECT_GE(pooled.Rate(), kMinTop1);
 }
 
+TEST_F(CudaModelTest, LlamaTinyMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::FixtureDir("llama-tiny"), 1.0);
+}
+
+TEST_F(CudaModelTest, LlamaTinyBatchMatchesGolden) {
+  CheckGoldenBatch(testing::FixtureDir("llama-tiny"), 1.0);
+}
+
+TEST_F(CudaModelTest, DeepseekTinyMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+}
+
+TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
+  CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+}
+
+// The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens).
+TEST_F(CudaModelTest, SluiceMiniMoeMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::SharedModelDir("sluice-mini-moe"), kMinTop1);
+}
+
 // Decode graphs with tokens fed back on the device (no host round trip) give the same tokens
 // as eager steps fed from the host, and the buckets are the expected ones.
-TEST_F(CudaModelTest, GraphDecodeWithDeviceFeedbackMatchesEager) {
-  auto config = ModelConfig::Load(testing::FixtureDir("llama-tiny"));
-  ASSERT_TRUE(config.ok());
-  auto graph = CudaLlamaRunner::Load(testing::FixtureDir("llama-tiny"), TinyOptions(true));
-  auto eager = CudaLlamaRunner::Load(testing::FixtureDir("llama-tiny"), TinyOptions(false));
-  ASSERT_TRUE(graph.ok() && eager.ok());
+void CheckGraphDecodeMatchesEager(const std::string& dir) {
+  auto graph = LoadCudaRunner(dir, TinyOptions(true));
+  auto eager = LoadCudaRunner(dir, TinyOptions(false));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(eager.ok()) << eager.status();
   constexpr int kSeqs = 3, kSteps = 20, kBlocks = 64;
   ASSERT_TRUE((*graph)->AllocateKvCache(kBlocks).ok());
   ASSERT_TRUE((*eager)->AllocateKvCache(kBlocks).ok());
@@ -225,6 +282,14 @@ TEST_F(CudaModelTest, GraphDecodeWithDeviceFeedbackMatchesEager) {
   for (int s = 0; s < kSeqs; ++s) EXPECT_EQ(g_tokens[s], e_tokens[s]) << "sequence " << s;
 }
 
+TEST_F(CudaModelTest, GraphDecodeWithDeviceFeedbackMatchesEager) {
+  CheckGraphDecodeMatchesEager(testing::FixtureDir("llama-tiny"));
+}
+
+TEST_F(CudaModelTest, DeepseekGraphDecodeWithDeviceFeedbackMatchesEager) {
+  CheckGraphDecodeMatchesEager(testing::FixtureDir("deepseek-v3-tiny"));
+}
+
 TEST_F(CudaModelTest, DummyWeightsMatchCpuDummyModel) {
   const std::string dir = testing::FixtureDir("llama-tiny");
   auto config = ModelConfig::Load(dir);
@@ -279,6 +344,38 @@ TEST_F(CudaModelTest, BadPlansAreRejected) {
   EXPECT_EQ((*runner)->Step(bad).code(), absl::StatusCode::kInvalidArgument);
   auto qwen = CudaLlamaRunner::Load(testing::FixtureDir("qwen3-hybrid-tiny"), TinyOptions(false));
   EXPECT_EQ(qwen.status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Weight and KV byte counts of deepseek-v3-tiny (shared/fixtures/README.md: H 64, vocab 8192,
+// 3 layers, layer 0 dense (intermediate 128), 8 experts of 32, top-2, 1 shared expert, 4 heads,
+// q_lora 48, kv_lora 32, dn 16, dr 8, dv 16, untied):
+//   per layer, attention: 2 norms 128 + [q_a; kv_a] 88·64 + q_a_norm 48 + q_b 96·48
+//     + kv_a_norm 32 + kv_b 128·32 + o_proj 64·64 = 18640 elements;
+//   dense MLP 3·128·64 = 24576; MoE layer: router 8·64 = 512, 8 experts × 3·32·64 = 49152
+//     (2 of them: 12288), shared 3·32·64 = 6144, correction bias 8 floats (32 bytes);
+//   embedding row 64 + final norm 64 + lm_head 8192·64 = 524416.
+// All: 2·(524416 + 3·18640 + 24576 + 2·(512 + 49152 + 6144)) + 2·32 = 1433120 bytes;
+// batch-1 active: 2·(524416 + 3·18640 + 24576 + 2·(512 + 12288 + 6144)) + 64 = 1285664.
+// KV: one latent row (32 + 8) per layer, bf16: 3·40·2 = 240 bytes per token.
+TEST_F(CudaModelTest, DeepseekByteCountsAndArchitectureChecks) {
+  auto ds = CudaDeepseekRunner::Load(testing::FixtureDir("deepseek-v3-tiny"), TinyOptions(false));
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->WeightBytesPerStep(), 1433120);
+  EXPECT_EQ((*ds)->ActiveWeightBytesPerToken(), 1285664);
+  EXPECT_EQ((*ds)->KvBytesPerToken(), 240);
+  EXPECT_EQ((*ds)->kv_cache_spec().k_floats_per_token, 40);
+  EXPECT_EQ((*ds)->kv_cache_spec().v_floats_per_token, 0);
+  auto llama = CudaLlamaRunner::Load(testing::FixtureDir("llama-tiny"), TinyOptions(false));
+  ASSERT_TRUE(llama.ok());
+  EXPECT_EQ((*llama)->ActiveWeightBytesPerToken(), (*llama)->WeightBytesPerStep());
+  EXPECT_EQ(CudaDeepseekRunner::Load(testing::FixtureDir("llama-tiny"), TinyOptions(false))
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(CudaLlamaRunner::Load(testing::FixtureDir("deepseek-v3-tiny"), TinyOptions(false))
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 // ArgmaxRowsCuda against a host scan (largest value, lowest index on ties, NaN never wins) at
