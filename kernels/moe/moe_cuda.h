@@ -104,8 +104,9 @@ inline constexpr int64_t kMoeGemvMaxTokens = 8;
 // num_tokens == 0 enqueues nothing.
 // Errors: InvalidArgument for num_tokens < 0, num_experts outside [1, kMoeCudaMaxExperts],
 // top_k outside [1, num_experts], hidden or intermediate not a multiple of 8 in [8, 2^22],
-// num_tokens·top_k > 2^31 - 1, a null or non-16-byte-aligned pointer, or a workspace that is
-// too small; Internal for launch errors.
+// num_tokens·top_k > 2^31 - 1, a null pointer, x / w_gate_up / w_down / out / workspace not
+// 16-byte aligned (topk_ids and topk_weights need only their natural alignment), or a
+// workspace that is too small; Internal for launch errors.
 absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float* topk_weights,
                             int64_t num_tokens, int64_t hidden, int64_t intermediate, int64_t top_k,
                             int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,

@@ -231,20 +231,25 @@ const char* PathName(MoeExpertsPath p) {
   }
 }
 
-// Runs MoeExpertsCuda into a NaN-filled output and returns it (widened to float).
+// Runs MoeExpertsCuda into a NaN-filled output and returns it (widened to float). The ids and
+// weights start `id_offset` elements into their buffers (a slice of a larger batch).
 std::vector<float> RunExpertsCuda(const MoeConfig& cfg, const ExpertWeights& w,
                                   const std::vector<bf16>& x, const Routed& routed, int64_t t,
-                                  MoeExpertsPath path) {
+                                  MoeExpertsPath path, int64_t id_offset = 0) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_x = Upload(x);
-  auto d_ids = Upload(routed.ids);
-  auto d_w = Upload(routed.weights);
+  std::vector<int32_t> ids(id_offset, 0);
+  ids.insert(ids.end(), routed.ids.begin(), routed.ids.end());
+  std::vector<float> weights(id_offset, 0.0f);
+  weights.insert(weights.end(), routed.weights.begin(), routed.weights.end());
+  auto d_ids = Upload(ids);
+  auto d_w = Upload(weights);
   auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const absl::Status s =
-      MoeExpertsCuda(d_x.data(), d_ids.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e,
-                     w.d_gate_up.data(), w.d_down.data(), d_out.data(),
+      MoeExpertsCuda(d_x.data(), d_ids.data() + id_offset, d_w.data() + id_offset, t, cfg.hidden,
+                     cfg.intermediate, k, e, w.d_gate_up.data(), w.d_down.data(), d_out.data(),
                      MoeCudaWorkspace{d_ws.data(), ws_bytes}, nullptr, path);
   EXPECT_TRUE(s.ok()) << s;
   return cuda_test::Download(d_out);
@@ -286,7 +291,8 @@ TEST(MoeExpertsCudaTest, MatchesCpuReference) {
 
 // Skewed routing: one expert takes every token (more rows than a GEMM tile and a GEMV pass),
 // most experts get none, and two rows carry ids outside [0, E), which must contribute nothing.
-// Also checks batch invariance: token 0 alone gives the same bits as inside the batch.
+// Also checks batch invariance: token 0 alone gives the same bits as inside the batch (which
+// also runs the GEMV path with 1 row per pass against 8).
 TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -312,7 +318,8 @@ TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
       std::vector<int32_t>(gpu_routed.ids.begin(), gpu_routed.ids.begin() + k),
       std::vector<float>(gpu_routed.weights.begin(), gpu_routed.weights.begin() + k)};
   for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGrouped}) {
-    const auto got = RunExpertsCuda(cfg, w, x, gpu_routed, t, path);
+    // ids and weights one element into their buffers: natural alignment suffices.
+    const auto got = RunExpertsCuda(cfg, w, x, gpu_routed, t, path, /*id_offset=*/1);
     ExpectClose(absl::StrCat("moe experts skewed ", PathName(path)), got, want, kExpertsRtol,
                 kExpertsAtol);
     const auto alone = RunExpertsCuda(cfg, w, x0, routed0, 1, path);
@@ -390,6 +397,7 @@ TEST(MoeCudaArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(experts(p, t, h, i, k, kMoeCudaMaxExperts + 1, ws), kInvalid);
   EXPECT_EQ(experts(nullptr, t, h, i, k, e, ws), kInvalid);
   EXPECT_EQ(experts(p + 1, t, h, i, k, e, ws), kInvalid);  // misaligned x
+  EXPECT_EQ(MoeExpertsCuda(p, nullptr, wts, t, h, i, k, e, p, p, p, ws, nullptr).code(), kInvalid);
   EXPECT_EQ(experts(p, t, h, i, k, e, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
   EXPECT_EQ(experts(p, t, h, i, k, e, MoeCudaWorkspace{nullptr, ws_bytes}), kInvalid);
   EXPECT_EQ(experts(p, 0, h, i, k, e, ws), absl::StatusCode::kOk);  // enqueues nothing

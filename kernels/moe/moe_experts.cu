@@ -407,14 +407,17 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
         kMoeCudaMaxExperts, ")"));
   }
   if (num_tokens == 0) return absl::OkStatus();
-  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(topk_ids),
-                        static_cast<const void*>(topk_weights), static_cast<const void*>(w_gate_up),
+  if (topk_ids == nullptr || topk_weights == nullptr) {
+    return absl::InvalidArgumentError("MoeExpertsCuda: null topk_ids or topk_weights");
+  }
+  // Rows move as 16-byte vectors; ids and weights are read one element at a time.
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(w_gate_up),
                         static_cast<const void*>(w_down), static_cast<const void*>(out),
                         static_cast<const void*>(workspace.data)}) {
     if (p == nullptr || !Aligned16(p)) {
       return absl::InvalidArgumentError(
-          "MoeExpertsCuda: every pointer (x, topk_ids, topk_weights, w_gate_up, w_down, out, "
-          "workspace) must be non-null and 16-byte aligned");
+          "MoeExpertsCuda: x, w_gate_up, w_down, out and workspace must be non-null and 16-byte "
+          "aligned");
     }
   }
   const int64_t rows = num_tokens * top_k;
