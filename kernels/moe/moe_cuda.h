@@ -77,7 +77,8 @@ size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_expe
 enum class MoeExpertsPath {
   kAuto,     // kGemv for num_tokens <= kMoeGemvMaxTokens, else kGrouped
   kGemv,     // decode: per touched expert, a warp per output column streams that expert's
-             // weight rows once for all of its tokens (only the selected experts are read)
+             // weight rows once for up to 8 of its tokens per pass (only the selected experts
+             // are read)
   kGrouped,  // prefill: grouped tensor-core GEMMs (bf16 WMMA, fp32 accumulators) over the
              // expert-sorted rows; per-expert row counts stay on the device
 };

@@ -145,8 +145,12 @@ TEST(MoeRoutingCudaTest, MatchesCpuReference) {
   for (const MoeConfig& cfg : Configs()) {
     const int64_t e = cfg.routing.num_experts;
     // bf16-valued logits: distinct logits give scores far apart, so an ulp of expf never flips
-    // an order; equal logits give exact ties on both sides.
-    const auto bias = cfg.bias ? RandomBf16Floats(e, rng, -0.5f, 0.5f) : std::vector<float>();
+    // an order; equal logits give exact ties on both sides. The bias is a multiple of 1/8: a
+    // continuous bias would make s_a + b_a and s_b + b_b agree to an ulp now and then, and
+    // expf's last bit (host vs device) would then decide the order.
+    std::vector<float> bias;
+    std::uniform_int_distribution<int> eighths(-4, 4);
+    for (int64_t i = 0; cfg.bias && i < e; ++i) bias.push_back(eighths(rng) / 8.0f);
     for (int64_t t : kTokenCounts) {
       const auto logits = RandomBf16Floats(t * e, rng, -4.0f, 4.0f);
       CheckRouting(absl::StrCat(cfg.name, " T=", t), logits, bias, t, cfg.routing);
