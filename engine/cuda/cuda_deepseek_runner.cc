@@ -296,9 +296,10 @@ absl::Status DeepseekCore::LoadLayer(WeightSource& src, int64_t layer, MlaLayer*
   L->is_moe = layer >= c.first_k_dense_replace;
   auto swiglu = [&](const std::string& prefix, int64_t inter) -> absl::Status {
     L->mlp_inter = inter;
-    SLUICE_RUNNER_RETURN_IF_ERROR(AllocFillFused(
-        src, &L->w_gate_up, {{prefix + "gate_proj.weight", inter}, {prefix + "up_proj.weight", inter}},
-        H, DummyInit::kNormal, st));
+    const std::vector<WeightPart> gate_up = {{prefix + "gate_proj.weight", inter},
+                                             {prefix + "up_proj.weight", inter}};
+    SLUICE_RUNNER_RETURN_IF_ERROR(
+        AllocFillFused(src, &L->w_gate_up, gate_up, H, DummyInit::kNormal, st));
     return alloc_fill(&L->w_down, prefix + "down_proj.weight", {H, inter}, DummyInit::kNormal);
   };
   if (!L->is_moe) return swiglu(p + "mlp.", c.intermediate_size);

@@ -15,7 +15,8 @@ __global__ void CopyHeadsKernel(const bf16* src, HeadSpans s, bf16* dst, HeadSpa
     const int64_t th = e / width;
     const int64_t h = th % num_heads;
     const int64_t t = th / num_heads;
-    dst[t * d.token_stride + h * d.head_stride + i] = src[t * s.token_stride + h * s.head_stride + i];
+    dst[t * d.token_stride + h * d.head_stride + i] =
+        src[t * s.token_stride + h * s.head_stride + i];
   }
 }
 
