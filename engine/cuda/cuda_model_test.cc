@@ -15,8 +15,13 @@
 // top-1 agreement 0.95 measured with PyTorch), which moves a whole row's logits. So the logit
 // bound (0.15, as for Llama) must hold at ≥ 90% of the prompt positions rather than all, and
 // top-1 / teacher-forced greedy agreement ≥ 0.9 as above.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <numeric>
 #include <random>
 
@@ -290,11 +295,13 @@ TEST_F(CudaModelTest, DeepseekGraphDecodeWithDeviceFeedbackMatchesEager) {
   CheckGraphDecodeMatchesEager(testing::FixtureDir("deepseek-v3-tiny"));
 }
 
-TEST_F(CudaModelTest, DummyWeightsMatchCpuDummyModel) {
-  const std::string dir = testing::FixtureDir("llama-tiny");
+// CheckDummyMatchesCpu: the runner with dummy weights (seed 11) for the config in `dir` against
+// the CPU model with the same dummy weights (LoadDummyModel), prompt logits within 5% of the
+// largest |logit| (+1e-3).
+void CheckDummyMatchesCpu(const std::string& dir) {
   auto config = ModelConfig::Load(dir);
-  ASSERT_TRUE(config.ok());
-  auto runner = CudaLlamaRunner::CreateDummy(*config, 11, TinyOptions(false));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto runner = CreateDummyCudaRunner(*config, 11, TinyOptions(false));
   ASSERT_TRUE(runner.ok()) << runner.status();
   auto gpu = WrapRunner(std::move(*runner));
   auto cpu = LoadDummyModel(dir, 11);
@@ -313,6 +320,31 @@ TEST_F(CudaModelTest, DummyWeightsMatchCpuDummyModel) {
   std::printf("dummy CUDA vs CPU: max|dlogit| %.5f (max|logit| %.5f)\n", diff, ref_max);
   EXPECT_GT(ref_max, 0.0f);
   EXPECT_LE(diff, 0.05f * ref_max + 1e-3f);
+}
+
+TEST_F(CudaModelTest, DummyWeightsMatchCpuDummyModel) {
+  CheckDummyMatchesCpu(testing::FixtureDir("llama-tiny"));
+}
+
+// MLA against the CPU model without MoE: deepseek-v3-tiny's config with every layer dense
+// (first_k_dense_replace = num_hidden_layers). With dummy weights the router scores are all
+// near 0.5, so an MoE layer would route by bf16 noise; dense layers keep the comparison exact up
+// to bf16 rounding.
+TEST_F(CudaModelTest, DeepseekDenseDummyWeightsMatchCpuDummyModel) {
+  std::ifstream in(testing::FixtureDir("deepseek-v3-tiny") + "/config.json");
+  ASSERT_TRUE(in.good());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"first_k_dense_replace\": 1,";
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, from.size(), "\"first_k_dense_replace\": 3,");
+  char tmpl[] = "/tmp/sluice_dsv3_dense_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/config.json") << text;
+  CheckDummyMatchesCpu(dir);
+  std::remove((dir + "/config.json").c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_F(CudaModelTest, BadPlansAreRejected) {
