@@ -268,7 +268,21 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // on decode_: try the next decode worker.
   void ReserveAnswered(const grpc::Status& status,
                        std::chrono::system_clock::time_point deadline) {
-    if (status.ok() || !NoRoom(status.error_code()) || IsAborted()) return ReserveEnded();
+    if (status.ok() || IsAborted()) return ReserveEnded();
+    if (!NoRoom(status.error_code())) {
+      // A failed decode worker (gone, draining): try another before the first token is sent.
+      // Other errors (or no attempts left) go on to Decode, which reports them.
+      if (!IsWorkerFailure(status.error_code()) ||
+          num_decode_attempts_ >= options_.max_decode_attempts) {
+        return ReserveEnded();
+      }
+      backend_->prober_.Suspect(*decode_);
+      bad_decode_.insert(decode_->worker_id);
+      ReleaseDecode();
+      ++num_decode_attempts_;
+      backend_->Count(&RemoteBackendCounters::num_decode_retries);
+      return NextReserve();
+    }
     backend_->Count(&RemoteBackendCounters::num_reserve_full);
     // The call's own deadline passed: the worker may still reserve later; free that now.
     if (std::chrono::system_clock::now() >= deadline) CancelOnDecode();
@@ -303,7 +317,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     if (wake >= WaitUntil()) {
       reserve_error_ = absl::UnavailableError(absl::StrCat(
           "no decode worker had free KV blocks for this request (", prompt_len_ + 1,
-          " tokens) within ", absl::FormatDuration(WaitUntil() - arrived_),
+          " tokens) within ",
+          absl::FormatDuration(absl::Trunc(WaitUntil() - arrived_, absl::Milliseconds(100))),
           " of waiting; the decode workers are full, retry later"));
       backend_->Count(&RemoteBackendCounters::num_decode_queue_timeouts);
       return ReserveEnded();

@@ -5,9 +5,12 @@
    call; the test kills once every stream has its first token, inside that window): every request
    completes on the other decode worker, which pulls the same pinned prefill KV, and the text
    equals `sluice serve` (one seamless stream). Every pin is released by an ack, none expires.
-2. Two decode workers with very few KV blocks under 16 concurrent requests: Reserve finds no free
+2. Two decode workers with very few KV blocks under 32 concurrent requests: Reserve finds no free
    blocks, the router tries the other worker, then waits with backoff; no request fails, the texts
    equal `sluice serve`, and the router counts the full answers (none timed out in the queue).
+3. The same with a 0.3 s --decode-queue-timeout-s: requests that find no blocks in time get a 503
+   saying so, counted in sluice_router_decode_queue_timeouts_total; the rest complete, and every
+   prefill pin is released.
 """
 
 import concurrent.futures
@@ -19,7 +22,9 @@ import pytest
 from sluice_cluster import MODEL_NAME, Cluster, Serve, sum_samples, wait_until
 
 MAX_TOKENS = 24
-DECODE_START_DELAY_MS = 6000  # the kill window; the test does not sleep through it
+DECODE_START_DELAY_MS = 8000  # the kill window; the test does not sleep through it
+SMALL_DECODE = ["--num-kv-blocks", "8", "--max-model-len", "128", "--reserve-timeout-s", "3"]
+NUM_QUEUED = 32  # test 2: ~8 rounds of 4 requests on the two small decode workers
 
 
 def messages(i):
@@ -51,8 +56,8 @@ def stream(client, i, first_token_at):
 def reference():
     s = Serve()
     client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", timeout=120, max_retries=0)
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        outputs = list(pool.map(lambda i: complete(client, i), range(16)))
+    with concurrent.futures.ThreadPoolExecutor(NUM_QUEUED) as pool:
+        outputs = list(pool.map(lambda i: complete(client, i), range(NUM_QUEUED)))
     s.stop()
     return outputs
 
@@ -107,12 +112,10 @@ def test_kill_decode_worker_after_first_token_completes_elsewhere(reference):
 
 
 def test_full_decode_workers_queue_instead_of_503(reference):
-    n = 16
-    # 8 blocks of 16 tokens: one request needs 3-4 blocks (prompt + 24 tokens), so each worker
-    # holds two at a time and most Reserve calls find it full.
-    cluster = Cluster(num_prefill=1, num_decode=2,
-                      role_args={"decode": ["--num-kv-blocks", "8", "--max-model-len", "128",
-                                            "--reserve-timeout-s", "3"]})
+    n = NUM_QUEUED
+    # 8 blocks of 16 tokens: one request needs up to 3 (~20 prompt + 24 tokens), so each worker
+    # runs two or three at a time and most Reserve calls find it full.
+    cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE})
     try:
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
                                max_retries=0)
@@ -131,5 +134,32 @@ def test_full_decode_workers_queue_instead_of_503(reference):
             assert sum_samples(text, "sluice_decode_reserved_transfers") == 0, text
         print(f"\nfull decode tier: {n} requests in {elapsed:.1f}s, {full:.0f} Reserve answers "
               "without blocks, 0 failed")
+    finally:
+        cluster.stop()
+
+
+def test_decode_queue_timeout_is_a_clear_503(reference):
+    cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE},
+                      router_args=["--decode-queue-timeout-s", "0.3"])
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+
+        def attempt(i):
+            try:
+                return complete(client, i)
+            except openai.APIStatusError as e:
+                return e.status_code, e.message
+
+        with concurrent.futures.ThreadPoolExecutor(NUM_QUEUED) as pool:
+            outputs = list(pool.map(attempt, range(NUM_QUEUED)))
+        refused = [o for o in outputs if o[0] == 503]
+        assert refused, "32 requests on 2 tiny decode workers: some must time out in 0.3 s"
+        assert all("no decode worker had free KV blocks for this request" in msg and
+                   "within 300ms of waiting" in msg for _, msg in refused), refused[0]
+        assert all(outputs[i] == reference[i] for i in range(NUM_QUEUED)
+                   if outputs[i][0] != 503)
+        assert cluster.metric("sluice_router_decode_queue_timeouts_total") == len(refused)
+        prefill_pins_released(cluster)
     finally:
         cluster.stop()
