@@ -31,6 +31,11 @@ std::vector<int32_t> FullAttentionLayers(const ModelConfig& config) {
   return out;
 }
 
+int64_t EffectiveSwaReplayTokens(const Model& model, int64_t requested) {
+  if (requested <= 0 || !model.SupportsSwaReplay()) return 0;
+  return SlidingLayers(model.config()).empty() ? 0 : requested;
+}
+
 int64_t ExactReplayTokens(const ModelConfig& config) {
   const int64_t sliding = static_cast<int64_t>(SlidingLayers(config).size());
   if (sliding == 0) return 0;

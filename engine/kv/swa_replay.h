@@ -77,6 +77,12 @@ struct SwaReplayResult {
 std::vector<int32_t> SlidingLayers(const ModelConfig& config);
 std::vector<int32_t> FullAttentionLayers(const ModelConfig& config);
 
+// EffectiveSwaReplayTokens: the replay length R an engine serving `model` uses when asked for
+// `requested` (--swa-replay-tokens): `requested` when it is > 0, the model has sliding layers and
+// its Forward supports replay (Model::SupportsSwaReplay); otherwise 0 (every layer's K/V is
+// moved and stored).
+int64_t EffectiveSwaReplayTokens(const Model& model, int64_t requested);
+
 // ExactReplayTokens: the smallest R for which replay reproduces exact prefill:
 // num_sliding_layers * (sliding_window - 1) + 1 (swa_replay_reference.json
 // "exactness_bound_A"; 379 for sluice-mini-swa, 31 for the qwen3-hybrid-tiny fixture); 0 when

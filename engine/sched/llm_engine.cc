@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/kv/kv_block_allocator.h"
+#include "engine/kv/swa_replay.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
 
@@ -35,6 +36,7 @@ class LLMEngineImpl final : public LLMEngine {
     eos_token_ids_.assign(eos.begin(), eos.end());
     const auto& sliding = model_->config().layer_is_sliding;
     has_sliding_layers_ = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+    swa_replay_tokens_ = EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens);
   }
 
   static std::string KvIdentity(const Model& model, const EngineOptions& options) {
@@ -157,14 +159,17 @@ class LLMEngineImpl final : public LLMEngine {
     }
     std::optional<SampledToken> token = std::move(it->second.first_token);
     reservations_.erase(it);
-    const bool recompute = !status.ok() && options_.recompute_failed_transfers &&
-                           token.has_value() &&
-                           (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status));
+    bool recompute = !status.ok() && options_.recompute_failed_transfers &&
+                     token.has_value() &&
+                     (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status));
     if (!status.ok() && !recompute) {
       FailReserved(request_id, std::move(status));
       return absl::OkStatus();
     }
     Sequence* seq = scheduler_.Find(request_id);
+    // Only the full-attention layers arrived: rebuild the sliding layers before the sequence
+    // runs. A replay that fails leaves unusable KV, like a failed transfer: recompute.
+    if (!recompute && swa_replay_tokens_ > 0) recompute = !RebuildSlidingKv(*seq).ok();
     seq->AppendToken(token->token_id);
     ++(recompute ? counters_.num_transfers_recomputed : counters_.num_transfers_completed);
     if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
@@ -283,6 +288,7 @@ class LLMEngineImpl final : public LLMEngine {
   }
   int64_t num_free_blocks() const override { return scheduler_.allocator().num_free_blocks(); }
   int64_t block_size() const override { return options_.block_size; }
+  int64_t swa_replay_tokens() const override { return swa_replay_tokens_; }
   EngineCounters counters() const override {
     EngineCounters c = counters_;
     const PrefixCacheStats& pc = scheduler_.prefix_cache_stats();
@@ -302,6 +308,33 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
+  // RebuildSlidingKv: SWA bounded replay of seq's transferred prompt (engine/kv/swa_replay.h):
+  // the sliding layers' K/V of the last swa_replay_tokens_ prompt tokens are recomputed over the
+  // transferred exact full-attention K/V.
+  absl::Status RebuildSlidingKv(Sequence& seq) {
+    SwaReplayOptions replay;
+    replay.replay_tokens = swa_replay_tokens_;
+    absl::StatusOr<SwaReplayResult> r = ReplaySlidingWindowKv(
+        *model_, kv_cache_, seq.request.prompt_token_ids, seq.block_table, replay);
+    if (!r.ok()) return r.status();
+    ++counters_.num_swa_replays;
+    counters_.num_swa_replayed_tokens += r->num_replayed;
+    // R < window: the first decode steps' windows reach below the replayed range, where the
+    // sliding layers hold nothing; they must see keys from replay_start on only.
+    const int32_t window = static_cast<int32_t>(model_->config().sliding_window);
+    if (r->sliding_kv_start > 0 && seq.num_prompt_tokens() - window + 1 < r->sliding_kv_start) {
+      seq.sliding_kv_start = r->sliding_kv_start;
+    }
+    // Blocks with positions below replay_start lack sliding-layer K/V: never offered to the
+    // prefix cache or the kvstore (ReserveForTransfer already skips the full prompt blocks;
+    // with R < block_size the partial last block is one of them too).
+    const int32_t bs = static_cast<int32_t>(block_size());
+    const int32_t absent = (r->replay_start + bs - 1) / bs;
+    seq.num_committed_blocks = std::max(seq.num_committed_blocks, absent);
+    seq.num_saved_blocks = std::max(seq.num_saved_blocks, absent);
+    return absl::OkStatus();
+  }
+
   // FinishConnectorLoads copies finished connector loads into their blocks (see
   // Scheduler::FinishLoad); loads of aborted requests are dropped.
   void FinishConnectorLoads() {
@@ -343,9 +376,21 @@ class LLMEngineImpl final : public LLMEngine {
     input_.slot_mapping.clear();
     input_.sequences.clear();
     input_.logits_indices.clear();
+    input_.sliding_kv_start.clear();
+    sliding_starts_.clear();
+    bool bounded = false;
     const int64_t bs = options_.block_size;
+    const int64_t window = model_->config().sliding_window;
     for (const ScheduledSequence& s : plan.scheduled) {
-      const Sequence& seq = *s.seq;
+      Sequence& seq = *s.seq;
+      // After a replay with R < window: bound the sliding layers' keys until the first query's
+      // window starts at or past the replayed range.
+      if (seq.sliding_kv_start > 0 &&
+          seq.num_computed_tokens - window + 1 >= seq.sliding_kv_start) {
+        seq.sliding_kv_start = 0;
+      }
+      sliding_starts_.push_back(seq.sliding_kv_start);
+      bounded = bounded || seq.sliding_kv_start > 0;
       SequenceSlice slice;
       slice.query_start = static_cast<int32_t>(input_.token_ids.size());
       slice.num_query_tokens = s.num_new_tokens;
@@ -363,6 +408,7 @@ class LLMEngineImpl final : public LLMEngine {
       }
       input_.sequences.push_back(slice);
     }
+    if (bounded) input_.sliding_kv_start = sliding_starts_;
   }
 
   SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
@@ -491,6 +537,7 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<KvEventLog> kv_events_;
   Scheduler scheduler_;
   bool has_sliding_layers_ = false;
+  int64_t swa_replay_tokens_ = 0;  // EffectiveSwaReplayTokens(options.swa_replay_tokens)
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;
@@ -502,6 +549,7 @@ class LLMEngineImpl final : public LLMEngine {
   std::vector<float> logits_;
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> load_blocks_;  // scratch
+  std::vector<int32_t> sliding_starts_;  // scratch: ForwardInput::sliding_kv_start
   EngineCounters counters_;
 };
 

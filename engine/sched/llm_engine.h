@@ -50,6 +50,12 @@ struct EngineOptions {
   // prompt blocks past the local hit are loaded through it at admission and new full blocks are
   // written through after each step. Null: none.
   std::shared_ptr<KvConnector> kv_connector;
+  // SWA bounded replay (engine/kv/swa_replay.h) for models with sliding-window layers: > 0 (R):
+  // a KV transfer into this engine carries only the full-attention layers' K/V, and
+  // CompleteTransfer(OK) rebuilds the sliding layers' K/V by replaying the last R prompt tokens
+  // before the first decode step; 0: transfers carry every layer. Treated as 0 for models
+  // without sliding layers or whose Forward cannot replay (EffectiveSwaReplayTokens).
+  int64_t swa_replay_tokens = 0;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -74,6 +80,10 @@ struct EngineCounters {
   // Reservations whose transfer failed and whose prompt was recomputed locally instead
   // (recompute_failed_transfers); not counted as failed.
   int64_t num_transfers_recomputed = 0;
+  // SWA bounded replay: sliding-layer rebuilds run (after transfers) and prompt tokens they
+  // replayed. A replay that fails recomputes the prompt (counted in num_transfers_recomputed).
+  int64_t num_swa_replays = 0;
+  int64_t num_swa_replayed_tokens = 0;
 };
 
 class LLMEngine {
@@ -121,6 +131,10 @@ class LLMEngine {
   // dropped, the first token appended, and the sequence is scheduled like a preempted one (its
   // prompt recomputed here, prefix cache first); outputs resume with the second token as after
   // an OK transfer.
+  // With options.swa_replay_tokens in effect (swa_replay_tokens() > 0) the transferred blocks
+  // hold only the full-attention layers' K/V: an OK transfer first replays the last R prompt
+  // tokens here (ReplaySlidingWindowKv) to rebuild the sliding layers' K/V; if that fails the
+  // prompt is recomputed as after a failed transfer.
   // Errors: NotFound (no reservation under that id), InvalidArgument (OK status but no first
   // token given at either call; the reservation stays).
   virtual absl::Status CompleteTransfer(const std::string& request_id, absl::Status status,
@@ -148,6 +162,9 @@ class LLMEngine {
   virtual int64_t num_total_blocks() const = 0;
   virtual int64_t num_free_blocks() const = 0;
   virtual int64_t block_size() const = 0;
+  // The SWA replay length in effect (EffectiveSwaReplayTokens of options.swa_replay_tokens):
+  // > 0 means transfers into this engine carry only full-attention layers.
+  virtual int64_t swa_replay_tokens() const = 0;
   virtual EngineCounters counters() const = 0;
 
   // --- Prefix cache ---

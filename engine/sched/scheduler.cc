@@ -108,6 +108,7 @@ void Scheduler::DropBlocks(Sequence& seq) {
   seq.num_computed_tokens = 0;
   seq.num_cached_tokens = 0;
   seq.num_committed_blocks = 0;
+  seq.sliding_kv_start = 0;
 }
 
 void Scheduler::Preempt(Sequence& seq) {

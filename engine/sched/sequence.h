@@ -35,6 +35,10 @@ struct Sequence {
   SamplerRng rng;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;
+  // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is
+  // in the cache (ForwardInput::sliding_kv_start) while a window still reaches below it; 0:
+  // none (also after a preemption: the recompute is local and complete).
+  int32_t sliding_kv_start = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_prompt_tokens() const {

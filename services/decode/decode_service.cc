@@ -286,7 +286,9 @@ DecodeService::DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* age
       kv_descriptor_(std::move(kv_descriptor)),
       metrics_(metrics),
       options_(options),
-      pool_(options.transfer_threads) {}
+      pool_(options.transfer_threads) {
+  transfer_region_indices_ = TransferRegionIndices(engine->model(), options.swa_replay_tokens);
+}
 
 DecodeService::~DecodeService() = default;
 
@@ -527,16 +529,18 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
                                                       kv.layout().block_size(), ", decode ",
                                                       engine_->block_size()));
   }
-  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
-      transfer::RemoteKvDescriptor::Parse(kv.kv_descriptor());
-  if (!remote.ok()) return remote.status();
+  // With SWA replay only the full-attention layers' regions (the engine replays the rest).
+  absl::StatusOr<TransferRegions> moved =
+      ParseTransferRegions(kv.kv_descriptor(), regions_, transfer_region_indices_);
+  if (!moved.ok()) return moved.status();
   const std::vector<transfer::BlockRun> remote_runs = RunsFromWire(kv);
   const int64_t n = transfer::TotalBlocks(remote_runs);
   if (n > static_cast<int64_t>(blocks.size())) {
     return absl::InvalidArgumentError("prefill sent more blocks than were reserved");
   }
   std::vector<int32_t> local(blocks.begin(), blocks.begin() + n);
-  return agent_->Pull(*remote, remote_runs, regions_, transfer::CoalesceBlocks(local), deadline);
+  return agent_->Pull(moved->remote, remote_runs, moved->local, transfer::CoalesceBlocks(local),
+                      deadline);
 }
 
 absl::Status DecodeService::RequestPush(const std::string& request_id,
@@ -606,6 +610,13 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
           "KV transfer mode mismatch: decode worker runs --kv-transfer-mode ",
           ModeName(options_.transfer_mode), ", prefill worker ", prefill.prefill_worker_address(),
           " runs ", ModeName(theirs), "; start every worker with the same --kv-transfer-mode"));
+    } else if ((prefill.kv().swa_replay_tokens() > 0) != (options_.swa_replay_tokens > 0)) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "SWA replay mismatch: prefill worker ", prefill.prefill_worker_address(),
+          (prefill.kv().swa_replay_tokens() > 0 ? " moves only full-attention layers"
+                                                : " moves every layer"),
+          " but this decode worker runs --swa-replay-tokens ", options_.swa_replay_tokens,
+          "; start every worker with the same --swa-replay-tokens"));
     } else if (deadline <= start) {
       status = absl::DeadlineExceededError("the KV reservation expired before the transfer");
     } else {

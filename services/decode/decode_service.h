@@ -43,6 +43,10 @@ struct DecodeServiceOptions {
   // Push mode: after a PushKv call failed without an answer from the prefill worker's push job,
   // its put may still run until the push deadline; blocks stay reserved this much longer.
   absl::Duration push_grace = absl::Seconds(1);
+  // SWA bounded replay in effect (the engine's swa_replay_tokens()): > 0: only the
+  // full-attention layers' KV is moved and the engine replays the rest; the prefill worker must
+  // announce the same (PrefillResponse.kv.swa_replay_tokens > 0), else FAILED_PRECONDITION.
+  int64_t swa_replay_tokens = 0;
 };
 
 class DecodeSession;
@@ -96,6 +100,7 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   AsyncEngine* engine_;
   transfer::KvTransferAgent* agent_;
   std::vector<transfer::KvRegion> regions_;
+  std::vector<int32_t> transfer_region_indices_;  // of regions_: what a transfer moves
   std::string kv_descriptor_;
   WorkerMetrics* metrics_;
   DecodeServiceOptions options_;

@@ -57,7 +57,9 @@ PrefillService::PrefillService(AsyncEngine* engine, transfer::KvTransferAgent* a
       advertised_address_(std::move(advertised_address)),
       metrics_(metrics),
       options_(options),
-      pool_(options.push_threads) {}
+      pool_(options.push_threads) {
+  transfer_region_indices_ = TransferRegionIndices(engine->model(), options.swa_replay_tokens);
+}
 
 PrefillService::~PrefillService() = default;
 
@@ -118,6 +120,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           RunsToWire(out.held_block_ids, kv);
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
+          kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
           if (options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH) {
             RememberHeld(out.request_id, out.held_block_ids);
           }
@@ -253,9 +256,11 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
         theirs.floats_per_token(), "; prefill ", own.block_size(), ", ", own.num_layers(), ", ",
         own.floats_per_token()));
   }
-  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
-      transfer::RemoteKvDescriptor::Parse(destination.kv_descriptor());
-  if (!remote.ok()) return remote.status();
+  // With SWA replay only the full-attention layers' regions (the decode worker checked that it
+  // replays the rest).
+  absl::StatusOr<TransferRegions> moved =
+      ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
+  if (!moved.ok()) return moved.status();
   std::vector<int32_t> dest_ids = transfer::ExpandRuns(RunsFromWire(destination));
   if (dest_ids.size() < block_ids.size()) {
     return absl::InvalidArgumentError(absl::StrCat("decode reserved ", dest_ids.size(),
@@ -267,10 +272,10 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
     return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
   }
   absl::Status status =
-      agent_->Push(*remote, transfer::CoalesceBlocks(dest_ids), regions_,
+      agent_->Push(moved->remote, transfer::CoalesceBlocks(dest_ids), moved->local,
                    transfer::CoalesceBlocks(block_ids), deadline);
   if (status.ok()) {
-    for (const transfer::KvRegion& region : regions_) {
+    for (const transfer::KvRegion& region : moved->local) {
       *bytes += region.block_bytes * static_cast<int64_t>(block_ids.size());
     }
   }

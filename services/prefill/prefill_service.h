@@ -31,6 +31,9 @@ struct PrefillServiceOptions {
   absl::Duration pin_timeout = absl::Seconds(30);
   absl::Duration default_push_timeout = absl::Seconds(10);  // PushKv with timeout_ms 0
   int push_threads = 4;
+  // SWA bounded replay in effect (EffectiveSwaReplayTokens of --swa-replay-tokens): > 0: only the
+  // full-attention layers' KV is moved (announced in PrefillResponse.kv.swa_replay_tokens).
+  int64_t swa_replay_tokens = 0;
 };
 
 class PrefillService final : public v1::PrefillWorker::CallbackService {
@@ -78,6 +81,7 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   AsyncEngine* engine_;
   transfer::KvTransferAgent* agent_;
   std::vector<transfer::KvRegion> regions_;
+  std::vector<int32_t> transfer_region_indices_;  // of regions_: what a transfer moves
   std::string kv_descriptor_;
   std::string advertised_address_;
   WorkerMetrics* metrics_;

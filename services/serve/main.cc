@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/kv/swa_replay.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
@@ -48,6 +49,12 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
   app.add_option("--kvstore", runtime.kvstore,
                  "kvstore shards host:port[,host:port...]: load prompt KV blocks from them and "
                  "write new ones through (needs prefix caching)");
+  runtime.engine.swa_replay_tokens = sluice::kDefaultSwaReplayTokens;
+  app.add_option("--swa-replay-tokens", runtime.engine.swa_replay_tokens,
+                 "Models with sliding-window layers: KV transfers move only full-attention "
+                 "layers and the receiver replays the last N prompt tokens to rebuild the "
+                 "sliding layers (0: move every layer; same on every worker)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--tensor-parallel-size", runtime.tensor_parallel_size,
                  "Ranks splitting attention heads and dense MLPs (CPU: threads of this process)");
   auto* ep = app.add_option("--expert-parallel-size", runtime.expert_parallel_size,

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/kv/swa_replay.h"
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/serve/log.h"
@@ -98,6 +99,8 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.transfer_mode = transfer_mode;
     prefill_options.pin_timeout = absl::Seconds(options.kv_pin_timeout_s);
     prefill_options.default_push_timeout = absl::Seconds(options.transfer_timeout_s);
+    prefill_options.swa_replay_tokens = EffectiveSwaReplayTokens(
+        engine.model(), runtime_options.engine.swa_replay_tokens);
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -107,6 +110,8 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.reserve_timeout = absl::Seconds(options.reserve_timeout_s);
     decode_options.transfer_timeout = absl::Seconds(options.transfer_timeout_s);
     decode_options.transfer_mode = transfer_mode;
+    decode_options.swa_replay_tokens = EffectiveSwaReplayTokens(
+        engine.model(), runtime_options.engine.swa_replay_tokens);
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());

@@ -157,6 +157,10 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
             "Requests whose KV transfer failed (source gone or too slow) after the first token "
             "was sent, and whose prompt was recomputed here instead of failing.",
             static_cast<double>(stats.counters.num_transfers_recomputed));
+    Counter(out, "sluice_decode_swa_replayed_tokens_total",
+            "Prompt tokens replayed to rebuild sliding-window layers' KV after a transfer that "
+            "moved only full-attention layers (--swa-replay-tokens).",
+            static_cast<double>(stats.counters.num_swa_replayed_tokens));
   }
   Header(out, "sluice_kv_transfer_bytes_total", "counter",
          "KV payload bytes moved by successful transfers, by direction (pull: read from a peer, "

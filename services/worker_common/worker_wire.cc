@@ -1,5 +1,8 @@
 #include "services/worker_common/worker_wire.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/kv/swa_replay.h"
+
 namespace sluice {
 
 SamplingParams SamplingFromWire(const v1::SamplingParams& in) {
@@ -73,6 +76,55 @@ std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache) {
     if (v_bytes > 0) regions.push_back({cache.v(layer), cache.num_blocks(), v_bytes});
   }
   return regions;
+}
+
+std::vector<int32_t> TransferRegionIndices(const Model& model, int64_t swa_replay_tokens) {
+  const KvCacheSpec spec = model.kv_cache_spec();
+  absl::StatusOr<KvTransferLayout> layout = MakeKvTransferLayout(
+      model.config(), spec,
+      swa_replay_tokens > 0 ? KvLayerSelection::kFullAttentionOnly : KvLayerSelection::kAllLayers);
+  if (layout.ok()) return layout->region_indices;
+  // A spec that does not follow the config's layers (not a replayable model): every region.
+  std::vector<int32_t> all;
+  const int32_t per_layer = spec.v_floats_per_token > 0 ? 2 : 1;
+  for (int32_t i = 0; i < spec.num_layers * per_layer; ++i) all.push_back(i);
+  return all;
+}
+
+namespace {
+
+template <typename Region>
+absl::StatusOr<std::vector<Region>> SelectByIndex(const std::vector<Region>& regions,
+                                                  const std::vector<int32_t>& indices) {
+  std::vector<Region> out;
+  for (int32_t i : indices) {
+    if (i < 0 || i >= static_cast<int32_t>(regions.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("KV region ", i, " of ", regions.size(),
+                                                     " does not exist (KV layouts differ)"));
+    }
+    out.push_back(regions[static_cast<size_t>(i)]);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor,
+                                                     const std::vector<transfer::KvRegion>& local,
+                                                     const std::vector<int32_t>& indices) {
+  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
+      transfer::RemoteKvDescriptor::Parse(descriptor);
+  if (!remote.ok()) return remote.status();
+  absl::StatusOr<std::vector<transfer::RemoteRegion>> remote_regions =
+      SelectByIndex(remote->regions, indices);
+  if (!remote_regions.ok()) return remote_regions.status();
+  absl::StatusOr<std::vector<transfer::KvRegion>> local_regions = SelectByIndex(local, indices);
+  if (!local_regions.ok()) return local_regions.status();
+  TransferRegions out;
+  out.remote.worker_address = std::move(remote->worker_address);
+  out.remote.regions = *std::move(remote_regions);
+  out.local = *std::move(local_regions);
+  return out;
 }
 
 v1::KvLayout LayoutOf(const KvCache& cache) {

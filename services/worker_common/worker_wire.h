@@ -4,8 +4,10 @@
 #define SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
@@ -25,6 +27,21 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);
 // KvRegionsOf: the transfer regions of a KV cache, in the order both workers use: for each
 // layer its k array, then its v array (omitted when v_floats_per_token is 0).
 std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache);
+// TransferRegionIndices: the indices into KvRegionsOf's list that a KV transfer moves:
+// with swa_replay_tokens > 0 (EffectiveSwaReplayTokens) only the full-attention layers'
+// (KvTransferLayout::region_indices of kFullAttentionOnly), else every region.
+std::vector<int32_t> TransferRegionIndices(const Model& model, int64_t swa_replay_tokens);
+// TransferRegions: the regions one transfer moves on both sides, paired by position.
+struct TransferRegions {
+  transfer::RemoteKvDescriptor remote;
+  std::vector<transfer::KvRegion> local;
+};
+// ParseTransferRegions parses a peer's serialized RemoteKvDescriptor and keeps regions
+// `indices` (TransferRegionIndices) of it and of `local`, in that order. Errors: those of
+// RemoteKvDescriptor::Parse; InvalidArgument for an index out of range (another layout).
+absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor,
+                                                     const std::vector<transfer::KvRegion>& local,
+                                                     const std::vector<int32_t>& indices);
 // LayoutOf: the cache geometry for KvBlocks.layout.
 v1::KvLayout LayoutOf(const KvCache& cache);
 // RunsToWire / RunsFromWire: BlockRun lists.

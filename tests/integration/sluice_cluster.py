@@ -94,7 +94,8 @@ class Proc:
 class Cluster:
     """`sluice router` + N prefill + M decode workers on loopback."""
 
-    def __init__(self, num_prefill, num_decode, worker_args=(), router_args=(), role_args=None):
+    def __init__(self, num_prefill, num_decode, worker_args=(), router_args=(), role_args=None,
+                 model_dir=MODEL_DIR):
         """worker_args go to every worker, role_args[role] (e.g. {"prefill": [...]}) to one role."""
         role_args = role_args or {}
         self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
@@ -103,7 +104,7 @@ class Cluster:
         binary = sluice_bin()
         if not os.path.exists(binary):
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
-        self.router = Proc("router", [binary, "router", "--model", str(MODEL_DIR), "--port",
+        self.router = Proc("router", [binary, "router", "--model", str(model_dir), "--port",
                                       str(self.http_port), "--grpc-port", str(self.grpc_port),
                                       "--lease-seconds", "3", *router_args], self.dir)
         self.workers = {}
@@ -114,7 +115,7 @@ class Cluster:
                 http_port = free_port()
                 self.metrics_urls[name] = f"http://127.0.0.1:{http_port}/metrics"
                 self.workers[name] = Proc(name, [
-                    binary, role, "--model", str(MODEL_DIR), "--listen",
+                    binary, role, "--model", str(model_dir), "--listen",
                     f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
                     "--http-port", str(http_port), *worker_args, *role_args.get(role, ())],
                     self.dir)
@@ -163,11 +164,11 @@ class Cluster:
 class Serve:
     """A plain `sluice serve` for reference outputs."""
 
-    def __init__(self):
+    def __init__(self, model_dir=MODEL_DIR):
         self.dir = tempfile.mkdtemp(prefix="sluice-reference-")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = Proc("serve", [sluice_bin(), "serve", "--model", str(MODEL_DIR), "--port",
+        self.proc = Proc("serve", [sluice_bin(), "serve", "--model", str(model_dir), "--port",
                                    str(port)], self.dir)
         wait_until(lambda: http_get(self.url + "/health")[0] == 200, STARTUP_TIMEOUT_S,
                    "sluice serve /health")

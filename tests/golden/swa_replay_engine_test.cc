@@ -1,0 +1,206 @@
+// SWA bounded replay wired into the engine's disaggregation hooks (LLMEngine::CompleteTransfer
+// with EngineOptions::swa_replay_tokens): a prefill engine holds a prompt's KV, only the
+// full-attention layers are copied into a decode engine's reservation (what the UCX transfer
+// moves with KvTransferLayout::region_indices), and the decode engine replays the sliding layers
+// before its first step. The decode cache starts as NaN, so any read of a sliding-layer entry
+// that was neither transferred nor replayed poisons the logits (NaN logprobs).
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/kv/swa_replay.h"
+#include "engine/model/model.h"
+#include "engine/sched/llm_engine.h"
+#include "tests/util/test_paths.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kBlockSize = 16;
+constexpr int kMaxTokens = 20;
+
+std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens) {
+  auto model = LoadModel(sluice::testing::FixtureDir("qwen3-hybrid-tiny"));
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  EngineOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 64;
+  options.swa_replay_tokens = swa_replay_tokens;
+  auto engine = LLMEngine::Create(std::move(*model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::vector<int32_t> Prompt(int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(10 + (i * 37 + i / 7) % 8000);
+  return p;
+}
+
+EngineRequest Greedy(const std::string& id, const std::vector<int32_t>& prompt, bool hold) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = prompt;
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = kMaxTokens;
+  r.sampling.ignore_eos = true;
+  r.hold_kv_blocks = hold;
+  return r;
+}
+
+// Runs `id` to completion; appends its tokens to *tokens and their logprobs to *logprobs.
+void Drain(LLMEngine& engine, const std::string& id, std::vector<int32_t>* tokens,
+           std::vector<float>* logprobs, RequestOutput* last = nullptr) {
+  for (int i = 0; i < 1000; ++i) {
+    for (const RequestOutput& out : engine.Step()) {
+      if (out.request_id != id) continue;
+      for (const SampledToken& t : out.new_tokens) {
+        tokens->push_back(t.token_id);
+        if (logprobs != nullptr) logprobs->push_back(t.logprob);
+      }
+      if (out.finished()) {
+        if (last != nullptr) *last = out;
+        return;
+      }
+    }
+  }
+  ADD_FAILURE() << id << " did not finish";
+}
+
+std::vector<int32_t> SingleEngineTokens(const std::vector<int32_t>& prompt) {
+  std::unique_ptr<LLMEngine> engine = HybridTinyEngine(0);
+  std::vector<int32_t> tokens;
+  if (engine == nullptr) return tokens;
+  EXPECT_TRUE(engine->AddRequest(Greedy("ref", prompt, false)).ok());
+  Drain(*engine, "ref", &tokens, nullptr);
+  return tokens;
+}
+
+struct Disaggregated {
+  std::vector<int32_t> tokens;  // first token (prefill) then the decode engine's
+  std::vector<float> logprobs;  // of the decode engine's tokens
+  EngineCounters decode_counters;
+  int64_t decode_cached_blocks = 0;
+  RequestOutput final_output;
+};
+
+// Prefill on one engine, full-attention layers only into `decode`'s reservation, then
+// CompleteTransfer(transfer_status) and decode.
+Disaggregated PrefillTransferDecode(const std::vector<int32_t>& prompt, LLMEngine& decode,
+                                    absl::Status transfer_status = absl::OkStatus()) {
+  Disaggregated d;
+  std::unique_ptr<LLMEngine> prefill = HybridTinyEngine(0);
+  if (prefill == nullptr) return d;
+  EXPECT_TRUE(prefill->AddRequest(Greedy("r", prompt, true)).ok());
+  std::vector<int32_t> held;
+  for (int i = 0; i < 100 && held.empty(); ++i) {
+    for (const RequestOutput& out : prefill->Step()) {
+      if (!out.kv_held) continue;
+      held = out.held_block_ids;
+      d.tokens.push_back(out.new_tokens.at(0).token_id);
+    }
+  }
+  EXPECT_FALSE(held.empty()) << "prefill did not hold its blocks";
+  if (held.empty()) return d;
+
+  KvCache& cache = decode.kv_cache();
+  for (int64_t l = 0; l < cache.spec().num_layers; ++l) {
+    std::fill_n(cache.k(l), cache.num_blocks() * kBlockSize * cache.spec().k_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+    std::fill_n(cache.v(l), cache.num_blocks() * kBlockSize * cache.spec().v_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+  }
+  auto blocks = decode.ReserveForTransfer(Greedy("r", prompt, false), std::nullopt);
+  EXPECT_TRUE(blocks.ok()) << blocks.status();
+  if (!blocks.ok()) return d;
+  auto layout = MakeKvTransferLayout(decode.model().config(), decode.model().kv_cache_spec(),
+                                     KvLayerSelection::kFullAttentionOnly);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  if (!layout.ok()) return d;
+  EXPECT_EQ(layout->layers, (std::vector<int32_t>{1, 3}));
+  EXPECT_TRUE(CopyKvLayers(prefill->kv_cache(), held, cache, *blocks,
+                           static_cast<int64_t>(prompt.size()), *layout)
+                  .ok());
+  EXPECT_TRUE(prefill->ReleaseHeldBlocks("r").ok());
+  SampledToken first;
+  first.token_id = d.tokens.front();
+  EXPECT_TRUE(decode.CompleteTransfer("r", transfer_status, first).ok());
+  Drain(decode, "r", &d.tokens, &d.logprobs, &d.final_output);
+  d.decode_counters = decode.counters();
+  d.decode_cached_blocks = decode.num_cached_blocks();
+  return d;
+}
+
+// R = 128 is past qwen3-hybrid-tiny's exactness bound (2 sliding layers * 15 + 1 = 31): greedy
+// decoding after a full-attention-only transfer equals a single engine's.
+TEST(SwaReplayEngineTest, FullLayerTransferWithReplayMatchesSingleEngine) {
+  ASSERT_EQ(ExactReplayTokens(HybridTinyEngine(0)->model().config()), 31);
+  for (int n : {20, 205}) {
+    const std::vector<int32_t> prompt = Prompt(n);
+    std::unique_ptr<LLMEngine> decode = HybridTinyEngine(kDefaultSwaReplayTokens);
+    ASSERT_NE(decode, nullptr);
+    EXPECT_EQ(decode->swa_replay_tokens(), kDefaultSwaReplayTokens);
+    const Disaggregated d = PrefillTransferDecode(prompt, *decode);
+    EXPECT_EQ(d.tokens, SingleEngineTokens(prompt)) << "n " << n;
+    EXPECT_EQ(d.decode_counters.num_swa_replays, 1);
+    EXPECT_EQ(d.decode_counters.num_swa_replayed_tokens, std::min(n, 128));
+    EXPECT_EQ(d.decode_counters.num_transfers_completed, 1);
+    EXPECT_EQ(d.decode_counters.num_prompt_tokens_computed, 0);  // the replay is not a prefill
+    EXPECT_EQ(d.final_output.finish_reason, FinishReason::kLength);
+  }
+}
+
+// R = 8 is below the window (16): the replay starts at n - 8 and the first decode steps must
+// bound the sliding layers' keys there (Sequence::sliding_kv_start); below it the cache is NaN.
+// The prefix-cache rule: blocks holding positions below the replay start are never cached.
+TEST(SwaReplayEngineTest, ShortReplayBoundsSlidingKeysAndSkipsAbsentBlocks) {
+  const std::vector<int32_t> prompt = Prompt(205);  // replay start 197, inside block 12
+  std::unique_ptr<LLMEngine> decode = HybridTinyEngine(8);
+  ASSERT_NE(decode, nullptr);
+  const Disaggregated d = PrefillTransferDecode(prompt, *decode);
+  ASSERT_EQ(d.tokens.size(), static_cast<size_t>(kMaxTokens));
+  for (float lp : d.logprobs) EXPECT_TRUE(std::isfinite(lp)) << "a NaN sliding entry was read";
+  for (int32_t t : d.tokens) EXPECT_TRUE(t >= 0 && t < 8192);
+  EXPECT_EQ(d.decode_counters.num_swa_replayed_tokens, 8);
+  // 205 + 19 computed tokens fill blocks 0..13; 0..11 are transferred prompt blocks, 12 holds
+  // positions 192..196 without sliding K/V: only block 13 enters the prefix cache.
+  EXPECT_EQ(d.decode_cached_blocks, 1);
+
+  // With R = 128 (replay start 77) block 12 is complete after the replay: blocks 12 and 13.
+  std::unique_ptr<LLMEngine> full = HybridTinyEngine(kDefaultSwaReplayTokens);
+  EXPECT_EQ(PrefillTransferDecode(prompt, *full).decode_cached_blocks, 2);
+}
+
+// A transfer that fails with its source gone is recomputed locally (no replay), as without
+// SWA replay.
+TEST(SwaReplayEngineTest, FailedTransferIsRecomputedWithoutReplay) {
+  const std::vector<int32_t> prompt = Prompt(60);
+  std::unique_ptr<LLMEngine> decode = HybridTinyEngine(kDefaultSwaReplayTokens);
+  ASSERT_NE(decode, nullptr);
+  const Disaggregated d =
+      PrefillTransferDecode(prompt, *decode, absl::UnavailableError("prefill worker gone"));
+  EXPECT_EQ(d.tokens, SingleEngineTokens(prompt));
+  EXPECT_EQ(d.decode_counters.num_transfers_recomputed, 1);
+  EXPECT_EQ(d.decode_counters.num_swa_replays, 0);
+  EXPECT_EQ(d.decode_counters.num_prompt_tokens_computed, 60);
+}
+
+// Models without sliding layers, or R = 0, keep every layer (nothing to replay).
+TEST(SwaReplayEngineTest, EffectiveReplayTokens) {
+  std::unique_ptr<LLMEngine> off = HybridTinyEngine(0);
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(off->swa_replay_tokens(), 0);
+  EXPECT_EQ(EffectiveSwaReplayTokens(off->model(), 64), 64);
+  auto dense = LoadModel(sluice::testing::EmbeddedModelDir());
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(EffectiveSwaReplayTokens(**dense, 128), 0);
+}
+
+}  // namespace
+}  // namespace sluice
