@@ -52,22 +52,22 @@ for t in "${targets[@]}"; do
   case "$t" in
     cuda_model_test)
       mkdir -p "$bundle/fixtures"
-      # llama-tiny and deepseek-v3-tiny with the goldens of their first 2 prompts (5 and 17
-      # tokens; the 64- and 150-token cases are 2.1 and 4.9 MB of logits), deepseek-v3-tiny's
-      # float32 weights stored as bf16 (rounded to nearest even, as the CUDA runner's loader
-      # rounds them, so the device sees the same values; e_score_correction_bias stays float32
-      # as the runner keeps it): the device tool sends at most 64 MiB and the tracked tree
-      # (models/sluice-mini-moe included) is 57.8 MB of it. qwen3-hybrid-tiny's config only (the
-      # runner rejects the architecture before reading weights). sluice-mini-moe is not copied:
-      # it is tracked (models/sluice-mini-moe, goldens of 5- to 150-token prompts);
-      # run_on_device.sh links it into the bundle's models/.
-      mkdir -p "$bundle/fixtures/qwen3-hybrid-tiny"
-      cp ../shared/fixtures/qwen3-hybrid-tiny/config.json "$bundle/fixtures/qwen3-hybrid-tiny/"
-      for m in llama-tiny deepseek-v3-tiny; do
+      # llama-tiny, qwen3-hybrid-tiny and deepseek-v3-tiny with the goldens of their first 2
+      # prompts (5 and 17 tokens; the 64- and 150-token cases are 2.1 and 4.9 MB of logits),
+      # qwen3-hybrid-tiny's float16 weights as stored (1.4 MB, already 2 bytes a weight),
+      # deepseek-v3-tiny's float32 weights stored as bf16 (rounded to nearest even, as the CUDA
+      # runner's loader rounds them, so the device sees the same values;
+      # e_score_correction_bias stays float32 as the runner keeps it): the device tool sends at
+      # most 64 MiB and the tracked tree (models/sluice-mini-moe included) is 57.8 MB of it.
+      # sluice-mini-moe is not copied: it is tracked (models/sluice-mini-moe, goldens of 5- to
+      # 150-token prompts); run_on_device.sh links it into the bundle's models/.
+      for m in llama-tiny qwen3-hybrid-tiny deepseek-v3-tiny; do
         mkdir -p "$bundle/fixtures/$m"
         cp ../shared/fixtures/$m/{config.json,generation_config.json} "$bundle/fixtures/$m/"
       done
-      cp ../shared/fixtures/llama-tiny/model.safetensors "$bundle/fixtures/llama-tiny/"
+      for m in llama-tiny qwen3-hybrid-tiny; do
+        cp ../shared/fixtures/$m/model.safetensors "$bundle/fixtures/$m/"
+      done
       python3 - ../shared/fixtures "$bundle/fixtures" <<'PY'
 import json, struct, sys
 from array import array
@@ -102,7 +102,7 @@ def rewrite(src, dst, keep, to_bf16):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 never = lambda k: False
-for model in ("llama-tiny", "deepseek-v3-tiny"):
+for model in ("llama-tiny", "qwen3-hybrid-tiny", "deepseek-v3-tiny"):
     rewrite(f"{src_dir}/{model}/golden.safetensors", f"{dst_dir}/{model}/golden.safetensors",
             lambda k: k.rsplit("_", 1)[-1] in ("0", "1"), never)
 rewrite(f"{src_dir}/deepseek-v3-tiny/model.safetensors",

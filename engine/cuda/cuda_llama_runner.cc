@@ -1,10 +1,12 @@
 #include "engine/cuda/cuda_llama_runner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/runner_core.h"
+#include "engine/cuda/runner_kernels.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/activation/activation_cuda.h"
@@ -21,6 +23,8 @@ struct DeviceLayer {
   DeviceBuffer<bf16> w_o, b_o;               // [H, nh hd], [H] or empty
   DeviceBuffer<bf16> w_gate_up, b_gate_up;   // [2 I, H], [2 I] or empty
   DeviceBuffer<bf16> w_down, b_down;         // [H, I], [H] or empty
+  DeviceBuffer<bf16> q_norm, k_norm;         // [hd] each (Qwen3) or empty
+  int64_t sliding_window = 0;                // 0: full attention
 };
 
 class LlamaCore : public RunnerCore {
@@ -30,8 +34,16 @@ class LlamaCore : public RunnerCore {
 
   absl::Status Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64_t N,
                        int64_t max_query_len, int64_t max_seq_len, void* workspace) override;
+  // The split-KV plan (and so the scratch) depends on the window: the larger of the full and
+  // the sliding layers' needs.
   size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const override {
-    return kernels::PagedAttentionCudaWorkspaceBytes(batch, attn_params);
+    size_t bytes = kernels::PagedAttentionCudaWorkspaceBytes(batch, attn_params);
+    if (config.sliding_window > 0) {
+      kernels::PagedAttentionParams sliding = attn_params;
+      sliding.sliding_window = config.sliding_window;
+      bytes = std::max(bytes, kernels::PagedAttentionCudaWorkspaceBytes(batch, sliding));
+    }
+    return bytes;
   }
   absl::Status AllocateCache(int64_t blocks) override;
   int64_t WeightBytes() const override;
@@ -59,10 +71,13 @@ class LlamaCore : public RunnerCore {
 };
 
 absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
-  if (c.architecture != Architecture::kLlama) {
+  if (c.architecture != Architecture::kLlama && c.architecture != Architecture::kQwen3) {
     return absl::UnimplementedError(absl::StrCat("CUDA runner: architecture ",
                                                  c.architecture_name,
-                                                 " is not supported (Llama only)"));
+                                                 " is not supported (Llama or Qwen3 only)"));
+  }
+  if (c.sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sliding_window ", c.sliding_window, " < 0"));
   }
   if (c.hidden_act != "silu") {
     return absl::InvalidArgumentError(absl::StrCat("unsupported hidden_act ", c.hidden_act));
@@ -139,6 +154,16 @@ absl::Status LlamaCore::LoadWeights(WeightSource& src) {
     SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.w_gate_up, gu_w, H, DummyInit::kNormal));
     SLUICE_RUNNER_RETURN_IF_ERROR(
         alloc_fill(&L.w_down, m + "down_proj.weight", {H, inter}, DummyInit::kNormal));
+    if (c.architecture == Architecture::kQwen3) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(
+          alloc_fill(&L.q_norm, a + "q_norm.weight", {hd}, DummyInit::kOnes));
+      SLUICE_RUNNER_RETURN_IF_ERROR(
+          alloc_fill(&L.k_norm, a + "k_norm.weight", {hd}, DummyInit::kOnes));
+    }
+    // Sliding layers as the CPU model (engine/model/llama.cc) marks them.
+    if (static_cast<size_t>(i) < c.layer_is_sliding.size() && c.layer_is_sliding[i]) {
+      L.sliding_window = c.sliding_window;
+    }
     if (c.attention_bias) {
       const std::vector<WeightPart> qkv_b = {
           {a + "q_proj.bias", q_dim}, {a + "k_proj.bias", kv_dim}, {a + "v_proj.bias", kv_dim}};
@@ -162,7 +187,8 @@ int64_t LlamaCore::WeightBytes() const {
   if (lm_head.size() == 0) elems += embed.size();          // tied: the head is embed
   for (const DeviceLayer& L : layers) {
     for (const auto* b : {&L.input_norm, &L.post_norm, &L.w_qkv, &L.b_qkv, &L.w_o, &L.b_o,
-                          &L.w_gate_up, &L.b_gate_up, &L.w_down, &L.b_down}) {
+                          &L.w_gate_up, &L.b_gate_up, &L.w_down, &L.b_down, &L.q_norm,
+                          &L.k_norm}) {
       elems += static_cast<int64_t>(b->size());
     }
   }
@@ -207,13 +233,20 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
                                                       opt(L.b_qkv), qkv.data(), T, qkv_dim, H,
                                                       st));
     Mark("qkv_gemm");
+    if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
+      SLUICE_RUNNER_RETURN_IF_ERROR(QkHeadRmsNormCuda(qkv.data(), T, qkv_dim, heads, kv_heads, hd,
+                                                      L.q_norm.data(), L.k_norm.data(), eps, st));
+      Mark("qk_norm");
+    }
     // RoPE on q and k and the K/V cache write in one launch.
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
         qkv.data(), T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
         k_cache[li].data(), v_cache[li].data(), st));
     Mark("rope_kv_write");
+    kernels::PagedAttentionParams layer_params = attn_params;
+    layer_params.sliding_window = L.sliding_window;
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-        qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, attn_params,
+        qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
         workspace, attn.data(), st));
     Mark("attention");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.w_o.data(), opt(L.b_o),

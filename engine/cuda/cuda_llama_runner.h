@@ -3,15 +3,19 @@
 // (engine/model/model.h's ForwardInput plan), greedy argmax on the device, and decode steps
 // replayed from CUDA graphs captured per batch-size bucket.
 //
-// Per layer (transformers' modeling_llama.py, pre-norm): [Add]RmsNorm → fused QKV GEMM → RoPE
-// on q and k (in place, in the QKV rows) fused with the K/V write into the paged cache (one
-// launch) → paged attention → o_proj → AddRmsNorm → fused gate/up GEMM → SiLU·mul → down GEMM.
+// Per layer (transformers' modeling_llama.py, pre-norm): [Add]RmsNorm → fused QKV GEMM →
+// (Qwen3: per-head RMSNorm of q and k, modeling_qwen3.py) → RoPE on q and k (in place, in the
+// QKV rows) fused with the K/V write into the paged cache (one launch) → paged attention
+// (Qwen3 sliding layers: keys i - sliding_window < j <= i) → o_proj → AddRmsNorm → fused
+// gate/up GEMM → SiLU·mul → down GEMM.
 // Then the final AddRmsNorm, the rows whose logits are wanted are gathered, lm_head, argmax.
 //
 // The step machinery (metadata staging, graphs, sampling) is RunnerCore's (cuda_runner.h).
 //
 // Supported: LlamaForCausalLM (any GQA ratio, attention/MLP biases, tied embeddings, rope
-// default/linear/llama3/YaRN). Qwen3 (per-head q/k norms) is rejected with Unimplemented.
+// default/linear/llama3/YaRN) and Qwen3ForCausalLM (per-head q/k norms, hybrid sliding-window
+// layers per ModelConfig::layer_is_sliding). Every layer keeps a full-length KV cache; SWA
+// bounded replay (ForwardInput::sliding_kv_start) is not supported.
 // Not thread-safe: one caller drives a runner.
 #ifndef SLUICE_ENGINE_CUDA_CUDA_LLAMA_RUNNER_H_
 #define SLUICE_ENGINE_CUDA_CUDA_LLAMA_RUNNER_H_

@@ -124,6 +124,35 @@ __global__ void FillDummyKernel(bf16* out, int64_t n, uint64_t seed, int init) {
   }
 }
 
+constexpr int kHeadNormThreads = 256;
+
+// One warp per (token, head): heads [0, num_heads) are q (q_weight), the next num_kv_heads are
+// k (k_weight), contiguous in the row. The warp index is uniform across a warp (blockDim is a
+// multiple of 32), so the early exit leaves whole warps and the full-mask shuffles stay valid.
+// Each lane reads and writes only its own channels (i ≡ lane mod 32), so in place is race-free.
+__global__ void QkHeadRmsNormKernel(bf16* qkv, int64_t num_tokens, int64_t token_stride,
+                                    int num_heads, int num_kv_heads, int head_dim,
+                                    const bf16* q_weight, const bf16* k_weight, float eps) {
+  const int heads = num_heads + num_kv_heads;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= num_tokens * heads) return;
+  const int64_t t = warp / heads;
+  const int h = static_cast<int>(warp % heads);
+  bf16* x = qkv + t * token_stride + int64_t{h} * head_dim;
+  const bf16* w = h < num_heads ? q_weight : k_weight;
+  float ss = 0.0f;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float v = __bfloat162float(x[i]);
+    ss += v * v;
+  }
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = rsqrtf(ss / static_cast<float>(head_dim) + eps);
+  for (int i = lane; i < head_dim; i += 32) {
+    x[i] = __float2bfloat16_rn(__bfloat162float(x[i]) * inv * __bfloat162float(w[i]));
+  }
+}
+
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -175,6 +204,29 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
   ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab,
                                                                                vec, out);
   return kernels::CudaLaunchStatus("ArgmaxRowsKernel");
+}
+
+absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               const bf16* q_weight, const bf16* k_weight, float eps,
+                               cudaStream_t stream) {
+  if (num_tokens < 0 || num_heads < 1 || num_kv_heads < 1 || head_dim < 1 ||
+      num_heads + num_kv_heads > INT32_MAX / head_dim ||
+      token_stride < (num_heads + num_kv_heads) * head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "QkHeadRmsNormCuda: num_tokens ", num_tokens, " token_stride ", token_stride,
+        " heads ", num_heads, "+", num_kv_heads, " head_dim ", head_dim));
+  }
+  if (qkv == nullptr || q_weight == nullptr || k_weight == nullptr) {
+    return absl::InvalidArgumentError("QkHeadRmsNormCuda: null pointer");
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  const int64_t warps = num_tokens * (num_heads + num_kv_heads);
+  const int64_t blocks = (warps * 32 + kHeadNormThreads - 1) / kHeadNormThreads;
+  QkHeadRmsNormKernel<<<static_cast<unsigned>(blocks), kHeadNormThreads, 0, stream>>>(
+      qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+      static_cast<int>(num_kv_heads), static_cast<int>(head_dim), q_weight, k_weight, eps);
+  return kernels::CudaLaunchStatus("QkHeadRmsNormKernel");
 }
 
 absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit init,

@@ -37,6 +37,21 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
 absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit init,
                            cudaStream_t stream);
 
+// QkHeadRmsNormCuda: Qwen3's per-head q/k RMSNorm (transformers' Qwen3Attention: q_norm and
+// k_norm over each head's head_dim channels, before RoPE), in place on fused QKV rows.
+//   qkv: bf16 [num_tokens, token_stride]; a row holds num_heads q heads at 0, then num_kv_heads
+//        k heads, head_dim channels each (v follows and is untouched)
+//   q_weight / k_weight: bf16 [head_dim]
+// Each head x (of the first num_tokens rows) becomes x · rsqrt(mean(x²) + eps) · weight,
+// computed in fp32 (sum of squares, then per element x · inv · weight), rounded once to bf16
+// — the formula of kernels/rms_norm's RmsNormCpu on one head. One warp per (token, head).
+// Errors: InvalidArgument for sizes < 1 (num_tokens may be 0: no launch), token_stride
+// shorter than the q+k heads, or null pointers; Internal for launch errors.
+absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                               const bf16* q_weight, const bf16* k_weight, float eps,
+                               cudaStream_t stream);
+
 // SpinCuda: one thread busy-waits for `ns` nanoseconds of the GPU's global timer (holds the
 // stream, e.g. so a profiled step's kernels queue up behind it).
 absl::Status SpinCuda(int64_t ns, cudaStream_t stream);
