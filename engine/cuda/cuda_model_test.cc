@@ -490,5 +490,57 @@ TEST_F(CudaModelTest, ArgmaxRowsMatchesHostScan) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// QkHeadRmsNormCuda against a host RMSNorm of each q and k head (fp32 of the bf16 inputs, the
+// result within one bf16 rounding: 2^-8 relative), with v and the row padding untouched.
+// Head dims 16 (qwen3-hybrid-tiny), 128 (Qwen3-8B) and 80 (not a multiple of 32: lanes with
+// fewer channels).
+TEST_F(CudaModelTest, QkHeadRmsNormMatchesHost) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const int64_t hd : {int64_t{16}, int64_t{128}, int64_t{80}}) {
+    constexpr int64_t kT = 3, kHeads = 4, kKvHeads = 2;
+    const int64_t stride = (kHeads + 2 * kKvHeads) * hd + 8;
+    const float eps = 1e-6f;
+    std::vector<bf16> h(kT * stride), qw(hd), kw(hd);
+    for (bf16& x : h) x = __float2bfloat16(normal(rng));
+    for (bf16& x : qw) x = __float2bfloat16(1.0f + 0.25f * normal(rng));
+    for (bf16& x : kw) x = __float2bfloat16(1.0f + 0.25f * normal(rng));
+    std::vector<float> want(h.size());
+    for (size_t i = 0; i < h.size(); ++i) want[i] = __bfloat162float(h[i]);
+    for (int64_t t = 0; t < kT; ++t) {
+      for (int64_t head = 0; head < kHeads + kKvHeads; ++head) {
+        float* x = want.data() + t * stride + head * hd;
+        const std::vector<bf16>& w = head < kHeads ? qw : kw;
+        double ss = 0;
+        for (int64_t i = 0; i < hd; ++i) ss += double{x[i]} * x[i];
+        const float inv = 1.0f / std::sqrt(static_cast<float>(ss / hd) + eps);
+        for (int64_t i = 0; i < hd; ++i) x[i] = x[i] * inv * __bfloat162float(w[i]);
+      }
+    }
+    auto d_x = kernels::DeviceBuffer<bf16>::Create(h.size());
+    auto d_qw = kernels::DeviceBuffer<bf16>::Create(hd);
+    auto d_kw = kernels::DeviceBuffer<bf16>::Create(hd);
+    ASSERT_TRUE(d_x.ok() && d_qw.ok() && d_kw.ok());
+    ASSERT_TRUE(d_x->CopyFromHost(h.data()).ok());
+    ASSERT_TRUE(d_qw->CopyFromHost(qw.data()).ok());
+    ASSERT_TRUE(d_kw->CopyFromHost(kw.data()).ok());
+    ASSERT_TRUE(QkHeadRmsNormCuda(d_x->data(), kT, stride, kHeads, kKvHeads, hd, d_qw->data(),
+                                  d_kw->data(), eps, nullptr)
+                    .ok());
+    std::vector<bf16> got(h.size());
+    ASSERT_TRUE(d_x->CopyToHost(got.data()).ok());
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float g = __bfloat162float(got[i]);
+      bad += !(std::fabs(g - want[i]) <= std::fabs(want[i]) / 256.0f + 1e-6f);
+    }
+    EXPECT_EQ(bad, 0) << "head_dim " << hd;
+  }
+  EXPECT_EQ(QkHeadRmsNormCuda(nullptr, 1, 16, 1, 1, 16, nullptr, nullptr, 1e-6f, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(QkHeadRmsNormCuda(nullptr, 1, 31, 1, 1, 16, nullptr, nullptr, 1e-6f, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace sluice::cuda_runner
