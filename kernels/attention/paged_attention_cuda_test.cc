@@ -238,6 +238,15 @@ TEST(PagedAttentionCudaTest, SlidingWindow) {
   RunCase({"window 1000 decode b1 ctx 5000", Params(32, 8, 128, 128, 16, 1000), Decode({5000})},
           rng);
   RunCase({"window 100 prefill", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
+  // qwen3-hybrid-tiny's sliding layers as the CUDA runner runs them: block 4, q read from fused
+  // QKV rows, loose bounds as in a captured graph (max_seq_len 512), decode tokens past the
+  // window beside a prefill chunk that crosses it.
+  Case qwen{"window 16 block 4 fused qkv graph bounds",
+            Params(4, 2, 16, 16, 4, 16),
+            {{40, 1}, {17, 7}, {3, 1}, {0, 20}}};
+  qwen.q_stride_pad = 2 * 2 * 16;
+  qwen.extra_seq_len = 512 - 41;
+  RunCase(qwen, rng);
 }
 
 TEST(PagedAttentionCudaTest, HeadDimsAndGroups) {
