@@ -8,6 +8,8 @@
 // (the golden tokens fed as a prompt, the argmax at each position compared to the next golden
 // token) with agreement ≥ 0.9, and the decode path (CUDA graphs) is checked against the same
 // runner's prefill logits of the same tokens (|Δlogit| ≤ 0.05, pooled top-1 ≥ 0.95).
+// Qwen3 (qwen3-hybrid-tiny: per-head q/k norms, sliding window 16 in layers 0 and 2) is held to
+// the Llama bars.
 //
 // DeepSeek-V3 (MLA + MoE; deepseek-v3-tiny fixture, sluice-mini-moe trained model): the same bars
 // except that an MoE in bf16 routes some tokens to different experts than the float32 golden
