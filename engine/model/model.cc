@@ -8,8 +8,10 @@
 
 namespace sluice {
 
-KvCache::KvCache(const KvCacheSpec& spec, int64_t num_blocks, int64_t block_size)
+KvCache::KvCache(const KvCacheSpec& spec, int64_t num_blocks, int64_t block_size,
+                 bool allocate_storage)
     : spec_(spec), num_blocks_(num_blocks), block_size_(block_size) {
+  if (!allocate_storage) return;
   const size_t tokens = static_cast<size_t>(num_blocks * block_size);
   k_.resize(static_cast<size_t>(spec.num_layers));
   v_.resize(static_cast<size_t>(spec.num_layers));

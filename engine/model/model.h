@@ -40,14 +40,18 @@ struct KvCacheSpec {
 // Not thread-safe; the engine owns it and runs one step at a time.
 class KvCache {
  public:
-  KvCache(const KvCacheSpec& spec, int64_t num_blocks, int64_t block_size);
+  // allocate_storage false: geometry only, k()/v() are null — for models that keep their KV
+  // elsewhere (the CUDA runners hold it in device memory and read only num_blocks/block_size).
+  KvCache(const KvCacheSpec& spec, int64_t num_blocks, int64_t block_size,
+          bool allocate_storage = true);
   const KvCacheSpec& spec() const { return spec_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
-  float* k(int64_t layer) { return k_[layer].data(); }
-  float* v(int64_t layer) { return v_[layer].data(); }
-  const float* k(int64_t layer) const { return k_[layer].data(); }
-  const float* v(int64_t layer) const { return v_[layer].data(); }
+  bool has_storage() const { return !k_.empty(); }
+  float* k(int64_t layer) { return has_storage() ? k_[layer].data() : nullptr; }
+  float* v(int64_t layer) { return has_storage() ? v_[layer].data() : nullptr; }
+  const float* k(int64_t layer) const { return has_storage() ? k_[layer].data() : nullptr; }
+  const float* v(int64_t layer) const { return has_storage() ? v_[layer].data() : nullptr; }
   // Bytes of one block over all layers.
   int64_t BlockBytes() const { return spec_.BytesPerToken() * block_size_; }
 

@@ -23,7 +23,8 @@ class LLMEngineImpl final : public LLMEngine {
       : model_(std::move(model)),
         options_(options),
         max_model_len_(max_model_len),
-        kv_cache_(model_->kv_cache_spec(), num_blocks, options.block_size),
+        kv_cache_(model_->kv_cache_spec(), num_blocks, options.block_size,
+                  options.allocate_host_kv_cache),
         kv_identity_(KvIdentity(*model_, options)),
         kv_events_(std::make_shared<KvEventLog>(
             static_cast<size_t>(std::max<int64_t>(1, options.kv_event_buffer_size)))),
@@ -573,6 +574,11 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   }
   const KvCacheSpec spec = model->kv_cache_spec();
   const int64_t block_bytes = spec.BytesPerToken() * options.block_size;
+  if (!options.allocate_host_kv_cache &&
+      (options.num_kv_blocks <= 0 || options.kv_connector != nullptr)) {
+    return absl::InvalidArgumentError(
+        "without a host KV cache num_kv_blocks must be set and kv_connector must be null");
+  }
   int64_t num_blocks = options.num_kv_blocks;
   if (num_blocks <= 0) num_blocks = block_bytes > 0 ? options.kv_cache_bytes / block_bytes : 0;
   const int64_t needed = NumBlocksFor(max_model_len, options.block_size);

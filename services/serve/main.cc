@@ -3,7 +3,8 @@
 //   sluice serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] ...
 //   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
 //   (serve/generate/prefill/decode: [--tensor-parallel-size N] [--expert-parallel-size N]
-//    [--enable-eplb [--eplb-step-interval K] [--num-redundant-experts R]])
+//    [--enable-eplb [--eplb-step-interval K] [--num-redundant-experts R]]
+//    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
@@ -35,9 +36,19 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
   auto* gib = app.add_option("--kv-cache-memory-gib", kv_cache_gib,
                              "KV cache memory budget in GiB")
                   ->check(CLI::PositiveNumber);
-  app.add_option("--num-kv-blocks", runtime.engine.num_kv_blocks,
-                 "KV cache blocks (overrides --kv-cache-memory-gib)")
+  app.add_option("--num-kv-blocks,--num-gpu-blocks-override", runtime.engine.num_kv_blocks,
+                 "KV cache blocks (overrides --kv-cache-memory-gib / --gpu-memory-utilization)")
       ->check(CLI::PositiveNumber)
+      ->excludes(gib);
+  app.add_option("--device", runtime.device,
+                 "Backend: cpu (float32 CPU engine) or cuda (bf16 CUDA runner on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--load-format", runtime.load_format,
+                 "auto: the folder's safetensors; dummy: random weights from config.json alone")
+      ->check(CLI::IsMember({"auto", "dummy"}));
+  app.add_option("--gpu-memory-utilization", runtime.gpu_memory_utilization,
+                 "--device cuda: fraction of GPU memory for weights, activations and KV blocks")
+      ->check(CLI::Range(0.0, 1.0))
       ->excludes(gib);
   app.add_option("--block-size", runtime.engine.block_size, "Tokens per KV block")
       ->check(CLI::PositiveNumber);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/parallel/eplb.h"
@@ -14,9 +15,100 @@
 #include "services/kvstore/kvstore_connector.h"
 #include "services/serve/log.h"
 
+#if defined(SLUICE_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda/cuda_model.h"
+#endif
+
 namespace sluice {
 
 namespace {
+
+#if defined(SLUICE_HAVE_CUDA)
+// Device memory kept out of the KV budget for what the runner allocates after the KV cache:
+// the decode graphs and their attention workspace, the eager prefill workspace (grown on
+// demand), the logits and cuBLASLt's workspace. vLLM measures this with a profiling run; a
+// fixed margin is enough for the models we run (their activations are a few hundred MiB).
+constexpr int64_t kCudaActivationReserveBytes = 2LL << 30;
+
+// CudaKvBlocks picks the KV block count for a loaded CUDA model (vLLM's rule): the process may
+// hold `utilization` x total device memory; from that, subtract what is in use now (the weights,
+// the CUDA context, other processes) and the activation reserve; the rest, divided by the bytes
+// of one block (the runners keep KV in bf16: 2 bytes per KvCacheSpec float), is the count. It is
+// capped at twice what max_num_seqs sequences of max_model_len tokens can use at once (more only
+// lengthens the prefix cache's memory, and every block costs host bookkeeping).
+// Errors: Internal for a CUDA failure; ResourceExhausted when one sequence does not fit.
+absl::StatusOr<int64_t> CudaKvBlocks(const Model& model, const EngineOptions& engine,
+                                     int32_t max_model_len, double utilization) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes); e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(e)));
+  }
+  const int64_t used = static_cast<int64_t>(total_bytes - free_bytes);
+  const int64_t budget = static_cast<int64_t>(utilization * static_cast<double>(total_bytes)) -
+                         used - kCudaActivationReserveBytes;
+  const int64_t block_bytes = model.kv_cache_spec().BytesPerToken() / 2 * engine.block_size;
+  const int64_t per_seq = (max_model_len + engine.block_size - 1) / engine.block_size;
+  const int64_t blocks = block_bytes > 0 ? std::max<int64_t>(budget, 0) / block_bytes : 0;
+  if (blocks < per_seq) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--device cuda: ", std::max<int64_t>(budget, 0) >> 20, " MiB left for the KV cache (",
+        total_bytes >> 20, " MiB x --gpu-memory-utilization ", utilization, " - ", used >> 20,
+        " MiB in use - ", kCudaActivationReserveBytes >> 20, " MiB reserve) hold ", blocks,
+        " blocks; one sequence of max_model_len ", max_model_len, " needs ", per_seq,
+        " (raise --gpu-memory-utilization, or lower --max-model-len)"));
+  }
+  return std::min<int64_t>(blocks, 2 * int64_t{engine.max_num_seqs} * per_seq);
+}
+#endif
+
+// LoadCudaBackend loads `options.model_dir` on GPU 0 and sets `engine` for it: no host KV
+// cache, num_kv_blocks from --num-kv-blocks or CudaKvBlocks. The runner's limits are the
+// engine's (block size, max_model_len, tokens and sequences per step), so every plan the
+// scheduler makes fits the captured graphs.
+absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& options,
+                                                       EngineOptions& engine) {
+#if defined(SLUICE_HAVE_CUDA)
+  int num_devices = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&num_devices); e != cudaSuccess || num_devices == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device cuda: no CUDA GPU is visible (",
+        e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices", ")"));
+  }
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
+  if (!config.ok()) return config.status();
+  const int32_t max_model_len = engine.max_model_len > 0
+                                    ? engine.max_model_len
+                                    : static_cast<int32_t>(config->max_position_embeddings);
+  cuda_runner::CudaRunnerOptions runner;
+  runner.block_size = engine.block_size;
+  runner.max_model_len = max_model_len;
+  runner.max_num_tokens = engine.max_num_batched_tokens;
+  runner.max_num_seqs = engine.max_num_seqs;
+  absl::StatusOr<std::unique_ptr<Model>> model;
+  if (options.load_format == "dummy") {
+    absl::StatusOr<std::unique_ptr<cuda_runner::CudaRunner>> dummy =
+        cuda_runner::CreateDummyCudaRunner(*config, kDefaultDummySeed, runner);
+    if (!dummy.ok()) return dummy.status();
+    model = cuda_runner::WrapRunner(*std::move(dummy));
+  } else {
+    model = cuda_runner::LoadCudaModel(options.model_dir, runner);
+  }
+  if (!model.ok()) return model.status();
+  if (engine.num_kv_blocks <= 0) {
+    absl::StatusOr<int64_t> blocks =
+        CudaKvBlocks(**model, engine, max_model_len, options.gpu_memory_utilization);
+    if (!blocks.ok()) return blocks.status();
+    engine.num_kv_blocks = *blocks;
+  }
+  engine.allocate_host_kv_cache = false;
+  return model;
+#else
+  (void)engine;
+  return CheckDeviceOptions(options);  // the no-CUDA-backend error
+#endif
+}
 
 // FlagError prefixes an engine sharding error with the flag that caused it.
 absl::Status FlagError(const char* flag, int32_t value, const absl::Status& status) {
@@ -89,7 +181,42 @@ absl::Status CheckTensorParallel(const ModelConfig& c, int32_t tp) {
 
 }  // namespace
 
+absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
+  if (options.load_format != "auto" && options.load_format != "dummy") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--load-format ", options.load_format, ": must be auto or dummy"));
+  }
+  if (options.device == "cpu") return absl::OkStatus();
+  if (options.device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", options.device, ": must be cpu or cuda"));
+  }
+#if !defined(SLUICE_HAVE_CUDA)
+  return absl::InvalidArgumentError(
+      "--device cuda: this build has no CUDA backend (rebuild with -DSLUICE_CUDA=ON)");
+#endif
+  if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization ",
+                                                   options.gpu_memory_utilization,
+                                                   ": must be in (0, 1]"));
+  }
+  const char* unsupported = nullptr;
+  if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
+    unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
+  } else if (!options.kvstore.empty()) {
+    unsupported = "--kvstore";
+  } else if (options.kv_crosses_processes) {
+    unsupported = "prefill/decode KV transfer (sluice prefill / sluice decode)";
+  }
+  if (unsupported != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device cuda does not support ", unsupported, " yet"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options) {
+  if (absl::Status s = CheckDeviceOptions(options); !s.ok()) return s;
   const int32_t tp = options.tensor_parallel_size, ep = options.expert_parallel_size;
   if (tp < 1) return FlagError("--tensor-parallel-size", tp, absl::InvalidArgumentError("must be >= 1"));
   if (ep < 1) return FlagError("--expert-parallel-size", ep, absl::InvalidArgumentError("must be >= 1"));
@@ -194,9 +321,20 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   if (!layout.ok()) return layout.status();
   spdlog::info("loading model from {}; parallel layout: {}", options.model_dir,
                layout->description);
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      layout->cpu.world_size == 1 ? LoadModel(options.model_dir)
-                                  : LoadCpuParallelModel(options.model_dir, layout->cpu);
+  EngineOptions engine_options = options.engine;
+  absl::StatusOr<std::unique_ptr<Model>> model;
+  if (options.device == "cuda") {
+    model = LoadCudaBackend(options, engine_options);
+  } else if (options.load_format == "dummy") {
+    if (layout->cpu.world_size != 1) {
+      return absl::InvalidArgumentError(
+          "--load-format dummy needs --tensor-parallel-size 1 and --expert-parallel-size 1");
+    }
+    model = LoadDummyModel(options.model_dir);
+  } else {
+    model = layout->cpu.world_size == 1 ? LoadModel(options.model_dir)
+                                        : LoadCpuParallelModel(options.model_dir, layout->cpu);
+  }
   if (!model.ok()) return model.status();
   if (options.enable_eplb) {
     const int32_t ep = layout->cpu.world_size;
@@ -207,7 +345,6 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
         *std::move(model), *std::move(placement),
         EplbOptions{ep, options.num_redundant_experts, 1}, options.eplb_step_interval));
   }
-  EngineOptions engine_options = options.engine;
   // The served name seeds the block hashes, so every worker of a deployment (and the kvstore)
   // agrees on them while another model never shares an address.
   if (engine_options.model_id.empty()) engine_options.model_id = runtime.served_model_name;
@@ -228,9 +365,9 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   absl::StatusOr<std::unique_ptr<LLMEngine>> engine =
       LLMEngine::Create(*std::move(model), engine_options);
   if (!engine.ok()) return engine.status();
-  spdlog::info("engine ready: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}",
-               (*engine)->num_total_blocks(), (*engine)->block_size(), (*engine)->max_model_len(),
-               engine_options.enable_prefix_caching ? "on" : "off");
+  spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}",
+               options.device, (*engine)->num_total_blocks(), (*engine)->block_size(),
+               (*engine)->max_model_len(), engine_options.enable_prefix_caching ? "on" : "off");
   runtime.backend =
       std::make_unique<LocalBackend>(std::make_unique<AsyncEngine>(*std::move(engine)));
   return runtime;

@@ -21,6 +21,19 @@ struct RuntimeOptions {
   std::string model_dir;
   std::string served_model_name;  // empty: the model folder's name
   EngineOptions engine;
+  // Backend (vLLM's --device): "cpu", the float32 CPU engine (engine/model), or "cuda", the bf16
+  // CUDA runner (engine/cuda/cuda_model.h) on GPU 0, driven by the same LLMEngine; its KV cache
+  // lives in device memory (no host KV cache is allocated).
+  std::string device = "cpu";
+  // vLLM's --load-format: "auto" reads the folder's safetensors; "dummy" builds deterministic
+  // random weights from config.json alone (engine/model/dummy_weights.h: LoadDummyModel on the
+  // CPU, CreateDummyCudaRunner on the GPU — the same values, bf16-rounded there).
+  std::string load_format = "auto";
+  // --device cuda without engine.num_kv_blocks (--num-kv-blocks): the fraction of the GPU's total
+  // memory this process may hold in all (vLLM's --gpu-memory-utilization); what the weights and
+  // other processes hold, and a fixed reserve for activations and graphs, are subtracted, the rest
+  // becomes KV blocks (see CudaKvBlocks in model_runtime.cc).
+  double gpu_memory_utilization = 0.9;
   // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
   // (services/kvstore/kvstore_connector.h); empty: none.
   std::string kvstore;
@@ -48,12 +61,21 @@ struct ParallelLayout {
 
 // CheckParallelLayout validates the TP/EP/EPLB options against `<model_dir>/config.json` with the
 // engine's own sharding rules (engine/parallel/sharding.h, eplb.h) before any weight is loaded.
+// It first checks the backend flags (CheckDeviceOptions).
 // Errors: InvalidArgument naming the flag and the constraint (sizes < 1; TP and EP both > 1 but
 // different; TP not dividing num_attention_heads / intermediate_size, or KV heads that neither
 // divide nor are divided by TP; TP splitting KV heads (Llama/Qwen3) when KV leaves the process
 // (--kvstore, kv_crosses_processes); EP on a model without MoE layers or not dividing n_routed_experts
 // + num_redundant_experts; EPLB without EP); those of ModelConfig::Load.
 absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options);
+
+// CheckDeviceOptions validates --device / --load-format / --gpu-memory-utilization without
+// touching the GPU or the model folder. Errors (InvalidArgument, messages start with the flag):
+// an unknown device or load format; a utilization outside (0, 1]; --device cuda in a build
+// without the CUDA backend ("this build has no CUDA backend (rebuild with -DSLUICE_CUDA=ON)"),
+// or with what the CUDA backend does not support yet: TP/EP > 1, --kvstore, prefill/decode KV
+// transfer (kv_crosses_processes).
+absl::Status CheckDeviceOptions(const RuntimeOptions& options);
 
 struct ModelRuntime {
   std::string served_model_name;
@@ -63,10 +85,13 @@ struct ModelRuntime {
   std::shared_ptr<KvConnector> kv_connector;    // --kvstore (also held by the engine), or null
 };
 
-// LoadModelRuntime loads `<model_dir>`: config + weights (LoadModel, or LoadCpuParallelModel for
-// TP/EP > 1, after CheckParallelLayout), tokenizer.json, the chat template (optional), and starts
-// the engine thread. Errors: those of CheckParallelLayout, LoadModel / LoadCpuParallelModel,
-// Tokenizer::FromFile, ChatTemplate (other than NotFound) and LLMEngine::Create.
+// LoadModelRuntime loads `<model_dir>`: config + weights (LoadModel, LoadDummyModel for
+// --load-format dummy, LoadCpuParallelModel for TP/EP > 1, after CheckParallelLayout; with
+// --device cuda cuda_runner::LoadCudaModel), tokenizer.json, the chat template (optional), and
+// starts the engine thread. Errors: those of CheckParallelLayout, the loaders,
+// Tokenizer::FromFile, ChatTemplate (other than NotFound) and LLMEngine::Create; with --device
+// cuda FailedPrecondition when no GPU is visible and ResourceExhausted when the memory left
+// for KV blocks cannot hold one max_model_len sequence.
 absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options);
 
 // ModelNameFromDir returns the last path component of `dir` ("a/b/model/" → "model").
