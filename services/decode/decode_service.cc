@@ -511,14 +511,20 @@ v1::PrefillWorker::Stub* DecodeService::PrefillStub(const std::string& address) 
   return stub.get();
 }
 
-void DecodeService::SendRelease(const std::string& request_id,
-                                const std::string& prefill_address) {
+absl::Status DecodeService::SendRelease(const std::string& request_id,
+                                        const std::string& prefill_address) {
   grpc::ClientContext context;
   context.set_deadline(DeadlineAfter(options_.release_timeout));
   v1::ReleaseRequest release;
   release.set_request_id(request_id);
   v1::ReleaseResponse released;
-  PrefillStub(prefill_address)->Release(&context, release, &released);
+  const grpc::Status status = PrefillStub(prefill_address)->Release(&context, release, &released);
+  if (!status.ok()) return FromGrpc(status);
+  if (!released.released()) {
+    return absl::NotFoundError(absl::StrCat("prefill worker ", prefill_address,
+                                            " held no KV blocks for request ", request_id));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
@@ -626,7 +632,18 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
     }
     // The ack: the prefill worker may free its pinned blocks (also after a failed pull). After a
     // successful push it freed them itself.
-    if (!push || !status.ok()) SendRelease(session->id(), prefill.prefill_worker_address());
+    if (!push || !status.ok()) {
+      absl::Status released = SendRelease(session->id(), prefill.prefill_worker_address());
+      // A pull reads whatever the prefill worker's blocks hold: it is only known to have read
+      // the pinned prompt KV if the pin was still there when acked. Otherwise (released by an
+      // earlier decode attempt, expired, or the worker unreachable) the blocks may have been
+      // reused, so the pulled KV is not trusted: Unavailable makes the engine recompute it.
+      if (status.ok() && !push && !released.ok()) {
+        status = absl::UnavailableError(absl::StrCat(
+            "the prefill worker's pin on the pulled KV could not be confirmed (",
+            released.message(), "); recomputing the prompt"));
+      }
+    }
     std::optional<SampledToken> first;
     if (prefill.has_first_token()) {
       first = SampledToken{prefill.first_token().token_id(), prefill.first_token().logprob(), {}};

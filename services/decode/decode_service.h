@@ -95,7 +95,10 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   absl::Status RequestPush(const std::string& request_id, const v1::PrefillResponse& prefill,
                            const std::vector<int32_t>& blocks, absl::Time deadline,
                            absl::Time* safe_at);
-  void SendRelease(const std::string& request_id, const std::string& prefill_address);
+  // SendRelease acks a transfer: the prefill worker frees its pinned blocks. OK when they were
+  // still pinned; NotFound when nothing was pinned (released by an earlier decode attempt or
+  // expired — a pull that ran may then have read reused blocks); the RPC's error otherwise.
+  absl::Status SendRelease(const std::string& request_id, const std::string& prefill_address);
 
   AsyncEngine* engine_;
   transfer::KvTransferAgent* agent_;

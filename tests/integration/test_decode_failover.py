@@ -163,3 +163,28 @@ def test_decode_queue_timeout_is_a_clear_503(reference):
         prefill_pins_released(cluster)
     finally:
         cluster.stop()
+
+
+def test_pull_after_the_pin_ended_is_recomputed_not_trusted(reference):
+    """The decode worker pulls only after the prefill worker's pin expired (1 s pin, Decode held
+    3 s by the router's test delay): the pulled blocks may have been reused, so the failed ack
+    (nothing pinned) makes decode recompute the prompt. Outputs still equal `sluice serve`."""
+    n = 4
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      role_args={"prefill": ["--kv-pin-timeout-s", "1"]},
+                      router_args=["--test-decode-start-delay-ms", "3000"])
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(lambda i: stream(client, i, {}), range(n)))
+        assert outputs == [(reference[i][0], reference[i][1]) for i in range(n)]
+        recomputed = cluster.worker_metric("decode-0", "sluice_decode_transfers_recomputed_total")
+        expired = sum_samples(cluster.worker_metrics_text("prefill-0"),
+                              'sluice_prefill_held_released_total{reason="expired"}')
+        assert expired == n and recomputed == n, (expired, recomputed)
+        wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") ==
+                   cluster.worker_metric("decode-0", "sluice_kv_cache_blocks"), 10,
+                   "decode blocks free")
+    finally:
+        cluster.stop()
