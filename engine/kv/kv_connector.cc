@@ -9,8 +9,11 @@
 
 namespace sluice {
 
-int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size) {
-  return spec.BytesPerToken() * block_size;
+int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size,
+                     absl::Span<const int32_t> layers) {
+  if (layers.empty()) return spec.BytesPerToken() * block_size;
+  return (spec.k_floats_per_token + spec.v_floats_per_token) * 4 * block_size *
+         static_cast<int64_t>(layers.size());
 }
 
 namespace {
@@ -18,11 +21,13 @@ namespace {
 // ForEachPiece calls fn(cache_piece_pointer, byte_offset_in_block, piece_bytes) for every
 // layer's K then V piece of `block`, in serialization order.
 template <typename Cache, typename Fn>
-void ForEachPiece(Cache& cache, int32_t block, Fn fn) {
+void ForEachPiece(Cache& cache, int32_t block, absl::Span<const int32_t> layers, Fn fn) {
   const KvCacheSpec& spec = cache.spec();
   const int64_t bs = cache.block_size();
   int64_t offset = 0;
-  for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
+  const int64_t count = layers.empty() ? spec.num_layers : static_cast<int64_t>(layers.size());
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t layer = layers.empty() ? i : layers[static_cast<size_t>(i)];
     const int64_t k_floats = bs * spec.k_floats_per_token;
     const int64_t v_floats = bs * spec.v_floats_per_token;
     fn(cache.k(layer) + block * k_floats, offset, k_floats * 4);
@@ -34,14 +39,16 @@ void ForEachPiece(Cache& cache, int32_t block, Fn fn) {
 
 }  // namespace
 
-void GatherKvBlock(const KvCache& cache, int32_t block, absl::Span<uint8_t> out) {
-  ForEachPiece(cache, block, [&](const float* piece, int64_t offset, int64_t bytes) {
+void GatherKvBlock(const KvCache& cache, int32_t block, absl::Span<uint8_t> out,
+                   absl::Span<const int32_t> layers) {
+  ForEachPiece(cache, block, layers, [&](const float* piece, int64_t offset, int64_t bytes) {
     std::memcpy(out.data() + offset, piece, static_cast<size_t>(bytes));
   });
 }
 
-void ScatterKvBlock(absl::Span<const uint8_t> in, int32_t block, KvCache& cache) {
-  ForEachPiece(cache, block, [&](float* piece, int64_t offset, int64_t bytes) {
+void ScatterKvBlock(absl::Span<const uint8_t> in, int32_t block, KvCache& cache,
+                    absl::Span<const int32_t> layers) {
+  ForEachPiece(cache, block, layers, [&](float* piece, int64_t offset, int64_t bytes) {
     std::memcpy(piece, in.data() + offset, static_cast<size_t>(bytes));
   });
 }

@@ -20,6 +20,10 @@
 //   token order (the KvCache layout of that block, engine/model/model.h).
 // Its meaning is fixed by the engine's KV identity (KvLayoutIdentity: model id, block size, dtype,
 // layers and floats per token), which seeds every block hash, so two layouts never share a key.
+// SWA bounded replay (EngineOptions::swa_replay_tokens on a sliding-window model): a block holds
+// only the full-attention layers, in increasing order ([L3.K | L3.V | L7.K | L7.V] on
+// sluice-mini-swa), and the identity given to Bind ends in ";stored_layers=3,7", so a store
+// shared with engines that keep every layer never mixes the two.
 #ifndef SLUICE_ENGINE_KV_KV_CONNECTOR_H_
 #define SLUICE_ENGINE_KV_KV_CONNECTOR_H_
 
@@ -48,12 +52,17 @@ struct KvConnectorLayout {
   int64_t block_bytes = 0;  // serialized bytes of one block (KvBlockBytes)
 };
 
-// KvBlockBytes: bytes of one serialized block = block_size * BytesPerToken.
-int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size);
+// `layers` below: the serialized layers' ids, increasing (empty: every layer).
+// KvBlockBytes: bytes of one serialized block = block_size * bytes per token of `layers`.
+int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size,
+                     absl::Span<const int32_t> layers = {});
 // GatherKvBlock copies cache block `block` into `out` (KvBlockBytes bytes, layout above).
-void GatherKvBlock(const KvCache& cache, int32_t block, absl::Span<uint8_t> out);
-// ScatterKvBlock writes serialized `in` (KvBlockBytes bytes) into cache block `block`.
-void ScatterKvBlock(absl::Span<const uint8_t> in, int32_t block, KvCache& cache);
+void GatherKvBlock(const KvCache& cache, int32_t block, absl::Span<uint8_t> out,
+                   absl::Span<const int32_t> layers = {});
+// ScatterKvBlock writes serialized `in` (KvBlockBytes bytes) into cache block `block`; other
+// layers' entries are left as they are.
+void ScatterKvBlock(absl::Span<const uint8_t> in, int32_t block, KvCache& cache,
+                    absl::Span<const int32_t> layers = {});
 
 // KvLoadResult: one finished load.
 struct KvLoadResult {

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/kv/swa_replay.h"
 #include "engine/sample/sampler.h"
@@ -31,13 +32,28 @@ class LLMEngineImpl final : public LLMEngine {
         scheduler_(SchedulerConfig{options.block_size, options.max_num_seqs,
                                    options.max_num_batched_tokens,
                                    options.enable_prefix_caching, kv_identity_,
-                                   options.kv_connector.get()},
+                                   options.kv_connector.get(),
+                                   EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens) > 0},
                    num_blocks, kv_events_) {
     const auto& eos = model_->config().eos_token_ids;
     eos_token_ids_.assign(eos.begin(), eos.end());
     const auto& sliding = model_->config().layer_is_sliding;
     has_sliding_layers_ = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
     swa_replay_tokens_ = EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens);
+    if (swa_replay_tokens_ > 0) stored_layers_ = FullAttentionLayers(model_->config());
+    connector_block_bytes_ =
+        KvBlockBytes(model_->kv_cache_spec(), options.block_size, stored_layers_);
+  }
+
+  // ConnectorLayout: what the KV connector stores per block. With SWA replay only the
+  // full-attention layers, under an identity that says so (the store's layout id and keys then
+  // differ from those of engines storing every layer).
+  KvConnectorLayout ConnectorLayout() const {
+    std::string identity = kv_identity_;
+    if (!stored_layers_.empty()) {
+      absl::StrAppend(&identity, ";stored_layers=", absl::StrJoin(stored_layers_, ","));
+    }
+    return KvConnectorLayout{identity, options_.block_size, connector_block_bytes_};
   }
 
   static std::string KvIdentity(const Model& model, const EngineOptions& options) {
@@ -170,7 +186,9 @@ class LLMEngineImpl final : public LLMEngine {
     Sequence* seq = scheduler_.Find(request_id);
     // Only the full-attention layers arrived: rebuild the sliding layers before the sequence
     // runs. A replay that fails leaves unusable KV, like a failed transfer: recompute.
-    if (!recompute && swa_replay_tokens_ > 0) recompute = !RebuildSlidingKv(*seq).ok();
+    if (!recompute && swa_replay_tokens_ > 0) {
+      recompute = !RebuildSlidingKv(*seq, seq->num_prompt_tokens(), swa_replay_tokens_).ok();
+    }
     seq->AppendToken(token->token_id);
     ++(recompute ? counters_.num_transfers_recomputed : counters_.num_transfers_completed);
     if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
@@ -309,21 +327,22 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
-  // RebuildSlidingKv: SWA bounded replay of seq's transferred prompt (engine/kv/swa_replay.h):
-  // the sliding layers' K/V of the last swa_replay_tokens_ prompt tokens are recomputed over the
-  // transferred exact full-attention K/V.
-  absl::Status RebuildSlidingKv(Sequence& seq) {
+  // RebuildSlidingKv: SWA bounded replay (engine/kv/swa_replay.h) of seq's first `num_tokens`
+  // tokens, whose full-attention K/V arrived from outside (a transfer, the kvstore): the sliding
+  // layers' K/V of the last `replay_tokens` of them are recomputed over that exact K/V.
+  absl::Status RebuildSlidingKv(Sequence& seq, int32_t num_tokens, int64_t replay_tokens) {
     SwaReplayOptions replay;
-    replay.replay_tokens = swa_replay_tokens_;
+    replay.replay_tokens = replay_tokens;
     absl::StatusOr<SwaReplayResult> r = ReplaySlidingWindowKv(
-        *model_, kv_cache_, seq.request.prompt_token_ids, seq.block_table, replay);
+        *model_, kv_cache_, absl::MakeConstSpan(seq.token_ids).first(num_tokens),
+        seq.block_table, replay);
     if (!r.ok()) return r.status();
     ++counters_.num_swa_replays;
     counters_.num_swa_replayed_tokens += r->num_replayed;
     // R < window: the first decode steps' windows reach below the replayed range, where the
     // sliding layers hold nothing; they must see keys from replay_start on only.
     const int32_t window = static_cast<int32_t>(model_->config().sliding_window);
-    if (r->sliding_kv_start > 0 && seq.num_prompt_tokens() - window + 1 < r->sliding_kv_start) {
+    if (r->sliding_kv_start > 0 && num_tokens - window + 1 < r->sliding_kv_start) {
       seq.sliding_kv_start = r->sliding_kv_start;
     }
     // Blocks with positions below replay_start lack sliding-layer K/V: never offered to the
@@ -337,17 +356,29 @@ class LLMEngineImpl final : public LLMEngine {
   }
 
   // FinishConnectorLoads copies finished connector loads into their blocks (see
-  // Scheduler::FinishLoad); loads of aborted requests are dropped.
+  // Scheduler::FinishLoad); loads of aborted requests are dropped. With SWA replay the loaded
+  // blocks hold the full-attention layers only: the last swa_replay_tokens_ loaded tokens are
+  // replayed (never into the local prefix-cache blocks before them, which other sequences
+  // share) before the uncached tail is computed.
   void FinishConnectorLoads() {
     if (options_.kv_connector == nullptr) return;
-    const int64_t block_bytes = kv_cache_.BlockBytes();
+    const int64_t block_bytes = connector_block_bytes_;
     for (const KvLoadResult& r : options_.kv_connector->PollLoads()) {
       const int64_t n = std::min<int64_t>(
           r.num_blocks, static_cast<int64_t>(r.bytes.size()) / block_bytes);
-      if (!scheduler_.FinishLoad(r.ticket, n, load_blocks_)) continue;
+      Sequence* seq = scheduler_.FinishLoad(r.ticket, n, load_blocks_);
+      if (seq == nullptr) continue;
       for (size_t i = 0; i < load_blocks_.size(); ++i) {
         ScatterKvBlock(absl::MakeConstSpan(r.bytes).subspan(i * block_bytes, block_bytes),
-                       load_blocks_[i], kv_cache_);
+                       load_blocks_[i], kv_cache_, stored_layers_);
+      }
+      if (swa_replay_tokens_ == 0 || load_blocks_.empty()) continue;
+      const int32_t loaded = static_cast<int32_t>(load_blocks_.size() * options_.block_size);
+      const int32_t end = seq->num_computed_tokens;
+      if (!RebuildSlidingKv(*seq, end, std::min<int64_t>(swa_replay_tokens_, loaded)).ok()) {
+        // Unusable without the sliding layers: compute the loaded tokens instead.
+        seq->num_computed_tokens = end - loaded;
+        seq->num_cached_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());
       }
     }
   }
@@ -359,11 +390,12 @@ class LLMEngineImpl final : public LLMEngine {
     const int32_t from = seq.num_saved_blocks;
     const int32_t to = seq.num_committed_blocks;
     if (to <= from) return;
-    const int64_t block_bytes = kv_cache_.BlockBytes();
+    const int64_t block_bytes = connector_block_bytes_;
     std::vector<uint8_t> bytes(static_cast<size_t>((to - from) * block_bytes));
     for (int32_t b = from; b < to; ++b) {
       GatherKvBlock(kv_cache_, seq.block_table[b],
-                    absl::MakeSpan(bytes).subspan((b - from) * block_bytes, block_bytes));
+                    absl::MakeSpan(bytes).subspan((b - from) * block_bytes, block_bytes),
+                    stored_layers_);
     }
     options_.kv_connector->Save(
         std::vector<BlockHash>(seq.block_hashes.begin() + from, seq.block_hashes.begin() + to),
@@ -539,6 +571,10 @@ class LLMEngineImpl final : public LLMEngine {
   Scheduler scheduler_;
   bool has_sliding_layers_ = false;
   int64_t swa_replay_tokens_ = 0;  // EffectiveSwaReplayTokens(options.swa_replay_tokens)
+  // Layers the KV connector stores (empty: all; with SWA replay the full-attention ones) and
+  // the bytes of one stored block.
+  std::vector<int32_t> stored_layers_;
+  int64_t connector_block_bytes_ = 0;
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;
@@ -590,8 +626,7 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   auto engine = std::unique_ptr<LLMEngineImpl>(
       new LLMEngineImpl(std::move(model), options, num_blocks, max_model_len));
   if (options.kv_connector != nullptr) {
-    absl::Status bound = options.kv_connector->Bind(KvConnectorLayout{
-        engine->kv_identity(), options.block_size, engine->kv_cache().BlockBytes()});
+    absl::Status bound = options.kv_connector->Bind(engine->ConnectorLayout());
     if (!bound.ok()) return bound;
   }
   return std::unique_ptr<LLMEngine>(std::move(engine));

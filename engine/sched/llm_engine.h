@@ -58,8 +58,11 @@ struct EngineOptions {
   // SWA bounded replay (engine/kv/swa_replay.h) for models with sliding-window layers: > 0 (R):
   // a KV transfer into this engine carries only the full-attention layers' K/V, and
   // CompleteTransfer(OK) rebuilds the sliding layers' K/V by replaying the last R prompt tokens
-  // before the first decode step; 0: transfers carry every layer. Treated as 0 for models
-  // without sliding layers or whose Forward cannot replay (EffectiveSwaReplayTokens).
+  // before the first decode step; 0: transfers carry every layer. Likewise kv_connector blocks
+  // hold only the full-attention layers (under an identity ending in ";stored_layers=..."), and
+  // a load replays the last min(R, loaded) loaded tokens before the tail is computed; loaded
+  // blocks then stay out of the local prefix cache. Treated as 0 for models without sliding
+  // layers or whose Forward cannot replay (EffectiveSwaReplayTokens).
   int64_t swa_replay_tokens = 0;
 };
 
@@ -85,8 +88,9 @@ struct EngineCounters {
   // Reservations whose transfer failed and whose prompt was recomputed locally instead
   // (recompute_failed_transfers); not counted as failed.
   int64_t num_transfers_recomputed = 0;
-  // SWA bounded replay: sliding-layer rebuilds run (after transfers) and prompt tokens they
-  // replayed. A replay that fails recomputes the prompt (counted in num_transfers_recomputed).
+  // SWA bounded replay: sliding-layer rebuilds run (after transfers and connector loads) and
+  // prompt tokens they replayed. A replay that fails recomputes those tokens (after a transfer
+  // counted in num_transfers_recomputed).
   int64_t num_swa_replays = 0;
   int64_t num_swa_replayed_tokens = 0;
 };

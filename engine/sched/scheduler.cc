@@ -144,12 +144,12 @@ bool Scheduler::StartExternalLoad(Sequence& seq) {
   return true;
 }
 
-bool Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
-                           std::vector<int32_t>& load_blocks) {
+Sequence* Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
+                                std::vector<int32_t>& load_blocks) {
   load_blocks.clear();
   auto it = std::find_if(loading_.begin(), loading_.end(),
                          [&](const auto& s) { return s->kv_load_ticket == ticket; });
-  if (it == loading_.end()) return false;
+  if (it == loading_.end()) return nullptr;
   Sequence& seq = **it;
   const int64_t local = static_cast<int64_t>(seq.block_table.size());
   const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
@@ -164,13 +164,17 @@ bool Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
   // Loaded blocks are outside already: never written back.
   seq.num_saved_blocks = static_cast<int32_t>(local + n);
   // The caller fills the blocks before the next step; registering now is safe because nothing
-  // reads the cache in between (one engine thread).
-  CommitBlocks(seq);
+  // reads the cache in between (one engine thread). Partial blocks are never registered.
+  if (config_.loaded_blocks_partial) {
+    seq.num_committed_blocks = seq.num_saved_blocks;
+  } else {
+    CommitBlocks(seq);
+  }
   // A sequence with blocks is not fresh at admission: count its cached tokens here.
   if (!seq.block_table.empty()) num_cached_prompt_tokens_ += seq.num_cached_tokens;
   waiting_.push_front(std::move(*it));
   loading_.erase(it);
-  return true;
+  return &seq;
 }
 
 void Scheduler::CommitBlocks(Sequence& seq) {

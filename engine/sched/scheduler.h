@@ -39,6 +39,9 @@ struct SchedulerConfig {
   // Optional (not owned): blocks beyond the local prefix hit are looked up and loaded through it
   // at admission (needs prefix caching).
   KvConnector* kv_connector = nullptr;
+  // Loaded blocks hold only some layers' K/V (SWA bounded replay): FinishLoad does not register
+  // them in the prefix cache (the engine rebuilds the rest for the last tokens only).
+  bool loaded_blocks_partial = false;
 };
 
 // ScheduledSequence: `num_new_tokens` tokens of `seq` starting at seq->num_computed_tokens.
@@ -108,8 +111,9 @@ class Scheduler {
   // allocates blocks for its first `num_blocks` loaded blocks (fewer if blocks ran out), counts
   // them as computed, registers them in the prefix cache and queues the sequence at the front.
   // `load_blocks` gets the block ids to fill with the loaded bytes, in order. False (nothing
-  // changed) when no loading sequence has that ticket (aborted meanwhile).
-  bool FinishLoad(uint64_t ticket, int64_t num_blocks, std::vector<int32_t>& load_blocks);
+  // changed) when no loading sequence has that ticket (aborted meanwhile); else the sequence
+  // (still owned by the scheduler).
+  Sequence* FinishLoad(uint64_t ticket, int64_t num_blocks, std::vector<int32_t>& load_blocks);
   int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }

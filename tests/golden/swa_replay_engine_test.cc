@@ -1,18 +1,24 @@
-// SWA bounded replay wired into the engine's disaggregation hooks (LLMEngine::CompleteTransfer
-// with EngineOptions::swa_replay_tokens): a prefill engine holds a prompt's KV, only the
-// full-attention layers are copied into a decode engine's reservation (what the UCX transfer
-// moves with KvTransferLayout::region_indices), and the decode engine replays the sliding layers
-// before its first step. The decode cache starts as NaN, so any read of a sliding-layer entry
+// SWA bounded replay wired into the engine (EngineOptions::swa_replay_tokens):
+//  * disaggregation hooks (LLMEngine::CompleteTransfer): a prefill engine holds a prompt's KV,
+//    only the full-attention layers are copied into a decode engine's reservation (what the UCX
+//    transfer moves with KvTransferLayout::region_indices), and the decode engine replays the
+//    sliding layers before its first step;
+//  * the KV connector (kvstore): only full-attention layers are stored per block, under a layout
+//    identity of their own, and the loading engine replays the last tokens of the loaded prefix. The decode cache starts as NaN, so any read of a sliding-layer entry
 // that was neither transferred nor replayed poisons the logits (NaN logprobs).
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/container/flat_hash_map.h"
+#include "engine/kv/block_hash.h"
+#include "engine/kv/kv_connector.h"
 #include "engine/kv/swa_replay.h"
 #include "engine/model/model.h"
 #include "engine/sched/llm_engine.h"
@@ -200,6 +206,128 @@ TEST(SwaReplayEngineTest, EffectiveReplayTokens) {
   auto dense = LoadModel(sluice::testing::EmbeddedModelDir());
   ASSERT_TRUE(dense.ok()) << dense.status();
   EXPECT_EQ(EffectiveSwaReplayTokens(**dense, 128), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kvstore path: an in-memory KV connector (loads answer at once, in PollLoads) shared by
+// two engines, as the kvstore is shared by two workers.
+class MemoryConnector final : public KvConnector {
+ public:
+  absl::Status Bind(const KvConnectorLayout& layout) override {
+    layouts.push_back(layout);
+    return absl::OkStatus();
+  }
+  void StartLoad(uint64_t ticket, std::vector<BlockHash> hashes) override {
+    KvLoadResult r;
+    r.ticket = ticket;
+    const int64_t block_bytes = layouts.back().block_bytes;
+    for (const BlockHash& h : hashes) {
+      auto it = blocks.find(h);
+      if (it == blocks.end()) break;
+      EXPECT_EQ(static_cast<int64_t>(it->second.size()), block_bytes);
+      r.bytes.insert(r.bytes.end(), it->second.begin(), it->second.end());
+      ++r.num_blocks;
+    }
+    done.push_back(std::move(r));
+  }
+  std::vector<KvLoadResult> PollLoads() override { return std::exchange(done, {}); }
+  void Save(std::vector<BlockHash> hashes, std::vector<uint8_t> bytes) override {
+    const size_t block_bytes = bytes.size() / hashes.size();
+    saved_bytes.push_back(static_cast<int64_t>(block_bytes));
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      blocks.try_emplace(hashes[i], bytes.begin() + i * block_bytes,
+                         bytes.begin() + (i + 1) * block_bytes);
+    }
+  }
+  KvConnectorStats stats() const override { return {}; }
+
+  std::vector<KvConnectorLayout> layouts;  // one per Bind
+  absl::flat_hash_map<BlockHash, std::vector<uint8_t>> blocks;
+  std::vector<int64_t> saved_bytes;  // block bytes of each Save
+  std::vector<KvLoadResult> done;
+};
+
+std::unique_ptr<LLMEngine> HybridTinyEngineWith(std::shared_ptr<KvConnector> connector,
+                                                int64_t swa_replay_tokens) {
+  auto model = LoadModel(sluice::testing::FixtureDir("qwen3-hybrid-tiny"));
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  EngineOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 64;
+  options.swa_replay_tokens = swa_replay_tokens;
+  options.model_id = "qwen3-hybrid-tiny";
+  options.kv_connector = std::move(connector);
+  auto engine = LLMEngine::Create(std::move(*model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+// Worker A computes a prompt and writes its blocks through (full-attention layers 1 and 3
+// only); worker B, whose cache starts as NaN, loads them, replays the last R tokens and computes
+// only the tail: greedy output equals a single engine's (R = 128 >= 31 is exact).
+TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
+  auto store = std::make_shared<MemoryConnector>();
+  const std::vector<int32_t> prompt = Prompt(150);
+  std::unique_ptr<LLMEngine> a = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  ASSERT_NE(a, nullptr);
+  // Layout identity: the engine's, marked full-attention-only; 2 of 4 layers per block.
+  ASSERT_EQ(store->layouts.size(), 1u);
+  EXPECT_EQ(store->layouts[0].kv_identity, a->kv_identity() + ";stored_layers=1,3");
+  const KvCacheSpec spec = a->model().kv_cache_spec();
+  const int64_t full_block = KvBlockBytes(spec, kBlockSize);
+  EXPECT_EQ(store->layouts[0].block_bytes, full_block / 2);
+  std::vector<int32_t> a_tokens;
+  ASSERT_TRUE(a->AddRequest(Greedy("a", prompt, false)).ok());
+  Drain(*a, "a", &a_tokens, nullptr);
+  EXPECT_EQ(a_tokens, SingleEngineTokens(prompt));
+  ASSERT_FALSE(store->saved_bytes.empty());
+  for (int64_t b : store->saved_bytes) EXPECT_EQ(b, full_block / 2);
+  // 150 + 19 computed tokens: 10 full blocks written through.
+  EXPECT_EQ(store->blocks.size(), 10u);
+
+  std::unique_ptr<LLMEngine> b = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  ASSERT_NE(b, nullptr);
+  KvCache& cache = b->kv_cache();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    std::fill_n(cache.k(l), cache.num_blocks() * kBlockSize * spec.k_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+    std::fill_n(cache.v(l), cache.num_blocks() * kBlockSize * spec.v_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+  }
+  std::vector<int32_t> longer = prompt;
+  for (int i = 0; i < 30; ++i) longer.push_back(500 + i);
+  std::vector<int32_t> b_tokens;
+  std::vector<float> logprobs;
+  RequestOutput last;
+  ASSERT_TRUE(b->AddRequest(Greedy("b", longer, false)).ok());
+  Drain(*b, "b", &b_tokens, &logprobs, &last);
+  for (float lp : logprobs) EXPECT_TRUE(std::isfinite(lp));
+  EXPECT_EQ(b_tokens, SingleEngineTokens(longer));
+  // The longer prompt's first 9 blocks (144 tokens; A's 10th holds A's outputs) came from the
+  // store; the last 128 of them were replayed and the 36-token tail computed.
+  const EngineCounters c = b->counters();
+  EXPECT_EQ(last.num_cached_tokens, 144);
+  EXPECT_EQ(c.num_prompt_tokens_cached_external, 144);
+  EXPECT_EQ(c.num_swa_replays, 1);
+  EXPECT_EQ(c.num_swa_replayed_tokens, 128);
+  EXPECT_EQ(c.num_prompt_tokens_computed, 36);
+}
+
+// Without replay the same store keeps every layer under the plain identity: the two layouts
+// never share a key.
+TEST(SwaReplayKvStoreTest, ReplayOffStoresEveryLayerUnderAnotherIdentity) {
+  auto store = std::make_shared<MemoryConnector>();
+  std::unique_ptr<LLMEngine> off = HybridTinyEngineWith(store, 0);
+  std::unique_ptr<LLMEngine> on = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  ASSERT_NE(off, nullptr);
+  ASSERT_NE(on, nullptr);
+  ASSERT_EQ(store->layouts.size(), 2u);
+  EXPECT_EQ(store->layouts[0].kv_identity, off->kv_identity());
+  EXPECT_EQ(store->layouts[0].block_bytes, KvBlockBytes(off->model().kv_cache_spec(), kBlockSize));
+  const BlockHasher plain(store->layouts[0].kv_identity, kBlockSize);
+  const BlockHasher full_only(store->layouts[1].kv_identity, kBlockSize);
+  EXPECT_NE(plain.seed(), full_only.seed());  // the kvstore's layout id (KvStoreKey)
 }
 
 }  // namespace

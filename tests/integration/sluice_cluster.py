@@ -164,12 +164,12 @@ class Cluster:
 class Serve:
     """A plain `sluice serve` for reference outputs."""
 
-    def __init__(self, model_dir=MODEL_DIR):
+    def __init__(self, model_dir=MODEL_DIR, args=()):
         self.dir = tempfile.mkdtemp(prefix="sluice-reference-")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.proc = Proc("serve", [sluice_bin(), "serve", "--model", str(model_dir), "--port",
-                                   str(port)], self.dir)
+                                   str(port), *args], self.dir)
         wait_until(lambda: http_get(self.url + "/health")[0] == 200, STARTUP_TIMEOUT_S,
                    "sluice serve /health")
 
