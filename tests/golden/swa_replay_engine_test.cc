@@ -30,7 +30,9 @@ namespace {
 constexpr int64_t kBlockSize = 16;
 constexpr int kMaxTokens = 20;
 
-std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens) {
+// `connector` (may be null): a KV connector shared with other engines, as the kvstore is.
+std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens,
+                                            std::shared_ptr<KvConnector> connector = nullptr) {
   auto model = LoadModel(sluice::testing::FixtureDir("qwen3-hybrid-tiny"));
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
@@ -38,6 +40,8 @@ std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens) {
   options.block_size = kBlockSize;
   options.num_kv_blocks = 64;
   options.swa_replay_tokens = swa_replay_tokens;
+  options.model_id = "qwen3-hybrid-tiny";
+  options.kv_connector = std::move(connector);
   auto engine = LLMEngine::Create(std::move(*model), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
@@ -247,29 +251,13 @@ class MemoryConnector final : public KvConnector {
   std::vector<KvLoadResult> done;
 };
 
-std::unique_ptr<LLMEngine> HybridTinyEngineWith(std::shared_ptr<KvConnector> connector,
-                                                int64_t swa_replay_tokens) {
-  auto model = LoadModel(sluice::testing::FixtureDir("qwen3-hybrid-tiny"));
-  EXPECT_TRUE(model.ok()) << model.status();
-  if (!model.ok()) return nullptr;
-  EngineOptions options;
-  options.block_size = kBlockSize;
-  options.num_kv_blocks = 64;
-  options.swa_replay_tokens = swa_replay_tokens;
-  options.model_id = "qwen3-hybrid-tiny";
-  options.kv_connector = std::move(connector);
-  auto engine = LLMEngine::Create(std::move(*model), options);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
-}
-
 // Worker A computes a prompt and writes its blocks through (full-attention layers 1 and 3
 // only); worker B, whose cache starts as NaN, loads them, replays the last R tokens and computes
 // only the tail: greedy output equals a single engine's (R = 128 >= 31 is exact).
 TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
   auto store = std::make_shared<MemoryConnector>();
   const std::vector<int32_t> prompt = Prompt(150);
-  std::unique_ptr<LLMEngine> a = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  std::unique_ptr<LLMEngine> a = HybridTinyEngine(kDefaultSwaReplayTokens, store);
   ASSERT_NE(a, nullptr);
   // Layout identity: the engine's, marked full-attention-only; 2 of 4 layers per block.
   ASSERT_EQ(store->layouts.size(), 1u);
@@ -286,7 +274,7 @@ TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
   // 150 + 19 computed tokens: 10 full blocks written through.
   EXPECT_EQ(store->blocks.size(), 10u);
 
-  std::unique_ptr<LLMEngine> b = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  std::unique_ptr<LLMEngine> b = HybridTinyEngine(kDefaultSwaReplayTokens, store);
   ASSERT_NE(b, nullptr);
   KvCache& cache = b->kv_cache();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
@@ -318,8 +306,8 @@ TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
 // never share a key.
 TEST(SwaReplayKvStoreTest, ReplayOffStoresEveryLayerUnderAnotherIdentity) {
   auto store = std::make_shared<MemoryConnector>();
-  std::unique_ptr<LLMEngine> off = HybridTinyEngineWith(store, 0);
-  std::unique_ptr<LLMEngine> on = HybridTinyEngineWith(store, kDefaultSwaReplayTokens);
+  std::unique_ptr<LLMEngine> off = HybridTinyEngine(0, store);
+  std::unique_ptr<LLMEngine> on = HybridTinyEngine(kDefaultSwaReplayTokens, store);
   ASSERT_NE(off, nullptr);
   ASSERT_NE(on, nullptr);
   ASSERT_EQ(store->layouts.size(), 2u);
