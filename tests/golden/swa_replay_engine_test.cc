@@ -47,6 +47,18 @@ std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens,
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
+// PoisonCache fills every K/V entry with NaN: an entry read before it was written (transferred,
+// loaded, replayed or computed) turns the logits, hence the logprobs, into NaN.
+void PoisonCache(KvCache& cache) {
+  const KvCacheSpec& spec = cache.spec();
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    std::fill_n(cache.k(l), cache.num_blocks() * kBlockSize * spec.k_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+    std::fill_n(cache.v(l), cache.num_blocks() * kBlockSize * spec.v_floats_per_token,
+                std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
 std::vector<int32_t> Prompt(int n) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back(10 + (i * 37 + i / 7) % 8000);
@@ -120,12 +132,7 @@ Disaggregated PrefillTransferDecode(const std::vector<int32_t>& prompt, LLMEngin
   if (held.empty()) return d;
 
   KvCache& cache = decode.kv_cache();
-  for (int64_t l = 0; l < cache.spec().num_layers; ++l) {
-    std::fill_n(cache.k(l), cache.num_blocks() * kBlockSize * cache.spec().k_floats_per_token,
-                std::numeric_limits<float>::quiet_NaN());
-    std::fill_n(cache.v(l), cache.num_blocks() * kBlockSize * cache.spec().v_floats_per_token,
-                std::numeric_limits<float>::quiet_NaN());
-  }
+  PoisonCache(cache);
   auto blocks = decode.ReserveForTransfer(Greedy("r", prompt, false), std::nullopt);
   EXPECT_TRUE(blocks.ok()) << blocks.status();
   if (!blocks.ok()) return d;
@@ -277,12 +284,7 @@ TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
   std::unique_ptr<LLMEngine> b = HybridTinyEngine(kDefaultSwaReplayTokens, store);
   ASSERT_NE(b, nullptr);
   KvCache& cache = b->kv_cache();
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
-    std::fill_n(cache.k(l), cache.num_blocks() * kBlockSize * spec.k_floats_per_token,
-                std::numeric_limits<float>::quiet_NaN());
-    std::fill_n(cache.v(l), cache.num_blocks() * kBlockSize * spec.v_floats_per_token,
-                std::numeric_limits<float>::quiet_NaN());
-  }
+  PoisonCache(cache);
   std::vector<int32_t> longer = prompt;
   for (int i = 0; i < 30; ++i) longer.push_back(500 + i);
   std::vector<int32_t> b_tokens;
@@ -300,6 +302,33 @@ TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
   EXPECT_EQ(c.num_swa_replays, 1);
   EXPECT_EQ(c.num_swa_replayed_tokens, 128);
   EXPECT_EQ(c.num_prompt_tokens_computed, 36);
+}
+
+// R = 8 (below the window of 16): the replay of the loaded prefix starts 8 tokens before its
+// end; the tail's first chunk must bound the sliding layers' keys there (the cache below is NaN).
+TEST(SwaReplayKvStoreTest, ShortReplayAfterLoadBoundsSlidingKeys) {
+  auto store = std::make_shared<MemoryConnector>();
+  const std::vector<int32_t> prompt = Prompt(150);
+  std::unique_ptr<LLMEngine> a = HybridTinyEngine(8, store);
+  ASSERT_NE(a, nullptr);
+  std::vector<int32_t> ignored;
+  ASSERT_TRUE(a->AddRequest(Greedy("a", prompt, false)).ok());
+  Drain(*a, "a", &ignored, nullptr);
+
+  std::unique_ptr<LLMEngine> b = HybridTinyEngine(8, store);
+  ASSERT_NE(b, nullptr);
+  KvCache& cache = b->kv_cache();
+  PoisonCache(cache);
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  RequestOutput last;
+  ASSERT_TRUE(b->AddRequest(Greedy("b", prompt, false)).ok());
+  Drain(*b, "b", &tokens, &logprobs, &last);
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kMaxTokens));
+  for (float lp : logprobs) EXPECT_TRUE(std::isfinite(lp)) << "a NaN sliding entry was read";
+  EXPECT_EQ(last.num_cached_tokens, 144);
+  EXPECT_EQ(b->counters().num_swa_replayed_tokens, 8);
+  EXPECT_EQ(b->counters().num_prompt_tokens_computed, 6);
 }
 
 // Without replay the same store keeps every layer under the plain identity: the two layouts
