@@ -3,7 +3,8 @@
 
     python3 bench/generate_bench.py --model models/sluice-mini-moe --out generate.json
         [--sluice build/bin/sluice] [--device cuda] [--num-prompts 1000] [--max-tokens 128]
-        [--hf-batch-size 1000] [--skip-hf] [--skip-sluice] [--sluice-arg=--max-num-seqs=256 ...]
+        [--hf-batch-size 1000] [--dummy-weights] [--skip-hf] [--skip-sluice]
+        [--sluice-arg=--gpu-memory-utilization=0.5 ...]
 
 Prompts: `--num-prompts` synthetic requests in the formats the trained models learned
 (models/README: chat turns asking to quote or locate a verse, or for a fortune, some with a system
@@ -19,7 +20,8 @@ tokens and tokens/s compares like with like. sluice is asked for the sampled tok
 
 Measured:
   * sluice: one `sluice generate --device DEVICE` run over all prompts (the engine batches them
-    continuously). `tokens_per_s` is the figure sluice logs itself: generated tokens over the
+    continuously, up to `--max-num-seqs` at once: by default the HF batch size, capped at 1024,
+    with `--max-num-batched-tokens` 8192 so a step can hold them all). `tokens_per_s` is the figure sluice logs itself: generated tokens over the
     time from the first submission to the last answer (model loading, KV allocation and CUDA
     graph capture excluded); `wall_s` is the whole process, loading included.
   * HF: AutoModelForCausalLM in bf16 on DEVICE (sdpa attention), `generate(do_sample=False)` over
@@ -30,6 +32,9 @@ Measured:
     are equal over all `--max-tokens` (bf16 on both sides, but different kernels, batching and
     padding: near-ties, and MoE routing near ties, can flip a token and everything after it);
     `mean_common_prefix` tokens before the first difference.
+`--dummy-weights` runs a folder holding only config.json + tokenizer (Llama/Qwen3 layouts):
+sluice with `--load-format dummy`, HF with the same values (dummy_values() mirrors
+engine/model/dummy_weights.h; checked equal to sluice's own on the CPU), both rounded to bf16.
 The JSON also records the machine (GPU name, torch/transformers versions), the commands and the
 settings. Exit code 1 when a run fails or any sluice line is an error.
 """
@@ -100,6 +105,55 @@ def tokenize(model_dir, texts):
     return [tok.encode(t, add_special_tokens=False).ids for t in texts]
 
 
+MASK64 = (1 << 64) - 1
+
+
+def _mix64(z):
+    """SplitMix64 finalizer on a Python int (engine/model/dummy_weights.h DummyMix64)."""
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
+    return z ^ (z >> 31)
+
+
+def dummy_values(name, n, seed=0x5eed):
+    """Element 0..n-1 of dummy tensor `name` as float32 numpy values: the rule of
+    engine/model/dummy_weights.h (DummyTensorSeed, DummyNormal), so HF can run the weights
+    `sluice --load-format dummy` builds without any weights file."""
+    import numpy as np
+
+    h = 0xcbf29ce484222325
+    for c in name.encode():
+        h = ((h ^ c) * 0x100000001b3) & MASK64
+    ts = _mix64(h ^ _mix64(seed))
+    with np.errstate(over="ignore"):
+        z = np.uint64(ts) + np.arange(n, dtype=np.uint64) * np.uint64(0x9e3779b97f4a7c15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+        z = z ^ (z >> np.uint64(31))
+    u1 = ((z >> np.uint64(40)).astype(np.float32) + np.float32(1)) * np.float32(1 / 16777216)
+    u2 = ((z >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float32) * np.float32(
+        1 / 16777216)
+    r = np.float32(0.02) * np.sqrt(np.float32(-2) * np.log(u1))
+    return r * np.cos(np.float32(6.28318530718) * u2)
+
+
+def fill_dummy(model):
+    """Overwrites every parameter of an HF model with the dummy rule: norms 1, biases 0,
+    the rest DummyNormal of its checkpoint name (HF Llama/Qwen3 names are the checkpoint's)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            leaf = name.rsplit(".", 2)[-2] if name.count(".") else name
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in leaf:
+                p.fill_(1)
+            else:
+                v = dummy_values(name, p.numel()).reshape(tuple(p.shape))
+                p.copy_(torch.from_numpy(v).to(p.dtype))
+
+
 def run_sluice(args, prompts, workdir):
     src = workdir / "requests.jsonl"
     dst = workdir / "responses.jsonl"
@@ -110,6 +164,10 @@ def run_sluice(args, prompts, workdir):
                                 "return_tokens_as_token_ids": True}) + "\n")
     cmd = [args.sluice, "generate", "--model", args.model, "--input", str(src), "--output",
            str(dst), "--device", args.device, "--no-progress"] + args.sluice_arg
+    if args.dummy_weights:
+        cmd += ["--load-format", "dummy"]
+    cmd += ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens",
+            str(args.max_num_batched_tokens)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     wall = time.perf_counter() - t0
@@ -146,8 +204,16 @@ def run_hf(args, prompts):
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     device = args.hf_device or args.device
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
-                                                 attn_implementation="sdpa").to(device).eval()
+    if args.dummy_weights:
+        config = transformers.AutoConfig.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+        fill_dummy(model)  # float32 values, rounded to bf16 below as the GPU runner does
+        model = model.to(torch.bfloat16)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
+                                                     attn_implementation="sdpa")
+    model = model.to(device).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     # generate() fills unset fields of a passed GenerationConfig from the model's own
     # (generation_config.json: eos 1), so EOS is cleared there too.
@@ -219,6 +285,13 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sluice-arg", action="append", default=[],
                     help="extra sluice generate argument (repeat; use --sluice-arg=--flag=value)")
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="sluice sequences per step (0: the HF batch size, at most 1024)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                    help="sluice tokens per step (prefill chunks + one per decoding sequence)")
+    ap.add_argument("--dummy-weights", action="store_true",
+                    help="no weights file: sluice --load-format dummy, HF filled by the same rule "
+                         "(Llama/Qwen3 layouts)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-sluice", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800, help="sluice run limit (seconds)")
@@ -226,12 +299,16 @@ def main():
     args = ap.parse_args()
     if args.hf_batch_size <= 0:
         args.hf_batch_size = args.num_prompts
+    if args.max_num_seqs <= 0:
+        args.max_num_seqs = min(args.hf_batch_size, 1024)
 
     prompts = tokenize(args.model, make_texts(args.num_prompts, args.seed))
     lens = sorted(len(p) for p in prompts)
-    result = {"model": args.model, "device": args.device, "num_prompts": len(prompts),
+    result = {"model": args.model, "dummy_weights": args.dummy_weights,
+              "device": args.device, "num_prompts": len(prompts),
               "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
-              "seed": args.seed,
+              "seed": args.seed, "sluice_max_num_seqs": args.max_num_seqs,
+              "sluice_max_num_batched_tokens": args.max_num_batched_tokens,
               "prompt_tokens": {"total": sum(lens), "min": lens[0], "median": lens[len(lens) // 2],
                                 "max": lens[-1]}}
     ok = True
