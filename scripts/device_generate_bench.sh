@@ -51,7 +51,7 @@ run() {  # NAME MODEL_DIR [generate_bench.py args...]
   local name=$1 model=$2
   shift 2
   PYTHONUNBUFFERED=1 python3 bench/generate_bench.py --model "$model" --sluice "$here/sluice" \
-    --device cuda --out "$out/generate_$name.json" "$@" \
+    --device cuda --timeout 240 --out "$out/generate_$name.json" "$@" \
     ${GENERATE_BENCH_ARGS:---num-prompts 1000 --max-tokens 128} >"$out/generate_$name.log" 2>&1 \
     || rc=1
   tail -n 45 "$out/generate_$name.log"
