@@ -128,3 +128,22 @@ def test_short_replay_below_window_completes_in_push_mode():
         assert pushed == block_tokens(LONG_LENGTHS) * NUM_FULL_LAYERS * LAYER_BYTES_PER_TOKEN
     finally:
         cluster.stop()
+
+
+def test_replay_mismatch_is_a_clear_error():
+    """Prefill moves only full-attention layers, decode expects every layer: the request fails
+    with an error naming --swa-replay-tokens (never decodes on missing sliding-layer KV), and
+    every block is freed."""
+    cluster = Cluster(num_prefill=1, num_decode=1, model_dir=MODEL_DIR,
+                      role_args={"prefill": ["--swa-replay-tokens", "128"],
+                                 "decode": ["--swa-replay-tokens", "0"]},
+                      router_args=("--min-remote-prefill-tokens", "1"))
+    try:
+        with pytest.raises(openai.APIError) as e:
+            complete_all(cluster.url, [prompt(40)])
+        assert "SWA replay mismatch" in str(e.value), str(e.value)
+        assert "--swa-replay-tokens" in str(e.value)
+        wait_until(lambda: all(cluster.worker_metric(name, "sluice_kv_cache_used_blocks") == 0
+                               for name in cluster.workers), 15, "KV blocks free")
+    finally:
+        cluster.stop()
