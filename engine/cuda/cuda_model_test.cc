@@ -225,9 +225,13 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
 }
 
-// The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens).
+// The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens). Its logits
+// reach |20| and bf16 flips some MoE routing choices, so no elementwise bound applies
+// (shared/models/README.md "Tolerances": transformers on a GPU in bf16 differs from the goldens
+// by up to 1.71; the H200 run of this test measured 1.32–1.76): the bars are the top-1 and
+// teacher-forced greedy agreements (>= 0.9) and decode-vs-prefill top-1 (>= 0.95).
 TEST_F(CudaModelTest, SluiceMiniMoeMatchesGoldenLogitsAndGreedy) {
-  CheckGoldenAlone(testing::SharedModelDir("sluice-mini-moe"), kMinTop1);
+  CheckGoldenAlone(testing::SharedModelDir("sluice-mini-moe"), /*min_rows_within=*/0.0);
 }
 
 // Decode graphs with tokens fed back on the device (no host round trip) give the same tokens
