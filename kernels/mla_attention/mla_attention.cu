@@ -1,17 +1,24 @@
 // CUDA MLA attention core over the paged latent cache (mla_attention_cuda.h).
 //
-// One CTA serves one query token, a group of up to kHeads heads and one key partition. All
-// heads attend over the same latent rows, so each row is loaded once per CTA (cp.async into
-// shared memory) and used by every head of the group: the decode step reads each cached row
-// once per (token, head group) instead of once per head.
-//   scores: warp w computes heads w and w + 8, lane j key j of the 32-key tile (16-byte shared
-//           loads of the row, the pre-scaled fp32 query broadcast from shared memory);
-//   softmax: online (running max and sum per head, FlashAttention-2 style), base-2;
-//   values: thread t accumulates latent channels 2t, 2t+1 for every head of the group.
-// Long contexts with few CTAs split the keys across CTAs and merge the normalized partials
-// with SplitKvCombineKernel (attention_device.cuh; Flash-Decoding).
-// Plain fp32 FMAs, no tensor cores: a correctness-first kernel (decode of DeepSeek-V2-Lite's
-// 16 heads is compute-bound here at ~17k FMA per cached row and token).
+// Two kernels; both serve a group of up to kHeads heads per CTA, so every head of the group
+// reuses each latent row the CTA loads (all heads attend over the same rows).
+//
+// MlaLatentMmaKernel<T> (tensor cores; DeepSeek dims: kv_lora_rank a multiple of 16 up to 512,
+// row width a multiple of 16 up to kTcMaxWidth): one CTA takes T query tokens × 16 heads =
+// M = 16·T rows of the absorbed query and loops over 64-row tiles of the latent cache,
+// FlashAttention-2 style (Dao, "FlashAttention-2", 2023):
+//   S = Q·Kᵀ over the full row width (mma.sync m16n8k16 bf16, fp32 accumulate; warp w owns
+//       keys 8w..8w+7 of the tile for all M rows);
+//   online softmax in fp32 (base 2), one warp per row, causal mask per query token;
+//   O += P·V with V = the first kv_lora_rank columns of the same tile (warp w owns latent
+//       channels 64w..64w+63 for all M rows; V fragments via ldmatrix.trans).
+// T = 1 serves decode (M = 16 heads of one token); T = 4 serves prefill chunks. Short work
+// (decode at small batch) splits the keys across CTAs in 64-row partitions and merges the
+// partials with SplitKvCombineKernel (attention_device.cuh; Flash-Decoding).
+//
+// MlaLatentKernel (plain fp32 FMAs, any even rank ≤ 512 and width ≤ 1024, e.g. the tiny test
+// fixtures): one CTA per query token and head group; scores: warp w computes heads w and
+// w + 8, lane j key j of the 32-key tile; values: thread t accumulates channels 2t, 2t+1.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +37,7 @@ using attention_detail::CpAsync16;
 using attention_detail::CpAsyncCommit;
 using attention_detail::CpAsyncWait;
 using attention_detail::Exp2;
+using attention_detail::SmemAddr;
 
 constexpr int kHeads = 16;     // heads per CTA
 constexpr int kThreads = 256;  // 8 warps; thread t owns latent channels 2t, 2t+1
@@ -64,6 +72,37 @@ struct MlaArgs {
 // 4 banks, so the 8 lanes of each quarter-warp phase of a 16-byte load hit distinct banks.
 __host__ __device__ constexpr int TilePitch(int width) { return width + 8; }
 
+// Keys [x, y) of partition `split` among keys [0, causal_end) (all of them without a split).
+__device__ __forceinline__ int2 SplitRange(const MlaArgs& args, int split, int causal_end) {
+  if (args.num_splits == 1) return make_int2(0, causal_end);
+  const int begin = split * args.partition_tokens;
+  return make_int2(begin, min(causal_end, begin + args.partition_tokens));
+}
+
+// Issues cp.async copies of cached rows tile .. tile+kRows-1 of a sequence into k_s
+// ([kRows][TilePitch(width)]); rows at or past kv_end read as zeros (src size 0), so padded
+// keys are finite. The caller commits and waits.
+template <int kRows, int kThreadsPerCta>
+__device__ __forceinline__ void LoadLatentTile(const MlaArgs& args, const int32_t* block_table,
+                                               int tile, int kv_end, bf16* k_s) {
+  const int width = args.width;
+  const int chunks = width / 8;
+  for (int c = threadIdx.x; c < kRows * chunks; c += kThreadsPerCta) {
+    const int key = c / chunks;
+    const int off = (c - key * chunks) * 8;
+    const int j = tile + key;
+    const bool live = j < kv_end;
+    const bf16* src = args.cache;
+    if (live) {
+      const int64_t slot =
+          static_cast<int64_t>(block_table[j / args.block_size]) * args.block_size +
+          j % args.block_size;
+      src += slot * width + off;
+    }
+    CpAsync16(k_s + key * TilePitch(width) + off, src, live ? 16 : 0);
+  }
+}
+
 size_t SmemBytes(int width) {
   return sizeof(float) * (static_cast<size_t>(kHeads) * width + kHeads * kKeys + 3 * kHeads) +
          sizeof(bf16) * static_cast<size_t>(kKeys) * TilePitch(width);
@@ -87,11 +126,8 @@ __global__ void __launch_bounds__(kThreads) MlaLatentKernel(const MlaArgs args) 
   if (qi >= q_len) return;
   const int token = q_begin + qi;
   const int pos = args.context_lens[seq] + qi;
-  int kv_begin = 0, kv_end = pos + 1;
-  if (args.num_splits > 1) {
-    kv_begin = split * args.partition_tokens;
-    kv_end = min(kv_end, kv_begin + args.partition_tokens);
-  }
+  const int2 kv = SplitRange(args, split, pos + 1);
+  const int kv_begin = kv.x, kv_end = kv.y;
   const int h0 = blockIdx.y * kHeads;
   const int heads = min(kHeads, args.num_heads - h0);
   const int warp = threadIdx.x / 32;
@@ -115,23 +151,9 @@ __global__ void __launch_bounds__(kThreads) MlaLatentKernel(const MlaArgs args) 
   for (int h = 0; h < kHeads; ++h) acc[h][0] = acc[h][1] = 0.0f;
   const int col = 2 * threadIdx.x;
   const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
-  const int chunks = width / 8;
 
   for (int tile = kv_begin; tile < kv_end; tile += kKeys) {
-    for (int c = threadIdx.x; c < kKeys * chunks; c += kThreads) {
-      const int key = c / chunks;
-      const int off = (c - key * chunks) * 8;
-      const int j = tile + key;
-      const bool live = j < kv_end;
-      const bf16* src = args.cache;
-      if (live) {
-        const int64_t slot =
-            static_cast<int64_t>(block_table[j / args.block_size]) * args.block_size +
-            j % args.block_size;
-        src += slot * width + off;
-      }
-      CpAsync16(k_s + key * TilePitch(width) + off, src, live ? 16 : 0);
-    }
+    LoadLatentTile<kKeys, kThreads>(args, block_table, tile, kv_end, k_s);
     CpAsyncCommit();
     CpAsyncWait<0>();
     __syncthreads();  // also publishes q_s on the first tile
@@ -221,7 +243,248 @@ __global__ void __launch_bounds__(kThreads) MlaLatentKernel(const MlaArgs args) 
   }
 }
 
+// ---- Tensor-core kernel (MlaLatentMmaKernel) ----
+constexpr int kTcThreads = 256;  // 8 warps
+constexpr int kTcTile = 64;      // latent rows per tile: 8 warps × 8 keys of an mma n-tile
+constexpr int kTcMaxRank = 512;  // 8 warps × 64 latent channels
+constexpr int kTcMaxWidth = 768;  // keeps T = 4 within 227 KB of shared memory
+constexpr int kTcPrefillTokens = 4;
+constexpr int kSPitch = kTcTile + 4;  // fp32 scores: +4 words keeps the float2 stores spread
+constexpr int kPPitch = kTcTile + 8;  // bf16 probabilities: +16 bytes, conflict-free A loads
+
+bool UseTensorCores(const MlaDims& d) {
+  const int64_t width = d.LatentWidth();
+  return d.kv_lora_rank % 16 == 0 && d.kv_lora_rank <= kTcMaxRank && width % 16 == 0 &&
+         width <= kTcMaxWidth;
+}
+
+size_t TcSmemBytes(int tokens, int width) {
+  const size_t rows = 16 * static_cast<size_t>(tokens);
+  return sizeof(bf16) * (rows + kTcTile) * TilePitch(width) + sizeof(float) * rows * kSPitch +
+         sizeof(bf16) * rows * kPPitch + sizeof(float) * 3 * rows;
+}
+
+__device__ __forceinline__ uint32_t Ld32(const bf16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// d += a·b for one m16n8k16 tile (PTX ISA, "Matrix Fragments for mma.m16n8k16": with
+// g = lane/4, q = lane%4, a holds A(g, 2q..2q+1), A(g+8, ..), A(g, 2q+8..), A(g+8, 2q+8..);
+// b holds B(2q..2q+1, g), B(2q+8..2q+9, g); d holds D(g, 2q..2q+1), D(g+8, 2q..2q+1)).
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment of rows [row0, row0+16) × columns [k, k+16) of a row-major bf16 shared array.
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* base, int pitch, int lane) {
+  const bf16* p = base + (lane / 4) * pitch + 2 * (lane % 4);
+  a[0] = Ld32(p);
+  a[1] = Ld32(p + 8 * pitch);
+  a[2] = Ld32(p + 8);
+  a[3] = Ld32(p + 8 * pitch + 8);
+}
+
+// Four transposed 8×8 bf16 matrices; lane l addresses row l%8 of matrix l/8.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p))
+               : "memory");
+}
+
+template <int T>
+__global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArgs args) {
+  constexpr int M = 16 * T;  // query rows r = i·16 + h (token i of the CTA, head h0 + h)
+  static_assert(kHeads == 16, "one mma m-tile per token");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int width = args.width;
+  const int pitch = TilePitch(width);
+  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);                  // [M][pitch]
+  bf16* k_s = q_s + M * pitch;                                     // [kTcTile][pitch]
+  float* s_s = reinterpret_cast<float*>(k_s + kTcTile * pitch);  // [M][kSPitch] log2 scores
+  bf16* p_s = reinterpret_cast<bf16*>(s_s + M * kSPitch);         // [M][kPPitch]
+  float* m_s = reinterpret_cast<float*>(p_s + M * kPPitch);       // [M] running max
+  float* l_s = m_s + M;                                            // [M] running sum
+  float* alpha_s = l_s + M;                                        // [M] this tile's rescale
+
+  const int seq = blockIdx.z;
+  // Longest causal rows first: the last query tiles of a prefill see the most keys.
+  const int q_tiles = gridDim.x / args.num_splits;
+  const int qi0 = (q_tiles - 1 - static_cast<int>(blockIdx.x) / args.num_splits) * T;
+  const int split = blockIdx.x % args.num_splits;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  if (qi0 >= q_len) return;
+  const int tokens = min(T, q_len - qi0);
+  const int pos0 = args.context_lens[seq] + qi0;  // position of the CTA's first token
+  const int2 kv = SplitRange(args, split, pos0 + tokens);
+  const int kv_begin = kv.x, kv_end = kv.y;
+  const int h0 = blockIdx.y * kHeads;
+  const int heads = min(kHeads, args.num_heads - h0);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  for (int idx = threadIdx.x; idx < M * width; idx += kTcThreads) {
+    const int r = idx / width;
+    const int c = idx - r * width;
+    const int i = r / kHeads, h = r % kHeads;
+    bf16 v = __float2bfloat16_rn(0.0f);
+    if (i < tokens && h < heads) {
+      v = args.q[static_cast<int64_t>(q_begin + qi0 + i) * args.q_token_stride +
+                 static_cast<int64_t>(h0 + h) * width + c];
+    }
+    q_s[r * pitch + c] = v;
+  }
+  for (int r = threadIdx.x; r < M; r += kTcThreads) {
+    m_s[r] = -INFINITY;
+    l_s[r] = 0.0f;
+  }
+  float acc[T][8][4];
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[t][n][0] = acc[t][n][1] = acc[t][n][2] = acc[t][n][3] = 0.0f;
+  }
+  const int col0 = warp * 64;  // this warp's latent channels [col0, col0 + 64)
+  const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
+
+  for (int tile = kv_begin; tile < kv_end; tile += kTcTile) {
+    LoadLatentTile<kTcTile, kTcThreads>(args, block_table, tile, kv_end, k_s);
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    __syncthreads();  // also publishes q_s, m_s, l_s on the first tile
+
+    {  // S = Q·Kᵀ: warp w, keys 8w..8w+7 of the tile, all M rows.
+      float c[T][4];
+#pragma unroll
+      for (int t = 0; t < T; ++t) c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.0f;
+      const bf16* kb = k_s + (warp * 8 + lane / 4) * pitch + 2 * (lane % 4);
+      for (int k = 0; k < width; k += 16) {
+        const uint32_t b0 = Ld32(kb + k), b1 = Ld32(kb + k + 8);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          uint32_t a[4];
+          LoadA(a, q_s + t * 16 * pitch + k, pitch, lane);
+          Mma(c[t], a, b0, b1);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        float* s0 = s_s + (t * 16 + lane / 4) * kSPitch + warp * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(s0) =
+            make_float2(c[t][0] * args.scale_log2, c[t][1] * args.scale_log2);
+        *reinterpret_cast<float2*>(s0 + 8 * kSPitch) =
+            make_float2(c[t][2] * args.scale_log2, c[t][3] * args.scale_log2);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per row; lane handles keys lane and lane + 32 of the tile.
+    for (int r = warp; r < M; r += kTcThreads / 32) {
+      const int i = r / kHeads, h = r % kHeads;
+      // Keys tile + jj with jj < visible are causal for this row and inside the partition.
+      const int visible = i < tokens && h < heads ? min(kv_end, pos0 + i + 1) - tile : 0;
+      const float x0 = lane < visible ? s_s[r * kSPitch + lane] : -INFINITY;
+      const float x1 = lane + 32 < visible ? s_s[r * kSPitch + lane + 32] : -INFINITY;
+      float mx = fmaxf(x0, x1);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float old_max = m_s[r];
+      const float new_max = fmaxf(old_max, mx);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const bf16 p0 = __float2bfloat16_rn(Exp2(x0 - base));
+      const bf16 p1 = __float2bfloat16_rn(Exp2(x1 - base));
+      p_s[r * kPPitch + lane] = p0;
+      p_s[r * kPPitch + lane + 32] = p1;
+      // The sum uses the rounded weights P·V multiplies, so the normalization matches.
+      const float sum = cuda_detail::WarpSum(__bfloat162float(p0) + __bfloat162float(p1));
+      if (lane == 0) {
+        const float alpha = Exp2(old_max - base);
+        alpha_s[r] = alpha;
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = new_max;
+      }
+    }
+    __syncthreads();
+
+    if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        const float lo = alpha_s[t * 16 + lane / 4], hi = alpha_s[t * 16 + lane / 4 + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[t][n][0] *= lo;
+          acc[t][n][1] *= lo;
+          acc[t][n][2] *= hi;
+          acc[t][n][3] *= hi;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kTcTile; ks += 16) {
+        uint32_t a[T][4];
+#pragma unroll
+        for (int t = 0; t < T; ++t) LoadA(a[t], p_s + t * 16 * kPPitch + ks, kPPitch, lane);
+        // Matrices 0/1: keys ks..ks+7 / ks+8..ks+15 at channels n..n+7; 2/3: channels n+8..
+        const bf16* v = k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 +
+                        (lane >> 4) * 8;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (col0 + np * 16 < args.rank) {
+            uint32_t b[4];
+            LdMatrixX4Trans(b, v + np * 16);
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+              Mma(acc[t][2 * np], a[t], b[0], b[1]);
+              Mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // k_s, s_s, p_s and alpha_s are rewritten by the next tile
+  }
+  __syncthreads();  // m_s, l_s when no tile ran
+
+  if (col0 >= args.rank) return;
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = lane / 4 + 8 * half;
+      if (t >= tokens || h >= heads) continue;
+      const int r = t * 16 + h;
+      const float l = l_s[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int64_t row = static_cast<int64_t>(q_begin + qi0 + t) * args.num_heads + h0 + h;
+      const int64_t part =
+          static_cast<int64_t>(split) * args.num_tokens * args.num_heads + row;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int col = col0 + n * 8 + 2 * (lane % 4);
+        if (col >= args.rank) continue;
+        const float o0 = acc[t][n][2 * half] * inv, o1 = acc[t][n][2 * half + 1] * inv;
+        if (args.num_splits == 1) {
+          *reinterpret_cast<__nv_bfloat162*>(args.out + row * args.rank + col) =
+              __floats2bfloat162_rn(o0, o1);
+        } else {
+          *reinterpret_cast<float2*>(args.partial_out + part * args.rank + col) =
+              make_float2(o0, o1);
+        }
+      }
+      if (args.num_splits > 1 && warp == 0 && lane % 4 == 0) {
+        args.partial_ml[part] = make_float2(m_s[r], l);
+      }
+    }
+  }
+}
+
 struct MlaPlan {
+  bool tensor_cores = false;
+  int tokens_per_cta = 1;  // T of MlaLatentMmaKernel
   int num_splits = 1;
   int partition_tokens = 0;
   int head_chunks = 1;
@@ -229,20 +492,27 @@ struct MlaPlan {
 
 MlaPlan Plan(const PagedAttentionCudaBatch& b, const MlaDims& d) {
   MlaPlan plan;
+  plan.tensor_cores = UseTensorCores(d);
+  plan.tokens_per_cta = plan.tensor_cores && b.max_query_len > 1 ? kTcPrefillTokens : 1;
   plan.head_chunks = static_cast<int>((d.num_heads + kHeads - 1) / kHeads);
+  // Partitions are whole key tiles; the tensor-core kernel's tile costs little, so decode at
+  // small batch splits finely (a 1k context over 16 CTAs) and leans on the combine.
+  const int tile = plan.tensor_cores ? kTcTile : kKeys;
+  const int min_partition = plan.tensor_cores ? kTcTile : kMinPartition;
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   }
-  // Split only when the CTAs fall short of ~2 per SM and partitions keep ≥ kMinPartition keys.
-  const int64_t ctas = b.max_query_len * plan.head_chunks * b.num_sequences;
+  // Split only when the CTAs fall short of ~2 per SM and partitions keep ≥ min_partition keys.
+  const int64_t q_tiles = (b.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
+  const int64_t ctas = q_tiles * plan.head_chunks * b.num_sequences;
   const int64_t target = 2LL * sms;
-  if (ctas < target && b.max_seq_len >= 2 * kMinPartition) {
-    int64_t splits = std::min<int64_t>({(target + ctas - 1) / ctas, b.max_seq_len / kMinPartition,
+  if (ctas < target && b.max_seq_len >= 2 * min_partition) {
+    int64_t splits = std::min<int64_t>({(target + ctas - 1) / ctas, b.max_seq_len / min_partition,
                                         attention_detail::kMaxSplitsDevice});
     if (splits > 1) {
       int64_t part = (b.max_seq_len + splits - 1) / splits;
-      part = (part + kKeys - 1) / kKeys * kKeys;
+      part = (part + tile - 1) / tile * tile;
       plan.partition_tokens = static_cast<int>(part);
       plan.num_splits = static_cast<int>((b.max_seq_len + part - 1) / part);
     }
@@ -343,17 +613,39 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
 
-  const size_t smem = SmemBytes(args.width);
-  if (smem > 48 * 1024) {
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(&MlaLatentKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(SmemBytes(kMaxWidth))),
-        "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+  if (plan.tensor_cores) {
+    const int64_t q_tiles =
+        (batch.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
+    const dim3 grid(static_cast<unsigned>(q_tiles * plan.num_splits),
+                    static_cast<unsigned>(plan.head_chunks),
+                    static_cast<unsigned>(batch.num_sequences));
+    const size_t smem = TcSmemBytes(plan.tokens_per_cta, args.width);
+    if (plan.tokens_per_cta == 1) {
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(&MlaLatentMmaKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem)),
+          "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+      MlaLatentMmaKernel<1><<<grid, kTcThreads, smem, stream>>>(args);
+    } else {
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(&MlaLatentMmaKernel<kTcPrefillTokens>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+          "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+      MlaLatentMmaKernel<kTcPrefillTokens><<<grid, kTcThreads, smem, stream>>>(args);
+    }
+  } else {
+    const size_t smem = SmemBytes(args.width);
+    if (smem > 48 * 1024) {
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(&MlaLatentKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(SmemBytes(kMaxWidth))),
+          "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+    }
+    const dim3 grid(static_cast<unsigned>(batch.max_query_len * plan.num_splits),
+                    static_cast<unsigned>(plan.head_chunks),
+                    static_cast<unsigned>(batch.num_sequences));
+    MlaLatentKernel<<<grid, kThreads, smem, stream>>>(args);
   }
-  const dim3 grid(static_cast<unsigned>(batch.max_query_len * plan.num_splits),
-                  static_cast<unsigned>(plan.head_chunks),
-                  static_cast<unsigned>(batch.num_sequences));
-  MlaLatentKernel<<<grid, kThreads, smem, stream>>>(args);
   if (absl::Status s = CudaLaunchStatus("MlaLatentAttentionCuda"); !s.ok()) return s;
   if (plan.num_splits == 1) return absl::OkStatus();
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream);

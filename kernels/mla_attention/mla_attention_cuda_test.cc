@@ -162,6 +162,31 @@ TEST(MlaLatentAttentionCudaTest, DeepSeekV2LiteDecode) {
           {{0, 1}, {31, 1}, {700, 1}, {90, 1}}, rng);
 }
 
+// The shapes bench/configs/deepseek-v2-lite runs (block 16): decode at batch 1 and 64 over
+// ~1k contexts (tensor-core kernel, split into 64-row partitions and combined).
+TEST(MlaLatentAttentionCudaTest, DeepSeekV2LiteDecodeBenchShapes) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  RunCase("v2-lite decode b1 ctx 1024", d, 16, {{1023, 1}}, rng);
+  std::vector<Seq> seqs;
+  for (int32_t s = 0; s < 64; ++s) seqs.push_back({1000 + 7 * s, 1});
+  RunCase("v2-lite decode b64 ctx 1000..1441", d, 16, seqs, rng);
+}
+
+// Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached
+// prefix (split across CTAs; causal rows inside a tile), mixed with a decode sequence, and
+// enough query tiles (≥ 2 per SM on an H200) that nothing splits.
+TEST(MlaLatentAttentionCudaTest, DeepSeekV2LitePrefillChunks) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  RunCase("v2-lite prefill 300 over 200", d, 16, {{200, 300}}, rng);
+  RunCase("v2-lite prefill 301 over 200 + decode", d, 16, {{200, 301}, {1000, 1}, {0, 2}}, rng);
+  RunCase("8 heads prefill unsplit", Dims(8, 512, 64, 128, 128), 16,
+          {{0, 360}, {50, 350}, {10, 370}}, rng);
+}
+
 TEST(MlaLatentAttentionCudaTest, PrefillChunksAndHeadGroups) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
