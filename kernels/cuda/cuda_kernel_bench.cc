@@ -13,9 +13,12 @@
 //   - MLA latent attention decode at DeepSeek-V2-Lite shapes (latent bytes read per second,
 //     fp32 FMA rate).
 //   - MoE routed experts at DeepSeek-V2-Lite shapes (64 experts, hidden 2048, intermediate
-//     1408, top-6): decode (GEMV path) as touched experts' weight bytes per second and fraction
-//     of the copy bandwidth (consecutive calls route to disjoint experts, so weights come from
-//     HBM), prefill (grouped GEMM path) in TFLOP/s; DeepSeek-V3 routing (256 experts) latency.
+//     1408, top-6) for 1 to 4096 tokens: every row gives touched experts' weight bytes per
+//     second, fraction of the copy bandwidth (consecutive calls route to disjoint experts, or
+//     touch all 64, so weights come from HBM) and TFLOP/s; the GEMV (T <= 8) and streaming
+//     paths should be near the copy bandwidth, the grouped GEMM (prefill) judged by TFLOP/s;
+//     at 64 and 128 tokens both the streaming and the grouped path are timed. DeepSeek-V3
+//     routing (256 experts) latency.
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -251,8 +255,25 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
   BENCH_ASSIGN_OR_RETURN(
       w_down, RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
   nlohmann::json rows = nlohmann::json::array();
-  for (const int64_t t : {1, 4, 8, 512, 4096}) {
-    const bool decode = t <= kMoeGemvMaxTokens;
+  // kAuto's choice for every token count, then both candidate paths at the streaming/grouped
+  // crossover (64, 128) to check kMoeStreamMaxRowsPerExpert.
+  const std::pair<int64_t, MoeExpertsPath> cases[] = {
+      {1, MoeExpertsPath::kAuto},     {4, MoeExpertsPath::kAuto},
+      {8, MoeExpertsPath::kAuto},     {16, MoeExpertsPath::kAuto},
+      {64, MoeExpertsPath::kStream},  {64, MoeExpertsPath::kGrouped},
+      {128, MoeExpertsPath::kStream}, {128, MoeExpertsPath::kGrouped},
+      {512, MoeExpertsPath::kAuto},   {4096, MoeExpertsPath::kAuto}};
+  for (const auto& [t, asked] : cases) {
+    MoeExpertsPath path = asked;
+    if (path == MoeExpertsPath::kAuto) {  // the same rule as MoeExpertsCuda's
+      path = t <= kMoeGemvMaxTokens                           ? MoeExpertsPath::kGemv
+             : t * kTopK <= kMoeStreamMaxRowsPerExpert * kExperts ? MoeExpertsPath::kStream
+                                                                : MoeExpertsPath::kGrouped;
+    }
+    const bool decode = path != MoeExpertsPath::kGrouped;
+    const char* path_name = path == MoeExpertsPath::kGemv     ? "gemv"
+                            : path == MoeExpertsPath::kStream ? "stream"
+                                                              : "grouped";
     std::vector<int32_t> ids(static_cast<size_t>(kSets * t * kTopK));
     for (int64_t s = 0; s < kSets; ++s) {
       for (int64_t r = 0; r < t * kTopK; ++r) {
@@ -277,13 +298,13 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
       const int64_t set = call++ % kSets;
       return MoeExpertsCuda(x.data(), d_ids.data() + set * t * kTopK, d_w.data() + set * t * kTopK,
                             t, kHidden, kInter, kTopK, kExperts, w_gate_up.data(), w_down.data(),
-                            out.data(), MoeCudaWorkspace{ws.data(), ws_bytes}, stream);
+                            out.data(), MoeCudaWorkspace{ws.data(), ws_bytes}, stream, path);
     };
     BENCH_ASSIGN_OR_RETURN(ms, TimeMs(run, 3, decode ? 200 : 20, stream));
     const double weight_bytes = 2.0 * expert_elems * n_touched;
     const double flops = 2.0 * expert_elems * t * kTopK;
     nlohmann::json row = {{"tokens", t},
-                          {"path", decode ? "gemv" : "grouped"},
+                          {"path", path_name},
                           {"experts_touched", n_touched},
                           {"ms", ms},
                           {"weight_bytes", weight_bytes},

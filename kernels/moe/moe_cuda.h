@@ -72,17 +72,26 @@ struct MoeCudaWorkspace {
 size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
                              int64_t intermediate);
 
-// MoeExpertsPath picks MoeExpertsCuda's implementation. Both give the same result up to fp32
+// MoeExpertsPath picks MoeExpertsCuda's implementation. All give the same result up to fp32
 // summation order (each rounds the activations and the expert outputs to bf16 once).
 enum class MoeExpertsPath {
-  kAuto,     // kGemv for num_tokens <= kMoeGemvMaxTokens, else kGrouped
+  kAuto,     // kGemv for num_tokens <= kMoeGemvMaxTokens; else kStream while the average rows
+             // per expert num_tokens·top_k / num_experts <= kMoeStreamMaxRowsPerExpert; else
+             // kGrouped
   kGemv,     // decode: per touched expert, a warp per output column streams that expert's
              // weight rows once for up to 8 of its tokens per pass (only the selected experts
              // are read)
+  kStream,   // medium batches: per touched expert, a warp per output column streams that
+             // column's weight rows once in 1024-element register chunks and applies each chunk
+             // to all of the expert's rows (up to 64 per pass over the weights), 8 rows
+             // register-blocked at a time; per-row sums in shared memory
   kGrouped,  // prefill: grouped tensor-core GEMMs (bf16 WMMA, fp32 accumulators) over the
              // expert-sorted rows; per-expert row counts stay on the device
 };
 inline constexpr int64_t kMoeGemvMaxTokens = 8;
+// kAuto's bound on num_tokens·top_k / num_experts for kStream: its CUDA-core FMAs grow with
+// the rows while the weight bytes do not (V2-Lite, top 6 of 64: up to 85 tokens).
+inline constexpr int64_t kMoeStreamMaxRowsPerExpert = 8;
 
 // MoeExpertsCuda: the routed-expert output of MoeExpertsCpu (moe_experts.h) on the device,
 //   out[t] = bf16(Σ_k w[t, k] · down_e(silu(gate_e(x[t])) ⊙ up_e(x[t]))),  e = topk_ids[t, k]

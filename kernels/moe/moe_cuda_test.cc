@@ -228,6 +228,8 @@ const char* PathName(MoeExpertsPath p) {
   switch (p) {
     case MoeExpertsPath::kGemv:
       return "gemv";
+    case MoeExpertsPath::kStream:
+      return "stream";
     case MoeExpertsPath::kGrouped:
       return "grouped";
     default:
@@ -271,7 +273,11 @@ std::vector<float> RunExpertsCpu(const MoeConfig& cfg, const ExpertWeights& w,
 }
 
 constexpr MoeExpertsPath kPaths[] = {MoeExpertsPath::kAuto, MoeExpertsPath::kGemv,
-                                     MoeExpertsPath::kGrouped};
+                                     MoeExpertsPath::kStream, MoeExpertsPath::kGrouped};
+// Token counts for the experts: kAuto picks the GEMV path for 1 and 3, the streaming path for
+// 16 and 64 (V2-Lite-like: 6 of 64 experts; V3-like: 8 of 256) and 128 (V3-like only), the
+// grouped GEMM otherwise.
+constexpr int64_t kExpertTokenCounts[] = {1, 3, 16, 64, 128, 300};
 
 TEST(MoeExpertsCudaTest, MatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
@@ -280,7 +286,7 @@ TEST(MoeExpertsCudaTest, MatchesCpuReference) {
     const ExpertWeights w(cfg, rng);
     const int64_t e = cfg.routing.num_experts;
     const auto bias = cfg.bias ? RandomBf16Floats(e, rng, -0.5f, 0.5f) : std::vector<float>();
-    for (int64_t t : kTokenCounts) {
+    for (int64_t t : kExpertTokenCounts) {
       const auto x = RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f);
       const auto logits = RandomBf16Floats(t * e, rng, -4.0f, 4.0f);
       const Routed routed = RouteCpu(logits, bias, t, cfg.routing);
@@ -293,10 +299,11 @@ TEST(MoeExpertsCudaTest, MatchesCpuReference) {
   }
 }
 
-// Skewed routing: one expert takes every token (more rows than a GEMM tile and a GEMV pass),
-// most experts get none, and two rows carry ids outside [0, E), which must contribute nothing.
-// Also checks batch invariance: token 0 alone gives the same bits as inside the batch (which
-// also runs the GEMV path with 1 row per pass against 8).
+// Skewed routing: one expert takes every token (more rows than a GEMM tile, a GEMV pass and a
+// streaming pass), most experts get none, and two rows carry ids outside [0, E), which must
+// contribute nothing. Also checks batch invariance: token 0 alone gives the same bits as inside
+// the batch (which also runs the GEMV path with 1 row per pass against 8, and the streaming
+// path with 1 row against 2 passes of 64 and 6).
 TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -321,7 +328,8 @@ TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
   const Routed routed0{
       std::vector<int32_t>(gpu_routed.ids.begin(), gpu_routed.ids.begin() + k),
       std::vector<float>(gpu_routed.weights.begin(), gpu_routed.weights.begin() + k)};
-  for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGrouped}) {
+  for (MoeExpertsPath path :
+       {MoeExpertsPath::kGemv, MoeExpertsPath::kStream, MoeExpertsPath::kGrouped}) {
     // ids and weights one element into their buffers: natural alignment suffices.
     const auto got = RunExpertsCuda(cfg, w, x, gpu_routed, t, path, /*id_offset=*/1);
     ExpectClose(absl::StrCat("moe experts skewed ", PathName(path)), got, want, kExpertsRtol,

@@ -3,15 +3,17 @@
 // Four launches, all sized from host-known bounds so nothing is read back:
 //   1. MoeSortKernel (one block): histogram of the (token, k) rows by expert, exclusive scans
 //      into row offsets, tile offsets (grouped path) and the list of touched experts (GEMV
-//      path), then the permutation sorted_rows / row_to_sorted. Positions within an expert come
-//      from shared-memory atomics, so their order may vary between runs; every row is computed
-//      independently of its neighbours, so the results do not.
+//      and streaming paths), then the permutation sorted_rows / row_to_sorted. Positions within
+//      an expert come from shared-memory atomics, so their order may vary between runs; every
+//      row is computed independently of its neighbours, so the results do not.
 //   2. gate/up + SiLU·mul → act [rows, I] bf16 (sorted order), x rows gathered on load.
 //   3. down → expert_out [rows, H] bf16 (sorted order).
 //   4. MoeCombineKernel: out[t] = Σ_k w[t, k] · expert_out[row_to_sorted[t, k]] in k order.
-// Steps 2 and 3 are either the GEMV kernels (a warp per output column streams that column's
-// weight row of each touched expert once) or the grouped WMMA GEMM (64×64 tiles; the grid
-// covers the largest possible tile count and CTAs past the device-side count exit).
+// Steps 2 and 3 are the GEMV kernels (a warp per output column streams that column's weight
+// row of each touched expert once per 8 rows), the streaming kernels (the same, once per 64
+// rows, with the rows looped over inside each register-held weight chunk) or the grouped WMMA
+// GEMM (64×64 tiles; the grid covers the largest possible tile count and CTAs past the
+// device-side count exit).
 #include <mma.h>
 
 #include <algorithm>
@@ -34,6 +36,14 @@ using moe_detail::WarpDotRows;
 constexpr int kSortThreads = 1024;
 constexpr int kGemvWarps = 8;
 constexpr int kCombineThreads = 128;
+// Streaming path: warps per block, 16-byte weight vectors per lane per chunk (chunk = 1024
+// elements), rows per pass over the weights (fp32 sums in shared memory: 8·64·2·4 = 4 KiB),
+// rows register-blocked per weight chunk.
+constexpr int kStreamWarps = 8;
+constexpr int kStreamVecs = 4;
+constexpr int kStreamChunk = 32 * kStreamVecs * 8;
+constexpr int kStreamRows = 64;
+constexpr int kStreamGroup = 8;
 
 // Grouped GEMM tile: kBm sorted rows × kBn output columns (per weight matrix), kBk deep;
 // four warps, each a 32×32 quadrant of 2×2 WMMA 16×16×16 fragments per matrix.
@@ -216,6 +226,115 @@ void LaunchGemv(const ARows& x_rows, const ARows& act_rows, const bf16* w_gate_u
       x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
   MoeGemvKernel<false, kRows><<<dim3(columns(h), max_active), kGemvWarps * 32, 0, stream>>>(
       act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
+}
+
+// Streaming path (medium batches: a few rows per expert). A warp owns one output column of one
+// touched expert and streams that column's weight row(s) once in chunks of kStreamChunk
+// elements held in registers; for each chunk it applies them to all of the expert's rows,
+// kStreamGroup rows at a time (register-blocked), and adds each row's warp-reduced chunk sum
+// to a per-warp fp32 slot in shared memory. So the weights are read once per kStreamRows rows
+// of an expert (once in practice: the host picks this path when experts get a few rows), and a
+// row's sum is Σ over chunks (in order) of a fixed butterfly reduction: independent of how
+// many rows the expert has, hence deterministic and batch invariant.
+// kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
+// Two blocks per SM (at most 128 registers): 16 warps × 32 lanes × 8 16-byte weight loads =
+// 64 KiB in flight per SM, enough to cover HBM latency.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kStreamWarps * 32, 2)
+    MoeStreamKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
+                    const int32_t* __restrict__ active, const int32_t* __restrict__ num_active,
+                    int n, bf16* __restrict__ c) {
+  constexpr int kMats = kGateUp ? 2 : 1;
+  __shared__ float sums[kStreamWarps][kStreamRows][kMats];
+  const int slot = blockIdx.y;
+  if (slot >= *num_active) return;
+  const int warp = threadIdx.x >> 5;
+  const int col = blockIdx.x * kStreamWarps + warp;
+  if (col >= n) return;  // warp-uniform; only __syncwarp below, no block barrier
+  const int lane = threadIdx.x & 31;
+  const int e = active[slot];
+  const int k = a_rows.k;
+  const bf16* we = w + static_cast<int64_t>(e) * kMats * n * k;
+  const bf16* wr[kMats];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) wr[m] = we + (static_cast<int64_t>(m) * n + col) * k;
+  float(*s)[kMats] = sums[warp];
+  const int end = offsets[e + 1];
+  for (int p0 = offsets[e]; p0 < end; p0 += kStreamRows) {
+    const int rows = min(kStreamRows, end - p0);
+    for (int j = lane; j < rows; j += 32) {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) s[j][m] = 0.0f;
+    }
+    __syncwarp();
+    for (int k0 = 0; k0 < k; k0 += kStreamChunk) {
+      // All of the chunk's weight loads are issued before any use (bandwidth-bound).
+      uint4 wv[kMats][kStreamVecs];
+#pragma unroll
+      for (int u = 0; u < kStreamVecs; ++u) {
+        const int idx = k0 + (u * 32 + lane) * 8;
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) {
+          wv[m][u] = idx < k ? __ldcs(reinterpret_cast<const uint4*>(wr[m] + idx))
+                             : make_uint4(0, 0, 0, 0);
+        }
+      }
+      for (int j0 = 0; j0 < rows; j0 += kStreamGroup) {
+        const int g = min(kStreamGroup, rows - j0);  // warp-uniform
+        const bf16* a[kStreamGroup];
+#pragma unroll
+        for (int jj = 0; jj < kStreamGroup; ++jj) a[jj] = a_rows.Row(p0 + j0 + (jj < g ? jj : 0));
+        float part[kMats][kStreamGroup];
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+          for (int jj = 0; jj < kStreamGroup; ++jj) part[m][jj] = 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kStreamVecs; ++u) {
+          const int idx = k0 + (u * 32 + lane) * 8;
+          if (idx >= k) continue;
+          float wf[kMats][8];
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) {
+            cuda_detail::Bf16x8 b;
+            static_assert(sizeof(b) == sizeof(wv[m][u]));
+            memcpy(&b, &wv[m][u], sizeof(b));
+            cuda_detail::ToFloat8(b, wf[m]);
+          }
+#pragma unroll
+          for (int jj = 0; jj < kStreamGroup; ++jj) {
+            if (jj < g) {
+              float af[8];
+              LoadBf16x8(a[jj] + idx, af);
+#pragma unroll
+              for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+                for (int q = 0; q < 8; ++q) part[m][jj] = fmaf(wf[m][q], af[q], part[m][jj]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < kStreamGroup; ++jj) {
+          if (jj < g) {
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              const float total = cuda_detail::WarpSum(part[m][jj]);
+              // Row j0 + jj always belongs to lane jj: the same lane adds every chunk's sum.
+              if (lane == jj) s[j0 + jj][m] += total;
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // lane j % 32 reads the sums lane j % kStreamGroup wrote
+    for (int j = lane; j < rows; j += 32) {
+      const float v = kGateUp ? SiluMul(s[j][0], s[j][kMats - 1]) : s[j][0];
+      c[static_cast<int64_t>(p0 + j) * n + col] = __float2bfloat16_rn(v);
+    }
+    __syncwarp();  // the next pass zeroes the sums
+  }
 }
 
 // Grouped GEMM over the sorted rows: blockIdx.x = global tile index (expert found by binary
@@ -446,7 +565,13 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
   const ARows x_rows{x, so.sorted_rows, k, h};
   const ARows act_rows{act, nullptr, 1, i};
   if (path == MoeExpertsPath::kAuto) {
-    path = num_tokens <= kMoeGemvMaxTokens ? MoeExpertsPath::kGemv : MoeExpertsPath::kGrouped;
+    if (num_tokens <= kMoeGemvMaxTokens) {
+      path = MoeExpertsPath::kGemv;
+    } else if (rows <= kMoeStreamMaxRowsPerExpert * num_experts) {
+      path = MoeExpertsPath::kStream;
+    } else {
+      path = MoeExpertsPath::kGrouped;
+    }
   }
   // Touched experts <= min(E, rows): one grid slot (GEMV) or one partial tile (GEMM) each.
   const unsigned max_active = static_cast<unsigned>(std::min(num_experts, rows));
@@ -465,6 +590,14 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
       LaunchGemv<kWarpDotRows>(x_rows, act_rows, w_gate_up, w_down, so, max_active, h, i, act,
                                expert_out, stream);
     }
+  } else if (path == MoeExpertsPath::kStream) {
+    auto columns = [](int n) {
+      return static_cast<unsigned>((n + kStreamWarps - 1) / kStreamWarps);
+    };
+    MoeStreamKernel<true><<<dim3(columns(i), max_active), kStreamWarps * 32, 0, stream>>>(
+        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
+    MoeStreamKernel<false><<<dim3(columns(h), max_active), kStreamWarps * 32, 0, stream>>>(
+        act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
   } else {
     const unsigned max_tiles = static_cast<unsigned>((rows + kBm - 1) / kBm) + max_active;
     auto columns = [](int n) { return static_cast<unsigned>((n + kBn - 1) / kBn); };
