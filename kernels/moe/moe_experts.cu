@@ -12,14 +12,15 @@
 // Steps 2 and 3 are the GEMV kernels (a warp per output column streams that column's weight
 // row of each touched expert once per 8 rows), the streaming kernels (the same, once per 64
 // rows, with the rows looped over inside each register-held weight chunk) or the grouped WMMA
-// GEMM (64×64 tiles; the grid covers the largest possible tile count and CTAs past the
-// device-side count exit).
+// GEMM (64×64 tiles fed by a 3-deep cp.async ring; the grid covers the largest possible tile
+// count and CTAs past the device-side count exit).
 #include <mma.h>
 
 #include <algorithm>
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_cuda_detail.cuh"
@@ -27,6 +28,9 @@
 namespace sluice::kernels {
 namespace {
 
+using attention_detail::CpAsync16;
+using attention_detail::CpAsyncCommit;
+using attention_detail::CpAsyncWait;
 using cuda_detail::Aligned16;
 using cuda_detail::LoadBf16x8;
 using cuda_detail::StoreBf16x8;
@@ -54,6 +58,7 @@ constexpr int kLds = kBk + 8;  // bf16 row pitch of the A/B tiles: 80 bytes (WMM
                                // multiples; the offset spreads rows over banks)
 constexpr int kLdc = kBn + 4;  // fp32 row pitch of the epilogue tile (16-byte multiple)
 constexpr int kGemmThreads = 128;
+constexpr int kGemmStages = 3;  // cp.async ring depth of the grouped GEMM
 // Largest hidden / intermediate: keeps the column grids within 65535 blocks.
 constexpr int64_t kMaxDim = int64_t{1} << 22;
 
@@ -348,13 +353,16 @@ __global__ void __launch_bounds__(kGemmThreads)
                          bf16* __restrict__ c) {
   namespace wmma = nvcuda::wmma;
   constexpr int kMats = kGateUp ? 2 : 1;
-  constexpr int kTileBytes = (kBm + kMats * kBn) * kLds * static_cast<int>(sizeof(bf16));
+  // kGemmStages ring slots, each kStageRows rows of kLds: A rows [0, kBm), then the kMats
+  // weight tiles of kBn rows. Gate/up: 3 · 192 · 80 B = 45 KiB; the fp32 epilogue tile
+  // (34 KiB) reuses the ring once the main loop is done.
+  constexpr int kStageRows = kBm + kMats * kBn;
+  constexpr int kTileBytes = kGemmStages * kStageRows * kLds * static_cast<int>(sizeof(bf16));
   constexpr int kEpiBytes = kMats * kBm * kLdc * static_cast<int>(sizeof(float));
   constexpr int kSmemBytes = kTileBytes > kEpiBytes ? kTileBytes : kEpiBytes;
   static_assert(kSmemBytes <= 48 * 1024, "static shared memory limit");
   __shared__ __align__(128) unsigned char smem[kSmemBytes];
-  bf16(*a_tile)[kLds] = reinterpret_cast<bf16(*)[kLds]>(smem);
-  bf16(*b_tile)[kLds] = reinterpret_cast<bf16(*)[kLds]>(smem + kBm * kLds * sizeof(bf16));
+  bf16(*ring)[kLds] = reinterpret_cast<bf16(*)[kLds]>(smem);
   float(*c_tile)[kLdc] = reinterpret_cast<float(*)[kLdc]>(smem);  // after the main loop
 
   const int tile = blockIdx.x;
@@ -390,19 +398,21 @@ __global__ void __launch_bounds__(kGemmThreads)
     }
   }
   const int chunk_col = (tid & 3) * 8;
-  uint4 a_reg[2], b_reg[kMats][2];
-  auto load = [&](int k0) {
+  // Copies the kBk-deep slice at k0 into ring slot `stage` with cp.async; rows past the
+  // expert's (or columns past n) and k past the end are zero-filled (src-size 0; the source
+  // address is then a valid dummy that is not read).
+  auto issue = [&](int stage, int k0) {
     const int kc = k0 + chunk_col;
+    bf16(*st)[kLds] = ring + stage * kStageRows;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      a_reg[i] = make_uint4(0, 0, 0, 0);
-      if (a_src[i] != nullptr && kc < k) a_reg[i] = *reinterpret_cast<const uint4*>(a_src[i] + kc);
+      const int r = (tid + kGemmThreads * i) >> 2;
+      const bool a_ok = a_src[i] != nullptr && kc < k;
+      CpAsync16(&st[r][chunk_col], a_ok ? a_src[i] + kc : a_rows.base, a_ok ? 16 : 0);
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
-        b_reg[m][i] = make_uint4(0, 0, 0, 0);
-        if (b_src[m][i] != nullptr && kc < k) {
-          b_reg[m][i] = *reinterpret_cast<const uint4*>(b_src[m][i] + kc);
-        }
+        const bool b_ok = b_src[m][i] != nullptr && kc < k;
+        CpAsync16(&st[kBm + m * kBn + r][chunk_col], b_ok ? b_src[m][i] + kc : w, b_ok ? 16 : 0);
       }
     }
   };
@@ -420,19 +430,26 @@ __global__ void __launch_bounds__(kGemmThreads)
     }
   }
 
-  load(0);
-  for (int k0 = 0; k0 < k; k0 += kBk) {
+  // cp.async ring: kGemmStages - 1 slices in flight while one is multiplied. One commit
+  // group per slice (empty past the end) keeps the wait count uniform: before step s,
+  // kGemmStages - 1 + s groups are committed, and waiting for all but kGemmStages - 2 means
+  // slice s has landed (for this thread; the barrier then makes it all threads').
+  const int steps = (k + kBk - 1) / kBk;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = (tid + kGemmThreads * i) >> 2;
-      *reinterpret_cast<uint4*>(&a_tile[r][chunk_col]) = a_reg[i];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-        *reinterpret_cast<uint4*>(&b_tile[m * kBn + r][chunk_col]) = b_reg[m][i];
-      }
-    }
+  for (int pre = 0; pre < kGemmStages - 1; ++pre) {
+    if (pre < steps) issue(pre, pre * kBk);
+    CpAsyncCommit();
+  }
+  for (int step = 0; step < steps; ++step) {
+    CpAsyncWait<kGemmStages - 2>();
+    // Slice `step` is visible to all, and every warp is done with slot (step - 1) % stages,
+    // which the next issue overwrites.
     __syncthreads();
-    if (k0 + kBk < k) load(k0 + kBk);  // next tile's global loads overlap this tile's MMAs
+    const int next = step + kGemmStages - 1;
+    if (next < steps) issue(next % kGemmStages, next * kBk);
+    CpAsyncCommit();
+    bf16(*a_tile)[kLds] = ring + (step % kGemmStages) * kStageRows;
+    bf16(*b_tile)[kLds] = a_tile + kBm;
 #pragma unroll
     for (int kk = 0; kk < kBk; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
@@ -450,8 +467,9 @@ __global__ void __launch_bounds__(kGemmThreads)
         }
       }
     }
-    __syncthreads();  // the tiles are overwritten next (by the next step or the epilogue)
   }
+  CpAsyncWait<0>();  // only empty groups remain; the epilogue tile reuses the ring
+  __syncthreads();
 
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
