@@ -31,7 +31,9 @@ Measured:
   * `ratio` = sluice tokens/s / HF tokens/s; `identical_fraction`: prompts whose greedy token ids
     are equal over all `--max-tokens` (bf16 on both sides, but different kernels, batching and
     padding: near-ties, and MoE routing near ties, can flip a token and everything after it);
-    `mean_common_prefix` tokens before the first difference.
+    `mean_common_prefix` tokens before the first difference; `identical_until_eos_fraction`:
+    prompts whose outputs agree up to and including sluice's first EOS (the answer itself:
+    past it the model starts a new, low-confidence text where flips are far more common).
 `--dummy-weights` runs a folder holding only config.json + tokenizer (Llama/Qwen3 layouts):
 sluice with `--load-format dummy`, HF with the same values (dummy_values() mirrors
 engine/model/dummy_weights.h; checked equal to sluice's own on the CPU), both rounded to bf16.
@@ -257,8 +259,18 @@ def run_hf(args, prompts):
     return info, outputs
 
 
-def compare(a, b):
-    identical, prefix, n = 0, 0, 0
+def eos_ids(model_dir):
+    config = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def compare(a, b, eos=()):
+    """Agreement of two lists of greedy outputs. Past the first EOS (generation goes on with
+    ignore_eos) a model starts a new, low-confidence text where bf16 near-ties flip tokens far
+    more often, so agreement up to the answer's end is reported too: the first EOS of `a`
+    included, all tokens when it has none."""
+    identical, answer, prefix, n = 0, 0, 0, 0
     for x, y in zip(a, b):
         if x is None or y is None:
             continue
@@ -268,7 +280,10 @@ def compare(a, b):
             k += 1
         prefix += k
         identical += x == y
+        end = next((i + 1 for i, t in enumerate(x) if t in eos), len(x))
+        answer += k >= end
     return {"compared": n, "identical_fraction": identical / n if n else None,
+            "identical_until_eos_fraction": answer / n if n else None,
             "mean_common_prefix": prefix / n if n else None}
 
 
@@ -329,7 +344,7 @@ def main():
     if s_tps and h_tps:
         result["ratio"] = s_tps / h_tps
     if sluice_out is not None and hf_out is not None:
-        result.update(compare(sluice_out, hf_out))
+        result.update(compare(sluice_out, hf_out, eos_ids(args.model)))
     if sluice_out is not None:
         result["sluice_first_outputs"] = sluice_out[:3]
     if hf_out is not None:
