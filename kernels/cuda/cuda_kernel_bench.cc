@@ -10,14 +10,15 @@
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V);
-//   - MLA latent attention decode at DeepSeek-V2-Lite shapes (latent bytes read per second,
-//     fp32 FMA rate).
+//   - MLA latent attention at DeepSeek-V2-Lite shapes: decode at batch 1/64 × context 1k/8k
+//     (latent bytes read per second, TFLOP/s) and causal prefill of 4096 tokens (TFLOP/s).
 //   - MoE routed experts at DeepSeek-V2-Lite shapes (64 experts, hidden 2048, intermediate
 //     1408, top-6) for 1 to 4096 tokens: every row gives touched experts' weight bytes per
 //     second, fraction of the copy bandwidth (consecutive calls route to disjoint experts, or
 //     touch all 64, so weights come from HBM) and TFLOP/s; the GEMV (T <= 8) and streaming
 //     paths should be near the copy bandwidth, the grouped GEMM (prefill) judged by TFLOP/s;
-//     at 64 and 128 tokens both the streaming and the grouped path are timed. DeepSeek-V3
+//     at 1 and 8 tokens the streaming path is timed too, at 64 and 128 both the streaming and
+//     the grouped path. DeepSeek-V3
 //     routing (256 experts) latency.
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
@@ -169,6 +170,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   // MLA latent attention at DeepSeek-V2-Lite shapes (16 heads, kv_lora_rank 512, rope 64):
   // decode over 1k/8k contexts; the rows are read from the start of the K buffer (reused).
   nlohmann::json mla = nlohmann::json::array();
+  nlohmann::json mla_prefill = nlohmann::json::array();
   {
     MlaDims dims;
     dims.num_heads = 16;
@@ -202,6 +204,34 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
                        {"tflops", 2 * fmas / (ms * 1e-3) / 1e12}});
       }
     }
+    // Causal prefill of one 4096-token sequence with no cached prefix (tensor-core tiles):
+    // 2·(width + kv_lora_rank) FLOPs per head and visible query-key pair (Q·Kᵀ, P·V).
+    const int64_t tokens = 4096;
+    const std::vector<int32_t> starts1 = {0, static_cast<int32_t>(tokens)}, ctx0 = {0};
+    BENCH_ASSIGN_OR_RETURN(d_starts1, DeviceBuffer<int32_t>::Create(2));
+    BENCH_ASSIGN_OR_RETURN(d_ctx0, DeviceBuffer<int32_t>::Create(1));
+    if (absl::Status s = d_starts1.CopyFromHost(starts1.data()); !s.ok()) return s;
+    if (absl::Status s = d_ctx0.CopyFromHost(ctx0.data()); !s.ok()) return s;
+    PagedAttentionCudaBatch b = decode_batch(1, tokens);
+    b.query_start_loc = d_starts1.data();
+    b.context_lens = d_ctx0.data();
+    b.num_tokens = tokens;
+    b.max_query_len = tokens;
+    const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
+    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
+                                   [&]() {
+                                     return MlaLatentAttentionCuda(
+                                         q.data(), dims.num_heads * width, k_cache.data(), kBlock,
+                                         b, dims, ws.data(), o.data(), stream);
+                                   },
+                                   3, 20, stream));
+    const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
+    const double flops = 2.0 * pairs * dims.num_heads * (width + dims.kv_lora_rank);
+    mla_prefill.push_back({{"tokens", tokens},
+                           {"causal", true},
+                           {"us", ms * 1e3},
+                           {"tflops", flops / (ms * 1e-3) / 1e12}});
   }
 
   nlohmann::json prefill = nlohmann::json::array();
@@ -240,7 +270,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
        {{"num_heads", 32}, {"num_kv_heads", 8}, {"head_dim", 128}, {"block_size", kBlock}}},
       {"decode", decode},
       {"prefill", prefill},
-      {"mla_latent_decode_deepseek_v2_lite", mla}};
+      {"mla_latent_decode_deepseek_v2_lite", mla},
+      {"mla_latent_prefill_deepseek_v2_lite", mla_prefill}};
 }
 
 // MoE routed experts at DeepSeek-V2-Lite shapes. Call i of a timed run uses routing set
@@ -255,11 +286,13 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
   BENCH_ASSIGN_OR_RETURN(
       w_down, RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
   nlohmann::json rows = nlohmann::json::array();
-  // kAuto's choice for every token count, then both candidate paths at the streaming/grouped
-  // crossover (64, 128) to check kMoeStreamMaxRowsPerExpert.
+  // kAuto's choice for every token count, plus the other candidate at the GEMV/streaming
+  // (1, 8) and streaming/grouped (64, 128) crossovers, to check kMoeGemvMaxTokens and
+  // kMoeStreamMaxRowsPerExpert.
   const std::pair<int64_t, MoeExpertsPath> cases[] = {
-      {1, MoeExpertsPath::kAuto},     {4, MoeExpertsPath::kAuto},
-      {8, MoeExpertsPath::kAuto},     {16, MoeExpertsPath::kAuto},
+      {1, MoeExpertsPath::kAuto},     {1, MoeExpertsPath::kStream},
+      {4, MoeExpertsPath::kAuto},     {8, MoeExpertsPath::kAuto},
+      {8, MoeExpertsPath::kStream},   {16, MoeExpertsPath::kAuto},
       {64, MoeExpertsPath::kStream},  {64, MoeExpertsPath::kGrouped},
       {128, MoeExpertsPath::kStream}, {128, MoeExpertsPath::kGrouped},
       {512, MoeExpertsPath::kAuto},   {4096, MoeExpertsPath::kAuto}};
