@@ -3,8 +3,16 @@
 // weights, against the GPU's own ceilings measured in the same process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
-//                     [--attn-stages 0] [--compare-attn-stages 0] [--out OUT.json]
+//                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
+// --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
+// thread per GPU in this process, each with its NcclCommunicator and its shard of the model
+// (CudaRunnerOptions::tp_*), the same plans on every rank; the figures are rank 0's (its steps
+// end only after every rank's all-reduces, so its ITL is the replica's). Weight bytes and the
+// roofline are per GPU (one shard plus the replicated embedding row and lm_head; copy_gbps is
+// GPU 0's). Prefill and the comparison variants are skipped. NCCL_NVLS_ENABLE=0 on machines
+// whose NVLink multicast is off. A rank that fails leaves the others waiting in NCCL: run it
+// under `timeout`.
 //
 // Ceilings (CUDA events, mean over timed repetitions after warm-ups):
 //   copy_gbps  device-to-device cudaMemcpyAsync of 2 GiB, (bytes read + bytes written) / s —
@@ -44,8 +52,15 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
+#if SLUICE_HAVE_NCCL
+#include <barrier>
+
+#include "engine/parallel/nccl/nccl_communicator.h"
+#endif
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,7 +91,15 @@ struct Flags {
   bool compare_untuned = false;
   int attn_stages = 0;
   bool compare_attn_stages = false;
+  int tp = 1;
   std::string out;
+};
+
+// One rank of a --tp run, for BenchDecode (nullptr there: one GPU, no tensor parallelism).
+struct TpRank {
+  int rank = 0, size = 1;
+  std::function<absl::Status(void* data, int64_t count, void* stream)> all_reduce;
+  std::function<void()> barrier;  // host barrier of all ranks (aligns the timed loops)
 };
 
 #define BENCH_RETURN_IF_ERROR(expr) \
@@ -187,8 +210,16 @@ struct DecodePlanner {
 
 absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flags& f,
                                            double copy_gbps, bool autotune,
-                                           nlohmann::json* gemm_plans) {
+                                           nlohmann::json* gemm_plans,
+                                           const TpRank* tp = nullptr) {
+  const bool print = tp == nullptr || tp->rank == 0;
   CudaRunnerOptions o;
+  if (tp != nullptr) {
+    o.device = tp->rank;
+    o.tp_rank = tp->rank;
+    o.tp_size = tp->size;
+    o.tp_all_reduce = tp->all_reduce;
+  }
   o.autotune_gemms = autotune;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
@@ -218,6 +249,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
       BENCH_RETURN_IF_ERROR((*runner)->Step(in));
     }
     BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    if (tp != nullptr) tp->barrier();
     const bool graph = (*runner)->last_step().graph;
     // The runner's stream is private: time on the host around fully enqueued work, bracketed by
     // synchronizations (the host only enqueues, so it runs ahead of the GPU).
@@ -251,7 +283,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
       if (!prof.ok()) return prof.status();
       double total = 0.0;
       for (const ProfileEntry& e : *prof) total += e.ms;
-      std::printf("  breakdown B=%lld (eager, back to back): total %.3f ms\n",
+      if (print) std::printf("  breakdown B=%lld (eager, back to back): total %.3f ms\n",
                   static_cast<long long>(b), total);
       for (const ProfileEntry& e : *prof) {
         breakdown.push_back({{"op", e.op},
@@ -259,13 +291,14 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
                              {"ms", e.ms},
                              {"us_per_call", e.ms * 1e3 / e.launches_between_marks},
                              {"share", e.ms / total}});
-        std::printf("    %-14s %4lld calls %8.3f ms %8.1f us/call %5.1f%%\n", e.op.c_str(),
+        if (print) std::printf("    %-14s %4lld calls %8.3f ms %8.1f us/call %5.1f%%\n", e.op.c_str(),
                     static_cast<long long>(e.launches_between_marks), e.ms,
                     e.ms * 1e3 / e.launches_between_marks, 100.0 * e.ms / total);
       }
       std::fflush(stdout);
     }
     out.push_back({{"batch", b},
+                   {"tp", tp != nullptr ? tp->size : 1},
                    {"gemm_autotune", autotune},
                    {"attn_decode_stages_setting", kernels::PagedAttentionDecodeStages()},
                    {"breakdown", breakdown},
@@ -282,14 +315,14 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
                    {"roofline_tokens_per_s", b * 1e3 / roofline_ms},
                    {"ratio_to_roofline", itl_ms / roofline_ms},
                    {"distinct_last_tokens", distinct}});
-    std::printf("decode B=%lld: ITL %.3f ms (%.0f tok/s), roofline %.3f ms, ratio %.3f, graph %d\n",
+    if (print) std::printf("decode B=%lld: ITL %.3f ms (%.0f tok/s), roofline %.3f ms, ratio %.3f, graph %d\n",
                 static_cast<long long>(b), itl_ms, b * 1e3 / itl_ms, roofline_ms,
                 itl_ms / roofline_ms, graph);
     std::fflush(stdout);
   }
   if (gemm_plans != nullptr) {
     const std::string plans = (*runner)->GemmPlans();
-    std::printf("GEMM plans (autotune %d):\n%s", autotune, plans.c_str());
+    if (print) std::printf("GEMM plans (autotune %d):\n%s", autotune, plans.c_str());
     std::fflush(stdout);
     *gemm_plans = nlohmann::json::array();
     for (absl::string_view line : absl::StrSplit(plans, '\n', absl::SkipEmpty())) {
@@ -298,6 +331,45 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   }
   return out;
 }
+
+#if SLUICE_HAVE_NCCL
+// BenchDecodeTp runs BenchDecode on f.tp ranks (GPUs 0..f.tp-1), one thread each, and returns
+// rank 0's figures (or the first rank's error).
+absl::StatusOr<nlohmann::json> BenchDecodeTp(const ModelConfig& config, const Flags& f,
+                                             double copy_gbps, nlohmann::json* gemm_plans) {
+  auto id = NcclCommunicator::NewUniqueId();
+  if (!id.ok()) return id.status();
+  std::barrier sync(f.tp);
+  std::vector<absl::StatusOr<nlohmann::json>> results(static_cast<size_t>(f.tp),
+                                                      absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < f.tp; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto comm = NcclCommunicator::Create(*id, rank, f.tp, /*device=*/rank);
+      if (!comm.ok()) {
+        results[rank] = comm.status();
+        return;
+      }
+      NcclCommunicator* c = comm->get();
+      TpRank t;
+      t.rank = rank;
+      t.size = f.tp;
+      t.all_reduce = [c](void* data, int64_t count, void* stream) {
+        return c->EnqueueAllReduceSum(data, count, CommDataType::kBFloat16, stream);
+      };
+      t.barrier = [&sync] { sync.arrive_and_wait(); };
+      // The runner lives inside BenchDecode, so it ends before the communicator.
+      results[rank] = BenchDecode(config, f, copy_gbps, /*autotune=*/true,
+                                  rank == 0 ? gemm_plans : nullptr, &t);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& r : results) {
+    if (!r.ok()) return r.status();
+  }
+  return std::move(results[0]);
+}
+#endif
 
 absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f,
                                             double gemm_tflops) {
@@ -375,6 +447,18 @@ absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   return out;
 }
 
+// WriteJson prints `out` and writes it to `path` (unless empty).
+absl::Status WriteJson(const nlohmann::json& out, const std::string& path) {
+  const std::string text = out.dump(2);
+  std::printf("%s\n", text.c_str());
+  if (!path.empty()) {
+    std::ofstream file(path);
+    file << text << "\n";
+    if (!file) return absl::InternalError("cannot write " + path);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Main(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
@@ -395,6 +479,8 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
       }
       f.attn_stages = v[0] - '0';
+    } else if (a == "--tp") {
+      if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
@@ -410,6 +496,19 @@ absl::Status Main(int argc, char** argv) {
   if (f.decode_steps < 8) return absl::InvalidArgumentError("--decode-steps must be >= 8");
   auto config = ModelConfig::Load(f.config_dir);
   if (!config.ok()) return config.status();
+  if (f.tp > 1) {
+#if !SLUICE_HAVE_NCCL
+    return absl::UnimplementedError("--tp > 1: built without NCCL");
+#endif
+    if (config->architecture == Architecture::kDeepseekV3) {
+      return absl::UnimplementedError("--tp > 1: Llama-family configs only");
+    }
+    int gpus = 0;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
+    if (gpus < f.tp) {
+      return absl::FailedPreconditionError(absl::StrCat("--tp ", f.tp, ": ", gpus, " GPUs"));
+    }
+  }
   auto gpu = kernels::CudaDeviceName();
   if (!gpu.ok()) return gpu.status();
   nlohmann::json out;
@@ -426,11 +525,18 @@ absl::Status Main(int argc, char** argv) {
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
+  out["tp"] = f.tp;
   nlohmann::json plans;
+#if SLUICE_HAVE_NCCL
+  auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
+                         : BenchDecode(*config, f, *copy, /*autotune=*/true, &plans);
+#else
   auto decode = BenchDecode(*config, f, *copy, /*autotune=*/true, &plans);
+#endif
   if (!decode.ok()) return decode.status();
   out["decode"] = *decode;
   out["gemm_plans"] = plans;
+  if (f.tp > 1) return WriteJson(out, f.out);
   if (f.compare_untuned) {
     nlohmann::json untuned_plans;
     auto untuned = BenchDecode(*config, f, *copy, /*autotune=*/false, &untuned_plans);
@@ -457,14 +563,7 @@ absl::Status Main(int argc, char** argv) {
   auto prefill = BenchPrefill(*config, f, *gemm);
   if (!prefill.ok()) return prefill.status();
   out["prefill"] = *prefill;
-  const std::string text = out.dump(2);
-  std::printf("%s\n", text.c_str());
-  if (!f.out.empty()) {
-    std::ofstream file(f.out);
-    file << text << "\n";
-    if (!file) return absl::InternalError("cannot write " + f.out);
-  }
-  return absl::OkStatus();
+  return WriteJson(out, f.out);
 }
 
 }  // namespace

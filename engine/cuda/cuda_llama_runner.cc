@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,60 @@ struct DeviceLayer {
   DeviceBuffer<bf16> w_down, b_down;         // [H, I], [H] or empty
   DeviceBuffer<bf16> q_norm, k_norm;         // [hd] each (Qwen3) or empty
   int64_t sliding_window = 0;                // 0: full attention
+};
+
+// ShardSource: this tensor-parallel rank's block of each split tensor of another source. The
+// whole tensor is filled into scratch memory first and the block copied out, so a shard holds
+// exactly the values of the matching slice of the TP=1 model (the dummy rule seeds each tensor
+// by name and numbers its elements in the full shape; checkpoints store the full tensor).
+class ShardSource : public WeightSource {
+ public:
+  // The block of a [full_rows, full_cols] tensor (vectors: full_cols 1) starting at (row0, col0);
+  // its extent is the shape Fill is asked for.
+  struct Block {
+    int64_t full_rows = 0, full_cols = 1, row0 = 0, col0 = 0;
+  };
+  explicit ShardSource(WeightSource& inner) : inner_(inner) {}
+  void Split(const std::string& name, Block block) { blocks_[name] = block; }
+
+  absl::Status Fill(const std::string& name, const std::vector<int64_t>& shape,
+                    DummyInit dummy_init, bf16* dst, cudaStream_t stream) override {
+    auto it = blocks_.find(name);
+    if (it == blocks_.end()) return inner_.Fill(name, shape, dummy_init, dst, stream);
+    const Block& b = it->second;
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    const int64_t cols = shape.size() > 1 ? shape[1] : 1;
+    if (shape.size() > 2 || b.row0 + rows > b.full_rows || b.col0 + cols > b.full_cols) {
+      return absl::InternalError(absl::StrCat("TP shard of ", name, " outside the tensor"));
+    }
+    auto full = AllocBf16(b.full_rows * b.full_cols);
+    if (!full.ok()) return full.status();
+    const std::vector<int64_t> full_shape =
+        shape.size() > 1 ? std::vector<int64_t>{b.full_rows, b.full_cols}
+                         : std::vector<int64_t>{b.full_rows};
+    SLUICE_RUNNER_RETURN_IF_ERROR(inner_.Fill(name, full_shape, dummy_init, full->data(), stream));
+    const size_t e = sizeof(bf16);
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy2DAsync(dst, static_cast<size_t>(cols) * e,
+                          full->data() + b.row0 * b.full_cols + b.col0,
+                          static_cast<size_t>(b.full_cols) * e, static_cast<size_t>(cols) * e,
+                          static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpy2DAsync TP shard");
+    // The scratch is freed on return.
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    return absl::OkStatus();
+  }
+  absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape,
+                         DummyInit dummy_init, float* dst) override {
+    if (blocks_.count(name) > 0) {
+      return absl::UnimplementedError(absl::StrCat("TP shard of float tensor ", name));
+    }
+    return inner_.FillFloat(name, shape, dummy_init, dst);
+  }
+
+ private:
+  WeightSource& inner_;
+  std::map<std::string, Block> blocks_;
 };
 
 class LlamaCore : public RunnerCore {
@@ -57,6 +112,15 @@ class LlamaCore : public RunnerCore {
   }
 
  private:
+  // Sums this rank's partial o_proj / down_proj output over the TP ranks (nothing at tp 1).
+  absl::Status TpAllReduce(bf16* data, int64_t count) {
+    if (options.tp_size == 1) return absl::OkStatus();
+    SLUICE_RUNNER_RETURN_IF_ERROR(options.tp_all_reduce(data, count, stream.get()));
+    Mark("tp_all_reduce");
+    return absl::OkStatus();
+  }
+
+  // This rank's heads, KV heads and intermediate channels (tp_size divides the model's).
   int64_t H = 0, heads = 0, kv_heads = 0, hd = 0, inter = 0;
   int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0;
   float eps = 1e-6f;
@@ -82,12 +146,29 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
   if (c.hidden_act != "silu") {
     return absl::InvalidArgumentError(absl::StrCat("unsupported hidden_act ", c.hidden_act));
   }
+  const int64_t tp = o.tp_size;
+  if (tp < 1 || o.tp_rank < 0 || o.tp_rank >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel rank ", o.tp_rank, " outside a world of ", o.tp_size));
+  }
+  if (c.num_attention_heads % tp != 0 || c.num_key_value_heads % tp != 0 ||
+      c.intermediate_size % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tp_size ", tp, " must divide num_attention_heads ", c.num_attention_heads,
+        ", num_key_value_heads ", c.num_key_value_heads, " and intermediate_size ",
+        c.intermediate_size));
+  }
+  if (tp > 1 && !o.tp_all_reduce) {
+    return absl::InvalidArgumentError("tp_size > 1 needs tp_all_reduce");
+  }
+  if (o.device >= 0) SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device), "cudaSetDevice");
   SLUICE_RUNNER_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
   H = c.hidden_size;
-  heads = c.num_attention_heads;
-  kv_heads = c.num_key_value_heads;
+  // This rank's share (all of it at tp 1).
+  heads = c.num_attention_heads / tp;
+  kv_heads = c.num_key_value_heads / tp;
   hd = c.head_dim;
-  inter = c.intermediate_size;
+  inter = c.intermediate_size / tp;
   q_dim = heads * hd;
   kv_dim = kv_heads * hd;
   qkv_dim = q_dim + 2 * kv_dim;
@@ -117,9 +198,14 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaCore::LoadWeights(WeightSource& src) {
+absl::Status LlamaCore::LoadWeights(WeightSource& full_src) {
   const ModelConfig& c = config;
   cudaStream_t st = stream.get();
+  const int64_t tp = options.tp_size, rank = options.tp_rank;
+  // Column-parallel q/k/v/gate/up take a row block, row-parallel o/down a column block; the
+  // o/down biases are added once, by rank 0 (after the all-reduce every rank has them).
+  ShardSource src(full_src);
+  const bool bias_owner = rank == 0;
   auto alloc_fill = [&](DeviceBuffer<bf16>* buf, const std::string& name,
                         std::vector<int64_t> shape, DummyInit init) {
     return AllocFill(src, buf, name, shape, init, st);
@@ -140,6 +226,19 @@ absl::Status LlamaCore::LoadWeights(WeightSource& src) {
     DeviceLayer& L = layers[static_cast<size_t>(i)];
     const std::string p = LayerPrefix(i);
     const std::string a = p + "self_attn.", m = p + "mlp.";
+    if (tp > 1) {
+      using B = ShardSource::Block;
+      for (const char* suffix : {".weight", ".bias"}) {
+        const int64_t cols = std::string(suffix) == ".weight" ? H : 1;
+        src.Split(a + "q_proj" + suffix, B{q_dim * tp, cols, rank * q_dim, 0});
+        src.Split(a + "k_proj" + suffix, B{kv_dim * tp, cols, rank * kv_dim, 0});
+        src.Split(a + "v_proj" + suffix, B{kv_dim * tp, cols, rank * kv_dim, 0});
+        src.Split(m + "gate_proj" + suffix, B{inter * tp, cols, rank * inter, 0});
+        src.Split(m + "up_proj" + suffix, B{inter * tp, cols, rank * inter, 0});
+      }
+      src.Split(a + "o_proj.weight", B{H, q_dim * tp, 0, rank * q_dim});
+      src.Split(m + "down_proj.weight", B{H, inter * tp, 0, rank * inter});
+    }
     SLUICE_RUNNER_RETURN_IF_ERROR(
         alloc_fill(&L.input_norm, p + "input_layernorm.weight", {H}, DummyInit::kOnes));
     SLUICE_RUNNER_RETURN_IF_ERROR(
@@ -168,15 +267,19 @@ absl::Status LlamaCore::LoadWeights(WeightSource& src) {
       const std::vector<WeightPart> qkv_b = {
           {a + "q_proj.bias", q_dim}, {a + "k_proj.bias", kv_dim}, {a + "v_proj.bias", kv_dim}};
       SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.b_qkv, qkv_b, 1, DummyInit::kZeros));
-      SLUICE_RUNNER_RETURN_IF_ERROR(
-          alloc_fill(&L.b_o, a + "o_proj.bias", {H}, DummyInit::kZeros));
+      if (bias_owner) {
+        SLUICE_RUNNER_RETURN_IF_ERROR(
+            alloc_fill(&L.b_o, a + "o_proj.bias", {H}, DummyInit::kZeros));
+      }
     }
     if (c.mlp_bias) {
       const std::vector<WeightPart> gu_b = {{m + "gate_proj.bias", inter},
                                             {m + "up_proj.bias", inter}};
       SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.b_gate_up, gu_b, 1, DummyInit::kZeros));
-      SLUICE_RUNNER_RETURN_IF_ERROR(
-          alloc_fill(&L.b_down, m + "down_proj.bias", {H}, DummyInit::kZeros));
+      if (bias_owner) {
+        SLUICE_RUNNER_RETURN_IF_ERROR(
+            alloc_fill(&L.b_down, m + "down_proj.bias", {H}, DummyInit::kZeros));
+      }
     }
   }
   return stream.Synchronize();
@@ -252,6 +355,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.w_o.data(), opt(L.b_o),
                                                       tmp.data(), T, H, q_dim, st));
     Mark("o_gemm");
+    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
         tmp.data(), residual.data(), L.post_norm.data(), normed.data(), T, H, eps, st));
     Mark("add_rmsnorm");
@@ -265,6 +369,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
                                                       opt(L.b_down), tmp.data(), T, H, inter,
                                                       st));
     Mark("down_gemm");
+    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
   return EnqueueLogits(m, T, N, tmp.data(), residual.data(), final_norm.data(), eps,

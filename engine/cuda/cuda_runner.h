@@ -20,6 +20,7 @@
 #define SLUICE_ENGINE_CUDA_CUDA_RUNNER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,22 @@ struct CudaRunnerOptions {
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  // CUDA device the runner allocates on and runs on (cudaSetDevice at creation); -1: the
+  // calling thread's current device. The thread that drives the runner must have it current.
+  int device = -1;
+  // Tensor parallelism (CudaLlamaRunner only; issue 4): this runner is rank tp_rank of
+  // tp_size, holds the heads [tp_rank·nh/tp_size, ..) (and the matching KV heads) and the
+  // intermediate channels [tp_rank·I/tp_size, ..) of every layer (Megatron-LM's column split
+  // of q/k/v/gate/up, row split of o/down; engine/parallel/sharding.h), embedding and lm_head
+  // replicated. tp_all_reduce must then sum `count` bf16 values at device pointer `data` over
+  // the ranks, in place, enqueued on CUDA stream `stream` (a cudaStream_t) without waiting for
+  // completion, so that it can be captured in a CUDA graph (e.g.
+  // NcclCommunicator::EnqueueAllReduceSum); it is called after o_proj and after down_proj of
+  // every layer. Every rank computes the same logits and tokens. tp_size must divide the
+  // attention heads, the KV heads and intermediate_size.
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::function<absl::Status(void* data, int64_t count, void* stream)> tp_all_reduce;
 };
 
 // StepInfo: what the last Step did (for tests and benchmarks).

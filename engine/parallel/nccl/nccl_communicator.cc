@@ -158,6 +158,34 @@ absl::Status NcclCommunicator::AllReduceSum(void* data, int64_t count, CommDataT
   return Wait("ncclAllReduce");
 }
 
+absl::Status NcclCommunicator::EnqueueAllReduceSum(void* data, int64_t count, CommDataType dtype,
+                                                   void* stream) {
+  if (aborted_) return absl::FailedPreconditionError("NCCL communicator aborted; rebuild it");
+  if (dtype != CommDataType::kFloat32 && dtype != CommDataType::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueAllReduceSum: dtype ",
+                                                   CommDataTypeName(dtype), " is not f32 or bf16"));
+  }
+  if (count < 0) return absl::InvalidArgumentError("EnqueueAllReduceSum: negative count");
+  const ncclResult_t r = ncclAllReduce(data, data, static_cast<size_t>(count), ToNccl(dtype),
+                                       ncclSum, impl_->comm, static_cast<cudaStream_t>(stream));
+  if (absl::Status s = Check(r, "ncclAllReduce"); !s.ok()) return s;
+  // Non-blocking communicator: the call may still be in progress on the host.
+  const absl::Time deadline = absl::Now() + timeout_;
+  for (ncclResult_t async = r; async == ncclInProgress;) {
+    if (absl::Now() > deadline) {
+      aborted_ = true;
+      return absl::DeadlineExceededError("ncclAllReduce: not accepted within the timeout");
+    }
+    std::this_thread::yield();
+    ncclCommGetAsyncError(impl_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      aborted_ = true;
+      return absl::InternalError(absl::StrCat("ncclAllReduce: ", ncclGetErrorString(async)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Variable counts: one broadcast per root, fused into one NCCL group.
 absl::Status NcclCommunicator::AllGatherV(const void* send, int64_t send_count, void* recv,
                                           absl::Span<const int64_t> recv_counts,

@@ -54,6 +54,15 @@ class NcclCommunicator : public Communicator {
   absl::Status Barrier() override;
   absl::Status ExchangeHostCounts(const int64_t* send, int64_t* recv) override;
 
+  // EnqueueAllReduceSum is AllReduceSum (f32 or bf16, in place) enqueued on the caller's CUDA
+  // stream `stream` (a cudaStream_t of this rank's device) WITHOUT waiting for the result, so
+  // that it orders with the caller's kernels and can be captured in a CUDA graph (NCCL >= 2.9).
+  // It waits (at most the timeout) only for NCCL to accept the call, which a non-blocking
+  // communicator may finish asynchronously (ncclInProgress, e.g. while connecting to peers).
+  // Errors: those of AllReduceSum; a peer that never joins shows up later, as a stream that
+  // does not complete.
+  absl::Status EnqueueAllReduceSum(void* data, int64_t count, CommDataType dtype, void* stream);
+
   // The CUDA stream the collectives run on (a cudaStream_t), for callers that order their
   // kernels with it.
   void* stream() const { return stream_; }
