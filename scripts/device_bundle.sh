@@ -8,7 +8,9 @@
 #   found through SLUICE_SHARED_DIR, sluice-mini-moe is linked at run time from the repository
 #   copy the bundle sits in) and cuda_decode_bench (Llama-3-8B and DeepSeek-V2-Lite shapes, with
 #   bench/configs/ and bench/hf_baseline.py, run beside it with the device's own PyTorch +
-#   transformers when `python3 -c "import transformers"` works there).
+#   transformers when `python3 -c "import transformers"` works there). With >= 2 GPUs,
+#   nccl_communicator_test 2, cuda_tp_test and cuda_decode_bench --tp 2 run first (libnccl.so.2
+#   from the device's pip nvidia-nccl package; NCCL_NVLS_ENABLE=0).
 #   SLUICE_DEVICE_BUILD_DIR   build folder (default build-device; SLUICE_NATIVE=OFF so the
 #                             binaries run on any x86-64 CPU, SLUICE_CUDA=ON)
 #   SLUICE_DEVICE_BUNDLE_DIR  bundle folder (default device/cuda-kernels; /device/ is ignored by
@@ -145,6 +147,24 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
   | tee "$out/gpu.csv"
 rc=0
+# Multi-GPU binaries (cuda_tp_test, nccl_communicator_test, cuda_decode_bench --tp) load
+# libnccl.so.2, which is not bundled (200+ MB): the device's pip nvidia-nccl package provides it.
+nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib"
+[ -e "$nccl_dir/libnccl.so.2" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the lent machines
+gpus="$(nvidia-smi -L | grep -c '^GPU')"
+if [ "$gpus" -ge 2 ]; then
+  # Bounded: a rank that fails leaves its peers waiting in NCCL.
+  [ -x "$here/nccl_communicator_test" ] && { timeout 180 "$here/nccl_communicator_test" 2 2>&1 \
+    | tee "$out/nccl_communicator_test.log"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1; }
+  [ -x "$here/cuda_tp_test" ] && { timeout 300 "$here/cuda_tp_test" \
+    --gtest_output="json:$out/cuda_tp_test.json" 2>&1 | tee "$out/cuda_tp_test.log";
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1; }
+  [ -x "$here/cuda_decode_bench" ] && { timeout 500 "$here/cuda_decode_bench" \
+    --config "$here/configs/llama3-8b" --tp 2 --batches 1,64 --context 1024 \
+    --out "$out/cuda_llama8b_tp2.json" 2>&1 | tee "$out/cuda_decode_bench_tp2.log";
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1; }
+fi
 if [ -x "$here/kernels_cuda_test" ]; then
   "$here/kernels_cuda_test" --gtest_output="json:$out/kernels_cuda_test.json" 2>&1 \
     | tee "$out/kernels_cuda_test.log" || rc=1
