@@ -73,10 +73,18 @@ struct MlaArgs {
 __host__ __device__ constexpr int TilePitch(int width) { return width + 8; }
 
 // Keys [x, y) of partition `split` among keys [0, causal_end) (all of them without a split).
-__device__ __forceinline__ int2 SplitRange(const MlaArgs& args, int split, int causal_end) {
+// Partitions follow the sequence's own length (seq_len keys, whole kTile tiles each), not the
+// host bound the split count was planned for: a CUDA graph captured for max_model_len still
+// spreads a short context over all its splits. They never exceed partition_tokens (the
+// planned size for max_seq_len), and num_splits of them cover seq_len.
+template <int kTile>
+__device__ __forceinline__ int2 SplitRange(const MlaArgs& args, int split, int seq_len,
+                                           int causal_end) {
   if (args.num_splits == 1) return make_int2(0, causal_end);
-  const int begin = split * args.partition_tokens;
-  return make_int2(begin, min(causal_end, begin + args.partition_tokens));
+  int part = (seq_len + args.num_splits - 1) / args.num_splits;
+  part = min((part + kTile - 1) / kTile * kTile, args.partition_tokens);
+  const int begin = split * part;
+  return make_int2(begin, min(causal_end, begin + part));
 }
 
 // Issues cp.async copies of cached rows tile .. tile+kRows-1 of a sequence into k_s
@@ -126,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) MlaLatentKernel(const MlaArgs args) 
   if (qi >= q_len) return;
   const int token = q_begin + qi;
   const int pos = args.context_lens[seq] + qi;
-  const int2 kv = SplitRange(args, split, pos + 1);
+  const int2 kv = SplitRange<kKeys>(args, split, args.context_lens[seq] + q_len, pos + 1);
   const int kv_begin = kv.x, kv_end = kv.y;
   const int h0 = blockIdx.y * kHeads;
   const int heads = min(kHeads, args.num_heads - h0);
@@ -321,7 +329,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
   if (qi0 >= q_len) return;
   const int tokens = min(T, q_len - qi0);
   const int pos0 = args.context_lens[seq] + qi0;  // position of the CTA's first token
-  const int2 kv = SplitRange(args, split, pos0 + tokens);
+  const int2 kv =
+      SplitRange<kTcTile>(args, split, args.context_lens[seq] + q_len, pos0 + tokens);
   const int kv_begin = kv.x, kv_end = kv.y;
   const int h0 = blockIdx.y * kHeads;
   const int heads = min(kHeads, args.num_heads - h0);
