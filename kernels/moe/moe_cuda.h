@@ -81,8 +81,8 @@ enum class MoeExpertsPath {
   kGemv,     // decode: per touched expert, a warp per output column streams that expert's
              // weight rows once for up to 8 of its tokens per pass (only the selected experts
              // are read)
-  kStream,   // medium batches: per touched expert, a warp per output column streams that
-             // column's weight rows once in 1024-element register chunks and applies each chunk
+  kStream,   // medium batches: per touched expert, a warp per output column (two for down)
+             // streams those weight rows once in 1024-element register chunks, applies each chunk
              // to all of the expert's rows (up to 64 per pass over the weights), 8 rows
              // register-blocked at a time; per-row sums in shared memory
   kGrouped,  // prefill: grouped tensor-core GEMMs (bf16 WMMA, fp32 accumulators) over the

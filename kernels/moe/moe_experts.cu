@@ -233,15 +233,17 @@ void LaunchGemv(const ARows& x_rows, const ARows& act_rows, const bf16* w_gate_u
       act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
 }
 
-// Streaming path (medium batches: a few rows per expert). A warp owns one output column of one
-// touched expert and streams that column's weight row(s) once in chunks of kStreamChunk
+// Streaming path (medium batches: a few rows per expert). A warp owns one output column (two
+// for down) of one touched expert and streams its two weight rows once in chunks of kStreamChunk
 // elements held in registers; for each chunk it applies them to all of the expert's rows,
 // kStreamGroup rows at a time (register-blocked), and adds each row's warp-reduced chunk sum
 // to a per-warp fp32 slot in shared memory. So the weights are read once per kStreamRows rows
 // of an expert (once in practice: the host picks this path when experts get a few rows), and a
 // row's sum is Σ over chunks (in order) of a fixed butterfly reduction: independent of how
 // many rows the expert has, hence deterministic and batch invariant.
-// kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
+// A warp streams two weight rows, so that each activation load feeds two dot products:
+// kGateUp: rows col (gate) and n + col (up) of w [E, 2n, k], one output column col; else rows
+// col and col + 1 of w [E, n, k] (col even; n % 8 == 0), output columns col and col + 1.
 // Two blocks per SM (at most 128 registers): 16 warps × 32 lanes × 8 16-byte weight loads =
 // 64 KiB in flight per SM, enough to cover HBM latency.
 template <bool kGateUp>
@@ -249,20 +251,22 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2)
     MoeStreamKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
                     const int32_t* __restrict__ active, const int32_t* __restrict__ num_active,
                     int n, bf16* __restrict__ c) {
-  constexpr int kMats = kGateUp ? 2 : 1;
+  constexpr int kMats = 2;  // weight rows per warp
   __shared__ float sums[kStreamWarps][kStreamRows][kMats];
   const int slot = blockIdx.y;
   if (slot >= *num_active) return;
   const int warp = threadIdx.x >> 5;
-  const int col = blockIdx.x * kStreamWarps + warp;
+  const int col = (blockIdx.x * kStreamWarps + warp) * (kGateUp ? 1 : 2);
   if (col >= n) return;  // warp-uniform; only __syncwarp below, no block barrier
   const int lane = threadIdx.x & 31;
   const int e = active[slot];
   const int k = a_rows.k;
-  const bf16* we = w + static_cast<int64_t>(e) * kMats * n * k;
+  const bf16* we = w + static_cast<int64_t>(e) * (kGateUp ? 2 : 1) * n * k;
   const bf16* wr[kMats];
 #pragma unroll
-  for (int m = 0; m < kMats; ++m) wr[m] = we + (static_cast<int64_t>(m) * n + col) * k;
+  for (int m = 0; m < kMats; ++m) {
+    wr[m] = we + (kGateUp ? static_cast<int64_t>(m) * n + col : static_cast<int64_t>(col + m)) * k;
+  }
   float(*s)[kMats] = sums[warp];
   const int end = offsets[e + 1];
   for (int p0 = offsets[e]; p0 < end; p0 += kStreamRows) {
@@ -335,8 +339,13 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2)
     }
     __syncwarp();  // lane j % 32 reads the sums lane j % kStreamGroup wrote
     for (int j = lane; j < rows; j += 32) {
-      const float v = kGateUp ? SiluMul(s[j][0], s[j][kMats - 1]) : s[j][0];
-      c[static_cast<int64_t>(p0 + j) * n + col] = __float2bfloat16_rn(v);
+      bf16* cr = c + static_cast<int64_t>(p0 + j) * n + col;
+      if (kGateUp) {
+        cr[0] = __float2bfloat16_rn(SiluMul(s[j][0], s[j][1]));
+      } else {
+        cr[0] = __float2bfloat16_rn(s[j][0]);
+        cr[1] = __float2bfloat16_rn(s[j][1]);
+      }
     }
     __syncwarp();  // the next pass zeroes the sums
   }
@@ -609,13 +618,16 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
                                expert_out, stream);
     }
   } else if (path == MoeExpertsPath::kStream) {
-    auto columns = [](int n) {
-      return static_cast<unsigned>((n + kStreamWarps - 1) / kStreamWarps);
+    // Output columns per block: one per warp (gate/up), two per warp (down).
+    auto blocks = [](int n, int per_block) {
+      return static_cast<unsigned>((n + per_block - 1) / per_block);
     };
-    MoeStreamKernel<true><<<dim3(columns(i), max_active), kStreamWarps * 32, 0, stream>>>(
-        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
-    MoeStreamKernel<false><<<dim3(columns(h), max_active), kStreamWarps * 32, 0, stream>>>(
-        act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
+    MoeStreamKernel<true>
+        <<<dim3(blocks(i, kStreamWarps), max_active), kStreamWarps * 32, 0, stream>>>(
+            x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act);
+    MoeStreamKernel<false>
+        <<<dim3(blocks(h, 2 * kStreamWarps), max_active), kStreamWarps * 32, 0, stream>>>(
+            act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
   } else {
     const unsigned max_tiles = static_cast<unsigned>((rows + kBm - 1) / kBm) + max_active;
     auto columns = [](int n) { return static_cast<unsigned>((n + kBn - 1) / kBn); };
