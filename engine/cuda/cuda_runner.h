@@ -57,8 +57,10 @@ struct CudaRunnerOptions {
   // the ranks, in place, enqueued on CUDA stream `stream` (a cudaStream_t) without waiting for
   // completion, so that it can be captured in a CUDA graph (e.g.
   // NcclCommunicator::EnqueueAllReduceSum); it is called after o_proj and after down_proj of
-  // every layer. Every rank computes the same logits and tokens. tp_size must divide the
-  // attention heads, the KV heads and intermediate_size.
+  // every layer. Every rank computes the logits and samples (rank 0's are the output; each
+  // rank feeds back its own tokens): they agree bit for bit when the ranks run the same GEMM
+  // kernels on the replicated tail, which timed tuning (autotune_gemms) does not guarantee.
+  // tp_size must divide the attention heads, the KV heads and intermediate_size.
   int tp_rank = 0;
   int tp_size = 1;
   std::function<absl::Status(void* data, int64_t count, void* stream)> tp_all_reduce;

@@ -107,6 +107,10 @@ CudaRunnerOptions Options() {
   o.max_num_tokens = 128;
   o.max_num_seqs = 4;
   o.graph_batch_sizes = {1, 2, 4};
+  // cuBLASLt's heuristic pick (a function of shape and GPU) rather than timed tuning, so both
+  // ranks run the same kernels on their replicated tail (final norm, lm_head) and their logits
+  // can be compared bit for bit.
+  o.autotune_gemms = false;
   return o;
 }
 
