@@ -287,13 +287,16 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A fragment of rows [row0, row0+16) × columns [k, k+16) of a row-major bf16 shared array.
+// A fragment of rows [0, 16) × columns [0, 16) from `base` (row-major bf16 shared array, pitch
+// elements, 16-byte aligned rows): ldmatrix.x4 matrices 0..3 = (rows 0-7, cols 0-7),
+// (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15) land in a[0..3] as the
+// mma A layout wants; lane l addresses row l%16 at column 8·(l/16).
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* base, int pitch, int lane) {
-  const bf16* p = base + (lane / 4) * pitch + 2 * (lane % 4);
-  a[0] = Ld32(p);
-  a[1] = Ld32(p + 8 * pitch);
-  a[2] = Ld32(p + 8);
-  a[3] = Ld32(p + 8 * pitch + 8);
+  const bf16* p = base + (lane % 16) * pitch + (lane / 16) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(SmemAddr(p))
+               : "memory");
 }
 
 // Four transposed 8×8 bf16 matrices; lane l addresses row l%8 of matrix l/8.
