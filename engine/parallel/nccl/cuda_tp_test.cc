@@ -45,7 +45,7 @@ ModelConfig Config() {
   return *c;
 }
 
-// The steps every run executes: step 0 prefills both prompts (logits at each last token),
+// The steps every run executes: step 0 prefills both prompts (logits at every token),
 // steps 1..kDecodeSteps decode one fixed token per sequence (explicit ids, so that every run
 // sees the same inputs whatever it samples).
 class Plans {
@@ -63,10 +63,10 @@ class Plans {
       q.num_query_tokens = static_cast<int32_t>(kPromptLens[s]);
       q.block_table = absl::MakeConstSpan(tables_[s]);
       for (int64_t p = 0; p < kPromptLens[s]; ++p) {
+        prefill.logits_indices.push_back(static_cast<int32_t>(prefill.token_ids.size()));
         Add(s, p, (s * 1000 + p * 37 + 5) % vocab, &prefill);
       }
       prefill.sequences.push_back(q);
-      prefill.logits_indices.push_back(static_cast<int32_t>(prefill.token_ids.size() - 1));
     }
     steps_.push_back(prefill);
     for (int k = 1; k <= kDecodeSteps; ++k) {
@@ -105,7 +105,7 @@ CudaRunnerOptions Options() {
   o.block_size = kBlockSize;
   o.max_model_len = kBlockSize * kBlocksPerSeq;
   o.max_num_tokens = 128;
-  o.max_num_seqs = 4;
+  o.max_num_seqs = 64;  // also the logits rows of a step: the prefill asks for 57
   o.graph_batch_sizes = {1, 2, 4};
   // cuBLASLt's heuristic pick (a function of shape and GPU) rather than timed tuning, so both
   // ranks run the same kernels on their replicated tail (final norm, lm_head) and their logits
@@ -115,7 +115,7 @@ CudaRunnerOptions Options() {
 }
 
 struct RunResult {
-  std::vector<std::vector<float>> logits;  // per step: [2, vocab]
+  std::vector<std::vector<float>> logits;  // per step: [logits rows, vocab]
   std::vector<bool> graph;                 // per step: replayed from a CUDA graph
   std::vector<int32_t> last_tokens;        // the last step's sampled tokens
 };
@@ -199,7 +199,9 @@ TEST(CudaTpTest, Tp2LogitsMatchTp1) {
   }
   // TP=2 rounds each rank's partial o_proj / down_proj output to bf16 before the sum (TP=1
   // rounds the whole sum once): about one extra bf16 rounding (2^-8 relative) per sum, 8 sums.
-  // Bound: 3% of the largest |logit|; top-1: TP=2's pick is within that bound of TP=1's best.
+  // Bound: 3% of the largest |logit|; top-1: TP=2's pick is within that bound of TP=1's best,
+  // and the same token in >= 95% of the 73 rows (dummy logits have near ties: the gap between
+  // the two largest of 4096 is about a tenth of their spread).
   const int64_t vocab = config.vocab_size;
   float max_ref = 0.0f, max_diff = 0.0f;
   for (const auto& step : ref->logits) {
@@ -228,7 +230,7 @@ TEST(CudaTpTest, Tp2LogitsMatchTp1) {
               max_diff, max_ref, max_diff / max_ref, same_top1, rows);
   EXPECT_GT(max_ref, 0.0f);
   EXPECT_LE(max_diff, tol);
-  EXPECT_GE(same_top1, rows * 9 / 10);
+  EXPECT_GE(same_top1 * 100, rows * 95);
 }
 
 TEST(CudaTpTest, RejectsBadTensorParallelOptions) {
