@@ -210,8 +210,7 @@ struct DecodePlanner {
 
 absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flags& f,
                                            double copy_gbps, bool autotune,
-                                           nlohmann::json* gemm_plans,
-                                           const TpRank* tp = nullptr) {
+                                           nlohmann::json* gemm_plans, const TpRank* tp = nullptr) {
   const bool print = tp == nullptr || tp->rank == 0;
   CudaRunnerOptions o;
   if (tp != nullptr) {
@@ -283,17 +282,21 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
       if (!prof.ok()) return prof.status();
       double total = 0.0;
       for (const ProfileEntry& e : *prof) total += e.ms;
-      if (print) std::printf("  breakdown B=%lld (eager, back to back): total %.3f ms\n",
-                  static_cast<long long>(b), total);
+      if (print) {
+        std::printf("  breakdown B=%lld (eager, back to back): total %.3f ms\n",
+                    static_cast<long long>(b), total);
+      }
       for (const ProfileEntry& e : *prof) {
         breakdown.push_back({{"op", e.op},
                              {"calls", e.launches_between_marks},
                              {"ms", e.ms},
                              {"us_per_call", e.ms * 1e3 / e.launches_between_marks},
                              {"share", e.ms / total}});
-        if (print) std::printf("    %-14s %4lld calls %8.3f ms %8.1f us/call %5.1f%%\n", e.op.c_str(),
-                    static_cast<long long>(e.launches_between_marks), e.ms,
-                    e.ms * 1e3 / e.launches_between_marks, 100.0 * e.ms / total);
+        if (print) {
+          std::printf("    %-14s %4lld calls %8.3f ms %8.1f us/call %5.1f%%\n", e.op.c_str(),
+                      static_cast<long long>(e.launches_between_marks), e.ms,
+                      e.ms * 1e3 / e.launches_between_marks, 100.0 * e.ms / total);
+        }
       }
       std::fflush(stdout);
     }
@@ -315,9 +318,12 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
                    {"roofline_tokens_per_s", b * 1e3 / roofline_ms},
                    {"ratio_to_roofline", itl_ms / roofline_ms},
                    {"distinct_last_tokens", distinct}});
-    if (print) std::printf("decode B=%lld: ITL %.3f ms (%.0f tok/s), roofline %.3f ms, ratio %.3f, graph %d\n",
-                static_cast<long long>(b), itl_ms, b * 1e3 / itl_ms, roofline_ms,
-                itl_ms / roofline_ms, graph);
+    if (print) {
+      std::printf(
+          "decode B=%lld: ITL %.3f ms (%.0f tok/s), roofline %.3f ms, ratio %.3f, graph %d\n",
+          static_cast<long long>(b), itl_ms, b * 1e3 / itl_ms, roofline_ms, itl_ms / roofline_ms,
+          graph);
+    }
     std::fflush(stdout);
   }
   if (gemm_plans != nullptr) {

@@ -54,9 +54,9 @@ class ShardSource : public WeightSource {
     }
     auto full = AllocBf16(b.full_rows * b.full_cols);
     if (!full.ok()) return full.status();
-    const std::vector<int64_t> full_shape =
-        shape.size() > 1 ? std::vector<int64_t>{b.full_rows, b.full_cols}
-                         : std::vector<int64_t>{b.full_rows};
+    const std::vector<int64_t> full_shape = shape.size() > 1
+                                                ? std::vector<int64_t>{b.full_rows, b.full_cols}
+                                                : std::vector<int64_t>{b.full_rows};
     SLUICE_RUNNER_RETURN_IF_ERROR(inner_.Fill(name, full_shape, dummy_init, full->data(), stream));
     const size_t e = sizeof(bf16);
     SLUICE_CUDA_RETURN_IF_ERROR(
@@ -153,10 +153,10 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
   }
   if (c.num_attention_heads % tp != 0 || c.num_key_value_heads % tp != 0 ||
       c.intermediate_size % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tp_size ", tp, " must divide num_attention_heads ", c.num_attention_heads,
-        ", num_key_value_heads ", c.num_key_value_heads, " and intermediate_size ",
-        c.intermediate_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_size ", tp, " must divide num_attention_heads ", c.num_attention_heads,
+                     ", num_key_value_heads ", c.num_key_value_heads, " and intermediate_size ",
+                     c.intermediate_size));
   }
   if (tp > 1 && !o.tp_all_reduce) {
     return absl::InvalidArgumentError("tp_size > 1 needs tp_all_reduce");
