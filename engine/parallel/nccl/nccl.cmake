@@ -17,7 +17,7 @@ if(SLUICE_CUDA_ENABLED)
     message(STATUS "Sluice NCCL communicator: ON (${SLUICE_NCCL_LIBRARY})")
     add_library(sluice_parallel_nccl STATIC ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator.cc)
     target_include_directories(sluice_parallel_nccl PUBLIC ${SLUICE_NCCL_INCLUDE_DIR})
-    target_link_libraries(sluice_parallel_nccl PUBLIC sluice_engine CUDA::cudart
+    target_link_libraries(sluice_parallel_nccl PUBLIC sluice_engine CUDA::cudart_static
                           ${SLUICE_NCCL_LIBRARY})
     add_executable(nccl_communicator_test ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator_test.cc)
     target_link_libraries(nccl_communicator_test PRIVATE sluice_parallel_nccl)
