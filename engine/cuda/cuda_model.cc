@@ -22,17 +22,44 @@ class CudaModel : public Model {
 
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override {
-    if (kv_cache.block_size() != runner_->options().block_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("KV cache block size ", kv_cache.block_size(), " differs from the CUDA "
-                       "runner's ", runner_->options().block_size));
-    }
     const int64_t vocab = runner_->config().vocab_size;
     if (static_cast<int64_t>(logits.size()) !=
         static_cast<int64_t>(input.logits_indices.size()) * vocab) {
       return absl::InvalidArgumentError(absl::StrCat("logits span has ", logits.size(),
                                                      " floats, expected ",
                                                      input.logits_indices.size(), " x ", vocab));
+    }
+    if (absl::Status s = RunStep(input, kv_cache); !s.ok()) return s;
+    if (input.logits_indices.empty()) return runner_->Synchronize();
+    auto out = runner_->Logits();
+    if (!out.ok()) return out.status();
+    std::copy(out->begin(), out->end(), logits.begin());
+    return absl::OkStatus();
+  }
+
+  bool SupportsDeviceGreedy() const override { return true; }
+
+  // The runner's step already ends in a device argmax; only the log-softmax of the chosen
+  // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].
+  absl::Status ForwardGreedy(const ForwardInput& input, KvCache& kv_cache,
+                             absl::Span<GreedyToken> out) override {
+    if (out.size() != input.logits_indices.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardGreedy: ", out.size(),
+                                                     " outputs for ",
+                                                     input.logits_indices.size(),
+                                                     " logits rows"));
+    }
+    if (absl::Status s = RunStep(input, kv_cache); !s.ok()) return s;
+    return runner_->SampledGreedy(out);
+  }
+
+ private:
+  // Checks the KV geometry and ids, (re)allocates the device cache, enqueues the step.
+  absl::Status RunStep(const ForwardInput& input, KvCache& kv_cache) {
+    if (kv_cache.block_size() != runner_->options().block_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV cache block size ", kv_cache.block_size(), " differs from the CUDA "
+                       "runner's ", runner_->options().block_size));
     }
     for (int32_t id : input.token_ids) {
       // Model::Forward has no previous-step references: negative ids are plain errors here.
@@ -41,15 +68,9 @@ class CudaModel : public Model {
     if (runner_->num_blocks() != kv_cache.num_blocks()) {
       if (absl::Status s = runner_->AllocateKvCache(kv_cache.num_blocks()); !s.ok()) return s;
     }
-    if (absl::Status s = runner_->Step(input); !s.ok()) return s;
-    if (input.logits_indices.empty()) return runner_->Synchronize();
-    auto out = runner_->Logits();
-    if (!out.ok()) return out.status();
-    std::copy(out->begin(), out->end(), logits.begin());
-    return absl::OkStatus();
+    return runner_->Step(input);
   }
 
- private:
   std::unique_ptr<CudaRunner> runner_;
 };
 

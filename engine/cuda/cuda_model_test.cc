@@ -32,6 +32,7 @@
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
+#include "engine/sample/sampler.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
 #include "tests/util/golden_runner.h"
@@ -234,6 +235,30 @@ TEST_F(CudaModelTest, SluiceMiniMoeMatchesGoldenLogitsAndGreedy) {
   CheckGoldenAlone(testing::SharedModelDir("sluice-mini-moe"), /*min_rows_within=*/0.0);
 }
 
+// Plan of one step for several sequences (block size 4): sequence s feeds toks[s] at
+// positions ctx[s].., its block table is tables[s]; one logits row per sequence.
+ForwardInput OneRowPerSeqPlan(const std::vector<std::vector<int32_t>>& toks,
+                              const std::vector<int>& ctx,
+                              const std::vector<std::vector<int32_t>>& tables) {
+  ForwardInput in;
+  for (size_t s = 0; s < toks.size(); ++s) {
+    SequenceSlice q;
+    q.query_start = static_cast<int32_t>(in.token_ids.size());
+    q.num_query_tokens = static_cast<int32_t>(toks[s].size());
+    q.num_context_tokens = ctx[s];
+    q.block_table = absl::MakeConstSpan(tables[s]);
+    for (size_t i = 0; i < toks[s].size(); ++i) {
+      const int pos = ctx[s] + static_cast<int>(i);
+      in.token_ids.push_back(toks[s][i]);
+      in.positions.push_back(pos);
+      in.slot_mapping.push_back(int64_t{tables[s][pos / 4]} * 4 + pos % 4);
+    }
+    in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
+    in.sequences.push_back(q);
+  }
+  return in;
+}
+
 // Decode graphs with tokens fed back on the device (no host round trip) give the same tokens
 // as eager steps fed from the host, and the buckets are the expected ones.
 void CheckGraphDecodeMatchesEager(const std::string& dir) {
@@ -251,23 +276,7 @@ void CheckGraphDecodeMatchesEager(const std::string& dir) {
     for (int b = 0; b < 12; ++b) tables[s].push_back(kBlocks - 1 - (b * kSeqs + s));
   }
   auto plan = [&](const std::vector<std::vector<int32_t>>& toks, const std::vector<int>& ctx) {
-    ForwardInput in;
-    for (int s = 0; s < kSeqs; ++s) {
-      SequenceSlice q;
-      q.query_start = static_cast<int32_t>(in.token_ids.size());
-      q.num_query_tokens = static_cast<int32_t>(toks[s].size());
-      q.num_context_tokens = ctx[s];
-      q.block_table = absl::MakeConstSpan(tables[s]);
-      for (size_t i = 0; i < toks[s].size(); ++i) {
-        const int pos = ctx[s] + static_cast<int>(i);
-        in.token_ids.push_back(toks[s][i]);
-        in.positions.push_back(pos);
-        in.slot_mapping.push_back(int64_t{tables[s][pos / 4]} * 4 + pos % 4);
-      }
-      in.logits_indices.push_back(static_cast<int32_t>(in.token_ids.size()) - 1);
-      in.sequences.push_back(q);
-    }
-    return in;
+    return OneRowPerSeqPlan(toks, ctx, tables);
   };
   std::vector<int> ctx = {0, 0, 0};
   for (auto* r : {&*graph, &*eager}) ASSERT_TRUE((*r)->Step(plan(prompts, ctx)).ok());
@@ -493,6 +502,139 @@ TEST_F(CudaModelTest, ArgmaxRowsMatchesHostScan) {
     EXPECT_EQ(got, want) << "vocab " << vocab;
   }
   EXPECT_EQ(ArgmaxRowsCuda(nullptr, 1, 0, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// GreedyLogprobRowsCuda after ArgmaxRowsCuda against the host's log_softmax of the chosen id
+// (SampleToken: double, NaN and -inf entries skipped): fp32 on the device, so within 1e-4.
+// Rows: random; some -inf entries; NaNs beside the max; all -inf (id 0, logprob NaN).
+TEST_F(CudaModelTest, GreedyLogprobRowsMatchHostLogSoftmax) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (const int64_t vocab : {int64_t{8192}, int64_t{1001}, int64_t{8}}) {
+    constexpr int64_t kRows = 4;
+    std::vector<bf16> h(kRows * vocab);
+    for (bf16& x : h) x = __float2bfloat16(normal(rng));
+    for (int64_t j = 0; j < vocab; j += 3) h[1 * vocab + j] = __float2bfloat16(-INFINITY);
+    h[2 * vocab + 1] = __float2bfloat16(NAN);
+    h[2 * vocab + vocab - 1] = __float2bfloat16(NAN);
+    for (int64_t j = 0; j < vocab; ++j) h[3 * vocab + j] = __float2bfloat16(-INFINITY);
+    auto d_logits = kernels::DeviceBuffer<bf16>::Create(h.size());
+    auto d_ids = kernels::DeviceBuffer<int32_t>::Create(kRows);
+    auto d_lp = kernels::DeviceBuffer<float>::Create(kRows);
+    ASSERT_TRUE(d_logits.ok() && d_ids.ok() && d_lp.ok());
+    ASSERT_TRUE(d_logits->CopyFromHost(h.data()).ok());
+    ASSERT_TRUE(ArgmaxRowsCuda(d_logits->data(), kRows, vocab, d_ids->data(), nullptr).ok());
+    ASSERT_TRUE(GreedyLogprobRowsCuda(d_logits->data(), d_ids->data(), kRows, vocab,
+                                      d_lp->data(), nullptr)
+                    .ok());
+    std::vector<int32_t> ids(kRows);
+    std::vector<float> lp(kRows);
+    ASSERT_TRUE(d_ids->CopyToHost(ids.data()).ok());
+    ASSERT_TRUE(d_lp->CopyToHost(lp.data()).ok());
+    for (int64_t r = 0; r < 3; ++r) {
+      std::vector<float> row(vocab);
+      for (int64_t j = 0; j < vocab; ++j) row[j] = __bfloat162float(h[r * vocab + j]);
+      SamplingParams p;
+      p.temperature = 0.0f;
+      SamplerRng unused(0);
+      const SampledToken want = SampleToken(absl::MakeSpan(row), p, SequenceContext{}, unused);
+      EXPECT_EQ(ids[r], want.token_id) << "vocab " << vocab << " row " << r;
+      EXPECT_NEAR(lp[r], want.logprob, 1e-4) << "vocab " << vocab << " row " << r;
+    }
+    EXPECT_EQ(ids[3], 0);
+    EXPECT_TRUE(std::isnan(lp[3]));
+  }
+  EXPECT_EQ(GreedyLogprobRowsCuda(nullptr, nullptr, 1, 8, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Host greedy SampleToken (engine/sample) of one logits row.
+SampledToken HostGreedy(std::vector<float> row) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  SamplerRng unused(0);
+  return SampleToken(absl::MakeSpan(row), p, SequenceContext{}, unused);
+}
+
+// CudaRunner::SampledGreedy against the same step's Logits() sampled on the host (greedy
+// SampleToken): a 3-sequence prefill (eager) then 6 decode steps (CUDA graphs, batch bucket).
+void CheckSampledGreedyMatchesHost(CudaRunner& runner) {
+  constexpr int kSeqs = 3, kBlocks = 64;
+  ASSERT_TRUE(runner.AllocateKvCache(kBlocks).ok());
+  std::vector<std::vector<int32_t>> toks = {{0, 47, 554, 86, 1041}, {0, 2, 206, 47, 554}, {9}};
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int b = 0; b < 12; ++b) tables[s].push_back(b * kSeqs + s);
+  }
+  std::vector<int> ctx(kSeqs, 0);
+  const int64_t V = runner.config().vocab_size;
+  for (int step = 0; step < 7; ++step) {
+    ASSERT_TRUE(runner.Step(OneRowPerSeqPlan(toks, ctx, tables)).ok());
+    EXPECT_EQ(runner.last_step().graph, step > 0);
+    std::vector<GreedyToken> got(kSeqs);
+    ASSERT_TRUE(runner.SampledGreedy(absl::MakeSpan(got)).ok());
+    auto logits = runner.Logits();  // the same step's logits (SampledGreedy changes nothing)
+    ASSERT_TRUE(logits.ok());
+    for (int s = 0; s < kSeqs; ++s) {
+      const SampledToken want =
+          HostGreedy(std::vector<float>(logits->begin() + s * V, logits->begin() + (s + 1) * V));
+      EXPECT_EQ(got[s].token_id, want.token_id) << "step " << step << " seq " << s;
+      EXPECT_NEAR(got[s].logprob, want.logprob, 1e-4) << "step " << step << " seq " << s;
+      EXPECT_LT(want.logprob, 0.0f);
+      ctx[s] += static_cast<int>(toks[s].size());
+      toks[s] = {want.token_id};
+    }
+  }
+  std::vector<GreedyToken> wrong_size(kSeqs + 1);
+  EXPECT_EQ(runner.SampledGreedy(absl::MakeSpan(wrong_size)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaModelTest, SampledGreedyMatchesHostLlamaDummy) {
+  auto config = ModelConfig::Load(testing::FixtureDir("llama-tiny"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto runner = CreateDummyCudaRunner(*config, 11, TinyOptions(true));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  CheckSampledGreedyMatchesHost(**runner);
+}
+
+TEST_F(CudaModelTest, SampledGreedyMatchesHostQwen3) {
+  auto runner = LoadCudaRunner(testing::FixtureDir("qwen3-hybrid-tiny"), TinyOptions(true));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  CheckSampledGreedyMatchesHost(**runner);
+}
+
+TEST_F(CudaModelTest, SampledGreedyMatchesHostDeepseek) {
+  auto runner = LoadCudaRunner(testing::FixtureDir("deepseek-v3-tiny"), TinyOptions(true));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  CheckSampledGreedyMatchesHost(**runner);
+}
+
+// CudaModel::ForwardGreedy against Forward + host greedy sampling of the same plan (a dense
+// model: re-running the plan rewrites the same KV slots with the same values, same logits).
+TEST_F(CudaModelTest, ForwardGreedyMatchesForward) {
+  auto runner = LoadCudaRunner(testing::FixtureDir("llama-tiny"), TinyOptions(true));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  auto model = WrapRunner(std::move(*runner));
+  ASSERT_TRUE(model->SupportsDeviceGreedy());
+  KvCache kv(model->kv_cache_spec(), 64, 4, /*allocate_storage=*/false);
+  const std::vector<std::vector<int32_t>> toks = {{0, 47, 554, 86}, {0, 9}};
+  const std::vector<std::vector<int32_t>> tables = {{0, 2, 4}, {1, 3, 5}};
+  const ForwardInput in = OneRowPerSeqPlan(toks, {0, 0}, tables);
+  const int64_t V = model->config().vocab_size;
+  std::vector<float> logits(2 * V);
+  ASSERT_TRUE(model->Forward(in, kv, absl::MakeSpan(logits)).ok());
+  std::vector<GreedyToken> got(2);
+  ASSERT_TRUE(model->ForwardGreedy(in, kv, absl::MakeSpan(got)).ok());
+  for (int s = 0; s < 2; ++s) {
+    const SampledToken want =
+        HostGreedy(std::vector<float>(logits.begin() + s * V, logits.begin() + (s + 1) * V));
+    EXPECT_EQ(got[s].token_id, want.token_id) << "seq " << s;
+    EXPECT_NEAR(got[s].logprob, want.logprob, 1e-4) << "seq " << s;
+  }
+  std::vector<GreedyToken> wrong_size(3);
+  EXPECT_EQ(model->ForwardGreedy(in, kv, absl::MakeSpan(wrong_size)).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

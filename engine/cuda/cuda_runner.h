@@ -138,6 +138,11 @@ class CudaRunner {
   // Logits waits for the last Step and returns its logits [num_logits, vocab_size] (bf16 values
   // widened to float32).
   absl::StatusOr<std::vector<float>> Logits();
+  // SampledGreedy waits for the last Step and writes, per logits row, its greedy token and that
+  // token's log_softmax value (GreedyLogprobRowsCuda over the step's bf16 logits, fp32): only
+  // [rows] ids and floats cross to the host. Errors: InvalidArgument when out.size() differs
+  // from the last Step's logits count; Internal for CUDA errors.
+  absl::Status SampledGreedy(absl::Span<GreedyToken> out);
   // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
   absl::Status Synchronize();
 

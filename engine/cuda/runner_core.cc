@@ -177,6 +177,9 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   auto sm = DeviceBuffer<int32_t>::Create(static_cast<size_t>(S));
   if (!sm.ok()) return sm.status();
   sampled = std::move(*sm);
+  auto slp = DeviceBuffer<float>::Create(static_cast<size_t>(S));
+  if (!slp.ok()) return slp.status();
+  sampled_logprobs = std::move(*slp);
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(sampled.data(), 0, sampled.bytes()), "cudaMemset");
 
   const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
@@ -560,6 +563,30 @@ absl::StatusOr<std::vector<int32_t>> RunnerCore::SampledTokens() {
   return out;
 }
 
+absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
+  const int64_t n = last.num_logits;
+  if (static_cast<int64_t>(out.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("SampledGreedy: ", out.size(),
+                                                   " outputs for ", n, " logits rows"));
+  }
+  if (n == 0) return stream.Synchronize();
+  // Enqueued after the step (graph or eager) on the same stream: reads its logits and argmax.
+  SLUICE_RUNNER_RETURN_IF_ERROR(GreedyLogprobRowsCuda(logits.data(), sampled.data(), n, vocab,
+                                                      sampled_logprobs.data(), stream.get()));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<float> logprobs(static_cast<size_t>(n));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids.data(), sampled.data(), n * sizeof(int32_t),
+                                              cudaMemcpyDeviceToHost, stream.get()),
+                              "cudaMemcpyAsync sampled");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logprobs.data(), sampled_logprobs.data(),
+                                              n * sizeof(float), cudaMemcpyDeviceToHost,
+                                              stream.get()),
+                              "cudaMemcpyAsync sampled logprobs");
+  SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+  for (int64_t r = 0; r < n; ++r) out[r] = GreedyToken{ids[r], logprobs[r]};
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> RunnerCore::Logits() {
   RunnerCore& m = *this;
   const size_t n = static_cast<size_t>(m.last.num_logits * m.vocab);
@@ -615,6 +642,9 @@ absl::StatusOr<std::vector<ProfileEntry>> CudaRunner::ProfileStep(const ForwardI
 std::string CudaRunner::GemmPlans() { return core_->lt->DescribePlans(); }
 absl::StatusOr<std::vector<int32_t>> CudaRunner::SampledTokens() { return core_->SampledTokens(); }
 absl::StatusOr<std::vector<float>> CudaRunner::Logits() { return core_->Logits(); }
+absl::Status CudaRunner::SampledGreedy(absl::Span<GreedyToken> out) {
+  return core_->SampledGreedy(out);
+}
 absl::Status CudaRunner::Synchronize() { return core_->stream.Synchronize(); }
 
 }  // namespace sluice::cuda_runner

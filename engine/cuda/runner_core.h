@@ -171,6 +171,7 @@ class RunnerCore {
                                                         int64_t hold_ms);
   absl::StatusOr<std::vector<int32_t>> SampledTokens();
   absl::StatusOr<std::vector<float>> Logits();
+  absl::Status SampledGreedy(absl::Span<GreedyToken> out);
   // Mark records a profiling event named `name` after the op just enqueued (ProfileStep only).
   void Mark(const char* name);
 
@@ -181,6 +182,7 @@ class RunnerCore {
   std::unique_ptr<kernels::CublasLt> lt;
   DeviceBuffer<bf16> gathered, logits;  // [max_num_seqs, hidden], [max_num_seqs, vocab]
   DeviceBuffer<int32_t> sampled;        // [max_num_seqs]
+  DeviceBuffer<float> sampled_logprobs;  // [max_num_seqs], filled by SampledGreedy only
   int64_t num_blocks = 0;
   StepInfo last;
 

@@ -111,6 +111,52 @@ __global__ void ArgmaxRowsKernel(const bf16* logits, int64_t vocab, bool vec, in
   }
 }
 
+constexpr int kLogprobThreads = 256;
+
+// One block per row. The chosen token is the row's argmax (ArgmaxRowsKernel), so its logit m is
+// the maximum and logit_m - logsumexp = -log(sum_j exp(x_j - m)): no max pass, every term <= 1,
+// the sum >= 1. NaN and -inf entries are skipped (x > -inf is false for both), as the host
+// sampler's LogSumExp does. A row whose chosen logit is not > -inf (all -inf/NaN) gets NaN, as
+// the host's raw[0] - (-inf) of such a row is NaN or inf - inf.
+__global__ void GreedyLogprobRowsKernel(const bf16* logits, const int32_t* ids, int64_t vocab,
+                                        bool vec, float* out) {
+  const bf16* row = logits + blockIdx.x * vocab;
+  const float m = __bfloat162float(row[ids[blockIdx.x]]);
+  if (!(m > -INFINITY)) {  // uniform over the block: every thread returns
+    if (threadIdx.x == 0) out[blockIdx.x] = NAN;
+    return;
+  }
+  float sum = 0.0f;
+  int64_t scalar_begin = 0;
+  if (vec) {
+    const auto* row8 = reinterpret_cast<const kernels::cuda_detail::Bf16x8*>(row);
+    const int64_t n8 = vocab / 8;
+    for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
+      float f[8];
+      kernels::cuda_detail::ToFloat8(row8[c], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (f[e] > -INFINITY) sum += expf(f[e] - m);
+      }
+    }
+    scalar_begin = n8 * 8;
+  }
+  for (int64_t j = scalar_begin + threadIdx.x; j < vocab; j += blockDim.x) {
+    const float x = __bfloat162float(row[j]);
+    if (x > -INFINITY) sum += expf(x - m);
+  }
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  __shared__ float s_sum[kLogprobThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) s_sum[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    sum = lane < kLogprobThreads / 32 ? s_sum[lane] : 0.0f;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) out[blockIdx.x] = -logf(sum);
+  }
+}
+
 __global__ void FillDummyKernel(bf16* out, int64_t n, uint64_t seed, int init) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
@@ -204,6 +250,22 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
   ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab,
                                                                                vec, out);
   return kernels::CudaLaunchStatus("ArgmaxRowsKernel");
+}
+
+absl::Status GreedyLogprobRowsCuda(const bf16* logits, const int32_t* ids, int64_t rows,
+                                   int64_t vocab, float* out, cudaStream_t stream) {
+  if (rows < 0 || vocab < 1 || vocab > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GreedyLogprobRowsCuda: rows ", rows, " vocab ", vocab));
+  }
+  if (rows == 0) return absl::OkStatus();
+  if (logits == nullptr || ids == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError("GreedyLogprobRowsCuda: null pointer");
+  }
+  const bool vec = kernels::cuda_detail::Aligned16(logits) && vocab % 8 == 0;
+  GreedyLogprobRowsKernel<<<static_cast<unsigned>(rows), kLogprobThreads, 0, stream>>>(
+      logits, ids, vocab, vec, out);
+  return kernels::CudaLaunchStatus("GreedyLogprobRowsKernel");
 }
 
 absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,

@@ -31,6 +31,15 @@ absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, in
 absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int32_t* out,
                             cudaStream_t stream);
 
+// GreedyLogprobRowsCuda: out[r] = log_softmax(logits[r, :])[ids[r]] for r < rows, where ids[r]
+// must be the row's argmax (ArgmaxRowsCuda's output): computed as -log(sum_j exp(x_j - x_id))
+// in fp32 over the non-NaN, non -inf entries (the host sampler's LogSumExp skips the same);
+// NaN for a row whose chosen logit is -inf or NaN. logits [rows, vocab] bf16, ids [rows] int32
+// (valid ids), out [rows] float32, all device. One thread block per row.
+// Errors: InvalidArgument for rows < 0, vocab < 1 or null pointers (rows > 0).
+absl::Status GreedyLogprobRowsCuda(const bf16* logits, const int32_t* ids, int64_t rows,
+                                   int64_t vocab, float* out, cudaStream_t stream);
+
 // FillDummyCuda: out[i] = bf16(value of element `first + i` of a dummy tensor) for i < n, with
 // DummyNormal(tensor_seed, first + i) for kNormal, 1 for kOnes, 0 for kZeros
 // (engine/model/dummy_weights.h: the same values as the CPU loader before bf16 rounding).

@@ -121,6 +121,14 @@ struct ParallelShard {
   std::vector<int32_t> expert_slots;
 };
 
+// GreedyToken is one logits row's greedy choice (Model::ForwardGreedy): the argmax id of the raw
+// logits (lowest id on ties, NaN never wins, an all -inf/NaN row gives 0) and its
+// log_softmax value, logit_max - logsumexp(logits).
+struct GreedyToken {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
 // Model is implemented per architecture (llama.cc, qwen3 via llama.cc, deepseek_v3.cc).
 class Model {
  public:
@@ -137,6 +145,19 @@ class Model {
   // Errors: InvalidArgument for a token id outside the vocabulary or an inconsistent plan.
   virtual absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                                absl::Span<float> logits) = 0;
+  // True when ForwardGreedy is implemented (a model that can pick greedy tokens where its
+  // logits are, e.g. on the GPU, and skip shipping [rows, vocab] logits to the host).
+  virtual bool SupportsDeviceGreedy() const { return false; }
+  // ForwardGreedy runs the step as Forward does but returns, instead of the logits, one
+  // GreedyToken per logits row (out [logits_indices.size()]): what engine/sample's SampleToken
+  // would pick and report as the chosen token's logprob for greedy params without penalties,
+  // min_tokens suppression or top logprobs, given the logits Forward would have written
+  // (logprob equal up to float rounding of the log-sum-exp). Errors: those of Forward;
+  // InvalidArgument when out has the wrong size; Unimplemented when !SupportsDeviceGreedy().
+  virtual absl::Status ForwardGreedy(const ForwardInput& input, KvCache& kv_cache,
+                                     absl::Span<GreedyToken> out) {
+    return absl::UnimplementedError("this model does not support ForwardGreedy");
+  }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
   // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'

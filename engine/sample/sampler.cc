@@ -235,6 +235,17 @@ std::vector<TokenLogprob> TopLogprobs(absl::Span<const float> raw, double log_su
 
 }  // namespace
 
+bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context) {
+  const bool suppresses =
+      static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens &&
+      !context.eos_token_ids.empty();  // SuppressStopTokens
+  const bool penalized = params.repetition_penalty != 1.0f ||
+                         params.presence_penalty != 0.0f ||
+                         params.frequency_penalty != 0.0f;  // ApplyPenalties
+  const bool top_logprobs = params.logprobs.has_value() && *params.logprobs > 0;
+  return params.temperature < kGreedyTemperature && !suppresses && !penalized && !top_logprobs;
+}
+
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
                          const SequenceContext& context, SamplerRng& rng) {
   thread_local std::vector<float> raw;

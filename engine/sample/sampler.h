@@ -45,6 +45,14 @@ struct SequenceContext {
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
                          const SequenceContext& context, SamplerRng& rng);
 
+// IsPlainGreedy is true when SampleToken(logits, params, context, rng) would return exactly
+// {argmax of the raw logits (lowest id on ties), its log_softmax, no top_logprobs} for any
+// logits and draw nothing from rng: greedy temperature, no top logprobs (logprobs unset or 0),
+// neutral repetition/presence/frequency penalties, and no min_tokens suppression this step
+// (output already >= min_tokens, or no EOS/stop ids to suppress). Such rows may be sampled
+// where the logits are (Model::ForwardGreedy). Keep in step with SampleToken's processing.
+bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context);
+
 }  // namespace sluice
 
 #endif  // SLUICE_ENGINE_SAMPLE_SAMPLER_H_

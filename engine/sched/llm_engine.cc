@@ -238,8 +238,15 @@ class LLMEngineImpl final : public LLMEngine {
 
     BuildForwardInput(plan);
     const int64_t vocab = model_->config().vocab_size;
-    logits_.resize(input_.logits_indices.size() * vocab);
-    absl::Status status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    const bool device_greedy = DeviceGreedyStep(plan);
+    absl::Status status;
+    if (device_greedy) {
+      greedy_.resize(input_.logits_indices.size());
+      status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
+    } else {
+      logits_.resize(input_.logits_indices.size() * vocab);
+      status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    }
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.
       for (const ScheduledSequence& s : plan.scheduled) {
@@ -263,9 +270,14 @@ class LLMEngineImpl final : public LLMEngine {
       scheduler_.CommitBlocks(seq);
       WriteThrough(seq);
       if (!samples) continue;
-      absl::Span<float> row(logits_.data() + logits_row * vocab, vocab);
+      SampledToken token;
+      if (device_greedy) {
+        token.token_id = greedy_[logits_row].token_id;
+        token.logprob = greedy_[logits_row].logprob;
+      } else {
+        token = Sample(seq, absl::Span<float>(logits_.data() + logits_row * vocab, vocab));
+      }
       ++logits_row;
-      SampledToken token = Sample(seq, row);
       seq.AppendToken(token.token_id);
       ++counters_.num_generation_tokens;
 
@@ -444,15 +456,31 @@ class LLMEngineImpl final : public LLMEngine {
     if (bounded) input_.sliding_kv_start = sliding_starts_;
   }
 
-  SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
+  // Context is what SampleToken sees of `seq` (its stop ids live in stop_ids_ until the next
+  // call).
+  SequenceContext Context(const Sequence& seq) {
     const SamplingParams& p = seq.request.sampling;
     stop_ids_.clear();
     if (!p.ignore_eos) stop_ids_.assign(eos_token_ids_.begin(), eos_token_ids_.end());
     stop_ids_.insert(stop_ids_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
-    SequenceContext context{absl::MakeConstSpan(seq.request.prompt_token_ids),
-                            absl::MakeConstSpan(seq.output_token_ids),
-                            absl::MakeConstSpan(stop_ids_)};
-    return SampleToken(logits, p, context, seq.rng);
+    return SequenceContext{absl::MakeConstSpan(seq.request.prompt_token_ids),
+                           absl::MakeConstSpan(seq.output_token_ids),
+                           absl::MakeConstSpan(stop_ids_)};
+  }
+
+  SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
+    return SampleToken(logits, seq.request.sampling, Context(seq), seq.rng);
+  }
+
+  // DeviceGreedyStep: the step's tokens may come from Model::ForwardGreedy — the model supports
+  // it and every sampling row would be a plain argmax on the host (IsPlainGreedy), so the
+  // tokens and logprobs are those of the full-logits path and no [rows, vocab] logits cross.
+  bool DeviceGreedyStep(const SchedulerOutput& plan) {
+    if (!model_->SupportsDeviceGreedy() || input_.logits_indices.empty()) return false;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.samples() && !IsPlainGreedy(s.seq->request.sampling, Context(*s.seq))) return false;
+    }
+    return true;
   }
 
   FinishReason CheckFinished(const Sequence& seq) const {
@@ -584,6 +612,7 @@ class LLMEngineImpl final : public LLMEngine {
   int64_t num_held_blocks_ = 0;
   ForwardInput input_;
   std::vector<float> logits_;
+  std::vector<GreedyToken> greedy_;  // [logits rows] of a DeviceGreedyStep
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> load_blocks_;  // scratch
   std::vector<int32_t> sliding_starts_;  // scratch: ForwardInput::sliding_kv_start
