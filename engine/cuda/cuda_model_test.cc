@@ -581,7 +581,6 @@ void CheckSampledGreedyMatchesHost(CudaRunner& runner) {
           HostGreedy(std::vector<float>(logits->begin() + s * V, logits->begin() + (s + 1) * V));
       EXPECT_EQ(got[s].token_id, want.token_id) << "step " << step << " seq " << s;
       EXPECT_NEAR(got[s].logprob, want.logprob, 1e-4) << "step " << step << " seq " << s;
-      EXPECT_LT(want.logprob, 0.0f);
       ctx[s] += static_cast<int>(toks[s].size());
       toks[s] = {want.token_id};
     }
