@@ -76,8 +76,8 @@ size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_expe
 // summation order (each rounds the activations and the expert outputs to bf16 once).
 enum class MoeExpertsPath {
   kAuto,     // kGemv for num_tokens <= kMoeGemvMaxTokens; else kStream while the average rows
-             // per expert num_tokens·top_k / num_experts <= kMoeStreamMaxRowsPerExpert; else
-             // kGrouped
+             // per expert num_tokens·top_k / num_experts <= kMoeStreamMaxRowsPerExpert (never
+             // at 0); else kGrouped
   kGemv,     // decode: per touched expert, a warp per output column streams that expert's
              // weight rows once for up to 8 of its tokens per pass (only the selected experts
              // are read)
@@ -89,9 +89,11 @@ enum class MoeExpertsPath {
              // expert-sorted rows; per-expert row counts stay on the device
 };
 inline constexpr int64_t kMoeGemvMaxTokens = 8;
-// kAuto's bound on num_tokens·top_k / num_experts for kStream: its CUDA-core FMAs grow with
-// the rows while the weight bytes do not (V2-Lite, top 6 of 64: up to 85 tokens).
-inline constexpr int64_t kMoeStreamMaxRowsPerExpert = 8;
+// kAuto's bound on num_tokens·top_k / num_experts for kStream; 0: kAuto never picks it. On the
+// H200 (2026-11-29, DeepSeek-V2-Lite shapes in cuda_decode_bench, batch 64: 6 rows per expert)
+// the routed experts took 27.2 ms per step through kStream against 15.3 ms through kGrouped, so
+// kStream stays an explicit choice (tested) until it beats the grouped GEMM.
+inline constexpr int64_t kMoeStreamMaxRowsPerExpert = 0;
 
 // MoeExpertsCuda: the routed-expert output of MoeExpertsCpu (moe_experts.h) on the device,
 //   out[t] = bf16(Σ_k w[t, k] · down_e(silu(gate_e(x[t])) ⊙ up_e(x[t]))),  e = topk_ids[t, k]
