@@ -649,7 +649,10 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
       first = SampledToken{prefill.first_token().token_id(), prefill.first_token().logprob(), {}};
     }
     auto complete = [this, session, status, first]() mutable {
-      if (session->EndTransfer() && status.ok()) {
+      // Cancelled meanwhile: whatever the transfer's outcome (the router's abort may also have
+      // released the pin, failing the ack), the request ends — a failed transfer must not
+      // turn into a recompute of a request nobody waits for.
+      if (session->EndTransfer()) {
         status = absl::CancelledError("client cancelled during the KV transfer");
       }
       engine_->CompleteTransfer(session->engine_id(), status, first);
