@@ -268,6 +268,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // on decode_: try the next decode worker.
   void ReserveAnswered(const grpc::Status& status,
                        std::chrono::system_clock::time_point deadline) {
+    if (status.ok()) reserved_at_ = absl::Now();
     if (status.ok() || IsAborted()) return ReserveEnded();
     if (!NoRoom(status.error_code())) {
       // A failed decode worker (gone, draining): try another before the first token is sent.
@@ -458,6 +459,12 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return StartDecode();
     }
     const bool finished_by_prefill = prefill_->kv().runs_size() == 0;
+    if (reserve_error_.ok() && !finished_by_prefill && decode_.has_value() &&
+        absl::Now() > reserved_at_ + options_.decode_reserve_timeout - kPinMargin) {
+      // Prefill answered after the decode reservation (nearly) expired — a retried prefill
+      // that queued: reserve again (the old one is cancelled) before the first token goes out.
+      return ReserveAgain();
+    }
     if (!reserve_error_.ok() && !finished_by_prefill) {
       // No decode worker could take the request in time: unpin the KV, fail (503).
       ReleaseOnPrefill(prefill_->prefill_worker_address());
@@ -525,6 +532,23 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     NextReserve();  // ends in AfterPrefill, which goes on to StartDecode
   }
 
+  // ReserveAgain: the reservation on decode_ ran out while prefill ran; drop it and reserve
+  // anew (any decode worker, with the usual waits), ending in AfterPrefill again.
+  void ReserveAgain() {
+    CancelOnDecode();
+    ReleaseDecode();
+    backend_->Count(&RemoteBackendCounters::num_decode_rereserves);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserving_ = true;
+      prefill_phase_ended_ = true;
+    }
+    reserve_error_ = absl::OkStatus();
+    full_decode_.clear();
+    backoff_ = absl::ZeroDuration();
+    NextReserve();
+  }
+
   // Fire-and-forget control calls, bounded by control_deadline.
   void CancelOnDecode() {
     if (decode_stub_ == nullptr) return;
@@ -563,6 +587,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   bool prefill_ok_ = false;  // a prefill worker answered the first token; guarded by mu_
   const absl::Time queue_until_;                        // the end of the wait for decode blocks
   absl::Time pin_until_ = absl::InfiniteFuture();       // pinned KV usable until; guarded by mu_
+  absl::Time reserved_at_ = absl::InfiniteFuture();     // last Reserve OK on decode_
 
   // Flow state: touched by one step at a time (see the class comment).
   std::optional<WorkerSnapshot> decode_;  // the decode worker of this attempt (assigned)

@@ -78,6 +78,11 @@ struct RemoteBackendOptions {
   // The prefill workers' --kv-pin-timeout-s: their pinned KV is freed this long after they
   // answered. Waits and decode retries that rely on it end kPinMargin (2 s) earlier.
   absl::Duration prefill_pin_timeout = absl::Seconds(30);
+  // The decode workers' --reserve-timeout-s: a reservation without a Decode is freed this long
+  // after it was made. When prefill answers later than that minus kPinMargin (a retried prefill
+  // that queued behind others), the router reserves again instead of sending a Decode that
+  // would find its reservation gone.
+  absl::Duration decode_reserve_timeout = absl::Seconds(30);
   // Test only (fault tests): delay between sending a remote prefill's first token and the
   // first Decode call, a window to kill the chosen decode worker in.
   absl::Duration test_decode_start_delay = absl::ZeroDuration();
@@ -95,6 +100,8 @@ struct RemoteBackendCounters {
   // Of those: after the first token was sent, on another decode worker pulling the same
   // pinned prefill KV.
   int64_t num_decode_retries_pinned_kv = 0;
+  // Reservations made again because prefill answered after they (nearly) expired.
+  int64_t num_decode_rereserves = 0;
   int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
   int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
   int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed

@@ -76,6 +76,11 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
          "same pinned prefill KV.");
   absl::StrAppend(&out, "sluice_router_decode_retries_pinned_kv_total ",
                   counters.num_decode_retries_pinned_kv, "\n");
+  Header(out, "sluice_router_decode_rereserves_total", "counter",
+         "Decode reservations made again because prefill answered after they (nearly) expired "
+         "(--decode-reserve-timeout-s).");
+  absl::StrAppend(&out, "sluice_router_decode_rereserves_total ", counters.num_decode_rereserves,
+                  "\n");
   Header(out, "sluice_router_decode_reserve_full_total", "counter",
          "Reserve calls a decode worker answered without free KV blocks (the router tried "
          "another or waited).");

@@ -162,6 +162,12 @@ int main(int argc, char** argv) {
       [&router](double s) { router.backend.prefill_pin_timeout = absl::Seconds(s); },
       "The prefill workers' --kv-pin-timeout-s: how long a first token's KV stays pinned (30)");
   router_cmd->add_option_function<double>(
+      "--decode-reserve-timeout-s",
+      [&router](double s) { router.backend.decode_reserve_timeout = absl::Seconds(s); },
+      "The decode workers' --reserve-timeout-s: a reservation older than this (minus 2 s) when "
+      "prefill answers is made again (30)")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option_function<double>(
       "--test-decode-start-delay-ms",
       [&router](double ms) { router.backend.test_decode_start_delay = absl::Milliseconds(ms); },
       "Test only: delay the first Decode call after a remote prefill's first token was sent");

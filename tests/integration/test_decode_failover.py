@@ -188,3 +188,48 @@ def test_pull_after_the_pin_ended_is_recomputed_not_trusted(reference):
                    "decode blocks free")
     finally:
         cluster.stop()
+
+
+def long_messages(i):
+    body = " ".join(f"tree{(i * 7 + j) % 97}" for j in range(350))
+    return [{"role": "user", "content": f"Request {i}: {body}. Name one tree."}]
+
+
+def test_prefill_slower_than_the_decode_reservation_reserves_again():
+    """A decode reservation lasts --reserve-timeout-s (2.5 s here); six long prompts queue on one
+    prefill worker, so the later ones answer after their reservations (nearly) ran out. The router
+    reserves again (it knows the timeout: --decode-reserve-timeout-s) instead of sending a Decode
+    that would meet an expired reservation: every request completes, equal to `sluice serve`."""
+    n = 6
+    serve = Serve()
+    try:
+        ref_client = openai.OpenAI(base_url=serve.url + "/v1", api_key="x", timeout=120,
+                                   max_retries=0)
+        expected = [ref_client.chat.completions.create(
+            model=MODEL_NAME, messages=long_messages(i), temperature=0,
+            max_tokens=8).choices[0].message.content for i in range(n)]
+    finally:
+        serve.stop()
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      role_args={"decode": ["--reserve-timeout-s", "2.5"]},
+                      router_args=["--decode-reserve-timeout-s", "2.5"])
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+
+        def run(i):
+            return client.chat.completions.create(
+                model=MODEL_NAME, messages=long_messages(i), temperature=0,
+                max_tokens=8).choices[0].message.content
+
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(run, range(n)))
+        assert outputs == expected
+        rereserves = cluster.metric("sluice_router_decode_rereserves_total")
+        print(f"\n{rereserves:.0f} reservations made again for {n} requests")
+        assert rereserves >= 1
+        wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") ==
+                   cluster.worker_metric("decode-0", "sluice_kv_cache_blocks"), 10,
+                   "decode blocks free")
+    finally:
+        cluster.stop()
