@@ -111,6 +111,16 @@ void Scheduler::DropBlocks(Sequence& seq) {
   seq.sliding_kv_start = 0;
 }
 
+int32_t Scheduler::PreemptWaitingHolders() {
+  int32_t n = 0;
+  for (size_t k = 1; k < waiting_.size(); ++k) {
+    if (waiting_[k]->block_table.empty()) continue;
+    Preempt(*waiting_[k]);
+    ++n;
+  }
+  return n;
+}
+
 void Scheduler::Preempt(Sequence& seq) {
   DropBlocks(seq);
   ++seq.num_preemptions;
@@ -237,6 +247,10 @@ SchedulerOutput Scheduler::Schedule() {
     const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
     if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) {
       if (fresh) DropBlocks(seq);  // give the shared blocks back; retried next step
+      // Nothing runs and nothing will free blocks, yet sequences behind the head hold some
+      // (a completed KV transfer activated before a preemption put the head in front): the
+      // head would wait forever. Preempt those holders (they recompute) and retry the head.
+      if (running_.empty() && out.scheduled.empty() && PreemptWaitingHolders() > 0) continue;
       break;
     }
     if (fresh) num_cached_prompt_tokens_ += seq.num_cached_tokens;

@@ -125,6 +125,9 @@ class Scheduler {
   // EnsureBlocks grows seq's block table to hold `num_tokens` tokens; false if blocks ran out.
   bool EnsureBlocks(Sequence& seq, int64_t num_tokens);
   void Preempt(Sequence& seq);
+  // PreemptWaitingHolders drops the blocks of every waiting sequence but the head that holds
+  // some; returns how many.
+  int32_t PreemptWaitingHolders();
   // ReuseCachedPrefix gives a sequence without blocks its cached leading blocks.
   void ReuseCachedPrefix(Sequence& seq);
   // StartExternalLoad parks a fresh sequence as loading (see FinishLoad); false if it has

@@ -8,9 +8,9 @@
 2. Two decode workers with very few KV blocks under 32 concurrent requests: Reserve finds no free
    blocks, the router tries the other worker, then waits with backoff; no request fails, the texts
    equal `sluice serve`, and the router counts the full answers (none timed out in the queue).
-3. The same with a 0.3 s --decode-queue-timeout-s: requests that find no blocks in time get a 503
-   saying so, counted in sluice_router_decode_queue_timeouts_total; the rest complete, and every
-   prefill pin is released.
+3. The same with 96-token answers (one request fills a decode worker) and a 0.3 s
+   --decode-queue-timeout-s: requests that find no blocks in time get a 503 saying so, counted in
+   sluice_router_decode_queue_timeouts_total; the rest equal `sluice serve`, every pin is released.
 """
 
 import concurrent.futures
@@ -31,9 +31,9 @@ def messages(i):
     return [{"role": "user", "content": f"Request {i}: list {i % 5 + 2} kinds of trees."}]
 
 
-def complete(client, i):
+def complete(client, i, max_tokens=MAX_TOKENS):
     r = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
-                                       max_tokens=MAX_TOKENS)
+                                       max_tokens=max_tokens)
     return r.choices[0].message.content, r.choices[0].finish_reason
 
 
@@ -138,20 +138,31 @@ def test_full_decode_workers_queue_instead_of_503(reference):
         cluster.stop()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug (2026-11-29): about 1 run in 6-13 a decode worker with 8 KV blocks stalls with "
-    "3 running + 1 waiting requests (7 blocks used) and its clients time out; the timing of the "
-    "503 split also varies with load"))
-def test_decode_queue_timeout_is_a_clear_503(reference):
+LONG_TOKENS = 96  # test 3: ~20 prompt + 96 tokens fill 8 blocks: one request per decode worker
+
+
+def test_decode_queue_timeout_is_a_clear_503():
+    # Also the regression test of a decode-engine stall: with the KV cache no larger than one
+    # max-length sequence, a completed transfer waiting behind a preempted head held its blocks
+    # while the head could not fit (1 run in ~6 hung for 120 s before Scheduler's fix).
+    serve = Serve()
+    try:
+        ref_client = openai.OpenAI(base_url=serve.url + "/v1", api_key="x", timeout=120,
+                                   max_retries=0)
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            reference = list(pool.map(
+                lambda i: complete(ref_client, i, LONG_TOKENS), range(NUM_QUEUED)))
+    finally:
+        serve.stop()
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE},
                       router_args=["--decode-queue-timeout-s", "0.3"])
     try:
-        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=60,
                                max_retries=0)
 
         def attempt(i):
             try:
-                return complete(client, i)
+                return complete(client, i, LONG_TOKENS)
             except openai.APIStatusError as e:
                 return e.status_code, e.message
 
