@@ -232,6 +232,7 @@ SchedulerOutput Scheduler::Schedule() {
   }
 
   // 2. Waiting sequences, FIFO, unless this step had to preempt (avoid thrashing).
+  int32_t holders_preempted = 0;
   while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence& seq = *waiting_.front();
@@ -250,7 +251,11 @@ SchedulerOutput Scheduler::Schedule() {
       // Nothing runs and nothing will free blocks, yet sequences behind the head hold some
       // (a completed KV transfer activated before a preemption put the head in front): the
       // head would wait forever. Preempt those holders (they recompute) and retry the head.
-      if (running_.empty() && out.scheduled.empty() && PreemptWaitingHolders() > 0) continue;
+      if (running_.empty() && out.scheduled.empty()) {
+        const int32_t preempted = PreemptWaitingHolders();
+        holders_preempted += preempted;  // counted after the loop: its condition reads num_preempted
+        if (preempted > 0) continue;
+      }
       break;
     }
     if (fresh) num_cached_prompt_tokens_ += seq.num_cached_tokens;
@@ -260,6 +265,7 @@ SchedulerOutput Scheduler::Schedule() {
     out.scheduled.push_back({running_.back().get(), n});
     budget -= n;
   }
+  out.num_preempted += holders_preempted;
   out.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return out;
 }

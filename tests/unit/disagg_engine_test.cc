@@ -237,6 +237,61 @@ TEST(DisaggEngineTest, FailedTransferWithKnownFirstTokenRecomputesThePrompt) {
   }
 }
 
+// The KV cache holds exactly one max-length sequence. A (running) fills 6 of 8 blocks, W's
+// transfer reserves the other 2 and completes; in that step A needs a 7th block, preempts itself
+// and goes to the front of the waiting queue, ahead of W, which holds its 2 blocks. A can never
+// fit while W waits behind it: the scheduler must preempt W (it recomputes) so A can go on.
+TEST(DisaggEngineTest, WaitingTransferHoldingBlocksDoesNotStallThePreemptedHead) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 8;
+  options.max_model_len = 32;
+  options.max_num_batched_tokens = 16;
+  auto created = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
+  ASSERT_TRUE(created.ok());
+  LLMEngine& engine = **created;
+  const std::vector<int32_t> a_prompt = Prompt(4, 1);
+  const std::vector<int32_t> w_prompt = Prompt(4, 2);
+  ASSERT_TRUE(engine.AddRequest(Greedy("a", a_prompt, 28)).ok());
+  std::vector<int32_t> a_tokens;
+  while (a_tokens.size() < 20) {  // A: 4 + 20 tokens = 6 full blocks
+    for (const RequestOutput& o : engine.Step()) {
+      for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
+    }
+  }
+  ASSERT_EQ(a_tokens.size(), 20u);
+  ASSERT_EQ(engine.num_free_blocks(), 2);
+  const std::vector<int32_t> w_expected = ChecksumModel::Reference(w_prompt, 4);
+  ASSERT_TRUE(engine.ReserveForTransfer(Greedy("w", w_prompt, 4), std::nullopt).ok());
+  EXPECT_EQ(engine.num_free_blocks(), 0);
+  // One more step of A alone (W is only reserved): A now needs a 7th block for its next token.
+  for (const RequestOutput& o : engine.Step()) {
+    for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
+  }
+  ASSERT_EQ(a_tokens.size(), 21u);
+  // W's KV is not copied here: after its preemption W recomputes, so its tokens are still right.
+  ASSERT_TRUE(engine.CompleteTransfer("w", absl::OkStatus(), SampledToken{w_expected[0]}).ok());
+  std::vector<RequestOutput> w_outs;
+  std::vector<RequestOutput> a_outs = RunUntilFinished(engine, "a", &w_outs);
+  for (const RequestOutput& o : a_outs) {
+    for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
+  }
+  EXPECT_EQ(a_tokens, ChecksumModel::Reference(a_prompt, 28));
+  bool w_done = false;
+  for (const RequestOutput& o : w_outs) w_done = w_done || o.finished();
+  if (!w_done) {
+    std::vector<RequestOutput> rest = RunUntilFinished(engine, "w");
+    w_outs.insert(w_outs.end(), rest.begin(), rest.end());
+  }
+  std::vector<int32_t> w_tokens = {w_expected[0]};
+  for (const RequestOutput& o : w_outs) {
+    for (const SampledToken& t : o.new_tokens) w_tokens.push_back(t.token_id);
+  }
+  EXPECT_EQ(w_tokens, w_expected);
+  EXPECT_GE(engine.counters().num_preemptions, 2);  // A itself, then W
+  EXPECT_EQ(engine.num_free_blocks(), 8);
+}
+
 TEST(DisaggEngineTest, FailedTransferFailsWhenRecomputeIsOffOrTheErrorIsNotTheSources) {
   struct Case {
     bool recompute;
