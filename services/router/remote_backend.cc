@@ -270,16 +270,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                        std::chrono::system_clock::time_point deadline) {
     if (status.ok()) reserved_at_ = absl::Now();
     if (status.ok() || IsAborted()) return ReserveEnded();
-    if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
-        num_decode_attempts_ < options_.max_decode_attempts) {
-      // The worker still holds a session under this id (an earlier attempt's reservation it has
-      // not dropped yet): a Decode there would attach to that stale session. Use another.
-      bad_decode_.insert(decode_->worker_id);
-      ReleaseDecode();
-      ++num_decode_attempts_;
-      return NextReserve();
-    }
-    if (!NoRoom(status.error_code())) {
+    // ALREADY_EXISTS: the worker still holds an earlier attempt's session under this id (its
+    // cancel is on the way): a Decode there would attach to that stale session. Treat the worker
+    // as full for now — another one, or this one after the backoff, once the session is gone.
+    const bool stale_session = status.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    if (!NoRoom(status.error_code()) && !stale_session) {
       // A failed decode worker (gone, draining): try another before the first token is sent.
       // Other errors (or no attempts left) go on to Decode, which reports them.
       if (!IsWorkerFailure(status.error_code()) ||
