@@ -38,9 +38,6 @@ struct RankDescending {
   }
 };
 
-// Uniform double in [0, 1) from the top 53 bits of one 64-bit draw.
-double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-
 bool InVocab(int32_t id, size_t vocab_size) {
   return id >= 0 && static_cast<size_t>(id) < vocab_size;
 }
@@ -234,6 +231,8 @@ std::vector<TokenLogprob> TopLogprobs(absl::Span<const float> raw, double log_su
 }
 
 }  // namespace
+
+double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context) {
   const bool suppresses =

@@ -30,6 +30,12 @@ struct SampledToken {
 // tokens do not depend on what it is batched with.
 using SamplerRng = std::mt19937_64;
 
+// UniformUnit returns a uniform double in [0, 1) from the top 53 bits of one rng() draw:
+// (rng() >> 11) · 2^-53, exact and platform-independent (std::uniform_real_distribution's bit
+// usage is implementation-defined). SampleToken draws exactly one per non-greedy token, so a
+// device sampler fed this value (kernels::SamplingRow::uniform) picks the same token.
+double UniformUnit(SamplerRng& rng);
+
 // SequenceContext is what penalties look at.
 struct SequenceContext {
   absl::Span<const int32_t> prompt_token_ids;
