@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_deepseek_runner.h"
@@ -49,29 +50,56 @@ class CudaModel : public Model {
                                                      input.logits_indices.size(),
                                                      " logits rows"));
     }
-    if (absl::Status s = RunStep(input, kv_cache); !s.ok()) return s;
-    return runner_->SampledGreedy(out);
+    if (runner_->NumUnreadSteps() > 0) {
+      return absl::FailedPreconditionError("ForwardGreedy with sampled steps unread");
+    }
+    greedy_rows_.assign(input.logits_indices.size(), kernels::SamplingRow{});
+    if (absl::Status s = EnqueueSampledStep(input, kv_cache, greedy_rows_); !s.ok()) return s;
+    return runner_->ReadSampledStep(out);
   }
+
+  bool SupportsAsyncSteps() const override { return true; }
+
+  absl::Status EnqueueSampledStep(const ForwardInput& input, KvCache& kv_cache,
+                                  absl::Span<const kernels::SamplingRow> rows) override {
+    if (absl::Status s = PrepareCache(kv_cache); !s.ok()) return s;
+    return runner_->EnqueueSampledStep(input, rows);
+  }
+
+  absl::Status ReadSampledStep(absl::Span<GreedyToken> out) override {
+    return runner_->ReadSampledStep(out);
+  }
+
+  int NumUnreadSteps() const override { return runner_->NumUnreadSteps(); }
 
  private:
   // Checks the KV geometry and ids, (re)allocates the device cache, enqueues the step.
   absl::Status RunStep(const ForwardInput& input, KvCache& kv_cache) {
+    for (int32_t id : input.token_ids) {
+      // Model::Forward has no previous-step references: negative ids are plain errors here.
+      if (id < 0) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " < 0"));
+    }
+    if (absl::Status s = PrepareCache(kv_cache); !s.ok()) return s;
+    return runner_->Step(input);
+  }
+
+  // Checks the KV geometry and (re)allocates the device cache when it changed (only with no
+  // sampled step unread: their fed-back tokens would refer to the old cache's steps).
+  absl::Status PrepareCache(const KvCache& kv_cache) {
     if (kv_cache.block_size() != runner_->options().block_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("KV cache block size ", kv_cache.block_size(), " differs from the CUDA "
                        "runner's ", runner_->options().block_size));
     }
-    for (int32_t id : input.token_ids) {
-      // Model::Forward has no previous-step references: negative ids are plain errors here.
-      if (id < 0) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " < 0"));
+    if (runner_->num_blocks() == kv_cache.num_blocks()) return absl::OkStatus();
+    if (runner_->NumUnreadSteps() > 0) {
+      return absl::FailedPreconditionError("KV cache geometry changed with sampled steps unread");
     }
-    if (runner_->num_blocks() != kv_cache.num_blocks()) {
-      if (absl::Status s = runner_->AllocateKvCache(kv_cache.num_blocks()); !s.ok()) return s;
-    }
-    return runner_->Step(input);
+    return runner_->AllocateKvCache(kv_cache.num_blocks());
   }
 
   std::unique_ptr<CudaRunner> runner_;
+  std::vector<kernels::SamplingRow> greedy_rows_;
 };
 
 }  // namespace

@@ -143,6 +143,19 @@ class CudaRunner {
   // [rows] ids and floats cross to the host. Errors: InvalidArgument when out.size() differs
   // from the last Step's logits count; Internal for CUDA errors.
   absl::Status SampledGreedy(absl::Span<GreedyToken> out);
+  // EnqueueSampledStep enqueues Step(plan) and the sampling of its logits rows on the device,
+  // one kernels::SamplingRow per row (greedy rows keep the step's argmax; rows with a
+  // temperature draw with their `uniform`), then the copy of the tokens and their logprobs
+  // into pinned host memory — and returns without waiting. Token ids -(r + 1) in the next
+  // plan read these tokens on the device. ReadSampledStep waits for the oldest unread such
+  // step and returns its results. At most Model::kMaxUnreadSteps steps may be unread.
+  // Errors: those of Step; InvalidArgument for rows.size() != plan.logits_indices.size() or a
+  // wrong out.size(); FailedPrecondition when too many steps are unread (Enqueue) or none is
+  // (Read).
+  absl::Status EnqueueSampledStep(const ForwardInput& plan,
+                                  absl::Span<const kernels::SamplingRow> rows);
+  absl::Status ReadSampledStep(absl::Span<GreedyToken> out);
+  int NumUnreadSteps() const;
   // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
   absl::Status Synchronize();
 

@@ -181,6 +181,10 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   if (!slp.ok()) return slp.status();
   sampled_logprobs = std::move(*slp);
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(sampled.data(), 0, sampled.bytes()), "cudaMemset");
+  auto rows = DeviceBuffer<kernels::SamplingRow>::Create(static_cast<size_t>(S));
+  if (!rows.ok()) return rows.status();
+  sampling_rows = std::move(*rows);
+  SLUICE_RUNNER_RETURN_IF_ERROR(step_outputs.Init(S));
 
   const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
   auto em = DeviceBuffer<int64_t>::Create(max_layout.bytes / 8);
@@ -587,6 +591,49 @@ absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
   return absl::OkStatus();
 }
 
+absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
+                                            absl::Span<const kernels::SamplingRow> rows) {
+  const int64_t n = static_cast<int64_t>(plan.logits_indices.size());
+  if (static_cast<int64_t>(rows.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueSampledStep: ", rows.size(),
+                                                   " sampling rows for ", n, " logits rows"));
+  }
+  auto slot = step_outputs.Acquire(n);
+  if (!slot.ok()) return slot.status();
+  kernels::SamplingRow* staged = step_outputs.params(*slot);
+  std::copy(rows.begin(), rows.end(), staged);
+  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueStep(plan, /*allow_graph=*/true));
+  if (n > 0) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_outputs.ids(*slot), sampled.data(),
+                                                n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                                stream.get()),
+                                "cudaMemcpyAsync sampled");
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(step_outputs.logprobs(*slot), sampled_logprobs.data(),
+                        n * sizeof(float), cudaMemcpyDeviceToHost, stream.get()),
+        "cudaMemcpyAsync sampled logprobs");
+  }
+  return step_outputs.Commit(*slot, stream.get());
+}
+
+absl::Status RunnerCore::ReadSampledStep(absl::Span<GreedyToken> out) {
+  return step_outputs.ReadOldest(out);
+}
+
+absl::Status RunnerCore::EnqueueRowSampling(const kernels::SamplingRow* staged, int64_t n) {
+  const bool draws = std::any_of(staged, staged + n, [](const kernels::SamplingRow& r) {
+    return r.temperature >= kernels::kGreedyTemperature;
+  });
+  if (!draws) {
+    // The step ended in the device argmax: only the chosen tokens' logprobs are missing.
+    return GreedyLogprobRowsCuda(logits.data(), sampled.data(), n, vocab,
+                                 sampled_logprobs.data(), stream.get());
+  }
+  return absl::UnimplementedError(
+      "device sampling with temperature > 0 is not available in this build");
+}
+
 absl::StatusOr<std::vector<float>> RunnerCore::Logits() {
   RunnerCore& m = *this;
   const size_t n = static_cast<size_t>(m.last.num_logits * m.vocab);
@@ -610,6 +657,7 @@ absl::Status RunnerCore::AllocateKvCache(int64_t blocks) {
   SLUICE_RUNNER_RETURN_IF_ERROR(AllocateCache(blocks));
   num_blocks = blocks;
   prev_num_logits = 0;
+  step_outputs.Clear();  // the stream is idle: nothing unread can refer to the old cache
   return CaptureGraphs();
 }
 
@@ -645,6 +693,14 @@ absl::StatusOr<std::vector<float>> CudaRunner::Logits() { return core_->Logits()
 absl::Status CudaRunner::SampledGreedy(absl::Span<GreedyToken> out) {
   return core_->SampledGreedy(out);
 }
+absl::Status CudaRunner::EnqueueSampledStep(const ForwardInput& plan,
+                                            absl::Span<const kernels::SamplingRow> rows) {
+  return core_->EnqueueSampledStep(plan, rows);
+}
+absl::Status CudaRunner::ReadSampledStep(absl::Span<GreedyToken> out) {
+  return core_->ReadSampledStep(out);
+}
+int CudaRunner::NumUnreadSteps() const { return core_->step_outputs.num_unread(); }
 absl::Status CudaRunner::Synchronize() { return core_->stream.Synchronize(); }
 
 }  // namespace sluice::cuda_runner

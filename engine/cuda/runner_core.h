@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_runner.h"
+#include "engine/cuda/step_output_ring.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
@@ -172,6 +173,10 @@ class RunnerCore {
   absl::StatusOr<std::vector<int32_t>> SampledTokens();
   absl::StatusOr<std::vector<float>> Logits();
   absl::Status SampledGreedy(absl::Span<GreedyToken> out);
+  // Asynchronous sampled steps (CudaRunner::EnqueueSampledStep / ReadSampledStep).
+  absl::Status EnqueueSampledStep(const ForwardInput& plan,
+                                  absl::Span<const kernels::SamplingRow> rows);
+  absl::Status ReadSampledStep(absl::Span<GreedyToken> out);
   // Mark records a profiling event named `name` after the op just enqueued (ProfileStep only).
   void Mark(const char* name);
 
@@ -182,7 +187,8 @@ class RunnerCore {
   std::unique_ptr<kernels::CublasLt> lt;
   DeviceBuffer<bf16> gathered, logits;  // [max_num_seqs, hidden], [max_num_seqs, vocab]
   DeviceBuffer<int32_t> sampled;        // [max_num_seqs]
-  DeviceBuffer<float> sampled_logprobs;  // [max_num_seqs], filled by SampledGreedy only
+  DeviceBuffer<float> sampled_logprobs;  // [max_num_seqs], by SampledGreedy / sampled steps
+  StepOutputRing step_outputs;            // results of unread sampled steps
   int64_t num_blocks = 0;
   StepInfo last;
 
@@ -204,10 +210,16 @@ class RunnerCore {
   // ReserveEagerWorkspace grows the eager attention workspace to what `plan` needs (a
   // synchronization when it grows) and returns the plan's longest query and sequence.
   absl::Status ReserveEagerWorkspace(const ForwardInput& plan, int64_t* max_q, int64_t* max_len);
+  // EnqueueRowSampling overwrites the last step's greedy tokens of the rows whose temperature
+  // asks for a draw (kernels/sampling) and writes every row's logprob; `staged` is the rows'
+  // parameters in pinned memory that stays untouched until the step is read.
+  absl::Status EnqueueRowSampling(const kernels::SamplingRow* staged, int64_t n);
 
   // Metadata: eager steps use `eager_meta`; each graph bucket has its own fixed buffer.
   DeviceBuffer<int64_t> eager_meta;
   DeviceBuffer<uint8_t> eager_ws, graph_ws;
+  DeviceBuffer<kernels::SamplingRow> sampling_rows;  // [max_num_seqs]
+  DeviceBuffer<uint8_t> sampling_ws;
   PinnedBuffer staging[2];
   cudaEvent_t staging_done[2] = {nullptr, nullptr};
   int next_staging = 0;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model_config.h"
+#include "kernels/sampling/sampling.h"
 
 namespace sluice {
 
@@ -158,6 +159,30 @@ class Model {
                                      absl::Span<GreedyToken> out) {
     return absl::UnimplementedError("this model does not support ForwardGreedy");
   }
+  // --- Asynchronous sampled steps (the engine's async scheduling; CUDA models) ---
+  // True when EnqueueSampledStep / ReadSampledStep are implemented.
+  virtual bool SupportsAsyncSteps() const { return false; }
+  // EnqueueSampledStep starts the step `input` and the sampling of its logits rows where the
+  // logits are, one kernels::SamplingRow per row (rows [logits_indices.size()]; temperature 0
+  // = greedy), and returns without waiting for it. A token id t < 0 in input.token_ids stands
+  // for -(t + 1) = row r of the previous enqueued step's sampled tokens, read where they were
+  // sampled (no host round trip). At most kMaxUnreadSteps steps may be unread.
+  // Errors (nothing enqueued): those of Forward; InvalidArgument for rows.size() !=
+  // logits_indices.size() or a row reference beyond the previous step's rows;
+  // FailedPrecondition with kMaxUnreadSteps steps unread; Unimplemented when unsupported.
+  static constexpr int kMaxUnreadSteps = 2;
+  virtual absl::Status EnqueueSampledStep(const ForwardInput& input, KvCache& kv_cache,
+                                          absl::Span<const kernels::SamplingRow> rows) {
+    return absl::UnimplementedError("this model does not support asynchronous steps");
+  }
+  // ReadSampledStep waits for the oldest unread enqueued step and writes its tokens and their
+  // logprobs (log_softmax of the raw logits at the chosen token), one per logits row.
+  // Errors: FailedPrecondition when no step is unread; InvalidArgument when out.size() differs
+  // from that step's rows (the step stays unread); Internal for device errors.
+  virtual absl::Status ReadSampledStep(absl::Span<GreedyToken> out) {
+    return absl::UnimplementedError("this model does not support asynchronous steps");
+  }
+  virtual int NumUnreadSteps() const { return 0; }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
   // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'

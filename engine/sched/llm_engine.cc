@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <random>
 #include <unordered_set>
 #include <utility>
@@ -192,7 +193,7 @@ class LLMEngineImpl final : public LLMEngine {
     seq->AppendToken(token->token_id);
     ++(recompute ? counters_.num_transfers_recomputed : counters_.num_transfers_completed);
     if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
-      std::unique_ptr<Sequence> done = scheduler_.Remove(request_id);
+      std::unique_ptr<Sequence> done = RemoveSequence(request_id);
       pending_outputs_.push_back(FinalOutput(*done, reason, absl::OkStatus()));
       ids_.erase(request_id);
       return absl::OkStatus();
@@ -211,7 +212,7 @@ class LLMEngineImpl final : public LLMEngine {
   }
   bool HasStepWork() const override {
     return scheduler_.num_waiting() > 0 || scheduler_.num_running() > 0 ||
-           !pending_aborts_.empty() || !pending_outputs_.empty();
+           !pending_aborts_.empty() || !pending_outputs_.empty() || !in_flight_.empty();
   }
   int64_t num_held_blocks() const override { return num_held_blocks_; }
   int64_t num_reserved() const override { return scheduler_.num_reserved(); }
@@ -221,7 +222,7 @@ class LLMEngineImpl final : public LLMEngine {
     std::vector<RequestOutput> outputs;
     outputs.swap(pending_outputs_);
     for (const std::string& id : pending_aborts_) {
-      if (std::unique_ptr<Sequence> seq = scheduler_.Remove(id)) {
+      if (std::unique_ptr<Sequence> seq = RemoveSequence(id)) {
         if (reservations_.erase(id) > 0) ++counters_.num_transfers_failed;
         outputs.push_back(FinalOutput(*seq, FinishReason::kAbort, absl::OkStatus()));
         ids_.erase(id);
@@ -233,79 +234,36 @@ class LLMEngineImpl final : public LLMEngine {
 
     SchedulerOutput plan = scheduler_.Schedule();
     counters_.num_preemptions += plan.num_preempted;
-    if (plan.scheduled.empty()) return outputs;
-    ++counters_.num_steps;
-
-    BuildForwardInput(plan);
-    const int64_t vocab = model_->config().vocab_size;
-    const bool device_greedy = DeviceGreedyStep(plan);
-    absl::Status status;
-    if (device_greedy) {
-      greedy_.resize(input_.logits_indices.size());
-      status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
-    } else {
-      logits_.resize(input_.logits_indices.size() * vocab);
-      status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    if (!in_flight_.empty()) {
+      // Async scheduling: this plan was built while the step in flight runs, its sampled
+      // tokens standing in as placeholders. Enqueue it behind that step, then read that step.
+      if (!plan.scheduled.empty() && AsyncPlan(plan)) {
+        std::vector<std::string> ids = PlanIds(plan);
+        const absl::Status enqueued = EnqueuePlan(plan);
+        FinishInFlight(outputs);
+        if (!enqueued.ok()) {
+          FailRequests(ids, enqueued, outputs);
+        } else {
+          AppendPlaceholders();
+        }
+        return outputs;
+      }
+      // Not pipelined (host sampling needed, or nothing to run): the step in flight completes
+      // first, so this plan sees real tokens; sequences it finished leave the plan.
+      FinishInFlight(outputs);
+      DropRemoved(plan);
     }
-    if (!status.ok()) {
-      // A failed step fails the requests in it; the others go on.
-      for (const ScheduledSequence& s : plan.scheduled) {
-        const std::string id = s.seq->request.request_id;
-        std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
-        outputs.push_back(FinalOutput(*seq, FinishReason::kError, status));
-        ids_.erase(id);
+    if (plan.scheduled.empty()) return outputs;
+    if (AsyncPlan(plan)) {
+      std::vector<std::string> ids = PlanIds(plan);
+      if (absl::Status s = EnqueuePlan(plan); !s.ok()) {
+        FailRequests(ids, s, outputs);
+      } else {
+        AppendPlaceholders();
       }
       return outputs;
     }
-
-    size_t logits_row = 0;
-    std::vector<std::string> finished;
-    for (const ScheduledSequence& s : plan.scheduled) {
-      Sequence& seq = *s.seq;
-      const bool samples = s.samples();
-      const int32_t before = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());
-      seq.num_computed_tokens += s.num_new_tokens;
-      counters_.num_prompt_tokens_computed +=
-          std::min(seq.num_computed_tokens, seq.num_prompt_tokens()) - before;
-      scheduler_.CommitBlocks(seq);
-      WriteThrough(seq);
-      if (!samples) continue;
-      SampledToken token;
-      if (device_greedy) {
-        token.token_id = greedy_[logits_row].token_id;
-        token.logprob = greedy_[logits_row].logprob;
-      } else {
-        token = Sample(seq, absl::Span<float>(logits_.data() + logits_row * vocab, vocab));
-      }
-      ++logits_row;
-      seq.AppendToken(token.token_id);
-      ++counters_.num_generation_tokens;
-
-      RequestOutput out;
-      out.request_id = seq.request.request_id;
-      out.new_tokens.push_back(std::move(token));
-      out.num_prompt_tokens = seq.num_prompt_tokens();
-      out.num_cached_tokens = seq.num_cached_tokens;
-      out.num_output_tokens = seq.num_output_tokens();
-      out.finish_reason = CheckFinished(seq);
-      if (out.finish_reason == FinishReason::kNone && seq.request.hold_kv_blocks) {
-        // Prefill mode: stop after the first token, keep the prompt's blocks pinned.
-        out.kv_held = true;
-        out.held_block_ids = seq.block_table;
-      }
-      if (out.finished()) finished.push_back(out.request_id);
-      outputs.push_back(std::move(out));
-    }
-    for (const std::string& id : finished) {
-      if (scheduler_.Find(id)->request.hold_kv_blocks && IsHeldOutput(outputs, id)) {
-        std::unique_ptr<Sequence> seq = scheduler_.Detach(id);
-        num_held_blocks_ += static_cast<int64_t>(seq->block_table.size());
-        held_[id] = Held{std::move(seq->block_table), Now() + Ms(options_.kv_hold_timeout_ms)};
-      } else {
-        scheduler_.Remove(id);
-      }
-      ids_.erase(id);
-    }
+    RunPlan(plan, outputs);
     return outputs;
   }
 
@@ -339,6 +297,236 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
+  // RunPlan runs `plan` synchronously: forward, sampling (on the device for plain greedy
+  // rows, else on the host over the logits), outputs.
+  void RunPlan(const SchedulerOutput& plan, std::vector<RequestOutput>& outputs) {
+    ++counters_.num_steps;
+    BuildForwardInput(plan);
+    const int64_t vocab = model_->config().vocab_size;
+    const bool device_greedy = DeviceGreedyStep(plan);
+    absl::Status status;
+    if (device_greedy) {
+      greedy_.resize(input_.logits_indices.size());
+      status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
+    } else {
+      logits_.resize(input_.logits_indices.size() * vocab);
+      status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    }
+    if (!status.ok()) {
+      // A failed step fails the requests in it; the others go on.
+      FailRequests(PlanIds(plan), status, outputs);
+      return;
+    }
+
+    size_t logits_row = 0;
+    std::vector<std::string> finished;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      Sequence& seq = *s.seq;
+      const bool samples = s.samples();
+      AdvanceComputed(seq, s.num_new_tokens);
+      scheduler_.CommitBlocks(seq);
+      WriteThrough(seq);
+      if (!samples) continue;
+      SampledToken token;
+      if (device_greedy) {
+        token.token_id = greedy_[logits_row].token_id;
+        token.logprob = greedy_[logits_row].logprob;
+      } else {
+        token = Sample(seq, absl::Span<float>(logits_.data() + logits_row * vocab, vocab));
+      }
+      ++logits_row;
+      seq.AppendToken(token.token_id);
+      EmitToken(seq, std::move(token), outputs, finished);
+    }
+    RemoveFinished(finished, outputs);
+  }
+
+  // AdvanceComputed counts `n` more computed tokens of seq (and the prompt tokens among them).
+  void AdvanceComputed(Sequence& seq, int32_t n) {
+    const int32_t before = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());
+    seq.num_computed_tokens += n;
+    counters_.num_prompt_tokens_computed +=
+        std::min(seq.num_computed_tokens, seq.num_prompt_tokens()) - before;
+  }
+
+  // EmitToken reports seq's newest token (already appended) and notes a finished request.
+  void EmitToken(Sequence& seq, SampledToken token, std::vector<RequestOutput>& outputs,
+                 std::vector<std::string>& finished) {
+    ++counters_.num_generation_tokens;
+    RequestOutput out;
+    out.request_id = seq.request.request_id;
+    out.new_tokens.push_back(std::move(token));
+    out.num_prompt_tokens = seq.num_prompt_tokens();
+    out.num_cached_tokens = seq.num_cached_tokens;
+    out.num_output_tokens = seq.num_output_tokens();
+    out.finish_reason = CheckFinished(seq);
+    if (out.finish_reason == FinishReason::kNone && seq.request.hold_kv_blocks) {
+      // Prefill mode: stop after the first token, keep the prompt's blocks pinned.
+      out.kv_held = true;
+      out.held_block_ids = seq.block_table;
+    }
+    if (out.finished()) finished.push_back(out.request_id);
+    outputs.push_back(std::move(out));
+  }
+
+  void RemoveFinished(const std::vector<std::string>& finished,
+                      const std::vector<RequestOutput>& outputs) {
+    for (const std::string& id : finished) {
+      if (scheduler_.Find(id)->request.hold_kv_blocks && IsHeldOutput(outputs, id)) {
+        std::unique_ptr<Sequence> seq = scheduler_.Detach(id);
+        num_held_blocks_ += static_cast<int64_t>(seq->block_table.size());
+        held_[id] = Held{std::move(seq->block_table), Now() + Ms(options_.kv_hold_timeout_ms)};
+      } else {
+        RemoveSequence(id);
+      }
+      ids_.erase(id);
+    }
+  }
+
+  static std::vector<std::string> PlanIds(const SchedulerOutput& plan) {
+    std::vector<std::string> ids;
+    ids.reserve(plan.scheduled.size());
+    for (const ScheduledSequence& s : plan.scheduled) ids.push_back(s.seq->request.request_id);
+    return ids;
+  }
+
+  // FailRequests finishes the listed requests that still exist with kError and `status`.
+  void FailRequests(const std::vector<std::string>& ids, const absl::Status& status,
+                    std::vector<RequestOutput>& outputs) {
+    for (const std::string& id : ids) {
+      std::unique_ptr<Sequence> seq = RemoveSequence(id);
+      if (seq == nullptr) continue;
+      outputs.push_back(FinalOutput(*seq, FinishReason::kError, status));
+      ids_.erase(id);
+    }
+  }
+
+  // RemoveSequence is scheduler_.Remove that also forgets the sequence in steps in flight.
+  std::unique_ptr<Sequence> RemoveSequence(const std::string& id) {
+    std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
+    if (seq != nullptr && !in_flight_.empty()) {
+      removed_.push_back(seq.get());
+      for (InFlightStep& step : in_flight_) {
+        for (InFlightRow& row : step.rows) {
+          if (row.seq == seq.get()) row.seq = nullptr;
+        }
+      }
+    }
+    return seq;
+  }
+
+  // ---- Async scheduling (EngineOptions::async_scheduling) ----
+  // A step is enqueued with its sampling on the device (Model::EnqueueSampledStep) and read
+  // back one Step() later: meanwhile the next step is scheduled with each sampled token as a
+  // placeholder -(r + 1), which the model resolves on the device. Sequences the read shows
+  // finished (EOS, stop ids) computed one token in the next step for nothing; that row is
+  // dropped. Sequences whose length ends them are marked finish_pending and not scheduled.
+
+  struct InFlightRow {
+    Sequence* seq = nullptr;  // null once the sequence was removed
+    bool samples = false;
+  };
+  struct InFlightStep {
+    std::vector<InFlightRow> rows;  // plan order
+    int32_t num_sampled = 0;
+  };
+
+  // AsyncPlan: the plan may run as an asynchronous step — the model supports it, async
+  // scheduling is on, and every sampling row can be sampled on the device.
+  bool AsyncPlan(const SchedulerOutput& plan) {
+    if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
+        options_.kv_connector != nullptr) {
+      return false;
+    }
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.seq->request.hold_kv_blocks) return false;
+      if (s.samples() && !IsPlainGreedy(s.seq->request.sampling, Context(*s.seq))) return false;
+    }
+    return true;
+  }
+
+  // EnqueuePlan enqueues `plan` as an asynchronous step and advances its sequences' computed
+  // tokens; block commits wait until the step's tokens are read (FinishInFlight).
+  absl::Status EnqueuePlan(const SchedulerOutput& plan) {
+    BuildForwardInput(plan);
+    sampling_rows_.assign(input_.logits_indices.size(), kernels::SamplingRow{});
+    InFlightStep step;
+    step.rows.reserve(plan.scheduled.size());
+    for (const ScheduledSequence& s : plan.scheduled) {
+      const bool samples = s.samples();
+      step.rows.push_back(InFlightRow{s.seq, samples});
+      step.num_sampled += samples ? 1 : 0;
+    }
+    if (absl::Status st = model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
+        !st.ok()) {
+      return st;
+    }
+    ++counters_.num_steps;
+    for (const ScheduledSequence& s : plan.scheduled) AdvanceComputed(*s.seq, s.num_new_tokens);
+    in_flight_.push_back(std::move(step));
+    return absl::OkStatus();
+  }
+
+  // AppendPlaceholders appends the newest step's sampled tokens as placeholders, so the next
+  // Schedule() plans their decode, and marks sequences that token ends by length.
+  void AppendPlaceholders() {
+    int32_t r = 0;
+    for (InFlightRow& row : in_flight_.back().rows) {
+      if (!row.samples) continue;
+      const int32_t placeholder = -(r++ + 1);
+      if (row.seq == nullptr) continue;
+      row.seq->AppendToken(placeholder);
+      // The placeholder matches no stop id: only a length finish is reported here.
+      if (CheckFinished(*row.seq) != FinishReason::kNone) row.seq->finish_pending = true;
+    }
+  }
+
+  // FinishInFlight reads the oldest step in flight: its placeholders become the sampled tokens,
+  // blocks it completed are committed, outputs emitted, finished sequences removed.
+  void FinishInFlight(std::vector<RequestOutput>& outputs) {
+    InFlightStep step = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    greedy_.resize(step.num_sampled);
+    const absl::Status read = model_->ReadSampledStep(absl::MakeSpan(greedy_));
+    removed_.clear();
+    std::vector<std::string> finished;
+    std::vector<std::string> failed;
+    size_t r = 0;
+    for (const InFlightRow& row : step.rows) {
+      const size_t token_row = row.samples ? r++ : 0;
+      if (row.seq == nullptr) continue;
+      Sequence& seq = *row.seq;
+      if (!read.ok()) {
+        failed.push_back(seq.request.request_id);
+        continue;
+      }
+      if (row.samples) {
+        const int32_t id = greedy_[token_row].token_id;
+        // The placeholder is the newest token unless the sequence was preempted meanwhile
+        // (then it is still the newest: preemption keeps tokens).
+        seq.token_ids.back() = id;
+        seq.output_token_ids.back() = id;
+        seq.finish_pending = false;
+      }
+      scheduler_.CommitBlocks(seq);
+      if (!row.samples) continue;
+      SampledToken token;
+      token.token_id = greedy_[token_row].token_id;
+      token.logprob = greedy_[token_row].logprob;
+      EmitToken(seq, std::move(token), outputs, finished);
+    }
+    RemoveFinished(finished, outputs);
+    if (!read.ok()) FailRequests(failed, read, outputs);
+  }
+
+  // DropRemoved takes sequences removed since FinishInFlight began out of `plan`.
+  void DropRemoved(SchedulerOutput& plan) {
+    if (removed_.empty()) return;
+    std::erase_if(plan.scheduled, [&](const ScheduledSequence& s) {
+      return std::find(removed_.begin(), removed_.end(), s.seq) != removed_.end();
+    });
+  }
+
   // RebuildSlidingKv: SWA bounded replay (engine/kv/swa_replay.h) of seq's first `num_tokens`
   // tokens, whose full-attention K/V arrived from outside (a transfer, the kvstore): the sliding
   // layers' K/V of the last `replay_tokens` of them are recomputed over that exact K/V.
@@ -612,7 +800,10 @@ class LLMEngineImpl final : public LLMEngine {
   int64_t num_held_blocks_ = 0;
   ForwardInput input_;
   std::vector<float> logits_;
-  std::vector<GreedyToken> greedy_;  // [logits rows] of a DeviceGreedyStep
+  std::vector<GreedyToken> greedy_;  // [logits rows] of a DeviceGreedyStep / read step
+  std::vector<kernels::SamplingRow> sampling_rows_;  // scratch: EnqueuePlan
+  std::deque<InFlightStep> in_flight_;  // async steps enqueued and not yet read, oldest first
+  std::vector<const Sequence*> removed_;  // sequences removed during FinishInFlight
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> load_blocks_;  // scratch
   std::vector<int32_t> sliding_starts_;  // scratch: ForwardInput::sliding_kv_start

@@ -64,6 +64,15 @@ struct EngineOptions {
   // blocks then stay out of the local prefix cache. Treated as 0 for models without sliding
   // layers or whose Forward cannot replay (EffectiveSwaReplayTokens).
   int64_t swa_replay_tokens = 0;
+  // Async scheduling (models with Model::SupportsAsyncSteps, i.e. the CUDA runners): a step
+  // whose rows can all be sampled on the device is enqueued and its tokens read back one
+  // Step() later, while the next step is scheduled and enqueued behind it with the sampled
+  // tokens fed back on the device — the GPU does not wait for the host between steps. Outputs
+  // then arrive one Step() after the step that sampled them, and a sequence that stops on a
+  // sampled EOS/stop id computes one extra token that is dropped. Steps that need host
+  // sampling (penalties, top logprobs, ...) run synchronously. Ignored without the model's
+  // support or with a kv_connector.
+  bool async_scheduling = true;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.

@@ -209,7 +209,7 @@ SchedulerOutput Scheduler::Schedule() {
   while (i < running_.size() && budget > 0) {
     Sequence& seq = *running_[i];
     const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
-    if (n <= 0) {
+    if (n <= 0 || seq.finish_pending) {
       ++i;
       continue;
     }

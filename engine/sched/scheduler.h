@@ -2,7 +2,8 @@
 //
 // Policy (vLLM v1-style, one token budget for prefill and decode):
 //  1. Running sequences first, in admission order: each gets all its uncomputed tokens (1 for a
-//     decode, the rest of the prompt for a partly prefilled one) up to the remaining budget.
+//     decode, the rest of the prompt for a partly prefilled one) up to the remaining budget;
+//     those marked finish_pending (their end is known, async scheduling) get none.
 //     When the KV blocks they need are not free, the most recently admitted running sequence
 //     is preempted (blocks freed, recomputed from scratch later) until they fit.
 //  2. Waiting sequences in FIFO order (preempted ones go first) while budget, blocks and the

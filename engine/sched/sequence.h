@@ -40,6 +40,11 @@ struct Sequence {
   // none (also after a preemption: the recompute is local and complete).
   int32_t sliding_kv_start = 0;
 
+  // Async scheduling (LLMEngine): the token a step in flight samples is appended as a
+  // placeholder -(r + 1) (row r of that step) until its value is read back; when that token
+  // ends the sequence by length whatever its value, the sequence is not scheduled again.
+  bool finish_pending = false;
+
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_prompt_tokens() const {
     return static_cast<int32_t>(request.prompt_token_ids.size());

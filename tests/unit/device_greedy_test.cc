@@ -14,89 +14,10 @@
 #include "engine/model/model.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/llm_engine.h"
+#include "tests/unit/ranked_model.h"
 
 namespace sluice {
 namespace {
-
-// RankedModel: logits over kVocab ids that depend on the context's token ids read back from
-// the paged KV cache (k(0): one float per token, the id) and the position: many ties (values
-// (h·7 + v·13) mod 11 · 0.5, so ties resolve to the lowest id), and EOS on top at every fourth
-// hash so min_tokens suppression changes the host's choice. ForwardGreedy is an independent
-// argmax + double log-sum-exp over those logits; the calls of each path are counted.
-class RankedModel final : public Model {
- public:
-  static constexpr int64_t kVocab = 64;
-  static constexpr int32_t kEos = 1;
-
-  explicit RankedModel(bool device_greedy) : device_greedy_(device_greedy) {
-    config_.vocab_size = kVocab;
-    config_.max_position_embeddings = 256;
-    config_.eos_token_ids = {kEos};
-  }
-  const ModelConfig& config() const override { return config_; }
-  KvCacheSpec kv_cache_spec() const override { return {1, 1, 0}; }
-  int64_t WeightBytesPerToken() const override { return 0; }
-
-  absl::Status Forward(const ForwardInput& in, KvCache& kv, absl::Span<float> logits) override {
-    if (!in.logits_indices.empty()) ++full_steps_;
-    return Compute(in, kv, logits);
-  }
-  bool SupportsDeviceGreedy() const override { return device_greedy_; }
-  absl::Status ForwardGreedy(const ForwardInput& in, KvCache& kv,
-                             absl::Span<GreedyToken> out) override {
-    if (!device_greedy_) return absl::UnimplementedError("off");
-    if (out.size() != in.logits_indices.size()) return absl::InvalidArgumentError("out size");
-    ++greedy_steps_;
-    std::vector<float> logits(in.logits_indices.size() * kVocab);
-    if (absl::Status s = Compute(in, kv, absl::MakeSpan(logits)); !s.ok()) return s;
-    for (size_t r = 0; r < out.size(); ++r) {
-      const float* row = logits.data() + r * kVocab;
-      int32_t best = 0;
-      for (int32_t v = 1; v < kVocab; ++v) {
-        if (row[v] > row[best]) best = v;
-      }
-      double sum = 0.0;
-      for (int32_t v = 0; v < kVocab; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
-      out[r] = GreedyToken{best, static_cast<float>(-std::log(sum))};
-    }
-    return absl::OkStatus();
-  }
-  int full_steps() const { return full_steps_; }
-  int greedy_steps() const { return greedy_steps_; }
-
- private:
-  absl::Status Compute(const ForwardInput& in, KvCache& kv, absl::Span<float> logits) {
-    const int64_t bs = kv.block_size();
-    for (size_t t = 0; t < in.token_ids.size(); ++t) {
-      if (in.token_ids[t] < 0 || in.token_ids[t] >= kVocab) {
-        return absl::InvalidArgumentError("token out of range");
-      }
-      kv.k(0)[in.slot_mapping[t]] = static_cast<float>(in.token_ids[t]);
-    }
-    for (size_t r = 0; r < in.logits_indices.size(); ++r) {
-      const int32_t index = in.logits_indices[r];
-      const SequenceSlice* seq = nullptr;
-      for (const SequenceSlice& s : in.sequences) {
-        if (index >= s.query_start && index < s.query_start + s.num_query_tokens) seq = &s;
-      }
-      if (seq == nullptr) return absl::InternalError("logits index outside every sequence");
-      const int32_t pos = in.positions[index];
-      int64_t h = pos;
-      for (int32_t p = 0; p <= pos; ++p) {
-        h += 31 * static_cast<int64_t>(kv.k(0)[seq->block_table[p / bs] * bs + p % bs]);
-      }
-      float* row = logits.data() + r * kVocab;
-      for (int64_t v = 0; v < kVocab; ++v) row[v] = static_cast<float>((h * 7 + v * 13) % 11) * 0.5f;
-      if (h % 4 == 0) row[kEos] = 6.0f;
-    }
-    return absl::OkStatus();
-  }
-
-  ModelConfig config_;
-  bool device_greedy_;
-  int full_steps_ = 0;
-  int greedy_steps_ = 0;
-};
 
 EngineRequest Request(const std::string& id, int salt, int max_tokens) {
   EngineRequest r;

@@ -1,0 +1,248 @@
+// LLMEngine's async scheduling (EngineOptions::async_scheduling, issue 5): with a model that
+// supports asynchronous sampled steps, step N+1 is scheduled and enqueued before step N's
+// tokens are read, its inputs referring to them as placeholders -(r + 1). Whatever the
+// pipelining, every request's tokens, logprobs, finish reasons and cached-token counts must
+// equal those of the synchronous engine on the same model; blocks must all come back.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/status/status.h"
+#include "engine/model/model.h"
+#include "engine/sched/llm_engine.h"
+#include "tests/unit/ranked_model.h"
+
+namespace sluice {
+namespace {
+
+EngineRequest Request(const std::string& id, int salt, int max_tokens, int prompt_len = 9) {
+  EngineRequest r;
+  r.request_id = id;
+  for (int i = 0; i < prompt_len; ++i) r.prompt_token_ids.push_back(2 + (i * 5 + salt * 11) % 60);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.logprobs = 0;
+  return r;
+}
+
+struct Arrival {
+  int step = 0;  // Step() calls made before it is added
+  EngineRequest request;
+};
+
+struct GenRun {
+  std::map<std::string, std::vector<SampledToken>> tokens;
+  std::map<std::string, FinishReason> finish;
+  std::map<std::string, int32_t> cached;  // num_cached_tokens of the last output
+  int async_steps = 0, max_unread = 0, fed_back = 0, full_steps = 0, greedy_steps = 0;
+  int64_t preemptions = 0;
+  bool blocks_back = false;
+};
+
+struct EngineSetup {
+  int64_t num_kv_blocks = 256;
+  int32_t max_num_batched_tokens = 512;
+  bool prefix_caching = true;
+  int32_t max_model_len = 0;
+  // Step() call -> request to abort before it.
+  std::map<int, std::string> aborts;
+};
+
+GenRun Generate(bool async, const std::vector<Arrival>& arrivals, const EngineSetup& setup = {}) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = setup.num_kv_blocks;
+  options.max_num_batched_tokens = setup.max_num_batched_tokens;
+  options.enable_prefix_caching = setup.prefix_caching;
+  options.async_scheduling = async;
+  options.max_model_len = setup.max_model_len;
+  auto model = std::make_unique<RankedModel>(/*device_greedy=*/true, /*async=*/true);
+  RankedModel* m = model.get();
+  auto created = LLMEngine::Create(std::move(model), options);
+  EXPECT_TRUE(created.ok()) << created.status();
+  GenRun run;
+  if (!created.ok()) return run;
+  LLMEngine& engine = **created;
+  size_t next = 0;
+  for (int step = 0; step < 2000; ++step) {
+    while (next < arrivals.size() && arrivals[next].step <= step) {
+      EXPECT_TRUE(engine.AddRequest(arrivals[next].request).ok());
+      ++next;
+    }
+    if (auto it = setup.aborts.find(step); it != setup.aborts.end()) engine.AbortRequest(it->second);
+    if (next == arrivals.size() && !engine.HasUnfinishedRequests() && !engine.HasStepWork()) {
+      break;
+    }
+    for (RequestOutput& out : engine.Step()) {
+      EXPECT_TRUE(out.status.ok()) << out.request_id << ": " << out.status;
+      for (SampledToken& t : out.new_tokens) run.tokens[out.request_id].push_back(std::move(t));
+      run.cached[out.request_id] = out.num_cached_tokens;
+      if (out.finished()) run.finish[out.request_id] = out.finish_reason;
+    }
+  }
+  EXPECT_FALSE(engine.HasUnfinishedRequests());
+  EXPECT_FALSE(engine.HasStepWork());
+  run.async_steps = m->async_steps();
+  run.max_unread = m->max_unread();
+  run.fed_back = m->fed_back_tokens();
+  run.full_steps = m->full_steps();
+  run.greedy_steps = m->greedy_steps();
+  run.preemptions = engine.counters().num_preemptions;
+  run.blocks_back = engine.num_free_blocks() == engine.num_total_blocks();
+  return run;
+}
+
+void ExpectSame(const GenRun& sync, const GenRun& async) {
+  ASSERT_EQ(sync.tokens.size(), async.tokens.size());
+  for (const auto& [id, want] : sync.tokens) {
+    ASSERT_TRUE(async.tokens.contains(id)) << id;
+    const std::vector<SampledToken>& got = async.tokens.at(id);
+    ASSERT_EQ(got.size(), want.size()) << id;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].token_id, want[i].token_id) << id << " token " << i;
+      EXPECT_EQ(got[i].logprob, want[i].logprob) << id << " token " << i;
+    }
+  }
+  EXPECT_EQ(sync.finish, async.finish);
+  EXPECT_EQ(sync.cached, async.cached);
+  EXPECT_TRUE(sync.blocks_back);
+  EXPECT_TRUE(async.blocks_back);
+}
+
+std::vector<Arrival> Staggered(int n, int max_tokens_base) {
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < n; ++i) {
+    EngineRequest r =
+        Request("r" + std::to_string(i), i, max_tokens_base + (i * 7) % 13, 5 + (i * 3) % 11);
+    r.sampling.ignore_eos = i % 2 == 0;  // the fake's EOS is frequent: keep half running
+    arrivals.push_back({i / 3, r});
+  }
+  return arrivals;
+}
+
+TEST(AsyncSchedulingTest, PipelinedStepsEqualSynchronousSteps) {
+  const std::vector<Arrival> arrivals = Staggered(12, 6);
+  const GenRun sync = Generate(false, arrivals);
+  const GenRun async = Generate(true, arrivals);
+  ExpectSame(sync, async);
+  // The synchronous engine never enqueues a step before reading the previous one.
+  EXPECT_EQ(sync.async_steps, 0);
+  EXPECT_GT(sync.greedy_steps, 0);
+  // The async one does, feeding sampled tokens back without the host.
+  EXPECT_EQ(async.full_steps + async.greedy_steps, 0);
+  EXPECT_GE(async.async_steps, sync.greedy_steps);
+  EXPECT_EQ(async.max_unread, Model::kMaxUnreadSteps);
+  EXPECT_GT(async.fed_back, 50);
+  // The fake's EOS really ends some requests early (their pipelined extra token is dropped).
+  int stopped = 0;
+  for (const auto& [id, reason] : sync.finish) stopped += reason == FinishReason::kStop ? 1 : 0;
+  EXPECT_GT(stopped, 0);
+  EXPECT_LT(stopped, 12);
+}
+
+TEST(AsyncSchedulingTest, PreemptionUnderTightKvCache) {
+  // 24 blocks of 4 tokens: 12 requests of up to ~35 tokens cannot all stay resident.
+  EngineSetup setup;
+  setup.num_kv_blocks = 24;
+  setup.max_num_batched_tokens = 16;  // chunked prefills interleave with decodes
+  setup.max_model_len = 64;
+  std::vector<Arrival> arrivals;
+  for (int i = 0; i < 12; ++i) {
+    EngineRequest r = Request("p" + std::to_string(i), i, 14 + i % 5, 8 + i % 9);
+    r.sampling.ignore_eos = true;
+    arrivals.push_back({0, r});
+  }
+  const GenRun sync = Generate(false, arrivals, setup);
+  const GenRun async = Generate(true, arrivals, setup);
+  ExpectSame(sync, async);
+  EXPECT_GT(sync.preemptions, 0);
+  EXPECT_GT(async.preemptions, 0);
+  EXPECT_GT(async.fed_back, 0);
+}
+
+TEST(AsyncSchedulingTest, HostSamplingRequestRunsSynchronouslyBesideOthers) {
+  std::vector<Arrival> arrivals = Staggered(6, 8);
+  EngineRequest penalized = Request("pen", 40, 9);
+  penalized.sampling.presence_penalty = 0.7f;
+  penalized.sampling.ignore_eos = true;
+  arrivals.push_back({4, penalized});
+  const GenRun sync = Generate(false, arrivals);
+  const GenRun async = Generate(true, arrivals);
+  ExpectSame(sync, async);
+  // The steps the penalized request samples in ran on the host; the rest were pipelined.
+  EXPECT_EQ(async.full_steps, 9);
+  EXPECT_GT(async.async_steps, 0);
+  EXPECT_EQ(async.tokens.at("pen").size(), 9u);
+}
+
+TEST(AsyncSchedulingTest, AbortWhileInFlightLeavesOthersAndFreesBlocks) {
+  EngineSetup setup;
+  setup.aborts = {{3, "r1"}, {6, "r4"}, {7, "r5"}};
+  std::vector<Arrival> arrivals = Staggered(8, 20);
+  for (Arrival& a : arrivals) a.request.sampling.ignore_eos = true;
+  const GenRun sync = Generate(false, arrivals, setup);
+  const GenRun async = Generate(true, arrivals, setup);
+  for (const char* id : {"r1", "r4", "r5"}) {
+    EXPECT_EQ(async.finish.at(id), FinishReason::kAbort) << id;
+    EXPECT_EQ(sync.finish.at(id), FinishReason::kAbort) << id;
+  }
+  // The others are untouched by the aborts and equal the synchronous run.
+  for (const char* id : {"r0", "r2", "r3", "r6", "r7"}) {
+    ASSERT_TRUE(async.tokens.contains(id));
+    ASSERT_EQ(async.tokens.at(id).size(), sync.tokens.at(id).size()) << id;
+    for (size_t i = 0; i < sync.tokens.at(id).size(); ++i) {
+      EXPECT_EQ(async.tokens.at(id)[i].token_id, sync.tokens.at(id)[i].token_id) << id << i;
+    }
+    EXPECT_EQ(async.finish.at(id), FinishReason::kLength) << id;
+  }
+  EXPECT_TRUE(async.blocks_back);
+}
+
+// Blocks committed to the prefix cache after pipelined steps hold the real tokens, never a
+// placeholder: a later request whose prompt is an earlier request's prompt + output hits the
+// cache exactly as in the synchronous engine.
+TEST(AsyncSchedulingTest, PrefixCacheSeesRealTokens) {
+  EngineRequest first = Request("first", 3, 23, 13);
+  first.sampling.ignore_eos = true;  // 23 outputs: most full blocks hold generated tokens
+  const GenRun sync0 = Generate(false, {{0, first}});
+  ASSERT_TRUE(sync0.tokens.contains("first"));
+  EngineRequest second = Request("second", 0, 6);
+  second.prompt_token_ids = first.prompt_token_ids;
+  for (const SampledToken& t : sync0.tokens.at("first")) {
+    second.prompt_token_ids.push_back(t.token_id);
+  }
+  second.prompt_token_ids.push_back(7);
+  // "second" arrives after "first" finished (first ends within 24 steps).
+  const std::vector<Arrival> arrivals = {{0, first}, {40, second}};
+  const GenRun sync = Generate(false, arrivals);
+  const GenRun async = Generate(true, arrivals);
+  ExpectSame(sync, async);
+  const int full_blocks = static_cast<int>(second.prompt_token_ids.size() - 1) / 4;
+  EXPECT_EQ(full_blocks, 9);
+  EXPECT_GE(sync.cached.at("second"), 4 * (full_blocks - 1));
+  EXPECT_EQ(async.cached.at("second"), sync.cached.at("second"));
+}
+
+TEST(AsyncSchedulingTest, OffWithoutModelSupport) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 64;
+  auto model = std::make_unique<RankedModel>(/*device_greedy=*/true, /*async=*/false);
+  RankedModel* m = model.get();
+  auto engine = LLMEngine::Create(std::move(model), options);
+  ASSERT_TRUE(engine.ok());
+  ASSERT_TRUE((*engine)->AddRequest(Request("a", 1, 5)).ok());
+  int tokens = 0;
+  for (int i = 0; i < 50 && (*engine)->HasUnfinishedRequests(); ++i) {
+    for (const RequestOutput& out : (*engine)->Step()) tokens += out.new_tokens.size();
+  }
+  EXPECT_GT(tokens, 0);
+  EXPECT_EQ(m->async_steps(), 0);
+  EXPECT_GT(m->greedy_steps(), 0);
+}
+
+}  // namespace
+}  // namespace sluice
