@@ -1,0 +1,324 @@
+// SampleRowsCuda (sampling_cuda.h): one CTA per row.
+//
+// Every ordering question is answered by a radix select over 64-bit composite keys that are
+// unique per token, so there are no ties to resolve and no sort:
+//  - rank order (x descending, lower id first): comp = orderedbits(x) << idbits | (idmask - id);
+//  - ascending-id order (the draw without top_k/top_p): comp = idmask - id.
+// A select finds the member c* with M(comp > c*) < G <= M(comp >= c*), where M sums a metric
+// (1 for top_k; the probability in 40-bit fixed point for top_p and the draw) and G is derived
+// from the members' total: top_k → k, top_p → ceil(top_p · total), draw → floor(u · total) + 1
+// (the first member whose cumulative mass exceeds u · total). Each pass histograms one 8-bit
+// digit of the members still matching the chosen prefix (integer shared-memory atomics: exact
+// and order-independent, hence deterministic) and one warp picks the digit. The kept sets are
+// then "comp >= c*" bounds for the next select, so nothing is compacted or stored.
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/sampling/sampling_cuda.h"
+
+namespace sluice::kernels {
+namespace {
+
+using u64 = unsigned long long;  // the type of CUDA's 64-bit atomicAdd / shuffles
+
+constexpr int kThreads = 512;
+constexpr int kDigitBits = 8;
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kBinsPerLane = kBins / 32;
+constexpr float kFixedOne = 0x1p40f;  // probability 1 in fixed point (see kSampleRowsCudaMaxVocab)
+
+// Per-row constants of the sampled path.
+struct RowCtx {
+  const bf16* row;
+  int64_t vocab;
+  bool vec;
+  bool scale;          // temperature != 1
+  float temperature;
+  bool use_min_p;
+  double log_min_p;
+  float max_scaled;    // max over x (finite)
+  int idbits;
+  uint32_t idmask;
+};
+
+// Calls f(id, raw logit) for every id of the row, 8 at a time where aligned.
+template <typename F>
+__device__ __forceinline__ void ForEachLogit(const bf16* row, int64_t vocab, bool vec, F&& f) {
+  int64_t scalar_begin = 0;
+  if (vec) {
+    const auto* row8 = reinterpret_cast<const cuda_detail::Bf16x8*>(row);
+    const int64_t n8 = vocab / 8;
+    for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
+      float v[8];
+      cuda_detail::ToFloat8(row8[c], v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f(static_cast<uint32_t>(c * 8 + e), v[e]);
+    }
+    scalar_begin = n8 * 8;
+  }
+  for (int64_t j = scalar_begin + threadIdx.x; j < vocab; j += blockDim.x) {
+    f(static_cast<uint32_t>(j), __bfloat162float(row[j]));
+  }
+}
+
+// x = raw / T exactly as the CPU's float division (round-to-nearest whatever the flags), with
+// -0 folded into +0 so that equal values get equal keys (the CPU compares them equal).
+__device__ __forceinline__ float Scaled(const RowCtx& c, float raw) {
+  const float x = c.scale ? __fdiv_rn(raw, c.temperature) : raw;
+  return x == 0.0f ? 0.0f : x;
+}
+
+// Finite after min_p (sampler.cc: drop when double(x) - max < log(min_p)); NaN is never one.
+__device__ __forceinline__ bool Candidate(const RowCtx& c, float x) {
+  if (!(x > -INFINITY)) return false;
+  return !(c.use_min_p &&
+           static_cast<double>(x) - static_cast<double>(c.max_scaled) < c.log_min_p);
+}
+
+// Monotone map of finite floats to uint32 (larger float → larger key).
+__device__ __forceinline__ uint32_t OrderedBits(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Probability relative to the maximum, in 40-bit fixed point.
+__device__ __forceinline__ u64 FixedWeight(const RowCtx& c, float x) {
+  return __float2ull_rn(expf(x - c.max_scaled) * kFixedOne);
+}
+
+struct SelectShared {
+  u64 hist[kBins];
+  u64 prefix;  // chosen high digits of c*
+  u64 goal;    // G minus the mass above the chosen prefix
+  u64 total;   // members' total metric (first pass)
+};
+
+// Which order and metric a select uses.
+enum class SelectKind { kRankCount, kRankMass, kIdMass };
+
+// Warp 0: finds the bin of the current digit where the cumulative metric from the top reaches
+// the goal; on the first pass (`goal_of_total` set) it first turns the total into the goal.
+template <typename GoalOf>
+__device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_of_total) {
+  const int lane = threadIdx.x;
+  u64 sum = 0;
+#pragma unroll
+  for (int j = 0; j < kBinsPerLane; ++j) sum += sh.hist[kBins - 1 - kBinsPerLane * lane - j];
+  u64 goal;
+  if (first) {
+    u64 total = sum;
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    goal = total == 0 ? 0 : min(max(goal_of_total(total), u64{1}), total);
+    if (lane == 0) {
+      sh.total = total;
+      sh.goal = goal;
+    }
+    if (total == 0) return;
+  } else {
+    goal = sh.goal;
+  }
+  // Inclusive scan over lanes; lane 0 holds the highest bins.
+  u64 inclusive = sum;
+  for (int off = 1; off < 32; off <<= 1) {
+    const u64 up = __shfl_up_sync(0xffffffffu, inclusive, off);
+    if (lane >= off) inclusive += up;
+  }
+  const u64 exclusive = inclusive - sum;
+  const unsigned hit = __ballot_sync(0xffffffffu, exclusive < goal && inclusive >= goal);
+  if (lane == __ffs(hit) - 1) {  // exactly one lane: the scan is monotone and goal <= total
+    u64 acc = exclusive;
+    for (int j = 0; j < kBinsPerLane; ++j) {
+      const int bin = kBins - 1 - kBinsPerLane * lane - j;
+      if (acc + sh.hist[bin] >= goal) {
+        sh.prefix |= static_cast<u64>(bin) << shift;
+        sh.goal = goal - acc;
+        break;
+      }
+      acc += sh.hist[bin];
+    }
+  }
+}
+
+// Radix select over the members (candidates with comp >= lower_bound). Returns c*, or sets
+// *empty when there are no members (mass totals are >= 1 otherwise: the maximum weighs 2^40).
+// Must be reached by the whole block.
+template <SelectKind kKind, typename GoalOf>
+__device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_total,
+                           SelectShared& sh, bool* empty) {
+  constexpr bool kRank = kKind != SelectKind::kIdMass;
+  constexpr bool kMass = kKind != SelectKind::kRankCount;
+  const int bits = kRank ? 32 + c.idbits : c.idbits;
+  const int digits = (bits + kDigitBits - 1) / kDigitBits;
+  __syncthreads();  // earlier readers of sh are done
+  if (threadIdx.x == 0) sh.prefix = 0;
+  for (int d = digits - 1; d >= 0; --d) {
+    const int shift = d * kDigitBits;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) sh.hist[b] = 0;
+    __syncthreads();
+    const u64 prefix = sh.prefix;
+    const int high = shift + kDigitBits;
+    const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
+    ForEachLogit(c.row, c.vocab, c.vec, [&](uint32_t id, float raw) {
+      const float x = Scaled(c, raw);
+      if (!Candidate(c, x)) return;
+      const u64 comp = kRank ? (static_cast<u64>(OrderedBits(x)) << c.idbits) | (c.idmask - id)
+                             : static_cast<u64>(c.idmask - id);
+      if (comp < lower_bound || (comp & high_mask) != prefix) return;
+      const u64 metric = kMass ? FixedWeight(c, x) : 1;
+      if (metric != 0) atomicAdd(&sh.hist[(comp >> shift) & (kBins - 1)], metric);
+    });
+    __syncthreads();
+    if (threadIdx.x < 32) PickDigit(sh, shift, d == digits - 1, goal_of_total);
+    __syncthreads();
+    if (sh.total == 0) break;  // uniform: every thread reads the same value
+  }
+  *empty = sh.total == 0;
+  return sh.prefix;
+}
+
+// The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.
+__device__ int32_t SampleRow(const RowCtx& c, const SamplingRow& p, SelectShared& sh) {
+  bool empty = false;
+  const double u = p.uniform;
+  const auto draw_goal = [u](u64 total) {
+    return static_cast<u64>(floor(u * static_cast<double>(total))) + 1;
+  };
+  const bool use_top_k = p.top_k > 0 && p.top_k < c.vocab;
+  if (!use_top_k && p.top_p >= 1.0f) {
+    const u64 comp = RadixSelect<SelectKind::kIdMass>(c, 0, draw_goal, sh, &empty);
+    return empty ? 0 : static_cast<int32_t>(c.idmask - static_cast<uint32_t>(comp));
+  }
+  u64 bound = 0;  // members so far: comp >= bound
+  if (use_top_k) {
+    const u64 k = static_cast<u64>(p.top_k);
+    bound = RadixSelect<SelectKind::kRankCount>(
+        c, bound, [k](u64 total) { return min(k, total); }, sh, &empty);
+    if (empty) return 0;
+  }
+  if (p.top_p < 1.0f) {
+    const double top_p = p.top_p;
+    bound = RadixSelect<SelectKind::kRankMass>(
+        c, bound, [top_p](u64 total) {
+          const double goal = ceil(top_p * static_cast<double>(total));
+          return goal < 1.0 ? u64{1} : static_cast<u64>(goal);
+        },
+        sh, &empty);
+    if (empty) return 0;
+  }
+  const u64 comp = RadixSelect<SelectKind::kRankMass>(c, bound, draw_goal, sh, &empty);
+  return empty ? 0 : static_cast<int32_t>(c.idmask - (static_cast<uint32_t>(comp) & c.idmask));
+}
+
+// Argmax with the lowest id on ties; NaN/-inf never win.
+__device__ __forceinline__ void ArgmaxCombine(float& best, int32_t& best_id, float v, int32_t id) {
+  if (v > best || (v == best && id < best_id)) {
+    best = v;
+    best_id = id;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    SampleRowsKernel(const bf16* logits, int64_t vocab, bool vec, int idbits,
+                     const SamplingRow* params, int32_t* tokens, float* logprobs) {
+  __shared__ SelectShared sh;
+  __shared__ float s_best[kThreads / 32];
+  __shared__ int32_t s_best_id[kThreads / 32];
+  __shared__ float s_scratch[32];
+  const bf16* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const SamplingRow p = params[blockIdx.x];
+
+  // Pass 1: argmax of the raw logits (also the raw maximum).
+  float best = -INFINITY;
+  int32_t best_id = INT32_MAX;
+  ForEachLogit(row, vocab, vec, [&](uint32_t id, float raw) {
+    if (raw > -INFINITY) ArgmaxCombine(best, best_id, raw, static_cast<int32_t>(id));
+  });
+  for (int off = 16; off > 0; off >>= 1) {
+    ArgmaxCombine(best, best_id, __shfl_xor_sync(0xffffffffu, best, off),
+                  __shfl_xor_sync(0xffffffffu, best_id, off));
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_best[warp] = best;
+    s_best_id[warp] = best_id;
+  }
+  __syncthreads();
+  best = -INFINITY;
+  best_id = INT32_MAX;
+  for (int w = 0; w < kThreads / 32; ++w) ArgmaxCombine(best, best_id, s_best[w], s_best_id[w]);
+  const bool any_finite = best_id != INT32_MAX;
+  const float raw_max = best;
+
+  // Pass 2: log-sum-exp of the raw logits for the logprob.
+  float sum = 0.0f;
+  if (any_finite) {
+    ForEachLogit(row, vocab, vec, [&](uint32_t, float raw) {
+      if (raw > -INFINITY) sum += expf(raw - raw_max);
+    });
+  }
+  sum = cuda_detail::BlockSum(sum, s_scratch);
+
+  int32_t token = any_finite ? best_id : 0;
+  if (!(p.temperature < kGreedyTemperature) && any_finite) {
+    RowCtx c;
+    c.row = row;
+    c.vocab = vocab;
+    c.vec = vec;
+    c.scale = p.temperature != 1.0f;
+    c.temperature = p.temperature;
+    c.use_min_p = p.min_p > 0.0f;
+    c.log_min_p = c.use_min_p ? log(static_cast<double>(p.min_p)) : 0.0;
+    // Division by T > 0 is monotone, so the scaled maximum is the scaled raw maximum.
+    c.max_scaled = c.scale ? __fdiv_rn(raw_max, p.temperature) : raw_max;
+    c.idbits = idbits;
+    c.idmask = static_cast<uint32_t>((u64{1} << idbits) - 1);
+    // The CPU falls back to argmax (0 here: nothing finite) when the scaled maximum is not
+    // finite; NaN temperatures land here.
+    token = c.max_scaled > -INFINITY ? SampleRow(c, p, sh) : 0;
+  }
+  if (threadIdx.x == 0) {
+    tokens[blockIdx.x] = token;
+    // log_softmax(raw)[token] = (raw[token] - max) - log(Σ exp(raw - max)); NaN for a row with
+    // nothing finite (the CPU's raw[0] - (-inf) is NaN or inf - inf).
+    logprobs[blockIdx.x] =
+        any_finite ? (__bfloat162float(row[token]) - raw_max) - logf(sum) : NAN;
+  }
+}
+
+int IdBits(int64_t vocab) {
+  int bits = 1;
+  while ((int64_t{1} << bits) < vocab) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+size_t SampleRowsCudaWorkspaceBytes(int64_t /*rows*/, int64_t /*vocab*/) { return 0; }
+
+absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
+                            const SamplingRow* params, int32_t* tokens, float* logprobs,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (rows < 0 || vocab < 1 || vocab > kSampleRowsCudaMaxVocab || rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleRowsCuda: rows ", rows, " vocab ", vocab));
+  }
+  if (workspace_bytes < SampleRowsCudaWorkspaceBytes(rows, vocab)) {
+    return absl::InvalidArgumentError(absl::StrCat("SampleRowsCuda: workspace ", workspace_bytes,
+                                                   " bytes < ",
+                                                   SampleRowsCudaWorkspaceBytes(rows, vocab)));
+  }
+  (void)workspace;
+  if (rows == 0) return absl::OkStatus();
+  if (logits == nullptr || params == nullptr || tokens == nullptr || logprobs == nullptr) {
+    return absl::InvalidArgumentError("SampleRowsCuda: null pointer");
+  }
+  const bool vec = cuda_detail::Aligned16(logits) && vocab % 8 == 0;
+  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, vocab, vec, IdBits(vocab), params, tokens, logprobs);
+  return CudaLaunchStatus("SampleRowsKernel");
+}
+
+}  // namespace sluice::kernels

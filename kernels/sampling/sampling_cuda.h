@@ -1,0 +1,54 @@
+// CUDA token sampling: SampleRowCpu's rule (sampling.h) on bf16 logits in device memory, one
+// CTA per row, greedy and sampled rows mixed in one launch.
+//
+// Launcher conventions (kernels/cuda/cuda_common.h): device pointers, work enqueued on `stream`,
+// no host synchronization, no allocation, no device value read back, so a call can be captured
+// in a CUDA graph. Arguments are checked on the host from sizes and pointers only.
+#ifndef SLUICE_KERNELS_SAMPLING_SAMPLING_CUDA_H_
+#define SLUICE_KERNELS_SAMPLING_SAMPLING_CUDA_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/sampling/sampling.h"
+
+namespace sluice::kernels {
+
+// Largest vocab SampleRowsCuda accepts: probabilities are summed as 40-bit fixed point in
+// uint64 (deterministic integer atomics), so vocab · 2^40 must fit in 64 bits.
+inline constexpr int64_t kSampleRowsCudaMaxVocab = (int64_t{1} << 24) - 1;
+
+// SampleRowsCudaWorkspaceBytes: the device scratch SampleRowsCuda needs for these sizes. The
+// current kernel keeps everything in shared memory and needs 0 bytes; callers should still
+// size their workspace with this so a later multi-CTA-per-row kernel can use it.
+size_t SampleRowsCudaWorkspaceBytes(int64_t rows, int64_t vocab);
+
+// SampleRowsCuda: for each row r < rows, tokens[r] and logprobs[r] as SampleRowCpu(logits[r],
+// vocab, params[r]) gives them (sampling.h has the rule), with these numeric differences:
+//  - scaled logits x = bf16 logit / temperature are computed exactly as on the CPU (fp32
+//    division), so argmax, min_p, top_k and the rank order are the same;
+//  - probabilities are exp(x - max) in fp32, summed as 40-bit fixed point (exact integer sums,
+//    deterministic): the top_p cut and the draw may differ from the float64 reference only
+//    where its SampleRowResult::margin is below ~1e-6;
+//  - logprobs are log_softmax of the raw logits from an fp32 sum (abs. error ~1e-5).
+// Rows where every logit is -inf/NaN give token 0 and logprob NaN, as the CPU does.
+// Deterministic: the same inputs give bit-identical outputs (fixed-order reductions).
+//   logits:   [rows, vocab] bf16, device (any alignment; 16-byte aligned rows with vocab % 8 == 0
+//             take vector loads)
+//   params:   [rows] SamplingRow, device (uniform in [0, 1) per sampled row)
+//   tokens:   [rows] int32 out, device;  logprobs: [rows] fp32 out, device
+//   workspace: device scratch of at least SampleRowsCudaWorkspaceBytes(rows, vocab) (may be
+//             null when that is 0)
+// Cost: one CTA of 512 threads per row; a greedy row reads the row twice, a sampled row a few
+// more times (ascending-id draw ~5 passes; top_k/top_p ~ 2 + 7 per select for vocab ~150k).
+// Errors: InvalidArgument for rows < 0, vocab outside [1, kSampleRowsCudaMaxVocab], a null
+// pointer when rows > 0, or a too small workspace; Internal for launch errors.
+absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
+                            const SamplingRow* params, int32_t* tokens, float* logprobs,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_SAMPLING_SAMPLING_CUDA_H_
