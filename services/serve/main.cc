@@ -57,6 +57,9 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
       ->check(CLI::PositiveNumber);
   app.add_flag("!--no-prefix-caching", runtime.engine.enable_prefix_caching,
                "Compute every prompt in full (no reuse of cached KV blocks)");
+  app.add_flag("!--no-async-scheduling", runtime.engine.async_scheduling,
+               "--device cuda: read each step's sampled tokens after enqueuing the next step "
+               "(default) or wait for them before scheduling it");
   app.add_option("--kvstore", runtime.kvstore,
                  "kvstore shards host:port[,host:port...]: load prompt KV blocks from them and "
                  "write new ones through (needs prefix caching)");

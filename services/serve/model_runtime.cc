@@ -395,9 +395,12 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     spdlog::info("CUDA warm-up (KV cache allocation, decode graph capture) took {:.1f}s",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}",
+  const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps();
+  spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}, "
+               "async scheduling {}",
                options.device, (*engine)->num_total_blocks(), (*engine)->block_size(),
-               (*engine)->max_model_len(), engine_options.enable_prefix_caching ? "on" : "off");
+               (*engine)->max_model_len(), engine_options.enable_prefix_caching ? "on" : "off",
+               async ? "on" : "off");
   runtime.backend =
       std::make_unique<LocalBackend>(std::make_unique<AsyncEngine>(*std::move(engine)));
   return runtime;
