@@ -32,7 +32,6 @@ using cuda_detail::WarpSum;
 
 constexpr int kTuneCandidates = 8;
 constexpr int kGemvThreads = 256;
-constexpr int kGemvUnroll = 4;  // 16-byte weight loads in flight per lane
 
 // Weights are read exactly once per call: load them through the non-coherent path without
 // allocating in L1, which keeps L1 for the x rows every warp re-reads.
@@ -47,10 +46,13 @@ __device__ __forceinline__ Bf16x8 LoadStreaming(const Bf16x8* p) {
   return v;
 }
 
-// One warp per output column n: lanes stride over w[n, :] in 16-byte vectors (kGemvUnroll in
+// One warp per output column n: lanes stride over w[n, :] in 16-byte vectors (kUnroll in
 // flight), each multiplied by the same 8 elements of every x row (m <= kM), fp32 sums reduced
-// across the warp; lane 0 adds the bias and rounds once.
-template <int kM>
+// across the warp; lane 0 adds the bias and rounds once. A small w (e.g. 4096 × 4096 at m = 1)
+// leaves each warp only a few rounds of loads, so the round-trip latency per round, not the
+// bandwidth, sets the time: a deeper unroll (16: a 4096-wide row in one round) trades registers
+// for fewer rounds; the autotuner picks the depth per shape.
+template <int kM, int kUnroll>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
@@ -76,12 +78,12 @@ __global__ void __launch_bounds__(kGemvThreads)
     }
   };
   int i = lane;
-  for (; i + 32 * (kGemvUnroll - 1) < vecs; i += 32 * kGemvUnroll) {
-    Bf16x8 wv[kGemvUnroll];
+  for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
+    Bf16x8 wv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = LoadStreaming(wr + i + 32 * u);
+    for (int u = 0; u < kUnroll; ++u) wv[u] = LoadStreaming(wr + i + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) fma_vec(wv[u], i + 32 * u);
+    for (int u = 0; u < kUnroll; ++u) fma_vec(wv[u], i + 32 * u);
   }
   for (; i < vecs; i += 32) fma_vec(LoadStreaming(wr + i), i);
 #pragma unroll
@@ -100,21 +102,35 @@ bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k
          k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
 }
 
-// Launches without validating (callers checked GemvSupported).
-void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                int64_t k, cudaStream_t stream) {
+template <int kUnroll>
+void LaunchGemvUnrolled(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                        int64_t n, int64_t k, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>((n * 32 + kGemvThreads - 1) / kGemvThreads);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (m == 1) {
-    GemvKernel<1><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<1, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else if (m == 2) {
-    GemvKernel<2><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<2, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else if (m <= 4) {
-    GemvKernel<4><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<4, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else {
-    GemvKernel<8><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<8, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   }
 }
+
+// Launches without validating (callers checked GemvSupported and the unroll).
+void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
+                int64_t k, int unroll, cudaStream_t stream) {
+  if (unroll == 16) {
+    LaunchGemvUnrolled<16>(x, w, bias, y, m, n, k, stream);
+  } else if (unroll == 8) {
+    LaunchGemvUnrolled<8>(x, w, bias, y, m, n, k, stream);
+  } else {
+    LaunchGemvUnrolled<4>(x, w, bias, y, m, n, k, stream);
+  }
+}
+
+bool GemvUnrollSupported(int unroll) { return unroll == 4 || unroll == 8 || unroll == 16; }
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -147,9 +163,10 @@ struct Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;
   bool tuned = false;
   bool gemv = false;      // the tuned choice is GemvCuda
+  int gemv_unroll = 4;    // its unroll depth
   float best_us = 0.0f;   // tuned: the winner's time
   float first_us = 0.0f;  // tuned: the heuristic's first pick's time
-  float gemv_us = 0.0f;   // tuned: GemvCuda's time (0 when not eligible)
+  float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -315,13 +332,17 @@ struct CublasLt::Impl {
       }
     }
     if (GemvSupported(x, w, m, n, k)) {
-      p.gemv_us = time([&] {
-        LaunchGemv(x, w, bias, y, m, n, k, stream);
-        return cudaPeekAtLastError() == cudaSuccess;
-      });
-      if (p.gemv_us >= 0.0f && (best < 0.0f || p.gemv_us < best)) {
-        best = p.gemv_us;
-        p.gemv = true;
+      for (const int unroll : {4, 8, 16}) {
+        const float us = time([&] {
+          LaunchGemv(x, w, bias, y, m, n, k, unroll, stream);
+          return cudaPeekAtLastError() == cudaSuccess;
+        });
+        if (us >= 0.0f && (p.gemv_us <= 0.0f || us < p.gemv_us)) p.gemv_us = us;
+        if (us >= 0.0f && (best < 0.0f || us < best)) {
+          best = us;
+          p.gemv = true;
+          p.gemv_unroll = unroll;
+        }
       }
     }
     cudaEventDestroy(ev[0]);
@@ -382,7 +403,7 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
     }
   }
   if (p.gemv) {
-    LaunchGemv(x, w, bias, y, m, n, k, stream);
+    LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, stream);
     return CudaLaunchStatus("GemvKernel");
   }
   if (bias != nullptr) {
@@ -419,23 +440,25 @@ std::string CublasLt::DescribePlans() {
     char line[256];
     std::snprintf(line, sizeof(line),
                   "m=%lld n=%lld k=%lld%s: %s; cublasLt algo %d tile %d splitK %d; candidates %zu; "
-                  "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us\n",
+                  "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us (unroll %d)\n",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                   has_bias ? " +bias" : "", p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
-                  p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us);
+                  p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us,
+                  p->gemv_unroll);
     out += line;
   }
   return out;
 }
 
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                      int64_t n, int64_t k, cudaStream_t stream) {
-  if (n < 1 || k < 1 || !GemvSupported(x, w, m, n, k) || y == nullptr) {
+                      int64_t n, int64_t k, cudaStream_t stream, int unroll) {
+  if (n < 1 || k < 1 || !GemvSupported(x, w, m, n, k) || y == nullptr ||
+      !GemvUnrollSupported(unroll)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "GemvCuda: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0 and 16-byte aligned x and w "
-        "(m=", m, " n=", n, " k=", k, ")"));
+        "GemvCuda: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0, 16-byte aligned x and w "
+        "and unroll 4, 8 or 16 (m=", m, " n=", n, " k=", k, " unroll=", unroll, ")"));
   }
-  LaunchGemv(x, w, bias, y, m, n, k, stream);
+  LaunchGemv(x, w, bias, y, m, n, k, unroll, stream);
   return CudaLaunchStatus("GemvKernel");
 }
 

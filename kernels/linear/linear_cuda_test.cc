@@ -86,12 +86,17 @@ TEST(LinearCudaTest, GemvMatchesCpuReference) {
   const Shape shapes[] = {{1, 4096, 4096, false}, {2, 333, 1032, true}, {3, 77, 64, true},
                           {4, 1000, 8, false},    {5, 129, 4104, true}, {8, 4096, 14336, false},
                           {7, 31, 256, false}};
-  for (const Shape& sh : shapes) {
-    CheckShape("gemv", sh.m, sh.n, sh.k, sh.bias, rng,
-               [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
-                 return GemvCuda(x, w, b, y, sh.m, sh.n, sh.k, nullptr);
-               });
+  for (const int unroll : {4, 8, 16}) {
+    for (const Shape& sh : shapes) {
+      CheckShape(absl::StrCat("gemv unroll ", unroll), sh.m, sh.n, sh.k, sh.bias, rng,
+                 [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                   return GemvCuda(x, w, b, y, sh.m, sh.n, sh.k, nullptr, unroll);
+                 });
+    }
   }
+  auto v = NanBuffer(64);
+  EXPECT_EQ(GemvCuda(v.data(), v.data(), nullptr, v.data(), 1, 4, 16, nullptr, 5).code(),
+            absl::StatusCode::kInvalidArgument);  // unroll not 4, 8 or 16
   EXPECT_EQ(GemvCuda(nullptr, nullptr, nullptr, nullptr, 9, 8, 8, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   auto w = NanBuffer(64);
