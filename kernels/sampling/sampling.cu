@@ -5,7 +5,7 @@
 //  - rank order (x descending, lower id first): comp = orderedbits(x) << idbits | (idmask - id);
 //  - ascending-id order (the draw without top_k/top_p): comp = idmask - id.
 // A select finds the member c* with M(comp > c*) < G <= M(comp >= c*), where M sums a metric
-// (1 for top_k; the probability in 40-bit fixed point for top_p and the draw) and G is derived
+// (1 for top_k; the probability in fixed point for top_p and the draw) and G is derived
 // from the members' total: top_k → k, top_p → ceil(top_p · total), draw → floor(u · total) + 1
 // (the first member whose cumulative mass exceeds u · total). Each pass histograms one 8-bit
 // digit of the members still matching the chosen prefix (integer shared-memory atomics: exact
@@ -28,7 +28,6 @@ constexpr int kThreads = 512;
 constexpr int kDigitBits = 8;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
-constexpr float kFixedOne = 0x1p40f;  // probability 1 in fixed point (see kSampleRowsCudaMaxVocab)
 
 // Per-row constants of the sampled path.
 struct RowCtx {
@@ -42,6 +41,7 @@ struct RowCtx {
   float max_scaled;    // max over x (finite)
   int idbits;
   uint32_t idmask;
+  double fixed_one;    // 2^(63 - idbits): vocab weights of at most 1 sum below 2^63
 };
 
 // Calls f(id, raw logit) for every id of the row, 8 at a time where aligned.
@@ -84,9 +84,13 @@ __device__ __forceinline__ uint32_t OrderedBits(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Probability relative to the maximum, in 40-bit fixed point.
+// Probability relative to the maximum, exp(double(x) - max) as the CPU computes it, in fixed
+// point with 63 - idbits fraction bits (>= 39 for vocab < 2^24): the per-token rounding
+// (<= 2^-40) is far below the float64 reference's own summation error, so device and CPU
+// disagree only on draws within ~1e-10 (relative) of a CDF boundary.
 __device__ __forceinline__ u64 FixedWeight(const RowCtx& c, float x) {
-  return __float2ull_rn(expf(x - c.max_scaled) * kFixedOne);
+  return __double2ull_rn(
+      exp(static_cast<double>(x) - static_cast<double>(c.max_scaled)) * c.fixed_one);
 }
 
 struct SelectShared {
@@ -111,11 +115,10 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
   if (first) {
     u64 total = sum;
     for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    // Every lane derives the same goal; only the picking lane stores it (below), so there is
+    // one writer of sh.goal per pass.
     goal = total == 0 ? 0 : min(max(goal_of_total(total), u64{1}), total);
-    if (lane == 0) {
-      sh.total = total;
-      sh.goal = goal;
-    }
+    if (lane == 0) sh.total = total;
     if (total == 0) return;
   } else {
     goal = sh.goal;
@@ -143,7 +146,8 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
 }
 
 // Radix select over the members (candidates with comp >= lower_bound). Returns c*, or sets
-// *empty when there are no members (mass totals are >= 1 otherwise: the maximum weighs 2^40).
+// *empty when there are no members (mass totals are >= 1 otherwise: the maximum weighs
+// fixed_one).
 // Must be reached by the whole block.
 template <SelectKind kKind, typename GoalOf>
 __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_total,
@@ -275,6 +279,7 @@ __global__ void __launch_bounds__(kThreads)
     c.max_scaled = c.scale ? __fdiv_rn(raw_max, p.temperature) : raw_max;
     c.idbits = idbits;
     c.idmask = static_cast<uint32_t>((u64{1} << idbits) - 1);
+    c.fixed_one = ldexp(1.0, 63 - idbits);
     // The CPU falls back to argmax (0 here: nothing finite) when the scaled maximum is not
     // finite; NaN temperatures land here.
     token = c.max_scaled > -INFINITY ? SampleRow(c, p, sh) : 0;

@@ -16,8 +16,8 @@
 
 namespace sluice::kernels {
 
-// Largest vocab SampleRowsCuda accepts: probabilities are summed as 40-bit fixed point in
-// uint64 (deterministic integer atomics), so vocab · 2^40 must fit in 64 bits.
+// Largest vocab SampleRowsCuda accepts: probabilities are summed in uint64 fixed point
+// (deterministic integer atomics) with 63 - ceil(log2(vocab)) fraction bits; 2^24 keeps >= 39.
 inline constexpr int64_t kSampleRowsCudaMaxVocab = (int64_t{1} << 24) - 1;
 
 // SampleRowsCudaWorkspaceBytes: the device scratch SampleRowsCuda needs for these sizes. The
@@ -29,9 +29,10 @@ size_t SampleRowsCudaWorkspaceBytes(int64_t rows, int64_t vocab);
 // vocab, params[r]) gives them (sampling.h has the rule), with these numeric differences:
 //  - scaled logits x = bf16 logit / temperature are computed exactly as on the CPU (fp32
 //    division), so argmax, min_p, top_k and the rank order are the same;
-//  - probabilities are exp(x - max) in fp32, summed as 40-bit fixed point (exact integer sums,
-//    deterministic): the top_p cut and the draw may differ from the float64 reference only
-//    where its SampleRowResult::margin is below ~1e-6;
+//  - probabilities are exp(double(x) - max) as on the CPU, rounded to fixed point (>= 39
+//    fraction bits) and summed exactly as integers (deterministic, order-free): the top_p cut
+//    and the draw may differ from the float64 reference only where its
+//    SampleRowResult::margin is below ~1e-10;
 //  - logprobs are log_softmax of the raw logits from an fp32 sum (abs. error ~1e-5).
 // Rows where every logit is -inf/NaN give token 0 and logprob NaN, as the CPU does.
 // Deterministic: the same inputs give bit-identical outputs (fixed-order reductions).
