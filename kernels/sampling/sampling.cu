@@ -2,8 +2,13 @@
 //
 // Every ordering question is answered by a radix select over 64-bit composite keys that are
 // unique per token, so there are no ties to resolve and no sort:
-//  - rank order (x descending, lower id first): comp = orderedbits(x) << idbits | (idmask - id);
+//  - rank order (x descending, lower id first): comp = key16(raw) << idbits | (idmask - id),
+//    where key16 orders the raw bf16 values: x = raw / T is monotone in raw and, as distinct
+//    bf16 values are >= 2^-8 apart relatively while fp32 keeps 2^-24, distinct raw values give
+//    distinct x (for |x| < FLT_MAX), so ranking raw is ranking x, ties (equal x) included;
 //  - ascending-id order (the draw without top_k/top_p): comp = idmask - id.
+// comp is shifted left so that its width is a multiple of the 8-bit digit (vocab 152k: 34
+// bits → 5 passes of a rank select, 18 → 3 of an id select).
 // A select finds the member c* with M(comp > c*) < G <= M(comp >= c*), where M sums a metric
 // (1 for top_k; the probability in fixed point for top_p and the draw) and G is derived
 // from the members' total: top_k → k, top_p → ceil(top_p · total), draw → floor(u · total) + 1
@@ -64,24 +69,25 @@ __device__ __forceinline__ void ForEachLogit(const bf16* row, int64_t vocab, boo
   }
 }
 
-// x = raw / T exactly as the CPU's float division (round-to-nearest whatever the flags), with
-// -0 folded into +0 so that equal values get equal keys (the CPU compares them equal).
+// x = raw / T exactly as the CPU's float division (round-to-nearest whatever the flags).
 __device__ __forceinline__ float Scaled(const RowCtx& c, float raw) {
-  const float x = c.scale ? __fdiv_rn(raw, c.temperature) : raw;
-  return x == 0.0f ? 0.0f : x;
+  return c.scale ? __fdiv_rn(raw, c.temperature) : raw;
 }
 
-// Finite after min_p (sampler.cc: drop when double(x) - max < log(min_p)); NaN is never one.
-__device__ __forceinline__ bool Candidate(const RowCtx& c, float x) {
-  if (!(x > -INFINITY)) return false;
-  return !(c.use_min_p &&
-           static_cast<double>(x) - static_cast<double>(c.max_scaled) < c.log_min_p);
+// A candidate: finite and kept by min_p (sampler.cc: dropped when double(x) - max <
+// log(min_p)). NaN is never one; raw > -inf ⇔ x > -inf as T > 0.
+__device__ __forceinline__ bool Candidate(const RowCtx& c, float raw) {
+  if (!(raw > -INFINITY)) return false;
+  return !(c.use_min_p && static_cast<double>(Scaled(c, raw)) -
+                                  static_cast<double>(c.max_scaled) <
+                              c.log_min_p);
 }
 
-// Monotone map of finite floats to uint32 (larger float → larger key).
-__device__ __forceinline__ uint32_t OrderedBits(float x) {
-  const uint32_t u = __float_as_uint(x);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+// Monotone map of the (bf16-valued) finite `raw` to 16 bits: larger value → larger key, -0 and
+// +0 equal (the CPU compares them equal).
+__device__ __forceinline__ uint32_t Key16(float raw) {
+  const uint32_t u = __float_as_uint(raw == 0.0f ? 0.0f : raw) >> 16;
+  return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u);
 }
 
 // Probability relative to the maximum, exp(double(x) - max) as the CPU computes it, in fixed
@@ -154,8 +160,10 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
                            SelectShared& sh, bool* empty) {
   constexpr bool kRank = kKind != SelectKind::kIdMass;
   constexpr bool kMass = kKind != SelectKind::kRankCount;
-  const int bits = kRank ? 32 + c.idbits : c.idbits;
+  const int bits = kRank ? 16 + c.idbits : c.idbits;
   const int digits = (bits + kDigitBits - 1) / kDigitBits;
+  const int pad = digits * kDigitBits - bits;
+  const u64 padded_bound = lower_bound << pad;
   __syncthreads();  // earlier readers of sh are done
   if (threadIdx.x == 0) sh.prefix = 0;
   for (int d = digits - 1; d >= 0; --d) {
@@ -166,12 +174,12 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
     const int high = shift + kDigitBits;
     const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
     ForEachLogit(c.row, c.vocab, c.vec, [&](uint32_t id, float raw) {
-      const float x = Scaled(c, raw);
-      if (!Candidate(c, x)) return;
-      const u64 comp = kRank ? (static_cast<u64>(OrderedBits(x)) << c.idbits) | (c.idmask - id)
-                             : static_cast<u64>(c.idmask - id);
-      if (comp < lower_bound || (comp & high_mask) != prefix) return;
-      const u64 metric = kMass ? FixedWeight(c, x) : 1;
+      if (!Candidate(c, raw)) return;
+      const u64 comp = (kRank ? (static_cast<u64>(Key16(raw)) << c.idbits) | (c.idmask - id)
+                              : static_cast<u64>(c.idmask - id))
+                       << pad;
+      if (comp < padded_bound || (comp & high_mask) != prefix) return;
+      const u64 metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
       if (metric != 0) atomicAdd(&sh.hist[(comp >> shift) & (kBins - 1)], metric);
     });
     __syncthreads();
@@ -180,7 +188,7 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
     if (sh.total == 0) break;  // uniform: every thread reads the same value
   }
   *empty = sh.total == 0;
-  return sh.prefix;
+  return sh.prefix >> pad;
 }
 
 // The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.

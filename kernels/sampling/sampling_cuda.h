@@ -35,6 +35,7 @@ size_t SampleRowsCudaWorkspaceBytes(int64_t rows, int64_t vocab);
 //    SampleRowResult::margin is below ~1e-10;
 //  - logprobs are log_softmax of the raw logits from an fp32 sum (abs. error ~1e-5).
 // Rows where every logit is -inf/NaN give token 0 and logprob NaN, as the CPU does.
+// Logits are assumed to satisfy |logit / temperature| < FLT_MAX (real models' logits do).
 // Deterministic: the same inputs give bit-identical outputs (fixed-order reductions).
 //   logits:   [rows, vocab] bf16, device (any alignment; 16-byte aligned rows with vocab % 8 == 0
 //             take vector loads)
@@ -42,8 +43,10 @@ size_t SampleRowsCudaWorkspaceBytes(int64_t rows, int64_t vocab);
 //   tokens:   [rows] int32 out, device;  logprobs: [rows] fp32 out, device
 //   workspace: device scratch of at least SampleRowsCudaWorkspaceBytes(rows, vocab) (may be
 //             null when that is 0)
-// Cost: one CTA of 512 threads per row; a greedy row reads the row twice, a sampled row a few
-// more times (ascending-id draw ~5 passes; top_k/top_p ~ 2 + 7 per select for vocab ~150k).
+// Cost: one CTA of 512 threads per row (64 registers, 2.3 KB shared: two CTAs per SM); every
+// row reads its logits twice (argmax, log-sum-exp); a sampled row then reads them once per
+// radix pass (L2-resident): for vocab ~150k, 3 passes for the plain draw and 5 per select with
+// top_k / top_p (top_k, top_p cut, draw: up to 15).
 // Errors: InvalidArgument for rows < 0, vocab outside [1, kSampleRowsCudaMaxVocab], a null
 // pointer when rows > 0, or a too small workspace; Internal for launch errors.
 absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
