@@ -100,11 +100,30 @@ __device__ __forceinline__ u64 FixedWeight(const RowCtx& c, float x) {
 }
 
 struct SelectShared {
-  u64 hist[kBins];
+  // Per-bin metric sums as two 32-bit words: 32-bit shared atomics are native, 64-bit adds may
+  // become compare-and-swap loops, which crawl when most tokens share a bin (the first digits).
+  uint32_t hist_lo[kBins];
+  uint32_t hist_hi[kBins];
   u64 prefix;  // chosen high digits of c*
   u64 goal;    // G minus the mass above the chosen prefix
   u64 total;   // members' total metric (first pass)
 };
+
+__device__ __forceinline__ u64 Hist(const SelectShared& sh, int bin) {
+  return (static_cast<u64>(sh.hist_hi[bin]) << 32) + sh.hist_lo[bin];
+}
+
+// Adds v to a bin exactly: the low word's carry (seen in the value atomicAdd returns) goes to
+// the high word. The final words are the exact sum whatever the order (deterministic).
+__device__ __forceinline__ void HistAdd(SelectShared& sh, int bin, u64 v) {
+  const uint32_t lo = static_cast<uint32_t>(v);
+  uint32_t hi = static_cast<uint32_t>(v >> 32);
+  if (lo != 0) {
+    const uint32_t old = atomicAdd(&sh.hist_lo[bin], lo);
+    hi += old + lo < old ? 1u : 0u;
+  }
+  if (hi != 0) atomicAdd(&sh.hist_hi[bin], hi);
+}
 
 // Which order and metric a select uses.
 enum class SelectKind { kRankCount, kRankMass, kIdMass };
@@ -116,7 +135,7 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
   const int lane = threadIdx.x;
   u64 sum = 0;
 #pragma unroll
-  for (int j = 0; j < kBinsPerLane; ++j) sum += sh.hist[kBins - 1 - kBinsPerLane * lane - j];
+  for (int j = 0; j < kBinsPerLane; ++j) sum += Hist(sh, kBins - 1 - kBinsPerLane * lane - j);
   u64 goal;
   if (first) {
     u64 total = sum;
@@ -141,12 +160,13 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
     u64 acc = exclusive;
     for (int j = 0; j < kBinsPerLane; ++j) {
       const int bin = kBins - 1 - kBinsPerLane * lane - j;
-      if (acc + sh.hist[bin] >= goal) {
+      const u64 count = Hist(sh, bin);
+      if (acc + count >= goal) {
         sh.prefix |= static_cast<u64>(bin) << shift;
         sh.goal = goal - acc;
         break;
       }
-      acc += sh.hist[bin];
+      acc += count;
     }
   }
 }
@@ -168,7 +188,7 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
   if (threadIdx.x == 0) sh.prefix = 0;
   for (int d = digits - 1; d >= 0; --d) {
     const int shift = d * kDigitBits;
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) sh.hist_lo[b] = sh.hist_hi[b] = 0;
     __syncthreads();
     const u64 prefix = sh.prefix;
     const int high = shift + kDigitBits;
@@ -180,7 +200,7 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
                        << pad;
       if (comp < padded_bound || (comp & high_mask) != prefix) return;
       const u64 metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
-      if (metric != 0) atomicAdd(&sh.hist[(comp >> shift) & (kBins - 1)], metric);
+      HistAdd(sh, static_cast<int>((comp >> shift) & (kBins - 1)), metric);
     });
     __syncthreads();
     if (threadIdx.x < 32) PickDigit(sh, shift, d == digits - 1, goal_of_total);
