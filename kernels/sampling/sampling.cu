@@ -69,6 +69,35 @@ __device__ __forceinline__ void ForEachLogit(const bf16* row, int64_t vocab, boo
   }
 }
 
+// ForEachLogit with the same trip count on every thread (out-of-range lanes see id 0 and raw
+// -inf, which is never a candidate), so `f` may use full-warp collectives.
+template <typename F>
+__device__ __forceinline__ void ForEachLogitWarpUniform(const bf16* row, int64_t vocab, bool vec,
+                                                        F&& f) {
+  int64_t scalar_begin = 0;
+  if (vec) {
+    const auto* row8 = reinterpret_cast<const cuda_detail::Bf16x8*>(row);
+    const int64_t n8 = vocab / 8;
+    for (int64_t base = 0; base < n8; base += blockDim.x) {
+      const int64_t c = base + threadIdx.x;
+      float v[8];
+      if (c < n8) {
+        cuda_detail::ToFloat8(row8[c], v);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = -INFINITY;
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f(c < n8 ? static_cast<uint32_t>(c * 8 + e) : 0u, v[e]);
+    }
+    scalar_begin = n8 * 8;
+  }
+  for (int64_t base = scalar_begin; base < vocab; base += blockDim.x) {
+    const int64_t j = base + threadIdx.x;
+    f(j < vocab ? static_cast<uint32_t>(j) : 0u, j < vocab ? __bfloat162float(row[j]) : -INFINITY);
+  }
+}
+
 // x = raw / T exactly as the CPU's float division (round-to-nearest whatever the flags).
 __device__ __forceinline__ float Scaled(const RowCtx& c, float raw) {
   return c.scale ? __fdiv_rn(raw, c.temperature) : raw;
@@ -123,6 +152,24 @@ __device__ __forceinline__ void HistAdd(SelectShared& sh, int bin, u64 v) {
     hi += old + lo < old ? 1u : 0u;
   }
   if (hi != 0) atomicAdd(&sh.hist_hi[bin], hi);
+}
+
+// HistAdd for a whole warp (all 32 lanes must call it; metric 0 = nothing to add). When every
+// contributing lane hits the same bin — the id-order select's first digit (a warp covers 256
+// consecutive ids), a peaked row's leading digits — one lane adds the warp's sum instead of
+// 32 atomics serializing on one address.
+__device__ __forceinline__ void WarpHistAdd(SelectShared& sh, int bin, u64 metric) {
+  const unsigned contributing = __ballot_sync(0xffffffffu, metric != 0);
+  if (contributing == 0) return;
+  const int leader = __ffs(contributing) - 1;
+  const int leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+  if (__all_sync(0xffffffffu, metric == 0 || bin == leader_bin)) {
+    u64 sum = metric;
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (static_cast<int>(threadIdx.x % 32) == leader) HistAdd(sh, leader_bin, sum);
+  } else if (metric != 0) {
+    HistAdd(sh, bin, metric);
+  }
 }
 
 // Which order and metric a select uses.
@@ -193,14 +240,19 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
     const u64 prefix = sh.prefix;
     const int high = shift + kDigitBits;
     const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
-    ForEachLogit(c.row, c.vocab, c.vec, [&](uint32_t id, float raw) {
-      if (!Candidate(c, raw)) return;
-      const u64 comp = (kRank ? (static_cast<u64>(Key16(raw)) << c.idbits) | (c.idmask - id)
-                              : static_cast<u64>(c.idmask - id))
-                       << pad;
-      if (comp < padded_bound || (comp & high_mask) != prefix) return;
-      const u64 metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
-      HistAdd(sh, static_cast<int>((comp >> shift) & (kBins - 1)), metric);
+    ForEachLogitWarpUniform(c.row, c.vocab, c.vec, [&](uint32_t id, float raw) {
+      u64 metric = 0;
+      int bin = 0;
+      if (Candidate(c, raw)) {
+        const u64 comp = (kRank ? (static_cast<u64>(Key16(raw)) << c.idbits) | (c.idmask - id)
+                                : static_cast<u64>(c.idmask - id))
+                         << pad;
+        if (comp >= padded_bound && (comp & high_mask) == prefix) {
+          metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
+          bin = static_cast<int>((comp >> shift) & (kBins - 1));
+        }
+      }
+      WarpHistAdd(sh, bin, metric);
     });
     __syncthreads();
     if (threadIdx.x < 32) PickDigit(sh, shift, d == digits - 1, goal_of_total);
