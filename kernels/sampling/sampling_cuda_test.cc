@@ -3,11 +3,14 @@
 // argument checks run everywhere).
 #include "kernels/sampling/sampling_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
