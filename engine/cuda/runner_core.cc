@@ -9,6 +9,7 @@
 #include "engine/model/weight_loader.h"
 #include "kernels/embedding/embedding_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
+#include "kernels/sampling/sampling_cuda.h"
 
 namespace sluice::cuda_runner {
 
@@ -184,6 +185,11 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   auto rows = DeviceBuffer<kernels::SamplingRow>::Create(static_cast<size_t>(S));
   if (!rows.ok()) return rows.status();
   sampling_rows = std::move(*rows);
+  if (const size_t ws = kernels::SampleRowsCudaWorkspaceBytes(S, vocab); ws > 0) {
+    auto b = DeviceBuffer<uint8_t>::Create(ws);
+    if (!b.ok()) return b.status();
+    sampling_ws = std::move(*b);
+  }
   SLUICE_RUNNER_RETURN_IF_ERROR(step_outputs.Init(S));
 
   const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
@@ -630,8 +636,14 @@ absl::Status RunnerCore::EnqueueRowSampling(const kernels::SamplingRow* staged, 
     return GreedyLogprobRowsCuda(logits.data(), sampled.data(), n, vocab,
                                  sampled_logprobs.data(), stream.get());
   }
-  return absl::UnimplementedError(
-      "device sampling with temperature > 0 is not available in this build");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_rows.data(), staged,
+                                              n * sizeof(kernels::SamplingRow),
+                                              cudaMemcpyHostToDevice, stream.get()),
+                              "cudaMemcpyAsync sampling rows");
+  // Greedy rows get the same argmax again (lowest id on ties), so one launch serves all rows.
+  return kernels::SampleRowsCuda(logits.data(), n, vocab, sampling_rows.data(), sampled.data(),
+                                 sampled_logprobs.data(), sampling_ws.data(), sampling_ws.bytes(),
+                                 stream.get());
 }
 
 absl::StatusOr<std::vector<float>> RunnerCore::Logits() {

@@ -234,7 +234,7 @@ std::vector<TokenLogprob> TopLogprobs(absl::Span<const float> raw, double log_su
 
 double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
-bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context) {
+bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context) {
   const bool suppresses =
       static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens &&
       !context.eos_token_ids.empty();  // SuppressStopTokens
@@ -242,7 +242,22 @@ bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context)
                          params.presence_penalty != 0.0f ||
                          params.frequency_penalty != 0.0f;  // ApplyPenalties
   const bool top_logprobs = params.logprobs.has_value() && *params.logprobs > 0;
-  return params.temperature < kGreedyTemperature && !suppresses && !penalized && !top_logprobs;
+  return !suppresses && !penalized && !top_logprobs;
+}
+
+bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context) {
+  return params.temperature < kGreedyTemperature && IsDeviceSamplable(params, context);
+}
+
+kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, SamplerRng& rng) {
+  kernels::SamplingRow row;
+  if (params.temperature < kGreedyTemperature) return row;
+  row.temperature = params.temperature;
+  row.top_k = params.top_k;
+  row.top_p = params.top_p;
+  row.min_p = params.min_p;
+  row.uniform = UniformUnit(rng);
+  return row;
 }
 
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,

@@ -10,6 +10,7 @@
 
 #include "absl/types/span.h"
 #include "engine/sample/sampling_params.h"
+#include "kernels/sampling/sampling.h"
 
 namespace sluice {
 
@@ -58,6 +59,16 @@ SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
 // (output already >= min_tokens, or no EOS/stop ids to suppress). Such rows may be sampled
 // where the logits are (Model::ForwardGreedy). Keep in step with SampleToken's processing.
 bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context);
+
+// IsDeviceSamplable is true when SampleToken's processing this step is only what a
+// kernels::SamplingRow expresses (greedy, or temperature → min_p → top_k → top_p → one draw)
+// plus the chosen token's raw logprob: no min_tokens suppression, no penalties, no top
+// logprobs. Such rows may be sampled where the logits are (Model::EnqueueSampledStep).
+bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context);
+
+// DeviceSamplingRow is the kernels::SamplingRow of an IsDeviceSamplable row; a non-greedy row
+// takes its draw from `rng` now (UniformUnit: the one draw SampleToken would make).
+kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, SamplerRng& rng);
 
 }  // namespace sluice
 

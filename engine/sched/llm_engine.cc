@@ -432,7 +432,8 @@ class LLMEngineImpl final : public LLMEngine {
   };
 
   // AsyncPlan: the plan may run as an asynchronous step — the model supports it, async
-  // scheduling is on, and every sampling row can be sampled on the device.
+  // scheduling is on, and every sampling row can be sampled on the device (IsDeviceSamplable:
+  // greedy or temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
   bool AsyncPlan(const SchedulerOutput& plan) {
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
         options_.kv_connector != nullptr) {
@@ -440,7 +441,9 @@ class LLMEngineImpl final : public LLMEngine {
     }
     for (const ScheduledSequence& s : plan.scheduled) {
       if (s.seq->request.hold_kv_blocks) return false;
-      if (s.samples() && !IsPlainGreedy(s.seq->request.sampling, Context(*s.seq))) return false;
+      if (s.samples() && !IsDeviceSamplable(s.seq->request.sampling, Context(*s.seq))) {
+        return false;
+      }
     }
     return true;
   }
@@ -449,13 +452,16 @@ class LLMEngineImpl final : public LLMEngine {
   // tokens; block commits wait until the step's tokens are read (FinishInFlight).
   absl::Status EnqueuePlan(const SchedulerOutput& plan) {
     BuildForwardInput(plan);
-    sampling_rows_.assign(input_.logits_indices.size(), kernels::SamplingRow{});
+    sampling_rows_.clear();
     InFlightStep step;
     step.rows.reserve(plan.scheduled.size());
     for (const ScheduledSequence& s : plan.scheduled) {
       const bool samples = s.samples();
       step.rows.push_back(InFlightRow{s.seq, samples});
       step.num_sampled += samples ? 1 : 0;
+      // A sampled row's draw comes from its generator now, in the order host sampling would
+      // take it, so a seeded request gives the same tokens either way.
+      if (samples) sampling_rows_.push_back(DeviceSamplingRow(s.seq->request.sampling, s.seq->rng));
     }
     if (absl::Status st = model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
         !st.ok()) {

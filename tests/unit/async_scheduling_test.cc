@@ -38,6 +38,7 @@ struct GenRun {
   std::map<std::string, FinishReason> finish;
   std::map<std::string, int32_t> cached;  // num_cached_tokens of the last output
   int async_steps = 0, max_unread = 0, fed_back = 0, full_steps = 0, greedy_steps = 0;
+  int sampled_rows = 0;
   int64_t preemptions = 0;
   bool blocks_back = false;
 };
@@ -88,6 +89,7 @@ GenRun Generate(bool async, const std::vector<Arrival>& arrivals, const EngineSe
   run.async_steps = m->async_steps();
   run.max_unread = m->max_unread();
   run.fed_back = m->fed_back_tokens();
+  run.sampled_rows = m->sampled_rows();
   run.full_steps = m->full_steps();
   run.greedy_steps = m->greedy_steps();
   run.preemptions = engine.counters().num_preemptions;
@@ -103,7 +105,7 @@ void ExpectSame(const GenRun& sync, const GenRun& async) {
     ASSERT_EQ(got.size(), want.size()) << id;
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(got[i].token_id, want[i].token_id) << id << " token " << i;
-      EXPECT_EQ(got[i].logprob, want[i].logprob) << id << " token " << i;
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-6) << id << " token " << i;
     }
   }
   EXPECT_EQ(sync.finish, async.finish);
@@ -176,6 +178,38 @@ TEST(AsyncSchedulingTest, HostSamplingRequestRunsSynchronouslyBesideOthers) {
   EXPECT_EQ(async.full_steps, 9);
   EXPECT_GT(async.async_steps, 0);
   EXPECT_EQ(async.tokens.at("pen").size(), 9u);
+}
+
+// Seeded temperature / top-k / top-p / min-p requests are sampled on the device in the async
+// engine (kernels::SamplingRow with the request generator's draw) and on the host in the
+// synchronous one: the same tokens.
+TEST(AsyncSchedulingTest, SeededSamplingOnDeviceEqualsHostSampling) {
+  std::vector<Arrival> arrivals = Staggered(8, 10);
+  const float temperatures[] = {0.7f, 1.0f, 1.3f, 0.9f};
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    SamplingParams& p = arrivals[i].request.sampling;
+    p.temperature = temperatures[i % 4];
+    p.seed = 1000 + static_cast<int64_t>(i);
+    if (i % 4 == 1) p.top_k = 5;
+    if (i % 4 == 2) p.top_p = 0.6f;
+    if (i % 4 == 3) p.min_p = 0.3f;
+    if (i == 7) p.temperature = 0.0f;  // a greedy row beside the sampled ones
+  }
+  const GenRun sync = Generate(false, arrivals);
+  const GenRun async = Generate(true, arrivals);
+  ExpectSame(sync, async);
+  EXPECT_EQ(async.full_steps + async.greedy_steps, 0);  // every step went through the device
+  EXPECT_GT(async.sampled_rows, 40);
+  EXPECT_GT(sync.full_steps, 0);  // the host sampled them in the synchronous engine
+  // The draws matter: the sampled requests do not all follow the greedy choice.
+  const GenRun greedy = Generate(true, Staggered(8, 10));
+  int differ = 0;
+  for (int i = 0; i < 7; ++i) {
+    const std::string id = "r" + std::to_string(i);
+    differ += sync.tokens.at(id).front().token_id != greedy.tokens.at(id).front().token_id ||
+              sync.tokens.at(id).size() != greedy.tokens.at(id).size();
+  }
+  EXPECT_GT(differ, 0);
 }
 
 TEST(AsyncSchedulingTest, AbortWhileInFlightLeavesOthersAndFreesBlocks) {

@@ -25,8 +25,9 @@ class RankedModel final : public Model {
   static constexpr int64_t kVocab = 64;
   static constexpr int32_t kEos = 1;
 
-  // device_greedy: ForwardGreedy works; async: EnqueueSampledStep / ReadSampledStep work
-  // (greedy rows), each step computed at enqueue — program order stands for stream order.
+  // device_greedy: ForwardGreedy works; async: EnqueueSampledStep / ReadSampledStep work (rows
+  // sampled by kernels::SampleRowsCpu, the device sampler's reference), each step computed at
+  // enqueue — program order stands for stream order.
   explicit RankedModel(bool device_greedy, bool async = false)
       : device_greedy_(device_greedy), async_(async) {
     config_.vocab_size = kVocab;
@@ -58,11 +59,6 @@ class RankedModel final : public Model {
       return absl::FailedPreconditionError("too many unread steps");
     }
     if (rows.size() != in.logits_indices.size()) return absl::InvalidArgumentError("rows size");
-    for (const kernels::SamplingRow& row : rows) {
-      if (row.temperature >= kernels::kGreedyTemperature) {
-        return absl::UnimplementedError("RankedModel samples greedy rows only");
-      }
-    }
     ForwardInput resolved = in;
     for (int32_t& id : resolved.token_ids) {
       if (id >= 0) continue;
@@ -71,8 +67,18 @@ class RankedModel final : public Model {
       id = last_sampled_[r].token_id;
       ++fed_back_tokens_;
     }
+    // Every row through the device sampler's CPU reference (greedy rows: argmax, as Greedy).
+    std::vector<float> logits(rows.size() * kVocab);
+    if (absl::Status s = Compute(resolved, kv, absl::MakeSpan(logits)); !s.ok()) return s;
+    std::vector<int32_t> ids(rows.size());
+    std::vector<float> logprobs(rows.size());
+    kernels::SampleRowsCpu(logits.data(), static_cast<int64_t>(rows.size()), kVocab, rows.data(),
+                           ids.data(), logprobs.data());
     std::vector<GreedyToken> out(rows.size());
-    if (absl::Status s = Greedy(resolved, kv, absl::MakeSpan(out)); !s.ok()) return s;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      out[r] = GreedyToken{ids[r], logprobs[r]};
+      sampled_rows_ += rows[r].temperature >= kernels::kGreedyTemperature ? 1 : 0;
+    }
     ++async_steps_;
     last_sampled_ = out;
     unread_.push_back(std::move(out));
@@ -93,6 +99,7 @@ class RankedModel final : public Model {
   int async_steps() const { return async_steps_; }
   int max_unread() const { return max_unread_; }
   int fed_back_tokens() const { return fed_back_tokens_; }
+  int sampled_rows() const { return sampled_rows_; }  // async rows with a temperature
 
  private:
   // Greedy: argmax (lowest id on ties) and a double log-sum-exp logprob per logits row.
@@ -146,6 +153,7 @@ class RankedModel final : public Model {
   int async_steps_ = 0;
   int max_unread_ = 0;
   int fed_back_tokens_ = 0;
+  int sampled_rows_ = 0;
   std::vector<GreedyToken> last_sampled_;
   std::deque<std::vector<GreedyToken>> unread_;
 };
