@@ -99,11 +99,15 @@ struct SplitKvCombineArgs {
 constexpr int kMaxSplitsDevice = 1024;
 
 // One CTA per (query token of a sequence, sequence, head): merges the num_splits partial
-// outputs of that row (log-sum-exp weights, see above) into bf16 `out`. The first
-// warp finds the max and the weight sum, the CTA turns them into per-split weights in shared
-// memory, then every thread owns output channels.
+// outputs of that row (log-sum-exp weights, see above) into bf16 `out`. The first warp stages
+// the (m, l) pairs in shared memory (one read of them) and finds the max and the weight sum,
+// the CTA turns them into per-split weights, then every thread owns output channels — four at
+// a time with 16-byte loads when the partials allow — and keeps 16 splits' loads in flight
+// (the merge is latency-bound: a 512-wide MLA row over 32 splits is 32 dependent rounds of
+// loads with one channel and 8 loads per round).
 static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
   __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
+  __shared__ float2 ml_s[kMaxSplitsDevice];
   __shared__ float shared_max, shared_inv;
   GridDependencyWait();  // the partials come from the kernel just before
   const int seq = blockIdx.y;
@@ -118,6 +122,7 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
     float global_max = -INFINITY;
     for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
       const float2 v = ml[sp * split_stride];
+      ml_s[sp] = v;
       if (v.y > 0.0f) global_max = fmaxf(global_max, v.x);
     }
 #pragma unroll
@@ -126,8 +131,10 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
     }
     float den = 0.0f;
     for (int sp = threadIdx.x; sp < args.num_splits; sp += 32) {
-      const float2 v = ml[sp * split_stride];
-      if (v.y > 0.0f) den += v.y * Exp2(v.x - global_max);
+      const float2 v = ml_s[sp];  // this lane's own entries
+      const float w = v.y > 0.0f ? v.y * Exp2(v.x - global_max) : 0.0f;
+      weight[sp] = w;
+      den += w;
     }
     den = cuda_detail::WarpSum(den);
     if (threadIdx.x == 0) {
@@ -136,19 +143,36 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
     }
   }
   __syncthreads();
-  for (int sp = threadIdx.x; sp < args.num_splits; sp += blockDim.x) {
-    const float2 v = ml[sp * split_stride];
-    weight[sp] = v.y > 0.0f ? v.y * Exp2(v.x - shared_max) * shared_inv : 0.0f;
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < args.dim; d += blockDim.x) {
-    const float* src = args.partial_out + row * args.dim + d;
-    const int64_t stride = split_stride * args.dim;
-    // Independent loads, so several splits are in flight at once.
-    float num = 0.0f;
-#pragma unroll 8
-    for (int sp = 0; sp < args.num_splits; ++sp) num += weight[sp] * src[sp * stride];
-    args.out[row * args.dim + d] = __float2bfloat16_rn(num);
+  const float inv = shared_inv;
+  const int64_t stride = split_stride * args.dim;
+  const float* src_row = args.partial_out + row * args.dim;
+  __nv_bfloat16* out_row = args.out + row * args.dim;
+  if (args.dim % 4 == 0 && (reinterpret_cast<uintptr_t>(src_row) & 15u) == 0) {
+    const float4* src = reinterpret_cast<const float4*>(src_row);
+    const int64_t stride4 = stride / 4;
+    for (int d4 = threadIdx.x; d4 < args.dim / 4; d4 += blockDim.x) {
+      float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 16
+      for (int sp = 0; sp < args.num_splits; ++sp) {
+        const float w = weight[sp];
+        const float4 v = src[sp * stride4 + d4];
+        num.x += w * v.x;
+        num.y += w * v.y;
+        num.z += w * v.z;
+        num.w += w * v.w;
+      }
+      // out is 4-byte aligned: two bf16 pairs.
+      auto* o = reinterpret_cast<__nv_bfloat162*>(out_row + 4 * d4);
+      o[0] = __floats2bfloat162_rn(num.x * inv, num.y * inv);
+      o[1] = __floats2bfloat162_rn(num.z * inv, num.w * inv);
+    }
+  } else {
+    for (int d = threadIdx.x; d < args.dim; d += blockDim.x) {
+      float num = 0.0f;
+#pragma unroll 16
+      for (int sp = 0; sp < args.num_splits; ++sp) num += weight[sp] * src_row[sp * stride + d];
+      out_row[d] = __float2bfloat16_rn(num * inv);
+    }
   }
 }
 

@@ -19,8 +19,9 @@
 // partial output and its (max, sum); SplitKvCombineKernel (attention_device.cuh) merges them with
 // the log-sum-exp rule  o = Σ_i o_i·l_i·2^(m_i−M) / Σ_i l_i·2^(m_i−M),  M = max_i m_i. Inside a CTA
 // the same split happens across warps (kWarpsN > 1: each warp takes a slice of every key tile,
-// merged through shared memory at the end), which keeps 4 warps busy on the 16 rows of a decode
-// tile.
+// merged through shared memory at the end), which keeps several warps busy on the 16 rows of a
+// decode tile. Decode tiles stream their keys through per-warp cp.async rings (kRing: no CTA
+// barrier until the merge), in CTAs of 2 or 4 warps chosen so the grid fills the SMs.
 //
 // Shapes are compile-time padded: head dims are rounded up to a supported tile width (kD, kDV)
 // and the padding columns are zero-filled in shared memory (cp.async with src-size 0), as are
@@ -128,14 +129,22 @@ struct AttnConfig {
   static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
 };
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
+// kRing (decode tiles, kWarpsM 1): every warp streams its own kBN-key slices of the key tiles
+// through a private kStages-deep cp.async ring (its share of the same shared memory), synced
+// with __syncwarp only, so no warp waits at a CTA barrier for another's copies or math until
+// the final merge; one block-table lookup per lane and slice (prefetched a slice ahead) serves
+// all 16-byte copies of that slice's keys. Without kRing the CTA copies each whole tile
+// cooperatively and all warps meet at two barriers per tile.
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     PagedAttentionKernel(const AttnArgs args) {
   using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-  constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
-  constexpr int kSTiles = kBN / 8;   // n8 score tiles per warp
-  constexpr int kVTiles = kDV / 8;   // n8 output tiles
-  constexpr int kPSteps = kBN / 16;  // k16 steps of P·V
+  static_assert(!kRing || kWarpsM == 1, "warp rings serve decode tiles");
+  constexpr int kKSteps = kD / 16;                                 // k16 steps of Q·Kᵀ
+  constexpr int kSTiles = kBN / 8;                                 // n8 score tiles per warp
+  constexpr int kVTiles = kDV / 8;                                 // n8 output tiles
+  constexpr int kPSteps = kBN / 16;                                // k16 steps of P·V
+  constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());  // one warp's slice (kRing)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const tile_smem = reinterpret_cast<bf16*>(smem_raw);
 
@@ -188,25 +197,6 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     row_pos[i] = ctx + qi;
   }
 
-  // Q fragments (A operand), straight from global memory: read once per CTA.
-  uint32_t q_frag[kKSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = j & 1;
-      const int col = ks * 16 + 2 * t + (j >> 1) * 8;
-      float lo = 0.0f, hi = 0.0f;
-      if (row_valid[i] && col < args.head_dim) {
-        const bf16* src =
-            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim + col;
-        lo = __bfloat162float(src[0]);
-        hi = __bfloat162float(src[1]);
-      }
-      q_frag[ks][j] = PackBf16(lo, hi);
-    }
-  }
-
   float acc[kVTiles][4];
 #pragma unroll
   for (int u = 0; u < kVTiles; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
@@ -254,33 +244,110 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     CpAsyncCommit();
   };
 
+  // kRing: this warp's private ring, and the slot of key key0 + lane (lane < kBN; −1 outside
+  // [kv_begin, kv_end)) for a slice starting at key0.
+  bf16* const ring_smem = tile_smem + wn * kStages * kSliceElems;
+  auto lookup = [&](int key0) -> int64_t {
+    const int j = key0 + lane;
+    if (lane >= kBN || j < kv_begin || j >= kv_end) return -1;
+    const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
+    const int offset = j - block * args.block_size;
+    return static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
+  };
+  // kRing: the warp copies its slice starting at key0 into its buffer `buf`; lane_slot is
+  // lookup(key0) (zero-filled rows for −1 and columns past the true head dims).
+  auto load_slice = [&](int buf, int64_t lane_slot) {
+    bf16* k_dst = ring_smem + buf * kSliceElems;
+    bf16* v_dst = k_dst + kBN * Pitch<kD>();
+    constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;
+    static_assert((kBN * kKChunks) % 32 == 0 && (kBN * kVChunks) % 32 == 0);
+#pragma unroll
+    for (int i = 0; i < kBN * kKChunks / 32; ++i) {
+      const int c = lane + 32 * i;
+      const int key = c / kKChunks;
+      const int col = (c % kKChunks) * 8;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const bool live = slot >= 0 && col < args.head_dim;
+      CpAsync16(k_dst + key * Pitch<kD>() + col,
+                live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kBN * kVChunks / 32; ++i) {
+      const int c = lane + 32 * i;
+      const int key = c / kVChunks;
+      const int col = (c % kVChunks) * 8;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const bool live = slot >= 0 && col < args.v_head_dim;
+      CpAsync16(v_dst + key * Pitch<kDV>() + col,
+                live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
+    }
+    CpAsyncCommit();
+  };
+  // The slice of warp wn in the tile at `tile` holds keys some row may see.
+  auto needed = [&](int tile) {
+    const int key0 = tile + wn * kBN;
+    return key0 < kv_end && key0 + kBN > kv_begin;
+  };
+
   // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
   // Ring: tile i lives in buffer i % kStages and is copy group i; every iteration commits one
   // group (empty past the last tile: an empty group completes at once), so "tile i landed" is
-  // always "at most kStages − 1 newer groups pending".
+  // always "at most kStages − 1 newer groups pending". With kRing the same holds per warp
+  // (each thread's groups hold only its own warp's copies).
   const int tile_first = kv_begin / Cfg::kTileN * Cfg::kTileN;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    const int tile = tile_first + s * Cfg::kTileN;
-    if (tile < kv_end) {
-      load_tile(tile, s);
+  int64_t next_slot = kRing ? lookup(tile_first + wn * kBN) : 0;  // for the next slice copy
+  auto load = [&](int tile, int buf) {
+    if constexpr (kRing) {
+      if (needed(tile)) {
+        load_slice(buf, next_slot);
+      } else {
+        CpAsyncCommit();
+      }
+      next_slot = lookup(tile + Cfg::kTileN + wn * kBN);
     } else {
-      CpAsyncCommit();
+      if (tile < kv_end) {
+        load_tile(tile, buf);
+      } else {
+        CpAsyncCommit();
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * Cfg::kTileN, s);
+  // Q fragments (A operand), straight from global memory: read once per CTA, after the first
+  // K/V copies are issued so their latencies overlap.
+  uint32_t q_frag[kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j & 1;
+      const int col = ks * 16 + 2 * t + (j >> 1) * 8;
+      // q is 4-byte aligned with an even stride and head_dim is a multiple of 8, so the pair
+      // is one 32-bit word.
+      uint32_t pair = 0;
+      if (row_valid[i] && col < args.head_dim) {
+        pair = __ldg(reinterpret_cast<const unsigned int*>(
+            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim + col));
+      }
+      q_frag[ks][j] = pair;
     }
   }
-  int buf = 0;                // buffer of `tile`
-  int fill = kStages - 1;     // buffer the next prefetch goes to (freed last round)
+
+  int buf = 0;             // buffer of `tile`
+  int fill = kStages - 1;  // buffer the next prefetch goes to (freed last round)
   for (int tile = tile_first; tile < kv_end; tile += Cfg::kTileN) {
-    const int ahead = tile + (kStages - 1) * Cfg::kTileN;
-    if (ahead < kv_end) {
-      load_tile(ahead, fill);
-    } else {
-      CpAsyncCommit();
-    }
+    load(tile + (kStages - 1) * Cfg::kTileN, fill);
     CpAsyncWait<kStages - 1>();
-    __syncthreads();
-    const bf16* k_smem = tile_smem + buf * Cfg::kTileElems;
-    const bf16* v_smem = k_smem + Cfg::kTileN * Pitch<kD>();
+    if constexpr (kRing) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
+    // This warp's slice: rows r0.. of buffer `buf`.
+    const bf16* k_smem = kRing ? ring_smem + buf * kSliceElems : tile_smem + buf * Cfg::kTileElems;
+    const bf16* v_smem = k_smem + (kRing ? kBN : Cfg::kTileN) * Pitch<kD>();
+    const int r0 = kRing ? 0 : wn * kBN;
 
     const int key0 = tile + wn * kBN;  // first key of this warp's slice
     // Skip slices no row of this warp can see (past the causal end / before the window).
@@ -290,7 +357,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 #pragma unroll
       for (int n = 0; n < kSTiles; ++n) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        const bf16* krow = k_smem + (wn * kBN + n * 8 + g) * Pitch<kD>() + 2 * t;
+        const bf16* krow = k_smem + (r0 + n * 8 + g) * Pitch<kD>() + 2 * t;
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
           const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
@@ -354,8 +421,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       for (int kk = 0; kk < kPSteps; ++kk) {
         // ldmatrix.x4.trans: matrices (keys 0-7, cols u·8), (keys 8-15, u·8), (0-7, u·8+8),
         // (8-15, u·8+8) → B fragments of output tiles u and u+1.
-        const bf16* vrow =
-            v_smem + (wn * kBN + kk * 16 + (lane & 15)) * Pitch<kDV>() + (lane >> 4) * 8;
+        const bf16* vrow = v_smem + (r0 + kk * 16 + (lane & 15)) * Pitch<kDV>() + (lane >> 4) * 8;
 #pragma unroll
         for (int u = 0; u < kVTiles; u += 2) {
           uint32_t b[4];
@@ -365,7 +431,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
         }
       }
     }
-    __syncthreads();  // the prefetch after this overwrites the buffer just read
+    // The prefetch after this overwrites the buffer just read.
+    if constexpr (kRing) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
     buf = buf + 1 == kStages ? 0 : buf + 1;
     fill = fill + 1 == kStages ? 0 : fill + 1;
   }
@@ -381,6 +452,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     // warp (wm, wn) merges elementwise with lane l of warps (wm, *). Loop smem is free now.
     constexpr int kStride = kDV / 2 + 4;  // floats per lane: acc + (max, sum) × 2 rows
     float* merge = reinterpret_cast<float*>(smem_raw) + threadIdx.x * kStride;
+    if constexpr (kRing) __syncthreads();  // other warps may still read their rings
     if (wn > 0) {
 #pragma unroll
       for (int u = 0; u < kVTiles; ++u) {
@@ -483,6 +555,27 @@ constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 // 0 = automatic (DecodeStages).
 std::atomic<int> g_decode_stages{0};
 
+// Kernel kinds: 0 prefill tiles; decode: 1/2 CTA tiles with 2/3 stages, 3/4/5 warp rings of
+// 4 warps × 2/3/6 stages, 6 warp rings of 8 warps × 3 stages, 7/8 warp rings of 2 warps × 3/4
+// stages (depths shrink to what fits shared memory for wide heads; 8 warps fall back to 4
+// where 2 stages do not fit).
+constexpr int kNumKinds = 9;
+constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
+              kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
+
+// SetPagedAttentionDecodeKernel's setting: 0 automatic, 1 CTA tiles (kKindTiles2/3 by the
+// stage rule), 2..7 the ring kinds 3..8.
+std::atomic<int> g_decode_kernel{0};
+
+// Deepest ring of kBN-key slices for kWarps warps (≤ kWant stages) within the 227 KiB of shared
+// memory a CTA may use on sm_90; < 2 means it does not fit.
+template <int kD, int kDV, int kWarps, int kWant>
+constexpr int FitStages() {
+  constexpr int kBytes = kWarps * kDecodeBN * (Pitch<kD>() + Pitch<kDV>()) * 2;
+  constexpr int kFit = 227 * 1024 / kBytes;
+  return kFit < kWant ? kFit : kWant;
+}
+
 // SetPagedAttentionPdl; effective only on sm_90+ devices (checked once per device).
 std::atomic<bool> g_pdl{false};
 
@@ -503,7 +596,7 @@ bool PdlEnabled() {
 
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
-  int stages;   // cp.async ring depth of the chosen kernel
+  int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
   int num_splits;
@@ -565,10 +658,10 @@ absl::Status ValidateBatch(const PagedAttentionCudaBatch& b) {
   return absl::OkStatus();
 }
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
 absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
   using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>;
   if constexpr (Cfg::kSmemBytes > 48 * 1024) {
     // Above 48 KiB dynamic shared memory must be opted into (idempotent, host-only; allowed
     // during stream capture).
@@ -582,81 +675,113 @@ absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
   return CudaLaunchStatus("PagedAttentionCuda");
 }
 
-template <int kD, int kDV>
-absl::Status LaunchDims(const AttnArgs& args, const LaunchPlan& plan, dim3 grid,
-                        cudaStream_t stream) {
-  if (plan.decode && plan.stages == 3) {
-    return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3>(args, grid, stream);
+// Ops run by WithKernel on the kernel instantiation of a kind.
+struct LaunchOp {
+  const AttnArgs* args;
+  dim3 grid;
+  cudaStream_t stream;
+  template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
+  absl::Status Run() const {
+    return Launch<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>(*args, grid, stream);
   }
-  if (plan.decode) return Launch<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2>(args, grid, stream);
-  return Launch<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages>(args, grid, stream);
+};
+
+// CTAs of the kernel resident per SM (≥ 1).
+struct OccupancyOp {
+  template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
+  int Run() const {
+    using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+    auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>;
+    if (Cfg::kSmemBytes > 48 * 1024 &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes) != cudaSuccess) {
+      return 1;
+    }
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+        cudaSuccess) {
+      return 1;
+    }
+    return std::max(n, 1);
+  }
+};
+
+template <int kD, int kDV, int kWarps, int kWant, typename Op>
+auto WithRing(const Op& op) {
+  constexpr int kStages = FitStages<kD, kDV, kWarps, kWant>();
+  if constexpr (kStages >= 2) {
+    return op.template Run<kD, kDV, 1, kWarps, kDecodeBN, kStages, true>();
+  } else {
+    constexpr int kFallback = FitStages<kD, kDV, kDecodeWarpsN, kWant>();
+    static_assert(kFallback >= 2, "4 warps × 2 stages always fit");
+    return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, kFallback, true>();
+  }
 }
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages>
-int ResidentCtas() {
-  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-  if (Cfg::kSmemBytes > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes) !=
-          cudaSuccess) {
-    return 1;
+// Runs op.Run<config>() for the kernel of `kind` at padded dims (kD, kDV).
+template <int kD, int kDV, typename Op>
+auto WithKernel(int kind, const Op& op) {
+  switch (kind) {
+    case kKindTiles2:
+      return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2, false>();
+    case kKindTiles3:
+      return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3, false>();
+    case kKindRing4x2:
+      return WithRing<kD, kDV, kDecodeWarpsN, 2>(op);
+    case kKindRing4x3:
+      return WithRing<kD, kDV, kDecodeWarpsN, 3>(op);
+    case kKindRing4x6:
+      return WithRing<kD, kDV, kDecodeWarpsN, 6>(op);
+    case kKindRing8x3:
+      return WithRing<kD, kDV, 2 * kDecodeWarpsN, 3>(op);
+    case kKindRing2x3:
+      return WithRing<kD, kDV, kDecodeWarpsN / 2, 3>(op);
+    case kKindRing2x4:
+      return WithRing<kD, kDV, kDecodeWarpsN / 2, 4>(op);
+    default:
+      return op.template Run<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages, false>();
   }
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
-      cudaSuccess) {
-    return 1;
-  }
-  return std::max(n, 1);
 }
 
-// kind: 0 prefill, 1 decode with 2 stages, 2 decode with 3 stages.
-template <int kD, int kDV>
-int ResidentCtasDims(int kind) {
-  if (kind == 2) return ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3>();
-  if (kind == 1) return ResidentCtas<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2>();
-  return ResidentCtas<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages>();
+template <typename Op>
+auto WithVariant(Variant v, int kind, const Op& op) {
+  switch (v) {
+    case Variant::k32:
+      return WithKernel<32, 32>(kind, op);
+    case Variant::k64:
+      return WithKernel<64, 64>(kind, op);
+    case Variant::k192v128:
+      return WithKernel<192, 128>(kind, op);
+    case Variant::k256:
+      return WithKernel<256, 256>(kind, op);
+    case Variant::k128:
+    default:
+      return WithKernel<128, 128>(kind, op);
+  }
 }
 
 // CTAs of the chosen kernel resident on the whole GPU at once (SMs × occupancy), cached per
 // (variant, kernel kind) for device 0..15; the launch path must stay cheap and capturable.
-int64_t ResidentSlots(Variant v, bool decode, int stages) {
-  static std::atomic<int> cache[16][5][3];
+int64_t ResidentSlots(Variant v, int kind) {
+  static std::atomic<int> cache[16][5][kNumKinds];
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
-  const int kind = decode ? (stages == 3 ? 2 : 1) : 0;
   std::atomic<int>& slot = cache[device][static_cast<int>(v)][kind];
   int n = slot.load(std::memory_order_relaxed);
   if (n > 0) return n;
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  int per_sm = 1;
-  switch (v) {
-    case Variant::k32:
-      per_sm = ResidentCtasDims<32, 32>(kind);
-      break;
-    case Variant::k64:
-      per_sm = ResidentCtasDims<64, 64>(kind);
-      break;
-    case Variant::k128:
-      per_sm = ResidentCtasDims<128, 128>(kind);
-      break;
-    case Variant::k192v128:
-      per_sm = ResidentCtasDims<192, 128>(kind);
-      break;
-    case Variant::k256:
-      per_sm = ResidentCtasDims<256, 256>(kind);
-      break;
-  }
-  n = std::max(1, sms * per_sm);
+  n = std::max(1, sms * WithVariant(v, kind, OccupancyOp{}));
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
 
-// Plan picks the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in waves of
-// `slots`, so a partial last wave wastes its share. Among partitions of ≥ kMinPartition keys
-// (multiples of the key tile) pick the one whose waves are fullest, preferring fewer splits
-// (each split costs a partial-output write and the combine pass) unless more splits fill the
-// waves ≥ 10% better (relative). Depends only on host-side bounds, so captured graphs stay valid.
+// Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
+// waves of `slots`, so a partial last wave wastes its share. Among partitions of ≥
+// kMinPartition keys (multiples of the key tile) pick the one whose waves are fullest,
+// preferring fewer splits (each split costs a partial-output write and the combine pass)
+// unless more splits fill the waves ≥ 10% better (relative). Depends only on host-side
+// bounds, so captured graphs stay valid.
 LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
   LaunchPlan plan;
   const int64_t group = p.num_heads / p.num_kv_heads;
@@ -669,16 +794,36 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   Variant v = Variant::k128;
   PickVariant(p.head_dim, p.v_head_dim, &v);
   const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
-  plan.stages = kPrefillStages;
+  plan.kind = 0;
   if (plan.decode) {
-    // Automatic depth: 3 stages while the unsplit grid fits two waves of the deeper kernel (the
-    // fewer, fuller waves need no split), else 2 (3 CTAs per SM, each CTA's ramp and epilogue
-    // hidden behind the others' streaming). H200, Llama-3-8B at 1k context: batch 64 (512
-    // CTAs) attention 112.5 → 108.3 µs a layer with 3; batch 256 (2048 CTAs) 382.7 → 409.7.
+    const int forced_kernel = g_decode_kernel.load(std::memory_order_relaxed);
     const int forced = g_decode_stages.load(std::memory_order_relaxed);
-    plan.stages = forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, true, 3) ? 3 : 2);
+    if (forced_kernel == 1) {
+      // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
+      // deeper kernel (the fewer, fuller waves need no split), else 2 (3 CTAs per SM, each
+      // CTA's ramp and epilogue hidden behind the others' streaming). H200, Llama-3-8B at 1k
+      // context: batch 64 (512 CTAs) attention 112.5 → 108.3 µs a layer with 3; batch 256
+      // (2048 CTAs) 382.7 → 409.7.
+      const int stages = forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, kKindTiles3) ? 3 : 2);
+      plan.kind = stages == 3 ? kKindTiles3 : kKindTiles2;
+    } else if (forced_kernel >= 2) {
+      plan.kind = forced_kernel + 1;
+    } else if (forced == 0 && 2 * ctas >= ResidentSlots(v, kKindRing2x3)) {
+      // Warp rings. With CTAs for about a wave of 2-warp × 3-stage CTAs (4 per SM at head_dim
+      // 128) or more, those: smaller CTAs fill the SMs in fewer, fuller waves. H200, Llama-3-8B
+      // decode, 1k context: batch 64 (512 CTAs, one wave) 74.2 µs vs 77.2 with 4 warps × 3
+      // (0.85 vs 0.81 of the copy bandwidth), batch 256 271.8 vs 269.5; 8k: 538 vs 543 and
+      // 2087 vs 2097 µs.
+      plan.kind = kKindRing2x3;
+    } else {
+      // Fewer CTAs (the grid will split): 4-warp rings, the depth rule as for CTA tiles (batch
+      // 1 × 8k: 21.9 µs vs 26.7 with 2 warps).
+      const int stages =
+          forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, kKindRing4x3) ? 3 : 2);
+      plan.kind = stages == 3 ? kKindRing4x3 : kKindRing4x2;
+    }
   }
-  const int64_t slots = ResidentSlots(v, plan.decode, plan.stages);
+  const int64_t slots = ResidentSlots(v, plan.kind);
   int64_t keys = b.max_seq_len;
   if (p.sliding_window > 0) {
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
@@ -722,19 +867,7 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
                            const PagedAttentionParams& params, cudaStream_t stream) {
   Variant v = Variant::k128;
   PickVariant(params.head_dim, params.v_head_dim, &v);
-  switch (v) {
-    case Variant::k32:
-      return LaunchDims<32, 32>(args, plan, grid, stream);
-    case Variant::k64:
-      return LaunchDims<64, 64>(args, plan, grid, stream);
-    case Variant::k128:
-      return LaunchDims<128, 128>(args, plan, grid, stream);
-    case Variant::k192v128:
-      return LaunchDims<192, 128>(args, plan, grid, stream);
-    case Variant::k256:
-      return LaunchDims<256, 256>(args, plan, grid, stream);
-  }
-  return absl::InternalError("PagedAttentionCuda: unknown variant");
+  return WithVariant(v, plan.kind, LaunchOp{&args, grid, stream});
 }
 
 }  // namespace
@@ -751,6 +884,17 @@ absl::Status SetPagedAttentionDecodeStages(int stages) {
 void SetPagedAttentionPdl(bool enabled) { g_pdl.store(enabled, std::memory_order_relaxed); }
 
 int PagedAttentionDecodeStages() { return g_decode_stages.load(std::memory_order_relaxed); }
+
+absl::Status SetPagedAttentionDecodeKernel(int kernel) {
+  if (kernel < 0 || kernel > kNumKinds - 2) {
+    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeKernel: kernel ", kernel,
+                                                   " is not in 0..", kNumKinds - 2));
+  }
+  g_decode_kernel.store(kernel, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
 
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                         const PagedAttentionParams& params) {

@@ -67,6 +67,19 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 absl::Status SetPagedAttentionDecodeStages(int stages);
 int PagedAttentionDecodeStages();
 
+// SetPagedAttentionDecodeKernel: the kernel of decode-shaped launches. 0 (the default):
+// automatic (warp rings: 2 warps × 3 stages when the unsplit grid is at least half a wave of
+// those, else 4 warps with the depth SetPagedAttentionDecodeStages says); 1: CTA tiles
+// (each 64-key K/V tile copied by the whole CTA, two barriers per tile; depth from
+// SetPagedAttentionDecodeStages); warp rings (each warp streams its own 16-key slices through
+// a private cp.async ring, see paged_attention.cu) of 2: 4 warps × 2 stages, 3: 4 × 3,
+// 4: 4 × 6, 5: 8 warps × 3, 6: 2 warps × 3, 7: 2 × 4 (depths shrink to fit shared memory for
+// wide heads). Process-wide, for benchmarks and tests; set it before sizing workspaces or
+// capturing graphs (the split plan depends on it). InvalidArgument outside 0..7.
+// PagedAttentionDecodeKernel returns it.
+absl::Status SetPagedAttentionDecodeKernel(int kernel);
+int PagedAttentionDecodeKernel();
+
 // SetPagedAttentionPdl: launch the attention kernel and its split-KV combine as programmatic
 // dependents of the kernel before each (cudaLaunchAttributeProgrammaticStreamSerialization;
 // the kernels wait on griddepcontrol before reading their inputs), so their launch overlaps

@@ -202,11 +202,45 @@ TEST(PagedAttentionCudaTest, DecodePipelineDepths) {
     RunCase(loose, rng);
     RunCase({tag + "decode b1 ctx 64", Params(32, 8, 128, 128, 16), Decode({64})}, rng);
     RunCase({tag + "decode b64", Params(32, 8, 128, 128, 16), b64}, rng);
-    RunCase({tag + "decode window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3})},
-            rng);
+    RunCase({tag + "decode window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3})}, rng);
     RunCase({tag + "decode d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, rng);
   }
   ASSERT_TRUE(SetPagedAttentionDecodeStages(default_stages).ok());
+}
+
+// Every decode kernel (SetPagedAttentionDecodeKernel: CTA tiles and the warp-ring shapes)
+// over the split plans and masks decode meets: one tile per partition at batch 1, loose graph
+// bounds, a batch of 64 (whole waves), a window, empty and partial slices (contexts 0, 1, 15,
+// 17), odd block sizes, GQA groups 1/4/7/16 and every padded head-dim variant (the rings of
+// the wide ones shrink or fall back to 4 warps).
+TEST(PagedAttentionCudaTest, DecodeKernels) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionDecodeKernel(8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeKernel(-1).code(), absl::StatusCode::kInvalidArgument);
+  const int default_kernel = PagedAttentionDecodeKernel();
+  std::vector<SeqSpec> b64;
+  for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 53) % 1300), 1});
+  for (const int kernel : {1, 2, 3, 4, 5, 6, 7, 0}) {
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
+    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+    Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
+    loose.extra_seq_len = 1104 - 1024;
+    RunCase(loose, rng);
+    RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
+    RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
+    RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
+    RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
+    RunCase({tag + "d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, rng);
+    RunCase({tag + "d16 g2 window", Params(4, 2, 16, 16, 4, 16), Decode({40, 3, 17})}, rng);
+    RunCase({tag + "d192 dv128", Params(16, 16, 192, 128, 64), Decode({200, 1500})}, rng);
+    RunCase({tag + "d256 g2", Params(8, 4, 256, 256, 16), Decode({200, 1500})}, rng);
+    RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
+    // Decode-shaped launches with several query tokens per sequence (4 × group 4 ≤ 16 rows).
+    RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
+            rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
 
 TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {

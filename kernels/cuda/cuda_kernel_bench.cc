@@ -1,5 +1,6 @@
 // cuda_kernel_bench: ceilings and kernel rates of the CUDA backend on the current GPU.
-//   cuda_kernel_bench [OUT.json]
+//   cuda_kernel_bench [OUT.json] [--attention-only]
+// --attention-only: the copy bandwidth and the attention section only.
 // Measures (CUDA events, mean over timed repetitions after warm-ups):
 //   - device-to-device copy bandwidth (cudaMemcpyAsync, bytes read + written per second);
 //   - bf16 GEMM TFLOP/s through LinearCuda (cuBLASLt, fp32 accumulation), 2·m·n·k per product;
@@ -10,8 +11,16 @@
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V);
+//     Decode rows come per decode kernel (SetPagedAttentionDecodeKernel; "kernel" 0 is the
+//     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes; "pdl" the
+//     default kernel as a programmatic dependent launch), as A/B; "us" is the device time of a
+//     call replayed from a CUDA graph (as the engine's decode steps run), "us_eager" that of
+//     eager calls (host launch costs included);
 //   - MLA latent attention at DeepSeek-V2-Lite shapes: decode at batch 1/64 × context 1k/8k
-//     (latent bytes read per second, TFLOP/s) and causal prefill of 4096 tokens (TFLOP/s).
+//     (and one-tile shapes) per decode kernel (SetMlaLatentAttentionDecodeKernel 0 automatic,
+//     1 the 64-row tile kernel, 2/3 pipelined with a 2/4-deep ring; latent bytes read per second,
+//     its fraction of the copy bandwidth, TFLOP/s; each call reads other sequences' rows than the
+//     previous one) and causal prefill of 4096 tokens (TFLOP/s).
 //   - MoE routed experts at DeepSeek-V2-Lite shapes (64 experts, hidden 2048, intermediate
 //     1408, top-6) for 1 to 4096 tokens: every row gives touched experts' weight bytes per
 //     second, fraction of the copy bandwidth (consecutive calls route to disjoint experts, or
@@ -67,6 +76,50 @@ absl::StatusOr<double> TimeMs(const std::function<absl::Status()>& fn, int warmu
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return static_cast<double>(ms) / iters;
+}
+
+// TimeGraphMs returns the mean milliseconds of one call of `fn` replayed from a CUDA graph of
+// `iters` captured calls, over `reps` replays after a warm one: the device time as the engine's
+// captured decode steps see it, without the eager calls' host-side planning and launch costs
+// (which bound TimeMs for short kernels). Two eager calls first keep one-time setup (occupancy
+// queries, function attributes) out of the capture.
+absl::StatusOr<double> TimeGraphMs(const std::function<absl::Status()>& fn, int iters, int reps,
+                                   cudaStream_t stream) {
+  for (int i = 0; i < 2; ++i) {
+    absl::Status s = fn();
+    if (!s.ok()) return s;
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "cudaStreamBeginCapture");
+  absl::Status captured = absl::OkStatus();
+  for (int i = 0; i < iters && captured.ok(); ++i) captured = fn();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (!captured.ok()) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    return captured;
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  SLUICE_CUDA_RETURN_IF_ERROR(inst, "cudaGraphInstantiate");
+  cudaEvent_t start, stop;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream), "cudaEventRecord");
+  for (int r = 0; r < reps; ++r) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream), "cudaEventRecord");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  return static_cast<double>(ms) / (static_cast<double>(iters) * reps);
 }
 
 absl::StatusOr<DeviceBuffer<bf16>> RandomDevice(size_t n, std::mt19937& rng, float lo, float hi) {
@@ -141,34 +194,52 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     return b;
   };
   nlohmann::json decode = nlohmann::json::array();
-  for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
-    if (absl::Status s = set_context(ctx); !s.ok()) return s;
-    for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
-      const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
-      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
-      BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
-      int64_t call = 0;
-      auto step = [&]() {
-        PagedAttentionCudaBatch shifted = b;
-        shifted.block_tables = d_tables.data() + ((call++ * batch) % kSeqs) * blocks_per_seq;
-        return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(), v_cache.data(), shifted, p,
-                                  ws.data(), o.data(), stream);
-      };
-      BENCH_ASSIGN_OR_RETURN(ms, TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
-      const double kv_bytes = 2.0 * batch * ctx * p.num_kv_heads * 128 * sizeof(bf16);
-      const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
-      decode.push_back({{"batch", batch},
-                        {"context", ctx},
-                        {"kv_bytes_read", kv_bytes},
-                        {"workspace_bytes", ws_bytes},
-                        {"us", ms * 1e3},
-                        {"kv_bandwidth_gbps", gbps},
-                        {"fraction_of_copy", gbps / copy_gbps}});
+  const int default_kernel = PagedAttentionDecodeKernel();
+  // (kernel, programmatic dependent launch): every kernel, then the default with PDL
+  // (SetPagedAttentionPdl: the combine's launch overlaps the attention kernel's tail).
+  const std::pair<int, bool> variants[] = {{0, false}, {1, false}, {2, false},
+                                           {3, false}, {4, false}, {5, false},
+                                           {6, false}, {7, false}, {0, true}};
+  for (const auto& [kernel, pdl] : variants) {
+    if (absl::Status s = SetPagedAttentionDecodeKernel(kernel); !s.ok()) return s;
+    SetPagedAttentionPdl(pdl);
+    for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
+      if (absl::Status s = set_context(ctx); !s.ok()) return s;
+      for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
+        const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
+        const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+        BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+        int64_t call = 0;
+        auto step = [&]() {
+          PagedAttentionCudaBatch shifted = b;
+          shifted.block_tables = d_tables.data() + ((call++ * batch) % kSeqs) * blocks_per_seq;
+          return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(), v_cache.data(), shifted, p,
+                                    ws.data(), o.data(), stream);
+        };
+        BENCH_ASSIGN_OR_RETURN(eager_ms,
+                               TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
+        BENCH_ASSIGN_OR_RETURN(
+            ms, TimeGraphMs(step, 20, batch == 256 && ctx == kMaxCtx ? 2 : 5, stream));
+        const double kv_bytes = 2.0 * batch * ctx * p.num_kv_heads * 128 * sizeof(bf16);
+        const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
+        decode.push_back({{"kernel", kernel},
+                          {"pdl", pdl},
+                          {"batch", batch},
+                          {"context", ctx},
+                          {"kv_bytes_read", kv_bytes},
+                          {"workspace_bytes", ws_bytes},
+                          {"us", ms * 1e3},
+                          {"us_eager", eager_ms * 1e3},
+                          {"kv_bandwidth_gbps", gbps},
+                          {"fraction_of_copy", gbps / copy_gbps}});
+      }
     }
   }
+  SetPagedAttentionPdl(false);
+  if (absl::Status s = SetPagedAttentionDecodeKernel(default_kernel); !s.ok()) return s;
 
   // MLA latent attention at DeepSeek-V2-Lite shapes (16 heads, kv_lora_rank 512, rope 64):
-  // decode over 1k/8k contexts; the rows are read from the start of the K buffer (reused).
+  // decode over 1k/8k contexts; latent rows of 576 are read through the K buffer's blocks.
   nlohmann::json mla = nlohmann::json::array();
   nlohmann::json mla_prefill = nlohmann::json::array();
   {
@@ -180,30 +251,47 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     dims.v_head_dim = 128;
     dims.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
     const int64_t width = dims.LatentWidth();
-    for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
-      if (absl::Status s = set_context(ctx); !s.ok()) return s;
-      for (const int64_t batch : {int64_t{1}, int64_t{64}}) {
-        const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
-        const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
-        BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
-        // Latent rows of width 576 over the K buffer: num_blocks·16 rows of 576 fit in it.
-        BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                       [&]() {
-                                         return MlaLatentAttentionCuda(
-                                             q.data(), dims.num_heads * width, k_cache.data(),
-                                             kBlock, b, dims, ws.data(), o.data(), stream);
-                                       },
-                                       3, 20, stream));
-        const double bytes = static_cast<double>(batch) * ctx * width * sizeof(bf16);
-        const double fmas =
-            static_cast<double>(batch) * ctx * dims.num_heads * (width + dims.kv_lora_rank);
-        mla.push_back({{"batch", batch},
-                       {"context", ctx},
-                       {"us", ms * 1e3},
-                       {"latent_bandwidth_gbps", bytes / (ms * 1e-3) / 1e9},
-                       {"tflops", 2 * fmas / (ms * 1e-3) / 1e12}});
+    const int default_mla = MlaLatentAttentionDecodeKernel();
+    for (const int kernel : {0, 1, 2, 3}) {
+      if (absl::Status s = SetMlaLatentAttentionDecodeKernel(kernel); !s.ok()) return s;
+      // (batch, context): the DeepSeek-V2-Lite decode targets, then one-tile shapes that show
+      // a CTA's fixed cost (1 × 32, 128 × 32) and its per-tile cost (128 × 256).
+      const std::pair<int64_t, int64_t> shapes[] = {
+          {1, 1024}, {64, 1024}, {1, kMaxCtx}, {64, kMaxCtx}, {1, 32}, {128, 32}, {128, 256}};
+      for (const auto& [batch, ctx] : shapes) {
+        if (absl::Status s = set_context(ctx); !s.ok()) return s;
+        {
+          const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
+          const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
+          BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+          // Latent rows of width 576 over the K buffer: num_blocks·16 rows of 576 fit in it.
+          // Consecutive calls take other rows of the block table (as for paged decode).
+          int64_t call = 0;
+          auto step = [&]() {
+            PagedAttentionCudaBatch shifted = b;
+            shifted.block_tables = d_tables.data() + ((call++ * batch) % kSeqs) * blocks_per_seq;
+            return MlaLatentAttentionCuda(q.data(), dims.num_heads * width, k_cache.data(), kBlock,
+                                          shifted, dims, ws.data(), o.data(), stream);
+          };
+          BENCH_ASSIGN_OR_RETURN(eager_ms, TimeMs(step, 3, 20, stream));
+          BENCH_ASSIGN_OR_RETURN(ms, TimeGraphMs(step, 20, 5, stream));
+          const double bytes = static_cast<double>(batch) * ctx * width * sizeof(bf16);
+          const double fmas =
+              static_cast<double>(batch) * ctx * dims.num_heads * (width + dims.kv_lora_rank);
+          const double gbps = bytes / (ms * 1e-3) / 1e9;
+          mla.push_back({{"kernel", kernel},
+                         {"batch", batch},
+                         {"context", ctx},
+                         {"workspace_bytes", ws_bytes},
+                         {"us", ms * 1e3},
+                         {"us_eager", eager_ms * 1e3},
+                         {"latent_bandwidth_gbps", gbps},
+                         {"fraction_of_copy", gbps / copy_gbps},
+                         {"tflops", 2 * fmas / (ms * 1e-3) / 1e12}});
+        }
       }
     }
+    if (absl::Status s = SetMlaLatentAttentionDecodeKernel(default_mla); !s.ok()) return s;
     // Causal prefill of one 4096-token sequence with no cached prefix (tensor-core tiles):
     // 2·(width + kv_lora_rank) FLOPs per head and visible query-key pair (Q·Kᵀ, P·V).
     const int64_t tokens = 4096;
@@ -221,9 +309,9 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
     BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
                                    [&]() {
-                                     return MlaLatentAttentionCuda(
-                                         q.data(), dims.num_heads * width, k_cache.data(), kBlock,
-                                         b, dims, ws.data(), o.data(), stream);
+                                     return MlaLatentAttentionCuda(q.data(), dims.num_heads * width,
+                                                                   k_cache.data(), kBlock, b, dims,
+                                                                   ws.data(), o.data(), stream);
                                    },
                                    3, 20, stream));
     const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
@@ -299,9 +387,9 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
   for (const auto& [t, asked] : cases) {
     MoeExpertsPath path = asked;
     if (path == MoeExpertsPath::kAuto) {  // the same rule as MoeExpertsCuda's
-      path = t <= kMoeGemvMaxTokens                           ? MoeExpertsPath::kGemv
+      path = t <= kMoeGemvMaxTokens                               ? MoeExpertsPath::kGemv
              : t * kTopK <= kMoeStreamMaxRowsPerExpert * kExperts ? MoeExpertsPath::kStream
-                                                                : MoeExpertsPath::kGrouped;
+                                                                  : MoeExpertsPath::kGrouped;
     }
     const bool decode = path != MoeExpertsPath::kGrouped;
     const char* path_name = path == MoeExpertsPath::kGemv     ? "gemv"
@@ -377,7 +465,7 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
       {"routing_deepseek_v3", routing}};
 }
 
-absl::StatusOr<nlohmann::json> Run() {
+absl::StatusOr<nlohmann::json> Run(bool attention_only) {
   nlohmann::json out;
   BENCH_ASSIGN_OR_RETURN(name, CudaDeviceName());
   int device = 0, sms = 0, driver = 0, runtime = 0;
@@ -413,6 +501,11 @@ absl::StatusOr<nlohmann::json> Run() {
                  {"bandwidth_gbps_read_plus_write", copy_gbps}};
   src = DeviceBuffer<uint8_t>();
   dst = DeviceBuffer<uint8_t>();
+  if (attention_only) {
+    BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
+    out["paged_attention_llama3_8b"] = attention;
+    return out;
+  }
 
   // bf16 GEMM through cuBLASLt (y = x·Wᵀ, fp32 accumulation), random data.
   BENCH_ASSIGN_OR_RETURN(lt, CublasLt::Create());
@@ -492,18 +585,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cuda_kernel_bench: no CUDA device\n");
     return 1;
   }
-  auto result = sluice::kernels::Run();
+  const char* out_path = nullptr;
+  bool attention_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--attention-only") {
+      attention_only = true;
+    } else {
+      out_path = argv[i];
+    }
+  }
+  auto result = sluice::kernels::Run(attention_only);
   if (!result.ok()) {
     std::fprintf(stderr, "cuda_kernel_bench: %s\n", result.status().ToString().c_str());
     return 1;
   }
   const std::string text = result->dump(2);
   std::printf("%s\n", text.c_str());
-  if (argc > 1) {
-    std::ofstream f(argv[1]);
+  if (out_path != nullptr) {
+    std::ofstream f(out_path);
     f << text << "\n";
     if (!f) {
-      std::fprintf(stderr, "cuda_kernel_bench: cannot write %s\n", argv[1]);
+      std::fprintf(stderr, "cuda_kernel_bench: cannot write %s\n", out_path);
       return 1;
     }
   }

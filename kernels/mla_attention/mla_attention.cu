@@ -1,7 +1,12 @@
 // CUDA MLA attention core over the paged latent cache (mla_attention_cuda.h).
 //
-// Two kernels; both serve a group of up to kHeads heads per CTA, so every head of the group
+// Three kernels; all serve a group of up to kHeads heads per CTA, so every head of the group
 // reuses each latent row the CTA loads (all heads attend over the same rows).
+//
+// MlaDecodeKernel (decode: one query token per sequence, tensor-core dims): the 16 heads of a
+// token are the mma M dimension and the latent rows of the CTA's key partition stream through
+// a cp.async ring of 32-row tiles (see its comment); the split plan sizes partitions so the
+// CTAs fill the SMs (batch 1: one tile per CTA).
 //
 // MlaLatentMmaKernel<T> (tensor cores; DeepSeek dims: kv_lora_rank a multiple of 16 up to 512,
 // row width a multiple of 16 up to kTcMaxWidth): one CTA takes T query tokens × 16 heads =
@@ -12,7 +17,7 @@
 //   online softmax in fp32 (base 2), one warp per row, causal mask per query token;
 //   O += P·V with V = the first kv_lora_rank columns of the same tile (warp w owns latent
 //       channels 64w..64w+63 for all M rows; V fragments via ldmatrix.trans).
-// T = 1 serves decode (M = 16 heads of one token); T = 4 serves prefill chunks. Short work
+// T = 4 serves prefill chunks, T = 1 decode when SetMlaLatentAttentionDecodeKernel(1). Short work
 // (decode at small batch) splits the keys across CTAs in 64-row partitions and merges the
 // partials with SplitKvCombineKernel (attention_device.cuh; Flash-Decoding).
 //
@@ -23,6 +28,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -63,6 +69,7 @@ struct MlaArgs {
   int num_splits;
   int partition_tokens;
   int num_tokens;
+  bool q_vec;  // q and q_token_stride allow 16-byte copies
   bf16* out;
   float* partial_out;
   float2* partial_ml;
@@ -87,28 +94,50 @@ __device__ __forceinline__ int2 SplitRange(const MlaArgs& args, int split, int s
   return make_int2(begin, min(causal_end, begin + part));
 }
 
-// Issues cp.async copies of cached rows tile .. tile+kRows-1 of a sequence into k_s
-// ([kRows][TilePitch(width)]); rows at or past kv_end read as zeros (src size 0), so padded
-// keys are finite. The caller commits and waits.
+// Tiles are copied warp by warp: warp w copies rows [w·kR, (w + 1)·kR) of the tile, whose
+// cache slots every lane looks up first (kR independent, broadcast block-table loads), so the
+// 16-byte copies never wait on a block-table load one by one. LookupRows: slot[r] of row
+// row0 + r, −1 at or past kv_end.
+template <int kR>
+__device__ __forceinline__ void LookupRows(const MlaArgs& args, const int32_t* block_table,
+                                           int row0, int kv_end, int64_t (&slot)[kR]) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int j = row0 + r;
+    slot[r] = j < kv_end ? static_cast<int64_t>(__ldg(block_table + j / args.block_size)) *
+                                   args.block_size +
+                               j % args.block_size
+                         : -1;
+  }
+}
+
+// CopyRows: cp.async copies of the kR rows `slot` into dst ([kR][TilePitch(width)]); rows with
+// slot −1 read as zeros (src size 0), so padded keys are finite. The caller commits and waits.
+template <int kR>
+__device__ __forceinline__ void CopyRows(const MlaArgs& args, const int64_t (&slot)[kR], bf16* dst,
+                                         int lane) {
+  const int width = args.width;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const bool live = slot[r] >= 0;
+    const bf16* src = args.cache + (live ? slot[r] * width : 0);
+    for (int off = lane * 8; off < width; off += 256) {
+      CpAsync16(dst + r * TilePitch(width) + off, src + off, live ? 16 : 0);
+    }
+  }
+}
+
+// Issues the copies of cached rows tile .. tile+kRows-1 of a sequence into k_s
+// ([kRows][TilePitch(width)]), rows at or past kv_end as zeros.
 template <int kRows, int kThreadsPerCta>
 __device__ __forceinline__ void LoadLatentTile(const MlaArgs& args, const int32_t* block_table,
                                                int tile, int kv_end, bf16* k_s) {
-  const int width = args.width;
-  const int chunks = width / 8;
-  for (int c = threadIdx.x; c < kRows * chunks; c += kThreadsPerCta) {
-    const int key = c / chunks;
-    const int off = (c - key * chunks) * 8;
-    const int j = tile + key;
-    const bool live = j < kv_end;
-    const bf16* src = args.cache;
-    if (live) {
-      const int64_t slot =
-          static_cast<int64_t>(block_table[j / args.block_size]) * args.block_size +
-          j % args.block_size;
-      src += slot * width + off;
-    }
-    CpAsync16(k_s + key * TilePitch(width) + off, src, live ? 16 : 0);
-  }
+  constexpr int kR = kRows / (kThreadsPerCta / 32);
+  static_assert(kR * (kThreadsPerCta / 32) == kRows, "whole rows per warp");
+  const int warp = threadIdx.x / 32;
+  int64_t slot[kR];
+  LookupRows<kR>(args, block_table, tile + warp * kR, kv_end, slot);
+  CopyRows<kR>(args, slot, k_s + warp * kR * TilePitch(args.width), threadIdx.x % 32);
 }
 
 size_t SmemBytes(int width) {
@@ -252,9 +281,9 @@ __global__ void __launch_bounds__(kThreads) MlaLatentKernel(const MlaArgs args) 
 }
 
 // ---- Tensor-core kernel (MlaLatentMmaKernel) ----
-constexpr int kTcThreads = 256;  // 8 warps
-constexpr int kTcTile = 64;      // latent rows per tile: 8 warps × 8 keys of an mma n-tile
-constexpr int kTcMaxRank = 512;  // 8 warps × 64 latent channels
+constexpr int kTcThreads = 256;   // 8 warps
+constexpr int kTcTile = 64;       // latent rows per tile: 8 warps × 8 keys of an mma n-tile
+constexpr int kTcMaxRank = 512;   // 8 warps × 64 latent channels
 constexpr int kTcMaxWidth = 768;  // keeps T = 4 within 227 KB of shared memory
 constexpr int kTcPrefillTokens = 4;
 constexpr int kSPitch = kTcTile + 4;  // fp32 scores: +4 words keeps the float2 stores spread
@@ -307,6 +336,46 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const bf16* p)
                : "memory");
 }
 
+// Epilogue shared by the tensor-core kernels: warp w holds latent channels [64w, 64w + 64) of
+// the M = 16·T rows (row t·16 + h: token t of the CTA, head h0 + h) as mma C fragments; divide
+// by the row sums and write bf16 `out`, or, with a split, the fp32 partial and (max, sum).
+template <int T>
+__device__ __forceinline__ void StoreRows(const MlaArgs& args, const float (&acc)[T][8][4],
+                                          const float* m_s, const float* l_s, int tokens, int heads,
+                                          int token0, int h0, int split, int warp, int lane) {
+  const int col0 = warp * 64;
+  if (col0 >= args.rank) return;
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = lane / 4 + 8 * half;
+      if (t >= tokens || h >= heads) continue;
+      const int r = t * 16 + h;
+      const float l = l_s[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int64_t row = static_cast<int64_t>(token0 + t) * args.num_heads + h0 + h;
+      const int64_t part = static_cast<int64_t>(split) * args.num_tokens * args.num_heads + row;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int col = col0 + n * 8 + 2 * (lane % 4);
+        if (col >= args.rank) continue;
+        const float o0 = acc[t][n][2 * half] * inv, o1 = acc[t][n][2 * half + 1] * inv;
+        if (args.num_splits == 1) {
+          *reinterpret_cast<__nv_bfloat162*>(args.out + row * args.rank + col) =
+              __floats2bfloat162_rn(o0, o1);
+        } else {
+          *reinterpret_cast<float2*>(args.partial_out + part * args.rank + col) =
+              make_float2(o0, o1);
+        }
+      }
+      if (args.num_splits > 1 && warp == 0 && lane % 4 == 0) {
+        args.partial_ml[part] = make_float2(m_s[r], l);
+      }
+    }
+  }
+}
+
 template <int T>
 __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArgs args) {
   constexpr int M = 16 * T;  // query rows r = i·16 + h (token i of the CTA, head h0 + h)
@@ -314,13 +383,13 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int width = args.width;
   const int pitch = TilePitch(width);
-  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);                  // [M][pitch]
-  bf16* k_s = q_s + M * pitch;                                     // [kTcTile][pitch]
+  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);                 // [M][pitch]
+  bf16* k_s = q_s + M * pitch;                                   // [kTcTile][pitch]
   float* s_s = reinterpret_cast<float*>(k_s + kTcTile * pitch);  // [M][kSPitch] log2 scores
-  bf16* p_s = reinterpret_cast<bf16*>(s_s + M * kSPitch);         // [M][kPPitch]
-  float* m_s = reinterpret_cast<float*>(p_s + M * kPPitch);       // [M] running max
-  float* l_s = m_s + M;                                            // [M] running sum
-  float* alpha_s = l_s + M;                                        // [M] this tile's rescale
+  bf16* p_s = reinterpret_cast<bf16*>(s_s + M * kSPitch);        // [M][kPPitch]
+  float* m_s = reinterpret_cast<float*>(p_s + M * kPPitch);      // [M] running max
+  float* l_s = m_s + M;                                          // [M] running sum
+  float* alpha_s = l_s + M;                                      // [M] this tile's rescale
 
   const int seq = blockIdx.z;
   // Longest causal rows first: the last query tiles of a prefill see the most keys.
@@ -332,8 +401,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
   if (qi0 >= q_len) return;
   const int tokens = min(T, q_len - qi0);
   const int pos0 = args.context_lens[seq] + qi0;  // position of the CTA's first token
-  const int2 kv =
-      SplitRange<kTcTile>(args, split, args.context_lens[seq] + q_len, pos0 + tokens);
+  const int2 kv = SplitRange<kTcTile>(args, split, args.context_lens[seq] + q_len, pos0 + tokens);
   const int kv_begin = kv.x, kv_end = kv.y;
   const int h0 = blockIdx.y * kHeads;
   const int heads = min(kHeads, args.num_heads - h0);
@@ -441,8 +509,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
 #pragma unroll
         for (int t = 0; t < T; ++t) LoadA(a[t], p_s + t * 16 * kPPitch + ks, kPPitch, lane);
         // Matrices 0/1: keys ks..ks+7 / ks+8..ks+15 at channels n..n+7; 2/3: channels n+8..
-        const bf16* v = k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 +
-                        (lane >> 4) * 8;
+        const bf16* v =
+            k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 + (lane >> 4) * 8;
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           if (col0 + np * 16 < args.rank) {
@@ -460,61 +528,293 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
     __syncthreads();  // k_s, s_s, p_s and alpha_s are rewritten by the next tile
   }
   __syncthreads();  // m_s, l_s when no tile ran
+  StoreRows<T>(args, acc, m_s, l_s, tokens, heads, q_begin + qi0, h0, split, warp, lane);
+}
 
-  if (col0 >= args.rank) return;
+// ---- Pipelined decode kernel (MlaDecodeKernel) ----
+// One query token per sequence (max_query_len 1): M = the 16 heads of a group, and the latent
+// rows stream through a kDecStages-deep cp.async ring of kDecTile-row tiles, so kDecStages − 1
+// tiles (37 KB each at DeepSeek widths) are in flight while one is used; each CTA reads every
+// latent row of its partition once for all its heads. Per tile, 8 warps (three barriers; on
+// the H200 a 32-row tile costs a CTA ~2.8 µs of this chain, so the kernel is latency-bound,
+// not byte-bound — hence the 2-deep ring with two CTAs per SM at larger batches):
+//   S = Q·Kᵀ: warp w takes keys 8(w%4)..+7 and half w/4 of the row width (two accumulator
+//     chains), the halves summed in shared memory;
+//   softmax: warp w rows w and w + 8, lane = key;
+//   O += P·V: warp w latent channels 64w..64w+63 (as in MlaLatentMmaKernel).
+constexpr int kDecTile = 32;
+// Ring depths: 4 (one CTA per SM, 3 tiles in flight) or 2 (two CTAs per SM, each with one
+// tile in flight while it computes; one CTA's barriers hide behind the other's work).
+constexpr int kDecStagesDeep = 4, kDecStagesShallow = 2;
+constexpr int kDecSPitch = kDecTile + 4;  // fp32 scores
+constexpr int kDecPPitch = kDecTile + 8;  // bf16 probabilities: conflict-free ldmatrix rows
+
+size_t DecodeSmemBytes(int width, int stages) {
+  const size_t pitch = TilePitch(width);
+  return sizeof(bf16) * (kHeads + static_cast<size_t>(stages) * kDecTile) * pitch +
+         sizeof(float) * 2 * kHeads * kDecSPitch + sizeof(bf16) * kHeads * kDecPPitch +
+         sizeof(float) * 3 * kHeads;
+}
+
+template <int kDecStages>
+__global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs args) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int width = args.width;
+  const int pitch = TilePitch(width);
+  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);  // [16][pitch]
+  bf16* ring = q_s + kHeads * pitch;              // [stages][tile][pitch]
+  float* s_s = reinterpret_cast<float*>(ring + kDecStages * kDecTile * pitch);  // [2][16][SP]
+  bf16* p_s = reinterpret_cast<bf16*>(s_s + 2 * kHeads * kDecSPitch);           // [16][PP]
+  float* m_s = reinterpret_cast<float*>(p_s + kHeads * kDecPPitch);             // [16] running max
+  float* l_s = m_s + kHeads;                                                    // [16] running sum
+  float* alpha_s = l_s + kHeads;                                                // [16] tile rescale
+
+  const int seq = blockIdx.z;
+  const int split = blockIdx.x;
+  const int q_begin = args.query_start_loc[seq];
+  if (args.query_start_loc[seq + 1] <= q_begin) return;  // no query token (uniform)
+  const int pos = args.context_lens[seq];
+  const int2 kv = SplitRange<kDecTile>(args, split, pos + 1, pos + 1);
+  const int kv_begin = kv.x, kv_end = kv.y;
+  const int h0 = blockIdx.y * kHeads;
+  const int heads = min(kHeads, args.num_heads - h0);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
+
+  // Q rows (16-byte copies, rows past `heads` zero): the oldest copy group, so the ring's
+  // first wait covers it.
+  const bf16* q_row = args.q + static_cast<int64_t>(q_begin) * args.q_token_stride +
+                      static_cast<int64_t>(h0) * width;
+  if (args.q_vec) {
+    const int chunks = width / 8;
+    for (int c = threadIdx.x; c < kHeads * chunks; c += kTcThreads) {
+      const int h = c / chunks;
+      const int off = (c - h * chunks) * 8;
+      const bool live = h < heads;
+      CpAsync16(q_s + h * pitch + off, live ? q_row + h * width + off : args.q, live ? 16 : 0);
+    }
+  } else {
+    for (int c = threadIdx.x; c < kHeads * width; c += kTcThreads) {
+      const int h = c / width;
+      q_s[h * pitch + c - h * width] = h < heads ? q_row[c] : __float2bfloat16_rn(0.0f);
+    }
+  }
+  CpAsyncCommit();
+  if (threadIdx.x < kHeads) {
+    m_s[threadIdx.x] = -INFINITY;
+    l_s[threadIdx.x] = 0.0f;
+  }
+  // Ring: tile i is copy group i (after Q's) in buffer i % kDecStages; every iteration commits
+  // one group (empty past the end), so at iteration i's wait tile i has landed once at most
+  // kDecStages − 2 newer groups are pending. The refill after the barrier reuses the buffer
+  // every warp finished with in iteration i − 1.
+  const int ntiles = kv_end > kv_begin ? (kv_end - kv_begin + kDecTile - 1) / kDecTile : 0;
+  // This warp's rows of each tile, their slots looked up one copy ahead of use.
+  constexpr int kR = kDecTile / (kTcThreads / 32);
+  const int warp_row = (threadIdx.x / 32) * kR;
+  int64_t next_slot[kR];
+  LookupRows<kR>(args, block_table, kv_begin + warp_row, kv_end, next_slot);
+  auto load = [&](int t) {  // copies tile t (if any) as one group, then looks up tile t + 1
+    if (t < ntiles) {
+      CopyRows<kR>(args, next_slot, ring + ((t % kDecStages) * kDecTile + warp_row) * pitch,
+                   threadIdx.x % 32);
+      LookupRows<kR>(args, block_table, kv_begin + (t + 1) * kDecTile + warp_row, kv_end,
+                     next_slot);
+    }
+    CpAsyncCommit();
+  };
 #pragma unroll
-  for (int t = 0; t < T; ++t) {
+  for (int st = 0; st < kDecStages - 1; ++st) load(st);
+
+  float acc[1][8][4];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = lane / 4 + 8 * half;
-      if (t >= tokens || h >= heads) continue;
-      const int r = t * 16 + h;
-      const float l = l_s[r];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int64_t row = static_cast<int64_t>(q_begin + qi0 + t) * args.num_heads + h0 + h;
-      const int64_t part =
-          static_cast<int64_t>(split) * args.num_tokens * args.num_heads + row;
+  for (int n = 0; n < 8; ++n) acc[0][n][0] = acc[0][n][1] = acc[0][n][2] = acc[0][n][3] = 0.0f;
+  const int col0 = warp * 64;
+  const int ksteps = width / 16;
+  const int khalf = (ksteps + 1) / 2;
+  const int ks_begin = (warp / 4) * khalf;
+  const int ks_end = min(ksteps, ks_begin + khalf);
+
+  for (int it = 0; it < ntiles; ++it) {
+    CpAsyncWait<kDecStages - 2>();
+    __syncthreads();  // tile `it` (and Q, m_s, l_s) visible; buffer (it − 1) free
+    load(it + kDecStages - 1);
+    const bf16* k_s = ring + (it % kDecStages) * kDecTile * pitch;
+    const int tile = kv_begin + it * kDecTile;
+
+    {  // Partial S over this warp's half of the width.
+      float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const bf16* kb = k_s + ((warp % 4) * 8 + lane / 4) * pitch + 2 * (lane % 4);
+      int ks = ks_begin;
+      for (; ks + 1 < ks_end; ks += 2) {
+        uint32_t a0[4], a1[4];
+        LoadA(a0, q_s + ks * 16, pitch, lane);
+        LoadA(a1, q_s + ks * 16 + 16, pitch, lane);
+        Mma(c0, a0, Ld32(kb + ks * 16), Ld32(kb + ks * 16 + 8));
+        Mma(c1, a1, Ld32(kb + ks * 16 + 16), Ld32(kb + ks * 16 + 24));
+      }
+      if (ks < ks_end) {
+        uint32_t a0[4];
+        LoadA(a0, q_s + ks * 16, pitch, lane);
+        Mma(c0, a0, Ld32(kb + ks * 16), Ld32(kb + ks * 16 + 8));
+      }
+      float* s0 = s_s + (warp / 4) * kHeads * kDecSPitch + (lane / 4) * kDecSPitch +
+                  (warp % 4) * 8 + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(s0) = make_float2(c0[0] + c1[0], c0[1] + c1[1]);
+      *reinterpret_cast<float2*>(s0 + 8 * kDecSPitch) = make_float2(c0[2] + c1[2], c0[3] + c1[3]);
+    }
+    __syncthreads();
+
+    // Online softmax: rows warp and warp + 8, key `lane`. Keys past kv_end (the causal end of
+    // this partition) are masked; the zero-filled rows they read are finite.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp + 8 * i;
+      const int visible = r < heads ? kv_end - tile : 0;
+      const float x = lane < visible
+                          ? (s_s[r * kDecSPitch + lane] + s_s[(kHeads + r) * kDecSPitch + lane]) *
+                                args.scale_log2
+                          : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float old_max = m_s[r];
+      const float new_max = fmaxf(old_max, mx);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const bf16 p = __float2bfloat16_rn(Exp2(x - base));
+      p_s[r * kDecPPitch + lane] = p;
+      // The sum uses the rounded weights P·V multiplies, so the normalization matches.
+      const float sum = cuda_detail::WarpSum(__bfloat162float(p));
+      __syncwarp();  // every lane has read m_s[r] before lane 0 rewrites it
+      if (lane == 0) {
+        const float alpha = Exp2(old_max - base);
+        alpha_s[r] = alpha;
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = new_max;
+      }
+    }
+    __syncthreads();
+
+    if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
+      const float lo = alpha_s[lane / 4], hi = alpha_s[lane / 4 + 8];
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        const int col = col0 + n * 8 + 2 * (lane % 4);
-        if (col >= args.rank) continue;
-        const float o0 = acc[t][n][2 * half] * inv, o1 = acc[t][n][2 * half + 1] * inv;
-        if (args.num_splits == 1) {
-          *reinterpret_cast<__nv_bfloat162*>(args.out + row * args.rank + col) =
-              __floats2bfloat162_rn(o0, o1);
-        } else {
-          *reinterpret_cast<float2*>(args.partial_out + part * args.rank + col) =
-              make_float2(o0, o1);
-        }
+        acc[0][n][0] *= lo;
+        acc[0][n][1] *= lo;
+        acc[0][n][2] *= hi;
+        acc[0][n][3] *= hi;
       }
-      if (args.num_splits > 1 && warp == 0 && lane % 4 == 0) {
-        args.partial_ml[part] = make_float2(m_s[r], l);
+#pragma unroll
+      for (int ks = 0; ks < kDecTile; ks += 16) {
+        uint32_t a[4];
+        LoadA(a, p_s + ks, kDecPPitch, lane);
+        const bf16* v =
+            k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 + (lane >> 4) * 8;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          if (col0 + np * 16 < args.rank) {
+            uint32_t b[4];
+            LdMatrixX4Trans(b, v + np * 16);
+            Mma(acc[0][2 * np], a, b[0], b[1]);
+            Mma(acc[0][2 * np + 1], a, b[2], b[3]);
+          }
+        }
       }
     }
   }
+  CpAsyncWait<0>();  // no copy may land after the CTA exits (empty groups only, or Q)
+  __syncthreads();   // m_s, l_s final (also when no tile ran)
+  StoreRows<1>(args, acc, m_s, l_s, 1, heads, q_begin, h0, split, warp, lane);
 }
 
 struct MlaPlan {
   bool tensor_cores = false;
+  bool decode = false;     // MlaDecodeKernel
+  int decode_stages = 0;   // its ring depth
   int tokens_per_cta = 1;  // T of MlaLatentMmaKernel
   int num_splits = 1;
   int partition_tokens = 0;
   int head_chunks = 1;
 };
 
-MlaPlan Plan(const PagedAttentionCudaBatch& b, const MlaDims& d) {
-  MlaPlan plan;
-  plan.tensor_cores = UseTensorCores(d);
-  plan.tokens_per_cta = plan.tensor_cores && b.max_query_len > 1 ? kTcPrefillTokens : 1;
-  plan.head_chunks = static_cast<int>((d.num_heads + kHeads - 1) / kHeads);
-  // Partitions are whole key tiles; the tensor-core kernel's tile costs little, so decode at
-  // small batch splits finely (a 1k context over 16 CTAs) and leans on the combine.
-  const int tile = plan.tensor_cores ? kTcTile : kKeys;
-  const int min_partition = plan.tensor_cores ? kTcTile : kMinPartition;
+// SetMlaLatentAttentionDecodeKernel's setting.
+std::atomic<int> g_decode_kernel{0};
+
+int MultiprocessorCount() {
   int device = 0, sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess) {
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   }
+  return std::max(sms, 1);
+}
+
+// The decode kernel's split plan. CTAs come in waves of SMs × resident CTAs per SM (1 with the
+// deep ring's ~170 KB of shared memory, 2 with the shallow one's ~97 KB). Among partitions of whole
+// tiles pick the one whose waves are fullest, preferring fewer splits (each costs a partial write
+// and combine input) unless more fill the waves ≥ 10% better. Partitions keep ≥ 4 tiles, except
+// when the batch is far too small to fill the GPU (latency-bound: batch 1 reads one 32-row tile per
+// CTA, 32 CTAs at 1k context). Host bounds only, so captured graphs stay valid.
+void PlanDecodeSplits(const PagedAttentionCudaBatch& b, const MlaDims& d, MlaPlan* plan) {
+  // Resident CTAs per SM (228 KiB of shared memory, 1 KiB of it reserved per CTA): 1 with the
+  // deep ring, 2 with the shallow one at DeepSeek widths.
+  const size_t per_cta =
+      DecodeSmemBytes(static_cast<int>(d.LatentWidth()), plan->decode_stages) + 1024;
+  const int64_t per_sm = std::max<int64_t>(1, static_cast<int64_t>(228 * 1024 / per_cta));
+  const int64_t slots = MultiprocessorCount() * per_sm;
+  const int64_t ctas = static_cast<int64_t>(plan->head_chunks) * b.num_sequences;
+  if (ctas >= 4 * slots || b.max_seq_len < 2 * kDecTile) return;
+  const bool latency_bound = ctas * 4 < slots;
+  const int64_t min_part = latency_bound ? kDecTile : 4 * kDecTile;
+  auto fill = [&](int64_t splits) {
+    const int64_t total = ctas * splits;
+    const int64_t waves = (total + slots - 1) / slots;
+    return static_cast<double>(total) / static_cast<double>(waves * slots);
+  };
+  double best_fill = fill(1);
+  int64_t best_part = 0;
+  for (int64_t part = (b.max_seq_len + kDecTile - 1) / kDecTile * kDecTile; part >= min_part;
+       part -= kDecTile) {
+    const int64_t splits = (b.max_seq_len + part - 1) / part;
+    if (splits < 2) continue;
+    if (splits > attention_detail::kMaxSplitsDevice || ctas * splits > 16 * slots) break;
+    const double f = fill(splits);
+    if (f > best_fill * 1.1) {
+      best_fill = f;
+      best_part = part;
+    }
+  }
+  if (best_part > 0) {
+    plan->partition_tokens = static_cast<int>(best_part);
+    plan->num_splits = static_cast<int>((b.max_seq_len + best_part - 1) / best_part);
+  }
+}
+
+MlaPlan Plan(const PagedAttentionCudaBatch& b, const MlaDims& d) {
+  MlaPlan plan;
+  plan.tensor_cores = UseTensorCores(d);
+  const int decode_kernel = g_decode_kernel.load(std::memory_order_relaxed);
+  plan.decode = plan.tensor_cores && b.max_query_len == 1 && decode_kernel != 1;
+  plan.tokens_per_cta = plan.tensor_cores && b.max_query_len > 1 ? kTcPrefillTokens : 1;
+  plan.head_chunks = static_cast<int>((d.num_heads + kHeads - 1) / kHeads);
+  // Ring depth (automatic): the decode kernel is bound by its per-tile latency chain (three
+  // barriers a tile), not by bytes, so two CTAs per SM (shallow rings) overlap one's barriers
+  // with the other's work — H200, DeepSeek-V2-Lite: batch 64 × 1k 39.6 µs vs 53.5 deep,
+  // 64 × 8k 239 vs 373 — except for latency-bound grids (a few sequences), whose many short
+  // partitions do better one CTA per SM: batch 1 × 8k 20.7 µs deep vs 31.1 (1k: 10.5 both).
+  const bool few =
+      static_cast<int64_t>(plan.head_chunks) * b.num_sequences * 4 < MultiprocessorCount();
+  plan.decode_stages =
+      decode_kernel == 2 || (decode_kernel == 0 && !few) ? kDecStagesShallow : kDecStagesDeep;
+  if (plan.decode) {
+    PlanDecodeSplits(b, d, &plan);
+    return plan;
+  }
+  // Partitions are whole key tiles; the tensor-core kernel's tile costs little, so decode at
+  // small batch splits finely (a 1k context over 16 CTAs) and leans on the combine.
+  const int tile = plan.tensor_cores ? kTcTile : kKeys;
+  const int min_partition = plan.tensor_cores ? kTcTile : kMinPartition;
+  const int sms = MultiprocessorCount();
   // Split only when the CTAs fall short of ~2 per SM and partitions keep ≥ min_partition keys.
   const int64_t q_tiles = (b.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
   const int64_t ctas = q_tiles * plan.head_chunks * b.num_sequences;
@@ -569,6 +869,17 @@ absl::Status Validate(const PagedAttentionCudaBatch& b, const MlaDims& d, int64_
 }
 
 }  // namespace
+
+absl::Status SetMlaLatentAttentionDecodeKernel(int kernel) {
+  if (kernel < 0 || kernel > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaLatentAttentionDecodeKernel: kernel ", kernel, " is not in 0..3"));
+  }
+  g_decode_kernel.store(kernel, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaLatentAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
 
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {
@@ -625,9 +936,20 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
 
-  if (plan.tensor_cores) {
-    const int64_t q_tiles =
-        (batch.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
+  args.q_vec = cuda_detail::Aligned16(q_latent) && q_token_stride % 8 == 0;
+  if (plan.decode) {
+    const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.head_chunks),
+                    static_cast<unsigned>(batch.num_sequences));
+    const size_t smem = DecodeSmemBytes(args.width, plan.decode_stages);
+    auto* kernel = plan.decode_stages == kDecStagesShallow ? &MlaDecodeKernel<kDecStagesShallow>
+                                                           : &MlaDecodeKernel<kDecStagesDeep>;
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+    kernel<<<grid, kTcThreads, smem, stream>>>(args);
+  } else if (plan.tensor_cores) {
+    const int64_t q_tiles = (batch.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
     const dim3 grid(static_cast<unsigned>(q_tiles * plan.num_splits),
                     static_cast<unsigned>(plan.head_chunks),
                     static_cast<unsigned>(batch.num_sequences));

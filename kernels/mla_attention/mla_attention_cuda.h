@@ -42,6 +42,18 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
                                     const MlaDims& dims, void* workspace, bf16* out_latent,
                                     cudaStream_t stream);
 
+// SetMlaLatentAttentionDecodeKernel: the kernel decode-shaped launches (max_query_len 1,
+// tensor-core dims) use. The pipelined decode kernel: one CTA = a sequence's key partition ×
+// a group of 16 heads, 32-row latent tiles through a cp.async ring, splits sized to fill the
+// SMs; its ring is 2 deep (two CTAs per SM) or 4 deep (one). 0 (the default): pipelined, 4
+// deep when the grid is a few sequences (latency-bound), else 2 deep; 1: the 64-row tile
+// kernel that also serves prefill (kept for A/B benches and tests); 2: pipelined, 2 deep;
+// 3: pipelined, 4 deep. Process-wide, read when a launch is planned; the split plan and so
+// MlaLatentAttentionCudaWorkspaceBytes depend on it: set it before sizing workspaces or
+// capturing graphs. InvalidArgument for other values; MlaLatentAttentionDecodeKernel returns it.
+absl::Status SetMlaLatentAttentionDecodeKernel(int kernel);
+int MlaLatentAttentionDecodeKernel();
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_

@@ -174,6 +174,32 @@ TEST(MlaLatentAttentionCudaTest, DeepSeekV2LiteDecodeBenchShapes) {
   RunCase("v2-lite decode b64 ctx 1000..1189", d, 16, seqs, rng);
 }
 
+// Every decode kernel (SetMlaLatentAttentionDecodeKernel: the pipelined decode kernel with its
+// deep and shallow rings, and the 64-row tile kernel) over batch 1 (one 32-row tile per partition;
+// 8000 keys: 128 splits), batch 64 (two partitions each), short and empty-partition contexts, fewer
+// than 16 heads and several head groups.
+TEST(MlaLatentAttentionCudaTest, DecodeKernels) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetMlaLatentAttentionDecodeKernel(4).code(), absl::StatusCode::kInvalidArgument);
+  const int default_kernel = MlaLatentAttentionDecodeKernel();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  std::vector<Seq> b64;
+  for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
+  for (const int kernel : {1, 2, 3, 0}) {
+    ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(kernel).ok());
+    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
+    RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
+    RunCase(tag + "b64 mixed", d, 16, b64, rng);
+    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}}, rng);
+    RunCase(tag + "8 heads block 7", Dims(8, 512, 64, 128, 128), 7, {{500, 1}, {3, 1}}, rng);
+    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
+    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
+  }
+  ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(default_kernel).ok());
+}
+
 // Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached
 // prefix (split across CTAs; causal rows inside a tile), mixed with a decode sequence, and
 // enough query tiles (≥ 2 per SM on an H200) that nothing splits.
