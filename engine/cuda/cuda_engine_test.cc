@@ -23,7 +23,8 @@ CudaRunnerOptions EngineRunnerOptions() {
   o.block_size = 16;
   o.max_model_len = 512;
   o.max_num_tokens = 512;
-  o.max_num_seqs = 64;
+  // testing::RunGreedy asks for every prompt position's logits: up to 150 rows in a step.
+  o.max_num_seqs = 256;
   o.graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64};
   return o;
 }
@@ -93,7 +94,8 @@ void ExpectSameTokens(const EngineRun& sync, const EngineRun& async) {
     ASSERT_EQ(got.size(), want.size()) << id;
     for (size_t i = 0; i < want.size(); ++i) {
       EXPECT_EQ(got[i].token_id, want[i].token_id) << id << " token " << i;
-      EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-5) << id << " token " << i;
+      // Device fp32 log-sum-exp vs the host's double one over the same bf16 logits.
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-4) << id << " token " << i;
     }
   }
   EXPECT_EQ(sync.finish, async.finish);
