@@ -49,7 +49,7 @@ CudaRunnerOptions TinyOptions(bool graphs) {
   o.block_size = 4;
   o.max_model_len = 512;
   o.max_num_tokens = 512;
-  o.max_num_seqs = 256;
+  o.max_num_seqs = 512;  // logits rows: teacher forcing sluice-mini-swa's 300-token prompt
   o.use_cuda_graphs = graphs;
   return o;
 }
@@ -233,6 +233,23 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
 // teacher-forced greedy agreements (>= 0.9) and decode-vs-prefill top-1 (>= 0.95).
 TEST_F(CudaModelTest, SluiceMiniMoeMatchesGoldenLogitsAndGreedy) {
   CheckGoldenAlone(testing::SharedModelDir("sluice-mini-moe"), /*min_rows_within=*/0.0);
+}
+
+// The other trained models, judged like sluice-mini-moe (bf16 here, the goldens' reference is
+// not): the speculative-decoding draft (Llama, tied embeddings) and the sliding-window model
+// (Qwen3, window 64 on alternate layers: the long golden prompts run past it in prefill chunks
+// and decode graphs). Their folders come from ../shared/models (the device bundle carries them
+// separately: run with --gtest_filter='*MiniDraft*' / '*MiniSwa*').
+TEST_F(CudaModelTest, SluiceMiniDraftMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::SharedModelDir("sluice-mini-draft"), /*min_rows_within=*/0.0);
+}
+
+TEST_F(CudaModelTest, SluiceMiniSwaMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::SharedModelDir("sluice-mini-swa"), /*min_rows_within=*/0.0);
+}
+
+TEST_F(CudaModelTest, SluiceMiniSwaBatchMatchesGolden) {
+  CheckGoldenBatch(testing::SharedModelDir("sluice-mini-swa"), /*min_rows_within=*/0.0);
 }
 
 // Plan of one step for several sequences (block size 4): sequence s feeds toks[s] at
