@@ -3,7 +3,8 @@
 // weights, against the GPU's own ceilings measured in the same process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
-//                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1] [--out OUT.json]
+//                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1]
+//                     [--moe-decode-variant 0] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
 // thread per GPU in this process, each with its NcclCommunicator and its shard of the model
@@ -42,6 +43,8 @@
 // attention and its combine (SetPagedAttentionPdl), as "decode_attn_pdl" (fresh runners, so
 // split plans, workspaces and graphs follow the setting; a failing variant is recorded as an
 // error).
+// --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
+// 0 separate launches, 1 fused route + experts; default: the library's), for A/B runs.
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -73,6 +76,7 @@
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/moe/moe_cuda.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::cuda_runner {
@@ -92,6 +96,7 @@ struct Flags {
   int attn_stages = 0;
   bool compare_attn_stages = false;
   int tp = 1;
+  int moe_decode_variant = -1;  // -1: leave the library's default
   std::string out;
 };
 
@@ -485,6 +490,11 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
       }
       f.attn_stages = v[0] - '0';
+    } else if (a == "--moe-decode-variant") {
+      if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
+        return absl::InvalidArgumentError("bad --moe-decode-variant");
+      }
+      BENCH_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -532,6 +542,7 @@ absl::Status Main(int argc, char** argv) {
   std::fflush(stdout);
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
+  out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

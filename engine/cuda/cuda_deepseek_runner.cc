@@ -468,6 +468,23 @@ absl::Status DeepseekCore::EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out
 absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   cudaStream_t st = stream.get();
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
+  const bool shared = L.w_gate_up.size() != 0;
+  const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes()};
+  if (kernels::MoeDecodeVariant() == 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
+    // Fused decode path (bit-equal to the separate one below): shared experts first into tmp,
+    // then routing + sort in one launch, and the routed experts with the shared output added
+    // in their combine (no separate moe_add).
+    if (shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
+        normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
+        topk_weights.data(), ws, st));
+    Mark("routing");
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
+        normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
+        L.experts_down.data(), shared ? tmp.data() : nullptr, tmp.data(), ws, st));
+    Mark("experts");
+    return absl::OkStatus();
+  }
   // Router logits in fp32 (transformers upcasts the router to float32 as well).
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeRouterLogitsCuda(normed.data(), L.router.data(), T,
                                                              H, E, router_logits.data(), st));
@@ -475,13 +492,11 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
       static_cast<const float*>(router_logits.data()), L.correction_bias.data(), T, routing,
       topk_ids.data(), topk_weights.data(), st));
   Mark("routing");
-  const bool shared = L.w_gate_up.size() != 0;
   // Without shared experts the routed output is the MLP output.
   bf16* routed_out = shared ? routed.data() : tmp.data();
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeExpertsCuda(
       normed.data(), topk_ids.data(), topk_weights.data(), T, H, mi, top_k, E,
-      L.experts_gate_up.data(), L.experts_down.data(), routed_out,
-      kernels::MoeCudaWorkspace{moe_ws.data(), moe_ws.bytes()}, st));
+      L.experts_gate_up.data(), L.experts_down.data(), routed_out, ws, st));
   Mark("experts");
   if (!shared) return absl::OkStatus();
   SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));

@@ -14,7 +14,8 @@
 // → AddRmsNorm → MLP: dense SwiGLU for layers < first_k_dense_replace, else router logits in
 //   fp32 → group-limited top-k routing (sigmoid/softmax, e_score_correction_bias) → routed
 //   experts (kernels/moe/moe_cuda.h) + shared experts (one SwiGLU of moe_intermediate_size ·
-//   n_shared_experts). Then the final AddRmsNorm, the wanted rows, lm_head, argmax.
+//   n_shared_experts); steps of at most kernels::kMoeFusedMaxTokens tokens take the fused MoE
+//   decode path (three launches, same bits) under kernels::SetMoeDecodeVariant(1). Then the final AddRmsNorm, the wanted rows, lm_head, argmax.
 // RoPE: the config's table (default or YaRN with its mscale) on the last qk_rope_head_dim
 // channels, `rope_interleave` honoured; softmax scale (qk_nope + qk_rope)^-½ times
 // yarn_get_mscale(factor, mscale_all_dim)² when rope scaling sets mscale_all_dim, as the CPU

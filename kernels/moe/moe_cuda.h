@@ -125,6 +125,62 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
                             bf16* out, MoeCudaWorkspace workspace, cudaStream_t stream,
                             MoeExpertsPath path = MoeExpertsPath::kAuto);
 
+// ---- Fused decode path. At decode batch sizes the MoE block is latency-bound: the separate
+// path enqueues six kernels (router logits, routing, expert sort, gate/up GEMV, down GEMV,
+// combine), most of them a few microseconds of one or a few CTAs. The fused path enqueues
+// three: MoeFusedRouteCuda (logits + routing + sort in one block) and MoeFusedExpertsCuda
+// (gate/up GEMV with SiLU·mul, then down GEMV + combine [+ shared-expert add] in one launch),
+// with 16-byte weight loads issued a row-chunk at a time. Its results equal the separate
+// path's (MoeRouterLogitsCuda → MoeRoutingCuda → MoeExpertsCuda with kGemv) bit for bit.
+
+// Bounds of the fused path: num_tokens <= kMoeFusedMaxTokens, num_tokens·top_k <=
+// kMoeFusedMaxRows.
+inline constexpr int64_t kMoeFusedMaxTokens = 8;
+inline constexpr int64_t kMoeFusedMaxRows = 64;
+
+// SetMoeDecodeVariant: which MoE path model runners (engine/cuda/cuda_deepseek_runner.cc) use
+// for steps the fused path supports: 0 (the default) the separate launches, 1 the fused path.
+// Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
+// capturing graphs. InvalidArgument outside 0..1. MoeDecodeVariant returns the setting.
+absl::Status SetMoeDecodeVariant(int variant);
+int MoeDecodeVariant();
+
+// MoeFusedDecodeSupported: whether MoeFusedRouteCuda takes these sizes: 1 <= num_tokens <=
+// kMoeFusedMaxTokens, num_tokens·top_k <= kMoeFusedMaxRows, num_experts <= kMoeCudaMaxExperts,
+// and the block's shared memory (num_tokens · (3·E + n_group) floats) within 48 KiB.
+bool MoeFusedDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params);
+
+// MoeFusedRouteCuda: MoeRouterLogitsCuda + MoeRoutingCuda (fp32 logits, kept on chip) in one
+// launch, same ids and weights bit for bit; also leaves the expert sort of the ids in
+// `workspace` for MoeFusedExpertsCuda.
+//   x:      [num_tokens, hidden] bf16, 16-byte aligned; w_gate: [E, hidden] bf16, 16-byte aligned
+//   correction_bias: [E] fp32 or null
+//   topk_ids / topk_weights: [num_tokens, top_k] int32 / fp32 out
+//   workspace: at least MoeCudaWorkspaceBytes(num_tokens, top_k, E, hidden, intermediate) bytes
+// Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
+// rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
+// is too small; Internal for launch errors.
+absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                               int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
+                               int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
+                               cudaStream_t stream);
+
+// MoeFusedExpertsCuda: MoeExpertsCuda's output (kGemv path, bit for bit) for the ids that the
+// preceding MoeFusedRouteCuda call on the same `workspace` (same num_tokens, top_k, E; nothing
+// else writing the workspace in between) sorted, optionally plus a shared-expert output:
+//   out[t] = bf16(Σ_k w[t, k] · expert_out[t, k])                  (add == null)
+//   out[t] = bf16(add[t] + bf16(Σ_k w[t, k] · expert_out[t, k]))   (AddInPlaceCuda's rounding)
+// x, w_gate_up, w_down, out: as MoeExpertsCuda (16-byte aligned); topk_weights [num_tokens,
+// top_k] fp32; add [num_tokens, hidden] bf16 or null; out may alias x or add.
+// Errors: InvalidArgument for num_tokens outside [1, kMoeFusedMaxTokens], num_tokens·top_k >
+// kMoeFusedMaxRows, the shape errors of MoeExpertsCuda, null or misaligned pointers, a workspace
+// that is too small; Internal for launch errors.
+absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64_t num_tokens,
+                                 int64_t hidden, int64_t intermediate, int64_t top_k,
+                                 int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
+                                 const bf16* add, bf16* out, MoeCudaWorkspace workspace,
+                                 cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_MOE_MOE_CUDA_H_

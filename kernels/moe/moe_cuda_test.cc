@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -341,6 +342,29 @@ TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
   }
 }
 
+// Runs `run` (enqueues on `stream`, writing n bf16 outputs) directly, then captured in a CUDA
+// graph replayed twice, and expects the same bits (no host synchronization or allocation
+// inside the calls; state left in workspaces does not leak into the next replay).
+template <typename Run>
+void ExpectGraphReplayEqualsDirect(const std::string& what, cudaStream_t stream, int64_t n,
+                                   Run&& run) {
+  auto direct = NanBuffer(n);
+  run(direct.data());
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  auto replayed = NanBuffer(n);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  run(replayed.data());
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  ExpectClose(what, cuda_test::Download(replayed), cuda_test::Download(direct), 0.0, 0.0);
+}
+
 // Routing + experts captured in a CUDA graph and replayed give the direct calls' bits (no host
 // synchronization or allocation inside the calls).
 TEST(MoeExpertsCudaTest, CapturesInCudaGraph) {
@@ -367,23 +391,8 @@ TEST(MoeExpertsCudaTest, CapturesInCudaGraph) {
                                MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream->get())
                     .ok());
   };
-  auto direct = NanBuffer(t * cfg.hidden);
-  run(direct.data());
-  ASSERT_TRUE(stream->Synchronize().ok());
-  auto replayed = NanBuffer(t * cfg.hidden);
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream->get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  run(replayed.data());
-  ASSERT_EQ(cudaStreamEndCapture(stream->get(), &graph), cudaSuccess);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream->get()), cudaSuccess);
-  ASSERT_TRUE(stream->Synchronize().ok());
-  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  const auto a = cuda_test::Download(direct);
-  const auto b = cuda_test::Download(replayed);
-  ExpectClose("moe graph replay vs direct", b, a, 0.0, 0.0);
+  ExpectGraphReplayEqualsDirect("moe graph replay vs direct", stream->get(), t * cfg.hidden,
+                                run);
 }
 
 // Argument errors are found on the host from sizes and pointers alone (no device needed; the
@@ -440,6 +449,221 @@ TEST(MoeCudaArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(MoeRouterLogitsCuda(p, p, t, 60, e, wts, nullptr).code(), kInvalid);
   EXPECT_EQ(MoeRouterLogitsCuda(p, p, t, h, 0, wts, nullptr).code(), kInvalid);
   EXPECT_EQ(MoeRouterLogitsCuda(p + 1, p, t, h, e, wts, nullptr).code(), kInvalid);
+}
+
+// ---- Fused decode path (MoeFusedRouteCuda + MoeFusedExpertsCuda, SetMoeDecodeVariant(1)).
+
+// The separate path's results for one batch: routing, GEMV experts.
+struct SeparateRun {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<float> out;
+};
+
+// Inputs of one fused-path case: tokens x, the router matrix and the correction bias.
+struct FusedCase {
+  std::vector<bf16> x, w_gate;
+  std::vector<float> bias;
+  DeviceBuffer<bf16> d_x, d_w_gate;
+  DeviceBuffer<float> d_bias;
+
+  FusedCase(const MoeConfig& cfg, int64_t t, std::mt19937& rng) {
+    const int64_t e = cfg.routing.num_experts;
+    x = RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f);
+    // Router rows scaled so that logits spread over a few units (distinct scores).
+    const float a = 4.0f / std::sqrt(static_cast<float>(cfg.hidden));
+    w_gate = RandomBf16(e * cfg.hidden, rng, -a, a);
+    std::uniform_int_distribution<int> eighths(-4, 4);
+    for (int64_t i = 0; cfg.bias && i < e; ++i) bias.push_back(eighths(rng) / 8.0f);
+    d_x = Upload(x);
+    d_w_gate = Upload(w_gate);
+    d_bias = Upload(bias.empty() ? std::vector<float>{0.0f} : bias);
+  }
+  const float* bias_ptr() const { return bias.empty() ? nullptr : d_bias.data(); }
+};
+
+SeparateRun RunSeparate(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c,
+                        int64_t t) {
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  auto d_logits = Poisoned<float>(t * e);
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  EXPECT_TRUE(MoeRouterLogitsCuda(c.d_x.data(), c.d_w_gate.data(), t, cfg.hidden, e,
+                                  d_logits.data(), nullptr)
+                  .ok());
+  EXPECT_TRUE(MoeRoutingCuda(static_cast<const float*>(d_logits.data()), c.bias_ptr(), t,
+                             cfg.routing, d_ids.data(), d_w.data(), nullptr)
+                  .ok());
+  EXPECT_TRUE(MoeExpertsCuda(c.d_x.data(), d_ids.data(), d_w.data(), t, cfg.hidden,
+                             cfg.intermediate, k, e, w.d_gate_up.data(), w.d_down.data(),
+                             d_out.data(), MoeCudaWorkspace{d_ws.data(), ws_bytes}, nullptr,
+                             MoeExpertsPath::kGemv)
+                  .ok());
+  return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
+}
+
+struct FusedRun {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<float> out;
+};
+
+// Runs the fused path (route, then experts; `add` [t, hidden] or empty) on `stream`.
+FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
+                  const std::vector<bf16>& add, cudaStream_t stream = nullptr) {
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  auto d_add = Upload(add.empty() ? std::vector<bf16>(8) : add);
+  auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+  const absl::Status route =
+      MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
+                        cfg.routing, d_ids.data(), d_w.data(), ws, stream);
+  EXPECT_TRUE(route.ok()) << route;
+  const absl::Status experts = MoeFusedExpertsCuda(
+      c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e, w.d_gate_up.data(),
+      w.d_down.data(), add.empty() ? nullptr : d_add.data(), d_out.data(), ws, stream);
+  EXPECT_TRUE(experts.ok()) << experts;
+  return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
+}
+
+template <typename T>
+int64_t CountBitDiffs(const std::vector<T>& a, const std::vector<T>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) ++bad;
+  }
+  return bad;
+}
+
+// The fused path gives the separate path's ids, weights and outputs bit for bit (so the CPU
+// references' results within the separate path's tolerances; the experts are also checked
+// directly); with a shared-expert addend, bf16(add + routed) as AddInPlaceCuda computes it.
+TEST(MoeFusedDecodeCudaTest, MatchesSeparatePathBitForBitAndCpu) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  for (const MoeConfig& cfg : Configs()) {
+    const ExpertWeights w(cfg, rng);
+    for (int64_t t : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, kMoeFusedMaxTokens}) {
+      ASSERT_TRUE(MoeFusedDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
+      const std::string tag = absl::StrCat("moe fused ", cfg.name, " T=", t);
+      const FusedCase c(cfg, t, rng);
+      const SeparateRun want = RunSeparate(cfg, w, c, t);
+      const FusedRun got = RunFused(cfg, w, c, t, {});
+      const int64_t bad_ids = CountBitDiffs(got.ids, want.ids);
+      const int64_t bad_w = CountBitDiffs(got.weights, want.weights);
+      const int64_t bad_out = CountBitDiffs(got.out, want.out);
+      std::printf("[cuda-check] %s vs separate: bad_ids=%lld bad_weights=%lld bad_out=%lld\n",
+                  tag.c_str(), static_cast<long long>(bad_ids), static_cast<long long>(bad_w),
+                  static_cast<long long>(bad_out));
+      EXPECT_EQ(bad_ids, 0) << tag;
+      EXPECT_EQ(bad_w, 0) << tag;
+      EXPECT_EQ(bad_out, 0) << tag;
+      // The experts against the CPU reference for the same routing (routing against the CPU:
+      // the separate path's tests; fp32 logits here may tie to an ulp of expf).
+      ExpectClose(tag + " vs cpu", got.out,
+                  RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
+                  kExpertsAtol);
+      // Shared-expert addend folded into the combine.
+      const auto add = RandomBf16(t * cfg.hidden, rng, -1.0f, 1.0f);
+      const FusedRun with_add = RunFused(cfg, w, c, t, add);
+      std::vector<float> want_add(want.out.size());
+      for (size_t i = 0; i < want_add.size(); ++i) {
+        want_add[i] = Bf16ToFloat(FloatToBf16(Bf16ToFloat(add[i]) + want.out[i]));
+      }
+      EXPECT_EQ(CountBitDiffs(with_add.out, want_add), 0) << tag << " with add";
+    }
+  }
+}
+
+// Route + experts captured in a CUDA graph and replayed give the direct calls' bits.
+TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MoeConfig cfg = Configs()[1];
+  const ExpertWeights w(cfg, rng);
+  const int64_t t = 1, k = cfg.routing.top_k, e = cfg.routing.num_experts;
+  const FusedCase c(cfg, t, rng);
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  auto run = [&](bf16* out) {
+    const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
+                                  cfg.routing, d_ids.data(), d_w.data(), ws, stream->get())
+                    .ok());
+    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k,
+                                    e, w.d_gate_up.data(), w.d_down.data(), nullptr, out, ws,
+                                    stream->get())
+                    .ok());
+  };
+  ExpectGraphReplayEqualsDirect("moe fused graph replay vs direct", stream->get(),
+                                t * cfg.hidden, run);
+}
+
+// The variant setting and the fused path's bounds (host-side checks, no device needed).
+TEST(MoeCudaArgsTest, FusedDecodeArguments) {
+  const int saved = MoeDecodeVariant();
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
+  EXPECT_EQ(SetMoeDecodeVariant(2).code(), kInvalid);
+  for (int v : {0, 1}) {
+    ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
+    EXPECT_EQ(MoeDecodeVariant(), v);
+  }
+  ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
+
+  const MoeRoutingParams v2 = Configs()[1].routing;  // top-6 of 64
+  EXPECT_TRUE(MoeFusedDecodeSupported(1, v2));
+  EXPECT_TRUE(MoeFusedDecodeSupported(kMoeFusedMaxTokens, v2));
+  EXPECT_FALSE(MoeFusedDecodeSupported(0, v2));
+  EXPECT_FALSE(MoeFusedDecodeSupported(kMoeFusedMaxTokens + 1, v2));
+  MoeRoutingParams wide = v2;
+  wide.num_experts = 1024;  // 8 tokens · 3 · 1024 floats of shared memory: too much
+  EXPECT_TRUE(MoeFusedDecodeSupported(1, wide));
+  EXPECT_FALSE(MoeFusedDecodeSupported(8, wide));
+  MoeRoutingParams many = v2;
+  many.top_k = 16;  // 8 · 16 rows > kMoeFusedMaxRows
+  EXPECT_FALSE(MoeFusedDecodeSupported(8, many));
+
+  bf16* p = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  int32_t* ids = reinterpret_cast<int32_t*>(uintptr_t{2} << 20);
+  float* wts = reinterpret_cast<float*>(uintptr_t{3} << 20);
+  const int64_t h = 64, i = 32;
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(2, v2.top_k, v2.num_experts, h, i);
+  const MoeCudaWorkspace ws{reinterpret_cast<void*>(uintptr_t{4} << 20), ws_bytes};
+  auto route = [&](int64_t t, int64_t hh, const bf16* x, MoeCudaWorkspace w) {
+    return MoeFusedRouteCuda(x, p, nullptr, t, hh, v2, ids, wts, w, nullptr).code();
+  };
+  EXPECT_EQ(route(0, h, p, ws), kInvalid);
+  EXPECT_EQ(route(kMoeFusedMaxTokens + 1, h, p, ws), kInvalid);
+  EXPECT_EQ(route(2, 60, p, ws), kInvalid);      // hidden % 8
+  EXPECT_EQ(route(2, h, p + 1, ws), kInvalid);   // misaligned x
+  EXPECT_EQ(route(2, h, nullptr, ws), kInvalid);
+  EXPECT_EQ(route(2, h, p, MoeCudaWorkspace{ws.data, 16}), kInvalid);
+  MoeRoutingParams bad = v2;
+  bad.n_group = 3;
+  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, bad, ids, wts, ws, nullptr).code(), kInvalid);
+  auto experts = [&](int64_t t, int64_t k, const bf16* out, MoeCudaWorkspace w) {
+    return MoeFusedExpertsCuda(p, wts, t, h, i, k, v2.num_experts, p, p, nullptr,
+                               const_cast<bf16*>(out), w, nullptr)
+        .code();
+  };
+  EXPECT_EQ(experts(0, v2.top_k, p, ws), kInvalid);
+  EXPECT_EQ(experts(kMoeFusedMaxTokens + 1, v2.top_k, p, ws), kInvalid);
+  EXPECT_EQ(experts(8, 9, p, ws), kInvalid);  // 72 rows > kMoeFusedMaxRows
+  EXPECT_EQ(experts(2, v2.top_k, p + 1, ws), kInvalid);
+  EXPECT_EQ(experts(2, v2.top_k, p, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
 }
 
 }  // namespace

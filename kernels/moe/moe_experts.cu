@@ -17,6 +17,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,8 @@ using cuda_detail::Aligned16;
 using cuda_detail::LoadBf16x8;
 using cuda_detail::StoreBf16x8;
 using moe_detail::kWarpDotRows;
+using moe_detail::RouteArgs;
+using moe_detail::WarpDotChunked;
 using moe_detail::WarpDotRows;
 
 constexpr int kSortThreads = 1024;
@@ -101,6 +104,19 @@ struct SortOut {
   int32_t* row_to_sorted;  // [rows] row -> sorted position, -1 for an id outside [0, E)
 };
 
+// Sort segments of the workspace (the part MoeFusedRouteCuda writes).
+SortOut SortPointers(void* workspace, const Layout& l) {
+  unsigned char* ws = static_cast<unsigned char*>(workspace);
+  SortOut so;
+  so.offsets = reinterpret_cast<int32_t*>(ws + l.offsets);
+  so.tile_offsets = reinterpret_cast<int32_t*>(ws + l.tile_offsets);
+  so.active = reinterpret_cast<int32_t*>(ws + l.active);
+  so.num_active = reinterpret_cast<int32_t*>(ws + l.num_active);
+  so.sorted_rows = reinterpret_cast<int32_t*>(ws + l.sorted_rows);
+  so.row_to_sorted = reinterpret_cast<int32_t*>(ws + l.row_to_sorted);
+  return so;
+}
+
 // Inclusive warp scan (Hillis-Steele over shuffles).
 __device__ __forceinline__ int WarpInclusiveScan(int v) {
   const int lane = threadIdx.x & 31;
@@ -112,12 +128,11 @@ __device__ __forceinline__ int WarpInclusiveScan(int v) {
   return v;
 }
 
-// One block of kSortThreads; dynamic shared memory: counts [E] and cursors [E] (int32).
-__global__ void __launch_bounds__(kSortThreads)
-    MoeSortKernel(const int32_t* __restrict__ topk_ids, int rows, int num_experts, SortOut o) {
-  extern __shared__ int32_t sort_smem[];
-  int32_t* counts = sort_smem;
-  int32_t* cursor = sort_smem + num_experts;
+// SortRows: the counting sort of MoeSortKernel by the whole calling block (every thread calls
+// it; blockDim.x a multiple of 32, >= 32). `counts` and `cursor`: num_experts int32 each of
+// shared memory. topk_ids written earlier by this block are visible after a __syncthreads.
+__device__ __forceinline__ void SortRows(const int32_t* topk_ids, int rows, int num_experts,
+                                         const SortOut& o, int32_t* counts, int32_t* cursor) {
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -165,6 +180,13 @@ __global__ void __launch_bounds__(kSortThreads)
   }
 }
 
+// One block of kSortThreads; dynamic shared memory: counts [E] and cursors [E] (int32).
+__global__ void __launch_bounds__(kSortThreads)
+    MoeSortKernel(const int32_t* __restrict__ topk_ids, int rows, int num_experts, SortOut o) {
+  extern __shared__ int32_t sort_smem[];
+  SortRows(topk_ids, rows, num_experts, o, sort_smem, sort_smem + num_experts);
+}
+
 // The A operand of both expert GEMMs, row by sorted position p: for gate/up the token's x row
 // (x[sorted_rows[p] / top_k]), for down the activation row act[p].
 struct ARows {
@@ -186,7 +208,9 @@ __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + 
 // expert's rows are taken kRows at a time (kRows >= the expert's row count in the usual case:
 // a token picks an expert at most once, so counts <= num_tokens; the host picks kRows from it).
 // kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
-template <bool kGateUp, int kRows>
+// kVecs > 0 (the fused decode path): WarpDotChunked with kVecs weight vectors per lane in
+// flight per row (same sums, bit for bit); 0: WarpDotRows.
+template <bool kGateUp, int kRows, int kVecs = 0>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     MoeGemvKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
                   const int32_t* __restrict__ active, const int32_t* __restrict__ num_active, int n,
@@ -210,7 +234,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int j = 0; j < kRows; ++j) a[j] = a_rows.Row(p0 + (j < rows ? j : 0));
     float acc[kMats][kRows];
-    WarpDotRows<kMats, kRows>(wr, a, rows, k, acc);
+    if constexpr (kVecs > 0) {
+      WarpDotChunked<kMats, kRows, kVecs>(wr, a, rows, k, acc);
+    } else {
+      WarpDotRows<kMats, kRows>(wr, a, rows, k, acc);
+    }
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
@@ -527,6 +555,134 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+
+// ---- Fused decode path (SetMoeDecodeVariant(1)): three launches instead of six.
+
+constexpr int kFusedRouteThreads = 512;
+constexpr int kFusedVecs = 8;   // weight vectors per lane in flight per weight row
+constexpr int kDownCols = 8;    // output columns per block of the down + combine kernel
+constexpr int kDownWarps = 8;
+
+// Dynamic shared floats of MoeFusedRouteKernel: logits [T, E], then the routing scratch of T
+// warps, which the sort's counters [2E] (int32) reuse afterwards.
+size_t FusedRouteSmemFloats(int64_t num_tokens, const MoeRoutingParams& p) {
+  const int64_t route = num_tokens * (2 * p.num_experts + p.n_group);
+  return static_cast<size_t>(num_tokens * p.num_experts + std::max(route, 2 * p.num_experts));
+}
+
+// One block: router logits (MoeRouterLogitsCuda's sums bit for bit: each warp takes two
+// experts at a time, WarpDotChunked), routing (warp t routes token t, RouteToken), then the
+// counting sort of the ids (SortRows) into the workspace, all without leaving the SM. At
+// decode sizes the router matrix (E · hidden bf16, 256 KiB for V2-Lite) is read by one SM
+// with 16 × 2 × 8 16-byte loads per lane in flight; three small launches cost more.
+template <int kRows>
+__global__ void __launch_bounds__(kFusedRouteThreads)
+    MoeFusedRouteKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate, int hidden,
+                        RouteArgs args, SortOut so) {
+  extern __shared__ float fused_smem[];
+  const int num_tokens = args.num_tokens;
+  const int e_count = args.num_experts;
+  float* logits = fused_smem;
+  float* scratch = fused_smem + num_tokens * e_count;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  constexpr int kWarps = kFusedRouteThreads / 32;
+  const bf16* a[kRows];
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    a[j] = x + static_cast<int64_t>(j < num_tokens ? j : 0) * hidden;
+  }
+  for (int e = 2 * warp; e < e_count; e += 2 * kWarps) {
+    const bool pair = e + 1 < e_count;  // warp-uniform
+    const bf16* w[2] = {w_gate + static_cast<int64_t>(e) * hidden,
+                        w_gate + static_cast<int64_t>(pair ? e + 1 : e) * hidden};
+    float acc[2][kRows];
+    WarpDotChunked<2, kRows, kFusedVecs>(w, a, num_tokens, hidden, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < num_tokens && lane == j) {
+        logits[j * e_count + e] = acc[0][j];
+        if (pair) logits[j * e_count + e + 1] = acc[1][j];
+      }
+    }
+  }
+  __syncthreads();
+  if (warp < num_tokens) {
+    moe_detail::RouteToken(logits + warp * e_count,
+                           scratch + warp * moe_detail::RouteScratchFloats(args), args, warp);
+  }
+  __syncthreads();  // ids in global memory, visible to the block; the scratch is free
+  int32_t* counters = reinterpret_cast<int32_t*>(scratch);
+  SortRows(args.topk_ids, num_tokens * args.top_k, e_count, so, counters, counters + e_count);
+}
+
+// Down projection and combine in one launch: a block owns kDownCols output columns of every
+// token. Its warps take (touched expert, column pair) tasks: the two adjacent weight rows of
+// that expert are streamed once (WarpDotChunked, kFusedVecs vectors per row per lane in flight)
+// for the expert's activation rows, and each result is rounded to bf16 into shared memory by
+// sorted row. Then thread (t, c) sums token t's top_k rows in k order exactly as
+// MoeCombineKernel does (fp32 fmaf from 0, one bf16 rounding), and adds `add` [T, n] when
+// given (bf16(add + routed), AddInPlaceCuda's rounding). So the output equals the GEMV path's
+// MoeCombineKernel (+ AddInPlaceCuda) bit for bit. Rows total <= kMoeFusedMaxRows.
+template <int kRows>
+__global__ void __launch_bounds__(kDownWarps * 32)
+    MoeDownCombineKernel(const bf16* __restrict__ act, const bf16* __restrict__ w,
+                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
+                         const int32_t* __restrict__ num_active,
+                         const int32_t* __restrict__ row_to_sorted,
+                         const float* __restrict__ topk_weights, int num_tokens, int top_k, int n,
+                         int k, const bf16* add, bf16* out) {
+  __shared__ float val[kDownCols][kMoeFusedMaxRows];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int c0 = blockIdx.x * kDownCols;  // n % 8 == 0: every column of the block exists
+  constexpr int kPairs = kDownCols / 2;
+  const int tasks = *num_active * kPairs;
+  for (int task = warp; task < tasks; task += kDownWarps) {
+    const int slot = task / kPairs;
+    const int c = (task % kPairs) * 2;
+    const int e = active[slot];
+    const bf16* we = w + (static_cast<int64_t>(e) * n + c0 + c) * k;
+    const bf16* wr[2] = {we, we + k};
+    const int end = offsets[e + 1];
+    for (int p0 = offsets[e]; p0 < end; p0 += kRows) {
+      const int rows = min(kRows, end - p0);
+      const bf16* a[kRows];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        a[j] = act + static_cast<int64_t>(p0 + (j < rows ? j : 0)) * k;
+      }
+      float acc[2][kRows];
+      WarpDotChunked<2, kRows, kFusedVecs>(wr, a, rows, k, acc);
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        if (j < rows && lane == j) {
+          val[c][p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[0][j]));
+          val[c + 1][p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[1][j]));
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < num_tokens * kDownCols; q += blockDim.x) {
+    const int t = q / kDownCols;
+    const int c = q % kDownCols;
+    float acc = 0.0f;
+    for (int kk = 0; kk < top_k; ++kk) {
+      const int pos = row_to_sorted[t * top_k + kk];
+      if (pos < 0) continue;
+      acc = fmaf(topk_weights[t * top_k + kk], val[c][pos], acc);
+    }
+    const int64_t o = static_cast<int64_t>(t) * n + c0 + c;
+    bf16 r = __float2bfloat16_rn(acc);
+    if (add != nullptr) r = __float2bfloat16_rn(__bfloat162float(add[o]) + __bfloat162float(r));
+    out[o] = r;
+  }
+}
+
+// SetMoeDecodeVariant's setting.
+std::atomic<int> g_moe_decode_variant{0};
+
 }  // namespace
 
 size_t MoeCudaWorkspaceBytes(int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
@@ -573,13 +729,7 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
         absl::StrCat("MoeExpertsCuda: workspace of ", workspace.bytes, " bytes, need ", l.total));
   }
   unsigned char* ws = static_cast<unsigned char*>(workspace.data);
-  SortOut so;
-  so.offsets = reinterpret_cast<int32_t*>(ws + l.offsets);
-  so.tile_offsets = reinterpret_cast<int32_t*>(ws + l.tile_offsets);
-  so.active = reinterpret_cast<int32_t*>(ws + l.active);
-  so.num_active = reinterpret_cast<int32_t*>(ws + l.num_active);
-  so.sorted_rows = reinterpret_cast<int32_t*>(ws + l.sorted_rows);
-  so.row_to_sorted = reinterpret_cast<int32_t*>(ws + l.row_to_sorted);
+  const SortOut so = SortPointers(ws, l);
   bf16* act = reinterpret_cast<bf16*>(ws + l.act);
   bf16* expert_out = reinterpret_cast<bf16*>(ws + l.expert_out);
 
@@ -639,6 +789,141 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
   MoeCombineKernel<<<static_cast<unsigned>(num_tokens), kCombineThreads, 0, stream>>>(
       expert_out, so.row_to_sorted, topk_weights, k, h, out);
   return CudaLaunchStatus("MoeExpertsCuda launch");
+}
+
+absl::Status SetMoeDecodeVariant(int variant) {
+  if (variant < 0 || variant > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not 0 or 1"));
+  }
+  g_moe_decode_variant.store(variant, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MoeDecodeVariant() { return g_moe_decode_variant.load(std::memory_order_relaxed); }
+
+bool MoeFusedDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params) {
+  return num_tokens >= 1 && num_tokens <= kMoeFusedMaxTokens && params.top_k >= 1 &&
+         num_tokens * params.top_k <= kMoeFusedMaxRows && params.num_experts >= 1 &&
+         params.num_experts <= kMoeCudaMaxExperts && params.n_group >= 1 &&
+         FusedRouteSmemFloats(num_tokens, params) * sizeof(float) <= 48 * 1024;
+}
+
+absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                               int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
+                               int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
+                               cudaStream_t stream) {
+  if (absl::Status s = ValidateMoeRoutingParams(params); !s.ok()) return s;
+  if (!MoeFusedDecodeSupported(num_tokens, params) || hidden < 8 || hidden % 8 != 0 ||
+      hidden > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeFusedRouteCuda: num_tokens=", num_tokens, " top_k=", params.top_k,
+        " num_experts=", params.num_experts, " hidden=", hidden,
+        " outside the fused decode path (MoeFusedDecodeSupported; hidden a multiple of 8)"));
+  }
+  if (x == nullptr || w_gate == nullptr || !Aligned16(x) || !Aligned16(w_gate) ||
+      topk_ids == nullptr || topk_weights == nullptr || workspace.data == nullptr ||
+      !Aligned16(workspace.data)) {
+    return absl::InvalidArgumentError(
+        "MoeFusedRouteCuda: x, w_gate and workspace must be non-null and 16-byte aligned, "
+        "topk_ids and topk_weights non-null");
+  }
+  // Only the sort segments are written; they come first and depend on rows and E alone.
+  const Layout l = MakeLayout(num_tokens * params.top_k, params.num_experts, 8, 8);
+  if (workspace.bytes < l.act) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeFusedRouteCuda: workspace of ",
+                                                   workspace.bytes, " bytes, need ", l.act));
+  }
+  const RouteArgs args =
+      moe_detail::MakeRouteArgs(params, correction_bias, num_tokens, topk_ids, topk_weights);
+  const SortOut so = SortPointers(workspace.data, l);
+  const size_t smem = FusedRouteSmemFloats(num_tokens, params) * sizeof(float);
+  const int h = static_cast<int>(hidden);
+  if (num_tokens == 1) {
+    MoeFusedRouteKernel<1><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
+  } else if (num_tokens == 2) {
+    MoeFusedRouteKernel<2><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
+  } else if (num_tokens <= 4) {
+    MoeFusedRouteKernel<4><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
+  } else {
+    MoeFusedRouteKernel<kWarpDotRows>
+        <<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
+  }
+  return CudaLaunchStatus("MoeFusedRouteCuda launch");
+}
+
+namespace {
+
+// Both launches of MoeFusedExpertsCuda with kRows rows per pass over an expert's weights.
+template <int kRows>
+void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
+                        const SortOut& so, const float* topk_weights, unsigned max_active,
+                        int num_tokens, int top_k, int h, int i, bf16* act, const bf16* add,
+                        bf16* out, cudaStream_t stream) {
+  MoeGemvKernel<true, kRows, kFusedVecs>
+      <<<dim3(static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps), max_active),
+         kGemvWarps * 32, 0, stream>>>(x_rows, w_gate_up, so.offsets, so.active, so.num_active,
+                                       i, act);
+  MoeDownCombineKernel<kRows>
+      <<<static_cast<unsigned>(h / kDownCols), kDownWarps * 32, 0, stream>>>(
+          act, w_down, so.offsets, so.active, so.num_active, so.row_to_sorted, topk_weights,
+          num_tokens, top_k, h, i, add, out);
+}
+
+}  // namespace
+
+absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64_t num_tokens,
+                                 int64_t hidden, int64_t intermediate, int64_t top_k,
+                                 int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
+                                 const bf16* add, bf16* out, MoeCudaWorkspace workspace,
+                                 cudaStream_t stream) {
+  if (num_tokens < 1 || num_tokens > kMoeFusedMaxTokens || top_k < 1 || top_k > num_experts ||
+      num_tokens * top_k > kMoeFusedMaxRows || num_experts > kMoeCudaMaxExperts || hidden < 8 ||
+      hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0 || hidden > kMaxDim ||
+      intermediate > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeFusedExpertsCuda: bad shape num_tokens=", num_tokens, " hidden=", hidden,
+        " intermediate=", intermediate, " top_k=", top_k, " num_experts=", num_experts,
+        " (1 <= num_tokens <= ", kMoeFusedMaxTokens, ", num_tokens·top_k <= ", kMoeFusedMaxRows,
+        ", hidden and intermediate multiples of 8)"));
+  }
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(w_gate_up),
+                        static_cast<const void*>(w_down), static_cast<const void*>(out),
+                        static_cast<const void*>(workspace.data)}) {
+    if (p == nullptr || !Aligned16(p)) {
+      return absl::InvalidArgumentError(
+          "MoeFusedExpertsCuda: x, w_gate_up, w_down, out and workspace must be non-null and "
+          "16-byte aligned");
+    }
+  }
+  if (topk_weights == nullptr) {
+    return absl::InvalidArgumentError("MoeFusedExpertsCuda: null topk_weights");
+  }
+  const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
+  if (workspace.bytes < l.total) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
+                                                   workspace.bytes, " bytes, need ", l.total));
+  }
+  const SortOut so = SortPointers(workspace.data, l);
+  bf16* act = reinterpret_cast<bf16*>(static_cast<unsigned char*>(workspace.data) + l.act);
+  const ARows x_rows{x, so.sorted_rows, static_cast<int>(top_k), static_cast<int>(hidden)};
+  const unsigned max_active = static_cast<unsigned>(std::min(num_experts, num_tokens * top_k));
+  const int t = static_cast<int>(num_tokens), k = static_cast<int>(top_k);
+  const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
+  if (num_tokens == 1) {
+    LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
+                          act, add, out, stream);
+  } else if (num_tokens == 2) {
+    LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
+                          act, add, out, stream);
+  } else if (num_tokens <= 4) {
+    LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
+                          act, add, out, stream);
+  } else {
+    LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
+                                     k, h, i, act, add, out, stream);
+  }
+  return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
 
 }  // namespace sluice::kernels
