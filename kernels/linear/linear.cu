@@ -37,7 +37,7 @@ constexpr int kGemvThreads = 256;
 // allocating in L1, which keeps L1 for the x rows every warp re-reads.
 __device__ __forceinline__ Bf16x8 LoadStreaming(const Bf16x8* p) {
   uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
       : "l"(p));
   Bf16x8 v;
@@ -46,21 +46,48 @@ __device__ __forceinline__ Bf16x8 LoadStreaming(const Bf16x8* p) {
   return v;
 }
 
-// One warp per output column n: lanes stride over w[n, :] in 16-byte vectors (kUnroll in
-// flight), each multiplied by the same 8 elements of every x row (m <= kM), fp32 sums reduced
-// across the warp; lane 0 adds the bias and rounds once. A small w (e.g. 4096 × 4096 at m = 1)
-// leaves each warp only a few rounds of loads, so the round-trip latency per round, not the
-// bandwidth, sets the time: a deeper unroll (16: a 4096-wide row in one round) trades registers
-// for fewer rounds; the autotuner picks the depth per shape.
-template <int kM, int kUnroll>
+// x rows are re-read by every warp (L1 hits): one 16-byte load, where dereferencing a Bf16x8
+// pointer compiles to four 4-byte loads.
+__device__ __forceinline__ Bf16x8 LoadX(const Bf16x8* p) {
+  const uint4 r = __ldg(reinterpret_cast<const uint4*>(p));
+  Bf16x8 v;
+  static_assert(sizeof(v) == sizeof(r));
+  memcpy(&v, &r, sizeof(v));
+  return v;
+}
+
+// kSplit warps per output column n (a CTA of kGemvThreads holds kGemvThreads / 32 / kSplit
+// columns): warp s of a column streams the s-th of kSplit equal slices of w[n, :] in 16-byte
+// vectors (kUnroll in flight per lane), each multiplied by the same 8 elements of every x row
+// (m <= kM), fp32 sums reduced across the warp, then (kSplit > 1) across the column's warps
+// through shared memory in slice order; one thread adds the bias and rounds once. The order of
+// the sums depends only on (k, kSplit, kUnroll), so a plan's results are deterministic.
+// A small w (e.g. 4096 × 4096 at m = 1) leaves each warp only a few rounds of loads, so the
+// round-trip latency per round, not the bandwidth, sets the time: a deeper unroll (16: a
+// 4096-wide row in one round) trades registers (so resident warps) for fewer rounds; a split
+// (4: a quarter row per warp) keeps registers low and cuts each warp's rounds the same way,
+// with smaller units of work that fill the last wave of CTAs more evenly. The autotuner picks
+// (kUnroll, kSplit) per shape.
+template <int kM, int kUnroll, int kSplit>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
-  const int col = static_cast<int>((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5);
+  static_assert(kSplit >= 1 && (kGemvThreads / 32) % kSplit == 0);
+  constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  if (col >= n) return;
-  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + int64_t{col} * k);
+  const int col = static_cast<int>(blockIdx.x) * kColsPerCta + warp / kSplit;
+  const int slice = warp % kSplit;
+  // No early return when kSplit > 1: every thread must reach the barrier below.
+  const bool active = col < n;
+  if (kSplit == 1 && !active) return;
+  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + int64_t{active ? col : 0} * k);
   const int vecs = k / 8;
+  // Slice bounds in vectors; a multiple of 32 per slice keeps every lane's loads aligned to
+  // the warp's 512-byte rounds.
+  const int per_slice = kSplit == 1 ? vecs : ((vecs + kSplit - 1) / kSplit + 31) / 32 * 32;
+  const int begin = slice * per_slice;
+  const int end = active ? min(vecs, begin + per_slice) : 0;
   float acc[kM];
 #pragma unroll
   for (int r = 0; r < kM; ++r) acc[r] = 0.0f;
@@ -71,24 +98,43 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int r = 0; r < kM; ++r) {
       if (r < m) {
         float xf[8];
-        ToFloat8(*reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k + int64_t{vi} * 8), xf);
+        ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k) + vi), xf);
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
       }
     }
   };
-  int i = lane;
-  for (; i + 32 * (kUnroll - 1) < vecs; i += 32 * kUnroll) {
+  // Every round issues its kUnroll loads predicated on the slice end: a separate remainder
+  // loop would take one more round trip per leftover vector (k = 14336 at unroll 16: 8).
+  for (int i = begin + lane; i < end; i += 32 * kUnroll) {
     Bf16x8 wv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = LoadStreaming(wr + i + 32 * u);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + 32 * u < end) wv[u] = LoadStreaming(wr + i + 32 * u);
+    }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) fma_vec(wv[u], i + 32 * u);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + 32 * u < end) fma_vec(wv[u], i + 32 * u);
+    }
   }
-  for (; i < vecs; i += 32) fma_vec(LoadStreaming(wr + i), i);
 #pragma unroll
   for (int r = 0; r < kM; ++r) acc[r] = WarpSum(acc[r]);
-  if (lane == 0) {
+  if constexpr (kSplit > 1) {
+    __shared__ float partial[kGemvThreads / 32][kM];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kM; ++r) partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int r = 0; r < kM; ++r) {
+      acc[r] = partial[warp][r];
+#pragma unroll
+      for (int s = 1; s < kSplit; ++s) acc[r] += partial[warp + s][r];
+    }
+  }
+  if (lane == 0 && active) {
     const float b = bias != nullptr ? __bfloat162float(bias[col]) : 0.0f;
 #pragma unroll
     for (int r = 0; r < kM; ++r) {
@@ -102,35 +148,51 @@ bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k
          k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
 }
 
-template <int kUnroll>
-void LaunchGemvUnrolled(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                        int64_t n, int64_t k, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>((n * 32 + kGemvThreads - 1) / kGemvThreads);
+template <int kUnroll, int kSplit>
+void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                       int64_t n, int64_t k, cudaStream_t stream) {
+  constexpr int64_t kColsPerCta = kGemvThreads / 32 / kSplit;
+  const unsigned grid = static_cast<unsigned>((n + kColsPerCta - 1) / kColsPerCta);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (m == 1) {
-    GemvKernel<1, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<1, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else if (m == 2) {
-    GemvKernel<2, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<2, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else if (m <= 4) {
-    GemvKernel<4, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<4, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   } else {
-    GemvKernel<8, kUnroll><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    GemvKernel<8, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
   }
 }
 
-// Launches without validating (callers checked GemvSupported and the unroll).
+// The (unroll, split) pairs GemvCuda serves, in the order the autotuner times them.
+struct GemvVariant {
+  int unroll, split;
+};
+constexpr GemvVariant kGemvVariants[] = {{4, 1}, {8, 1}, {16, 1}, {4, 2},
+                                         {8, 2}, {4, 4}, {8, 4},  {4, 8}};
+
+bool GemvVariantSupported(int unroll, int split) {
+  for (const GemvVariant& v : kGemvVariants) {
+    if (v.unroll == unroll && v.split == split) return true;
+  }
+  return false;
+}
+
+// Launches without validating (callers checked GemvSupported and GemvVariantSupported).
 void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                int64_t k, int unroll, cudaStream_t stream) {
-  if (unroll == 16) {
-    LaunchGemvUnrolled<16>(x, w, bias, y, m, n, k, stream);
-  } else if (unroll == 8) {
-    LaunchGemvUnrolled<8>(x, w, bias, y, m, n, k, stream);
-  } else {
-    LaunchGemvUnrolled<4>(x, w, bias, y, m, n, k, stream);
+                int64_t k, int unroll, int split, cudaStream_t stream) {
+  switch (split * 100 + unroll) {
+    case 116: LaunchGemvVariant<16, 1>(x, w, bias, y, m, n, k, stream); break;
+    case 108: LaunchGemvVariant<8, 1>(x, w, bias, y, m, n, k, stream); break;
+    case 204: LaunchGemvVariant<4, 2>(x, w, bias, y, m, n, k, stream); break;
+    case 208: LaunchGemvVariant<8, 2>(x, w, bias, y, m, n, k, stream); break;
+    case 404: LaunchGemvVariant<4, 4>(x, w, bias, y, m, n, k, stream); break;
+    case 408: LaunchGemvVariant<8, 4>(x, w, bias, y, m, n, k, stream); break;
+    case 804: LaunchGemvVariant<4, 8>(x, w, bias, y, m, n, k, stream); break;
+    default: LaunchGemvVariant<4, 1>(x, w, bias, y, m, n, k, stream); break;
   }
 }
-
-bool GemvUnrollSupported(int unroll) { return unroll == 4 || unroll == 8 || unroll == 16; }
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -164,6 +226,7 @@ struct Plan {
   bool tuned = false;
   bool gemv = false;      // the tuned choice is GemvCuda
   int gemv_unroll = 4;    // its unroll depth
+  int gemv_split = 1;     // and warps per output column
   float best_us = 0.0f;   // tuned: the winner's time
   float first_us = 0.0f;  // tuned: the heuristic's first pick's time
   float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
@@ -332,16 +395,17 @@ struct CublasLt::Impl {
       }
     }
     if (GemvSupported(x, w, m, n, k)) {
-      for (const int unroll : {4, 8, 16}) {
+      for (const GemvVariant& v : kGemvVariants) {
         const float us = time([&] {
-          LaunchGemv(x, w, bias, y, m, n, k, unroll, stream);
+          LaunchGemv(x, w, bias, y, m, n, k, v.unroll, v.split, stream);
           return cudaPeekAtLastError() == cudaSuccess;
         });
         if (us >= 0.0f && (p.gemv_us <= 0.0f || us < p.gemv_us)) p.gemv_us = us;
         if (us >= 0.0f && (best < 0.0f || us < best)) {
           best = us;
           p.gemv = true;
-          p.gemv_unroll = unroll;
+          p.gemv_unroll = v.unroll;
+          p.gemv_split = v.split;
         }
       }
     }
@@ -403,7 +467,7 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
     }
   }
   if (p.gemv) {
-    LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, stream);
+    LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, p.gemv_split, stream);
     return CudaLaunchStatus("GemvKernel");
   }
   if (bias != nullptr) {
@@ -440,25 +504,27 @@ std::string CublasLt::DescribePlans() {
     char line[256];
     std::snprintf(line, sizeof(line),
                   "m=%lld n=%lld k=%lld%s: %s; cublasLt algo %d tile %d splitK %d; candidates %zu; "
-                  "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us (unroll %d)\n",
+                  "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us "
+                  "(unroll %d split %d)\n",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                   has_bias ? " +bias" : "", p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
                   p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us,
-                  p->gemv_unroll);
+                  p->gemv_unroll, p->gemv_split);
     out += line;
   }
   return out;
 }
 
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                      int64_t n, int64_t k, cudaStream_t stream, int unroll) {
+                      int64_t n, int64_t k, cudaStream_t stream, int unroll, int split) {
   if (n < 1 || k < 1 || !GemvSupported(x, w, m, n, k) || y == nullptr ||
-      !GemvUnrollSupported(unroll)) {
+      !GemvVariantSupported(unroll, split)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GemvCuda: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0, 16-byte aligned x and w "
-        "and unroll 4, 8 or 16 (m=", m, " n=", n, " k=", k, " unroll=", unroll, ")"));
+        "and (unroll, split) one of (4|8|16, 1), (4|8, 2), (4|8, 4), (4, 8) (m=", m, " n=", n,
+        " k=", k, " unroll=", unroll, " split=", split, ")"));
   }
-  LaunchGemv(x, w, bias, y, m, n, k, unroll, stream);
+  LaunchGemv(x, w, bias, y, m, n, k, unroll, split, stream);
   return CudaLaunchStatus("GemvKernel");
 }
 

@@ -52,13 +52,16 @@ class CublasLt {
 inline constexpr int64_t kGemvMaxRows = 8;
 
 // GemvCuda: the same product as LinearCuda for few rows, y[m, n] = bf16(Σ_k x[m, k]·w[n, k] +
-// bias[n]) with fp32 accumulation, as one bandwidth-oriented kernel: a warp per output column
-// streams w[n, :] once with 16-byte loads, `unroll` (4, 8 or 16) of them in flight per lane
-// (LinearCuda's autotuner picks the depth per shape). Needs 1 <= m <= kGemvMaxRows, k % 8 == 0
-// and 16-byte aligned x and w (y and bias: element alignment). y must not overlap x or w.
+// bias[n]) with fp32 accumulation, as one bandwidth-oriented kernel: `split` warps per output
+// column (1, 2, 4 or 8) each stream one slice of w[n, :] once with 16-byte loads, `unroll`
+// (4, 8 or 16) of them in flight per lane, and the slices' fp32 sums are added in slice order.
+// Served (unroll, split): (4|8|16, 1), (4|8, 2), (4|8, 4), (4, 8); LinearCuda's autotuner
+// picks one per shape. Results are deterministic for a given (unroll, split); different choices
+// differ only in fp32 summation order. Needs 1 <= m <= kGemvMaxRows, k % 8 == 0 and 16-byte
+// aligned x and w (y and bias: element alignment). y must not overlap x or w.
 // Errors: InvalidArgument when those do not hold; Internal for launch errors.
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                      int64_t n, int64_t k, cudaStream_t stream, int unroll = 4);
+                      int64_t n, int64_t k, cudaStream_t stream, int unroll = 4, int split = 1);
 
 // LinearCuda computes y[m, n] = bf16(Σ_k x[m, k] · w[n, k] + bias[n]) (LinearCpu's layout:
 // row-major, contiguous; bias [n] may be null), accumulating in fp32 (CUBLAS_COMPUTE_32F) and

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -86,17 +87,25 @@ TEST(LinearCudaTest, GemvMatchesCpuReference) {
   const Shape shapes[] = {{1, 4096, 4096, false}, {2, 333, 1032, true}, {3, 77, 64, true},
                           {4, 1000, 8, false},    {5, 129, 4104, true}, {8, 4096, 14336, false},
                           {7, 31, 256, false}};
-  for (const int unroll : {4, 8, 16}) {
+  // Every served (unroll, split); split > 1 also covers k slices shorter than a warp round
+  // (k = 8, 64) and a column count that leaves part of the last CTA idle (n = 77, 31).
+  const std::pair<int, int> variants[] = {{4, 1}, {8, 1}, {16, 1}, {4, 2},
+                                          {8, 2}, {4, 4}, {8, 4},  {4, 8}};
+  for (const auto& [unroll, split] : variants) {
     for (const Shape& sh : shapes) {
-      CheckShape(absl::StrCat("gemv unroll ", unroll), sh.m, sh.n, sh.k, sh.bias, rng,
-                 [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
-                   return GemvCuda(x, w, b, y, sh.m, sh.n, sh.k, nullptr, unroll);
+      CheckShape(absl::StrCat("gemv unroll ", unroll, " split ", split), sh.m, sh.n, sh.k,
+                 sh.bias, rng, [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                   return GemvCuda(x, w, b, y, sh.m, sh.n, sh.k, nullptr, unroll, split);
                  });
     }
   }
   auto v = NanBuffer(64);
   EXPECT_EQ(GemvCuda(v.data(), v.data(), nullptr, v.data(), 1, 4, 16, nullptr, 5).code(),
             absl::StatusCode::kInvalidArgument);  // unroll not 4, 8 or 16
+  EXPECT_EQ(GemvCuda(v.data(), v.data(), nullptr, v.data(), 1, 4, 16, nullptr, 16, 2).code(),
+            absl::StatusCode::kInvalidArgument);  // split 2 serves unroll 4 and 8 only
+  EXPECT_EQ(GemvCuda(v.data(), v.data(), nullptr, v.data(), 1, 4, 16, nullptr, 4, 3).code(),
+            absl::StatusCode::kInvalidArgument);  // split not 1, 2, 4 or 8
   EXPECT_EQ(GemvCuda(nullptr, nullptr, nullptr, nullptr, 9, 8, 8, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   auto w = NanBuffer(64);
