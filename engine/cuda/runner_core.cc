@@ -209,10 +209,9 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
 absl::Status RunnerCore::EnqueueEmbedding(const DeviceMeta& m, int64_t T, const bf16* embed,
                                           bf16* out) {
   cudaStream_t st = stream.get();
-  SLUICE_RUNNER_RETURN_IF_ERROR(ResolveTokenIdsCuda(m.ids, T, sampled.data(), st));
-  Mark("resolve_ids");
-  SLUICE_RUNNER_RETURN_IF_ERROR(
-      kernels::EmbeddingCuda(embed, vocab, hidden, m.ids, T, out, nullptr, st));
+  // Fed-back ids (-(r + 1): the token sampled for row r last step) resolve in the gather.
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::EmbeddingFeedbackCuda(
+      embed, vocab, hidden, m.ids, sampled.data(), T, out, nullptr, st));
   Mark("embedding");
   return absl::OkStatus();
 }

@@ -38,13 +38,14 @@ __device__ __forceinline__ void ArgmaxCombine(float& best, int32_t& best_idx, fl
 }
 
 constexpr int kArgmaxThreads = 1024;
-constexpr int kArgmaxUnroll = 4;
+constexpr int kArgmaxUnroll = 8;
 
 // One block per row. The row (128k bf16 for Llama-3 = 256 KiB, fresh in L2 from the LM head)
 // is read in 16-byte vectors, kArgmaxUnroll independent loads per thread in flight: a scalar
 // loop keeps one 2-byte load per thread outstanding and took 49 us on an H200 (latency-bound
-// on one SM); the vector loop needs ~4 round trips and takes 10 us (22 us for 256 rows, eager
-// with events). Each thread walks its indices in increasing
+// on one SM); the vector loop with 4 loads in flight needed ~4 round trips and took 10 us (22 us
+// for 256 rows, eager with events); 8 in flight halve the rounds (4 KiB per warp per round,
+// 32 registers). Each thread walks its indices in increasing
 // order, so ArgmaxCombine keeps the lowest index on ties within a thread and across the
 // reductions below.
 __global__ void ArgmaxRowsKernel(const bf16* logits, int64_t vocab, bool vec, int32_t* out) {
@@ -56,27 +57,23 @@ __global__ void ArgmaxRowsKernel(const bf16* logits, int64_t vocab, bool vec, in
     const auto* row8 = reinterpret_cast<const kernels::cuda_detail::Bf16x8*>(row);
     const int64_t n8 = vocab / 8;
     const int64_t step = blockDim.x;
-    int64_t c = threadIdx.x;
-    for (; c + (kArgmaxUnroll - 1) * step < n8; c += kArgmaxUnroll * step) {
+    // Every round issues kArgmaxUnroll predicated loads (a separate remainder loop would
+    // serialize up to kArgmaxUnroll - 1 further round trips).
+    for (int64_t c = threadIdx.x; c < n8; c += kArgmaxUnroll * step) {
       kernels::cuda_detail::Bf16x8 v[kArgmaxUnroll];
 #pragma unroll
-      for (int u = 0; u < kArgmaxUnroll; ++u) v[u] = row8[c + u * step];
+      for (int u = 0; u < kArgmaxUnroll; ++u) {
+        if (c + u * step < n8) v[u] = kernels::cuda_detail::LoadVec(row8 + c + u * step);
+      }
 #pragma unroll
       for (int u = 0; u < kArgmaxUnroll; ++u) {
+        if (c + u * step >= n8) break;
         float f[8];
         kernels::cuda_detail::ToFloat8(v[u], f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           ArgmaxCombine(best, best_idx, f[e], static_cast<int32_t>((c + u * step) * 8 + e));
         }
-      }
-    }
-    for (; c < n8; c += step) {
-      float f[8];
-      kernels::cuda_detail::ToFloat8(row8[c], f);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        ArgmaxCombine(best, best_idx, f[e], static_cast<int32_t>(c * 8 + e));
       }
     }
     scalar_begin = n8 * 8;
@@ -133,7 +130,7 @@ __global__ void GreedyLogprobRowsKernel(const bf16* logits, const int32_t* ids, 
     const int64_t n8 = vocab / 8;
     for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
       float f[8];
-      kernels::cuda_detail::ToFloat8(row8[c], f);
+      kernels::cuda_detail::ToFloat8(kernels::cuda_detail::LoadVec(row8 + c), f);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         if (f[e] > -INFINITY) sum += expf(f[e] - m);

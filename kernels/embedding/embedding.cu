@@ -1,5 +1,7 @@
 // CUDA embedding gather: one block per token; 16-byte copies when dim % 8 == 0 and the table
-// and output are 16-byte aligned.
+// and output are 16-byte aligned. EmbeddingFeedbackCuda also resolves fed-back token ids.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/embedding/embedding_cuda.h"
@@ -9,15 +11,26 @@ namespace {
 
 using cuda_detail::Aligned16;
 using cuda_detail::Bf16x8;
+using cuda_detail::LoadVec;
+using cuda_detail::StoreVec;
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;     // scalar path
+constexpr int kMaxThreads = 1024;  // vector path: one vector per thread up to dim 8192
 
+// One block per token. With `feedback`, a negative ids[t] = -(r + 1) stands for feedback[r]
+// (ResolveTokenIdsCuda's rule, fused here so a decode step saves a launch): every thread
+// resolves it from the original id, and after a barrier thread 0 writes the resolved id back.
 template <bool kVec>
 __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_size, int64_t dim,
-                                const int32_t* __restrict__ ids, bf16* __restrict__ out,
-                                int32_t* bad_index) {
+                                int32_t* ids, const int32_t* __restrict__ feedback,
+                                bf16* __restrict__ out, int32_t* bad_index) {
   const int64_t t = blockIdx.x;
-  const int32_t id = ids[t];
+  int32_t id = ids[t];
+  if (feedback != nullptr && id < 0) {
+    id = feedback[-static_cast<int64_t>(id) - 1];
+    __syncthreads();  // (uniform: id < 0 holds for the whole block) all read the original
+    if (threadIdx.x == 0) ids[t] = id;
+  }
   const bool valid = id >= 0 && id < vocab_size;
   if (!valid && bad_index != nullptr && threadIdx.x == 0)
     atomicMin(bad_index, static_cast<int32_t>(t));
@@ -25,16 +38,14 @@ __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_si
   const bf16* src = table + (valid ? static_cast<int64_t>(id) : 0) * dim;
   if constexpr (kVec) {
     const int64_t vecs = dim / 8;
-    auto* d8 = reinterpret_cast<Bf16x8*>(dst);
-    const auto* s8 = reinterpret_cast<const Bf16x8*>(src);
     for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) {
       Bf16x8 v;
       if (valid) {
-        v = s8[i];
+        v = LoadVec(src + i * 8);
       } else {
         for (auto& h : v.h) h = __floats2bfloat162_rn(0.0f, 0.0f);
       }
-      d8[i] = v;
+      StoreVec(dst + i * 8, v);
     }
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -43,10 +54,9 @@ __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_si
   }
 }
 
-}  // namespace
-
-absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
-                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream) {
+absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t* ids,
+                    const int32_t* feedback, int64_t num_tokens, bf16* out, int32_t* bad_index,
+                    cudaStream_t stream) {
   if (vocab_size < 1 || dim < 1 || num_tokens < 0 || num_tokens > 0x7fffffff) {
     return absl::InvalidArgumentError(
         absl::StrCat("EmbeddingCuda: bad shape vocab_size=", vocab_size, " dim=", dim,
@@ -55,13 +65,33 @@ absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, c
   if (num_tokens == 0) return absl::OkStatus();
   const unsigned grid = static_cast<unsigned>(num_tokens);
   if (dim % 8 == 0 && Aligned16(table) && Aligned16(out)) {
+    // A thread per vector (a 4096-wide row in one round of loads at one token per step).
+    const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (dim / 8 + 31) / 32 * 32));
     EmbeddingKernel<true>
-        <<<grid, kThreads, 0, stream>>>(table, vocab_size, dim, ids, out, bad_index);
+        <<<grid, threads, 0, stream>>>(table, vocab_size, dim, ids, feedback, out, bad_index);
   } else {
     EmbeddingKernel<false>
-        <<<grid, kThreads, 0, stream>>>(table, vocab_size, dim, ids, out, bad_index);
+        <<<grid, kThreads, 0, stream>>>(table, vocab_size, dim, ids, feedback, out, bad_index);
   }
   return CudaLaunchStatus("EmbeddingCuda launch");
+}
+
+}  // namespace
+
+absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
+                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream) {
+  // Without feedback the kernel never writes ids.
+  return Launch(table, vocab_size, dim, const_cast<int32_t*>(ids), nullptr, num_tokens, out,
+                bad_index, stream);
+}
+
+absl::Status EmbeddingFeedbackCuda(const bf16* table, int64_t vocab_size, int64_t dim,
+                                   int32_t* ids, const int32_t* feedback, int64_t num_tokens,
+                                   bf16* out, int32_t* bad_index, cudaStream_t stream) {
+  if (num_tokens > 0 && (ids == nullptr || feedback == nullptr)) {
+    return absl::InvalidArgumentError("EmbeddingFeedbackCuda: null ids or feedback");
+  }
+  return Launch(table, vocab_size, dim, ids, feedback, num_tokens, out, bad_index, stream);
 }
 
 }  // namespace sluice::kernels

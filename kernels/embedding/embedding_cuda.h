@@ -20,6 +20,16 @@ namespace sluice::kernels {
 absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
                            int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream);
 
+// EmbeddingFeedbackCuda: EmbeddingCuda where a negative ids[t] = -(r + 1) stands for
+// feedback[r] (e.g. the token the previous decode step sampled for its logits row r, so a
+// step needs no host round trip): such ids are replaced by feedback[r] in place (ids is
+// [num_tokens] int32, device, read-write) and the row of the resolved id is gathered, in one
+// launch. feedback: device int32, indexed by every r so named. Non-negative ids are left alone.
+// Errors: those of EmbeddingCuda, and InvalidArgument for null ids or feedback (num_tokens > 0).
+absl::Status EmbeddingFeedbackCuda(const bf16* table, int64_t vocab_size, int64_t dim,
+                                   int32_t* ids, const int32_t* feedback, int64_t num_tokens,
+                                   bf16* out, int32_t* bad_index, cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_EMBEDDING_EMBEDDING_CUDA_H_

@@ -82,5 +82,46 @@ TEST(EmbeddingCudaTest, ReportsFirstOutOfRangeIdAndZeroFillsItsRow) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// EmbeddingFeedbackCuda: negative ids -(r + 1) become feedback[r] (written back to ids) and
+// gather that row, bit-exact with EmbeddingCpu on the resolved ids; other ids are untouched.
+// Llama-3-8B's width (one 16-byte vector per thread) and an odd width (scalar path).
+TEST(EmbeddingCudaTest, FeedbackIdsResolveInTheGather) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  for (const int64_t dim : {int64_t{4096}, int64_t{13}}) {
+    const int64_t vocab = 300;
+    const auto table = RandomBf16(static_cast<size_t>(vocab * dim), rng, -1.0f, 1.0f);
+    const std::vector<int32_t> feedback = {17, 299, 0};
+    const std::vector<int32_t> ids = {-2, 5, -1, -3, 299, -2};
+    const std::vector<int32_t> resolved = {299, 5, 17, 0, 299, 299};
+    const int64_t tokens = static_cast<int64_t>(ids.size());
+    auto d_table = Upload(table);
+    auto d_ids = Upload(ids);
+    auto d_feedback = Upload(feedback);
+    auto d_out = NanBuffer(static_cast<size_t>(tokens * dim));
+    auto d_bad = Upload(std::vector<int32_t>{INT32_MAX});
+    ASSERT_TRUE(EmbeddingFeedbackCuda(d_table.data(), vocab, dim, d_ids.data(),
+                                      d_feedback.data(), tokens, d_out.data(), d_bad.data(),
+                                      nullptr)
+                    .ok());
+    std::vector<int32_t> got_ids(ids.size());
+    ASSERT_EQ(cudaMemcpy(got_ids.data(), d_ids.data(), got_ids.size() * sizeof(int32_t),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(got_ids, resolved);
+    const auto table_f = ToFloat(table);
+    std::vector<float> want(static_cast<size_t>(tokens * dim));
+    ASSERT_TRUE(
+        EmbeddingCpu(table_f.data(), vocab, dim, resolved.data(), tokens, want.data()).ok());
+    ExpectClose(absl::StrCat("embedding feedback dim=", dim), Download(d_out), want, 0.0, 0.0);
+    int32_t bad = 0;
+    ASSERT_EQ(cudaMemcpy(&bad, d_bad.data(), sizeof(bad), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(bad, INT32_MAX);
+  }
+  EXPECT_EQ(EmbeddingFeedbackCuda(nullptr, 10, 8, nullptr, nullptr, 1, nullptr, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace sluice::kernels

@@ -14,8 +14,9 @@ namespace {
 using cuda_detail::Aligned16;
 using cuda_detail::Bf16x8;
 using cuda_detail::BlockSum;
-using cuda_detail::LoadBf16x8;
+using cuda_detail::LoadVec;
 using cuda_detail::StoreBf16x8;
+using cuda_detail::StoreVec;
 using cuda_detail::ToBf16x8;
 using cuda_detail::ToFloat8;
 
@@ -39,22 +40,36 @@ __global__ void __launch_bounds__(1024)
   const bf16* xr = x + row * x_stride;
   bf16* rr = kAdd ? residual + row * dim : nullptr;
   // The row (after the residual add) stays in registers as packed bf16 (4 registers a vector).
-  Bf16x8 xv[kVecs];
+  // Every load (x, residual and weight) is issued before any store or the block reduction: at
+  // one row per step (decode) the kernel is a chain of dependent round trips, and a store to
+  // the residual (which the compiler cannot prove disjoint from the next x load) or a weight
+  // load after the reduction each added one. At 4 vectors a thread the early weight would
+  // spill (64 registers at 1024 threads), so those long rows load it after the reduction.
+  constexpr bool kEarlyWeight = kVecs <= 2;
+  Bf16x8 xv[kVecs], wv[kVecs], rv[kVecs];
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int i = (threadIdx.x + k * blockDim.x) * 8;
+    if (i < dim) {
+      xv[k] = LoadVec(xr + i);
+      if constexpr (kEarlyWeight) wv[k] = LoadVec(weight + i);
+      if constexpr (kAdd) rv[k] = LoadVec(rr + i);
+    }
+  }
   float sumsq = 0.0f;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = (threadIdx.x + k * blockDim.x) * 8;
     if (i < dim) {
-      xv[k] = *reinterpret_cast<const Bf16x8*>(xr + i);
       float v[8];
       ToFloat8(xv[k], v);
       if constexpr (kAdd) {
         float r[8];
-        LoadBf16x8(rr + i, r);
+        ToFloat8(rv[k], r);
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = r[j] + v[j];
         xv[k] = ToBf16x8(v);  // the rounded residual, which the norm reads
-        *reinterpret_cast<Bf16x8*>(rr + i) = xv[k];
+        StoreVec(rr + i, xv[k]);
         ToFloat8(xv[k], v);
       }
 #pragma unroll
@@ -70,7 +85,7 @@ __global__ void __launch_bounds__(1024)
     if (i < dim) {
       float v[8], w[8];
       ToFloat8(xv[k], v);
-      ToFloat8(*reinterpret_cast<const Bf16x8*>(weight + i), w);
+      ToFloat8(kEarlyWeight ? wv[k] : LoadVec(weight + i), w);
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = v[j] * inv * w[j];
       StoreBf16x8(orow + i, v);

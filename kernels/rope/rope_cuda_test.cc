@@ -116,7 +116,10 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
   RopeParams partial;
   partial.theta = 10000.0;
   partial.rotary_dim = 32;
-  for (const Shape& sh : {Shape{llama, 7, 32, 8, 128, 0}, Shape{partial, 5, 6, 2, 48, 8}}) {
+  // Head groups per token (one block each): Llama 10 (and a one-token decode step), partial
+  // 1 and 2 (the unrotated k tail and v copies then spread over both blocks).
+  for (const Shape& sh : {Shape{llama, 7, 32, 8, 128, 0}, Shape{llama, 1, 32, 8, 128, 0},
+                          Shape{partial, 5, 6, 2, 48, 8}, Shape{partial, 3, 24, 8, 48, 8}}) {
     auto table = MakeRopeTable(sh.params);
     ASSERT_TRUE(table.ok()) << table.status();
     auto d_table = UploadRopeTable(*table);
