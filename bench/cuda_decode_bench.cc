@@ -44,7 +44,8 @@
 // split plans, workspaces and graphs follow the setting; a failing variant is recorded as an
 // error).
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
-// 0 separate launches, 1 fused route + experts; default: the library's), for A/B runs.
+// 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue; default: the
+// library's), for A/B runs.
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -434,13 +435,30 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
                          2.0 * c.num_hidden_layers * c.num_attention_heads * attn_width * T * T /
                              2.0;
     const double tflops = flops / (ms * 1e-3) / 1e12;
+    // Where the prefill time goes: the same step once more with an event after every op.
+    nlohmann::json breakdown = nlohmann::json::array();
+    if (f.breakdown) {
+      auto prof = (*runner)->ProfileStep(in);
+      if (!prof.ok()) return prof.status();
+      for (const ProfileEntry& e : *prof) {
+        breakdown.push_back({{"op", e.op},
+                             {"calls", e.launches_between_marks},
+                             {"ms", e.ms},
+                             {"share", e.ms / ms}});
+      }
+    }
     out.push_back({{"tokens", T},
                    {"ms", ms},
                    {"tokens_per_s", T * 1e3 / ms},
                    {"model_tflops", tflops},
-                   {"fraction_of_gemm", tflops / gemm_tflops}});
+                   {"fraction_of_gemm", tflops / gemm_tflops},
+                   {"breakdown", breakdown}});
     std::printf("prefill T=%lld: %.2f ms, %.0f tok/s, %.0f TFLOP/s (%.2f of GEMM)\n",
                 static_cast<long long>(T), ms, T * 1e3 / ms, tflops, tflops / gemm_tflops);
+    for (const auto& e : breakdown) {
+      std::printf("  %-14s %3d calls %9.3f ms\n", e["op"].get<std::string>().c_str(),
+                  e["calls"].get<int>(), e["ms"].get<double>());
+    }
     std::fflush(stdout);
   }
   return out;
