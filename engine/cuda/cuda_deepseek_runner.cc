@@ -73,6 +73,7 @@ class DeepseekCore : public RunnerCore {
   absl::Status LoadLayer(WeightSource& src, int64_t layer, MlaLayer* L);
   absl::Status EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
                                 const kernels::PagedAttentionCudaBatch& batch, void* workspace);
+  absl::Status EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T);
   absl::Status EnqueueMlp(const MlaLayer& L, int64_t T);
   absl::Status EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out);
 
@@ -407,29 +408,47 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     q_stride = q_width;
     Mark("q_b_gemm");
   }
-  // Latent cache row: [kv_a_layernorm(c_kv) ; rope(k_pe)], then into the cache.
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data() + q_first, a_width,
-                                                     L.kv_a_norm.data(), latent.data(), latent_w,
-                                                     T, R, eps, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(a_out.data() + q_first + R, {a_width, 0},
-                                              latent.data() + R, {latent_w, 0}, T, 1, dr, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R,
-                                                  m.positions, rope, config.rope_interleave, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0,
-                                                          m.slots, T, latent_w, 0,
-                                                          cache[li].data(), nullptr, st));
-  Mark("latent_write");
+  const int64_t q_lat_stride = heads * latent_w;
+  // Variant 2: the latent cache row and the queries' rope channels in one launch.
+  const bool fused_prologue = kernels::MoeDecodeVariant() == 2 && rope.rotary_dim == dr;
+  if (fused_prologue) {
+    MlaPrologueArgs pa;
+    pa.kv = a_out.data() + q_first;
+    pa.kv_stride = a_width;
+    pa.kv_norm = L.kv_a_norm.data();
+    pa.eps = eps;
+    pa.q_pe = q_src + dn;
+    pa.q_token_stride = q_stride;
+    pa.q_head_stride = qk;
+    pa.q_out = q_lat.data() + R;
+    pa.q_out_token_stride = q_lat_stride;
+    pa.q_out_head_stride = latent_w;
+    pa.heads = heads;
+    pa.R = R;
+    pa.dr = dr;
+    pa.positions = m.positions;
+    pa.slots = m.slots;
+    pa.inv_freq = rope.inv_freq.data();
+    pa.scaling = rope.attention_scaling;
+    pa.interleave = config.rope_interleave;
+    pa.cache = cache[li].data();
+    SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
+    Mark("latent_write");
+  } else {
+    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
+  }
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
-  const int64_t q_lat_stride = heads * latent_w;
   SLUICE_RUNNER_RETURN_IF_ERROR(gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R},
                                           /*w_is_kn=*/true, {q_lat.data(), q_lat_stride, latent_w},
                                           /*y_float=*/false, T, R, dn, heads));
-  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
-                                              {q_lat_stride, latent_w}, T, heads, dr, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride, latent_w,
-                                                  R, m.positions, rope, config.rope_interleave,
-                                                  st));
+  if (!fused_prologue) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
+                                                {q_lat_stride, latent_w}, T, heads, dr, st));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride,
+                                                    latent_w, R, m.positions, rope,
+                                                    config.rope_interleave, st));
+  }
   Mark("q_absorb");
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
       q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
@@ -445,6 +464,25 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
                                                     L.o_bias.data(), tmp.data(), T, H,
                                                     heads * dv, st));
   Mark("o_gemm");
+  return absl::OkStatus();
+}
+
+// EnqueueLatentWrite: token rows [kv_a_layernorm(c_kv) ; rope(k_pe)] of `a_out` into the
+// layer's latent cache, through `latent` (the separate-launch path).
+absl::Status DeepseekCore::EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T) {
+  const MlaLayer& L = layers[li];
+  cudaStream_t st = stream.get();
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data() + q_first, a_width,
+                                                     L.kv_a_norm.data(), latent.data(), latent_w,
+                                                     T, R, eps, st));
+  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(a_out.data() + q_first + R, {a_width, 0},
+                                              latent.data() + R, {latent_w, 0}, T, 1, dr, st));
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R,
+                                                  m.positions, rope, config.rope_interleave, st));
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0,
+                                                          m.slots, T, latent_w, 0,
+                                                          cache[li].data(), nullptr, st));
+  Mark("latent_write");
   return absl::OkStatus();
 }
 
@@ -470,7 +508,7 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
   const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes()};
-  if (kernels::MoeDecodeVariant() == 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
+  if (kernels::MoeDecodeVariant() >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
     // Fused decode path (bit-equal to the separate one below): shared experts first into tmp,
     // then routing + sort in one launch, and the routed experts with the shared output added
     // in their combine (no separate moe_add).

@@ -35,6 +35,7 @@
 #include "engine/sample/sampler.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/moe/moe_cuda.h"
 #include "tests/util/golden_runner.h"
 #include "tests/util/test_paths.h"
 
@@ -224,6 +225,19 @@ TEST_F(CudaModelTest, DeepseekTinyMatchesGoldenLogitsAndGreedy) {
 
 TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+}
+
+// The fused decode variants (kernels::SetMoeDecodeVariant 1: fused MoE for steps of <= 8
+// tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue) hold the same bars.
+TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
+  const int saved = kernels::MoeDecodeVariant();
+  for (int variant : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant);
+    ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
+    CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+    CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+  }
+  ASSERT_TRUE(kernels::SetMoeDecodeVariant(saved).ok());
 }
 
 // The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens). Its logits

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/device_utils.cuh"
+
 namespace sluice::cuda_runner {
 namespace {
 
@@ -24,6 +26,56 @@ __global__ void AddInPlaceKernel(bf16* y, const bf16* x, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+  }
+}
+
+constexpr int kPrologueThreads = 256;
+
+// One block per token: the latent row's norm, then every rope pair (heads of q, then k_pe) in
+// one sweep; sources and destinations are disjoint, so no barrier between reads and writes.
+__global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologueArgs a) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const int r = static_cast<int>(a.R);
+  const bf16* kv = a.kv + t * a.kv_stride;
+  const int64_t slot = a.slots[t];
+  bf16* row = slot >= 0 ? a.cache + slot * (a.R + a.dr) : nullptr;
+  float sumsq = 0.0f;
+  for (int i = threadIdx.x; i < r; i += blockDim.x) {
+    const float v = __bfloat162float(kv[i]);
+    sumsq += v * v;
+  }
+  const float total = kernels::cuda_detail::BlockSum(sumsq, scratch);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(r) + a.eps);
+  if (row != nullptr) {
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+      row[i] = __float2bfloat16_rn(__bfloat162float(kv[i]) * inv * __bfloat162float(a.kv_norm[i]));
+    }
+  }
+  const int half = static_cast<int>(a.dr / 2);
+  const int heads = static_cast<int>(a.heads);
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int p = threadIdx.x; p < (heads + 1) * half; p += blockDim.x) {
+    const int h = p / half;
+    const int i = p % half;
+    const bf16* src;
+    bf16* dst;
+    if (h < heads) {
+      src = a.q_pe + t * a.q_token_stride + h * a.q_head_stride;
+      dst = a.q_out + t * a.q_out_token_stride + h * a.q_out_head_stride;
+    } else {
+      if (row == nullptr) continue;
+      src = kv + a.R;
+      dst = row + a.R;
+    }
+    float s, c;
+    sincosf(pos * a.inv_freq[i], &s, &c);
+    c *= a.scaling;
+    s *= a.scaling;
+    const float x1 = __bfloat162float(a.interleave ? src[2 * i] : src[i]);
+    const float x2 = __bfloat162float(a.interleave ? src[2 * i + 1] : src[i + half]);
+    dst[i] = __float2bfloat16_rn(x1 * c - x2 * s);
+    dst[i + half] = __float2bfloat16_rn(x2 * c + x1 * s);
   }
 }
 
@@ -51,6 +103,21 @@ absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stre
   if (n == 0) return absl::OkStatus();
   AddInPlaceKernel<<<Blocks(n), kThreads, 0, stream>>>(y, x, n);
   return kernels::CudaLaunchStatus("AddInPlaceKernel");
+}
+
+absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
+  if (num_tokens < 0 || args.R < 1 || args.dr < 2 || args.dr % 2 != 0 || args.heads < 0 ||
+      num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError("MlaPrologueCuda: bad sizes");
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (args.kv == nullptr || args.kv_norm == nullptr || args.positions == nullptr ||
+      args.slots == nullptr || args.inv_freq == nullptr || args.cache == nullptr ||
+      (args.heads > 0 && (args.q_pe == nullptr || args.q_out == nullptr))) {
+    return absl::InvalidArgumentError("MlaPrologueCuda: null pointer");
+  }
+  MlaPrologueKernel<<<static_cast<unsigned>(num_tokens), kPrologueThreads, 0, stream>>>(args);
+  return kernels::CudaLaunchStatus("MlaPrologueKernel");
 }
 
 }  // namespace sluice::cuda_runner

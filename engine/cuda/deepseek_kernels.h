@@ -32,6 +32,45 @@ absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, Head
 // Errors: InvalidArgument for n < 0; Internal for launch errors.
 absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
 
+// MlaPrologueArgs: the per-token MLA plumbing between the fused input projection and the
+// absorbed attention, for MlaPrologueCuda. Token t's rows:
+//   kv + t·kv_stride: c_kv [R] then k_pe [dr] (kv_a_proj_with_mqa's output, bf16);
+//   q_pe of head h: q_pe + t·q_token_stride + h·q_head_stride, dr bf16;
+//   q_out of head h: q_out + t·q_out_token_stride + h·q_out_head_stride, dr bf16 (written).
+// cache: the layer's latent cache [slots, R + dr] bf16; slots [T] int64 (< 0: not cached),
+// positions [T] int32; inv_freq [dr / 2] fp32 and scaling: the RoPE table (kernels/rope).
+struct MlaPrologueArgs {
+  const bf16* kv = nullptr;
+  int64_t kv_stride = 0;
+  const bf16* kv_norm = nullptr;  // [R] kv_a_layernorm weight
+  float eps = 1e-6f;
+  const bf16* q_pe = nullptr;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  bf16* q_out = nullptr;
+  int64_t q_out_token_stride = 0, q_out_head_stride = 0;
+  int64_t heads = 0, R = 0, dr = 0;
+  const int32_t* positions = nullptr;
+  const int64_t* slots = nullptr;
+  const float* inv_freq = nullptr;
+  float scaling = 1.0f;
+  bool interleave = false;
+  bf16* cache = nullptr;
+};
+
+// MlaPrologueCuda: in one launch (a block per token), what RmsNormCuda + CopyHeadsCuda +
+// RopeCuda + WriteKvCacheCuda (the latent row) and CopyHeadsCuda + RopeCuda (the queries'
+// rope channels) compute:
+//   cache[slot, :R]    = bf16(c_kv · rsqrt(mean(c_kv²) + eps) · kv_norm)   (fp32 math)
+//   cache[slot, R:]    = rope(k_pe, pos)
+//   q_out[t, h, :dr]   = rope(q_pe[t, h], pos)      for h < heads
+// with RopeCuda's rotation (rotate-half, or pairs (2i, 2i + 1) with `interleave`; fp32 angle
+// pos · inv_freq[i], sincosf, cos and sin times scaling; one bf16 rounding). The norm's sum
+// of squares is a fixed-order block reduction (deterministic; it may differ from RmsNormCuda's
+// in the last fp32 bit). q_out must not overlap kv, q_pe or the cache.
+// Errors: InvalidArgument for num_tokens < 0, R < 1, dr < 2 or odd, heads < 0, null pointers
+// (when num_tokens > 0); Internal for launch errors.
+absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream);
+
 }  // namespace sluice::cuda_runner
 
 #endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_

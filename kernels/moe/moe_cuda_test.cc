@@ -616,8 +616,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(2).code(), kInvalid);
-  for (int v : {0, 1}) {
+  EXPECT_EQ(SetMoeDecodeVariant(3).code(), kInvalid);
+  for (int v : {0, 1, 2}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

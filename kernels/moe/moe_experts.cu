@@ -792,9 +792,9 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
 }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 1) {
+  if (variant < 0 || variant > 2) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not 0 or 1"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..2"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
