@@ -44,8 +44,8 @@
 // split plans, workspaces and graphs follow the setting; a failing variant is recorded as an
 // error).
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
-// 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue; default: the
-// library's), for A/B runs.
+// 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
+// shared experts inside the fused expert launches; default: the library's), for A/B runs.
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed

@@ -410,7 +410,7 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   }
   const int64_t q_lat_stride = heads * latent_w;
   // Variant 2: the latent cache row and the queries' rope channels in one launch.
-  const bool fused_prologue = kernels::MoeDecodeVariant() == 2 && rope.rotary_dim == dr;
+  const bool fused_prologue = kernels::MoeDecodeVariant() >= 2 && rope.rotary_dim == dr;
   if (fused_prologue) {
     MlaPrologueArgs pa;
     pa.kv = a_out.data() + q_first;
@@ -508,18 +508,24 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
   const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes()};
-  if (kernels::MoeDecodeVariant() >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
-    // Fused decode path (bit-equal to the separate one below): shared experts first into tmp,
-    // then routing + sort in one launch, and the routed experts with the shared output added
-    // in their combine (no separate moe_add).
-    if (shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+  const int variant = kernels::MoeDecodeVariant();
+  if (variant >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
+    // Fused decode path (variants 1, 2: bit-equal to the separate one below): shared experts
+    // first into tmp, then routing + sort in one launch, and the routed experts with the shared
+    // output added in their combine (no separate moe_add). Variant 3 computes the shared
+    // experts inside the routed experts' two launches instead (MoeSharedExpert).
+    const bool fold_shared = shared && variant == 3;
+    if (shared && !fold_shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
         normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
         topk_weights.data(), ws, st));
     Mark("routing");
+    const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
+                                                 L.mlp_inter, act.data()};
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
-        L.experts_down.data(), shared ? tmp.data() : nullptr, tmp.data(), ws, st));
+        L.experts_down.data(), shared && !fold_shared ? tmp.data() : nullptr, tmp.data(), ws, st,
+        fold_shared ? &shared_expert : nullptr));
     Mark("experts");
     return absl::OkStatus();
   }

@@ -228,10 +228,11 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
 }
 
 // The fused decode variants (kernels::SetMoeDecodeVariant 1: fused MoE for steps of <= 8
-// tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue) hold the same bars.
+// tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue; 3: also the shared
+// experts folded in) hold the same bars.
 TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
   const int saved = kernels::MoeDecodeVariant();
-  for (int variant : {1, 2}) {
+  for (int variant : {1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant);
     ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
     CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);

@@ -141,9 +141,10 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // SetMoeDecodeVariant: which MoE path model runners (engine/cuda/cuda_deepseek_runner.cc) use
 // for steps the fused path supports: 0 (the default) the separate launches, 1 the fused path,
 // 2 the fused path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA
-// prologue, engine/cuda/deepseek_kernels.h MlaPrologueCuda). Process-wide, for benchmarks and
-// tests; read when a step is enqueued, so set it before capturing graphs. InvalidArgument
-// outside 0..2. MoeDecodeVariant returns the setting.
+// prologue, engine/cuda/deepseek_kernels.h MlaPrologueCuda), 3 as 2 with the shared experts
+// folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's SwiGLU).
+// Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
+// capturing graphs. InvalidArgument outside 0..3. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 
@@ -167,21 +168,36 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
                                int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
                                cudaStream_t stream);
 
+// MoeSharedExpert: DeepSeekMoE's shared experts (one SwiGLU of width intermediate =
+// moe_intermediate_size · n_shared_experts), folded into MoeFusedExpertsCuda's two launches.
+//   w_gate_up: [2·intermediate, hidden] bf16 (gate rows, then up rows); w_down: [hidden,
+//   intermediate] bf16; act: scratch [num_tokens, intermediate] bf16. All 16-byte aligned.
+struct MoeSharedExpert {
+  const bf16* w_gate_up = nullptr;
+  const bf16* w_down = nullptr;
+  int64_t intermediate = 0;
+  bf16* act = nullptr;
+};
+
 // MoeFusedExpertsCuda: MoeExpertsCuda's output (kGemv path, bit for bit) for the ids that the
 // preceding MoeFusedRouteCuda call on the same `workspace` (same num_tokens, top_k, E; nothing
 // else writing the workspace in between) sorted, optionally plus a shared-expert output:
 //   out[t] = bf16(Σ_k w[t, k] · expert_out[t, k])                  (add == null)
 //   out[t] = bf16(add[t] + bf16(Σ_k w[t, k] · expert_out[t, k]))   (AddInPlaceCuda's rounding)
+// With `shared`, its output s[t] = bf16(down(bf16(silu(gate(x[t])) ⊙ up(x[t])))) (fp32 sums,
+// SiLU·mul on the fp32 gate and up sums) is added first the same way: bf16(s[t] + routed),
+// then `add` if given. (The separate path's cuBLAS SwiGLU rounds gate and up to bf16 before
+// SiLU·mul and sums in another order: equal to bf16 rounding, not bit for bit.)
 // x, w_gate_up, w_down, out: as MoeExpertsCuda (16-byte aligned); topk_weights [num_tokens,
 // top_k] fp32; add [num_tokens, hidden] bf16 or null; out may alias x or add.
 // Errors: InvalidArgument for num_tokens outside [1, kMoeFusedMaxTokens], num_tokens·top_k >
 // kMoeFusedMaxRows, the shape errors of MoeExpertsCuda, null or misaligned pointers, a workspace
-// that is too small; Internal for launch errors.
+// that is too small, a shared expert with bad sizes or pointers; Internal for launch errors.
 absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64_t num_tokens,
                                  int64_t hidden, int64_t intermediate, int64_t top_k,
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const MoeSharedExpert* shared = nullptr);
 
 }  // namespace sluice::kernels
 

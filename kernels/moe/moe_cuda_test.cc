@@ -513,7 +513,8 @@ struct FusedRun {
 
 // Runs the fused path (route, then experts; `add` [t, hidden] or empty) on `stream`.
 FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
-                  const std::vector<bf16>& add, cudaStream_t stream = nullptr) {
+                  const std::vector<bf16>& add, cudaStream_t stream = nullptr,
+                  const MoeSharedExpert* shared = nullptr) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_ids = Poisoned<int32_t>(t * k);
   auto d_w = Poisoned<float>(t * k);
@@ -528,7 +529,7 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   EXPECT_TRUE(route.ok()) << route;
   const absl::Status experts = MoeFusedExpertsCuda(
       c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e, w.d_gate_up.data(),
-      w.d_down.data(), add.empty() ? nullptr : d_add.data(), d_out.data(), ws, stream);
+      w.d_down.data(), add.empty() ? nullptr : d_add.data(), d_out.data(), ws, stream, shared);
   EXPECT_TRUE(experts.ok()) << experts;
   return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
 }
@@ -583,6 +584,53 @@ TEST(MoeFusedDecodeCudaTest, MatchesSeparatePathBitForBitAndCpu) {
   }
 }
 
+// A shared expert folded into the fused launches: bf16(shared + routed), the shared SwiGLU
+// against a host fp64 reference (activations rounded to bf16, as the kernels do).
+TEST(MoeFusedDecodeCudaTest, SharedExpertFolded) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const MoeConfig cfg = Configs()[1];
+  const ExpertWeights w(cfg, rng);
+  const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;  // two shared experts' width
+  const float a = 1.0f / std::sqrt(static_cast<float>(h));
+  const float b = 1.0f / std::sqrt(static_cast<float>(si));
+  const auto sgu = RandomBf16(2 * si * h, rng, -a, a);
+  const auto sd = RandomBf16(h * si, rng, -b, b);
+  const auto sgu_f = ToFloat(sgu), sd_f = ToFloat(sd);
+  auto d_sgu = Upload(sgu);
+  auto d_sd = Upload(sd);
+  for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
+    const std::string tag = absl::StrCat("moe fused shared expert T=", t);
+    const FusedCase c(cfg, t, rng);
+    const SeparateRun routed = RunSeparate(cfg, w, c, t);
+    auto d_act = NanBuffer(static_cast<size_t>(t * si));
+    const MoeSharedExpert shared{d_sgu.data(), d_sd.data(), si, d_act.data()};
+    const FusedRun got = RunFused(cfg, w, c, t, {}, nullptr, &shared);
+    EXPECT_EQ(CountBitDiffs(got.ids, routed.ids), 0) << tag;
+    const auto xf = ToFloat(c.x);
+    std::vector<float> want(t * h);
+    std::vector<float> act(si);
+    for (int64_t r = 0; r < t; ++r) {
+      const float* xr = xf.data() + r * h;
+      for (int64_t j = 0; j < si; ++j) {
+        double g = 0, u = 0;
+        for (int64_t q = 0; q < h; ++q) {
+          g += double{xr[q]} * sgu_f[j * h + q];
+          u += double{xr[q]} * sgu_f[(si + j) * h + q];
+        }
+        act[j] = Bf16ToFloat(FloatToBf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u)));
+      }
+      for (int64_t o = 0; o < h; ++o) {
+        double d = 0;
+        for (int64_t j = 0; j < si; ++j) d += double{act[j]} * sd_f[o * si + j];
+        const float s_bf = Bf16ToFloat(FloatToBf16(static_cast<float>(d)));
+        want[r * h + o] = Bf16ToFloat(FloatToBf16(s_bf + routed.out[r * h + o]));
+      }
+    }
+    ExpectClose(tag, got.out, want, kExpertsRtol, kExpertsAtol);
+  }
+}
+
 // Route + experts captured in a CUDA graph and replayed give the direct calls' bits.
 TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   SLUICE_SKIP_WITHOUT_CUDA();
@@ -616,8 +664,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(3).code(), kInvalid);
-  for (int v : {0, 1, 2}) {
+  EXPECT_EQ(SetMoeDecodeVariant(4).code(), kInvalid);
+  for (int v : {0, 1, 2, 3}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }
@@ -664,6 +712,16 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   EXPECT_EQ(experts(8, 9, p, ws), kInvalid);  // 72 rows > kMoeFusedMaxRows
   EXPECT_EQ(experts(2, v2.top_k, p + 1, ws), kInvalid);
   EXPECT_EQ(experts(2, v2.top_k, p, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
+  const MoeSharedExpert bad_shared{p, p, 60, p};  // intermediate % 8
+  EXPECT_EQ(MoeFusedExpertsCuda(p, wts, 2, h, i, v2.top_k, v2.num_experts, p, p, nullptr, p, ws,
+                                nullptr, &bad_shared)
+                .code(),
+            kInvalid);
+  const MoeSharedExpert null_act{p, p, 64, nullptr};
+  EXPECT_EQ(MoeFusedExpertsCuda(p, wts, 2, h, i, v2.top_k, v2.num_experts, p, p, nullptr, p, ws,
+                                nullptr, &null_act)
+                .code(),
+            kInvalid);
 }
 
 }  // namespace

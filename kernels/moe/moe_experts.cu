@@ -208,27 +208,19 @@ __device__ __forceinline__ float SiluMul(float g, float u) { return g / (1.0f + 
 // expert's rows are taken kRows at a time (kRows >= the expert's row count in the usual case:
 // a token picks an expert at most once, so counts <= num_tokens; the host picks kRows from it).
 // kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
+// GemvColumn: output column col of one expert (weights we) for sorted rows [begin, end);
 // kVecs > 0 (the fused decode path): WarpDotChunked with kVecs weight vectors per lane in
 // flight per row (same sums, bit for bit); 0: WarpDotRows.
-template <bool kGateUp, int kRows, int kVecs = 0>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    MoeGemvKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
-                  const int32_t* __restrict__ active, const int32_t* __restrict__ num_active, int n,
-                  bf16* __restrict__ c) {
-  const int slot = blockIdx.y;
-  if (slot >= *num_active) return;
-  const int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (col >= n) return;
+template <bool kGateUp, int kRows, int kVecs>
+__device__ __forceinline__ void GemvColumn(const ARows& a_rows, const bf16* we, int n, int col,
+                                           int begin, int end, bf16* c) {
   const int lane = threadIdx.x & 31;
-  const int e = active[slot];
   const int k = a_rows.k;
   constexpr int kMats = kGateUp ? 2 : 1;
-  const bf16* we = w + static_cast<int64_t>(e) * kMats * n * k;
   const bf16* wr[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) wr[m] = we + (static_cast<int64_t>(m) * n + col) * k;
-  const int end = offsets[e + 1];
-  for (int p0 = offsets[e]; p0 < end; p0 += kRows) {
+  for (int p0 = begin; p0 < end; p0 += kRows) {
     const int rows = min(kRows, end - p0);
     const bf16* a[kRows];
 #pragma unroll
@@ -247,6 +239,21 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
+}
+
+template <bool kGateUp, int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    MoeGemvKernel(ARows a_rows, const bf16* __restrict__ w, const int32_t* __restrict__ offsets,
+                  const int32_t* __restrict__ active, const int32_t* __restrict__ num_active, int n,
+                  bf16* __restrict__ c) {
+  const int slot = blockIdx.y;
+  if (slot >= *num_active) return;
+  const int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (col >= n) return;
+  const int e = active[slot];
+  constexpr int kMats = kGateUp ? 2 : 1;
+  GemvColumn<kGateUp, kRows, 0>(a_rows, w + static_cast<int64_t>(e) * kMats * n * a_rows.k, n,
+                                col, offsets[e], offsets[e + 1], c);
 }
 
 // Launches both GEMV steps with kRows rows per pass.
@@ -616,14 +623,72 @@ __global__ void __launch_bounds__(kFusedRouteThreads)
   SortRows(args.topk_ids, num_tokens * args.top_k, e_count, so, counters, counters + e_count);
 }
 
+// Shared experts folded into the fused launches (MoeSharedExpert on the device side): gate/up
+// [2n, k], down [k_out = hidden, n], activations act [num_tokens, n] (scratch).
+struct SharedArgs {
+  const bf16* w_gate_up;  // null: no shared expert
+  const bf16* w_down;
+  bf16* act;
+  int n;
+};
+
+// Gate/up + SiLU·mul of the touched experts (blockIdx.y < *num_active, as MoeGemvKernel with
+// WarpDotChunked) and, in the grid's last row when `sh` has one, of the shared expert for
+// tokens 0..num_tokens-1 (x rows in token order).
+template <int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    MoeFusedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
+                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
+                         const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
+                         SharedArgs sh, int num_tokens) {
+  const int slot = blockIdx.y;
+  const int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (sh.w_gate_up != nullptr && slot == static_cast<int>(gridDim.y) - 1) {
+    if (col >= sh.n) return;
+    const ARows tokens{x_rows.base, nullptr, 1, x_rows.k};
+    GemvColumn<true, kRows, kFusedVecs>(tokens, sh.w_gate_up, sh.n, col, 0, num_tokens, sh.act);
+    return;
+  }
+  if (slot >= *num_active || col >= n) return;
+  const int e = active[slot];
+  GemvColumn<true, kRows, kFusedVecs>(x_rows, w + static_cast<int64_t>(e) * 2 * n * x_rows.k, n,
+                                      col, offsets[e], offsets[e + 1], c);
+}
+
+// DownPair: output columns col, col + 1 (weight rows we, we + k) for activation rows
+// [begin, end) of `act` (row stride k), each rounded to bf16 into val0[p], val1[p].
+template <int kRows>
+__device__ __forceinline__ void DownPair(const bf16* we, const bf16* act, int k, int begin,
+                                         int end, float* val0, float* val1) {
+  const int lane = threadIdx.x & 31;
+  const bf16* wr[2] = {we, we + k};
+  for (int p0 = begin; p0 < end; p0 += kRows) {
+    const int rows = min(kRows, end - p0);
+    const bf16* a[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) a[j] = act + static_cast<int64_t>(p0 + (j < rows ? j : 0)) * k;
+    float acc[2][kRows];
+    WarpDotChunked<2, kRows, kFusedVecs>(wr, a, rows, k, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < rows && lane == j) {
+        val0[p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[0][j]));
+        val1[p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[1][j]));
+      }
+    }
+  }
+}
+
 // Down projection and combine in one launch: a block owns kDownCols output columns of every
 // token. Its warps take (touched expert, column pair) tasks: the two adjacent weight rows of
 // that expert are streamed once (WarpDotChunked, kFusedVecs vectors per row per lane in flight)
 // for the expert's activation rows, and each result is rounded to bf16 into shared memory by
 // sorted row. Then thread (t, c) sums token t's top_k rows in k order exactly as
-// MoeCombineKernel does (fp32 fmaf from 0, one bf16 rounding), and adds `add` [T, n] when
-// given (bf16(add + routed), AddInPlaceCuda's rounding). So the output equals the GEMV path's
-// MoeCombineKernel (+ AddInPlaceCuda) bit for bit. Rows total <= kMoeFusedMaxRows.
+// MoeCombineKernel does (fp32 fmaf from 0, one bf16 rounding), then adds the shared expert's
+// bf16 output when `sh` has one (one more task per column pair, over its token rows), and
+// `add` [T, n] when given, each as bf16(a + routed) (AddInPlaceCuda's rounding). So without a
+// shared expert the output equals the GEMV path's MoeCombineKernel (+ AddInPlaceCuda) bit for
+// bit. Rows total <= kMoeFusedMaxRows.
 template <int kRows>
 __global__ void __launch_bounds__(kDownWarps * 32)
     MoeDownCombineKernel(const bf16* __restrict__ act, const bf16* __restrict__ w,
@@ -631,36 +696,24 @@ __global__ void __launch_bounds__(kDownWarps * 32)
                          const int32_t* __restrict__ num_active,
                          const int32_t* __restrict__ row_to_sorted,
                          const float* __restrict__ topk_weights, int num_tokens, int top_k, int n,
-                         int k, const bf16* add, bf16* out) {
+                         int k, SharedArgs sh, const bf16* add, bf16* out) {
   __shared__ float val[kDownCols][kMoeFusedMaxRows];
-  const int lane = threadIdx.x & 31;
+  __shared__ float shared_val[kDownCols][kMoeFusedMaxTokens];
   const int warp = threadIdx.x >> 5;
   const int c0 = blockIdx.x * kDownCols;  // n % 8 == 0: every column of the block exists
   constexpr int kPairs = kDownCols / 2;
-  const int tasks = *num_active * kPairs;
+  const int routed_slots = *num_active;
+  const int tasks = (routed_slots + (sh.w_gate_up != nullptr ? 1 : 0)) * kPairs;
   for (int task = warp; task < tasks; task += kDownWarps) {
     const int slot = task / kPairs;
     const int c = (task % kPairs) * 2;
-    const int e = active[slot];
-    const bf16* we = w + (static_cast<int64_t>(e) * n + c0 + c) * k;
-    const bf16* wr[2] = {we, we + k};
-    const int end = offsets[e + 1];
-    for (int p0 = offsets[e]; p0 < end; p0 += kRows) {
-      const int rows = min(kRows, end - p0);
-      const bf16* a[kRows];
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        a[j] = act + static_cast<int64_t>(p0 + (j < rows ? j : 0)) * k;
-      }
-      float acc[2][kRows];
-      WarpDotChunked<2, kRows, kFusedVecs>(wr, a, rows, k, acc);
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        if (j < rows && lane == j) {
-          val[c][p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[0][j]));
-          val[c + 1][p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[1][j]));
-        }
-      }
+    if (slot == routed_slots) {  // the shared expert: token rows of sh.act
+      DownPair<kRows>(sh.w_down + static_cast<int64_t>(c0 + c) * sh.n, sh.act, sh.n, 0,
+                      num_tokens, shared_val[c], shared_val[c + 1]);
+    } else {
+      const int e = active[slot];
+      DownPair<kRows>(w + (static_cast<int64_t>(e) * n + c0 + c) * k, act, k, offsets[e],
+                      offsets[e + 1], val[c], val[c + 1]);
     }
   }
   __syncthreads();
@@ -675,6 +728,7 @@ __global__ void __launch_bounds__(kDownWarps * 32)
     }
     const int64_t o = static_cast<int64_t>(t) * n + c0 + c;
     bf16 r = __float2bfloat16_rn(acc);
+    if (sh.w_gate_up != nullptr) r = __float2bfloat16_rn(shared_val[c][t] + __bfloat162float(r));
     if (add != nullptr) r = __float2bfloat16_rn(__bfloat162float(add[o]) + __bfloat162float(r));
     out[o] = r;
   }
@@ -792,9 +846,9 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
 }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 2) {
+  if (variant < 0 || variant > 3) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..2"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..3"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -858,16 +912,19 @@ namespace {
 template <int kRows>
 void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
                         const SortOut& so, const float* topk_weights, unsigned max_active,
-                        int num_tokens, int top_k, int h, int i, bf16* act, const bf16* add,
-                        bf16* out, cudaStream_t stream) {
-  MoeGemvKernel<true, kRows, kFusedVecs>
-      <<<dim3(static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps), max_active),
+                        int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
+                        const bf16* add, bf16* out, cudaStream_t stream) {
+  const bool has_shared = sh.w_gate_up != nullptr;
+  const int widest = has_shared ? std::max(i, sh.n) : i;
+  MoeFusedGateUpKernel<kRows>
+      <<<dim3(static_cast<unsigned>((widest + kGemvWarps - 1) / kGemvWarps),
+              max_active + (has_shared ? 1u : 0u)),
          kGemvWarps * 32, 0, stream>>>(x_rows, w_gate_up, so.offsets, so.active, so.num_active,
-                                       i, act);
+                                       i, act, sh, num_tokens);
   MoeDownCombineKernel<kRows>
       <<<static_cast<unsigned>(h / kDownCols), kDownWarps * 32, 0, stream>>>(
           act, w_down, so.offsets, so.active, so.num_active, so.row_to_sorted, topk_weights,
-          num_tokens, top_k, h, i, add, out);
+          num_tokens, top_k, h, i, sh, add, out);
 }
 
 }  // namespace
@@ -876,7 +933,7 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                  int64_t hidden, int64_t intermediate, int64_t top_k,
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const MoeSharedExpert* shared) {
   if (num_tokens < 1 || num_tokens > kMoeFusedMaxTokens || top_k < 1 || top_k > num_experts ||
       num_tokens * top_k > kMoeFusedMaxRows || num_experts > kMoeCudaMaxExperts || hidden < 8 ||
       hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0 || hidden > kMaxDim ||
@@ -899,6 +956,19 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   if (topk_weights == nullptr) {
     return absl::InvalidArgumentError("MoeFusedExpertsCuda: null topk_weights");
   }
+  SharedArgs sh{nullptr, nullptr, nullptr, 0};
+  if (shared != nullptr) {
+    if (shared->intermediate < 8 || shared->intermediate % 8 != 0 ||
+        shared->intermediate > kMaxDim || shared->w_gate_up == nullptr ||
+        shared->w_down == nullptr || shared->act == nullptr || !Aligned16(shared->w_gate_up) ||
+        !Aligned16(shared->w_down) || !Aligned16(shared->act)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoeFusedExpertsCuda: shared expert needs intermediate a multiple of 8 in [8, 2^22] "
+          "(got ", shared->intermediate, ") and non-null 16-byte aligned weights and act"));
+    }
+    sh = SharedArgs{shared->w_gate_up, shared->w_down, shared->act,
+                    static_cast<int>(shared->intermediate)};
+  }
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -912,16 +982,16 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
   if (num_tokens == 1) {
     LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, add, out, stream);
+                          act, sh, add, out, stream);
   } else if (num_tokens == 2) {
     LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, add, out, stream);
+                          act, sh, add, out, stream);
   } else if (num_tokens <= 4) {
     LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, add, out, stream);
+                          act, sh, add, out, stream);
   } else {
     LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
-                                     k, h, i, act, add, out, stream);
+                                     k, h, i, act, sh, add, out, stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
