@@ -10,7 +10,6 @@
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
-#include "kernels/activation/activation_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
 
@@ -359,12 +358,12 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
         tmp.data(), residual.data(), L.post_norm.data(), normed.data(), T, H, eps, st));
     Mark("add_rmsnorm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_gate_up.data(),
-                                                      opt(L.b_gate_up), gate_up.data(), T,
-                                                      2 * inter, H, st));
-    Mark("gate_up_gemm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::SiluMulCuda(gate_up.data(), act.data(), T, inter, st));
-    Mark("silu_mul");
+    // gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV (decode), else
+    // the GEMM into gate_up and SiLU·mul after it.
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
+        *lt, normed.data(), L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T,
+        inter, H, st));
+    Mark("gate_up_silu_mul");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(),
                                                       opt(L.b_down), tmp.data(), T, H, inter,
                                                       st));

@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/linear/linear_cuda.h"
 
@@ -68,20 +69,32 @@ __device__ __forceinline__ Bf16x8 LoadX(const Bf16x8* p) {
 // (4: a quarter row per warp) keeps registers low and cuts each warp's rounds the same way,
 // with smaller units of work that fill the last wave of CTAs more evenly. The autotuner picks
 // (kUnroll, kSplit) per shape.
-template <int kM, int kUnroll, int kSplit>
+//
+// kGlu (GemvSiluMulCuda): w is a fused [gate; up] matrix of 2n rows and y gets n columns
+// y[r, j] = bf16(silu(g) · u), g and u being the bf16-rounded outputs j and n + j: the CTA's
+// first half of columns computes gate rows, the second half the matching up rows, and the
+// epilogue pairs them through shared memory (SiluMulCuda's formula on LinearCuda's outputs).
+template <int kM, int kUnroll, int kSplit, bool kGlu>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
   static_assert(kSplit >= 1 && (kGemvThreads / 32) % kSplit == 0);
   constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
+  static_assert(!kGlu || kColsPerCta % 2 == 0);
+  constexpr int kPairs = kColsPerCta / 2;
+  constexpr bool kShared = kSplit > 1 || kGlu;  // partial sums meet in shared memory
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int col = static_cast<int>(blockIdx.x) * kColsPerCta + warp / kSplit;
+  const int vcol = warp / kSplit;  // the CTA's column this warp works on
+  // col: the output column; row: the row of w it streams.
+  const int col = static_cast<int>(blockIdx.x) * (kGlu ? kPairs : kColsPerCta) +
+                  (kGlu ? vcol % (kPairs > 0 ? kPairs : 1) : vcol);
+  const int64_t row = kGlu && vcol >= kPairs ? int64_t{col} + n : col;
   const int slice = warp % kSplit;
-  // No early return when kSplit > 1: every thread must reach the barrier below.
+  // No early return with kShared: every thread must reach the barrier below.
   const bool active = col < n;
-  if (kSplit == 1 && !active) return;
-  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + int64_t{active ? col : 0} * k);
+  if (!kShared && !active) return;
+  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + (active ? row : 0) * k);
   const int vecs = k / 8;
   // Slice bounds in vectors; a multiple of 32 per slice keeps every lane's loads aligned to
   // the warp's 512-byte rounds.
@@ -119,6 +132,37 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 #pragma unroll
   for (int r = 0; r < kM; ++r) acc[r] = WarpSum(acc[r]);
+  if constexpr (kGlu) {
+    __shared__ float partial[kGemvThreads / 32][kM];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kM; ++r) partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    // Thread p < kPairs finishes output column p of the CTA: gate from virtual column p, up
+    // from kPairs + p, each summed over its slices in order, biased and rounded as LinearCuda
+    // rounds, then SiluMulCuda's g / (1 + e^-g) · u rounded once.
+    const int p = threadIdx.x;
+    const int out_col = static_cast<int>(blockIdx.x) * kPairs + p;
+    if (p >= kPairs || out_col >= n) return;
+    const float bg = bias != nullptr ? __bfloat162float(bias[out_col]) : 0.0f;
+    const float bu = bias != nullptr ? __bfloat162float(bias[int64_t{out_col} + n]) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < kM; ++r) {
+      if (r < m) {
+        float g = partial[p * kSplit][r], u = partial[(kPairs + p) * kSplit][r];
+#pragma unroll
+        for (int s = 1; s < kSplit; ++s) {
+          g += partial[p * kSplit + s][r];
+          u += partial[(kPairs + p) * kSplit + s][r];
+        }
+        g = __bfloat162float(__float2bfloat16_rn(g + bg));
+        u = __bfloat162float(__float2bfloat16_rn(u + bu));
+        y[int64_t{r} * n + out_col] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+      }
+    }
+    return;
+  }
   if constexpr (kSplit > 1) {
     __shared__ float partial[kGemvThreads / 32][kM];
     if (lane == 0) {
@@ -148,20 +192,29 @@ bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k
          k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
 }
 
-template <int kUnroll, int kSplit>
+// n: output columns (kGlu: w has 2n rows).
+template <int kUnroll, int kSplit, bool kGlu>
 void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                        int64_t n, int64_t k, cudaStream_t stream) {
-  constexpr int64_t kColsPerCta = kGemvThreads / 32 / kSplit;
-  const unsigned grid = static_cast<unsigned>((n + kColsPerCta - 1) / kColsPerCta);
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-  if (m == 1) {
-    GemvKernel<1, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-  } else if (m == 2) {
-    GemvKernel<2, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-  } else if (m <= 4) {
-    GemvKernel<4, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+  if constexpr (kGlu && kGemvThreads / 32 / kSplit < 2) {
+    return;  // not served (GemvGluVariantSupported)
   } else {
-    GemvKernel<8, kUnroll, kSplit><<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    constexpr int64_t kCols = kGemvThreads / 32 / kSplit / (kGlu ? 2 : 1);
+    const unsigned grid = static_cast<unsigned>((n + kCols - 1) / kCols);
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    if (m == 1) {
+      GemvKernel<1, kUnroll, kSplit, kGlu>
+          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    } else if (m == 2) {
+      GemvKernel<2, kUnroll, kSplit, kGlu>
+          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    } else if (m <= 4) {
+      GemvKernel<4, kUnroll, kSplit, kGlu>
+          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    } else {
+      GemvKernel<8, kUnroll, kSplit, kGlu>
+          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
+    }
   }
 }
 
@@ -179,19 +232,35 @@ bool GemvVariantSupported(int unroll, int split) {
   return false;
 }
 
-// Launches without validating (callers checked GemvSupported and GemvVariantSupported).
+// The fused SiLU·mul form needs two columns per CTA: split <= 4.
+bool GemvGluVariantSupported(int unroll, int split) {
+  return GemvVariantSupported(unroll, split) && split <= 4;
+}
+
+template <bool kGlu>
+void LaunchGemvForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                    int64_t n, int64_t k, int unroll, int split, cudaStream_t stream) {
+  switch (split * 100 + unroll) {
+    case 116: LaunchGemvVariant<16, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 108: LaunchGemvVariant<8, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 204: LaunchGemvVariant<4, 2, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 208: LaunchGemvVariant<8, 2, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 404: LaunchGemvVariant<4, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 408: LaunchGemvVariant<8, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 804: LaunchGemvVariant<4, 8, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    default: LaunchGemvVariant<4, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
+  }
+}
+
+// Launch without validating (callers checked GemvSupported and Gemv[Glu]VariantSupported).
 void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
                 int64_t k, int unroll, int split, cudaStream_t stream) {
-  switch (split * 100 + unroll) {
-    case 116: LaunchGemvVariant<16, 1>(x, w, bias, y, m, n, k, stream); break;
-    case 108: LaunchGemvVariant<8, 1>(x, w, bias, y, m, n, k, stream); break;
-    case 204: LaunchGemvVariant<4, 2>(x, w, bias, y, m, n, k, stream); break;
-    case 208: LaunchGemvVariant<8, 2>(x, w, bias, y, m, n, k, stream); break;
-    case 404: LaunchGemvVariant<4, 4>(x, w, bias, y, m, n, k, stream); break;
-    case 408: LaunchGemvVariant<8, 4>(x, w, bias, y, m, n, k, stream); break;
-    case 804: LaunchGemvVariant<4, 8>(x, w, bias, y, m, n, k, stream); break;
-    default: LaunchGemvVariant<4, 1>(x, w, bias, y, m, n, k, stream); break;
-  }
+  LaunchGemvForm<false>(x, w, bias, y, m, n, k, unroll, split, stream);
+}
+// n: the SiLU·mul outputs per row (w: [2n, k]).
+void LaunchGemvGlu(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
+                   int64_t k, int unroll, int split, cudaStream_t stream) {
+  LaunchGemvForm<true>(x, w, bias, y, m, n, k, unroll, split, stream);
 }
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
@@ -432,14 +501,20 @@ absl::StatusOr<std::unique_ptr<CublasLt>> CublasLt::Create(size_t workspace_byte
   return std::unique_ptr<CublasLt>(new CublasLt(std::move(impl)));
 }
 
-absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias, bf16* y,
-                        int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+namespace {
+
+// LinearCuda's body. With `glu_out` (LinearSiluMulCuda: n = 2 · inter), a plan whose tuned
+// choice is a GEMV variant that the fused form serves writes SiLU·mul straight to glu_out and
+// sets *fused (y is then left alone); otherwise y gets the product and *fused is false.
+absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const bf16* bias,
+                       bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                       bf16* glu_out, bool* fused) {
   constexpr int64_t kMaxLd = 0x7fffffff;
   if (m < 1 || n < 1 || k < 1 || m > kMaxLd || n > kMaxLd || k > kMaxLd) {
     return absl::InvalidArgumentError(
         absl::StrCat("LinearCuda: bad shape m=", m, " n=", n, " k=", k));
   }
-  CublasLt::Impl& impl = *lt.impl_;
+  if (fused != nullptr) *fused = false;
   std::lock_guard<std::mutex> lock(impl.mu);
   const PlanKey key{m,
                     n,
@@ -466,6 +541,12 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
       if (!st.ok()) return st;
     }
   }
+  if (p.gemv && glu_out != nullptr && GemvGluVariantSupported(p.gemv_unroll, p.gemv_split)) {
+    // The tuned GEMV variant, streaming the same rows, with the SiLU·mul epilogue.
+    LaunchGemvGlu(x, w, bias, glu_out, m, n / 2, k, p.gemv_unroll, p.gemv_split, stream);
+    *fused = true;
+    return CudaLaunchStatus("GemvKernel (SiLU·mul)");
+  }
   if (p.gemv) {
     LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, p.gemv_split, stream);
     return CudaLaunchStatus("GemvKernel");
@@ -477,6 +558,27 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
   }
   SLUICE_CUBLAS_RETURN_IF_ERROR(impl.RunAlgo(p, p.algo, x, w, y, stream), "cublasLtMatmul");
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                        int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  return RunLinear(*lt.impl_, x, w, bias, y, m, n, k, stream, nullptr, nullptr);
+}
+
+absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
+                               bf16* gate_up, bf16* out, int64_t m, int64_t inter, int64_t k,
+                               cudaStream_t stream) {
+  if (inter < 1 || inter > 0x3fffffff || gate_up == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LinearSiluMulCuda: needs 1 <= inter < 2^30 and gate_up, out buffers (inter=", inter, ")"));
+  }
+  bool fused = false;
+  absl::Status st =
+      RunLinear(*lt.impl_, x, w, bias, gate_up, m, 2 * inter, k, stream, out, &fused);
+  if (!st.ok() || fused) return st;
+  return SiluMulCuda(gate_up, out, m, inter, stream);
 }
 
 void CublasLt::set_autotune(int64_t max_m) {
@@ -526,6 +628,19 @@ absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, i
   }
   LaunchGemv(x, w, bias, y, m, n, k, unroll, split, stream);
   return CudaLaunchStatus("GemvKernel");
+}
+
+absl::Status GemvSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                             int64_t n, int64_t k, cudaStream_t stream, int unroll, int split) {
+  if (n < 1 || n > 0x3fffffff || k < 1 || !GemvSupported(x, w, m, 2 * n, k) || y == nullptr ||
+      !GemvGluVariantSupported(unroll, split)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemvSiluMulCuda: needs 1 <= m <= ", kGemvMaxRows, ", k % 8 == 0, 16-byte aligned x and "
+        "w and (unroll, split) one of (4|8|16, 1), (4|8, 2), (4|8, 4) (m=", m, " n=", n, " k=", k,
+        " unroll=", unroll, " split=", split, ")"));
+  }
+  LaunchGemvGlu(x, w, bias, y, m, n, k, unroll, split, stream);
+  return CudaLaunchStatus("GemvKernel (SiLU·mul)");
 }
 
 }  // namespace sluice::kernels

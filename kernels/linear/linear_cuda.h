@@ -46,6 +46,9 @@ class CublasLt {
   std::unique_ptr<Impl> impl_;
   friend absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
                                  bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+  friend absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w,
+                                        const bf16* bias, bf16* gate_up, bf16* out, int64_t m,
+                                        int64_t inter, int64_t k, cudaStream_t stream);
 };
 
 // Largest m GemvCuda serves.
@@ -71,6 +74,28 @@ absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, i
 // Internal for cuBLASLt failures (e.g. no algorithm for this shape).
 absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                         int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+
+// GemvSiluMulCuda: GemvCuda on a fused [gate; up] weight followed by SiluMulCuda, in one
+// kernel: y[r, j] = bf16(silu(g) · u) with g = bf16(Σ_k x[r, k]·w[j, k] + bias[j]) and
+// u = bf16(Σ_k x[r, k]·w[n + j, k] + bias[n + j]) for j < n (silu(g) = g / (1 + e^-g), fp32).
+// w: [2n, k], bias: [2n] or null, y: [m, n]. Each sum is GemvCuda's for the same
+// (unroll, split), so the result equals GemvCuda into a [m, 2n] buffer then SiluMulCuda, bit
+// for bit. Served (unroll, split): (4|8|16, 1), (4|8, 2), (4|8, 4). Needs what GemvCuda needs.
+// Errors: InvalidArgument when those do not hold; Internal for launch errors.
+absl::Status GemvSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                             int64_t n, int64_t k, cudaStream_t stream, int unroll = 4,
+                             int split = 1);
+
+// LinearSiluMulCuda: out = SiluMulCuda(LinearCuda(x, w, bias)) for a fused [gate; up] weight
+// w [2·inter, k] (bias [2·inter] or null), out [m, inter]; gate_up [m, 2·inter] is scratch.
+// When LinearCuda's plan for (m, 2·inter, k) is a GEMV variant that GemvSiluMulCuda serves,
+// one fused kernel runs (same sums, bit-equal; gate_up untouched, no SiLU·mul launch);
+// otherwise LinearCuda writes gate_up and SiluMulCuda follows. Tuning as LinearCuda.
+// Errors: those of LinearCuda and SiluMulCuda; InvalidArgument for inter < 1 or >= 2^30 or
+// null gate_up / out.
+absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
+                               bf16* gate_up, bf16* out, int64_t m, int64_t inter, int64_t k,
+                               cudaStream_t stream);
 
 }  // namespace sluice::kernels
 

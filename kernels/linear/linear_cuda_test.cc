@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/activation/activation.h"
+#include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 
@@ -136,6 +138,81 @@ TEST(LinearCudaTest, AutotuneMatchesCpuReference) {
   const std::string plans = (*lt)->DescribePlans();
   EXPECT_EQ(std::count(plans.begin(), plans.end(), '\n'), 4) << plans;
   EXPECT_EQ(plans.find("tuned 0"), std::string::npos) << plans;
+}
+
+// GemvSiluMulCuda equals GemvCuda (same variant) into a [m, 2n] buffer followed by SiluMulCuda
+// bit for bit, and SiluMulCpu of LinearCpu's bf16-rounded gate/up within two roundings;
+// LinearSiluMulCuda (fused when the tuned plan is a served GEMV, GEMM + SiLU·mul otherwise)
+// matches the same reference with tuning on and off. Shapes: a Llama-3-8B-like m = 1 row
+// (n = 1792, k = 4096), bias, a tail of columns in the last CTA, k shorter than a warp round.
+TEST(LinearCudaTest, GemvSiluMulMatchesUnfused) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  struct Shape {
+    int64_t m, n, k;  // n: outputs per row (w has 2n rows)
+    bool bias;
+  };
+  const Shape shapes[] = {{1, 1792, 4096, false}, {3, 77, 264, true}, {8, 5, 64, false},
+                          {2, 100, 8, true}};
+  const std::pair<int, int> variants[] = {{4, 1}, {8, 1}, {16, 1}, {4, 2},
+                                          {8, 2}, {4, 4}, {8, 4}};
+  auto tuned = CublasLt::Create();
+  auto untuned = CublasLt::Create();
+  ASSERT_TRUE(tuned.ok() && untuned.ok());
+  (*tuned)->set_autotune(64);
+  for (const Shape& sh : shapes) {
+    const int64_t m = sh.m, n = sh.n, k = sh.k;
+    const auto x = RandomBf16(static_cast<size_t>(m * k), rng, -1.0f, 1.0f);
+    const auto w = RandomBf16(static_cast<size_t>(2 * n * k), rng, -1.0f, 1.0f);
+    const auto b = RandomBf16(static_cast<size_t>(2 * n), rng, -1.0f, 1.0f);
+    auto d_x = Upload(x);
+    auto d_w = Upload(w);
+    auto d_b = Upload(b);
+    const bf16* bias = sh.bias ? d_b.data() : nullptr;
+    const auto xf = ToFloat(x), wf = ToFloat(w), bf = ToFloat(b);
+    std::vector<float> gate_up(static_cast<size_t>(m * 2 * n));
+    LinearCpu(xf.data(), wf.data(), sh.bias ? bf.data() : nullptr, gate_up.data(), m, 2 * n, k);
+    gate_up = cuda_test::RoundTrip(gate_up);  // the bf16 intermediate of the unfused path
+    std::vector<float> want(static_cast<size_t>(m * n));
+    SiluMulCpu(gate_up.data(), want.data(), m, n);
+    const std::string shape = absl::StrCat(" m=", m, " n=", n, " k=", k, sh.bias ? " +bias" : "");
+    for (const auto& [unroll, split] : variants) {
+      auto d_gu = NanBuffer(static_cast<size_t>(m * 2 * n));
+      auto d_unfused = NanBuffer(static_cast<size_t>(m * n));
+      auto d_fused = NanBuffer(static_cast<size_t>(m * n));
+      ASSERT_TRUE(GemvCuda(d_x.data(), d_w.data(), bias, d_gu.data(), m, 2 * n, k, nullptr,
+                           unroll, split)
+                      .ok());
+      ASSERT_TRUE(SiluMulCuda(d_gu.data(), d_unfused.data(), m, n, nullptr).ok());
+      ASSERT_TRUE(GemvSiluMulCuda(d_x.data(), d_w.data(), bias, d_fused.data(), m, n, k, nullptr,
+                                  unroll, split)
+                      .ok());
+      const std::string what = absl::StrCat("gemv+silu unroll ", unroll, " split ", split, shape);
+      const auto fused = Download(d_fused);
+      EXPECT_EQ(fused, Download(d_unfused)) << what;
+      ExpectClose(what, fused, want, 1.0 / 64, 1e-3);
+    }
+    for (auto* lt : {&*tuned, &*untuned}) {
+      for (int rep = 0; rep < 2; ++rep) {  // the tuning call, then the cached plan
+        auto d_gu = NanBuffer(static_cast<size_t>(m * 2 * n));
+        auto d_out = NanBuffer(static_cast<size_t>(m * n));
+        ASSERT_TRUE(LinearSiluMulCuda(**lt, d_x.data(), d_w.data(), bias, d_gu.data(),
+                                      d_out.data(), m, n, k, nullptr)
+                        .ok());
+        ExpectClose(absl::StrCat("linear+silu tuned ", lt == &*tuned ? 1 : 0, shape),
+                    Download(d_out), want, 1.0 / 64, 1e-3);
+      }
+    }
+  }
+  auto v = NanBuffer(64);
+  EXPECT_EQ(GemvSiluMulCuda(v.data(), v.data(), nullptr, v.data(), 1, 2, 16, nullptr, 4, 8).code(),
+            absl::StatusCode::kInvalidArgument);  // split 8: one column per CTA, no pairs
+  auto lt = CublasLt::Create(1 << 20);
+  ASSERT_TRUE(lt.ok());
+  EXPECT_EQ(LinearSiluMulCuda(**lt, v.data(), v.data(), nullptr, v.data(), v.data(), 1, 0, 8,
+                              nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LinearCudaTest, RejectsBadShapes) {
