@@ -632,18 +632,20 @@ struct SharedArgs {
   int n;
 };
 
-// Gate/up + SiLU·mul of the touched experts (blockIdx.y < *num_active, as MoeGemvKernel with
-// WarpDotChunked) and, in the grid's last row when `sh` has one, of the shared expert for
-// tokens 0..num_tokens-1 (x rows in token order).
+// Gate/up + SiLU·mul of the touched experts (blockIdx.y < max_active: slot, as MoeGemvKernel
+// with WarpDotChunked) and, in the grid rows from max_active on when `sh` has one, of the
+// shared expert for tokens 0..num_tokens-1 (x rows in token order; its columns continue row
+// after row, gridDim.x · kGemvWarps per row).
 template <int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     MoeFusedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
-                         SharedArgs sh, int num_tokens) {
+                         SharedArgs sh, int num_tokens, int max_active) {
   const int slot = blockIdx.y;
-  const int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (sh.w_gate_up != nullptr && slot == static_cast<int>(gridDim.y) - 1) {
+  int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (slot >= max_active) {  // only launched with a shared expert
+    col += (slot - max_active) * static_cast<int>(gridDim.x) * kGemvWarps;
     if (col >= sh.n) return;
     const ARows tokens{x_rows.base, nullptr, 1, x_rows.k};
     GemvColumn<true, kRows, kFusedVecs>(tokens, sh.w_gate_up, sh.n, col, 0, num_tokens, sh.act);
@@ -914,13 +916,15 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
                         const SortOut& so, const float* topk_weights, unsigned max_active,
                         int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
                         const bf16* add, bf16* out, cudaStream_t stream) {
-  const bool has_shared = sh.w_gate_up != nullptr;
-  const int widest = has_shared ? std::max(i, sh.n) : i;
-  MoeFusedGateUpKernel<kRows>
-      <<<dim3(static_cast<unsigned>((widest + kGemvWarps - 1) / kGemvWarps),
-              max_active + (has_shared ? 1u : 0u)),
-         kGemvWarps * 32, 0, stream>>>(x_rows, w_gate_up, so.offsets, so.active, so.num_active,
-                                       i, act, sh, num_tokens);
+  // Grid rows: one per possible touched expert, then enough for the shared expert's columns.
+  const unsigned columns = static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps);
+  const unsigned row_width = columns * kGemvWarps;
+  const unsigned shared_rows =
+      sh.w_gate_up != nullptr ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
+  MoeFusedGateUpKernel<kRows><<<dim3(columns, max_active + shared_rows), kGemvWarps * 32, 0,
+                                stream>>>(x_rows, w_gate_up, so.offsets, so.active,
+                                          so.num_active, i, act, sh, num_tokens,
+                                          static_cast<int>(max_active));
   MoeDownCombineKernel<kRows>
       <<<static_cast<unsigned>(h / kDownCols), kDownWarps * 32, 0, stream>>>(
           act, w_down, so.offsets, so.active, so.num_active, so.row_to_sorted, topk_weights,
