@@ -231,14 +231,16 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
 // tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue; 3: also the shared
 // experts folded in) hold the same bars.
 TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
-  const int saved = kernels::MoeDecodeVariant();
+  struct Restore {  // the process-wide setting goes back even when an assertion returns early
+    int saved = kernels::MoeDecodeVariant();
+    ~Restore() { (void)kernels::SetMoeDecodeVariant(saved); }
+  } restore;
   for (int variant : {1, 2, 3}) {
     SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant);
     ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
     CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
     CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
   }
-  ASSERT_TRUE(kernels::SetMoeDecodeVariant(saved).ok());
 }
 
 // The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens). Its logits
