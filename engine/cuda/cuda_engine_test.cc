@@ -12,6 +12,7 @@
 #include "engine/cuda/cuda_model.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/cuda_common.h"
 #include "tests/util/golden_runner.h"
 #include "tests/util/test_paths.h"
 
@@ -101,7 +102,12 @@ void ExpectSameTokens(const EngineRun& sync, const EngineRun& async) {
   EXPECT_EQ(sync.finish, async.finish);
 }
 
-class CudaEngineTest : public ::testing::TestWithParam<std::string> {};
+class CudaEngineTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+  }
+};
 
 TEST_P(CudaEngineTest, AsyncSchedulingEqualsSynchronous) {
   const std::string dir = GetParam() == "sluice-mini-moe" ? testing::SharedModelDir(GetParam())
