@@ -11,7 +11,6 @@
 #include "engine/cuda/runner_core.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
-#include "kernels/activation/activation_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
@@ -489,13 +488,13 @@ absl::Status DeepseekCore::EnqueueLatentWrite(size_t li, const DeviceMeta& m, in
 // EnqueueSwiGlu: out = down(silu(gate(normed)) · up(normed)) with L's dense / shared weights.
 absl::Status DeepseekCore::EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out) {
   cudaStream_t st = stream.get();
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_gate_up.data(),
-                                                    nullptr, gate_up.data(), T, 2 * L.mlp_inter,
-                                                    H, st));
-  Mark("gate_up_gemm");
-  SLUICE_RUNNER_RETURN_IF_ERROR(
-      kernels::SiluMulCuda(gate_up.data(), act.data(), T, L.mlp_inter, st));
-  Mark("silu_mul");
+  // gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV (decode; bit-equal),
+  // else the GEMM into gate_up and SiLU·mul after it.
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(*lt, normed.data(),
+                                                           L.w_gate_up.data(), nullptr,
+                                                           gate_up.data(), act.data(), T,
+                                                           L.mlp_inter, H, st));
+  Mark("gate_up_silu_mul");
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(), nullptr,
                                                     out, T, H, L.mlp_inter, st));
   Mark("down_gemm");
