@@ -438,9 +438,16 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   }
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
-  SLUICE_RUNNER_RETURN_IF_ERROR(gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R},
-                                          /*w_is_kn=*/true, {q_lat.data(), q_lat_stride, latent_w},
-                                          /*y_float=*/false, T, R, dn, heads));
+  // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM.
+  if (fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(),
+                                                     (dn + dv) * R, q_lat.data(), q_lat_stride,
+                                                     latent_w, T, heads, dn, R, st));
+  } else {
+    SLUICE_RUNNER_RETURN_IF_ERROR(
+        gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R}, /*w_is_kn=*/true,
+                  {q_lat.data(), q_lat_stride, latent_w}, /*y_float=*/false, T, R, dn, heads));
+  }
   if (!fused_prologue) {
     SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
                                                 {q_lat_stride, latent_w}, T, heads, dr, st));

@@ -17,8 +17,10 @@
 //   n_shared_experts); steps of at most kernels::kMoeFusedMaxTokens tokens take the fused MoE
 //   decode path (three launches, same bits) under kernels::SetMoeDecodeVariant(1 or more);
 //   variants 2 and 3 also write the latent row and rope the queries in one launch
-//   (MlaPrologueCuda, deepseek_kernels.h) instead of six, and 3 computes the shared experts
-//   inside the fused expert launches. Then the final AddRmsNorm, the wanted rows, lm_head, argmax.
+//   (MlaPrologueCuda, deepseek_kernels.h) instead of six and, for steps of at most
+//   kMlaAbsorbMaxTokens tokens, absorb the queries with a GEMV kernel (MlaAbsorbQueryCuda)
+//   instead of cuBLAS's batched GEMM; 3 computes the shared experts inside the fused expert
+//   launches. Then the final AddRmsNorm, the wanted rows, lm_head, argmax.
 // RoPE: the config's table (default or YaRN with its mscale) on the last qk_rope_head_dim
 // channels, `rope_interleave` honoured; softmax scale (qk_nope + qk_rope)^-½ times
 // yarn_get_mscale(factor, mscale_all_dim)² when rope scaling sets mscale_all_dim, as the CPU

@@ -79,6 +79,70 @@ __global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologu
   }
 }
 
+constexpr int kAbsorbThreads = 256;
+constexpr int kAbsorbColVecs = 16;                            // 8-column vectors per block
+constexpr int kAbsorbDGroups = kAbsorbThreads / kAbsorbColVecs;  // d rows summed in parallel
+constexpr int kAbsorbCols = kAbsorbColVecs * 8;
+
+struct AbsorbArgs {
+  const bf16* q;
+  int64_t q_token_stride, q_head_stride;
+  const bf16* w;
+  int64_t w_head_stride;
+  bf16* out;
+  int64_t out_token_stride, out_head_stride;
+  int num_tokens, dn, r;
+};
+
+// Block (h, column block): thread (dg, cv) accumulates rows d ≡ dg (mod kAbsorbDGroups) of its
+// 8 columns for every token (kRows >= num_tokens); the kAbsorbDGroups partial sums per column
+// are then added in dg order through shared memory, one token at a time.
+template <int kRows>
+__global__ void __launch_bounds__(kAbsorbThreads) MlaAbsorbQueryKernel(AbsorbArgs a) {
+  __shared__ float red[kAbsorbDGroups][kAbsorbCols];
+  const int h = blockIdx.x;
+  const int cv = threadIdx.x % kAbsorbColVecs;
+  const int dg = threadIdx.x / kAbsorbColVecs;
+  const int col = blockIdx.y * kAbsorbCols + cv * 8;
+  const bf16* w = a.w + h * a.w_head_stride + col;
+  const bf16* q = a.q + h * a.q_head_stride;
+  float acc[kRows][8];
+#pragma unroll
+  for (int t = 0; t < kRows; ++t) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[t][u] = 0.0f;
+  }
+  if (col < a.r) {
+#pragma unroll 8
+    for (int d = dg; d < a.dn; d += kAbsorbDGroups) {
+      float wf[8];
+      kernels::cuda_detail::LoadBf16x8(w + static_cast<int64_t>(d) * a.r, wf);
+#pragma unroll
+      for (int t = 0; t < kRows; ++t) {
+        if (t < a.num_tokens) {
+          const float qv = __bfloat162float(q[t * a.q_token_stride + d]);
+#pragma unroll
+          for (int u = 0; u < 8; ++u) acc[t][u] = fmaf(qv, wf[u], acc[t][u]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRows; ++t) {
+    if (t >= a.num_tokens) break;  // block-uniform
+#pragma unroll
+    for (int u = 0; u < 8; ++u) red[dg][cv * 8 + u] = acc[t][u];
+    __syncthreads();
+    const int c = blockIdx.y * kAbsorbCols + static_cast<int>(threadIdx.x);
+    if (threadIdx.x < kAbsorbCols && c < a.r) {
+      float sum = 0.0f;
+      for (int g = 0; g < kAbsorbDGroups; ++g) sum += red[g][threadIdx.x];
+      a.out[t * a.out_token_stride + h * a.out_head_stride + c] = __float2bfloat16_rn(sum);
+    }
+    __syncthreads();  // red is rewritten for the next token
+  }
+}
+
 int Blocks(int64_t total) {
   return static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535));
 }
@@ -118,6 +182,40 @@ absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cu
   }
   MlaPrologueKernel<<<static_cast<unsigned>(num_tokens), kPrologueThreads, 0, stream>>>(args);
   return kernels::CudaLaunchStatus("MlaPrologueKernel");
+}
+
+absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q_head_stride,
+                                const bf16* w, int64_t w_head_stride, bf16* out,
+                                int64_t out_token_stride, int64_t out_head_stride,
+                                int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
+                                cudaStream_t stream) {
+  if (num_tokens < 0 || num_tokens > kMlaAbsorbMaxTokens || heads < 1 || heads > 65535 ||
+      dn < 1 || R < 8 || R % 8 != 0 || R > (int64_t{1} << 24) || dn > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        "MlaAbsorbQueryCuda: num_tokens must be in [0, 8], heads and dn positive, R a positive "
+        "multiple of 8");
+  }
+  if (num_tokens == 0) return absl::OkStatus();
+  if (q == nullptr || w == nullptr || out == nullptr || !kernels::cuda_detail::Aligned16(w) ||
+      w_head_stride % 8 != 0) {
+    return absl::InvalidArgumentError(
+        "MlaAbsorbQueryCuda: null pointer, or w / w_head_stride not 16-byte aligned");
+  }
+  const AbsorbArgs a{q,   q_token_stride,   q_head_stride,   w,
+                     w_head_stride, out, out_token_stride, out_head_stride,
+                     static_cast<int>(num_tokens), static_cast<int>(dn), static_cast<int>(R)};
+  const dim3 grid(static_cast<unsigned>(heads),
+                  static_cast<unsigned>((R + kAbsorbCols - 1) / kAbsorbCols));
+  if (num_tokens == 1) {
+    MlaAbsorbQueryKernel<1><<<grid, kAbsorbThreads, 0, stream>>>(a);
+  } else if (num_tokens == 2) {
+    MlaAbsorbQueryKernel<2><<<grid, kAbsorbThreads, 0, stream>>>(a);
+  } else if (num_tokens <= 4) {
+    MlaAbsorbQueryKernel<4><<<grid, kAbsorbThreads, 0, stream>>>(a);
+  } else {
+    MlaAbsorbQueryKernel<8><<<grid, kAbsorbThreads, 0, stream>>>(a);
+  }
+  return kernels::CudaLaunchStatus("MlaAbsorbQueryKernel");
 }
 
 }  // namespace sluice::cuda_runner

@@ -71,6 +71,26 @@ struct MlaPrologueArgs {
 // (when num_tokens > 0); Internal for launch errors.
 absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream);
 
+// Most tokens MlaAbsorbQueryCuda takes (a decode-sized GEMV; prefill uses the batched GEMM).
+inline constexpr int64_t kMlaAbsorbMaxTokens = 8;
+
+// MlaAbsorbQueryCuda: the absorbed queries' latent part for a few tokens,
+//   out[t, h, r] = bf16(Σ_{d < dn} q[t, h, d] · w[h, d, r])   (fp32 products and sums)
+// with q of token t, head h at q + t·q_token_stride + h·q_head_stride (dn bf16: q_nope), w
+// the per-head [dn, R] blocks at w + h·w_head_stride (row stride R: W_UK_h inside kv_b_proj),
+// out at out + t·out_token_stride + h·out_head_stride (R bf16). What BatchedGemm::Run with
+// w_is_kn computes, as one launch of heads · ⌈R/128⌉ blocks that read each weight once with
+// 16-byte loads all in flight; sums in a fixed order (deterministic; may differ from cuBLAS's
+// in the last bit before rounding).
+// Errors: InvalidArgument for num_tokens outside [0, kMlaAbsorbMaxTokens], heads < 1, dn < 1,
+// R < 8 or R % 8 != 0, w / w_head_stride not 16-byte aligned, null pointers; Internal for
+// launch errors.
+absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q_head_stride,
+                                const bf16* w, int64_t w_head_stride, bf16* out,
+                                int64_t out_token_stride, int64_t out_head_stride,
+                                int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
+                                cudaStream_t stream);
+
 }  // namespace sluice::cuda_runner
 
 #endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_

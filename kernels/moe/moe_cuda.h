@@ -141,8 +141,9 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // SetMoeDecodeVariant: which MoE path model runners (engine/cuda/cuda_deepseek_runner.cc) use
 // for steps the fused path supports: 0 (the default) the separate launches, 1 the fused path,
 // 2 the fused path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA
-// prologue, engine/cuda/deepseek_kernels.h MlaPrologueCuda), 3 as 2 with the shared experts
-// folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's SwiGLU).
+// prologue and absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 as 2 with the shared
+// experts folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's
+// SwiGLU).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
 // capturing graphs. InvalidArgument outside 0..3. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
