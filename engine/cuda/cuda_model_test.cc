@@ -27,15 +27,21 @@
 #include <numeric>
 #include <random>
 
+#include "engine/cuda/batched_gemm.h"
 #include "engine/cuda/cuda_deepseek_runner.h"
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/sample/sampler.h"
 #include "gtest/gtest.h"
+#include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/cuda_test_util.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/rms_norm/rms_norm_cuda.h"
+#include "kernels/rope/rope_cuda.h"
 #include "tests/util/golden_runner.h"
 #include "tests/util/test_paths.h"
 
@@ -240,6 +246,108 @@ TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
     ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
     CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
     CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
+  }
+}
+
+// MlaPrologueCuda and MlaAbsorbQueryCuda (DeepSeek runner variants 2+) against the separate
+// launches they replace, at DeepSeek-V2-Lite's MLA shapes (16 heads, dn 128, dr 64, R 512),
+// both rope layouts, 3 tokens (one not cached).
+TEST_F(CudaModelTest, DeepseekFusedMlaKernelsMatchSeparateLaunches) {
+  namespace ct = kernels::cuda_test;
+  auto rng = ct::Rng();
+  const int64_t T = 3, heads = 16, dn = 128, dr = 64, dv = 128, R = 512, qk = dn + dr;
+  const int64_t latent_w = R + dr, kv_w = R + dr, q_w = heads * qk, lat_stride = heads * latent_w;
+  const float eps = 1e-6f;
+  auto d_kv = ct::Upload(ct::RandomBf16(T * kv_w, rng, -2.0f, 2.0f));
+  auto d_q = ct::Upload(ct::RandomBf16(T * q_w, rng, -2.0f, 2.0f));
+  auto d_norm = ct::Upload(ct::RandomBf16(R, rng, 0.5f, 1.5f));
+  auto d_kv_b = ct::Upload(ct::RandomBf16(heads * (dn + dv) * R, rng, -0.1f, 0.1f));
+  auto d_pos = ct::Upload(std::vector<int32_t>{5, 77, 1000});
+  auto d_slots = ct::Upload(std::vector<int64_t>{2, -1, 0});
+  kernels::RopeTable table;
+  for (int64_t i = 0; i < dr / 2; ++i) {
+    table.inv_freq.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / dr)));
+  }
+  table.attention_scaling = 1.25f;
+  auto rope = kernels::UploadRopeTable(table);
+  ASSERT_TRUE(rope.ok()) << rope.status();
+  auto stream = kernels::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  cudaStream_t st = stream->get();
+  auto gemm = BatchedGemm::Create(st);
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  for (bool interleave : {false, true}) {
+    const std::string tag = interleave ? "interleaved rope" : "rotate-half rope";
+    // Separate launches, as the runner's variants 0 and 1 enqueue them.
+    auto latent = ct::NanBuffer(T * latent_w);
+    auto cache_ref = ct::NanBuffer(3 * latent_w);
+    auto q_lat_ref = ct::NanBuffer(T * lat_stride);
+    ASSERT_TRUE(kernels::RmsNormCuda(d_kv.data(), kv_w, d_norm.data(), latent.data(), latent_w,
+                                     T, R, eps, st)
+                    .ok());
+    ASSERT_TRUE(CopyHeadsCuda(d_kv.data() + R, {kv_w, 0}, latent.data() + R, {latent_w, 0}, T,
+                              1, dr, st)
+                    .ok());
+    ASSERT_TRUE(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R, d_pos.data(), *rope,
+                                  interleave, st)
+                    .ok());
+    ASSERT_TRUE(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0, d_slots.data(), T,
+                                          latent_w, 0, cache_ref.data(), nullptr, st)
+                    .ok());
+    ASSERT_TRUE((*gemm)
+                    ->Run({d_q.data(), q_w, qk}, {d_kv_b.data(), R, (dn + dv) * R},
+                          /*w_is_kn=*/true, {q_lat_ref.data(), lat_stride, latent_w},
+                          /*y_float=*/false, T, R, dn, heads)
+                    .ok());
+    ASSERT_TRUE(CopyHeadsCuda(d_q.data() + dn, {q_w, qk}, q_lat_ref.data() + R,
+                              {lat_stride, latent_w}, T, heads, dr, st)
+                    .ok());
+    ASSERT_TRUE(kernels::RopeCuda(q_lat_ref.data(), T, heads, lat_stride, latent_w, R,
+                                  d_pos.data(), *rope, interleave, st)
+                    .ok());
+    // Fused.
+    auto cache = ct::NanBuffer(3 * latent_w);
+    auto q_lat = ct::NanBuffer(T * lat_stride);
+    MlaPrologueArgs pa;
+    pa.kv = d_kv.data();
+    pa.kv_stride = kv_w;
+    pa.kv_norm = d_norm.data();
+    pa.eps = eps;
+    pa.q_pe = d_q.data() + dn;
+    pa.q_token_stride = q_w;
+    pa.q_head_stride = qk;
+    pa.q_out = q_lat.data() + R;
+    pa.q_out_token_stride = lat_stride;
+    pa.q_out_head_stride = latent_w;
+    pa.heads = heads;
+    pa.R = R;
+    pa.dr = dr;
+    pa.positions = d_pos.data();
+    pa.slots = d_slots.data();
+    pa.inv_freq = rope->inv_freq.data();
+    pa.scaling = rope->attention_scaling;
+    pa.interleave = interleave;
+    pa.cache = cache.data();
+    ASSERT_TRUE(MlaPrologueCuda(pa, T, st).ok());
+    ASSERT_TRUE(MlaAbsorbQueryCuda(d_q.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
+                                   q_lat.data(), lat_stride, latent_w, T, heads, dn, R, st)
+                    .ok());
+    ASSERT_TRUE(stream->Synchronize().ok());
+    // Cache slots 0 and 2 written (slot 1 stays NaN in both); one bf16 rounding step apart at
+    // most (the norm's sum order, fma contraction of the rotation).
+    const auto got_cache = ct::Download(cache), want_cache = ct::Download(cache_ref);
+    for (int64_t i = 0; i < latent_w; ++i) EXPECT_TRUE(std::isnan(got_cache[latent_w + i]));
+    std::vector<float> got_rows, want_rows;
+    for (int64_t slot : {0, 2}) {
+      got_rows.insert(got_rows.end(), got_cache.begin() + slot * latent_w,
+                      got_cache.begin() + (slot + 1) * latent_w);
+      want_rows.insert(want_rows.end(), want_cache.begin() + slot * latent_w,
+                       want_cache.begin() + (slot + 1) * latent_w);
+    }
+    ct::ExpectClose("mla prologue latent rows, " + tag, got_rows, want_rows, 1.0 / 128,
+                           1e-6);
+    ct::ExpectClose("mla prologue + absorbed query, " + tag, ct::Download(q_lat),
+                           ct::Download(q_lat_ref), 1.0 / 64, 1.0 / 256);
   }
 }
 
