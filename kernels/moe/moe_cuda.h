@@ -139,11 +139,12 @@ inline constexpr int64_t kMoeFusedMaxTokens = 8;
 inline constexpr int64_t kMoeFusedMaxRows = 64;
 
 // SetMoeDecodeVariant: which MoE path model runners (engine/cuda/cuda_deepseek_runner.cc) use
-// for steps the fused path supports: 0 (the default) the separate launches, 1 the fused path,
-// 2 the fused path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA
-// prologue and absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 as 2 with the shared
+// for steps the fused path supports: 0 the separate launches, 1 the fused path, 2 the fused
+// path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA prologue and
+// absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 (the default) as 2 with the shared
 // experts folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's
-// SwiGLU).
+// SwiGLU). Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029,
+// 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
 // capturing graphs. InvalidArgument outside 0..3. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);

@@ -737,7 +737,7 @@ __global__ void __launch_bounds__(kDownWarps * 32)
 }
 
 // SetMoeDecodeVariant's setting.
-std::atomic<int> g_moe_decode_variant{0};
+std::atomic<int> g_moe_decode_variant{3};
 
 }  // namespace
 
