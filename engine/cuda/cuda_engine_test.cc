@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
+#include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
@@ -107,15 +108,18 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device";
   }
+  // The parameter's model folder: a fixture, or a trained model of ../shared/models.
+  std::string Dir() const {
+    return GetParam() == "sluice-mini-moe" ? testing::SharedModelDir(GetParam())
+                                           : testing::FixtureDir(GetParam());
+  }
 };
 
 TEST_P(CudaEngineTest, AsyncSchedulingEqualsSynchronous) {
-  const std::string dir = GetParam() == "sluice-mini-moe" ? testing::SharedModelDir(GetParam())
-                                                          : testing::FixtureDir(GetParam());
-  auto probe = LoadCudaModel(dir, EngineRunnerOptions());
-  ASSERT_TRUE(probe.ok()) << probe.status();
-  const int32_t vocab = static_cast<int32_t>((*probe)->config().vocab_size);
-  probe->reset();
+  const std::string dir = Dir();
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int32_t vocab = static_cast<int32_t>(config->vocab_size);
   const std::vector<EngineRequest> requests = Requests(24, vocab, /*ignore_eos=*/true);
   const EngineRun sync = RunEngine(dir, false, requests);
   const EngineRun async = RunEngine(dir, true, requests);
@@ -132,12 +136,10 @@ TEST_P(CudaEngineTest, AsyncSchedulingEqualsSynchronous) {
 // synchronous one — the same tokens (they could differ only for a draw within ~1e-10 of a
 // CDF boundary).
 TEST_P(CudaEngineTest, DeviceSamplingEqualsHostSampling) {
-  const std::string dir = GetParam() == "sluice-mini-moe" ? testing::SharedModelDir(GetParam())
-                                                          : testing::FixtureDir(GetParam());
-  auto probe = LoadCudaModel(dir, EngineRunnerOptions());
-  ASSERT_TRUE(probe.ok()) << probe.status();
-  const int32_t vocab = static_cast<int32_t>((*probe)->config().vocab_size);
-  probe->reset();
+  const std::string dir = Dir();
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int32_t vocab = static_cast<int32_t>(config->vocab_size);
   std::vector<EngineRequest> requests = Requests(16, vocab, /*ignore_eos=*/true);
   for (size_t i = 0; i < requests.size(); ++i) {
     SamplingParams& p = requests[i].sampling;
@@ -158,8 +160,7 @@ TEST_P(CudaEngineTest, DeviceSamplingEqualsHostSampling) {
 // for token. (The fixtures' own greedy continuations are fp32 references: the bf16 model may
 // part from them at near-ties, which CudaModelTest judges by top-1 instead.)
 TEST_P(CudaEngineTest, GoldenPromptsThroughAsyncEngineEqualModelGreedy) {
-  const std::string dir = GetParam() == "sluice-mini-moe" ? testing::SharedModelDir(GetParam())
-                                                          : testing::FixtureDir(GetParam());
+  const std::string dir = Dir();
   auto cases = testing::LoadGoldenCases(dir + "/golden.safetensors");
   ASSERT_TRUE(cases.ok()) << cases.status();
   auto model = LoadCudaModel(dir, EngineRunnerOptions());
