@@ -4,7 +4,7 @@
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1]
-//                     [--moe-decode-variant 0] [--out OUT.json]
+//                     [--moe-decode-variant 0] [--moe-gemv-max-tokens 8] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
 // thread per GPU in this process, each with its NcclCommunicator and its shard of the model
@@ -46,6 +46,8 @@
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
 // shared experts inside the fused expert launches; default: the library's), for A/B runs.
+// --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
+// (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -513,6 +515,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
       }
       BENCH_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
+    } else if (a == "--moe-gemv-max-tokens") {
+      int64_t n;
+      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
+      BENCH_RETURN_IF_ERROR(kernels::SetMoeGemvMaxTokens(n));
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -561,6 +567,7 @@ absl::Status Main(int argc, char** argv) {
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
+  out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

@@ -89,6 +89,11 @@ enum class MoeExpertsPath {
              // expert-sorted rows; per-expert row counts stay on the device
 };
 inline constexpr int64_t kMoeGemvMaxTokens = 8;
+// SetMoeGemvMaxTokens: kAuto's bound for kGemv (default kMoeGemvMaxTokens), process-wide, for
+// benchmarks that compare the paths at a batch size (e.g. kGemv at 64 tokens, where kGrouped's
+// 64-row tiles hold ~6 real rows per expert). InvalidArgument for n < 0.
+absl::Status SetMoeGemvMaxTokens(int64_t n);
+int64_t MoeGemvMaxTokens();
 // kAuto's bound on num_tokens·top_k / num_experts for kStream; 0: kAuto never picks it. On the
 // H200 (2026-11-29, DeepSeek-V2-Lite shapes in cuda_decode_bench, batch 64: 6 rows per expert)
 // the routed experts took 27.2 ms per step through kStream against 15.3 ms through kGrouped, so

@@ -738,6 +738,8 @@ __global__ void __launch_bounds__(kDownWarps * 32)
 
 // SetMoeDecodeVariant's setting.
 std::atomic<int> g_moe_decode_variant{3};
+// SetMoeGemvMaxTokens's setting.
+std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
 
 }  // namespace
 
@@ -798,7 +800,7 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
   const ARows x_rows{x, so.sorted_rows, k, h};
   const ARows act_rows{act, nullptr, 1, i};
   if (path == MoeExpertsPath::kAuto) {
-    if (num_tokens <= kMoeGemvMaxTokens) {
+    if (num_tokens <= g_moe_gemv_max_tokens.load(std::memory_order_relaxed)) {
       path = MoeExpertsPath::kGemv;
     } else if (rows <= kMoeStreamMaxRowsPerExpert * num_experts) {
       path = MoeExpertsPath::kStream;
@@ -846,6 +848,14 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
       expert_out, so.row_to_sorted, topk_weights, k, h, out);
   return CudaLaunchStatus("MoeExpertsCuda launch");
 }
+
+absl::Status SetMoeGemvMaxTokens(int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("SetMoeGemvMaxTokens: ", n, " < 0"));
+  g_moe_gemv_max_tokens.store(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
   if (variant < 0 || variant > 3) {
