@@ -46,6 +46,8 @@
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
 // shared experts inside the fused expert launches; default: the library's), for A/B runs.
+// --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
+// 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
@@ -79,6 +81,7 @@
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "nlohmann/json.hpp"
 
@@ -515,6 +518,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
       }
       BENCH_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
+    } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
+      int kernel = 0;
+      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
     } else if (a == "--moe-gemv-max-tokens") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
@@ -567,6 +574,7 @@ absl::Status Main(int argc, char** argv) {
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
+  out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL

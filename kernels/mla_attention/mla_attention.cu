@@ -1,6 +1,6 @@
 // CUDA MLA attention core over the paged latent cache (mla_attention_cuda.h).
 //
-// Three kernels; all serve a group of up to kHeads heads per CTA, so every head of the group
+// Four kernels; all serve a group of up to kHeads heads per CTA, so every head of the group
 // reuses each latent row the CTA loads (all heads attend over the same rows).
 //
 // MlaDecodeKernel (decode: one query token per sequence, tensor-core dims): the 16 heads of a
@@ -20,6 +20,10 @@
 // T = 4 serves prefill chunks, T = 1 decode when SetMlaLatentAttentionDecodeKernel(1). Short work
 // (decode at small batch) splits the keys across CTAs in 64-row partitions and merges the
 // partials with SplitKvCombineKernel (attention_device.cuh; Flash-Decoding).
+//
+// MlaPrefillMmaKernel (SetMlaPrefillKernel(1)): the 4-token prefill CTA of MlaLatentMmaKernel
+// with a 2-deep tile ring, swizzled shared memory and the scores kept in registers (see its
+// comment).
 //
 // MlaLatentKernel (plain fp32 FMAs, any even rank ≤ 512 and width ≤ 1024, e.g. the tiny test
 // fixtures): one CTA per query token and head group; scores: warp w computes heads w and
@@ -376,6 +380,24 @@ __device__ __forceinline__ void StoreRows(const MlaArgs& args, const float (&acc
   }
 }
 
+// Online-softmax rescale of the O fragments of rows t·16 + h (mma C layout: lane holds rows
+// lane/4 and lane/4 + 8 of each 16-row m-tile) by this tile's alpha_s[row].
+template <int T>
+__device__ __forceinline__ void RescaleRows(float (&acc)[T][8][4], const float* alpha_s,
+                                            int lane) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float lo = alpha_s[t * 16 + lane / 4], hi = alpha_s[t * 16 + lane / 4 + 8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      acc[t][n][0] *= lo;
+      acc[t][n][1] *= lo;
+      acc[t][n][2] *= hi;
+      acc[t][n][3] *= hi;
+    }
+  }
+}
+
 template <int T>
 __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArgs args) {
   constexpr int M = 16 * T;  // query rows r = i·16 + h (token i of the CTA, head h0 + h)
@@ -492,17 +514,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
     __syncthreads();
 
     if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        const float lo = alpha_s[t * 16 + lane / 4], hi = alpha_s[t * 16 + lane / 4 + 8];
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          acc[t][n][0] *= lo;
-          acc[t][n][1] *= lo;
-          acc[t][n][2] *= hi;
-          acc[t][n][3] *= hi;
-        }
-      }
+      RescaleRows<T>(acc, alpha_s, lane);
 #pragma unroll
       for (int ks = 0; ks < kTcTile; ks += 16) {
         uint32_t a[T][4];
@@ -529,6 +541,254 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
   }
   __syncthreads();  // m_s, l_s when no tile ran
   StoreRows<T>(args, acc, m_s, l_s, tokens, heads, q_begin + qi0, h0, split, warp, lane);
+}
+
+// ---- Prefill kernel 1 (MlaPrefillMmaKernel; SetMlaPrefillKernel(1)) ----
+// The same CTA shape as MlaLatentMmaKernel<4> (M = 64 rows: 4 query tokens × 16 heads, 64-key
+// latent tiles, the same split plan), restructured so the tensor cores are fed from registers:
+//   * the key tiles stream through a 2-deep cp.async ring: tile i + 1 is copied while tile i is
+//     used (the 4-token kernel waits for every tile's copy before computing);
+//   * Q and the tiles are stored unpadded with an XOR swizzle (16-byte chunk c of row r at
+//     chunk c ^ (r % 8) of its group of 8), so every ldmatrix phase (8 rows × one chunk) and
+//     every cp.async row hits distinct banks, and Q + two 64-key tiles fit in 227 KB;
+//   * S = Q·Kᵀ: warp w takes rows 16(w % 4)..+15 (token w % 4) × keys 32(w / 4)..+31 of the
+//     tile, A and B fragments by ldmatrix.x4: 3 ldmatrix per 4 mma (the 4-token kernel: 4
+//     ldmatrix + 2 scalar loads per 4 mma), scores stay in registers;
+//   * softmax on the score fragments (base 2, scale folded into one multiply, causal mask by
+//     comparison — only the last tile of a CTA has masked keys); the two warps sharing a row
+//     exchange row maxima through shared memory and each keeps its own partial row sum (the
+//     same running max in both, so the partials add up at the end in a fixed order);
+//   * O += P·V as in MlaLatentMmaKernel: warp w latent channels 64w..64w+63 for all 64 rows,
+//     P (bf16) through shared memory, V fragments by ldmatrix.trans.
+// Three barriers a tile. Needs kv_lora_rank and the row width multiples of 64 (whole swizzle
+// groups, whole 64-channel warps) and ~227 KB of shared memory (sm_90; not sm_80's 163 KB).
+constexpr int kPfTokens = kTcPrefillTokens;  // query tokens per CTA
+constexpr int kPfRows = 16 * kPfTokens;      // M: row r = token r / 16, head h0 + r % 16
+constexpr int kPfTile = kTcTile;             // keys per tile (the split plan's granule)
+constexpr int kPfPPitch = kPfTile + 8;       // bf16 probabilities: conflict-free ldmatrix rows
+
+size_t PrefillSmemBytes(int width) {
+  return sizeof(bf16) * ((kPfRows + 2 * static_cast<size_t>(kPfTile)) * width +
+                         static_cast<size_t>(kPfRows) * kPfPPitch) +
+         sizeof(float) * 5 * kPfRows;
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][width] array.
+__device__ __forceinline__ int SwzOffset(int row, int chunk, int width) {
+  return row * width + ((chunk ^ (row & 7)) << 3);
+}
+
+// Four 8×8 bf16 matrices, not transposed; lane l addresses row l%8 of matrix l/8.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p))
+               : "memory");
+}
+
+__global__ void __launch_bounds__(kTcThreads, 1) MlaPrefillMmaKernel(const MlaArgs args) {
+  static_assert(kHeads == 16 && kPfRows == 64 && kTcThreads == 256, "4 row groups × 2 key halves");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int width = args.width;
+  const int chunks = width / 8;
+  bf16* q_s = reinterpret_cast<bf16*>(smem_raw);                        // [64][width] swizzled
+  bf16* ring = q_s + kPfRows * width;                                   // [2][64][width] swizzled
+  bf16* p_s = ring + 2 * kPfTile * width;                               // [64][kPfPPitch]
+  float* red_s = reinterpret_cast<float*>(p_s + kPfRows * kPfPPitch);  // [2][64] per key half
+  float* alpha_s = red_s + 2 * kPfRows;                                 // [64] this tile's rescale
+  float* m_s = alpha_s + kPfRows;                                       // [64] final max
+  float* l_s = m_s + kPfRows;                                           // [64] final sum
+
+  const int seq = blockIdx.z;
+  // Longest causal rows first, as in MlaLatentMmaKernel.
+  const int q_tiles = gridDim.x / args.num_splits;
+  const int qi0 = (q_tiles - 1 - static_cast<int>(blockIdx.x) / args.num_splits) * kPfTokens;
+  const int split = blockIdx.x % args.num_splits;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  if (qi0 >= q_len) return;
+  const int tokens = min(kPfTokens, q_len - qi0);
+  const int pos0 = args.context_lens[seq] + qi0;
+  const int2 kv =
+      SplitRange<kPfTile>(args, split, args.context_lens[seq] + q_len, pos0 + tokens);
+  const int kv_begin = kv.x, kv_end = kv.y;
+  const int h0 = blockIdx.y * kHeads;
+  const int heads = min(kHeads, args.num_heads - h0);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
+
+  // Q rows (zeros past `tokens` or `heads`): the oldest copy group, so the first wait covers it.
+  const bf16* q_base = args.q + static_cast<int64_t>(q_begin + qi0) * args.q_token_stride +
+                       static_cast<int64_t>(h0) * width;
+  for (int c = threadIdx.x; c < kPfRows * chunks; c += kTcThreads) {
+    const int r = c / chunks, ch = c - r * chunks;
+    const int t = r / kHeads, h = r % kHeads;
+    const bool live = t < tokens && h < heads;
+    const bf16* src = live ? q_base + t * args.q_token_stride + h * width + ch * 8 : args.q;
+    bf16* dst = q_s + SwzOffset(r, ch, width);
+    if (args.q_vec) {
+      CpAsync16(dst, src, live ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = live ? src[e] : __float2bfloat16_rn(0.0f);
+    }
+  }
+  CpAsyncCommit();
+
+  // Tile i → ring buffer i % 2 as one copy group; warp w copies rows 8w..8w+7.
+  constexpr int kR = kPfTile / (kTcThreads / 32);
+  const int ntiles = kv_end > kv_begin ? (kv_end - kv_begin + kPfTile - 1) / kPfTile : 0;
+  auto load = [&](int i) {
+    bf16* dst = ring + (i & 1) * kPfTile * width;
+    int64_t slot[kR];
+    LookupRows<kR>(args, block_table, kv_begin + i * kPfTile + warp * kR, kv_end, slot);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int row = warp * kR + r;
+      const bool live = slot[r] >= 0;
+      const bf16* src = args.cache + (live ? slot[r] * width : 0);
+      for (int ch = lane; ch < chunks; ch += 32) {
+        CpAsync16(dst + SwzOffset(row, ch, width), src + ch * 8, live ? 16 : 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+  if (ntiles > 0) load(0);
+
+  const int mi = warp % 4;  // S: token mi of the CTA (rows 16mi..16mi+15)
+  const int ni = warp / 4;  // S: keys 32ni..32ni+31 of the tile
+  const int g = lane / 4, q4 = lane % 4;
+  // This thread's S rows: 16mi + g (head h0 + g) and 16mi + g + 8 (head h0 + g + 8).
+  const bool live0 = mi < tokens && g < heads, live1 = mi < tokens && g + 8 < heads;
+  const int causal_end = min(kv_end, pos0 + mi + 1);  // keys < this are visible to token mi
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.0f, 0.0f};  // over this warp's key half only
+  float acc[kPfTokens][8][4];
+#pragma unroll
+  for (int t = 0; t < kPfTokens; ++t) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[t][n][0] = acc[t][n][1] = acc[t][n][2] = acc[t][n][3] = 0.0f;
+  }
+  const int col0 = warp * 64;  // P·V: latent channels [col0, col0 + 64)
+  // Per-lane ldmatrix rows; all of them ≡ lane (mod 8), so the swizzle term is lane & 7.
+  const int sw = lane & 7;
+  const bf16* a_row = q_s + (mi * 16 + lane % 16) * width;  // A: row lane%16, chunk + lane/16
+  const int a_ch = lane / 16;
+  const int b_key = ni * 32 + lane % 8 + (lane / 16) * 8;  // B: keys, chunk + (lane/8)%2
+  const int b_ch = (lane / 8) & 1;
+  const int v_key = lane % 8 + ((lane / 8) & 1) * 8;  // V (trans): keys, channel chunk + lane/16
+
+  for (int it = 0; it < ntiles; ++it) {
+    CpAsyncWait<0>();
+    __syncthreads();  // tile `it` (and Q) visible; buffer (it + 1) % 2, p_s, alpha_s free
+    if (it + 1 < ntiles) load(it + 1);
+    const bf16* k_s = ring + (it & 1) * kPfTile * width;
+    const int tile = kv_begin + it * kPfTile;
+
+    float s[4][4];  // n-tile j: keys 32ni + 8j + 2q4 (+1); [0..1] row g, [2..3] row g + 8
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    {
+      const bf16* b0_row = k_s + b_key * width;
+      const bf16* b1_row = b0_row + 16 * width;
+#pragma unroll 2
+      for (int kc = 0; kc < chunks; kc += 2) {  // 16 channels per step
+        uint32_t a[4], b0[4], b1[4];
+        LdMatrixX4(a, a_row + (((kc + a_ch) ^ sw) << 3));
+        LdMatrixX4(b0, b0_row + (((kc + b_ch) ^ sw) << 3));
+        LdMatrixX4(b1, b1_row + (((kc + b_ch) ^ sw) << 3));
+        Mma(s[0], a, b0[0], b0[1]);
+        Mma(s[1], a, b0[2], b0[3]);
+        Mma(s[2], a, b1[0], b1[1]);
+        Mma(s[3], a, b1[2], b1[3]);
+      }
+    }
+
+    // Scale to log2 units and mask: keys at or past causal_end (and rows of absent tokens or
+    // heads) are −inf; the zero-filled rows past kv_end read as finite scores first.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile + ni * 32 + j * 8 + 2 * q4 + (e & 1);
+        const bool live = (e < 2 ? live0 : live1) && key < causal_end;
+        s[j][e] = live ? s[j][e] * args.scale_log2 : -INFINITY;
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
+      }
+    }
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 1));
+      mx[hi] = fmaxf(mx[hi], __shfl_xor_sync(0xffffffffu, mx[hi], 2));
+      if (q4 == 0) red_s[ni * kPfRows + mi * 16 + g + 8 * hi] = mx[hi];
+    }
+    __syncthreads();  // both key halves' row maxima
+
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = mi * 16 + g + 8 * hi;
+      const float new_max = fmaxf(m_run[hi], fmaxf(red_s[r], red_s[kPfRows + r]));
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const float alpha = Exp2(m_run[hi] - base);
+      m_run[hi] = new_max;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 p =
+            __floats2bfloat162_rn(Exp2(s[j][2 * hi] - base), Exp2(s[j][2 * hi + 1] - base));
+        *reinterpret_cast<__nv_bfloat162*>(p_s + r * kPfPPitch + ni * 32 + j * 8 + 2 * q4) = p;
+        // The sum uses the rounded weights P·V multiplies, so the normalization matches.
+        sum += __low2float(p) + __high2float(p);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run[hi] = l_run[hi] * alpha + sum;
+      if (ni == 0 && q4 == 0) alpha_s[r] = alpha;
+    }
+    __syncthreads();  // p_s, alpha_s
+
+    if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
+      RescaleRows<kPfTokens>(acc, alpha_s, lane);
+#pragma unroll
+      for (int ks = 0; ks < kPfTile; ks += 16) {
+        uint32_t a[kPfTokens][4];
+#pragma unroll
+        for (int t = 0; t < kPfTokens; ++t) {
+          LoadA(a[t], p_s + t * 16 * kPfPPitch + ks, kPfPPitch, lane);
+        }
+        const bf16* v = k_s + (ks + v_key) * width;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, v + ((((col0 + np * 16) / 8 + lane / 16) ^ sw) << 3));
+#pragma unroll
+          for (int t = 0; t < kPfTokens; ++t) {
+            Mma(acc[t][2 * np], a[t], b[0], b[1]);
+            Mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();  // no copy may land after the CTA exits (Q when no tile ran)
+  // Every read of red_s precedes the last tile's second barrier, so it can take the sums now.
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    if (q4 == 0) red_s[ni * kPfRows + mi * 16 + g + 8 * hi] = l_run[hi];
+  }
+  __syncthreads();
+  if (ni == 0 && q4 == 0) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = mi * 16 + g + 8 * hi;
+      m_s[r] = m_run[hi];
+      l_s[r] = red_s[r] + red_s[kPfRows + r];
+    }
+  }
+  __syncthreads();
+  StoreRows<kPfTokens>(args, acc, m_s, l_s, tokens, heads, q_begin + qi0, h0, split, warp, lane);
 }
 
 // ---- Pipelined decode kernel (MlaDecodeKernel) ----
@@ -736,10 +996,23 @@ struct MlaPlan {
   int num_splits = 1;
   int partition_tokens = 0;
   int head_chunks = 1;
+  bool prefill_mma = false;  // MlaPrefillMmaKernel instead of MlaLatentMmaKernel<4>
 };
 
-// SetMlaLatentAttentionDecodeKernel's setting.
+// SetMlaLatentAttentionDecodeKernel's and SetMlaPrefillKernel's settings.
 std::atomic<int> g_decode_kernel{0};
+std::atomic<int> g_prefill_kernel{0};
+
+// Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
+bool SmemFits(size_t bytes) {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return false;
+  }
+  return bytes <= static_cast<size_t>(optin);
+}
 
 int MultiprocessorCount() {
   int device = 0, sms = 132;
@@ -830,6 +1103,12 @@ MlaPlan Plan(const PagedAttentionCudaBatch& b, const MlaDims& d) {
     }
   }
   if (plan.num_splits == 1) plan.partition_tokens = 0;
+  // Prefill kernel 1 shares the 4-token kernel's grid and split plan (so the workspace does
+  // not depend on the setting); dims or devices it cannot serve keep the 4-token kernel.
+  plan.prefill_mma = g_prefill_kernel.load(std::memory_order_relaxed) == 1 &&
+                     plan.tensor_cores && plan.tokens_per_cta == kPfTokens &&
+                     d.kv_lora_rank % 64 == 0 && d.LatentWidth() % 64 == 0 &&
+                     SmemFits(PrefillSmemBytes(static_cast<int>(d.LatentWidth())));
   return plan;
 }
 
@@ -880,6 +1159,17 @@ absl::Status SetMlaLatentAttentionDecodeKernel(int kernel) {
 }
 
 int MlaLatentAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
+
+absl::Status SetMlaPrefillKernel(int kernel) {
+  if (kernel < 0 || kernel > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaPrefillKernel: kernel ", kernel, " is not in 0..1"));
+  }
+  g_prefill_kernel.store(kernel, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaPrefillKernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
 
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {
@@ -948,6 +1238,17 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
     kernel<<<grid, kTcThreads, smem, stream>>>(args);
+  } else if (plan.prefill_mma) {
+    const int64_t q_tiles = (batch.max_query_len + kPfTokens - 1) / kPfTokens;
+    const dim3 grid(static_cast<unsigned>(q_tiles * plan.num_splits),
+                    static_cast<unsigned>(plan.head_chunks),
+                    static_cast<unsigned>(batch.num_sequences));
+    const size_t smem = PrefillSmemBytes(args.width);
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(&MlaPrefillMmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)),
+        "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+    MlaPrefillMmaKernel<<<grid, kTcThreads, smem, stream>>>(args);
   } else if (plan.tensor_cores) {
     const int64_t q_tiles = (batch.max_query_len + plan.tokens_per_cta - 1) / plan.tokens_per_cta;
     const dim3 grid(static_cast<unsigned>(q_tiles * plan.num_splits),

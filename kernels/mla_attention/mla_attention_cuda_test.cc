@@ -222,6 +222,35 @@ TEST(MlaLatentAttentionCudaTest, PrefillChunksAndHeadGroups) {
   RunCase("v3-tiny fixture", Dims(4, 32, 8, 16, 16), 16, {{0, 9}, {40, 3}, {5, 1}}, rng);
 }
 
+// Every prefill kernel (SetMlaPrefillKernel): chunked prefill over cached prefixes (split across
+// CTAs, and unsplit), partial query tiles (chunks not a multiple of 4 tokens, contexts not a
+// multiple of the 64-row tile), prefill mixed with decode sequences, 1000 tokens from scratch
+// (several tiles through the ring), fewer than 16 heads and several head groups, a smaller rank
+// (warps idle in P·V), and dims kernel 1 does not take (row width 288: kernel 0 serves them).
+TEST(MlaLatentAttentionCudaTest, PrefillKernels) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetMlaPrefillKernel(2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
+  const int default_kernel = MlaPrefillKernel();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  for (const int kernel : {1, 0}) {
+    ASSERT_TRUE(SetMlaPrefillKernel(kernel).ok());
+    const std::string tag = "prefill kernel " + std::to_string(kernel) + " ";
+    RunCase(tag + "300 over 200", d, 16, {{200, 300}}, rng);
+    RunCase(tag + "301 over 200 + decode", d, 16, {{200, 301}, {1000, 1}, {0, 2}}, rng);
+    RunCase(tag + "1000 from scratch", d, 16, {{0, 1000}}, rng);
+    RunCase(tag + "partial tiles block 7", d, 7, {{63, 5}, {65, 3}, {0, 1}, {127, 6}}, rng);
+    RunCase(tag + "8 heads unsplit", Dims(8, 512, 64, 128, 128), 16,
+            {{0, 360}, {50, 350}, {10, 370}}, rng);
+    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{100, 20}, {0, 7}, {300, 1}},
+            rng);
+    RunCase(tag + "rank 256 rope 64", Dims(16, 256, 64, 64, 64), 16, {{70, 130}, {0, 9}}, rng);
+    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{70, 130}, {0, 9}}, rng);
+  }
+  ASSERT_TRUE(SetMlaPrefillKernel(default_kernel).ok());
+}
+
 TEST(MlaLatentAttentionCudaTest, RejectsBadArguments) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto buf = DeviceBuffer<bf16>::Create(1 << 16);
