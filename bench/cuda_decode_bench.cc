@@ -48,6 +48,9 @@
 // shared experts inside the fused expert launches; default: the library's), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
+// --attn-prefill-kernel N: the paged attention kernel of prefill launches
+// (kernels::SetPagedAttentionPrefillKernel: 0 64-row tiles, the default; 1 128-row tiles; 2
+// 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
@@ -513,6 +516,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
       }
       f.attn_stages = v[0] - '0';
+    } else if (a == "--attn-prefill-kernel") {
+      int kernel = 0;
+      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
     } else if (a == "--moe-decode-variant") {
       if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");

@@ -74,6 +74,7 @@ struct AttnArgs {
   int num_splits;
   int partition_tokens;  // keys per split (multiple of the key tile); unused when num_splits 1
   int num_tokens;
+  bool q_vec;  // q 16-byte aligned with a stride of whole 16-byte chunks (prefill kinds)
   bf16* out;
   float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
@@ -518,6 +519,390 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   }
 }
 
+// ---- Prefill kernels (SetPagedAttentionPrefillKernel 1..2) ----
+//
+// The same online-softmax algorithm and GQA row packing as PagedAttentionKernel, reshaped for
+// long prompts, where the mma.sync pipe — not bytes — is what should bound the time:
+//  * A warp owns kMT m16 tiles (32 rows at kMT 2), so every K/V fragment read from shared
+//    memory feeds 2·kMT mmas: half the shared-memory bytes per mma of 16-row warps, and a
+//    128-row CTA tile makes each K/V tile copied from L2 serve twice the rows of the 64-row
+//    tiles of kind 0.
+//  * Q lives in shared memory (copied once per CTA) and is re-read per key tile with ldmatrix:
+//    a 32-row warp cannot keep its Q fragments (64 registers at d 128) beside a 128-register
+//    accumulator and 64 scores. K fragments come from ldmatrix.x4 (two n8 tiles × k16 per
+//    instruction) instead of two 32-bit loads per mma; V from ldmatrix.x4.trans as before.
+//  * One barrier per key tile: a thread waits for tile i, the CTA syncs, and only then is the
+//    buffer of tile i − 1 (which every warp has left) refilled with tile i + kStages − 1.
+//  * Scores stay unscaled until the exponent: p = 2^(s·c − m·c) with c = scale·log2(e) is one
+//    FFMA + MUFU per score (needs c > 0, checked by the planner); the running max m is kept in
+//    raw score units.
+//  * The accumulator rescale (kMT·kDV/2 FMULs per thread) is skipped when no row of the warp
+//    raised its max (exact: the factor would be 1).
+//  * Masking per element only on tiles some row of the warp sees partly (the causal diagonal,
+//    window edges, partition edges); the rest take the unmasked path.
+//  * Per-warp K/V copies: warp w copies keys [w·kBN/kWarps, (w+1)·kBN/kWarps) of each tile, one
+//    block-table lookup per lane and tile (prefetched a tile ahead) shuffled to the lanes
+//    copying that key's 16-byte chunks.
+//  * The grid is linear over (query tile, KV head, split) with the longest query tiles (latest
+//    under the causal mask) first for every head, so the short tiles fill the tail.
+// Registers: at kD = kDV = 128, kMT 2, kBN 32 a thread holds 128 accumulator and 32 score
+// floats; launch bounds of 2 CTAs × 128 threads leave it 255 registers (nvcc -Xptxas -v:
+// 249 on sm_90a, no spills).
+template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
+struct PrefillConfig {
+  static_assert(kStages >= 2);
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBM = 16 * kMT * kWarps;
+  static constexpr int kQElems = kBM * Pitch<kD>();
+  static constexpr int kTileElems = kBN * (Pitch<kD>() + Pitch<kDV>());
+  static constexpr int kSmemBytes =
+      (kQElems + kStages * kTileElems) * static_cast<int>(sizeof(bf16));
+};
+
+// Four 8×8 bf16 matrices from shared memory (ldmatrix, no transpose) at 32-bit shared-window
+// addresses (fewer live registers than generic pointers): lanes 8i..8i+7 give the row
+// addresses of matrix i; lane l receives row l/4, columns 2(l%4)..+1 of each. ..Trans: the
+// transposes, as LdMatrixX4Trans.
+__device__ __forceinline__ void LdMatrixX4At(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
+__global__ void __launch_bounds__(32 * kWarps, 2) PagedPrefillKernel(const AttnArgs args) {
+  using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
+  constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
+  constexpr int kSTiles = kBN / 8;   // n8 score tiles per m16 tile
+  constexpr int kVTiles = kDV / 8;   // n8 output tiles
+  constexpr int kPSteps = kBN / 16;  // k16 steps of P·V
+  constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;  // 16-byte chunks per K / V row
+  constexpr int kWarpKeys = kBN / kWarps;                // keys each warp copies per tile
+  static_assert(kSTiles % 2 == 0 && kVTiles % 2 == 0 && kWarpKeys <= 32);
+  static_assert((kWarpKeys * kKChunks) % 32 == 0 && (kWarpKeys * kVChunks) % 32 == 0);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* const q_smem = reinterpret_cast<bf16*>(smem_raw);
+  bf16* const kv_smem = q_smem + Cfg::kQElems;
+
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();
+  const int seq = blockIdx.z;
+  int linear = static_cast<int>(blockIdx.x);
+  const int split = linear % args.num_splits;
+  linear /= args.num_splits;
+  const int kv_head = linear % args.num_kv_heads;
+  const int m_tile = args.num_m_tiles - 1 - linear / args.num_kv_heads;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  const int ctx = args.context_lens[seq];
+  const int group = args.group;
+  const int rows = q_len * group;
+  const int row0 = m_tile * Cfg::kBM;
+  if (row0 >= rows) return;  // uniform over the CTA
+  const int row_last = min(row0 + Cfg::kBM, rows) - 1;
+  int kv_begin = args.sliding_window > 0
+                     ? max(0, ctx + row0 / group - args.sliding_window + 1)
+                     : 0;
+  int kv_end = ctx + row_last / group + 1;
+  if (args.num_splits > 1) {
+    kv_begin = max(kv_begin, split * args.partition_tokens);
+    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wrow0 = row0 + warp * 16 * kMT;  // this warp's first row
+  // Positions of this warp's first and last valid row (the unmasked-tile test).
+  const int w_pos_first = ctx + wrow0 / group;
+  const int w_pos_last = ctx + max(wrow0, min(wrow0 + 16 * kMT, rows) - 1) / group;
+
+  // Q tile → shared memory, zero-filled past the true head dim and the last row. 16-byte
+  // cp.async when q allows (args.q_vec), else 32-bit loads.
+  for (int c = threadIdx.x; c < Cfg::kBM * kKChunks; c += Cfg::kThreads) {
+    const int r = c / kKChunks;
+    const int col = (c % kKChunks) * 8;
+    const int row = row0 + r;
+    const bool live = row < rows && col < args.head_dim;
+    const bf16* src = args.q;
+    if (live) {
+      src += static_cast<int64_t>(q_begin + row / group) * args.q_token_stride +
+             static_cast<int64_t>(kv_head * group + row % group) * args.head_dim + col;
+    }
+    bf16* dst = q_smem + r * Pitch<kD>() + col;
+    if (args.q_vec) {
+      CpAsync16(dst, src, live ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        reinterpret_cast<uint32_t*>(dst)[w] =
+            live ? __ldg(reinterpret_cast<const unsigned int*>(src) + w) : 0u;
+      }
+    }
+  }
+  CpAsyncCommit();  // the oldest group: waiting for K/V tile 0 waits for Q too
+
+  // Slot of key tile + warp·kWarpKeys + lane (lane < kWarpKeys; −1 outside [kv_begin, kv_end)).
+  auto lookup = [&](int tile) -> int64_t {
+    const int j = tile + warp * kWarpKeys + lane;
+    if (lane >= kWarpKeys || j < kv_begin || j >= kv_end) return -1;
+    const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
+    const int offset = j - block * args.block_size;
+    return static_cast<int64_t>(__ldg(args.block_tables + seq * args.max_blocks_per_seq + block)) *
+               args.block_size +
+           offset;
+  };
+  // The warp's keys of a tile into buffer `buf` (zero rows for slot −1, zero columns past the
+  // true head dims), as one commit group.
+  // Bases and strides are recomputed from the kernel parameters here (cheap, once per tile)
+  // rather than held in registers across the math.
+  auto copy_keys = [&](int buf, int64_t lane_slot) {
+    const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+    const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+    const bf16* k_base = args.k_cache + static_cast<int64_t>(kv_head) * args.head_dim;
+    const bf16* v_base = args.v_cache + static_cast<int64_t>(kv_head) * args.v_head_dim;
+    bf16* k_dst = kv_smem + buf * Cfg::kTileElems + warp * kWarpKeys * Pitch<kD>();
+    bf16* v_dst = kv_smem + buf * Cfg::kTileElems + kBN * Pitch<kD>() + warp * kWarpKeys * Pitch<kDV>();
+#pragma unroll
+    for (int i = 0; i < kWarpKeys * kKChunks / 32; ++i) {
+      const int c = lane + 32 * i;
+      const int key = c / kKChunks;
+      const int col = (c % kKChunks) * 8;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const bool live = slot >= 0 && col < args.head_dim;
+      CpAsync16(k_dst + key * Pitch<kD>() + col,
+                live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kWarpKeys * kVChunks / 32; ++i) {
+      const int c = lane + 32 * i;
+      const int key = c / kVChunks;
+      const int col = (c % kVChunks) * 8;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const bool live = slot >= 0 && col < args.v_head_dim;
+      CpAsync16(v_dst + key * Pitch<kDV>() + col,
+                live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
+    }
+    CpAsyncCommit();
+  };
+  // Tiles start at multiples of kBN; tile i (from tile_first) lives in buffer i % kStages and
+  // is commit group i + 1 (Q is group 0). Every call commits one group (empty past kv_end).
+  const int tile_first = kv_begin / kBN * kBN;
+  int64_t next_slot = lookup(tile_first);
+  auto load = [&](int tile, int buf) {
+    if (tile < kv_end) {
+      copy_keys(buf, next_slot);
+    } else {
+      CpAsyncCommit();
+    }
+    next_slot = lookup(tile + kBN);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * kBN, s);
+
+  float acc[kMT][kVTiles][4];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[mi][u][0] = acc[mi][u][1] = acc[mi][u][2] = acc[mi][u][3] = 0.0f;
+    }
+  }
+  float row_max[kMT][2];  // raw (unscaled) score units
+  float row_sum[kMT][2];  // this thread's partial; summed over the quad at the end
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+    row_max[mi][0] = row_max[mi][1] = -INFINITY;
+    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
+  }
+  const float c_log2 = args.scale_log2;  // > 0 (the planner checks)
+
+  // ldmatrix lane addresses: Q A fragments (rows lane%16, columns 8·(lane/16)); K B fragments
+  // of two n8 tiles (keys lane%8 + 8·(lane/16), columns 8·(lane/8 % 2)); V as in kind 0.
+  // Byte addresses in the shared window.
+  constexpr int kB = static_cast<int>(sizeof(bf16));
+  const uint32_t q_lane =
+      SmemAddr(q_smem + (warp * 16 * kMT + (lane & 15)) * Pitch<kD>() + (lane >> 4) * 8);
+  const uint32_t k_lane =
+      SmemAddr(kv_smem + ((lane & 7) + ((lane >> 4) << 3)) * Pitch<kD>() + ((lane >> 3) & 1) * 8);
+  const uint32_t v_lane =
+      SmemAddr(kv_smem + kBN * Pitch<kD>() + (lane & 15) * Pitch<kDV>() + (lane >> 4) * 8);
+
+  int buf = 0;  // buffer of `tile`
+  for (int tile = tile_first; tile < kv_end; tile += kBN) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    // Every warp is past tile − kBN: its buffer takes the tile kStages − 1 ahead.
+    load(tile + (kStages - 1) * kBN, buf == 0 ? kStages - 1 : buf - 1);
+    const uint32_t tile_off = static_cast<uint32_t>(buf * Cfg::kTileElems * kB);
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    // Skip tiles no row of this warp sees (the causal end of the warp's rows is before the
+    // CTA's; the window start after it).
+    if (tile > w_pos_last ||
+        (args.sliding_window > 0 && tile + kBN <= w_pos_first - args.sliding_window + 1)) {
+      continue;
+    }
+
+    float s[kMT][kSTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        LdMatrixX4At(qa[mi], q_lane + (mi * 16 * Pitch<kD>() + ks * 16) * kB);
+      }
+#pragma unroll
+      for (int np = 0; np < kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        LdMatrixX4At(kb, k_lane + tile_off + (np * 16 * Pitch<kD>() + ks * 16) * kB);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          Mma16816(s[mi][2 * np], qa[mi], kb[0], kb[1]);
+          Mma16816(s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+        }
+      }
+    }
+    // Mask only where some row of the warp sees part of the tile.
+    const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= w_pos_first &&
+                      (args.sliding_window <= 0 || tile > w_pos_last - args.sliding_window);
+    if (!full) {
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            // This thread's rows are g and g + 8 of each m16 tile; padding rows see nothing.
+            const int r = wrow0 + mi * 16 + g + 8 * (e >> 1);
+            const int pos = r < rows ? ctx + r / group : -1;
+            const int j = tile + n * 8 + 2 * t + (e & 1);
+            const bool visible = j >= kv_begin && j < kv_end && j <= pos &&
+                                 (args.sliding_window <= 0 || j > pos - args.sliding_window);
+            if (!visible) s[mi][n][e] = -INFINITY;
+          }
+        }
+      }
+    }
+    // Online softmax per m16 tile (raw-unit max; exponent base −m·c per row), then
+    // P = 2^(s·c − m·c) rounded to bf16 A fragments: the C fragments of score tiles 2k and 2k+1
+    // are exactly the A fragment of P's k-step k. One m16 tile at a time so its scores die
+    // into P fragments before the next tile's rescale (register peak).
+    uint32_t p_frag[kMT][kPSteps][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+      float neg_base[2], alpha[2];
+      bool raised = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = row_max[mi][i];
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          mx = fmaxf(mx, fmaxf(s[mi][n][2 * i], s[mi][n][2 * i + 1]));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
+        // 2^(−inf) is 0 rather than NaN.
+        const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+        const bool up = mx != row_max[mi][i];
+        alpha[i] = up ? Exp2(row_max[mi][i] * c_log2 - mb) : 1.0f;
+        raised |= up;
+        row_max[mi][i] = mx;
+        row_sum[mi][i] *= alpha[i];
+        neg_base[i] = -mb;
+      }
+      // Rescale only when some row of the warp raised its max (otherwise every alpha is 1).
+      if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          acc[mi][u][0] *= alpha[0];
+          acc[mi][u][1] *= alpha[0];
+          acc[mi][u][2] *= alpha[1];
+          acc[mi][u][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[e] = Exp2(fmaf(s[mi][n][e], c_log2, neg_base[e >> 1]));
+          row_sum[mi][e >> 1] += p[e];
+        }
+        p_frag[mi][n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+        p_frag[mi][n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint32_t vrow = v_lane + tile_off + kk * 16 * Pitch<kDV>() * kB;
+#pragma unroll
+      for (int u = 0; u < kVTiles; u += 2) {
+        uint32_t b[4];
+        LdMatrixX4TransAt(b, vrow + u * 8 * kB);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          Mma16816(acc[mi][u], p_frag[mi][kk], b[0], b[1]);
+          Mma16816(acc[mi][u + 1], p_frag[mi][kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+  // An empty partition never waited for its Q copy; no copy may outlive the CTA.
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[mi][i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = wrow0 + mi * 16 + g + 8 * i;
+      if (r >= rows) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t out_row = static_cast<int64_t>(q_begin + r / group) * args.num_heads +
+                              kv_head * group + r % group;
+      if (args.num_splits == 1) {
+        bf16* o = args.out + out_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<__nv_bfloat162*>(o + col) =
+                __floats2bfloat162_rn(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+      } else {
+        const int64_t part_row =
+            static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
+        float* o = args.partial_out + part_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<float2*>(o + col) =
+                make_float2(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+        // The combine expects the max in log2-scaled units (−inf stays −inf: c > 0).
+        if (t == 0) args.partial_ml[part_row] = make_float2(row_max[mi][i] * c_log2, sum);
+      }
+    }
+  }
+}
+
 // Padded head-dim variants: the smallest (kD, kDV) covering (head_dim, v_head_dim).
 enum class Variant { k32, k64, k128, k192v128, k256 };
 
@@ -559,9 +944,31 @@ std::atomic<int> g_decode_stages{0};
 // 4 warps × 2/3/6 stages, 6 warp rings of 8 warps × 3 stages, 7/8 warp rings of 2 warps × 3/4
 // stages (depths shrink to what fits shared memory for wide heads; 8 warps fall back to 4
 // where 2 stages do not fit).
-constexpr int kNumKinds = 9;
+constexpr int kNumKinds = 11;
 constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
               kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
+// SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1.
+constexpr int kNumDecodeKernels = 8;
+// PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
+// kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
+//   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
+//      ≤ 255 registers, 2 CTAs per SM on sm_90. (64-key tiles would hold 64 score floats
+//      beside the 128 accumulators: ptxas spills ~70 bytes at d 128, so 32.)
+//  10: 1 m16 tile (64-row CTA, as kind 0), 64-key tiles, 2 stages (85 KiB, 2 CTAs per SM):
+//      kind 0's tile shape with this kernel's inner loop, to tell the two apart.
+constexpr int kKindPrefill1 = 9, kKindPrefill2 = 10;
+constexpr int kNumPrefillKernels = 3;
+constexpr int kPrefillMmaWarps = 4;
+
+// SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10.
+std::atomic<int> g_prefill_kernel{0};
+
+// Rows per CTA of a prefill kind.
+constexpr int PrefillRowsPerCta(int kind) {
+  return kind == kKindPrefill1 ? 32 * kPrefillMmaWarps
+         : kind == kKindPrefill2 ? 16 * kPrefillMmaWarps
+                                 : 16 * kPrefillWarpsM;
+}
 
 // SetPagedAttentionDecodeKernel's setting: 0 automatic, 1 CTA tiles (kKindTiles2/3 by the
 // stage rule), 2..7 the ring kinds 3..8.
@@ -658,21 +1065,26 @@ absl::Status ValidateBatch(const PagedAttentionCudaBatch& b) {
   return absl::OkStatus();
 }
 
-template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
-absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
-  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-  auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>;
-  if constexpr (Cfg::kSmemBytes > 48 * 1024) {
+absl::Status LaunchWithSmem(void (*kernel)(AttnArgs), int threads, int smem_bytes,
+                            const AttnArgs& args, dim3 grid, cudaStream_t stream) {
+  if (smem_bytes > 48 * 1024) {
     // Above 48 KiB dynamic shared memory must be opted into (idempotent, host-only; allowed
     // during stream capture).
     SLUICE_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes),
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
         "PagedAttentionCuda: cudaFuncSetAttribute");
   }
   const cudaError_t e = attention_detail::LaunchKernelMaybePdl(
-      kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, PdlEnabled(), args);
+      kernel, grid, dim3(threads), smem_bytes, stream, PdlEnabled(), args);
   SLUICE_CUDA_RETURN_IF_ERROR(e, "PagedAttentionCuda: launch");
   return CudaLaunchStatus("PagedAttentionCuda");
+}
+
+template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
+absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
+  using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+  return LaunchWithSmem(&PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
+                        Cfg::kThreads, Cfg::kSmemBytes, args, grid, stream);
 }
 
 // Ops run by WithKernel on the kernel instantiation of a kind.
@@ -684,25 +1096,41 @@ struct LaunchOp {
   absl::Status Run() const {
     return Launch<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>(*args, grid, stream);
   }
+  template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
+  absl::Status RunPrefill() const {
+    using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
+    return LaunchWithSmem(&PagedPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
+                          Cfg::kSmemBytes, *args, grid, stream);
+  }
 };
 
 // CTAs of the kernel resident per SM (≥ 1).
+int Occupancy(void (*kernel)(AttnArgs), int threads, int smem_bytes) {
+  if (smem_bytes > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) !=
+          cudaSuccess) {
+    return 1;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes) !=
+      cudaSuccess) {
+    return 1;
+  }
+  return std::max(n, 1);
+}
+
 struct OccupancyOp {
   template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
   int Run() const {
     using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-    auto* kernel = &PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>;
-    if (Cfg::kSmemBytes > 48 * 1024 &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes) != cudaSuccess) {
-      return 1;
-    }
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
-        cudaSuccess) {
-      return 1;
-    }
-    return std::max(n, 1);
+    return Occupancy(&PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
+                     Cfg::kThreads, Cfg::kSmemBytes);
+  }
+  template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
+  int RunPrefill() const {
+    using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
+    return Occupancy(&PagedPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
+                     Cfg::kSmemBytes);
   }
 };
 
@@ -718,10 +1146,25 @@ auto WithRing(const Op& op) {
   }
 }
 
+// A PagedPrefillKernel kind at padded dims up to 128 (the planner picks them only there;
+// wider dims instantiate kind 0 instead).
+template <int kD, int kDV, int kMT, int kBN, int kStages, typename Op>
+auto WithPrefill(const Op& op) {
+  if constexpr (kD <= 128 && kDV <= 128) {
+    return op.template RunPrefill<kD, kDV, kPrefillMmaWarps, kMT, kBN, kStages>();
+  } else {
+    return op.template Run<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages, false>();
+  }
+}
+
 // Runs op.Run<config>() for the kernel of `kind` at padded dims (kD, kDV).
 template <int kD, int kDV, typename Op>
 auto WithKernel(int kind, const Op& op) {
   switch (kind) {
+    case kKindPrefill1:
+      return WithPrefill<kD, kDV, 2, 32, 3>(op);
+    case kKindPrefill2:
+      return WithPrefill<kD, kDV, 1, 64, 2>(op);
     case kKindTiles2:
       return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2, false>();
     case kKindTiles3:
@@ -787,14 +1230,21 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t max_rows = b.max_query_len * group;
   plan.decode = max_rows <= 16;
-  plan.rows_per_cta = plan.decode ? 16 : 16 * kPrefillWarpsM;
+  Variant v = Variant::k128;
+  PickVariant(p.head_dim, p.v_head_dim, &v);
+  plan.kind = 0;
+  const int prefill_kernel = g_prefill_kernel.load(std::memory_order_relaxed);
+  // The prefill kinds fold the scale into the exponent (needs scale > 0) and hold at most
+  // 128-wide heads in registers.
+  if (!plan.decode && prefill_kernel > 0 && p.head_dim <= 128 && p.v_head_dim <= 128 &&
+      p.scale > 0.0f && std::isfinite(p.scale)) {
+    plan.kind = kKindPrefill1 + prefill_kernel - 1;
+  }
+  plan.rows_per_cta = plan.decode ? 16 : PrefillRowsPerCta(plan.kind);
   plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
   plan.num_splits = 1;
   plan.partition_tokens = 0;
-  Variant v = Variant::k128;
-  PickVariant(p.head_dim, p.v_head_dim, &v);
   const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
-  plan.kind = 0;
   if (plan.decode) {
     const int forced_kernel = g_decode_kernel.load(std::memory_order_relaxed);
     const int forced = g_decode_stages.load(std::memory_order_relaxed);
@@ -886,15 +1336,27 @@ void SetPagedAttentionPdl(bool enabled) { g_pdl.store(enabled, std::memory_order
 int PagedAttentionDecodeStages() { return g_decode_stages.load(std::memory_order_relaxed); }
 
 absl::Status SetPagedAttentionDecodeKernel(int kernel) {
-  if (kernel < 0 || kernel > kNumKinds - 2) {
+  if (kernel < 0 || kernel >= kNumDecodeKernels) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeKernel: kernel ", kernel,
-                                                   " is not in 0..", kNumKinds - 2));
+                                                   " is not in 0..", kNumDecodeKernels - 1));
   }
   g_decode_kernel.store(kernel, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
+
+absl::Status SetPagedAttentionPrefillKernel(int kernel) {
+  if (kernel < 0 || kernel >= kNumPrefillKernels) {
+    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionPrefillKernel: kernel ",
+                                                   kernel, " is not in 0..",
+                                                   kNumPrefillKernels - 1));
+  }
+  g_prefill_kernel.store(kernel, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int PagedAttentionPrefillKernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
 
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                         const PagedAttentionParams& params) {
@@ -956,6 +1418,7 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
   args.num_splits = plan.num_splits;
   args.partition_tokens = plan.partition_tokens;
   args.num_tokens = static_cast<int>(batch.num_tokens);
+  args.q_vec = Aligned16(q) && q_token_stride % 8 == 0 && params.head_dim % 8 == 0;
   args.out = out;
   const attention_detail::SplitKvCombineArgs combine = attention_detail::MakeSplitKvCombineArgs(
       ws_bytes > 0 ? workspace : nullptr, batch.query_start_loc, plan.num_splits, args.num_tokens,
@@ -963,9 +1426,12 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
 
-  const dim3 grid(static_cast<unsigned>(plan.m_tiles * plan.num_splits),
-                  static_cast<unsigned>(params.num_kv_heads),
-                  static_cast<unsigned>(batch.num_sequences));
+  // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
+  const bool linear = plan.kind >= kKindPrefill1;
+  const dim3 grid(
+      static_cast<unsigned>(plan.m_tiles * plan.num_splits * (linear ? params.num_kv_heads : 1)),
+      static_cast<unsigned>(linear ? 1 : params.num_kv_heads),
+      static_cast<unsigned>(batch.num_sequences));
   const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
   if (!s.ok() || plan.num_splits == 1) return s;
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,

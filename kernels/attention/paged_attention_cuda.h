@@ -80,6 +80,20 @@ int PagedAttentionDecodeStages();
 absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 
+// SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
+// rows, query tokens × group, exceed one 16-row tile). 0 (the default): 64-row CTA tiles of 4
+// warps × 16 rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu
+// (PagedPrefillKernel: Q in shared memory read with ldmatrix, ldmatrix K/V fragments, one
+// barrier per key tile, the softmax scale folded into the exponent's FFMA): 1: 128-row CTA
+// tiles (4 warps × 32 rows: each K/V fragment feeds twice the mmas), 32-key tiles, 3 stages;
+// 2: 64-row tiles (4 warps × 16), 64-key tiles, 2 stages. Settings 1..2 apply to head dims up
+// to 128 with a positive scale; other launches keep kernel 0. Same results as kernel 0 within
+// bf16 rounding (the exponent's rounding differs), deterministic. Process-wide, for benchmarks
+// and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
+// it). InvalidArgument outside 0..2. PagedAttentionPrefillKernel returns it.
+absl::Status SetPagedAttentionPrefillKernel(int kernel);
+int PagedAttentionPrefillKernel();
+
 // SetPagedAttentionPdl: launch the attention kernel and its split-KV combine as programmatic
 // dependents of the kernel before each (cudaLaunchAttributeProgrammaticStreamSerialization;
 // the kernels wait on griddepcontrol before reading their inputs), so their launch overlaps

@@ -251,6 +251,51 @@ TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
   RunCase({"prefill chunks x3", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
 }
 
+// Every prefill kernel (SetPagedAttentionPrefillKernel) against the CPU reference over the
+// shapes prefill meets: a fresh prompt with a partial last tile and one spanning many key
+// tiles, chunks over a cached prefix (few CTAs: the split-KV plan), sliding windows, GQA groups
+// 1/4/8 and 7, head dims 16/24/64/128 (and 192/256, which keep kernel 0), odd block sizes, q
+// rows with a stride that rules out 16-byte copies, and decode rows in the same launch.
+TEST(PagedAttentionCudaTest, PrefillKernels) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
+  const int default_kernel = PagedAttentionPrefillKernel();
+  for (const int kernel : {1, 2, 0}) {
+    ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
+    const std::string tag = "prefill kernel " + std::to_string(kernel) + " ";
+    RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
+    RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
+    RunCase({tag + "chunk 77 over 1000", Params(32, 8, 128, 128, 16), {{1000, 77}}}, rng);
+    RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
+    RunCase({tag + "chunks d64 g4", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}},
+            rng);
+    RunCase({tag + "mha d64 g1", Params(8, 8, 64, 64, 16), {{0, 129}, {500, 40}}}, rng);
+    RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
+    RunCase({tag + "window 100", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
+    RunCase({tag + "window 37 fresh", Params(8, 2, 64, 64, 16, 37), {{0, 400}}}, rng);
+    RunCase({tag + "d16 g2 window 16", Params(4, 2, 16, 16, 4, 16), {{40, 1}, {17, 7}, {0, 50}}},
+            rng);
+    RunCase({tag + "d24 dv16 mha", Params(4, 4, 24, 16, 16), {{0, 33}, {90, 20}}}, rng);
+    RunCase({tag + "d192 dv128 (kernel 0)", Params(16, 16, 192, 128, 64), {{0, 70}}}, rng);
+    RunCase({tag + "d256 g2 (kernel 0)", Params(8, 4, 256, 256, 16), {{100, 40}}}, rng);
+    RunCase({tag + "mixed with decode rows",
+             Params(32, 8, 128, 128, 16),
+             {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
+            rng);
+    // q_token_stride 8·64 + 2: not a whole number of 16-byte chunks (32-bit Q loads).
+    Case odd{tag + "q stride pad 2", Params(8, 2, 64, 64, 16), {{50, 30}, {0, 90}}};
+    odd.q_stride_pad = 2;
+    RunCase(odd, rng);
+    Case loose{tag + "loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
+    loose.extra_query_len = 100;
+    loose.extra_seq_len = 3000;
+    RunCase(loose, rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
+}
+
 TEST(PagedAttentionCudaTest, MixedBatch) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
