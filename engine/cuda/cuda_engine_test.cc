@@ -4,21 +4,57 @@
 // With ignore_eos every step of both engines runs the same batch, so the same kernels run on
 // the same inputs and the tokens must be identical.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
+#include "absl/strings/numbers.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
+#include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/moe/moe_cuda.h"
 #include "tests/util/golden_runner.h"
 #include "tests/util/test_paths.h"
 
 namespace sluice::cuda_runner {
 namespace {
+
+// Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
+// run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
+// it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
+// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS (unset: the library's).
+class KernelSettingsFromEnv : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    Apply("SLUICE_TEST_ATTN_PREFILL_KERNEL",
+          [](int64_t v) { return kernels::SetPagedAttentionPrefillKernel(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_PREFILL_KERNEL",
+          [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MOE_DECODE_VARIANT",
+          [](int64_t v) { return kernels::SetMoeDecodeVariant(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MOE_GEMV_MAX_TOKENS",
+          [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
+  }
+
+ private:
+  template <typename Set>
+  static void Apply(const char* name, Set set) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) return;
+    int64_t v = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(value, &v)) << name << "=" << value;
+    ASSERT_TRUE(set(v).ok()) << name << "=" << value;
+    std::printf("%s=%lld\n", name, static_cast<long long>(v));
+  }
+};
+const ::testing::Environment* const kKernelSettings =
+    ::testing::AddGlobalTestEnvironment(new KernelSettingsFromEnv);
 
 CudaRunnerOptions EngineRunnerOptions() {
   CudaRunnerOptions o;
