@@ -961,7 +961,7 @@ constexpr int kNumPrefillKernels = 3;
 constexpr int kPrefillMmaWarps = 4;
 
 // SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10.
-std::atomic<int> g_prefill_kernel{0};
+std::atomic<int> g_prefill_kernel{1};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {

@@ -81,8 +81,8 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
-// rows, query tokens × group, exceed one 16-row tile). 0 (the default): 64-row CTA tiles of 4
-// warps × 16 rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu
+// rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
+// rows, 64-key tiles, 2 stages. 1 (the default) ..2: the prefill kernels of paged_attention.cu
 // (PagedPrefillKernel: Q in shared memory read with ldmatrix, ldmatrix K/V fragments, one
 // barrier per key tile, the softmax scale folded into the exponent's FFMA): 1: 128-row CTA
 // tiles (4 warps × 32 rows: each K/V fragment feeds twice the mmas), 32-key tiles, 3 stages;
@@ -90,7 +90,9 @@ int PagedAttentionDecodeKernel();
 // to 128 with a positive scale; other launches keep kernel 0. Same results as kernel 0 within
 // bf16 rounding (the exponent's rounding differs), deterministic. Process-wide, for benchmarks
 // and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
-// it). InvalidArgument outside 0..2. PagedAttentionPrefillKernel returns it.
+// it). InvalidArgument outside 0..2. PagedAttentionPrefillKernel returns it. Measured on an
+// H200 (Llama-3-8B shapes, one sequence, 32 layers; bench/results/cuda_llama8b_h200.json):
+// attention 36.8 / 18.9 / 22.5 ms at 4k tokens and 534 / 277 / 324 ms at 16k for 0 / 1 / 2.
 absl::Status SetPagedAttentionPrefillKernel(int kernel);
 int PagedAttentionPrefillKernel();
 

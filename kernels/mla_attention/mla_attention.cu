@@ -1001,7 +1001,7 @@ struct MlaPlan {
 
 // SetMlaLatentAttentionDecodeKernel's and SetMlaPrefillKernel's settings.
 std::atomic<int> g_decode_kernel{0};
-std::atomic<int> g_prefill_kernel{0};
+std::atomic<int> g_prefill_kernel{1};
 
 // Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
 bool SmemFits(size_t bytes) {
