@@ -221,6 +221,7 @@ class LLMEngineImpl final : public LLMEngine {
   std::vector<RequestOutput> Step() override {
     std::vector<RequestOutput> outputs;
     outputs.swap(pending_outputs_);
+    removed_.clear();
     for (const std::string& id : pending_aborts_) {
       if (std::unique_ptr<Sequence> seq = RemoveSequence(id)) {
         if (reservations_.erase(id) > 0) ++counters_.num_transfers_failed;
@@ -238,11 +239,11 @@ class LLMEngineImpl final : public LLMEngine {
       // Async scheduling: this plan was built while the step in flight runs, its sampled
       // tokens standing in as placeholders. Enqueue it behind that step, then read that step.
       if (!plan.scheduled.empty() && AsyncPlan(plan)) {
-        std::vector<std::string> ids = PlanIds(plan);
         const absl::Status enqueued = EnqueuePlan(plan);
         FinishInFlight(outputs);
         if (!enqueued.ok()) {
-          FailRequests(ids, enqueued, outputs);
+          DropRemoved(plan);  // the read may have finished some of the plan's sequences
+          FailRequests(PlanIds(plan), enqueued, outputs);
         } else {
           AppendPlaceholders();
         }
@@ -255,9 +256,8 @@ class LLMEngineImpl final : public LLMEngine {
     }
     if (plan.scheduled.empty()) return outputs;
     if (AsyncPlan(plan)) {
-      std::vector<std::string> ids = PlanIds(plan);
       if (absl::Status s = EnqueuePlan(plan); !s.ok()) {
-        FailRequests(ids, s, outputs);
+        FailRequests(PlanIds(plan), s, outputs);
       } else {
         AppendPlaceholders();
       }
@@ -404,8 +404,11 @@ class LLMEngineImpl final : public LLMEngine {
   // RemoveSequence is scheduler_.Remove that also forgets the sequence in steps in flight.
   std::unique_ptr<Sequence> RemoveSequence(const std::string& id) {
     std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
-    if (seq != nullptr && !in_flight_.empty()) {
-      removed_.push_back(seq.get());
+    if (seq == nullptr) return seq;
+    // Recorded even with nothing in flight: FinishInFlight pops its step before removing the
+    // sequences it finished, and a plan built before it must drop them (DropRemoved).
+    removed_.push_back(seq.get());
+    if (!in_flight_.empty()) {
       for (InFlightStep& step : in_flight_) {
         for (InFlightRow& row : step.rows) {
           if (row.seq == seq.get()) row.seq = nullptr;

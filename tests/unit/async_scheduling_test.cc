@@ -212,6 +212,29 @@ TEST(AsyncSchedulingTest, SeededSamplingOnDeviceEqualsHostSampling) {
   EXPECT_GT(differ, 0);
 }
 
+// The step in flight ends a sequence (a stop id) that the next plan already holds, and that
+// plan needs the host sampler (a penalized request joins): the in-flight step is read first and
+// the finished sequence must leave the plan before it runs synchronously.
+TEST(AsyncSchedulingTest, SequenceFinishedByTheStepInFlightLeavesASynchronousPlan) {
+  EngineRequest a = Request("a", 5, 6);
+  const GenRun probe = Generate(false, {{0, a}});
+  ASSERT_FALSE(probe.tokens.at("a").empty());
+  a.sampling.stop_token_ids = {probe.tokens.at("a")[0].token_id};  // stops at its first token
+  EngineRequest b = Request("b", 9, 5);
+  b.sampling.presence_penalty = 0.5f;
+  b.sampling.ignore_eos = true;
+  // "b" arrives after the first Step(), which enqueued "a"'s prefill asynchronously.
+  const std::vector<Arrival> arrivals = {{0, a}, {1, b}};
+  const GenRun sync = Generate(false, arrivals);
+  const GenRun async = Generate(true, arrivals);
+  ExpectSame(sync, async);
+  ASSERT_EQ(async.tokens.at("a").size(), 1u);
+  EXPECT_EQ(async.finish.at("a"), FinishReason::kStop);
+  EXPECT_EQ(async.tokens.at("b").size(), 5u);
+  EXPECT_GE(async.async_steps, 1);
+  EXPECT_EQ(async.full_steps, 5);
+}
+
 TEST(AsyncSchedulingTest, AbortWhileInFlightLeavesOthersAndFreesBlocks) {
   EngineSetup setup;
   setup.aborts = {{3, "r1"}, {6, "r4"}, {7, "r5"}};
