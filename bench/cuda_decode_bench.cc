@@ -51,6 +51,8 @@
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
 // (kernels::SetPagedAttentionPrefillKernel: 0 64-row tiles, the default; 1 128-row tiles; 2
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
+// --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
+// per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
@@ -529,6 +531,10 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
+    } else if (a == "--gemm-tune-candidates") {
+      int n = 0;
+      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
     } else if (a == "--moe-gemv-max-tokens") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
@@ -583,6 +589,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
+  out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

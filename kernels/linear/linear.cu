@@ -4,7 +4,7 @@
 // n×m (ld n). The bias epilogue adds bias[n] along D's rows (CUBLASLT_EPILOGUE_BIAS).
 //
 // Autotune (CublasLt::set_autotune): the first call of a small-m shape, outside stream capture,
-// times up to kTuneCandidates of cuBLASLt's heuristic algorithms and, for m <= kGemvMaxRows,
+// times up to GemmTuneCandidates() of cuBLASLt's heuristic algorithms and, for m <= kGemvMaxRows,
 // GemvCuda on the caller's own operands (L2 flushed before each timed run), and keeps the
 // fastest. Small-m products are weight-streaming (bandwidth-bound): the heuristic's first pick
 // there is often a split-K algorithm with a separate reduction pass, which a one-pass GEMV
@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <tuple>
@@ -31,7 +32,9 @@ using cuda_detail::Bf16x8;
 using cuda_detail::ToFloat8;
 using cuda_detail::WarpSum;
 
-constexpr int kTuneCandidates = 8;
+// Upper bound of GemmTuneCandidates() (SetGemmTuneCandidates).
+constexpr int kMaxTuneCandidates = 64;
+std::atomic<int> g_tune_candidates{8};
 constexpr int kGemvThreads = 256;
 
 // Weights are read exactly once per call: load them through the non-coherent path without
@@ -380,11 +383,11 @@ struct CublasLt::Impl {
       }
     }
     (void)align_bias;  // Part of the key only: the bias epilogue reads it element-wise.
-    cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
+    cublasLtMatmulHeuristicResult_t results[kMaxTuneCandidates];
     int count = 0;
     if (s == CUBLAS_STATUS_SUCCESS) {
       s = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
-                                         m <= autotune_max_m ? kTuneCandidates : 1, results,
+                                         m <= autotune_max_m ? GemmTuneCandidates() : 1, results,
                                          &count);
     }
     cublasLtMatmulPreferenceDestroy(pref);
@@ -580,6 +583,17 @@ absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w, const
   if (!st.ok() || fused) return st;
   return SiluMulCuda(gate_up, out, m, inter, stream);
 }
+
+absl::Status SetGemmTuneCandidates(int n) {
+  if (n < 1 || n > kMaxTuneCandidates) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetGemmTuneCandidates: needs 1 <= n <= ", kMaxTuneCandidates, ", got ", n));
+  }
+  g_tune_candidates.store(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int GemmTuneCandidates() { return g_tune_candidates.load(std::memory_order_relaxed); }
 
 void CublasLt::set_autotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);

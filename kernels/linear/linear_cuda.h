@@ -28,11 +28,11 @@ class CublasLt {
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
   // set_autotune(max_m): each new (shape, bias, alignment) plan with m <= max_m is tuned on its
-  // first call made outside stream capture: up to 8 of the heuristic's algorithms and, for
-  // m <= kGemvMaxRows, GemvCuda are timed on that call's operands (7 runs each; the stream is
-  // synchronized) and the fastest is kept. A plan first met during capture keeps the
-  // heuristic's pick. 0 (the default) turns tuning off, so every call stays asynchronous; meant
-  // for the few decode shapes, not for every prefill length.
+  // first call made outside stream capture: up to GemmTuneCandidates() (default 8) of the
+  // heuristic's algorithms and, for m <= kGemvMaxRows, GemvCuda are timed on that call's
+  // operands (7 runs each; the stream is synchronized) and the fastest is kept. A plan first met
+  // during capture keeps the heuristic's pick. 0 (the default) turns tuning off, so every call
+  // stays asynchronous; meant for the few decode shapes, not for every prefill length.
   void set_autotune(int64_t max_m);
   // DescribePlans: one line per cached plan (shape, chosen kernel, cuBLASLt algo/tile/split-K,
   // tuned timings in microseconds), for benchmarks.
@@ -50,6 +50,12 @@ class CublasLt {
                                         const bf16* bias, bf16* gate_up, bf16* out, int64_t m,
                                         int64_t inter, int64_t k, cudaStream_t stream);
 };
+
+// SetGemmTuneCandidates(n): how many of cuBLASLt's heuristic algorithms the autotuner
+// (CublasLt::set_autotune) times per new plan, 1..64 (default 8). Plans made before the call
+// keep their choice. Errors: InvalidArgument outside 1..64.
+absl::Status SetGemmTuneCandidates(int n);
+int GemmTuneCandidates();
 
 // Largest m GemvCuda serves.
 inline constexpr int64_t kGemvMaxRows = 8;
