@@ -140,6 +140,28 @@ TEST(LinearCudaTest, AutotuneMatchesCpuReference) {
   EXPECT_EQ(plans.find("tuned 0"), std::string::npos) << plans;
 }
 
+// More tuning candidates (SetGemmTuneCandidates) still give the reference's values; the count
+// is bounded to 1..64.
+TEST(LinearCudaTest, TuneCandidatesSetting) {
+  EXPECT_EQ(SetGemmTuneCandidates(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetGemmTuneCandidates(65).code(), absl::StatusCode::kInvalidArgument);
+  const int before = GemmTuneCandidates();
+  ASSERT_TRUE(SetGemmTuneCandidates(32).ok());
+  EXPECT_EQ(GemmTuneCandidates(), 32);
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto lt = CublasLt::Create();
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->set_autotune(256);
+  auto rng = cuda_test::Rng();
+  const int64_t m = 256, n = 768, k = 512;
+  CheckShape("32 candidates", m, n, k, false, rng,
+             [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+               return LinearCuda(**lt, x, w, b, y, m, n, k, nullptr);
+             });
+  EXPECT_NE((*lt)->DescribePlans().find("tuned 1"), std::string::npos);
+  ASSERT_TRUE(SetGemmTuneCandidates(before).ok());
+}
+
 // GemvSiluMulCuda equals GemvCuda (same variant) into a [m, 2n] buffer followed by SiluMulCuda
 // bit for bit, and SiluMulCpu of LinearCpu's bf16-rounded gate/up within two roundings;
 // LinearSiluMulCuda (fused when the tuned plan is a served GEMV, GEMM + SiLU·mul otherwise)
