@@ -55,6 +55,8 @@
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
+// --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
+// cuBLASLt (kernels::SetMoePrefillGemm; 0, the default: the grouped WMMA GEMM; 256 suggested).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -88,6 +90,7 @@
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_prefill_gemm_cuda.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::cuda_runner {
@@ -539,6 +542,10 @@ absl::Status Main(int argc, char** argv) {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
       BENCH_RETURN_IF_ERROR(kernels::SetMoeGemvMaxTokens(n));
+    } else if (a == "--moe-prefill-gemm") {
+      int64_t n;
+      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMoePrefillGemm(n));
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -589,6 +596,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
+  out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL

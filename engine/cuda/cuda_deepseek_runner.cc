@@ -13,6 +13,7 @@
 #include "engine/model/weight_loader.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_prefill_gemm_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
 
@@ -98,6 +99,8 @@ class DeepseekCore : public RunnerCore {
   DeviceBuffer<float> router_logits, topk_weights;
   DeviceBuffer<int32_t> topk_ids;
   DeviceBuffer<uint8_t> moe_ws;
+  // cuBLASLt expert GEMMs of large steps; null unless SetMoePrefillGemm was on at load.
+  std::unique_ptr<kernels::MoePrefillGemm> moe_prefill;
 
   // Paged latent cache, per layer [num_blocks, block_size, R + dr] bf16.
   std::vector<DeviceBuffer<bf16>> cache;
@@ -242,6 +245,12 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
     topk_weights = std::move(*tw);
     topk_ids = std::move(*ti);
     moe_ws = std::move(*ws);
+    const int64_t prefill_min = kernels::MoePrefillGemmMinTokens();
+    if (prefill_min > 0 && T >= prefill_min) {
+      auto g = kernels::MoePrefillGemm::Create(lt.get(), T, top_k, E, H, mi);
+      if (!g.ok()) return g.status();
+      moe_prefill = std::move(*g);
+    }
   }
   return absl::OkStatus();
 }
@@ -513,7 +522,7 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   cudaStream_t st = stream.get();
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
-  const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes()};
+  const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes(), moe_prefill.get()};
   const int variant = kernels::MoeDecodeVariant();
   if (variant >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
     // Fused decode path (variants 1, 2: bit-equal to the separate one below): shared experts

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/moe/moe_prefill_gemm_cuda.h"
 #include "tests/util/golden_runner.h"
 #include "tests/util/test_paths.h"
 
@@ -40,6 +41,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMoeDecodeVariant(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_GEMV_MAX_TOKENS",
           [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
+    Apply("SLUICE_TEST_MOE_PREFILL_GEMM",  // min tokens of the cuBLASLt expert path; 0 off
+          [](int64_t v) { return kernels::SetMoePrefillGemm(v); });
   }
 
  private:

@@ -19,6 +19,8 @@
 
 namespace sluice::kernels {
 
+class MoePrefillGemm;  // moe_prefill_gemm_cuda.h
+
 // Largest num_experts the CUDA MoE kernels accept (routing keeps a per-lane bitmask of taken
 // experts; the expert sort keeps per-expert counters in shared memory).
 inline constexpr int64_t kMoeCudaMaxExperts = 1024;
@@ -63,6 +65,10 @@ absl::Status MoeRoutingCuda(const bf16* router_logits, const float* correction_b
 struct MoeCudaWorkspace {
   void* data = nullptr;
   size_t bytes = 0;
+  // Optional, not owned: large steps on the grouped path then run their GEMMs per expert on
+  // cuBLASLt when prefill_gemm->Takes(...) (moe_prefill_gemm_cuda.h; SetMoePrefillGemm). That
+  // path synchronizes the stream once and is never taken during stream capture.
+  MoePrefillGemm* prefill_gemm = nullptr;
 };
 
 // MoeCudaWorkspaceBytes: workspace bytes MoeExpertsCuda needs for up to max_tokens tokens:

@@ -25,6 +25,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_cuda_detail.cuh"
+#include "kernels/moe/moe_prefill_gemm_cuda.h"
 
 namespace sluice::kernels {
 namespace {
@@ -836,6 +837,15 @@ absl::Status MoeExpertsCuda(const bf16* x, const int32_t* topk_ids, const float*
     MoeStreamKernel<false>
         <<<dim3(blocks(h, 2 * kStreamWarps), max_active), kStreamWarps * 32, 0, stream>>>(
             act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
+  } else if (workspace.prefill_gemm != nullptr &&
+             workspace.prefill_gemm->Takes(num_tokens, top_k, num_experts, hidden, intermediate,
+                                           stream)) {
+    // Large prefill steps: per-expert cuBLASLt GEMMs (moe_prefill_gemm_cuda.h).
+    if (absl::Status s = workspace.prefill_gemm->Run(x, so.offsets, so.sorted_rows, num_tokens,
+                                                     w_gate_up, w_down, act, expert_out, stream);
+        !s.ok()) {
+      return s;
+    }
   } else {
     const unsigned max_tiles = static_cast<unsigned>((rows + kBm - 1) / kBm) + max_active;
     auto columns = [](int n) { return static_cast<unsigned>((n + kBn - 1) / kBn); };

@@ -1,0 +1,167 @@
+// cuBLASLt routed experts for prefill steps; see moe_prefill_gemm_cuda.h.
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/activation/activation_cuda.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/linear/linear_cuda.h"
+#include "kernels/moe/moe_prefill_gemm_cuda.h"
+
+namespace sluice::kernels {
+namespace {
+
+constexpr int kGatherThreads = 128;
+constexpr int64_t kMaxExperts = 1024;  // kMoeCudaMaxExperts (moe_cuda.h)
+
+std::atomic<int64_t> g_min_tokens{0};
+
+// One block per sorted position p (grid: an upper bound on the valid rows): copies token row
+// x[sorted_rows[p] / top_k] to gathered[p] as 16-byte vectors (hidden % 8 == 0, both 16-byte
+// aligned). Positions at or past *valid (rows whose id was outside [0, E)) hold no row.
+__global__ void __launch_bounds__(kGatherThreads)
+    MoeGatherRowsKernel(const bf16* __restrict__ x, const int32_t* __restrict__ sorted_rows,
+                        const int32_t* __restrict__ valid, int top_k, int hidden,
+                        bf16* __restrict__ gathered) {
+  const int p = blockIdx.x;
+  if (p >= *valid) return;
+  const int token = sorted_rows[p] / top_k;
+  const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(token) * hidden);
+  uint4* dst = reinterpret_cast<uint4*>(gathered + static_cast<int64_t>(p) * hidden);
+  for (int v = threadIdx.x; v < hidden / 8; v += kGatherThreads) dst[v] = src[v];
+}
+
+}  // namespace
+
+absl::Status SetMoePrefillGemm(int64_t min_tokens) {
+  if (min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("SetMoePrefillGemm: ", min_tokens, " < 0"));
+  }
+  g_min_tokens.store(min_tokens, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int64_t MoePrefillGemmMinTokens() { return g_min_tokens.load(std::memory_order_relaxed); }
+
+size_t MoePrefillGemm::ScratchBytes(int64_t max_tokens, int64_t top_k, int64_t intermediate) {
+  if (max_tokens <= 0 || top_k <= 0 || intermediate <= 0) return 0;
+  return static_cast<size_t>(max_tokens * top_k) * static_cast<size_t>(2 * intermediate) *
+         sizeof(bf16);
+}
+
+absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
+    CublasLt* lt, int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
+    int64_t intermediate) {
+  if (lt == nullptr || max_tokens < 1 || top_k < 1 || num_experts < 1 || top_k > num_experts ||
+      num_experts > kMaxExperts || hidden < 8 || hidden % 8 != 0 || intermediate < 8 ||
+      intermediate % 8 != 0 || max_tokens * top_k > 0x7fffffff ||
+      hidden > (int64_t{1} << 22) || intermediate > (int64_t{1} << 22)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoePrefillGemm: bad arguments (lt ", lt != nullptr ? "set" : "null",
+        ") max_tokens=", max_tokens, " top_k=", top_k, " num_experts=", num_experts,
+        " hidden=", hidden, " intermediate=", intermediate));
+  }
+  std::unique_ptr<MoePrefillGemm> g(new MoePrefillGemm());
+  g->lt_ = lt;
+  g->max_tokens_ = max_tokens;
+  g->top_k_ = top_k;
+  g->num_experts_ = num_experts;
+  g->hidden_ = hidden;
+  g->intermediate_ = intermediate;
+  auto buf = DeviceBuffer<bf16>::Create(ScratchBytes(max_tokens, top_k, intermediate) /
+                                        sizeof(bf16));
+  if (!buf.ok()) return buf.status();
+  g->gate_up_ = *std::move(buf);
+  void* host = nullptr;
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMallocHost(&host, static_cast<size_t>(num_experts + 1) * sizeof(int32_t)),
+      "cudaMallocHost");
+  g->host_offsets_ = static_cast<int32_t*>(host);
+  return g;
+}
+
+MoePrefillGemm::~MoePrefillGemm() {
+  if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
+}
+
+bool MoePrefillGemm::Takes(int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                           int64_t hidden, int64_t intermediate, cudaStream_t stream) const {
+  const int64_t min_tokens = MoePrefillGemmMinTokens();
+  if (min_tokens <= 0 || num_tokens < min_tokens || num_tokens > max_tokens_ ||
+      top_k != top_k_ || num_experts != num_experts_ || hidden != hidden_ ||
+      intermediate != intermediate_) {
+    return false;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; the grouped path then runs as before
+    return false;
+  }
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const int32_t* sorted_rows,
+                                 int64_t num_tokens, const bf16* w_gate_up, const bf16* w_down,
+                                 bf16* act, bf16* expert_out, cudaStream_t stream) {
+  if (num_tokens < 1 || num_tokens > max_tokens_ || x == nullptr || offsets == nullptr ||
+      sorted_rows == nullptr || w_gate_up == nullptr || w_down == nullptr || act == nullptr ||
+      expert_out == nullptr || !cuda_detail::Aligned16(x) || !cuda_detail::Aligned16(expert_out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoePrefillGemm::Run: num_tokens=", num_tokens, " (max ", max_tokens_,
+        "), or a null / misaligned pointer"));
+  }
+  const int64_t rows = num_tokens * top_k_;
+  const int64_t E = num_experts_, H = hidden_, I = intermediate_;
+  bf16* gathered = expert_out;  // free until the down GEMMs write it
+  // 1. Gather (bounded on the device by offsets[E]), 2. offsets to the host.
+  MoeGatherRowsKernel<<<static_cast<unsigned>(rows), kGatherThreads, 0, stream>>>(
+      x, sorted_rows, offsets + E, static_cast<int>(top_k_), static_cast<int>(H), gathered);
+  if (absl::Status s = CudaLaunchStatus("MoeGatherRowsKernel"); !s.ok()) return s;
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_offsets_, offsets, static_cast<size_t>(E + 1) * sizeof(int32_t),
+                      cudaMemcpyDeviceToHost, stream),
+      "MoePrefillGemm: offsets to host");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "MoePrefillGemm: synchronize");
+  const int32_t* off = host_offsets_;
+  if (off[0] != 0 || off[E] > rows) {
+    return absl::InternalError(absl::StrCat("MoePrefillGemm: expert offsets read back [0]=",
+                                            off[0], " [E]=", off[E], " (rows ", rows, ")"));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (off[e + 1] < off[e]) {
+      return absl::InternalError(absl::StrCat("MoePrefillGemm: expert offsets decrease at ", e));
+    }
+  }
+  const int64_t valid = off[E];
+  if (valid == 0) {  // every id out of range: the combine writes zeros
+    ++runs_;
+    return absl::OkStatus();
+  }
+  // 3. gate/up per expert, all before any down GEMM (they read `gathered` = expert_out).
+  bf16* gate_up = gate_up_.data();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = off[e], m = off[e + 1] - off[e];
+    if (m == 0) continue;
+    if (absl::Status s = LinearCuda(*lt_, gathered + begin * H, w_gate_up + e * 2 * I * H,
+                                    nullptr, gate_up + begin * 2 * I, m, 2 * I, H, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  // 4. SiLU·mul over every valid row in one launch.
+  if (absl::Status s = SiluMulCuda(gate_up, act, valid, I, stream); !s.ok()) return s;
+  // 5. down per expert.
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = off[e], m = off[e + 1] - off[e];
+    if (m == 0) continue;
+    if (absl::Status s = LinearCuda(*lt_, act + begin * I, w_down + e * H * I, nullptr,
+                                    expert_out + begin * H, m, H, I, stream);
+        !s.ok()) {
+      return s;
+    }
+  }
+  ++runs_;
+  return absl::OkStatus();
+}
+
+}  // namespace sluice::kernels
