@@ -51,6 +51,8 @@
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
 // (kernels::SetPagedAttentionPrefillKernel: 0 64-row tiles, the default; 1 128-row tiles; 2
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
+// --gemv-norm-fusion 0|1: decode GEMVs with the residual add + RMSNorm in front fused
+// (kernels::SetGemvNormFusion; default off), for A/B runs.
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
@@ -534,6 +536,9 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
+    } else if (a == "--gemv-norm-fusion") {
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      kernels::SetGemvNormFusion(v == "1");
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
@@ -598,6 +603,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
+  out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

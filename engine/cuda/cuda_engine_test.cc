@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/linear_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
@@ -29,7 +30,8 @@ namespace {
 // Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
 // run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
-// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS (unset: the library's).
+// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION
+// (unset: the library's).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -39,6 +41,10 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_DECODE_VARIANT",
           [](int64_t v) { return kernels::SetMoeDecodeVariant(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_GEMV_NORM_FUSION", [](int64_t v) {
+      kernels::SetGemvNormFusion(v != 0);
+      return absl::OkStatus();
+    });
     Apply("SLUICE_TEST_MOE_GEMV_MAX_TOKENS",
           [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
     Apply("SLUICE_TEST_MOE_PREFILL_GEMM",  // min tokens of the cuBLASLt expert path; 0 off

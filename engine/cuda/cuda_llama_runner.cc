@@ -127,8 +127,9 @@ class LlamaCore : public RunnerCore {
   std::vector<DeviceLayer> layers;
   kernels::DeviceRopeTable rope;
   kernels::PagedAttentionParams attn_params;
-  // Activations for up to max_num_tokens tokens.
-  DeviceBuffer<bf16> residual, normed, tmp, qkv, attn, gate_up, act;
+  // Activations for up to max_num_tokens tokens. residual_alt: where a GEMV with the residual
+  // add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
+  DeviceBuffer<bf16> residual, residual_alt, normed, tmp, qkv, attn, gate_up, act;
   // Paged KV cache, per layer [num_blocks, block_size, kv_heads, hd] bf16.
   std::vector<DeviceBuffer<bf16>> k_cache, v_cache;
 };
@@ -187,8 +188,8 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
 
   const int64_t T = o.max_num_tokens;
   const std::pair<DeviceBuffer<bf16>*, int64_t> acts[] = {
-      {&residual, T * H},  {&normed, T * H},  {&tmp, T * H},           {&qkv, T * qkv_dim},
-      {&attn, T * q_dim},  {&gate_up, T * 2 * inter}, {&act, T * inter}};
+      {&residual, T * H}, {&residual_alt, T * H},    {&normed, T * H}, {&tmp, T * H},
+      {&qkv, T * qkv_dim}, {&attn, T * q_dim}, {&gate_up, T * 2 * inter}, {&act, T * inter}};
   for (const auto& [buf, n] : acts) {
     auto b = AllocBf16(n);
     if (!b.ok()) return b.status();
@@ -319,21 +320,36 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
   auto opt = [](const DeviceBuffer<bf16>& b) -> const bf16* { return b.data(); };
   const kernels::PagedAttentionCudaBatch batch = AttnBatch(m, T, S, max_query_len, max_seq_len);
 
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), residual.data()));
+  // The residual stream: `res` holds it; a fused norm + GEMV writes the next one to `res_alt`
+  // (decode GEMV plans with kernels::SetGemvNormFusion on), and the two swap.
+  bf16* res = residual.data();
+  bf16* res_alt = residual_alt.data();
+  auto moved = [&](bool m) {
+    if (m) std::swap(res, res_alt);
+  };
+  const bool fuse_norm = kernels::GemvNormFusion() && T <= 2;
+  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const DeviceLayer& L = layers[li];
-    // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
-    if (li == 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(residual.data(), H, L.input_norm.data(),
-                                                         normed.data(), H, T, H, eps, st));
+    // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add (and, for
+    // decode GEMVs with SetGemvNormFusion on, with the qkv projection).
+    bool res_moved = false;
+    if (li > 0 && fuse_norm) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
+          *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_qkv.data(),
+          opt(L.b_qkv), qkv.data(), T, qkv_dim, H, st, &res_moved));
+      moved(res_moved);
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-          tmp.data(), residual.data(), L.input_norm.data(), normed.data(), T, H, eps, st));
+      SLUICE_RUNNER_RETURN_IF_ERROR(
+          li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H, T, H, eps,
+                                         st)
+                  : kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(), normed.data(),
+                                            T, H, eps, st));
+      Mark("add_rmsnorm");
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_qkv.data(),
+                                                        opt(L.b_qkv), qkv.data(), T, qkv_dim, H,
+                                                        st));
     }
-    Mark("add_rmsnorm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_qkv.data(),
-                                                      opt(L.b_qkv), qkv.data(), T, qkv_dim, H,
-                                                      st));
     Mark("qkv_gemm");
     if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
       SLUICE_RUNNER_RETURN_IF_ERROR(QkHeadRmsNormCuda(qkv.data(), T, qkv_dim, heads, kv_heads, hd,
@@ -355,14 +371,23 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
                                                       tmp.data(), T, H, q_dim, st));
     Mark("o_gemm");
     SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-        tmp.data(), residual.data(), L.post_norm.data(), normed.data(), T, H, eps, st));
-    Mark("add_rmsnorm");
-    // gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV (decode), else
-    // the GEMM into gate_up and SiLU·mul after it.
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
-        *lt, normed.data(), L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T,
-        inter, H, st));
+    // Residual add + norm, gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV
+    // (decode; the norm only with SetGemvNormFusion), else the norm, the GEMM into gate_up and
+    // SiLU·mul after it.
+    if (fuse_norm) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
+          *lt, tmp.data(), res, res_alt, L.post_norm.data(), eps, normed.data(),
+          L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T, inter, H, st,
+          &res_moved));
+      moved(res_moved);
+    } else {
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
+          tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));
+      Mark("add_rmsnorm");
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
+          *lt, normed.data(), L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T,
+          inter, H, st));
+    }
     Mark("gate_up_silu_mul");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(),
                                                       opt(L.b_down), tmp.data(), T, H, inter,
@@ -371,7 +396,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
-  return EnqueueLogits(m, T, N, tmp.data(), residual.data(), final_norm.data(), eps,
+  return EnqueueLogits(m, T, N, tmp.data(), res, final_norm.data(), eps,
                        normed.data(), head);
 }
 

@@ -23,6 +23,7 @@
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
 namespace {
@@ -35,6 +36,7 @@ using cuda_detail::WarpSum;
 // Upper bound of GemmTuneCandidates() (SetGemmTuneCandidates).
 constexpr int kMaxTuneCandidates = 64;
 std::atomic<int> g_tune_candidates{8};
+std::atomic<bool> g_gemv_norm_fusion{false};
 constexpr int kGemvThreads = 256;
 
 // Weights are read exactly once per call: load them through the non-coherent path without
@@ -77,10 +79,13 @@ __device__ __forceinline__ Bf16x8 LoadX(const Bf16x8* p) {
 // y[r, j] = bf16(silu(g) · u), g and u being the bf16-rounded outputs j and n + j: the CTA's
 // first half of columns computes gate rows, the second half the matching up rows, and the
 // epilogue pairs them through shared memory (SiluMulCuda's formula on LinearCuda's outputs).
-template <int kM, int kUnroll, int kSplit, bool kGlu>
-__global__ void __launch_bounds__(kGemvThreads)
-    GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-               const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
+// GemvColumns: the work of one CTA-sized group of output columns (`cta`) of GemvKernel below.
+// kSmemX: x is a [kM][k] copy in shared memory (GemvNormKernel) instead of global memory.
+template <int kM, int kUnroll, int kSplit, bool kGlu, bool kSmemX>
+__device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
+                                            const bf16* __restrict__ w,
+                                            const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                            int m, int n, int k) {
   static_assert(kSplit >= 1 && (kGemvThreads / 32) % kSplit == 0);
   constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
   static_assert(!kGlu || kColsPerCta % 2 == 0);
@@ -90,7 +95,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int lane = threadIdx.x & 31;
   const int vcol = warp / kSplit;  // the CTA's column this warp works on
   // col: the output column; row: the row of w it streams.
-  const int col = static_cast<int>(blockIdx.x) * (kGlu ? kPairs : kColsPerCta) +
+  const int col = cta * (kGlu ? kPairs : kColsPerCta) +
                   (kGlu ? vcol % (kPairs > 0 ? kPairs : 1) : vcol);
   const int64_t row = kGlu && vcol >= kPairs ? int64_t{col} + n : col;
   const int slice = warp % kSplit;
@@ -114,7 +119,12 @@ __global__ void __launch_bounds__(kGemvThreads)
     for (int r = 0; r < kM; ++r) {
       if (r < m) {
         float xf[8];
-        ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k) + vi), xf);
+        const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k) + vi;
+        if constexpr (kSmemX) {
+          ToFloat8(*xr, xf);  // one 16-byte shared load: consecutive lanes, no bank conflicts
+        } else {
+          ToFloat8(LoadX(xr), xf);
+        }
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
       }
@@ -146,7 +156,7 @@ __global__ void __launch_bounds__(kGemvThreads)
     // from kPairs + p, each summed over its slices in order, biased and rounded as LinearCuda
     // rounds, then SiluMulCuda's g / (1 + e^-g) · u rounded once.
     const int p = threadIdx.x;
-    const int out_col = static_cast<int>(blockIdx.x) * kPairs + p;
+    const int out_col = cta * kPairs + p;
     if (p >= kPairs || out_col >= n) return;
     const float bg = bias != nullptr ? __bfloat162float(bias[out_col]) : 0.0f;
     const float bu = bias != nullptr ? __bfloat162float(bias[int64_t{out_col} + n]) : 0.0f;
@@ -190,6 +200,71 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+template <int kM, int kUnroll, int kSplit, bool kGlu>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+               const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
+  GemvColumns<kM, kUnroll, kSplit, kGlu, false>(static_cast<int>(blockIdx.x), x, w, bias, y, m,
+                                                n, k);
+}
+
+// The residual add + RMSNorm in front of a GEMV (AddRmsNormLinearCuda).
+struct GemvNormArgs {
+  const bf16* delta;     // [m, k]: the sublayer output added to the residual
+  const bf16* residual;  // [m, k]
+  const bf16* gamma;     // [k]
+  bf16* residual_out;    // [m, k]: bf16(residual + delta), written by CTA 0
+  float eps;
+};
+
+// GemvNormKernel: AddRmsNormCuda's residual add and RMSNorm, then GemvColumns on the normalized
+// rows kept in shared memory, in one launch. Every CTA normalizes the (L2-resident) rows
+// itself, so the CTAs are persistent (grid ≈ resident CTAs, each loops over column groups) and
+// pay that prologue once. The sums follow RmsNormVecKernel's order at 256 threads with two
+// vectors each (k = 4096: the same bits as AddRmsNormCuda); dynamic shared memory m·k bf16.
+template <int kM, int kUnroll, int kSplit, bool kGlu>
+__global__ void __launch_bounds__(kGemvThreads)
+    GemvNormKernel(GemvNormArgs na, const bf16* __restrict__ w, const bf16* __restrict__ bias,
+                   bf16* __restrict__ y, int m, int n, int k, int groups) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  bf16* const xs = reinterpret_cast<bf16*>(gemv_smem);
+  __shared__ float scratch[32];
+  const int vecs = k / 8;
+  for (int r = 0; r < m; ++r) {
+    const int64_t base = int64_t{r} * k;
+    float sumsq = 0.0f;
+    for (int v = threadIdx.x; v < vecs; v += kGemvThreads) {
+      float h[8], d[8];
+      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.residual + base) + v), h);
+      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.delta + base) + v), d);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) h[j] = h[j] + d[j];
+      const Bf16x8 hv = cuda_detail::ToBf16x8(h);  // the rounded residual, which the norm reads
+      if (blockIdx.x == 0) cuda_detail::StoreVec(na.residual_out + base + int64_t{v} * 8, hv);
+      reinterpret_cast<Bf16x8*>(xs + base)[v] = hv;
+      ToFloat8(hv, h);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sumsq += h[j] * h[j];
+    }
+    const float total = cuda_detail::BlockSum(sumsq, scratch);
+    const float inv = 1.0f / sqrtf(total / static_cast<float>(k) + na.eps);
+    for (int v = threadIdx.x; v < vecs; v += kGemvThreads) {  // the vectors this thread wrote
+      float h[8], g[8];
+      ToFloat8(reinterpret_cast<const Bf16x8*>(xs + base)[v], h);
+      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.gamma) + v), g);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) h[j] = h[j] * inv * g[j];
+      reinterpret_cast<Bf16x8*>(xs + base)[v] = cuda_detail::ToBf16x8(h);
+    }
+  }
+  __syncthreads();
+  for (int g = static_cast<int>(blockIdx.x); g < groups; g += static_cast<int>(gridDim.x)) {
+    GemvColumns<kM, kUnroll, kSplit, kGlu, true>(g, xs, w, bias, y, m, n, k);
+    // The next group's partial sums reuse GemvColumns' shared arrays.
+    if constexpr (kSplit > 1 || kGlu) __syncthreads();
+  }
+}
+
 bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
   return m >= 1 && m <= kGemvMaxRows && k % 8 == 0 && n <= 0x7fffffff / 32 &&
          k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
@@ -218,6 +293,32 @@ void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, 
       GemvKernel<8, kUnroll, kSplit, kGlu>
           <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
     }
+  }
+}
+
+// Largest m·k GemvNormKernel keeps in shared memory (48 KB without an opt-in).
+constexpr int64_t kGemvNormMaxElems = 24576;
+
+// n: output columns (kGlu: w has 2n rows). m <= 2 (the decode rows the fusion serves).
+template <int kUnroll, int kSplit, bool kGlu>
+void LaunchGemvNormVariant(const GemvNormArgs& na, const bf16* w, const bf16* bias, bf16* y,
+                           int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  if constexpr (kGlu && kGemvThreads / 32 / kSplit < 2) {
+    return;  // not served (GemvGluVariantSupported)
+  } else {
+    constexpr int64_t kCols = kGemvThreads / 32 / kSplit / (kGlu ? 2 : 1);
+    const int groups = static_cast<int>((n + kCols - 1) / kCols);
+    const size_t smem = static_cast<size_t>(m * k) * sizeof(bf16);
+    auto kernel = m == 1 ? &GemvNormKernel<1, kUnroll, kSplit, kGlu>
+                         : &GemvNormKernel<2, kUnroll, kSplit, kGlu>;
+    // Persistent CTAs: as many as fit at once (occupancy at this m·k), each looping over groups.
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem);
+    const int grid = std::max(1, std::min(groups, std::max(sms, 1) * std::max(per_sm, 1)));
+    kernel<<<grid, kGemvThreads, smem, stream>>>(na, w, bias, y, static_cast<int>(m),
+                                                 static_cast<int>(n), static_cast<int>(k), groups);
   }
 }
 
@@ -252,6 +353,22 @@ void LaunchGemvForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int
     case 408: LaunchGemvVariant<8, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
     case 804: LaunchGemvVariant<4, 8, kGlu>(x, w, bias, y, m, n, k, stream); break;
     default: LaunchGemvVariant<4, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
+  }
+}
+
+template <bool kGlu>
+void LaunchGemvNormForm(const GemvNormArgs& na, const bf16* w, const bf16* bias, bf16* y,
+                        int64_t m, int64_t n, int64_t k, int unroll, int split,
+                        cudaStream_t stream) {
+  switch (split * 100 + unroll) {
+    case 116: LaunchGemvNormVariant<16, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 108: LaunchGemvNormVariant<8, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 204: LaunchGemvNormVariant<4, 2, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 208: LaunchGemvNormVariant<8, 2, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 404: LaunchGemvNormVariant<4, 4, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 408: LaunchGemvNormVariant<8, 4, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    case 804: LaunchGemvNormVariant<4, 8, kGlu>(na, w, bias, y, m, n, k, stream); break;
+    default: LaunchGemvNormVariant<4, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
   }
 }
 
@@ -509,15 +626,21 @@ namespace {
 // LinearCuda's body. With `glu_out` (LinearSiluMulCuda: n = 2 · inter), a plan whose tuned
 // choice is a GEMV variant that the fused form serves writes SiLU·mul straight to glu_out and
 // sets *fused (y is then left alone); otherwise y gets the product and *fused is false.
+// norm (AddRmsNormLinear*): x is the normalized output of AddRmsNormCuda(norm->delta,
+// residual, gamma); when the tuned plan is a GEMV that GemvNormKernel serves, one fused launch
+// writes norm->residual_out instead (and *norm_fused = true), otherwise AddRmsNormCuda runs
+// first (in place on norm->residual, x written).
 absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const bf16* bias,
                        bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                       bf16* glu_out, bool* fused) {
+                       bf16* glu_out, bool* fused, const GemvNormArgs* norm = nullptr,
+                       bool* norm_fused = nullptr) {
   constexpr int64_t kMaxLd = 0x7fffffff;
   if (m < 1 || n < 1 || k < 1 || m > kMaxLd || n > kMaxLd || k > kMaxLd) {
     return absl::InvalidArgumentError(
         absl::StrCat("LinearCuda: bad shape m=", m, " n=", n, " k=", k));
   }
   if (fused != nullptr) *fused = false;
+  if (norm_fused != nullptr) *norm_fused = false;
   std::lock_guard<std::mutex> lock(impl.mu);
   const PlanKey key{m,
                     n,
@@ -530,6 +653,27 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   auto plan = impl.GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
+  if (norm != nullptr) {
+    const int gemv_n = glu_out != nullptr ? static_cast<int>(n / 2) : static_cast<int>(n);
+    const bool glu_ok = glu_out == nullptr || GemvGluVariantSupported(p.gemv_unroll, p.gemv_split);
+    if (p.tuned && p.gemv && glu_ok && GemvNormFusion() && m <= 2 && m * k <= kGemvNormMaxElems &&
+        Aligned16(norm->delta) && Aligned16(norm->residual) && Aligned16(norm->gamma) &&
+        Aligned16(norm->residual_out)) {
+      if (glu_out != nullptr) {
+        LaunchGemvNormForm<true>(*norm, w, bias, glu_out, m, gemv_n, k, p.gemv_unroll,
+                                 p.gemv_split, stream);
+        *fused = true;
+      } else {
+        LaunchGemvNormForm<false>(*norm, w, bias, y, m, gemv_n, k, p.gemv_unroll, p.gemv_split,
+                                  stream);
+      }
+      *norm_fused = true;
+      return CudaLaunchStatus("GemvNormKernel");
+    }
+    absl::Status st = AddRmsNormCuda(norm->delta, const_cast<bf16*>(norm->residual), norm->gamma,
+                                     const_cast<bf16*>(x), m, k, norm->eps, stream);
+    if (!st.ok()) return st;
+  }
   if (m <= impl.autotune_max_m && !p.tuned) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
@@ -583,6 +727,63 @@ absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w, const
   if (!st.ok() || fused) return st;
   return SiluMulCuda(gate_up, out, m, inter, stream);
 }
+
+namespace {
+
+absl::Status CheckNormBuffers(const char* what, const bf16* delta, const bf16* residual,
+                              const bf16* residual_out, const bf16* normed) {
+  if (delta == nullptr || residual == nullptr || residual_out == nullptr || normed == nullptr ||
+      residual_out == residual || residual_out == delta) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": needs delta, residual, residual_out (distinct from both) and normed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
+                                  bf16* residual_out, const bf16* gamma, float eps, bf16* normed,
+                                  const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
+                                  int64_t k, cudaStream_t stream, bool* residual_moved) {
+  absl::Status st =
+      CheckNormBuffers("AddRmsNormLinearCuda", delta, residual, residual_out, normed);
+  if (!st.ok()) return st;
+  const GemvNormArgs na{delta, residual, gamma, residual_out, eps};
+  bool moved = false;
+  absl::Status run =
+      RunLinear(*lt.impl_, normed, w, bias, y, m, n, k, stream, nullptr, nullptr, &na, &moved);
+  if (residual_moved != nullptr) *residual_moved = moved;
+  return run;
+}
+
+absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* residual,
+                                         bf16* residual_out, const bf16* gamma, float eps,
+                                         bf16* normed, const bf16* w, const bf16* bias,
+                                         bf16* gate_up, bf16* out, int64_t m, int64_t inter,
+                                         int64_t k, cudaStream_t stream, bool* residual_moved) {
+  absl::Status st =
+      CheckNormBuffers("AddRmsNormLinearSiluMulCuda", delta, residual, residual_out, normed);
+  if (!st.ok()) return st;
+  if (inter < 1 || inter > 0x3fffffff || gate_up == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AddRmsNormLinearSiluMulCuda: needs 1 <= inter < 2^30 and gate_up, out (inter=", inter,
+        ")"));
+  }
+  const GemvNormArgs na{delta, residual, gamma, residual_out, eps};
+  bool fused = false, moved = false;
+  absl::Status run = RunLinear(*lt.impl_, normed, w, bias, gate_up, m, 2 * inter, k, stream, out,
+                               &fused, &na, &moved);
+  if (residual_moved != nullptr) *residual_moved = moved;
+  if (!run.ok() || fused) return run;
+  return SiluMulCuda(gate_up, out, m, inter, stream);
+}
+
+void SetGemvNormFusion(bool enabled) {
+  g_gemv_norm_fusion.store(enabled, std::memory_order_relaxed);
+}
+
+bool GemvNormFusion() { return g_gemv_norm_fusion.load(std::memory_order_relaxed); }
 
 absl::Status SetGemmTuneCandidates(int n) {
   if (n < 1 || n > kMaxTuneCandidates) {

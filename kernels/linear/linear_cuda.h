@@ -46,10 +46,45 @@ class CublasLt {
   std::unique_ptr<Impl> impl_;
   friend absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
                                  bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+  friend absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
+                                           bf16* residual_out, const bf16* gamma, float eps,
+                                           bf16* normed, const bf16* w, const bf16* bias, bf16* y,
+                                           int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                                           bool* residual_moved);
+  friend absl::Status AddRmsNormLinearSiluMulCuda(
+      CublasLt& lt, const bf16* delta, bf16* residual, bf16* residual_out, const bf16* gamma,
+      float eps, bf16* normed, const bf16* w, const bf16* bias, bf16* gate_up, bf16* out,
+      int64_t m, int64_t inter, int64_t k, cudaStream_t stream, bool* residual_moved);
   friend absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w,
                                         const bf16* bias, bf16* gate_up, bf16* out, int64_t m,
                                         int64_t inter, int64_t k, cudaStream_t stream);
 };
+
+// AddRmsNormLinearCuda: the pre-norm sublayer input and its projection, y = LinearCuda(
+// RmsNorm(residual + delta) · gamma), as AddRmsNormCuda(delta, residual, gamma, normed) followed
+// by LinearCuda(normed, w, bias, y). When GEMV/norm fusion is on (SetGemvNormFusion) and the
+// shape's tuned plan is a GEMV (decode rows, m <= 2, m·k <= 24576), one kernel does both: each
+// CTA normalizes the rows itself, the new residual bf16(residual + delta) goes to residual_out
+// (residual is left unchanged, normed unwritten) and *residual_moved is set; otherwise the
+// residual is updated in place and *residual_moved is false. Callers keep two residual buffers
+// and continue from residual_out when it moved. The fused kernel reproduces AddRmsNormCuda's
+// rounding and (k = 4096) its summation order, so y is the same either way.
+// All bf16 [m, k] contiguous (gamma [k]); residual_out must differ from residual and delta.
+// Errors: InvalidArgument for null or aliased buffers and LinearCuda's shape errors.
+absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
+                                  bf16* residual_out, const bf16* gamma, float eps, bf16* normed,
+                                  const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
+                                  int64_t k, cudaStream_t stream, bool* residual_moved);
+// AddRmsNormLinearSiluMulCuda: the same in front of LinearSiluMulCuda (w: fused [gate; up],
+// out [m, inter] = SiLU(gate)·up).
+absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* residual,
+                                         bf16* residual_out, const bf16* gamma, float eps,
+                                         bf16* normed, const bf16* w, const bf16* bias,
+                                         bf16* gate_up, bf16* out, int64_t m, int64_t inter,
+                                         int64_t k, cudaStream_t stream, bool* residual_moved);
+// SetGemvNormFusion: whether AddRmsNormLinear* may fuse (default off until measured).
+void SetGemvNormFusion(bool enabled);
+bool GemvNormFusion();
 
 // SetGemmTuneCandidates(n): how many of cuBLASLt's heuristic algorithms the autotuner
 // (CublasLt::set_autotune) times per new plan, 1..64 (default 8). Plans made before the call

@@ -162,6 +162,79 @@ TEST(LinearCudaTest, TuneCandidatesSetting) {
   ASSERT_TRUE(SetGemmTuneCandidates(before).ok());
 }
 
+// AddRmsNormLinear[SiluMul]Cuda with GEMV/norm fusion on: the first call (tuning) runs
+// AddRmsNormCuda in place and the tuned plan; a later call of a GEMV plan is one fused kernel
+// that leaves the residual, writes bf16(residual + delta) to residual_out and gives the same
+// output bits (k = 4096: AddRmsNormCuda's summation order). Rows m = 1 and 2, with and without
+// the SiLU·mul epilogue and a bias.
+TEST(LinearCudaTest, AddRmsNormLinearFusedEqualsUnfused) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto lt = CublasLt::Create();
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->set_autotune(2);
+  SetGemvNormFusion(true);
+  auto rng = cuda_test::Rng();
+  const int64_t k = 4096;
+  using Case = std::tuple<int64_t, int64_t, bool, bool>;  // m, n, SiLU·mul, bias
+  for (const auto& [m, n, glu, bias] :
+       {Case{1, 4096, false, false}, Case{2, 6144, false, true}, Case{1, 1792, true, false},
+        Case{2, 1792, true, true}}) {
+    const std::string what =
+        absl::StrCat("m=", m, " n=", n, glu ? " silu" : "", bias ? " +bias" : "");
+    const int64_t rows = glu ? 2 * n : n;
+    const auto res = RandomBf16(static_cast<size_t>(m * k), rng, -2.0f, 2.0f);
+    const auto delta = RandomBf16(static_cast<size_t>(m * k), rng, -2.0f, 2.0f);
+    const auto gamma = RandomBf16(static_cast<size_t>(k), rng, 0.5f, 1.5f);
+    const auto w = RandomBf16(static_cast<size_t>(rows * k), rng, -1.0f, 1.0f);
+    const auto b = RandomBf16(static_cast<size_t>(rows), rng, -1.0f, 1.0f);
+    auto d_delta = Upload(delta), d_gamma = Upload(gamma), d_w = Upload(w), d_b = Upload(b);
+    auto d_normed = NanBuffer(static_cast<size_t>(m * k));
+    auto d_gate_up = NanBuffer(static_cast<size_t>(m * rows));
+    std::vector<float> first_y, first_res;
+    bool plan_is_gemv = false;
+    for (int call = 0; call < 2; ++call) {
+      auto d_res = Upload(res);
+      auto d_res_out = NanBuffer(static_cast<size_t>(m * k));
+      auto d_y = NanBuffer(static_cast<size_t>(m * n));
+      bool moved = true;
+      const absl::Status st =
+          glu ? AddRmsNormLinearSiluMulCuda(**lt, d_delta.data(), d_res.data(), d_res_out.data(),
+                                            d_gamma.data(), 1e-5f, d_normed.data(), d_w.data(),
+                                            bias ? d_b.data() : nullptr, d_gate_up.data(),
+                                            d_y.data(), m, n, k, nullptr, &moved)
+              : AddRmsNormLinearCuda(**lt, d_delta.data(), d_res.data(), d_res_out.data(),
+                                     d_gamma.data(), 1e-5f, d_normed.data(), d_w.data(),
+                                     bias ? d_b.data() : nullptr, d_y.data(), m, n, k, nullptr,
+                                     &moved);
+      ASSERT_TRUE(st.ok()) << what << ": " << st;
+      if (call == 0) {
+        EXPECT_FALSE(moved) << what << ": the tuning call runs unfused";
+        first_y = Download(d_y);
+        first_res = Download(d_res);
+        const std::string plans = (*lt)->DescribePlans();
+        const std::string key =
+            absl::StrCat("m=", m, " n=", rows, " k=", k, bias ? " +bias" : "", ": GEMV");
+        plan_is_gemv = plans.find(key) != std::string::npos;
+        continue;
+      }
+      EXPECT_EQ(moved, plan_is_gemv) << what << "\n" << (*lt)->DescribePlans();
+      EXPECT_EQ(Download(d_y), first_y) << what;
+      if (moved) {
+        EXPECT_EQ(Download(d_res), ToFloat(res)) << what << ": residual must stay";
+        EXPECT_EQ(Download(d_res_out), first_res) << what;
+      } else {
+        EXPECT_EQ(Download(d_res), first_res) << what;
+      }
+    }
+  }
+  auto d = NanBuffer(16);
+  EXPECT_EQ(AddRmsNormLinearCuda(**lt, d.data(), d.data(), d.data(), d.data(), 1e-5f, d.data(),
+                                 d.data(), nullptr, d.data(), 1, 1, 16, nullptr, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  SetGemvNormFusion(false);
+}
+
 // GemvSiluMulCuda equals GemvCuda (same variant) into a [m, 2n] buffer followed by SiluMulCuda
 // bit for bit, and SiluMulCpu of LinearCpu's bf16-rounded gate/up within two roundings;
 // LinearSiluMulCuda (fused when the tuned plan is a served GEMV, GEMM + SiLU·mul otherwise)
