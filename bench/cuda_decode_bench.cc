@@ -46,6 +46,9 @@
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
 // shared experts inside the fused expert launches; default: the library's), for A/B runs.
+// --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
+// (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
+// split-KV combine + W_UV projection), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
@@ -59,6 +62,8 @@
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
 // cuBLASLt (kernels::SetMoePrefillGemm; 0, the default: the grouped WMMA GEMM; 256 suggested).
+// --moe-prefill-streams N: spread those GEMMs over N streams (kernels::SetMoePrefillGemmStreams,
+// 1..4; default 1).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -532,6 +537,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
       }
       BENCH_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
+    } else if (a == "--mla-decode-fusion") {  // kernels::SetMlaDecodeFusion, for A/B runs
+      int level = 0;
+      if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeFusion(level));
     } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
@@ -551,6 +560,10 @@ absl::Status Main(int argc, char** argv) {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMoePrefillGemm(n));
+    } else if (a == "--moe-prefill-streams") {
+      int n;
+      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMoePrefillGemmStreams(n));
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -602,6 +615,7 @@ absl::Status Main(int argc, char** argv) {
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
+  out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   nlohmann::json plans;

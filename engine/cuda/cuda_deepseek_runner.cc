@@ -419,8 +419,12 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   const int64_t q_lat_stride = heads * latent_w;
   // Variant 2: the latent cache row and the queries' rope channels in one launch.
   const bool fused_prologue = kernels::MoeDecodeVariant() >= 2 && rope.rotary_dim == dr;
+  // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM for the
+  // absorbed queries; MlaDecodeFusion() >= 1 runs the prologue in the same launch.
+  const bool absorb_gemv = fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
+  const bool merged = absorb_gemv && kernels::MlaDecodeFusion() >= 1;
+  MlaPrologueArgs pa;
   if (fused_prologue) {
-    MlaPrologueArgs pa;
     pa.kv = a_out.data() + q_first;
     pa.kv_stride = a_width;
     pa.kv_norm = L.kv_a_norm.data();
@@ -440,15 +444,21 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     pa.scaling = rope.attention_scaling;
     pa.interleave = config.rope_interleave;
     pa.cache = cache[li].data();
-    SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
-    Mark("latent_write");
+    if (!merged) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
+      Mark("latent_write");
+    }
   } else {
     SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
   }
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
-  // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM.
-  if (fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0) {
+  if (merged) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
+                                                        (dn + dv) * R, q_lat.data(),
+                                                        q_lat_stride, latent_w, T, heads, dn, R,
+                                                        st));
+  } else if (absorb_gemv) {
     SLUICE_RUNNER_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(),
                                                      (dn + dv) * R, q_lat.data(), q_lat_stride,
                                                      latent_w, T, heads, dn, R, st));

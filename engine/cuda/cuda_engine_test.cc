@@ -30,8 +30,8 @@ namespace {
 // Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
 // run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
-// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION
-// (unset: the library's).
+// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
+// SLUICE_TEST_MLA_DECODE_FUSION (unset: the library's).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -49,6 +49,10 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
     Apply("SLUICE_TEST_MOE_PREFILL_GEMM",  // min tokens of the cuBLASLt expert path; 0 off
           [](int64_t v) { return kernels::SetMoePrefillGemm(v); });
+    Apply("SLUICE_TEST_MOE_PREFILL_STREAMS",
+          [](int64_t v) { return kernels::SetMoePrefillGemmStreams(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_DECODE_FUSION",
+          [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
   }
 
  private:

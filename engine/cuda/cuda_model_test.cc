@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <numeric>
 #include <random>
 
@@ -39,6 +40,7 @@
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
@@ -238,16 +240,37 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
 // default the other DeepSeek tests run with: also the shared experts folded in) hold the same
 // bars.
 TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
-  struct Restore {  // the process-wide setting goes back even when an assertion returns early
+  struct Restore {  // the process-wide settings go back even when an assertion returns early
     int saved = kernels::MoeDecodeVariant();
-    ~Restore() { (void)kernels::SetMoeDecodeVariant(saved); }
+    int saved_fusion = kernels::MlaDecodeFusion();
+    ~Restore() {
+      (void)kernels::SetMoeDecodeVariant(saved);
+      (void)kernels::SetMlaDecodeFusion(saved_fusion);
+    }
   } restore;
-  for (int variant : {0, 1, 2, 3}) {
-    SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant);
+  // Variants 0..3 without MLA launch fusion, then variant 3 with fusion levels 1 and 2.
+  for (auto [variant, fusion] : {std::pair{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {3, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant << ", mla decode fusion "
+                                      << fusion);
     ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
+    ASSERT_TRUE(kernels::SetMlaDecodeFusion(fusion).ok());
     CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
     CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
   }
+}
+
+// Equal element by element, NaN matching NaN (bit patterns of the bf16 values as floats).
+void ExpectSameBits(const std::string& what, const std::vector<float>& got,
+                    const std::vector<float>& want) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool same = std::isnan(got[i]) ? std::isnan(want[i]) : got[i] == want[i];
+    if (!same && bad++ < 5) {
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
 }
 
 // MlaPrologueCuda and MlaAbsorbQueryCuda (DeepSeek runner variants 2+) against the separate
@@ -349,6 +372,23 @@ TEST_F(CudaModelTest, DeepseekFusedMlaKernelsMatchSeparateLaunches) {
                            1e-6);
     ct::ExpectClose("mla prologue + absorbed query, " + tag, ct::Download(q_lat),
                            ct::Download(q_lat_ref), 1.0 / 64, 1.0 / 256);
+    // MlaPrologueAbsorbCuda (MlaDecodeFusion 1): the same device code in one launch, so every
+    // element (the uncached slot's NaN row too) equals the two launches' bit for bit; twice
+    // into fresh buffers, equal again (nothing carried between launches).
+    for (int rep = 0; rep < 2; ++rep) {
+      auto cache_m = ct::NanBuffer(3 * latent_w);
+      auto q_lat_m = ct::NanBuffer(T * lat_stride);
+      MlaPrologueArgs pm = pa;
+      pm.q_out = q_lat_m.data() + R;
+      pm.cache = cache_m.data();
+      ASSERT_TRUE(MlaPrologueAbsorbCuda(pm, d_q.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
+                                        q_lat_m.data(), lat_stride, latent_w, T, heads, dn, R, st)
+                      .ok());
+      ASSERT_TRUE(stream->Synchronize().ok());
+      ExpectSameBits("merged prologue + absorb cache, " + tag, ct::Download(cache_m), got_cache);
+      ExpectSameBits("merged prologue + absorb q_lat, " + tag, ct::Download(q_lat_m),
+                     ct::Download(q_lat));
+    }
   }
 }
 

@@ -31,11 +31,11 @@ __global__ void AddInPlaceKernel(bf16* y, const bf16* x, int64_t n) {
 
 constexpr int kPrologueThreads = 256;
 
-// One block per token: the latent row's norm, then every rope pair (heads of q, then k_pe) in
-// one sweep; sources and destinations are disjoint, so no barrier between reads and writes.
-__global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologueArgs a) {
+// Token t's prologue, by one block of kPrologueThreads: the latent row's norm, then every rope
+// pair (heads of q, then k_pe) in one sweep; sources and destinations are disjoint, so no
+// barrier between reads and writes.
+__device__ __forceinline__ void PrologueToken(const MlaPrologueArgs& a, int64_t t) {
   __shared__ float scratch[32];
-  const int64_t t = blockIdx.x;
   const int r = static_cast<int>(a.R);
   const bf16* kv = a.kv + t * a.kv_stride;
   const int64_t slot = a.slots[t];
@@ -79,6 +79,11 @@ __global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologu
   }
 }
 
+// One block per token.
+__global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologueArgs a) {
+  PrologueToken(a, blockIdx.x);
+}
+
 constexpr int kAbsorbThreads = 256;
 constexpr int kAbsorbColVecs = 16;                            // 8-column vectors per block
 constexpr int kAbsorbDGroups = kAbsorbThreads / kAbsorbColVecs;  // d rows summed in parallel
@@ -94,16 +99,15 @@ struct AbsorbArgs {
   int num_tokens, dn, r;
 };
 
-// Block (h, column block): thread (dg, cv) accumulates rows d ≡ dg (mod kAbsorbDGroups) of its
-// 8 columns for every token (kRows >= num_tokens); the kAbsorbDGroups partial sums per column
-// are then added in dg order through shared memory, one token at a time.
+// Block (h, column block cb): thread (dg, cv) accumulates rows d ≡ dg (mod kAbsorbDGroups) of
+// its 8 columns for every token (kRows >= num_tokens); the kAbsorbDGroups partial sums per
+// column are then added in dg order through shared memory, one token at a time.
 template <int kRows>
-__global__ void __launch_bounds__(kAbsorbThreads) MlaAbsorbQueryKernel(AbsorbArgs a) {
+__device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) {
   __shared__ float red[kAbsorbDGroups][kAbsorbCols];
-  const int h = blockIdx.x;
   const int cv = threadIdx.x % kAbsorbColVecs;
   const int dg = threadIdx.x / kAbsorbColVecs;
-  const int col = blockIdx.y * kAbsorbCols + cv * 8;
+  const int col = cb * kAbsorbCols + cv * 8;
   const bf16* w = a.w + h * a.w_head_stride + col;
   const bf16* q = a.q + h * a.q_head_stride;
   float acc[kRows][8];
@@ -133,13 +137,36 @@ __global__ void __launch_bounds__(kAbsorbThreads) MlaAbsorbQueryKernel(AbsorbArg
 #pragma unroll
     for (int u = 0; u < 8; ++u) red[dg][cv * 8 + u] = acc[t][u];
     __syncthreads();
-    const int c = blockIdx.y * kAbsorbCols + static_cast<int>(threadIdx.x);
+    const int c = cb * kAbsorbCols + static_cast<int>(threadIdx.x);
     if (threadIdx.x < kAbsorbCols && c < a.r) {
       float sum = 0.0f;
       for (int g = 0; g < kAbsorbDGroups; ++g) sum += red[g][threadIdx.x];
       a.out[t * a.out_token_stride + h * a.out_head_stride + c] = __float2bfloat16_rn(sum);
     }
     __syncthreads();  // red is rewritten for the next token
+  }
+}
+
+// Grid (heads, column blocks).
+template <int kRows>
+__global__ void __launch_bounds__(kAbsorbThreads) MlaAbsorbQueryKernel(AbsorbArgs a) {
+  AbsorbBlock<kRows>(a, blockIdx.x, blockIdx.y);
+}
+
+static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both");
+
+// MlaPrologueAbsorbCuda's grid: blocks [0, num_tokens) run token blockIdx.x's prologue, the
+// rest the absorbed-query GEMV's blocks in (head, column block) order. The branch is
+// block-uniform, so each side's barriers see its whole block; the two write disjoint spans.
+template <int kRows>
+__global__ void __launch_bounds__(kAbsorbThreads)
+    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks) {
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < a.num_tokens) {
+    PrologueToken(p, b);
+  } else {
+    const int g = b - a.num_tokens;
+    AbsorbBlock<kRows>(a, g / col_blocks, g % col_blocks);
   }
 }
 
@@ -169,7 +196,10 @@ absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stre
   return kernels::CudaLaunchStatus("AddInPlaceKernel");
 }
 
-absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
+namespace {
+
+// MlaPrologueCuda's argument checks (num_tokens > 0).
+absl::Status CheckPrologue(const MlaPrologueArgs& args, int64_t num_tokens) {
   if (num_tokens < 0 || args.R < 1 || args.dr < 2 || args.dr % 2 != 0 || args.heads < 0 ||
       num_tokens > 0x7fffffff) {
     return absl::InvalidArgumentError("MlaPrologueCuda: bad sizes");
@@ -180,15 +210,14 @@ absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cu
       (args.heads > 0 && (args.q_pe == nullptr || args.q_out == nullptr))) {
     return absl::InvalidArgumentError("MlaPrologueCuda: null pointer");
   }
-  MlaPrologueKernel<<<static_cast<unsigned>(num_tokens), kPrologueThreads, 0, stream>>>(args);
-  return kernels::CudaLaunchStatus("MlaPrologueKernel");
+  return absl::OkStatus();
 }
 
-absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q_head_stride,
-                                const bf16* w, int64_t w_head_stride, bf16* out,
-                                int64_t out_token_stride, int64_t out_head_stride,
-                                int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
-                                cudaStream_t stream) {
+// MlaAbsorbQueryCuda's argument checks, then its kernel arguments in *a.
+absl::Status CheckAbsorb(const bf16* q, int64_t q_token_stride, int64_t q_head_stride,
+                         const bf16* w, int64_t w_head_stride, bf16* out, int64_t out_token_stride,
+                         int64_t out_head_stride, int64_t num_tokens, int64_t heads, int64_t dn,
+                         int64_t R, AbsorbArgs* a) {
   if (num_tokens < 0 || num_tokens > kMlaAbsorbMaxTokens || heads < 1 || heads > 65535 ||
       dn < 1 || R < 8 || R % 8 != 0 || R > (int64_t{1} << 24) || dn > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(
@@ -201,9 +230,31 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
     return absl::InvalidArgumentError(
         "MlaAbsorbQueryCuda: null pointer, or w / w_head_stride not 16-byte aligned");
   }
-  const AbsorbArgs a{q,   q_token_stride,   q_head_stride,   w,
-                     w_head_stride, out, out_token_stride, out_head_stride,
-                     static_cast<int>(num_tokens), static_cast<int>(dn), static_cast<int>(R)};
+  *a = AbsorbArgs{q,   q_token_stride,   q_head_stride,   w,
+                  w_head_stride, out, out_token_stride, out_head_stride,
+                  static_cast<int>(num_tokens), static_cast<int>(dn), static_cast<int>(R)};
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
+  if (absl::Status s = CheckPrologue(args, num_tokens); !s.ok() || num_tokens == 0) return s;
+  MlaPrologueKernel<<<static_cast<unsigned>(num_tokens), kPrologueThreads, 0, stream>>>(args);
+  return kernels::CudaLaunchStatus("MlaPrologueKernel");
+}
+
+absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q_head_stride,
+                                const bf16* w, int64_t w_head_stride, bf16* out,
+                                int64_t out_token_stride, int64_t out_head_stride,
+                                int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
+                                cudaStream_t stream) {
+  AbsorbArgs a{};
+  if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
+                                   out_token_stride, out_head_stride, num_tokens, heads, dn, R, &a);
+      !s.ok() || num_tokens == 0) {
+    return s;
+  }
   const dim3 grid(static_cast<unsigned>(heads),
                   static_cast<unsigned>((R + kAbsorbCols - 1) / kAbsorbCols));
   if (num_tokens == 1) {
@@ -216,6 +267,36 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
     MlaAbsorbQueryKernel<8><<<grid, kAbsorbThreads, 0, stream>>>(a);
   }
   return kernels::CudaLaunchStatus("MlaAbsorbQueryKernel");
+}
+
+absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
+                                   int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
+                                   int64_t w_head_stride, bf16* out, int64_t out_token_stride,
+                                   int64_t out_head_stride, int64_t num_tokens, int64_t heads,
+                                   int64_t dn, int64_t R, cudaStream_t stream) {
+  if (absl::Status s = CheckPrologue(prologue, num_tokens); !s.ok()) return s;
+  AbsorbArgs a{};
+  if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
+                                   out_token_stride, out_head_stride, num_tokens, heads, dn, R, &a);
+      !s.ok() || num_tokens == 0) {
+    return s;
+  }
+  const int64_t col_blocks = (R + kAbsorbCols - 1) / kAbsorbCols;
+  if (heads * col_blocks + num_tokens > 0x7fffffff) {
+    return absl::InvalidArgumentError("MlaPrologueAbsorbCuda: grid too large");
+  }
+  const unsigned grid = static_cast<unsigned>(num_tokens + heads * col_blocks);
+  const int cb = static_cast<int>(col_blocks);
+  if (num_tokens == 1) {
+    MlaPrologueAbsorbKernel<1><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
+  } else if (num_tokens == 2) {
+    MlaPrologueAbsorbKernel<2><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
+  } else if (num_tokens <= 4) {
+    MlaPrologueAbsorbKernel<4><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
+  } else {
+    MlaPrologueAbsorbKernel<8><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
+  }
+  return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 
 }  // namespace sluice::cuda_runner

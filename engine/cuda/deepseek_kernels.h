@@ -91,6 +91,19 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
                                 int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
                                 cudaStream_t stream);
 
+// MlaPrologueAbsorbCuda: MlaPrologueCuda(prologue, num_tokens) and MlaAbsorbQueryCuda(q, ...,
+// num_tokens, heads, dn, R) in one launch (kernels::MlaDecodeFusion() >= 1; both read only the
+// fused input projection's output, so they need no order): num_tokens extra blocks run the
+// prologue beside the GEMV's heads · ⌈R/128⌉ blocks, with the same device code, so every output
+// equals the two separate launches' bit for bit. The prologue's q_out and cache spans must not
+// overlap `out`, nor either of them the inputs.
+// Errors: those of MlaPrologueCuda and MlaAbsorbQueryCuda; Internal for launch errors.
+absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
+                                   int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
+                                   int64_t w_head_stride, bf16* out, int64_t out_token_stride,
+                                   int64_t out_head_stride, int64_t num_tokens, int64_t heads,
+                                   int64_t dn, int64_t R, cudaStream_t stream);
+
 }  // namespace sluice::cuda_runner
 
 #endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_

@@ -1002,6 +1002,7 @@ struct MlaPlan {
 // SetMlaLatentAttentionDecodeKernel's and SetMlaPrefillKernel's settings.
 std::atomic<int> g_decode_kernel{0};
 std::atomic<int> g_prefill_kernel{1};
+std::atomic<int> g_decode_fusion{0};  // SetMlaDecodeFusion's
 
 // Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
 bool SmemFits(size_t bytes) {
@@ -1170,6 +1171,17 @@ absl::Status SetMlaPrefillKernel(int kernel) {
 }
 
 int MlaPrefillKernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
+
+absl::Status SetMlaDecodeFusion(int level) {
+  if (level < 0 || level > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaDecodeFusion: level ", level, " is not in 0..2"));
+  }
+  g_decode_fusion.store(level, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
 
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {

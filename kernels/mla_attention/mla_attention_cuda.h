@@ -67,6 +67,18 @@ int MlaLatentAttentionDecodeKernel();
 absl::Status SetMlaPrefillKernel(int kernel);
 int MlaPrefillKernel();
 
+// SetMlaDecodeFusion: launch fusion of the DeepSeek runner's MLA block at decode sizes
+// (cuda_deepseek_runner.cc, steps on the fused-prologue path of MoeDecodeVariant() >= 2).
+// 0 (the default): separate launches. 1: the latent prologue (kv_a norm, RoPE, latent cache
+// write, the queries' RoPE) runs in extra blocks of the absorbed-query GEMV
+// (cuda_runner::MlaPrologueAbsorbCuda), one launch instead of two, bit-equal. 2: 1, and decode
+// attention's split-KV combine and the W_UV value projection in one launch
+// (MlaLatentAttentionVUpCuda) instead of the combine and a batched GEMM. Process-wide, read
+// when a step is enqueued: set it before capturing graphs. InvalidArgument outside 0..2;
+// MlaDecodeFusion returns it.
+absl::Status SetMlaDecodeFusion(int level);
+int MlaDecodeFusion();
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_
