@@ -1,4 +1,5 @@
 // cuBLASLt routed experts for prefill steps; see moe_prefill_gemm_cuda.h.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -15,6 +16,7 @@ constexpr int kGatherThreads = 128;
 constexpr int64_t kMaxExperts = 1024;  // kMoeCudaMaxExperts (moe_cuda.h)
 
 std::atomic<int64_t> g_min_tokens{0};
+std::atomic<int> g_streams{1};
 
 // One block per sorted position p (grid: an upper bound on the valid rows): copies token row
 // x[sorted_rows[p] / top_k] to gathered[p] as 16-byte vectors (hidden % 8 == 0, both 16-byte
@@ -32,6 +34,32 @@ __global__ void __launch_bounds__(kGatherThreads)
 }
 
 }  // namespace
+
+// A side lane: its stream, its own cuBLASLt (handle, workspace, plans) and the event that joins
+// its work back into the caller's stream.
+struct MoePrefillGemm::Lane {
+  CudaStream stream;
+  std::unique_ptr<CublasLt> lt;
+  cudaEvent_t done = nullptr;
+  Lane() = default;
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+  ~Lane() {
+    if (done != nullptr) cudaEventDestroy(done);
+  }
+};
+
+absl::Status SetMoePrefillGemmStreams(int streams) {
+  if (streams < 1 || streams > kMoePrefillGemmMaxStreams) {
+    return absl::InvalidArgumentError(absl::StrCat("SetMoePrefillGemmStreams: ", streams,
+                                                   " outside [1, ", kMoePrefillGemmMaxStreams,
+                                                   "]"));
+  }
+  g_streams.store(streams, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MoePrefillGemmStreams() { return g_streams.load(std::memory_order_relaxed); }
 
 absl::Status SetMoePrefillGemm(int64_t min_tokens) {
   if (min_tokens < 0) {
@@ -77,10 +105,31 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
       cudaMallocHost(&host, static_cast<size_t>(num_experts + 1) * sizeof(int32_t)),
       "cudaMallocHost");
   g->host_offsets_ = static_cast<int32_t*>(host);
+  const int streams = MoePrefillGemmStreams();
+  if (streams > 1) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g->fork_, cudaEventDisableTiming),
+                                "cudaEventCreate");
+    for (int i = 1; i < streams; ++i) {
+      auto lane = std::make_unique<Lane>();
+      auto st = CudaStream::Create();
+      if (!st.ok()) return st.status();
+      lane->stream = *std::move(st);
+      auto lane_lt = CublasLt::Create();
+      if (!lane_lt.ok()) return lane_lt.status();
+      lane->lt = *std::move(lane_lt);
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming),
+                                  "cudaEventCreate");
+      g->side_.push_back(std::move(lane));
+    }
+  }
   return g;
 }
 
 MoePrefillGemm::~MoePrefillGemm() {
+  // The side lanes' work was joined into the callers' streams; wait for it before their
+  // streams, workspaces and events go.
+  for (const auto& lane : side_) (void)lane->stream.Synchronize();
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
   if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
 }
 
@@ -137,28 +186,71 @@ absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const in
     ++runs_;
     return absl::OkStatus();
   }
+  // Lanes: the caller's stream (lane 0) plus up to MoePrefillGemmStreams() - 1 side lanes;
+  // experts by descending rows, each to the lane with the fewest rows so far (largest first
+  // also starts the longest GEMMs first on a single stream).
+  const int lanes = std::min(MoePrefillGemmStreams(), this->lanes());
+  order_.clear();
+  for (int32_t e = 0; e < E; ++e) {
+    if (off[e + 1] > off[e]) order_.push_back(e);
+  }
+  std::stable_sort(order_.begin(), order_.end(), [off](int32_t a, int32_t b) {
+    return off[a + 1] - off[a] > off[b + 1] - off[b];
+  });
+  lane_rows_.assign(lanes, 0);
+  lane_of_.assign(E, 0);
+  for (int32_t e : order_) {
+    const int l = static_cast<int>(std::min_element(lane_rows_.begin(), lane_rows_.end()) -
+                                   lane_rows_.begin());
+    lane_of_[e] = l;
+    lane_rows_[l] += off[e + 1] - off[e];
+  }
+  // One GEMM per expert (gemm(lt, e, stream)) over the lanes: side lanes wait for the caller's
+  // stream so far, and the caller's stream waits for all of them after (also on an error, so
+  // that no side work is left unjoined).
+  auto per_expert = [&](auto&& gemm) -> absl::Status {
+    if (lanes > 1) {
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream), "MoePrefillGemm: fork");
+      for (int l = 1; l < lanes; ++l) {
+        SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_[l - 1]->stream.get(), fork_, 0),
+                                    "MoePrefillGemm: fork wait");
+      }
+    }
+    absl::Status st;
+    for (int32_t e : order_) {
+      const int l = lane_of_[e];
+      st = l == 0 ? gemm(*lt_, e, stream) : gemm(*side_[l - 1]->lt, e, side_[l - 1]->stream.get());
+      if (!st.ok()) break;
+    }
+    for (int l = 1; l < lanes; ++l) {
+      Lane& lane = *side_[l - 1];
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.done, lane.stream.get()),
+                                  "MoePrefillGemm: join");
+      SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, lane.done, 0),
+                                  "MoePrefillGemm: join wait");
+    }
+    return st;
+  };
   // 3. gate/up per expert, all before any down GEMM (they read `gathered` = expert_out).
   bf16* gate_up = gate_up_.data();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = off[e], m = off[e + 1] - off[e];
-    if (m == 0) continue;
-    if (absl::Status s = LinearCuda(*lt_, gathered + begin * H, w_gate_up + e * 2 * I * H,
-                                    nullptr, gate_up + begin * 2 * I, m, 2 * I, H, stream);
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = per_expert([&](CublasLt& lt, int64_t e, cudaStream_t st) {
+        const int64_t begin = off[e], m = off[e + 1] - off[e];
+        return LinearCuda(lt, gathered + begin * H, w_gate_up + e * 2 * I * H, nullptr,
+                          gate_up + begin * 2 * I, m, 2 * I, H, st);
+      });
+      !s.ok()) {
+    return s;
   }
   // 4. SiLU·mul over every valid row in one launch.
   if (absl::Status s = SiluMulCuda(gate_up, act, valid, I, stream); !s.ok()) return s;
   // 5. down per expert.
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = off[e], m = off[e + 1] - off[e];
-    if (m == 0) continue;
-    if (absl::Status s = LinearCuda(*lt_, act + begin * I, w_down + e * H * I, nullptr,
-                                    expert_out + begin * H, m, H, I, stream);
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = per_expert([&](CublasLt& lt, int64_t e, cudaStream_t st) {
+        const int64_t begin = off[e], m = off[e + 1] - off[e];
+        return LinearCuda(lt, act + begin * I, w_down + e * H * I, nullptr,
+                          expert_out + begin * H, m, H, I, st);
+      });
+      !s.ok()) {
+    return s;
   }
   ++runs_;
   return absl::OkStatus();

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -41,6 +42,18 @@ absl::Status SetMoePrefillGemm(int64_t min_tokens);
 int64_t MoePrefillGemmMinTokens();
 inline constexpr int64_t kMoePrefillGemmMinTokens = 256;
 
+// SetMoePrefillGemmStreams: how many streams the per-expert GEMMs are spread over (1, the
+// default: all on the caller's stream; up to kMoePrefillGemmMaxStreams). At DeepSeek-V2-Lite
+// sizes an expert's GEMM (m ~ 384 rows) covers about half of an H200's SMs with cuBLASLt's
+// 128-wide tiles, so a few experts in flight at once fill the GPU. The extra streams (forked
+// from and joined back into the caller's stream with events) each have their own CublasLt
+// (cuBLASLt workspaces must not be shared by concurrent GEMMs), made by MoePrefillGemm::Create
+// when this setting is above 1 at that time; Run uses min(setting, lanes created).
+// Process-wide. InvalidArgument outside [1, kMoePrefillGemmMaxStreams].
+inline constexpr int kMoePrefillGemmMaxStreams = 4;
+absl::Status SetMoePrefillGemmStreams(int streams);
+int MoePrefillGemmStreams();
+
 // MoePrefillGemm owns the scratch of the cuBLASLt path for one expert shape: the gate/up
 // output [max_tokens·top_k, 2·intermediate] bf16 on the device and the expert offsets
 // [num_experts + 1] int32 in pinned host memory; it borrows `lt` (which must outlive it).
@@ -48,6 +61,8 @@ inline constexpr int64_t kMoePrefillGemmMinTokens = 256;
 class MoePrefillGemm {
  public:
   // Create: scratch for steps of up to max_tokens tokens (no allocation per step).
+  // With MoePrefillGemmStreams() = n > 1 also n - 1 side lanes (stream, CublasLt with its
+  // default 32 MiB workspace, event).
   // Errors: InvalidArgument for a null lt, non-positive sizes, top_k > num_experts,
   // num_experts > 1024, hidden or intermediate not a positive multiple of 8, or
   // max_tokens·top_k >= 2^31; Internal for allocation failures.
@@ -74,7 +89,9 @@ class MoePrefillGemm {
   //   w_gate_up:   [E, 2·I, H] bf16; w_down: [E, H, I] bf16 (MoeExpertsCuda's layout)
   //   act:         [num_tokens·top_k, I] bf16 out (sorted order)
   //   expert_out:  [num_tokens·top_k, H] bf16 out (sorted order); also the gather buffer
-  // All device pointers 16-byte aligned, no overlaps. Synchronizes `stream` once.
+  // All device pointers 16-byte aligned, no overlaps. Synchronizes `stream` once. With side
+  // lanes, their work is forked from and joined back into `stream` (events), so to the caller
+  // everything is still ordered on `stream`.
   // Errors: InvalidArgument when Takes would be false for the sizes (capture aside) or a
   // pointer is null; Internal for CUDA/cuBLASLt failures, or offsets read back that are not a
   // non-decreasing sequence from 0 to at most num_tokens·top_k.
@@ -84,6 +101,8 @@ class MoePrefillGemm {
 
   // Number of Run calls that succeeded (tests check that the path was taken).
   int64_t runs() const { return runs_; }
+  // Streams (lanes) Create made available: 1 + side streams.
+  int lanes() const { return 1 + static_cast<int>(side_.size()); }
 
   // Device bytes Create allocates for these sizes (0 for non-positive ones).
   static size_t ScratchBytes(int64_t max_tokens, int64_t top_k, int64_t intermediate);
@@ -95,6 +114,13 @@ class MoePrefillGemm {
   DeviceBuffer<bf16> gate_up_;       // [max_tokens·top_k, 2·I]
   int32_t* host_offsets_ = nullptr;  // pinned [E + 1]
   int64_t runs_ = 0;
+  // Side lanes (SetMoePrefillGemmStreams > 1 at Create): stream, own cuBLASLt, join event.
+  struct Lane;
+  std::vector<std::unique_ptr<Lane>> side_;
+  cudaEvent_t fork_ = nullptr;
+  std::vector<int64_t> lane_rows_;  // Run's per-lane row totals (scratch)
+  std::vector<int> lane_of_;        // Run's expert -> lane (scratch)
+  std::vector<int32_t> order_;      // Run's experts by descending rows (scratch)
 };
 
 }  // namespace sluice::kernels

@@ -31,16 +31,23 @@ using cuda_test::Upload;
 constexpr double kRtol = 1.0 / 64;
 constexpr double kAtol = 1.0 / 256;
 
-// Restores the process-wide SetMoePrefillGemm setting on scope exit.
-class MinTokensScope {
+// Restores the process-wide SetMoePrefillGemm / SetMoePrefillGemmStreams settings on scope
+// exit.
+class SettingsScope {
  public:
-  explicit MinTokensScope(int64_t min_tokens) : saved_(MoePrefillGemmMinTokens()) {
+  SettingsScope(int64_t min_tokens, int streams)
+      : saved_min_(MoePrefillGemmMinTokens()), saved_streams_(MoePrefillGemmStreams()) {
     EXPECT_TRUE(SetMoePrefillGemm(min_tokens).ok());
+    EXPECT_TRUE(SetMoePrefillGemmStreams(streams).ok());
   }
-  ~MinTokensScope() { (void)SetMoePrefillGemm(saved_); }
+  ~SettingsScope() {
+    (void)SetMoePrefillGemm(saved_min_);
+    (void)SetMoePrefillGemmStreams(saved_streams_);
+  }
 
  private:
-  int64_t saved_;
+  int64_t saved_min_;
+  int saved_streams_;
 };
 
 struct Case {
@@ -143,25 +150,31 @@ std::vector<float> RunCuda(const Case& c, const Inputs& in, MoePrefillGemm* gemm
   return cuda_test::Download(d_out);
 }
 
+// The cuBLASLt path on one stream and spread over kMoePrefillGemmMaxStreams, then (setting
+// one token above the step) the grouped WMMA fallback, each against the CPU reference.
 void CheckCase(const Case& c, int64_t max_tokens) {
   auto rng = cuda_test::Rng();
   const Inputs in(c, rng);
   const auto want = RunCpu(c, in);
   auto lt = CublasLt::Create();
   ASSERT_TRUE(lt.ok()) << lt.status();
-  auto gemm = MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden,
-                                     c.inter);
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  MinTokensScope on(c.tokens);
-  ASSERT_TRUE((*gemm)->Takes(c.tokens, c.top_k, c.experts, c.hidden, c.inter, nullptr));
-  ExpectClose(absl::StrCat("moe prefill gemm ", c.name), RunCuda(c, in, gemm->get()), want, kRtol,
-              kAtol);
-  EXPECT_EQ((*gemm)->runs(), 1);
-  // One token more than the step: the grouped WMMA path runs instead, same reference.
-  ASSERT_TRUE(SetMoePrefillGemm(c.tokens + 1).ok());
-  ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, gemm->get()), want,
-              kRtol, kAtol);
-  EXPECT_EQ((*gemm)->runs(), 1);
+  for (int streams : {1, kMoePrefillGemmMaxStreams}) {
+    SettingsScope on(c.tokens, streams);
+    auto gemm = MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden,
+                                       c.inter);
+    ASSERT_TRUE(gemm.ok()) << gemm.status();
+    ASSERT_EQ((*gemm)->lanes(), streams);
+    ASSERT_TRUE((*gemm)->Takes(c.tokens, c.top_k, c.experts, c.hidden, c.inter, nullptr));
+    ExpectClose(absl::StrCat("moe prefill gemm ", c.name, " streams=", streams),
+                RunCuda(c, in, gemm->get()), want, kRtol, kAtol);
+    EXPECT_EQ((*gemm)->runs(), 1);
+    if (streams == 1) {
+      ASSERT_TRUE(SetMoePrefillGemm(c.tokens + 1).ok());
+      ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, gemm->get()),
+                  want, kRtol, kAtol);
+      EXPECT_EQ((*gemm)->runs(), 1);
+    }
+  }
 }
 
 // 16 experts top-4, two of which get no token, one of which gets all 300.
@@ -189,10 +202,10 @@ TEST(MoePrefillGemmCudaTest, TakesOnlyEligibleSteps) {
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   MoePrefillGemm& g = **gemm;
   {
-    MinTokensScope off(0);
+    SettingsScope off(0, 1);
     EXPECT_FALSE(g.Takes(512, 4, 16, 256, 128, nullptr));
   }
-  MinTokensScope on(kMoePrefillGemmMinTokens);
+  SettingsScope on(kMoePrefillGemmMinTokens, 1);
   EXPECT_TRUE(g.Takes(kMoePrefillGemmMinTokens, 4, 16, 256, 128, nullptr));
   EXPECT_FALSE(g.Takes(kMoePrefillGemmMinTokens - 1, 4, 16, 256, 128, nullptr));
   EXPECT_FALSE(g.Takes(1025, 4, 16, 256, 128, nullptr));
@@ -212,6 +225,9 @@ TEST(MoePrefillGemmArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(MoePrefillGemm::Create(nullptr, 16, 2, 8, 64, 64).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetMoePrefillGemm(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMoePrefillGemmStreams(0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMoePrefillGemmStreams(kMoePrefillGemmMaxStreams + 1).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MoePrefillGemm::ScratchBytes(0, 2, 64), 0u);
   EXPECT_EQ(MoePrefillGemm::ScratchBytes(10, 2, 64), size_t{10 * 2 * 128 * 2});
 }
