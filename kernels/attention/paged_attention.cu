@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/attention/paged_prefill_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels {
@@ -944,7 +945,7 @@ std::atomic<int> g_decode_stages{0};
 // 4 warps × 2/3/6 stages, 6 warp rings of 8 warps × 3 stages, 7/8 warp rings of 2 warps × 3/4
 // stages (depths shrink to what fits shared memory for wide heads; 8 warps fall back to 4
 // where 2 stages do not fit).
-constexpr int kNumKinds = 11;
+constexpr int kNumKinds = 11 + paged_detail::kNumFa2Configs;  // + FA2 kinds 11.. (below)
 constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
               kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
 // SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1.
@@ -957,15 +958,19 @@ constexpr int kNumDecodeKernels = 8;
 //  10: 1 m16 tile (64-row CTA, as kind 0), 64-key tiles, 2 stages (85 KiB, 2 CTAs per SM):
 //      kind 0's tile shape with this kernel's inner loop, to tell the two apart.
 constexpr int kKindPrefill1 = 9, kKindPrefill2 = 10;
-constexpr int kNumPrefillKernels = 3;
+// Kinds 11..: paged_prefill_fa2.cu's configurations (SetPagedAttentionPrefillKernel 3..),
+// for padded head dims 64 and 128; other dims fall back to kind 9 (Plan).
+constexpr int kKindFa2 = 11;
+constexpr int kNumPrefillKernels = 3 + paged_detail::kNumFa2Configs;
 constexpr int kPrefillMmaWarps = 4;
 
-// SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10.
+// SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10, 3.. kinds 11...
 std::atomic<int> g_prefill_kernel{1};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {
-  return kind == kKindPrefill1 ? 32 * kPrefillMmaWarps
+  return kind >= kKindFa2        ? paged_detail::kFa2RowsPerCta
+         : kind == kKindPrefill1 ? 32 * kPrefillMmaWarps
          : kind == kKindPrefill2 ? 16 * kPrefillMmaWarps
                                  : 16 * kPrefillWarpsM;
 }
@@ -1214,7 +1219,12 @@ int64_t ResidentSlots(Variant v, int kind) {
   if (n > 0) return n;
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  n = std::max(1, sms * WithVariant(v, kind, OccupancyOp{}));
+  const int per_sm =
+      kind >= kKindFa2
+          ? paged_detail::Fa2Occupancy(kind - kKindFa2, v == Variant::k64 ? 64 : 128,
+                                       v == Variant::k64 ? 64 : 128)
+          : WithVariant(v, kind, OccupancyOp{});
+  n = std::max(1, sms * per_sm);
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
@@ -1239,6 +1249,12 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   if (!plan.decode && prefill_kernel > 0 && p.head_dim <= 128 && p.v_head_dim <= 128 &&
       p.scale > 0.0f && std::isfinite(p.scale)) {
     plan.kind = kKindPrefill1 + prefill_kernel - 1;
+    // FA2 kernels (3..) where they serve the head dims; elsewhere kernel 1, explicitly.
+    if (prefill_kernel >= 3) {
+      plan.kind = paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)
+                      ? kKindFa2 + prefill_kernel - 3
+                      : kKindPrefill1;
+    }
   }
   plan.rows_per_cta = plan.decode ? 16 : PrefillRowsPerCta(plan.kind);
   plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
@@ -1317,6 +1333,10 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
                            const PagedAttentionParams& params, cudaStream_t stream) {
   Variant v = Variant::k128;
   PickVariant(params.head_dim, params.v_head_dim, &v);
+  if (plan.kind >= kKindFa2) {
+    return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, paged_detail::MakeFa2Args(args),
+                                          grid, stream, PdlEnabled());
+  }
   return WithVariant(v, plan.kind, LaunchOp{&args, grid, stream});
 }
 

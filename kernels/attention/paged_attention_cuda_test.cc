@@ -259,7 +259,7 @@ TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
 TEST(PagedAttentionCudaTest, PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(6).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetPagedAttentionPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionPrefillKernel();
   for (const int kernel : {1, 2, 0}) {
@@ -471,6 +471,46 @@ TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
   EXPECT_EQ(
       WriteKvCacheCuda(nullptr, 8, nullptr, 0, nullptr, 1, 8, 0, nullptr, nullptr, nullptr).code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..5,
+// paged_prefill_fa2.cu) against the CPU reference, every output element: fresh prompts whose
+// rows (tokens × group) are not multiples of the 128-row tile or of the 64-key tile, several
+// sequences of chunked prefill over cached prefixes, a long chunk over a prefix (split-KV
+// partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16 and
+// 7, a sliding window, a q stride that rules out 16-byte copies, decode rows in the same launch,
+// and head dim 32 (not served: the explicit kernel 1 fallback).
+TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int default_kernel = PagedAttentionPrefillKernel();
+  for (const int kernel : {3, 4, 5}) {
+    ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
+    EXPECT_EQ(PagedAttentionPrefillKernel(), kernel);
+    const std::string tag = "fa2 prefill kernel " + std::to_string(kernel) + " ";
+    RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
+    RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
+    RunCase({tag + "chunks over prefixes g4",
+             Params(32, 8, 128, 128, 16),
+             {{0, 77}, {1000, 77}, {333, 150}, {64, 64}, {17, 5}}},
+            rng);
+    RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
+    RunCase({tag + "d64 g4 chunks", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}},
+            rng);
+    RunCase({tag + "mha d64", Params(8, 8, 64, 64, 16), {{0, 129}, {500, 40}}}, rng);
+    RunCase({tag + "d96 dv64 g2", Params(8, 4, 96, 64, 16), {{0, 100}, {50, 37}}}, rng);
+    RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
+    RunCase({tag + "window 100", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
+    RunCase({tag + "mixed with decode rows",
+             Params(32, 8, 128, 128, 16),
+             {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
+            rng);
+    Case odd{tag + "q stride pad 2", Params(8, 2, 128, 128, 16), {{50, 30}, {0, 90}}};
+    odd.q_stride_pad = 2;
+    RunCase(odd, rng);
+    RunCase({tag + "d32 (kernel 1 fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -341,35 +342,41 @@ bool GemvGluVariantSupported(int unroll, int split) {
   return GemvVariantSupported(unroll, split) && split <= 4;
 }
 
+// Calls f(Int<kUnroll>, Int<kSplit>) for the served (unroll, split) pair ((4, 1) for any other).
+template <int kValue>
+using Int = std::integral_constant<int, kValue>;
+
+template <typename F>
+void DispatchGemvVariant(int unroll, int split, F&& f) {
+  switch (split * 100 + unroll) {
+    case 116: f(Int<16>{}, Int<1>{}); break;
+    case 108: f(Int<8>{}, Int<1>{}); break;
+    case 204: f(Int<4>{}, Int<2>{}); break;
+    case 208: f(Int<8>{}, Int<2>{}); break;
+    case 404: f(Int<4>{}, Int<4>{}); break;
+    case 408: f(Int<8>{}, Int<4>{}); break;
+    case 804: f(Int<4>{}, Int<8>{}); break;
+    default: f(Int<4>{}, Int<1>{}); break;
+  }
+}
+
 template <bool kGlu>
 void LaunchGemvForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                     int64_t n, int64_t k, int unroll, int split, cudaStream_t stream) {
-  switch (split * 100 + unroll) {
-    case 116: LaunchGemvVariant<16, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 108: LaunchGemvVariant<8, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 204: LaunchGemvVariant<4, 2, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 208: LaunchGemvVariant<8, 2, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 404: LaunchGemvVariant<4, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 408: LaunchGemvVariant<8, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 804: LaunchGemvVariant<4, 8, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    default: LaunchGemvVariant<4, 1, kGlu>(x, w, bias, y, m, n, k, stream); break;
-  }
+  DispatchGemvVariant(unroll, split, [&](auto u, auto s) {
+    LaunchGemvVariant<decltype(u)::value, decltype(s)::value, kGlu>(x, w, bias, y, m, n, k,
+                                                                     stream);
+  });
 }
 
 template <bool kGlu>
 void LaunchGemvNormForm(const GemvNormArgs& na, const bf16* w, const bf16* bias, bf16* y,
                         int64_t m, int64_t n, int64_t k, int unroll, int split,
                         cudaStream_t stream) {
-  switch (split * 100 + unroll) {
-    case 116: LaunchGemvNormVariant<16, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 108: LaunchGemvNormVariant<8, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 204: LaunchGemvNormVariant<4, 2, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 208: LaunchGemvNormVariant<8, 2, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 404: LaunchGemvNormVariant<4, 4, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 408: LaunchGemvNormVariant<8, 4, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    case 804: LaunchGemvNormVariant<4, 8, kGlu>(na, w, bias, y, m, n, k, stream); break;
-    default: LaunchGemvNormVariant<4, 1, kGlu>(na, w, bias, y, m, n, k, stream); break;
-  }
+  DispatchGemvVariant(unroll, split, [&](auto u, auto s) {
+    LaunchGemvNormVariant<decltype(u)::value, decltype(s)::value, kGlu>(na, w, bias, y, m, n, k,
+                                                                         stream);
+  });
 }
 
 // Launch without validating (callers checked GemvSupported and Gemv[Glu]VariantSupported).

@@ -1,0 +1,134 @@
+// FlashAttention-2 style paged prefill kernels (paged_prefill_fa2.cu), launched by
+// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3 and 4: their argument block, host
+// entry points, and the mma.sync / ldmatrix wrappers they use (the same instructions as
+// paged_attention.cu's kernels; that file keeps private copies while it is being edited
+// elsewhere — switching it to these is a mechanical follow-up).
+#ifndef SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
+#define SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace sluice::kernels::paged_detail {
+
+using bf16 = __nv_bfloat16;
+
+// Kernel arguments, field for field those of paged_attention.cu's kernels (see
+// PagedAttentionCuda for their meaning; MakeFa2Args copies them).
+struct Fa2Args {
+  const bf16* q;
+  int64_t q_token_stride;
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* query_start_loc;
+  const int32_t* context_lens;
+  const int32_t* block_tables;
+  int64_t max_blocks_per_seq;
+  int num_heads;
+  int num_kv_heads;
+  int group;  // query heads per KV head
+  int head_dim;
+  int v_head_dim;
+  int block_size;
+  int block_shift;  // log2(block_size) when a power of two, else -1
+  int sliding_window;
+  float scale_log2;  // softmax scale · log2(e): scores are exponentiated with exp2
+  int num_m_tiles;
+  int num_splits;
+  int partition_tokens;  // keys per split (multiple of the key tile); unused when num_splits 1
+  int num_tokens;
+  bool q_vec;  // q 16-byte aligned with a stride of whole 16-byte chunks (prefill kinds)
+  bf16* out;
+  float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
+  float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
+};
+
+// The Fa2Args of paged_attention.cu's argument block `a` (any struct with these fields).
+template <typename A>
+Fa2Args MakeFa2Args(const A& a) {
+  return Fa2Args{a.q,          a.q_token_stride, a.k_cache,          a.v_cache,
+                 a.query_start_loc, a.context_lens, a.block_tables,  a.max_blocks_per_seq,
+                 a.num_heads,  a.num_kv_heads,   a.group,            a.head_dim,
+                 a.v_head_dim, a.block_size,     a.block_shift,      a.sliding_window,
+                 a.scale_log2, a.num_m_tiles,    a.num_splits,       a.partition_tokens,
+                 a.num_tokens, a.q_vec,          a.out,              a.partial_out,
+                 a.partial_ml};
+}
+
+// D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
+// "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
+//   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+static __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Shared-memory row pitch in bf16: 8 elements (16 bytes) of padding shift consecutive rows by
+// 4 banks, so the 8 rows read by one B-fragment load (and by ldmatrix) hit distinct banks.
+template <int kD>
+__host__ __device__ constexpr int Pitch() {
+  return kD + 8;
+}
+
+// Four 8×8 bf16 matrices from shared memory (ldmatrix, no transpose) at 32-bit shared-window
+// addresses (fewer live registers than generic pointers): lanes 8i..8i+7 give the row
+// addresses of matrix i; lane l receives row l/4, columns 2(l%4)..+1 of each. ..Trans: the
+// transposes (B fragments of a row-major K×N tile).
+static __device__ __forceinline__ void LdMatrixX4At(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+static __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr));
+}
+
+// ---- FlashAttention-2 style prefill kernels (paged_prefill_fa2.cu) ----
+// Configurations (SetPagedAttentionPrefillKernel 3.. → config 0..kNumFa2Configs − 1), all
+// 128 query rows × 64-key tiles per CTA:
+//   0 (kernel 3): 4 warps × 2 m16 tiles, 2 stages, Q re-read from shared memory per key tile;
+//      2 CTAs per SM (102 KiB of shared memory each at d 128).
+//   1 (kernel 4): 8 warps × 1 m16 tile, 2 stages, Q fragments held in registers for the whole
+//      key loop; 1 CTA per SM.
+//   2 (kernel 5): as 1 with 3 stages (136 KiB).
+constexpr int kNumFa2Configs = 3;
+
+// Whether the FA2 kernels serve (head_dim, v_head_dim): both ≤ 128 and the larger > 32
+// (padded to 64 or 128 columns). Others must use another prefill kernel.
+inline bool Fa2Supports(int64_t head_dim, int64_t v_head_dim) {
+  const int64_t m = head_dim > v_head_dim ? head_dim : v_head_dim;
+  return m > 32 && m <= 128;
+}
+
+// Query rows (token · group + head) per CTA of every configuration.
+constexpr int kFa2RowsPerCta = 128;
+
+// CTAs of `config` resident per SM at the padded dims of (head_dim, v_head_dim) (≥ 1; 1 on
+// errors). Requires Fa2Supports.
+int Fa2Occupancy(int config, int64_t head_dim, int64_t v_head_dim);
+
+// Launches `config` over `grid` = (m tiles · KV heads · splits, 1, sequences), linear x with
+// the longest query tiles first (as PagedPrefillKernel). Requires Fa2Supports and
+// args.scale_log2 > 0. `pdl`: launch as a programmatic dependent.
+absl::Status LaunchFa2Prefill(int config, const Fa2Args& args, dim3 grid, cudaStream_t stream,
+                              bool pdl);
+
+}  // namespace sluice::kernels::paged_detail
+
+#endif  // SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_

@@ -1,0 +1,469 @@
+// Paged prefill attention, FlashAttention-2 tile shapes (SetPagedAttentionPrefillKernel 3 and 4;
+// paged_prefill_device.cuh lists the configurations).
+//
+// Same algorithm, GQA row packing (row = token · group + head-in-group), paging, split-KV
+// partials and causal/window masking as PagedPrefillKernel in paged_attention.cu (its design
+// notes apply); what differs is the tile shape, chosen after Dao, "FlashAttention-2: Faster
+// Attention with Better Parallelism and Work Partitioning" (2023), §3.3 and its released
+// head-dim-128 forward configuration (128 query rows × 64 keys per CTA, 4 warps):
+//  * 64-key tiles (kernel 1 uses 32): half the CTA barriers, row-max shuffles, rescale tests
+//    and block-table lookups per key, and each warp's Q fragments (config 0) are re-read from
+//    shared memory once per 64 keys instead of per 32. Shared-memory bytes read per 128×64
+//    block of scores: K + V + Q = 4 warps × (16 + 16 + 8) KiB = 160 KiB, against 192 KiB for
+//    kernel 1; the mma count is the same.
+//  * Config 1 keeps each warp's 16 query rows' Q fragments in registers for the whole key loop
+//    (32 registers at d 128), so the inner loop reads only K and V from shared memory; with 16
+//    rows a warp every K/V fragment feeds one mma (8 warps × 32 KiB = 256 KiB per 128×64
+//    block), traded against no Q traffic and lighter register pressure. Both are here so one
+//    device run can A/B them.
+//  * Register budget (config 0, d 128): 128 accumulator + 64 score floats + 8 Q + 4 K fragment
+//    registers at the Q·Kᵀ peak; the softmax turns one m16 tile's scores into bf16 P fragments
+//    (16 registers) before the other's, so P·V holds 128 + 32.
+// Shared memory keeps the padded pitch of kernel 1 (16 bytes a row: conflict-free ldmatrix and
+// cp.async, and the address math is an add, where an XOR swizzle needs an extra LOP3 per
+// ldmatrix); it fits: config 0 uses 34 KiB of Q + 2 × 34 KiB of K/V = 102 KiB, 2 CTAs per SM.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention/attention_device.cuh"
+#include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/attention/paged_prefill_device.cuh"
+#include "kernels/cuda/cuda_common.h"
+
+namespace sluice::kernels::paged_detail {
+namespace {
+
+using attention_detail::CpAsync16;
+using attention_detail::CpAsyncCommit;
+using attention_detail::CpAsyncWait;
+using attention_detail::Exp2;
+using attention_detail::SmemAddr;
+
+// kD: padded head dim of K and V (64 or 128); kWarps warps of kMT m16 tiles each; kBN keys per
+// tile; kStages K/V tiles resident; kQRegs: Q fragments in registers (kMT 1 only); kMinCtas:
+// launch-bound occupancy target (sets the register cap).
+template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas>
+struct Fa2Config {
+  static_assert(kStages >= 2 && (!kQRegs || kMT == 1));
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBM = 16 * kMT * kWarps;
+  static constexpr int kQElems = kBM * Pitch<kD>();
+  static constexpr int kTileElems = 2 * kBN * Pitch<kD>();  // K rows then V rows
+  static constexpr int kSmemBytes =
+      (kQElems + kStages * kTileElems) * static_cast<int>(sizeof(bf16));
+};
+
+template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas>
+__global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const Fa2Args args) {
+  using Cfg = Fa2Config<kD, kWarps, kMT, kBN, kStages, kQRegs, kMinCtas>;
+  constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
+  constexpr int kSTiles = kBN / 8;   // n8 score tiles per m16 tile
+  constexpr int kVTiles = kD / 8;    // n8 output tiles
+  constexpr int kPSteps = kBN / 16;  // k16 steps of P·V
+  constexpr int kChunks = kD / 8;    // 16-byte chunks per K / V / Q row
+  constexpr int kWarpKeys = kBN / kWarps;  // keys each warp copies per tile
+  constexpr int kP = Pitch<kD>();
+  static_assert(kSTiles % 2 == 0 && kVTiles % 2 == 0 && kWarpKeys <= 32);
+  static_assert((kWarpKeys * kChunks) % 32 == 0);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* const q_smem = reinterpret_cast<bf16*>(smem_raw);
+  bf16* const kv_smem = q_smem + Cfg::kQElems;
+
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();
+  const int seq = blockIdx.z;
+  int linear = static_cast<int>(blockIdx.x);
+  const int split = linear % args.num_splits;
+  linear /= args.num_splits;
+  const int kv_head = linear % args.num_kv_heads;
+  const int m_tile = args.num_m_tiles - 1 - linear / args.num_kv_heads;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  const int ctx = args.context_lens[seq];
+  const int group = args.group;
+  const int rows = q_len * group;
+  const int row0 = m_tile * Cfg::kBM;
+  if (row0 >= rows) return;  // uniform over the CTA
+  const int row_last = min(row0 + Cfg::kBM, rows) - 1;
+  int kv_begin =
+      args.sliding_window > 0 ? max(0, ctx + row0 / group - args.sliding_window + 1) : 0;
+  int kv_end = ctx + row_last / group + 1;
+  if (args.num_splits > 1) {
+    kv_begin = max(kv_begin, split * args.partition_tokens);
+    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int wrow0 = row0 + warp * 16 * kMT;  // this warp's first row
+  // Positions of this warp's first and last valid row (the unmasked-tile and skip tests).
+  const int w_pos_first = ctx + wrow0 / group;
+  const int w_pos_last = ctx + max(wrow0, min(wrow0 + 16 * kMT, rows) - 1) / group;
+
+  // Q tile → shared memory, zero-filled past the true head dim and the last row (16-byte
+  // cp.async when args.q_vec, else 32-bit loads).
+  for (int c = threadIdx.x; c < Cfg::kBM * kChunks; c += Cfg::kThreads) {
+    const int r = c / kChunks;
+    const int col = (c % kChunks) * 8;
+    const int row = row0 + r;
+    const bool live = row < rows && col < args.head_dim;
+    const bf16* src = args.q;
+    if (live) {
+      src += static_cast<int64_t>(q_begin + row / group) * args.q_token_stride +
+             static_cast<int64_t>(kv_head * group + row % group) * args.head_dim + col;
+    }
+    bf16* dst = q_smem + r * kP + col;
+    if (args.q_vec) {
+      CpAsync16(dst, src, live ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        reinterpret_cast<uint32_t*>(dst)[w] =
+            live ? __ldg(reinterpret_cast<const unsigned int*>(src) + w) : 0u;
+      }
+    }
+  }
+  CpAsyncCommit();  // group 0; K/V tile i (from tile_first) is group i + 1
+
+  // Cache slot of key tile + warp·kWarpKeys + lane (lane < kWarpKeys; −1 outside
+  // [kv_begin, kv_end): those rows are zero-filled).
+  auto lookup = [&](int tile) -> int64_t {
+    const int j = tile + warp * kWarpKeys + lane;
+    if (lane >= kWarpKeys || j < kv_begin || j >= kv_end) return -1;
+    const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
+    const int offset = j - block * args.block_size;
+    return static_cast<int64_t>(__ldg(args.block_tables + seq * args.max_blocks_per_seq + block)) *
+               args.block_size +
+           offset;
+  };
+  // The warp's kWarpKeys keys of a tile (K and V rows, zero columns past the true head dims)
+  // into buffer `buf`, as one commit group.
+  auto copy_keys = [&](int buf, int64_t lane_slot) {
+    const int64_t k_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+    const int64_t v_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+    const bf16* k_base = args.k_cache + static_cast<int64_t>(kv_head) * args.head_dim;
+    const bf16* v_base = args.v_cache + static_cast<int64_t>(kv_head) * args.v_head_dim;
+    bf16* k_dst = kv_smem + buf * Cfg::kTileElems + warp * kWarpKeys * kP;
+    bf16* v_dst = k_dst + kBN * kP;
+#pragma unroll
+    for (int i = 0; i < kWarpKeys * kChunks / 32; ++i) {
+      const int c = lane + 32 * i;
+      const int key = c / kChunks;
+      const int col = (c % kChunks) * 8;
+      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const bool k_live = slot >= 0 && col < args.head_dim;
+      const bool v_live = slot >= 0 && col < args.v_head_dim;
+      CpAsync16(k_dst + key * kP + col, k_live ? k_base + slot * k_stride + col : k_base,
+                k_live ? 16 : 0);
+      CpAsync16(v_dst + key * kP + col, v_live ? v_base + slot * v_stride + col : v_base,
+                v_live ? 16 : 0);
+    }
+    CpAsyncCommit();
+  };
+  const int tile_first = kv_begin / kBN * kBN;
+  int64_t next_slot = lookup(tile_first);
+  // Every call commits one group (empty past kv_end), so group i + 1 is always tile i.
+  auto load = [&](int tile, int buf) {
+    if (tile < kv_end) {
+      copy_keys(buf, next_slot);
+    } else {
+      CpAsyncCommit();
+    }
+    next_slot = lookup(tile + kBN);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * kBN, s);
+
+  constexpr int kB = static_cast<int>(sizeof(bf16));
+  // ldmatrix lane addresses (shared-window bytes): Q A fragments (rows lane%16, columns
+  // 8·(lane/16)); K B fragments of two n8 tiles (keys lane%8 + 8·(lane/16), columns
+  // 8·(lane/8 % 2)); V transposed B fragments (keys lane%16, columns 8·(lane/16)).
+  const uint32_t q_lane = SmemAddr(q_smem + (warp * 16 * kMT + (lane & 15)) * kP + (lane >> 4) * 8);
+  const uint32_t k_lane =
+      SmemAddr(kv_smem + ((lane & 7) + ((lane >> 4) << 3)) * kP + ((lane >> 3) & 1) * 8);
+  const uint32_t v_lane = SmemAddr(kv_smem + (kBN + (lane & 15)) * kP + (lane >> 4) * 8);
+
+  // Config 1: the warp's Q fragments, read once (Q is group 0: the kStages − 1 tile groups
+  // committed after it may stay in flight; the barrier makes every thread's Q copies visible).
+  uint32_t q_reg[kQRegs ? kKSteps : 1][4];
+  if constexpr (kQRegs) {
+    CpAsyncWait<kStages - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) LdMatrixX4At(q_reg[ks], q_lane + ks * 16 * kB);
+  }
+
+  float acc[kMT][kVTiles][4];
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[mi][u][0] = acc[mi][u][1] = acc[mi][u][2] = acc[mi][u][3] = 0.0f;
+    }
+  }
+  float row_max[kMT][2];  // raw (unscaled) score units
+  float row_sum[kMT][2];  // this thread's partial; summed over the quad at the end
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+    row_max[mi][0] = row_max[mi][1] = -INFINITY;
+    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
+  }
+  const float c_log2 = args.scale_log2;  // > 0 (the planner checks)
+
+  int buf = 0;  // buffer of `tile`
+  for (int tile = tile_first; tile < kv_end; tile += kBN) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    // Every warp is past tile − kBN: its buffer takes the tile kStages − 1 ahead.
+    load(tile + (kStages - 1) * kBN, buf == 0 ? kStages - 1 : buf - 1);
+    const uint32_t tile_off = static_cast<uint32_t>(buf * Cfg::kTileElems * kB);
+    buf = buf + 1 == kStages ? 0 : buf + 1;
+    // Skip tiles no row of this warp sees.
+    if (tile > w_pos_last ||
+        (args.sliding_window > 0 && tile + kBN <= w_pos_first - args.sliding_window + 1)) {
+      continue;
+    }
+
+    float s[kMT][kSTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mi][e] = q_reg[ks][e];
+        } else {
+          LdMatrixX4At(qa[mi], q_lane + (mi * 16 * kP + ks * 16) * kB);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        LdMatrixX4At(kb, k_lane + tile_off + (np * 16 * kP + ks * 16) * kB);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          Mma16816(s[mi][2 * np], qa[mi], kb[0], kb[1]);
+          Mma16816(s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+        }
+      }
+    }
+    // Mask only where some row of the warp sees part of the tile (the causal diagonal, window
+    // and partition edges).
+    const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= w_pos_first &&
+                      (args.sliding_window <= 0 || tile > w_pos_last - args.sliding_window);
+    if (!full) {
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          // This thread's rows are g and g + 8 of each m16 tile; padding rows see nothing.
+          const int r = wrow0 + mi * 16 + g + 8 * e2;
+          const int pos = r < rows ? ctx + r / group : -1;
+          const int lo = max(kv_begin, args.sliding_window > 0 ? pos - args.sliding_window + 1 : 0);
+          const int hi = min(kv_end - 1, pos);  // visible keys: lo ≤ j ≤ hi
+#pragma unroll
+          for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+            for (int e1 = 0; e1 < 2; ++e1) {
+              const int j = tile + n * 8 + 2 * t + e1;
+              if (j < lo || j > hi) s[mi][n][2 * e2 + e1] = -INFINITY;
+            }
+          }
+        }
+      }
+    }
+    // Online softmax per m16 tile; P = 2^(s·c − m·c) rounded to bf16 A fragments (the C
+    // fragments of score tiles 2k and 2k+1 are exactly the A fragment of P's k-step k).
+    uint32_t p_frag[kMT][kPSteps][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+      float neg_base[2], alpha[2];
+      bool raised = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = row_max[mi][i];
+#pragma unroll
+        for (int n = 0; n < kSTiles; ++n) {
+          mx = fmaxf(mx, fmaxf(s[mi][n][2 * i], s[mi][n][2 * i + 1]));
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
+        // 2^(−inf) is 0 rather than NaN.
+        const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+        const bool up = mx != row_max[mi][i];
+        alpha[i] = up ? Exp2(row_max[mi][i] * c_log2 - mb) : 1.0f;
+        raised |= up;
+        row_max[mi][i] = mx;
+        row_sum[mi][i] *= alpha[i];
+        neg_base[i] = -mb;
+      }
+      // Rescale only when some row of the warp raised its max (otherwise every alpha is 1).
+      if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          acc[mi][u][0] *= alpha[0];
+          acc[mi][u][1] *= alpha[0];
+          acc[mi][u][2] *= alpha[1];
+          acc[mi][u][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kSTiles; ++n) {
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[e] = Exp2(fmaf(s[mi][n][e], c_log2, neg_base[e >> 1]));
+          row_sum[mi][e >> 1] += p[e];
+        }
+        p_frag[mi][n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+        p_frag[mi][n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const uint32_t vrow = v_lane + tile_off + kk * 16 * kP * kB;
+#pragma unroll
+      for (int u = 0; u < kVTiles; u += 2) {
+        uint32_t b[4];
+        LdMatrixX4TransAt(b, vrow + u * 8 * kB);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+          Mma16816(acc[mi][u], p_frag[mi][kk], b[0], b[1]);
+          Mma16816(acc[mi][u + 1], p_frag[mi][kk], b[2], b[3]);
+        }
+      }
+    }
+  }
+  // An empty partition never waited for its copies; no copy may outlive the CTA.
+  CpAsyncWait<0>();
+
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[mi][i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = wrow0 + mi * 16 + g + 8 * i;
+      if (r >= rows) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t out_row = static_cast<int64_t>(q_begin + r / group) * args.num_heads +
+                              kv_head * group + r % group;
+      if (args.num_splits == 1) {
+        bf16* o = args.out + out_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<__nv_bfloat162*>(o + col) =
+                __floats2bfloat162_rn(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+      } else {
+        const int64_t part_row =
+            static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
+        float* o = args.partial_out + part_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<float2*>(o + col) =
+                make_float2(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+        // The combine expects the max in log2-scaled units (−inf stays −inf: c > 0).
+        if (t == 0) args.partial_ml[part_row] = make_float2(row_max[mi][i] * c_log2, sum);
+      }
+    }
+  }
+}
+
+// Runs op.Run<kernel, Cfg>() for `config` at padded dim kD.
+template <int kD, typename Op>
+auto WithFa2Config(int config, const Op& op) {
+  if (config == 1) {
+    using K = Fa2Config<kD, 8, 1, 64, 2, true, 1>;
+    return op.template Run<K>(&Fa2PrefillKernel<kD, 8, 1, 64, 2, true, 1>);
+  }
+  if (config == 2) {
+    using K = Fa2Config<kD, 8, 1, 64, 3, true, 1>;
+    return op.template Run<K>(&Fa2PrefillKernel<kD, 8, 1, 64, 3, true, 1>);
+  }
+  using K = Fa2Config<kD, 4, 2, 64, 2, false, 2>;
+  return op.template Run<K>(&Fa2PrefillKernel<kD, 4, 2, 64, 2, false, 2>);
+}
+
+template <typename Op>
+auto WithFa2(int config, int64_t head_dim, int64_t v_head_dim, const Op& op) {
+  return (head_dim > 64 || v_head_dim > 64) ? WithFa2Config<128>(config, op)
+                                            : WithFa2Config<64>(config, op);
+}
+
+// Above 48 KiB dynamic shared memory must be opted into (idempotent, host-only; allowed during
+// stream capture).
+cudaError_t AllowSmem(void (*kernel)(Fa2Args), int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+struct Fa2LaunchOp {
+  const Fa2Args* args;
+  dim3 grid;
+  cudaStream_t stream;
+  bool pdl;
+  template <typename Cfg>
+  absl::Status Run(void (*kernel)(Fa2Args)) const {
+    SLUICE_CUDA_RETURN_IF_ERROR(AllowSmem(kernel, Cfg::kSmemBytes),
+                                "PagedAttentionCuda (FA2 prefill): cudaFuncSetAttribute");
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                                               stream, pdl, *args),
+        "PagedAttentionCuda (FA2 prefill): launch");
+    return CudaLaunchStatus("PagedAttentionCuda (FA2 prefill)");
+  }
+};
+
+struct Fa2OccupancyOp {
+  template <typename Cfg>
+  int Run(void (*kernel)(Fa2Args)) const {
+    int n = 0;
+    if (AllowSmem(kernel, Cfg::kSmemBytes) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Cfg::kThreads,
+                                                      Cfg::kSmemBytes) != cudaSuccess) {
+      return 1;
+    }
+    return n > 1 ? n : 1;
+  }
+};
+
+}  // namespace
+
+int Fa2Occupancy(int config, int64_t head_dim, int64_t v_head_dim) {
+  return WithFa2(config, head_dim, v_head_dim, Fa2OccupancyOp{});
+}
+
+absl::Status LaunchFa2Prefill(int config, const Fa2Args& args, dim3 grid, cudaStream_t stream,
+                              bool pdl) {
+  if (config < 0 || config >= kNumFa2Configs || !Fa2Supports(args.head_dim, args.v_head_dim) ||
+      !(args.scale_log2 > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: FA2 prefill config ", config, " does not serve head_dim ",
+                     args.head_dim, ", v_head_dim ", args.v_head_dim));
+  }
+  return WithFa2(config, args.head_dim, args.v_head_dim, Fa2LaunchOp{&args, grid, stream, pdl});
+}
+
+}  // namespace sluice::kernels::paged_detail
