@@ -67,7 +67,8 @@ struct MoeCudaWorkspace {
   size_t bytes = 0;
   // Optional, not owned: large steps on the grouped path then run their GEMMs per expert on
   // cuBLASLt when prefill_gemm->Takes(...) (moe_prefill_gemm_cuda.h; SetMoePrefillGemm). That
-  // path synchronizes the stream once and is never taken during stream capture.
+  // path synchronizes the stream once and is never taken during stream capture; its results
+  // are not batch invariant (cuBLASLt's algorithm may depend on an expert's row count).
   MoePrefillGemm* prefill_gemm = nullptr;
 };
 
