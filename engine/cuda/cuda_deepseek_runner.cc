@@ -475,16 +475,24 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
                                                     config.rope_interleave, st));
   }
   Mark("q_absorb");
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
-      q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
-      out_lat.data(), st));
-  Mark("attention");
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
-  SLUICE_RUNNER_RETURN_IF_ERROR(gemm->Run({out_lat.data(), heads * R, R},
-                                          {L.kv_b.data() + dn * R, R, (dn + dv) * R},
-                                          /*w_is_kn=*/false, {attn.data(), heads * dv, dv},
-                                          /*y_float=*/false, T, dv, R, heads));
-  Mark("v_up");
+  if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
+    // The split-KV combine and W_UV in one launch after the attention kernel.
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
+        q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
+        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st));
+    Mark("attention_v_up");
+  } else {
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
+        q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
+        out_lat.data(), st));
+    Mark("attention");
+    SLUICE_RUNNER_RETURN_IF_ERROR(gemm->Run({out_lat.data(), heads * R, R},
+                                            {L.kv_b.data() + dn * R, R, (dn + dv) * R},
+                                            /*w_is_kn=*/false, {attn.data(), heads * dv, dv},
+                                            /*y_float=*/false, T, dv, R, heads));
+    Mark("v_up");
+  }
   SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.o_proj.data(),
                                                     L.o_bias.data(), tmp.data(), T, H,
                                                     heads * dv, st));
@@ -538,15 +546,20 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     // Fused decode path (variants 1, 2: bit-equal to the separate one below): shared experts
     // first into tmp, then routing + sort in one launch, and the routed experts with the shared
     // output added in their combine (no separate moe_add). Variant 3 computes the shared
-    // experts inside the routed experts' two launches instead (MoeSharedExpert).
-    const bool fold_shared = shared && variant == 3;
+    // experts inside the routed experts' two launches instead (MoeSharedExpert); variant 4
+    // routes over many blocks and computes the shared gate/up in the routing launch.
+    const bool fold_shared = shared && variant >= 3;
+    const bool multi_block = variant >= 4;
     if (shared && !fold_shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+    const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
+                                                 L.mlp_inter, act.data(), multi_block};
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
         normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
-        topk_weights.data(), ws, st));
+        topk_weights.data(), ws, st,
+        multi_block ? kernels::MoeFusedRouteMode::kMultiBlock
+                    : kernels::MoeFusedRouteMode::kSingleBlock,
+        multi_block && fold_shared ? &shared_expert : nullptr));
     Mark("routing");
-    const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
-                                                 L.mlp_inter, act.data()};
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
         L.experts_down.data(), shared && !fold_shared ? tmp.data() : nullptr, tmp.data(), ws, st,

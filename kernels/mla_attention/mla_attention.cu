@@ -988,6 +988,100 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   StoreRows<1>(args, acc, m_s, l_s, 1, heads, q_begin, h0, split, warp, lane);
 }
 
+// Decode attention's epilogue under SetMlaDecodeFusion(2): the split-KV combine of one (query
+// token, head) row and the W_UV value projection of a slice of its output in one CTA. Grid
+// (max_query_len, num_sequences, num_heads · slices) like SplitKvCombineKernel's, rows past a
+// sequence's query tokens idle. The merge is SplitKvCombineKernel's arithmetic in its order (so
+// the merged row equals the bf16 out_latent the combine writes), or, without a split, the bf16
+// row the attention kernel wrote; then, from those bf16 values in shared memory,
+//   out[token, h·dv + j] = bf16(Σ_c w[h·w_head_stride + j·rank + c] · o[c])   (fp32)
+// for the slice's kVUpRows rows j, warp w rows j0 + w and j0 + w + 8, lanes over channel pairs.
+// Every slice merges its row again (an L2 read of the partials: cheap next to a launch).
+constexpr int kVUpThreads = 256;
+constexpr int kVUpRows = 16;
+
+struct VUpArgs {
+  const int32_t* query_start_loc;
+  const float2* partial_ml;  // [num_splits, num_tokens, num_heads] (num_splits > 1)
+  const float* partial_out;  // [num_splits, num_tokens, num_heads, rank]
+  const bf16* latent;        // [num_tokens, num_heads, rank] (num_splits == 1)
+  const bf16* w;             // W_UV of head h: w + h·w_head_stride, [dv, rank]
+  int64_t w_head_stride;
+  bf16* out;  // token t, head h: out + t·out_token_stride + h·dv, dv values
+  int64_t out_token_stride;
+  int num_splits, num_tokens, num_heads, rank, dv, slices;
+};
+
+__global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs a) {
+  __shared__ float o_s[kMaxRank];
+  __shared__ float weight[attention_detail::kMaxSplitsDevice];
+  __shared__ float shared_inv;
+  const int seq = blockIdx.y;
+  const int q_begin = a.query_start_loc[seq];
+  const int q_len = a.query_start_loc[seq + 1] - q_begin;
+  if (static_cast<int>(blockIdx.x) >= q_len) return;  // uniform
+  const int h = static_cast<int>(blockIdx.z) / a.slices;
+  const int slice = static_cast<int>(blockIdx.z) % a.slices;
+  const int token = q_begin + static_cast<int>(blockIdx.x);
+  const int64_t row = static_cast<int64_t>(token) * a.num_heads + h;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (a.num_splits > 1) {
+    const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
+    if (warp == 0) {  // weights: empty partitions (sum 0, max −inf) weigh 0
+      const float2* ml = a.partial_ml + row;
+      float global_max = -INFINITY;
+      for (int sp = lane; sp < a.num_splits; sp += 32) {
+        const float2 v = ml[sp * split_stride];
+        if (v.y > 0.0f) global_max = fmaxf(global_max, v.x);
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        global_max = fmaxf(global_max, __shfl_xor_sync(0xffffffffu, global_max, off));
+      }
+      float den = 0.0f;
+      for (int sp = lane; sp < a.num_splits; sp += 32) {
+        const float2 v = ml[sp * split_stride];
+        const float wt = v.y > 0.0f ? v.y * Exp2(v.x - global_max) : 0.0f;
+        weight[sp] = wt;
+        den += wt;
+      }
+      den = cuda_detail::WarpSum(den);
+      if (lane == 0) shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
+    }
+    __syncthreads();
+    const float inv = shared_inv;
+    const float* src = a.partial_out + row * a.rank;
+    const int64_t stride = split_stride * a.rank;
+    for (int c = threadIdx.x; c < a.rank; c += kVUpThreads) {
+      float num = 0.0f;
+#pragma unroll 8
+      for (int sp = 0; sp < a.num_splits; ++sp) num += weight[sp] * src[sp * stride + c];
+      o_s[c] = __bfloat162float(__float2bfloat16_rn(num * inv));
+    }
+  } else {
+    for (int c = threadIdx.x; c < a.rank; c += kVUpThreads) {
+      o_s[c] = __bfloat162float(a.latent[row * a.rank + c]);
+    }
+  }
+  __syncthreads();  // o_s complete
+  const int j_end = min(a.dv, (slice + 1) * kVUpRows);
+  const bf16* w_head = a.w + static_cast<int64_t>(h) * a.w_head_stride;
+  bf16* out = a.out + static_cast<int64_t>(token) * a.out_token_stride +
+              static_cast<int64_t>(h) * a.dv;
+  for (int j = slice * kVUpRows + warp; j < j_end; j += kVUpThreads / 32) {
+    const __nv_bfloat162* wr =
+        reinterpret_cast<const __nv_bfloat162*>(w_head + static_cast<int64_t>(j) * a.rank);
+    float acc = 0.0f;
+    for (int c2 = lane; c2 < a.rank / 2; c2 += 32) {
+      const float2 wf = __bfloat1622float2(wr[c2]);
+      acc = fmaf(wf.x, o_s[2 * c2], acc);
+      acc = fmaf(wf.y, o_s[2 * c2 + 1], acc);
+    }
+    acc = cuda_detail::WarpSum(acc);
+    if (lane == 0) out[j] = __float2bfloat16_rn(acc);
+  }
+}
+
 struct MlaPlan {
   bool tensor_cores = false;
   bool decode = false;     // MlaDecodeKernel
@@ -1191,10 +1285,15 @@ size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch
                                                  dims.kv_lora_rank);
 }
 
-absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride, const bf16* cache,
-                                    int64_t block_size, const PagedAttentionCudaBatch& batch,
-                                    const MlaDims& dims, void* workspace, bf16* out_latent,
-                                    cudaStream_t stream) {
+namespace {
+
+// MlaLatentAttentionCuda up to its split-KV combine: validates, launches the attention kernel
+// of the plan, and returns the combine's arguments in *combine (num_splits 1: nothing to merge).
+absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride,
+                                    const bf16* cache, int64_t block_size,
+                                    const PagedAttentionCudaBatch& batch, const MlaDims& dims,
+                                    void* workspace, bf16* out_latent, cudaStream_t stream,
+                                    attention_detail::SplitKvCombineArgs* combine_out) {
   if (absl::Status s = Validate(batch, dims, block_size); !s.ok()) return s;
   if (q_latent == nullptr || cache == nullptr || out_latent == nullptr) {
     return absl::InvalidArgumentError("MlaLatentAttentionCuda: null q, cache or out pointer");
@@ -1293,10 +1392,71 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
                     static_cast<unsigned>(batch.num_sequences));
     MlaLatentKernel<<<grid, kThreads, smem, stream>>>(args);
   }
-  if (absl::Status s = CudaLaunchStatus("MlaLatentAttentionCuda"); !s.ok()) return s;
-  if (plan.num_splits == 1) return absl::OkStatus();
+  *combine_out = combine;
+  return CudaLaunchStatus("MlaLatentAttentionCuda");
+}
+
+}  // namespace
+
+absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride, const bf16* cache,
+                                    int64_t block_size, const PagedAttentionCudaBatch& batch,
+                                    const MlaDims& dims, void* workspace, bf16* out_latent,
+                                    cudaStream_t stream) {
+  attention_detail::SplitKvCombineArgs combine;
+  if (absl::Status s = EnqueueLatentAttention(q_latent, q_token_stride, cache, block_size, batch,
+                                              dims, workspace, out_latent, stream, &combine);
+      !s.ok()) {
+    return s;
+  }
+  if (combine.num_splits <= 1) return absl::OkStatus();
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream);
   return CudaLaunchStatus("MlaLatentAttentionCuda combine");
+}
+
+absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_stride,
+                                       const bf16* cache, int64_t block_size,
+                                       const PagedAttentionCudaBatch& batch, const MlaDims& dims,
+                                       void* workspace, bf16* out_latent, const bf16* w_uv,
+                                       int64_t w_head_stride, int64_t v_head_dim, bf16* out,
+                                       int64_t out_token_stride, cudaStream_t stream) {
+  if (v_head_dim < 1 || w_uv == nullptr || out == nullptr ||
+      (reinterpret_cast<uintptr_t>(w_uv) & 3u) != 0 || w_head_stride % 2 != 0 ||
+      w_head_stride < v_head_dim * dims.kv_lora_rank ||
+      out_token_stride < dims.num_heads * v_head_dim ||
+      (batch.num_sequences > 0 && dims.num_heads > 0 &&
+       dims.num_heads * ((v_head_dim + kVUpRows - 1) / kVUpRows) > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlaLatentAttentionVUpCuda: needs v_head_dim >= 1, non-null 4-byte aligned w_uv with an "
+        "even w_head_stride >= v_head_dim · kv_lora_rank, out_token_stride >= num_heads · "
+        "v_head_dim, num_heads · ⌈v_head_dim / ",
+        kVUpRows, "⌉ <= 65535"));
+  }
+  attention_detail::SplitKvCombineArgs combine;
+  if (absl::Status s = EnqueueLatentAttention(q_latent, q_token_stride, cache, block_size, batch,
+                                              dims, workspace, out_latent, stream, &combine);
+      !s.ok()) {
+    return s;
+  }
+  VUpArgs a;
+  a.query_start_loc = batch.query_start_loc;
+  a.partial_ml = combine.partial_ml;
+  a.partial_out = combine.partial_out;
+  a.latent = out_latent;
+  a.w = w_uv;
+  a.w_head_stride = w_head_stride;
+  a.out = out;
+  a.out_token_stride = out_token_stride;
+  a.num_splits = combine.num_splits;
+  a.num_tokens = static_cast<int>(batch.num_tokens);
+  a.num_heads = static_cast<int>(dims.num_heads);
+  a.rank = static_cast<int>(dims.kv_lora_rank);
+  a.dv = static_cast<int>(v_head_dim);
+  a.slices = static_cast<int>((v_head_dim + kVUpRows - 1) / kVUpRows);
+  const dim3 grid(static_cast<unsigned>(batch.max_query_len),
+                  static_cast<unsigned>(batch.num_sequences),
+                  static_cast<unsigned>(dims.num_heads * a.slices));
+  MlaCombineVUpKernel<<<grid, kVUpThreads, 0, stream>>>(a);
+  return CudaLaunchStatus("MlaLatentAttentionVUpCuda combine + W_UV");
 }
 
 }  // namespace sluice::kernels

@@ -42,6 +42,27 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
                                     const MlaDims& dims, void* workspace, bf16* out_latent,
                                     cudaStream_t stream);
 
+// MlaLatentAttentionVUpCuda: MlaLatentAttentionCuda followed by the per-head value projection
+// (W_UV), with the split-KV combine and the projection in one launch (SetMlaDecodeFusion 2):
+//   out[t, h·v_head_dim + j] = bf16(Σ_c w_uv[h·w_head_stride + j·kv_lora_rank + c] · o[t, h, c])
+// where o[t, h] is the bf16 latent output MlaLatentAttentionCuda would write (fp32 sums).
+//   w_uv:       head h's [v_head_dim, kv_lora_rank] bf16 block at w_uv + h·w_head_stride (the
+//               DeepSeek kv_b_proj rows after W_UK_h); 4-byte aligned, w_head_stride even
+//   out:        token t's heads at out + t·out_token_stride, v_head_dim bf16 each
+//   out_latent: scratch of MlaLatentAttentionCuda's size (written only when nothing splits;
+//               contents unspecified afterwards)
+// Each output row is a GEMV over L2-resident weights per CTA: meant for decode steps of a few
+// tokens (the runner uses it up to 8), where it saves the batched GEMM's launch.
+// Errors: those of MlaLatentAttentionCuda; InvalidArgument for v_head_dim < 1, a null or
+// misaligned w_uv or out, w_head_stride < v_head_dim · kv_lora_rank or odd, out_token_stride
+// < num_heads · v_head_dim; Internal for launch errors.
+absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_stride,
+                                       const bf16* cache, int64_t block_size,
+                                       const PagedAttentionCudaBatch& batch, const MlaDims& dims,
+                                       void* workspace, bf16* out_latent, const bf16* w_uv,
+                                       int64_t w_head_stride, int64_t v_head_dim, bf16* out,
+                                       int64_t out_token_stride, cudaStream_t stream);
+
 // SetMlaLatentAttentionDecodeKernel: the kernel decode-shaped launches (max_query_len 1,
 // tensor-core dims) use. The pipelined decode kernel: one CTA = a sequence's key partition ×
 // a group of 16 heads, 32-row latent tiles through a cp.async ring, splits sized to fill the

@@ -151,6 +151,45 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
     }
   }
   ExpectClose(absl::StrCat(name, " (workspace ", ws_bytes, " B)"), got, want, kRtol, kAtol);
+
+  // MlaLatentAttentionVUpCuda (combine and W_UV in one launch) into NaN-filled outputs with a
+  // padded token stride: every head's values against the CPU reference, the padding untouched;
+  // a second launch (same workspace, fresh outputs) gives the same bits.
+  std::vector<bf16> w_bf(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w_bf[i] = FloatToBf16(w[i]);
+  auto d_w = Upload(w_bf);
+  const int64_t out_stride = H * dv + 8;
+  std::vector<float> first;
+  for (int rep = 0; rep < 2; ++rep) {
+    auto d_lat = NanBuffer(static_cast<size_t>(tokens * H * R));
+    auto d_attn = NanBuffer(static_cast<size_t>(tokens * out_stride));
+    const absl::Status sv = MlaLatentAttentionVUpCuda(
+        d_q.data(), H * W, d_cache.data(), block_size, batch, d, ws->data(), d_lat.data(),
+        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr);
+    ASSERT_TRUE(sv.ok()) << sv;
+    const std::vector<float> attn = Download(d_attn);
+    std::vector<float> fused(want.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t i = 0; i < out_stride; ++i) {
+        const float x = attn[t * out_stride + i];
+        if (i >= H * dv) {
+          ASSERT_TRUE(std::isnan(x)) << "padding written at token " << t << " column " << i;
+        } else {
+          fused[t * H * dv + i] = x;
+        }
+      }
+    }
+    ExpectClose(absl::StrCat(name, " fused combine + W_UV, launch ", rep), fused, want, kRtol,
+                kAtol);
+    if (rep == 0) {
+      first = attn;
+    } else {
+      for (size_t i = 0; i < attn.size(); ++i) {
+        if (std::isnan(first[i])) continue;
+        ASSERT_EQ(attn[i], first[i]) << "relaunch differs at " << i;
+      }
+    }
+  }
 }
 
 TEST(MlaLatentAttentionCudaTest, DeepSeekV2LiteDecode) {
@@ -273,6 +312,21 @@ TEST(MlaLatentAttentionCudaTest, RejectsBadArguments) {
                                    Dims(16, 512, 64, 128, 128), nullptr, buf->data(), nullptr)
                 .code(),
             kInvalid);  // q stride below num_heads · width
+  const MlaDims v2 = Dims(16, 512, 64, 128, 128);
+  auto vup = [&](const bf16* w, int64_t w_stride, int64_t dv, int64_t out_stride) {
+    return MlaLatentAttentionVUpCuda(buf->data(), 16 * 576, buf->data(), 16, b, v2, nullptr,
+                                     buf->data(), w, w_stride, dv, buf->data(), out_stride,
+                                     nullptr)
+        .code();
+  };
+  EXPECT_EQ(vup(nullptr, 256 * 512, 128, 16 * 128), kInvalid);
+  EXPECT_EQ(vup(buf->data() + 1, 256 * 512, 128, 16 * 128), kInvalid);  // w_uv 2-byte aligned
+  EXPECT_EQ(vup(buf->data(), 256 * 512 + 1, 128, 16 * 128), kInvalid);  // odd head stride
+  EXPECT_EQ(vup(buf->data(), 100 * 512, 128, 16 * 128), kInvalid);      // stride < dv · rank
+  EXPECT_EQ(vup(buf->data(), 256 * 512, 0, 16 * 128), kInvalid);
+  EXPECT_EQ(vup(buf->data(), 256 * 512, 128, 16 * 128 - 1), kInvalid);  // out stride short
+  EXPECT_EQ(SetMlaDecodeFusion(3).code(), kInvalid);
+  EXPECT_EQ(SetMlaDecodeFusion(-1).code(), kInvalid);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
