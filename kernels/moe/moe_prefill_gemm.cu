@@ -51,9 +51,8 @@ struct MoePrefillGemm::Lane {
 
 absl::Status SetMoePrefillGemmStreams(int streams) {
   if (streams < 1 || streams > kMoePrefillGemmMaxStreams) {
-    return absl::InvalidArgumentError(absl::StrCat("SetMoePrefillGemmStreams: ", streams,
-                                                   " outside [1, ", kMoePrefillGemmMaxStreams,
-                                                   "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetMoePrefillGemmStreams: ", streams, " outside [1, ", kMoePrefillGemmMaxStreams, "]"));
   }
   g_streams.store(streams, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -82,12 +81,12 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
     int64_t intermediate) {
   if (lt == nullptr || max_tokens < 1 || top_k < 1 || num_experts < 1 || top_k > num_experts ||
       num_experts > kMaxExperts || hidden < 8 || hidden % 8 != 0 || intermediate < 8 ||
-      intermediate % 8 != 0 || max_tokens * top_k > 0x7fffffff ||
-      hidden > (int64_t{1} << 22) || intermediate > (int64_t{1} << 22)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MoePrefillGemm: bad arguments (lt ", lt != nullptr ? "set" : "null",
-        ") max_tokens=", max_tokens, " top_k=", top_k, " num_experts=", num_experts,
-        " hidden=", hidden, " intermediate=", intermediate));
+      intermediate % 8 != 0 || max_tokens * top_k > 0x7fffffff || hidden > (int64_t{1} << 22) ||
+      intermediate > (int64_t{1} << 22)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoePrefillGemm: bad arguments (lt ", lt != nullptr ? "set" : "null",
+                     ") max_tokens=", max_tokens, " top_k=", top_k, " num_experts=", num_experts,
+                     " hidden=", hidden, " intermediate=", intermediate));
   }
   std::unique_ptr<MoePrefillGemm> g(new MoePrefillGemm());
   g->lt_ = lt;
@@ -96,8 +95,8 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
   g->num_experts_ = num_experts;
   g->hidden_ = hidden;
   g->intermediate_ = intermediate;
-  auto buf = DeviceBuffer<bf16>::Create(ScratchBytes(max_tokens, top_k, intermediate) /
-                                        sizeof(bf16));
+  auto buf =
+      DeviceBuffer<bf16>::Create(ScratchBytes(max_tokens, top_k, intermediate) / sizeof(bf16));
   if (!buf.ok()) return buf.status();
   g->gate_up_ = *std::move(buf);
   void* host = nullptr;
@@ -133,12 +132,11 @@ MoePrefillGemm::~MoePrefillGemm() {
   if (host_offsets_ != nullptr) cudaFreeHost(host_offsets_);
 }
 
-bool MoePrefillGemm::Takes(int64_t num_tokens, int64_t top_k, int64_t num_experts,
-                           int64_t hidden, int64_t intermediate, cudaStream_t stream) const {
+bool MoePrefillGemm::Takes(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
+                           int64_t intermediate, cudaStream_t stream) const {
   const int64_t min_tokens = MoePrefillGemmMinTokens();
-  if (min_tokens <= 0 || num_tokens < min_tokens || num_tokens > max_tokens_ ||
-      top_k != top_k_ || num_experts != num_experts_ || hidden != hidden_ ||
-      intermediate != intermediate_) {
+  if (min_tokens <= 0 || num_tokens < min_tokens || num_tokens > max_tokens_ || top_k != top_k_ ||
+      num_experts != num_experts_ || hidden != hidden_ || intermediate != intermediate_) {
     return false;
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -155,9 +153,9 @@ absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const in
   if (num_tokens < 1 || num_tokens > max_tokens_ || x == nullptr || offsets == nullptr ||
       sorted_rows == nullptr || w_gate_up == nullptr || w_down == nullptr || act == nullptr ||
       expert_out == nullptr || !cuda_detail::Aligned16(x) || !cuda_detail::Aligned16(expert_out)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MoePrefillGemm::Run: num_tokens=", num_tokens, " (max ", max_tokens_,
-        "), or a null / misaligned pointer"));
+    return absl::InvalidArgumentError(absl::StrCat("MoePrefillGemm::Run: num_tokens=", num_tokens,
+                                                   " (max ", max_tokens_,
+                                                   "), or a null / misaligned pointer"));
   }
   const int64_t rows = num_tokens * top_k_;
   const int64_t E = num_experts_, H = hidden_, I = intermediate_;
@@ -173,8 +171,8 @@ absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const in
   SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "MoePrefillGemm: synchronize");
   const int32_t* off = host_offsets_;
   if (off[0] != 0 || off[E] > rows) {
-    return absl::InternalError(absl::StrCat("MoePrefillGemm: expert offsets read back [0]=",
-                                            off[0], " [E]=", off[E], " (rows ", rows, ")"));
+    return absl::InternalError(absl::StrCat("MoePrefillGemm: expert offsets read back [0]=", off[0],
+                                            " [E]=", off[E], " (rows ", rows, ")"));
   }
   for (int64_t e = 0; e < E; ++e) {
     if (off[e + 1] < off[e]) {
@@ -246,8 +244,8 @@ absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const in
   // 5. down per expert.
   if (absl::Status s = per_expert([&](CublasLt& lt, int64_t e, cudaStream_t st) {
         const int64_t begin = off[e], m = off[e + 1] - off[e];
-        return LinearCuda(lt, act + begin * I, w_down + e * H * I, nullptr,
-                          expert_out + begin * H, m, H, I, st);
+        return LinearCuda(lt, act + begin * I, w_down + e * H * I, nullptr, expert_out + begin * H,
+                          m, H, I, st);
       });
       !s.ok()) {
     return s;

@@ -67,8 +67,7 @@ class MoePrefillGemm {
   // num_experts > 1024, hidden or intermediate not a positive multiple of 8, or
   // max_tokens·top_k >= 2^31; Internal for allocation failures.
   static absl::StatusOr<std::unique_ptr<MoePrefillGemm>> Create(CublasLt* lt, int64_t max_tokens,
-                                                                int64_t top_k,
-                                                                int64_t num_experts,
+                                                                int64_t top_k, int64_t num_experts,
                                                                 int64_t hidden,
                                                                 int64_t intermediate);
   ~MoePrefillGemm();

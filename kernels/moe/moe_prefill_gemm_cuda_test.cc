@@ -141,10 +141,10 @@ std::vector<float> RunCuda(const Case& c, const Inputs& in, MoePrefillGemm* gemm
   // The uploads and the memsets ran on the legacy stream, which a non-blocking one does not
   // wait for.
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const absl::Status s = MoeExpertsCuda(
-      d_x.data(), d_ids.data(), d_w.data(), c.tokens, c.hidden, c.inter, c.top_k, c.experts,
-      d_gu.data(), d_down.data(), d_out.data(), MoeCudaWorkspace{d_ws->data(), ws_bytes, gemm},
-      stream->get());
+  const absl::Status s =
+      MoeExpertsCuda(d_x.data(), d_ids.data(), d_w.data(), c.tokens, c.hidden, c.inter, c.top_k,
+                     c.experts, d_gu.data(), d_down.data(), d_out.data(),
+                     MoeCudaWorkspace{d_ws->data(), ws_bytes, gemm}, stream->get());
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_TRUE(stream->Synchronize().ok());
   return cuda_test::Download(d_out);
@@ -160,8 +160,8 @@ void CheckCase(const Case& c, int64_t max_tokens) {
   ASSERT_TRUE(lt.ok()) << lt.status();
   for (int streams : {1, kMoePrefillGemmMaxStreams}) {
     SettingsScope on(c.tokens, streams);
-    auto gemm = MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden,
-                                       c.inter);
+    auto gemm =
+        MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden, c.inter);
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     ASSERT_EQ((*gemm)->lanes(), streams);
     ASSERT_TRUE((*gemm)->Takes(c.tokens, c.top_k, c.experts, c.hidden, c.inter, nullptr));
@@ -170,8 +170,8 @@ void CheckCase(const Case& c, int64_t max_tokens) {
     EXPECT_EQ((*gemm)->runs(), 1);
     if (streams == 1) {
       ASSERT_TRUE(SetMoePrefillGemm(c.tokens + 1).ok());
-      ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, gemm->get()),
-                  want, kRtol, kAtol);
+      ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, gemm->get()), want,
+                  kRtol, kAtol);
       EXPECT_EQ((*gemm)->runs(), 1);
     }
   }
