@@ -56,6 +56,8 @@
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion 0|1: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion; default off), for A/B runs.
+// --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
+// (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
@@ -528,6 +530,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
       }
       f.attn_stages = v[0] - '0';
+    } else if (a == "--attn-decode-fusion") {
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeFusion(mode));
     } else if (a == "--attn-prefill-kernel") {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
@@ -612,6 +618,7 @@ absl::Status Main(int argc, char** argv) {
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
+  out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();

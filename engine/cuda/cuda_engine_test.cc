@@ -31,12 +31,14 @@ namespace {
 // run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
-// SLUICE_TEST_MLA_DECODE_FUSION (unset: the library's).
+// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION (unset: the library's).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
     Apply("SLUICE_TEST_ATTN_PREFILL_KERNEL",
           [](int64_t v) { return kernels::SetPagedAttentionPrefillKernel(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_ATTN_DECODE_FUSION",
+          [](int64_t v) { return kernels::SetPagedAttentionDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_KERNEL",
           [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_DECODE_VARIANT",

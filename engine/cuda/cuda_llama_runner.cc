@@ -356,17 +356,26 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
                                                       L.q_norm.data(), L.k_norm.data(), eps, st));
       Mark("qk_norm");
     }
-    // RoPE on q and k and the K/V cache write in one launch.
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
-        qkv.data(), T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
-        k_cache[li].data(), v_cache[li].data(), st));
-    Mark("rope_kv_write");
     kernels::PagedAttentionParams layer_params = attn_params;
     layer_params.sliding_window = L.sliding_window;
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-        qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
-        workspace, attn.data(), st));
-    Mark("attention");
+    if (kernels::PagedAttentionDecodeFusion() >= 1 &&
+        kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim)) {
+      // Decode-only step: RoPE and the K/V cache write inside the attention launch.
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
+          qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
+          m.positions, rope, m.slots, workspace, attn.data(), st));
+      Mark("attention");
+    } else {
+      // RoPE on q and k and the K/V cache write in one launch.
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
+          qkv.data(), T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
+          k_cache[li].data(), v_cache[li].data(), st));
+      Mark("rope_kv_write");
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
+          qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
+          workspace, attn.data(), st));
+      Mark("attention");
+    }
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.w_o.data(), opt(L.b_o),
                                                       tmp.data(), T, H, q_dim, st));
     Mark("o_gemm");

@@ -36,6 +36,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
+#include "kernels/attention/decode_rope_fusion.cuh"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/attention/paged_prefill_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
@@ -79,6 +80,7 @@ struct AttnArgs {
   bf16* out;
   float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
+  attention_detail::DecodeRopeFusion fusion;
 };
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
@@ -296,6 +298,14 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   // group (empty past the last tile: an empty group completes at once), so "tile i landed" is
   // always "at most kStages − 1 newer groups pending". With kRing the same holds per warp
   // (each thread's groups hold only its own warp's copies).
+  // Decode fusion: the (cos, sin) table lives after the kernel's own shared memory.
+  float2* const rope_cs = reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes);
+  const bool fused = args.fusion.inv_freq != nullptr;
+  if (fused) {
+    attention_detail::DecodeRopePrologue(
+        args.fusion, args.q + static_cast<int64_t>(q_begin) * args.q_token_stride, q_begin,
+        kv_head, args.num_kv_heads, args.head_dim, kv_begin <= ctx && ctx < kv_end, rope_cs);
+  }
   const int tile_first = kv_begin / Cfg::kTileN * Cfg::kTileN;
   int64_t next_slot = kRing ? lookup(tile_first + wn * kBN) : 0;  // for the next slice copy
   auto load = [&](int tile, int buf) {
@@ -329,8 +339,10 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       // is one 32-bit word.
       uint32_t pair = 0;
       if (row_valid[i] && col < args.head_dim) {
-        pair = __ldg(reinterpret_cast<const unsigned int*>(
-            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim + col));
+        const bf16* q_head =
+            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim;
+        pair = fused ? attention_detail::DecodeRopePair(q_head, col, rope_cs, args.fusion.half)
+                     : __ldg(reinterpret_cast<const unsigned int*>(q_head + col));
       }
       q_frag[ks][j] = pair;
     }
@@ -1088,8 +1100,11 @@ absl::Status LaunchWithSmem(void (*kernel)(AttnArgs), int threads, int smem_byte
 template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
 absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
   using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
+  // A fused decode launch also holds the RoPE table (decode_rope_fusion.cuh).
+  const int fusion_bytes =
+      args.fusion.inv_freq != nullptr ? attention_detail::DecodeRopeSmemBytes(kD) : 0;
   return LaunchWithSmem(&PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
-                        Cfg::kThreads, Cfg::kSmemBytes, args, grid, stream);
+                        Cfg::kThreads, Cfg::kSmemBytes + fusion_bytes, args, grid, stream);
 }
 
 // Ops run by WithKernel on the kernel instantiation of a kind.
@@ -1386,10 +1401,15 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                                  params.num_heads, params.v_head_dim);
 }
 
-absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
-                                const bf16* v_cache, const PagedAttentionCudaBatch& batch,
-                                const PagedAttentionParams& params, void* workspace, bf16* out,
-                                cudaStream_t stream) {
+namespace {
+
+// PagedAttentionCuda, or with `fusion` set (fusion.inv_freq non-null) the fused decode launch of
+// PagedAttentionRopeDecodeCuda (the caller has checked PagedAttentionDecodeFusionApplies).
+absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
+                               const bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                               const PagedAttentionParams& params, void* workspace, bf16* out,
+                               const attention_detail::DecodeRopeFusion& fusion,
+                               cudaStream_t stream) {
   if (absl::Status s = ValidateParams(params); !s.ok()) return s;
   if (absl::Status s = ValidateBatch(batch); !s.ok()) return s;
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
@@ -1445,6 +1465,7 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
       args.num_heads, args.v_head_dim, out);
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
+  args.fusion = fusion;
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;
@@ -1457,6 +1478,76 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,
                                          PdlEnabled());
   return CudaLaunchStatus("PagedAttentionCuda combine");
+}
+
+// SetPagedAttentionDecodeFusion's setting.
+std::atomic<int> g_decode_fusion{0};
+
+}  // namespace
+
+absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
+                                const bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                                const PagedAttentionParams& params, void* workspace, bf16* out,
+                                cudaStream_t stream) {
+  return RunPagedAttention(q, q_token_stride, k_cache, v_cache, batch, params, workspace, out,
+                           attention_detail::DecodeRopeFusion{}, stream);
+}
+
+absl::Status SetPagedAttentionDecodeFusion(int mode) {
+  if (mode < 0 || mode > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetPagedAttentionDecodeFusion: mode ", mode, " is not 0 or 1"));
+  }
+  g_decode_fusion.store(mode, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int PagedAttentionDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
+
+bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
+                                       const PagedAttentionParams& params, int64_t rotary_dim) {
+  if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
+  // One new token per sequence in one m16 tile (so one CTA per KV head and split: exactly one
+  // owns the new key), K and V rows of the same width, and rotation pairs that never straddle
+  // the rotated halves of a 32-bit q load.
+  return batch.max_query_len == 1 && Plan(batch, params).decode &&
+         params.v_head_dim == params.head_dim && rotary_dim >= 2 && rotary_dim % 4 == 0 &&
+         rotary_dim <= params.head_dim;
+}
+
+absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride, bf16* k_cache,
+                                          bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                                          const PagedAttentionParams& params,
+                                          const int32_t* positions, const DeviceRopeTable& rope,
+                                          const int64_t* slot_mapping, void* workspace, bf16* out,
+                                          cudaStream_t stream) {
+  if (!PagedAttentionDecodeFusionApplies(batch, params, rope.rotary_dim) ||
+      rope.inv_freq.size() != static_cast<size_t>(rope.rotary_dim / 2)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttentionRopeDecodeCuda: not a fusable decode launch (max_query_len ",
+        batch.max_query_len, ", head_dim ", params.head_dim, ", v_head_dim ", params.v_head_dim,
+        ", rotary_dim ", rope.rotary_dim, ")"));
+  }
+  if (positions == nullptr || slot_mapping == nullptr) {
+    return absl::InvalidArgumentError("PagedAttentionRopeDecodeCuda: null positions or slots");
+  }
+  if (token_stride < (params.num_heads + 2 * params.num_kv_heads) * params.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionRopeDecodeCuda: token_stride ", token_stride,
+                     " shorter than the q + k + v row"));
+  }
+  attention_detail::DecodeRopeFusion f;
+  f.inv_freq = rope.inv_freq.data();
+  f.positions = positions;
+  f.slot_mapping = slot_mapping;
+  f.k_cache = k_cache;
+  f.v_cache = v_cache;
+  f.half = static_cast<int>(rope.rotary_dim / 2);
+  f.scaling = rope.attention_scaling;
+  f.k_offset = params.num_heads * params.head_dim;
+  f.v_offset = (params.num_heads + params.num_kv_heads) * params.head_dim;
+  return RunPagedAttention(qkv, token_stride, k_cache, v_cache, batch, params, workspace, out, f,
+                           stream);
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/rope/rope_cuda.h"
 
 namespace sluice::kernels {
 
@@ -56,6 +57,38 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
                                 const bf16* v_cache, const PagedAttentionCudaBatch& batch,
                                 const PagedAttentionParams& params, void* workspace, bf16* out,
                                 cudaStream_t stream);
+
+// SetPagedAttentionDecodeFusion: how decode-only steps run RoPE, the K/V cache write and
+// attention (read by callers such as the CUDA Llama runner; process-wide, set it before
+// capturing graphs). 0 (the default): RopeQkWriteKvCuda, then PagedAttentionCuda; 1:
+// PagedAttentionRopeDecodeCuda, one launch, where PagedAttentionDecodeFusionApplies (else the
+// caller keeps the two launches). InvalidArgument for other values.
+absl::Status SetPagedAttentionDecodeFusion(int mode);
+int PagedAttentionDecodeFusion();
+
+// PagedAttentionDecodeFusionApplies: whether PagedAttentionRopeDecodeCuda serves this launch:
+// valid sizes, max_query_len 1, num_heads / num_kv_heads ≤ 16, v_head_dim == head_dim, and
+// rotary_dim a multiple of 4 in [4, head_dim].
+bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
+                                       const PagedAttentionParams& params, int64_t rotary_dim);
+
+// PagedAttentionRopeDecodeCuda: RopeQkWriteKvCuda(qkv, ..., positions, rope, slot_mapping,
+// k_cache, v_cache) followed by PagedAttentionCuda(qkv, token_stride, ...), in one launch, for
+// decode steps (PagedAttentionDecodeFusionApplies). qkv: bf16 [num_tokens, token_stride] rows
+// of q (num_heads × head_dim), k, v (num_kv_heads × head_dim each); it is only read (q and k
+// are rotated in registers, unlike RopeQkWriteKvCuda which rotates in place). Each token's
+// rotated k and its v go to cache slot slot_mapping[t] (int64, < 0: not written) — which must
+// be the slot of key position context_lens[s] in the sequence's block table — and attention
+// reads them like any cached key. Same results as the two launches (the same fp32 rotation,
+// rounded once to bf16); same workspace (PagedAttentionCudaWorkspaceBytes).
+// Errors: InvalidArgument when the launch does not qualify or for null pointers, else as
+// PagedAttentionCuda.
+absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride, bf16* k_cache,
+                                          bf16* v_cache, const PagedAttentionCudaBatch& batch,
+                                          const PagedAttentionParams& params,
+                                          const int32_t* positions, const DeviceRopeTable& rope,
+                                          const int64_t* slot_mapping, void* workspace, bf16* out,
+                                          cudaStream_t stream);
 
 // SetPagedAttentionDecodeStages: depth of the cp.async K/V ring of decode-shaped launches
 // (every sequence's query rows fit one 16-row tile): 2 (3 CTAs per SM), 3 (2 CTAs per SM, more

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/rope/rope.h"
 
 namespace sluice::kernels {
 namespace {
@@ -422,6 +423,211 @@ TEST(PagedAttentionCudaTest, RejectsBadArguments) {
             kInvalid);
   EXPECT_EQ(PagedAttentionCudaWorkspaceBytes(b, p), 0u);  // invalid params: no workspace
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// PagedAttentionRopeDecodeCuda (decode fusion) on one decode step: qkv rows of unrotated q, k,
+// v; every sequence's new key slot starts as NaN (a read before the fused write shows up), as
+// does every slot no sequence owns. Reference: RopeCpu on q and k, rounded to bf16 (the
+// rotation is rounded once on the GPU too), k and v written to the new slots, then
+// PagedAttentionCpu. Checks every output element, the new K rows (within one rounding) and V
+// rows (exact), and that no other cache element changed (bitwise).
+void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
+                        const RopeParams& rope_params, const std::vector<int32_t>& contexts,
+                        std::mt19937& rng) {
+  SCOPED_TRACE(name);
+  auto table = MakeRopeTable(rope_params);
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto d_table = UploadRopeTable(*table);
+  ASSERT_TRUE(d_table.ok()) << d_table.status();
+  const int64_t T = static_cast<int64_t>(contexts.size());
+  const int64_t kv = p.num_kv_heads * p.head_dim;
+  const int64_t q_dim = p.num_heads * p.head_dim;
+  const int64_t stride = q_dim + 2 * kv + 8;  // padded fused-QKV row
+  int64_t max_blocks = 1, total_blocks = 3, max_seq = 1;
+  for (const int32_t c : contexts) {
+    max_blocks = std::max<int64_t>(max_blocks, c / p.block_size + 1);
+    total_blocks += 2 * (c / p.block_size + 1);
+    max_seq = std::max<int64_t>(max_seq, c + 1);
+  }
+  std::vector<int32_t> physical(static_cast<size_t>(total_blocks));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  const bf16 nan = FloatToBf16(std::numeric_limits<float>::quiet_NaN());
+  const int64_t num_slots = total_blocks * p.block_size;
+  std::vector<bf16> k_cache(static_cast<size_t>(num_slots * kv), nan), v_cache = k_cache;
+  std::vector<int32_t> tables(static_cast<size_t>(T * max_blocks), 0);
+  std::vector<int32_t> query_start(static_cast<size_t>(T + 1));
+  std::vector<int32_t> positions(contexts);
+  std::vector<int64_t> slots(static_cast<size_t>(T));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  size_t next = 0;
+  for (int64_t s = 0; s < T; ++s) {
+    query_start[s + 1] = static_cast<int32_t>(s + 1);
+    const int32_t ctx = contexts[s];
+    for (int64_t b = 0; b <= ctx / p.block_size; ++b) tables[s * max_blocks + b] = physical[next++];
+    for (int64_t pos = 0; pos <= ctx; ++pos) {
+      const int64_t slot =
+          int64_t{tables[s * max_blocks + pos / p.block_size]} * p.block_size + pos % p.block_size;
+      if (pos == ctx) {
+        slots[s] = slot;  // stays NaN: the fused launch writes it
+        continue;
+      }
+      for (int64_t i = 0; i < kv; ++i) {
+        k_cache[slot * kv + i] = FloatToBf16(dist(rng));
+        v_cache[slot * kv + i] = FloatToBf16(dist(rng));
+      }
+    }
+  }
+  const auto qkv = RandomBf16(static_cast<size_t>(T * stride), rng, -2.0f, 2.0f);
+
+  // CPU reference.
+  std::vector<float> rotated = ToFloat(qkv);
+  RopeCpu(rotated.data(), T, p.num_heads + p.num_kv_heads, stride, p.head_dim, 0,
+          positions.data(), *table, false);
+  rotated = cuda_test::RoundTrip(rotated);
+  std::vector<float> kf = ToFloat(k_cache), vf = ToFloat(v_cache);
+  WriteKvCacheCpu(rotated.data() + q_dim, stride, rotated.data() + q_dim + kv, stride,
+                  slots.data(), T, kv, kv, kf.data(), vf.data());
+  std::vector<PagedSequence> sequences(static_cast<size_t>(T));
+  for (int64_t s = 0; s < T; ++s) {
+    sequences[s] = {static_cast<int32_t>(s), 1, contexts[s], tables.data() + s * max_blocks};
+  }
+  std::vector<float> want(static_cast<size_t>(T * p.num_heads * p.v_head_dim));
+  PagedAttentionCpu(rotated.data(), stride, kf.data(), vf.data(), sequences.data(), T, p,
+                    want.data());
+
+  auto d_qkv = Upload(qkv);
+  auto d_k = Upload(k_cache);
+  auto d_v = Upload(v_cache);
+  auto d_start = Upload(query_start);
+  auto d_ctx = Upload(contexts);
+  auto d_tables = Upload(tables);
+  auto d_pos = Upload(positions);
+  auto d_slots = Upload(slots);
+  auto d_out = NanBuffer(want.size());
+  PagedAttentionCudaBatch batch;
+  batch.query_start_loc = d_start.data();
+  batch.context_lens = d_ctx.data();
+  batch.block_tables = d_tables.data();
+  batch.max_blocks_per_seq = max_blocks;
+  batch.num_sequences = T;
+  batch.num_tokens = T;
+  batch.max_query_len = 1;
+  batch.max_seq_len = max_seq;
+  ASSERT_TRUE(PagedAttentionDecodeFusionApplies(batch, p, rope_params.rotary_dim));
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
+  auto ws = DeviceBuffer<uint8_t>::Create(std::max<size_t>(ws_bytes, 16));
+  ASSERT_TRUE(ws.ok()) << ws.status();
+  ASSERT_EQ(cudaMemset(ws->data(), 0xFF, std::max<size_t>(ws_bytes, 16)), cudaSuccess);
+  const absl::Status st = PagedAttentionRopeDecodeCuda(
+      d_qkv.data(), stride, d_k.data(), d_v.data(), batch, p, d_pos.data(), *d_table,
+      d_slots.data(), ws->data(), d_out.data(), nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ExpectClose(absl::StrCat(name, " out (workspace ", ws_bytes, " B)"), Download(d_out), want,
+              kRtol, kAtol);
+  EXPECT_EQ(Download(d_qkv), ToFloat(qkv)) << "qkv must be left unrotated";
+
+  // Cache: the new rows as the reference wrote them; every other element bit-identical.
+  const std::vector<float> got_k = Download(d_k), got_v = Download(d_v);
+  std::vector<float> new_k_got, new_k_want;
+  std::vector<char> is_new(static_cast<size_t>(num_slots), 0);
+  for (int64_t s = 0; s < T; ++s) is_new[slots[s]] = 1;
+  int64_t changed = 0;
+  for (int64_t slot = 0; slot < num_slots; ++slot) {
+    for (int64_t i = slot * kv; i < (slot + 1) * kv; ++i) {
+      if (is_new[slot]) {
+        new_k_got.push_back(got_k[i]);
+        new_k_want.push_back(kf[i]);
+        if (got_v[i] != vf[i]) ++changed;
+        continue;
+      }
+      const bool same_k = std::isnan(kf[i]) ? std::isnan(got_k[i]) : got_k[i] == kf[i];
+      const bool same_v = std::isnan(vf[i]) ? std::isnan(got_v[i]) : got_v[i] == vf[i];
+      if (!same_k || !same_v) ++changed;
+    }
+  }
+  EXPECT_EQ(changed, 0) << "cache elements other than the new rows' rotated k, or a wrong new v";
+  ExpectClose(name + " new k rows", new_k_got, new_k_want, 1.0 / 128, 1e-4);
+}
+
+// Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
+// the warp-ring loops) and the split plans: batch 1 with the new key in a partition of its own
+// (1024) or last in one (1023, 3000), mixed contexts incl. 0, 1 and block boundaries, a sliding
+// window, Llama-3 (head_dim 128, llama3 table) and head_dim 64 with a partial YaRN-scaled
+// rotary span (the unrotated k tail goes to the cache too) and group 1.
+TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  RopeParams llama;
+  llama.rope_type = "llama3";
+  llama.theta = 500000.0;
+  llama.rotary_dim = 128;
+  llama.factor = 8.0;
+  llama.original_max_position_embeddings = 8192;
+  RopeParams yarn;
+  yarn.rope_type = "yarn";
+  yarn.theta = 10000.0;
+  yarn.rotary_dim = 32;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 1024;
+  RopeParams plain;
+  plain.theta = 10000.0;
+  plain.rotary_dim = 64;
+  const int default_kernel = PagedAttentionDecodeKernel();
+  for (const int kernel : {1, 3, 6, 0}) {
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
+    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+    const PagedAttentionParams llama_p = Params(32, 8, 128, 128, 16);
+    RunFusedDecodeCase(tag + "llama b1 ctx3000", llama_p, llama, {3000}, rng);
+    RunFusedDecodeCase(tag + "llama b1 ctx1023", llama_p, llama, {1023}, rng);
+    RunFusedDecodeCase(tag + "llama b1 ctx1024", llama_p, llama, {1024}, rng);
+    RunFusedDecodeCase(tag + "llama b8", llama_p, llama, {0, 1, 15, 16, 17, 100, 513, 1200}, rng);
+    RunFusedDecodeCase(tag + "llama window 200", Params(32, 8, 128, 128, 16, 200), llama,
+                       {900, 3, 250, 199, 200}, rng);
+    RunFusedDecodeCase(tag + "d64 partial yarn g4", Params(16, 4, 64, 64, 16), yarn,
+                       {130, 7, 600, 64, 0}, rng);
+    RunFusedDecodeCase(tag + "d64 g1 block 7", Params(8, 8, 64, 64, 7), plain, {130, 0, 2000},
+                       rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+}
+
+// Launches the fusion does not serve are refused (the runner then keeps two launches).
+TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(SetPagedAttentionDecodeFusion(3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeFusion(-1).code(), absl::StatusCode::kInvalidArgument);
+  auto meta = DeviceBuffer<int32_t>::Create(16);
+  ASSERT_TRUE(meta.ok());
+  PagedAttentionCudaBatch b;
+  b.query_start_loc = b.context_lens = b.block_tables = meta->data();
+  b.max_blocks_per_seq = 1;
+  b.num_sequences = 1;
+  b.num_tokens = 2;
+  b.max_query_len = 2;  // a prefill chunk
+  b.max_seq_len = 8;
+  const PagedAttentionParams p = Params(32, 8, 128, 128, 16);
+  EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 128));
+  b.num_tokens = 1;
+  b.max_query_len = 1;
+  EXPECT_TRUE(PagedAttentionDecodeFusionApplies(b, p, 128));
+  EXPECT_TRUE(PagedAttentionDecodeFusionApplies(b, p, 64));
+  EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 6));    // pairs straddle the halves
+  EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 256));  // wider than the head
+  EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(32, 1, 128, 128, 16), 128));  // g 32
+  EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(16, 16, 192, 128, 64), 64));  // d≠dv
+  RopeTable t;
+  t.inv_freq.assign(64, 1.0f);
+  auto table = UploadRopeTable(t);
+  ASSERT_TRUE(table.ok());
+  auto buf = DeviceBuffer<bf16>::Create(8192);
+  ASSERT_TRUE(buf.ok());
+  b.max_query_len = 2;
+  EXPECT_EQ(PagedAttentionRopeDecodeCuda(buf->data(), 48 * 128, buf->data(), buf->data(), b, p,
+                                         meta->data(), *table, nullptr, nullptr, buf->data(),
+                                         nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(WriteKvCacheCudaTest, MatchesCpuReference) {

@@ -1,0 +1,112 @@
+// Decode-step fusion of RoPE and the KV-cache write into the paged attention kernel
+// (SetPagedAttentionDecodeFusion 1, paged_attention_cuda.h): on a decode-only step every
+// sequence has one new token, whose q, k and v sit unrotated in the fused QKV row. Instead of a
+// separate RopeQkWriteKvCuda launch before attention:
+//  * every CTA computes the cos / sin of its token's position once into shared memory and
+//    rotates q while loading its fragments (the qkv buffer is only read: several CTAs of one
+//    head read the same q);
+//  * the one CTA of a (sequence, KV head) whose key range holds the new position (split-KV
+//    partitions are disjoint, and the causal end is that position, so exactly one CTA does)
+//    rotates the new k and writes it and v to the token's cache slot, then passes a CTA barrier
+//    before it issues any cache copy: its own cp.async reads (generic proxy, ordered after the
+//    barrier) then see the new row, and no other CTA reads that position.
+// The rotation is RopeQkWriteKvCuda's (rope_cuda.h): rotate-half over the first 2·half
+// channels, angle = float(pos) · inv_freq[i] in fp32, c = cos · scaling, s = sin · scaling,
+// x1·c − x2·s and x2·c + x1·s in fp32, rounded once to bf16; channels past 2·half unchanged.
+#ifndef SLUICE_KERNELS_ATTENTION_DECODE_ROPE_FUSION_CUH_
+#define SLUICE_KERNELS_ATTENTION_DECODE_ROPE_FUSION_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sluice::kernels::attention_detail {
+
+// Device view of the fusion; inv_freq == nullptr means no fusion (plain attention launch).
+struct DecodeRopeFusion {
+  const float* inv_freq = nullptr;        // [half] fp32
+  const int32_t* positions = nullptr;     // [num_tokens] RoPE positions
+  const int64_t* slot_mapping = nullptr;  // [num_tokens] cache slots (< 0: not cached)
+  __nv_bfloat16* k_cache = nullptr;       // writable views of the kernel's caches
+  __nv_bfloat16* v_cache = nullptr;
+  int half = 0;        // rotary_dim / 2, even
+  float scaling = 1.0f;
+  int64_t k_offset = 0;  // elements from a token's q row start to its k heads
+  int64_t v_offset = 0;  // ... to its v heads
+};
+
+// Shared memory the fusion needs after the kernel's own: (cos, sin) per rotation pair.
+__host__ __device__ constexpr int DecodeRopeSmemBytes(int padded_head_dim) {
+  return padded_head_dim / 2 * static_cast<int>(sizeof(float2));
+}
+
+// Element e of head row x after rotation (cs: the (cos, sin) table of the token's position).
+static __device__ __forceinline__ __nv_bfloat16 DecodeRopeElement(const __nv_bfloat16* x, int e,
+                                                                  const float2* cs, int half) {
+  if (e >= 2 * half) return x[e];
+  const int i = e < half ? e : e - half;
+  const float x1 = __bfloat162float(x[i]);
+  const float x2 = __bfloat162float(x[i + half]);
+  const float2 r = cs[i];
+  return __float2bfloat16_rn(e < half ? x1 * r.x - x2 * r.y : x2 * r.x + x1 * r.y);
+}
+
+// The rotated bf16 pair at even column col of head row x (4-byte aligned), packed as the mma
+// A operand wants it (low half = column col). half is even, so a pair never straddles the
+// rotated halves.
+static __device__ __forceinline__ uint32_t DecodeRopePair(const __nv_bfloat16* x, int col,
+                                                          const float2* cs, int half) {
+  const auto load = [&](int c) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + c));
+  };
+  __nv_bfloat162 out;
+  if (col >= 2 * half) {
+    out = *reinterpret_cast<const __nv_bfloat162*>(x + col);
+  } else {
+    const int i = col < half ? col : col - half;
+    const float2 a = load(i);         // x1 of pairs i, i + 1
+    const float2 b = load(i + half);  // x2
+    const float2 r0 = cs[i], r1 = cs[i + 1];
+    if (col < half) {
+      out = __floats2bfloat162_rn(a.x * r0.x - b.x * r0.y, a.y * r1.x - b.y * r1.y);
+    } else {
+      out = __floats2bfloat162_rn(b.x * r0.x + a.x * r0.y, b.y * r1.x + a.y * r1.y);
+    }
+  }
+  return *reinterpret_cast<uint32_t*>(&out);
+}
+
+// The prologue every thread of a CTA runs before its first cache copy: fills cs (half entries
+// of shared memory) for token `token`, and when `owns_new_key` writes that token's rotated k
+// and its v of head kv_head to its cache slot. q_row: the token's qkv row. Ends with a CTA
+// barrier (see the file comment for why that suffices).
+static __device__ __forceinline__ void DecodeRopePrologue(const DecodeRopeFusion& f,
+                                                          const __nv_bfloat16* q_row, int token,
+                                                          int kv_head, int num_kv_heads,
+                                                          int head_dim, bool owns_new_key,
+                                                          float2* cs) {
+  const float pos = static_cast<float>(f.positions[token]);
+  for (int i = threadIdx.x; i < f.half; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * f.inv_freq[i], &s, &c);
+    cs[i] = make_float2(c * f.scaling, s * f.scaling);
+  }
+  __syncthreads();
+  const int64_t slot = owns_new_key ? f.slot_mapping[token] : -1;
+  if (slot >= 0) {
+    const int64_t head = static_cast<int64_t>(kv_head) * head_dim;
+    const int64_t row = slot * num_kv_heads * head_dim + head;
+    const __nv_bfloat16* k = q_row + f.k_offset + head;
+    const __nv_bfloat16* v = q_row + f.v_offset + head;
+    for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+      f.k_cache[row + e] = DecodeRopeElement(k, e, cs, f.half);
+      f.v_cache[row + e] = v[e];
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace sluice::kernels::attention_detail
+
+#endif  // SLUICE_KERNELS_ATTENTION_DECODE_ROPE_FUSION_CUH_
