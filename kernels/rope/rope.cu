@@ -1,5 +1,6 @@
 // CUDA RoPE: one block per token; each thread owns one rotation pair (i, i + half) of one head
-// and a block sweeps `heads_per_pass` heads at a time. In the interleaved layout a pair's
+// and a block sweeps `heads_per_pass` heads at a time (RopeQkWriteKvCuda on many tokens instead
+// moves 16-byte chunks, see RopeQkWriteKvVecKernel). In the interleaved layout a pair's
 // outputs land where other threads' inputs were, so every thread reads its pair before a
 // barrier and writes after it.
 #include <algorithm>
@@ -122,6 +123,88 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// RopeQkWriteKvKernel for many tokens (prefill), bandwidth-shaped: every access is 16 bytes
+// and a token's work is spread over several blocks (grid.x) × tokens (grid.y, striding past
+// 65535). A token row has three kinds of 16-byte items, numbered in this order:
+//   rotation: (group of kVecHeads heads, chunk c of 8 rotation pairs) — the thread computes
+//             the 8 (cos, sin) once and rotates chunk c of x1 = v[8c..] and x2 = v[half + 8c..]
+//             in each head of its group, storing k heads to the cache as well;
+//   k tail:   (kv head, chunk) of the unrotated channels past 2·half, copied to the cache;
+//   v:        chunk of the v row, copied to the cache.
+// Needs half, head_dim and token_stride multiples of 8 and 16-byte aligned qkv and caches.
+// The same fp32 formula as RopeQkWriteKvKernel; each cached k chunk is the bits of the rotated
+// chunk written back to qkv.
+constexpr int kVecHeads = 4;
+
+__global__ void __launch_bounds__(128)
+    RopeQkWriteKvVecKernel(bf16* qkv, int64_t num_tokens, int64_t token_stride, int num_heads,
+                           int num_kv_heads, int head_dim, const int32_t* __restrict__ positions,
+                           const float* __restrict__ inv_freq, int half, float scaling,
+                           const int64_t* __restrict__ slot_mapping, bf16* k_cache,
+                           bf16* v_cache) {
+  const int heads = num_heads + num_kv_heads;
+  const int pair_chunks = half / 8;
+  const int rot_items = (heads + kVecHeads - 1) / kVecHeads * pair_chunks;
+  const int tail_chunks = (head_dim - 2 * half) / 8;
+  const int tail_items = num_kv_heads * tail_chunks;
+  const int v_items = num_kv_heads * head_dim / 8;
+  const int item = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (item >= rot_items + tail_items + v_items) return;
+  const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
+  for (int64_t t = blockIdx.y; t < num_tokens; t += gridDim.y) {
+    bf16* token = qkv + t * token_stride;
+    const int64_t slot = slot_mapping[t];
+    if (item < rot_items) {
+      const int c = item % pair_chunks;
+      const int h0 = item / pair_chunks * kVecHeads;
+      const float pos = static_cast<float>(positions[t]);
+      float cs[8], sn[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        sincosf(pos * inv_freq[8 * c + j], &sn[j], &cs[j]);
+        cs[j] *= scaling;
+        sn[j] *= scaling;
+      }
+#pragma unroll
+      for (int k = 0; k < kVecHeads; ++k) {
+        const int h = h0 + k;
+        if (h >= heads) break;
+        bf16* x = token + int64_t{h} * head_dim + 8 * c;
+        float x1[8], x2[8], o1[8], o2[8];
+        cuda_detail::LoadBf16x8(x, x1);
+        cuda_detail::LoadBf16x8(x + half, x2);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o1[j] = x1[j] * cs[j] - x2[j] * sn[j];
+          o2[j] = x2[j] * cs[j] + x1[j] * sn[j];
+        }
+        const cuda_detail::Bf16x8 r1 = cuda_detail::ToBf16x8(o1);
+        const cuda_detail::Bf16x8 r2 = cuda_detail::ToBf16x8(o2);
+        cuda_detail::StoreVec(x, r1);
+        cuda_detail::StoreVec(x + half, r2);
+        if (h >= num_heads && slot >= 0) {
+          bf16* kd = k_cache + slot * kv_dim + int64_t{h - num_heads} * head_dim + 8 * c;
+          cuda_detail::StoreVec(kd, r1);
+          cuda_detail::StoreVec(kd + half, r2);
+        }
+      }
+    } else if (slot >= 0 && item < rot_items + tail_items) {
+      const int e = item - rot_items;
+      const int64_t at = int64_t{e / tail_chunks} * head_dim + 2 * half + 8 * (e % tail_chunks);
+      cuda_detail::StoreVec(k_cache + slot * kv_dim + at,
+                            cuda_detail::LoadVec(token + int64_t{num_heads} * head_dim + at));
+    } else if (slot >= 0 && item >= rot_items + tail_items) {
+      const int64_t at = int64_t{item - rot_items - tail_items} * 8;
+      cuda_detail::StoreVec(v_cache + slot * kv_dim + at,
+                            cuda_detail::LoadVec(token + int64_t{heads} * head_dim + at));
+    }
+  }
+}
+
+// Tokens at which a launch takes RopeQkWriteKvVecKernel: decode steps keep the per-token
+// kernel (one block sweeping few heads of one token; launch-bound either way).
+constexpr int64_t kVecMinTokens = 16;
+
 }  // namespace
 
 absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
@@ -146,6 +229,20 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
     return absl::InvalidArgumentError("RopeQkWriteKvCuda: null pointer");
   }
   const int64_t heads = num_heads + num_kv_heads;
+  if (num_tokens >= kVecMinTokens && half % 8 == 0 && head_dim % 8 == 0 &&
+      token_stride % 8 == 0 && cuda_detail::Aligned16(qkv) && cuda_detail::Aligned16(k_cache) &&
+      cuda_detail::Aligned16(v_cache)) {
+    const int64_t items = (heads + kVecHeads - 1) / kVecHeads * (half / 8) +
+                          num_kv_heads * ((head_dim - 2 * half) / 8) + num_kv_heads * head_dim / 8;
+    const dim3 grid(static_cast<unsigned>((items + 127) / 128),
+                    static_cast<unsigned>(std::min<int64_t>(num_tokens, 65535)));
+    RopeQkWriteKvVecKernel<<<grid, 128, 0, stream>>>(
+        qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+        static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
+        table.inv_freq.data(), static_cast<int>(half), table.attention_scaling, slot_mapping,
+        k_cache, v_cache);
+    return CudaLaunchStatus("RopeQkWriteKvCuda launch");
+  }
   const int64_t heads_per_pass = std::clamp<int64_t>(kTargetThreads / half, 1, heads);
   // One pass per block: every head group gets its own block (grid.y is at most 65535).
   const int64_t groups = std::min<int64_t>((heads + heads_per_pass - 1) / heads_per_pass, 65535);

@@ -117,9 +117,14 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
   partial.theta = 10000.0;
   partial.rotary_dim = 32;
   // Head groups per token (one block each): Llama 10 (and a one-token decode step), partial
-  // 1 and 2 (the unrotated k tail and v copies then spread over both blocks).
-  for (const Shape& sh : {Shape{llama, 7, 32, 8, 128, 0}, Shape{llama, 1, 32, 8, 128, 0},
-                          Shape{partial, 5, 6, 2, 48, 8}, Shape{partial, 3, 24, 8, 48, 8}}) {
+  // 1 and 2 (the unrotated k tail and v copies then spread over both blocks). From 16 tokens on
+  // the 16-byte kernel: Llama, the partial span (k tail chunks), and a row stride that is not a
+  // whole number of 16-byte chunks (the per-pair kernel again).
+  for (const Shape& sh :
+       {Shape{llama, 7, 32, 8, 128, 0}, Shape{llama, 1, 32, 8, 128, 0},
+        Shape{partial, 5, 6, 2, 48, 8}, Shape{partial, 3, 24, 8, 48, 8},
+        Shape{llama, 40, 32, 8, 128, 0}, Shape{partial, 21, 6, 2, 48, 8},
+        Shape{partial, 17, 24, 8, 48, 2}}) {
     auto table = MakeRopeTable(sh.params);
     ASSERT_TRUE(table.ok()) << table.status();
     auto d_table = UploadRopeTable(*table);
@@ -147,7 +152,8 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
     auto want = ToFloat(x);
     RopeCpu(want.data(), sh.tokens, sh.heads + sh.kv_heads, stride, sh.head_dim, 0,
             positions.data(), *table, false);
-    const std::string name = absl::StrCat("rope+kv heads=", sh.heads, " head_dim=", sh.head_dim);
+    const std::string name = absl::StrCat("rope+kv tokens=", sh.tokens, " heads=", sh.heads,
+                                          " head_dim=", sh.head_dim, " pad=", sh.pad);
     const auto rotated = Download(d_x);
     ExpectClose(name + " qkv", rotated, want, 1.0 / 128, 1e-4);
     const float nan = std::numeric_limits<float>::quiet_NaN();
