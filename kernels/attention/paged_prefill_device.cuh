@@ -1,5 +1,5 @@
 // FlashAttention-2 style paged prefill kernels (paged_prefill_fa2.cu), launched by
-// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3 and 4: their argument block, host
+// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3..5: their argument block, host
 // entry points, and the mma.sync / ldmatrix wrappers they use (the same instructions as
 // paged_attention.cu's kernels; that file keeps private copies while it is being edited
 // elsewhere — switching it to these is a mechanical follow-up).

@@ -10,7 +10,8 @@
 //     decode at batch 1/64/256 × context 1k/8k as KV bytes read per second and as a fraction of
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
-//     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V);
+//     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V) per prefill kernel
+//     (SetPagedAttentionPrefillKernel: the default, then 0, 1, 3, 4, 5);
 //     Decode rows come per decode kernel (SetPagedAttentionDecodeKernel; "kernel" 0 is the
 //     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes; "pdl" the
 //     default kernel as a programmatic dependent launch), as A/B; "us" is the device time of a
@@ -322,37 +323,47 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
                            {"tflops", flops / (ms * 1e-3) / 1e12}});
   }
 
+  // Prefill per prefill kernel (SetPagedAttentionPrefillKernel; the default first), as A/B.
   nlohmann::json prefill = nlohmann::json::array();
-  for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
-    const std::vector<int32_t> one_start = {0, static_cast<int32_t>(tokens)};
-    const std::vector<int32_t> zero = {0};
-    BENCH_ASSIGN_OR_RETURN(d_one_start, DeviceBuffer<int32_t>::Create(2));
-    BENCH_ASSIGN_OR_RETURN(d_zero, DeviceBuffer<int32_t>::Create(1));
-    if (absl::Status s = d_one_start.CopyFromHost(one_start.data()); !s.ok()) return s;
-    if (absl::Status s = d_zero.CopyFromHost(zero.data()); !s.ok()) return s;
-    PagedAttentionCudaBatch b;
-    b.query_start_loc = d_one_start.data();
-    b.context_lens = d_zero.data();
-    b.block_tables = d_tables.data();
-    b.max_blocks_per_seq = tokens / kBlock;
-    b.num_sequences = 1;
-    b.num_tokens = tokens;
-    b.max_query_len = tokens;
-    b.max_seq_len = tokens;
-    const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
-    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
-    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                   [&]() {
-                                     return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(),
-                                                               v_cache.data(), b, p, ws.data(),
-                                                               o.data(), stream);
-                                   },
-                                   3, tokens == 4096 ? 50 : 10, stream));
-    const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
-    const double flops = 4.0 * 128 * p.num_heads * pairs;
-    prefill.push_back(
-        {{"tokens", tokens}, {"causal", true}, {"ms", ms}, {"tflops", flops / (ms * 1e-3) / 1e12}});
+  const int default_prefill = PagedAttentionPrefillKernel();
+  for (const int kernel : {default_prefill, 0, 1, 3, 4, 5}) {
+    if (kernel == default_prefill && !prefill.empty()) continue;
+    if (absl::Status s = SetPagedAttentionPrefillKernel(kernel); !s.ok()) return s;
+    for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
+      const std::vector<int32_t> one_start = {0, static_cast<int32_t>(tokens)};
+      const std::vector<int32_t> zero = {0};
+      BENCH_ASSIGN_OR_RETURN(d_one_start, DeviceBuffer<int32_t>::Create(2));
+      BENCH_ASSIGN_OR_RETURN(d_zero, DeviceBuffer<int32_t>::Create(1));
+      if (absl::Status s = d_one_start.CopyFromHost(one_start.data()); !s.ok()) return s;
+      if (absl::Status s = d_zero.CopyFromHost(zero.data()); !s.ok()) return s;
+      PagedAttentionCudaBatch b;
+      b.query_start_loc = d_one_start.data();
+      b.context_lens = d_zero.data();
+      b.block_tables = d_tables.data();
+      b.max_blocks_per_seq = tokens / kBlock;
+      b.num_sequences = 1;
+      b.num_tokens = tokens;
+      b.max_query_len = tokens;
+      b.max_seq_len = tokens;
+      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+      BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+      BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
+                                     [&]() {
+                                       return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(),
+                                                                 v_cache.data(), b, p, ws.data(),
+                                                                 o.data(), stream);
+                                     },
+                                     3, tokens == 4096 ? 50 : 10, stream));
+      const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
+      const double flops = 4.0 * 128 * p.num_heads * pairs;
+      prefill.push_back({{"kernel", kernel},
+                         {"tokens", tokens},
+                         {"causal", true},
+                         {"ms", ms},
+                         {"tflops", flops / (ms * 1e-3) / 1e12}});
+    }
   }
+  if (absl::Status s = SetPagedAttentionPrefillKernel(default_prefill); !s.ok()) return s;
   return nlohmann::json{
       {"shape",
        {{"num_heads", 32}, {"num_kv_heads", 8}, {"head_dim", 128}, {"block_size", kBlock}}},
