@@ -45,10 +45,11 @@
 // error).
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
-// shared experts inside the fused expert launches; default: the library's), for A/B runs.
+// shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
+// gate/up in its launch; default: the library's), for A/B runs.
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
-// split-KV combine + W_UV projection), for A/B runs.
+// split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::cuda_runner {
@@ -161,6 +162,10 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 template <int kRows>
 __global__ void __launch_bounds__(kAbsorbThreads)
     MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks) {
+  // The decode attention kernel after this one, when launched as a programmatic dependent
+  // (kernels::SetMlaDecodeFusion(3)), may get resident now; it waits on griddepcontrol for
+  // this grid's writes. A no-op otherwise.
+  kernels::attention_detail::LaunchDependents();
   const int b = static_cast<int>(blockIdx.x);
   if (b < a.num_tokens) {
     PrologueToken(p, b);

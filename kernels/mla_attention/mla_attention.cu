@@ -829,6 +829,11 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   float* l_s = m_s + kHeads;                                                    // [16] running sum
   float* alpha_s = l_s + kHeads;                                                // [16] tile rescale
 
+  // With SetMlaDecodeFusion(3) a programmatic dependent launch: everything below may read what
+  // the previous kernel wrote (q, the latent rows just appended). The combine + W_UV kernel
+  // after this one may then get resident while this grid runs (it waits on griddepcontrol too).
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();
   const int seq = blockIdx.z;
   const int split = blockIdx.x;
   const int q_begin = args.query_start_loc[seq];
@@ -1016,6 +1021,7 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
   __shared__ float o_s[kMaxRank];
   __shared__ float weight[attention_detail::kMaxSplitsDevice];
   __shared__ float shared_inv;
+  attention_detail::GridDependencyWait();  // the partials come from the kernel just before
   const int seq = blockIdx.y;
   const int q_begin = a.query_start_loc[seq];
   const int q_len = a.query_start_loc[seq + 1] - q_begin;
@@ -1097,6 +1103,23 @@ struct MlaPlan {
 std::atomic<int> g_decode_kernel{0};
 std::atomic<int> g_prefill_kernel{1};
 std::atomic<int> g_decode_fusion{0};  // SetMlaDecodeFusion's
+
+// Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
+// device (checked once per device; griddepcontrol compiles to nothing below sm_90).
+bool DecodePdl() {
+  if (g_decode_fusion.load(std::memory_order_relaxed) < 3) return false;
+  static std::atomic<int> major_cache[16];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return false;
+  int major = major_cache[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    major_cache[device].store(major, std::memory_order_relaxed);
+  }
+  return major >= 9;
+}
 
 // Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
 bool SmemFits(size_t bytes) {
@@ -1267,9 +1290,9 @@ absl::Status SetMlaPrefillKernel(int kernel) {
 int MlaPrefillKernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
 
 absl::Status SetMlaDecodeFusion(int level) {
-  if (level < 0 || level > 2) {
+  if (level < 0 || level > 3) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMlaDecodeFusion: level ", level, " is not in 0..2"));
+        absl::StrCat("SetMlaDecodeFusion: level ", level, " is not in 0..3"));
   }
   g_decode_fusion.store(level, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1348,7 +1371,9 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
-    kernel<<<grid, kTcThreads, smem, stream>>>(args);
+    SLUICE_CUDA_RETURN_IF_ERROR(attention_detail::LaunchKernelMaybePdl(
+                                    kernel, grid, dim3(kTcThreads), smem, stream, DecodePdl(), args),
+                                "MlaLatentAttentionCuda: decode launch");
   } else if (plan.prefill_mma) {
     const int64_t q_tiles = (batch.max_query_len + kPfTokens - 1) / kPfTokens;
     const dim3 grid(static_cast<unsigned>(q_tiles * plan.num_splits),
@@ -1455,7 +1480,10 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
-  MlaCombineVUpKernel<<<grid, kVUpThreads, 0, stream>>>(a);
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      attention_detail::LaunchKernelMaybePdl(&MlaCombineVUpKernel, grid, dim3(kVUpThreads), 0,
+                                             stream, DecodePdl(), a),
+      "MlaLatentAttentionVUpCuda: launch");
   return CudaLaunchStatus("MlaLatentAttentionVUpCuda combine + W_UV");
 }
 

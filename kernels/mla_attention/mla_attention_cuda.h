@@ -94,8 +94,11 @@ int MlaPrefillKernel();
 // write, the queries' RoPE) runs in extra blocks of the absorbed-query GEMV
 // (cuda_runner::MlaPrologueAbsorbCuda), one launch instead of two, bit-equal. 2: 1, and decode
 // attention's split-KV combine and the W_UV value projection in one launch
-// (MlaLatentAttentionVUpCuda) instead of the combine and a batched GEMM. Process-wide, read
-// when a step is enqueued: set it before capturing graphs. InvalidArgument outside 0..2;
+// (MlaLatentAttentionVUpCuda) instead of the combine and a batched GEMM. 3: 2, and the decode
+// attention kernel and the combine + W_UV kernel go out as programmatic dependent launches
+// (cudaLaunchAttributeProgrammaticStreamSerialization, sm_90+; each waits on griddepcontrol
+// before reading its inputs), so their launches overlap the kernel before each. Process-wide,
+// read when a step is enqueued: set it before capturing graphs. InvalidArgument outside 0..3;
 // MlaDecodeFusion returns it.
 absl::Status SetMlaDecodeFusion(int level);
 int MlaDecodeFusion();

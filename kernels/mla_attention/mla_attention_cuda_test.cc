@@ -325,7 +325,7 @@ TEST(MlaLatentAttentionCudaTest, RejectsBadArguments) {
   EXPECT_EQ(vup(buf->data(), 100 * 512, 128, 16 * 128), kInvalid);      // stride < dv · rank
   EXPECT_EQ(vup(buf->data(), 256 * 512, 0, 16 * 128), kInvalid);
   EXPECT_EQ(vup(buf->data(), 256 * 512, 128, 16 * 128 - 1), kInvalid);  // out stride short
-  EXPECT_EQ(SetMlaDecodeFusion(3).code(), kInvalid);
+  EXPECT_EQ(SetMlaDecodeFusion(4).code(), kInvalid);
   EXPECT_EQ(SetMlaDecodeFusion(-1).code(), kInvalid);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
