@@ -155,10 +155,12 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA prologue and
 // absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 (the default) as 2 with the shared
 // experts folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's
-// SwiGLU). Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029,
-// 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json).
+// SwiGLU), 4 as 3 with the multi-block routing (MoeFusedRouteMode::kMultiBlock), which also
+// computes the shared experts' gate/up while the routing waits for its last block (same
+// results as 3 bit for bit). Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL:
+// 0 3.115 ms, 1 3.029, 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
-// capturing graphs. InvalidArgument outside 0..3. MoeDecodeVariant returns the setting.
+// capturing graphs. InvalidArgument outside 0..4. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 
@@ -167,31 +169,53 @@ int MoeDecodeVariant();
 // and the block's shared memory (num_tokens · (3·E + n_group) floats) within 48 KiB.
 bool MoeFusedDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params);
 
-// MoeFusedRouteCuda: MoeRouterLogitsCuda + MoeRoutingCuda (fp32 logits, kept on chip) in one
-// launch, same ids and weights bit for bit; also leaves the expert sort of the ids in
-// `workspace` for MoeFusedExpertsCuda.
-//   x:      [num_tokens, hidden] bf16, 16-byte aligned; w_gate: [E, hidden] bf16, 16-byte aligned
-//   correction_bias: [E] fp32 or null
-//   topk_ids / topk_weights: [num_tokens, top_k] int32 / fp32 out
-//   workspace: at least MoeCudaWorkspaceBytes(num_tokens, top_k, E, hidden, intermediate) bytes
-// Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
-// rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
-// is too small; Internal for launch errors.
-absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
-                               int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
-                               int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
-                               cudaStream_t stream);
-
 // MoeSharedExpert: DeepSeekMoE's shared experts (one SwiGLU of width intermediate =
 // moe_intermediate_size · n_shared_experts), folded into MoeFusedExpertsCuda's two launches.
 //   w_gate_up: [2·intermediate, hidden] bf16 (gate rows, then up rows); w_down: [hidden,
 //   intermediate] bf16; act: scratch [num_tokens, intermediate] bf16. All 16-byte aligned.
+//   act_ready: act already holds the SwiGLU activations bf16(silu(gate(x)) ⊙ up(x)) of these
+//   tokens (MoeFusedRouteCuda with this shared expert computed them), so MoeFusedExpertsCuda
+//   only adds the down projection.
 struct MoeSharedExpert {
   const bf16* w_gate_up = nullptr;
   const bf16* w_down = nullptr;
   int64_t intermediate = 0;
   bf16* act = nullptr;
+  bool act_ready = false;
 };
+
+// MoeFusedRouteMode picks MoeFusedRouteCuda's kernel; both give the same ids, weights and sort
+// bit for bit.
+enum class MoeFusedRouteMode {
+  kSingleBlock,  // one block reads the whole router matrix (E · hidden bf16) from one SM
+  kMultiBlock,   // a warp per router row over ceil(E / 8) blocks, logits through the workspace;
+                 // the last block to arrive (device-scope counter, reset by that block) routes
+                 // and sorts. Optionally also the shared expert's gate/up (more blocks).
+};
+
+// MoeFusedRouteCuda: MoeRouterLogitsCuda + MoeRoutingCuda (fp32 logits) in one launch, same ids
+// and weights bit for bit; also leaves the expert sort of the ids in `workspace` for
+// MoeFusedExpertsCuda.
+//   x:      [num_tokens, hidden] bf16, 16-byte aligned; w_gate: [E, hidden] bf16, 16-byte aligned
+//   correction_bias: [E] fp32 or null
+//   topk_ids / topk_weights: [num_tokens, top_k] int32 / fp32 out
+//   workspace: at least MoeCudaWorkspaceBytes(num_tokens, top_k, E, hidden, intermediate) bytes
+//   mode: see MoeFusedRouteMode. kMultiBlock keeps an arrival counter per workspace address
+//     (process-wide table of 1024 device counters, each back at 0 after every launch; past
+//     1024 distinct workspaces a counter in the workspace, zeroed by a memset node before the
+//     launch), so launches on one workspace must be stream-ordered (as its sort data requires).
+//   shared: kMultiBlock only (InvalidArgument with kSingleBlock): also writes shared->act =
+//     bf16(silu(gate(x)) ⊙ up(x)) for the shared expert (the values MoeFusedExpertsCuda would
+//     compute); pass it to MoeFusedExpertsCuda with act_ready = true.
+// Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
+// rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
+// is too small, a shared expert with bad sizes or pointers; Internal for launch errors.
+absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                               int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
+                               int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
+                               cudaStream_t stream,
+                               MoeFusedRouteMode mode = MoeFusedRouteMode::kSingleBlock,
+                               const MoeSharedExpert* shared = nullptr);
 
 // MoeFusedExpertsCuda: MoeExpertsCuda's output (kGemv path, bit for bit) for the ids that the
 // preceding MoeFusedRouteCuda call on the same `workspace` (same num_tokens, top_k, E; nothing
@@ -200,7 +224,7 @@ struct MoeSharedExpert {
 //   out[t] = bf16(add[t] + bf16(Σ_k w[t, k] · expert_out[t, k]))   (AddInPlaceCuda's rounding)
 // With `shared`, its output s[t] = bf16(down(bf16(silu(gate(x[t])) ⊙ up(x[t])))) (fp32 sums,
 // SiLU·mul on the fp32 gate and up sums) is added first the same way: bf16(s[t] + routed),
-// then `add` if given. (The separate path's cuBLAS SwiGLU rounds gate and up to bf16 before
+// then `add` if given (shared->act_ready: the activations are taken from shared->act). (The separate path's cuBLAS SwiGLU rounds gate and up to bf16 before
 // SiLU·mul and sums in another order: equal to bf16 rounding, not bit for bit.)
 // x, w_gate_up, w_down, out: as MoeExpertsCuda (16-byte aligned); topk_weights [num_tokens,
 // top_k] fp32; add [num_tokens, hidden] bf16 or null; out may alias x or add.

@@ -3,9 +3,11 @@
 // kernels_cuda_test, skipped without a device (the argument checks run everywhere).
 #include "kernels/moe/moe_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -40,15 +42,22 @@ struct MoeConfig {
 // DeepSeek-V3-like routing (sigmoid, correction bias, 8 groups keep 4, top-8 of 256, scaling
 // 2.5) with small expert matrices; V2-Lite-like (softmax, greedy top-6 of 64, no
 // normalization) with dims that leave partial tiles in every direction.
+// DeepSeek-V3's kind of routing: sigmoid scores, group-limited, normalized and scaled.
+MoeRoutingParams GroupedSigmoid(int64_t experts, int64_t top_k, int64_t groups, int64_t keep,
+                                float scale) {
+  MoeRoutingParams p;
+  p.num_experts = experts;
+  p.top_k = top_k;
+  p.n_group = groups;
+  p.topk_group = keep;
+  p.scoring = MoeScoring::kSigmoid;
+  p.norm_topk_prob = true;
+  p.routed_scaling_factor = scale;
+  return p;
+}
+
 std::vector<MoeConfig> Configs() {
-  MoeConfig v3{"deepseek-v3-like", {}, true, 256, 128};
-  v3.routing.num_experts = 256;
-  v3.routing.top_k = 8;
-  v3.routing.n_group = 8;
-  v3.routing.topk_group = 4;
-  v3.routing.scoring = MoeScoring::kSigmoid;
-  v3.routing.norm_topk_prob = true;
-  v3.routing.routed_scaling_factor = 2.5f;
+  MoeConfig v3{"deepseek-v3-like", GroupedSigmoid(256, 8, 8, 4, 2.5f), true, 256, 128};
   MoeConfig v2{"v2-lite-like", {}, false, 200, 88};
   v2.routing.num_experts = 64;
   v2.routing.top_k = 6;
@@ -209,12 +218,19 @@ struct ExpertWeights {
   std::vector<MoeExpertWeights> cpu;
   DeviceBuffer<bf16> d_gate_up, d_down;
 
-  ExpertWeights(const MoeConfig& cfg, std::mt19937& rng) {
+  // tiled: each matrix is a random window of one shared pool of random values (model-sized
+  // configs: drawing half a billion values would take seconds).
+  ExpertWeights(const MoeConfig& cfg, std::mt19937& rng, bool tiled = false) {
     const int64_t e = cfg.routing.num_experts, h = cfg.hidden, i = cfg.intermediate;
     const float a = 1.0f / std::sqrt(static_cast<float>(h));
     const float b = 1.0f / std::sqrt(static_cast<float>(i));
-    gate_up = RandomBf16(e * 2 * i * h, rng, -a, a);
-    down = RandomBf16(e * h * i, rng, -b, b);
+    if (tiled) {
+      gate_up = Tiled(e, 2 * i * h, a, rng);
+      down = Tiled(e, h * i, b, rng);
+    } else {
+      gate_up = RandomBf16(e * 2 * i * h, rng, -a, a);
+      down = RandomBf16(e * h * i, rng, -b, b);
+    }
     gate_up_f = ToFloat(gate_up);
     down_f = ToFloat(down);
     for (int64_t x = 0; x < e; ++x) {
@@ -222,6 +238,21 @@ struct ExpertWeights {
     }
     d_gate_up = Upload(gate_up);
     d_down = Upload(down);
+  }
+
+  static std::vector<bf16> Tiled(int64_t experts, int64_t per_expert, float scale,
+                                 std::mt19937& rng) {
+    constexpr int64_t kPool = int64_t{1} << 20;
+    const auto pool = RandomBf16(2 * kPool, rng, -scale, scale);
+    std::uniform_int_distribution<int64_t> start(0, kPool - 1);
+    std::vector<bf16> out(experts * per_expert);
+    for (int64_t x = 0; x < experts; ++x) {
+      for (int64_t at = 0; at < per_expert; at += kPool) {
+        const int64_t n = std::min(kPool, per_expert - at);
+        std::memcpy(out.data() + x * per_expert + at, pool.data() + start(rng), n * sizeof(bf16));
+      }
+    }
+    return out;
   }
 };
 
@@ -511,10 +542,14 @@ struct FusedRun {
   std::vector<float> out;
 };
 
-// Runs the fused path (route, then experts; `add` [t, hidden] or empty) on `stream`.
+// Runs the fused path (route, then experts; `add` [t, hidden] or empty) on `stream`, `calls`
+// times on the same workspace with every output (and the shared activations) poisoned before
+// each call. kMultiBlock with a shared expert: the route computes its activations
+// (act_ready for the experts).
 FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
                   const std::vector<bf16>& add, cudaStream_t stream = nullptr,
-                  const MoeSharedExpert* shared = nullptr) {
+                  const MoeSharedExpert* shared = nullptr,
+                  MoeFusedRouteMode mode = MoeFusedRouteMode::kSingleBlock, int calls = 1) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_ids = Poisoned<int32_t>(t * k);
   auto d_w = Poisoned<float>(t * k);
@@ -523,14 +558,28 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  const absl::Status route =
-      MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
-                        cfg.routing, d_ids.data(), d_w.data(), ws, stream);
-  EXPECT_TRUE(route.ok()) << route;
-  const absl::Status experts = MoeFusedExpertsCuda(
-      c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e, w.d_gate_up.data(),
-      w.d_down.data(), add.empty() ? nullptr : d_add.data(), d_out.data(), ws, stream, shared);
-  EXPECT_TRUE(experts.ok()) << experts;
+  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
+  experts_shared.act_ready = route_shared;
+  for (int call = 0; call < calls; ++call) {
+    EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(d_out.data(), 0xFF, d_out.bytes(), stream), cudaSuccess);
+    if (shared != nullptr) {
+      EXPECT_EQ(cudaMemsetAsync(shared->act, 0xFF, t * shared->intermediate * sizeof(bf16),
+                                stream),
+                cudaSuccess);
+    }
+    const absl::Status route = MoeFusedRouteCuda(
+        c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.routing, d_ids.data(),
+        d_w.data(), ws, stream, mode, route_shared ? shared : nullptr);
+    EXPECT_TRUE(route.ok()) << route;
+    const absl::Status experts = MoeFusedExpertsCuda(
+        c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e, w.d_gate_up.data(),
+        w.d_down.data(), add.empty() ? nullptr : d_add.data(), d_out.data(), ws, stream,
+        shared != nullptr ? &experts_shared : nullptr);
+    EXPECT_TRUE(experts.ok()) << experts;
+  }
   return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
 }
 
@@ -542,6 +591,20 @@ int64_t CountBitDiffs(const std::vector<T>& a, const std::vector<T>& b) {
     if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) ++bad;
   }
   return bad;
+}
+
+// Ids, weights and outputs of two runs (FusedRun / SeparateRun) equal bit for bit.
+template <typename A, typename B>
+void ExpectSameBits(const std::string& what, const A& got, const B& want) {
+  const int64_t bad_ids = CountBitDiffs(got.ids, want.ids);
+  const int64_t bad_w = CountBitDiffs(got.weights, want.weights);
+  const int64_t bad_out = CountBitDiffs(got.out, want.out);
+  std::printf("[cuda-check] %s: bad_ids=%lld bad_weights=%lld bad_out=%lld\n", what.c_str(),
+              static_cast<long long>(bad_ids), static_cast<long long>(bad_w),
+              static_cast<long long>(bad_out));
+  EXPECT_EQ(bad_ids, 0) << what;
+  EXPECT_EQ(bad_w, 0) << what;
+  EXPECT_EQ(bad_out, 0) << what;
 }
 
 // The fused path gives the separate path's ids, weights and outputs bit for bit (so the CPU
@@ -558,15 +621,7 @@ TEST(MoeFusedDecodeCudaTest, MatchesSeparatePathBitForBitAndCpu) {
       const FusedCase c(cfg, t, rng);
       const SeparateRun want = RunSeparate(cfg, w, c, t);
       const FusedRun got = RunFused(cfg, w, c, t, {});
-      const int64_t bad_ids = CountBitDiffs(got.ids, want.ids);
-      const int64_t bad_w = CountBitDiffs(got.weights, want.weights);
-      const int64_t bad_out = CountBitDiffs(got.out, want.out);
-      std::printf("[cuda-check] %s vs separate: bad_ids=%lld bad_weights=%lld bad_out=%lld\n",
-                  tag.c_str(), static_cast<long long>(bad_ids), static_cast<long long>(bad_w),
-                  static_cast<long long>(bad_out));
-      EXPECT_EQ(bad_ids, 0) << tag;
-      EXPECT_EQ(bad_w, 0) << tag;
-      EXPECT_EQ(bad_out, 0) << tag;
+      ExpectSameBits(tag + " vs separate", got, want);
       // The experts against the CPU reference for the same routing (routing against the CPU:
       // the separate path's tests; fp32 logits here may tie to an ulp of expf).
       ExpectClose(tag + " vs cpu", got.out,
@@ -584,6 +639,51 @@ TEST(MoeFusedDecodeCudaTest, MatchesSeparatePathBitForBitAndCpu) {
   }
 }
 
+// A shared expert's weights (gate/up [2·si, h], down [h, si]), bf16-valued.
+struct SharedWeights {
+  std::vector<float> gate_up_f, down_f;
+  DeviceBuffer<bf16> d_gate_up, d_down;
+
+  SharedWeights(int64_t h, int64_t si, std::mt19937& rng) {
+    const float a = 1.0f / std::sqrt(static_cast<float>(h));
+    const float b = 1.0f / std::sqrt(static_cast<float>(si));
+    const auto gate_up = RandomBf16(2 * si * h, rng, -a, a);
+    const auto down = RandomBf16(h * si, rng, -b, b);
+    gate_up_f = ToFloat(gate_up);
+    down_f = ToFloat(down);
+    d_gate_up = Upload(gate_up);
+    d_down = Upload(down);
+  }
+};
+
+// bf16(s[t] + routed[t]) for the shared SwiGLU s of gate/up sgu_f [2·si, h] and down sd_f
+// [h, si] in fp64 (activations and s rounded to bf16, as the kernels do); x [t, h].
+std::vector<float> SharedPlusRouted(const std::vector<bf16>& x, const std::vector<float>& sgu_f,
+                                    const std::vector<float>& sd_f, int64_t h, int64_t si,
+                                    int64_t t, const std::vector<float>& routed) {
+  const auto xf = ToFloat(x);
+  std::vector<float> want(t * h);
+  std::vector<float> act(si);
+  for (int64_t r = 0; r < t; ++r) {
+    const float* xr = xf.data() + r * h;
+    for (int64_t j = 0; j < si; ++j) {
+      double g = 0, u = 0;
+      for (int64_t q = 0; q < h; ++q) {
+        g += double{xr[q]} * sgu_f[j * h + q];
+        u += double{xr[q]} * sgu_f[(si + j) * h + q];
+      }
+      act[j] = Bf16ToFloat(FloatToBf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u)));
+    }
+    for (int64_t o = 0; o < h; ++o) {
+      double d = 0;
+      for (int64_t j = 0; j < si; ++j) d += double{act[j]} * sd_f[o * si + j];
+      const float s_bf = Bf16ToFloat(FloatToBf16(static_cast<float>(d)));
+      want[r * h + o] = Bf16ToFloat(FloatToBf16(s_bf + routed[r * h + o]));
+    }
+  }
+  return want;
+}
+
 // A shared expert folded into the fused launches: bf16(shared + routed), the shared SwiGLU
 // against a host fp64 reference (activations rounded to bf16, as the kernels do).
 TEST(MoeFusedDecodeCudaTest, SharedExpertFolded) {
@@ -592,13 +692,9 @@ TEST(MoeFusedDecodeCudaTest, SharedExpertFolded) {
   const MoeConfig cfg = Configs()[1];
   const ExpertWeights w(cfg, rng);
   const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;  // two shared experts' width
-  const float a = 1.0f / std::sqrt(static_cast<float>(h));
-  const float b = 1.0f / std::sqrt(static_cast<float>(si));
-  const auto sgu = RandomBf16(2 * si * h, rng, -a, a);
-  const auto sd = RandomBf16(h * si, rng, -b, b);
-  const auto sgu_f = ToFloat(sgu), sd_f = ToFloat(sd);
-  auto d_sgu = Upload(sgu);
-  auto d_sd = Upload(sd);
+  const SharedWeights sw(h, si, rng);
+  const auto &sgu_f = sw.gate_up_f, &sd_f = sw.down_f;
+  const auto &d_sgu = sw.d_gate_up, &d_sd = sw.d_down;
   for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
     const std::string tag = absl::StrCat("moe fused shared expert T=", t);
     const FusedCase c(cfg, t, rng);
@@ -607,27 +703,8 @@ TEST(MoeFusedDecodeCudaTest, SharedExpertFolded) {
     const MoeSharedExpert shared{d_sgu.data(), d_sd.data(), si, d_act.data()};
     const FusedRun got = RunFused(cfg, w, c, t, {}, nullptr, &shared);
     EXPECT_EQ(CountBitDiffs(got.ids, routed.ids), 0) << tag;
-    const auto xf = ToFloat(c.x);
-    std::vector<float> want(t * h);
-    std::vector<float> act(si);
-    for (int64_t r = 0; r < t; ++r) {
-      const float* xr = xf.data() + r * h;
-      for (int64_t j = 0; j < si; ++j) {
-        double g = 0, u = 0;
-        for (int64_t q = 0; q < h; ++q) {
-          g += double{xr[q]} * sgu_f[j * h + q];
-          u += double{xr[q]} * sgu_f[(si + j) * h + q];
-        }
-        act[j] = Bf16ToFloat(FloatToBf16(static_cast<float>(g / (1.0 + std::exp(-g)) * u)));
-      }
-      for (int64_t o = 0; o < h; ++o) {
-        double d = 0;
-        for (int64_t j = 0; j < si; ++j) d += double{act[j]} * sd_f[o * si + j];
-        const float s_bf = Bf16ToFloat(FloatToBf16(static_cast<float>(d)));
-        want[r * h + o] = Bf16ToFloat(FloatToBf16(s_bf + routed.out[r * h + o]));
-      }
-    }
-    ExpectClose(tag, got.out, want, kExpertsRtol, kExpertsAtol);
+    ExpectClose(tag, got.out, SharedPlusRouted(c.x, sgu_f, sd_f, h, si, t, routed.out),
+                kExpertsRtol, kExpertsAtol);
   }
 }
 
@@ -645,18 +722,117 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  auto run = [&](bf16* out) {
-    const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
-                                  cfg.routing, d_ids.data(), d_w.data(), ws, stream->get())
-                    .ok());
-    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k,
-                                    e, w.d_gate_up.data(), w.d_down.data(), nullptr, out, ws,
-                                    stream->get())
-                    .ok());
-  };
-  ExpectGraphReplayEqualsDirect("moe fused graph replay vs direct", stream->get(),
-                                t * cfg.hidden, run);
+  for (MoeFusedRouteMode mode : {MoeFusedRouteMode::kSingleBlock, MoeFusedRouteMode::kMultiBlock}) {
+    auto run = [&](bf16* out) {
+      const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+      EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
+                                    cfg.routing, d_ids.data(), d_w.data(), ws, stream->get(),
+                                    mode)
+                      .ok());
+      EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate,
+                                      k, e, w.d_gate_up.data(), w.d_down.data(), nullptr, out, ws,
+                                      stream->get())
+                      .ok());
+    };
+    ExpectGraphReplayEqualsDirect(
+        absl::StrCat("moe fused graph replay vs direct, route mode ", static_cast<int>(mode)),
+        stream->get(), t * cfg.hidden, run);
+  }
+}
+
+// ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
+
+// Configs(), DeepSeek-V2-Lite's own MoE shapes (64 experts, softmax top-6, hidden 2048, moe
+// intermediate 1408) and a small odd one (24 experts in 4 groups keep 2, sigmoid top-3 with a
+// bias, hidden 136: a partial weight chunk, intermediate 40).
+std::vector<MoeConfig> MultiBlockConfigs() {
+  std::vector<MoeConfig> cfgs = Configs();
+  cfgs.push_back(MoeConfig{"v2-lite-shapes", cfgs[1].routing, false, 2048, 1408});
+  cfgs.push_back(MoeConfig{"odd", GroupedSigmoid(24, 3, 4, 2, 1.5f), true, 136, 40});
+  return cfgs;
+}
+
+// MoeRoutingCpu on the device's fp32 router logits (MoeRouterLogitsCuda: the fused kernels'
+// sums bit for bit).
+Routed RouteDeviceLogitsOnCpu(const MoeConfig& cfg, const FusedCase& c, int64_t t) {
+  const int64_t e = cfg.routing.num_experts;
+  auto d_logits = Poisoned<float>(t * e);
+  EXPECT_TRUE(MoeRouterLogitsCuda(c.d_x.data(), c.d_w_gate.data(), t, cfg.hidden, e,
+                                  d_logits.data(), nullptr)
+                  .ok());
+  return RouteCpu(DownloadRaw(d_logits), c.bias, t, cfg.routing);
+}
+
+// Near ties: the router keeps only E / 4 distinct rows, each at four random positions, so
+// many logits, scores and group scores are exactly equal (the lower index must win).
+void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) {
+  const int64_t e = cfg.routing.num_experts, h = cfg.hidden;
+  std::vector<int64_t> order(e);
+  for (int64_t i = 0; i < e; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  const std::vector<bf16> src = c.w_gate;
+  for (int64_t i = 0; i < e; ++i) {
+    std::memcpy(c.w_gate.data() + order[i] * h, src.data() + order[i % (e / 4)] * h,
+                h * sizeof(bf16));
+  }
+  c.d_w_gate = Upload(c.w_gate);
+}
+
+// The multi-block route gives the single-block one's ids, weights (and so the experts'
+// outputs) bit for bit, called twice in a row on one workspace (the arrival counter is back at
+// 0 after each launch; every output is poisoned before each call); its ids equal MoeRoutingCpu's
+// and its weights agree to fp32 rounding; the experts agree with the CPU reference. With a
+// shared expert computed in the route launch, the output equals the single-block path's
+// (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16.
+TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const auto multi = MoeFusedRouteMode::kMultiBlock;
+  for (const MoeConfig& cfg : MultiBlockConfigs()) {
+    const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
+    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate, k = cfg.routing.top_k;
+    const SharedWeights sw(h, si, rng);
+    const auto &sgu_f = sw.gate_up_f, &sd_f = sw.down_f;
+    const auto &d_sgu = sw.d_gate_up, &d_sd = sw.d_down;
+    for (int64_t t : {int64_t{1}, int64_t{4}, kMoeFusedMaxTokens}) {
+      for (bool ties : {false, true}) {
+        const std::string tag =
+            absl::StrCat("moe multi-block route ", cfg.name, " T=", t, ties ? " ties" : "");
+        FusedCase c(cfg, t, rng);
+        if (ties) DuplicateRouterRows(cfg, c, rng);
+        const FusedRun single = RunFused(cfg, w, c, t, {});
+        const FusedRun got = RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
+        ExpectSameBits(tag + " vs single block", got, single);
+        const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t);
+        int64_t cpu_bad_ids = 0, cpu_bad_w = 0;
+        for (int64_t i = 0; i < t * k; ++i) {
+          if (got.ids[i] != want.ids[i]) ++cpu_bad_ids;
+          if (!(std::fabs(got.weights[i] - want.weights[i]) <=
+                kWeightRtol * std::fabs(want.weights[i]))) {
+            ++cpu_bad_w;
+          }
+        }
+        std::printf("[cuda-check] %s vs cpu routing: bad_ids=%lld bad_weights=%lld\n",
+                    tag.c_str(), static_cast<long long>(cpu_bad_ids),
+                    static_cast<long long>(cpu_bad_w));
+        EXPECT_EQ(cpu_bad_ids, 0) << tag;
+        EXPECT_EQ(cpu_bad_w, 0) << tag;
+        ExpectClose(tag + " experts vs cpu", got.out,
+                    RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
+                    kExpertsAtol);
+
+        auto d_act = NanBuffer(static_cast<size_t>(t * si));
+        const MoeSharedExpert shared{d_sgu.data(), d_sd.data(), si, d_act.data()};
+        const FusedRun single_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared);
+        const FusedRun got_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2);
+        EXPECT_EQ(CountBitDiffs(got_sh.ids, single.ids), 0) << tag << " shared";
+        EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
+        ExpectClose(tag + " shared vs fp64", got_sh.out,
+                    SharedPlusRouted(c.x, sgu_f, sd_f, h, si, t, got.out), kExpertsRtol,
+                    kExpertsAtol);
+      }
+    }
+  }
 }
 
 // The variant setting and the fused path's bounds (host-side checks, no device needed).
@@ -664,8 +840,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(4).code(), kInvalid);
-  for (int v : {0, 1, 2, 3}) {
+  EXPECT_EQ(SetMoeDecodeVariant(5).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }
@@ -715,6 +891,21 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const MoeSharedExpert bad_shared{p, p, 60, p};  // intermediate % 8
   EXPECT_EQ(MoeFusedExpertsCuda(p, wts, 2, h, i, v2.top_k, v2.num_experts, p, p, nullptr, p, ws,
                                 nullptr, &bad_shared)
+                .code(),
+            kInvalid);
+  // A shared expert in the route needs the multi-block kernel; bad sizes are rejected there too.
+  const MoeSharedExpert good_shared{p, p, 64, p};
+  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts, ws, nullptr,
+                              MoeFusedRouteMode::kSingleBlock, &good_shared)
+                .code(),
+            kInvalid);
+  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts, ws, nullptr,
+                              MoeFusedRouteMode::kMultiBlock, &bad_shared)
+                .code(),
+            kInvalid);
+  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts,
+                              MoeCudaWorkspace{ws.data, 16}, nullptr,
+                              MoeFusedRouteMode::kMultiBlock)
                 .code(),
             kInvalid);
   const MoeSharedExpert null_act{p, p, 64, nullptr};

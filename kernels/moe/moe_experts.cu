@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <mutex>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
@@ -68,7 +70,8 @@ constexpr int64_t kMaxDim = int64_t{1} << 22;
 
 // Workspace segments (see MoeCudaWorkspaceBytes), each 256-byte aligned.
 struct Layout {
-  size_t offsets, tile_offsets, active, num_active, sorted_rows, row_to_sorted, act, expert_out;
+  size_t offsets, tile_offsets, active, num_active, sorted_rows, row_to_sorted, route_logits,
+      route_counter, act, expert_out;
   size_t total;
 };
 
@@ -90,6 +93,10 @@ Layout MakeLayout(int64_t rows, int64_t num_experts, int64_t hidden, int64_t int
   l.num_active = take(sizeof(int32_t));
   l.sorted_rows = take(r * sizeof(int32_t));
   l.row_to_sorted = take(r * sizeof(int32_t));
+  // The multi-block fused routing's logits [T, E] fp32 (T <= kMoeFusedMaxTokens and T <= rows)
+  // and its fallback arrival counter.
+  l.route_logits = take(std::min<size_t>(r, kMoeFusedMaxTokens) * e * sizeof(float));
+  l.route_counter = take(sizeof(uint32_t));
   l.act = take(r * static_cast<size_t>(intermediate) * sizeof(bf16));
   l.expert_out = take(r * static_cast<size_t>(hidden) * sizeof(bf16));
   l.total = at;
@@ -578,6 +585,25 @@ size_t FusedRouteSmemFloats(int64_t num_tokens, const MoeRoutingParams& p) {
   return static_cast<size_t>(num_tokens * p.num_experts + std::max(route, 2 * p.num_experts));
 }
 
+// RouteAndSort: the tail of both fused routing kernels, by the whole block (at least
+// num_tokens warps; every thread calls it after a barrier that made the logits visible):
+// warp t routes token t from smem[t·E ...] (RouteToken, scratch after the T·E logits), then
+// the counting sort of the ids (SortRows, its counters reusing the scratch).
+__device__ __forceinline__ void RouteAndSort(float* smem, const RouteArgs& args,
+                                             const SortOut& so) {
+  const int warp = threadIdx.x >> 5;
+  const int e_count = args.num_experts;
+  float* scratch = smem + args.num_tokens * e_count;
+  if (warp < args.num_tokens) {
+    moe_detail::RouteToken(smem + warp * e_count,
+                           scratch + warp * moe_detail::RouteScratchFloats(args), args, warp);
+  }
+  __syncthreads();  // ids in global memory, visible to the block; the scratch is free
+  int32_t* counters = reinterpret_cast<int32_t*>(scratch);
+  SortRows(args.topk_ids, args.num_tokens * args.top_k, e_count, so, counters,
+           counters + e_count);
+}
+
 // One block: router logits (MoeRouterLogitsCuda's sums bit for bit: each warp takes two
 // experts at a time, WarpDotChunked), routing (warp t routes token t, RouteToken), then the
 // counting sort of the ids (SortRows) into the workspace, all without leaving the SM. At
@@ -591,7 +617,6 @@ __global__ void __launch_bounds__(kFusedRouteThreads)
   const int num_tokens = args.num_tokens;
   const int e_count = args.num_experts;
   float* logits = fused_smem;
-  float* scratch = fused_smem + num_tokens * e_count;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   constexpr int kWarps = kFusedRouteThreads / 32;
@@ -615,13 +640,7 @@ __global__ void __launch_bounds__(kFusedRouteThreads)
     }
   }
   __syncthreads();
-  if (warp < num_tokens) {
-    moe_detail::RouteToken(logits + warp * e_count,
-                           scratch + warp * moe_detail::RouteScratchFloats(args), args, warp);
-  }
-  __syncthreads();  // ids in global memory, visible to the block; the scratch is free
-  int32_t* counters = reinterpret_cast<int32_t*>(scratch);
-  SortRows(args.topk_ids, num_tokens * args.top_k, e_count, so, counters, counters + e_count);
+  RouteAndSort(fused_smem, args, so);
 }
 
 // Shared experts folded into the fused launches (MoeSharedExpert on the device side): gate/up
@@ -656,6 +675,106 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int e = active[slot];
   GemvColumn<true, kRows, kFusedVecs>(x_rows, w + static_cast<int64_t>(e) * 2 * n * x_rows.k, n,
                                       col, offsets[e], offsets[e + 1], c);
+}
+
+// ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
+// The single-block kernel above streams the whole router matrix through one SM (~15 us for
+// V2-Lite's 256 KiB on an H200); here a warp per router row spreads it over ceil(E / 8)
+// blocks, each warp one round trip of 8 16-byte loads per lane for hidden <= 2048.
+
+constexpr int kRouteMultiWarps = 8;  // router rows per block; warps route tokens 0..7
+static_assert(kRouteMultiWarps >= kMoeFusedMaxTokens, "a warp per token in the last block");
+constexpr int kRouteCounterSlots = 1024;
+
+// Arrival counters of the multi-block routing, one per workspace address (RouteCounterSlot).
+// Zero at module load; the last block of each launch puts its counter back to 0, so every
+// launch (CUDA-graph replays included) starts from 0.
+__device__ unsigned int g_route_arrivals[kRouteCounterSlots];
+
+// RouteCounterSlot: this workspace's slot in g_route_arrivals (fixed for the process), or -1
+// when all slots are taken (the caller then zeroes a counter in the workspace). One slot per
+// address: launches on one workspace are stream-ordered (its sort data already requires it),
+// so no two launches share a counter at the same time; slot indices are the same on every
+// device, each device has its own counters.
+int RouteCounterSlot(const void* workspace) {
+  static std::mutex* const mu = new std::mutex;
+  static auto* const slots = new std::unordered_map<const void*, int>;
+  std::lock_guard<std::mutex> lock(*mu);
+  const auto it = slots->find(workspace);
+  if (it != slots->end()) return it->second;
+  if (slots->size() >= static_cast<size_t>(kRouteCounterSlots)) return -1;
+  const int slot = static_cast<int>(slots->size());
+  slots->emplace(workspace, slot);
+  return slot;
+}
+
+// Blocks [0, RouteMultiBlocks) compute the router logits: warp w of block b takes expert
+// 8·b + w (MoeRouterLogitsCuda's sums bit for bit: WarpDotChunked's per-column sums do not
+// depend on how many columns a warp takes) and writes its T logits to `logits_g` [T, E] in
+// global memory. Each block then counts itself in at the device-scope counter; the last one
+// to arrive (all logits written and fenced before every arrival) copies the logits into shared
+// memory, resets the counter and runs the single-block kernel's routing (RouteToken, warp t for
+// token t) and sort (SortRows), so ids, weights and the sort equal MoeFusedRouteKernel's.
+// Blocks from RouteMultiBlocks on (only with a shared expert) compute the shared expert's
+// gate/up + SiLU·mul exactly as MoeFusedGateUpKernel's shared rows do, a column per warp;
+// they overlap the routing's latency. Dynamic shared memory: FusedRouteSmemFloats floats.
+__host__ __device__ __forceinline__ int RouteMultiBlocks(int num_experts) {
+  return (num_experts + kRouteMultiWarps - 1) / kRouteMultiWarps;
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(kRouteMultiWarps * 32)
+    MoeFusedRouteMultiKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate,
+                             int hidden, RouteArgs args, SortOut so, float* logits_g,
+                             unsigned int* ws_counter, int slot, SharedArgs sh) {
+  extern __shared__ float fused_smem[];
+  const int num_tokens = args.num_tokens;
+  const int e_count = args.num_experts;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int route_blocks = RouteMultiBlocks(e_count);
+  if (static_cast<int>(blockIdx.x) >= route_blocks) {  // block-uniform: no barrier below
+    const int col = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
+    if (col >= sh.n) return;
+    const ARows tokens{x, nullptr, 1, hidden};
+    GemvColumn<true, kRows, kFusedVecs>(tokens, sh.w_gate_up, sh.n, col, 0, num_tokens, sh.act);
+    return;
+  }
+  const int e = static_cast<int>(blockIdx.x) * kRouteMultiWarps + warp;
+  if (e < e_count) {  // warp-uniform
+    const bf16* a[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      a[j] = x + static_cast<int64_t>(j < num_tokens ? j : 0) * hidden;
+    }
+    const bf16* w[1] = {w_gate + static_cast<int64_t>(e) * hidden};
+    float acc[1][kRows];
+    WarpDotChunked<1, kRows, kFusedVecs>(w, a, num_tokens, hidden, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < num_tokens && lane == j) logits_g[j * e_count + e] = acc[0][j];
+    }
+  }
+  // Release: each writer fences its logits before the block's arrival is counted.
+  __threadfence();
+  __syncthreads();
+  bool last = false;
+  if (threadIdx.x == 0) {
+    unsigned int* counter = slot >= 0 ? &g_route_arrivals[slot] : ws_counter;
+    const unsigned int arrived = atomicAdd(counter, 1u) + 1u;
+    last = arrived == static_cast<unsigned int>(route_blocks);
+    // Every block of this launch has counted itself in: back to 0 for the next launch.
+    if (last) atomicExch(counter, 0u);
+  }
+  // Barrier and broadcast in one (no static shared memory next to the dynamic 48 KiB).
+  if (!__syncthreads_or(last)) return;  // block-uniform
+  __threadfence();  // acquire side of the pattern, before reading other blocks' logits
+  // L2 loads (ld.global.cg): this SM's L1 may hold stale lines of logits_g from an earlier call.
+  for (int q = threadIdx.x; q < num_tokens * e_count; q += blockDim.x) {
+    fused_smem[q] = __ldcg(logits_g + q);
+  }
+  __syncthreads();
+  RouteAndSort(fused_smem, args, so);
 }
 
 // DownPair: output columns col, col + 1 (weight rows we, we + k) for activation rows
@@ -735,6 +854,24 @@ __global__ void __launch_bounds__(kDownWarps * 32)
     if (add != nullptr) r = __float2bfloat16_rn(__bfloat162float(add[o]) + __bfloat162float(r));
     out[o] = r;
   }
+}
+
+// The device-side view of an optional shared expert; InvalidArgument (naming `who`) for bad
+// sizes or pointers.
+absl::Status ToSharedArgs(const MoeSharedExpert* shared, const char* who, SharedArgs* sh) {
+  *sh = SharedArgs{nullptr, nullptr, nullptr, 0};
+  if (shared == nullptr) return absl::OkStatus();
+  if (shared->intermediate < 8 || shared->intermediate % 8 != 0 ||
+      shared->intermediate > kMaxDim || shared->w_gate_up == nullptr ||
+      shared->w_down == nullptr || shared->act == nullptr || !Aligned16(shared->w_gate_up) ||
+      !Aligned16(shared->w_down) || !Aligned16(shared->act)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": shared expert needs intermediate a multiple of 8 in [8, 2^22] (got ",
+        shared->intermediate, ") and non-null 16-byte aligned weights and act"));
+  }
+  *sh = SharedArgs{shared->w_gate_up, shared->w_down, shared->act,
+                   static_cast<int>(shared->intermediate)};
+  return absl::OkStatus();
 }
 
 // SetMoeDecodeVariant's setting.
@@ -868,9 +1005,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 3) {
+  if (variant < 0 || variant > 4) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..3"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..4"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -888,7 +1025,8 @@ bool MoeFusedDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params)
 absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
                                int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
                                int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, MoeFusedRouteMode mode,
+                               const MoeSharedExpert* shared) {
   if (absl::Status s = ValidateMoeRoutingParams(params); !s.ok()) return s;
   if (!MoeFusedDecodeSupported(num_tokens, params) || hidden < 8 || hidden % 8 != 0 ||
       hidden > kMaxDim) {
@@ -910,11 +1048,48 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedRouteCuda: workspace of ",
                                                    workspace.bytes, " bytes, need ", l.act));
   }
+  SharedArgs sh;
+  if (absl::Status s = ToSharedArgs(shared, "MoeFusedRouteCuda", &sh); !s.ok()) return s;
   const RouteArgs args =
       moe_detail::MakeRouteArgs(params, correction_bias, num_tokens, topk_ids, topk_weights);
   const SortOut so = SortPointers(workspace.data, l);
   const size_t smem = FusedRouteSmemFloats(num_tokens, params) * sizeof(float);
   const int h = static_cast<int>(hidden);
+  if (mode == MoeFusedRouteMode::kMultiBlock) {
+    unsigned char* ws = static_cast<unsigned char*>(workspace.data);
+    float* logits = reinterpret_cast<float*>(ws + l.route_logits);
+    unsigned int* ws_counter = reinterpret_cast<unsigned int*>(ws + l.route_counter);
+    const int slot = RouteCounterSlot(workspace.data);
+    if (slot < 0) {
+      if (const cudaError_t err = cudaMemsetAsync(ws_counter, 0, sizeof(unsigned int), stream);
+          err != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("MoeFusedRouteCuda counter memset: ", cudaGetErrorString(err)));
+      }
+    }
+    const int blocks = RouteMultiBlocks(static_cast<int>(params.num_experts)) +
+                       (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
+    const dim3 grid(static_cast<unsigned>(blocks));
+    constexpr int kThreads = kRouteMultiWarps * 32;
+    if (num_tokens == 1) {
+      MoeFusedRouteMultiKernel<1>
+          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    } else if (num_tokens == 2) {
+      MoeFusedRouteMultiKernel<2>
+          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    } else if (num_tokens <= 4) {
+      MoeFusedRouteMultiKernel<4>
+          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    } else {
+      MoeFusedRouteMultiKernel<kWarpDotRows>
+          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    }
+    return CudaLaunchStatus("MoeFusedRouteCuda launch");
+  }
+  if (shared != nullptr) {
+    return absl::InvalidArgumentError(
+        "MoeFusedRouteCuda: a shared expert needs MoeFusedRouteMode::kMultiBlock");
+  }
   if (num_tokens == 1) {
     MoeFusedRouteKernel<1><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
   } else if (num_tokens == 2) {
@@ -935,12 +1110,13 @@ template <int kRows>
 void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
                         const SortOut& so, const float* topk_weights, unsigned max_active,
                         int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
-                        const bf16* add, bf16* out, cudaStream_t stream) {
-  // Grid rows: one per possible touched expert, then enough for the shared expert's columns.
+                        bool shared_gate_up, const bf16* add, bf16* out, cudaStream_t stream) {
+  // Grid rows: one per possible touched expert, then enough for the shared expert's columns
+  // (none when MoeFusedRouteCuda computed its activations).
   const unsigned columns = static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps);
   const unsigned row_width = columns * kGemvWarps;
   const unsigned shared_rows =
-      sh.w_gate_up != nullptr ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
+      shared_gate_up ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
   MoeFusedGateUpKernel<kRows><<<dim3(columns, max_active + shared_rows), kGemvWarps * 32, 0,
                                 stream>>>(x_rows, w_gate_up, so.offsets, so.active,
                                           so.num_active, i, act, sh, num_tokens,
@@ -980,19 +1156,9 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   if (topk_weights == nullptr) {
     return absl::InvalidArgumentError("MoeFusedExpertsCuda: null topk_weights");
   }
-  SharedArgs sh{nullptr, nullptr, nullptr, 0};
-  if (shared != nullptr) {
-    if (shared->intermediate < 8 || shared->intermediate % 8 != 0 ||
-        shared->intermediate > kMaxDim || shared->w_gate_up == nullptr ||
-        shared->w_down == nullptr || shared->act == nullptr || !Aligned16(shared->w_gate_up) ||
-        !Aligned16(shared->w_down) || !Aligned16(shared->act)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MoeFusedExpertsCuda: shared expert needs intermediate a multiple of 8 in [8, 2^22] "
-          "(got ", shared->intermediate, ") and non-null 16-byte aligned weights and act"));
-    }
-    sh = SharedArgs{shared->w_gate_up, shared->w_down, shared->act,
-                    static_cast<int>(shared->intermediate)};
-  }
+  SharedArgs sh;
+  if (absl::Status s = ToSharedArgs(shared, "MoeFusedExpertsCuda", &sh); !s.ok()) return s;
+  const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -1006,16 +1172,16 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
   if (num_tokens == 1) {
     LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, add, out, stream);
+                          act, sh, shared_gate_up, add, out, stream);
   } else if (num_tokens == 2) {
     LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, add, out, stream);
+                          act, sh, shared_gate_up, add, out, stream);
   } else if (num_tokens <= 4) {
     LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, add, out, stream);
+                          act, sh, shared_gate_up, add, out, stream);
   } else {
     LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
-                                     k, h, i, act, sh, add, out, stream);
+                                     k, h, i, act, sh, shared_gate_up, add, out, stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
