@@ -1105,20 +1105,15 @@ std::atomic<int> g_prefill_kernel{1};
 std::atomic<int> g_decode_fusion{0};  // SetMlaDecodeFusion's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
-// device (checked once per device; griddepcontrol compiles to nothing below sm_90).
+// device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph
+// capture does once; cudaDeviceGetAttribute does not synchronize.
 bool DecodePdl() {
   if (g_decode_fusion.load(std::memory_order_relaxed) < 3) return false;
-  static std::atomic<int> major_cache[16];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return false;
-  int major = major_cache[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      return false;
-    }
-    major_cache[device].store(major, std::memory_order_relaxed);
-  }
-  return major >= 9;
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         major >= 9;
 }
 
 // Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
