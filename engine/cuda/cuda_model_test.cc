@@ -275,12 +275,14 @@ void ExpectSameBits(const std::string& what, const std::vector<float>& got,
 }
 
 // MlaPrologueCuda and MlaAbsorbQueryCuda (DeepSeek runner variants 2+) against the separate
-// launches they replace, at DeepSeek-V2-Lite's MLA shapes (16 heads, dn 128, dr 64, R 512),
-// both rope layouts, 3 tokens (one not cached).
-TEST_F(CudaModelTest, DeepseekFusedMlaKernelsMatchSeparateLaunches) {
+// launches they replace, and MlaPrologueAbsorbCuda against those two: both rope layouts, 3
+// tokens (one not cached).
+void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int64_t R) {
+  SCOPED_TRACE(::testing::Message() << heads << " heads, dn " << dn << ", dr " << dr << ", R "
+                                    << R);
   namespace ct = kernels::cuda_test;
   auto rng = ct::Rng();
-  const int64_t T = 3, heads = 16, dn = 128, dr = 64, dv = 128, R = 512, qk = dn + dr;
+  const int64_t T = 3, qk = dn + dr;
   const int64_t latent_w = R + dr, kv_w = R + dr, q_w = heads * qk, lat_stride = heads * latent_w;
   const float eps = 1e-6f;
   auto d_kv = ct::Upload(ct::RandomBf16(T * kv_w, rng, -2.0f, 2.0f));
@@ -391,6 +393,13 @@ TEST_F(CudaModelTest, DeepseekFusedMlaKernelsMatchSeparateLaunches) {
                      ct::Download(q_lat));
     }
   }
+}
+
+// At DeepSeek-V2-Lite's MLA shapes and deepseek-v3-tiny's (4 heads, dn 16, dr 8, R 32: one
+// partial column block).
+TEST_F(CudaModelTest, DeepseekFusedMlaKernelsMatchSeparateLaunches) {
+  CheckFusedMlaKernels(16, 128, 64, 128, 512);
+  CheckFusedMlaKernels(4, 16, 8, 16, 32);
 }
 
 // The trained DeepSeek-V3-architecture model (bf16 weights, 64-token greedy goldens). Its logits

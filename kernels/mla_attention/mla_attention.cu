@@ -1366,8 +1366,9 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
+    const bool pdl = DecodePdl();
     SLUICE_CUDA_RETURN_IF_ERROR(attention_detail::LaunchKernelMaybePdl(
-                                    kernel, grid, dim3(kTcThreads), smem, stream, DecodePdl(), args),
+                                    kernel, grid, dim3(kTcThreads), smem, stream, pdl, args),
                                 "MlaLatentAttentionCuda: decode launch");
   } else if (plan.prefill_mma) {
     const int64_t q_tiles = (batch.max_query_len + kPfTokens - 1) / kPfTokens;
