@@ -156,8 +156,10 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 (the default) as 2 with the shared
 // experts folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's
 // SwiGLU), 4 as 3 with the multi-block routing (MoeFusedRouteMode::kMultiBlock), which also
-// computes the shared experts' gate/up while the routing waits for its last block (same
-// results as 3 bit for bit). Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL:
+// computes the shared experts' gate/up while the routing waits for its last block, and with
+// MoeFusedExpertsCuda's down launch a programmatic dependent of its gate/up launch on sm_90+
+// (it starts during the gate/up tail and prefetches its first weights into L2; same results
+// as 3 bit for bit). Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL:
 // 0 3.115 ms, 1 3.029, 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
 // capturing graphs. InvalidArgument outside 0..4. MoeDecodeVariant returns the setting.

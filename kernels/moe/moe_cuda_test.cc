@@ -763,6 +763,17 @@ Routed RouteDeviceLogitsOnCpu(const MoeConfig& cfg, const FusedCase& c, int64_t 
   return RouteCpu(DownloadRaw(d_logits), c.bias, t, cfg.routing);
 }
 
+// f() with SetMoeDecodeVariant(v) (variant 4: MoeFusedExpertsCuda's down launch is a
+// programmatic dependent of its gate/up launch), the setting restored after.
+template <typename F>
+FusedRun UnderVariant(int v, F f) {
+  const int saved = MoeDecodeVariant();
+  EXPECT_TRUE(SetMoeDecodeVariant(v).ok());
+  FusedRun r = f();
+  EXPECT_TRUE(SetMoeDecodeVariant(saved).ok());
+  return r;
+}
+
 // Near ties: the router keeps only E / 4 distinct rows, each at four random positions, so
 // many logits, scores and group scores are exactly equal (the lower index must win).
 void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) {
@@ -783,7 +794,8 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
 // 0 after each launch; every output is poisoned before each call); its ids equal MoeRoutingCpu's
 // and its weights agree to fp32 rounding; the experts agree with the CPU reference. With a
 // shared expert computed in the route launch, the output equals the single-block path's
-// (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16.
+// (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
+// multi-block runs are under variant 4 (programmatic dependent down launch), the others 3.
 TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -800,8 +812,10 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
             absl::StrCat("moe multi-block route ", cfg.name, " T=", t, ties ? " ties" : "");
         FusedCase c(cfg, t, rng);
         if (ties) DuplicateRouterRows(cfg, c, rng);
-        const FusedRun single = RunFused(cfg, w, c, t, {});
-        const FusedRun got = RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
+        const FusedRun single = UnderVariant(3, [&] { return RunFused(cfg, w, c, t, {}); });
+        const FusedRun got = UnderVariant(4, [&] {
+          return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
+        });
         ExpectSameBits(tag + " vs single block", got, single);
         const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t);
         int64_t cpu_bad_ids = 0, cpu_bad_w = 0;
@@ -823,8 +837,10 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
 
         auto d_act = NanBuffer(static_cast<size_t>(t * si));
         const MoeSharedExpert shared{d_sgu.data(), d_sd.data(), si, d_act.data()};
-        const FusedRun single_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared);
-        const FusedRun got_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2);
+        const FusedRun single_sh =
+            UnderVariant(3, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
+        const FusedRun got_sh = UnderVariant(
+            4, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
         EXPECT_EQ(CountBitDiffs(got_sh.ids, single.ids), 0) << tag << " shared";
         EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
         ExpectClose(tag + " shared vs fp64", got_sh.out,

@@ -662,6 +662,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
                          SharedArgs sh, int num_tokens, int max_active) {
+  // The down kernel, when launched as a programmatic dependent (decode variant 4), may get
+  // resident from now on (it waits for this grid before reading act); a no-op otherwise.
+  attention_detail::LaunchDependents();
   const int slot = blockIdx.y;
   int col = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   if (slot >= max_active) {  // only launched with a shared expert
@@ -811,6 +814,10 @@ __device__ __forceinline__ void DownPair(const bf16* we, const bf16* act, int k,
 // `add` [T, n] when given, each as bf16(a + routed) (AddInPlaceCuda's rounding). So without a
 // shared expert the output equals the GEMV path's MoeCombineKernel (+ AddInPlaceCuda) bit for
 // bit. Rows total <= kMoeFusedMaxRows.
+// pdl (decode variant 4): launched as a programmatic dependent of MoeFusedGateUpKernel, so the
+// grid may start while that kernel still runs: before GridDependencyWait it reads only the
+// route kernel's sort (complete before the gate/up kernel started) and asks L2 for the weight
+// rows of each warp's first task; act and everything it writes come after the wait.
 template <int kRows>
 __global__ void __launch_bounds__(kDownWarps * 32)
     MoeDownCombineKernel(const bf16* __restrict__ act, const bf16* __restrict__ w,
@@ -818,24 +825,48 @@ __global__ void __launch_bounds__(kDownWarps * 32)
                          const int32_t* __restrict__ num_active,
                          const int32_t* __restrict__ row_to_sorted,
                          const float* __restrict__ topk_weights, int num_tokens, int top_k, int n,
-                         int k, SharedArgs sh, const bf16* add, bf16* out) {
+                         int k, SharedArgs sh, const bf16* add, bf16* out, bool pdl) {
   __shared__ float val[kDownCols][kMoeFusedMaxRows];
   __shared__ float shared_val[kDownCols][kMoeFusedMaxTokens];
   const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int c0 = blockIdx.x * kDownCols;  // n % 8 == 0: every column of the block exists
   constexpr int kPairs = kDownCols / 2;
   const int routed_slots = *num_active;
   const int tasks = (routed_slots + (sh.w_gate_up != nullptr ? 1 : 0)) * kPairs;
+  // Task → its two adjacent weight rows (first row) and their length; slot routed_slots is the
+  // shared expert.
+  auto task_rows = [&](int task, int* len) {
+    const int slot = task / kPairs;
+    const int c = (task % kPairs) * 2;
+    if (slot == routed_slots) {
+      *len = sh.n;
+      return sh.w_down + static_cast<int64_t>(c0 + c) * sh.n;
+    }
+    *len = k;
+    return w + (static_cast<int64_t>(active[slot]) * n + c0 + c) * k;
+  };
+  if (pdl) {
+    if (warp < tasks) {
+      int len = 0;
+      const char* rows = reinterpret_cast<const char*>(task_rows(warp, &len));
+      const int bytes = 2 * len * static_cast<int>(sizeof(bf16));
+      for (int off = lane * 128; off < bytes; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rows + off));
+      }
+    }
+    attention_detail::GridDependencyWait();
+  }
   for (int task = warp; task < tasks; task += kDownWarps) {
     const int slot = task / kPairs;
     const int c = (task % kPairs) * 2;
+    int len = 0;
+    const bf16* rows = task_rows(task, &len);
     if (slot == routed_slots) {  // the shared expert: token rows of sh.act
-      DownPair<kRows>(sh.w_down + static_cast<int64_t>(c0 + c) * sh.n, sh.act, sh.n, 0,
-                      num_tokens, shared_val[c], shared_val[c + 1]);
+      DownPair<kRows>(rows, sh.act, len, 0, num_tokens, shared_val[c], shared_val[c + 1]);
     } else {
       const int e = active[slot];
-      DownPair<kRows>(w + (static_cast<int64_t>(e) * n + c0 + c) * k, act, k, offsets[e],
-                      offsets[e + 1], val[c], val[c + 1]);
+      DownPair<kRows>(rows, act, len, offsets[e], offsets[e + 1], val[c], val[c + 1]);
     }
   }
   __syncthreads();
@@ -872,6 +903,17 @@ absl::Status ToSharedArgs(const MoeSharedExpert* shared, const char* who, Shared
   *sh = SharedArgs{shared->w_gate_up, shared->w_down, shared->act,
                    static_cast<int>(shared->intermediate)};
   return absl::OkStatus();
+}
+
+// Whether this device runs griddepcontrol (sm_90+; below, the kernels' waits compile to
+// nothing, so a programmatic dependent launch would race). cudaDeviceGetAttribute does not
+// synchronize (fine during graph capture).
+bool PdlSupported() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         major >= 9;
 }
 
 // SetMoeDecodeVariant's setting.
@@ -1110,7 +1152,8 @@ template <int kRows>
 void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
                         const SortOut& so, const float* topk_weights, unsigned max_active,
                         int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
-                        bool shared_gate_up, const bf16* add, bf16* out, cudaStream_t stream) {
+                        bool shared_gate_up, const bf16* add, bf16* out, bool pdl,
+                        cudaStream_t stream) {
   // Grid rows: one per possible touched expert, then enough for the shared expert's columns
   // (none when MoeFusedRouteCuda computed its activations).
   const unsigned columns = static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps);
@@ -1121,10 +1164,11 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
                                 stream>>>(x_rows, w_gate_up, so.offsets, so.active,
                                           so.num_active, i, act, sh, num_tokens,
                                           static_cast<int>(max_active));
-  MoeDownCombineKernel<kRows>
-      <<<static_cast<unsigned>(h / kDownCols), kDownWarps * 32, 0, stream>>>(
-          act, w_down, so.offsets, so.active, so.num_active, so.row_to_sorted, topk_weights,
-          num_tokens, top_k, h, i, sh, add, out);
+  // A launch error is reported by the caller's CudaLaunchStatus.
+  (void)attention_detail::LaunchKernelMaybePdl(
+      MoeDownCombineKernel<kRows>, dim3(static_cast<unsigned>(h / kDownCols)),
+      dim3(kDownWarps * 32), 0, stream, pdl, act, w_down, so.offsets, so.active, so.num_active,
+      so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl);
 }
 
 }  // namespace
@@ -1159,6 +1203,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   SharedArgs sh;
   if (absl::Status s = ToSharedArgs(shared, "MoeFusedExpertsCuda", &sh); !s.ok()) return s;
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
+  // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL).
+  const bool pdl = MoeDecodeVariant() >= 4 && PdlSupported();
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -1172,16 +1218,16 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
   if (num_tokens == 1) {
     LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, stream);
+                          act, sh, shared_gate_up, add, out, pdl, stream);
   } else if (num_tokens == 2) {
     LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, stream);
+                          act, sh, shared_gate_up, add, out, pdl, stream);
   } else if (num_tokens <= 4) {
     LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, stream);
+                          act, sh, shared_gate_up, add, out, pdl, stream);
   } else {
     LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
-                                     k, h, i, act, sh, shared_gate_up, add, out, stream);
+                                     k, h, i, act, sh, shared_gate_up, add, out, pdl, stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
