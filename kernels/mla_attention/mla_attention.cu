@@ -1000,7 +1000,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
 // the merged row equals the bf16 out_latent the combine writes), or, without a split, the bf16
 // row the attention kernel wrote; then, from those bf16 values in shared memory,
 //   out[token, h·dv + j] = bf16(Σ_c w[h·w_head_stride + j·rank + c] · o[c])   (fp32)
-// for the slice's kVUpRows rows j, warp w rows j0 + w and j0 + w + 8, lanes over channel pairs.
+// for the slice's kVUpRows rows j, warp w rows j0 + w and j0 + w + 8, lanes over channels.
 // Every slice merges its row again (an L2 read of the partials: cheap next to a launch).
 constexpr int kVUpThreads = 256;
 constexpr int kVUpRows = 16;
@@ -1015,6 +1015,7 @@ struct VUpArgs {
   bf16* out;  // token t, head h: out + t·out_token_stride + h·dv, dv values
   int64_t out_token_stride;
   int num_splits, num_tokens, num_heads, rank, dv, slices;
+  bool w_vec;  // w, w_head_stride and rank allow 16-byte weight loads
 };
 
 __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs a) {
@@ -1055,14 +1056,23 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
       if (lane == 0) shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
     }
     __syncthreads();
+    // Thread t merges channels 2t, 2t + 1 (rank ≤ 2 · kVUpThreads, even) with 8-byte loads, 16
+    // splits in flight: the merge is a chain of L2 round trips, not bytes.
     const float inv = shared_inv;
-    const float* src = a.partial_out + row * a.rank;
-    const int64_t stride = split_stride * a.rank;
-    for (int c = threadIdx.x; c < a.rank; c += kVUpThreads) {
-      float num = 0.0f;
-#pragma unroll 8
-      for (int sp = 0; sp < a.num_splits; ++sp) num += weight[sp] * src[sp * stride + c];
-      o_s[c] = __bfloat162float(__float2bfloat16_rn(num * inv));
+    const int c = 2 * static_cast<int>(threadIdx.x);
+    if (c < a.rank) {
+      const float2* src = reinterpret_cast<const float2*>(a.partial_out + row * a.rank + c);
+      const int64_t stride2 = split_stride * a.rank / 2;
+      float2 num = make_float2(0.0f, 0.0f);
+#pragma unroll 16
+      for (int sp = 0; sp < a.num_splits; ++sp) {
+        const float wt = weight[sp];
+        const float2 v = src[sp * stride2];
+        num.x += wt * v.x;
+        num.y += wt * v.y;
+      }
+      o_s[c] = __bfloat162float(__float2bfloat16_rn(num.x * inv));
+      o_s[c + 1] = __bfloat162float(__float2bfloat16_rn(num.y * inv));
     }
   } else {
     for (int c = threadIdx.x; c < a.rank; c += kVUpThreads) {
@@ -1070,21 +1080,60 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
     }
   }
   __syncthreads();  // o_s complete
-  const int j_end = min(a.dv, (slice + 1) * kVUpRows);
   const bf16* w_head = a.w + static_cast<int64_t>(h) * a.w_head_stride;
   bf16* out = a.out + static_cast<int64_t>(token) * a.out_token_stride +
               static_cast<int64_t>(h) * a.dv;
-  for (int j = slice * kVUpRows + warp; j < j_end; j += kVUpThreads / 32) {
-    const __nv_bfloat162* wr =
-        reinterpret_cast<const __nv_bfloat162*>(w_head + static_cast<int64_t>(j) * a.rank);
-    float acc = 0.0f;
-    for (int c2 = lane; c2 < a.rank / 2; c2 += 32) {
-      const float2 wf = __bfloat1622float2(wr[c2]);
-      acc = fmaf(wf.x, o_s[2 * c2], acc);
-      acc = fmaf(wf.y, o_s[2 * c2 + 1], acc);
+  // Warp w: rows j0 + w and j0 + w + 8 of the slice.
+  constexpr int kWarps = kVUpThreads / 32;
+  static_assert(kVUpRows == 2 * kWarps, "two rows per warp");
+  const int j0 = slice * kVUpRows + warp;
+  if (a.w_vec) {
+    // Lane l: 8-channel chunks l and l + 32 of both rows (rank ≤ 512), all four 16-byte loads
+    // issued before the first FMA.
+    constexpr int kChunks = kMaxRank / 8 / 32;
+    float wf[2][kChunks][8];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int j = j0 + r * kWarps, chunk = lane + 32 * k;
+        if (j < a.dv && chunk * 8 < a.rank) {
+          cuda_detail::LoadBf16x8(w_head + static_cast<int64_t>(j) * a.rank + chunk * 8, wf[r][k]);
+        } else {
+#pragma unroll
+          for (int u = 0; u < 8; ++u) wf[r][k][u] = 0.0f;
+        }
+      }
     }
-    acc = cuda_detail::WarpSum(acc);
-    if (lane == 0) out[j] = __float2bfloat16_rn(acc);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int chunk = lane + 32 * k;
+        if (chunk * 8 >= a.rank) continue;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc = fmaf(wf[r][k][u], o_s[chunk * 8 + u], acc);
+      }
+      acc = cuda_detail::WarpSum(acc);
+      const int j = j0 + r * kWarps;
+      if (lane == 0 && j < a.dv) out[j] = __float2bfloat16_rn(acc);
+    }
+  } else {
+    for (int r = 0; r < 2; ++r) {
+      const int j = j0 + r * kWarps;
+      if (j >= a.dv) break;  // warp-uniform
+      const __nv_bfloat162* wr =
+          reinterpret_cast<const __nv_bfloat162*>(w_head + static_cast<int64_t>(j) * a.rank);
+      float acc = 0.0f;
+      for (int c2 = lane; c2 < a.rank / 2; c2 += 32) {
+        const float2 wf = __bfloat1622float2(wr[c2]);
+        acc = fmaf(wf.x, o_s[2 * c2], acc);
+        acc = fmaf(wf.y, o_s[2 * c2 + 1], acc);
+      }
+      acc = cuda_detail::WarpSum(acc);
+      if (lane == 0) out[j] = __float2bfloat16_rn(acc);
+    }
   }
 }
 
@@ -1473,6 +1522,7 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   a.rank = static_cast<int>(dims.kv_lora_rank);
   a.dv = static_cast<int>(v_head_dim);
   a.slices = static_cast<int>((v_head_dim + kVUpRows - 1) / kVUpRows);
+  a.w_vec = cuda_detail::Aligned16(w_uv) && w_head_stride % 8 == 0 && a.rank % 8 == 0;
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
