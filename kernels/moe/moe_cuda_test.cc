@@ -734,9 +734,13 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
                                       stream->get())
                       .ok());
     };
+    // The multi-block route under variant 4: the down launch is then a programmatic dependent.
+    const int saved = MoeDecodeVariant();
+    ASSERT_TRUE(SetMoeDecodeVariant(mode == MoeFusedRouteMode::kMultiBlock ? 4 : 3).ok());
     ExpectGraphReplayEqualsDirect(
         absl::StrCat("moe fused graph replay vs direct, route mode ", static_cast<int>(mode)),
         stream->get(), t * cfg.hidden, run);
+    ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
   }
 }
 
