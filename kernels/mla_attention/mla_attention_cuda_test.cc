@@ -259,6 +259,8 @@ TEST(MlaLatentAttentionCudaTest, PrefillChunksAndHeadGroups) {
   RunCase("40 heads mixed", Dims(40, 512, 64, 128, 128), 16, {{100, 20}, {0, 7}, {300, 1}}, rng);
   // deepseek-v3-tiny fixture dims.
   RunCase("v3-tiny fixture", Dims(4, 32, 8, 16, 16), 16, {{0, 9}, {40, 3}, {5, 1}}, rng);
+  // kv_lora_rank 36 (not a multiple of 8: the fused W_UV's 4-byte weight path), v_head_dim 8.
+  RunCase("rank 36 rope 4", Dims(2, 36, 4, 8, 8), 16, {{20, 1}, {3, 2}, {0, 1}}, rng);
 }
 
 // Every prefill kernel (SetMlaPrefillKernel): chunked prefill over cached prefixes (split across
