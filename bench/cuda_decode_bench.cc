@@ -621,6 +621,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
+  out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
   out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();
