@@ -293,12 +293,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     return key0 < kv_end && key0 + kBN > kv_begin;
   };
 
-  // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
-  // Ring: tile i lives in buffer i % kStages and is copy group i; every iteration commits one
-  // group (empty past the last tile: an empty group completes at once), so "tile i landed" is
-  // always "at most kStages − 1 newer groups pending". With kRing the same holds per warp
-  // (each thread's groups hold only its own warp's copies).
-  // Decode fusion: the (cos, sin) table lives after the kernel's own shared memory.
+  // Decode fusion: the (cos, sin) table lives after the kernel's own shared memory; the new
+  // key's K/V reach the cache before the first copy below.
   float2* const rope_cs = reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes);
   const bool fused = args.fusion.inv_freq != nullptr;
   if (fused) {
@@ -306,6 +302,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
         args.fusion, args.q + static_cast<int64_t>(q_begin) * args.q_token_stride, q_begin,
         kv_head, args.num_kv_heads, args.head_dim, kv_begin <= ctx && ctx < kv_end, rope_cs);
   }
+
+  // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
+  // Ring: tile i lives in buffer i % kStages and is copy group i; every iteration commits one
+  // group (empty past the last tile: an empty group completes at once), so "tile i landed" is
+  // always "at most kStages − 1 newer groups pending". With kRing the same holds per warp
+  // (each thread's groups hold only its own warp's copies).
   const int tile_first = kv_begin / Cfg::kTileN * Cfg::kTileN;
   int64_t next_slot = kRing ? lookup(tile_first + wn * kBN) : 0;  // for the next slice copy
   auto load = [&](int tile, int buf) {

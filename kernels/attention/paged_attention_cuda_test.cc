@@ -63,6 +63,25 @@ PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t 
   return p;
 }
 
+// Step metadata on the device, and the batch view of it.
+struct DeviceStep {
+  DeviceBuffer<int32_t> query_start, context_lens, tables;
+  PagedAttentionCudaBatch batch;
+  DeviceStep(const std::vector<int32_t>& start, const std::vector<int32_t>& contexts,
+             const std::vector<int32_t>& block_tables, int64_t max_blocks, int64_t num_tokens,
+             int64_t max_query_len, int64_t max_seq_len)
+      : query_start(Upload(start)), context_lens(Upload(contexts)), tables(Upload(block_tables)) {
+    batch.query_start_loc = query_start.data();
+    batch.context_lens = context_lens.data();
+    batch.block_tables = tables.data();
+    batch.max_blocks_per_seq = max_blocks;
+    batch.num_sequences = static_cast<int64_t>(contexts.size());
+    batch.num_tokens = num_tokens;
+    batch.max_query_len = max_query_len;
+    batch.max_seq_len = max_seq_len;
+  }
+};
+
 // Runs one case on the device and against PagedAttentionCpu.
 void RunCase(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(c.name);
@@ -142,19 +161,10 @@ void RunCase(const Case& c, std::mt19937& rng) {
   auto d_q = Upload(q);
   auto d_k = Upload(k_cache);
   auto d_v = Upload(v_cache);
-  auto d_start = Upload(query_start);
-  auto d_ctx = Upload(context_lens);
-  auto d_tables = Upload(tables);
   auto d_out = NanBuffer(want.size());
-  PagedAttentionCudaBatch batch;
-  batch.query_start_loc = d_start.data();
-  batch.context_lens = d_ctx.data();
-  batch.block_tables = d_tables.data();
-  batch.max_blocks_per_seq = max_blocks;
-  batch.num_sequences = num_seqs;
-  batch.num_tokens = num_tokens;
-  batch.max_query_len = max_query + c.extra_query_len;
-  batch.max_seq_len = max_seq + c.extra_seq_len;
+  const DeviceStep step(query_start, context_lens, tables, max_blocks, num_tokens,
+                        max_query + c.extra_query_len, max_seq + c.extra_seq_len);
+  const PagedAttentionCudaBatch& batch = step.batch;
   const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
   auto ws = DeviceBuffer<uint8_t>::Create(ws_bytes);
   ASSERT_TRUE(ws.ok()) << ws.status();
@@ -499,21 +509,11 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   auto d_qkv = Upload(qkv);
   auto d_k = Upload(k_cache);
   auto d_v = Upload(v_cache);
-  auto d_start = Upload(query_start);
-  auto d_ctx = Upload(contexts);
-  auto d_tables = Upload(tables);
   auto d_pos = Upload(positions);
   auto d_slots = Upload(slots);
   auto d_out = NanBuffer(want.size());
-  PagedAttentionCudaBatch batch;
-  batch.query_start_loc = d_start.data();
-  batch.context_lens = d_ctx.data();
-  batch.block_tables = d_tables.data();
-  batch.max_blocks_per_seq = max_blocks;
-  batch.num_sequences = T;
-  batch.num_tokens = T;
-  batch.max_query_len = 1;
-  batch.max_seq_len = max_seq;
+  const DeviceStep step(query_start, contexts, tables, max_blocks, T, 1, max_seq);
+  const PagedAttentionCudaBatch& batch = step.batch;
   ASSERT_TRUE(PagedAttentionDecodeFusionApplies(batch, p, rope_params.rotary_dim));
   const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
   auto ws = DeviceBuffer<uint8_t>::Create(std::max<size_t>(ws_bytes, 16));
