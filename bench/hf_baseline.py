@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Hugging Face transformers baseline for bench/cuda_decode_bench.cc, on the same GPU.
 
-    python3 bench/hf_baseline.py [--config bench/configs/llama3-8b] [--out hf.json]
+    python3 bench/hf_baseline.py [--config bench/configs/llama3-8b] [--batches 1,64]
+        [--prefill 4096,16384] [--out hf.json]
+
+--config may name a Llama config or bench/configs/deepseek-v2-lite (DeepseekV3ForCausalLM);
+an empty --batches or --prefill skips that part.
 
 Builds the model from its config.json with random init (no download; bf16, SDPA attention) and
 measures, with torch.cuda.synchronize() around wall-clock timers:
@@ -22,7 +26,14 @@ import time
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig,
+                          LlamaForCausalLM)
+
+# config.json model_type -> (config class, model class). deepseek_v3 also serves the
+# DeepSeek-V2-Lite shapes of bench/configs/deepseek-v2-lite (same layers and FLOPs; HF's V3 routes
+# with sigmoid scores where V2 uses softmax, which does not change the work).
+MODELS = {"llama": (LlamaConfig, LlamaForCausalLM),
+          "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
 
 
 def timed(fn, reps=1):
@@ -73,12 +84,12 @@ def main():
     with open(f"{a.config}/config.json") as f:
         cfg = json.load(f)
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
-    config = LlamaConfig(**cfg)
+    config_cls, model_cls = MODELS[cfg.get("model_type", "llama")]
+    config = config_cls(**cfg)
     config.max_position_embeddings = max(config.max_position_embeddings, 16384 + 64)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16,
-                                              attn_implementation="sdpa")
+        model = model_cls._from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.eval()
     model.generation_config.disable_compile = True
     result = {
@@ -86,19 +97,20 @@ def main():
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "config": a.config,
+        "model_class": model_cls.__name__,
         "attn_implementation": "sdpa",
         "dtype": "bfloat16",
         "torch_compile": False,
         "decode": [],
         "prefill": [],
     }
-    for b in [int(x) for x in a.batches.split(",")]:
+    for b in [int(x) for x in a.batches.split(",") if x]:  # "" skips decode
         for cache in ("static", "dynamic"):
             r = decode(model, b, a.context, a.new_tokens, cache, config.vocab_size)
             print(json.dumps(r), flush=True)
             result["decode"].append(r)
             torch.cuda.empty_cache()
-    for t in [int(x) for x in a.prefill.split(",")]:
+    for t in [int(x) for x in a.prefill.split(",") if x]:
         r = prefill(model, t, config.vocab_size)
         print(json.dumps(r), flush=True)
         result["prefill"].append(r)
