@@ -80,6 +80,38 @@ __device__ __forceinline__ Bf16x8 LoadX(const Bf16x8* p) {
 // y[r, j] = bf16(silu(g) · u), g and u being the bf16-rounded outputs j and n + j: the CTA's
 // first half of columns computes gate rows, the second half the matching up rows, and the
 // epilogue pairs them through shared memory (SiluMulCuda's formula on LinearCuda's outputs).
+// The part of w one warp of GemvColumns streams for column group `cta`: output column col,
+// row `row` of w, 16-byte vectors [begin, end) of it (end = 0 when col >= n).
+struct GemvWarpSlice {
+  int col;
+  int64_t row;
+  int slice;
+  int begin, end;
+  bool active;
+};
+
+template <int kSplit, bool kGlu>
+__device__ __forceinline__ GemvWarpSlice GemvSliceOf(int cta, int n, int k) {
+  static_assert(kSplit >= 1 && (kGemvThreads / 32) % kSplit == 0);
+  constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
+  static_assert(!kGlu || kColsPerCta % 2 == 0);
+  constexpr int kPairs = kColsPerCta / 2;
+  const int warp = threadIdx.x >> 5;
+  const int vcol = warp / kSplit;  // the CTA's column this warp works on
+  GemvWarpSlice s;
+  s.col = cta * (kGlu ? kPairs : kColsPerCta) + (kGlu ? vcol % (kPairs > 0 ? kPairs : 1) : vcol);
+  s.row = kGlu && vcol >= kPairs ? int64_t{s.col} + n : s.col;
+  s.slice = warp % kSplit;
+  s.active = s.col < n;
+  const int vecs = k / 8;
+  // Slice bounds in vectors; a multiple of 32 per slice keeps every lane's loads aligned to
+  // the warp's 512-byte rounds.
+  const int per_slice = kSplit == 1 ? vecs : ((vecs + kSplit - 1) / kSplit + 31) / 32 * 32;
+  s.begin = s.slice * per_slice;
+  s.end = s.active ? min(vecs, s.begin + per_slice) : 0;
+  return s;
+}
+
 // GemvColumns: the work of one CTA-sized group of output columns (`cta`) of GemvKernel below.
 // kSmemX: x is a [kM][k] copy in shared memory (GemvNormKernel) instead of global memory.
 template <int kM, int kUnroll, int kSplit, bool kGlu, bool kSmemX>
@@ -87,29 +119,18 @@ __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
                                             const bf16* __restrict__ w,
                                             const bf16* __restrict__ bias, bf16* __restrict__ y,
                                             int m, int n, int k) {
-  static_assert(kSplit >= 1 && (kGemvThreads / 32) % kSplit == 0);
   constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
-  static_assert(!kGlu || kColsPerCta % 2 == 0);
   constexpr int kPairs = kColsPerCta / 2;
   constexpr bool kShared = kSplit > 1 || kGlu;  // partial sums meet in shared memory
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int vcol = warp / kSplit;  // the CTA's column this warp works on
-  // col: the output column; row: the row of w it streams.
-  const int col = cta * (kGlu ? kPairs : kColsPerCta) +
-                  (kGlu ? vcol % (kPairs > 0 ? kPairs : 1) : vcol);
-  const int64_t row = kGlu && vcol >= kPairs ? int64_t{col} + n : col;
-  const int slice = warp % kSplit;
+  const GemvWarpSlice ws = GemvSliceOf<kSplit, kGlu>(cta, n, k);
+  const int col = ws.col, slice = ws.slice, begin = ws.begin, end = ws.end;
+  const int64_t row = ws.row;
+  const bool active = ws.active;
   // No early return with kShared: every thread must reach the barrier below.
-  const bool active = col < n;
   if (!kShared && !active) return;
   const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + (active ? row : 0) * k);
-  const int vecs = k / 8;
-  // Slice bounds in vectors; a multiple of 32 per slice keeps every lane's loads aligned to
-  // the warp's 512-byte rounds.
-  const int per_slice = kSplit == 1 ? vecs : ((vecs + kSplit - 1) / kSplit + 31) / 32 * 32;
-  const int begin = slice * per_slice;
-  const int end = active ? min(vecs, begin + per_slice) : 0;
   float acc[kM];
 #pragma unroll
   for (int r = 0; r < kM; ++r) acc[r] = 0.0f;
@@ -231,6 +252,21 @@ __global__ void __launch_bounds__(kGemvThreads)
   bf16* const xs = reinterpret_cast<bf16*>(gemv_smem);
   __shared__ float scratch[32];
   const int vecs = k / 8;
+  {
+    // HBM would idle during the prologue (a chain of L2 round trips): pull up to four
+    // 128-byte lines per lane-octet of this CTA's first loads into L2 (≤ 2 KB a warp, 16 KB a
+    // CTA, so the resident CTAs' prefetches stay well inside L2).
+    const GemvWarpSlice ws = GemvSliceOf<kSplit, kGlu>(static_cast<int>(blockIdx.x), n, k);
+    const int lane = threadIdx.x & 31;
+    if (ws.active && lane % 8 == 0) {
+      const char* wr = reinterpret_cast<const char*>(w + ws.row * k);
+#pragma unroll
+      for (int u = 0; u < (kUnroll < 4 ? kUnroll : 4); ++u) {
+        const int v = ws.begin + lane + 32 * u;
+        if (v < ws.end) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + int64_t{v} * 16));
+      }
+    }
+  }
   for (int r = 0; r < m; ++r) {
     const int64_t base = int64_t{r} * k;
     float sumsq = 0.0f;
