@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -722,7 +723,12 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  for (MoeFusedRouteMode mode : {MoeFusedRouteMode::kSingleBlock, MoeFusedRouteMode::kMultiBlock}) {
+  // The single-block route under variant 3, the multi-block one under variant 4 (the down
+  // launch is then a programmatic dependent) and 5 (pipelined persistent kernels).
+  const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
+                                                    {MoeFusedRouteMode::kMultiBlock, 4},
+                                                    {MoeFusedRouteMode::kMultiBlock, 5}};
+  for (const auto& [mode, variant] : runs) {
     auto run = [&](bf16* out) {
       const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
       EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
@@ -734,11 +740,11 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
                                       stream->get())
                       .ok());
     };
-    // The multi-block route under variant 4: the down launch is then a programmatic dependent.
     const int saved = MoeDecodeVariant();
-    ASSERT_TRUE(SetMoeDecodeVariant(mode == MoeFusedRouteMode::kMultiBlock ? 4 : 3).ok());
+    ASSERT_TRUE(SetMoeDecodeVariant(variant).ok());
     ExpectGraphReplayEqualsDirect(
-        absl::StrCat("moe fused graph replay vs direct, route mode ", static_cast<int>(mode)),
+        absl::StrCat("moe fused graph replay vs direct, route mode ", static_cast<int>(mode),
+                     " variant ", variant),
         stream->get(), t * cfg.hidden, run);
     ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
   }
@@ -819,7 +825,8 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
 // and its weights agree to fp32 rounding; the experts agree with the CPU reference. With a
 // shared expert computed in the route launch, the output equals the single-block path's
 // (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
-// multi-block runs are under variant 4 (programmatic dependent down launch), the others 3.
+// multi-block runs are under variant 4 (programmatic dependent down launch), the others 3;
+// variant 5 (pipelined persistent kernels) repeats them and must give variant 4's bits.
 TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -841,6 +848,11 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
           return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
         });
         ExpectSameBits(tag + " vs single block", got, single);
+        // Variant 5 (pipelined persistent gate/up and down): variant 4's bits.
+        const FusedRun got5 = UnderVariant(5, [&] {
+          return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
+        });
+        ExpectSameBits(tag + " variant 5 vs 4", got5, got);
         std::vector<float> logits;
         const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t, &logits);
         // Ids equal, except where the two experts' scores agree to ~1e-6 (a near tie that
@@ -883,6 +895,16 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
             4, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
         EXPECT_EQ(CountBitDiffs(got_sh.ids, single.ids), 0) << tag << " shared";
         EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
+        // Variant 5: the shared gate/up in the route launch's persistent blocks, or (single
+        // block route) in MoePipedGateUpKernel's shared tasks; the same bits either way.
+        const FusedRun got_sh5 = UnderVariant(
+            5, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
+        const FusedRun single_sh5 =
+            UnderVariant(5, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
+        EXPECT_EQ(CountBitDiffs(got_sh5.ids, single.ids), 0) << tag << " shared variant 5";
+        EXPECT_EQ(CountBitDiffs(got_sh5.out, single_sh.out), 0) << tag << " shared variant 5";
+        EXPECT_EQ(CountBitDiffs(single_sh5.out, single_sh.out), 0)
+            << tag << " shared variant 5, single-block route";
         ExpectClose(tag + " shared vs fp64", got_sh.out,
                     SharedPlusRouted(c.x, sgu_f, sd_f, h, si, t, got.out), kExpertsRtol,
                     kExpertsAtol);
@@ -896,8 +918,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(5).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4}) {
+  EXPECT_EQ(SetMoeDecodeVariant(6).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4, 5}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

@@ -276,6 +276,125 @@ void LaunchGemv(const ARows& x_rows, const ARows& act_rows, const bf16* w_gate_u
       act_rows, w_down, so.offsets, so.active, so.num_active, h, expert_out);
 }
 
+// ---- Pipelined warp dot products (decode variant 5). The GEMV kernels above give each warp
+// one output column and one round trip to memory (issue every weight load, wait, reduce,
+// exit), so all warps of a wave wait at once and the memory pipe drains between waves. Here a
+// warp walks a list of tasks (kMats weight rows times a few activation rows each) in chunks of
+// kVecs lane-strided 16-byte vectors per row, with the loads of the next chunk (of the same or
+// the next task) issued before the current chunk is used: a warp always has a chunk in flight,
+// and persistent warps stream from launch to exit.
+
+// PipeTask: weight rows w0 + m·w_stride (m < kMats) of length a.k, applied to activation rows
+// [begin, end) of `a` (sorted positions or tokens).
+struct PipeTask {
+  const bf16* w0;
+  int64_t w_stride;
+  ARows a;
+  int begin, end;
+};
+
+// Where a warp is: task q (q >= count: done), row pass p0, first vector v0 of the chunk.
+struct PipeStep {
+  int q, p0, v0;
+};
+
+// PipelinedWarpDots: for q = first, first + stride, ... < count, for which task_at(q, &task)
+// returns true (false: nothing to do), and each pass of up to kRows activation rows p0, p0 + 1,
+// ... of [begin, end): sink(q, p0, rows, acc) with acc[m][j] = Σ_i w_m[i] · a[p0 + j][i] on
+// every lane. Each lane adds its products in the order of WarpDotChunked / WarpDotRows (vectors
+// lane, lane + 32, ... ascending; FmaVec's q order) from 0, then the same butterfly: sums bit
+// for bit equal to GemvColumn's / DownPair's. Warp-uniform arguments; every lane calls it.
+// a.k % 8 == 0, rows 16-byte aligned.
+template <int kMats, int kRows, int kVecs, typename TaskAt, typename Sink>
+__device__ __forceinline__ void PipelinedWarpDots(int first, int stride, int count,
+                                                  TaskAt task_at, Sink sink) {
+  static_assert(kRows >= 1 && kRows <= kWarpDotRows && kMats >= 1);
+  const int lane = threadIdx.x & 31;
+  constexpr int kChunk = 32 * kVecs;  // vectors per row per chunk
+  // The step after s (task t is s's; both updated): next chunk, next pass, or next task.
+  auto advance = [&](PipeStep& s, PipeTask& t) {
+    if (s.q < count) {
+      s.v0 += kChunk;
+      if (s.v0 < t.a.k / 8) return;
+      s.v0 = 0;
+      s.p0 += kRows;
+      if (s.p0 < t.end) return;
+      s.q += stride;
+    }
+    for (; s.q < count; s.q += stride) {
+      if (task_at(s.q, &t) && t.begin < t.end) {
+        s.p0 = t.begin;
+        return;
+      }
+    }
+  };
+  auto issue = [&](const PipeStep& s, const PipeTask& t, cuda_detail::Bf16x8(&buf)[kMats][kVecs]) {
+    if (s.q >= count) return;
+    const int vecs = t.a.k / 8;
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int i = s.v0 + u * 32 + lane;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        if (i < vecs) buf[m][u] = moe_detail::LoadWeightVec(t.w0 + m * t.w_stride + i * 8);
+      }
+    }
+  };
+  float acc[kMats][kRows];
+  moe_detail::ZeroAcc(acc);
+  auto consume = [&](const PipeStep& s, const PipeTask& t,
+                     const cuda_detail::Bf16x8(&buf)[kMats][kVecs]) {
+    const int vecs = t.a.k / 8;
+    const int rows = min(kRows, t.end - s.p0);
+    const bf16* a[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) a[j] = t.a.Row(s.p0 + (j < rows ? j : 0));
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int i = s.v0 + u * 32 + lane;
+      if (i >= vecs) break;  // lane-local: no warp-wide operation before the sums
+      float wf[kMats][8];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) cuda_detail::ToFloat8(buf[m][u], wf[m]);
+      moe_detail::FmaVec(wf, a, i, rows, acc);
+    }
+    if (s.v0 + kChunk >= vecs) {  // the pass's last chunk (warp-uniform)
+      moe_detail::WarpSumAcc(acc);
+      sink(s.q, s.p0, rows, acc);
+      moe_detail::ZeroAcc(acc);
+    }
+  };
+  PipeStep s0{first, 0, 0};
+  PipeTask t0{};
+  for (; s0.q < count; s0.q += stride) {
+    if (task_at(s0.q, &t0) && t0.begin < t0.end) break;
+  }
+  s0.p0 = t0.begin;
+  if (s0.q >= count) return;
+  // Two register buffers, named (not indexed) so that they stay in registers.
+  cuda_detail::Bf16x8 b0[kMats][kVecs], b1[kMats][kVecs];
+  issue(s0, t0, b0);
+  while (true) {
+    PipeStep s1 = s0;
+    PipeTask t1 = t0;
+    advance(s1, t1);
+    issue(s1, t1, b1);
+    consume(s0, t0, b0);
+    if (s1.q >= count) break;
+    s0 = s1;
+    t0 = t1;
+    advance(s0, t0);
+    issue(s0, t0, b0);
+    consume(s1, t1, b1);
+    if (s0.q >= count) break;
+  }
+}
+
+// Vectors per lane per weight row and chunk of the pipelined kernels: two chunks in flight per
+// warp within the 128 registers of two 256-thread blocks per SM.
+template <int kRows>
+inline constexpr int kPipeVecs = kRows <= 2 ? 4 : 2;
+
 // Streaming path (medium batches: a few rows per expert). A warp owns one output column (two
 // for down) of one touched expert and streams its two weight rows once in chunks of kStreamChunk
 // elements held in registers; for each chunk it applies them to all of the expert's rows,
@@ -680,6 +799,73 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                                       col, offsets[e], offsets[e + 1], c);
 }
 
+// Gate/up + SiLU·mul of the touched experts and (shared_cols > 0) of the shared expert's
+// columns, decode variant 5: a persistent grid (about two blocks per SM) of warps walking the
+// tasks with PipelinedWarpDots. Task q < max_active·n is column q / max_active of the expert in
+// slot q % max_active (consecutive warps take different experts, so every SM streams all of
+// them at once); task max_active·n + c is the shared expert's column c (c < shared_cols) for
+// tokens 0..num_tokens-1. Outputs equal MoeFusedGateUpKernel's bit for bit. PipedGateUp: the
+// warp's part, tasks first, first + stride, ...; `slots` = *num_active (unused and may be 0
+// when max_active == 0: shared columns only, as in the multi-block routing kernel).
+template <int kRows>
+__device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
+                                            const int32_t* offsets, const int32_t* active,
+                                            int slots, int n, bf16* c, const SharedArgs& sh,
+                                            int num_tokens, int max_active, int shared_cols,
+                                            int first, int stride) {
+  const int lane = threadIdx.x & 31;
+  const int routed = max_active * n;
+  const int k = x_rows.k;
+  auto task_at = [&](int q, PipeTask* t) {
+    if (q >= routed) {
+      const int col = q - routed;
+      t->w0 = sh.w_gate_up + static_cast<int64_t>(col) * k;
+      t->w_stride = static_cast<int64_t>(sh.n) * k;
+      t->a = ARows{x_rows.base, nullptr, 1, k};
+      t->begin = 0;
+      t->end = num_tokens;
+      return true;
+    }
+    const int slot = q % max_active;
+    if (slot >= slots) return false;
+    const int e = active[slot];
+    t->w0 = w + (static_cast<int64_t>(e) * 2 * n + q / max_active) * k;
+    t->w_stride = static_cast<int64_t>(n) * k;
+    t->a = x_rows;
+    t->begin = offsets[e];
+    t->end = offsets[e + 1];
+    return true;
+  };
+  auto sink = [&](int q, int p0, int rows, const float(&acc)[2][kRows]) {
+    const bool shared = q >= routed;
+    bf16* out = shared ? sh.act : c;
+    const int width = shared ? sh.n : n;
+    const int col = shared ? q - routed : q / max_active;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < rows && lane == j) {
+        out[static_cast<int64_t>(p0 + j) * width + col] =
+            __float2bfloat16_rn(SiluMul(acc[0][j], acc[1][j]));
+      }
+    }
+  };
+  PipelinedWarpDots<2, kRows, kPipeVecs<kRows>>(first, stride, routed + shared_cols, task_at,
+                                                  sink);
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2)
+    MoePipedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
+                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
+                         const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
+                         SharedArgs sh, int num_tokens, int max_active, int shared_cols) {
+  // As MoeFusedGateUpKernel: a programmatic dependent down launch may get resident from now on.
+  attention_detail::LaunchDependents();
+  PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, max_active,
+                     shared_cols, static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
+                     static_cast<int>(gridDim.x) * kGemvWarps);
+}
+
 // ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
 // The single-block kernel above streams the whole router matrix through one SM (~15 us for
 // V2-Lite's 256 KiB on an H200); here a warp per router row spreads it over ceil(E / 8)
@@ -725,8 +911,10 @@ __host__ __device__ __forceinline__ int RouteMultiBlocks(int num_experts) {
   return (num_experts + kRouteMultiWarps - 1) / kRouteMultiWarps;
 }
 
-template <int kRows>
-__global__ void __launch_bounds__(kRouteMultiWarps * 32)
+// kPiped (decode variant 5): the shared-expert blocks are persistent (the host sizes them to
+// the SMs left over) and walk the shared columns with PipedGateUp (same values bit for bit).
+template <int kRows, bool kPiped>
+__global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
     MoeFusedRouteMultiKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate,
                              int hidden, RouteArgs args, SortOut so, float* logits_g,
                              unsigned int* ws_counter, int slot, SharedArgs sh) {
@@ -737,6 +925,13 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32)
   const int warp = threadIdx.x >> 5;
   const int route_blocks = RouteMultiBlocks(e_count);
   if (static_cast<int>(blockIdx.x) >= route_blocks) {  // block-uniform: no barrier below
+    if constexpr (kPiped) {
+      const int first = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
+      const int stride = (static_cast<int>(gridDim.x) - route_blocks) * kRouteMultiWarps;
+      PipedGateUp<kRows>(ARows{x, nullptr, 1, hidden}, nullptr, nullptr, nullptr, 0, 0, nullptr,
+                         sh, num_tokens, /*max_active=*/0, sh.n, first, stride);
+      return;
+    }
     const int col = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
     if (col >= sh.n) return;
     const ARows tokens{x, nullptr, 1, hidden};
@@ -818,8 +1013,10 @@ __device__ __forceinline__ void DownPair(const bf16* we, const bf16* act, int k,
 // grid may start while that kernel still runs: before GridDependencyWait it reads only the
 // route kernel's sort (complete before the gate/up kernel started) and asks L2 for the weight
 // rows of each warp's first task; act and everything it writes come after the wait.
-template <int kRows>
-__global__ void __launch_bounds__(kDownWarps * 32)
+// kPiped (decode variant 5): the warps walk their tasks with PipelinedWarpDots (the next
+// task's weights in flight while the current one is reduced; same sums bit for bit).
+template <int kRows, bool kPiped>
+__global__ void __launch_bounds__(kDownWarps * 32, kPiped ? 2 : 1)
     MoeDownCombineKernel(const bf16* __restrict__ act, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active,
@@ -857,16 +1054,51 @@ __global__ void __launch_bounds__(kDownWarps * 32)
     }
     attention_detail::GridDependencyWait();
   }
-  for (int task = warp; task < tasks; task += kDownWarps) {
-    const int slot = task / kPairs;
-    const int c = (task % kPairs) * 2;
-    int len = 0;
-    const bf16* rows = task_rows(task, &len);
-    if (slot == routed_slots) {  // the shared expert: token rows of sh.act
-      DownPair<kRows>(rows, sh.act, len, 0, num_tokens, shared_val[c], shared_val[c + 1]);
-    } else {
-      const int e = active[slot];
-      DownPair<kRows>(rows, act, len, offsets[e], offsets[e + 1], val[c], val[c + 1]);
+  if constexpr (kPiped) {
+    // Task → the column pair's two weight rows over the expert's sorted rows of act, or over
+    // the token rows of sh.act for the shared expert.
+    auto task_at = [&](int task, PipeTask* t) {
+      int len = 0;
+      t->w0 = task_rows(task, &len);
+      t->w_stride = len;
+      if (task / kPairs == routed_slots) {
+        t->a = ARows{sh.act, nullptr, 1, len};
+        t->begin = 0;
+        t->end = num_tokens;
+      } else {
+        const int e = active[task / kPairs];
+        t->a = ARows{act, nullptr, 1, len};
+        t->begin = offsets[e];
+        t->end = offsets[e + 1];
+      }
+      return true;
+    };
+    // DownPair's rounding and placement.
+    auto sink = [&](int task, int p0, int rows, const float(&acc)[2][kRows]) {
+      const int c = (task % kPairs) * 2;
+      float* v0 = task / kPairs == routed_slots ? shared_val[c] : val[c];
+      float* v1 = task / kPairs == routed_slots ? shared_val[c + 1] : val[c + 1];
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        if (j < rows && lane == j) {
+          v0[p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[0][j]));
+          v1[p0 + j] = __bfloat162float(__float2bfloat16_rn(acc[1][j]));
+        }
+      }
+    };
+    PipelinedWarpDots<2, kRows, kPipeVecs<kRows>>(warp, kDownWarps, tasks, task_at, sink);
+  } else {
+    for (int task = warp; task < tasks; task += kDownWarps) {
+      const int slot = task / kPairs;
+      const int c = (task % kPairs) * 2;
+      int len = 0;
+      const bf16* rows = task_rows(task, &len);
+      if (slot == routed_slots) {  // the shared expert: token rows of sh.act
+        DownPair<kRows>(rows, sh.act, len, 0, num_tokens, shared_val[c], shared_val[c + 1]);
+      } else {
+        const int e = active[slot];
+        DownPair<kRows>(rows, act, len, offsets[e], offsets[e + 1], val[c], val[c + 1]);
+      }
     }
   }
   __syncthreads();
@@ -914,6 +1146,26 @@ bool PdlSupported() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
              cudaSuccess &&
          major >= 9;
+}
+
+// Blocks of a persistent decode-variant-5 launch: two 256-thread blocks per SM (the kernels'
+// launch bounds allow two). Not a synchronizing call (fine during graph capture).
+int PipedBlocks() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms < 1) {
+    return 2;
+  }
+  return 2 * sms;
+}
+
+// The multi-block routing kernel for kRows rows per pass; piped: decode variant 5's.
+using RouteMultiFn = void (*)(const bf16*, const bf16*, int, RouteArgs, SortOut, float*,
+                              unsigned int*, int, SharedArgs);
+template <int kRows>
+RouteMultiFn PickRouteMulti(bool piped) {
+  return piped ? MoeFusedRouteMultiKernel<kRows, true> : MoeFusedRouteMultiKernel<kRows, false>;
 }
 
 // SetMoeDecodeVariant's setting.
@@ -1047,9 +1299,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 4) {
+  if (variant < 0 || variant > 5) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..4"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..5"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1109,23 +1361,20 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
             absl::StrCat("MoeFusedRouteCuda counter memset: ", cudaGetErrorString(err)));
       }
     }
-    const int blocks = RouteMultiBlocks(static_cast<int>(params.num_experts)) +
-                       (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
-    const dim3 grid(static_cast<unsigned>(blocks));
-    constexpr int kThreads = kRouteMultiWarps * 32;
-    if (num_tokens == 1) {
-      MoeFusedRouteMultiKernel<1>
-          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
-    } else if (num_tokens == 2) {
-      MoeFusedRouteMultiKernel<2>
-          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
-    } else if (num_tokens <= 4) {
-      MoeFusedRouteMultiKernel<4>
-          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
-    } else {
-      MoeFusedRouteMultiKernel<kWarpDotRows>
-          <<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    // Decode variant 5: persistent shared-expert blocks on the SMs the routing blocks leave.
+    const bool piped = MoeDecodeVariant() >= 5;
+    const int route_blocks = RouteMultiBlocks(static_cast<int>(params.num_experts));
+    int shared_blocks = (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
+    if (piped && sh.n > 0) {
+      shared_blocks = std::max(1, std::min(shared_blocks, PipedBlocks() - route_blocks));
     }
+    const dim3 grid(static_cast<unsigned>(route_blocks + shared_blocks));
+    constexpr int kThreads = kRouteMultiWarps * 32;
+    const RouteMultiFn kernel = num_tokens == 1   ? PickRouteMulti<1>(piped)
+                                : num_tokens == 2 ? PickRouteMulti<2>(piped)
+                                : num_tokens <= 4 ? PickRouteMulti<4>(piped)
+                                                  : PickRouteMulti<kWarpDotRows>(piped);
+    kernel<<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
     return CudaLaunchStatus("MoeFusedRouteCuda launch");
   }
   if (shared != nullptr) {
@@ -1147,26 +1396,38 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
 
 namespace {
 
-// Both launches of MoeFusedExpertsCuda with kRows rows per pass over an expert's weights.
+// Both launches of MoeFusedExpertsCuda with kRows rows per pass over an expert's weights;
+// piped: decode variant 5's kernels (MoePipedGateUpKernel, MoeDownCombineKernel<kRows, true>).
 template <int kRows>
 void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
                         const SortOut& so, const float* topk_weights, unsigned max_active,
                         int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
-                        bool shared_gate_up, const bf16* add, bf16* out, bool pdl,
+                        bool shared_gate_up, const bf16* add, bf16* out, bool pdl, bool piped,
                         cudaStream_t stream) {
-  // Grid rows: one per possible touched expert, then enough for the shared expert's columns
-  // (none when MoeFusedRouteCuda computed its activations).
-  const unsigned columns = static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps);
-  const unsigned row_width = columns * kGemvWarps;
-  const unsigned shared_rows =
-      shared_gate_up ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
-  MoeFusedGateUpKernel<kRows><<<dim3(columns, max_active + shared_rows), kGemvWarps * 32, 0,
-                                stream>>>(x_rows, w_gate_up, so.offsets, so.active,
-                                          so.num_active, i, act, sh, num_tokens,
-                                          static_cast<int>(max_active));
+  if (piped) {
+    // One persistent wave: at most PipedBlocks() blocks, fewer when there are fewer tasks.
+    const int shared_cols = shared_gate_up ? sh.n : 0;
+    const int64_t tasks = static_cast<int64_t>(max_active) * i + shared_cols;
+    const unsigned blocks = static_cast<unsigned>(
+        std::min<int64_t>((tasks + kGemvWarps - 1) / kGemvWarps, PipedBlocks()));
+    MoePipedGateUpKernel<kRows><<<blocks, kGemvWarps * 32, 0, stream>>>(
+        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act, sh, num_tokens,
+        static_cast<int>(max_active), shared_cols);
+  } else {
+    // Grid rows: one per possible touched expert, then enough for the shared expert's columns
+    // (none when MoeFusedRouteCuda computed its activations).
+    const unsigned columns = static_cast<unsigned>((i + kGemvWarps - 1) / kGemvWarps);
+    const unsigned row_width = columns * kGemvWarps;
+    const unsigned shared_rows =
+        shared_gate_up ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
+    MoeFusedGateUpKernel<kRows><<<dim3(columns, max_active + shared_rows), kGemvWarps * 32, 0,
+                                  stream>>>(x_rows, w_gate_up, so.offsets, so.active,
+                                            so.num_active, i, act, sh, num_tokens,
+                                            static_cast<int>(max_active));
+  }
   // A launch error is reported by the caller's CudaLaunchStatus.
   (void)attention_detail::LaunchKernelMaybePdl(
-      MoeDownCombineKernel<kRows>, dim3(static_cast<unsigned>(h / kDownCols)),
+      piped ? MoeDownCombineKernel<kRows, true> : MoeDownCombineKernel<kRows, false>, dim3(static_cast<unsigned>(h / kDownCols)),
       dim3(kDownWarps * 32), 0, stream, pdl, act, w_down, so.offsets, so.active, so.num_active,
       so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl);
 }
@@ -1205,6 +1466,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL).
   const bool pdl = MoeDecodeVariant() >= 4 && PdlSupported();
+  // Decode variant 5: persistent pipelined gate/up and pipelined down warps (same bits).
+  const bool piped = MoeDecodeVariant() >= 5;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -1218,16 +1481,16 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
   if (num_tokens == 1) {
     LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, pdl, piped, stream);
   } else if (num_tokens == 2) {
     LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, pdl, piped, stream);
   } else if (num_tokens <= 4) {
     LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, pdl, piped, stream);
   } else {
     LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
-                                     k, h, i, act, sh, shared_gate_up, add, out, pdl, stream);
+                                     k, h, i, act, sh, shared_gate_up, add, out, pdl, piped, stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
