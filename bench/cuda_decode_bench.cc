@@ -55,8 +55,8 @@
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
 // (kernels::SetPagedAttentionPrefillKernel: 0 64-row tiles, the default; 1 128-row tiles; 2
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
-// --gemv-norm-fusion 0|1: decode GEMVs with the residual add + RMSNorm in front fused
-// (kernels::SetGemvNormFusion; default off), for A/B runs.
+// --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
+// (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
@@ -553,8 +553,9 @@ absl::Status Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
     } else if (a == "--gemv-norm-fusion") {
-      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      kernels::SetGemvNormFusion(v == "1");
+      int sites = 0;
+      if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);

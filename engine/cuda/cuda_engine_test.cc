@@ -43,10 +43,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_DECODE_VARIANT",
           [](int64_t v) { return kernels::SetMoeDecodeVariant(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_GEMV_NORM_FUSION", [](int64_t v) {
-      kernels::SetGemvNormFusion(v != 0);
-      return absl::OkStatus();
-    });
+    Apply("SLUICE_TEST_GEMV_NORM_FUSION",
+          [](int64_t v) { return kernels::SetGemvNormFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_GEMV_MAX_TOKENS",
           [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
     Apply("SLUICE_TEST_MOE_PREFILL_GEMM",  // min tokens of the cuBLASLt expert path; 0 off

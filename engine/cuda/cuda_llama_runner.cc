@@ -327,14 +327,14 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
   auto moved = [&](bool m) {
     if (m) std::swap(res, res_alt);
   };
-  const bool fuse_norm = kernels::GemvNormFusion() && T <= 2;
+  const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
   SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const DeviceLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add (and, for
     // decode GEMVs with SetGemvNormFusion on, with the qkv projection).
     bool res_moved = false;
-    if (li > 0 && fuse_norm) {
+    if (li > 0 && (fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
           *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_qkv.data(),
           opt(L.b_qkv), qkv.data(), T, qkv_dim, H, st, &res_moved));
@@ -383,7 +383,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     // Residual add + norm, gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV
     // (decode; the norm only with SetGemvNormFusion), else the norm, the GEMM into gate_up and
     // SiLU·mul after it.
-    if (fuse_norm) {
+    if ((fuse_sites & kernels::kGemvNormBeforeMlp) != 0) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
           *lt, tmp.data(), res, res_alt, L.post_norm.data(), eps, normed.data(),
           L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T, inter, H, st,

@@ -37,7 +37,7 @@ using cuda_detail::WarpSum;
 // Upper bound of GemmTuneCandidates() (SetGemmTuneCandidates).
 constexpr int kMaxTuneCandidates = 64;
 std::atomic<int> g_tune_candidates{8};
-std::atomic<bool> g_gemv_norm_fusion{false};
+std::atomic<int> g_gemv_norm_fusion{0};
 constexpr int kGemvThreads = 256;
 
 // Weights are read exactly once per call: load them through the non-coherent path without
@@ -699,7 +699,7 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   if (norm != nullptr) {
     const int gemv_n = glu_out != nullptr ? static_cast<int>(n / 2) : static_cast<int>(n);
     const bool glu_ok = glu_out == nullptr || GemvGluVariantSupported(p.gemv_unroll, p.gemv_split);
-    if (p.tuned && p.gemv && glu_ok && GemvNormFusion() && m <= 2 && m * k <= kGemvNormMaxElems &&
+    if (p.tuned && p.gemv && glu_ok && GemvNormFusion() != 0 && m <= 2 && m * k <= kGemvNormMaxElems &&
         Aligned16(norm->delta) && Aligned16(norm->residual) && Aligned16(norm->gamma) &&
         Aligned16(norm->residual_out)) {
       if (glu_out != nullptr) {
@@ -822,11 +822,16 @@ absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* 
   return SiluMulCuda(gate_up, out, m, inter, stream);
 }
 
-void SetGemvNormFusion(bool enabled) {
-  g_gemv_norm_fusion.store(enabled, std::memory_order_relaxed);
+absl::Status SetGemvNormFusion(int sites) {
+  if (sites < 0 || sites > (kGemvNormBeforeAttention | kGemvNormBeforeMlp)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetGemvNormFusion: sites must be a mask of 1 and 2, got ", sites));
+  }
+  g_gemv_norm_fusion.store(sites, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
-bool GemvNormFusion() { return g_gemv_norm_fusion.load(std::memory_order_relaxed); }
+int GemvNormFusion() { return g_gemv_norm_fusion.load(std::memory_order_relaxed); }
 
 absl::Status SetGemmTuneCandidates(int n) {
   if (n < 1 || n > kMaxTuneCandidates) {

@@ -62,7 +62,7 @@ class CublasLt {
 
 // AddRmsNormLinearCuda: the pre-norm sublayer input and its projection, y = LinearCuda(
 // RmsNorm(residual + delta) · gamma), as AddRmsNormCuda(delta, residual, gamma, normed) followed
-// by LinearCuda(normed, w, bias, y). When GEMV/norm fusion is on (SetGemvNormFusion) and the
+// by LinearCuda(normed, w, bias, y). When GEMV/norm fusion is on (SetGemvNormFusion != 0) and the
 // shape's tuned plan is a GEMV (decode rows, m <= 2, m·k <= 24576), one kernel does both: each
 // CTA normalizes the rows itself, the new residual bf16(residual + delta) goes to residual_out
 // (residual is left unchanged, normed unwritten) and *residual_moved is set; otherwise the
@@ -82,9 +82,14 @@ absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* 
                                          bf16* normed, const bf16* w, const bf16* bias,
                                          bf16* gate_up, bf16* out, int64_t m, int64_t inter,
                                          int64_t k, cudaStream_t stream, bool* residual_moved);
-// SetGemvNormFusion: whether AddRmsNormLinear* may fuse (default off until measured).
-void SetGemvNormFusion(bool enabled);
-bool GemvNormFusion();
+// SetGemvNormFusion(sites): where a model runner lets AddRmsNormLinear* fuse, a mask of
+// kGemvNormBeforeAttention (the pre-attention norm + qkv projection) and kGemvNormBeforeMlp (the
+// post-attention norm + gate/up); 0 (the default) turns the fusion off everywhere.
+// Errors: InvalidArgument for other values.
+inline constexpr int kGemvNormBeforeAttention = 1;
+inline constexpr int kGemvNormBeforeMlp = 2;
+absl::Status SetGemvNormFusion(int sites);
+int GemvNormFusion();
 
 // SetGemmTuneCandidates(n): how many of cuBLASLt's heuristic algorithms the autotuner
 // (CublasLt::set_autotune) times per new plan, 1..64 (default 8). Plans made before the call

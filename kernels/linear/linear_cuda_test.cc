@@ -172,7 +172,8 @@ TEST(LinearCudaTest, AddRmsNormLinearFusedEqualsUnfused) {
   auto lt = CublasLt::Create();
   ASSERT_TRUE(lt.ok()) << lt.status();
   (*lt)->set_autotune(2);
-  SetGemvNormFusion(true);
+  ASSERT_TRUE(SetGemvNormFusion(kGemvNormBeforeAttention | kGemvNormBeforeMlp).ok());
+  EXPECT_EQ(SetGemvNormFusion(4).code(), absl::StatusCode::kInvalidArgument);
   auto rng = cuda_test::Rng();
   const int64_t k = 4096;
   using Case = std::tuple<int64_t, int64_t, bool, bool>;  // m, n, SiLU·mul, bias
@@ -236,7 +237,7 @@ TEST(LinearCudaTest, AddRmsNormLinearFusedEqualsUnfused) {
                                  d.data(), nullptr, d.data(), 1, 1, 16, nullptr, nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  SetGemvNormFusion(false);
+  ASSERT_TRUE(SetGemvNormFusion(0).ok());
 }
 
 // GemvSiluMulCuda equals GemvCuda (same variant) into a [m, 2n] buffer followed by SiluMulCuda
