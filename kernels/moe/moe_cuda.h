@@ -164,11 +164,13 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // across the touched experts, the shared gate/up blocks of the multi-block routing are
 // persistent likewise (the routing blocks come first in the grid), and every warp of these and
 // of the down launch keeps the next chunk of weight loads in flight while it reduces the
-// current one (same results as 4 bit for bit). Measured on an H200, DeepSeek-V2-Lite shapes,
+// current one (same results as 4 bit for bit), 6 as 5 with the experts' gate/up launch a
+// programmatic dependent of the routing launch on sm_90+ (launched while the routing runs; it
+// waits for the routing's completion before it reads anything; same bits). Measured on an H200, DeepSeek-V2-Lite shapes,
 // batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json);
 // 4 2.458 with the MLA decode fusion 3.
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
-// capturing graphs. InvalidArgument outside 0..5. MoeDecodeVariant returns the setting.
+// capturing graphs. InvalidArgument outside 0..6. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 

@@ -724,10 +724,12 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
   // The single-block route under variant 3, the multi-block one under variant 4 (the down
-  // launch is then a programmatic dependent) and 5 (pipelined persistent kernels).
+  // launch is then a programmatic dependent), 5 (pipelined persistent kernels) and 6 (also the
+  // gate/up launch a programmatic dependent of the route launch).
   const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
                                                     {MoeFusedRouteMode::kMultiBlock, 4},
-                                                    {MoeFusedRouteMode::kMultiBlock, 5}};
+                                                    {MoeFusedRouteMode::kMultiBlock, 5},
+                                                    {MoeFusedRouteMode::kMultiBlock, 6}};
   for (const auto& [mode, variant] : runs) {
     auto run = [&](bf16* out) {
       const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
@@ -826,7 +828,8 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
 // shared expert computed in the route launch, the output equals the single-block path's
 // (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
 // multi-block runs are under variant 4 (programmatic dependent down launch), the others 3;
-// variant 5 (pipelined persistent kernels) repeats them and must give variant 4's bits.
+// variants 5 and 6 (pipelined persistent kernels; + programmatic gate/up launch) repeat them
+// and must give variant 4's bits.
 TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -848,11 +851,14 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
           return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
         });
         ExpectSameBits(tag + " vs single block", got, single);
-        // Variant 5 (pipelined persistent gate/up and down): variant 4's bits.
-        const FusedRun got5 = UnderVariant(5, [&] {
-          return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
-        });
-        ExpectSameBits(tag + " variant 5 vs 4", got5, got);
+        // Variants 5 (pipelined persistent gate/up and down) and 6 (+ gate/up launch a
+        // programmatic dependent of the route launch): variant 4's bits.
+        for (int v : {5, 6}) {
+          const FusedRun got_v = UnderVariant(v, [&] {
+            return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
+          });
+          ExpectSameBits(absl::StrCat(tag, " variant ", v, " vs 4"), got_v, got);
+        }
         std::vector<float> logits;
         const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t, &logits);
         // Ids equal, except where the two experts' scores agree to ~1e-6 (a near tie that
@@ -895,16 +901,18 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
             4, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
         EXPECT_EQ(CountBitDiffs(got_sh.ids, single.ids), 0) << tag << " shared";
         EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
-        // Variant 5: the shared gate/up in the route launch's persistent blocks, or (single
+        // Variants 5, 6: the shared gate/up in the route launch's persistent blocks, or (single
         // block route) in MoePipedGateUpKernel's shared tasks; the same bits either way.
-        const FusedRun got_sh5 = UnderVariant(
-            5, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
-        const FusedRun single_sh5 =
-            UnderVariant(5, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
-        EXPECT_EQ(CountBitDiffs(got_sh5.ids, single.ids), 0) << tag << " shared variant 5";
-        EXPECT_EQ(CountBitDiffs(got_sh5.out, single_sh.out), 0) << tag << " shared variant 5";
-        EXPECT_EQ(CountBitDiffs(single_sh5.out, single_sh.out), 0)
-            << tag << " shared variant 5, single-block route";
+        for (int v : {5, 6}) {
+          const std::string vtag = absl::StrCat(tag, " shared variant ", v);
+          const FusedRun got_sh_v = UnderVariant(
+              v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
+          const FusedRun single_sh_v =
+              UnderVariant(v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
+          EXPECT_EQ(CountBitDiffs(got_sh_v.ids, single.ids), 0) << vtag;
+          EXPECT_EQ(CountBitDiffs(got_sh_v.out, single_sh.out), 0) << vtag;
+          EXPECT_EQ(CountBitDiffs(single_sh_v.out, single_sh.out), 0) << vtag << ", single block";
+        }
         ExpectClose(tag + " shared vs fp64", got_sh.out,
                     SharedPlusRouted(c.x, sgu_f, sd_f, h, si, t, got.out), kExpertsRtol,
                     kExpertsAtol);
@@ -918,8 +926,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(6).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4, 5}) {
+  EXPECT_EQ(SetMoeDecodeVariant(7).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4, 5, 6}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

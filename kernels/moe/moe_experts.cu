@@ -859,7 +859,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
                          SharedArgs sh, int num_tokens, int max_active, int shared_cols) {
-  // As MoeFusedGateUpKernel: a programmatic dependent down launch may get resident from now on.
+  // Decode variant 6 launches this kernel as a programmatic dependent of the routing kernel:
+  // wait for its sort (and shared activations) first (a no-op for a normal launch). Only then
+  // may the down launch (a programmatic dependent of this one) get resident, as for
+  // MoeFusedGateUpKernel: it reads the sort before its own wait, so the routing kernel must be
+  // complete by then.
+  attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
   PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, max_active,
                      shared_cols, static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
@@ -919,6 +924,11 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
                              int hidden, RouteArgs args, SortOut so, float* logits_g,
                              unsigned int* ws_counter, int slot, SharedArgs sh) {
   extern __shared__ float fused_smem[];
+  // Decode variant 6: MoePipedGateUpKernel, a programmatic dependent, may launch now; it waits
+  // for this grid's completion before it reads anything (a no-op otherwise). Its blocks only
+  // take SM slots that this grid's blocks leave (they are all resident by the time every block
+  // has passed here).
+  if constexpr (kPiped) attention_detail::LaunchDependents();
   const int num_tokens = args.num_tokens;
   const int e_count = args.num_experts;
   const int lane = threadIdx.x & 31;
@@ -1299,9 +1309,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 5) {
+  if (variant < 0 || variant > 6) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..5"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..6"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1410,9 +1420,11 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     const int64_t tasks = static_cast<int64_t>(max_active) * i + shared_cols;
     const unsigned blocks = static_cast<unsigned>(
         std::min<int64_t>((tasks + kGemvWarps - 1) / kGemvWarps, PipedBlocks()));
-    MoePipedGateUpKernel<kRows><<<blocks, kGemvWarps * 32, 0, stream>>>(
-        x_rows, w_gate_up, so.offsets, so.active, so.num_active, i, act, sh, num_tokens,
-        static_cast<int>(max_active), shared_cols);
+    // Decode variant 6: a programmatic dependent of the routing launch before it.
+    (void)attention_detail::LaunchKernelMaybePdl(
+        MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
+        pdl && MoeDecodeVariant() >= 6, x_rows, w_gate_up, so.offsets, so.active, so.num_active,
+        i, act, sh, num_tokens, static_cast<int>(max_active), shared_cols);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
     // (none when MoeFusedRouteCuda computed its activations).
