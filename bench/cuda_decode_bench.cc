@@ -52,6 +52,8 @@
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
+// --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
+// absorbed form, the default; 1 the MHA form for steps with a query of >= 64 tokens), for A/B runs.
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
 // (kernels::SetPagedAttentionPrefillKernel: 0 64-row tiles, the default; 1 128-row tiles; 2
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
@@ -93,6 +95,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "kernels/attention/paged_attention_cuda.h"
@@ -552,6 +555,10 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
+    } else if (a == "--mla-prefill-mode") {  // kernels::SetMlaPrefillMode, for A/B runs
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillMode(mode));
     } else if (a == "--gemv-norm-fusion") {
       int sites = 0;
       if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
@@ -623,6 +630,7 @@ absl::Status Main(int argc, char** argv) {
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
+  out["mla_prefill_mode"] = kernels::MlaPrefillMode();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
   out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();

@@ -51,7 +51,10 @@ class DeepseekCore : public RunnerCore {
   absl::Status Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64_t N,
                        int64_t max_query_len, int64_t max_seq_len, void* workspace) override;
   size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const override {
-    return kernels::MlaLatentAttentionCudaWorkspaceBytes(batch, dims);
+    const size_t absorbed = kernels::MlaLatentAttentionCudaWorkspaceBytes(batch, dims);
+    if (mha_blocks == 0) return absorbed;
+    // The MHA form's split-KV plan depends on the same host bounds (not the block table).
+    return std::max(absorbed, kernels::PagedAttentionCudaWorkspaceBytes(batch, MhaParams()));
   }
   absl::Status AllocateCache(int64_t blocks) override;
   int64_t WeightBytes() const override { return CountWeightBytes(/*active_only=*/false); }
@@ -74,6 +77,12 @@ class DeepseekCore : public RunnerCore {
   absl::Status EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
                                 const kernels::PagedAttentionCudaBatch& batch, void* workspace);
   absl::Status EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T);
+  kernels::PagedAttentionParams MhaParams() const;
+  int64_t MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const;
+  absl::Status EnqueueMhaAttention(size_t li, int64_t T,
+                                   const kernels::PagedAttentionCudaBatch& batch,
+                                   int64_t blocks_per_seq, const bf16* q_src, int64_t q_stride,
+                                   void* workspace);
   absl::Status EnqueueMlp(const MlaLayer& L, int64_t T);
   absl::Status EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out);
 
@@ -104,6 +113,16 @@ class DeepseekCore : public RunnerCore {
 
   // Paged latent cache, per layer [num_blocks, block_size, R + dr] bf16.
   std::vector<DeviceBuffer<bf16>> cache;
+
+  // MLA prefill in the MHA form (kernels::SetMlaPrefillMode; all empty and mha_blocks 0 when
+  // the mode was 0 at Init). Scratch of mha_blocks blocks of block_size context rows, shared by
+  // the layers: each step lays sequence s's context out in blocks [s·bps, (s + 1)·bps),
+  // bps = ⌈max_seq_len / block_size⌉, read through the identity block table mha_table.
+  int64_t mha_blocks = 0;
+  DeviceBuffer<int32_t> mha_table;  // [mha_blocks]: 0, 1, 2, ...
+  // Per context row: kv_c [R], k_pe [dr], kv_b_proj's output [heads, dn + dv], then the
+  // attention's K [heads, dn + dr] and V [heads, dv].
+  DeviceBuffer<bf16> mha_kv_c, mha_k_pe, mha_kv_up, mha_k, mha_v;
 };
 
 absl::Status DeepseekCore::ValidateConfig() const {
@@ -223,7 +242,8 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
       {&q_a_normed, q_lora > 0 ? T * q_lora : 0},
       {&q, q_lora > 0 ? T * q_width : 0},
       {&latent, T * latent_w},
-      {&q_lat, T * heads * latent_w},
+      // Also the MHA form's queries [T, heads, qk].
+      {&q_lat, T * heads * std::max(latent_w, qk)},
       {&out_lat, T * heads * R},
       {&attn, T * heads * dv},
       {&gate_up, T * 2 * max_mlp_inter},
@@ -251,6 +271,31 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
       if (!g.ok()) return g.status();
       moe_prefill = std::move(*g);
     }
+  }
+  if (kernels::MlaPrefillMode() != 0) {
+    // Room for the longest sequence plus a full chunk of other sequences' rows.
+    const int64_t bs = o.block_size;
+    mha_blocks = (T + bs - 1) / bs + max_blocks_per_seq;
+    const int64_t rows = mha_blocks * bs;
+    const std::pair<DeviceBuffer<bf16>*, int64_t> scratch[] = {
+        {&mha_kv_c, rows * R},
+        {&mha_k_pe, rows * dr},
+        {&mha_kv_up, rows * heads * (dn + dv)},
+        {&mha_k, rows * heads * qk},
+        {&mha_v, rows * heads * dv}};
+    for (const auto& [buf, n] : scratch) {
+      auto b = AllocBf16(n);
+      if (!b.ok()) return b.status();
+      *buf = std::move(*b);
+    }
+    std::vector<int32_t> iota(static_cast<size_t>(mha_blocks));
+    for (size_t i = 0; i < iota.size(); ++i) iota[i] = static_cast<int32_t>(i);
+    auto table = DeviceBuffer<int32_t>::Create(iota.size());
+    if (!table.ok()) return table.status();
+    mha_table = std::move(*table);
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpy(mha_table.data(), iota.data(),
+                                           iota.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                                "cudaMemcpy mha_table");
   }
   return absl::OkStatus();
 }
@@ -417,11 +462,18 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     Mark("q_b_gemm");
   }
   const int64_t q_lat_stride = heads * latent_w;
+  // Large steps under kernels::SetMlaPrefillMode: the MHA form (EnqueueMhaAttention), whose
+  // queries [T, heads, qk] live in q_lat: q_nope, then the rotated q_pe at channel dn (instead
+  // of the absorbed query's R).
+  const int64_t mha_bps = MhaBlocksPerSeq(batch);
+  const bool mha = mha_bps > 0;
+  const int64_t q_pe_at = mha ? dn : R;
+  const HeadSpans q_pe_spans = mha ? HeadSpans{heads * qk, qk} : HeadSpans{q_lat_stride, latent_w};
   // Variant 2: the latent cache row and the queries' rope channels in one launch.
   const bool fused_prologue = kernels::MoeDecodeVariant() >= 2 && rope.rotary_dim == dr;
   // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM for the
   // absorbed queries; MlaDecodeFusion() >= 1 runs the prologue in the same launch.
-  const bool absorb_gemv = fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
+  const bool absorb_gemv = !mha && fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
   const bool merged = absorb_gemv && kernels::MlaDecodeFusion() >= 1;
   MlaPrologueArgs pa;
   if (fused_prologue) {
@@ -432,9 +484,9 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     pa.q_pe = q_src + dn;
     pa.q_token_stride = q_stride;
     pa.q_head_stride = qk;
-    pa.q_out = q_lat.data() + R;
-    pa.q_out_token_stride = q_lat_stride;
-    pa.q_out_head_stride = latent_w;
+    pa.q_out = q_lat.data() + q_pe_at;
+    pa.q_out_token_stride = q_pe_spans.token_stride;
+    pa.q_out_head_stride = q_pe_spans.head_stride;
     pa.heads = heads;
     pa.R = R;
     pa.dr = dr;
@@ -462,21 +514,24 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     SLUICE_RUNNER_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(),
                                                      (dn + dv) * R, q_lat.data(), q_lat_stride,
                                                      latent_w, T, heads, dn, R, st));
-  } else {
+  } else if (!mha) {
     SLUICE_RUNNER_RETURN_IF_ERROR(
         gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R}, /*w_is_kn=*/true,
                   {q_lat.data(), q_lat_stride, latent_w}, /*y_float=*/false, T, R, dn, heads));
   }
   if (!fused_prologue) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
-                                                {q_lat_stride, latent_w}, T, heads, dr, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride,
-                                                    latent_w, R, m.positions, rope,
-                                                    config.rope_interleave, st));
+    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + q_pe_at,
+                                                q_pe_spans, T, heads, dr, st));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(
+        q_lat.data(), T, heads, q_pe_spans.token_stride, q_pe_spans.head_stride, q_pe_at,
+        m.positions, rope, config.rope_interleave, st));
   }
-  Mark("q_absorb");
+  if (!mha) Mark("q_absorb");
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
-  if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
+  if (mha) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(
+        EnqueueMhaAttention(li, T, batch, mha_bps, q_src, q_stride, workspace));
+  } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
     // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
@@ -497,6 +552,71 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
                                                     L.o_bias.data(), tmp.data(), T, H,
                                                     heads * dv, st));
   Mark("o_gemm");
+  return absl::OkStatus();
+}
+
+kernels::PagedAttentionParams DeepseekCore::MhaParams() const {
+  kernels::PagedAttentionParams p;
+  p.num_heads = heads;
+  p.num_kv_heads = heads;
+  p.head_dim = qk;
+  p.v_head_dim = dv;
+  p.block_size = options.block_size;
+  p.scale = dims.softmax_scale;  // the absorbed kernel's: the same scores, factored otherwise
+  return p;
+}
+
+// MhaBlocksPerSeq: the scratch blocks per sequence of a step that takes the MHA form, or 0
+// when it stays absorbed (mode off or no scratch, queries below the threshold, contexts too
+// long for the scratch).
+int64_t DeepseekCore::MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const {
+  const int64_t min_q = kernels::MlaPrefillMinQueryLen();
+  if (mha_blocks == 0 || min_q == 0 || batch.max_query_len < min_q) return 0;
+  const int64_t bps = (batch.max_seq_len + options.block_size - 1) / options.block_size;
+  return bps > 0 && batch.num_sequences * bps <= mha_blocks ? bps : 0;
+}
+
+// EnqueueMhaAttention: MLA attention of a large step in the MHA form, after the prologue has
+// written this step's latent rows and q_lat holds the queries' rotated q_pe at channel dn.
+// Every sequence's whole context (cached prefix + new tokens) is up-projected:
+//   k[c, h] = [W_UK_h · kv_c[c] ; k_pe[c]],  v[c, h] = W_UV_h · kv_c[c]
+// and attn = softmax(scale · [q_nope ; q_pe] · kᵀ) · v per head, causal over (context_lens,
+// query_start_loc), which equals the absorbed form's W_UV_h · (softmax(scale · (q_nope·W_UK_h ·
+// kv_cᵀ + q_pe · k_peᵀ)) · kv_c) up to where bf16 rounds (transformers' DeepseekV3Attention
+// computes this form). Writes attn [T, heads, dv] (o_proj's input).
+absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
+                                               const kernels::PagedAttentionCudaBatch& batch,
+                                               int64_t blocks_per_seq, const bf16* q_src,
+                                               int64_t q_stride, void* workspace) {
+  const MlaLayer& L = layers[li];
+  cudaStream_t st = stream.get();
+  const int64_t bs = options.block_size;
+  const int64_t rows_per_seq = blocks_per_seq * bs;
+  const int64_t C = batch.num_sequences * rows_per_seq;
+  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src, {q_stride, qk}, q_lat.data(),
+                                              {heads * qk, qk}, T, heads, dn, st));
+  Mark("q_nope");
+  SLUICE_RUNNER_RETURN_IF_ERROR(MlaGatherLatentCuda(
+      cache[li].data(), R, dr, batch.context_lens, batch.query_start_loc, batch.block_tables,
+      batch.max_blocks_per_seq, bs, batch.num_sequences, rows_per_seq, mha_kv_c.data(),
+      mha_k_pe.data(), st));
+  Mark("mha_gather");
+  // kv_b_proj over every context row: [C, R] · [heads · (dn + dv), R]ᵀ.
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, mha_kv_c.data(), L.kv_b.data(), nullptr,
+                                                    mha_kv_up.data(), C, heads * (dn + dv), R,
+                                                    st));
+  Mark("kv_b_gemm");
+  SLUICE_RUNNER_RETURN_IF_ERROR(MlaAssembleKvCuda(mha_kv_up.data(), mha_k_pe.data(), C, heads,
+                                                  dn, dr, dv, mha_k.data(), mha_v.data(), st));
+  Mark("mha_kv");
+  kernels::PagedAttentionCudaBatch mb = batch;
+  mb.block_tables = mha_table.data();
+  mb.max_blocks_per_seq = blocks_per_seq;
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q_lat.data(), heads * qk,
+                                                            mha_k.data(), mha_v.data(), mb,
+                                                            MhaParams(), workspace, attn.data(),
+                                                            st));
+  Mark("attention");
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/deepseek_kernels.h"
 #include "absl/strings/numbers.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
@@ -31,7 +32,8 @@ namespace {
 // run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
-// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION (unset: the library's).
+// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE
+// (unset: the library's).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -53,6 +55,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMoePrefillGemmStreams(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_DECODE_FUSION",
           [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_PREFILL_MODE",  // 2: the MHA form from 2-token queries on
+          [](int64_t v) { return kernels::SetMlaPrefillMode(static_cast<int>(v)); });
   }
 
  private:

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -518,6 +519,224 @@ TEST_F(CudaModelTest, DeepseekGraphDecodeWithDeviceFeedbackMatchesEager) {
   CheckGraphDecodeMatchesEager(testing::FixtureDir("deepseek-v3-tiny"));
 }
 
+// DeepseekTinyConfigVariant writes deepseek-v3-tiny's config.json with the given (key, old
+// value, new value) edits into a fresh temporary directory and returns it ("" after a test
+// failure when a key is missing); RemoveConfigDir deletes it.
+struct ConfigEdit {
+  std::string key, from, to;
+};
+std::string DeepseekTinyConfigVariant(const std::vector<ConfigEdit>& edits) {
+  std::ifstream in(testing::FixtureDir("deepseek-v3-tiny") + "/config.json");
+  EXPECT_TRUE(in.good());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const ConfigEdit& e : edits) {
+    const std::string from = "\"" + e.key + "\": " + e.from + ",";
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at == std::string::npos) return "";
+    text.replace(at, from.size(), "\"" + e.key + "\": " + e.to + ",");
+  }
+  char tmpl[] = "/tmp/sluice_dsv3_variant_XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ofstream(dir + "/config.json") << text;
+  return dir;
+}
+
+void RemoveConfigDir(const std::string& dir) {
+  std::remove((dir + "/config.json").c_str());
+  rmdir(dir.c_str());
+}
+
+// MlaGatherLatentCuda and MlaAssembleKvCuda (the MHA form of MLA prefill) against host loops,
+// every element exact (they only move bf16 values; NaN-filled outputs catch unwritten ones):
+// three sequences (one without a cached prefix) over scattered blocks, rows past each
+// sequence's length zero. R, dr multiples of 8 take the 16-byte paths, others the narrow ones.
+void CheckMhaPlumbing(int64_t R, int64_t dr, int64_t dn, int64_t dv) {
+  SCOPED_TRACE(::testing::Message() << "R " << R << ", dr " << dr << ", dn " << dn << ", dv "
+                                    << dv);
+  namespace ct = kernels::cuda_test;
+  auto rng = ct::Rng();
+  const int64_t bs = 4, heads = 3, w = R + dr, num_blocks = 24, mb = 6, rows_per_seq = 20;
+  const int64_t S = 3, rows = S * rows_per_seq, qk = dn + dr;
+  const std::vector<int32_t> ctx = {0, 9, 13}, q_lens = {5, 3, 7};  // longest: 20 rows
+  std::vector<int32_t> qsl = {0};
+  for (int32_t q : q_lens) qsl.push_back(qsl.back() + q);
+  std::vector<int32_t> tables(static_cast<size_t>(S * mb));
+  for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>((i * 7 + 3) % 24);
+  const std::vector<bf16> cache = ct::RandomBf16(num_blocks * bs * w, rng, -2.0f, 2.0f);
+  const std::vector<float> cache_f = ct::ToFloat(cache);
+  auto d_cache = ct::Upload(cache);
+  auto d_ctx = ct::Upload(ctx);
+  auto d_qsl = ct::Upload(qsl);
+  auto d_tables = ct::Upload(tables);
+  auto d_kv_c = ct::NanBuffer(rows * R);
+  auto d_k_pe = ct::NanBuffer(rows * dr);
+  ASSERT_TRUE(MlaGatherLatentCuda(d_cache.data(), R, dr, d_ctx.data(), d_qsl.data(),
+                                  d_tables.data(), mb, bs, S, rows_per_seq, d_kv_c.data(),
+                                  d_k_pe.data(), nullptr)
+                  .ok());
+  std::vector<float> want_c(rows * R, 0.0f), want_pe(rows * dr, 0.0f);
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t j = 0; j < ctx[s] + q_lens[s]; ++j) {
+      const int64_t slot = int64_t{tables[s * mb + j / bs]} * bs + j % bs;
+      const int64_t row = s * rows_per_seq + j;
+      for (int64_t i = 0; i < R; ++i) want_c[row * R + i] = cache_f[slot * w + i];
+      for (int64_t i = 0; i < dr; ++i) want_pe[row * dr + i] = cache_f[slot * w + R + i];
+    }
+  }
+  ExpectSameBits("gathered kv_c", ct::Download(d_kv_c), want_c);
+  ExpectSameBits("gathered k_pe", ct::Download(d_k_pe), want_pe);
+
+  const std::vector<bf16> up_bits = ct::RandomBf16(rows * heads * (dn + dv), rng, -2.0f, 2.0f);
+  const std::vector<float> up = ct::ToFloat(up_bits);
+  auto d_up = ct::Upload(up_bits);
+  auto d_k = ct::NanBuffer(rows * heads * qk);
+  auto d_v = ct::NanBuffer(rows * heads * dv);
+  ASSERT_TRUE(MlaAssembleKvCuda(d_up.data(), d_k_pe.data(), rows, heads, dn, dr, dv, d_k.data(),
+                                d_v.data(), nullptr)
+                  .ok());
+  std::vector<float> want_k(rows * heads * qk), want_v(rows * heads * dv);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* u = up.data() + (r * heads + h) * (dn + dv);
+      for (int64_t i = 0; i < qk; ++i) {
+        want_k[(r * heads + h) * qk + i] = i < dn ? u[i] : want_pe[r * dr + i - dn];
+      }
+      for (int64_t i = 0; i < dv; ++i) want_v[(r * heads + h) * dv + i] = u[dn + i];
+    }
+  }
+  ExpectSameBits("assembled k", ct::Download(d_k), want_k);
+  ExpectSameBits("assembled v", ct::Download(d_v), want_v);
+}
+
+TEST_F(CudaModelTest, MlaMhaPlumbingKernelsMatchHost) {
+  CheckMhaPlumbing(512, 64, 128, 128);  // DeepSeek-V2/V3
+  CheckMhaPlumbing(32, 8, 16, 16);      // deepseek-v3-tiny
+  CheckMhaPlumbing(6, 2, 3, 5);         // narrow paths
+  bf16* p = reinterpret_cast<bf16*>(16);
+  const int32_t* i = reinterpret_cast<const int32_t*>(16);
+  EXPECT_EQ(MlaGatherLatentCuda(p, 5, 2, i, i, i, 1, 4, 1, 4, p, p, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // odd R
+  EXPECT_EQ(MlaAssembleKvCuda(p, p, 1, 1, 0, 2, 2, p, p, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // dn 0
+  EXPECT_EQ(kernels::SetMlaPrefillMode(-1).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// PrefixRun: every logits row of two steps of a runner (AllocateKvCache(64), block size 4):
+// the prompts prefilled, then each sequence's chunk over its cached prefix; `mha` whether the
+// second step ran the MHA form (its profile has the "mha_gather" op).
+struct PrefixRun {
+  std::vector<float> logits;
+  bool mha = false;
+};
+
+PrefixRun RunPrefixChunks(CudaRunner& runner, const std::vector<std::vector<int32_t>>& prompts,
+                          const std::vector<std::vector<int32_t>>& chunks) {
+  PrefixRun out;
+  EXPECT_TRUE(runner.AllocateKvCache(64).ok());
+  const int S = static_cast<int>(prompts.size());
+  std::vector<std::vector<int32_t>> tables(S);
+  for (int s = 0; s < S; ++s) {
+    for (int b = 0; b < 64 / S; ++b) tables[s].push_back(63 - (b * S + s));
+  }
+  auto all_rows = [&](const std::vector<std::vector<int32_t>>& toks, const std::vector<int>& ctx) {
+    ForwardInput in = OneRowPerSeqPlan(toks, ctx, tables);
+    in.logits_indices.resize(in.token_ids.size());
+    std::iota(in.logits_indices.begin(), in.logits_indices.end(), 0);
+    return in;
+  };
+  std::vector<int> ctx(S, 0);
+  EXPECT_TRUE(runner.Step(all_rows(prompts, ctx)).ok());
+  auto first = runner.Logits();
+  EXPECT_TRUE(first.ok()) << first.status();
+  if (!first.ok()) return out;
+  out.logits = *first;
+  for (int s = 0; s < S; ++s) ctx[s] = static_cast<int>(prompts[s].size());
+  auto profile = runner.ProfileStep(all_rows(chunks, ctx), /*hold_ms=*/0);
+  EXPECT_TRUE(profile.ok()) << profile.status();
+  if (!profile.ok()) return out;
+  for (const ProfileEntry& e : *profile) out.mha |= e.op == "mha_gather";
+  auto second = runner.Logits();
+  EXPECT_TRUE(second.ok()) << second.status();
+  if (second.ok()) out.logits.insert(out.logits.end(), second->begin(), second->end());
+  return out;
+}
+
+// The MHA form of MLA prefill (kernels::SetMlaPrefillMode(2): from 2-token queries on) against
+// the absorbed form on the same runner kind: prompts of 30 and 5 tokens, then chunks of 20 and
+// 3 tokens over those cached prefixes (the 20-row chunk is prefill-shaped for the attention
+// kernel, the 5-row one decode-shaped). Same logits up to bf16 rounding: within
+// `rel` · max|logit| + 1e-3 at a fraction >= min_rows of the rows (an MoE layer may route a
+// near-tie token differently), top-1 agreement >= min_rows.
+void CheckMhaPrefillMatchesAbsorbed(
+    const std::function<absl::StatusOr<std::unique_ptr<CudaRunner>>()>& make, float rel,
+    double min_rows) {
+  struct Restore {
+    int saved = kernels::MlaPrefillMode();
+    ~Restore() { (void)kernels::SetMlaPrefillMode(saved); }
+  } restore;
+  std::vector<std::vector<int32_t>> prompts(2), chunks(2);
+  for (int i = 0; i < 30; ++i) prompts[0].push_back((i * 7919 + 5) % 8000);
+  for (int i = 0; i < 5; ++i) prompts[1].push_back((i * 4099 + 11) % 8000);
+  for (int i = 0; i < 20; ++i) chunks[0].push_back((i * 611 + 3) % 8000);
+  for (int i = 0; i < 3; ++i) chunks[1].push_back((i * 997 + 1) % 8000);
+  ASSERT_TRUE(kernels::SetMlaPrefillMode(0).ok());
+  auto absorbed = make();
+  ASSERT_TRUE(absorbed.ok()) << absorbed.status();
+  ASSERT_TRUE(kernels::SetMlaPrefillMode(2).ok());
+  auto mha = make();
+  ASSERT_TRUE(mha.ok()) << mha.status();
+  const PrefixRun a = RunPrefixChunks(**absorbed, prompts, chunks);
+  const PrefixRun b = RunPrefixChunks(**mha, prompts, chunks);
+  EXPECT_FALSE(a.mha);
+  EXPECT_TRUE(b.mha);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  const int64_t V = (*mha)->config().vocab_size;
+  const int64_t rows = static_cast<int64_t>(a.logits.size()) / V;
+  ASSERT_EQ(rows, 30 + 5 + 20 + 3);
+  float ref_max = 0;
+  for (float v : a.logits) ref_max = std::max(ref_max, std::fabs(v));
+  const float bound = rel * ref_max + 1e-3f;
+  const double within = RowsWithin(b.logits.data(), a.logits.data(), rows, V, bound);
+  Top1 top1;
+  top1.Add(b.logits.data(), a.logits.data(), rows, V);
+  std::printf("MHA vs absorbed MLA: max|dlogit| %.5f (max|logit| %.4f, rows within %.5f: %.3f), "
+              "top-1 %.3f\n",
+              MaxAbsDiff(b.logits.data(), a.logits.data(), rows * V), ref_max, bound, within,
+              top1.Rate());
+  EXPECT_GT(ref_max, 0.0f);
+  EXPECT_GE(within, min_rows);
+  EXPECT_GE(top1.Rate(), min_rows);
+}
+
+TEST_F(CudaModelTest, DeepseekMhaPrefillMatchesAbsorbedOverCachedPrefix) {
+  const std::string dir = testing::FixtureDir("deepseek-v3-tiny");
+  CheckMhaPrefillMatchesAbsorbed([&] { return LoadCudaRunner(dir, TinyOptions(false)); },
+                                 /*rel=*/0.02f, /*min_rows=*/0.9);
+}
+
+// At DeepSeek-V2-Lite's MLA shapes (16 heads, R 512, dn 128, dr 64, dv 128: head_dim 192 /
+// v_head_dim 128 for the attention kernel) with dummy weights, every layer dense (no routing
+// noise): every row within bf16 rounding.
+TEST_F(CudaModelTest, DeepseekMhaPrefillMatchesAbsorbedAtV2LiteShapes) {
+  const std::string dir = DeepseekTinyConfigVariant({{"first_k_dense_replace", "1", "3"},
+                                                     {"kv_lora_rank", "32", "512"},
+                                                     {"num_attention_heads", "4", "16"},
+                                                     {"num_key_value_heads", "4", "16"},
+                                                     {"qk_head_dim", "24", "192"},
+                                                     {"qk_nope_head_dim", "16", "128"},
+                                                     {"qk_rope_head_dim", "8", "64"},
+                                                     {"v_head_dim", "16", "128"}});
+  ASSERT_FALSE(dir.empty());
+  auto config = ModelConfig::Load(dir);
+  RemoveConfigDir(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  CheckMhaPrefillMatchesAbsorbed(
+      [&] { return CreateDummyCudaRunner(*config, 11, TinyOptions(false)); }, /*rel=*/0.02f,
+      /*min_rows=*/1.0);
+}
+
 // CheckDummyMatchesCpu: the runner with dummy weights (seed 11) for the config in `dir` against
 // the CPU model with the same dummy weights (LoadDummyModel), logits of a `prompt_len`-token
 // prompt (>= 8) within 5% of the largest |logit| (+1e-3).
@@ -575,20 +794,10 @@ TEST_F(CudaModelTest, Qwen3ByteCounts) {
 // near 0.5, so an MoE layer would route by bf16 noise; dense layers keep the comparison exact up
 // to bf16 rounding.
 TEST_F(CudaModelTest, DeepseekDenseDummyWeightsMatchCpuDummyModel) {
-  std::ifstream in(testing::FixtureDir("deepseek-v3-tiny") + "/config.json");
-  ASSERT_TRUE(in.good());
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string from = "\"first_k_dense_replace\": 1,";
-  const size_t at = text.find(from);
-  ASSERT_NE(at, std::string::npos);
-  text.replace(at, from.size(), "\"first_k_dense_replace\": 3,");
-  char tmpl[] = "/tmp/sluice_dsv3_dense_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  std::ofstream(dir + "/config.json") << text;
+  const std::string dir = DeepseekTinyConfigVariant({{"first_k_dense_replace", "1", "3"}});
+  ASSERT_FALSE(dir.empty());
   CheckDummyMatchesCpu(dir);
-  std::remove((dir + "/config.json").c_str());
-  rmdir(dir.c_str());
+  RemoveConfigDir(dir);
 }
 
 TEST_F(CudaModelTest, BadPlansAreRejected) {

@@ -1,6 +1,7 @@
 #include "engine/cuda/deepseek_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
@@ -304,4 +305,166 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 
+
+namespace {
+
+// Vector units of the MHA plumbing kernels: 16 bytes (8 bf16) when every span is a multiple
+// of 8 elements, else 4 bytes (2 bf16, the gather: R and dr are even) or one element.
+template <int kW>
+struct VecOf;
+template <>
+struct VecOf<8> {
+  using Type = uint4;
+};
+template <>
+struct VecOf<2> {
+  using Type = uint32_t;
+};
+template <>
+struct VecOf<1> {
+  using Type = uint16_t;
+};
+
+// Unit u of the gather: row r = u / units_per_row of the outputs, then kW-element unit i of
+// that row's [kv_c (R) | k_pe (dr)]; the unit never straddles the two (kW divides R and dr).
+template <int kW>
+__global__ void GatherLatentKernel(const bf16* cache, int64_t R, int64_t dr,
+                                   const int32_t* context_lens, const int32_t* query_start_loc,
+                                   const int32_t* block_tables, int64_t max_blocks_per_seq,
+                                   int64_t block_size, int64_t rows_per_seq, bf16* kv_c,
+                                   bf16* k_pe, int64_t total) {
+  using V = typename VecOf<kW>::Type;
+  const int64_t units_per_row = (R + dr) / kW;
+  for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < total;
+       u += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = u / units_per_row;
+    const int64_t e = (u % units_per_row) * kW;  // element within the latent row
+    const int64_t s = row / rows_per_seq;
+    const int64_t j = row % rows_per_seq;
+    const int64_t len =
+        int64_t{context_lens[s]} + query_start_loc[s + 1] - query_start_loc[s];
+    V val{};
+    if (j < len) {
+      const int64_t slot =
+          int64_t{block_tables[s * max_blocks_per_seq + j / block_size]} * block_size +
+          j % block_size;
+      val = *reinterpret_cast<const V*>(cache + slot * (R + dr) + e);
+    }
+    bf16* dst = e < R ? kv_c + row * R + e : k_pe + row * dr + (e - R);
+    *reinterpret_cast<V*>(dst) = val;
+  }
+}
+
+// Unit u of the assembly: row r, head h, kW-element unit of that head's [k (dn + dr) | v (dv)]
+// outputs; kW divides dn, dr and dv, so no unit straddles two spans.
+template <int kW>
+__global__ void AssembleKvKernel(const bf16* kv_up, const bf16* k_pe, int64_t heads, int64_t dn,
+                                 int64_t dr, int64_t dv, bf16* k, bf16* v, int64_t total) {
+  using V = typename VecOf<kW>::Type;
+  const int64_t qk = dn + dr;
+  const int64_t units_per_head = (qk + dv) / kW;
+  for (int64_t u = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; u < total;
+       u += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t rh = u / units_per_head;  // row · heads + head
+    const int64_t e = (u % units_per_head) * kW;
+    const int64_t r = rh / heads;
+    const bf16* up = kv_up + rh * (dn + dv);
+    const bf16* src;
+    bf16* dst;
+    if (e < dn) {
+      src = up + e;
+      dst = k + rh * qk + e;
+    } else if (e < qk) {
+      src = k_pe + r * dr + (e - dn);
+      dst = k + rh * qk + e;
+    } else {
+      src = up + dn + (e - qk);
+      dst = v + rh * dv + (e - qk);
+    }
+    *reinterpret_cast<V*>(dst) = *reinterpret_cast<const V*>(src);
+  }
+}
+
+}  // namespace
+
+absl::Status MlaGatherLatentCuda(const bf16* cache, int64_t R, int64_t dr,
+                                 const int32_t* context_lens, const int32_t* query_start_loc,
+                                 const int32_t* block_tables, int64_t max_blocks_per_seq,
+                                 int64_t block_size, int64_t num_seqs, int64_t rows_per_seq,
+                                 bf16* kv_c, bf16* k_pe, cudaStream_t stream) {
+  if (R < 2 || R % 2 != 0 || dr < 2 || dr % 2 != 0 || num_seqs < 0 || rows_per_seq < 1 ||
+      block_size < 1 || max_blocks_per_seq < 0) {
+    return absl::InvalidArgumentError("MlaGatherLatentCuda: bad sizes");
+  }
+  if (num_seqs == 0) return absl::OkStatus();
+  if (cache == nullptr || context_lens == nullptr || query_start_loc == nullptr ||
+      block_tables == nullptr || kv_c == nullptr || k_pe == nullptr) {
+    return absl::InvalidArgumentError("MlaGatherLatentCuda: null pointer");
+  }
+  // 16-byte units need every row start 16-byte aligned: cache rows of R + dr, kv_c rows of R,
+  // k_pe rows of dr (the buffers themselves come from cudaMalloc).
+  const bool wide = R % 8 == 0 && dr % 8 == 0 && kernels::cuda_detail::Aligned16(cache) &&
+                    kernels::cuda_detail::Aligned16(kv_c) &&
+                    kernels::cuda_detail::Aligned16(k_pe);
+  const int64_t rows = num_seqs * rows_per_seq;
+  if (wide) {
+    const int64_t total = rows * (R + dr) / 8;
+    GatherLatentKernel<8><<<Blocks(total), kThreads, 0, stream>>>(
+        cache, R, dr, context_lens, query_start_loc, block_tables, max_blocks_per_seq, block_size,
+        rows_per_seq, kv_c, k_pe, total);
+  } else {
+    const int64_t total = rows * (R + dr) / 2;
+    GatherLatentKernel<2><<<Blocks(total), kThreads, 0, stream>>>(
+        cache, R, dr, context_lens, query_start_loc, block_tables, max_blocks_per_seq, block_size,
+        rows_per_seq, kv_c, k_pe, total);
+  }
+  return kernels::CudaLaunchStatus("GatherLatentKernel");
+}
+
+absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows, int64_t heads,
+                               int64_t dn, int64_t dr, int64_t dv, bf16* k, bf16* v,
+                               cudaStream_t stream) {
+  if (rows < 0 || heads < 0 || dn < 1 || dr < 1 || dv < 1) {
+    return absl::InvalidArgumentError("MlaAssembleKvCuda: bad sizes");
+  }
+  if (rows == 0 || heads == 0) return absl::OkStatus();
+  if (kv_up == nullptr || k_pe == nullptr || k == nullptr || v == nullptr) {
+    return absl::InvalidArgumentError("MlaAssembleKvCuda: null pointer");
+  }
+  const bool wide = dn % 8 == 0 && dr % 8 == 0 && dv % 8 == 0 &&
+                    kernels::cuda_detail::Aligned16(kv_up) &&
+                    kernels::cuda_detail::Aligned16(k_pe) && kernels::cuda_detail::Aligned16(k) &&
+                    kernels::cuda_detail::Aligned16(v);
+  if (wide) {
+    const int64_t total = rows * heads * (dn + dr + dv) / 8;
+    AssembleKvKernel<8><<<Blocks(total), kThreads, 0, stream>>>(kv_up, k_pe, heads, dn, dr, dv,
+                                                                 k, v, total);
+  } else {
+    const int64_t total = rows * heads * (dn + dr + dv);
+    AssembleKvKernel<1><<<Blocks(total), kThreads, 0, stream>>>(kv_up, k_pe, heads, dn, dr, dv,
+                                                                 k, v, total);
+  }
+  return kernels::CudaLaunchStatus("AssembleKvKernel");
+}
+
 }  // namespace sluice::cuda_runner
+
+namespace sluice::kernels {
+namespace {
+std::atomic<int> g_mla_prefill_mode{0};
+}  // namespace
+
+absl::Status SetMlaPrefillMode(int mode) {
+  if (mode < 0) return absl::InvalidArgumentError("SetMlaPrefillMode: mode must be >= 0");
+  g_mla_prefill_mode.store(mode, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaPrefillMode() { return g_mla_prefill_mode.load(std::memory_order_relaxed); }
+
+int64_t MlaPrefillMinQueryLen() {
+  const int mode = MlaPrefillMode();
+  return mode == 0 ? 0 : mode == 1 ? 64 : mode;
+}
+
+}  // namespace sluice::kernels

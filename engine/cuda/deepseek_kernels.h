@@ -104,6 +104,63 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
                                    int64_t dn, int64_t R, cudaStream_t stream);
 
+// ---- MLA prefill in the non-absorbed (MHA) form (kernels::SetMlaPrefillMode).
+// Instead of attending over the 576-wide latent rows (absorbed: 2·H·(2·R + dr) FLOPs per
+// query-key pair), large steps up-project every sequence's context once with kv_b_proj into
+// per-head k_nope [dn] and v [dv] and run ordinary causal attention with head_dim dn + dr and
+// v_head_dim dv (2·H·(dn + dr + dv) FLOPs per pair: 3.4x fewer at DeepSeek-V2/V3's 512/64/128),
+// as vLLM's and SGLang's MLA prefill does (DeepSeek-V2 paper, arXiv:2405.04434, §2.1.2: the
+// absorption is a decode-time saving).
+
+// MlaGatherLatentCuda: every sequence's context rows of the paged latent cache into contiguous
+// scratch. Sequence s owns rows [s·rows_per_seq, (s + 1)·rows_per_seq) of the outputs; its row
+// j < len_s = context_lens[s] + query_start_loc[s + 1] − query_start_loc[s] (the cached prefix
+// plus this step's tokens, whose rows the prologue has already written) is cache slot
+// block_tables[s·max_blocks_per_seq + j / block_size]·block_size + j % block_size:
+//   kv_c[row, :]  = cache[slot, :R]      ([num_seqs·rows_per_seq, R])
+//   k_pe[row, :]  = cache[slot, R:R+dr]  ([num_seqs·rows_per_seq, dr])
+// and rows j >= len_s are zeros (so everything computed from them stays finite). cache: one
+// layer's [slots, R + dr] bf16; metadata int32 device arrays (PagedAttentionCudaBatch's).
+// rows_per_seq must be >= every len_s (not checked on the device).
+// Errors: InvalidArgument for R < 2 or odd, dr < 2 or odd, negative sizes, rows_per_seq or
+// block_size < 1, null pointers (with rows); Internal for launch errors.
+absl::Status MlaGatherLatentCuda(const bf16* cache, int64_t R, int64_t dr,
+                                 const int32_t* context_lens, const int32_t* query_start_loc,
+                                 const int32_t* block_tables, int64_t max_blocks_per_seq,
+                                 int64_t block_size, int64_t num_seqs, int64_t rows_per_seq,
+                                 bf16* kv_c, bf16* k_pe, cudaStream_t stream);
+
+// MlaAssembleKvCuda: the MHA keys and values of `rows` context rows from kv_b_proj's output
+// kv_up [rows, heads, dn + dv] (per head k_nope then v) and the shared rotated k_pe [rows, dr]:
+//   k[r, h, :dn] = kv_up[r, h, :dn],  k[r, h, dn:dn+dr] = k_pe[r, :],   ([rows, heads, dn + dr])
+//   v[r, h, :]   = kv_up[r, h, dn:dn+dv]                                ([rows, heads, dv])
+// (exact copies). 16-byte vectors when dn, dr, dv are multiples of 8, else element by element.
+// Errors: InvalidArgument for negative sizes, dn / dr / dv < 1, null pointers (with rows);
+// Internal for launch errors.
+absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows, int64_t heads,
+                               int64_t dn, int64_t dr, int64_t dv, bf16* k, bf16* v,
+                               cudaStream_t stream);
+
 }  // namespace sluice::cuda_runner
+
+namespace sluice::kernels {
+
+// SetMlaPrefillMode: how the CUDA DeepSeek runner computes MLA attention of large steps.
+// 0 (the default): the absorbed form everywhere (MlaLatentAttentionCuda over the latent
+// cache, then W_UV). m >= 1: steps whose longest query is at least MlaPrefillMinQueryLen()
+// (64 for m = 1, m itself for m >= 2; tests use 2) take the MHA form (deepseek_kernels.h
+// above: gather, kv_b_proj GEMM, PagedAttentionCuda at head_dim dn + dr / v_head_dim dv, o_proj)
+// when the step's contexts fit the runner's scratch (num_seqs·⌈max_seq_len / block_size⌉
+// blocks <= ⌈max_num_tokens / block_size⌉ + ⌈max_model_len / block_size⌉); other steps, decode
+// included, stay absorbed. Both write and read the same latent cache, so a sequence may switch
+// between them from step to step. Process-wide; the scratch is allocated when a runner is
+// created, so set it before creating the runner (a runner created under 0 stays absorbed).
+// InvalidArgument for m < 0.
+absl::Status SetMlaPrefillMode(int mode);
+int MlaPrefillMode();
+// The longest-query threshold of the current mode; 0 when the mode is 0.
+int64_t MlaPrefillMinQueryLen();
+
+}  // namespace sluice::kernels
 
 #endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
