@@ -305,7 +305,6 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 
-
 namespace {
 
 // Vector units of the MHA plumbing kernels: 16 bytes (8 bf16) when every span is a multiple
