@@ -59,6 +59,9 @@
 // 64-row tiles with the newer inner loop), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
+// --attn-decode-kernel N: the paged attention kernel of decode launches
+// (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
+// for grids that fill the GPU, 9 always), for A/B runs.
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
@@ -534,6 +537,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
       }
       f.attn_stages = v[0] - '0';
+    } else if (a == "--attn-decode-kernel") {  // kernels::SetPagedAttentionDecodeKernel, A/B
+      int kernel = 0;
+      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeKernel(kernel));
     } else if (a == "--attn-decode-fusion") {
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
@@ -628,6 +635,7 @@ absl::Status Main(int argc, char** argv) {
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
+  out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
   out["mla_prefill_mode"] = kernels::MlaPrefillMode();

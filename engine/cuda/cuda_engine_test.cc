@@ -39,6 +39,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
   void SetUp() override {
     Apply("SLUICE_TEST_ATTN_PREFILL_KERNEL",
           [](int64_t v) { return kernels::SetPagedAttentionPrefillKernel(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_ATTN_DECODE_KERNEL",  // 9: persistent decode warps for every launch
+          [](int64_t v) { return kernels::SetPagedAttentionDecodeKernel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_ATTN_DECODE_FUSION",
           [](int64_t v) { return kernels::SetPagedAttentionDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_KERNEL",

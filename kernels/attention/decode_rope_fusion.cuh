@@ -77,6 +77,38 @@ static __device__ __forceinline__ uint32_t DecodeRopePair(const __nv_bfloat16* x
   return *reinterpret_cast<uint32_t*>(&out);
 }
 
+// Threads tid = 0..n−1 (a CTA or a warp) fill cs (half entries of shared memory) with the
+// (cos, sin) table of token `token`'s position; the caller syncs them before cs is read.
+static __device__ __forceinline__ void DecodeRopeTable(const DecodeRopeFusion& f, int token,
+                                                       float2* cs, int tid, int n) {
+  const float pos = static_cast<float>(f.positions[token]);
+  for (int i = tid; i < f.half; i += n) {
+    float s, c;
+    sincosf(pos * f.inv_freq[i], &s, &c);
+    cs[i] = make_float2(c * f.scaling, s * f.scaling);
+  }
+}
+
+// Threads tid = 0..n−1 write token `token`'s rotated k and its v of head kv_head to its cache
+// slot (none when the slot is < 0). cs: the token's table (DecodeRopeTable, synced). q_row:
+// the token's qkv row.
+static __device__ __forceinline__ void DecodeRopeWriteKv(const DecodeRopeFusion& f,
+                                                         const __nv_bfloat16* q_row, int token,
+                                                         int kv_head, int num_kv_heads,
+                                                         int head_dim, const float2* cs, int tid,
+                                                         int n) {
+  const int64_t slot = f.slot_mapping[token];
+  if (slot < 0) return;
+  const int64_t head = static_cast<int64_t>(kv_head) * head_dim;
+  const int64_t row = slot * num_kv_heads * head_dim + head;
+  const __nv_bfloat16* k = q_row + f.k_offset + head;
+  const __nv_bfloat16* v = q_row + f.v_offset + head;
+  for (int e = tid; e < head_dim; e += n) {
+    f.k_cache[row + e] = DecodeRopeElement(k, e, cs, f.half);
+    f.v_cache[row + e] = v[e];
+  }
+}
+
 // The prologue every thread of a CTA runs before its first cache copy: fills cs (half entries
 // of shared memory) for token `token`, and when `owns_new_key` writes that token's rotated k
 // and its v of head kv_head to its cache slot. q_row: the token's qkv row. Ends with a CTA
@@ -86,23 +118,11 @@ static __device__ __forceinline__ void DecodeRopePrologue(const DecodeRopeFusion
                                                           int kv_head, int num_kv_heads,
                                                           int head_dim, bool owns_new_key,
                                                           float2* cs) {
-  const float pos = static_cast<float>(f.positions[token]);
-  for (int i = threadIdx.x; i < f.half; i += blockDim.x) {
-    float s, c;
-    sincosf(pos * f.inv_freq[i], &s, &c);
-    cs[i] = make_float2(c * f.scaling, s * f.scaling);
-  }
+  DecodeRopeTable(f, token, cs, threadIdx.x, blockDim.x);
   __syncthreads();
-  const int64_t slot = owns_new_key ? f.slot_mapping[token] : -1;
-  if (slot >= 0) {
-    const int64_t head = static_cast<int64_t>(kv_head) * head_dim;
-    const int64_t row = slot * num_kv_heads * head_dim + head;
-    const __nv_bfloat16* k = q_row + f.k_offset + head;
-    const __nv_bfloat16* v = q_row + f.v_offset + head;
-    for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-      f.k_cache[row + e] = DecodeRopeElement(k, e, cs, f.half);
-      f.v_cache[row + e] = v[e];
-    }
+  if (owns_new_key) {
+    DecodeRopeWriteKv(f, q_row, token, kv_head, num_kv_heads, head_dim, cs, threadIdx.x,
+                      blockDim.x);
   }
   __syncthreads();
 }

@@ -81,6 +81,7 @@ struct AttnArgs {
   float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
   attention_detail::DecodeRopeFusion fusion;
+  int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
 };
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
@@ -133,6 +134,247 @@ struct AttnConfig {
   static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
 };
 
+// ---- Pieces shared by the decode kernels (PagedAttentionKernel, PagedDecodeWarpKernel) ----
+
+// A thread's two rows (g and g + 8) of the m16 tile whose first row is row0: row r of a
+// (sequence, KV head) is query token r / group, query head kv_head · group + r % group.
+struct RowInfo {
+  int pos[2], token[2], head[2];
+  bool valid[2];
+};
+
+__device__ __forceinline__ RowInfo MakeRows(int row0, int rows, int group, int q_begin, int ctx,
+                                            int kv_head, int g) {
+  RowInfo rw;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row0 + g + 8 * i;
+    rw.valid[i] = r < rows;
+    const int qi = rw.valid[i] ? r / group : 0;
+    rw.token[i] = q_begin + qi;
+    rw.head[i] = kv_head * group + (rw.valid[i] ? r % group : 0);
+    rw.pos[i] = ctx + qi;
+  }
+  return rw;
+}
+
+// Q fragments (A operand) of the thread's rows, straight from global memory (rotated on the
+// way when `fused`, with the token's (cos, sin) table rope_cs).
+template <int kKSteps>
+__device__ __forceinline__ void LoadQFrag(const AttnArgs& args, const RowInfo& rw, int t,
+                                          bool fused, const float2* rope_cs,
+                                          uint32_t (&q_frag)[kKSteps][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j & 1;
+      const int col = ks * 16 + 2 * t + (j >> 1) * 8;
+      // q is 4-byte aligned with an even stride and head_dim is a multiple of 8, so the pair
+      // is one 32-bit word.
+      uint32_t pair = 0;
+      if (rw.valid[i] && col < args.head_dim) {
+        const bf16* q_head = args.q + rw.token[i] * args.q_token_stride + rw.head[i] * args.head_dim;
+        pair = fused ? attention_detail::DecodeRopePair(q_head, col, rope_cs, args.fusion.half)
+                     : __ldg(reinterpret_cast<const unsigned int*>(q_head + col));
+      }
+      q_frag[ks][j] = pair;
+    }
+  }
+}
+
+// Cache slot of key key0 + lane (lane < kBN; −1 outside [kv_begin, kv_end)) of the sequence
+// whose block-table row is block_table.
+template <int kBN>
+__device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t* block_table,
+                                            int key0, int kv_begin, int kv_end, int lane) {
+  const int j = key0 + lane;
+  if (lane >= kBN || j < kv_begin || j >= kv_end) return -1;
+  const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
+  const int offset = j - block * args.block_size;
+  return static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
+}
+
+// One warp copies the K rows (pitch Pitch<kD>) and then V rows of a kBN-key slice into k_dst
+// (V after the kBN K rows) and commits the copy group; lane_slot is LaneSlot of the slice
+// (zero-filled rows for −1 and columns past the true head dims). k_base / v_base: the KV
+// head's first element in the caches.
+template <int kD, int kDV, int kBN>
+__device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
+                                          const bf16* k_base, const bf16* v_base, int lane) {
+  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+  bf16* v_dst = k_dst + kBN * Pitch<kD>();
+  constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;
+  static_assert((kBN * kKChunks) % 32 == 0 && (kBN * kVChunks) % 32 == 0);
+#pragma unroll
+  for (int i = 0; i < kBN * kKChunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int key = c / kKChunks;
+    const int col = (c % kKChunks) * 8;
+    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+    const bool live = slot >= 0 && col < args.head_dim;
+    CpAsync16(k_dst + key * Pitch<kD>() + col, live ? k_base + slot * k_token_stride + col : k_base,
+              live ? 16 : 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kBN * kVChunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int key = c / kVChunks;
+    const int col = (c % kVChunks) * 8;
+    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+    const bool live = slot >= 0 && col < args.v_head_dim;
+    CpAsync16(v_dst + key * Pitch<kDV>() + col,
+              live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
+  }
+  CpAsyncCommit();
+}
+
+// Online-softmax update of the warp's m16 rows with kBN keys key0.. (K rows r0.. of k_smem, V
+// rows r0.. of v_smem): S = Q·Kᵀ, scale and mask (partition [kv_begin, kv_end), causal,
+// window, padding rows), rescale by the new running max, O += P·V. pos_first / pos_last: the
+// positions of the tile's first and last rows (the "whole slice visible" shortcut).
+template <int kD, int kDV, int kBN>
+__device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_smem,
+                                            const bf16* v_smem, int r0, int key0, int kv_begin,
+                                            int kv_end, int pos_first, int pos_last,
+                                            const RowInfo& rw,
+                                            const uint32_t (&q_frag)[kD / 16][4],
+                                            float (&acc)[kDV / 8][4], float (&row_max)[2],
+                                            float (&row_sum)[2], int lane) {
+  constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
+  constexpr int kSTiles = kBN / 8;   // n8 score tiles per warp
+  constexpr int kVTiles = kDV / 8;   // n8 output tiles
+  constexpr int kPSteps = kBN / 16;  // k16 steps of P·V
+  const int g = lane / 4;
+  const int t = lane % 4;
+  float s[kSTiles][4];
+#pragma unroll
+  for (int n = 0; n < kSTiles; ++n) {
+    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    const bf16* krow = k_smem + (r0 + n * 8 + g) * Pitch<kD>() + 2 * t;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
+      Mma16816(s[n], q_frag[ks], b0, b1);
+    }
+  }
+  // Slices every row of the tile sees in full (most prefill tiles) skip the per-element mask;
+  // padding rows then hold finite junk that is never stored.
+  const bool full = key0 >= kv_begin && key0 + kBN <= kv_end && key0 + kBN - 1 <= pos_first &&
+                    (args.sliding_window <= 0 || key0 > pos_last - args.sliding_window);
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kSTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e >> 1;
+      const int j = key0 + n * 8 + 2 * t + (e & 1);
+      const bool visible =
+          full || (rw.valid[i] && j >= kv_begin && j < kv_end && j <= rw.pos[i] &&
+                   (args.sliding_window <= 0 || j > rw.pos[i] - args.sliding_window));
+      s[n][e] = visible ? s[n][e] * args.scale_log2 : -INFINITY;
+      tile_max[i] = fmaxf(tile_max[i], s[n][e]);
+    }
+  }
+  float alpha[2], base[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+    const float new_max = fmaxf(row_max[i], tile_max[i]);
+    // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
+    // exp2(−inf − base) is 0 rather than NaN.
+    base[i] = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[i] = Exp2(row_max[i] - base[i]);
+    row_max[i] = new_max;
+    row_sum[i] *= alpha[i];
+  }
+#pragma unroll
+  for (int u = 0; u < kVTiles; ++u) {
+    acc[u][0] *= alpha[0];
+    acc[u][1] *= alpha[0];
+    acc[u][2] *= alpha[1];
+    acc[u][3] *= alpha[1];
+  }
+  uint32_t p_frag[kPSteps][4];
+#pragma unroll
+  for (int n = 0; n < kSTiles; ++n) {
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[e] = Exp2(s[n][e] - base[e >> 1]);
+      row_sum[e >> 1] += p[e];
+    }
+    // C fragments of score tiles 2k and 2k+1 are exactly the A fragment of P's k-step k.
+    p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+    p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+  }
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    // ldmatrix.x4.trans: matrices (keys 0-7, cols u·8), (keys 8-15, u·8), (0-7, u·8+8),
+    // (8-15, u·8+8) → B fragments of output tiles u and u+1.
+    const bf16* vrow = v_smem + (r0 + kk * 16 + (lane & 15)) * Pitch<kDV>() + (lane >> 4) * 8;
+#pragma unroll
+    for (int u = 0; u < kVTiles; u += 2) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, vrow + u * 8);
+      Mma16816(acc[u], p_frag[kk], b[0], b[1]);
+      Mma16816(acc[u + 1], p_frag[kk], b[2], b[3]);
+    }
+  }
+}
+
+// Sums each row's partial sum over its quad (the 4 lanes holding the row's columns).
+__device__ __forceinline__ void QuadSumRows(float (&row_sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+  }
+}
+
+// Writes the thread's valid rows: normalized bf16 output when the launch is not split, else
+// the fp32 normalized partial and (max, sum) of split `split` for the combine.
+template <int kDV>
+__device__ __forceinline__ void StoreRows(const AttnArgs& args, const RowInfo& rw, int split,
+                                          const float (&acc)[kDV / 8][4],
+                                          const float (&row_max)[2], const float (&row_sum)[2],
+                                          int t) {
+  constexpr int kVTiles = kDV / 8;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!rw.valid[i]) continue;
+    const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
+    const int64_t out_row = static_cast<int64_t>(rw.token[i]) * args.num_heads + rw.head[i];
+    if (args.num_splits == 1) {
+      bf16* o = args.out + out_row * args.v_head_dim;
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        const int col = u * 8 + 2 * t;
+        if (col < args.v_head_dim) {
+          *reinterpret_cast<__nv_bfloat162*>(o + col) =
+              __floats2bfloat162_rn(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
+        }
+      }
+    } else {
+      const int64_t part_row =
+          static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
+      float* o = args.partial_out + part_row * args.v_head_dim;
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        const int col = u * 8 + 2 * t;
+        if (col < args.v_head_dim) {
+          *reinterpret_cast<float2*>(o + col) =
+              make_float2(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
+        }
+      }
+      if (t == 0) args.partial_ml[part_row] = make_float2(row_max[i], row_sum[i]);
+    }
+  }
+}
+
 // kRing (decode tiles, kWarpsM 1): every warp streams its own kBN-key slices of the key tiles
 // through a private kStages-deep cp.async ring (its share of the same shared memory), synced
 // with __syncwarp only, so no warp waits at a CTA barrier for another's copies or math until
@@ -145,9 +387,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
   static_assert(!kRing || kWarpsM == 1, "warp rings serve decode tiles");
   constexpr int kKSteps = kD / 16;                                 // k16 steps of Q·Kᵀ
-  constexpr int kSTiles = kBN / 8;                                 // n8 score tiles per warp
   constexpr int kVTiles = kDV / 8;                                 // n8 output tiles
-  constexpr int kPSteps = kBN / 16;                                // k16 steps of P·V
   constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());  // one warp's slice (kRing)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const tile_smem = reinterpret_cast<bf16*>(smem_raw);
@@ -189,17 +429,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   const int t = lane % 4;
 
   // This thread's two rows (g and g+8 of the warp's m16 tile).
-  int row_pos[2], row_token[2], row_head[2];
-  bool row_valid[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = row0 + wm * 16 + g + 8 * i;
-    row_valid[i] = r < rows;
-    const int qi = row_valid[i] ? r / group : 0;
-    row_token[i] = q_begin + qi;
-    row_head[i] = kv_head * group + (row_valid[i] ? r % group : 0);
-    row_pos[i] = ctx + qi;
-  }
+  const RowInfo rw = MakeRows(row0 + wm * 16, rows, group, q_begin, ctx, kv_head, g);
 
   float acc[kVTiles][4];
 #pragma unroll
@@ -248,44 +478,11 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     CpAsyncCommit();
   };
 
-  // kRing: this warp's private ring, and the slot of key key0 + lane (lane < kBN; −1 outside
-  // [kv_begin, kv_end)) for a slice starting at key0.
+  // kRing: this warp's private ring; slices are copied by CopySlice with the LaneSlot of
+  // their first key.
   bf16* const ring_smem = tile_smem + wn * kStages * kSliceElems;
-  auto lookup = [&](int key0) -> int64_t {
-    const int j = key0 + lane;
-    if (lane >= kBN || j < kv_begin || j >= kv_end) return -1;
-    const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
-    const int offset = j - block * args.block_size;
-    return static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
-  };
-  // kRing: the warp copies its slice starting at key0 into its buffer `buf`; lane_slot is
-  // lookup(key0) (zero-filled rows for −1 and columns past the true head dims).
-  auto load_slice = [&](int buf, int64_t lane_slot) {
-    bf16* k_dst = ring_smem + buf * kSliceElems;
-    bf16* v_dst = k_dst + kBN * Pitch<kD>();
-    constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;
-    static_assert((kBN * kKChunks) % 32 == 0 && (kBN * kVChunks) % 32 == 0);
-#pragma unroll
-    for (int i = 0; i < kBN * kKChunks / 32; ++i) {
-      const int c = lane + 32 * i;
-      const int key = c / kKChunks;
-      const int col = (c % kKChunks) * 8;
-      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
-      const bool live = slot >= 0 && col < args.head_dim;
-      CpAsync16(k_dst + key * Pitch<kD>() + col,
-                live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kBN * kVChunks / 32; ++i) {
-      const int c = lane + 32 * i;
-      const int key = c / kVChunks;
-      const int col = (c % kVChunks) * 8;
-      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
-      const bool live = slot >= 0 && col < args.v_head_dim;
-      CpAsync16(v_dst + key * Pitch<kDV>() + col,
-                live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
-    }
-    CpAsyncCommit();
+  auto lookup = [&](int key0) {
+    return LaneSlot<kBN>(args, block_table, key0, kv_begin, kv_end, lane);
   };
   // The slice of warp wn in the tile at `tile` holds keys some row may see.
   auto needed = [&](int tile) {
@@ -313,7 +510,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   auto load = [&](int tile, int buf) {
     if constexpr (kRing) {
       if (needed(tile)) {
-        load_slice(buf, next_slot);
+        CopySlice<kD, kDV, kBN>(args, ring_smem + buf * kSliceElems, next_slot, k_base, v_base,
+                                lane);
       } else {
         CpAsyncCommit();
       }
@@ -328,27 +526,10 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * Cfg::kTileN, s);
-  // Q fragments (A operand), straight from global memory: read once per CTA, after the first
-  // K/V copies are issued so their latencies overlap.
+  // Q fragments: read once per CTA, after the first K/V copies are issued so their latencies
+  // overlap.
   uint32_t q_frag[kKSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = j & 1;
-      const int col = ks * 16 + 2 * t + (j >> 1) * 8;
-      // q is 4-byte aligned with an even stride and head_dim is a multiple of 8, so the pair
-      // is one 32-bit word.
-      uint32_t pair = 0;
-      if (row_valid[i] && col < args.head_dim) {
-        const bf16* q_head =
-            args.q + row_token[i] * args.q_token_stride + row_head[i] * args.head_dim;
-        pair = fused ? attention_detail::DecodeRopePair(q_head, col, rope_cs, args.fusion.half)
-                     : __ldg(reinterpret_cast<const unsigned int*>(q_head + col));
-      }
-      q_frag[ks][j] = pair;
-    }
-  }
+  LoadQFrag<kKSteps>(args, rw, t, fused, rope_cs, q_frag);
 
   int buf = 0;             // buffer of `tile`
   int fill = kStages - 1;  // buffer the next prefetch goes to (freed last round)
@@ -367,85 +548,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 
     const int key0 = tile + wn * kBN;  // first key of this warp's slice
     // Skip slices no row of this warp can see (past the causal end / before the window).
-    const bool any = key0 < kv_end && key0 + kBN > kv_begin;
-    if (any) {
-      float s[kSTiles][4];
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        const bf16* krow = k_smem + (r0 + n * 8 + g) * Pitch<kD>() + 2 * t;
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
-          Mma16816(s[n], q_frag[ks], b0, b1);
-        }
-      }
-      // Scale, mask (partition, causal, window, padding rows), online softmax update. Slices
-      // every row of the CTA sees in full (most prefill tiles) skip the per-element mask;
-      // padding rows then hold finite junk that is never stored.
-      const bool full = key0 >= kv_begin && key0 + kBN <= kv_end && key0 + kBN - 1 <= pos_first &&
-                        (args.sliding_window <= 0 || key0 > pos_last - args.sliding_window);
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = e >> 1;
-          const int j = key0 + n * 8 + 2 * t + (e & 1);
-          const bool visible =
-              full || (row_valid[i] && j >= kv_begin && j < kv_end && j <= row_pos[i] &&
-                       (args.sliding_window <= 0 || j > row_pos[i] - args.sliding_window));
-          s[n][e] = visible ? s[n][e] * args.scale_log2 : -INFINITY;
-          tile_max[i] = fmaxf(tile_max[i], s[n][e]);
-        }
-      }
-      float alpha[2], base[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-        const float new_max = fmaxf(row_max[i], tile_max[i]);
-        // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
-        // exp2(−inf − base) is 0 rather than NaN.
-        base[i] = new_max == -INFINITY ? 0.0f : new_max;
-        alpha[i] = Exp2(row_max[i] - base[i]);
-        row_max[i] = new_max;
-        row_sum[i] *= alpha[i];
-      }
-#pragma unroll
-      for (int u = 0; u < kVTiles; ++u) {
-        acc[u][0] *= alpha[0];
-        acc[u][1] *= alpha[0];
-        acc[u][2] *= alpha[1];
-        acc[u][3] *= alpha[1];
-      }
-      uint32_t p_frag[kPSteps][4];
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          p[e] = Exp2(s[n][e] - base[e >> 1]);
-          row_sum[e >> 1] += p[e];
-        }
-        // C fragments of score tiles 2k and 2k+1 are exactly the A fragment of P's k-step k.
-        p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
-        p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        // ldmatrix.x4.trans: matrices (keys 0-7, cols u·8), (keys 8-15, u·8), (0-7, u·8+8),
-        // (8-15, u·8+8) → B fragments of output tiles u and u+1.
-        const bf16* vrow = v_smem + (r0 + kk * 16 + (lane & 15)) * Pitch<kDV>() + (lane >> 4) * 8;
-#pragma unroll
-        for (int u = 0; u < kVTiles; u += 2) {
-          uint32_t b[4];
-          LdMatrixX4Trans(b, vrow + u * 8);
-          Mma16816(acc[u], p_frag[kk], b[0], b[1]);
-          Mma16816(acc[u + 1], p_frag[kk], b[2], b[3]);
-        }
-      }
+    if (key0 < kv_end && key0 + kBN > kv_begin) {
+      AttendSlice<kD, kDV, kBN>(args, k_smem, v_smem, r0, key0, kv_begin, kv_end, pos_first,
+                                pos_last, rw, q_frag, acc, row_max, row_sum, lane);
     }
     // The prefetch after this overwrites the buffer just read.
     if constexpr (kRing) {
@@ -457,11 +562,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     fill = fill + 1 == kStages ? 0 : fill + 1;
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
-    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
-  }
+  QuadSumRows(row_sum);
 
   if constexpr (kWarpsN > 1) {
     // Merge the kWarpsN key slices: every warp has the same fragment layout, so lane l of
@@ -502,35 +603,205 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (!row_valid[i]) continue;
-    const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
-    const int64_t out_row = static_cast<int64_t>(row_token[i]) * args.num_heads + row_head[i];
-    if (args.num_splits == 1) {
-      bf16* o = args.out + out_row * args.v_head_dim;
-#pragma unroll
-      for (int u = 0; u < kVTiles; ++u) {
-        const int col = u * 8 + 2 * t;
-        if (col < args.v_head_dim) {
-          *reinterpret_cast<__nv_bfloat162*>(o + col) =
-              __floats2bfloat162_rn(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
-        }
+  StoreRows<kDV>(args, rw, split, acc, row_max, row_sum, t);
+}
+
+// ---- Persistent decode warps (SetPagedAttentionDecodeKernel 8 and 9) ----
+//
+// PagedAttentionKernel gives each (sequence, KV head) a CTA whose warps split the keys and
+// merge at the end. At batch 256 × 1k context (Llama-3-8B: 2048 CTAs of 2 warps, ~4 waves of
+// ~70 µs) every CTA pays a ramp — metadata, then block table, then the first K/V bytes, ~2-3
+// µs of dependent latency with its ring empty — and a merge barrier, ~4% of its life; at 8k
+// context (8× longer CTAs) the same kernel reaches 0.96 of the copy bandwidth, at 1k 0.92.
+// Here a WARP owns a whole unit (sequence, KV head, split): no merge and no CTA barrier, and
+// each warp walks its units u = first, first + W, ... (W warps in the grid, sized to about
+// one or a few rounds of resident warps) through ONE private cp.async ring whose copies run
+// kStages − 1 slices ahead ACROSS unit boundaries: while the warp finishes unit n, the first
+// slices of unit n + 1 are already in flight, and the metadata of the unit after that (query
+// range, context length) is loaded a unit ahead, the block-table lookup a slice ahead. So the
+// ramp is paid once per warp rather than once per unit. Same math per slice as the warp rings
+// (AttendSlice), same partial-output format for split-KV.
+// Units enumerate KV heads fastest, then sequences, then splits: warps running side by side
+// read the neighbouring heads of the same cache rows.
+// Decode fusion: before its first copy the warp writes the rotated k and v of every unit it
+// owns that holds its token's new key position (exactly one unit per (sequence, KV head)
+// does, and that unit is read by no other warp), then __syncwarp orders those writes before
+// its own cp.async reads; each unit's q is rotated with a per-warp (cos, sin) table.
+// Shared memory: kWarps × kStages slices of kBN keys (+ kWarps tables of kD/2 float2 when
+// fused); at d 128 with 4 warps × 3 stages 102 KiB: 2 CTAs (8 warps) per SM, the warps and
+// depth that reach 0.96 of the bandwidth at long contexts.
+struct DecodeUnit {
+  int seq, kv_head, split;
+  int q_begin, rows, ctx;
+  int kv_begin, kv_end;  // keys the unit's rows may see, within its partition
+  int tile_first;        // first slice start (a multiple of kBN); == kv_end when no keys
+};
+
+struct UnitMeta {
+  int q_begin, q_end, ctx;
+};
+
+__device__ __forceinline__ int UnitSeq(const AttnArgs& a, int u) {
+  return (u / a.num_kv_heads) % a.num_sequences;
+}
+
+// Metadata of unit u (zeros past the last unit: no rows).
+__device__ __forceinline__ UnitMeta LoadUnitMeta(const AttnArgs& a, int u, int num_units) {
+  if (u >= num_units) return UnitMeta{0, 0, 0};
+  const int seq = UnitSeq(a, u);
+  return UnitMeta{a.query_start_loc[seq], a.query_start_loc[seq + 1], a.context_lens[seq]};
+}
+
+template <int kBN>
+__device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m) {
+  DecodeUnit d;
+  d.kv_head = u % a.num_kv_heads;
+  d.seq = UnitSeq(a, u);
+  d.split = u / a.num_kv_heads / a.num_sequences;
+  d.q_begin = m.q_begin;
+  d.rows = (m.q_end - m.q_begin) * a.group;  // ≤ 16 (decode plan), 0 past the last unit
+  d.ctx = m.ctx;
+  d.kv_begin = 0;
+  d.kv_end = 0;
+  if (d.rows > 0) {
+    // As PagedAttentionKernel for its one m16 tile.
+    const int pos_last = m.ctx + (d.rows - 1) / a.group;
+    d.kv_begin = a.sliding_window > 0 ? max(0, m.ctx - a.sliding_window + 1) : 0;
+    d.kv_end = pos_last + 1;
+    if (a.num_splits > 1) {
+      d.kv_begin = max(d.kv_begin, d.split * a.partition_tokens);
+      d.kv_end = min(d.kv_end, (d.split + 1) * a.partition_tokens);
+    }
+  }
+  d.tile_first = d.kv_begin < d.kv_end ? d.kv_begin / kBN * kBN : d.kv_end;
+  return d;
+}
+
+template <int kD, int kDV, int kWarps, int kBN, int kStages>
+struct DecodeWarpConfig {
+  static_assert(kStages >= 2);
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());
+  static constexpr int kSmemBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
+  // Fused launches add a (cos, sin) table per warp after the rings.
+  static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
+};
+
+template <int kD, int kDV, int kWarps, int kBN, int kStages>
+__global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
+  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages>;
+  constexpr int kKSteps = kD / 16;
+  constexpr int kVTiles = kDV / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  bf16* const ring = reinterpret_cast<bf16*>(smem_raw) + warp * kStages * Cfg::kSliceElems;
+  float2* const rope_cs =
+      reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
+  const bool fused = args.fusion.inv_freq != nullptr;
+
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();
+  const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
+  const int stride = static_cast<int>(gridDim.x) * kWarps;
+  const int first = static_cast<int>(blockIdx.x) * kWarps + warp;
+
+  if (fused) {
+    // The new keys of this warp's units reach the cache before any of its copies.
+    for (int u = first; u < num_units; u += stride) {
+      const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
+      if (d.rows > 0 && d.kv_begin <= d.ctx && d.ctx < d.kv_end) {
+        attention_detail::DecodeRopeTable(args.fusion, d.q_begin, rope_cs, lane, 32);
+        __syncwarp();
+        attention_detail::DecodeRopeWriteKv(
+            args.fusion, args.q + static_cast<int64_t>(d.q_begin) * args.q_token_stride,
+            d.q_begin, d.kv_head, args.num_kv_heads, args.head_dim, rope_cs, lane, 32);
+        __syncwarp();  // before cs is refilled, and orders the writes before the copies
+      }
+    }
+  }
+
+  // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
+  // consumer. p holds the unit of the next slice to copy (p_tile its first key, p_slot its
+  // LaneSlot), p_meta the metadata of the unit after it. Every issue() commits exactly one
+  // copy group (empty once the stream is exhausted), so "slice i landed" is "at most
+  // kStages − 1 newer groups pending", as in the rings of PagedAttentionKernel.
+  const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
+  int p_u = first;
+  DecodeUnit p = MakeUnit<kBN>(args, p_u, meta0);
+  UnitMeta p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+  int p_tile = p.tile_first;
+  // Skip units without keys (their outputs are still written by the consumer).
+  while (p_u < num_units && p_tile >= p.kv_end) {
+    p_u += stride;
+    p = MakeUnit<kBN>(args, p_u, p_meta);
+    p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+    p_tile = p.tile_first;
+  }
+  auto table_of = [&](int seq) { return args.block_tables + seq * args.max_blocks_per_seq; };
+  int64_t p_slot =
+      p_u < num_units ? LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane)
+                      : -1;
+  int fill = 0;
+  auto issue = [&]() {
+    if (p_u < num_units) {
+      const int64_t kv_off = static_cast<int64_t>(p.kv_head);
+      CopySlice<kD, kDV, kBN>(args, ring + fill * Cfg::kSliceElems, p_slot,
+                              args.k_cache + kv_off * args.head_dim,
+                              args.v_cache + kv_off * args.v_head_dim, lane);
+      p_tile += kBN;
+      while (p_u < num_units && p_tile >= p.kv_end) {
+        p_u += stride;
+        p = MakeUnit<kBN>(args, p_u, p_meta);
+        p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+        p_tile = p.tile_first;
+      }
+      if (p_u < num_units) {
+        p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
       }
     } else {
-      const int64_t part_row =
-          static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
-      float* o = args.partial_out + part_row * args.v_head_dim;
-#pragma unroll
-      for (int u = 0; u < kVTiles; ++u) {
-        const int col = u * 8 + 2 * t;
-        if (col < args.v_head_dim) {
-          *reinterpret_cast<float2*>(o + col) =
-              make_float2(acc[u][2 * i] * inv, acc[u][2 * i + 1] * inv);
-        }
-      }
-      if (t == 0) args.partial_ml[part_row] = make_float2(row_max[i], row_sum[i]);
+      CpAsyncCommit();
     }
+    fill = fill + 1 == kStages ? 0 : fill + 1;
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue();
+
+  // Consumer: the same units in the same order, one slice per iteration.
+  int buf = 0;
+  UnitMeta c_meta = meta0;
+  for (int u = first; u < num_units; u += stride) {
+    const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
+    c_meta = LoadUnitMeta(args, u + stride, num_units);
+    const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
+    if (fused && c.rows > 0) {
+      attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
+      __syncwarp();
+    }
+    uint32_t q_frag[kKSteps][4];
+    LoadQFrag<kKSteps>(args, rw, t, fused, rope_cs, q_frag);
+    float acc[kVTiles][4];
+#pragma unroll
+    for (int v = 0; v < kVTiles; ++v) acc[v][0] = acc[v][1] = acc[v][2] = acc[v][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.0f, 0.0f};
+    const int pos_last = c.ctx + (c.rows > 0 ? (c.rows - 1) / args.group : 0);
+    for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
+      issue();
+      CpAsyncWait<kStages - 1>();
+      __syncwarp();
+      const bf16* k_smem = ring + buf * Cfg::kSliceElems;
+      AttendSlice<kD, kDV, kBN>(args, k_smem, k_smem + kBN * Pitch<kD>(), 0, tile, c.kv_begin,
+                                c.kv_end, c.ctx, pos_last, rw, q_frag, acc, row_max, row_sum,
+                                lane);
+      __syncwarp();  // the next issue() may refill this buffer
+      buf = buf + 1 == kStages ? 0 : buf + 1;
+    }
+    QuadSumRows(row_sum);
+    StoreRows<kDV>(args, rw, c.split, acc, row_max, row_sum, t);
+    if (fused) __syncwarp();  // every lane has read rope_cs before the next unit refills it
   }
 }
 
@@ -962,8 +1233,13 @@ std::atomic<int> g_decode_stages{0};
 constexpr int kNumKinds = 11 + paged_detail::kNumFa2Configs;  // + FA2 kinds 11.. (below)
 constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
               kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
-// SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1.
-constexpr int kNumDecodeKernels = 8;
+// SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1; 8 and 9 are the persistent
+// decode warps (PagedDecodeWarpKernel; LaunchPlan::persistent, not a kind).
+constexpr int kNumDecodeKernels = 10;
+constexpr int kDecodeWarpsAuto = 8, kDecodeWarpsAlways = 9;
+// PagedDecodeWarpKernel's shape: 4 warps a CTA, 16-key slices, 3 stages (fewer where wide
+// heads do not fit; ≥ 2 always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256).
+constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1022,6 +1298,7 @@ bool PdlEnabled() {
 
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
+  bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1156,6 +1433,46 @@ struct OccupancyOp {
   }
 };
 
+// PagedDecodeWarpKernel's depth at padded dims (kD, kDV): kDecodeWarpStages or what fits the
+// 227 KiB of shared memory with the fusion's tables.
+template <int kD, int kDV>
+constexpr int DecodeWarpStages() {
+  constexpr int kStageBytes =
+      kDecodeWarpsPerCta * kDecodeBN * (Pitch<kD>() + Pitch<kDV>()) * static_cast<int>(sizeof(bf16));
+  constexpr int kFusionBytes = kDecodeWarpsPerCta * attention_detail::DecodeRopeSmemBytes(kD);
+  constexpr int kFit = (227 * 1024 - kFusionBytes) / kStageBytes;
+  static_assert(kFit >= 2, "two stages of persistent decode warps fit");
+  return kFit < kDecodeWarpStages ? kFit : kDecodeWarpStages;
+}
+
+template <int kD, int kDV>
+using DecodeWarpCfg =
+    DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>;
+
+// Ops run by WithDims on PagedDecodeWarpKernel at padded dims (kD, kDV).
+struct DecodeWarpLaunchOp {
+  const AttnArgs* args;
+  int ctas;
+  cudaStream_t stream;
+  template <int kD, int kDV>
+  absl::Status Run() const {
+    using Cfg = DecodeWarpCfg<kD, kDV>;
+    const int smem = Cfg::kSmemBytes + (args->fusion.inv_freq != nullptr ? Cfg::kFusionBytes : 0);
+    return LaunchWithSmem(
+        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>,
+        Cfg::kThreads, smem, *args, dim3(static_cast<unsigned>(ctas)), stream);
+  }
+};
+struct DecodeWarpOccupancyOp {
+  template <int kD, int kDV>
+  int Run() const {
+    using Cfg = DecodeWarpCfg<kD, kDV>;
+    return Occupancy(
+        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>,
+        Cfg::kThreads, Cfg::kSmemBytes);
+  }
+};
+
 template <int kD, int kDV, int kWarps, int kWant, typename Op>
 auto WithRing(const Op& op) {
   constexpr int kStages = FitStages<kD, kDV, kWarps, kWant>();
@@ -1208,21 +1525,37 @@ auto WithKernel(int kind, const Op& op) {
   }
 }
 
+// Runs op.Run<kD, kDV>() at the padded dims of v.
 template <typename Op>
-auto WithVariant(Variant v, int kind, const Op& op) {
+auto WithDims(Variant v, const Op& op) {
   switch (v) {
     case Variant::k32:
-      return WithKernel<32, 32>(kind, op);
+      return op.template Run<32, 32>();
     case Variant::k64:
-      return WithKernel<64, 64>(kind, op);
+      return op.template Run<64, 64>();
     case Variant::k192v128:
-      return WithKernel<192, 128>(kind, op);
+      return op.template Run<192, 128>();
     case Variant::k256:
-      return WithKernel<256, 256>(kind, op);
+      return op.template Run<256, 256>();
     case Variant::k128:
     default:
-      return WithKernel<128, 128>(kind, op);
+      return op.template Run<128, 128>();
   }
+}
+
+template <typename Op>
+struct KindOp {
+  int kind;
+  const Op* op;
+  template <int kD, int kDV>
+  auto Run() const {
+    return WithKernel<kD, kDV>(kind, *op);
+  }
+};
+
+template <typename Op>
+auto WithVariant(Variant v, int kind, const Op& op) {
+  return WithDims(v, KindOp<Op>{kind, &op});
 }
 
 // CTAs of the chosen kernel resident on the whole GPU at once (SMs × occupancy), cached per
@@ -1244,6 +1577,32 @@ int64_t ResidentSlots(Variant v, int kind) {
   n = std::max(1, sms * per_sm);
   slot.store(n, std::memory_order_relaxed);
   return n;
+}
+
+// Persistent decode warps resident on the whole GPU at once (SMs × CTAs per SM × warps), cached
+// per variant for device 0..15.
+int64_t ResidentDecodeWarps(Variant v) {
+  static std::atomic<int> cache[16][5];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
+  std::atomic<int>& slot = cache[device][static_cast<int>(v)];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  int sms = 132;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{}) * kDecodeWarpsPerCta);
+  slot.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// CTAs of a persistent decode launch over `units` (sequence, KV head, split) units: as few
+// rounds of units per warp as the resident warps allow, spread evenly (every warp gets the
+// same number of units, ± 1).
+int64_t DecodeWarpCtas(int64_t units, Variant v) {
+  const int64_t resident = ResidentDecodeWarps(v);
+  const int64_t rounds = (units + resident - 1) / resident;
+  const int64_t warps = (units + rounds - 1) / rounds;
+  return (warps + kDecodeWarpsPerCta - 1) / kDecodeWarpsPerCta;
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -1281,7 +1640,17 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   if (plan.decode) {
     const int forced_kernel = g_decode_kernel.load(std::memory_order_relaxed);
     const int forced = g_decode_stages.load(std::memory_order_relaxed);
-    if (forced_kernel == 1) {
+    // Persistent decode warps: always (9), or (8) where the unsplit units fill the resident
+    // warps at least once (batch 256 × 8 KV heads on an H200: 2048 units, 1056 warps), so
+    // they need no split-KV pass; smaller grids take the automatic choice below. Units are
+    // indexed in int32 (< 2^31 with any split count).
+    const bool fits_int = ctas * kMaxSplits < INT32_MAX;
+    plan.persistent =
+        fits_int && (forced_kernel == kDecodeWarpsAlways ||
+                     (forced_kernel == kDecodeWarpsAuto && ctas >= ResidentDecodeWarps(v)));
+    if (plan.persistent) {
+      plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
+    } else if (forced_kernel == 1) {
       // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
       // deeper kernel (the fewer, fuller waves need no split), else 2 (3 CTAs per SM, each
       // CTA's ramp and epilogue hidden behind the others' streaming). H200, Llama-3-8B at 1k
@@ -1289,7 +1658,7 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
       // (2048 CTAs) 382.7 → 409.7.
       const int stages = forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, kKindTiles3) ? 3 : 2);
       plan.kind = stages == 3 ? kKindTiles3 : kKindTiles2;
-    } else if (forced_kernel >= 2) {
+    } else if (forced_kernel >= 2 && forced_kernel < kDecodeWarpsAuto) {
       plan.kind = forced_kernel + 1;
     } else if (forced == 0 && 2 * ctas >= ResidentSlots(v, kKindRing2x3)) {
       // Warp rings. With CTAs for about a wave of 2-warp × 3-stage CTAs (4 per SM at head_dim
@@ -1306,7 +1675,8 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
       plan.kind = stages == 3 ? kKindRing4x3 : kKindRing4x2;
     }
   }
-  const int64_t slots = ResidentSlots(v, plan.kind);
+  // Persistent warps each serve a unit as a CTA would: the split rule counts them as slots.
+  const int64_t slots = plan.persistent ? ResidentDecodeWarps(v) : ResidentSlots(v, plan.kind);
   int64_t keys = b.max_seq_len;
   if (p.sliding_window > 0) {
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
@@ -1350,6 +1720,12 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
                            const PagedAttentionParams& params, cudaStream_t stream) {
   Variant v = Variant::k128;
   PickVariant(params.head_dim, params.v_head_dim, &v);
+  if (plan.persistent) {
+    const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
+                          plan.num_splits;
+    return WithDims(v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v)),
+                                          stream});
+  }
   if (plan.kind >= kKindFa2) {
     return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, paged_detail::MakeFa2Args(args),
                                           grid, stream, PdlEnabled());
@@ -1468,6 +1844,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
   args.fusion = fusion;
+  args.num_sequences = static_cast<int>(batch.num_sequences);
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;

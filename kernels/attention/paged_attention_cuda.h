@@ -107,9 +107,16 @@ int PagedAttentionDecodeStages();
 // SetPagedAttentionDecodeStages); warp rings (each warp streams its own 16-key slices through
 // a private cp.async ring, see paged_attention.cu) of 2: 4 warps × 2 stages, 3: 4 × 3,
 // 4: 4 × 6, 5: 8 warps × 3, 6: 2 warps × 3, 7: 2 × 4 (depths shrink to fit shared memory for
-// wide heads). Process-wide, for benchmarks and tests; set it before sizing workspaces or
-// capturing graphs (the split plan depends on it). InvalidArgument outside 0..7.
-// PagedAttentionDecodeKernel returns it.
+// wide heads); persistent decode warps (each warp owns whole (sequence, KV head, split) units
+// and streams all its units' keys through one 3-stage ring that prefetches across unit
+// boundaries, so a unit's start-up latency hides behind the previous unit; no CTA barrier or
+// merge; see paged_attention.cu) of 8: where the unsplit (sequence, KV head) units fill the
+// resident warps at least once (e.g. batch 256 × 8 KV heads on an H200), else as 0; 9: always
+// (splitting keys as 0 would for small batches). Same results as the other kernels within
+// bf16 rounding; the decode fusion (PagedAttentionRopeDecodeCuda) serves all of them.
+// Process-wide, for benchmarks and tests; set it before sizing workspaces or capturing graphs
+// (the split plan depends on it). InvalidArgument outside 0..9. PagedAttentionDecodeKernel
+// returns it.
 absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 

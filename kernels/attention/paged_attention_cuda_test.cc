@@ -227,12 +227,14 @@ TEST(PagedAttentionCudaTest, DecodePipelineDepths) {
 TEST(PagedAttentionCudaTest, DecodeKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionDecodeKernel(8).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeKernel(10).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetPagedAttentionDecodeKernel(-1).code(), absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionDecodeKernel();
   std::vector<SeqSpec> b64;
   for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 53) % 1300), 1});
-  for (const int kernel : {1, 2, 3, 4, 5, 6, 7, 0}) {
+  std::vector<SeqSpec> b300 = Decode({0, 1, 15, 16, 17});
+  for (int i = 5; i < 300; ++i) b300.push_back({static_cast<int32_t>((i * 53) % 1100), 1});
+  for (const int kernel : {1, 2, 3, 4, 5, 6, 7, 8, 9, 0}) {
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
     const std::string tag = "kernel " + std::to_string(kernel) + " ";
     Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
@@ -250,6 +252,13 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
     // Decode-shaped launches with several query tokens per sequence (4 × group 4 ≤ 16 rows).
     RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
             rng);
+    if (kernel >= 8) {
+      // More (sequence, KV head) units than resident warps (2400 vs ~1056 on an H200): each
+      // persistent warp streams several units back to back, with empty and one-slice units
+      // (contexts 0, 1, 15, 16) and, under kernel 9, split-KV units past a sequence's end.
+      RunCase({tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300}, rng);
+      RunCase({tag + "b300 d64 window", Params(16, 8, 64, 64, 16, 100), b300}, rng);
+    }
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
@@ -551,7 +560,7 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
 }
 
 // Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
-// the warp-ring loops) and the split plans: batch 1 with the new key in a partition of its own
+// the warp-ring loops; the persistent warps write all their units' new keys first) and the split plans: batch 1 with the new key in a partition of its own
 // (1024) or last in one (1023, 3000), mixed contexts incl. 0, 1 and block boundaries, a sliding
 // window, Llama-3 (head_dim 128, llama3 table) and head_dim 64 with a partial YaRN-scaled
 // rotary span (the unrotated k tail goes to the cache too) and group 1.
@@ -574,7 +583,7 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
   plain.theta = 10000.0;
   plain.rotary_dim = 64;
   const int default_kernel = PagedAttentionDecodeKernel();
-  for (const int kernel : {1, 3, 6, 0}) {
+  for (const int kernel : {1, 3, 6, 9, 0}) {
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
     const std::string tag = "kernel " + std::to_string(kernel) + " ";
     const PagedAttentionParams llama_p = Params(32, 8, 128, 128, 16);
@@ -588,6 +597,13 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
                        {130, 7, 600, 64, 0}, rng);
     RunFusedDecodeCase(tag + "d64 g1 block 7", Params(8, 8, 64, 64, 7), plain, {130, 0, 2000},
                        rng);
+    if (kernel == 9) {
+      // Several units per persistent warp: every unit's new key written before the warp's
+      // first copy, each unit's q rotated with its own position.
+      std::vector<int32_t> b300 = {0, 1, 15, 16, 17};
+      for (int i = 5; i < 300; ++i) b300.push_back((i * 53) % 1100);
+      RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng);
+    }
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }

@@ -13,7 +13,8 @@
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V) per prefill kernel
 //     (SetPagedAttentionPrefillKernel: the default, then 0, 1, 3, 4, 5);
 //     Decode rows come per decode kernel (SetPagedAttentionDecodeKernel; "kernel" 0 is the
-//     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes; "pdl" the
+//     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes, 8/9 the
+//     persistent decode warps (8 where the grid fills the GPU, else as 0; 9 always); "pdl" the
 //     default kernel as a programmatic dependent launch), as A/B; "us" is the device time of a
 //     call replayed from a CUDA graph (as the engine's decode steps run), "us_eager" that of
 //     eager calls (host launch costs included);
@@ -200,7 +201,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   // (SetPagedAttentionPdl: the combine's launch overlaps the attention kernel's tail).
   const std::pair<int, bool> variants[] = {{0, false}, {1, false}, {2, false},
                                            {3, false}, {4, false}, {5, false},
-                                           {6, false}, {7, false}, {0, true}};
+                                           {6, false}, {7, false}, {8, false},
+                                           {9, false}, {0, true}};
   for (const auto& [kernel, pdl] : variants) {
     if (absl::Status s = SetPagedAttentionDecodeKernel(kernel); !s.ok()) return s;
     SetPagedAttentionPdl(pdl);
