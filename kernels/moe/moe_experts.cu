@@ -801,20 +801,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 // Gate/up + SiLU·mul of the touched experts and (shared_cols > 0) of the shared expert's
 // columns, decode variant 5: a persistent grid (about two blocks per SM) of warps walking the
-// tasks with PipelinedWarpDots. Task q < max_active·n is column q / max_active of the expert in
-// slot q % max_active (consecutive warps take different experts, so every SM streams all of
-// them at once); task max_active·n + c is the shared expert's column c (c < shared_cols) for
-// tokens 0..num_tokens-1. Outputs equal MoeFusedGateUpKernel's bit for bit. PipedGateUp: the
-// warp's part, tasks first, first + stride, ...; `slots` = *num_active (unused and may be 0
-// when max_active == 0: shared columns only, as in the multi-block routing kernel).
+// tasks with PipelinedWarpDots. With `slots` touched experts (*num_active), task q < slots·n is
+// column q / slots of the expert in slot q % slots (consecutive warps take different experts,
+// so every SM streams all of them at once, and no warp idles on an empty slot); task
+// slots·n + c is the shared expert's column c (c < shared_cols) for tokens 0..num_tokens-1.
+// Outputs equal MoeFusedGateUpKernel's bit for bit. PipedGateUp: the warp's part, tasks first,
+// first + stride, ...; slots == 0: shared columns only (the multi-block routing kernel).
 template <int kRows>
 __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
                                             const int32_t* offsets, const int32_t* active,
                                             int slots, int n, bf16* c, const SharedArgs& sh,
-                                            int num_tokens, int max_active, int shared_cols,
-                                            int first, int stride) {
+                                            int num_tokens, int shared_cols, int first,
+                                            int stride) {
   const int lane = threadIdx.x & 31;
-  const int routed = max_active * n;
+  const int routed = slots * n;
   const int k = x_rows.k;
   auto task_at = [&](int q, PipeTask* t) {
     if (q >= routed) {
@@ -826,10 +826,8 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
       t->end = num_tokens;
       return true;
     }
-    const int slot = q % max_active;
-    if (slot >= slots) return false;
-    const int e = active[slot];
-    t->w0 = w + (static_cast<int64_t>(e) * 2 * n + q / max_active) * k;
+    const int e = active[q % slots];
+    t->w0 = w + (static_cast<int64_t>(e) * 2 * n + q / slots) * k;
     t->w_stride = static_cast<int64_t>(n) * k;
     t->a = x_rows;
     t->begin = offsets[e];
@@ -840,7 +838,7 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
     const bool shared = q >= routed;
     bf16* out = shared ? sh.act : c;
     const int width = shared ? sh.n : n;
-    const int col = shared ? q - routed : q / max_active;
+    const int col = shared ? q - routed : q / slots;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
@@ -858,7 +856,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     MoePipedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
-                         SharedArgs sh, int num_tokens, int max_active, int shared_cols) {
+                         SharedArgs sh, int num_tokens, int shared_cols) {
   // Decode variant 6 launches this kernel as a programmatic dependent of the routing kernel:
   // wait for its sort (and shared activations) first (a no-op for a normal launch). Only then
   // may the down launch (a programmatic dependent of this one) get resident, as for
@@ -866,8 +864,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   // complete by then.
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
-  PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, max_active,
-                     shared_cols, static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
+  PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, shared_cols,
+                     static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
                      static_cast<int>(gridDim.x) * kGemvWarps);
 }
 
@@ -938,8 +936,8 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
     if constexpr (kPiped) {
       const int first = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
       const int stride = (static_cast<int>(gridDim.x) - route_blocks) * kRouteMultiWarps;
-      PipedGateUp<kRows>(ARows{x, nullptr, 1, hidden}, nullptr, nullptr, nullptr, 0, 0, nullptr,
-                         sh, num_tokens, /*max_active=*/0, sh.n, first, stride);
+      PipedGateUp<kRows>(ARows{x, nullptr, 1, hidden}, nullptr, nullptr, nullptr, /*slots=*/0, 0,
+                         nullptr, sh, num_tokens, sh.n, first, stride);
       return;
     }
     const int col = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
@@ -1424,7 +1422,7 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
         pdl && MoeDecodeVariant() >= 6, x_rows, w_gate_up, so.offsets, so.active, so.num_active,
-        i, act, sh, num_tokens, static_cast<int>(max_active), shared_cols);
+        i, act, sh, num_tokens, shared_cols);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
     // (none when MoeFusedRouteCuda computed its activations).
