@@ -1157,13 +1157,25 @@ bool PdlSupported() {
 }
 
 // Blocks of a persistent decode-variant-5 launch: two 256-thread blocks per SM (the kernels'
-// launch bounds allow two). Not a synchronizing call (fine during graph capture).
+// launch bounds allow two), the SM count cached per device. No synchronizing call (fine during
+// graph capture).
 int PipedBlocks() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cached[kCachedDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 2;
+  if (device >= 0 && device < kCachedDevices) {
+    if (const int blocks = cached[device].load(std::memory_order_relaxed); blocks > 0) {
+      return blocks;
+    }
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       sms < 1) {
     return 2;
+  }
+  if (device >= 0 && device < kCachedDevices) {
+    cached[device].store(2 * sms, std::memory_order_relaxed);
   }
   return 2 * sms;
 }
