@@ -302,6 +302,27 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// Reads `bytes` (a multiple of 16) of `buf` so L2 holds clean lines of it and nothing of the
+// operands a tuning run is about to read — as in a decode step, where the layers in between
+// evicted the weights with reads. (A memset flush instead leaves L2 full of dirty lines whose
+// write-back competes with the timed kernel's reads and changed which GEMV shape won.)
+__global__ void FlushL2ReadKernel(const uint4* __restrict__ buf, int64_t n, int* sink) {
+  uint32_t acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcg(buf + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = 1;  // keeps the loads; the buffer is zeros, so never taken
+}
+
+void FlushL2ByReading(const uint8_t* buf, size_t bytes, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(bytes / 16);
+  // The sink is never written (see the kernel); a pointer into the buffer keeps it valid.
+  FlushL2ReadKernel<<<1024, 256, 0, stream>>>(reinterpret_cast<const uint4*>(buf), n,
+                                             reinterpret_cast<int*>(const_cast<uint8_t*>(buf)));
+}
+
 bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
   return m >= 1 && m <= kGemvMaxRows && k % 8 == 0 && n <= 0x7fffffff / 32 &&
          k <= 0x7fffffff && Aligned16(x) && Aligned16(w);
@@ -590,14 +611,16 @@ struct CublasLt::Impl {
     }
     constexpr int kWarm = 2, kReps = 5;
     // In a decode step each GEMM streams weights that are not in L2 (the layers in between
-    // evicted them), so every timed run starts from a flushed L2: a memset of twice its size,
+    // evicted them), so every timed run starts from a flushed L2: a read of twice its size,
     // outside the timed span.
     if (flush.size() == 0) {
       int device = 0, l2 = 0;
       cudaGetDevice(&device);
       cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
       auto buf = DeviceBuffer<uint8_t>::Create(std::max<size_t>(2 * static_cast<size_t>(l2), 1));
-      if (buf.ok()) flush = std::move(*buf);
+      if (buf.ok() && cudaMemsetAsync(buf->data(), 0, buf->bytes(), stream) == cudaSuccess) {
+        flush = std::move(*buf);
+      }
     }
     // Returns the mean microseconds of `run`, or a negative value when it failed.
     auto time = [&](auto&& run) -> float {
@@ -606,7 +629,7 @@ struct CublasLt::Impl {
       }
       float total = 0.0f;
       for (int i = 0; i < kReps; ++i) {
-        if (flush.size() > 0) cudaMemsetAsync(flush.data(), i, flush.bytes(), stream);
+        if (flush.size() > 0) FlushL2ByReading(flush.data(), flush.bytes(), stream);
         cudaEventRecord(ev[0], stream);
         run();
         cudaEventRecord(ev[1], stream);
