@@ -81,7 +81,7 @@ class DeepseekCore : public RunnerCore {
   int64_t MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const;
   absl::Status EnqueueMhaAttention(size_t li, int64_t T,
                                    const kernels::PagedAttentionCudaBatch& batch,
-                                   int64_t blocks_per_seq, const bf16* q_src, int64_t q_stride,
+                                   int64_t blocks_per_seq, const bf16* q, int64_t q_stride,
                                    void* workspace);
   absl::Status EnqueueMlp(const MlaLayer& L, int64_t T);
   absl::Status EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out);
@@ -242,8 +242,7 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
       {&q_a_normed, q_lora > 0 ? T * q_lora : 0},
       {&q, q_lora > 0 ? T * q_width : 0},
       {&latent, T * latent_w},
-      // Also the MHA form's queries [T, heads, qk].
-      {&q_lat, T * heads * std::max(latent_w, qk)},
+      {&q_lat, T * heads * latent_w},
       {&out_lat, T * heads * R},
       {&attn, T * heads * dv},
       {&gate_up, T * 2 * max_mlp_inter},
@@ -462,13 +461,9 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     Mark("q_b_gemm");
   }
   const int64_t q_lat_stride = heads * latent_w;
-  // Large steps under kernels::SetMlaPrefillMode: the MHA form (EnqueueMhaAttention), whose
-  // queries [T, heads, qk] live in q_lat: q_nope, then the rotated q_pe at channel dn (instead
-  // of the absorbed query's R).
+  // Large steps under kernels::SetMlaPrefillMode: the MHA form (EnqueueMhaAttention).
   const int64_t mha_bps = MhaBlocksPerSeq(batch);
   const bool mha = mha_bps > 0;
-  const int64_t q_pe_at = mha ? dn : R;
-  const HeadSpans q_pe_spans = mha ? HeadSpans{heads * qk, qk} : HeadSpans{q_lat_stride, latent_w};
   // Variant 2: the latent cache row and the queries' rope channels in one launch.
   const bool fused_prologue = kernels::MoeDecodeVariant() >= 2 && rope.rotary_dim == dr;
   // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM for the
@@ -484,10 +479,10 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     pa.q_pe = q_src + dn;
     pa.q_token_stride = q_stride;
     pa.q_head_stride = qk;
-    pa.q_out = q_lat.data() + q_pe_at;
-    pa.q_out_token_stride = q_pe_spans.token_stride;
-    pa.q_out_head_stride = q_pe_spans.head_stride;
-    pa.heads = heads;
+    pa.q_out = q_lat.data() + R;
+    pa.q_out_token_stride = q_lat_stride;
+    pa.q_out_head_stride = latent_w;
+    pa.heads = mha ? 0 : heads;  // the MHA form rotates its queries in place below
     pa.R = R;
     pa.dr = dr;
     pa.positions = m.positions;
@@ -519,18 +514,28 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
         gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R}, /*w_is_kn=*/true,
                   {q_lat.data(), q_lat_stride, latent_w}, /*y_float=*/false, T, R, dn, heads));
   }
-  if (!fused_prologue) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + q_pe_at,
-                                                q_pe_spans, T, heads, dr, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(
-        q_lat.data(), T, heads, q_pe_spans.token_stride, q_pe_spans.head_stride, q_pe_at,
-        m.positions, rope, config.rope_interleave, st));
+  if (!fused_prologue && !mha) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
+                                                {q_lat_stride, latent_w}, T, heads, dr, st));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride,
+                                                    latent_w, R, m.positions, rope,
+                                                    config.rope_interleave, st));
   }
-  if (!mha) Mark("q_absorb");
+  // The MHA form's queries [T, heads, dn + dr] are the query projection's rows themselves
+  // (q_src: q or a_out, this layer's scratch) with q_pe rotated in place.
+  bf16* const q_rows = q_lora > 0 ? q.data() : a_out.data();
+  if (mha) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_rows, T, heads, q_stride, qk, dn,
+                                                    m.positions, rope, config.rope_interleave,
+                                                    st));
+    Mark("q_rope");
+  } else {
+    Mark("q_absorb");
+  }
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
   if (mha) {
     SLUICE_RUNNER_RETURN_IF_ERROR(
-        EnqueueMhaAttention(li, T, batch, mha_bps, q_src, q_stride, workspace));
+        EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
   } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
     // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
@@ -577,7 +582,8 @@ int64_t DeepseekCore::MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& ba
 }
 
 // EnqueueMhaAttention: MLA attention of a large step in the MHA form, after the prologue has
-// written this step's latent rows and q_lat holds the queries' rotated q_pe at channel dn.
+// written this step's latent rows; q: the queries [T, heads, dn + dr] (q_nope, rotated q_pe)
+// at row stride q_stride.
 // Every sequence's whole context (cached prefix + new tokens) is up-projected:
 //   k[c, h] = [W_UK_h · kv_c[c] ; k_pe[c]],  v[c, h] = W_UV_h · kv_c[c]
 // and attn = softmax(scale · [q_nope ; q_pe] · kᵀ) · v per head, causal over (context_lens,
@@ -586,16 +592,13 @@ int64_t DeepseekCore::MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& ba
 // computes this form). Writes attn [T, heads, dv] (o_proj's input).
 absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
                                                const kernels::PagedAttentionCudaBatch& batch,
-                                               int64_t blocks_per_seq, const bf16* q_src,
+                                               int64_t blocks_per_seq, const bf16* q,
                                                int64_t q_stride, void* workspace) {
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
   const int64_t bs = options.block_size;
   const int64_t rows_per_seq = blocks_per_seq * bs;
   const int64_t C = batch.num_sequences * rows_per_seq;
-  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src, {q_stride, qk}, q_lat.data(),
-                                              {heads * qk, qk}, T, heads, dn, st));
-  Mark("q_nope");
   SLUICE_RUNNER_RETURN_IF_ERROR(MlaGatherLatentCuda(
       cache[li].data(), R, dr, batch.context_lens, batch.query_start_loc, batch.block_tables,
       batch.max_blocks_per_seq, bs, batch.num_sequences, rows_per_seq, mha_kv_c.data(),
@@ -612,10 +615,9 @@ absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
   kernels::PagedAttentionCudaBatch mb = batch;
   mb.block_tables = mha_table.data();
   mb.max_blocks_per_seq = blocks_per_seq;
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q_lat.data(), heads * qk,
-                                                            mha_k.data(), mha_v.data(), mb,
-                                                            MhaParams(), workspace, attn.data(),
-                                                            st));
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q, q_stride, mha_k.data(),
+                                                            mha_v.data(), mb, MhaParams(),
+                                                            workspace, attn.data(), st));
   Mark("attention");
   return absl::OkStatus();
 }
