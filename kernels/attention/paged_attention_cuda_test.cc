@@ -279,7 +279,7 @@ TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
 TEST(PagedAttentionCudaTest, PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(6).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(7).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetPagedAttentionPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionPrefillKernel();
   for (const int kernel : {1, 2, 0}) {
@@ -695,18 +695,19 @@ TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
       absl::StatusCode::kInvalidArgument);
 }
 
-// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..5,
+// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..6,
 // paged_prefill_fa2.cu) against the CPU reference, every output element: fresh prompts whose
 // rows (tokens × group) are not multiples of the 128-row tile or of the 64-key tile, several
 // sequences of chunked prefill over cached prefixes, a long chunk over a prefix (split-KV
-// partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16 and
-// 7, a sliding window, a q stride that rules out 16-byte copies, decode rows in the same launch,
-// and head dim 32 (not served: the explicit kernel 1 fallback).
+// partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16, 32,
+// 64 (kernel 6's one-block copy path), 8 and 7 (its general path), a sliding window, a q stride
+// that rules out 16-byte copies, decode rows in the same launch, and head dim 32 (not served:
+// the explicit kernel 1 fallback).
 TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionPrefillKernel();
-  for (const int kernel : {3, 4, 5}) {
+  for (const int kernel : {3, 4, 5, 6}) {
     ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
     EXPECT_EQ(PagedAttentionPrefillKernel(), kernel);
     const std::string tag = "fa2 prefill kernel " + std::to_string(kernel) + " ";
@@ -724,6 +725,9 @@ TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
     RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
     RunCase({tag + "window 100", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
     RunCase({tag + "mixed with decode rows",
+    RunCase({tag + "block 32 g4", Params(16, 4, 128, 128, 32), {{0, 270}, {200, 90}}}, rng);
+    RunCase({tag + "block 64 d64 g2", Params(8, 4, 64, 64, 64), {{0, 300}, {130, 33}}}, rng);
+    RunCase({tag + "block 8 g4", Params(16, 4, 128, 128, 8), {{0, 200}, {77, 60}}}, rng);
              Params(32, 8, 128, 128, 16),
              {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
             rng);

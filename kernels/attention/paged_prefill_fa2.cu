@@ -1,4 +1,4 @@
-// Paged prefill attention, FlashAttention-2 tile shapes (SetPagedAttentionPrefillKernel 3..5;
+// Paged prefill attention, FlashAttention-2 tile shapes (SetPagedAttentionPrefillKernel 3..6;
 // paged_prefill_device.cuh lists the configurations).
 //
 // Same algorithm, GQA row packing (row = token · group + head-in-group), paging, split-KV
@@ -22,6 +22,22 @@
 //    config 0 uses 255 registers with 64 bytes of spill stores (68 of loads) at d 128 and 224
 //    without spills at d 64; config 1 uses 204 (d 128) / 151 (d 64), config 2 205 / 157, no
 //    spills.
+//  * H200, Llama-3-8B prefill 16k, 32 layers (cuda_decode_bench, device call of 2026-11-29):
+//    attention 253.8 ms with config 0 (kernel 3; 277 TFLOP/s), 311.5 / 312.8 ms with configs
+//    1 / 2 (kernels 4 / 5), against 276.7 ms for kernel 1. Configs 1 and 2 do run (the bench's
+//    totals coincided, 640.16 / 640.15 ms, but their attention rows differ); they lose to
+//    shared-memory bandwidth: 256 KiB of ldmatrix traffic per 128×64 block against 160 KiB,
+//    which at 128 bytes per clock and SM is about as long as the block's mma.sync work
+//    (1024 m16n8k16), so more warps cannot hide it. A third stage (config 2) does not help.
+//  * Config 3 (kernel 6) is config 0 with a lighter K/V copy: when a warp's 16 keys of a tile
+//    are consecutive slots of one cache block (block sizes that are multiples of 16: the
+//    serving default, all tiles off the causal diagonal and partition edges) each lane copies
+//    its column of keys from one base address with a fixed 32-bit byte step, instead of a
+//    shuffle, a 64-bit multiply and a select per 16-byte chunk; 32-bit slots and shared
+//    addresses elsewhere. ~100 instead of ~190 issued instructions per warp and tile for the
+//    copy (SASS, cuobjdump), out of ~1,200 (256 HMMA, 80 LDSM). ptxas (d 128): 255 registers,
+//    72 / 76 bytes of spill stores / loads (config 0: 64 / 68); the spills are the 4 row sums
+//    and a few loop bounds, ~10 local accesses per warp and tile, not in the mma chains.
 // Shared memory keeps the padded pitch of kernel 1 (16 bytes a row: conflict-free ldmatrix and
 // cp.async, and the address math is an add, where an XOR swizzle needs an extra LOP3 per
 // ldmatrix); it fits: config 0 uses 34 KiB of Q + 2 × 34 KiB of K/V = 102 KiB, 2 CTAs per SM.
@@ -30,6 +46,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
@@ -46,10 +63,18 @@ using attention_detail::CpAsyncWait;
 using attention_detail::Exp2;
 using attention_detail::SmemAddr;
 
+// 16-byte global→shared copy to a 32-bit shared-window address; src_bytes 0 writes zeros.
+static __device__ __forceinline__ void CpAsync16At(uint32_t smem_addr, const void* gmem,
+                                                   int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem),
+               "r"(src_bytes));
+}
+
 // kD: padded head dim of K and V (64 or 128); kWarps warps of kMT m16 tiles each; kBN keys per
 // tile; kStages K/V tiles resident; kQRegs: Q fragments in registers (kMT 1 only); kMinCtas:
 // launch-bound occupancy target (sets the register cap).
-template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas>
+template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas,
+          bool kLean>
 struct Fa2Config {
   static_assert(kStages >= 2 && (!kQRegs || kMT == 1));
   static constexpr int kThreads = 32 * kWarps;
@@ -60,9 +85,10 @@ struct Fa2Config {
       (kQElems + kStages * kTileElems) * static_cast<int>(sizeof(bf16));
 };
 
-template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas>
+template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas,
+          bool kLean>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const Fa2Args args) {
-  using Cfg = Fa2Config<kD, kWarps, kMT, kBN, kStages, kQRegs, kMinCtas>;
+  using Cfg = Fa2Config<kD, kWarps, kMT, kBN, kStages, kQRegs, kMinCtas, kLean>;
   constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
   constexpr int kSTiles = kBN / 8;   // n8 score tiles per m16 tile
   constexpr int kVTiles = kD / 8;    // n8 output tiles
@@ -135,42 +161,93 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
   CpAsyncCommit();  // group 0; K/V tile i (from tile_first) is group i + 1
 
   // Cache slot of key tile + warp·kWarpKeys + lane (lane < kWarpKeys; −1 outside
-  // [kv_begin, kv_end): those rows are zero-filled).
-  auto lookup = [&](int tile) -> int64_t {
+  // [kv_begin, kv_end): those rows are zero-filled). kLean: 32-bit slots (a cache of < 2^31
+  // token slots: at ≥ 512 bytes of K per token and layer that is ≥ 1 TiB) and strides, the
+  // 64-bit offset formed by one widening multiply per copy; one register each instead of two.
+  using Slot = std::conditional_t<kLean, int, int64_t>;
+  // A warp's kWarpKeys keys of a tile (which start at a multiple of kWarpKeys) share a block.
+  const bool block_multiple = args.block_size % kWarpKeys == 0;
+  auto lookup = [&](int tile) -> Slot {
     const int j = tile + warp * kWarpKeys + lane;
     if (lane >= kWarpKeys || j < kv_begin || j >= kv_end) return -1;
     const int block = args.block_shift >= 0 ? j >> args.block_shift : j / args.block_size;
     const int offset = j - block * args.block_size;
-    return static_cast<int64_t>(__ldg(args.block_tables + seq * args.max_blocks_per_seq + block)) *
+    return static_cast<Slot>(__ldg(args.block_tables + seq * args.max_blocks_per_seq + block)) *
                args.block_size +
            offset;
   };
   // The warp's kWarpKeys keys of a tile (K and V rows, zero columns past the true head dims)
   // into buffer `buf`, as one commit group.
-  auto copy_keys = [&](int buf, int64_t lane_slot) {
-    const int64_t k_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
-    const int64_t v_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+  auto copy_keys = [&](int buf, Slot lane_slot) {
+    const Slot k_stride = static_cast<Slot>(args.num_kv_heads) * args.head_dim;
+    const Slot v_stride = static_cast<Slot>(args.num_kv_heads) * args.v_head_dim;
     const bf16* k_base = args.k_cache + static_cast<int64_t>(kv_head) * args.head_dim;
     const bf16* v_base = args.v_cache + static_cast<int64_t>(kv_head) * args.v_head_dim;
     bf16* k_dst = kv_smem + buf * Cfg::kTileElems + warp * kWarpKeys * kP;
     bf16* v_dst = k_dst + kBN * kP;
+    // kLean: 32-bit shared-window destinations (a generic pointer holds two registers).
+    const uint32_t k_dst_at = SmemAddr(k_dst);
+    if constexpr (kLean) {
+      // Fast path: the warp's kWarpKeys keys are consecutive slots of one cache block (block
+      // sizes that are multiples of kWarpKeys: the keys start at a multiple of kWarpKeys) and
+      // all inside [kv_begin, kv_end) (then the first and last are). Each lane then copies the
+      // same column of keys lane/kChunks + i·(32/kChunks): one base address and a fixed step,
+      // instead of a shuffle and a 64-bit multiply per 16-byte chunk.
+      static_assert(32 % kChunks == 0);
+      constexpr int kKeysPerPass = 32 / kChunks;
+      const Slot first = __shfl_sync(0xffffffffu, lane_slot, 0);
+      const Slot last = __shfl_sync(0xffffffffu, lane_slot, kWarpKeys - 1);
+      if (block_multiple && first >= 0 && last >= 0) {
+        const int key0 = lane / kChunks;
+        const int col = (lane % kChunks) * 8;
+        const bool k_live = col < args.head_dim;
+        const bool v_live = col < args.v_head_dim;
+        // Byte steps in 32 bits (kWarpKeys keys of K or V: < 2^31 bytes); dead columns stay at
+        // the base with a zero step.
+        const char* k_src = reinterpret_cast<const char*>(
+            k_live ? k_base + static_cast<int64_t>(first + key0) * k_stride + col : k_base);
+        const char* v_src = reinterpret_cast<const char*>(
+            v_live ? v_base + static_cast<int64_t>(first + key0) * v_stride + col : v_base);
+        const int k_step = k_live ? kKeysPerPass * k_stride * static_cast<int>(sizeof(bf16)) : 0;
+        const int v_step = v_live ? kKeysPerPass * v_stride * static_cast<int>(sizeof(bf16)) : 0;
+        const uint32_t at = k_dst_at + (key0 * kP + col) * static_cast<int>(sizeof(bf16));
+#pragma unroll
+        for (int i = 0; i < kWarpKeys / kKeysPerPass; ++i) {
+          const uint32_t at_i = at + i * kKeysPerPass * kP * static_cast<int>(sizeof(bf16));
+          CpAsync16At(at_i, k_src + i * k_step, k_live ? 16 : 0);
+          CpAsync16At(at_i + kBN * kP * static_cast<int>(sizeof(bf16)), v_src + i * v_step,
+                      v_live ? 16 : 0);
+        }
+        CpAsyncCommit();
+        return;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kWarpKeys * kChunks / 32; ++i) {
       const int c = lane + 32 * i;
       const int key = c / kChunks;
       const int col = (c % kChunks) * 8;
-      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+      const Slot slot = __shfl_sync(0xffffffffu, lane_slot, key);
       const bool k_live = slot >= 0 && col < args.head_dim;
       const bool v_live = slot >= 0 && col < args.v_head_dim;
-      CpAsync16(k_dst + key * kP + col, k_live ? k_base + slot * k_stride + col : k_base,
-                k_live ? 16 : 0);
-      CpAsync16(v_dst + key * kP + col, v_live ? v_base + slot * v_stride + col : v_base,
-                v_live ? 16 : 0);
+      if constexpr (kLean) {
+        const uint32_t at = k_dst_at + (key * kP + col) * static_cast<int>(sizeof(bf16));
+        CpAsync16At(at, k_live ? k_base + static_cast<int64_t>(slot) * k_stride + col : k_base,
+                    k_live ? 16 : 0);
+        CpAsync16At(at + kBN * kP * static_cast<int>(sizeof(bf16)),
+                    v_live ? v_base + static_cast<int64_t>(slot) * v_stride + col : v_base,
+                    v_live ? 16 : 0);
+      } else {
+        CpAsync16(k_dst + key * kP + col, k_live ? k_base + slot * k_stride + col : k_base,
+                  k_live ? 16 : 0);
+        CpAsync16(v_dst + key * kP + col, v_live ? v_base + slot * v_stride + col : v_base,
+                  v_live ? 16 : 0);
+      }
     }
     CpAsyncCommit();
   };
   const int tile_first = kv_begin / kBN * kBN;
-  int64_t next_slot = lookup(tile_first);
+  Slot next_slot = lookup(tile_first);
   // Every call commits one group (empty past kv_end), so group i + 1 is always tile i.
   auto load = [&](int tile, int buf) {
     if (tile < kv_end) {
@@ -395,18 +472,24 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
 }
 
 // Runs op.Run<kernel, Cfg>() for `config` at padded dim kD.
+template <int kD, int kWarps, int kMT, int kStages, bool kQRegs, int kMinCtas, bool kLean,
+          typename Op>
+auto RunFa2(const Op& op) {
+  using K = Fa2Config<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kLean>;
+  return op.template Run<K>(&Fa2PrefillKernel<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kLean>);
+}
 template <int kD, typename Op>
 auto WithFa2Config(int config, const Op& op) {
-  if (config == 1) {
-    using K = Fa2Config<kD, 8, 1, 64, 2, true, 1>;
-    return op.template Run<K>(&Fa2PrefillKernel<kD, 8, 1, 64, 2, true, 1>);
+  switch (config) {
+    case 1:
+      return RunFa2<kD, 8, 1, 2, true, 1, false>(op);
+    case 2:
+      return RunFa2<kD, 8, 1, 3, true, 1, false>(op);
+    case 3:
+      return RunFa2<kD, 4, 2, 2, false, 2, true>(op);
+    default:
+      return RunFa2<kD, 4, 2, 2, false, 2, false>(op);
   }
-  if (config == 2) {
-    using K = Fa2Config<kD, 8, 1, 64, 3, true, 1>;
-    return op.template Run<K>(&Fa2PrefillKernel<kD, 8, 1, 64, 3, true, 1>);
-  }
-  using K = Fa2Config<kD, 4, 2, 64, 2, false, 2>;
-  return op.template Run<K>(&Fa2PrefillKernel<kD, 4, 2, 64, 2, false, 2>);
 }
 
 template <typename Op>
