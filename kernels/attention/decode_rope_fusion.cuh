@@ -10,6 +10,9 @@
 //    rotates the new k and writes it and v to the token's cache slot, then passes a CTA barrier
 //    before it issues any cache copy: its own cp.async reads (generic proxy, ordered after the
 //    barrier) then see the new row, and no other CTA reads that position.
+// The persistent decode warps (SetPagedAttentionDecodeKernel 8/9) do the same per warp: a warp
+// owns whole units, writes the new keys of all of them before its first copy and syncs with
+// __syncwarp (DecodeRopeTable / DecodeRopeWriteKv take the threads doing the work).
 // The rotation is RopeQkWriteKvCuda's (rope_cuda.h): rotate-half over the first 2·half
 // channels, angle = float(pos) · inv_freq[i] in fp32, c = cos · scaling, s = sin · scaling,
 // x1·c − x2·s and x2·c + x1·s in fp32, rounded once to bf16; channels past 2·half unchanged.

@@ -232,8 +232,10 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
   const int default_kernel = PagedAttentionDecodeKernel();
   std::vector<SeqSpec> b64;
   for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 53) % 1300), 1});
-  std::vector<SeqSpec> b300 = Decode({0, 1, 15, 16, 17});
-  for (int i = 5; i < 300; ++i) b300.push_back({static_cast<int32_t>((i * 53) % 1100), 1});
+  // 300 sequences (2400 units at 8 KV heads), mostly short to keep the caches small; one of
+  // 1100 keys makes kernel 9 split (partitions past the short ones' ends are empty units).
+  std::vector<SeqSpec> b300 = Decode({0, 1, 15, 16, 17, 1100});
+  for (int i = 6; i < 300; ++i) b300.push_back({static_cast<int32_t>((i * 53) % 200), 1});
   for (const int kernel : {1, 2, 3, 4, 5, 6, 7, 8, 9, 0}) {
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
     const std::string tag = "kernel " + std::to_string(kernel) + " ";
@@ -600,8 +602,8 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
     if (kernel == 9) {
       // Several units per persistent warp: every unit's new key written before the warp's
       // first copy, each unit's q rotated with its own position.
-      std::vector<int32_t> b300 = {0, 1, 15, 16, 17};
-      for (int i = 5; i < 300; ++i) b300.push_back((i * 53) % 1100);
+      std::vector<int32_t> b300 = {0, 1, 15, 16, 17, 1100};
+      for (int i = 6; i < 300; ++i) b300.push_back((i * 53) % 200);
       RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng);
     }
   }
