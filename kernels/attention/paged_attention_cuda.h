@@ -132,9 +132,9 @@ int PagedAttentionDecodeKernel();
 // and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
 // it). 3..6: the FlashAttention-2 tile shapes of paged_prefill_fa2.cu (128 rows × 64 keys;
 // 3: 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
-// 6: as 3 with a lighter K/V copy path; paged_prefill_device.cuh), for padded head dims 64 and
-// 128 with a positive scale; other prefill launches use kernel 1 (or 0 as above).
-// InvalidArgument outside 0..6.
+// 6: as 3 with a lighter K/V copy path, 7: as 6 with the copies issued after Q·Kᵀ;
+// paged_prefill_device.cuh), for padded head dims 64 and 128 with a positive scale; other
+// prefill launches use kernel 1 (or 0 as above). InvalidArgument outside 0..7.
 // PagedAttentionPrefillKernel returns it. Measured on an
 // H200 (Llama-3-8B shapes, one sequence, 32 layers; bench/results/cuda_llama8b_h200.json):
 // attention 36.8 / 18.9 / 22.5 ms at 4k tokens and 534 / 277 / 324 ms at 16k for 0 / 1 / 2.

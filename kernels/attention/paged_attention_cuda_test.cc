@@ -281,7 +281,7 @@ TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
 TEST(PagedAttentionCudaTest, PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(7).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(8).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetPagedAttentionPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionPrefillKernel();
   for (const int kernel : {1, 2, 0}) {
@@ -697,19 +697,19 @@ TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
       absl::StatusCode::kInvalidArgument);
 }
 
-// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..6,
+// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..7,
 // paged_prefill_fa2.cu) against the CPU reference, every output element: fresh prompts whose
 // rows (tokens × group) are not multiples of the 128-row tile or of the 64-key tile, several
 // sequences of chunked prefill over cached prefixes, a long chunk over a prefix (split-KV
 // partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16, 32,
-// 64 (kernel 6's one-block copy path), 8 and 7 (its general path), a sliding window, a q stride
+// 64 (kernels 6/7's one-block copy path), 8 and 7 (their general path), a sliding window, a q stride
 // that rules out 16-byte copies, decode rows in the same launch, and head dim 32 (not served:
 // the explicit kernel 1 fallback).
 TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionPrefillKernel();
-  for (const int kernel : {3, 4, 5, 6}) {
+  for (const int kernel : {3, 4, 5, 6, 7}) {
     ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
     EXPECT_EQ(PagedAttentionPrefillKernel(), kernel);
     const std::string tag = "fa2 prefill kernel " + std::to_string(kernel) + " ";

@@ -1,5 +1,5 @@
 // FlashAttention-2 style paged prefill kernels (paged_prefill_fa2.cu), launched by
-// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3..6: their argument block, host
+// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3..7: their argument block, host
 // entry points, and the mma.sync / ldmatrix wrappers they use (the same instructions as
 // paged_attention.cu's kernels; that file keeps private copies while it is being edited
 // elsewhere — switching it to these is a mechanical follow-up).
@@ -108,7 +108,8 @@ static __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint3
 //      key loop; 1 CTA per SM.
 //   2 (kernel 5): as 1 with 3 stages (136 KiB).
 //   3 (kernel 6): as 0 with a lighter K/V copy path (paged_prefill_fa2.cu, "kLean").
-constexpr int kNumFa2Configs = 4;
+//   4 (kernel 7): as 3, the next tile's copies issued after Q·Kᵀ instead of before ("kLate").
+constexpr int kNumFa2Configs = 5;
 
 // Whether the FA2 kernels serve (head_dim, v_head_dim): both ≤ 128 and the larger > 32
 // (padded to 64 or 128 columns). Others must use another prefill kernel.

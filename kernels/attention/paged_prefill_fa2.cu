@@ -1,4 +1,4 @@
-// Paged prefill attention, FlashAttention-2 tile shapes (SetPagedAttentionPrefillKernel 3..6;
+// Paged prefill attention, FlashAttention-2 tile shapes (SetPagedAttentionPrefillKernel 3..7;
 // paged_prefill_device.cuh lists the configurations).
 //
 // Same algorithm, GQA row packing (row = token · group + head-in-group), paging, split-KV
@@ -38,6 +38,11 @@
 //    copy (SASS, cuobjdump), out of ~1,200 (256 HMMA, 80 LDSM). ptxas (d 128): 255 registers,
 //    72 / 76 bytes of spill stores / loads (config 0: 64 / 68); the spills are the 4 row sums
 //    and a few loop bounds, ~10 local accesses per warp and tile, not in the mma chains.
+//  * Config 4 (kernel 7) is config 3 with the next tile's copies issued after Q·Kᵀ (as
+//    FlashAttention-2 does): the first ldmatrix/mma follow the barrier at once and the copy's
+//    address registers are no longer live beside the accumulators at the loop top; ptxas
+//    (d 128): 255 registers, no spills. The copies then have the softmax and P·V (~60% of a
+//    tile) rather than a whole tile to land; A/B on the device decides.
 // Shared memory keeps the padded pitch of kernel 1 (16 bytes a row: conflict-free ldmatrix and
 // cp.async, and the address math is an add, where an XOR swizzle needs an extra LOP3 per
 // ldmatrix); it fits: config 0 uses 34 KiB of Q + 2 × 34 KiB of K/V = 102 KiB, 2 CTAs per SM.
@@ -74,7 +79,7 @@ static __device__ __forceinline__ void CpAsync16At(uint32_t smem_addr, const voi
 // tile; kStages K/V tiles resident; kQRegs: Q fragments in registers (kMT 1 only); kMinCtas:
 // launch-bound occupancy target (sets the register cap).
 template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas,
-          bool kLean>
+          int kCopy>
 struct Fa2Config {
   static_assert(kStages >= 2 && (!kQRegs || kMT == 1));
   static constexpr int kThreads = 32 * kWarps;
@@ -86,9 +91,11 @@ struct Fa2Config {
 };
 
 template <int kD, int kWarps, int kMT, int kBN, int kStages, bool kQRegs, int kMinCtas,
-          bool kLean>
+          int kCopy>
 __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const Fa2Args args) {
-  using Cfg = Fa2Config<kD, kWarps, kMT, kBN, kStages, kQRegs, kMinCtas, kLean>;
+  using Cfg = Fa2Config<kD, kWarps, kMT, kBN, kStages, kQRegs, kMinCtas, kCopy>;
+  constexpr bool kLean = kCopy >= 1;  // the lighter copy path (config 3)
+  constexpr bool kLate = kCopy == 2;  // ... issued after Q·Kᵀ (config 4)
   constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
   constexpr int kSTiles = kBN / 8;   // n8 score tiles per m16 tile
   constexpr int kVTiles = kD / 8;    // n8 output tiles
@@ -300,15 +307,19 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
   for (int tile = tile_first; tile < kv_end; tile += kBN) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();
-    // Every warp is past tile − kBN: its buffer takes the tile kStages − 1 ahead.
-    load(tile + (kStages - 1) * kBN, buf == 0 ? kStages - 1 : buf - 1);
+    // Every warp is past tile − kBN: its buffer takes the tile kStages − 1 ahead. kLate: the
+    // copies are issued after this tile's Q·Kᵀ (as FlashAttention-2 does), so its first
+    // ldmatrix/mma follow the barrier at once; they land during the softmax and P·V. A warp
+    // that skips the tile issues them here (one commit group per thread and tile either way).
+    const int load_buf = buf == 0 ? kStages - 1 : buf - 1;
     const uint32_t tile_off = static_cast<uint32_t>(buf * Cfg::kTileElems * kB);
     buf = buf + 1 == kStages ? 0 : buf + 1;
     // Skip tiles no row of this warp sees.
-    if (tile > w_pos_last ||
-        (args.sliding_window > 0 && tile + kBN <= w_pos_first - args.sliding_window + 1)) {
-      continue;
-    }
+    const bool skip =
+        tile > w_pos_last ||
+        (args.sliding_window > 0 && tile + kBN <= w_pos_first - args.sliding_window + 1);
+    if (!kLate || skip) load(tile + (kStages - 1) * kBN, load_buf);
+    if (skip) continue;
 
     float s[kMT][kSTiles][4];
 #pragma unroll
@@ -339,6 +350,7 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
         }
       }
     }
+    if constexpr (kLate) load(tile + (kStages - 1) * kBN, load_buf);
     // Mask only where some row of the warp sees part of the tile (the causal diagonal, window
     // and partition edges).
     const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= w_pos_first &&
@@ -472,23 +484,25 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
 }
 
 // Runs op.Run<kernel, Cfg>() for `config` at padded dim kD.
-template <int kD, int kWarps, int kMT, int kStages, bool kQRegs, int kMinCtas, bool kLean,
+template <int kD, int kWarps, int kMT, int kStages, bool kQRegs, int kMinCtas, int kCopy,
           typename Op>
 auto RunFa2(const Op& op) {
-  using K = Fa2Config<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kLean>;
-  return op.template Run<K>(&Fa2PrefillKernel<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kLean>);
+  using K = Fa2Config<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kCopy>;
+  return op.template Run<K>(&Fa2PrefillKernel<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kCopy>);
 }
 template <int kD, typename Op>
 auto WithFa2Config(int config, const Op& op) {
   switch (config) {
     case 1:
-      return RunFa2<kD, 8, 1, 2, true, 1, false>(op);
+      return RunFa2<kD, 8, 1, 2, true, 1, 0>(op);
     case 2:
-      return RunFa2<kD, 8, 1, 3, true, 1, false>(op);
+      return RunFa2<kD, 8, 1, 3, true, 1, 0>(op);
     case 3:
-      return RunFa2<kD, 4, 2, 2, false, 2, true>(op);
+      return RunFa2<kD, 4, 2, 2, false, 2, 1>(op);
+    case 4:
+      return RunFa2<kD, 4, 2, 2, false, 2, 2>(op);
     default:
-      return RunFa2<kD, 4, 2, 2, false, 2, false>(op);
+      return RunFa2<kD, 4, 2, 2, false, 2, 0>(op);
   }
 }
 

@@ -11,7 +11,7 @@
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V) per prefill kernel
-//     (SetPagedAttentionPrefillKernel: the default, then 0, 1, 3, 4, 5, 6);
+//     (SetPagedAttentionPrefillKernel: the default, then 0, 1, 3, 4, 5, 6, 7);
 //     Decode rows come per decode kernel (SetPagedAttentionDecodeKernel; "kernel" 0 is the
 //     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes, 8/9 the
 //     persistent decode warps (8 where the grid fills the GPU, else as 0; 9 always); "pdl" the
@@ -328,7 +328,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   // Prefill per prefill kernel (SetPagedAttentionPrefillKernel; the default first), as A/B.
   nlohmann::json prefill = nlohmann::json::array();
   const int default_prefill = PagedAttentionPrefillKernel();
-  for (const int kernel : {default_prefill, 0, 1, 3, 4, 5, 6}) {
+  for (const int kernel : {default_prefill, 0, 1, 3, 4, 5, 6, 7}) {
     if (kernel == default_prefill && !prefill.empty()) continue;
     if (absl::Status s = SetPagedAttentionPrefillKernel(kernel); !s.ok()) return s;
     for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
