@@ -702,9 +702,9 @@ TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
 // rows (tokens × group) are not multiples of the 128-row tile or of the 64-key tile, several
 // sequences of chunked prefill over cached prefixes, a long chunk over a prefix (split-KV
 // partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16, 32,
-// 64 (kernels 6/7's one-block copy path), 8 and 7 (their general path), a sliding window, a q stride
-// that rules out 16-byte copies, decode rows in the same launch, and head dim 32 (not served:
-// the explicit kernel 1 fallback).
+// 64 (kernels 6/7's one-block copy path), 8 and 7 (their general path), a sliding window, a q
+// stride that rules out 16-byte copies, decode rows in the same launch, and head dim 32 (not
+// served: the explicit kernel 1 fallback).
 TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();

@@ -325,7 +325,9 @@ __global__ void __launch_bounds__(32 * kWarps, kMinCtas) Fa2PrefillKernel(const 
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) {
 #pragma unroll
-      for (int n = 0; n < kSTiles; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+      for (int n = 0; n < kSTiles; ++n) {
+        s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
@@ -488,7 +490,8 @@ template <int kD, int kWarps, int kMT, int kStages, bool kQRegs, int kMinCtas, i
           typename Op>
 auto RunFa2(const Op& op) {
   using K = Fa2Config<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kCopy>;
-  return op.template Run<K>(&Fa2PrefillKernel<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kCopy>);
+  return op.template Run<K>(
+      &Fa2PrefillKernel<kD, kWarps, kMT, 64, kStages, kQRegs, kMinCtas, kCopy>);
 }
 template <int kD, typename Op>
 auto WithFa2Config(int config, const Op& op) {
