@@ -130,7 +130,7 @@ int PagedAttentionDecodeKernel();
 // to 128 with a positive scale; other launches keep kernel 0. Same results as kernel 0 within
 // bf16 rounding (the exponent's rounding differs), deterministic. Process-wide, for benchmarks
 // and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
-// it). 3..6: the FlashAttention-2 tile shapes of paged_prefill_fa2.cu (128 rows × 64 keys;
+// it). 3..7: the FlashAttention-2 tile shapes of paged_prefill_fa2.cu (128 rows × 64 keys;
 // 3: 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
 // 6: as 3 with a lighter K/V copy path, 7: as 6 with the copies issued after Q·Kᵀ;
 // paged_prefill_device.cuh), for padded head dims 64 and 128 with a positive scale; other
