@@ -300,6 +300,15 @@ TEST(PagedAttentionCudaTest, PrefillKernels) {
     RunCase({tag + "d16 g2 window 16", Params(4, 2, 16, 16, 4, 16), {{40, 1}, {17, 7}, {0, 50}}},
             rng);
     RunCase({tag + "d24 dv16 mha", Params(4, 4, 24, 16, 16), {{0, 33}, {90, 20}}}, rng);
+    // The CUDA DeepSeek runner's MHA-form MLA prefill (group 1, v_head_dim < head_dim): fresh
+    // prompts of 36-200 tokens over scattered blocks of 4 and 16 at the attention shapes of
+    // deepseek-v3-tiny (24/16), sluice-mini-moe (64/32) and DeepSeek-V2/V3 (192/128).
+    RunCase({tag + "mla d24 dv16 block 4", Params(4, 4, 24, 16, 4), {{0, 36}, {0, 48}}}, rng);
+    RunCase({tag + "mla d64 dv32 block 16", Params(6, 6, 64, 32, 16), {{0, 150}, {0, 48}}}, rng);
+    RunCase({tag + "mla d192 dv128 block 4", Params(16, 16, 192, 128, 4), {{0, 48}, {0, 200}}},
+            rng);
+    RunCase({tag + "mla d192 dv128 block 16", Params(16, 16, 192, 128, 16), {{0, 200}, {30, 48}}},
+            rng);
     RunCase({tag + "d192 dv128 (kernel 0)", Params(16, 16, 192, 128, 64), {{0, 70}}}, rng);
     RunCase({tag + "d256 g2 (kernel 0)", Params(8, 4, 256, 256, 16), {{100, 40}}}, rng);
     RunCase({tag + "mixed with decode rows",
