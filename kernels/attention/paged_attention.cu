@@ -1255,7 +1255,7 @@ constexpr int kNumPrefillKernels = 3 + paged_detail::kNumFa2Configs;
 constexpr int kPrefillMmaWarps = 4;
 
 // SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10, 3.. kinds 11...
-std::atomic<int> g_prefill_kernel{1};
+std::atomic<int> g_prefill_kernel{3};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {
@@ -1267,7 +1267,7 @@ constexpr int PrefillRowsPerCta(int kind) {
 
 // SetPagedAttentionDecodeKernel's setting: 0 automatic, 1 CTA tiles (kKindTiles2/3 by the
 // stage rule), 2..7 the ring kinds 3..8.
-std::atomic<int> g_decode_kernel{0};
+std::atomic<int> g_decode_kernel{8};
 
 // Deepest ring of kBN-key slices for kWarps warps (≤ kWant stages) within the 227 KiB of shared
 // memory a CTA may use on sm_90; < 2 means it does not fit.

@@ -100,8 +100,8 @@ absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride,
 absl::Status SetPagedAttentionDecodeStages(int stages);
 int PagedAttentionDecodeStages();
 
-// SetPagedAttentionDecodeKernel: the kernel of decode-shaped launches. 0 (the default):
-// automatic (warp rings: 2 warps × 3 stages when the unsplit grid is at least half a wave of
+// SetPagedAttentionDecodeKernel: the kernel of decode-shaped launches (the default: 8, as 0
+// unless the unsplit grid fills the resident warps). 0: automatic (warp rings: 2 warps × 3 stages when the unsplit grid is at least half a wave of
 // those, else 4 warps with the depth SetPagedAttentionDecodeStages says); 1: CTA tiles
 // (each 64-key K/V tile copied by the whole CTA, two barriers per tile; depth from
 // SetPagedAttentionDecodeStages); warp rings (each warp streams its own 16-key slices through
@@ -122,7 +122,7 @@ int PagedAttentionDecodeKernel();
 
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
 // rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
-// rows, 64-key tiles, 2 stages. 1 (the default) ..2: the prefill kernels of paged_attention.cu
+// rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu
 // (PagedPrefillKernel: Q in shared memory read with ldmatrix, ldmatrix K/V fragments, one
 // barrier per key tile, the softmax scale folded into the exponent's FFMA): 1: 128-row CTA
 // tiles (4 warps × 32 rows: each K/V fragment feeds twice the mmas), 32-key tiles, 3 stages;
@@ -131,7 +131,7 @@ int PagedAttentionDecodeKernel();
 // bf16 rounding (the exponent's rounding differs), deterministic. Process-wide, for benchmarks
 // and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
 // it). 3..7: the FlashAttention-2 tile shapes of paged_prefill_fa2.cu (128 rows × 64 keys;
-// 3: 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
+// 3 (the default): 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
 // 6: as 3 with a lighter K/V copy path, 7: as 6 with the copies issued after Q·Kᵀ;
 // paged_prefill_device.cuh), for padded head dims 64 and 128 with a positive scale; other
 // prefill launches use kernel 1 (or 0 as above). InvalidArgument outside 0..7.

@@ -1151,7 +1151,7 @@ struct MlaPlan {
 // SetMlaLatentAttentionDecodeKernel's and SetMlaPrefillKernel's settings.
 std::atomic<int> g_decode_kernel{0};
 std::atomic<int> g_prefill_kernel{1};
-std::atomic<int> g_decode_fusion{0};  // SetMlaDecodeFusion's
+std::atomic<int> g_decode_fusion{3};  // SetMlaDecodeFusion's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
 // device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph

@@ -90,12 +90,13 @@ int MlaPrefillKernel();
 
 // SetMlaDecodeFusion: launch fusion of the DeepSeek runner's MLA block at decode sizes
 // (cuda_deepseek_runner.cc, steps on the fused-prologue path of MoeDecodeVariant() >= 2).
-// 0 (the default): separate launches. 1: the latent prologue (kv_a norm, RoPE, latent cache
+// 0: separate launches. 1: the latent prologue (kv_a norm, RoPE, latent cache
 // write, the queries' RoPE) runs in extra blocks of the absorbed-query GEMV
 // (cuda_runner::MlaPrologueAbsorbCuda), one launch instead of two, bit-equal. 2: 1, and decode
 // attention's split-KV combine and the W_UV value projection in one launch
 // (MlaLatentAttentionVUpCuda) instead of the combine and a batched GEMM. 3: 2, and the decode
 // attention kernel and the combine + W_UV kernel go out as programmatic dependent launches
+// (3 is the default)
 // (cudaLaunchAttributeProgrammaticStreamSerialization, sm_90+; each waits on griddepcontrol
 // before reading its inputs), so their launches overlap the kernel before each. Process-wide,
 // read when a step is enqueued: set it before capturing graphs. InvalidArgument outside 0..3;

@@ -153,7 +153,7 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // SetMoeDecodeVariant: which MoE path model runners (engine/cuda/cuda_deepseek_runner.cc) use
 // for steps the fused path supports: 0 the separate launches, 1 the fused path, 2 the fused
 // path plus the runner's own fused decode plumbing (the DeepSeek runner: its MLA prologue and
-// absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 (the default) as 2 with the shared
+// absorbed-query GEMV, engine/cuda/deepseek_kernels.h), 3 as 2 with the shared
 // experts folded into the fused expert launches (MoeSharedExpert; not bit-equal to cuBLAS's
 // SwiGLU), 4 as 3 with the multi-block routing (MoeFusedRouteMode::kMultiBlock), which also
 // computes the shared experts' gate/up while the routing waits for its last block, and with
@@ -166,9 +166,10 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // of the down launch keeps the next chunk of weight loads in flight while it reduces the
 // current one (same results as 4 bit for bit), 6 as 5 with the experts' gate/up launch a
 // programmatic dependent of the routing launch on sm_90+ (launched while the routing runs; it
-// waits for the routing's completion before it reads anything; same bits). Measured on an H200, DeepSeek-V2-Lite shapes,
-// batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886, 3 2.743 (bench/results/cuda_dsv2lite_h200.json);
-// 4 2.458 with the MLA decode fusion 3.
+// waits for the routing's completion before it reads anything; same bits; the default).
+// Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886,
+// 3 2.743 (bench/results/cuda_dsv2lite_h200.json); with the MLA decode fusion 3: 4 2.461,
+// 5 2.411-2.425, 6 2.396-2.408.
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
 // capturing graphs. InvalidArgument outside 0..6. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);

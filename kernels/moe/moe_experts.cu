@@ -1189,7 +1189,7 @@ RouteMultiFn PickRouteMulti(bool piped) {
 }
 
 // SetMoeDecodeVariant's setting.
-std::atomic<int> g_moe_decode_variant{3};
+std::atomic<int> g_moe_decode_variant{6};
 // SetMoeGemvMaxTokens's setting.
 std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
 

@@ -15,8 +15,8 @@ namespace {
 constexpr int kGatherThreads = 128;
 constexpr int64_t kMaxExperts = 1024;  // kMoeCudaMaxExperts (moe_cuda.h)
 
-std::atomic<int64_t> g_min_tokens{0};
-std::atomic<int> g_streams{1};
+std::atomic<int64_t> g_min_tokens{256};  // kMoePrefillGemmMinTokens
+std::atomic<int> g_streams{4};
 
 // One block per sorted position p (grid: an upper bound on the valid rows): copies token row
 // x[sorted_rows[p] / top_k] to gathered[p] as 16-byte vectors (hidden % 8 == 0, both 16-byte

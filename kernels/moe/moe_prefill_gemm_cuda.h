@@ -34,7 +34,7 @@ class CublasLt;
 
 // SetMoePrefillGemm: smallest step (num_tokens) whose routed experts, when MoeExpertsCuda picks
 // its grouped path and the workspace carries a MoePrefillGemm, run on cuBLASLt per expert;
-// 0 (the default) never. Process-wide, read per call; runners read it once at load to decide
+// 0 never; the default is kMoePrefillGemmMinTokens (256). Process-wide, read per call; runners read it once at load to decide
 // whether to allocate the MoePrefillGemm scratch at all. kMoePrefillGemmMinTokens is the
 // suggested value (the stream synchronization costs ~10-30 us per MoE layer, noise against a
 // few-millisecond expert block). InvalidArgument for min_tokens < 0.
@@ -42,8 +42,8 @@ absl::Status SetMoePrefillGemm(int64_t min_tokens);
 int64_t MoePrefillGemmMinTokens();
 inline constexpr int64_t kMoePrefillGemmMinTokens = 256;
 
-// SetMoePrefillGemmStreams: how many streams the per-expert GEMMs are spread over (1, the
-// default: all on the caller's stream; up to kMoePrefillGemmMaxStreams). At DeepSeek-V2-Lite
+// SetMoePrefillGemmStreams: how many streams the per-expert GEMMs are spread over (1: all on
+// the caller's stream; the default 4 = kMoePrefillGemmMaxStreams). At DeepSeek-V2-Lite
 // sizes an expert's GEMM (m ~ 384 rows) covers about half of an H200's SMs with cuBLASLt's
 // 128-wide tiles, so a few experts in flight at once fill the GPU. The extra streams (forked
 // from and joined back into the caller's stream with events) each have their own CublasLt
