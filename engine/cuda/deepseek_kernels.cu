@@ -450,7 +450,7 @@ absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows
 
 namespace sluice::kernels {
 namespace {
-std::atomic<int> g_mla_prefill_mode{0};
+std::atomic<int> g_mla_prefill_mode{1};
 }  // namespace
 
 absl::Status SetMlaPrefillMode(int mode) {
