@@ -54,32 +54,8 @@ using cuda_detail::Aligned16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-struct AttnArgs {
-  const bf16* q;
-  int64_t q_token_stride;
-  const bf16* k_cache;
-  const bf16* v_cache;
-  const int32_t* query_start_loc;
-  const int32_t* context_lens;
-  const int32_t* block_tables;
-  int64_t max_blocks_per_seq;
-  int num_heads;
-  int num_kv_heads;
-  int group;  // query heads per KV head
-  int head_dim;
-  int v_head_dim;
-  int block_size;
-  int block_shift;  // log2(block_size) when a power of two, else -1
-  int sliding_window;
-  float scale_log2;  // softmax scale · log2(e): scores are exponentiated with exp2
-  int num_m_tiles;
-  int num_splits;
-  int partition_tokens;  // keys per split (multiple of the key tile); unused when num_splits 1
-  int num_tokens;
-  bool q_vec;  // q 16-byte aligned with a stride of whole 16-byte chunks (prefill kinds)
-  bf16* out;
-  float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
-  float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
+// The prefill kernels' argument block (paged_prefill_device.cuh) plus the decode kernels' extras.
+struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
 };
@@ -1727,8 +1703,8 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
                                           stream});
   }
   if (plan.kind >= kKindFa2) {
-    return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, paged_detail::MakeFa2Args(args),
-                                          grid, stream, PdlEnabled());
+    const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
+    return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, fa2, grid, stream, PdlEnabled());
   }
   return WithVariant(v, plan.kind, LaunchOp{&args, grid, stream});
 }

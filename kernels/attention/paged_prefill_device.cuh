@@ -17,8 +17,8 @@ namespace sluice::kernels::paged_detail {
 
 using bf16 = __nv_bfloat16;
 
-// Kernel arguments, field for field those of paged_attention.cu's kernels (see
-// PagedAttentionCuda for their meaning; MakeFa2Args copies them).
+// Kernel arguments shared by paged_attention.cu's kernels (its AttnArgs extends them; see
+// PagedAttentionCuda for their meaning).
 struct Fa2Args {
   const bf16* q;
   int64_t q_token_stride;
@@ -46,18 +46,6 @@ struct Fa2Args {
   float* partial_out;  // [num_splits, num_tokens, num_heads, v_head_dim] normalized
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
 };
-
-// The Fa2Args of paged_attention.cu's argument block `a` (any struct with these fields).
-template <typename A>
-Fa2Args MakeFa2Args(const A& a) {
-  return Fa2Args{a.q,          a.q_token_stride, a.k_cache,          a.v_cache,
-                 a.query_start_loc, a.context_lens, a.block_tables,  a.max_blocks_per_seq,
-                 a.num_heads,  a.num_kv_heads,   a.group,            a.head_dim,
-                 a.v_head_dim, a.block_size,     a.block_shift,      a.sliding_window,
-                 a.scale_log2, a.num_m_tiles,    a.num_splits,       a.partition_tokens,
-                 a.num_tokens, a.q_vec,          a.out,              a.partial_out,
-                 a.partial_ml};
-}
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
 // "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
