@@ -1124,45 +1124,8 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedPrefillKernel(const AttnA
   // An empty partition never waited for its Q copy; no copy may outlive the CTA.
   CpAsyncWait<0>();
 
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float sum = row_sum[mi][i];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int r = wrow0 + mi * 16 + g + 8 * i;
-      if (r >= rows) continue;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int64_t out_row = static_cast<int64_t>(q_begin + r / group) * args.num_heads +
-                              kv_head * group + r % group;
-      if (args.num_splits == 1) {
-        bf16* o = args.out + out_row * args.v_head_dim;
-#pragma unroll
-        for (int u = 0; u < kVTiles; ++u) {
-          const int col = u * 8 + 2 * t;
-          if (col < args.v_head_dim) {
-            *reinterpret_cast<__nv_bfloat162*>(o + col) =
-                __floats2bfloat162_rn(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
-          }
-        }
-      } else {
-        const int64_t part_row =
-            static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
-        float* o = args.partial_out + part_row * args.v_head_dim;
-#pragma unroll
-        for (int u = 0; u < kVTiles; ++u) {
-          const int col = u * 8 + 2 * t;
-          if (col < args.v_head_dim) {
-            *reinterpret_cast<float2*>(o + col) =
-                make_float2(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
-          }
-        }
-        // The combine expects the max in log2-scaled units (−inf stays −inf: c > 0).
-        if (t == 0) args.partial_ml[part_row] = make_float2(row_max[mi][i] * c_log2, sum);
-      }
-    }
-  }
+  paged_detail::StorePrefillRows<kMT, kVTiles>(args, acc, row_max, row_sum, c_log2, wrow0, rows,
+                                               q_begin, kv_head, split, g, t);
 }
 
 // Padded head-dim variants: the smallest (kD, kDV) covering (head_dim, v_head_dim).

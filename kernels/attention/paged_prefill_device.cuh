@@ -47,6 +47,61 @@ struct Fa2Args {
   float2* partial_ml;  // [num_splits, num_tokens, num_heads] (max·log2e-scaled, sum)
 };
 
+// StorePrefillRows: the prefill kernels' epilogue. Each of a warp's kMT m16 tiles holds, per
+// thread, rows g and g + 8 (acc[mi][u][2i..2i+1]: columns u·8 + 2t, +1); the row sums are
+// summed over the quad, and rows below `rows` (query tokens × group) are normalized and written
+// as bf16 to args.out, or, for a split, as fp32 to args.partial_out with (max · c_log2, sum) in
+// args.partial_ml for the split-KV combine (the max in log2-scaled units; −inf stays −inf).
+// wrow0: the warp's first row; q_begin: the sequence's first query token.
+template <int kMT, int kVTiles>
+__device__ __forceinline__ void StorePrefillRows(const Fa2Args& args,
+                                                 const float (&acc)[kMT][kVTiles][4],
+                                                 const float (&row_max)[kMT][2],
+                                                 const float (&row_sum)[kMT][2], float c_log2,
+                                                 int wrow0, int rows, int q_begin, int kv_head,
+                                                 int split, int g, int t) {
+  const int group = args.group;
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[mi][i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = wrow0 + mi * 16 + g + 8 * i;
+      if (r >= rows) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int64_t out_row = static_cast<int64_t>(q_begin + r / group) * args.num_heads +
+                              kv_head * group + r % group;
+      if (args.num_splits == 1) {
+        bf16* o = args.out + out_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<__nv_bfloat162*>(o + col) =
+                __floats2bfloat162_rn(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+      } else {
+        const int64_t part_row =
+            static_cast<int64_t>(split) * args.num_tokens * args.num_heads + out_row;
+        float* o = args.partial_out + part_row * args.v_head_dim;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          const int col = u * 8 + 2 * t;
+          if (col < args.v_head_dim) {
+            *reinterpret_cast<float2*>(o + col) =
+                make_float2(acc[mi][u][2 * i] * inv, acc[mi][u][2 * i + 1] * inv);
+          }
+        }
+        // The combine expects the max in log2-scaled units (−inf stays −inf: c > 0).
+        if (t == 0) args.partial_ml[part_row] = make_float2(row_max[mi][i] * c_log2, sum);
+      }
+    }
+  }
+}
+
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
 // "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
 //   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
