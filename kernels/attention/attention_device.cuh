@@ -108,7 +108,7 @@ constexpr int kMaxSplitsDevice = 1024;
 static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
   __shared__ float weight[kMaxSplitsDevice];  // split weight / total weight
   __shared__ float2 ml_s[kMaxSplitsDevice];
-  __shared__ float shared_max, shared_inv;
+  __shared__ float shared_inv;
   GridDependencyWait();  // the partials come from the kernel just before
   const int seq = blockIdx.y;
   const int q_begin = args.query_start_loc[seq];
@@ -138,7 +138,6 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
     }
     den = cuda_detail::WarpSum(den);
     if (threadIdx.x == 0) {
-      shared_max = global_max;
       shared_inv = den > 0.0f ? 1.0f / den : 0.0f;
     }
   }
