@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace sluice::kernels::attention_detail {
 
@@ -43,41 +44,10 @@ static __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
-// Programmatic dependent launch (CUDA Programming Guide, "Programmatic Dependent Launch and
-// Synchronization"; PTX griddepcontrol, sm_90+). A kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel in the
-// stream is still running; GridDependencyWait blocks until that kernel has completed and its
-// writes are visible (a no-op for a normal launch). LaunchDependents lets the next kernel, if it
-// was launched that way, start now. Both compile to nothing below sm_90.
-static __device__ __forceinline__ void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void LaunchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// LaunchKernelMaybePdl launches `kernel` on `stream`, as a programmatic dependent of the
-// previous kernel when `pdl` (the kernel must then call GridDependencyWait before it reads
-// anything that kernel writes).
-template <typename... Params, typename... Args>
-cudaError_t LaunchKernelMaybePdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                 cudaStream_t stream, bool pdl, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
+// Programmatic dependent launch helpers (kernels/cuda/pdl.cuh), under this namespace's names.
+using cuda_detail::GridDependencyWait;
+using cuda_detail::LaunchDependents;
+using cuda_detail::LaunchKernelMaybePdl;
 
 // SplitKvCombineArgs: the partial results of num_splits partitions for the rows
 // (token, head) of a step, and where the merged rows go.

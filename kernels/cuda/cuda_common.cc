@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_common.h"
 
+#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +23,21 @@ bool CudaAvailable() {
   }
   return count > 0;
 }
+
+bool PdlSupported() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+             cudaSuccess &&
+         major >= 9;
+}
+
+namespace {
+std::atomic<bool> g_decode_pdl{false};
+}  // namespace
+
+void SetDecodePdl(bool enabled) { g_decode_pdl.store(enabled); }
+bool DecodePdl() { return g_decode_pdl.load() && PdlSupported(); }
 
 absl::StatusOr<std::string> CudaDeviceName() {
   int device = 0;

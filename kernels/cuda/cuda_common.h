@@ -47,6 +47,18 @@ bool CudaAvailable();
 // CudaDeviceName returns the name of the current device ("NVIDIA H200"), or an error.
 absl::StatusOr<std::string> CudaDeviceName();
 
+// PdlSupported: whether the current device runs griddepcontrol (sm_90+). Below that the kernels'
+// waits compile to nothing, so a programmatic dependent launch would race. Does not synchronize
+// (fine during graph capture).
+bool PdlSupported();
+
+// SetDecodePdl / DecodePdl: launch the kernels of a decode step as programmatic dependents of
+// the kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its weight prefetch
+// overlap the previous kernel's tail. Process-wide, for benchmarks and A/B runs; set it before
+// capturing graphs. DecodePdl is false below sm_90 whatever the setting.
+void SetDecodePdl(bool enabled);
+bool DecodePdl();
+
 // DeviceBuffer owns `count` elements of T in device memory (cudaMalloc; freed on
 // destruction). Move-only. Contents are uninitialized.
 template <typename T>

@@ -1155,14 +1155,9 @@ std::atomic<int> g_decode_fusion{3};  // SetMlaDecodeFusion's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
 // device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph
-// capture does once; cudaDeviceGetAttribute does not synchronize.
-bool DecodePdl() {
-  if (g_decode_fusion.load(std::memory_order_relaxed) < 3) return false;
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
-         major >= 9;
+// capture does once.
+bool MlaDecodePdl() {
+  return g_decode_fusion.load(std::memory_order_relaxed) >= 3 && PdlSupported();
 }
 
 // Whether this device lets a CTA opt in to `bytes` of dynamic shared memory.
@@ -1415,7 +1410,7 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
-    const bool pdl = DecodePdl();
+    const bool pdl = MlaDecodePdl();
     SLUICE_CUDA_RETURN_IF_ERROR(attention_detail::LaunchKernelMaybePdl(
                                     kernel, grid, dim3(kTcThreads), smem, stream, pdl, args),
                                 "MlaLatentAttentionCuda: decode launch");
@@ -1528,7 +1523,7 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
                   static_cast<unsigned>(dims.num_heads * a.slices));
   SLUICE_CUDA_RETURN_IF_ERROR(
       attention_detail::LaunchKernelMaybePdl(&MlaCombineVUpKernel, grid, dim3(kVUpThreads), 0,
-                                             stream, DecodePdl(), a),
+                                             stream, MlaDecodePdl(), a),
       "MlaLatentAttentionVUpCuda: launch");
   return CudaLaunchStatus("MlaLatentAttentionVUpCuda combine + W_UV");
 }

@@ -1145,16 +1145,6 @@ absl::Status ToSharedArgs(const MoeSharedExpert* shared, const char* who, Shared
   return absl::OkStatus();
 }
 
-// Whether this device runs griddepcontrol (sm_90+; below, the kernels' waits compile to
-// nothing, so a programmatic dependent launch would race). cudaDeviceGetAttribute does not
-// synchronize (fine during graph capture).
-bool PdlSupported() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
-             cudaSuccess &&
-         major >= 9;
-}
 
 // Blocks of a persistent decode-variant-5 launch: two 256-thread blocks per SM (the kernels'
 // launch bounds allow two), the SM count cached per device. No synchronizing call (fine during
