@@ -59,6 +59,8 @@
 // for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
+// --decode-pdl 0|1: decode-step kernels launched as programmatic dependents of the kernel before
+// each (kernels::SetDecodePdl; default 0), for A/B runs.
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
@@ -570,6 +572,12 @@ absl::Status Main(int argc, char** argv) {
       int sites = 0;
       if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
+    } else if (a == "--decode-pdl") {  // kernels::SetDecodePdl, for A/B runs
+      int on = 0;
+      if (!absl::SimpleAtoi(v, &on) || (on != 0 && on != 1)) {
+        return absl::InvalidArgumentError("--decode-pdl takes 0 or 1");
+      }
+      kernels::SetDecodePdl(on == 1);
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
@@ -644,6 +652,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
+  out["decode_pdl"] = kernels::DecodePdl();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
