@@ -61,6 +61,9 @@
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
 // --decode-pdl 0|1: decode-step kernels launched as programmatic dependents of the kernel before
 // each (kernels::SetDecodePdl; default 0), for A/B runs.
+// --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
+// --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
+// registers, 2 that plus an L2 prefetch of the warp's whole weight slice, the default).
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
@@ -578,6 +581,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--decode-pdl takes 0 or 1");
       }
       kernels::SetDecodePdl(on == 1);
+    } else if (a == "--gemv-pdl-prefetch") {  // kernels::SetGemvPdlPrefetch, for A/B runs
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemvPdlPrefetch(mode));
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
@@ -653,6 +660,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   out["decode_pdl"] = kernels::DecodePdl();
+  out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
