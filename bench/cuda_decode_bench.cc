@@ -5,7 +5,8 @@
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1]
 //                     [--moe-decode-variant 0] [--moe-gemv-max-tokens 8] [--out OUT.json]
-// Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
+// Default config: bench/configs/llama3-8b (Llama-3-8B shapes). --prefill "" skips the prefill
+// figures (decode A/B runs).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
 // thread per GPU in this process, each with its NcclCommunicator and its shard of the model
 // (CudaRunnerOptions::tp_*), the same plans on every rank; the figures are rank 0's (its steps
@@ -607,6 +608,8 @@ absl::Status Main(int argc, char** argv) {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
       (a == "--context" ? f.context : f.decode_steps) = n;
+    } else if (a == "--prefill" && v.empty()) {  // --prefill "": decode figures only
+      f.prefill.clear();
     } else if (a == "--batches" || a == "--prefill") {
       auto l = ParseList(v);
       if (!l.ok()) return l.status();
@@ -695,9 +698,13 @@ absl::Status Main(int argc, char** argv) {
     kernels::SetPagedAttentionPdl(false);
     BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
-  auto prefill = BenchPrefill(*config, f, *gemm);
-  if (!prefill.ok()) return prefill.status();
-  out["prefill"] = *prefill;
+  if (f.prefill.empty()) {
+    out["prefill"] = nlohmann::json::array();
+  } else {
+    auto prefill = BenchPrefill(*config, f, *gemm);
+    if (!prefill.ok()) return prefill.status();
+    out["prefill"] = *prefill;
+  }
   return WriteJson(out, f.out);
 }
 
