@@ -64,7 +64,7 @@
 // each (kernels::SetDecodePdl; default 0), for A/B runs.
 // --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
 // --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
-// registers, 2 that plus an L2 prefetch of the warp's whole weight slice, the default).
+// registers, the default, 2 that plus an L2 prefetch of the warp's whole weight slice).
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.

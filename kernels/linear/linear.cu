@@ -39,7 +39,10 @@ using cuda_detail::WarpSum;
 constexpr int kMaxTuneCandidates = 64;
 std::atomic<int> g_tune_candidates{8};
 std::atomic<int> g_gemv_norm_fusion{0};
-std::atomic<int> g_gemv_pdl_prefetch{kGemvPdlPrefetchSlice};
+// SetGemvPdlPrefetch; the first round into registers measured best (H200, Llama-3-8B decode
+// B=1 with DecodePdl, two runs each: ITL 4.181 / 4.213 ms first round, 4.232 / 4.238 nothing,
+// 4.282 / 4.275 whole slice — the whole-slice L2 prefetch of every resident CTA overflows L2).
+std::atomic<int> g_gemv_pdl_prefetch{kGemvPdlPrefetchFirst};
 constexpr int kGemvThreads = 256;
 // The autotuner keeps the best GEMV unless cuBLASLt is faster by more than this factor.
 constexpr float kGemvPreference = 1.05f;

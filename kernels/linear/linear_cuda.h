@@ -97,7 +97,8 @@ int GemvNormFusion();
 // overlaps the previous kernel's tail: kGemvPdlPrefetchOff nothing; kGemvPdlPrefetchFirst each
 // warp's first round of loads (unroll 16-byte vectors per lane) into registers;
 // kGemvPdlPrefetchSlice that plus an L2 prefetch (cp.async.bulk.prefetch.L2) of the rest of the
-// warp's slice of its weight row (the default). Results are bit-identical in every mode.
+// warp's slice of its weight row. Default kGemvPdlPrefetchFirst (fastest on an H200, Llama-3-8B
+// decode at batch 1). Results are bit-identical in every mode.
 // Errors: InvalidArgument for other values.
 inline constexpr int kGemvPdlPrefetchOff = 0;
 inline constexpr int kGemvPdlPrefetchFirst = 1;
