@@ -559,7 +559,9 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  // Variant 7 computes the shared gate/up in the experts' launch even with the multi-block route.
+  const bool route_shared =
+      mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr && MoeDecodeVariant() < 7;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
   experts_shared.act_ready = route_shared;
   for (int call = 0; call < calls; ++call) {
@@ -729,7 +731,8 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
                                                     {MoeFusedRouteMode::kMultiBlock, 4},
                                                     {MoeFusedRouteMode::kMultiBlock, 5},
-                                                    {MoeFusedRouteMode::kMultiBlock, 6}};
+                                                    {MoeFusedRouteMode::kMultiBlock, 6},
+                                                    {MoeFusedRouteMode::kMultiBlock, 7}};
   for (const auto& [mode, variant] : runs) {
     auto run = [&](bf16* out) {
       const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
@@ -829,7 +832,8 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
 // (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
 // multi-block runs are under variant 4 (programmatic dependent down launch), the others 3;
 // variants 5 and 6 (pipelined persistent kernels; + programmatic gate/up launch) repeat them
-// and must give variant 4's bits.
+// and must give variant 4's bits; so must variant 7 (the shared gate/up at the head of the
+// experts' gate/up launch, before its routing wait).
 TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -853,7 +857,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
         ExpectSameBits(tag + " vs single block", got, single);
         // Variants 5 (pipelined persistent gate/up and down) and 6 (+ gate/up launch a
         // programmatic dependent of the route launch): variant 4's bits.
-        for (int v : {5, 6}) {
+        for (int v : {5, 6, 7}) {
           const FusedRun got_v = UnderVariant(v, [&] {
             return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
           });
@@ -903,7 +907,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
         EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
         // Variants 5, 6: the shared gate/up in the route launch's persistent blocks, or (single
         // block route) in MoePipedGateUpKernel's shared tasks; the same bits either way.
-        for (int v : {5, 6}) {
+        for (int v : {5, 6, 7}) {
           const std::string vtag = absl::StrCat(tag, " shared variant ", v);
           const FusedRun got_sh_v = UnderVariant(
               v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
@@ -942,7 +946,9 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  // Variant 7 computes the shared gate/up in the experts' launch even with the multi-block route.
+  const bool route_shared =
+      mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr && MoeDecodeVariant() < 7;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
   experts_shared.act_ready = route_shared;
   auto run = [&] {
@@ -978,7 +984,7 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
 }
 
 // Under SetDecodePdl(true) the chained fused path gives the bits of SetDecodePdl(false), for
-// the single-block route (variant 3) and the multi-block one (variants 4, 5, 6), with and
+// the single-block route (variant 3) and the multi-block one (variants 4 to 7), with and
 // without a folded shared expert, directly and replayed from a graph (the serial launches
 // themselves are checked against the CPU references above).
 TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
@@ -999,7 +1005,8 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
       const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
                                                         {MoeFusedRouteMode::kMultiBlock, 4},
                                                         {MoeFusedRouteMode::kMultiBlock, 5},
-                                                        {MoeFusedRouteMode::kMultiBlock, 6}};
+                                                        {MoeFusedRouteMode::kMultiBlock, 6},
+                                                        {MoeFusedRouteMode::kMultiBlock, 7}};
       for (const auto& [mode, variant] : runs) {
         for (bool with_shared : {false, true}) {
           const std::string tag =
@@ -1035,8 +1042,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(7).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4, 5, 6}) {
+  EXPECT_EQ(SetMoeDecodeVariant(8).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4, 5, 6, 7}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

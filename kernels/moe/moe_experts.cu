@@ -868,12 +868,31 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
                                                   sink);
 }
 
+// shared_first (decode variant 7): the shared expert's columns (shared_cols of them) come first,
+// before GridDependencyWait: they read only x and the shared weights and write sh.act, and the
+// routing launch before this one is either a normal launch (then x's writer completed before
+// it started) or a programmatic one that lets this kernel launch only once past its own wait
+// (MoeFusedRouteMultiKernel with pdl): either way every kernel before the routing is complete,
+// x is final and no earlier kernel still reads sh.act. So the shared gate/up streams while the
+// routing finishes, and each warp goes on to its routed columns with no launch in between. The
+// same columns by the same code: the same bits as one PipedGateUp over both.
 template <int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     MoePipedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
-                         SharedArgs sh, int num_tokens, int shared_cols) {
+                         SharedArgs sh, int num_tokens, int shared_cols, bool shared_first) {
+  const int first = static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int stride = static_cast<int>(gridDim.x) * kGemvWarps;
+  if (shared_first) {
+    PipedGateUp<kRows>(x_rows, nullptr, nullptr, nullptr, /*slots=*/0, n, c, sh, num_tokens,
+                       shared_cols, first, stride);
+    attention_detail::GridDependencyWait();
+    attention_detail::LaunchDependents();
+    PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens,
+                       /*shared_cols=*/0, first, stride);
+    return;
+  }
   // Decode variant 6 launches this kernel as a programmatic dependent of the routing kernel:
   // wait for its sort (and shared activations) first (a no-op for a normal launch). Only then
   // may the down launch (a programmatic dependent of this one) get resident, as for
@@ -882,8 +901,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
   PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, shared_cols,
-                     static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
-                     static_cast<int>(gridDim.x) * kGemvWarps);
+                     first, stride);
 }
 
 // ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
@@ -948,7 +966,11 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
   // for this grid's completion before it reads anything (a no-op otherwise). Its blocks only
   // take SM slots that this grid's blocks leave (they are all resident by the time every block
   // has passed here).
-  if constexpr (kPiped) attention_detail::LaunchDependents();
+  // (Under pdl only once past GridDependencyWait below: a dependent launched then may read x,
+  // which the kernel before this one wrote, before its own wait — decode variant 7.)
+  if constexpr (kPiped) {
+    if (!pdl) attention_detail::LaunchDependents();
+  }
   const int num_tokens = args.num_tokens;
   const int e_count = args.num_experts;
   const int lane = threadIdx.x & 31;
@@ -975,7 +997,7 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
       }
     }
     attention_detail::GridDependencyWait();
-    if constexpr (!kPiped) attention_detail::LaunchDependents();
+    attention_detail::LaunchDependents();
   }
   if (static_cast<int>(blockIdx.x) >= route_blocks) {  // block-uniform: no barrier below
     if constexpr (kPiped) {
@@ -1358,9 +1380,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 6) {
+  if (variant < 0 || variant > 7) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..6"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..7"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1472,10 +1494,12 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
         std::min<int64_t>((tasks + kGemvWarps - 1) / kGemvWarps, PipedBlocks()));
     // Decode variant 6 (or kernels::DecodePdl()): a programmatic dependent of the routing
     // launch before it.
+    // Decode variant 7: the shared columns before the wait (MoePipedGateUpKernel).
+    const bool shared_first = shared_cols > 0 && MoeDecodeVariant() >= 7;
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
         pdl && (MoeDecodeVariant() >= 6 || DecodePdl()), x_rows, w_gate_up, so.offsets,
-        so.active, so.num_active, i, act, sh, num_tokens, shared_cols);
+        so.active, so.num_active, i, act, sh, num_tokens, shared_cols, shared_first);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
     // (none when MoeFusedRouteCuda computed its activations).
