@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -38,6 +39,7 @@ using cuda_detail::WarpSum;
 constexpr int kMaxTuneCandidates = 64;
 std::atomic<int> g_tune_candidates{8};
 std::atomic<int> g_gemv_norm_fusion{0};
+std::atomic<int> g_gemv_pdl_prefetch{kGemvPdlPrefetchSlice};
 constexpr int kGemvThreads = 256;
 // The autotuner keeps the best GEMV unless cuBLASLt is faster by more than this factor.
 constexpr float kGemvPreference = 1.05f;
@@ -116,11 +118,16 @@ __device__ __forceinline__ GemvWarpSlice GemvSliceOf(int cta, int n, int k) {
 
 // GemvColumns: the work of one CTA-sized group of output columns (`cta`) of GemvKernel below.
 // kSmemX: x is a [kM][k] copy in shared memory (GemvNormKernel) instead of global memory.
+// first / preloaded: when `preloaded`, first[] holds the warp's first round of weight vectors
+// (GemvPreload, loaded before the kernel's dependency wait), which the loop then skips loading;
+// the sums run in the same order either way.
 template <int kM, int kUnroll, int kSplit, bool kGlu, bool kSmemX>
 __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
                                             const bf16* __restrict__ w,
                                             const bf16* __restrict__ bias, bf16* __restrict__ y,
-                                            int m, int n, int k) {
+                                            int m, int n, int k,
+                                            const Bf16x8 (&first)[kUnroll] = {},
+                                            bool preloaded = false) {
   constexpr int kColsPerCta = kGemvThreads / 32 / kSplit;
   constexpr int kPairs = kColsPerCta / 2;
   constexpr bool kShared = kSplit > 1 || kGlu;  // partial sums meet in shared memory
@@ -156,7 +163,15 @@ __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
   };
   // Every round issues its kUnroll loads predicated on the slice end: a separate remainder
   // loop would take one more round trip per leftover vector (k = 14336 at unroll 16: 8).
-  for (int i = begin + lane; i < end; i += 32 * kUnroll) {
+  int i0 = begin + lane;
+  if (preloaded) {  // the first round's loads were issued before the dependency wait
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i0 + 32 * u < end) fma_vec(first[u], i0 + 32 * u);
+    }
+    i0 += 32 * kUnroll;
+  }
+  for (int i = i0; i < end; i += 32 * kUnroll) {
     Bf16x8 wv[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -224,12 +239,50 @@ __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
   }
 }
 
+// GemvPreload: the weight reads a GEMV warp may issue before its dependency wait in a
+// programmatic-dependent chain (pdl.cuh; the weights are never written by a step), so the HBM
+// stream of this kernel starts during the previous kernel's tail. `prefetch`
+// (SetGemvPdlPrefetch): kGemvPdlPrefetchFirst loads the warp's first round of kUnroll vectors per
+// lane into first[] (and sets *preloaded), kGemvPdlPrefetchSlice also asks L2 for the rest of the
+// warp's slice of w[row, :] (one cp.async.bulk.prefetch.L2 by lane 0), kGemvPdlPrefetchOff nothing.
+template <int kUnroll, int kSplit, bool kGlu>
+__device__ __forceinline__ void GemvPreload(int cta, const bf16* __restrict__ w, int n, int k,
+                                            int prefetch, Bf16x8 (&first)[kUnroll],
+                                            bool* preloaded) {
+  *preloaded = false;
+  if (prefetch == kGemvPdlPrefetchOff) return;
+  const GemvWarpSlice ws = GemvSliceOf<kSplit, kGlu>(cta, n, k);
+  if (!ws.active) return;
+  const int lane = threadIdx.x & 31;
+  const Bf16x8* wr = reinterpret_cast<const Bf16x8*>(w + ws.row * k);
+  const int i = ws.begin + lane;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (i + 32 * u < ws.end) first[u] = LoadStreaming(wr + i + 32 * u);
+  }
+  *preloaded = true;
+  const int rest = ws.begin + 32 * kUnroll;  // the vectors past the first round
+  if (prefetch == kGemvPdlPrefetchSlice && lane == 0 && rest < ws.end) {
+    cuda_detail::PrefetchL2(wr + rest, static_cast<uint32_t>(ws.end - rest) * 16u);
+  }
+}
+
+// prefetch: SetGemvPdlPrefetch's mode when launched as a programmatic dependent (DecodePdl),
+// else kGemvPdlPrefetchOff. The trigger comes first (the next kernel of the chain may launch
+// once every CTA of this grid has started), the weight reads next, and the wait before x is
+// read or y written (an earlier kernel may still read y's buffer).
 template <int kM, int kUnroll, int kSplit, bool kGlu>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-               const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k) {
-  GemvColumns<kM, kUnroll, kSplit, kGlu, false>(static_cast<int>(blockIdx.x), x, w, bias, y, m,
-                                                n, k);
+               const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k,
+               int prefetch) {
+  cuda_detail::LaunchDependents();
+  const int cta = static_cast<int>(blockIdx.x);
+  Bf16x8 first[kUnroll];
+  bool preloaded = false;
+  GemvPreload<kUnroll, kSplit, kGlu>(cta, w, n, k, prefetch, first, &preloaded);
+  cuda_detail::GridDependencyWait();
+  GemvColumns<kM, kUnroll, kSplit, kGlu, false>(cta, x, w, bias, y, m, n, k, first, preloaded);
 }
 
 // The residual add + RMSNorm in front of a GEMV (AddRmsNormLinearCuda).
@@ -254,6 +307,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   bf16* const xs = reinterpret_cast<bf16*>(gemv_smem);
   __shared__ float scratch[32];
   const int vecs = k / 8;
+  cuda_detail::LaunchDependents();  // PDL (pdl.cuh): the next kernel may launch meanwhile
   {
     // HBM would idle during the prologue (a chain of L2 round trips): pull up to four
     // 128-byte lines per lane-octet of this CTA's first loads into L2 (≤ 2 KB a warp, 16 KB a
@@ -269,6 +323,8 @@ __global__ void __launch_bounds__(kGemvThreads)
       }
     }
   }
+  // The weight prefetch above may run ahead; the rows below come from the previous kernel.
+  cuda_detail::GridDependencyWait();
   for (int r = 0; r < m; ++r) {
     const int64_t base = int64_t{r} * k;
     float sumsq = 0.0f;
@@ -340,19 +396,15 @@ void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, 
     constexpr int64_t kCols = kGemvThreads / 32 / kSplit / (kGlu ? 2 : 1);
     const unsigned grid = static_cast<unsigned>((n + kCols - 1) / kCols);
     const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
-    if (m == 1) {
-      GemvKernel<1, kUnroll, kSplit, kGlu>
-          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-    } else if (m == 2) {
-      GemvKernel<2, kUnroll, kSplit, kGlu>
-          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-    } else if (m <= 4) {
-      GemvKernel<4, kUnroll, kSplit, kGlu>
-          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-    } else {
-      GemvKernel<8, kUnroll, kSplit, kGlu>
-          <<<grid, kGemvThreads, 0, stream>>>(x, w, bias, y, mi, ni, ki);
-    }
+    auto kernel = m == 1   ? &GemvKernel<1, kUnroll, kSplit, kGlu>
+                  : m == 2 ? &GemvKernel<2, kUnroll, kSplit, kGlu>
+                  : m <= 4 ? &GemvKernel<4, kUnroll, kSplit, kGlu>
+                           : &GemvKernel<8, kUnroll, kSplit, kGlu>;
+    const bool pdl = DecodePdl();
+    const int prefetch = pdl ? GemvPdlPrefetch() : kGemvPdlPrefetchOff;
+    // Errors surface through CudaLaunchStatus (cudaGetLastError) at the callers.
+    (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kGemvThreads), 0, stream,
+                                            pdl, x, w, bias, y, mi, ni, ki, prefetch);
   }
 }
 
@@ -377,8 +429,9 @@ void LaunchGemvNormVariant(const GemvNormArgs& na, const bf16* w, const bf16* bi
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem);
     const int grid = std::max(1, std::min(groups, std::max(sms, 1) * std::max(per_sm, 1)));
-    kernel<<<grid, kGemvThreads, smem, stream>>>(na, w, bias, y, static_cast<int>(m),
-                                                 static_cast<int>(n), static_cast<int>(k), groups);
+    (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kGemvThreads), smem, stream,
+                                            DecodePdl(), na, w, bias, y, static_cast<int>(m),
+                                            static_cast<int>(n), static_cast<int>(k), groups);
   }
 }
 
@@ -874,6 +927,17 @@ absl::Status SetGemvNormFusion(int sites) {
 }
 
 int GemvNormFusion() { return g_gemv_norm_fusion.load(std::memory_order_relaxed); }
+
+absl::Status SetGemvPdlPrefetch(int mode) {
+  if (mode < kGemvPdlPrefetchOff || mode > kGemvPdlPrefetchSlice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetGemvPdlPrefetch: mode must be 0, 1 or 2, got ", mode));
+  }
+  g_gemv_pdl_prefetch.store(mode, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int GemvPdlPrefetch() { return g_gemv_pdl_prefetch.load(std::memory_order_relaxed); }
 
 absl::Status SetGemmTuneCandidates(int n) {
   if (n < 1 || n > kMaxTuneCandidates) {

@@ -91,6 +91,20 @@ inline constexpr int kGemvNormBeforeMlp = 2;
 absl::Status SetGemvNormFusion(int sites);
 int GemvNormFusion();
 
+// SetGemvPdlPrefetch(mode): what a GEMV (GemvCuda, GemvSiluMulCuda and the GEMV plans of
+// LinearCuda / LinearSiluMulCuda) reads of its weights before its dependency wait when launched
+// as a programmatic dependent (kernels::DecodePdl; no effect otherwise), so the weight stream
+// overlaps the previous kernel's tail: kGemvPdlPrefetchOff nothing; kGemvPdlPrefetchFirst each
+// warp's first round of loads (unroll 16-byte vectors per lane) into registers;
+// kGemvPdlPrefetchSlice that plus an L2 prefetch (cp.async.bulk.prefetch.L2) of the rest of the
+// warp's slice of its weight row (the default). Results are bit-identical in every mode.
+// Errors: InvalidArgument for other values.
+inline constexpr int kGemvPdlPrefetchOff = 0;
+inline constexpr int kGemvPdlPrefetchFirst = 1;
+inline constexpr int kGemvPdlPrefetchSlice = 2;
+absl::Status SetGemvPdlPrefetch(int mode);
+int GemvPdlPrefetch();
+
 // SetGemmTuneCandidates(n): how many of cuBLASLt's heuristic algorithms the autotuner
 // (CublasLt::set_autotune) times per new plan, 1..64 (default 8). Plans made before the call
 // keep their choice. Errors: InvalidArgument outside 1..64.

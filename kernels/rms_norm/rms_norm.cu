@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
@@ -46,13 +47,24 @@ __global__ void __launch_bounds__(1024)
   // load after the reduction each added one. At 4 vectors a thread the early weight would
   // spill (64 registers at 1024 threads), so those long rows load it after the reduction.
   constexpr bool kEarlyWeight = kVecs <= 2;
+  // Programmatic dependent launch (pdl.cuh; no-ops in a normal launch): the next kernel may
+  // launch once every block has started; the weight (never written by a step) is read before
+  // the wait, x and the residual (the previous kernel's outputs) after it.
+  cuda_detail::LaunchDependents();
   Bf16x8 xv[kVecs], wv[kVecs], rv[kVecs];
+  if constexpr (kEarlyWeight) {
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int i = (threadIdx.x + k * blockDim.x) * 8;
+      if (i < dim) wv[k] = LoadVec(weight + i);
+    }
+  }
+  cuda_detail::GridDependencyWait();
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int i = (threadIdx.x + k * blockDim.x) * 8;
     if (i < dim) {
       xv[k] = LoadVec(xr + i);
-      if constexpr (kEarlyWeight) wv[k] = LoadVec(weight + i);
       if constexpr (kAdd) rv[k] = LoadVec(rr + i);
     }
   }
@@ -99,6 +111,8 @@ __global__ void __launch_bounds__(1024)
                         const bf16* __restrict__ weight, bf16* out, int64_t out_stride, int64_t dim,
                         float eps) {
   __shared__ float scratch[32];
+  cuda_detail::LaunchDependents();  // PDL (pdl.cuh); no-ops in a normal launch
+  cuda_detail::GridDependencyWait();
   const int64_t row = blockIdx.x;
   const bf16* xr = x + row * x_stride;
   bf16* rr = kAdd ? residual + row * dim : nullptr;
@@ -147,30 +161,25 @@ absl::Status Launch(const bf16* x, int64_t x_stride, bf16* residual, const bf16*
                    vecs <= int64_t{vecs_per_thread} * 1024 && Aligned16(x) && Aligned16(weight) &&
                    Aligned16(out) && (!kAdd || Aligned16(residual));
   const unsigned grid = static_cast<unsigned>(rows);
+  // A programmatic dependent of the kernel before (kernels::DecodePdl): both kernels wait.
+  const bool pdl = DecodePdl();
   if (vec) {
     // vecs_per_thread independent 16-byte loads in flight per thread; fewer threads on short rows.
     const int threads = static_cast<int>(
         (std::clamp<int64_t>((vecs + vecs_per_thread - 1) / vecs_per_thread, 32, 1024) + 31) / 32 *
         32);
     const int d = static_cast<int>(dim);
-    switch (vecs_per_thread) {
-      case 1:
-        RmsNormVecKernel<kAdd, 1>
-            <<<grid, threads, 0, stream>>>(x, x_stride, residual, weight, out, out_stride, d, eps);
-        break;
-      case 2:
-        RmsNormVecKernel<kAdd, 2>
-            <<<grid, threads, 0, stream>>>(x, x_stride, residual, weight, out, out_stride, d, eps);
-        break;
-      default:
-        RmsNormVecKernel<kAdd, 4>
-            <<<grid, threads, 0, stream>>>(x, x_stride, residual, weight, out, out_stride, d, eps);
-        break;
-    }
+    auto kernel = vecs_per_thread == 1   ? &RmsNormVecKernel<kAdd, 1>
+                  : vecs_per_thread == 2 ? &RmsNormVecKernel<kAdd, 2>
+                                         : &RmsNormVecKernel<kAdd, 4>;
+    // Errors surface through CudaLaunchStatus below (the runtime records them).
+    (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(threads), 0, stream, pdl, x,
+                                            x_stride, residual, weight, out, out_stride, d, eps);
   } else {
     const int threads = static_cast<int>(std::min<int64_t>(1024, (dim + 31) / 32 * 32));
-    RmsNormScalarKernel<kAdd>
-        <<<grid, threads, 0, stream>>>(x, x_stride, residual, weight, out, out_stride, dim, eps);
+    (void)cuda_detail::LaunchKernelMaybePdl(&RmsNormScalarKernel<kAdd>, dim3(grid), dim3(threads),
+                                            0, stream, pdl, x, x_stride, residual, weight, out,
+                                            out_stride, dim, eps);
   }
   return CudaLaunchStatus("RmsNormCuda launch");
 }
