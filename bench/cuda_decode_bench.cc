@@ -499,6 +499,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   std::vector<int64_t> out;
+  if (s.empty()) return out;  // e.g. --prefill "": no prefill runs
   for (absl::string_view p : absl::StrSplit(s, ',')) {
     int64_t v;
     if (!absl::SimpleAtoi(p, &v) || v < 1) {
@@ -689,9 +690,11 @@ absl::Status Main(int argc, char** argv) {
     kernels::SetPagedAttentionPdl(false);
     BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
-  auto prefill = BenchPrefill(*config, f, *gemm);
-  if (!prefill.ok()) return prefill.status();
-  out["prefill"] = *prefill;
+  if (!f.prefill.empty()) {  // --prefill "": decode only
+    auto prefill = BenchPrefill(*config, f, *gemm);
+    if (!prefill.ok()) return prefill.status();
+    out["prefill"] = *prefill;
+  }
   return WriteJson(out, f.out);
 }
 

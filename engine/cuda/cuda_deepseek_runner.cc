@@ -674,17 +674,18 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     const bool fold_shared = shared && variant >= 3;
     const bool multi_block = variant >= 4;
     // Variant 7: the shared gate/up heads the experts' gate/up launch instead of riding in the
-    // routing launch (MoeFusedExpertsCuda computes it before waiting for the routing).
-    const bool route_shared = multi_block && variant < 7;
+    // routing launch (MoeFusedExpertsCuda computes it before waiting for the routing; the
+    // routing launch only prefetches its weights).
     if (shared && !fold_shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
     const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
-                                                 L.mlp_inter, act.data(), route_shared};
+                                                 L.mlp_inter, act.data(),
+                                                 multi_block && variant < 7};
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
         normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
         topk_weights.data(), ws, st,
         multi_block ? kernels::MoeFusedRouteMode::kMultiBlock
                     : kernels::MoeFusedRouteMode::kSingleBlock,
-        route_shared && fold_shared ? &shared_expert : nullptr));
+        multi_block && fold_shared ? &shared_expert : nullptr));
     Mark("routing");
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),

@@ -222,7 +222,9 @@ enum class MoeFusedRouteMode {
 //     launch), so launches on one workspace must be stream-ordered (as its sort data requires).
 //   shared: kMultiBlock only (InvalidArgument with kSingleBlock): also writes shared->act =
 //     bf16(silu(gate(x)) ⊙ up(x)) for the shared expert (the values MoeFusedExpertsCuda would
-//     compute); pass it to MoeFusedExpertsCuda with act_ready = true.
+//     compute); pass it to MoeFusedExpertsCuda with act_ready = true. Under decode variant 7
+//     (SetMoeDecodeVariant) the launch only asks L2 for the shared gate/up weights (with
+//     DecodePdl, before its wait) and leaves act alone: pass act_ready = false then.
 // Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
 // rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
 // is too small, a shared expert with bad sizes or pointers; Internal for launch errors.

@@ -559,11 +559,11 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  // Variant 7 computes the shared gate/up in the experts' launch even with the multi-block route.
-  const bool route_shared =
-      mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr && MoeDecodeVariant() < 7;
+  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
-  experts_shared.act_ready = route_shared;
+  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
+  // computes the activations.
+  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
   for (int call = 0; call < calls; ++call) {
     EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
@@ -946,11 +946,11 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  // Variant 7 computes the shared gate/up in the experts' launch even with the multi-block route.
-  const bool route_shared =
-      mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr && MoeDecodeVariant() < 7;
+  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
-  experts_shared.act_ready = route_shared;
+  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
+  // computes the activations.
+  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
   auto run = [&] {
     const bf16* x = c.d_x.data();
     for (int l = 0; l < kPdlLayers; ++l) {

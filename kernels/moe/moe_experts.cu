@@ -983,6 +983,16 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
       if (e < e_count && lane == 0) {
         cuda_detail::PrefetchL2(w_gate + static_cast<int64_t>(e) * hidden, row_bytes);
       }
+      // A shared expert but no shared blocks (decode variant 7: the experts' gate/up launch
+      // computes it): the routing lanes ask L2 for its 2·n gate/up rows, a row per lane in turn.
+      if (sh.w_gate_up != nullptr && static_cast<int>(gridDim.x) == route_blocks) {
+        const int lanes = route_blocks * kRouteMultiWarps * 32;
+        for (int r = static_cast<int>(blockIdx.x) * kRouteMultiWarps * 32 +
+                     static_cast<int>(threadIdx.x);
+             r < 2 * sh.n; r += lanes) {
+          cuda_detail::PrefetchL2(sh.w_gate_up + static_cast<int64_t>(r) * hidden, row_bytes);
+        }
+      }
     } else {
       // The warp's shared columns (below: first, first + stride, ... for kPiped, else one);
       // lane l takes column number l / 2 of them, gate row (l even) or up row (l odd).
@@ -1446,7 +1456,10 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
     const bool piped = MoeDecodeVariant() >= 5;
     const int route_blocks = RouteMultiBlocks(static_cast<int>(params.num_experts));
     int shared_blocks = (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
-    if (piped && sh.n > 0) {
+    // Decode variant 7: no shared blocks (MoeFusedExpertsCuda computes the shared gate/up); the
+    // routing blocks only prefetch its weights (under DecodePdl).
+    if (MoeDecodeVariant() >= 7) shared_blocks = 0;
+    if (piped && shared_blocks > 0) {
       shared_blocks = std::max(1, std::min(shared_blocks, PipedBlocks() - route_blocks));
     }
     const dim3 grid(static_cast<unsigned>(route_blocks + shared_blocks));
