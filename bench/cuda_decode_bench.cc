@@ -5,7 +5,8 @@
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1]
 //                     [--moe-decode-variant 0] [--moe-gemv-max-tokens 8] [--out OUT.json]
-// Default config: bench/configs/llama3-8b (Llama-3-8B shapes).
+// Default config: bench/configs/llama3-8b (Llama-3-8B shapes). --prefill "" skips the prefill
+// figures (decode A/B runs).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
 // thread per GPU in this process, each with its NcclCommunicator and its shard of the model
 // (CudaRunnerOptions::tp_*), the same plans on every rank; the figures are rank 0's (its steps
@@ -63,6 +64,9 @@
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
 // --decode-pdl 0|1: decode-step kernels launched as programmatic dependents of the kernel before
 // each (kernels::SetDecodePdl; default 0), for A/B runs.
+// --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
+// --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
+// registers, 2 that plus an L2 prefetch of the warp's whole weight slice, the default).
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
@@ -499,7 +503,6 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   std::vector<int64_t> out;
-  if (s.empty()) return out;  // e.g. --prefill "": no prefill runs
   for (absl::string_view p : absl::StrSplit(s, ',')) {
     int64_t v;
     if (!absl::SimpleAtoi(p, &v) || v < 1) {
@@ -581,6 +584,10 @@ absl::Status Main(int argc, char** argv) {
         return absl::InvalidArgumentError("--decode-pdl takes 0 or 1");
       }
       kernels::SetDecodePdl(on == 1);
+    } else if (a == "--gemv-pdl-prefetch") {  // kernels::SetGemvPdlPrefetch, for A/B runs
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemvPdlPrefetch(mode));
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
@@ -603,6 +610,8 @@ absl::Status Main(int argc, char** argv) {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n) || n < 1) return absl::InvalidArgumentError("bad " + a);
       (a == "--context" ? f.context : f.decode_steps) = n;
+    } else if (a == "--prefill" && v.empty()) {  // --prefill "": decode figures only
+      f.prefill.clear();
     } else if (a == "--batches" || a == "--prefill") {
       auto l = ParseList(v);
       if (!l.ok()) return l.status();
@@ -656,6 +665,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   out["decode_pdl"] = kernels::DecodePdl();
+  out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
@@ -690,7 +700,9 @@ absl::Status Main(int argc, char** argv) {
     kernels::SetPagedAttentionPdl(false);
     BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
-  if (!f.prefill.empty()) {  // --prefill "": decode only
+  if (f.prefill.empty()) {
+    out["prefill"] = nlohmann::json::array();
+  } else {
     auto prefill = BenchPrefill(*config, f, *gemm);
     if (!prefill.ok()) return prefill.status();
     out["prefill"] = *prefill;

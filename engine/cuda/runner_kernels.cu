@@ -4,9 +4,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace sluice::cuda_runner {
 namespace {
+
+// PdlEnter starts the kernels of a decode step below: as programmatic dependents
+// (kernels::DecodePdl, kernels/cuda/pdl.cuh) the next kernel may launch once every block has
+// started, and nothing is read (earlier kernels' outputs) or written (an earlier kernel may
+// still read the buffer) before the previous kernel has completed. No-ops in a normal launch.
+__device__ __forceinline__ void PdlEnter() {
+  kernels::cuda_detail::LaunchDependents();
+  kernels::cuda_detail::GridDependencyWait();
+}
 
 __global__ void ResolveTokenIdsKernel(int32_t* ids, int64_t n, const int32_t* sampled) {
   const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -16,6 +26,7 @@ __global__ void ResolveTokenIdsKernel(int32_t* ids, int64_t n, const int32_t* sa
 // One block per output row; 16-byte vectors when the row allows (dim % 8 == 0, aligned).
 __global__ void GatherRowsKernel(const bf16* in, const int32_t* idx, int64_t dim, bf16* out,
                                  bool vec) {
+  PdlEnter();
   const int64_t r = blockIdx.x;
   const bf16* src = in + int64_t{idx[r]} * dim;
   bf16* dst = out + r * dim;
@@ -49,6 +60,7 @@ constexpr int kArgmaxUnroll = 8;
 // order, so ArgmaxCombine keeps the lowest index on ties within a thread and across the
 // reductions below.
 __global__ void ArgmaxRowsKernel(const bf16* logits, int64_t vocab, bool vec, int32_t* out) {
+  PdlEnter();
   const bf16* row = logits + blockIdx.x * vocab;
   float best = -FLT_MAX;
   int32_t best_idx = INT32_MAX;
@@ -176,6 +188,7 @@ constexpr int kHeadNormThreads = 256;
 __global__ void QkHeadRmsNormKernel(bf16* qkv, int64_t num_tokens, int64_t token_stride,
                                     int num_heads, int num_kv_heads, int head_dim,
                                     const bf16* q_weight, const bf16* k_weight, float eps) {
+  PdlEnter();  // before the early exit below
   const int heads = num_heads + num_kv_heads;
   const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -232,7 +245,9 @@ absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, in
   if (rows == 0) return absl::OkStatus();
   const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(out) & 15) == 0;
-  GatherRowsKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(in, idx, dim, out, vec);
+  (void)kernels::cuda_detail::LaunchKernelMaybePdl(&GatherRowsKernel, dim3(static_cast<unsigned>(rows)),
+                                                   dim3(256), 0, stream, kernels::DecodePdl(), in,
+                                                   idx, dim, out, vec);
   return kernels::CudaLaunchStatus("GatherRowsKernel");
 }
 
@@ -244,8 +259,9 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
   }
   if (rows == 0) return absl::OkStatus();
   const bool vec = kernels::cuda_detail::Aligned16(logits) && vocab % 8 == 0;
-  ArgmaxRowsKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, vocab,
-                                                                               vec, out);
+  (void)kernels::cuda_detail::LaunchKernelMaybePdl(
+      &ArgmaxRowsKernel, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream,
+      kernels::DecodePdl(), logits, vocab, vec, out);
   return kernels::CudaLaunchStatus("ArgmaxRowsKernel");
 }
 
@@ -282,8 +298,9 @@ absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
   if (num_tokens == 0) return absl::OkStatus();
   const int64_t warps = num_tokens * (num_heads + num_kv_heads);
   const int64_t blocks = (warps * 32 + kHeadNormThreads - 1) / kHeadNormThreads;
-  QkHeadRmsNormKernel<<<static_cast<unsigned>(blocks), kHeadNormThreads, 0, stream>>>(
-      qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+  (void)kernels::cuda_detail::LaunchKernelMaybePdl(
+      &QkHeadRmsNormKernel, dim3(static_cast<unsigned>(blocks)), dim3(kHeadNormThreads), 0,
+      stream, kernels::DecodePdl(), qkv, num_tokens, token_stride, static_cast<int>(num_heads),
       static_cast<int>(num_kv_heads), static_cast<int>(head_dim), q_weight, k_weight, eps);
   return kernels::CudaLaunchStatus("QkHeadRmsNormKernel");
 }

@@ -1220,7 +1220,9 @@ constexpr int FitStages() {
 // SetPagedAttentionPdl; effective only on sm_90+ devices (checked once per device).
 std::atomic<bool> g_pdl{false};
 
+// Also on with kernels::DecodePdl (the whole decode step as one programmatic chain).
 bool PdlEnabled() {
+  if (DecodePdl()) return true;
   if (!g_pdl.load(std::memory_order_relaxed)) return false;
   static std::atomic<int> major_cache[16];
   int device = 0;

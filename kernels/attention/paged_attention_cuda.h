@@ -145,7 +145,8 @@ int PagedAttentionPrefillKernel();
 // dependents of the kernel before each (cudaLaunchAttributeProgrammaticStreamSerialization;
 // the kernels wait on griddepcontrol before reading their inputs), so their launch overlaps
 // the predecessor's tail. Process-wide, off by default, ignored below sm_90; graph-capturable
-// (CUDA ≥ 12.3 turns it into programmatic graph edges).
+// (CUDA ≥ 12.3 turns it into programmatic graph edges). kernels::SetDecodePdl(true) turns it on
+// as well (the whole decode step as one programmatic chain).
 void SetPagedAttentionPdl(bool enabled);
 
 // WriteKvCacheCuda: token t's K (k_elems_per_token at k + t·k_token_stride) and V

@@ -194,6 +194,19 @@ TEST(PagedAttentionCudaTest, DecodeLlama3Shapes) {
           rng);
 }
 
+// With kernels::SetDecodePdl on, the decode attention kernel and its split-KV combine are
+// programmatic dependents (PdlEnabled); the results still match the CPU reference.
+TEST(PagedAttentionCudaTest, DecodeUnderDecodePdl) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  auto rng = cuda_test::Rng();
+  cuda_test::PdlSetting pdl(true);
+  RunCase({"pdl decode b1 ctx1024", Params(32, 8, 128, 128, 16), Decode({1024})}, rng);
+  RunCase({"pdl decode b8 mixed ctx", Params(32, 8, 128, 128, 16),
+           Decode({0, 1, 15, 16, 17, 100, 513, 1200})},
+          rng);
+}
+
 // Both decode pipeline depths and the automatic choice (SetPagedAttentionDecodeStages), each
 // through the split plans it leads to: batch 1 at ~1k keys (one 64-key tile per partition), a
 // batch of 64 mixed contexts (enough CTAs for whole waves: no split) and a window, with tiles

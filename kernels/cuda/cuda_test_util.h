@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,6 +133,54 @@ inline std::vector<float> RoundTrip(const std::vector<float>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = Bf16ToFloat(FloatToBf16(v[i]));
   return out;
+}
+
+// FirstBitMismatch returns the first index where the bit patterns of got and want differ (a NaN
+// equals only the same NaN), the shorter size when the sizes differ, or -1 when they are equal.
+inline int64_t FirstBitMismatch(const std::vector<float>& got, const std::vector<float>& want) {
+  const size_t n = std::min(got.size(), want.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) return static_cast<int64_t>(i);
+  }
+  return got.size() == want.size() ? -1 : static_cast<int64_t>(n);
+}
+
+// PdlSetting sets kernels::SetDecodePdl for its lifetime and turns it off again after (the
+// process default), so a failing test leaves no programmatic launches behind.
+class PdlSetting {
+ public:
+  explicit PdlSetting(bool on) { SetDecodePdl(on); }
+  PdlSetting(const PdlSetting&) = delete;
+  PdlSetting& operator=(const PdlSetting&) = delete;
+  ~PdlSetting() { SetDecodePdl(false); }
+};
+
+// RunOnStream runs `enqueue` (launches on `stream`) and waits for it: eagerly, or (graph) captured
+// into a CUDA graph that is then launched once — as a decode step runs, where programmatic
+// launches become programmatic graph edges. Fails the test on any error.
+inline void RunOnStream(cudaStream_t stream, bool graph,
+                        const std::function<absl::Status()>& enqueue) {
+  if (!graph) {
+    const absl::Status s = enqueue();
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    return;
+  }
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status s = enqueue();
+  cudaGraph_t g = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &g);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(end, cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  ASSERT_EQ(inst, cudaSuccess);
+  const cudaError_t launch = cudaGraphLaunch(exec, stream);
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  cudaGraphExecDestroy(exec);
+  ASSERT_EQ(launch, cudaSuccess);
+  ASSERT_EQ(sync, cudaSuccess);
 }
 
 }  // namespace sluice::kernels::cuda_test

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/embedding/embedding_cuda.h"
 
 namespace sluice::kernels {
@@ -24,6 +25,10 @@ template <bool kVec>
 __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_size, int64_t dim,
                                 int32_t* ids, const int32_t* __restrict__ feedback,
                                 bf16* __restrict__ out, int32_t* bad_index) {
+  // Programmatic dependent launch (kernels::DecodePdl, pdl.cuh; no-ops in a normal launch):
+  // ids / feedback come from earlier work and `out` may still be read by an earlier kernel.
+  cuda_detail::LaunchDependents();
+  cuda_detail::GridDependencyWait();
   const int64_t t = blockIdx.x;
   int32_t id = ids[t];
   if (feedback != nullptr && id < 0) {
@@ -67,11 +72,13 @@ absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t*
   if (dim % 8 == 0 && Aligned16(table) && Aligned16(out)) {
     // A thread per vector (a 4096-wide row in one round of loads at one token per step).
     const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (dim / 8 + 31) / 32 * 32));
-    EmbeddingKernel<true>
-        <<<grid, threads, 0, stream>>>(table, vocab_size, dim, ids, feedback, out, bad_index);
+    (void)cuda_detail::LaunchKernelMaybePdl(&EmbeddingKernel<true>, dim3(grid), dim3(threads), 0,
+                                            stream, DecodePdl(), table, vocab_size, dim, ids,
+                                            feedback, out, bad_index);
   } else {
-    EmbeddingKernel<false>
-        <<<grid, kThreads, 0, stream>>>(table, vocab_size, dim, ids, feedback, out, bad_index);
+    (void)cuda_detail::LaunchKernelMaybePdl(&EmbeddingKernel<false>, dim3(grid), dim3(kThreads),
+                                            0, stream, DecodePdl(), table, vocab_size, dim, ids,
+                                            feedback, out, bad_index);
   }
   return CudaLaunchStatus("EmbeddingCuda launch");
 }

@@ -3,6 +3,7 @@
 #include "kernels/linear/linear_cuda.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/linear/linear.h"
+#include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
 namespace {
@@ -313,6 +315,92 @@ TEST(LinearCudaTest, GemvSiluMulMatchesUnfused) {
                               nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The GEMV and RMSNorm kernels as decode layers (RMSNorm → GEMV → add + RMSNorm → GEMV with
+// SiLU·mul → GEMV, three times, then a final add + RMSNorm; every kernel reads what the one
+// before wrote and writes what an earlier one read) launched as one programmatic chain
+// (kernels::SetDecodePdl) give the same bits as plain launches — eagerly on a stream and
+// replayed from a CUDA graph, in each GEMV variant the fused SiLU·mul form serves and every
+// SetGemvPdlPrefetch mode. A missing dependency wait would let a kernel read a buffer before
+// the kernel before it wrote it.
+TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  auto rng = cuda_test::Rng();
+  constexpr int64_t kH = 2048, kInter = 2816, kLayers = 3;
+  constexpr float kEps = 1e-5f, kW = 0.04f;
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const cudaStream_t st = stream->get();
+  struct Layer {
+    DeviceBuffer<bf16> g1, g2, w_o, w_gu, w_down;
+  };
+  std::vector<Layer> layers;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    layers.push_back({Upload(RandomBf16(kH, rng, 0.5f, 1.5f)),
+                      Upload(RandomBf16(kH, rng, 0.5f, 1.5f)),
+                      Upload(RandomBf16(static_cast<size_t>(kH * kH), rng, -kW, kW)),
+                      Upload(RandomBf16(static_cast<size_t>(2 * kInter * kH), rng, -kW, kW)),
+                      Upload(RandomBf16(static_cast<size_t>(kH * kInter), rng, -kW, kW))});
+  }
+  const int saved_prefetch = GemvPdlPrefetch();
+  for (const int64_t m : {1, 2}) {
+    const auto x0 = RandomBf16(static_cast<size_t>(m * kH), rng, -1.0f, 1.0f);
+    // The residual stream and the last normed rows after the chain.
+    auto run = [&](bool pdl, int prefetch, bool graph, int unroll, int split) {
+      cuda_test::PdlSetting setting(pdl);
+      EXPECT_TRUE(SetGemvPdlPrefetch(prefetch).ok());
+      auto res = Upload(x0);
+      auto normed = NanBuffer(static_cast<size_t>(m * kH));
+      auto a = NanBuffer(static_cast<size_t>(m * kH));
+      auto tmp = NanBuffer(static_cast<size_t>(m * kH));
+      auto act = NanBuffer(static_cast<size_t>(m * kInter));
+      cuda_test::RunOnStream(st, graph, [&]() -> absl::Status {
+        for (int64_t l = 0; l < kLayers; ++l) {
+          const Layer& L = layers[static_cast<size_t>(l)];
+          absl::Status s =
+              l == 0 ? RmsNormCuda(res.data(), kH, L.g1.data(), normed.data(), kH, m, kH, kEps, st)
+                     : AddRmsNormCuda(tmp.data(), res.data(), L.g1.data(), normed.data(), m, kH,
+                                      kEps, st);
+          if (s.ok()) s = GemvCuda(normed.data(), L.w_o.data(), nullptr, a.data(), m, kH, kH, st,
+                                   unroll, split);
+          if (s.ok()) s = AddRmsNormCuda(a.data(), res.data(), L.g2.data(), normed.data(), m, kH,
+                                         kEps, st);
+          if (s.ok()) s = GemvSiluMulCuda(normed.data(), L.w_gu.data(), nullptr, act.data(), m,
+                                          kInter, kH, st, unroll, split);
+          if (s.ok()) s = GemvCuda(act.data(), L.w_down.data(), nullptr, tmp.data(), m, kH,
+                                   kInter, st, unroll, split);
+          if (!s.ok()) return s;
+        }
+        return AddRmsNormCuda(tmp.data(), res.data(), layers[0].g1.data(), normed.data(), m, kH,
+                              kEps, st);
+      });
+      std::vector<float> out = Download(res);
+      const std::vector<float> n = Download(normed);
+      out.insert(out.end(), n.begin(), n.end());
+      return out;
+    };
+    for (const auto& [unroll, split] :
+         {std::pair{4, 1}, std::pair{16, 1}, std::pair{8, 2}, std::pair{4, 4}}) {
+      const std::vector<float> want = run(false, kGemvPdlPrefetchOff, false, unroll, split);
+      for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "reference not finite";
+      for (const int prefetch : {kGemvPdlPrefetchOff, kGemvPdlPrefetchFirst, kGemvPdlPrefetchSlice}) {
+        for (const bool graph : {false, true}) {
+          EXPECT_EQ(cuda_test::FirstBitMismatch(run(true, prefetch, graph, unroll, split), want),
+                    -1)
+              << "m=" << m << " unroll " << unroll << " split " << split << " prefetch "
+              << prefetch << (graph ? " graph" : " eager");
+        }
+      }
+      EXPECT_EQ(cuda_test::FirstBitMismatch(run(false, kGemvPdlPrefetchSlice, true, unroll, split),
+                                            want),
+                -1)
+          << "plain launches in a graph, m=" << m << " unroll " << unroll << " split " << split;
+    }
+  }
+  ASSERT_TRUE(SetGemvPdlPrefetch(saved_prefetch).ok());
+  EXPECT_EQ(SetGemvPdlPrefetch(3).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(LinearCudaTest, RejectsBadShapes) {

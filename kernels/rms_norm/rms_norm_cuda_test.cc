@@ -2,6 +2,7 @@
 // bf16 inputs. Needs a GPU: part of kernels_cuda_test, skipped without a device.
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,52 @@ TEST(RmsNormCudaTest, EveryLaunchShapeMatchesCpuReference) {
         }
         ExpectClose(tag, Download(d_out), want, kRtol, kAtol);
       }
+    }
+  }
+}
+
+// A chain of RmsNormCuda / AddRmsNormCuda launches, each reading the rows the one before wrote
+// and rewriting the residual in place, launched as programmatic dependents
+// (kernels::SetDecodePdl) gives the same bits as plain launches, eagerly and from a CUDA graph:
+// the scalar path (odd dim) and the 2- and 4-vector paths, one row (decode) and several.
+TEST(RmsNormCudaTest, DecodePdlChainMatchesPlainLaunches) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  auto rng = cuda_test::Rng();
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const cudaStream_t st = stream->get();
+  for (const Shape& sh : {Shape{1, 1001, 1001}, Shape{7, 1001, 1001}, Shape{1, 4096, 4096},
+                          Shape{5, 4096, 4096}, Shape{1, 16384, 16384}}) {
+    const size_t n = static_cast<size_t>(sh.rows * sh.dim);
+    const auto x0 = RandomBf16(n, rng, -2.0f, 2.0f);
+    const auto r0 = RandomBf16(n, rng, -2.0f, 2.0f);
+    auto d_w = Upload(RandomBf16(static_cast<size_t>(sh.dim), rng, 0.5f, 1.5f));
+    auto run = [&](bool pdl, bool graph) {
+      cuda_test::PdlSetting setting(pdl);
+      auto a = Upload(x0);
+      auto res = Upload(r0);
+      auto b = NanBuffer(n);
+      cuda_test::RunOnStream(st, graph, [&]() -> absl::Status {
+        absl::Status s = RmsNormCuda(a.data(), sh.dim, d_w.data(), b.data(), sh.dim, sh.rows,
+                                     sh.dim, kEps, st);
+        for (int i = 0; s.ok() && i < 6; ++i) {  // a → b, then b → a, ...
+          bf16* in = i % 2 == 0 ? b.data() : a.data();
+          bf16* out = i % 2 == 0 ? a.data() : b.data();
+          s = AddRmsNormCuda(in, res.data(), d_w.data(), out, sh.rows, sh.dim, kEps, st);
+        }
+        return s;
+      });
+      std::vector<float> out = Download(b);
+      const std::vector<float> r = Download(res);
+      out.insert(out.end(), r.begin(), r.end());
+      return out;
+    };
+    const std::vector<float> want = run(false, false);
+    for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "reference not finite";
+    for (const bool graph : {false, true}) {
+      EXPECT_EQ(cuda_test::FirstBitMismatch(run(true, graph), want), -1)
+          << "rows " << sh.rows << " dim " << sh.dim << (graph ? " graph" : " eager");
     }
   }
 }

@@ -7,12 +7,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/rope/rope_cuda.h"
 
 namespace sluice::kernels {
 namespace {
 
 constexpr int kTargetThreads = 256;
+
+// PdlEnter starts every kernel here: as a programmatic dependent (kernels::DecodePdl,
+// pdl.cuh) the next kernel may launch once every block has started, and nothing is read (the
+// positions and qkv come from earlier work) or written (an earlier kernel may still read the
+// cache or qkv) before the previous kernel has completed. No-ops in a normal launch.
+__device__ __forceinline__ void PdlEnter() {
+  cuda_detail::LaunchDependents();
+  cuda_detail::GridDependencyWait();
+}
 
 // The rotation pair i = threadIdx.x % half of token blockIdx.x and its cos / sin (fp32 angle
 // pos · inv_freq[i]), both times `scaling`.
@@ -37,6 +47,7 @@ __global__ void __launch_bounds__(1024)
     RopeKernel(bf16* x, int64_t num_heads, int64_t token_stride, int64_t head_stride,
                int64_t offset, const int32_t* __restrict__ positions,
                const float* __restrict__ inv_freq, int half, int heads_per_pass, float scaling) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const PairRotation rot = ThreadPairRotation(positions, inv_freq, half, scaling);
   const int i = rot.i;
@@ -74,6 +85,7 @@ __global__ void __launch_bounds__(1024)
                         const float* __restrict__ inv_freq, int half, int heads_per_pass,
                         float scaling, const int64_t* __restrict__ slot_mapping, bf16* k_cache,
                         bf16* v_cache) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const PairRotation rot = ThreadPairRotation(positions, inv_freq, half, scaling);
   const int i = rot.i;
@@ -142,6 +154,7 @@ __global__ void __launch_bounds__(128)
                            const float* __restrict__ inv_freq, int half, float scaling,
                            const int64_t* __restrict__ slot_mapping, bf16* k_cache,
                            bf16* v_cache) {
+  PdlEnter();  // before the early return below
   const int heads = num_heads + num_kv_heads;
   const int pair_chunks = half / 8;
   const int rot_items = (heads + kVecHeads - 1) / kVecHeads * pair_chunks;
@@ -236,21 +249,23 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
                           num_kv_heads * ((head_dim - 2 * half) / 8) + num_kv_heads * head_dim / 8;
     const dim3 grid(static_cast<unsigned>((items + 127) / 128),
                     static_cast<unsigned>(std::min<int64_t>(num_tokens, 65535)));
-    RopeQkWriteKvVecKernel<<<grid, 128, 0, stream>>>(
-        qkv, num_tokens, token_stride, static_cast<int>(num_heads),
-        static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
-        table.inv_freq.data(), static_cast<int>(half), table.attention_scaling, slot_mapping,
-        k_cache, v_cache);
+    (void)cuda_detail::LaunchKernelMaybePdl(
+        &RopeQkWriteKvVecKernel, grid, dim3(128), 0, stream, DecodePdl(), qkv, num_tokens,
+        token_stride, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
+        static_cast<int>(head_dim), positions, table.inv_freq.data(), static_cast<int>(half),
+        table.attention_scaling, slot_mapping, k_cache, v_cache);
     return CudaLaunchStatus("RopeQkWriteKvCuda launch");
   }
   const int64_t heads_per_pass = std::clamp<int64_t>(kTargetThreads / half, 1, heads);
   // One pass per block: every head group gets its own block (grid.y is at most 65535).
   const int64_t groups = std::min<int64_t>((heads + heads_per_pass - 1) / heads_per_pass, 65535);
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(groups));
-  RopeQkWriteKvKernel<<<grid, static_cast<unsigned>(heads_per_pass * half), 0, stream>>>(
-      qkv, token_stride, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
-      static_cast<int>(head_dim), positions, table.inv_freq.data(), static_cast<int>(half),
-      static_cast<int>(heads_per_pass), table.attention_scaling, slot_mapping, k_cache, v_cache);
+  (void)cuda_detail::LaunchKernelMaybePdl(
+      &RopeQkWriteKvKernel, grid, dim3(static_cast<unsigned>(heads_per_pass * half)), 0, stream,
+      DecodePdl(), qkv, token_stride, static_cast<int>(num_heads),
+      static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
+      table.inv_freq.data(), static_cast<int>(half), static_cast<int>(heads_per_pass),
+      table.attention_scaling, slot_mapping, k_cache, v_cache);
   return CudaLaunchStatus("RopeQkWriteKvCuda launch");
 }
 
@@ -285,15 +300,11 @@ absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t to
   const int64_t heads_per_pass = std::clamp<int64_t>(kTargetThreads / half, 1, num_heads);
   const int threads = static_cast<int>(heads_per_pass * half);
   const unsigned grid = static_cast<unsigned>(num_tokens);
-  if (interleave) {
-    RopeKernel<true><<<grid, threads, 0, stream>>>(
-        x, num_heads, token_stride, head_stride, offset, positions, table.inv_freq.data(),
-        static_cast<int>(half), static_cast<int>(heads_per_pass), table.attention_scaling);
-  } else {
-    RopeKernel<false><<<grid, threads, 0, stream>>>(
-        x, num_heads, token_stride, head_stride, offset, positions, table.inv_freq.data(),
-        static_cast<int>(half), static_cast<int>(heads_per_pass), table.attention_scaling);
-  }
+  (void)cuda_detail::LaunchKernelMaybePdl(
+      interleave ? &RopeKernel<true> : &RopeKernel<false>, dim3(grid), dim3(threads), 0, stream,
+      DecodePdl(), x, num_heads, token_stride, head_stride, offset, positions,
+      table.inv_freq.data(), static_cast<int>(half), static_cast<int>(heads_per_pass),
+      table.attention_scaling);
   return CudaLaunchStatus("RopeCuda launch");
 }
 

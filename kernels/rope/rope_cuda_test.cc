@@ -184,6 +184,68 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
   }
 }
 
+// RopeQkWriteKvCuda and RopeCuda as a chain of programmatic dependents
+// (kernels::SetDecodePdl): each rotates the qkv rows the one before rotated, in place, and the
+// RoPE + KV launches rewrite the same cache slots; the bits equal plain launches, eagerly and
+// from a CUDA graph, for a decode step (1 token, the per-pair kernel) and a 20-token step
+// (the 16-byte kernel).
+TEST(RopeCudaTest, DecodePdlChainMatchesPlainLaunches) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
+  auto rng = cuda_test::Rng();
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const cudaStream_t st = stream->get();
+  auto table = MakeRopeTable(Llama3Params());
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto d_table = UploadRopeTable(*table);
+  ASSERT_TRUE(d_table.ok()) << d_table.status();
+  constexpr int64_t kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+  constexpr int64_t kStride = (kHeads + 2 * kKvHeads) * kHeadDim, kKvDim = kKvHeads * kHeadDim;
+  for (const int64_t tokens : {1, 20}) {
+    const auto x = RandomBf16(static_cast<size_t>(tokens * kStride), rng, -2.0f, 2.0f);
+    std::vector<int32_t> positions(static_cast<size_t>(tokens));
+    std::vector<int64_t> slots(static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+      positions[t] = static_cast<int32_t>((t * 977 + 13) % 8192);
+      slots[t] = tokens - 1 - t;
+    }
+    auto d_pos = Upload(positions);
+    auto d_slots = Upload(slots);
+    auto run = [&](bool pdl, bool graph) {
+      cuda_test::PdlSetting setting(pdl);
+      auto d_x = Upload(x);
+      auto k_cache = cuda_test::NanBuffer(static_cast<size_t>(tokens * kKvDim));
+      auto v_cache = cuda_test::NanBuffer(static_cast<size_t>(tokens * kKvDim));
+      cuda_test::RunOnStream(st, graph, [&]() -> absl::Status {
+        absl::Status s;
+        for (int i = 0; s.ok() && i < 3; ++i) {
+          s = RopeQkWriteKvCuda(d_x.data(), tokens, kStride, kHeads, kKvHeads, kHeadDim,
+                                d_pos.data(), *d_table, d_slots.data(), k_cache.data(),
+                                v_cache.data(), st);
+          if (s.ok()) {
+            s = RopeCuda(d_x.data(), tokens, kHeads, kStride, kHeadDim, 0, d_pos.data(), *d_table,
+                         false, st);
+          }
+        }
+        return s;
+      });
+      std::vector<float> out = Download(d_x);
+      for (const auto* c : {&k_cache, &v_cache}) {
+        const std::vector<float> v = Download(*c);
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      return out;
+    };
+    const std::vector<float> want = run(false, false);
+    for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "reference not finite";
+    for (const bool graph : {false, true}) {
+      EXPECT_EQ(cuda_test::FirstBitMismatch(run(true, graph), want), -1)
+          << "tokens " << tokens << (graph ? " graph" : " eager");
+    }
+  }
+}
+
 TEST(RopeCudaTest, RejectsBadArguments) {
   SLUICE_SKIP_WITHOUT_CUDA();
   RopeTable big;
