@@ -47,7 +47,9 @@
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
 // shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
-// gate/up in its launch; default: the library's), for A/B runs.
+// gate/up in its launch, 5 pipelined persistent expert kernels, 6 also a programmatic gate/up
+// launch, 7 also the shared gate/up at the head of the experts' gate/up launch, before its
+// routing wait (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.

@@ -669,12 +669,17 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     // first into tmp, then routing + sort in one launch, and the routed experts with the shared
     // output added in their combine (no separate moe_add). Variant 3 computes the shared
     // experts inside the routed experts' two launches instead (MoeSharedExpert); variant 4
-    // routes over many blocks and computes the shared gate/up in the routing launch.
+    // routes over many blocks and computes the shared gate/up in the routing launch; variant 7
+    // moves it back to the head of the experts' gate/up launch (before its routing wait).
     const bool fold_shared = shared && variant >= 3;
     const bool multi_block = variant >= 4;
+    // Variant 7: the shared gate/up heads the experts' gate/up launch instead of riding in the
+    // routing launch (MoeFusedExpertsCuda computes it before waiting for the routing; the
+    // routing launch only prefetches its weights).
     if (shared && !fold_shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
     const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
-                                                 L.mlp_inter, act.data(), multi_block};
+                                                 L.mlp_inter, act.data(),
+                                                 multi_block && variant < 7};
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
         normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
         topk_weights.data(), ws, st,

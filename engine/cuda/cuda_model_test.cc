@@ -399,6 +399,59 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
       ExpectSameBits("merged prologue + absorb q_lat, " + tag, ct::Download(q_lat_m),
                      ct::Download(q_lat));
     }
+    // kernels::SetDecodePdl(true): every launch a programmatic dependent of the one before,
+    // reading what it wrote (the queries and latent inputs staged through CopyHeadsCuda, also
+    // a dependent launch): the separate and the merged launches give the serial bits again.
+    if (kernels::PdlSupported()) {
+      const bool saved_pdl = kernels::DecodePdl();
+      kernels::SetDecodePdl(true);
+      for (bool merged : {false, true}) {
+        auto q2 = ct::NanBuffer(T * q_w);
+        auto kv2 = ct::NanBuffer(T * kv_w);
+        auto cache_p = ct::NanBuffer(3 * latent_w);
+        auto q_lat_p = ct::NanBuffer(T * lat_stride);
+        ASSERT_TRUE(stream->Synchronize().ok());
+        ASSERT_TRUE(CopyHeadsCuda(d_q.data(), {q_w, 0}, q2.data(), {q_w, 0}, T, 1, q_w, st).ok());
+        ASSERT_TRUE(
+            CopyHeadsCuda(d_kv.data(), {kv_w, 0}, kv2.data(), {kv_w, 0}, T, 1, kv_w, st).ok());
+        MlaPrologueArgs pp = pa;
+        pp.kv = kv2.data();
+        pp.q_pe = q2.data() + dn;
+        pp.q_out = q_lat_p.data() + R;
+        pp.cache = cache_p.data();
+        if (merged) {
+          ASSERT_TRUE(MlaPrologueAbsorbCuda(pp, q2.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
+                                            q_lat_p.data(), lat_stride, latent_w, T, heads, dn,
+                                            R, st)
+                          .ok());
+        } else {
+          ASSERT_TRUE(MlaPrologueCuda(pp, T, st).ok());
+          ASSERT_TRUE(MlaAbsorbQueryCuda(q2.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
+                                         q_lat_p.data(), lat_stride, latent_w, T, heads, dn, R,
+                                         st)
+                          .ok());
+        }
+        ASSERT_TRUE(stream->Synchronize().ok());
+        const std::string ptag = std::string(merged ? "pdl merged, " : "pdl separate, ") + tag;
+        ExpectSameBits(ptag + " cache", ct::Download(cache_p), got_cache);
+        ExpectSameBits(ptag + " q_lat", ct::Download(q_lat_p), ct::Download(q_lat));
+      }
+      // AddInPlaceCuda as a dependent of the copy that wrote its x: the serial launch's bits.
+      auto y_serial = ct::Upload(ct::RandomBf16(T * q_w, rng, -2.0f, 2.0f));
+      auto y_pdl = ct::NanBuffer(T * q_w);
+      auto x2 = ct::NanBuffer(T * q_w);
+      ASSERT_TRUE(stream->Synchronize().ok());
+      ASSERT_TRUE(CopyHeadsCuda(y_serial.data(), {q_w, 0}, y_pdl.data(), {q_w, 0}, T, 1, q_w, st)
+                      .ok());
+      ASSERT_TRUE(CopyHeadsCuda(d_q.data(), {q_w, 0}, x2.data(), {q_w, 0}, T, 1, q_w, st).ok());
+      ASSERT_TRUE(AddInPlaceCuda(y_pdl.data(), x2.data(), T * q_w, st).ok());
+      ASSERT_TRUE(stream->Synchronize().ok());
+      kernels::SetDecodePdl(false);
+      ASSERT_TRUE(AddInPlaceCuda(y_serial.data(), d_q.data(), T * q_w, st).ok());
+      ASSERT_TRUE(stream->Synchronize().ok());
+      ExpectSameBits("pdl add in place, " + tag, ct::Download(y_pdl), ct::Download(y_serial));
+      kernels::SetDecodePdl(saved_pdl);
+    }
   }
 }
 

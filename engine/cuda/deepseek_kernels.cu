@@ -5,14 +5,29 @@
 
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace sluice::cuda_runner {
 namespace {
 
 constexpr int kThreads = 256;
 
+using kernels::cuda_detail::GridDependencyWait;
+using kernels::cuda_detail::LaunchDependents;
+using kernels::cuda_detail::LaunchKernelMaybePdl;
+
+// pdl (kernels::DecodePdl()): launched as a programmatic dependent of the kernel before it
+// (kernels/cuda/pdl.cuh): wait for it before the first read, then let the next kernel launch.
+__device__ __forceinline__ void PdlEnter(bool pdl) {
+  if (pdl) {
+    GridDependencyWait();
+    LaunchDependents();
+  }
+}
+
 __global__ void CopyHeadsKernel(const bf16* src, HeadSpans s, bf16* dst, HeadSpans d,
-                                int64_t num_heads, int64_t width, int64_t total) {
+                                int64_t num_heads, int64_t width, int64_t total, bool pdl) {
+  PdlEnter(pdl);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e % width;
@@ -24,7 +39,8 @@ __global__ void CopyHeadsKernel(const bf16* src, HeadSpans s, bf16* dst, HeadSpa
   }
 }
 
-__global__ void AddInPlaceKernel(bf16* y, const bf16* x, int64_t n) {
+__global__ void AddInPlaceKernel(bf16* y, const bf16* x, int64_t n, bool pdl) {
+  PdlEnter(pdl);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
@@ -82,7 +98,9 @@ __device__ __forceinline__ void PrologueToken(const MlaPrologueArgs& a, int64_t 
 }
 
 // One block per token.
-__global__ void __launch_bounds__(kPrologueThreads) MlaPrologueKernel(MlaPrologueArgs a) {
+__global__ void __launch_bounds__(kPrologueThreads)
+    MlaPrologueKernel(MlaPrologueArgs a, bool pdl) {
+  PdlEnter(pdl);
   PrologueToken(a, blockIdx.x);
 }
 
@@ -90,6 +108,9 @@ constexpr int kAbsorbThreads = 256;
 constexpr int kAbsorbColVecs = 16;                            // 8-column vectors per block
 constexpr int kAbsorbDGroups = kAbsorbThreads / kAbsorbColVecs;  // d rows summed in parallel
 constexpr int kAbsorbCols = kAbsorbColVecs * 8;
+// Weight vectors per thread loaded before GridDependencyWait under kPdl: all of them for
+// dn <= kAbsorbPreloads · kAbsorbDGroups (128: DeepSeek-V2/V3's qk_nope_head_dim), 32 registers.
+constexpr int kAbsorbPreloads = 8;
 
 struct AbsorbArgs {
   const bf16* q;
@@ -104,7 +125,10 @@ struct AbsorbArgs {
 // Block (h, column block cb): thread (dg, cv) accumulates rows d ≡ dg (mod kAbsorbDGroups) of
 // its 8 columns for every token (kRows >= num_tokens); the kAbsorbDGroups partial sums per
 // column are then added in dg order through shared memory, one token at a time.
-template <int kRows>
+// kPdl (a programmatic dependent launch): the thread's first kAbsorbPreloads weight vectors
+// (W_UK: no kernel of the step writes it) are loaded before GridDependencyWait, so they are in
+// flight while the kernel before still runs; the same rows in the same order, so the same sums.
+template <int kRows, bool kPdl>
 __device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) {
   __shared__ float red[kAbsorbDGroups][kAbsorbCols];
   const int cv = threadIdx.x % kAbsorbColVecs;
@@ -118,19 +142,47 @@ __device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) 
 #pragma unroll
     for (int u = 0; u < 8; ++u) acc[t][u] = 0.0f;
   }
-  if (col < a.r) {
-#pragma unroll 8
-    for (int d = dg; d < a.dn; d += kAbsorbDGroups) {
-      float wf[8];
-      kernels::cuda_detail::LoadBf16x8(w + static_cast<int64_t>(d) * a.r, wf);
+  // acc[t] += q[t, d] · w[d, col .. col + 8) for every token.
+  auto fma_row = [&](int d, const float(&wf)[8]) {
 #pragma unroll
-      for (int t = 0; t < kRows; ++t) {
-        if (t < a.num_tokens) {
-          const float qv = __bfloat162float(q[t * a.q_token_stride + d]);
+    for (int t = 0; t < kRows; ++t) {
+      if (t < a.num_tokens) {
+        const float qv = __bfloat162float(q[t * a.q_token_stride + d]);
 #pragma unroll
-          for (int u = 0; u < 8; ++u) acc[t][u] = fmaf(qv, wf[u], acc[t][u]);
+        for (int u = 0; u < 8; ++u) acc[t][u] = fmaf(qv, wf[u], acc[t][u]);
+      }
+    }
+  };
+  int d0 = dg;  // this thread's first row not yet summed
+  if constexpr (kPdl) {
+    kernels::cuda_detail::Bf16x8 pre[kAbsorbPreloads];
+    if (col < a.r) {
+#pragma unroll
+      for (int i = 0; i < kAbsorbPreloads; ++i) {
+        const int d = dg + i * kAbsorbDGroups;
+        if (d < a.dn) pre[i] = kernels::cuda_detail::LoadVec(w + static_cast<int64_t>(d) * a.r);
+      }
+    }
+    GridDependencyWait();  // q comes from the kernel before; out may still be read by others
+    if (col < a.r) {
+#pragma unroll
+      for (int i = 0; i < kAbsorbPreloads; ++i) {
+        const int d = dg + i * kAbsorbDGroups;
+        if (d < a.dn) {
+          float wf[8];
+          kernels::cuda_detail::ToFloat8(pre[i], wf);
+          fma_row(d, wf);
         }
       }
+    }
+    d0 = dg + kAbsorbPreloads * kAbsorbDGroups;
+  }
+  if (col < a.r) {
+#pragma unroll 8
+    for (int d = d0; d < a.dn; d += kAbsorbDGroups) {
+      float wf[8];
+      kernels::cuda_detail::LoadBf16x8(w + static_cast<int64_t>(d) * a.r, wf);
+      fma_row(d, wf);
     }
   }
 #pragma unroll
@@ -149,10 +201,11 @@ __device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) 
   }
 }
 
-// Grid (heads, column blocks).
-template <int kRows>
+// Grid (heads, column blocks). kPdl: a programmatic dependent launch (AbsorbBlock waits).
+template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads) MlaAbsorbQueryKernel(AbsorbArgs a) {
-  AbsorbBlock<kRows>(a, blockIdx.x, blockIdx.y);
+  if constexpr (kPdl) LaunchDependents();
+  AbsorbBlock<kRows, kPdl>(a, blockIdx.x, blockIdx.y);
 }
 
 static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both");
@@ -160,7 +213,9 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // MlaPrologueAbsorbCuda's grid: blocks [0, num_tokens) run token blockIdx.x's prologue, the
 // rest the absorbed-query GEMV's blocks in (head, column block) order. The branch is
 // block-uniform, so each side's barriers see its whole block; the two write disjoint spans.
-template <int kRows>
+// kPdl (kernels::DecodePdl()): itself a programmatic dependent of the fused input projection:
+// the prologue blocks wait before anything, the GEMV blocks after loading their weights.
+template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads)
     MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks) {
   // The decode attention kernel after this one, when launched as a programmatic dependent
@@ -169,11 +224,36 @@ __global__ void __launch_bounds__(kAbsorbThreads)
   kernels::attention_detail::LaunchDependents();
   const int b = static_cast<int>(blockIdx.x);
   if (b < a.num_tokens) {
+    if constexpr (kPdl) GridDependencyWait();
     PrologueToken(p, b);
   } else {
     const int g = b - a.num_tokens;
-    AbsorbBlock<kRows>(a, g / col_blocks, g % col_blocks);
+    AbsorbBlock<kRows, kPdl>(a, g / col_blocks, g % col_blocks);
   }
+}
+
+// The kernel instances for num_tokens rows (1, 2, <= 4, <= 8) and a programmatic launch or not.
+using AbsorbQueryFn = void (*)(AbsorbArgs);
+template <int kRows>
+AbsorbQueryFn AbsorbQueryFor(bool pdl) {
+  return pdl ? &MlaAbsorbQueryKernel<kRows, true> : &MlaAbsorbQueryKernel<kRows, false>;
+}
+AbsorbQueryFn PickAbsorbQuery(int64_t num_tokens, bool pdl) {
+  return num_tokens == 1   ? AbsorbQueryFor<1>(pdl)
+         : num_tokens == 2 ? AbsorbQueryFor<2>(pdl)
+         : num_tokens <= 4 ? AbsorbQueryFor<4>(pdl)
+                           : AbsorbQueryFor<8>(pdl);
+}
+using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int);
+template <int kRows>
+PrologueAbsorbFn PrologueAbsorbFor(bool pdl) {
+  return pdl ? &MlaPrologueAbsorbKernel<kRows, true> : &MlaPrologueAbsorbKernel<kRows, false>;
+}
+PrologueAbsorbFn PickPrologueAbsorb(int64_t num_tokens, bool pdl) {
+  return num_tokens == 1   ? PrologueAbsorbFor<1>(pdl)
+         : num_tokens == 2 ? PrologueAbsorbFor<2>(pdl)
+         : num_tokens <= 4 ? PrologueAbsorbFor<4>(pdl)
+                           : PrologueAbsorbFor<8>(pdl);
 }
 
 int Blocks(int64_t total) {
@@ -190,15 +270,18 @@ absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, Head
   }
   const int64_t total = num_tokens * num_heads * width;
   if (total == 0) return absl::OkStatus();
-  CopyHeadsKernel<<<Blocks(total), kThreads, 0, stream>>>(src, src_spans, dst, dst_spans,
-                                                          num_heads, width, total);
+  const bool pdl = kernels::DecodePdl();
+  (void)LaunchKernelMaybePdl(&CopyHeadsKernel, dim3(Blocks(total)), dim3(kThreads), 0, stream,
+                             pdl, src, src_spans, dst, dst_spans, num_heads, width, total, pdl);
   return kernels::CudaLaunchStatus("CopyHeadsKernel");
 }
 
 absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
   if (n < 0) return absl::InvalidArgumentError("AddInPlaceCuda: n < 0");
   if (n == 0) return absl::OkStatus();
-  AddInPlaceKernel<<<Blocks(n), kThreads, 0, stream>>>(y, x, n);
+  const bool pdl = kernels::DecodePdl();
+  (void)LaunchKernelMaybePdl(&AddInPlaceKernel, dim3(Blocks(n)), dim3(kThreads), 0, stream, pdl,
+                             y, x, n, pdl);
   return kernels::CudaLaunchStatus("AddInPlaceKernel");
 }
 
@@ -246,7 +329,9 @@ absl::Status CheckAbsorb(const bf16* q, int64_t q_token_stride, int64_t q_head_s
 
 absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
   if (absl::Status s = CheckPrologue(args, num_tokens); !s.ok() || num_tokens == 0) return s;
-  MlaPrologueKernel<<<static_cast<unsigned>(num_tokens), kPrologueThreads, 0, stream>>>(args);
+  const bool pdl = kernels::DecodePdl();
+  (void)LaunchKernelMaybePdl(&MlaPrologueKernel, dim3(static_cast<unsigned>(num_tokens)),
+                             dim3(kPrologueThreads), 0, stream, pdl, args, pdl);
   return kernels::CudaLaunchStatus("MlaPrologueKernel");
 }
 
@@ -263,15 +348,9 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
   }
   const dim3 grid(static_cast<unsigned>(heads),
                   static_cast<unsigned>((R + kAbsorbCols - 1) / kAbsorbCols));
-  if (num_tokens == 1) {
-    MlaAbsorbQueryKernel<1><<<grid, kAbsorbThreads, 0, stream>>>(a);
-  } else if (num_tokens == 2) {
-    MlaAbsorbQueryKernel<2><<<grid, kAbsorbThreads, 0, stream>>>(a);
-  } else if (num_tokens <= 4) {
-    MlaAbsorbQueryKernel<4><<<grid, kAbsorbThreads, 0, stream>>>(a);
-  } else {
-    MlaAbsorbQueryKernel<8><<<grid, kAbsorbThreads, 0, stream>>>(a);
-  }
+  const bool pdl = kernels::DecodePdl();
+  (void)LaunchKernelMaybePdl(PickAbsorbQuery(num_tokens, pdl), grid, dim3(kAbsorbThreads), 0,
+                             stream, pdl, a);
   return kernels::CudaLaunchStatus("MlaAbsorbQueryKernel");
 }
 
@@ -293,15 +372,9 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   }
   const unsigned grid = static_cast<unsigned>(num_tokens + heads * col_blocks);
   const int cb = static_cast<int>(col_blocks);
-  if (num_tokens == 1) {
-    MlaPrologueAbsorbKernel<1><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
-  } else if (num_tokens == 2) {
-    MlaPrologueAbsorbKernel<2><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
-  } else if (num_tokens <= 4) {
-    MlaPrologueAbsorbKernel<4><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
-  } else {
-    MlaPrologueAbsorbKernel<8><<<grid, kAbsorbThreads, 0, stream>>>(prologue, a, cb);
-  }
+  const bool pdl = kernels::DecodePdl();
+  (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, pdl), dim3(grid),
+                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb);
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 

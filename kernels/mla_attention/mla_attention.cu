@@ -1018,20 +1018,50 @@ struct VUpArgs {
   bool w_vec;  // w, w_head_stride and rank allow 16-byte weight loads
 };
 
+// kEarly (kernels::DecodePdl()): the block's W_UV vectors (w_vec; no kernel of the step writes
+// them) are loaded into registers before GridDependencyWait, in flight while the attention
+// kernel finishes, and once past the wait the kernel lets its own dependent (o_proj) launch.
+// The same values in the same order: the same outputs.
+template <bool kEarly>
 __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs a) {
   __shared__ float o_s[kMaxRank];
   __shared__ float weight[attention_detail::kMaxSplitsDevice];
   __shared__ float shared_inv;
+  constexpr int kWarps = kVUpThreads / 32;
+  static_assert(kVUpRows == 2 * kWarps, "two rows per warp");
+  constexpr int kChunks = kMaxRank / 8 / 32;
+  const int h = static_cast<int>(blockIdx.z) / a.slices;
+  const int slice = static_cast<int>(blockIdx.z) % a.slices;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int j0 = slice * kVUpRows + warp;
+  const bf16* w_head = a.w + static_cast<int64_t>(h) * a.w_head_stride;
+  // Lane l: 8-channel chunks l and l + 32 of rows j0 and j0 + kWarps (zeros past dv / rank).
+  auto load_w = [&](cuda_detail::Bf16x8 (&wv)[2][kChunks]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int k = 0; k < kChunks; ++k) {
+        const int j = j0 + r * kWarps, chunk = lane + 32 * k;
+        if (j < a.dv && chunk * 8 < a.rank) {
+          wv[r][k] = cuda_detail::LoadVec(w_head + static_cast<int64_t>(j) * a.rank + chunk * 8);
+        } else {
+          wv[r][k] = cuda_detail::Bf16x8{};
+        }
+      }
+    }
+  };
+  cuda_detail::Bf16x8 early_w[2][kChunks];
+  if constexpr (kEarly) {
+    if (a.w_vec) load_w(early_w);
+  }
   attention_detail::GridDependencyWait();  // the partials come from the kernel just before
+  if constexpr (kEarly) attention_detail::LaunchDependents();
   const int seq = blockIdx.y;
   const int q_begin = a.query_start_loc[seq];
   const int q_len = a.query_start_loc[seq + 1] - q_begin;
   if (static_cast<int>(blockIdx.x) >= q_len) return;  // uniform
-  const int h = static_cast<int>(blockIdx.z) / a.slices;
-  const int slice = static_cast<int>(blockIdx.z) % a.slices;
   const int token = q_begin + static_cast<int>(blockIdx.x);
   const int64_t row = static_cast<int64_t>(token) * a.num_heads + h;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (a.num_splits > 1) {
     const int64_t split_stride = static_cast<int64_t>(a.num_tokens) * a.num_heads;
     if (warp == 0) {  // weights: empty partitions (sum 0, max −inf) weigh 0
@@ -1080,30 +1110,27 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
     }
   }
   __syncthreads();  // o_s complete
-  const bf16* w_head = a.w + static_cast<int64_t>(h) * a.w_head_stride;
   bf16* out = a.out + static_cast<int64_t>(token) * a.out_token_stride +
               static_cast<int64_t>(h) * a.dv;
   // Warp w: rows j0 + w and j0 + w + 8 of the slice.
-  constexpr int kWarps = kVUpThreads / 32;
-  static_assert(kVUpRows == 2 * kWarps, "two rows per warp");
-  const int j0 = slice * kVUpRows + warp;
   if (a.w_vec) {
     // Lane l: 8-channel chunks l and l + 32 of both rows (rank ≤ 512), all four 16-byte loads
-    // issued before the first FMA.
-    constexpr int kChunks = kMaxRank / 8 / 32;
+    // issued before the first FMA (kEarly: before the wait).
+    cuda_detail::Bf16x8 wv[2][kChunks];
+    if constexpr (kEarly) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int k = 0; k < kChunks; ++k) wv[r][k] = early_w[r][k];
+      }
+    } else {
+      load_w(wv);
+    }
     float wf[2][kChunks][8];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
-      for (int k = 0; k < kChunks; ++k) {
-        const int j = j0 + r * kWarps, chunk = lane + 32 * k;
-        if (j < a.dv && chunk * 8 < a.rank) {
-          cuda_detail::LoadBf16x8(w_head + static_cast<int64_t>(j) * a.rank + chunk * 8, wf[r][k]);
-        } else {
-#pragma unroll
-          for (int u = 0; u < 8; ++u) wf[r][k][u] = 0.0f;
-        }
-      }
+      for (int k = 0; k < kChunks; ++k) cuda_detail::ToFloat8(wv[r][k], wf[r][k]);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1410,7 +1437,9 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
-    const bool pdl = MlaDecodePdl();
+    // kernels::DecodePdl(): a programmatic dependent at every fusion level (the kernel waits
+    // before its first read).
+    const bool pdl = MlaDecodePdl() || DecodePdl();
     SLUICE_CUDA_RETURN_IF_ERROR(attention_detail::LaunchKernelMaybePdl(
                                     kernel, grid, dim3(kTcThreads), smem, stream, pdl, args),
                                 "MlaLatentAttentionCuda: decode launch");
@@ -1521,9 +1550,11 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
+  const bool early = DecodePdl();
   SLUICE_CUDA_RETURN_IF_ERROR(
-      attention_detail::LaunchKernelMaybePdl(&MlaCombineVUpKernel, grid, dim3(kVUpThreads), 0,
-                                             stream, MlaDecodePdl(), a),
+      attention_detail::LaunchKernelMaybePdl(
+          early ? &MlaCombineVUpKernel<true> : &MlaCombineVUpKernel<false>, grid,
+          dim3(kVUpThreads), 0, stream, MlaDecodePdl() || early, a),
       "MlaLatentAttentionVUpCuda: launch");
   return CudaLaunchStatus("MlaLatentAttentionVUpCuda combine + W_UV");
 }

@@ -239,6 +239,33 @@ TEST(MlaLatentAttentionCudaTest, DecodeKernels) {
   ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(default_kernel).ok());
 }
 
+// kernels::SetDecodePdl(true): the decode kernel a programmatic dependent at every fusion
+// level, and the combine + W_UV kernel loading its weights before its wait and letting its own
+// dependent launch early (MlaCombineVUpKernel<true>): the same checks against the CPU reference.
+TEST(MlaLatentAttentionCudaTest, DecodePdl) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
+  auto rng = cuda_test::Rng();
+  const bool saved_pdl = DecodePdl();
+  const int saved_fusion = MlaDecodeFusion();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  std::vector<Seq> b64;
+  for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
+  SetDecodePdl(true);
+  for (const int fusion : {2, 3}) {
+    ASSERT_TRUE(SetMlaDecodeFusion(fusion).ok());
+    const std::string tag = "decode pdl, fusion " + std::to_string(fusion) + " ";
+    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
+    RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
+    RunCase(tag + "b64 mixed", d, 16, b64, rng);
+    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}}, rng);
+    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
+    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
+  }
+  SetDecodePdl(saved_pdl);
+  ASSERT_TRUE(SetMlaDecodeFusion(saved_fusion).ok());
+}
+
 // Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached
 // prefix (split across CTAs; causal rows inside a tile), mixed with a decode sequence, and
 // enough query tiles (≥ 2 per SM on an H200) that nothing splits.

@@ -166,12 +166,17 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // of the down launch keeps the next chunk of weight loads in flight while it reduces the
 // current one (same results as 4 bit for bit), 6 as 5 with the experts' gate/up launch a
 // programmatic dependent of the routing launch on sm_90+ (launched while the routing runs; it
-// waits for the routing's completion before it reads anything; same bits; the default).
+// waits for the routing's completion before it reads anything; same bits; the default), 7 as 6
+// with the shared experts' gate/up moved from the routing launch to the head of the experts'
+// gate/up launch, computed before that launch waits for the routing (it reads only x and the
+// shared weights, final once the routing launch has started: see MoePipedGateUpKernel), so
+// each warp streams the shared columns and then its routed columns with no launch boundary
+// between them; the routing launch is then only its ⌈E/8⌉ routing blocks (same bits as 6).
 // Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886,
 // 3 2.743 (bench/results/cuda_dsv2lite_h200.json); with the MLA decode fusion 3: 4 2.461,
 // 5 2.411-2.425, 6 2.396-2.408.
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
-// capturing graphs. InvalidArgument outside 0..6. MoeDecodeVariant returns the setting.
+// capturing graphs. InvalidArgument outside 0..7. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 
@@ -217,7 +222,9 @@ enum class MoeFusedRouteMode {
 //     launch), so launches on one workspace must be stream-ordered (as its sort data requires).
 //   shared: kMultiBlock only (InvalidArgument with kSingleBlock): also writes shared->act =
 //     bf16(silu(gate(x)) ⊙ up(x)) for the shared expert (the values MoeFusedExpertsCuda would
-//     compute); pass it to MoeFusedExpertsCuda with act_ready = true.
+//     compute); pass it to MoeFusedExpertsCuda with act_ready = true. Under decode variant 7
+//     (SetMoeDecodeVariant) the launch only asks L2 for the shared gate/up weights (with
+//     DecodePdl, before its wait) and leaves act alone: pass act_ready = false then.
 // Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
 // rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
 // is too small, a shared expert with bad sizes or pointers; Internal for launch errors.

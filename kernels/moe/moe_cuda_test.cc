@@ -561,7 +561,9 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
   const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
-  experts_shared.act_ready = route_shared;
+  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
+  // computes the activations.
+  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
   for (int call = 0; call < calls; ++call) {
     EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
@@ -729,7 +731,8 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
                                                     {MoeFusedRouteMode::kMultiBlock, 4},
                                                     {MoeFusedRouteMode::kMultiBlock, 5},
-                                                    {MoeFusedRouteMode::kMultiBlock, 6}};
+                                                    {MoeFusedRouteMode::kMultiBlock, 6},
+                                                    {MoeFusedRouteMode::kMultiBlock, 7}};
   for (const auto& [mode, variant] : runs) {
     auto run = [&](bf16* out) {
       const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
@@ -829,7 +832,8 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
 // (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
 // multi-block runs are under variant 4 (programmatic dependent down launch), the others 3;
 // variants 5 and 6 (pipelined persistent kernels; + programmatic gate/up launch) repeat them
-// and must give variant 4's bits.
+// and must give variant 4's bits; so must variant 7 (the shared gate/up at the head of the
+// experts' gate/up launch, before its routing wait).
 TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -853,7 +857,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
         ExpectSameBits(tag + " vs single block", got, single);
         // Variants 5 (pipelined persistent gate/up and down) and 6 (+ gate/up launch a
         // programmatic dependent of the route launch): variant 4's bits.
-        for (int v : {5, 6}) {
+        for (int v : {5, 6, 7}) {
           const FusedRun got_v = UnderVariant(v, [&] {
             return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
           });
@@ -903,7 +907,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
         EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
         // Variants 5, 6: the shared gate/up in the route launch's persistent blocks, or (single
         // block route) in MoePipedGateUpKernel's shared tasks; the same bits either way.
-        for (int v : {5, 6}) {
+        for (int v : {5, 6, 7}) {
           const std::string vtag = absl::StrCat(tag, " shared variant ", v);
           const FusedRun got_sh_v = UnderVariant(
               v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
@@ -921,13 +925,125 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   }
 }
 
+// ---- kernels::SetDecodePdl: every fused-path launch a programmatic dependent of the one
+// before.
+
+// kLayers chained MoE "layers" on one stream, no host or memset node between them: layer l
+// routes and runs the experts on x_l (x_0 = c's tokens) into x_{l+1} (the shared expert folded
+// when `shared`; act scratch shared by the layers, as the runner's). So each layer's route
+// launch reads what the previous layer's down launch wrote, and overwrites the sort, logits and
+// shared activations that launch read: under PDL the waits must order them. Returns the last
+// layer's output; direct calls, or (graph) a capture replayed twice.
+constexpr int kPdlLayers = 3;
+std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c,
+                            int64_t t, const MoeSharedExpert* shared, MoeFusedRouteMode mode,
+                            cudaStream_t stream, bool graph) {
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  std::vector<DeviceBuffer<bf16>> xs;
+  for (int l = 0; l < kPdlLayers; ++l) xs.push_back(NanBuffer(static_cast<size_t>(t * cfg.hidden)));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
+  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
+  // computes the activations.
+  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
+  auto run = [&] {
+    const bf16* x = c.d_x.data();
+    for (int l = 0; l < kPdlLayers; ++l) {
+      EXPECT_TRUE(MoeFusedRouteCuda(x, c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
+                                    cfg.routing, d_ids.data(), d_w.data(), ws, stream, mode,
+                                    route_shared ? shared : nullptr)
+                      .ok());
+      EXPECT_TRUE(MoeFusedExpertsCuda(x, d_w.data(), t, cfg.hidden, cfg.intermediate, k, e,
+                                      w.d_gate_up.data(), w.d_down.data(), nullptr,
+                                      xs[l].data(), ws, stream,
+                                      shared != nullptr ? &experts_shared : nullptr)
+                      .ok());
+      x = xs[l].data();
+    }
+  };
+  if (!graph) {
+    run();
+  } else {
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    run();
+    EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  return cuda_test::Download(xs.back());
+}
+
+// Under SetDecodePdl(true) the chained fused path gives the bits of SetDecodePdl(false), for
+// the single-block route (variant 3) and the multi-block one (variants 4 to 7), with and
+// without a folded shared expert, directly and replayed from a graph (the serial launches
+// themselves are checked against the CPU references above).
+TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
+  auto rng = cuda_test::Rng();
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const bool saved_pdl = DecodePdl();
+  for (const MoeConfig& cfg : MultiBlockConfigs()) {
+    const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
+    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
+    const SharedWeights sw(h, si, rng);
+    for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
+      const FusedCase c(cfg, t, rng);
+      auto d_act = NanBuffer(static_cast<size_t>(t * si));
+      const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
+      const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
+                                                        {MoeFusedRouteMode::kMultiBlock, 4},
+                                                        {MoeFusedRouteMode::kMultiBlock, 5},
+                                                        {MoeFusedRouteMode::kMultiBlock, 6},
+                                                        {MoeFusedRouteMode::kMultiBlock, 7}};
+      for (const auto& [mode, variant] : runs) {
+        for (bool with_shared : {false, true}) {
+          const std::string tag =
+              absl::StrCat("moe decode pdl ", cfg.name, " T=", t, " variant ", variant,
+                           with_shared ? " shared" : "");
+          const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
+          const int saved = MoeDecodeVariant();
+          ASSERT_TRUE(SetMoeDecodeVariant(variant).ok());
+          SetDecodePdl(false);
+          const auto want = RunChain(cfg, w, c, t, sh, mode, stream->get(), false);
+          SetDecodePdl(true);
+          const auto got = RunChain(cfg, w, c, t, sh, mode, stream->get(), false);
+          const auto got_graph = RunChain(cfg, w, c, t, sh, mode, stream->get(), true);
+          SetDecodePdl(saved_pdl);
+          ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
+          int64_t nan = 0;
+          for (float v : want) nan += std::isnan(v) ? 1 : 0;
+          EXPECT_EQ(nan, 0) << tag;  // the chain wrote every output
+          const int64_t bad = CountBitDiffs(got, want);
+          const int64_t bad_graph = CountBitDiffs(got_graph, want);
+          std::printf("[cuda-check] %s: bad=%lld bad_graph=%lld\n", tag.c_str(),
+                      static_cast<long long>(bad), static_cast<long long>(bad_graph));
+          EXPECT_EQ(bad, 0) << tag;
+          EXPECT_EQ(bad_graph, 0) << tag;
+        }
+      }
+    }
+  }
+}
+
 // The variant setting and the fused path's bounds (host-side checks, no device needed).
 TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(7).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4, 5, 6}) {
+  EXPECT_EQ(SetMoeDecodeVariant(8).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4, 5, 6, 7}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_cuda_detail.cuh"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
@@ -728,10 +729,12 @@ __device__ __forceinline__ void RouteAndSort(float* smem, const RouteArgs& args,
 // counting sort of the ids (SortRows) into the workspace, all without leaving the SM. At
 // decode sizes the router matrix (E · hidden bf16, 256 KiB for V2-Lite) is read by one SM
 // with 16 × 2 × 8 16-byte loads per lane in flight; three small launches cost more.
+// pdl (kernels::DecodePdl()): a programmatic dependent launch; before GridDependencyWait the
+// warps only ask L2 for their router rows (no kernel of the step writes them).
 template <int kRows>
 __global__ void __launch_bounds__(kFusedRouteThreads)
     MoeFusedRouteKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate, int hidden,
-                        RouteArgs args, SortOut so) {
+                        RouteArgs args, SortOut so, bool pdl) {
   extern __shared__ float fused_smem[];
   const int num_tokens = args.num_tokens;
   const int e_count = args.num_experts;
@@ -739,6 +742,16 @@ __global__ void __launch_bounds__(kFusedRouteThreads)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   constexpr int kWarps = kFusedRouteThreads / 32;
+  if (pdl) {
+    // Lane l of warp w: row 2w + 2·kWarps·(l / 2) + l % 2, the warp's rows in the loop below.
+    const int e = 2 * warp + 2 * kWarps * (lane / 2) + lane % 2;
+    if (e < e_count) {
+      cuda_detail::PrefetchL2(w_gate + static_cast<int64_t>(e) * hidden,
+                              static_cast<uint32_t>(hidden) * sizeof(bf16));
+    }
+    attention_detail::GridDependencyWait();
+    attention_detail::LaunchDependents();
+  }
   const bf16* a[kRows];
 #pragma unroll
   for (int j = 0; j < kRows; ++j) {
@@ -775,12 +788,16 @@ struct SharedArgs {
 // with WarpDotChunked) and, in the grid rows from max_active on when `sh` has one, of the
 // shared expert for tokens 0..num_tokens-1 (x rows in token order; its columns continue row
 // after row, gridDim.x · kGemvWarps per row).
+// pdl (kernels::DecodePdl()): itself a programmatic dependent of the routing launch, so it
+// waits for the sort before anything, and only then lets the down kernel (which reads the sort
+// before its own wait) launch.
 template <int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     MoeFusedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
-                         SharedArgs sh, int num_tokens, int max_active) {
+                         SharedArgs sh, int num_tokens, int max_active, bool pdl) {
+  if (pdl) attention_detail::GridDependencyWait();
   // The down kernel, when launched as a programmatic dependent (decode variant 4), may get
   // resident from now on (it waits for this grid before reading act); a no-op otherwise.
   attention_detail::LaunchDependents();
@@ -851,12 +868,31 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
                                                   sink);
 }
 
+// shared_first (decode variant 7): the shared expert's columns (shared_cols of them) come first,
+// before GridDependencyWait: they read only x and the shared weights and write sh.act, and the
+// routing launch before this one is either a normal launch (then x's writer completed before
+// it started) or a programmatic one that lets this kernel launch only once past its own wait
+// (MoeFusedRouteMultiKernel with pdl): either way every kernel before the routing is complete,
+// x is final and no earlier kernel still reads sh.act. So the shared gate/up streams while the
+// routing finishes, and each warp goes on to its routed columns with no launch in between. The
+// same columns by the same code: the same bits as one PipedGateUp over both.
 template <int kRows>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2)
     MoePipedGateUpKernel(ARows x_rows, const bf16* __restrict__ w,
                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ active,
                          const int32_t* __restrict__ num_active, int n, bf16* __restrict__ c,
-                         SharedArgs sh, int num_tokens, int shared_cols) {
+                         SharedArgs sh, int num_tokens, int shared_cols, bool shared_first) {
+  const int first = static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int stride = static_cast<int>(gridDim.x) * kGemvWarps;
+  if (shared_first) {
+    PipedGateUp<kRows>(x_rows, nullptr, nullptr, nullptr, /*slots=*/0, n, c, sh, num_tokens,
+                       shared_cols, first, stride);
+    attention_detail::GridDependencyWait();
+    attention_detail::LaunchDependents();
+    PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens,
+                       /*shared_cols=*/0, first, stride);
+    return;
+  }
   // Decode variant 6 launches this kernel as a programmatic dependent of the routing kernel:
   // wait for its sort (and shared activations) first (a no-op for a normal launch). Only then
   // may the down launch (a programmatic dependent of this one) get resident, as for
@@ -865,8 +901,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2)
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
   PipedGateUp<kRows>(x_rows, w, offsets, active, *num_active, n, c, sh, num_tokens, shared_cols,
-                     static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
-                     static_cast<int>(gridDim.x) * kGemvWarps);
+                     first, stride);
 }
 
 // ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
@@ -916,22 +951,64 @@ __host__ __device__ __forceinline__ int RouteMultiBlocks(int num_experts) {
 
 // kPiped (decode variant 5): the shared-expert blocks are persistent (the host sizes them to
 // the SMs left over) and walk the shared columns with PipedGateUp (same values bit for bit).
+// pdl (kernels::DecodePdl()): the launch is itself a programmatic dependent of the kernel
+// before it (the post-attention norm that writes x): before GridDependencyWait each block only
+// asks L2 (cp.async.bulk.prefetch) for the weight rows it will stream — a routing warp its
+// router row, a shared-expert warp the gate and up rows of each of its columns — so they come
+// in while that kernel still runs; every read of x and every write comes after the wait.
 template <int kRows, bool kPiped>
 __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
     MoeFusedRouteMultiKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate,
                              int hidden, RouteArgs args, SortOut so, float* logits_g,
-                             unsigned int* ws_counter, int slot, SharedArgs sh) {
+                             unsigned int* ws_counter, int slot, SharedArgs sh, bool pdl) {
   extern __shared__ float fused_smem[];
   // Decode variant 6: MoePipedGateUpKernel, a programmatic dependent, may launch now; it waits
   // for this grid's completion before it reads anything (a no-op otherwise). Its blocks only
   // take SM slots that this grid's blocks leave (they are all resident by the time every block
   // has passed here).
-  if constexpr (kPiped) attention_detail::LaunchDependents();
+  // (Under pdl only once past GridDependencyWait below: a dependent launched then may read x,
+  // which the kernel before this one wrote, before its own wait — decode variant 7.)
+  if constexpr (kPiped) {
+    if (!pdl) attention_detail::LaunchDependents();
+  }
   const int num_tokens = args.num_tokens;
   const int e_count = args.num_experts;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int route_blocks = RouteMultiBlocks(e_count);
+  if (pdl) {
+    const uint32_t row_bytes = static_cast<uint32_t>(hidden) * sizeof(bf16);
+    if (static_cast<int>(blockIdx.x) < route_blocks) {
+      const int e = static_cast<int>(blockIdx.x) * kRouteMultiWarps + warp;
+      if (e < e_count && lane == 0) {
+        cuda_detail::PrefetchL2(w_gate + static_cast<int64_t>(e) * hidden, row_bytes);
+      }
+      // A shared expert but no shared blocks (decode variant 7: the experts' gate/up launch
+      // computes it): the routing lanes ask L2 for its 2·n gate/up rows, a row per lane in turn.
+      if (sh.w_gate_up != nullptr && static_cast<int>(gridDim.x) == route_blocks) {
+        const int lanes = route_blocks * kRouteMultiWarps * 32;
+        for (int r = static_cast<int>(blockIdx.x) * kRouteMultiWarps * 32 +
+                     static_cast<int>(threadIdx.x);
+             r < 2 * sh.n; r += lanes) {
+          cuda_detail::PrefetchL2(sh.w_gate_up + static_cast<int64_t>(r) * hidden, row_bytes);
+        }
+      }
+    } else {
+      // The warp's shared columns (below: first, first + stride, ... for kPiped, else one);
+      // lane l takes column number l / 2 of them, gate row (l even) or up row (l odd).
+      const int b = static_cast<int>(blockIdx.x) - route_blocks;
+      const int first = b * kRouteMultiWarps + warp;
+      const int stride =
+          kPiped ? (static_cast<int>(gridDim.x) - route_blocks) * kRouteMultiWarps : sh.n;
+      const int col = first + (lane / 2) * stride;
+      if (col < sh.n) {
+        cuda_detail::PrefetchL2(
+            sh.w_gate_up + (static_cast<int64_t>(lane % 2) * sh.n + col) * hidden, row_bytes);
+      }
+    }
+    attention_detail::GridDependencyWait();
+    attention_detail::LaunchDependents();
+  }
   if (static_cast<int>(blockIdx.x) >= route_blocks) {  // block-uniform: no barrier below
     if constexpr (kPiped) {
       const int first = (static_cast<int>(blockIdx.x) - route_blocks) * kRouteMultiWarps + warp;
@@ -1030,7 +1107,8 @@ __global__ void __launch_bounds__(kDownWarps * 32, kPiped ? 2 : 1)
                          const int32_t* __restrict__ num_active,
                          const int32_t* __restrict__ row_to_sorted,
                          const float* __restrict__ topk_weights, int num_tokens, int top_k, int n,
-                         int k, SharedArgs sh, const bf16* add, bf16* out, bool pdl) {
+                         int k, SharedArgs sh, const bf16* add, bf16* out, bool pdl,
+                         bool trigger) {
   __shared__ float val[kDownCols][kMoeFusedMaxRows];
   __shared__ float shared_val[kDownCols][kMoeFusedMaxTokens];
   const int warp = threadIdx.x >> 5;
@@ -1061,6 +1139,9 @@ __global__ void __launch_bounds__(kDownWarps * 32, kPiped ? 2 : 1)
       }
     }
     attention_detail::GridDependencyWait();
+    // trigger (kernels::DecodePdl()): the next layer's first kernel may launch now; it waits
+    // for this grid before it reads `out`.
+    if (trigger) attention_detail::LaunchDependents();
   }
   if constexpr (kPiped) {
     // Task → the column pair's two weight rows over the expert's sorted rows of act, or over
@@ -1172,7 +1253,7 @@ int PipedBlocks() {
 
 // The multi-block routing kernel for kRows rows per pass; piped: decode variant 5's.
 using RouteMultiFn = void (*)(const bf16*, const bf16*, int, RouteArgs, SortOut, float*,
-                              unsigned int*, int, SharedArgs);
+                              unsigned int*, int, SharedArgs, bool);
 template <int kRows>
 RouteMultiFn PickRouteMulti(bool piped) {
   return piped ? MoeFusedRouteMultiKernel<kRows, true> : MoeFusedRouteMultiKernel<kRows, false>;
@@ -1309,9 +1390,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 6) {
+  if (variant < 0 || variant > 7) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..6"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..7"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1375,7 +1456,10 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
     const bool piped = MoeDecodeVariant() >= 5;
     const int route_blocks = RouteMultiBlocks(static_cast<int>(params.num_experts));
     int shared_blocks = (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
-    if (piped && sh.n > 0) {
+    // Decode variant 7: no shared blocks (MoeFusedExpertsCuda computes the shared gate/up); the
+    // routing blocks only prefetch its weights (under DecodePdl).
+    if (MoeDecodeVariant() >= 7) shared_blocks = 0;
+    if (piped && shared_blocks > 0) {
       shared_blocks = std::max(1, std::min(shared_blocks, PipedBlocks() - route_blocks));
     }
     const dim3 grid(static_cast<unsigned>(route_blocks + shared_blocks));
@@ -1384,23 +1468,24 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
                                 : num_tokens == 2 ? PickRouteMulti<2>(piped)
                                 : num_tokens <= 4 ? PickRouteMulti<4>(piped)
                                                   : PickRouteMulti<kWarpDotRows>(piped);
-    kernel<<<grid, kThreads, smem, stream>>>(x, w_gate, h, args, so, logits, ws_counter, slot, sh);
+    // A memset node before the launch (no counter slot left) breaks the programmatic chain.
+    const bool pdl = DecodePdl() && slot >= 0;
+    (void)attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), smem, stream, pdl,
+                                                 x, w_gate, h, args, so, logits, ws_counter,
+                                                 slot, sh, pdl);
     return CudaLaunchStatus("MoeFusedRouteCuda launch");
   }
   if (shared != nullptr) {
     return absl::InvalidArgumentError(
         "MoeFusedRouteCuda: a shared expert needs MoeFusedRouteMode::kMultiBlock");
   }
-  if (num_tokens == 1) {
-    MoeFusedRouteKernel<1><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
-  } else if (num_tokens == 2) {
-    MoeFusedRouteKernel<2><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
-  } else if (num_tokens <= 4) {
-    MoeFusedRouteKernel<4><<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
-  } else {
-    MoeFusedRouteKernel<kWarpDotRows>
-        <<<1, kFusedRouteThreads, smem, stream>>>(x, w_gate, h, args, so);
-  }
+  const bool pdl = DecodePdl();
+  auto* const kernel = num_tokens == 1   ? &MoeFusedRouteKernel<1>
+                       : num_tokens == 2 ? &MoeFusedRouteKernel<2>
+                       : num_tokens <= 4 ? &MoeFusedRouteKernel<4>
+                                         : &MoeFusedRouteKernel<kWarpDotRows>;
+  (void)attention_detail::LaunchKernelMaybePdl(kernel, dim3(1), dim3(kFusedRouteThreads), smem,
+                                               stream, pdl, x, w_gate, h, args, so, pdl);
   return CudaLaunchStatus("MoeFusedRouteCuda launch");
 }
 
@@ -1420,11 +1505,14 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     const int64_t tasks = static_cast<int64_t>(max_active) * i + shared_cols;
     const unsigned blocks = static_cast<unsigned>(
         std::min<int64_t>((tasks + kGemvWarps - 1) / kGemvWarps, PipedBlocks()));
-    // Decode variant 6: a programmatic dependent of the routing launch before it.
+    // Decode variant 6 (or kernels::DecodePdl()): a programmatic dependent of the routing
+    // launch before it.
+    // Decode variant 7: the shared columns before the wait (MoePipedGateUpKernel).
+    const bool shared_first = shared_cols > 0 && MoeDecodeVariant() >= 7;
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
-        pdl && MoeDecodeVariant() >= 6, x_rows, w_gate_up, so.offsets, so.active, so.num_active,
-        i, act, sh, num_tokens, shared_cols);
+        pdl && (MoeDecodeVariant() >= 6 || DecodePdl()), x_rows, w_gate_up, so.offsets,
+        so.active, so.num_active, i, act, sh, num_tokens, shared_cols, shared_first);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
     // (none when MoeFusedRouteCuda computed its activations).
@@ -1432,16 +1520,18 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     const unsigned row_width = columns * kGemvWarps;
     const unsigned shared_rows =
         shared_gate_up ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
-    MoeFusedGateUpKernel<kRows><<<dim3(columns, max_active + shared_rows), kGemvWarps * 32, 0,
-                                  stream>>>(x_rows, w_gate_up, so.offsets, so.active,
-                                            so.num_active, i, act, sh, num_tokens,
-                                            static_cast<int>(max_active));
+    const bool gate_up_pdl = DecodePdl();
+    (void)attention_detail::LaunchKernelMaybePdl(
+        MoeFusedGateUpKernel<kRows>, dim3(columns, max_active + shared_rows),
+        dim3(kGemvWarps * 32), 0, stream, gate_up_pdl, x_rows, w_gate_up, so.offsets, so.active,
+        so.num_active, i, act, sh, num_tokens, static_cast<int>(max_active), gate_up_pdl);
   }
   // A launch error is reported by the caller's CudaLaunchStatus.
   (void)attention_detail::LaunchKernelMaybePdl(
       piped ? MoeDownCombineKernel<kRows, true> : MoeDownCombineKernel<kRows, false>, dim3(static_cast<unsigned>(h / kDownCols)),
       dim3(kDownWarps * 32), 0, stream, pdl, act, w_down, so.offsets, so.active, so.num_active,
-      so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl);
+      so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl,
+      pdl && DecodePdl());
 }
 
 }  // namespace
@@ -1476,8 +1566,9 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   SharedArgs sh;
   if (absl::Status s = ToSharedArgs(shared, "MoeFusedExpertsCuda", &sh); !s.ok()) return s;
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
-  // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL).
-  const bool pdl = MoeDecodeVariant() >= 4 && PdlSupported();
+  // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL); under
+  // kernels::DecodePdl() at every variant (the gate/up kernel then waits before it triggers).
+  const bool pdl = (MoeDecodeVariant() >= 4 && PdlSupported()) || DecodePdl();
   // Decode variant 5: persistent pipelined gate/up and pipelined down warps (same bits).
   const bool piped = MoeDecodeVariant() >= 5;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
