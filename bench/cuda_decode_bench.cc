@@ -68,6 +68,9 @@
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
+// --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
+// (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
+// parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
@@ -105,6 +108,7 @@
 #include "engine/model/dummy_weights.h"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
@@ -582,6 +586,10 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+    } else if (a == "--gemm-algo-search") {
+      int mask = 0;
+      if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemmAlgoSearch(mask));
     } else if (a == "--moe-gemv-max-tokens") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
