@@ -127,6 +127,10 @@ absl::Status EnumerateAlgos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
   struct Found {
     cublasLtMatmulAlgo_t algo;
     float efficiency;  // waves / ceil(waves): how full the last wave is
+    int area;          // tile rows x columns: larger tiles reuse operands more
+  };
+  auto better = [](const Found& x, const Found& y) {
+    return x.efficiency != y.efficiency ? x.efficiency > y.efficiency : x.area > y.area;
   };
   // Grouped by (algo id, tile) so that a cap keeps every kernel family's best configurations
   // (round robin below) rather than many split/swizzle variants of one.
@@ -152,14 +156,20 @@ absl::Status EnumerateAlgos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
     const uint32_t reductions =
         CapValue<uint32_t>(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, 0);
     const uint32_t swizzle_ok = CapValue<uint32_t>(base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, 0);
+    // Custom options (kernel-specific variants): the first few only, to bound the sweep.
+    const int32_t custom_max =
+        std::clamp(CapValue<int32_t>(base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, 0), 0, 2);
     // Split-K only with an fp32 reduction in the workspace (COMPUTE_TYPE), so the sum is still
     // rounded to bf16 once, as with split-K 1.
     const bool splitk = splitk_ok != 0 && (reductions & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) != 0;
     for (uint32_t tile : tiles) {
-      if (FindTile(tile) == nullptr) continue;
+      const TileDims* dims = FindTile(tile);
+      if (dims == nullptr) continue;
       for (int32_t sk = 1; sk <= (splitk ? 4 : 1); ++sk) {
         for (uint32_t sw = 0; sw <= (swizzle_ok != 0 ? 1u : 0u); ++sw) {
+         for (uint32_t custom = 0; custom <= static_cast<uint32_t>(custom_max); ++custom) {
           cublasLtMatmulAlgo_t algo = base;
+          SetConfig<uint32_t>(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, custom);
           SetConfig<uint32_t>(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
           SetConfig<int32_t>(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, sk);
           SetConfig<uint32_t>(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
@@ -179,8 +189,10 @@ absl::Status EnumerateAlgos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
                                 static_cast<uint16_t>(CUBLASLT_CLUSTER_SHAPE_1x1x1));
             ok = check(&algo, &eff);
           }
-          for (auto it = stages.rbegin(); !ok && it != stages.rend(); ++it) {
+          int tried = 0;
+          for (auto it = stages.rbegin(); !ok && it != stages.rend() && tried < 2; ++it) {
             if (*it == CUBLASLT_MATMUL_STAGES_UNDEFINED) continue;
+            ++tried;
             SetConfig<uint32_t>(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, *it);
             SetConfig<uint16_t>(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
                                 static_cast<uint16_t>(CUBLASLT_CLUSTER_SHAPE_AUTO));
@@ -191,29 +203,30 @@ absl::Status EnumerateAlgos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
               ok = check(&algo, &eff);
             }
           }
-          if (ok) groups[{ids[i], tile}].push_back({algo, eff});
+          if (ok) groups[{ids[i], tile}].push_back({algo, eff, dims->rows * dims->cols});
+         }
         }
       }
     }
   }
-  for (auto& [key, list] : groups) {
-    std::stable_sort(list.begin(), list.end(),
-                     [](const Found& x, const Found& y) { return x.efficiency > y.efficiency; });
-  }
+  for (auto& [key, list] : groups) std::stable_sort(list.begin(), list.end(), better);
+  // Round r takes every group's r-th best, best first across groups.
   int added = 0;
   for (size_t round = 0; added < max_new; ++round) {
-    bool any = false;
-    for (auto& [key, list] : groups) {
-      if (round >= list.size() || added >= max_new) continue;
-      any = true;
-      const cublasLtMatmulAlgo_t& algo = list[round].algo;
+    std::vector<Found> this_round;
+    for (const auto& [key, list] : groups) {
+      if (round < list.size()) this_round.push_back(list[round]);
+    }
+    if (this_round.empty()) break;
+    std::stable_sort(this_round.begin(), this_round.end(), better);
+    for (const Found& f : this_round) {
+      if (added >= max_new) break;
       if (std::none_of(out->begin(), out->end(),
-                       [&](const cublasLtMatmulAlgo_t& o) { return SameAlgo(o, algo); })) {
-        out->push_back(algo);
+                       [&](const cublasLtMatmulAlgo_t& o) { return SameAlgo(o, f.algo); })) {
+        out->push_back(f.algo);
         ++added;
       }
     }
-    if (!any) break;
   }
   return absl::OkStatus();
 }

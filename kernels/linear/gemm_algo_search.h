@@ -51,13 +51,15 @@ inline constexpr int kMaxEnumerated = 192;
 
 // EnumerateAlgos appends to *out up to max_new configurations of every bf16/fp32-compute
 // algorithm that cublasLtMatmulAlgoCheck accepts for (op, a, b, c) with a workspace of at most
-// workspace_bytes, skipping ones equal to an entry already in *out. Swept: the algorithm's tiles
-// (CUBLASLT_ALGO_CAP_TILE_IDS, those of >= 64 rows and columns) × split-K {1, 2, 3, 4} (when
-// CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) × CTA swizzle {0, 1} (when supported), with automatic stages
-// and cluster shape (falling back to the first listed stage / cluster 1x1x1 when the automatic
-// choice is rejected). Ordered by cublasLtMatmulAlgoCheck's wave count (fullest last wave
-// first) so a cap keeps the wave-efficient ones. Errors: Internal when cublasLtMatmulAlgoGetIds
-// fails.
+// workspace_bytes, skipping ones equal to an entry already in *out. Swept per algorithm id: its
+// tiles (CUBLASLT_ALGO_CAP_TILE_IDS; those with both sides in 64..256, multiples of 32) ×
+// split-K {1, 2, 3, 4} (when CUBLASLT_ALGO_CAP_SPLITK_SUPPORT and the fp32 COMPUTE_TYPE
+// reduction is offered, so the output is still rounded once) × CTA swizzle {0, 1} (when
+// supported) × custom option 0..min(CUSTOM_OPTION_MAX, 2), with automatic stages and cluster
+// shape (falling back to cluster 1x1x1, then to the two deepest listed stage counts, when
+// rejected). Order (what a cap keeps): round r takes each (id, tile) group's r-th best, best
+// first, where best = fullest last wave (cublasLtMatmulAlgoCheck's wavesCount / its ceiling),
+// then larger tile. Errors: Internal when cublasLtMatmulAlgoGetIds fails.
 absl::Status EnumerateAlgos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
                             cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                             cublasLtMatrixLayout_t c, size_t workspace_bytes, int max_new,
