@@ -501,6 +501,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   std::vector<int64_t> out;
+  if (s.empty()) return out;  // e.g. --prefill "": no prefill rows
   for (absl::string_view p : absl::StrSplit(s, ',')) {
     int64_t v;
     if (!absl::SimpleAtoi(p, &v) || v < 1) {
@@ -617,6 +618,7 @@ absl::Status Main(int argc, char** argv) {
     }
   }
   if (f.decode_steps < 8) return absl::InvalidArgumentError("--decode-steps must be >= 8");
+  if (f.batches.empty()) return absl::InvalidArgumentError("--batches needs at least one size");
   auto config = ModelConfig::Load(f.config_dir);
   if (!config.ok()) return config.status();
   if (f.tp > 1) {

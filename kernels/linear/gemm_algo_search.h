@@ -134,7 +134,7 @@ class SplitGemm {
 std::vector<int64_t> SplitPoints(int64_t m, int64_t n, int sms, int max_points);
 
 // Bounds of TuneBestSplit's search: split points per shape, enumerated algorithms per part.
-inline constexpr int kMaxSplitPoints = 4;
+inline constexpr int kMaxSplitPoints = 6;
 inline constexpr int kMaxEnumeratedPerPart = 48;
 
 // TuneBestSplit: when SetGemmAlgoSearch has kGemmSearchSplitN and m >= kGemmSearchMinRows,
