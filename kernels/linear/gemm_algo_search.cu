@@ -439,29 +439,34 @@ std::string SplitGemm::Describe() const {
 }
 
 std::vector<int64_t> SplitPoints(int64_t m, int64_t n, int sms, int max_points) {
-  std::vector<int64_t> points;
-  for (int64_t tile_n : {64, 128, 256}) {
+  struct Point {
+    int64_t waves, area, n1;
+  };
+  std::vector<Point> points;
+  for (int64_t tile_n : {64, 96, 128, 160, 192, 224, 256}) {
     for (int64_t tile_m : {64, 128, 256}) {
       const int64_t m_tiles = (m + tile_m - 1) / tile_m;
       if (sms % m_tiles != 0) continue;  // a wave must hold whole columns of tiles
       const int64_t wave_rows = tile_n * (sms / m_tiles);
-      for (int64_t n1 = wave_rows; n1 < n; n1 += wave_rows) {
-        if (n1 >= n / 8 && n1 <= n - n / 8 && n1 % 64 == 0) points.push_back(n1);
+      for (int64_t waves = 1; waves <= 3 && waves * wave_rows < n; ++waves) {
+        const int64_t n1 = waves * wave_rows;
+        if (n1 >= n / 8 && n1 <= n - n / 8 && n1 % 16 == 0) {
+          points.push_back({waves, tile_n * tile_m, n1});
+        }
       }
     }
   }
-  std::sort(points.begin(), points.end());
-  points.erase(std::unique(points.begin(), points.end()), points.end());
-  if (static_cast<int>(points.size()) > max_points) {
-    // Spread the kept points over the range.
-    std::vector<int64_t> kept;
-    for (int i = 0; i < max_points; ++i) {
-      kept.push_back(points[(points.size() - 1) * i / std::max(1, max_points - 1)]);
-    }
-    kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
-    points = std::move(kept);
+  // Fewest waves first (the first part is one full wave when possible), then larger tiles.
+  std::stable_sort(points.begin(), points.end(), [](const Point& x, const Point& y) {
+    return x.waves != y.waves ? x.waves < y.waves : x.area > y.area;
+  });
+  std::vector<int64_t> kept;
+  for (const Point& p : points) {
+    if (static_cast<int>(kept.size()) >= max_points) break;
+    if (std::find(kept.begin(), kept.end(), p.n1) == kept.end()) kept.push_back(p.n1);
   }
-  return points;
+  std::sort(kept.begin(), kept.end());
+  return kept;
 }
 
 std::unique_ptr<SplitGemm> TuneBestSplit(cublasLtHandle_t handle, int64_t m, int64_t n,

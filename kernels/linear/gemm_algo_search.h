@@ -127,10 +127,10 @@ class SplitGemm {
   std::unique_ptr<Part> parts_[2];
 };
 
-// SplitPoints: candidate n1 for an (m, n) product on `sms` SMs: the first part is a whole
-// number of waves of a (tile_n × tile_m) output tiling, tile_n in {64, 128, 256} along n,
-// tile_m in {64, 128, 256} along m, kept when n/8 <= n1 <= n - n/8 and n1 % 64 == 0; at most
-// `max_points`, distinct, ascending.
+// SplitPoints: candidate n1 for an (m, n) product on `sms` SMs: the first part is 1..3 whole
+// waves of a (tile_n × tile_m) output tiling (tile_n in {64, 96, ..., 256} along n, tile_m in
+// {64, 128, 256} along m), with n/8 <= n1 <= n - n/8 and n1 % 16 == 0; fewest waves first, then
+// larger tiles, at most `max_points` distinct, returned ascending.
 std::vector<int64_t> SplitPoints(int64_t m, int64_t n, int sms, int max_points);
 
 // Bounds of TuneBestSplit's search: split points per shape, enumerated algorithms per part.
