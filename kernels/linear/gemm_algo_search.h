@@ -36,6 +36,12 @@ namespace sluice::kernels {
 //   kGemmSearchSplitN  (2): wave-aligned two-part N splits (SplitGemm), kept only when faster;
 //   kGemmSearchStreams (4): with 2, the split's parts also timed on two streams (fork/join).
 // 0 (the default) keeps today's tuner. Errors: InvalidArgument for other values.
+// Measured (H200, Llama-3-8B decode at 256 sequences, cuda_decode_bench --batches 64,256
+// --prefill ""; one process per setting): isolated tuned times fall by 2-10 us per GEMM (gate/up
+// 93.6 -> 89.3 us with a serial split at n1 = 12672, 83.7 us with the two-stream split in the
+// GPU test; o 17.6-18.7 -> 16.2 us), the eager per-op sum of the four layer GEMMs by 4 (mask 1)
+// to 8 (mask 3) us a layer, but the graph ITL only from 16.22 / 16.31 ms (mask 0, two runs) to
+// 16.29 (mask 1) and 16.18 ms (mask 3): within run-to-run noise.
 inline constexpr int kGemmSearchAlgos = 1;
 inline constexpr int kGemmSearchSplitN = 2;
 inline constexpr int kGemmSearchStreams = 4;
