@@ -74,6 +74,9 @@
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
+// --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
+// (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
+// parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
@@ -111,6 +114,7 @@
 #include "engine/model/dummy_weights.h"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
@@ -503,6 +507,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
 
 absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   std::vector<int64_t> out;
+  if (s.empty()) return out;  // e.g. --prefill "": no prefill rows
   for (absl::string_view p : absl::StrSplit(s, ',')) {
     int64_t v;
     if (!absl::SimpleAtoi(p, &v) || v < 1) {
@@ -592,6 +597,10 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+    } else if (a == "--gemm-algo-search") {
+      int mask = 0;
+      if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetGemmAlgoSearch(mask));
     } else if (a == "--moe-gemv-max-tokens") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
@@ -621,6 +630,7 @@ absl::Status Main(int argc, char** argv) {
     }
   }
   if (f.decode_steps < 8) return absl::InvalidArgumentError("--decode-steps must be >= 8");
+  if (f.batches.empty()) return absl::InvalidArgumentError("--batches needs at least one size");
   auto config = ModelConfig::Load(f.config_dir);
   if (!config.ok()) return config.status();
   if (f.tp > 1) {

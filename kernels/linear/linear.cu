@@ -24,6 +24,7 @@
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -541,6 +542,8 @@ struct Plan {
   float best_us = 0.0f;   // tuned: the winner's time
   float first_us = 0.0f;  // tuned: the heuristic's first pick's time
   float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
+  // tuned: a two-part N split that beat every single call (SetGemmAlgoSearch); runs instead.
+  std::unique_ptr<gemm_search::SplitGemm> split;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -564,6 +567,7 @@ struct CublasLt::Impl {
   std::mutex mu;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans;
   int64_t autotune_max_m = 0;  // plans with m <= this are tuned
+  std::unique_ptr<gemm_search::SplitResources> split_res;  // two-stream splits' side stream
 
   ~Impl() {
     plans.clear();
@@ -639,6 +643,13 @@ struct CublasLt::Impl {
     for (int i = 0; i < count; ++i) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
     }
+    if (m <= autotune_max_m && m >= kGemmSearchMinRows &&
+        (GemmAlgoSearch() & kGemmSearchAlgos) != 0) {  // timed after the heuristic's by Tune
+      absl::Status st = gemm_search::EnumerateAlgos(handle, plan->op, plan->a, plan->b, plan->c,
+                                                    workspace.bytes(),
+                                                    gemm_search::kMaxEnumerated, &plan->candidates);
+      if (!st.ok()) return st;
+    }
     Plan* raw = plan.get();
     plans.emplace(key, std::move(plan));
     return raw;
@@ -713,6 +724,13 @@ struct CublasLt::Impl {
         p.algo = algo;
       }
     }
+    // Two-part N splits (SetGemmAlgoSearch; m >= kGemmSearchMinRows only, so never a GEMV).
+    p.split = gemm_search::TuneBestSplit(
+        handle, m, n, k, x, w, bias, y, workspace.data(), workspace.bytes(), &split_res, stream,
+        GemmTuneCandidates(), [&](const std::function<bool()>& run) { return time(run); },
+        glu_out == nullptr ? std::function<bool()>()
+                           : [&] { return SiluMulCuda(y, glu_out, m, n / 2, stream).ok(); },
+        &best);
     if (GemvSupported(x, w, m, n, k)) {
       for (const GemvVariant& v : kGemvVariants) {
         if (glu_out != nullptr && !GemvGluVariantSupported(v.unroll, v.split)) continue;
@@ -838,6 +856,13 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   if (p.gemv) {
     LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, p.gemv_split, stream);
     return CudaLaunchStatus("GemvKernel");
+  }
+  if (p.split != nullptr) {
+    SLUICE_CUBLAS_RETURN_IF_ERROR(
+        p.split->Run(impl.handle, x, w, bias, y, impl.workspace.data(), impl.workspace.bytes(),
+                     impl.split_res.get(), stream),
+        "cublasLtMatmul (N split)");
+    return absl::OkStatus();
   }
   if (bias != nullptr) {
     SLUICE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
@@ -979,12 +1004,16 @@ std::string CublasLt::DescribePlans() {
     std::snprintf(line, sizeof(line),
                   "m=%lld n=%lld k=%lld%s: %s; cublasLt algo %d tile %d splitK %d; candidates %zu; "
                   "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us "
-                  "(unroll %d split %d)\n",
+                  "(unroll %d split %d)",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                   has_bias ? " +bias" : "", p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
                   p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us,
                   p->gemv_unroll, p->gemv_split);
     out += line;
+    if (GemmAlgoSearch() != 0 && !p->gemv) {  // what the wider search picked
+      out += "; " + (p->split != nullptr ? p->split->Describe() : gemm_search::DescribeAlgo(p->algo));
+    }
+    out += "\n";
   }
   return out;
 }

@@ -4,16 +4,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "kernels/activation/activation.h"
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -401,6 +405,150 @@ TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
   }
   ASSERT_TRUE(SetGemvPdlPrefetch(saved_prefetch).ok());
   EXPECT_EQ(SetGemvPdlPrefetch(3).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Restores the GEMM search switch when a test ends.
+struct GemmSearchScope {
+  int before = GemmAlgoSearch();
+  ~GemmSearchScope() { EXPECT_TRUE(SetGemmAlgoSearch(before).ok()); }
+};
+
+// With the wider search on (enumerated algorithms, N splits, two streams), LinearCuda on the
+// Llama-3-8B decode shapes at m = 256 (qkv, o, down, gate/up with and without the SiLU·mul
+// epilogue) and an odd shape with a bias matches LinearCpu on every element, on the tuning call
+// and on the cached plan; every plan is tuned and named in DescribePlans.
+TEST(LinearCudaTest, GemmAlgoSearchMatchesCpuReference) {
+  GemmSearchScope scope;
+  EXPECT_EQ(SetGemmAlgoSearch(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetGemmAlgoSearch(8).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(SetGemmAlgoSearch(kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams).ok());
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto lt = CublasLt::Create();
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->set_autotune(256);
+  auto rng = cuda_test::Rng();
+  struct Shape {
+    int64_t m, n, k;
+    bool bias;
+  };
+  const Shape shapes[] = {{256, 6144, 4096, false}, {256, 4096, 4096, false},
+                          {256, 4096, 14336, false}, {256, 28672, 4096, false},
+                          {200, 9000, 264, true}};
+  for (const Shape& sh : shapes) {
+    for (int rep = 0; rep < 2; ++rep) {
+      CheckShape(absl::StrCat("searched rep ", rep), sh.m, sh.n, sh.k, sh.bias, rng,
+                 [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                   return LinearCuda(**lt, x, w, b, y, sh.m, sh.n, sh.k, nullptr);
+                 });
+    }
+  }
+  // gate/up with the SiLU·mul epilogue (the tuner times the product and SiluMulCuda together).
+  const int64_t m = 256, inter = 14336, k = 4096;
+  const auto x = RandomBf16(static_cast<size_t>(m * k), rng, -1.0f, 1.0f);
+  const auto w = RandomBf16(static_cast<size_t>(2 * inter * k), rng, -1.0f, 1.0f);
+  auto d_x = Upload(x);
+  auto d_w = Upload(w);
+  const auto xf = ToFloat(x), wf = ToFloat(w);
+  std::vector<float> gate_up(static_cast<size_t>(m * 2 * inter));
+  LinearCpu(xf.data(), wf.data(), nullptr, gate_up.data(), m, 2 * inter, k);
+  gate_up = cuda_test::RoundTrip(gate_up);
+  std::vector<float> want(static_cast<size_t>(m * inter));
+  SiluMulCpu(gate_up.data(), want.data(), m, inter);
+  for (int rep = 0; rep < 2; ++rep) {
+    auto d_gu = NanBuffer(static_cast<size_t>(m * 2 * inter));
+    auto d_out = NanBuffer(static_cast<size_t>(m * inter));
+    ASSERT_TRUE(LinearSiluMulCuda(**lt, d_x.data(), d_w.data(), nullptr, d_gu.data(),
+                                  d_out.data(), m, inter, k, nullptr)
+                    .ok());
+    ExpectClose(absl::StrCat("searched linear+silu rep ", rep), Download(d_out), want, 1.0 / 64,
+                1e-3);
+  }
+  const std::string plans = (*lt)->DescribePlans();
+  std::printf("%s", plans.c_str());
+  EXPECT_EQ(plans.find("tuned 0"), std::string::npos) << plans;
+  // Each plan names its pick: one algorithm, or a split with one per part.
+  const std::vector<std::string> lines = absl::StrSplit(plans, '\n', absl::SkipEmpty());
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(absl::StrContains(line, "; algo ") || absl::StrContains(line, "; split n1="))
+        << line;
+  }
+}
+
+// SplitGemm on its own, whichever way it is tuned: serial and two-stream runs (the latter also
+// captured in a CUDA graph and replayed) match LinearCpu on an odd shape with a bias.
+TEST(LinearCudaTest, SplitGemmMatchesCpuReference) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  GemmSearchScope scope;
+  cublasLtHandle_t handle = nullptr;
+  ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  auto ws = DeviceBuffer<uint8_t>::Create(size_t{32} << 20);
+  ASSERT_TRUE(ws.ok());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(SetGemmAlgoSearch(kGemmSearchSplitN | kGemmSearchStreams).ok());
+  std::unique_ptr<gemm_search::SplitResources> res;
+  auto rng = cuda_test::Rng();
+  const int64_t m = 136, n = 3000, k = 520, n1 = 1088;
+  EXPECT_FALSE(gemm_search::SplitGemm::Make(m, n, k, 0, true).ok());
+  EXPECT_FALSE(gemm_search::SplitGemm::Make(m, n, k, n, true).ok());
+  EXPECT_FALSE(gemm_search::SplitGemm::Make(m, n, k, 1001, true).ok());
+  for (bool two_streams : {false, true}) {
+    CheckShape(absl::StrCat("split gemm streams ", two_streams), m, n, k, true, rng,
+               [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) -> absl::Status {
+                 auto split = gemm_search::SplitGemm::Make(m, n, k, n1, true);
+                 if (!split.ok()) return split.status();
+                 if (two_streams && res == nullptr) {
+                   res = std::make_unique<gemm_search::SplitResources>();
+                   auto rws = DeviceBuffer<uint8_t>::Create(ws->bytes());
+                   if (!rws.ok()) return rws.status();
+                   res->workspace = *std::move(rws);
+                   cudaStreamCreateWithFlags(&res->side, cudaStreamNonBlocking);
+                   cudaEventCreateWithFlags(&res->fork, cudaEventDisableTiming);
+                   cudaEventCreateWithFlags(&res->join, cudaEventDisableTiming);
+                 }
+                 // One run per candidate is enough here (results only); the "time" falls
+                 // with each call so the last timed choice wins: the last candidate of each
+                 // part and, given resources, the two-stream mode (timed after the serial one).
+                 float fake_us = 1e6f;
+                 const gemm_search::TimeFn once = [&](const std::function<bool()>& run) {
+                   if (!run() || cudaStreamSynchronize(stream) != cudaSuccess) return -1.0f;
+                   return fake_us -= 1.0f;
+                 };
+                 const float us = (*split)->Tune(handle, x, w, b, y, ws->data(), ws->bytes(),
+                                                 two_streams ? res.get() : nullptr, stream, 4, 8,
+                                                 once, {});
+                 if (us < 0.0f) return absl::InternalError("SplitGemm::Tune found nothing");
+                 if ((*split)->two_streams() != two_streams) {
+                   return absl::InternalError("unexpected SplitGemm mode");
+                 }
+                 cudaMemsetAsync(y, 0xff, static_cast<size_t>(m * n) * sizeof(bf16), stream);
+                 if (!two_streams) {
+                   if ((*split)->Run(handle, x, w, b, y, ws->data(), ws->bytes(), nullptr,
+                                     stream) != CUBLAS_STATUS_SUCCESS) {
+                     return absl::InternalError("SplitGemm::Run");
+                   }
+                   return CudaStatus(cudaStreamSynchronize(stream), "sync");
+                 }
+                 // Captured (the fork/join become graph edges), then replayed.
+                 cudaGraph_t graph = nullptr;
+                 cudaGraphExec_t exec = nullptr;
+                 SLUICE_CUDA_RETURN_IF_ERROR(
+                     cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+                 const cublasStatus_t rs = (*split)->Run(handle, x, w, b, y, ws->data(),
+                                                         ws->bytes(), res.get(), stream);
+                 SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph), "end capture");
+                 if (rs != CUBLAS_STATUS_SUCCESS) return absl::InternalError("captured Run");
+                 SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+                 SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream), "launch");
+                 SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "sync");
+                 cudaGraphExecDestroy(exec);
+                 cudaGraphDestroy(graph);
+                 return absl::OkStatus();
+               });
+  }
+  res.reset();
+  cudaStreamDestroy(stream);
+  cublasLtDestroy(handle);
 }
 
 TEST(LinearCudaTest, RejectsBadShapes) {
