@@ -83,7 +83,6 @@ using attention_detail::SmemAddr;
 constexpr int kD = 128;                // head dim of Q, K and V
 constexpr int kBM = kWgmmaRowsPerCta;  // query rows per CTA (2 warpgroups × 64)
 constexpr int kThreads = 256;
-constexpr int kStages = 2;
 constexpr int kBlockBytes = 64 * 128;           // 64 rows × 64 columns of bf16, swizzled
 constexpr int kOperandBytes = 2 * kBlockBytes;  // 64 rows × 128 columns
 constexpr int kQBytes = 2 * kOperandBytes;      // both warpgroups' Q
@@ -92,9 +91,11 @@ static_assert(kD == 128);
 // Variants (SetPagedAttentionPrefillKernel 15..17): kBN keys per tile; kQRegs: Q held in
 // registers as wgmma's A operand of Q·Kᵀ (32 registers a thread; no shared-memory reads of Q per
 // tile); kMinCtas: CTAs per SM the register cap targets.
-template <int kBN, bool kQRegs, int kMinCtas>
+template <int kBN, bool kQRegs, int kMinCtas, bool kPipe = false>
 struct WgConfig {
   static_assert(kBN == 64 || kBN == 128);
+  static_assert(!kPipe || kQRegs);
+  static constexpr int kStages = kPipe ? 3 : 2;
   static constexpr int kKvBlockBytes = kBN * 128;            // kBN rows × 64 columns, swizzled
   static constexpr int kKvOperandBytes = 2 * kKvBlockBytes;  // kBN rows × 128 columns
   static constexpr int kStageBytes = 2 * kKvOperandBytes;    // K tile, then V tile
@@ -295,10 +296,84 @@ static __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-template <int kBN, bool kQRegs, int kMinCtas>
+// MaskSoftmax: one key tile's scores s (a warpgroup's m64nkBN accumulator; s[4n + 2h + e] is
+// row wrow0 + g + 8h, key tile + 8n + 2t + e) → P as bf16 A fragments p[kk] of wgmma k16 step kk
+// (score chunks 2kk: a0 row g, a1 row g + 8; 2kk + 1: a2, a3), with the online-softmax state
+// (row_max in raw score units, this thread's partial row_sum) updated and O rescaled, as in
+// paged_prefill_fa2.cu. Keys outside [kv_begin, kv_end) or past a row's position are masked,
+// tested only where some row of the warpgroup sees part of the tile (wg_pos_first: the
+// warpgroup's first row's position); rows ≥ rows see nothing.
+template <int kBN>
+static __device__ __forceinline__ void MaskSoftmax(float (&s)[kBN / 2], int tile, int kv_begin,
+                                                   int kv_end, int wg_pos_first, int wrow0,
+                                                   int rows, int ctx, int group, int g, int t,
+                                                   float c_log2, float (&row_max)[2],
+                                                   float (&row_sum)[2], float (&o)[kD / 2],
+                                                   uint32_t (&p)[kBN / 16][4]) {
+  const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= wg_pos_first;
+  if (!full) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wrow0 + g + 8 * h;
+      const int pos = r < rows ? ctx + r / group : -1;
+      const int hi = min(kv_end - 1, pos);  // visible keys: kv_begin ≤ j ≤ hi
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = tile + n * 8 + 2 * t + e;
+          if (j < kv_begin || j > hi) s[4 * n + 2 * h + e] = -INFINITY;
+        }
+      }
+    }
+  }
+  float neg_base[2], alpha[2];
+  bool raised = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = row_max[h];
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
+    // rather than NaN.
+    const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+    const bool up = mx != row_max[h];
+    alpha[h] = up ? Exp2(row_max[h] * c_log2 - mb) : 1.0f;
+    raised |= up;
+    row_max[h] = mx;
+    row_sum[h] *= alpha[h];
+    neg_base[h] = -mb;
+  }
+  // Rescale only when some row of the warp raised its max (otherwise every alpha is 1).
+  if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+    for (int u = 0; u < kD / 8; ++u) {
+      o[4 * u + 0] *= alpha[0];
+      o[4 * u + 1] *= alpha[0];
+      o[4 * u + 2] *= alpha[1];
+      o[4 * u + 3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kBN / 8; ++n) {
+    float e4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
+      row_sum[e >> 1] += e4[e];
+    }
+    p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
+    p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
+  }
+}
+
+template <int kBN, bool kQRegs, int kMinCtas, bool kPipe>
 __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const Fa2Args args) {
 #if SLUICE_WGMMA_ENABLED
-  using Cfg = WgConfig<kBN, kQRegs, kMinCtas>;
+  using Cfg = WgConfig<kBN, kQRegs, kMinCtas, kPipe>;
+  constexpr int kStagesT = Cfg::kStages;
   constexpr int kStageBytes = Cfg::kStageBytes;
   constexpr int kKvBlockBytes = Cfg::kKvBlockBytes;
   constexpr int kKvOperandBytes = Cfg::kKvOperandBytes;
@@ -431,19 +506,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
                    : "r"(at));
     }
   }
-  int stage = 0;
-  for (int tile = tile_first; tile < kv_end; tile += kBN, stage ^= 1) {
-    // This thread's copies of Q and this tile are done; publish them to the async proxy and the
-    // CTA. Past the barrier every warpgroup is also done with the other buffer.
-    CpAsyncWait<0>();
-    FenceProxyAsync();
-    __syncthreads();
-    if (tile + kBN < kv_end) load(tile + kBN, stage ^ 1);
-    if (!wg_live || tile > wg_pos_last) continue;  // uniform over the warpgroup
-
-    const uint32_t k_smem = kv_smem + stage * kStageBytes;
-    const uint64_t k_desc = SmemDesc(k_smem, 16, 1024);
-    float s[kBN / 2];
+  // S = Q·K_tileᵀ from buffer `stage` into s (8 wgmma k16 steps, one commit group left open for
+  // the caller to commit).
+  auto issue_s = [&](float(&s)[kBN / 2], int stage) {
+    const uint64_t k_desc = SmemDesc(kv_smem + stage * kStageBytes, 16, 1024);
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
     WgmmaFence();
@@ -463,84 +529,91 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
         WgmmaSsM64N128K16(s, q_desc + q_off, k_desc + k_off, ks > 0 ? 1 : 0);
       }
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceOperands(s);
-
-    // Mask where some row of the warpgroup sees part of the tile (its causal diagonal and the
-    // partition edges). s[4n + 2h + e]: row wrow0 + g + 8h, key tile + 8n + 2t + e.
-    const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= wg_pos_first;
-    if (!full) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wrow0 + g + 8 * h;
-        const int pos = r < rows ? ctx + r / group : -1;
-        const int hi = min(kv_end - 1, pos);  // visible keys: kv_begin ≤ j ≤ hi
-#pragma unroll
-        for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = tile + n * 8 + 2 * t + e;
-            if (j < kv_begin || j > hi) s[4 * n + 2 * h + e] = -INFINITY;
-          }
-        }
-      }
-    }
-
-    // Online softmax (as paged_prefill_fa2.cu); P = 2^(s·c − m·c) as bf16 A fragments: k16 step kk
-    // takes score chunks 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
-    float neg_base[2], alpha[2];
-    bool raised = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[0][h];
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-        mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
-      // rather than NaN.
-      const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
-      const bool up = mx != row_max[0][h];
-      alpha[h] = up ? Exp2(row_max[0][h] * c_log2 - mb) : 1.0f;
-      raised |= up;
-      row_max[0][h] = mx;
-      row_sum[0][h] *= alpha[h];
-      neg_base[h] = -mb;
-    }
-    if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-      for (int u = 0; u < kD / 8; ++u) {
-        o[4 * u + 0] *= alpha[0];
-        o[4 * u + 1] *= alpha[0];
-        o[4 * u + 2] *= alpha[1];
-        o[4 * u + 3] *= alpha[1];
-      }
-    }
-    uint32_t p[kBN / 16][4];
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
-        row_sum[0][e >> 1] += e4[e];
-      }
-      p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
-      p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
-    }
-
-    // O += P·V; V MN-major: k16 step kk starts at key 16·kk (16 rows × 128 B).
-    const uint64_t v_desc = SmemDesc(k_smem + kKvOperandBytes, kKvBlockBytes, 1024);
+  };
+  // O += P·V_tile from buffer `stage`; V MN-major: k16 step kk starts at key 16·kk (2 KiB).
+  auto issue_pv = [&](const uint32_t(&p)[kBN / 16][4], int stage) {
+    const uint64_t v_desc =
+        SmemDesc(kv_smem + stage * kStageBytes + kKvOperandBytes, kKvBlockBytes, 1024);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       WgmmaRsM64N128K16T(o, p[kk], v_desc + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    FenceOperands(o);
+  };
+
+  if constexpr (kPipe) {
+    // Software pipeline (after FlashAttention-3 §3.2, "intra-warpgroup overlapping"): the next
+    // tile's S = Q·Kᵀ runs on the tensor cores while this tile's softmax runs on the ALUs. Three
+    // buffers: tile j's V (P·V), tile j + 1's K (the early Q·Kᵀ) and tile j + 2 landing.
+    // Whether the warpgroup sees a tile (monotone: once false, false for every later tile).
+    auto sees = [&](int tile) { return wg_live && tile <= wg_pos_last && tile < kv_end; };
+    float s_cur[kBN / 2];
+    CpAsyncWait<0>();  // the first tile (Q is in registers already)
+    FenceProxyAsync();
+    __syncthreads();
+    if (tile_first + kBN < kv_end) load(tile_first + kBN, 1);
+    if (sees(tile_first)) {
+      issue_s(s_cur, 0);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(s_cur);
+    }
+    int stage = 0;
+    for (int tile = tile_first; tile < kv_end; tile += kBN) {
+      const int next_stage = stage == kStagesT - 1 ? 0 : stage + 1;
+      const int far_stage = next_stage == kStagesT - 1 ? 0 : next_stage + 1;
+      // Tile + kBN has landed; past the barrier every warpgroup is done with tile − kBN (its Q·Kᵀ
+      // and P·V were waited for), whose buffer takes tile + 2·kBN.
+      CpAsyncWait<0>();
+      FenceProxyAsync();
+      __syncthreads();
+      if (tile + 2 * kBN < kv_end) load(tile + 2 * kBN, far_stage);
+      float s_next[kBN / 2];
+      const bool next = sees(tile + kBN);
+      if (next) {
+        issue_s(s_next, next_stage);
+        WgmmaCommit();
+      }
+      if (sees(tile)) {
+        uint32_t p[kBN / 16][4];
+        MaskSoftmax<kBN>(s_cur, tile, kv_begin, kv_end, wg_pos_first, wrow0, rows, ctx, group, g, t,
+                         c_log2, row_max[0], row_sum[0], o, p);
+        issue_pv(p, stage);
+        WgmmaCommit();
+      }
+      WgmmaWait<0>();
+      FenceOperands(o);
+      if (next) {
+        FenceOperands(s_next);
+#pragma unroll
+        for (int i = 0; i < kBN / 2; ++i) s_cur[i] = s_next[i];
+      }
+      stage = next_stage;
+    }
+  } else {
+    int stage = 0;
+    for (int tile = tile_first; tile < kv_end; tile += kBN, stage ^= 1) {
+      // This thread's copies of Q and this tile are done; publish them to the async proxy and the
+      // CTA. Past the barrier every warpgroup is also done with the other buffer.
+      CpAsyncWait<0>();
+      FenceProxyAsync();
+      __syncthreads();
+      if (tile + kBN < kv_end) load(tile + kBN, stage ^ 1);
+      if (!wg_live || tile > wg_pos_last) continue;  // uniform over the warpgroup
+      float s[kBN / 2];
+      issue_s(s, stage);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(s);
+      // Mask (the causal diagonal and partition edges), online softmax, P.
+      uint32_t p[kBN / 16][4];
+      MaskSoftmax<kBN>(s, tile, kv_begin, kv_end, wg_pos_first, wrow0, rows, ctx, group, g, t,
+                       c_log2, row_max[0], row_sum[0], o, p);
+      issue_pv(p, stage);
+      WgmmaCommit();
+      WgmmaWait<0>();
+      FenceOperands(o);
+    }
   }
   // An empty partition never waited for its copies; no copy may outlive the CTA.
   CpAsyncWait<0>();
@@ -558,22 +631,24 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
 
 // Runs op.Run<Cfg>(kernel) for variant 0..kNumWgmmaVariants − 1 (SetPagedAttentionPrefillKernel
 // kWgmmaPrefillKernel + variant).
-template <int kBN, bool kQRegs, int kMinCtas, typename Op>
+template <int kBN, bool kQRegs, int kMinCtas, bool kPipe, typename Op>
 auto RunVariant(const Op& op) {
-  return op.template Run<WgConfig<kBN, kQRegs, kMinCtas>>(
-      &WgmmaPrefillKernel<kBN, kQRegs, kMinCtas>);
+  return op.template Run<WgConfig<kBN, kQRegs, kMinCtas, kPipe>>(
+      &WgmmaPrefillKernel<kBN, kQRegs, kMinCtas, kPipe>);
 }
 template <typename Op>
 auto WithVariant(int variant, const Op& op) {
   switch (variant) {
     case 1:
-      return RunVariant<128, true, 1>(op);
+      return RunVariant<128, true, 1, false>(op);
     case 2:
-      return RunVariant<128, false, 1>(op);
+      return RunVariant<128, false, 1, false>(op);
     case 3:
-      return RunVariant<64, true, 1>(op);
+      return RunVariant<64, true, 1, false>(op);
+    case 4:
+      return RunVariant<64, true, 1, true>(op);
     default:
-      return RunVariant<64, false, 2>(op);
+      return RunVariant<64, false, 2, false>(op);
   }
 }
 
@@ -595,7 +670,7 @@ bool DeviceRunsWgmma() {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
         major == 9 && minor == 0 &&
-        cudaFuncGetAttributes(&attr, WgmmaPrefillKernel<64, false, 2>) == cudaSuccess &&
+        cudaFuncGetAttributes(&attr, WgmmaPrefillKernel<64, false, 2, false>) == cudaSuccess &&
         attr.binaryVersion == 90;
     v = ok ? 1 : 2;
     cache[device].store(v, std::memory_order_relaxed);

@@ -21,11 +21,13 @@ struct Fa2Args;
 //   1 (kernel 16): 128-key tiles, Q held in registers as the A operand of Q·Kᵀ, 1 CTA per SM
 //     (161 KiB);
 //   2 (kernel 17): 128-key tiles, both operands from shared memory, 1 CTA per SM;
-//   3 (kernel 18): 64-key tiles, Q in registers, 1 CTA per SM (97 KiB).
+//   3 (kernel 18): 64-key tiles, Q in registers, 1 CTA per SM (97 KiB);
+//   4 (kernel 19): as 3 with a software pipeline: tile j + 1's Q·Kᵀ is issued before tile j's
+//     softmax, so it runs on the tensor cores meanwhile (3 K/V buffers, 129 KiB).
 // Variants 1..3 hold up to 255 registers a thread (ptxas: 229 for 1 and 2, no spills); variant 0
 // is capped at 128 (24 bytes of spills).
 constexpr int kWgmmaPrefillKernel = 15;
-constexpr int kNumWgmmaVariants = 4;
+constexpr int kNumWgmmaVariants = 5;
 
 // Query rows (token · group + head) per CTA: two warpgroups of 64.
 constexpr int kWgmmaRowsPerCta = 128;
