@@ -801,6 +801,7 @@ TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
 TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(16).code(), absl::StatusCode::kInvalidArgument);
   int device = 0, major = 0, minor = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
@@ -810,62 +811,54 @@ TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
   }
   EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(128, 128, 0.088f, 100));
   EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(64, 64, 0.125f, 0));
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(paged_detail::kWgmmaPrefillKernel +
-                                           paged_detail::kNumWgmmaVariants)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionPrefillKernel();
-  for (int variant = 0; variant < paged_detail::kNumWgmmaVariants; ++variant) {
-    const int kernel = paged_detail::kWgmmaPrefillKernel + variant;
-    ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
-    EXPECT_EQ(PagedAttentionPrefillKernel(), kernel);
-    const std::string tag = "wgmma prefill kernel " + std::to_string(kernel) + " ";
-    // Small structured cases first (an error map on mismatch): one head, then zero q (uniform
-    // softmax: only the P·V path and V's layout matter).
-    Case one{tag + "one head fresh 64", Params(1, 1, 128, 128, 16), {{0, 64}}};
-    one.error_map = true;
-    RunCase(one, rng);
-    Case flat{tag + "zero q fresh 70", Params(1, 1, 128, 128, 16), {{0, 70}}};
-    flat.zero_q = true;
-    flat.error_map = true;
-    RunCase(flat, rng);
-    Case flat_g4{tag + "zero q g4 fresh 40", Params(4, 1, 128, 128, 16), {{0, 40}}};
-    flat_g4.zero_q = true;
-    flat_g4.error_map = true;
-    RunCase(flat_g4, rng);
-    RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
-    RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
-    RunCase({tag + "fresh 128 mha", Params(4, 4, 128, 128, 16), {{0, 128}}}, rng);
-    RunCase({tag + "fresh 5 g4", Params(8, 2, 128, 128, 16), {{0, 5}}}, rng);
-    RunCase({tag + "chunks over prefixes g4",
-             Params(32, 8, 128, 128, 16),
-             {{0, 77}, {1000, 77}, {333, 150}, {64, 64}, {17, 5}}},
-            rng);
-    RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
-    RunCase({tag + "chunk 40 over 5000 g4", Params(8, 2, 128, 128, 16), {{5000, 40}}}, rng);
-    RunCase({tag + "mha chunks", Params(8, 8, 128, 128, 16), {{0, 129}, {500, 40}}}, rng);
-    RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
-    RunCase({tag + "block 32 g4", Params(16, 4, 128, 128, 32), {{0, 270}, {200, 90}}}, rng);
-    RunCase({tag + "block 64 g4", Params(16, 4, 128, 128, 64), {{0, 300}, {130, 33}}}, rng);
-    RunCase({tag + "block 8 g4", Params(16, 4, 128, 128, 8), {{0, 200}, {77, 60}}}, rng);
-    RunCase({tag + "mixed with decode rows",
-             Params(32, 8, 128, 128, 16),
-             {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
-            rng);
-    Case odd{tag + "q stride pad 2", Params(8, 2, 128, 128, 16), {{50, 30}, {0, 90}}};
-    odd.q_stride_pad = 2;
-    RunCase(odd, rng);
-    Case loose{tag + "loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
-    loose.extra_query_len = 100;
-    loose.extra_seq_len = 3000;
-    RunCase(loose, rng);
-    // Not served: kernel 3's path (window, d64) and kernel 1 (d32).
-    RunCase({tag + "window 100 (fallback)", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}},
-            rng);
-    RunCase({tag + "d64 (fallback)", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}},
-            rng);
-    RunCase({tag + "d32 (fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
-  }
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(paged_detail::kWgmmaPrefillKernel).ok());
+  EXPECT_EQ(PagedAttentionPrefillKernel(), paged_detail::kWgmmaPrefillKernel);
+  const std::string tag = "wgmma prefill ";
+  // Small structured cases first (an error map on mismatch): one head, then zero q (uniform
+  // softmax: only the P·V path and V's layout matter).
+  Case one{tag + "one head fresh 64", Params(1, 1, 128, 128, 16), {{0, 64}}};
+  one.error_map = true;
+  RunCase(one, rng);
+  Case flat{tag + "zero q fresh 70", Params(1, 1, 128, 128, 16), {{0, 70}}};
+  flat.zero_q = true;
+  flat.error_map = true;
+  RunCase(flat, rng);
+  Case flat_g4{tag + "zero q g4 fresh 40", Params(4, 1, 128, 128, 16), {{0, 40}}};
+  flat_g4.zero_q = true;
+  flat_g4.error_map = true;
+  RunCase(flat_g4, rng);
+  RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
+  RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
+  RunCase({tag + "fresh 128 mha", Params(4, 4, 128, 128, 16), {{0, 128}}}, rng);
+  RunCase({tag + "fresh 5 g4", Params(8, 2, 128, 128, 16), {{0, 5}}}, rng);
+  RunCase({tag + "chunks over prefixes g4",
+           Params(32, 8, 128, 128, 16),
+           {{0, 77}, {1000, 77}, {333, 150}, {64, 64}, {17, 5}}},
+          rng);
+  RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
+  RunCase({tag + "chunk 40 over 5000 g4", Params(8, 2, 128, 128, 16), {{5000, 40}}}, rng);
+  RunCase({tag + "mha chunks", Params(8, 8, 128, 128, 16), {{0, 129}, {500, 40}}}, rng);
+  RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
+  RunCase({tag + "block 32 g4", Params(16, 4, 128, 128, 32), {{0, 270}, {200, 90}}}, rng);
+  RunCase({tag + "block 64 g4", Params(16, 4, 128, 128, 64), {{0, 300}, {130, 33}}}, rng);
+  RunCase({tag + "block 8 g4", Params(16, 4, 128, 128, 8), {{0, 200}, {77, 60}}}, rng);
+  RunCase({tag + "mixed with decode rows",
+           Params(32, 8, 128, 128, 16),
+           {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
+          rng);
+  Case odd{tag + "q stride pad 2", Params(8, 2, 128, 128, 16), {{50, 30}, {0, 90}}};
+  odd.q_stride_pad = 2;
+  RunCase(odd, rng);
+  Case loose{tag + "loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
+  loose.extra_query_len = 100;
+  loose.extra_seq_len = 3000;
+  RunCase(loose, rng);
+  // Not served: kernel 3's path (window, d64) and kernel 1 (d32).
+  RunCase({tag + "window 100 (fallback)", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}},
+          rng);
+  RunCase({tag + "d64 (fallback)", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
+  RunCase({tag + "d32 (fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
   ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 

@@ -52,6 +52,21 @@
 //  * Causal: a warpgroup skips key tiles past its last row's position (the CTA still copies them
 //    for the other warpgroup) and masks only tiles that straddle its diagonal or a partition
 //    edge. The grid runs the longest query tiles first (as the other prefill kinds).
+//  * ptxas (nvcc 13, sm_90a): 128 registers, 24 bytes of spill stores / 40 of loads.
+//  * H200, Llama-3-8B prefill, one sequence, 32 layers (cuda_decode_bench --batches 1
+//    --decode-steps 8 --prefill 4096,16384 --breakdown 1, device runs of 2026-11-29/30): attention
+//    at 16k 204.5 / 205.4 and 201.0 / 199.1 ms against 242.3 / 242.6 and 236.2 / 237.2 ms for
+//    kernel 3 in the same calls (≈ 350 against ≈ 295 TFLOP/s of causal attention; prefill 554.2 /
+//    554.4 vs 597.2 / 597.3 ms, 537.5 / 539.0 vs 580.3 / 581.5 ms); at 4k 13.8 / 13.6 vs 16.4 /
+//    16.1 ms. Variants tried on the way (branch hW, commit 3792f94 and the next; removed here):
+//    1 CTA per SM with 255 registers for 128-key tiles (shared or register Q), 64-key tiles with Q
+//    in registers, and the latter with the next tile's Q·Kᵀ issued before this tile's softmax
+//    (FA3 §3.2): 16k attention 238.8 / 240.5 / 263.5 / 250 ms, all slower than this 2-CTA form
+//    (4 warpgroups per SM overlap each other's softmax and wgmma better than 2 pipelined ones), and
+//    the 128-key register-Q one was wrong (not debugged). Next steps: a producer warp with TMA or a
+//    third warpgroup so K/V copies and barriers leave the consumer warpgroups, and the FA3
+//    pipeline at 2 CTAs per SM (needs registers for a second score tile).
+#include "kernels/attention/paged_prefill_wgmma.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -63,7 +78,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/attention/paged_prefill_device.cuh"
-#include "kernels/attention/paged_prefill_wgmma.h"
 #include "kernels/cuda/cuda_common.h"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -82,31 +96,21 @@ using attention_detail::SmemAddr;
 
 constexpr int kD = 128;                // head dim of Q, K and V
 constexpr int kBM = kWgmmaRowsPerCta;  // query rows per CTA (2 warpgroups × 64)
+constexpr int kBN = 64;                // keys per tile
 constexpr int kThreads = 256;
+constexpr int kStages = 2;
 constexpr int kBlockBytes = 64 * 128;           // 64 rows × 64 columns of bf16, swizzled
 constexpr int kOperandBytes = 2 * kBlockBytes;  // 64 rows × 128 columns
 constexpr int kQBytes = 2 * kOperandBytes;      // both warpgroups' Q
-static_assert(kD == 128);
+constexpr int kStageBytes = 2 * kOperandBytes;  // K tile, then V tile
+// + 1 KiB to align the base to the swizzle pattern's 1024-byte period.
+constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;
+static_assert(kBN == 64 && kD == 128);
 
-// Variants (SetPagedAttentionPrefillKernel 15..17): kBN keys per tile; kQRegs: Q held in
-// registers as wgmma's A operand of Q·Kᵀ (32 registers a thread; no shared-memory reads of Q per
-// tile); kMinCtas: CTAs per SM the register cap targets.
-template <int kBN, bool kQRegs, int kMinCtas, bool kPipe = false>
-struct WgConfig {
-  static_assert(kBN == 64 || kBN == 128);
-  static_assert(!kPipe || kQRegs);
-  static constexpr int kStages = kPipe ? 3 : 2;
-  static constexpr int kKvBlockBytes = kBN * 128;            // kBN rows × 64 columns, swizzled
-  static constexpr int kKvOperandBytes = 2 * kKvBlockBytes;  // kBN rows × 128 columns
-  static constexpr int kStageBytes = 2 * kKvOperandBytes;    // K tile, then V tile
-  // + 1 KiB to align the base to the swizzle pattern's 1024-byte period.
-  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes + 1024;
-};
-
-// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a 128-column bf16 operand stored as
-// two 128-byte-swizzled column blocks of `block_bytes` (rows × 128 B) each.
-static __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk, int block_bytes) {
-  return static_cast<uint32_t>((chunk >> 3) * block_bytes + row * 128 +
+// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` (0..63) in a 64-row × 128-column bf16
+// operand stored as two 128-byte-swizzled column blocks.
+static __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * kBlockBytes + row * 128 +
                                (((chunk & 7) ^ (row & 7)) << 4));
 }
 
@@ -160,10 +164,8 @@ static __device__ __forceinline__ void FenceOperands(float (&r)[kN]) {
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// D(64×N, fp32) (+)= A(64×16) · B(16×N), bf16. Ss: A and B from shared memory (descriptors),
-// both K-major. Rs: A from registers (the m16n8k16 A-fragment layout per warp, rows
-// 16·(warp % 4)..), B from shared memory. ..T: B MN-major (imm-trans-b 1), else K-major.
-// scale_d 0 overwrites D (PTX ISA, wgmma.mma_async).
+// D(64×64, fp32) (+)= A(64×16) · B(16×64), A and B bf16 from shared memory (descriptors), both
+// K-major (no transpose); scale_d 0 overwrites D.
 static __device__ __forceinline__ void WgmmaSsM64N64K16(float (&d)[32], uint64_t desc_a,
                                                         uint64_t desc_b, int scale_d) {
 #if SLUICE_WGMMA_ENABLED
@@ -184,84 +186,8 @@ static __device__ __forceinline__ void WgmmaSsM64N64K16(float (&d)[32], uint64_t
 #endif
 }
 
-static __device__ __forceinline__ void WgmmaSsM64N128K16(float (&d)[64], uint64_t desc_a,
-                                                         uint64_t desc_b, int scale_d) {
-#if SLUICE_WGMMA_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-#endif
-}
-
-static __device__ __forceinline__ void WgmmaRsM64N64K16(float (&d)[32], const uint32_t (&a)[4],
-                                                        uint64_t desc_b, int scale_d) {
-#if SLUICE_WGMMA_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-#endif
-}
-
-static __device__ __forceinline__ void WgmmaRsM64N128K16(float (&d)[64], const uint32_t (&a)[4],
-                                                         uint64_t desc_b, int scale_d) {
-#if SLUICE_WGMMA_ENABLED
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-#endif
-}
-
+// D(64×128, fp32) += A(64×16) · B(16×128): A bf16 from registers (the m16n8k16 A fragment layout
+// per warp, rows 16·(warp%4)..), B bf16 from shared memory, MN-major (transposed).
 static __device__ __forceinline__ void WgmmaRsM64N128K16T(float (&d)[64], const uint32_t (&a)[4],
                                                           uint64_t desc_b, int scale_d) {
 #if SLUICE_WGMMA_ENABLED
@@ -296,87 +222,8 @@ static __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// MaskSoftmax: one key tile's scores s (a warpgroup's m64nkBN accumulator; s[4n + 2h + e] is
-// row wrow0 + g + 8h, key tile + 8n + 2t + e) → P as bf16 A fragments p[kk] of wgmma k16 step kk
-// (score chunks 2kk: a0 row g, a1 row g + 8; 2kk + 1: a2, a3), with the online-softmax state
-// (row_max in raw score units, this thread's partial row_sum) updated and O rescaled, as in
-// paged_prefill_fa2.cu. Keys outside [kv_begin, kv_end) or past a row's position are masked,
-// tested only where some row of the warpgroup sees part of the tile (wg_pos_first: the
-// warpgroup's first row's position); rows ≥ rows see nothing.
-template <int kBN>
-static __device__ __forceinline__ void MaskSoftmax(float (&s)[kBN / 2], int tile, int kv_begin,
-                                                   int kv_end, int wg_pos_first, int wrow0,
-                                                   int rows, int ctx, int group, int g, int t,
-                                                   float c_log2, float (&row_max)[2],
-                                                   float (&row_sum)[2], float (&o)[kD / 2],
-                                                   uint32_t (&p)[kBN / 16][4]) {
-  const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= wg_pos_first;
-  if (!full) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wrow0 + g + 8 * h;
-      const int pos = r < rows ? ctx + r / group : -1;
-      const int hi = min(kv_end - 1, pos);  // visible keys: kv_begin ≤ j ≤ hi
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = tile + n * 8 + 2 * t + e;
-          if (j < kv_begin || j > hi) s[4 * n + 2 * h + e] = -INFINITY;
-        }
-      }
-    }
-  }
-  float neg_base[2], alpha[2];
-  bool raised = false;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float mx = row_max[h];
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
-    // rather than NaN.
-    const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
-    const bool up = mx != row_max[h];
-    alpha[h] = up ? Exp2(row_max[h] * c_log2 - mb) : 1.0f;
-    raised |= up;
-    row_max[h] = mx;
-    row_sum[h] *= alpha[h];
-    neg_base[h] = -mb;
-  }
-  // Rescale only when some row of the warp raised its max (otherwise every alpha is 1).
-  if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-    for (int u = 0; u < kD / 8; ++u) {
-      o[4 * u + 0] *= alpha[0];
-      o[4 * u + 1] *= alpha[0];
-      o[4 * u + 2] *= alpha[1];
-      o[4 * u + 3] *= alpha[1];
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < kBN / 8; ++n) {
-    float e4[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
-      row_sum[e >> 1] += e4[e];
-    }
-    p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
-    p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
-  }
-}
-
-template <int kBN, bool kQRegs, int kMinCtas, bool kPipe>
-__global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const Fa2Args args) {
+__global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args args) {
 #if SLUICE_WGMMA_ENABLED
-  using Cfg = WgConfig<kBN, kQRegs, kMinCtas, kPipe>;
-  constexpr int kStagesT = Cfg::kStages;
-  constexpr int kStageBytes = Cfg::kStageBytes;
-  constexpr int kKvBlockBytes = Cfg::kKvBlockBytes;
-  constexpr int kKvOperandBytes = Cfg::kKvOperandBytes;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t smem0 = (SmemAddr(smem_raw) + 1023u) & ~1023u;
   const uint32_t q_smem = smem0;
@@ -431,8 +278,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
       src += static_cast<int64_t>(q_begin + row / group) * args.q_token_stride +
              static_cast<int64_t>(kv_head * group + row % group) * kD + chunk * 8;
     }
-    const uint32_t dst =
-        q_smem + (r >> 6) * kOperandBytes + SwizzledOffset(r & 63, chunk, kBlockBytes);
+    const uint32_t dst = q_smem + (r >> 6) * kOperandBytes + SwizzledOffset(r & 63, chunk);
     if (args.q_vec) {
       CpAsync16At(dst, src, live ? 16 : 0);
     } else {
@@ -453,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
   const bf16* const k_src0 = args.k_cache + static_cast<int64_t>(kv_head) * kD + (tid & 15) * 8;
   const bf16* const v_src0 = args.v_cache + static_cast<int64_t>(kv_head) * kD + (tid & 15) * 8;
   const int key_lo = tid >> 4;
-  const uint32_t kv_dst0 = kv_smem + SwizzledOffset(key_lo, tid & 15, kKvBlockBytes);
+  const uint32_t kv_dst0 = kv_smem + SwizzledOffset(key_lo, tid & 15);
   const int32_t* const table =
       args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
   auto load = [&](int tile, int stage) {
@@ -469,8 +315,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
       }
       const uint32_t dst = kv_dst0 + stage * kStageBytes + i * 16 * 128;
       CpAsync16At(dst, live ? k_src0 + slot * slot_stride : k_src0, live ? 16 : 0);
-      CpAsync16At(dst + kKvOperandBytes, live ? v_src0 + slot * slot_stride : v_src0,
-                  live ? 16 : 0);
+      CpAsync16At(dst + kOperandBytes, live ? v_src0 + slot * slot_stride : v_src0, live ? 16 : 0);
     }
     CpAsyncCommit();
   };
@@ -483,137 +328,108 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
   const float c_log2 = args.scale_log2;            // > 0 (WgmmaPrefillSupports)
 
   const int tile_first = kv_begin / kBN * kBN;
-  if (tile_first < kv_end) {
-    load(tile_first, 0);
-  } else {
-    CpAsyncCommit();  // so that group 0 (Q) is always the one before last
-  }
+  if (tile_first < kv_end) load(tile_first, 0);
   const uint64_t q_desc = SmemDesc(q_smem + wg * kOperandBytes, 16, 1024);
-  // kQRegs: the warp's 16 rows of Q as m16n8k16 A fragments per k16 step, read once with ldmatrix
-  // (lanes 0-15 address rows 0-15 at the step's first 8 columns, lanes 16-31 the next 8: a0..a3 =
-  // (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)).
-  uint32_t q_reg[kQRegs ? kD / 16 : 1][4];
-  if constexpr (kQRegs) {
-    CpAsyncWait<1>();
+  int stage = 0;
+  for (int tile = tile_first; tile < kv_end; tile += kBN, stage ^= 1) {
+    // This thread's copies of Q and this tile are done; publish them to the async proxy and the
+    // CTA. Past the barrier every warpgroup is also done with the other buffer.
+    CpAsyncWait<0>();
+    FenceProxyAsync();
     __syncthreads();
-    const int rr = (warp % 4) * 16 + (lane & 15);
+    if (tile + kBN < kv_end) load(tile + kBN, stage ^ 1);
+    if (!wg_live || tile > wg_pos_last) continue;  // uniform over the warpgroup
+
+    const uint32_t k_smem = kv_smem + stage * kStageBytes;
+    const uint64_t k_desc = SmemDesc(k_smem, 16, 1024);
+    float s[32];
 #pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint32_t at =
-          q_smem + wg * kOperandBytes + SwizzledOffset(rr, ks * 2 + (lane >> 4), kBlockBytes);
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                   : "=r"(q_reg[ks][0]), "=r"(q_reg[ks][1]), "=r"(q_reg[ks][2]), "=r"(q_reg[ks][3])
-                   : "r"(at));
-    }
-  }
-  // S = Q·K_tileᵀ from buffer `stage` into s (8 wgmma k16 steps, one commit group left open for
-  // the caller to commit).
-  auto issue_s = [&](float(&s)[kBN / 2], int stage) {
-    const uint64_t k_desc = SmemDesc(kv_smem + stage * kStageBytes, 16, 1024);
-#pragma unroll
-    for (int i = 0; i < kBN / 2; ++i) s[i] = 0.0f;
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     WgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       // k16 step ks: column block ks / 4, byte 32·(ks % 4) of the 128-byte rows.
-      const uint64_t q_off = static_cast<uint64_t>(((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4);
-      const uint64_t k_off =
-          static_cast<uint64_t>(((ks >> 2) * kKvBlockBytes + (ks & 3) * 32) >> 4);
-      if constexpr (kQRegs && kBN == 64) {
-        WgmmaRsM64N64K16(s, q_reg[ks], k_desc + k_off, ks > 0 ? 1 : 0);
-      } else if constexpr (kQRegs) {
-        WgmmaRsM64N128K16(s, q_reg[ks], k_desc + k_off, ks > 0 ? 1 : 0);
-      } else if constexpr (kBN == 64) {
-        WgmmaSsM64N64K16(s, q_desc + q_off, k_desc + k_off, ks > 0 ? 1 : 0);
-      } else {
-        WgmmaSsM64N128K16(s, q_desc + q_off, k_desc + k_off, ks > 0 ? 1 : 0);
+      const uint64_t off = static_cast<uint64_t>(((ks >> 2) * kBlockBytes + (ks & 3) * 32) >> 4);
+      WgmmaSsM64N64K16(s, q_desc + off, k_desc + off, ks > 0 ? 1 : 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(s);
+
+    // Mask where some row of the warpgroup sees part of the tile (its causal diagonal and the
+    // partition edges). s[4n + 2h + e]: row wrow0 + g + 8h, key tile + 8n + 2t + e.
+    const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= wg_pos_first;
+    if (!full) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wrow0 + g + 8 * h;
+        const int pos = r < rows ? ctx + r / group : -1;
+        const int hi = min(kv_end - 1, pos);  // visible keys: kv_begin ≤ j ≤ hi
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = tile + n * 8 + 2 * t + e;
+            if (j < kv_begin || j > hi) s[4 * n + 2 * h + e] = -INFINITY;
+          }
+        }
       }
     }
-  };
-  // O += P·V_tile from buffer `stage`; V MN-major: k16 step kk starts at key 16·kk (2 KiB).
-  auto issue_pv = [&](const uint32_t(&p)[kBN / 16][4], int stage) {
-    const uint64_t v_desc =
-        SmemDesc(kv_smem + stage * kStageBytes + kKvOperandBytes, kKvBlockBytes, 1024);
+
+    // Online softmax (as paged_prefill_fa2.cu); P = 2^(s·c − m·c) as bf16 A fragments: k16 step kk
+    // takes score chunks 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
+    float neg_base[2], alpha[2];
+    bool raised = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[0][h];
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+        mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
+      // rather than NaN.
+      const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+      const bool up = mx != row_max[0][h];
+      alpha[h] = up ? Exp2(row_max[0][h] * c_log2 - mb) : 1.0f;
+      raised |= up;
+      row_max[0][h] = mx;
+      row_sum[0][h] *= alpha[h];
+      neg_base[h] = -mb;
+    }
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int u = 0; u < kD / 8; ++u) {
+        o[4 * u + 0] *= alpha[0];
+        o[4 * u + 1] *= alpha[0];
+        o[4 * u + 2] *= alpha[1];
+        o[4 * u + 3] *= alpha[1];
+      }
+    }
+    uint32_t p[kBN / 16][4];
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n) {
+      float e4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
+        row_sum[0][e >> 1] += e4[e];
+      }
+      p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
+      p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
+    }
+
+    // O += P·V; V MN-major: k16 step kk starts at key 16·kk (16 rows × 128 B).
+    const uint64_t v_desc = SmemDesc(k_smem + kOperandBytes, kBlockBytes, 1024);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       WgmmaRsM64N128K16T(o, p[kk], v_desc + static_cast<uint64_t>((kk * 16 * 128) >> 4), 1);
     }
-  };
-
-  if constexpr (kPipe) {
-    // Software pipeline (after FlashAttention-3 §3.2, "intra-warpgroup overlapping"): the next
-    // tile's S = Q·Kᵀ runs on the tensor cores while this tile's softmax runs on the ALUs. Three
-    // buffers: tile j's V (P·V), tile j + 1's K (the early Q·Kᵀ) and tile j + 2 landing.
-    // Whether the warpgroup sees a tile (monotone: once false, false for every later tile).
-    auto sees = [&](int tile) { return wg_live && tile <= wg_pos_last && tile < kv_end; };
-    float s_cur[kBN / 2];
-    CpAsyncWait<0>();  // the first tile (Q is in registers already)
-    FenceProxyAsync();
-    __syncthreads();
-    if (tile_first + kBN < kv_end) load(tile_first + kBN, 1);
-    if (sees(tile_first)) {
-      issue_s(s_cur, 0);
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceOperands(s_cur);
-    }
-    int stage = 0;
-    for (int tile = tile_first; tile < kv_end; tile += kBN) {
-      const int next_stage = stage == kStagesT - 1 ? 0 : stage + 1;
-      const int far_stage = next_stage == kStagesT - 1 ? 0 : next_stage + 1;
-      // Tile + kBN has landed; past the barrier every warpgroup is done with tile − kBN (its Q·Kᵀ
-      // and P·V were waited for), whose buffer takes tile + 2·kBN.
-      CpAsyncWait<0>();
-      FenceProxyAsync();
-      __syncthreads();
-      if (tile + 2 * kBN < kv_end) load(tile + 2 * kBN, far_stage);
-      float s_next[kBN / 2];
-      const bool next = sees(tile + kBN);
-      if (next) {
-        issue_s(s_next, next_stage);
-        WgmmaCommit();
-      }
-      if (sees(tile)) {
-        uint32_t p[kBN / 16][4];
-        MaskSoftmax<kBN>(s_cur, tile, kv_begin, kv_end, wg_pos_first, wrow0, rows, ctx, group, g, t,
-                         c_log2, row_max[0], row_sum[0], o, p);
-        issue_pv(p, stage);
-        WgmmaCommit();
-      }
-      WgmmaWait<0>();
-      FenceOperands(o);
-      if (next) {
-        FenceOperands(s_next);
-#pragma unroll
-        for (int i = 0; i < kBN / 2; ++i) s_cur[i] = s_next[i];
-      }
-      stage = next_stage;
-    }
-  } else {
-    int stage = 0;
-    for (int tile = tile_first; tile < kv_end; tile += kBN, stage ^= 1) {
-      // This thread's copies of Q and this tile are done; publish them to the async proxy and the
-      // CTA. Past the barrier every warpgroup is also done with the other buffer.
-      CpAsyncWait<0>();
-      FenceProxyAsync();
-      __syncthreads();
-      if (tile + kBN < kv_end) load(tile + kBN, stage ^ 1);
-      if (!wg_live || tile > wg_pos_last) continue;  // uniform over the warpgroup
-      float s[kBN / 2];
-      issue_s(s, stage);
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceOperands(s);
-      // Mask (the causal diagonal and partition edges), online softmax, P.
-      uint32_t p[kBN / 16][4];
-      MaskSoftmax<kBN>(s, tile, kv_begin, kv_end, wg_pos_first, wrow0, rows, ctx, group, g, t,
-                       c_log2, row_max[0], row_sum[0], o, p);
-      issue_pv(p, stage);
-      WgmmaCommit();
-      WgmmaWait<0>();
-      FenceOperands(o);
-    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(o);
   }
   // An empty partition never waited for its copies; no copy may outlive the CTA.
   CpAsyncWait<0>();
@@ -629,32 +445,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) WgmmaPrefillKernel(const F
 #endif
 }
 
-// Runs op.Run<Cfg>(kernel) for variant 0..kNumWgmmaVariants − 1 (SetPagedAttentionPrefillKernel
-// kWgmmaPrefillKernel + variant).
-template <int kBN, bool kQRegs, int kMinCtas, bool kPipe, typename Op>
-auto RunVariant(const Op& op) {
-  return op.template Run<WgConfig<kBN, kQRegs, kMinCtas, kPipe>>(
-      &WgmmaPrefillKernel<kBN, kQRegs, kMinCtas, kPipe>);
-}
-template <typename Op>
-auto WithVariant(int variant, const Op& op) {
-  switch (variant) {
-    case 1:
-      return RunVariant<128, true, 1, false>(op);
-    case 2:
-      return RunVariant<128, false, 1, false>(op);
-    case 3:
-      return RunVariant<64, true, 1, false>(op);
-    case 4:
-      return RunVariant<64, true, 1, true>(op);
-    default:
-      return RunVariant<64, false, 2, false>(op);
-  }
-}
-
-template <typename Cfg>
-cudaError_t AllowSmem(void (*kernel)(Fa2Args)) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+cudaError_t AllowSmem() {
+  return cudaFuncSetAttribute(WgmmaPrefillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kSmemBytes);
 }
 
 // Whether the current device runs this binary's sm_90a code (cached per device 0..15).
@@ -670,43 +463,12 @@ bool DeviceRunsWgmma() {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
         major == 9 && minor == 0 &&
-        cudaFuncGetAttributes(&attr, WgmmaPrefillKernel<64, false, 2, false>) == cudaSuccess &&
-        attr.binaryVersion == 90;
+        cudaFuncGetAttributes(&attr, WgmmaPrefillKernel) == cudaSuccess && attr.binaryVersion == 90;
     v = ok ? 1 : 2;
     cache[device].store(v, std::memory_order_relaxed);
   }
   return v == 1;
 }
-
-struct OccupancyOp {
-  template <typename Cfg>
-  int Run(void (*kernel)(Fa2Args)) const {
-    int n = 0;
-    if (AllowSmem<Cfg>(kernel) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, Cfg::kSmemBytes) !=
-            cudaSuccess) {
-      return 1;
-    }
-    return n > 1 ? n : 1;
-  }
-};
-
-struct LaunchOp {
-  const Fa2Args* args;
-  dim3 grid;
-  cudaStream_t stream;
-  bool pdl;
-  template <typename Cfg>
-  absl::Status Run(void (*kernel)(Fa2Args)) const {
-    SLUICE_CUDA_RETURN_IF_ERROR(AllowSmem<Cfg>(kernel),
-                                "PagedAttentionCuda (wgmma prefill): cudaFuncSetAttribute");
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), Cfg::kSmemBytes,
-                                               stream, pdl, *args),
-        "PagedAttentionCuda (wgmma prefill): launch");
-    return CudaLaunchStatus("PagedAttentionCuda (wgmma prefill)");
-  }
-};
 
 }  // namespace
 
@@ -716,18 +478,30 @@ bool WgmmaPrefillSupports(int64_t head_dim, int64_t v_head_dim, float scale,
          sliding_window <= 0 && DeviceRunsWgmma();
 }
 
-int WgmmaPrefillOccupancy(int variant) { return WithVariant(variant, OccupancyOp{}); }
-
-absl::Status LaunchWgmmaPrefill(int variant, const Fa2Args& args, dim3 grid, cudaStream_t stream,
-                                bool pdl) {
-  if (variant < 0 || variant >= kNumWgmmaVariants ||
-      !WgmmaPrefillSupports(args.head_dim, args.v_head_dim, args.scale_log2, args.sliding_window)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PagedAttentionCuda: the wgmma prefill kernel (variant ", variant,
-                     ") does not serve head_dim ", args.head_dim, ", v_head_dim ", args.v_head_dim,
-                     ", sliding_window ", args.sliding_window, " on this device"));
+int WgmmaPrefillOccupancy() {
+  int n = 0;
+  if (AllowSmem() != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, WgmmaPrefillKernel, kThreads, kSmemBytes) !=
+          cudaSuccess) {
+    return 1;
   }
-  return WithVariant(variant, LaunchOp{&args, grid, stream, pdl});
+  return n > 1 ? n : 1;
+}
+
+absl::Status LaunchWgmmaPrefill(const Fa2Args& args, dim3 grid, cudaStream_t stream, bool pdl) {
+  if (!WgmmaPrefillSupports(args.head_dim, args.v_head_dim, args.scale_log2, args.sliding_window)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: the wgmma prefill kernel does not serve head_dim ",
+                     args.head_dim, ", v_head_dim ", args.v_head_dim, ", sliding_window ",
+                     args.sliding_window, " on this device"));
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(AllowSmem(),
+                              "PagedAttentionCuda (wgmma prefill): cudaFuncSetAttribute");
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      attention_detail::LaunchKernelMaybePdl(WgmmaPrefillKernel, grid, dim3(kThreads), kSmemBytes,
+                                             stream, pdl, args),
+      "PagedAttentionCuda (wgmma prefill): launch");
+  return CudaLaunchStatus("PagedAttentionCuda (wgmma prefill)");
 }
 
 }  // namespace sluice::kernels::paged_detail

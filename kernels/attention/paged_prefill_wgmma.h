@@ -15,19 +15,8 @@ namespace sluice::kernels::paged_detail {
 // paged_prefill_device.cuh (device code: not included here, so host .cc files may include this).
 struct Fa2Args;
 
-// SetPagedAttentionPrefillKernel's numbers: kWgmmaPrefillKernel + variant, variants
-//   0 (kernel 15): 64-key tiles, Q·Kᵀ with both operands from shared memory, 2 CTAs per SM
-//     (97 KiB of shared memory each, ≤ 128 registers a thread);
-//   1 (kernel 16): 128-key tiles, Q held in registers as the A operand of Q·Kᵀ, 1 CTA per SM
-//     (161 KiB);
-//   2 (kernel 17): 128-key tiles, both operands from shared memory, 1 CTA per SM;
-//   3 (kernel 18): 64-key tiles, Q in registers, 1 CTA per SM (97 KiB);
-//   4 (kernel 19): as 3 with a software pipeline: tile j + 1's Q·Kᵀ is issued before tile j's
-//     softmax, so it runs on the tensor cores meanwhile (3 K/V buffers, 129 KiB).
-// Variants 1..3 hold up to 255 registers a thread (ptxas: 229 for 1 and 2, no spills); variant 0
-// is capped at 128 (24 bytes of spills).
+// SetPagedAttentionPrefillKernel's number for this kernel.
 constexpr int kWgmmaPrefillKernel = 15;
-constexpr int kNumWgmmaVariants = 5;
 
 // Query rows (token · group + head) per CTA: two warpgroups of 64.
 constexpr int kWgmmaRowsPerCta = 128;
@@ -41,10 +30,10 @@ constexpr int kWgmmaRowsPerCta = 128;
 bool WgmmaPrefillSupports(int64_t head_dim, int64_t v_head_dim, float scale,
                           int64_t sliding_window);
 
-// CTAs of `variant` resident per SM (≥ 1; 1 on errors).
-int WgmmaPrefillOccupancy(int variant);
+// CTAs of the kernel resident per SM (≥ 1; 1 on errors).
+int WgmmaPrefillOccupancy();
 
-// LaunchWgmmaPrefill: `variant` over `grid` = (m tiles · KV heads · splits, 1,
+// LaunchWgmmaPrefill: the kernel over `grid` = (m tiles · KV heads · splits, 1,
 // sequences), linear x with the longest query tiles first (as
 // LaunchFa2Prefill); args.num_m_tiles counts kWgmmaRowsPerCta-row tiles,
 // partitions (args.partition_tokens) are multiples of 64 keys. Writes bf16 rows
@@ -52,8 +41,7 @@ int WgmmaPrefillOccupancy(int variant);
 // args.num_splits > 1 (the split-KV combine format). InvalidArgument where
 // WgmmaPrefillSupports is false for args' dims; Internal for launch errors.
 // `pdl`: launch as a programmatic dependent.
-absl::Status LaunchWgmmaPrefill(int variant, const Fa2Args& args, dim3 grid, cudaStream_t stream,
-                                bool pdl);
+absl::Status LaunchWgmmaPrefill(const Fa2Args& args, dim3 grid, cudaStream_t stream, bool pdl);
 
 }  // namespace sluice::kernels::paged_detail
 
