@@ -39,6 +39,7 @@
 #include "kernels/attention/decode_rope_fusion.cuh"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/attention/paged_prefill_device.cuh"
+#include "kernels/attention/paged_prefill_wgmma.h"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels {
@@ -1169,7 +1170,7 @@ std::atomic<int> g_decode_stages{0};
 // 4 warps × 2/3/6 stages, 6 warp rings of 8 warps × 3 stages, 7/8 warp rings of 2 warps × 3/4
 // stages (depths shrink to what fits shared memory for wide heads; 8 warps fall back to 4
 // where 2 stages do not fit).
-constexpr int kNumKinds = 11 + paged_detail::kNumFa2Configs;  // + FA2 kinds 11.. (below)
+constexpr int kNumKinds = 12 + paged_detail::kNumFa2Configs;  // + FA2 kinds 11.., wgmma (below)
 constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
               kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
 // SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1; 8 and 9 are the persistent
@@ -1190,6 +1191,9 @@ constexpr int kKindPrefill1 = 9, kKindPrefill2 = 10;
 // Kinds 11..: paged_prefill_fa2.cu's configurations (SetPagedAttentionPrefillKernel 3..),
 // for padded head dims 64 and 128; other dims fall back to kind 9 (Plan).
 constexpr int kKindFa2 = 11;
+// The wgmma kind (paged_prefill_wgmma.cu; SetPagedAttentionPrefillKernel 15), after the FA2 kinds.
+constexpr int kKindWgmma = kKindFa2 + paged_detail::kNumFa2Configs;
+static_assert(kKindWgmma + 1 == kNumKinds);
 constexpr int kNumPrefillKernels = 3 + paged_detail::kNumFa2Configs;
 constexpr int kPrefillMmaWarps = 4;
 
@@ -1198,7 +1202,8 @@ std::atomic<int> g_prefill_kernel{3};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {
-  return kind >= kKindFa2        ? paged_detail::kFa2RowsPerCta
+  return kind == kKindWgmma      ? paged_detail::kWgmmaRowsPerCta
+         : kind >= kKindFa2      ? paged_detail::kFa2RowsPerCta
          : kind == kKindPrefill1 ? 32 * kPrefillMmaWarps
          : kind == kKindPrefill2 ? 16 * kPrefillMmaWarps
                                  : 16 * kPrefillWarpsM;
@@ -1511,7 +1516,8 @@ int64_t ResidentSlots(Variant v, int kind) {
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int per_sm =
-      kind >= kKindFa2
+      kind == kKindWgmma ? paged_detail::WgmmaPrefillOccupancy()
+      : kind >= kKindFa2
           ? paged_detail::Fa2Occupancy(kind - kKindFa2, v == Variant::k64 ? 64 : 128,
                                        v == Variant::k64 ? 64 : 128)
           : WithVariant(v, kind, OccupancyOp{});
@@ -1567,7 +1573,14 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
       p.scale > 0.0f && std::isfinite(p.scale)) {
     plan.kind = kKindPrefill1 + prefill_kernel - 1;
     // FA2 kernels (3..) where they serve the head dims; elsewhere kernel 1, explicitly.
-    if (prefill_kernel >= 3) {
+    if (prefill_kernel == paged_detail::kWgmmaPrefillKernel) {
+      // wgmma (sm_90a, d 128, no window) where it serves; elsewhere kernel 3's kind.
+      plan.kind =
+          paged_detail::WgmmaPrefillSupports(p.head_dim, p.v_head_dim, p.scale, p.sliding_window)
+              ? kKindWgmma
+          : paged_detail::Fa2Supports(p.head_dim, p.v_head_dim) ? kKindFa2
+                                                                 : kKindPrefill1;
+    } else if (prefill_kernel >= 3) {
       plan.kind = paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)
                       ? kKindFa2 + prefill_kernel - 3
                       : kKindPrefill1;
@@ -1667,6 +1680,10 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
     return WithDims(v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v)),
                                           stream});
   }
+  if (plan.kind == kKindWgmma) {
+    const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
+    return paged_detail::LaunchWgmmaPrefill(fa2, grid, stream, PdlEnabled());
+  }
   if (plan.kind >= kKindFa2) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
     return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, fa2, grid, stream, PdlEnabled());
@@ -1701,10 +1718,12 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel) {
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
 
 absl::Status SetPagedAttentionPrefillKernel(int kernel) {
-  if (kernel < 0 || kernel >= kNumPrefillKernels) {
+  if ((kernel < 0 || kernel >= kNumPrefillKernels) &&
+      kernel != paged_detail::kWgmmaPrefillKernel) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionPrefillKernel: kernel ",
                                                    kernel, " is not in 0..",
-                                                   kNumPrefillKernels - 1));
+                                                   kNumPrefillKernels - 1, " or ",
+                                                   paged_detail::kWgmmaPrefillKernel));
   }
   g_prefill_kernel.store(kernel, std::memory_order_relaxed);
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/attention/paged_prefill_wgmma.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/rope/rope.h"
 
@@ -48,6 +50,8 @@ struct Case {
   int64_t q_stride_pad = 0;     // extra elements per q row (fused-QKV style stride)
   int64_t extra_query_len = 0;  // loosen max_query_len beyond the batch's (graph bounds)
   int64_t extra_seq_len = 0;    // loosen max_seq_len likewise
+  bool zero_q = false;  // all-zero q: uniform softmax over the visible keys (out = mean of V)
+  bool error_map = false;  // on a mismatch, print which (token, head, 8-column chunk) are off
 };
 
 PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t dv, int64_t block,
@@ -140,7 +144,8 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
   const int64_t q_stride = p.num_heads * p.head_dim + c.q_stride_pad;
   // Scores up to ~±4·sqrt(d)·scale keep the softmax neither flat nor one-hot.
-  const auto q = RandomBf16(static_cast<size_t>(num_tokens * q_stride), rng, -2.0f, 2.0f);
+  auto q = RandomBf16(static_cast<size_t>(num_tokens * q_stride), rng, -2.0f, 2.0f);
+  if (c.zero_q) std::fill(q.begin(), q.end(), FloatToBf16(0.0f));
 
   std::vector<int32_t> cpu_tables = tables;
   for (auto& e : cpu_tables) e = std::max(e, 0);
@@ -174,8 +179,43 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const absl::Status st = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(), batch, p,
                                              ws->data(), d_out.data(), nullptr);
   ASSERT_TRUE(st.ok()) << st;
-  ExpectClose(absl::StrCat(c.name, " (workspace ", ws_bytes, " B)"), Download(d_out), want, kRtol,
-              kAtol);
+  const std::vector<float> got = Download(d_out);
+  ExpectClose(absl::StrCat(c.name, " (workspace ", ws_bytes, " B)"), got, want, kRtol, kAtol);
+  if (c.error_map) {
+    // One line per token (≤ 80): per head (≤ 4), one mark per 8 output columns, 'x' where an
+    // element is out of tolerance (the same test as Compare: |got − want| > atol·max|want| +
+    // rtol·|want|) or not finite. Shows layout mistakes (rows, columns, keys) at a glance.
+    double max_ref = 0.0;
+    for (float w : want) max_ref = std::max(max_ref, std::abs(static_cast<double>(w)));
+    int64_t bad = 0;
+    std::string map;
+    for (int64_t tok = 0; tok < std::min<int64_t>(num_tokens, 80); ++tok) {
+      std::string line;
+      for (int64_t h = 0; h < std::min<int64_t>(p.num_heads, 4); ++h) {
+        for (int64_t c8 = 0; c8 < p.v_head_dim; c8 += 8) {
+          bool off = false;
+          for (int64_t i = c8; i < std::min<int64_t>(c8 + 8, p.v_head_dim); ++i) {
+            const size_t at = static_cast<size_t>((tok * p.num_heads + h) * p.v_head_dim + i);
+            const double d = std::abs(static_cast<double>(got[at]) - want[at]);
+            off |= !std::isfinite(got[at]) || d > kAtol * max_ref + kRtol * std::abs(want[at]);
+          }
+          line += off ? 'x' : '.';
+          bad += off;
+        }
+        line += ' ';
+      }
+      map += line + "\n";
+    }
+    if (bad > 0) {
+      std::printf("[error-map] %s (token rows, per head 8-column chunks):\n%s", c.name.c_str(),
+                  map.c_str());
+      for (int64_t i = 0; i < std::min<int64_t>(16, p.v_head_dim); ++i) {
+        std::printf("[error-map] token 0 head 0 col %lld: got %g want %g\n",
+                    static_cast<long long>(i), got[static_cast<size_t>(i)],
+                    want[static_cast<size_t>(i)]);
+      }
+    }
+  }
 }
 
 std::vector<SeqSpec> Decode(std::initializer_list<int32_t> contexts) {
@@ -760,6 +800,78 @@ TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
     RunCase(odd, rng);
     RunCase({tag + "d32 (kernel 1 fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
   }
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
+}
+
+// The Hopper wgmma prefill kernel (SetPagedAttentionPrefillKernel 15, paged_prefill_wgmma.cu)
+// against the CPU reference, every output element: fresh prompts whose rows (tokens × group)
+// are not multiples of the 128-row tile or of the 64-key tile (and one that is), chunked prefill
+// over cached prefixes, a long chunk over a prefix (split-KV partials), GQA 4:1, 8:1, 7:1 and
+// 1:1, block sizes 16, 32, 64, 8 and 7 (no power of two), a q stride that rules out 16-byte
+// copies, decode rows in the same launch, and launches it does not serve (sliding window, head
+// dims 64 and 32: kernel 3's path / kernel 1). On a compute 9.0 device the kernel must serve
+// head dim 128 (so these cases run it rather than the fallback).
+TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionPrefillKernel(16).code(), absl::StatusCode::kInvalidArgument);
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+  if (major == 9 && minor == 0) {
+    EXPECT_TRUE(paged_detail::WgmmaPrefillSupports(128, 128, 0.088f, 0));
+  }
+  EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(128, 128, 0.088f, 100));
+  EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(64, 64, 0.125f, 0));
+  const int default_kernel = PagedAttentionPrefillKernel();
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(paged_detail::kWgmmaPrefillKernel).ok());
+  EXPECT_EQ(PagedAttentionPrefillKernel(), paged_detail::kWgmmaPrefillKernel);
+  const std::string tag = "wgmma prefill ";
+  // Small structured cases first (an error map on mismatch): one head, then zero q (uniform
+  // softmax: only the P·V path and V's layout matter).
+  Case one{tag + "one head fresh 64", Params(1, 1, 128, 128, 16), {{0, 64}}};
+  one.error_map = true;
+  RunCase(one, rng);
+  Case flat{tag + "zero q fresh 70", Params(1, 1, 128, 128, 16), {{0, 70}}};
+  flat.zero_q = true;
+  flat.error_map = true;
+  RunCase(flat, rng);
+  Case flat_g4{tag + "zero q g4 fresh 40", Params(4, 1, 128, 128, 16), {{0, 40}}};
+  flat_g4.zero_q = true;
+  flat_g4.error_map = true;
+  RunCase(flat_g4, rng);
+  RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
+  RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
+  RunCase({tag + "fresh 128 mha", Params(4, 4, 128, 128, 16), {{0, 128}}}, rng);
+  RunCase({tag + "fresh 5 g4", Params(8, 2, 128, 128, 16), {{0, 5}}}, rng);
+  RunCase({tag + "chunks over prefixes g4",
+           Params(32, 8, 128, 128, 16),
+           {{0, 77}, {1000, 77}, {333, 150}, {64, 64}, {17, 5}}},
+          rng);
+  RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
+  RunCase({tag + "chunk 40 over 5000 g4", Params(8, 2, 128, 128, 16), {{5000, 40}}}, rng);
+  RunCase({tag + "mha chunks", Params(8, 8, 128, 128, 16), {{0, 129}, {500, 40}}}, rng);
+  RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
+  RunCase({tag + "block 32 g4", Params(16, 4, 128, 128, 32), {{0, 270}, {200, 90}}}, rng);
+  RunCase({tag + "block 64 g4", Params(16, 4, 128, 128, 64), {{0, 300}, {130, 33}}}, rng);
+  RunCase({tag + "block 8 g4", Params(16, 4, 128, 128, 8), {{0, 200}, {77, 60}}}, rng);
+  RunCase({tag + "mixed with decode rows",
+           Params(32, 8, 128, 128, 16),
+           {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
+          rng);
+  Case odd{tag + "q stride pad 2", Params(8, 2, 128, 128, 16), {{50, 30}, {0, 90}}};
+  odd.q_stride_pad = 2;
+  RunCase(odd, rng);
+  Case loose{tag + "loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
+  loose.extra_query_len = 100;
+  loose.extra_seq_len = 3000;
+  RunCase(loose, rng);
+  // Not served: kernel 3's path (window, d64) and kernel 1 (d32).
+  RunCase({tag + "window 100 (fallback)", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}},
+          rng);
+  RunCase({tag + "d64 (fallback)", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
+  RunCase({tag + "d32 (fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
   ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 
