@@ -62,8 +62,9 @@
 // paged_attention_cuda.h lists them), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
-// --decode-pdl 0|1: decode-step kernels launched as programmatic dependents of the kernel before
-// each (kernels::SetDecodePdl; default 0), for A/B runs.
+// --decode-pdl 0|1|2: decode-step kernels launched as programmatic dependents of the kernel
+// before each (kernels::SetDecodePdlLevel: 1 the model-independent kernels, 2 also the DeepSeek
+// MLA / MoE kernels), for A/B runs.
 // --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
 // --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
 // registers, the default, 2 that plus an L2 prefetch of the warp's whole weight slice).
@@ -584,11 +585,9 @@ absl::Status Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
     } else if (a == "--decode-pdl") {  // kernels::SetDecodePdl, for A/B runs
-      int on = 0;
-      if (!absl::SimpleAtoi(v, &on) || (on != 0 && on != 1)) {
-        return absl::InvalidArgumentError("--decode-pdl takes 0 or 1");
-      }
-      kernels::SetDecodePdl(on == 1);
+      int level = 0;
+      if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetDecodePdlLevel(level));
     } else if (a == "--gemv-pdl-prefetch") {  // kernels::SetGemvPdlPrefetch, for A/B runs
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
@@ -674,7 +673,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();
   out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
-  out["decode_pdl"] = kernels::DecodePdl();
+  out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
   out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL

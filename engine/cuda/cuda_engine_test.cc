@@ -33,7 +33,7 @@ namespace {
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
 // SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
-// SLUICE_TEST_DECODE_PDL (0|1), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's).
+// SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -59,11 +59,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_MODE",  // 2: the MHA form from 2-token queries on
           [](int64_t v) { return kernels::SetMlaPrefillMode(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_DECODE_PDL", [](int64_t v) {  // 1: every step as one programmatic chain
-      if (v != 0 && v != 1) return absl::InvalidArgumentError("SLUICE_TEST_DECODE_PDL: 0 or 1");
-      kernels::SetDecodePdl(v == 1);
-      return absl::OkStatus();
-    });
+    Apply("SLUICE_TEST_DECODE_PDL",
+          [](int64_t v) { return kernels::SetDecodePdlLevel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_GEMV_PDL_PREFETCH",
           [](int64_t v) { return kernels::SetGemvPdlPrefetch(static_cast<int>(v)); });
   }

@@ -403,7 +403,7 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
     // reading what it wrote (the queries and latent inputs staged through CopyHeadsCuda, also
     // a dependent launch): the separate and the merged launches give the serial bits again.
     if (kernels::PdlSupported()) {
-      const bool saved_pdl = kernels::DecodePdl();
+      const int saved_pdl = kernels::DecodePdlLevel();
       kernels::SetDecodePdl(true);
       for (bool merged : {false, true}) {
         auto q2 = ct::NanBuffer(T * q_w);
@@ -450,7 +450,7 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
       ASSERT_TRUE(AddInPlaceCuda(y_serial.data(), d_q.data(), T * q_w, st).ok());
       ASSERT_TRUE(stream->Synchronize().ok());
       ExpectSameBits("pdl add in place, " + tag, ct::Download(y_pdl), ct::Download(y_serial));
-      kernels::SetDecodePdl(saved_pdl);
+      ASSERT_TRUE(kernels::SetDecodePdlLevel(saved_pdl).ok());
     }
   }
 }

@@ -16,7 +16,7 @@ using kernels::cuda_detail::GridDependencyWait;
 using kernels::cuda_detail::LaunchDependents;
 using kernels::cuda_detail::LaunchKernelMaybePdl;
 
-// pdl (kernels::DecodePdl()): launched as a programmatic dependent of the kernel before it
+// pdl (kernels::DecodePdlModelKernels()): launched as a programmatic dependent of the kernel before it
 // (kernels/cuda/pdl.cuh): wait for it before the first read, then let the next kernel launch.
 __device__ __forceinline__ void PdlEnter(bool pdl) {
   if (pdl) {
@@ -213,7 +213,7 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // MlaPrologueAbsorbCuda's grid: blocks [0, num_tokens) run token blockIdx.x's prologue, the
 // rest the absorbed-query GEMV's blocks in (head, column block) order. The branch is
 // block-uniform, so each side's barriers see its whole block; the two write disjoint spans.
-// kPdl (kernels::DecodePdl()): itself a programmatic dependent of the fused input projection:
+// kPdl (kernels::DecodePdlModelKernels()): itself a programmatic dependent of the fused input projection:
 // the prologue blocks wait before anything, the GEMV blocks after loading their weights.
 template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads)
@@ -270,7 +270,7 @@ absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, Head
   }
   const int64_t total = num_tokens * num_heads * width;
   if (total == 0) return absl::OkStatus();
-  const bool pdl = kernels::DecodePdl();
+  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&CopyHeadsKernel, dim3(Blocks(total)), dim3(kThreads), 0, stream,
                              pdl, src, src_spans, dst, dst_spans, num_heads, width, total, pdl);
   return kernels::CudaLaunchStatus("CopyHeadsKernel");
@@ -279,7 +279,7 @@ absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, Head
 absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
   if (n < 0) return absl::InvalidArgumentError("AddInPlaceCuda: n < 0");
   if (n == 0) return absl::OkStatus();
-  const bool pdl = kernels::DecodePdl();
+  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&AddInPlaceKernel, dim3(Blocks(n)), dim3(kThreads), 0, stream, pdl,
                              y, x, n, pdl);
   return kernels::CudaLaunchStatus("AddInPlaceKernel");
@@ -329,7 +329,7 @@ absl::Status CheckAbsorb(const bf16* q, int64_t q_token_stride, int64_t q_head_s
 
 absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
   if (absl::Status s = CheckPrologue(args, num_tokens); !s.ok() || num_tokens == 0) return s;
-  const bool pdl = kernels::DecodePdl();
+  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&MlaPrologueKernel, dim3(static_cast<unsigned>(num_tokens)),
                              dim3(kPrologueThreads), 0, stream, pdl, args, pdl);
   return kernels::CudaLaunchStatus("MlaPrologueKernel");
@@ -348,7 +348,7 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
   }
   const dim3 grid(static_cast<unsigned>(heads),
                   static_cast<unsigned>((R + kAbsorbCols - 1) / kAbsorbCols));
-  const bool pdl = kernels::DecodePdl();
+  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(PickAbsorbQuery(num_tokens, pdl), grid, dim3(kAbsorbThreads), 0,
                              stream, pdl, a);
   return kernels::CudaLaunchStatus("MlaAbsorbQueryKernel");
@@ -372,7 +372,7 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   }
   const unsigned grid = static_cast<unsigned>(num_tokens + heads * col_blocks);
   const int cb = static_cast<int>(col_blocks);
-  const bool pdl = kernels::DecodePdl();
+  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, pdl), dim3(grid),
                              dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb);
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");

@@ -33,11 +33,20 @@ bool PdlSupported() {
 }
 
 namespace {
-std::atomic<bool> g_decode_pdl{false};
+std::atomic<int> g_decode_pdl_level{0};
 }  // namespace
 
-void SetDecodePdl(bool enabled) { g_decode_pdl.store(enabled); }
-bool DecodePdl() { return g_decode_pdl.load() && PdlSupported(); }
+absl::Status SetDecodePdlLevel(int level) {
+  if (level < 0 || level > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("decode PDL level must be 0..2, got ", level));
+  }
+  g_decode_pdl_level.store(level);
+  return absl::OkStatus();
+}
+int DecodePdlLevel() { return g_decode_pdl_level.load(); }
+void SetDecodePdl(bool enabled) { g_decode_pdl_level.store(enabled ? 2 : 0); }
+bool DecodePdl() { return g_decode_pdl_level.load() >= 1 && PdlSupported(); }
+bool DecodePdlModelKernels() { return g_decode_pdl_level.load() >= 2 && PdlSupported(); }
 
 absl::StatusOr<std::string> CudaDeviceName() {
   int device = 0;

@@ -1018,7 +1018,7 @@ struct VUpArgs {
   bool w_vec;  // w, w_head_stride and rank allow 16-byte weight loads
 };
 
-// kEarly (kernels::DecodePdl()): the block's W_UV vectors (w_vec; no kernel of the step writes
+// kEarly (kernels::DecodePdlModelKernels()): the block's W_UV vectors (w_vec; no kernel of the step writes
 // them) are loaded into registers before GridDependencyWait, in flight while the attention
 // kernel finishes, and once past the wait the kernel lets its own dependent (o_proj) launch.
 // The same values in the same order: the same outputs.
@@ -1437,9 +1437,9 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem)),
         "MlaLatentAttentionCuda: cudaFuncSetAttribute");
-    // kernels::DecodePdl(): a programmatic dependent at every fusion level (the kernel waits
+    // kernels::DecodePdlModelKernels(): a programmatic dependent at every fusion level (the kernel waits
     // before its first read).
-    const bool pdl = MlaDecodePdl() || DecodePdl();
+    const bool pdl = MlaDecodePdl() || DecodePdlModelKernels();
     SLUICE_CUDA_RETURN_IF_ERROR(attention_detail::LaunchKernelMaybePdl(
                                     kernel, grid, dim3(kTcThreads), smem, stream, pdl, args),
                                 "MlaLatentAttentionCuda: decode launch");
@@ -1550,7 +1550,7 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
-  const bool early = DecodePdl();
+  const bool early = DecodePdlModelKernels();
   SLUICE_CUDA_RETURN_IF_ERROR(
       attention_detail::LaunchKernelMaybePdl(
           early ? &MlaCombineVUpKernel<true> : &MlaCombineVUpKernel<false>, grid,

@@ -246,7 +246,7 @@ TEST(MlaLatentAttentionCudaTest, DecodePdl) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
   auto rng = cuda_test::Rng();
-  const bool saved_pdl = DecodePdl();
+  const int saved_pdl = DecodePdlLevel();
   const int saved_fusion = MlaDecodeFusion();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
   std::vector<Seq> b64;
@@ -262,7 +262,7 @@ TEST(MlaLatentAttentionCudaTest, DecodePdl) {
     RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
     RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
   }
-  SetDecodePdl(saved_pdl);
+  ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
   ASSERT_TRUE(SetMlaDecodeFusion(saved_fusion).ok());
 }
 

@@ -993,7 +993,7 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
   auto rng = cuda_test::Rng();
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  const bool saved_pdl = DecodePdl();
+  const int saved_pdl = DecodePdlLevel();
   for (const MoeConfig& cfg : MultiBlockConfigs()) {
     const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
     const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
@@ -1020,7 +1020,7 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
           SetDecodePdl(true);
           const auto got = RunChain(cfg, w, c, t, sh, mode, stream->get(), false);
           const auto got_graph = RunChain(cfg, w, c, t, sh, mode, stream->get(), true);
-          SetDecodePdl(saved_pdl);
+          ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
           ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
           int64_t nan = 0;
           for (float v : want) nan += std::isnan(v) ? 1 : 0;
