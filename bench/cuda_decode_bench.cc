@@ -58,7 +58,7 @@
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
 // absorbed form, the default; 1 the MHA form for steps with a query of >= 64 tokens), for A/B runs.
 // --attn-prefill-kernel N: the paged attention kernel of prefill launches
-// (kernels::SetPagedAttentionPrefillKernel 0..7, or 15 for the sm_90a wgmma kernel; default 3;
+// (kernels::SetPagedAttentionPrefillKernel 0..7, or 15 for the sm_90a wgmma kernel, the default;
 // paged_attention_cuda.h lists them), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.

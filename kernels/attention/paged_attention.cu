@@ -1198,7 +1198,7 @@ constexpr int kNumPrefillKernels = 3 + paged_detail::kNumFa2Configs;
 constexpr int kPrefillMmaWarps = 4;
 
 // SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10, 3.. kinds 11...
-std::atomic<int> g_prefill_kernel{3};
+std::atomic<int> g_prefill_kernel{15};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {

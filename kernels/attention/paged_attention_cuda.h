@@ -131,10 +131,10 @@ int PagedAttentionDecodeKernel();
 // bf16 rounding (the exponent's rounding differs), deterministic. Process-wide, for benchmarks
 // and tests; set it before sizing workspaces or capturing graphs (the split plan depends on
 // it). 3..7: the FlashAttention-2 tile shapes of paged_prefill_fa2.cu (128 rows × 64 keys;
-// 3 (the default): 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
+// 3: 4 warps × 32 rows, 4: 8 warps × 16 rows with Q in registers, 5: as 4 with 3 stages,
 // 6: as 3 with a lighter K/V copy path, 7: as 6 with the copies issued after Q·Kᵀ;
 // paged_prefill_device.cuh), for padded head dims 64 and 128 with a positive scale; other
-// prefill launches use kernel 1 (or 0 as above). 15: the Hopper wgmma kernel of
+// prefill launches use kernel 1 (or 0 as above). 15 (the default): the Hopper wgmma kernel of
 // paged_prefill_wgmma.cu (2 warpgroups × 64 rows, 64-key tiles, wgmma.mma_async for Q·Kᵀ and
 // P·V) for head dims 128/128 with a positive scale and no sliding window on a compute 9.0 device
 // running sm_90a code; other launches take kernel 3's path (or 1 as above); H200 Llama-3-8B

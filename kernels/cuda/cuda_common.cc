@@ -33,7 +33,7 @@ bool PdlSupported() {
 }
 
 namespace {
-std::atomic<int> g_decode_pdl_level{0};
+std::atomic<int> g_decode_pdl_level{1};
 }  // namespace
 
 absl::Status SetDecodePdlLevel(int level) {

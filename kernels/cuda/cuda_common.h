@@ -55,7 +55,7 @@ bool PdlSupported();
 // SetDecodePdlLevel / DecodePdl: launch the kernels of a decode step as programmatic dependents
 // of the kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its first weight
 // loads overlap the previous kernel's tail. Levels: 0 off; 1 the model-independent kernels
-// (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax);
+// (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the default);
 // 2 also the DeepSeek MLA / MoE decode kernels (engine/cuda/deepseek_kernels.cu,
 // kernels/mla_attention, kernels/moe). Process-wide, for benchmarks and A/B runs; set it before
 // capturing graphs. InvalidArgument outside 0..2. DecodePdl (level >= 1) and
