@@ -26,6 +26,7 @@
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/linear/linear_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_cuda_detail.cuh"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
@@ -960,7 +961,7 @@ template <int kRows, bool kPiped>
 __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
     MoeFusedRouteMultiKernel(const bf16* __restrict__ x, const bf16* __restrict__ w_gate,
                              int hidden, RouteArgs args, SortOut so, float* logits_g,
-                             unsigned int* ws_counter, int slot, SharedArgs sh, bool pdl) {
+                             unsigned int* ws_counter, int slot, SharedArgs sh, int pdl) {
   extern __shared__ float fused_smem[];
   // Decode variant 6: MoePipedGateUpKernel, a programmatic dependent, may launch now; it waits
   // for this grid's completion before it reads anything (a no-op otherwise). Its blocks only
@@ -976,34 +977,38 @@ __global__ void __launch_bounds__(kRouteMultiWarps * 32, kPiped ? 2 : 1)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int route_blocks = RouteMultiBlocks(e_count);
-  if (pdl) {
+  if (pdl != 0) {
+    // pdl 2 (GemvPdlPrefetch() == kGemvPdlPrefetchSlice, as for the GEMVs): before the wait,
+    // the router rows and the shared experts' gate/up rows are asked into L2; pdl 1 only waits.
     const uint32_t row_bytes = static_cast<uint32_t>(hidden) * sizeof(bf16);
-    if (static_cast<int>(blockIdx.x) < route_blocks) {
-      const int e = static_cast<int>(blockIdx.x) * kRouteMultiWarps + warp;
-      if (e < e_count && lane == 0) {
-        cuda_detail::PrefetchL2(w_gate + static_cast<int64_t>(e) * hidden, row_bytes);
-      }
-      // A shared expert but no shared blocks (decode variant 7: the experts' gate/up launch
-      // computes it): the routing lanes ask L2 for its 2·n gate/up rows, a row per lane in turn.
-      if (sh.w_gate_up != nullptr && static_cast<int>(gridDim.x) == route_blocks) {
-        const int lanes = route_blocks * kRouteMultiWarps * 32;
-        for (int r = static_cast<int>(blockIdx.x) * kRouteMultiWarps * 32 +
-                     static_cast<int>(threadIdx.x);
-             r < 2 * sh.n; r += lanes) {
-          cuda_detail::PrefetchL2(sh.w_gate_up + static_cast<int64_t>(r) * hidden, row_bytes);
+    if (pdl == 2) {
+      if (static_cast<int>(blockIdx.x) < route_blocks) {
+        const int e = static_cast<int>(blockIdx.x) * kRouteMultiWarps + warp;
+        if (e < e_count && lane == 0) {
+          cuda_detail::PrefetchL2(w_gate + static_cast<int64_t>(e) * hidden, row_bytes);
         }
-      }
-    } else {
-      // The warp's shared columns (below: first, first + stride, ... for kPiped, else one);
-      // lane l takes column number l / 2 of them, gate row (l even) or up row (l odd).
-      const int b = static_cast<int>(blockIdx.x) - route_blocks;
-      const int first = b * kRouteMultiWarps + warp;
-      const int stride =
-          kPiped ? (static_cast<int>(gridDim.x) - route_blocks) * kRouteMultiWarps : sh.n;
-      const int col = first + (lane / 2) * stride;
-      if (col < sh.n) {
-        cuda_detail::PrefetchL2(
-            sh.w_gate_up + (static_cast<int64_t>(lane % 2) * sh.n + col) * hidden, row_bytes);
+        // A shared expert but no shared blocks (decode variant 7: the experts' gate/up launch
+        // computes it): the routing lanes ask L2 for its 2·n gate/up rows, a row per lane in turn.
+        if (sh.w_gate_up != nullptr && static_cast<int>(gridDim.x) == route_blocks) {
+          const int lanes = route_blocks * kRouteMultiWarps * 32;
+          for (int r = static_cast<int>(blockIdx.x) * kRouteMultiWarps * 32 +
+                       static_cast<int>(threadIdx.x);
+               r < 2 * sh.n; r += lanes) {
+            cuda_detail::PrefetchL2(sh.w_gate_up + static_cast<int64_t>(r) * hidden, row_bytes);
+          }
+        }
+      } else {
+        // The warp's shared columns (below: first, first + stride, ... for kPiped, else one);
+        // lane l takes column number l / 2 of them, gate row (l even) or up row (l odd).
+        const int b = static_cast<int>(blockIdx.x) - route_blocks;
+        const int first = b * kRouteMultiWarps + warp;
+        const int stride =
+            kPiped ? (static_cast<int>(gridDim.x) - route_blocks) * kRouteMultiWarps : sh.n;
+        const int col = first + (lane / 2) * stride;
+        if (col < sh.n) {
+          cuda_detail::PrefetchL2(
+              sh.w_gate_up + (static_cast<int64_t>(lane % 2) * sh.n + col) * hidden, row_bytes);
+        }
       }
     }
     attention_detail::GridDependencyWait();
@@ -1253,7 +1258,7 @@ int PipedBlocks() {
 
 // The multi-block routing kernel for kRows rows per pass; piped: decode variant 5's.
 using RouteMultiFn = void (*)(const bf16*, const bf16*, int, RouteArgs, SortOut, float*,
-                              unsigned int*, int, SharedArgs, bool);
+                              unsigned int*, int, SharedArgs, int);
 template <int kRows>
 RouteMultiFn PickRouteMulti(bool piped) {
   return piped ? MoeFusedRouteMultiKernel<kRows, true> : MoeFusedRouteMultiKernel<kRows, false>;
@@ -1470,9 +1475,10 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
                                                   : PickRouteMulti<kWarpDotRows>(piped);
     // A memset node before the launch (no counter slot left) breaks the programmatic chain.
     const bool pdl = DecodePdlModelKernels() && slot >= 0;
+    const int pdl_mode = !pdl ? 0 : GemvPdlPrefetch() == kGemvPdlPrefetchSlice ? 2 : 1;
     (void)attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), smem, stream, pdl,
                                                  x, w_gate, h, args, so, logits, ws_counter,
-                                                 slot, sh, pdl);
+                                                 slot, sh, pdl_mode);
     return CudaLaunchStatus("MoeFusedRouteCuda launch");
   }
   if (shared != nullptr) {
