@@ -62,9 +62,9 @@
 // paged_attention_cuda.h lists them), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
-// --decode-pdl 0|1|2: decode-step kernels launched as programmatic dependents of the kernel
+// --decode-pdl 0..3: decode-step kernels launched as programmatic dependents of the kernel
 // before each (kernels::SetDecodePdlLevel: 1 the model-independent kernels, 2 also the DeepSeek
-// MLA / MoE kernels), for A/B runs.
+// MLA kernels, 3 also the MoE kernels), for A/B runs.
 // --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
 // --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
 // registers, the default, 2 that plus an L2 prefetch of the warp's whole weight slice).

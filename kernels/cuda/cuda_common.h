@@ -55,17 +55,19 @@ bool PdlSupported();
 // SetDecodePdlLevel / DecodePdl: launch the kernels of a decode step as programmatic dependents
 // of the kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its first weight
 // loads overlap the previous kernel's tail. Levels: 0 off; 1 the model-independent kernels
-// (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the default);
-// 2 also the DeepSeek MLA / MoE decode kernels (engine/cuda/deepseek_kernels.cu,
-// kernels/mla_attention, kernels/moe). Process-wide, for benchmarks and A/B runs; set it before
-// capturing graphs. InvalidArgument outside 0..2. DecodePdl (level >= 1) and
-// DecodePdlModelKernels (level 2) are false below sm_90 whatever the setting.
-// SetDecodePdl(enabled) sets level 2 or 0 (every kernel of the step, for tests).
+// (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the
+// default); 2 also the DeepSeek MLA kernels (engine/cuda/deepseek_kernels.cu,
+// kernels/mla_attention); 3 also the MoE decode kernels (kernels/moe). Process-wide, for
+// benchmarks and A/B runs; set it before capturing graphs. InvalidArgument outside 0..3.
+// DecodePdl (level >= 1), DecodePdlModelKernels (>= 2) and DecodePdlMoe (3) are false below
+// sm_90 whatever the setting. SetDecodePdl(enabled) sets level 3 or 0 (every kernel of the
+// step, for tests).
 absl::Status SetDecodePdlLevel(int level);
 int DecodePdlLevel();
 void SetDecodePdl(bool enabled);
 bool DecodePdl();
 bool DecodePdlModelKernels();
+bool DecodePdlMoe();
 
 // DeviceBuffer owns `count` elements of T in device memory (cudaMalloc; freed on
 // destruction). Move-only. Contents are uninitialized.

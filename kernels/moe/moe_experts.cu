@@ -730,7 +730,7 @@ __device__ __forceinline__ void RouteAndSort(float* smem, const RouteArgs& args,
 // counting sort of the ids (SortRows) into the workspace, all without leaving the SM. At
 // decode sizes the router matrix (E · hidden bf16, 256 KiB for V2-Lite) is read by one SM
 // with 16 × 2 × 8 16-byte loads per lane in flight; three small launches cost more.
-// pdl (kernels::DecodePdlModelKernels()): a programmatic dependent launch; before GridDependencyWait the
+// pdl (kernels::DecodePdlMoe()): a programmatic dependent launch; before GridDependencyWait the
 // warps only ask L2 for their router rows (no kernel of the step writes them).
 template <int kRows>
 __global__ void __launch_bounds__(kFusedRouteThreads)
@@ -789,7 +789,7 @@ struct SharedArgs {
 // with WarpDotChunked) and, in the grid rows from max_active on when `sh` has one, of the
 // shared expert for tokens 0..num_tokens-1 (x rows in token order; its columns continue row
 // after row, gridDim.x · kGemvWarps per row).
-// pdl (kernels::DecodePdlModelKernels()): itself a programmatic dependent of the routing launch, so it
+// pdl (kernels::DecodePdlMoe()): itself a programmatic dependent of the routing launch, so it
 // waits for the sort before anything, and only then lets the down kernel (which reads the sort
 // before its own wait) launch.
 template <int kRows>
@@ -952,7 +952,7 @@ __host__ __device__ __forceinline__ int RouteMultiBlocks(int num_experts) {
 
 // kPiped (decode variant 5): the shared-expert blocks are persistent (the host sizes them to
 // the SMs left over) and walk the shared columns with PipedGateUp (same values bit for bit).
-// pdl (kernels::DecodePdlModelKernels()): the launch is itself a programmatic dependent of the kernel
+// pdl (kernels::DecodePdlMoe()): the launch is itself a programmatic dependent of the kernel
 // before it (the post-attention norm that writes x): before GridDependencyWait each block only
 // asks L2 (cp.async.bulk.prefetch) for the weight rows it will stream — a routing warp its
 // router row, a shared-expert warp the gate and up rows of each of its columns — so they come
@@ -1144,7 +1144,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, kPiped ? 2 : 1)
       }
     }
     attention_detail::GridDependencyWait();
-    // trigger (kernels::DecodePdlModelKernels()): the next layer's first kernel may launch now; it waits
+    // trigger (kernels::DecodePdlMoe()): the next layer's first kernel may launch now; it waits
     // for this grid before it reads `out`.
     if (trigger) attention_detail::LaunchDependents();
   }
@@ -1474,7 +1474,7 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
                                 : num_tokens <= 4 ? PickRouteMulti<4>(piped)
                                                   : PickRouteMulti<kWarpDotRows>(piped);
     // A memset node before the launch (no counter slot left) breaks the programmatic chain.
-    const bool pdl = DecodePdlModelKernels() && slot >= 0;
+    const bool pdl = DecodePdlMoe() && slot >= 0;
     const int pdl_mode = !pdl ? 0 : GemvPdlPrefetch() == kGemvPdlPrefetchSlice ? 2 : 1;
     (void)attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), smem, stream, pdl,
                                                  x, w_gate, h, args, so, logits, ws_counter,
@@ -1485,7 +1485,7 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
     return absl::InvalidArgumentError(
         "MoeFusedRouteCuda: a shared expert needs MoeFusedRouteMode::kMultiBlock");
   }
-  const bool pdl = DecodePdlModelKernels();
+  const bool pdl = DecodePdlMoe();
   auto* const kernel = num_tokens == 1   ? &MoeFusedRouteKernel<1>
                        : num_tokens == 2 ? &MoeFusedRouteKernel<2>
                        : num_tokens <= 4 ? &MoeFusedRouteKernel<4>
@@ -1511,13 +1511,13 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     const int64_t tasks = static_cast<int64_t>(max_active) * i + shared_cols;
     const unsigned blocks = static_cast<unsigned>(
         std::min<int64_t>((tasks + kGemvWarps - 1) / kGemvWarps, PipedBlocks()));
-    // Decode variant 6 (or kernels::DecodePdlModelKernels()): a programmatic dependent of the routing
+    // Decode variant 6 (or kernels::DecodePdlMoe()): a programmatic dependent of the routing
     // launch before it.
     // Decode variant 7: the shared columns before the wait (MoePipedGateUpKernel).
     const bool shared_first = shared_cols > 0 && MoeDecodeVariant() >= 7;
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
-        pdl && (MoeDecodeVariant() >= 6 || DecodePdlModelKernels()), x_rows, w_gate_up, so.offsets,
+        pdl && (MoeDecodeVariant() >= 6 || DecodePdlMoe()), x_rows, w_gate_up, so.offsets,
         so.active, so.num_active, i, act, sh, num_tokens, shared_cols, shared_first);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
@@ -1526,7 +1526,7 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     const unsigned row_width = columns * kGemvWarps;
     const unsigned shared_rows =
         shared_gate_up ? (static_cast<unsigned>(sh.n) + row_width - 1) / row_width : 0u;
-    const bool gate_up_pdl = DecodePdlModelKernels();
+    const bool gate_up_pdl = DecodePdlMoe();
     (void)attention_detail::LaunchKernelMaybePdl(
         MoeFusedGateUpKernel<kRows>, dim3(columns, max_active + shared_rows),
         dim3(kGemvWarps * 32), 0, stream, gate_up_pdl, x_rows, w_gate_up, so.offsets, so.active,
@@ -1537,7 +1537,7 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
       piped ? MoeDownCombineKernel<kRows, true> : MoeDownCombineKernel<kRows, false>, dim3(static_cast<unsigned>(h / kDownCols)),
       dim3(kDownWarps * 32), 0, stream, pdl, act, w_down, so.offsets, so.active, so.num_active,
       so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl,
-      pdl && DecodePdlModelKernels());
+      pdl && DecodePdlMoe());
 }
 
 }  // namespace
@@ -1573,8 +1573,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   if (absl::Status s = ToSharedArgs(shared, "MoeFusedExpertsCuda", &sh); !s.ok()) return s;
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL); under
-  // kernels::DecodePdlModelKernels() at every variant (the gate/up kernel then waits before it triggers).
-  const bool pdl = (MoeDecodeVariant() >= 4 && PdlSupported()) || DecodePdlModelKernels();
+  // kernels::DecodePdlMoe() at every variant (the gate/up kernel then waits before it triggers).
+  const bool pdl = (MoeDecodeVariant() >= 4 && PdlSupported()) || DecodePdlMoe();
   // Decode variant 5: persistent pipelined gate/up and pipelined down warps (same bits).
   const bool piped = MoeDecodeVariant() >= 5;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
