@@ -675,6 +675,8 @@ absl::Status Main(int argc, char** argv) {
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
   out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
+  out["attn_prefill_kernel"] = kernels::PagedAttentionPrefillKernel();
+  out["gemm_algo_search"] = kernels::GemmAlgoSearch();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
