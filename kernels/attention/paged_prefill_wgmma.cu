@@ -1,6 +1,6 @@
 // Paged prefill attention on Hopper tensor cores with wgmma (SetPagedAttentionPrefillKernel 15;
-// paged_prefill_wgmma.h). sm_90a only: code built for other architectures gets a stub that
-// traps, and WgmmaPrefillSupports keeps PagedAttentionCuda off it there.
+// paged_prefill_wgmma.h). sm_90a only: wgmma exists in no other architecture, so there the
+// kernel's body is a __trap() guard and WgmmaPrefillSupports keeps PagedAttentionCuda off it.
 //
 // Same semantics, GQA row packing (row = token · group + head-in-group, 128 rows a CTA), paging,
 // split-KV partials, causal masking and epilogue (StorePrefillRows) as the FlashAttention-2

@@ -24,8 +24,8 @@ constexpr int kWgmmaRowsPerCta = 128;
 // WgmmaPrefillSupports: whether the wgmma kernel serves a launch with these
 // parameters on the current device: head_dim == v_head_dim == 128, scale > 0
 // (finite), no sliding window, and a compute capability 9.0 device running this
-// binary's sm_90a code (wgmma exists only there; the kernel is an empty stub in
-// code built for other architectures). Other launches must use another prefill
+// binary's sm_90a code (wgmma exists only there; code built for other
+// architectures holds a __trap() guard in its place). Other launches must use another prefill
 // kernel (PagedAttentionCuda falls back to kernel 3).
 bool WgmmaPrefillSupports(int64_t head_dim, int64_t v_head_dim, float scale,
                           int64_t sliding_window);

@@ -52,9 +52,10 @@ absl::StatusOr<std::string> CudaDeviceName();
 // (fine during graph capture).
 bool PdlSupported();
 
-// SetDecodePdlLevel / DecodePdl: launch the kernels of a decode step as programmatic dependents
-// of the kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its first weight
-// loads overlap the previous kernel's tail. Levels: 0 off; 1 the model-independent kernels
+// SetDecodePdlLevel / DecodePdl: launch the kernels below as programmatic dependents of the
+// kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its first weight loads
+// overlap the previous kernel's tail. Made for decode steps (kernel boundaries are most of the
+// gap to the roofline there); the same launches are chained in prefill steps too. Levels: 0 off; 1 the model-independent kernels
 // (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the
 // default); 2 also the DeepSeek MLA kernels (engine/cuda/deepseek_kernels.cu,
 // kernels/mla_attention); 3 also the MoE decode kernels (kernels/moe). Process-wide, for
