@@ -53,6 +53,12 @@
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
+// --mla-pdl-mask M: which programmatic-dependent-launch pieces of the MLA decode block are on
+// (kernels::SetMlaDecodePdlMask: -1 from --decode-pdl, the default; else bits 1 absorb launch
+// dependent, 2 + its W_UK preload, 4 its trigger after the wait, 8 W_UV preload, 16 o_proj
+// trigger after the combine's wait; 27 is what --decode-pdl 2 turns on), for A/B runs.
+// --mla-l2-prefetch M: weights the decode attention kernel pulls into L2
+// (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; default 0), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
@@ -572,6 +578,14 @@ absl::Status Main(int argc, char** argv) {
       int level = 0;
       if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeFusion(level));
+    } else if (a == "--mla-pdl-mask") {  // kernels::SetMlaDecodePdlMask, for A/B runs
+      int mask = 0;
+      if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodePdlMask(mask));
+    } else if (a == "--mla-l2-prefetch") {  // kernels::SetMlaDecodeL2Prefetch, for A/B runs
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeL2Prefetch(mode));
     } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
@@ -667,6 +681,8 @@ absl::Status Main(int argc, char** argv) {
   out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
+  out["mla_pdl_mask"] = kernels::MlaDecodePdlMask();
+  out["mla_l2_prefetch"] = kernels::MlaDecodeL2Prefetch();
   out["mla_prefill_mode"] = kernels::MlaPrefillMode();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();

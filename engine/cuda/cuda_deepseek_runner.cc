@@ -537,10 +537,24 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     SLUICE_RUNNER_RETURN_IF_ERROR(
         EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
   } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
-    // The split-KV combine and W_UV in one launch after the attention kernel.
+    // The split-KV combine and W_UV in one launch after the attention kernel. Under
+    // kernels::SetMlaDecodeL2Prefetch the attention kernel pulls this layer's o_proj (and
+    // kv_b_proj) weights into L2 meanwhile: HBM idles in this latency-bound chain.
+    kernels::MlaL2Prefetch pf;
+    const int pf_mode = kernels::MlaDecodeL2Prefetch();
+    int pf_n = 0;
+    if ((pf_mode & 1) != 0) {
+      pf.ptr[pf_n] = L.o_proj.data();
+      pf.bytes[pf_n++] = L.o_proj.bytes();
+    }
+    if ((pf_mode & 2) != 0) {
+      pf.ptr[pf_n] = L.kv_b.data();
+      pf.bytes[pf_n++] = L.kv_b.bytes();
+    }
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
-        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st));
+        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st,
+        pf_n > 0 ? &pf : nullptr));
     Mark("attention_v_up");
   } else {
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(

@@ -33,7 +33,8 @@ namespace {
 // it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
 // SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
-// SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's).
+// SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's),
+// SLUICE_TEST_MLA_PDL_MASK (-1..31), SLUICE_TEST_MLA_L2_PREFETCH (0..3).
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -59,6 +60,10 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_MODE",  // 2: the MHA form from 2-token queries on
           [](int64_t v) { return kernels::SetMlaPrefillMode(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_PDL_MASK",  // kernels::SetMlaDecodePdlMask (-1..31)
+          [](int64_t v) { return kernels::SetMlaDecodePdlMask(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_L2_PREFETCH",
+          [](int64_t v) { return kernels::SetMlaDecodeL2Prefetch(static_cast<int>(v)); });
     Apply("SLUICE_TEST_DECODE_PDL",
           [](int64_t v) { return kernels::SetDecodePdlLevel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_GEMV_PDL_PREFETCH",

@@ -6,6 +6,7 @@
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 
 namespace sluice::cuda_runner {
 namespace {
@@ -128,8 +129,10 @@ struct AbsorbArgs {
 // kPdl (a programmatic dependent launch): the thread's first kAbsorbPreloads weight vectors
 // (W_UK: no kernel of the step writes it) are loaded before GridDependencyWait, so they are in
 // flight while the kernel before still runs; the same rows in the same order, so the same sums.
+// late_trigger (kPdl only): LaunchDependents right after the wait.
 template <int kRows, bool kPdl>
-__device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) {
+__device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb,
+                                            bool late_trigger = false) {
   __shared__ float red[kAbsorbDGroups][kAbsorbCols];
   const int cv = threadIdx.x % kAbsorbColVecs;
   const int dg = threadIdx.x / kAbsorbColVecs;
@@ -164,6 +167,7 @@ __device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) 
       }
     }
     GridDependencyWait();  // q comes from the kernel before; out may still be read by others
+    if (late_trigger) LaunchDependents();
     if (col < a.r) {
 #pragma unroll
       for (int i = 0; i < kAbsorbPreloads; ++i) {
@@ -213,22 +217,31 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // MlaPrologueAbsorbCuda's grid: blocks [0, num_tokens) run token blockIdx.x's prologue, the
 // rest the absorbed-query GEMV's blocks in (head, column block) order. The branch is
 // block-uniform, so each side's barriers see its whole block; the two write disjoint spans.
-// kPdl (kernels::DecodePdlModelKernels()): itself a programmatic dependent of the fused input projection:
-// the prologue blocks wait before anything, the GEMV blocks after loading their weights.
+// When launched as a programmatic dependent of the fused input projection
+// (kernels::MlaDecodePdlBits() & kMlaPdlAbsorb) every block waits before it reads what that
+// wrote (a no-op in a plain launch): kPdl (kMlaPdlAbsorbPreload), the GEMV blocks after
+// loading their W_UK vectors, else before any load. late_trigger (kMlaPdlAbsorbLateTrigger):
+// the decode attention kernel after this one may launch only once every block is past its
+// wait, else at once.
 template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads)
-    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks) {
+    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks, bool late_trigger) {
   // The decode attention kernel after this one, when launched as a programmatic dependent
   // (kernels::SetMlaDecodeFusion(3)), may get resident now; it waits on griddepcontrol for
   // this grid's writes. A no-op otherwise.
-  kernels::attention_detail::LaunchDependents();
+  if (!late_trigger) kernels::attention_detail::LaunchDependents();
   const int b = static_cast<int>(blockIdx.x);
   if (b < a.num_tokens) {
-    if constexpr (kPdl) GridDependencyWait();
+    GridDependencyWait();
+    if (late_trigger) LaunchDependents();
     PrologueToken(p, b);
   } else {
     const int g = b - a.num_tokens;
-    AbsorbBlock<kRows, kPdl>(a, g / col_blocks, g % col_blocks);
+    if constexpr (!kPdl) {
+      GridDependencyWait();
+      if (late_trigger) LaunchDependents();
+    }
+    AbsorbBlock<kRows, kPdl>(a, g / col_blocks, g % col_blocks, late_trigger);
   }
 }
 
@@ -244,7 +257,7 @@ AbsorbQueryFn PickAbsorbQuery(int64_t num_tokens, bool pdl) {
          : num_tokens <= 4 ? AbsorbQueryFor<4>(pdl)
                            : AbsorbQueryFor<8>(pdl);
 }
-using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int);
+using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int, bool);
 template <int kRows>
 PrologueAbsorbFn PrologueAbsorbFor(bool pdl) {
   return pdl ? &MlaPrologueAbsorbKernel<kRows, true> : &MlaPrologueAbsorbKernel<kRows, false>;
@@ -372,9 +385,12 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   }
   const unsigned grid = static_cast<unsigned>(num_tokens + heads * col_blocks);
   const int cb = static_cast<int>(col_blocks);
-  const bool pdl = kernels::DecodePdlModelKernels();
-  (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, pdl), dim3(grid),
-                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb);
+  const int bits = kernels::MlaDecodePdlBits();
+  const bool pdl = (bits & (kernels::kMlaPdlAbsorb | kernels::kMlaPdlAbsorbPreload)) != 0;
+  const bool preload = (bits & kernels::kMlaPdlAbsorbPreload) != 0;
+  const bool late_trigger = (bits & kernels::kMlaPdlAbsorbLateTrigger) != 0;
+  (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, preload), dim3(grid),
+                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb, late_trigger);
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 

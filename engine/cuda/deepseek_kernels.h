@@ -96,7 +96,8 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
 // fused input projection's output, so they need no order): num_tokens extra blocks run the
 // prologue beside the GEMV's heads · ⌈R/128⌉ blocks, with the same device code, so every output
 // equals the two separate launches' bit for bit. The prologue's q_out and cache spans must not
-// overlap `out`, nor either of them the inputs.
+// overlap `out`, nor either of them the inputs. Programmatic dependent launch pieces:
+// kernels::MlaDecodePdlBits() (kMlaPdlAbsorb, kMlaPdlAbsorbPreload, kMlaPdlAbsorbLateTrigger).
 // Errors: those of MlaPrologueCuda and MlaAbsorbQueryCuda; Internal for launch errors.
 absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,

@@ -77,7 +77,30 @@ struct MlaArgs {
   bf16* out;
   float* partial_out;
   float2* partial_ml;
+  // MlaL2Prefetch's spans (MlaDecodeKernel only; bytes 0: none).
+  const char* pf_ptr[2];
+  uint32_t pf_bytes[2];
 };
+
+// Chunk of one L2 prefetch instruction (bytes, a multiple of 16).
+constexpr uint32_t kL2PrefetchChunk = 16 * 1024;
+
+// The grid's CTAs ask L2 for args.pf_*'s spans, chunk c by thread c / ctas of CTA c % ctas
+// (cp.async.bulk.prefetch.L2: no registers held, nothing to wait for). Weights only: may run
+// before the dependency wait.
+__device__ __forceinline__ void PrefetchSpansL2(const MlaArgs& args) {
+  const uint32_t ctas = gridDim.x * gridDim.y * gridDim.z;
+  const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t bytes = args.pf_bytes[r] & ~15u;
+    const uint32_t chunks = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
+    for (uint32_t c = cta + ctas * threadIdx.x; c < chunks; c += ctas * blockDim.x) {
+      const uint32_t off = c * kL2PrefetchChunk;
+      cuda_detail::PrefetchL2(args.pf_ptr[r] + off, min(kL2PrefetchChunk, bytes - off));
+    }
+  }
+}
 
 // Row pitch of the key tile in shared memory: +8 bf16 (16 bytes) shifts consecutive rows by
 // 4 banks, so the 8 lanes of each quarter-warp phase of a 16-byte load hit distinct banks.
@@ -829,6 +852,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   float* l_s = m_s + kHeads;                                                    // [16] running sum
   float* alpha_s = l_s + kHeads;                                                // [16] tile rescale
 
+  PrefetchSpansL2(args);  // SetMlaDecodeL2Prefetch's weights (none by default)
   // With SetMlaDecodeFusion(3) a programmatic dependent launch: everything below may read what
   // the previous kernel wrote (q, the latent rows just appended). The combine + W_UV kernel
   // after this one may then get resident while this grid runs (it waits on griddepcontrol too).
@@ -1015,13 +1039,14 @@ struct VUpArgs {
   bf16* out;  // token t, head h: out + t·out_token_stride + h·dv, dv values
   int64_t out_token_stride;
   int num_splits, num_tokens, num_heads, rank, dv, slices;
-  bool w_vec;  // w, w_head_stride and rank allow 16-byte weight loads
+  bool w_vec;    // w, w_head_stride and rank allow 16-byte weight loads
+  bool trigger;  // LaunchDependents right after the wait (kMlaPdlVUpTrigger), else at exit
 };
 
-// kEarly (kernels::DecodePdlModelKernels()): the block's W_UV vectors (w_vec; no kernel of the step writes
-// them) are loaded into registers before GridDependencyWait, in flight while the attention
-// kernel finishes, and once past the wait the kernel lets its own dependent (o_proj) launch.
-// The same values in the same order: the same outputs.
+// kEarly (MlaDecodePdlBits() & kMlaPdlVUpPreload): the block's W_UV vectors (w_vec; no kernel of
+// the step writes them) are loaded into registers before GridDependencyWait, in flight while the
+// attention kernel finishes; a.trigger (kMlaPdlVUpTrigger): once past the wait the kernel lets
+// its own dependent (o_proj) launch. The same values in the same order: the same outputs.
 template <bool kEarly>
 __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs a) {
   __shared__ float o_s[kMaxRank];
@@ -1055,7 +1080,7 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
     if (a.w_vec) load_w(early_w);
   }
   attention_detail::GridDependencyWait();  // the partials come from the kernel just before
-  if constexpr (kEarly) attention_detail::LaunchDependents();
+  if (a.trigger) attention_detail::LaunchDependents();
   const int seq = blockIdx.y;
   const int q_begin = a.query_start_loc[seq];
   const int q_len = a.query_start_loc[seq + 1] - q_begin;
@@ -1179,6 +1204,8 @@ struct MlaPlan {
 std::atomic<int> g_decode_kernel{0};
 std::atomic<int> g_prefill_kernel{1};
 std::atomic<int> g_decode_fusion{3};  // SetMlaDecodeFusion's
+std::atomic<int> g_decode_pdl_mask{-1};     // SetMlaDecodePdlMask's
+std::atomic<int> g_decode_l2_prefetch{0};  // SetMlaDecodeL2Prefetch's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
 // device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph
@@ -1366,6 +1393,34 @@ absl::Status SetMlaDecodeFusion(int level) {
 
 int MlaDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
 
+absl::Status SetMlaDecodePdlMask(int mask) {
+  if (mask < -1 || mask > 31) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaDecodePdlMask: mask ", mask, " is not in -1..31"));
+  }
+  g_decode_pdl_mask.store(mask, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaDecodePdlMask() { return g_decode_pdl_mask.load(std::memory_order_relaxed); }
+
+int MlaDecodePdlBits() {
+  const int mask = g_decode_pdl_mask.load(std::memory_order_relaxed);
+  if (mask < 0) return DecodePdlModelKernels() ? kMlaPdlLevel2 : 0;
+  return PdlSupported() ? mask : 0;
+}
+
+absl::Status SetMlaDecodeL2Prefetch(int mode) {
+  if (mode < 0 || mode > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaDecodeL2Prefetch: mode ", mode, " is not in 0..3"));
+  }
+  g_decode_l2_prefetch.store(mode, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaDecodeL2Prefetch() { return g_decode_l2_prefetch.load(std::memory_order_relaxed); }
+
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {
   if (!Validate(batch, dims, 1).ok()) return 0;
@@ -1382,7 +1437,8 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
                                     const bf16* cache, int64_t block_size,
                                     const PagedAttentionCudaBatch& batch, const MlaDims& dims,
                                     void* workspace, bf16* out_latent, cudaStream_t stream,
-                                    attention_detail::SplitKvCombineArgs* combine_out) {
+                                    attention_detail::SplitKvCombineArgs* combine_out,
+                                    const MlaL2Prefetch* l2_prefetch = nullptr) {
   if (absl::Status s = Validate(batch, dims, block_size); !s.ok()) return s;
   if (q_latent == nullptr || cache == nullptr || out_latent == nullptr) {
     return absl::InvalidArgumentError("MlaLatentAttentionCuda: null q, cache or out pointer");
@@ -1425,6 +1481,14 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
       args.num_heads, args.rank, out_latent);
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = l2_prefetch != nullptr && l2_prefetch->ptr[r] != nullptr &&
+                    cuda_detail::Aligned16(l2_prefetch->ptr[r]);
+    args.pf_ptr[r] = ok ? static_cast<const char*>(l2_prefetch->ptr[r]) : nullptr;
+    args.pf_bytes[r] = ok ? static_cast<uint32_t>(std::min<size_t>(l2_prefetch->bytes[r],
+                                                                   0xffff0000u))
+                          : 0u;
+  }
 
   args.q_vec = cuda_detail::Aligned16(q_latent) && q_token_stride % 8 == 0;
   if (plan.decode) {
@@ -1512,7 +1576,8 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
                                        const PagedAttentionCudaBatch& batch, const MlaDims& dims,
                                        void* workspace, bf16* out_latent, const bf16* w_uv,
                                        int64_t w_head_stride, int64_t v_head_dim, bf16* out,
-                                       int64_t out_token_stride, cudaStream_t stream) {
+                                       int64_t out_token_stride, cudaStream_t stream,
+                                       const MlaL2Prefetch* l2_prefetch) {
   if (v_head_dim < 1 || w_uv == nullptr || out == nullptr ||
       (reinterpret_cast<uintptr_t>(w_uv) & 3u) != 0 || w_head_stride % 2 != 0 ||
       w_head_stride < v_head_dim * dims.kv_lora_rank ||
@@ -1527,7 +1592,8 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   }
   attention_detail::SplitKvCombineArgs combine;
   if (absl::Status s = EnqueueLatentAttention(q_latent, q_token_stride, cache, block_size, batch,
-                                              dims, workspace, out_latent, stream, &combine);
+                                              dims, workspace, out_latent, stream, &combine,
+                                              l2_prefetch);
       !s.ok()) {
     return s;
   }
@@ -1550,11 +1616,14 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
-  const bool early = DecodePdlModelKernels();
+  const int bits = MlaDecodePdlBits();
+  const bool early = (bits & kMlaPdlVUpPreload) != 0;
+  a.trigger = (bits & kMlaPdlVUpTrigger) != 0;
   SLUICE_CUDA_RETURN_IF_ERROR(
       attention_detail::LaunchKernelMaybePdl(
           early ? &MlaCombineVUpKernel<true> : &MlaCombineVUpKernel<false>, grid,
-          dim3(kVUpThreads), 0, stream, MlaDecodePdl() || early, a),
+          dim3(kVUpThreads), 0, stream,
+          MlaDecodePdl() || (bits & (kMlaPdlVUpPreload | kMlaPdlVUpTrigger)) != 0, a),
       "MlaLatentAttentionVUpCuda: launch");
   return CudaLaunchStatus("MlaLatentAttentionVUpCuda combine + W_UV");
 }

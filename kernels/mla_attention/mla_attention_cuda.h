@@ -56,12 +56,22 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
 // Errors: those of MlaLatentAttentionCuda; InvalidArgument for v_head_dim < 1, a null or
 // misaligned w_uv or out, w_head_stride < v_head_dim · kv_lora_rank or odd, out_token_stride
 // < num_heads · v_head_dim; Internal for launch errors.
+//   l2_prefetch: null, or weight spans (never written during a step; e.g. the o_proj GEMV's
+//               weight that runs next) the decode attention kernel asks L2 for before its
+//               dependency wait (SetMlaDecodeL2Prefetch), while HBM idles in this latency-bound
+//               chain. A hint: it never changes a result; spans that are not 16-byte aligned
+//               are skipped, and a span's last bytes % 16 are not fetched.
+struct MlaL2Prefetch {
+  const void* ptr[2] = {nullptr, nullptr};
+  size_t bytes[2] = {0, 0};
+};
 absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_stride,
                                        const bf16* cache, int64_t block_size,
                                        const PagedAttentionCudaBatch& batch, const MlaDims& dims,
                                        void* workspace, bf16* out_latent, const bf16* w_uv,
                                        int64_t w_head_stride, int64_t v_head_dim, bf16* out,
-                                       int64_t out_token_stride, cudaStream_t stream);
+                                       int64_t out_token_stride, cudaStream_t stream,
+                                       const MlaL2Prefetch* l2_prefetch = nullptr);
 
 // SetMlaLatentAttentionDecodeKernel: the kernel decode-shaped launches (max_query_len 1,
 // tensor-core dims) use. The pipelined decode kernel: one CTA = a sequence's key partition ×
@@ -103,6 +113,38 @@ int MlaPrefillKernel();
 // MlaDecodeFusion returns it.
 absl::Status SetMlaDecodeFusion(int level);
 int MlaDecodeFusion();
+
+// SetMlaDecodePdlMask: which of the MLA decode block's programmatic-dependent-launch pieces are
+// on (kernels/cuda/pdl.cuh), one bit each, to tell apart why DecodePdlLevel 2 (all of them)
+// measured slower than level 1 (none) and to keep the ones that pay. -1 (the default): from
+// DecodePdlLevel (>= 2: kMlaPdlLevel2, else 0). Bits:
+//   kMlaPdlAbsorb (1): the prologue + absorbed-query launch (cuda_runner::MlaPrologueAbsorbCuda)
+//     is a programmatic dependent of the fused input projection; it waits before any load;
+//   kMlaPdlAbsorbPreload (2): 1, with its GEMV blocks loading W_UK before that wait;
+//   kMlaPdlAbsorbLateTrigger (4): that launch lets the decode attention kernel launch only
+//     after its wait (default: at its start, so the attention's CTAs may get resident while
+//     the input projection still runs);
+//   kMlaPdlVUpPreload (8): the combine + W_UV kernel loads W_UV before its wait;
+//   kMlaPdlVUpTrigger (16): the combine + W_UV kernel lets its dependent (o_proj) launch right
+//     after its wait instead of at its exit.
+// Process-wide, read when a step is enqueued (set it before capturing graphs); all bits are off
+// below sm_90. InvalidArgument outside -1..31. MlaDecodePdlMask returns the setting,
+// MlaDecodePdlBits the bits in effect.
+inline constexpr int kMlaPdlAbsorb = 1, kMlaPdlAbsorbPreload = 2, kMlaPdlAbsorbLateTrigger = 4,
+                     kMlaPdlVUpPreload = 8, kMlaPdlVUpTrigger = 16;
+inline constexpr int kMlaPdlLevel2 =
+    kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpPreload | kMlaPdlVUpTrigger;
+absl::Status SetMlaDecodePdlMask(int mask);
+int MlaDecodePdlMask();
+int MlaDecodePdlBits();
+
+// SetMlaDecodeL2Prefetch: which weights the DeepSeek runner's decode steps (the fused combine +
+// W_UV path, <= 8 tokens) have the decode attention kernel pull into L2 (MlaL2Prefetch) while
+// the MLA chain leaves HBM idle: bit 1 the layer's o_proj weight (the GEMV two launches later
+// then reads L2), bit 2 its kv_b_proj (W_UV, read by the next launch). 0 (the default): none.
+// Process-wide, read when a step is enqueued. InvalidArgument outside 0..3.
+absl::Status SetMlaDecodeL2Prefetch(int mode);
+int MlaDecodeL2Prefetch();
 
 }  // namespace sluice::kernels
 

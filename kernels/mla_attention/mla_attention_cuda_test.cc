@@ -154,18 +154,25 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
 
   // MlaLatentAttentionVUpCuda (combine and W_UV in one launch) into NaN-filled outputs with a
   // padded token stride: every head's values against the CPU reference, the padding untouched;
-  // a second launch (same workspace, fresh outputs) gives the same bits.
+  // a second launch (same workspace, fresh outputs), with the decode kernel prefetching the
+  // weights and the cache into L2 (MlaL2Prefetch: a hint), gives the same bits.
   std::vector<bf16> w_bf(w.size());
   for (size_t i = 0; i < w.size(); ++i) w_bf[i] = FloatToBf16(w[i]);
   auto d_w = Upload(w_bf);
   const int64_t out_stride = H * dv + 8;
+  MlaL2Prefetch prefetch;
+  prefetch.ptr[0] = d_w.data();
+  prefetch.bytes[0] = w_bf.size() * sizeof(bf16);
+  prefetch.ptr[1] = d_cache.data();
+  prefetch.bytes[1] = cache_bf.size() * sizeof(bf16) - 6;  // a ragged tail: rounded down
   std::vector<float> first;
   for (int rep = 0; rep < 2; ++rep) {
     auto d_lat = NanBuffer(static_cast<size_t>(tokens * H * R));
     auto d_attn = NanBuffer(static_cast<size_t>(tokens * out_stride));
     const absl::Status sv = MlaLatentAttentionVUpCuda(
         d_q.data(), H * W, d_cache.data(), block_size, batch, d, ws->data(), d_lat.data(),
-        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr);
+        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr,
+        rep == 1 ? &prefetch : nullptr);
     ASSERT_TRUE(sv.ok()) << sv;
     const std::vector<float> attn = Download(d_attn);
     std::vector<float> fused(want.size());
@@ -264,6 +271,28 @@ TEST(MlaLatentAttentionCudaTest, DecodePdl) {
   }
   ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
   ASSERT_TRUE(SetMlaDecodeFusion(saved_fusion).ok());
+}
+
+// kernels::SetMlaDecodePdlMask: the combine + W_UV kernel with its W_UV preload and its early
+// trigger each on alone (and both), at decode PDL level 1: the same checks against the CPU
+// reference; the setting's range is checked.
+TEST(MlaLatentAttentionCudaTest, DecodePdlMask) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(SetMlaDecodePdlMask(32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaDecodePdlMask(-2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaDecodeL2Prefetch(4).code(), absl::StatusCode::kInvalidArgument);
+  if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
+  auto rng = cuda_test::Rng();
+  const int saved_mask = MlaDecodePdlMask();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  for (const int mask : {kMlaPdlVUpPreload, kMlaPdlVUpTrigger, kMlaPdlVUpPreload | kMlaPdlVUpTrigger}) {
+    ASSERT_TRUE(SetMlaDecodePdlMask(mask).ok());
+    EXPECT_EQ(MlaDecodePdlBits(), mask);
+    const std::string tag = "mla pdl mask " + std::to_string(mask) + " ";
+    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
+    RunCase(tag + "b4 mixed", d, 16, {{0, 1}, {33, 1}, {700, 1}, {2000, 1}}, rng);
+  }
+  ASSERT_TRUE(SetMlaDecodePdlMask(saved_mask).ok());
 }
 
 // Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached
