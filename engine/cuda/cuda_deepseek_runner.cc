@@ -74,8 +74,10 @@ class DeepseekCore : public RunnerCore {
   absl::Status ValidateConfig() const;
   int64_t CountWeightBytes(bool active_only) const;
   absl::Status LoadLayer(WeightSource& src, int64_t layer, MlaLayer* L);
+  // a_done: the fused input projection is already in a_out (AddRmsNormLinearCuda).
   absl::Status EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
-                                const kernels::PagedAttentionCudaBatch& batch, void* workspace);
+                                const kernels::PagedAttentionCudaBatch& batch, void* workspace,
+                                bool a_done = false);
   absl::Status EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T);
   kernels::PagedAttentionParams MhaParams() const;
   int64_t MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const;
@@ -102,8 +104,9 @@ class DeepseekCore : public RunnerCore {
   std::vector<MlaLayer> layers;
   kernels::DeviceRopeTable rope;
 
-  // Activations for up to max_num_tokens tokens.
-  DeviceBuffer<bf16> residual, normed, tmp, routed, a_out, q_a_normed, q, latent, q_lat, out_lat,
+  // Activations for up to max_num_tokens tokens. residual_alt: where a GEMV with the residual
+  // add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
+  DeviceBuffer<bf16> residual, residual_alt, normed, tmp, routed, a_out, q_a_normed, q, latent, q_lat, out_lat,
       attn, gate_up, act;
   DeviceBuffer<float> router_logits, topk_weights;
   DeviceBuffer<int32_t> topk_ids;
@@ -235,6 +238,7 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
   const int64_t T = o.max_num_tokens;
   const std::pair<DeviceBuffer<bf16>*, int64_t> acts[] = {
       {&residual, T * H},
+      {&residual_alt, T * H},
       {&normed, T * H},
       {&tmp, T * H},
       {&routed, has_moe ? T * H : 0},
@@ -438,14 +442,17 @@ absl::Status DeepseekCore::AllocateCache(int64_t blocks) {
   return absl::OkStatus();
 }
 
-// EnqueueAttention reads `normed` and writes o_proj's output to `tmp`.
+// EnqueueAttention reads `normed` (or, with a_done, a_out) and writes o_proj's output to `tmp`.
 absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
                                             const kernels::PagedAttentionCudaBatch& batch,
-                                            void* workspace) {
+                                            void* workspace, bool a_done) {
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(), L.b_a.data(),
-                                                    a_out.data(), T, a_width, H, st));
+  if (!a_done) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(),
+                                                      L.b_a.data(), a_out.data(), T, a_width, H,
+                                                      st));
+  }
   Mark("a_gemm");
   // Query rows: q_b_proj(q_a_layernorm(q_a)), or q_proj's rows of the fused output.
   const bf16* q_src = a_out.data();
@@ -733,27 +740,41 @@ absl::Status DeepseekCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, in
                                    int64_t max_query_len, int64_t max_seq_len, void* workspace) {
   cudaStream_t st = stream.get();
   const kernels::PagedAttentionCudaBatch batch = AttnBatch(m, T, S, max_query_len, max_seq_len);
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), residual.data()));
+  // The residual stream: `res` holds it; a fused add + norm + GEMV writes the next one to
+  // `res_alt` (decode GEMV plans with kernels::SetGemvNormFusion's kGemvNormBeforeAttention:
+  // the pre-attention norm and the fused input projection, one launch), and the two swap.
+  bf16* res = residual.data();
+  bf16* res_alt = residual_alt.data();
+  const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
+  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const MlaLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
+    bool a_done = false;
     if (li == 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(residual.data(), H, L.input_norm.data(),
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(res, H, L.input_norm.data(),
                                                          normed.data(), H, T, H, eps, st));
+    } else if ((fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
+      // normed stays unwritten when it fuses: only the input projection reads it.
+      bool moved = false;
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
+          *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_a.data(),
+          L.b_a.data(), a_out.data(), T, a_width, H, st, &moved));
+      if (moved) std::swap(res, res_alt);
+      a_done = true;
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-          tmp.data(), residual.data(), L.input_norm.data(), normed.data(), T, H, eps, st));
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(),
+                                                            normed.data(), T, H, eps, st));
     }
-    Mark("add_rmsnorm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-        tmp.data(), residual.data(), L.post_norm.data(), normed.data(), T, H, eps, st));
+    if (!a_done) Mark("add_rmsnorm");
+    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace, a_done));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(),
+                                                          normed.data(), T, H, eps, st));
     Mark("add_rmsnorm");
     SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueMlp(L, T));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
-  return EnqueueLogits(m, T, N, tmp.data(), residual.data(), final_norm.data(), eps,
-                       normed.data(), head);
+  return EnqueueLogits(m, T, N, tmp.data(), res, final_norm.data(), eps, normed.data(), head);
 }
 
 }  // namespace
