@@ -56,9 +56,11 @@
 // --mla-pdl-mask M: which programmatic-dependent-launch pieces of the MLA decode block are on
 // (kernels::SetMlaDecodePdlMask: -1 from --decode-pdl, the default; else bits 1 absorb launch
 // dependent, 2 + its W_UK preload, 4 its trigger after the wait, 8 W_UV preload, 16 o_proj
-// trigger after the combine's wait; 27 is what --decode-pdl 2 turns on), for A/B runs.
-// --mla-l2-prefetch M: weights the decode attention kernel pulls into L2
-// (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; default 0), for A/B runs.
+// trigger after the combine's wait, 32 the attention's trigger at its exit; 27 is what
+// --decode-pdl 2 turns on), for A/B runs.
+// --mla-l2-prefetch M: weights a kernel of the MLA chain pulls into L2
+// (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; asked by the attention
+// kernel, by the combine + W_UV kernel with 4, by the prologue launch with 8; default 0).
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the

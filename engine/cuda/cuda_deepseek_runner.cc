@@ -505,13 +505,30 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   } else {
     SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
   }
+  // kernels::SetMlaDecodeL2Prefetch: this layer's o_proj (and kv_b_proj) weights pulled into
+  // L2 by one kernel of the chain (bits 4, 8 pick which) while HBM idles in it.
+  kernels::MlaL2Prefetch pf;
+  const int pf_mode = kernels::MlaDecodeL2Prefetch();
+  int pf_n = 0;
+  if ((pf_mode & 1) != 0) {
+    pf.ptr[pf_n] = L.o_proj.data();
+    pf.bytes[pf_n++] = L.o_proj.bytes();
+  }
+  if ((pf_mode & 2) != 0) {
+    pf.ptr[pf_n] = L.kv_b.data();
+    pf.bytes[pf_n++] = L.kv_b.bytes();
+  }
+  pf.site = (pf_mode & 4) != 0   ? kernels::MlaL2PrefetchSite::kCombine
+            : (pf_mode & 8) != 0 ? kernels::MlaL2PrefetchSite::kPrologue
+                                 : kernels::MlaL2PrefetchSite::kAttention;
+  const kernels::MlaL2Prefetch* pf_spans = pf_n > 0 ? &pf : nullptr;
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
   if (merged) {
     SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
                                                         (dn + dv) * R, q_lat.data(),
                                                         q_lat_stride, latent_w, T, heads, dn, R,
-                                                        st));
+                                                        st, pf_spans));
   } else if (absorb_gemv) {
     SLUICE_RUNNER_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(),
                                                      (dn + dv) * R, q_lat.data(), q_lat_stride,
@@ -544,24 +561,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     SLUICE_RUNNER_RETURN_IF_ERROR(
         EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
   } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
-    // The split-KV combine and W_UV in one launch after the attention kernel. Under
-    // kernels::SetMlaDecodeL2Prefetch the attention kernel pulls this layer's o_proj (and
-    // kv_b_proj) weights into L2 meanwhile: HBM idles in this latency-bound chain.
-    kernels::MlaL2Prefetch pf;
-    const int pf_mode = kernels::MlaDecodeL2Prefetch();
-    int pf_n = 0;
-    if ((pf_mode & 1) != 0) {
-      pf.ptr[pf_n] = L.o_proj.data();
-      pf.bytes[pf_n++] = L.o_proj.bytes();
-    }
-    if ((pf_mode & 2) != 0) {
-      pf.ptr[pf_n] = L.kv_b.data();
-      pf.bytes[pf_n++] = L.kv_b.bytes();
-    }
+    // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
         out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st,
-        pf_n > 0 ? &pf : nullptr));
+        pf_spans));
     Mark("attention_v_up");
   } else {
     SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(

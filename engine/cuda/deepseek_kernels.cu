@@ -223,9 +223,31 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // loading their W_UK vectors, else before any load. late_trigger (kMlaPdlAbsorbLateTrigger):
 // the decode attention kernel after this one may launch only once every block is past its
 // wait, else at once.
+// L2 prefetch spans of a launch (kernels::MlaL2Prefetch with site kPrologue; bytes 0: none).
+struct PrefetchSpans {
+  const char* ptr[2];
+  uint32_t bytes[2];
+};
+constexpr uint32_t kL2PrefetchChunk = 16 * 1024;
+
+// The grid's blocks ask L2 for the spans, chunk c by thread c / blocks of block c % blocks.
+__device__ __forceinline__ void PrefetchSpansL2(const PrefetchSpans& pf) {
+  const uint32_t ctas = gridDim.x;
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t bytes = pf.bytes[r] & ~15u;
+    const uint32_t chunks = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
+    for (uint32_t c = blockIdx.x + ctas * threadIdx.x; c < chunks; c += ctas * blockDim.x) {
+      const uint32_t off = c * kL2PrefetchChunk;
+      kernels::cuda_detail::PrefetchL2(pf.ptr[r] + off, min(kL2PrefetchChunk, bytes - off));
+    }
+  }
+}
+
 template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads)
-    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks, bool late_trigger) {
+    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks, bool late_trigger,
+                            PrefetchSpans pf) {
+  PrefetchSpansL2(pf);  // weights only (kernels::SetMlaDecodeL2Prefetch bit 8; none by default)
   // The decode attention kernel after this one, when launched as a programmatic dependent
   // (kernels::SetMlaDecodeFusion(3)), may get resident now; it waits on griddepcontrol for
   // this grid's writes. A no-op otherwise.
@@ -257,7 +279,7 @@ AbsorbQueryFn PickAbsorbQuery(int64_t num_tokens, bool pdl) {
          : num_tokens <= 4 ? AbsorbQueryFor<4>(pdl)
                            : AbsorbQueryFor<8>(pdl);
 }
-using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int, bool);
+using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int, bool, PrefetchSpans);
 template <int kRows>
 PrologueAbsorbFn PrologueAbsorbFor(bool pdl) {
   return pdl ? &MlaPrologueAbsorbKernel<kRows, true> : &MlaPrologueAbsorbKernel<kRows, false>;
@@ -371,7 +393,8 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream) {
+                                   int64_t dn, int64_t R, cudaStream_t stream,
+                                   const kernels::MlaL2Prefetch* l2_prefetch) {
   if (absl::Status s = CheckPrologue(prologue, num_tokens); !s.ok()) return s;
   AbsorbArgs a{};
   if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
@@ -389,8 +412,19 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   const bool pdl = (bits & (kernels::kMlaPdlAbsorb | kernels::kMlaPdlAbsorbPreload)) != 0;
   const bool preload = (bits & kernels::kMlaPdlAbsorbPreload) != 0;
   const bool late_trigger = (bits & kernels::kMlaPdlAbsorbLateTrigger) != 0;
+  PrefetchSpans pf{};
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = l2_prefetch != nullptr &&
+                    l2_prefetch->site == kernels::MlaL2PrefetchSite::kPrologue &&
+                    l2_prefetch->ptr[r] != nullptr &&
+                    kernels::cuda_detail::Aligned16(l2_prefetch->ptr[r]);
+    pf.ptr[r] = ok ? static_cast<const char*>(l2_prefetch->ptr[r]) : nullptr;
+    pf.bytes[r] = ok ? static_cast<uint32_t>(std::min<size_t>(l2_prefetch->bytes[r], 0xffff0000u))
+                     : 0u;
+  }
   (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, preload), dim3(grid),
-                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb, late_trigger);
+                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb, late_trigger,
+                             pf);
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 
 namespace sluice::cuda_runner {
 
@@ -98,12 +99,15 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
 // equals the two separate launches' bit for bit. The prologue's q_out and cache spans must not
 // overlap `out`, nor either of them the inputs. Programmatic dependent launch pieces:
 // kernels::MlaDecodePdlBits() (kMlaPdlAbsorb, kMlaPdlAbsorbPreload, kMlaPdlAbsorbLateTrigger).
+// l2_prefetch: null, or weight spans the launch's blocks ask L2 for at their start when its
+// site is kernels::MlaL2PrefetchSite::kPrologue (a hint, as in MlaLatentAttentionVUpCuda).
 // Errors: those of MlaPrologueCuda and MlaAbsorbQueryCuda; Internal for launch errors.
 absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream);
+                                   int64_t dn, int64_t R, cudaStream_t stream,
+                                   const kernels::MlaL2Prefetch* l2_prefetch = nullptr);
 
 // ---- MLA prefill in the non-absorbed (MHA) form (kernels::SetMlaPrefillMode).
 // Instead of attending over the 576-wide latent rows (absorbed: 2·H·(2·R + dr) FLOPs per

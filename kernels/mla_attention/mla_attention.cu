@@ -80,24 +80,27 @@ struct MlaArgs {
   // MlaL2Prefetch's spans (MlaDecodeKernel only; bytes 0: none).
   const char* pf_ptr[2];
   uint32_t pf_bytes[2];
+  // MlaDecodeKernel: LaunchDependents right after the wait (else at exit: kMlaPdlAttnLateTrigger).
+  bool trigger;
 };
 
 // Chunk of one L2 prefetch instruction (bytes, a multiple of 16).
 constexpr uint32_t kL2PrefetchChunk = 16 * 1024;
 
-// The grid's CTAs ask L2 for args.pf_*'s spans, chunk c by thread c / ctas of CTA c % ctas
-// (cp.async.bulk.prefetch.L2: no registers held, nothing to wait for). Weights only: may run
-// before the dependency wait.
-__device__ __forceinline__ void PrefetchSpansL2(const MlaArgs& args) {
+// The grid's CTAs ask L2 for the spans ptr[r], bytes[r] (r < 2; bytes 0: none), chunk c by
+// thread c / ctas of CTA c % ctas (cp.async.bulk.prefetch.L2: no registers held, nothing to
+// wait for). Weights only: may run before the dependency wait.
+__device__ __forceinline__ void PrefetchSpansL2(const char* const (&ptr)[2],
+                                                const uint32_t (&span_bytes)[2]) {
   const uint32_t ctas = gridDim.x * gridDim.y * gridDim.z;
   const uint32_t cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint32_t bytes = args.pf_bytes[r] & ~15u;
+    const uint32_t bytes = span_bytes[r] & ~15u;
     const uint32_t chunks = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
     for (uint32_t c = cta + ctas * threadIdx.x; c < chunks; c += ctas * blockDim.x) {
       const uint32_t off = c * kL2PrefetchChunk;
-      cuda_detail::PrefetchL2(args.pf_ptr[r] + off, min(kL2PrefetchChunk, bytes - off));
+      cuda_detail::PrefetchL2(ptr[r] + off, min(kL2PrefetchChunk, bytes - off));
     }
   }
 }
@@ -852,12 +855,12 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   float* l_s = m_s + kHeads;                                                    // [16] running sum
   float* alpha_s = l_s + kHeads;                                                // [16] tile rescale
 
-  PrefetchSpansL2(args);  // SetMlaDecodeL2Prefetch's weights (none by default)
+  PrefetchSpansL2(args.pf_ptr, args.pf_bytes);  // SetMlaDecodeL2Prefetch's (none by default)
   // With SetMlaDecodeFusion(3) a programmatic dependent launch: everything below may read what
   // the previous kernel wrote (q, the latent rows just appended). The combine + W_UV kernel
   // after this one may then get resident while this grid runs (it waits on griddepcontrol too).
   attention_detail::GridDependencyWait();
-  attention_detail::LaunchDependents();
+  if (args.trigger) attention_detail::LaunchDependents();
   const int seq = blockIdx.z;
   const int split = blockIdx.x;
   const int q_begin = args.query_start_loc[seq];
@@ -1041,6 +1044,9 @@ struct VUpArgs {
   int num_splits, num_tokens, num_heads, rank, dv, slices;
   bool w_vec;    // w, w_head_stride and rank allow 16-byte weight loads
   bool trigger;  // LaunchDependents right after the wait (kMlaPdlVUpTrigger), else at exit
+  // SetMlaDecodeL2Prefetch bit 4: spans this grid asks L2 for after its wait (bytes 0: none).
+  const char* pf_ptr[2];
+  uint32_t pf_bytes[2];
 };
 
 // kEarly (MlaDecodePdlBits() & kMlaPdlVUpPreload): the block's W_UV vectors (w_vec; no kernel of
@@ -1081,6 +1087,7 @@ __global__ void __launch_bounds__(kVUpThreads) MlaCombineVUpKernel(const VUpArgs
   }
   attention_detail::GridDependencyWait();  // the partials come from the kernel just before
   if (a.trigger) attention_detail::LaunchDependents();
+  PrefetchSpansL2(a.pf_ptr, a.pf_bytes);
   const int seq = blockIdx.y;
   const int q_begin = a.query_start_loc[seq];
   const int q_len = a.query_start_loc[seq + 1] - q_begin;
@@ -1394,9 +1401,9 @@ absl::Status SetMlaDecodeFusion(int level) {
 int MlaDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
 
 absl::Status SetMlaDecodePdlMask(int mask) {
-  if (mask < -1 || mask > 31) {
+  if (mask < -1 || mask > 63) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMlaDecodePdlMask: mask ", mask, " is not in -1..31"));
+        absl::StrCat("SetMlaDecodePdlMask: mask ", mask, " is not in -1..63"));
   }
   g_decode_pdl_mask.store(mask, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1411,9 +1418,9 @@ int MlaDecodePdlBits() {
 }
 
 absl::Status SetMlaDecodeL2Prefetch(int mode) {
-  if (mode < 0 || mode > 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetMlaDecodeL2Prefetch: mode ", mode, " is not in 0..3"));
+  if (mode < 0 || mode > 15 || (mode & 12) == 12) {
+    return absl::InvalidArgumentError(absl::StrCat("SetMlaDecodeL2Prefetch: mode ", mode,
+                                                   " is not in 0..15 without both 4 and 8"));
   }
   g_decode_l2_prefetch.store(mode, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1430,6 +1437,18 @@ size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch
 }
 
 namespace {
+
+// The kernel arguments of MlaL2Prefetch's spans for the kernel at `site` (none elsewhere, and
+// none for spans that are not 16-byte aligned).
+void PrefetchArgs(const MlaL2Prefetch* pf, MlaL2PrefetchSite site, const char* (&ptr)[2],
+                  uint32_t (&bytes)[2]) {
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = pf != nullptr && pf->site == site && pf->ptr[r] != nullptr &&
+                    cuda_detail::Aligned16(pf->ptr[r]);
+    ptr[r] = ok ? static_cast<const char*>(pf->ptr[r]) : nullptr;
+    bytes[r] = ok ? static_cast<uint32_t>(std::min<size_t>(pf->bytes[r], 0xffff0000u)) : 0u;
+  }
+}
 
 // MlaLatentAttentionCuda up to its split-KV combine: validates, launches the attention kernel
 // of the plan, and returns the combine's arguments in *combine (num_splits 1: nothing to merge).
@@ -1481,14 +1500,8 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
       args.num_heads, args.rank, out_latent);
   args.partial_ml = combine.partial_ml;
   args.partial_out = combine.partial_out;
-  for (int r = 0; r < 2; ++r) {
-    const bool ok = l2_prefetch != nullptr && l2_prefetch->ptr[r] != nullptr &&
-                    cuda_detail::Aligned16(l2_prefetch->ptr[r]);
-    args.pf_ptr[r] = ok ? static_cast<const char*>(l2_prefetch->ptr[r]) : nullptr;
-    args.pf_bytes[r] = ok ? static_cast<uint32_t>(std::min<size_t>(l2_prefetch->bytes[r],
-                                                                   0xffff0000u))
-                          : 0u;
-  }
+  PrefetchArgs(l2_prefetch, MlaL2PrefetchSite::kAttention, args.pf_ptr, args.pf_bytes);
+  args.trigger = (MlaDecodePdlBits() & kMlaPdlAttnLateTrigger) == 0;
 
   args.q_vec = cuda_detail::Aligned16(q_latent) && q_token_stride % 8 == 0;
   if (plan.decode) {
@@ -1613,6 +1626,7 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   a.dv = static_cast<int>(v_head_dim);
   a.slices = static_cast<int>((v_head_dim + kVUpRows - 1) / kVUpRows);
   a.w_vec = cuda_detail::Aligned16(w_uv) && w_head_stride % 8 == 0 && a.rank % 8 == 0;
+  PrefetchArgs(l2_prefetch, MlaL2PrefetchSite::kCombine, a.pf_ptr, a.pf_bytes);
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));

@@ -57,13 +57,16 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
 // misaligned w_uv or out, w_head_stride < v_head_dim · kv_lora_rank or odd, out_token_stride
 // < num_heads · v_head_dim; Internal for launch errors.
 //   l2_prefetch: null, or weight spans (never written during a step; e.g. the o_proj GEMV's
-//               weight that runs next) the decode attention kernel asks L2 for before its
-//               dependency wait (SetMlaDecodeL2Prefetch), while HBM idles in this latency-bound
-//               chain. A hint: it never changes a result; spans that are not 16-byte aligned
+//               weight that runs next) a kernel of the chain asks L2 for (SetMlaDecodeL2Prefetch),
+//               `site`: the decode attention kernel before its dependency wait, or the combine
+//               + W_UV kernel after its wait (kPrologue: the caller's prologue launch; none
+//               here). A hint: it never changes a result; spans that are not 16-byte aligned
 //               are skipped, and a span's last bytes % 16 are not fetched.
+enum class MlaL2PrefetchSite { kAttention, kCombine, kPrologue };
 struct MlaL2Prefetch {
   const void* ptr[2] = {nullptr, nullptr};
   size_t bytes[2] = {0, 0};
+  MlaL2PrefetchSite site = MlaL2PrefetchSite::kAttention;
 };
 absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_stride,
                                        const bf16* cache, int64_t block_size,
@@ -126,12 +129,15 @@ int MlaDecodeFusion();
 //     the input projection still runs);
 //   kMlaPdlVUpPreload (8): the combine + W_UV kernel loads W_UV before its wait;
 //   kMlaPdlVUpTrigger (16): the combine + W_UV kernel lets its dependent (o_proj) launch right
-//     after its wait instead of at its exit.
+//     after its wait instead of at its exit;
+//   kMlaPdlAttnLateTrigger (32): the decode attention kernel lets the combine launch only at its
+//     exit (default: right after its wait, so the combine's CTAs, and what they load before
+//     their wait, overlap the attention).
 // Process-wide, read when a step is enqueued (set it before capturing graphs); all bits are off
-// below sm_90. InvalidArgument outside -1..31. MlaDecodePdlMask returns the setting,
+// below sm_90. InvalidArgument outside -1..63. MlaDecodePdlMask returns the setting,
 // MlaDecodePdlBits the bits in effect.
 inline constexpr int kMlaPdlAbsorb = 1, kMlaPdlAbsorbPreload = 2, kMlaPdlAbsorbLateTrigger = 4,
-                     kMlaPdlVUpPreload = 8, kMlaPdlVUpTrigger = 16;
+                     kMlaPdlVUpPreload = 8, kMlaPdlVUpTrigger = 16, kMlaPdlAttnLateTrigger = 32;
 inline constexpr int kMlaPdlLevel2 =
     kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpPreload | kMlaPdlVUpTrigger;
 absl::Status SetMlaDecodePdlMask(int mask);
@@ -139,10 +145,12 @@ int MlaDecodePdlMask();
 int MlaDecodePdlBits();
 
 // SetMlaDecodeL2Prefetch: which weights the DeepSeek runner's decode steps (the fused combine +
-// W_UV path, <= 8 tokens) have the decode attention kernel pull into L2 (MlaL2Prefetch) while
-// the MLA chain leaves HBM idle: bit 1 the layer's o_proj weight (the GEMV two launches later
-// then reads L2), bit 2 its kv_b_proj (W_UV, read by the next launch). 0 (the default): none.
-// Process-wide, read when a step is enqueued. InvalidArgument outside 0..3.
+// W_UV path, <= 8 tokens) have a kernel of the MLA chain pull into L2 (MlaL2Prefetch) while the
+// chain leaves HBM idle: bit 1 the layer's o_proj weight (read by the GEMV after the combine),
+// bit 2 its kv_b_proj (W_UK and W_UV). Which kernel asks: the decode attention kernel before
+// its wait (neither 4 nor 8), the combine + W_UV kernel after its wait (4), or the prologue +
+// absorbed-query launch at its start (8). 0 (the default): none. Process-wide, read when a
+// step is enqueued. InvalidArgument outside 0..15 or with both 4 and 8.
 absl::Status SetMlaDecodeL2Prefetch(int mode);
 int MlaDecodeL2Prefetch();
 

@@ -154,8 +154,9 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
 
   // MlaLatentAttentionVUpCuda (combine and W_UV in one launch) into NaN-filled outputs with a
   // padded token stride: every head's values against the CPU reference, the padding untouched;
-  // a second launch (same workspace, fresh outputs), with the decode kernel prefetching the
-  // weights and the cache into L2 (MlaL2Prefetch: a hint), gives the same bits.
+  // two more launches (same workspace, fresh outputs), with the decode kernel and then the
+  // combine prefetching the weights and the cache into L2 (MlaL2Prefetch: a hint), give the
+  // same bits.
   std::vector<bf16> w_bf(w.size());
   for (size_t i = 0; i < w.size(); ++i) w_bf[i] = FloatToBf16(w[i]);
   auto d_w = Upload(w_bf);
@@ -166,13 +167,14 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
   prefetch.ptr[1] = d_cache.data();
   prefetch.bytes[1] = cache_bf.size() * sizeof(bf16) - 6;  // a ragged tail: rounded down
   std::vector<float> first;
-  for (int rep = 0; rep < 2; ++rep) {
+  for (int rep = 0; rep < 3; ++rep) {
+    prefetch.site = rep == 2 ? MlaL2PrefetchSite::kCombine : MlaL2PrefetchSite::kAttention;
     auto d_lat = NanBuffer(static_cast<size_t>(tokens * H * R));
     auto d_attn = NanBuffer(static_cast<size_t>(tokens * out_stride));
     const absl::Status sv = MlaLatentAttentionVUpCuda(
         d_q.data(), H * W, d_cache.data(), block_size, batch, d, ws->data(), d_lat.data(),
         d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr,
-        rep == 1 ? &prefetch : nullptr);
+        rep >= 1 ? &prefetch : nullptr);
     ASSERT_TRUE(sv.ok()) << sv;
     const std::vector<float> attn = Download(d_attn);
     std::vector<float> fused(want.size());
@@ -274,18 +276,21 @@ TEST(MlaLatentAttentionCudaTest, DecodePdl) {
 }
 
 // kernels::SetMlaDecodePdlMask: the combine + W_UV kernel with its W_UV preload and its early
-// trigger each on alone (and both), at decode PDL level 1: the same checks against the CPU
+// trigger each on alone (and both), and the preload behind the attention's late trigger, at
+// decode PDL level 1: the same checks against the CPU
 // reference; the setting's range is checked.
 TEST(MlaLatentAttentionCudaTest, DecodePdlMask) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(SetMlaDecodePdlMask(32).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaDecodePdlMask(64).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetMlaDecodePdlMask(-2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMlaDecodeL2Prefetch(4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaDecodeL2Prefetch(16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetMlaDecodeL2Prefetch(12).code(), absl::StatusCode::kInvalidArgument);
   if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
   auto rng = cuda_test::Rng();
   const int saved_mask = MlaDecodePdlMask();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
-  for (const int mask : {kMlaPdlVUpPreload, kMlaPdlVUpTrigger, kMlaPdlVUpPreload | kMlaPdlVUpTrigger}) {
+  for (const int mask : {kMlaPdlVUpPreload, kMlaPdlVUpTrigger, kMlaPdlVUpPreload | kMlaPdlVUpTrigger,
+                         kMlaPdlAttnLateTrigger | kMlaPdlVUpPreload}) {
     ASSERT_TRUE(SetMlaDecodePdlMask(mask).ok());
     EXPECT_EQ(MlaDecodePdlBits(), mask);
     const std::string tag = "mla pdl mask " + std::to_string(mask) + " ";
