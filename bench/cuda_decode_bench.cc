@@ -61,6 +61,8 @@
 // --mla-l2-prefetch M: weights a kernel of the MLA chain pulls into L2
 // (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; asked by the attention
 // kernel, by the combine + W_UV kernel with 4, by the prologue launch with 8; default 0).
+// --mla-early-kv 0|1: the MLA decode kernel's metadata reads and first older-row copies before
+// its dependency wait (kernels::SetMlaDecodeEarlyKv; default 0), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
@@ -588,6 +590,10 @@ absl::Status Main(int argc, char** argv) {
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeL2Prefetch(mode));
+    } else if (a == "--mla-early-kv") {  // kernels::SetMlaDecodeEarlyKv, for A/B runs
+      int mode = 0;
+      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeEarlyKv(mode));
     } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
@@ -685,6 +691,7 @@ absl::Status Main(int argc, char** argv) {
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
   out["mla_pdl_mask"] = kernels::MlaDecodePdlMask();
   out["mla_l2_prefetch"] = kernels::MlaDecodeL2Prefetch();
+  out["mla_early_kv"] = kernels::MlaDecodeEarlyKv();
   out["mla_prefill_mode"] = kernels::MlaPrefillMode();
   out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
   out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();

@@ -34,7 +34,7 @@ namespace {
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
 // SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
 // SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's),
-// SLUICE_TEST_MLA_PDL_MASK (-1..31), SLUICE_TEST_MLA_L2_PREFETCH (0..3).
+// SLUICE_TEST_MLA_PDL_MASK (-1..63), SLUICE_TEST_MLA_L2_PREFETCH (0..15), SLUICE_TEST_MLA_EARLY_KV.
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
@@ -64,6 +64,8 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaDecodePdlMask(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_L2_PREFETCH",
           [](int64_t v) { return kernels::SetMlaDecodeL2Prefetch(static_cast<int>(v)); });
+    Apply("SLUICE_TEST_MLA_EARLY_KV",
+          [](int64_t v) { return kernels::SetMlaDecodeEarlyKv(static_cast<int>(v)); });
     Apply("SLUICE_TEST_DECODE_PDL",
           [](int64_t v) { return kernels::SetDecodePdlLevel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_GEMV_PDL_PREFETCH",

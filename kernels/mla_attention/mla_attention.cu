@@ -82,6 +82,7 @@ struct MlaArgs {
   uint32_t pf_bytes[2];
   // MlaDecodeKernel: LaunchDependents right after the wait (else at exit: kMlaPdlAttnLateTrigger).
   bool trigger;
+  bool early_kv;  // MlaDecodeKernel: SetMlaDecodeEarlyKv
 };
 
 // Chunk of one L2 prefetch instruction (bytes, a multiple of 16).
@@ -142,13 +143,16 @@ __device__ __forceinline__ void LookupRows(const MlaArgs& args, const int32_t* b
 }
 
 // CopyRows: cp.async copies of the kR rows `slot` into dst ([kR][TilePitch(width)]); rows with
-// slot −1 read as zeros (src size 0), so padded keys are finite. The caller commits and waits.
+// slot −1 read as zeros (src size 0), so padded keys are finite; rows with slot kSkipRow are
+// left alone (the caller fills them). The caller commits and waits.
+constexpr int64_t kSkipRow = -2;
 template <int kR>
 __device__ __forceinline__ void CopyRows(const MlaArgs& args, const int64_t (&slot)[kR], bf16* dst,
                                          int lane) {
   const int width = args.width;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
+    if (slot[r] == kSkipRow) continue;
     const bool live = slot[r] >= 0;
     const bf16* src = args.cache + (live ? slot[r] * width : 0);
     for (int off = lane * 8; off < width; off += 256) {
@@ -859,12 +863,22 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   // With SetMlaDecodeFusion(3) a programmatic dependent launch: everything below may read what
   // the previous kernel wrote (q, the latent rows just appended). The combine + W_UV kernel
   // after this one may then get resident while this grid runs (it waits on griddepcontrol too).
-  attention_detail::GridDependencyWait();
-  if (args.trigger) attention_detail::LaunchDependents();
+  // args.early_kv (SetMlaDecodeEarlyKv): the wait comes after the step metadata reads and the
+  // copies of the first tiles' rows older than the query's own (pos), which no kernel of the
+  // step writes; Q and row pos are then read after it.
+  const bool early = args.early_kv;
+  auto wait = [&] {
+    attention_detail::GridDependencyWait();
+    if (args.trigger) attention_detail::LaunchDependents();
+  };
+  if (!early) wait();
   const int seq = blockIdx.z;
   const int split = blockIdx.x;
   const int q_begin = args.query_start_loc[seq];
-  if (args.query_start_loc[seq + 1] <= q_begin) return;  // no query token (uniform)
+  if (args.query_start_loc[seq + 1] <= q_begin) {  // no query token (uniform)
+    if (early) wait();  // every path waits (pdl.cuh)
+    return;
+  }
   const int pos = args.context_lens[seq];
   const int2 kv = SplitRange<kDecTile>(args, split, pos + 1, pos + 1);
   const int kv_begin = kv.x, kv_end = kv.y;
@@ -875,10 +889,12 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   const int32_t* block_table = args.block_tables + seq * args.max_blocks_per_seq;
 
   // Q rows (16-byte copies, rows past `heads` zero): the oldest copy group, so the ring's
-  // first wait covers it.
+  // first wait covers it (early: an empty group; Q is loaded after the wait below).
   const bf16* q_row = args.q + static_cast<int64_t>(q_begin) * args.q_token_stride +
                       static_cast<int64_t>(h0) * width;
-  if (args.q_vec) {
+  if (early) {
+    // Q after the dependency wait, below.
+  } else if (args.q_vec) {
     const int chunks = width / 8;
     for (int c = threadIdx.x; c < kHeads * chunks; c += kTcThreads) {
       const int h = c / chunks;
@@ -907,9 +923,17 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   const int warp_row = (threadIdx.x / 32) * kR;
   int64_t next_slot[kR];
   LookupRows<kR>(args, block_table, kv_begin + warp_row, kv_end, next_slot);
-  auto load = [&](int t) {  // copies tile t (if any) as one group, then looks up tile t + 1
+  // copies tile t (if any) as one group, then looks up tile t + 1. skip_new: row pos is not
+  // copied (before the dependency wait: the prologue may still be writing it).
+  auto load = [&](int t, bool skip_new) {
     if (t < ntiles) {
-      CopyRows<kR>(args, next_slot, ring + ((t % kDecStages) * kDecTile + warp_row) * pitch,
+      int64_t slot[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int j = kv_begin + t * kDecTile + warp_row + r;
+        slot[r] = skip_new && j == pos && next_slot[r] >= 0 ? kSkipRow : next_slot[r];
+      }
+      CopyRows<kR>(args, slot, ring + ((t % kDecStages) * kDecTile + warp_row) * pitch,
                    threadIdx.x % 32);
       LookupRows<kR>(args, block_table, kv_begin + (t + 1) * kDecTile + warp_row, kv_end,
                      next_slot);
@@ -917,7 +941,38 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
     CpAsyncCommit();
   };
 #pragma unroll
-  for (int st = 0; st < kDecStages - 1; ++st) load(st);
+  for (int st = 0; st < kDecStages - 1; ++st) load(st, early);
+  if (early) {
+    wait();
+    // Q rows as above, with plain loads (the loop's first barrier publishes them).
+    if (args.q_vec) {
+      const int chunks = width / 8;
+      for (int c = threadIdx.x; c < kHeads * chunks; c += kTcThreads) {
+        const int h = c / chunks;
+        const int off = (c - h * chunks) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (h < heads) v = *reinterpret_cast<const uint4*>(q_row + h * width + off);
+        *reinterpret_cast<uint4*>(q_s + h * pitch + off) = v;
+      }
+    } else {
+      for (int c = threadIdx.x; c < kHeads * width; c += kTcThreads) {
+        const int h = c / width;
+        q_s[h * pitch + c - h * width] = h < heads ? q_row[c] : __float2bfloat16_rn(0.0f);
+      }
+    }
+    // Row pos, when its tile was among those copied before the wait (later tiles copy it in
+    // the loop): 16-byte plain loads into the ring slot the copies skipped.
+    const int rel = pos - kv_begin;
+    if (pos >= kv_begin && pos < kv_end && rel / kDecTile < kDecStages - 1) {
+      const int64_t slot = static_cast<int64_t>(block_table[pos / args.block_size]) *
+                               args.block_size + pos % args.block_size;
+      const bf16* src = args.cache + slot * width;
+      bf16* dst = ring + ((rel / kDecTile) * kDecTile + rel % kDecTile) * pitch;
+      for (int off = threadIdx.x * 8; off < width; off += kTcThreads * 8) {
+        *reinterpret_cast<uint4*>(dst + off) = *reinterpret_cast<const uint4*>(src + off);
+      }
+    }
+  }
 
   float acc[1][8][4];
 #pragma unroll
@@ -931,7 +986,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
   for (int it = 0; it < ntiles; ++it) {
     CpAsyncWait<kDecStages - 2>();
     __syncthreads();  // tile `it` (and Q, m_s, l_s) visible; buffer (it − 1) free
-    load(it + kDecStages - 1);
+    load(it + kDecStages - 1, false);
     const bf16* k_s = ring + (it % kDecStages) * kDecTile * pitch;
     const int tile = kv_begin + it * kDecTile;
 
@@ -1213,6 +1268,7 @@ std::atomic<int> g_prefill_kernel{1};
 std::atomic<int> g_decode_fusion{3};  // SetMlaDecodeFusion's
 std::atomic<int> g_decode_pdl_mask{-1};     // SetMlaDecodePdlMask's
 std::atomic<int> g_decode_l2_prefetch{0};  // SetMlaDecodeL2Prefetch's
+std::atomic<int> g_decode_early_kv{0};      // SetMlaDecodeEarlyKv's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
 // device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph
@@ -1428,6 +1484,17 @@ absl::Status SetMlaDecodeL2Prefetch(int mode) {
 
 int MlaDecodeL2Prefetch() { return g_decode_l2_prefetch.load(std::memory_order_relaxed); }
 
+absl::Status SetMlaDecodeEarlyKv(int mode) {
+  if (mode < 0 || mode > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMlaDecodeEarlyKv: mode ", mode, " is not 0 or 1"));
+  }
+  g_decode_early_kv.store(mode, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MlaDecodeEarlyKv() { return g_decode_early_kv.load(std::memory_order_relaxed); }
+
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {
   if (!Validate(batch, dims, 1).ok()) return 0;
@@ -1502,6 +1569,7 @@ absl::Status EnqueueLatentAttention(const bf16* q_latent, int64_t q_token_stride
   args.partial_out = combine.partial_out;
   PrefetchArgs(l2_prefetch, MlaL2PrefetchSite::kAttention, args.pf_ptr, args.pf_bytes);
   args.trigger = (MlaDecodePdlBits() & kMlaPdlAttnLateTrigger) == 0;
+  args.early_kv = g_decode_early_kv.load(std::memory_order_relaxed) != 0;
 
   args.q_vec = cuda_detail::Aligned16(q_latent) && q_token_stride % 8 == 0;
   if (plan.decode) {

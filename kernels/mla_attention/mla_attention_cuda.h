@@ -154,6 +154,20 @@ int MlaDecodePdlBits();
 absl::Status SetMlaDecodeL2Prefetch(int mode);
 int MlaDecodeL2Prefetch();
 
+// SetMlaDecodeEarlyKv(1): the pipelined decode kernel (SetMlaLatentAttentionDecodeKernel) reads
+// the batch metadata (query_start_loc, context_lens, block_tables) and starts its first latent
+// tiles' copies before its programmatic dependency wait (kernels/cuda/pdl.cuh), skipping each
+// sequence's newest row (position context_lens[s], this step's token) and the queries, which it
+// reads after the wait. So when launched as a programmatic dependent (SetMlaDecodeFusion(3)) its
+// metadata chain and the older rows' HBM latency overlap the kernel before it. Only valid when
+// no kernel that may still run writes the metadata or a cached row other than each sequence's
+// newest one: true of the DeepSeek runner's decode steps (the metadata is copied in before the
+// step; the prologue appends only row context_lens[s]). Same results either way. 0 (the
+// default): everything after the wait. Process-wide, read when a launch is planned.
+// InvalidArgument outside 0..1.
+absl::Status SetMlaDecodeEarlyKv(int mode);
+int MlaDecodeEarlyKv();
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_ATTENTION_CUDA_H_

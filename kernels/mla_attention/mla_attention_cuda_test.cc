@@ -300,6 +300,42 @@ TEST(MlaLatentAttentionCudaTest, DecodePdlMask) {
   ASSERT_TRUE(SetMlaDecodePdlMask(saved_mask).ok());
 }
 
+// kernels::SetMlaDecodeEarlyKv(1): the decode kernel's metadata reads and first tile copies
+// before its dependency wait, the newest row and Q after it, with plain launches and as
+// programmatic dependents (SetDecodePdl), both ring depths: the same checks against the CPU
+// reference (the newest row in a tile copied before the wait, in a later one, and partitions
+// that end before it).
+TEST(MlaLatentAttentionCudaTest, DecodeEarlyKv) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(SetMlaDecodeEarlyKv(2).code(), absl::StatusCode::kInvalidArgument);
+  auto rng = cuda_test::Rng();
+  const int saved_pdl = DecodePdlLevel();
+  const int saved_kernel = MlaLatentAttentionDecodeKernel();
+  const MlaDims d = Dims(16, 512, 64, 128, 128);
+  std::vector<Seq> b64;
+  for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
+  ASSERT_TRUE(SetMlaDecodeEarlyKv(1).ok());
+  for (const bool pdl : {false, true}) {
+    if (pdl && !PdlSupported()) continue;
+    SetDecodePdl(pdl);
+    for (const int kernel : {0, 2, 3}) {
+      ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(kernel).ok());
+      const std::string tag = std::string("early kv, pdl ") + (pdl ? "on" : "off") +
+                              ", decode kernel " + std::to_string(kernel) + " ";
+      RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
+      RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
+      RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng);
+      RunCase(tag + "b64 mixed", d, 16, b64, rng);
+      RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng);
+      RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
+      RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
+    }
+  }
+  ASSERT_TRUE(SetMlaDecodeEarlyKv(0).ok());
+  ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(saved_kernel).ok());
+  ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
+}
+
 // Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached
 // prefix (split across CTAs; causal rows inside a tile), mixed with a decode sequence, and
 // enough query tiles (≥ 2 per SM on an H200) that nothing splits.
