@@ -60,7 +60,7 @@ class KernelSettingsFromEnv : public ::testing::Environment {
           [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_MODE",  // 2: the MHA form from 2-token queries on
           [](int64_t v) { return kernels::SetMlaPrefillMode(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_PDL_MASK",  // kernels::SetMlaDecodePdlMask (-1..31)
+    Apply("SLUICE_TEST_MLA_PDL_MASK",  // kernels::SetMlaDecodePdlMask (-1..63)
           [](int64_t v) { return kernels::SetMlaDecodePdlMask(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_L2_PREFETCH",
           [](int64_t v) { return kernels::SetMlaDecodeL2Prefetch(static_cast<int>(v)); });
