@@ -54,7 +54,8 @@
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
 // --mla-pdl-mask M: which programmatic-dependent-launch pieces of the MLA decode block are on
-// (kernels::SetMlaDecodePdlMask: -1 from --decode-pdl, the default; else bits 1 absorb launch
+// (kernels::SetMlaDecodePdlMask: -1 from --decode-pdl, the default: 19 at level 1, 27 at level
+// 2, 0 at level 0; else bits 1 absorb launch
 // dependent, 2 + its W_UK preload, 4 its trigger after the wait, 8 W_UV preload, 16 o_proj
 // trigger after the combine's wait, 32 the attention's trigger at its exit; 27 is what
 // --decode-pdl 2 turns on), for A/B runs.
@@ -62,7 +63,7 @@
 // (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; asked by the attention
 // kernel, by the combine + W_UV kernel with 4, by the prologue launch with 8; default 0).
 // --mla-early-kv 0|1: the MLA decode kernel's metadata reads and first older-row copies before
-// its dependency wait (kernels::SetMlaDecodeEarlyKv; default 0), for A/B runs.
+// its dependency wait (kernels::SetMlaDecodeEarlyKv; default 1), for A/B runs.
 // --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the

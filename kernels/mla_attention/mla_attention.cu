@@ -1268,7 +1268,7 @@ std::atomic<int> g_prefill_kernel{1};
 std::atomic<int> g_decode_fusion{3};  // SetMlaDecodeFusion's
 std::atomic<int> g_decode_pdl_mask{-1};     // SetMlaDecodePdlMask's
 std::atomic<int> g_decode_l2_prefetch{0};  // SetMlaDecodeL2Prefetch's
-std::atomic<int> g_decode_early_kv{0};      // SetMlaDecodeEarlyKv's
+std::atomic<int> g_decode_early_kv{1};      // SetMlaDecodeEarlyKv's
 
 // Whether decode launches go out as programmatic dependents: SetMlaDecodeFusion(3) on an sm_90+
 // device (griddepcontrol compiles to nothing below sm_90). Asked per launch plan, which graph
@@ -1469,7 +1469,9 @@ int MlaDecodePdlMask() { return g_decode_pdl_mask.load(std::memory_order_relaxed
 
 int MlaDecodePdlBits() {
   const int mask = g_decode_pdl_mask.load(std::memory_order_relaxed);
-  if (mask < 0) return DecodePdlModelKernels() ? kMlaPdlLevel2 : 0;
+  if (mask < 0) {
+    return DecodePdlModelKernels() ? kMlaPdlLevel2 : DecodePdl() ? kMlaPdlLevel1 : 0;
+  }
   return PdlSupported() ? mask : 0;
 }
 

@@ -120,7 +120,7 @@ int MlaDecodeFusion();
 // SetMlaDecodePdlMask: which of the MLA decode block's programmatic-dependent-launch pieces are
 // on (kernels/cuda/pdl.cuh), one bit each, to tell apart why DecodePdlLevel 2 (all of them)
 // measured slower than level 1 (none) and to keep the ones that pay. -1 (the default): from
-// DecodePdlLevel (>= 2: kMlaPdlLevel2, else 0). Bits:
+// DecodePdlLevel (>= 2: kMlaPdlLevel2; 1: kMlaPdlLevel1; 0: none). Bits:
 //   kMlaPdlAbsorb (1): the prologue + absorbed-query launch (cuda_runner::MlaPrologueAbsorbCuda)
 //     is a programmatic dependent of the fused input projection; it waits before any load;
 //   kMlaPdlAbsorbPreload (2): 1, with its GEMV blocks loading W_UK before that wait;
@@ -140,6 +140,11 @@ inline constexpr int kMlaPdlAbsorb = 1, kMlaPdlAbsorbPreload = 2, kMlaPdlAbsorbL
                      kMlaPdlVUpPreload = 8, kMlaPdlVUpTrigger = 16, kMlaPdlAttnLateTrigger = 32;
 inline constexpr int kMlaPdlLevel2 =
     kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpPreload | kMlaPdlVUpTrigger;
+// The bits of DecodePdlLevel 1 (the default): level 2 without kMlaPdlVUpPreload, whose W_UV loads
+// before the wait slow the latency-bound attention kernel they overlap (H200, DeepSeek-V2-Lite
+// batch 1, with SetMlaDecodeEarlyKv(1): 2.293-2.294 ms vs 2.308-2.311 with the bit and
+// 2.338 with no bits; bench/results/cuda_dsv2lite_mla_chain_ab_h200.json).
+inline constexpr int kMlaPdlLevel1 = kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpTrigger;
 absl::Status SetMlaDecodePdlMask(int mask);
 int MlaDecodePdlMask();
 int MlaDecodePdlBits();
@@ -162,8 +167,9 @@ int MlaDecodeL2Prefetch();
 // metadata chain and the older rows' HBM latency overlap the kernel before it. Only valid when
 // no kernel that may still run writes the metadata or a cached row other than each sequence's
 // newest one: true of the DeepSeek runner's decode steps (the metadata is copied in before the
-// step; the prologue appends only row context_lens[s]). Same results either way. 0 (the
-// default): everything after the wait. Process-wide, read when a launch is planned.
+// step; the prologue appends only row context_lens[s]). Same results either way. 1 is the
+// default (H200, DeepSeek-V2-Lite batch 1 with kMlaPdlLevel1: 2.293-2.294 ms vs 2.391-2.396 with
+// neither); 0: everything after the wait. Process-wide, read when a launch is planned.
 // InvalidArgument outside 0..1.
 absl::Status SetMlaDecodeEarlyKv(int mode);
 int MlaDecodeEarlyKv();

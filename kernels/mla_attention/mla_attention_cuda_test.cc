@@ -300,8 +300,9 @@ TEST(MlaLatentAttentionCudaTest, DecodePdlMask) {
   ASSERT_TRUE(SetMlaDecodePdlMask(saved_mask).ok());
 }
 
-// kernels::SetMlaDecodeEarlyKv(1): the decode kernel's metadata reads and first tile copies
-// before its dependency wait, the newest row and Q after it, with plain launches and as
+// kernels::SetMlaDecodeEarlyKv 1 (the default: the decode kernel's metadata reads and first
+// tile copies before its dependency wait, the newest row and Q after it) and 0, with plain
+// launches and as
 // programmatic dependents (SetDecodePdl), both ring depths: the same checks against the CPU
 // reference (the newest row in a tile copied before the wait, in a later one, and partitions
 // that end before it).
@@ -314,14 +315,17 @@ TEST(MlaLatentAttentionCudaTest, DecodeEarlyKv) {
   const MlaDims d = Dims(16, 512, 64, 128, 128);
   std::vector<Seq> b64;
   for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
-  ASSERT_TRUE(SetMlaDecodeEarlyKv(1).ok());
+  const int saved_early = MlaDecodeEarlyKv();
+  for (const int early : {1, 0})
   for (const bool pdl : {false, true}) {
     if (pdl && !PdlSupported()) continue;
+    ASSERT_TRUE(SetMlaDecodeEarlyKv(early).ok());
     SetDecodePdl(pdl);
     for (const int kernel : {0, 2, 3}) {
       ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(kernel).ok());
-      const std::string tag = std::string("early kv, pdl ") + (pdl ? "on" : "off") +
-                              ", decode kernel " + std::to_string(kernel) + " ";
+      const std::string tag = "early kv " + std::to_string(early) + ", pdl " +
+                              (pdl ? "on" : "off") + ", decode kernel " +
+                              std::to_string(kernel) + " ";
       RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
       RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
       RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng);
@@ -331,7 +335,7 @@ TEST(MlaLatentAttentionCudaTest, DecodeEarlyKv) {
       RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
     }
   }
-  ASSERT_TRUE(SetMlaDecodeEarlyKv(0).ok());
+  ASSERT_TRUE(SetMlaDecodeEarlyKv(saved_early).ok());
   ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(saved_kernel).ok());
   ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
 }
