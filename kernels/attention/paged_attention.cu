@@ -172,13 +172,31 @@ __device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t*
   return static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
 }
 
+// How PagedDecodeWarpKernel copies K/V into its ring (SetPagedAttentionDecodeWarpVariant):
+// plain cp.async (as every other kernel here), cp.async with the .L2::256B prefetch-size hint,
+// the same with an L2 evict-first cache policy, or one bulk copy (cp.async.bulk, the TMA
+// engine) per 256-byte key row completing on a per-stage mbarrier.
+constexpr int kCopyPlain = 0, kCopyL2Prefetch = 1, kCopyEvictFirst = 2, kCopyBulk = 3;
+
+// One 16-byte chunk of CopySlice in flavour kCopy (kCopyBulk is not a chunk copy).
+template <int kCopy>
+__device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy) {
+  static_assert(kCopy != kCopyBulk);
+  if constexpr (kCopy == kCopyPlain) {
+    CpAsync16(dst, src, bytes);
+  } else {
+    attention_detail::CpAsync16L2Hint<kCopy == kCopyEvictFirst>(dst, src, bytes, policy);
+  }
+}
+
 // One warp copies the K rows (pitch Pitch<kD>) and then V rows of a kBN-key slice into k_dst
 // (V after the kBN K rows) and commits the copy group; lane_slot is LaneSlot of the slice
 // (zero-filled rows for −1 and columns past the true head dims). k_base / v_base: the KV
-// head's first element in the caches.
-template <int kD, int kDV, int kBN>
+// head's first element in the caches. kCopy / policy: the cp.async flavour (CopyChunk).
+template <int kD, int kDV, int kBN, int kCopy = kCopyPlain>
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
-                                          const bf16* k_base, const bf16* v_base, int lane) {
+                                          const bf16* k_base, const bf16* v_base, int lane,
+                                          uint64_t policy = 0) {
   const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
   const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
   bf16* v_dst = k_dst + kBN * Pitch<kD>();
@@ -191,8 +209,8 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
     const int col = (c % kKChunks) * 8;
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < args.head_dim;
-    CpAsync16(k_dst + key * Pitch<kD>() + col, live ? k_base + slot * k_token_stride + col : k_base,
-              live ? 16 : 0);
+    CopyChunk<kCopy>(k_dst + key * Pitch<kD>() + col,
+                     live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0, policy);
   }
 #pragma unroll
   for (int i = 0; i < kBN * kVChunks / 32; ++i) {
@@ -201,8 +219,8 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
     const int col = (c % kVChunks) * 8;
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < args.v_head_dim;
-    CpAsync16(v_dst + key * Pitch<kDV>() + col,
-              live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0);
+    CopyChunk<kCopy>(v_dst + key * Pitch<kDV>() + col,
+                     live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0, policy);
   }
   CpAsyncCommit();
 }
@@ -607,6 +625,99 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 // Shared memory: kWarps × kStages slices of kBN keys (+ kWarps tables of kD/2 float2 when
 // fused); at d 128 with 4 warps × 3 stages 102 KiB: 2 CTAs (8 warps) per SM, the warps and
 // depth that reach 0.96 of the bandwidth at long contexts.
+// mbarrier and bulk-copy pieces of kCopyBulk (PTX ISA, "Parallel Synchronization and
+// Communication Instructions: mbarrier" and "Data Movement and Conversion Instructions:
+// cp.async.bulk"; sm_90). Addresses are 32-bit shared-window addresses.
+__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
+#endif
+}
+// One arrival that also raises the phase's expected transaction bytes: the phase completes
+// once `bytes` more have landed through complete_tx (the bulk copies below).
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::
+          "r"(bar),
+      "r"(bytes)
+      : "memory");
+#else
+  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
+#endif
+}
+// Spins until the phase of parity `parity` of the barrier has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
+#endif
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by
+// the TMA engine, counted against barrier `bar`.
+__device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, uint32_t bytes,
+                                                 uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
+#endif
+}
+
+// CopySlice for kCopyBulk: one bulk copy per live key row (K rows then V rows, lane r % 32 owns
+// row r of the slice's 2·kBN), all completing on barrier `bar`, whose phase expects their
+// bytes; rows outside the unit's keys are zero-filled with ordinary stores (the consumer's
+// __syncwarp after the barrier wait orders them). Needs head_dim == kD and v_head_dim == kDV
+// (no zero padding columns; rows of 2·kD bytes are 16-byte multiples) — the host checks.
+template <int kD, int kDV, int kBN>
+__device__ __forceinline__ void CopySliceBulk(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
+                                              const bf16* k_base, const bf16* v_base, int lane,
+                                              uint32_t bar) {
+  static_assert((2 * kBN) % 32 == 0 && (kD * 2) % 16 == 0 && (kDV * 2) % 16 == 0);
+  constexpr int kIters = 2 * kBN / 32;
+  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * kD;
+  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * kDV;
+  int64_t slot[kIters];
+  uint32_t bytes = 0;  // this lane's rows
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = lane + 32 * i;
+    slot[i] = __shfl_sync(0xffffffffu, lane_slot, r % kBN);
+    if (slot[i] >= 0) bytes += r < kBN ? kD * 2 : kDV * 2;
+  }
+  bytes = __reduce_add_sync(0xffffffffu, bytes);
+  if (lane == 0) MbarArriveExpectTx(bar, bytes);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = lane + 32 * i;
+    const bool is_k = r < kBN;
+    const int key = is_k ? r : r - kBN;
+    bf16* dst = is_k ? k_dst + key * Pitch<kD>() : k_dst + kBN * Pitch<kD>() + key * Pitch<kDV>();
+    const int row_bytes = is_k ? kD * 2 : kDV * 2;
+    if (slot[i] >= 0) {
+      const bf16* src = is_k ? k_base + slot[i] * k_token_stride : v_base + slot[i] * v_token_stride;
+      BulkCopyToShared(SmemAddr(dst), src, static_cast<uint32_t>(row_bytes), bar);
+    } else {
+      for (int c = 0; c < row_bytes / 16; ++c) {
+        reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+}
+
 struct DecodeUnit {
   int seq, kv_head, split;
   int q_begin, rows, ctx;
@@ -654,19 +765,23 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   return d;
 }
 
-template <int kD, int kDV, int kWarps, int kBN, int kStages>
+template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy = kCopyPlain>
 struct DecodeWarpConfig {
   static_assert(kStages >= 2);
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());
-  static constexpr int kSmemBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
-  // Fused launches add a (cos, sin) table per warp after the rings.
+  static constexpr int kRingBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
+  // kCopyBulk: one mbarrier per stage and warp after the rings.
+  static constexpr int kBarrierBytes = kCopy == kCopyBulk ? kWarps * kStages * 8 : 0;
+  static constexpr int kSmemBytes = kRingBytes + kBarrierBytes;
+  // Fused launches add a (cos, sin) table per warp after these.
   static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
-template <int kD, int kDV, int kWarps, int kBN, int kStages>
+template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
-  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages>;
+  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kCopy>;
+  constexpr bool kBulk = kCopy == kCopyBulk;
   constexpr int kKSteps = kD / 16;
   constexpr int kVTiles = kDV / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -678,6 +793,19 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   float2* const rope_cs =
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
   const bool fused = args.fusion.inv_freq != nullptr;
+  // kCopyBulk: this warp's stage barriers (one arrival + the slice's bytes per phase).
+  const uint32_t bars = SmemAddr(smem_raw + Cfg::kRingBytes) + warp * kStages * 8;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      for (int s = 0; s < kStages; ++s) MbarInit(bars + 8 * s, 1);
+      // Make the initialized barriers visible to the async proxy (the TMA engine).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+    }
+    __syncwarp();
+  }
+  const uint64_t policy = kCopy == kCopyEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
 
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
@@ -698,6 +826,13 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
         __syncwarp();  // before cs is refilled, and orders the writes before the copies
       }
     }
+  }
+  if constexpr (kBulk) {
+    // Bulk copies read global memory through the async proxy: order the cache writes before
+    // them (this warp's fused writes, and the previous kernel's under PDL).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
   }
 
   // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
@@ -725,9 +860,15 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   auto issue = [&]() {
     if (p_u < num_units) {
       const int64_t kv_off = static_cast<int64_t>(p.kv_head);
-      CopySlice<kD, kDV, kBN>(args, ring + fill * Cfg::kSliceElems, p_slot,
-                              args.k_cache + kv_off * args.head_dim,
-                              args.v_cache + kv_off * args.v_head_dim, lane);
+      if constexpr (kBulk) {
+        CopySliceBulk<kD, kDV, kBN>(args, ring + fill * Cfg::kSliceElems, p_slot,
+                                    args.k_cache + kv_off * args.head_dim,
+                                    args.v_cache + kv_off * args.v_head_dim, lane, bars + 8 * fill);
+      } else {
+        CopySlice<kD, kDV, kBN, kCopy>(args, ring + fill * Cfg::kSliceElems, p_slot,
+                                       args.k_cache + kv_off * args.head_dim,
+                                       args.v_cache + kv_off * args.v_head_dim, lane, policy);
+      }
       p_tile += kBN;
       while (p_u < num_units && p_tile >= p.kv_end) {
         p_u += stride;
@@ -738,8 +879,8 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       if (p_u < num_units) {
         p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
       }
-    } else {
-      CpAsyncCommit();
+    } else if constexpr (!kBulk) {
+      CpAsyncCommit();  // an empty group keeps the wait_group count (bulk stages are not waited)
     }
     fill = fill + 1 == kStages ? 0 : fill + 1;
   };
@@ -748,6 +889,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
 
   // Consumer: the same units in the same order, one slice per iteration.
   int buf = 0;
+  uint32_t phase = 0;  // kCopyBulk: parity of the phase buffer buf's barrier completes next
   UnitMeta c_meta = meta0;
   for (int u = first; u < num_units; u += stride) {
     const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
@@ -767,7 +909,11 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     const int pos_last = c.ctx + (c.rows > 0 ? (c.rows - 1) / args.group : 0);
     for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
       issue();
-      CpAsyncWait<kStages - 1>();
+      if constexpr (kBulk) {
+        MbarWait(bars + 8 * buf, phase);
+      } else {
+        CpAsyncWait<kStages - 1>();
+      }
       __syncwarp();
       const bf16* k_smem = ring + buf * Cfg::kSliceElems;
       AttendSlice<kD, kDV, kBN>(args, k_smem, k_smem + kBN * Pitch<kD>(), 0, tile, c.kv_begin,
@@ -775,6 +921,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
                                 lane);
       __syncwarp();  // the next issue() may refill this buffer
       buf = buf + 1 == kStages ? 0 : buf + 1;
+      if (buf == 0) phase ^= 1u;
     }
     QuadSumRows(row_sum);
     StoreRows<kDV>(args, rw, c.split, acc, row_max, row_sum, t);
@@ -1180,6 +1327,24 @@ constexpr int kDecodeWarpsAuto = 8, kDecodeWarpsAlways = 9;
 // PagedDecodeWarpKernel's shape: 4 warps a CTA, 16-key slices, 3 stages (fewer where wide
 // heads do not fit; ≥ 2 always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256).
 constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
+// SetPagedAttentionDecodeWarpVariant: PagedDecodeWarpKernel's shape (warps a CTA, keys a slice,
+// ring depth) and copy flavour (kCopy*) at padded head dims 128 (other dims always run 0).
+// 0 is the shape above; 1-3 change only the copies; 4 (8 warps: a CTA's warps read all 8 KV
+// heads of a Llama-3-8B sequence, i.e. whole 2 KiB cache rows, together), 5-7 other shapes of
+// about the same shared memory per SM (~208 KiB) with more slices in flight per SM (5: 2 CTAs
+// × 2 warps × 5 of 6; 7: 2 × 3 × 3 of 4) or fewer, longer slices (6); 8-9 bulk copies in the
+// shapes of 4 and 5.
+struct DecodeWarpShape {
+  int warps, bn, stages, copy;
+};
+constexpr DecodeWarpShape kDecodeWarpShapes[] = {
+    {4, 16, 3, kCopyPlain}, {4, 16, 3, kCopyL2Prefetch}, {4, 16, 3, kCopyEvictFirst},
+    {4, 16, 3, kCopyBulk},  {8, 16, 3, kCopyPlain},      {2, 16, 6, kCopyPlain},
+    {4, 32, 3, kCopyPlain}, {3, 16, 4, kCopyPlain},      {8, 16, 3, kCopyBulk},
+    {2, 16, 6, kCopyBulk}};
+constexpr int kNumDecodeWarpVariants =
+    static_cast<int>(sizeof(kDecodeWarpShapes) / sizeof(kDecodeWarpShapes[0]));
+std::atomic<int> g_decode_warp_variant{0};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1245,6 +1410,7 @@ bool PdlEnabled() {
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
+  int warp_variant = 0;     // its kDecodeWarpShapes variant (DecodeWarpVariantFor)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1391,31 +1557,73 @@ constexpr int DecodeWarpStages() {
   return kFit < kDecodeWarpStages ? kFit : kDecodeWarpStages;
 }
 
-template <int kD, int kDV>
-using DecodeWarpCfg =
-    DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>;
+// PagedDecodeWarpKernel of decode-warp variant kVar (kDecodeWarpShapes) at padded dims (kD,
+// kDV): variant 0 at any dims, the others at 128 only (DecodeWarpVariantFor); op.Run gets the
+// kernel, its config and threads.
+template <int kD, int kDV, int kVar, typename Op>
+auto WithDecodeWarpKernel(const Op& op) {
+  if constexpr (kVar == 0) {
+    constexpr int kStages = DecodeWarpStages<kD, kDV>();
+    using Cfg = DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, kCopyPlain>;
+    return op.template Run<Cfg>(
+        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, kCopyPlain>);
+  } else {
+    static_assert(kD == 128 && kDV == 128);
+    constexpr DecodeWarpShape kS = kDecodeWarpShapes[kVar];
+    using Cfg = DecodeWarpConfig<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy>;
+    static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
+    return op.template Run<Cfg>(
+        &PagedDecodeWarpKernel<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy>);
+  }
+}
 
-// Ops run by WithDims on PagedDecodeWarpKernel at padded dims (kD, kDV).
+// WithDecodeWarpKernel for a run-time variant (0 off the 128 dims).
+template <int kD, int kDV, typename Op>
+auto WithDecodeWarpVariant(int var, const Op& op) {
+  if constexpr (kD == 128 && kDV == 128) {
+    static_assert(kNumDecodeWarpVariants == 10);
+    switch (var) {
+      case 1: return WithDecodeWarpKernel<kD, kDV, 1>(op);
+      case 2: return WithDecodeWarpKernel<kD, kDV, 2>(op);
+      case 3: return WithDecodeWarpKernel<kD, kDV, 3>(op);
+      case 4: return WithDecodeWarpKernel<kD, kDV, 4>(op);
+      case 5: return WithDecodeWarpKernel<kD, kDV, 5>(op);
+      case 6: return WithDecodeWarpKernel<kD, kDV, 6>(op);
+      case 7: return WithDecodeWarpKernel<kD, kDV, 7>(op);
+      case 8: return WithDecodeWarpKernel<kD, kDV, 8>(op);
+      case 9: return WithDecodeWarpKernel<kD, kDV, 9>(op);
+      default: break;
+    }
+  }
+  return WithDecodeWarpKernel<kD, kDV, 0>(op);
+}
+
+// Ops run by WithDims on PagedDecodeWarpKernel (variant var) at padded dims (kD, kDV).
 struct DecodeWarpLaunchOp {
   const AttnArgs* args;
   int ctas;
+  int var;
   cudaStream_t stream;
+  template <typename Cfg>
+  absl::Status Run(void (*kernel)(AttnArgs)) const {
+    const int smem = Cfg::kSmemBytes + (args->fusion.inv_freq != nullptr ? Cfg::kFusionBytes : 0);
+    return LaunchWithSmem(kernel, Cfg::kThreads, smem, *args, dim3(static_cast<unsigned>(ctas)),
+                          stream);
+  }
   template <int kD, int kDV>
   absl::Status Run() const {
-    using Cfg = DecodeWarpCfg<kD, kDV>;
-    const int smem = Cfg::kSmemBytes + (args->fusion.inv_freq != nullptr ? Cfg::kFusionBytes : 0);
-    return LaunchWithSmem(
-        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>,
-        Cfg::kThreads, smem, *args, dim3(static_cast<unsigned>(ctas)), stream);
+    return WithDecodeWarpVariant<kD, kDV>(var, *this);
   }
 };
 struct DecodeWarpOccupancyOp {
+  int var;
+  template <typename Cfg>
+  int Run(void (*kernel)(AttnArgs)) const {
+    return Occupancy(kernel, Cfg::kThreads, Cfg::kSmemBytes);
+  }
   template <int kD, int kDV>
   int Run() const {
-    using Cfg = DecodeWarpCfg<kD, kDV>;
-    return Occupancy(
-        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, DecodeWarpStages<kD, kDV>()>,
-        Cfg::kThreads, Cfg::kSmemBytes);
+    return WithDecodeWarpVariant<kD, kDV>(var, *this);
   }
 };
 
@@ -1528,16 +1736,40 @@ int64_t ResidentSlots(Variant v, int kind) {
 
 // Persistent decode warps resident on the whole GPU at once (SMs × CTAs per SM × warps), cached
 // per variant for device 0..15.
-int64_t ResidentDecodeWarps(Variant v) {
-  static std::atomic<int> cache[16][5];
+// The decode-warp variant (kDecodeWarpShapes) a launch at dims `v` runs: the
+// SetPagedAttentionDecodeWarpVariant setting at padded dims 128, else 0; bulk copies also need
+// unpadded rows (head_dim = v_head_dim = 128) and sm_90 (cached per device 0..15).
+int DecodeWarpVariantFor(Variant v, const PagedAttentionParams& p) {
+  const int var = g_decode_warp_variant.load(std::memory_order_relaxed);
+  if (var <= 0 || var >= kNumDecodeWarpVariants || v != Variant::k128) return 0;
+  if (kDecodeWarpShapes[var].copy == kCopyBulk) {
+    if (p.head_dim != 128 || p.v_head_dim != 128) return 0;
+    static std::atomic<int> major_cache[16];
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return 0;
+    int major = major_cache[device].load(std::memory_order_relaxed);
+    if (major == 0) {
+      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) !=
+          cudaSuccess) {
+        return 0;
+      }
+      major_cache[device].store(major, std::memory_order_relaxed);
+    }
+    if (major < 9) return 0;
+  }
+  return var;
+}
+
+int64_t ResidentDecodeWarps(Variant v, int var) {
+  static std::atomic<int> cache[16][5][kNumDecodeWarpVariants];
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
-  std::atomic<int>& slot = cache[device][static_cast<int>(v)];
+  std::atomic<int>& slot = cache[device][static_cast<int>(v)][var];
   int n = slot.load(std::memory_order_relaxed);
   if (n > 0) return n;
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{}) * kDecodeWarpsPerCta);
+  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{var}) * kDecodeWarpShapes[var].warps);
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
@@ -1545,11 +1777,12 @@ int64_t ResidentDecodeWarps(Variant v) {
 // CTAs of a persistent decode launch over `units` (sequence, KV head, split) units: as few
 // rounds of units per warp as the resident warps allow, spread evenly (every warp gets the
 // same number of units, ± 1).
-int64_t DecodeWarpCtas(int64_t units, Variant v) {
-  const int64_t resident = ResidentDecodeWarps(v);
+int64_t DecodeWarpCtas(int64_t units, Variant v, int var) {
+  const int64_t resident = ResidentDecodeWarps(v, var);
   const int64_t rounds = (units + resident - 1) / resident;
   const int64_t warps = (units + rounds - 1) / rounds;
-  return (warps + kDecodeWarpsPerCta - 1) / kDecodeWarpsPerCta;
+  const int per_cta = kDecodeWarpShapes[var].warps;
+  return (warps + per_cta - 1) / per_cta;
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -1601,8 +1834,11 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
     const bool fits_int = ctas * kMaxSplits < INT32_MAX;
     plan.persistent =
         fits_int && (forced_kernel == kDecodeWarpsAlways ||
-                     (forced_kernel == kDecodeWarpsAuto && ctas >= ResidentDecodeWarps(v)));
+                     (forced_kernel == kDecodeWarpsAuto && ctas >= ResidentDecodeWarps(v, 0)));
     if (plan.persistent) {
+      // The variant changes the kernel's shape, not which launches take it (variant 0's
+      // resident warps decide that above).
+      plan.warp_variant = DecodeWarpVariantFor(v, p);
       plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
     } else if (forced_kernel == 1) {
       // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
@@ -1630,7 +1866,8 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
     }
   }
   // Persistent warps each serve a unit as a CTA would: the split rule counts them as slots.
-  const int64_t slots = plan.persistent ? ResidentDecodeWarps(v) : ResidentSlots(v, plan.kind);
+  const int64_t slots =
+      plan.persistent ? ResidentDecodeWarps(v, plan.warp_variant) : ResidentSlots(v, plan.kind);
   int64_t keys = b.max_seq_len;
   if (p.sliding_window > 0) {
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
@@ -1677,8 +1914,9 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
-    return WithDims(v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v)),
-                                          stream});
+    return WithDims(v, DecodeWarpLaunchOp{
+                           &args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
+                           plan.warp_variant, stream});
   }
   if (plan.kind == kKindWgmma) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
@@ -1716,6 +1954,20 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel) {
 }
 
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
+
+absl::Status SetPagedAttentionDecodeWarpVariant(int variant) {
+  if (variant < 0 || variant >= kNumDecodeWarpVariants) {
+    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeWarpVariant: variant ",
+                                                   variant, " is not in 0..",
+                                                   kNumDecodeWarpVariants - 1));
+  }
+  g_decode_warp_variant.store(variant, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int PagedAttentionDecodeWarpVariant() {
+  return g_decode_warp_variant.load(std::memory_order_relaxed);
+}
 
 absl::Status SetPagedAttentionPrefillKernel(int kernel) {
   if ((kernel < 0 || kernel >= kNumPrefillKernels) &&

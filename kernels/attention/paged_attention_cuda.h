@@ -120,6 +120,20 @@ int PagedAttentionDecodeStages();
 absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 
+// SetPagedAttentionDecodeWarpVariant: the shape and K/V copy of the persistent decode warps
+// (kernel 8/9) at head dims 65..128 (other dims always run 0). 0 (default): 4 warps a CTA,
+// 16-key slices, 3-stage cp.async ring. 1: cp.async with the .L2::256B prefetch-size hint;
+// 2: 1 plus an L2 evict-first cache policy; 3: one bulk copy (TMA, cp.async.bulk) per key
+// row with mbarrier completion (head_dim = v_head_dim = 128 and sm_90 only, else 0);
+// 4: 8 warps a CTA (1 CTA per SM at d 128); 5: 2 warps × 6 stages; 6: 4 warps × 32-key slices;
+// 7: 3 warps × 4 stages; 8: 4 with bulk copies; 9: 5 with bulk copies. Same results as 0
+// within bf16 rounding (the math per key is the same; only the slice size changes the order of
+// the online-softmax updates). Process-wide, for benchmarks and tests; set it before sizing
+// workspaces or capturing graphs. InvalidArgument outside 0..9.
+// PagedAttentionDecodeWarpVariant returns it.
+absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
+int PagedAttentionDecodeWarpVariant();
+
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
 // rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
 // rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu

@@ -622,6 +622,66 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   EXPECT_EQ(changed, 0) << "cache elements other than the new rows' rotated k, or a wrong new v";
   ExpectClose(name + " new k rows", new_k_got, new_k_want, 1.0 / 128, 1e-4);
 }
+// Every persistent-decode-warp variant (SetPagedAttentionDecodeWarpVariant: copy flavours —
+// L2 hints, evict-first, TMA bulk copies — and shapes of 2/3/4/8 warps, 16/32-key slices, 3-6
+// stages) under kernel 9 (every decode launch persistent, so split-KV partitions too) and
+// kernel 8 (the unsplit b300 grid): one tile per partition at batch 1 with loose bounds,
+// whole waves, empty and partial slices, a window, an odd block size with group 7, MQA
+// (16 rows), multi-token decode chunks, several units a warp, and dims the variants do not
+// serve (d64, d192: variant 0 runs) — all against the CPU reference. Plus the fused
+// RoPE + K/V write under each variant (the bulk variants read the fused writes through the
+// async proxy).
+TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(10).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(-1).code(), absl::StatusCode::kInvalidArgument);
+  const int default_kernel = PagedAttentionDecodeKernel();
+  const int default_variant = PagedAttentionDecodeWarpVariant();
+  std::vector<SeqSpec> b64;
+  for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 53) % 1300), 1});
+  std::vector<SeqSpec> b300 = Decode({0, 1, 15, 16, 17, 1100});
+  for (int i = 6; i < 300; ++i) b300.push_back({static_cast<int32_t>((i * 53) % 200), 1});
+  RopeParams llama;
+  llama.rope_type = "llama3";
+  llama.theta = 500000.0;
+  llama.rotary_dim = 128;
+  llama.factor = 8.0;
+  llama.original_max_position_embeddings = 8192;
+  std::vector<int32_t> fused_b300 = {0, 1, 15, 16, 17, 1100};
+  for (int i = 6; i < 300; ++i) fused_b300.push_back((i * 53) % 200);
+  for (int variant = 1; variant < 10; ++variant) {
+    ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(variant).ok());
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
+    const std::string tag = "variant " + std::to_string(variant) + " kernel 9 ";
+    Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
+    loose.extra_seq_len = 1104 - 1024;
+    RunCase(loose, rng);
+    RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
+    RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
+    RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
+    RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
+    RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
+    RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
+            rng);
+    RunCase({tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300}, rng);
+    RunCase({tag + "d64 g1 (variant 0 runs)", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})},
+            rng);
+    RunCase({tag + "d192 dv128 (variant 0 runs)", Params(16, 16, 192, 128, 64),
+             Decode({200, 1500})},
+            rng);
+    RunFusedDecodeCase(tag + "fused llama b8", Params(32, 8, 128, 128, 16), llama,
+                       {0, 1, 15, 16, 17, 100, 513, 1200}, rng);
+    RunFusedDecodeCase(tag + "fused llama b300", Params(32, 8, 128, 128, 16), llama, fused_b300,
+                       rng);
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+    RunCase({"variant " + std::to_string(variant) + " kernel 8 b300",
+             Params(32, 8, 128, 128, 16), b300},
+            rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+  ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(default_variant).ok());
+}
 
 // Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
 // the warp-ring loops; the persistent warps write all their units' new keys first) and the split plans: batch 1 with the new key in a partition of its own
