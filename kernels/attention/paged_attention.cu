@@ -718,6 +718,34 @@ __device__ __forceinline__ void CopySliceBulk(const AttnArgs& args, bf16* k_dst,
   }
 }
 
+// L2 prefetch of a kBN-key slice's K and V rows (lane_slot: LaneSlot of the slice; −1 rows
+// skipped): one cp.async.bulk.prefetch.L2 (PTX ISA, "Data Movement and Conversion
+// Instructions: cp.async.bulk.prefetch"; sm_90) per row of head_dim·2 bytes (rounded down to
+// 16), no completion to wait for. A hint: the slice's later cp.async copies then hit in L2.
+template <int kBN>
+__device__ __forceinline__ void PrefetchSliceL2(const AttnArgs& args, int64_t lane_slot,
+                                                const bf16* k_base, const bf16* v_base, int lane) {
+  static_assert((2 * kBN) % 32 == 0);
+  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
+#pragma unroll
+  for (int i = 0; i < 2 * kBN / 32; ++i) {
+    const int r = lane + 32 * i;
+    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, r % kBN);
+    const bool is_k = r < kBN;
+    const uint32_t bytes = static_cast<uint32_t>((is_k ? args.head_dim : args.v_head_dim) * 2) & ~15u;
+    if (slot >= 0 && bytes > 0) {
+      const bf16* src = is_k ? k_base + slot * k_token_stride : v_base + slot * v_token_stride;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes)
+                   : "memory");
+#else
+      (void)src;
+#endif
+    }
+  }
+}
+
 struct DecodeUnit {
   int seq, kv_head, split;
   int q_begin, rows, ctx;
@@ -778,7 +806,14 @@ struct DecodeWarpConfig {
   static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
-template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy>
+// kSync > 0 (lock-step): when the CTA's warps hold kWarps consecutive KV heads of one
+// (sequence, split) in every round (num_kv_heads % kWarps == 0, checked at run time), the CTA
+// syncs every kSync slices, so its warps' copies of a slice go out together and cover
+// kWarps·head_dim·2 contiguous bytes of each cache row. kPrefetch > 0: each issue() also
+// prefetches into L2 (PrefetchSliceL2) the slice about kPrefetch slices beyond the copy
+// frontier within the same unit (its block-table lookup made one issue() earlier).
+template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy, int kSync = 0,
+          int kPrefetch = 0>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
   using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kCopy>;
   constexpr bool kBulk = kCopy == kCopyBulk;
@@ -857,7 +892,18 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       p_u < num_units ? LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane)
                       : -1;
   int fill = 0;
+  // kPrefetch: the slice to prefetch at the next issue() (pf_live: uniform), its slot per lane
+  // and KV head.
+  bool pf_live = false;
+  int64_t pf_slot = -1;
+  int pf_head = 0;
   auto issue = [&]() {
+    if constexpr (kPrefetch > 0) {
+      if (pf_live) {
+        PrefetchSliceL2<kBN>(args, pf_slot, args.k_cache + static_cast<int64_t>(pf_head) * args.head_dim,
+                             args.v_cache + static_cast<int64_t>(pf_head) * args.v_head_dim, lane);
+      }
+    }
     if (p_u < num_units) {
       const int64_t kv_off = static_cast<int64_t>(p.kv_head);
       if constexpr (kBulk) {
@@ -879,6 +925,14 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       if (p_u < num_units) {
         p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
       }
+      if constexpr (kPrefetch > 0) {
+        const int pf_tile = p_tile + kPrefetch * kBN;
+        pf_live = p_u < num_units && pf_tile < p.kv_end;
+        if (pf_live) {
+          pf_slot = LaneSlot<kBN>(args, table_of(p.seq), pf_tile, p.kv_begin, p.kv_end, lane);
+          pf_head = p.kv_head;
+        }
+      }
     } else if constexpr (!kBulk) {
       CpAsyncCommit();  // an empty group keeps the wait_group count (bulk stages are not waited)
     }
@@ -888,6 +942,10 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   for (int s = 0; s < kStages - 1; ++s) issue();
 
   // Consumer: the same units in the same order, one slice per iteration.
+  // Lock-step holds when every round gives the CTA's warps consecutive heads of one unit range
+  // (uniform over the CTA, so the __syncthreads below are reached by all its warps equally).
+  const bool lockstep = kSync > 0 && args.num_kv_heads % kWarps == 0;
+  int slices = 0;
   int buf = 0;
   uint32_t phase = 0;  // kCopyBulk: parity of the phase buffer buf's barrier completes next
   UnitMeta c_meta = meta0;
@@ -908,6 +966,10 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     float row_sum[2] = {0.0f, 0.0f};
     const int pos_last = c.ctx + (c.rows > 0 ? (c.rows - 1) / args.group : 0);
     for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
+      if constexpr (kSync > 0) {
+        if (lockstep && slices % kSync == 0) __syncthreads();
+        ++slices;
+      }
       issue();
       if constexpr (kBulk) {
         MbarWait(bars + 8 * buf, phase);
@@ -1334,14 +1396,36 @@ constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
 // about the same shared memory per SM (~208 KiB) with more slices in flight per SM (5: 2 CTAs
 // × 2 warps × 5 of 6; 7: 2 × 3 × 3 of 4) or fewer, longer slices (6); 8-9 bulk copies in the
 // shapes of 4 and 5.
+// 10-18 combine: 10 = 4 + 2 (8 warps, evict-first); 11/12: 10 / 4 in lock-step (a CTA sync
+// every slice, PagedDecodeWarpKernel's kSync); 13/14: 2 with L2 prefetches 2 / 4 slices beyond
+// the copies (kPrefetch); 15/16: the same for 10; 17: 5 (2 warps × 6 stages) evict-first with
+// prefetch 4; 18: 11 with prefetch 2; 19: 2 in lock-step (4-warp CTAs: half rows); 20: 10
+// with a sync every 2 slices.
 struct DecodeWarpShape {
-  int warps, bn, stages, copy;
+  int warps, bn, stages, copy, sync = 0, prefetch = 0;
 };
 constexpr DecodeWarpShape kDecodeWarpShapes[] = {
-    {4, 16, 3, kCopyPlain}, {4, 16, 3, kCopyL2Prefetch}, {4, 16, 3, kCopyEvictFirst},
-    {4, 16, 3, kCopyBulk},  {8, 16, 3, kCopyPlain},      {2, 16, 6, kCopyPlain},
-    {4, 32, 3, kCopyPlain}, {3, 16, 4, kCopyPlain},      {8, 16, 3, kCopyBulk},
-    {2, 16, 6, kCopyBulk}};
+    {4, 16, 3, kCopyPlain},
+    {4, 16, 3, kCopyL2Prefetch},
+    {4, 16, 3, kCopyEvictFirst},
+    {4, 16, 3, kCopyBulk},
+    {8, 16, 3, kCopyPlain},
+    {2, 16, 6, kCopyPlain},
+    {4, 32, 3, kCopyPlain},
+    {3, 16, 4, kCopyPlain},
+    {8, 16, 3, kCopyBulk},
+    {2, 16, 6, kCopyBulk},
+    {8, 16, 3, kCopyEvictFirst},
+    {8, 16, 3, kCopyEvictFirst, 1},
+    {8, 16, 3, kCopyPlain, 1},
+    {4, 16, 3, kCopyEvictFirst, 0, 2},
+    {4, 16, 3, kCopyEvictFirst, 0, 4},
+    {8, 16, 3, kCopyEvictFirst, 0, 2},
+    {8, 16, 3, kCopyEvictFirst, 0, 4},
+    {2, 16, 6, kCopyEvictFirst, 0, 4},
+    {8, 16, 3, kCopyEvictFirst, 1, 2},
+    {4, 16, 3, kCopyEvictFirst, 1},
+    {8, 16, 3, kCopyEvictFirst, 2}};
 constexpr int kNumDecodeWarpVariants =
     static_cast<int>(sizeof(kDecodeWarpShapes) / sizeof(kDecodeWarpShapes[0]));
 std::atomic<int> g_decode_warp_variant{0};
@@ -1572,8 +1656,8 @@ auto WithDecodeWarpKernel(const Op& op) {
     constexpr DecodeWarpShape kS = kDecodeWarpShapes[kVar];
     using Cfg = DecodeWarpConfig<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
-    return op.template Run<Cfg>(
-        &PagedDecodeWarpKernel<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy>);
+    return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kS.warps, kS.bn, kS.stages,
+                                                       kS.copy, kS.sync, kS.prefetch>);
   }
 }
 
@@ -1581,7 +1665,7 @@ auto WithDecodeWarpKernel(const Op& op) {
 template <int kD, int kDV, typename Op>
 auto WithDecodeWarpVariant(int var, const Op& op) {
   if constexpr (kD == 128 && kDV == 128) {
-    static_assert(kNumDecodeWarpVariants == 10);
+    static_assert(kNumDecodeWarpVariants == 21);
     switch (var) {
       case 1: return WithDecodeWarpKernel<kD, kDV, 1>(op);
       case 2: return WithDecodeWarpKernel<kD, kDV, 2>(op);
@@ -1592,6 +1676,17 @@ auto WithDecodeWarpVariant(int var, const Op& op) {
       case 7: return WithDecodeWarpKernel<kD, kDV, 7>(op);
       case 8: return WithDecodeWarpKernel<kD, kDV, 8>(op);
       case 9: return WithDecodeWarpKernel<kD, kDV, 9>(op);
+      case 10: return WithDecodeWarpKernel<kD, kDV, 10>(op);
+      case 11: return WithDecodeWarpKernel<kD, kDV, 11>(op);
+      case 12: return WithDecodeWarpKernel<kD, kDV, 12>(op);
+      case 13: return WithDecodeWarpKernel<kD, kDV, 13>(op);
+      case 14: return WithDecodeWarpKernel<kD, kDV, 14>(op);
+      case 15: return WithDecodeWarpKernel<kD, kDV, 15>(op);
+      case 16: return WithDecodeWarpKernel<kD, kDV, 16>(op);
+      case 17: return WithDecodeWarpKernel<kD, kDV, 17>(op);
+      case 18: return WithDecodeWarpKernel<kD, kDV, 18>(op);
+      case 19: return WithDecodeWarpKernel<kD, kDV, 19>(op);
+      case 20: return WithDecodeWarpKernel<kD, kDV, 20>(op);
       default: break;
     }
   }

@@ -126,10 +126,15 @@ int PagedAttentionDecodeKernel();
 // 2: 1 plus an L2 evict-first cache policy; 3: one bulk copy (TMA, cp.async.bulk) per key
 // row with mbarrier completion (head_dim = v_head_dim = 128 and sm_90 only, else 0);
 // 4: 8 warps a CTA (1 CTA per SM at d 128); 5: 2 warps × 6 stages; 6: 4 warps × 32-key slices;
-// 7: 3 warps × 4 stages; 8: 4 with bulk copies; 9: 5 with bulk copies. Same results as 0
-// within bf16 rounding (the math per key is the same; only the slice size changes the order of
-// the online-softmax updates). Process-wide, for benchmarks and tests; set it before sizing
-// workspaces or capturing graphs. InvalidArgument outside 0..9.
+// 7: 3 warps × 4 stages; 8: 4 with bulk copies; 9: 5 with bulk copies; 10: 8 warps with 2's
+// copies; 11: 10 in lock-step (the CTA's 8 warps sync every slice, so they read whole cache
+// rows together; only where num_kv_heads is a multiple of the CTA's warps); 12: 4 in
+// lock-step; 13/14: 2 plus L2 prefetches (cp.async.bulk.prefetch.L2) 2/4 slices beyond the
+// copies; 15/16: 10 with those prefetches; 17: 5 with 2's copies and prefetch 4; 18: 11 with
+// prefetch 2; 19: 2 in lock-step (4-warp CTAs); 20: 10 with a CTA sync every 2 slices. Same
+// results as 0 within bf16 rounding (the math per key is the same; only the slice size changes
+// the order of the online-softmax updates). Process-wide, for benchmarks and tests; set it
+// before sizing workspaces or capturing graphs. InvalidArgument outside 0..20.
 // PagedAttentionDecodeWarpVariant returns it.
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
 int PagedAttentionDecodeWarpVariant();

@@ -630,12 +630,9 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
 // (16 rows), multi-token decode chunks, several units a warp, and dims the variants do not
 // serve (d64, d192: variant 0 runs) — all against the CPU reference. Plus the fused
 // RoPE + K/V write under each variant (the bulk variants read the fused writes through the
-// async proxy).
-TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
-  SLUICE_SKIP_WITHOUT_CUDA();
+// async proxy), and 16 KV heads (lock-step CTAs of 8 warps over half a sequence's heads).
+void RunDecodeWarpVariantCases(std::initializer_list<int> variants) {
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(10).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(-1).code(), absl::StatusCode::kInvalidArgument);
   const int default_kernel = PagedAttentionDecodeKernel();
   const int default_variant = PagedAttentionDecodeWarpVariant();
   std::vector<SeqSpec> b64;
@@ -650,7 +647,7 @@ TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
   llama.original_max_position_embeddings = 8192;
   std::vector<int32_t> fused_b300 = {0, 1, 15, 16, 17, 1100};
   for (int i = 6; i < 300; ++i) fused_b300.push_back((i * 53) % 200);
-  for (int variant = 1; variant < 10; ++variant) {
+  for (const int variant : variants) {
     ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(variant).ok());
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
     const std::string tag = "variant " + std::to_string(variant) + " kernel 9 ";
@@ -660,11 +657,15 @@ TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
     RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
     RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
     RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
+    // 4 KV heads: not a multiple of 8 warps, so the lock-step variants run without syncs.
     RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
     RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
     RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
             rng);
     RunCase({tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300}, rng);
+    // 16 KV heads: lock-step CTAs hold half a sequence's heads.
+    RunCase({tag + "16 kv heads g2", Params(32, 16, 128, 128, 16), Decode({130, 7, 600, 0})},
+            rng);
     RunCase({tag + "d64 g1 (variant 0 runs)", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})},
             rng);
     RunCase({tag + "d192 dv128 (variant 0 runs)", Params(16, 16, 192, 128, 64),
@@ -681,6 +682,19 @@ TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
   ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(default_variant).ok());
+}
+
+TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(21).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(-1).code(), absl::StatusCode::kInvalidArgument);
+  RunDecodeWarpVariantCases({1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+// The combined variants: 8-warp CTAs with evict-first copies, lock-step, L2 prefetch.
+TEST(PagedAttentionCudaTest, DecodeWarpVariantsCombined) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  RunDecodeWarpVariantCases({11, 19, 20, 18, 10, 12, 13, 14, 15, 16, 17});
 }
 
 // Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
