@@ -1401,6 +1401,16 @@ constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
 // the copies (kPrefetch); 15/16: the same for 10; 17: 5 (2 warps × 6 stages) evict-first with
 // prefetch 4; 18: 11 with prefetch 2; 19: 2 in lock-step (4-warp CTAs: half rows); 20: 10
 // with a sync every 2 slices.
+// H200, Llama-3-8B batch 256 × ~1052 keys (1.10 GB of K/V a layer), attention µs a layer in
+// the eager breakdown, one process per run (bench/results/cuda_attn_decode_variants_h200.json):
+// call 1: 0 288.5-289.1, 1 284.7, 2 282.8-283.4, 3 297, 4 282.5-283.6, 5 321, 6 296, 7 359,
+// 8 304, 9 548; call 2: 0 283.4-284.2, 2 280.4-281.1, 4 280.4-281.7, 10 279.2-279.9 (graph
+// ITL −0.07 ms), 11 288, 12 288, 13-16 367-378, 17 629, 18 423, 19 283.2-283.9, 20 287.
+// So: evict-first and 8-warp CTAs each ~1%, together ~1.6%; fewer warps per SM lose (the
+// warps are latency-bound: 4 warps × 6 stages with more bytes in flight is 11% slower); bulk
+// copies, lock-step and L2 prefetches lose. ncu (bench/results/ncu_decode_warp_b256_h200.txt):
+// DRAM 81.5% of peak, L2 89%, 218 registers, SMs active 90% of the elapsed cycles on average
+// (busiest +8%): what is left is the imbalance between SMs, not the copies.
 struct DecodeWarpShape {
   int warps, bn, stages, copy, sync = 0, prefetch = 0;
 };
