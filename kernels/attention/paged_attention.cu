@@ -330,11 +330,12 @@ __device__ __forceinline__ void QuadSumRows(float (&row_sum)[2]) {
   }
 }
 
-// Writes the thread's valid rows: normalized bf16 output when the launch is not split, else
-// the fp32 normalized partial and (max, sum) of split `split` for the combine.
+// Writes the thread's valid rows: normalized bf16 output unless `partial`, else the fp32
+// normalized partial and (max, sum) of split `split` for the combine (partial is
+// args.num_splits > 1 except in the dynamic decode warps, where it is per (sequence, KV head)).
 template <int kDV>
 __device__ __forceinline__ void StoreRows(const AttnArgs& args, const RowInfo& rw, int split,
-                                          const float (&acc)[kDV / 8][4],
+                                          bool partial, const float (&acc)[kDV / 8][4],
                                           const float (&row_max)[2], const float (&row_sum)[2],
                                           int t) {
   constexpr int kVTiles = kDV / 8;
@@ -343,7 +344,7 @@ __device__ __forceinline__ void StoreRows(const AttnArgs& args, const RowInfo& r
     if (!rw.valid[i]) continue;
     const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
     const int64_t out_row = static_cast<int64_t>(rw.token[i]) * args.num_heads + rw.head[i];
-    if (args.num_splits == 1) {
+    if (!partial) {
       bf16* o = args.out + out_row * args.v_head_dim;
 #pragma unroll
       for (int u = 0; u < kVTiles; ++u) {
@@ -598,7 +599,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     }
   }
 
-  StoreRows<kDV>(args, rw, split, acc, row_max, row_sum, t);
+  StoreRows<kDV>(args, rw, split, args.num_splits > 1, acc, row_max, row_sum, t);
 }
 
 // ---- Persistent decode warps (SetPagedAttentionDecodeKernel 8 and 9) ----
@@ -747,10 +748,11 @@ __device__ __forceinline__ void PrefetchSliceL2(const AttnArgs& args, int64_t la
 }
 
 struct DecodeUnit {
-  int seq, kv_head, split;
+  int seq, kv_head, split;  // split: the index of the unit's partial output
   int q_begin, rows, ctx;
   int kv_begin, kv_end;  // keys the unit's rows may see, within its partition
   int tile_first;        // first slice start (a multiple of kBN); == kv_end when no keys
+  int live;              // kDynamic: partitions of the (sequence, KV head) that hold keys
 };
 
 struct UnitMeta {
@@ -768,7 +770,12 @@ __device__ __forceinline__ UnitMeta LoadUnitMeta(const AttnArgs& a, int u, int n
   return UnitMeta{a.query_start_loc[seq], a.query_start_loc[seq + 1], a.context_lens[seq]};
 }
 
-template <int kBN>
+// Unit u with metadata m. Static units (kDynamic false): split u / (KV heads · sequences) is
+// the partition of the keys [split · P, (split + 1) · P) (P = partition_tokens) and the index
+// of its partial output. Dynamic units: the same index is relative to the first partition
+// holding the tile's keys (s0 = first key / P), so units past a window's start are not empty;
+// partitions past the tile's last key are (live counts the ones that are not).
+template <int kBN, bool kDynamic = false>
 __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m) {
   DecodeUnit d;
   d.kv_head = u % a.num_kv_heads;
@@ -779,21 +786,101 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   d.ctx = m.ctx;
   d.kv_begin = 0;
   d.kv_end = 0;
+  d.live = 0;
   if (d.rows > 0) {
     // As PagedAttentionKernel for its one m16 tile.
     const int pos_last = m.ctx + (d.rows - 1) / a.group;
     d.kv_begin = a.sliding_window > 0 ? max(0, m.ctx - a.sliding_window + 1) : 0;
     d.kv_end = pos_last + 1;
+    d.live = 1;
     if (a.num_splits > 1) {
-      d.kv_begin = max(d.kv_begin, d.split * a.partition_tokens);
-      d.kv_end = min(d.kv_end, (d.split + 1) * a.partition_tokens);
+      int part = d.split;
+      if constexpr (kDynamic) {
+        const int first = d.kv_begin / a.partition_tokens;
+        part += first;
+        d.live = (d.kv_end - 1) / a.partition_tokens - first + 1;
+      }
+      d.kv_begin = max(d.kv_begin, part * a.partition_tokens);
+      d.kv_end = min(d.kv_end, (part + 1) * a.partition_tokens);
     }
   }
   d.tile_first = d.kv_begin < d.kv_end ? d.kv_begin / kBN * kBN : d.kv_end;
   return d;
 }
 
-template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy = kCopyPlain>
+// ---- Dynamic decode warps (decode-warp variants 21..24) ----
+//
+// Static units leave SMs idle: every warp owns the same number of units, but SMs get unequal
+// shares of the DRAM bandwidth (H200 b256 ncu: SMs active 90% of the elapsed cycles on
+// average, the least busy 16% below). The dynamic warps cut each (sequence, KV head) into
+// partitions of P keys (several units a warp; the host picks P) and take units from a global
+// ticket counter (one atomicAdd per unit, taken a unit ahead so the ring keeps streaming
+// across unit boundaries), so warps on faster SMs serve more units. No combine launch: a unit
+// of a (sequence, KV head) with several live partitions writes its normalized fp32 partial
+// and (max, sum) in the split-KV format, then counts its arrival; the warp completing the set
+// merges the partials (the log-sum-exp rule of SplitKvCombineKernel, in partition order, so
+// the result does not depend on which warp merges) into bf16 `out` and zeroes the arrival
+// count; the last warp to exit zeroes the ticket and exit counts. Pairs with one live
+// partition write bf16 directly. Memory ordering is the threadfence-reduction pattern (CUDA C++
+// Programming Guide, "Memory Fence Functions": each writer fences its partial before the
+// atomic that signals it; the signalled warp fences before reading the partials), with the
+// partials read through L2 (ld.global.cg).
+//
+// The counters live in this module's static device memory, zero at module load (PTX ISA,
+// "Variable Initializers": .global variables are zero-initialized by default), and every
+// launch leaves them zero, so eager launches and CUDA-graph replays alike start from zero; no
+// workspace holds them, because the caller's workspace is shared with other kernels' split-KV
+// partials (and MLA's) that would overwrite them between launches. One set per device:
+// dynamic launches on one device must not run concurrently (the engine runs one stream per
+// device). [0] next ticket, [1] exited warps, [2 + seq · num_kv_heads + kv_head] arrivals.
+constexpr int kMaxDynamicPairs = 1 << 16;
+__device__ int g_decode_dyn_counters[2 + kMaxDynamicPairs];
+
+// Merges the `live` partials (indices 0..live − 1) of the thread's valid rows into acc / row_sum
+// (numerators and denominators for StoreRows' unsplit path): o = Σ w_s·o_s / Σ w_s with
+// w_s = l_s·2^(m_s − M) (attention_device.cuh), M the running max, in partition order.
+template <int kDV>
+__device__ __forceinline__ void MergePartials(const AttnArgs& args, const RowInfo& rw, int live,
+                                              float (&acc)[kDV / 8][4], float (&row_sum)[2],
+                                              int t) {
+  constexpr int kVTiles = kDV / 8;
+  const int64_t split_rows = static_cast<int64_t>(args.num_tokens) * args.num_heads;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = -INFINITY, den = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) acc[u][2 * i] = acc[u][2 * i + 1] = 0.0f;
+    const int64_t out_row = static_cast<int64_t>(rw.token[i]) * args.num_heads + rw.head[i];
+    for (int s = 0; rw.valid[i] && s < live; ++s) {
+      const int64_t part_row = s * split_rows + out_row;
+      const float2 ml = __ldcg(args.partial_ml + part_row);
+      const float* o = args.partial_out + part_row * args.v_head_dim;
+      float2 x[kVTiles];
+#pragma unroll
+      for (int u = 0; u < kVTiles; ++u) {
+        const int col = u * 8 + 2 * t;
+        x[u] = col < args.v_head_dim ? __ldcg(reinterpret_cast<const float2*>(o + col))
+                                     : make_float2(0.0f, 0.0f);
+      }
+      if (ml.y > 0.0f) {  // empty partitions (sum 0, max −inf) weigh nothing
+        const float m_new = fmaxf(m, ml.x);
+        const float a = Exp2(m - m_new);  // 0 while m is −inf
+        const float w = ml.y * Exp2(ml.x - m_new);
+        den = den * a + w;
+#pragma unroll
+        for (int u = 0; u < kVTiles; ++u) {
+          acc[u][2 * i] = acc[u][2 * i] * a + w * x[u].x;
+          acc[u][2 * i + 1] = acc[u][2 * i + 1] * a + w * x[u].y;
+        }
+        m = m_new;
+      }
+    }
+    row_sum[i] = den;
+  }
+}
+
+template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy = kCopyPlain,
+          bool kDynamic = false>
 struct DecodeWarpConfig {
   static_assert(kStages >= 2);
   static constexpr int kThreads = 32 * kWarps;
@@ -801,9 +888,16 @@ struct DecodeWarpConfig {
   static constexpr int kRingBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
   // kCopyBulk: one mbarrier per stage and warp after the rings.
   static constexpr int kBarrierBytes = kCopy == kCopyBulk ? kWarps * kStages * 8 : 0;
-  static constexpr int kSmemBytes = kRingBytes + kBarrierBytes;
-  // Fused launches add a (cos, sin) table per warp after these.
-  static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
+  // kDynamic: a per-warp queue of the units the producer has started (int4: unit, metadata),
+  // which the consumer follows; the producer is at most kStages units ahead.
+  static constexpr int kQueue = 8;
+  static_assert(kStages + 1 <= kQueue);
+  static constexpr int kQueueBytes = kDynamic ? kWarps * kQueue * 16 : 0;
+  static constexpr int kSmemBytes = kRingBytes + kBarrierBytes + kQueueBytes;
+  // Fused launches add a (cos, sin) table per warp after these (kDynamic: two, the consumer's
+  // for q and the producer's for the new key it writes when it starts that key's unit).
+  static constexpr int kFusionBytes =
+      kWarps * (kDynamic ? 2 : 1) * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
 // kSync > 0 (lock-step): when the CTA's warps hold kWarps consecutive KV heads of one
@@ -812,11 +906,15 @@ struct DecodeWarpConfig {
 // kWarps·head_dim·2 contiguous bytes of each cache row. kPrefetch > 0: each issue() also
 // prefetches into L2 (PrefetchSliceL2) the slice about kPrefetch slices beyond the copy
 // frontier within the same unit (its block-table lookup made one issue() earlier).
+// kDynamic: units come from the ticket counter ("Dynamic decode warps" above) rather than
+// u = first, first + W, ...; the producer queues each unit it starts for the consumer.
 template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy, int kSync = 0,
-          int kPrefetch = 0>
+          int kPrefetch = 0, bool kDynamic = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
-  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kCopy>;
+  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kCopy, kDynamic>;
   constexpr bool kBulk = kCopy == kCopyBulk;
+  static_assert(!kDynamic || (!kBulk && kSync == 0 && kPrefetch == 0),
+                "dynamic units: cp.async copies without lock-step or L2 prefetch");
   constexpr int kKSteps = kD / 16;
   constexpr int kVTiles = kDV / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -827,6 +925,11 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   bf16* const ring = reinterpret_cast<bf16*>(smem_raw) + warp * kStages * Cfg::kSliceElems;
   float2* const rope_cs =
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
+  // kDynamic: the producer's (cos, sin) table (fused) and this warp's unit queue.
+  float2* const rope_p = rope_cs + kWarps * (kD / 2);
+  int4* const queue =
+      reinterpret_cast<int4*>(smem_raw + Cfg::kRingBytes + Cfg::kBarrierBytes) + warp * Cfg::kQueue;
+  int* const counters = g_decode_dyn_counters;
   const bool fused = args.fusion.inv_freq != nullptr;
   // kCopyBulk: this warp's stage barriers (one arrival + the slice's bytes per phase).
   const uint32_t bars = SmemAddr(smem_raw + Cfg::kRingBytes) + warp * kStages * 8;
@@ -848,7 +951,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   const int stride = static_cast<int>(gridDim.x) * kWarps;
   const int first = static_cast<int>(blockIdx.x) * kWarps + warp;
 
-  if (fused) {
+  if (!kDynamic && fused) {
     // The new keys of this warp's units reach the cache before any of its copies.
     for (int u = first; u < num_units; u += stride) {
       const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
@@ -875,18 +978,69 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   // LaneSlot), p_meta the metadata of the unit after it. Every issue() commits exactly one
   // copy group (empty once the stream is exhausted), so "slice i landed" is "at most
   // kStages − 1 newer groups pending", as in the rings of PagedAttentionKernel.
-  const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
+  // kDynamic: the unit after p is ticket n_u (p_meta its metadata, loaded a unit ahead), and
+  // lane 0's nn_t the ticket after that (its atomicAdd issued a unit ahead too), so starting a
+  // unit waits on neither; p_u == num_units once a ticket ran past the last unit.
+  const UnitMeta meta0 = kDynamic ? UnitMeta{0, 0, 0} : LoadUnitMeta(args, first, num_units);
   int p_u = first;
-  DecodeUnit p = MakeUnit<kBN>(args, p_u, meta0);
-  UnitMeta p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-  int p_tile = p.tile_first;
-  // Skip units without keys (their outputs are still written by the consumer).
-  while (p_u < num_units && p_tile >= p.kv_end) {
-    p_u += stride;
-    p = MakeUnit<kBN>(args, p_u, p_meta);
+  DecodeUnit p;
+  UnitMeta p_meta;
+  int n_u = 0, nn_t = 0;
+  auto step = [&]() {  // p ← this warp's next unit
+    if constexpr (kDynamic) {
+      p_u = min(n_u, num_units);
+      p = MakeUnit<kBN, true>(args, p_u, p_meta);
+      if (n_u < num_units) {
+        n_u = __shfl_sync(0xffffffffu, nn_t, 0);
+        p_meta = LoadUnitMeta(args, n_u, num_units);
+        if (lane == 0 && n_u < num_units) nn_t = atomicAdd(counters, 1);
+      }
+    } else {
+      p_u += stride;
+      p = MakeUnit<kBN>(args, p_u, p_meta);
+      p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+    }
+  };
+  if constexpr (kDynamic) {
+    int base = 0;
+    if (lane == 0) base = atomicAdd(counters, 2);  // the first unit and the one after
+    base = __shfl_sync(0xffffffffu, base, 0);
+    n_u = base;
+    nn_t = base + 1;
+    p_meta = LoadUnitMeta(args, n_u, num_units);
+    step();
+  } else {
+    p = MakeUnit<kBN>(args, p_u, meta0);
     p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-    p_tile = p.tile_first;
   }
+  int p_tile = p.tile_first;
+  int p_queued = 0;  // kDynamic: units queued so far
+  // Skips units without keys (static: their outputs are still written by the consumer;
+  // dynamic: they have none). kDynamic: then queues the unit (−1: none left) and, fused,
+  // writes its new key first (the unit holding a sequence's new key is its only reader).
+  auto seek = [&]() {
+    while (p_u < num_units && p_tile >= p.kv_end) {
+      step();
+      p_tile = p.tile_first;
+    }
+    if constexpr (kDynamic) {
+      const bool live = p_u < num_units;
+      if (lane == 0) {
+        queue[p_queued % Cfg::kQueue] =
+            make_int4(live ? p_u : -1, p.q_begin, p.q_begin + p.rows / args.group, p.ctx);
+      }
+      ++p_queued;
+      if (fused && live && p.kv_begin <= p.ctx && p.ctx < p.kv_end) {
+        attention_detail::DecodeRopeTable(args.fusion, p.q_begin, rope_p, lane, 32);
+        __syncwarp();
+        attention_detail::DecodeRopeWriteKv(
+            args.fusion, args.q + static_cast<int64_t>(p.q_begin) * args.q_token_stride,
+            p.q_begin, p.kv_head, args.num_kv_heads, args.head_dim, rope_p, lane, 32);
+        __syncwarp();  // orders the writes before this warp's copies
+      }
+    }
+  };
+  seek();
   auto table_of = [&](int seq) { return args.block_tables + seq * args.max_blocks_per_seq; };
   int64_t p_slot =
       p_u < num_units ? LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane)
@@ -916,12 +1070,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
                                        args.v_cache + kv_off * args.v_head_dim, lane, policy);
       }
       p_tile += kBN;
-      while (p_u < num_units && p_tile >= p.kv_end) {
-        p_u += stride;
-        p = MakeUnit<kBN>(args, p_u, p_meta);
-        p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-        p_tile = p.tile_first;
-      }
+      if (p_tile >= p.kv_end) seek();
       if (p_u < num_units) {
         p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
       }
@@ -949,9 +1098,24 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   int buf = 0;
   uint32_t phase = 0;  // kCopyBulk: parity of the phase buffer buf's barrier completes next
   UnitMeta c_meta = meta0;
-  for (int u = first; u < num_units; u += stride) {
-    const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
-    c_meta = LoadUnitMeta(args, u + stride, num_units);
+  int c_u = first;
+  int c_queued = 0;  // kDynamic: units taken from the queue
+  for (;;) {
+    DecodeUnit c;
+    if constexpr (kDynamic) {
+      // The producer queued this unit at the latest in the issue() that copied the previous
+      // unit's last slice (it runs ahead), before this __syncwarp.
+      __syncwarp();
+      const int4 e = queue[c_queued % Cfg::kQueue];
+      ++c_queued;
+      if (e.x < 0) break;
+      c = MakeUnit<kBN, true>(args, e.x, UnitMeta{e.y, e.z, e.w});
+    } else {
+      if (c_u >= num_units) break;
+      c = MakeUnit<kBN>(args, c_u, c_meta);
+      c_meta = LoadUnitMeta(args, c_u + stride, num_units);
+      c_u += stride;
+    }
     const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
     if (fused && c.rows > 0) {
       attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
@@ -986,8 +1150,44 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       if (buf == 0) phase ^= 1u;
     }
     QuadSumRows(row_sum);
-    StoreRows<kDV>(args, rw, c.split, acc, row_max, row_sum, t);
+    if constexpr (kDynamic) {
+      if (c.live > 1) {
+        StoreRows<kDV>(args, rw, c.split, true, acc, row_max, row_sum, t);
+        // Threadfence-reduction pattern: each lane's partial rows before the arrival count.
+        __threadfence();
+        __syncwarp();
+        const int pair = c.seq * args.num_kv_heads + c.kv_head;
+        int arrived = 0;
+        if (lane == 0) {
+          arrived = atomicAdd(counters + 2 + pair, 1) + 1;
+          __threadfence();  // the other units' partials before this warp reads them
+        }
+        __syncwarp();
+        arrived = __shfl_sync(0xffffffffu, arrived, 0);
+        if (arrived == c.live) {  // the last partition of the pair: merge, reset the count
+          MergePartials<kDV>(args, rw, c.live, acc, row_sum, t);
+          StoreRows<kDV>(args, rw, 0, false, acc, row_max, row_sum, t);
+          if (lane == 0) counters[2 + pair] = 0;
+        }
+      } else {
+        StoreRows<kDV>(args, rw, c.split, false, acc, row_max, row_sum, t);
+      }
+    } else {
+      StoreRows<kDV>(args, rw, c.split, args.num_splits > 1, acc, row_max, row_sum, t);
+    }
     if (fused) __syncwarp();  // every lane has read rope_cs before the next unit refills it
+  }
+  if constexpr (kDynamic) {
+    // Every warp has taken its last ticket (one past the units) before it counts its exit, so
+    // the last warp out may zero the ticket and exit counts for the next launch.
+    if (lane == 0) {
+      __threadfence();  // this warp's ticket and arrival updates before its exit count
+      if (atomicAdd(counters + 1, 1) + 1 == static_cast<int>(gridDim.x) * kWarps) {
+        __threadfence();
+        atomicExch(counters, 0);
+        atomicExch(counters + 1, 0);
+      }
+    }
   }
 }
 
@@ -1411,8 +1611,14 @@ constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
 // copies, lock-step and L2 prefetches lose. ncu (bench/results/ncu_decode_warp_b256_h200.txt):
 // DRAM 81.5% of peak, L2 89%, 218 registers, SMs active 90% of the elapsed cycles on average
 // (busiest +8%): what is left is the imbalance between SMs, not the copies.
+// 21-24: dynamic units (PagedDecodeWarpKernel's kDynamic, "Dynamic decode warps" there): 21 =
+// 10's shape and copies, 22 = 0's, with partitions sized for about 6 units per resident warp
+// (b256 × 1k on an H200: 4 partitions, 8192 units over 1056 warps); 23 / 24: 21 with about 12
+// / 3 units per warp. They run where 8/9 would (pairs of (sequence, KV head) up to
+// kMaxDynamicPairs; else as 10 / 0).
 struct DecodeWarpShape {
   int warps, bn, stages, copy, sync = 0, prefetch = 0;
+  int dynamic = 0;  // > 0: dynamic units, about this many a resident warp
 };
 constexpr DecodeWarpShape kDecodeWarpShapes[] = {
     {4, 16, 3, kCopyPlain},
@@ -1435,9 +1641,26 @@ constexpr DecodeWarpShape kDecodeWarpShapes[] = {
     {2, 16, 6, kCopyEvictFirst, 0, 4},
     {8, 16, 3, kCopyEvictFirst, 1, 2},
     {4, 16, 3, kCopyEvictFirst, 1},
-    {8, 16, 3, kCopyEvictFirst, 2}};
+    {8, 16, 3, kCopyEvictFirst, 2},
+    {8, 16, 3, kCopyEvictFirst, 0, 0, 6},
+    {4, 16, 3, kCopyPlain, 0, 0, 6},
+    {8, 16, 3, kCopyEvictFirst, 0, 0, 12},
+    {8, 16, 3, kCopyEvictFirst, 0, 0, 3}};
 constexpr int kNumDecodeWarpVariants =
     static_cast<int>(sizeof(kDecodeWarpShapes) / sizeof(kDecodeWarpShapes[0]));
+// The static variant of a dynamic one's shape and copies (no lock-step or prefetch), else 0.
+constexpr int StaticDecodeWarpVariant(int var) {
+  const DecodeWarpShape& d = kDecodeWarpShapes[var];
+  for (int i = 0; i < kNumDecodeWarpVariants; ++i) {
+    const DecodeWarpShape& s = kDecodeWarpShapes[i];
+    if (s.dynamic == 0 && s.sync == 0 && s.prefetch == 0 && s.warps == d.warps && s.bn == d.bn &&
+        s.stages == d.stages && s.copy == d.copy) {
+      return i;
+    }
+  }
+  return 0;
+}
+static_assert(StaticDecodeWarpVariant(21) == 10 && StaticDecodeWarpVariant(22) == 0);
 std::atomic<int> g_decode_warp_variant{0};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
@@ -1505,6 +1728,7 @@ struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int warp_variant = 0;     // its kDecodeWarpShapes variant (DecodeWarpVariantFor)
+  bool dynamic = false;     // the variant's dynamic units: splits merged in-kernel, no combine
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1664,10 +1888,11 @@ auto WithDecodeWarpKernel(const Op& op) {
   } else {
     static_assert(kD == 128 && kDV == 128);
     constexpr DecodeWarpShape kS = kDecodeWarpShapes[kVar];
-    using Cfg = DecodeWarpConfig<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy>;
+    constexpr bool kDynamic = kS.dynamic > 0;
+    using Cfg = DecodeWarpConfig<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy, kDynamic>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
     return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kS.warps, kS.bn, kS.stages,
-                                                       kS.copy, kS.sync, kS.prefetch>);
+                                                       kS.copy, kS.sync, kS.prefetch, kDynamic>);
   }
 }
 
@@ -1675,7 +1900,7 @@ auto WithDecodeWarpKernel(const Op& op) {
 template <int kD, int kDV, typename Op>
 auto WithDecodeWarpVariant(int var, const Op& op) {
   if constexpr (kD == 128 && kDV == 128) {
-    static_assert(kNumDecodeWarpVariants == 21);
+    static_assert(kNumDecodeWarpVariants == 25);
     switch (var) {
       case 1: return WithDecodeWarpKernel<kD, kDV, 1>(op);
       case 2: return WithDecodeWarpKernel<kD, kDV, 2>(op);
@@ -1697,6 +1922,10 @@ auto WithDecodeWarpVariant(int var, const Op& op) {
       case 18: return WithDecodeWarpKernel<kD, kDV, 18>(op);
       case 19: return WithDecodeWarpKernel<kD, kDV, 19>(op);
       case 20: return WithDecodeWarpKernel<kD, kDV, 20>(op);
+      case 21: return WithDecodeWarpKernel<kD, kDV, 21>(op);
+      case 22: return WithDecodeWarpKernel<kD, kDV, 22>(op);
+      case 23: return WithDecodeWarpKernel<kD, kDV, 23>(op);
+      case 24: return WithDecodeWarpKernel<kD, kDV, 24>(op);
       default: break;
     }
   }
@@ -1881,13 +2110,35 @@ int64_t ResidentDecodeWarps(Variant v, int var) {
 
 // CTAs of a persistent decode launch over `units` (sequence, KV head, split) units: as few
 // rounds of units per warp as the resident warps allow, spread evenly (every warp gets the
-// same number of units, ± 1).
-int64_t DecodeWarpCtas(int64_t units, Variant v, int var) {
+// same number of units, ± 1); dynamic units (`dynamic`): every resident warp (at most one a
+// unit), since warps take units until none are left.
+int64_t DecodeWarpCtas(int64_t units, Variant v, int var, bool dynamic) {
   const int64_t resident = ResidentDecodeWarps(v, var);
   const int64_t rounds = (units + resident - 1) / resident;
-  const int64_t warps = (units + rounds - 1) / rounds;
+  const int64_t warps = dynamic ? std::min(units, resident) : (units + rounds - 1) / rounds;
   const int per_cta = kDecodeWarpShapes[var].warps;
   return (warps + per_cta - 1) / per_cta;
+}
+
+// The partitions of dynamic decode warps (variants 21..24) over `pairs` (sequence, KV head)
+// pairs: P keys (a multiple of the slice, bn) so that about `target_units` units cover the
+// keys a row may see (a window's span, else max_seq_len), at most kMaxSplits of them over
+// max_seq_len. num_splits counts the partial slots a pair needs: every partition of
+// max_seq_len, or with a window the partitions its span can touch (units index partitions
+// from the first one holding the pair's keys, MakeUnit). One partition: no split.
+void PlanDynamicSplits(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
+                       int64_t target_units, int64_t pairs, int bn, LaunchPlan* plan) {
+  plan->dynamic = true;
+  const int64_t want = std::clamp<int64_t>((target_units + pairs - 1) / pairs, 1, kMaxSplits);
+  int64_t span = b.max_seq_len;
+  if (p.sliding_window > 0) span = std::min(span, p.sliding_window + b.max_query_len - 1);
+  auto round_up = [bn](int64_t keys) { return (keys + bn - 1) / bn * bn; };
+  const int64_t part = std::max(round_up((span + want - 1) / want),
+                                round_up((b.max_seq_len + kMaxSplits - 1) / kMaxSplits));
+  int64_t splits = (b.max_seq_len + part - 1) / part;
+  if (p.sliding_window > 0) splits = std::min(splits, (span + part - 1) / part + 1);
+  plan->num_splits = splits > 1 ? static_cast<int>(splits) : 1;
+  plan->partition_tokens = splits > 1 ? static_cast<int>(part) : 0;
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -1945,6 +2196,14 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
       // resident warps decide that above).
       plan.warp_variant = DecodeWarpVariantFor(v, p);
       plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
+      const int per_warp = kDecodeWarpShapes[plan.warp_variant].dynamic;
+      if (per_warp > 0 && ctas <= kMaxDynamicPairs) {
+        PlanDynamicSplits(b, p, ResidentDecodeWarps(v, plan.warp_variant) * per_warp, ctas,
+                          kDecodeWarpShapes[plan.warp_variant].bn, &plan);
+        return plan;
+      } else if (per_warp > 0) {
+        plan.warp_variant = StaticDecodeWarpVariant(plan.warp_variant);  // too many pairs
+      }
     } else if (forced_kernel == 1) {
       // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
       // deeper kernel (the fewer, fuller waves need no split), else 2 (3 CTAs per SM, each
@@ -2020,7 +2279,8 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
     return WithDims(v, DecodeWarpLaunchOp{
-                           &args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
+                           &args,
+                           static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant, plan.dynamic)),
                            plan.warp_variant, stream});
   }
   if (plan.kind == kKindWgmma) {
@@ -2170,7 +2430,8 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
       static_cast<unsigned>(linear ? 1 : params.num_kv_heads),
       static_cast<unsigned>(batch.num_sequences));
   const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
-  if (!s.ok() || plan.num_splits == 1) return s;
+  // Dynamic decode warps merge their splits themselves.
+  if (!s.ok() || plan.num_splits == 1 || plan.dynamic) return s;
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,
                                          PdlEnabled());
   return CudaLaunchStatus("PagedAttentionCuda combine");

@@ -131,10 +131,19 @@ int PagedAttentionDecodeKernel();
 // rows together; only where num_kv_heads is a multiple of the CTA's warps); 12: 4 in
 // lock-step; 13/14: 2 plus L2 prefetches (cp.async.bulk.prefetch.L2) 2/4 slices beyond the
 // copies; 15/16: 10 with those prefetches; 17: 5 with 2's copies and prefetch 4; 18: 11 with
-// prefetch 2; 19: 2 in lock-step (4-warp CTAs); 20: 10 with a CTA sync every 2 slices. Same
-// results as 0 within bf16 rounding (the math per key is the same; only the slice size changes
-// the order of the online-softmax updates). Process-wide, for benchmarks and tests; set it
-// before sizing workspaces or capturing graphs. InvalidArgument outside 0..20.
+// prefetch 2; 19: 2 in lock-step (4-warp CTAs); 20: 10 with a CTA sync every 2 slices.
+// 21..24: dynamic units: every (sequence, KV head)'s keys cut into partitions of P keys (P a
+// multiple of 16 picked on the host for about N units a resident warp), warps take units from
+// a global ticket counter (so faster SMs serve more), and the last unit of a pair merges the
+// pair's fp32 partials into bf16 out in the same launch (no combine launch; pairs with one
+// partition write out directly); 21: 10's shape and copies, N 6 (batch 256 × 1k on an H200: 4
+// partitions, 8192 units); 22: 0's shape, N 6; 23 / 24: 21 with N 12 / 3. Their counters are
+// device globals zeroed by each launch itself (graph replays start from zero), so dynamic
+// launches on one device must not run concurrently on several streams; the decode fusion
+// works with them. Same results as 0 within bf16 rounding (the math per key is the same; only
+// the slice size and the partitions change the order of the online-softmax updates); all
+// variants are deterministic. Process-wide, for benchmarks and tests; set it before sizing
+// workspaces or capturing graphs. InvalidArgument outside 0..24.
 // PagedAttentionDecodeWarpVariant returns it.
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
 int PagedAttentionDecodeWarpVariant();
