@@ -59,6 +59,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
+  // Dynamic decode warps (num_splits > 1): the partitions the longest sequence's keys are cut
+  // into (the kernel sizes them from the step's context lengths), and the batch's
+  // max_query_len bound (a window's span).
+  int dyn_splits;
+  int max_query_len;
 };
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
@@ -772,11 +777,14 @@ __device__ __forceinline__ UnitMeta LoadUnitMeta(const AttnArgs& a, int u, int n
 
 // Unit u with metadata m. Static units (kDynamic false): split u / (KV heads · sequences) is
 // the partition of the keys [split · P, (split + 1) · P) (P = partition_tokens) and the index
-// of its partial output. Dynamic units: the same index is relative to the first partition
-// holding the tile's keys (s0 = first key / P), so units past a window's start are not empty;
-// partitions past the tile's last key are (live counts the ones that are not).
+// of its partial output. Dynamic units (P = dyn_part, sized by the kernel): the same index is
+// relative to the first partition holding the tile's keys (s0 = first key / P), so units past
+// a window's start are not empty; partitions past the tile's last key are (live counts the
+// ones that are not).
 template <int kBN, bool kDynamic = false>
-__device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m) {
+__device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m,
+                                               int dyn_part = 0) {
+  const int part_tokens = kDynamic ? dyn_part : a.partition_tokens;
   DecodeUnit d;
   d.kv_head = u % a.num_kv_heads;
   d.seq = UnitSeq(a, u);
@@ -796,12 +804,12 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
     if (a.num_splits > 1) {
       int part = d.split;
       if constexpr (kDynamic) {
-        const int first = d.kv_begin / a.partition_tokens;
+        const int first = d.kv_begin / part_tokens;
         part += first;
-        d.live = (d.kv_end - 1) / a.partition_tokens - first + 1;
+        d.live = (d.kv_end - 1) / part_tokens - first + 1;
       }
-      d.kv_begin = max(d.kv_begin, part * a.partition_tokens);
-      d.kv_end = min(d.kv_end, (part + 1) * a.partition_tokens);
+      d.kv_begin = max(d.kv_begin, part * part_tokens);
+      d.kv_end = min(d.kv_end, (part + 1) * part_tokens);
     }
   }
   d.tile_first = d.kv_begin < d.kv_end ? d.kv_begin / kBN * kBN : d.kv_end;
@@ -813,10 +821,13 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
 // Static units leave SMs idle: every warp owns the same number of units, but SMs get unequal
 // shares of the DRAM bandwidth (H200 b256 ncu: SMs active 90% of the elapsed cycles on
 // average, the least busy 16% below). The dynamic warps cut each (sequence, KV head) into
-// partitions of P keys (several units a warp; the host picks P) and take units from a global
-// ticket counter (one atomicAdd per unit, taken a unit ahead so the ring keeps streaming
-// across unit boundaries), so warps on faster SMs serve more units. No combine launch: a unit
-// of a (sequence, KV head) with several live partitions writes its normalized fp32 partial
+// partitions of P keys (several units a warp) and take units from a global ticket counter
+// (one atomicAdd per unit, taken a unit ahead so the ring keeps streaming across unit
+// boundaries), so warps on faster SMs serve more units. The host picks how many partitions
+// the longest sequence gets (dyn_splits; one more partial slot with a window) and sizes the
+// partial workspace; each CTA derives P from the step's longest sequence (device metadata), so
+// graph bounds far above the real lengths (max_model_len) do not coarsen the units. No
+// combine launch: a unit of a (sequence, KV head) with several live partitions writes its normalized fp32 partial
 // and (max, sum) in the split-KV format, then counts its arrival; the warp completing the set
 // merges the partials (the log-sum-exp rule of SplitKvCombineKernel, in partition order, so
 // the result does not depend on which warp merges) into bf16 `out` and zeroes the arrival
@@ -950,6 +961,29 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
   const int stride = static_cast<int>(gridDim.x) * kWarps;
   const int first = static_cast<int>(blockIdx.x) * kWarps + warp;
+  // kDynamic: keys a partition, so that the step's longest key range (or a window's span)
+  // takes at most dyn_splits partitions (the same in every CTA: it reads the same metadata).
+  int dyn_part = 0;
+  if constexpr (kDynamic) {
+    __shared__ int warp_max[kWarps];
+    int longest = 0;
+    for (int s = threadIdx.x; s < args.num_sequences; s += kWarps * 32) {
+      longest = max(longest, args.context_lens[s] + args.query_start_loc[s + 1] -
+                                 args.query_start_loc[s]);
+    }
+    longest = __reduce_max_sync(0xffffffffu, longest);
+    if (lane == 0) warp_max[warp] = longest;
+    __syncthreads();
+    for (int w = 0; w < kWarps; ++w) longest = max(longest, warp_max[w]);
+    if (args.num_splits > 1) {
+      if (args.sliding_window > 0) {
+        const int64_t span = static_cast<int64_t>(args.sliding_window) + args.max_query_len - 1;
+        if (span < longest) longest = static_cast<int>(span);
+      }
+      const int per = (longest + args.dyn_splits - 1) / args.dyn_splits;
+      dyn_part = max(kBN, (per + kBN - 1) / kBN * kBN);
+    }
+  }
 
   if (!kDynamic && fused) {
     // The new keys of this warp's units reach the cache before any of its copies.
@@ -989,7 +1023,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   auto step = [&]() {  // p ← this warp's next unit
     if constexpr (kDynamic) {
       p_u = min(n_u, num_units);
-      p = MakeUnit<kBN, true>(args, p_u, p_meta);
+      p = MakeUnit<kBN, true>(args, p_u, p_meta, dyn_part);
       if (n_u < num_units) {
         n_u = __shfl_sync(0xffffffffu, nn_t, 0);
         p_meta = LoadUnitMeta(args, n_u, num_units);
@@ -1109,7 +1143,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       const int4 e = queue[c_queued % Cfg::kQueue];
       ++c_queued;
       if (e.x < 0) break;
-      c = MakeUnit<kBN, true>(args, e.x, UnitMeta{e.y, e.z, e.w});
+      c = MakeUnit<kBN, true>(args, e.x, UnitMeta{e.y, e.z, e.w}, dyn_part);
     } else {
       if (c_u >= num_units) break;
       c = MakeUnit<kBN>(args, c_u, c_meta);
@@ -1729,6 +1763,7 @@ struct LaunchPlan {
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int warp_variant = 0;     // its kDecodeWarpShapes variant (DecodeWarpVariantFor)
   bool dynamic = false;     // the variant's dynamic units: splits merged in-kernel, no combine
+  int dyn_splits = 0;       // their partitions of the longest sequence (AttnArgs::dyn_splits)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -2121,24 +2156,22 @@ int64_t DecodeWarpCtas(int64_t units, Variant v, int var, bool dynamic) {
 }
 
 // The partitions of dynamic decode warps (variants 21..24) over `pairs` (sequence, KV head)
-// pairs: P keys (a multiple of the slice, bn) so that about `target_units` units cover the
-// keys a row may see (a window's span, else max_seq_len), at most kMaxSplits of them over
-// max_seq_len. num_splits counts the partial slots a pair needs: every partition of
-// max_seq_len, or with a window the partitions its span can touch (units index partitions
-// from the first one holding the pair's keys, MakeUnit). One partition: no split.
+// pairs: about target_units / pairs partitions of the longest sequence (dyn_splits; at most
+// one per bn-key slice of max_seq_len, at most kMaxSplits), whose size P the kernel derives
+// from the step's real lengths. num_splits counts the partial slots a pair may need:
+// dyn_splits, plus one with a window (its span of ≤ dyn_splits · P keys may straddle one more
+// boundary; units index partitions from the first holding the pair's keys, MakeUnit). One
+// partition: no split.
 void PlanDynamicSplits(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
                        int64_t target_units, int64_t pairs, int bn, LaunchPlan* plan) {
   plan->dynamic = true;
-  const int64_t want = std::clamp<int64_t>((target_units + pairs - 1) / pairs, 1, kMaxSplits);
-  int64_t span = b.max_seq_len;
-  if (p.sliding_window > 0) span = std::min(span, p.sliding_window + b.max_query_len - 1);
-  auto round_up = [bn](int64_t keys) { return (keys + bn - 1) / bn * bn; };
-  const int64_t part = std::max(round_up((span + want - 1) / want),
-                                round_up((b.max_seq_len + kMaxSplits - 1) / kMaxSplits));
-  int64_t splits = (b.max_seq_len + part - 1) / part;
-  if (p.sliding_window > 0) splits = std::min(splits, (span + part - 1) / part + 1);
-  plan->num_splits = splits > 1 ? static_cast<int>(splits) : 1;
-  plan->partition_tokens = splits > 1 ? static_cast<int>(part) : 0;
+  const int64_t want = std::min<int64_t>(
+      std::clamp<int64_t>((target_units + pairs - 1) / pairs, 1, kMaxSplits),
+      (b.max_seq_len + bn - 1) / bn);
+  if (want <= 1) return;  // num_splits 1
+  plan->dyn_splits = static_cast<int>(want);
+  plan->num_splits = static_cast<int>(want) + (p.sliding_window > 0 ? 1 : 0);
+  plan->partition_tokens = 0;  // the kernel's
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -2422,6 +2455,8 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.partial_out = combine.partial_out;
   args.fusion = fusion;
   args.num_sequences = static_cast<int>(batch.num_sequences);
+  args.dyn_splits = plan.dyn_splits;
+  args.max_query_len = static_cast<int>(batch.max_query_len);
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;

@@ -132,8 +132,10 @@ int PagedAttentionDecodeKernel();
 // lock-step; 13/14: 2 plus L2 prefetches (cp.async.bulk.prefetch.L2) 2/4 slices beyond the
 // copies; 15/16: 10 with those prefetches; 17: 5 with 2's copies and prefetch 4; 18: 11 with
 // prefetch 2; 19: 2 in lock-step (4-warp CTAs); 20: 10 with a CTA sync every 2 slices.
-// 21..24: dynamic units: every (sequence, KV head)'s keys cut into partitions of P keys (P a
-// multiple of 16 picked on the host for about N units a resident warp), warps take units from
+// 21..24: dynamic units: every (sequence, KV head)'s keys cut into partitions of P keys (the
+// host picks how many partitions the longest sequence gets, for about N units a resident warp;
+// the kernel derives P, a multiple of 16, from the step's real context lengths, so loose graph
+// bounds do not coarsen it), warps take units from
 // a global ticket counter (so faster SMs serve more), and the last unit of a pair merges the
 // pair's fp32 partials into bf16 out in the same launch (no combine launch; pairs with one
 // partition write out directly); 21: 10's shape and copies, N 6 (batch 256 × 1k on an H200: 4
