@@ -135,14 +135,13 @@ int PagedAttentionDecodeKernel();
 // 21..24: dynamic units: every (sequence, KV head)'s keys cut into partitions of P keys (the
 // host picks how many partitions the longest sequence gets, for about N units a resident warp;
 // the kernel derives P, a multiple of 16, from the step's real context lengths, so loose graph
-// bounds do not coarsen it), warps take units from
-// a global ticket counter (so faster SMs serve more), and the last unit of a pair merges the
-// pair's fp32 partials into bf16 out in the same launch (no combine launch; pairs with one
-// partition write out directly); 21: 10's shape and copies, N 6 (batch 256 × 1k on an H200: 4
-// partitions, 8192 units); 22: 0's shape, N 6; 23 / 24: 21 with N 12 / 3. Their counters are
-// device globals zeroed by each launch itself (graph replays start from zero), so dynamic
-// launches on one device must not run concurrently on several streams; the decode fusion
-// works with them. Same results as 0 within bf16 rounding (the math per key is the same; only
+// bounds do not coarsen it), warps take units from a global ticket counter (so faster SMs
+// serve more), and the last unit of a pair merges the pair's fp32 partials into bf16 out in
+// the same launch (no combine launch; pairs with one partition write out directly); 21: 10's
+// shape and copies, N 6 (batch 256 × 1k on an H200: 4 partitions, 8192 units); 22: 0's shape,
+// N 6; 23 / 24: 21 with N 12 / 3. Their counters are device globals that each launch leaves at
+// zero (graph replays start from zero), so dynamic launches on one device must not run
+// concurrently on several streams; the decode fusion works with them. Same results as 0 within bf16 rounding (the math per key is the same; only
 // the slice size and the partitions change the order of the online-softmax updates); all
 // variants are deterministic. Process-wide, for benchmarks and tests; set it before sizing
 // workspaces or capturing graphs. InvalidArgument outside 0..24.
