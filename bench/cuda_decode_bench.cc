@@ -82,6 +82,10 @@
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
+// --attn-decode-variant N: the persistent decode warps' shape and K/V copy flavour
+// (kernels::SetPagedAttentionDecodeWarpVariant 0..24, default 0; 21..24 take units
+// dynamically from a ticket counter and merge splits in-kernel; paged_attention_cuda.h lists
+// them), for A/B runs at batches that take kernel 8 (batch 256).
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
@@ -566,6 +570,10 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeKernel(kernel));
+    } else if (a == "--attn-decode-variant") {  // kernels::SetPagedAttentionDecodeWarpVariant
+      int variant = 0;
+      if (!absl::SimpleAtoi(v, &variant)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeWarpVariant(variant));
     } else if (a == "--attn-decode-fusion") {
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
@@ -688,6 +696,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
+  out["attn_decode_variant"] = kernels::PagedAttentionDecodeWarpVariant();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
   out["mla_pdl_mask"] = kernels::MlaDecodePdlMask();

@@ -52,6 +52,12 @@ struct Case {
   int64_t extra_seq_len = 0;    // loosen max_seq_len likewise
   bool zero_q = false;  // all-zero q: uniform softmax over the visible keys (out = mean of V)
   bool error_map = false;  // on a mismatch, print which (token, head, 8-column chunk) are off
+  // More launches of the same step, each into a NaN-filled output and checked in full and
+  // bitwise against the first (counters a launch fails to reset, as in the dynamic decode
+  // warps, show up from the second launch on): `launches` eager ones in a row, then one
+  // captured in a CUDA graph on a stream and replayed `graph_replays` times.
+  int launches = 1;
+  int graph_replays = 0;
 };
 
 PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t dv, int64_t block,
@@ -181,6 +187,40 @@ void RunCase(const Case& c, std::mt19937& rng) {
   ASSERT_TRUE(st.ok()) << st;
   const std::vector<float> got = Download(d_out);
   ExpectClose(absl::StrCat(c.name, " (workspace ", ws_bytes, " B)"), got, want, kRtol, kAtol);
+  const size_t out_bytes = want.size() * sizeof(bf16);
+  auto check_again = [&](const std::string& what) {
+    const std::vector<float> again = Download(d_out);
+    ExpectClose(absl::StrCat(c.name, " ", what), again, want, kRtol, kAtol);
+    EXPECT_TRUE(again == got) << c.name << " " << what << ": not bitwise the first launch's";
+  };
+  for (int i = 1; i < c.launches; ++i) {
+    ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, out_bytes), cudaSuccess);
+    ASSERT_TRUE(PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(), batch, p,
+                                   ws->data(), d_out.data(), nullptr)
+                    .ok());
+    check_again(absl::StrCat("eager launch ", i + 1));
+  }
+  if (c.graph_replays > 0) {
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status cap = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(),
+                                                batch, p, ws->data(), d_out.data(), stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(cap.ok()) << cap;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int i = 0; i < c.graph_replays; ++i) {
+      ASSERT_EQ(cudaMemsetAsync(d_out.data(), 0xFF, out_bytes, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      check_again(absl::StrCat("graph replay ", i + 1));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
   if (c.error_map) {
     // One line per token (≤ 80): per head (≤ 4), one mark per 8 output columns, 'x' where an
     // element is out of tolerance (the same test as Compare: |got − want| > atol·max|want| +
@@ -218,9 +258,19 @@ void RunCase(const Case& c, std::mt19937& rng) {
   }
 }
 
-std::vector<SeqSpec> Decode(std::initializer_list<int32_t> contexts) {
+std::vector<SeqSpec> Decode(const std::vector<int32_t>& contexts) {
   std::vector<SeqSpec> out;
   for (int32_t c : contexts) out.push_back({c, 1});
+  return out;
+}
+std::vector<SeqSpec> Decode(std::initializer_list<int32_t> contexts) {
+  return Decode(std::vector<int32_t>(contexts));
+}
+
+// n decode contexts: `first`, then (i · 53) mod `mod` for the rest (a spread of lengths).
+std::vector<int32_t> SpreadContexts(int n, std::initializer_list<int32_t> first, int32_t mod) {
+  std::vector<int32_t> out(first);
+  for (int i = static_cast<int>(out.size()); i < n; ++i) out.push_back((i * 53) % mod);
   return out;
 }
 
@@ -516,7 +566,7 @@ TEST(PagedAttentionCudaTest, RejectsBadArguments) {
 // rows (exact), and that no other cache element changed (bitwise).
 void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
                         const RopeParams& rope_params, const std::vector<int32_t>& contexts,
-                        std::mt19937& rng) {
+                        std::mt19937& rng, int launches = 1) {
   SCOPED_TRACE(name);
   auto table = MakeRopeTable(rope_params);
   ASSERT_TRUE(table.ok()) << table.status();
@@ -598,6 +648,15 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   ASSERT_TRUE(st.ok()) << st;
   ExpectClose(absl::StrCat(name, " out (workspace ", ws_bytes, " B)"), Download(d_out), want,
               kRtol, kAtol);
+  // Launches after the first rewrite the same new rows and must give the same output.
+  for (int i = 1; i < launches; ++i) {
+    ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, want.size() * sizeof(bf16)), cudaSuccess);
+    ASSERT_TRUE(PagedAttentionRopeDecodeCuda(d_qkv.data(), stride, d_k.data(), d_v.data(), batch,
+                                             p, d_pos.data(), *d_table, d_slots.data(),
+                                             ws->data(), d_out.data(), nullptr)
+                    .ok());
+    ExpectClose(absl::StrCat(name, " out, launch ", i + 1), Download(d_out), want, kRtol, kAtol);
+  }
   EXPECT_EQ(Download(d_qkv), ToFloat(qkv)) << "qkv must be left unrotated";
 
   // Cache: the new rows as the reference wrote them; every other element bit-identical.
@@ -622,6 +681,139 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   EXPECT_EQ(changed, 0) << "cache elements other than the new rows' rotated k, or a wrong new v";
   ExpectClose(name + " new k rows", new_k_got, new_k_want, 1.0 / 128, 1e-4);
 }
+// Every persistent-decode-warp variant (SetPagedAttentionDecodeWarpVariant: copy flavours —
+// L2 hints, evict-first, TMA bulk copies — and shapes of 2/3/4/8 warps, 16/32-key slices, 3-6
+// stages) under kernel 9 (every decode launch persistent, so split-KV partitions too) and
+// kernel 8 (the unsplit b300 grid): one tile per partition at batch 1 with loose bounds,
+// whole waves, empty and partial slices, a window, an odd block size with group 7, MQA
+// (16 rows), multi-token decode chunks, several units a warp, and dims the variants do not
+// serve (d64, d192: variant 0 runs) — all against the CPU reference. Plus the fused
+// RoPE + K/V write under each variant (the bulk variants read the fused writes through the
+// async proxy), and 16 KV heads (lock-step CTAs of 8 warps over half a sequence's heads).
+void RunDecodeWarpVariantCases(std::initializer_list<int> variants) {
+  auto rng = cuda_test::Rng();
+  const int default_kernel = PagedAttentionDecodeKernel();
+  const int default_variant = PagedAttentionDecodeWarpVariant();
+  const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {}, 1300));
+  const std::vector<int32_t> fused_b300 = SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200);
+  const std::vector<SeqSpec> b300 = Decode(fused_b300);
+  const RopeParams llama = cuda_test::Llama3Rope();
+  for (const int variant : variants) {
+    ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(variant).ok());
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
+    const std::string tag = "variant " + std::to_string(variant) + " kernel 9 ";
+    Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
+    loose.extra_seq_len = 1104 - 1024;
+    RunCase(loose, rng);
+    RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
+    RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
+    RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
+    // 4 KV heads: not a multiple of 8 warps, so the lock-step variants run without syncs.
+    RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
+    RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
+    RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
+            rng);
+    RunCase({tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300}, rng);
+    // 16 KV heads: lock-step CTAs hold half a sequence's heads.
+    RunCase({tag + "16 kv heads g2", Params(32, 16, 128, 128, 16), Decode({130, 7, 600, 0})},
+            rng);
+    RunCase({tag + "d64 g1 (variant 0 runs)", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})},
+            rng);
+    RunCase({tag + "d192 dv128 (variant 0 runs)", Params(16, 16, 192, 128, 64),
+             Decode({200, 1500})},
+            rng);
+    RunFusedDecodeCase(tag + "fused llama b8", Params(32, 8, 128, 128, 16), llama,
+                       {0, 1, 15, 16, 17, 100, 513, 1200}, rng);
+    RunFusedDecodeCase(tag + "fused llama b300", Params(32, 8, 128, 128, 16), llama, fused_b300,
+                       rng);
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+    RunCase({"variant " + std::to_string(variant) + " kernel 8 b300",
+             Params(32, 8, 128, 128, 16), b300},
+            rng);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+  ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(default_variant).ok());
+}
+
+TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(25).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(-1).code(), absl::StatusCode::kInvalidArgument);
+  RunDecodeWarpVariantCases({1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+// The combined variants: 8-warp CTAs with evict-first copies, lock-step, L2 prefetch.
+TEST(PagedAttentionCudaTest, DecodeWarpVariantsCombined) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  RunDecodeWarpVariantCases({11, 19, 20, 18, 10, 12, 13, 14, 15, 16, 17});
+}
+
+// The dynamic decode warps (variants 21..24: units from a ticket counter, splits merged in the
+// kernel by the last unit of each (sequence, KV head), counters reset by the kernel itself):
+// under kernel 9 (every decode launch persistent) batch 1 with loose bounds (64 partitions of
+// 16 keys merged), batch 300 with a bound 7000 keys above its longest, batch 64, short
+// contexts (one-partition pairs write bf16 directly, others merge; context 0 sees only its
+// own key), a window (partitions indexed from the window's
+// first), GQA 7 with an odd block size, MQA (16 rows, rows seeing different key counts in
+// multi-token chunks), batch 300; under kernel 8 the b300 grid. Each case launched 3 times in
+// a row and once captured in a CUDA graph replayed 3 times, every output element checked
+// each time and bitwise equal across launches (the merge runs in partition order, whichever
+// warp does it); the fused RoPE + K/V write 3 times in a row (the new key written by the warp
+// that takes its unit). 23 and 24 (other partition sizes, same kernel) on fewer cases.
+void RunDynamicDecodeWarpCases(int variant, bool all) {
+  auto rng = cuda_test::Rng();
+  const int default_kernel = PagedAttentionDecodeKernel();
+  const int default_variant = PagedAttentionDecodeWarpVariant();
+  ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(variant).ok());
+  const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {}, 1300));
+  const std::vector<int32_t> fused_b300 = SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 1200);
+  const std::vector<SeqSpec> b300 = Decode(fused_b300);
+  const RopeParams llama = cuda_test::Llama3Rope();
+  const std::string tag = "variant " + std::to_string(variant) + " kernel 9 ";
+  auto run = [&](Case c) {
+    c.launches = 3;
+    c.graph_replays = 3;
+    RunCase(c, rng);
+  };
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
+  Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
+  loose.extra_seq_len = 1104 - 1024;
+  run(loose);
+  run({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64, 700})});
+  run({tag + "b300", Params(32, 8, 128, 128, 16), b300});
+  if (all) {
+    // A graph-style bound far above the real lengths: the kernel sizes partitions from the
+    // step's longest sequence, not from max_seq_len.
+    Case bound{tag + "b300 bound +7000", Params(32, 8, 128, 128, 16), b300};
+    bound.extra_seq_len = 7000;
+    run(bound);
+    run({tag + "b64", Params(32, 8, 128, 128, 16), b64});
+    run({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250, 1500})});
+    run({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600, 0})});
+    run({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000, 0})});
+    run({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}});
+    run({tag + "d64 g1 (variant 0 runs)", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})});
+    RunFusedDecodeCase(tag + "fused llama b8", Params(32, 8, 128, 128, 16), llama,
+                       {0, 1, 15, 16, 17, 100, 513, 1200}, rng, 3);
+    RunFusedDecodeCase(tag + "fused llama b300", Params(32, 8, 128, 128, 16), llama, fused_b300,
+                       rng, 3);
+    RunFusedDecodeCase(tag + "fused window 200", Params(32, 8, 128, 128, 16, 200), llama,
+                       {900, 3, 250, 199, 200}, rng, 3);
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+  run({"variant " + std::to_string(variant) + " kernel 8 b300", Params(32, 8, 128, 128, 16),
+       b300});
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+  ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(default_variant).ok());
+}
+
+TEST(PagedAttentionCudaTest, DecodeWarpDynamicUnits) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  RunDynamicDecodeWarpCases(21, true);
+  RunDynamicDecodeWarpCases(22, true);
+  RunDynamicDecodeWarpCases(23, false);
+  RunDynamicDecodeWarpCases(24, false);
+}
 
 // Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
 // the warp-ring loops; the persistent warps write all their units' new keys first) and the split plans: batch 1 with the new key in a partition of its own
@@ -631,12 +823,7 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
 TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  RopeParams llama;
-  llama.rope_type = "llama3";
-  llama.theta = 500000.0;
-  llama.rotary_dim = 128;
-  llama.factor = 8.0;
-  llama.original_max_position_embeddings = 8192;
+  const RopeParams llama = cuda_test::Llama3Rope();
   RopeParams yarn;
   yarn.rope_type = "yarn";
   yarn.theta = 10000.0;

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/rope/rope.h"
 
 namespace sluice::kernels::cuda_test {
 
@@ -30,6 +31,17 @@ inline std::mt19937 Rng() {
   const uint32_t seed = std::random_device{}();
   std::printf("[seed %u]\n", seed);
   return std::mt19937(seed);
+}
+
+// Llama3Rope: Llama-3-8B's RoPE (theta 500000, head_dim 128, llama3 frequency scaling).
+inline RopeParams Llama3Rope() {
+  RopeParams llama;
+  llama.rope_type = "llama3";
+  llama.theta = 500000.0;
+  llama.rotary_dim = 128;
+  llama.factor = 8.0;
+  llama.original_max_position_embeddings = 8192;
+  return llama;
 }
 
 // RandomBf16 returns n values uniform in [lo, hi), rounded to bf16.

@@ -30,19 +30,8 @@ struct Case {
   int32_t max_pos;
 };
 
-// Llama-3-8B: theta 500000, head_dim 128, llama3 scaling.
-RopeParams Llama3Params() {
-  RopeParams llama;
-  llama.rope_type = "llama3";
-  llama.theta = 500000.0;
-  llama.rotary_dim = 128;
-  llama.factor = 8.0;
-  llama.original_max_position_embeddings = 8192;
-  return llama;
-}
-
 std::vector<Case> Cases() {
-  const RopeParams llama = Llama3Params();
+  const RopeParams llama = cuda_test::Llama3Rope();
   RopeParams plain;
   plain.theta = 10000.0;
   plain.rotary_dim = 64;
@@ -112,7 +101,7 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
     RopeParams params;
     int64_t tokens, heads, kv_heads, head_dim, pad;
   };
-  const RopeParams llama = Llama3Params();
+  const RopeParams llama = cuda_test::Llama3Rope();
   RopeParams partial;
   partial.theta = 10000.0;
   partial.rotary_dim = 32;
@@ -196,7 +185,7 @@ TEST(RopeCudaTest, DecodePdlChainMatchesPlainLaunches) {
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
   const cudaStream_t st = stream->get();
-  auto table = MakeRopeTable(Llama3Params());
+  auto table = MakeRopeTable(cuda_test::Llama3Rope());
   ASSERT_TRUE(table.ok()) << table.status();
   auto d_table = UploadRopeTable(*table);
   ASSERT_TRUE(d_table.ok()) << d_table.status();
