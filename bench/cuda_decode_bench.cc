@@ -49,7 +49,8 @@
 // shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
 // gate/up in its launch, 5 pipelined persistent expert kernels, 6 also a programmatic gate/up
 // launch, 7 also the shared gate/up at the head of the experts' gate/up launch, before its
-// routing wait (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
+// routing wait, 8 the whole MoE block in one persistent cooperative launch with grid barriers
+// (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.

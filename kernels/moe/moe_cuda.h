@@ -172,11 +172,14 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // shared weights, final once the routing launch has started: see MoePipedGateUpKernel), so
 // each warp streams the shared columns and then its routed columns with no launch boundary
 // between them; the routing launch is then only its ⌈E/8⌉ routing blocks (same bits as 6).
+// 8: the whole MoE block (router logits, routing, shared and routed experts, combine) in one
+// persistent cooperative launch, MoeBlockDecodeCuda below, for steps MoeBlockDecodeSupported
+// takes (else variant 6's path; same bits as 6).
 // Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886,
 // 3 2.743 (bench/results/cuda_dsv2lite_h200.json); with the MLA decode fusion 3: 4 2.461,
 // 5 2.411-2.425, 6 2.396-2.408.
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
-// capturing graphs. InvalidArgument outside 0..7. MoeDecodeVariant returns the setting.
+// capturing graphs. InvalidArgument outside 0..8. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 
@@ -254,6 +257,70 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
                                  cudaStream_t stream, const MoeSharedExpert* shared = nullptr);
+
+// ---- Decode variant 8: the MoE block in one launch. At batch 1 the three launches of
+// variant 6 spend about as long in launch and drain boundaries as in streaming weights; here
+// one persistent grid (every block resident at once: a cooperative launch, two 256-thread
+// blocks per SM) runs the phases back to back with two grid-wide barriers instead of kernel
+// boundaries:
+//   1. router logits (a warp per router row) and then the shared experts' gate/up + SiLU·mul
+//      (a warp per column, pipelined weight loads; the router rows finish first);
+//   barrier A (router logits written), then every block routes the tokens itself from the
+//      logits (RouteToken, warp t for token t) and sorts the (token, k) rows by expert in a
+//      fixed order (no atomics: every block gets the same sort), so there is no second
+//      round trip through memory for the ids;
+//   2. the routed experts' gate/up + SiLU·mul, (expert, column) tasks interleaved across the
+//      touched experts, continuing each warp's share of one task list with the shared columns;
+//   barrier B (all activations written; each warp asks L2 for its down rows before waiting);
+//   3. down + combine: a warp per output column streams that column's row of every touched
+//      expert and of the shared expert, and sums them in a fixed order (k order, then the
+//      shared output added), writing out directly (no atomics on the output).
+// The barriers are arrival counters in device memory whose top bit flips once per barrier
+// (the last block to arrive completes it; block 0 adds 2^31 - (blocks - 1), every other block
+// 1), so a counter is back at its starting state after every launch: CUDA-graph replays need
+// no reset node. Counters are kept per workspace address like MoeFusedRouteCuda's.
+// The per-dot-product sums, roundings and combine order are those of variants 4-7, so out,
+// topk_ids and topk_weights equal variant 6's (MoeFusedRouteCuda kMultiBlock with the shared
+// expert + MoeFusedExpertsCuda) bit for bit, and a token's results do not depend on the
+// other tokens of the step.
+
+// MoeBlockDecodeSupported: whether MoeBlockDecodeCuda takes a step of num_tokens tokens with
+// these routing params on the current device: MoeFusedDecodeSupported's bounds, its shared
+// memory within 48 KiB, and at least one of its blocks fitting an SM (occupancy API; the grid
+// is then as many blocks as fit at once, at most two per SM). False on any CUDA error.
+bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params);
+
+// MoeBlockDecodeCuda: the DeepSeek MoE block for a decode step in one launch:
+//   ids, weights = routing(x · w_gate^T)                   (MoeFusedRouteCuda's, bit for bit)
+//   routed[t]    = bf16(Σ_k w[t, k] · bf16(down_e(bf16(silu(gate_e(x[t])) ⊙ up_e(x[t])))))
+//   out[t]       = shared ? bf16(bf16(down_s(bf16(silu(gate_s(x[t])) ⊙ up_s(x[t])))) + routed[t])
+//                         : routed[t]
+// (MoeFusedExpertsCuda's formula with add == null; see the variant-8 notes above).
+//   x:           [num_tokens, hidden] bf16; w_gate: [E, hidden] bf16 (router)
+//   correction_bias: [E] fp32 or null
+//   w_gate_up:   [E, 2·intermediate, hidden] bf16; w_down: [E, hidden, intermediate] bf16
+//   shared:      optional shared experts (MoeSharedExpert; act is scratch [num_tokens,
+//                shared->intermediate] bf16, overwritten; act_ready is ignored)
+//   topk_ids / topk_weights: [num_tokens, top_k] int32 / fp32 out (written by block 0)
+//   out:         [num_tokens, hidden] bf16, overwritten; may alias x (x is last read before
+//                barrier B, out first written after it)
+//   workspace:   MoeCudaWorkspaceBytes(num_tokens, top_k, E, hidden, intermediate) bytes at
+//                least (router logits, activations, fallback barrier counters); launches on
+//                one workspace must be stream-ordered
+// All pointers 16-byte aligned except topk_ids, topk_weights and correction_bias (natural
+// alignment). Past 1024 distinct workspaces the barrier counters live in the workspace and a
+// memset node zeroes them before each launch.
+// Errors: those of ValidateMoeRoutingParams; InvalidArgument for steps MoeFusedDecodeSupported
+// rejects, hidden or intermediate not a multiple of 8 in [8, 2^22], null or misaligned
+// pointers, a workspace that is too small, a shared expert with bad sizes or pointers;
+// FailedPrecondition when MoeBlockDecodeSupported is false for the step (the grid cannot be
+// made resident at once); Internal for launch errors.
+absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                                int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                                const MoeRoutingParams& params, const bf16* w_gate_up,
+                                const bf16* w_down, const MoeSharedExpert* shared,
+                                int32_t* topk_ids, float* topk_weights, bf16* out,
+                                MoeCudaWorkspace workspace, cudaStream_t stream);
 
 }  // namespace sluice::kernels
 

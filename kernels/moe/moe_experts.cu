@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -98,7 +100,7 @@ Layout MakeLayout(int64_t rows, int64_t num_experts, int64_t hidden, int64_t int
   // The multi-block fused routing's logits [T, E] fp32 (T <= kMoeFusedMaxTokens and T <= rows)
   // and its fallback arrival counter.
   l.route_logits = take(std::min<size_t>(r, kMoeFusedMaxTokens) * e * sizeof(float));
-  l.route_counter = take(sizeof(uint32_t));
+  l.route_counter = take(2 * sizeof(uint32_t));  // + MoeBlockDecodeCuda's second
   l.act = take(r * static_cast<size_t>(intermediate) * sizeof(bf16));
   l.expert_out = take(r * static_cast<size_t>(hidden) * sizeof(bf16));
   l.total = at;
@@ -1264,10 +1266,370 @@ RouteMultiFn PickRouteMulti(bool piped) {
   return piped ? MoeFusedRouteMultiKernel<kRows, true> : MoeFusedRouteMultiKernel<kRows, false>;
 }
 
+// ---- Decode variant 8 (MoeBlockDecodeCuda): the MoE block in one persistent launch.
+
+constexpr int kBlockWarps = 8;  // warps per block; warps 0..T-1 route token T (T <= 8)
+static_assert(kBlockWarps >= kMoeFusedMaxTokens, "a warp per token routes");
+
+// Grid barrier counters of MoeBlockDecodeKernel, [slot][barrier], slot = RouteCounterSlot of
+// the workspace (the same per-address slots as g_route_arrivals, another table). Zero at
+// module load; each barrier of a launch flips its counter's top bit and leaves the low bits at
+// 0 (GridArrive), so every launch finds the state the previous one left.
+__device__ unsigned int g_block_barriers[kRouteCounterSlots][2];
+
+// GridArrive: the calling block (thread 0 only, after a __syncthreads that ends the block's
+// writes before the barrier) counts itself in at `bar`; returns the counter before the add,
+// for GridWait. Block 0 adds 2^31 - (blocks - 1) and the others 1, so the counter's top bit
+// flips exactly when the last of the `blocks` blocks arrives, and the low 31 bits come back to
+// what they were (0): the cooperative-groups grid barrier's scheme, self-resetting.
+__device__ __forceinline__ unsigned int GridArrive(unsigned int* bar, unsigned int blocks) {
+  __threadfence();  // release: the block's writes (ordered before by the __syncthreads)
+  const unsigned int inc = blockIdx.x == 0 ? 0x80000000u - (blocks - 1u) : 1u;
+  return atomicAdd(bar, inc);
+}
+
+// GridWait: thread 0 spins until the barrier that returned `old` from GridArrive has
+// completed (top bit differs from old's); the caller's __syncthreads after it then orders the
+// block's later reads after every block's writes before the barrier. A barrier that never
+// completes (not every block resident: cannot happen under a cooperative launch) traps after
+// about 2^24 polls (seconds) instead of hanging the device: a launch error, not a deadlock.
+__device__ __forceinline__ void GridWait(const unsigned int* bar, unsigned int old) {
+  unsigned int v;
+  for (unsigned int polls = 0;; ++polls) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
+    if (((v ^ old) & 0x80000000u) != 0u) break;
+    if (polls >= (1u << 24)) __trap();
+  }
+  __threadfence();
+}
+
+// Shared-memory layout of MoeBlockDecodeKernel in 4-byte words: the T·E logits, the routing
+// scratch of T warps (RouteScratchFloats each), ids and weights [T·K], the sort (offsets
+// [E + 1], active experts, sorted_rows, row_to_sorted, first-of-expert flags [T·K] each,
+// num_active), then kMoeFusedMaxRows down values per warp.
+struct BlockSmem {
+  int logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first,
+      num_active, val, words;
+};
+
+__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group,
+                                                            int top_k) {
+  BlockSmem l;
+  const int rows = t * top_k;
+  int at = 0;
+  l.logits = at;
+  at += t * e;
+  l.scratch = at;
+  at += t * (2 * e + n_group);
+  l.ids = at;
+  at += rows;
+  l.weights = at;
+  at += rows;
+  l.offsets = at;
+  at += e + 1;
+  l.active = at;
+  at += rows;
+  l.sorted_rows = at;
+  at += rows;
+  l.row_to_sorted = at;
+  at += rows;
+  l.first = at;
+  at += rows;
+  l.num_active = at;
+  at += 1;
+  l.val = at;
+  at += kBlockWarps * static_cast<int>(kMoeFusedMaxRows);
+  l.words = at;
+  return l;
+}
+
+struct BlockArgs {
+  const bf16* x;
+  const bf16* w_router;
+  const bf16* w_gate_up;  // routed experts [E, 2I, H]
+  const bf16* w_down;     // routed experts [E, H, I]
+  int hidden, inter;
+  RouteArgs route;  // topk_ids / topk_weights: the global outputs (block 0 writes them)
+  SharedArgs sh;    // w_gate_up null: no shared expert
+  float* logits_g;  // [T, E] workspace
+  bf16* act;        // [T·K, I] workspace, by sorted position
+  unsigned int* ws_bar;  // [2] fallback counters (slot < 0)
+  int slot;
+  bf16* out;
+};
+
+// SortRowsFixed: SortRows's offsets, active list (ascending experts) and permutation by the
+// whole block, without atomics: a row's position within its expert is its rank among that
+// expert's rows in row order, so every block computes the same sort. O(rows) per entry
+// (rows <= kMoeFusedMaxRows). Ids must be in [0, E). Ends with __syncthreads.
+__device__ __forceinline__ void SortRowsFixed(const int32_t* ids, int rows, int e_count,
+                                              int32_t* offsets, int32_t* active,
+                                              int32_t* sorted_rows, int32_t* row_to_sorted,
+                                              int32_t* first, int32_t* num_active) {
+  for (int e = threadIdx.x; e <= e_count; e += blockDim.x) {
+    int below = 0;
+    for (int r = 0; r < rows; ++r) below += ids[r] < e ? 1 : 0;
+    offsets[e] = below;
+  }
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int e = ids[r];
+    int below = 0, rank = 0;
+    for (int q = 0; q < rows; ++q) {
+      below += ids[q] < e ? 1 : 0;
+      rank += (q < r && ids[q] == e) ? 1 : 0;
+    }
+    sorted_rows[below + rank] = r;
+    row_to_sorted[r] = below + rank;
+    first[r] = rank == 0 ? 1 : 0;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (first[r] == 0) continue;
+    const int e = ids[r];
+    int slot = 0;
+    for (int q = 0; q < rows; ++q) slot += (first[q] != 0 && ids[q] < e) ? 1 : 0;
+    active[slot] = e;
+  }
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int q = 0; q < rows; ++q) n += first[q];
+    *num_active = n;
+  }
+  __syncthreads();
+}
+
+// The variant-8 kernel (see moe_cuda.h): kRows >= T rows per pass over a weight row. Every
+// block of the grid must be resident at once (cooperative launch). Dynamic shared memory:
+// MakeBlockSmem(...).words words.
+template <int kRows>
+__global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(BlockArgs a) {
+  extern __shared__ float block_smem[];
+  const RouteArgs& ra = a.route;
+  const int num_tokens = ra.num_tokens, e_count = ra.num_experts, top_k = ra.top_k;
+  const int rows = num_tokens * top_k;
+  const BlockSmem l = MakeBlockSmem(num_tokens, e_count, ra.n_group, top_k);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned int blocks = gridDim.x;
+  const int gw = static_cast<int>(blockIdx.x) * kBlockWarps + warp;  // global warp
+  const int warps = static_cast<int>(blocks) * kBlockWarps;
+  unsigned int* bar = a.slot >= 0 ? g_block_barriers[a.slot] : a.ws_bar;
+  const int h = a.hidden, n = a.inter;
+
+  // Phase 1: router logits, a warp per router row (the first E warps of the grid), bit for
+  // bit MoeFusedRouteMultiKernel's.
+  for (int e = gw; e < e_count; e += warps) {  // warp-uniform
+    const bf16* xr[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      xr[j] = a.x + static_cast<int64_t>(j < num_tokens ? j : 0) * h;
+    }
+    const bf16* w[1] = {a.w_router + static_cast<int64_t>(e) * h};
+    float acc[1][kRows];
+    WarpDotChunked<1, kRows, kFusedVecs>(w, xr, num_tokens, h, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < num_tokens && lane == j) a.logits_g[j * e_count + e] = acc[0][j];
+    }
+  }
+  __syncthreads();
+  unsigned int old_a = 0, old_b = 0;
+  if (threadIdx.x == 0) old_a = GridArrive(&bar[0], blocks);
+
+  // The shared experts' gate/up columns: task c of the list [shared columns, routed tasks]
+  // goes to warp c mod warps (the routed part below continues the same striding, so the
+  // warps' total work stays even).
+  const int shared_cols = a.sh.w_gate_up != nullptr ? a.sh.n : 0;
+  const ARows x_tokens{a.x, nullptr, 1, h};
+  if (shared_cols > 0) {
+    PipedGateUp<kRows>(x_tokens, nullptr, nullptr, nullptr, /*slots=*/0, 0, nullptr, a.sh,
+                       num_tokens, shared_cols, gw, warps);
+    // The shared down row of this warp's first output column (phase 3) does not depend on
+    // any barrier: ask L2 for it now, while the block waits and routes.
+    if (gw < h && lane == 0) {
+      cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
+                              static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
+    }
+  }
+
+  // Barrier A: every router row written. Then this block routes every token (warp t: token t)
+  // from the logits and sorts the rows, into shared memory.
+  __syncthreads();
+  if (threadIdx.x == 0) GridWait(&bar[0], old_a);
+  __syncthreads();
+  float* logits = block_smem + l.logits;
+  for (int q = threadIdx.x; q < num_tokens * e_count; q += blockDim.x) {
+    logits[q] = __ldcg(a.logits_g + q);  // L2: written by other SMs during this launch
+  }
+  __syncthreads();
+  int32_t* s_ids = reinterpret_cast<int32_t*>(block_smem + l.ids);
+  float* s_w = block_smem + l.weights;
+  if (warp < num_tokens) {
+    RouteArgs local = ra;
+    local.topk_ids = s_ids;
+    local.topk_weights = s_w;
+    moe_detail::RouteToken(logits + warp * e_count,
+                           block_smem + l.scratch + warp * moe_detail::RouteScratchFloats(ra),
+                           local, warp);
+  }
+  __syncthreads();
+  int32_t* offsets = reinterpret_cast<int32_t*>(block_smem + l.offsets);
+  int32_t* active = reinterpret_cast<int32_t*>(block_smem + l.active);
+  int32_t* sorted_rows = reinterpret_cast<int32_t*>(block_smem + l.sorted_rows);
+  int32_t* row_to_sorted = reinterpret_cast<int32_t*>(block_smem + l.row_to_sorted);
+  int32_t* num_active_s = reinterpret_cast<int32_t*>(block_smem + l.num_active);
+  SortRowsFixed(s_ids, rows, e_count, offsets, active, sorted_rows, row_to_sorted,
+                reinterpret_cast<int32_t*>(block_smem + l.first), num_active_s);
+  if (blockIdx.x == 0) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      ra.topk_ids[r] = s_ids[r];
+      ra.topk_weights[r] = s_w[r];
+    }
+  }
+  const int slots = *num_active_s;
+
+  // Phase 2: the routed experts' gate/up + SiLU·mul (MoePipedGateUpKernel's tasks and sums),
+  // task q of the routed list at index shared_cols + q of the combined list.
+  {
+    const int first = ((gw - shared_cols) % warps + warps) % warps;
+    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots,
+                       n, a.act, a.sh, num_tokens, /*shared_cols=*/0, first, warps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) old_b = GridArrive(&bar[1], blocks);
+  // This warp's routed down rows of its first output column, into L2 while the grid drains.
+  if (gw < h && lane < slots) {
+    cuda_detail::PrefetchL2(a.w_down + (static_cast<int64_t>(active[lane]) * h + gw) * n,
+                            static_cast<uint32_t>(n) * sizeof(bf16));
+  }
+  // Barrier B: every activation (routed and shared) written.
+  if (threadIdx.x == 0) GridWait(&bar[1], old_b);
+  __syncthreads();
+  // Every block is resident and past its last read of x: a programmatic dependent (the next
+  // layer's norm) may launch; it waits for this grid's completion before reading out.
+  attention_detail::LaunchDependents();
+
+  // Phase 3: down + combine, a warp per output column c (gw, gw + warps, ...). Per column the
+  // tasks are the touched experts in slot order, then the shared expert; each routed row
+  // result goes to the warp's val[sorted position] rounded to bf16 (DownPair's rounding), and
+  // the column's last task combines (MoeDownCombineKernel's order and roundings).
+  const int per_col = slots + (shared_cols > 0 ? 1 : 0);
+  const int my_cols = gw < h ? (h - gw + warps - 1) / warps : 0;
+  float* val = block_smem + l.val + warp * static_cast<int>(kMoeFusedMaxRows);
+  auto task_at = [&](int q, PipeTask* t) {
+    const int col = gw + (q / per_col) * warps;
+    const int j = q % per_col;
+    t->w_stride = 0;
+    if (j < slots) {
+      const int e = active[j];
+      t->w0 = a.w_down + (static_cast<int64_t>(e) * h + col) * n;
+      t->a = ARows{a.act, nullptr, 1, n};
+      t->begin = offsets[e];
+      t->end = offsets[e + 1];
+    } else {
+      t->w0 = a.sh.w_down + static_cast<int64_t>(col) * a.sh.n;
+      t->a = ARows{a.sh.act, nullptr, 1, a.sh.n};
+      t->begin = 0;
+      t->end = num_tokens;
+    }
+    return true;
+  };
+  auto sink = [&](int q, int p0, int rows_in_pass, const float(&acc)[1][kRows]) {
+    const int col = gw + (q / per_col) * warps;
+    const int j = q % per_col;
+    if (j < slots) {
+#pragma unroll
+      for (int jj = 0; jj < kRows; ++jj) {
+        if (jj < rows_in_pass && lane == jj) {
+          val[p0 + jj] = __bfloat162float(__float2bfloat16_rn(acc[0][jj]));
+        }
+      }
+    }
+    // The column's last task and (shared rows: the only pass, T <= kRows) its last pass.
+    if (j != per_col - 1 || p0 + rows_in_pass < (j < slots ? offsets[active[j] + 1] : num_tokens)) {
+      return;
+    }
+    __syncwarp();
+    float shared_v = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < kRows; ++jj) {
+      if (lane == jj) shared_v = acc[0][jj];
+    }
+    if (lane < num_tokens) {
+      const int t = lane;
+      float sum = 0.0f;
+      for (int kk = 0; kk < top_k; ++kk) {
+        sum = fmaf(s_w[t * top_k + kk], val[row_to_sorted[t * top_k + kk]], sum);
+      }
+      bf16 r = __float2bfloat16_rn(sum);
+      if (shared_cols > 0) {
+        r = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(shared_v)) +
+                                __bfloat162float(r));
+      }
+      a.out[static_cast<int64_t>(t) * h + col] = r;
+    }
+    __syncwarp();
+  };
+  // One weight row per task: twice the gate/up chunk at T = 1 (as many loads in flight per
+  // warp); kRows >= 2 keeps kPipeVecs (8 spilled at kRows 2).
+  PipelinedWarpDots<1, kRows, kRows == 1 ? 2 * kPipeVecs<kRows> : kPipeVecs<kRows>>(
+      0, 1, my_cols * per_col, task_at, sink);
+}
+
+// Blocks of a MoeBlockDecodeKernel launch: as many as fit at once (occupancy API for this
+// kernel and shared memory), at most two per SM; 0 when none fits or on a CUDA error. Cached
+// per (device, kernel, shared bytes): no synchronizing call after the first.
+int BlockDecodeGrid(const void* kernel, size_t smem) {
+  static std::mutex* const mu = new std::mutex;
+  static auto* const cache = new std::map<std::tuple<int, const void*, size_t>, int>;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const auto key = std::make_tuple(device, kernel, smem);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (const auto it = cache->find(key); it != cache->end()) return it->second;
+  }
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockWarps * 32, smem) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int blocks = std::max(0, std::min(per_sm, 2)) * std::max(sms, 0);
+  std::lock_guard<std::mutex> lock(*mu);
+  cache->emplace(key, blocks);
+  return blocks;
+}
+
+using BlockDecodeFn = void (*)(BlockArgs);
+BlockDecodeFn PickBlockDecode(int64_t num_tokens) {
+  return num_tokens == 1   ? MoeBlockDecodeKernel<1>
+         : num_tokens == 2 ? MoeBlockDecodeKernel<2>
+         : num_tokens <= 4 ? MoeBlockDecodeKernel<4>
+                           : MoeBlockDecodeKernel<kWarpDotRows>;
+}
+
+size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p) {
+  return static_cast<size_t>(MakeBlockSmem(static_cast<int>(num_tokens),
+                                           static_cast<int>(p.num_experts),
+                                           static_cast<int>(p.n_group),
+                                           static_cast<int>(p.top_k))
+                                 .words) *
+         sizeof(float);
+}
+
 // SetMoeDecodeVariant's setting.
 std::atomic<int> g_moe_decode_variant{6};
 // SetMoeGemvMaxTokens's setting.
 std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
+
+// The variant the three-launch fused path follows: the setting, except 6 under variant 8 (its
+// fallback for steps MoeBlockDecodeCuda does not take).
+int FusedPathVariant() {
+  const int v = g_moe_decode_variant.load(std::memory_order_relaxed);
+  return v == 8 ? 6 : v;
+}
 
 }  // namespace
 
@@ -1395,9 +1757,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 7) {
+  if (variant < 0 || variant > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..7"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..8"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1458,12 +1820,12 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
       }
     }
     // Decode variant 5: persistent shared-expert blocks on the SMs the routing blocks leave.
-    const bool piped = MoeDecodeVariant() >= 5;
+    const bool piped = FusedPathVariant() >= 5;
     const int route_blocks = RouteMultiBlocks(static_cast<int>(params.num_experts));
     int shared_blocks = (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
     // Decode variant 7: no shared blocks (MoeFusedExpertsCuda computes the shared gate/up); the
     // routing blocks only prefetch its weights (under DecodePdl).
-    if (MoeDecodeVariant() >= 7) shared_blocks = 0;
+    if (FusedPathVariant() >= 7) shared_blocks = 0;
     if (piped && shared_blocks > 0) {
       shared_blocks = std::max(1, std::min(shared_blocks, PipedBlocks() - route_blocks));
     }
@@ -1514,10 +1876,10 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     // Decode variant 6 (or kernels::DecodePdlMoe()): a programmatic dependent of the routing
     // launch before it.
     // Decode variant 7: the shared columns before the wait (MoePipedGateUpKernel).
-    const bool shared_first = shared_cols > 0 && MoeDecodeVariant() >= 7;
+    const bool shared_first = shared_cols > 0 && FusedPathVariant() >= 7;
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
-        pdl && (MoeDecodeVariant() >= 6 || DecodePdlMoe()), x_rows, w_gate_up, so.offsets,
+        pdl && (FusedPathVariant() >= 6 || DecodePdlMoe()), x_rows, w_gate_up, so.offsets,
         so.active, so.num_active, i, act, sh, num_tokens, shared_cols, shared_first);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
@@ -1574,9 +1936,9 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL); under
   // kernels::DecodePdlMoe() at every variant (the gate/up kernel then waits before it triggers).
-  const bool pdl = (MoeDecodeVariant() >= 4 && PdlSupported()) || DecodePdlMoe();
+  const bool pdl = (FusedPathVariant() >= 4 && PdlSupported()) || DecodePdlMoe();
   // Decode variant 5: persistent pipelined gate/up and pipelined down warps (same bits).
-  const bool piped = MoeDecodeVariant() >= 5;
+  const bool piped = FusedPathVariant() >= 5;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -1602,6 +1964,97 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                      k, h, i, act, sh, shared_gate_up, add, out, pdl, piped, stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
+}
+
+bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params) {
+  if (!MoeFusedDecodeSupported(num_tokens, params)) return false;
+  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
+  if (smem > 48 * 1024) return false;
+  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens)), smem) > 0;
+}
+
+absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                                int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                                const MoeRoutingParams& params, const bf16* w_gate_up,
+                                const bf16* w_down, const MoeSharedExpert* shared,
+                                int32_t* topk_ids, float* topk_weights, bf16* out,
+                                MoeCudaWorkspace workspace, cudaStream_t stream) {
+  if (absl::Status s = ValidateMoeRoutingParams(params); !s.ok()) return s;
+  if (!MoeFusedDecodeSupported(num_tokens, params) || hidden < 8 || hidden % 8 != 0 ||
+      hidden > kMaxDim || intermediate < 8 || intermediate % 8 != 0 || intermediate > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeBlockDecodeCuda: num_tokens=", num_tokens, " top_k=", params.top_k,
+        " num_experts=", params.num_experts, " hidden=", hidden, " intermediate=", intermediate,
+        " outside the fused decode path (MoeFusedDecodeSupported; hidden and intermediate "
+        "multiples of 8 in [8, 2^22])"));
+  }
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(w_gate),
+                        static_cast<const void*>(w_gate_up), static_cast<const void*>(w_down),
+                        static_cast<const void*>(out), static_cast<const void*>(workspace.data)}) {
+    if (p == nullptr || !Aligned16(p)) {
+      return absl::InvalidArgumentError(
+          "MoeBlockDecodeCuda: x, w_gate, w_gate_up, w_down, out and workspace must be "
+          "non-null and 16-byte aligned");
+    }
+  }
+  if (topk_ids == nullptr || topk_weights == nullptr) {
+    return absl::InvalidArgumentError("MoeBlockDecodeCuda: null topk_ids or topk_weights");
+  }
+  SharedArgs sh;
+  if (absl::Status s = ToSharedArgs(shared, "MoeBlockDecodeCuda", &sh); !s.ok()) return s;
+  const int64_t top_k = params.top_k, num_experts = params.num_experts;
+  const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
+  if (workspace.bytes < l.total) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeCuda: workspace of ",
+                                                   workspace.bytes, " bytes, need ", l.total));
+  }
+  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
+  const BlockDecodeFn kernel = PickBlockDecode(num_tokens);
+  const int blocks =
+      smem > 48 * 1024 ? 0 : BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem);
+  if (blocks <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MoeBlockDecodeCuda: no resident grid for num_tokens=", num_tokens, " (",
+        smem, " bytes of shared memory per block)"));
+  }
+  unsigned char* ws = static_cast<unsigned char*>(workspace.data);
+  BlockArgs args;
+  args.x = x;
+  args.w_router = w_gate;
+  args.w_gate_up = w_gate_up;
+  args.w_down = w_down;
+  args.hidden = static_cast<int>(hidden);
+  args.inter = static_cast<int>(intermediate);
+  args.route =
+      moe_detail::MakeRouteArgs(params, correction_bias, num_tokens, topk_ids, topk_weights);
+  args.sh = sh;
+  args.logits_g = reinterpret_cast<float*>(ws + l.route_logits);
+  args.act = reinterpret_cast<bf16*>(ws + l.act);
+  args.ws_bar = reinterpret_cast<unsigned int*>(ws + l.route_counter);
+  args.slot = RouteCounterSlot(workspace.data);
+  args.out = out;
+  if (args.slot < 0) {
+    if (const cudaError_t err =
+            cudaMemsetAsync(args.ws_bar, 0, 2 * sizeof(unsigned int), stream);
+        err != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("MoeBlockDecodeCuda counter memset: ", cudaGetErrorString(err)));
+    }
+  }
+  // Cooperative: the driver makes every block resident at once (or fails the launch), which
+  // the grid barriers need, also next to other streams' kernels.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kBlockWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, args);
+  return CudaLaunchStatus("MoeBlockDecodeCuda launch");
 }
 
 }  // namespace sluice::kernels
