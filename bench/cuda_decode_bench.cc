@@ -51,6 +51,9 @@
 // launch, 7 also the shared gate/up at the head of the experts' gate/up launch, before its
 // routing wait, 8 the whole MoE block in one persistent cooperative launch with grid barriers
 // (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
+// --moe-block-tuning N: A/B flags of decode variant 8 (kernels::SetMoeBlockDecodeTuning: 1 no
+// shared-down L2 prefetch, 2 no routed-down L2 prefetch, 4 one block per SM, 8 barrier-poll
+// backoff; 0 the default).
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
@@ -564,6 +567,10 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
+    } else if (a == "--moe-block-tuning") {
+      int flags = 0;
+      if (!absl::SimpleAtoi(v, &flags)) return absl::InvalidArgumentError("bad --moe-block-tuning");
+      BENCH_RETURN_IF_ERROR(kernels::SetMoeBlockDecodeTuning(flags));
     } else if (a == "--moe-decode-variant") {
       if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
@@ -664,6 +671,7 @@ absl::Status Main(int argc, char** argv) {
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
+  out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();

@@ -668,8 +668,8 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     // The whole block in one persistent launch (kernels::MoeBlockDecodeCuda; variant 6's
     // bits); steps it does not take go variant 6's way.
     if (kernels::MoeBlockDecodeSupported(T, routing)) {
-      const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
-                                                   L.mlp_inter, act.data(), false};
+      const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(), L.mlp_inter,
+                                                   act.data(), false};
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeBlockDecodeCuda(
           normed.data(), L.router.data(), L.correction_bias.data(), T, H, mi, routing,
           L.experts_gate_up.data(), L.experts_down.data(), shared ? &shared_expert : nullptr,

@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/moe/moe_routing.h"
 
@@ -321,6 +323,30 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
                                 const bf16* w_down, const MoeSharedExpert* shared,
                                 int32_t* topk_ids, float* topk_weights, bf16* out,
                                 MoeCudaWorkspace workspace, cudaStream_t stream);
+
+// SetMoeBlockDecodeTuning: A/B flags of MoeBlockDecodeCuda (process-wide, read when a launch is
+// enqueued; 0, the default, is the behaviour documented above; results are the same bits under
+// every setting). InvalidArgument outside 0..kMoeBlockTuneAll.
+inline constexpr int kMoeBlockTuneNoSharedDownPrefetch = 1;  // no L2 prefetch of the shared
+                                                             // down rows before the routing
+inline constexpr int kMoeBlockTuneNoRoutedDownPrefetch = 2;  // no L2 prefetch of the routed
+                                                             // down rows before barrier B
+inline constexpr int kMoeBlockTuneOneBlockPerSm = 4;         // grid of one block per SM, not two
+inline constexpr int kMoeBlockTuneSpinBackoff = 8;           // __nanosleep between barrier polls
+inline constexpr int kMoeBlockTuneTrace = 16;  // thread 0 of each block records %globaltimer at
+                                               // the phase boundaries (MoeBlockDecodeTrace)
+inline constexpr int kMoeBlockTuneAll = 31;
+absl::Status SetMoeBlockDecodeTuning(int flags);
+int MoeBlockDecodeTuning();
+// MoeBlockDecodeBlocks: the grid MoeBlockDecodeCuda launches for such a step under the current
+// tuning (0: not supported).
+int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params);
+// MoeBlockDecodeTrace: after a launch under kMoeBlockTuneTrace (synchronize first), the
+// timestamps (ns) of its first `blocks` blocks, [block][8]: start, router rows done (arrival at
+// barrier A), shared gate/up done, barrier A passed, routing + sort done, routed gate/up done
+// (arrival at B), barrier B passed, down + combine done. InvalidArgument for blocks outside
+// [1, 1024]; Internal on a copy error.
+absl::StatusOr<std::vector<uint64_t>> MoeBlockDecodeTrace(int64_t blocks);
 
 }  // namespace sluice::kernels
 

@@ -838,10 +838,9 @@ void ExpectRoutingMatchesCpu(const std::string& tag, const MoeConfig& cfg, const
       ++cpu_bad_w;
     }
   }
-  std::printf(
-      "[cuda-check] %s vs cpu routing: bad_ids=%lld bad_weights=%lld near_ties=%lld\n",
-      tag.c_str(), static_cast<long long>(cpu_bad_ids), static_cast<long long>(cpu_bad_w),
-      static_cast<long long>(near_ties));
+  std::printf("[cuda-check] %s vs cpu routing: bad_ids=%lld bad_weights=%lld near_ties=%lld\n",
+              tag.c_str(), static_cast<long long>(cpu_bad_ids), static_cast<long long>(cpu_bad_w),
+              static_cast<long long>(near_ties));
   EXPECT_EQ(cpu_bad_ids, 0) << tag;
   EXPECT_EQ(cpu_bad_w, 0) << tag;
 }
@@ -1063,14 +1062,13 @@ FusedRun RunBlock(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
     EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(d_out.data(), 0xFF, d_out.bytes(), stream), cudaSuccess);
     if (shared != nullptr) {
-      EXPECT_EQ(cudaMemsetAsync(shared->act, 0xFF, t * shared->intermediate * sizeof(bf16),
-                                stream),
+      EXPECT_EQ(cudaMemsetAsync(shared->act, 0xFF, t * shared->intermediate * sizeof(bf16), stream),
                 cudaSuccess);
     }
     const absl::Status s = MoeBlockDecodeCuda(
-        c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.intermediate,
-        cfg.routing, w.d_gate_up.data(), w.d_down.data(), shared, d_ids.data(), d_w.data(),
-        d_out.data(), MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream);
+        c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.intermediate, cfg.routing,
+        w.d_gate_up.data(), w.d_down.data(), shared, d_ids.data(), d_w.data(), d_out.data(),
+        MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream);
     EXPECT_TRUE(s.ok()) << s;
   }
   return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
@@ -1103,8 +1101,8 @@ TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
             absl::StrCat("moe block decode ", cfg.name, " T=", t, ties ? " ties" : "");
         FusedCase c(cfg, t, rng);
         if (ties) DuplicateRouterRows(cfg, c, rng);
-        const FusedRun want = UnderVariant(
-            6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
+        const FusedRun want =
+            UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
         const FusedRun got = RunBlock(cfg, w, c, t, nullptr);
         ExpectSameBits(tag + " vs variant 6", got, want);
         ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
@@ -1114,13 +1112,13 @@ TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
 
         auto d_act = NanBuffer(static_cast<size_t>(t * si));
         const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-        const FusedRun want_sh = UnderVariant(
-            6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
+        const FusedRun want_sh =
+            UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
         const FusedRun got_sh = RunBlock(cfg, w, c, t, &shared);
         ExpectSameBits(tag + " shared vs variant 6", got_sh, want_sh);
         ExpectClose(tag + " shared vs fp64", got_sh.out,
-                    SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out),
-                    kExpertsRtol, kExpertsAtol);
+                    SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out), kExpertsRtol,
+                    kExpertsAtol);
       }
     }
   }
@@ -1138,85 +1136,209 @@ TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
   ASSERT_TRUE(stream.ok()) << stream.status();
   cudaStream_t st = stream->get();
   const std::vector<MoeConfig> all = MultiBlockConfigs();
-  for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
-    const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
-    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
-    const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
-    const SharedWeights sw(h, si, rng);
-    for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
-      const FusedCase c(cfg, t, rng);
-      auto d_act = NanBuffer(static_cast<size_t>(t * si));
-      const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-      for (bool with_shared : {false, true}) {
-        const std::string tag = absl::StrCat("moe block decode graph ", cfg.name, " T=", t,
-                                             with_shared ? " shared" : "");
-        const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
-        auto d_ids = Poisoned<int32_t>(t * k);
-        auto d_w = Poisoned<float>(t * k);
-        std::vector<DeviceBuffer<bf16>> xs;
-        for (int l = 0; l < kPdlLayers; ++l) {
-          xs.push_back(NanBuffer(static_cast<size_t>(t * h)));
-        }
-        const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, cfg.intermediate);
-        auto d_ws = Poisoned<uint8_t>(ws_bytes);
-        auto run = [&] {
-          const bf16* x = c.d_x.data();
+  const int saved_tuning = MoeBlockDecodeTuning();
+  // The default launch, and every A/B flag at once (no prefetches, one block per SM, polling
+  // backoff): the same bits.
+  for (int tuning : {0, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
+    for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
+      const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
+      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
+      const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+      const SharedWeights sw(h, si, rng);
+      for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
+        const FusedCase c(cfg, t, rng);
+        auto d_act = NanBuffer(static_cast<size_t>(t * si));
+        const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
+        for (bool with_shared : {false, true}) {
+          const std::string tag = absl::StrCat("moe block decode graph ", cfg.name, " T=", t,
+                                               with_shared ? " shared" : "", " tuning ", tuning);
+          const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
+          auto d_ids = Poisoned<int32_t>(t * k);
+          auto d_w = Poisoned<float>(t * k);
+          std::vector<DeviceBuffer<bf16>> xs;
           for (int l = 0; l < kPdlLayers; ++l) {
-            const absl::Status s = MoeBlockDecodeCuda(
-                x, c.d_w_gate.data(), c.bias_ptr(), t, h, cfg.intermediate, cfg.routing,
-                w.d_gate_up.data(), w.d_down.data(), sh, d_ids.data(), d_w.data(),
-                xs[l].data(), MoeCudaWorkspace{d_ws.data(), ws_bytes}, st);
-            EXPECT_TRUE(s.ok()) << s;
-            x = xs[l].data();
+            xs.push_back(NanBuffer(static_cast<size_t>(t * h)));
           }
-        };
-        auto poison = [&] {
-          for (auto& x : xs) {
-            EXPECT_EQ(cudaMemsetAsync(x.data(), 0xFF, x.bytes(), st), cudaSuccess);
-          }
-          EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), st), cudaSuccess);
-          EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), st), cudaSuccess);
-        };
-        run();
-        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-        const std::vector<float> want = cuda_test::Download(xs.back());
-        const std::vector<int32_t> want_ids = DownloadRaw(d_ids);
-        int64_t nan = 0;
-        for (float v : want) nan += std::isnan(v) ? 1 : 0;
-        EXPECT_EQ(nan, 0) << tag;
-        // Variant 6's chain (its own buffers and workspace).
-        const int saved = MoeDecodeVariant();
-        ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
-        const std::vector<float> v6 =
-            RunChain(cfg, w, c, t, sh, MoeFusedRouteMode::kMultiBlock, st, false);
-        ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
-        const int64_t bad_v6 = CountBitDiffs(want, v6);
-
-        cudaGraph_t g = nullptr;
-        ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        run();
-        ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-        cudaGraphExec_t exec = nullptr;
-        ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
-        int64_t bad_graph = 0, bad_graph_ids = 0;
-        for (int rep = 0; rep < 4; ++rep) {
-          poison();
-          ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+          const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, cfg.intermediate);
+          auto d_ws = Poisoned<uint8_t>(ws_bytes);
+          auto run = [&] {
+            const bf16* x = c.d_x.data();
+            for (int l = 0; l < kPdlLayers; ++l) {
+              const absl::Status s = MoeBlockDecodeCuda(
+                  x, c.d_w_gate.data(), c.bias_ptr(), t, h, cfg.intermediate, cfg.routing,
+                  w.d_gate_up.data(), w.d_down.data(), sh, d_ids.data(), d_w.data(), xs[l].data(),
+                  MoeCudaWorkspace{d_ws.data(), ws_bytes}, st);
+              EXPECT_TRUE(s.ok()) << s;
+              x = xs[l].data();
+            }
+          };
+          auto poison = [&] {
+            for (auto& x : xs) {
+              EXPECT_EQ(cudaMemsetAsync(x.data(), 0xFF, x.bytes(), st), cudaSuccess);
+            }
+            EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), st), cudaSuccess);
+            EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), st), cudaSuccess);
+          };
+          run();
           ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-          bad_graph += CountBitDiffs(cuda_test::Download(xs.back()), want);
-          bad_graph_ids += CountBitDiffs(DownloadRaw(d_ids), want_ids);
+          const std::vector<float> want = cuda_test::Download(xs.back());
+          const std::vector<int32_t> want_ids = DownloadRaw(d_ids);
+          int64_t nan = 0;
+          for (float v : want) nan += std::isnan(v) ? 1 : 0;
+          EXPECT_EQ(nan, 0) << tag;
+          // Variant 6's chain (its own buffers and workspace).
+          const int saved = MoeDecodeVariant();
+          ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
+          const std::vector<float> v6 =
+              RunChain(cfg, w, c, t, sh, MoeFusedRouteMode::kMultiBlock, st, false);
+          ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
+          const int64_t bad_v6 = CountBitDiffs(want, v6);
+
+          cudaGraph_t g = nullptr;
+          ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          run();
+          ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
+          cudaGraphExec_t exec = nullptr;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+          int64_t bad_graph = 0, bad_graph_ids = 0;
+          for (int rep = 0; rep < 4; ++rep) {
+            poison();
+            ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+            bad_graph += CountBitDiffs(cuda_test::Download(xs.back()), want);
+            bad_graph_ids += CountBitDiffs(DownloadRaw(d_ids), want_ids);
+          }
+          EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+          EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+          std::printf("[cuda-check] %s: bad_vs_variant6=%lld bad_graph=%lld bad_graph_ids=%lld\n",
+                      tag.c_str(), static_cast<long long>(bad_v6),
+                      static_cast<long long>(bad_graph), static_cast<long long>(bad_graph_ids));
+          EXPECT_EQ(bad_v6, 0) << tag;
+          EXPECT_EQ(bad_graph, 0) << tag;
+          EXPECT_EQ(bad_graph_ids, 0) << tag;
         }
-        EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-        EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
-        std::printf("[cuda-check] %s: bad_vs_variant6=%lld bad_graph=%lld bad_graph_ids=%lld\n",
-                    tag.c_str(), static_cast<long long>(bad_v6),
-                    static_cast<long long>(bad_graph), static_cast<long long>(bad_graph_ids));
-        EXPECT_EQ(bad_v6, 0) << tag;
-        EXPECT_EQ(bad_graph, 0) << tag;
-        EXPECT_EQ(bad_graph_ids, 0) << tag;
       }
     }
   }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
+}
+
+// Timing probe (not a check; run with --gtest_also_run_disabled_tests): DeepSeek-V2-Lite MoE
+// shapes at T = 1 with the shared experts, 26 "layers" over 4 weight sets (constant bf16
+// weights: 4.5 GB, so no layer finds its weights in L2), captured in a graph and replayed;
+// prints µs per layer for variant 6's launches and for variant 8 under each tuning, and the
+// phase timeline of one traced variant-8 launch (µs from the earliest block start: min /
+// median / max over blocks).
+TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  MoeConfig cfg = MultiBlockConfigs()[2];  // v2-lite shapes
+  const int64_t t = 1, h = cfg.hidden, i = cfg.intermediate, si = 2 * i;
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  constexpr int kSets = 4, kLayers = 26, kReps = 20;
+  struct Set {
+    DeviceBuffer<bf16> gate_up, down, sgu, sd;
+  };
+  std::vector<Set> sets(kSets);
+  auto filled = [](int64_t n, int byte) {
+    auto b = DeviceBuffer<bf16>::Create(n);
+    EXPECT_TRUE(b.ok());
+    EXPECT_EQ(cudaMemset(b->data(), byte, b->bytes()), cudaSuccess);
+    return *std::move(b);
+  };
+  for (Set& s : sets) {
+    s.gate_up = filled(e * 2 * i * h, 0x3B);
+    s.down = filled(e * h * i, 0x3B);
+    s.sgu = filled(2 * si * h, 0x3B);
+    s.sd = filled(h * si, 0x3B);
+  }
+  const FusedCase c(cfg, t, rng);
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  auto d_out = NanBuffer(static_cast<size_t>(t * h));
+  auto d_act = NanBuffer(static_cast<size_t>(t * si));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, i);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok());
+  cudaStream_t st = stream->get();
+  auto layer = [&](int l, bool v8) {
+    const Set& s = sets[l % kSets];
+    MoeSharedExpert sh{s.sgu.data(), s.sd.data(), si, d_act.data()};
+    if (v8) {
+      EXPECT_TRUE(MoeBlockDecodeCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, i, cfg.routing,
+                                     s.gate_up.data(), s.down.data(), &sh, d_ids.data(), d_w.data(),
+                                     d_out.data(), ws, st)
+                      .ok());
+      return;
+    }
+    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, cfg.routing,
+                                  d_ids.data(), d_w.data(), ws, st, MoeFusedRouteMode::kMultiBlock,
+                                  &sh)
+                    .ok());
+    sh.act_ready = true;
+    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, h, i, k, e, s.gate_up.data(),
+                                    s.down.data(), nullptr, d_out.data(), ws, st, &sh)
+                    .ok());
+  };
+  auto time_graph = [&](bool v8) {
+    for (int l = 0; l < kLayers; ++l) layer(l, v8);  // warm-up, outside the graph
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int l = 0; l < kLayers; ++l) layer(l, v8);
+    EXPECT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    cudaEvent_t a, b;
+    EXPECT_EQ(cudaEventCreate(&a), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&b), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(a, st), cudaSuccess);
+    for (int r = 0; r < kReps; ++r) EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(b, st), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(b), cudaSuccess);
+    float ms = 0;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(a), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(b), cudaSuccess);
+    return 1000.0 * ms / (kReps * kLayers);
+  };
+  const int saved_v = MoeDecodeVariant(), saved_t = MoeBlockDecodeTuning();
+  ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
+  for (int rep = 0; rep < 2; ++rep) {
+    std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
+    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11}) {
+      ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
+      std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
+                  static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
+    }
+  }
+  for (int tune : {0, 3}) {
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
+    const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
+    for (int l = 0; l < 3; ++l) layer(l, true);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    auto trace = MoeBlockDecodeTrace(blocks);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    uint64_t t0 = ~uint64_t{0};
+    for (int64_t b = 0; b < blocks; ++b) t0 = std::min(t0, (*trace)[b * 8]);
+    const char* names[8] = {"start",         "router+arriveA", "shared_gate_up", "passed_A",
+                            "routed_sorted", "routed_gate_up", "passed_B",       "down_done"};
+    for (int p = 0; p < 8; ++p) {
+      std::vector<double> v;
+      for (int64_t b = 0; b < blocks; ++b) v.push_back(((*trace)[b * 8 + p] - t0) / 1000.0);
+      std::sort(v.begin(), v.end());
+      std::printf("[timeline] tuning %d point %-15s min %7.2f med %7.2f max %7.2f us\n", tune,
+                  names[p], v.front(), v[v.size() / 2], v.back());
+    }
+  }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_t).ok());
+  ASSERT_TRUE(SetMoeDecodeVariant(saved_v).ok());
 }
 
 // MoeBlockDecodeCuda's host-side checks (fake pointers, never dereferenced).
@@ -1231,14 +1353,14 @@ TEST(MoeCudaArgsTest, BlockDecodeArguments) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   auto call = [&](int64_t t, int64_t hh, int64_t ii, const bf16* x, MoeCudaWorkspace w,
                   const MoeSharedExpert* sh = nullptr, const MoeRoutingParams& r = {}) {
-    return MoeBlockDecodeCuda(x, p, nullptr, t, hh, ii, r.num_experts > 0 ? r : v2, p, p, sh,
-                              ids, wts, p, w, nullptr)
+    return MoeBlockDecodeCuda(x, p, nullptr, t, hh, ii, r.num_experts > 0 ? r : v2, p, p, sh, ids,
+                              wts, p, w, nullptr)
         .code();
   };
   EXPECT_EQ(call(0, h, i, p, ws), kInvalid);
   EXPECT_EQ(call(kMoeFusedMaxTokens + 1, h, i, p, ws), kInvalid);
-  EXPECT_EQ(call(2, 60, i, p, ws), kInvalid);   // hidden % 8
-  EXPECT_EQ(call(2, h, 36, p, ws), kInvalid);   // intermediate % 8
+  EXPECT_EQ(call(2, 60, i, p, ws), kInvalid);     // hidden % 8
+  EXPECT_EQ(call(2, h, 36, p, ws), kInvalid);     // intermediate % 8
   EXPECT_EQ(call(2, h, i, p + 1, ws), kInvalid);  // misaligned x
   EXPECT_EQ(call(2, h, i, nullptr, ws), kInvalid);
   EXPECT_EQ(call(2, h, i, p, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
@@ -1247,10 +1369,10 @@ TEST(MoeCudaArgsTest, BlockDecodeArguments) {
   MoeRoutingParams bad = v2;
   bad.n_group = 3;  // 64 experts do not split into 3 groups
   EXPECT_EQ(call(2, h, i, p, ws, nullptr, bad), kInvalid);
-  EXPECT_EQ(MoeBlockDecodeCuda(p, p, nullptr, 2, h, i, v2, p, p, nullptr, nullptr, wts, p, ws,
-                               nullptr)
-                .code(),
-            kInvalid);
+  EXPECT_EQ(
+      MoeBlockDecodeCuda(p, p, nullptr, 2, h, i, v2, p, p, nullptr, nullptr, wts, p, ws, nullptr)
+          .code(),
+      kInvalid);
   EXPECT_FALSE(MoeBlockDecodeSupported(0, v2));
   EXPECT_FALSE(MoeBlockDecodeSupported(kMoeFusedMaxTokens + 1, v2));
 }

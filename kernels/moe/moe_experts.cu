@@ -1293,14 +1293,30 @@ __device__ __forceinline__ unsigned int GridArrive(unsigned int* bar, unsigned i
 // block's later reads after every block's writes before the barrier. A barrier that never
 // completes (not every block resident: cannot happen under a cooperative launch) traps after
 // about 2^24 polls (seconds) instead of hanging the device: a launch error, not a deadlock.
-__device__ __forceinline__ void GridWait(const unsigned int* bar, unsigned int old) {
+// backoff (kMoeBlockTuneSpinBackoff): a short __nanosleep between polls, fewer loads on the
+// counter's L2 line while the other blocks' atomics arrive.
+__device__ __forceinline__ void GridWait(const unsigned int* bar, unsigned int old, bool backoff) {
   unsigned int v;
   for (unsigned int polls = 0;; ++polls) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
     if (((v ^ old) & 0x80000000u) != 0u) break;
     if (polls >= (1u << 24)) __trap();
+    if (backoff) __nanosleep(64);
   }
   __threadfence();
+}
+
+// Phase timestamps of the last MoeBlockDecodeKernel launch under kMoeBlockTuneTrace (%globaltimer,
+// ns), [block][kBlockTracePoints] for the first kBlockTraceBlocks blocks (thread 0 of each).
+constexpr int kBlockTraceBlocks = 1024;
+constexpr int kBlockTracePoints = 8;
+__device__ unsigned long long g_block_trace[kBlockTraceBlocks][kBlockTracePoints];
+
+__device__ __forceinline__ void TraceStamp(bool trace, int point) {
+  if (!trace || threadIdx.x != 0 || blockIdx.x >= kBlockTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_block_trace[blockIdx.x][point] = t;
 }
 
 // Shared-memory layout of MoeBlockDecodeKernel in 4-byte words: the T·E logits, the routing
@@ -1308,12 +1324,11 @@ __device__ __forceinline__ void GridWait(const unsigned int* bar, unsigned int o
 // [E + 1], active experts, sorted_rows, row_to_sorted, first-of-expert flags [T·K] each,
 // num_active), then kMoeFusedMaxRows down values per warp.
 struct BlockSmem {
-  int logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first,
-      num_active, val, words;
+  int logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first, num_active,
+      val, words;
 };
 
-__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group,
-                                                            int top_k) {
+__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group, int top_k) {
   BlockSmem l;
   const int rows = t * top_k;
   int at = 0;
@@ -1349,12 +1364,13 @@ struct BlockArgs {
   const bf16* w_gate_up;  // routed experts [E, 2I, H]
   const bf16* w_down;     // routed experts [E, H, I]
   int hidden, inter;
-  RouteArgs route;  // topk_ids / topk_weights: the global outputs (block 0 writes them)
-  SharedArgs sh;    // w_gate_up null: no shared expert
-  float* logits_g;  // [T, E] workspace
-  bf16* act;        // [T·K, I] workspace, by sorted position
+  RouteArgs route;       // topk_ids / topk_weights: the global outputs (block 0 writes them)
+  SharedArgs sh;         // w_gate_up null: no shared expert
+  float* logits_g;       // [T, E] workspace
+  bf16* act;             // [T·K, I] workspace, by sorted position
   unsigned int* ws_bar;  // [2] fallback counters (slot < 0)
   int slot;
+  int tuning;  // SetMoeBlockDecodeTuning's flags
   bf16* out;
 };
 
@@ -1415,6 +1431,9 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   const int warps = static_cast<int>(blocks) * kBlockWarps;
   unsigned int* bar = a.slot >= 0 ? g_block_barriers[a.slot] : a.ws_bar;
   const int h = a.hidden, n = a.inter;
+  const bool trace = (a.tuning & kMoeBlockTuneTrace) != 0;
+  const bool backoff = (a.tuning & kMoeBlockTuneSpinBackoff) != 0;
+  TraceStamp(trace, 0);
 
   // Phase 1: router logits, a warp per router row (the first E warps of the grid), bit for
   // bit MoeFusedRouteMultiKernel's.
@@ -1435,6 +1454,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   __syncthreads();
   unsigned int old_a = 0, old_b = 0;
   if (threadIdx.x == 0) old_a = GridArrive(&bar[0], blocks);
+  TraceStamp(trace, 1);
 
   // The shared experts' gate/up columns: task c of the list [shared columns, routed tasks]
   // goes to warp c mod warps (the routed part below continues the same striding, so the
@@ -1446,7 +1466,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
                        num_tokens, shared_cols, gw, warps);
     // The shared down row of this warp's first output column (phase 3) does not depend on
     // any barrier: ask L2 for it now, while the block waits and routes.
-    if (gw < h && lane == 0) {
+    if (gw < h && lane == 0 && (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
       cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
                               static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
     }
@@ -1455,8 +1475,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   // Barrier A: every router row written. Then this block routes every token (warp t: token t)
   // from the logits and sorts the rows, into shared memory.
   __syncthreads();
-  if (threadIdx.x == 0) GridWait(&bar[0], old_a);
+  TraceStamp(trace, 2);
+  if (threadIdx.x == 0) GridWait(&bar[0], old_a, backoff);
   __syncthreads();
+  TraceStamp(trace, 3);
   float* logits = block_smem + l.logits;
   for (int q = threadIdx.x; q < num_tokens * e_count; q += blockDim.x) {
     logits[q] = __ldcg(a.logits_g + q);  // L2: written by other SMs during this launch
@@ -1487,24 +1509,27 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
     }
   }
   const int slots = *num_active_s;
+  TraceStamp(trace, 4);
 
   // Phase 2: the routed experts' gate/up + SiLU·mul (MoePipedGateUpKernel's tasks and sums),
   // task q of the routed list at index shared_cols + q of the combined list.
   {
     const int first = ((gw - shared_cols) % warps + warps) % warps;
-    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots,
-                       n, a.act, a.sh, num_tokens, /*shared_cols=*/0, first, warps);
+    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
+                       a.act, a.sh, num_tokens, /*shared_cols=*/0, first, warps);
   }
   __syncthreads();
+  TraceStamp(trace, 5);
   if (threadIdx.x == 0) old_b = GridArrive(&bar[1], blocks);
   // This warp's routed down rows of its first output column, into L2 while the grid drains.
-  if (gw < h && lane < slots) {
+  if (gw < h && lane < slots && (a.tuning & kMoeBlockTuneNoRoutedDownPrefetch) == 0) {
     cuda_detail::PrefetchL2(a.w_down + (static_cast<int64_t>(active[lane]) * h + gw) * n,
                             static_cast<uint32_t>(n) * sizeof(bf16));
   }
   // Barrier B: every activation (routed and shared) written.
-  if (threadIdx.x == 0) GridWait(&bar[1], old_b);
+  if (threadIdx.x == 0) GridWait(&bar[1], old_b, backoff);
   __syncthreads();
+  TraceStamp(trace, 6);
   // Every block is resident and past its last read of x: a programmatic dependent (the next
   // layer's norm) may launch; it waits for this grid's completion before reading out.
   attention_detail::LaunchDependents();
@@ -1574,17 +1599,21 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   // warp); kRows >= 2 keeps kPipeVecs (8 spilled at kRows 2).
   PipelinedWarpDots<1, kRows, kRows == 1 ? 2 * kPipeVecs<kRows> : kPipeVecs<kRows>>(
       0, 1, my_cols * per_col, task_at, sink);
+  if (trace) {
+    __syncthreads();
+    TraceStamp(trace, 7);
+  }
 }
 
 // Blocks of a MoeBlockDecodeKernel launch: as many as fit at once (occupancy API for this
-// kernel and shared memory), at most two per SM; 0 when none fits or on a CUDA error. Cached
-// per (device, kernel, shared bytes): no synchronizing call after the first.
-int BlockDecodeGrid(const void* kernel, size_t smem) {
+// kernel and shared memory), at most per_sm_max per SM; 0 when none fits or on a CUDA error.
+// Cached per (device, kernel, shared bytes): no synchronizing call after the first.
+int BlockDecodeGrid(const void* kernel, size_t smem, int per_sm_max = 2) {
   static std::mutex* const mu = new std::mutex;
   static auto* const cache = new std::map<std::tuple<int, const void*, size_t>, int>;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const auto key = std::make_tuple(device, kernel, smem);
+  const auto key = std::make_tuple(device * 4 + per_sm_max, kernel, smem);
   {
     std::lock_guard<std::mutex> lock(*mu);
     if (const auto it = cache->find(key); it != cache->end()) return it->second;
@@ -1596,7 +1625,7 @@ int BlockDecodeGrid(const void* kernel, size_t smem) {
     (void)cudaGetLastError();
     return 0;
   }
-  const int blocks = std::max(0, std::min(per_sm, 2)) * std::max(sms, 0);
+  const int blocks = std::max(0, std::min(per_sm, per_sm_max)) * std::max(sms, 0);
   std::lock_guard<std::mutex> lock(*mu);
   cache->emplace(key, blocks);
   return blocks;
@@ -1613,8 +1642,7 @@ BlockDecodeFn PickBlockDecode(int64_t num_tokens) {
 size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p) {
   return static_cast<size_t>(MakeBlockSmem(static_cast<int>(num_tokens),
                                            static_cast<int>(p.num_experts),
-                                           static_cast<int>(p.n_group),
-                                           static_cast<int>(p.top_k))
+                                           static_cast<int>(p.n_group), static_cast<int>(p.top_k))
                                  .words) *
          sizeof(float);
 }
@@ -1623,6 +1651,9 @@ size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p) {
 std::atomic<int> g_moe_decode_variant{6};
 // SetMoeGemvMaxTokens's setting.
 std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
+
+// SetMoeBlockDecodeTuning's flags.
+std::atomic<int> g_moe_block_tuning{0};
 
 // The variant the three-launch fused path follows: the setting, except 6 under variant 8 (its
 // fallback for steps MoeBlockDecodeCuda does not take).
@@ -2010,12 +2041,15 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
   }
   const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
   const BlockDecodeFn kernel = PickBlockDecode(num_tokens);
-  const int blocks =
-      smem > 48 * 1024 ? 0 : BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem);
+  const int tuning = g_moe_block_tuning.load(std::memory_order_relaxed);
+  const int blocks = smem > 48 * 1024
+                         ? 0
+                         : BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem,
+                                           (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
   if (blocks <= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "MoeBlockDecodeCuda: no resident grid for num_tokens=", num_tokens, " (",
-        smem, " bytes of shared memory per block)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoeBlockDecodeCuda: no resident grid for num_tokens=", num_tokens, " (", smem,
+                     " bytes of shared memory per block)"));
   }
   unsigned char* ws = static_cast<unsigned char*>(workspace.data);
   BlockArgs args;
@@ -2032,10 +2066,10 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
   args.act = reinterpret_cast<bf16*>(ws + l.act);
   args.ws_bar = reinterpret_cast<unsigned int*>(ws + l.route_counter);
   args.slot = RouteCounterSlot(workspace.data);
+  args.tuning = tuning;
   args.out = out;
   if (args.slot < 0) {
-    if (const cudaError_t err =
-            cudaMemsetAsync(args.ws_bar, 0, 2 * sizeof(unsigned int), stream);
+    if (const cudaError_t err = cudaMemsetAsync(args.ws_bar, 0, 2 * sizeof(unsigned int), stream);
         err != cudaSuccess) {
       return absl::InternalError(
           absl::StrCat("MoeBlockDecodeCuda counter memset: ", cudaGetErrorString(err)));
@@ -2057,4 +2091,35 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
   return CudaLaunchStatus("MoeBlockDecodeCuda launch");
 }
 
+absl::Status SetMoeBlockDecodeTuning(int flags) {
+  if (flags < 0 || flags > kMoeBlockTuneAll) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMoeBlockDecodeTuning: flags ", flags, " outside 0..", kMoeBlockTuneAll));
+  }
+  g_moe_block_tuning.store(flags, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MoeBlockDecodeTuning() { return g_moe_block_tuning.load(std::memory_order_relaxed); }
+
+absl::StatusOr<std::vector<uint64_t>> MoeBlockDecodeTrace(int64_t blocks) {
+  if (blocks < 1 || blocks > kBlockTraceBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeTrace: blocks ", blocks));
+  }
+  std::vector<uint64_t> host(static_cast<size_t>(blocks) * kBlockTracePoints);
+  if (const cudaError_t err =
+          cudaMemcpyFromSymbol(host.data(), g_block_trace, host.size() * sizeof(uint64_t));
+      err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("MoeBlockDecodeTrace: ", cudaGetErrorString(err)));
+  }
+  return host;
+}
+
+int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params) {
+  if (!MoeFusedDecodeSupported(num_tokens, params)) return 0;
+  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
+  if (smem > 48 * 1024) return 0;
+  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens)), smem,
+                         (MoeBlockDecodeTuning() & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
+}
 }  // namespace sluice::kernels
