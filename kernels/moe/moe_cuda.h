@@ -335,7 +335,10 @@ inline constexpr int kMoeBlockTuneOneBlockPerSm = 4;         // grid of one bloc
 inline constexpr int kMoeBlockTuneSpinBackoff = 8;           // __nanosleep between barrier polls
 inline constexpr int kMoeBlockTuneTrace = 16;  // thread 0 of each block records %globaltimer at
                                                // the phase boundaries (MoeBlockDecodeTrace)
-inline constexpr int kMoeBlockTuneAll = 31;
+inline constexpr int kMoeBlockTuneRouteFirst = 32;  // route first (the blocks ask L2 for their
+                                                    // shared gate/up rows meanwhile), then the
+                                                    // shared and routed gate/up as one stream
+inline constexpr int kMoeBlockTuneAll = 63;
 absl::Status SetMoeBlockDecodeTuning(int flags);
 int MoeBlockDecodeTuning();
 // MoeBlockDecodeBlocks: the grid MoeBlockDecodeCuda launches for such a step under the current

@@ -1137,9 +1137,10 @@ TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
   cudaStream_t st = stream->get();
   const std::vector<MoeConfig> all = MultiBlockConfigs();
   const int saved_tuning = MoeBlockDecodeTuning();
-  // The default launch, and every A/B flag at once (no prefetches, one block per SM, polling
-  // backoff): the same bits.
-  for (int tuning : {0, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
+  // The default launch, route-first, and every A/B flag at once (no prefetches, one block per
+  // SM, polling backoff, route-first): the same bits.
+  for (int tuning :
+       {0, kMoeBlockTuneRouteFirst, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
     for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
       const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
@@ -1312,13 +1313,13 @@ TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
   ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
   for (int rep = 0; rep < 2; ++rep) {
     std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
-    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11}) {
+    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43}) {
       ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
       std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
                   static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
     }
   }
-  for (int tune : {0, 3}) {
+  for (int tune : {0, 3, 32, 35}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
     const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
     for (int l = 0; l < 3; ++l) layer(l, true);

@@ -832,13 +832,18 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
                                             const int32_t* offsets, const int32_t* active,
                                             int slots, int n, bf16* c, const SharedArgs& sh,
                                             int num_tokens, int shared_cols, int first,
-                                            int stride) {
+                                            int stride, bool shared_first = false) {
   const int lane = threadIdx.x & 31;
   const int routed = slots * n;
   const int k = x_rows.k;
+  // The task list: routed tasks [0, routed), then the shared columns; shared_first (decode
+  // variant 8's kMoeBlockTuneRouteFirst): the shared columns [0, shared_cols), then routed.
+  const int shared_begin = shared_first ? 0 : routed;
+  const int routed_begin = shared_first ? shared_cols : 0;
+  auto is_shared = [&](int q) { return q >= shared_begin && q < shared_begin + shared_cols; };
   auto task_at = [&](int q, PipeTask* t) {
-    if (q >= routed) {
-      const int col = q - routed;
+    if (is_shared(q)) {
+      const int col = q - shared_begin;
       t->w0 = sh.w_gate_up + static_cast<int64_t>(col) * k;
       t->w_stride = static_cast<int64_t>(sh.n) * k;
       t->a = ARows{x_rows.base, nullptr, 1, k};
@@ -846,6 +851,7 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
       t->end = num_tokens;
       return true;
     }
+    q -= routed_begin;
     const int e = active[q % slots];
     t->w0 = w + (static_cast<int64_t>(e) * 2 * n + q / slots) * k;
     t->w_stride = static_cast<int64_t>(n) * k;
@@ -855,10 +861,10 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
     return true;
   };
   auto sink = [&](int q, int p0, int rows, const float(&acc)[2][kRows]) {
-    const bool shared = q >= routed;
+    const bool shared = is_shared(q);
     bf16* out = shared ? sh.act : c;
     const int width = shared ? sh.n : n;
-    const int col = shared ? q - routed : q / slots;
+    const int col = shared ? q - shared_begin : (q - routed_begin) / slots;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
@@ -1414,6 +1420,11 @@ __device__ __forceinline__ void SortRowsFixed(const int32_t* ids, int rows, int 
   __syncthreads();
 }
 
+// Vectors per lane per chunk of MoeBlockDecodeKernel's down phase (one weight row per task):
+// the gate/up chunk's kPipeVecs (8 at one token spilled 120 bytes of registers).
+template <int kRows>
+inline constexpr int kBlockDownVecs = kPipeVecs<kRows>;
+
 // The variant-8 kernel (see moe_cuda.h): kRows >= T rows per pass over a weight row. Every
 // block of the grid must be resident at once (cooperative launch). Dynamic shared memory:
 // MakeBlockSmem(...).words words.
@@ -1461,7 +1472,19 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   // warps' total work stays even).
   const int shared_cols = a.sh.w_gate_up != nullptr ? a.sh.n : 0;
   const ARows x_tokens{a.x, nullptr, 1, h};
-  if (shared_cols > 0) {
+  const bool route_first = (a.tuning & kMoeBlockTuneRouteFirst) != 0;
+  if (route_first && shared_cols > 0) {
+    // kMoeBlockTuneRouteFirst: route before any gate/up, and stream the shared and routed
+    // columns as one pipelined list after it (no drain or block barrier between them); while
+    // the block waits for the router rows and routes, L2 fetches its shared gate/up rows.
+    for (int col = gw; col < shared_cols; col += warps) {
+      if (lane < 2) {
+        cuda_detail::PrefetchL2(
+            a.sh.w_gate_up + (static_cast<int64_t>(lane) * a.sh.n + col) * h,
+            static_cast<uint32_t>(h) * sizeof(bf16));
+      }
+    }
+  } else if (shared_cols > 0) {
     PipedGateUp<kRows>(x_tokens, nullptr, nullptr, nullptr, /*slots=*/0, 0, nullptr, a.sh,
                        num_tokens, shared_cols, gw, warps);
     // The shared down row of this warp's first output column (phase 3) does not depend on
@@ -1513,7 +1536,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
 
   // Phase 2: the routed experts' gate/up + SiLU·mul (MoePipedGateUpKernel's tasks and sums),
   // task q of the routed list at index shared_cols + q of the combined list.
-  {
+  if (route_first) {
+    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
+                       a.act, a.sh, num_tokens, shared_cols, gw, warps, /*shared_first=*/true);
+    if (shared_cols > 0 && gw < h && lane == 0 &&
+        (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
+      cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
+                              static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
+    }
+  } else {
     const int first = ((gw - shared_cols) % warps + warps) % warps;
     PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
                        a.act, a.sh, num_tokens, /*shared_cols=*/0, first, warps);
@@ -1595,9 +1626,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
     }
     __syncwarp();
   };
-  // One weight row per task: twice the gate/up chunk at T = 1 (as many loads in flight per
-  // warp); kRows >= 2 keeps kPipeVecs (8 spilled at kRows 2).
-  PipelinedWarpDots<1, kRows, kRows == 1 ? 2 * kPipeVecs<kRows> : kPipeVecs<kRows>>(
+  // One weight row per task (kBlockDownVecs vectors per lane per chunk).
+  PipelinedWarpDots<1, kRows, kBlockDownVecs<kRows>>(
       0, 1, my_cols * per_col, task_at, sink);
   if (trace) {
     __syncthreads();
