@@ -338,7 +338,10 @@ inline constexpr int kMoeBlockTuneTrace = 16;  // thread 0 of each block records
 inline constexpr int kMoeBlockTuneRouteFirst = 32;  // route first (the blocks ask L2 for their
                                                     // shared gate/up rows meanwhile), then the
                                                     // shared and routed gate/up as one stream
-inline constexpr int kMoeBlockTuneAll = 63;
+inline constexpr int kMoeBlockTuneNoCooperative = 64;  // a plain launch of the same grid (only
+                                                       // for A/B: co-residency then rests on
+                                                       // nothing else running beside it)
+inline constexpr int kMoeBlockTuneAll = 127;
 absl::Status SetMoeBlockDecodeTuning(int flags);
 int MoeBlockDecodeTuning();
 // MoeBlockDecodeBlocks: the grid MoeBlockDecodeCuda launches for such a step under the current

@@ -1313,7 +1313,7 @@ TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
   ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
   for (int rep = 0; rep < 2; ++rep) {
     std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
-    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43}) {
+    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43, 64, 67, 96, 99}) {
       ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
       std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
                   static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));

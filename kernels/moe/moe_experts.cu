@@ -2116,7 +2116,7 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = (tuning & kMoeBlockTuneNoCooperative) ? 0 : 1;
   (void)cudaLaunchKernelEx(&cfg, kernel, args);
   return CudaLaunchStatus("MoeBlockDecodeCuda launch");
 }
