@@ -179,7 +179,8 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // takes (else variant 6's path; same bits as 6).
 // Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886,
 // 3 2.743 (bench/results/cuda_dsv2lite_h200.json); with the MLA decode fusion 3: 4 2.461,
-// 5 2.411-2.425, 6 2.396-2.408.
+// 5 2.411-2.425, 6 2.396-2.408; on 2026-11-30 6 2.333-2.336 and 8 2.445-2.446 (slower; see
+// MoeBlockDecodeCuda).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
 // capturing graphs. InvalidArgument outside 0..8. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
@@ -273,7 +274,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
 //      round trip through memory for the ids;
 //   2. the routed experts' gate/up + SiLU·mul, (expert, column) tasks interleaved across the
 //      touched experts, continuing each warp's share of one task list with the shared columns;
-//   barrier B (all activations written; each warp asks L2 for its down rows before waiting);
+//   barrier B (all activations written; optionally each warp asks L2 for its down rows before
+//      waiting: kMoeBlockTuneNoRoutedDownPrefetch below);
 //   3. down + combine: a warp per output column streams that column's row of every touched
 //      expert and of the shared expert, and sums them in a fixed order (k order, then the
 //      shared output added), writing out directly (no atomics on the output).
@@ -285,6 +287,17 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
 // topk_ids and topk_weights equal variant 6's (MoeFusedRouteCuda kMultiBlock with the shared
 // expert + MoeFusedExpertsCuda) bit for bit, and a token's results do not depend on the
 // other tokens of the step.
+// Measured on an H200 (2026-11-30, DeepSeek-V2-Lite shapes, batch 1, cuda_decode_bench graph
+// ITL, 3 runs each): variant 6 2.333-2.336 ms; variant 8 with the default tuning (3, no L2
+// prefetches) 2.445-2.446 ms, with the prefetches (tuning 0) 2.559, route-first (32)
+// 2.753-2.758: slower than 6. Eager per MoE layer: 6 19.0 (routing) + 43.8 (experts) µs, 8
+// 63.4 µs. Phase trace of one launch (MoeBlockDecodeTrace, tuning 3, µs from the first block's
+// start, median over 264 blocks): router rows + shared gate/up done 5.9 (the router rows wait
+// ~5 µs behind the shared stream), barrier A 6.6, routing + sort 12.7 (RouteToken on one warp
+// per block: ~6 µs of no streaming), routed gate/up 28.5 (69 MB in ~16 µs: ~4.3 TB/s), barrier
+// B 33.3 (slowest block 32.4), down + combine 55.0 (46 MB in ~22 µs: 2.1 TB/s, latency-bound:
+// a warp per column walks its 7 rows with 2 chunks of loads in flight). So what is left is
+// the routing on the critical path and the down phase's concurrency, not launch boundaries.
 
 // MoeBlockDecodeSupported: whether MoeBlockDecodeCuda takes a step of num_tokens tokens with
 // these routing params on the current device: MoeFusedDecodeSupported's bounds, its shared
@@ -325,8 +338,8 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
                                 MoeCudaWorkspace workspace, cudaStream_t stream);
 
 // SetMoeBlockDecodeTuning: A/B flags of MoeBlockDecodeCuda (process-wide, read when a launch is
-// enqueued; 0, the default, is the behaviour documented above; results are the same bits under
-// every setting). InvalidArgument outside 0..kMoeBlockTuneAll.
+// enqueued; the default kMoeBlockTuneDefault was the fastest setting measured, see above;
+// results are the same bits under every setting). InvalidArgument outside 0..kMoeBlockTuneAll.
 inline constexpr int kMoeBlockTuneNoSharedDownPrefetch = 1;  // no L2 prefetch of the shared
                                                              // down rows before the routing
 inline constexpr int kMoeBlockTuneNoRoutedDownPrefetch = 2;  // no L2 prefetch of the routed
@@ -342,6 +355,8 @@ inline constexpr int kMoeBlockTuneNoCooperative = 64;  // a plain launch of the 
                                                        // for A/B: co-residency then rests on
                                                        // nothing else running beside it)
 inline constexpr int kMoeBlockTuneAll = 127;
+inline constexpr int kMoeBlockTuneDefault =
+    kMoeBlockTuneNoSharedDownPrefetch | kMoeBlockTuneNoRoutedDownPrefetch;
 absl::Status SetMoeBlockDecodeTuning(int flags);
 int MoeBlockDecodeTuning();
 // MoeBlockDecodeBlocks: the grid MoeBlockDecodeCuda launches for such a step under the current

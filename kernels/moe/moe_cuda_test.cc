@@ -1137,10 +1137,10 @@ TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
   cudaStream_t st = stream->get();
   const std::vector<MoeConfig> all = MultiBlockConfigs();
   const int saved_tuning = MoeBlockDecodeTuning();
-  // The default launch, route-first, and every A/B flag at once (no prefetches, one block per
-  // SM, polling backoff, route-first): the same bits.
+  // The default tuning, the L2 prefetches on, route-first, and every A/B flag at once (no
+  // prefetches, one block per SM, polling backoff, route-first, plain launch): the same bits.
   for (int tuning :
-       {0, kMoeBlockTuneRouteFirst, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
+       {kMoeBlockTuneDefault, 0, kMoeBlockTuneRouteFirst, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
     for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
       const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);

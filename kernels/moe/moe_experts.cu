@@ -1683,7 +1683,7 @@ std::atomic<int> g_moe_decode_variant{6};
 std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
 
 // SetMoeBlockDecodeTuning's flags.
-std::atomic<int> g_moe_block_tuning{0};
+std::atomic<int> g_moe_block_tuning{kMoeBlockTuneDefault};
 
 // The variant the three-launch fused path follows: the setting, except 6 under variant 8 (its
 // fallback for steps MoeBlockDecodeCuda does not take).
