@@ -54,7 +54,8 @@
 // --moe-block-tuning N: A/B flags of decode variant 8 (kernels::SetMoeBlockDecodeTuning: 1 no
 // shared-down L2 prefetch, 2 no routed-down L2 prefetch, 4 one block per SM, 8 barrier-poll
 // backoff, 32 route first and stream shared + routed gate/up as one list, 64 a plain (not
-// cooperative) launch; default 3, kernels::kMoeBlockTuneDefault).
+// cooperative) launch, 128 the down phase through a per-warp cp.async ring in shared memory
+// with its first chunks issued before the grid barrier; default 3, kernels::kMoeBlockTuneDefault).
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.

@@ -278,7 +278,15 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
 //      waiting: kMoeBlockTuneNoRoutedDownPrefetch below);
 //   3. down + combine: a warp per output column streams that column's row of every touched
 //      expert and of the shared expert, and sums them in a fixed order (k order, then the
-//      shared output added), writing out directly (no atomics on the output).
+//      shared output added), writing out directly (no atomics on the output). Under
+//      kMoeBlockTuneRingDown the rows stream through a per-warp ring in shared memory
+//      (kRingStages = 4 chunks of 192 16-byte vectors, cp.async: the loads in flight hold no
+//      registers, so each warp keeps up to ~11 KiB in flight instead of ~3 KiB of register
+//      chunks), a column's shared row first: its first chunks are issued before the routing
+//      (they depend on nothing; the memory is otherwise idle while the blocks route) and the
+//      rest of the ring's first chunks (routed rows) right after the warp's phase-2 work, so
+//      weights stream through barrier B's drain. Same per-lane sum order, butterfly, roundings
+//      and combine order: the same bits.
 // The barriers are arrival counters in device memory whose top bit flips once per barrier
 // (the last block to arrive completes it; block 0 adds 2^31 - (blocks - 1), every other block
 // 1), so a counter is back at its starting state after every launch: CUDA-graph replays need
@@ -298,11 +306,15 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
 // B 33.3 (slowest block 32.4), down + combine 55.0 (46 MB in ~22 µs: 2.1 TB/s, latency-bound:
 // a warp per column walks its 7 rows with 2 chunks of loads in flight). So what is left is
 // the routing on the critical path and the down phase's concurrency, not launch boundaries.
+// kMoeBlockTuneRingDown (2026-11-30, helper hE2, not yet measured when written) targets the
+// down phase: A/B it as tuning 131 (= 3 | 128) against 3; the timeline probe
+// (DISABLED_TimelineV2LiteShapes) traces 131 and 163 too.
 
 // MoeBlockDecodeSupported: whether MoeBlockDecodeCuda takes a step of num_tokens tokens with
-// these routing params on the current device: MoeFusedDecodeSupported's bounds, its shared
-// memory within 48 KiB, and at least one of its blocks fitting an SM (occupancy API; the grid
-// is then as many blocks as fit at once, at most two per SM). False on any CUDA error.
+// these routing params on the current device under the current tuning: MoeFusedDecodeSupported's
+// bounds, its shared memory (a few KiB, + 96 KiB under kMoeBlockTuneRingDown) within the
+// device's per-block opt-in limit, and at least one of its blocks fitting an SM (occupancy API;
+// the grid is then as many blocks as fit at once, at most two per SM). False on any CUDA error.
 bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params);
 
 // MoeBlockDecodeCuda: the DeepSeek MoE block for a decode step in one launch:
@@ -354,7 +366,11 @@ inline constexpr int kMoeBlockTuneRouteFirst = 32;  // route first (the blocks a
 inline constexpr int kMoeBlockTuneNoCooperative = 64;  // a plain launch of the same grid (only
                                                        // for A/B: co-residency then rests on
                                                        // nothing else running beside it)
-inline constexpr int kMoeBlockTuneAll = 127;
+inline constexpr int kMoeBlockTuneRingDown = 128;  // phase 3 streams its weight rows through a
+                                                   // per-warp cp.async ring in shared memory
+                                                   // (96 KiB per block), its first chunks
+                                                   // issued before barrier B (see above)
+inline constexpr int kMoeBlockTuneAll = 255;
 inline constexpr int kMoeBlockTuneDefault =
     kMoeBlockTuneNoSharedDownPrefetch | kMoeBlockTuneNoRoutedDownPrefetch;
 absl::Status SetMoeBlockDecodeTuning(int flags);

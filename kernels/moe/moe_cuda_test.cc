@@ -1080,10 +1080,17 @@ FusedRun RunBlock(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
 // MoeRoutingCpu's on the same fp32 logits (group-limited routing in the V3-like and odd
 // configs), its routed output agrees with MoeExpertsCpu and its shared + routed output with the
 // fp64 reference, every element at bf16 tolerance. Each run is two launches on one workspace.
+// Under the default tuning and with kMoeBlockTuneRingDown (phase 3 through the cp.async ring of
+// 192-vector chunks: rows shorter than a chunk in the small configs, one partial chunk per
+// routed row and two per shared row at the V2-Lite shapes, more chunks per warp than ring
+// slots, and without a shared expert fewer chunks than slots at T=1: empty commit groups).
 TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
   const auto multi = MoeFusedRouteMode::kMultiBlock;
+  const int saved_tuning = MoeBlockDecodeTuning();
+  for (int tuning : {kMoeBlockTuneDefault, kMoeBlockTuneDefault | kMoeBlockTuneRingDown}) {
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
   for (const MoeConfig& cfg : MultiBlockConfigs()) {
     const bool big = cfg.hidden >= 1024;
     const ExpertWeights w(cfg, rng, /*tiled=*/big);
@@ -1097,8 +1104,8 @@ TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
       ASSERT_TRUE(MoeBlockDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
       for (bool ties : {false, true}) {
         if (ties && t != 1 && t != kMoeFusedMaxTokens) continue;
-        const std::string tag =
-            absl::StrCat("moe block decode ", cfg.name, " T=", t, ties ? " ties" : "");
+        const std::string tag = absl::StrCat("moe block decode ", cfg.name, " T=", t,
+                                             ties ? " ties" : "", " tuning ", tuning);
         FusedCase c(cfg, t, rng);
         if (ties) DuplicateRouterRows(cfg, c, rng);
         const FusedRun want =
@@ -1122,6 +1129,8 @@ TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
       }
     }
   }
+  }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
 }
 
 // Variant 8 in CUDA graphs: kPdlLayers chained MoE blocks on one workspace (each reads the
@@ -1137,10 +1146,13 @@ TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
   cudaStream_t st = stream->get();
   const std::vector<MoeConfig> all = MultiBlockConfigs();
   const int saved_tuning = MoeBlockDecodeTuning();
-  // The default tuning, the L2 prefetches on, route-first, and every A/B flag at once (no
-  // prefetches, one block per SM, polling backoff, route-first, plain launch): the same bits.
+  // The default tuning, the L2 prefetches on, route-first, the phase-3 ring (with the default
+  // flags and with route-first), and every A/B flag at once (no prefetches, one block per SM,
+  // polling backoff, route-first, plain launch, ring): the same bits.
   for (int tuning :
-       {kMoeBlockTuneDefault, 0, kMoeBlockTuneRouteFirst, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
+       {kMoeBlockTuneDefault, 0, kMoeBlockTuneRouteFirst,
+        kMoeBlockTuneDefault | kMoeBlockTuneRingDown,
+        kMoeBlockTuneRouteFirst | kMoeBlockTuneRingDown, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
     for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
       const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
@@ -1313,13 +1325,14 @@ TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
   ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
   for (int rep = 0; rep < 2; ++rep) {
     std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
-    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43, 64, 67, 96, 99}) {
+    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43, 64, 67, 96, 99, 131, 163,
+                     139}) {
       ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
       std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
                   static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
     }
   }
-  for (int tune : {0, 3, 32, 35}) {
+  for (int tune : {0, 3, 32, 35, 131, 163}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
     const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
     for (int l = 0; l < 3; ++l) layer(l, true);

@@ -1325,19 +1325,32 @@ __device__ __forceinline__ void TraceStamp(bool trace, int point) {
   g_block_trace[blockIdx.x][point] = t;
 }
 
-// Shared-memory layout of MoeBlockDecodeKernel in 4-byte words: the T·E logits, the routing
-// scratch of T warps (RouteScratchFloats each), ids and weights [T·K], the sort (offsets
-// [E + 1], active experts, sorted_rows, row_to_sorted, first-of-expert flags [T·K] each,
-// num_active), then kMoeFusedMaxRows down values per warp.
+// Phase-3 weight ring of MoeBlockDecodeKernel under kMoeBlockTuneRingDown: per warp
+// kRingStages chunks of kRingVecs 16-byte vectors per lane, each lane's own vectors (cp.async
+// into shared memory: loads in flight without holding registers). kRingVecs = 6: one chunk
+// covers a 1408-element (176-vector) routed down row of DeepSeek-V2-Lite, two its 2816-element
+// shared row. 8 warps · 4 · 6 · 512 B = 96 KiB per block (two blocks per SM fit 228 KiB).
+constexpr int kRingStages = 4;
+constexpr int kRingVecs = 6;
+constexpr int kRingWordsPerWarp = kRingStages * kRingVecs * 32 * 4;
+
+// Shared-memory layout of MoeBlockDecodeKernel in 4-byte words: the ring (ring == true only;
+// first, so 16-byte aligned), the T·E logits, the routing scratch of T warps
+// (RouteScratchFloats each), ids and weights [T·K], the sort (offsets [E + 1], active experts,
+// sorted_rows, row_to_sorted, first-of-expert flags [T·K] each, num_active), then
+// kMoeFusedMaxRows down values per warp.
 struct BlockSmem {
-  int logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first, num_active,
-      val, words;
+  int ring, logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first,
+      num_active, val, words;
 };
 
-__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group, int top_k) {
+__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group, int top_k,
+                                                            bool ring) {
   BlockSmem l;
   const int rows = t * top_k;
   int at = 0;
+  l.ring = at;
+  at += ring ? kBlockWarps * kRingWordsPerWarp : 0;
   l.logits = at;
   at += t * e;
   l.scratch = at;
@@ -1425,16 +1438,60 @@ __device__ __forceinline__ void SortRowsFixed(const int32_t* ids, int rows, int 
 template <int kRows>
 inline constexpr int kBlockDownVecs = kPipeVecs<kRows>;
 
+// The phase-3 ring's copies (kMoeBlockTuneRingDown): one 16-byte cp.async per vector with an
+// L2 evict-first hint (the weights are read once, like LoadWeightVec's ld.global.cs), a
+// commit per chunk, and the wait for all but the newest N chunks. "memory" clobbers: the
+// compiler must not move the ring's shared-memory reads across them (a slot is read, then
+// refilled by the same lane; cp.async.wait_group makes a lane's own copies visible to it, so
+// no other barrier is needed: every lane reads only the vectors it copied).
+__device__ __forceinline__ uint64_t RingPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void RingCopy16(void* smem, const void* gmem, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void RingCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void RingWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Where a warp is in its phase-3 step list (kMoeBlockTuneRingDown): column ci of its own
+// (gw + ci · warps), task j of the column (0: the shared expert's row when there is one, then
+// the touched experts in slot order), first vector v0 of the chunk. j may run one past the
+// column's last task until normalized (the task count is known only after the routing).
+struct RingCursor {
+  int ci, j, v0;
+};
+
+// One phase-3 task: weight row w of `vecs` 16-byte vectors, applied to activation rows
+// [begin, end) of act (row length act_k elements, end - begin <= T <= kRows: a token picks an
+// expert at most once, so one pass); shared: the shared expert's row.
+struct RingTask {
+  const bf16* w;
+  const bf16* act;
+  int act_k, vecs, begin, end;
+  bool shared;
+};
+
 // The variant-8 kernel (see moe_cuda.h): kRows >= T rows per pass over a weight row. Every
 // block of the grid must be resident at once (cooperative launch). Dynamic shared memory:
-// MakeBlockSmem(...).words words.
+// MakeBlockSmem(..., tuning & kMoeBlockTuneRingDown).words words.
 template <int kRows>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(BlockArgs a) {
   extern __shared__ float block_smem[];
   const RouteArgs& ra = a.route;
   const int num_tokens = ra.num_tokens, e_count = ra.num_experts, top_k = ra.top_k;
   const int rows = num_tokens * top_k;
-  const BlockSmem l = MakeBlockSmem(num_tokens, e_count, ra.n_group, top_k);
+  const bool ring = (a.tuning & kMoeBlockTuneRingDown) != 0;
+  const BlockSmem l = MakeBlockSmem(num_tokens, e_count, ra.n_group, top_k, ring);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const unsigned int blocks = gridDim.x;
@@ -1445,6 +1502,79 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   const bool trace = (a.tuning & kMoeBlockTuneTrace) != 0;
   const bool backoff = (a.tuning & kMoeBlockTuneSpinBackoff) != 0;
   TraceStamp(trace, 0);
+  int32_t* offsets = reinterpret_cast<int32_t*>(block_smem + l.offsets);
+  int32_t* active = reinterpret_cast<int32_t*>(block_smem + l.active);
+
+  // kMoeBlockTuneRingDown: phase 3's weight chunks go through this warp's ring of kRingStages
+  // slots; the first kRingStages chunks are issued before barrier B (the shared expert's rows
+  // before the routing, as they do not depend on it), the rest one per consumed chunk.
+  const int shared_tasks = a.sh.w_gate_up != nullptr ? 1 : 0;
+  // Output columns of this warp in phase 3 (a function: recomputed rather than held in a
+  // register through phase 2).
+  auto my_cols = [&] { return gw < h ? (h - gw + warps - 1) / warps : 0; };
+  constexpr int kRingChunk = 32 * kRingVecs;  // vectors per row per chunk
+  // The ring state is dead across phase 2 (re-derived after it: no registers held there);
+  // the slot address and the cache policy are recomputed per chunk for the same reason.
+  auto ring_slot = [&](int chunk) {
+    return reinterpret_cast<uint4*>(block_smem + l.ring) +
+           (warp * kRingStages + chunk % kRingStages) * kRingChunk;
+  };
+  auto ring_chunks_shared = [&] {
+    return shared_tasks > 0 ? (a.sh.n / 8 + kRingChunk - 1) / kRingChunk : 0;
+  };
+  // Chunks issued before the routing: column 0's shared row, at most the ring.
+  auto ring_pre = [&] {
+    return ring && my_cols() > 0 ? min(kRingStages, ring_chunks_shared()) : 0;
+  };
+  int ring_issued = 0;  // chunks issued = cp.async groups committed by this lane
+  RingCursor ic{0, 0, 0};
+  auto ring_task = [&](int ci, int j) {
+    const int col = gw + ci * warps;
+    RingTask t;
+    t.shared = j < shared_tasks;
+    if (t.shared) {
+      t.w = a.sh.w_down + static_cast<int64_t>(col) * a.sh.n;
+      t.act = a.sh.act;
+      t.act_k = a.sh.n;
+      t.begin = 0;
+      t.end = num_tokens;
+    } else {
+      const int e = active[j - shared_tasks];
+      t.w = a.w_down + (static_cast<int64_t>(e) * h + col) * n;
+      t.act = a.act;
+      t.act_k = n;
+      t.begin = offsets[e];
+      t.end = offsets[e + 1];
+    }
+    t.vecs = t.act_k / 8;
+    return t;
+  };
+  // Issues the chunk at ic (if any is left) into slot ring_issued mod kRingStages and commits
+  // (an empty group past the end, so that group n is always chunk n); per_col: tasks per
+  // column (any value >= 1 while ic is in a column's shared task).
+  auto ring_issue = [&](int per_col) {
+    if (ic.j >= per_col) {
+      ic.j = 0;
+      ++ic.ci;
+    }
+    if (ic.ci < my_cols()) {
+      const RingTask t = ring_task(ic.ci, ic.j);
+      uint4* dst = ring_slot(ring_issued);
+      const uint64_t policy = RingPolicy();
+#pragma unroll
+      for (int u = 0; u < kRingVecs; ++u) {
+        const int i = ic.v0 + u * 32 + lane;
+        if (i < t.vecs) RingCopy16(dst + u * 32 + lane, t.w + static_cast<int64_t>(i) * 8, policy);
+      }
+      ic.v0 += kRingChunk;
+      if (ic.v0 >= t.vecs) {
+        ic.v0 = 0;
+        ++ic.j;
+      }
+    }
+    RingCommit();
+    ++ring_issued;
+  };
 
   // Phase 1: router logits, a warp per router row (the first E warps of the grid), bit for
   // bit MoeFusedRouteMultiKernel's.
@@ -1489,11 +1619,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
                        num_tokens, shared_cols, gw, warps);
     // The shared down row of this warp's first output column (phase 3) does not depend on
     // any barrier: ask L2 for it now, while the block waits and routes.
-    if (gw < h && lane == 0 && (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
+    if (gw < h && lane == 0 && !ring && (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
       cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
                               static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
     }
   }
+
+  // The ring's first chunks while in this column's shared row: they need no routing, so they
+  // stream while the block waits at barrier A and routes.
+  for (int c = ring_pre(); c > 0; --c) ring_issue(/*per_col=*/1);
 
   // Barrier A: every router row written. Then this block routes every token (warp t: token t)
   // from the logits and sorts the rows, into shared memory.
@@ -1518,8 +1652,6 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
                            local, warp);
   }
   __syncthreads();
-  int32_t* offsets = reinterpret_cast<int32_t*>(block_smem + l.offsets);
-  int32_t* active = reinterpret_cast<int32_t*>(block_smem + l.active);
   int32_t* sorted_rows = reinterpret_cast<int32_t*>(block_smem + l.sorted_rows);
   int32_t* row_to_sorted = reinterpret_cast<int32_t*>(block_smem + l.row_to_sorted);
   int32_t* num_active_s = reinterpret_cast<int32_t*>(block_smem + l.num_active);
@@ -1539,7 +1671,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   if (route_first) {
     PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
                        a.act, a.sh, num_tokens, shared_cols, gw, warps, /*shared_first=*/true);
-    if (shared_cols > 0 && gw < h && lane == 0 &&
+    if (shared_cols > 0 && gw < h && lane == 0 && !ring &&
         (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
       cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
                               static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
@@ -1553,9 +1685,20 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   TraceStamp(trace, 5);
   if (threadIdx.x == 0) old_b = GridArrive(&bar[1], blocks);
   // This warp's routed down rows of its first output column, into L2 while the grid drains.
-  if (gw < h && lane < slots && (a.tuning & kMoeBlockTuneNoRoutedDownPrefetch) == 0) {
+  if (gw < h && lane < slots && !ring && (a.tuning & kMoeBlockTuneNoRoutedDownPrefetch) == 0) {
     cuda_detail::PrefetchL2(a.w_down + (static_cast<int64_t>(active[lane]) * h + gw) * n,
                             static_cast<uint32_t>(n) * sizeof(bf16));
+  }
+  // The ring's remaining first chunks (routed rows now that the sort is known), in flight
+  // while the grid drains into barrier B.
+  const int per_col = slots + shared_tasks;
+  if (ring) {
+    // Where the pre-routing chunks left the cursor (ring_pre chunks of column 0's shared row).
+    const int pre = ring_pre();
+    const int v = pre * kRingChunk;
+    ring_issued = pre;
+    ic = pre > 0 && v >= a.sh.n / 8 ? RingCursor{0, 1, 0} : RingCursor{0, 0, v};
+    while (ring_issued < kRingStages) ring_issue(per_col);
   }
   // Barrier B: every activation (routed and shared) written.
   if (threadIdx.x == 0) GridWait(&bar[1], old_b, backoff);
@@ -1569,9 +1712,94 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
   // tasks are the touched experts in slot order, then the shared expert; each routed row
   // result goes to the warp's val[sorted position] rounded to bf16 (DownPair's rounding), and
   // the column's last task combines (MoeDownCombineKernel's order and roundings).
-  const int per_col = slots + (shared_cols > 0 ? 1 : 0);
-  const int my_cols = gw < h ? (h - gw + warps - 1) / warps : 0;
   float* val = block_smem + l.val + warp * static_cast<int>(kMoeFusedMaxRows);
+  // The column's outputs from the routed rows' values in val and the shared row's sum on lane
+  // t (t < T): MoeDownCombineKernel's order and roundings.
+  auto combine = [&](int col, float shared_v) {
+    __syncwarp();
+    if (lane < num_tokens) {
+      const int t = lane;
+      float sum = 0.0f;
+      for (int kk = 0; kk < top_k; ++kk) {
+        sum = fmaf(s_w[t * top_k + kk], val[row_to_sorted[t * top_k + kk]], sum);
+      }
+      bf16 r = __float2bfloat16_rn(sum);
+      if (shared_cols > 0) {
+        r = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(shared_v)) +
+                                __bfloat162float(r));
+      }
+      a.out[static_cast<int64_t>(t) * h + col] = r;
+    }
+    __syncwarp();
+  };
+  if (ring) {
+    // kMoeBlockTuneRingDown: chunk `step` waits for its cp.async group (all but the newest
+    // kRingStages - 1), is summed from the lane's own ring vectors (each lane adds its vectors
+    // lane, lane + 32, ... of the row in ascending order from 0, FmaVec's order, then the
+    // butterfly: WarpDotChunked's sums bit for bit), and its slot is refilled with chunk
+    // step + kRingStages. The shared row comes first in a column (its value waits on lane t
+    // in shared_v), the routed rows after it; the column's last row combines.
+    const int chunks_routed = (n / 8 + kRingChunk - 1) / kRingChunk;
+    const int total = my_cols() * (ring_chunks_shared() + slots * chunks_routed);
+    RingCursor cc{0, 0, 0};
+    float acc[1][kRows];
+    moe_detail::ZeroAcc(acc);
+    float shared_v = 0.0f;
+    for (int step = 0; step < total; ++step) {  // warp-uniform
+      RingWait<kRingStages - 1>();
+      if (cc.j >= per_col) {
+        cc.j = 0;
+        ++cc.ci;
+      }
+      const RingTask t = ring_task(cc.ci, cc.j);
+      const int rows_t = t.end - t.begin;
+      const bf16* ar[kRows];
+#pragma unroll
+      for (int jj = 0; jj < kRows; ++jj) {
+        ar[jj] = t.act + static_cast<int64_t>(t.begin + (jj < rows_t ? jj : 0)) * t.act_k;
+      }
+      const uint4* src = ring_slot(step);
+#pragma unroll
+      for (int u = 0; u < kRingVecs; ++u) {
+        const int i = cc.v0 + u * 32 + lane;
+        if (i >= t.vecs) break;  // lane-local (a vector this lane did not copy is not used)
+        const uint4 raw = src[u * 32 + lane];
+        cuda_detail::Bf16x8 v;
+        static_assert(sizeof(v) == sizeof(raw));
+        memcpy(&v, &raw, sizeof(v));
+        float wf[1][8];
+        cuda_detail::ToFloat8(v, wf[0]);
+        moe_detail::FmaVec(wf, ar, i, rows_t, acc);
+      }
+      cc.v0 += kRingChunk;
+      if (cc.v0 >= t.vecs) {  // the task's last chunk (warp-uniform)
+        moe_detail::WarpSumAcc(acc);
+        if (t.shared) {
+#pragma unroll
+          for (int jj = 0; jj < kRows; ++jj) {
+            if (lane == jj) shared_v = acc[0][jj];
+          }
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < kRows; ++jj) {
+            if (jj < rows_t && lane == jj) {
+              val[t.begin + jj] = __bfloat162float(__float2bfloat16_rn(acc[0][jj]));
+            }
+          }
+        }
+        if (cc.j == per_col - 1) combine(gw + cc.ci * warps, shared_v);
+        moe_detail::ZeroAcc(acc);
+        cc.v0 = 0;
+        ++cc.j;
+      }
+      ring_issue(per_col);  // chunk step + kRingStages into the slot just read
+    }
+    if (trace) {
+      __syncthreads();
+      TraceStamp(trace, 7);
+    }
+    return;
+  }
   auto task_at = [&](int q, PipeTask* t) {
     const int col = gw + (q / per_col) * warps;
     const int j = q % per_col;
@@ -1605,30 +1833,16 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
     if (j != per_col - 1 || p0 + rows_in_pass < (j < slots ? offsets[active[j] + 1] : num_tokens)) {
       return;
     }
-    __syncwarp();
     float shared_v = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < kRows; ++jj) {
       if (lane == jj) shared_v = acc[0][jj];
     }
-    if (lane < num_tokens) {
-      const int t = lane;
-      float sum = 0.0f;
-      for (int kk = 0; kk < top_k; ++kk) {
-        sum = fmaf(s_w[t * top_k + kk], val[row_to_sorted[t * top_k + kk]], sum);
-      }
-      bf16 r = __float2bfloat16_rn(sum);
-      if (shared_cols > 0) {
-        r = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(shared_v)) +
-                                __bfloat162float(r));
-      }
-      a.out[static_cast<int64_t>(t) * h + col] = r;
-    }
-    __syncwarp();
+    combine(col, shared_v);
   };
   // One weight row per task (kBlockDownVecs vectors per lane per chunk).
   PipelinedWarpDots<1, kRows, kBlockDownVecs<kRows>>(
-      0, 1, my_cols * per_col, task_at, sink);
+      0, 1, my_cols() * per_col, task_at, sink);
   if (trace) {
     __syncthreads();
     TraceStamp(trace, 7);
@@ -1637,7 +1851,11 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
 
 // Blocks of a MoeBlockDecodeKernel launch: as many as fit at once (occupancy API for this
 // kernel and shared memory), at most per_sm_max per SM; 0 when none fits or on a CUDA error.
-// Cached per (device, kernel, shared bytes): no synchronizing call after the first.
+// Cached per (device, kernel, shared bytes): no synchronizing call after the first. Past
+// 48 KiB (kMoeBlockTuneRingDown's ring) the kernel's dynamic shared-memory limit is first
+// raised to the device's per-block opt-in maximum (a function attribute, so every later
+// launch of the kernel on this device may use up to that; the bytes a launch asks for, not
+// the limit, set its occupancy); 0 when smem exceeds that maximum.
 int BlockDecodeGrid(const void* kernel, size_t smem, int per_sm_max = 2) {
   static std::mutex* const mu = new std::mutex;
   static auto* const cache = new std::map<std::tuple<int, const void*, size_t>, int>;
@@ -1647,6 +1865,17 @@ int BlockDecodeGrid(const void* kernel, size_t smem, int per_sm_max = 2) {
   {
     std::lock_guard<std::mutex> lock(*mu);
     if (const auto it = cache->find(key); it != cache->end()) return it->second;
+  }
+  if (smem > 48 * 1024) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        smem > static_cast<size_t>(optin) ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
   }
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -1669,10 +1898,12 @@ BlockDecodeFn PickBlockDecode(int64_t num_tokens) {
                            : MoeBlockDecodeKernel<kWarpDotRows>;
 }
 
-size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p) {
+// Dynamic shared memory of a MoeBlockDecodeKernel launch; ring: kMoeBlockTuneRingDown.
+size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p, bool ring) {
   return static_cast<size_t>(MakeBlockSmem(static_cast<int>(num_tokens),
                                            static_cast<int>(p.num_experts),
-                                           static_cast<int>(p.n_group), static_cast<int>(p.top_k))
+                                           static_cast<int>(p.n_group), static_cast<int>(p.top_k),
+                                           ring)
                                  .words) *
          sizeof(float);
 }
@@ -2028,10 +2259,7 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
 }
 
 bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params) {
-  if (!MoeFusedDecodeSupported(num_tokens, params)) return false;
-  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
-  if (smem > 48 * 1024) return false;
-  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens)), smem) > 0;
+  return MoeBlockDecodeBlocks(num_tokens, params) > 0;
 }
 
 absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
@@ -2069,13 +2297,12 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
     return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeCuda: workspace of ",
                                                    workspace.bytes, " bytes, need ", l.total));
   }
-  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
   const BlockDecodeFn kernel = PickBlockDecode(num_tokens);
   const int tuning = g_moe_block_tuning.load(std::memory_order_relaxed);
-  const int blocks = smem > 48 * 1024
-                         ? 0
-                         : BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem,
-                                           (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
+  const size_t smem =
+      BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
+  const int blocks = BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem,
+                                     (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
   if (blocks <= 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("MoeBlockDecodeCuda: no resident grid for num_tokens=", num_tokens, " (", smem,
@@ -2147,9 +2374,10 @@ absl::StatusOr<std::vector<uint64_t>> MoeBlockDecodeTrace(int64_t blocks) {
 
 int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params) {
   if (!MoeFusedDecodeSupported(num_tokens, params)) return 0;
-  const size_t smem = BlockDecodeSmemBytes(num_tokens, params);
-  if (smem > 48 * 1024) return 0;
+  const int tuning = MoeBlockDecodeTuning();
+  const size_t smem =
+      BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
   return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens)), smem,
-                         (MoeBlockDecodeTuning() & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
+                         (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
 }
 }  // namespace sluice::kernels
