@@ -1486,7 +1486,7 @@ struct RingTask {
 // MakeBlockSmem(..., tuning & kMoeBlockTuneRingDown).words words.
 template <int kRows>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(BlockArgs a) {
-  extern __shared__ float block_smem[];
+  extern __shared__ __align__(16) float block_smem[];  // 16 B: the ring's cp.async slots
   const RouteArgs& ra = a.route;
   const int num_tokens = ra.num_tokens, e_count = ra.num_experts, top_k = ra.top_k;
   const int rows = num_tokens * top_k;
