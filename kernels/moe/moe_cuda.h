@@ -369,7 +369,8 @@ inline constexpr int kMoeBlockTuneNoCooperative = 64;  // a plain launch of the 
 inline constexpr int kMoeBlockTuneRingDown = 128;  // phase 3 streams its weight rows through a
                                                    // per-warp cp.async ring in shared memory
                                                    // (96 KiB per block), its first chunks
-                                                   // issued before barrier B (see above)
+                                                   // issued before barrier B (see above);
+                                                   // flags 1 and 2 are then no-ops
 inline constexpr int kMoeBlockTuneAll = 255;
 inline constexpr int kMoeBlockTuneDefault =
     kMoeBlockTuneNoSharedDownPrefetch | kMoeBlockTuneNoRoutedDownPrefetch;

@@ -1090,45 +1090,45 @@ TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
   const auto multi = MoeFusedRouteMode::kMultiBlock;
   const int saved_tuning = MoeBlockDecodeTuning();
   for (int tuning : {kMoeBlockTuneDefault, kMoeBlockTuneDefault | kMoeBlockTuneRingDown}) {
-  ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
-  for (const MoeConfig& cfg : MultiBlockConfigs()) {
-    const bool big = cfg.hidden >= 1024;
-    const ExpertWeights w(cfg, rng, /*tiled=*/big);
-    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
-    const SharedWeights sw(h, si, rng);
-    std::vector<int64_t> counts;
-    for (int64_t t = 1; t <= kMoeFusedMaxTokens; ++t) {
-      if (!big || t == 1 || t == 2 || t == 5 || t == kMoeFusedMaxTokens) counts.push_back(t);
-    }
-    for (int64_t t : counts) {
-      ASSERT_TRUE(MoeBlockDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
-      for (bool ties : {false, true}) {
-        if (ties && t != 1 && t != kMoeFusedMaxTokens) continue;
-        const std::string tag = absl::StrCat("moe block decode ", cfg.name, " T=", t,
-                                             ties ? " ties" : "", " tuning ", tuning);
-        FusedCase c(cfg, t, rng);
-        if (ties) DuplicateRouterRows(cfg, c, rng);
-        const FusedRun want =
-            UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
-        const FusedRun got = RunBlock(cfg, w, c, t, nullptr);
-        ExpectSameBits(tag + " vs variant 6", got, want);
-        ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
-        ExpectClose(tag + " experts vs cpu", got.out,
-                    RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
-                    kExpertsAtol);
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
+    for (const MoeConfig& cfg : MultiBlockConfigs()) {
+      const bool big = cfg.hidden >= 1024;
+      const ExpertWeights w(cfg, rng, /*tiled=*/big);
+      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
+      const SharedWeights sw(h, si, rng);
+      std::vector<int64_t> counts;
+      for (int64_t t = 1; t <= kMoeFusedMaxTokens; ++t) {
+        if (!big || t == 1 || t == 2 || t == 5 || t == kMoeFusedMaxTokens) counts.push_back(t);
+      }
+      for (int64_t t : counts) {
+        ASSERT_TRUE(MoeBlockDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
+        for (bool ties : {false, true}) {
+          if (ties && t != 1 && t != kMoeFusedMaxTokens) continue;
+          const std::string tag = absl::StrCat("moe block decode ", cfg.name, " T=", t,
+                                               ties ? " ties" : "", " tuning ", tuning);
+          FusedCase c(cfg, t, rng);
+          if (ties) DuplicateRouterRows(cfg, c, rng);
+          const FusedRun want =
+              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
+          const FusedRun got = RunBlock(cfg, w, c, t, nullptr);
+          ExpectSameBits(tag + " vs variant 6", got, want);
+          ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
+          ExpectClose(tag + " experts vs cpu", got.out,
+                      RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
+                      kExpertsAtol);
 
-        auto d_act = NanBuffer(static_cast<size_t>(t * si));
-        const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-        const FusedRun want_sh =
-            UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
-        const FusedRun got_sh = RunBlock(cfg, w, c, t, &shared);
-        ExpectSameBits(tag + " shared vs variant 6", got_sh, want_sh);
-        ExpectClose(tag + " shared vs fp64", got_sh.out,
-                    SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out), kExpertsRtol,
-                    kExpertsAtol);
+          auto d_act = NanBuffer(static_cast<size_t>(t * si));
+          const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
+          const FusedRun want_sh =
+              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
+          const FusedRun got_sh = RunBlock(cfg, w, c, t, &shared);
+          ExpectSameBits(tag + " shared vs variant 6", got_sh, want_sh);
+          ExpectClose(tag + " shared vs fp64", got_sh.out,
+                      SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out),
+                      kExpertsRtol, kExpertsAtol);
+        }
       }
     }
-  }
   }
   ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
 }

@@ -1609,9 +1609,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
     // the block waits for the router rows and routes, L2 fetches its shared gate/up rows.
     for (int col = gw; col < shared_cols; col += warps) {
       if (lane < 2) {
-        cuda_detail::PrefetchL2(
-            a.sh.w_gate_up + (static_cast<int64_t>(lane) * a.sh.n + col) * h,
-            static_cast<uint32_t>(h) * sizeof(bf16));
+        cuda_detail::PrefetchL2(a.sh.w_gate_up + (static_cast<int64_t>(lane) * a.sh.n + col) * h,
+                                static_cast<uint32_t>(h) * sizeof(bf16));
       }
     }
   } else if (shared_cols > 0) {
@@ -1841,8 +1840,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(Bloc
     combine(col, shared_v);
   };
   // One weight row per task (kBlockDownVecs vectors per lane per chunk).
-  PipelinedWarpDots<1, kRows, kBlockDownVecs<kRows>>(
-      0, 1, my_cols() * per_col, task_at, sink);
+  PipelinedWarpDots<1, kRows, kBlockDownVecs<kRows>>(0, 1, my_cols() * per_col, task_at, sink);
   if (trace) {
     __syncthreads();
     TraceStamp(trace, 7);
