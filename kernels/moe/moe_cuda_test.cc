@@ -1325,14 +1325,14 @@ TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
   ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
   for (int rep = 0; rep < 2; ++rep) {
     std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
-    for (int tune : {0, 1, 2, 3, 4, 7, 8, 11, 32, 33, 35, 36, 39, 43, 64, 67, 96, 99, 131, 163,
-                     139}) {
+    // (The older flags' full sweep is in bench/results/cuda_dsv2lite_moe_block_ab_h200.json.)
+    for (int tune : {3, 35, 131, 139, 163, 195}) {
       ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
       std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
                   static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
     }
   }
-  for (int tune : {0, 3, 32, 35, 131, 163}) {
+  for (int tune : {3, 35, 131, 163}) {
     ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
     const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
     for (int l = 0; l < 3; ++l) layer(l, true);
