@@ -1483,14 +1483,16 @@ struct RingTask {
 
 // The variant-8 kernel (see moe_cuda.h): kRows >= T rows per pass over a weight row. Every
 // block of the grid must be resident at once (cooperative launch). Dynamic shared memory:
-// MakeBlockSmem(..., tuning & kMoeBlockTuneRingDown).words words.
-template <int kRows>
+// MakeBlockSmem(..., kRing).words words. kRing: kMoeBlockTuneRingDown (a template parameter,
+// so the kernels without the ring are compiled exactly as before it: its code is not there
+// to take registers from phase 2).
+template <int kRows, bool kRing>
 __global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(BlockArgs a) {
   extern __shared__ __align__(16) float block_smem[];  // 16 B: the ring's cp.async slots
   const RouteArgs& ra = a.route;
   const int num_tokens = ra.num_tokens, e_count = ra.num_experts, top_k = ra.top_k;
   const int rows = num_tokens * top_k;
-  const bool ring = (a.tuning & kMoeBlockTuneRingDown) != 0;
+  constexpr bool ring = kRing;
   const BlockSmem l = MakeBlockSmem(num_tokens, e_count, ra.n_group, top_k, ring);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -1889,11 +1891,17 @@ int BlockDecodeGrid(const void* kernel, size_t smem, int per_sm_max = 2) {
 }
 
 using BlockDecodeFn = void (*)(BlockArgs);
-BlockDecodeFn PickBlockDecode(int64_t num_tokens) {
-  return num_tokens == 1   ? MoeBlockDecodeKernel<1>
-         : num_tokens == 2 ? MoeBlockDecodeKernel<2>
-         : num_tokens <= 4 ? MoeBlockDecodeKernel<4>
-                           : MoeBlockDecodeKernel<kWarpDotRows>;
+template <bool kRing>
+BlockDecodeFn PickBlockDecodeRing(int64_t num_tokens) {
+  return num_tokens == 1   ? MoeBlockDecodeKernel<1, kRing>
+         : num_tokens == 2 ? MoeBlockDecodeKernel<2, kRing>
+         : num_tokens <= 4 ? MoeBlockDecodeKernel<4, kRing>
+                           : MoeBlockDecodeKernel<kWarpDotRows, kRing>;
+}
+// The kernel for a step of num_tokens tokens under these SetMoeBlockDecodeTuning flags.
+BlockDecodeFn PickBlockDecode(int64_t num_tokens, int tuning) {
+  return (tuning & kMoeBlockTuneRingDown) != 0 ? PickBlockDecodeRing<true>(num_tokens)
+                                               : PickBlockDecodeRing<false>(num_tokens);
 }
 
 // Dynamic shared memory of a MoeBlockDecodeKernel launch; ring: kMoeBlockTuneRingDown.
@@ -2295,8 +2303,8 @@ absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* 
     return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeCuda: workspace of ",
                                                    workspace.bytes, " bytes, need ", l.total));
   }
-  const BlockDecodeFn kernel = PickBlockDecode(num_tokens);
   const int tuning = g_moe_block_tuning.load(std::memory_order_relaxed);
+  const BlockDecodeFn kernel = PickBlockDecode(num_tokens, tuning);
   const size_t smem =
       BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
   const int blocks = BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem,
@@ -2375,7 +2383,7 @@ int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params)
   const int tuning = MoeBlockDecodeTuning();
   const size_t smem =
       BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
-  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens)), smem,
+  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens, tuning)), smem,
                          (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
 }
 }  // namespace sluice::kernels
