@@ -49,7 +49,13 @@
 // shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
 // gate/up in its launch, 5 pipelined persistent expert kernels, 6 also a programmatic gate/up
 // launch, 7 also the shared gate/up at the head of the experts' gate/up launch, before its
-// routing wait (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
+// routing wait, 8 the whole MoE block in one persistent cooperative launch with grid barriers
+// (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
+// --moe-block-tuning N: A/B flags of decode variant 8 (kernels::SetMoeBlockDecodeTuning: 1 no
+// shared-down L2 prefetch, 2 no routed-down L2 prefetch, 4 one block per SM, 8 barrier-poll
+// backoff, 32 route first and stream shared + routed gate/up as one list, 64 a plain (not
+// cooperative) launch, 128 the down phase through a per-warp cp.async ring in shared memory
+// with its first chunks issued before the grid barrier; default 3, kernels::kMoeBlockTuneDefault).
 // --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
 // (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
 // split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
@@ -582,6 +588,10 @@ absl::Status Main(int argc, char** argv) {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
+    } else if (a == "--moe-block-tuning") {
+      int flags = 0;
+      if (!absl::SimpleAtoi(v, &flags)) return absl::InvalidArgumentError("bad --moe-block-tuning");
+      BENCH_RETURN_IF_ERROR(kernels::SetMoeBlockDecodeTuning(flags));
     } else if (a == "--moe-decode-variant") {
       if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
@@ -694,6 +704,7 @@ absl::Status Main(int argc, char** argv) {
   BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
+  out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
   out["attn_decode_variant"] = kernels::PagedAttentionDecodeWarpVariant();

@@ -688,7 +688,22 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
   const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes(), moe_prefill.get()};
-  const int variant = kernels::MoeDecodeVariant();
+  int variant = kernels::MoeDecodeVariant();
+  if (variant == 8) {
+    // The whole block in one persistent launch (kernels::MoeBlockDecodeCuda; variant 6's
+    // bits); steps it does not take go variant 6's way.
+    if (kernels::MoeBlockDecodeSupported(T, routing)) {
+      const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(), L.mlp_inter,
+                                                   act.data(), false};
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeBlockDecodeCuda(
+          normed.data(), L.router.data(), L.correction_bias.data(), T, H, mi, routing,
+          L.experts_gate_up.data(), L.experts_down.data(), shared ? &shared_expert : nullptr,
+          topk_ids.data(), topk_weights.data(), tmp.data(), ws, st));
+      Mark("moe_block");
+      return absl::OkStatus();
+    }
+    variant = 6;
+  }
   if (variant >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
     // Fused decode path (variants 1, 2: bit-equal to the separate one below): shared experts
     // first into tmp, then routing + sort in one launch, and the routed experts with the shared

@@ -255,9 +255,10 @@ TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
       (void)kernels::SetMlaDecodeFusion(saved_fusion);
     }
   } restore;
-  // Variants 0..3 without MLA launch fusion, then variant 3 with fusion levels 1..3.
+  // Variants 0..3 without MLA launch fusion, then variant 3 with fusion levels 1..3, then 6
+  // and 8 (the whole MoE block in one launch, MoeBlockDecodeCuda).
   for (auto [variant, fusion] :
-       {std::pair{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {3, 2}, {3, 3}}) {
+       {std::pair{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {3, 2}, {3, 3}, {6, 0}, {8, 0}}) {
     SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant << ", mla decode fusion "
                                       << fusion);
     ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());

@@ -12,8 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/moe/moe_routing.h"
 
@@ -172,11 +174,15 @@ inline constexpr int64_t kMoeFusedMaxRows = 64;
 // shared weights, final once the routing launch has started: see MoePipedGateUpKernel), so
 // each warp streams the shared columns and then its routed columns with no launch boundary
 // between them; the routing launch is then only its ⌈E/8⌉ routing blocks (same bits as 6).
+// 8: the whole MoE block (router logits, routing, shared and routed experts, combine) in one
+// persistent cooperative launch, MoeBlockDecodeCuda below, for steps MoeBlockDecodeSupported
+// takes (else variant 6's path; same bits as 6).
 // Measured on an H200, DeepSeek-V2-Lite shapes, batch-1 ITL: 0 3.115 ms, 1 3.029, 2 2.886,
 // 3 2.743 (bench/results/cuda_dsv2lite_h200.json); with the MLA decode fusion 3: 4 2.461,
-// 5 2.411-2.425, 6 2.396-2.408.
+// 5 2.411-2.425, 6 2.396-2.408; on 2026-11-30 6 2.333-2.336 and 8 2.445-2.446 (slower; see
+// MoeBlockDecodeCuda).
 // Process-wide, for benchmarks and tests; read when a step is enqueued, so set it before
-// capturing graphs. InvalidArgument outside 0..7. MoeDecodeVariant returns the setting.
+// capturing graphs. InvalidArgument outside 0..8. MoeDecodeVariant returns the setting.
 absl::Status SetMoeDecodeVariant(int variant);
 int MoeDecodeVariant();
 
@@ -254,6 +260,131 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
                                  cudaStream_t stream, const MoeSharedExpert* shared = nullptr);
+
+// ---- Decode variant 8: the MoE block in one launch. At batch 1 the three launches of
+// variant 6 spend about as long in launch and drain boundaries as in streaming weights; here
+// one persistent grid (every block resident at once: a cooperative launch, two 256-thread
+// blocks per SM) runs the phases back to back with two grid-wide barriers instead of kernel
+// boundaries:
+//   1. router logits (a warp per router row) and then the shared experts' gate/up + SiLU·mul
+//      (a warp per column, pipelined weight loads; the router rows finish first);
+//   barrier A (router logits written), then every block routes the tokens itself from the
+//      logits (RouteToken, warp t for token t) and sorts the (token, k) rows by expert in a
+//      fixed order (no atomics: every block gets the same sort), so there is no second
+//      round trip through memory for the ids;
+//   2. the routed experts' gate/up + SiLU·mul, (expert, column) tasks interleaved across the
+//      touched experts, continuing each warp's share of one task list with the shared columns;
+//   barrier B (all activations written; optionally each warp asks L2 for its down rows before
+//      waiting: kMoeBlockTuneNoRoutedDownPrefetch below);
+//   3. down + combine: a warp per output column streams that column's row of every touched
+//      expert and of the shared expert, and sums them in a fixed order (k order, then the
+//      shared output added), writing out directly (no atomics on the output). Under
+//      kMoeBlockTuneRingDown the rows stream through a per-warp ring in shared memory
+//      (kRingStages = 4 chunks of 192 16-byte vectors, cp.async: the loads in flight hold no
+//      registers, so each warp keeps up to ~11 KiB in flight instead of ~3 KiB of register
+//      chunks), a column's shared row first: its first chunks are issued before the routing
+//      (they depend on nothing; the memory is otherwise idle while the blocks route) and the
+//      rest of the ring's first chunks (routed rows) right after the warp's phase-2 work, so
+//      weights stream through barrier B's drain. Same per-lane sum order, butterfly, roundings
+//      and combine order: the same bits.
+// The barriers are arrival counters in device memory whose top bit flips once per barrier
+// (the last block to arrive completes it; block 0 adds 2^31 - (blocks - 1), every other block
+// 1), so a counter is back at its starting state after every launch: CUDA-graph replays need
+// no reset node. Counters are kept per workspace address like MoeFusedRouteCuda's.
+// The per-dot-product sums, roundings and combine order are those of variants 4-7, so out,
+// topk_ids and topk_weights equal variant 6's (MoeFusedRouteCuda kMultiBlock with the shared
+// expert + MoeFusedExpertsCuda) bit for bit, and a token's results do not depend on the
+// other tokens of the step.
+// Measured on an H200 (2026-11-30, DeepSeek-V2-Lite shapes, batch 1, cuda_decode_bench graph
+// ITL, 3 runs each): variant 6 2.333-2.336 ms; variant 8 with the default tuning (3, no L2
+// prefetches) 2.445-2.446 ms, with the prefetches (tuning 0) 2.559, route-first (32)
+// 2.753-2.758: slower than 6. Eager per MoE layer: 6 19.0 (routing) + 43.8 (experts) µs, 8
+// 63.4 µs. Phase trace of one launch (MoeBlockDecodeTrace, tuning 3, µs from the first block's
+// start, median over 264 blocks): router rows + shared gate/up done 5.9 (the router rows wait
+// ~5 µs behind the shared stream), barrier A 6.6, routing + sort 12.7 (RouteToken on one warp
+// per block: ~6 µs of no streaming), routed gate/up 28.5 (69 MB in ~16 µs: ~4.3 TB/s), barrier
+// B 33.3 (slowest block 32.4), down + combine 55.0 (46 MB in ~22 µs: 2.1 TB/s, latency-bound:
+// a warp per column walks its 7 rows with 2 chunks of loads in flight). So what is left is
+// the routing on the critical path and the down phase's concurrency, not launch boundaries.
+// kMoeBlockTuneRingDown (2026-11-30, helper hE2, not yet measured when written) targets the
+// down phase: A/B it as tuning 131 (= 3 | 128) against 3; the timeline probe
+// (DISABLED_TimelineV2LiteShapes) traces 131 and 163 too.
+
+// MoeBlockDecodeSupported: whether MoeBlockDecodeCuda takes a step of num_tokens tokens with
+// these routing params on the current device under the current tuning: MoeFusedDecodeSupported's
+// bounds, its shared memory (a few KiB, + 96 KiB under kMoeBlockTuneRingDown) within the
+// device's per-block opt-in limit, and at least one of its blocks fitting an SM (occupancy API;
+// the grid is then as many blocks as fit at once, at most two per SM). False on any CUDA error.
+bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params);
+
+// MoeBlockDecodeCuda: the DeepSeek MoE block for a decode step in one launch:
+//   ids, weights = routing(x · w_gate^T)                   (MoeFusedRouteCuda's, bit for bit)
+//   routed[t]    = bf16(Σ_k w[t, k] · bf16(down_e(bf16(silu(gate_e(x[t])) ⊙ up_e(x[t])))))
+//   out[t]       = shared ? bf16(bf16(down_s(bf16(silu(gate_s(x[t])) ⊙ up_s(x[t])))) + routed[t])
+//                         : routed[t]
+// (MoeFusedExpertsCuda's formula with add == null; see the variant-8 notes above).
+//   x:           [num_tokens, hidden] bf16; w_gate: [E, hidden] bf16 (router)
+//   correction_bias: [E] fp32 or null
+//   w_gate_up:   [E, 2·intermediate, hidden] bf16; w_down: [E, hidden, intermediate] bf16
+//   shared:      optional shared experts (MoeSharedExpert; act is scratch [num_tokens,
+//                shared->intermediate] bf16, overwritten; act_ready is ignored)
+//   topk_ids / topk_weights: [num_tokens, top_k] int32 / fp32 out (written by block 0)
+//   out:         [num_tokens, hidden] bf16, overwritten; may alias x (x is last read before
+//                barrier B, out first written after it)
+//   workspace:   MoeCudaWorkspaceBytes(num_tokens, top_k, E, hidden, intermediate) bytes at
+//                least (router logits, activations, fallback barrier counters); launches on
+//                one workspace must be stream-ordered
+// All pointers 16-byte aligned except topk_ids, topk_weights and correction_bias (natural
+// alignment). Past 1024 distinct workspaces the barrier counters live in the workspace and a
+// memset node zeroes them before each launch.
+// Errors: those of ValidateMoeRoutingParams; InvalidArgument for steps MoeFusedDecodeSupported
+// rejects, hidden or intermediate not a multiple of 8 in [8, 2^22], null or misaligned
+// pointers, a workspace that is too small, a shared expert with bad sizes or pointers;
+// FailedPrecondition when MoeBlockDecodeSupported is false for the step (the grid cannot be
+// made resident at once); Internal for launch errors.
+absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                                int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                                const MoeRoutingParams& params, const bf16* w_gate_up,
+                                const bf16* w_down, const MoeSharedExpert* shared,
+                                int32_t* topk_ids, float* topk_weights, bf16* out,
+                                MoeCudaWorkspace workspace, cudaStream_t stream);
+
+// SetMoeBlockDecodeTuning: A/B flags of MoeBlockDecodeCuda (process-wide, read when a launch is
+// enqueued; the default kMoeBlockTuneDefault was the fastest setting measured, see above;
+// results are the same bits under every setting). InvalidArgument outside 0..kMoeBlockTuneAll.
+inline constexpr int kMoeBlockTuneNoSharedDownPrefetch = 1;  // no L2 prefetch of the shared
+                                                             // down rows before the routing
+inline constexpr int kMoeBlockTuneNoRoutedDownPrefetch = 2;  // no L2 prefetch of the routed
+                                                             // down rows before barrier B
+inline constexpr int kMoeBlockTuneOneBlockPerSm = 4;         // grid of one block per SM, not two
+inline constexpr int kMoeBlockTuneSpinBackoff = 8;           // __nanosleep between barrier polls
+inline constexpr int kMoeBlockTuneTrace = 16;  // thread 0 of each block records %globaltimer at
+                                               // the phase boundaries (MoeBlockDecodeTrace)
+inline constexpr int kMoeBlockTuneRouteFirst = 32;  // route first (the blocks ask L2 for their
+                                                    // shared gate/up rows meanwhile), then the
+                                                    // shared and routed gate/up as one stream
+inline constexpr int kMoeBlockTuneNoCooperative = 64;  // a plain launch of the same grid (only
+                                                       // for A/B: co-residency then rests on
+                                                       // nothing else running beside it)
+inline constexpr int kMoeBlockTuneRingDown = 128;  // phase 3 streams its weight rows through a
+                                                   // per-warp cp.async ring in shared memory
+                                                   // (96 KiB per block), its first chunks
+                                                   // issued before barrier B (see above);
+                                                   // flags 1 and 2 are then no-ops
+inline constexpr int kMoeBlockTuneAll = 255;
+inline constexpr int kMoeBlockTuneDefault =
+    kMoeBlockTuneNoSharedDownPrefetch | kMoeBlockTuneNoRoutedDownPrefetch;
+absl::Status SetMoeBlockDecodeTuning(int flags);
+int MoeBlockDecodeTuning();
+// MoeBlockDecodeBlocks: the grid MoeBlockDecodeCuda launches for such a step under the current
+// tuning (0: not supported).
+int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params);
+// MoeBlockDecodeTrace: after a launch under kMoeBlockTuneTrace (synchronize first), the
+// timestamps (ns) of its first `blocks` blocks, [block][8]: start, router rows done (arrival at
+// barrier A), shared gate/up done, barrier A passed, routing + sort done, routed gate/up done
+// (arrival at B), barrier B passed, down + combine done. InvalidArgument for blocks outside
+// [1, 1024]; Internal on a copy error.
+absl::StatusOr<std::vector<uint64_t>> MoeBlockDecodeTrace(int64_t blocks);
 
 }  // namespace sluice::kernels
 

@@ -809,6 +809,42 @@ FusedRun UnderVariant(int v, F f) {
   return r;
 }
 
+// The ids and weights of a fused run against MoeRoutingCpu on the device's fp32 router logits:
+// ids equal, except where the two experts' scores agree to ~1e-6 (a near tie that the last
+// bit of expf decides; exact ties must break alike); weights (where ids agree) within fp32
+// rounding.
+void ExpectRoutingMatchesCpu(const std::string& tag, const MoeConfig& cfg, const FusedCase& c,
+                             int64_t t, const FusedRun& got) {
+  const int64_t k = cfg.routing.top_k;
+  std::vector<float> logits;
+  const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t, &logits);
+  int64_t cpu_bad_ids = 0, cpu_bad_w = 0, near_ties = 0;
+  const int64_t e = cfg.routing.num_experts;
+  for (int64_t i = 0; i < t * k; ++i) {
+    if (got.ids[i] != want.ids[i]) {
+      const float* row = logits.data() + (i / k) * e;
+      const bool valid = got.ids[i] >= 0 && got.ids[i] < e;
+      const double a = valid ? ChoiceScore(row, cfg, c.bias, got.ids[i]) : -1e9;
+      const double b = ChoiceScore(row, cfg, c.bias, want.ids[i]);
+      if (valid && a != b && std::fabs(a - b) <= 1e-6 * (1.0 + std::fabs(b))) {
+        ++near_ties;
+      } else {
+        ++cpu_bad_ids;
+      }
+      continue;
+    }
+    if (!(std::fabs(got.weights[i] - want.weights[i]) <=
+          kWeightRtol * std::fabs(want.weights[i]))) {
+      ++cpu_bad_w;
+    }
+  }
+  std::printf("[cuda-check] %s vs cpu routing: bad_ids=%lld bad_weights=%lld near_ties=%lld\n",
+              tag.c_str(), static_cast<long long>(cpu_bad_ids), static_cast<long long>(cpu_bad_w),
+              static_cast<long long>(near_ties));
+  EXPECT_EQ(cpu_bad_ids, 0) << tag;
+  EXPECT_EQ(cpu_bad_w, 0) << tag;
+}
+
 // Near ties: the router keeps only E / 4 distinct rows, each at four random positions, so
 // many logits, scores and group scores are exactly equal (the lower index must win).
 void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) {
@@ -840,7 +876,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
   const auto multi = MoeFusedRouteMode::kMultiBlock;
   for (const MoeConfig& cfg : MultiBlockConfigs()) {
     const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
-    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate, k = cfg.routing.top_k;
+    const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
     const SharedWeights sw(h, si, rng);
     const auto &sgu_f = sw.gate_up_f, &sd_f = sw.down_f;
     const auto &d_sgu = sw.d_gate_up, &d_sd = sw.d_down;
@@ -863,36 +899,7 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
           });
           ExpectSameBits(absl::StrCat(tag, " variant ", v, " vs 4"), got_v, got);
         }
-        std::vector<float> logits;
-        const Routed want = RouteDeviceLogitsOnCpu(cfg, c, t, &logits);
-        // Ids equal, except where the two experts' scores agree to ~1e-6 (a near tie that
-        // the last bit of expf decides; exact ties must break alike); weights where ids agree.
-        int64_t cpu_bad_ids = 0, cpu_bad_w = 0, near_ties = 0;
-        const int64_t e = cfg.routing.num_experts;
-        for (int64_t i = 0; i < t * k; ++i) {
-          if (got.ids[i] != want.ids[i]) {
-            const float* row = logits.data() + (i / k) * e;
-            const bool valid = got.ids[i] >= 0 && got.ids[i] < e;
-            const double a = valid ? ChoiceScore(row, cfg, c.bias, got.ids[i]) : -1e9;
-            const double b = ChoiceScore(row, cfg, c.bias, want.ids[i]);
-            if (valid && a != b && std::fabs(a - b) <= 1e-6 * (1.0 + std::fabs(b))) {
-              ++near_ties;
-            } else {
-              ++cpu_bad_ids;
-            }
-            continue;
-          }
-          if (!(std::fabs(got.weights[i] - want.weights[i]) <=
-                kWeightRtol * std::fabs(want.weights[i]))) {
-            ++cpu_bad_w;
-          }
-        }
-        std::printf(
-            "[cuda-check] %s vs cpu routing: bad_ids=%lld bad_weights=%lld near_ties=%lld\n",
-            tag.c_str(), static_cast<long long>(cpu_bad_ids), static_cast<long long>(cpu_bad_w),
-            static_cast<long long>(near_ties));
-        EXPECT_EQ(cpu_bad_ids, 0) << tag;
-        EXPECT_EQ(cpu_bad_w, 0) << tag;
+        ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
         ExpectClose(tag + " experts vs cpu", got.out,
                     RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
                     kExpertsAtol);
@@ -1037,13 +1044,360 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
   }
 }
 
+// ---- Decode variant 8: the MoE block in one persistent launch (MoeBlockDecodeCuda).
+
+// Runs MoeBlockDecodeCuda `calls` times in a row on one workspace (its grid barriers' counters
+// must be back at their starting state after every launch), with the ids, weights, output and
+// the shared activations poisoned before each call.
+FusedRun RunBlock(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
+                  const MoeSharedExpert* shared, cudaStream_t stream = nullptr, int calls = 2) {
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  for (int call = 0; call < calls; ++call) {
+    EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
+    EXPECT_EQ(cudaMemsetAsync(d_out.data(), 0xFF, d_out.bytes(), stream), cudaSuccess);
+    if (shared != nullptr) {
+      EXPECT_EQ(cudaMemsetAsync(shared->act, 0xFF, t * shared->intermediate * sizeof(bf16), stream),
+                cudaSuccess);
+    }
+    const absl::Status s = MoeBlockDecodeCuda(
+        c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.intermediate, cfg.routing,
+        w.d_gate_up.data(), w.d_down.data(), shared, d_ids.data(), d_w.data(), d_out.data(),
+        MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
+}
+
+// Variant 8 gives variant 6's ids, weights and outputs bit for bit (MoeFusedRouteCuda
+// kMultiBlock + MoeFusedExpertsCuda, with and without a shared expert), for every token count
+// 1..kMoeFusedMaxTokens (model-sized shapes: a few), with near-tie routers too; its ids equal
+// MoeRoutingCpu's on the same fp32 logits (group-limited routing in the V3-like and odd
+// configs), its routed output agrees with MoeExpertsCpu and its shared + routed output with the
+// fp64 reference, every element at bf16 tolerance. Each run is two launches on one workspace.
+// Under the default tuning and with kMoeBlockTuneRingDown (phase 3 through the cp.async ring of
+// 192-vector chunks: rows shorter than a chunk in the small configs, one partial chunk per
+// routed row and two per shared row at the V2-Lite shapes, more chunks per warp than ring
+// slots, and without a shared expert fewer chunks than slots at T=1: empty commit groups).
+TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const auto multi = MoeFusedRouteMode::kMultiBlock;
+  const int saved_tuning = MoeBlockDecodeTuning();
+  for (int tuning : {kMoeBlockTuneDefault, kMoeBlockTuneDefault | kMoeBlockTuneRingDown}) {
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
+    for (const MoeConfig& cfg : MultiBlockConfigs()) {
+      const bool big = cfg.hidden >= 1024;
+      const ExpertWeights w(cfg, rng, /*tiled=*/big);
+      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
+      const SharedWeights sw(h, si, rng);
+      std::vector<int64_t> counts;
+      for (int64_t t = 1; t <= kMoeFusedMaxTokens; ++t) {
+        if (!big || t == 1 || t == 2 || t == 5 || t == kMoeFusedMaxTokens) counts.push_back(t);
+      }
+      for (int64_t t : counts) {
+        ASSERT_TRUE(MoeBlockDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
+        for (bool ties : {false, true}) {
+          if (ties && t != 1 && t != kMoeFusedMaxTokens) continue;
+          const std::string tag = absl::StrCat("moe block decode ", cfg.name, " T=", t,
+                                               ties ? " ties" : "", " tuning ", tuning);
+          FusedCase c(cfg, t, rng);
+          if (ties) DuplicateRouterRows(cfg, c, rng);
+          const FusedRun want =
+              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
+          const FusedRun got = RunBlock(cfg, w, c, t, nullptr);
+          ExpectSameBits(tag + " vs variant 6", got, want);
+          ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
+          ExpectClose(tag + " experts vs cpu", got.out,
+                      RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
+                      kExpertsAtol);
+
+          auto d_act = NanBuffer(static_cast<size_t>(t * si));
+          const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
+          const FusedRun want_sh =
+              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
+          const FusedRun got_sh = RunBlock(cfg, w, c, t, &shared);
+          ExpectSameBits(tag + " shared vs variant 6", got_sh, want_sh);
+          ExpectClose(tag + " shared vs fp64", got_sh.out,
+                      SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out),
+                      kExpertsRtol, kExpertsAtol);
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
+}
+
+// Variant 8 in CUDA graphs: kPdlLayers chained MoE blocks on one workspace (each reads the
+// previous one's output, as the runner's layers do) captured once and replayed four times with
+// every output poisoned before each replay: each replay gives the direct calls' bits (the grid
+// barriers' counters come back to their starting state without a reset node), and those equal
+// variant 6's chain (RunChain), with and without a shared expert.
+TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  cudaStream_t st = stream->get();
+  const std::vector<MoeConfig> all = MultiBlockConfigs();
+  const int saved_tuning = MoeBlockDecodeTuning();
+  // The default tuning, the L2 prefetches on, route-first, the phase-3 ring (with the default
+  // flags and with route-first), and every A/B flag at once (no prefetches, one block per SM,
+  // polling backoff, route-first, plain launch, ring): the same bits.
+  for (int tuning :
+       {kMoeBlockTuneDefault, 0, kMoeBlockTuneRouteFirst,
+        kMoeBlockTuneDefault | kMoeBlockTuneRingDown,
+        kMoeBlockTuneRouteFirst | kMoeBlockTuneRingDown, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
+    for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
+      const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
+      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
+      const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+      const SharedWeights sw(h, si, rng);
+      for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
+        const FusedCase c(cfg, t, rng);
+        auto d_act = NanBuffer(static_cast<size_t>(t * si));
+        const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
+        for (bool with_shared : {false, true}) {
+          const std::string tag = absl::StrCat("moe block decode graph ", cfg.name, " T=", t,
+                                               with_shared ? " shared" : "", " tuning ", tuning);
+          const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
+          auto d_ids = Poisoned<int32_t>(t * k);
+          auto d_w = Poisoned<float>(t * k);
+          std::vector<DeviceBuffer<bf16>> xs;
+          for (int l = 0; l < kPdlLayers; ++l) {
+            xs.push_back(NanBuffer(static_cast<size_t>(t * h)));
+          }
+          const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, cfg.intermediate);
+          auto d_ws = Poisoned<uint8_t>(ws_bytes);
+          auto run = [&] {
+            const bf16* x = c.d_x.data();
+            for (int l = 0; l < kPdlLayers; ++l) {
+              const absl::Status s = MoeBlockDecodeCuda(
+                  x, c.d_w_gate.data(), c.bias_ptr(), t, h, cfg.intermediate, cfg.routing,
+                  w.d_gate_up.data(), w.d_down.data(), sh, d_ids.data(), d_w.data(), xs[l].data(),
+                  MoeCudaWorkspace{d_ws.data(), ws_bytes}, st);
+              EXPECT_TRUE(s.ok()) << s;
+              x = xs[l].data();
+            }
+          };
+          auto poison = [&] {
+            for (auto& x : xs) {
+              EXPECT_EQ(cudaMemsetAsync(x.data(), 0xFF, x.bytes(), st), cudaSuccess);
+            }
+            EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), st), cudaSuccess);
+            EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), st), cudaSuccess);
+          };
+          run();
+          ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+          const std::vector<float> want = cuda_test::Download(xs.back());
+          const std::vector<int32_t> want_ids = DownloadRaw(d_ids);
+          int64_t nan = 0;
+          for (float v : want) nan += std::isnan(v) ? 1 : 0;
+          EXPECT_EQ(nan, 0) << tag;
+          // Variant 6's chain (its own buffers and workspace).
+          const int saved = MoeDecodeVariant();
+          ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
+          const std::vector<float> v6 =
+              RunChain(cfg, w, c, t, sh, MoeFusedRouteMode::kMultiBlock, st, false);
+          ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
+          const int64_t bad_v6 = CountBitDiffs(want, v6);
+
+          cudaGraph_t g = nullptr;
+          ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          run();
+          ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
+          cudaGraphExec_t exec = nullptr;
+          ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+          int64_t bad_graph = 0, bad_graph_ids = 0;
+          for (int rep = 0; rep < 4; ++rep) {
+            poison();
+            ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+            bad_graph += CountBitDiffs(cuda_test::Download(xs.back()), want);
+            bad_graph_ids += CountBitDiffs(DownloadRaw(d_ids), want_ids);
+          }
+          EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+          EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+          std::printf("[cuda-check] %s: bad_vs_variant6=%lld bad_graph=%lld bad_graph_ids=%lld\n",
+                      tag.c_str(), static_cast<long long>(bad_v6),
+                      static_cast<long long>(bad_graph), static_cast<long long>(bad_graph_ids));
+          EXPECT_EQ(bad_v6, 0) << tag;
+          EXPECT_EQ(bad_graph, 0) << tag;
+          EXPECT_EQ(bad_graph_ids, 0) << tag;
+        }
+      }
+    }
+  }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
+}
+
+// Timing probe (not a check; run with --gtest_also_run_disabled_tests): DeepSeek-V2-Lite MoE
+// shapes at T = 1 with the shared experts, 26 "layers" over 4 weight sets (constant bf16
+// weights: 4.5 GB, so no layer finds its weights in L2), captured in a graph and replayed;
+// prints µs per layer for variant 6's launches and for variant 8 under each tuning, and the
+// phase timeline of one traced variant-8 launch (µs from the earliest block start: min /
+// median / max over blocks).
+TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  MoeConfig cfg = MultiBlockConfigs()[2];  // v2-lite shapes
+  const int64_t t = 1, h = cfg.hidden, i = cfg.intermediate, si = 2 * i;
+  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
+  constexpr int kSets = 4, kLayers = 26, kReps = 20;
+  struct Set {
+    DeviceBuffer<bf16> gate_up, down, sgu, sd;
+  };
+  std::vector<Set> sets(kSets);
+  auto filled = [](int64_t n, int byte) {
+    auto b = DeviceBuffer<bf16>::Create(n);
+    EXPECT_TRUE(b.ok());
+    EXPECT_EQ(cudaMemset(b->data(), byte, b->bytes()), cudaSuccess);
+    return *std::move(b);
+  };
+  for (Set& s : sets) {
+    s.gate_up = filled(e * 2 * i * h, 0x3B);
+    s.down = filled(e * h * i, 0x3B);
+    s.sgu = filled(2 * si * h, 0x3B);
+    s.sd = filled(h * si, 0x3B);
+  }
+  const FusedCase c(cfg, t, rng);
+  auto d_ids = Poisoned<int32_t>(t * k);
+  auto d_w = Poisoned<float>(t * k);
+  auto d_out = NanBuffer(static_cast<size_t>(t * h));
+  auto d_act = NanBuffer(static_cast<size_t>(t * si));
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, i);
+  auto d_ws = Poisoned<uint8_t>(ws_bytes);
+  const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+  auto stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok());
+  cudaStream_t st = stream->get();
+  auto layer = [&](int l, bool v8) {
+    const Set& s = sets[l % kSets];
+    MoeSharedExpert sh{s.sgu.data(), s.sd.data(), si, d_act.data()};
+    if (v8) {
+      EXPECT_TRUE(MoeBlockDecodeCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, i, cfg.routing,
+                                     s.gate_up.data(), s.down.data(), &sh, d_ids.data(), d_w.data(),
+                                     d_out.data(), ws, st)
+                      .ok());
+      return;
+    }
+    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, cfg.routing,
+                                  d_ids.data(), d_w.data(), ws, st, MoeFusedRouteMode::kMultiBlock,
+                                  &sh)
+                    .ok());
+    sh.act_ready = true;
+    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, h, i, k, e, s.gate_up.data(),
+                                    s.down.data(), nullptr, d_out.data(), ws, st, &sh)
+                    .ok());
+  };
+  auto time_graph = [&](bool v8) {
+    for (int l = 0; l < kLayers; ++l) layer(l, v8);  // warm-up, outside the graph
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int l = 0; l < kLayers; ++l) layer(l, v8);
+    EXPECT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    cudaEvent_t a, b;
+    EXPECT_EQ(cudaEventCreate(&a), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&b), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(a, st), cudaSuccess);
+    for (int r = 0; r < kReps; ++r) EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(b, st), cudaSuccess);
+    EXPECT_EQ(cudaEventSynchronize(b), cudaSuccess);
+    float ms = 0;
+    EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(a), cudaSuccess);
+    EXPECT_EQ(cudaEventDestroy(b), cudaSuccess);
+    return 1000.0 * ms / (kReps * kLayers);
+  };
+  const int saved_v = MoeDecodeVariant(), saved_t = MoeBlockDecodeTuning();
+  ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
+  for (int rep = 0; rep < 2; ++rep) {
+    std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
+    // (The older flags' full sweep is in bench/results/cuda_dsv2lite_moe_block_ab_h200.json.)
+    for (int tune : {3, 35, 131, 139, 163, 195}) {
+      ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
+      std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
+                  static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
+    }
+  }
+  for (int tune : {3, 35, 131, 163}) {
+    ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
+    const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
+    for (int l = 0; l < 3; ++l) layer(l, true);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    auto trace = MoeBlockDecodeTrace(blocks);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    uint64_t t0 = ~uint64_t{0};
+    for (int64_t b = 0; b < blocks; ++b) t0 = std::min(t0, (*trace)[b * 8]);
+    const char* names[8] = {"start",         "router+arriveA", "shared_gate_up", "passed_A",
+                            "routed_sorted", "routed_gate_up", "passed_B",       "down_done"};
+    for (int p = 0; p < 8; ++p) {
+      std::vector<double> v;
+      for (int64_t b = 0; b < blocks; ++b) v.push_back(((*trace)[b * 8 + p] - t0) / 1000.0);
+      std::sort(v.begin(), v.end());
+      std::printf("[timeline] tuning %d point %-15s min %7.2f med %7.2f max %7.2f us\n", tune,
+                  names[p], v.front(), v[v.size() / 2], v.back());
+    }
+  }
+  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_t).ok());
+  ASSERT_TRUE(SetMoeDecodeVariant(saved_v).ok());
+}
+
+// MoeBlockDecodeCuda's host-side checks (fake pointers, never dereferenced).
+TEST(MoeCudaArgsTest, BlockDecodeArguments) {
+  const MoeRoutingParams v2 = Configs()[1].routing;  // top-6 of 64
+  bf16* p = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
+  int32_t* ids = reinterpret_cast<int32_t*>(uintptr_t{2} << 20);
+  float* wts = reinterpret_cast<float*>(uintptr_t{3} << 20);
+  const int64_t h = 64, i = 32;
+  const size_t ws_bytes = MoeCudaWorkspaceBytes(2, v2.top_k, v2.num_experts, h, i);
+  const MoeCudaWorkspace ws{reinterpret_cast<void*>(uintptr_t{4} << 20), ws_bytes};
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  auto call = [&](int64_t t, int64_t hh, int64_t ii, const bf16* x, MoeCudaWorkspace w,
+                  const MoeSharedExpert* sh = nullptr, const MoeRoutingParams& r = {}) {
+    return MoeBlockDecodeCuda(x, p, nullptr, t, hh, ii, r.num_experts > 0 ? r : v2, p, p, sh, ids,
+                              wts, p, w, nullptr)
+        .code();
+  };
+  EXPECT_EQ(call(0, h, i, p, ws), kInvalid);
+  EXPECT_EQ(call(kMoeFusedMaxTokens + 1, h, i, p, ws), kInvalid);
+  EXPECT_EQ(call(2, 60, i, p, ws), kInvalid);     // hidden % 8
+  EXPECT_EQ(call(2, h, 36, p, ws), kInvalid);     // intermediate % 8
+  EXPECT_EQ(call(2, h, i, p + 1, ws), kInvalid);  // misaligned x
+  EXPECT_EQ(call(2, h, i, nullptr, ws), kInvalid);
+  EXPECT_EQ(call(2, h, i, p, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
+  const MoeSharedExpert bad_shared{p, p, 60, p};  // intermediate % 8
+  EXPECT_EQ(call(2, h, i, p, ws, &bad_shared), kInvalid);
+  MoeRoutingParams bad = v2;
+  bad.n_group = 3;  // 64 experts do not split into 3 groups
+  EXPECT_EQ(call(2, h, i, p, ws, nullptr, bad), kInvalid);
+  EXPECT_EQ(
+      MoeBlockDecodeCuda(p, p, nullptr, 2, h, i, v2, p, p, nullptr, nullptr, wts, p, ws, nullptr)
+          .code(),
+      kInvalid);
+  EXPECT_FALSE(MoeBlockDecodeSupported(0, v2));
+  EXPECT_FALSE(MoeBlockDecodeSupported(kMoeFusedMaxTokens + 1, v2));
+}
+
 // The variant setting and the fused path's bounds (host-side checks, no device needed).
 TEST(MoeCudaArgsTest, FusedDecodeArguments) {
   const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(8).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4, 5, 6, 7}) {
+  EXPECT_EQ(SetMoeDecodeVariant(9).code(), kInvalid);
+  for (int v : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
     ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
     EXPECT_EQ(MoeDecodeVariant(), v);
   }

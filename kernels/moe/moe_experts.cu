@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -98,7 +100,7 @@ Layout MakeLayout(int64_t rows, int64_t num_experts, int64_t hidden, int64_t int
   // The multi-block fused routing's logits [T, E] fp32 (T <= kMoeFusedMaxTokens and T <= rows)
   // and its fallback arrival counter.
   l.route_logits = take(std::min<size_t>(r, kMoeFusedMaxTokens) * e * sizeof(float));
-  l.route_counter = take(sizeof(uint32_t));
+  l.route_counter = take(2 * sizeof(uint32_t));  // + MoeBlockDecodeCuda's second
   l.act = take(r * static_cast<size_t>(intermediate) * sizeof(bf16));
   l.expert_out = take(r * static_cast<size_t>(hidden) * sizeof(bf16));
   l.total = at;
@@ -830,13 +832,18 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
                                             const int32_t* offsets, const int32_t* active,
                                             int slots, int n, bf16* c, const SharedArgs& sh,
                                             int num_tokens, int shared_cols, int first,
-                                            int stride) {
+                                            int stride, bool shared_first = false) {
   const int lane = threadIdx.x & 31;
   const int routed = slots * n;
   const int k = x_rows.k;
+  // The task list: routed tasks [0, routed), then the shared columns; shared_first (decode
+  // variant 8's kMoeBlockTuneRouteFirst): the shared columns [0, shared_cols), then routed.
+  const int shared_begin = shared_first ? 0 : routed;
+  const int routed_begin = shared_first ? shared_cols : 0;
+  auto is_shared = [&](int q) { return q >= shared_begin && q < shared_begin + shared_cols; };
   auto task_at = [&](int q, PipeTask* t) {
-    if (q >= routed) {
-      const int col = q - routed;
+    if (is_shared(q)) {
+      const int col = q - shared_begin;
       t->w0 = sh.w_gate_up + static_cast<int64_t>(col) * k;
       t->w_stride = static_cast<int64_t>(sh.n) * k;
       t->a = ARows{x_rows.base, nullptr, 1, k};
@@ -844,6 +851,7 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
       t->end = num_tokens;
       return true;
     }
+    q -= routed_begin;
     const int e = active[q % slots];
     t->w0 = w + (static_cast<int64_t>(e) * 2 * n + q / slots) * k;
     t->w_stride = static_cast<int64_t>(n) * k;
@@ -853,10 +861,10 @@ __device__ __forceinline__ void PipedGateUp(const ARows& x_rows, const bf16* w,
     return true;
   };
   auto sink = [&](int q, int p0, int rows, const float(&acc)[2][kRows]) {
-    const bool shared = q >= routed;
+    const bool shared = is_shared(q);
     bf16* out = shared ? sh.act : c;
     const int width = shared ? sh.n : n;
-    const int col = shared ? q - routed : q / slots;
+    const int col = shared ? q - shared_begin : (q - routed_begin) / slots;
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
@@ -1264,10 +1272,662 @@ RouteMultiFn PickRouteMulti(bool piped) {
   return piped ? MoeFusedRouteMultiKernel<kRows, true> : MoeFusedRouteMultiKernel<kRows, false>;
 }
 
+// ---- Decode variant 8 (MoeBlockDecodeCuda): the MoE block in one persistent launch.
+
+constexpr int kBlockWarps = 8;  // warps per block; warps 0..T-1 route token T (T <= 8)
+static_assert(kBlockWarps >= kMoeFusedMaxTokens, "a warp per token routes");
+
+// Grid barrier counters of MoeBlockDecodeKernel, [slot][barrier], slot = RouteCounterSlot of
+// the workspace (the same per-address slots as g_route_arrivals, another table). Zero at
+// module load; each barrier of a launch flips its counter's top bit and leaves the low bits at
+// 0 (GridArrive), so every launch finds the state the previous one left.
+__device__ unsigned int g_block_barriers[kRouteCounterSlots][2];
+
+// GridArrive: the calling block (thread 0 only, after a __syncthreads that ends the block's
+// writes before the barrier) counts itself in at `bar`; returns the counter before the add,
+// for GridWait. Block 0 adds 2^31 - (blocks - 1) and the others 1, so the counter's top bit
+// flips exactly when the last of the `blocks` blocks arrives, and the low 31 bits come back to
+// what they were (0): the cooperative-groups grid barrier's scheme, self-resetting.
+__device__ __forceinline__ unsigned int GridArrive(unsigned int* bar, unsigned int blocks) {
+  __threadfence();  // release: the block's writes (ordered before by the __syncthreads)
+  const unsigned int inc = blockIdx.x == 0 ? 0x80000000u - (blocks - 1u) : 1u;
+  return atomicAdd(bar, inc);
+}
+
+// GridWait: thread 0 spins until the barrier that returned `old` from GridArrive has
+// completed (top bit differs from old's); the caller's __syncthreads after it then orders the
+// block's later reads after every block's writes before the barrier. A barrier that never
+// completes (not every block resident: cannot happen under a cooperative launch) traps after
+// about 2^24 polls (seconds) instead of hanging the device: a launch error, not a deadlock.
+// backoff (kMoeBlockTuneSpinBackoff): a short __nanosleep between polls, fewer loads on the
+// counter's L2 line while the other blocks' atomics arrive.
+__device__ __forceinline__ void GridWait(const unsigned int* bar, unsigned int old, bool backoff) {
+  unsigned int v;
+  for (unsigned int polls = 0;; ++polls) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(bar) : "memory");
+    if (((v ^ old) & 0x80000000u) != 0u) break;
+    if (polls >= (1u << 24)) __trap();
+    if (backoff) __nanosleep(64);
+  }
+  __threadfence();
+}
+
+// Phase timestamps of the last MoeBlockDecodeKernel launch under kMoeBlockTuneTrace (%globaltimer,
+// ns), [block][kBlockTracePoints] for the first kBlockTraceBlocks blocks (thread 0 of each).
+constexpr int kBlockTraceBlocks = 1024;
+constexpr int kBlockTracePoints = 8;
+__device__ unsigned long long g_block_trace[kBlockTraceBlocks][kBlockTracePoints];
+
+__device__ __forceinline__ void TraceStamp(bool trace, int point) {
+  if (!trace || threadIdx.x != 0 || blockIdx.x >= kBlockTraceBlocks) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  g_block_trace[blockIdx.x][point] = t;
+}
+
+// Phase-3 weight ring of MoeBlockDecodeKernel under kMoeBlockTuneRingDown: per warp
+// kRingStages chunks of kRingVecs 16-byte vectors per lane, each lane's own vectors (cp.async
+// into shared memory: loads in flight without holding registers). kRingVecs = 6: one chunk
+// covers a 1408-element (176-vector) routed down row of DeepSeek-V2-Lite, two its 2816-element
+// shared row. 8 warps · 4 · 6 · 512 B = 96 KiB per block (two blocks per SM fit 228 KiB).
+constexpr int kRingStages = 4;
+constexpr int kRingVecs = 6;
+constexpr int kRingWordsPerWarp = kRingStages * kRingVecs * 32 * 4;
+
+// Shared-memory layout of MoeBlockDecodeKernel in 4-byte words: the ring (ring == true only;
+// first, so 16-byte aligned), the T·E logits, the routing scratch of T warps
+// (RouteScratchFloats each), ids and weights [T·K], the sort (offsets [E + 1], active experts,
+// sorted_rows, row_to_sorted, first-of-expert flags [T·K] each, num_active), then
+// kMoeFusedMaxRows down values per warp.
+struct BlockSmem {
+  int ring, logits, scratch, ids, weights, offsets, active, sorted_rows, row_to_sorted, first,
+      num_active, val, words;
+};
+
+__host__ __device__ __forceinline__ BlockSmem MakeBlockSmem(int t, int e, int n_group, int top_k,
+                                                            bool ring) {
+  BlockSmem l;
+  const int rows = t * top_k;
+  int at = 0;
+  l.ring = at;
+  at += ring ? kBlockWarps * kRingWordsPerWarp : 0;
+  l.logits = at;
+  at += t * e;
+  l.scratch = at;
+  at += t * (2 * e + n_group);
+  l.ids = at;
+  at += rows;
+  l.weights = at;
+  at += rows;
+  l.offsets = at;
+  at += e + 1;
+  l.active = at;
+  at += rows;
+  l.sorted_rows = at;
+  at += rows;
+  l.row_to_sorted = at;
+  at += rows;
+  l.first = at;
+  at += rows;
+  l.num_active = at;
+  at += 1;
+  l.val = at;
+  at += kBlockWarps * static_cast<int>(kMoeFusedMaxRows);
+  l.words = at;
+  return l;
+}
+
+struct BlockArgs {
+  const bf16* x;
+  const bf16* w_router;
+  const bf16* w_gate_up;  // routed experts [E, 2I, H]
+  const bf16* w_down;     // routed experts [E, H, I]
+  int hidden, inter;
+  RouteArgs route;       // topk_ids / topk_weights: the global outputs (block 0 writes them)
+  SharedArgs sh;         // w_gate_up null: no shared expert
+  float* logits_g;       // [T, E] workspace
+  bf16* act;             // [T·K, I] workspace, by sorted position
+  unsigned int* ws_bar;  // [2] fallback counters (slot < 0)
+  int slot;
+  int tuning;  // SetMoeBlockDecodeTuning's flags
+  bf16* out;
+};
+
+// SortRowsFixed: SortRows's offsets, active list (ascending experts) and permutation by the
+// whole block, without atomics: a row's position within its expert is its rank among that
+// expert's rows in row order, so every block computes the same sort. O(rows) per entry
+// (rows <= kMoeFusedMaxRows). Ids must be in [0, E). Ends with __syncthreads.
+__device__ __forceinline__ void SortRowsFixed(const int32_t* ids, int rows, int e_count,
+                                              int32_t* offsets, int32_t* active,
+                                              int32_t* sorted_rows, int32_t* row_to_sorted,
+                                              int32_t* first, int32_t* num_active) {
+  for (int e = threadIdx.x; e <= e_count; e += blockDim.x) {
+    int below = 0;
+    for (int r = 0; r < rows; ++r) below += ids[r] < e ? 1 : 0;
+    offsets[e] = below;
+  }
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int e = ids[r];
+    int below = 0, rank = 0;
+    for (int q = 0; q < rows; ++q) {
+      below += ids[q] < e ? 1 : 0;
+      rank += (q < r && ids[q] == e) ? 1 : 0;
+    }
+    sorted_rows[below + rank] = r;
+    row_to_sorted[r] = below + rank;
+    first[r] = rank == 0 ? 1 : 0;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    if (first[r] == 0) continue;
+    const int e = ids[r];
+    int slot = 0;
+    for (int q = 0; q < rows; ++q) slot += (first[q] != 0 && ids[q] < e) ? 1 : 0;
+    active[slot] = e;
+  }
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int q = 0; q < rows; ++q) n += first[q];
+    *num_active = n;
+  }
+  __syncthreads();
+}
+
+// Vectors per lane per chunk of MoeBlockDecodeKernel's down phase (one weight row per task):
+// the gate/up chunk's kPipeVecs (8 at one token spilled 120 bytes of registers).
+template <int kRows>
+inline constexpr int kBlockDownVecs = kPipeVecs<kRows>;
+
+// The phase-3 ring's copies (kMoeBlockTuneRingDown): one 16-byte cp.async per vector with an
+// L2 evict-first hint (the weights are read once, like LoadWeightVec's ld.global.cs), a
+// commit per chunk, and the wait for all but the newest N chunks. "memory" clobbers: the
+// compiler must not move the ring's shared-memory reads across them (a slot is read, then
+// refilled by the same lane; cp.async.wait_group makes a lane's own copies visible to it, so
+// no other barrier is needed: every lane reads only the vectors it copied).
+__device__ __forceinline__ uint64_t RingPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void RingCopy16(void* smem, const void* gmem, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void RingCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void RingWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Where a warp is in its phase-3 step list (kMoeBlockTuneRingDown): column ci of its own
+// (gw + ci · warps), task j of the column (0: the shared expert's row when there is one, then
+// the touched experts in slot order), first vector v0 of the chunk. j may run one past the
+// column's last task until normalized (the task count is known only after the routing).
+struct RingCursor {
+  int ci, j, v0;
+};
+
+// One phase-3 task: weight row w of `vecs` 16-byte vectors, applied to activation rows
+// [begin, end) of act (row length act_k elements, end - begin <= T <= kRows: a token picks an
+// expert at most once, so one pass); shared: the shared expert's row.
+struct RingTask {
+  const bf16* w;
+  const bf16* act;
+  int act_k, vecs, begin, end;
+  bool shared;
+};
+
+// The variant-8 kernel (see moe_cuda.h): kRows >= T rows per pass over a weight row. Every
+// block of the grid must be resident at once (cooperative launch). Dynamic shared memory:
+// MakeBlockSmem(..., kRing).words words. kRing: kMoeBlockTuneRingDown (a template parameter,
+// so the kernels without the ring are compiled exactly as before it: its code is not there
+// to take registers from phase 2).
+template <int kRows, bool kRing>
+__global__ void __launch_bounds__(kBlockWarps * 32, 2) MoeBlockDecodeKernel(BlockArgs a) {
+  extern __shared__ __align__(16) float block_smem[];  // 16 B: the ring's cp.async slots
+  const RouteArgs& ra = a.route;
+  const int num_tokens = ra.num_tokens, e_count = ra.num_experts, top_k = ra.top_k;
+  const int rows = num_tokens * top_k;
+  constexpr bool ring = kRing;
+  const BlockSmem l = MakeBlockSmem(num_tokens, e_count, ra.n_group, top_k, ring);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned int blocks = gridDim.x;
+  const int gw = static_cast<int>(blockIdx.x) * kBlockWarps + warp;  // global warp
+  const int warps = static_cast<int>(blocks) * kBlockWarps;
+  unsigned int* bar = a.slot >= 0 ? g_block_barriers[a.slot] : a.ws_bar;
+  const int h = a.hidden, n = a.inter;
+  const bool trace = (a.tuning & kMoeBlockTuneTrace) != 0;
+  const bool backoff = (a.tuning & kMoeBlockTuneSpinBackoff) != 0;
+  TraceStamp(trace, 0);
+  int32_t* offsets = reinterpret_cast<int32_t*>(block_smem + l.offsets);
+  int32_t* active = reinterpret_cast<int32_t*>(block_smem + l.active);
+
+  // kMoeBlockTuneRingDown: phase 3's weight chunks go through this warp's ring of kRingStages
+  // slots; the first kRingStages chunks are issued before barrier B (the shared expert's rows
+  // before the routing, as they do not depend on it), the rest one per consumed chunk.
+  const int shared_tasks = a.sh.w_gate_up != nullptr ? 1 : 0;
+  // Output columns of this warp in phase 3 (a function: recomputed rather than held in a
+  // register through phase 2).
+  auto my_cols = [&] { return gw < h ? (h - gw + warps - 1) / warps : 0; };
+  constexpr int kRingChunk = 32 * kRingVecs;  // vectors per row per chunk
+  // The ring state is dead across phase 2 (re-derived after it: no registers held there);
+  // the slot address and the cache policy are recomputed per chunk for the same reason.
+  auto ring_slot = [&](int chunk) {
+    return reinterpret_cast<uint4*>(block_smem + l.ring) +
+           (warp * kRingStages + chunk % kRingStages) * kRingChunk;
+  };
+  auto ring_chunks_shared = [&] {
+    return shared_tasks > 0 ? (a.sh.n / 8 + kRingChunk - 1) / kRingChunk : 0;
+  };
+  // Chunks issued before the routing: column 0's shared row, at most the ring.
+  auto ring_pre = [&] {
+    return ring && my_cols() > 0 ? min(kRingStages, ring_chunks_shared()) : 0;
+  };
+  int ring_issued = 0;  // chunks issued = cp.async groups committed by this lane
+  RingCursor ic{0, 0, 0};
+  auto ring_task = [&](int ci, int j) {
+    const int col = gw + ci * warps;
+    RingTask t;
+    t.shared = j < shared_tasks;
+    if (t.shared) {
+      t.w = a.sh.w_down + static_cast<int64_t>(col) * a.sh.n;
+      t.act = a.sh.act;
+      t.act_k = a.sh.n;
+      t.begin = 0;
+      t.end = num_tokens;
+    } else {
+      const int e = active[j - shared_tasks];
+      t.w = a.w_down + (static_cast<int64_t>(e) * h + col) * n;
+      t.act = a.act;
+      t.act_k = n;
+      t.begin = offsets[e];
+      t.end = offsets[e + 1];
+    }
+    t.vecs = t.act_k / 8;
+    return t;
+  };
+  // Issues the chunk at ic (if any is left) into slot ring_issued mod kRingStages and commits
+  // (an empty group past the end, so that group n is always chunk n); per_col: tasks per
+  // column (any value >= 1 while ic is in a column's shared task).
+  auto ring_issue = [&](int per_col) {
+    if (ic.j >= per_col) {
+      ic.j = 0;
+      ++ic.ci;
+    }
+    if (ic.ci < my_cols()) {
+      const RingTask t = ring_task(ic.ci, ic.j);
+      uint4* dst = ring_slot(ring_issued);
+      const uint64_t policy = RingPolicy();
+#pragma unroll
+      for (int u = 0; u < kRingVecs; ++u) {
+        const int i = ic.v0 + u * 32 + lane;
+        if (i < t.vecs) RingCopy16(dst + u * 32 + lane, t.w + static_cast<int64_t>(i) * 8, policy);
+      }
+      ic.v0 += kRingChunk;
+      if (ic.v0 >= t.vecs) {
+        ic.v0 = 0;
+        ++ic.j;
+      }
+    }
+    RingCommit();
+    ++ring_issued;
+  };
+
+  // Phase 1: router logits, a warp per router row (the first E warps of the grid), bit for
+  // bit MoeFusedRouteMultiKernel's.
+  for (int e = gw; e < e_count; e += warps) {  // warp-uniform
+    const bf16* xr[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      xr[j] = a.x + static_cast<int64_t>(j < num_tokens ? j : 0) * h;
+    }
+    const bf16* w[1] = {a.w_router + static_cast<int64_t>(e) * h};
+    float acc[1][kRows];
+    WarpDotChunked<1, kRows, kFusedVecs>(w, xr, num_tokens, h, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      if (j < num_tokens && lane == j) a.logits_g[j * e_count + e] = acc[0][j];
+    }
+  }
+  __syncthreads();
+  unsigned int old_a = 0, old_b = 0;
+  if (threadIdx.x == 0) old_a = GridArrive(&bar[0], blocks);
+  TraceStamp(trace, 1);
+
+  // The shared experts' gate/up columns: task c of the list [shared columns, routed tasks]
+  // goes to warp c mod warps (the routed part below continues the same striding, so the
+  // warps' total work stays even).
+  const int shared_cols = a.sh.w_gate_up != nullptr ? a.sh.n : 0;
+  const ARows x_tokens{a.x, nullptr, 1, h};
+  const bool route_first = (a.tuning & kMoeBlockTuneRouteFirst) != 0;
+  if (route_first && shared_cols > 0) {
+    // kMoeBlockTuneRouteFirst: route before any gate/up, and stream the shared and routed
+    // columns as one pipelined list after it (no drain or block barrier between them); while
+    // the block waits for the router rows and routes, L2 fetches its shared gate/up rows.
+    for (int col = gw; col < shared_cols; col += warps) {
+      if (lane < 2) {
+        cuda_detail::PrefetchL2(a.sh.w_gate_up + (static_cast<int64_t>(lane) * a.sh.n + col) * h,
+                                static_cast<uint32_t>(h) * sizeof(bf16));
+      }
+    }
+  } else if (shared_cols > 0) {
+    PipedGateUp<kRows>(x_tokens, nullptr, nullptr, nullptr, /*slots=*/0, 0, nullptr, a.sh,
+                       num_tokens, shared_cols, gw, warps);
+    // The shared down row of this warp's first output column (phase 3) does not depend on
+    // any barrier: ask L2 for it now, while the block waits and routes.
+    if (gw < h && lane == 0 && !ring && (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
+      cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
+                              static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
+    }
+  }
+
+  // The ring's first chunks while in this column's shared row: they need no routing, so they
+  // stream while the block waits at barrier A and routes.
+  for (int c = ring_pre(); c > 0; --c) ring_issue(/*per_col=*/1);
+
+  // Barrier A: every router row written. Then this block routes every token (warp t: token t)
+  // from the logits and sorts the rows, into shared memory.
+  __syncthreads();
+  TraceStamp(trace, 2);
+  if (threadIdx.x == 0) GridWait(&bar[0], old_a, backoff);
+  __syncthreads();
+  TraceStamp(trace, 3);
+  float* logits = block_smem + l.logits;
+  for (int q = threadIdx.x; q < num_tokens * e_count; q += blockDim.x) {
+    logits[q] = __ldcg(a.logits_g + q);  // L2: written by other SMs during this launch
+  }
+  __syncthreads();
+  int32_t* s_ids = reinterpret_cast<int32_t*>(block_smem + l.ids);
+  float* s_w = block_smem + l.weights;
+  if (warp < num_tokens) {
+    RouteArgs local = ra;
+    local.topk_ids = s_ids;
+    local.topk_weights = s_w;
+    moe_detail::RouteToken(logits + warp * e_count,
+                           block_smem + l.scratch + warp * moe_detail::RouteScratchFloats(ra),
+                           local, warp);
+  }
+  __syncthreads();
+  int32_t* sorted_rows = reinterpret_cast<int32_t*>(block_smem + l.sorted_rows);
+  int32_t* row_to_sorted = reinterpret_cast<int32_t*>(block_smem + l.row_to_sorted);
+  int32_t* num_active_s = reinterpret_cast<int32_t*>(block_smem + l.num_active);
+  SortRowsFixed(s_ids, rows, e_count, offsets, active, sorted_rows, row_to_sorted,
+                reinterpret_cast<int32_t*>(block_smem + l.first), num_active_s);
+  if (blockIdx.x == 0) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+      ra.topk_ids[r] = s_ids[r];
+      ra.topk_weights[r] = s_w[r];
+    }
+  }
+  const int slots = *num_active_s;
+  TraceStamp(trace, 4);
+
+  // Phase 2: the routed experts' gate/up + SiLU·mul (MoePipedGateUpKernel's tasks and sums),
+  // task q of the routed list at index shared_cols + q of the combined list.
+  if (route_first) {
+    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
+                       a.act, a.sh, num_tokens, shared_cols, gw, warps, /*shared_first=*/true);
+    if (shared_cols > 0 && gw < h && lane == 0 && !ring &&
+        (a.tuning & kMoeBlockTuneNoSharedDownPrefetch) == 0) {
+      cuda_detail::PrefetchL2(a.sh.w_down + static_cast<int64_t>(gw) * a.sh.n,
+                              static_cast<uint32_t>(a.sh.n) * sizeof(bf16));
+    }
+  } else {
+    const int first = ((gw - shared_cols) % warps + warps) % warps;
+    PipedGateUp<kRows>(ARows{a.x, sorted_rows, top_k, h}, a.w_gate_up, offsets, active, slots, n,
+                       a.act, a.sh, num_tokens, /*shared_cols=*/0, first, warps);
+  }
+  __syncthreads();
+  TraceStamp(trace, 5);
+  if (threadIdx.x == 0) old_b = GridArrive(&bar[1], blocks);
+  // This warp's routed down rows of its first output column, into L2 while the grid drains.
+  if (gw < h && lane < slots && !ring && (a.tuning & kMoeBlockTuneNoRoutedDownPrefetch) == 0) {
+    cuda_detail::PrefetchL2(a.w_down + (static_cast<int64_t>(active[lane]) * h + gw) * n,
+                            static_cast<uint32_t>(n) * sizeof(bf16));
+  }
+  // The ring's remaining first chunks (routed rows now that the sort is known), in flight
+  // while the grid drains into barrier B.
+  const int per_col = slots + shared_tasks;
+  if (ring) {
+    // Where the pre-routing chunks left the cursor (ring_pre chunks of column 0's shared row).
+    const int pre = ring_pre();
+    const int v = pre * kRingChunk;
+    ring_issued = pre;
+    ic = pre > 0 && v >= a.sh.n / 8 ? RingCursor{0, 1, 0} : RingCursor{0, 0, v};
+    while (ring_issued < kRingStages) ring_issue(per_col);
+  }
+  // Barrier B: every activation (routed and shared) written.
+  if (threadIdx.x == 0) GridWait(&bar[1], old_b, backoff);
+  __syncthreads();
+  TraceStamp(trace, 6);
+  // Every block is resident and past its last read of x: a programmatic dependent (the next
+  // layer's norm) may launch; it waits for this grid's completion before reading out.
+  attention_detail::LaunchDependents();
+
+  // Phase 3: down + combine, a warp per output column c (gw, gw + warps, ...). Per column the
+  // tasks are the touched experts in slot order, then the shared expert; each routed row
+  // result goes to the warp's val[sorted position] rounded to bf16 (DownPair's rounding), and
+  // the column's last task combines (MoeDownCombineKernel's order and roundings).
+  float* val = block_smem + l.val + warp * static_cast<int>(kMoeFusedMaxRows);
+  // The column's outputs from the routed rows' values in val and the shared row's sum on lane
+  // t (t < T): MoeDownCombineKernel's order and roundings.
+  auto combine = [&](int col, float shared_v) {
+    __syncwarp();
+    if (lane < num_tokens) {
+      const int t = lane;
+      float sum = 0.0f;
+      for (int kk = 0; kk < top_k; ++kk) {
+        sum = fmaf(s_w[t * top_k + kk], val[row_to_sorted[t * top_k + kk]], sum);
+      }
+      bf16 r = __float2bfloat16_rn(sum);
+      if (shared_cols > 0) {
+        r = __float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(shared_v)) +
+                                __bfloat162float(r));
+      }
+      a.out[static_cast<int64_t>(t) * h + col] = r;
+    }
+    __syncwarp();
+  };
+  if (ring) {
+    // kMoeBlockTuneRingDown: chunk `step` waits for its cp.async group (all but the newest
+    // kRingStages - 1), is summed from the lane's own ring vectors (each lane adds its vectors
+    // lane, lane + 32, ... of the row in ascending order from 0, FmaVec's order, then the
+    // butterfly: WarpDotChunked's sums bit for bit), and its slot is refilled with chunk
+    // step + kRingStages. The shared row comes first in a column (its value waits on lane t
+    // in shared_v), the routed rows after it; the column's last row combines.
+    const int chunks_routed = (n / 8 + kRingChunk - 1) / kRingChunk;
+    const int total = my_cols() * (ring_chunks_shared() + slots * chunks_routed);
+    RingCursor cc{0, 0, 0};
+    float acc[1][kRows];
+    moe_detail::ZeroAcc(acc);
+    float shared_v = 0.0f;
+    for (int step = 0; step < total; ++step) {  // warp-uniform
+      RingWait<kRingStages - 1>();
+      if (cc.j >= per_col) {
+        cc.j = 0;
+        ++cc.ci;
+      }
+      const RingTask t = ring_task(cc.ci, cc.j);
+      const int rows_t = t.end - t.begin;
+      const bf16* ar[kRows];
+#pragma unroll
+      for (int jj = 0; jj < kRows; ++jj) {
+        ar[jj] = t.act + static_cast<int64_t>(t.begin + (jj < rows_t ? jj : 0)) * t.act_k;
+      }
+      const uint4* src = ring_slot(step);
+#pragma unroll
+      for (int u = 0; u < kRingVecs; ++u) {
+        const int i = cc.v0 + u * 32 + lane;
+        if (i >= t.vecs) break;  // lane-local (a vector this lane did not copy is not used)
+        const uint4 raw = src[u * 32 + lane];
+        cuda_detail::Bf16x8 v;
+        static_assert(sizeof(v) == sizeof(raw));
+        memcpy(&v, &raw, sizeof(v));
+        float wf[1][8];
+        cuda_detail::ToFloat8(v, wf[0]);
+        moe_detail::FmaVec(wf, ar, i, rows_t, acc);
+      }
+      cc.v0 += kRingChunk;
+      if (cc.v0 >= t.vecs) {  // the task's last chunk (warp-uniform)
+        moe_detail::WarpSumAcc(acc);
+        if (t.shared) {
+#pragma unroll
+          for (int jj = 0; jj < kRows; ++jj) {
+            if (lane == jj) shared_v = acc[0][jj];
+          }
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < kRows; ++jj) {
+            if (jj < rows_t && lane == jj) {
+              val[t.begin + jj] = __bfloat162float(__float2bfloat16_rn(acc[0][jj]));
+            }
+          }
+        }
+        if (cc.j == per_col - 1) combine(gw + cc.ci * warps, shared_v);
+        moe_detail::ZeroAcc(acc);
+        cc.v0 = 0;
+        ++cc.j;
+      }
+      ring_issue(per_col);  // chunk step + kRingStages into the slot just read
+    }
+    if (trace) {
+      __syncthreads();
+      TraceStamp(trace, 7);
+    }
+    return;
+  }
+  auto task_at = [&](int q, PipeTask* t) {
+    const int col = gw + (q / per_col) * warps;
+    const int j = q % per_col;
+    t->w_stride = 0;
+    if (j < slots) {
+      const int e = active[j];
+      t->w0 = a.w_down + (static_cast<int64_t>(e) * h + col) * n;
+      t->a = ARows{a.act, nullptr, 1, n};
+      t->begin = offsets[e];
+      t->end = offsets[e + 1];
+    } else {
+      t->w0 = a.sh.w_down + static_cast<int64_t>(col) * a.sh.n;
+      t->a = ARows{a.sh.act, nullptr, 1, a.sh.n};
+      t->begin = 0;
+      t->end = num_tokens;
+    }
+    return true;
+  };
+  auto sink = [&](int q, int p0, int rows_in_pass, const float(&acc)[1][kRows]) {
+    const int col = gw + (q / per_col) * warps;
+    const int j = q % per_col;
+    if (j < slots) {
+#pragma unroll
+      for (int jj = 0; jj < kRows; ++jj) {
+        if (jj < rows_in_pass && lane == jj) {
+          val[p0 + jj] = __bfloat162float(__float2bfloat16_rn(acc[0][jj]));
+        }
+      }
+    }
+    // The column's last task and (shared rows: the only pass, T <= kRows) its last pass.
+    if (j != per_col - 1 || p0 + rows_in_pass < (j < slots ? offsets[active[j] + 1] : num_tokens)) {
+      return;
+    }
+    float shared_v = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < kRows; ++jj) {
+      if (lane == jj) shared_v = acc[0][jj];
+    }
+    combine(col, shared_v);
+  };
+  // One weight row per task (kBlockDownVecs vectors per lane per chunk).
+  PipelinedWarpDots<1, kRows, kBlockDownVecs<kRows>>(0, 1, my_cols() * per_col, task_at, sink);
+  if (trace) {
+    __syncthreads();
+    TraceStamp(trace, 7);
+  }
+}
+
+// Blocks of a MoeBlockDecodeKernel launch: as many as fit at once (occupancy API for this
+// kernel and shared memory), at most per_sm_max per SM; 0 when none fits or on a CUDA error.
+// Cached per (device, kernel, shared bytes): no synchronizing call after the first. Past
+// 48 KiB (kMoeBlockTuneRingDown's ring) the kernel's dynamic shared-memory limit is first
+// raised to the device's per-block opt-in maximum (a function attribute, so every later
+// launch of the kernel on this device may use up to that; the bytes a launch asks for, not
+// the limit, set its occupancy); 0 when smem exceeds that maximum.
+int BlockDecodeGrid(const void* kernel, size_t smem, int per_sm_max = 2) {
+  static std::mutex* const mu = new std::mutex;
+  static auto* const cache = new std::map<std::tuple<int, const void*, size_t>, int>;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const auto key = std::make_tuple(device * 4 + per_sm_max, kernel, smem);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (const auto it = cache->find(key); it != cache->end()) return it->second;
+  }
+  if (smem > 48 * 1024) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess ||
+        smem > static_cast<size_t>(optin) ||
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+  }
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockWarps * 32, smem) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int blocks = std::max(0, std::min(per_sm, per_sm_max)) * std::max(sms, 0);
+  std::lock_guard<std::mutex> lock(*mu);
+  cache->emplace(key, blocks);
+  return blocks;
+}
+
+using BlockDecodeFn = void (*)(BlockArgs);
+template <bool kRing>
+BlockDecodeFn PickBlockDecodeRing(int64_t num_tokens) {
+  return num_tokens == 1   ? MoeBlockDecodeKernel<1, kRing>
+         : num_tokens == 2 ? MoeBlockDecodeKernel<2, kRing>
+         : num_tokens <= 4 ? MoeBlockDecodeKernel<4, kRing>
+                           : MoeBlockDecodeKernel<kWarpDotRows, kRing>;
+}
+// The kernel for a step of num_tokens tokens under these SetMoeBlockDecodeTuning flags.
+BlockDecodeFn PickBlockDecode(int64_t num_tokens, int tuning) {
+  return (tuning & kMoeBlockTuneRingDown) != 0 ? PickBlockDecodeRing<true>(num_tokens)
+                                               : PickBlockDecodeRing<false>(num_tokens);
+}
+
+// Dynamic shared memory of a MoeBlockDecodeKernel launch; ring: kMoeBlockTuneRingDown.
+size_t BlockDecodeSmemBytes(int64_t num_tokens, const MoeRoutingParams& p, bool ring) {
+  return static_cast<size_t>(MakeBlockSmem(static_cast<int>(num_tokens),
+                                           static_cast<int>(p.num_experts),
+                                           static_cast<int>(p.n_group), static_cast<int>(p.top_k),
+                                           ring)
+                                 .words) *
+         sizeof(float);
+}
+
 // SetMoeDecodeVariant's setting.
 std::atomic<int> g_moe_decode_variant{6};
 // SetMoeGemvMaxTokens's setting.
 std::atomic<int64_t> g_moe_gemv_max_tokens{kMoeGemvMaxTokens};
+
+// SetMoeBlockDecodeTuning's flags.
+std::atomic<int> g_moe_block_tuning{kMoeBlockTuneDefault};
+
+// The variant the three-launch fused path follows: the setting, except 6 under variant 8 (its
+// fallback for steps MoeBlockDecodeCuda does not take).
+int FusedPathVariant() {
+  const int v = g_moe_decode_variant.load(std::memory_order_relaxed);
+  return v == 8 ? 6 : v;
+}
 
 }  // namespace
 
@@ -1395,9 +2055,9 @@ absl::Status SetMoeGemvMaxTokens(int64_t n) {
 int64_t MoeGemvMaxTokens() { return g_moe_gemv_max_tokens.load(std::memory_order_relaxed); }
 
 absl::Status SetMoeDecodeVariant(int variant) {
-  if (variant < 0 || variant > 7) {
+  if (variant < 0 || variant > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..7"));
+        absl::StrCat("SetMoeDecodeVariant: variant ", variant, " is not in 0..8"));
   }
   g_moe_decode_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1458,12 +2118,12 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
       }
     }
     // Decode variant 5: persistent shared-expert blocks on the SMs the routing blocks leave.
-    const bool piped = MoeDecodeVariant() >= 5;
+    const bool piped = FusedPathVariant() >= 5;
     const int route_blocks = RouteMultiBlocks(static_cast<int>(params.num_experts));
     int shared_blocks = (sh.n + kRouteMultiWarps - 1) / kRouteMultiWarps;
     // Decode variant 7: no shared blocks (MoeFusedExpertsCuda computes the shared gate/up); the
     // routing blocks only prefetch its weights (under DecodePdl).
-    if (MoeDecodeVariant() >= 7) shared_blocks = 0;
+    if (FusedPathVariant() >= 7) shared_blocks = 0;
     if (piped && shared_blocks > 0) {
       shared_blocks = std::max(1, std::min(shared_blocks, PipedBlocks() - route_blocks));
     }
@@ -1514,10 +2174,10 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
     // Decode variant 6 (or kernels::DecodePdlMoe()): a programmatic dependent of the routing
     // launch before it.
     // Decode variant 7: the shared columns before the wait (MoePipedGateUpKernel).
-    const bool shared_first = shared_cols > 0 && MoeDecodeVariant() >= 7;
+    const bool shared_first = shared_cols > 0 && FusedPathVariant() >= 7;
     (void)attention_detail::LaunchKernelMaybePdl(
         MoePipedGateUpKernel<kRows>, dim3(blocks), dim3(kGemvWarps * 32), 0, stream,
-        pdl && (MoeDecodeVariant() >= 6 || DecodePdlMoe()), x_rows, w_gate_up, so.offsets,
+        pdl && (FusedPathVariant() >= 6 || DecodePdlMoe()), x_rows, w_gate_up, so.offsets,
         so.active, so.num_active, i, act, sh, num_tokens, shared_cols, shared_first);
   } else {
     // Grid rows: one per possible touched expert, then enough for the shared expert's columns
@@ -1574,9 +2234,9 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   // Decode variant 4: the down launch overlaps the gate/up kernel's tail (sm_90+: PDL); under
   // kernels::DecodePdlMoe() at every variant (the gate/up kernel then waits before it triggers).
-  const bool pdl = (MoeDecodeVariant() >= 4 && PdlSupported()) || DecodePdlMoe();
+  const bool pdl = (FusedPathVariant() >= 4 && PdlSupported()) || DecodePdlMoe();
   // Decode variant 5: persistent pipelined gate/up and pipelined down warps (same bits).
-  const bool piped = MoeDecodeVariant() >= 5;
+  const bool piped = FusedPathVariant() >= 5;
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -1604,4 +2264,126 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }
 
+bool MoeBlockDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params) {
+  return MoeBlockDecodeBlocks(num_tokens, params) > 0;
+}
+
+absl::Status MoeBlockDecodeCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
+                                int64_t num_tokens, int64_t hidden, int64_t intermediate,
+                                const MoeRoutingParams& params, const bf16* w_gate_up,
+                                const bf16* w_down, const MoeSharedExpert* shared,
+                                int32_t* topk_ids, float* topk_weights, bf16* out,
+                                MoeCudaWorkspace workspace, cudaStream_t stream) {
+  if (absl::Status s = ValidateMoeRoutingParams(params); !s.ok()) return s;
+  if (!MoeFusedDecodeSupported(num_tokens, params) || hidden < 8 || hidden % 8 != 0 ||
+      hidden > kMaxDim || intermediate < 8 || intermediate % 8 != 0 || intermediate > kMaxDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeBlockDecodeCuda: num_tokens=", num_tokens, " top_k=", params.top_k,
+        " num_experts=", params.num_experts, " hidden=", hidden, " intermediate=", intermediate,
+        " outside the fused decode path (MoeFusedDecodeSupported; hidden and intermediate "
+        "multiples of 8 in [8, 2^22])"));
+  }
+  for (const void* p : {static_cast<const void*>(x), static_cast<const void*>(w_gate),
+                        static_cast<const void*>(w_gate_up), static_cast<const void*>(w_down),
+                        static_cast<const void*>(out), static_cast<const void*>(workspace.data)}) {
+    if (p == nullptr || !Aligned16(p)) {
+      return absl::InvalidArgumentError(
+          "MoeBlockDecodeCuda: x, w_gate, w_gate_up, w_down, out and workspace must be "
+          "non-null and 16-byte aligned");
+    }
+  }
+  if (topk_ids == nullptr || topk_weights == nullptr) {
+    return absl::InvalidArgumentError("MoeBlockDecodeCuda: null topk_ids or topk_weights");
+  }
+  SharedArgs sh;
+  if (absl::Status s = ToSharedArgs(shared, "MoeBlockDecodeCuda", &sh); !s.ok()) return s;
+  const int64_t top_k = params.top_k, num_experts = params.num_experts;
+  const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
+  if (workspace.bytes < l.total) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeCuda: workspace of ",
+                                                   workspace.bytes, " bytes, need ", l.total));
+  }
+  const int tuning = g_moe_block_tuning.load(std::memory_order_relaxed);
+  const BlockDecodeFn kernel = PickBlockDecode(num_tokens, tuning);
+  const size_t smem =
+      BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
+  const int blocks = BlockDecodeGrid(reinterpret_cast<const void*>(kernel), smem,
+                                     (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
+  if (blocks <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("MoeBlockDecodeCuda: no resident grid for num_tokens=", num_tokens, " (", smem,
+                     " bytes of shared memory per block)"));
+  }
+  unsigned char* ws = static_cast<unsigned char*>(workspace.data);
+  BlockArgs args;
+  args.x = x;
+  args.w_router = w_gate;
+  args.w_gate_up = w_gate_up;
+  args.w_down = w_down;
+  args.hidden = static_cast<int>(hidden);
+  args.inter = static_cast<int>(intermediate);
+  args.route =
+      moe_detail::MakeRouteArgs(params, correction_bias, num_tokens, topk_ids, topk_weights);
+  args.sh = sh;
+  args.logits_g = reinterpret_cast<float*>(ws + l.route_logits);
+  args.act = reinterpret_cast<bf16*>(ws + l.act);
+  args.ws_bar = reinterpret_cast<unsigned int*>(ws + l.route_counter);
+  args.slot = RouteCounterSlot(workspace.data);
+  args.tuning = tuning;
+  args.out = out;
+  if (args.slot < 0) {
+    if (const cudaError_t err = cudaMemsetAsync(args.ws_bar, 0, 2 * sizeof(unsigned int), stream);
+        err != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("MoeBlockDecodeCuda counter memset: ", cudaGetErrorString(err)));
+    }
+  }
+  // Cooperative: the driver makes every block resident at once (or fails the launch), which
+  // the grid barriers need, also next to other streams' kernels.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kBlockWarps * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (tuning & kMoeBlockTuneNoCooperative) ? 0 : 1;
+  (void)cudaLaunchKernelEx(&cfg, kernel, args);
+  return CudaLaunchStatus("MoeBlockDecodeCuda launch");
+}
+
+absl::Status SetMoeBlockDecodeTuning(int flags) {
+  if (flags < 0 || flags > kMoeBlockTuneAll) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetMoeBlockDecodeTuning: flags ", flags, " outside 0..", kMoeBlockTuneAll));
+  }
+  g_moe_block_tuning.store(flags, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int MoeBlockDecodeTuning() { return g_moe_block_tuning.load(std::memory_order_relaxed); }
+
+absl::StatusOr<std::vector<uint64_t>> MoeBlockDecodeTrace(int64_t blocks) {
+  if (blocks < 1 || blocks > kBlockTraceBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeBlockDecodeTrace: blocks ", blocks));
+  }
+  std::vector<uint64_t> host(static_cast<size_t>(blocks) * kBlockTracePoints);
+  if (const cudaError_t err =
+          cudaMemcpyFromSymbol(host.data(), g_block_trace, host.size() * sizeof(uint64_t));
+      err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("MoeBlockDecodeTrace: ", cudaGetErrorString(err)));
+  }
+  return host;
+}
+
+int64_t MoeBlockDecodeBlocks(int64_t num_tokens, const MoeRoutingParams& params) {
+  if (!MoeFusedDecodeSupported(num_tokens, params)) return 0;
+  const int tuning = MoeBlockDecodeTuning();
+  const size_t smem =
+      BlockDecodeSmemBytes(num_tokens, params, (tuning & kMoeBlockTuneRingDown) != 0);
+  return BlockDecodeGrid(reinterpret_cast<const void*>(PickBlockDecode(num_tokens, tuning)), smem,
+                         (tuning & kMoeBlockTuneOneBlockPerSm) ? 1 : 2);
+}
 }  // namespace sluice::kernels
