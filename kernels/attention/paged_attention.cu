@@ -1695,7 +1695,7 @@ constexpr int StaticDecodeWarpVariant(int var) {
   return 0;
 }
 static_assert(StaticDecodeWarpVariant(21) == 10 && StaticDecodeWarpVariant(22) == 0);
-std::atomic<int> g_decode_warp_variant{0};
+std::atomic<int> g_decode_warp_variant{10};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and

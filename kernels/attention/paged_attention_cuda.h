@@ -121,8 +121,10 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 
 // SetPagedAttentionDecodeWarpVariant: the shape and K/V copy of the persistent decode warps
-// (kernel 8/9) at head dims 65..128 (other dims always run 0). 0 (default): 4 warps a CTA,
-// 16-key slices, 3-stage cp.async ring. 1: cp.async with the .L2::256B prefetch-size hint;
+// (kernel 8/9) at head dims 65..128 (other dims always run 0). 10 is the default (H200,
+// Llama-3-8B decode at 256 sequences × 1k: attention 279-287 µs a layer vs 283-293 with 0, step
+// 15.57-15.60 ms vs 15.62-15.68; bench/results/cuda_attn_decode_variants_h200.json). 0: 4 warps
+// a CTA, 16-key slices, 3-stage cp.async ring. 1: cp.async with the .L2::256B prefetch-size hint;
 // 2: 1 plus an L2 evict-first cache policy; 3: one bulk copy (TMA, cp.async.bulk) per key
 // row with mbarrier completion (head_dim = v_head_dim = 128 and sm_90 only, else 0);
 // 4: 8 warps a CTA (1 CTA per SM at d 128); 5: 2 warps × 6 stages; 6: 4 warps × 32-key slices;
