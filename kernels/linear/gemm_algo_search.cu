@@ -6,17 +6,33 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace sluice::kernels {
 namespace {
 
-std::atomic<int> g_gemm_algo_search{0};
+// SetGemmAlgoSearch's setting; SLUICE_GEMM_ALGO_SEARCH gives the initial one.
+int InitialGemmAlgoSearch() {
+  const char* env = std::getenv("SLUICE_GEMM_ALGO_SEARCH");
+  if (env == nullptr || *env == '\0') return 0;
+  const absl::StatusOr<int> mask = ParseGemmAlgoSearchMask(env);
+  if (!mask.ok()) {
+    std::fprintf(stderr, "sluice: ignoring SLUICE_GEMM_ALGO_SEARCH: %s\n",
+                 std::string(mask.status().message()).c_str());
+    return 0;
+  }
+  return *mask;
+}
+
+std::atomic<int> g_gemm_algo_search{InitialGemmAlgoSearch()};
 
 // Output tiles (rows along cuBLAS's M = our n, columns along our m) that EnumerateAlgos sweeps:
 // the cublasLtMatmulTile_t ids whose names (cublasLt.h, CUDA 13.0) give both sides in
@@ -108,6 +124,16 @@ absl::Status SetGemmAlgoSearch(int mask) {
 }
 
 int GemmAlgoSearch() { return g_gemm_algo_search.load(std::memory_order_relaxed); }
+
+absl::StatusOr<int> ParseGemmAlgoSearchMask(std::string_view text) {
+  int mask = 0;
+  if (!absl::SimpleAtoi(text, &mask) || mask < 0 ||
+      mask > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a GEMM algorithm search mask 0..7 expected, got \"", text, "\""));
+  }
+  return mask;
+}
 
 namespace gemm_search {
 

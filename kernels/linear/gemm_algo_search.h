@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -46,8 +47,15 @@ inline constexpr int kGemmSearchAlgos = 1;
 inline constexpr int kGemmSearchSplitN = 2;
 inline constexpr int kGemmSearchStreams = 4;
 inline constexpr int64_t kGemmSearchMinRows = 64;
+// The process starts with the mask of the environment variable SLUICE_GEMM_ALGO_SEARCH when it
+// is set (ParseGemmAlgoSearchMask; an unparsable value is reported on stderr and leaves 0), so a
+// server can opt in without code: its tuning then takes ~30 s more at Llama-3-8B shapes, once
+// per process. H200, Llama-3-8B decode at 256 sequences × 1k with decode-warp variant 10: mask 3
+// 15.31-15.43 ms (1.288-1.299× the roofline, four runs) vs 15.57-15.60 with 0.
 absl::Status SetGemmAlgoSearch(int mask);
 int GemmAlgoSearch();
+// ParseGemmAlgoSearchMask: the mask in `text` (decimal, 0..7). InvalidArgument otherwise.
+absl::StatusOr<int> ParseGemmAlgoSearchMask(std::string_view text);
 
 namespace gemm_search {
 

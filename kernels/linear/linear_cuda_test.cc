@@ -417,6 +417,17 @@ struct GemmSearchScope {
 // Llama-3-8B decode shapes at m = 256 (qkv, o, down, gate/up with and without the SiLU·mul
 // epilogue) and an odd shape with a bias matches LinearCpu on every element, on the tuning call
 // and on the cached plan; every plan is tuned and named in DescribePlans.
+// SLUICE_GEMM_ALGO_SEARCH's parser (no GPU needed).
+TEST(GemmAlgoSearchArgsTest, ParsesMasks) {
+  EXPECT_EQ(*ParseGemmAlgoSearchMask("0"), 0);
+  EXPECT_EQ(*ParseGemmAlgoSearchMask("3"), 3);
+  EXPECT_EQ(*ParseGemmAlgoSearchMask("7"), 7);
+  for (const char* bad : {"", "8", "-1", "x", "3x", "1.5"}) {
+    EXPECT_EQ(ParseGemmAlgoSearchMask(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(LinearCudaTest, GemmAlgoSearchMatchesCpuReference) {
   GemmSearchScope scope;
   EXPECT_EQ(SetGemmAlgoSearch(-1).code(), absl::StatusCode::kInvalidArgument);
