@@ -125,7 +125,7 @@ absl::Status SetGemmAlgoSearch(int mask) {
 
 int GemmAlgoSearch() { return g_gemm_algo_search.load(std::memory_order_relaxed); }
 
-absl::StatusOr<int> ParseGemmAlgoSearchMask(std::string_view text) {
+absl::StatusOr<int> ParseGemmAlgoSearchMask(absl::string_view text) {
   int mask = 0;
   if (!absl::SimpleAtoi(text, &mask) || mask < 0 ||
       mask > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams)) {

@@ -22,11 +22,11 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_common.h"
 
 namespace sluice::kernels {
@@ -55,7 +55,7 @@ inline constexpr int64_t kGemmSearchMinRows = 64;
 absl::Status SetGemmAlgoSearch(int mask);
 int GemmAlgoSearch();
 // ParseGemmAlgoSearchMask: the mask in `text` (decimal, 0..7). InvalidArgument otherwise.
-absl::StatusOr<int> ParseGemmAlgoSearchMask(std::string_view text);
+absl::StatusOr<int> ParseGemmAlgoSearchMask(absl::string_view text);
 
 namespace gemm_search {
 
