@@ -99,6 +99,11 @@
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
 // (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
+// --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
+// a file or a directory of <GPU name>.json; default "auto", the repo's configs/gemm_tuning;
+// "" none, so every decode shape is timed as before). --gemm-tuning-save PATH: write the
+// process's table after the graphs are captured; with --gemm-algo-search 3 this makes the
+// table (scripts/make_gemm_tuning.sh).
 // --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
 // (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
@@ -161,6 +166,8 @@ struct Flags {
   bool compare_attn_stages = false;
   int tp = 1;
   int moe_decode_variant = -1;  // -1: leave the library's default
+  std::string gemm_tuning = "auto";  // CudaRunnerOptions::gemm_tuning
+  std::string gemm_tuning_save;      // CudaRunnerOptions::gemm_tuning_save
   std::string out;
 };
 
@@ -289,6 +296,8 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
     o.tp_all_reduce = tp->all_reduce;
   }
   o.autotune_gemms = autotune;
+  o.gemm_tuning = f.gemm_tuning;
+  o.gemm_tuning_save = f.gemm_tuning_save;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
@@ -637,6 +646,10 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+    } else if (a == "--gemm-tuning") {
+      f.gemm_tuning = v;
+    } else if (a == "--gemm-tuning-save") {
+      f.gemm_tuning_save = v;
     } else if (a == "--gemm-algo-search") {
       int mask = 0;
       if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
@@ -723,6 +736,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   out["attn_prefill_kernel"] = kernels::PagedAttentionPrefillKernel();
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
+  out["gemm_tuning"] = f.gemm_tuning;
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

@@ -125,6 +125,8 @@ PY
     cuda_decode_bench)
       mkdir -p "$bundle/configs"
       cp -r bench/configs/. "$bundle/configs/"
+      # GEMM tuning tables: CudaRunnerOptions::gemm_tuning "auto" finds them beside the binary.
+      if [ -d configs/gemm_tuning ]; then cp -r configs/gemm_tuning "$bundle/configs/"; fi
       cp bench/hf_baseline.py "$bundle/" ;;
   esac
 done

@@ -43,6 +43,18 @@ struct CudaRunnerOptions {
   // Tune the bucket shapes' GEMMs once, in the eager run before each graph capture
   // (kernels::CublasLt::set_autotune); only with use_cuda_graphs.
   bool autotune_gemms = true;
+  // GEMM tuning table (kernels::LoadGemmTuning: a file, or a directory holding
+  // <GPU name>.json) loaded before the first tuning, once per process and path: the bucket
+  // shapes it holds take its saved choice instead of being timed. "auto": the first existing
+  // directory of <source tree>/configs/gemm_tuning, <executable's directory>/configs/gemm_tuning
+  // and <executable's directory>/../share/sluice/gemm_tuning (none: no table). Empty: none.
+  // A directory without this GPU's file is not an error; a malformed table is
+  // (InvalidArgument from AllocateKvCache).
+  std::string gemm_tuning = "auto";
+  // After the graphs are captured, write the process's table (loaded + timed choices) here
+  // (kernels::SaveGemmTuning); empty: do not write. This is how a table is made: run once
+  // with the wider search (SLUICE_GEMM_ALGO_SEARCH=3) and this set.
+  std::string gemm_tuning_save;
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};

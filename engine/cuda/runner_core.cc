@@ -2,16 +2,58 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/embedding/embedding_cuda.h"
+#include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/sampling/sampling_cuda.h"
 
 namespace sluice::cuda_runner {
+namespace {
+
+// CudaRunnerOptions::gemm_tuning "auto": the first existing candidate directory, else "".
+std::string AutoGemmTuningDir() {
+  std::vector<std::filesystem::path> candidates;
+#ifdef SLUICE_SOURCE_DIR
+  candidates.push_back(std::filesystem::path(SLUICE_SOURCE_DIR) / "configs" / "gemm_tuning");
+#endif
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.parent_path() / "configs" / "gemm_tuning");
+    candidates.push_back(exe.parent_path() / ".." / "share" / "sluice" / "gemm_tuning");
+  }
+  for (const auto& dir : candidates) {
+    if (std::filesystem::is_directory(dir, ec)) return dir.string();
+  }
+  return "";
+}
+
+// LoadGemmTuningOnce: kernels::LoadGemmTuning(path) the first time a runner of this process
+// asks for `path` (tensor-parallel ranks and re-allocations share the process table).
+absl::Status LoadGemmTuningOnce(std::string path) {
+  if (path == "auto") path = AutoGemmTuningDir();
+  if (path.empty()) return absl::OkStatus();
+  static std::mutex mu;
+  static std::set<std::string>* loaded = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded->count(path) > 0) return absl::OkStatus();
+  absl::StatusOr<int> taken = kernels::LoadGemmTuning(path);
+  if (!taken.ok()) return taken.status();
+  loaded->insert(path);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb) {
   MetaLayout l;
@@ -423,6 +465,9 @@ absl::Status RunnerCore::CaptureGraphs() {
   // The bucket shapes' GEMMs are tuned once, in the eager run before each capture (and only
   // there, so Step never synchronizes to tune): weight-streaming shapes gain most from the
   // choice (GEMV for m <= 8, else the fastest of cuBLASLt's candidates rather than its first).
+  if (options.autotune_gemms && !options.gemm_tuning.empty()) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
+  }
   if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
   for (Graph& g : graphs) {
     const int64_t b = g.batch;
@@ -446,6 +491,10 @@ absl::Status RunnerCore::CaptureGraphs() {
                                 "cudaGraphInstantiate");
   }
   lt->set_autotune(0);
+  if (options.autotune_gemms && !options.gemm_tuning_save.empty()) {
+    absl::StatusOr<std::string> saved = kernels::SaveGemmTuning(options.gemm_tuning_save);
+    if (!saved.ok()) return saved.status();
+  }
   return stream.Synchronize();
 }
 

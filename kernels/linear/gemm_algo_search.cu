@@ -427,6 +427,25 @@ float SplitGemm::Tune(cublasLtHandle_t handle, const bf16* x, const bf16* w, con
   return two_streams_ ? streams_us_ : serial_us_;
 }
 
+absl::Status SplitGemm::Restore(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& part0,
+                               const cublasLtMatmulAlgo_t& part1, bool two_streams,
+                               size_t workspace_bytes) {
+  const cublasLtMatmulAlgo_t* algos[2] = {&part0, &part1};
+  for (int i = 0; i < 2; ++i) {
+    Part& p = *parts_[i];
+    if (!CheckAlgo(handle, p.op, p.a, p.b, p.c, *algos[i], workspace_bytes)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SplitGemm: cuBLASLt rejects the saved algorithm of part ", i));
+    }
+    p.algo = *algos[i];
+    p.us = -1.0f;
+  }
+  two_streams_ = two_streams;
+  return absl::OkStatus();
+}
+
+const cublasLtMatmulAlgo_t& SplitGemm::part_algo(int i) const { return parts_[i]->algo; }
+
 cublasStatus_t SplitGemm::Run(cublasLtHandle_t handle, const bf16* x, const bf16* w,
                               const bf16* bias, bf16* y, void* workspace, size_t workspace_bytes,
                               SplitResources* res, cudaStream_t stream) {
@@ -495,6 +514,30 @@ std::vector<int64_t> SplitPoints(int64_t m, int64_t n, int sms, int max_points) 
   return kept;
 }
 
+SplitResources* EnsureSplitResources(std::unique_ptr<SplitResources>* res,
+                                     size_t workspace_bytes) {
+  if (*res == nullptr) {
+    auto made = std::make_unique<SplitResources>();
+    auto ws = DeviceBuffer<uint8_t>::Create(workspace_bytes);
+    if (ws.ok() && cudaStreamCreateWithFlags(&made->side, cudaStreamNonBlocking) == cudaSuccess &&
+        cudaEventCreateWithFlags(&made->fork, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&made->join, cudaEventDisableTiming) == cudaSuccess) {
+      made->workspace = *std::move(ws);
+      *res = std::move(made);
+    }
+    (void)cudaGetLastError();
+  }
+  return res->get();
+}
+
+bool CheckAlgo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, const cublasLtMatmulAlgo_t& algo,
+               size_t workspace_bytes) {
+  cublasLtMatmulHeuristicResult_t r{};
+  return cublasLtMatmulAlgoCheck(handle, op, a, b, c, c, &algo, &r) == CUBLAS_STATUS_SUCCESS &&
+         r.workspaceSize <= workspace_bytes;
+}
+
 std::unique_ptr<SplitGemm> TuneBestSplit(cublasLtHandle_t handle, int64_t m, int64_t n,
                                          int64_t k, const bf16* x, const bf16* w,
                                          const bf16* bias, bf16* y, void* workspace,
@@ -510,22 +553,8 @@ std::unique_ptr<SplitGemm> TuneBestSplit(cublasLtHandle_t handle, int64_t m, int
       sms <= 0) {
     return nullptr;
   }
-  SplitResources* r = nullptr;
-  if ((mask & kGemmSearchStreams) != 0) {
-    if (*res == nullptr) {
-      auto made = std::make_unique<SplitResources>();
-      auto ws = DeviceBuffer<uint8_t>::Create(workspace_bytes);
-      if (ws.ok() &&
-          cudaStreamCreateWithFlags(&made->side, cudaStreamNonBlocking) == cudaSuccess &&
-          cudaEventCreateWithFlags(&made->fork, cudaEventDisableTiming) == cudaSuccess &&
-          cudaEventCreateWithFlags(&made->join, cudaEventDisableTiming) == cudaSuccess) {
-        made->workspace = *std::move(ws);
-        *res = std::move(made);
-      }
-      (void)cudaGetLastError();
-    }
-    r = res->get();
-  }
+  SplitResources* r =
+      (mask & kGemmSearchStreams) != 0 ? EnsureSplitResources(res, workspace_bytes) : nullptr;
   const int enumerated = (mask & kGemmSearchAlgos) != 0 ? kMaxEnumeratedPerPart : 0;
   std::unique_ptr<SplitGemm> best;
   for (int64_t n1 : SplitPoints(m, n, sms, kMaxSplitPoints)) {

@@ -118,6 +118,14 @@ class SplitGemm {
              void* workspace, size_t workspace_bytes, SplitResources* res, cudaStream_t stream,
              int heuristic, int enumerated, const TimeFn& time,
              const std::function<bool()>& finish);
+  // Restore sets the parts' algorithms and mode from a saved choice (GemmTuningTable) instead
+  // of Tune: each algorithm must pass cublasLtMatmulAlgoCheck for its part with a workspace of
+  // at most workspace_bytes. Errors: FailedPrecondition when one does not (e.g. another
+  // cuBLASLt build).
+  absl::Status Restore(cublasLtHandle_t handle, const cublasLtMatmulAlgo_t& part0,
+                       const cublasLtMatmulAlgo_t& part1, bool two_streams,
+                       size_t workspace_bytes);
+  const cublasLtMatmulAlgo_t& part_algo(int i) const;
   // Run launches both parts (on `stream`, or forked onto res->side when tuned so); capturable.
   cublasStatus_t Run(cublasLtHandle_t handle, const bf16* x, const bf16* w, const bf16* bias,
                      bf16* y, void* workspace, size_t workspace_bytes, SplitResources* res,
@@ -146,6 +154,17 @@ class SplitGemm {
 // {64, 128, 256} along m), with n/8 <= n1 <= n - n/8 and n1 % 16 == 0; fewest waves first, then
 // larger tiles, at most `max_points` distinct, returned ascending.
 std::vector<int64_t> SplitPoints(int64_t m, int64_t n, int sms, int max_points);
+
+// EnsureSplitResources makes *res (side stream, fork/join events, a workspace of
+// workspace_bytes) when it is null; returns it, or nullptr when CUDA refused (then two-stream
+// splits are not timed or run).
+SplitResources* EnsureSplitResources(std::unique_ptr<SplitResources>* res, size_t workspace_bytes);
+
+// CheckAlgo: whether cuBLASLt accepts `algo` for (op, a, b, c) with a workspace of at most
+// workspace_bytes (cublasLtMatmulAlgoCheck), for restored choices.
+bool CheckAlgo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, const cublasLtMatmulAlgo_t& algo,
+               size_t workspace_bytes);
 
 // Bounds of TuneBestSplit's search: split points per shape, enumerated algorithms per part.
 inline constexpr int kMaxSplitPoints = 6;

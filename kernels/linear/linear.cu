@@ -14,7 +14,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -25,6 +30,7 @@
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/linear/gemm_algo_search.h"
+#include "kernels/linear/gemm_tuning_table.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -544,6 +550,8 @@ struct Plan {
   float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
   // tuned: a two-part N split that beat every single call (SetGemmAlgoSearch); runs instead.
   std::unique_ptr<gemm_search::SplitGemm> split;
+  bool table_checked = false;  // the process's GEMM tuning table was consulted
+  bool from_table = false;     // tuned = a saved choice (LoadGemmTuning), not timed here
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -558,7 +566,131 @@ struct Plan {
 // (m, n, k, has_bias, align_x, align_w, align_y, align_bias)
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
 
+// ---- The process's GEMM tuning table (LoadGemmTuning / SaveGemmTuning) ----
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(CublasLtAlgoWords));
+
+CublasLtAlgoWords WordsOf(const cublasLtMatmulAlgo_t& algo) {
+  CublasLtAlgoWords w;
+  std::memcpy(w.data(), &algo, sizeof(w));
+  return w;
+}
+
+cublasLtMatmulAlgo_t AlgoOf(const CublasLtAlgoWords& w) {
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, w.data(), sizeof(w));
+  return algo;
+}
+
+// The current device's identity (cudaGetDeviceProperties once per device).
+absl::StatusOr<GemmTuningDevice> CurrentTuningDevice() {
+  static std::mutex mu;
+  static absl::flat_hash_map<int, GemmTuningDevice> known;
+  int device = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  cudaDeviceProp prop{};
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  GemmTuningDevice d{prop.name, 10 * prop.major + prop.minor, prop.multiProcessorCount,
+                     static_cast<int>(cublasLtGetVersion())};
+  known.emplace(device, d);
+  return d;
+}
+
+// Loaded and newly tuned choices; the table's device is the one they apply to (the first
+// device that loaded or tuned: a process tunes one GPU model).
+struct TuningRegistry {
+  std::mutex mu;
+  std::optional<GemmTuningTable> table;
+};
+
+TuningRegistry& Registry() {
+  static TuningRegistry* r = new TuningRegistry();
+  return *r;
+}
+
+GemmTuningKey TuningKeyOf(const PlanKey& key, bool glu) {
+  GemmTuningKey k;
+  std::tie(k.m, k.n, k.k, k.bias, k.align_x, k.align_w, k.align_y, k.align_bias) = key;
+  k.glu = glu;
+  return k;
+}
+
+// `path` as a table file: a directory names its GemmTuningFileName(device) entry.
+std::filesystem::path TuningFile(const std::string& path, const GemmTuningDevice& device) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return std::filesystem::path(path) / GemmTuningFileName(device.name);
+  }
+  return std::filesystem::path(path);
+}
+
 }  // namespace
+
+absl::StatusOr<int> LoadGemmTuning(const std::string& path) {
+  auto device = CurrentTuningDevice();
+  if (!device.ok()) return device.status();
+  std::error_code ec;
+  const bool is_dir = std::filesystem::is_directory(path, ec);
+  const std::filesystem::path file = TuningFile(path, *device);
+  if (!std::filesystem::exists(file, ec)) {
+    if (is_dir) return 0;  // no table for this GPU model
+    return absl::NotFoundError(absl::StrCat("LoadGemmTuning: no file ", path));
+  }
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InternalError(absl::StrCat("LoadGemmTuning: cannot read ", file.string()));
+  }
+  absl::StatusOr<GemmTuningTable> table = GemmTuningTable::Parse(text.str());
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.string(), ": ", table.status().message()));
+  }
+  if (!table->Applies(*device)) return 0;
+  const bool cublaslt = table->CublasLtApplies(*device);
+  TuningRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.table.has_value()) r.table.emplace(*device);
+  if (!r.table->Applies(*device)) return 0;  // the process already tunes another GPU model
+  int taken = 0;
+  for (const auto& [key, choice] : table->entries()) {
+    if (!cublaslt && choice.kind != GemmTuningChoice::Kind::kGemv) continue;
+    r.table->Insert(key, choice);
+    ++taken;
+  }
+  return taken;
+}
+
+absl::StatusOr<std::string> SaveGemmTuning(const std::string& path) {
+  auto device = CurrentTuningDevice();
+  if (!device.ok()) return device.status();
+  std::string text;
+  {
+    TuningRegistry& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    text = r.table.has_value() ? r.table->Serialize() : GemmTuningTable(*device).Serialize();
+  }
+  const std::filesystem::path file = TuningFile(path, *device);
+  const std::filesystem::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.good()) {
+      return absl::InternalError(absl::StrCat("SaveGemmTuning: cannot write ", tmp.string()));
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, file, ec);  // whole file or none for a concurrent reader
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("SaveGemmTuning: cannot rename to ", file.string(), ": ", ec.message()));
+  }
+  return file.string();
+}
 
 struct CublasLt::Impl {
   cublasLtHandle_t handle = nullptr;
@@ -660,6 +792,94 @@ struct CublasLt::Impl {
     const float alpha = 1.0f, beta = 0.0f;
     return cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo,
                           workspace.data(), workspace.bytes(), stream);
+  }
+
+  // ApplySaved takes the process table's choice for `tk` (tuned with at least the current
+  // search bits) when it still fits this plan: a cuBLASLt algorithm must pass
+  // cublasLtMatmulAlgoCheck, a GEMV must be a served variant for these operands, a split's
+  // parts likewise. Returns whether p is now tuned. No timing, no sync: safe during capture.
+  bool ApplySaved(Plan& p, const GemmTuningKey& tk, const bf16* x, const bf16* w) {
+    GemmTuningChoice c;
+    {
+      TuningRegistry& r = Registry();
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (!r.table.has_value()) return false;
+      auto device = CurrentTuningDevice();
+      if (!device.ok() || !r.table->Applies(*device)) return false;
+      const GemmTuningChoice* found = r.table->Find(tk, GemmAlgoSearch());
+      if (found == nullptr) return false;
+      c = *found;
+    }
+    switch (c.kind) {
+      case GemmTuningChoice::Kind::kCublasLt: {
+        const cublasLtMatmulAlgo_t algo = AlgoOf(c.algo);
+        if (!gemm_search::CheckAlgo(handle, p.op, p.a, p.b, p.c, algo, workspace.bytes())) {
+          return false;
+        }
+        p.algo = algo;
+        break;
+      }
+      case GemmTuningChoice::Kind::kGemv:
+        if (!GemvSupported(x, w, tk.m, tk.n, tk.k) ||
+            !GemvVariantSupported(c.gemv_unroll, c.gemv_split) ||
+            (tk.glu && !GemvGluVariantSupported(c.gemv_unroll, c.gemv_split))) {
+          return false;
+        }
+        p.gemv = true;
+        p.gemv_unroll = c.gemv_unroll;
+        p.gemv_split = c.gemv_split;
+        p.gemv_us = c.us;
+        break;
+      case GemmTuningChoice::Kind::kSplit: {
+        auto split = gemm_search::SplitGemm::Make(tk.m, tk.n, tk.k, c.split_n1, tk.bias);
+        if (!split.ok()) return false;
+        if (c.split_two_streams &&
+            gemm_search::EnsureSplitResources(&split_res, workspace.bytes()) == nullptr) {
+          return false;
+        }
+        if (!(*split)
+                 ->Restore(handle, AlgoOf(c.split_algos[0]), AlgoOf(c.split_algos[1]),
+                           c.split_two_streams, workspace.bytes())
+                 .ok()) {
+          return false;
+        }
+        p.split = *std::move(split);
+        break;
+      }
+    }
+    p.best_us = c.us;
+    p.tuned = true;
+    p.from_table = true;
+    return true;
+  }
+
+  // RecordTuned adds p's timed choice to the process table (SaveGemmTuning writes it).
+  void RecordTuned(const Plan& p, const GemmTuningKey& tk) {
+    auto device = CurrentTuningDevice();
+    if (!device.ok()) return;
+    GemmTuningChoice c;
+    c.us = p.best_us;
+    c.search_mask = GemmAlgoSearch();
+    if (p.gemv) {
+      c.kind = GemmTuningChoice::Kind::kGemv;
+      c.gemv_unroll = p.gemv_unroll;
+      c.gemv_split = p.gemv_split;
+      c.describe = absl::StrCat("gemv unroll ", p.gemv_unroll, " split ", p.gemv_split);
+    } else if (p.split != nullptr) {
+      c.kind = GemmTuningChoice::Kind::kSplit;
+      c.split_n1 = p.split->n1();
+      c.split_two_streams = p.split->two_streams();
+      c.split_algos = {WordsOf(p.split->part_algo(0)), WordsOf(p.split->part_algo(1))};
+      c.describe = p.split->Describe();
+    } else {
+      c.kind = GemmTuningChoice::Kind::kCublasLt;
+      c.algo = WordsOf(p.algo);
+      c.describe = gemm_search::DescribeAlgo(p.algo);
+    }
+    TuningRegistry& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (!r.table.has_value()) r.table.emplace(*device);
+    if (r.table->Applies(*device)) r.table->Insert(tk, std::move(c));
   }
 
   // Tune times each candidate (and GemvCuda when eligible) on the caller's operands: 2 warm-up
@@ -833,6 +1053,11 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
                                      const_cast<bf16*>(x), m, k, norm->eps, stream);
     if (!st.ok()) return st;
   }
+  const GemmTuningKey tuning_key = TuningKeyOf(key, glu_out != nullptr);
+  if (m <= impl.autotune_max_m && !p.tuned && !p.table_checked) {
+    p.table_checked = true;
+    impl.ApplySaved(p, tuning_key, x, w);
+  }
   if (m <= impl.autotune_max_m && !p.tuned) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
@@ -845,6 +1070,7 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
       }
       absl::Status st = impl.Tune(p, key, x, w, bias, y, glu_out, stream);
       if (!st.ok()) return st;
+      impl.RecordTuned(p, tuning_key);
     }
   }
   if (p.gemv && glu_out != nullptr && GemvGluVariantSupported(p.gemv_unroll, p.gemv_split)) {
@@ -1010,7 +1236,8 @@ std::string CublasLt::DescribePlans() {
                   p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us,
                   p->gemv_unroll, p->gemv_split);
     out += line;
-    if (GemmAlgoSearch() != 0 && !p->gemv) {  // what the wider search picked
+    if (p->from_table) out += " (GEMM tuning table)";
+    if ((GemmAlgoSearch() != 0 || p->from_table) && !p->gemv) {  // the algorithm in full
       out += "; " + (p->split != nullptr ? p->split->Describe() : gemm_search::DescribeAlgo(p->algo));
     }
     out += "\n";

@@ -112,6 +112,23 @@ int GemvPdlPrefetch();
 absl::Status SetGemmTuneCandidates(int n);
 int GemmTuneCandidates();
 
+// LoadGemmTuning(path): merges a GEMM tuning table (kernels/linear/gemm_tuning_table.h) into
+// the process's table, which every CublasLt's autotuner (set_autotune) consults before timing:
+// a plan whose (shape, bias, alignments, SiLU·mul epilogue) is there, tuned with at least the
+// current SetGemmAlgoSearch bits, takes the saved choice (after cublasLtMatmulAlgoCheck / the
+// GEMV variant checks; otherwise it is timed as usual) without timing or synchronizing.
+// `path` is a table file, or a directory holding GemmTuningFileName(<this GPU's name>).
+// Returns the entries taken: 0 for a directory without this GPU's file or a table of another
+// GPU model (name, compute capability, SM count); only GEMV entries when the table's
+// cuBLASLt version differs. Errors: NotFound for a missing file path; InvalidArgument for a
+// malformed table (naming the file and field); Internal for CUDA or read failures.
+absl::StatusOr<int> LoadGemmTuning(const std::string& path);
+// SaveGemmTuning(path): writes the process's table — loaded entries plus every plan the
+// autotuner timed since — for the current GPU to `path` (a file, or GemmTuningFileName in a
+// directory), atomically (write + rename). Returns the file written. Errors: Internal for
+// CUDA or write failures.
+absl::StatusOr<std::string> SaveGemmTuning(const std::string& path);
+
 // Largest m GemvCuda serves.
 inline constexpr int64_t kGemvMaxRows = 8;
 

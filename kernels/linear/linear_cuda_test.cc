@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -18,6 +21,7 @@
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/linear/gemm_algo_search.h"
+#include "kernels/linear/gemm_tuning_table.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
@@ -560,6 +564,138 @@ TEST(LinearCudaTest, SplitGemmMatchesCpuReference) {
   res.reset();
   cudaStreamDestroy(stream);
   cublasLtDestroy(handle);
+}
+
+// The DescribePlans line of the plan for (m, n, k) ("m=.. n=.. k=..:" prefix), or "".
+std::string PlanLine(CublasLt& lt, int64_t m, int64_t n, int64_t k) {
+  const std::string prefix = absl::StrCat("m=", m, " n=", n, " k=", k, ":");
+  for (absl::string_view line : absl::StrSplit(lt.DescribePlans(), '\n')) {
+    if (absl::StartsWith(line, prefix)) return std::string(line);
+  }
+  return "";
+}
+
+std::string ReadText(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteText(const std::filesystem::path& file, const std::string& text) {
+  std::ofstream out(file, std::ios::trunc);
+  out << text;
+}
+
+// GEMM tuning tables (LoadGemmTuning / SaveGemmTuning): timed choices are saved for this GPU;
+// a loaded table's choices run without timing (named in DescribePlans) and match LinearCpu; a
+// saved cuBLASLt algorithm that cuBLASLt rejects is timed instead; tables of another GPU model
+// are skipped; bad paths and tables are errors.
+TEST(LinearCudaTest, GemmTuningTableSavesAndApplies) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "sluice_gemm_tuning_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // 1. Tune two shapes and save: the file holds them, for this device.
+  auto lt = CublasLt::Create();
+  ASSERT_TRUE(lt.ok()) << lt.status();
+  (*lt)->set_autotune(64);
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{64, 1024, 512}, {2, 1536, 1024}}) {
+    CheckShape("timed", m, n, k, false, rng, [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+      return LinearCuda(**lt, x, w, b, y, m, n, k, nullptr);
+    });
+  }
+  absl::StatusOr<std::string> saved = SaveGemmTuning(dir.string());
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  int device = 0;
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, device), cudaSuccess);
+  EXPECT_EQ(*saved, (dir / GemmTuningFileName(prop.name)).string());
+  absl::StatusOr<GemmTuningTable> table = GemmTuningTable::Parse(ReadText(*saved));
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->device().name, prop.name);
+  EXPECT_EQ(table->device().sms, prop.multiProcessorCount);
+  GemmTuningKey tuned_key;
+  tuned_key.m = 64;
+  tuned_key.n = 1024;
+  tuned_key.k = 512;
+  const GemmTuningChoice* tuned = table->Find(tuned_key, 0);
+  ASSERT_NE(tuned, nullptr) << ReadText(*saved);
+  GemmTuningKey gemv_key = tuned_key;
+  gemv_key.m = 2;
+  gemv_key.n = 1536;
+  gemv_key.k = 1024;
+  ASSERT_NE(table->Find(gemv_key, 0), nullptr);
+
+  // 2. A table for fresh shapes: a GEMV variant the timing would not necessarily pick, the
+  // tuned shape's choice for m = 48, and an all-zero cuBLASLt algorithm (rejected → timed).
+  GemmTuningTable made(table->device());
+  GemmTuningChoice gemv;
+  gemv.kind = GemmTuningChoice::Kind::kGemv;
+  gemv.gemv_unroll = 8;
+  gemv.gemv_split = 2;
+  GemmTuningKey k_gemv = gemv_key;
+  k_gemv.m = 3;
+  made.Insert(k_gemv, gemv);
+  GemmTuningKey k_reuse = tuned_key;
+  k_reuse.m = 48;
+  if (tuned->kind == GemmTuningChoice::Kind::kCublasLt) made.Insert(k_reuse, *tuned);
+  GemmTuningChoice zero;  // kCublasLt, all-zero words
+  GemmTuningKey k_zero = tuned_key;
+  k_zero.m = 40;
+  made.Insert(k_zero, zero);
+  const std::filesystem::path file = dir / "made.json";
+  WriteText(file, made.Serialize());
+  absl::StatusOr<int> taken = LoadGemmTuning(file.string());
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, static_cast<int>(made.size()));
+  auto lt2 = CublasLt::Create();
+  ASSERT_TRUE(lt2.ok()) << lt2.status();
+  (*lt2)->set_autotune(64);
+  for (const GemmTuningKey& key : {k_gemv, k_reuse, k_zero}) {
+    for (int rep = 0; rep < 2; ++rep) {
+      CheckShape(absl::StrCat("table rep ", rep), key.m, key.n, key.k, false, rng,
+                 [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
+                   return LinearCuda(**lt2, x, w, b, y, key.m, key.n, key.k, nullptr);
+                 });
+    }
+  }
+  const std::string gemv_line = PlanLine(**lt2, k_gemv.m, k_gemv.n, k_gemv.k);
+  EXPECT_TRUE(absl::StrContains(gemv_line, "GEMV")) << gemv_line;
+  EXPECT_TRUE(absl::StrContains(gemv_line, "unroll 8 split 2")) << gemv_line;
+  EXPECT_TRUE(absl::StrContains(gemv_line, "(GEMM tuning table)")) << gemv_line;
+  if (tuned->kind == GemmTuningChoice::Kind::kCublasLt) {
+    const std::string reuse_line = PlanLine(**lt2, k_reuse.m, k_reuse.n, k_reuse.k);
+    EXPECT_TRUE(absl::StrContains(reuse_line, "(GEMM tuning table)")) << reuse_line;
+  }
+  const std::string zero_line = PlanLine(**lt2, k_zero.m, k_zero.n, k_zero.k);
+  EXPECT_TRUE(absl::StrContains(zero_line, "tuned 1")) << zero_line;
+  EXPECT_FALSE(absl::StrContains(zero_line, "(GEMM tuning table)")) << zero_line;
+
+  // 3. Another GPU model's table is skipped; bad paths and tables are errors.
+  GemmTuningDevice other = table->device();
+  other.name = "Some Other GPU";
+  GemmTuningTable foreign(other);
+  foreign.Insert(k_gemv, gemv);
+  WriteText(dir / "foreign.json", foreign.Serialize());
+  absl::StatusOr<int> none = LoadGemmTuning((dir / "foreign.json").string());
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, 0);
+  const std::filesystem::path empty_dir = dir / "empty";
+  std::filesystem::create_directories(empty_dir);
+  absl::StatusOr<int> empty = LoadGemmTuning(empty_dir.string());
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, 0);
+  EXPECT_EQ(LoadGemmTuning((dir / "missing.json").string()).status().code(),
+            absl::StatusCode::kNotFound);
+  WriteText(dir / "bad.json", "{\"format\": \"sluice-gemm-tuning-v1\"}");
+  const absl::Status bad = LoadGemmTuning((dir / "bad.json").string()).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "bad.json")) << bad;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LinearCudaTest, RejectsBadShapes) {
