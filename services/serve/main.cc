@@ -4,7 +4,8 @@
 //   sluice generate --model DIR --input prompts.jsonl --output out.jsonl
 //   (serve/generate/prefill/decode: [--tensor-parallel-size N] [--expert-parallel-size N]
 //    [--enable-eplb [--eplb-step-interval K] [--num-redundant-experts R]]
-//    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy])
+//    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy]
+//    [--gemm-tuning PATH] [--gemm-tuning-save PATH])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
@@ -50,6 +51,11 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "--device cuda: fraction of GPU memory for weights, activations and KV blocks")
       ->check(CLI::Range(0.0, 1.0))
       ->excludes(gib);
+  app.add_option("--gemm-tuning", runtime.gemm_tuning,
+                 "--device cuda: GEMM tuning table, a file or a directory of <GPU name>.json "
+                 "(auto: configs/gemm_tuning; empty: time every decode GEMM shape at start-up)");
+  app.add_option("--gemm-tuning-save", runtime.gemm_tuning_save,
+                 "--device cuda: write the start-up's GEMM tuning table here (file or directory)");
   app.add_option("--block-size", runtime.engine.block_size, "Tokens per KV block")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-model-len", runtime.engine.max_model_len,

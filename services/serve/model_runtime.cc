@@ -87,6 +87,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   runner.max_model_len = max_model_len;
   runner.max_num_tokens = engine.max_num_batched_tokens;
   runner.max_num_seqs = engine.max_num_seqs;
+  runner.gemm_tuning = options.gemm_tuning;
+  runner.gemm_tuning_save = options.gemm_tuning_save;
   absl::StatusOr<std::unique_ptr<Model>> model;
   if (options.load_format == "dummy") {
     absl::StatusOr<std::unique_ptr<cuda_runner::CudaRunner>> dummy =

@@ -34,6 +34,11 @@ struct RuntimeOptions {
   // other processes hold, and a fixed reserve for activations and graphs, are subtracted, the rest
   // becomes KV blocks (see CudaKvBlocks in model_runtime.cc).
   double gpu_memory_utilization = 0.9;
+  // --device cuda: the GEMM tuning table (cuda_runner::CudaRunnerOptions::gemm_tuning: "auto"
+  // finds configs/gemm_tuning/<GPU name>.json; a file or directory; "" none) and where to
+  // write the process's table after start-up ("" nowhere).
+  std::string gemm_tuning = "auto";
+  std::string gemm_tuning_save;
   // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
   // (services/kvstore/kvstore_connector.h); empty: none.
   std::string kvstore;
