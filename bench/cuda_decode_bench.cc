@@ -89,9 +89,9 @@
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
 // --attn-decode-variant N: the persistent decode warps' shape and K/V copy flavour
-// (kernels::SetPagedAttentionDecodeWarpVariant 0..24, default 10; 21..24 take units
-// dynamically from a ticket counter and merge splits in-kernel; paged_attention_cuda.h lists
-// them), for A/B runs at batches that take kernel 8 (batch 256).
+// (kernels::SetPagedAttentionDecodeWarpVariant: 10, the default, 8-warp CTAs with evict-first
+// copies; 0, 4-warp CTAs with plain cp.async; paged_attention_cuda.h), for A/B runs at
+// batches that take kernel 8 (batch 256).
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times

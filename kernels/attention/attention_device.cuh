@@ -32,20 +32,13 @@ static __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, i
 // CpAsync16 with hints on the L2 side of the copy (PTX ISA, "Data Movement and Conversion
 // Instructions: cp.async": cp.async.cg.shared.global{.level::cache_hint}{.level::prefetch_size}
 // [dst], [src], 16{, src-size}{, cache-policy}). .L2::256B lets the L2 fetch the whole 256-byte
-// block around the address from DRAM (a decode warp's 256-byte K/V row pieces); with
-// kEvictFirst the copy carries `policy` (L2EvictFirstPolicy), so streamed K/V lines are the
-// first the L2 drops.
-template <bool kEvictFirst>
-static __device__ __forceinline__ void CpAsync16L2Hint(void* smem, const void* gmem, int src_bytes,
-                                                       uint64_t policy) {
-  if constexpr (kEvictFirst) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::
-                     "r"(SmemAddr(smem)),
-                 "l"(gmem), "r"(src_bytes), "l"(policy));
-  } else {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
-                 "l"(gmem), "r"(src_bytes));
-  }
+// block around the address from DRAM (a decode warp's 256-byte K/V row pieces), and the copy
+// carries `policy` (L2EvictFirstPolicy), so streamed K/V lines are the first the L2 drops.
+static __device__ __forceinline__ void CpAsync16EvictFirst(void* smem, const void* gmem,
+                                                           int src_bytes, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   SmemAddr(smem)),
+               "l"(gmem), "r"(src_bytes), "l"(policy));
 }
 // An L2 cache policy marking every line it covers evict-first (PTX ISA, "Data Movement and
 // Conversion Instructions: createpolicy"; fraction 1.0 = all accesses made with it).

@@ -59,11 +59,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
-  // Dynamic decode warps (num_splits > 1): the partitions the longest sequence's keys are cut
-  // into (the kernel sizes them from the step's context lengths), and the batch's
-  // max_query_len bound (a window's span).
-  int dyn_splits;
-  int max_query_len;
 };
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
@@ -177,28 +172,23 @@ __device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t*
   return static_cast<int64_t>(__ldg(block_table + block)) * args.block_size + offset;
 }
 
-// How PagedDecodeWarpKernel copies K/V into its ring (SetPagedAttentionDecodeWarpVariant):
-// plain cp.async (as every other kernel here), cp.async with the .L2::256B prefetch-size hint,
-// the same with an L2 evict-first cache policy, or one bulk copy (cp.async.bulk, the TMA
-// engine) per 256-byte key row completing on a per-stage mbarrier.
-constexpr int kCopyPlain = 0, kCopyL2Prefetch = 1, kCopyEvictFirst = 2, kCopyBulk = 3;
-
-// One 16-byte chunk of CopySlice in flavour kCopy (kCopyBulk is not a chunk copy).
-template <int kCopy>
+// One 16-byte chunk of CopySlice: plain cp.async (as every other kernel here), or with
+// kEvictFirst (PagedDecodeWarpKernel of decode-warp variant 10) cp.async with the .L2::256B
+// prefetch-size hint and the L2 evict-first `policy` (attention_device.cuh).
+template <bool kEvictFirst>
 __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy) {
-  static_assert(kCopy != kCopyBulk);
-  if constexpr (kCopy == kCopyPlain) {
-    CpAsync16(dst, src, bytes);
+  if constexpr (kEvictFirst) {
+    attention_detail::CpAsync16EvictFirst(dst, src, bytes, policy);
   } else {
-    attention_detail::CpAsync16L2Hint<kCopy == kCopyEvictFirst>(dst, src, bytes, policy);
+    CpAsync16(dst, src, bytes);
   }
 }
 
 // One warp copies the K rows (pitch Pitch<kD>) and then V rows of a kBN-key slice into k_dst
 // (V after the kBN K rows) and commits the copy group; lane_slot is LaneSlot of the slice
 // (zero-filled rows for −1 and columns past the true head dims). k_base / v_base: the KV
-// head's first element in the caches. kCopy / policy: the cp.async flavour (CopyChunk).
-template <int kD, int kDV, int kBN, int kCopy = kCopyPlain>
+// head's first element in the caches. kEvictFirst / policy: the cp.async flavour (CopyChunk).
+template <int kD, int kDV, int kBN, bool kEvictFirst = false>
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
                                           const bf16* k_base, const bf16* v_base, int lane,
                                           uint64_t policy = 0) {
@@ -214,8 +204,9 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
     const int col = (c % kKChunks) * 8;
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < args.head_dim;
-    CopyChunk<kCopy>(k_dst + key * Pitch<kD>() + col,
-                     live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0, policy);
+    CopyChunk<kEvictFirst>(k_dst + key * Pitch<kD>() + col,
+                           live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0,
+                           policy);
   }
 #pragma unroll
   for (int i = 0; i < kBN * kVChunks / 32; ++i) {
@@ -224,8 +215,9 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
     const int col = (c % kVChunks) * 8;
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < args.v_head_dim;
-    CopyChunk<kCopy>(v_dst + key * Pitch<kDV>() + col,
-                     live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0, policy);
+    CopyChunk<kEvictFirst>(v_dst + key * Pitch<kDV>() + col,
+                           live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0,
+                           policy);
   }
   CpAsyncCommit();
 }
@@ -335,21 +327,19 @@ __device__ __forceinline__ void QuadSumRows(float (&row_sum)[2]) {
   }
 }
 
-// Writes the thread's valid rows: normalized bf16 output unless `partial`, else the fp32
-// normalized partial and (max, sum) of split `split` for the combine (partial is
-// args.num_splits > 1 except in the dynamic decode warps, where it is per (sequence, KV head)).
+// Writes the thread's valid rows: normalized bf16 output when the launch is not split, else
+// the fp32 normalized partial and (max, sum) of split `split` for the combine.
 template <int kDV>
 __device__ __forceinline__ void StoreRows(const AttnArgs& args, const RowInfo& rw, int split,
-                                          bool partial, const float (&acc)[kDV / 8][4],
-                                          const float (&row_max)[2], const float (&row_sum)[2],
-                                          int t) {
+                                          const float (&acc)[kDV / 8][4], const float (&row_max)[2],
+                                          const float (&row_sum)[2], int t) {
   constexpr int kVTiles = kDV / 8;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (!rw.valid[i]) continue;
     const float inv = row_sum[i] > 0.0f ? 1.0f / row_sum[i] : 0.0f;
     const int64_t out_row = static_cast<int64_t>(rw.token[i]) * args.num_heads + rw.head[i];
-    if (!partial) {
+    if (args.num_splits == 1) {
       bf16* o = args.out + out_row * args.v_head_dim;
 #pragma unroll
       for (int u = 0; u < kVTiles; ++u) {
@@ -604,7 +594,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     }
   }
 
-  StoreRows<kDV>(args, rw, split, args.num_splits > 1, acc, row_max, row_sum, t);
+  StoreRows<kDV>(args, rw, split, acc, row_max, row_sum, t);
 }
 
 // ---- Persistent decode warps (SetPagedAttentionDecodeKernel 8 and 9) ----
@@ -630,134 +620,14 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 // its own cp.async reads; each unit's q is rotated with a per-warp (cos, sin) table.
 // Shared memory: kWarps × kStages slices of kBN keys (+ kWarps tables of kD/2 float2 when
 // fused); at d 128 with 4 warps × 3 stages 102 KiB: 2 CTAs (8 warps) per SM, the warps and
-// depth that reach 0.96 of the bandwidth at long contexts.
-// mbarrier and bulk-copy pieces of kCopyBulk (PTX ISA, "Parallel Synchronization and
-// Communication Instructions: mbarrier" and "Data Movement and Conversion Instructions:
-// cp.async.bulk"; sm_90). Addresses are 32-bit shared-window addresses.
-__device__ __forceinline__ void MbarInit(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#else
-  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
-#endif
-}
-// One arrival that also raises the phase's expected transaction bytes: the phase completes
-// once `bytes` more have landed through complete_tx (the bulk copies below).
-__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::
-          "r"(bar),
-      "r"(bytes)
-      : "memory");
-#else
-  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
-#endif
-}
-// Spins until the phase of parity `parity` of the barrier has completed.
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else
-  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
-#endif
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by
-// the TMA engine, counted against barrier `bar`.
-__device__ __forceinline__ void BulkCopyToShared(uint32_t dst, const void* src, uint32_t bytes,
-                                                 uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();  // kCopyBulk is only picked on sm_90+ (DecodeWarpVariantFor)
-#endif
-}
-
-// CopySlice for kCopyBulk: one bulk copy per live key row (K rows then V rows, lane r % 32 owns
-// row r of the slice's 2·kBN), all completing on barrier `bar`, whose phase expects their
-// bytes; rows outside the unit's keys are zero-filled with ordinary stores (the consumer's
-// __syncwarp after the barrier wait orders them). Needs head_dim == kD and v_head_dim == kDV
-// (no zero padding columns; rows of 2·kD bytes are 16-byte multiples) — the host checks.
-template <int kD, int kDV, int kBN>
-__device__ __forceinline__ void CopySliceBulk(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
-                                              const bf16* k_base, const bf16* v_base, int lane,
-                                              uint32_t bar) {
-  static_assert((2 * kBN) % 32 == 0 && (kD * 2) % 16 == 0 && (kDV * 2) % 16 == 0);
-  constexpr int kIters = 2 * kBN / 32;
-  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * kD;
-  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * kDV;
-  int64_t slot[kIters];
-  uint32_t bytes = 0;  // this lane's rows
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int r = lane + 32 * i;
-    slot[i] = __shfl_sync(0xffffffffu, lane_slot, r % kBN);
-    if (slot[i] >= 0) bytes += r < kBN ? kD * 2 : kDV * 2;
-  }
-  bytes = __reduce_add_sync(0xffffffffu, bytes);
-  if (lane == 0) MbarArriveExpectTx(bar, bytes);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    const int r = lane + 32 * i;
-    const bool is_k = r < kBN;
-    const int key = is_k ? r : r - kBN;
-    bf16* dst = is_k ? k_dst + key * Pitch<kD>() : k_dst + kBN * Pitch<kD>() + key * Pitch<kDV>();
-    const int row_bytes = is_k ? kD * 2 : kDV * 2;
-    if (slot[i] >= 0) {
-      const bf16* src = is_k ? k_base + slot[i] * k_token_stride : v_base + slot[i] * v_token_stride;
-      BulkCopyToShared(SmemAddr(dst), src, static_cast<uint32_t>(row_bytes), bar);
-    } else {
-      for (int c = 0; c < row_bytes / 16; ++c) {
-        reinterpret_cast<uint4*>(dst)[c] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-  }
-}
-
-// L2 prefetch of a kBN-key slice's K and V rows (lane_slot: LaneSlot of the slice; −1 rows
-// skipped): one cp.async.bulk.prefetch.L2 (PTX ISA, "Data Movement and Conversion
-// Instructions: cp.async.bulk.prefetch"; sm_90) per row of head_dim·2 bytes (rounded down to
-// 16), no completion to wait for. A hint: the slice's later cp.async copies then hit in L2.
-template <int kBN>
-__device__ __forceinline__ void PrefetchSliceL2(const AttnArgs& args, int64_t lane_slot,
-                                                const bf16* k_base, const bf16* v_base, int lane) {
-  static_assert((2 * kBN) % 32 == 0);
-  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
-  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
-#pragma unroll
-  for (int i = 0; i < 2 * kBN / 32; ++i) {
-    const int r = lane + 32 * i;
-    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, r % kBN);
-    const bool is_k = r < kBN;
-    const uint32_t bytes = static_cast<uint32_t>((is_k ? args.head_dim : args.v_head_dim) * 2) & ~15u;
-    if (slot >= 0 && bytes > 0) {
-      const bf16* src = is_k ? k_base + slot * k_token_stride : v_base + slot * v_token_stride;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes)
-                   : "memory");
-#else
-      (void)src;
-#endif
-    }
-  }
-}
-
+// depth that reach 0.96 of the bandwidth at long contexts; decode-warp variant 10 puts the
+// same 8 warps in one CTA (204 KiB) and copies with an L2 evict-first policy (what was
+// measured: at g_decode_warp_variant below).
 struct DecodeUnit {
   int seq, kv_head, split;  // split: the index of the unit's partial output
   int q_begin, rows, ctx;
   int kv_begin, kv_end;  // keys the unit's rows may see, within its partition
   int tile_first;        // first slice start (a multiple of kBN); == kv_end when no keys
-  int live;              // kDynamic: partitions of the (sequence, KV head) that hold keys
 };
 
 struct UnitMeta {
@@ -775,16 +645,10 @@ __device__ __forceinline__ UnitMeta LoadUnitMeta(const AttnArgs& a, int u, int n
   return UnitMeta{a.query_start_loc[seq], a.query_start_loc[seq + 1], a.context_lens[seq]};
 }
 
-// Unit u with metadata m. Static units (kDynamic false): split u / (KV heads · sequences) is
-// the partition of the keys [split · P, (split + 1) · P) (P = partition_tokens) and the index
-// of its partial output. Dynamic units (P = dyn_part, sized by the kernel): the same index is
-// relative to the first partition holding the tile's keys (s0 = first key / P), so units past
-// a window's start are not empty; partitions past the tile's last key are (live counts the
-// ones that are not).
-template <int kBN, bool kDynamic = false>
-__device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m,
-                                               int dyn_part = 0) {
-  const int part_tokens = kDynamic ? dyn_part : a.partition_tokens;
+// Unit u with metadata m: split u / (KV heads · sequences) is the partition of the keys
+// [split · P, (split + 1) · P) (P = partition_tokens) and the index of its partial output.
+template <int kBN>
+__device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const UnitMeta& m) {
   DecodeUnit d;
   d.kv_head = u % a.num_kv_heads;
   d.seq = UnitSeq(a, u);
@@ -794,138 +658,34 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   d.ctx = m.ctx;
   d.kv_begin = 0;
   d.kv_end = 0;
-  d.live = 0;
   if (d.rows > 0) {
     // As PagedAttentionKernel for its one m16 tile.
     const int pos_last = m.ctx + (d.rows - 1) / a.group;
     d.kv_begin = a.sliding_window > 0 ? max(0, m.ctx - a.sliding_window + 1) : 0;
     d.kv_end = pos_last + 1;
-    d.live = 1;
     if (a.num_splits > 1) {
-      int part = d.split;
-      if constexpr (kDynamic) {
-        const int first = d.kv_begin / part_tokens;
-        part += first;
-        d.live = (d.kv_end - 1) / part_tokens - first + 1;
-      }
-      d.kv_begin = max(d.kv_begin, part * part_tokens);
-      d.kv_end = min(d.kv_end, (part + 1) * part_tokens);
+      d.kv_begin = max(d.kv_begin, d.split * a.partition_tokens);
+      d.kv_end = min(d.kv_end, (d.split + 1) * a.partition_tokens);
     }
   }
   d.tile_first = d.kv_begin < d.kv_end ? d.kv_begin / kBN * kBN : d.kv_end;
   return d;
 }
 
-// ---- Dynamic decode warps (decode-warp variants 21..24) ----
-//
-// Static units leave SMs idle: every warp owns the same number of units, but SMs get unequal
-// shares of the DRAM bandwidth (H200 b256 ncu: SMs active 90% of the elapsed cycles on
-// average, the least busy 16% below). The dynamic warps cut each (sequence, KV head) into
-// partitions of P keys (several units a warp) and take units from a global ticket counter
-// (one atomicAdd per unit, taken a unit ahead so the ring keeps streaming across unit
-// boundaries), so warps on faster SMs serve more units. The host picks how many partitions
-// the longest sequence gets (dyn_splits; one more partial slot with a window) and sizes the
-// partial workspace; each CTA derives P from the step's longest sequence (device metadata), so
-// graph bounds far above the real lengths (max_model_len) do not coarsen the units. No
-// combine launch: a unit of a (sequence, KV head) with several live partitions writes its normalized fp32 partial
-// and (max, sum) in the split-KV format, then counts its arrival; the warp completing the set
-// merges the partials (the log-sum-exp rule of SplitKvCombineKernel, in partition order, so
-// the result does not depend on which warp merges) into bf16 `out` and zeroes the arrival
-// count; the last warp to exit zeroes the ticket and exit counts. Pairs with one live
-// partition write bf16 directly. Memory ordering is the threadfence-reduction pattern (CUDA C++
-// Programming Guide, "Memory Fence Functions": each writer fences its partial before the
-// atomic that signals it; the signalled warp fences before reading the partials), with the
-// partials read through L2 (ld.global.cg).
-//
-// The counters live in this module's static device memory, zero at module load (PTX ISA,
-// "Variable Initializers": .global variables are zero-initialized by default), and every
-// launch leaves them zero, so eager launches and CUDA-graph replays alike start from zero; no
-// workspace holds them, because the caller's workspace is shared with other kernels' split-KV
-// partials (and MLA's) that would overwrite them between launches. One set per device:
-// dynamic launches on one device must not run concurrently (the engine runs one stream per
-// device). [0] next ticket, [1] exited warps, [2 + seq · num_kv_heads + kv_head] arrivals.
-constexpr int kMaxDynamicPairs = 1 << 16;
-__device__ int g_decode_dyn_counters[2 + kMaxDynamicPairs];
-
-// Merges the `live` partials (indices 0..live − 1) of the thread's valid rows into acc / row_sum
-// (numerators and denominators for StoreRows' unsplit path): o = Σ w_s·o_s / Σ w_s with
-// w_s = l_s·2^(m_s − M) (attention_device.cuh), M the running max, in partition order.
-template <int kDV>
-__device__ __forceinline__ void MergePartials(const AttnArgs& args, const RowInfo& rw, int live,
-                                              float (&acc)[kDV / 8][4], float (&row_sum)[2],
-                                              int t) {
-  constexpr int kVTiles = kDV / 8;
-  const int64_t split_rows = static_cast<int64_t>(args.num_tokens) * args.num_heads;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float m = -INFINITY, den = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kVTiles; ++u) acc[u][2 * i] = acc[u][2 * i + 1] = 0.0f;
-    const int64_t out_row = static_cast<int64_t>(rw.token[i]) * args.num_heads + rw.head[i];
-    for (int s = 0; rw.valid[i] && s < live; ++s) {
-      const int64_t part_row = s * split_rows + out_row;
-      const float2 ml = __ldcg(args.partial_ml + part_row);
-      const float* o = args.partial_out + part_row * args.v_head_dim;
-      float2 x[kVTiles];
-#pragma unroll
-      for (int u = 0; u < kVTiles; ++u) {
-        const int col = u * 8 + 2 * t;
-        x[u] = col < args.v_head_dim ? __ldcg(reinterpret_cast<const float2*>(o + col))
-                                     : make_float2(0.0f, 0.0f);
-      }
-      if (ml.y > 0.0f) {  // empty partitions (sum 0, max −inf) weigh nothing
-        const float m_new = fmaxf(m, ml.x);
-        const float a = Exp2(m - m_new);  // 0 while m is −inf
-        const float w = ml.y * Exp2(ml.x - m_new);
-        den = den * a + w;
-#pragma unroll
-        for (int u = 0; u < kVTiles; ++u) {
-          acc[u][2 * i] = acc[u][2 * i] * a + w * x[u].x;
-          acc[u][2 * i + 1] = acc[u][2 * i + 1] * a + w * x[u].y;
-        }
-        m = m_new;
-      }
-    }
-    row_sum[i] = den;
-  }
-}
-
-template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy = kCopyPlain,
-          bool kDynamic = false>
+template <int kD, int kDV, int kWarps, int kBN, int kStages>
 struct DecodeWarpConfig {
   static_assert(kStages >= 2);
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());
-  static constexpr int kRingBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
-  // kCopyBulk: one mbarrier per stage and warp after the rings.
-  static constexpr int kBarrierBytes = kCopy == kCopyBulk ? kWarps * kStages * 8 : 0;
-  // kDynamic: a per-warp queue of the units the producer has started (int4: unit, metadata),
-  // which the consumer follows; the producer is at most kStages units ahead.
-  static constexpr int kQueue = 8;
-  static_assert(kStages + 1 <= kQueue);
-  static constexpr int kQueueBytes = kDynamic ? kWarps * kQueue * 16 : 0;
-  static constexpr int kSmemBytes = kRingBytes + kBarrierBytes + kQueueBytes;
-  // Fused launches add a (cos, sin) table per warp after these (kDynamic: two, the consumer's
-  // for q and the producer's for the new key it writes when it starts that key's unit).
-  static constexpr int kFusionBytes =
-      kWarps * (kDynamic ? 2 : 1) * attention_detail::DecodeRopeSmemBytes(kD);
+  static constexpr int kSmemBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
+  // Fused launches add a (cos, sin) table per warp after the rings.
+  static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
-// kSync > 0 (lock-step): when the CTA's warps hold kWarps consecutive KV heads of one
-// (sequence, split) in every round (num_kv_heads % kWarps == 0, checked at run time), the CTA
-// syncs every kSync slices, so its warps' copies of a slice go out together and cover
-// kWarps·head_dim·2 contiguous bytes of each cache row. kPrefetch > 0: each issue() also
-// prefetches into L2 (PrefetchSliceL2) the slice about kPrefetch slices beyond the copy
-// frontier within the same unit (its block-table lookup made one issue() earlier).
-// kDynamic: units come from the ticket counter ("Dynamic decode warps" above) rather than
-// u = first, first + W, ...; the producer queues each unit it starts for the consumer.
-template <int kD, int kDV, int kWarps, int kBN, int kStages, int kCopy, int kSync = 0,
-          int kPrefetch = 0, bool kDynamic = false>
+// kEvictFirst: K/V copies with the .L2::256B hint and an L2 evict-first policy (CopyChunk).
+template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
-  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kCopy, kDynamic>;
-  constexpr bool kBulk = kCopy == kCopyBulk;
-  static_assert(!kDynamic || (!kBulk && kSync == 0 && kPrefetch == 0),
-                "dynamic units: cp.async copies without lock-step or L2 prefetch");
+  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages>;
   constexpr int kKSteps = kD / 16;
   constexpr int kVTiles = kDV / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -936,56 +696,16 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   bf16* const ring = reinterpret_cast<bf16*>(smem_raw) + warp * kStages * Cfg::kSliceElems;
   float2* const rope_cs =
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
-  // kDynamic: the producer's (cos, sin) table (fused) and this warp's unit queue.
-  float2* const rope_p = rope_cs + kWarps * (kD / 2);
-  int4* const queue =
-      reinterpret_cast<int4*>(smem_raw + Cfg::kRingBytes + Cfg::kBarrierBytes) + warp * Cfg::kQueue;
-  int* const counters = g_decode_dyn_counters;
   const bool fused = args.fusion.inv_freq != nullptr;
-  // kCopyBulk: this warp's stage barriers (one arrival + the slice's bytes per phase).
-  const uint32_t bars = SmemAddr(smem_raw + Cfg::kRingBytes) + warp * kStages * 8;
-  if constexpr (kBulk) {
-    if (lane == 0) {
-      for (int s = 0; s < kStages; ++s) MbarInit(bars + 8 * s, 1);
-      // Make the initialized barriers visible to the async proxy (the TMA engine).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-    }
-    __syncwarp();
-  }
-  const uint64_t policy = kCopy == kCopyEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
+  const uint64_t policy = kEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
 
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
   const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
   const int stride = static_cast<int>(gridDim.x) * kWarps;
   const int first = static_cast<int>(blockIdx.x) * kWarps + warp;
-  // kDynamic: keys a partition, so that the step's longest key range (or a window's span)
-  // takes at most dyn_splits partitions (the same in every CTA: it reads the same metadata).
-  int dyn_part = 0;
-  if constexpr (kDynamic) {
-    __shared__ int warp_max[kWarps];
-    int longest = 0;
-    for (int s = threadIdx.x; s < args.num_sequences; s += kWarps * 32) {
-      longest = max(longest, args.context_lens[s] + args.query_start_loc[s + 1] -
-                                 args.query_start_loc[s]);
-    }
-    longest = __reduce_max_sync(0xffffffffu, longest);
-    if (lane == 0) warp_max[warp] = longest;
-    __syncthreads();
-    for (int w = 0; w < kWarps; ++w) longest = max(longest, warp_max[w]);
-    if (args.num_splits > 1) {
-      if (args.sliding_window > 0) {
-        const int64_t span = static_cast<int64_t>(args.sliding_window) + args.max_query_len - 1;
-        if (span < longest) longest = static_cast<int>(span);
-      }
-      const int per = (longest + args.dyn_splits - 1) / args.dyn_splits;
-      dyn_part = max(kBN, (per + kBN - 1) / kBN * kBN);
-    }
-  }
 
-  if (!kDynamic && fused) {
+  if (fused) {
     // The new keys of this warp's units reach the cache before any of its copies.
     for (int u = first; u < num_units; u += stride) {
       const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
@@ -999,125 +719,47 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       }
     }
   }
-  if constexpr (kBulk) {
-    // Bulk copies read global memory through the async proxy: order the cache writes before
-    // them (this warp's fused writes, and the previous kernel's under PDL).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-#endif
-  }
 
   // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
   // consumer. p holds the unit of the next slice to copy (p_tile its first key, p_slot its
   // LaneSlot), p_meta the metadata of the unit after it. Every issue() commits exactly one
   // copy group (empty once the stream is exhausted), so "slice i landed" is "at most
   // kStages − 1 newer groups pending", as in the rings of PagedAttentionKernel.
-  // kDynamic: the unit after p is ticket n_u (p_meta its metadata, loaded a unit ahead), and
-  // lane 0's nn_t the ticket after that (its atomicAdd issued a unit ahead too), so starting a
-  // unit waits on neither; p_u == num_units once a ticket ran past the last unit.
-  const UnitMeta meta0 = kDynamic ? UnitMeta{0, 0, 0} : LoadUnitMeta(args, first, num_units);
+  const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
   int p_u = first;
-  DecodeUnit p;
-  UnitMeta p_meta;
-  int n_u = 0, nn_t = 0;
-  auto step = [&]() {  // p ← this warp's next unit
-    if constexpr (kDynamic) {
-      p_u = min(n_u, num_units);
-      p = MakeUnit<kBN, true>(args, p_u, p_meta, dyn_part);
-      if (n_u < num_units) {
-        n_u = __shfl_sync(0xffffffffu, nn_t, 0);
-        p_meta = LoadUnitMeta(args, n_u, num_units);
-        if (lane == 0 && n_u < num_units) nn_t = atomicAdd(counters, 1);
-      }
-    } else {
-      p_u += stride;
-      p = MakeUnit<kBN>(args, p_u, p_meta);
-      p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-    }
-  };
-  if constexpr (kDynamic) {
-    int base = 0;
-    if (lane == 0) base = atomicAdd(counters, 2);  // the first unit and the one after
-    base = __shfl_sync(0xffffffffu, base, 0);
-    n_u = base;
-    nn_t = base + 1;
-    p_meta = LoadUnitMeta(args, n_u, num_units);
-    step();
-  } else {
-    p = MakeUnit<kBN>(args, p_u, meta0);
-    p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-  }
+  DecodeUnit p = MakeUnit<kBN>(args, p_u, meta0);
+  UnitMeta p_meta = LoadUnitMeta(args, p_u + stride, num_units);
   int p_tile = p.tile_first;
-  int p_queued = 0;  // kDynamic: units queued so far
-  // Skips units without keys (static: their outputs are still written by the consumer;
-  // dynamic: they have none). kDynamic: then queues the unit (−1: none left) and, fused,
-  // writes its new key first (the unit holding a sequence's new key is its only reader).
-  auto seek = [&]() {
-    while (p_u < num_units && p_tile >= p.kv_end) {
-      step();
-      p_tile = p.tile_first;
-    }
-    if constexpr (kDynamic) {
-      const bool live = p_u < num_units;
-      if (lane == 0) {
-        queue[p_queued % Cfg::kQueue] =
-            make_int4(live ? p_u : -1, p.q_begin, p.q_begin + p.rows / args.group, p.ctx);
-      }
-      ++p_queued;
-      if (fused && live && p.kv_begin <= p.ctx && p.ctx < p.kv_end) {
-        attention_detail::DecodeRopeTable(args.fusion, p.q_begin, rope_p, lane, 32);
-        __syncwarp();
-        attention_detail::DecodeRopeWriteKv(
-            args.fusion, args.q + static_cast<int64_t>(p.q_begin) * args.q_token_stride,
-            p.q_begin, p.kv_head, args.num_kv_heads, args.head_dim, rope_p, lane, 32);
-        __syncwarp();  // orders the writes before this warp's copies
-      }
-    }
-  };
-  seek();
+  // Skip units without keys (their outputs are still written by the consumer).
+  while (p_u < num_units && p_tile >= p.kv_end) {
+    p_u += stride;
+    p = MakeUnit<kBN>(args, p_u, p_meta);
+    p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+    p_tile = p.tile_first;
+  }
   auto table_of = [&](int seq) { return args.block_tables + seq * args.max_blocks_per_seq; };
   int64_t p_slot =
       p_u < num_units ? LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane)
                       : -1;
   int fill = 0;
-  // kPrefetch: the slice to prefetch at the next issue() (pf_live: uniform), its slot per lane
-  // and KV head.
-  bool pf_live = false;
-  int64_t pf_slot = -1;
-  int pf_head = 0;
   auto issue = [&]() {
-    if constexpr (kPrefetch > 0) {
-      if (pf_live) {
-        PrefetchSliceL2<kBN>(args, pf_slot, args.k_cache + static_cast<int64_t>(pf_head) * args.head_dim,
-                             args.v_cache + static_cast<int64_t>(pf_head) * args.v_head_dim, lane);
-      }
-    }
     if (p_u < num_units) {
       const int64_t kv_off = static_cast<int64_t>(p.kv_head);
-      if constexpr (kBulk) {
-        CopySliceBulk<kD, kDV, kBN>(args, ring + fill * Cfg::kSliceElems, p_slot,
-                                    args.k_cache + kv_off * args.head_dim,
-                                    args.v_cache + kv_off * args.v_head_dim, lane, bars + 8 * fill);
-      } else {
-        CopySlice<kD, kDV, kBN, kCopy>(args, ring + fill * Cfg::kSliceElems, p_slot,
-                                       args.k_cache + kv_off * args.head_dim,
-                                       args.v_cache + kv_off * args.v_head_dim, lane, policy);
-      }
+      CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, p_slot,
+                                           args.k_cache + kv_off * args.head_dim,
+                                           args.v_cache + kv_off * args.v_head_dim, lane, policy);
       p_tile += kBN;
-      if (p_tile >= p.kv_end) seek();
+      while (p_u < num_units && p_tile >= p.kv_end) {
+        p_u += stride;
+        p = MakeUnit<kBN>(args, p_u, p_meta);
+        p_meta = LoadUnitMeta(args, p_u + stride, num_units);
+        p_tile = p.tile_first;
+      }
       if (p_u < num_units) {
         p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
       }
-      if constexpr (kPrefetch > 0) {
-        const int pf_tile = p_tile + kPrefetch * kBN;
-        pf_live = p_u < num_units && pf_tile < p.kv_end;
-        if (pf_live) {
-          pf_slot = LaneSlot<kBN>(args, table_of(p.seq), pf_tile, p.kv_begin, p.kv_end, lane);
-          pf_head = p.kv_head;
-        }
-      }
-    } else if constexpr (!kBulk) {
-      CpAsyncCommit();  // an empty group keeps the wait_group count (bulk stages are not waited)
+    } else {
+      CpAsyncCommit();  // an empty group keeps the wait_group count
     }
     fill = fill + 1 == kStages ? 0 : fill + 1;
   };
@@ -1125,31 +767,11 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   for (int s = 0; s < kStages - 1; ++s) issue();
 
   // Consumer: the same units in the same order, one slice per iteration.
-  // Lock-step holds when every round gives the CTA's warps consecutive heads of one unit range
-  // (uniform over the CTA, so the __syncthreads below are reached by all its warps equally).
-  const bool lockstep = kSync > 0 && args.num_kv_heads % kWarps == 0;
-  int slices = 0;
   int buf = 0;
-  uint32_t phase = 0;  // kCopyBulk: parity of the phase buffer buf's barrier completes next
   UnitMeta c_meta = meta0;
-  int c_u = first;
-  int c_queued = 0;  // kDynamic: units taken from the queue
-  for (;;) {
-    DecodeUnit c;
-    if constexpr (kDynamic) {
-      // The producer queued this unit at the latest in the issue() that copied the previous
-      // unit's last slice (it runs ahead), before this __syncwarp.
-      __syncwarp();
-      const int4 e = queue[c_queued % Cfg::kQueue];
-      ++c_queued;
-      if (e.x < 0) break;
-      c = MakeUnit<kBN, true>(args, e.x, UnitMeta{e.y, e.z, e.w}, dyn_part);
-    } else {
-      if (c_u >= num_units) break;
-      c = MakeUnit<kBN>(args, c_u, c_meta);
-      c_meta = LoadUnitMeta(args, c_u + stride, num_units);
-      c_u += stride;
-    }
+  for (int u = first; u < num_units; u += stride) {
+    const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
+    c_meta = LoadUnitMeta(args, u + stride, num_units);
     const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
     if (fused && c.rows > 0) {
       attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
@@ -1164,16 +786,8 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     float row_sum[2] = {0.0f, 0.0f};
     const int pos_last = c.ctx + (c.rows > 0 ? (c.rows - 1) / args.group : 0);
     for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
-      if constexpr (kSync > 0) {
-        if (lockstep && slices % kSync == 0) __syncthreads();
-        ++slices;
-      }
       issue();
-      if constexpr (kBulk) {
-        MbarWait(bars + 8 * buf, phase);
-      } else {
-        CpAsyncWait<kStages - 1>();
-      }
+      CpAsyncWait<kStages - 1>();
       __syncwarp();
       const bf16* k_smem = ring + buf * Cfg::kSliceElems;
       AttendSlice<kD, kDV, kBN>(args, k_smem, k_smem + kBN * Pitch<kD>(), 0, tile, c.kv_begin,
@@ -1181,47 +795,10 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
                                 lane);
       __syncwarp();  // the next issue() may refill this buffer
       buf = buf + 1 == kStages ? 0 : buf + 1;
-      if (buf == 0) phase ^= 1u;
     }
     QuadSumRows(row_sum);
-    if constexpr (kDynamic) {
-      if (c.live > 1) {
-        StoreRows<kDV>(args, rw, c.split, true, acc, row_max, row_sum, t);
-        // Threadfence-reduction pattern: each lane's partial rows before the arrival count.
-        __threadfence();
-        __syncwarp();
-        const int pair = c.seq * args.num_kv_heads + c.kv_head;
-        int arrived = 0;
-        if (lane == 0) {
-          arrived = atomicAdd(counters + 2 + pair, 1) + 1;
-          __threadfence();  // the other units' partials before this warp reads them
-        }
-        __syncwarp();
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);
-        if (arrived == c.live) {  // the last partition of the pair: merge, reset the count
-          MergePartials<kDV>(args, rw, c.live, acc, row_sum, t);
-          StoreRows<kDV>(args, rw, 0, false, acc, row_max, row_sum, t);
-          if (lane == 0) counters[2 + pair] = 0;
-        }
-      } else {
-        StoreRows<kDV>(args, rw, c.split, false, acc, row_max, row_sum, t);
-      }
-    } else {
-      StoreRows<kDV>(args, rw, c.split, args.num_splits > 1, acc, row_max, row_sum, t);
-    }
+    StoreRows<kDV>(args, rw, c.split, acc, row_max, row_sum, t);
     if (fused) __syncwarp();  // every lane has read rope_cs before the next unit refills it
-  }
-  if constexpr (kDynamic) {
-    // Every warp has taken its last ticket (one past the units) before it counts its exit, so
-    // the last warp out may zero the ticket and exit counts for the next launch.
-    if (lane == 0) {
-      __threadfence();  // this warp's ticket and arrival updates before its exit count
-      if (atomicAdd(counters + 1, 1) + 1 == static_cast<int>(gridDim.x) * kWarps) {
-        __threadfence();
-        atomicExch(counters, 0);
-        atomicExch(counters + 1, 0);
-      }
-    }
   }
 }
 
@@ -1620,82 +1197,43 @@ constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 =
 // decode warps (PagedDecodeWarpKernel; LaunchPlan::persistent, not a kind).
 constexpr int kNumDecodeKernels = 10;
 constexpr int kDecodeWarpsAuto = 8, kDecodeWarpsAlways = 9;
-// PagedDecodeWarpKernel's shape: 4 warps a CTA, 16-key slices, 3 stages (fewer where wide
-// heads do not fit; ≥ 2 always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256).
+// PagedDecodeWarpKernel's shapes (SetPagedAttentionDecodeWarpVariant), both with 16-key slices
+// in 3-stage rings. 0: 4 warps a CTA, plain cp.async, at any head dims (fewer stages where
+// wide heads do not fit; ≥ 2 always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256). 10, the
+// default: 8 warps a CTA (a CTA's warps read all 8 KV heads of a Llama-3-8B sequence, i.e.
+// whole 2 KiB cache rows, together; 1 CTA per SM at d 128) with evict-first copies, at padded
+// head dims 128 only (others run 0).
 constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
-// SetPagedAttentionDecodeWarpVariant: PagedDecodeWarpKernel's shape (warps a CTA, keys a slice,
-// ring depth) and copy flavour (kCopy*) at padded head dims 128 (other dims always run 0).
-// 0 is the shape above; 1-3 change only the copies; 4 (8 warps: a CTA's warps read all 8 KV
-// heads of a Llama-3-8B sequence, i.e. whole 2 KiB cache rows, together), 5-7 other shapes of
-// about the same shared memory per SM (~208 KiB) with more slices in flight per SM (5: 2 CTAs
-// × 2 warps × 5 of 6; 7: 2 × 3 × 3 of 4) or fewer, longer slices (6); 8-9 bulk copies in the
-// shapes of 4 and 5.
-// 10-18 combine: 10 = 4 + 2 (8 warps, evict-first); 11/12: 10 / 4 in lock-step (a CTA sync
-// every slice, PagedDecodeWarpKernel's kSync); 13/14: 2 with L2 prefetches 2 / 4 slices beyond
-// the copies (kPrefetch); 15/16: the same for 10; 17: 5 (2 warps × 6 stages) evict-first with
-// prefetch 4; 18: 11 with prefetch 2; 19: 2 in lock-step (4-warp CTAs: half rows); 20: 10
-// with a sync every 2 slices.
-// H200, Llama-3-8B batch 256 × ~1052 keys (1.10 GB of K/V a layer), attention µs a layer in
-// the eager breakdown, one process per run (bench/results/cuda_attn_decode_variants_h200.json):
-// call 1: 0 288.5-289.1, 1 284.7, 2 282.8-283.4, 3 297, 4 282.5-283.6, 5 321, 6 296, 7 359,
-// 8 304, 9 548; call 2: 0 283.4-284.2, 2 280.4-281.1, 4 280.4-281.7, 10 279.2-279.9 (graph
-// ITL −0.07 ms), 11 288, 12 288, 13-16 367-378, 17 629, 18 423, 19 283.2-283.9, 20 287.
-// So: evict-first and 8-warp CTAs each ~1%, together ~1.6%; fewer warps per SM lose (the
-// warps are latency-bound: 4 warps × 6 stages with more bytes in flight is 11% slower); bulk
-// copies, lock-step and L2 prefetches lose. ncu (bench/results/ncu_decode_warp_b256_h200.txt):
-// DRAM 81.5% of peak, L2 89%, 218 registers, SMs active 90% of the elapsed cycles on average
-// (busiest +8%): what is left is the imbalance between SMs, not the copies.
-// 21-24: dynamic units (PagedDecodeWarpKernel's kDynamic, "Dynamic decode warps" there): 21 =
-// 10's shape and copies, 22 = 0's, with partitions sized for about 6 units per resident warp
-// (b256 × 1k on an H200: 4 partitions, 8192 units over 1056 warps); 23 / 24: 21 with about 12
-// / 3 units per warp. They run where 8/9 would (pairs of (sequence, KV head) up to
-// kMaxDynamicPairs; else as 10 / 0).
-struct DecodeWarpShape {
-  int warps, bn, stages, copy, sync = 0, prefetch = 0;
-  int dynamic = 0;  // > 0: dynamic units, about this many a resident warp
-};
-constexpr DecodeWarpShape kDecodeWarpShapes[] = {
-    {4, 16, 3, kCopyPlain},
-    {4, 16, 3, kCopyL2Prefetch},
-    {4, 16, 3, kCopyEvictFirst},
-    {4, 16, 3, kCopyBulk},
-    {8, 16, 3, kCopyPlain},
-    {2, 16, 6, kCopyPlain},
-    {4, 32, 3, kCopyPlain},
-    {3, 16, 4, kCopyPlain},
-    {8, 16, 3, kCopyBulk},
-    {2, 16, 6, kCopyBulk},
-    {8, 16, 3, kCopyEvictFirst},
-    {8, 16, 3, kCopyEvictFirst, 1},
-    {8, 16, 3, kCopyPlain, 1},
-    {4, 16, 3, kCopyEvictFirst, 0, 2},
-    {4, 16, 3, kCopyEvictFirst, 0, 4},
-    {8, 16, 3, kCopyEvictFirst, 0, 2},
-    {8, 16, 3, kCopyEvictFirst, 0, 4},
-    {2, 16, 6, kCopyEvictFirst, 0, 4},
-    {8, 16, 3, kCopyEvictFirst, 1, 2},
-    {4, 16, 3, kCopyEvictFirst, 1},
-    {8, 16, 3, kCopyEvictFirst, 2},
-    {8, 16, 3, kCopyEvictFirst, 0, 0, 6},
-    {4, 16, 3, kCopyPlain, 0, 0, 6},
-    {8, 16, 3, kCopyEvictFirst, 0, 0, 12},
-    {8, 16, 3, kCopyEvictFirst, 0, 0, 3}};
-constexpr int kNumDecodeWarpVariants =
-    static_cast<int>(sizeof(kDecodeWarpShapes) / sizeof(kDecodeWarpShapes[0]));
-// The static variant of a dynamic one's shape and copies (no lock-step or prefetch), else 0.
-constexpr int StaticDecodeWarpVariant(int var) {
-  const DecodeWarpShape& d = kDecodeWarpShapes[var];
-  for (int i = 0; i < kNumDecodeWarpVariants; ++i) {
-    const DecodeWarpShape& s = kDecodeWarpShapes[i];
-    if (s.dynamic == 0 && s.sync == 0 && s.prefetch == 0 && s.warps == d.warps && s.bn == d.bn &&
-        s.stages == d.stages && s.copy == d.copy) {
-      return i;
-    }
-  }
-  return 0;
+constexpr int kDecodeWarpVariantWide = 10, kWideDecodeWarpsPerCta = 8;
+constexpr int DecodeWarpsPerCtaOf(int variant) {
+  return variant == kDecodeWarpVariantWide ? kWideDecodeWarpsPerCta : kDecodeWarpsPerCta;
 }
-static_assert(StaticDecodeWarpVariant(21) == 10 && StaticDecodeWarpVariant(22) == 0);
-std::atomic<int> g_decode_warp_variant{10};
+// The variants were numbered as they were measured; the losers are removed, and 0 and 10 keep
+// their numbers so the results files stay true. H200, Llama-3-8B batch 256 × ~1052 keys (1.10
+// GB of K/V a layer), attention µs a layer in the eager breakdown, one process per run
+// (bench/results/cuda_attn_decode_variants_h200.json):
+//   call 1: 0 288.5-289.1; 1 (cp.async with the .L2::256B hint) 284.7; 2 (1 plus the
+//   evict-first policy) 282.8-283.4; 3 (one TMA bulk copy per key row, mbarrier completion)
+//   297; 4 (8 warps) 282.5-283.6; 5 (2 warps × 6 stages) 321; 6 (32-key slices) 296; 7 (3
+//   warps × 4 stages) 359; 8 / 9 (bulk copies in the shapes of 4 / 5) 304 / 548.
+//   call 2: 0 283.4-284.2, 2 280.4-281.1, 4 280.4-281.7, 10 (= 4 + 2) 279.2-279.9 (graph ITL
+//   −0.07 ms); lock-step CTAs (a CTA sync every slice, so the warps' copies of a slice cover
+//   whole cache rows together): 11 (of 10) 288, 12 (of 4) 288, 19 (of 2) 283.2-283.9, 20 (10,
+//   a sync every 2 slices) 287; L2 prefetches (cp.async.bulk.prefetch.L2) 2 / 4 slices beyond
+//   the copies: 13 / 14 (of 2) and 15 / 16 (of 10) 367-378, 17 (5 evict-first, 4 ahead) 629,
+//   18 (11, 2 ahead) 423.
+//   Dynamic units (partitions of P keys taken from a global ticket counter, the partials of a
+//   (sequence, KV head) merged in-kernel by its last unit), same shape, call 8 of
+//   bench/results/cuda_ab_stop13_h200.json: 21 (10's shape, ~6 units a resident warp) 341.7,
+//   22 (0's shape) 350.0, 23 / 24 (21 with ~12 / ~3 units a warp) 383.2 / 327.6, against 10
+//   286.9 and 0 293.4 in that call (step 16.84-18.52 ms vs 15.59).
+// So evict-first copies and 8-warp CTAs gain ~1% each, ~1.6% together; fewer warps per SM lose
+// (the warps are latency-bound: 4 warps × 6 stages, with more bytes in flight, is 11% slower);
+// bulk copies, lock-step, L2 prefetches and dynamic units lose. ncu of 0 and 10
+// (bench/results/ncu_decode_warp_b256_h200.txt): DRAM 81.5% of peak, L2 89%, 218 registers,
+// SMs active 90% of the elapsed cycles on average (busiest +8%): what is left is the imbalance
+// between SMs, not the copies, and taking units dynamically did not win it back.
+std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1761,9 +1299,7 @@ bool PdlEnabled() {
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
-  int warp_variant = 0;     // its kDecodeWarpShapes variant (DecodeWarpVariantFor)
-  bool dynamic = false;     // the variant's dynamic units: splits merged in-kernel, no combine
-  int dyn_splits = 0;       // their partitions of the longest sequence (AttnArgs::dyn_splits)
+  int warp_variant = 0;     // its decode-warp variant, 0 or 10 (DecodeWarpVariantFor)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1910,24 +1446,22 @@ constexpr int DecodeWarpStages() {
   return kFit < kDecodeWarpStages ? kFit : kDecodeWarpStages;
 }
 
-// PagedDecodeWarpKernel of decode-warp variant kVar (kDecodeWarpShapes) at padded dims (kD,
-// kDV): variant 0 at any dims, the others at 128 only (DecodeWarpVariantFor); op.Run gets the
-// kernel, its config and threads.
+// PagedDecodeWarpKernel of decode-warp variant kVar (0 or 10) at padded dims (kD, kDV):
+// variant 0 at any dims, 10 at 128 only (DecodeWarpVariantFor); op.Run gets the kernel, its
+// config and threads.
 template <int kD, int kDV, int kVar, typename Op>
 auto WithDecodeWarpKernel(const Op& op) {
   if constexpr (kVar == 0) {
     constexpr int kStages = DecodeWarpStages<kD, kDV>();
-    using Cfg = DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, kCopyPlain>;
+    using Cfg = DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages>;
     return op.template Run<Cfg>(
-        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, kCopyPlain>);
+        &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, false>);
   } else {
-    static_assert(kD == 128 && kDV == 128);
-    constexpr DecodeWarpShape kS = kDecodeWarpShapes[kVar];
-    constexpr bool kDynamic = kS.dynamic > 0;
-    using Cfg = DecodeWarpConfig<kD, kDV, kS.warps, kS.bn, kS.stages, kS.copy, kDynamic>;
+    static_assert(kVar == kDecodeWarpVariantWide && kD == 128 && kDV == 128);
+    using Cfg = DecodeWarpConfig<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN, kDecodeWarpStages>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
-    return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kS.warps, kS.bn, kS.stages,
-                                                       kS.copy, kS.sync, kS.prefetch, kDynamic>);
+    return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN,
+                                                       kDecodeWarpStages, true>);
   }
 }
 
@@ -1935,33 +1469,8 @@ auto WithDecodeWarpKernel(const Op& op) {
 template <int kD, int kDV, typename Op>
 auto WithDecodeWarpVariant(int var, const Op& op) {
   if constexpr (kD == 128 && kDV == 128) {
-    static_assert(kNumDecodeWarpVariants == 25);
-    switch (var) {
-      case 1: return WithDecodeWarpKernel<kD, kDV, 1>(op);
-      case 2: return WithDecodeWarpKernel<kD, kDV, 2>(op);
-      case 3: return WithDecodeWarpKernel<kD, kDV, 3>(op);
-      case 4: return WithDecodeWarpKernel<kD, kDV, 4>(op);
-      case 5: return WithDecodeWarpKernel<kD, kDV, 5>(op);
-      case 6: return WithDecodeWarpKernel<kD, kDV, 6>(op);
-      case 7: return WithDecodeWarpKernel<kD, kDV, 7>(op);
-      case 8: return WithDecodeWarpKernel<kD, kDV, 8>(op);
-      case 9: return WithDecodeWarpKernel<kD, kDV, 9>(op);
-      case 10: return WithDecodeWarpKernel<kD, kDV, 10>(op);
-      case 11: return WithDecodeWarpKernel<kD, kDV, 11>(op);
-      case 12: return WithDecodeWarpKernel<kD, kDV, 12>(op);
-      case 13: return WithDecodeWarpKernel<kD, kDV, 13>(op);
-      case 14: return WithDecodeWarpKernel<kD, kDV, 14>(op);
-      case 15: return WithDecodeWarpKernel<kD, kDV, 15>(op);
-      case 16: return WithDecodeWarpKernel<kD, kDV, 16>(op);
-      case 17: return WithDecodeWarpKernel<kD, kDV, 17>(op);
-      case 18: return WithDecodeWarpKernel<kD, kDV, 18>(op);
-      case 19: return WithDecodeWarpKernel<kD, kDV, 19>(op);
-      case 20: return WithDecodeWarpKernel<kD, kDV, 20>(op);
-      case 21: return WithDecodeWarpKernel<kD, kDV, 21>(op);
-      case 22: return WithDecodeWarpKernel<kD, kDV, 22>(op);
-      case 23: return WithDecodeWarpKernel<kD, kDV, 23>(op);
-      case 24: return WithDecodeWarpKernel<kD, kDV, 24>(op);
-      default: break;
+    if (var == kDecodeWarpVariantWide) {
+      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide>(op);
     }
   }
   return WithDecodeWarpKernel<kD, kDV, 0>(op);
@@ -2103,75 +1612,38 @@ int64_t ResidentSlots(Variant v, int kind) {
   return n;
 }
 
-// Persistent decode warps resident on the whole GPU at once (SMs × CTAs per SM × warps), cached
-// per variant for device 0..15.
-// The decode-warp variant (kDecodeWarpShapes) a launch at dims `v` runs: the
-// SetPagedAttentionDecodeWarpVariant setting at padded dims 128, else 0; bulk copies also need
-// unpadded rows (head_dim = v_head_dim = 128) and sm_90 (cached per device 0..15).
-int DecodeWarpVariantFor(Variant v, const PagedAttentionParams& p) {
-  const int var = g_decode_warp_variant.load(std::memory_order_relaxed);
-  if (var <= 0 || var >= kNumDecodeWarpVariants || v != Variant::k128) return 0;
-  if (kDecodeWarpShapes[var].copy == kCopyBulk) {
-    if (p.head_dim != 128 || p.v_head_dim != 128) return 0;
-    static std::atomic<int> major_cache[16];
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return 0;
-    int major = major_cache[device].load(std::memory_order_relaxed);
-    if (major == 0) {
-      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) !=
-          cudaSuccess) {
-        return 0;
-      }
-      major_cache[device].store(major, std::memory_order_relaxed);
-    }
-    if (major < 9) return 0;
-  }
-  return var;
+// The decode-warp variant a launch at dims `v` runs: the SetPagedAttentionDecodeWarpVariant
+// setting at padded dims 128, else 0.
+int DecodeWarpVariantFor(Variant v) {
+  return v == Variant::k128 ? g_decode_warp_variant.load(std::memory_order_relaxed) : 0;
 }
 
+// Persistent decode warps resident on the whole GPU at once (SMs × CTAs per SM × warps), cached
+// per variant for device 0..15.
 int64_t ResidentDecodeWarps(Variant v, int var) {
-  static std::atomic<int> cache[16][5][kNumDecodeWarpVariants];
+  static std::atomic<int> cache[16][5][2];  // [variant 0, 10]
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
-  std::atomic<int>& slot = cache[device][static_cast<int>(v)][var];
+  std::atomic<int>& slot =
+      cache[device][static_cast<int>(v)][var == kDecodeWarpVariantWide ? 1 : 0];
   int n = slot.load(std::memory_order_relaxed);
   if (n > 0) return n;
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{var}) * kDecodeWarpShapes[var].warps);
+  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{var}) * DecodeWarpsPerCtaOf(var));
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
 
 // CTAs of a persistent decode launch over `units` (sequence, KV head, split) units: as few
 // rounds of units per warp as the resident warps allow, spread evenly (every warp gets the
-// same number of units, ± 1); dynamic units (`dynamic`): every resident warp (at most one a
-// unit), since warps take units until none are left.
-int64_t DecodeWarpCtas(int64_t units, Variant v, int var, bool dynamic) {
+// same number of units, ± 1).
+int64_t DecodeWarpCtas(int64_t units, Variant v, int var) {
   const int64_t resident = ResidentDecodeWarps(v, var);
   const int64_t rounds = (units + resident - 1) / resident;
-  const int64_t warps = dynamic ? std::min(units, resident) : (units + rounds - 1) / rounds;
-  const int per_cta = kDecodeWarpShapes[var].warps;
+  const int64_t warps = (units + rounds - 1) / rounds;
+  const int per_cta = DecodeWarpsPerCtaOf(var);
   return (warps + per_cta - 1) / per_cta;
-}
-
-// The partitions of dynamic decode warps (variants 21..24) over `pairs` (sequence, KV head)
-// pairs: about target_units / pairs partitions of the longest sequence (dyn_splits; at most
-// one per bn-key slice of max_seq_len, at most kMaxSplits), whose size P the kernel derives
-// from the step's real lengths. num_splits counts the partial slots a pair may need:
-// dyn_splits, plus one with a window (its span of ≤ dyn_splits · P keys may straddle one more
-// boundary; units index partitions from the first holding the pair's keys, MakeUnit). One
-// partition: no split.
-void PlanDynamicSplits(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
-                       int64_t target_units, int64_t pairs, int bn, LaunchPlan* plan) {
-  plan->dynamic = true;
-  const int64_t want = std::min<int64_t>(
-      std::clamp<int64_t>((target_units + pairs - 1) / pairs, 1, kMaxSplits),
-      (b.max_seq_len + bn - 1) / bn);
-  if (want <= 1) return;  // num_splits 1
-  plan->dyn_splits = static_cast<int>(want);
-  plan->num_splits = static_cast<int>(want) + (p.sliding_window > 0 ? 1 : 0);
-  plan->partition_tokens = 0;  // the kernel's
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -2227,16 +1699,8 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
     if (plan.persistent) {
       // The variant changes the kernel's shape, not which launches take it (variant 0's
       // resident warps decide that above).
-      plan.warp_variant = DecodeWarpVariantFor(v, p);
+      plan.warp_variant = DecodeWarpVariantFor(v);
       plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
-      const int per_warp = kDecodeWarpShapes[plan.warp_variant].dynamic;
-      if (per_warp > 0 && ctas <= kMaxDynamicPairs) {
-        PlanDynamicSplits(b, p, ResidentDecodeWarps(v, plan.warp_variant) * per_warp, ctas,
-                          kDecodeWarpShapes[plan.warp_variant].bn, &plan);
-        return plan;
-      } else if (per_warp > 0) {
-        plan.warp_variant = StaticDecodeWarpVariant(plan.warp_variant);  // too many pairs
-      }
     } else if (forced_kernel == 1) {
       // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
       // deeper kernel (the fewer, fuller waves need no split), else 2 (3 CTAs per SM, each
@@ -2311,10 +1775,9 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
-    return WithDims(v, DecodeWarpLaunchOp{
-                           &args,
-                           static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant, plan.dynamic)),
-                           plan.warp_variant, stream});
+    return WithDims(
+        v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
+                              plan.warp_variant, stream});
   }
   if (plan.kind == kKindWgmma) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
@@ -2354,10 +1817,10 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel) {
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
 
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant) {
-  if (variant < 0 || variant >= kNumDecodeWarpVariants) {
+  if (variant != 0 && variant != kDecodeWarpVariantWide) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeWarpVariant: variant ",
-                                                   variant, " is not in 0..",
-                                                   kNumDecodeWarpVariants - 1));
+                                                   variant, " is not 0 or ",
+                                                   kDecodeWarpVariantWide));
   }
   g_decode_warp_variant.store(variant, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -2455,8 +1918,6 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.partial_out = combine.partial_out;
   args.fusion = fusion;
   args.num_sequences = static_cast<int>(batch.num_sequences);
-  args.dyn_splits = plan.dyn_splits;
-  args.max_query_len = static_cast<int>(batch.max_query_len);
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;
@@ -2465,8 +1926,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
       static_cast<unsigned>(linear ? 1 : params.num_kv_heads),
       static_cast<unsigned>(batch.num_sequences));
   const absl::Status s = LaunchVariant(args, plan, grid, params, stream);
-  // Dynamic decode warps merge their splits themselves.
-  if (!s.ok() || plan.num_splits == 1 || plan.dynamic) return s;
+  if (!s.ok() || plan.num_splits == 1) return s;
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,
                                          PdlEnabled());
   return CudaLaunchStatus("PagedAttentionCuda combine");

@@ -121,32 +121,17 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel);
 int PagedAttentionDecodeKernel();
 
 // SetPagedAttentionDecodeWarpVariant: the shape and K/V copy of the persistent decode warps
-// (kernel 8/9) at head dims 65..128 (other dims always run 0). 10 is the default (H200,
-// Llama-3-8B decode at 256 sequences × 1k: attention 279-287 µs a layer vs 283-293 with 0, step
-// 15.57-15.60 ms vs 15.62-15.68; bench/results/cuda_attn_decode_variants_h200.json). 0: 4 warps
-// a CTA, 16-key slices, 3-stage cp.async ring. 1: cp.async with the .L2::256B prefetch-size hint;
-// 2: 1 plus an L2 evict-first cache policy; 3: one bulk copy (TMA, cp.async.bulk) per key
-// row with mbarrier completion (head_dim = v_head_dim = 128 and sm_90 only, else 0);
-// 4: 8 warps a CTA (1 CTA per SM at d 128); 5: 2 warps × 6 stages; 6: 4 warps × 32-key slices;
-// 7: 3 warps × 4 stages; 8: 4 with bulk copies; 9: 5 with bulk copies; 10: 8 warps with 2's
-// copies; 11: 10 in lock-step (the CTA's 8 warps sync every slice, so they read whole cache
-// rows together; only where num_kv_heads is a multiple of the CTA's warps); 12: 4 in
-// lock-step; 13/14: 2 plus L2 prefetches (cp.async.bulk.prefetch.L2) 2/4 slices beyond the
-// copies; 15/16: 10 with those prefetches; 17: 5 with 2's copies and prefetch 4; 18: 11 with
-// prefetch 2; 19: 2 in lock-step (4-warp CTAs); 20: 10 with a CTA sync every 2 slices.
-// 21..24: dynamic units: every (sequence, KV head)'s keys cut into partitions of P keys (the
-// host picks how many partitions the longest sequence gets, for about N units a resident warp;
-// the kernel derives P, a multiple of 16, from the step's real context lengths, so loose graph
-// bounds do not coarsen it), warps take units from a global ticket counter (so faster SMs
-// serve more), and the last unit of a pair merges the pair's fp32 partials into bf16 out in
-// the same launch (no combine launch; pairs with one partition write out directly); 21: 10's
-// shape and copies, N 6 (batch 256 × 1k on an H200: 4 partitions, 8192 units); 22: 0's shape,
-// N 6; 23 / 24: 21 with N 12 / 3. Their counters are device globals that each launch leaves at
-// zero (graph replays start from zero), so dynamic launches on one device must not run
-// concurrently on several streams; the decode fusion works with them. Same results as 0 within bf16 rounding (the math per key is the same; only
-// the slice size and the partitions change the order of the online-softmax updates); all
-// variants are deterministic. Process-wide, for benchmarks and tests; set it before sizing
-// workspaces or capturing graphs. InvalidArgument outside 0..24.
+// (kernel 8/9). 10, the default: 8 warps a CTA (1 CTA per SM at d 128), 16-key slices in a
+// 3-stage ring per warp, cp.async copies with the .L2::256B prefetch-size hint and an L2
+// evict-first cache policy; only at head dims 65..128 (other dims run 0). 0: 4 warps a CTA,
+// 16-key slices, 3 stages (fewer where wide heads do not fit), plain cp.async; any head dims.
+// H200, Llama-3-8B decode at 256 sequences × 1k: attention 279-287 µs a layer with 10 vs
+// 283-293 with 0, step 15.57-15.60 ms vs 15.62-15.68
+// (bench/results/cuda_attn_decode_variants_h200.json). Variants 1-9 and 11-24 (other copies
+// and shapes, bulk copies, lock-step CTAs, L2 prefetch, dynamic units) measured slower and
+// were removed (paged_attention.cu lists what they measured). Same results within bf16
+// rounding; both deterministic. Process-wide, for benchmarks and tests; set it before sizing
+// workspaces or capturing graphs. InvalidArgument unless 0 or 10.
 // PagedAttentionDecodeWarpVariant returns it.
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
 int PagedAttentionDecodeWarpVariant();
