@@ -230,7 +230,9 @@ TEST_P(CudaEngineTest, DeviceSamplingEqualsHostSampling) {
 // LogprobRowsCuda) with the placeholder of the step in flight as the newest output id; the
 // synchronous one runs SampleToken on the host over the same bf16 logits. Same tokens, logprobs
 // within 1e-4, same top-logprob ids. The stop ids of the min_tokens rows are their own first
-// unsuppressed tokens, so the suppression changes what they generate.
+// unsuppressed tokens, so the suppression changes what they generate; min_tokens = max_tokens
+// keeps it on to the end, so every request ends by length and both engines run the same
+// batches (a stop finish would leave the async engine one wasted row, a different batch).
 TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
   const std::string dir = Dir();
   auto config = ModelConfig::Load(dir);
@@ -256,14 +258,14 @@ TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
         p.frequency_penalty = 2.0f;
         p.presence_penalty = -2.0f;
         p.logprobs = 20;
-        p.min_tokens = 4;
+        p.min_tokens = p.max_tokens;
         break;
       case 3:  // sampled, top_p, repetition < 1, top 1, min_tokens
         p.temperature = 1.0f;
         p.top_p = 0.9f;
         p.repetition_penalty = 0.8f;
         p.logprobs = 1;
-        p.min_tokens = 3;
+        p.min_tokens = p.max_tokens;
         break;
       default:  // no processing (mixed into processed steps)
         break;
@@ -280,6 +282,7 @@ TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
   const EngineRun sync = RunEngine(dir, false, requests);
   const EngineRun async = RunEngine(dir, true, requests);
   ExpectSameTokens(sync, async);
+  EXPECT_EQ(sync.steps, async.steps);
   int64_t top_entries = 0;
   for (const auto& [id, want] : sync.tokens) {
     const std::vector<SampledToken>& got = async.tokens.at(id);
@@ -295,13 +298,17 @@ TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
     }
   }
   EXPECT_GT(top_entries, 0);
-  // Suppression did act: no min_tokens row ends on a stop id before min_tokens tokens, and the
-  // first token differs from the unsuppressed run's.
+  // Suppression did act: no min_tokens row generates a stop id, and the first token differs
+  // from the unsuppressed run's.
   for (const EngineRequest& r : requests) {
     if (r.sampling.min_tokens == 0) continue;
     const std::vector<SampledToken>& got = sync.tokens.at(r.request_id);
-    ASSERT_GE(got.size(), static_cast<size_t>(r.sampling.min_tokens)) << r.request_id;
+    ASSERT_EQ(got.size(), static_cast<size_t>(r.sampling.max_tokens)) << r.request_id;
     EXPECT_NE(got[0].token_id, plain.tokens.at(r.request_id)[0].token_id) << r.request_id;
+    for (const SampledToken& t : got) {
+      EXPECT_NE(t.token_id, r.sampling.stop_token_ids[0]) << r.request_id;
+      EXPECT_NE(t.token_id, r.sampling.stop_token_ids[1]) << r.request_id;
+    }
   }
   // With a small KV cache: preemptions recompute sequences with penalties in flight.
   ExpectSameTokens(RunEngine(dir, false, requests, 48), RunEngine(dir, true, requests, 48));
