@@ -62,7 +62,8 @@ void ApplyPenaltiesCpu(absl::Span<float> logits, const LogitPenalties& penalties
       size_t end = begin;
       while (end < ids.size() && ids[end] == ids[begin]) ++end;
       float& logit = logits[ids[begin]];
-      // Two separately rounded steps (the device kernel avoids fusing them into an FMA).
+      // Two separately rounded steps, as the device kernel computes them (this file is built
+      // with -ffp-contract=off: kernels/CMakeLists.txt).
       const float frequency_term = penalties.frequency_penalty * static_cast<float>(end - begin);
       logit -= frequency_term;
       logit -= penalties.presence_penalty;
