@@ -225,6 +225,95 @@ TEST_P(CudaEngineTest, DeviceSamplingEqualsHostSampling) {
   ExpectSameTokens(sync, async);
 }
 
+// Penalties, min_tokens suppression and top logprobs: the async engine processes the logits on
+// the GPU (Model::EnqueueProcessedSampledStep: LogitsProcessingCuda, the fp32 SampleRowsCuda,
+// LogprobRowsCuda) with the placeholder of the step in flight as the newest output id; the
+// synchronous one runs SampleToken on the host over the same bf16 logits. Same tokens, logprobs
+// within 1e-4, same top-logprob ids. The stop ids of the min_tokens rows are their own first
+// unsuppressed tokens, so the suppression changes what they generate; min_tokens = max_tokens
+// keeps it on to the end, so every request ends by length and both engines run the same
+// batches (a stop finish would leave the async engine one wasted row, a different batch).
+TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
+  const std::string dir = Dir();
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int32_t vocab = static_cast<int32_t>(config->vocab_size);
+  std::vector<EngineRequest> requests = Requests(20, vocab, /*ignore_eos=*/true);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SamplingParams& p = requests[i].sampling;
+    p.max_tokens = 12 + static_cast<int32_t>(i % 9);
+    p.seed = 300 + static_cast<int64_t>(i);
+    switch (i % 5) {
+      case 0:  // greedy, repetition (CTRL) penalty, top 5
+        p.repetition_penalty = 1.3f;
+        p.logprobs = 5;
+        break;
+      case 1:  // sampled, frequency + presence, top_k
+        p.temperature = 0.8f;
+        p.top_k = 20;
+        p.frequency_penalty = 0.5f;
+        p.presence_penalty = 0.3f;
+        break;
+      case 2:  // greedy at the API limits, top 20, min_tokens
+        p.frequency_penalty = 2.0f;
+        p.presence_penalty = -2.0f;
+        p.logprobs = 20;
+        p.min_tokens = p.max_tokens;
+        break;
+      case 3:  // sampled, top_p, repetition < 1, top 1, min_tokens
+        p.temperature = 1.0f;
+        p.top_p = 0.9f;
+        p.repetition_penalty = 0.8f;
+        p.logprobs = 1;
+        p.min_tokens = p.max_tokens;
+        break;
+      default:  // no processing (mixed into processed steps)
+        break;
+    }
+  }
+  // Stop ids for the min_tokens rows: their first tokens without suppression.
+  const EngineRun plain = RunEngine(dir, false, requests);
+  for (EngineRequest& r : requests) {
+    if (r.sampling.min_tokens == 0) continue;
+    const std::vector<SampledToken>& first = plain.tokens.at(r.request_id);
+    ASSERT_FALSE(first.empty());
+    r.sampling.stop_token_ids = {first[0].token_id, first[1].token_id};
+  }
+  const EngineRun sync = RunEngine(dir, false, requests);
+  const EngineRun async = RunEngine(dir, true, requests);
+  ExpectSameTokens(sync, async);
+  EXPECT_EQ(sync.steps, async.steps);
+  int64_t top_entries = 0;
+  for (const auto& [id, want] : sync.tokens) {
+    const std::vector<SampledToken>& got = async.tokens.at(id);
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+      ASSERT_EQ(got[i].top_logprobs.size(), want[i].top_logprobs.size()) << id << " " << i;
+      for (size_t j = 0; j < want[i].top_logprobs.size(); ++j) {
+        EXPECT_EQ(got[i].top_logprobs[j].token_id, want[i].top_logprobs[j].token_id)
+            << id << " token " << i << " entry " << j;
+        EXPECT_NEAR(got[i].top_logprobs[j].logprob, want[i].top_logprobs[j].logprob, 1e-4)
+            << id << " token " << i << " entry " << j;
+        ++top_entries;
+      }
+    }
+  }
+  EXPECT_GT(top_entries, 0);
+  // Suppression did act: no min_tokens row generates a stop id, and the first token differs
+  // from the unsuppressed run's.
+  for (const EngineRequest& r : requests) {
+    if (r.sampling.min_tokens == 0) continue;
+    const std::vector<SampledToken>& got = sync.tokens.at(r.request_id);
+    ASSERT_EQ(got.size(), static_cast<size_t>(r.sampling.max_tokens)) << r.request_id;
+    EXPECT_NE(got[0].token_id, plain.tokens.at(r.request_id)[0].token_id) << r.request_id;
+    for (const SampledToken& t : got) {
+      EXPECT_NE(t.token_id, r.sampling.stop_token_ids[0]) << r.request_id;
+      EXPECT_NE(t.token_id, r.sampling.stop_token_ids[1]) << r.request_id;
+    }
+  }
+  // With a small KV cache: preemptions recompute sequences with penalties in flight.
+  ExpectSameTokens(RunEngine(dir, false, requests, 48), RunEngine(dir, true, requests, 48));
+}
+
 // The golden prompts through the async engine (alone in the batch, stop ids ignored) give the
 // greedy tokens of the same GPU model driven step by step without the engine
 // (testing::RunGreedy: Forward, logits to the host, host argmax) — same kernels, so equal token

@@ -72,6 +72,20 @@ class CudaModel : public Model {
 
   int NumUnreadSteps() const override { return runner_->NumUnreadSteps(); }
 
+  bool SupportsDeviceLogitsProcessing() const override { return true; }
+
+  absl::Status EnqueueProcessedSampledStep(const ForwardInput& input, KvCache& kv_cache,
+                                           absl::Span<const kernels::SamplingRow> rows,
+                                           const DeviceLogitsProcessing& processing) override {
+    if (absl::Status s = PrepareCache(kv_cache); !s.ok()) return s;
+    return runner_->EnqueueProcessedSampledStep(input, rows, processing);
+  }
+
+  absl::Status ReadSampledStepWithTop(
+      absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) override {
+    return runner_->ReadSampledStepWithTop(out, top);
+  }
+
  private:
   // Checks the KV geometry and ids, (re)allocates the device cache, enqueues the step.
   absl::Status RunStep(const ForwardInput& input, KvCache& kv_cache) {

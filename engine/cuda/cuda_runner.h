@@ -167,6 +167,18 @@ class CudaRunner {
   absl::Status EnqueueSampledStep(const ForwardInput& plan,
                                   absl::Span<const kernels::SamplingRow> rows);
   absl::Status ReadSampledStep(absl::Span<GreedyToken> out);
+  // EnqueueProcessedSampledStep is EnqueueSampledStep with engine/sample's logits processing
+  // (min_tokens suppression, repetition / frequency / presence penalties) applied to each row's
+  // logits on the device before the choice (LogitsProcessingCuda into fp32, then the fp32
+  // SampleRowsCuda), and the raw logprobs plus the rows' top logprobs (LogprobRowsCuda) copied
+  // back with the tokens; ReadSampledStepWithTop returns them. See Model::
+  // EnqueueProcessedSampledStep for the format and errors. The first call allocates
+  // 8 · max_num_seqs · vocab bytes of device memory (fp32 logits, marks).
+  absl::Status EnqueueProcessedSampledStep(const ForwardInput& plan,
+                                           absl::Span<const kernels::SamplingRow> rows,
+                                           const Model::DeviceLogitsProcessing& processing);
+  absl::Status ReadSampledStepWithTop(absl::Span<GreedyToken> out,
+                                      absl::Span<std::vector<kernels::TopLogprob>> top);
   int NumUnreadSteps() const;
   // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
   absl::Status Synchronize();

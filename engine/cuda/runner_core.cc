@@ -15,6 +15,7 @@
 #include "kernels/embedding/embedding_cuda.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
+#include "kernels/sampling/logits_processing_cuda.h"
 #include "kernels/sampling/sampling_cuda.h"
 
 namespace sluice::cuda_runner {
@@ -645,20 +646,91 @@ absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Checks a DeviceLogitsProcessing against a step of n rows (Model::EnqueueProcessedSampledStep).
+absl::Status ValidateProcessing(const Model::DeviceLogitsProcessing& p, int64_t n) {
+  const int64_t rows = static_cast<int64_t>(p.rows.size());
+  const int64_t tops = static_cast<int64_t>(p.top_logprobs.size());
+  if ((rows != 0 && rows != n) || (tops != 0 && tops != n)) {
+    return absl::InvalidArgumentError(absl::StrCat("logits processing of ", rows, " rows and ",
+                                                   tops, " top-logprob counts for ", n,
+                                                   " sampling rows"));
+  }
+  const int64_t num_ids = static_cast<int64_t>(p.ids.size());
+  auto range_ok = [num_ids](int32_t begin, int32_t end) {
+    return begin >= 0 && begin <= end && end <= num_ids;
+  };
+  for (const kernels::LogitsProcessingRow& r : p.rows) {
+    if (!range_ok(r.prompt_begin, r.prompt_end) || !range_ok(r.output_begin, r.output_end) ||
+        !range_ok(r.suppress_begin, r.suppress_end)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits processing list outside the ", num_ids, " ids"));
+    }
+  }
+  for (int32_t c : p.top_logprobs) {
+    if (c < 0 || c > kernels::kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("top logprobs ", c, " outside [0, ",
+                                                     kernels::kMaxTopLogprobs, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Grows pinned host memory to `bytes` (its old contents are dropped; the caller knows no copy
+// still reads it).
+absl::Status EnsurePinned(PinnedBuffer& b, size_t bytes) {
+  if (b.bytes >= bytes) return absl::OkStatus();
+  if (b.ptr != nullptr) cudaFreeHost(b.ptr);
+  b.ptr = nullptr;
+  b.bytes = 0;
+  const size_t grown = std::max(bytes, size_t{1} << 16);
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.ptr, grown), "cudaMallocHost");
+  b.bytes = grown;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
-                                            absl::Span<const kernels::SamplingRow> rows) {
+                                            absl::Span<const kernels::SamplingRow> rows,
+                                            const Model::DeviceLogitsProcessing* processing) {
   const int64_t n = static_cast<int64_t>(plan.logits_indices.size());
   if (static_cast<int64_t>(rows.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("EnqueueSampledStep: ", rows.size(),
                                                    " sampling rows for ", n, " logits rows"));
   }
+  const bool process =
+      processing != nullptr && (!processing->rows.empty() || !processing->top_logprobs.empty());
+  if (process) SLUICE_RUNNER_RETURN_IF_ERROR(ValidateProcessing(*processing, n));
   auto slot = step_outputs.Acquire(n);
   if (!slot.ok()) return slot.status();
+  processing_slots[*slot].top_counts.clear();
   kernels::SamplingRow* staged = step_outputs.params(*slot);
   std::copy(rows.begin(), rows.end(), staged);
+  // The step's forward overwrites `sampled` (its argmax) after its embedding read the fed-back
+  // tokens: keep them for the penalties' placeholder ids.
+  const int64_t prev_n = prev_num_logits;
+  const bool placeholders =
+      process && prev_n > 0 &&
+      std::any_of(processing->ids.begin(), processing->ids.end(), [](int32_t id) {
+        return id < 0;
+      });
+  if (process) SLUICE_RUNNER_RETURN_IF_ERROR(EnsureProcessingBuffers());
+  if (placeholders) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(prev_sampled_copy.data(), sampled.data(),
+                                                prev_n * sizeof(int32_t),
+                                                cudaMemcpyDeviceToDevice, stream.get()),
+                                "cudaMemcpyAsync fed-back tokens");
+  }
   SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueStep(plan, /*allow_graph=*/true));
   if (n > 0) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+    if (process) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(
+          EnqueueProcessing(*processing, *slot, staged, n, placeholders ? prev_n : 0));
+    } else {
+      SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+    }
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_outputs.ids(*slot), sampled.data(),
                                                 n * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                                 stream.get()),
@@ -671,8 +743,130 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
   return step_outputs.Commit(*slot, stream.get());
 }
 
+absl::Status RunnerCore::EnsureProcessingBuffers() {
+  if (processed_logits.data() != nullptr) return absl::OkStatus();
+  const int64_t S = options.max_num_seqs;
+  auto pl = DeviceBuffer<float>::Create(static_cast<size_t>(S * vocab));
+  if (!pl.ok()) return pl.status();
+  auto ws = DeviceBuffer<uint8_t>::Create(kernels::LogitsProcessingCudaWorkspaceBytes(S, vocab));
+  if (!ws.ok()) return ws.status();
+  auto prev = DeviceBuffer<int32_t>::Create(static_cast<size_t>(S));
+  if (!prev.ok()) return prev.status();
+  auto ti = DeviceBuffer<int32_t>::Create(static_cast<size_t>(S * kernels::kMaxTopLogprobs));
+  if (!ti.ok()) return ti.status();
+  auto tl = DeviceBuffer<float>::Create(static_cast<size_t>(S * kernels::kMaxTopLogprobs));
+  if (!tl.ok()) return tl.status();
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ws->data(), 0, ws->bytes(), stream.get()),
+                              "cudaMemsetAsync");
+  processing_ws = std::move(*ws);
+  prev_sampled_copy = std::move(*prev);
+  top_ids_dev = std::move(*ti);
+  top_logprobs_dev = std::move(*tl);
+  processed_logits = std::move(*pl);
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& processing,
+                                           int slot, const kernels::SamplingRow* staged,
+                                           int64_t n, int64_t prev_n) {
+  ProcessingSlot& ps = processing_slots[slot];
+  const bool penalize = !processing.rows.empty();
+  const bool top = std::any_of(processing.top_logprobs.begin(), processing.top_logprobs.end(),
+                               [](int32_t c) { return c > 0; });
+  // Upload layout: [n rows][n top counts][ids]; every part 4-byte aligned.
+  const size_t rows_bytes = penalize ? n * sizeof(kernels::LogitsProcessingRow) : 0;
+  const size_t counts_bytes = top ? n * sizeof(int32_t) : 0;
+  const size_t ids_bytes = penalize ? processing.ids.size() * sizeof(int32_t) : 0;
+  const size_t bytes = rows_bytes + counts_bytes + ids_bytes;
+  if (bytes > 0) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(EnsurePinned(ps.upload, bytes));
+    if (bytes > processing_upload.bytes()) {
+      SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());  // the old buffer may be in use
+      processing_upload = DeviceBuffer<uint8_t>();
+      auto b = DeviceBuffer<uint8_t>::Create(std::max(bytes, size_t{1} << 16) * 2);
+      if (!b.ok()) return b.status();
+      processing_upload = std::move(*b);
+    }
+    char* host = static_cast<char*>(ps.upload.ptr);
+    if (penalize) std::memcpy(host, processing.rows.data(), rows_bytes);
+    if (top) std::memcpy(host + rows_bytes, processing.top_logprobs.data(), counts_bytes);
+    if (penalize && ids_bytes > 0) {
+      std::memcpy(host + rows_bytes + counts_bytes, processing.ids.data(), ids_bytes);
+    }
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(processing_upload.data(), host, bytes,
+                                                cudaMemcpyHostToDevice, stream.get()),
+                                "cudaMemcpyAsync logits processing");
+  }
+  uint8_t* dev = processing_upload.data();
+  const auto* d_rows = reinterpret_cast<const kernels::LogitsProcessingRow*>(dev);
+  const auto* d_counts = reinterpret_cast<const int32_t*>(dev + rows_bytes);
+  const auto* d_ids = reinterpret_cast<const int32_t*>(dev + rows_bytes + counts_bytes);
+  if (penalize) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LogitsProcessingCuda(
+        logits.data(), n, vocab, d_rows, ids_bytes > 0 ? d_ids : nullptr,
+        prev_n > 0 ? prev_sampled_copy.data() : nullptr, prev_n, processed_logits.data(),
+        processing_ws.data(), processing_ws.bytes(), stream.get()));
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_rows.data(), staged,
+                                                n * sizeof(kernels::SamplingRow),
+                                                cudaMemcpyHostToDevice, stream.get()),
+                                "cudaMemcpyAsync sampling rows");
+    // Every row (greedy ones too: argmax of the processed logits) from the fp32 rows.
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::SampleRowsCuda(
+        processed_logits.data(), n, vocab, sampling_rows.data(), sampled.data(),
+        sampled_logprobs.data(), sampling_ws.data(), sampling_ws.bytes(), stream.get()));
+  } else {
+    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+  }
+  // Logprobs of the raw logits (SampleToken's), replacing the processed ones, and top entries.
+  const int32_t max_top = top ? kernels::kMaxTopLogprobs : 0;
+  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LogprobRowsCuda(
+      logits.data(), n, vocab, sampled.data(), top ? d_counts : nullptr, max_top,
+      sampled_logprobs.data(), top_ids_dev.data(), top_logprobs_dev.data(), stream.get()));
+  if (top) {
+    const size_t entries = static_cast<size_t>(n) * kernels::kMaxTopLogprobs;
+    SLUICE_RUNNER_RETURN_IF_ERROR(
+        EnsurePinned(ps.top, entries * (sizeof(int32_t) + sizeof(float))));
+    auto* top_ids = static_cast<int32_t*>(ps.top.ptr);
+    auto* top_lps = reinterpret_cast<float*>(top_ids + entries);
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(top_ids, top_ids_dev.data(),
+                                                entries * sizeof(int32_t),
+                                                cudaMemcpyDeviceToHost, stream.get()),
+                                "cudaMemcpyAsync top ids");
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(top_lps, top_logprobs_dev.data(),
+                                                entries * sizeof(float), cudaMemcpyDeviceToHost,
+                                                stream.get()),
+                                "cudaMemcpyAsync top logprobs");
+    ps.top_counts = processing.top_logprobs;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunnerCore::ReadSampledStep(absl::Span<GreedyToken> out) {
   return step_outputs.ReadOldest(out);
+}
+
+absl::Status RunnerCore::ReadSampledStepWithTop(
+    absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {
+  if (top.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadSampledStepWithTop: ", top.size(),
+                                                   " top lists for ", out.size(), " rows"));
+  }
+  const int slot = step_outputs.oldest_slot();
+  SLUICE_RUNNER_RETURN_IF_ERROR(step_outputs.ReadOldest(out));  // waits for the step's copies
+  const ProcessingSlot& ps = processing_slots[slot];
+  const size_t entries = out.size() * kernels::kMaxTopLogprobs;
+  const auto* top_ids = static_cast<const int32_t*>(ps.top.ptr);
+  const auto* top_lps = reinterpret_cast<const float*>(top_ids + entries);
+  for (size_t r = 0; r < top.size(); ++r) {
+    top[r].clear();
+    if (ps.top_counts.empty()) continue;
+    for (int32_t j = 0; j < ps.top_counts[r]; ++j) {
+      const size_t at = r * kernels::kMaxTopLogprobs + j;
+      if (top_ids[at] < 0) break;  // fewer entries than asked (NaN logits)
+      top[r].push_back(kernels::TopLogprob{top_ids[at], top_lps[at]});
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunnerCore::EnqueueRowSampling(const kernels::SamplingRow* staged, int64_t n) {
@@ -759,6 +953,15 @@ absl::Status CudaRunner::EnqueueSampledStep(const ForwardInput& plan,
 }
 absl::Status CudaRunner::ReadSampledStep(absl::Span<GreedyToken> out) {
   return core_->ReadSampledStep(out);
+}
+absl::Status CudaRunner::EnqueueProcessedSampledStep(
+    const ForwardInput& plan, absl::Span<const kernels::SamplingRow> rows,
+    const Model::DeviceLogitsProcessing& processing) {
+  return core_->EnqueueSampledStep(plan, rows, &processing);
+}
+absl::Status CudaRunner::ReadSampledStepWithTop(
+    absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {
+  return core_->ReadSampledStepWithTop(out, top);
 }
 int CudaRunner::NumUnreadSteps() const { return core_->step_outputs.num_unread(); }
 absl::Status CudaRunner::Synchronize() { return core_->stream.Synchronize(); }

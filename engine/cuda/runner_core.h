@@ -174,9 +174,14 @@ class RunnerCore {
   absl::StatusOr<std::vector<float>> Logits();
   absl::Status SampledGreedy(absl::Span<GreedyToken> out);
   // Asynchronous sampled steps (CudaRunner::EnqueueSampledStep / ReadSampledStep).
+  // `processing` (may be null): logits processing and top logprobs of the rows
+  // (CudaRunner::EnqueueProcessedSampledStep).
   absl::Status EnqueueSampledStep(const ForwardInput& plan,
-                                  absl::Span<const kernels::SamplingRow> rows);
+                                  absl::Span<const kernels::SamplingRow> rows,
+                                  const Model::DeviceLogitsProcessing* processing = nullptr);
   absl::Status ReadSampledStep(absl::Span<GreedyToken> out);
+  absl::Status ReadSampledStepWithTop(absl::Span<GreedyToken> out,
+                                      absl::Span<std::vector<kernels::TopLogprob>> top);
   // Mark records a profiling event named `name` after the op just enqueued (ProfileStep only).
   void Mark(const char* name);
 
@@ -214,6 +219,14 @@ class RunnerCore {
   // asks for a draw (kernels/sampling) and writes every row's logprob; `staged` is the rows'
   // parameters in pinned memory that stays untouched until the step is read.
   absl::Status EnqueueRowSampling(const kernels::SamplingRow* staged, int64_t n);
+  // EnqueueProcessing: the processed path of EnqueueSampledStep for the step just enqueued
+  // (n rows, ring slot `slot`): uploads `processing` through the slot's pinned staging, then
+  // LogitsProcessingCuda → fp32 SampleRowsCuda (with `prev_n` fed-back tokens saved in
+  // prev_sampled_copy) when it has rows, and LogprobRowsCuda (raw logprobs, top entries).
+  absl::Status EnqueueProcessing(const Model::DeviceLogitsProcessing& processing, int slot,
+                                 const kernels::SamplingRow* staged, int64_t n, int64_t prev_n);
+  // Allocates the processing buffers on first use (the marks workspace zeroed on `stream`).
+  absl::Status EnsureProcessingBuffers();
 
   // Metadata: eager steps use `eager_meta`; each graph bucket has its own fixed buffer.
   DeviceBuffer<int64_t> eager_meta;
@@ -225,6 +238,19 @@ class RunnerCore {
   int next_staging = 0;
   std::vector<Graph> graphs;    // ascending batch
   int64_t prev_num_logits = 0;  // logits rows of the previous step (for fed-back token ids)
+  // Device logits processing and top logprobs (allocated on first use).
+  struct ProcessingSlot {     // per StepOutputRing slot, reused only after that step was read
+    PinnedBuffer upload;      // rows, top counts, list ids staged for the upload
+    PinnedBuffer top;         // top ids [rows, 20] then top logprobs [rows, 20], copied back
+    std::vector<int32_t> top_counts;  // per row; empty: the step asked none
+  };
+  ProcessingSlot processing_slots[StepOutputRing::kSlots];
+  DeviceBuffer<uint8_t> processing_upload;   // device copy of a slot's upload (grows)
+  DeviceBuffer<float> processed_logits;      // [max_num_seqs, vocab]
+  DeviceBuffer<uint8_t> processing_ws;       // LogitsProcessingCuda's marks, zero between calls
+  DeviceBuffer<int32_t> prev_sampled_copy;   // [max_num_seqs]: fed-back tokens of the step before
+  DeviceBuffer<int32_t> top_ids_dev;         // [max_num_seqs, 20]
+  DeviceBuffer<float> top_logprobs_dev;      // [max_num_seqs, 20]
   // ProfileStep: while set, Mark records one timing event after each op of Enqueue.
   std::vector<std::pair<const char*, cudaEvent_t>>* profile = nullptr;
   absl::Status profile_error;

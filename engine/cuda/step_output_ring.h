@@ -47,6 +47,8 @@ class StepOutputRing {
   // from its rows (it stays unread); Internal for an asynchronous CUDA error.
   absl::Status ReadOldest(absl::Span<GreedyToken> out);
   int num_unread() const { return static_cast<int>(unread_.size()); }
+  // The slot ReadOldest reads next; -1 when nothing is unread.
+  int oldest_slot() const { return unread_.empty() ? -1 : unread_.front(); }
   // Clear forgets unread steps (after the stream was synchronized, e.g. a new KV cache).
   void Clear() { unread_.clear(); }
 

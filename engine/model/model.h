@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/model/model_config.h"
+#include "kernels/sampling/logits_processing.h"
 #include "kernels/sampling/sampling.h"
 
 namespace sluice {
@@ -183,6 +184,43 @@ class Model {
     return absl::UnimplementedError("this model does not support asynchronous steps");
   }
   virtual int NumUnreadSteps() const { return 0; }
+
+  // --- Logits processing and top logprobs in asynchronous steps ---
+  // DeviceLogitsProcessing is what EnqueueProcessedSampledStep adds to a step: per sampling row,
+  // engine/sample's SampleToken processing before the choice (min_tokens suppression,
+  // repetition / frequency / presence penalties; kernels/sampling/logits_processing.h) and the
+  // number of top logprobs wanted.
+  struct DeviceLogitsProcessing {
+    // Empty (no processing) or one per sampling row; lists index `ids`. An id -(r + 1) in a
+    // list is row r of the previous enqueued step's sampled tokens (its placeholder).
+    std::vector<kernels::LogitsProcessingRow> rows;
+    std::vector<int32_t> ids;
+    // Empty (none) or one per sampling row: top logprobs wanted, 0..kernels' kMaxTopLogprobs
+    // (20, SamplingParams' limit).
+    std::vector<int32_t> top_logprobs;
+  };
+  // True when EnqueueProcessedSampledStep / ReadSampledStepWithTop are implemented: every
+  // sampling row SampleToken handles (penalties, min_tokens, top logprobs included) can be
+  // sampled where the logits are. False: only sampler.h's IsDeviceSamplable rows can.
+  virtual bool SupportsDeviceLogitsProcessing() const { return false; }
+  // EnqueueProcessedSampledStep is EnqueueSampledStep with `processing` applied to the rows'
+  // logits before the choice; chosen-token logprobs stay those of the raw logits (as
+  // SampleToken's). Errors: those of EnqueueSampledStep; InvalidArgument when processing.rows
+  // or processing.top_logprobs is neither empty nor one per row, a list range is outside ids,
+  // or a top count is outside [0, 20]; Unimplemented when !SupportsDeviceLogitsProcessing().
+  virtual absl::Status EnqueueProcessedSampledStep(const ForwardInput& input, KvCache& kv_cache,
+                                                   absl::Span<const kernels::SamplingRow> rows,
+                                                   const DeviceLogitsProcessing& processing) {
+    return absl::UnimplementedError("this model does not support device logits processing");
+  }
+  // ReadSampledStepWithTop is ReadSampledStep plus, per row, the top logprobs its step asked
+  // for (top [rows]: resized; empty for rows that asked none), ordered as SampleToken's
+  // (descending, the lower id first on ties). Errors: those of ReadSampledStep; Unimplemented
+  // when !SupportsDeviceLogitsProcessing().
+  virtual absl::Status ReadSampledStepWithTop(
+      absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {
+    return absl::UnimplementedError("this model does not support device logits processing");
+  }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
   // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'

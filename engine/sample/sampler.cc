@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/sampling/logits_processing.h"
+
 namespace sluice {
 namespace {
 
@@ -37,54 +39,6 @@ struct RankDescending {
     return values[a] > values[b] || (values[a] == values[b] && a < b);
   }
 };
-
-bool InVocab(int32_t id, size_t vocab_size) {
-  return id >= 0 && static_cast<size_t>(id) < vocab_size;
-}
-
-void SuppressStopTokens(absl::Span<float> logits, const SamplingParams& params,
-                        const SequenceContext& context) {
-  if (static_cast<int64_t>(context.output_token_ids.size()) >= params.min_tokens) return;
-  for (int32_t id : context.eos_token_ids) {
-    if (InVocab(id, logits.size())) logits[id] = kNegInf;
-  }
-}
-
-void ApplyPenalties(absl::Span<float> logits, const SamplingParams& params,
-                    const SequenceContext& context) {
-  thread_local std::vector<int32_t> ids;
-  if (params.repetition_penalty != 1.0f) {
-    ids.clear();
-    for (int32_t id : context.prompt_token_ids) {
-      if (InVocab(id, logits.size())) ids.push_back(id);
-    }
-    for (int32_t id : context.output_token_ids) {
-      if (InVocab(id, logits.size())) ids.push_back(id);
-    }
-    std::sort(ids.begin(), ids.end());
-    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    const float penalty = params.repetition_penalty;
-    for (int32_t id : ids) {
-      float& logit = logits[id];
-      logit = logit > 0.0f ? logit / penalty : logit * penalty;
-    }
-  }
-  if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
-    ids.clear();
-    for (int32_t id : context.output_token_ids) {
-      if (InVocab(id, logits.size())) ids.push_back(id);
-    }
-    std::sort(ids.begin(), ids.end());
-    for (size_t begin = 0; begin < ids.size();) {
-      size_t end = begin;
-      while (end < ids.size() && ids[end] == ids[begin]) ++end;
-      float& logit = logits[ids[begin]];
-      logit -= params.frequency_penalty * static_cast<float>(end - begin);
-      logit -= params.presence_penalty;
-      begin = end;
-    }
-  }
-}
 
 // Argmax with the lowest id on ties; NaN never wins; all -inf/NaN → 0.
 int32_t Argmax(absl::Span<const float> logits) {
@@ -196,53 +150,54 @@ int32_t SampleRandom(absl::Span<float> logits, const SamplingParams& params, Sam
   return DrawTopKTopP(logits, max_logit, use_top_k ? params.top_k : 0, params.top_p, rng);
 }
 
-// log(sum(exp(raw))) over non-NaN entries, in double.
-double LogSumExp(absl::Span<const float> raw) {
-  float max_logit = kNegInf;
-  for (float logit : raw) max_logit = std::max(max_logit, logit);
-  if (!(max_logit > kNegInf)) return max_logit;
-  double sum = 0.0;
-  for (float logit : raw) {
-    if (logit > kNegInf) sum += std::exp(static_cast<double>(logit) - max_logit);
-  }
-  return max_logit + std::log(sum);
-}
-
-// The `count` highest raw logits (descending, lower id first on ties) as logprobs.
-std::vector<TokenLogprob> TopLogprobs(absl::Span<const float> raw, double log_sum_exp,
-                                      size_t count) {
-  count = std::min(count, raw.size());
-  std::vector<int32_t> best;  // sorted by RankDescending, at most `count` entries
-  best.reserve(count + 1);
-  const RankDescending rank{raw.data()};
-  for (size_t i = 0; i < raw.size() && count > 0; ++i) {
-    const int32_t id = static_cast<int32_t>(i);
-    if (std::isnan(raw[i])) continue;
-    if (best.size() == count && !rank(id, best.back())) continue;
-    best.insert(std::upper_bound(best.begin(), best.end(), id, rank), id);
-    if (best.size() > count) best.pop_back();
-  }
-  std::vector<TokenLogprob> out;
-  out.reserve(best.size());
-  for (int32_t id : best) {
-    out.push_back({id, static_cast<float>(static_cast<double>(raw[id]) - log_sum_exp)});
-  }
-  return out;
-}
-
 }  // namespace
 
 double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
-bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context) {
+bool HasLogitsProcessing(const SamplingParams& params, const SequenceContext& context) {
   const bool suppresses =
       static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens &&
-      !context.eos_token_ids.empty();  // SuppressStopTokens
+      !context.eos_token_ids.empty();  // SuppressTokensCpu
   const bool penalized = params.repetition_penalty != 1.0f ||
                          params.presence_penalty != 0.0f ||
-                         params.frequency_penalty != 0.0f;  // ApplyPenalties
+                         params.frequency_penalty != 0.0f;  // ApplyPenaltiesCpu
+  return suppresses || penalized;
+}
+
+bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context) {
   const bool top_logprobs = params.logprobs.has_value() && *params.logprobs > 0;
-  return !suppresses && !penalized && !top_logprobs;
+  return !HasLogitsProcessing(params, context) && !top_logprobs;
+}
+
+kernels::LogitsProcessingRow DeviceLogitsProcessingRow(const SamplingParams& params,
+                                                       const SequenceContext& context,
+                                                       std::vector<int32_t>* ids) {
+  kernels::LogitsProcessingRow row;
+  const bool repetition = params.repetition_penalty != 1.0f;
+  const bool counted = params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+  row.repetition_penalty = params.repetition_penalty;
+  row.frequency_penalty = params.frequency_penalty;
+  row.presence_penalty = params.presence_penalty;
+  auto append = [ids](absl::Span<const int32_t> list, int32_t* begin, int32_t* end) {
+    *begin = static_cast<int32_t>(ids->size());
+    ids->insert(ids->end(), list.begin(), list.end());
+    *end = static_cast<int32_t>(ids->size());
+  };
+  const size_t at = ids->size();
+  row.prompt_begin = row.prompt_end = row.output_begin = row.output_end = row.suppress_begin =
+      row.suppress_end = static_cast<int32_t>(at);
+  if (repetition) append(context.prompt_token_ids, &row.prompt_begin, &row.prompt_end);
+  if (repetition || counted) {
+    append(context.output_token_ids, &row.output_begin, &row.output_end);
+  } else {
+    row.output_begin = row.output_end = static_cast<int32_t>(ids->size());
+  }
+  if (static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens) {
+    append(context.eos_token_ids, &row.suppress_begin, &row.suppress_end);
+  } else {
+    row.suppress_begin = row.suppress_end = static_cast<int32_t>(ids->size());
+  }
+  return row;
 }
 
 bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context) {
@@ -265,19 +220,26 @@ SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
   thread_local std::vector<float> raw;
   raw.assign(logits.begin(), logits.end());
 
-  SuppressStopTokens(logits, params, context);
-  ApplyPenalties(logits, params, context);
+  // Suppression first, as vLLM; the penalties keep -inf at -inf, so the device path may
+  // suppress last (kernels/sampling/logits_processing.h).
+  if (static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens) {
+    kernels::SuppressTokensCpu(logits, context.eos_token_ids);
+  }
+  kernels::ApplyPenaltiesCpu(
+      logits, {params.repetition_penalty, params.frequency_penalty, params.presence_penalty},
+      context.prompt_token_ids, context.output_token_ids);
 
   SampledToken result;
   result.token_id =
       params.temperature < kGreedyTemperature ? Argmax(logits) : SampleRandom(logits, params, rng);
   const absl::Span<const float> raw_span(raw);
-  const double log_sum_exp = LogSumExp(raw_span);
+  const double log_sum_exp = kernels::LogSumExpCpu(raw_span);
   if (!raw.empty()) {
     result.logprob = static_cast<float>(static_cast<double>(raw[result.token_id]) - log_sum_exp);
   }
   if (params.logprobs.has_value() && *params.logprobs > 0) {
-    result.top_logprobs = TopLogprobs(raw_span, log_sum_exp, static_cast<size_t>(*params.logprobs));
+    result.top_logprobs =
+        kernels::TopLogprobsCpu(raw_span, log_sum_exp, static_cast<size_t>(*params.logprobs));
   }
   return result;
 }

@@ -10,15 +10,14 @@
 
 #include "absl/types/span.h"
 #include "engine/sample/sampling_params.h"
+#include "kernels/sampling/logits_processing.h"
 #include "kernels/sampling/sampling.h"
 
 namespace sluice {
 
-// TokenLogprob is one (token, log-probability) pair.
-struct TokenLogprob {
-  int32_t token_id = 0;
-  float logprob = 0.0f;
-};
+// TokenLogprob is one (token, log-probability) pair (the kernels' type, so top logprobs from
+// the CPU reference and the device need no conversion).
+using TokenLogprob = kernels::TopLogprob;
 
 // SampledToken is the sampler's result for one sequence and step.
 struct SampledToken {
@@ -65,6 +64,21 @@ bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context)
 // plus the chosen token's raw logprob: no min_tokens suppression, no penalties, no top
 // logprobs. Such rows may be sampled where the logits are (Model::EnqueueSampledStep).
 bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context);
+
+// DeviceLogitsProcessingRow describes SampleToken's processing before the choice for this step
+// as a kernels::LogitsProcessingRow, appending its lists to `ids` (the row's ranges index it):
+// the stop ids while output < min_tokens (suppress list), the prompt when repetition_penalty
+// != 1, the output when repetition_penalty != 1 or a frequency / presence penalty is set.
+// Output ids are copied as they are, placeholders (< 0) included: a device that holds the
+// previous step's sampled tokens resolves them (kernels/sampling/logits_processing.h). A row
+// with no processing gets empty lists and neutral penalties.
+kernels::LogitsProcessingRow DeviceLogitsProcessingRow(const SamplingParams& params,
+                                                       const SequenceContext& context,
+                                                       std::vector<int32_t>* ids);
+
+// True when DeviceLogitsProcessingRow(params, context) changes logits (suppression or a
+// penalty this step).
+bool HasLogitsProcessing(const SamplingParams& params, const SequenceContext& context);
 
 // DeviceSamplingRow is the kernels::SamplingRow of an IsDeviceSamplable row; a non-greedy row
 // takes its draw from `rng` now (UniformUnit: the one draw SampleToken would make).

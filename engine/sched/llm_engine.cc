@@ -432,21 +432,53 @@ class LLMEngineImpl final : public LLMEngine {
   struct InFlightStep {
     std::vector<InFlightRow> rows;  // plan order
     int32_t num_sampled = 0;
+    bool top_logprobs = false;  // read with ReadSampledStepWithTop
   };
 
   // AsyncPlan: the plan may run as an asynchronous step — the model supports it, async
-  // scheduling is on, and every sampling row can be sampled on the device (IsDeviceSamplable:
-  // greedy or temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
+  // scheduling is on, and every sampling row can be sampled on the device: any row when the
+  // model does SampleToken's logits processing and top logprobs there
+  // (SupportsDeviceLogitsProcessing), else only IsDeviceSamplable rows (greedy or
+  // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
   bool AsyncPlan(const SchedulerOutput& plan) {
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
         options_.kv_connector != nullptr) {
       return false;
     }
+    const bool any_row = model_->SupportsDeviceLogitsProcessing();
     for (const ScheduledSequence& s : plan.scheduled) {
       if (s.seq->request.hold_kv_blocks) return false;
-      if (s.samples() && !IsDeviceSamplable(s.seq->request.sampling, Context(*s.seq))) {
+      if (s.samples() && !any_row &&
+          !IsDeviceSamplable(s.seq->request.sampling, Context(*s.seq))) {
         return false;
       }
+    }
+    return true;
+  }
+
+  // BuildDeviceProcessing fills processing_ for the plan's sampling rows (plan order) when some
+  // row needs SampleToken's logits processing or top logprobs; false (processing_ empty) when
+  // every row is IsDeviceSamplable.
+  bool BuildDeviceProcessing(const SchedulerOutput& plan) {
+    processing_.rows.clear();
+    processing_.ids.clear();
+    processing_.top_logprobs.clear();
+    if (!model_->SupportsDeviceLogitsProcessing()) return false;
+    bool penalized = false, top = false;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (!s.samples()) continue;
+      const SamplingParams& p = s.seq->request.sampling;
+      penalized = penalized || HasLogitsProcessing(p, Context(*s.seq));
+      top = top || (p.logprobs.has_value() && *p.logprobs > 0);
+    }
+    if (!penalized && !top) return false;
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (!s.samples()) continue;
+      const SamplingParams& p = s.seq->request.sampling;
+      if (penalized) {
+        processing_.rows.push_back(DeviceLogitsProcessingRow(p, Context(*s.seq), &processing_.ids));
+      }
+      if (top) processing_.top_logprobs.push_back(p.logprobs.value_or(0));
     }
     return true;
   }
@@ -466,7 +498,13 @@ class LLMEngineImpl final : public LLMEngine {
       // take it, so a seeded request gives the same tokens either way.
       if (samples) sampling_rows_.push_back(DeviceSamplingRow(s.seq->request.sampling, s.seq->rng));
     }
-    if (absl::Status st = model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
+    // Placeholders in the rows' output lists refer to the step in flight, as in input_.
+    const bool processed = BuildDeviceProcessing(plan);
+    step.top_logprobs = !processing_.top_logprobs.empty();
+    if (absl::Status st =
+            processed ? model_->EnqueueProcessedSampledStep(input_, kv_cache_, sampling_rows_,
+                                                            processing_)
+                      : model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
         !st.ok()) {
       return st;
     }
@@ -496,7 +534,11 @@ class LLMEngineImpl final : public LLMEngine {
     InFlightStep step = std::move(in_flight_.front());
     in_flight_.pop_front();
     greedy_.resize(step.num_sampled);
-    const absl::Status read = model_->ReadSampledStep(absl::MakeSpan(greedy_));
+    top_lists_.resize(step.num_sampled);
+    const absl::Status read =
+        step.top_logprobs
+            ? model_->ReadSampledStepWithTop(absl::MakeSpan(greedy_), absl::MakeSpan(top_lists_))
+            : model_->ReadSampledStep(absl::MakeSpan(greedy_));
     removed_.clear();
     std::vector<std::string> finished;
     std::vector<std::string> failed;
@@ -522,6 +564,7 @@ class LLMEngineImpl final : public LLMEngine {
       SampledToken token;
       token.token_id = greedy_[token_row].token_id;
       token.logprob = greedy_[token_row].logprob;
+      if (step.top_logprobs) token.top_logprobs = std::move(top_lists_[token_row]);
       EmitToken(seq, std::move(token), outputs, finished);
     }
     RemoveFinished(finished, outputs);
@@ -810,6 +853,8 @@ class LLMEngineImpl final : public LLMEngine {
   ForwardInput input_;
   std::vector<float> logits_;
   std::vector<GreedyToken> greedy_;  // [logits rows] of a DeviceGreedyStep / read step
+  std::vector<std::vector<TokenLogprob>> top_lists_;  // [sampled rows] of a read step
+  Model::DeviceLogitsProcessing processing_;          // of the step being enqueued
   std::vector<kernels::SamplingRow> sampling_rows_;  // scratch: EnqueuePlan
   std::deque<InFlightStep> in_flight_;  // async steps enqueued and not yet read, oldest first
   std::vector<const Sequence*> removed_;  // sequences removed during FinishInFlight

@@ -1,4 +1,4 @@
-// SampleRowsCuda (sampling_cuda.h): one CTA per row.
+// SampleRowsCuda (sampling_cuda.h): one CTA per row, for bf16 or fp32 logits.
 //
 // Every ordering question is answered by a radix select over 64-bit composite keys that are
 // unique per token, so there are no ties to resolve and no sort:
@@ -7,6 +7,8 @@
 //    bf16 values are >= 2^-8 apart relatively while fp32 keeps 2^-24, distinct raw values give
 //    distinct x (for |x| < FLT_MAX), so ranking raw is ranking x, ties (equal x) included;
 //  - ascending-id order (the draw without top_k/top_p): comp = idmask - id.
+// fp32 rows (processed logits: penalties make values no bf16 holds) rank by key32(x) instead,
+// x = raw / T as the CPU computes it, so equal x tie to the lower id as on the CPU.
 // comp is shifted left so that its width is a multiple of the 8-bit digit (vocab 152k: 34
 // bits → 5 passes of a rank select, 18 → 3 of an id select).
 // A select finds the member c* with M(comp > c*) < G <= M(comp >= c*), where M sums a metric
@@ -34,9 +36,36 @@ constexpr int kDigitBits = 8;
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kBinsPerLane = kBins / 32;
 
+// Element access per logits type: bf16 rows load 8 values per 16-byte vector, fp32 rows 4.
+__device__ __forceinline__ float ToFloat(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+
+template <typename T>
+struct VecLoad;
+template <>
+struct VecLoad<bf16> {
+  static constexpr int kWidth = 8;
+  using Type = cuda_detail::Bf16x8;
+  __device__ __forceinline__ static void Unpack(const Type& v, float (&out)[kWidth]) {
+    cuda_detail::ToFloat8(v, out);
+  }
+};
+template <>
+struct VecLoad<float> {
+  static constexpr int kWidth = 4;
+  using Type = float4;
+  __device__ __forceinline__ static void Unpack(const Type& v, float (&out)[kWidth]) {
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
 // Per-row constants of the sampled path.
+template <typename T>
 struct RowCtx {
-  const bf16* row;
+  const T* row;
   int64_t vocab;
   bool vec;
   bool scale;          // temperature != 1
@@ -49,63 +78,69 @@ struct RowCtx {
   double fixed_one;    // 2^(63 - idbits): vocab weights of at most 1 sum below 2^63
 };
 
-// Calls f(id, raw logit) for every id of the row, 8 at a time where aligned.
-template <typename F>
-__device__ __forceinline__ void ForEachLogit(const bf16* row, int64_t vocab, bool vec, F&& f) {
+// Calls f(id, raw logit) for every id of the row, a 16-byte vector at a time where aligned.
+template <typename T, typename F>
+__device__ __forceinline__ void ForEachLogit(const T* row, int64_t vocab, bool vec, F&& f) {
+  using V = VecLoad<T>;
+  constexpr int kW = V::kWidth;
   int64_t scalar_begin = 0;
   if (vec) {
-    const auto* row8 = reinterpret_cast<const cuda_detail::Bf16x8*>(row);
-    const int64_t n8 = vocab / 8;
-    for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
-      float v[8];
-      cuda_detail::ToFloat8(row8[c], v);
+    const auto* rowv = reinterpret_cast<const typename V::Type*>(row);
+    const int64_t nv = vocab / kW;
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+      float v[kW];
+      V::Unpack(rowv[c], v);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) f(static_cast<uint32_t>(c * 8 + e), v[e]);
+      for (int e = 0; e < kW; ++e) f(static_cast<uint32_t>(c * kW + e), v[e]);
     }
-    scalar_begin = n8 * 8;
+    scalar_begin = nv * kW;
   }
   for (int64_t j = scalar_begin + threadIdx.x; j < vocab; j += blockDim.x) {
-    f(static_cast<uint32_t>(j), __bfloat162float(row[j]));
+    f(static_cast<uint32_t>(j), ToFloat(row[j]));
   }
 }
 
 // ForEachLogit with the same trip count on every thread (out-of-range lanes see id 0 and raw
 // -inf, which is never a candidate), so `f` may use full-warp collectives.
-template <typename F>
-__device__ __forceinline__ void ForEachLogitWarpUniform(const bf16* row, int64_t vocab, bool vec,
+template <typename T, typename F>
+__device__ __forceinline__ void ForEachLogitWarpUniform(const T* row, int64_t vocab, bool vec,
                                                         F&& f) {
+  using V = VecLoad<T>;
+  constexpr int kW = V::kWidth;
   int64_t scalar_begin = 0;
   if (vec) {
-    const auto* row8 = reinterpret_cast<const cuda_detail::Bf16x8*>(row);
-    const int64_t n8 = vocab / 8;
-    for (int64_t base = 0; base < n8; base += blockDim.x) {
+    const auto* rowv = reinterpret_cast<const typename V::Type*>(row);
+    const int64_t nv = vocab / kW;
+    for (int64_t base = 0; base < nv; base += blockDim.x) {
       const int64_t c = base + threadIdx.x;
-      float v[8];
-      if (c < n8) {
-        cuda_detail::ToFloat8(row8[c], v);
+      float v[kW];
+      if (c < nv) {
+        V::Unpack(rowv[c], v);
       } else {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = -INFINITY;
+        for (int e = 0; e < kW; ++e) v[e] = -INFINITY;
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) f(c < n8 ? static_cast<uint32_t>(c * 8 + e) : 0u, v[e]);
+      for (int e = 0; e < kW; ++e) f(c < nv ? static_cast<uint32_t>(c * kW + e) : 0u, v[e]);
     }
-    scalar_begin = n8 * 8;
+    scalar_begin = nv * kW;
   }
   for (int64_t base = scalar_begin; base < vocab; base += blockDim.x) {
     const int64_t j = base + threadIdx.x;
-    f(j < vocab ? static_cast<uint32_t>(j) : 0u, j < vocab ? __bfloat162float(row[j]) : -INFINITY);
+    f(j < vocab ? static_cast<uint32_t>(j) : 0u, j < vocab ? ToFloat(row[j]) : -INFINITY);
   }
 }
 
 // x = raw / T exactly as the CPU's float division (round-to-nearest whatever the flags).
-__device__ __forceinline__ float Scaled(const RowCtx& c, float raw) {
+template <typename T>
+__device__ __forceinline__ float Scaled(const RowCtx<T>& c, float raw) {
   return c.scale ? __fdiv_rn(raw, c.temperature) : raw;
 }
 
 // A candidate: finite and kept by min_p (sampler.cc: dropped when double(x) - max <
 // log(min_p)). NaN is never one; raw > -inf ⇔ x > -inf as T > 0.
-__device__ __forceinline__ bool Candidate(const RowCtx& c, float raw) {
+template <typename T>
+__device__ __forceinline__ bool Candidate(const RowCtx<T>& c, float raw) {
   if (!(raw > -INFINITY)) return false;
   return !(c.use_min_p && static_cast<double>(Scaled(c, raw)) -
                                   static_cast<double>(c.max_scaled) <
@@ -119,11 +154,38 @@ __device__ __forceinline__ uint32_t Key16(float raw) {
   return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u);
 }
 
+// Monotone map of a finite fp32 value to 32 bits (larger → larger, -0 == +0).
+__device__ __forceinline__ uint32_t Key32(float x) {
+  const uint32_t u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The rank key of a candidate: bf16 rows rank the raw value (16 bits; distinct bf16 values stay
+// distinct after the fp32 division, see the file comment), fp32 rows the scaled value x itself
+// (32 bits: distinct fp32 logits may round to equal x, which the CPU then ranks by id).
+template <typename T>
+struct RankKey;
+template <>
+struct RankKey<bf16> {
+  static constexpr int kBits = 16;
+  __device__ __forceinline__ static uint32_t Of(const RowCtx<bf16>&, float raw) {
+    return Key16(raw);
+  }
+};
+template <>
+struct RankKey<float> {
+  static constexpr int kBits = 32;
+  __device__ __forceinline__ static uint32_t Of(const RowCtx<float>& c, float raw) {
+    return Key32(Scaled(c, raw));
+  }
+};
+
 // Probability relative to the maximum, exp(double(x) - max) as the CPU computes it, in fixed
 // point with 63 - idbits fraction bits (>= 39 for vocab < 2^24): the per-token rounding
 // (<= 2^-40) is far below the float64 reference's own summation error, so device and CPU
 // disagree only on draws within ~1e-10 (relative) of a CDF boundary.
-__device__ __forceinline__ u64 FixedWeight(const RowCtx& c, float x) {
+template <typename T>
+__device__ __forceinline__ u64 FixedWeight(const RowCtx<T>& c, float x) {
   return __double2ull_rn(
       exp(static_cast<double>(x) - static_cast<double>(c.max_scaled)) * c.fixed_one);
 }
@@ -222,12 +284,12 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
 // *empty when there are no members (mass totals are >= 1 otherwise: the maximum weighs
 // fixed_one).
 // Must be reached by the whole block.
-template <SelectKind kKind, typename GoalOf>
-__device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_total,
+template <SelectKind kKind, typename T, typename GoalOf>
+__device__ u64 RadixSelect(const RowCtx<T>& c, u64 lower_bound, GoalOf goal_of_total,
                            SelectShared& sh, bool* empty) {
   constexpr bool kRank = kKind != SelectKind::kIdMass;
   constexpr bool kMass = kKind != SelectKind::kRankCount;
-  const int bits = kRank ? 16 + c.idbits : c.idbits;
+  const int bits = kRank ? RankKey<T>::kBits + c.idbits : c.idbits;
   const int digits = (bits + kDigitBits - 1) / kDigitBits;
   const int pad = digits * kDigitBits - bits;
   const u64 padded_bound = lower_bound << pad;
@@ -244,7 +306,8 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
       u64 metric = 0;
       int bin = 0;
       if (Candidate(c, raw)) {
-        const u64 comp = (kRank ? (static_cast<u64>(Key16(raw)) << c.idbits) | (c.idmask - id)
+        const u64 comp = (kRank ? (static_cast<u64>(RankKey<T>::Of(c, raw)) << c.idbits) |
+                                      (c.idmask - id)
                                 : static_cast<u64>(c.idmask - id))
                          << pad;
         if (comp >= padded_bound && (comp & high_mask) == prefix) {
@@ -264,7 +327,8 @@ __device__ u64 RadixSelect(const RowCtx& c, u64 lower_bound, GoalOf goal_of_tota
 }
 
 // The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.
-__device__ int32_t SampleRow(const RowCtx& c, const SamplingRow& p, SelectShared& sh) {
+template <typename T>
+__device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectShared& sh) {
   bool empty = false;
   const double u = p.uniform;
   const auto draw_goal = [u](u64 total) {
@@ -304,14 +368,15 @@ __device__ __forceinline__ void ArgmaxCombine(float& best, int32_t& best_id, flo
   }
 }
 
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    SampleRowsKernel(const bf16* logits, int64_t vocab, bool vec, int idbits,
+    SampleRowsKernel(const T* logits, int64_t vocab, bool vec, int idbits,
                      const SamplingRow* params, int32_t* tokens, float* logprobs) {
   __shared__ SelectShared sh;
   __shared__ float s_best[kThreads / 32];
   __shared__ int32_t s_best_id[kThreads / 32];
   __shared__ float s_scratch[32];
-  const bf16* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const T* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const SamplingRow p = params[blockIdx.x];
 
   // Pass 1: argmax of the raw logits (also the raw maximum).
@@ -347,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
 
   int32_t token = any_finite ? best_id : 0;
   if (!(p.temperature < kGreedyTemperature) && any_finite) {
-    RowCtx c;
+    RowCtx<T> c;
     c.row = row;
     c.vocab = vocab;
     c.vec = vec;
@@ -369,7 +434,7 @@ __global__ void __launch_bounds__(kThreads)
     // log_softmax(raw)[token] = (raw[token] - max) - log(Σ exp(raw - max)); NaN for a row with
     // nothing finite (the CPU's raw[0] - (-inf) is NaN or inf - inf).
     logprobs[blockIdx.x] =
-        any_finite ? (__bfloat162float(row[token]) - raw_max) - logf(sum) : NAN;
+        any_finite ? (ToFloat(row[token]) - raw_max) - logf(sum) : NAN;
   }
 }
 
@@ -383,9 +448,12 @@ int IdBits(int64_t vocab) {
 
 size_t SampleRowsCudaWorkspaceBytes(int64_t /*rows*/, int64_t /*vocab*/) { return 0; }
 
-absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
-                            const SamplingRow* params, int32_t* tokens, float* logprobs,
-                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+template <typename T>
+absl::Status LaunchSampleRows(const T* logits, int64_t rows, int64_t vocab,
+                              const SamplingRow* params, int32_t* tokens, float* logprobs,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (rows < 0 || vocab < 1 || vocab > kSampleRowsCudaMaxVocab || rows > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("SampleRowsCuda: rows ", rows, " vocab ", vocab));
@@ -400,10 +468,26 @@ absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
   if (logits == nullptr || params == nullptr || tokens == nullptr || logprobs == nullptr) {
     return absl::InvalidArgumentError("SampleRowsCuda: null pointer");
   }
-  const bool vec = cuda_detail::Aligned16(logits) && vocab % 8 == 0;
-  SampleRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+  const bool vec = cuda_detail::Aligned16(logits) && vocab % VecLoad<T>::kWidth == 0;
+  SampleRowsKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
       logits, vocab, vec, IdBits(vocab), params, tokens, logprobs);
   return CudaLaunchStatus("SampleRowsKernel");
+}
+
+}  // namespace
+
+absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
+                            const SamplingRow* params, int32_t* tokens, float* logprobs,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchSampleRows(logits, rows, vocab, params, tokens, logprobs, workspace,
+                          workspace_bytes, stream);
+}
+
+absl::Status SampleRowsCuda(const float* logits, int64_t rows, int64_t vocab,
+                            const SamplingRow* params, int32_t* tokens, float* logprobs,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return LaunchSampleRows(logits, rows, vocab, params, tokens, logprobs, workspace,
+                          workspace_bytes, stream);
 }
 
 }  // namespace sluice::kernels

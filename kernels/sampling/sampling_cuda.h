@@ -53,6 +53,17 @@ absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
                             const SamplingRow* params, int32_t* tokens, float* logprobs,
                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// SampleRowsCuda over fp32 logits [rows, vocab] (device; 16-byte aligned rows with vocab % 4 == 0
+// take vector loads): the same rule and guarantees, for logits no bf16 holds (the processed
+// logits of LogitsProcessingCuda, logits_processing_cuda.h). The rank order keys the scaled
+// value x = logit / T (fp32 division, as the CPU) itself, so equal x rank by the lower id as on
+// the CPU; a rank select then takes 32 + ceil(log2(vocab)) bits (vocab ~150k: 7 passes instead
+// of 5). `logprobs` are log_softmax of these (processed) logits at the token; the engine reports
+// the raw ones (LogprobRowsCuda). Logits must be finite or -inf (NaN entries are never chosen).
+absl::Status SampleRowsCuda(const float* logits, int64_t rows, int64_t vocab,
+                            const SamplingRow* params, int32_t* tokens, float* logprobs,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_SAMPLING_SAMPLING_CUDA_H_
