@@ -99,6 +99,9 @@
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
 // (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
+// --attn-slice-math BITS: the attention slice math's instruction options
+// (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling; default 3;
+// same bits either way), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
 // a file or a directory of <GPU name>.json; default "auto", the repo's configs/gemm_tuning;
 // "" none, so every decode shape is timed as before). --gemm-tuning-save PATH: write the
@@ -646,6 +649,10 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+    } else if (a == "--attn-slice-math") {
+      int bits = 0;
+      if (!absl::SimpleAtoi(v, &bits)) return absl::InvalidArgumentError("bad " + a);
+      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionSliceMath(bits));
     } else if (a == "--gemm-tuning") {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
@@ -737,6 +744,7 @@ absl::Status Main(int argc, char** argv) {
   out["attn_prefill_kernel"] = kernels::PagedAttentionPrefillKernel();
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
   out["gemm_tuning"] = f.gemm_tuning;
+  out["attn_slice_math"] = kernels::PagedAttentionSliceMath();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

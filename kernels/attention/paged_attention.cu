@@ -59,6 +59,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
+  int slice_math;     // SetPagedAttentionSliceMath's bits, for AttendSlice
 };
 
 // D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
@@ -78,6 +79,15 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
 // the row addresses of matrix i; each lane receives the B-fragment layout of the transposes.
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem_row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(smem_row)));
+}
+
+// Four 8×8 bf16 matrices from shared memory (ldmatrix, not transposed): lanes 8i..8i+7 give
+// the row addresses of matrix i; lane l receives row l / 4, columns 2(l % 4)..+1 of each, which
+// is the B-fragment layout of a matrix stored as [n][k] rows (K rows for Q·Kᵀ).
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(smem_row)));
 }
@@ -241,15 +251,29 @@ __device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_
   const int g = lane / 4;
   const int t = lane % 4;
   float s[kSTiles][4];
+  // kSliceLdmatrixK: K's B fragments for two k-steps per ldmatrix.x4 (one instruction where
+  // the 32-bit loads take four); the same values in the same mma order, so the same bits.
+  const bool ldsm_k = kKSteps % 2 == 0 && (args.slice_math & kSliceLdmatrixK) != 0;
 #pragma unroll
   for (int n = 0; n < kSTiles; ++n) {
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const bf16* krow = k_smem + (r0 + n * 8 + g) * Pitch<kD>() + 2 * t;
+    if (ldsm_k) {
+      const bf16* kmat = k_smem + (r0 + n * 8 + (lane & 7)) * Pitch<kD>() + (lane >> 3) * 8;
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
-      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
-      Mma16816(s[n], q_frag[ks], b0, b1);
+      for (int ks = 0; ks + 1 < kKSteps; ks += 2) {
+        uint32_t b[4];
+        LdMatrixX4(b, kmat + ks * 16);
+        Mma16816(s[n], q_frag[ks], b[0], b[1]);
+        Mma16816(s[n], q_frag[ks + 1], b[2], b[3]);
+      }
+    } else {
+      const bf16* krow = k_smem + (r0 + n * 8 + g) * Pitch<kD>() + 2 * t;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + ks * 16);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + ks * 16 + 8);
+        Mma16816(s[n], q_frag[ks], b0, b1);
+      }
     }
   }
   // Slices every row of the tile sees in full (most prefill tiles) skip the per-element mask;
@@ -271,6 +295,7 @@ __device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_
     }
   }
   float alpha[2], base[2];
+  bool grew = false;  // some row's running max changed
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
@@ -280,15 +305,23 @@ __device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_
     // exp2(−inf − base) is 0 rather than NaN.
     base[i] = new_max == -INFINITY ? 0.0f : new_max;
     alpha[i] = Exp2(row_max[i] - base[i]);
+    grew |= new_max != row_max[i];
     row_max[i] = new_max;
-    row_sum[i] *= alpha[i];
   }
+  // kSliceLazyRescale: when no row of the warp's tile has a new max, every alpha is exp2(0) = 1
+  // (or the row is still empty: its sum and outputs are 0), so the rescale of the running sum
+  // and the kDV / 2 accumulators per thread is skipped (warp-uniform). Once a decode row's max
+  // has settled most slices take this path; the results are the same bits.
+  if ((args.slice_math & kSliceLazyRescale) == 0 || __any_sync(0xffffffffu, grew)) {
 #pragma unroll
-  for (int u = 0; u < kVTiles; ++u) {
-    acc[u][0] *= alpha[0];
-    acc[u][1] *= alpha[0];
-    acc[u][2] *= alpha[1];
-    acc[u][3] *= alpha[1];
+    for (int i = 0; i < 2; ++i) row_sum[i] *= alpha[i];
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[u][0] *= alpha[0];
+      acc[u][1] *= alpha[0];
+      acc[u][2] *= alpha[1];
+      acc[u][3] *= alpha[1];
+    }
   }
   uint32_t p_frag[kPSteps][4];
 #pragma unroll
@@ -1234,6 +1267,7 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // SMs active 90% of the elapsed cycles on average (busiest +8%): what is left is the imbalance
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
+std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1816,6 +1850,17 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel) {
 
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
 
+absl::Status SetPagedAttentionSliceMath(int bits) {
+  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SetPagedAttentionSliceMath: bits ", bits, " are not a mask of 1 and 2"));
+  }
+  g_slice_math.store(bits, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+int PagedAttentionSliceMath() { return g_slice_math.load(std::memory_order_relaxed); }
+
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant) {
   if (variant != 0 && variant != kDecodeWarpVariantWide) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeWarpVariant: variant ",
@@ -1918,6 +1963,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.partial_out = combine.partial_out;
   args.fusion = fusion;
   args.num_sequences = static_cast<int>(batch.num_sequences);
+  args.slice_math = g_slice_math.load(std::memory_order_relaxed);
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;

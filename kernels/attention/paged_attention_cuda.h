@@ -136,6 +136,25 @@ int PagedAttentionDecodeKernel();
 absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
 int PagedAttentionDecodeWarpVariant();
 
+// SetPagedAttentionSliceMath(bits): instruction-count options of the per-slice softmax math
+// (AttendSlice) that the decode kernels (and prefill kernels 0-2) share; both give the same
+// bits as 0:
+//   kSliceLdmatrixK (1): K's B fragments by ldmatrix.x4, two k-steps per instruction (four
+//     32-bit shared loads otherwise);
+//   kSliceLazyRescale (2): the running sum and output accumulators are rescaled only in slices
+//     where some row of the warp's tile has a new max (a warp-uniform branch; otherwise every
+//     factor is exp2(0) = 1), as FlashAttention-3's rescaling skips when the max is unchanged
+//     (Shah et al. 2024, arXiv:2407.08608, §3.3 mentions it as a known trick; here exact).
+// Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
+// slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
+// SM, one instruction per 5.6 cycles a warp), i.e. bound by their instruction chain.
+// Default 3. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
+// InvalidArgument for other values. PagedAttentionSliceMath returns it.
+inline constexpr int kSliceLdmatrixK = 1;
+inline constexpr int kSliceLazyRescale = 2;
+absl::Status SetPagedAttentionSliceMath(int bits);
+int PagedAttentionSliceMath();
+
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
 // rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
 // rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu

@@ -58,6 +58,9 @@ struct Case {
   // captured in a CUDA graph on a stream and replayed `graph_replays` times.
   int launches = 1;
   int graph_replays = 0;
+  // SetPagedAttentionSliceMath settings to launch again with (each checked bitwise against the
+  // first launch, which runs the process setting).
+  std::vector<int> also_slice_math;
 };
 
 PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t dv, int64_t block,
@@ -199,6 +202,18 @@ void RunCase(const Case& c, std::mt19937& rng) {
                                    ws->data(), d_out.data(), nullptr)
                     .ok());
     check_again(absl::StrCat("eager launch ", i + 1));
+  }
+  if (!c.also_slice_math.empty()) {
+    const int process_math = PagedAttentionSliceMath();
+    for (const int bits : c.also_slice_math) {
+      ASSERT_TRUE(SetPagedAttentionSliceMath(bits).ok());
+      ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, out_bytes), cudaSuccess);
+      const absl::Status again = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(),
+                                                    batch, p, ws->data(), d_out.data(), nullptr);
+      ASSERT_TRUE(SetPagedAttentionSliceMath(process_math).ok());
+      ASSERT_TRUE(again.ok()) << again;
+      check_again(absl::StrCat("slice math ", bits));
+    }
   }
   if (c.graph_replays > 0) {
     cudaStream_t stream = nullptr;
@@ -366,6 +381,47 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
     }
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+}
+
+// The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling)
+// change instructions, not values: every setting gives the default's bits, under the decode
+// kernel kinds that run AttendSlice (CTA tiles, warp rings, persistent warps with and without
+// splits) and prefill kernel 0, at every padded head-dim variant (32, 128, 192/128, 256).
+TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  for (const int bad : {-1, 4, 7}) {
+    EXPECT_EQ(SetPagedAttentionSliceMath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(PagedAttentionSliceMath(), kSliceLdmatrixK | kSliceLazyRescale);
+  auto rng = cuda_test::Rng();
+  const int default_kernel = PagedAttentionDecodeKernel();
+  const int default_prefill = PagedAttentionPrefillKernel();
+  const std::vector<int> others = {0, kSliceLdmatrixK, kSliceLazyRescale};
+  const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {0, 1, 1023}, 1300));
+  const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
+  for (const int kernel : {1, 3, 6, 8, 9, 0}) {
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
+    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+    std::vector<Case> cases = {
+        {tag + "b64", Params(32, 8, 128, 128, 16), b64},
+        {tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})},
+        {tag + "d16 g2 window", Params(4, 2, 16, 16, 4, 16), Decode({40, 3, 17})},
+        {tag + "d192 dv128", Params(16, 16, 192, 128, 64), Decode({200, 1500})},
+        {tag + "d256 g2", Params(8, 4, 256, 256, 16), Decode({200, 1500})},
+        {tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}}};
+    if (kernel >= 8) cases.push_back({tag + "b300", Params(32, 8, 128, 128, 16), b300});
+    for (Case& c : cases) {
+      c.also_slice_math = others;
+      RunCase(c, rng);
+    }
+  }
+  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(0).ok());
+  Case prefill{"prefill kernel 0 chunks over a prefix", Params(32, 8, 128, 128, 16),
+               {{0, 70}, {129, 33}, {17, 1}}};
+  prefill.also_slice_math = others;
+  RunCase(prefill, rng);
+  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_prefill).ok());
 }
 
 TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
