@@ -147,11 +147,17 @@ int PagedAttentionDecodeWarpVariant();
 //     (Shah et al. 2024, arXiv:2407.08608, §3.3 mentions it as a known trick; here exact).
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
-// SM, one instruction per 5.6 cycles a warp), i.e. bound by their instruction chain.
+// SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
+// Only kernels at padded head dims ≤ kSliceMathMaxDim use them: with them DeepSeek-V2-Lite's
+// 192-wide MHA-form prefill (kind 0) took 28.75 ms of attention at 4k tokens vs 24.8 without.
+// H200, Llama-3-8B decode at 256 × 1k, one process each (bench/results/cuda_ab_stop14_h200.json):
+// 3: 15.086 / 15.108 ms (attention 282.5 µs a layer), 0: 15.125 / 15.163 (283.7), 1: 15.153 /
+// 15.142, 2: 15.121 / 15.118; batch 1 and 64 within noise.
 // Default 3. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
 // InvalidArgument for other values. PagedAttentionSliceMath returns it.
 inline constexpr int kSliceLdmatrixK = 1;
 inline constexpr int kSliceLazyRescale = 2;
+inline constexpr int kSliceMathMaxDim = 128;
 absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();
 

@@ -386,7 +386,8 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
 // The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling)
 // change instructions, not values: every setting gives the default's bits, under the decode
 // kernel kinds that run AttendSlice (CTA tiles, warp rings, persistent warps with and without
-// splits) and prefill kernel 0, at every padded head-dim variant (32, 128, 192/128, 256).
+// splits) and prefill kernel 0, at every padded head-dim variant (32, 128; 192/128 and 256,
+// above kSliceMathMaxDim, ignore the setting).
 TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
   SLUICE_SKIP_WITHOUT_CUDA();
   for (const int bad : {-1, 4, 7}) {
