@@ -51,7 +51,9 @@ inline constexpr int64_t kGemmSearchMinRows = 64;
 // is set (ParseGemmAlgoSearchMask; an unparsable value is reported on stderr and leaves 0), so a
 // server can opt in without code: its tuning then takes ~30 s more at Llama-3-8B shapes, once
 // per process. H200, Llama-3-8B decode at 256 sequences × 1k with decode-warp variant 10: mask 3
-// 15.31-15.43 ms (1.288-1.299× the roofline, four runs) vs 15.57-15.60 with 0.
+// 15.31-15.43 ms (1.288-1.299× the roofline, four runs) vs 15.57-15.60 with 0. A GEMM tuning
+// table made with mask 3 (LoadGemmTuning, configs/gemm_tuning) gives the same choices to
+// processes with mask 0 without the ~30 s: 15.46-15.52 ms vs 15.66-15.74 timed (stop 14).
 absl::Status SetGemmAlgoSearch(int mask);
 int GemmAlgoSearch();
 // ParseGemmAlgoSearchMask: the mask in `text` (decimal, 0..7). InvalidArgument otherwise.
