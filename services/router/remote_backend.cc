@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <set>
 #include <utility>
@@ -538,8 +539,12 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   // ReserveAgain: the reservation on decode_ ran out while prefill ran; drop it and reserve
   // anew (any decode worker, with the usual waits), ending in AfterPrefill again.
+  // The decode worker keys Reserve, Decode and Cancel by request id, and NextReserve may pick
+  // the same worker again: the new Reserve is sent only once the Cancel has been answered, so
+  // the Cancel cannot overtake it and cancel the new reservation (or the decode that follows:
+  // a 503 "aborted" under load in test_decode_failover's re-reservation test).
   void ReserveAgain() {
-    CancelOnDecode();
+    std::shared_ptr<DecodeStub> old_stub = decode_stub_;
     ReleaseDecode();
     backend_->Count(&RemoteBackendCounters::num_decode_rereserves);
     {
@@ -550,19 +555,28 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     reserve_error_ = absl::OkStatus();
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
-    NextReserve();
+    if (old_stub == nullptr) return NextReserve();
+    CancelOnDecode(old_stub, [self = shared_from_this()] { self->NextReserve(); });
   }
 
   // Fire-and-forget control calls, bounded by control_deadline.
-  void CancelOnDecode() {
-    if (decode_stub_ == nullptr) return;
+  void CancelOnDecode() { CancelOnDecode(decode_stub_, nullptr); }
+  // Cancel on `stub`'s worker; `then` (may be empty) runs when the call ends, however it ends
+  // (bounded by control_deadline).
+  void CancelOnDecode(const std::shared_ptr<DecodeStub>& stub, std::function<void()> then) {
+    if (stub == nullptr) {
+      if (then) then();
+      return;
+    }
     using Rpc = Unary<DecodeStub, v1::CancelRequest, v1::CancelResponse>;
     auto rpc = std::make_shared<Rpc>();
-    rpc->stub = decode_stub_;
+    rpc->stub = stub;
     rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
     rpc->request.set_request_id(id());
     rpc->stub->async()->Cancel(&rpc->context, &rpc->request, &rpc->response,
-                               [rpc](grpc::Status) {});
+                               [rpc, then = std::move(then)](grpc::Status) {
+                                 if (then) then();
+                               });
   }
   void ReleaseOnPrefill(const std::string& address) {
     using Rpc = Unary<PrefillStub, v1::ReleaseRequest, v1::ReleaseResponse>;
