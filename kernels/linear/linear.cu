@@ -1053,10 +1053,14 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
                                      const_cast<bf16*>(x), m, k, norm->eps, stream);
     if (!st.ok()) return st;
   }
-  const GemmTuningKey tuning_key = TuningKeyOf(key, glu_out != nullptr);
-  if (m <= impl.autotune_max_m && !p.tuned && !p.table_checked) {
-    p.table_checked = true;
-    impl.ApplySaved(p, tuning_key, x, w);
+  // Only untuned plans within the autotune limit look at the tuning table (once) or time:
+  // the plans every later call finds skip all of this.
+  if (m <= impl.autotune_max_m && !p.tuned) {
+    const GemmTuningKey tuning_key = TuningKeyOf(key, glu_out != nullptr);
+    if (!p.table_checked) {
+      p.table_checked = true;
+      impl.ApplySaved(p, tuning_key, x, w);
+    }
   }
   if (m <= impl.autotune_max_m && !p.tuned) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -1070,7 +1074,7 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
       }
       absl::Status st = impl.Tune(p, key, x, w, bias, y, glu_out, stream);
       if (!st.ok()) return st;
-      impl.RecordTuned(p, tuning_key);
+      impl.RecordTuned(p, TuningKeyOf(key, glu_out != nullptr));
     }
   }
   if (p.gemv && glu_out != nullptr && GemvGluVariantSupported(p.gemv_unroll, p.gemv_split)) {
