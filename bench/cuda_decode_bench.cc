@@ -99,6 +99,8 @@
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
 // (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
+// --attn-decode-swapped 0|1: the swapped GQA decode math for variant 10's launches with ≤ 8
+// rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 0), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
 // (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling; default 3;
 // same bits either way), for A/B runs.
@@ -649,6 +651,9 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+    } else if (a == "--attn-decode-swapped") {
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      kernels::SetPagedAttentionDecodeSwapped(v == "1");
     } else if (a == "--attn-slice-math") {
       int bits = 0;
       if (!absl::SimpleAtoi(v, &bits)) return absl::InvalidArgumentError("bad " + a);
@@ -745,6 +750,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
   out["gemm_tuning"] = f.gemm_tuning;
   out["attn_slice_math"] = kernels::PagedAttentionSliceMath();
+  out["attn_decode_swapped"] = kernels::PagedAttentionDecodeSwapped();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

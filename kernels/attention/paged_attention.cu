@@ -708,6 +708,160 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   return d;
 }
 
+// ---- Swapped GQA decode math (SetPagedAttentionDecodeSwapped) ----
+//
+// A decode unit has rows = query tokens × group ≤ 8 query rows (4 at Llama-3-8B's group 4),
+// but the m16 tiles of AttendSlice hold 16: three quarters of the Q·Kᵀ and P·V work and of
+// the 64 output accumulators a thread keeps are padding. The swapped form puts the keys on
+// the m16 side and the unit's rows on the n8 side (TensorRT-LLM's XQA kernels pack GQA query
+// heads the same way): Sᵀ[16 keys × 8 rows] = K·Qᵀ (kD / 16 mma a slice, K by ldmatrix as the
+// A operand, Qᵀ as B fragments kept in registers), the online softmax runs per column (a
+// column's 16 keys live in the 8 lanes of one t, reduced with three shuffles), Pᵀ goes from
+// the C layout to the B layout with movmatrix.trans, and Oᵀ[dims × 8 rows] += Vᵀ·Pᵀ (kDV / 16
+// mma a slice, Vᵀ by ldmatrix.trans as the A operand): half the mma and 32 accumulators.
+// Column r of a unit is its row r: query token q_begin + r / group, head kv_head·group +
+// r % group; columns ≥ rows hold zero queries and are never stored.
+
+// Transposes the 8×8 b16 matrix whose row lane / 4, columns 2(lane % 4)..+1 this lane holds.
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Qᵀ's B fragments for every k16 step: b0 = Q[row g][ks·16 + 2t..+1], b1 = … + 8.
+template <int kKSteps>
+__device__ __forceinline__ void LoadQSwapped(const AttnArgs& a, const DecodeUnit& c, int g, int t,
+                                             uint32_t (&qb)[kKSteps][2]) {
+  const bool live = g < c.rows;
+  const bf16* qrow =
+      live ? a.q + static_cast<int64_t>(c.q_begin + g / a.group) * a.q_token_stride +
+                 static_cast<int64_t>(c.kv_head * a.group + g % a.group) * a.head_dim
+           : a.q;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = ks * 16 + h * 8 + 2 * t;
+      qb[ks][h] = live && col < a.head_dim ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
+    }
+  }
+}
+
+// One 16-key slice (K rows 0..15 of k_smem, V rows of v_smem, keys key0..) of unit c in the
+// swapped form. acc[m]: Oᵀ tile m, (dim m·16 + g, columns 2t, 2t+1), (dim m·16 + g + 8, …);
+// col_max / col_sum: columns 2t and 2t+1 (col_sum partial over this lane's keys).
+template <int kD, int kDV, int kBN>
+__device__ __forceinline__ void AttendSliceSwapped(const AttnArgs& a, const bf16* k_smem,
+                                                   const bf16* v_smem, int key0,
+                                                   const DecodeUnit& c,
+                                                   const uint32_t (&qb)[kD / 16][2],
+                                                   float (&acc)[kDV / 16][4],
+                                                   float (&col_max)[2], float (&col_sum)[2],
+                                                   int lane) {
+  static_assert(kBN == 16, "one m16 tile of keys a slice");
+  constexpr int kKSteps = kD / 16;
+  constexpr int kOTiles = kDV / 16;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // ldmatrix.x4: lanes 0-7 keys 0-7 / dims +0, 8-15 keys 8-15 / +0, 16-23 keys 0-7 / +8,
+  // 24-31 keys 8-15 / +8 → the A fragment (a0 key g, a1 key g + 8, a2 / a3 the next 8 dims).
+  const bf16* kmat = k_smem + ((lane & 7) + ((lane >> 3) & 1) * 8) * Pitch<kD>() + (lane >> 4) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t af[4];
+    LdMatrixX4(af, kmat + ks * 16);
+    Mma16816(s, af, qb[ks][0], qb[ks][1]);
+  }
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int key = key0 + g + (e >> 1) * 8;
+    const int col = 2 * t + (e & 1);
+    const int pos = c.ctx + col / a.group;
+    const bool visible = key >= c.kv_begin && key < c.kv_end && key <= pos &&
+                         (a.sliding_window <= 0 || key > pos - a.sliding_window);
+    s[e] = visible ? s[e] * a.scale_log2 : -INFINITY;
+    tile_max[e & 1] = fmaxf(tile_max[e & 1], s[e]);
+  }
+  float alpha[2], base[2];
+  bool grew = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int x = 4; x < 32; x *= 2) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], x));
+    }
+    const float new_max = fmaxf(col_max[i], tile_max[i]);
+    base[i] = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[i] = Exp2(col_max[i] - base[i]);
+    grew |= new_max != col_max[i];
+    col_max[i] = new_max;
+  }
+  if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) col_sum[i] *= alpha[i];
+#pragma unroll
+    for (int m = 0; m < kOTiles; ++m) {
+      acc[m][0] *= alpha[0];
+      acc[m][1] *= alpha[1];
+      acc[m][2] *= alpha[0];
+      acc[m][3] *= alpha[1];
+    }
+  }
+  float p[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    p[e] = Exp2(s[e] - base[e & 1]);
+    col_sum[e & 1] += p[e];
+  }
+  // Pᵀ keys 0-7 / 8-15 in the C layout (row key, columns 2t..) → transposed, the B fragments
+  // (keys 2t..+1 / 8 + 2t..+1, column g) of Oᵀ += Vᵀ·Pᵀ.
+  const uint32_t b0 = MovMatrixTrans(PackBf16(p[0], p[1]));
+  const uint32_t b1 = MovMatrixTrans(PackBf16(p[2], p[3]));
+  // ldmatrix.x4.trans: lanes 0-7 keys 0-7 / dims +0, 8-15 keys 0-7 / +8, 16-23 keys 8-15 / +0,
+  // 24-31 keys 8-15 / +8 → Vᵀ's A fragment (dims g / g + 8 × keys 2t.. / 8 + 2t..).
+  const bf16* vmat = v_smem + ((lane & 7) + (lane >> 4) * 8) * Pitch<kDV>() + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int m = 0; m < kOTiles; ++m) {
+    uint32_t av[4];
+    LdMatrixX4Trans(av, vmat + m * 16);
+    Mma16816(acc[m], av, b0, b1);
+  }
+}
+
+// Writes unit c's rows from the swapped accumulators (num_splits 1: bf16 outputs).
+template <int kDV>
+__device__ __forceinline__ void StoreSwapped(const AttnArgs& a, const DecodeUnit& c,
+                                             const float (&acc)[kDV / 16][4], float (&col_sum)[2],
+                                             int lane) {
+  const int g = lane / 4;
+  const int t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int x = 4; x < 32; x *= 2) col_sum[i] += __shfl_xor_sync(0xffffffffu, col_sum[i], x);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int col = 2 * t + i;
+    if (col >= c.rows) continue;
+    const float inv = col_sum[i] > 0.0f ? 1.0f / col_sum[i] : 0.0f;
+    const int64_t out_row = static_cast<int64_t>(c.q_begin + col / a.group) * a.num_heads +
+                            c.kv_head * a.group + col % a.group;
+    bf16* o = a.out + out_row * a.v_head_dim;
+#pragma unroll
+    for (int m = 0; m < kDV / 16; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = m * 16 + g + 8 * h;
+        if (dim < a.v_head_dim) o[dim] = __float2bfloat16_rn(acc[m][i + 2 * h] * inv);
+      }
+    }
+  }
+}
+
 template <int kD, int kDV, int kWarps, int kBN, int kStages>
 struct DecodeWarpConfig {
   static_assert(kStages >= 2);
@@ -719,7 +873,10 @@ struct DecodeWarpConfig {
 };
 
 // kEvictFirst: K/V copies with the .L2::256B hint and an L2 evict-first policy (CopyChunk).
-template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst>
+// kSwapped: the swapped GQA math (AttendSliceSwapped; only launched with ≤ 8 rows a unit, one
+// split and no decode fusion).
+template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,
+          bool kSwapped = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
   using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages>;
   constexpr int kKSteps = kD / 16;
@@ -808,6 +965,27 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   for (int u = first; u < num_units; u += stride) {
     const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
     c_meta = LoadUnitMeta(args, u + stride, num_units);
+    if constexpr (kSwapped) {
+      uint32_t qb[kKSteps][2];
+      LoadQSwapped<kKSteps>(args, c, g, t, qb);
+      float acc[kDV / 16][4];
+#pragma unroll
+      for (int m = 0; m < kDV / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
+      float col_max[2] = {-INFINITY, -INFINITY};
+      float col_sum[2] = {0.0f, 0.0f};
+      for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
+        issue();
+        CpAsyncWait<kStages - 1>();
+        __syncwarp();
+        const bf16* k_smem = ring + buf * Cfg::kSliceElems;
+        AttendSliceSwapped<kD, kDV, kBN>(args, k_smem, k_smem + kBN * Pitch<kD>(), tile, c, qb,
+                                         acc, col_max, col_sum, lane);
+        __syncwarp();  // the next issue() may refill this buffer
+        buf = buf + 1 == kStages ? 0 : buf + 1;
+      }
+      StoreSwapped<kDV>(args, c, acc, col_sum, lane);
+      continue;
+    }
     const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
     if (fused && c.rows > 0) {
       attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
@@ -1271,6 +1449,8 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
 std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale};
+std::atomic<bool> g_decode_swapped{false};
+std::atomic<int64_t> g_decode_swapped_launches{0};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1337,6 +1517,10 @@ struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int warp_variant = 0;     // its decode-warp variant, 0 or 10 (DecodeWarpVariantFor)
+  // Variant 10 with the swapped GQA math (SetPagedAttentionDecodeSwapped): ≤ 8 query rows a
+  // (sequence, KV head), one split; LaunchVariant also needs no decode fusion.
+  bool swapped = false;
+  int64_t max_rows = 0;  // query rows of the largest (sequence, KV head)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1486,7 +1670,7 @@ constexpr int DecodeWarpStages() {
 // PagedDecodeWarpKernel of decode-warp variant kVar (0 or 10) at padded dims (kD, kDV):
 // variant 0 at any dims, 10 at 128 only (DecodeWarpVariantFor); op.Run gets the kernel, its
 // config and threads.
-template <int kD, int kDV, int kVar, typename Op>
+template <int kD, int kDV, int kVar, bool kSwapped = false, typename Op>
 auto WithDecodeWarpKernel(const Op& op) {
   if constexpr (kVar == 0) {
     constexpr int kStages = DecodeWarpStages<kD, kDV>();
@@ -1498,14 +1682,17 @@ auto WithDecodeWarpKernel(const Op& op) {
     using Cfg = DecodeWarpConfig<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN, kDecodeWarpStages>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
     return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN,
-                                                       kDecodeWarpStages, true>);
+                                                       kDecodeWarpStages, true, kSwapped>);
   }
 }
 
 // WithDecodeWarpKernel for a run-time variant (0 off the 128 dims).
 template <int kD, int kDV, typename Op>
-auto WithDecodeWarpVariant(int var, const Op& op) {
+auto WithDecodeWarpVariant(int var, const Op& op, bool swapped = false) {
   if constexpr (kD == 128 && kDV == 128) {
+    if (var == kDecodeWarpVariantWide && swapped) {
+      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide, true>(op);
+    }
     if (var == kDecodeWarpVariantWide) {
       return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide>(op);
     }
@@ -1519,6 +1706,7 @@ struct DecodeWarpLaunchOp {
   int ctas;
   int var;
   cudaStream_t stream;
+  bool swapped = false;  // LaunchPlan::swapped
   template <typename Cfg>
   absl::Status Run(void (*kernel)(AttnArgs)) const {
     const int smem = Cfg::kSmemBytes + (args->fusion.inv_freq != nullptr ? Cfg::kFusionBytes : 0);
@@ -1527,7 +1715,7 @@ struct DecodeWarpLaunchOp {
   }
   template <int kD, int kDV>
   absl::Status Run() const {
-    return WithDecodeWarpVariant<kD, kDV>(var, *this);
+    return WithDecodeWarpVariant<kD, kDV>(var, *this, swapped);
   }
 };
 struct DecodeWarpOccupancyOp {
@@ -1693,6 +1881,7 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   LaunchPlan plan;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t max_rows = b.max_query_len * group;
+  plan.max_rows = max_rows;
   plan.decode = max_rows <= 16;
   Variant v = Variant::k128;
   PickVariant(p.head_dim, p.v_head_dim, &v);
@@ -1812,9 +2001,14 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
+    const bool swapped = g_decode_swapped.load(std::memory_order_relaxed) &&
+                         plan.warp_variant == kDecodeWarpVariantWide && plan.num_splits == 1 &&
+                         plan.max_rows <= 8 && args.fusion.inv_freq == nullptr &&
+                         params.head_dim % 8 == 0;
+    if (swapped) g_decode_swapped_launches.fetch_add(1, std::memory_order_relaxed);
     return WithDims(
         v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
-                              plan.warp_variant, stream});
+                              plan.warp_variant, stream, swapped});
   }
   if (plan.kind == kKindWgmma) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
@@ -1852,6 +2046,16 @@ absl::Status SetPagedAttentionDecodeKernel(int kernel) {
 }
 
 int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
+
+void SetPagedAttentionDecodeSwapped(bool on) {
+  g_decode_swapped.store(on, std::memory_order_relaxed);
+}
+
+bool PagedAttentionDecodeSwapped() { return g_decode_swapped.load(std::memory_order_relaxed); }
+
+int64_t PagedAttentionDecodeSwappedLaunches() {
+  return g_decode_swapped_launches.load(std::memory_order_relaxed);
+}
 
 absl::Status SetPagedAttentionSliceMath(int bits) {
   if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale)) {

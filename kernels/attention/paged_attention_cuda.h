@@ -161,6 +161,16 @@ inline constexpr int kSliceMathMaxDim = 128;
 absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();
 
+// SetPagedAttentionDecodeSwapped(on): decode-warp variant 10 launches whose (sequence, KV head)
+// units hold ≤ 8 query rows (query tokens × group), with one split and no decode fusion, run the
+// swapped GQA math (paged_attention.cu "Swapped GQA decode math": keys on the mma's m16 side,
+// query rows on n8; half the mma and accumulators of the m16-row form, which pads GQA group 4 to
+// 16 rows). Same results within bf16 rounding (another summation order). Off by default, for
+// A/B runs. PagedAttentionDecodeSwappedLaunches counts the launches that took it (tests).
+void SetPagedAttentionDecodeSwapped(bool on);
+bool PagedAttentionDecodeSwapped();
+int64_t PagedAttentionDecodeSwappedLaunches();
+
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
 // rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
 // rows, 64-key tiles, 2 stages. 1..2: the prefill kernels of paged_attention.cu
