@@ -100,7 +100,7 @@
 // (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
 // --attn-decode-swapped 0|1: the swapped GQA decode math for variant 10's launches with ≤ 8
-// rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 0), for A/B runs.
+// rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
 // (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling; default 3;
 // same bits either way), for A/B runs.

@@ -194,41 +194,41 @@ __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes,
   }
 }
 
+// One warp copies the rows of a kBN-key slice of one cache (K or V: pitch Pitch<kDim>, true
+// head dim `dim`, `token_stride` elements between tokens) into dst, without committing;
+// lane_slot is LaneSlot of the slice (zero-filled rows for −1 and columns past `dim`). base:
+// the KV head's first element in the cache. kEvictFirst / policy: the cp.async flavour
+// (CopyChunk).
+template <int kDim, int kBN, bool kEvictFirst = false>
+__device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf16* base,
+                                         int64_t token_stride, int dim, int lane,
+                                         uint64_t policy = 0) {
+  constexpr int kChunks = kDim / 8;
+  static_assert((kBN * kChunks) % 32 == 0);
+#pragma unroll
+  for (int i = 0; i < kBN * kChunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int key = c / kChunks;
+    const int col = (c % kChunks) * 8;
+    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+    const bool live = slot >= 0 && col < dim;
+    CopyChunk<kEvictFirst>(dst + key * Pitch<kDim>() + col,
+                           live ? base + slot * token_stride + col : base, live ? 16 : 0, policy);
+  }
+}
+
 // One warp copies the K rows (pitch Pitch<kD>) and then V rows of a kBN-key slice into k_dst
-// (V after the kBN K rows) and commits the copy group; lane_slot is LaneSlot of the slice
-// (zero-filled rows for −1 and columns past the true head dims). k_base / v_base: the KV
-// head's first element in the caches. kEvictFirst / policy: the cp.async flavour (CopyChunk).
+// (V after the kBN K rows) and commits the copy group (CopyRows for the arguments).
 template <int kD, int kDV, int kBN, bool kEvictFirst = false>
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
                                           const bf16* k_base, const bf16* v_base, int lane,
                                           uint64_t policy = 0) {
-  const int64_t k_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
-  const int64_t v_token_stride = static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim;
-  bf16* v_dst = k_dst + kBN * Pitch<kD>();
-  constexpr int kKChunks = kD / 8, kVChunks = kDV / 8;
-  static_assert((kBN * kKChunks) % 32 == 0 && (kBN * kVChunks) % 32 == 0);
-#pragma unroll
-  for (int i = 0; i < kBN * kKChunks / 32; ++i) {
-    const int c = lane + 32 * i;
-    const int key = c / kKChunks;
-    const int col = (c % kKChunks) * 8;
-    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
-    const bool live = slot >= 0 && col < args.head_dim;
-    CopyChunk<kEvictFirst>(k_dst + key * Pitch<kD>() + col,
-                           live ? k_base + slot * k_token_stride + col : k_base, live ? 16 : 0,
-                           policy);
-  }
-#pragma unroll
-  for (int i = 0; i < kBN * kVChunks / 32; ++i) {
-    const int c = lane + 32 * i;
-    const int key = c / kVChunks;
-    const int col = (c % kVChunks) * 8;
-    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
-    const bool live = slot >= 0 && col < args.v_head_dim;
-    CopyChunk<kEvictFirst>(v_dst + key * Pitch<kDV>() + col,
-                           live ? v_base + slot * v_token_stride + col : v_base, live ? 16 : 0,
-                           policy);
-  }
+  CopyRows<kD, kBN, kEvictFirst>(k_dst, lane_slot, k_base,
+                                 static_cast<int64_t>(args.num_kv_heads) * args.head_dim,
+                                 args.head_dim, lane, policy);
+  CopyRows<kDV, kBN, kEvictFirst>(k_dst + kBN * Pitch<kD>(), lane_slot, v_base,
+                                  static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim,
+                                  args.v_head_dim, lane, policy);
   CpAsyncCommit();
 }
 
@@ -720,7 +720,15 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
 // the C layout to the B layout with movmatrix.trans, and Oᵀ[dims × 8 rows] += Vᵀ·Pᵀ (kDV / 16
 // mma a slice, Vᵀ by ldmatrix.trans as the A operand): half the mma and 32 accumulators.
 // Column r of a unit is its row r: query token q_begin + r / group, head kv_head·group +
-// r % group; columns ≥ rows hold zero queries and are never stored.
+// r % group; columns ≥ rows hold zero queries and are never stored. Split-KV units write the
+// partials StoreRows writes.
+// ptxas (sm_90a): 128 registers a thread instead of 218. H200, Llama-3-8B batch 256 × ~1k keys
+// (bench/results/cuda_ab_stop15_h200.json): attention 263.3-265.8 µs a layer vs 276.2-276.7
+// (4.19 of the 4.25 TB/s copy bandwidth), graph ITL 14.78-14.89 ms vs 15.11-15.22. Measured
+// and dropped: two 8-warp CTAs a SM over rings of 3 half-slices (K and V copied as separate
+// groups; 13 KiB a warp, so 16 warps a SM): 14.81-14.82 ms, no better than 8 warps, also
+// with the Q·Kᵀ k-steps alternating between two score accumulators — at 4.19 TB/s the
+// launch is bound by the bytes, not the warps' instruction chains.
 
 // Transposes the 8×8 b16 matrix whose row lane / 4, columns 2(lane % 4)..+1 this lane holds.
 __device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
@@ -748,18 +756,17 @@ __device__ __forceinline__ void LoadQSwapped(const AttnArgs& a, const DecodeUnit
   }
 }
 
-// One 16-key slice (K rows 0..15 of k_smem, V rows of v_smem, keys key0..) of unit c in the
-// swapped form. acc[m]: Oᵀ tile m, (dim m·16 + g, columns 2t, 2t+1), (dim m·16 + g + 8, …);
-// col_max / col_sum: columns 2t and 2t+1 (col_sum partial over this lane's keys).
-template <int kD, int kDV, int kBN>
-__device__ __forceinline__ void AttendSliceSwapped(const AttnArgs& a, const bf16* k_smem,
-                                                   const bf16* v_smem, int key0,
-                                                   const DecodeUnit& c,
-                                                   const uint32_t (&qb)[kD / 16][2],
-                                                   float (&acc)[kDV / 16][4],
-                                                   float (&col_max)[2], float (&col_sum)[2],
-                                                   int lane) {
-  static_assert(kBN == 16, "one m16 tile of keys a slice");
+// Sᵀ of one 16-key slice (K rows 0..15 of k_smem, keys key0..) of unit c in the swapped form
+// and its online-softmax step: rescales acc / col_sum where a column's max grew and returns
+// Pᵀ as the B fragments pb of Oᵀ += Vᵀ·Pᵀ (PvSwapped). acc[m]: Oᵀ tile m, (dim m·16 + g,
+// columns 2t, 2t+1), (dim m·16 + g + 8, …); col_max / col_sum: columns 2t and 2t+1 (col_sum
+// partial over this lane's keys).
+template <int kD, int kDV>
+__device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_smem, int key0,
+                                              const DecodeUnit& c,
+                                              const uint32_t (&qb)[kD / 16][2],
+                                              float (&acc)[kDV / 16][4], float (&col_max)[2],
+                                              float (&col_sum)[2], int lane, uint32_t (&pb)[2]) {
   constexpr int kKSteps = kD / 16;
   constexpr int kOTiles = kDV / 16;
   const int g = lane / 4;
@@ -818,23 +825,32 @@ __device__ __forceinline__ void AttendSliceSwapped(const AttnArgs& a, const bf16
   }
   // Pᵀ keys 0-7 / 8-15 in the C layout (row key, columns 2t..) → transposed, the B fragments
   // (keys 2t..+1 / 8 + 2t..+1, column g) of Oᵀ += Vᵀ·Pᵀ.
-  const uint32_t b0 = MovMatrixTrans(PackBf16(p[0], p[1]));
-  const uint32_t b1 = MovMatrixTrans(PackBf16(p[2], p[3]));
+  pb[0] = MovMatrixTrans(PackBf16(p[0], p[1]));
+  pb[1] = MovMatrixTrans(PackBf16(p[2], p[3]));
+}
+
+// Oᵀ += Vᵀ·Pᵀ for one 16-key slice (V rows 0..15 of v_smem, pitch Pitch<kDV>; pb from
+// ScoresSwapped).
+template <int kDV>
+__device__ __forceinline__ void PvSwapped(const bf16* v_smem, const uint32_t (&pb)[2],
+                                          float (&acc)[kDV / 16][4], int lane) {
   // ldmatrix.x4.trans: lanes 0-7 keys 0-7 / dims +0, 8-15 keys 0-7 / +8, 16-23 keys 8-15 / +0,
   // 24-31 keys 8-15 / +8 → Vᵀ's A fragment (dims g / g + 8 × keys 2t.. / 8 + 2t..).
   const bf16* vmat = v_smem + ((lane & 7) + (lane >> 4) * 8) * Pitch<kDV>() + ((lane >> 3) & 1) * 8;
 #pragma unroll
-  for (int m = 0; m < kOTiles; ++m) {
+  for (int m = 0; m < kDV / 16; ++m) {
     uint32_t av[4];
     LdMatrixX4Trans(av, vmat + m * 16);
-    Mma16816(acc[m], av, b0, b1);
+    Mma16816(acc[m], av, pb[0], pb[1]);
   }
 }
 
-// Writes unit c's rows from the swapped accumulators (num_splits 1: bf16 outputs).
+// Writes unit c's rows from the swapped accumulators: bf16 outputs, or with num_splits > 1 the
+// fp32 partial and its (max, sum) in the layout StoreRows writes.
 template <int kDV>
 __device__ __forceinline__ void StoreSwapped(const AttnArgs& a, const DecodeUnit& c,
-                                             const float (&acc)[kDV / 16][4], float (&col_sum)[2],
+                                             const float (&acc)[kDV / 16][4],
+                                             const float (&col_max)[2], float (&col_sum)[2],
                                              int lane) {
   const int g = lane / 4;
   const int t = lane % 4;
@@ -850,17 +866,76 @@ __device__ __forceinline__ void StoreSwapped(const AttnArgs& a, const DecodeUnit
     const float inv = col_sum[i] > 0.0f ? 1.0f / col_sum[i] : 0.0f;
     const int64_t out_row = static_cast<int64_t>(c.q_begin + col / a.group) * a.num_heads +
                             c.kv_head * a.group + col % a.group;
-    bf16* o = a.out + out_row * a.v_head_dim;
+    if (a.num_splits == 1) {
+      bf16* o = a.out + out_row * a.v_head_dim;
 #pragma unroll
-    for (int m = 0; m < kDV / 16; ++m) {
+      for (int m = 0; m < kDV / 16; ++m) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dim = m * 16 + g + 8 * h;
-        if (dim < a.v_head_dim) o[dim] = __float2bfloat16_rn(acc[m][i + 2 * h] * inv);
+        for (int h = 0; h < 2; ++h) {
+          const int dim = m * 16 + g + 8 * h;
+          if (dim < a.v_head_dim) o[dim] = __float2bfloat16_rn(acc[m][i + 2 * h] * inv);
+        }
       }
+    } else {
+      const int64_t part_row =
+          static_cast<int64_t>(c.split) * a.num_tokens * a.num_heads + out_row;
+      float* o = a.partial_out + part_row * a.v_head_dim;
+#pragma unroll
+      for (int m = 0; m < kDV / 16; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int dim = m * 16 + g + 8 * h;
+          if (dim < a.v_head_dim) o[dim] = acc[m][i + 2 * h] * inv;
+        }
+      }
+      if (g == 0) a.partial_ml[part_row] = make_float2(col_max[i], col_sum[i]);
     }
   }
 }
+
+// The producer side of a persistent decode warp: the kBN-key slices of the units first,
+// first + stride, … (< num_units) in order, skipping units without keys (their outputs are
+// still written by the consumer). u / p: the unit of the next slice to copy, tile its first
+// key, slot its LaneSlot; next_meta the metadata of the unit after it.
+template <int kBN>
+struct SliceStream {
+  int u, stride, num_units, tile;
+  DecodeUnit p;
+  UnitMeta next_meta;
+  int64_t slot;
+
+  __device__ __forceinline__ SliceStream(const AttnArgs& a, int first, int stride_, int units,
+                                         const UnitMeta& meta0, int lane)
+      : u(first), stride(stride_), num_units(units) {
+    p = MakeUnit<kBN>(a, u, meta0);
+    next_meta = LoadUnitMeta(a, u + stride, num_units);
+    tile = p.tile_first;
+    SkipEmpty(a);
+    Locate(a, lane);
+  }
+  __device__ __forceinline__ bool live() const { return u < num_units; }
+  // After the current slice was copied: the next slice (and its unit).
+  __device__ __forceinline__ void Next(const AttnArgs& a, int lane) {
+    tile += kBN;
+    SkipEmpty(a);
+    Locate(a, lane);
+  }
+
+ private:
+  __device__ __forceinline__ void SkipEmpty(const AttnArgs& a) {
+    while (u < num_units && tile >= p.kv_end) {
+      u += stride;
+      p = MakeUnit<kBN>(a, u, next_meta);
+      next_meta = LoadUnitMeta(a, u + stride, num_units);
+      tile = p.tile_first;
+    }
+  }
+  __device__ __forceinline__ void Locate(const AttnArgs& a, int lane) {
+    slot = u < num_units ? LaneSlot<kBN>(a, a.block_tables + p.seq * a.max_blocks_per_seq, tile,
+                                         p.kv_begin, p.kv_end, lane)
+                         : -1;
+  }
+};
 
 template <int kD, int kDV, int kWarps, int kBN, int kStages>
 struct DecodeWarpConfig {
@@ -873,8 +948,8 @@ struct DecodeWarpConfig {
 };
 
 // kEvictFirst: K/V copies with the .L2::256B hint and an L2 evict-first policy (CopyChunk).
-// kSwapped: the swapped GQA math (AttendSliceSwapped; only launched with ≤ 8 rows a unit, one
-// split and no decode fusion).
+// kSwapped: the swapped GQA math (ScoresSwapped / PvSwapped; only launched with ≤ 8 rows a
+// unit and no decode fusion).
 template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,
           bool kSwapped = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
@@ -914,43 +989,19 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   }
 
   // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
-  // consumer. p holds the unit of the next slice to copy (p_tile its first key, p_slot its
-  // LaneSlot), p_meta the metadata of the unit after it. Every issue() commits exactly one
-  // copy group (empty once the stream is exhausted), so "slice i landed" is "at most
-  // kStages − 1 newer groups pending", as in the rings of PagedAttentionKernel.
+  // consumer. Every issue() commits exactly one copy group (empty once the stream is
+  // exhausted), so "slice i landed" is "at most kStages − 1 newer groups pending", as in the
+  // rings of PagedAttentionKernel.
   const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
-  int p_u = first;
-  DecodeUnit p = MakeUnit<kBN>(args, p_u, meta0);
-  UnitMeta p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-  int p_tile = p.tile_first;
-  // Skip units without keys (their outputs are still written by the consumer).
-  while (p_u < num_units && p_tile >= p.kv_end) {
-    p_u += stride;
-    p = MakeUnit<kBN>(args, p_u, p_meta);
-    p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-    p_tile = p.tile_first;
-  }
-  auto table_of = [&](int seq) { return args.block_tables + seq * args.max_blocks_per_seq; };
-  int64_t p_slot =
-      p_u < num_units ? LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane)
-                      : -1;
+  SliceStream<kBN> pr(args, first, stride, num_units, meta0, lane);
   int fill = 0;
   auto issue = [&]() {
-    if (p_u < num_units) {
-      const int64_t kv_off = static_cast<int64_t>(p.kv_head);
-      CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, p_slot,
+    if (pr.live()) {
+      const int64_t kv_off = static_cast<int64_t>(pr.p.kv_head);
+      CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
                                            args.k_cache + kv_off * args.head_dim,
                                            args.v_cache + kv_off * args.v_head_dim, lane, policy);
-      p_tile += kBN;
-      while (p_u < num_units && p_tile >= p.kv_end) {
-        p_u += stride;
-        p = MakeUnit<kBN>(args, p_u, p_meta);
-        p_meta = LoadUnitMeta(args, p_u + stride, num_units);
-        p_tile = p.tile_first;
-      }
-      if (p_u < num_units) {
-        p_slot = LaneSlot<kBN>(args, table_of(p.seq), p_tile, p.kv_begin, p.kv_end, lane);
-      }
+      pr.Next(args, lane);
     } else {
       CpAsyncCommit();  // an empty group keeps the wait_group count
     }
@@ -966,6 +1017,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
     c_meta = LoadUnitMeta(args, u + stride, num_units);
     if constexpr (kSwapped) {
+      static_assert(kBN == 16, "one m16 tile of keys a slice");
       uint32_t qb[kKSteps][2];
       LoadQSwapped<kKSteps>(args, c, g, t, qb);
       float acc[kDV / 16][4];
@@ -978,12 +1030,13 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
         CpAsyncWait<kStages - 1>();
         __syncwarp();
         const bf16* k_smem = ring + buf * Cfg::kSliceElems;
-        AttendSliceSwapped<kD, kDV, kBN>(args, k_smem, k_smem + kBN * Pitch<kD>(), tile, c, qb,
-                                         acc, col_max, col_sum, lane);
+        uint32_t pb[2];
+        ScoresSwapped<kD, kDV>(args, k_smem, tile, c, qb, acc, col_max, col_sum, lane, pb);
+        PvSwapped<kDV>(k_smem + kBN * Pitch<kD>(), pb, acc, lane);
         __syncwarp();  // the next issue() may refill this buffer
         buf = buf + 1 == kStages ? 0 : buf + 1;
       }
-      StoreSwapped<kDV>(args, c, acc, col_sum, lane);
+      StoreSwapped<kDV>(args, c, acc, col_max, col_sum, lane);
       continue;
     }
     const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
@@ -1449,7 +1502,7 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
 std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale};
-std::atomic<bool> g_decode_swapped{false};
+std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
 std::atomic<int64_t> g_decode_swapped_launches{0};
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
@@ -1518,9 +1571,9 @@ struct LaunchPlan {
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int warp_variant = 0;     // its decode-warp variant, 0 or 10 (DecodeWarpVariantFor)
   // Variant 10 with the swapped GQA math (SetPagedAttentionDecodeSwapped): ≤ 8 query rows a
-  // (sequence, KV head), one split; LaunchVariant also needs no decode fusion.
+  // (sequence, KV head); LaunchVariant also needs no decode fusion (else it runs the m16-row
+  // math over the same units).
   bool swapped = false;
-  int64_t max_rows = 0;  // query rows of the largest (sequence, KV head)
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
   int m_tiles;
@@ -1881,7 +1934,6 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   LaunchPlan plan;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t max_rows = b.max_query_len * group;
-  plan.max_rows = max_rows;
   plan.decode = max_rows <= 16;
   Variant v = Variant::k128;
   PickVariant(p.head_dim, p.v_head_dim, &v);
@@ -1926,6 +1978,9 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
       // The variant changes the kernel's shape, not which launches take it (variant 0's
       // resident warps decide that above).
       plan.warp_variant = DecodeWarpVariantFor(v);
+      if (plan.warp_variant == kDecodeWarpVariantWide && max_rows <= 8 && p.head_dim % 8 == 0) {
+        plan.swapped = g_decode_swapped.load(std::memory_order_relaxed);
+      }
       plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
     } else if (forced_kernel == 1) {
       // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
@@ -2001,10 +2056,7 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
-    const bool swapped = g_decode_swapped.load(std::memory_order_relaxed) &&
-                         plan.warp_variant == kDecodeWarpVariantWide && plan.num_splits == 1 &&
-                         plan.max_rows <= 8 && args.fusion.inv_freq == nullptr &&
-                         params.head_dim % 8 == 0;
+    const bool swapped = plan.swapped && args.fusion.inv_freq == nullptr;
     if (swapped) g_decode_swapped_launches.fetch_add(1, std::memory_order_relaxed);
     return WithDims(
         v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),

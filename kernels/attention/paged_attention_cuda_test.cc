@@ -425,43 +425,51 @@ TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
   ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_prefill).ok());
 }
 
-// The swapped GQA decode math (SetPagedAttentionDecodeSwapped) against the CPU reference, under
-// kernel 8 on grids with more units than resident warps (unsplit, so it applies): groups 1, 2, 4
-// and 8, 2-token chunks (8 rows at group 4), contexts 0, 1 and across block and slice edges, a
-// sliding window, head dims 96 (zero-padded to 128) and 128; repeated launches and graph
-// replays bitwise. Launches it does not serve (16 rows, kernel 9's splits) fall back.
+// The swapped GQA decode math (SetPagedAttentionDecodeSwapped, the default) and the m16-row
+// math it replaces, against the CPU reference, under kernel 8 on grids with more units than
+// resident warps: groups 1, 2, 4 and 8, 2-token chunks (8 rows at group 4), contexts 0, 1 and
+// across block and slice edges, a sliding window, head dims 96 (zero-padded to 128) and 128,
+// and kernel 9's split-KV partials at batch 3; repeated launches and graph replays bitwise.
+// 16 rows a unit (4-token chunks at group 4) fall back to the m16-row math.
 TEST(PagedAttentionCudaTest, DecodeSwappedMatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionDecodeKernel();
-  const bool default_swapped = PagedAttentionDecodeSwapped();
-  SetPagedAttentionDecodeSwapped(true);
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+  EXPECT_TRUE(PagedAttentionDecodeSwapped());
   const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
-  std::vector<SeqSpec> chunks2;
-  for (int i = 0; i < 300; ++i) chunks2.push_back({static_cast<int32_t>((i * 37) % 300), 2});
-  const int64_t before = PagedAttentionDecodeSwappedLaunches();
-  std::vector<Case> cases = {
-      {"swapped b300 g4", Params(32, 8, 128, 128, 16), b300},
-      {"swapped b300 g8", Params(64, 8, 128, 128, 16), b300},
-      {"swapped b300 g2 window 100", Params(16, 8, 128, 128, 16, 100), b300},
-      {"swapped b300 g1 d96", Params(8, 8, 96, 96, 16), b300},
-      {"swapped b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2}};
-  for (Case& c : cases) {
-    c.launches = 2;
-    c.graph_replays = 2;
-    RunCase(c, rng);
+  std::vector<SeqSpec> chunks2, chunks4;
+  for (int i = 0; i < 300; ++i) {
+    chunks2.push_back({static_cast<int32_t>((i * 37) % 300), 2});
+    chunks4.push_back({static_cast<int32_t>((i * 37) % 300), 4});
   }
-  EXPECT_GE(PagedAttentionDecodeSwappedLaunches() - before, 5 * 5);
-  // Not served: 16 rows a unit (4-token chunks at group 4), and kernel 9's splits at batch 3.
-  const int64_t served = PagedAttentionDecodeSwappedLaunches();
-  std::vector<SeqSpec> chunks4;
-  for (int i = 0; i < 300; ++i) chunks4.push_back({static_cast<int32_t>((i * 37) % 300), 4});
-  RunCase({"fallback 4-token chunks g4", Params(32, 8, 128, 128, 16), chunks4}, rng);
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
-  RunCase({"fallback kernel 9 split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})}, rng);
-  EXPECT_EQ(PagedAttentionDecodeSwappedLaunches(), served);
-  SetPagedAttentionDecodeSwapped(default_swapped);
+  for (const bool swapped : {true, false}) {
+    SetPagedAttentionDecodeSwapped(swapped);
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+    const std::string m = swapped ? "swapped " : "m16 rows ";
+    std::vector<Case> cases = {
+        {m + "b300 g4", Params(32, 8, 128, 128, 16), b300},
+        {m + "b300 g8", Params(64, 8, 128, 128, 16), b300},
+        {m + "b300 g2 window 100", Params(16, 8, 128, 128, 16, 100), b300},
+        {m + "b300 g1 d96", Params(8, 8, 96, 96, 16), b300},
+        {m + "b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2}};
+    const int64_t before = PagedAttentionDecodeSwappedLaunches();
+    for (Case& c : cases) {
+      c.launches = 2;
+      c.graph_replays = 2;
+      RunCase(c, rng);
+    }
+    // Each case plans a launch per eager launch and one for the graph capture.
+    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 3 * 5 : 0) << m;
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
+    const int64_t before_split = PagedAttentionDecodeSwappedLaunches();
+    RunCase({m + "kernel 9 split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})}, rng);
+    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before_split, swapped ? 1 : 0) << m;
+    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
+    const int64_t served = PagedAttentionDecodeSwappedLaunches();
+    RunCase({m + "fallback 4-token chunks g4", Params(32, 8, 128, 128, 16), chunks4}, rng);
+    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches(), served) << m;
+  }
+  SetPagedAttentionDecodeSwapped(true);
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
 
