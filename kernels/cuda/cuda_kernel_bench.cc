@@ -1,5 +1,5 @@
 // cuda_kernel_bench: ceilings and kernel rates of the CUDA backend on the current GPU.
-//   cuda_kernel_bench [OUT.json] [--attention-only]
+//   cuda_kernel_bench [OUT.json] [--attention-only | --sampling-only]
 // --attention-only: the copy bandwidth and the attention section only.
 // Measures (CUDA events, mean over timed repetitions after warm-ups):
 //   - device-to-device copy bandwidth (cudaMemcpyAsync, bytes read + written per second);
@@ -31,6 +31,11 @@
 //     at 1 and 8 tokens the streaming path is timed too, at 64 and 128 both the streaming and
 //     the grouped path. DeepSeek-V3
 //     routing (256 experts) latency.
+//   - Token sampling (SampleRowsCuda) at Qwen's vocab (151,936), 1 and 256 rows, on peaked
+//     logits (a few tokens far above a wide normal, like a confident LM) and flat ones (a
+//     narrow normal: top_p keeps thousands of tokens), per parameter set (greedy, temperature,
+//     top_k 50, top_p 0.9, both, min_p): milliseconds a call.
+// --sampling-only: the sampling section only.
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
@@ -51,6 +56,7 @@
 #include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
+#include "kernels/sampling/sampling_cuda.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::kernels {
@@ -134,6 +140,12 @@ absl::StatusOr<DeviceBuffer<bf16>> RandomDevice(size_t n, std::mt19937& rng, flo
   if (!s.ok()) return s;
   return buf;
 }
+
+#define BENCH_RETURN_IF_ERROR(expr)   \
+  do {                                    \
+    absl::Status bench_s = (expr);        \
+    if (!bench_s.ok()) return bench_s;    \
+  } while (0)
 
 #define BENCH_ASSIGN_OR_RETURN(lhs, expr)       \
   auto lhs##_or = (expr);                       \
@@ -478,7 +490,69 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
       {"routing_deepseek_v3", routing}};
 }
 
-absl::StatusOr<nlohmann::json> Run(bool attention_only) {
+// SampleRowsCuda per parameter set, on rows × 151,936 bf16 logits (peaked and flat), every row
+// with the same parameters and its own draw.
+absl::StatusOr<nlohmann::json> BenchSampling(std::mt19937& rng, cudaStream_t stream) {
+  constexpr int64_t kVocab = 151936;
+  struct Set {
+    const char* name;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+  };
+  const Set sets[] = {{"greedy", 0.0f, 0, 1.0f, 0.0f},         {"temperature 1", 1.0f, 0, 1.0f, 0.0f},
+                      {"top_k 50, T 0.7", 0.7f, 50, 1.0f, 0.0f}, {"top_p 0.9", 1.0f, 0, 0.9f, 0.0f},
+                      {"top_k 50, top_p 0.9, T 0.7", 0.7f, 50, 0.9f, 0.0f},
+                      {"min_p 0.05", 1.0f, 0, 1.0f, 0.05f}};
+  nlohmann::json rows_out = nlohmann::json::array();
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (const int64_t rows : {int64_t{1}, int64_t{256}}) {
+    for (const bool peaked : {true, false}) {
+      std::normal_distribution<float> normal(0.0f, peaked ? 2.0f : 0.3f);
+      std::uniform_int_distribution<int64_t> pick(0, kVocab - 1);
+      std::uniform_real_distribution<float> boost(8.0f, 14.0f);
+      std::vector<bf16> host(static_cast<size_t>(rows * kVocab));
+      for (auto& v : host) v = FloatToBf16(normal(rng));
+      if (peaked) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int j = 0; j < 5; ++j) host[r * kVocab + pick(rng)] = FloatToBf16(boost(rng));
+        }
+      }
+      BENCH_ASSIGN_OR_RETURN(logits, DeviceBuffer<bf16>::Create(host.size()));
+      BENCH_RETURN_IF_ERROR(logits.CopyFromHost(host.data()));
+      BENCH_ASSIGN_OR_RETURN(tokens, DeviceBuffer<int32_t>::Create(rows));
+      BENCH_ASSIGN_OR_RETURN(logprobs, DeviceBuffer<float>::Create(rows));
+      BENCH_ASSIGN_OR_RETURN(params, DeviceBuffer<SamplingRow>::Create(rows));
+      for (const Set& set : sets) {
+        std::vector<SamplingRow> p(static_cast<size_t>(rows));
+        for (auto& row : p) {
+          row.temperature = set.temperature;
+          row.top_k = set.top_k;
+          row.top_p = set.top_p;
+          row.min_p = set.min_p;
+          row.uniform = unit(rng);
+        }
+        BENCH_RETURN_IF_ERROR(params.CopyFromHost(p.data()));
+        BENCH_ASSIGN_OR_RETURN(
+            ms, TimeMs(
+                    [&]() {
+                      return SampleRowsCuda(logits.data(), rows, kVocab, params.data(),
+                                            tokens.data(), logprobs.data(), nullptr, 0, stream);
+                    },
+                    3, 20, stream));
+        rows_out.push_back({{"rows", rows},
+                            {"vocab", kVocab},
+                            {"logits", peaked ? "peaked" : "flat"},
+                            {"params", set.name},
+                            {"ms", ms}});
+      }
+    }
+  }
+  return rows_out;
+}
+
+absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   nlohmann::json out;
   BENCH_ASSIGN_OR_RETURN(name, CudaDeviceName());
   int device = 0, sms = 0, driver = 0, runtime = 0;
@@ -514,6 +588,11 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only) {
                  {"bandwidth_gbps_read_plus_write", copy_gbps}};
   src = DeviceBuffer<uint8_t>();
   dst = DeviceBuffer<uint8_t>();
+  if (sampling_only) {
+    BENCH_ASSIGN_OR_RETURN(sampling, BenchSampling(rng, stream));
+    out["sampling_qwen_vocab"] = sampling;
+    return out;
+  }
   if (attention_only) {
     BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
     out["paged_attention_llama3_8b"] = attention;
@@ -587,6 +666,8 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only) {
   out["paged_attention_llama3_8b"] = attention;
   BENCH_ASSIGN_OR_RETURN(moe, BenchMoe(copy_gbps, rng, stream));
   out["moe_deepseek_v2_lite"] = moe;
+  BENCH_ASSIGN_OR_RETURN(sampling, BenchSampling(rng, stream));
+  out["sampling_qwen_vocab"] = sampling;
   return out;
 }
 
@@ -599,15 +680,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   const char* out_path = nullptr;
-  bool attention_only = false;
+  bool attention_only = false, sampling_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--attention-only") {
       attention_only = true;
+    } else if (std::string(argv[i]) == "--sampling-only") {
+      sampling_only = true;
     } else {
       out_path = argv[i];
     }
   }
-  auto result = sluice::kernels::Run(attention_only);
+  auto result = sluice::kernels::Run(attention_only, sampling_only);
   if (!result.ok()) {
     std::fprintf(stderr, "cuda_kernel_bench: %s\n", result.status().ToString().c_str());
     return 1;

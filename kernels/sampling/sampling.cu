@@ -17,7 +17,9 @@
 // (the first member whose cumulative mass exceeds u · total). Each pass histograms one 8-bit
 // digit of the members still matching the chosen prefix (integer shared-memory atomics: exact
 // and order-independent, hence deterministic) and one warp picks the digit. The kept sets are
-// then "comp >= c*" bounds for the next select, so nothing is compacted or stored.
+// then "comp >= c*" bounds for the next select; after a top_k or top_p cut that leaves at most
+// kListCap members, they are copied into a shared-memory list and the later selects read it
+// instead of the row (CompactMembers).
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -100,11 +102,16 @@ __device__ __forceinline__ void ForEachLogit(const T* row, int64_t vocab, bool v
   }
 }
 
+struct NeverStop {
+  __device__ __forceinline__ bool operator()() const { return false; }
+};
+
 // ForEachLogit with the same trip count on every thread (out-of-range lanes see id 0 and raw
-// -inf, which is never a candidate), so `f` may use full-warp collectives.
-template <typename T, typename F>
+// -inf, which is never a candidate), so `f` may use full-warp collectives. `stop` (warp-uniform)
+// is asked before each step; true ends this warp's walk.
+template <typename T, typename F, typename Stop = NeverStop>
 __device__ __forceinline__ void ForEachLogitWarpUniform(const T* row, int64_t vocab, bool vec,
-                                                        F&& f) {
+                                                        F&& f, Stop stop = {}) {
   using V = VecLoad<T>;
   constexpr int kW = V::kWidth;
   int64_t scalar_begin = 0;
@@ -112,6 +119,7 @@ __device__ __forceinline__ void ForEachLogitWarpUniform(const T* row, int64_t vo
     const auto* rowv = reinterpret_cast<const typename V::Type*>(row);
     const int64_t nv = vocab / kW;
     for (int64_t base = 0; base < nv; base += blockDim.x) {
+      if (stop()) return;
       const int64_t c = base + threadIdx.x;
       float v[kW];
       if (c < nv) {
@@ -126,6 +134,7 @@ __device__ __forceinline__ void ForEachLogitWarpUniform(const T* row, int64_t vo
     scalar_begin = nv * kW;
   }
   for (int64_t base = scalar_begin; base < vocab; base += blockDim.x) {
+    if (stop()) return;
     const int64_t j = base + threadIdx.x;
     f(j < vocab ? static_cast<uint32_t>(j) : 0u, j < vocab ? ToFloat(row[j]) : -INFINITY);
   }
@@ -234,6 +243,38 @@ __device__ __forceinline__ void WarpHistAdd(SelectShared& sh, int bin, u64 metri
   }
 }
 
+// Members copied out of the row (CompactMembers): once a cut has left at most kListCap members
+// (top_k <= kListCap always does; top_p where it keeps few tokens), the later selects read this
+// list instead of the whole row. 16 KiB of shared memory: two CTAs a SM still fit.
+constexpr int kListCap = 2048;
+struct ListShared {
+  uint32_t id[kListCap];
+  float raw[kListCap];
+  int count;  // members found (> kListCap: overflow, the list is not used)
+};
+
+// The elements a select visits: the whole row (warp-uniform trip counts, ForEachLogitWarpUniform)
+// or the compacted list (padding lanes see id 0 and raw -inf, never a candidate).
+template <typename T>
+struct RowSource {
+  const RowCtx<T>& c;
+  template <typename F>
+  __device__ __forceinline__ void operator()(F&& f) const {
+    ForEachLogitWarpUniform(c.row, c.vocab, c.vec, f);
+  }
+};
+struct ListSource {
+  const ListShared& list;
+  template <typename F>
+  __device__ __forceinline__ void operator()(F&& f) const {
+    const int n = list.count;
+    for (int base = 0; base < n; base += blockDim.x) {
+      const int i = base + static_cast<int>(threadIdx.x);
+      f(i < n ? list.id[i] : 0u, i < n ? list.raw[i] : -INFINITY);
+    }
+  }
+};
+
 // Which order and metric a select uses.
 enum class SelectKind { kRankCount, kRankMass, kIdMass };
 
@@ -280,13 +321,13 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
   }
 }
 
-// Radix select over the members (candidates with comp >= lower_bound). Returns c*, or sets
-// *empty when there are no members (mass totals are >= 1 otherwise: the maximum weighs
-// fixed_one).
+// Radix select over the members (candidates with comp >= lower_bound) among the elements `each`
+// visits (RowSource / ListSource). Returns c*, or sets *empty when there are no members (mass
+// totals are >= 1 otherwise: the maximum weighs fixed_one).
 // Must be reached by the whole block.
-template <SelectKind kKind, typename T, typename GoalOf>
-__device__ u64 RadixSelect(const RowCtx<T>& c, u64 lower_bound, GoalOf goal_of_total,
-                           SelectShared& sh, bool* empty) {
+template <SelectKind kKind, typename T, typename GoalOf, typename Source>
+__device__ u64 RadixSelect(const RowCtx<T>& c, const Source& each, u64 lower_bound,
+                           GoalOf goal_of_total, SelectShared& sh, bool* empty) {
   constexpr bool kRank = kKind != SelectKind::kIdMass;
   constexpr bool kMass = kKind != SelectKind::kRankCount;
   const int bits = kRank ? RankKey<T>::kBits + c.idbits : c.idbits;
@@ -302,7 +343,7 @@ __device__ u64 RadixSelect(const RowCtx<T>& c, u64 lower_bound, GoalOf goal_of_t
     const u64 prefix = sh.prefix;
     const int high = shift + kDigitBits;
     const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
-    ForEachLogitWarpUniform(c.row, c.vocab, c.vec, [&](uint32_t id, float raw) {
+    each([&](uint32_t id, float raw) {
       u64 metric = 0;
       int bin = 0;
       if (Candidate(c, raw)) {
@@ -326,37 +367,91 @@ __device__ u64 RadixSelect(const RowCtx<T>& c, u64 lower_bound, GoalOf goal_of_t
   return sh.prefix >> pad;
 }
 
-// The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.
+// Copies the members (candidates with rank comp >= bound) of the row into `list`, one
+// shared-memory atomic per warp and step. Returns whether they fit (at most kListCap); a warp
+// stops reading the row once the list has overflowed, so a cut that keeps thousands of tokens
+// costs a small part of a pass. Slots follow arrival order, which no select depends on (its
+// sums are exact integers). Must be reached by the whole block.
 template <typename T>
-__device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectShared& sh) {
+__device__ bool CompactMembers(const RowCtx<T>& c, u64 bound, ListShared& list) {
+  __syncthreads();  // earlier readers of the list are done
+  if (threadIdx.x == 0) list.count = 0;
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const auto overflowed = [&list, lane]() {
+    const int full = lane == 0 ? (*reinterpret_cast<volatile int*>(&list.count) > kListCap) : 0;
+    return __shfl_sync(0xffffffffu, full, 0) != 0;
+  };
+  ForEachLogitWarpUniform(
+      c.row, c.vocab, c.vec,
+      [&](uint32_t id, float raw) {
+        bool member = false;
+        if (Candidate(c, raw)) {
+          const u64 comp =
+              (static_cast<u64>(RankKey<T>::Of(c, raw)) << c.idbits) | (c.idmask - id);
+          member = comp >= bound;
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, member);
+        if (ballot == 0) return;
+        const int leader = __ffs(ballot) - 1;
+        int base = 0;
+        if (lane == leader) base = atomicAdd(&list.count, __popc(ballot));
+        base = __shfl_sync(0xffffffffu, base, leader);
+        const int slot = base + __popc(ballot & ((1u << lane) - 1u));
+        if (member && slot < kListCap) {
+          list.id[slot] = id;
+          list.raw[slot] = raw;
+        }
+      },
+      overflowed);
+  __syncthreads();
+  return list.count <= kListCap;
+}
+
+// The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.
+// After the top_k select (at most top_k members) and after the top_p cut, the members are
+// copied into `list` where at most kListCap exist (CompactMembers), and the remaining selects
+// read the list: a row with top_k (and top_p) reads the logits 8 times instead of 12-17.
+template <typename T>
+__device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectShared& sh,
+                             ListShared& list) {
   bool empty = false;
   const double u = p.uniform;
   const auto draw_goal = [u](u64 total) {
     return static_cast<u64>(floor(u * static_cast<double>(total))) + 1;
   };
+  const RowSource<T> row{c};
+  const ListSource listed_members{list};
   const bool use_top_k = p.top_k > 0 && p.top_k < c.vocab;
   if (!use_top_k && p.top_p >= 1.0f) {
-    const u64 comp = RadixSelect<SelectKind::kIdMass>(c, 0, draw_goal, sh, &empty);
+    const u64 comp = RadixSelect<SelectKind::kIdMass>(c, row, 0, draw_goal, sh, &empty);
     return empty ? 0 : static_cast<int32_t>(c.idmask - static_cast<uint32_t>(comp));
   }
-  u64 bound = 0;  // members so far: comp >= bound
+  u64 bound = 0;        // members so far: comp >= bound
+  bool listed = false;  // `list` holds every member
   if (use_top_k) {
     const u64 k = static_cast<u64>(p.top_k);
     bound = RadixSelect<SelectKind::kRankCount>(
-        c, bound, [k](u64 total) { return min(k, total); }, sh, &empty);
+        c, row, bound, [k](u64 total) { return min(k, total); }, sh, &empty);
     if (empty) return 0;
+    if (p.top_k <= kListCap) listed = CompactMembers(c, bound, list);
   }
   if (p.top_p < 1.0f) {
     const double top_p = p.top_p;
-    bound = RadixSelect<SelectKind::kRankMass>(
-        c, bound, [top_p](u64 total) {
-          const double goal = ceil(top_p * static_cast<double>(total));
-          return goal < 1.0 ? u64{1} : static_cast<u64>(goal);
-        },
-        sh, &empty);
+    const auto top_p_goal = [top_p](u64 total) {
+      const double goal = ceil(top_p * static_cast<double>(total));
+      return goal < 1.0 ? u64{1} : static_cast<u64>(goal);
+    };
+    bound = listed
+                ? RadixSelect<SelectKind::kRankMass>(c, listed_members, bound, top_p_goal, sh,
+                                                     &empty)
+                : RadixSelect<SelectKind::kRankMass>(c, row, bound, top_p_goal, sh, &empty);
     if (empty) return 0;
+    if (!listed) listed = CompactMembers(c, bound, list);
   }
-  const u64 comp = RadixSelect<SelectKind::kRankMass>(c, bound, draw_goal, sh, &empty);
+  const u64 comp =
+      listed ? RadixSelect<SelectKind::kRankMass>(c, listed_members, bound, draw_goal, sh, &empty)
+             : RadixSelect<SelectKind::kRankMass>(c, row, bound, draw_goal, sh, &empty);
   return empty ? 0 : static_cast<int32_t>(c.idmask - (static_cast<uint32_t>(comp) & c.idmask));
 }
 
@@ -373,6 +468,7 @@ __global__ void __launch_bounds__(kThreads)
     SampleRowsKernel(const T* logits, int64_t vocab, bool vec, int idbits,
                      const SamplingRow* params, int32_t* tokens, float* logprobs) {
   __shared__ SelectShared sh;
+  __shared__ ListShared list;
   __shared__ float s_best[kThreads / 32];
   __shared__ int32_t s_best_id[kThreads / 32];
   __shared__ float s_scratch[32];
@@ -427,7 +523,7 @@ __global__ void __launch_bounds__(kThreads)
     c.fixed_one = ldexp(1.0, 63 - idbits);
     // The CPU falls back to argmax (0 here: nothing finite) when the scaled maximum is not
     // finite; NaN temperatures land here.
-    token = c.max_scaled > -INFINITY ? SampleRow(c, p, sh) : 0;
+    token = c.max_scaled > -INFINITY ? SampleRow(c, p, sh, list) : 0;
   }
   if (threadIdx.x == 0) {
     tokens[blockIdx.x] = token;

@@ -43,10 +43,13 @@ size_t SampleRowsCudaWorkspaceBytes(int64_t rows, int64_t vocab);
 //   tokens:   [rows] int32 out, device;  logprobs: [rows] fp32 out, device
 //   workspace: device scratch of at least SampleRowsCudaWorkspaceBytes(rows, vocab) (may be
 //             null when that is 0)
-// Cost: one CTA of 512 threads per row (64 registers, 2.3 KB shared: two CTAs per SM); every
+// Cost: one CTA of 512 threads per row (64 registers, 18.5 KB shared: two CTAs per SM); every
 // row reads its logits twice (argmax, log-sum-exp); a sampled row then reads them once per
-// radix pass (L2-resident): for vocab ~150k, 3 passes for the plain draw and 5 per select with
-// top_k / top_p (top_k, top_p cut, draw: up to 15).
+// radix pass: for vocab ~150k, 3 passes for the plain draw and 5 per select with top_k / top_p
+// (top_k, top_p cut, draw: up to 15). After a top_k select (top_k <= 2048) or a top_p cut, the
+// members are copied into shared memory in one more pass where at most 2048 exist (the pass
+// stops early once they do not fit), and the later selects read only them: a row with top_k
+// (and top_p) reads the logits 8 times instead of 12-17.
 // Errors: InvalidArgument for rows < 0, vocab outside [1, kSampleRowsCudaMaxVocab], a null
 // pointer when rows > 0, or a too small workspace; Internal for launch errors.
 absl::Status SampleRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,

@@ -176,6 +176,34 @@ TEST(SampleRowsCudaTest, MatchesCpuReferenceOnLlamaQwenAndOddVocabs) {
   EXPECT_LT(total_skipped * 50, total_rows);  // < 2%
 }
 
+// The member lists after a cut (sampling.cu CompactMembers, 2048 entries): top_k at the list's
+// size (listed after the top_k select), top_k beyond it (listed after the top_p cut where that
+// keeps few tokens; flat rows keep thousands and overflow it, so the draw reads the row), and
+// top_p alone, against the CPU on peaked and flat rows.
+TEST(SampleRowsCudaTest, MemberListsAtAndBeyondTheirCapacity) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng = cuda_test::Rng();
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const std::vector<SamplingRow> mix = {Row(1.0f, 2048, 1.0f, 0.0f), Row(0.8f, 2048, 0.9f, 0.0f),
+                                        Row(1.0f, 2049, 1.0f, 0.0f), Row(1.0f, 4000, 0.95f, 0.0f),
+                                        Row(1.2f, 0, 0.99f, 0.0f),   Row(0.9f, 3000, 0.5f, 0.02f)};
+  const int64_t rows = 96, vocab = 151936;
+  int64_t total_skipped = 0;
+  for (Shape shape : {Shape::kPeaked, Shape::kFlat}) {
+    const std::vector<bf16> logits = RandomLogits(rows, vocab, shape, rng);
+    std::vector<SamplingRow> params(rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      params[r] = mix[r % mix.size()];
+      params[r].uniform = unit(rng);
+    }
+    DeviceBuffer<bf16> d_logits = Upload(logits);
+    const DeviceResult got = RunDevice(d_logits.data(), rows, vocab, params);
+    total_skipped += ExpectMatchesCpu(logits, rows, vocab, params, got,
+                                      shape == Shape::kPeaked ? "lists peaked" : "lists flat");
+  }
+  EXPECT_LT(total_skipped * 50, 2 * rows);  // < 2%
+}
+
 TEST(SampleRowsCudaTest, UnalignedRowsTakeTheScalarPath) {
   SLUICE_SKIP_WITHOUT_CUDA();
   std::mt19937 rng = cuda_test::Rng();
