@@ -321,52 +321,6 @@ __device__ void PickDigit(SelectShared& sh, int shift, bool first, GoalOf goal_o
   }
 }
 
-// Radix select over the members (candidates with comp >= lower_bound) among the elements `each`
-// visits (RowSource / ListSource). Returns c*, or sets *empty when there are no members (mass
-// totals are >= 1 otherwise: the maximum weighs fixed_one).
-// Must be reached by the whole block.
-template <SelectKind kKind, typename T, typename GoalOf, typename Source>
-__device__ u64 RadixSelect(const RowCtx<T>& c, const Source& each, u64 lower_bound,
-                           GoalOf goal_of_total, SelectShared& sh, bool* empty) {
-  constexpr bool kRank = kKind != SelectKind::kIdMass;
-  constexpr bool kMass = kKind != SelectKind::kRankCount;
-  const int bits = kRank ? RankKey<T>::kBits + c.idbits : c.idbits;
-  const int digits = (bits + kDigitBits - 1) / kDigitBits;
-  const int pad = digits * kDigitBits - bits;
-  const u64 padded_bound = lower_bound << pad;
-  __syncthreads();  // earlier readers of sh are done
-  if (threadIdx.x == 0) sh.prefix = 0;
-  for (int d = digits - 1; d >= 0; --d) {
-    const int shift = d * kDigitBits;
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) sh.hist_lo[b] = sh.hist_hi[b] = 0;
-    __syncthreads();
-    const u64 prefix = sh.prefix;
-    const int high = shift + kDigitBits;
-    const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
-    each([&](uint32_t id, float raw) {
-      u64 metric = 0;
-      int bin = 0;
-      if (Candidate(c, raw)) {
-        const u64 comp = (kRank ? (static_cast<u64>(RankKey<T>::Of(c, raw)) << c.idbits) |
-                                      (c.idmask - id)
-                                : static_cast<u64>(c.idmask - id))
-                         << pad;
-        if (comp >= padded_bound && (comp & high_mask) == prefix) {
-          metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
-          bin = static_cast<int>((comp >> shift) & (kBins - 1));
-        }
-      }
-      WarpHistAdd(sh, bin, metric);
-    });
-    __syncthreads();
-    if (threadIdx.x < 32) PickDigit(sh, shift, d == digits - 1, goal_of_total);
-    __syncthreads();
-    if (sh.total == 0) break;  // uniform: every thread reads the same value
-  }
-  *empty = sh.total == 0;
-  return sh.prefix >> pad;
-}
-
 // Copies the members (candidates with rank comp >= bound) of the row into `list`, one
 // shared-memory atomic per warp and step. Returns whether they fit (at most kListCap); a warp
 // stops reading the row once the list has overflowed, so a cut that keeps thousands of tokens
@@ -408,10 +362,78 @@ __device__ bool CompactMembers(const RowCtx<T>& c, u64 bound, ListShared& list) 
   return list.count <= kListCap;
 }
 
+// Radix select over the members (candidates with comp >= lower_bound) among the elements `each`
+// visits (RowSource / ListSource). Returns c*, or sets *empty when there are no members (mass
+// totals are >= 1 otherwise: the maximum weighs fixed_one).
+// With `list` (rank selects over the row), once the digits of the rank key's top 16 bits are
+// chosen (the whole bf16 value; sign, exponent and 7 mantissa bits of an fp32 x), the
+// candidates at or above that prefix, a superset of this select's final members, are copied
+// into *list (CompactMembers); where they fit, the remaining passes read the list and *listed
+// is set.
+// Must be reached by the whole block.
+template <SelectKind kKind, typename T, typename GoalOf, typename Source>
+__device__ u64 RadixSelect(const RowCtx<T>& c, const Source& each, u64 lower_bound,
+                           GoalOf goal_of_total, SelectShared& sh, bool* empty,
+                           ListShared* list = nullptr, bool* listed = nullptr) {
+  constexpr bool kRank = kKind != SelectKind::kIdMass;
+  constexpr bool kMass = kKind != SelectKind::kRankCount;
+  const int bits = kRank ? RankKey<T>::kBits + c.idbits : c.idbits;
+  const int digits = (bits + kDigitBits - 1) / kDigitBits;
+  const int pad = digits * kDigitBits - bits;
+  const u64 padded_bound = lower_bound << pad;
+  // The digit after which the top 16 rank-key bits are known.
+  const int compact_digit = kRank ? (bits + pad - 16) / kDigitBits : -1;
+  bool use_list = false;
+  __syncthreads();  // earlier readers of sh are done
+  if (threadIdx.x == 0) sh.prefix = 0;
+  for (int d = digits - 1; d >= 0; --d) {
+    const int shift = d * kDigitBits;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) sh.hist_lo[b] = sh.hist_hi[b] = 0;
+    __syncthreads();
+    const u64 prefix = sh.prefix;
+    const int high = shift + kDigitBits;
+    const u64 high_mask = high >= 64 ? 0 : (~u64{0} << high);
+    auto visit = [&](uint32_t id, float raw) {
+      u64 metric = 0;
+      int bin = 0;
+      if (Candidate(c, raw)) {
+        const u64 comp = (kRank ? (static_cast<u64>(RankKey<T>::Of(c, raw)) << c.idbits) |
+                                      (c.idmask - id)
+                                : static_cast<u64>(c.idmask - id))
+                         << pad;
+        if (comp >= padded_bound && (comp & high_mask) == prefix) {
+          metric = kMass ? FixedWeight(c, Scaled(c, raw)) : 1;
+          bin = static_cast<int>((comp >> shift) & (kBins - 1));
+        }
+      }
+      WarpHistAdd(sh, bin, metric);
+    };
+    if (use_list) {
+      ListSource{*list}(visit);
+    } else {
+      each(visit);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) PickDigit(sh, shift, d == digits - 1, goal_of_total);
+    __syncthreads();
+    if (sh.total == 0) break;  // uniform: every thread reads the same value
+    if (list != nullptr && d == compact_digit && d > 0) {
+      // Members from here on match the prefix: comp >= prefix (its lower digits zero).
+      const u64 at_prefix = sh.prefix >> pad;
+      use_list = CompactMembers(c, at_prefix > lower_bound ? at_prefix : lower_bound, *list);
+    }
+  }
+  *empty = sh.total == 0;
+  if (listed != nullptr) *listed = use_list;
+  return sh.prefix >> pad;
+}
+
 // The sampled path of one row (temperature >= 1e-5, some finite logit). Returns the token.
-// After the top_k select (at most top_k members) and after the top_p cut, the members are
-// copied into `list` where at most kListCap exist (CompactMembers), and the remaining selects
-// read the list: a row with top_k (and top_p) reads the logits 8 times instead of 12-17.
+// The top_k and top_p selects copy their candidates into `list` once the cut's value is known
+// (after 2 of their 5 digit passes at bf16; RadixSelect), or their members after the select,
+// where at most kListCap exist (CompactMembers), and the remaining passes and selects read the
+// list: a row with top_k (and top_p), or with top_p where it keeps few tokens, reads the logits
+// 5 times instead of 12-17.
 template <typename T>
 __device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectShared& sh,
                              ListShared& list) {
@@ -431,10 +453,14 @@ __device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectSha
   bool listed = false;  // `list` holds every member
   if (use_top_k) {
     const u64 k = static_cast<u64>(p.top_k);
+    const bool fits = p.top_k <= kListCap;
     bound = RadixSelect<SelectKind::kRankCount>(
-        c, row, bound, [k](u64 total) { return min(k, total); }, sh, &empty);
+        c, row, bound, [k](u64 total) { return min(k, total); }, sh, &empty,
+        fits ? &list : nullptr, &listed);
     if (empty) return 0;
-    if (p.top_k <= kListCap) listed = CompactMembers(c, bound, list);
+    // The value at the cut may be shared by more tokens than the list holds; the top_k
+    // members themselves always fit.
+    if (fits && !listed) listed = CompactMembers(c, bound, list);
   }
   if (p.top_p < 1.0f) {
     const double top_p = p.top_p;
@@ -442,12 +468,15 @@ __device__ int32_t SampleRow(const RowCtx<T>& c, const SamplingRow& p, SelectSha
       const double goal = ceil(top_p * static_cast<double>(total));
       return goal < 1.0 ? u64{1} : static_cast<u64>(goal);
     };
-    bound = listed
-                ? RadixSelect<SelectKind::kRankMass>(c, listed_members, bound, top_p_goal, sh,
-                                                     &empty)
-                : RadixSelect<SelectKind::kRankMass>(c, row, bound, top_p_goal, sh, &empty);
+    if (listed) {
+      bound = RadixSelect<SelectKind::kRankMass>(c, listed_members, bound, top_p_goal, sh,
+                                                 &empty);
+    } else {
+      bound = RadixSelect<SelectKind::kRankMass>(c, row, bound, top_p_goal, sh, &empty, &list,
+                                                 &listed);
+      if (!empty && !listed) listed = CompactMembers(c, bound, list);
+    }
     if (empty) return 0;
-    if (!listed) listed = CompactMembers(c, bound, list);
   }
   const u64 comp =
       listed ? RadixSelect<SelectKind::kRankMass>(c, listed_members, bound, draw_goal, sh, &empty)
