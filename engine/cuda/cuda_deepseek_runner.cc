@@ -366,8 +366,13 @@ absl::Status DeepseekCore::LoadLayer(WeightSource& src, int64_t layer, MlaLayer*
   auto bias = DeviceBuffer<float>::Create(static_cast<size_t>(E));
   if (!bias.ok()) return bias.status();
   L->correction_bias = std::move(*bias);
-  SLUICE_RUNNER_RETURN_IF_ERROR(src.FillFloat(p + "mlp.gate.e_score_correction_bias", {E},
-                                              DummyInit::kZeros, L->correction_bias.data()));
+  if (c.has_score_correction_bias) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(src.FillFloat(p + "mlp.gate.e_score_correction_bias", {E},
+                                                DummyInit::kZeros, L->correction_bias.data()));
+  } else {  // DeepSeek-V2: routed as with a zero bias
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(L->correction_bias.data(), 0, L->correction_bias.bytes()),
+                                "cudaMemset correction bias");
+  }
   auto gu = AllocBf16(E * 2 * mi * H);
   auto dn_buf = AllocBf16(E * H * mi);
   if (!gu.ok()) return gu.status();

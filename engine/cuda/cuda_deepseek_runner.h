@@ -26,7 +26,9 @@
 // yarn_get_mscale(factor, mscale_all_dim)² when rope scaling sets mscale_all_dim, as the CPU
 // model computes it.
 //
-// Supported: DeepseekV3ForCausalLM configs the CPU model accepts, with the CUDA kernels' limits:
+// Supported: DeepseekV3ForCausalLM and DeepseekV2ForCausalLM configs the CPU model accepts
+// (ModelConfig::deepseek_v2: no correction bias, routed as with a zero one), with the CUDA
+// kernels' limits:
 // kv_lora_rank even and ≤ 512, (kv_lora_rank + qk_rope_head_dim) a multiple of 8 and ≤ 1024,
 // hidden and moe_intermediate_size multiples of 8, n_routed_experts ≤ 1024. MTP layers are not
 // loaded. Not thread-safe: one caller drives a runner.

@@ -242,6 +242,16 @@ TEST_F(CudaModelTest, DeepseekTinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
 }
 
+// A DeepseekV2ForCausalLM checkpoint (tests/fixtures/deepseek-v2-tiny: softmax routing without a
+// correction bias, q_proj without compression, routed_scaling_factor 2) through the same runner.
+TEST_F(CudaModelTest, DeepseekV2TinyMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::RepoFixtureDir("deepseek-v2-tiny"), kMinTop1);
+}
+
+TEST_F(CudaModelTest, DeepseekV2TinyBatchMatchesGolden) {
+  CheckGoldenBatch(testing::RepoFixtureDir("deepseek-v2-tiny"), kMinTop1);
+}
+
 // The decode variants (kernels::SetMoeDecodeVariant 0: separate launches; 1: fused MoE for
 // steps of <= 8 tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue; 3, the
 // default the other DeepSeek tests run with: also the shared experts folded in) hold the same

@@ -251,8 +251,12 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   const int64_t e_count = c.n_routed_experts;
   const int64_t inter = c.moe_intermediate_size;
   SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.weight", {e_count, h}, &m.router));
-  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.e_score_correction_bias",
-                                             {e_count}, &m.correction_bias));
+  if (c.has_score_correction_bias) {
+    SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.e_score_correction_bias",
+                                               {e_count}, &m.correction_bias));
+  } else {
+    m.correction_bias.assign(static_cast<size_t>(e_count), 0.0f);  // DeepSeek-V2: none
+  }
   m.experts_gate_up.resize(e_count * 2 * inter * h);
   m.experts_down.resize(e_count * h * inter);
   for (int64_t e = 0; e < e_count; ++e) {

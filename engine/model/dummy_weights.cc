@@ -89,7 +89,9 @@ void AddDeepseekLayer(std::vector<DummyTensorSpec>* out, const ModelConfig& c, i
     return;
   }
   AddMatrix(out, p + "mlp.gate.weight", c.n_routed_experts, h);
-  AddVector(out, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, DummyInit::kZeros);
+  if (c.has_score_correction_bias) {
+    AddVector(out, p + "mlp.gate.e_score_correction_bias", c.n_routed_experts, DummyInit::kZeros);
+  }
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
     AddMlp(out, absl::StrCat(p, "mlp.experts.", e, "."), h, c.moe_intermediate_size, false);
   }

@@ -166,6 +166,16 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
     c.architecture = Architecture::kQwen3;
   } else if (a == "DeepseekV3ForCausalLM" || (a.empty() && t == "deepseek_v3")) {
     c.architecture = Architecture::kDeepseekV3;
+  } else if (a == "DeepseekV2ForCausalLM" || (a.empty() && t == "deepseek_v2")) {
+    // DeepSeek-V2's defaults where its config.json is silent (its HF config class and the
+    // reference modeling code): softmax scores, no correction bias, no top-k renormalization,
+    // RoPE over interleaved channel pairs.
+    c.architecture = Architecture::kDeepseekV3;
+    c.deepseek_v2 = true;
+    c.scoring_func = "softmax";
+    c.has_score_correction_bias = false;
+    c.norm_topk_prob = false;
+    c.rope_interleave = true;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported architecture ", a.empty() ? "(none)" : a,
@@ -255,6 +265,26 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
     SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "norm_topk_prob", &c.norm_topk_prob));
     SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "first_k_dense_replace", &c.first_k_dense_replace));
     SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "scoring_func", &c.scoring_func));
+    if (c.deepseek_v2) {
+      // topk_method "greedy": top-k over all experts (n_group / topk_group unused, often null);
+      // "group_limited_greedy" ranks groups by their best expert, which the DeepSeek-V3 routing
+      // here (groups ranked by their top-2 sum) does not do, so only its one-group form runs.
+      std::string topk_method = "greedy";
+      SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "topk_method", &topk_method));
+      if (topk_method == "greedy" ||
+          (topk_method == "group_limited_greedy" && (c.n_group <= 1 || c.topk_group >= c.n_group))) {
+        c.n_group = 1;
+        c.topk_group = 1;
+      } else if (topk_method == "group_limited_greedy") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "DeepSeek-V2 topk_method group_limited_greedy with n_group ", c.n_group,
+            " and topk_group ", c.topk_group,
+            " is not supported (only greedy, or one group)"));
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unsupported DeepSeek-V2 topk_method ", topk_method));
+      }
+    }
     if (c.n_group <= 0 || c.topk_group <= 0) {
       return absl::InvalidArgumentError("config fields n_group and topk_group must be positive");
     }

@@ -34,6 +34,10 @@ struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
   std::string model_type;         // "llama" | "qwen3" | "deepseek_v3"
   std::string architecture_name;  // e.g. "DeepseekV3ForCausalLM"
+  // DeepseekV2ForCausalLM / model_type deepseek_v2, run as kDeepseekV3 (the same MLA + MoE
+  // layout): softmax router scores without mlp.gate.e_score_correction_bias (routed as with a
+  // zero bias), greedy top-k, interleaved RoPE pairs. "DeepSeek-V2" (arXiv:2405.04434).
+  bool deepseek_v2 = false;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -73,6 +77,9 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   int64_t first_k_dense_replace = 0;
   std::string scoring_func = "sigmoid";
+  // Checkpoints hold mlp.gate.e_score_correction_bias (DeepSeek-V3); false for DeepSeek-V2,
+  // whose routing then adds nothing to the scores.
+  bool has_score_correction_bias = true;
 
   // LoadModelConfig parses `<dir>/config.json` (and `generation_config.json` for extra EOS ids).
   // Errors: NotFound (no file), InvalidArgument (bad JSON, missing required field,

@@ -1,6 +1,7 @@
 // Golden tests of the DeepSeek-V3 (MLA + MoE) CPU model against transformers float32 reference
-// logits: shared/fixtures/deepseek-v3-tiny (random weights, fp32) and sluice-mini-moe (trained,
-// bf16) from shared/models and from the embedded copy in models/. For every prompt: logits at
+// logits: shared/fixtures/deepseek-v3-tiny (random weights, fp32), tests/fixtures/deepseek-v2-tiny
+// (a DeepseekV2ForCausalLM checkpoint, random fp32 weights) and sluice-mini-moe (trained, bf16)
+// from shared/models and from the embedded copy in models/. For every prompt: logits at
 // every position (max |Δlogit| within the README's suggested bound), identical argmax at every
 // position and the exact greedy continuation, decoded through the paged latent cache with
 // whole-prompt prefill, with chunked prefill, and with prompts batched in mixed steps. The
@@ -34,7 +35,7 @@ using ::sluice::testing::GoldenCase;
 using ::sluice::testing::GoldenRun;
 using ::sluice::testing::GoldenRunOptions;
 
-enum class Where { kFixture, kSharedModel, kEmbedded };
+enum class Where { kFixture, kSharedModel, kEmbedded, kRepoFixture };
 
 struct GoldenModel {
   std::string label;      // test-name label
@@ -52,6 +53,8 @@ std::string ModelDir(const GoldenModel& m) {
       return sluice::testing::SharedModelDir(m.name);
     case Where::kEmbedded:
       return sluice::testing::RequirePath(sluice::testing::EmbeddedModelDir());
+    case Where::kRepoFixture:
+      return sluice::testing::RepoFixtureDir(m.name);
   }
   return "";
 }
@@ -170,6 +173,10 @@ INSTANTIATE_TEST_SUITE_P(
     Models, DeepseekV3GoldenTest,
     ::testing::Values(
         GoldenModel{"deepseek_v3_tiny", "deepseek-v3-tiny", Where::kFixture, 32, 1e-4f},
+        // DeepseekV2ForCausalLM (tests/fixtures/make_deepseek_v2_tiny.py: transformers 5.17,
+        // float32, softmax routing without a correction bias, q_proj without compression,
+        // routed_scaling_factor 2).
+        GoldenModel{"deepseek_v2_tiny", "deepseek-v2-tiny", Where::kRepoFixture, 32, 1e-4f},
         GoldenModel{"sluice_mini_moe_shared", "sluice-mini-moe", Where::kSharedModel, 64, 5e-4f},
         GoldenModel{"sluice_mini_moe_embedded", "sluice-mini-moe", Where::kEmbedded, 64, 5e-4f}),
     [](const ::testing::TestParamInfo<GoldenModel>& info) { return info.param.label; });

@@ -328,6 +328,60 @@ TEST(ModelConfigTest, DeepseekFieldsAndNullQLoraRank) {
   EXPECT_TRUE(c->rope_interleave);
 }
 
+// DeepseekV2ForCausalLM runs as kDeepseekV3 with DeepSeek-V2's defaults (softmax scores, no
+// correction bias, no renormalization, interleaved RoPE), greedy top-k over all experts; the
+// original DeepSeek-V2 config's group_limited_greedy with several groups is refused by name.
+TEST(ModelConfigTest, DeepseekV2ConfigsAndTheirTopkMethods) {
+  const std::string base = R"("vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 1,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1)";
+  auto v2 = ModelConfig::FromJsonText(R"({"architectures": ["DeepseekV2ForCausalLM"], )" + base +
+                                      R"(, "n_group": null, "topk_group": null,
+      "routed_scaling_factor": 2.0, "topk_method": "greedy"})");
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->architecture, Architecture::kDeepseekV3);
+  EXPECT_TRUE(v2->deepseek_v2);
+  EXPECT_FALSE(v2->has_score_correction_bias);
+  EXPECT_EQ(v2->scoring_func, "softmax");
+  EXPECT_FALSE(v2->norm_topk_prob);
+  EXPECT_TRUE(v2->rope_interleave);
+  EXPECT_EQ(v2->n_group, 1);
+  EXPECT_EQ(v2->topk_group, 1);
+  EXPECT_EQ(v2->routed_scaling_factor, 2.0);
+  // model_type alone, and DeepSeek-V2-Lite's form: greedy with n_group 1 written out.
+  auto by_type = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
+                                           R"(, "n_group": 1, "topk_group": 1})");
+  ASSERT_TRUE(by_type.ok()) << by_type.status();
+  EXPECT_TRUE(by_type->deepseek_v2);
+  // greedy ignores the group fields; one-group group_limited_greedy is greedy too.
+  auto greedy_groups = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
+                                                 R"(, "n_group": 8, "topk_group": 3})");
+  ASSERT_TRUE(greedy_groups.ok()) << greedy_groups.status();
+  EXPECT_EQ(greedy_groups->n_group, 1);
+  auto one_group = ModelConfig::FromJsonText(
+      R"({"model_type": "deepseek_v2", )" + base +
+      R"(, "n_group": 1, "topk_group": 1, "topk_method": "group_limited_greedy"})");
+  ASSERT_TRUE(one_group.ok()) << one_group.status();
+  auto grouped = ModelConfig::FromJsonText(
+      R"({"architectures": ["DeepseekV2ForCausalLM"], )" + base +
+      R"(, "n_group": 8, "topk_group": 3, "topk_method": "group_limited_greedy"})");
+  EXPECT_EQ(grouped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(grouped.status().message().find("group_limited_greedy with n_group 8"),
+            std::string::npos)
+      << grouped.status();
+  auto unknown = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
+                                           R"(, "topk_method": "noaux_tc"})");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("topk_method noaux_tc"), std::string::npos);
+  // DeepSeek-V3 keeps its own defaults.
+  auto v3 = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v3", )" + base + "}");
+  ASSERT_TRUE(v3.ok()) << v3.status();
+  EXPECT_FALSE(v3->deepseek_v2);
+  EXPECT_TRUE(v3->has_score_correction_bias);
+  EXPECT_EQ(v3->scoring_func, "sigmoid");
+}
+
 TEST(ModelConfigTest, Errors) {
   auto unknown = ModelConfig::FromJsonText(
       R"({"architectures": ["MambaForCausalLM"], "vocab_size": 1, "hidden_size": 1,

@@ -30,6 +30,12 @@ std::string SharedModelDir(const std::string& name) {
   return RequirePath(SharedDir() + "/models/" + name);
 }
 
+std::string RepoFixtureDir(const std::string& name) {
+  const char* env = std::getenv("SLUICE_REPO_DIR");
+  const std::string repo = env != nullptr && *env != '\0' ? env : SLUICE_SOURCE_DIR;
+  return RequirePath(repo + "/tests/fixtures/" + name);
+}
+
 std::string EmbeddedModelDir() {
   return RequirePath(std::string(SLUICE_SOURCE_DIR) + "/models/sluice-mini-moe");
 }

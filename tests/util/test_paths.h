@@ -17,6 +17,10 @@ std::string FixtureDir(const std::string& name);
 std::string SharedModelDir(const std::string& name);
 // EmbeddedModelDir returns <source>/models/sluice-mini-moe.
 std::string EmbeddedModelDir();
+// RepoFixtureDir returns <repo>/tests/fixtures/<name> (fixtures this repository makes itself,
+// e.g. deepseek-v2-tiny), <repo> being `$SLUICE_REPO_DIR` if set (a copy of the tree elsewhere,
+// as on the GPU machine), else the source tree; fails the current test if it is missing.
+std::string RepoFixtureDir(const std::string& name);
 // RequirePath fails the current test (ADD_FAILURE) when `path` does not exist; returns `path`.
 std::string RequirePath(const std::string& path);
 
