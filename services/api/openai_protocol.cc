@@ -129,8 +129,12 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   SamplingParams& sp = req.sampling;
   // OpenAI: temperature in [0, 2]; vLLM accepts larger values, as do we.
   if (auto s = GetFloat(body, "temperature", 0.0, 100.0, &sp.temperature); !s.ok()) return s;
+  // (0, 1]: 0 keeps no token, so one message names the half-open range for every bad value.
+  if (const json* v = Present(body, "top_p"); v != nullptr && v->is_number()) {
+    const double x = v->get<double>();
+    if (!(x > 0.0 && x <= 1.0)) return RangeError("top_p", absl::StrCat("in (0, 1], got ", x));
+  }
   if (auto s = GetFloat(body, "top_p", 0.0, 1.0, &sp.top_p); !s.ok()) return s;
-  if (sp.top_p <= 0.0f) return RangeError("top_p", "in (0, 1]");
   if (auto s = GetFloat(body, "min_p", 0.0, 1.0, &sp.min_p); !s.ok()) return s;
   if (auto s = GetFloat(body, "presence_penalty", -2.0, 2.0, &sp.presence_penalty); !s.ok()) {
     return s;

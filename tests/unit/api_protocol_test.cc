@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_protocol.h"
 #include "tests/unit/api_test_fakes.h"
@@ -132,6 +133,20 @@ TEST_F(ProtocolTest, ChatSamplingFieldsAreMapped) {
   EXPECT_EQ(*s.logprobs, 3);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
+}
+
+// top_p's range is half-open: every bad value gets the same wording (not "between 0 and 1",
+// which would suggest 0 is allowed).
+TEST_F(ProtocolTest, TopPErrorsNameTheHalfOpenRange) {
+  for (const double bad : {0.0, -0.1, 1.5}) {
+    absl::StatusOr<GenerationRequest> r =
+        ParseChatCompletionRequest(Chat({{"top_p", bad}}), context_);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["message"],
+              absl::StrCat("'top_p' must be in (0, 1], got ", bad));
+  }
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat({{"top_p", 1.0}}), context_).ok());
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat({{"top_p", 0.01}}), context_).ok());
 }
 
 TEST_F(ProtocolTest, ChatParameterErrorsNameTheParameter) {
