@@ -29,6 +29,7 @@ namespace net = boost::asio;
 
 // LineJob is one input line and, once answered, its output line.
 struct LineJob {
+  size_t line_number = 0;  // 1-based, in the input file
   std::optional<json> custom_id;
   Endpoint endpoint = Endpoint::kCompletions;
   json body;
@@ -40,6 +41,7 @@ struct LineJob {
 // BuildJob interprets one input line.
 LineJob BuildJob(const std::string& line, size_t line_number, const std::string& model_name) {
   LineJob job;
+  job.line_number = line_number;
   absl::StatusOr<json> parsed = ParseJsonBody(line);
   if (!parsed.ok()) {
     job.parse_error = absl::InvalidArgumentError(
@@ -192,6 +194,13 @@ int RunGenerate(const GenerateOptions& options) {
           LineJob& j = jobs[index];
           json response = json::parse(body, nullptr, /*allow_exceptions=*/false);
           if (response.is_discarded()) response = json{{"error", {{"message", body}}}};
+          // Like the lines rejected before running, a failed request names its input line
+          // (blank lines are skipped, so output line numbers can differ from input ones).
+          if (status != 200 && response.contains("error") && response["error"].is_object()) {
+            json& error = response["error"];
+            error["message"] = absl::StrCat("line ", j.line_number, ": ",
+                                            error.value("message", std::string()));
+          }
           if (status == 200 && response.contains("usage")) {
             const int64_t tokens = response["usage"].value("completion_tokens", int64_t{0});
             num_tokens += tokens;

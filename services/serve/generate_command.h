@@ -5,7 +5,9 @@
 // {"custom_id", "url", "body": {...}} is accepted too). `model` may be omitted. Every request is
 // submitted up front (up to a window) so the engine batches them continuously. Each output line
 // is the response JSON the API would return, in input order, plus `custom_id` (the line's
-// `custom_id`, else its `id`) when present; a failed line carries {"error": {...}} instead.
+// `custom_id`, else its `id`) when present; a failed line carries {"error": {...}} instead,
+// whose message starts with "line N: " (N: the 1-based input line). Blank input lines are
+// skipped: they get no output line.
 #ifndef SLUICE_SERVICES_SERVE_GENERATE_COMMAND_H_
 #define SLUICE_SERVICES_SERVE_GENERATE_COMMAND_H_
 

@@ -32,9 +32,12 @@ def test_generate_jsonl(tmp_path, client):
     assert out[1]["object"] == "text_completion"
     assert out[2]["custom_id"] == "bad-3"
     assert out[2]["error"]["param"] == "top_p"
+    assert out[2]["error"]["message"] == "line 3: 'top_p' must be in (0, 1], got 5"
     assert out[3]["custom_id"] == "batch-4"
     assert out[3]["choices"][0]["text"] == out[1]["choices"][0]["text"]
     assert "error" in out[4]
+    # The blank line 5 has no output line; the errors still name their input lines.
+    assert out[4]["error"]["message"].startswith("line 6: ")
     # Greedy: the same as the server.
     served = client.completions.create(model=MODEL_NAME, prompt="Once upon a time",
                                        max_tokens=8, temperature=0)
