@@ -216,6 +216,7 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
     routing.top_k = top_k;
     routing.n_group = c.n_group;
     routing.topk_group = c.topk_group;
+    routing.group_score_max = c.moe_group_score_max;
     routing.scoring = c.scoring_func == "softmax" ? kernels::MoeScoring::kSoftmax
                                                   : kernels::MoeScoring::kSigmoid;
     routing.norm_topk_prob = c.norm_topk_prob;

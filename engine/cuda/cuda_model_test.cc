@@ -252,6 +252,16 @@ TEST_F(CudaModelTest, DeepseekV2TinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::RepoFixtureDir("deepseek-v2-tiny"), kMinTop1);
 }
 
+// group_limited_greedy routing (tests/fixtures/deepseek-v2-grouped-tiny: groups ranked by their
+// best expert, as DeepSeek-V2 236B routes).
+TEST_F(CudaModelTest, DeepseekV2GroupedTinyMatchesGoldenLogitsAndGreedy) {
+  CheckGoldenAlone(testing::RepoFixtureDir("deepseek-v2-grouped-tiny"), kMinTop1);
+}
+
+TEST_F(CudaModelTest, DeepseekV2GroupedTinyBatchMatchesGolden) {
+  CheckGoldenBatch(testing::RepoFixtureDir("deepseek-v2-grouped-tiny"), kMinTop1);
+}
+
 // The decode variants (kernels::SetMoeDecodeVariant 0: separate launches; 1: fused MoE for
 // steps of <= 8 tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue; 3, the
 // default the other DeepSeek tests run with: also the shared experts folded in) hold the same

@@ -322,6 +322,7 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
     routing_.top_k = c.num_experts_per_tok;
     routing_.n_group = c.n_group;
     routing_.topk_group = c.topk_group;
+    routing_.group_score_max = c.moe_group_score_max;
     routing_.scoring =
         c.scoring_func == "softmax" ? kernels::MoeScoring::kSoftmax : kernels::MoeScoring::kSigmoid;
     routing_.norm_topk_prob = c.norm_topk_prob;

@@ -267,19 +267,14 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
     SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "scoring_func", &c.scoring_func));
     if (c.deepseek_v2) {
       // topk_method "greedy": top-k over all experts (n_group / topk_group unused, often null);
-      // "group_limited_greedy" ranks groups by their best expert, which the DeepSeek-V3 routing
-      // here (groups ranked by their top-2 sum) does not do, so only its one-group form runs.
+      // "group_limited_greedy": top-k within the topk_group groups with the best single expert.
       std::string topk_method = "greedy";
       SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "topk_method", &topk_method));
-      if (topk_method == "greedy" ||
-          (topk_method == "group_limited_greedy" && (c.n_group <= 1 || c.topk_group >= c.n_group))) {
+      if (topk_method == "greedy") {
         c.n_group = 1;
         c.topk_group = 1;
       } else if (topk_method == "group_limited_greedy") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "DeepSeek-V2 topk_method group_limited_greedy with n_group ", c.n_group,
-            " and topk_group ", c.topk_group,
-            " is not supported (only greedy, or one group)"));
+        c.moe_group_score_max = true;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("unsupported DeepSeek-V2 topk_method ", topk_method));

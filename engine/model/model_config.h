@@ -36,7 +36,8 @@ struct ModelConfig {
   std::string architecture_name;  // e.g. "DeepseekV3ForCausalLM"
   // DeepseekV2ForCausalLM / model_type deepseek_v2, run as kDeepseekV3 (the same MLA + MoE
   // layout): softmax router scores without mlp.gate.e_score_correction_bias (routed as with a
-  // zero bias), greedy top-k, interleaved RoPE pairs. "DeepSeek-V2" (arXiv:2405.04434).
+  // zero bias), greedy or group-limited top-k (topk_method), interleaved RoPE pairs.
+  // "DeepSeek-V2" (arXiv:2405.04434).
   bool deepseek_v2 = false;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -77,6 +78,9 @@ struct ModelConfig {
   bool norm_topk_prob = true;
   int64_t first_k_dense_replace = 0;
   std::string scoring_func = "sigmoid";
+  // Groups ranked by their best expert (DeepSeek-V2's group_limited_greedy) instead of the sum
+  // of their two best (MoeRoutingParams::group_score_max).
+  bool moe_group_score_max = false;
   // Checkpoints hold mlp.gate.e_score_correction_bias (DeepSeek-V3); false for DeepSeek-V2,
   // whose routing then adds nothing to the scores.
   bool has_score_correction_bias = true;

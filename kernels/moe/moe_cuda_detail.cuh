@@ -142,7 +142,7 @@ __device__ __forceinline__ bool Better(float score_a, int a, float score_b, int 
 struct RouteArgs {
   const float* bias;
   int num_tokens, num_experts, top_k, n_group, topk_group;
-  bool sigmoid, norm_topk_prob;
+  bool sigmoid, norm_topk_prob, group_score_max;
   float routed_scaling_factor;
   int32_t* topk_ids;
   float* topk_weights;
@@ -160,6 +160,7 @@ inline RouteArgs MakeRouteArgs(const MoeRoutingParams& params, const float* corr
   args.topk_group = static_cast<int>(params.topk_group);
   args.sigmoid = params.scoring == MoeScoring::kSigmoid;
   args.norm_topk_prob = params.norm_topk_prob;
+  args.group_score_max = params.group_score_max;
   args.routed_scaling_factor = params.routed_scaling_factor;
   args.topk_ids = topk_ids;
   args.topk_weights = topk_weights;
@@ -239,7 +240,7 @@ __device__ __forceinline__ void RouteToken(const L* logits, float* scratch, cons
           second = c[i];
         }
       }
-      group_score[g] = best + second;
+      group_score[g] = args.group_score_max ? best : best + second;
     }
     __syncwarp();
     // Every group score is final (barrier above) before any lane zeroes its groups' choices.

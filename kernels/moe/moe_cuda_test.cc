@@ -153,7 +153,19 @@ void CheckRouting(const std::string& tag, const std::vector<float>& logits,
 TEST(MoeRoutingCudaTest, MatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  for (const MoeConfig& cfg : Configs()) {
+  std::vector<MoeConfig> configs = Configs();
+  // DeepSeek-V2's group_limited_greedy: 160 experts in 8 groups ranked by their best expert.
+  MoeConfig v2_grouped{"v2-grouped-like", {}, false, 200, 88};
+  v2_grouped.routing.num_experts = 160;
+  v2_grouped.routing.top_k = 6;
+  v2_grouped.routing.n_group = 8;
+  v2_grouped.routing.topk_group = 3;
+  v2_grouped.routing.group_score_max = true;
+  v2_grouped.routing.scoring = MoeScoring::kSoftmax;
+  v2_grouped.routing.norm_topk_prob = false;
+  v2_grouped.routing.routed_scaling_factor = 16.0f;
+  configs.push_back(v2_grouped);
+  for (const MoeConfig& cfg : configs) {
     const int64_t e = cfg.routing.num_experts;
     // bf16-valued logits: distinct logits give scores far apart, so an ulp of expf never flips
     // an order; equal logits give exact ties on both sides. The bias is a multiple of 1/8: a

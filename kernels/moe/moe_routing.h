@@ -28,6 +28,9 @@ struct MoeRoutingParams {
   int64_t top_k = 0;        // num_experts_per_tok
   int64_t n_group = 1;      // experts split into n_group equal consecutive groups
   int64_t topk_group = 1;   // groups kept per token
+  // A group's score: false, the sum of its two best choice scores (DeepSeek-V3's noaux_tc);
+  // true, its best one (DeepSeek-V2's group_limited_greedy, "DeepSeek-V2", arXiv:2405.04434).
+  bool group_score_max = false;
   MoeScoring scoring = MoeScoring::kSigmoid;
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;

@@ -44,7 +44,7 @@ void RouteOne(const float* logits, const float* bias, const MoeRoutingParams& p,
         group_score[g] = c[0];
         continue;
       }
-      // Sum of the two highest (topk(2) over the group).
+      // Sum of the two highest (topk(2) over the group), or the highest (group_score_max).
       float best = -INFINITY, second = -INFINITY;
       for (int64_t i = 0; i < per_group; ++i) {
         if (c[i] > best) {
@@ -54,7 +54,7 @@ void RouteOne(const float* logits, const float* bias, const MoeRoutingParams& p,
           second = c[i];
         }
       }
-      group_score[g] = best + second;
+      group_score[g] = p.group_score_max ? best : best + second;
     }
     // Keep the topk_group best groups; zero the choice scores of the others.
     for (int64_t g = 0; g < p.n_group; ++g) {

@@ -32,7 +32,8 @@ void NaiveRoute(const std::vector<float>& logits, const std::vector<float>& bias
   for (int64_t g = 0; g < p.n_group; ++g) {
     std::vector<float> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
     std::sort(members.rbegin(), members.rend());
-    groups.push_back({members[0] + (per > 1 ? members[1] : 0.0f), g});
+    groups.push_back({p.group_score_max ? members[0] : members[0] + (per > 1 ? members[1] : 0.0f),
+                      g});
   }
   std::stable_sort(groups.begin(), groups.end(),
                    [](auto& a, auto& b) { return a.first > b.first; });
@@ -111,6 +112,32 @@ TEST(MoeRoutingTest, HandCheckedSoftmaxNoNorm) {
   EXPECT_NEAR(w[1], 0.2368828181f, 1e-6);
 }
 
+// Groups ranked by their best expert (DeepSeek-V2's group_limited_greedy) vs by their two best
+// (DeepSeek-V3): softmax over [2, 2, -5, -5 | 2.5, -5, -5, -5]. Group 0's two best sum to
+// 2e² (14.78) > e^2.5 (12.18), so the sum keeps group 0 (expert 0, the lower id of the tie);
+// the best single score e^2.5 > e² keeps group 1 (expert 4).
+TEST(MoeRoutingTest, HandCheckedGroupScoreByMaxOrTopTwoSum) {
+  MoeRoutingParams p;
+  p.num_experts = 8;
+  p.top_k = 1;
+  p.n_group = 2;
+  p.topk_group = 1;
+  p.scoring = MoeScoring::kSoftmax;
+  p.norm_topk_prob = false;
+  p.routed_scaling_factor = 1.0f;
+  const std::vector<float> logits = {2, 2, -5, -5, 2.5f, -5, -5, -5};
+  int32_t id = -1;
+  float w = 0;
+  ASSERT_TRUE(MoeRoutingCpu(logits.data(), nullptr, 1, p, &id, &w).ok());
+  EXPECT_EQ(id, 0);
+  p.group_score_max = true;
+  ASSERT_TRUE(MoeRoutingCpu(logits.data(), nullptr, 1, p, &id, &w).ok());
+  EXPECT_EQ(id, 4);
+  // softmax(logits)[4] = e^2.5 / (2e² + e^2.5 + 5e^-5) = 0.451...
+  double sum = 2 * std::exp(2.0) + std::exp(2.5) + 5 * std::exp(-5.0);
+  EXPECT_NEAR(w, std::exp(2.5) / sum, 1e-6);
+}
+
 // transformers masks the dropped groups with 0.0, not -inf: when every kept expert has a
 // negative choice score, a masked expert (score 0) is still chosen.
 TEST(MoeRoutingTest, MaskedGroupsScoreZeroLikeTransformers) {
@@ -135,6 +162,7 @@ TEST(MoeRoutingTest, MatchesNaiveReferenceOnRandomInputs) {
     MoeScoring scoring;
     bool norm;
     bool with_bias;
+    bool group_max = false;
   };
   const std::vector<Case> cases = {
       {8, 2, 2, 1, MoeScoring::kSigmoid, true, true},
@@ -144,6 +172,9 @@ TEST(MoeRoutingTest, MatchesNaiveReferenceOnRandomInputs) {
       {32, 8, 4, 4, MoeScoring::kSigmoid, false, true},
       {16, 3, 1, 1, MoeScoring::kSoftmax, false, false},
       {16, 2, 4, 2, MoeScoring::kSoftmax, true, true},
+      // DeepSeek-V2's group_limited_greedy (160 experts, 8 groups, 3 kept, top-6 there).
+      {160, 6, 8, 3, MoeScoring::kSoftmax, false, false, true},
+      {16, 2, 4, 2, MoeScoring::kSoftmax, false, false, true},
   };
   for (const Case& c : cases) {
     MoeRoutingParams p;
@@ -153,6 +184,7 @@ TEST(MoeRoutingTest, MatchesNaiveReferenceOnRandomInputs) {
     p.topk_group = c.topk_group;
     p.scoring = c.scoring;
     p.norm_topk_prob = c.norm;
+    p.group_score_max = c.group_max;
     p.routed_scaling_factor = 2.5f;
     const int64_t tokens = 37;
     std::vector<float> logits(tokens * c.experts), bias;

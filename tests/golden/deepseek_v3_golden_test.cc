@@ -177,6 +177,9 @@ INSTANTIATE_TEST_SUITE_P(
         // float32, softmax routing without a correction bias, q_proj without compression,
         // routed_scaling_factor 2).
         GoldenModel{"deepseek_v2_tiny", "deepseek-v2-tiny", Where::kRepoFixture, 32, 1e-4f},
+        // The same with group_limited_greedy routing (4 groups of 2 experts, 2 kept).
+        GoldenModel{"deepseek_v2_grouped_tiny", "deepseek-v2-grouped-tiny", Where::kRepoFixture,
+                    32, 1e-4f},
         GoldenModel{"sluice_mini_moe_shared", "sluice-mini-moe", Where::kSharedModel, 64, 5e-4f},
         GoldenModel{"sluice_mini_moe_embedded", "sluice-mini-moe", Where::kEmbedded, 64, 5e-4f}),
     [](const ::testing::TestParamInfo<GoldenModel>& info) { return info.param.label; });

@@ -329,8 +329,8 @@ TEST(ModelConfigTest, DeepseekFieldsAndNullQLoraRank) {
 }
 
 // DeepseekV2ForCausalLM runs as kDeepseekV3 with DeepSeek-V2's defaults (softmax scores, no
-// correction bias, no renormalization, interleaved RoPE), greedy top-k over all experts; the
-// original DeepSeek-V2 config's group_limited_greedy with several groups is refused by name.
+// correction bias, no renormalization, interleaved RoPE): greedy top-k over all experts, or
+// group_limited_greedy (groups ranked by their best expert); other topk_methods are refused.
 TEST(ModelConfigTest, DeepseekV2ConfigsAndTheirTopkMethods) {
   const std::string base = R"("vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 3,
     "num_attention_heads": 4, "q_lora_rank": null, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
@@ -363,13 +363,15 @@ TEST(ModelConfigTest, DeepseekV2ConfigsAndTheirTopkMethods) {
       R"({"model_type": "deepseek_v2", )" + base +
       R"(, "n_group": 1, "topk_group": 1, "topk_method": "group_limited_greedy"})");
   ASSERT_TRUE(one_group.ok()) << one_group.status();
+  EXPECT_EQ(one_group->n_group, 1);  // one group: the rule cannot matter
+  // DeepSeek-V2 (236B): groups ranked by their best expert.
   auto grouped = ModelConfig::FromJsonText(
       R"({"architectures": ["DeepseekV2ForCausalLM"], )" + base +
-      R"(, "n_group": 8, "topk_group": 3, "topk_method": "group_limited_greedy"})");
-  EXPECT_EQ(grouped.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(grouped.status().message().find("group_limited_greedy with n_group 8"),
-            std::string::npos)
-      << grouped.status();
+      R"(, "n_group": 4, "topk_group": 2, "topk_method": "group_limited_greedy"})");
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_TRUE(grouped->moe_group_score_max);
+  EXPECT_EQ(grouped->n_group, 4);
+  EXPECT_EQ(grouped->topk_group, 2);
   auto unknown = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
                                            R"(, "topk_method": "noaux_tc"})");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
