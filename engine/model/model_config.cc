@@ -279,6 +279,14 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
         return absl::InvalidArgumentError(
             absl::StrCat("unsupported DeepSeek-V2 topk_method ", topk_method));
       }
+      // DeepSeek's V2 configs carry moe_layer_freq (every released model: 1, every layer from
+      // first_k_dense_replace on is MoE); other periods would interleave dense layers.
+      int64_t moe_layer_freq = 1;
+      SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "moe_layer_freq", &moe_layer_freq));
+      if (moe_layer_freq != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unsupported DeepSeek-V2 moe_layer_freq ", moe_layer_freq, " (only 1)"));
+      }
     }
     if (c.n_group <= 0 || c.topk_group <= 0) {
       return absl::InvalidArgumentError("config fields n_group and topk_group must be positive");

@@ -372,6 +372,13 @@ TEST(ModelConfigTest, DeepseekV2ConfigsAndTheirTopkMethods) {
   EXPECT_TRUE(grouped->moe_group_score_max);
   EXPECT_EQ(grouped->n_group, 4);
   EXPECT_EQ(grouped->topk_group, 2);
+  auto freq = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
+                                        R"(, "moe_layer_freq": 2})");
+  EXPECT_EQ(freq.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(freq.status().message().find("moe_layer_freq 2"), std::string::npos);
+  EXPECT_TRUE(ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
+                                        R"(, "moe_layer_freq": 1})")
+                  .ok());
   auto unknown = ModelConfig::FromJsonText(R"({"model_type": "deepseek_v2", )" + base +
                                            R"(, "topk_method": "noaux_tc"})");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
