@@ -99,6 +99,8 @@
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
 // (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
+// --gemm-skinny 0|1: whether the GEMM autotuner times the skinny tensor-core GEMM for decode
+// shapes of 2..16 rows (kernels::SetGemmSkinnyTuning; default 1), for A/B runs.
 // --attn-decode-swapped 0|1: the swapped GQA decode math for variant 10's launches with ≤ 8
 // rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
@@ -662,6 +664,9 @@ absl::Status Main(int argc, char** argv) {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
       f.gemm_tuning_save = v;
+    } else if (a == "--gemm-skinny") {
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      kernels::SetGemmSkinnyTuning(v == "1");
     } else if (a == "--gemm-algo-search") {
       int mask = 0;
       if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
@@ -748,6 +753,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   out["attn_prefill_kernel"] = kernels::PagedAttentionPrefillKernel();
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
+  out["gemm_skinny"] = kernels::GemmSkinnyTuning() ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;
   out["attn_slice_math"] = kernels::PagedAttentionSliceMath();
   out["attn_decode_swapped"] = kernels::PagedAttentionDecodeSwapped();

@@ -20,15 +20,12 @@
 
 namespace sluice::kernels::attention_detail {
 
-static __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// Shared-memory addresses and plain cp.async copies (kernels/cuda/device_utils.cuh).
+using cuda_detail::CpAsync16;
+using cuda_detail::CpAsyncCommit;
+using cuda_detail::CpAsyncWait;
+using cuda_detail::SmemAddr;
 
-// 16-byte global→shared copy; src_bytes 0 writes zeros (used for padding and masked rows).
-static __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(src_bytes));
-}
 // CpAsync16 with hints on the L2 side of the copy (PTX ISA, "Data Movement and Conversion
 // Instructions: cp.async": cp.async.cg.shared.global{.level::cache_hint}{.level::prefetch_size}
 // [dst], [src], 16{, src-size}{, cache-policy}). .L2::256B lets the L2 fetch the whole 256-byte
@@ -47,14 +44,6 @@ static __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-static __device__ __forceinline__ void CpAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-static __device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // 2^x on the special-function unit (ex2.approx: ~2 ulp, 2^-inf = 0); inputs are ≤ 0 here.
 static __device__ __forceinline__ float Exp2(float x) {
   float y;

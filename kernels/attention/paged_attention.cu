@@ -62,18 +62,7 @@ struct AttnArgs : paged_detail::Fa2Args {
   int slice_math;     // SetPagedAttentionSliceMath's bits, for AttendSlice
 };
 
-// D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
-// "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
-//   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-//   C: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using cuda_detail::Mma16816;  // kernels/cuda/device_utils.cuh
 
 // Four transposed 8×8 bf16 matrices from shared memory (ldmatrix .trans): lanes 8i..8i+7 give
 // the row addresses of matrix i; each lane receives the B-fragment layout of the transposes.
@@ -2043,6 +2032,12 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
     }
   }
   if (best_part > 0) {
+    // The loop finds the longest partition for the best split count, which can leave the
+    // last split a sliver (1024 keys in 2: 960 + 64), and a unit waits for its longest
+    // split: spread the keys evenly over that many splits instead (512 + 512).
+    const int64_t splits = (b.max_seq_len + best_part - 1) / best_part;
+    const int64_t even = (b.max_seq_len + splits - 1) / splits;
+    best_part = std::max<int64_t>(kKeyTile, (even + kKeyTile - 1) / kKeyTile * kKeyTile);
     plan.partition_tokens = static_cast<int>(best_part);
     plan.num_splits = static_cast<int>((b.max_seq_len + best_part - 1) / best_part);
   }

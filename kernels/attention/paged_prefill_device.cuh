@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels::paged_detail {
 
@@ -102,18 +103,7 @@ __device__ __forceinline__ void StorePrefillRows(const Fa2Args& args,
   }
 }
 
-// D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col). Fragment layouts: PTX ISA,
-// "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
-//   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-//   C: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
-static __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using cuda_detail::Mma16816;  // kernels/cuda/device_utils.cuh
 
 static __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

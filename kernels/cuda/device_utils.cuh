@@ -87,6 +87,38 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
+static __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global→shared copy (cp.async, sm_80+); src_bytes 0 writes zeros (padding, masked
+// rows). CpAsyncCommit closes a group of copies; CpAsyncWait<n> waits until at most n groups
+// are in flight.
+static __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes));
+}
+static __device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+static __device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// D(16×8, fp32) += A(16×16, bf16, row) · B(16×8, bf16, col) on the tensor cores (sm_80+).
+// Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16" (g = lane/4, t = lane%4):
+//   A: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
+//   B: b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
+//   C: c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 }  // namespace sluice::kernels::cuda_detail
 
 #endif  // SLUICE_KERNELS_CUDA_DEVICE_UTILS_CUH_

@@ -69,6 +69,13 @@ absl::StatusOr<GemmTuningChoice> ParseChoice(const json& e, const GemmTuningKey&
     SLUICE_TUNING_ASSIGN(c.gemv_unroll, Field<int>(e, "gemv_unroll", where));
     SLUICE_TUNING_ASSIGN(c.gemv_split, Field<int>(e, "gemv_split", where));
     if (c.gemv_unroll < 1 || c.gemv_split < 1) return Bad(absl::StrCat(where, ": bad GEMV shape"));
+  } else if (kind == "skinny") {
+    c.kind = GemmTuningChoice::Kind::kSkinny;
+    SLUICE_TUNING_ASSIGN(c.skinny_split, Field<int>(e, "skinny_split", where));
+    SLUICE_TUNING_ASSIGN(c.skinny_stages, Field<int>(e, "skinny_stages", where));
+    if (c.skinny_split < 1 || c.skinny_stages < 1) {
+      return Bad(absl::StrCat(where, ": bad skinny GEMM shape"));
+    }
   } else if (kind == "split") {
     c.kind = GemmTuningChoice::Kind::kSplit;
     SLUICE_TUNING_ASSIGN(c.split_n1, Field<int64_t>(e, "n1", where));
@@ -199,6 +206,11 @@ std::string GemmTuningTable::Serialize() const {
         e["kind"] = "gemv";
         e["gemv_unroll"] = c->gemv_unroll;
         e["gemv_split"] = c->gemv_split;
+        break;
+      case GemmTuningChoice::Kind::kSkinny:
+        e["kind"] = "skinny";
+        e["skinny_split"] = c->skinny_split;
+        e["skinny_stages"] = c->skinny_stages;
         break;
       case GemmTuningChoice::Kind::kSplit:
         e["kind"] = "split";

@@ -17,7 +17,8 @@
 //                 "align": [x, w, y, bias], "search": 3, "us": 24.1, "kind": "cublaslt",
 //                 "algo": "<8 words of 16 hex digits, space-separated>",
 //                 "describe": "..."}, ...]}
-// kind "gemv": "gemv_unroll", "gemv_split"; kind "split": "n1", "two_streams",
+// kind "gemv": "gemv_unroll", "gemv_split"; kind "skinny" (SkinnyGemmCuda): "skinny_split",
+// "skinny_stages"; kind "split": "n1", "two_streams",
 // "algo_parts": [two algo strings]. "describe" is for people and ignored when read.
 // This file is host-only and CUDA-free, so CI tests it without a GPU; the CUDA side
 // (linear.cu: LoadGemmTuning / SaveGemmTuning) applies it.
@@ -62,11 +63,13 @@ using CublasLtAlgoWords = std::array<uint64_t, 8>;
 
 // What the autotuner picked for a key.
 struct GemmTuningChoice {
-  enum class Kind { kCublasLt, kGemv, kSplit };
+  enum class Kind { kCublasLt, kGemv, kSplit, kSkinny };
   Kind kind = Kind::kCublasLt;
   CublasLtAlgoWords algo{};  // kCublasLt
   int gemv_unroll = 0;       // kGemv: GemvCuda's (unroll, split)
   int gemv_split = 0;
+  int skinny_split = 0;      // kSkinny: SkinnyGemmCuda's (split, stages)
+  int skinny_stages = 0;
   int64_t split_n1 = 0;                   // kSplit: gemm_search::SplitGemm at n1,
   bool split_two_streams = false;         // its parts on two streams or serial,
   std::array<CublasLtAlgoWords, 2> split_algos{};  // and each part's algorithm

@@ -36,18 +36,24 @@ TEST(GemmTuningTableTest, RoundTripsEveryKind) {
   split.split_two_streams = true;
   split.split_algos = {CublasLtAlgoWords{1, 2, 3, 4, 5, 6, 7, 8}, CublasLtAlgoWords{9, 10, 11, 12, 13, 14, 15, 16}};
   split.search_mask = 7;
+  GemmTuningChoice skinny;
+  skinny.kind = GemmTuningChoice::Kind::kSkinny;
+  skinny.skinny_split = 8;
+  skinny.skinny_stages = 3;
+  skinny.search_mask = 8;
   GemmTuningKey biased = Key(1, 4096, 4096);
   biased.bias = true;
   biased.align_bias = 2;
   table.Insert(Key(256, 6144, 4096), lt);
   table.Insert(biased, gemv);
   table.Insert(Key(256, 28672, 4096, /*glu=*/true), split);
+  table.Insert(Key(64, 4096, 14336), skinny);
 
   absl::StatusOr<GemmTuningTable> back = GemmTuningTable::Parse(table.Serialize());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->device().name, "NVIDIA H200");
   EXPECT_EQ(back->device().cublaslt_version, 130000);
-  EXPECT_EQ(back->size(), 3u);
+  EXPECT_EQ(back->size(), 4u);
   const GemmTuningChoice* a = back->Find(Key(256, 6144, 4096), 0);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->kind, GemmTuningChoice::Kind::kCublasLt);
@@ -65,6 +71,12 @@ TEST(GemmTuningTableTest, RoundTripsEveryKind) {
   EXPECT_EQ(c->split_n1, 12672);
   EXPECT_TRUE(c->split_two_streams);
   EXPECT_EQ(c->split_algos[1], split.split_algos[1]);
+  const GemmTuningChoice* d = back->Find(Key(64, 4096, 14336), 8);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->kind, GemmTuningChoice::Kind::kSkinny);
+  EXPECT_EQ(d->skinny_split, 8);
+  EXPECT_EQ(d->skinny_stages, 3);
+  EXPECT_EQ(d->search_mask, 8);
   // Serializing again gives the same text (sorted entries).
   EXPECT_EQ(back->Serialize(), table.Serialize());
 }
@@ -161,6 +173,12 @@ TEST(GemmTuningTableTest, RejectsBadTables) {
       {head + R"({"m": 1, "n": 16, "k": 1, "bias": false, "glu": false, "align": [1, 1, 1, 1],
                  "search": 0, "us": 1, "kind": "gemv", "gemv_unroll": 0, "gemv_split": 1}]})",
        "bad GEMV shape"},
+      {head + R"({"m": 1, "n": 16, "k": 8, "bias": false, "glu": false, "align": [1, 1, 1, 1],
+                 "search": 8, "us": 1, "kind": "skinny", "skinny_split": 2}]})",
+       "\"skinny_stages\""},
+      {head + R"({"m": 1, "n": 16, "k": 8, "bias": false, "glu": false, "align": [1, 1, 1, 1],
+                 "search": 8, "us": 1, "kind": "skinny", "skinny_split": 0, "skinny_stages": 2}]})",
+       "bad skinny GEMM shape"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<GemmTuningTable> t = GemmTuningTable::Parse(c.text);

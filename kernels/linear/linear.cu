@@ -32,6 +32,7 @@
 #include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/gemm_tuning_table.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/linear/skinny_gemm.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
@@ -548,6 +549,10 @@ struct Plan {
   float best_us = 0.0f;   // tuned: the winner's time
   float first_us = 0.0f;  // tuned: the heuristic's first pick's time
   float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
+  bool skinny = false;    // the tuned choice is SkinnyGemmCuda
+  int skinny_split = 1;   // its (split, stages)
+  int skinny_stages = 2;
+  float skinny_us = 0.0f;  // tuned: its best time over the variants (0 when not eligible)
   // tuned: a two-part N split that beat every single call (SetGemmAlgoSearch); runs instead.
   std::unique_ptr<gemm_search::SplitGemm> split;
   bool table_checked = false;  // the process's GEMM tuning table was consulted
@@ -609,6 +614,20 @@ struct TuningRegistry {
 TuningRegistry& Registry() {
   static TuningRegistry* r = new TuningRegistry();
   return *r;
+}
+
+std::atomic<bool> g_skinny_tuning{true};
+
+// Whether the autotuner times SkinnyGemmCuda for this plan (SetGemmSkinnyTuning).
+bool SkinnyCandidate(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
+  return GemmSkinnyTuning() && m >= kSkinnyTuneMinRows && m <= kSkinnyTuneMaxRows &&
+         skinny_detail::SkinnySupported(x, w, m, n, k);
+}
+
+// The search bits a plan is tuned (and its table entry looked up) with: SetGemmAlgoSearch's
+// mask, plus kGemmTunedSkinny where SkinnyGemmCuda is a candidate.
+int TuningMask(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
+  return GemmAlgoSearch() | (SkinnyCandidate(x, w, m, n, k) ? kGemmTunedSkinny : 0);
 }
 
 GemmTuningKey TuningKeyOf(const PlanKey& key, bool glu) {
@@ -806,7 +825,8 @@ struct CublasLt::Impl {
       if (!r.table.has_value()) return false;
       auto device = CurrentTuningDevice();
       if (!device.ok() || !r.table->Applies(*device)) return false;
-      const GemmTuningChoice* found = r.table->Find(tk, GemmAlgoSearch());
+      const GemmTuningChoice* found =
+          r.table->Find(tk, TuningMask(x, w, tk.m, tk.n, tk.k));
       if (found == nullptr) return false;
       c = *found;
     }
@@ -829,6 +849,16 @@ struct CublasLt::Impl {
         p.gemv_unroll = c.gemv_unroll;
         p.gemv_split = c.gemv_split;
         p.gemv_us = c.us;
+        break;
+      case GemmTuningChoice::Kind::kSkinny:
+        if (!SkinnyCandidate(x, w, tk.m, tk.n, tk.k) ||
+            !skinny_detail::SkinnyVariantSupported(tk.m, c.skinny_split, c.skinny_stages)) {
+          return false;
+        }
+        p.skinny = true;
+        p.skinny_split = c.skinny_split;
+        p.skinny_stages = c.skinny_stages;
+        p.skinny_us = c.us;
         break;
       case GemmTuningChoice::Kind::kSplit: {
         auto split = gemm_search::SplitGemm::Make(tk.m, tk.n, tk.k, c.split_n1, tk.bias);
@@ -854,13 +884,18 @@ struct CublasLt::Impl {
   }
 
   // RecordTuned adds p's timed choice to the process table (SaveGemmTuning writes it).
-  void RecordTuned(const Plan& p, const GemmTuningKey& tk) {
+  void RecordTuned(const Plan& p, const GemmTuningKey& tk, int search_mask) {
     auto device = CurrentTuningDevice();
     if (!device.ok()) return;
     GemmTuningChoice c;
     c.us = p.best_us;
-    c.search_mask = GemmAlgoSearch();
-    if (p.gemv) {
+    c.search_mask = search_mask;
+    if (p.skinny) {
+      c.kind = GemmTuningChoice::Kind::kSkinny;
+      c.skinny_split = p.skinny_split;
+      c.skinny_stages = p.skinny_stages;
+      c.describe = absl::StrCat("skinny split ", p.skinny_split, " stages ", p.skinny_stages);
+    } else if (p.gemv) {
       c.kind = GemmTuningChoice::Kind::kGemv;
       c.gemv_unroll = p.gemv_unroll;
       c.gemv_split = p.gemv_split;
@@ -977,6 +1012,29 @@ struct CublasLt::Impl {
         p.gemv = true;
       }
     }
+    // SkinnyGemmCuda (kSkinnyTuneMinRows..kSkinnyTuneMaxRows rows), in its SiLU·mul form for
+    // glu_out. One launch like the GEMV, so it is compared with the best so far as timed.
+    if (SkinnyCandidate(x, w, m, n, k)) {
+      for (const skinny_detail::SkinnyVariant& v : skinny_detail::kSkinnyVariants) {
+        if (!skinny_detail::SkinnyVariantSupported(m, v.split, v.stages)) continue;
+        const float us = time([&] {
+          skinny_detail::LaunchSkinny(x, w, bias, glu_out != nullptr ? glu_out : y, m,
+                                      glu_out != nullptr ? n / 2 : n, k, v.split, v.stages,
+                                      glu_out != nullptr, stream);
+          return cudaPeekAtLastError() == cudaSuccess;
+        });
+        if (us >= 0.0f && (p.skinny_us <= 0.0f || us < p.skinny_us)) {
+          p.skinny_us = us;
+          p.skinny_split = v.split;
+          p.skinny_stages = v.stages;
+        }
+      }
+      if (p.skinny_us > 0.0f && (best < 0.0f || p.skinny_us < best)) {
+        best = p.skinny_us;
+        p.skinny = true;
+        p.gemv = false;
+      }
+    }
     cudaEventDestroy(ev[0]);
     cudaEventDestroy(ev[1]);
     // A failed timing run leaves a sticky launch error only for real faults; clear the
@@ -1074,8 +1132,19 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
       }
       absl::Status st = impl.Tune(p, key, x, w, bias, y, glu_out, stream);
       if (!st.ok()) return st;
-      impl.RecordTuned(p, TuningKeyOf(key, glu_out != nullptr));
+      impl.RecordTuned(p, TuningKeyOf(key, glu_out != nullptr), TuningMask(x, w, m, n, k));
     }
+  }
+  if (p.skinny) {
+    if (glu_out != nullptr) {
+      skinny_detail::LaunchSkinny(x, w, bias, glu_out, m, n / 2, k, p.skinny_split,
+                                  p.skinny_stages, true, stream);
+      *fused = true;
+      return CudaLaunchStatus("SkinnyGemmKernel (SiLU·mul)");
+    }
+    skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, p.skinny_split, p.skinny_stages, false,
+                                stream);
+    return CudaLaunchStatus("SkinnyGemmKernel");
   }
   if (p.gemv && glu_out != nullptr && GemvGluVariantSupported(p.gemv_unroll, p.gemv_split)) {
     // The tuned GEMV variant, streaming the same rows, with the SiLU·mul epilogue.
@@ -1208,6 +1277,9 @@ absl::Status SetGemmTuneCandidates(int n) {
 
 int GemmTuneCandidates() { return g_tune_candidates.load(std::memory_order_relaxed); }
 
+void SetGemmSkinnyTuning(bool on) { g_skinny_tuning.store(on, std::memory_order_relaxed); }
+bool GemmSkinnyTuning() { return g_skinny_tuning.load(std::memory_order_relaxed); }
+
 void CublasLt::set_autotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->autotune_max_m = max_m;
@@ -1230,18 +1302,20 @@ std::string CublasLt::DescribePlans() {
                                          sizeof(tile), &written);
     cublasLtMatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
                                          sizeof(splitk), &written);
-    char line[256];
+    char line[384];
     std::snprintf(line, sizeof(line),
                   "m=%lld n=%lld k=%lld%s: %s; cublasLt algo %d tile %d splitK %d; candidates %zu; "
                   "tuned %d: best %.1f us, heuristic first %.1f us, gemv %.1f us "
-                  "(unroll %d split %d)",
+                  "(unroll %d split %d), skinny %.1f us (split %d stages %d)",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                  has_bias ? " +bias" : "", p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
+                  has_bias ? " +bias" : "",
+                  p->skinny ? "skinny" : p->gemv ? "GEMV" : "cuBLASLt", algo_id, tile, splitk,
                   p->candidates.size(), p->tuned ? 1 : 0, p->best_us, p->first_us, p->gemv_us,
-                  p->gemv_unroll, p->gemv_split);
+                  p->gemv_unroll, p->gemv_split, p->skinny_us, p->skinny_split,
+                  p->skinny_stages);
     out += line;
     if (p->from_table) out += " (GEMM tuning table)";
-    if ((GemmAlgoSearch() != 0 || p->from_table) && !p->gemv) {  // the algorithm in full
+    if ((GemmAlgoSearch() != 0 || p->from_table) && !p->gemv && !p->skinny) {  // the algorithm in full
       out += "; " + (p->split != nullptr ? p->split->Describe() : gemm_search::DescribeAlgo(p->algo));
     }
     out += "\n";

@@ -144,6 +144,52 @@ inline constexpr int64_t kGemvMaxRows = 8;
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                       int64_t n, int64_t k, cudaStream_t stream, int unroll = 4, int split = 1);
 
+// Largest m SkinnyGemmCuda serves.
+inline constexpr int64_t kSkinnyGemmMaxRows = 64;
+// The rows at which LinearCuda's autotuner times SkinnyGemmCuda (when SetGemmSkinnyTuning is
+// on). H200, Llama-3-8B shapes, tuned isolated times (bench/results/cuda_ab_stop16_h200.json):
+// at m = 8 / 16 it is ahead of cuBLASLt's tuned pick on o_proj (12.9 vs 14.2 µs, 13.1 vs
+// 14.5) and gate/up + SiLU·mul (61.0 vs 61-67, 63.4 vs 67.0), level on qkv and down_proj; at
+// m = 32 it is 5-20% behind and at m = 64 1.4-2.6× (mma.sync issue rate: m = 64 needs ~270
+// TFLOP/s at the copy bandwidth), so it is not timed there. m = 1 keeps the GEMV, whose
+// programmatic-launch overlap in a decode graph the isolated timing does not see.
+inline constexpr int64_t kSkinnyTuneMinRows = 2;
+inline constexpr int64_t kSkinnyTuneMaxRows = 16;
+// The search bit (GemmTuningChoice::search_mask) of tuning-table entries whose timing included
+// SkinnyGemmCuda: for the shapes it is timed at, LinearCuda's autotuner looks entries up with
+// this bit too, so a table made before the kernel existed is timed again there instead of
+// applied.
+inline constexpr int kGemmTunedSkinny = 8;
+// SetGemmSkinnyTuning(on): whether LinearCuda's autotuner times SkinnyGemmCuda (and applies
+// tuning-table choices of it) for kSkinnyTuneMinRows <= m <= kSkinnyTuneMaxRows; default on.
+// Process-wide, for A/B runs (cuda_decode_bench --gemm-skinny 0|1); plans made before the call
+// keep their choice.
+void SetGemmSkinnyTuning(bool on);
+bool GemmSkinnyTuning();
+
+// SkinnyGemmCuda: the same product as LinearCuda for decode batches, y[m, n] = bf16(Σ_k
+// x[m, k]·w[n, k] + bias[n]), fp32 accumulation, as one weight-streaming tensor-core kernel
+// (kernels/linear/skinny_gemm.cu): each warp loads 32 rows of w into registers in 16-byte
+// loads over a range of k, `stages` (2 or 3) 64-wide k-blocks in flight, and multiplies them
+// by x with mma.m16n8k16 (weights on the m16 side, 8 tokens on n8); `split` (1, 2, 4 or 8)
+// warps of a CTA share 32 rows over consecutive k ranges and their fp32 sums are added in
+// k order through shared memory. Deterministic for a given (split, stages); different
+// choices and LinearCuda's other kernels differ only in fp32 summation order. LinearCuda's
+// autotuner times it for m <= kSkinnyGemmMaxRows. Needs 1 <= m <= kSkinnyGemmMaxRows,
+// 1 <= n < 2^30, k a positive multiple of 8 below 2^31, 16-byte aligned x and w (y and bias:
+// element alignment); y must not overlap x or w.
+// Errors: InvalidArgument when those do not hold; Internal for launch errors.
+absl::Status SkinnyGemmCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
+                            int64_t n, int64_t k, cudaStream_t stream, int split = 1,
+                            int stages = 4);
+// SkinnyGemmSiluMulCuda: SkinnyGemmCuda on a fused [gate; up] weight w [2n, k] (bias [2n] or
+// null) with GemvSiluMulCuda's epilogue: y[r, j] = bf16(silu(g)·u), g and u the bf16-rounded
+// products j and n + j, y [m, n]. Each warp holds 16 gate rows and the matching 16 up rows, so
+// the epilogue pairs them in registers. Needs and errors as SkinnyGemmCuda (for 2n rows).
+absl::Status SkinnyGemmSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                                   int64_t m, int64_t n, int64_t k, cudaStream_t stream,
+                                   int split = 1, int stages = 4);
+
 // LinearCuda computes y[m, n] = bf16(Σ_k x[m, k] · w[n, k] + bias[n]) (LinearCpu's layout:
 // row-major, contiguous; bias [n] may be null), accumulating in fp32 (CUBLAS_COMPUTE_32F) and
 // rounding once. The algorithm is chosen by cuBLASLt's heuristic per (m, n, k), so unlike

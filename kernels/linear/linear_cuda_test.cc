@@ -630,13 +630,19 @@ TEST(LinearCudaTest, GemmTuningTableSavesAndApplies) {
   gemv_key.k = 1024;
   ASSERT_NE(table->Find(gemv_key, 0), nullptr);
 
+  // Both were timed with the skinny kernel among the candidates.
+  EXPECT_NE(table->Find(tuned_key, kGemmTunedSkinny), nullptr);
+  EXPECT_NE(table->Find(gemv_key, kGemmTunedSkinny), nullptr);
+
   // 2. A table for fresh shapes: a GEMV variant the timing would not necessarily pick, the
-  // tuned shape's choice for m = 48, and an all-zero cuBLASLt algorithm (rejected → timed).
+  // tuned shape's choice for m = 48, an all-zero cuBLASLt algorithm (rejected → timed), and an
+  // entry made before the skinny kernel existed (search bits without kGemmTunedSkinny → timed).
   GemmTuningTable made(table->device());
   GemmTuningChoice gemv;
   gemv.kind = GemmTuningChoice::Kind::kGemv;
   gemv.gemv_unroll = 8;
   gemv.gemv_split = 2;
+  gemv.search_mask = kGemmTunedSkinny;
   GemmTuningKey k_gemv = gemv_key;
   k_gemv.m = 3;
   made.Insert(k_gemv, gemv);
@@ -644,9 +650,15 @@ TEST(LinearCudaTest, GemmTuningTableSavesAndApplies) {
   k_reuse.m = 48;
   if (tuned->kind == GemmTuningChoice::Kind::kCublasLt) made.Insert(k_reuse, *tuned);
   GemmTuningChoice zero;  // kCublasLt, all-zero words
+  zero.search_mask = kGemmTunedSkinny;
   GemmTuningKey k_zero = tuned_key;
   k_zero.m = 40;
   made.Insert(k_zero, zero);
+  GemmTuningChoice old_gemv = gemv;
+  old_gemv.search_mask = 0;
+  GemmTuningKey k_old = gemv_key;
+  k_old.m = 5;
+  made.Insert(k_old, old_gemv);
   const std::filesystem::path file = dir / "made.json";
   WriteText(file, made.Serialize());
   absl::StatusOr<int> taken = LoadGemmTuning(file.string());
@@ -655,7 +667,7 @@ TEST(LinearCudaTest, GemmTuningTableSavesAndApplies) {
   auto lt2 = CublasLt::Create();
   ASSERT_TRUE(lt2.ok()) << lt2.status();
   (*lt2)->set_autotune(64);
-  for (const GemmTuningKey& key : {k_gemv, k_reuse, k_zero}) {
+  for (const GemmTuningKey& key : {k_gemv, k_reuse, k_zero, k_old}) {
     for (int rep = 0; rep < 2; ++rep) {
       CheckShape(absl::StrCat("table rep ", rep), key.m, key.n, key.k, false, rng,
                  [&](const bf16* x, const bf16* w, const bf16* b, bf16* y) {
@@ -674,6 +686,9 @@ TEST(LinearCudaTest, GemmTuningTableSavesAndApplies) {
   const std::string zero_line = PlanLine(**lt2, k_zero.m, k_zero.n, k_zero.k);
   EXPECT_TRUE(absl::StrContains(zero_line, "tuned 1")) << zero_line;
   EXPECT_FALSE(absl::StrContains(zero_line, "(GEMM tuning table)")) << zero_line;
+  const std::string old_line = PlanLine(**lt2, k_old.m, k_old.n, k_old.k);
+  EXPECT_TRUE(absl::StrContains(old_line, "tuned 1")) << old_line;
+  EXPECT_FALSE(absl::StrContains(old_line, "(GEMM tuning table)")) << old_line;
 
   // 3. Another GPU model's table is skipped; bad paths and tables are errors.
   GemmTuningDevice other = table->device();
