@@ -1,5 +1,7 @@
 #include "kernels/linear/gemm_tuning_table.h"
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -187,6 +189,31 @@ TEST(GemmTuningTableTest, RejectsBadTables) {
     EXPECT_NE(t.status().message().find(c.message), std::string::npos)
         << c.text << " → " << t.status().message();
   }
+}
+
+// The table runners load by default (configs/gemm_tuning, CudaRunnerOptions::gemm_tuning
+// "auto") parses, and its skinny-GEMM choices sit where LinearCuda times that kernel (2..8
+// rows, kSkinnyTuneMinRows..kSkinnyTuneMaxRows in linear_cuda.h) with its search bit (8), so a
+// GPU process applies them instead of timing again.
+TEST(GemmTuningTableTest, RepositoryTableParses) {
+  std::ifstream in(std::string(SLUICE_SOURCE_DIR) + "/configs/gemm_tuning/NVIDIA_H200.json");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<GemmTuningTable> table = GemmTuningTable::Parse(text.str());
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->device().name, "NVIDIA H200");
+  EXPECT_EQ(table->device().sms, 132);
+  EXPECT_GT(table->size(), 50u);
+  int skinny = 0;
+  for (const auto& [key, choice] : table->entries()) {
+    if (choice.kind != GemmTuningChoice::Kind::kSkinny) continue;
+    ++skinny;
+    EXPECT_GE(key.m, 2);
+    EXPECT_LE(key.m, 8);
+    EXPECT_EQ(choice.search_mask & 8, 8) << key.m << " " << key.n << " " << key.k;
+  }
+  EXPECT_GT(skinny, 0);
 }
 
 }  // namespace

@@ -147,14 +147,15 @@ absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, i
 // Largest m SkinnyGemmCuda serves.
 inline constexpr int64_t kSkinnyGemmMaxRows = 64;
 // The rows at which LinearCuda's autotuner times SkinnyGemmCuda (when SetGemmSkinnyTuning is
-// on). H200, Llama-3-8B shapes, tuned isolated times (bench/results/cuda_ab_stop16_h200.json):
-// at m = 8 / 16 it is ahead of cuBLASLt's tuned pick on o_proj (12.9 vs 14.2 µs, 13.1 vs
-// 14.5) and gate/up + SiLU·mul (61.0 vs 61-67, 63.4 vs 67.0), level on qkv and down_proj; at
-// m = 32 it is 5-20% behind and at m = 64 1.4-2.6× (mma.sync issue rate: m = 64 needs ~270
-// TFLOP/s at the copy bandwidth), so it is not timed there. m = 1 keeps the GEMV, whose
-// programmatic-launch overlap in a decode graph the isolated timing does not see.
+// on). H200, Llama-3-8B shapes (bench/results/cuda_ab_stop16_h200.json): tuned alone it is
+// ahead of cuBLASLt's tuned pick at m = 2..16 on o_proj (12.7-13.2 vs 14.2-14.9 µs) and
+// gate/up + SiLU·mul (61-63 vs 61-67), 5-20% behind at m = 32 and 1.4-2.6× at m = 64 (mma.sync
+// issue rate: m = 64 needs ~270 TFLOP/s at the copy bandwidth). In the decode graph it gains
+// at batch 8 (ITL 4.973-4.976 vs 5.039 ms without it) but loses at 16 (5.784-5.788 vs 5.418),
+// so it is timed at 2..8 rows only. m = 1 keeps the GEMV (its programmatic-launch overlap
+// in the graph is worth more than the skinny kernel's 1.1 µs on o_proj alone).
 inline constexpr int64_t kSkinnyTuneMinRows = 2;
-inline constexpr int64_t kSkinnyTuneMaxRows = 16;
+inline constexpr int64_t kSkinnyTuneMaxRows = 8;
 // The search bit (GemmTuningChoice::search_mask) of tuning-table entries whose timing included
 // SkinnyGemmCuda: for the shapes it is timed at, LinearCuda's autotuner looks entries up with
 // this bit too, so a table made before the kernel existed is timed again there instead of
