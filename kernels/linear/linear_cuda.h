@@ -170,15 +170,18 @@ bool GemmSkinnyTuning();
 
 // SkinnyGemmCuda: the same product as LinearCuda for decode batches, y[m, n] = bf16(Σ_k
 // x[m, k]·w[n, k] + bias[n]), fp32 accumulation, as one weight-streaming tensor-core kernel
-// (kernels/linear/skinny_gemm.cu): each warp loads 32 rows of w into registers in 16-byte
-// loads over a range of k, `stages` (2 or 3) 64-wide k-blocks in flight, and multiplies them
-// by x with mma.m16n8k16 (weights on the m16 side, 8 tokens on n8); `split` (1, 2, 4 or 8)
-// warps of a CTA share 32 rows over consecutive k ranges and their fp32 sums are added in
-// k order through shared memory. Deterministic for a given (split, stages); different
-// choices and LinearCuda's other kernels differ only in fp32 summation order. LinearCuda's
-// autotuner times it for m <= kSkinnyGemmMaxRows. Needs 1 <= m <= kSkinnyGemmMaxRows,
-// 1 <= n < 2^30, k a positive multiple of 8 below 2^31, 16-byte aligned x and w (y and bias:
-// element alignment); y must not overlap x or w.
+// (kernels/linear/skinny_gemm.cu): each warp streams 32 rows of w over a range of k through
+// a cp.async ring of `stages` (3 or 4) 64-wide k-blocks in shared memory, x goes through a ring
+// per k range, and mma.m16n8k16 multiplies them (weights on the m16 side, 8 tokens on n8);
+// `split` (1, 2, 4 or 8) warps of a CTA share 32 rows over consecutive k ranges and their fp32
+// sums are added in k order through shared memory. Deterministic for a given (split, stages);
+// different choices and LinearCuda's other kernels differ only in fp32 summation order.
+// LinearCuda's autotuner times it at kSkinnyTuneMinRows..kSkinnyTuneMaxRows rows. Needs
+// 1 <= m <= kSkinnyGemmMaxRows, 1 <= n < 2^30, k a positive multiple of 8 below 2^31,
+// 16-byte aligned x and w (y and bias: element alignment), and a (split, stages) whose rings,
+// stages · (32 KiB + split · M · 128 B) with M = m rounded up to 1, 2, 4 or 8 groups of 8,
+// fit in 227 KiB (e.g. at m = 64 not split 8, nor split 4 with 4 stages); y must not overlap
+// x or w.
 // Errors: InvalidArgument when those do not hold; Internal for launch errors.
 absl::Status SkinnyGemmCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                             int64_t n, int64_t k, cudaStream_t stream, int split = 1,

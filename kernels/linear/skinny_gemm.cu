@@ -1,24 +1,23 @@
-// Skinny GEMM: y[m, n] = x[m, k] · w[n, k]ᵀ for decode batches of 1..16 rows on the tensor
+// Skinny GEMM: y[m, n] = x[m, k] · w[n, k]ᵀ for decode batches of 1..64 rows on the tensor
 // cores, streaming each weight element from HBM once.
 //
 // At small m a projection is bandwidth-bound (m FLOPs per weight byte against the H200's
 // ~230 FLOP/B balance), and the fp32 GEMV runs out of FMA throughput past a few rows (H200,
-// Llama-3-8B qkv at m = 8: 49 µs vs 17 for cuBLASLt). This kernel is shaped like the GEMV
-// instead: each warp owns 32 weight rows and a slice of k and pulls them straight into
-// registers in 16-byte loads, kStages k-blocks in flight, while the tensor cores do the
-// arithmetic with the weights as the mma's A operand ("swap AB": yᵀ = w · xᵀ, 16 weight rows
-// on the m16 side, 8 tokens on n8); x goes through a shared-memory ring per k-slice.
-// Measured against cuBLASLt's tuned picks (H200, Llama-3-8B shapes, LinearCuda's autotuner
-// timings, bench/results/cuda_ab_stop16_h200.json): within 0-7% at m ≤ 8 (ahead on a few
-// shapes, e.g. m = 3, n = 1536, k = 1024: 6.2 vs 7.1 µs), 5-25% behind at m = 16, and 1.4-2×
-// behind at m = 32-64 (gate/up at m = 64: 107 vs 65 µs), so LinearCuda times it up to
-// kSkinnyGemmMaxRows = 16 only.
+// Llama-3-8B qkv at m = 8: 49 µs vs 17 for cuBLASLt). Here each warp owns 32 weight rows and a
+// range of k and streams them through its own cp.async ring in shared memory (kStages 64-wide
+// k-blocks, 4 KiB each, so ~100 KiB of weights are in flight per SM without holding
+// registers), while the tensor cores do the arithmetic with the weights as the mma's A operand
+// ("swap AB": yᵀ = w · xᵀ, 16 weight rows on the m16 side, 8 tokens on n8); x goes through a
+// ring per k-slice shared by the slice's warps. LinearCuda's autotuner times it at
+// kSkinnyTuneMinRows..kSkinnyTuneMaxRows rows (linear_cuda.h has the measurements: it is ahead
+// of cuBLASLt on some shapes up to m = 16 and behind from m = 32, where mma.sync cannot issue
+// the FLOPs the copy bandwidth asks for).
 //
 // k permutation: a dot product does not care in which order its k terms are paired, so the
 // mma's logical k columns are mapped to physical ones that make every fragment a plain 16-byte
-// load. Within a 64-wide k-block, lane (g = lane/4, t = lane%4) loads elements
-// [8t, 8t + 8) and [32 + 8t, 32 + 8t + 8) of rows g and g + 8 (a warp-wide load covers 8 rows
-// × 64 contiguous bytes), and the same elements of x for token g of each 8-token group. Of
+// shared-memory load. Within a 64-wide k-block, lane (g = lane/4, t = lane%4) reads elements
+// [8t, 8t + 8) and [32 + 8t, 32 + 8t + 8) of rows g and g + 8, and the same elements of x for
+// token g of each 8-token group. Of
 // each 16-byte unit, words 0-1 feed one k16 mma (A's a0/a2 or a1/a3, B's b0/b1: logical columns
 // 2t..2t+1 and 2t+8..2t+9) and words 2-3 the next, so the A and B fragments pair the same
 // physical k (PTX ISA, "Matrix Fragments for mma.m16n8k16").
@@ -139,14 +138,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   float acc[2][kMT][4];
+  // f(accumulator, its word index (i·kMT + j)·4 + c) for every accumulator of the thread.
+  auto for_each_acc = [&](auto&& f) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
-    for (int j = 0; j < kMT; ++j) {
+      for (int j = 0; j < kMT; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+        for (int c = 0; c < 4; ++c) f(acc[i][j][c], (i * kMT + j) * 4 + c);
+      }
     }
-  }
+  };
+  for_each_acc([](float& a, int) { a = 0.0f; });
   auto compute = [&](int slot) {
     const unsigned char* ws = wring + slot * WSlotBytes();
     const unsigned char* xs = xring + slot * XSlotBytes<kMT>();
@@ -215,31 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     cuda_detail::CpAsyncWait<0>();
     __syncthreads();  // every warp is done with its rings
     if (slice != 0) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < kMT; ++j) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            partial[(warp * kWords + (i * kMT + j) * 4 + c) * 32 + lane] = acc[i][j][c];
-          }
-        }
-      }
+      for_each_acc([&](float& a, int word) { partial[(warp * kWords + word) * 32 + lane] = a; });
     }
     __syncthreads();
     if (slice != 0) return;
     for (int sl = 1; sl < kSplit; ++sl) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int j = 0; j < kMT; ++j) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            acc[i][j][c] +=
-                partial[((warp + sl * kGroup) * kWords + (i * kMT + j) * 4 + c) * 32 + lane];
-          }
-        }
-      }
+      const float* from = partial + (warp + sl * kGroup) * kWords * 32;
+      for_each_acc([&](float& a, int word) { a += from[word * 32 + lane]; });
     }
   }
 
