@@ -551,7 +551,7 @@ struct Plan {
   float gemv_us = 0.0f;   // tuned: GemvCuda's best time over the depths (0 when not eligible)
   bool skinny = false;    // the tuned choice is SkinnyGemmCuda
   int skinny_split = 1;   // its (split, stages)
-  int skinny_stages = 2;
+  int skinny_stages = 3;
   float skinny_us = 0.0f;  // tuned: its best time over the variants (0 when not eligible)
   // tuned: a two-part N split that beat every single call (SetGemmAlgoSearch); runs instead.
   std::unique_ptr<gemm_search::SplitGemm> split;

@@ -28,8 +28,6 @@
 // per shape. Results equal LinearCpu up to fp32 summation order.
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -64,11 +62,11 @@ __host__ __device__ constexpr int XSlotBytes() {
 // Shared memory of a launch: each warp's ring of kStages weight slots, then each k-slice's
 // ring of kStages x slots; reused after the main loop for the split-K partial sums
 // ([warp][(i·kMT + j)·4 + c][lane] fp32).
-template <int kMT, int kSplit, int kStages>
-constexpr size_t SmemBytes() {
-  const size_t rings =
-      size_t{kStages} * (size_t{kWarps} * WSlotBytes() + size_t{kSplit} * XSlotBytes<kMT>());
-  const size_t partial = kSplit > 1 ? size_t{kWarps} * 2 * kMT * 4 * 32 * sizeof(float) : 0;
+// mt: 8-token groups (kMT).
+constexpr size_t SmemBytes(int mt, int split, int stages) {
+  const size_t rings = size_t(stages) * (size_t{kWarps} * WSlotBytes() +
+                                         size_t(split) * 8 * size_t(mt) * TileRowBytes());
+  const size_t partial = split > 1 ? size_t{kWarps} * 2 * size_t(mt) * 4 * 32 * sizeof(float) : 0;
   return rings > partial ? rings : partial;
 }
 // Opt-in shared memory per block on sm_80 / sm_90 (227 KB on the H200).
@@ -261,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kMT, int kSplit, int kStages, bool kGlu>
 void LaunchVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, int n, int k,
                    cudaStream_t stream) {
-  constexpr size_t kSmem = SmemBytes<kMT, kSplit, kStages>();
+  constexpr size_t kSmem = SmemBytes(kMT, kSplit, kStages);
   if constexpr (kSmem > kMaxSmem) {
     return;  // not served (SkinnyVariantSupported)
   } else {
@@ -279,13 +277,8 @@ void LaunchVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int 
   }
 }
 
-// Shared memory the variant needs at m rows.
-size_t SmemFor(int64_t m, int split, int stages) {
-  const int mt = m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8;
-  const size_t rings = size_t(stages) * (size_t{kWarps} * WSlotBytes() + size_t(split) * 8 * mt * TileRowBytes());
-  const size_t partial = split > 1 ? size_t{kWarps} * 2 * mt * 4 * 32 * sizeof(float) : 0;
-  return rings > partial ? rings : partial;
-}
+// 8-token groups of the kernel LaunchForRows picks for m rows.
+int TokenGroupsFor(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 template <int kSplit, int kStages, bool kGlu>
 void LaunchForRows(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, int n, int k,
@@ -321,7 +314,7 @@ void LaunchForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, 
 
 bool SkinnyVariantSupported(int64_t m, int split, int stages) {
   for (const SkinnyVariant& v : kSkinnyVariants) {
-    if (v.split == split && v.stages == stages) return SmemFor(m, split, stages) <= kMaxSmem;
+    if (v.split == split && v.stages == stages) return SmemBytes(TokenGroupsFor(m), split, stages) <= kMaxSmem;
   }
   return false;
 }
