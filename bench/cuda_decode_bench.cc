@@ -88,12 +88,15 @@
 // --attn-decode-kernel N: the paged attention kernel of decode launches
 // (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
 // for grids that fill the GPU, 9 always), for A/B runs.
+// --attn-early-copies 0|1: decode attention's first K/V copies before its PDL dependency wait
+// (kernels::SetPagedAttentionPrefetchBeforeWait; 1, the default) or after it, for A/B runs.
 // --attn-decode-variant N: the persistent decode warps' shape and K/V copy flavour
 // (kernels::SetPagedAttentionDecodeWarpVariant: 10, the default, 8-warp CTAs with evict-first
 // copies; 0, 4-warp CTAs with plain cp.async; paged_attention_cuda.h), for A/B runs at
 // batches that take kernel 8 (batch 256).
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
-// (kernels::SetPagedAttentionDecodeFusion: 0 two launches, the default; 1 one fused launch).
+// (kernels::SetPagedAttentionDecodeFusion: 0 two launches; 1 one fused launch at ≤ 16 tokens;
+// 2 at any batch; 3, the default, at > 16 tokens where the attention runs CTA warp rings).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
@@ -596,6 +599,9 @@ absl::Status Main(int argc, char** argv) {
       int variant = 0;
       if (!absl::SimpleAtoi(v, &variant)) return absl::InvalidArgumentError("bad " + a);
       BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeWarpVariant(variant));
+    } else if (a == "--attn-early-copies") {  // kernels::SetPagedAttentionPrefetchBeforeWait
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      kernels::SetPagedAttentionPrefetchBeforeWait(v == "1");
     } else if (a == "--attn-decode-fusion") {
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
@@ -737,6 +743,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
   out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
   out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
+  out["attn_early_copies"] = kernels::PagedAttentionPrefetchBeforeWait();
   out["attn_decode_variant"] = kernels::PagedAttentionDecodeWarpVariant();
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();

@@ -361,11 +361,17 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     }
     kernels::PagedAttentionParams layer_params = attn_params;
     layer_params.sliding_window = L.sliding_window;
-    // Decode-only steps of few sequences: RoPE and the K/V cache write inside the attention
-    // launch. Larger batches keep the two launches: on the H200 (Llama-3-8B, 1k context) the
-    // fusion saved ~10 us a step at 1 sequence, nothing at 64 and cost 0.18 ms at 256, where
-    // the attention kernel is bandwidth-bound and the fused rotation lengthens it.
-    if (kernels::PagedAttentionDecodeFusion() >= 1 && T <= kRopeFusionMaxDecodeTokens &&
+    // Decode-only steps: RoPE and the K/V cache write inside the attention launch where it pays
+    // (kernels::SetPagedAttentionDecodeFusion; the default, 3, fuses steps of more than 16
+    // tokens whose attention runs CTA warp rings: on the H200 batch 64 gained 0.06 ms a step,
+    // batch 256's persistent decode warps lost 0.05 and batch 1 0.03).
+    const int fusion = kernels::PagedAttentionDecodeFusion();
+    const bool fuse =
+        fusion == kernels::kDecodeFusionAlways ||
+        (fusion == kernels::kDecodeFusionSmall && T <= kRopeFusionMaxDecodeTokens) ||
+        (fusion == kernels::kDecodeFusionAuto && T > kRopeFusionMaxDecodeTokens &&
+         kernels::PagedAttentionDecodeFusionPays(batch, layer_params));
+    if (fuse &&
         kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim)) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
           qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,

@@ -23,6 +23,15 @@
 // decode tile. Decode tiles stream their keys through per-warp cp.async rings (kRing: no CTA
 // barrier until the merge), in CTAs of 2 or 4 warps chosen so the grid fills the SMs.
 //
+// PrefetchBeforeWait: a decode step's attention is a programmatic dependent of the RoPE + KV
+// write kernel before it (kernels::DecodePdl), which lets it launch as soon as that kernel
+// has started. The step's metadata, block tables and the keys below each sequence's context
+// length were written before that kernel started (by the host and by earlier steps), so the
+// decode kernels read them and issue their first ring copies before griddepcontrol.wait; q,
+// the new tokens' keys (written by that kernel) and every global write come after it. This
+// hides the metadata → block table → K/V latency chain (several µs a layer) behind the kernel
+// before.
+//
 // Shapes are compile-time padded: head dims are rounded up to a supported tile width (kD, kDV)
 // and the padding columns are zero-filled in shared memory (cp.async with src-size 0), as are
 // key rows past the partition end, so no uninitialized shared memory reaches an mma.
@@ -60,6 +69,7 @@ struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
   int slice_math;     // SetPagedAttentionSliceMath's bits, for AttendSlice
+  int early_copies;   // SetPagedAttentionPrefetchBeforeWait: 0 = every copy after the wait
 };
 
 using cuda_detail::Mma16816;  // kernels/cuda/device_utils.cuh
@@ -408,9 +418,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const tile_smem = reinterpret_cast<bf16*>(smem_raw);
 
-  // Everything below may read what the previous kernel wrote (q, the K/V just appended).
-  attention_detail::GridDependencyWait();
-  attention_detail::LaunchDependents();  // a PDL-launched combine may get ready meanwhile
+  // Before the dependency wait (PDL) only the step's metadata, block tables and keys below the
+  // context length are read (PrefetchBeforeWait); q and the K/V just appended come after it.
   const int seq = blockIdx.z;
   const int kv_head = blockIdx.y;
   // Later query tiles see more keys under the causal mask: launch them first so the short
@@ -510,11 +519,6 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   // key's K/V reach the cache before the first copy below.
   float2* const rope_cs = reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes);
   const bool fused = args.fusion.inv_freq != nullptr;
-  if (fused) {
-    attention_detail::DecodeRopePrologue(
-        args.fusion, args.q + static_cast<int64_t>(q_begin) * args.q_token_stride, q_begin,
-        kv_head, args.num_kv_heads, args.head_dim, kv_begin <= ctx && ctx < kv_end, rope_cs);
-  }
 
   // Tiles start at a multiple of kTileN so a window start inside a tile is just masked.
   // Ring: tile i lives in buffer i % kStages and is copy group i; every iteration commits one
@@ -540,8 +544,26 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       }
     }
   };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * Cfg::kTileN, s);
+  // Ring slices wholly below ctx were written by earlier steps: copied before the wait
+  // (PrefetchBeforeWait). A decode fusion launch writes the new key first (below).
+  int pre = 0;
+  if constexpr (kRing) {
+    if (!fused && args.early_copies) {
+      for (; pre < kStages - 1; ++pre) {
+        const int tile = tile_first + pre * Cfg::kTileN;
+        if (needed(tile) && tile + wn * kBN + kBN > ctx) break;
+        load(tile, pre);
+      }
+    }
+  }
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();  // a PDL-launched combine may get ready meanwhile
+  if (fused) {
+    attention_detail::DecodeRopePrologue(
+        args.fusion, args.q + static_cast<int64_t>(q_begin) * args.q_token_stride, q_begin,
+        kv_head, args.num_kv_heads, args.head_dim, kv_begin <= ctx && ctx < kv_end, rope_cs);
+  }
+  for (; pre < kStages - 1; ++pre) load(tile_first + pre * Cfg::kTileN, pre);
   // Q fragments: read once per CTA, after the first K/V copies are issued so their latencies
   // overlap.
   uint32_t q_frag[kKSteps][4];
@@ -726,10 +748,13 @@ __device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
   return y;
 }
 
-// Qᵀ's B fragments for every k16 step: b0 = Q[row g][ks·16 + 2t..+1], b1 = … + 8.
+// Qᵀ's B fragments for every k16 step: b0 = Q[row g][ks·16 + 2t..+1], b1 = … + 8; rotated on
+// the way when `rope_cs` is the unit's token's (cos, sin) table (decode fusion, one token a
+// unit), as LoadQFrag.
 template <int kKSteps>
 __device__ __forceinline__ void LoadQSwapped(const AttnArgs& a, const DecodeUnit& c, int g, int t,
-                                             uint32_t (&qb)[kKSteps][2]) {
+                                             uint32_t (&qb)[kKSteps][2],
+                                             const float2* rope_cs = nullptr) {
   const bool live = g < c.rows;
   const bf16* qrow =
       live ? a.q + static_cast<int64_t>(c.q_begin + g / a.group) * a.q_token_stride +
@@ -740,7 +765,13 @@ __device__ __forceinline__ void LoadQSwapped(const AttnArgs& a, const DecodeUnit
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int col = ks * 16 + h * 8 + 2 * t;
-      qb[ks][h] = live && col < a.head_dim ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
+      if (!live || col >= a.head_dim) {
+        qb[ks][h] = 0u;
+      } else if (rope_cs != nullptr) {
+        qb[ks][h] = attention_detail::DecodeRopePair(qrow, col, rope_cs, a.fusion.half);
+      } else {
+        qb[ks][h] = *reinterpret_cast<const uint32_t*>(qrow + col);
+      }
     }
   }
 }
@@ -938,7 +969,7 @@ struct DecodeWarpConfig {
 
 // kEvictFirst: K/V copies with the .L2::256B hint and an L2 evict-first policy (CopyChunk).
 // kSwapped: the swapped GQA math (ScoresSwapped / PvSwapped; only launched with ≤ 8 rows a
-// unit and no decode fusion).
+// unit; under decode fusion each unit's q is rotated on load with its token's table).
 template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,
           bool kSwapped = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
@@ -955,27 +986,9 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
   const bool fused = args.fusion.inv_freq != nullptr;
   const uint64_t policy = kEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
-
-  attention_detail::GridDependencyWait();
-  attention_detail::LaunchDependents();
   const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
   const int stride = static_cast<int>(gridDim.x) * kWarps;
   const int first = static_cast<int>(blockIdx.x) * kWarps + warp;
-
-  if (fused) {
-    // The new keys of this warp's units reach the cache before any of its copies.
-    for (int u = first; u < num_units; u += stride) {
-      const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
-      if (d.rows > 0 && d.kv_begin <= d.ctx && d.ctx < d.kv_end) {
-        attention_detail::DecodeRopeTable(args.fusion, d.q_begin, rope_cs, lane, 32);
-        __syncwarp();
-        attention_detail::DecodeRopeWriteKv(
-            args.fusion, args.q + static_cast<int64_t>(d.q_begin) * args.q_token_stride,
-            d.q_begin, d.kv_head, args.num_kv_heads, args.head_dim, rope_cs, lane, 32);
-        __syncwarp();  // before cs is refilled, and orders the writes before the copies
-      }
-    }
-  }
 
   // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
   // consumer. Every issue() commits exactly one copy group (empty once the stream is
@@ -996,8 +1009,34 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     }
     fill = fill + 1 == kStages ? 0 : fill + 1;
   };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue();
+  // Slices wholly below their unit's context length, copied before the dependency wait
+  // (PrefetchBeforeWait); not in a fusion launch, whose new keys are written first (below).
+  int pre = 0;
+  if (!fused && args.early_copies) {
+    while (pre < kStages - 1 && (!pr.live() || pr.tile + kBN <= pr.p.ctx)) {
+      issue();
+      ++pre;
+    }
+  }
+  attention_detail::GridDependencyWait();
+  attention_detail::LaunchDependents();
+
+  if (fused) {
+    // The new keys of this warp's units reach the cache before any of its copies.
+    for (int u = first; u < num_units; u += stride) {
+      const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
+      if (d.rows > 0 && d.kv_begin <= d.ctx && d.ctx < d.kv_end) {
+        attention_detail::DecodeRopeTable(args.fusion, d.q_begin, rope_cs, lane, 32);
+        __syncwarp();
+        attention_detail::DecodeRopeWriteKv(
+            args.fusion, args.q + static_cast<int64_t>(d.q_begin) * args.q_token_stride,
+            d.q_begin, d.kv_head, args.num_kv_heads, args.head_dim, rope_cs, lane, 32);
+        __syncwarp();  // before cs is refilled, and orders the writes before the copies
+      }
+    }
+  }
+
+  for (; pre < kStages - 1; ++pre) issue();
 
   // Consumer: the same units in the same order, one slice per iteration.
   int buf = 0;
@@ -1007,8 +1046,13 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     c_meta = LoadUnitMeta(args, u + stride, num_units);
     if constexpr (kSwapped) {
       static_assert(kBN == 16, "one m16 tile of keys a slice");
+      if (fused && c.rows > 0) {
+        attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
+        __syncwarp();
+      }
       uint32_t qb[kKSteps][2];
-      LoadQSwapped<kKSteps>(args, c, g, t, qb);
+      LoadQSwapped<kKSteps>(args, c, g, t, qb, fused ? rope_cs : nullptr);
+      if (fused) __syncwarp();  // every lane has read rope_cs before the next unit refills it
       float acc[kDV / 16][4];
 #pragma unroll
       for (int m = 0; m < kDV / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
@@ -1483,6 +1527,11 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 //   bench/results/cuda_ab_stop13_h200.json: 21 (10's shape, ~6 units a resident warp) 341.7,
 //   22 (0's shape) 350.0, 23 / 24 (21 with ~12 / ~3 units a warp) 383.2 / 327.6, against 10
 //   286.9 and 0 293.4 in that call (step 16.84-18.52 ms vs 15.59).
+//   Stream-K (stop 17; Osama et al., PPoPP 2023): the launch's 16-key slices cut into one equal
+//   range per CTA (all 132 SMs busy to the end), the units a range boundary cuts merged by a
+//   second kernel; two calls of bench/results/cuda_ab_stop17_h200.json: 274.7-277.7 µs a layer
+//   vs 267.8-269 for 10 (batch 64: 84.6-84.9 vs 79.5-80.0; the extra launch, the prefix sums
+//   and the loss of 10's unit order cost more than the 3% of idle SMs it recovers).
 // So evict-first copies and 8-warp CTAs gain ~1% each, ~1.6% together; fewer warps per SM lose
 // (the warps are latency-bound: 4 warps × 6 stages, with more bytes in flight, is 11% slower);
 // bulk copies, lock-step, L2 prefetches and dynamic units lose. ncu of 0 and 10
@@ -1493,6 +1542,7 @@ std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
 std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale};
 std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
 std::atomic<int64_t> g_decode_swapped_launches{0};
+std::atomic<bool> g_prefetch_before_wait{true};  // SetPagedAttentionPrefetchBeforeWait
 // PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
 // kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
 //   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
@@ -1560,8 +1610,7 @@ struct LaunchPlan {
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
   int warp_variant = 0;     // its decode-warp variant, 0 or 10 (DecodeWarpVariantFor)
   // Variant 10 with the swapped GQA math (SetPagedAttentionDecodeSwapped): ≤ 8 query rows a
-  // (sequence, KV head); LaunchVariant also needs no decode fusion (else it runs the m16-row
-  // math over the same units).
+  // (sequence, KV head), with or without decode fusion.
   bool swapped = false;
   int kind;     // kernel kind (kKind*, 0 prefill)
   int rows_per_cta;
@@ -2051,7 +2100,7 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
-    const bool swapped = plan.swapped && args.fusion.inv_freq == nullptr;
+    const bool swapped = plan.swapped;
     if (swapped) g_decode_swapped_launches.fetch_add(1, std::memory_order_relaxed);
     return WithDims(
         v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
@@ -2102,6 +2151,14 @@ bool PagedAttentionDecodeSwapped() { return g_decode_swapped.load(std::memory_or
 
 int64_t PagedAttentionDecodeSwappedLaunches() {
   return g_decode_swapped_launches.load(std::memory_order_relaxed);
+}
+
+void SetPagedAttentionPrefetchBeforeWait(bool on) {
+  g_prefetch_before_wait.store(on, std::memory_order_relaxed);
+}
+
+bool PagedAttentionPrefetchBeforeWait() {
+  return g_prefetch_before_wait.load(std::memory_order_relaxed);
 }
 
 absl::Status SetPagedAttentionSliceMath(int bits) {
@@ -2218,6 +2275,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.fusion = fusion;
   args.num_sequences = static_cast<int>(batch.num_sequences);
   args.slice_math = g_slice_math.load(std::memory_order_relaxed);
+  args.early_copies = g_prefetch_before_wait.load(std::memory_order_relaxed) ? 1 : 0;
 
   // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
   const bool linear = plan.kind >= kKindPrefill1;
@@ -2233,7 +2291,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
 }
 
 // SetPagedAttentionDecodeFusion's setting.
-std::atomic<int> g_decode_fusion{0};
+std::atomic<int> g_decode_fusion{kDecodeFusionAuto};
 
 }  // namespace
 
@@ -2246,15 +2304,22 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 }
 
 absl::Status SetPagedAttentionDecodeFusion(int mode) {
-  if (mode < 0 || mode > 1) {
+  if (mode < kDecodeFusionOff || mode > kDecodeFusionAuto) {
     return absl::InvalidArgumentError(
-        absl::StrCat("SetPagedAttentionDecodeFusion: mode ", mode, " is not 0 or 1"));
+        absl::StrCat("SetPagedAttentionDecodeFusion: mode ", mode, " is not 0..3"));
   }
   g_decode_fusion.store(mode, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 int PagedAttentionDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
+
+bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
+                                    const PagedAttentionParams& params) {
+  if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
+  const LaunchPlan plan = Plan(batch, params);
+  return plan.decode && !plan.persistent;
+}
 
 bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
                                        const PagedAttentionParams& params, int64_t rotary_dim) {

@@ -51,6 +51,12 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
 //   out:     [num_tokens, num_heads, v_head_dim] bf16, contiguous
 //   workspace: PagedAttentionCudaWorkspaceBytes(batch, params) bytes of device memory (may be
 //              null when that is 0).
+// As a programmatic dependent launch (kernels::DecodePdl or SetPagedAttentionPdl on sm_90), a
+// decode launch reads the batch metadata, the block tables and the K/V of positions below each
+// sequence's context_len before it waits for the kernel before it (paged_attention.cu
+// "PrefetchBeforeWait"): those must not be written by that kernel, nor by one still running
+// when it started (in a decode step they were written by earlier steps); q and the new tokens'
+// K/V (positions ≥ context_len) may come from the kernel just before.
 // Errors: InvalidArgument for sizes < 1, num_heads not a multiple of num_kv_heads, unsupported
 // head dims; Internal for launch errors.
 absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
@@ -60,11 +66,26 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 
 // SetPagedAttentionDecodeFusion: how decode-only steps run RoPE, the K/V cache write and
 // attention (read by callers such as the CUDA Llama runner; process-wide, set it before
-// capturing graphs). 0 (the default): RopeQkWriteKvCuda, then PagedAttentionCuda; 1:
+// capturing graphs). 0: RopeQkWriteKvCuda, then PagedAttentionCuda; 1:
 // PagedAttentionRopeDecodeCuda, one launch, where PagedAttentionDecodeFusionApplies (else the
-// caller keeps the two launches). InvalidArgument for other values.
+// caller keeps the two launches) — the CUDA Llama runner for steps of ≤ 16 tokens; 2: as 1 at
+// any batch size; 3 (the default): as 1 for steps of more than 16 tokens whose attention
+// launch PagedAttentionDecodeFusionPays. H200, Llama-3-8B at 1k context, graph ITL
+// (bench/results/cuda_ab_stop17_h200.json): batch 64 6.959 / 6.960 ms fused vs 7.010 / 7.039;
+// batch 256 (persistent decode warps, bandwidth-bound: the fused rotation lengthens them)
+// 15.164 / 15.190 vs 15.134 / 15.118; batch 1 4.208 / 4.210 vs 4.180 / 4.182 (the unfused
+// attention copies keys while the RoPE kernel runs: PrefetchBeforeWait). InvalidArgument for
+// other values.
+inline constexpr int kDecodeFusionOff = 0, kDecodeFusionSmall = 1, kDecodeFusionAlways = 2,
+                     kDecodeFusionAuto = 3;
 absl::Status SetPagedAttentionDecodeFusion(int mode);
 int PagedAttentionDecodeFusion();
+
+// PagedAttentionDecodeFusionPays: whether decode fusion mode 3 fuses a launch of this shape: a
+// decode launch that runs CTA warp rings (not the persistent decode warps, which batch 256
+// takes); false for invalid sizes.
+bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
+                                    const PagedAttentionParams& params);
 
 // PagedAttentionDecodeFusionApplies: whether PagedAttentionRopeDecodeCuda serves this launch:
 // valid sizes, max_query_len 1, num_heads / num_kv_heads ≤ 16, v_head_dim == head_dim, and
@@ -162,14 +183,22 @@ absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();
 
 // SetPagedAttentionDecodeSwapped(on): decode-warp variant 10 launches whose (sequence, KV head)
-// units hold ≤ 8 query rows (query tokens × group), without decode fusion, run the swapped GQA
-// math (paged_attention.cu "Swapped GQA decode math": keys on the mma's m16 side, query rows on
-// n8; half the mma and accumulators of the m16-row form, which pads GQA group 4 to 16 rows).
+// units hold ≤ 8 query rows (query tokens × group), with or without decode fusion, run the
+// swapped GQA math (paged_attention.cu "Swapped GQA decode math": keys on the mma's m16 side,
+// query rows on n8; half the mma and accumulators of the m16-row form, which pads GQA group 4
+// to 16 rows).
 // Same results within bf16 rounding (another summation order). On by default: H200, Llama-3-8B
 // batch 256 × ~1k keys, attention 263.3-265.8 µs a layer vs 276.2-276.7, graph ITL 14.78-14.89
 // ms vs 15.11-15.22 (bench/results/cuda_ab_stop15_h200.json). Read when a launch is planned
 // (captured graphs keep theirs). PagedAttentionDecodeSwappedLaunches counts the launches that
 // took it (tests).
+// SetPagedAttentionPrefetchBeforeWait(on): whether decode launches issue their first K/V copies
+// (of keys below the context lengths) before their programmatic dependency wait
+// (PagedAttentionCuda's PDL note; paged_attention.cu "PrefetchBeforeWait"). On by default; off
+// is for A/B runs. Read when a launch is enqueued (captured graphs keep theirs).
+void SetPagedAttentionPrefetchBeforeWait(bool on);
+bool PagedAttentionPrefetchBeforeWait();
+
 void SetPagedAttentionDecodeSwapped(bool on);
 bool PagedAttentionDecodeSwapped();
 int64_t PagedAttentionDecodeSwappedLaunches();

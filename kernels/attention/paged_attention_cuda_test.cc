@@ -785,6 +785,41 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   }
   EXPECT_EQ(changed, 0) << "cache elements other than the new rows' rotated k, or a wrong new v";
   ExpectClose(name + " new k rows", new_k_got, new_k_want, 1.0 / 128, 1e-4);
+
+  // The unfused chain of a decode step under PDL: RopeQkWriteKvCuda (which lets the next kernel
+  // launch as soon as it has started) writes the new rows, then PagedAttentionCuda, whose
+  // copies before its dependency wait must not read them (PrefetchBeforeWait): the new rows
+  // are NaN again before every round, so an early read shows up as NaN outputs.
+  if (!PdlSupported()) return;
+  cuda_test::PdlSetting pdl(true);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto d_rot = Upload(qkv);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(cudaMemcpy(d_k.data(), k_cache.data(), k_cache.size() * sizeof(bf16),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_v.data(), v_cache.data(), v_cache.size() * sizeof(bf16),
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_rot.data(), d_qkv.data(), qkv.size() * sizeof(bf16),
+                         cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, want.size() * sizeof(bf16)), cudaSuccess);
+    // The copies above run on the legacy stream, which `stream` does not wait for.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(RopeQkWriteKvCuda(d_rot.data(), T, stride, p.num_heads, p.num_kv_heads,
+                                  p.head_dim, d_pos.data(), *d_table, d_slots.data(), d_k.data(),
+                                  d_v.data(), stream)
+                    .ok());
+    const absl::Status chain = PagedAttentionCuda(d_rot.data(), stride, d_k.data(), d_v.data(),
+                                                  batch, p, ws->data(), d_out.data(), stream);
+    ASSERT_TRUE(chain.ok()) << chain;
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ExpectClose(absl::StrCat(name, " unfused chain under PDL, round ", round + 1), Download(d_out),
+                want, kRtol, kAtol);
+  }
+  cudaStreamDestroy(stream);
 }
 // Both persistent-decode-warp variants (SetPagedAttentionDecodeWarpVariant: 0, 4-warp CTAs
 // with plain cp.async; 10, 8-warp CTAs with evict-first copies) under kernel 9 (every decode
@@ -892,7 +927,13 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
       // first copy, each unit's q rotated with its own position.
       std::vector<int32_t> b300 = {0, 1, 15, 16, 17, 1100};
       for (int i = 6; i < 300; ++i) b300.push_back((i * 53) % 200);
+      // The swapped math serves fused launches too (q rotated on load): a swapped launch for
+      // the fused call and for each round's unfused chain.
+      const int64_t before = PagedAttentionDecodeSwappedLaunches();
       RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng);
+      RunFusedDecodeCase(tag + "g8 b300", Params(64, 8, 128, 128, 16), llama, b300, rng);
+      const int chain_rounds = PdlSupported() ? 3 : 0;
+      EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, 2 * (1 + chain_rounds)) << tag;
     }
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
@@ -901,8 +942,9 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
 // Launches the fusion does not serve are refused (the runner then keeps two launches).
 TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(SetPagedAttentionDecodeFusion(3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SetPagedAttentionDecodeFusion(4).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SetPagedAttentionDecodeFusion(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedAttentionDecodeFusion(), kDecodeFusionAuto);
   auto meta = DeviceBuffer<int32_t>::Create(16);
   ASSERT_TRUE(meta.ok());
   PagedAttentionCudaBatch b;
@@ -922,6 +964,23 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 256));  // wider than the head
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(32, 1, 128, 128, 16), 128));  // g 32
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(16, 16, 192, 128, 64), 64));  // d≠dv
+  // Mode 3 fuses launches that run CTA warp rings: 64 sequences × 8 KV heads (512 units) do,
+  // 300 (2400 units, more than the resident warps) take the persistent warps, and prefill
+  // chunks are not decode launches.
+  PagedAttentionCudaBatch pays = b;
+  pays.num_sequences = 64;
+  pays.num_tokens = 64;
+  pays.max_seq_len = 1100;
+  EXPECT_TRUE(PagedAttentionDecodeFusionPays(pays, p));
+  pays.num_sequences = 300;
+  pays.num_tokens = 300;
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
+  pays.num_sequences = 1;
+  pays.num_tokens = 64;
+  pays.max_query_len = 64;
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
+  pays.max_seq_len = 0;
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));  // invalid sizes
   RopeTable t;
   t.inv_freq.assign(64, 1.0f);
   auto table = UploadRopeTable(t);
