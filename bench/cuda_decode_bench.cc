@@ -96,7 +96,7 @@
 // batches that take kernel 8 (batch 256).
 // --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
 // (kernels::SetPagedAttentionDecodeFusion: 0 two launches; 1 one fused launch at ≤ 16 tokens;
-// 2 at any batch; 3, the default, at > 16 tokens where the attention runs CTA warp rings).
+// 2 at any batch; 3, the default, at > 16 tokens where attention runs unsplit CTA warp rings).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64

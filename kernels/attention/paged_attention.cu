@@ -2318,7 +2318,9 @@ bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
                                     const PagedAttentionParams& params) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
   const LaunchPlan plan = Plan(batch, params);
-  return plan.decode && !plan.persistent;
+  // Split launches (batch 1 measured) lose: every split's CTA rotates q and the unfused
+  // attention would copy keys while the RoPE kernel runs.
+  return plan.decode && !plan.persistent && plan.num_splits == 1;
 }
 
 bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,

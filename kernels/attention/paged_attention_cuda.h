@@ -70,7 +70,7 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 // PagedAttentionRopeDecodeCuda, one launch, where PagedAttentionDecodeFusionApplies (else the
 // caller keeps the two launches) — the CUDA Llama runner for steps of ≤ 16 tokens; 2: as 1 at
 // any batch size; 3 (the default): as 1 for steps of more than 16 tokens whose attention
-// launch PagedAttentionDecodeFusionPays. H200, Llama-3-8B at 1k context, graph ITL
+// launch PagedAttentionDecodeFusionPays (warp rings, no split). H200, Llama-3-8B at 1k context, graph ITL
 // (bench/results/cuda_ab_stop17_h200.json): batch 64 6.959 / 6.960 ms fused vs 7.010 / 7.039;
 // batch 256 (persistent decode warps, bandwidth-bound: the fused rotation lengthens them)
 // 15.164 / 15.190 vs 15.134 / 15.118; batch 1 4.208 / 4.210 vs 4.180 / 4.182 (the unfused
@@ -82,8 +82,9 @@ absl::Status SetPagedAttentionDecodeFusion(int mode);
 int PagedAttentionDecodeFusion();
 
 // PagedAttentionDecodeFusionPays: whether decode fusion mode 3 fuses a launch of this shape: a
-// decode launch that runs CTA warp rings (not the persistent decode warps, which batch 256
-// takes); false for invalid sizes.
+// decode launch that runs CTA warp rings without a split-KV pass (not the persistent decode
+// warps, which batch 256 takes, nor the split launches of small batches); false for invalid
+// sizes.
 bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
                                     const PagedAttentionParams& params);
 

@@ -964,14 +964,17 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 256));  // wider than the head
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(32, 1, 128, 128, 16), 128));  // g 32
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(16, 16, 192, 128, 64), 64));  // d≠dv
-  // Mode 3 fuses launches that run CTA warp rings: 64 sequences × 8 KV heads (512 units) do,
-  // 300 (2400 units, more than the resident warps) take the persistent warps, and prefill
-  // chunks are not decode launches.
+  // Mode 3 fuses launches that run CTA warp rings without a split: 64 sequences × 8 KV heads
+  // (512 units) do, 16 (128 units) split their keys, 300 (2400 units, more than the resident
+  // warps) take the persistent warps, and prefill chunks are not decode launches.
   PagedAttentionCudaBatch pays = b;
   pays.num_sequences = 64;
   pays.num_tokens = 64;
   pays.max_seq_len = 1100;
   EXPECT_TRUE(PagedAttentionDecodeFusionPays(pays, p));
+  pays.num_sequences = 16;
+  pays.num_tokens = 16;
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
   pays.num_sequences = 300;
   pays.num_tokens = 300;
   EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
