@@ -1,5 +1,5 @@
 // cuda_kernel_bench: ceilings and kernel rates of the CUDA backend on the current GPU.
-//   cuda_kernel_bench [OUT.json] [--attention-only | --sampling-only]
+//   cuda_kernel_bench [OUT.json] [--attention-only | --sampling-only | --gemm-context-only]
 // --attention-only: the copy bandwidth and the attention section only.
 // Measures (CUDA events, mean over timed repetitions after warm-ups):
 //   - device-to-device copy bandwidth (cudaMemcpyAsync, bytes read + written per second);
@@ -36,6 +36,13 @@
 //     narrow normal: top_p keeps thousands of tokens), per parameter set (greedy, temperature,
 //     top_k 50, top_p 0.9, both, min_p): milliseconds a call.
 // --sampling-only: the sampling section only.
+// --gemm-context-only: Llama-3-8B decode GEMMs at m = 64 and 256 through LinearCuda (cuBLASLt's
+//   heuristic pick, the same algorithm in every condition), each call timed alone with events
+//   after one of: nothing (back to back), a 100 MB read (L2 flushed), a contiguous 1.1 GB read,
+//   or 1.1 GB read as 32 KiB rows 512 KiB apart over 17.6 GB (a decode attention's sweep over
+//   paged KV blocks: other lines in L2 and other pages in the TLBs); the conditions run
+//   interleaved, so clock drift hits them alike. For why GEMMs run slower inside the decode
+//   graph than the autotuner times them.
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
@@ -552,6 +559,81 @@ absl::StatusOr<nlohmann::json> BenchSampling(std::mt19937& rng, cudaStream_t str
   return rows_out;
 }
 
+// --gemm-context-only (see the top of the file): per shape and condition, the mean µs and
+// TFLOP/s of one GEMM call.
+absl::StatusOr<nlohmann::json> BenchGemmContext(std::mt19937& rng, cudaStream_t stream) {
+  constexpr size_t kRow = size_t{32} << 10, kPitch = size_t{512} << 10;
+  constexpr size_t kSweepRows = 33600;  // 1.1 GB of 32 KiB rows
+  BENCH_ASSIGN_OR_RETURN(big, DeviceBuffer<uint8_t>::Create(kPitch * kSweepRows));
+  BENCH_ASSIGN_OR_RETURN(sink, DeviceBuffer<uint8_t>::Create(kRow * kSweepRows));
+  BENCH_ASSIGN_OR_RETURN(lt, CublasLt::Create());
+  using Before = std::function<cudaError_t()>;
+  const std::vector<std::pair<std::string, Before>> conditions = {
+      {"back_to_back", [] { return cudaSuccess; }},
+      {"after_100mb_read",
+       [&] {
+         return cudaMemcpyAsync(sink.data(), big.data(), size_t{100} << 20,
+                                cudaMemcpyDeviceToDevice, stream);
+       }},
+      {"after_1.1gb_contiguous",
+       [&] {
+         return cudaMemcpyAsync(sink.data(), big.data(), kRow * kSweepRows,
+                                cudaMemcpyDeviceToDevice, stream);
+       }},
+      {"after_1.1gb_paged_sweep", [&] {
+         return cudaMemcpy2DAsync(sink.data(), kRow, big.data(), kPitch, kRow, kSweepRows,
+                                  cudaMemcpyDeviceToDevice, stream);
+       }}};
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gate_up", 28672, 4096},
+                          {"down", 4096, 14336}};
+  cudaEvent_t start, stop;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start), "cudaEventCreate");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop), "cudaEventCreate");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int64_t m : {int64_t{64}, int64_t{256}}) {
+    for (const Shape& sh : shapes) {
+      BENCH_ASSIGN_OR_RETURN(x, RandomDevice(static_cast<size_t>(m * sh.k), rng, -1.0f, 1.0f));
+      BENCH_ASSIGN_OR_RETURN(w, RandomDevice(static_cast<size_t>(sh.n * sh.k), rng, -1.0f, 1.0f));
+      BENCH_ASSIGN_OR_RETURN(y, DeviceBuffer<bf16>::Create(static_cast<size_t>(m * sh.n)));
+      auto gemm = [&] {
+        return LinearCuda(*lt, x.data(), w.data(), nullptr, y.data(), m, sh.n, sh.k, stream);
+      };
+      for (int i = 0; i < 3; ++i) {
+        if (absl::Status st = gemm(); !st.ok()) return st;
+      }
+      constexpr int kReps = 12;
+      std::vector<double> total(conditions.size(), 0.0);
+      for (int rep = 0; rep < kReps; ++rep) {
+        for (size_t c = 0; c < conditions.size(); ++c) {
+          SLUICE_CUDA_RETURN_IF_ERROR(conditions[c].second(), "GEMM context: memcpy");
+          SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream), "cudaEventRecord");
+          if (absl::Status st = gemm(); !st.ok()) return st;
+          SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop, stream), "cudaEventRecord");
+          SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop), "cudaEventSynchronize");
+          float ms = 0;
+          SLUICE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, stop),
+                                      "cudaEventElapsedTime");
+          total[c] += ms;
+        }
+      }
+      nlohmann::json row = {{"shape", sh.name}, {"m", m}, {"n", sh.n}, {"k", sh.k}};
+      for (size_t c = 0; c < conditions.size(); ++c) {
+        const double us = total[c] / kReps * 1e3;
+        row[conditions[c].first + "_us"] = us;
+        row[conditions[c].first + "_tflops"] = 2.0 * m * sh.n * sh.k / (us * 1e-6) / 1e12;
+      }
+      rows.push_back(row);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return rows;
+}
+
 absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   nlohmann::json out;
   BENCH_ASSIGN_OR_RETURN(name, CudaDeviceName());
@@ -680,17 +762,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   const char* out_path = nullptr;
-  bool attention_only = false, sampling_only = false;
+  bool attention_only = false, sampling_only = false, gemm_context_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--attention-only") {
       attention_only = true;
     } else if (std::string(argv[i]) == "--sampling-only") {
       sampling_only = true;
+    } else if (std::string(argv[i]) == "--gemm-context-only") {
+      gemm_context_only = true;
     } else {
       out_path = argv[i];
     }
   }
-  auto result = sluice::kernels::Run(attention_only, sampling_only);
+  absl::StatusOr<nlohmann::json> result;
+  if (gemm_context_only) {
+    std::mt19937 rng(1234);
+    cudaStream_t stream = nullptr;
+    result = sluice::kernels::BenchGemmContext(rng, stream);
+  } else {
+    result = sluice::kernels::Run(attention_only, sampling_only);
+  }
   if (!result.ok()) {
     std::fprintf(stderr, "cuda_kernel_bench: %s\n", result.status().ToString().c_str());
     return 1;
