@@ -42,7 +42,8 @@
 //   or 1.1 GB read as 32 KiB rows 512 KiB apart over 17.6 GB (a decode attention's sweep over
 //   paged KV blocks: other lines in L2 and other pages in the TLBs); the conditions run
 //   interleaved, so clock drift hits them alike. For why GEMMs run slower inside the decode
-//   graph than the autotuner times them.
+//   graph than the autotuner times them. (back_to_back starts its events on an idle GPU, so it
+//   also times the host's launch of the GEMM; the other three queue the GEMM behind the read.)
 // Prints the JSON and writes it to OUT.json when given. Exit code 1 on any CUDA error.
 #include <algorithm>
 #include <cstdio>
