@@ -70,8 +70,9 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 // PagedAttentionRopeDecodeCuda, one launch, where PagedAttentionDecodeFusionApplies (else the
 // caller keeps the two launches) — the CUDA Llama runner for steps of ≤ 16 tokens; 2: as 1 at
 // any batch size; 3 (the default): as 1 for steps of more than 16 tokens whose attention
-// launch PagedAttentionDecodeFusionPays (warp rings, no split). H200, Llama-3-8B at 1k context, graph ITL
-// (bench/results/cuda_ab_stop17_h200.json): batch 64 6.959 / 6.960 ms fused vs 7.010 / 7.039;
+// launch PagedAttentionDecodeFusionPays (warp rings, no split). H200, Llama-3-8B at 1k context,
+// graph ITL (bench/results/cuda_ab_stop17_h200.json): batch 64 6.959 / 6.960 ms fused vs 7.010
+// / 7.039;
 // batch 256 (persistent decode warps, bandwidth-bound: the fused rotation lengthens them)
 // 15.164 / 15.190 vs 15.134 / 15.118; batch 1 4.208 / 4.210 vs 4.180 / 4.182 (the unfused
 // attention copies keys while the RoPE kernel runs: PrefetchBeforeWait). InvalidArgument for
@@ -193,16 +194,16 @@ int PagedAttentionSliceMath();
 // ms vs 15.11-15.22 (bench/results/cuda_ab_stop15_h200.json). Read when a launch is planned
 // (captured graphs keep theirs). PagedAttentionDecodeSwappedLaunches counts the launches that
 // took it (tests).
+void SetPagedAttentionDecodeSwapped(bool on);
+bool PagedAttentionDecodeSwapped();
+int64_t PagedAttentionDecodeSwappedLaunches();
+
 // SetPagedAttentionPrefetchBeforeWait(on): whether decode launches issue their first K/V copies
 // (of keys below the context lengths) before their programmatic dependency wait
 // (PagedAttentionCuda's PDL note; paged_attention.cu "PrefetchBeforeWait"). On by default; off
 // is for A/B runs. Read when a launch is enqueued (captured graphs keep theirs).
 void SetPagedAttentionPrefetchBeforeWait(bool on);
 bool PagedAttentionPrefetchBeforeWait();
-
-void SetPagedAttentionDecodeSwapped(bool on);
-bool PagedAttentionDecodeSwapped();
-int64_t PagedAttentionDecodeSwappedLaunches();
 
 // SetPagedAttentionPrefillKernel: the kernel of prefill-shaped launches (some sequence's query
 // rows, query tokens × group, exceed one 16-row tile). 0: 64-row CTA tiles of 4 warps × 16
