@@ -75,8 +75,9 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 // / 7.039;
 // batch 256 (persistent decode warps, bandwidth-bound: the fused rotation lengthens them)
 // 15.164 / 15.190 vs 15.134 / 15.118; batch 1 4.208 / 4.210 vs 4.180 / 4.182 (the unfused
-// attention copies keys while the RoPE kernel runs: PrefetchBeforeWait). InvalidArgument for
-// other values.
+// attention copies keys while the RoPE kernel runs: PrefetchBeforeWait); batch 64's gain was
+// ~0 in another call (same file), so mode 3 is a small, machine-dependent win. InvalidArgument
+// for other values.
 inline constexpr int kDecodeFusionOff = 0, kDecodeFusionSmall = 1, kDecodeFusionAlways = 2,
                      kDecodeFusionAuto = 3;
 absl::Status SetPagedAttentionDecodeFusion(int mode);
