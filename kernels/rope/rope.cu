@@ -135,26 +135,33 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// RopeQkWriteKvKernel for many tokens (prefill), bandwidth-shaped: every access is 16 bytes
-// and a token's work is spread over several blocks (grid.x) × tokens (grid.y, striding past
-// 65535). A token row has three kinds of 16-byte items, numbered in this order:
-//   rotation: (group of kVecHeads heads, chunk c of 8 rotation pairs) — the thread computes
-//             the 8 (cos, sin) once and rotates chunk c of x1 = v[8c..] and x2 = v[half + 8c..]
-//             in each head of its group, storing k heads to the cache as well;
+// RopeQkWriteKvKernel for many tokens (prefill and batched decode steps), bandwidth-shaped:
+// every access is 16 bytes and a token's work is spread over several blocks (grid.x) × tokens
+// (grid.y, striding past 65535). A token row has three kinds of 16-byte items, numbered in
+// this order:
+//   rotation: (group of kVecHeads heads, chunk c of 8 rotation pairs) — the thread rotates
+//             chunk c of x1 = v[8c..] and x2 = v[half + 8c..] in each head of its group,
+//             storing k heads to the cache as well;
 //   k tail:   (kv head, chunk) of the unrotated channels past 2·half, copied to the cache;
 //   v:        chunk of the v row, copied to the cache.
+// The token's `half` (cos, sin) pairs are computed once per block into shared memory (blocks
+// holding rotation items only; dynamic shared memory of half float2) rather than by every
+// rotation item: an fp32 sincosf is ~40 instructions, and with kVecHeads 4 a Llama-3-8B token
+// (40 heads) would compute each pair 10 times.
 // Needs half, head_dim and token_stride multiples of 8 and 16-byte aligned qkv and caches.
 // The same fp32 formula as RopeQkWriteKvKernel; each cached k chunk is the bits of the rotated
 // chunk written back to qkv.
 constexpr int kVecHeads = 4;
+constexpr int kVecThreads = 128;
 
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(kVecThreads)
     RopeQkWriteKvVecKernel(bf16* qkv, int64_t num_tokens, int64_t token_stride, int num_heads,
                            int num_kv_heads, int head_dim, const int32_t* __restrict__ positions,
                            const float* __restrict__ inv_freq, int half, float scaling,
                            const int64_t* __restrict__ slot_mapping, bf16* k_cache,
                            bf16* v_cache) {
-  PdlEnter();  // before the early return below
+  extern __shared__ float2 rope_cs[];  // [half]: (cos, sin) · scaling of the current token
+  PdlEnter();
   const int heads = num_heads + num_kv_heads;
   const int pair_chunks = half / 8;
   const int rot_items = (heads + kVecHeads - 1) / kVecHeads * pair_chunks;
@@ -162,21 +169,32 @@ __global__ void __launch_bounds__(128)
   const int tail_items = num_kv_heads * tail_chunks;
   const int v_items = num_kv_heads * head_dim / 8;
   const int item = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (item >= rot_items + tail_items + v_items) return;
+  // Block-uniform: whether any thread of this block rotates (and so needs the table).
+  const bool block_rotates = static_cast<int>(blockIdx.x * blockDim.x) < rot_items;
+  if (!block_rotates && item >= rot_items + tail_items + v_items) return;
   const int64_t kv_dim = int64_t{num_kv_heads} * head_dim;
   for (int64_t t = blockIdx.y; t < num_tokens; t += gridDim.y) {
     bf16* token = qkv + t * token_stride;
     const int64_t slot = slot_mapping[t];
+    if (block_rotates) {
+      __syncthreads();  // the previous token's table is no longer read
+      const float pos = static_cast<float>(positions[t]);
+      for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float sn, cs;
+        sincosf(pos * inv_freq[i], &sn, &cs);
+        rope_cs[i] = make_float2(cs * scaling, sn * scaling);
+      }
+      __syncthreads();
+    }
     if (item < rot_items) {
       const int c = item % pair_chunks;
       const int h0 = item / pair_chunks * kVecHeads;
-      const float pos = static_cast<float>(positions[t]);
       float cs[8], sn[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        sincosf(pos * inv_freq[8 * c + j], &sn[j], &cs[j]);
-        cs[j] *= scaling;
-        sn[j] *= scaling;
+        const float2 r = rope_cs[8 * c + j];
+        cs[j] = r.x;
+        sn[j] = r.y;
       }
 #pragma unroll
       for (int k = 0; k < kVecHeads; ++k) {
@@ -206,7 +224,7 @@ __global__ void __launch_bounds__(128)
       const int64_t at = int64_t{e / tail_chunks} * head_dim + 2 * half + 8 * (e % tail_chunks);
       cuda_detail::StoreVec(k_cache + slot * kv_dim + at,
                             cuda_detail::LoadVec(token + int64_t{num_heads} * head_dim + at));
-    } else if (slot >= 0 && item >= rot_items + tail_items) {
+    } else if (slot >= 0 && item < rot_items + tail_items + v_items) {
       const int64_t at = int64_t{item - rot_items - tail_items} * 8;
       cuda_detail::StoreVec(v_cache + slot * kv_dim + at,
                             cuda_detail::LoadVec(token + int64_t{heads} * head_dim + at));
@@ -247,10 +265,11 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
       cuda_detail::Aligned16(v_cache)) {
     const int64_t items = (heads + kVecHeads - 1) / kVecHeads * (half / 8) +
                           num_kv_heads * ((head_dim - 2 * half) / 8) + num_kv_heads * head_dim / 8;
-    const dim3 grid(static_cast<unsigned>((items + 127) / 128),
+    const dim3 grid(static_cast<unsigned>((items + kVecThreads - 1) / kVecThreads),
                     static_cast<unsigned>(std::min<int64_t>(num_tokens, 65535)));
     (void)cuda_detail::LaunchKernelMaybePdl(
-        &RopeQkWriteKvVecKernel, grid, dim3(128), 0, stream, DecodePdl(), qkv, num_tokens,
+        &RopeQkWriteKvVecKernel, grid, dim3(kVecThreads), half * sizeof(float2), stream,
+        DecodePdl(), qkv, num_tokens,
         token_stride, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
         static_cast<int>(head_dim), positions, table.inv_freq.data(), static_cast<int>(half),
         table.attention_scaling, slot_mapping, k_cache, v_cache);

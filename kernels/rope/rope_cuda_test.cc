@@ -108,12 +108,14 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
   // Head groups per token (one block each): Llama 10 (and a one-token decode step), partial
   // 1 and 2 (the unrotated k tail and v copies then spread over both blocks). From 16 tokens on
   // the 16-byte kernel: Llama, the partial span (k tail chunks), and a row stride that is not a
-  // whole number of 16-byte chunks (the per-pair kernel again).
+  // whole number of 16-byte chunks (the per-pair kernel again); 65600 tokens make the
+  // 16-byte kernel's blocks (65535 a grid column) take a second token, refilling their
+  // shared (cos, sin) table.
   for (const Shape& sh :
        {Shape{llama, 7, 32, 8, 128, 0}, Shape{llama, 1, 32, 8, 128, 0},
         Shape{partial, 5, 6, 2, 48, 8}, Shape{partial, 3, 24, 8, 48, 8},
         Shape{llama, 40, 32, 8, 128, 0}, Shape{partial, 21, 6, 2, 48, 8},
-        Shape{partial, 17, 24, 8, 48, 2}}) {
+        Shape{partial, 17, 24, 8, 48, 2}, Shape{partial, 65600, 6, 2, 48, 8}}) {
     auto table = MakeRopeTable(sh.params);
     ASSERT_TRUE(table.ok()) << table.status();
     auto d_table = UploadRopeTable(*table);
@@ -162,11 +164,14 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
       }
     }
     // Cached k must be the bits of the rotated q/k row (compared above); exact equality here.
+    std::vector<int64_t> token_of_slot(static_cast<size_t>(num_slots), -1);
+    for (int64_t t = 0; t < sh.tokens; ++t) {
+      if (slots[t] >= 0) token_of_slot[slots[t]] = t;
+    }
     for (size_t i = 0; i < want_k.size(); ++i) {
       if (std::isnan(want_k[i])) continue;
       const int64_t slot = static_cast<int64_t>(i) / kv_dim, e = static_cast<int64_t>(i) % kv_dim;
-      int64_t t = 0;
-      while (slots[t] != slot) ++t;
+      const int64_t t = token_of_slot[slot];
       ASSERT_EQ(got_k[i], rotated[t * stride + q_dim + e]) << name << " k slot " << slot;
       ASSERT_EQ(got_v[i], want_v[i]) << name << " v slot " << slot;
     }
