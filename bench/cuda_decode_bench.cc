@@ -107,8 +107,8 @@
 // --attn-decode-swapped 0|1: the swapped GQA decode math for variant 10's launches with ≤ 8
 // rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
-// (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling; default 3;
-// same bits either way), for A/B runs.
+// (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling, 4 the lean
+// swapped decode slice; default 7; same bits either way), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
 // a file or a directory of <GPU name>.json; default "auto", the repo's configs/gemm_tuning;
 // "" none, so every decode shape is timed as before). --gemm-tuning-save PATH: write the

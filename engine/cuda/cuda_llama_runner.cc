@@ -363,9 +363,9 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     layer_params.sliding_window = L.sliding_window;
     // Decode-only steps: RoPE and the K/V cache write inside the attention launch where it pays
     // (kernels::SetPagedAttentionDecodeFusion; the default, 3, fuses steps of more than 16
-    // tokens whose attention runs CTA warp rings without a split: on the H200 batch 64 gained
-    // 0.05-0.07 ms a step in one call and ~0 in another, batch 256's persistent decode warps
-    // lost 0.05 and batch 1 0.03).
+    // tokens whose attention runs unsplit: on the H200 batch 64 (CTA warp rings) gained
+    // 0.05-0.07 ms a step in one call and ~0 in another, batch 256 (persistent decode warps
+    // with deferred new-key writes) 0.09-0.10 ms; batch 1's split launch lost 0.03).
     const int fusion = kernels::PagedAttentionDecodeFusion();
     const bool fuse =
         fusion == kernels::kDecodeFusionAlways ||

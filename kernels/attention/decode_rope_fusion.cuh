@@ -11,8 +11,12 @@
 //    before it issues any cache copy: its own cp.async reads (generic proxy, ordered after the
 //    barrier) then see the new row, and no other CTA reads that position.
 // The persistent decode warps (SetPagedAttentionDecodeKernel 8/9) do the same per warp: a warp
-// owns whole units, writes the new keys of all of them before its first copy and syncs with
-// __syncwarp (DecodeRopeTable / DecodeRopeWriteKv take the threads doing the work).
+// owns whole units and syncs with __syncwarp (DecodeRopeTable / DecodeRopeWriteKv take the
+// threads doing the work). With early copies (SetPagedAttentionPrefetchBeforeWait, the
+// default) at head dims ≤ 128 a warp writes each unit's new key just before it copies the slice
+// that holds it, having loaded the row into registers a slice earlier (PendingKvWrite), and
+// streams the slices below it from the start; otherwise it writes all its units' new keys
+// before its first copy.
 // The rotation is RopeQkWriteKvCuda's (rope_cuda.h): rotate-half over the first 2·half
 // channels, angle = float(pos) · inv_freq[i] in fp32, c = cos · scaling, s = sin · scaling,
 // x1·c − x2·s and x2·c + x1·s in fp32, rounded once to bf16; channels past 2·half unchanged.
@@ -80,16 +84,22 @@ static __device__ __forceinline__ uint32_t DecodeRopePair(const __nv_bfloat16* x
   return *reinterpret_cast<uint32_t*>(&out);
 }
 
-// Threads tid = 0..n−1 (a CTA or a warp) fill cs (half entries of shared memory) with the
-// (cos, sin) table of token `token`'s position; the caller syncs them before cs is read.
-static __device__ __forceinline__ void DecodeRopeTable(const DecodeRopeFusion& f, int token,
-                                                       float2* cs, int tid, int n) {
-  const float pos = static_cast<float>(f.positions[token]);
+// DecodeRopeTable for a position already loaded (a persistent decode warp loads its next
+// unit's while it attends the current one).
+static __device__ __forceinline__ void DecodeRopeTableAt(const DecodeRopeFusion& f, float pos,
+                                                         float2* cs, int tid, int n) {
   for (int i = tid; i < f.half; i += n) {
     float s, c;
     sincosf(pos * f.inv_freq[i], &s, &c);
     cs[i] = make_float2(c * f.scaling, s * f.scaling);
   }
+}
+
+// Threads tid = 0..n−1 (a CTA or a warp) fill cs (half entries of shared memory) with the
+// (cos, sin) table of token `token`'s position; the caller syncs them before cs is read.
+static __device__ __forceinline__ void DecodeRopeTable(const DecodeRopeFusion& f, int token,
+                                                       float2* cs, int tid, int n) {
+  DecodeRopeTableAt(f, static_cast<float>(f.positions[token]), cs, tid, n);
 }
 
 // Threads tid = 0..n−1 write token `token`'s rotated k and its v of head kv_head to its cache
@@ -109,6 +119,66 @@ static __device__ __forceinline__ void DecodeRopeWriteKv(const DecodeRopeFusion&
   for (int e = tid; e < head_dim; e += n) {
     f.k_cache[row + e] = DecodeRopeElement(k, e, cs, f.half);
     f.v_cache[row + e] = v[e];
+  }
+}
+
+// One lane's share of a token's new K/V row for head kv_head, loaded ahead of its store
+// (DecodeKvWriteLoad → DecodeKvWriteStore): the persistent decode warps load it while the slice
+// before the one holding the new key is copied, so the store finds its inputs in registers
+// rather than waiting on the qkv / metadata loads. Lane l holds elements e = l + 32·j
+// (j < kPerLane, e < head_dim): k[e], its rotation partner k[e ± half] and v[e].
+template <int kPerLane>
+struct PendingKvWrite {
+  int64_t slot;
+  float pos;
+  __nv_bfloat16 k[kPerLane], partner[kPerLane], v[kPerLane];
+  float inv_freq[kPerLane];
+};
+
+template <int kPerLane>
+static __device__ __forceinline__ void DecodeKvWriteLoad(const DecodeRopeFusion& f,
+                                                         const __nv_bfloat16* q_row, int token,
+                                                         int kv_head, int head_dim, int lane,
+                                                         PendingKvWrite<kPerLane>& w) {
+  w.slot = f.slot_mapping[token];
+  w.pos = static_cast<float>(f.positions[token]);
+  const __nv_bfloat16* k = q_row + f.k_offset + static_cast<int64_t>(kv_head) * head_dim;
+  const __nv_bfloat16* v = q_row + f.v_offset + static_cast<int64_t>(kv_head) * head_dim;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= head_dim) continue;
+    w.k[j] = k[e];
+    w.v[j] = v[e];
+    if (e < 2 * f.half) {
+      w.partner[j] = k[e < f.half ? e + f.half : e - f.half];
+      w.inv_freq[j] = f.inv_freq[e < f.half ? e : e - f.half];
+    }
+  }
+}
+
+// Rotates the loaded k elements (DecodeRopeElement's formula, the angle and scaling of
+// DecodeRopeTable) and stores them and v to the token's cache slot (none when it is < 0).
+template <int kPerLane>
+static __device__ __forceinline__ void DecodeKvWriteStore(const DecodeRopeFusion& f, int kv_head,
+                                                          int num_kv_heads, int head_dim, int lane,
+                                                          const PendingKvWrite<kPerLane>& w) {
+  if (w.slot < 0) return;
+  const int64_t row = w.slot * num_kv_heads * head_dim + static_cast<int64_t>(kv_head) * head_dim;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= head_dim) continue;
+    __nv_bfloat16 out = w.k[j];
+    if (e < 2 * f.half) {
+      float sn, cs;
+      sincosf(w.pos * w.inv_freq[j], &sn, &cs);
+      const float c = cs * f.scaling, s = sn * f.scaling;
+      const float self = __bfloat162float(w.k[j]), partner = __bfloat162float(w.partner[j]);
+      out = __float2bfloat16_rn(e < f.half ? self * c - partner * s : self * c + partner * s);
+    }
+    f.k_cache[row + e] = out;
+    f.v_cache[row + e] = w.v[j];
   }
 }
 

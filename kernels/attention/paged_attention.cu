@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -228,6 +229,59 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
   CopyRows<kDV, kBN, kEvictFirst>(k_dst + kBN * Pitch<kD>(), lane_slot, v_base,
                                   static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim,
                                   args.v_head_dim, lane, policy);
+  CpAsyncCommit();
+}
+
+// CopySlice for caches of equal head dims and token strides (kSliceLean): each lane fetches
+// the slot of its key once (one shuffle) and uses one offset for the K and the V chunk, where
+// CopySlice shuffles and multiplies once per cache. contiguous (warp-uniform): every key of
+// the slice is live and the slice lies in one cache block (block size a multiple of kBN; a
+// slice starts at a multiple of kBN), so key k's slot is key 0's plus k and a lane's chunks
+// are one pointer stepped by a constant. Same bytes in the same places either way.
+template <int kD, int kBN, bool kEvictFirst = false>
+__device__ __forceinline__ void CopySliceShared(const AttnArgs& args, bf16* k_dst,
+                                                int64_t lane_slot, const bf16* k_base,
+                                                const bf16* v_base, int lane, uint64_t policy,
+                                                bool contiguous) {
+  constexpr int kChunks = kD / 8;
+  static_assert((kBN * kChunks) % 32 == 0);
+  const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
+  bf16* const v_dst = k_dst + kBN * Pitch<kD>();
+  if constexpr (kChunks <= 32 && 32 % kChunks == 0) {
+    if (contiguous) {
+      // Chunk i of this lane: key lane / kChunks + i · kKeysPerRound, column (lane % kChunks)·8.
+      constexpr int kKeysPerRound = 32 / kChunks;
+      const int key = lane / kChunks;
+      const int col = (lane % kChunks) * 8;
+      const int bytes = col < args.head_dim ? 16 : 0;
+      const int64_t slot0 = __shfl_sync(0xffffffffu, lane_slot, 0);
+      const int64_t off = bytes > 0 ? (slot0 + key) * token_stride + col : 0;
+      const int64_t step = bytes > 0 ? kKeysPerRound * token_stride : 0;
+      const bf16* k_src = k_base + off;
+      const bf16* v_src = v_base + off;
+#pragma unroll
+      for (int i = 0; i < kBN / kKeysPerRound; ++i) {
+        const int at = (key + i * kKeysPerRound) * Pitch<kD>() + col;
+        CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy);
+        CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy);
+        k_src += step;
+        v_src += step;
+      }
+      CpAsyncCommit();
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kBN * kChunks / 32; ++i) {
+    const int c = lane + 32 * i;
+    const int key = c / kChunks;
+    const int col = (c % kChunks) * 8;
+    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
+    const bool live = slot >= 0 && col < args.head_dim;
+    const int64_t off = live ? slot * token_stride + col : 0;
+    CopyChunk<kEvictFirst>(k_dst + key * Pitch<kD>() + col, k_base + off, live ? 16 : 0, policy);
+    CopyChunk<kEvictFirst>(v_dst + key * Pitch<kD>() + col, v_base + off, live ? 16 : 0, policy);
+  }
   CpAsyncCommit();
 }
 
@@ -776,17 +830,36 @@ __device__ __forceinline__ void LoadQSwapped(const AttnArgs& a, const DecodeUnit
   }
 }
 
+// The keys [lo, hi) that every live row of swapped unit c sees (ScoresSwapped's mask is
+// all-true there): within the partition, at or before the first row's position (rows of one
+// unit are its tokens' group heads, positions ctx, ctx + 1, …), and inside the window of the
+// last row. A slice key0.. is whole-visible when lo ≤ key0 and key0 + 16 ≤ hi.
+struct SwappedFullKeys {
+  int lo, hi;
+};
+__device__ __forceinline__ SwappedFullKeys SwappedFull(const AttnArgs& a, const DecodeUnit& c) {
+  int lo = c.kv_begin;
+  if (a.sliding_window > 0) {
+    const int pos_last = c.ctx + (c.rows > 0 ? (c.rows - 1) / a.group : 0);
+    lo = max(lo, pos_last - a.sliding_window + 1);
+  }
+  return SwappedFullKeys{lo, min(c.kv_end, c.ctx + 1)};
+}
+
 // Sᵀ of one 16-key slice (K rows 0..15 of k_smem, keys key0..) of unit c in the swapped form
 // and its online-softmax step: rescales acc / col_sum where a column's max grew and returns
 // Pᵀ as the B fragments pb of Oᵀ += Vᵀ·Pᵀ (PvSwapped). acc[m]: Oᵀ tile m, (dim m·16 + g,
 // columns 2t, 2t+1), (dim m·16 + g + 8, …); col_max / col_sum: columns 2t and 2t+1 (col_sum
 // partial over this lane's keys).
+// full (warp-uniform): every key of the slice is visible to every row (SwappedFullKeys), so
+// the per-score mask is skipped.
 template <int kD, int kDV>
 __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_smem, int key0,
                                               const DecodeUnit& c,
                                               const uint32_t (&qb)[kD / 16][2],
                                               float (&acc)[kDV / 16][4], float (&col_max)[2],
-                                              float (&col_sum)[2], int lane, uint32_t (&pb)[2]) {
+                                              float (&col_sum)[2], int lane, uint32_t (&pb)[2],
+                                              bool full = false) {
   constexpr int kKSteps = kD / 16;
   constexpr int kOTiles = kDV / 16;
   const int g = lane / 4;
@@ -802,15 +875,23 @@ __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_s
     Mma16816(s, af, qb[ks][0], qb[ks][1]);
   }
   float tile_max[2] = {-INFINITY, -INFINITY};
+  if (full) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int key = key0 + g + (e >> 1) * 8;
-    const int col = 2 * t + (e & 1);
-    const int pos = c.ctx + col / a.group;
-    const bool visible = key >= c.kv_begin && key < c.kv_end && key <= pos &&
-                         (a.sliding_window <= 0 || key > pos - a.sliding_window);
-    s[e] = visible ? s[e] * a.scale_log2 : -INFINITY;
-    tile_max[e & 1] = fmaxf(tile_max[e & 1], s[e]);
+    for (int e = 0; e < 4; ++e) {
+      s[e] *= a.scale_log2;
+      tile_max[e & 1] = fmaxf(tile_max[e & 1], s[e]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + g + (e >> 1) * 8;
+      const int col = 2 * t + (e & 1);
+      const int pos = c.ctx + col / a.group;
+      const bool visible = key >= c.kv_begin && key < c.kv_end && key <= pos &&
+                           (a.sliding_window <= 0 || key > pos - a.sliding_window);
+      s[e] = visible ? s[e] * a.scale_log2 : -INFINITY;
+      tile_max[e & 1] = fmaxf(tile_max[e & 1], s[e]);
+    }
   }
   float alpha[2], base[2];
   bool grew = false;
@@ -985,6 +1066,12 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   float2* const rope_cs =
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
   const bool fused = args.fusion.inv_freq != nullptr;
+  // Fused launches with early copies write each unit's new key right before copying the slice
+  // that holds it (DeferredKvWrite), so the slices below it stream from the start as in plain
+  // launches; without early copies every new key of the warp is written before any copy.
+  // (Head dims ≤ 128: the loaded row costs d/32 × 3 bf16 and d/32 floats a lane, which at
+  // d 256 would spill.)
+  const bool deferred_write = kD <= 128 && fused && args.early_copies;
   const uint64_t policy = kEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
   const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
   const int stride = static_cast<int>(gridDim.x) * kWarps;
@@ -995,14 +1082,59 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   // exhausted), so "slice i landed" is "at most kStages − 1 newer groups pending", as in the
   // rings of PagedAttentionKernel.
   const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
+  // Fused launches load each unit's RoPE position while the warp attends the unit before
+  // (step metadata: the first one before the dependency wait), so a unit's table costs no load.
+  const auto position_of = [&](const UnitMeta& m) {
+    return fused && m.q_end > m.q_begin ? static_cast<float>(args.fusion.positions[m.q_begin])
+                                        : 0.0f;
+  };
+  float c_pos = position_of(meta0);
   SliceStream<kBN> pr(args, first, stride, num_units, meta0, lane);
   int fill = 0;
+  const bool lean = (args.slice_math & kSliceLean) != 0;
+  constexpr int kPendingPerLane = kD <= 128 ? kD / 32 : 1;
+  attention_detail::PendingKvWrite<kPendingPerLane> pending;  // DeferredKvWrite's new key
+  int pending_unit = -1;  // the unit it was loaded for
+  bool waited = false;  // past the dependency wait (qkv may be read)
+  const bool shared_copy = kD == kDV && lean && args.head_dim == args.v_head_dim;
+  const bool block_multiple = args.block_size % kBN == 0;
   auto issue = [&]() {
     if (pr.live()) {
+      // DeferredKvWrite (only after the dependency wait: the early copies take slices wholly
+      // below ctx). The unit's new key (position ctx, token q_begin) is loaded into registers
+      // when the slice before the one holding it is copied, and rotated and stored with its
+      // value right before that slice's copy (loaded then if the unit has no earlier slice).
+      if (deferred_write && waited && pr.p.rows > 0 && pr.p.kv_begin <= pr.p.ctx &&
+          pr.p.ctx < pr.p.kv_end && pr.tile <= pr.p.ctx && pr.p.ctx < pr.tile + 2 * kBN) {
+        const auto load = [&]() {
+          attention_detail::DecodeKvWriteLoad<kPendingPerLane>(
+              args.fusion, args.q + static_cast<int64_t>(pr.p.q_begin) * args.q_token_stride,
+              pr.p.q_begin, pr.p.kv_head, args.head_dim, lane, pending);
+          pending_unit = pr.u;
+        };
+        if (pr.p.ctx >= pr.tile + kBN) {
+          load();
+        } else {
+          if (pending_unit != pr.u) load();
+          attention_detail::DecodeKvWriteStore<kPendingPerLane>(
+              args.fusion, pr.p.kv_head, args.num_kv_heads, args.head_dim, lane, pending);
+          __syncwarp();  // orders the writes before the copies
+        }
+      }
       const int64_t kv_off = static_cast<int64_t>(pr.p.kv_head);
-      CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
-                                           args.k_cache + kv_off * args.head_dim,
-                                           args.v_cache + kv_off * args.v_head_dim, lane, policy);
+      if (shared_copy) {
+        const bool contiguous = block_multiple && pr.tile >= pr.p.kv_begin &&
+                                pr.tile + kBN <= pr.p.kv_end;
+        CopySliceShared<kD, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
+                                              args.k_cache + kv_off * args.head_dim,
+                                              args.v_cache + kv_off * args.head_dim, lane, policy,
+                                              contiguous);
+      } else {
+        CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
+                                             args.k_cache + kv_off * args.head_dim,
+                                             args.v_cache + kv_off * args.v_head_dim, lane,
+                                             policy);
+      }
       pr.Next(args, lane);
     } else {
       CpAsyncCommit();  // an empty group keeps the wait_group count
@@ -1010,9 +1142,9 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     fill = fill + 1 == kStages ? 0 : fill + 1;
   };
   // Slices wholly below their unit's context length, copied before the dependency wait
-  // (PrefetchBeforeWait); not in a fusion launch, whose new keys are written first (below).
+  // (PrefetchBeforeWait); in a fusion launch only with the deferred writes.
   int pre = 0;
-  if (!fused && args.early_copies) {
+  if (args.early_copies && (!fused || deferred_write)) {
     while (pre < kStages - 1 && (!pr.live() || pr.tile + kBN <= pr.p.ctx)) {
       issue();
       ++pre;
@@ -1020,8 +1152,9 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   }
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
+  waited = true;
 
-  if (fused) {
+  if (fused && !deferred_write) {
     // The new keys of this warp's units reach the cache before any of its copies.
     for (int u = first; u < num_units; u += stride) {
       const DecodeUnit d = MakeUnit<kBN>(args, u, LoadUnitMeta(args, u, num_units));
@@ -1043,11 +1176,13 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   UnitMeta c_meta = meta0;
   for (int u = first; u < num_units; u += stride) {
     const DecodeUnit c = MakeUnit<kBN>(args, u, c_meta);
+    const float pos = c_pos;
     c_meta = LoadUnitMeta(args, u + stride, num_units);
+    c_pos = position_of(c_meta);
     if constexpr (kSwapped) {
       static_assert(kBN == 16, "one m16 tile of keys a slice");
       if (fused && c.rows > 0) {
-        attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
+        attention_detail::DecodeRopeTableAt(args.fusion, pos, rope_cs, lane, 32);
         __syncwarp();
       }
       uint32_t qb[kKSteps][2];
@@ -1058,13 +1193,16 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       for (int m = 0; m < kDV / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
       float col_max[2] = {-INFINITY, -INFINITY};
       float col_sum[2] = {0.0f, 0.0f};
+      const SwappedFullKeys fk =
+          lean ? SwappedFull(args, c) : SwappedFullKeys{INT_MAX, INT_MIN};
       for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
         issue();
         CpAsyncWait<kStages - 1>();
         __syncwarp();
         const bf16* k_smem = ring + buf * Cfg::kSliceElems;
         uint32_t pb[2];
-        ScoresSwapped<kD, kDV>(args, k_smem, tile, c, qb, acc, col_max, col_sum, lane, pb);
+        ScoresSwapped<kD, kDV>(args, k_smem, tile, c, qb, acc, col_max, col_sum, lane, pb,
+                               tile >= fk.lo && tile + kBN <= fk.hi);
         PvSwapped<kDV>(k_smem + kBN * Pitch<kD>(), pb, acc, lane);
         __syncwarp();  // the next issue() may refill this buffer
         buf = buf + 1 == kStages ? 0 : buf + 1;
@@ -1074,7 +1212,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
     }
     const RowInfo rw = MakeRows(0, c.rows, args.group, c.q_begin, c.ctx, c.kv_head, g);
     if (fused && c.rows > 0) {
-      attention_detail::DecodeRopeTable(args.fusion, c.q_begin, rope_cs, lane, 32);
+      attention_detail::DecodeRopeTableAt(args.fusion, pos, rope_cs, lane, 32);
       __syncwarp();
     }
     uint32_t q_frag[kKSteps][4];
@@ -1539,7 +1677,7 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // SMs active 90% of the elapsed cycles on average (busiest +8%): what is left is the imbalance
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
-std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale};
+std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
 std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
 std::atomic<int64_t> g_decode_swapped_launches{0};
 std::atomic<bool> g_prefetch_before_wait{true};  // SetPagedAttentionPrefetchBeforeWait
@@ -2162,9 +2300,9 @@ bool PagedAttentionPrefetchBeforeWait() {
 }
 
 absl::Status SetPagedAttentionSliceMath(int bits) {
-  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetPagedAttentionSliceMath: bits ", bits, " are not a mask of 1 and 2"));
+  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean)) {
+    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionSliceMath: bits ", bits,
+                                                   " are not a mask of 1, 2 and 4"));
   }
   g_slice_math.store(bits, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -2319,8 +2457,11 @@ bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
   const LaunchPlan plan = Plan(batch, params);
   // Split launches (batch 1 measured) lose: every split's CTA rotates q and the unfused
-  // attention would copy keys while the RoPE kernel runs.
-  return plan.decode && !plan.persistent && plan.num_splits == 1;
+  // attention would copy keys while the RoPE kernel runs. The persistent decode warps pay
+  // only with the deferred new-key writes (early copies on, head dims ≤ 128).
+  const bool deferred = g_prefetch_before_wait.load(std::memory_order_relaxed) &&
+                        params.head_dim <= 128 && params.v_head_dim <= 128;
+  return plan.decode && plan.num_splits == 1 && (!plan.persistent || deferred);
 }
 
 bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,

@@ -70,23 +70,24 @@ absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf1
 // PagedAttentionRopeDecodeCuda, one launch, where PagedAttentionDecodeFusionApplies (else the
 // caller keeps the two launches) — the CUDA Llama runner for steps of ≤ 16 tokens; 2: as 1 at
 // any batch size; 3 (the default): as 1 for steps of more than 16 tokens whose attention
-// launch PagedAttentionDecodeFusionPays (warp rings, no split). H200, Llama-3-8B at 1k context,
-// graph ITL (bench/results/cuda_ab_stop17_h200.json): batch 64 6.959 / 6.960 ms fused vs 7.010
-// / 7.039;
-// batch 256 (persistent decode warps, bandwidth-bound: the fused rotation lengthens them)
-// 15.164 / 15.190 vs 15.134 / 15.118; batch 1 4.208 / 4.210 vs 4.180 / 4.182 (the unfused
-// attention copies keys while the RoPE kernel runs: PrefetchBeforeWait); batch 64's gain was
-// ~0 in another call (same file), so mode 3 is a small, machine-dependent win. InvalidArgument
-// for other values.
+// launch PagedAttentionDecodeFusionPays (no split). H200, Llama-3-8B at 1k context, graph ITL:
+// batch 64 (CTA warp rings) 6.959 / 6.960 ms fused vs 7.010 / 7.039 in one call of stop 17
+// (bench/results/cuda_ab_stop17_h200.json), ~0 in another, 6.856-6.862 vs 6.824-6.827 in
+// stop 18 call 5 (bench/results/cuda_ab_stop18_h200.json): a small, machine-dependent effect;
+// batch 256 (persistent decode warps, whose fused launches write each new key just before
+// copying its slice, loaded a slice ahead) 15.057-15.070 vs 15.149-15.168 (call 4) and
+// 15.228-15.237 vs 15.316-15.318 (call 5); batch 1 (split) 4.208 / 4.210 vs 4.180 / 4.182 in
+// stop 17 (the unfused attention copies keys while the RoPE kernel runs: PrefetchBeforeWait).
+// InvalidArgument for other values.
 inline constexpr int kDecodeFusionOff = 0, kDecodeFusionSmall = 1, kDecodeFusionAlways = 2,
                      kDecodeFusionAuto = 3;
 absl::Status SetPagedAttentionDecodeFusion(int mode);
 int PagedAttentionDecodeFusion();
 
 // PagedAttentionDecodeFusionPays: whether decode fusion mode 3 fuses a launch of this shape: a
-// decode launch that runs CTA warp rings without a split-KV pass (not the persistent decode
-// warps, which batch 256 takes, nor the split launches of small batches); false for invalid
-// sizes.
+// decode launch without a split-KV pass (not the split launches of small batches), on CTA warp
+// rings or on the persistent decode warps (batch 256) where those defer the new-key writes
+// (SetPagedAttentionPrefetchBeforeWait on, head dims ≤ 128); false for invalid sizes.
 bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
                                     const PagedAttentionParams& params);
 
@@ -168,7 +169,11 @@ int PagedAttentionDecodeWarpVariant();
 //   kSliceLazyRescale (2): the running sum and output accumulators are rescaled only in slices
 //     where some row of the warp's tile has a new max (a warp-uniform branch; otherwise every
 //     factor is exp2(0) = 1), as FlashAttention-3's rescaling skips when the max is unchanged
-//     (Shah et al. 2024, arXiv:2407.08608, §3.3 mentions it as a known trick; here exact).
+//     (Shah et al. 2024, arXiv:2407.08608, §3.3 mentions it as a known trick; here exact);
+//   kSliceLean (4): the swapped GQA slices of the persistent decode warps skip the per-score
+//     mask where every key of the slice is visible to every row (all but a unit's edge
+//     slices), and their K and V copies share one slot shuffle and offset per chunk (equal
+//     head dims).
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
@@ -177,10 +182,15 @@ int PagedAttentionDecodeWarpVariant();
 // H200, Llama-3-8B decode at 256 × 1k, one process each (bench/results/cuda_ab_stop14_h200.json):
 // 3: 15.086 / 15.108 ms (attention 282.5 µs a layer), 0: 15.125 / 15.163 (283.7), 1: 15.153 /
 // 15.142, 2: 15.121 / 15.118; batch 1 and 64 within noise.
-// Default 3. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
+// kSliceLean, H200 (copy 4.251 TB/s), Llama-3-8B batch 256 × 1k, one process each, stop 18
+// call 1 (bench/results/cuda_ab_stop18_h200.json): 7: 15.107 / 15.113 ms (attention 280.3 /
+// 279.5 µs a layer), 3: 15.187 / 15.193 (282.7 / 282.3); batch 64 (ring kernels, which it
+// does not change) 6.855-6.860 either way. The contiguous-slice copies came after call 1.
+// Default 7. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
 // InvalidArgument for other values. PagedAttentionSliceMath returns it.
 inline constexpr int kSliceLdmatrixK = 1;
 inline constexpr int kSliceLazyRescale = 2;
+inline constexpr int kSliceLean = 4;
 inline constexpr int kSliceMathMaxDim = 128;
 absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();
@@ -201,8 +211,11 @@ int64_t PagedAttentionDecodeSwappedLaunches();
 
 // SetPagedAttentionPrefetchBeforeWait(on): whether decode launches issue their first K/V copies
 // (of keys below the context lengths) before their programmatic dependency wait
-// (PagedAttentionCuda's PDL note; paged_attention.cu "PrefetchBeforeWait"). On by default; off
-// is for A/B runs. Read when a launch is enqueued (captured graphs keep theirs).
+// (PagedAttentionCuda's PDL note; paged_attention.cu "PrefetchBeforeWait"). Fused launches
+// (PagedAttentionRopeDecodeCuda) on the persistent decode warps then also write each unit's
+// new key right before copying the slice that holds it, instead of every unit's before the
+// first copy. On by default; off is for A/B runs. Read when a launch is enqueued (captured
+// graphs keep theirs).
 void SetPagedAttentionPrefetchBeforeWait(bool on);
 bool PagedAttentionPrefetchBeforeWait();
 

@@ -383,21 +383,22 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
 
-// The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling)
-// change instructions, not values: every setting gives the default's bits, under the decode
+// The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling,
+// the lean swapped slice) change instructions, not values: every setting gives the default's bits, under the decode
 // kernel kinds that run AttendSlice (CTA tiles, warp rings, persistent warps with and without
 // splits) and prefill kernel 0, at every padded head-dim variant (32, 128; 192/128 and 256,
 // above kSliceMathMaxDim, ignore the setting).
 TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  for (const int bad : {-1, 4, 7}) {
+  for (const int bad : {-1, 8, 15}) {
     EXPECT_EQ(SetPagedAttentionSliceMath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_EQ(PagedAttentionSliceMath(), kSliceLdmatrixK | kSliceLazyRescale);
+  EXPECT_EQ(PagedAttentionSliceMath(), kSliceLdmatrixK | kSliceLazyRescale | kSliceLean);
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionDecodeKernel();
   const int default_prefill = PagedAttentionPrefillKernel();
-  const std::vector<int> others = {0, kSliceLdmatrixK, kSliceLazyRescale};
+  const std::vector<int> others = {0, kSliceLdmatrixK, kSliceLazyRescale, kSliceLean,
+                                   kSliceLdmatrixK | kSliceLazyRescale};
   const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {0, 1, 1023}, 1300));
   const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
   for (const int kernel : {1, 3, 6, 8, 9, 0}) {
@@ -451,15 +452,21 @@ TEST(PagedAttentionCudaTest, DecodeSwappedMatchesCpuReference) {
         {m + "b300 g8", Params(64, 8, 128, 128, 16), b300},
         {m + "b300 g2 window 100", Params(16, 8, 128, 128, 16, 100), b300},
         {m + "b300 g1 d96", Params(8, 8, 96, 96, 16), b300},
-        {m + "b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2}};
+        {m + "b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2},
+        {m + "b300 g4 block 32", Params(32, 8, 128, 128, 32), b300}};
     const int64_t before = PagedAttentionDecodeSwappedLaunches();
     for (Case& c : cases) {
       c.launches = 2;
       c.graph_replays = 2;
+      // kSliceLean flipped: the whole-visible-slice mask shortcut and shared K/V copy
+      // addressing (contiguous slices of 16- and 32-key blocks) give the same bits (windows,
+      // 2-token chunks, zero-padded d96 included).
+      c.also_slice_math = {PagedAttentionSliceMath() ^ kSliceLean};
       RunCase(c, rng);
     }
-    // Each case plans a launch per eager launch and one for the graph capture.
-    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 3 * 5 : 0) << m;
+    // Each case plans a launch per eager launch, one for the slice-math launch and one for
+    // the graph capture.
+    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 4 * 6 : 0) << m;
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
     const int64_t before_split = PagedAttentionDecodeSwappedLaunches();
     RunCase({m + "kernel 9 split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})}, rng);
@@ -890,7 +897,9 @@ TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
 }
 
 // Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
-// the warp-ring loops; the persistent warps write all their units' new keys first) and the split plans: batch 1 with the new key in a partition of its own
+// the warp-ring loops; the persistent warps write each unit's new key before copying its
+// slice, or all first without early copies) and the split plans: batch 1 with the new key in
+// a partition of its own
 // (1024) or last in one (1023, 3000), mixed contexts incl. 0, 1 and block boundaries, a sliding
 // window, Llama-3 (head_dim 128, llama3 table) and head_dim 64 with a partial YaRN-scaled
 // rotary span (the unrotated k tail goes to the cache too) and group 1.
@@ -923,8 +932,10 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
     RunFusedDecodeCase(tag + "d64 g1 block 7", Params(8, 8, 64, 64, 7), plain, {130, 0, 2000},
                        rng);
     if (kernel == 9) {
-      // Several units per persistent warp: every unit's new key written before the warp's
-      // first copy, each unit's q rotated with its own position.
+      // Several units per persistent warp, each unit's q rotated with its own position. With
+      // early copies (the default) each unit's new key is written right before the copy of
+      // the slice holding it (DeferredKvWrite), without them every unit's before the warp's
+      // first copy.
       std::vector<int32_t> b300 = {0, 1, 15, 16, 17, 1100};
       for (int i = 6; i < 300; ++i) b300.push_back((i * 53) % 200);
       // The swapped math serves fused launches too (q rotated on load): a swapped launch for
@@ -932,8 +943,11 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
       const int64_t before = PagedAttentionDecodeSwappedLaunches();
       RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng);
       RunFusedDecodeCase(tag + "g8 b300", Params(64, 8, 128, 128, 16), llama, b300, rng);
+      SetPagedAttentionPrefetchBeforeWait(false);
+      RunFusedDecodeCase(tag + "llama b300, writes first", llama_p, llama, b300, rng);
+      SetPagedAttentionPrefetchBeforeWait(true);
       const int chain_rounds = PdlSupported() ? 3 : 0;
-      EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, 2 * (1 + chain_rounds)) << tag;
+      EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, 3 * (1 + chain_rounds)) << tag;
     }
   }
   ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
@@ -964,9 +978,11 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 256));  // wider than the head
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(32, 1, 128, 128, 16), 128));  // g 32
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(16, 16, 192, 128, 64), 64));  // d≠dv
-  // Mode 3 fuses launches that run CTA warp rings without a split: 64 sequences × 8 KV heads
-  // (512 units) do, 16 (128 units) split their keys, 300 (2400 units, more than the resident
-  // warps) take the persistent warps, and prefill chunks are not decode launches.
+  // Mode 3 fuses unsplit decode launches: 64 sequences × 8 KV heads (512 units, CTA warp
+  // rings) and 256 (2048 units, at least the resident warps: the persistent warps, with their
+  // deferred new-key writes; not without early copies) do; 16 (128 units) and 300 (2400
+  // units, 2.3 waves of persistent warps, evened out by a split) split their keys, and
+  // prefill chunks are not decode launches.
   PagedAttentionCudaBatch pays = b;
   pays.num_sequences = 64;
   pays.num_tokens = 64;
@@ -975,6 +991,12 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   pays.num_sequences = 16;
   pays.num_tokens = 16;
   EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
+  pays.num_sequences = 256;
+  pays.num_tokens = 256;
+  EXPECT_TRUE(PagedAttentionDecodeFusionPays(pays, p));
+  SetPagedAttentionPrefetchBeforeWait(false);
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
+  SetPagedAttentionPrefetchBeforeWait(true);
   pays.num_sequences = 300;
   pays.num_tokens = 300;
   EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
