@@ -1670,6 +1670,10 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 //   second kernel; two calls of bench/results/cuda_ab_stop17_h200.json: 274.7-277.7 µs a layer
 //   vs 267.8-269 for 10 (batch 64: 84.6-84.9 vs 79.5-80.0; the extra launch, the prefix sums
 //   and the loss of 10's unit order cost more than the 3% of idle SMs it recovers).
+//   q prefetch (stop 18): each unit's q loaded during the unit before's second slice (fused
+//   launches rotating it from registers): batch 256 graph ITL 15.128 / 15.130 ms vs 15.145 /
+//   15.161 fused, 15.219 / 15.230 vs 15.202 / 15.208 unfused (call 10 of
+//   bench/results/cuda_ab_stop18_h200.json); within noise, removed.
 // So evict-first copies and 8-warp CTAs gain ~1% each, ~1.6% together; fewer warps per SM lose
 // (the warps are latency-bound: 4 warps × 6 stages, with more bytes in flight, is 11% slower);
 // bulk copies, lock-step, L2 prefetches and dynamic units lose. ncu of 0 and 10
