@@ -105,7 +105,10 @@ bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
 // rotated k and its v go to cache slot slot_mapping[t] (int64, < 0: not written) — which must
 // be the slot of key position context_lens[s] in the sequence's block table — and attention
 // reads them like any cached key. Same results as the two launches (the same fp32 rotation,
-// rounded once to bf16); same workspace (PagedAttentionCudaWorkspaceBytes).
+// rounded once to bf16); same workspace (PagedAttentionCudaWorkspaceBytes). As a programmatic
+// dependent launch, launches on the persistent decode warps with early copies
+// (SetPagedAttentionPrefetchBeforeWait) read what PagedAttentionCuda reads before the wait
+// (metadata, block tables, K/V below each context_len) plus the positions; qkv only after it.
 // Errors: InvalidArgument when the launch does not qualify or for null pointers, else as
 // PagedAttentionCuda.
 absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride, bf16* k_cache,
