@@ -232,55 +232,38 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
   CpAsyncCommit();
 }
 
-// CopySlice for caches of equal head dims and token strides (kSliceLean): each lane fetches
-// the slot of its key once (one shuffle) and uses one offset for the K and the V chunk, where
-// CopySlice shuffles and multiplies once per cache. contiguous (warp-uniform): every key of
-// the slice is live and the slice lies in one cache block (block size a multiple of kBN; a
-// slice starts at a multiple of kBN), so key k's slot is key 0's plus k and a lane's chunks
-// are one pointer stepped by a constant. Same bytes in the same places either way.
+// CopySlice for a slice whose kBN keys are all live and lie in one cache block (kSliceLean;
+// block size a multiple of kBN, slices start at multiples of kBN), with K and V rows of equal
+// width and token stride: key k's slot is key 0's plus k, so a lane fetches one slot (one
+// shuffle) and steps one offset by a constant for its K and V chunks, where CopySlice
+// shuffles and multiplies per chunk and cache. Same bytes in the same places. Needs kD / 8
+// chunks a row dividing 32.
 template <int kD, int kBN, bool kEvictFirst = false>
-__device__ __forceinline__ void CopySliceShared(const AttnArgs& args, bf16* k_dst,
-                                                int64_t lane_slot, const bf16* k_base,
-                                                const bf16* v_base, int lane, uint64_t policy,
-                                                bool contiguous) {
+__device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* k_dst,
+                                                    int64_t lane_slot, const bf16* k_base,
+                                                    const bf16* v_base, int lane,
+                                                    uint64_t policy) {
   constexpr int kChunks = kD / 8;
-  static_assert((kBN * kChunks) % 32 == 0);
+  static_assert(kChunks <= 32 && 32 % kChunks == 0 && kBN % (32 / kChunks) == 0);
+  // Chunk i of this lane: key lane / kChunks + i · kKeysPerRound, column (lane % kChunks) · 8.
+  constexpr int kKeysPerRound = 32 / kChunks;
   const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
   bf16* const v_dst = k_dst + kBN * Pitch<kD>();
-  if constexpr (kChunks <= 32 && 32 % kChunks == 0) {
-    if (contiguous) {
-      // Chunk i of this lane: key lane / kChunks + i · kKeysPerRound, column (lane % kChunks)·8.
-      constexpr int kKeysPerRound = 32 / kChunks;
-      const int key = lane / kChunks;
-      const int col = (lane % kChunks) * 8;
-      const int bytes = col < args.head_dim ? 16 : 0;
-      const int64_t slot0 = __shfl_sync(0xffffffffu, lane_slot, 0);
-      const int64_t off = bytes > 0 ? (slot0 + key) * token_stride + col : 0;
-      const int64_t step = bytes > 0 ? kKeysPerRound * token_stride : 0;
-      const bf16* k_src = k_base + off;
-      const bf16* v_src = v_base + off;
+  const int key = lane / kChunks;
+  const int col = (lane % kChunks) * 8;
+  const int bytes = col < args.head_dim ? 16 : 0;
+  const int64_t slot0 = __shfl_sync(0xffffffffu, lane_slot, 0);
+  const int64_t off = bytes > 0 ? (slot0 + key) * token_stride + col : 0;
+  const int64_t step = bytes > 0 ? kKeysPerRound * token_stride : 0;
+  const bf16* k_src = k_base + off;
+  const bf16* v_src = v_base + off;
 #pragma unroll
-      for (int i = 0; i < kBN / kKeysPerRound; ++i) {
-        const int at = (key + i * kKeysPerRound) * Pitch<kD>() + col;
-        CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy);
-        CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy);
-        k_src += step;
-        v_src += step;
-      }
-      CpAsyncCommit();
-      return;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kBN * kChunks / 32; ++i) {
-    const int c = lane + 32 * i;
-    const int key = c / kChunks;
-    const int col = (c % kChunks) * 8;
-    const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
-    const bool live = slot >= 0 && col < args.head_dim;
-    const int64_t off = live ? slot * token_stride + col : 0;
-    CopyChunk<kEvictFirst>(k_dst + key * Pitch<kD>() + col, k_base + off, live ? 16 : 0, policy);
-    CopyChunk<kEvictFirst>(v_dst + key * Pitch<kD>() + col, v_base + off, live ? 16 : 0, policy);
+  for (int i = 0; i < kBN / kKeysPerRound; ++i) {
+    const int at = (key + i * kKeysPerRound) * Pitch<kD>() + col;
+    CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy);
+    CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy);
+    k_src += step;
+    v_src += step;
   }
   CpAsyncCommit();
 }
@@ -1096,8 +1079,9 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   attention_detail::PendingKvWrite<kPendingPerLane> pending;  // DeferredKvWrite's new key
   int pending_unit = -1;  // the unit it was loaded for
   bool waited = false;  // past the dependency wait (qkv may be read)
-  const bool shared_copy = kD == kDV && lean && args.head_dim == args.v_head_dim;
-  const bool block_multiple = args.block_size % kBN == 0;
+  constexpr bool kContiguousFits = kD == kDV && 32 % (kD / 8) == 0;
+  const bool contiguous_copies = kContiguousFits && lean && args.head_dim == args.v_head_dim &&
+                                 args.block_size % kBN == 0;
   auto issue = [&]() {
     if (pr.live()) {
       // DeferredKvWrite (only after the dependency wait: the early copies take slices wholly
@@ -1122,14 +1106,17 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
         }
       }
       const int64_t kv_off = static_cast<int64_t>(pr.p.kv_head);
-      if (shared_copy) {
-        const bool contiguous = block_multiple && pr.tile >= pr.p.kv_begin &&
-                                pr.tile + kBN <= pr.p.kv_end;
-        CopySliceShared<kD, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
-                                              args.k_cache + kv_off * args.head_dim,
-                                              args.v_cache + kv_off * args.head_dim, lane, policy,
-                                              contiguous);
-      } else {
+      bool copied = false;
+      if constexpr (kContiguousFits) {
+        if (contiguous_copies && pr.tile >= pr.p.kv_begin && pr.tile + kBN <= pr.p.kv_end) {
+          CopySliceContiguous<kD, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems,
+                                                    pr.slot, args.k_cache + kv_off * args.head_dim,
+                                                    args.v_cache + kv_off * args.head_dim, lane,
+                                                    policy);
+          copied = true;
+        }
+      }
+      if (!copied) {
         CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
                                              args.k_cache + kv_off * args.head_dim,
                                              args.v_cache + kv_off * args.v_head_dim, lane,

@@ -175,8 +175,9 @@ int PagedAttentionDecodeWarpVariant();
 //     (Shah et al. 2024, arXiv:2407.08608, §3.3 mentions it as a known trick; here exact);
 //   kSliceLean (4): the swapped GQA slices of the persistent decode warps skip the per-score
 //     mask where every key of the slice is visible to every row (all but a unit's edge
-//     slices), and their K and V copies share one slot shuffle and offset per chunk (equal
-//     head dims).
+//     slices), and the persistent warps copy slices that lie whole in one cache block (block
+//     size a multiple of 16, equal K and V head dims) with one slot shuffle and one pointer
+//     per lane stepped by a constant (key k's slot is key 0's plus k).
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
