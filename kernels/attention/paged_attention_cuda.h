@@ -165,8 +165,8 @@ absl::Status SetPagedAttentionDecodeWarpVariant(int variant);
 int PagedAttentionDecodeWarpVariant();
 
 // SetPagedAttentionSliceMath(bits): instruction-count options of the per-slice softmax math
-// (AttendSlice) that the decode kernels (and prefill kernels 0-2) share; both give the same
-// bits as 0:
+// (AttendSlice) that the decode kernels (and prefill kernels 0-2) share, and of the persistent
+// decode warps' slices; every setting gives the same bits as 0:
 //   kSliceLdmatrixK (1): K's B fragments by ldmatrix.x4, two k-steps per instruction (four
 //     32-bit shared loads otherwise);
 //   kSliceLazyRescale (2): the running sum and output accumulators are rescaled only in slices
@@ -181,15 +181,18 @@ int PagedAttentionDecodeWarpVariant();
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
-// Only kernels at padded head dims ≤ kSliceMathMaxDim use them: with them DeepSeek-V2-Lite's
-// 192-wide MHA-form prefill (kind 0) took 28.75 ms of attention at 4k tokens vs 24.8 without.
+// Only kernels at padded head dims ≤ kSliceMathMaxDim use bits 1 and 2 (bit 4 applies at
+// every dim): with them DeepSeek-V2-Lite's 192-wide MHA-form prefill (kind 0) took 28.75 ms of
+// attention at 4k tokens vs 24.8 without.
 // H200, Llama-3-8B decode at 256 × 1k, one process each (bench/results/cuda_ab_stop14_h200.json):
 // 3: 15.086 / 15.108 ms (attention 282.5 µs a layer), 0: 15.125 / 15.163 (283.7), 1: 15.153 /
 // 15.142, 2: 15.121 / 15.118; batch 1 and 64 within noise.
 // kSliceLean, H200 (copy 4.251 TB/s), Llama-3-8B batch 256 × 1k, one process each, stop 18
 // call 1 (bench/results/cuda_ab_stop18_h200.json): 7: 15.107 / 15.113 ms (attention 280.3 /
 // 279.5 µs a layer), 3: 15.187 / 15.193 (282.7 / 282.3); batch 64 (ring kernels, which it
-// does not change) 6.855-6.860 either way. The contiguous-slice copies came after call 1.
+// does not change) 6.855-6.860 either way. With the contiguous-slice copies (from call 2) and
+// fusion: 15.054 / 15.070 vs 15.385 (call 11); on the power-capped type, unfused, 15.497 /
+// 15.514 vs 15.688 / 15.694 (call 2).
 // Default 7. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
 // InvalidArgument for other values. PagedAttentionSliceMath returns it.
 inline constexpr int kSliceLdmatrixK = 1;
