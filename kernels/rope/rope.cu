@@ -269,10 +269,10 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
                     static_cast<unsigned>(std::min<int64_t>(num_tokens, 65535)));
     (void)cuda_detail::LaunchKernelMaybePdl(
         &RopeQkWriteKvVecKernel, grid, dim3(kVecThreads), half * sizeof(float2), stream,
-        DecodePdl(), qkv, num_tokens,
-        token_stride, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
-        static_cast<int>(head_dim), positions, table.inv_freq.data(), static_cast<int>(half),
-        table.attention_scaling, slot_mapping, k_cache, v_cache);
+        DecodePdl(), qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+        static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
+        table.inv_freq.data(), static_cast<int>(half), table.attention_scaling, slot_mapping,
+        k_cache, v_cache);
     return CudaLaunchStatus("RopeQkWriteKvCuda launch");
   }
   const int64_t heads_per_pass = std::clamp<int64_t>(kTargetThreads / half, 1, heads);
