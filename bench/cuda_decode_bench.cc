@@ -108,7 +108,10 @@
 // rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
 // (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling, 4 the lean
-// swapped decode slice; default 7; same bits either way), for A/B runs.
+// swapped decode slice, 8 no .L2::256B hint on the persistent warps' copies; default 15; same
+// bits either way), for A/B runs.
+// --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
+// (CudaRunnerOptions::l2_persist_activations; default 1), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
 // a file or a directory of <GPU name>.json; default "auto", the repo's configs/gemm_tuning;
 // "" none, so every decode shape is timed as before). --gemm-tuning-save PATH: write the
@@ -178,6 +181,7 @@ struct Flags {
   int moe_decode_variant = -1;  // -1: leave the library's default
   std::string gemm_tuning = "auto";  // CudaRunnerOptions::gemm_tuning
   std::string gemm_tuning_save;      // CudaRunnerOptions::gemm_tuning_save
+  bool l2_persist = true;            // CudaRunnerOptions::l2_persist_activations
   std::string out;
 };
 
@@ -308,6 +312,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.autotune_gemms = autotune;
   o.gemm_tuning = f.gemm_tuning;
   o.gemm_tuning_save = f.gemm_tuning_save;
+  o.l2_persist_activations = f.l2_persist;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
@@ -670,6 +675,9 @@ absl::Status Main(int argc, char** argv) {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
       f.gemm_tuning_save = v;
+    } else if (a == "--l2-persist") {
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      f.l2_persist = v == "1";
     } else if (a == "--gemm-skinny") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       kernels::SetGemmSkinnyTuning(v == "1");
@@ -762,6 +770,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
   out["gemm_skinny"] = kernels::GemmSkinnyTuning() ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;
+  out["l2_persist"] = f.l2_persist ? 1 : 0;
   out["attn_slice_math"] = kernels::PagedAttentionSliceMath();
   out["attn_decode_swapped"] = kernels::PagedAttentionDecodeSwapped();
   nlohmann::json plans;

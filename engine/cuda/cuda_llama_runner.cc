@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <utility>
 
@@ -127,9 +128,32 @@ class LlamaCore : public RunnerCore {
   std::vector<DeviceLayer> layers;
   kernels::DeviceRopeTable rope;
   kernels::PagedAttentionParams attn_params;
-  // Activations for up to max_num_tokens tokens. residual_alt: where a GEMV with the residual
-  // add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
-  DeviceBuffer<bf16> residual, residual_alt, normed, tmp, qkv, attn, gate_up, act;
+  // A step's activation buffers, each for `rows` tokens. residual_alt: where a GEMV with the
+  // residual add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
+  struct Activations {
+    bf16 *residual = nullptr, *residual_alt = nullptr, *normed = nullptr, *tmp = nullptr,
+         *qkv = nullptr, *attn = nullptr, *gate_up = nullptr, *act = nullptr;
+    int64_t rows = 0;
+    size_t bytes = 0;  // of the arena they lie in
+  };
+  // Steps of up to max_num_tokens tokens use `big`; decode steps of up to the largest graph
+  // bucket use `small`, a second arena of that many rows, so that a decode graph's activations
+  // are one range of a few tens of MB (HotActivations' L2 window; 33.6 MB at Llama-3-8B batch
+  // 256). One arena when max_num_tokens is no larger.
+  DeviceBuffer<bf16> big_arena, small_arena;
+  Activations big, small;
+  absl::Status AllocActivations(int64_t rows, DeviceBuffer<bf16>* arena, Activations* a);
+  const Activations& ActsFor(int64_t T) const { return T <= small.rows ? small : big; }
+  // The gate/up product (SiLU·mul reads it back) and the SiLU·mul output (down_proj's input)
+  // of the small arena (CudaRunnerOptions::l2_persist_activations): 22 MB at Llama-3-8B batch
+  // 256. Not the whole arena: with all 33.6 MB persisting, too little L2 was left to the
+  // attention's copies in flight (H200, batch 256 16.41-16.42 ms vs 15.46-15.50 without); the
+  // gate/up product alone, or half the lines, gained less (bench/results/cuda_ab_stop19_h200.json).
+  L2Window HotActivations(int64_t batch) const override {
+    if (batch < 1 || batch > small.rows) return {};
+    const bf16* end = small.act + small.rows * inter;  // act follows gate/up
+    return {small.gate_up, static_cast<size_t>(end - small.gate_up) * sizeof(bf16)};
+  }
   // Paged KV cache, per layer [num_blocks, block_size, kv_heads, hd] bf16.
   std::vector<DeviceBuffer<bf16>> k_cache, v_cache;
 };
@@ -187,14 +211,39 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
   rope = std::move(*dev_table);
 
   const int64_t T = o.max_num_tokens;
-  const std::pair<DeviceBuffer<bf16>*, int64_t> acts[] = {
-      {&residual, T * H}, {&residual_alt, T * H},    {&normed, T * H}, {&tmp, T * H},
-      {&qkv, T * qkv_dim}, {&attn, T * q_dim}, {&gate_up, T * 2 * inter}, {&act, T * inter}};
-  for (const auto& [buf, n] : acts) {
-    auto b = AllocBf16(n);
-    if (!b.ok()) return b.status();
-    *buf = std::move(*b);
+  int64_t graph_rows = 0;  // the largest decode graph bucket (CaptureGraphs' rule)
+  if (o.use_cuda_graphs) {
+    for (int64_t b : o.graph_batch_sizes) {
+      if (b >= 1 && b <= o.max_num_seqs && b <= T) graph_rows = std::max(graph_rows, b);
+    }
   }
+  if (graph_rows > 0 && graph_rows < T) {
+    SLUICE_RUNNER_RETURN_IF_ERROR(AllocActivations(graph_rows, &small_arena, &small));
+  }
+  SLUICE_RUNNER_RETURN_IF_ERROR(AllocActivations(T, &big_arena, &big));
+  if (small.rows == 0 && graph_rows > 0) small = big;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaCore::AllocActivations(int64_t rows, DeviceBuffer<bf16>* arena,
+                                         Activations* a) {
+  // Each buffer starts on a 256-byte boundary (128 elements).
+  const auto round = [](int64_t n) { return (n + 127) / 128 * 128; };
+  bf16** const ptrs[] = {&a->residual, &a->residual_alt, &a->normed, &a->tmp,
+                         &a->qkv,      &a->attn,         &a->gate_up, &a->act};
+  const int64_t widths[] = {H, H, H, H, qkv_dim, q_dim, 2 * inter, inter};
+  int64_t total = 0;
+  for (int64_t w : widths) total += round(rows * w);
+  auto b = AllocBf16(total);
+  if (!b.ok()) return b.status();
+  *arena = std::move(*b);
+  int64_t at = 0;
+  for (size_t i = 0; i < std::size(widths); ++i) {
+    *ptrs[i] = arena->data() + at;
+    at += round(rows * widths[i]);
+  }
+  a->rows = rows;
+  a->bytes = static_cast<size_t>(total) * sizeof(bf16);
   return absl::OkStatus();
 }
 
@@ -325,8 +374,9 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
 
   // The residual stream: `res` holds it; a fused norm + GEMV writes the next one to `res_alt`
   // (decode GEMV plans with kernels::SetGemvNormFusion on), and the two swap.
-  bf16* res = residual.data();
-  bf16* res_alt = residual_alt.data();
+  const Activations& a = ActsFor(T);
+  bf16* res = a.residual;
+  bf16* res_alt = a.residual_alt;
   auto moved = [&](bool m) {
     if (m) std::swap(res, res_alt);
   };
@@ -339,23 +389,23 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     bool res_moved = false;
     if (li > 0 && (fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
-          *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_qkv.data(),
-          opt(L.b_qkv), qkv.data(), T, qkv_dim, H, st, &res_moved));
+          *lt, a.tmp, res, res_alt, L.input_norm.data(), eps, a.normed, L.w_qkv.data(),
+          opt(L.b_qkv), a.qkv, T, qkv_dim, H, st, &res_moved));
       moved(res_moved);
     } else {
       SLUICE_RUNNER_RETURN_IF_ERROR(
-          li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H, T, H, eps,
+          li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps,
                                          st)
-                  : kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(), normed.data(),
+                  : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed,
                                             T, H, eps, st));
       Mark("add_rmsnorm");
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_qkv.data(),
-                                                        opt(L.b_qkv), qkv.data(), T, qkv_dim, H,
+      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(),
+                                                        opt(L.b_qkv), a.qkv, T, qkv_dim, H,
                                                         st));
     }
     Mark("qkv_gemm");
     if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-      SLUICE_RUNNER_RETURN_IF_ERROR(QkHeadRmsNormCuda(qkv.data(), T, qkv_dim, heads, kv_heads, hd,
+      SLUICE_RUNNER_RETURN_IF_ERROR(QkHeadRmsNormCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd,
                                                       L.q_norm.data(), L.k_norm.data(), eps, st));
       Mark("qk_norm");
     }
@@ -375,51 +425,51 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     if (fuse &&
         kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim)) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
-          qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
-          m.positions, rope, m.slots, workspace, attn.data(), st));
+          a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
+          m.positions, rope, m.slots, workspace, a.attn, st));
       Mark("attention");
     } else {
       // RoPE on q and k and the K/V cache write in one launch.
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
-          qkv.data(), T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
+          a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
           k_cache[li].data(), v_cache[li].data(), st));
       Mark("rope_kv_write");
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-          qkv.data(), qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
-          workspace, attn.data(), st));
+          a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
+          workspace, a.attn, st));
       Mark("attention");
     }
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.w_o.data(), opt(L.b_o),
-                                                      tmp.data(), T, H, q_dim, st));
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.attn, L.w_o.data(), opt(L.b_o),
+                                                      a.tmp, T, H, q_dim, st));
     Mark("o_gemm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
+    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
     // Residual add + norm, gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV
     // (decode; the norm only with SetGemvNormFusion), else the norm, the GEMM into gate_up and
     // SiLU·mul after it.
     if ((fuse_sites & kernels::kGemvNormBeforeMlp) != 0) {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
-          *lt, tmp.data(), res, res_alt, L.post_norm.data(), eps, normed.data(),
-          L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T, inter, H, st,
+          *lt, a.tmp, res, res_alt, L.post_norm.data(), eps, a.normed,
+          L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st,
           &res_moved));
       moved(res_moved);
     } else {
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-          tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));
+          a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
       Mark("add_rmsnorm");
       SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
-          *lt, normed.data(), L.w_gate_up.data(), opt(L.b_gate_up), gate_up.data(), act.data(), T,
+          *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T,
           inter, H, st));
     }
     Mark("gate_up_silu_mul");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(),
-                                                      opt(L.b_down), tmp.data(), T, H, inter,
+    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.act, L.w_down.data(),
+                                                      opt(L.b_down), a.tmp, T, H, inter,
                                                       st));
     Mark("down_gemm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(tmp.data(), T * H));
+    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
-  return EnqueueLogits(m, T, N, tmp.data(), res, final_norm.data(), eps,
-                       normed.data(), head);
+  return EnqueueLogits(m, T, N, a.tmp, res, final_norm.data(), eps,
+                       a.normed, head);
 }
 
 }  // namespace

@@ -58,6 +58,10 @@ struct CudaRunnerOptions {
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  // Keep each decode graph's hot activations (the model's HotActivations: for Llama/Qwen3 the
+  // MLP's gate/up product and SiLU·mul output) in an L2 set-aside, with an access-policy window
+  // on the graph's kernels (engine/cuda/l2_persist.h); graphs only.
+  bool l2_persist_activations = true;
   // CUDA device the runner allocates on and runs on (cudaSetDevice at creation); -1: the
   // calling thread's current device. The thread that drives the runner must have it current.
   int device = -1;

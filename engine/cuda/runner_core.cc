@@ -167,6 +167,7 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
 RunnerCore::~RunnerCore() {
   if (stream.get() != nullptr) (void)stream.Synchronize();
   DestroyGraphs();
+  if (l2_set_aside > 0) L2ReleaseSetAside();
 }
 
 void RunnerCore::DestroyGraphs() {
@@ -470,6 +471,13 @@ absl::Status RunnerCore::CaptureGraphs() {
     SLUICE_RUNNER_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
   }
   if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
+  // One set-aside, sized for the largest bucket's window (the smaller ones fit in it).
+  l2_set_aside = 0;
+  if (options.l2_persist_activations && !graphs.empty()) {
+    auto set_aside = L2SetAsideFor(HotActivations(graphs.back().batch).bytes);
+    if (!set_aside.ok()) return set_aside.status();
+    l2_set_aside = *set_aside;
+  }
   for (Graph& g : graphs) {
     const int64_t b = g.batch;
     auto host = AcquireStaging(g.layout.bytes);
@@ -488,6 +496,10 @@ absl::Status RunnerCore::CaptureGraphs() {
     const cudaError_t end = cudaStreamEndCapture(stream.get(), &g.graph);
     SLUICE_RUNNER_RETURN_IF_ERROR(enq);
     SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
+    if (l2_set_aside > 0) {
+      auto changed = PersistInGraph(g.graph, HotActivations(b), l2_set_aside);
+      if (!changed.ok()) return changed.status();
+    }
     SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&g.exec, g.graph, 0),
                                 "cudaGraphInstantiate");
   }

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/cuda/cuda_runner.h"
+#include "engine/cuda/l2_persist.h"
 #include "engine/cuda/step_output_ring.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
@@ -151,6 +152,9 @@ class RunnerCore {
   virtual int64_t ActiveWeightBytes() const { return WeightBytes(); }
   virtual int64_t KvBytesPerToken() const = 0;
   virtual KvCacheSpec CacheSpec() const = 0;
+  // The activations a decode step of `batch` tokens writes and reads back within a layer that
+  // are worth keeping in L2 (CudaRunnerOptions::l2_persist_activations); empty: none.
+  virtual L2Window HotActivations(int64_t batch) const { return {}; }
 
   // ---- Shared machinery.
   // InitCore validates the options and creates the stream, cuBLASLt, the sampling buffers
@@ -196,6 +200,7 @@ class RunnerCore {
   StepOutputRing step_outputs;            // results of unread sampled steps
   int64_t num_blocks = 0;
   StepInfo last;
+  size_t l2_set_aside = 0;  // bytes reserved for HotActivations' windows (0: none)
 
  private:
   struct Graph {
