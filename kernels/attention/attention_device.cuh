@@ -37,6 +37,14 @@ static __device__ __forceinline__ void CpAsync16EvictFirst(void* smem, const voi
                    SmemAddr(smem)),
                "l"(gmem), "r"(src_bytes), "l"(policy));
 }
+// CpAsync16EvictFirst without the .L2::256B prefetch-size hint.
+static __device__ __forceinline__ void CpAsync16EvictFirstNoPrefetch(void* smem, const void* gmem,
+                                                                     int src_bytes,
+                                                                     uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(
+                   SmemAddr(smem)),
+               "l"(gmem), "r"(src_bytes), "l"(policy));
+}
 // An L2 cache policy marking every line it covers evict-first (PTX ISA, "Data Movement and
 // Conversion Instructions: createpolicy"; fraction 1.0 = all accesses made with it).
 static __device__ __forceinline__ uint64_t L2EvictFirstPolicy() {

@@ -185,10 +185,16 @@ __device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t*
 // One 16-byte chunk of CopySlice: plain cp.async (as every other kernel here), or with
 // kEvictFirst (PagedDecodeWarpKernel of decode-warp variant 10) cp.async with the .L2::256B
 // prefetch-size hint and the L2 evict-first `policy` (attention_device.cuh).
+// (kSliceNoL2Prefetch: a warp-uniform `no_prefetch` drops the .L2::256B hint.)
 template <bool kEvictFirst>
-__device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy) {
+__device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy,
+                                          bool no_prefetch = false) {
   if constexpr (kEvictFirst) {
-    attention_detail::CpAsync16EvictFirst(dst, src, bytes, policy);
+    if (no_prefetch) {
+      attention_detail::CpAsync16EvictFirstNoPrefetch(dst, src, bytes, policy);
+    } else {
+      attention_detail::CpAsync16EvictFirst(dst, src, bytes, policy);
+    }
   } else {
     CpAsync16(dst, src, bytes);
   }
@@ -202,7 +208,7 @@ __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes,
 template <int kDim, int kBN, bool kEvictFirst = false>
 __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf16* base,
                                          int64_t token_stride, int dim, int lane,
-                                         uint64_t policy = 0) {
+                                         uint64_t policy = 0, bool no_prefetch = false) {
   constexpr int kChunks = kDim / 8;
   static_assert((kBN * kChunks) % 32 == 0);
 #pragma unroll
@@ -213,7 +219,8 @@ __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf1
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < dim;
     CopyChunk<kEvictFirst>(dst + key * Pitch<kDim>() + col,
-                           live ? base + slot * token_stride + col : base, live ? 16 : 0, policy);
+                           live ? base + slot * token_stride + col : base, live ? 16 : 0, policy,
+                           no_prefetch);
   }
 }
 
@@ -223,12 +230,13 @@ template <int kD, int kDV, int kBN, bool kEvictFirst = false>
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
                                           const bf16* k_base, const bf16* v_base, int lane,
                                           uint64_t policy = 0) {
+  const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
   CopyRows<kD, kBN, kEvictFirst>(k_dst, lane_slot, k_base,
                                  static_cast<int64_t>(args.num_kv_heads) * args.head_dim,
-                                 args.head_dim, lane, policy);
+                                 args.head_dim, lane, policy, no_prefetch);
   CopyRows<kDV, kBN, kEvictFirst>(k_dst + kBN * Pitch<kD>(), lane_slot, v_base,
                                   static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim,
-                                  args.v_head_dim, lane, policy);
+                                  args.v_head_dim, lane, policy, no_prefetch);
   CpAsyncCommit();
 }
 
@@ -257,11 +265,12 @@ __device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* 
   const int64_t step = bytes > 0 ? kKeysPerRound * token_stride : 0;
   const bf16* k_src = k_base + off;
   const bf16* v_src = v_base + off;
+  const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
 #pragma unroll
   for (int i = 0; i < kBN / kKeysPerRound; ++i) {
     const int at = (key + i * kKeysPerRound) * Pitch<kD>() + col;
-    CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy);
-    CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy);
+    CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy, no_prefetch);
+    CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy, no_prefetch);
     k_src += step;
     v_src += step;
   }
@@ -1668,7 +1677,8 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // SMs active 90% of the elapsed cycles on average (busiest +8%): what is left is the imbalance
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
-std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
+std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale | kSliceLean |
+                              kSliceNoL2Prefetch};
 std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
 std::atomic<int64_t> g_decode_swapped_launches{0};
 std::atomic<bool> g_prefetch_before_wait{true};  // SetPagedAttentionPrefetchBeforeWait
@@ -2291,9 +2301,9 @@ bool PagedAttentionPrefetchBeforeWait() {
 }
 
 absl::Status SetPagedAttentionSliceMath(int bits) {
-  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean)) {
+  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch)) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionSliceMath: bits ", bits,
-                                                   " are not a mask of 1, 2 and 4"));
+                                                   " are not a mask of 1, 2, 4 and 8"));
   }
   g_slice_math.store(bits, std::memory_order_relaxed);
   return absl::OkStatus();

@@ -177,7 +177,12 @@ int PagedAttentionDecodeWarpVariant();
 //     mask where every key of the slice is visible to every row (all but a unit's edge
 //     slices), and the persistent warps copy slices that lie whole in one cache block (block
 //     size a multiple of 16, equal K and V head dims) with one slot shuffle and one pointer
-//     per lane stepped by a constant (key k's slot is key 0's plus k).
+//     per lane stepped by a constant (key k's slot is key 0's plus k);
+//   kSliceNoL2Prefetch (8): decode-warp variant 10's evict-first K/V copies drop the .L2::256B
+//     prefetch-size hint. The hint lets the L2 fetch whole 256-byte blocks, but at batch 256
+//     the attention is bound by L2 throughput (ncu at 1.81 GHz: lts__throughput 90% of peak,
+//     DRAM 82%), and without the hint the L2 moves fewer sectors between its two partitions
+//     (ltcfabric 17.0 M vs 24.5 M sectors a layer, SM reads 50.5 M vs 52.6 M).
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
@@ -193,11 +198,15 @@ int PagedAttentionDecodeWarpVariant();
 // does not change) 6.855-6.860 either way. With the contiguous-slice copies (from call 2) and
 // fusion: 15.054 / 15.070 vs 15.385 (call 11); on the power-capped type, unfused, 15.497 /
 // 15.514 vs 15.688 / 15.694 (call 2).
-// Default 7. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
+// kSliceNoL2Prefetch, stop 19 (bench/results/cuda_ab_stop19_h200.json), graph ITL at batch
+// 256: 15.426-15.434 ms vs 15.461-15.502 with the hint on a machine running at 1.30 of its
+// roofline (call 9), 14.948 / 14.955 vs 14.935 / 14.940 on a faster one (call 5).
+// Default 15. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
 // InvalidArgument for other values. PagedAttentionSliceMath returns it.
 inline constexpr int kSliceLdmatrixK = 1;
 inline constexpr int kSliceLazyRescale = 2;
 inline constexpr int kSliceLean = 4;
+inline constexpr int kSliceNoL2Prefetch = 8;
 inline constexpr int kSliceMathMaxDim = 128;
 absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();

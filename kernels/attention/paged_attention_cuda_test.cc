@@ -390,15 +390,18 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
 // above kSliceMathMaxDim, ignore the setting).
 TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  for (const int bad : {-1, 8, 15}) {
+  for (const int bad : {-1, 16, 31}) {
     EXPECT_EQ(SetPagedAttentionSliceMath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_EQ(PagedAttentionSliceMath(), kSliceLdmatrixK | kSliceLazyRescale | kSliceLean);
+  EXPECT_EQ(PagedAttentionSliceMath(),
+            kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch);
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionDecodeKernel();
   const int default_prefill = PagedAttentionPrefillKernel();
+  // (The last: the default but with the .L2::256B hint on the persistent warps' copies.)
   const std::vector<int> others = {0, kSliceLdmatrixK, kSliceLazyRescale, kSliceLean,
-                                   kSliceLdmatrixK | kSliceLazyRescale};
+                                   kSliceLdmatrixK | kSliceLazyRescale,
+                                   kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
   const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {0, 1, 1023}, 1300));
   const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
   for (const int kernel : {1, 3, 6, 8, 9, 0}) {
