@@ -5,7 +5,8 @@
 // product, 14.7 MB, goes to HBM and SiLU·mul reads it back from there). An access-policy window
 // with the persisting property over those activations keeps them in the L2 set-aside
 // (CUDA C++ Programming Guide, "L2 Cache Access Management").
-#pragma once
+#ifndef SLUICE_ENGINE_CUDA_L2_PERSIST_H_
+#define SLUICE_ENGINE_CUDA_L2_PERSIST_H_
 
 #include <cstddef>
 
@@ -28,7 +29,8 @@ struct L2Window {
 absl::StatusOr<size_t> L2SetAsideFor(size_t bytes);
 
 // L2ReleaseSetAside evicts the persisting lines (cudaCtxResetPersistingL2Cache) and returns
-// the set-aside to normal use; errors are ignored (for destructors).
+// the set-aside to normal use; errors are ignored (for destructors). The limit is per device:
+// a second runner on the device (e.g. a draft model) loses its set-aside with the first.
 void L2ReleaseSetAside();
 
 // PersistInGraph gives every kernel node of `graph` (before instantiation) the access-policy
@@ -40,3 +42,5 @@ void L2ReleaseSetAside();
 absl::StatusOr<int> PersistInGraph(cudaGraph_t graph, L2Window w, size_t set_aside);
 
 }  // namespace sluice::cuda_runner
+
+#endif  // SLUICE_ENGINE_CUDA_L2_PERSIST_H_
