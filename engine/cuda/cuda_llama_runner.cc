@@ -136,19 +136,20 @@ class LlamaCore : public RunnerCore {
     int64_t rows = 0;
     size_t bytes = 0;  // of the arena they lie in
   };
-  // Steps of up to max_num_tokens tokens use `big`; decode steps of up to the largest graph
-  // bucket use `small`, a second arena of that many rows, so that a decode graph's activations
-  // are one range of a few tens of MB (HotActivations' L2 window; 33.6 MB at Llama-3-8B batch
-  // 256). One arena when max_num_tokens is no larger.
+  // Steps of up to max_num_tokens tokens use `big`; with L2 persistence on, decode steps of up
+  // to the largest graph bucket use `small`, a second arena of that many rows (35.7 MB at
+  // Llama-3-8B batch 256), so HotActivations' window does not depend on max_num_tokens. One
+  // arena when max_num_tokens is no larger.
   DeviceBuffer<bf16> big_arena, small_arena;
   Activations big, small;
   absl::Status AllocActivations(int64_t rows, DeviceBuffer<bf16>* arena, Activations* a);
   const Activations& ActsFor(int64_t T) const { return T <= small.rows ? small : big; }
   // The gate/up product (SiLU·mul reads it back) and the SiLU·mul output (down_proj's input)
   // of the small arena (CudaRunnerOptions::l2_persist_activations): 22 MB at Llama-3-8B batch
-  // 256. Not the whole arena: with all 33.6 MB persisting, too little L2 was left to the
-  // attention's copies in flight (H200, batch 256 16.41-16.42 ms vs 15.46-15.50 without); the
-  // gate/up product alone, or half the lines, gained less (bench/results/cuda_ab_stop19_h200.json).
+  // 256, for every bucket. Not the whole arena: with all 35.7 MB persisting, too little L2 was
+  // left to the attention's copies in flight (H200, batch 256 16.41-16.42 ms vs 15.46-15.50
+  // without); the gate/up product alone, or half the lines, gained less
+  // (bench/results/cuda_ab_stop19_h200.json).
   L2Window HotActivations(int64_t batch) const override {
     if (batch < 1 || batch > small.rows) return {};
     const bf16* end = small.act + small.rows * inter;  // act follows gate/up
@@ -212,7 +213,7 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
 
   const int64_t T = o.max_num_tokens;
   int64_t graph_rows = 0;  // the largest decode graph bucket (CaptureGraphs' rule)
-  if (o.use_cuda_graphs) {
+  if (o.use_cuda_graphs && o.l2_persist_activations) {
     for (int64_t b : o.graph_batch_sizes) {
       if (b >= 1 && b <= o.max_num_seqs && b <= T) graph_rows = std::max(graph_rows, b);
     }

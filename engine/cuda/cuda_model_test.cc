@@ -586,6 +586,50 @@ void CheckGraphDecodeMatchesEager(const std::string& dir) {
   for (int s = 0; s < kSeqs; ++s) EXPECT_EQ(g_tokens[s], e_tokens[s]) << "sequence " << s;
 }
 
+// L2 persistence (CudaRunnerOptions::l2_persist_activations) only changes caching: decode
+// graphs give bitwise the same logits with it off, with the small decode arena (max_num_tokens
+// 512 > the 256 bucket) and with one arena shared by prefill and decode (max_num_tokens 256).
+TEST_F(CudaModelTest, L2PersistenceGivesTheSameLogits) {
+  const std::string dir = testing::FixtureDir("llama-tiny");
+  constexpr int kSeqs = 3, kSteps = 6, kBlocks = 64;
+  const std::vector<std::vector<int32_t>> prompts = {
+      {0, 47, 554, 86, 1041}, {0, 2, 206, 47, 554, 86, 8, 1, 206}, {0, 9, 10}};
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int b = 0; b < 12; ++b) tables[s].push_back(kBlocks - 1 - (b * kSeqs + s));
+  }
+  // Prompts, then kSteps greedy decode steps fed from the host; the last step's logits.
+  const auto run = [&](bool persist, int64_t max_tokens) -> std::vector<float> {
+    CudaRunnerOptions o = TinyOptions(true);
+    o.l2_persist_activations = persist;
+    o.max_num_tokens = max_tokens;
+    auto r = LoadCudaRunner(dir, o);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    EXPECT_TRUE((*r)->AllocateKvCache(kBlocks).ok());
+    std::vector<int> ctx = {0, 0, 0};
+    EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(prompts, ctx, tables)).ok());
+    for (int s = 0; s < kSeqs; ++s) ctx[s] = static_cast<int>(prompts[s].size());
+    for (int step = 0; step < kSteps; ++step) {
+      auto last = (*r)->SampledTokens();
+      EXPECT_TRUE(last.ok());
+      if (!last.ok()) return {};
+      std::vector<std::vector<int32_t>> toks(kSeqs);
+      for (int s = 0; s < kSeqs; ++s) toks[s] = {(*last)[s]};
+      EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(toks, ctx, tables)).ok());
+      EXPECT_TRUE((*r)->last_step().graph);
+      for (int s = 0; s < kSeqs; ++s) ++ctx[s];
+    }
+    auto logits = (*r)->Logits();
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    return logits.ok() ? *logits : std::vector<float>{};
+  };
+  const std::vector<float> off = run(false, 512);
+  ASSERT_FALSE(off.empty());
+  EXPECT_TRUE(run(true, 512) == off) << "small decode arena";
+  EXPECT_TRUE(run(true, 256) == off) << "one arena";
+}
+
 TEST_F(CudaModelTest, GraphDecodeWithDeviceFeedbackMatchesEager) {
   CheckGraphDecodeMatchesEager(testing::FixtureDir("llama-tiny"));
 }

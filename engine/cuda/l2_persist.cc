@@ -1,6 +1,8 @@
 #include "engine/cuda/l2_persist.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +15,10 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// Shares of each device's set-aside taken by L2SetAsideFor and not yet released.
+std::mutex g_mu;
+std::map<int, int> g_shares;
+
 }  // namespace
 
 absl::StatusOr<size_t> L2SetAsideFor(size_t bytes) {
@@ -21,19 +27,43 @@ absl::StatusOr<size_t> L2SetAsideFor(size_t bytes) {
   if (e != cudaSuccess) return CudaError(e, "cudaGetDevice");
   e = cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, device);
   if (e != cudaSuccess) return CudaError(e, "cudaDeviceGetAttribute(MaxPersistingL2CacheSize)");
-  const size_t set_aside = std::min(bytes, static_cast<size_t>(std::max(max_persist, 0)));
-  if (set_aside == 0) return size_t{0};
-  e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, set_aside);
-  if (e != cudaSuccess) return CudaError(e, "cudaDeviceSetLimit(PersistingL2CacheSize)");
+  std::lock_guard<std::mutex> lock(g_mu);
+  size_t current = 0;
+  e = cudaDeviceGetLimit(&current, cudaLimitPersistingL2CacheSize);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return size_t{0};
+  }
+  const size_t want =
+      std::max(current, std::min(bytes, static_cast<size_t>(std::max(max_persist, 0))));
+  if (want == 0) return size_t{0};
+  if (want != current) {
+    e = cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, want);
+    if (e != cudaSuccess) {  // e.g. an MPS client: run without persistence
+      (void)cudaGetLastError();
+      return size_t{0};
+    }
+  }
   size_t got = 0;
   e = cudaDeviceGetLimit(&got, cudaLimitPersistingL2CacheSize);
   if (e != cudaSuccess) return CudaError(e, "cudaDeviceGetLimit(PersistingL2CacheSize)");
+  if (got > 0) ++g_shares[device];
   return got;
 }
 
 void L2ReleaseSetAside() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_shares.find(device);
+  if (it == g_shares.end() || --it->second > 0) return;
+  g_shares.erase(it);
   (void)cudaCtxResetPersistingL2Cache();
   (void)cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
+  (void)cudaGetLastError();
 }
 
 absl::StatusOr<int> PersistInGraph(cudaGraph_t graph, L2Window w, size_t set_aside) {
@@ -70,10 +100,11 @@ absl::StatusOr<int> PersistInGraph(cudaGraph_t graph, L2Window w, size_t set_asi
     // changes caching. (Seen: cudaErrorInvalidValue for sluice-mini-swa's decode attention,
     // PagedAttentionKernel<64, 64, 1, 4, 16, 3, true>; the graph's other nodes took it.)
     e = cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value);
-    if (e != cudaSuccess) {
+    if (e == cudaErrorInvalidValue || e == cudaErrorNotSupported) {
       (void)cudaGetLastError();  // not sticky; keep it from the next launch check
       continue;
     }
+    if (e != cudaSuccess) return CudaError(e, "cudaGraphKernelNodeSetAttribute(AccessPolicyWindow)");
     ++changed;
   }
   return changed;

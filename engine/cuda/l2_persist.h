@@ -22,23 +22,26 @@ struct L2Window {
   size_t bytes = 0;
 };
 
-// L2SetAsideFor reserves the L2 set-aside for persisting accesses (cudaLimitPersistingL2CacheSize)
-// for a window of `bytes`, capped at the device's maximum; returns the bytes reserved, 0 where the
-// device has none (then PersistInGraph is a no-op). Device-wide: the current device.
-// Errors: Internal for CUDA failures.
+// L2SetAsideFor takes a share of the current device's L2 set-aside for persisting accesses
+// (cudaLimitPersistingL2CacheSize) for a window of `bytes`: the limit becomes the larger of
+// the current one and `bytes`, capped at the device's maximum (never shrunk under another
+// runner's graphs). Returns the bytes reserved; 0 where the device has none or refuses the
+// limit (MPS clients, MIG instances): PersistInGraph is then a no-op and nothing need be
+// released. Every nonzero return must be matched by one L2ReleaseSetAside on the same device.
+// Errors: Internal for CUDA failures other than the limit being refused.
 absl::StatusOr<size_t> L2SetAsideFor(size_t bytes);
 
-// L2ReleaseSetAside evicts the persisting lines (cudaCtxResetPersistingL2Cache) and returns
-// the set-aside to normal use; errors are ignored (for destructors). The limit is per device:
-// a second runner on the device (e.g. a draft model) loses its set-aside with the first.
+// L2ReleaseSetAside drops one share taken by L2SetAsideFor on the current device; the last one
+// evicts the persisting lines (cudaCtxResetPersistingL2Cache) and returns the set-aside to
+// normal use. Errors are ignored and cleared (for destructors).
 void L2ReleaseSetAside();
 
 // PersistInGraph gives every kernel node of `graph` (before instantiation) the access-policy
 // window `w` with hitProp persisting, missProp streaming and hitRatio min(1, set_aside /
 // w.bytes), the window clamped to the device's maximum window size. Returns the number of
 // kernel nodes changed (0 when w or set_aside is empty); nodes the driver refuses the window
-// for are left without it.
-// Errors: Internal for CUDA failures.
+// for (cudaErrorInvalidValue / cudaErrorNotSupported) are left without it.
+// Errors: Internal for other CUDA failures.
 absl::StatusOr<int> PersistInGraph(cudaGraph_t graph, L2Window w, size_t set_aside);
 
 }  // namespace sluice::cuda_runner

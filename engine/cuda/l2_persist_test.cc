@@ -66,20 +66,47 @@ TEST(L2PersistTest, WindowOnEveryKernelNode) {
   ASSERT_TRUE(no_set_aside.ok());
   EXPECT_EQ(*no_set_aside, 0);
 
-  // The set-aside is capped at the device's maximum.
-  auto huge = L2SetAsideFor(size_t{1} << 40);
-  ASSERT_TRUE(huge.ok()) << huge.status();
-  EXPECT_GT(*huge, 0u);
-  EXPECT_LE(*huge, static_cast<size_t>(max_persist));
+  // Released whatever happens below: the shares taken, the graph.
+  int shares = 0;
+  cudaGraphExec_t exec = nullptr;
+  struct Cleanup {
+    int* shares;
+    cudaGraph_t* graph;
+    cudaGraphExec_t* exec;
+    ~Cleanup() {
+      for (; *shares > 0; --*shares) L2ReleaseSetAside();
+      if (*exec != nullptr) cudaGraphExecDestroy(*exec);
+      if (*graph != nullptr) cudaGraphDestroy(*graph);
+    }
+  } cleanup{&shares, &graph, &exec};
+
+  // The set-aside: 4 KB (the driver may round up), then capped at the device's maximum, then
+  // never shrunk by a smaller request.
   auto set_aside = L2SetAsideFor(4096);
   ASSERT_TRUE(set_aside.ok()) << set_aside.status();
-  ASSERT_GE(*set_aside, 4096u);  // the driver may round up
+  ++shares;
+  ASSERT_GE(*set_aside, 4096u);
+  auto huge = L2SetAsideFor(size_t{1} << 40);
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  ++shares;
+  EXPECT_GT(*huge, *set_aside);
+  EXPECT_LE(*huge, static_cast<size_t>(max_persist));
+  auto again = L2SetAsideFor(4096);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ++shares;
+  EXPECT_EQ(*again, *huge);
+  // Releasing one share of three keeps the limit.
+  L2ReleaseSetAside();
+  --shares;
+  size_t limit = 0;
+  ASSERT_EQ(cudaDeviceGetLimit(&limit, cudaLimitPersistingL2CacheSize), cudaSuccess);
+  EXPECT_EQ(limit, *huge);
 
   // A window twice the set-aside persists half its lines.
-  const size_t bytes = 2 * *set_aside;
+  const size_t bytes = 2 * *huge;
   auto big = DeviceBuffer<uint8_t>::Create(bytes);
   ASSERT_TRUE(big.ok());
-  auto changed = PersistInGraph(graph, L2Window{big->data(), bytes}, *set_aside);
+  auto changed = PersistInGraph(graph, L2Window{big->data(), bytes}, *huge);
   ASSERT_TRUE(changed.ok()) << changed.status();
   EXPECT_EQ(*changed, 2);
   const std::vector<cudaAccessPolicyWindow> windows = Windows(graph);
@@ -92,14 +119,11 @@ TEST(L2PersistTest, WindowOnEveryKernelNode) {
     EXPECT_EQ(win.missProp, cudaAccessPropertyStreaming);
   }
   // The graph still runs.
-  cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream->get()), cudaSuccess);
   EXPECT_TRUE(stream->Synchronize().ok());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  L2ReleaseSetAside();
-  size_t limit = 1;
+  // The last share returns the set-aside.
+  for (; shares > 0; --shares) L2ReleaseSetAside();
   ASSERT_EQ(cudaDeviceGetLimit(&limit, cudaLimitPersistingL2CacheSize), cudaSuccess);
   EXPECT_EQ(limit, 0u);
 }

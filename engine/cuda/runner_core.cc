@@ -167,7 +167,14 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
 RunnerCore::~RunnerCore() {
   if (stream.get() != nullptr) (void)stream.Synchronize();
   DestroyGraphs();
-  if (l2_set_aside > 0) L2ReleaseSetAside();
+  if (l2_set_aside > 0) {  // on the device it was taken on
+    int current = 0;
+    const bool switched = cudaGetDevice(&current) == cudaSuccess && current != l2_device &&
+                          cudaSetDevice(l2_device) == cudaSuccess;
+    L2ReleaseSetAside();
+    if (switched) cudaSetDevice(current);
+    (void)cudaGetLastError();
+  }
 }
 
 void RunnerCore::DestroyGraphs() {
@@ -471,12 +478,15 @@ absl::Status RunnerCore::CaptureGraphs() {
     SLUICE_RUNNER_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
   }
   if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
-  // One set-aside, sized for the largest bucket's window (the smaller ones fit in it).
+  // One set-aside share for all buckets, sized for the largest one's window (a re-capture
+  // gives back the share it took before).
+  if (l2_set_aside > 0) L2ReleaseSetAside();
   l2_set_aside = 0;
   if (options.l2_persist_activations && !graphs.empty()) {
     auto set_aside = L2SetAsideFor(HotActivations(graphs.back().batch).bytes);
     if (!set_aside.ok()) return set_aside.status();
     l2_set_aside = *set_aside;
+    cudaGetDevice(&l2_device);
   }
   for (Graph& g : graphs) {
     const int64_t b = g.batch;

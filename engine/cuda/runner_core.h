@@ -201,6 +201,7 @@ class RunnerCore {
   int64_t num_blocks = 0;
   StepInfo last;
   size_t l2_set_aside = 0;  // bytes reserved for HotActivations' windows (0: none)
+  int l2_device = 0;        // the device the set-aside share was taken on
 
  private:
   struct Graph {

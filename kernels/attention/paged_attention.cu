@@ -1040,7 +1040,8 @@ struct DecodeWarpConfig {
   static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
-// kEvictFirst: K/V copies with the .L2::256B hint and an L2 evict-first policy (CopyChunk).
+// kEvictFirst: K/V copies with an L2 evict-first policy and, unless kSliceNoL2Prefetch, the
+// .L2::256B hint (CopyChunk).
 // kSwapped: the swapped GQA math (ScoresSwapped / PvSwapped; only launched with ≤ 8 rows a
 // unit; under decode fusion each unit's q is rotated on load with its token's table).
 template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,

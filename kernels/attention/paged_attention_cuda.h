@@ -150,8 +150,9 @@ int PagedAttentionDecodeKernel();
 
 // SetPagedAttentionDecodeWarpVariant: the shape and K/V copy of the persistent decode warps
 // (kernel 8/9). 10, the default: 8 warps a CTA (1 CTA per SM at d 128), 16-key slices in a
-// 3-stage ring per warp, cp.async copies with the .L2::256B prefetch-size hint and an L2
-// evict-first cache policy; only at head dims 65..128 (other dims run 0). 0: 4 warps a CTA,
+// 3-stage ring per warp, cp.async copies with an L2 evict-first cache policy (and the
+// .L2::256B prefetch-size hint unless SetPagedAttentionSliceMath's kSliceNoL2Prefetch, on by
+// default, drops it); only at head dims 65..128 (other dims run 0). 0: 4 warps a CTA,
 // 16-key slices, 3 stages (fewer where wide heads do not fit), plain cp.async; any head dims.
 // H200, Llama-3-8B decode at 256 sequences × 1k: attention 279-287 µs a layer with 10 vs
 // 283-293 with 0, step 15.57-15.60 ms vs 15.62-15.68
@@ -186,8 +187,8 @@ int PagedAttentionDecodeWarpVariant();
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
-// Only kernels at padded head dims ≤ kSliceMathMaxDim use bits 1 and 2 (bit 4 applies at
-// every dim): with them DeepSeek-V2-Lite's 192-wide MHA-form prefill (kind 0) took 28.75 ms of
+// Only kernels at padded head dims ≤ kSliceMathMaxDim use bits 1 and 2 (bits 4 and 8 apply
+// at every dim): with them DeepSeek-V2-Lite's 192-wide MHA-form prefill (kind 0) took 28.75 ms of
 // attention at 4k tokens vs 24.8 without.
 // H200, Llama-3-8B decode at 256 × 1k, one process each (bench/results/cuda_ab_stop14_h200.json):
 // 3: 15.086 / 15.108 ms (attention 282.5 µs a layer), 0: 15.125 / 15.163 (283.7), 1: 15.153 /
