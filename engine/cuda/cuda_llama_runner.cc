@@ -134,7 +134,6 @@ class LlamaCore : public RunnerCore {
     bf16 *residual = nullptr, *residual_alt = nullptr, *normed = nullptr, *tmp = nullptr,
          *qkv = nullptr, *attn = nullptr, *gate_up = nullptr, *act = nullptr;
     int64_t rows = 0;
-    size_t bytes = 0;  // of the arena they lie in
   };
   // Steps of up to max_num_tokens tokens use `big`; with L2 persistence on, decode steps of up
   // to the largest graph bucket use `small`, a second arena of that many rows (35.7 MB at
@@ -244,7 +243,6 @@ absl::Status LlamaCore::AllocActivations(int64_t rows, DeviceBuffer<bf16>* arena
     at += round(rows * widths[i]);
   }
   a->rows = rows;
-  a->bytes = static_cast<size_t>(total) * sizeof(bf16);
   return absl::OkStatus();
 }
 

@@ -483,10 +483,10 @@ absl::Status RunnerCore::CaptureGraphs() {
   if (l2_set_aside > 0) L2ReleaseSetAside();
   l2_set_aside = 0;
   if (options.l2_persist_activations && !graphs.empty()) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&l2_device), "cudaGetDevice");
     auto set_aside = L2SetAsideFor(HotActivations(graphs.back().batch).bytes);
     if (!set_aside.ok()) return set_aside.status();
     l2_set_aside = *set_aside;
-    cudaGetDevice(&l2_device);
   }
   for (Graph& g : graphs) {
     const int64_t b = g.batch;

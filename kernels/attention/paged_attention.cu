@@ -183,9 +183,9 @@ __device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t*
 }
 
 // One 16-byte chunk of CopySlice: plain cp.async (as every other kernel here), or with
-// kEvictFirst (PagedDecodeWarpKernel of decode-warp variant 10) cp.async with the .L2::256B
-// prefetch-size hint and the L2 evict-first `policy` (attention_device.cuh).
-// (kSliceNoL2Prefetch: a warp-uniform `no_prefetch` drops the .L2::256B hint.)
+// kEvictFirst (PagedDecodeWarpKernel of decode-warp variant 10) cp.async with the L2
+// evict-first `policy` and, unless the warp-uniform `no_prefetch` (kSliceNoL2Prefetch, on by
+// default), the .L2::256B prefetch-size hint (attention_device.cuh).
 template <bool kEvictFirst>
 __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy,
                                           bool no_prefetch = false) {
