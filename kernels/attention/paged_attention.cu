@@ -104,6 +104,27 @@ __host__ __device__ constexpr int Pitch() {
   return kD + 8;
 }
 
+// Rows of a kDim-wide K or V slice in shared memory. Padded (kSwizzled false): pitch
+// Pitch<kDim>. Swizzled: unpadded rows (pitch kDim) whose 16-byte chunk c of row r sits at
+// chunk c ^ (r % 8), so the 8 rows one ldmatrix phase reads still hit distinct banks, and every
+// 128-byte run of a row (one L2 line of a cache row) lands in one 128-byte-aligned span of
+// shared memory. Why: a cp.async destination row that starts 16 bytes into a 128-byte span
+// (the padded pitch is 272 bytes) splits each copied line's shared stores in two; ncu at
+// Llama-3-8B batch 256 counted 1.5× the L2 sectors the K/V bytes need and 44% excess shared
+// wavefronts on the copies (bench/results/ncu_decode_warp_b256_stop19_h200.txt). The XOR
+// swizzle is the usual one for ldmatrix-read tiles (e.g. CUTLASS's Swizzle<3, 3, 3>).
+template <int kDim, bool kSwizzled>
+struct SliceRows {
+  static_assert(!kSwizzled || kDim % 64 == 0, "swizzled rows hold a multiple of 8 chunks");
+  static constexpr int kPitch = kSwizzled ? kDim : Pitch<kDim>();
+  // The XOR mask of row `row`'s columns (bf16 elements; 0 unswizzled).
+  __host__ __device__ static constexpr int Mask(int row) { return kSwizzled ? (row & 7) << 3 : 0; }
+  // Element offset of (row, col), col a multiple of 8.
+  __host__ __device__ static constexpr int At(int row, int col) {
+    return row * kPitch + (col ^ Mask(row));
+  }
+};
+
 // Configuration: kD/kDV padded head dims (multiples of 16), kWarpsM warps over query rows
 // (16 rows each), kWarpsN warps over each key tile (kBN keys each), kStages K+V tiles resident
 // in a cp.async ring (kStages − 1 copies in flight while one tile is being used).
@@ -200,12 +221,12 @@ __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes,
   }
 }
 
-// One warp copies the rows of a kBN-key slice of one cache (K or V: pitch Pitch<kDim>, true
-// head dim `dim`, `token_stride` elements between tokens) into dst, without committing;
+// One warp copies the rows of a kBN-key slice of one cache (K or V: rows SliceRows<kDim,
+// kSwizzled>, true head dim `dim`, `token_stride` elements between tokens) into dst, without committing;
 // lane_slot is LaneSlot of the slice (zero-filled rows for −1 and columns past `dim`). base:
 // the KV head's first element in the cache. kEvictFirst / policy: the cp.async flavour
 // (CopyChunk).
-template <int kDim, int kBN, bool kEvictFirst = false>
+template <int kDim, int kBN, bool kEvictFirst = false, bool kSwizzled = false>
 __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf16* base,
                                          int64_t token_stride, int dim, int lane,
                                          uint64_t policy = 0, bool no_prefetch = false) {
@@ -218,25 +239,26 @@ __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf1
     const int col = (c % kChunks) * 8;
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < dim;
-    CopyChunk<kEvictFirst>(dst + key * Pitch<kDim>() + col,
+    CopyChunk<kEvictFirst>(dst + SliceRows<kDim, kSwizzled>::At(key, col),
                            live ? base + slot * token_stride + col : base, live ? 16 : 0, policy,
                            no_prefetch);
   }
 }
 
-// One warp copies the K rows (pitch Pitch<kD>) and then V rows of a kBN-key slice into k_dst
-// (V after the kBN K rows) and commits the copy group (CopyRows for the arguments).
-template <int kD, int kDV, int kBN, bool kEvictFirst = false>
+// One warp copies the K rows (SliceRows<kD, kSwizzled>) and then V rows of a kBN-key slice
+// into k_dst (V after the kBN K rows) and commits the copy group (CopyRows for the arguments).
+template <int kD, int kDV, int kBN, bool kEvictFirst = false, bool kSwizzled = false>
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
                                           const bf16* k_base, const bf16* v_base, int lane,
                                           uint64_t policy = 0) {
   const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
-  CopyRows<kD, kBN, kEvictFirst>(k_dst, lane_slot, k_base,
-                                 static_cast<int64_t>(args.num_kv_heads) * args.head_dim,
-                                 args.head_dim, lane, policy, no_prefetch);
-  CopyRows<kDV, kBN, kEvictFirst>(k_dst + kBN * Pitch<kD>(), lane_slot, v_base,
-                                  static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim,
-                                  args.v_head_dim, lane, policy, no_prefetch);
+  CopyRows<kD, kBN, kEvictFirst, kSwizzled>(
+      k_dst, lane_slot, k_base, static_cast<int64_t>(args.num_kv_heads) * args.head_dim,
+      args.head_dim, lane, policy, no_prefetch);
+  CopyRows<kDV, kBN, kEvictFirst, kSwizzled>(
+      k_dst + kBN * SliceRows<kD, kSwizzled>::kPitch, lane_slot, v_base,
+      static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim, args.v_head_dim, lane, policy,
+      no_prefetch);
   CpAsyncCommit();
 }
 
@@ -246,7 +268,7 @@ __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int
 // shuffle) and steps one offset by a constant for its K and V chunks, where CopySlice
 // shuffles and multiplies per chunk and cache. Same bytes in the same places. Needs kD / 8
 // chunks a row dividing 32.
-template <int kD, int kBN, bool kEvictFirst = false>
+template <int kD, int kBN, bool kEvictFirst = false, bool kSwizzled = false>
 __device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* k_dst,
                                                     int64_t lane_slot, const bf16* k_base,
                                                     const bf16* v_base, int lane,
@@ -256,7 +278,8 @@ __device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* 
   // Chunk i of this lane: key lane / kChunks + i · kKeysPerRound, column (lane % kChunks) · 8.
   constexpr int kKeysPerRound = 32 / kChunks;
   const int64_t token_stride = static_cast<int64_t>(args.num_kv_heads) * args.head_dim;
-  bf16* const v_dst = k_dst + kBN * Pitch<kD>();
+  using Rows = SliceRows<kD, kSwizzled>;
+  bf16* const v_dst = k_dst + kBN * Rows::kPitch;
   const int key = lane / kChunks;
   const int col = (lane % kChunks) * 8;
   const int bytes = col < args.head_dim ? 16 : 0;
@@ -268,7 +291,7 @@ __device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* 
   const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
 #pragma unroll
   for (int i = 0; i < kBN / kKeysPerRound; ++i) {
-    const int at = (key + i * kKeysPerRound) * Pitch<kD>() + col;
+    const int at = Rows::At(key + i * kKeysPerRound, col);
     CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy, no_prefetch);
     CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy, no_prefetch);
     k_src += step;
@@ -844,8 +867,8 @@ __device__ __forceinline__ SwappedFullKeys SwappedFull(const AttnArgs& a, const 
 // columns 2t, 2t+1), (dim m·16 + g + 8, …); col_max / col_sum: columns 2t and 2t+1 (col_sum
 // partial over this lane's keys).
 // full (warp-uniform): every key of the slice is visible to every row (SwappedFullKeys), so
-// the per-score mask is skipped.
-template <int kD, int kDV>
+// the per-score mask is skipped. kSwizzled: k_smem's rows are SliceRows<kD, true>.
+template <int kD, int kDV, bool kSwizzled = false>
 __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_smem, int key0,
                                               const DecodeUnit& c,
                                               const uint32_t (&qb)[kD / 16][2],
@@ -859,11 +882,16 @@ __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_s
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   // ldmatrix.x4: lanes 0-7 keys 0-7 / dims +0, 8-15 keys 8-15 / +0, 16-23 keys 0-7 / +8,
   // 24-31 keys 8-15 / +8 → the A fragment (a0 key g, a1 key g + 8, a2 / a3 the next 8 dims).
-  const bf16* kmat = k_smem + ((lane & 7) + ((lane >> 3) & 1) * 8) * Pitch<kD>() + (lane >> 4) * 8;
+  using Rows = SliceRows<kD, kSwizzled>;
+  const int krow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const bf16* kmat = k_smem + krow * Rows::kPitch;
+  // Column ks·16 + (lane / 16)·8, swizzled: the lane's part XORed once, then ks·16 (bits above
+  // the lane's part, so XOR and + agree).
+  const int kcol = ((lane >> 4) * 8) ^ Rows::Mask(krow);
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     uint32_t af[4];
-    LdMatrixX4(af, kmat + ks * 16);
+    LdMatrixX4(af, kmat + (kcol ^ (ks * 16)));
     Mma16816(s, af, qb[ks][0], qb[ks][1]);
   }
   float tile_max[2] = {-INFINITY, -INFINITY};
@@ -922,18 +950,21 @@ __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_s
   pb[1] = MovMatrixTrans(PackBf16(p[2], p[3]));
 }
 
-// Oᵀ += Vᵀ·Pᵀ for one 16-key slice (V rows 0..15 of v_smem, pitch Pitch<kDV>; pb from
-// ScoresSwapped).
-template <int kDV>
+// Oᵀ += Vᵀ·Pᵀ for one 16-key slice (V rows 0..15 of v_smem, rows SliceRows<kDV, kSwizzled>;
+// pb from ScoresSwapped).
+template <int kDV, bool kSwizzled = false>
 __device__ __forceinline__ void PvSwapped(const bf16* v_smem, const uint32_t (&pb)[2],
                                           float (&acc)[kDV / 16][4], int lane) {
   // ldmatrix.x4.trans: lanes 0-7 keys 0-7 / dims +0, 8-15 keys 0-7 / +8, 16-23 keys 8-15 / +0,
   // 24-31 keys 8-15 / +8 → Vᵀ's A fragment (dims g / g + 8 × keys 2t.. / 8 + 2t..).
-  const bf16* vmat = v_smem + ((lane & 7) + (lane >> 4) * 8) * Pitch<kDV>() + ((lane >> 3) & 1) * 8;
+  using Rows = SliceRows<kDV, kSwizzled>;
+  const int vrow = (lane & 7) + (lane >> 4) * 8;
+  const bf16* vmat = v_smem + vrow * Rows::kPitch;
+  const int vcol = (((lane >> 3) & 1) * 8) ^ Rows::Mask(vrow);  // as ScoresSwapped's kcol
 #pragma unroll
   for (int m = 0; m < kDV / 16; ++m) {
     uint32_t av[4];
-    LdMatrixX4Trans(av, vmat + m * 16);
+    LdMatrixX4Trans(av, vmat + (vcol ^ (m * 16)));
     Mma16816(acc[m], av, pb[0], pb[1]);
   }
 }
@@ -1030,11 +1061,12 @@ struct SliceStream {
   }
 };
 
-template <int kD, int kDV, int kWarps, int kBN, int kStages>
+template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kSwizzled = false>
 struct DecodeWarpConfig {
   static_assert(kStages >= 2);
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kSliceElems = kBN * (Pitch<kD>() + Pitch<kDV>());
+  static constexpr int kSliceElems =
+      kBN * (SliceRows<kD, kSwizzled>::kPitch + SliceRows<kDV, kSwizzled>::kPitch);
   static constexpr int kSmemBytes = kWarps * kStages * kSliceElems * static_cast<int>(sizeof(bf16));
   // Fused launches add a (cos, sin) table per warp after the rings.
   static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
@@ -1044,10 +1076,12 @@ struct DecodeWarpConfig {
 // .L2::256B hint (CopyChunk).
 // kSwapped: the swapped GQA math (ScoresSwapped / PvSwapped; only launched with ≤ 8 rows a
 // unit; under decode fusion each unit's q is rotated on load with its token's table).
+// kSwizzled (swapped only): the ring's K/V rows are SliceRows<·, true> (kSliceSwizzle).
 template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,
-          bool kSwapped = false>
+          bool kSwapped = false, bool kSwizzled = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
-  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages>;
+  static_assert(kSwapped || !kSwizzled, "AttendSlice reads padded rows");
+  using Cfg = DecodeWarpConfig<kD, kDV, kWarps, kBN, kStages, kSwizzled>;
   constexpr int kKSteps = kD / 16;
   constexpr int kVTiles = kDV / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1119,18 +1153,17 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       bool copied = false;
       if constexpr (kContiguousFits) {
         if (contiguous_copies && pr.tile >= pr.p.kv_begin && pr.tile + kBN <= pr.p.kv_end) {
-          CopySliceContiguous<kD, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems,
-                                                    pr.slot, args.k_cache + kv_off * args.head_dim,
-                                                    args.v_cache + kv_off * args.head_dim, lane,
-                                                    policy);
+          CopySliceContiguous<kD, kBN, kEvictFirst, kSwizzled>(
+              args, ring + fill * Cfg::kSliceElems, pr.slot,
+              args.k_cache + kv_off * args.head_dim, args.v_cache + kv_off * args.head_dim, lane,
+              policy);
           copied = true;
         }
       }
       if (!copied) {
-        CopySlice<kD, kDV, kBN, kEvictFirst>(args, ring + fill * Cfg::kSliceElems, pr.slot,
-                                             args.k_cache + kv_off * args.head_dim,
-                                             args.v_cache + kv_off * args.v_head_dim, lane,
-                                             policy);
+        CopySlice<kD, kDV, kBN, kEvictFirst, kSwizzled>(
+            args, ring + fill * Cfg::kSliceElems, pr.slot, args.k_cache + kv_off * args.head_dim,
+            args.v_cache + kv_off * args.v_head_dim, lane, policy);
       }
       pr.Next(args, lane);
     } else {
@@ -1198,9 +1231,10 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
         __syncwarp();
         const bf16* k_smem = ring + buf * Cfg::kSliceElems;
         uint32_t pb[2];
-        ScoresSwapped<kD, kDV>(args, k_smem, tile, c, qb, acc, col_max, col_sum, lane, pb,
-                               tile >= fk.lo && tile + kBN <= fk.hi);
-        PvSwapped<kDV>(k_smem + kBN * Pitch<kD>(), pb, acc, lane);
+        ScoresSwapped<kD, kDV, kSwizzled>(args, k_smem, tile, c, qb, acc, col_max, col_sum,
+                                          lane, pb, tile >= fk.lo && tile + kBN <= fk.hi);
+        PvSwapped<kDV, kSwizzled>(k_smem + kBN * SliceRows<kD, kSwizzled>::kPitch, pb, acc,
+                                  lane);
         __syncwarp();  // the next issue() may refill this buffer
         buf = buf + 1 == kStages ? 0 : buf + 1;
       }
@@ -1679,7 +1713,7 @@ constexpr int DecodeWarpsPerCtaOf(int variant) {
 // between SMs, not the copies, and taking units dynamically did not win it back.
 std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
 std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale | kSliceLean |
-                              kSliceNoL2Prefetch};
+                              kSliceNoL2Prefetch | kSliceSwizzle};
 std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
 std::atomic<int64_t> g_decode_swapped_launches{0};
 std::atomic<bool> g_prefetch_before_wait{true};  // SetPagedAttentionPrefetchBeforeWait
@@ -1901,7 +1935,8 @@ constexpr int DecodeWarpStages() {
 // PagedDecodeWarpKernel of decode-warp variant kVar (0 or 10) at padded dims (kD, kDV):
 // variant 0 at any dims, 10 at 128 only (DecodeWarpVariantFor); op.Run gets the kernel, its
 // config and threads.
-template <int kD, int kDV, int kVar, bool kSwapped = false, typename Op>
+template <int kD, int kDV, int kVar, bool kSwapped = false, bool kSwizzled = false,
+          typename Op>
 auto WithDecodeWarpKernel(const Op& op) {
   if constexpr (kVar == 0) {
     constexpr int kStages = DecodeWarpStages<kD, kDV>();
@@ -1910,17 +1945,23 @@ auto WithDecodeWarpKernel(const Op& op) {
         &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, false>);
   } else {
     static_assert(kVar == kDecodeWarpVariantWide && kD == 128 && kDV == 128);
-    using Cfg = DecodeWarpConfig<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN, kDecodeWarpStages>;
+    using Cfg = DecodeWarpConfig<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN, kDecodeWarpStages,
+                                 kSwizzled>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
     return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN,
-                                                       kDecodeWarpStages, true, kSwapped>);
+                                                       kDecodeWarpStages, true, kSwapped,
+                                                       kSwizzled>);
   }
 }
 
-// WithDecodeWarpKernel for a run-time variant (0 off the 128 dims).
+// WithDecodeWarpKernel for a run-time variant (0 off the 128 dims); swizzled slice rows only
+// with the swapped math.
 template <int kD, int kDV, typename Op>
-auto WithDecodeWarpVariant(int var, const Op& op, bool swapped = false) {
+auto WithDecodeWarpVariant(int var, const Op& op, bool swapped = false, bool swizzled = false) {
   if constexpr (kD == 128 && kDV == 128) {
+    if (var == kDecodeWarpVariantWide && swapped && swizzled) {
+      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide, true, true>(op);
+    }
     if (var == kDecodeWarpVariantWide && swapped) {
       return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide, true>(op);
     }
@@ -1946,7 +1987,8 @@ struct DecodeWarpLaunchOp {
   }
   template <int kD, int kDV>
   absl::Status Run() const {
-    return WithDecodeWarpVariant<kD, kDV>(var, *this, swapped);
+    return WithDecodeWarpVariant<kD, kDV>(var, *this, swapped,
+                                          (args->slice_math & kSliceSwizzle) != 0);
   }
 };
 struct DecodeWarpOccupancyOp {
@@ -2302,9 +2344,10 @@ bool PagedAttentionPrefetchBeforeWait() {
 }
 
 absl::Status SetPagedAttentionSliceMath(int bits) {
-  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch)) {
+  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch |
+                          kSliceSwizzle)) {
     return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionSliceMath: bits ", bits,
-                                                   " are not a mask of 1, 2, 4 and 8"));
+                                                   " are not a mask of 1, 2, 4, 8 and 16"));
   }
   g_slice_math.store(bits, std::memory_order_relaxed);
   return absl::OkStatus();

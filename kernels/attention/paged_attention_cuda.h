@@ -184,6 +184,13 @@ int PagedAttentionDecodeWarpVariant();
 //     the attention is bound by L2 throughput (ncu at 1.81 GHz: lts__throughput 90% of peak,
 //     DRAM 82%), and without the hint the L2 moves fewer sectors between its two partitions
 //     (ltcfabric 17.0 M vs 24.5 M sectors a layer, SM reads 50.5 M vs 52.6 M).
+//   kSliceSwizzle (16): the swapped persistent decode warps (variant 10, head dims 65..128)
+//     keep their K/V slices in unpadded rows with XOR-swizzled 16-byte chunks instead of
+//     rows padded to 272 bytes, so each 128-byte line a copy fetches lands in one 128-byte
+//     span of shared memory (paged_attention.cu, SliceRows). ncu of one batch-256 layer
+//     (stop 20 call 1, bench/results/cuda_ab_stop20_h200.json): the copies read 33.7 M
+//     sectors from L2 (the K/V bytes, 1.08 GB) vs 50.5 M padded; 262.9 vs 273.9 µs. Graph
+//     ITL on the power-capped H200 (copy 4.277 TB/s): 14.96-15.02 ms vs 15.54-15.55.
 // Why: at Llama-3-8B batch 256 the persistent decode warps issue ~600 instructions a 16-key
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
@@ -202,12 +209,13 @@ int PagedAttentionDecodeWarpVariant();
 // kSliceNoL2Prefetch, stop 19 (bench/results/cuda_ab_stop19_h200.json), graph ITL at batch
 // 256: 15.426-15.434 ms vs 15.461-15.502 with the hint on a machine running at 1.30 of its
 // roofline (call 9), 14.948 / 14.955 vs 14.935 / 14.940 on a faster one (call 5).
-// Default 15. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
+// Default 31. Process-wide, read when a launch is enqueued (captured graphs keep theirs).
 // InvalidArgument for other values. PagedAttentionSliceMath returns it.
 inline constexpr int kSliceLdmatrixK = 1;
 inline constexpr int kSliceLazyRescale = 2;
 inline constexpr int kSliceLean = 4;
 inline constexpr int kSliceNoL2Prefetch = 8;
+inline constexpr int kSliceSwizzle = 16;
 inline constexpr int kSliceMathMaxDim = 128;
 absl::Status SetPagedAttentionSliceMath(int bits);
 int PagedAttentionSliceMath();

@@ -390,18 +390,25 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
 // above kSliceMathMaxDim, ignore the setting).
 TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  for (const int bad : {-1, 16, 31}) {
+  for (const int bad : {-1, 32, 63}) {
     EXPECT_EQ(SetPagedAttentionSliceMath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_EQ(PagedAttentionSliceMath(),
-            kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch);
+            kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch |
+                kSliceSwizzle);
   auto rng = cuda_test::Rng();
   const int default_kernel = PagedAttentionDecodeKernel();
   const int default_prefill = PagedAttentionPrefillKernel();
-  // (The last: the default but with the .L2::256B hint on the persistent warps' copies.)
-  const std::vector<int> others = {0, kSliceLdmatrixK, kSliceLazyRescale, kSliceLean,
-                                   kSliceLdmatrixK | kSliceLazyRescale,
-                                   kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
+  // (The last two: the default with padded slice rows on the persistent swapped warps, and
+  // with the .L2::256B hint on their copies too.)
+  const std::vector<int> others = {
+      0,
+      kSliceLdmatrixK,
+      kSliceLazyRescale,
+      kSliceLean,
+      kSliceLdmatrixK | kSliceLazyRescale,
+      kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch,
+      kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
   const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {0, 1, 1023}, 1300));
   const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
   for (const int kernel : {1, 3, 6, 8, 9, 0}) {
@@ -463,13 +470,15 @@ TEST(PagedAttentionCudaTest, DecodeSwappedMatchesCpuReference) {
       c.graph_replays = 2;
       // kSliceLean flipped: the whole-visible-slice mask shortcut and shared K/V copy
       // addressing (contiguous slices of 16- and 32-key blocks) give the same bits (windows,
-      // 2-token chunks, zero-padded d96 included).
-      c.also_slice_math = {PagedAttentionSliceMath() ^ kSliceLean};
+      // 2-token chunks, zero-padded d96 included); so do padded slice rows (kSliceSwizzle
+      // flipped).
+      c.also_slice_math = {PagedAttentionSliceMath() ^ kSliceLean,
+                           PagedAttentionSliceMath() ^ kSliceSwizzle};
       RunCase(c, rng);
     }
-    // Each case plans a launch per eager launch, one for the slice-math launch and one for
+    // Each case plans a launch per eager launch, one per slice-math launch and one for
     // the graph capture.
-    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 4 * 6 : 0) << m;
+    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 5 * 6 : 0) << m;
     ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
     const int64_t before_split = PagedAttentionDecodeSwappedLaunches();
     RunCase({m + "kernel 9 split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})}, rng);
