@@ -108,8 +108,9 @@
 // rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
 // --attn-slice-math BITS: the attention slice math's instruction options
 // (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling, 4 the lean
-// swapped decode slice, 8 no .L2::256B hint on the persistent warps' copies; default 15; same
-// bits either way), for A/B runs.
+// swapped decode slice, 8 no .L2::256B hint on the persistent warps' copies, 16 swizzled
+// unpadded K/V slice rows for the swapped persistent warps; default 31; same bits either way),
+// for A/B runs.
 // --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
 // (CudaRunnerOptions::l2_persist_activations; default 1), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
