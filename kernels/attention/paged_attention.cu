@@ -885,8 +885,9 @@ __device__ __forceinline__ void ScoresSwapped(const AttnArgs& a, const bf16* k_s
   using Rows = SliceRows<kD, kSwizzled>;
   const int krow = (lane & 7) + ((lane >> 3) & 1) * 8;
   const bf16* kmat = k_smem + krow * Rows::kPitch;
-  // Column ks·16 + (lane / 16)·8, swizzled: the lane's part XORed once, then ks·16 (bits above
-  // the lane's part, so XOR and + agree).
+  // Column ks·16 + (lane / 16)·8 = ks·16 ^ (lane / 16)·8 (the lane's part is below 16), so
+  // At(krow, column) = (lane's part ^ Mask) ^ ks·16. Keep the XOR: with the mask folded in,
+  // + would be wrong.
   const int kcol = ((lane >> 4) * 8) ^ Rows::Mask(krow);
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
@@ -960,7 +961,7 @@ __device__ __forceinline__ void PvSwapped(const bf16* v_smem, const uint32_t (&p
   using Rows = SliceRows<kDV, kSwizzled>;
   const int vrow = (lane & 7) + (lane >> 4) * 8;
   const bf16* vmat = v_smem + vrow * Rows::kPitch;
-  const int vcol = (((lane >> 3) & 1) * 8) ^ Rows::Mask(vrow);  // as ScoresSwapped's kcol
+  const int vcol = (((lane >> 3) & 1) * 8) ^ Rows::Mask(vrow);  // XOR as ScoresSwapped's kcol
 #pragma unroll
   for (int m = 0; m < kDV / 16; ++m) {
     uint32_t av[4];
@@ -1991,6 +1992,9 @@ struct DecodeWarpLaunchOp {
                                           (args->slice_math & kSliceSwizzle) != 0);
   }
 };
+// Sizes variant 10 with its padded, unswapped kernel (204 KiB at d 128); the swapped and
+// swizzled kernels launched instead (192 KiB with swizzled rows) also fit one CTA per SM, and a
+// low estimate would only shrink the persistent grid.
 struct DecodeWarpOccupancyOp {
   int var;
   template <typename Cfg>

@@ -384,7 +384,9 @@ TEST(PagedAttentionCudaTest, DecodeKernels) {
 }
 
 // The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling,
-// the lean swapped slice) change instructions, not values: every setting gives the default's bits, under the decode
+// the lean swapped slice, no .L2::256B hint, swizzled slice rows) change instructions and
+// layouts, not values: every setting gives the default's bits (the default's persistent
+// swapped warps run swizzled rows, every entry of `others` padded ones), under the decode
 // kernel kinds that run AttendSlice (CTA tiles, warp rings, persistent warps with and without
 // splits) and prefill kernel 0, at every padded head-dim variant (32, 128; 192/128 and 256,
 // above kSliceMathMaxDim, ignore the setting).
