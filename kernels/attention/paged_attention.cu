@@ -222,10 +222,10 @@ __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes,
 }
 
 // One warp copies the rows of a kBN-key slice of one cache (K or V: rows SliceRows<kDim,
-// kSwizzled>, true head dim `dim`, `token_stride` elements between tokens) into dst, without committing;
-// lane_slot is LaneSlot of the slice (zero-filled rows for −1 and columns past `dim`). base:
-// the KV head's first element in the cache. kEvictFirst / policy: the cp.async flavour
-// (CopyChunk).
+// kSwizzled>, true head dim `dim`, `token_stride` elements between tokens) into dst, without
+// committing; lane_slot is LaneSlot of the slice (zero-filled rows for −1 and columns past
+// `dim`). base: the KV head's first element in the cache. kEvictFirst / policy: the cp.async
+// flavour (CopyChunk).
 template <int kDim, int kBN, bool kEvictFirst = false, bool kSwizzled = false>
 __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf16* base,
                                          int64_t token_stride, int dim, int lane,

@@ -196,7 +196,8 @@ int PagedAttentionDecodeWarpVariant();
 // slice and run below the copy bandwidth (ncu: DRAM 81.5% of peak with 128 KB in flight per
 // SM, one instruction per 5.6 cycles a warp); fewer instructions moved them only ~0.3%.
 // Only kernels at padded head dims ≤ kSliceMathMaxDim use bits 1 and 2 (bits 4 and 8 apply
-// at every dim, bit 16 only to variant 10's swapped launches, at padded head dim 128): with them DeepSeek-V2-Lite's 192-wide MHA-form prefill (kind 0) took 28.75 ms of
+// at every dim, bit 16 only to variant 10's swapped launches, at padded head dim 128): with
+// bits 1 and 2 DeepSeek-V2-Lite's 192-wide MHA-form prefill (kind 0) took 28.75 ms of
 // attention at 4k tokens vs 24.8 without.
 // H200, Llama-3-8B decode at 256 × 1k, one process each (bench/results/cuda_ab_stop14_h200.json):
 // 3: 15.086 / 15.108 ms (attention 282.5 µs a layer), 0: 15.125 / 15.163 (283.7), 1: 15.153 /
