@@ -149,6 +149,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
@@ -192,12 +193,6 @@ struct TpRank {
   std::function<absl::Status(void* data, int64_t count, void* stream)> all_reduce;
   std::function<void()> barrier;  // host barrier of all ranks (aligns the timed loops)
 };
-
-#define BENCH_RETURN_IF_ERROR(expr) \
-  do {                              \
-    absl::Status _s = (expr);       \
-    if (!_s.ok()) return _s;        \
-  } while (0)
 
 class EventTimer {
  public:
@@ -247,18 +242,18 @@ absl::StatusOr<double> GemmTflops(int64_t m, int64_t n, int64_t k) {
   auto w = DeviceBuffer<bf16>::Create(n * k);
   auto y = DeviceBuffer<bf16>::Create(m * n);
   if (!x.ok() || !w.ok() || !y.ok()) return absl::InternalError("gemm buffers");
-  BENCH_RETURN_IF_ERROR(FillDummyCuda(x->data(), m * k, 1, DummyInit::kNormal, 0));
-  BENCH_RETURN_IF_ERROR(FillDummyCuda(w->data(), n * k, 2, DummyInit::kNormal, 0));
+  SLUICE_RETURN_IF_ERROR(FillDummyCuda(x->data(), m * k, 1, DummyInit::kNormal, 0));
+  SLUICE_RETURN_IF_ERROR(FillDummyCuda(w->data(), n * k, 2, DummyInit::kNormal, 0));
   for (int i = 0; i < 3; ++i) {
-    BENCH_RETURN_IF_ERROR(kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m,
-                                              n, k, 0));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m, n, k, 0));
   }
   constexpr int kIters = 20;
   EventTimer t;
   t.Start(0);
   for (int i = 0; i < kIters; ++i) {
-    BENCH_RETURN_IF_ERROR(kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m,
-                                              n, k, 0));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::LinearCuda(**lt, x->data(), w->data(), nullptr, y->data(), m, n, k, 0));
   }
   auto ms = t.StopMs(0);
   if (!ms.ok()) return ms.status();
@@ -321,7 +316,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   auto runner = CreateDummyCudaRunner(config, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t bps = (o.max_model_len + o.block_size - 1) / o.block_size;
-  BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(o.max_num_seqs * bps));
+  SLUICE_RETURN_IF_ERROR((*runner)->AllocateKvCache(o.max_num_seqs * bps));
   const double all_weight_bytes = static_cast<double>((*runner)->WeightBytesPerStep());
   const double active_bytes = static_cast<double>((*runner)->ActiveWeightBytesPerToken());
   const bool moe = config.architecture == Architecture::kDeepseekV3 &&
@@ -339,9 +334,9 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
     constexpr int kWarmup = 4;
     for (int i = 0; i < kWarmup; ++i) {
       planner.Plan(i, i == 0, &in);
-      BENCH_RETURN_IF_ERROR((*runner)->Step(in));
+      SLUICE_RETURN_IF_ERROR((*runner)->Step(in));
     }
-    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    SLUICE_RETURN_IF_ERROR((*runner)->Synchronize());
     if (tp != nullptr) tp->barrier();
     const bool graph = (*runner)->last_step().graph;
     // The runner's stream is private: time on the host around fully enqueued work, bracketed by
@@ -350,7 +345,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       planner.Plan(kWarmup + i, false, &in);
-      BENCH_RETURN_IF_ERROR((*runner)->Step(in));
+      SLUICE_RETURN_IF_ERROR((*runner)->Step(in));
     }
     auto tokens = (*runner)->SampledTokens();
     if (!tokens.ok()) return tokens.status();
@@ -483,7 +478,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
   auto runner = CreateDummyCudaRunner(c, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
-  BENCH_RETURN_IF_ERROR((*runner)->AllocateKvCache(blocks));
+  SLUICE_RETURN_IF_ERROR((*runner)->AllocateKvCache(blocks));
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   for (int64_t i = 0; i < blocks; ++i) table[i] = static_cast<int32_t>(i);
   const double hd = static_cast<double>(c.head_dim);
@@ -510,12 +505,12 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
     }
     in.sequences.push_back({0, static_cast<int32_t>(T), 0, absl::MakeConstSpan(table)});
     in.logits_indices.push_back(static_cast<int32_t>(T - 1));
-    BENCH_RETURN_IF_ERROR((*runner)->Step(in));  // warm-up (cuBLASLt plans, workspace)
-    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    SLUICE_RETURN_IF_ERROR((*runner)->Step(in));  // warm-up (cuBLASLt plans, workspace)
+    SLUICE_RETURN_IF_ERROR((*runner)->Synchronize());
     constexpr int kIters = 3;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kIters; ++i) BENCH_RETURN_IF_ERROR((*runner)->Step(in));
-    BENCH_RETURN_IF_ERROR((*runner)->Synchronize());
+    for (int i = 0; i < kIters; ++i) SLUICE_RETURN_IF_ERROR((*runner)->Step(in));
+    SLUICE_RETURN_IF_ERROR((*runner)->Synchronize());
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
         kIters;
@@ -600,78 +595,78 @@ absl::Status Main(int argc, char** argv) {
     } else if (a == "--attn-decode-kernel") {  // kernels::SetPagedAttentionDecodeKernel, A/B
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeKernel(kernel));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeKernel(kernel));
     } else if (a == "--attn-decode-variant") {  // kernels::SetPagedAttentionDecodeWarpVariant
       int variant = 0;
       if (!absl::SimpleAtoi(v, &variant)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeWarpVariant(variant));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeWarpVariant(variant));
     } else if (a == "--attn-early-copies") {  // kernels::SetPagedAttentionPrefetchBeforeWait
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       kernels::SetPagedAttentionPrefetchBeforeWait(v == "1");
     } else if (a == "--attn-decode-fusion") {
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeFusion(mode));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeFusion(mode));
     } else if (a == "--attn-prefill-kernel") {
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
     } else if (a == "--moe-block-tuning") {
       int flags = 0;
       if (!absl::SimpleAtoi(v, &flags)) return absl::InvalidArgumentError("bad --moe-block-tuning");
-      BENCH_RETURN_IF_ERROR(kernels::SetMoeBlockDecodeTuning(flags));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMoeBlockDecodeTuning(flags));
     } else if (a == "--moe-decode-variant") {
       if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
         return absl::InvalidArgumentError("bad --moe-decode-variant");
       }
-      BENCH_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
     } else if (a == "--mla-decode-fusion") {  // kernels::SetMlaDecodeFusion, for A/B runs
       int level = 0;
       if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeFusion(level));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeFusion(level));
     } else if (a == "--mla-pdl-mask") {  // kernels::SetMlaDecodePdlMask, for A/B runs
       int mask = 0;
       if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodePdlMask(mask));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodePdlMask(mask));
     } else if (a == "--mla-l2-prefetch") {  // kernels::SetMlaDecodeL2Prefetch, for A/B runs
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeL2Prefetch(mode));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeL2Prefetch(mode));
     } else if (a == "--mla-early-kv") {  // kernels::SetMlaDecodeEarlyKv, for A/B runs
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaDecodeEarlyKv(mode));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeEarlyKv(mode));
     } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
       int kernel = 0;
       if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
     } else if (a == "--mla-prefill-mode") {  // kernels::SetMlaPrefillMode, for A/B runs
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMlaPrefillMode(mode));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMlaPrefillMode(mode));
     } else if (a == "--gemv-norm-fusion") {
       int sites = 0;
       if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
+      SLUICE_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
     } else if (a == "--decode-pdl") {  // kernels::SetDecodePdl, for A/B runs
       int level = 0;
       if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetDecodePdlLevel(level));
+      SLUICE_RETURN_IF_ERROR(kernels::SetDecodePdlLevel(level));
     } else if (a == "--gemv-pdl-prefetch") {  // kernels::SetGemvPdlPrefetch, for A/B runs
       int mode = 0;
       if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetGemvPdlPrefetch(mode));
+      SLUICE_RETURN_IF_ERROR(kernels::SetGemvPdlPrefetch(mode));
     } else if (a == "--gemm-tune-candidates") {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+      SLUICE_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
     } else if (a == "--attn-decode-swapped") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       kernels::SetPagedAttentionDecodeSwapped(v == "1");
     } else if (a == "--attn-slice-math") {
       int bits = 0;
       if (!absl::SimpleAtoi(v, &bits)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionSliceMath(bits));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionSliceMath(bits));
     } else if (a == "--gemm-tuning") {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
@@ -685,19 +680,19 @@ absl::Status Main(int argc, char** argv) {
     } else if (a == "--gemm-algo-search") {
       int mask = 0;
       if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetGemmAlgoSearch(mask));
+      SLUICE_RETURN_IF_ERROR(kernels::SetGemmAlgoSearch(mask));
     } else if (a == "--moe-gemv-max-tokens") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
-      BENCH_RETURN_IF_ERROR(kernels::SetMoeGemvMaxTokens(n));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMoeGemvMaxTokens(n));
     } else if (a == "--moe-prefill-gemm") {
       int64_t n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMoePrefillGemm(n));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMoePrefillGemm(n));
     } else if (a == "--moe-prefill-streams") {
       int n;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      BENCH_RETURN_IF_ERROR(kernels::SetMoePrefillGemmStreams(n));
+      SLUICE_RETURN_IF_ERROR(kernels::SetMoePrefillGemmStreams(n));
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -746,7 +741,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_shape"] = {4096, 2 * config->intermediate_size, config->hidden_size};
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
-  BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
+  SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
@@ -795,7 +790,7 @@ absl::Status Main(int argc, char** argv) {
   if (f.compare_attn_stages) {
     for (int variant = 0; variant < 3; ++variant) {
       const int stages = variant == 2 ? f.attn_stages : variant + 2;
-      BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(stages));
+      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(stages));
       kernels::SetPagedAttentionPdl(variant == 2);
       const std::string key =
           variant == 2 ? "decode_attn_pdl" : absl::StrCat("decode_attn_stages_", stages);
@@ -806,7 +801,7 @@ absl::Status Main(int argc, char** argv) {
       if (!alt.ok()) std::printf("%s failed: %s\n", key.c_str(), alt.status().ToString().c_str());
     }
     kernels::SetPagedAttentionPdl(false);
-    BENCH_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
+    SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
   if (f.prefill.empty()) {
     out["prefill"] = nlohmann::json::array();

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cublas_status.h"
 
 namespace sluice::cuda_runner {
 namespace {
@@ -12,19 +13,6 @@ namespace {
 // 4 MiB: the products here are small (per-head MLA projections, the router); cuBLAS needs a
 // caller-owned workspace to run inside stream capture without allocating.
 constexpr size_t kWorkspaceBytes = size_t{4} << 20;
-
-absl::Status CublasError(cublasStatus_t s, const char* what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cublasGetStatusName(s), ": ",
-                                          cublasGetStatusString(s)));
-}
-
-#define SLUICE_CUBLAS_RETURN_IF_ERROR(expr, what)             \
-  do {                                                         \
-    const cublasStatus_t sluice_cublas_s_ = (expr);            \
-    if (sluice_cublas_s_ != CUBLAS_STATUS_SUCCESS) {           \
-      return CublasError(sluice_cublas_s_, (what));            \
-    }                                                          \
-  } while (0)
 
 }  // namespace
 

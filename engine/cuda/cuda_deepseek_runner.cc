@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/batched_gemm.h"
 #include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_core.h"
@@ -178,8 +179,8 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
                                                  c.architecture_name, " is not DeepSeek-V3"));
   }
   config = c;
-  SLUICE_RUNNER_RETURN_IF_ERROR(ValidateConfig());
-  SLUICE_RUNNER_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
+  SLUICE_RETURN_IF_ERROR(ValidateConfig());
+  SLUICE_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
   H = c.hidden_size;
   heads = c.num_attention_heads;
   R = c.kv_lora_rank;
@@ -313,42 +314,41 @@ absl::Status DeepseekCore::LoadLayer(WeightSource& src, int64_t layer, MlaLayer*
                         std::vector<int64_t> shape, DummyInit init) {
     return AllocFill(src, buf, name, shape, init, st);
   };
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&L->input_norm, p + "input_layernorm.weight", {H}, DummyInit::kOnes));
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&L->post_norm, p + "post_attention_layernorm.weight", {H}, DummyInit::kOnes));
   const std::string q_name = q_lora > 0 ? "q_a_proj" : "q_proj";
-  SLUICE_RUNNER_RETURN_IF_ERROR(AllocFillFused(
+  SLUICE_RETURN_IF_ERROR(AllocFillFused(
       src, &L->w_a, {{a + q_name + ".weight", q_first}, {a + "kv_a_proj_with_mqa.weight", R + dr}},
       H, DummyInit::kNormal, st));
   if (c.attention_bias) {
     // transformers: q_a_proj and kv_a_proj_with_mqa carry the bias; q_proj has none (zeros).
     if (q_lora > 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(AllocFillFused(
-          src, &L->b_a, {{a + "q_a_proj.bias", q_lora}, {a + "kv_a_proj_with_mqa.bias", R + dr}},
-          1, DummyInit::kZeros, st));
+      SLUICE_RETURN_IF_ERROR(AllocFillFused(
+          src, &L->b_a, {{a + "q_a_proj.bias", q_lora}, {a + "kv_a_proj_with_mqa.bias", R + dr}}, 1,
+          DummyInit::kZeros, st));
     } else {
       auto b = AllocBf16(a_width);
       if (!b.ok()) return b.status();
       L->b_a = std::move(*b);
       SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(L->b_a.data(), 0, L->b_a.bytes()), "cudaMemset");
-      SLUICE_RUNNER_RETURN_IF_ERROR(src.Fill(a + "kv_a_proj_with_mqa.bias", {R + dr},
-                                             DummyInit::kZeros, L->b_a.data() + q_first, st));
+      SLUICE_RETURN_IF_ERROR(src.Fill(a + "kv_a_proj_with_mqa.bias", {R + dr}, DummyInit::kZeros,
+                                      L->b_a.data() + q_first, st));
     }
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        alloc_fill(&L->o_bias, a + "o_proj.bias", {H}, DummyInit::kZeros));
+    SLUICE_RETURN_IF_ERROR(alloc_fill(&L->o_bias, a + "o_proj.bias", {H}, DummyInit::kZeros));
   }
   if (q_lora > 0) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&L->q_a_norm, a + "q_a_layernorm.weight", {q_lora}, DummyInit::kOnes));
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&L->q_b, a + "q_b_proj.weight", {q_width, q_lora}, DummyInit::kNormal));
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&L->kv_a_norm, a + "kv_a_layernorm.weight", {R}, DummyInit::kOnes));
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&L->kv_b, a + "kv_b_proj.weight", {heads * (dn + dv), R}, DummyInit::kNormal));
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&L->o_proj, a + "o_proj.weight", {H, heads * dv}, DummyInit::kNormal));
 
   L->is_moe = layer >= c.first_k_dense_replace;
@@ -356,20 +356,18 @@ absl::Status DeepseekCore::LoadLayer(WeightSource& src, int64_t layer, MlaLayer*
     L->mlp_inter = inter;
     const std::vector<WeightPart> gate_up = {{prefix + "gate_proj.weight", inter},
                                              {prefix + "up_proj.weight", inter}};
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        AllocFillFused(src, &L->w_gate_up, gate_up, H, DummyInit::kNormal, st));
+    SLUICE_RETURN_IF_ERROR(AllocFillFused(src, &L->w_gate_up, gate_up, H, DummyInit::kNormal, st));
     return alloc_fill(&L->w_down, prefix + "down_proj.weight", {H, inter}, DummyInit::kNormal);
   };
   if (!L->is_moe) return swiglu(p + "mlp.", c.intermediate_size);
 
-  SLUICE_RUNNER_RETURN_IF_ERROR(
-      alloc_fill(&L->router, p + "mlp.gate.weight", {E, H}, DummyInit::kNormal));
+  SLUICE_RETURN_IF_ERROR(alloc_fill(&L->router, p + "mlp.gate.weight", {E, H}, DummyInit::kNormal));
   auto bias = DeviceBuffer<float>::Create(static_cast<size_t>(E));
   if (!bias.ok()) return bias.status();
   L->correction_bias = std::move(*bias);
   if (c.has_score_correction_bias) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(src.FillFloat(p + "mlp.gate.e_score_correction_bias", {E},
-                                                DummyInit::kZeros, L->correction_bias.data()));
+    SLUICE_RETURN_IF_ERROR(src.FillFloat(p + "mlp.gate.e_score_correction_bias", {E},
+                                         DummyInit::kZeros, L->correction_bias.data()));
   } else {  // DeepSeek-V2: routed as with a zero bias
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(L->correction_bias.data(), 0, L->correction_bias.bytes()),
                                 "cudaMemset correction bias");
@@ -383,15 +381,14 @@ absl::Status DeepseekCore::LoadLayer(WeightSource& src, int64_t layer, MlaLayer*
   for (int64_t e = 0; e < E; ++e) {
     const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
     bf16* gate = L->experts_gate_up.data() + e * 2 * mi * H;
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        src.Fill(x + "gate_proj.weight", {mi, H}, DummyInit::kNormal, gate, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(src.Fill(x + "gate_proj.weight", {mi, H}, DummyInit::kNormal, gate, st));
+    SLUICE_RETURN_IF_ERROR(
         src.Fill(x + "up_proj.weight", {mi, H}, DummyInit::kNormal, gate + mi * H, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(src.Fill(x + "down_proj.weight", {H, mi}, DummyInit::kNormal,
-                                           L->experts_down.data() + e * H * mi, st));
+    SLUICE_RETURN_IF_ERROR(src.Fill(x + "down_proj.weight", {H, mi}, DummyInit::kNormal,
+                                    L->experts_down.data() + e * H * mi, st));
   }
   if (c.n_shared_experts > 0) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(swiglu(p + "mlp.shared_experts.", mi * c.n_shared_experts));
+    SLUICE_RETURN_IF_ERROR(swiglu(p + "mlp.shared_experts.", mi * c.n_shared_experts));
   }
   return absl::OkStatus();
 }
@@ -400,17 +397,17 @@ absl::Status DeepseekCore::LoadWeights(WeightSource& src) {
   const ModelConfig& c = config;
   cudaStream_t st = stream.get();
   const int64_t vocab_rows = vocab;
-  SLUICE_RUNNER_RETURN_IF_ERROR(AllocFill(src, &embed, "model.embed_tokens.weight",
-                                          {vocab_rows, H}, DummyInit::kNormal, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
+      AllocFill(src, &embed, "model.embed_tokens.weight", {vocab_rows, H}, DummyInit::kNormal, st));
+  SLUICE_RETURN_IF_ERROR(
       AllocFill(src, &final_norm, "model.norm.weight", {H}, DummyInit::kOnes, st));
   if (!c.tie_word_embeddings) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         AllocFill(src, &lm_head, "lm_head.weight", {vocab_rows, H}, DummyInit::kNormal, st));
   }
   layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(LoadLayer(src, l, &layers[static_cast<size_t>(l)]));
+    SLUICE_RETURN_IF_ERROR(LoadLayer(src, l, &layers[static_cast<size_t>(l)]));
   }
   return stream.Synchronize();
 }
@@ -455,20 +452,18 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
   if (!a_done) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(),
-                                                      L.b_a.data(), a_out.data(), T, a_width, H,
-                                                      st));
+    SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(), L.b_a.data(),
+                                               a_out.data(), T, a_width, H, st));
   }
   Mark("a_gemm");
   // Query rows: q_b_proj(q_a_layernorm(q_a)), or q_proj's rows of the fused output.
   const bf16* q_src = a_out.data();
   int64_t q_stride = a_width;
   if (q_lora > 0) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data(), a_width, L.q_a_norm.data(),
-                                                       q_a_normed.data(), q_lora, T, q_lora, eps,
-                                                       st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, q_a_normed.data(), L.q_b.data(),
-                                                      nullptr, q.data(), T, q_width, q_lora, st));
+    SLUICE_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data(), a_width, L.q_a_norm.data(),
+                                                q_a_normed.data(), q_lora, T, q_lora, eps, st));
+    SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, q_a_normed.data(), L.q_b.data(), nullptr,
+                                               q.data(), T, q_width, q_lora, st));
     q_src = q.data();
     q_stride = q_width;
     Mark("q_b_gemm");
@@ -505,11 +500,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     pa.interleave = config.rope_interleave;
     pa.cache = cache[li].data();
     if (!merged) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
+      SLUICE_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
       Mark("latent_write");
     }
   } else {
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
+    SLUICE_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
   }
   // kernels::SetMlaDecodeL2Prefetch: this layer's o_proj (and kv_b_proj) weights pulled into
   // L2 by one kernel of the chain (bits 4, 8 pick which) while HBM idles in it.
@@ -531,62 +526,57 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
   if (merged) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
-                                                        (dn + dv) * R, q_lat.data(),
-                                                        q_lat_stride, latent_w, T, heads, dn, R,
-                                                        st, pf_spans));
+    SLUICE_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
+                                                 (dn + dv) * R, q_lat.data(), q_lat_stride,
+                                                 latent_w, T, heads, dn, R, st, pf_spans));
   } else if (absorb_gemv) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(),
-                                                     (dn + dv) * R, q_lat.data(), q_lat_stride,
-                                                     latent_w, T, heads, dn, R, st));
+    SLUICE_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(), (dn + dv) * R,
+                                              q_lat.data(), q_lat_stride, latent_w, T, heads, dn, R,
+                                              st));
   } else if (!mha) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R}, /*w_is_kn=*/true,
-                  {q_lat.data(), q_lat_stride, latent_w}, /*y_float=*/false, T, R, dn, heads));
+    SLUICE_RETURN_IF_ERROR(gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R},
+                                     /*w_is_kn=*/true, {q_lat.data(), q_lat_stride, latent_w},
+                                     /*y_float=*/false, T, R, dn, heads));
   }
   if (!fused_prologue && !mha) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
-                                                {q_lat_stride, latent_w}, T, heads, dr, st));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride,
-                                                    latent_w, R, m.positions, rope,
-                                                    config.rope_interleave, st));
+    SLUICE_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
+                                         {q_lat_stride, latent_w}, T, heads, dr, st));
+    SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride, latent_w, R,
+                                             m.positions, rope, config.rope_interleave, st));
   }
   // The MHA form's queries [T, heads, dn + dr] are the query projection's rows themselves
   // (q_src: q or a_out, this layer's scratch) with q_pe rotated in place.
   bf16* const q_rows = q_lora > 0 ? q.data() : a_out.data();
   if (mha) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(q_rows, T, heads, q_stride, qk, dn,
-                                                    m.positions, rope, config.rope_interleave,
-                                                    st));
+    SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(q_rows, T, heads, q_stride, qk, dn, m.positions, rope,
+                                             config.rope_interleave, st));
     Mark("q_rope");
   } else {
     Mark("q_absorb");
   }
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
   if (mha) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
+    SLUICE_RETURN_IF_ERROR(EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
   } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
     // The split-KV combine and W_UV in one launch after the attention kernel.
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
+    SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
         out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st,
         pf_spans));
     Mark("attention_v_up");
   } else {
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
+    SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
         out_lat.data(), st));
     Mark("attention");
-    SLUICE_RUNNER_RETURN_IF_ERROR(gemm->Run({out_lat.data(), heads * R, R},
-                                            {L.kv_b.data() + dn * R, R, (dn + dv) * R},
-                                            /*w_is_kn=*/false, {attn.data(), heads * dv, dv},
-                                            /*y_float=*/false, T, dv, R, heads));
+    SLUICE_RETURN_IF_ERROR(gemm->Run({out_lat.data(), heads * R, R},
+                                     {L.kv_b.data() + dn * R, R, (dn + dv) * R},
+                                     /*w_is_kn=*/false, {attn.data(), heads * dv, dv},
+                                     /*y_float=*/false, T, dv, R, heads));
     Mark("v_up");
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.o_proj.data(),
-                                                    L.o_bias.data(), tmp.data(), T, H,
-                                                    heads * dv, st));
+  SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, attn.data(), L.o_proj.data(), L.o_bias.data(),
+                                             tmp.data(), T, H, heads * dv, st));
   Mark("o_gemm");
   return absl::OkStatus();
 }
@@ -630,25 +620,23 @@ absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
   const int64_t bs = options.block_size;
   const int64_t rows_per_seq = blocks_per_seq * bs;
   const int64_t C = batch.num_sequences * rows_per_seq;
-  SLUICE_RUNNER_RETURN_IF_ERROR(MlaGatherLatentCuda(
-      cache[li].data(), R, dr, batch.context_lens, batch.query_start_loc, batch.block_tables,
-      batch.max_blocks_per_seq, bs, batch.num_sequences, rows_per_seq, mha_kv_c.data(),
-      mha_k_pe.data(), st));
+  SLUICE_RETURN_IF_ERROR(MlaGatherLatentCuda(cache[li].data(), R, dr, batch.context_lens,
+                                             batch.query_start_loc, batch.block_tables,
+                                             batch.max_blocks_per_seq, bs, batch.num_sequences,
+                                             rows_per_seq, mha_kv_c.data(), mha_k_pe.data(), st));
   Mark("mha_gather");
   // kv_b_proj over every context row: [C, R] · [heads · (dn + dv), R]ᵀ.
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, mha_kv_c.data(), L.kv_b.data(), nullptr,
-                                                    mha_kv_up.data(), C, heads * (dn + dv), R,
-                                                    st));
+  SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, mha_kv_c.data(), L.kv_b.data(), nullptr,
+                                             mha_kv_up.data(), C, heads * (dn + dv), R, st));
   Mark("kv_b_gemm");
-  SLUICE_RUNNER_RETURN_IF_ERROR(MlaAssembleKvCuda(mha_kv_up.data(), mha_k_pe.data(), C, heads,
-                                                  dn, dr, dv, mha_k.data(), mha_v.data(), st));
+  SLUICE_RETURN_IF_ERROR(MlaAssembleKvCuda(mha_kv_up.data(), mha_k_pe.data(), C, heads, dn, dr, dv,
+                                           mha_k.data(), mha_v.data(), st));
   Mark("mha_kv");
   kernels::PagedAttentionCudaBatch mb = batch;
   mb.block_tables = mha_table.data();
   mb.max_blocks_per_seq = blocks_per_seq;
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q, q_stride, mha_k.data(),
-                                                            mha_v.data(), mb, MhaParams(),
-                                                            workspace, attn.data(), st));
+  SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q, q_stride, mha_k.data(), mha_v.data(), mb,
+                                                     MhaParams(), workspace, attn.data(), st));
   Mark("attention");
   return absl::OkStatus();
 }
@@ -658,16 +646,14 @@ absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
 absl::Status DeepseekCore::EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T) {
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data() + q_first, a_width,
-                                                     L.kv_a_norm.data(), latent.data(), latent_w,
-                                                     T, R, eps, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(CopyHeadsCuda(a_out.data() + q_first + R, {a_width, 0},
-                                              latent.data() + R, {latent_w, 0}, T, 1, dr, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R,
-                                                  m.positions, rope, config.rope_interleave, st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0,
-                                                          m.slots, T, latent_w, 0,
-                                                          cache[li].data(), nullptr, st));
+  SLUICE_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data() + q_first, a_width, L.kv_a_norm.data(),
+                                              latent.data(), latent_w, T, R, eps, st));
+  SLUICE_RETURN_IF_ERROR(CopyHeadsCuda(a_out.data() + q_first + R, {a_width, 0}, latent.data() + R,
+                                       {latent_w, 0}, T, 1, dr, st));
+  SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R, m.positions,
+                                           rope, config.rope_interleave, st));
+  SLUICE_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0, m.slots, T,
+                                                   latent_w, 0, cache[li].data(), nullptr, st));
   Mark("latent_write");
   return absl::OkStatus();
 }
@@ -677,13 +663,12 @@ absl::Status DeepseekCore::EnqueueSwiGlu(const MlaLayer& L, int64_t T, bf16* out
   cudaStream_t st = stream.get();
   // gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV (decode; bit-equal),
   // else the GEMM into gate_up and SiLU·mul after it.
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(*lt, normed.data(),
-                                                           L.w_gate_up.data(), nullptr,
-                                                           gate_up.data(), act.data(), T,
-                                                           L.mlp_inter, H, st));
+  SLUICE_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(*lt, normed.data(), L.w_gate_up.data(), nullptr,
+                                                    gate_up.data(), act.data(), T, L.mlp_inter, H,
+                                                    st));
   Mark("gate_up_silu_mul");
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, act.data(), L.w_down.data(), nullptr,
-                                                    out, T, H, L.mlp_inter, st));
+  SLUICE_RETURN_IF_ERROR(
+      kernels::LinearCuda(*lt, act.data(), L.w_down.data(), nullptr, out, T, H, L.mlp_inter, st));
   Mark("down_gemm");
   return absl::OkStatus();
 }
@@ -701,7 +686,7 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     if (kernels::MoeBlockDecodeSupported(T, routing)) {
       const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(), L.mlp_inter,
                                                    act.data(), false};
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeBlockDecodeCuda(
+      SLUICE_RETURN_IF_ERROR(kernels::MoeBlockDecodeCuda(
           normed.data(), L.router.data(), L.correction_bias.data(), T, H, mi, routing,
           L.experts_gate_up.data(), L.experts_down.data(), shared ? &shared_expert : nullptr,
           topk_ids.data(), topk_weights.data(), tmp.data(), ws, st));
@@ -722,18 +707,18 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     // Variant 7: the shared gate/up heads the experts' gate/up launch instead of riding in the
     // routing launch (MoeFusedExpertsCuda computes it before waiting for the routing; the
     // routing launch only prefetches its weights).
-    if (shared && !fold_shared) SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+    if (shared && !fold_shared) SLUICE_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
     const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
                                                  L.mlp_inter, act.data(),
                                                  multi_block && variant < 7};
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(
-        normed.data(), L.router.data(), L.correction_bias.data(), T, H, routing, topk_ids.data(),
-        topk_weights.data(), ws, st,
-        multi_block ? kernels::MoeFusedRouteMode::kMultiBlock
-                    : kernels::MoeFusedRouteMode::kSingleBlock,
-        multi_block && fold_shared ? &shared_expert : nullptr));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::MoeFusedRouteCuda(normed.data(), L.router.data(), L.correction_bias.data(), T, H,
+                                   routing, topk_ids.data(), topk_weights.data(), ws, st,
+                                   multi_block ? kernels::MoeFusedRouteMode::kMultiBlock
+                                               : kernels::MoeFusedRouteMode::kSingleBlock,
+                                   multi_block && fold_shared ? &shared_expert : nullptr));
     Mark("routing");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
+    SLUICE_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
         L.experts_down.data(), shared && !fold_shared ? tmp.data() : nullptr, tmp.data(), ws, st,
         fold_shared ? &shared_expert : nullptr));
@@ -741,22 +726,22 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     return absl::OkStatus();
   }
   // Router logits in fp32 (transformers upcasts the router to float32 as well).
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeRouterLogitsCuda(normed.data(), L.router.data(), T,
-                                                             H, E, router_logits.data(), st));
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeRoutingCuda(
-      static_cast<const float*>(router_logits.data()), L.correction_bias.data(), T, routing,
-      topk_ids.data(), topk_weights.data(), st));
+  SLUICE_RETURN_IF_ERROR(kernels::MoeRouterLogitsCuda(normed.data(), L.router.data(), T, H, E,
+                                                      router_logits.data(), st));
+  SLUICE_RETURN_IF_ERROR(kernels::MoeRoutingCuda(static_cast<const float*>(router_logits.data()),
+                                                 L.correction_bias.data(), T, routing,
+                                                 topk_ids.data(), topk_weights.data(), st));
   Mark("routing");
   // Without shared experts the routed output is the MLP output.
   bf16* routed_out = shared ? routed.data() : tmp.data();
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::MoeExpertsCuda(
+  SLUICE_RETURN_IF_ERROR(kernels::MoeExpertsCuda(
       normed.data(), topk_ids.data(), topk_weights.data(), T, H, mi, top_k, E,
       L.experts_gate_up.data(), L.experts_down.data(), routed_out, ws, st));
   Mark("experts");
   if (!shared) return absl::OkStatus();
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+  SLUICE_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
   // transformers: moe(hidden) + shared_experts(residuals).
-  SLUICE_RUNNER_RETURN_IF_ERROR(AddInPlaceCuda(tmp.data(), routed.data(), T * H, st));
+  SLUICE_RETURN_IF_ERROR(AddInPlaceCuda(tmp.data(), routed.data(), T * H, st));
   Mark("moe_add");
   return absl::OkStatus();
 }
@@ -771,32 +756,32 @@ absl::Status DeepseekCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, in
   bf16* res = residual.data();
   bf16* res_alt = residual_alt.data();
   const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
+  SLUICE_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const MlaLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
     bool a_done = false;
     if (li == 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RmsNormCuda(res, H, L.input_norm.data(),
-                                                         normed.data(), H, T, H, eps, st));
+      SLUICE_RETURN_IF_ERROR(
+          kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H, T, H, eps, st));
     } else if ((fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
       // normed stays unwritten when it fuses: only the input projection reads it.
       bool moved = false;
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
+      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
           *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_a.data(),
           L.b_a.data(), a_out.data(), T, a_width, H, st, &moved));
       if (moved) std::swap(res, res_alt);
       a_done = true;
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(),
-                                                            normed.data(), T, H, eps, st));
+      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(),
+                                                     normed.data(), T, H, eps, st));
     }
     if (!a_done) Mark("add_rmsnorm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace, a_done));
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(),
-                                                          normed.data(), T, H, eps, st));
+    SLUICE_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace, a_done));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));
     Mark("add_rmsnorm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueMlp(L, T));
+    SLUICE_RETURN_IF_ERROR(EnqueueMlp(L, T));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
   return EnqueueLogits(m, T, N, tmp.data(), res, final_norm.data(), eps, normed.data(), head);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/runner_core.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/rope_config.h"
@@ -57,7 +58,7 @@ class ShardSource : public WeightSource {
     const std::vector<int64_t> full_shape = shape.size() > 1
                                                 ? std::vector<int64_t>{b.full_rows, b.full_cols}
                                                 : std::vector<int64_t>{b.full_rows};
-    SLUICE_RUNNER_RETURN_IF_ERROR(inner_.Fill(name, full_shape, dummy_init, full->data(), stream));
+    SLUICE_RETURN_IF_ERROR(inner_.Fill(name, full_shape, dummy_init, full->data(), stream));
     const size_t e = sizeof(bf16);
     SLUICE_CUDA_RETURN_IF_ERROR(
         cudaMemcpy2DAsync(dst, static_cast<size_t>(cols) * e,
@@ -115,7 +116,7 @@ class LlamaCore : public RunnerCore {
   // Sums this rank's partial o_proj / down_proj output over the TP ranks (nothing at tp 1).
   absl::Status TpAllReduce(bf16* data, int64_t count) {
     if (options.tp_size == 1) return absl::OkStatus();
-    SLUICE_RUNNER_RETURN_IF_ERROR(options.tp_all_reduce(data, count, stream.get()));
+    SLUICE_RETURN_IF_ERROR(options.tp_all_reduce(data, count, stream.get()));
     Mark("tp_all_reduce");
     return absl::OkStatus();
   }
@@ -186,7 +187,7 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
     return absl::InvalidArgumentError("tp_size > 1 needs tp_all_reduce");
   }
   if (o.device >= 0) SLUICE_CUDA_RETURN_IF_ERROR(cudaSetDevice(o.device), "cudaSetDevice");
-  SLUICE_RUNNER_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
+  SLUICE_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
   H = c.hidden_size;
   // This rank's share (all of it at tp 1).
   heads = c.num_attention_heads / tp;
@@ -218,9 +219,9 @@ absl::Status LlamaCore::Init(const ModelConfig& c, const CudaRunnerOptions& o) {
     }
   }
   if (graph_rows > 0 && graph_rows < T) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(AllocActivations(graph_rows, &small_arena, &small));
+    SLUICE_RETURN_IF_ERROR(AllocActivations(graph_rows, &small_arena, &small));
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(AllocActivations(T, &big_arena, &big));
+  SLUICE_RETURN_IF_ERROR(AllocActivations(T, &big_arena, &big));
   if (small.rows == 0 && graph_rows > 0) small = big;
   return absl::OkStatus();
 }
@@ -261,12 +262,11 @@ absl::Status LlamaCore::LoadWeights(WeightSource& full_src) {
   auto fused = [&](DeviceBuffer<bf16>* buf, const std::vector<WeightPart>& parts, int64_t cols,
                    DummyInit init) { return AllocFillFused(src, buf, parts, cols, init, st); };
   const int64_t vocab_rows = vocab;
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       alloc_fill(&embed, "model.embed_tokens.weight", {vocab_rows, H}, DummyInit::kNormal));
-  SLUICE_RUNNER_RETURN_IF_ERROR(
-      alloc_fill(&final_norm, "model.norm.weight", {H}, DummyInit::kOnes));
+  SLUICE_RETURN_IF_ERROR(alloc_fill(&final_norm, "model.norm.weight", {H}, DummyInit::kOnes));
   if (!c.tie_word_embeddings) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&lm_head, "lm_head.weight", {vocab_rows, H}, DummyInit::kNormal));
   }
   layers.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -287,25 +287,22 @@ absl::Status LlamaCore::LoadWeights(WeightSource& full_src) {
       src.Split(a + "o_proj.weight", B{H, q_dim * tp, 0, rank * q_dim});
       src.Split(m + "down_proj.weight", B{H, inter * tp, 0, rank * inter});
     }
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&L.input_norm, p + "input_layernorm.weight", {H}, DummyInit::kOnes));
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&L.post_norm, p + "post_attention_layernorm.weight", {H}, DummyInit::kOnes));
     const std::vector<WeightPart> qkv_w = {
         {a + "q_proj.weight", q_dim}, {a + "k_proj.weight", kv_dim}, {a + "v_proj.weight", kv_dim}};
-    SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.w_qkv, qkv_w, H, DummyInit::kNormal));
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        alloc_fill(&L.w_o, a + "o_proj.weight", {H, q_dim}, DummyInit::kNormal));
+    SLUICE_RETURN_IF_ERROR(fused(&L.w_qkv, qkv_w, H, DummyInit::kNormal));
+    SLUICE_RETURN_IF_ERROR(alloc_fill(&L.w_o, a + "o_proj.weight", {H, q_dim}, DummyInit::kNormal));
     const std::vector<WeightPart> gu_w = {{m + "gate_proj.weight", inter},
                                           {m + "up_proj.weight", inter}};
-    SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.w_gate_up, gu_w, H, DummyInit::kNormal));
-    SLUICE_RUNNER_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(fused(&L.w_gate_up, gu_w, H, DummyInit::kNormal));
+    SLUICE_RETURN_IF_ERROR(
         alloc_fill(&L.w_down, m + "down_proj.weight", {H, inter}, DummyInit::kNormal));
     if (c.architecture == Architecture::kQwen3) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(
-          alloc_fill(&L.q_norm, a + "q_norm.weight", {hd}, DummyInit::kOnes));
-      SLUICE_RUNNER_RETURN_IF_ERROR(
-          alloc_fill(&L.k_norm, a + "k_norm.weight", {hd}, DummyInit::kOnes));
+      SLUICE_RETURN_IF_ERROR(alloc_fill(&L.q_norm, a + "q_norm.weight", {hd}, DummyInit::kOnes));
+      SLUICE_RETURN_IF_ERROR(alloc_fill(&L.k_norm, a + "k_norm.weight", {hd}, DummyInit::kOnes));
     }
     // Sliding layers as the CPU model (engine/model/llama.cc) marks them.
     if (static_cast<size_t>(i) < c.layer_is_sliding.size() && c.layer_is_sliding[i]) {
@@ -314,19 +311,17 @@ absl::Status LlamaCore::LoadWeights(WeightSource& full_src) {
     if (c.attention_bias) {
       const std::vector<WeightPart> qkv_b = {
           {a + "q_proj.bias", q_dim}, {a + "k_proj.bias", kv_dim}, {a + "v_proj.bias", kv_dim}};
-      SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.b_qkv, qkv_b, 1, DummyInit::kZeros));
+      SLUICE_RETURN_IF_ERROR(fused(&L.b_qkv, qkv_b, 1, DummyInit::kZeros));
       if (bias_owner) {
-        SLUICE_RUNNER_RETURN_IF_ERROR(
-            alloc_fill(&L.b_o, a + "o_proj.bias", {H}, DummyInit::kZeros));
+        SLUICE_RETURN_IF_ERROR(alloc_fill(&L.b_o, a + "o_proj.bias", {H}, DummyInit::kZeros));
       }
     }
     if (c.mlp_bias) {
       const std::vector<WeightPart> gu_b = {{m + "gate_proj.bias", inter},
                                             {m + "up_proj.bias", inter}};
-      SLUICE_RUNNER_RETURN_IF_ERROR(fused(&L.b_gate_up, gu_b, 1, DummyInit::kZeros));
+      SLUICE_RETURN_IF_ERROR(fused(&L.b_gate_up, gu_b, 1, DummyInit::kZeros));
       if (bias_owner) {
-        SLUICE_RUNNER_RETURN_IF_ERROR(
-            alloc_fill(&L.b_down, m + "down_proj.bias", {H}, DummyInit::kZeros));
+        SLUICE_RETURN_IF_ERROR(alloc_fill(&L.b_down, m + "down_proj.bias", {H}, DummyInit::kZeros));
       }
     }
   }
@@ -380,32 +375,30 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     if (m) std::swap(res, res_alt);
   };
   const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
+  SLUICE_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const DeviceLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add (and, for
     // decode GEMVs with SetGemvNormFusion on, with the qkv projection).
     bool res_moved = false;
     if (li > 0 && (fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
+      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
           *lt, a.tmp, res, res_alt, L.input_norm.data(), eps, a.normed, L.w_qkv.data(),
           opt(L.b_qkv), a.qkv, T, qkv_dim, H, st, &res_moved));
       moved(res_moved);
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(
-          li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps,
-                                         st)
-                  : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed,
-                                            T, H, eps, st));
+      SLUICE_RETURN_IF_ERROR(
+          li == 0
+              ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps, st)
+              : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed, T, H, eps, st));
       Mark("add_rmsnorm");
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(),
-                                                        opt(L.b_qkv), a.qkv, T, qkv_dim, H,
-                                                        st));
+      SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(), opt(L.b_qkv), a.qkv,
+                                                 T, qkv_dim, H, st));
     }
     Mark("qkv_gemm");
     if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
-      SLUICE_RUNNER_RETURN_IF_ERROR(QkHeadRmsNormCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd,
-                                                      L.q_norm.data(), L.k_norm.data(), eps, st));
+      SLUICE_RETURN_IF_ERROR(QkHeadRmsNormCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd,
+                                               L.q_norm.data(), L.k_norm.data(), eps, st));
       Mark("qk_norm");
     }
     kernels::PagedAttentionParams layer_params = attn_params;
@@ -423,48 +416,45 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
          kernels::PagedAttentionDecodeFusionPays(batch, layer_params));
     if (fuse &&
         kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim)) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
-          a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
-          m.positions, rope, m.slots, workspace, a.attn, st));
+      SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
+          a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params, m.positions,
+          rope, m.slots, workspace, a.attn, st));
       Mark("attention");
     } else {
       // RoPE on q and k and the K/V cache write in one launch.
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
-          a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope, m.slots,
-          k_cache[li].data(), v_cache[li].data(), st));
+      SLUICE_RETURN_IF_ERROR(
+          kernels::RopeQkWriteKvCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope,
+                                     m.slots, k_cache[li].data(), v_cache[li].data(), st));
       Mark("rope_kv_write");
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::PagedAttentionCuda(
-          a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params,
-          workspace, a.attn, st));
+      SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(a.qkv, qkv_dim, k_cache[li].data(),
+                                                         v_cache[li].data(), batch, layer_params,
+                                                         workspace, a.attn, st));
       Mark("attention");
     }
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.attn, L.w_o.data(), opt(L.b_o),
-                                                      a.tmp, T, H, q_dim, st));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::LinearCuda(*lt, a.attn, L.w_o.data(), opt(L.b_o), a.tmp, T, H, q_dim, st));
     Mark("o_gemm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
+    SLUICE_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
     // Residual add + norm, gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV
     // (decode; the norm only with SetGemvNormFusion), else the norm, the GEMM into gate_up and
     // SiLU·mul after it.
     if ((fuse_sites & kernels::kGemvNormBeforeMlp) != 0) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
-          *lt, a.tmp, res, res_alt, L.post_norm.data(), eps, a.normed,
-          L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st,
-          &res_moved));
+      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
+          *lt, a.tmp, res, res_alt, L.post_norm.data(), eps, a.normed, L.w_gate_up.data(),
+          opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st, &res_moved));
       moved(res_moved);
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::AddRmsNormCuda(
-          a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
+      SLUICE_RETURN_IF_ERROR(
+          kernels::AddRmsNormCuda(a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
       Mark("add_rmsnorm");
-      SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
-          *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T,
-          inter, H, st));
+      SLUICE_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
+          *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st));
     }
     Mark("gate_up_silu_mul");
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.act, L.w_down.data(),
-                                                      opt(L.b_down), a.tmp, T, H, inter,
-                                                      st));
+    SLUICE_RETURN_IF_ERROR(
+        kernels::LinearCuda(*lt, a.act, L.w_down.data(), opt(L.b_down), a.tmp, T, H, inter, st));
     Mark("down_gemm");
-    SLUICE_RUNNER_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
+    SLUICE_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
   }
   const bf16* head = lm_head.data() != nullptr ? lm_head.data() : embed.data();
   return EnqueueLogits(m, T, N, a.tmp, res, final_norm.data(), eps,

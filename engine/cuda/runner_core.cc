@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/embedding/embedding_cuda.h"
@@ -158,7 +159,7 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
   for (const WeightPart& p : parts) {
     std::vector<int64_t> shape =
         cols > 1 ? std::vector<int64_t>{p.rows, cols} : std::vector<int64_t>{p.rows};
-    SLUICE_RUNNER_RETURN_IF_ERROR(src.Fill(p.name, shape, init, buf->data() + at * cols, stream));
+    SLUICE_RETURN_IF_ERROR(src.Fill(p.name, shape, init, buf->data() + at * cols, stream));
     at += p.rows;
   }
   return absl::OkStatus();
@@ -241,7 +242,7 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
     if (!b.ok()) return b.status();
     sampling_ws = std::move(*b);
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(step_outputs.Init(S));
+  SLUICE_RETURN_IF_ERROR(step_outputs.Init(S));
 
   const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
   auto em = DeviceBuffer<int64_t>::Create(max_layout.bytes / 8);
@@ -261,8 +262,8 @@ absl::Status RunnerCore::EnqueueEmbedding(const DeviceMeta& m, int64_t T, const 
                                           bf16* out) {
   cudaStream_t st = stream.get();
   // Fed-back ids (-(r + 1): the token sampled for row r last step) resolve in the gather.
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::EmbeddingFeedbackCuda(
-      embed, vocab, hidden, m.ids, sampled.data(), T, out, nullptr, st));
+  SLUICE_RETURN_IF_ERROR(kernels::EmbeddingFeedbackCuda(embed, vocab, hidden, m.ids, sampled.data(),
+                                                        T, out, nullptr, st));
   Mark("embedding");
   return absl::OkStatus();
 }
@@ -274,17 +275,15 @@ absl::Status RunnerCore::EnqueueLogits(const DeviceMeta& m, int64_t T, int64_t N
   if (N == 0) return absl::OkStatus();
   cudaStream_t st = stream.get();
   // Final residual add + norm over the step, then only the wanted rows go through lm_head.
-  SLUICE_RUNNER_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       kernels::AddRmsNormCuda(delta, residual, final_norm, normed, T, hidden, eps, st));
   Mark("final_norm");
-  SLUICE_RUNNER_RETURN_IF_ERROR(GatherRowsCuda(normed, m.logits_rows, N, hidden,
-                                               gathered.data(), st));
+  SLUICE_RETURN_IF_ERROR(GatherRowsCuda(normed, m.logits_rows, N, hidden, gathered.data(), st));
   Mark("gather_rows");
-  SLUICE_RUNNER_RETURN_IF_ERROR(
-      kernels::LinearCuda(*lt, gathered.data(), head, nullptr, logits.data(), N, vocab, hidden,
-                          st));
+  SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, gathered.data(), head, nullptr, logits.data(), N,
+                                             vocab, hidden, st));
   Mark("lm_head");
-  SLUICE_RUNNER_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st));
+  SLUICE_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st));
   Mark("argmax");
   return absl::OkStatus();
 }
@@ -475,7 +474,7 @@ absl::Status RunnerCore::CaptureGraphs() {
   // there, so Step never synchronizes to tune): weight-streaming shapes gain most from the
   // choice (GEMV for m <= 8, else the fastest of cuBLASLt's candidates rather than its first).
   if (options.autotune_gemms && !options.gemm_tuning.empty()) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
+    SLUICE_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
   }
   if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
   // One set-aside share for all buckets, sized for the largest one's window (a re-capture
@@ -493,18 +492,17 @@ absl::Status RunnerCore::CaptureGraphs() {
     auto host = AcquireStaging(g.layout.bytes);
     if (!host.ok()) return host.status();
     Pack(empty, g.layout, b, *host);  // all rows inert
-    SLUICE_RUNNER_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
+    SLUICE_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
     const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
     // Eager run first: cuBLASLt picks and caches its plans outside the capture.
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
-    SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+    SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
+    SLUICE_RETURN_IF_ERROR(stream.Synchronize());
     SLUICE_CUDA_RETURN_IF_ERROR(
         cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
         "cudaStreamBeginCapture");
     absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
     const cudaError_t end = cudaStreamEndCapture(stream.get(), &g.graph);
-    SLUICE_RUNNER_RETURN_IF_ERROR(enq);
+    SLUICE_RETURN_IF_ERROR(enq);
     SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
     if (l2_set_aside > 0) {
       auto changed = PersistInGraph(g.graph, HotActivations(b), l2_set_aside);
@@ -524,16 +522,16 @@ absl::Status RunnerCore::CaptureGraphs() {
 absl::StatusOr<std::vector<ProfileEntry>> RunnerCore::ProfileStep(const ForwardInput& plan,
                                                                   int64_t hold_ms) {
   RunnerCore& m = *this;
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
+  SLUICE_RETURN_IF_ERROR(m.Validate(plan));
   int64_t max_q = 0, max_len = 0;  // (unused: the eager path recomputes them)
   // Grown here, before the hold: growing it synchronizes, which would end the hold early.
   if (!plan.token_ids.empty()) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+    SLUICE_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  SLUICE_RETURN_IF_ERROR(m.stream.Synchronize());
   // Hold the GPU while the host enqueues, so the kernels then run back to back as they would
   // from a graph instead of waiting on the host's launches.
-  SLUICE_RUNNER_RETURN_IF_ERROR(SpinCuda(hold_ms * 1000000, m.stream.get()));
+  SLUICE_RETURN_IF_ERROR(SpinCuda(hold_ms * 1000000, m.stream.get()));
   std::vector<std::pair<const char*, cudaEvent_t>> events;
   m.profile = &events;
   m.profile_error = absl::OkStatus();
@@ -577,7 +575,7 @@ absl::Status RunnerCore::ReserveEagerWorkspace(const ForwardInput& plan,
   const DeviceMeta meta = MetaPointers(eager_meta.data(), layout);
   const size_t ws = AttentionWorkspaceBytes(AttnBatch(meta, T, S, *max_q, *max_len));
   if (ws > eager_ws.size()) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());  // the old workspace may be in use
+    SLUICE_RETURN_IF_ERROR(stream.Synchronize());  // the old workspace may be in use
     eager_ws = DeviceBuffer<uint8_t>();
     auto b = DeviceBuffer<uint8_t>::Create(ws);
     if (!b.ok()) return b.status();
@@ -588,7 +586,7 @@ absl::Status RunnerCore::ReserveEagerWorkspace(const ForwardInput& plan,
 
 absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph) {
   RunnerCore& m = *this;
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.Validate(plan));
+  SLUICE_RETURN_IF_ERROR(m.Validate(plan));
   const int64_t T = static_cast<int64_t>(plan.token_ids.size());
   const int64_t S = static_cast<int64_t>(plan.sequences.size());
   const int64_t N = static_cast<int64_t>(plan.logits_indices.size());
@@ -611,7 +609,7 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
       auto host = m.AcquireStaging(g->layout.bytes);
       if (!host.ok()) return host.status();
       m.Pack(plan, g->layout, g->batch, *host);
-      SLUICE_RUNNER_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
+      SLUICE_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
       SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g->exec, m.stream.get()), "cudaGraphLaunch");
       m.last.graph = true;
       m.last.graph_batch = g->batch;
@@ -620,13 +618,13 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
     }
   }
   int64_t max_q = 0, max_len = 0;
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+  SLUICE_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
   const MetaLayout layout = MakeLayout(T, S, N, m.max_blocks_per_seq);
   const DeviceMeta meta = MetaPointers(m.eager_meta.data(), layout);
   auto host = m.AcquireStaging(layout.bytes);
   if (!host.ok()) return host.status();
   m.Pack(plan, layout, S, *host);
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
+  SLUICE_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
   m.prev_num_logits = N;
   return m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
 }
@@ -640,7 +638,7 @@ absl::StatusOr<std::vector<int32_t>> RunnerCore::SampledTokens() {
                                                 cudaMemcpyDeviceToHost, m.stream.get()),
                                 "cudaMemcpyAsync sampled");
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  SLUICE_RETURN_IF_ERROR(m.stream.Synchronize());
   return out;
 }
 
@@ -652,8 +650,8 @@ absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
   }
   if (n == 0) return stream.Synchronize();
   // Enqueued after the step (graph or eager) on the same stream: reads its logits and argmax.
-  SLUICE_RUNNER_RETURN_IF_ERROR(GreedyLogprobRowsCuda(logits.data(), sampled.data(), n, vocab,
-                                                      sampled_logprobs.data(), stream.get()));
+  SLUICE_RETURN_IF_ERROR(GreedyLogprobRowsCuda(logits.data(), sampled.data(), n, vocab,
+                                               sampled_logprobs.data(), stream.get()));
   std::vector<int32_t> ids(static_cast<size_t>(n));
   std::vector<float> logprobs(static_cast<size_t>(n));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ids.data(), sampled.data(), n * sizeof(int32_t),
@@ -663,7 +661,7 @@ absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
                                               n * sizeof(float), cudaMemcpyDeviceToHost,
                                               stream.get()),
                               "cudaMemcpyAsync sampled logprobs");
-  SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+  SLUICE_RETURN_IF_ERROR(stream.Synchronize());
   for (int64_t r = 0; r < n; ++r) out[r] = GreedyToken{ids[r], logprobs[r]};
   return absl::OkStatus();
 }
@@ -724,7 +722,7 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
   }
   const bool process =
       processing != nullptr && (!processing->rows.empty() || !processing->top_logprobs.empty());
-  if (process) SLUICE_RUNNER_RETURN_IF_ERROR(ValidateProcessing(*processing, n));
+  if (process) SLUICE_RETURN_IF_ERROR(ValidateProcessing(*processing, n));
   auto slot = step_outputs.Acquire(n);
   if (!slot.ok()) return slot.status();
   processing_slots[*slot].top_counts.clear();
@@ -738,20 +736,20 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
       std::any_of(processing->ids.begin(), processing->ids.end(), [](int32_t id) {
         return id < 0;
       });
-  if (process) SLUICE_RUNNER_RETURN_IF_ERROR(EnsureProcessingBuffers());
+  if (process) SLUICE_RETURN_IF_ERROR(EnsureProcessingBuffers());
   if (placeholders) {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(prev_sampled_copy.data(), sampled.data(),
                                                 prev_n * sizeof(int32_t),
                                                 cudaMemcpyDeviceToDevice, stream.get()),
                                 "cudaMemcpyAsync fed-back tokens");
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueStep(plan, /*allow_graph=*/true));
+  SLUICE_RETURN_IF_ERROR(EnqueueStep(plan, /*allow_graph=*/true));
   if (n > 0) {
     if (process) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(
+      SLUICE_RETURN_IF_ERROR(
           EnqueueProcessing(*processing, *slot, staged, n, placeholders ? prev_n : 0));
     } else {
-      SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+      SLUICE_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
     }
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(step_outputs.ids(*slot), sampled.data(),
                                                 n * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -801,9 +799,9 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
   const size_t ids_bytes = penalize ? processing.ids.size() * sizeof(int32_t) : 0;
   const size_t bytes = rows_bytes + counts_bytes + ids_bytes;
   if (bytes > 0) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnsurePinned(ps.upload, bytes));
+    SLUICE_RETURN_IF_ERROR(EnsurePinned(ps.upload, bytes));
     if (bytes > processing_upload.bytes()) {
-      SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());  // the old buffer may be in use
+      SLUICE_RETURN_IF_ERROR(stream.Synchronize());  // the old buffer may be in use
       processing_upload = DeviceBuffer<uint8_t>();
       auto b = DeviceBuffer<uint8_t>::Create(std::max(bytes, size_t{1} << 16) * 2);
       if (!b.ok()) return b.status();
@@ -824,7 +822,7 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
   const auto* d_counts = reinterpret_cast<const int32_t*>(dev + rows_bytes);
   const auto* d_ids = reinterpret_cast<const int32_t*>(dev + rows_bytes + counts_bytes);
   if (penalize) {
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LogitsProcessingCuda(
+    SLUICE_RETURN_IF_ERROR(kernels::LogitsProcessingCuda(
         logits.data(), n, vocab, d_rows, ids_bytes > 0 ? d_ids : nullptr,
         prev_n > 0 ? prev_sampled_copy.data() : nullptr, prev_n, processed_logits.data(),
         processing_ws.data(), processing_ws.bytes(), stream.get()));
@@ -833,21 +831,20 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
                                                 cudaMemcpyHostToDevice, stream.get()),
                                 "cudaMemcpyAsync sampling rows");
     // Every row (greedy ones too: argmax of the processed logits) from the fp32 rows.
-    SLUICE_RUNNER_RETURN_IF_ERROR(kernels::SampleRowsCuda(
+    SLUICE_RETURN_IF_ERROR(kernels::SampleRowsCuda(
         processed_logits.data(), n, vocab, sampling_rows.data(), sampled.data(),
         sampled_logprobs.data(), sampling_ws.data(), sampling_ws.bytes(), stream.get()));
   } else {
-    SLUICE_RUNNER_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
+    SLUICE_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
   }
   // Logprobs of the raw logits (SampleToken's), replacing the processed ones, and top entries.
   const int32_t max_top = top ? kernels::kMaxTopLogprobs : 0;
-  SLUICE_RUNNER_RETURN_IF_ERROR(kernels::LogprobRowsCuda(
+  SLUICE_RETURN_IF_ERROR(kernels::LogprobRowsCuda(
       logits.data(), n, vocab, sampled.data(), top ? d_counts : nullptr, max_top,
       sampled_logprobs.data(), top_ids_dev.data(), top_logprobs_dev.data(), stream.get()));
   if (top) {
     const size_t entries = static_cast<size_t>(n) * kernels::kMaxTopLogprobs;
-    SLUICE_RUNNER_RETURN_IF_ERROR(
-        EnsurePinned(ps.top, entries * (sizeof(int32_t) + sizeof(float))));
+    SLUICE_RETURN_IF_ERROR(EnsurePinned(ps.top, entries * (sizeof(int32_t) + sizeof(float))));
     auto* top_ids = static_cast<int32_t*>(ps.top.ptr);
     auto* top_lps = reinterpret_cast<float*>(top_ids + entries);
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(top_ids, top_ids_dev.data(),
@@ -874,7 +871,7 @@ absl::Status RunnerCore::ReadSampledStepWithTop(
                                                    " top lists for ", out.size(), " rows"));
   }
   const int slot = step_outputs.oldest_slot();
-  SLUICE_RUNNER_RETURN_IF_ERROR(step_outputs.ReadOldest(out));  // waits for the step's copies
+  SLUICE_RETURN_IF_ERROR(step_outputs.ReadOldest(out));  // waits for the step's copies
   const ProcessingSlot& ps = processing_slots[slot];
   const size_t entries = out.size() * kernels::kMaxTopLogprobs;
   const auto* top_ids = static_cast<const int32_t*>(ps.top.ptr);
@@ -920,7 +917,7 @@ absl::StatusOr<std::vector<float>> RunnerCore::Logits() {
                                                 cudaMemcpyDeviceToHost, m.stream.get()),
                                 "cudaMemcpyAsync logits");
   }
-  SLUICE_RUNNER_RETURN_IF_ERROR(m.stream.Synchronize());
+  SLUICE_RETURN_IF_ERROR(m.stream.Synchronize());
   std::vector<float> out(n);
   for (size_t i = 0; i < n; ++i) out[i] = kernels::Bf16ToFloat(bits[i]);
   return out;
@@ -928,9 +925,9 @@ absl::StatusOr<std::vector<float>> RunnerCore::Logits() {
 
 absl::Status RunnerCore::AllocateKvCache(int64_t blocks) {
   if (blocks < 1) return absl::InvalidArgumentError("AllocateKvCache: num_blocks < 1");
-  SLUICE_RUNNER_RETURN_IF_ERROR(stream.Synchronize());
+  SLUICE_RETURN_IF_ERROR(stream.Synchronize());
   num_blocks = 0;
-  SLUICE_RUNNER_RETURN_IF_ERROR(AllocateCache(blocks));
+  SLUICE_RETURN_IF_ERROR(AllocateCache(blocks));
   num_blocks = blocks;
   prev_num_logits = 0;
   step_outputs.Clear();  // the stream is idle: nothing unread can refer to the old cache

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/status_macros.h"
 #include "engine/cuda/cuda_runner.h"
 #include "engine/cuda/l2_persist.h"
 #include "engine/cuda/step_output_ring.h"
@@ -31,12 +32,6 @@ namespace sluice::cuda_runner {
 
 using kernels::bf16;
 using kernels::DeviceBuffer;
-
-#define SLUICE_RUNNER_RETURN_IF_ERROR(expr) \
-  do {                                      \
-    absl::Status _st = (expr);              \
-    if (!_st.ok()) return _st;              \
-  } while (0)
 
 // Byte offsets of one step's metadata inside its (host staging / device) buffer. Sizes:
 // T tokens, S sequences, N logits rows, MB block-table width. slot_mapping comes first so the
@@ -270,11 +265,11 @@ absl::StatusOr<std::unique_ptr<Core>> LoadCore(const std::string& dir,
   auto config = ModelConfig::Load(dir);
   if (!config.ok()) return config.status();
   auto core = std::make_unique<Core>();
-  SLUICE_RUNNER_RETURN_IF_ERROR(core->Init(*config, options));
+  SLUICE_RETURN_IF_ERROR(core->Init(*config, options));
   auto ckpt = Checkpoint::Open(dir);
   if (!ckpt.ok()) return ckpt.status();
   CheckpointSource src(std::move(*ckpt));
-  SLUICE_RUNNER_RETURN_IF_ERROR(core->LoadWeights(src));
+  SLUICE_RETURN_IF_ERROR(core->LoadWeights(src));
   return core;
 }
 
@@ -282,9 +277,9 @@ template <typename Core>
 absl::StatusOr<std::unique_ptr<Core>> DummyCore(const ModelConfig& config, uint64_t seed,
                                                 const CudaRunnerOptions& options) {
   auto core = std::make_unique<Core>();
-  SLUICE_RUNNER_RETURN_IF_ERROR(core->Init(config, options));
+  SLUICE_RETURN_IF_ERROR(core->Init(config, options));
   DummySource src(seed);
-  SLUICE_RUNNER_RETURN_IF_ERROR(core->LoadWeights(src));
+  SLUICE_RETURN_IF_ERROR(core->LoadWeights(src));
   return core;
 }
 

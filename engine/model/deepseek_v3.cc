@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/model/weight_loader.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/expert_parallel.h"
@@ -33,13 +34,6 @@
 
 namespace sluice {
 namespace {
-
-#define SLUICE_DSV3_RETURN_IF_ERROR(expr)    \
-  do {                                       \
-    if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                             \
-    }                                        \
-  } while (0)
 
 // SwiGLU MLP with gate and up fused: gate_up [2 * intermediate, hidden], down [hidden,
 // intermediate].
@@ -183,9 +177,9 @@ absl::Status DeepseekV3Model::LoadMlp(const Checkpoint& ckpt, const std::string&
   const int64_t h = config_.hidden_size;
   mlp->intermediate = intermediate;
   std::vector<float> up;
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, prefix + "gate_proj.weight", {intermediate, h}, &mlp->gate_up));
-  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, prefix + "up_proj.weight", {intermediate, h}, &up));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, prefix + "up_proj.weight", {intermediate, h}, &up));
   mlp->gate_up.insert(mlp->gate_up.end(), up.begin(), up.end());
   return LoadWeightInto(ckpt, prefix + "down_proj.weight", {h, intermediate}, &mlp->down);
 }
@@ -199,49 +193,48 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   const int64_t dr = c.qk_rope_head_dim;
   const std::string p = LayerPrefix(layer);
   const std::string attn = p + "self_attn.";
-  SLUICE_DSV3_RETURN_IF_ERROR(
-      LoadWeightInto(ckpt, p + "input_layernorm.weight", {h}, &w->input_norm));
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "input_layernorm.weight", {h}, &w->input_norm));
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {h}, &w->post_attention_norm));
 
   // Fused input projection [q_a_proj | q_proj ; kv_a_proj_with_mqa].
   std::vector<float> kv_a, q_first, kv_a_bias, q_first_bias;
   const std::string q_first_name = c.q_lora_rank > 0 ? "q_a_proj" : "q_proj";
   const int64_t q_first_rows = c.q_lora_rank > 0 ? c.q_lora_rank : q_width_;
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, attn + q_first_name + ".weight", {q_first_rows, h}, &q_first));
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, attn + "kv_a_proj_with_mqa.weight", {rank + dr, h}, &kv_a));
   w->w_a = std::move(q_first);
   w->w_a.insert(w->w_a.end(), kv_a.begin(), kv_a.end());
   if (c.attention_bias) {
     // transformers: q_a_proj and kv_a_proj_with_mqa carry the bias; q_proj has none.
     if (c.q_lora_rank > 0) {
-      SLUICE_DSV3_RETURN_IF_ERROR(
+      SLUICE_RETURN_IF_ERROR(
           LoadWeightInto(ckpt, attn + "q_a_proj.bias", {c.q_lora_rank}, &q_first_bias));
     } else {
       q_first_bias.assign(q_width_, 0.0f);
     }
-    SLUICE_DSV3_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, attn + "kv_a_proj_with_mqa.bias", {rank + dr}, &kv_a_bias));
     w->b_a = std::move(q_first_bias);
     w->b_a.insert(w->b_a.end(), kv_a_bias.begin(), kv_a_bias.end());
-    SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, attn + "o_proj.bias", {h}, &w->o_bias));
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, attn + "o_proj.bias", {h}, &w->o_bias));
   }
   if (c.q_lora_rank > 0) {
-    SLUICE_DSV3_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, attn + "q_a_layernorm.weight", {c.q_lora_rank}, &w->q_a_norm));
-    SLUICE_DSV3_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, attn + "q_b_proj.weight", {q_width_, c.q_lora_rank}, &w->q_b));
   }
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, attn + "kv_a_layernorm.weight", {rank}, &w->kv_a_norm));
   // kv_b_proj rows are per head [k_nope (qk_nope_head_dim) ; v (v_head_dim)]: exactly the
   // [heads, dn + dv, R] layout of W_UK / W_UV that the absorbed kernel reads.
-  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(
-      ckpt, attn + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), rank},
-      &w->kv_b));
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, attn + "kv_b_proj.weight",
+                                        {heads * (c.qk_nope_head_dim + c.v_head_dim), rank},
+                                        &w->kv_b));
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, attn + "o_proj.weight", {h, heads * c.v_head_dim}, &w->o_proj));
 
   w->is_moe = layer >= c.first_k_dense_replace;
@@ -250,10 +243,10 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   MoeWeights& m = w->moe;
   const int64_t e_count = c.n_routed_experts;
   const int64_t inter = c.moe_intermediate_size;
-  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.weight", {e_count, h}, &m.router));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.weight", {e_count, h}, &m.router));
   if (c.has_score_correction_bias) {
-    SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.e_score_correction_bias",
-                                               {e_count}, &m.correction_bias));
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.gate.e_score_correction_bias", {e_count},
+                                          &m.correction_bias));
   } else {
     m.correction_bias.assign(static_cast<size_t>(e_count), 0.0f);  // DeepSeek-V2: none
   }
@@ -261,8 +254,7 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   m.experts_down.resize(e_count * h * inter);
   for (int64_t e = 0; e < e_count; ++e) {
     MlpWeights expert;
-    SLUICE_DSV3_RETURN_IF_ERROR(
-        LoadMlp(ckpt, absl::StrCat(p, "mlp.experts.", e, "."), inter, &expert));
+    SLUICE_RETURN_IF_ERROR(LoadMlp(ckpt, absl::StrCat(p, "mlp.experts.", e, "."), inter, &expert));
     std::memcpy(m.experts_gate_up.data() + e * 2 * inter * h, expert.gate_up.data(),
                 expert.gate_up.size() * sizeof(float));
     std::memcpy(m.experts_down.data() + e * h * inter, expert.down.data(),
@@ -274,14 +266,14 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   }
   m.has_shared = c.n_shared_experts > 0;
   if (m.has_shared) {
-    SLUICE_DSV3_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadMlp(ckpt, p + "mlp.shared_experts.", inter * c.n_shared_experts, &m.shared));
   }
   return absl::OkStatus();
 }
 
 absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
-  SLUICE_DSV3_RETURN_IF_ERROR(ValidateConfig());
+  SLUICE_RETURN_IF_ERROR(ValidateConfig());
   const ModelConfig& c = config_;
   const int64_t h = c.hidden_size;
   q_width_ = c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim);
@@ -332,16 +324,15 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
     }
   }
 
-  SLUICE_DSV3_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, "model.embed_tokens.weight", {c.vocab_size, h}, &embed_));
-  SLUICE_DSV3_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {h}, &final_norm_));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {h}, &final_norm_));
   if (!c.tie_word_embeddings) {
-    SLUICE_DSV3_RETURN_IF_ERROR(
-        LoadWeightInto(ckpt, "lm_head.weight", {c.vocab_size, h}, &lm_head_));
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "lm_head.weight", {c.vocab_size, h}, &lm_head_));
   }
   layers_.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    SLUICE_DSV3_RETURN_IF_ERROR(LoadLayer(ckpt, l, &layers_[l]));
+    SLUICE_RETURN_IF_ERROR(LoadLayer(ckpt, l, &layers_[l]));
   }
 
   // Bytes one decode token reads (float32 storage): every attention/norm/dense weight, the
@@ -511,18 +502,16 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
   // Router logits in float32 (transformers upcasts the router to float32 as well).
   kernels::LinearCpu(ws_.normed.data(), m.router.data(), nullptr, ws_.router_logits.data(),
                      num_tokens, e_count, h);
-  SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeRoutingCpu(ws_.router_logits.data(),
-                                                     m.correction_bias.data(), num_tokens,
-                                                     routing_, ws_.topk_ids.data(),
-                                                     ws_.topk_weights.data()));
+  SLUICE_RETURN_IF_ERROR(kernels::MoeRoutingCpu(ws_.router_logits.data(), m.correction_bias.data(),
+                                                num_tokens, routing_, ws_.topk_ids.data(),
+                                                ws_.topk_weights.data()));
   ExpertParallelMoe* ep = ep_.empty() ? nullptr : ep_[&w - layers_.data()].get();
   if (ep != nullptr) {  // m.views holds this rank's expert slots only
-    SLUICE_DSV3_RETURN_IF_ERROR(ep->Run(ws_.normed.data(), num_tokens, h,
-                                        config_.moe_intermediate_size, ws_.topk_ids.data(),
-                                        ws_.topk_weights.data(), top_k, m.views,
-                                        ws_.routed.data()));
+    SLUICE_RETURN_IF_ERROR(ep->Run(ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size,
+                                   ws_.topk_ids.data(), ws_.topk_weights.data(), top_k, m.views,
+                                   ws_.routed.data()));
   } else {
-    SLUICE_DSV3_RETURN_IF_ERROR(kernels::MoeExpertsCpu(
+    SLUICE_RETURN_IF_ERROR(kernels::MoeExpertsCpu(
         ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size, ws_.topk_ids.data(),
         ws_.topk_weights.data(), top_k, m.views, ws_.routed.data(), ws_.moe));
   }
@@ -541,7 +530,7 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
 
 absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cache,
                                       absl::Span<float> logits) {
-  SLUICE_DSV3_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, logits));
+  SLUICE_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, logits));
   const ModelConfig& c = config_;
   const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
   if (num_tokens == 0) return absl::OkStatus();
@@ -557,19 +546,18 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
   Grow(ws_.latent, num_tokens * (c.kv_lora_rank + c.qk_rope_head_dim));
   Grow(ws_.attn, num_tokens * c.num_attention_heads * c.v_head_dim);
 
-  SLUICE_DSV3_RETURN_IF_ERROR(kernels::EmbeddingCpu(embed_.data(), c.vocab_size, h,
-                                                    input.token_ids.data(), num_tokens,
-                                                    ws_.residual.data()));
+  SLUICE_RETURN_IF_ERROR(kernels::EmbeddingCpu(
+      embed_.data(), c.vocab_size, h, input.token_ids.data(), num_tokens, ws_.residual.data()));
   kernels::RmsNormCpu(ws_.residual.data(), h, layers_[0].input_norm.data(), ws_.normed.data(), h,
                       num_tokens, h, eps);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
     absl::Status status;
     Attention(l, input, kv_cache, num_tokens, &status);
-    SLUICE_DSV3_RETURN_IF_ERROR(status);
+    SLUICE_RETURN_IF_ERROR(status);
     kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), w.post_attention_norm.data(),
                            ws_.normed.data(), num_tokens, h, eps);
-    SLUICE_DSV3_RETURN_IF_ERROR(Mlp(w, num_tokens));
+    SLUICE_RETURN_IF_ERROR(Mlp(w, num_tokens));
     const float* next_norm =
         l + 1 < c.num_hidden_layers ? layers_[l + 1].input_norm.data() : final_norm_.data();
     kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), next_norm, ws_.normed.data(),
@@ -594,8 +582,8 @@ absl::Status DeepseekV3Model::Shard(const ParallelShard& shard) {
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
   if (group_comm_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
   group_comm_ = shard.comm;
-  if (shard.tensor_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
-  if (shard.expert_parallel) SLUICE_DSV3_RETURN_IF_ERROR(ShardExperts(shard));
+  if (shard.tensor_parallel) SLUICE_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
+  if (shard.expert_parallel) SLUICE_RETURN_IF_ERROR(ShardExperts(shard));
   return absl::OkStatus();
 }
 
@@ -718,7 +706,7 @@ std::vector<int64_t> DeepseekV3Model::TakeExpertLoad() {
   return total;
 }
 
-#undef SLUICE_DSV3_RETURN_IF_ERROR
+#undef SLUICE_RETURN_IF_ERROR
 
 }  // namespace
 

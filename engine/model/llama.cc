@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/model/weight_loader.h"
 #include "engine/parallel/communicator.h"
 #include "engine/parallel/sharding.h"
@@ -19,12 +20,6 @@
 
 namespace sluice {
 namespace {
-
-#define SLUICE_LLAMA_RETURN_IF_ERROR(expr) \
-  do {                                     \
-    absl::Status _s = (expr);              \
-    if (!_s.ok()) return _s;               \
-  } while (0)
 
 // One decoder layer's weights, float32. q/k/v and gate/up are fused row-wise so each needs one
 // GEMM: w_qkv [(nh + 2·nkv)·hd, H] (q rows, then k, then v), w_gate_up [2·I, H] (gate, up).
@@ -159,11 +154,10 @@ absl::Status LlamaModel::Load(const Checkpoint& ckpt) {
   rope_ = std::move(*table);
 
   const int64_t H = hidden_, hd = head_dim_;
-  SLUICE_LLAMA_RETURN_IF_ERROR(
-      LoadWeightInto(ckpt, "model.embed_tokens.weight", {vocab_, H}, &embed_));
-  SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {H}, &final_norm_));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.embed_tokens.weight", {vocab_, H}, &embed_));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {H}, &final_norm_));
   if (!c.tie_word_embeddings) {
-    SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, "lm_head.weight", {vocab_, H}, &lm_head_));
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "lm_head.weight", {vocab_, H}, &lm_head_));
   }
   const bool qwen3 = c.architecture == Architecture::kQwen3;
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -171,48 +165,44 @@ absl::Status LlamaModel::Load(const Checkpoint& ckpt) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LlamaLayer& L = layers_[static_cast<size_t>(i)];
     const std::string p = LayerPrefix(i);
-    SLUICE_LLAMA_RETURN_IF_ERROR(
-        LoadWeightInto(ckpt, p + "input_layernorm.weight", {H}, &L.input_norm));
-    SLUICE_LLAMA_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "input_layernorm.weight", {H}, &L.input_norm));
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
     const std::pair<const char*, int64_t> qkv[] = {
         {"q_proj", heads_ * hd}, {"k_proj", kv_heads_ * hd}, {"v_proj", kv_heads_ * hd}};
     L.w_qkv.reserve(static_cast<size_t>(qkv_dim_ * H));
     for (const auto& [name, rows] : qkv) {
-      SLUICE_LLAMA_RETURN_IF_ERROR(
+      SLUICE_RETURN_IF_ERROR(
           LoadWeightInto(ckpt, p + "self_attn." + name + ".weight", {rows, H}, &tmp));
       Append(&L.w_qkv, tmp);
       if (c.attention_bias) {
-        SLUICE_LLAMA_RETURN_IF_ERROR(
+        SLUICE_RETURN_IF_ERROR(
             LoadWeightInto(ckpt, p + "self_attn." + name + ".bias", {rows}, &tmp));
         Append(&L.b_qkv, tmp);
       }
     }
-    SLUICE_LLAMA_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, p + "self_attn.o_proj.weight", {H, heads_ * hd}, &L.w_o));
     if (c.attention_bias) {
-      SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "self_attn.o_proj.bias", {H}, &L.b_o));
+      SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "self_attn.o_proj.bias", {H}, &L.b_o));
     }
     if (qwen3) {
-      SLUICE_LLAMA_RETURN_IF_ERROR(
-          LoadWeightInto(ckpt, p + "self_attn.q_norm.weight", {hd}, &L.q_norm));
-      SLUICE_LLAMA_RETURN_IF_ERROR(
-          LoadWeightInto(ckpt, p + "self_attn.k_norm.weight", {hd}, &L.k_norm));
+      SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "self_attn.q_norm.weight", {hd}, &L.q_norm));
+      SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "self_attn.k_norm.weight", {hd}, &L.k_norm));
     }
     for (const char* name : {"gate_proj", "up_proj"}) {
-      SLUICE_LLAMA_RETURN_IF_ERROR(
+      SLUICE_RETURN_IF_ERROR(
           LoadWeightInto(ckpt, p + "mlp." + name + ".weight", {inter_, H}, &tmp));
       Append(&L.w_gate_up, tmp);
       if (c.mlp_bias) {
-        SLUICE_LLAMA_RETURN_IF_ERROR(
-            LoadWeightInto(ckpt, p + "mlp." + name + ".bias", {inter_}, &tmp));
+        SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp." + name + ".bias", {inter_}, &tmp));
         Append(&L.b_gate_up, tmp);
       }
     }
-    SLUICE_LLAMA_RETURN_IF_ERROR(
+    SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, p + "mlp.down_proj.weight", {H, inter_}, &L.w_down));
     if (c.mlp_bias) {
-      SLUICE_LLAMA_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.down_proj.bias", {H}, &L.b_down));
+      SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "mlp.down_proj.bias", {H}, &L.b_down));
     }
     if (static_cast<size_t>(i) < c.layer_is_sliding.size() && c.layer_is_sliding[i]) {
       L.sliding_window = c.sliding_window;
@@ -380,7 +370,7 @@ void LlamaModel::SlidingAttentionBounded(const ForwardInput& in, const float* k_
 
 absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
                                  absl::Span<float> logits) {
-  SLUICE_LLAMA_RETURN_IF_ERROR(Validate(in, cache, logits));
+  SLUICE_RETURN_IF_ERROR(Validate(in, cache, logits));
   const int64_t T = static_cast<int64_t>(in.token_ids.size());
   if (T == 0) return absl::OkStatus();
   const int64_t H = hidden_, hd = head_dim_;
@@ -411,7 +401,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
   const bool bounded = std::any_of(in.sliding_kv_start.begin(), in.sliding_kv_start.end(),
                                    [](int32_t start) { return start > 0; });
 
-  SLUICE_LLAMA_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       kernels::EmbeddingCpu(embed_.data(), vocab_, H, in.token_ids.data(), T, residual_.data()));
   for (size_t li = 0; li < layers_.size(); ++li) {
     const LlamaLayer& L = layers_[li];
@@ -454,7 +444,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     kernels::LinearCpu(attn_.data(), L.w_o.data(), L.b_o.empty() ? nullptr : L.b_o.data(),
                        tmp_.data(), T, H, q_dim);
     if (tp_comm_ != nullptr) {  // row-parallel o_proj: sum the ranks' partial outputs
-      SLUICE_LLAMA_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
+      SLUICE_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
     }
     kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.post_norm.data(), normed_.data(), T,
                            H, eps);
@@ -465,7 +455,7 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     kernels::LinearCpu(act_.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(),
                        tmp_.data(), T, H, inter_);
     if (tp_comm_ != nullptr) {  // row-parallel down_proj
-      SLUICE_LLAMA_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
+      SLUICE_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
     }
   }
   // Final residual add + norm, only for the rows whose logits are wanted.
@@ -528,7 +518,7 @@ absl::Status LlamaModel::Shard(const ParallelShard& shard) {
   return absl::OkStatus();
 }
 
-#undef SLUICE_LLAMA_RETURN_IF_ERROR
+#undef SLUICE_RETURN_IF_ERROR
 
 }  // namespace
 

@@ -6,18 +6,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice {
 namespace {
 
 using json = nlohmann::json;
-
-#define SLUICE_CFG_RETURN_IF_ERROR(expr)    \
-  do {                                  \
-    absl::Status _s = (expr);           \
-    if (!_s.ok()) return _s;            \
-  } while (0)
 
 absl::StatusOr<json> ParseJsonFile(const std::string& path, bool* found) {
   std::ifstream in(path, std::ios::binary);
@@ -118,7 +113,7 @@ absl::Status AppendEosIds(const json& j, std::vector<int32_t>* ids) {
 
 // Parses transformers 5 `rope_parameters` or 4.x `rope_theta` + `rope_scaling`.
 absl::Status ParseRope(const json& j, RopeScaling* rope) {
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(j, "rope_theta", &rope->rope_theta));
+  SLUICE_RETURN_IF_ERROR(GetDouble(j, "rope_theta", &rope->rope_theta));
   const json* params = nullptr;
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     auto it = j.find(key);
@@ -130,18 +125,18 @@ absl::Status ParseRope(const json& j, RopeScaling* rope) {
   }
   if (params == nullptr) return absl::OkStatus();
   const json& p = *params;
-  SLUICE_CFG_RETURN_IF_ERROR(GetString(p, "type", &rope->rope_type));  // 4.x spelling
-  SLUICE_CFG_RETURN_IF_ERROR(GetString(p, "rope_type", &rope->rope_type));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "rope_theta", &rope->rope_theta));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "factor", &rope->factor));
-  SLUICE_CFG_RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(GetString(p, "type", &rope->rope_type));  // 4.x spelling
+  SLUICE_RETURN_IF_ERROR(GetString(p, "rope_type", &rope->rope_type));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "rope_theta", &rope->rope_theta));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "factor", &rope->factor));
+  SLUICE_RETURN_IF_ERROR(
       GetInt(p, "original_max_position_embeddings", &rope->original_max_position_embeddings));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "beta_fast", &rope->beta_fast));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "beta_slow", &rope->beta_slow));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "mscale", &rope->mscale));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "mscale_all_dim", &rope->mscale_all_dim));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "low_freq_factor", &rope->low_freq_factor));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(p, "high_freq_factor", &rope->high_freq_factor));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "beta_fast", &rope->beta_fast));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "beta_slow", &rope->beta_slow));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "mscale", &rope->mscale));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "mscale_all_dim", &rope->mscale_all_dim));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "low_freq_factor", &rope->low_freq_factor));
+  SLUICE_RETURN_IF_ERROR(GetDouble(p, "high_freq_factor", &rope->high_freq_factor));
   if (rope->rope_type != "default" && rope->rope_type != "linear" && rope->rope_type != "yarn" &&
       rope->rope_type != "llama3") {
     return absl::InvalidArgumentError(
@@ -157,7 +152,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
                                          (*it)[0].is_string()) {
     c.architecture_name = (*it)[0].get<std::string>();
   }
-  SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "model_type", &c.model_type));
+  SLUICE_RETURN_IF_ERROR(GetString(j, "model_type", &c.model_type));
   const std::string& a = c.architecture_name;
   const std::string& t = c.model_type;
   if (a == "LlamaForCausalLM" || (a.empty() && t == "llama")) {
@@ -182,32 +177,32 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
                      " (model_type ", t.empty() ? "(none)" : t, ")"));
   }
 
-  SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "vocab_size", &c.vocab_size));
-  SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "hidden_size", &c.hidden_size));
-  SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "num_hidden_layers", &c.num_hidden_layers));
-  SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "num_attention_heads", &c.num_attention_heads));
-  SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "intermediate_size", &c.intermediate_size));
+  SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "vocab_size", &c.vocab_size));
+  SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "hidden_size", &c.hidden_size));
+  SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "num_hidden_layers", &c.num_hidden_layers));
+  SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "num_attention_heads", &c.num_attention_heads));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "intermediate_size", &c.intermediate_size));
   c.num_key_value_heads = c.num_attention_heads;
-  SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "num_key_value_heads", &c.num_key_value_heads));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "num_key_value_heads", &c.num_key_value_heads));
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_attention_heads ", c.num_attention_heads,
                      " is not a multiple of num_key_value_heads ", c.num_key_value_heads));
   }
   c.head_dim = c.hidden_size / c.num_attention_heads;
-  SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "head_dim", &c.head_dim));
-  SLUICE_CFG_RETURN_IF_ERROR(GetDouble(j, "rms_norm_eps", &c.rms_norm_eps));
-  SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "max_position_embeddings", &c.max_position_embeddings));
-  SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
-  SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "attention_bias", &c.attention_bias));
-  SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "mlp_bias", &c.mlp_bias));
-  SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "hidden_act", &c.hidden_act));
-  SLUICE_CFG_RETURN_IF_ERROR(ParseRope(j, &c.rope));
-  SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "rope_interleave", &c.rope_interleave));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "head_dim", &c.head_dim));
+  SLUICE_RETURN_IF_ERROR(GetDouble(j, "rms_norm_eps", &c.rms_norm_eps));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "max_position_embeddings", &c.max_position_embeddings));
+  SLUICE_RETURN_IF_ERROR(GetBool(j, "tie_word_embeddings", &c.tie_word_embeddings));
+  SLUICE_RETURN_IF_ERROR(GetBool(j, "attention_bias", &c.attention_bias));
+  SLUICE_RETURN_IF_ERROR(GetBool(j, "mlp_bias", &c.mlp_bias));
+  SLUICE_RETURN_IF_ERROR(GetString(j, "hidden_act", &c.hidden_act));
+  SLUICE_RETURN_IF_ERROR(ParseRope(j, &c.rope));
+  SLUICE_RETURN_IF_ERROR(GetBool(j, "rope_interleave", &c.rope_interleave));
   int64_t bos = -1;
-  SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "bos_token_id", &bos));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "bos_token_id", &bos));
   c.bos_token_id = static_cast<int32_t>(bos);
-  SLUICE_CFG_RETURN_IF_ERROR(AppendEosIds(j, &c.eos_token_ids));
+  SLUICE_RETURN_IF_ERROR(AppendEosIds(j, &c.eos_token_ids));
 
   // Sliding window, following transformers' Qwen3Config: the window exists only when
   // use_sliding_window is true; `layer_types` names the sliding layers, else layers with index
@@ -218,9 +213,9 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
     bool use_sliding_window = false;
     int64_t window = 4096;
     int64_t max_window_layers = 28;
-    SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "use_sliding_window", &use_sliding_window));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "sliding_window", &window));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "max_window_layers", &max_window_layers));
+    SLUICE_RETURN_IF_ERROR(GetBool(j, "use_sliding_window", &use_sliding_window));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "sliding_window", &window));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "max_window_layers", &max_window_layers));
     if (!use_sliding_window) window = 0;
     if (window < 0) return absl::InvalidArgumentError("config field sliding_window is negative");
     auto lt = j.find("layer_types");
@@ -250,26 +245,26 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   }
 
   if (c.architecture == Architecture::kDeepseekV3) {
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "q_lora_rank", &c.q_lora_rank));
-    SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "kv_lora_rank", &c.kv_lora_rank));
-    SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "qk_nope_head_dim", &c.qk_nope_head_dim));
-    SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "qk_rope_head_dim", &c.qk_rope_head_dim));
-    SLUICE_CFG_RETURN_IF_ERROR(GetRequiredInt(j, "v_head_dim", &c.v_head_dim));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "n_routed_experts", &c.n_routed_experts));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "n_shared_experts", &c.n_shared_experts));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "num_experts_per_tok", &c.num_experts_per_tok));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "moe_intermediate_size", &c.moe_intermediate_size));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "n_group", &c.n_group));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "topk_group", &c.topk_group));
-    SLUICE_CFG_RETURN_IF_ERROR(GetDouble(j, "routed_scaling_factor", &c.routed_scaling_factor));
-    SLUICE_CFG_RETURN_IF_ERROR(GetBool(j, "norm_topk_prob", &c.norm_topk_prob));
-    SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "first_k_dense_replace", &c.first_k_dense_replace));
-    SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "scoring_func", &c.scoring_func));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "q_lora_rank", &c.q_lora_rank));
+    SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "kv_lora_rank", &c.kv_lora_rank));
+    SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "qk_nope_head_dim", &c.qk_nope_head_dim));
+    SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "qk_rope_head_dim", &c.qk_rope_head_dim));
+    SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "v_head_dim", &c.v_head_dim));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "n_routed_experts", &c.n_routed_experts));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "n_shared_experts", &c.n_shared_experts));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "num_experts_per_tok", &c.num_experts_per_tok));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "moe_intermediate_size", &c.moe_intermediate_size));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "n_group", &c.n_group));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "topk_group", &c.topk_group));
+    SLUICE_RETURN_IF_ERROR(GetDouble(j, "routed_scaling_factor", &c.routed_scaling_factor));
+    SLUICE_RETURN_IF_ERROR(GetBool(j, "norm_topk_prob", &c.norm_topk_prob));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "first_k_dense_replace", &c.first_k_dense_replace));
+    SLUICE_RETURN_IF_ERROR(GetString(j, "scoring_func", &c.scoring_func));
     if (c.deepseek_v2) {
       // topk_method "greedy": top-k over all experts (n_group / topk_group unused, often null);
       // "group_limited_greedy": top-k within the topk_group groups with the best single expert.
       std::string topk_method = "greedy";
-      SLUICE_CFG_RETURN_IF_ERROR(GetString(j, "topk_method", &topk_method));
+      SLUICE_RETURN_IF_ERROR(GetString(j, "topk_method", &topk_method));
       if (topk_method == "greedy") {
         c.n_group = 1;
         c.topk_group = 1;
@@ -282,7 +277,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
       // DeepSeek's V2 configs carry moe_layer_freq (every released model: 1, every layer from
       // first_k_dense_replace on is MoE); other periods would interleave dense layers.
       int64_t moe_layer_freq = 1;
-      SLUICE_CFG_RETURN_IF_ERROR(GetInt(j, "moe_layer_freq", &moe_layer_freq));
+      SLUICE_RETURN_IF_ERROR(GetInt(j, "moe_layer_freq", &moe_layer_freq));
       if (moe_layer_freq != 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             "unsupported DeepSeek-V2 moe_layer_freq ", moe_layer_freq, " (only 1)"));
@@ -295,7 +290,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   return c;
 }
 
-#undef SLUICE_CFG_RETURN_IF_ERROR
+#undef SLUICE_RETURN_IF_ERROR
 
 }  // namespace
 

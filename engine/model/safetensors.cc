@@ -111,50 +111,6 @@ int64_t TensorView::NumElements() const {
   return n;
 }
 
-float Bf16ToFloat(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-float Fp16ToFloat(uint16_t h) {
-  // IEEE 754 binary16 → binary32, exact (handles subnormals, inf, NaN).
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {
-      // Subnormal: normalize.
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      mant &= 0x3ffu;
-      u = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-uint16_t FloatToBf16(float value) {
-  uint32_t u;
-  std::memcpy(&u, &value, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>((u + rounding) >> 16);
-}
-
 absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& view) {
   const int64_t n = view.NumElements();
   std::vector<float> out(static_cast<size_t>(n));

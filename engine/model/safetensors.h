@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/float16.h"  // the loader's users convert 16-bit floats with it
 
 namespace sluice {
 
@@ -85,11 +86,6 @@ class Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> index_;
 };
-
-// Float conversions used by the loader and by kernels that read 16-bit storage.
-float Bf16ToFloat(uint16_t bits);
-float Fp16ToFloat(uint16_t bits);
-uint16_t FloatToBf16(float value);  // round to nearest even
 
 // ToFloat32 converts a float tensor view (f32/f16/bf16/f64) to float32.
 absl::StatusOr<std::vector<float>> ToFloat32(const TensorView& view);

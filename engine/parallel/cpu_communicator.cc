@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "engine/model/safetensors.h"
+#include "common/float16.h"
 
 namespace sluice {
 

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_builtins.h"
 #include "engine/tokenizer/jinja_interpreter.h"
 #include "engine/tokenizer/jinja_str.h"
@@ -66,7 +67,7 @@ absl::StatusOr<Value> Attribute(const Value& item, const Value& attribute) {
     int64_t index = 0;
     Value key =
         absl::SimpleAtoi(part, &index) ? Value::Int(index) : Value::String(std::string(part));
-    SLUICE_JINJA_ASSIGN_OR_RETURN(current, GetItem(current, key));
+    SLUICE_ASSIGN_OR_RETURN(current, GetItem(current, key));
   }
   return current;
 }
@@ -151,7 +152,7 @@ absl::StatusOr<Value> SortList(List items, bool reverse, bool case_sensitive,
   for (Value& item : items) {
     Value key = item;
     if (attribute != nullptr && !attribute->is_none()) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(key, Attribute(item, *attribute));
+      SLUICE_ASSIGN_OR_RETURN(key, Attribute(item, *attribute));
     }
     if (!case_sensitive) key = IgnoreCase(key);
     keyed.emplace_back(std::move(key), std::move(item));
@@ -166,7 +167,7 @@ absl::StatusOr<Value> SortList(List items, bool reverse, bool case_sensitive,
     }
     return *cmp < 0;
   });
-  SLUICE_JINJA_RETURN_IF_ERROR(error);
+  SLUICE_RETURN_IF_ERROR(error);
   List out;
   out.reserve(keyed.size());
   for (auto& [key, item] : keyed) out.push_back(std::move(item));
@@ -174,7 +175,7 @@ absl::StatusOr<Value> SortList(List items, bool reverse, bool case_sensitive,
 }
 
 absl::StatusOr<Value> MinMax(const Value& input, const CallArgs& args, bool want_max) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(input));
+  SLUICE_ASSIGN_OR_RETURN(List items, Iterate(input));
   const bool case_sensitive = BoolArg(args, 0, "case_sensitive", false);
   const Value* attribute = args.Arg(1, "attribute");
   if (items.empty()) return Value::Undefined("No aggregated item, sequence was empty.");
@@ -183,7 +184,7 @@ absl::StatusOr<Value> MinMax(const Value& input, const CallArgs& args, bool want
   for (size_t i = 0; i < items.size(); ++i) {
     Value key = items[i];
     if (attribute != nullptr && !attribute->is_none()) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(key, Attribute(items[i], *attribute));
+      SLUICE_ASSIGN_OR_RETURN(key, Attribute(items[i], *attribute));
     }
     if (!case_sensitive) key = IgnoreCase(key);
     if (i == 0) {
@@ -191,7 +192,7 @@ absl::StatusOr<Value> MinMax(const Value& input, const CallArgs& args, bool want
       best_key = key;
       continue;
     }
-    SLUICE_JINJA_ASSIGN_OR_RETURN(int cmp, Compare(key, best_key));
+    SLUICE_ASSIGN_OR_RETURN(int cmp, Compare(key, best_key));
     if (want_max ? cmp > 0 : cmp < 0) {
       best = items[i];
       best_key = key;
@@ -203,7 +204,7 @@ absl::StatusOr<Value> MinMax(const Value& input, const CallArgs& args, bool want
 // SelectOrReject implements select/reject/selectattr/rejectattr.
 absl::StatusOr<Value> SelectOrReject(Interpreter& interp, const Value& input, const CallArgs& args,
                                      bool by_attr, bool keep_when) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(input));
+  SLUICE_ASSIGN_OR_RETURN(List items, Iterate(input));
   size_t next = 0;
   Value attribute;
   if (by_attr) {
@@ -221,13 +222,13 @@ absl::StatusOr<Value> SelectOrReject(Interpreter& interp, const Value& input, co
   for (Value& item : items) {
     Value subject = item;
     if (by_attr) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(subject, Attribute(item, attribute));
+      SLUICE_ASSIGN_OR_RETURN(subject, Attribute(item, attribute));
     }
     bool passed = false;
     if (test.empty()) {
       passed = subject.Truthy();
     } else {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(passed, ApplyTest(interp, test, subject, test_args));
+      SLUICE_ASSIGN_OR_RETURN(passed, ApplyTest(interp, test, subject, test_args));
     }
     if (passed == keep_when) out.push_back(std::move(item));
   }
@@ -257,7 +258,7 @@ absl::StatusOr<Value> ToJsonFilter(const Value& input, const CallArgs& args) {
     options.key_separator = v->as_list()[1].as_string();
   }
   if (const Value* v = args.Arg(3, "sort_keys"); v != nullptr) options.sort_keys = v->Truthy();
-  SLUICE_JINJA_ASSIGN_OR_RETURN(std::string json, ToJson(input, options));
+  SLUICE_ASSIGN_OR_RETURN(std::string json, ToJson(input, options));
   return Value::String(std::move(json));
 }
 
@@ -347,12 +348,12 @@ absl::StatusOr<Value> IndentFilter(const Value& input, const CallArgs& args) {
     }
   }
   if (first) rv = indention + rv;
-  SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(rv.size()));
+  SLUICE_RETURN_IF_ERROR(CheckSize(rv.size()));
   return Value::String(std::move(rv));
 }
 
 absl::StatusOr<Value> MapFilter(Interpreter& interp, const Value& input, const CallArgs& args) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(input));
+  SLUICE_ASSIGN_OR_RETURN(List items, Iterate(input));
   List out;
   out.reserve(items.size());
   if (args.positional.empty()) {
@@ -360,7 +361,7 @@ absl::StatusOr<Value> MapFilter(Interpreter& interp, const Value& input, const C
     if (attribute == nullptr) return TypeError("map requires a filter name or attribute=");
     const Value* fallback = args.Kwarg("default");
     for (const Value& item : items) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value v, Attribute(item, *attribute));
+      SLUICE_ASSIGN_OR_RETURN(Value v, Attribute(item, *attribute));
       if (v.is_undefined() && fallback != nullptr) v = *fallback;
       out.push_back(std::move(v));
     }
@@ -371,7 +372,7 @@ absl::StatusOr<Value> MapFilter(Interpreter& interp, const Value& input, const C
   if (!HasFilter(name)) return TypeError(absl::StrCat("No filter named '", name, "'."));
   CallArgs rest = DropPositional(args, 1);
   for (const Value& item : items) {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(Value v, ApplyFilter(interp, name, item, rest));
+    SLUICE_ASSIGN_OR_RETURN(Value v, ApplyFilter(interp, name, item, rest));
     out.push_back(std::move(v));
   }
   return Value::MakeList(std::move(out));
@@ -396,7 +397,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       return GetAttribute(v, name->as_string());
     };
     f["batch"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       const Value* count = a.Arg(0, "linecount");
       if (count == nullptr || !count->is_int() || count->as_int() <= 0) {
         return TypeError("batch: linecount must be a positive int");
@@ -449,8 +450,8 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
         pairs.push_back(Value::MakeList({Value::String(key), item}, true));
       }
       const Value index = Value::Int(by_value ? 1 : 0);
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value sorted,
-                                    SortList(std::move(pairs), reverse, case_sensitive, &index));
+      SLUICE_ASSIGN_OR_RETURN(Value sorted,
+                              SortList(std::move(pairs), reverse, case_sensitive, &index));
       return sorted;
     };
     f["escape"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
@@ -459,12 +460,12 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
     f["e"] = f["escape"];
     f["forceescape"] = f["escape"];
     f["first"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       if (items.empty()) return Value::Undefined("No first item, sequence was empty.");
       return items.front();
     };
     f["last"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       if (items.empty()) return Value::Undefined("No last item, sequence was empty.");
       return items.back();
     };
@@ -506,7 +507,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       return Value::MakeList(std::move(out));
     };
     f["join"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       const Value* sep_value = a.Arg(0, "d");
       const std::string sep = sep_value == nullptr ? "" : SoftStr(*sep_value);
       const Value* attribute = a.Arg(1, "attribute");
@@ -514,16 +515,16 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       for (size_t i = 0; i < items.size(); ++i) {
         Value item = items[i];
         if (attribute != nullptr && !attribute->is_none()) {
-          SLUICE_JINJA_ASSIGN_OR_RETURN(item, Attribute(item, *attribute));
+          SLUICE_ASSIGN_OR_RETURN(item, Attribute(item, *attribute));
         }
         if (i > 0) out += sep;
         out += SoftStr(item);
-        SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(out.size()));
+        SLUICE_RETURN_IF_ERROR(CheckSize(out.size()));
       }
       return Value::String(std::move(out));
     };
     f["list"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       return Value::MakeList(std::move(items));
     };
     f["lower"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
@@ -556,8 +557,8 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       if (old_v == nullptr || new_v == nullptr) return TypeError("replace expects old and new");
       const Value* count = a.Arg(2, "count");
       const int64_t n = count == nullptr || count->is_none() ? -1 : count->as_int();
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string out,
-                                    PyReplace(SoftStr(v), SoftStr(*old_v), SoftStr(*new_v), n));
+      SLUICE_ASSIGN_OR_RETURN(std::string out,
+                              PyReplace(SoftStr(v), SoftStr(*old_v), SoftStr(*new_v), n));
       return Value::String(std::move(out));
     };
     f["reverse"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
@@ -566,7 +567,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
         std::reverse(cps.begin(), cps.end());
         return Value::String(Utf8Encode(cps, 0, cps.size()));
       }
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       std::reverse(items.begin(), items.end());
       return Value::MakeList(std::move(items));
     };
@@ -575,7 +576,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       return v;
     };
     f["sort"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       return SortList(std::move(items), BoolArg(a, 0, "reverse", false),
                       BoolArg(a, 1, "case_sensitive", false), a.Arg(2, "attribute"));
     };
@@ -583,16 +584,16 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       return Value::String(SoftStr(v));
     };
     f["sum"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       const Value* attribute = a.Arg(0, "attribute");
       const Value* start = a.Arg(1, "start");
       Value total = start != nullptr ? *start : Value::Int(0);
       for (const Value& item : items) {
         Value x = item;
         if (attribute != nullptr && !attribute->is_none()) {
-          SLUICE_JINJA_ASSIGN_OR_RETURN(x, Attribute(item, *attribute));
+          SLUICE_ASSIGN_OR_RETURN(x, Attribute(item, *attribute));
         }
-        SLUICE_JINJA_ASSIGN_OR_RETURN(total, BinaryOp("+", total, x));
+        SLUICE_ASSIGN_OR_RETURN(total, BinaryOp("+", total, x));
       }
       return total;
     };
@@ -608,7 +609,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       return Value::String(PyStrip(SoftStr(v), nullptr, true, true));
     };
     f["unique"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(v));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       const bool case_sensitive = BoolArg(a, 0, "case_sensitive", false);
       const Value* attribute = a.Arg(1, "attribute");
       absl::flat_hash_set<std::string> seen;
@@ -616,7 +617,7 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
       for (const Value& item : items) {
         Value key = item;
         if (attribute != nullptr && !attribute->is_none()) {
-          SLUICE_JINJA_ASSIGN_OR_RETURN(key, Attribute(item, *attribute));
+          SLUICE_ASSIGN_OR_RETURN(key, Attribute(item, *attribute));
         }
         if (!case_sensitive) key = IgnoreCase(key);
         // Python hashes 1, 1.0 and True alike.
@@ -651,7 +652,7 @@ absl::StatusOr<bool> CompareTest(const Value& v, const CallArgs& a, absl::string
   if (op == "==") return Equals(v, *other);
   if (op == "!=") return !Equals(v, *other);
   if (v.is_undefined()) return UndefinedError(v);
-  SLUICE_JINJA_ASSIGN_OR_RETURN(int cmp, Compare(v, *other));
+  SLUICE_ASSIGN_OR_RETURN(int cmp, Compare(v, *other));
   if (op == "<") return cmp < 0;
   if (op == "<=") return cmp <= 0;
   if (op == ">") return cmp > 0;
@@ -691,17 +692,17 @@ const absl::flat_hash_map<std::string, TestFn>& Tests() {
     simple("lower", [](const Value& v) { return PyIsClass(SoftStr(v), "islower"); });
     simple("upper", [](const Value& v) { return PyIsClass(SoftStr(v), "isupper"); });
     t["odd"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<bool> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value r, Mod2(v));
+      SLUICE_ASSIGN_OR_RETURN(Value r, Mod2(v));
       return Equals(r, Value::Int(1));
     };
     t["even"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<bool> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value r, Mod2(v));
+      SLUICE_ASSIGN_OR_RETURN(Value r, Mod2(v));
       return Equals(r, Value::Int(0));
     };
     t["divisibleby"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<bool> {
       const Value* num = a.Arg(0, "num");
       if (num == nullptr) return TypeError("divisibleby needs an argument");
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value r, BinaryOp("%", v, *num));
+      SLUICE_ASSIGN_OR_RETURN(Value r, BinaryOp("%", v, *num));
       return Equals(r, Value::Int(0));
     };
     const std::pair<const char*, const char*> compare_aliases[] = {

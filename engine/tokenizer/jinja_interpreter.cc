@@ -4,6 +4,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_builtins.h"
 
 namespace sluice::jinja {
@@ -60,7 +61,7 @@ absl::StatusOr<std::string> Interpreter::Render(const Value& context) {
   call_depth_ = 0;
   std::string out;
   Flow flow = Flow::kNormal;
-  SLUICE_JINJA_RETURN_IF_ERROR(ExecBody(template_.body, root_, &out, &flow));
+  SLUICE_RETURN_IF_ERROR(ExecBody(template_.body, root_, &out, &flow));
   return out;
 }
 
@@ -79,7 +80,7 @@ Value Interpreter::Lookup(const std::string& name, const FramePtr& frame) const 
 absl::Status Interpreter::ExecBody(const Body& body, const FramePtr& frame, std::string* out,
                                    Flow* flow) {
   for (const StmtPtr& stmt : body) {
-    SLUICE_JINJA_RETURN_IF_ERROR(Locate(ExecStmt(*stmt, frame, out, flow), stmt->line));
+    SLUICE_RETURN_IF_ERROR(Locate(ExecStmt(*stmt, frame, out, flow), stmt->line));
     if (*flow != Flow::kNormal) return absl::OkStatus();
   }
   return absl::OkStatus();
@@ -91,14 +92,14 @@ absl::Status Interpreter::ExecStmt(const Stmt& stmt, const FramePtr& frame, std:
     case StmtKind::kText:
       return Append(out, stmt.text);
     case StmtKind::kOutput: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr, frame));
+      SLUICE_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr, frame));
       return Append(out, ToStr(value));
     }
     case StmtKind::kIf:
       for (const auto& [cond, body] : stmt.branches) {
         bool take = true;
         if (cond != nullptr) {
-          SLUICE_JINJA_ASSIGN_OR_RETURN(Value value, Eval(*cond, frame));
+          SLUICE_ASSIGN_OR_RETURN(Value value, Eval(*cond, frame));
           take = value.Truthy();
         }
         if (take) return ExecBody(body, frame, out, flow);
@@ -107,25 +108,25 @@ absl::Status Interpreter::ExecStmt(const Stmt& stmt, const FramePtr& frame, std:
     case StmtKind::kFor:
       return ExecFor(stmt, frame, out);
     case StmtKind::kSet: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr, frame));
+      SLUICE_ASSIGN_OR_RETURN(Value value, Eval(*stmt.expr, frame));
       return Assign(stmt, frame, std::move(value));
     }
     case StmtKind::kBlockSet: {
       std::string captured;
       Flow inner = Flow::kNormal;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExecBody(stmt.body, frame, &captured, &inner));
+      SLUICE_RETURN_IF_ERROR(ExecBody(stmt.body, frame, &captured, &inner));
       Value value = Value::String(std::move(captured));
       if (stmt.expr != nullptr) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(value, EvalFilter(*stmt.expr, frame, &value));
+        SLUICE_ASSIGN_OR_RETURN(value, EvalFilter(*stmt.expr, frame, &value));
       }
       return Assign(stmt, frame, std::move(value));
     }
     case StmtKind::kFilterBlock: {
       std::string captured;
       Flow inner = Flow::kNormal;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExecBody(stmt.body, frame, &captured, &inner));
+      SLUICE_RETURN_IF_ERROR(ExecBody(stmt.body, frame, &captured, &inner));
       Value value = Value::String(std::move(captured));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(value, EvalFilter(*stmt.expr, frame, &value));
+      SLUICE_ASSIGN_OR_RETURN(value, EvalFilter(*stmt.expr, frame, &value));
       return Append(out, ToStr(value));
     }
     case StmtKind::kMacro:
@@ -140,10 +141,10 @@ absl::Status Interpreter::ExecStmt(const Stmt& stmt, const FramePtr& frame, std:
             return CallMacro(*body_stmt, weak, args, nullptr);
           });
       const Expr& call = *stmt.expr;
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value callee, Eval(*call.args[0], frame));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(call, 1, frame));
+      SLUICE_ASSIGN_OR_RETURN(Value callee, Eval(*call.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(call, 1, frame));
       args.keyword.emplace_back("caller", caller);
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value result, CallValue(callee, args));
+      SLUICE_ASSIGN_OR_RETURN(Value result, CallValue(callee, args));
       return Append(out, ToStr(result));
     }
     case StmtKind::kGeneration:
@@ -172,7 +173,7 @@ absl::Status Unpack(const std::vector<std::string>& targets, bool tuple, const V
     return absl::InvalidArgumentError(
         absl::StrCat("cannot unpack non-iterable ", value.TypeName(), " object"));
   }
-  SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(value));
+  SLUICE_ASSIGN_OR_RETURN(List items, Iterate(value));
   if (items.size() > targets.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("too many values to unpack (expected ", targets.size(), ")"));
@@ -209,16 +210,16 @@ absl::Status Interpreter::Assign(const Stmt& stmt, const FramePtr& frame, Value 
 }
 
 absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::string* out) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr, frame));
-  SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(iterable));
+  SLUICE_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr, frame));
+  SLUICE_ASSIGN_OR_RETURN(List items, Iterate(iterable));
   if (stmt.condition != nullptr) {
     List kept;
     for (Value& item : items) {
-      SLUICE_JINJA_RETURN_IF_ERROR(ChargeIterations(1));
+      SLUICE_RETURN_IF_ERROR(ChargeIterations(1));
       auto scope = std::make_shared<Frame>();
       scope->parent = frame;
-      SLUICE_JINJA_RETURN_IF_ERROR(Unpack(stmt.targets, stmt.targets_tuple, item, &scope->vars));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value keep, Eval(*stmt.condition, scope));
+      SLUICE_RETURN_IF_ERROR(Unpack(stmt.targets, stmt.targets_tuple, item, &scope->vars));
+      SLUICE_ASSIGN_OR_RETURN(Value keep, Eval(*stmt.condition, scope));
       if (keep.Truthy()) kept.push_back(std::move(item));
     }
     items = std::move(kept);
@@ -248,7 +249,7 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::
   auto scope = std::make_shared<Frame>();
   scope->parent = frame;
   for (int64_t i = 0; i < length; ++i) {
-    SLUICE_JINJA_RETURN_IF_ERROR(ChargeIterations(1));
+    SLUICE_RETURN_IF_ERROR(ChargeIterations(1));
     *cycle_index = i;
     loop->SetAt(0, Value::Int(i + 1));
     loop->SetAt(1, Value::Int(i));
@@ -263,9 +264,9 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::
     loop->SetAt(10, i + 1 < length ? items[i + 1] : Value::Undefined("there is no next item"));
     scope->vars.clear();
     scope->vars["loop"] = loop_value;
-    SLUICE_JINJA_RETURN_IF_ERROR(Unpack(stmt.targets, stmt.targets_tuple, items[i], &scope->vars));
+    SLUICE_RETURN_IF_ERROR(Unpack(stmt.targets, stmt.targets_tuple, items[i], &scope->vars));
     Flow flow = Flow::kNormal;
-    SLUICE_JINJA_RETURN_IF_ERROR(ExecBody(stmt.body, scope, out, &flow));
+    SLUICE_RETURN_IF_ERROR(ExecBody(stmt.body, scope, out, &flow));
     if (flow == Flow::kBreak) break;
   }
   return absl::OkStatus();
@@ -311,7 +312,7 @@ absl::StatusOr<Value> Interpreter::CallMacro(const Stmt& macro, const std::weak_
     } else if (const Value* kw = args.Kwarg(param.name); kw != nullptr) {
       scope->vars[param.name] = *kw;
     } else if (param.default_value != nullptr) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(scope->vars[param.name], Eval(*param.default_value, scope));
+      SLUICE_ASSIGN_OR_RETURN(scope->vars[param.name], Eval(*param.default_value, scope));
     } else {
       scope->vars[param.name] =
           Value::Undefined(absl::StrCat("parameter '", param.name, "' was not provided"));
@@ -323,7 +324,7 @@ absl::StatusOr<Value> Interpreter::CallMacro(const Stmt& macro, const std::weak_
   Flow flow = Flow::kNormal;
   absl::Status status = ExecBody(macro.body, scope, &out, &flow);
   --call_depth_;
-  SLUICE_JINJA_RETURN_IF_ERROR(status);
+  SLUICE_RETURN_IF_ERROR(status);
   return Value::String(std::move(out));
 }
 
@@ -343,11 +344,11 @@ absl::StatusOr<CallArgs> Interpreter::EvalArgs(const Expr& expr, size_t first_ar
                                                const FramePtr& frame) {
   CallArgs args;
   for (size_t i = first_arg; i < expr.args.size(); ++i) {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(Value v, Eval(*expr.args[i], frame));
+    SLUICE_ASSIGN_OR_RETURN(Value v, Eval(*expr.args[i], frame));
     args.positional.push_back(std::move(v));
   }
   for (const auto& [key, value_expr] : expr.kwargs) {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(Value v, Eval(*value_expr, frame));
+    SLUICE_ASSIGN_OR_RETURN(Value v, Eval(*value_expr, frame));
     args.keyword.emplace_back(key, std::move(v));
   }
   return args;
@@ -358,14 +359,14 @@ absl::StatusOr<Value> Interpreter::EvalFilter(const Expr& expr, const FramePtr& 
   Value operand;
   if (expr.args[0] != nullptr) {
     if (expr.args[0]->kind == ExprKind::kFilter) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(operand, EvalFilter(*expr.args[0], frame, input));
+      SLUICE_ASSIGN_OR_RETURN(operand, EvalFilter(*expr.args[0], frame, input));
     } else {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(operand, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(operand, Eval(*expr.args[0], frame));
     }
   } else if (input != nullptr) {
     operand = *input;
   }
-  SLUICE_JINJA_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
+  SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
   return ApplyFilter(*this, expr.name, operand, args);
 }
 
@@ -379,7 +380,7 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
     case ExprKind::kTuple: {
       List items;
       for (const ExprPtr& arg : expr.args) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(Value v, Eval(*arg, frame));
+        SLUICE_ASSIGN_OR_RETURN(Value v, Eval(*arg, frame));
         items.push_back(std::move(v));
       }
       return Value::MakeList(std::move(items), expr.kind == ExprKind::kTuple);
@@ -387,8 +388,8 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
     case ExprKind::kDict: {
       auto dict = std::make_shared<Dict>();
       for (size_t i = 0; i + 1 < expr.args.size(); i += 2) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(Value key, Eval(*expr.args[i], frame));
-        SLUICE_JINJA_ASSIGN_OR_RETURN(Value value, Eval(*expr.args[i + 1], frame));
+        SLUICE_ASSIGN_OR_RETURN(Value key, Eval(*expr.args[i], frame));
+        SLUICE_ASSIGN_OR_RETURN(Value value, Eval(*expr.args[i + 1], frame));
         if (!key.is_string()) {
           return absl::InvalidArgumentError(
               absl::StrCat("dict keys must be strings, got ", key.TypeName()));
@@ -398,39 +399,39 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
       return Value::MakeDict(std::move(dict));
     }
     case ExprKind::kGetAttr: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
       return GetAttribute(obj, expr.name);
     }
     case ExprKind::kGetItem: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value key, Eval(*expr.args[1], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value key, Eval(*expr.args[1], frame));
       return GetItem(obj, key);
     }
     case ExprKind::kSlice: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
       Value parts[3] = {Value::None(), Value::None(), Value::None()};
       for (int i = 0; i < 3; ++i) {
         if (expr.args[i + 1] != nullptr) {
-          SLUICE_JINJA_ASSIGN_OR_RETURN(parts[i], Eval(*expr.args[i + 1], frame));
+          SLUICE_ASSIGN_OR_RETURN(parts[i], Eval(*expr.args[i + 1], frame));
         }
       }
       return SliceValue(obj, parts[0], parts[1], parts[2]);
     }
     case ExprKind::kCall: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value callee, Eval(*expr.args[0], frame));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
+      SLUICE_ASSIGN_OR_RETURN(Value callee, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
       return CallValue(callee, args);
     }
     case ExprKind::kFilter:
       return EvalFilter(expr, frame, nullptr);
     case ExprKind::kTest: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], frame));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(bool result, ApplyTest(*this, expr.name, operand, args));
+      SLUICE_ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
+      SLUICE_ASSIGN_OR_RETURN(bool result, ApplyTest(*this, expr.name, operand, args));
       return Value::Bool(result != expr.negated);
     }
     case ExprKind::kUnary: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], frame));
       if (expr.name == "not") return Value::Bool(!operand.Truthy());
       if (operand.is_undefined()) return UndefinedError(operand);
       if (operand.is_bool()) operand = Value::Int(operand.as_int());
@@ -448,7 +449,7 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
     case ExprKind::kCompare:
       return EvalCompare(expr, frame);
     case ExprKind::kCondExpr: {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(Value cond, Eval(*expr.args[0], frame));
+      SLUICE_ASSIGN_OR_RETURN(Value cond, Eval(*expr.args[0], frame));
       if (cond.Truthy()) return Eval(*expr.args[1], frame);
       if (expr.args[2] == nullptr) {
         return Value::Undefined(
@@ -462,7 +463,7 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
 }
 
 absl::StatusOr<Value> Interpreter::EvalBinary(const Expr& expr, const FramePtr& frame) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], frame));
+  SLUICE_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], frame));
   if (expr.name == "and") {
     if (!left.Truthy()) return left;
     return Eval(*expr.args[1], frame);
@@ -471,14 +472,14 @@ absl::StatusOr<Value> Interpreter::EvalBinary(const Expr& expr, const FramePtr& 
     if (left.Truthy()) return left;
     return Eval(*expr.args[1], frame);
   }
-  SLUICE_JINJA_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[1], frame));
+  SLUICE_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[1], frame));
   return BinaryOp(expr.name, left, right);
 }
 
 absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr, const FramePtr& frame) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], frame));
+  SLUICE_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], frame));
   for (size_t i = 0; i < expr.ops.size(); ++i) {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[i + 1], frame));
+    SLUICE_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[i + 1], frame));
     const std::string& op = expr.ops[i];
     bool result = false;
     if (op == "==") {
@@ -486,7 +487,7 @@ absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr, const FramePtr&
     } else if (op == "!=") {
       result = !Equals(left, right);
     } else if (op == "in" || op == "notin") {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(bool in, Contains(right, left));
+      SLUICE_ASSIGN_OR_RETURN(bool in, Contains(right, left));
       result = (op == "in") == in;
     } else {
       if (left.is_undefined()) return UndefinedError(left);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_value.h"
 
 namespace sluice::jinja {
@@ -145,18 +146,18 @@ class Lexer {
       EmitText(std::move(text), pos_);
       size_t p = start + 2 + (has_mod ? 1 : 0);
       if (raw_body != std::string::npos) {
-        SLUICE_JINJA_RETURN_IF_ERROR(LexRaw(start, raw_body, &line_starting));
+        SLUICE_RETURN_IF_ERROR(LexRaw(start, raw_body, &line_starting));
         continue;
       }
       if (kind == '#') {
-        SLUICE_JINJA_RETURN_IF_ERROR(LexComment(start, p, &line_starting));
+        SLUICE_RETURN_IF_ERROR(LexComment(start, p, &line_starting));
         continue;
       }
       const bool block = kind == '%';
       tokens_.push_back({block ? TokenType::kBlockBegin : TokenType::kVarBegin, block ? "{%" : "{{",
                          LineAt(start)});
       pos_ = p;
-      SLUICE_JINJA_RETURN_IF_ERROR(LexTag(block, start, &line_starting));
+      SLUICE_RETURN_IF_ERROR(LexTag(block, start, &line_starting));
     }
     tokens_.push_back({TokenType::kEof, "", LineAt(src_.size())});
     return std::move(tokens_);
@@ -315,7 +316,7 @@ class Lexer {
         continue;
       }
       if (IsDigit(c)) {
-        SLUICE_JINJA_RETURN_IF_ERROR(LexNumber());
+        SLUICE_RETURN_IF_ERROR(LexNumber());
         continue;
       }
       if (c == '\'' || c == '"') {

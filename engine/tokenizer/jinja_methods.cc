@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_builtins.h"
 #include "engine/tokenizer/jinja_interpreter.h"
 #include "engine/tokenizer/jinja_str.h"
@@ -107,7 +108,7 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
     const bool left = name != "rstrip";
     const bool right = name != "lstrip";
     return Method(name, [s, left, right](const CallArgs& args) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(auto chars, OptString(args, 0, "chars"));
+      SLUICE_ASSIGN_OR_RETURN(auto chars, OptString(args, 0, "chars"));
       return Value::String(PyStrip(s, chars ? &*chars : nullptr, left, right));
     });
   }
@@ -118,8 +119,8 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
   if (name == "split" || name == "rsplit") {
     const bool reverse = name == "rsplit";
     return Method(name, [s, reverse](const CallArgs& args) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(auto sep, OptString(args, 0, "sep"));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(int64_t maxsplit, OptInt(args, 1, "maxsplit", -1));
+      SLUICE_ASSIGN_OR_RETURN(auto sep, OptString(args, 0, "sep"));
+      SLUICE_ASSIGN_OR_RETURN(int64_t maxsplit, OptInt(args, 1, "maxsplit", -1));
       if (sep && sep->empty()) return TypeError("empty separator");
       List parts;
       for (std::string& part : PySplit(s, sep ? &*sep : nullptr, maxsplit, reverse)) {
@@ -147,16 +148,16 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
   }
   if (name == "replace") {
     return Method(name, [s](const CallArgs& args) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string old_str, ReqString(args, 0, "old"));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string new_str, ReqString(args, 1, "new"));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(int64_t count, OptInt(args, 2, "count", -1));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string out, PyReplace(s, old_str, new_str, count));
+      SLUICE_ASSIGN_OR_RETURN(std::string old_str, ReqString(args, 0, "old"));
+      SLUICE_ASSIGN_OR_RETURN(std::string new_str, ReqString(args, 1, "new"));
+      SLUICE_ASSIGN_OR_RETURN(int64_t count, OptInt(args, 2, "count", -1));
+      SLUICE_ASSIGN_OR_RETURN(std::string out, PyReplace(s, old_str, new_str, count));
       return Value::String(std::move(out));
     });
   }
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count") {
     return Method(name, [s, name](const CallArgs& args) -> absl::StatusOr<Value> {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string sub, ReqString(args, 0, "sub"));
+      SLUICE_ASSIGN_OR_RETURN(std::string sub, ReqString(args, 0, "sub"));
       if (name == "count") return Value::Int(PyCount(s, sub));
       const bool reverse = name[0] == 'r';
       const int64_t pos = PyFind(s, sub, reverse);
@@ -168,7 +169,7 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
     return Method(name, [s](const CallArgs& args) -> absl::StatusOr<Value> {
       const Value* it = args.Arg(0, "iterable");
       if (it == nullptr) return TypeError("join() takes exactly one argument");
-      SLUICE_JINJA_ASSIGN_OR_RETURN(List items, Iterate(*it));
+      SLUICE_ASSIGN_OR_RETURN(List items, Iterate(*it));
       std::string out;
       for (size_t i = 0; i < items.size(); ++i) {
         if (!items[i].is_string()) {
@@ -177,7 +178,7 @@ absl::StatusOr<Value> StrMethod(const std::string& s, const std::string& name) {
         }
         if (i > 0) out += s;
         out += items[i].as_string();
-        SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(out.size()));
+        SLUICE_RETURN_IF_ERROR(CheckSize(out.size()));
       }
       return Value::String(std::move(out));
     });
@@ -279,7 +280,7 @@ absl::StatusOr<Value> GetAttribute(const Value& obj, const std::string& name) {
     case Value::Kind::kDict: {
       if (!obj.is_namespace()) {
         bool found = false;
-        SLUICE_JINJA_ASSIGN_OR_RETURN(Value method, DictMethod(obj, name, &found));
+        SLUICE_ASSIGN_OR_RETURN(Value method, DictMethod(obj, name, &found));
         if (found) return method;
       }
       if (const Value* v = obj.as_dict().Get(name); v != nullptr) return *v;
@@ -575,7 +576,7 @@ absl::StatusOr<Value> PercentFormat(const std::string& fmt, const Value& args) {
       default:
         return TypeError(absl::StrCat("unsupported format character '", std::string(1, conv), "'"));
     }
-    SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(out.size()));
+    SLUICE_RETURN_IF_ERROR(CheckSize(out.size()));
   }
   if (!mapping && next < positional.size() && args.is_tuple()) {
     return TypeError("not all arguments converted during string formatting");
@@ -589,7 +590,7 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
   if (op == "~") {
     std::string out = ToStr(a);
     out += ToStr(b);
-    SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(out.size()));
+    SLUICE_RETURN_IF_ERROR(CheckSize(out.size()));
     return Value::String(std::move(out));
   }
   if (a.is_undefined()) return UndefinedError(a);
@@ -670,11 +671,11 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
   }
   if (op == "+") {
     if (a.is_string() && b.is_string()) {
-      SLUICE_JINJA_RETURN_IF_ERROR(CheckSize(a.as_string().size() + b.as_string().size()));
+      SLUICE_RETURN_IF_ERROR(CheckSize(a.as_string().size() + b.as_string().size()));
       return Value::String(a.as_string() + b.as_string());
     }
     if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
-      SLUICE_JINJA_RETURN_IF_ERROR(CheckSize((a.as_list().size() + b.as_list().size()) * 16));
+      SLUICE_RETURN_IF_ERROR(CheckSize((a.as_list().size() + b.as_list().size()) * 16));
       List out = a.as_list();
       out.insert(out.end(), b.as_list().begin(), b.as_list().end());
       return Value::MakeList(std::move(out), a.is_tuple());
@@ -726,7 +727,7 @@ void AddGlobals(Dict* globals) {
                   absl::StrCat("Range too big. The sandbox blocks ranges larger than MAX_RANGE (",
                                kMaxRange, ")."));
             }
-            SLUICE_JINJA_RETURN_IF_ERROR(interp.ChargeIterations(static_cast<int64_t>(count)));
+            SLUICE_RETURN_IF_ERROR(interp.ChargeIterations(static_cast<int64_t>(count)));
             List out;
             out.reserve(static_cast<size_t>(count));
             for (int64_t i = 0; i < static_cast<int64_t>(count); ++i) {

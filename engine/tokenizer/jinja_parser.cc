@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_builtins.h"
 #include "engine/tokenizer/jinja_lexer.h"
 
@@ -52,7 +53,7 @@ class Parser {
   absl::StatusOr<std::unique_ptr<Template>> Run() {
     auto tmpl = std::make_unique<Template>();
     std::string end;
-    SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&tmpl->body, {}, &end));
+    SLUICE_RETURN_IF_ERROR(SubParse(&tmpl->body, {}, &end));
     return tmpl;
   }
 
@@ -159,7 +160,7 @@ class Parser {
           stmt->kind = StmtKind::kOutput;
           stmt->line = token.line;
           Next();
-          SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(true, false));
+          SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(true, false));
           if (Cur().type != TokenType::kVarEnd) return Unexpected("end of print statement");
           Next();
           body->push_back(std::move(stmt));
@@ -175,7 +176,7 @@ class Parser {
               return absl::OkStatus();
             }
           }
-          SLUICE_JINJA_ASSIGN_OR_RETURN(StmtPtr stmt, ParseStatement());
+          SLUICE_ASSIGN_OR_RETURN(StmtPtr stmt, ParseStatement());
           if (stmt != nullptr) body->push_back(std::move(stmt));
           break;
         }
@@ -202,100 +203,100 @@ class Parser {
     std::string end;
     if (tag == "for") {
       stmt->kind = StmtKind::kFor;
-      SLUICE_JINJA_RETURN_IF_ERROR(ParseTargets(stmt.get(), false));
+      SLUICE_RETURN_IF_ERROR(ParseTargets(stmt.get(), false));
       if (!SkipName("in")) return Unexpected("in");
-      SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(false, false));
+      SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(false, false));
       if (SkipName("if")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->condition, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(stmt->condition, ParseExpression(true));
       }
       if (IsName("recursive")) return Error("recursive loops are not supported");
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       ++loop_depth_;
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endfor", "else"}, &end));
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endfor", "else"}, &end));
       --loop_depth_;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       if (end == "else") {
-        SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->else_body, {"endfor"}, &end));
-        SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+        SLUICE_RETURN_IF_ERROR(SubParse(&stmt->else_body, {"endfor"}, &end));
+        SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       }
       return stmt;
     }
     if (tag == "if") {
       stmt->kind = StmtKind::kIf;
       while (true) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr cond, ParseTuple(false, false));
-        SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+        SLUICE_ASSIGN_OR_RETURN(ExprPtr cond, ParseTuple(false, false));
+        SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
         Body body;
-        SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&body, {"elif", "else", "endif"}, &end));
+        SLUICE_RETURN_IF_ERROR(SubParse(&body, {"elif", "else", "endif"}, &end));
         stmt->branches.emplace_back(std::move(cond), std::move(body));
         if (end == "elif") continue;
-        SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+        SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
         if (end == "else") {
           Body else_body;
-          SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&else_body, {"endif"}, &end));
-          SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+          SLUICE_RETURN_IF_ERROR(SubParse(&else_body, {"endif"}, &end));
+          SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
           stmt->branches.emplace_back(nullptr, std::move(else_body));
         }
         return stmt;
       }
     }
     if (tag == "set") {
-      SLUICE_JINJA_RETURN_IF_ERROR(ParseTargets(stmt.get(), true));
+      SLUICE_RETURN_IF_ERROR(ParseTargets(stmt.get(), true));
       if (SkipOp("=")) {
         stmt->kind = StmtKind::kSet;
-        SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(true, false));
-        SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+        SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseTuple(true, false));
+        SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
         return stmt;
       }
       if (stmt->targets_tuple || !stmt->attr.empty()) return Unexpected("=");
       stmt->kind = StmtKind::kBlockSet;
       if (IsOp("|")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseFilterChain(nullptr));
+        SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseFilterChain(nullptr));
       }
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endset"}, &end));
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endset"}, &end));
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     if (tag == "macro") {
       stmt->kind = StmtKind::kMacro;
-      SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->text, ExpectName());
-      SLUICE_JINJA_RETURN_IF_ERROR(ParseParams(stmt.get()));
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_ASSIGN_OR_RETURN(stmt->text, ExpectName());
+      SLUICE_RETURN_IF_ERROR(ParseParams(stmt.get()));
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       const int saved_loop_depth = loop_depth_;
       loop_depth_ = 0;
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endmacro"}, &end));
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endmacro"}, &end));
       loop_depth_ = saved_loop_depth;
       if (Cur().type == TokenType::kName) Next();  // optional `{% endmacro name %}`
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     if (tag == "call") {
       stmt->kind = StmtKind::kCallBlock;
-      if (IsOp("(")) SLUICE_JINJA_RETURN_IF_ERROR(ParseParams(stmt.get()));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseExpression(true));
+      if (IsOp("(")) SLUICE_RETURN_IF_ERROR(ParseParams(stmt.get()));
+      SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseExpression(true));
       if (stmt->expr->kind != ExprKind::kCall) return Error("expected call");
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       const int saved_loop_depth = loop_depth_;
       loop_depth_ = 0;
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endcall"}, &end));
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endcall"}, &end));
       loop_depth_ = saved_loop_depth;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     if (tag == "filter") {
       stmt->kind = StmtKind::kFilterBlock;
-      SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->expr, ParseFilterChain(nullptr, /*leading_pipe=*/false));
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endfilter"}, &end));
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_ASSIGN_OR_RETURN(stmt->expr, ParseFilterChain(nullptr, /*leading_pipe=*/false));
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endfilter"}, &end));
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     if (tag == "generation") {
       stmt->kind = StmtKind::kGeneration;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
-      SLUICE_JINJA_RETURN_IF_ERROR(SubParse(&stmt->body, {"endgeneration"}, &end));
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(SubParse(&stmt->body, {"endgeneration"}, &end));
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     if (tag == "break" || tag == "continue") {
@@ -304,7 +305,7 @@ class Parser {
             absl::StrCat("line ", line, ": '", tag, "' outside of a for loop"));
       }
       stmt->kind = tag == "break" ? StmtKind::kBreak : StmtKind::kContinue;
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectBlockEnd());
+      SLUICE_RETURN_IF_ERROR(ExpectBlockEnd());
       return stmt;
     }
     return absl::InvalidArgumentError(
@@ -318,12 +319,12 @@ class Parser {
       stmt->targets.push_back(Cur().value);
       Next();
       Next();
-      SLUICE_JINJA_ASSIGN_OR_RETURN(stmt->attr, ExpectName());
+      SLUICE_ASSIGN_OR_RETURN(stmt->attr, ExpectName());
       return absl::OkStatus();
     }
     const bool paren = SkipOp("(");
     while (true) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string name, ExpectName());
+      SLUICE_ASSIGN_OR_RETURN(std::string name, ExpectName());
       stmt->targets.push_back(std::move(name));
       if (!SkipOp(",")) break;
       stmt->targets_tuple = true;
@@ -331,21 +332,21 @@ class Parser {
       if (!paren && Cur().type != TokenType::kName) break;
     }
     if (paren) {
-      SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(")"));
+      SLUICE_RETURN_IF_ERROR(ExpectOp(")"));
       stmt->targets_tuple = true;
     }
     return absl::OkStatus();
   }
 
   absl::Status ParseParams(Stmt* stmt) {
-    SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp("("));
+    SLUICE_RETURN_IF_ERROR(ExpectOp("("));
     while (!IsOp(")")) {
-      if (!stmt->params.empty()) SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(","));
+      if (!stmt->params.empty()) SLUICE_RETURN_IF_ERROR(ExpectOp(","));
       if (IsOp(")")) break;
       MacroParam param;
-      SLUICE_JINJA_ASSIGN_OR_RETURN(param.name, ExpectName());
+      SLUICE_ASSIGN_OR_RETURN(param.name, ExpectName());
       if (SkipOp("=")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(param.default_value, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(param.default_value, ParseExpression(true));
       } else {
         for (const auto& p : stmt->params) {
           if (p.default_value != nullptr)
@@ -372,13 +373,13 @@ class Parser {
     std::vector<ExprPtr> items;
     bool is_tuple = false;
     while (true) {
-      if (!items.empty()) SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(","));
+      if (!items.empty()) SLUICE_RETURN_IF_ERROR(ExpectOp(","));
       if (IsTupleEnd()) break;
       ExprPtr item;
       if (with_condexpr) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(item, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(item, ParseExpression(true));
       } else {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(item, ParseOr());
+        SLUICE_ASSIGN_OR_RETURN(item, ParseOr());
       }
       items.push_back(std::move(item));
       if (IsOp(",")) {
@@ -402,20 +403,20 @@ class Parser {
     DepthGuard guard(&depth_);
     if (depth_ > kMaxDepth) return Error("expression nested too deeply");
     if (!with_condexpr) return ParseOr();
-    SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr expr, ParseOr());
+    SLUICE_ASSIGN_OR_RETURN(ExprPtr expr, ParseOr());
     while (IsName("if")) {
       const int line = Cur().line;
       Next();
       auto cond = MakeExpr(ExprKind::kCondExpr, line);
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr test, ParseOr());
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr test, ParseOr());
       ExprPtr otherwise;
       if (SkipName("else")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(otherwise, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(otherwise, ParseExpression(true));
       }
       cond->args.push_back(std::move(test));
       cond->args.push_back(std::move(expr));
       cond->args.push_back(std::move(otherwise));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(expr, Sealed(std::move(cond)));
+      SLUICE_ASSIGN_OR_RETURN(expr, Sealed(std::move(cond)));
     }
     return expr;
   }
@@ -423,7 +424,7 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseBinaryChain(absl::StatusOr<ExprPtr> (Parser::*next)(),
                                            std::initializer_list<absl::string_view> ops,
                                            bool name_ops) {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
+    SLUICE_ASSIGN_OR_RETURN(ExprPtr left, (this->*next)());
     while (true) {
       std::string op;
       for (absl::string_view candidate : ops) {
@@ -432,12 +433,12 @@ class Parser {
       if (op.empty()) return left;
       const int line = Cur().line;
       Next();
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr right, (this->*next)());
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr right, (this->*next)());
       auto bin = MakeExpr(ExprKind::kBinary, line);
       bin->name = op;
       bin->args.push_back(std::move(left));
       bin->args.push_back(std::move(right));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(left, Sealed(std::move(bin)));
+      SLUICE_ASSIGN_OR_RETURN(left, Sealed(std::move(bin)));
     }
   }
 
@@ -452,7 +453,7 @@ class Parser {
       Next();
       auto e = MakeExpr(ExprKind::kUnary, line);
       e->name = "not";
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr operand, ParseNot());
       e->args.push_back(std::move(operand));
       return Sealed(std::move(e));
     }
@@ -461,7 +462,7 @@ class Parser {
 
   absl::StatusOr<ExprPtr> ParseCompare() {
     const int line = Cur().line;
-    SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
+    SLUICE_ASSIGN_OR_RETURN(ExprPtr first, ParseMath1());
     ExprPtr cmp;
     while (true) {
       std::string op;
@@ -484,7 +485,7 @@ class Parser {
         cmp = MakeExpr(ExprKind::kCompare, line);
         cmp->args.push_back(std::move(first));
       }
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr operand, ParseMath1());
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr operand, ParseMath1());
       cmp->ops.push_back(op);
       cmp->args.push_back(std::move(operand));
     }
@@ -514,15 +515,15 @@ class Parser {
       auto e = MakeExpr(ExprKind::kUnary, Cur().line);
       e->name = Cur().value;
       Next();
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
       e->args.push_back(std::move(operand));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
+      SLUICE_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
     } else {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParsePrimary());
+      SLUICE_ASSIGN_OR_RETURN(node, ParsePrimary());
     }
-    SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParsePostfix(std::move(node)));
+    SLUICE_ASSIGN_OR_RETURN(node, ParsePostfix(std::move(node)));
     if (with_filter) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseFilterExpr(std::move(node)));
+      SLUICE_ASSIGN_OR_RETURN(node, ParseFilterExpr(std::move(node)));
     }
     return node;
   }
@@ -578,17 +579,17 @@ class Parser {
       case TokenType::kOp:
         if (token.value == "(") {
           Next();
-          SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr inner, ParseTuple(true, true));
-          SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(")"));
+          SLUICE_ASSIGN_OR_RETURN(ExprPtr inner, ParseTuple(true, true));
+          SLUICE_RETURN_IF_ERROR(ExpectOp(")"));
           return inner;
         }
         if (token.value == "[") {
           Next();
           auto e = MakeExpr(ExprKind::kList, line);
           while (!IsOp("]")) {
-            if (!e->args.empty()) SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(","));
+            if (!e->args.empty()) SLUICE_RETURN_IF_ERROR(ExpectOp(","));
             if (IsOp("]")) break;
-            SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(true));
+            SLUICE_ASSIGN_OR_RETURN(ExprPtr item, ParseExpression(true));
             e->args.push_back(std::move(item));
           }
           Next();
@@ -598,11 +599,11 @@ class Parser {
           Next();
           auto e = MakeExpr(ExprKind::kDict, line);
           while (!IsOp("}")) {
-            if (!e->args.empty()) SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(","));
+            if (!e->args.empty()) SLUICE_RETURN_IF_ERROR(ExpectOp(","));
             if (IsOp("}")) break;
-            SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr key, ParseExpression(true));
-            SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(":"));
-            SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
+            SLUICE_ASSIGN_OR_RETURN(ExprPtr key, ParseExpression(true));
+            SLUICE_RETURN_IF_ERROR(ExpectOp(":"));
+            SLUICE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
             e->args.push_back(std::move(key));
             e->args.push_back(std::move(value));
           }
@@ -619,9 +620,9 @@ class Parser {
   absl::StatusOr<ExprPtr> ParsePostfix(ExprPtr node) {
     while (true) {
       if (IsOp(".") || IsOp("[")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseSubscript(std::move(node)));
+        SLUICE_ASSIGN_OR_RETURN(node, ParseSubscript(std::move(node)));
       } else if (IsOp("(")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
+        SLUICE_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
       } else {
         return node;
       }
@@ -631,11 +632,11 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
     while (true) {
       if (IsOp("|")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseFilterChain(std::move(node)));
+        SLUICE_ASSIGN_OR_RETURN(node, ParseFilterChain(std::move(node)));
       } else if (IsName("is")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseTest(std::move(node)));
+        SLUICE_ASSIGN_OR_RETURN(node, ParseTest(std::move(node)));
       } else if (IsOp("(")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
+        SLUICE_ASSIGN_OR_RETURN(node, ParseCall(std::move(node)));
       } else {
         return node;
       }
@@ -665,12 +666,12 @@ class Parser {
       }
       return Error(absl::StrCat("expected name or number, got '", Describe(Cur()), "'"));
     }
-    SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp("["));
+    SLUICE_RETURN_IF_ERROR(ExpectOp("["));
     // Subscript: expr | [lo]:[hi][:[step]]
     std::vector<ExprPtr> parts;
     bool is_slice = false;
     if (!IsOp(":")) {
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr first, ParseExpression(true));
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr first, ParseExpression(true));
       parts.push_back(std::move(first));
     } else {
       parts.push_back(nullptr);
@@ -678,19 +679,19 @@ class Parser {
     if (SkipOp(":")) {
       is_slice = true;
       if (!IsOp("]") && !IsOp(":")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr hi, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(ExprPtr hi, ParseExpression(true));
         parts.push_back(std::move(hi));
       } else {
         parts.push_back(nullptr);
       }
       if (SkipOp(":") && !IsOp("]")) {
-        SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr step, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(ExprPtr step, ParseExpression(true));
         parts.push_back(std::move(step));
       } else {
         parts.push_back(nullptr);
       }
     }
-    SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp("]"));
+    SLUICE_RETURN_IF_ERROR(ExpectOp("]"));
     auto e = MakeExpr(is_slice ? ExprKind::kSlice : ExprKind::kGetItem, line);
     e->args.push_back(std::move(node));
     for (auto& part : parts) e->args.push_back(std::move(part));
@@ -699,10 +700,10 @@ class Parser {
 
   // ParseCallArgs parses `(a, b, k=v)` into `e->args` (after existing args) and `e->kwargs`.
   absl::Status ParseCallArgs(Expr* e) {
-    SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp("("));
+    SLUICE_RETURN_IF_ERROR(ExpectOp("("));
     bool first = true;
     while (!IsOp(")")) {
-      if (!first) SLUICE_JINJA_RETURN_IF_ERROR(ExpectOp(","));
+      if (!first) SLUICE_RETURN_IF_ERROR(ExpectOp(","));
       first = false;
       if (IsOp(")")) break;
       if (IsOp("*") || IsOp("**")) return Error("*args and **kwargs are not supported");
@@ -710,11 +711,11 @@ class Parser {
         std::string key = Cur().value;
         Next();
         Next();
-        SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
         e->kwargs.emplace_back(std::move(key), std::move(value));
       } else {
         if (!e->kwargs.empty()) return Error("Invalid argument syntax: positional after keyword");
-        SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
+        SLUICE_ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
         e->args.push_back(std::move(value));
       }
     }
@@ -725,15 +726,15 @@ class Parser {
   absl::StatusOr<ExprPtr> ParseCall(ExprPtr callee) {
     auto e = MakeExpr(ExprKind::kCall, Cur().line);
     e->args.push_back(std::move(callee));
-    SLUICE_JINJA_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+    SLUICE_RETURN_IF_ERROR(ParseCallArgs(e.get()));
     return Sealed(std::move(e));
   }
 
   absl::StatusOr<std::string> ParseDottedName() {
-    SLUICE_JINJA_ASSIGN_OR_RETURN(std::string name, ExpectName());
+    SLUICE_ASSIGN_OR_RETURN(std::string name, ExpectName());
     while (IsOp(".")) {
       Next();
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string part, ExpectName());
+      SLUICE_ASSIGN_OR_RETURN(std::string part, ExpectName());
       absl::StrAppend(&name, ".", part);
     }
     return name;
@@ -746,7 +747,7 @@ class Parser {
       if (leading_pipe || !first) Next();
       first = false;
       const int line = Cur().line;
-      SLUICE_JINJA_ASSIGN_OR_RETURN(std::string name, ParseDottedName());
+      SLUICE_ASSIGN_OR_RETURN(std::string name, ParseDottedName());
       if (!HasFilter(name)) {
         return absl::InvalidArgumentError(
             absl::StrCat("line ", line, ": No filter named '", name, "'."));
@@ -754,8 +755,8 @@ class Parser {
       auto e = MakeExpr(ExprKind::kFilter, line);
       e->name = std::move(name);
       e->args.push_back(std::move(node));
-      if (IsOp("(")) SLUICE_JINJA_RETURN_IF_ERROR(ParseCallArgs(e.get()));
-      SLUICE_JINJA_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
+      if (IsOp("(")) SLUICE_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+      SLUICE_ASSIGN_OR_RETURN(node, Sealed(std::move(e)));
     }
     return node;
   }
@@ -765,7 +766,7 @@ class Parser {
     Next();  // `is`
     auto e = MakeExpr(ExprKind::kTest, line);
     e->negated = SkipName("not");
-    SLUICE_JINJA_ASSIGN_OR_RETURN(e->name, ParseDottedName());
+    SLUICE_ASSIGN_OR_RETURN(e->name, ParseDottedName());
     if (!HasTest(e->name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("line ", line, ": No test named '", e->name, "'."));
@@ -773,14 +774,14 @@ class Parser {
     e->args.push_back(std::move(node));
     const Token& t = Cur();
     if (IsOp("(")) {
-      SLUICE_JINJA_RETURN_IF_ERROR(ParseCallArgs(e.get()));
+      SLUICE_RETURN_IF_ERROR(ParseCallArgs(e.get()));
     } else if ((t.type == TokenType::kName && t.value != "else" && t.value != "or" &&
                 t.value != "and" && t.value != "if") ||
                t.type == TokenType::kString || t.type == TokenType::kInt ||
                t.type == TokenType::kFloat || IsOp("[") || IsOp("{")) {
       if (IsName("is")) return Error("You cannot chain multiple tests with is");
-      SLUICE_JINJA_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
-      SLUICE_JINJA_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
+      SLUICE_ASSIGN_OR_RETURN(ExprPtr arg, ParsePrimary());
+      SLUICE_ASSIGN_OR_RETURN(arg, ParsePostfix(std::move(arg)));
       e->args.push_back(std::move(arg));
     }
     return Sealed(std::move(e));
@@ -795,7 +796,7 @@ class Parser {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Template>> ParseTemplate(const std::string& source) {
-  SLUICE_JINJA_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
+  SLUICE_ASSIGN_OR_RETURN(std::vector<Token> tokens, Tokenize(source));
   Parser parser(std::move(tokens));
   return parser.Run();
 }

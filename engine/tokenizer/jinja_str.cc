@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/tokenizer/jinja_value.h"
 
 namespace sluice::jinja {
@@ -218,7 +219,7 @@ absl::StatusOr<std::string> PyReplace(absl::string_view s, absl::string_view old
         ++done;
       }
       if (i < cps.size()) Utf8Append(cps[i], &out);
-      SLUICE_JINJA_RETURN_IF_ERROR(check());
+      SLUICE_RETURN_IF_ERROR(check());
     }
     return out;
   }
@@ -229,12 +230,12 @@ absl::StatusOr<std::string> PyReplace(absl::string_view s, absl::string_view old
     if (pos == absl::string_view::npos) break;
     out.append(s.data() + start, pos - start);
     out.append(new_str.data(), new_str.size());
-    SLUICE_JINJA_RETURN_IF_ERROR(check());
+    SLUICE_RETURN_IF_ERROR(check());
     start = pos + old_str.size();
     ++done;
   }
   out.append(s.data() + start, s.size() - start);
-  SLUICE_JINJA_RETURN_IF_ERROR(check());
+  SLUICE_RETURN_IF_ERROR(check());
   return out;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace sluice::jinja {
 
@@ -556,7 +557,7 @@ absl::Status AppendJson(const Value& value, const JsonOptions& options, int leve
       for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out->append(item_sep);
         if (pretty) newline(level + 1);
-        SLUICE_JINJA_RETURN_IF_ERROR(AppendJson(items[i], options, level + 1, out));
+        SLUICE_RETURN_IF_ERROR(AppendJson(items[i], options, level + 1, out));
       }
       if (pretty) newline(level);
       out->push_back(']');
@@ -582,7 +583,7 @@ absl::Status AppendJson(const Value& value, const JsonOptions& options, int leve
         if (pretty) newline(level + 1);
         AppendJsonString(entries[i]->first, options.ensure_ascii, out);
         out->append(key_sep);
-        SLUICE_JINJA_RETURN_IF_ERROR(AppendJson(entries[i]->second, options, level + 1, out));
+        SLUICE_RETURN_IF_ERROR(AppendJson(entries[i]->second, options, level + 1, out));
       }
       if (pretty) newline(level);
       out->push_back('}');
@@ -600,7 +601,7 @@ absl::Status AppendJson(const Value& value, const JsonOptions& options, int leve
 
 absl::StatusOr<std::string> ToJson(const Value& value, const JsonOptions& options) {
   std::string out;
-  SLUICE_JINJA_RETURN_IF_ERROR(AppendJson(value, options, 0, &out));
+  SLUICE_RETURN_IF_ERROR(AppendJson(value, options, 0, &out));
   if (out.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError("tojson: output exceeds the size limit");
   }

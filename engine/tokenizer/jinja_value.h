@@ -22,25 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-
-// SLUICE_JINJA_RETURN_IF_ERROR(expr): returns the status of `expr` when it is not OK.
-#define SLUICE_JINJA_RETURN_IF_ERROR(expr)                     \
-  do {                                                         \
-    ::absl::Status sluice_jinja_status = (expr);               \
-    if (!sluice_jinja_status.ok()) return sluice_jinja_status; \
-  } while (0)
-
-#define SLUICE_JINJA_CONCAT_INNER(a, b) a##b
-#define SLUICE_JINJA_CONCAT(a, b) SLUICE_JINJA_CONCAT_INNER(a, b)
-// SLUICE_JINJA_ASSIGN_OR_RETURN(lhs, expr): evaluates the StatusOr `expr`, returns its status
-// on error, else assigns (or declares, e.g. `auto x`) `lhs` from its value.
-#define SLUICE_JINJA_ASSIGN_OR_RETURN(lhs, expr) \
-  SLUICE_JINJA_ASSIGN_OR_RETURN_IMPL(SLUICE_JINJA_CONCAT(sluice_jinja_or_, __LINE__), lhs, expr)
-#define SLUICE_JINJA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                       \
-  if (!tmp.ok()) return std::move(tmp).status();           \
-  lhs = std::move(tmp).value()
 
 namespace sluice::jinja {
 

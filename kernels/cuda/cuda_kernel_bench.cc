@@ -57,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/activation/activation_cuda.h"
 #include "kernels/attention/paged_attention_cuda.h"
 #include "kernels/cuda/cuda_common.h"
@@ -149,17 +150,6 @@ absl::StatusOr<DeviceBuffer<bf16>> RandomDevice(size_t n, std::mt19937& rng, flo
   return buf;
 }
 
-#define BENCH_RETURN_IF_ERROR(expr)   \
-  do {                                    \
-    absl::Status bench_s = (expr);        \
-    if (!bench_s.ok()) return bench_s;    \
-  } while (0)
-
-#define BENCH_ASSIGN_OR_RETURN(lhs, expr)       \
-  auto lhs##_or = (expr);                       \
-  if (!lhs##_or.ok()) return lhs##_or.status(); \
-  auto lhs = *std::move(lhs##_or)
-
 // Paged attention at Llama-3-8B layer shapes. The cache holds kSeqs sequences of kMaxCtx
 // tokens in shuffled blocks (8 GiB K+V); decode call i uses sequences starting at row
 // (i·batch) mod kSeqs of the block table, so consecutive calls read disjoint KV.
@@ -176,8 +166,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   const int64_t blocks_per_seq = kMaxCtx / kBlock;
   const int64_t num_blocks = kSeqs * blocks_per_seq;
   const size_t cache_elems = static_cast<size_t>(num_blocks * kBlock * p.num_kv_heads * 128);
-  BENCH_ASSIGN_OR_RETURN(k_cache, DeviceBuffer<bf16>::Create(cache_elems));
-  BENCH_ASSIGN_OR_RETURN(v_cache, DeviceBuffer<bf16>::Create(cache_elems));
+  SLUICE_ASSIGN_OR_RETURN(auto k_cache, DeviceBuffer<bf16>::Create(cache_elems));
+  SLUICE_ASSIGN_OR_RETURN(auto v_cache, DeviceBuffer<bf16>::Create(cache_elems));
   // Bytes 0x3C: every element is bf16 0x3C3C (≈0.0115); the kernels' speed is value-blind.
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(k_cache.data(), 0x3C, k_cache.bytes()), "cudaMemset");
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(v_cache.data(), 0x3C, v_cache.bytes()), "cudaMemset");
@@ -186,16 +176,17 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
   std::shuffle(tables.begin(), tables.end(), rng);
   // Twice the rows, so a window of `batch` rows starting anywhere below kSeqs stays in range.
   tables.insert(tables.end(), tables.begin(), tables.end());
-  BENCH_ASSIGN_OR_RETURN(d_tables, DeviceBuffer<int32_t>::Create(tables.size()));
+  SLUICE_ASSIGN_OR_RETURN(auto d_tables, DeviceBuffer<int32_t>::Create(tables.size()));
   if (absl::Status s = d_tables.CopyFromHost(tables.data()); !s.ok()) return s;
   const int64_t max_tokens = 16384;
-  BENCH_ASSIGN_OR_RETURN(q, RandomDevice(static_cast<size_t>(max_tokens * 32 * 128), rng, -1, 1));
-  BENCH_ASSIGN_OR_RETURN(o, DeviceBuffer<bf16>::Create(q.size()));
+  SLUICE_ASSIGN_OR_RETURN(auto q,
+                          RandomDevice(static_cast<size_t>(max_tokens * 32 * 128), rng, -1, 1));
+  SLUICE_ASSIGN_OR_RETURN(auto o, DeviceBuffer<bf16>::Create(q.size()));
   std::vector<int32_t> starts(static_cast<size_t>(kSeqs + 1));
   for (size_t i = 0; i < starts.size(); ++i) starts[i] = static_cast<int32_t>(i);
-  BENCH_ASSIGN_OR_RETURN(d_starts, DeviceBuffer<int32_t>::Create(starts.size()));
+  SLUICE_ASSIGN_OR_RETURN(auto d_starts, DeviceBuffer<int32_t>::Create(starts.size()));
   if (absl::Status s = d_starts.CopyFromHost(starts.data()); !s.ok()) return s;
-  BENCH_ASSIGN_OR_RETURN(d_ctx, DeviceBuffer<int32_t>::Create(kSeqs));
+  SLUICE_ASSIGN_OR_RETURN(auto d_ctx, DeviceBuffer<int32_t>::Create(kSeqs));
 
   // Decode steps: `batch` sequences of one new token each, the ctx-th token (ctx - 1 cached
   // plus itself, ctx keys in all).
@@ -231,7 +222,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
         const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
         const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
-        BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+        SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
         int64_t call = 0;
         auto step = [&]() {
           PagedAttentionCudaBatch shifted = b;
@@ -239,10 +230,10 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
           return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(), v_cache.data(), shifted, p,
                                     ws.data(), o.data(), stream);
         };
-        BENCH_ASSIGN_OR_RETURN(eager_ms,
-                               TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
-        BENCH_ASSIGN_OR_RETURN(
-            ms, TimeGraphMs(step, 20, batch == 256 && ctx == kMaxCtx ? 2 : 5, stream));
+        SLUICE_ASSIGN_OR_RETURN(auto eager_ms,
+                                TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
+        SLUICE_ASSIGN_OR_RETURN(
+            auto ms, TimeGraphMs(step, 20, batch == 256 && ctx == kMaxCtx ? 2 : 5, stream));
         const double kv_bytes = 2.0 * batch * ctx * p.num_kv_heads * 128 * sizeof(bf16);
         const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
         decode.push_back({{"kernel", kernel},
@@ -286,7 +277,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
         {
           const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
           const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
-          BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+          SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
           // Latent rows of width 576 over the K buffer: num_blocks·16 rows of 576 fit in it.
           // Consecutive calls take other rows of the block table (as for paged decode).
           int64_t call = 0;
@@ -296,8 +287,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
             return MlaLatentAttentionCuda(q.data(), dims.num_heads * width, k_cache.data(), kBlock,
                                           shifted, dims, ws.data(), o.data(), stream);
           };
-          BENCH_ASSIGN_OR_RETURN(eager_ms, TimeMs(step, 3, 20, stream));
-          BENCH_ASSIGN_OR_RETURN(ms, TimeGraphMs(step, 20, 5, stream));
+          SLUICE_ASSIGN_OR_RETURN(auto eager_ms, TimeMs(step, 3, 20, stream));
+          SLUICE_ASSIGN_OR_RETURN(auto ms, TimeGraphMs(step, 20, 5, stream));
           const double bytes = static_cast<double>(batch) * ctx * width * sizeof(bf16);
           const double fmas =
               static_cast<double>(batch) * ctx * dims.num_heads * (width + dims.kv_lora_rank);
@@ -319,8 +310,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     // 2·(width + kv_lora_rank) FLOPs per head and visible query-key pair (Q·Kᵀ, P·V).
     const int64_t tokens = 4096;
     const std::vector<int32_t> starts1 = {0, static_cast<int32_t>(tokens)}, ctx0 = {0};
-    BENCH_ASSIGN_OR_RETURN(d_starts1, DeviceBuffer<int32_t>::Create(2));
-    BENCH_ASSIGN_OR_RETURN(d_ctx0, DeviceBuffer<int32_t>::Create(1));
+    SLUICE_ASSIGN_OR_RETURN(auto d_starts1, DeviceBuffer<int32_t>::Create(2));
+    SLUICE_ASSIGN_OR_RETURN(auto d_ctx0, DeviceBuffer<int32_t>::Create(1));
     if (absl::Status s = d_starts1.CopyFromHost(starts1.data()); !s.ok()) return s;
     if (absl::Status s = d_ctx0.CopyFromHost(ctx0.data()); !s.ok()) return s;
     PagedAttentionCudaBatch b = decode_batch(1, tokens);
@@ -329,14 +320,14 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     b.num_tokens = tokens;
     b.max_query_len = tokens;
     const size_t ws_bytes = MlaLatentAttentionCudaWorkspaceBytes(b, dims);
-    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
-    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                   [&]() {
-                                     return MlaLatentAttentionCuda(q.data(), dims.num_heads * width,
-                                                                   k_cache.data(), kBlock, b, dims,
-                                                                   ws.data(), o.data(), stream);
-                                   },
-                                   3, 20, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+    SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
+                                         [&]() {
+                                           return MlaLatentAttentionCuda(
+                                               q.data(), dims.num_heads * width, k_cache.data(),
+                                               kBlock, b, dims, ws.data(), o.data(), stream);
+                                         },
+                                         3, 20, stream));
     const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
     const double flops = 2.0 * pairs * dims.num_heads * (width + dims.kv_lora_rank);
     mla_prefill.push_back({{"tokens", tokens},
@@ -354,8 +345,8 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
       const std::vector<int32_t> one_start = {0, static_cast<int32_t>(tokens)};
       const std::vector<int32_t> zero = {0};
-      BENCH_ASSIGN_OR_RETURN(d_one_start, DeviceBuffer<int32_t>::Create(2));
-      BENCH_ASSIGN_OR_RETURN(d_zero, DeviceBuffer<int32_t>::Create(1));
+      SLUICE_ASSIGN_OR_RETURN(auto d_one_start, DeviceBuffer<int32_t>::Create(2));
+      SLUICE_ASSIGN_OR_RETURN(auto d_zero, DeviceBuffer<int32_t>::Create(1));
       if (absl::Status s = d_one_start.CopyFromHost(one_start.data()); !s.ok()) return s;
       if (absl::Status s = d_zero.CopyFromHost(zero.data()); !s.ok()) return s;
       PagedAttentionCudaBatch b;
@@ -368,14 +359,14 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       b.max_query_len = tokens;
       b.max_seq_len = tokens;
       const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
-      BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
-      BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                     [&]() {
-                                       return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(),
-                                                                 v_cache.data(), b, p, ws.data(),
-                                                                 o.data(), stream);
-                                     },
-                                     3, tokens == 4096 ? 50 : 10, stream));
+      SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+      SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
+                                           [&]() {
+                                             return PagedAttentionCuda(
+                                                 q.data(), 32 * 128, k_cache.data(), v_cache.data(),
+                                                 b, p, ws.data(), o.data(), stream);
+                                           },
+                                           3, tokens == 4096 ? 50 : 10, stream));
       const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
       const double flops = 4.0 * 128 * p.num_heads * pairs;
       prefill.push_back({{"kernel", kernel},
@@ -401,11 +392,12 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
 absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cudaStream_t stream) {
   constexpr int64_t kExperts = 64, kHidden = 2048, kInter = 1408, kTopK = 6, kSets = 16;
   const int64_t expert_elems = 3 * kHidden * kInter;
-  BENCH_ASSIGN_OR_RETURN(
-      w_gate_up,
+  SLUICE_ASSIGN_OR_RETURN(
+      auto w_gate_up,
       RandomDevice(static_cast<size_t>(kExperts * 2 * kInter * kHidden), rng, -0.02f, 0.02f));
-  BENCH_ASSIGN_OR_RETURN(
-      w_down, RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
+  SLUICE_ASSIGN_OR_RETURN(
+      auto w_down,
+      RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
   nlohmann::json rows = nlohmann::json::array();
   // kAuto's choice for every token count, plus the other candidate at the GEMV/streaming
   // (1, 8) and streaming/grouped (64, 128) crossovers, to check kMoeGemvMaxTokens and
@@ -439,14 +431,15 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
     for (int64_t r = 0; r < t * kTopK; ++r) touched[ids[r]] = true;
     const int64_t n_touched = std::count(touched.begin(), touched.end(), true);
     std::vector<float> weights(ids.size(), 1.0f / kTopK);
-    BENCH_ASSIGN_OR_RETURN(d_ids, DeviceBuffer<int32_t>::Create(ids.size()));
-    BENCH_ASSIGN_OR_RETURN(d_w, DeviceBuffer<float>::Create(weights.size()));
+    SLUICE_ASSIGN_OR_RETURN(auto d_ids, DeviceBuffer<int32_t>::Create(ids.size()));
+    SLUICE_ASSIGN_OR_RETURN(auto d_w, DeviceBuffer<float>::Create(weights.size()));
     if (absl::Status s = d_ids.CopyFromHost(ids.data()); !s.ok()) return s;
     if (absl::Status s = d_w.CopyFromHost(weights.data()); !s.ok()) return s;
-    BENCH_ASSIGN_OR_RETURN(x, RandomDevice(static_cast<size_t>(t * kHidden), rng, -1.0f, 1.0f));
-    BENCH_ASSIGN_OR_RETURN(out, DeviceBuffer<bf16>::Create(static_cast<size_t>(t * kHidden)));
+    SLUICE_ASSIGN_OR_RETURN(auto x,
+                            RandomDevice(static_cast<size_t>(t * kHidden), rng, -1.0f, 1.0f));
+    SLUICE_ASSIGN_OR_RETURN(auto out, DeviceBuffer<bf16>::Create(static_cast<size_t>(t * kHidden)));
     const size_t ws_bytes = MoeCudaWorkspaceBytes(t, kTopK, kExperts, kHidden, kInter);
-    BENCH_ASSIGN_OR_RETURN(ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
+    SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
     int64_t call = 0;
     auto run = [&]() {
       const int64_t set = call++ % kSets;
@@ -454,7 +447,7 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
                             t, kHidden, kInter, kTopK, kExperts, w_gate_up.data(), w_down.data(),
                             out.data(), MoeCudaWorkspace{ws.data(), ws_bytes}, stream, path);
     };
-    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(run, 3, decode ? 200 : 20, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(run, 3, decode ? 200 : 20, stream));
     const double weight_bytes = 2.0 * expert_elems * n_touched;
     const double flops = 2.0 * expert_elems * t * kTopK;
     nlohmann::json row = {{"tokens", t},
@@ -477,18 +470,18 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
   p.routed_scaling_factor = 2.5f;
   nlohmann::json routing = nlohmann::json::array();
   for (const int64_t t : {1, 4096}) {
-    BENCH_ASSIGN_OR_RETURN(logits, DeviceBuffer<float>::Create(static_cast<size_t>(t * 256)));
-    BENCH_ASSIGN_OR_RETURN(bias, DeviceBuffer<float>::Create(256));
-    BENCH_ASSIGN_OR_RETURN(ids, DeviceBuffer<int32_t>::Create(static_cast<size_t>(t * 8)));
-    BENCH_ASSIGN_OR_RETURN(w, DeviceBuffer<float>::Create(static_cast<size_t>(t * 8)));
+    SLUICE_ASSIGN_OR_RETURN(auto logits, DeviceBuffer<float>::Create(static_cast<size_t>(t * 256)));
+    SLUICE_ASSIGN_OR_RETURN(auto bias, DeviceBuffer<float>::Create(256));
+    SLUICE_ASSIGN_OR_RETURN(auto ids, DeviceBuffer<int32_t>::Create(static_cast<size_t>(t * 8)));
+    SLUICE_ASSIGN_OR_RETURN(auto w, DeviceBuffer<float>::Create(static_cast<size_t>(t * 8)));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(logits.data(), 0, logits.bytes()), "cudaMemset");
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(bias.data(), 0, bias.bytes()), "cudaMemset");
-    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                   [&]() {
-                                     return MoeRoutingCuda(logits.data(), bias.data(), t, p,
-                                                           ids.data(), w.data(), stream);
-                                   },
-                                   3, 100, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
+                                         [&]() {
+                                           return MoeRoutingCuda(logits.data(), bias.data(), t, p,
+                                                                 ids.data(), w.data(), stream);
+                                         },
+                                         3, 100, stream));
     routing.push_back({{"tokens", t}, {"ms", ms}});
   }
   return nlohmann::json{
@@ -527,11 +520,11 @@ absl::StatusOr<nlohmann::json> BenchSampling(std::mt19937& rng, cudaStream_t str
           for (int j = 0; j < 5; ++j) host[r * kVocab + pick(rng)] = FloatToBf16(boost(rng));
         }
       }
-      BENCH_ASSIGN_OR_RETURN(logits, DeviceBuffer<bf16>::Create(host.size()));
-      BENCH_RETURN_IF_ERROR(logits.CopyFromHost(host.data()));
-      BENCH_ASSIGN_OR_RETURN(tokens, DeviceBuffer<int32_t>::Create(rows));
-      BENCH_ASSIGN_OR_RETURN(logprobs, DeviceBuffer<float>::Create(rows));
-      BENCH_ASSIGN_OR_RETURN(params, DeviceBuffer<SamplingRow>::Create(rows));
+      SLUICE_ASSIGN_OR_RETURN(auto logits, DeviceBuffer<bf16>::Create(host.size()));
+      SLUICE_RETURN_IF_ERROR(logits.CopyFromHost(host.data()));
+      SLUICE_ASSIGN_OR_RETURN(auto tokens, DeviceBuffer<int32_t>::Create(rows));
+      SLUICE_ASSIGN_OR_RETURN(auto logprobs, DeviceBuffer<float>::Create(rows));
+      SLUICE_ASSIGN_OR_RETURN(auto params, DeviceBuffer<SamplingRow>::Create(rows));
       for (const Set& set : sets) {
         std::vector<SamplingRow> p(static_cast<size_t>(rows));
         for (auto& row : p) {
@@ -541,14 +534,15 @@ absl::StatusOr<nlohmann::json> BenchSampling(std::mt19937& rng, cudaStream_t str
           row.min_p = set.min_p;
           row.uniform = unit(rng);
         }
-        BENCH_RETURN_IF_ERROR(params.CopyFromHost(p.data()));
-        BENCH_ASSIGN_OR_RETURN(
-            ms, TimeMs(
-                    [&]() {
-                      return SampleRowsCuda(logits.data(), rows, kVocab, params.data(),
-                                            tokens.data(), logprobs.data(), nullptr, 0, stream);
-                    },
-                    3, 20, stream));
+        SLUICE_RETURN_IF_ERROR(params.CopyFromHost(p.data()));
+        SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
+                                             [&]() {
+                                               return SampleRowsCuda(logits.data(), rows, kVocab,
+                                                                     params.data(), tokens.data(),
+                                                                     logprobs.data(), nullptr, 0,
+                                                                     stream);
+                                             },
+                                             3, 20, stream));
         rows_out.push_back({{"rows", rows},
                             {"vocab", kVocab},
                             {"logits", peaked ? "peaked" : "flat"},
@@ -565,9 +559,9 @@ absl::StatusOr<nlohmann::json> BenchSampling(std::mt19937& rng, cudaStream_t str
 absl::StatusOr<nlohmann::json> BenchGemmContext(std::mt19937& rng, cudaStream_t stream) {
   constexpr size_t kRow = size_t{32} << 10, kPitch = size_t{512} << 10;
   constexpr size_t kSweepRows = 33600;  // 1.1 GB of 32 KiB rows
-  BENCH_ASSIGN_OR_RETURN(big, DeviceBuffer<uint8_t>::Create(kPitch * kSweepRows));
-  BENCH_ASSIGN_OR_RETURN(sink, DeviceBuffer<uint8_t>::Create(kRow * kSweepRows));
-  BENCH_ASSIGN_OR_RETURN(lt, CublasLt::Create());
+  SLUICE_ASSIGN_OR_RETURN(auto big, DeviceBuffer<uint8_t>::Create(kPitch * kSweepRows));
+  SLUICE_ASSIGN_OR_RETURN(auto sink, DeviceBuffer<uint8_t>::Create(kRow * kSweepRows));
+  SLUICE_ASSIGN_OR_RETURN(auto lt, CublasLt::Create());
   using Before = std::function<cudaError_t()>;
   const std::vector<std::pair<std::string, Before>> conditions = {
       {"back_to_back", [] { return cudaSuccess; }},
@@ -597,9 +591,11 @@ absl::StatusOr<nlohmann::json> BenchGemmContext(std::mt19937& rng, cudaStream_t 
   nlohmann::json rows = nlohmann::json::array();
   for (const int64_t m : {int64_t{64}, int64_t{256}}) {
     for (const Shape& sh : shapes) {
-      BENCH_ASSIGN_OR_RETURN(x, RandomDevice(static_cast<size_t>(m * sh.k), rng, -1.0f, 1.0f));
-      BENCH_ASSIGN_OR_RETURN(w, RandomDevice(static_cast<size_t>(sh.n * sh.k), rng, -1.0f, 1.0f));
-      BENCH_ASSIGN_OR_RETURN(y, DeviceBuffer<bf16>::Create(static_cast<size_t>(m * sh.n)));
+      SLUICE_ASSIGN_OR_RETURN(auto x,
+                              RandomDevice(static_cast<size_t>(m * sh.k), rng, -1.0f, 1.0f));
+      SLUICE_ASSIGN_OR_RETURN(auto w,
+                              RandomDevice(static_cast<size_t>(sh.n * sh.k), rng, -1.0f, 1.0f));
+      SLUICE_ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(static_cast<size_t>(m * sh.n)));
       auto gemm = [&] {
         return LinearCuda(*lt, x.data(), w.data(), nullptr, y.data(), m, sh.n, sh.k, stream);
       };
@@ -637,7 +633,7 @@ absl::StatusOr<nlohmann::json> BenchGemmContext(std::mt19937& rng, cudaStream_t 
 
 absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   nlohmann::json out;
-  BENCH_ASSIGN_OR_RETURN(name, CudaDeviceName());
+  SLUICE_ASSIGN_OR_RETURN(auto name, CudaDeviceName());
   int device = 0, sms = 0, driver = 0, runtime = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -647,24 +643,25 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   out["multiprocessors"] = sms;
   out["cuda_driver_version"] = driver;
   out["cuda_runtime_version"] = runtime;
-  BENCH_ASSIGN_OR_RETURN(stream_holder, CudaStream::Create());
+  SLUICE_ASSIGN_OR_RETURN(auto stream_holder, CudaStream::Create());
   cudaStream_t stream = stream_holder.get();
   std::mt19937 rng(1234);
 
   // Copy bandwidth: 2 GiB buffers, bytes read + written.
   const size_t copy_bytes = size_t{2} << 30;
-  BENCH_ASSIGN_OR_RETURN(src, DeviceBuffer<uint8_t>::Create(copy_bytes));
-  BENCH_ASSIGN_OR_RETURN(dst, DeviceBuffer<uint8_t>::Create(copy_bytes));
+  SLUICE_ASSIGN_OR_RETURN(auto src, DeviceBuffer<uint8_t>::Create(copy_bytes));
+  SLUICE_ASSIGN_OR_RETURN(auto dst, DeviceBuffer<uint8_t>::Create(copy_bytes));
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(src.data(), 1, copy_bytes), "cudaMemset");
-  BENCH_ASSIGN_OR_RETURN(copy_ms, TimeMs(
-                                      [&]() -> absl::Status {
-                                        SLUICE_CUDA_RETURN_IF_ERROR(
-                                            cudaMemcpyAsync(dst.data(), src.data(), copy_bytes,
-                                                            cudaMemcpyDeviceToDevice, stream),
-                                            "cudaMemcpyAsync");
-                                        return absl::OkStatus();
-                                      },
-                                      3, 20, stream));
+  SLUICE_ASSIGN_OR_RETURN(auto copy_ms,
+                          TimeMs(
+                              [&]() -> absl::Status {
+                                SLUICE_CUDA_RETURN_IF_ERROR(
+                                    cudaMemcpyAsync(dst.data(), src.data(), copy_bytes,
+                                                    cudaMemcpyDeviceToDevice, stream),
+                                    "cudaMemcpyAsync");
+                                return absl::OkStatus();
+                              },
+                              3, 20, stream));
   const double copy_gbps = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
   out["copy"] = {{"bytes_per_copy", copy_bytes},
                  {"ms", copy_ms},
@@ -672,30 +669,30 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   src = DeviceBuffer<uint8_t>();
   dst = DeviceBuffer<uint8_t>();
   if (sampling_only) {
-    BENCH_ASSIGN_OR_RETURN(sampling, BenchSampling(rng, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto sampling, BenchSampling(rng, stream));
     out["sampling_qwen_vocab"] = sampling;
     return out;
   }
   if (attention_only) {
-    BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto attention, BenchAttention(copy_gbps, rng, stream));
     out["paged_attention_llama3_8b"] = attention;
     return out;
   }
 
   // bf16 GEMM through cuBLASLt (y = x·Wᵀ, fp32 accumulation), random data.
-  BENCH_ASSIGN_OR_RETURN(lt, CublasLt::Create());
+  SLUICE_ASSIGN_OR_RETURN(auto lt, CublasLt::Create());
   nlohmann::json gemms = nlohmann::json::array();
   for (int64_t size : {4096, 8192}) {
     const int64_t m = size, n = size, k = size;
-    BENCH_ASSIGN_OR_RETURN(x, RandomDevice(static_cast<size_t>(m * k), rng, -1.0f, 1.0f));
-    BENCH_ASSIGN_OR_RETURN(w, RandomDevice(static_cast<size_t>(n * k), rng, -1.0f, 1.0f));
-    BENCH_ASSIGN_OR_RETURN(y, DeviceBuffer<bf16>::Create(static_cast<size_t>(m * n)));
-    BENCH_ASSIGN_OR_RETURN(ms, TimeMs(
-                                   [&]() {
-                                     return LinearCuda(*lt, x.data(), w.data(), nullptr, y.data(),
-                                                       m, n, k, stream);
-                                   },
-                                   5, size == 4096 ? 100 : 30, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto x, RandomDevice(static_cast<size_t>(m * k), rng, -1.0f, 1.0f));
+    SLUICE_ASSIGN_OR_RETURN(auto w, RandomDevice(static_cast<size_t>(n * k), rng, -1.0f, 1.0f));
+    SLUICE_ASSIGN_OR_RETURN(auto y, DeviceBuffer<bf16>::Create(static_cast<size_t>(m * n)));
+    SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
+                                         [&]() {
+                                           return LinearCuda(*lt, x.data(), w.data(), nullptr,
+                                                             y.data(), m, n, k, stream);
+                                         },
+                                         5, size == 4096 ? 100 : 30, stream));
     const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
     gemms.push_back({{"m", m}, {"n", n}, {"k", k}, {"ms", ms}, {"tflops", tflops}});
   }
@@ -704,10 +701,10 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
   // Memory-bound kernels on a 32768 × 8192 bf16 tensor (512 MiB).
   const int64_t rows = 32768, dim = 8192;
   const size_t n = static_cast<size_t>(rows * dim);
-  BENCH_ASSIGN_OR_RETURN(a, RandomDevice(n, rng, -2.0f, 2.0f));
-  BENCH_ASSIGN_OR_RETURN(b, RandomDevice(n, rng, -2.0f, 2.0f));
-  BENCH_ASSIGN_OR_RETURN(o, DeviceBuffer<bf16>::Create(n));
-  BENCH_ASSIGN_OR_RETURN(weight, RandomDevice(static_cast<size_t>(dim), rng, 0.5f, 1.5f));
+  SLUICE_ASSIGN_OR_RETURN(auto a, RandomDevice(n, rng, -2.0f, 2.0f));
+  SLUICE_ASSIGN_OR_RETURN(auto b, RandomDevice(n, rng, -2.0f, 2.0f));
+  SLUICE_ASSIGN_OR_RETURN(auto o, DeviceBuffer<bf16>::Create(n));
+  SLUICE_ASSIGN_OR_RETURN(auto weight, RandomDevice(static_cast<size_t>(dim), rng, 0.5f, 1.5f));
   nlohmann::json mem = nlohmann::json::array();
   auto record = [&](const std::string& op, int64_t op_rows, int64_t op_dim, double bytes,
                     double ms) {
@@ -728,28 +725,28 @@ absl::StatusOr<nlohmann::json> Run(bool attention_only, bool sampling_only) {
       return RmsNormCudaTuned(a.data(), dim, nullptr, weight.data(), o.data(), dim, rows, dim,
                               1e-6f, vpt, stream);
     };
-    BENCH_ASSIGN_OR_RETURN(rms_ms, TimeMs(rms, 3, 20, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto rms_ms, TimeMs(rms, 3, 20, stream));
     record("rms_norm" + suffix, rows, dim, 2 * tensor_bytes + 2.0 * dim, rms_ms);
     auto add = [&]() {
       return RmsNormCudaTuned(a.data(), dim, b.data(), weight.data(), o.data(), dim, rows, dim,
                               1e-6f, vpt, stream);
     };
-    BENCH_ASSIGN_OR_RETURN(add_ms, TimeMs(add, 3, 20, stream));
+    SLUICE_ASSIGN_OR_RETURN(auto add_ms, TimeMs(add, 3, 20, stream));
     record("add_rms_norm" + suffix, rows, dim, 4 * tensor_bytes + 2.0 * dim, add_ms);
   }
-  BENCH_ASSIGN_OR_RETURN(
-      silu_ms, TimeMs([&]() { return SiluMulCuda(a.data(), o.data(), rows / 2, dim, stream); }, 3,
-                      20, stream));
+  SLUICE_ASSIGN_OR_RETURN(
+      auto silu_ms, TimeMs([&]() { return SiluMulCuda(a.data(), o.data(), rows / 2, dim, stream); },
+                           3, 20, stream));
   record("silu_mul (input [rows, 2 dim])", rows / 2, dim, 1.5 * tensor_bytes, silu_ms);
   out["memory_bound_kernels"] = mem;
   a = DeviceBuffer<bf16>();
   b = DeviceBuffer<bf16>();
   o = DeviceBuffer<bf16>();
-  BENCH_ASSIGN_OR_RETURN(attention, BenchAttention(copy_gbps, rng, stream));
+  SLUICE_ASSIGN_OR_RETURN(auto attention, BenchAttention(copy_gbps, rng, stream));
   out["paged_attention_llama3_8b"] = attention;
-  BENCH_ASSIGN_OR_RETURN(moe, BenchMoe(copy_gbps, rng, stream));
+  SLUICE_ASSIGN_OR_RETURN(auto moe, BenchMoe(copy_gbps, rng, stream));
   out["moe_deepseek_v2_lite"] = moe;
-  BENCH_ASSIGN_OR_RETURN(sampling, BenchSampling(rng, stream));
+  SLUICE_ASSIGN_OR_RETURN(auto sampling, BenchSampling(rng, stream));
   out["sampling_qwen_vocab"] = sampling;
   return out;
 }

@@ -27,6 +27,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/activation/activation_cuda.h"
+#include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/linear/gemm_algo_search.h"
@@ -36,6 +37,13 @@
 #include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s)));
+}
+
 namespace {
 
 using cuda_detail::Aligned16;
@@ -512,20 +520,6 @@ void LaunchGemvGlu(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int6
                    int64_t k, int unroll, int split, cudaStream_t stream) {
   LaunchGemvForm<true>(x, w, bias, y, m, n, k, unroll, split, stream);
 }
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s)));
-}
-
-#define SLUICE_CUBLAS_RETURN_IF_ERROR(expr, what)    \
-  do {                                               \
-    const cublasStatus_t sluice_cublas_s_ = (expr);  \
-    if (sluice_cublas_s_ != CUBLAS_STATUS_SUCCESS) { \
-      return CublasStatus(sluice_cublas_s_, (what)); \
-    }                                                \
-  } while (false)
 
 // Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic must know how
 // aligned the operands are.
