@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/tokenizer/jinja_interpreter.h"
-#include "engine/tokenizer/jinja_parser.h"
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/interpreter.h"
+#include "engine/tokenizer/jinja/parser.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer/jinja_parser.h"
+#include "engine/tokenizer/jinja/parser.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_builtins.h"
-#include "engine/tokenizer/jinja_lexer.h"
+#include "engine/tokenizer/jinja/builtins.h"
+#include "engine/tokenizer/jinja/lexer.h"
 
 namespace sluice::jinja {
 namespace {

@@ -1,5 +1,5 @@
 // Attribute/item access, slicing, operators, str/dict/list methods and global functions of the
-// Jinja interpreter (declared in jinja_builtins.h).
+// Jinja interpreter (declared in jinja/builtins.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_builtins.h"
-#include "engine/tokenizer/jinja_interpreter.h"
-#include "engine/tokenizer/jinja_str.h"
+#include "engine/tokenizer/jinja/builtins.h"
+#include "engine/tokenizer/jinja/interpreter.h"
+#include "engine/tokenizer/jinja/str.h"
 
 namespace sluice::jinja {
 namespace {

@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/tokenizer/jinja_ast.h"
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/ast.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
 

@@ -1,6 +1,6 @@
 // Builtins of the Jinja interpreter behind ChatTemplate: filters and tests
-// (jinja_filters.cc), attribute/item access, slicing, str/dict/list methods, operators and
-// global functions (jinja_methods.cc). Semantics follow Jinja2 3.1.6 running in Hugging Face's
+// (jinja/filters.cc), attribute/item access, slicing, str/dict/list methods, operators and
+// global functions (jinja/methods.cc). Semantics follow Jinja2 3.1.6 running in Hugging Face's
 // ImmutableSandboxedEnvironment (mutating methods such as `list.append` are refused) and Python
 // 3.12 builtins; `tojson` is HF's `json.dumps(x, ensure_ascii=False, indent=..., ...)`.
 #ifndef SLUICE_ENGINE_TOKENIZER_JINJA_BUILTINS_H_
@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
 

@@ -1,11 +1,11 @@
-#include "engine/tokenizer/jinja_interpreter.h"
+#include "engine/tokenizer/jinja/interpreter.h"
 
 #include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_builtins.h"
+#include "engine/tokenizer/jinja/builtins.h"
 
 namespace sluice::jinja {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,5 +1,5 @@
-// Syntax tree of the Jinja interpreter behind ChatTemplate (built by jinja_parser, walked by
-// jinja_interpreter). Nodes own their children; a parsed Template is immutable and may be
+// Syntax tree of the Jinja interpreter behind ChatTemplate (built by jinja/parser, walked by
+// jinja/interpreter). Nodes own their children; a parsed Template is immutable and may be
 // rendered concurrently from several threads.
 #ifndef SLUICE_ENGINE_TOKENIZER_JINJA_AST_H_
 #define SLUICE_ENGINE_TOKENIZER_JINJA_AST_H_
@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
 

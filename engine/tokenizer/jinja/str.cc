@@ -1,10 +1,10 @@
-#include "engine/tokenizer/jinja_str.h"
+#include "engine/tokenizer/jinja/str.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer/jinja_lexer.h"
+#include "engine/tokenizer/jinja/lexer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_value.h"
+#include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
 namespace {

@@ -1,4 +1,4 @@
-// Filters and tests of the Jinja interpreter (declared in jinja_builtins.h). Where Jinja returns
+// Filters and tests of the Jinja interpreter (declared in jinja/builtins.h). Where Jinja returns
 // a lazy iterator (map, select, reverse, ...) these return a list, which prints differently but
 // behaves the same under `|list`, `|join`, `for` and every other filter.
 #include <algorithm>
@@ -16,9 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "engine/tokenizer/jinja_builtins.h"
-#include "engine/tokenizer/jinja_interpreter.h"
-#include "engine/tokenizer/jinja_str.h"
+#include "engine/tokenizer/jinja/builtins.h"
+#include "engine/tokenizer/jinja/interpreter.h"
+#include "engine/tokenizer/jinja/str.h"
 
 namespace sluice::jinja {
 namespace {

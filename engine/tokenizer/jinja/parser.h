@@ -1,5 +1,5 @@
-// Parser of the Jinja interpreter behind ChatTemplate: tokens (jinja_lexer) → syntax tree
-// (jinja_ast), following the grammar and operator precedence of Jinja2 3.1's parser.
+// Parser of the Jinja interpreter behind ChatTemplate: tokens (jinja/lexer) → syntax tree
+// (jinja/ast), following the grammar and operator precedence of Jinja2 3.1's parser.
 #ifndef SLUICE_ENGINE_TOKENIZER_JINJA_PARSER_H_
 #define SLUICE_ENGINE_TOKENIZER_JINJA_PARSER_H_
 
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/tokenizer/jinja_ast.h"
+#include "engine/tokenizer/jinja/ast.h"
 
 namespace sluice::jinja {
 
