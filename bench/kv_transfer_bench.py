@@ -1,24 +1,41 @@
 #!/usr/bin/env python3
-"""KV transfer throughput beside ucx_perftest on the same transport; writes a JSON report.
+"""KV transfer throughput beside ucx_perftest on the same transport, and prefill->decode handover.
 
-Runs, for each batch size (default 1, 4, 16, 64 MiB) and the same UCX_TLS:
+Transfer part, for each batch size (default 1, 4, 16, 64 MiB) and the same UCX_TLS, repeated
+--repeats times (the machine is shared: the spread is part of the result):
   * kv_transfer_bench (transfer/kv_transfer_bench.cc): Sluice pull and push of the batch as
-    256 KiB blocks in fragmented runs of 8 blocks, between two processes;
-  * ucx_perftest -t ucp_put_bw and -t ucp_get (server + client on loopback, message size = batch).
-Bandwidths are GB/s = 1e9 bytes/s (ucx_perftest prints MB/s meaning 2^20 bytes/s; converted).
-ratio_pull_vs_put = Sluice pull GB/s / ucx_perftest put GB/s (the issue's yardstick);
-ratio_pull_vs_get compares like with like (both RMA reads).
+    256 KiB blocks in fragmented runs of 8 blocks, between two processes; per call p50/p99;
+  * ucx_perftest -t ucp_get and -t ucp_put_bw (server + client on loopback, message size = batch).
+Same call compared with same call: ratio_pull = Sluice pull / perftest ucp_get, ratio_push =
+Sluice push / perftest ucp_put_bw, each taken within one repeat (back to back), then summarized
+as median [min, max] over the repeats. GB/s = 1e9 bytes/s (ucx_perftest prints MB/s meaning
+2^20 bytes/s; converted).
 
-Usage: bench/kv_transfer_bench.py [--build build] [--tls sm] [--out bench/results/kv_transfer.json]
+Handover part (--handover-requests > 0): a router + 1 prefill + 1 decode worker on this host
+(tests/integration/sluice_cluster.py, the CPU engine) serve that many completions, per KV
+transfer mode (pull, push). From the decode worker's histograms: handover = prefill done ->
+decode's first output (sluice_kv_handover_seconds), transfer = the KV pull or push alone
+(sluice_kv_transfer_seconds); p50/p99 interpolated within the histogram buckets (Prometheus
+histogram_quantile), with the bucket that holds each quantile.
+
+Usage: .venv/bin/python bench/kv_transfer_bench.py [--build build] [--tls sm] [--repeats 3]
+         [--handover-requests 200] [--out bench/results/kv_transfer.json]
+         [--plot bench/results/kv_transfer.png]
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import pathlib
 import platform
 import re
 import socket
+import statistics
 import subprocess
+import sys
 import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def free_port():
@@ -27,14 +44,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def perftest(test, size, iters, tls):
+def perftest(binary, test, size, iters, tls):
     env = dict(os.environ, UCX_TLS=tls, UCX_LOG_LEVEL="error")
     port = str(free_port())
-    server = subprocess.Popen(["ucx_perftest", "-p", port], env=env, stdout=subprocess.DEVNULL,
+    server = subprocess.Popen([binary, "-p", port], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run(["ucx_perftest", "127.0.0.1", "-p", port, "-t", test, "-s", str(size),
+        out = subprocess.run([binary, "127.0.0.1", "-p", port, "-t", test, "-s", str(size),
                               "-n", str(iters)], env=env, capture_output=True, text=True,
                              timeout=300, check=True).stdout
     finally:
@@ -56,51 +73,181 @@ def sluice(binary, op, sizes_mib, tls):
     return {row["batch_bytes"]: row for row in rows}
 
 
+def spread(values):
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "runs": [round(v, 4) for v in values]}
+
+
+def transfer_part(args, sizes):
+    binary = os.path.join(args.build, "bin", "kv_transfer_bench")
+    runs = {mib: [] for mib in sizes}
+    for rep in range(args.repeats):
+        pulls = sluice(binary, "pull", sizes, args.tls)
+        pushes = sluice(binary, "push", sizes, args.tls)
+        for mib in sizes:
+            size = mib * 2**20
+            iters = max(10, min(1000, (512 * 2**20) // size))
+            get = perftest(args.perftest, "ucp_get", size, iters, args.tls)
+            put = perftest(args.perftest, "ucp_put_bw", size, iters, args.tls)
+            run = {"pull": pulls[size], "push": pushes[size], "perftest_get": get,
+                   "perftest_put_bw": put}
+            runs[mib].append(run)
+            print(f"repeat {rep} {mib} MiB: pull {run['pull']['gb_per_s']:.2f} "
+                  f"(get {get:.2f}) push {run['push']['gb_per_s']:.2f} (put_bw {put:.2f}) GB/s",
+                  flush=True)
+    results = []
+    for mib in sizes:
+        rs = runs[mib]
+        results.append({
+            "batch_bytes": mib * 2**20,
+            "block_bytes": rs[0]["pull"]["block_bytes"],
+            "num_rma_ops": rs[0]["pull"]["num_rma_ops"],
+            "sluice_pull_gb_per_s": spread([r["pull"]["gb_per_s"] for r in rs]),
+            "sluice_push_gb_per_s": spread([r["push"]["gb_per_s"] for r in rs]),
+            "ucx_perftest_get_gb_per_s": spread([r["perftest_get"] for r in rs]),
+            "ucx_perftest_put_bw_gb_per_s": spread([r["perftest_put_bw"] for r in rs]),
+            "ratio_pull_vs_get": spread([r["pull"]["gb_per_s"] / r["perftest_get"] for r in rs]),
+            "ratio_push_vs_put_bw": spread([r["push"]["gb_per_s"] / r["perftest_put_bw"]
+                                            for r in rs]),
+            "pull_call_p50_us": spread([r["pull"]["p50_us"] for r in rs]),
+            "pull_call_p99_us": spread([r["pull"]["p99_us"] for r in rs]),
+            "push_call_p50_us": spread([r["push"]["p50_us"] for r in rs]),
+            "push_call_p99_us": spread([r["push"]["p99_us"] for r in rs]),
+        })
+    return results
+
+
+def histogram(text, name):
+    """Cumulative buckets [(le, count)] of histogram `name` (summed over label sets)."""
+    buckets = {}
+    for m in re.finditer(rf'^{name}_bucket{{(?:[^}}]*,)?le="([^"]+)"[^}}]*}} (\S+)$', text, re.M):
+        le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+        buckets[le] = buckets.get(le, 0.0) + float(m.group(2))
+    return sorted(buckets.items())
+
+
+def quantile(q, buckets):
+    """Prometheus histogram_quantile: linear within the bucket that holds rank q * count."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return {"seconds": lower, "bucket": [lower, None]}
+            frac = (rank - below) / (count - below) if count > below else 1.0
+            return {"seconds": round(lower + (le - lower) * frac, 6), "bucket": [lower, le]}
+        lower, below = le, count
+    return None
+
+
+def handover_part(args):
+    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    import openai  # noqa: E402
+    from sluice_cluster import MODEL_NAME, Cluster  # noqa: E402
+
+    os.environ.setdefault("SLUICE_BIN", str(pathlib.Path(args.build).resolve() / "bin" / "sluice"))
+    out = {}
+    for mode in ("pull", "push"):
+        cluster = Cluster(1, 1, worker_args=["--kv-transfer-mode", mode,
+                                             "--ucx-transports", args.tls])
+        try:
+            client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120)
+            # Prompts of about 200 tokens (several KV blocks each), distinct so no prefix hits.
+            prompts = [f"Request {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(100))
+                       for i in range(args.handover_requests)]
+
+            def one(p):
+                r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=4,
+                                              temperature=0)
+                return r.usage.prompt_tokens
+
+            with concurrent.futures.ThreadPoolExecutor(args.handover_concurrency) as pool:
+                prompt_tokens = list(pool.map(one, prompts))
+            text = cluster.worker_metrics_text("decode-0")
+            entry = {"requests": len(prompts),
+                     "concurrency": args.handover_concurrency,
+                     "prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1)}
+            for key, metric in (("handover", "sluice_kv_handover_seconds"),
+                                ("transfer", "sluice_kv_transfer_seconds")):
+                b = histogram(text, metric)
+                entry[key] = {"count": b[-1][1] if b else 0, "p50": quantile(0.5, b),
+                              "p99": quantile(0.99, b)}
+            out[mode] = entry
+            print(f"handover {mode}: {json.dumps(entry)}", flush=True)
+        finally:
+            cluster.stop()
+    return out
+
+
+def plot(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    mib = [r["batch_bytes"] / 2**20 for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, style in (("sluice_pull_gb_per_s", "Sluice pull", "o-"),
+                              ("ucx_perftest_get_gb_per_s", "ucx_perftest ucp_get", "o--"),
+                              ("sluice_push_gb_per_s", "Sluice push", "s-"),
+                              ("ucx_perftest_put_bw_gb_per_s", "ucx_perftest ucp_put_bw", "s--")):
+        med = [r[key]["median"] for r in rows]
+        lo = [r[key]["median"] - r[key]["min"] for r in rows]
+        hi = [r[key]["max"] - r[key]["median"] for r in rows]
+        ax.errorbar(mib, med, yerr=[lo, hi], fmt=style, capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(mib)
+    ax.set_xticklabels([f"{m:g}" for m in mib])
+    ax.set_xlabel("batch (MiB)")
+    ax.set_ylabel("GB/s (median, bars: min-max of repeats)")
+    ax.set_title(f"KV transfer, UCX_TLS={report['transport']['UCX_TLS']}, "
+                 f"{report['repeats']} repeats ({report['ucx_version']})")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--tls", default="sm")
     ap.add_argument("--sizes_mib", default="1,4,16,64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--perftest", default="ucx_perftest",
+                    help="the ucx_perftest of the UCX the build links (same library version)")
+    ap.add_argument("--handover-requests", type=int, default=200)
+    ap.add_argument("--handover-concurrency", type=int, default=16)
     ap.add_argument("--out", default="bench/results/kv_transfer.json")
+    ap.add_argument("--plot", default="bench/results/kv_transfer.png")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes_mib.split(",")]
-    binary = os.path.join(args.build, "bin", "kv_transfer_bench")
-    pulls = sluice(binary, "pull", sizes, args.tls)
-    pushes = sluice(binary, "push", sizes, args.tls)
-    results = []
-    for mib in sizes:
-        size = mib * 2**20
-        iters = max(10, min(1000, (512 * 2**20) // size))
-        put = perftest("ucp_put_bw", size, iters, args.tls)
-        get = perftest("ucp_get", size, iters, args.tls)
-        pull, push = pulls[size], pushes[size]
-        results.append({
-            "batch_bytes": size,
-            "block_bytes": pull["block_bytes"],
-            "num_rma_ops": pull["num_rma_ops"],
-            "sluice_pull_gb_per_s": pull["gb_per_s"],
-            "sluice_push_gb_per_s": push["gb_per_s"],
-            "ucx_perftest_put_bw_gb_per_s": round(put, 4),
-            "ucx_perftest_get_gb_per_s": round(get, 4),
-            "ratio_pull_vs_put": round(pull["gb_per_s"] / put, 4),
-            "ratio_pull_vs_get": round(pull["gb_per_s"] / get, 4),
-            "ratio_push_vs_put": round(push["gb_per_s"] / put, 4),
-        })
-        print(json.dumps(results[-1]))
+    load_before = os.getloadavg()[0]
+    results = transfer_part(args, sizes)
+    info = os.path.join(os.path.dirname(args.perftest), "ucx_info")
+    version = subprocess.run([info if os.path.sep in args.perftest else "ucx_info", "-v"],
+                             capture_output=True, text=True).stdout.splitlines()[0].strip("# ")
     report = {
         "benchmark": "kv_transfer",
         "transport": {"UCX_TLS": args.tls},
-        "ucx_version": subprocess.run(["ucx_info", "-v"], capture_output=True,
-                                      text=True).stdout.splitlines()[0].strip("# "),
+        "ucx_version": version,
+        "repeats": args.repeats,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "loadavg_1m": os.getloadavg()[0]},
-        "units": "GB/s = 1e9 bytes/s",
+                 "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]},
+        "units": "GB/s = 1e9 bytes/s; spread = median, min, max over repeats",
         "results": results,
     }
+    if args.handover_requests > 0:
+        report["handover"] = handover_part(args)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
+    if args.plot:
+        plot(report, args.plot)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ struct KvTransferStats {
   int64_t num_transfers_ok = 0;
   int64_t num_transfers_failed = 0;  // includes deadline exceeded
   int64_t num_endpoints = 0;         // endpoints currently cached
+  int64_t num_cached_rkeys = 0;      // unpacked peer remote keys cached (one per peer registration)
 };
 
 // KvTransferAgent: one UCX context + worker; registers memory and moves KV
@@ -132,7 +133,9 @@ struct KvTransferStats {
 // serializes access to the UCX worker (transfers from several threads run one
 // at a time on the worker; create several agents for parallel independent
 // transfers). Endpoints: one per peer worker address, created on first use and
-// cached; a transfer that fails on a peer drops its endpoint (the next call
+// cached, with the peer's unpacked remote keys (unpacking maps the peer's memory
+// on shared-memory transports: doing it per transfer cost more than the copy); a
+// transfer that fails on a peer drops its endpoint and keys (the next call
 // reconnects). Waiting: every wait takes an absolute deadline; on expiry the
 // transfer's endpoint is force closed (its operations cancelled, so no RMA
 // touches the buffers after the call returns) and DeadlineExceeded is returned.

@@ -5,8 +5,11 @@
 // The remote blocks of a batch are fragmented like a paged KV cache after some churn: runs of
 // `run_blocks` consecutive blocks separated by equal gaps, so one batch costs
 // ceil(num_blocks / run_blocks) RMA operations. Prints one JSON object per batch size to stdout:
-//   {"op","transports","batch_bytes","block_bytes","num_rma_ops","iters","seconds","gb_per_s"}
-// where gb_per_s = batch_bytes * iters / seconds / 1e9. UCX is initialized only after fork.
+//   {"op","transports","batch_bytes","block_bytes","num_rma_ops","iters","seconds","gb_per_s",
+//    "p50_us","p99_us"}
+// where gb_per_s = batch_bytes * iters / seconds / 1e9 and p50_us/p99_us are the quantiles of one
+// Pull/Push call's wall time (the transfer alone: no control messages). UCX is initialized only
+// after fork.
 //
 // Usage: kv_transfer_bench [--transports=sm] [--op=pull|push] [--block_kib=256]
 //          [--run_blocks=8] [--sizes_mib=1,4,16,64] [--min_seconds=0.5] [--max_iters=2000]
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -226,14 +230,24 @@ int main(int argc, char** argv) {
       }
     }
     int64_t iters = 0;
+    std::vector<double> latencies_us;  // one per transfer call
     const absl::Time start = absl::Now();
     absl::Duration elapsed;
     while (s.ok()) {
+      const absl::Time t0 = absl::Now();
       s = once();
+      const absl::Time t1 = absl::Now();
+      latencies_us.push_back(absl::ToDoubleMicroseconds(t1 - t0));
       ++iters;
-      elapsed = absl::Now() - start;
+      elapsed = t1 - start;
       if (iters >= f.max_iters || (iters >= 3 && elapsed >= absl::Seconds(f.min_seconds))) break;
     }
+    std::sort(latencies_us.begin(), latencies_us.end());
+    auto quantile = [&](double q) {
+      if (latencies_us.empty()) return 0.0;
+      return latencies_us[std::min(latencies_us.size() - 1,
+                                   static_cast<size_t>(q * latencies_us.size()))];
+    };
     if (!s.ok()) {
       std::fprintf(stderr, "%s %lld MiB: %s\n", f.op.c_str(), static_cast<long long>(mib),
                    s.ToString().c_str());
@@ -244,10 +258,11 @@ int main(int argc, char** argv) {
     const double batch_bytes = static_cast<double>(n * block_bytes);
     std::printf(
         "{\"op\":\"%s\",\"transports\":\"%s\",\"batch_bytes\":%.0f,\"block_bytes\":%lld,"
-        "\"num_rma_ops\":%zu,\"iters\":%lld,\"seconds\":%.6f,\"gb_per_s\":%.4f}\n",
+        "\"num_rma_ops\":%zu,\"iters\":%lld,\"seconds\":%.6f,\"gb_per_s\":%.4f,"
+        "\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
         f.op.c_str(), f.transports.c_str(), batch_bytes, static_cast<long long>(block_bytes),
         remote_runs.size(), static_cast<long long>(iters), seconds,
-        batch_bytes * iters / seconds / 1e9);
+        batch_bytes * iters / seconds / 1e9, quantile(0.5), quantile(0.99));
     std::fflush(stdout);
   }
   agent->reset();

@@ -262,7 +262,35 @@ void UcxTransferAgent::CloseEndpoint(ucp_ep_h ep) {
     }
     ucp_request_free(request);
   }
+  // The force close cancelled every operation, so no RMA uses these keys any more.
+  if (auto it = rkeys_.find(ep); it != rkeys_.end()) {
+    for (auto& [packed, rkey] : it->second.keys) ucp_rkey_destroy(rkey);
+    rkeys_.erase(it);
+  }
   failed_endpoints_.erase(ep);
+}
+
+absl::StatusOr<ucp_rkey_h> UcxTransferAgent::GetRkey(ucp_ep_h ep, const std::string& rkey) {
+  RkeyCache& cache = rkeys_[ep];
+  if (auto it = cache.keys.find(rkey); it != cache.keys.end()) return it->second;
+  ucp_rkey_h handle = nullptr;
+  ucs_status_t st = ucp_ep_rkey_unpack(ep, rkey.data(), &handle);
+  if (st != UCS_OK) return UcsError(absl::StatusCode::kInvalidArgument, "ucp_ep_rkey_unpack", st);
+  cache.keys.emplace(rkey, handle);
+  cache.order.push_back(rkey);
+  return handle;
+}
+
+void UcxTransferAgent::TrimRkeys(ucp_ep_h ep) {
+  auto it = rkeys_.find(ep);
+  if (it == rkeys_.end()) return;
+  RkeyCache& cache = it->second;
+  while (cache.order.size() > kMaxRkeysPerEndpoint) {
+    auto key = cache.keys.find(cache.order.front());
+    ucp_rkey_destroy(key->second);
+    cache.keys.erase(key);
+    cache.order.pop_front();
+  }
 }
 
 void UcxTransferAgent::DropPeer(const std::string& worker_address) {
@@ -375,17 +403,12 @@ absl::Status UcxTransferAgent::Transfer(const RemoteKvDescriptor& remote,
   std::vector<ucp_rkey_h> rkeys;
   std::vector<void*> requests;
   absl::Status status;
-  auto release_rkeys = [&] {
-    for (ucp_rkey_h rkey : rkeys) ucp_rkey_destroy(rkey);
-    rkeys.clear();
-  };
   for (size_t i = 0; i < remote.regions.size() && status.ok(); ++i) {
-    ucp_rkey_h rkey = nullptr;
-    ucs_status_t st = ucp_ep_rkey_unpack(ep, remote.regions[i].rkey.data(), &rkey);
-    if (st != UCS_OK) {
-      status = UcsError(absl::StatusCode::kInvalidArgument, "ucp_ep_rkey_unpack", st);
+    absl::StatusOr<ucp_rkey_h> rkey = GetRkey(ep, remote.regions[i].rkey);
+    if (rkey.ok()) {
+      rkeys.push_back(*rkey);
     } else {
-      rkeys.push_back(rkey);
+      status = rkey.status();
     }
   }
 
@@ -440,11 +463,11 @@ absl::Status UcxTransferAgent::Transfer(const RemoteKvDescriptor& remote,
   }
   if (!status.ok()) {
     // Cancels whatever is still in flight, so no RMA touches the buffers after
-    // we return.
+    // we return (and drops the endpoint's cached keys).
     CloseEndpoint(ep);
   }
   for (void* r : requests) ucp_request_free(r);
-  release_rkeys();
+  if (status.ok()) TrimRkeys(ep);
   if (status.ok()) {
     (is_put ? stats_.bytes_pushed : stats_.bytes_pulled) += bytes;
     ++stats_.num_transfers_ok;
@@ -456,7 +479,9 @@ absl::Status UcxTransferAgent::Transfer(const RemoteKvDescriptor& remote,
 
 KvTransferStats UcxTransferAgent::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  KvTransferStats stats = stats_;
+  for (const auto& [ep, cache] : rkeys_) stats.num_cached_rkeys += cache.keys.size();
+  return stats;
 }
 
 }  // namespace sluice::transfer

@@ -13,6 +13,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,8 +78,16 @@ class UcxTransferAgent final : public KvTransferAgent {
   absl::StatusOr<ucp_ep_h> GetEndpoint(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Force-closes `ep` (cancelling its operations), waiting at most
-  // close_timeout, and forgets it.
+  // close_timeout, and forgets it and its cached remote keys.
   void CloseEndpoint(ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The unpacked remote key for packed `rkey` on `ep`, from the cache or unpacked now. Unpacking
+  // is the expensive part of a small transfer: on shared memory it attaches (maps) the peer's
+  // segment, and a fresh mapping page-faults on every page the RMA touches.
+  absl::StatusOr<ucp_rkey_h> GetRkey(ucp_ep_h ep, const std::string& rkey)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys the oldest cached keys of `ep` beyond kMaxRkeysPerEndpoint (none in flight: called
+  // after a transfer completes).
+  void TrimRkeys(ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Progresses the worker until `done()` or `ep` fails or `deadline`; spins
   // briefly, then sleeps on the worker's event fd in slices of at most 1 ms.
   template <typename Done>
@@ -99,6 +108,15 @@ class UcxTransferAgent final : public KvTransferAgent {
   uint64_t next_region_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Registration> registrations_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, ucp_ep_h> endpoints_ ABSL_GUARDED_BY(mu_);
+  // Unpacked remote keys per endpoint, by packed bytes, kept until the endpoint closes (a peer's
+  // KV registrations live as long as its cache). Bounded, oldest first out, so a peer that
+  // re-registers often cannot pin its old segments here forever.
+  struct RkeyCache {
+    absl::flat_hash_map<std::string, ucp_rkey_h> keys;
+    std::deque<std::string> order;  // insertion order of `keys`
+  };
+  static constexpr size_t kMaxRkeysPerEndpoint = 256;
+  absl::flat_hash_map<ucp_ep_h, RkeyCache> rkeys_ ABSL_GUARDED_BY(mu_);
   // Endpoints UCX reported as failed (set from OnEndpointError, which runs
   // inside ucp_worker_progress, i.e. with mu_ held).
   absl::flat_hash_set<ucp_ep_h> failed_endpoints_ ABSL_GUARDED_BY(mu_);

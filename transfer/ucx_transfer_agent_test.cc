@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,64 @@ TEST(KvTransferAgentFailureTest, StuckPeerGivesDeadlineExceededAndAgentStaysUsab
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(local.BlockHolds(10, 3, 10));
   EXPECT_TRUE(local.BlockHolds(11, 3, 11));
+}
+
+// Remote keys are unpacked once per distinct packed key of a peer and reused (registrations of
+// plain user memory may pack to identical bytes: then one unpacked key serves them all); a
+// re-registered region is reached through its new key; dropping the peer releases them.
+TEST_P(KvTransferAgentTest, CachesRemoteKeysPerPeerRegistration) {
+  auto remote_agent = MakeAgent(GetParam());
+  auto local_agent = MakeAgent(GetParam());
+  ASSERT_NE(remote_agent, nullptr);
+  ASSERT_NE(local_agent, nullptr);
+  KvBuffers remote(/*seed=*/7), local(/*seed=*/8);
+  remote.Register(*remote_agent);
+  local.Register(*local_agent);
+  auto desc = remote_agent->Describe(remote.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  auto distinct_keys = [](std::initializer_list<const RemoteKvDescriptor*> descs) {
+    std::set<std::string> keys;
+    for (const RemoteKvDescriptor* d : descs) {
+      for (const RemoteRegion& r : d->regions) keys.insert(r.rkey);
+    }
+    return static_cast<int64_t>(keys.size());
+  };
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<BlockRun> src = {{i, 1}}, dst = {{10 + i, 1}};
+    ASSERT_TRUE(local_agent->Pull(*desc, src, local.regions, dst, absl::Now() + absl::Seconds(10))
+                    .ok());
+    EXPECT_TRUE(local.BlockHolds(10 + i, 7, i));
+  }
+  EXPECT_EQ(local_agent->stats().num_cached_rkeys, distinct_keys({&*desc}));
+  EXPECT_GE(local_agent->stats().num_cached_rkeys, 1);
+
+  // The peer moves region 0 to a new registration.
+  std::vector<uint8_t> moved(kNumBlocks * kBlockBytes);
+  for (int b = 0; b < kNumBlocks; ++b) {
+    for (int o = 0; o < kBlockBytes; ++o) moved[b * kBlockBytes + o] = KvBuffers::Pattern(9, 0, b, o);
+  }
+  ASSERT_TRUE(remote_agent->RegisterRegion(moved.data(), moved.size()).ok());
+  std::vector<KvRegion> regions = remote.regions;
+  regions[0].base = moved.data();
+  auto desc2 = remote_agent->Describe(regions);
+  ASSERT_TRUE(desc2.ok()) << desc2.status();
+  const std::vector<BlockRun> src = {{30, 1}}, dst = {{40, 1}};
+  ASSERT_TRUE(
+      local_agent->Pull(*desc2, src, local.regions, dst, absl::Now() + absl::Seconds(10)).ok());
+  for (int o = 0; o < kBlockBytes; ++o) {
+    ASSERT_EQ(local.data[0][40 * kBlockBytes + o], KvBuffers::Pattern(9, 0, 30, o));
+    ASSERT_EQ(local.data[1][40 * kBlockBytes + o], KvBuffers::Pattern(7, 1, 30, o));
+  }
+  EXPECT_EQ(local_agent->stats().num_cached_rkeys, distinct_keys({&*desc, &*desc2}));
+
+  local_agent->DropPeer(desc->worker_address);
+  EXPECT_EQ(local_agent->stats().num_cached_rkeys, 0);
+  EXPECT_EQ(local_agent->stats().num_endpoints, 0);
+  // And a new endpoint unpacks again.
+  ASSERT_TRUE(
+      local_agent->Pull(*desc, src, local.regions, dst, absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE(local.BlockHolds(40, 7, 30));
+  EXPECT_EQ(local_agent->stats().num_cached_rkeys, distinct_keys({&*desc}));
 }
 
 TEST(KvTransferAgentTest, UnknownTransportIsAnError) {
