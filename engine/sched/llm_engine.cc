@@ -14,6 +14,8 @@
 #include "engine/kv/swa_replay.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
+#include "engine/sched/step_cost_model.h"
+#include "engine/spec/rejection_sampler.h"
 
 namespace sluice {
 namespace {
@@ -35,7 +37,11 @@ class LLMEngineImpl final : public LLMEngine {
                                    options.enable_prefix_caching, kv_identity_,
                                    options.kv_connector.get(),
                                    EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens) > 0},
-                   num_blocks, kv_events_) {
+                   num_blocks, kv_events_),
+        confidence_(options.speculative.verify, options.speculative.num_speculative_tokens) {
+    rejection_rule_ = options.speculative.rejection_rule != nullptr
+                          ? options.speculative.rejection_rule
+                          : std::make_shared<const RejectionRule>();
     const auto& eos = model_->config().eos_token_ids;
     eos_token_ids_.assign(eos.begin(), eos.end());
     const auto& sliding = model_->config().layer_is_sliding;
@@ -232,6 +238,7 @@ class LLMEngineImpl final : public LLMEngine {
     pending_aborts_.clear();
     ExpireTimers(outputs);
     FinishConnectorLoads();
+    ProposeDrafts();
 
     SchedulerOutput plan = scheduler_.Schedule();
     counters_.num_preemptions += plan.num_preempted;
@@ -305,6 +312,7 @@ class LLMEngineImpl final : public LLMEngine {
     const int64_t vocab = model_->config().vocab_size;
     const bool device_greedy = DeviceGreedyStep(plan);
     absl::Status status;
+    const Clock::time_point start = Now();
     if (device_greedy) {
       greedy_.resize(input_.logits_indices.size());
       status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
@@ -312,6 +320,9 @@ class LLMEngineImpl final : public LLMEngine {
       logits_.resize(input_.logits_indices.size() * vocab);
       status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
     }
+    const double seconds = std::chrono::duration<double>(Now() - start).count();
+    step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
+    if (HasDrafts(plan)) counters_.spec_verify_seconds += seconds;
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.
       FailRequests(PlanIds(plan), status, outputs);
@@ -323,6 +334,10 @@ class LLMEngineImpl final : public LLMEngine {
     for (const ScheduledSequence& s : plan.scheduled) {
       Sequence& seq = *s.seq;
       const bool samples = s.samples();
+      if (s.num_draft_tokens() > 0) {
+        logits_row = VerifyDrafts(s, device_greedy, logits_row, outputs, finished);
+        continue;
+      }
       AdvanceComputed(seq, s.num_new_tokens);
       scheduler_.CommitBlocks(seq);
       WriteThrough(seq);
@@ -341,6 +356,121 @@ class LLMEngineImpl final : public LLMEngine {
     RemoveFinished(finished, outputs);
   }
 
+  static bool HasDrafts(const SchedulerOutput& plan) {
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.num_draft_tokens() > 0) return true;
+    }
+    return false;
+  }
+
+  // ProposeDrafts asks the drafter for the running decode sequences' drafts (speculative
+  // decoding), as many as the confidence scheduler finds worth verifying.
+  void ProposeDrafts() {
+    if (!options_.speculative.enabled()) return;
+    std::vector<Sequence*> candidates;
+    std::vector<int32_t> room;
+    for (Sequence* seq : scheduler_.running()) {
+      seq->draft.Clear();
+      if (seq->finish_pending || seq->request.hold_kv_blocks ||
+          seq->num_computed_tokens != seq->num_tokens() - 1) {
+        continue;
+      }
+      // Drafts beyond what the request may still emit (max_tokens, max_model_len) are wasted:
+      // the token after the last draft is emitted too.
+      const int32_t left =
+          std::min(seq->request.sampling.max_tokens - seq->num_output_tokens(),
+                   max_model_len_ - seq->num_tokens()) - 1;
+      if (left <= 0) continue;
+      candidates.push_back(seq);
+      room.push_back(left);
+    }
+    if (candidates.empty()) return;
+    Drafter& drafter = *options_.speculative.drafter;
+    bool probe_only = false;
+    const int32_t depth =
+        confidence_.BeginStep(static_cast<int32_t>(candidates.size()), step_cost_,
+                              drafter.round_cost(), &probe_only);
+    if (depth <= 0) return;
+    if (probe_only && candidates.size() > ConfidenceScheduler::kProbeSequences) {
+      candidates.resize(ConfidenceScheduler::kProbeSequences);
+    }
+    draft_inputs_.clear();
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      Sequence& seq = *candidates[i];
+      DraftInput in;
+      in.request_id = seq.request.request_id;
+      in.token_ids = absl::MakeConstSpan(seq.token_ids);
+      in.num_prompt_tokens = seq.num_prompt_tokens();
+      in.cache_salt = seq.request.cache_salt;
+      in.sampling = &seq.request.sampling;
+      in.rng = &seq.rng;
+      in.max_draft_tokens = std::min(depth, room[i]);
+      draft_inputs_.push_back(in);
+    }
+    std::vector<double> products(candidates.size(), 1.0);
+    const DraftContinue keep_going = [&](size_t i, int32_t, float confidence) {
+      return confidence_.KeepGoing(confidence, &products[i]);
+    };
+    const Clock::time_point start = Now();
+    const absl::Status st = drafter.Propose(draft_inputs_, keep_going, &draft_outputs_);
+    counters_.spec_draft_seconds += std::chrono::duration<double>(Now() - start).count();
+    if (!st.ok()) return;  // a drafter failure only costs this step its drafts
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      Sequence& seq = *candidates[i];
+      seq.draft = std::move(draft_outputs_[i]);
+      seq.TruncateDraft(static_cast<size_t>(confidence_.VerifyLength(seq.draft.confidence)));
+    }
+  }
+
+  // VerifyDrafts verifies the drafts of `s` (a decode sequence with draft tokens) from its logits
+  // rows starting at `row` (or its greedy tokens on the device): tokens are taken row by row
+  // while the drafts are accepted, each through SampleToken's processing with the tokens before
+  // it as context, until a rejection (whose row gives the corrected token), the bonus row, or a
+  // finish (EOS, stop id, length). Returns the next sequence's first row.
+  size_t VerifyDrafts(const ScheduledSequence& s, bool device_greedy, size_t row,
+                      std::vector<RequestOutput>& outputs, std::vector<std::string>& finished) {
+    Sequence& seq = *s.seq;
+    const int32_t num_drafts = s.num_draft_tokens();
+    const int64_t vocab = model_->config().vocab_size;
+    DraftOutput draft = std::move(seq.draft);
+    seq.draft.Clear();
+    std::vector<SampledToken> tokens;
+    int32_t accepted = 0;
+    bool rejected = false;
+    for (int32_t i = 0; i <= num_drafts; ++i) {
+      std::optional<DraftToken> offered;
+      if (i < num_drafts) {
+        offered = DraftToken{draft.tokens[i], draft.probs.empty()
+                                                  ? absl::Span<const float>()
+                                                  : absl::MakeConstSpan(draft.probs[i])};
+      }
+      VerifiedToken v;
+      if (device_greedy) {
+        v.token.token_id = greedy_[row + i].token_id;
+        v.token.logprob = greedy_[row + i].logprob;
+        v.accepted = offered.has_value() && v.token.token_id == offered->token_id;
+      } else {
+        v = VerifyRow(absl::Span<float>(logits_.data() + (row + i) * vocab, vocab),
+                      seq.request.sampling, Context(seq), offered, seq.rng, *rejection_rule_);
+      }
+      seq.AppendToken(v.token.token_id);
+      tokens.push_back(std::move(v.token));
+      if (v.accepted) ++accepted;
+      if (offered.has_value() && !v.accepted) rejected = true;
+      if (!v.accepted || CheckFinished(seq) != FinishReason::kNone) break;
+    }
+    counters_.num_spec_draft_tokens += num_drafts;
+    counters_.num_spec_accepted_tokens += accepted;
+    ++counters_.num_spec_verifications;
+    confidence_.ObserveVerification(draft.confidence, accepted + (rejected ? 1 : 0), accepted);
+    // KV is valid through the last real token and the accepted drafts.
+    AdvanceComputed(seq, s.num_new_tokens - num_drafts + accepted);
+    scheduler_.CommitBlocks(seq);
+    WriteThrough(seq);
+    EmitTokens(seq, std::move(tokens), outputs, finished);
+    return row + num_drafts + 1;
+  }
+
   // AdvanceComputed counts `n` more computed tokens of seq (and the prompt tokens among them).
   void AdvanceComputed(Sequence& seq, int32_t n) {
     const int32_t before = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());
@@ -352,10 +482,17 @@ class LLMEngineImpl final : public LLMEngine {
   // EmitToken reports seq's newest token (already appended) and notes a finished request.
   void EmitToken(Sequence& seq, SampledToken token, std::vector<RequestOutput>& outputs,
                  std::vector<std::string>& finished) {
-    ++counters_.num_generation_tokens;
+    std::vector<SampledToken> tokens;
+    tokens.push_back(std::move(token));
+    EmitTokens(seq, std::move(tokens), outputs, finished);
+  }
+  // EmitTokens reports seq's newest tokens (already appended) in one output.
+  void EmitTokens(Sequence& seq, std::vector<SampledToken> tokens,
+                  std::vector<RequestOutput>& outputs, std::vector<std::string>& finished) {
+    counters_.num_generation_tokens += static_cast<int64_t>(tokens.size());
     RequestOutput out;
     out.request_id = seq.request.request_id;
-    out.new_tokens.push_back(std::move(token));
+    out.new_tokens = std::move(tokens);
     out.num_prompt_tokens = seq.num_prompt_tokens();
     out.num_cached_tokens = seq.num_cached_tokens;
     out.num_output_tokens = seq.num_output_tokens();
@@ -405,6 +542,7 @@ class LLMEngineImpl final : public LLMEngine {
   std::unique_ptr<Sequence> RemoveSequence(const std::string& id) {
     std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
     if (seq == nullptr) return seq;
+    if (options_.speculative.enabled()) options_.speculative.drafter->Release(id);
     // Recorded even with nothing in flight: FinishInFlight pops its step before removing the
     // sequences it finished, and a plan built before it must drop them (DropRemoved).
     removed_.push_back(seq.get());
@@ -442,7 +580,7 @@ class LLMEngineImpl final : public LLMEngine {
   // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
   bool AsyncPlan(const SchedulerOutput& plan) {
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
-        options_.kv_connector != nullptr) {
+        options_.kv_connector != nullptr || options_.speculative.enabled()) {
       return false;
     }
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
@@ -681,15 +819,20 @@ class LLMEngineImpl final : public LLMEngine {
       slice.num_query_tokens = s.num_new_tokens;
       slice.num_context_tokens = seq.num_computed_tokens;
       slice.block_table = absl::MakeConstSpan(seq.block_table);
+      const int32_t n = seq.num_tokens();
       for (int32_t k = 0; k < s.num_new_tokens; ++k) {
         const int32_t pos = seq.num_computed_tokens + k;
-        input_.token_ids.push_back(seq.token_ids[pos]);
+        input_.token_ids.push_back(pos < n ? seq.token_ids[pos] : seq.draft.tokens[pos - n]);
         input_.positions.push_back(pos);
         input_.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[pos / bs]) * bs +
                                       pos % bs);
       }
       if (s.samples()) {
-        input_.logits_indices.push_back(slice.query_start + s.num_new_tokens - 1);
+        // One row per draft plus the bonus row: the last real token's and each draft's logits.
+        const int32_t rows = s.num_draft_tokens() + 1;
+        for (int32_t r = rows; r >= 1; --r) {
+          input_.logits_indices.push_back(slice.query_start + s.num_new_tokens - r);
+        }
       }
       input_.sequences.push_back(slice);
     }
@@ -862,6 +1005,13 @@ class LLMEngineImpl final : public LLMEngine {
   std::vector<int32_t> load_blocks_;  // scratch
   std::vector<int32_t> sliding_starts_;  // scratch: ForwardInput::sliding_kv_start
   EngineCounters counters_;
+  // Speculative decoding: the target's fitted step cost (priced by the confidence scheduler),
+  // the scheduler itself, the rejection rule, and Propose's scratch.
+  StepCostModel step_cost_;
+  ConfidenceScheduler confidence_;
+  std::shared_ptr<const RejectionRule> rejection_rule_;
+  std::vector<DraftInput> draft_inputs_;
+  std::vector<DraftOutput> draft_outputs_;
 };
 
 }  // namespace
@@ -873,6 +1023,9 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   if (options.max_num_seqs <= 0) return absl::InvalidArgumentError("max_num_seqs must be > 0");
   if (options.max_num_batched_tokens <= 0) {
     return absl::InvalidArgumentError("max_num_batched_tokens must be > 0");
+  }
+  if (options.speculative.enabled()) {
+    if (absl::Status s = options.speculative.Validate(); !s.ok()) return s;
   }
   const int64_t model_len = model->config().max_position_embeddings;
   const int32_t max_model_len =

@@ -19,6 +19,7 @@
 #include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
+#include "engine/spec/speculative.h"
 
 namespace sluice {
 
@@ -73,6 +74,11 @@ struct EngineOptions {
   // sampling (penalties, top logprobs, ...) run synchronously. Ignored without the model's
   // support or with a kv_connector.
   bool async_scheduling = true;
+  // Speculative decoding (engine/spec/): with a drafter, each step first drafts tokens for the
+  // running decode sequences, then the target computes every decode sequence's last token and
+  // its drafts in one forward and verifies them (greedy: exact; sampled: rejection sampling).
+  // Steps then run synchronously (async_scheduling is ignored).
+  SpeculativeOptions speculative;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -102,6 +108,14 @@ struct EngineCounters {
   // counted in num_transfers_recomputed).
   int64_t num_swa_replays = 0;
   int64_t num_swa_replayed_tokens = 0;
+  // Speculative decoding: draft tokens verified by the target, those accepted, and the
+  // verifications (sequence-steps with at least one draft). Mean accepted length (tokens per
+  // verification, the bonus token included) = (accepted + verifications) / verifications.
+  int64_t num_spec_draft_tokens = 0;
+  int64_t num_spec_accepted_tokens = 0;
+  int64_t num_spec_verifications = 0;
+  double spec_draft_seconds = 0.0;   // in the drafter
+  double spec_verify_seconds = 0.0;  // target forwards of steps that verified drafts
 };
 
 class LLMEngine {

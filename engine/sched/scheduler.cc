@@ -17,6 +17,13 @@ void Scheduler::Add(std::unique_ptr<Sequence> seq) {
   waiting_.push_back(std::move(seq));
 }
 
+std::vector<Sequence*> Scheduler::running() const {
+  std::vector<Sequence*> out;
+  out.reserve(running_.size());
+  for (const auto& s : running_) out.push_back(s.get());
+  return out;
+}
+
 Sequence* Scheduler::Find(const std::string& request_id) {
   for (auto& s : running_) {
     if (s->request.request_id == request_id) return s.get();
@@ -109,6 +116,7 @@ void Scheduler::DropBlocks(Sequence& seq) {
   seq.num_cached_tokens = 0;
   seq.num_committed_blocks = 0;
   seq.sliding_kv_start = 0;
+  seq.draft.Clear();
 }
 
 int32_t Scheduler::PreemptWaitingHolders() {
@@ -208,12 +216,20 @@ SchedulerOutput Scheduler::Schedule() {
   size_t i = 0;
   while (i < running_.size() && budget > 0) {
     Sequence& seq = *running_[i];
-    const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    // Draft tokens ride behind the uncomputed ones and are cut first when the budget is short.
+    const int32_t uncomputed = seq.num_tokens() - seq.num_computed_tokens;
+    int32_t n = std::min(uncomputed + static_cast<int32_t>(seq.draft.tokens.size()), budget);
+    seq.TruncateDraft(static_cast<size_t>(std::max(0, n - uncomputed)));
     if (n <= 0 || seq.finish_pending) {
       ++i;
       continue;
     }
     bool fits = EnsureBlocks(seq, seq.num_computed_tokens + n);
+    if (!fits && n > uncomputed) {  // drafts never cost another sequence its blocks
+      seq.TruncateDraft(0);
+      n = uncomputed;
+      fits = EnsureBlocks(seq, seq.num_computed_tokens + n);
+    }
     while (!fits) {
       // Victim: the most recently admitted running sequence (possibly `seq` itself).
       std::unique_ptr<Sequence> victim = std::move(running_.back());

@@ -15,6 +15,7 @@
 #ifndef SLUICE_ENGINE_SCHED_SCHEDULER_H_
 #define SLUICE_ENGINE_SCHED_SCHEDULER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -46,11 +47,15 @@ struct SchedulerConfig {
 };
 
 // ScheduledSequence: `num_new_tokens` tokens of `seq` starting at seq->num_computed_tokens.
-// When they reach the end of seq->token_ids the step samples a token for it.
+// When they reach the end of seq->token_ids the step samples a token for it. Tokens past the end
+// are seq->draft's tokens (speculative decoding), verified by the step.
 struct ScheduledSequence {
   Sequence* seq = nullptr;
   int32_t num_new_tokens = 0;
-  bool samples() const { return seq->num_computed_tokens + num_new_tokens == seq->num_tokens(); }
+  bool samples() const { return seq->num_computed_tokens + num_new_tokens >= seq->num_tokens(); }
+  int32_t num_draft_tokens() const {
+    return std::max(0, seq->num_computed_tokens + num_new_tokens - seq->num_tokens());
+  }
 };
 
 struct SchedulerOutput {
@@ -119,6 +124,8 @@ class Scheduler {
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  // The running sequences in admission order (still owned by the scheduler).
+  std::vector<Sequence*> running() const;
   const KvBlockAllocator& allocator() const { return cache_.allocator(); }
   int64_t num_preemptions() const { return num_preemptions_; }
 

@@ -8,6 +8,7 @@
 #include "engine/kv/block_hash.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/request.h"
+#include "engine/spec/drafter.h"
 
 namespace sluice {
 
@@ -44,6 +45,17 @@ struct Sequence {
   // placeholder -(r + 1) (row r of that step) until its value is read back; when that token
   // ends the sequence by length whatever its value, the sequence is not scheduled again.
   bool finish_pending = false;
+
+  // Speculative decoding: draft tokens proposed for positions num_tokens() onwards, verified by
+  // the next step (the scheduler computes them after the last real token and may cut them to
+  // the step's budget; preemption drops them). Never part of token_ids.
+  DraftOutput draft;
+  void TruncateDraft(size_t n) {
+    if (draft.tokens.size() <= n) return;
+    draft.tokens.resize(n);
+    draft.confidence.resize(n);
+    if (draft.probs.size() > n) draft.probs.resize(n);
+  }
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_prompt_tokens() const {

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "engine/sched/request.h"
+#include "services/api/spec_decode_metrics.h"
 
 namespace sluice {
 
@@ -27,6 +28,7 @@ struct BackendStats {
   int64_t num_prefix_cache_hit_tokens_total = 0;
   int64_t num_prompt_tokens_cached_total = 0;
   int64_t num_cached_blocks = 0;
+  SpecDecodeStats spec_decode;  // zeros without speculative decoding
 };
 
 class InferenceBackend {

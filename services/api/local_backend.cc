@@ -28,6 +28,7 @@ BackendStats LocalBackend::Stats() const {
   out.num_prefix_cache_hit_tokens_total = s.counters.num_prefix_cache_hit_blocks * s.block_size;
   out.num_prompt_tokens_cached_total = s.counters.num_prompt_tokens_cached;
   out.num_cached_blocks = s.num_cached_blocks;
+  out.spec_decode = SpecDecodeFromCounters(s.counters);
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/api/spec_decode_metrics.h"
 
 namespace sluice {
 namespace prometheus {
@@ -175,6 +176,7 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
   Gauge(out, "sluice_kv_cache_cached_blocks",
         "KV blocks registered in the prefix cache (in use or evictable).",
         static_cast<double>(stats.num_cached_blocks));
+  AppendSpecDecodeMetrics(stats.spec_decode, out);
   return out;
 }
 

@@ -75,6 +75,23 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "layers and the receiver replays the last N prompt tokens to rebuild the "
                  "sliding layers (0: move every layer; same on every worker)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--speculative-model", runtime.speculative.model,
+                 "Draft model folder for speculative decoding (same vocabulary and tokenizer as "
+                 "--model); CPU backend");
+  app.add_option("--speculative-method", runtime.speculative.method,
+                 "Speculative decoding drafter: draft_model (needs --speculative-model) or ngram "
+                 "(prompt lookup)")
+      ->check(CLI::IsMember({"draft_model", "ngram"}));
+  app.add_option("--num-speculative-tokens", runtime.speculative.num_speculative_tokens,
+                 "Draft tokens per step: the fixed k, or the most --speculative-verify auto "
+                 "verifies (1..16, default 5)");
+  app.add_option("--speculative-verify", runtime.speculative.verify,
+                 "auto: verify per sequence the draft prefix whose expected gain beats its cost "
+                 "(confidence-scheduled); a number k: always draft and verify k tokens");
+  app.add_option("--prompt-lookup-min", runtime.speculative.prompt_lookup_min,
+                 "--speculative-method ngram: shortest suffix matched in the sequence");
+  app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,
+                 "--speculative-method ngram: longest suffix matched in the sequence");
   app.add_option("--tensor-parallel-size", runtime.tensor_parallel_size,
                  "Ranks splitting attention heads and dense MLPs (CPU: threads of this process)");
   auto* ep = app.add_option("--expert-parallel-size", runtime.expert_parallel_size,

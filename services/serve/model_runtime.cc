@@ -388,6 +388,19 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     runtime.kv_connector = engine_options.kv_connector;
     spdlog::info("kvstore connector: {} shard(s) {}", shards->size(), options.kvstore);
   }
+  const bool speculative = !options.speculative.method.empty() || !options.speculative.model.empty();
+  if (speculative && options.device == "cuda") {
+    return absl::InvalidArgumentError(
+        "--speculative-model / --speculative-method: the CUDA backend does not verify drafts "
+        "yet (use --device cpu)");
+  }
+  if (absl::Status s = ConfigureSpeculative(
+          options.speculative, options.model_dir, (*model)->config().vocab_size,
+          *runtime.tokenizer,
+          (*model)->kv_cache_spec().BytesPerToken() * engine_options.block_size, &engine_options);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::unique_ptr<LLMEngine>> engine =
       LLMEngine::Create(*std::move(model), engine_options);
   if (!engine.ok()) return engine.status();

@@ -13,6 +13,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/local_backend.h"
+#include "services/serve/speculative_setup.h"
 
 namespace sluice {
 
@@ -56,6 +57,9 @@ struct RuntimeOptions {
   // True for `sluice prefill` / `sluice decode`: KV blocks move between processes, and they carry
   // only the engine's cache (rank 0's), so TP must keep the KV replicated (MLA), not split by head.
   bool kv_crosses_processes = false;
+  // Speculative decoding (services/serve/speculative_setup.h); off unless a method or a draft
+  // model is given. CPU backend only for now.
+  SpeculativeFlags speculative;
 };
 
 // ParallelLayout is a checked TP/EP layout: what LoadModelRuntime will build.

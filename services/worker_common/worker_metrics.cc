@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "services/api/spec_decode_metrics.h"
 
 namespace sluice {
 namespace {
@@ -135,6 +136,7 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
             "Kvstore loads cut short by a store error or deadline (the rest is computed).",
             static_cast<double>(k.num_load_errors));
   }
+  AppendSpecDecodeMetrics(SpecDecodeFromCounters(stats.counters), out);
   if (role_ == "prefill") {
     Gauge(out, "sluice_prefill_held_blocks",
           "KV blocks pinned for decode workers to pull (or to be pushed).",

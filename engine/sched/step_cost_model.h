@@ -1,0 +1,32 @@
+// StepCostModel: the time of one forward step as fixed + per_token · tokens, fitted online by
+// exponentially weighted least squares over measured steps. The engine fits one for the target
+// model (every step) and a draft model fits its own per draft round; speculative decoding's
+// confidence scheduler prices verification and drafting with them.
+#ifndef SLUICE_ENGINE_SCHED_STEP_COST_MODEL_H_
+#define SLUICE_ENGINE_SCHED_STEP_COST_MODEL_H_
+
+#include <cstdint>
+
+namespace sluice {
+
+class StepCostModel {
+ public:
+  // `decay` in (0, 1]: weight kept by older observations per new one (1: plain least squares).
+  explicit StepCostModel(double decay = 0.99) : decay_(decay) {}
+  void Observe(double tokens, double seconds);
+  // Fitted coefficients, both >= 0. With no spread in observed token counts the slope is 0 and
+  // the fixed part the mean; with no observation both are 0.
+  double fixed_seconds() const;
+  double per_token_seconds() const;
+  double Predict(double tokens) const { return fixed_seconds() + per_token_seconds() * tokens; }
+  int64_t num_observations() const { return n_; }
+
+ private:
+  double decay_;
+  double w_ = 0, x_ = 0, y_ = 0, xx_ = 0, xy_ = 0;  // weighted sums
+  int64_t n_ = 0;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_SCHED_STEP_COST_MODEL_H_

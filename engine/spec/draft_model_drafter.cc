@@ -1,0 +1,226 @@
+#include "engine/spec/draft_model_drafter.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv/kv_block_allocator.h"
+
+namespace sluice {
+namespace {
+
+// vLLM's _SAMPLING_EPS, as SampleToken: below it a request is greedy.
+constexpr float kGreedyTemperature = 1e-5f;
+
+// Softmax of logits / temperature into probs (float64 accumulation).
+void Softmax(absl::Span<const float> logits, float temperature, std::vector<float>* probs) {
+  probs->resize(logits.size());
+  float max_logit = -INFINITY;
+  for (float l : logits) max_logit = std::max(max_logit, l);
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double e = std::exp((static_cast<double>(logits[i]) - max_logit) / temperature);
+    (*probs)[i] = static_cast<float>(e);
+    total += e;
+  }
+  for (float& p : *probs) p = static_cast<float>(p / total);
+}
+
+int32_t Argmax(absl::Span<const float> v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Draws from probs with one uniform: the first id whose cumulative mass exceeds u · total.
+int32_t Draw(const std::vector<float>& probs, double u) {
+  double total = 0.0;
+  for (float p : probs) total += p;
+  const double target = u * total;
+  double cumulative = 0.0;
+  int32_t last = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0.0f) continue;
+    cumulative += probs[i];
+    last = static_cast<int32_t>(i);
+    if (cumulative > target) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
+    std::unique_ptr<Model> model, const DraftModelOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("draft model is null");
+  if (options.block_size <= 0 || options.num_kv_blocks <= 0) {
+    return absl::InvalidArgumentError("draft KV cache needs block_size > 0 and num_kv_blocks > 0");
+  }
+  return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(std::move(model), options));
+}
+
+DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Model> model,
+                                     const DraftModelOptions& options)
+    : model_(std::move(model)),
+      options_(options),
+      kv_cache_(model_->kv_cache_spec(), options.num_kv_blocks, options.block_size),
+      hasher_(KvLayoutIdentity(absl::StrCat("draft:", options.model_id), options.block_size,
+                               "f32", model_->kv_cache_spec().num_layers,
+                               model_->kv_cache_spec().k_floats_per_token,
+                               model_->kv_cache_spec().v_floats_per_token),
+              options.block_size),
+      cache_(options.num_kv_blocks, options.enable_prefix_caching, nullptr) {}
+
+void DraftModelDrafter::Release(std::string_view request_id) {
+  auto it = states_.find(std::string(request_id));
+  if (it == states_.end()) return;
+  cache_.Free(it->second.block_table);
+  states_.erase(it);
+}
+
+int64_t DraftModelDrafter::Slot(const SeqState& s, int64_t pos) const {
+  const int64_t bs = options_.block_size;
+  return static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
+}
+
+void DraftModelDrafter::Commit(SeqState& s) {
+  if (!cache_.enabled()) return;
+  const int32_t bs = static_cast<int32_t>(options_.block_size);
+  const int32_t full = s.num_computed / bs;
+  if (full <= s.num_committed_blocks) return;
+  hasher_.ExtendFullBlockHashes(s.root, absl::MakeConstSpan(s.tokens).first(full * bs),
+                                s.block_hashes);
+  const int32_t from = s.num_committed_blocks;
+  const std::optional<BlockHash> parent =
+      from == 0 ? std::nullopt : std::optional<BlockHash>(s.block_hashes[from - 1]);
+  cache_.Register(absl::MakeConstSpan(s.block_table).subspan(from, full - from),
+                  absl::MakeConstSpan(s.block_hashes).subspan(from, full - from), parent);
+  s.num_committed_blocks = full;
+}
+
+bool DraftModelDrafter::Prepare(SeqState& s, absl::Span<const int32_t> tokens,
+                                int64_t num_kv_tokens) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  // Keep the KV of the common prefix (accepted drafts included); at least the last real token
+  // is recomputed so its logits propose the first draft.
+  const auto mismatch = std::mismatch(s.tokens.begin(), s.tokens.end(), tokens.begin(),
+                                      tokens.end());
+  const int32_t common = static_cast<int32_t>(mismatch.first - s.tokens.begin());
+  s.num_computed = std::min({s.num_computed, common, n - 1});
+  s.tokens.assign(tokens.begin(), tokens.end());
+  const int32_t bs = static_cast<int32_t>(options_.block_size);
+  if (s.block_table.empty() && cache_.enabled()) {
+    hasher_.ExtendFullBlockHashes(s.root, tokens, s.block_hashes);
+    s.block_table = cache_.AcquirePrefix(s.block_hashes, (n - 1) / bs);
+    s.num_computed = static_cast<int32_t>(s.block_table.size()) * bs;
+    s.num_committed_blocks = static_cast<int32_t>(s.block_table.size());
+    s.block_hashes.resize(s.block_table.size());
+  }
+  // A committed block's tokens never change (they are real), so rollback stays above them.
+  s.num_computed = std::max(s.num_computed, std::min(s.num_committed_blocks * bs, n - 1));
+  Commit(s);
+  const int64_t needed =
+      NumBlocksFor(num_kv_tokens, options_.block_size) - static_cast<int64_t>(s.block_table.size());
+  return needed <= 0 || cache_.Allocate(needed, s.block_table);
+}
+
+absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
+                                        const DraftContinue& keep_going,
+                                        std::vector<DraftOutput>* outputs) {
+  outputs->resize(inputs.size());
+  for (DraftOutput& out : *outputs) out.Clear();
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t max_pos = model_->config().max_position_embeddings;
+  std::vector<size_t> active;
+  std::vector<SeqState*> states;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& in = inputs[i];
+    const int64_t n = static_cast<int64_t>(in.token_ids.size());
+    const int32_t k = static_cast<int32_t>(std::min<int64_t>(in.max_draft_tokens, max_pos - n + 1));
+    if (k <= 0 || n == 0) continue;
+    auto [it, fresh] = states_.try_emplace(std::string(in.request_id));
+    if (fresh) it->second.root = hasher_.RootHash(in.cache_salt);
+    // KV for positions up to n + k - 2 (the last draft is never fed).
+    if (!Prepare(it->second, in.token_ids, n + k - 1)) {
+      Release(in.request_id);
+      continue;
+    }
+    active.push_back(i);
+    states.push_back(&it->second);
+  }
+
+  std::vector<float> probs;
+  // Round 0 feeds each sequence's catch-up chunk; round j > 0 feeds draft j - 1.
+  for (int32_t round = 0; !active.empty(); ++round) {
+    input_.token_ids.clear();
+    input_.positions.clear();
+    input_.slot_mapping.clear();
+    input_.sequences.clear();
+    input_.logits_indices.clear();
+    for (size_t a = 0; a < active.size(); ++a) {
+      SeqState& s = *states[a];
+      const int32_t end = static_cast<int32_t>(s.tokens.size());
+      SequenceSlice slice;
+      slice.query_start = static_cast<int32_t>(input_.token_ids.size());
+      slice.num_context_tokens = s.num_computed;
+      slice.num_query_tokens = end - s.num_computed;
+      slice.block_table = absl::MakeConstSpan(s.block_table);
+      for (int32_t pos = s.num_computed; pos < end; ++pos) {
+        input_.token_ids.push_back(s.tokens[pos]);
+        input_.positions.push_back(pos);
+        input_.slot_mapping.push_back(Slot(s, pos));
+      }
+      input_.logits_indices.push_back(slice.query_start + slice.num_query_tokens - 1);
+      input_.sequences.push_back(slice);
+    }
+    logits_.resize(active.size() * vocab);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status st = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    // Catch-up rounds (prefill chunks) are priced like any other: the fit has a per-token slope.
+    round_cost_.Observe(static_cast<double>(input_.token_ids.size()),
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                            .count());
+    if (!st.ok()) {
+      for (size_t a = 0; a < active.size(); ++a) Release(inputs[active[a]].request_id);
+      for (DraftOutput& out : *outputs) out.Clear();
+      return st;
+    }
+    std::vector<size_t> next_active;
+    std::vector<SeqState*> next_states;
+    for (size_t a = 0; a < active.size(); ++a) {
+      const DraftInput& in = inputs[active[a]];
+      SeqState& s = *states[a];
+      DraftOutput& out = (*outputs)[active[a]];
+      s.num_computed = static_cast<int32_t>(s.tokens.size());
+      const absl::Span<const float> row(logits_.data() + a * vocab, vocab);
+      const float temperature = in.sampling->temperature;
+      int32_t token;
+      float confidence;
+      if (temperature < kGreedyTemperature) {
+        token = Argmax(row);
+        Softmax(row, 1.0f, &probs);
+        confidence = probs[token];
+      } else {
+        Softmax(row, temperature, &probs);
+        token = Draw(probs, UniformUnit(*in.rng));
+        confidence = probs[token];
+        out.probs.push_back(probs);
+      }
+      out.tokens.push_back(token);
+      out.confidence.push_back(confidence);
+      const int32_t j = static_cast<int32_t>(out.tokens.size()) - 1;
+      const int64_t n = static_cast<int64_t>(in.token_ids.size());
+      const int32_t k =
+          static_cast<int32_t>(std::min<int64_t>(in.max_draft_tokens, max_pos - n + 1));
+      if (j + 1 >= k || (keep_going && !keep_going(active[a], j, confidence))) continue;
+      s.tokens.push_back(token);  // fed next round
+      next_active.push_back(active[a]);
+      next_states.push_back(&s);
+    }
+    active.swap(next_active);
+    states.swap(next_states);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sluice

@@ -1,0 +1,100 @@
+#include "services/serve/speculative_setup.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
+#include "engine/spec/draft_model_drafter.h"
+#include "engine/spec/ngram_drafter.h"
+#include "engine/spec/speculative.h"
+#include "services/serve/log.h"
+
+namespace sluice {
+
+absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::string& target_dir,
+                                     int64_t target_vocab_size,
+                                     const Tokenizer& target_tokenizer) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(draft_dir);
+  if (!config.ok()) return config.status();
+  auto mismatch = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-model: the draft model ", draft_dir,
+                     " does not match the target model ", target_dir, ": ", what));
+  };
+  if (config->vocab_size != target_vocab_size) {
+    return mismatch(absl::StrCat("vocab_size ", config->vocab_size, " vs ", target_vocab_size));
+  }
+  absl::StatusOr<std::unique_ptr<Tokenizer>> draft_tokenizer =
+      Tokenizer::FromFile(draft_dir + "/tokenizer.json");
+  if (!draft_tokenizer.ok()) return draft_tokenizer.status();
+  const Tokenizer& draft = **draft_tokenizer;
+  if (draft.vocab_size() != target_tokenizer.vocab_size()) {
+    return mismatch(absl::StrCat("tokenizer vocabulary of ", draft.vocab_size(), " vs ",
+                                 target_tokenizer.vocab_size(), " tokens"));
+  }
+  for (int32_t id = 0; id < draft.vocab_size(); ++id) {
+    if (draft.IdToToken(id) != target_tokenizer.IdToToken(id) ||
+        draft.IsSpecial(id) != target_tokenizer.IsSpecial(id)) {
+      return mismatch(absl::StrCat("tokenizers differ at id ", id, " ('", draft.IdToToken(id),
+                                   "' vs '", target_tokenizer.IdToToken(id), "')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
+                                  int64_t target_vocab_size, const Tokenizer& target_tokenizer,
+                                  int64_t target_block_bytes, EngineOptions* engine) {
+  SpeculativeOptions& spec = engine->speculative;
+  spec.num_speculative_tokens = flags.num_speculative_tokens;
+  if (absl::Status s = spec.Validate(); !s.ok()) return s;
+  if (absl::Status s = ParseVerifyMode(flags.verify, &spec.verify, &spec.num_speculative_tokens);
+      !s.ok()) {
+    return s;
+  }
+  std::string method = flags.method;
+  if (method.empty() && !flags.model.empty()) method = "draft_model";
+  if (method.empty()) return absl::OkStatus();
+  if (method == "ngram") {
+    if (flags.prompt_lookup_min < 1 || flags.prompt_lookup_max < flags.prompt_lookup_min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-lookup-min/max must satisfy 1 <= min <= max, got ",
+                       flags.prompt_lookup_min, " and ", flags.prompt_lookup_max));
+    }
+    spec.drafter = std::make_shared<NgramDrafter>(
+        NgramOptions{flags.prompt_lookup_min, flags.prompt_lookup_max});
+  } else if (method == "draft_model") {
+    if (flags.model.empty()) {
+      return absl::InvalidArgumentError(
+          "--speculative-method draft_model needs --speculative-model DIR");
+    }
+    if (absl::Status s =
+            CheckDraftMatchesTarget(flags.model, target_dir, target_vocab_size, target_tokenizer);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<std::unique_ptr<Model>> draft = LoadModel(flags.model);
+    if (!draft.ok()) return draft.status();
+    DraftModelOptions options;
+    options.block_size = engine->block_size;
+    options.num_kv_blocks = engine->num_kv_blocks > 0
+                                ? engine->num_kv_blocks
+                                : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes);
+    options.enable_prefix_caching = engine->enable_prefix_caching;
+    options.model_id = flags.model;
+    absl::StatusOr<std::unique_ptr<DraftModelDrafter>> drafter =
+        DraftModelDrafter::Create(*std::move(draft), options);
+    if (!drafter.ok()) return drafter.status();
+    spec.drafter = std::shared_ptr<DraftModelDrafter>(*std::move(drafter));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-method must be draft_model or ngram, got '", method, "'"));
+  }
+  spdlog::info("speculative decoding: {} drafts, verify {} (up to {} tokens)", method,
+               spec.verify == VerifyMode::kAuto ? "auto" : "fixed", spec.num_speculative_tokens);
+  return absl::OkStatus();
+}
+
+}  // namespace sluice

@@ -1,0 +1,46 @@
+// Speculative decoding set-up for `sluice serve`, `generate`, `prefill` and `decode`:
+// --speculative-model / --speculative-method / --num-speculative-tokens / --speculative-verify
+// become EngineOptions::speculative (engine/spec/).
+#ifndef SLUICE_SERVICES_SERVE_SPECULATIVE_SETUP_H_
+#define SLUICE_SERVICES_SERVE_SPECULATIVE_SETUP_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/sched/llm_engine.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace sluice {
+
+struct SpeculativeFlags {
+  std::string model;   // --speculative-model DIR: a draft model of the target's vocabulary
+  std::string method;  // --speculative-method: "" (draft_model with a model, else none),
+                       // "draft_model" or "ngram"
+  int32_t num_speculative_tokens = 5;  // --num-speculative-tokens: k, or the maximum for auto
+  std::string verify = "auto";         // --speculative-verify: auto | a fixed k
+  int32_t prompt_lookup_min = 2;       // --prompt-lookup-min/max: n-gram lengths matched
+  int32_t prompt_lookup_max = 4;
+};
+
+// CheckDraftMatchesTarget: the draft folder's vocabulary size (config.json) and tokenizer
+// (tokenizer.json, every id's token string and the special tokens) equal the target's.
+// Errors: InvalidArgument naming both folders and the first difference; those of
+// ModelConfig::Load / Tokenizer::FromFile for the draft folder.
+absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::string& target_dir,
+                                     int64_t target_vocab_size, const Tokenizer& target_tokenizer);
+
+// ConfigureSpeculative fills engine->speculative from `flags` (nothing when speculation is off).
+// `target_dir` / `target_vocab_size` / `target_tokenizer` describe the target; the draft model's
+// KV cache gets as many blocks as the target's (engine->num_kv_blocks, or what
+// engine->kv_cache_bytes holds of `target_block_bytes` blocks).
+// Errors: InvalidArgument for an unknown method, --speculative-method draft_model without
+// --speculative-model, --num-speculative-tokens or --speculative-verify out of range, a
+// mismatching draft (CheckDraftMatchesTarget); those of loading the draft model.
+absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
+                                  int64_t target_vocab_size, const Tokenizer& target_tokenizer,
+                                  int64_t target_block_bytes, EngineOptions* engine);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_SPECULATIVE_SETUP_H_

@@ -1,0 +1,237 @@
+// Speculative decoding in the engine (engine/spec/): greedy output with speculation is token for
+// token the output without it — on sluice-mini-moe with the sluice-mini-draft draft model and on
+// llama-tiny with n-gram prompt lookup — with several choices of one prompt, the target's
+// logprobs and top logprobs, max_tokens, stop ids and penalties; the draft model's KV is paged
+// and prefix-cached.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/model/model.h"
+#include "engine/sched/llm_engine.h"
+#include "engine/spec/draft_model_drafter.h"
+#include "engine/spec/ngram_drafter.h"
+#include "engine/spec/speculative.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "tests/util/test_paths.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kBlockSize = 16;
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TokenLogprob>> top;
+  FinishReason reason = FinishReason::kNone;
+  int32_t num_outputs = 0;  // RequestOutputs with tokens
+};
+
+std::unique_ptr<Model> Load(const std::string& dir) {
+  auto model = LoadModel(dir);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
+std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256) {
+  DraftModelOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = num_blocks;
+  options.model_id = "sluice-mini-draft";
+  auto drafter = DraftModelDrafter::Create(Load(testing::SharedModelDir("sluice-mini-draft")),
+                                           options);
+  EXPECT_TRUE(drafter.ok()) << drafter.status();
+  return drafter.ok() ? std::shared_ptr<DraftModelDrafter>(std::move(*drafter)) : nullptr;
+}
+
+std::unique_ptr<LLMEngine> Engine(const std::string& dir, std::shared_ptr<Drafter> drafter,
+                                  VerifyMode mode = VerifyMode::kFixed, int32_t k = 5,
+                                  int32_t max_num_batched_tokens = 512) {
+  EngineOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 256;
+  options.max_num_batched_tokens = max_num_batched_tokens;
+  options.speculative.drafter = std::move(drafter);
+  options.speculative.verify = mode;
+  options.speculative.num_speculative_tokens = k;
+  auto engine = LLMEngine::Create(Load(dir), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::map<std::string, Result> RunAll(LLMEngine& engine, const std::vector<EngineRequest>& requests) {
+  std::map<std::string, Result> results;
+  for (const EngineRequest& r : requests) EXPECT_TRUE(engine.AddRequest(r).ok());
+  for (int steps = 0; engine.HasUnfinishedRequests() && steps < 10000; ++steps) {
+    for (const RequestOutput& out : engine.Step()) {
+      Result& r = results[out.request_id];
+      if (!out.new_tokens.empty()) ++r.num_outputs;
+      for (const SampledToken& t : out.new_tokens) {
+        r.tokens.push_back(t.token_id);
+        r.logprobs.push_back(t.logprob);
+        r.top.push_back(t.top_logprobs);
+      }
+      if (out.finished()) r.reason = out.finish_reason;
+    }
+  }
+  EXPECT_FALSE(engine.HasUnfinishedRequests());
+  return results;
+}
+
+std::vector<int32_t> Encode(const std::string& dir, const std::string& text) {
+  auto tokenizer = Tokenizer::FromFile(dir + "/tokenizer.json");
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+  return tokenizer.ok() ? (*tokenizer)->Encode(text, /*add_special_tokens=*/true)
+                        : std::vector<int32_t>{};
+}
+
+EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+void ExpectSame(const std::map<std::string, Result>& plain,
+                const std::map<std::string, Result>& spec) {
+  ASSERT_EQ(plain.size(), spec.size());
+  for (const auto& [id, p] : plain) {
+    SCOPED_TRACE(id);
+    const Result& s = spec.at(id);
+    EXPECT_EQ(p.tokens, s.tokens);
+    EXPECT_EQ(p.reason, s.reason);
+    ASSERT_EQ(p.logprobs.size(), s.logprobs.size());
+    for (size_t i = 0; i < p.logprobs.size(); ++i) {
+      EXPECT_NEAR(p.logprobs[i], s.logprobs[i], 1e-4) << "token " << i;
+      ASSERT_EQ(p.top[i].size(), s.top[i].size());
+      for (size_t j = 0; j < p.top[i].size(); ++j) {
+        EXPECT_EQ(p.top[i][j].token_id, s.top[i][j].token_id);
+        EXPECT_NEAR(p.top[i][j].logprob, s.top[i][j].logprob, 1e-4);
+      }
+    }
+  }
+}
+
+// Requests covering what must stay exact: two choices of one prompt, top logprobs, a
+// repetition penalty, a frequency penalty, a stop id taken from the plain output, max_tokens.
+std::vector<EngineRequest> MiniMoeRequests(const std::string& dir) {
+  const std::string texts[] = {
+      "Ge1:1 In the beginning God created the heaven and the earth. Ge1:2 And the earth was "
+      "without form, and void; and darkness was upon the face of the deep. Ge1:3 And God said,",
+      "Joh3:16 For God so loved the world,",
+      "Ps23:1 The LORD is my shepherd;",
+      "Ex20:3 Thou shalt have no other gods",
+  };
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back(Request("p" + std::to_string(i), Encode(dir, texts[i]), 40));
+  }
+  requests.push_back(Request("p0-choice1", requests[0].prompt_token_ids, 40));
+  requests[1].sampling.logprobs = 3;
+  requests[2].sampling.repetition_penalty = 1.3f;
+  requests[3].sampling.frequency_penalty = 0.5f;
+  requests[3].sampling.max_tokens = 13;
+  return requests;
+}
+
+TEST(SpeculativeEngineTest, DraftModelGreedyEqualsPlainOnMiniMoe) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  std::vector<EngineRequest> requests = MiniMoeRequests(dir);
+  auto plain_engine = Engine(dir, nullptr);
+  ASSERT_NE(plain_engine, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  // A stop id that occurs mid-output: the spec run must stop at the same place.
+  EngineRequest stop = Request("stop-id", requests[0].prompt_token_ids, 40);
+  ASSERT_GT(plain.at("p0").tokens.size(), 10u);
+  stop.sampling.stop_token_ids = {plain.at("p0").tokens[9]};
+  requests.push_back(stop);
+  const auto plain_all = RunAll(*plain_engine, requests);
+  EXPECT_LE(plain_all.at("stop-id").tokens.size(), 10u);
+  EXPECT_EQ(plain_all.at("stop-id").reason, FinishReason::kStop);
+
+  for (VerifyMode mode : {VerifyMode::kFixed, VerifyMode::kAuto}) {
+    SCOPED_TRACE(mode == VerifyMode::kFixed ? "fixed k=5" : "auto");
+    auto drafter = DraftModel();
+    auto engine = Engine(dir, drafter, mode);
+    ASSERT_NE(engine, nullptr);
+    const auto spec = RunAll(*engine, requests);
+    ExpectSame(plain_all, spec);
+    const EngineCounters c = engine->counters();
+    EXPECT_GT(c.num_spec_verifications, 0);
+    EXPECT_GT(c.num_spec_accepted_tokens, 0);
+    EXPECT_LE(c.num_spec_accepted_tokens, c.num_spec_draft_tokens);
+    // Several tokens per step: fewer outputs than tokens for the long greedy requests.
+    EXPECT_LT(spec.at("p0").num_outputs, static_cast<int32_t>(spec.at("p0").tokens.size()));
+    // Every draft state was released with its request; the draft prefix cache kept blocks.
+    EXPECT_EQ(drafter->num_sequences(), 0);
+    EXPECT_EQ(drafter->num_free_blocks(), drafter->num_total_blocks());
+    // A later request with p0's prompt finds its full blocks in the draft's prefix cache.
+    EngineRequest again = requests[0];
+    again.request_id = "p0-again";
+    const auto rerun = RunAll(*engine, {again});
+    EXPECT_EQ(rerun.at("p0-again").tokens, plain_all.at("p0").tokens);
+    EXPECT_GT(drafter->prefix_cache_stats().num_hit_blocks, 0);
+  }
+}
+
+TEST(SpeculativeEngineTest, TightBudgetAndDraftBlocksStillExact) {
+  // A step budget smaller than the batch's drafts cuts them, and a draft cache of few blocks
+  // leaves some sequences without drafts: output unchanged.
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  const std::vector<EngineRequest> requests = MiniMoeRequests(dir);
+  auto plain_engine = Engine(dir, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  auto drafter = DraftModel(/*num_blocks=*/6);
+  auto engine = Engine(dir, drafter, VerifyMode::kFixed, 5, /*max_num_batched_tokens=*/16);
+  ASSERT_NE(engine, nullptr);
+  ExpectSame(plain, RunAll(*engine, requests));
+  EXPECT_GT(engine->counters().num_spec_verifications, 0);
+  EXPECT_EQ(drafter->num_free_blocks(), drafter->num_total_blocks());
+}
+
+TEST(SpeculativeEngineTest, NgramGreedyEqualsPlainOnLlamaTiny) {
+  const std::string dir = testing::FixtureDir("llama-tiny");
+  std::vector<EngineRequest> requests;
+  // A repetitive prompt so lookup finds matches; and one without repeats.
+  std::vector<int32_t> repetitive;
+  for (int r = 0; r < 6; ++r) {
+    for (int32_t t : {100, 200, 300, 400, 500, 600, 700}) repetitive.push_back(t + r % 2);
+  }
+  requests.push_back(Request("rep", repetitive, 48));
+  requests.push_back(Request("rep-choice1", repetitive, 48));
+  requests.push_back(Request("text", Encode(dir, "the cat sat on the mat and the cat"), 32));
+  requests[1].sampling.logprobs = 2;
+  requests[2].sampling.presence_penalty = 0.4f;
+  auto plain_engine = Engine(dir, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  for (VerifyMode mode : {VerifyMode::kFixed, VerifyMode::kAuto}) {
+    auto engine = Engine(dir, std::make_shared<NgramDrafter>(), mode);
+    ASSERT_NE(engine, nullptr);
+    ExpectSame(plain, RunAll(*engine, requests));
+    EXPECT_GT(engine->counters().num_spec_verifications, 0);
+  }
+}
+
+TEST(SpeculativeEngineTest, NumSpeculativeTokensOutOfRangeIsRefused) {
+  EngineOptions options;
+  options.num_kv_blocks = 64;
+  options.speculative.drafter = std::make_shared<NgramDrafter>();
+  for (int32_t k : {0, 17, -1}) {
+    options.speculative.num_speculative_tokens = k;
+    auto engine = LLMEngine::Create(Load(testing::FixtureDir("llama-tiny")), options);
+    ASSERT_FALSE(engine.ok());
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(engine.status().message().find("--num-speculative-tokens"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace sluice
