@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git patchelf
-  libabsl-dev nlohmann-json3-dev libboost-dev libboost-system-dev libpcre2-dev libcli11-dev
+  libabsl-dev nlohmann-json3-dev libboost-dev libboost-system-dev libpcre2-dev libicu-dev libcli11-dev
   libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libgmock-dev
   libucx-dev ucx-utils
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc

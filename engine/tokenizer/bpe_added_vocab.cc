@@ -77,12 +77,13 @@ std::pair<size_t, int32_t> BpeAddedVocab::Trie::LongestAt(std::string_view text,
 }
 
 absl::StatusOr<std::unique_ptr<BpeAddedVocab>> BpeAddedVocab::Create(
-    std::vector<AddedToken> tokens) {
+    std::vector<AddedToken> tokens, const Normalizer* normalizer) {
   std::unique_ptr<BpeAddedVocab> vocab(new BpeAddedVocab());
   vocab->tokens_ = std::move(tokens);
+  vocab->normalizer_ = normalizer;
   bool any_single_word = false;
   for (size_t i = 0; i < vocab->tokens_.size(); ++i) {
-    const AddedToken& t = vocab->tokens_[i];
+    AddedToken& t = vocab->tokens_[i];
     if (t.content.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("added token ", t.id, " has no content"));
     }
@@ -91,8 +92,16 @@ absl::StatusOr<std::unique_ptr<BpeAddedVocab>> BpeAddedVocab::Create(
           absl::StrCat("added token id ", t.id, " is negative or duplicated"));
     }
     vocab->by_content_.try_emplace(t.content, t.id);
-    (t.normalized ? vocab->normalized_trie_ : vocab->raw_trie_)
-        .Insert(t.content, static_cast<int32_t>(i));
+    if (t.normalized && normalizer != nullptr) {
+      // Matched in normalized text, so the trie holds the normalized content (as HF does).
+      std::string buffer;
+      const std::string_view normalized = normalizer->Normalize(t.content, &buffer);
+      t.normalized_content = std::string(normalized);
+      if (!normalized.empty()) vocab->normalized_trie_.Insert(normalized, static_cast<int32_t>(i));
+    } else {
+      (t.normalized ? vocab->normalized_trie_ : vocab->raw_trie_)
+          .Insert(t.content, static_cast<int32_t>(i));
+    }
     vocab->max_id_ = std::max(vocab->max_id_, t.id);
     any_single_word |= t.single_word;
   }
@@ -116,16 +125,25 @@ std::optional<int32_t> BpeAddedVocab::FindByContent(std::string_view content) co
 }
 
 void BpeAddedVocab::Split(std::string_view text, bool parse_special,
-                          absl::FunctionRef<void(std::string_view)> on_text,
+                          absl::FunctionRef<void(std::string_view, bool)> on_text,
                           absl::FunctionRef<void(int32_t)> on_token) const {
-  if (normalized_trie_.empty()) {
-    SplitWith(raw_trie_, text, parse_special, on_text, on_token);
-    return;
-  }
   SplitWith(
       raw_trie_, text, parse_special,
       [&](std::string_view segment) {
-        SplitWith(normalized_trie_, segment, parse_special, on_text, on_token);
+        const bool segment_at_start = segment.data() == text.data();
+        std::string buffer;
+        const std::string_view normalized =
+            normalizer_ != nullptr ? normalizer_->Normalize(segment, &buffer) : segment;
+        if (normalized_trie_.empty()) {
+          if (!normalized.empty()) on_text(normalized, segment_at_start);
+          return;
+        }
+        SplitWith(
+            normalized_trie_, normalized, parse_special,
+            [&](std::string_view piece) {
+              on_text(piece, segment_at_start && piece.data() == normalized.data());
+            },
+            on_token);
       },
       on_token);
 }

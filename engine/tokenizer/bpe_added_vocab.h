@@ -1,10 +1,10 @@
 // BpeAddedVocab: the "added_tokens" of a HF tokenizer.json and the splitting of input text
 // around them, which happens before normalization and pre-tokenization.
 //
-// Matching follows tokenizers' `AddedVocabulary::find_matches`: leftmost-longest matches
-// (aho-corasick MatchKind::LeftmostLongest), first over the tokens with `normalized: false` on
-// the raw text, then over the `normalized: true` tokens on the remaining segments (this
-// tokenizer supports only identity normalizers, so both passes see the same bytes). Flags:
+// Matching follows tokenizers' `AddedVocabulary::extract_and_normalize`: leftmost-longest
+// matches (aho-corasick MatchKind::LeftmostLongest), first of the tokens with `normalized: false`
+// on the raw text; then each remaining segment is normalized and the `normalized: true` tokens
+// (their contents normalized the same way) are matched in it. Flags:
 //   * single_word: the match is dropped when a word character (\w) touches either end;
 //   * lstrip / rstrip: whitespace (Unicode White_Space) left / right of the match is absorbed;
 //   * special tokens are skipped when special-token parsing is off (`encode_special_tokens`).
@@ -23,6 +23,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "engine/tokenizer/bpe_regex.h"
+#include "engine/tokenizer/normalizer.h"
 
 namespace sluice {
 
@@ -35,18 +36,27 @@ struct AddedToken {
   bool rstrip = false;
   bool normalized = false;
   bool special = false;
+  // The content after the normalizer, for `normalized` tokens when there is one (else empty).
+  // HF's id_to_token and decode return this form ("Hello World" under Lowercase is
+  // "hello world"), while token_to_id takes `content`.
+  std::string normalized_content;
 };
 
 class BpeAddedVocab {
  public:
-  // Create indexes `tokens`. Errors: InvalidArgument for an empty content or a duplicate id.
-  static absl::StatusOr<std::unique_ptr<BpeAddedVocab>> Create(std::vector<AddedToken> tokens);
+  // Create indexes `tokens`; `normalizer` (may be null; must outlive this object) normalizes
+  // the text and the contents of `normalized: true` tokens. Errors: InvalidArgument for an
+  // empty content or a duplicate id.
+  static absl::StatusOr<std::unique_ptr<BpeAddedVocab>> Create(std::vector<AddedToken> tokens,
+                                                               const Normalizer* normalizer);
 
   // Split walks `text` left to right, calling `on_text` for each non-empty stretch of ordinary
-  // text and `on_token` for each matched added token id. With parse_special=false special
-  // tokens are not matched (non-special added tokens still are). Thread-safe.
+  // text, already normalized, and `on_token` for each matched added token id. `at_start` tells
+  // whether the stretch begins at offset 0 of `text` (Metaspace's prepend_scheme "first").
+  // With parse_special=false special tokens are not matched (non-special added tokens still
+  // are). Thread-safe.
   void Split(std::string_view text, bool parse_special,
-             absl::FunctionRef<void(std::string_view)> on_text,
+             absl::FunctionRef<void(std::string_view, bool at_start)> on_text,
              absl::FunctionRef<void(int32_t)> on_token) const;
 
   // FindById returns the added token with `id`, or nullptr.
@@ -86,6 +96,7 @@ class BpeAddedVocab {
   Trie normalized_trie_;                 // normalized == true
   std::unique_ptr<BpeRegex> word_char_;  // `\w`, only when some token is single_word
   int32_t max_id_ = -1;
+  const Normalizer* normalizer_ = nullptr;
 };
 
 }  // namespace sluice

@@ -94,6 +94,40 @@ absl::Status BpePreTokenizer::AddStep(const nlohmann::json& config, BpePreTokeni
       step.regex = *std::move(compiled);
     }
     pre->byte_level_ = true;
+  } else if (type == "Metaspace") {
+    step.kind = Step::Kind::kMetaspace;
+    absl::StatusOr<std::string> replacement =
+        bpe_json::String(config, "replacement", "Metaspace pre-tokenizer");
+    if (!replacement.ok()) return replacement.status();
+    if (replacement->empty()) {
+      return absl::InvalidArgumentError("Metaspace pre-tokenizer with an empty replacement");
+    }
+    step.replacement = *std::move(replacement);
+    const nlohmann::json* scheme = bpe_json::Field(config, "prepend_scheme");
+    if (scheme != nullptr && scheme->is_string()) {
+      const std::string name = scheme->get<std::string>();
+      if (name == "always") {
+        step.prepend = Step::Prepend::kAlways;
+      } else if (name == "first") {
+        step.prepend = Step::Prepend::kFirst;
+      } else if (name == "never") {
+        step.prepend = Step::Prepend::kNever;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unsupported Metaspace prepend_scheme '", name, "'"));
+      }
+    } else {
+      // Files written before prepend_scheme existed carry add_prefix_space instead.
+      step.prepend = bpe_json::Bool(config, "add_prefix_space", true) ? Step::Prepend::kAlways
+                                                                      : Step::Prepend::kNever;
+    }
+    if (bpe_json::Bool(config, "split", true)) {
+      absl::StatusOr<std::unique_ptr<BpeRegex>> compiled =
+          BpeRegex::Compile(step.replacement, /*literal=*/true);
+      if (!compiled.ok()) return compiled.status();
+      step.regex = *std::move(compiled);
+      step.behavior = Behavior::kMergedWithNext;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unsupported pre-tokenizer type '", type, "'"));
   }
@@ -101,13 +135,13 @@ absl::Status BpePreTokenizer::AddStep(const nlohmann::json& config, BpePreTokeni
   return absl::OkStatus();
 }
 
-void BpePreTokenizer::Split(std::string_view text,
+void BpePreTokenizer::Split(std::string_view text, bool at_start,
                             absl::FunctionRef<void(std::string_view)> on_word) const {
   if (text.empty()) return;
-  Run(0, text, on_word);
+  Run(0, text, at_start, on_word);
 }
 
-void BpePreTokenizer::Run(size_t index, std::string_view piece,
+void BpePreTokenizer::Run(size_t index, std::string_view piece, bool at_start,
                           absl::FunctionRef<void(std::string_view)> on_word) const {
   if (piece.empty()) return;
   if (index == steps_.size()) {
@@ -116,7 +150,30 @@ void BpePreTokenizer::Run(size_t index, std::string_view piece,
   }
   const Step& step = steps_[index];
   if (step.kind == Step::Kind::kSplit) {
-    RunSplit(step, index, piece, on_word);
+    RunSplit(step, index, piece, at_start, on_word);
+    return;
+  }
+  if (step.kind == Step::Kind::kMetaspace) {
+    // Spaces become the replacement, then the prefix (unless the piece already starts with it).
+    std::string replaced;
+    replaced.reserve(piece.size() + step.replacement.size() + 8);
+    for (char c : piece) {
+      if (c == ' ') {
+        replaced.append(step.replacement);
+      } else {
+        replaced.push_back(c);
+      }
+    }
+    if ((step.prepend == Step::Prepend::kAlways ||
+         (step.prepend == Step::Prepend::kFirst && at_start)) &&
+        replaced.compare(0, step.replacement.size(), step.replacement) != 0) {
+      replaced.insert(0, step.replacement);
+    }
+    if (step.regex == nullptr) {
+      Run(index + 1, replaced, at_start, on_word);
+    } else {
+      RunSplit(step, index, replaced, at_start, on_word);
+    }
     return;
   }
   // ByteLevel: optional prefix space, then the GPT-2 split (Isolated) if use_regex.
@@ -128,16 +185,18 @@ void BpePreTokenizer::Run(size_t index, std::string_view piece,
     piece = prefixed;
   }
   if (step.regex == nullptr) {
-    Run(index + 1, piece, on_word);
+    Run(index + 1, piece, at_start, on_word);
     return;
   }
-  RunSplit(step, index, piece, on_word);
+  RunSplit(step, index, piece, at_start, on_word);
 }
 
 void BpePreTokenizer::RunSplit(const Step& step, size_t index, std::string_view piece,
+                               bool at_start,
                                absl::FunctionRef<void(std::string_view)> on_word) const {
   const auto emit = [&](size_t begin, size_t end) {
-    if (end > begin) Run(index + 1, piece.substr(begin, end - begin), on_word);
+    if (end > begin)
+      Run(index + 1, piece.substr(begin, end - begin), at_start && begin == 0, on_word);
   };
   if (step.behavior == Behavior::kIsolated) {
     // Every match and every gap is its own word (invert does not change the pieces).

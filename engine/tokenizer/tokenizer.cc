@@ -1,6 +1,6 @@
-// Tokenizer::FromFile / FromJsonText: loads a HF tokenizer.json into a byte-level BPE
-// tokenizer (BpeAddedVocab -> BpePreTokenizer -> BpeModel -> post-processor templates, and the
-// ByteLevel decoder).
+// Tokenizer::FromFile / FromJsonText: loads a HF tokenizer.json into a BPE tokenizer
+// (BpeAddedVocab with the Normalizer -> BpePreTokenizer -> BpeModel -> post-processor
+// templates, and the Decoder).
 #include "engine/tokenizer/tokenizer.h"
 
 #include <fstream>
@@ -15,6 +15,8 @@
 #include "engine/tokenizer/bpe_model.h"
 #include "engine/tokenizer/bpe_pretokenizer.h"
 #include "engine/tokenizer/byte_level.h"
+#include "engine/tokenizer/decoder.h"
+#include "engine/tokenizer/normalizer.h"
 
 namespace sluice {
 namespace {
@@ -28,8 +30,6 @@ struct PostTemplate {
   std::vector<int32_t> after;
 };
 
-enum class DecoderKind { kNone, kByteLevel };
-
 class BpeTokenizer final : public Tokenizer {
  public:
   std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens,
@@ -38,7 +38,8 @@ class BpeTokenizer final : public Tokenizer {
     ids.reserve(text.size() / 3 + 4);
     const auto on_word = [&](std::string_view word) { model_->Tokenize(word, &ids); };
     added_->Split(
-        text, parse_special, [&](std::string_view segment) { pre_->Split(segment, on_word); },
+        text, parse_special,
+        [&](std::string_view segment, bool at_start) { pre_->Split(segment, at_start, on_word); },
         [&](int32_t id) { ids.push_back(id); });
     if (add_special_tokens) {
       for (const PostTemplate& t : templates_) {
@@ -50,12 +51,21 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {
-    const std::string bytes = DecodeBytes(ids, skip_special_tokens);
-    if (decoder_ == DecoderKind::kNone) return bytes;  // tokens are UTF-8 already
-    std::string text;
-    text.reserve(bytes.size());
-    byte_level::AppendUtf8Lossy(bytes, &text);
-    return text;
+    if (decoder_->byte_level_only()) {
+      const std::string bytes = DecodeBytes(ids, skip_special_tokens);
+      std::string text;
+      text.reserve(bytes.size());
+      byte_level::AppendUtf8Lossy(bytes, &text);
+      return text;
+    }
+    std::vector<std::string_view> tokens;
+    tokens.reserve(ids.size());
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size_ || !known_[id]) continue;  // HF drops unknown ids
+      if (skip_special_tokens && special_[id]) continue;
+      tokens.push_back(tokens_[id]);
+    }
+    return decoder_->Decode(tokens);
   }
 
   std::string DecodeBytes(absl::Span<const int32_t> ids, bool skip_special_tokens) const override {
@@ -64,7 +74,7 @@ class BpeTokenizer final : public Tokenizer {
     for (int32_t id : ids) {
       if (id < 0 || id >= vocab_size_ || !known_[id]) continue;  // HF drops unknown ids
       if (skip_special_tokens && special_[id]) continue;
-      if (decoder_ == DecoderKind::kNone) {
+      if (decoder_->joins_with_spaces()) {
         // No decoder: HF joins the token strings with spaces.
         if (!first) out.push_back(' ');
         out.append(tokens_[id]);
@@ -100,23 +110,24 @@ class BpeTokenizer final : public Tokenizer {
     for (int32_t id = 0; id < vocab_size_; ++id) {
       // Added tokens take precedence over the model vocabulary, as in HF's id_to_token.
       const AddedToken* added = added_->FindById(id);
-      const std::string* token = added != nullptr ? &added->content : model_->IdToToken(id);
+      const std::string* token =
+          added == nullptr                        ? model_->IdToToken(id)
+          : added->normalized_content.empty() ? &added->content
+                                                  : &added->normalized_content;
       if (token == nullptr) continue;
       known_[id] = true;
       special_[id] = added != nullptr && added->special;
       tokens_[id] = *token;
-      // ByteLevel decoder: a token whose characters are all in the byte alphabet becomes its
-      // bytes; any other token is kept as its text (tokenizers' decoders/byte_level.rs).
-      std::optional<std::string> bytes = byte_level::DecodeToken(*token);
-      bytes_[id] = bytes.has_value() ? *std::move(bytes) : *token;
+      bytes_[id] = decoder_->TokenBytes(*token);
     }
   }
 
+  std::unique_ptr<Normalizer> normalizer_;  // null: none
   std::unique_ptr<BpeAddedVocab> added_;
   std::unique_ptr<BpePreTokenizer> pre_;
   std::unique_ptr<BpeModel> model_;
   std::vector<PostTemplate> templates_;
-  DecoderKind decoder_ = DecoderKind::kNone;
+  std::unique_ptr<Decoder> decoder_;
 
  private:
   int32_t vocab_size_ = 0;
@@ -125,22 +136,6 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<bool> known_;
   std::vector<bool> special_;
 };
-
-absl::Status CheckNormalizer(const json& config) {
-  if (config.is_null()) return absl::OkStatus();
-  const std::string type = bpe_json::Type(config);
-  if (type == "Sequence") {
-    const json* list = bpe_json::Field(config, "normalizers");
-    if (list != nullptr && list->is_array()) {
-      for (const json& item : *list) {
-        absl::Status status = CheckNormalizer(item);
-        if (!status.ok()) return status;
-      }
-      return absl::OkStatus();
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unsupported normalizer type '", type, "'"));
-}
 
 absl::StatusOr<std::vector<AddedToken>> ParseAddedTokens(const json& root) {
   std::vector<AddedToken> tokens;
@@ -304,24 +299,14 @@ absl::Status ParsePostProcessor(const json& config, std::vector<PostTemplate>* t
   return absl::OkStatus();
 }
 
-absl::StatusOr<DecoderKind> ParseDecoder(const json& config) {
-  if (config.is_null()) return DecoderKind::kNone;
-  const std::string type = bpe_json::Type(config);
-  if (type == "ByteLevel") return DecoderKind::kByteLevel;
-  if (type == "Sequence") {
-    const json* list = bpe_json::Field(config, "decoders");
-    if (list != nullptr && list->is_array() && list->size() == 1) return ParseDecoder((*list)[0]);
-  }
-  return absl::InvalidArgumentError(absl::StrCat("unsupported decoder type '", type, "'"));
-}
-
 absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const json& root) {
   if (!root.is_object()) return absl::InvalidArgumentError("tokenizer.json is not an object");
   auto tokenizer = std::make_unique<BpeTokenizer>();
 
-  if (const json* normalizer = bpe_json::Field(root, "normalizer"); normalizer != nullptr) {
-    absl::Status status = CheckNormalizer(*normalizer);
-    if (!status.ok()) return status;
+  if (const json* config = bpe_json::Field(root, "normalizer"); config != nullptr) {
+    absl::StatusOr<std::unique_ptr<Normalizer>> normalizer = Normalizer::FromJson(*config);
+    if (!normalizer.ok()) return normalizer.status();
+    tokenizer->normalizer_ = *std::move(normalizer);
   }
   const json* pre_config = bpe_json::Field(root, "pre_tokenizer");
   absl::StatusOr<std::unique_ptr<BpePreTokenizer>> pre =
@@ -336,7 +321,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const json& root) {
   absl::StatusOr<std::vector<AddedToken>> added_tokens = ParseAddedTokens(root);
   if (!added_tokens.ok()) return added_tokens.status();
   absl::StatusOr<std::unique_ptr<BpeAddedVocab>> added =
-      BpeAddedVocab::Create(*std::move(added_tokens));
+      BpeAddedVocab::Create(*std::move(added_tokens), tokenizer->normalizer_.get());
   if (!added.ok()) return added.status();
   tokenizer->added_ = *std::move(added);
 
@@ -344,10 +329,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const json& root) {
     absl::Status status = ParsePostProcessor(*post, &tokenizer->templates_);
     if (!status.ok()) return status;
   }
-  const json* decoder = bpe_json::Field(root, "decoder");
-  absl::StatusOr<DecoderKind> kind = ParseDecoder(decoder != nullptr ? *decoder : json());
-  if (!kind.ok()) return kind.status();
-  tokenizer->decoder_ = *kind;
+  const json* decoder_config = bpe_json::Field(root, "decoder");
+  absl::StatusOr<std::unique_ptr<Decoder>> decoder =
+      Decoder::FromJson(decoder_config != nullptr ? *decoder_config : json());
+  if (!decoder.ok()) return decoder.status();
+  tokenizer->decoder_ = *std::move(decoder);
 
   tokenizer->Build();
   return tokenizer;

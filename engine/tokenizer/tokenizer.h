@@ -1,8 +1,11 @@
-// Tokenizer: byte-level BPE from a Hugging Face `tokenizer.json`.
+// Tokenizer: BPE from a Hugging Face `tokenizer.json`: byte-level (GPT-2, Llama 3, Qwen) and
+// SentencePiece-style (Llama 2, Mistral, Gemma: Metaspace / byte_fallback).
 //
-// Pipeline (tokenizers' order): added/special tokens are split out first (when parsing
-// special tokens), then normalizer, pre-tokenizer (regex split + ByteLevel byte→unicode
-// mapping), BPE merges by rank, post-processor (TemplateProcessing, e.g. prepend BOS).
+// Pipeline (tokenizers' order): added tokens with `normalized: false` are split out first,
+// then the normalizer (NFC/NFKC/..., Lowercase, Replace, Prepend, Strip), the `normalized`
+// added tokens, the pre-tokenizer (regex Split, ByteLevel, Metaspace), BPE merges by rank, the
+// post-processor (TemplateProcessing, e.g. prepend BOS). Every other tokenizer.json feature is
+// refused at load with its name.
 #ifndef SLUICE_ENGINE_TOKENIZER_TOKENIZER_H_
 #define SLUICE_ENGINE_TOKENIZER_TOKENIZER_H_
 
@@ -34,12 +37,15 @@ class Tokenizer {
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens,
                                       bool parse_special = true) const = 0;
 
-  // Decode returns the text of `ids` (ByteLevel decoder). Bytes that do not form valid UTF-8
-  // are replaced with U+FFFD as HF does. skip_special_tokens drops special added tokens.
+  // Decode returns the text of `ids` through the tokenizer.json decoder, exactly as HF's
+  // decode (e.g. Llama 2's Strip drops the text's first space; invalid UTF-8 becomes U+FFFD).
+  // skip_special_tokens drops special added tokens.
   virtual std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
-  // DecodeBytes returns the raw bytes of `ids` without UTF-8 repair (for incremental
-  // detokenization, which must not emit half a character).
+  // DecodeBytes returns the raw bytes of `ids` as a continuation of earlier text, without
+  // UTF-8 repair (for incremental detokenization, which must not emit half a character):
+  // per-token decoding only, so SentencePiece's "▁Paris" gives " Paris" here, while Decode of
+  // that id alone gives "Paris" (start-of-text rules such as Strip are not applied).
   virtual std::string DecodeBytes(absl::Span<const int32_t> ids,
                                   bool skip_special_tokens) const = 0;
 

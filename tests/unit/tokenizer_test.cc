@@ -56,7 +56,9 @@ std::vector<std::string> PreTokenize(const json& config, std::string_view text) 
   auto pre = BpePreTokenizer::FromJson(config);
   EXPECT_TRUE(pre.ok()) << pre.status();
   std::vector<std::string> words;
-  if (pre.ok()) (*pre)->Split(text, [&](std::string_view w) { words.emplace_back(w); });
+  if (pre.ok()) {
+    (*pre)->Split(text, /*at_start=*/true, [&](std::string_view w) { words.emplace_back(w); });
+  }
   return words;
 }
 
@@ -77,12 +79,13 @@ TEST(TokenizerErrorsTest, UnknownModelType) {
 TEST(TokenizerErrorsTest, UnsupportedStagesAreNamed) {
   const json model = CharBpe({{"<unk>", 0}, {"a", 1}}, json::array(), false);
   auto normalizer = Tokenizer::FromJsonText(
-      MakeTokenizerJson(model, nullptr, json::array(), nullptr, nullptr, {{"type", "NFKC"}}));
+      MakeTokenizerJson(model, nullptr, json::array(), nullptr, nullptr,
+                        {{"type", "Precompiled"}}));
   EXPECT_EQ(normalizer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(normalizer.status().message(), HasSubstr("NFKC"));
-  auto pre = Tokenizer::FromJsonText(MakeTokenizerJson(model, {{"type", "Metaspace"}}));
+  EXPECT_THAT(normalizer.status().message(), HasSubstr("Precompiled"));
+  auto pre = Tokenizer::FromJsonText(MakeTokenizerJson(model, {{"type", "UnicodeScripts"}}));
   EXPECT_EQ(pre.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(pre.status().message(), HasSubstr("Metaspace"));
+  EXPECT_THAT(pre.status().message(), HasSubstr("UnicodeScripts"));
   auto decoder = Tokenizer::FromJsonText(
       MakeTokenizerJson(model, nullptr, json::array(), nullptr, {{"type", "WordPiece"}}));
   EXPECT_EQ(decoder.status().code(), absl::StatusCode::kInvalidArgument);
