@@ -11,7 +11,9 @@
 #    two are visible.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
-#    over sm (bench/kv_transfer_bench.py).
+#    over sm (bench/kv_transfer_bench.py); Sluice's staged path (device KV through pinned host
+#    slots, StagedKvTransfer) over tcp.
+# 3. Handover vs transfer p50/p99 with CUDA workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_BUILD=0
@@ -64,6 +66,11 @@ for run in "cuda sm,cuda_ipc,cuda_copy cuda_ipc" "cuda tcp,cuda_copy tcp_staged"
     --out "bench/results/kv_transfer_${tag}_h200.json" \
     --plot "bench/results/kv_transfer_${tag}_h200.png" || FAILED=1
 done
+echo "== Sluice's own staging (device KV through pinned host slots, copies overlapping tcp)"
+for op in pull push; do
+  UCX_LOG_LEVEL=error build/bin/kv_transfer_bench --op=$op --memory=cuda --staged_slots=2 \
+    --transports=tcp || FAILED=1
+done | tee bench/results/kv_transfer_staged_tcp_h200.jsonl
 echo "== handover (router + prefill + decode on the GPU, pull and push)"
 .venv/bin/python bench/kv_transfer_bench.py --parts handover --tls sm,cuda_ipc,cuda_copy \
   --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \

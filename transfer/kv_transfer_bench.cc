@@ -16,6 +16,9 @@
 //          [--peer_failure_detection=0|1] [--memory=host|cuda]
 // --memory=cuda (CUDA builds): both sides' KV in device memory, registered as such (UCX moves it
 // with cuda_ipc on one host, or its own cuda_copy staging over tcp).
+// --staged_slots=N [--staged_slot_kib=8192]: the local KV (--memory) moves through Sluice's own
+// pipelined staging (transfer/staged_transfer.h; CudaDeviceCopier, or HostMemcpyCopier for host
+// memory) and the peer's KV is host memory.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,7 +38,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "transfer/block_runs.h"
+#include "transfer/device_copier.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/staged_transfer.h"
+#if defined(SLUICE_BENCH_CUDA)
+#include "transfer/cuda/cuda_device_copier.h"
+#endif
 
 namespace {
 
@@ -55,6 +64,10 @@ struct Flags {
   bool peer_failure_detection = false;
   bool ucx_alloc = true;  // both sides' KV memory from AllocateRegion (else std::vector)
   std::string memory = "host";  // host, or cuda: both sides' KV in device memory (cudaMalloc)
+  // > 0: the local side's KV (--memory) is not registered and moves through StagedKvTransfer
+  // with this many slots of staged_slot_kib each; the peer's KV is then host memory.
+  int32_t staged_slots = 0;
+  int64_t staged_slot_kib = 8192;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -75,6 +88,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (key == "max_iters" && absl::SimpleAtoi(value, &f->max_iters) && f->max_iters > 0) {
     } else if (key == "peer_failure_detection" && absl::SimpleAtoi(value, &n)) {
       f->peer_failure_detection = n != 0;
+    } else if (key == "staged_slots" && absl::SimpleAtoi(value, &f->staged_slots) &&
+               f->staged_slots >= 0) {
+    } else if (key == "staged_slot_kib" && absl::SimpleAtoi(value, &f->staged_slot_kib) &&
+               f->staged_slot_kib > 0) {
     } else if (key == "memory" && (value == "host" || value == "cuda")) {
       f->memory = value;
     } else if (key == "ucx_alloc" && absl::SimpleAtoi(value, &n)) {
@@ -138,8 +155,10 @@ struct KvMemory {
   }
 };
 
-absl::Status Allocate(const Flags& f, KvTransferAgent& agent, int64_t bytes, KvMemory* m) {
-  if (f.memory == "cuda") {
+// memory: "host" or "cuda"; register = false: not registered with the agent (staged transfers).
+absl::Status Allocate(const Flags& f, const std::string& memory, bool register_memory,
+                      KvTransferAgent& agent, int64_t bytes, KvMemory* m) {
+  if (memory == "cuda") {
 #if defined(SLUICE_BENCH_CUDA)
     void* p = nullptr;
     if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
@@ -147,12 +166,13 @@ absl::Status Allocate(const Flags& f, KvTransferAgent& agent, int64_t bytes, KvM
     }
     m->base = static_cast<uint8_t*>(p);
     m->cuda = true;
+    if (!register_memory) return absl::OkStatus();
     return agent.RegisterRegion(p, bytes, sluice::transfer::MemoryType::kCuda).status();
 #else
     return absl::InvalidArgumentError("--memory=cuda needs a CUDA build");
 #endif
   }
-  if (f.ucx_alloc) {
+  if (f.ucx_alloc && register_memory) {
     auto h = agent.AllocateRegion(bytes);
     if (!h.ok()) return h.status();
     m->base = static_cast<uint8_t*>(h->base);
@@ -160,6 +180,7 @@ absl::Status Allocate(const Flags& f, KvTransferAgent& agent, int64_t bytes, KvM
   }
   m->owned.resize(static_cast<size_t>(bytes));
   m->base = m->owned.data();
+  if (!register_memory) return absl::OkStatus();
   return agent.RegisterRegion(m->base, bytes).status();
 }
 
@@ -192,7 +213,9 @@ int RunPeer(const Flags& f, int64_t num_blocks, int desc_fd, int done_fd) {
     return 1;
   }
   KvMemory memory;
-  if (absl::Status s = Allocate(f, **agent, num_blocks * block_bytes, &memory); !s.ok()) {
+  const std::string peer_memory = f.staged_slots > 0 ? "host" : f.memory;
+  if (absl::Status s = Allocate(f, peer_memory, true, **agent, num_blocks * block_bytes, &memory);
+      !s.ok()) {
     std::fprintf(stderr, "peer: %s\n", s.ToString().c_str());
     return 1;
   }
@@ -252,9 +275,34 @@ int main(int argc, char** argv) {
     return 1;
   }
   KvMemory memory;
-  if (absl::Status s = Allocate(f, **agent, max_blocks * block_bytes, &memory); !s.ok()) {
+  if (absl::Status s = Allocate(f, f.memory, f.staged_slots == 0, **agent,
+                                max_blocks * block_bytes, &memory);
+      !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;
+  }
+  std::unique_ptr<sluice::transfer::DeviceCopier> copier;
+  std::unique_ptr<sluice::transfer::StagedKvTransfer> staged;
+  if (f.staged_slots > 0) {
+    if (f.memory == "cuda") {
+#if defined(SLUICE_BENCH_CUDA)
+      auto c = sluice::transfer::CudaDeviceCopier::Create(-1, f.staged_slots);
+      if (!c.ok()) {
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      copier = *std::move(c);
+#endif
+    } else {
+      copier = std::make_unique<sluice::transfer::HostMemcpyCopier>(f.staged_slots);
+    }
+    auto st = sluice::transfer::StagedKvTransfer::Create(
+        agent->get(), copier.get(), {f.staged_slot_kib * 1024, f.staged_slots});
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+      return 1;
+    }
+    staged = *std::move(st);
   }
   const KvRegion region{memory.base, max_blocks, block_bytes};
   std::vector<uint8_t> local;  // host copy of the pulled bytes, for the check
@@ -271,6 +319,11 @@ int main(int argc, char** argv) {
     const std::vector<BlockRun> local_runs = sluice::transfer::CoalesceBlocks(local_ids);
     auto once = [&] {
       const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      if (staged != nullptr) {
+        return f.op == "pull"
+                   ? staged->Pull(*remote, remote_runs, {&region, 1}, local_runs, deadline)
+                   : staged->Push(*remote, remote_runs, {&region, 1}, local_runs, deadline);
+      }
       return f.op == "pull"
                  ? (*agent)->Pull(*remote, remote_runs, {&region, 1}, local_runs, deadline)
                  : (*agent)->Push(*remote, remote_runs, {&region, 1}, local_runs, deadline);
@@ -324,6 +377,8 @@ int main(int argc, char** argv) {
         batch_bytes * iters / seconds / 1e9, quantile(0.5), quantile(0.99));
     std::fflush(stdout);
   }
+  staged.reset();  // deregisters its staging from the agent
+  copier.reset();
   agent->reset();
   close(done_pipe[1]);
   int status = 0;

@@ -330,6 +330,28 @@ TEST_P(KvTransferAgentTest, CachesRemoteKeysPerPeerRegistration) {
   EXPECT_EQ(local_agent->stats().num_cached_rkeys, distinct_keys({&*desc}));
 }
 
+// Device memory: registered only where the linked UCX is CUDA-aware and found a device; else a
+// clear FailedPrecondition (never a host registration of a device pointer).
+TEST(KvTransferAgentTest, DeviceMemoryNeedsACudaAwareUcxWithADevice) {
+  auto agent = MakeAgent("tcp");
+  ASSERT_NE(agent, nullptr);
+  EXPECT_TRUE(agent->SupportsMemoryType(MemoryType::kHost));
+  if (agent->SupportsMemoryType(MemoryType::kCuda)) {
+    GTEST_SKIP() << "a CUDA device is visible: the GPU scripts cover device registration";
+  }
+  std::vector<uint8_t> buf(4096);
+  auto handle = agent->RegisterRegion(buf.data(), buf.size(), MemoryType::kCuda);
+  ASSERT_EQ(handle.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(handle.status().message().find("cannot register cuda memory"), std::string::npos)
+      << handle.status();
+  EXPECT_NE(handle.status().message().find(LinkedUcxIsCudaAware() ? "no CUDA device"
+                                                                  : "without CUDA"),
+            std::string::npos)
+      << handle.status();
+  EXPECT_STREQ(MemoryTypeName(MemoryType::kCuda), "cuda");
+  EXPECT_TRUE(agent->RegisterRegion(buf.data(), buf.size(), MemoryType::kHost).ok());
+}
+
 TEST(KvTransferAgentTest, UnknownTransportIsAnError) {
   KvTransferOptions options;
   options.transports = "no_such_transport";
