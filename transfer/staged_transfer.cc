@@ -14,8 +14,9 @@ absl::StatusOr<std::unique_ptr<StagedKvTransfer>> StagedKvTransfer::Create(
     return absl::InvalidArgumentError("StagedKvTransfer needs an agent and a copier");
   }
   if (options.slot_bytes <= 0 || options.num_slots < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("staging needs slot_bytes > 0 and num_slots >= 1, got ",
-                                                   options.slot_bytes, " and ", options.num_slots));
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging needs slot_bytes > 0 and num_slots >= 1, got ", options.slot_bytes,
+                     " and ", options.num_slots));
   }
   if (copier->num_lanes() < options.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat("the copier has ", copier->num_lanes(),
@@ -188,7 +189,8 @@ absl::Status StagedKvTransfer::Transfer(const RemoteKvDescriptor& remote,
     }
   } else if (n > 0) {
     // Write chunk k while chunk k + 1's device -> host copies run.
-    status = EnqueueCopies((*chunks)[0], local_regions[(*chunks)[0].region], 0, /*to_device=*/false);
+    const Chunk& first = (*chunks)[0];
+    status = EnqueueCopies(first, local_regions[first.region], 0, /*to_device=*/false);
     for (size_t k = 0; k < n && status.ok(); ++k) {
       const Chunk& c = (*chunks)[k];
       const int slot = static_cast<int>(k % slots);

@@ -94,8 +94,9 @@ class StagedKvTransfer {
   absl::Status EnqueueCopies(const Chunk& chunk, const KvRegion& local, int slot, bool to_device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The RMA of `chunk` between slot `slot` and the peer.
-  absl::Status MoveChunk(const RemoteKvDescriptor& region_desc, const Chunk& chunk, int64_t block_bytes,
-                         int slot, absl::Time deadline, bool is_push) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MoveChunk(const RemoteKvDescriptor& region_desc, const Chunk& chunk,
+                         int64_t block_bytes, int slot, absl::Time deadline, bool is_push)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   KvTransferAgent* const agent_;
   DeviceCopier* const copier_;

@@ -97,7 +97,8 @@ TEST_P(StagedKvTransferTest, PullThroughStagingIsExact) {
     for (int b = 0; b < kNumBlocks; ++b) {
       auto it = std::find(dst.begin(), dst.end(), b);
       if (it == dst.end()) {
-        EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 2, b)) << "untouched region " << r << " block " << b;
+        EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 2, b))
+            << "untouched region " << r << " block " << b;
       } else {
         EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 1, src[it - dst.begin()]))
             << "region " << r << " block " << b;
@@ -144,9 +145,10 @@ TEST_P(StagedKvTransferTest, LayerByLayerPush) {
   for (int r = 0; r < kNumRegions; ++r) {
     auto layer = f.desc.SelectRegions(r, 1);
     ASSERT_TRUE(layer.ok());
+    const auto local_layer = absl::MakeConstSpan(f.local_kv.regions).subspan(r, 1);
     ASSERT_TRUE(f.staged
-                    ->Push(*layer, remote_runs, absl::MakeConstSpan(f.local_kv.regions).subspan(r, 1),
-                           local_runs, absl::Now() + absl::Seconds(10))
+                    ->Push(*layer, remote_runs, local_layer, local_runs,
+                           absl::Now() + absl::Seconds(10))
                     .ok());
     for (int b = 0; b < 5; ++b) EXPECT_TRUE(f.peer_kv.BlockHolds(r, 20 + b, 2, b));
     if (r + 1 < kNumRegions) {

@@ -304,7 +304,9 @@ TEST_P(KvTransferAgentTest, CachesRemoteKeysPerPeerRegistration) {
   // The peer moves region 0 to a new registration.
   std::vector<uint8_t> moved(kNumBlocks * kBlockBytes);
   for (int b = 0; b < kNumBlocks; ++b) {
-    for (int o = 0; o < kBlockBytes; ++o) moved[b * kBlockBytes + o] = KvBuffers::Pattern(9, 0, b, o);
+    for (int o = 0; o < kBlockBytes; ++o) {
+      moved[b * kBlockBytes + o] = KvBuffers::Pattern(9, 0, b, o);
+    }
   }
   ASSERT_TRUE(remote_agent->RegisterRegion(moved.data(), moved.size()).ok());
   std::vector<KvRegion> regions = remote.regions;

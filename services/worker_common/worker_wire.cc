@@ -131,7 +131,9 @@ absl::StatusOr<KvTransferMemory> KvTransferMemoryOf(const Model& model, KvCache&
   KvTransferMemory out;
   std::vector<DeviceKvArray> device = model.DeviceKvArrays();
   if (!device.empty()) {
-    for (const DeviceKvArray& a : device) out.regions.push_back({a.base, a.num_blocks, a.block_bytes});
+    for (const DeviceKvArray& a : device) {
+      out.regions.push_back({a.base, a.num_blocks, a.block_bytes});
+    }
     out.type = transfer::MemoryType::kCuda;
     return out;
   }
