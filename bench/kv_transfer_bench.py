@@ -5,7 +5,8 @@ Transfer part, for each batch size (default 1, 4, 16, 64 MiB) and the same UCX_T
 --repeats times (the machine is shared: the spread is part of the result):
   * kv_transfer_bench (transfer/kv_transfer_bench.cc): Sluice pull and push of the batch as
     256 KiB blocks in fragmented runs of 8 blocks, between two processes; per call p50/p99;
-  * ucx_perftest -t ucp_get and -t ucp_put_bw (server + client on loopback, message size = batch).
+  * ucx_perftest -t ucp_get and -t ucp_put_bw (server + client on loopback, message size = batch),
+    on the same memory (--memory cuda: device memory on both sides, perftest -m cuda).
 Same call compared with same call: ratio_pull = Sluice pull / perftest ucp_get, ratio_push =
 Sluice push / perftest ucp_put_bw, each taken within one repeat (back to back), then summarized
 as median [min, max] over the repeats. GB/s = 1e9 bytes/s (ucx_perftest prints MB/s meaning
@@ -44,15 +45,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def perftest(binary, test, size, iters, tls):
+def perftest(binary, test, size, iters, tls, memory="host"):
     env = dict(os.environ, UCX_TLS=tls, UCX_LOG_LEVEL="error")
+    mem = ["-m", "cuda"] if memory == "cuda" else []
     port = str(free_port())
     server = subprocess.Popen([binary, "-p", port], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
         out = subprocess.run([binary, "127.0.0.1", "-p", port, "-t", test, "-s", str(size),
-                              "-n", str(iters)], env=env, capture_output=True, text=True,
+                              "-n", str(iters), *mem], env=env, capture_output=True, text=True,
                              timeout=300, check=True).stdout
     finally:
         server.wait(timeout=30)
@@ -64,9 +66,9 @@ def perftest(binary, test, size, iters, tls):
     return float(fields[5]) * 2**20 / 1e9
 
 
-def sluice(binary, op, sizes_mib, tls):
+def sluice(binary, op, sizes_mib, tls, memory="host"):
     env = dict(os.environ, UCX_LOG_LEVEL="error")
-    out = subprocess.run([binary, f"--op={op}", f"--transports={tls}",
+    out = subprocess.run([binary, f"--op={op}", f"--transports={tls}", f"--memory={memory}",
                           "--sizes_mib=" + ",".join(map(str, sizes_mib))], env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -82,13 +84,13 @@ def transfer_part(args, sizes):
     binary = os.path.join(args.build, "bin", "kv_transfer_bench")
     runs = {mib: [] for mib in sizes}
     for rep in range(args.repeats):
-        pulls = sluice(binary, "pull", sizes, args.tls)
-        pushes = sluice(binary, "push", sizes, args.tls)
+        pulls = sluice(binary, "pull", sizes, args.tls, args.memory)
+        pushes = sluice(binary, "push", sizes, args.tls, args.memory)
         for mib in sizes:
             size = mib * 2**20
             iters = max(10, min(1000, (512 * 2**20) // size))
-            get = perftest(args.perftest, "ucp_get", size, iters, args.tls)
-            put = perftest(args.perftest, "ucp_put_bw", size, iters, args.tls)
+            get = perftest(args.perftest, "ucp_get", size, iters, args.tls, args.memory)
+            put = perftest(args.perftest, "ucp_put_bw", size, iters, args.tls, args.memory)
             run = {"pull": pulls[size], "push": pushes[size], "perftest_get": get,
                    "perftest_put_bw": put}
             runs[mib].append(run)
@@ -152,7 +154,8 @@ def handover_part(args):
     out = {}
     for mode in ("pull", "push"):
         cluster = Cluster(1, 1, worker_args=["--kv-transfer-mode", mode,
-                                             "--ucx-transports", args.tls])
+                                             "--ucx-transports", args.tls,
+                                             *args.handover_worker_args.split()])
         try:
             client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120)
             # Prompts of about 200 tokens (several KV blocks each), distinct so no prefix hits.
@@ -203,7 +206,8 @@ def plot(report, path):
     ax.set_xticklabels([f"{m:g}" for m in mib])
     ax.set_xlabel("batch (MiB)")
     ax.set_ylabel("GB/s (median, bars: min-max of repeats)")
-    ax.set_title(f"KV transfer, UCX_TLS={report['transport']['UCX_TLS']}, "
+    ax.set_title(f"KV transfer ({report['transport']['memory']} memory), "
+                 f"UCX_TLS={report['transport']['UCX_TLS']}, "
                  f"{report['repeats']} repeats ({report['ucx_version']})")
     ax.grid(True, alpha=0.3)
     ax.legend()
@@ -216,23 +220,33 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--tls", default="sm")
     ap.add_argument("--sizes_mib", default="1,4,16,64")
+    ap.add_argument("--memory", default="host", choices=["host", "cuda"],
+                    help="where both sides' KV lives (cuda: device memory, a CUDA build and "
+                         "the CUDA-aware UCX's ucx_perftest, -m cuda)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--perftest", default="ucx_perftest",
                     help="the ucx_perftest of the UCX the build links (same library version)")
+    ap.add_argument("--parts", default="transfer,handover",
+                    help="which parts to run (the handover part needs build/bin/sluice or "
+                         "$SLUICE_BIN)")
     ap.add_argument("--handover-requests", type=int, default=200)
     ap.add_argument("--handover-concurrency", type=int, default=16)
+    ap.add_argument("--handover-worker-args", default="",
+                    help='extra worker flags, e.g. "--device cuda --gpu-memory-utilization 0.4"')
     ap.add_argument("--out", default="bench/results/kv_transfer.json")
     ap.add_argument("--plot", default="bench/results/kv_transfer.png")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes_mib.split(",")]
+    parts = set(args.parts.split(","))
     load_before = os.getloadavg()[0]
-    results = transfer_part(args, sizes)
+    results = transfer_part(args, sizes) if "transfer" in parts else []
     info = os.path.join(os.path.dirname(args.perftest), "ucx_info")
     version = subprocess.run([info if os.path.sep in args.perftest else "ucx_info", "-v"],
-                             capture_output=True, text=True).stdout.splitlines()[0].strip("# ")
+                             capture_output=True, text=True).stdout.splitlines()
+    version = next((line.strip("# ") for line in version if "version" in line.lower()), "?")
     report = {
         "benchmark": "kv_transfer",
-        "transport": {"UCX_TLS": args.tls},
+        "transport": {"UCX_TLS": args.tls, "memory": args.memory},
         "ucx_version": version,
         "repeats": args.repeats,
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
@@ -240,13 +254,14 @@ def main():
         "units": "GB/s = 1e9 bytes/s; spread = median, min, max over repeats",
         "results": results,
     }
-    if args.handover_requests > 0:
+    if "handover" in parts and args.handover_requests > 0:
         report["handover"] = handover_part(args)
+        report["sluice_bin"] = os.environ.get("SLUICE_BIN")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
-    if args.plot:
+    if args.plot and results:
         plot(report, args.plot)
 
 

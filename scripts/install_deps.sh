@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Sluice needs on Debian 12: build tools and libraries from Debian's
-# packages, and the pinned Python test/benchmark tools into .venv (never on the serving path).
+# packages, the pinned Python test/benchmark tools into .venv (never on the serving path), and,
+# for CUDA builds, a CUDA-aware UCX (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,5 +35,35 @@ if [ "${SLUICE_SKIP_PYTHON:-0}" != "1" ]; then
   if ! cmp -s tests/requirements.txt .venv/.requirements.installed 2>/dev/null; then
     .venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
     cp tests/requirements.txt .venv/.requirements.installed
+  fi
+fi
+
+# CUDA builds (nvcc found, as cmake/cuda.cmake looks for it, and SLUICE_CUDA not OFF) move KV
+# out of device memory, which Debian's UCX 1.13 (built without CUDA) cannot see. They use the UCX
+# that PyPI's libucx-cu13 ships (headers, libraries, the cuda_copy/cuda_ipc transports and a
+# CUDA-aware ucx_perftest), unpacked into .deps/ucx-cu13 (cmake/ucx.cmake finds it there). Only
+# the wheel's files are used; nothing of it runs in Python. CPU-only builds keep Debian's UCX.
+UCX_CU13_VERSION=1.22.0
+find_nvcc() {
+  local c
+  for c in "${CUDACXX:-}" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" "${CUDA_PATH:+$CUDA_PATH/bin/nvcc}" \
+           "$(command -v nvcc 2>/dev/null || true)" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$c" ] && [ -x "$c" ]; then return 0; fi
+  done
+  return 1
+}
+if [ "$(echo "${SLUICE_CUDA:-AUTO}" | tr a-z A-Z)" != "OFF" ] && find_nvcc; then
+  UCX_DIR=.deps/ucx-cu13
+  if [ "$(cat "$UCX_DIR/.installed" 2>/dev/null)" != "$UCX_CU13_VERSION" ]; then
+    echo "[install] libucx-cu13==$UCX_CU13_VERSION into $UCX_DIR"
+    PIP=.venv/bin/pip
+    if [ ! -x "$PIP" ]; then
+      python3 -m venv .deps/venv
+      PIP=.deps/venv/bin/pip
+    fi
+    rm -rf "$UCX_DIR"
+    "$PIP" install -q --disable-pip-version-check --no-deps --target "$UCX_DIR" \
+      "libucx-cu13==$UCX_CU13_VERSION"
+    echo "$UCX_CU13_VERSION" > "$UCX_DIR/.installed"
   fi
 fi

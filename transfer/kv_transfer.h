@@ -83,6 +83,15 @@ struct RemoteKvDescriptor {
   absl::StatusOr<RemoteKvDescriptor> SelectRegions(size_t first, size_t count) const;
 };
 
+// MemoryType: where a registered range lives. kCuda: CUDA device memory (cudaMalloc); UCX moves
+// it with its CUDA transports (cuda_ipc between processes of one host, cuda_copy staging) when
+// the linked UCX is CUDA-aware (cmake/ucx.cmake).
+enum class MemoryType { kHost, kCuda };
+const char* MemoryTypeName(MemoryType type);
+// LinkedUcxIsCudaAware: whether this build links a UCX with CUDA support (cmake/ucx.cmake), i.e.
+// whether kCuda can work at all (a device and driver are still needed at run time).
+bool LinkedUcxIsCudaAware();
+
 // RegionHandle: one registration (RegisterRegion). `rkey` is the packed remote
 // key peers use.
 struct RegionHandle {
@@ -152,12 +161,22 @@ class KvTransferAgent {
   // worker_address).
   virtual const std::string& worker_address() const = 0;
 
-  // RegisterRegion: registers [base, base + bytes) for RMA by peers and as a
-  // local source or destination. Returns its handle with the packed remote key.
-  // The memory must stay valid until DeregisterRegion or the agent's
-  // destruction. Errors: InvalidArgument for a null base or bytes <= 0;
+  // RegisterRegion: registers [base, base + bytes) of memory `type` for RMA by
+  // peers and as a local source or destination. Returns its handle with the
+  // packed remote key. The memory must stay valid until DeregisterRegion or the
+  // agent's destruction. Errors: InvalidArgument for a null base or bytes <= 0;
+  // FailedPrecondition for a type this agent cannot move (SupportsMemoryType);
   // Internal if UCX fails to map/pack.
-  virtual absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) = 0;
+  virtual absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes,
+                                                      MemoryType type) = 0;
+  absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) {
+    return RegisterRegion(base, bytes, MemoryType::kHost);
+  }
+
+  // SupportsMemoryType: whether this agent's UCX context can register and move
+  // memory of `type` (kHost: always; kCuda: a CUDA-aware UCX that found a CUDA
+  // device).
+  virtual bool SupportsMemoryType(MemoryType type) const = 0;
 
   // AllocateRegion: allocates `bytes` of host memory through UCX (ucp_mem_map with
   // UCP_MEM_MAP_ALLOCATE) and registers it; `base` of the handle is the memory (contents

@@ -13,7 +13,12 @@
 //
 // Usage: kv_transfer_bench [--transports=sm] [--op=pull|push] [--block_kib=256]
 //          [--run_blocks=8] [--sizes_mib=1,4,16,64] [--min_seconds=0.5] [--max_iters=2000]
-//          [--peer_failure_detection=0|1]
+//          [--peer_failure_detection=0|1] [--memory=host|cuda]
+// --memory=cuda (CUDA builds): both sides' KV in device memory, registered as such (UCX moves it
+// with cuda_ipc on one host, or its own cuda_copy staging over tcp).
+// --staged_slots=N [--staged_slot_kib=8192]: the local KV (--memory) moves through Sluice's own
+// pipelined staging (transfer/staged_transfer.h; CudaDeviceCopier, or HostMemcpyCopier for host
+// memory) and the peer's KV is host memory.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,14 +26,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
+
+#if defined(SLUICE_BENCH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "transfer/block_runs.h"
+#include "transfer/device_copier.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/staged_transfer.h"
+#if defined(SLUICE_BENCH_CUDA)
+#include "transfer/cuda/cuda_device_copier.h"
+#endif
 
 namespace {
 
@@ -48,6 +63,11 @@ struct Flags {
   int64_t max_iters = 2000;
   bool peer_failure_detection = false;
   bool ucx_alloc = true;  // both sides' KV memory from AllocateRegion (else std::vector)
+  std::string memory = "host";  // host, or cuda: both sides' KV in device memory (cudaMalloc)
+  // > 0: the local side's KV (--memory) is not registered and moves through StagedKvTransfer
+  // with this many slots of staged_slot_kib each; the peer's KV is then host memory.
+  int32_t staged_slots = 0;
+  int64_t staged_slot_kib = 8192;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -68,6 +88,12 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (key == "max_iters" && absl::SimpleAtoi(value, &f->max_iters) && f->max_iters > 0) {
     } else if (key == "peer_failure_detection" && absl::SimpleAtoi(value, &n)) {
       f->peer_failure_detection = n != 0;
+    } else if (key == "staged_slots" && absl::SimpleAtoi(value, &f->staged_slots) &&
+               f->staged_slots >= 0) {
+    } else if (key == "staged_slot_kib" && absl::SimpleAtoi(value, &f->staged_slot_kib) &&
+               f->staged_slot_kib > 0) {
+    } else if (key == "memory" && (value == "host" || value == "cuda")) {
+      f->memory = value;
     } else if (key == "ucx_alloc" && absl::SimpleAtoi(value, &n)) {
       f->ucx_alloc = n != 0;
     } else if (key == "sizes_mib") {
@@ -116,6 +142,67 @@ KvTransferOptions AgentOptions(const Flags& f) {
   return options;
 }
 
+// KvMemory: the KV array of one side, registered with `agent`: UCX-allocated or plain host
+// memory, or (--memory=cuda, CUDA builds) device memory registered with its memory type.
+struct KvMemory {
+  uint8_t* base = nullptr;
+  bool cuda = false;
+  std::vector<uint8_t> owned;
+  ~KvMemory() {
+#if defined(SLUICE_BENCH_CUDA)
+    if (cuda && base != nullptr) cudaFree(base);
+#endif
+  }
+};
+
+// memory: "host" or "cuda"; register = false: not registered with the agent (staged transfers).
+absl::Status Allocate(const Flags& f, const std::string& memory, bool register_memory,
+                      KvTransferAgent& agent, int64_t bytes, KvMemory* m) {
+  if (memory == "cuda") {
+#if defined(SLUICE_BENCH_CUDA)
+    void* p = nullptr;
+    if (cudaMalloc(&p, static_cast<size_t>(bytes)) != cudaSuccess) {
+      return absl::InternalError("cudaMalloc failed (no GPU?)");
+    }
+    m->base = static_cast<uint8_t*>(p);
+    m->cuda = true;
+    if (!register_memory) return absl::OkStatus();
+    return agent.RegisterRegion(p, bytes, sluice::transfer::MemoryType::kCuda).status();
+#else
+    return absl::InvalidArgumentError("--memory=cuda needs a CUDA build");
+#endif
+  }
+  if (f.ucx_alloc && register_memory) {
+    auto h = agent.AllocateRegion(bytes);
+    if (!h.ok()) return h.status();
+    m->base = static_cast<uint8_t*>(h->base);
+    return absl::OkStatus();
+  }
+  m->owned.resize(static_cast<size_t>(bytes));
+  m->base = m->owned.data();
+  if (!register_memory) return absl::OkStatus();
+  return agent.RegisterRegion(m->base, bytes).status();
+}
+
+// Copies [offset, offset + bytes) of `m` to or from host `data`.
+void CopyBytes(const KvMemory& m, int64_t offset, uint8_t* data, int64_t bytes, bool to_memory) {
+#if defined(SLUICE_BENCH_CUDA)
+  if (m.cuda) {
+    if (to_memory) {
+      cudaMemcpy(m.base + offset, data, bytes, cudaMemcpyHostToDevice);
+    } else {
+      cudaMemcpy(data, m.base + offset, bytes, cudaMemcpyDeviceToHost);
+    }
+    return;
+  }
+#endif
+  if (to_memory) {
+    std::memcpy(m.base + offset, data, bytes);
+  } else {
+    std::memcpy(data, m.base + offset, bytes);
+  }
+}
+
 // The peer: registers `num_blocks` blocks, sends its descriptor, serves RMA until the parent
 // closes `done_fd`.
 int RunPeer(const Flags& f, int64_t num_blocks, int desc_fd, int done_fd) {
@@ -125,21 +212,19 @@ int RunPeer(const Flags& f, int64_t num_blocks, int desc_fd, int done_fd) {
     std::fprintf(stderr, "peer: %s\n", agent.status().ToString().c_str());
     return 1;
   }
-  std::vector<uint8_t> owned;
-  uint8_t* buffer = nullptr;
-  if (f.ucx_alloc) {
-    auto h = (*agent)->AllocateRegion(num_blocks * block_bytes);
-    if (!h.ok()) return 1;
-    buffer = static_cast<uint8_t*>(h->base);
-  } else {
-    owned.resize(num_blocks * block_bytes);
-    buffer = owned.data();
-    if (auto h = (*agent)->RegisterRegion(buffer, owned.size()); !h.ok()) return 1;
+  KvMemory memory;
+  const std::string peer_memory = f.staged_slots > 0 ? "host" : f.memory;
+  if (absl::Status s = Allocate(f, peer_memory, true, **agent, num_blocks * block_bytes, &memory);
+      !s.ok()) {
+    std::fprintf(stderr, "peer: %s\n", s.ToString().c_str());
+    return 1;
   }
+  std::vector<uint8_t> block(block_bytes);
   for (int64_t b = 0; b < num_blocks; ++b) {
-    for (int64_t o = 0; o < block_bytes; o += 4096) buffer[b * block_bytes + o] = Pattern(b, o);
+    for (int64_t o = 0; o < block_bytes; o += 4096) block[o] = Pattern(b, o);
+    CopyBytes(memory, b * block_bytes, block.data(), block_bytes, /*to_memory=*/true);
   }
-  const KvRegion region{buffer, num_blocks, block_bytes};
+  const KvRegion region{memory.base, num_blocks, block_bytes};
   auto desc = (*agent)->Describe({&region, 1});
   if (!desc.ok()) return 1;
   const std::string bytes = desc->Serialize();
@@ -189,18 +274,38 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", agent.status().ToString().c_str());
     return 1;
   }
-  std::vector<uint8_t> owned;
-  uint8_t* local = nullptr;
-  if (f.ucx_alloc) {
-    auto h = (*agent)->AllocateRegion(max_blocks * block_bytes);
-    if (!h.ok()) return 1;
-    local = static_cast<uint8_t*>(h->base);
-  } else {
-    owned.resize(max_blocks * block_bytes);
-    local = owned.data();
-    if (!(*agent)->RegisterRegion(local, owned.size()).ok()) return 1;
+  KvMemory memory;
+  if (absl::Status s = Allocate(f, f.memory, f.staged_slots == 0, **agent,
+                                max_blocks * block_bytes, &memory);
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
   }
-  const KvRegion region{local, max_blocks, block_bytes};
+  std::unique_ptr<sluice::transfer::DeviceCopier> copier;
+  std::unique_ptr<sluice::transfer::StagedKvTransfer> staged;
+  if (f.staged_slots > 0) {
+    if (f.memory == "cuda") {
+#if defined(SLUICE_BENCH_CUDA)
+      auto c = sluice::transfer::CudaDeviceCopier::Create(-1, f.staged_slots);
+      if (!c.ok()) {
+        std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      copier = *std::move(c);
+#endif
+    } else {
+      copier = std::make_unique<sluice::transfer::HostMemcpyCopier>(f.staged_slots);
+    }
+    auto st = sluice::transfer::StagedKvTransfer::Create(
+        agent->get(), copier.get(), {f.staged_slot_kib * 1024, f.staged_slots});
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s\n", st.status().ToString().c_str());
+      return 1;
+    }
+    staged = *std::move(st);
+  }
+  const KvRegion region{memory.base, max_blocks, block_bytes};
+  std::vector<uint8_t> local;  // host copy of the pulled bytes, for the check
   int rc = 0;
   for (int64_t mib : f.sizes_mib) {
     const int64_t n = mib * 1024 * 1024 / block_bytes;
@@ -214,12 +319,19 @@ int main(int argc, char** argv) {
     const std::vector<BlockRun> local_runs = sluice::transfer::CoalesceBlocks(local_ids);
     auto once = [&] {
       const absl::Time deadline = absl::Now() + absl::Seconds(60);
+      if (staged != nullptr) {
+        return f.op == "pull"
+                   ? staged->Pull(*remote, remote_runs, {&region, 1}, local_runs, deadline)
+                   : staged->Push(*remote, remote_runs, {&region, 1}, local_runs, deadline);
+      }
       return f.op == "pull"
                  ? (*agent)->Pull(*remote, remote_runs, {&region, 1}, local_runs, deadline)
                  : (*agent)->Push(*remote, remote_runs, {&region, 1}, local_runs, deadline);
     };
     absl::Status s = once();  // warm-up (endpoint, rkey, page faults)
     if (s.ok() && f.op == "pull") {
+      local.resize(n * block_bytes);
+      CopyBytes(memory, 0, local.data(), n * block_bytes, /*to_memory=*/false);
       for (int64_t i = 0; i < n && s.ok(); ++i) {
         for (int64_t o = 0; o < block_bytes; o += 4096) {
           if (local[i * block_bytes + o] != Pattern(remote_ids[i], o)) {
@@ -265,6 +377,8 @@ int main(int argc, char** argv) {
         batch_bytes * iters / seconds / 1e9, quantile(0.5), quantile(0.99));
     std::fflush(stdout);
   }
+  staged.reset();  // deregisters its staging from the agent
+  copier.reset();
   agent->reset();
   close(done_pipe[1]);
   int status = 0;

@@ -31,6 +31,10 @@ int PollTimeoutMs(absl::Time deadline) {
 
 }  // namespace
 
+const char* MemoryTypeName(MemoryType type) { return type == MemoryType::kCuda ? "cuda" : "host"; }
+
+bool LinkedUcxIsCudaAware() { return SLUICE_UCX_CUDA != 0; }
+
 absl::StatusOr<std::unique_ptr<KvTransferAgent>> KvTransferAgent::Create(
     const KvTransferOptions& options) {
   auto agent = UcxTransferAgent::Create(options);
@@ -65,6 +69,9 @@ absl::Status UcxTransferAgent::Init() {
   st = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   if (st != UCS_OK) return UcsError(absl::StatusCode::kUnavailable, "ucp_init", st);
+  ucp_context_attr_t cattr{};
+  cattr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_, &cattr) == UCS_OK) memory_types_ = cattr.memory_types;
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -129,28 +136,47 @@ void UcxTransferAgent::OnEndpointError(void* arg, ucp_ep_h ep,
   static_cast<UcxTransferAgent*>(arg)->failed_endpoints_.insert(ep);
 }
 
-absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base, int64_t bytes) {
+bool UcxTransferAgent::SupportsMemoryType(MemoryType type) const {
+  if (type == MemoryType::kHost) return true;
+  // Debian's UCX 1.13 has no CUDA support at all; a CUDA-aware UCX reports CUDA memory only
+  // when its cuda module loaded (libcuda present) and found a device.
+  return SLUICE_UCX_CUDA != 0 && (memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
+absl::StatusOr<RegionHandle> UcxTransferAgent::RegisterRegion(void* base, int64_t bytes,
+                                                              MemoryType type) {
   if (base == nullptr || bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("RegisterRegion needs a non-null base and bytes > 0, got bytes=", bytes));
   }
-  return MapRegion(base, bytes);
+  if (!SupportsMemoryType(type)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this UCX cannot register ", MemoryTypeName(type),
+        " memory (", SLUICE_UCX_CUDA != 0 ? "no CUDA device or driver found"
+                                          : "built against a UCX without CUDA: see cmake/ucx.cmake",
+        "); stage it through host memory (transfer/staged_transfer.h)"));
+  }
+  return MapRegion(base, bytes, type);
 }
 
 absl::StatusOr<RegionHandle> UcxTransferAgent::AllocateRegion(int64_t bytes) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("AllocateRegion needs bytes > 0, got ", bytes));
   }
-  return MapRegion(nullptr, bytes);
+  return MapRegion(nullptr, bytes, MemoryType::kHost);
 }
 
-absl::StatusOr<RegionHandle> UcxTransferAgent::MapRegion(void* base, int64_t bytes) {
+absl::StatusOr<RegionHandle> UcxTransferAgent::MapRegion(void* base, int64_t bytes,
+                                                         MemoryType type) {
   ucp_mem_map_params_t mparams{};
   mparams.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+                       UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
   mparams.address = base;
   mparams.length = static_cast<size_t>(bytes);
   mparams.flags = base == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
+  // Given, not detected: UCX then registers device memory with its CUDA memory domains
+  // (cuda_ipc handles for peers) instead of probing the pointer.
+  mparams.memory_type = type == MemoryType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
   absl::MutexLock lock(&mu_);
   Registration reg;
   ucs_status_t st = ucp_mem_map(context_, &mparams, &reg.memh);

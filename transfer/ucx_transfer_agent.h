@@ -41,7 +41,10 @@ class UcxTransferAgent final : public KvTransferAgent {
   UcxTransferAgent& operator=(const UcxTransferAgent&) = delete;
 
   const std::string& worker_address() const override { return worker_address_; }
-  absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes) override;
+  using KvTransferAgent::RegisterRegion;
+  absl::StatusOr<RegionHandle> RegisterRegion(void* base, int64_t bytes,
+                                              MemoryType type) override;
+  bool SupportsMemoryType(MemoryType type) const override;
   absl::StatusOr<RegionHandle> AllocateRegion(int64_t bytes) override;
   absl::Status DeregisterRegion(uint64_t id) override;
   absl::StatusOr<RemoteKvDescriptor> Describe(absl::Span<const KvRegion> regions) override;
@@ -65,7 +68,7 @@ class UcxTransferAgent final : public KvTransferAgent {
   explicit UcxTransferAgent(const KvTransferOptions& options);
   absl::Status Init();
   // Maps (base != nullptr: registers; base == nullptr: allocates) and records a region.
-  absl::StatusOr<RegionHandle> MapRegion(void* base, int64_t bytes);
+  absl::StatusOr<RegionHandle> MapRegion(void* base, int64_t bytes, MemoryType type);
 
   // Shared body of Pull (is_put = false) and Push (is_put = true).
   absl::Status Transfer(const RemoteKvDescriptor& remote, absl::Span<const BlockRun> remote_runs,
@@ -98,6 +101,7 @@ class UcxTransferAgent final : public KvTransferAgent {
 
   const KvTransferOptions options_;
   ucp_context_h context_ = nullptr;
+  uint64_t memory_types_ = 0;  // UCS_BIT(ucs_memory_type_t) the context supports
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
   std::string worker_address_;

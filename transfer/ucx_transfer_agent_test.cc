@@ -304,7 +304,9 @@ TEST_P(KvTransferAgentTest, CachesRemoteKeysPerPeerRegistration) {
   // The peer moves region 0 to a new registration.
   std::vector<uint8_t> moved(kNumBlocks * kBlockBytes);
   for (int b = 0; b < kNumBlocks; ++b) {
-    for (int o = 0; o < kBlockBytes; ++o) moved[b * kBlockBytes + o] = KvBuffers::Pattern(9, 0, b, o);
+    for (int o = 0; o < kBlockBytes; ++o) {
+      moved[b * kBlockBytes + o] = KvBuffers::Pattern(9, 0, b, o);
+    }
   }
   ASSERT_TRUE(remote_agent->RegisterRegion(moved.data(), moved.size()).ok());
   std::vector<KvRegion> regions = remote.regions;
@@ -328,6 +330,28 @@ TEST_P(KvTransferAgentTest, CachesRemoteKeysPerPeerRegistration) {
       local_agent->Pull(*desc, src, local.regions, dst, absl::Now() + absl::Seconds(10)).ok());
   EXPECT_TRUE(local.BlockHolds(40, 7, 30));
   EXPECT_EQ(local_agent->stats().num_cached_rkeys, distinct_keys({&*desc}));
+}
+
+// Device memory: registered only where the linked UCX is CUDA-aware and found a device; else a
+// clear FailedPrecondition (never a host registration of a device pointer).
+TEST(KvTransferAgentTest, DeviceMemoryNeedsACudaAwareUcxWithADevice) {
+  auto agent = MakeAgent("tcp");
+  ASSERT_NE(agent, nullptr);
+  EXPECT_TRUE(agent->SupportsMemoryType(MemoryType::kHost));
+  if (agent->SupportsMemoryType(MemoryType::kCuda)) {
+    GTEST_SKIP() << "a CUDA device is visible: the GPU scripts cover device registration";
+  }
+  std::vector<uint8_t> buf(4096);
+  auto handle = agent->RegisterRegion(buf.data(), buf.size(), MemoryType::kCuda);
+  ASSERT_EQ(handle.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(handle.status().message().find("cannot register cuda memory"), std::string::npos)
+      << handle.status();
+  EXPECT_NE(handle.status().message().find(LinkedUcxIsCudaAware() ? "no CUDA device"
+                                                                  : "without CUDA"),
+            std::string::npos)
+      << handle.status();
+  EXPECT_STREQ(MemoryTypeName(MemoryType::kCuda), "cuda");
+  EXPECT_TRUE(agent->RegisterRegion(buf.data(), buf.size(), MemoryType::kHost).ok());
 }
 
 TEST(KvTransferAgentTest, UnknownTransportIsAnError) {

@@ -5,7 +5,14 @@
 #
 #   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
 #                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [--tp N] [--ep N]
+#                      [--device cpu|cuda] [--gpus LIST] [--gpu-memory-utilization F]
 #                      [-- extra worker flags...]
+# --device cuda: the prefill and decode workers run the CUDA engine (the router stays on the
+# CPU); their KV moves GPU to GPU over UCX (cuda_ipc on this host). --gpus LIST (e.g. 0,1)
+# gives worker k the GPU LIST[k mod len] through CUDA_VISIBLE_DEVICES (prefill workers first,
+# then decode); without it every worker shares the visible GPUs' first one, each taking
+# --gpu-memory-utilization (default 0.4 with --device cuda, so a prefill and a decode worker
+# fit on one GPU).
 # --tp N / --ep N (default 1): every prefill and decode worker is one process holding N ranks of
 # its model replica (--tensor-parallel-size / --expert-parallel-size; on the CPU the ranks are
 # threads). A layout the model cannot take makes the workers exit 2 at start-up.
@@ -25,6 +32,9 @@ TIMEOUT=300
 KVSTORE=0
 TP=1
 EP=1
+DEVICE=cpu
+GPUS=""
+GPU_MEM=""
 WORKER_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,8 +48,11 @@ while [ $# -gt 0 ]; do
     --kvstore) KVSTORE="$2"; shift 2 ;;
     --tp) TP="$2"; shift 2 ;;
     --ep) EP="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --gpus) GPUS="$2"; shift 2 ;;
+    --gpu-memory-utilization) GPU_MEM="$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -62,6 +75,21 @@ start() {  # start NAME ARGS...: runs one service in the background, logs to RUN
 }
 PREFILL_ARGS=()
 PARALLEL_ARGS=(--tensor-parallel-size "$TP" --expert-parallel-size "$EP")
+case "$DEVICE" in
+  cpu) DEVICE_ARGS=() ;;
+  cuda) DEVICE_ARGS=(--device cuda --gpu-memory-utilization "${GPU_MEM:-0.4}") ;;
+  *) echo "up.sh: --device must be cpu or cuda, not $DEVICE" >&2; exit 2 ;;
+esac
+IFS=',' read -r -a GPU_LIST <<< "$GPUS"
+WORKER_INDEX=0
+next_gpu_env() {  # sets ENV_ARG, the next worker's env assignment: its GPU from --gpus
+  if [ "$DEVICE" = cuda ] && [ ${#GPU_LIST[@]} -gt 0 ]; then
+    ENV_ARG="CUDA_VISIBLE_DEVICES=${GPU_LIST[$((WORKER_INDEX % ${#GPU_LIST[@]}))]}"
+  else
+    ENV_ARG="SLUICE_UP_DEVICE=$DEVICE"  # a harmless placeholder: env needs one assignment
+  fi
+  WORKER_INDEX=$((WORKER_INDEX + 1))
+}
 if [ "$KVSTORE" -gt 0 ]; then
   "$ROOT/deploy/local/kvstore.sh" --shards "$KVSTORE" --port $((PORT + 1500)) --run-dir "$RUN_DIR" \
     --bin "$BIN" || { "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true; exit 1; }
@@ -84,15 +112,19 @@ done
 start router "$BIN" router --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
   --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT"
 for i in $(seq 1 "$PREFILL"); do
-  start "prefill-$i" "$BIN" prefill --model "$MODEL" --listen "127.0.0.1:$((PORT + 1100 + i))" \
+  next_gpu_env
+  start "prefill-$i" env "$ENV_ARG" "$BIN" prefill --model "$MODEL" \
+    --listen "127.0.0.1:$((PORT + 1100 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${PREFILL_ARGS[@]}" \
-    "${PARALLEL_ARGS[@]}" "${WORKER_ARGS[@]}"
+    "${PARALLEL_ARGS[@]}" "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
   METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
 done
 for i in $(seq 1 "$DECODE"); do
-  start "decode-$i" "$BIN" decode --model "$MODEL" --listen "127.0.0.1:$((PORT + 1200 + i))" \
+  next_gpu_env
+  start "decode-$i" env "$ENV_ARG" "$BIN" decode --model "$MODEL" \
+    --listen "127.0.0.1:$((PORT + 1200 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${PARALLEL_ARGS[@]}" \
-    "${WORKER_ARGS[@]}"
+    "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
   METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
 done
 
@@ -122,6 +154,6 @@ while :; do
   sleep 0.5
 done
 echo "$URL" > "$RUN_DIR/endpoint"
-echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode, TP=$TP EP=$EP; logs in $RUN_DIR)"
+echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode on $DEVICE, TP=$TP EP=$EP; logs in $RUN_DIR)"
 echo "Metrics: router $URL/metrics"
 for entry in "${METRICS_URLS[@]}"; do echo "  $entry"; done

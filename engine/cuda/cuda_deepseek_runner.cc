@@ -58,6 +58,12 @@ class DeepseekCore : public RunnerCore {
     return std::max(absorbed, kernels::PagedAttentionCudaWorkspaceBytes(batch, MhaParams()));
   }
   absl::Status AllocateCache(int64_t blocks) override;
+  std::vector<DeviceKvArray> CacheArrays() const override {
+    std::vector<DeviceKvArray> arrays;
+    const int64_t block_bytes = options.block_size * latent_w * static_cast<int64_t>(sizeof(bf16));
+    for (const auto& layer : cache) arrays.push_back({layer.data(), num_blocks, block_bytes});
+    return arrays;
+  }
   int64_t WeightBytes() const override { return CountWeightBytes(/*active_only=*/false); }
   int64_t ActiveWeightBytes() const override { return CountWeightBytes(/*active_only=*/true); }
   int64_t KvBytesPerToken() const override {

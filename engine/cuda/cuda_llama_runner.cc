@@ -102,6 +102,16 @@ class LlamaCore : public RunnerCore {
     return bytes;
   }
   absl::Status AllocateCache(int64_t blocks) override;
+  std::vector<DeviceKvArray> CacheArrays() const override {
+    std::vector<DeviceKvArray> arrays;
+    const int64_t block_bytes = options.block_size * kv_dim * static_cast<int64_t>(sizeof(bf16));
+    for (size_t l = 0; l < k_cache.size(); ++l) {
+      for (const auto* cache : {&k_cache, &v_cache}) {
+        arrays.push_back({(*cache)[l].data(), num_blocks, block_bytes});
+      }
+    }
+    return arrays;
+  }
   int64_t WeightBytes() const override;
   int64_t KvBytesPerToken() const override { return config.num_hidden_layers * 2 * kv_dim * 2; }
   KvCacheSpec CacheSpec() const override {

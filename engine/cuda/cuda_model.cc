@@ -72,6 +72,9 @@ class CudaModel : public Model {
 
   int NumUnreadSteps() const override { return runner_->NumUnreadSteps(); }
 
+  std::vector<DeviceKvArray> DeviceKvArrays() const override { return runner_->KvArrays(); }
+  int64_t KvDtypeBytes() const override { return 2; }  // bf16
+
   bool SupportsDeviceLogitsProcessing() const override { return true; }
 
   absl::Status EnqueueProcessedSampledStep(const ForwardInput& input, KvCache& kv_cache,

@@ -643,6 +643,72 @@ TEST_F(CudaModelTest, DeepseekGraphDecodeWithDeviceFeedbackMatchesEager) {
   CheckGraphDecodeMatchesEager(testing::FixtureDir("deepseek-v3-tiny"));
 }
 
+// KV transfer through the runner's device arrays (CudaRunner::KvArrays, what the prefill and
+// decode workers register with UCX): runner A prefills the prompts into its blocks; their bytes
+// are copied block by block (as a block-run RMA would) into other block ids of runner B; B's
+// decode step over that KV gives A's greedy tokens and logits. Checks the arrays' geometry too.
+void CheckKvArraysCarryTheCache(const std::string& dir, int64_t arrays_per_layer) {
+  auto a = LoadCudaRunner(dir, TinyOptions(false));
+  auto b = LoadCudaRunner(dir, TinyOptions(false));
+  ASSERT_TRUE(a.ok() && b.ok());
+  constexpr int kBlocks = 64, kSeqs = 2;
+  EXPECT_TRUE((*a)->KvArrays().empty());  // before AllocateKvCache
+  ASSERT_TRUE((*a)->AllocateKvCache(kBlocks).ok());
+  ASSERT_TRUE((*b)->AllocateKvCache(kBlocks).ok());
+  const std::vector<DeviceKvArray> src = (*a)->KvArrays(), dst = (*b)->KvArrays();
+  const int64_t layers = (*a)->config().num_hidden_layers;
+  ASSERT_EQ(static_cast<int64_t>(src.size()), layers * arrays_per_layer);
+  ASSERT_EQ(dst.size(), src.size());
+  const int64_t bs = (*a)->options().block_size;
+  EXPECT_EQ(src[0].block_bytes * layers * arrays_per_layer,
+            (*a)->KvBytesPerToken() * bs);  // bf16 rows of every array sum to the cache
+  for (const DeviceKvArray& x : src) EXPECT_EQ(x.num_blocks, kBlocks);
+
+  const std::vector<std::vector<int32_t>> prompts = {{0, 47, 554, 86, 1041, 9, 10},
+                                                     {0, 2, 206, 47, 554, 86, 8, 1, 206}};
+  std::vector<std::vector<int32_t>> tables_a(kSeqs), tables_b(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int blk = 0; blk < 8; ++blk) {
+      tables_a[s].push_back(kBlocks - 1 - (blk * kSeqs + s));
+      tables_b[s].push_back(3 + blk * kSeqs + s);
+    }
+  }
+  std::vector<int> ctx = {0, 0};
+  ASSERT_TRUE((*a)->Step(OneRowPerSeqPlan(prompts, ctx, tables_a)).ok());
+  auto first = (*a)->SampledTokens();
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The prompt blocks, A's ids -> B's ids, every array.
+  for (int s = 0; s < kSeqs; ++s) {
+    const int64_t used = (static_cast<int64_t>(prompts[s].size()) + bs - 1) / bs;
+    for (int64_t blk = 0; blk < used; ++blk) {
+      for (size_t i = 0; i < src.size(); ++i) {
+        const int64_t bb = src[i].block_bytes;
+        ASSERT_EQ(cudaMemcpy(static_cast<char*>(dst[i].base) + tables_b[s][blk] * bb,
+                             static_cast<const char*>(src[i].base) + tables_a[s][blk] * bb, bb,
+                             cudaMemcpyDeviceToDevice),
+                  cudaSuccess);
+      }
+    }
+  }
+  const std::vector<std::vector<int32_t>> next = {{(*first)[0]}, {(*first)[1]}};
+  ctx = {static_cast<int>(prompts[0].size()), static_cast<int>(prompts[1].size())};
+  ASSERT_TRUE((*a)->Step(OneRowPerSeqPlan(next, ctx, tables_a)).ok());
+  auto logits_a = (*a)->Logits();
+  ASSERT_TRUE((*b)->Step(OneRowPerSeqPlan(next, ctx, tables_b)).ok());
+  auto logits_b = (*b)->Logits();
+  ASSERT_TRUE(logits_a.ok() && logits_b.ok());
+  // Same kernels, same inputs, same KV bytes: bit-identical.
+  EXPECT_EQ(*logits_a, *logits_b);
+}
+
+TEST_F(CudaModelTest, LlamaKvArraysCarryTheCache) {
+  CheckKvArraysCarryTheCache(testing::FixtureDir("llama-tiny"), /*arrays_per_layer=*/2);
+}
+
+TEST_F(CudaModelTest, DeepseekKvArraysCarryTheLatentCache) {
+  CheckKvArraysCarryTheCache(testing::FixtureDir("deepseek-v3-tiny"), /*arrays_per_layer=*/1);
+}
+
 // DeepseekTinyConfigVariant writes deepseek-v3-tiny's config.json with the given (key, old
 // value, new value) edits into a fresh temporary directory and returns it ("" after a test
 // failure when a key is missing); RemoveConfigDir deletes it.

@@ -128,6 +128,11 @@ class CudaRunner {
   // called before Step. Errors: InvalidArgument for num_blocks < 1; Internal for CUDA failures.
   absl::Status AllocateKvCache(int64_t num_blocks);
   int64_t num_blocks() const;
+  // KvArrays: the paged cache's device arrays for KV transfer (Model::DeviceKvArrays order:
+  // Llama/Qwen3 per layer K [num_blocks, block_size, kv_dim] then V, bf16; DeepSeek per layer
+  // the MLA latent [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim], bf16). Empty
+  // before AllocateKvCache; invalidated by the next AllocateKvCache.
+  std::vector<DeviceKvArray> KvArrays() const;
 
   // Step enqueues one forward over `plan` (model.h ForwardInput; every sequence's block table
   // must cover its tokens, slot_mapping must agree with it) followed by greedy sampling of the

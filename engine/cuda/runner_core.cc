@@ -952,6 +952,10 @@ absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {
   return core_->AllocateKvCache(num_blocks);
 }
 int64_t CudaRunner::num_blocks() const { return core_->num_blocks; }
+std::vector<DeviceKvArray> CudaRunner::KvArrays() const {
+  if (core_->num_blocks == 0) return {};
+  return core_->CacheArrays();
+}
 absl::Status CudaRunner::Step(const ForwardInput& plan) {
   return core_->EnqueueStep(plan, /*allow_graph=*/true);
 }

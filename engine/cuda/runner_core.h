@@ -143,6 +143,8 @@ class RunnerCore {
   virtual size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const = 0;
   // Frees the old cache and allocates a zeroed one of num_blocks blocks.
   virtual absl::Status AllocateCache(int64_t num_blocks) = 0;
+  // The cache's arrays (CudaRunner::KvArrays); empty before AllocateCache.
+  virtual std::vector<DeviceKvArray> CacheArrays() const = 0;
   virtual int64_t WeightBytes() const = 0;
   virtual int64_t ActiveWeightBytes() const { return WeightBytes(); }
   virtual int64_t KvBytesPerToken() const = 0;

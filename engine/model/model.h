@@ -131,6 +131,14 @@ struct GreedyToken {
   float logprob = 0.0f;
 };
 
+// DeviceKvArray: one array of a KV cache that lives in device memory (Model::DeviceKvArrays):
+// num_blocks equally sized blocks, block b at base + b * block_bytes.
+struct DeviceKvArray {
+  void* base = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_bytes = 0;
+};
+
 // Model is implemented per architecture (llama.cc, qwen3 via llama.cc, deepseek_v3.cc).
 class Model {
  public:
@@ -223,6 +231,15 @@ class Model {
   }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
+  // DeviceKvArrays: for a model that keeps its KV cache in device memory (the CUDA runners),
+  // its arrays in the order of the host KvCache's transfer regions: per layer K then V (V
+  // absent when kv_cache_spec().v_floats_per_token is 0, e.g. the MLA latent cache), each
+  // block holding block_size tokens' rows of KvDtypeBytes elements. Valid until the cache is
+  // reallocated (a different block count); empty until the first step allocated it, and for
+  // models whose KV is the host KvCache.
+  virtual std::vector<DeviceKvArray> DeviceKvArrays() const { return {}; }
+  // Bytes of one KV element: 4 for the host KvCache (float32), 2 for bf16 device caches.
+  virtual int64_t KvDtypeBytes() const { return 4; }
   // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'
   // weight slices). Call once, before the first Forward. Afterwards kv_cache_spec() and
   // config()'s num_attention_heads / num_key_value_heads / intermediate_size describe this rank, Forward is collective (all ranks, same input, same

@@ -53,8 +53,9 @@ struct EngineOptions {
   std::shared_ptr<KvConnector> kv_connector;
   // False: kv_cache() is geometry only (KvCache without storage), for models that keep their KV
   // elsewhere — the CUDA runners (engine/cuda/cuda_model.h) hold it in device memory. Then
-  // num_kv_blocks must be set (kv_cache_bytes counts float32 host bytes), and KV transfer and
-  // kv_connector cannot be used (they read the host cache).
+  // num_kv_blocks must be set (kv_cache_bytes counts float32 host bytes), kv_connector cannot
+  // be used (it reads the host cache), and KV transfer moves the model's device arrays
+  // (Model::DeviceKvArrays) instead of the host cache's.
   bool allocate_host_kv_cache = true;
   // SWA bounded replay (engine/kv/swa_replay.h) for models with sliding-window layers: > 0 (R):
   // a KV transfer into this engine carries only the full-attention layers' K/V, and

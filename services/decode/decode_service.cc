@@ -360,7 +360,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
       return reactor;
     }
   }
-  const v1::KvLayout layout = LayoutOf(engine_->kv_cache());
+  const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const int32_t num_tokens = request->prompt_token_ids_size();
   session->set_reserve_reply([this, reactor, response, layout, num_tokens](
                                  const absl::StatusOr<std::vector<int32_t>>& blocks) {
@@ -567,7 +567,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
   v1::KvBlocks* destination = request.mutable_destination();
   destination->set_kv_descriptor(kv_descriptor_);
   RunsToWire(std::vector<int32_t>(blocks.begin(), blocks.begin() + n), destination);
-  *destination->mutable_layout() = LayoutOf(engine_->kv_cache());
+  *destination->mutable_layout() = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   destination->set_num_tokens(prefill.kv().num_tokens());
   request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));
   grpc::ClientContext context;

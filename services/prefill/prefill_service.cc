@@ -87,7 +87,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   er.hold_kv_blocks = true;
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
   queued_tokens_ += num_prompt;
-  const v1::KvLayout layout = LayoutOf(engine_->kv_cache());
+  const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const absl::Time arrival = absl::Now();
   absl::Status s = engine_->Submit(
       std::move(er),
@@ -245,7 +245,7 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
                                      std::vector<int32_t> block_ids, absl::Time deadline,
                                      int64_t* bytes) {
   const v1::KvBlocks& destination = request.destination();
-  const v1::KvLayout own = LayoutOf(engine_->kv_cache());
+  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const v1::KvLayout& theirs = destination.layout();
   if (theirs.block_size() != own.block_size() || theirs.num_layers() != own.num_layers() ||
       theirs.floats_per_token() != own.floats_per_token() ||

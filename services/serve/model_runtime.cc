@@ -15,6 +15,7 @@
 #include "engine/sched/async_engine.h"
 #include "services/kvstore/kvstore_connector.h"
 #include "services/serve/log.h"
+#include "transfer/kv_transfer.h"
 
 #if defined(SLUICE_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -231,12 +232,18 @@ absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
     unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
   } else if (!options.kvstore.empty()) {
     unsupported = "--kvstore";
-  } else if (options.kv_crosses_processes) {
-    unsupported = "prefill/decode KV transfer (sluice prefill / sluice decode)";
   }
   if (unsupported != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device cuda does not support ", unsupported, " yet"));
+  }
+  // sluice prefill / sluice decode register the runner's device KV with UCX: that needs the
+  // CUDA-aware UCX (cmake/ucx.cmake); whether it finds a device is checked at registration.
+  if (options.kv_crosses_processes && !transfer::LinkedUcxIsCudaAware()) {
+    return absl::InvalidArgumentError(
+        "--device cuda with prefill/decode KV transfer needs a CUDA-aware UCX, and this build "
+        "links the system UCX (built without CUDA): run scripts/install_deps.sh (it installs "
+        "libucx-cu13 into .deps/) and rebuild");
   }
   return absl::OkStatus();
 }

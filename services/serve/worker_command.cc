@@ -68,11 +68,19 @@ int Run(const WorkerOptions& options, Role role) {
     spdlog::error("UCX: {}", agent.status().ToString());
     return 1;
   }
-  std::vector<transfer::KvRegion> regions = KvRegionsOf(engine.kv_cache());
+  // The KV cache's own memory is registered: host arrays on the CPU engine, the CUDA runner's
+  // device arrays (moved GPU to GPU by UCX's cuda_ipc on one host) with --device cuda.
+  absl::StatusOr<KvTransferMemory> memory = KvTransferMemoryOf(engine.model(), engine.kv_cache());
+  if (!memory.ok()) {
+    spdlog::error("KV memory: {}", memory.status().ToString());
+    return 1;
+  }
+  std::vector<transfer::KvRegion> regions = memory->regions;
   for (const transfer::KvRegion& r : regions) {
-    auto handle = (*agent)->RegisterRegion(r.base, r.num_blocks * r.block_bytes);
+    auto handle = (*agent)->RegisterRegion(r.base, r.num_blocks * r.block_bytes, memory->type);
     if (!handle.ok()) {
-      spdlog::error("register KV memory: {}", handle.status().ToString());
+      spdlog::error("register {} KV memory: {}", transfer::MemoryTypeName(memory->type),
+                    handle.status().ToString());
       return 1;
     }
   }

@@ -127,13 +127,34 @@ absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor
   return out;
 }
 
-v1::KvLayout LayoutOf(const KvCache& cache) {
+absl::StatusOr<KvTransferMemory> KvTransferMemoryOf(const Model& model, KvCache& cache) {
+  KvTransferMemory out;
+  std::vector<DeviceKvArray> device = model.DeviceKvArrays();
+  if (!device.empty()) {
+    for (const DeviceKvArray& a : device) {
+      out.regions.push_back({a.base, a.num_blocks, a.block_bytes});
+    }
+    out.type = transfer::MemoryType::kCuda;
+    return out;
+  }
+  out.regions = KvRegionsOf(cache);
+  for (const transfer::KvRegion& r : out.regions) {
+    if (r.base == nullptr) {
+      return absl::FailedPreconditionError(
+          "the KV cache has no memory to transfer yet (a device cache is allocated by the "
+          "first step)");
+    }
+  }
+  return out;
+}
+
+v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes) {
   v1::KvLayout layout;
   layout.set_num_layers(static_cast<int32_t>(cache.spec().num_layers));
   layout.set_block_size(static_cast<int32_t>(cache.block_size()));
   layout.set_floats_per_token(
       static_cast<int32_t>(cache.spec().k_floats_per_token + cache.spec().v_floats_per_token));
-  layout.set_dtype_bytes(4);
+  layout.set_dtype_bytes(static_cast<int32_t>(dtype_bytes));
   layout.set_num_blocks(cache.num_blocks());
   return layout;
 }

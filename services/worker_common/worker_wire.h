@@ -27,6 +27,15 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);
 // KvRegionsOf: the transfer regions of a KV cache, in the order both workers use: for each
 // layer its k array, then its v array (omitted when v_floats_per_token is 0).
 std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache);
+// KvTransferMemory: the transfer regions of an engine's KV and where they live: the model's
+// device arrays (Model::DeviceKvArrays, same order) when it keeps its KV in device memory
+// (CUDA), else KvRegionsOf(cache). Errors: FailedPrecondition when neither holds memory (a
+// device model before its first step allocated the cache).
+struct KvTransferMemory {
+  std::vector<transfer::KvRegion> regions;
+  transfer::MemoryType type = transfer::MemoryType::kHost;
+};
+absl::StatusOr<KvTransferMemory> KvTransferMemoryOf(const Model& model, KvCache& cache);
 // TransferRegionIndices: the indices into KvRegionsOf's list that a KV transfer moves:
 // with swa_replay_tokens > 0 (EffectiveSwaReplayTokens) only the full-attention layers'
 // (KvTransferLayout::region_indices of kFullAttentionOnly), else every region.
@@ -42,8 +51,9 @@ struct TransferRegions {
 absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor,
                                                      const std::vector<transfer::KvRegion>& local,
                                                      const std::vector<int32_t>& indices);
-// LayoutOf: the cache geometry for KvBlocks.layout.
-v1::KvLayout LayoutOf(const KvCache& cache);
+// LayoutOf: the cache geometry for KvBlocks.layout; `dtype_bytes`: Model::KvDtypeBytes (4 for
+// the host float32 cache, 2 for a bf16 device cache), so a CPU and a CUDA worker never pair.
+v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
 // RunsToWire / RunsFromWire: BlockRun lists.
 void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
 std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in);

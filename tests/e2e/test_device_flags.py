@@ -52,14 +52,30 @@ def test_cuda_unsupported_flags(tmp_path, cuda_build, flags, unsupported):
     assert expected in proc.stderr
 
 
+def links_cuda_ucx():
+    """True when the binary links the CUDA-aware UCX (libucx-cu13, cmake/ucx.cmake)."""
+    out = subprocess.run(["ldd", sluice_bin()], capture_output=True, text=True).stdout
+    return "ucx-cu13" in out
+
+
 @pytest.mark.parametrize("command", ["prefill", "decode"])
-def test_cuda_workers_unsupported(cuda_build, command):
+def test_cuda_workers(cuda_build, command):
+    """CUDA workers need the backend and a CUDA-aware UCX; then they load like sluice serve."""
+    if cuda_build and links_cuda_ucx() and shutil.which("nvidia-smi") and \
+            run_ok(["nvidia-smi", "-L"]):
+        pytest.skip("a GPU is present (scripts/gpu_disagg_equality.sh runs CUDA workers)")
     proc = run(command, "--model", str(MODEL_DIR), "--device", "cuda", "--listen",
                "127.0.0.1:0")
-    assert proc.returncode == 2, proc.stderr
-    expected = ("INVALID_ARGUMENT: --device cuda does not support prefill/decode KV transfer "
-                "(sluice prefill / sluice decode) yet" if cuda_build else NO_BACKEND)
-    assert expected in proc.stderr
+    if not cuda_build:
+        assert proc.returncode == 2, proc.stderr
+        assert NO_BACKEND in proc.stderr
+    elif not links_cuda_ucx():
+        assert proc.returncode == 2, proc.stderr
+        assert ("INVALID_ARGUMENT: --device cuda with prefill/decode KV transfer needs a "
+                "CUDA-aware UCX") in proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stderr
+        assert "FAILED_PRECONDITION: --device cuda: no CUDA GPU is visible (" in proc.stderr
 
 
 def test_cuda_without_gpu(tmp_path, cuda_build):

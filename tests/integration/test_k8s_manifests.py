@@ -94,15 +94,22 @@ def test_gpu_overlay_requests_gpus_for_workers_only():
         overlay = K8S / "overlays" / "gpu"
         kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
         docs = []
-        for patch in kustomization["patchesStrategicMerge"]:
-            docs += [d for d in yaml.safe_load_all((overlay / patch).read_text()) if d]
+        for patch in kustomization["patches"]:
+            if "path" in patch:
+                docs += [d for d in yaml.safe_load_all((overlay / patch["path"]).read_text()) if d]
+        appended = {p["target"]["name"]: [op["value"] for op in yaml.safe_load(p["patch"])]
+                    for p in kustomization["patches"] if "patch" in p}
     deployments = by_kind(docs, "Deployment")
     for worker in ("sluice-prefill", "sluice-decode"):
         resources = container(deployments[worker])["resources"]
         assert resources["limits"]["nvidia.com/gpu"] == 1
         assert resources["requests"]["nvidia.com/gpu"] == 1
+        # The GPU workers run the CUDA engine (KV in device memory, moved over UCX).
+        args = container(deployments[worker])["args"] if KUBECTL else appended[worker]
+        assert flag_value(args, "--device") == "cuda", worker
     if KUBECTL:
         router = container(deployments["sluice-router"])
+        assert "--device" not in router["args"]
         assert "nvidia.com/gpu" not in router["resources"].get("limits", {})
         assert router["readinessProbe"]["httpGet"]["path"] == "/health"
         assert container(deployments["sluice-decode"])["image"].endswith(":latest-cuda")
@@ -123,16 +130,22 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
         # The base's arguments are kept (the flags are appended, not a replaced list).
         assert args[:2] == ["decode", "--model"] and "--router" in args
         assert decode["image"].endswith(":latest-cuda")
-        # Prefill keeps the GPU overlay's single GPU and no parallel flags.
+        # Prefill keeps the GPU overlay's single GPU, CUDA engine and no parallel flags.
         assert prefill["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert "--tensor-parallel-size" not in prefill["args"]
+        assert flag_value(prefill["args"], "--device") == "cuda"
+        # --device cuda refuses TP/EP > 1: the two-rank decode pool runs the CPU ranks.
+        assert flag_value(args, "--device") == "cpu"
         resources = decode["resources"]
     else:  # the overlay's own files: the GPU patch and the appended flags
         kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
         patch = yaml.safe_load((overlay / "decode-gpus.yaml").read_text())
         resources = container(patch)["resources"]
-        args = [op["value"] for p in kustomization["patches"] if "patch" in p
-                for op in yaml.safe_load(p["patch"])]
+        ops = [op for p in kustomization["patches"] if "patch" in p
+               for op in yaml.safe_load(p["patch"])]
+        assert {"op": "replace", "path": "/spec/template/spec/containers/0/args/16",
+                "value": "cpu"} in ops
+        args = [op["value"] for op in ops if op["op"] == "add"]
     # One process per pod holding N ranks: N GPUs requested = the parallel sizes.
     gpus = resources["limits"]["nvidia.com/gpu"]
     assert gpus == resources["requests"]["nvidia.com/gpu"] == 2

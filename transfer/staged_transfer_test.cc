@@ -1,0 +1,252 @@
+#include "transfer/staged_transfer.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "transfer/block_runs.h"
+#include "transfer/device_copier.h"
+#include "transfer/kv_transfer.h"
+
+namespace sluice::transfer {
+namespace {
+
+constexpr int kNumRegions = 3;
+constexpr int kNumBlocks = 48;
+constexpr int kBlockBytes = 1024;
+
+uint8_t Pattern(int seed, int r, int b, int o) {
+  return static_cast<uint8_t>((seed * 7919 + r * 104729 + b * 131 + o * 7) % 251);
+}
+
+// KV-shaped buffers; `registered` only for the peer (the local side stands in for device
+// memory, which the transport cannot reach).
+struct Buffers {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<KvRegion> regions;
+  explicit Buffers(int seed) : data(kNumRegions, std::vector<uint8_t>(kNumBlocks * kBlockBytes)) {
+    for (int r = 0; r < kNumRegions; ++r) {
+      for (int b = 0; b < kNumBlocks; ++b) {
+        for (int o = 0; o < kBlockBytes; ++o) data[r][b * kBlockBytes + o] = Pattern(seed, r, b, o);
+      }
+      regions.push_back({data[r].data(), kNumBlocks, kBlockBytes});
+    }
+  }
+  bool BlockHolds(int r, int b, int seed, int src_block) const {
+    for (int o = 0; o < kBlockBytes; ++o) {
+      if (data[r][b * kBlockBytes + o] != Pattern(seed, r, src_block, o)) return false;
+    }
+    return true;
+  }
+};
+
+std::unique_ptr<KvTransferAgent> MakeAgent(const std::string& transports) {
+  KvTransferOptions options;
+  options.transports = transports;
+  options.peer_failure_detection = transports != "sm";
+  auto agent = KvTransferAgent::Create(options);
+  EXPECT_TRUE(agent.ok()) << agent.status();
+  return agent.ok() ? std::move(*agent) : nullptr;
+}
+
+struct Fixture {
+  std::unique_ptr<KvTransferAgent> peer, local;
+  Buffers peer_kv{1}, local_kv{2};
+  RemoteKvDescriptor desc;
+  HostMemcpyCopier copier;  // one lane per slot
+  std::unique_ptr<StagedKvTransfer> staged;
+
+  Fixture(const std::string& transports, const StagingOptions& options)
+      : copier(options.num_slots) {
+    peer = MakeAgent(transports);
+    local = MakeAgent(transports);
+    if (peer == nullptr || local == nullptr) return;
+    for (const KvRegion& r : peer_kv.regions) {
+      EXPECT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+    }
+    auto d = peer->Describe(peer_kv.regions);
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (d.ok()) desc = *std::move(d);
+    auto s = StagedKvTransfer::Create(local.get(), &copier, options);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) staged = *std::move(s);
+  }
+};
+
+class StagedKvTransferTest : public ::testing::TestWithParam<std::string> {};
+
+// Scattered runs, slots of 3 blocks (runs split across slots, more chunks than slots): every
+// moved block exact, every other block untouched. The copier runs a lane's copies only at its
+// Wait, so a slot reused or read before its copies finished would show here.
+TEST_P(StagedKvTransferTest, PullThroughStagingIsExact) {
+  StagingOptions options;
+  options.slot_bytes = 3 * kBlockBytes;
+  options.num_slots = 2;
+  Fixture f(GetParam(), options);
+  ASSERT_NE(f.staged, nullptr);
+  const std::vector<int32_t> src = {5, 6, 7, 8, 9, 20, 21, 40, 41, 42, 43, 44, 45, 46, 47};
+  const std::vector<int32_t> dst = {0, 1, 2, 3, 30, 31, 32, 33, 34, 35, 10, 11, 12, 13, 14};
+  absl::Status s = f.staged->Pull(f.desc, CoalesceBlocks(src), f.local_kv.regions,
+                                  CoalesceBlocks(dst), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(s.ok()) << s;
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < kNumBlocks; ++b) {
+      auto it = std::find(dst.begin(), dst.end(), b);
+      if (it == dst.end()) {
+        EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 2, b))
+            << "untouched region " << r << " block " << b;
+      } else {
+        EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 1, src[it - dst.begin()]))
+            << "region " << r << " block " << b;
+      }
+    }
+  }
+  const StagedTransferStats stats = f.staged->stats();
+  // 15 blocks per region in slots of 3: 5 chunks per region.
+  EXPECT_EQ(stats.num_chunks, 5 * kNumRegions);
+  EXPECT_EQ(stats.bytes_pulled, 15 * kBlockBytes * kNumRegions);
+  EXPECT_EQ(f.copier.num_copies(), stats.num_device_copies);
+}
+
+TEST_P(StagedKvTransferTest, PushThroughStagingIsExact) {
+  for (int slots : {1, 2, 3}) {
+    StagingOptions options;
+    options.slot_bytes = 4 * kBlockBytes;
+    options.num_slots = slots;
+    Fixture f(GetParam(), options);
+    ASSERT_NE(f.staged, nullptr);
+    const std::vector<int32_t> src = {0, 1, 2, 3, 4, 5, 6, 17, 30, 31, 32, 33, 34};  // local
+    const std::vector<int32_t> dst = {10, 11, 12, 40, 41, 42, 43, 44, 20, 21, 22, 23, 47};
+    absl::Status s = f.staged->Push(f.desc, CoalesceBlocks(dst), f.local_kv.regions,
+                                    CoalesceBlocks(src), absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < kNumRegions; ++r) {
+      for (int b = 0; b < kNumBlocks; ++b) {
+        auto it = std::find(dst.begin(), dst.end(), b);
+        const bool moved = it != dst.end();
+        EXPECT_TRUE(f.peer_kv.BlockHolds(r, b, moved ? 2 : 1, moved ? src[it - dst.begin()] : b))
+            << slots << " slots, peer region " << r << " block " << b;
+        EXPECT_TRUE(f.local_kv.BlockHolds(r, b, 2, b));
+      }
+    }
+    EXPECT_EQ(f.staged->stats().bytes_pushed, 13 * kBlockBytes * kNumRegions);
+  }
+}
+
+// Layer-by-layer push: one layer's regions at a time, as prefill would after each layer.
+TEST_P(StagedKvTransferTest, LayerByLayerPush) {
+  Fixture f(GetParam(), StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_NE(f.staged, nullptr);
+  const std::vector<BlockRun> local_runs = {{0, 5}}, remote_runs = {{20, 5}};
+  for (int r = 0; r < kNumRegions; ++r) {
+    auto layer = f.desc.SelectRegions(r, 1);
+    ASSERT_TRUE(layer.ok());
+    const auto local_layer = absl::MakeConstSpan(f.local_kv.regions).subspan(r, 1);
+    ASSERT_TRUE(f.staged
+                    ->Push(*layer, remote_runs, local_layer, local_runs,
+                           absl::Now() + absl::Seconds(10))
+                    .ok());
+    for (int b = 0; b < 5; ++b) EXPECT_TRUE(f.peer_kv.BlockHolds(r, 20 + b, 2, b));
+    if (r + 1 < kNumRegions) {
+      EXPECT_TRUE(f.peer_kv.BlockHolds(r + 1, 20, 1, 20));  // later layers not yet
+    }
+  }
+}
+
+TEST_P(StagedKvTransferTest, RejectsBadRequestsBeforeMovingBytes) {
+  Fixture f(GetParam(), StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_NE(f.staged, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const std::vector<BlockRun> one = {{0, 1}};
+  // Region count mismatch.
+  EXPECT_EQ(f.staged->Pull(f.desc, one, absl::MakeConstSpan(f.local_kv.regions).subspan(0, 2), one,
+                           deadline)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Runs past the end.
+  const std::vector<BlockRun> far = {{kNumBlocks - 1, 2}};
+  EXPECT_EQ(f.staged->Pull(f.desc, far, f.local_kv.regions, far, deadline).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Block bigger than a slot.
+  std::vector<std::vector<uint8_t>> big(kNumRegions, std::vector<uint8_t>(4 * kBlockBytes * 4));
+  std::vector<KvRegion> big_regions;
+  RemoteKvDescriptor big_desc = f.desc;
+  for (int r = 0; r < kNumRegions; ++r) {
+    big_regions.push_back({big[r].data(), 4, 4 * kBlockBytes});
+    big_desc.regions[r].block_bytes = 4 * kBlockBytes;
+    big_desc.regions[r].num_blocks = kNumBlocks / 4;
+  }
+  EXPECT_EQ(f.staged->Pull(big_desc, one, big_regions, one, deadline).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.staged->stats().num_chunks, 0);
+  EXPECT_TRUE(f.local_kv.BlockHolds(0, 0, 2, 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, StagedKvTransferTest, ::testing::Values("sm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+TEST(StagedKvTransferPlanTest, ChunksFillSlotsAndSplitRuns) {
+  std::vector<uint8_t> a(64 * 100), b(64 * 200);
+  const std::vector<KvRegion> regions = {{a.data(), 64, 100}, {b.data(), 64, 200}};
+  const std::vector<RunPair> pairs = {{0, 10, 5}, {20, 15, 2}};
+  auto chunks = StagedKvTransfer::PlanChunks(pairs, regions, /*slot_bytes=*/450);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  // Region 0: 4 blocks per slot -> [0..3], [4 | 20..22]... region 1: 2 blocks per slot.
+  ASSERT_EQ(chunks->size(), 2u + 4u);
+  EXPECT_EQ((*chunks)[0].region, 0u);
+  EXPECT_EQ((*chunks)[0].num_blocks, 4);
+  ASSERT_EQ((*chunks)[1].pairs.size(), 2u);
+  EXPECT_EQ((*chunks)[1].pairs[0].remote_first, 4);
+  EXPECT_EQ((*chunks)[1].pairs[0].local_first, 14);
+  EXPECT_EQ((*chunks)[1].pairs[1].remote_first, 20);
+  EXPECT_EQ((*chunks)[1].num_blocks, 3);
+  for (size_t i = 2; i < chunks->size(); ++i) {
+    EXPECT_EQ((*chunks)[i].region, 1u);
+    EXPECT_LE((*chunks)[i].num_blocks, 2);
+  }
+  EXPECT_EQ(StagedKvTransfer::PlanChunks(pairs, regions, 150).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StagedKvTransferPlanTest, CreateValidatesOptions) {
+  auto agent = MakeAgent("tcp");
+  ASSERT_NE(agent, nullptr);
+  HostMemcpyCopier copier(1);
+  EXPECT_EQ(StagedKvTransfer::Create(agent.get(), &copier, {1024, 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 1 lane for 2 slots
+  EXPECT_EQ(StagedKvTransfer::Create(agent.get(), &copier, {0, 1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(StagedKvTransfer::Create(agent.get(), &copier, {1024, 1}).ok());
+}
+
+// A peer that is gone: an error within the deadline, every lane drained, and the same staging
+// serves the next transfer.
+TEST(StagedKvTransferFailureTest, PeerGoneThenNextTransferWorks) {
+  StagingOptions options{2 * kBlockBytes, 2};
+  Fixture f("tcp", options);
+  ASSERT_NE(f.staged, nullptr);
+  RemoteKvDescriptor gone_desc;
+  {
+    auto gone = MakeAgent("tcp");
+    ASSERT_NE(gone, nullptr);
+    Buffers kv(3);
+    for (const KvRegion& r : kv.regions) {
+      ASSERT_TRUE(gone->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+    }
+    gone_desc = *gone->Describe(kv.regions);
+  }
+  const std::vector<BlockRun> runs = {{0, 6}};
+  absl::Status s = f.staged->Pull(gone_desc, runs, f.local_kv.regions, runs,
+                                  absl::Now() + absl::Seconds(3));
+  EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  ASSERT_TRUE(
+      f.staged->Pull(f.desc, runs, f.local_kv.regions, runs, absl::Now() + absl::Seconds(10)).ok());
+  for (int b = 0; b < 6; ++b) EXPECT_TRUE(f.local_kv.BlockHolds(1, b, 1, b));
+}
+
+}  // namespace
+}  // namespace sluice::transfer
