@@ -80,10 +80,10 @@ Counts Sample(Drafting drafting, std::shared_ptr<const RejectionRule> rule) {
   options.speculative.rejection_rule = std::move(rule);
   auto engine = LLMEngine::Create(Load(testing::RepoFixtureDir("spec-tiny")), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
-  // 16 + 1 tokens: the prefix cache serves all but the last token of every request after the
-  // first. Repeats give n-gram lookup matches.
+  // 4 · 16 + 1 tokens: the prefix cache serves all but the last token of every request after
+  // the first. Every id of the vocabulary occurs, so n-gram lookup always finds a match.
   std::vector<int32_t> prompt;
-  for (int i = 0; i < kBlockSize + 1; ++i) prompt.push_back(2 + (i * 5) % 9);
+  for (int i = 0; i < 4 * kBlockSize + 1; ++i) prompt.push_back((i * 7) % 64);
   Counts counts(kPositions);
   std::map<std::string, std::vector<int32_t>> tokens;
   int next = 0;
