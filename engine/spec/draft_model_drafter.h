@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
+#include <unordered_map>
 #include "absl/status/statusor.h"
 #include "engine/kv/block_hash.h"
 #include "engine/kv/prefix_cache.h"
@@ -73,7 +73,8 @@ class DraftModelDrafter final : public Drafter {
   KvCache kv_cache_;
   BlockHasher hasher_;
   PrefixCache cache_;
-  absl::flat_hash_map<std::string, SeqState> states_;
+  // Node-based: Propose keeps pointers to states across insertions.
+  std::unordered_map<std::string, SeqState> states_;
   ForwardInput input_;        // scratch
   std::vector<float> logits_;  // scratch
   StepCostModel round_cost_;

@@ -1,0 +1,175 @@
+// engine/spec pieces without a model: n-gram lookup, the step-cost fit, the confidence
+// calibration and the confidence scheduler's verification lengths, TargetProbs against
+// SampleToken's processing, and the rejection rule's residual.
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/sched/step_cost_model.h"
+#include "engine/spec/ngram_drafter.h"
+#include "engine/spec/rejection_sampler.h"
+#include "engine/spec/speculative.h"
+
+namespace sluice {
+namespace {
+
+TEST(NgramLookupTest, ProposesWhatFollowedTheLatestLongestMatch) {
+  // Suffix [7, 8] occurred at 1 (followed by 9, 10) and at 5 (followed by 11, 12).
+  const std::vector<int32_t> t = {1, 7, 8, 9, 10, 7, 8, 11, 12, 3, 7, 8};
+  EXPECT_EQ(NgramLookup(t, 3, {2, 4}), (std::vector<int32_t>{11, 12, 3}));
+  EXPECT_EQ(NgramLookup(t, 1, {2, 4}), (std::vector<int32_t>{11}));
+  // The longest suffix wins: [3, 7, 8] never occurred before, [7, 8] did.
+  EXPECT_EQ(NgramLookup({5, 6, 1, 2, 9, 6, 1, 2}, 2, {1, 3}), (std::vector<int32_t>{9, 6}));
+  // Continuation runs into the end of the sequence.
+  EXPECT_EQ(NgramLookup({4, 4, 4}, 5, {1, 2}), (std::vector<int32_t>{4}));
+  EXPECT_TRUE(NgramLookup({1, 2, 3, 4}, 3, {2, 4}).empty());
+  EXPECT_TRUE(NgramLookup({1, 2, 1, 2}, 0, {1, 4}).empty());
+}
+
+TEST(StepCostModelTest, FitsFixedAndPerTokenCost) {
+  StepCostModel m(1.0);
+  EXPECT_EQ(m.Predict(10), 0.0);
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int x = 1; x <= 10; ++x) m.Observe(x, 0.010 + 0.002 * x);
+  }
+  EXPECT_NEAR(m.fixed_seconds(), 0.010, 1e-9);
+  EXPECT_NEAR(m.per_token_seconds(), 0.002, 1e-9);
+  StepCostModel flat;
+  flat.Observe(1, 0.5);
+  flat.Observe(1, 0.7);
+  EXPECT_EQ(flat.per_token_seconds(), 0.0);  // no spread: slope unknown
+  EXPECT_NEAR(flat.fixed_seconds(), 0.6, 0.01);
+}
+
+TEST(ConfidenceCalibrationTest, StartsAtTheBinCentreAndLearnsTheMeasuredRate) {
+  ConfidenceCalibration c;
+  EXPECT_NEAR(c.Map(0.93f), 0.95, 1e-12);
+  EXPECT_NEAR(c.Map(0.02f), 0.05, 1e-12);
+  for (int i = 0; i < 1000; ++i) c.Observe(0.97f, i % 10 < 3);  // 30% accepted
+  EXPECT_NEAR(c.Map(0.91f), 0.30, 0.01);
+  EXPECT_NEAR(c.Map(0.55f), 0.55, 1e-12);  // other bins untouched
+  EXPECT_NEAR(c.MaxAcceptance(), 0.85, 1e-12);
+}
+
+StepCostModel Linear(double fixed, double per_token) {
+  StepCostModel m(1.0);
+  for (int x = 1; x <= 8; ++x) m.Observe(x, fixed + per_token * x);
+  return m;
+}
+
+TEST(ConfidenceSchedulerTest, VerifiesTheLongestPrefixThatPays) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 5);
+  // Batch 1, a step costs 10 ms + 1 ms per token, a draft round 2 ms:
+  // threshold = (1 · (1 + 0) + 2) / (10 + 1) = 3/11.
+  const StepCostModel target = Linear(0.010, 0.001);
+  const StepCostModel draft = Linear(0.002, 0.0);
+  bool probe = true;
+  EXPECT_EQ(s.BeginStep(1, target, &draft, &probe), 5);
+  EXPECT_FALSE(probe);
+  EXPECT_NEAR(s.threshold(), 3.0 / 11.0, 1e-6);
+  // Calibrated = bin centres here: 0.95, 0.95 · 0.85, ... · 0.45 = 0.3453, · 0.25 < 3/11.
+  EXPECT_EQ(s.VerifyLength({0.97f, 0.88f, 0.51f, 0.22f, 0.99f}), 3);
+  // Sequences of one step verify different lengths.
+  EXPECT_EQ(s.VerifyLength({0.15f, 0.99f}), 0);
+  EXPECT_EQ(s.VerifyLength({0.99f, 0.99f, 0.99f, 0.99f, 0.99f}), 5);
+}
+
+TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 5);
+  // Per-token cost dominates (large batch): threshold = 64 · 0.01 / (0.01 + 0.64) ≈ 0.985.
+  const StepCostModel target = Linear(0.010, 0.010);
+  for (int i = 0; i < 200; ++i) s.ObserveVerification({0.99f}, 1, i % 2);  // 50% accepted
+  int drafted_steps = 0;
+  for (int step = 1; step <= 64; ++step) {
+    bool probe = false;
+    const int32_t depth = s.BeginStep(64, target, nullptr, &probe);
+    if (depth > 0) {
+      ++drafted_steps;
+      EXPECT_TRUE(probe);
+      EXPECT_EQ(depth, 1);
+    }
+  }
+  EXPECT_EQ(drafted_steps, 64 / ConfidenceScheduler::kProbeInterval);  // probes only
+  // Batch 1 with the same costs: threshold 0.01 / 0.02 = 0.5. The drafting depth is bounded by
+  // the best calibrated bin (bin 0.8-0.9, still its prior 0.85): 0.85^4 >= 0.5 > 0.85^5.
+  bool probe = false;
+  EXPECT_EQ(s.BeginStep(1, target, nullptr, &probe), 4);
+  EXPECT_NEAR(s.threshold(), 0.5, 1e-9);
+  EXPECT_EQ(s.VerifyLength({0.99f, 0.99f}), 1);  // 0.5 then 0.25: only the first pays
+}
+
+TEST(ConfidenceSchedulerTest, FixedVerifiesEverything) {
+  ConfidenceScheduler s(VerifyMode::kFixed, 4);
+  bool probe = true;
+  EXPECT_EQ(s.BeginStep(256, Linear(0.001, 1.0), nullptr, &probe), 4);
+  EXPECT_FALSE(probe);
+  EXPECT_EQ(s.VerifyLength({0.01f, 0.01f, 0.01f}), 3);
+  EXPECT_EQ(s.VerifyLength({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f}), 4);
+}
+
+TEST(ParseVerifyModeTest, AutoOrAFixedCount) {
+  VerifyMode mode = VerifyMode::kFixed;
+  int32_t k = 5;
+  ASSERT_TRUE(ParseVerifyMode("auto", &mode, &k).ok());
+  EXPECT_EQ(mode, VerifyMode::kAuto);
+  ASSERT_TRUE(ParseVerifyMode("3", &mode, &k).ok());
+  EXPECT_EQ(mode, VerifyMode::kFixed);
+  EXPECT_EQ(k, 3);
+  for (const char* bad : {"0", "17", "x", "3x", ""}) {
+    absl::Status s = ParseVerifyMode(bad, &mode, &k);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--speculative-verify"), std::string::npos);
+  }
+  SpeculativeOptions options;
+  options.num_speculative_tokens = 0;
+  EXPECT_EQ(options.Validate().message(), "--num-speculative-tokens must be in [1, 16], got 0");
+}
+
+TEST(TargetProbsTest, MatchesWhatSampleTokenDraws) {
+  // Logits over 6 tokens; top_k 3 then top_p 0.8 over the renormalized top 3, temperature 0.5,
+  // a presence penalty on token 0 (an output token).
+  std::vector<float> logits = {2.0f, 1.5f, 1.0f, 0.9f, -1.0f, 0.0f};
+  SamplingParams p;
+  p.temperature = 0.5f;
+  p.top_k = 3;
+  p.top_p = 0.8f;
+  p.presence_penalty = 0.5f;
+  const std::vector<int32_t> prompt = {5}, output = {0};
+  const SequenceContext ctx{prompt, output, {}};
+  std::vector<double> probs;
+  std::vector<float> scratch = logits;
+  TargetProbs(absl::MakeSpan(scratch), p, ctx, &probs);
+  // Penalized: {1.5, 1.5, 1.0, 0.9, -1, 0} / 0.5 = {3, 3, 2, 1.8, -2, 0}; top 3: ids 0, 1, 2 with
+  // weights 1, 1, e^-1; top_p 0.8 of 2.368 = 1.894 needs ids 0 and 1 (mass 2): p = 0.5, 0.5.
+  EXPECT_NEAR(probs[0], 0.5, 1e-12);
+  EXPECT_NEAR(probs[1], 0.5, 1e-12);
+  for (int i = 2; i < 6; ++i) EXPECT_EQ(probs[i], 0.0);
+  // SampleToken's draws land only on those two, about equally often.
+  int counts[6] = {};
+  SamplerRng rng(7);
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<float> l = logits;
+    ++counts[SampleToken(absl::MakeSpan(l), p, ctx, rng).token_id];
+  }
+  EXPECT_EQ(counts[0] + counts[1], 4000);
+  EXPECT_NEAR(counts[0] / 4000.0, 0.5, 0.03);
+}
+
+TEST(RejectionRuleTest, AcceptsWithMinOneOfPOverQAndResamplesTheResidual) {
+  RejectionRule rule;
+  EXPECT_TRUE(rule.Accept(0.3, 0.6, 0.49));
+  EXPECT_FALSE(rule.Accept(0.3, 0.6, 0.51));
+  EXPECT_TRUE(rule.Accept(0.6, 0.3, 0.999));
+  std::vector<double> out;
+  const std::vector<float> q = {0.5f, 0.25f, 0.25f};
+  rule.Residual({0.2, 0.5, 0.3}, q, 0, &out);
+  EXPECT_NEAR(out[0], 0.0, 1e-7);
+  EXPECT_NEAR(out[1], 0.25, 1e-7);
+  EXPECT_NEAR(out[2], 0.05, 1e-7);
+  rule.Residual({0.2, 0.5, 0.3}, {}, 1, &out);  // one-hot q at the draft
+  EXPECT_EQ(out, (std::vector<double>{0.2, 0.0, 0.3}));
+}
+
+}  // namespace
+}  // namespace sluice
