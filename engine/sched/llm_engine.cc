@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
-#include <random>
 #include <unordered_set>
 #include <utility>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/kv/swa_replay.h"
+#include "engine/sample/philox.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
 
@@ -134,10 +134,6 @@ class LLMEngineImpl final : public LLMEngine {
     }
     const std::string id = request.request_id;
     std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
-    // The prefill engine drew once from the same seeded generator for the first token when
-    // sampling randomly (SampleToken uses exactly one rng() per random draw, greedy none):
-    // skip that draw so later tokens equal a single-engine run's.
-    if (!seq->request.sampling.IsGreedy()) seq->rng.discard(1);
     seq->num_computed_tokens = seq->num_prompt_tokens();
     // The transferred prompt blocks join the prefix cache after the first decode step (only
     // after CompleteTransfer(OK), so a block still being written is never shared). Not for
@@ -494,9 +490,12 @@ class LLMEngineImpl final : public LLMEngine {
       const bool samples = s.samples();
       step.rows.push_back(InFlightRow{s.seq, samples});
       step.num_sampled += samples ? 1 : 0;
-      // A sampled row's draw comes from its generator now, in the order host sampling would
-      // take it, so a seeded request gives the same tokens either way.
-      if (samples) sampling_rows_.push_back(DeviceSamplingRow(s.seq->request.sampling, s.seq->rng));
+      // A sampled row's draw is keyed by its position (placeholders of steps in flight count),
+      // the same SampleToken would use, so a seeded request gives the same tokens either way.
+      if (samples) {
+        sampling_rows_.push_back(
+            DeviceSamplingRow(s.seq->request.sampling, s.seq->NextDrawKey()));
+      }
     }
     // Placeholders in the rows' output lists refer to the step in flight, as in input_.
     const bool processed = BuildDeviceProcessing(plan);
@@ -709,7 +708,7 @@ class LLMEngineImpl final : public LLMEngine {
   }
 
   SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
-    return SampleToken(logits, seq.request.sampling, Context(seq), seq.rng);
+    return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
   }
 
   // DeviceGreedyStep: the step's tokens may come from Model::ForwardGreedy — the model supports
@@ -767,8 +766,8 @@ class LLMEngineImpl final : public LLMEngine {
     auto seq = std::make_unique<Sequence>();
     seq->request = std::move(request);
     seq->token_ids = seq->request.prompt_token_ids;
-    seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
-                                                         : std::random_device{}());
+    // Front ends assign and report seeds; a request that still has none gets one here.
+    if (!seq->request.sampling.seed.has_value()) seq->request.sampling.seed = NewRandomSeed();
     return seq;
   }
 
