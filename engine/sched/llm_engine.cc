@@ -881,6 +881,21 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
                                                    " exceeds the model's max_position_embeddings ",
                                                    model_len));
   }
+  if (options.batch_invariant) {
+    if (!model->IsBatchInvariant()) {
+      return absl::FailedPreconditionError(
+          "batch-invariant mode: this model backend's kernels are not batch invariant (their "
+          "reduction order depends on the batch); use the CPU backend");
+    }
+    const int64_t replay = EffectiveSwaReplayTokens(*model, options.swa_replay_tokens);
+    const int64_t exact = ExactReplayTokens(model->config());
+    if (replay > 0 && replay < exact) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch-invariant mode: swa_replay_tokens ", replay,
+          " rebuilds sliding-window K/V approximately after a transfer; use 0 (move every "
+          "layer) or at least ", exact));
+    }
+  }
   const KvCacheSpec spec = model->kv_cache_spec();
   const int64_t block_bytes = spec.BytesPerToken() * options.block_size;
   if (!options.allocate_host_kv_cache &&
