@@ -1273,8 +1273,8 @@ TEST_F(CudaModelTest, GreedyLogprobRowsMatchHostLogSoftmax) {
       for (int64_t j = 0; j < vocab; ++j) row[j] = __bfloat162float(h[r * vocab + j]);
       SamplingParams p;
       p.temperature = 0.0f;
-      SamplerRng unused(0);
-      const SampledToken want = SampleToken(absl::MakeSpan(row), p, SequenceContext{}, unused);
+      const SampledToken want =
+          SampleToken(absl::MakeSpan(row), p, SequenceContext{}, SampleDrawKey{});
       EXPECT_EQ(ids[r], want.token_id) << "vocab " << vocab << " row " << r;
       EXPECT_NEAR(lp[r], want.logprob, 1e-4) << "vocab " << vocab << " row " << r;
     }
@@ -1289,8 +1289,7 @@ TEST_F(CudaModelTest, GreedyLogprobRowsMatchHostLogSoftmax) {
 SampledToken HostGreedy(std::vector<float> row) {
   SamplingParams p;
   p.temperature = 0.0f;
-  SamplerRng unused(0);
-  return SampleToken(absl::MakeSpan(row), p, SequenceContext{}, unused);
+  return SampleToken(absl::MakeSpan(row), p, SequenceContext{}, SampleDrawKey{});
 }
 
 // CudaRunner::SampledGreedy against the same step's Logits() sampled on the host (greedy

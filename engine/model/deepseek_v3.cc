@@ -102,6 +102,9 @@ class DeepseekV3Model : public Model {
     return spec;
   }
   int64_t WeightBytesPerToken() const override { return weight_bytes_per_token_; }
+  // The CPU kernels fix every reduction's order per output element (kernels/linear, rms_norm,
+  // mla_attention per (token, head) over all keys, MoE combine per token in top-k order).
+  bool IsBatchInvariant() const override { return true; }
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   absl::Status Shard(const ParallelShard& shard) override;

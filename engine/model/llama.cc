@@ -83,6 +83,9 @@ class LlamaModel : public Model {
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   bool SupportsSwaReplay() const override { return true; }
+  // The CPU kernels fix every reduction's order per output element (kernels/linear,
+  // rms_norm, attention: one pass over all keys per query, no split-KV).
+  bool IsBatchInvariant() const override { return true; }
   absl::Status Shard(const ParallelShard& shard) override;
 
  private:

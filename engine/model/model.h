@@ -155,6 +155,13 @@ class Model {
   // Errors: InvalidArgument for a token id outside the vocabulary or an inconsistent plan.
   virtual absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                                absl::Span<float> logits) = 0;
+  // True when Forward is batch invariant: every logits row and every K/V entry it writes is,
+  // bit for bit, a function of its own sequence's tokens and cached K/V alone — not of the
+  // other sequences in the step, the step's token count, how the prompt was split into chunks,
+  // or whether the context's K/V was computed in this step, earlier, taken from the prefix
+  // cache or transferred in. Every reduction then has one fixed order (EngineOptions::
+  // batch_invariant requires it).
+  virtual bool IsBatchInvariant() const { return false; }
   // True when ForwardGreedy is implemented (a model that can pick greedy tokens where its
   // logits are, e.g. on the GPU, and skip shipping [rows, vocab] logits to the host).
   virtual bool SupportsDeviceGreedy() const { return false; }

@@ -19,6 +19,12 @@ class CpuParallelModel : public Model {
   const ModelConfig& config() const override { return ranks_[0]->config(); }
   KvCacheSpec kv_cache_spec() const override { return ranks_[0]->kv_cache_spec(); }
   int64_t WeightBytesPerToken() const override { return ranks_[0]->WeightBytesPerToken(); }
+  // The all-reduce adds ranks in rank order and expert parallelism combines per token in top-k
+  // order (cpu_communicator.h, expert_parallel.h): invariant when every rank's model is.
+  bool IsBatchInvariant() const override {
+    return std::all_of(ranks_.begin(), ranks_.end(),
+                       [](const std::unique_ptr<Model>& r) { return r->IsBatchInvariant(); });
+  }
 
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override {

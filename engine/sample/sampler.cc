@@ -11,8 +11,8 @@
 //  - otherwise logits / T, then min_p (drop p_i < min_p * p_max), top_k, then top_p over the
 //    distribution renormalized after top_k (smallest prefix of the descending order whose mass
 //    reaches top_p, at least one token), then one categorical draw.
-// The draw uses u = (rng() >> 11) * 2^-53, exact and platform-independent given the rng state
-// (std::uniform_real_distribution's bit usage is implementation-defined).
+// The draw uses u = DrawUniform(key) (Philox4x32-10 keyed by seed, choice and position): exact,
+// platform-independent, and independent of any other draw.
 #include "engine/sample/sampler.h"
 
 #include <algorithm>
@@ -55,13 +55,13 @@ int32_t Argmax(absl::Span<const float> logits) {
 
 // Draws from softmax(logits) restricted to finite entries; `max_logit` is their maximum.
 // Walks ids in ascending order: O(V), no sort.
-int32_t DrawUnsorted(absl::Span<const float> logits, float max_logit, SamplerRng& rng) {
+int32_t DrawUnsorted(absl::Span<const float> logits, float max_logit, double uniform) {
   double total = 0.0;
   int32_t last = -1;
   for (size_t i = 0; i < logits.size(); ++i) {
     if (logits[i] > kNegInf) total += std::exp(static_cast<double>(logits[i]) - max_logit);
   }
-  const double target = UniformUnit(rng) * total;
+  const double target = uniform * total;
   double cumulative = 0.0;
   for (size_t i = 0; i < logits.size(); ++i) {
     if (!(logits[i] > kNegInf)) continue;
@@ -76,7 +76,7 @@ int32_t DrawUnsorted(absl::Span<const float> logits, float max_logit, SamplerRng
 // prefix it needs: nth_element + sort of k entries for top_k, a doubling sorted prefix for
 // top_p alone.
 int32_t DrawTopKTopP(absl::Span<const float> logits, float max_logit, int32_t top_k, float top_p,
-                     SamplerRng& rng) {
+                     double uniform) {
   thread_local std::vector<int32_t> candidates;
   candidates.clear();
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -121,7 +121,7 @@ int32_t DrawTopKTopP(absl::Span<const float> logits, float max_logit, int32_t to
   } else {
     for (size_t i = 0; i < n; ++i) kept_mass += weight(i);
   }
-  const double target = UniformUnit(rng) * kept_mass;
+  const double target = uniform * kept_mass;
   double cumulative = 0.0;
   for (size_t i = 0; i < keep; ++i) {
     ensure_sorted(i + 1);
@@ -131,7 +131,7 @@ int32_t DrawTopKTopP(absl::Span<const float> logits, float max_logit, int32_t to
   return candidates[keep - 1];
 }
 
-int32_t SampleRandom(absl::Span<float> logits, const SamplingParams& params, SamplerRng& rng) {
+int32_t SampleRandom(absl::Span<float> logits, const SamplingParams& params, double uniform) {
   if (params.temperature != 1.0f) {
     for (float& logit : logits) logit /= params.temperature;
   }
@@ -146,13 +146,11 @@ int32_t SampleRandom(absl::Span<float> logits, const SamplingParams& params, Sam
     }
   }
   const bool use_top_k = params.top_k > 0 && static_cast<size_t>(params.top_k) < logits.size();
-  if (!use_top_k && params.top_p >= 1.0f) return DrawUnsorted(logits, max_logit, rng);
-  return DrawTopKTopP(logits, max_logit, use_top_k ? params.top_k : 0, params.top_p, rng);
+  if (!use_top_k && params.top_p >= 1.0f) return DrawUnsorted(logits, max_logit, uniform);
+  return DrawTopKTopP(logits, max_logit, use_top_k ? params.top_k : 0, params.top_p, uniform);
 }
 
 }  // namespace
-
-double UniformUnit(SamplerRng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
 
 bool HasLogitsProcessing(const SamplingParams& params, const SequenceContext& context) {
   const bool suppresses =
@@ -204,19 +202,19 @@ bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context)
   return params.temperature < kGreedyTemperature && IsDeviceSamplable(params, context);
 }
 
-kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, SamplerRng& rng) {
+kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, const SampleDrawKey& key) {
   kernels::SamplingRow row;
   if (params.temperature < kGreedyTemperature) return row;
   row.temperature = params.temperature;
   row.top_k = params.top_k;
   row.top_p = params.top_p;
   row.min_p = params.min_p;
-  row.uniform = UniformUnit(rng);
+  row.uniform = DrawUniform(key, kTokenDraw);
   return row;
 }
 
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
-                         const SequenceContext& context, SamplerRng& rng) {
+                         const SequenceContext& context, const SampleDrawKey& key) {
   thread_local std::vector<float> raw;
   raw.assign(logits.begin(), logits.end());
 
@@ -231,7 +229,9 @@ SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
 
   SampledToken result;
   result.token_id =
-      params.temperature < kGreedyTemperature ? Argmax(logits) : SampleRandom(logits, params, rng);
+      params.temperature < kGreedyTemperature
+                          ? Argmax(logits)
+                          : SampleRandom(logits, params, DrawUniform(key, kTokenDraw));
   const absl::Span<const float> raw_span(raw);
   const double log_sum_exp = kernels::LogSumExpCpu(raw_span);
   if (!raw.empty()) {

@@ -4,11 +4,11 @@
 #define SLUICE_ENGINE_SAMPLE_SAMPLER_H_
 
 #include <cstdint>
-#include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "engine/sample/philox.h"
 #include "engine/sample/sampling_params.h"
 #include "kernels/sampling/logits_processing.h"
 #include "kernels/sampling/sampling.h"
@@ -26,16 +26,6 @@ struct SampledToken {
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, descending
 };
 
-// SamplerRng is the per-request generator: seeded from SamplingParams::seed, so a request's
-// tokens do not depend on what it is batched with.
-using SamplerRng = std::mt19937_64;
-
-// UniformUnit returns a uniform double in [0, 1) from the top 53 bits of one rng() draw:
-// (rng() >> 11) · 2^-53, exact and platform-independent (std::uniform_real_distribution's bit
-// usage is implementation-defined). SampleToken draws exactly one per non-greedy token, so a
-// device sampler fed this value (kernels::SamplingRow::uniform) picks the same token.
-double UniformUnit(SamplerRng& rng);
-
 // SequenceContext is what penalties look at.
 struct SequenceContext {
   absl::Span<const int32_t> prompt_token_ids;
@@ -46,14 +36,15 @@ struct SequenceContext {
 // SampleToken processes `logits` ([vocab_size], float32, modified in place as scratch) and
 // picks a token. Order (vLLM's): min_tokens suppression, repetition/presence/frequency
 // penalties, then greedy argmax (temperature 0; ties → lowest id) or temperature → min_p →
-// top_k → top_p → categorical draw from `rng`. Logprobs are log_softmax of the raw logits
+// top_k → top_p → categorical draw with u = DrawUniform(key, kTokenDraw), so the token is a
+// function of (logits, params, context, key) only. Logprobs are log_softmax of the raw logits
 // (before any processing), as vLLM and OpenAI report them.
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
-                         const SequenceContext& context, SamplerRng& rng);
+                         const SequenceContext& context, const SampleDrawKey& key);
 
-// IsPlainGreedy is true when SampleToken(logits, params, context, rng) would return exactly
+// IsPlainGreedy is true when SampleToken(logits, params, context, key) would return exactly
 // {argmax of the raw logits (lowest id on ties), its log_softmax, no top_logprobs} for any
-// logits and draw nothing from rng: greedy temperature, no top logprobs (logprobs unset or 0),
+// logits and key: greedy temperature, no top logprobs (logprobs unset or 0),
 // neutral repetition/presence/frequency penalties, and no min_tokens suppression this step
 // (output already >= min_tokens, or no EOS/stop ids to suppress). Such rows may be sampled
 // where the logits are (Model::ForwardGreedy). Keep in step with SampleToken's processing.
@@ -81,8 +72,9 @@ kernels::LogitsProcessingRow DeviceLogitsProcessingRow(const SamplingParams& par
 bool HasLogitsProcessing(const SamplingParams& params, const SequenceContext& context);
 
 // DeviceSamplingRow is the kernels::SamplingRow of an IsDeviceSamplable row; a non-greedy row
-// takes its draw from `rng` now (UniformUnit: the one draw SampleToken would make).
-kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, SamplerRng& rng);
+// carries SampleToken's draw for `key` (the host computes the uniform, so the device picks
+// the token SampleToken would).
+kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, const SampleDrawKey& key);
 
 }  // namespace sluice
 

@@ -19,7 +19,8 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // [-2, 2], OpenAI: logit -= p if the token was generated
   float frequency_penalty = 0.0f;   // [-2, 2], OpenAI: logit -= f * count in the output
   float repetition_penalty = 1.0f;  // > 0, CTRL (Keskar et al. 2019) over prompt + output
-  std::optional<uint64_t> seed;     // per-request RNG; unset: random
+  std::optional<uint64_t> seed;     // draw key seed (engine/sample/philox.h); unset: random
+  uint32_t choice_index = 0;        // draw key choice: this choice's index in its API request
   int32_t max_tokens = 16;          // new tokens
   int32_t min_tokens = 0;           // EOS / stop ids suppressed before this many tokens
   bool ignore_eos = false;

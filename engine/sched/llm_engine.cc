@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
-#include <random>
 #include <unordered_set>
 #include <utility>
 
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/kv/swa_replay.h"
+#include "engine/sample/philox.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sched/step_cost_model.h"
@@ -140,10 +140,6 @@ class LLMEngineImpl final : public LLMEngine {
     }
     const std::string id = request.request_id;
     std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
-    // The prefill engine drew once from the same seeded generator for the first token when
-    // sampling randomly (SampleToken uses exactly one rng() per random draw, greedy none):
-    // skip that draw so later tokens equal a single-engine run's.
-    if (!seq->request.sampling.IsGreedy()) seq->rng.discard(1);
     seq->num_computed_tokens = seq->num_prompt_tokens();
     // The transferred prompt blocks join the prefix cache after the first decode step (only
     // after CompleteTransfer(OK), so a block still being written is never shared). Not for
@@ -632,9 +628,12 @@ class LLMEngineImpl final : public LLMEngine {
       const bool samples = s.samples();
       step.rows.push_back(InFlightRow{s.seq, samples});
       step.num_sampled += samples ? 1 : 0;
-      // A sampled row's draw comes from its generator now, in the order host sampling would
-      // take it, so a seeded request gives the same tokens either way.
-      if (samples) sampling_rows_.push_back(DeviceSamplingRow(s.seq->request.sampling, s.seq->rng));
+      // A sampled row's draw is keyed by its position (placeholders of steps in flight count),
+      // the same SampleToken would use, so a seeded request gives the same tokens either way.
+      if (samples) {
+        sampling_rows_.push_back(
+            DeviceSamplingRow(s.seq->request.sampling, s.seq->NextDrawKey()));
+      }
     }
     // Placeholders in the rows' output lists refer to the step in flight, as in input_.
     const bool processed = BuildDeviceProcessing(plan);
@@ -852,7 +851,7 @@ class LLMEngineImpl final : public LLMEngine {
   }
 
   SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
-    return SampleToken(logits, seq.request.sampling, Context(seq), seq.rng);
+    return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
   }
 
   // DeviceGreedyStep: the step's tokens may come from Model::ForwardGreedy — the model supports
@@ -910,8 +909,8 @@ class LLMEngineImpl final : public LLMEngine {
     auto seq = std::make_unique<Sequence>();
     seq->request = std::move(request);
     seq->token_ids = seq->request.prompt_token_ids;
-    seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
-                                                         : std::random_device{}());
+    // Front ends assign and report seeds; a request that still has none gets one here.
+    if (!seq->request.sampling.seed.has_value()) seq->request.sampling.seed = NewRandomSeed();
     return seq;
   }
 
@@ -1034,6 +1033,21 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
     return absl::InvalidArgumentError(absl::StrCat("max_model_len ", max_model_len,
                                                    " exceeds the model's max_position_embeddings ",
                                                    model_len));
+  }
+  if (options.batch_invariant) {
+    if (!model->IsBatchInvariant()) {
+      return absl::FailedPreconditionError(
+          "batch-invariant mode: this model backend's kernels are not batch invariant (their "
+          "reduction order depends on the batch); use the CPU backend");
+    }
+    const int64_t replay = EffectiveSwaReplayTokens(*model, options.swa_replay_tokens);
+    const int64_t exact = ExactReplayTokens(model->config());
+    if (replay > 0 && replay < exact) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch-invariant mode: swa_replay_tokens ", replay,
+          " rebuilds sliding-window K/V approximately after a transfer; use 0 (move every "
+          "layer) or at least ", exact));
+    }
   }
   const KvCacheSpec spec = model->kv_cache_spec();
   const int64_t block_bytes = spec.BytesPerToken() * options.block_size;

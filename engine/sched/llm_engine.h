@@ -80,6 +80,13 @@ struct EngineOptions {
   // its drafts in one forward and verifies them (greedy: exact; sampled: rejection sampling).
   // Steps then run synchronously (async_scheduling is ignored).
   SpeculativeOptions speculative;
+  // Batch-invariant mode (--batch-invariant): a request's logits, logprobs and tokens are bit
+  // for bit those it gets alone, whatever it is batched with, however its prompt is chunked,
+  // and whether its prefix came from the cache or by transfer. Create fails with
+  // FailedPrecondition unless Model::IsBatchInvariant, and with InvalidArgument when SWA
+  // bounded replay would rebuild sliding-window K/V approximately (0 < effective
+  // swa_replay_tokens < ExactReplayTokens).
+  bool batch_invariant = false;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.

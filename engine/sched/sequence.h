@@ -33,7 +33,6 @@ struct Sequence {
   uint64_t kv_load_ticket = 0;
   int32_t num_external_cached_tokens = 0;
   int32_t num_saved_blocks = 0;
-  SamplerRng rng;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;
   // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is
@@ -62,6 +61,12 @@ struct Sequence {
     return static_cast<int32_t>(request.prompt_token_ids.size());
   }
   int32_t num_output_tokens() const { return static_cast<int32_t>(output_token_ids.size()); }
+  // The draw key of the token sampled next (at position num_tokens()); the engine resolves an
+  // unset seed at admission, so request.sampling.seed is always set here.
+  SampleDrawKey NextDrawKey() const {
+    return SampleDrawKey{request.sampling.seed.value_or(0), request.sampling.choice_index,
+                         num_tokens()};
+  }
   void AppendToken(int32_t token) {
     output_token_ids.push_back(token);
     token_ids.push_back(token);

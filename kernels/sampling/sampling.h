@@ -23,8 +23,8 @@ struct SamplingRow {
   float min_p = 0.0f;    // <= 0: off; drop p_i < min_p · p_max
   int32_t pad = 0;
   // The row's draw in [0, 1): the categorical draw picks the first candidate whose cumulative
-  // mass exceeds uniform · (kept mass). The engine takes it from the request's generator
-  // exactly as SampleToken would (one draw per sampled token).
+  // mass exceeds uniform · (kept mass). The engine computes it on the host exactly as
+  // SampleToken would (the token's counter-based draw, engine/sample/philox.h).
   double uniform = 0.0;
 };
 
@@ -55,7 +55,7 @@ struct SampleRowResult {
 //    top_p · (kept mass), at least one; draw the first in rank order whose cumulative mass
 //    exceeds uniform · (kept mass).
 // The sums are float64 in SampleToken's order, so the token equals SampleToken's for the same
-// uniform (its one UniformUnit draw).
+// uniform (its DrawUniform(key, kTokenDraw), engine/sample/philox.h).
 SampleRowResult SampleRowCpu(const float* logits, int64_t vocab, const SamplingRow& params);
 
 // SampleRowsCpu samples `rows` rows: logits [rows, vocab] float32 row-major, params [rows],

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sample/philox.h"
 #include "services/api/openai_errors.h"
 
 namespace sluice {
@@ -28,6 +29,9 @@ GenerationSession::GenerationSession(Deps deps, GenerationRequest request,
   meta_.id = NewResponseId(is_chat() ? "chatcmpl-" : "cmpl-");
   meta_.created = static_cast<int64_t>(std::time(nullptr));
   meta_.model = request_.model;
+  // Every response can be reproduced: a request without a seed gets one, reported in `seed`.
+  if (!request_.sampling.seed.has_value()) request_.sampling.seed = NewRandomSeed();
+  meta_.seed = static_cast<int64_t>(*request_.sampling.seed);
   if (request_.echo) {
     for (const std::vector<int32_t>& prompt : request_.prompts) {
       echo_prefixes_.push_back(
@@ -60,9 +64,7 @@ void GenerationSession::Start() {
     engine_request.prompt_token_ids = request_.prompts[c / request_.n];
     engine_request.sampling = request_.sampling;
     engine_request.cache_salt = request_.cache_salt;
-    if (request_.sampling.seed.has_value()) {
-      engine_request.sampling.seed = *request_.sampling.seed + static_cast<uint64_t>(c);
-    }
+    engine_request.sampling.choice_index = static_cast<uint32_t>(c);  // choices share the seed
     // The callback keeps the session alive until the engine's final output is handled.
     std::shared_ptr<GenerationSession> self = shared_from_this();
     Poster poster = poster_;

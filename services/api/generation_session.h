@@ -1,10 +1,10 @@
 // GenerationSession: one /v1/chat/completions or /v1/completions request in flight.
 //
-// It submits one engine request per choice (ids "<response id>-<choice>", seeds seed + choice
-// when a seed is given), turns engine outputs into choice text (ChoiceOutput), and writes
-// either one JSON response or a Server-Sent Events stream to its ResponseSink. Engine outputs
-// arrive on the engine thread and are handed to the session's executor with the Poster, so
-// all session state is touched by one executor only.
+// It submits one engine request per choice (ids "<response id>-<choice>", all with the
+// request's seed, generated when absent, and their choice index), turns engine outputs into
+// choice text (ChoiceOutput), and writes either one JSON response or a Server-Sent Events
+// stream to its ResponseSink. Engine outputs arrive on the engine thread and are handed to the
+// session's executor with the Poster, so all session state is touched by one executor only.
 #ifndef SLUICE_SERVICES_API_GENERATION_SESSION_H_
 #define SLUICE_SERVICES_API_GENERATION_SESSION_H_
 

@@ -132,7 +132,8 @@ json ChatChunkChoiceJson(int32_t index, const json& delta, const json& logprobs,
 json ResponseJson(const ResponseMeta& meta, const char* object, json choices, json usage) {
   return json{{"id", meta.id},        {"object", object},
               {"created", meta.created}, {"model", meta.model},
-              {"choices", std::move(choices)}, {"usage", std::move(usage)}};
+              {"seed", meta.seed},       {"choices", std::move(choices)},
+              {"usage", std::move(usage)}};
 }
 
 json ChunkJson(const ResponseMeta& meta, const char* object, json choices,
@@ -141,6 +142,7 @@ json ChunkJson(const ResponseMeta& meta, const char* object, json choices,
              {"object", object},
              {"created", meta.created},
              {"model", meta.model},
+             {"seed", meta.seed},
              {"choices", std::move(choices)}};
   if (with_usage_null) chunk["usage"] = nullptr;
   return chunk;

@@ -27,6 +27,9 @@ struct ResponseMeta {
   std::string id;       // "chatcmpl-<hex>" or "cmpl-<hex>"
   int64_t created = 0;  // Unix seconds
   std::string model;
+  // The request's sampling seed (given, or generated when the request had none), as the client
+  // sends it back in `seed` to reproduce the response.
+  int64_t seed = 0;
 };
 
 // NewResponseId returns `prefix` followed by 32 random hex digits (thread-safe).

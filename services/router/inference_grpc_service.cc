@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sample/philox.h"
 #include "services/api/choice_output.h"
 #include "services/api/openai_responses.h"
 #include "services/router/wire_convert.h"
@@ -136,6 +137,12 @@ class InferenceGrpcService::GenerateReactor final
 
   // Start submits the engine request; on an error the call ends with its status.
   void Start(EngineRequest engine_request) {
+    // Every response can be reproduced: a request without a seed gets one, reported in each
+    // TokenOutput.
+    if (!engine_request.sampling.seed.has_value()) {
+      engine_request.sampling.seed = NewRandomSeed();
+    }
+    seed_ = *engine_request.sampling.seed;
     absl::Status status = service_->backend_->Submit(
         std::move(engine_request), [this](const RequestOutput& output) { OnOutput(output); });
     if (!status.ok()) {
@@ -245,6 +252,7 @@ class InferenceGrpcService::GenerateReactor final
       }
       v1::TokenOutput& message = queue_.emplace_back();
       message.set_request_id(request_id_);
+      message.set_seed(seed_);
       message.set_finish_reason(output.finish_reason == FinishReason::kAbort
                                     ? v1::FINISH_REASON_ABORT
                                     : v1::FINISH_REASON_ERROR);
@@ -259,6 +267,7 @@ class InferenceGrpcService::GenerateReactor final
     if (consumed == 0 && delta.text.empty() && !delta.finished) return;
     v1::TokenOutput& message = queue_.emplace_back();
     message.set_request_id(request_id_);
+    message.set_seed(seed_);
     for (int32_t i = 0; i < consumed && i < static_cast<int32_t>(output.new_tokens.size()); ++i) {
       ToWire(output.new_tokens[i], message.add_tokens());
     }
@@ -316,6 +325,7 @@ class InferenceGrpcService::GenerateReactor final
   bool got_first_token_ = false;                  // guarded by mu_
   std::deque<v1::TokenOutput> queue_;             // front = being written; guarded by mu_
   bool writing_ = false;                          // guarded by mu_
+  uint64_t seed_ = 0;                             // the request's seed, set before Submit
   bool sent_any_ = false;                         // a token message was queued; guarded by mu_
   bool finish_pending_ = false;                   // finish after the queue drains; guarded by mu_
   grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_

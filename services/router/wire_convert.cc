@@ -11,6 +11,7 @@ void ToWire(const SamplingParams& params, v1::SamplingParams* out) {
   out->set_frequency_penalty(params.frequency_penalty);
   out->set_repetition_penalty(params.repetition_penalty);
   if (params.seed.has_value()) out->set_seed(*params.seed);
+  out->set_choice_index(params.choice_index);
   out->set_max_tokens(params.max_tokens);
   out->set_min_tokens(params.min_tokens);
   out->set_ignore_eos(params.ignore_eos);

@@ -5,7 +5,7 @@
 //   (serve/generate/prefill/decode: [--tensor-parallel-size N] [--expert-parallel-size N]
 //    [--enable-eplb [--eplb-step-interval K] [--num-redundant-experts R]]
 //    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy]
-//    [--gemm-tuning PATH] [--gemm-tuning-save PATH])
+//    [--gemm-tuning PATH] [--gemm-tuning-save PATH] [--batch-invariant])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
@@ -92,6 +92,11 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "--speculative-method ngram: shortest suffix matched in the sequence");
   app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,
                  "--speculative-method ngram: longest suffix matched in the sequence");
+  app.add_flag("--batch-invariant", runtime.engine.batch_invariant,
+               "Bitwise-reproducible logits: a request gets the same logits, logprobs and "
+               "tokens whatever it is batched with, however its prompt is chunked, and whether "
+               "its prefix came from the cache or a KV transfer (CPU backend; implies "
+               "--swa-replay-tokens 0 unless given)");
   app.add_option("--tensor-parallel-size", runtime.tensor_parallel_size,
                  "Ranks splitting attention heads and dense MLPs (CPU: threads of this process)");
   auto* ep = app.add_option("--expert-parallel-size", runtime.expert_parallel_size,
@@ -237,7 +242,7 @@ int main(int argc, char** argv) {
   sluice::InitLogging();
 
   // A TP/EP layout the model cannot take is a usage error (exit 2), found before any weight loads.
-  const std::pair<CLI::App*, const sluice::RuntimeOptions*> engine_cmds[] = {
+  const std::pair<CLI::App*, sluice::RuntimeOptions*> engine_cmds[] = {
       {serve_cmd, &serve.runtime},
       {generate_cmd, &generate.runtime},
       {worker_cmds[0], &worker_options[0].runtime},
@@ -245,6 +250,11 @@ int main(int argc, char** argv) {
   for (sluice::WorkerOptions& w : worker_options) w.runtime.kv_crosses_processes = true;
   for (const auto& [cmd, runtime] : engine_cmds) {
     if (!cmd->parsed()) continue;
+    // Bounded SWA replay rebuilds sliding-window K/V approximately: batch-invariant mode moves
+    // every layer instead unless a replay length was asked for (then the engine checks it).
+    if (runtime->engine.batch_invariant && cmd->count("--swa-replay-tokens") == 0) {
+      runtime->engine.swa_replay_tokens = 0;
+    }
     if (auto layout = sluice::CheckParallelLayout(*runtime); !layout.ok()) {
       spdlog::error("{}", layout.status().ToString());
       return 2;

@@ -158,6 +158,8 @@ class EplbModel : public Model {
   const ModelConfig& config() const override { return inner_->config(); }
   KvCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
   int64_t WeightBytesPerToken() const override { return inner_->WeightBytesPerToken(); }
+  // Rebalancing moves which rank computes an expert, not the order of any reduction.
+  bool IsBatchInvariant() const override { return inner_->IsBatchInvariant(); }
   absl::Status UpdateExpertPlacement(absl::Span<const int32_t> slots) override {
     return inner_->UpdateExpertPlacement(slots);
   }
@@ -228,7 +230,11 @@ absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
                                                    ": must be in (0, 1]"));
   }
   const char* unsupported = nullptr;
-  if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
+  if (options.engine.batch_invariant) {
+    // The CUDA runner picks GEMM algorithms by M (cuBLASLt heuristics, tuning tables, skinny
+    // kernels) and splits attention by batch: its reductions depend on the batch.
+    unsupported = "--batch-invariant (its GEMM and attention kernels are chosen by batch size)";
+  } else if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
     unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
   } else if (!options.kvstore.empty()) {
     unsupported = "--kvstore";
@@ -419,10 +425,10 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   }
   const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps();
   spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}, "
-               "async scheduling {}",
+               "async scheduling {}, batch invariant {}",
                options.device, (*engine)->num_total_blocks(), (*engine)->block_size(),
                (*engine)->max_model_len(), engine_options.enable_prefix_caching ? "on" : "off",
-               async ? "on" : "off");
+               async ? "on" : "off", engine_options.batch_invariant ? "on" : "off");
   runtime.backend =
       std::make_unique<LocalBackend>(std::make_unique<AsyncEngine>(*std::move(engine)));
   return runtime;

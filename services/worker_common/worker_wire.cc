@@ -15,6 +15,7 @@ SamplingParams SamplingFromWire(const v1::SamplingParams& in) {
   if (in.has_frequency_penalty()) p.frequency_penalty = in.frequency_penalty();
   if (in.has_repetition_penalty()) p.repetition_penalty = in.repetition_penalty();
   if (in.has_seed()) p.seed = in.seed();
+  p.choice_index = in.choice_index();
   if (in.has_max_tokens()) p.max_tokens = in.max_tokens();
   if (in.has_min_tokens()) p.min_tokens = in.min_tokens();
   p.ignore_eos = in.ignore_eos();

@@ -43,6 +43,8 @@ def cuda_build(tmp_path_factory):
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
     (["--expert-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
     (["--kvstore", "127.0.0.1:1"], "--kvstore"),
+    (["--batch-invariant"],
+     "--batch-invariant (its GEMM and attention kernels are chosen by batch size)"),
 ])
 def test_cuda_unsupported_flags(tmp_path, cuda_build, flags, unsupported):
     proc = generate(tmp_path, "--device", "cuda", *flags)

@@ -43,3 +43,23 @@ def test_generate_jsonl(tmp_path, client):
                                        max_tokens=8, temperature=0)
     assert out[1]["choices"][0]["text"] == served.choices[0].text
     assert "5/5" in proc.stderr
+
+
+def test_batch_invariant_mode_gives_the_default_modes_outputs(tmp_path):
+    """On the CPU backend `--batch-invariant` only asserts what the kernels already do: seeded
+    sampled outputs and their logprobs are the default mode's, bit for bit."""
+    lines = [{"custom_id": f"r{i}", "prompt": f"Line {i}: the river", "max_tokens": 6,
+              "temperature": 0.9, "seed": 40 + i, "logprobs": 3} for i in range(6)]
+    outputs = []
+    for flags in ([], ["--batch-invariant"]):
+        src, dst = tmp_path / "in.jsonl", tmp_path / f"out{len(flags)}.jsonl"
+        src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        proc = subprocess.run([sluice_bin(), "generate", "--model", str(MODEL_DIR), "--input",
+                               str(src), "--output", str(dst), "--no-progress", *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert f"batch invariant {'on' if flags else 'off'}" in proc.stderr
+        outputs.append([(r["seed"], r["choices"][0]["text"], r["choices"][0]["logprobs"])
+                        for r in map(json.loads, dst.read_text().splitlines())])
+    assert outputs[0] == outputs[1]
+    assert [o[0] for o in outputs[0]] == [40 + i for i in range(6)]

@@ -1,6 +1,7 @@
 // OpenAiService + GenerationSession over a scripted backend: response shapes, SSE framing,
 // stop strings, UTF-8 hold-back, n > 1, logprobs, errors, cancellation, overload, routing.
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -192,15 +193,18 @@ TEST_F(ServiceTest, StreamWithoutIncludeUsageHasNoUsageKey) {
   EXPECT_EQ(sink->events[2], SseDone());
 }
 
-TEST_F(ServiceTest, NChoicesUseOneEngineRequestEachWithSeedOffsets) {
+TEST_F(ServiceTest, NChoicesUseOneEngineRequestEachSharingTheSeed) {
   auto sink = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"}, {"n", 2},
                                        {"seed", 7}, {"max_tokens", 3}});
   std::vector<std::string> ids = backend_.order();
   ASSERT_EQ(ids.size(), 2u);
   EXPECT_THAT(ids[0], ::testing::EndsWith("-0"));
   EXPECT_THAT(ids[1], ::testing::EndsWith("-1"));
+  // One seed, told apart by the choice index of the draw key (engine/sample/philox.h).
   EXPECT_EQ(*backend_.request(ids[0]).sampling.seed, 7u);
-  EXPECT_EQ(*backend_.request(ids[1]).sampling.seed, 8u);
+  EXPECT_EQ(*backend_.request(ids[1]).sampling.seed, 7u);
+  EXPECT_EQ(backend_.request(ids[0]).sampling.choice_index, 0u);
+  EXPECT_EQ(backend_.request(ids[1]).sampling.choice_index, 1u);
   EmitText(ids[1], "bbb", FinishReason::kLength);
   EXPECT_EQ(sink->num_responses, 0);
   EmitText(ids[0], "aaa", FinishReason::kLength);
@@ -212,6 +216,25 @@ TEST_F(ServiceTest, NChoicesUseOneEngineRequestEachWithSeedOffsets) {
   EXPECT_EQ(r["choices"][1]["text"], "bbb");
   EXPECT_EQ(r["usage"]["prompt_tokens"], 2);
   EXPECT_EQ(r["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(r["seed"], 7);
+}
+
+TEST_F(ServiceTest, UnseededRequestGetsASeedReportedInTheResponse) {
+  auto sink = Post("/v1/chat/completions",
+                   {{"model", "mini"},
+                    {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})},
+                    {"max_tokens", 3},
+                    {"stream", true}});
+  std::vector<std::string> ids = backend_.order();
+  ASSERT_EQ(ids.size(), 1u);
+  const std::optional<uint64_t> seed = backend_.request(ids[0]).sampling.seed;
+  ASSERT_TRUE(seed.has_value());
+  EXPECT_LT(*seed, uint64_t{1} << 53);
+  EmitText(ids[0], "ok", FinishReason::kLength);
+  ASSERT_GE(sink->events.size(), 2u);
+  for (size_t i = 0; i + 1 < sink->events.size(); ++i) {
+    EXPECT_EQ(sink->EventJson(i)["seed"].get<uint64_t>(), *seed) << "chunk " << i;
+  }
 }
 
 TEST_F(ServiceTest, ChatLogprobsShape) {

@@ -3,6 +3,7 @@
 // tokens are read, its inputs referring to them as placeholders -(r + 1). Whatever the
 // pipelining, every request's tokens, logprobs, finish reasons and cached-token counts must
 // equal those of the synchronous engine on the same model; blocks must all come back.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -181,7 +182,7 @@ TEST(AsyncSchedulingTest, HostSamplingRequestRunsSynchronouslyBesideOthers) {
 }
 
 // Seeded temperature / top-k / top-p / min-p requests are sampled on the device in the async
-// engine (kernels::SamplingRow with the request generator's draw) and on the host in the
+// engine (kernels::SamplingRow carrying the request's keyed draw) and on the host in the
 // synchronous one: the same tokens.
 TEST(AsyncSchedulingTest, SeededSamplingOnDeviceEqualsHostSampling) {
   std::vector<Arrival> arrivals = Staggered(8, 10);
@@ -210,6 +211,70 @@ TEST(AsyncSchedulingTest, SeededSamplingOnDeviceEqualsHostSampling) {
               sync.tokens.at(id).size() != greedy.tokens.at(id).size();
   }
   EXPECT_GT(differ, 0);
+}
+
+// A seeded request's tokens depend only on its own (seed, choice, position) draws: alone, in
+// batches of other seeded and unseeded requests arriving at various steps, pipelined or not,
+// with chunked prefill and with preemption, it samples the same tokens.
+TEST(AsyncSchedulingTest, SeededRequestSamplesTheSameAloneOrInAnyBatch) {
+  EngineRequest target = Request("target", 3, 20, 11);
+  target.sampling.temperature = 1.5f;
+  target.sampling.top_k = 20;
+  target.sampling.seed = 77;
+  target.sampling.ignore_eos = true;
+  const GenRun alone = Generate(false, {{0, target}});
+  const std::vector<SampledToken>& want = alone.tokens.at("target");
+  ASSERT_EQ(want.size(), 20u);
+  EngineRequest other_choice = target;  // the same seed, another choice: other draws
+  other_choice.sampling.choice_index = 1;
+  const GenRun second = Generate(false, {{0, other_choice}});
+  int differ = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    differ += second.tokens.at("target")[i].token_id != want[i].token_id;
+  }
+  EXPECT_GT(differ, 0);
+
+  struct Case {
+    int others;
+    int target_step;
+    bool async;
+    EngineSetup setup;
+    bool preempts = false;
+  };
+  EngineSetup chunked;
+  chunked.max_num_batched_tokens = 5;
+  EngineSetup tight;  // 24 blocks of 4 tokens for up to 13 sequences of ~35 tokens: preemption
+  tight.num_kv_blocks = 24;
+  tight.max_num_batched_tokens = 16;
+  tight.max_model_len = 64;
+  const Case cases[] = {{1, 0, false, {}},   {7, 2, false, {}}, {7, 2, true, {}},
+                        {12, 1, true, {}},   {5, 0, false, chunked}, {5, 3, true, chunked},
+                        {12, 0, false, tight, true}, {12, 0, true, tight, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.others << " others, target at step " << c.target_step
+                                    << (c.async ? ", async" : ", sync"));
+    std::vector<Arrival> arrivals;
+    for (int i = 0; i < c.others; ++i) {
+      EngineRequest r = Request("o" + std::to_string(i), 10 + i, 12 + i % 7, 6 + (i * 5) % 13);
+      r.sampling.temperature = i % 3 == 0 ? 0.0f : 1.0f;
+      if (i % 3 == 1) r.sampling.seed = 77;  // the target's seed, other prompts
+      r.sampling.ignore_eos = i % 2 == 0;
+      arrivals.push_back({i % 4, r});
+    }
+    arrivals.push_back({c.target_step, target});
+    std::stable_sort(arrivals.begin(), arrivals.end(),
+                     [](const Arrival& a, const Arrival& b) { return a.step < b.step; });
+    const GenRun run = Generate(c.async, arrivals, c.setup);
+    const std::vector<SampledToken>& got = run.tokens.at("target");
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].token_id, want[i].token_id) << "token " << i;
+      // The async engine's logprob comes from the device sampler's reference, not SampleToken.
+      EXPECT_NEAR(got[i].logprob, want[i].logprob, c.async ? 1e-6 : 0.0) << "token " << i;
+    }
+    if (c.preempts) EXPECT_GT(run.preemptions, 0);
+    EXPECT_TRUE(run.blocks_back);
+  }
 }
 
 // The step in flight ends a sequence (a stop id) that the next plan already holds, and that

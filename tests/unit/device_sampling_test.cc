@@ -1,6 +1,6 @@
 // The device sampler's CPU reference (kernels/sampling SampleRowCpu) against the engine's
-// SampleToken: for rows without penalties, min_tokens or top logprobs, feeding SampleToken's one
-// UniformUnit draw as SamplingRow::uniform must give the same token and logprob.
+// SampleToken: for rows without penalties, min_tokens or top logprobs, the row DeviceSamplingRow
+// builds for a draw key (its uniform is SampleToken's draw) must give the same token and logprob.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -46,20 +46,14 @@ TEST(DeviceSamplingReferenceTest, MatchesSampleTokenWithTheSameDraw) {
     params.top_k = top_ks[gen() % 5];
     params.top_p = top_ps[gen() % 4];
     params.min_p = min_ps[gen() % 3];
-    const uint64_t seed = gen();
+    const SampleDrawKey key{gen(), static_cast<uint32_t>(gen() % 4),
+                            static_cast<int64_t>(gen() % 100000)};
 
-    SamplerRng rng(seed);
     std::vector<float> scratch = logits;
     const SampledToken want =
-        SampleToken(absl::MakeSpan(scratch), params, SequenceContext{}, rng);
+        SampleToken(absl::MakeSpan(scratch), params, SequenceContext{}, key);
 
-    SamplerRng draw_rng(seed);  // the same generator state: its first draw is SampleToken's
-    kernels::SamplingRow row;
-    row.temperature = params.temperature;
-    row.top_k = params.top_k;
-    row.top_p = params.top_p;
-    row.min_p = params.min_p;
-    row.uniform = UniformUnit(draw_rng);
+    const kernels::SamplingRow row = DeviceSamplingRow(params, key);
     const kernels::SampleRowResult got = kernels::SampleRowCpu(logits.data(), vocab, row);
 
     EXPECT_EQ(got.token, want.token_id)
@@ -71,13 +65,18 @@ TEST(DeviceSamplingReferenceTest, MatchesSampleTokenWithTheSameDraw) {
   EXPECT_GT(sampled_rows, 300);
 }
 
-TEST(DeviceSamplingReferenceTest, UniformUnitIsTheTop53BitsOfOneDraw) {
-  SamplerRng a(7), b(7);
-  const double u = UniformUnit(a);
-  EXPECT_EQ(u, static_cast<double>(b() >> 11) * 0x1.0p-53);
-  EXPECT_GE(u, 0.0);
-  EXPECT_LT(u, 1.0);
-  EXPECT_EQ(a(), b());  // exactly one draw consumed
+TEST(DeviceSamplingReferenceTest, RowCarriesTheTokenDraw) {
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_k = 7;
+  const SampleDrawKey key{7, 1, 12};
+  const kernels::SamplingRow row = DeviceSamplingRow(params, key);
+  EXPECT_EQ(row.uniform, DrawUniform(key, kTokenDraw));
+  EXPECT_EQ(row.temperature, 0.8f);
+  EXPECT_EQ(row.top_k, 7);
+  params.temperature = 0.0f;  // greedy rows carry no draw
+  EXPECT_EQ(DeviceSamplingRow(params, key).uniform, 0.0);
+  EXPECT_EQ(DeviceSamplingRow(params, key).temperature, 0.0f);
 }
 
 }  // namespace

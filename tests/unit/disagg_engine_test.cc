@@ -461,3 +461,53 @@ TEST(DisaggEngineTest, AsyncEnginesPrefillReserveTransferDecode) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Seeded random sampling split across a prefill and a decode engine gives the tokens of one
+// engine: each draw is keyed by (seed, choice, position), so the decode engine's first draw is
+// at prompt length + 1 whatever the prefill engine drew.
+TEST(DisaggEngineTest, SeededSamplingAcrossPrefillAndDecodeEqualsOneEngine) {
+  const std::vector<int32_t> prompt = Prompt(13, 5);
+  const int max_tokens = 16;
+  auto sampled = [&](bool hold) {
+    EngineRequest r = Greedy("r", prompt, max_tokens, hold);
+    r.sampling.temperature = 3.0f;  // ~0.3 on the fake's peak: the draws decide
+    r.sampling.seed = 4242;
+    r.sampling.choice_index = 1;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  auto single = MakeEngine(64);
+  ASSERT_TRUE(single->AddRequest(sampled(false)).ok());
+  std::vector<int32_t> want;
+  for (const RequestOutput& o : RunUntilFinished(*single, "r")) {
+    for (const SampledToken& t : o.new_tokens) want.push_back(t.token_id);
+  }
+  ASSERT_EQ(want.size(), static_cast<size_t>(max_tokens));
+  // The draws matter: not the fake's greedy continuation.
+  EXPECT_NE(want, ChecksumModel::Reference(prompt, max_tokens));
+
+  auto prefill = MakeEngine(64);
+  auto decode = MakeEngine(64);
+  ASSERT_TRUE(decode->AddRequest(Greedy("other", Prompt(9, 77), 20)).ok());
+  std::vector<RequestOutput> other_outs = decode->Step();
+  ASSERT_TRUE(prefill->AddRequest(sampled(true)).ok());
+  std::vector<RequestOutput> pre = RunUntilFinished(*prefill, "r");
+  ASSERT_TRUE(pre.back().kv_held);
+  const SampledToken first = pre.back().new_tokens.at(0);
+  auto reserved = decode->ReserveForTransfer(sampled(false), first);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  CopyBlocks(*prefill, pre.back().held_block_ids, *decode, *reserved,
+             static_cast<int64_t>(prompt.size()));
+  ASSERT_TRUE(decode->CompleteTransfer("r", absl::OkStatus(), first).ok());
+  std::vector<int32_t> got = {first.token_id};
+  for (const RequestOutput& o : RunUntilFinished(*decode, "r", &other_outs)) {
+    for (const SampledToken& t : o.new_tokens) got.push_back(t.token_id);
+  }
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -174,6 +174,18 @@ TEST(LLMEngineTest, CreateRejectsCacheTooSmallForOneSequence) {
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LLMEngineTest, BatchInvariantModeNeedsAModelThatIs) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 64;
+  options.batch_invariant = true;
+  // The fake model does not declare Model::IsBatchInvariant (as the CUDA runners do not).
+  auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(engine.status().message().find("batch-invariant"), std::string::npos)
+      << engine.status();
+}
+
 TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
   EngineOptions options;
   options.block_size = 4;

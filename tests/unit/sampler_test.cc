@@ -25,16 +25,27 @@ struct Ids {
   std::vector<int32_t> eos;
 };
 
+// Draws walks the positions of one seeded sequence: each call is the next token's key.
+struct Draws {
+  uint64_t seed = 0;
+  int64_t position = 0;
+  SampleDrawKey Next() { return SampleDrawKey{seed, 0, position++}; }
+};
+
 SampledToken Sample(std::vector<float> logits, const SamplingParams& params, const Ids& ids,
-                    SamplerRng& rng) {
+                    const SampleDrawKey& key) {
   SequenceContext context{ids.prompt, ids.output, ids.eos};
-  return SampleToken(absl::MakeSpan(logits), params, context, rng);
+  return SampleToken(absl::MakeSpan(logits), params, context, key);
+}
+
+SampledToken Sample(std::vector<float> logits, const SamplingParams& params, const Ids& ids,
+                    Draws& draws) {
+  return Sample(std::move(logits), params, ids, draws.Next());
 }
 
 int32_t SampleId(const std::vector<float>& logits, const SamplingParams& params,
                  const Ids& ids = {}, uint64_t seed = 0) {
-  SamplerRng rng(seed);
-  return Sample(logits, params, ids, rng).token_id;
+  return Sample(logits, params, ids, SampleDrawKey{seed, 0, 0}).token_id;
 }
 
 SamplingParams Greedy() {
@@ -43,11 +54,8 @@ SamplingParams Greedy() {
   return params;
 }
 
-// The uniform number the sampler draws first from mt19937_64(seed).
-double FirstUniform(uint64_t seed) {
-  SamplerRng rng(seed);
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
-}
+// The uniform number the sampler draws for SampleId(..., seed).
+double FirstUniform(uint64_t seed) { return DrawUniform(SampleDrawKey{seed, 0, 0}); }
 
 // Inverse CDF over `weights` (unnormalized, walked in index order).
 int32_t InverseCdf(const std::vector<double>& weights, double u) {
@@ -85,11 +93,33 @@ TEST(SamplerTest, GreedyPicksArgmaxLowestIdOnTies) {
   EXPECT_EQ(SampleId({std::nanf(""), -5.0f, -4.0f}, Greedy()), 2);
 }
 
-TEST(SamplerTest, GreedyDoesNotConsumeRng) {
-  SamplerRng rng(7);
-  SamplerRng untouched(7);
-  Sample({0.0f, 1.0f}, Greedy(), {}, rng);
-  EXPECT_EQ(rng(), untouched());
+TEST(SamplerTest, GreedyIgnoresTheDrawKey) {
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    ASSERT_EQ(Sample({0.7f, 0.1f, 0.69f}, Greedy(), {}, SampleDrawKey{seed, 3, 17}).token_id, 0);
+  }
+}
+
+// The key is the whole state: the same (seed, choice, position) gives the same token whatever
+// was drawn before, and any component changes the draw.
+TEST(SamplerTest, DrawDependsOnlyOnItsKey) {
+  std::vector<float> logits(64);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.05f * static_cast<float>(i % 7);
+  const SamplingParams params;  // T = 1, no filtering
+  const SampleDrawKey key{99, 2, 40};
+  const int32_t alone = Sample(logits, params, {}, key).token_id;
+  Draws other{5};
+  for (int i = 0; i < 37; ++i) Sample(logits, params, {}, other);  // unrelated draws between
+  EXPECT_EQ(Sample(logits, params, {}, key).token_id, alone);
+  int changed_seed = 0, changed_choice = 0, changed_position = 0;
+  for (uint32_t i = 1; i <= 100; ++i) {
+    changed_seed += Sample(logits, params, {}, {99 + i, 2, 40}).token_id != alone;
+    changed_choice += Sample(logits, params, {}, {99, 2 + i, 40}).token_id != alone;
+    changed_position += Sample(logits, params, {}, {99, 2, 40 + i}).token_id != alone;
+  }
+  // 64 near-uniform candidates: a changed key picks the same token ~1/64 of the time.
+  EXPECT_GT(changed_seed, 85);
+  EXPECT_GT(changed_choice, 85);
+  EXPECT_GT(changed_position, 85);
 }
 
 TEST(SamplerTest, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
@@ -156,9 +186,9 @@ TEST(SamplerTest, MinTokensSuppressesEosAndStopIds) {
   // Random sampling never draws a suppressed id.
   params.temperature = 1.0f;
   params.min_tokens = 1;
-  SamplerRng rng(3);
+  Draws draws{3};
   for (int i = 0; i < 2000; ++i) {
-    ASSERT_NE(Sample({1.0f, 1.0f, 1.0f}, params, {.eos = {1}}, rng).token_id, 1);
+    ASSERT_NE(Sample({1.0f, 1.0f, 1.0f}, params, {.eos = {1}}, draws).token_id, 1);
   }
 }
 
@@ -270,9 +300,9 @@ TEST(SamplerTest, SameSeedSameSequenceDifferentSeedsDiffer) {
   params.top_k = 40;
   params.top_p = 0.95f;
   auto run = [&](uint64_t seed) {
-    SamplerRng rng(seed);
+    Draws draws{seed};
     std::vector<int32_t> tokens;
-    for (int i = 0; i < 100; ++i) tokens.push_back(Sample(logits, params, {}, rng).token_id);
+    for (int i = 0; i < 100; ++i) tokens.push_back(Sample(logits, params, {}, draws).token_id);
     return tokens;
   };
   EXPECT_EQ(run(42), run(42));
@@ -287,10 +317,10 @@ TEST(SamplerTest, EmpiricalDistributionMatchesSoftmax) {
   const std::vector<float> logits = {1.0f, 0.5f, -0.3f, 2.0f, 0.0f};
   const std::vector<double> expected = Softmax({1.0, 0.5, -0.3, 2.0, 0.0});
   SamplingParams params;  // T = 1, no filtering
-  SamplerRng rng(1234);
+  Draws draws{1234};
   constexpr int kDraws = 20000;
   std::vector<int> counts(logits.size(), 0);
-  for (int i = 0; i < kDraws; ++i) ++counts[Sample(logits, params, {}, rng).token_id];
+  for (int i = 0; i < kDraws; ++i) ++counts[Sample(logits, params, {}, draws).token_id];
   for (size_t i = 0; i < logits.size(); ++i) {
     EXPECT_NEAR(static_cast<double>(counts[i]) / kDraws, expected[i], 0.01) << "token " << i;
   }
@@ -305,8 +335,8 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxWithOrderedTop) {
   SamplingParams params = Greedy();
   params.repetition_penalty = 3.0f;  // processing must not leak into logprobs
   params.logprobs = 3;
-  SamplerRng rng(0);
-  const SampledToken token = Sample(logits, params, {.prompt = {1}}, rng);
+  Draws draws{0};
+  const SampledToken token = Sample(logits, params, {.prompt = {1}}, draws);
   EXPECT_EQ(token.token_id, 2);  // 3.0 / 3 = 1.0 for token 1
   EXPECT_NEAR(token.logprob, log_softmax(2), 1e-6);
   ASSERT_EQ(token.top_logprobs.size(), 3u);
@@ -319,12 +349,12 @@ TEST(SamplerTest, LogprobsAreRawLogSoftmaxWithOrderedTop) {
 
   params.temperature = 0.3f;
   params.logprobs = 0;
-  const SampledToken sampled = Sample(logits, params, {}, rng);
+  const SampledToken sampled = Sample(logits, params, {}, draws);
   EXPECT_NEAR(sampled.logprob, log_softmax(sampled.token_id), 1e-6);
   EXPECT_TRUE(sampled.top_logprobs.empty());
 
   params.logprobs = 20;  // more than the vocabulary: all of it
-  EXPECT_EQ(Sample(logits, params, {}, rng).top_logprobs.size(), logits.size());
+  EXPECT_EQ(Sample(logits, params, {}, draws).top_logprobs.size(), logits.size());
 }
 
 // --- SamplingParams::Validate ---------------------------------------------------------------
