@@ -38,6 +38,9 @@ struct SampleDrawKey {
 //    (Leviathan et al. 2023 / Chen et al. 2023: accept when u < min(1, p/q)).
 inline constexpr uint32_t kTokenDraw = 0;
 inline constexpr uint32_t kAcceptDraw = 1;
+//  - kDraftDraw: a draft model's sampled proposal at a position (its own stream, independent of
+//    the target's draws at that position).
+inline constexpr uint32_t kDraftDraw = 2;
 
 // DrawUniform returns a uniform double in [0, 1): the top 53 bits of (word1 · 2^32 + word0) of
 // Philox4x32_10(counter, key) for `key` and `draw`, times 2^-53. Exact and platform-independent.

@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/sample/token_constraints.h"
 #include "kernels/sampling/logits_processing.h"
 
 namespace sluice {
@@ -164,7 +165,8 @@ bool HasLogitsProcessing(const SamplingParams& params, const SequenceContext& co
 
 bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context) {
   const bool top_logprobs = params.logprobs.has_value() && *params.logprobs > 0;
-  return !HasLogitsProcessing(params, context) && !top_logprobs;
+  return !HasLogitsProcessing(params, context) && !top_logprobs &&
+         !params.HasTokenConstraints();
 }
 
 kernels::LogitsProcessingRow DeviceLogitsProcessingRow(const SamplingParams& params,
@@ -213,12 +215,35 @@ kernels::SamplingRow DeviceSamplingRow(const SamplingParams& params, const Sampl
   return row;
 }
 
+PromptLogprob PromptLogprobAt(absl::Span<const float> logits, int32_t token_id,
+                              int32_t num_top) {
+  PromptLogprob out;
+  out.token_id = token_id;
+  if (token_id < 0 || static_cast<size_t>(token_id) >= logits.size()) return out;
+  const double log_sum_exp = kernels::LogSumExpCpu(logits);
+  const float target = logits[token_id];
+  out.logprob = static_cast<float>(static_cast<double>(target) - log_sum_exp);
+  int32_t above = 0;
+  for (float logit : logits) above += logit > target ? 1 : 0;
+  out.rank = above + 1;
+  if (num_top > 0) {
+    out.top_logprobs =
+        kernels::TopLogprobsCpu(logits, log_sum_exp, static_cast<size_t>(num_top));
+  }
+  return out;
+}
+
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
                          const SequenceContext& context, const SampleDrawKey& key) {
   thread_local std::vector<float> raw;
   raw.assign(logits.begin(), logits.end());
 
-  // Suppression first, as vLLM; the penalties keep -inf at -inf, so the device path may
+  // Token constraints (allowed ids, bad words, logit bias) first, as vLLM's sampler; they have
+  // no device form, so rows with them never reach the device samplers (HasTokenConstraints).
+  if (params.HasTokenConstraints()) {
+    ApplyTokenConstraints(logits, params, context.output_token_ids);
+  }
+  // Suppression next, as vLLM; the penalties keep -inf at -inf, so the device path may
   // suppress last (kernels/sampling/logits_processing.h).
   if (static_cast<int64_t>(context.output_token_ids.size()) < params.min_tokens) {
     kernels::SuppressTokensCpu(logits, context.eos_token_ids);

@@ -26,6 +26,20 @@ struct SampledToken {
   std::vector<TokenLogprob> top_logprobs;  // params.logprobs entries, descending
 };
 
+// PromptLogprob: one prompt token's log-probability given the tokens before it (raw model
+// distribution), its rank in that distribution (1 = most likely) and the top alternatives.
+struct PromptLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+  int32_t rank = 1;
+  std::vector<TokenLogprob> top_logprobs;  // descending
+};
+
+// PromptLogprobAt scores `token_id` under log_softmax(logits) (the raw logits of the position
+// before it) with `num_top` alternatives; rank counts the tokens with a larger logit, plus 1.
+PromptLogprob PromptLogprobAt(absl::Span<const float> logits, int32_t token_id,
+                              int32_t num_top);
+
 // SequenceContext is what penalties look at.
 struct SequenceContext {
   absl::Span<const int32_t> prompt_token_ids;
@@ -34,11 +48,12 @@ struct SequenceContext {
 };
 
 // SampleToken processes `logits` ([vocab_size], float32, modified in place as scratch) and
-// picks a token. Order (vLLM's): min_tokens suppression, repetition/presence/frequency
-// penalties, then greedy argmax (temperature 0; ties → lowest id) or temperature → min_p →
-// top_k → top_p → categorical draw with u = DrawUniform(key, kTokenDraw), so the token is a
-// function of (logits, params, context, key) only. Logprobs are log_softmax of the raw logits
-// (before any processing), as vLLM and OpenAI report them.
+// picks a token. Order (vLLM's): token constraints (ApplyTokenConstraints), min_tokens
+// suppression, repetition/presence/frequency penalties, then greedy argmax (temperature 0;
+// ties → lowest id) or temperature → min_p → top_k → top_p → categorical draw with
+// u = DrawUniform(key, kTokenDraw), so the token is a function of (logits, params, context,
+// key) only. Logprobs are log_softmax of the raw logits (before any processing), as vLLM and
+// OpenAI report them.
 SampledToken SampleToken(absl::Span<float> logits, const SamplingParams& params,
                          const SequenceContext& context, const SampleDrawKey& key);
 
@@ -53,7 +68,9 @@ bool IsPlainGreedy(const SamplingParams& params, const SequenceContext& context)
 // IsDeviceSamplable is true when SampleToken's processing this step is only what a
 // kernels::SamplingRow expresses (greedy, or temperature → min_p → top_k → top_p → one draw)
 // plus the chosen token's raw logprob: no min_tokens suppression, no penalties, no top
-// logprobs. Such rows may be sampled where the logits are (Model::EnqueueSampledStep).
+// logprobs, no token constraints (SamplingParams::HasTokenConstraints; these have no device
+// form at all: the engine samples such rows on the host, whatever the model supports). Such
+// rows may be sampled where the logits are (Model::EnqueueSampledStep).
 bool IsDeviceSamplable(const SamplingParams& params, const SequenceContext& context);
 
 // DeviceLogitsProcessingRow describes SampleToken's processing before the choice for this step

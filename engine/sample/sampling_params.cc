@@ -57,6 +57,33 @@ absl::Status SamplingParams::Validate(int32_t vocab_size) const {
     return absl::InvalidArgumentError(
         absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", *logprobs));
   }
+  if (prompt_logprobs.has_value() && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs)) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ",
+                                                   kMaxLogprobs, "], got ", *prompt_logprobs));
+  }
+  auto in_vocab = [vocab_size](int32_t id) { return id >= 0 && id < vocab_size; };
+  for (int32_t id : allowed_token_ids) {
+    if (!in_vocab(id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allowed_token_ids must be in [0, vocab_size=", vocab_size, "), got ", id));
+    }
+  }
+  for (const auto& [id, bias] : logit_bias) {
+    if (!in_vocab(id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias token ids must be in [0, vocab_size=", vocab_size, "), got ", id));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) return OutOfRange("logit_bias", "[-100, 100]", bias);
+  }
+  for (const std::vector<int32_t>& word : bad_words_token_ids) {
+    if (word.empty()) return absl::InvalidArgumentError("bad_words must not hold an empty word");
+    for (int32_t id : word) {
+      if (!in_vocab(id)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bad_words token ids must be in [0, vocab_size=", vocab_size, "), got ", id));
+      }
+    }
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,10 +30,23 @@ struct SamplingParams {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   std::optional<int32_t> logprobs;  // number of top logprobs per token (0: just the sampled one)
+  // Token constraints (engine/sample/token_constraints.h), applied to the logits before
+  // min_tokens suppression and the penalties. Rows with any of them are sampled on the host.
+  std::vector<int32_t> allowed_token_ids;  // non-empty: every other token is masked out
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias in [-100, 100]) added
+  // Token sequences never generated: the last token of each is masked when the output ends
+  // with the rest (a one-token word is always masked). vLLM's bad_words, tokenized.
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Prompt logprobs: for every prompt token after the first, its logprob given the tokens
+  // before it and this many top alternatives (RequestOutput::prompt_logprobs). Unset: none.
+  std::optional<int32_t> prompt_logprobs;
 
   // Validate returns InvalidArgument naming the offending field.
   absl::Status Validate(int32_t vocab_size) const;
   bool IsGreedy() const { return temperature == 0.0f; }
+  bool HasTokenConstraints() const {
+    return !allowed_token_ids.empty() || !logit_bias.empty() || !bad_words_token_ids.empty();
+  }
 };
 
 }  // namespace sluice

@@ -300,6 +300,14 @@ class LLMEngineImpl final : public LLMEngine {
   std::shared_ptr<const KvEventLog> kv_events() const override { return kv_events_; }
 
  private:
+  // Per scheduled sequence of the step built last: which logits rows are its (BuildForwardInput).
+  struct LogitsRows {
+    int32_t first_prompt_row = 0;  // prompt-logprob rows, for positions first_prompt_pos...
+    int32_t num_prompt_rows = 0;
+    int32_t first_prompt_pos = 0;
+    int32_t sample_row = -1;  // the row it samples from; -1: none
+  };
+
   // RunPlan runs `plan` synchronously: forward, sampling (on the device for plain greedy
   // rows, else on the host over the logits), outputs.
   void RunPlan(const SchedulerOutput& plan, std::vector<RequestOutput>& outputs) {
@@ -325,19 +333,22 @@ class LLMEngineImpl final : public LLMEngine {
       return;
     }
 
-    size_t logits_row = 0;
     std::vector<std::string> finished;
-    for (const ScheduledSequence& s : plan.scheduled) {
+    for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const ScheduledSequence& s = plan.scheduled[i];
+      const LogitsRows& rows = logits_rows_[i];
       Sequence& seq = *s.seq;
       const bool samples = s.samples();
+      if (rows.num_prompt_rows > 0) CollectPromptLogprobs(seq, rows, vocab);
       if (s.num_draft_tokens() > 0) {
-        logits_row = VerifyDrafts(s, device_greedy, logits_row, outputs, finished);
+        VerifyDrafts(s, device_greedy, static_cast<size_t>(rows.sample_row), outputs, finished);
         continue;
       }
       AdvanceComputed(seq, s.num_new_tokens);
       scheduler_.CommitBlocks(seq);
       WriteThrough(seq);
       if (!samples) continue;
+      const size_t logits_row = static_cast<size_t>(rows.sample_row);
       SampledToken token;
       if (device_greedy) {
         token.token_id = greedy_[logits_row].token_id;
@@ -345,7 +356,6 @@ class LLMEngineImpl final : public LLMEngine {
       } else {
         token = Sample(seq, absl::Span<float>(logits_.data() + logits_row * vocab, vocab));
       }
-      ++logits_row;
       seq.AppendToken(token.token_id);
       EmitToken(seq, std::move(token), outputs, finished);
     }
@@ -399,7 +409,7 @@ class LLMEngineImpl final : public LLMEngine {
       in.num_prompt_tokens = seq.num_prompt_tokens();
       in.cache_salt = seq.request.cache_salt;
       in.sampling = &seq.request.sampling;
-      in.rng = &seq.rng;
+      in.first_draft_key = seq.NextDrawKey();
       in.max_draft_tokens = std::min(depth, room[i]);
       draft_inputs_.push_back(in);
     }
@@ -447,7 +457,8 @@ class LLMEngineImpl final : public LLMEngine {
         v.accepted = offered.has_value() && v.token.token_id == offered->token_id;
       } else {
         v = VerifyRow(absl::Span<float>(logits_.data() + (row + i) * vocab, vocab),
-                      seq.request.sampling, Context(seq), offered, seq.rng, *rejection_rule_);
+                      seq.request.sampling, Context(seq), offered, seq.NextDrawKey(),
+                      *rejection_rule_);
       }
       seq.AppendToken(v.token.token_id);
       tokens.push_back(std::move(v.token));
@@ -465,6 +476,20 @@ class LLMEngineImpl final : public LLMEngine {
     WriteThrough(seq);
     EmitTokens(seq, std::move(tokens), outputs, finished);
     return row + num_drafts + 1;
+  }
+
+  // CollectPromptLogprobs scores the prompt positions `rows` covers (their logits predict the
+  // next prompt token) into seq.prompt_logprobs.
+  void CollectPromptLogprobs(Sequence& seq, const LogitsRows& rows, int64_t vocab) {
+    const int32_t num_top = seq.request.sampling.prompt_logprobs.value_or(0);
+    seq.prompt_logprobs.resize(std::max(0, seq.num_prompt_tokens() - 1));
+    for (int32_t r = 0; r < rows.num_prompt_rows; ++r) {
+      const int32_t pos = rows.first_prompt_pos + r;
+      const absl::Span<const float> row(logits_.data() + (rows.first_prompt_row + r) * vocab,
+                                        static_cast<size_t>(vocab));
+      seq.prompt_logprobs[pos] = PromptLogprobAt(row, seq.request.prompt_token_ids[pos + 1],
+                                                 num_top);
+    }
   }
 
   // AdvanceComputed counts `n` more computed tokens of seq (and the prompt tokens among them).
@@ -493,6 +518,10 @@ class LLMEngineImpl final : public LLMEngine {
     out.num_cached_tokens = seq.num_cached_tokens;
     out.num_output_tokens = seq.num_output_tokens();
     out.finish_reason = CheckFinished(seq);
+    if (seq.NeedsPromptLogprobs()) {
+      out.prompt_logprobs = std::move(seq.prompt_logprobs);
+      seq.prompt_logprobs_sent = true;
+    }
     if (out.finish_reason == FinishReason::kNone && seq.request.hold_kv_blocks) {
       // Prefill mode: stop after the first token, keep the prompt's blocks pinned.
       out.kv_held = true;
@@ -582,6 +611,10 @@ class LLMEngineImpl final : public LLMEngine {
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
     for (const ScheduledSequence& s : plan.scheduled) {
       if (s.seq->request.hold_kv_blocks) return false;
+      // Token constraints have no device form: such rows are sampled on the host. Prompt
+      // logprobs need the logits of every prompt position on the host.
+      if (s.samples() && s.seq->request.sampling.HasTokenConstraints()) return false;
+      if (s.seq->NeedsPromptLogprobs()) return false;
       if (s.samples() && !any_row &&
           !IsDeviceSamplable(s.seq->request.sampling, Context(*s.seq))) {
         return false;
@@ -800,6 +833,8 @@ class LLMEngineImpl final : public LLMEngine {
     input_.logits_indices.clear();
     input_.sliding_kv_start.clear();
     sliding_starts_.clear();
+    logits_rows_.clear();
+    has_prompt_rows_ = false;
     bool bounded = false;
     const int64_t bs = options_.block_size;
     const int64_t window = model_->config().sliding_window;
@@ -826,13 +861,28 @@ class LLMEngineImpl final : public LLMEngine {
         input_.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[pos / bs]) * bs +
                                       pos % bs);
       }
+      LogitsRows rows;
+      if (seq.NeedsPromptLogprobs()) {
+        // Positions p < prompt length - 1 predict prompt token p + 1.
+        rows.first_prompt_pos = seq.num_computed_tokens;
+        rows.first_prompt_row = static_cast<int32_t>(input_.logits_indices.size());
+        const int32_t end =
+            std::min(seq.num_computed_tokens + s.num_new_tokens, seq.num_prompt_tokens() - 1);
+        for (int32_t pos = seq.num_computed_tokens; pos < end; ++pos) {
+          input_.logits_indices.push_back(slice.query_start + pos - seq.num_computed_tokens);
+          ++rows.num_prompt_rows;
+        }
+        has_prompt_rows_ = has_prompt_rows_ || rows.num_prompt_rows > 0;
+      }
       if (s.samples()) {
         // One row per draft plus the bonus row: the last real token's and each draft's logits.
-        const int32_t rows = s.num_draft_tokens() + 1;
-        for (int32_t r = rows; r >= 1; --r) {
+        rows.sample_row = static_cast<int32_t>(input_.logits_indices.size());
+        const int32_t num_rows = s.num_draft_tokens() + 1;
+        for (int32_t r = num_rows; r >= 1; --r) {
           input_.logits_indices.push_back(slice.query_start + s.num_new_tokens - r);
         }
       }
+      logits_rows_.push_back(rows);
       input_.sequences.push_back(slice);
     }
     if (bounded) input_.sliding_kv_start = sliding_starts_;
@@ -859,6 +909,7 @@ class LLMEngineImpl final : public LLMEngine {
   // tokens and logprobs are those of the full-logits path and no [rows, vocab] logits cross.
   bool DeviceGreedyStep(const SchedulerOutput& plan) {
     if (!model_->SupportsDeviceGreedy() || input_.logits_indices.empty()) return false;
+    if (has_prompt_rows_) return false;  // prompt logprobs need those rows' full logits
     for (const ScheduledSequence& s : plan.scheduled) {
       if (s.samples() && !IsPlainGreedy(s.seq->request.sampling, Context(*s.seq))) return false;
     }
@@ -1003,6 +1054,8 @@ class LLMEngineImpl final : public LLMEngine {
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> load_blocks_;  // scratch
   std::vector<int32_t> sliding_starts_;  // scratch: ForwardInput::sliding_kv_start
+  std::vector<LogitsRows> logits_rows_;
+  bool has_prompt_rows_ = false;
   EngineCounters counters_;
   // Speculative decoding: the target's fitted step cost (priced by the confidence scheduler),
   // the scheduler itself, the rejection rule, and Propose's scratch.

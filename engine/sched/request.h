@@ -40,6 +40,9 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;         // prompt tokens served from the prefix cache
   int32_t num_output_tokens = 0;         // total so far
+  // With SamplingParams::prompt_logprobs: on the output carrying the first token, one entry per
+  // prompt token after the first (prompt_token_ids[1..]); empty otherwise.
+  std::vector<PromptLogprob> prompt_logprobs;
   // Prefill mode only (EngineRequest::hold_kv_blocks): true on the last output when the request
   // stopped after its first token with its prompt KV pinned in `held_block_ids` (in sequence
   // order: token t is in held_block_ids[t / block_size]; NumBlocksFor(num_prompt_tokens) ids).

@@ -138,8 +138,10 @@ void Scheduler::Preempt(Sequence& seq) {
 void Scheduler::ReuseCachedPrefix(Sequence& seq) {
   if (!cache_.enabled()) return;
   hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.block_hashes);
-  // Leave at least one token to compute: its logits sample the next token.
-  const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
+  // Leave at least one token to compute: its logits sample the next token. Prompt logprobs
+  // need every prompt position computed: nothing is reused then.
+  const int64_t max_blocks =
+      seq.NeedsPromptLogprobs() ? 0 : (seq.num_tokens() - 1) / config_.block_size;
   seq.block_table = cache_.AcquirePrefix(seq.block_hashes, max_blocks);
   const int32_t cached = static_cast<int32_t>(seq.block_table.size() * config_.block_size);
   seq.num_computed_tokens = cached;
@@ -149,7 +151,10 @@ void Scheduler::ReuseCachedPrefix(Sequence& seq) {
 }
 
 bool Scheduler::StartExternalLoad(Sequence& seq) {
-  if (config_.kv_connector == nullptr || !cache_.enabled() || seq.kv_lookup_done) return false;
+  if (config_.kv_connector == nullptr || !cache_.enabled() || seq.kv_lookup_done ||
+      seq.NeedsPromptLogprobs()) {
+    return false;
+  }
   seq.kv_lookup_done = true;  // once per request: a preempted one recomputes locally
   const int64_t max_blocks = (seq.num_tokens() - 1) / config_.block_size;
   const int64_t local = static_cast<int64_t>(seq.block_table.size());

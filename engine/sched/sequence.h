@@ -33,6 +33,15 @@ struct Sequence {
   uint64_t kv_load_ticket = 0;
   int32_t num_external_cached_tokens = 0;
   int32_t num_saved_blocks = 0;
+  // Prompt logprobs (SamplingParams::prompt_logprobs): entry p - 1 for prompt position p,
+  // filled as prefill chunks run (a recompute overwrites), handed out with the first token.
+  std::vector<PromptLogprob> prompt_logprobs;
+  bool prompt_logprobs_sent = false;
+  // True while prefill still has prompt logprobs to compute: every prompt position must run
+  // through the model here (no prefix-cache or external KV reuse).
+  bool NeedsPromptLogprobs() const {
+    return request.sampling.prompt_logprobs.has_value() && !prompt_logprobs_sent;
+  }
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;
   // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is

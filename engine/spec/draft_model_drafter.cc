@@ -202,7 +202,9 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
         confidence = probs[token];
       } else {
         Softmax(row, temperature, &probs);
-        token = Draw(probs, UniformUnit(*in.rng));
+        SampleDrawKey key = in.first_draft_key;
+        key.position += static_cast<int64_t>(out.tokens.size());
+        token = Draw(probs, DrawUniform(key, kDraftDraw));
         confidence = probs[token];
         out.probs.push_back(probs);
       }

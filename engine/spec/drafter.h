@@ -29,7 +29,9 @@ struct DraftInput {
   int32_t num_prompt_tokens = 0;
   std::string_view cache_salt;        // the drafter's prefix cache honours the request's namespace
   const SamplingParams* sampling = nullptr;
-  SamplerRng* rng = nullptr;          // draws for sampled proposals come from the request's stream
+  // Key of the first draft's position (Sequence::NextDrawKey): a sampled proposal at draft index
+  // j draws DrawUniform({seed, choice, position + j}, kDraftDraw), its own stream per position.
+  SampleDrawKey first_draft_key;
   int32_t max_draft_tokens = 0;       // 0: no drafts for this sequence
 };
 

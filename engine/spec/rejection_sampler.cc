@@ -99,10 +99,10 @@ void RejectionRule::Residual(const std::vector<double>& p, absl::Span<const floa
 
 VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
                         const SequenceContext& context, const std::optional<DraftToken>& draft,
-                        SamplerRng& rng, const RejectionRule& rule) {
+                        const SampleDrawKey& key, const RejectionRule& rule) {
   VerifiedToken out;
   if (params.temperature < kGreedyTemperature || !draft.has_value()) {
-    out.token = SampleToken(logits, params, context, rng);
+    out.token = SampleToken(logits, params, context, key);
     out.accepted = draft.has_value() && out.token.token_id == draft->token_id;
     return out;
   }
@@ -113,7 +113,7 @@ VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
   const int32_t d = draft->token_id;
   const double q = draft->probs.empty() ? 1.0 : static_cast<double>(draft->probs[d]);
   int32_t token;
-  if (rule.Accept(p[d], q, UniformUnit(rng))) {
+  if (rule.Accept(p[d], q, DrawUniform(key, kAcceptDraw))) {
     token = d;
     out.accepted = true;
   } else {
@@ -121,7 +121,7 @@ VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
     // An all-zero residual (p <= q everywhere: p == q up to rounding) only follows a rejection
     // of probability ~0; p is then the right distribution.
     const bool empty = std::all_of(residual.begin(), residual.end(), [](double r) { return r <= 0.0; });
-    token = DrawWeighted(empty ? p : residual, UniformUnit(rng));
+    token = DrawWeighted(empty ? p : residual, DrawUniform(key, kTokenDraw));
   }
   const absl::Span<const float> raw_span(raw);
   const double log_sum_exp = kernels::LogSumExpCpu(raw_span);

@@ -57,12 +57,13 @@ struct VerifiedToken {
 
 // VerifyRow verifies one row: `logits` [vocab] are the target's logits after the sequence's
 // tokens so far (context); `draft` is the draft token at this position, or nullopt for the bonus
-// row (then the token is SampleToken's). Draws come from `rng` (one for an acceptance test, one
-// more after a rejection; SampleToken's single draw for a bonus row; none when greedy).
+// row (then the token is SampleToken's). Draws are keyed by `key`, the position's draw key: the
+// acceptance test takes kAcceptDraw, the token after a rejection and the bonus token kTokenDraw
+// (as SampleToken), so the position's token keeps its key with and without a draft.
 // `logits` is modified as scratch.
 VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
                         const SequenceContext& context, const std::optional<DraftToken>& draft,
-                        SamplerRng& rng, const RejectionRule& rule);
+                        const SampleDrawKey& key, const RejectionRule& rule);
 
 }  // namespace sluice
 

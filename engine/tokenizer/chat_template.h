@@ -48,6 +48,10 @@ class ChatTemplate {
       const nlohmann::ordered_json& messages, bool add_generation_prompt,
       const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
+  // The bos/eos token strings read by FromModelDir (empty when built with Parse).
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+
  protected:
   std::string bos_token_;
   std::string eos_token_;

@@ -25,6 +25,7 @@ struct TokenLogprobInfo {
   float logprob = 0.0f;
   std::vector<TokenLogprob> top_logprobs;
   int64_t text_offset = 0;  // byte offset of the token's text in the choice's text (pre-stop)
+  bool has_logprob = true;  // false: the first prompt token (no logprob: JSON null)
 };
 
 // ChoiceDelta is what one engine output adds to a choice.
@@ -34,6 +35,7 @@ struct ChoiceDelta {
   bool finished = false;                  // the choice ended with this delta
   std::string finish_reason;              // "stop" | "length" when finished normally
   bool stopped_by_string = false;         // finished by a stop string: abort the engine request
+  bool got_prompt_logprobs = false;       // this output brought the prompt logprobs
   bool failed = false;                    // engine reported abort/error
   absl::Status error;                     // with failed
 };
@@ -57,6 +59,8 @@ class ChoiceOutput {
   // Tokens consumed (up to and including the one that completed a stop string).
   int32_t num_output_tokens() const { return num_output_tokens_; }
   const std::vector<TokenLogprobInfo>& logprobs() const { return logprobs_; }
+  // The prompt logprobs the engine sent with the first token (prompt tokens 1..), if asked.
+  const std::vector<PromptLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
 
  private:
   // Finish records the end of the choice and flushes held-back text into `delta`.
@@ -71,6 +75,7 @@ class ChoiceOutput {
   int64_t raw_text_bytes_ = 0;  // detokenized bytes before stop-string processing
   std::string text_;
   std::vector<TokenLogprobInfo> logprobs_;
+  std::vector<PromptLogprob> prompt_logprobs_;
   std::string finish_reason_;
   bool finished_ = false;
   int32_t num_prompt_tokens_ = 0;

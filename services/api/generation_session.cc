@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/sample/philox.h"
 #include "services/api/openai_errors.h"
+#include "services/api/responses_api.h"
 
 namespace sluice {
 namespace {
@@ -26,23 +27,28 @@ GenerationSession::GenerationSession(Deps deps, GenerationRequest request,
       sink_(std::move(sink)),
       poster_(std::move(poster)),
       arrival_(Clock::now()) {
-  meta_.id = NewResponseId(is_chat() ? "chatcmpl-" : "cmpl-");
+  meta_.id = NewResponseId(is_responses() ? "resp_" : is_chat() ? "chatcmpl-" : "cmpl-");
   meta_.created = static_cast<int64_t>(std::time(nullptr));
   meta_.model = request_.model;
   // Every response can be reproduced: a request without a seed gets one, reported in `seed`.
   if (!request_.sampling.seed.has_value()) request_.sampling.seed = NewRandomSeed();
   meta_.seed = static_cast<int64_t>(*request_.sampling.seed);
   if (request_.echo) {
-    for (const std::vector<int32_t>& prompt : request_.prompts) {
-      echo_prefixes_.push_back(
-          deps_.tokenizer->Decode(prompt, request_.sampling.skip_special_tokens));
+    if (is_chat()) {
+      echo_prefixes_ = request_.echo_texts;
+    } else {
+      for (const std::vector<int32_t>& prompt : request_.prompts) {
+        echo_prefixes_.push_back(
+            deps_.tokenizer->Decode(prompt, request_.sampling.skip_special_tokens));
+      }
     }
   }
   const int32_t num_choices = request_.num_choices();
   choices_.resize(num_choices);
   for (int32_t c = 0; c < num_choices; ++c) {
-    const int64_t offset_base =
-        request_.echo ? static_cast<int64_t>(echo_prefixes_[c / request_.n].size()) : 0;
+    const int64_t offset_base = request_.echo && !is_chat()
+                                    ? static_cast<int64_t>(echo_prefixes_[c / request_.n].size())
+                                    : 0;
     choices_[c].engine_request_id = absl::StrCat(meta_.id, "-", c);
     choices_[c].output = std::make_unique<ChoiceOutput>(*deps_.tokenizer, request_.sampling,
                                                         request_.logprobs, offset_base);
@@ -81,18 +87,21 @@ void GenerationSession::Start() {
     sink_->StartEventStream();
     stream_started_ = true;
     deps_.metrics->ObserveRequest(deps_.endpoint_path, 200);
-    if (is_chat()) {
+    if (is_responses()) {
+      StartResponseEvents();
+    } else if (is_chat()) {
       for (int32_t c = 0; c < static_cast<int32_t>(choices_.size()); ++c) {
         json delta{{"role", "assistant"}, {"content", ""}};
-        json choice = ChatChunkChoiceJson(c, delta, nullptr, nullptr);
-        sink_->SendEvent(SseEvent(ChunkJson(meta_, object_name(), json::array({choice}),
-                                            request_.include_usage)));
+        SendChunk(ChatChunkChoiceJson(c, delta, nullptr, nullptr));
+        if (request_.echo && !echo_prefixes_[c / request_.n].empty()) {
+          SendChunk(ChatChunkChoiceJson(c, json{{"content", echo_prefixes_[c / request_.n]}},
+                                        nullptr, nullptr));
+        }
       }
-    } else if (request_.echo) {
+    } else if (request_.echo && !echo_with_logprobs()) {
+      // With logprobs the echo waits for the prompt logprobs (StreamDelta).
       for (int32_t c = 0; c < static_cast<int32_t>(choices_.size()); ++c) {
-        json choice = CompletionChoiceJson(c, echo_prefixes_[c / request_.n], nullptr, nullptr);
-        sink_->SendEvent(SseEvent(ChunkJson(meta_, object_name(), json::array({choice}),
-                                            request_.include_usage)));
+        SendChunk(CompletionChoiceJson(c, echo_prefixes_[c / request_.n], nullptr, nullptr));
       }
     }
   }
@@ -132,11 +141,49 @@ void GenerationSession::OnOutput(int32_t index, const RequestOutput& output) {
 }
 
 void GenerationSession::StreamDelta(int32_t index, const ChoiceDelta& delta) {
+  if (is_responses()) {
+    if (!delta.text.empty()) {
+      SendResponseEvent("response.output_text.delta",
+                        {{"item_id", response_state_.message_id},
+                         {"output_index", 0},
+                         {"content_index", 0},
+                         {"delta", delta.text},
+                         {"logprobs", json::array()}});
+    }
+    return;
+  }
+  // The first output of a choice carries its prompt logprobs (when asked).
+  if (!choices_[index].prompt_part_sent) {
+    choices_[index].prompt_part_sent = true;
+    const ChoiceOutput& out = *choices_[index].output;
+    if (echo_with_logprobs()) {
+      // The echoed prompt with its tokens' logprobs, before the first generated text.
+      json choice = CompletionChoiceJson(index, echo_prefixes_[index / request_.n],
+                                         EchoLogprobsJson(index, {}), nullptr);
+      if (request_.prompt_logprobs_field) {
+        choice["prompt_logprobs"] = PromptLogprobsJson(*deps_.tokenizer, out.prompt_logprobs());
+      }
+      SendChunk(std::move(choice));
+    } else if (request_.prompt_logprobs_field && !is_responses()) {
+      json choice = is_chat() ? ChatChunkChoiceJson(index, json::object(), nullptr, nullptr)
+                              : CompletionChoiceJson(index, "", nullptr, nullptr);
+      json prompt_logprobs = PromptLogprobsJson(*deps_.tokenizer, out.prompt_logprobs());
+      // vLLM: on the choice for completions, on the chunk for chat.
+      if (is_chat()) {
+        SendChunk(std::move(choice), std::move(prompt_logprobs));
+      } else {
+        choice["prompt_logprobs"] = std::move(prompt_logprobs);
+        SendChunk(std::move(choice));
+      }
+    }
+  }
   const bool has_logprobs = request_.logprobs && !delta.tokens.empty();
   if (!delta.text.empty() || has_logprobs) {
     json choice;
     if (is_chat()) {
-      json logprobs = has_logprobs ? ChatLogprobsJson(*deps_.tokenizer, delta.tokens) : json();
+      json logprobs = has_logprobs ? ChatLogprobsJson(*deps_.tokenizer, delta.tokens,
+                                                      request_.return_tokens_as_token_ids)
+                                   : json();
       choice = ChatChunkChoiceJson(index, json{{"content", delta.text}}, logprobs, nullptr);
     } else {
       json logprobs = has_logprobs ? CompletionLogprobsJson(*deps_.tokenizer, delta.tokens,
@@ -144,19 +191,15 @@ void GenerationSession::StreamDelta(int32_t index, const ChoiceDelta& delta) {
                                    : json();
       choice = CompletionChoiceJson(index, delta.text, logprobs, nullptr);
     }
-    sink_->SendEvent(
-        SseEvent(ChunkJson(meta_, object_name(), json::array({choice}), request_.include_usage)));
+    SendChunk(std::move(choice));
   }
   if (delta.finished) {
-    json choice = is_chat()
-                      ? ChatChunkChoiceJson(index, json::object(), nullptr, delta.finish_reason)
-                      : CompletionChoiceJson(index, "", nullptr, delta.finish_reason);
-    sink_->SendEvent(
-        SseEvent(ChunkJson(meta_, object_name(), json::array({choice}), request_.include_usage)));
+    SendChunk(is_chat() ? ChatChunkChoiceJson(index, json::object(), nullptr, delta.finish_reason)
+                        : CompletionChoiceJson(index, "", nullptr, delta.finish_reason));
   }
 }
 
-void GenerationSession::Complete() {
+json GenerationSession::Usage() const {
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
@@ -165,7 +208,93 @@ void GenerationSession::Complete() {
     cached_tokens += choices_[p * request_.n].output->num_cached_tokens();
   }
   for (const Choice& c : choices_) completion_tokens += c.output->num_output_tokens();
-  json usage = UsageJson(prompt_tokens, completion_tokens, cached_tokens);
+  return UsageJson(prompt_tokens, completion_tokens, cached_tokens);
+}
+
+json GenerationSession::EchoLogprobsJson(int32_t index,
+                                        const std::vector<TokenLogprobInfo>& generated) const {
+  const ChoiceOutput& out = *choices_[index].output;
+  std::vector<TokenLogprobInfo> tokens =
+      PromptTokenInfos(*deps_.tokenizer, request_.prompts[index / request_.n],
+                       out.prompt_logprobs(), request_.sampling.skip_special_tokens);
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  return CompletionLogprobsJson(*deps_.tokenizer, tokens, request_.return_tokens_as_token_ids);
+}
+
+void GenerationSession::SendChunk(json choice, json prompt_logprobs) {
+  json chunk =
+      ChunkJson(meta_, object_name(), json::array({std::move(choice)}), request_.include_usage);
+  if (!prompt_logprobs.is_null()) chunk["prompt_logprobs"] = std::move(prompt_logprobs);
+  // continuous_usage_stats: the usage so far (all choices) on every chunk, as vLLM does.
+  if (request_.continuous_usage_stats) chunk["usage"] = Usage();
+  sink_->SendEvent(SseEvent(chunk));
+}
+
+void GenerationSession::StartResponseEvents() {
+  response_state_.id = meta_.id;
+  response_state_.message_id = NewResponseId("msg_");
+  response_state_.created_at = meta_.created;
+  response_state_.model = meta_.model;
+  response_state_.status = "in_progress";
+  const json response = ResponseObjectJson(response_state_, request_.responses_echo);
+  SendResponseEvent("response.created", {{"response", response}});
+  SendResponseEvent("response.in_progress", {{"response", response}});
+  SendResponseEvent("response.output_item.added",
+                    {{"output_index", 0},
+                     {"item", ResponseMessageItemJson(response_state_, /*done=*/false)}});
+  SendResponseEvent("response.content_part.added", {{"item_id", response_state_.message_id},
+                                                    {"output_index", 0},
+                                                    {"content_index", 0},
+                                                    {"part", ResponseTextPartJson("")}});
+}
+
+void GenerationSession::SendResponseEvent(const std::string& type, json fields) {
+  sink_->SendEvent(ResponseEvent(type, next_sequence_number_++, std::move(fields)));
+}
+
+void GenerationSession::CompleteResponse() {
+  const ChoiceOutput& out = *choices_[0].output;
+  if (response_state_.id.empty()) {  // not streamed
+    response_state_.id = meta_.id;
+    response_state_.message_id = NewResponseId("msg_");
+    response_state_.created_at = meta_.created;
+    response_state_.model = meta_.model;
+  }
+  response_state_.text = out.text();
+  response_state_.finish_reason = out.finish_reason();
+  response_state_.status = out.finish_reason() == "length" ? "incomplete" : "completed";
+  response_state_.usage = ResponsesUsageJson(out.num_prompt_tokens(), out.num_output_tokens(),
+                                             out.num_cached_tokens());
+  const json response = ResponseObjectJson(response_state_, request_.responses_echo);
+  if (!request_.stream) {
+    sink_->SendResponse(200, "application/json", DumpJson(response));
+    deps_.metrics->ObserveRequest(deps_.endpoint_path, 200);
+    return;
+  }
+  const json where{{"item_id", response_state_.message_id},
+                   {"output_index", 0},
+                   {"content_index", 0}};
+  json text_done = where;
+  text_done["text"] = response_state_.text;
+  text_done["logprobs"] = json::array();
+  SendResponseEvent("response.output_text.done", std::move(text_done));
+  json part_done = where;
+  part_done["part"] = ResponseTextPartJson(response_state_.text);
+  SendResponseEvent("response.content_part.done", std::move(part_done));
+  SendResponseEvent("response.output_item.done",
+                    {{"output_index", 0},
+                     {"item", ResponseMessageItemJson(response_state_, /*done=*/true)}});
+  SendResponseEvent("response.completed", {{"response", response}});
+  sink_->EndEventStream();
+}
+
+void GenerationSession::Complete() {
+  if (is_responses()) {
+    CompleteResponse();
+    Done();
+    return;
+  }
+  json usage = Usage();
 
   if (request_.stream) {
     if (request_.include_usage) {
@@ -180,22 +309,34 @@ void GenerationSession::Complete() {
     for (int32_t c = 0; c < static_cast<int32_t>(choices_.size()); ++c) {
       const ChoiceOutput& out = *choices_[c].output;
       if (is_chat()) {
-        json logprobs =
-            request_.logprobs ? ChatLogprobsJson(*deps_.tokenizer, out.logprobs()) : json();
-        choices.push_back(ChatChoiceJson(c, out.text(), logprobs, out.finish_reason()));
-      } else {
         json logprobs = request_.logprobs
+                            ? ChatLogprobsJson(*deps_.tokenizer, out.logprobs(),
+                                               request_.return_tokens_as_token_ids)
+                            : json();
+        std::string text = request_.echo ? echo_prefixes_[c / request_.n] + out.text()
+                                         : out.text();
+        choices.push_back(ChatChoiceJson(c, text, logprobs, out.finish_reason()));
+      } else {
+        json logprobs = echo_with_logprobs() ? EchoLogprobsJson(c, out.logprobs())
+                        : request_.logprobs
                             ? CompletionLogprobsJson(*deps_.tokenizer, out.logprobs(),
                                                      request_.return_tokens_as_token_ids)
                             : json();
         std::string text = request_.echo ? echo_prefixes_[c / request_.n] + out.text()
                                          : out.text();
-        choices.push_back(CompletionChoiceJson(c, text, logprobs, out.finish_reason()));
+        json choice = CompletionChoiceJson(c, text, logprobs, out.finish_reason());
+        if (request_.prompt_logprobs_field) {
+          choice["prompt_logprobs"] = PromptLogprobsJson(*deps_.tokenizer, out.prompt_logprobs());
+        }
+        choices.push_back(std::move(choice));
       }
     }
-    sink_->SendResponse(200, "application/json",
-                        DumpJson(ResponseJson(meta_, object_name(), std::move(choices),
-                                              std::move(usage))));
+    json response = ResponseJson(meta_, object_name(), std::move(choices), std::move(usage));
+    if (is_chat() && request_.prompt_logprobs_field) {
+      response["prompt_logprobs"] =
+          PromptLogprobsJson(*deps_.tokenizer, choices_[0].output->prompt_logprobs());
+    }
+    sink_->SendResponse(200, "application/json", DumpJson(response));
     deps_.metrics->ObserveRequest(deps_.endpoint_path, 200);
   }
   Done();

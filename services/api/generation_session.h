@@ -23,6 +23,7 @@
 #include "services/api/openai_protocol.h"
 #include "services/api/openai_responses.h"
 #include "services/api/response_sink.h"
+#include "services/api/responses_api.h"
 
 namespace sluice {
 
@@ -56,15 +57,31 @@ class GenerationSession : public RequestHandle,
     std::unique_ptr<ChoiceOutput> output;
     std::chrono::steady_clock::time_point last_token_time;
     bool got_first_token = false;
+    bool prompt_part_sent = false;  // streamed echo / prompt logprobs (first output)
   };
 
   void OnOutput(int32_t index, const RequestOutput& output);
   void StreamDelta(int32_t index, const ChoiceDelta& delta);
+  // SendChunk streams one choice as a chunk (with the usage so far when continuous, and
+  // `prompt_logprobs` on the chunk unless null).
+  void SendChunk(nlohmann::json choice, nlohmann::json prompt_logprobs = nullptr);
+  // Completions echo + logprobs: the prompt's tokens (first one null) then `generated`.
+  nlohmann::json EchoLogprobsJson(int32_t index,
+                                  const std::vector<TokenLogprobInfo>& generated) const;
+  bool echo_with_logprobs() const { return !is_chat() && request_.echo && request_.logprobs; }
+  // Usage: prompt tokens of all prompts and completion tokens of all choices so far.
+  nlohmann::json Usage() const;
   void Fail(const absl::Status& status);
   void Complete();
   void Done();
   void AbortUnfinished();
   bool is_chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
+  bool is_responses() const { return request_.endpoint == Endpoint::kResponses; }
+  // /v1/responses: the opening events of a stream, one typed event, and the end (the final
+  // events or the Response object).
+  void StartResponseEvents();
+  void SendResponseEvent(const std::string& type, nlohmann::json fields);
+  void CompleteResponse();
   const char* object_name() const;
 
   Deps deps_;
@@ -73,10 +90,12 @@ class GenerationSession : public RequestHandle,
   Poster poster_;
   ResponseMeta meta_;
   std::vector<Choice> choices_;
-  std::vector<std::string> echo_prefixes_;  // per prompt, when echo
+  std::vector<std::string> echo_prefixes_;  // per prompt, when echo (chat: may be empty)
   std::chrono::steady_clock::time_point arrival_;
   int32_t num_finished_ = 0;
   bool stream_started_ = false;
+  ResponseState response_state_;     // /v1/responses
+  int64_t next_sequence_number_ = 0;  // of the next /v1/responses stream event
   bool done_ = false;
 };
 

@@ -1,6 +1,8 @@
 #include "services/api/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -8,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/api/openai_errors.h"
+#include "services/api/openai_fields.h"
 
 namespace sluice {
 namespace {
@@ -82,41 +85,118 @@ absl::StatusOr<bool> GetInt(const json& body, const char* name, int64_t lo, int6
   return true;
 }
 
-// RejectUnsupported returns 400 naming the first output-changing OpenAI field that Sluice does
-// not implement. Harmless forms (null, empty lists/objects, "text" formats) are accepted.
-absl::Status RejectUnsupported(const json& body, Endpoint endpoint) {
-  auto unsupported = [](const std::string& name) {
-    return InvalidParam(name, absl::StrCat("'", name, "' is not supported by this server"));
-  };
-  for (const char* name : {"tools", "functions", "logit_bias"}) {
-    const json* v = Present(body, name);
-    if (v != nullptr && !((v->is_array() || v->is_object()) && v->empty())) {
-      return unsupported(name);
+// ParseTruncation applies truncate_prompt_tokens (vLLM): keep the last k tokens of each
+// prompt; -1 keeps the last max_model_len tokens.
+absl::Status ParseTruncation(const json& body, const ParseContext& context,
+                             GenerationRequest& req) {
+  int64_t k = 0;
+  absl::StatusOr<bool> got =
+      GetInt(body, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max(), &k);
+  if (!got.ok()) return got.status();
+  if (!*got) return absl::OkStatus();
+  if (k == 0) return RangeError("truncate_prompt_tokens", "-1 or at least 1, got 0");
+  if (k == -1) k = context.max_model_len;
+  for (std::vector<int32_t>& prompt : req.prompts) {
+    if (static_cast<int64_t>(prompt.size()) > k) prompt.erase(prompt.begin(), prompt.end() - k);
+  }
+  return absl::OkStatus();
+}
+
+// ParseStreamOptions reads stream_options {include_usage, continuous_usage_stats}; like OpenAI
+// and vLLM it is only valid with stream=true.
+absl::Status ParseStreamOptions(const json& body, GenerationRequest& req) {
+  const json* so = Present(body, "stream_options");
+  if (so == nullptr) return absl::OkStatus();
+  if (!so->is_object()) return TypeError("stream_options", "an object");
+  if (!req.stream) {
+    return InvalidParam("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  }
+  for (const auto& [key, value] : so->items()) {
+    if (value.is_null()) continue;
+    bool* out = key == "include_usage"            ? &req.include_usage
+                : key == "continuous_usage_stats" ? &req.continuous_usage_stats
+                                                  : nullptr;
+    if (out == nullptr) {
+      return InvalidParam("stream_options",
+                          absl::StrCat("Unrecognized request argument supplied: stream_options.",
+                                       key));
+    }
+    if (!value.is_boolean()) {
+      return InvalidParam("stream_options",
+                          absl::StrCat("'stream_options.", key, "' must be a boolean"));
+    }
+    *out = value.get<bool>();
+  }
+  if (req.continuous_usage_stats) req.include_usage = true;
+  return absl::OkStatus();
+}
+
+// TokenIdList reads a list of token ids in [0, vocab_size).
+absl::StatusOr<std::vector<int32_t>> TokenIdList(const json& list, const std::string& name,
+                                                 int32_t vocab_size) {
+  if (!list.is_array()) return TypeError(name, "a list of token ids");
+  std::vector<int32_t> ids;
+  for (const json& id : list) {
+    std::optional<int64_t> x = AsInt64(id);
+    if (!x.has_value()) return TypeError(name, "a list of token ids");
+    if (*x < 0 || *x >= vocab_size) {
+      return RangeError(name, absl::StrCat("token ids in [0, ", vocab_size, "), got ", *x));
+    }
+    ids.push_back(static_cast<int32_t>(*x));
+  }
+  return ids;
+}
+
+// ParseTokenConstraints reads allowed_token_ids, logit_bias and bad_words (vLLM semantics).
+absl::Status ParseTokenConstraints(const json& body, const ParseContext& context,
+                                   SamplingParams& sp) {
+  const int32_t vocab_size = context.tokenizer->vocab_size();
+  if (const json* v = Present(body, "allowed_token_ids"); v != nullptr) {
+    absl::StatusOr<std::vector<int32_t>> ids = TokenIdList(*v, "allowed_token_ids", vocab_size);
+    if (!ids.ok()) return ids.status();
+    if (ids->empty()) return InvalidParam("allowed_token_ids", "'allowed_token_ids' is empty");
+    sp.allowed_token_ids = *std::move(ids);
+  }
+  if (const json* v = Present(body, "logit_bias"); v != nullptr) {
+    // OpenAI: {"token id": bias} with bias in [-100, 100].
+    if (!v->is_object()) return TypeError("logit_bias", "an object of token id -> bias");
+    for (const auto& [key, bias] : v->items()) {
+      int64_t id = -1;
+      if (key.empty() || key.size() > 10 ||
+          key.find_first_not_of("0123456789") != std::string::npos) {
+        return InvalidParam("logit_bias",
+                            absl::StrCat("'logit_bias' keys must be token ids, got '", key, "'"));
+      }
+      id = std::stoll(key);
+      if (id >= vocab_size) {
+        return RangeError("logit_bias", absl::StrCat("keyed by token ids in [0, ", vocab_size,
+                                                     "), got ", id));
+      }
+      if (!bias.is_number()) return TypeError("logit_bias", "an object of token id -> number");
+      const double b = bias.get<double>();
+      if (!(b >= -100.0 && b <= 100.0)) {
+        return RangeError("logit_bias", absl::StrCat("values in [-100, 100], got ", b));
+      }
+      sp.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
     }
   }
-  if (const json* v = Present(body, "tool_choice");
-      v != nullptr && !(v->is_string() && v->get<std::string>() == "none")) {
-    return unsupported("tool_choice");
-  }
-  for (const char* name :
-       {"function_call", "parallel_tool_calls", "prediction", "audio", "web_search_options",
-        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "logits_processors", "prompt_logprobs", "prompt_embeds"}) {
-    if (Present(body, name) != nullptr) return unsupported(name);
-  }
-  if (const json* v = Present(body, "response_format"); v != nullptr) {
-    if (!v->is_object() || v->value("type", "") != "text") return unsupported("response_format");
-  }
-  if (const json* v = Present(body, "modalities"); v != nullptr) {
-    if (!v->is_array()) return TypeError("modalities", "a list of strings");
-    for (const json& m : *v) {
-      if (!m.is_string() || m.get<std::string>() != "text") return unsupported("modalities");
-    }
-  }
-  if (endpoint == Endpoint::kCompletions) {
-    if (const json* v = Present(body, "suffix");
-        v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
-      return unsupported("suffix");
+  if (const json* v = Present(body, "bad_words"); v != nullptr) {
+    if (!v->is_array()) return TypeError("bad_words", "a list of strings");
+    // vLLM (SamplingParams.update_from_tokenizer): each word as written (left-stripped) and,
+    // when that gives another first token but as many tokens, with a leading space.
+    for (const json& word : *v) {
+      if (!word.is_string()) return TypeError("bad_words", "a list of strings");
+      std::string text = word.get<std::string>();
+      const size_t first = text.find_first_not_of(" \t\n\r\f\v");
+      text.erase(0, first == std::string::npos ? text.size() : first);
+      if (text.empty()) return InvalidParam("bad_words", "'bad_words' holds an empty word");
+      std::vector<int32_t> plain = context.tokenizer->Encode(text, false, false);
+      std::vector<int32_t> spaced = context.tokenizer->Encode(" " + text, false, false);
+      if (plain.empty()) continue;
+      sp.bad_words_token_ids.push_back(plain);
+      if (!spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size()) {
+        sp.bad_words_token_ids.push_back(std::move(spaced));
+      }
     }
   }
   return absl::OkStatus();
@@ -124,9 +204,8 @@ absl::Status RejectUnsupported(const json& body, Endpoint endpoint) {
 
 // ParseCommon reads the fields shared by both endpoints into `req` (prompts must be set).
 absl::Status ParseCommon(const json& body, const ParseContext& context, GenerationRequest& req) {
-  if (absl::Status s = RejectUnsupported(body, req.endpoint); !s.ok()) return s;
-
   SamplingParams& sp = req.sampling;
+  if (absl::Status s = ParseTruncation(body, context, req); !s.ok()) return s;
   // OpenAI: temperature in [0, 2]; vLLM accepts larger values, as do we.
   if (auto s = GetFloat(body, "temperature", 0.0, 100.0, &sp.temperature); !s.ok()) return s;
   // (0, 1]: 0 keeps no token, so one message names the half-open range for every bad value.
@@ -184,12 +263,7 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   }
 
   if (auto s = GetBool(body, "stream", &req.stream); !s.ok()) return s;
-  if (const json* so = Present(body, "stream_options"); so != nullptr) {
-    if (!so->is_object()) return TypeError("stream_options", "an object");
-    if (auto s = GetBool(*so, "include_usage", &req.include_usage); !s.ok()) {
-      return InvalidParam("stream_options", std::string(s.message()));
-    }
-  }
+  if (auto s = ParseStreamOptions(body, req); !s.ok()) return s;
   if (auto s = GetBool(body, "ignore_eos", &sp.ignore_eos); !s.ok()) return s;
   // cache_salt (vLLM extra): requests share prefix-cache KV only with the same salt. An empty
   // salt would silently mean "shared", so it is rejected like vLLM does.
@@ -247,6 +321,8 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     }
   }
 
+  if (auto s = ParseTokenConstraints(body, context, sp); !s.ok()) return s;
+
   // Logprobs: chat uses logprobs (bool) + top_logprobs; completions an integer logprobs.
   if (req.endpoint == Endpoint::kChatCompletions) {
     if (auto s = GetBool(body, "logprobs", &req.logprobs); !s.ok()) return s;
@@ -268,15 +344,21 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
       req.top_logprobs = static_cast<int32_t>(v);
     }
     if (auto s = GetBool(body, "echo", &req.echo); !s.ok()) return s;
-    if (req.echo && req.logprobs) {
-      return InvalidParam("echo", "'echo' together with 'logprobs' is not supported");
-    }
-    if (auto s = GetBool(body, "return_tokens_as_token_ids", &req.return_tokens_as_token_ids);
-        !s.ok()) {
-      return s;
-    }
+    // echo + logprobs: the prompt's tokens carry logprobs too (vLLM, lm-eval's scoring).
+    if (req.echo && req.logprobs) req.prompt_logprobs = req.top_logprobs;
+  }
+  if (auto s = GetBool(body, "return_tokens_as_token_ids", &req.return_tokens_as_token_ids);
+      !s.ok()) {
+    return s;
   }
   if (req.logprobs) sp.logprobs = req.top_logprobs;
+  got = GetInt(body, "prompt_logprobs", 0, 20, &v);
+  if (!got.ok()) return got.status();
+  if (*got) {
+    req.prompt_logprobs = std::max<int32_t>(req.prompt_logprobs.value_or(0), v);
+    req.prompt_logprobs_field = true;
+  }
+  sp.prompt_logprobs = req.prompt_logprobs;
 
   // Context length: prompt + max_tokens must fit; unset max_tokens takes what is left.
   const char* prompt_param = req.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
@@ -364,6 +446,150 @@ absl::StatusOr<std::string> MessageContent(const json& content, size_t index) {
   return absl::StrJoin(texts, "\n");
 }
 
+// ChatMessages converts `messages` into the template's message list (content flattened to a
+// string, "developer" renamed "system").
+absl::StatusOr<json> ChatMessages(const json& messages) {
+  json out = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) return InvalidParam("messages", "each message must be an object");
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return InvalidParam("messages", absl::StrCat("messages[", i, "].role must be a string"));
+    }
+    std::string role_name = role->get<std::string>();
+    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for system
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      return InvalidParam("messages", "tool calls in messages are not supported");
+    }
+    absl::StatusOr<std::string> content =
+        MessageContent(m.contains("content") ? m["content"] : json(), i);
+    if (!content.ok()) return content.status();
+    json message{{"role", role_name}, {"content", *content}};
+    if (auto name = m.find("name"); name != m.end() && name->is_string()) {
+      message["name"] = *name;
+    }
+    out.push_back(std::move(message));
+  }
+  return out;
+}
+
+// RenderChatPrompt renders the conversation to the prompt text: the request's chat_template or
+// the model's, with chat_template_kwargs and documents as variables; add_generation_prompt /
+// continue_final_message as Hugging Face's apply_chat_template does them. Fills req.echo_texts
+// for chat echo.
+absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContext& context,
+                                             GenerationRequest& req) {
+  const json* messages = Present(body, "messages");
+  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    return InvalidParam("messages", "'messages' must be a non-empty list");
+  }
+  absl::StatusOr<json> conversation = ChatMessages(*messages);
+  if (!conversation.ok()) return conversation.status();
+
+  bool add_generation_prompt = true;
+  if (auto s = GetBool(body, "add_generation_prompt", &add_generation_prompt); !s.ok()) return s;
+  bool continue_final = false;
+  if (auto s = GetBool(body, "continue_final_message", &continue_final); !s.ok()) return s;
+  const json& last = conversation->back();
+  if (continue_final) {
+    // vLLM: both at once is ambiguous; the message continued must be the assistant's.
+    if (add_generation_prompt && Present(body, "add_generation_prompt") != nullptr) {
+      return InvalidParam("continue_final_message",
+                          "'continue_final_message' and 'add_generation_prompt' cannot both "
+                          "be true");
+    }
+    if (last["role"] != "assistant") {
+      return InvalidParam("continue_final_message",
+                          "'continue_final_message' needs the last message to be the "
+                          "assistant's");
+    }
+    add_generation_prompt = false;
+  }
+
+  std::unique_ptr<ChatTemplate> request_template;
+  const ChatTemplate* chat_template = context.chat_template;
+  if (const json* source = Present(body, "chat_template"); source != nullptr) {
+    if (!source->is_string()) return TypeError("chat_template", "a string (a Jinja template)");
+    absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed =
+        ChatTemplate::Parse(source->get<std::string>());
+    if (!parsed.ok()) {
+      return InvalidParam("chat_template",
+                          absl::StrCat("'chat_template' does not parse: ",
+                                       parsed.status().message()));
+    }
+    request_template = *std::move(parsed);
+    chat_template = request_template.get();
+  }
+  if (chat_template == nullptr) {
+    return InvalidParam("messages", "this model has no chat template; use /v1/completions");
+  }
+  json extra = json::object();
+  // The model's special tokens, also for a request template (Parse knows none).
+  if (context.chat_template != nullptr) {
+    extra["bos_token"] = context.chat_template->bos_token();
+    extra["eos_token"] = context.chat_template->eos_token();
+  }
+  if (const json* docs = Present(body, "documents"); docs != nullptr) {
+    if (!docs->is_array()) return TypeError("documents", "a list of objects");
+    extra["documents"] = *docs;
+  }
+  if (const json* kwargs = Present(body, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
+    for (const auto& [key, value] : kwargs->items()) {
+      if (key == "messages") {
+        return InvalidParam("chat_template_kwargs",
+                            "'chat_template_kwargs' may not set 'messages'");
+      }
+      extra[key] = value;
+    }
+    if (kwargs->contains("add_generation_prompt")) {
+      const json& v = (*kwargs)["add_generation_prompt"];
+      if (!v.is_boolean()) {
+        return TypeError("chat_template_kwargs", "an object whose add_generation_prompt is a "
+                                                 "boolean");
+      }
+      add_generation_prompt = v.get<bool>();
+    }
+  }
+  absl::StatusOr<std::string> text =
+      chat_template->RenderMessages(*conversation, add_generation_prompt, extra);
+  if (!text.ok()) {
+    return InvalidParam(Present(body, "chat_template") != nullptr ? "chat_template" : "messages",
+                        absl::StrCat("chat template: ", text.status().message()));
+  }
+  const std::string final_content = last["content"].get<std::string>();
+  if (continue_final && !final_content.empty()) {
+    // Hugging Face: cut after the final message's content (stripped, for templates that trim),
+    // dropping the end-of-turn the template wrote after it.
+    size_t at = text->rfind(final_content);
+    size_t length = final_content.size();
+    if (at == std::string::npos) {
+      const size_t b = final_content.find_first_not_of(" \t\n\r");
+      const size_t e = final_content.find_last_not_of(" \t\n\r");
+      const std::string stripped =
+          b == std::string::npos ? std::string() : final_content.substr(b, e - b + 1);
+      at = stripped.empty() ? std::string::npos : text->rfind(stripped);
+      length = stripped.size();
+    }
+    if (at == std::string::npos) {
+      return InvalidParam("continue_final_message",
+                          "the chat template does not render the final message's content");
+    }
+    text->resize(at + length);
+  }
+  if (auto s = GetBool(body, "echo", &req.echo); !s.ok()) return s;
+  if (req.echo) {
+    // vLLM: the response continues the last message when it has the response's role
+    // ("assistant" with a generation prompt, else the last message's own role).
+    const std::string role =
+        add_generation_prompt ? "assistant" : last["role"].get<std::string>();
+    req.echo_texts.push_back(last["role"] == role ? final_content : std::string());
+  }
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<json> ParseJsonBody(std::string_view body) {
@@ -381,42 +607,18 @@ absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const json& body,
                                                              const ParseContext& context) {
   GenerationRequest req;
   req.endpoint = Endpoint::kChatCompletions;
+  if (absl::Status s = CheckFields(body, FieldTable::kChatCompletions,
+                                   context.allow_unknown_fields, &req.unknown_fields);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckModel(body, context, req); !s.ok()) return s;
-  const json* messages = Present(body, "messages");
-  if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
-  if (!messages->is_array() || messages->empty()) {
-    return InvalidParam("messages", "'messages' must be a non-empty list");
-  }
-  json rendered_messages = json::array();
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const json& m = (*messages)[i];
-    if (!m.is_object()) return InvalidParam("messages", "each message must be an object");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) {
-      return InvalidParam("messages", absl::StrCat("messages[", i, "].role must be a string"));
-    }
-    std::string role_name = role->get<std::string>();
-    if (role_name == "developer") role_name = "system";  // OpenAI's newer name for system
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      return InvalidParam("messages", "tool calls in messages are not supported");
-    }
-    absl::StatusOr<std::string> content =
-        MessageContent(m.contains("content") ? m["content"] : json(), i);
-    if (!content.ok()) return content.status();
-    rendered_messages.push_back({{"role", role_name}, {"content", *content}});
-  }
-  bool add_generation_prompt = true;
-  if (auto s = GetBool(body, "add_generation_prompt", &add_generation_prompt); !s.ok()) return s;
-  if (context.chat_template == nullptr) {
-    return InvalidParam("messages", "this model has no chat template; use /v1/completions");
-  }
-  absl::StatusOr<std::string> text =
-      context.chat_template->RenderMessages(rendered_messages, add_generation_prompt);
-  if (!text.ok()) {
-    return InvalidParam("messages", absl::StrCat("chat template: ", text.status().message()));
-  }
-  req.prompts.push_back(context.tokenizer->Encode(*text, /*add_special_tokens=*/false,
-                                                  /*parse_special=*/true));
+  absl::StatusOr<std::string> text = RenderChatPrompt(body, context, req);
+  if (!text.ok()) return text.status();
+  bool add_special_tokens = false;  // the template emits BOS itself
+  if (auto s = GetBool(body, "add_special_tokens", &add_special_tokens); !s.ok()) return s;
+  req.prompts.push_back(
+      context.tokenizer->Encode(*text, add_special_tokens, /*parse_special=*/true));
   if (absl::Status s = ParseCommon(body, context, req); !s.ok()) return s;
   return req;
 }
@@ -425,7 +627,14 @@ absl::StatusOr<GenerationRequest> ParseCompletionRequest(const json& body,
                                                          const ParseContext& context) {
   GenerationRequest req;
   req.endpoint = Endpoint::kCompletions;
+  if (absl::Status s = CheckFields(body, FieldTable::kCompletions, context.allow_unknown_fields,
+                                   &req.unknown_fields);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckModel(body, context, req); !s.ok()) return s;
+  bool add_special_tokens = true;
+  if (auto s = GetBool(body, "add_special_tokens", &add_special_tokens); !s.ok()) return s;
   const json* prompt = Present(body, "prompt");
   if (prompt == nullptr) return InvalidParam("prompt", "'prompt' is required");
   const absl::Status bad_type = TypeError(
@@ -443,7 +652,7 @@ absl::StatusOr<GenerationRequest> ParseCompletionRequest(const json& body,
     return ids;
   };
   auto encode = [&](const std::string& text) {
-    return context.tokenizer->Encode(text, /*add_special_tokens=*/true, /*parse_special=*/true);
+    return context.tokenizer->Encode(text, add_special_tokens, /*parse_special=*/true);
   };
   if (prompt->is_string()) {
     req.prompts.push_back(encode(prompt->get<std::string>()));

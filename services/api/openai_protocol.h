@@ -8,6 +8,7 @@
 #define SLUICE_SERVICES_API_OPENAI_PROTOCOL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,7 +22,7 @@
 namespace sluice {
 
 // Endpoint is the OpenAI API a request came through; it selects the response shapes.
-enum class Endpoint { kChatCompletions, kCompletions };
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
 
 // GenerationRequest is a validated request. Choice c (0 <= c < num_choices()) generates from
 // prompts[c / n]; its response index is c.
@@ -34,11 +35,25 @@ struct GenerationRequest {
   int32_t n = 1;                              // choices per prompt, 1..16
   bool stream = false;
   bool include_usage = false;                 // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM): usage on every chunk (implies include_usage).
+  bool continuous_usage_stats = false;
   bool logprobs = false;                      // return logprobs for sampled tokens
   int32_t top_logprobs = 0;                   // alternatives per token, 0..20
-  bool echo = false;                          // completions: prepend the prompt text
+  bool echo = false;                          // prepend echo_texts[prompt] to the choice text
+  // With echo: per prompt, the text to prepend — completions: the decoded prompt (filled by
+  // the session); chat: the last message's content when it has the response's role (vLLM).
+  std::vector<std::string> echo_texts;
+  // Prompt logprobs wanted (completions echo+logprobs, or prompt_logprobs): per prompt token
+  // after the first, its logprob and this many alternatives. Unset: none.
+  std::optional<int32_t> prompt_logprobs;
+  bool prompt_logprobs_field = false;  // `prompt_logprobs` was asked: vLLM's field in the reply
   bool return_tokens_as_token_ids = false;    // completions logprobs tokens as "token_id:N"
   std::string cache_salt;                     // prefix-cache namespace (vLLM extra), 1..256 B
+  // Fields outside the endpoint's table, accepted because unknown fields are allowed (for a
+  // warning in the log).
+  std::vector<std::string> unknown_fields;
+  // /v1/responses: the request fields its Response object echoes (responses_api.h).
+  nlohmann::json responses_echo;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -49,15 +64,24 @@ struct ParseContext {
   const ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
   std::string served_model_name;
   int32_t max_model_len = 0;  // prompt + output tokens per sequence
+  // Fields outside the endpoint's table are accepted (listed in unknown_fields) instead of
+  // refused with 400 (`--allow-unknown-fields`).
+  bool allow_unknown_fields = false;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body
 // that is not a JSON object (no exception escapes).
 absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
 
+// Every field of a body is checked against the endpoint's table first (openai_fields.h): refused
+// and unknown fields give 400 naming them.
+//
 // ParseChatCompletionRequest validates a /v1/chat/completions body: renders `messages` with
-// the chat template (add_generation_prompt defaults to true) and tokenizes the result with
-// add_special_tokens=false, parse_special=true (the template emits BOS itself).
+// the chat template (the request's `chat_template` if given, else the model's;
+// add_generation_prompt defaults to true; `chat_template_kwargs` and `documents` are template
+// variables; continue_final_message cuts the text after the last message's content) and
+// tokenizes the result with add_special_tokens (default false: the template emits BOS itself),
+// parse_special=true.
 absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const nlohmann::json& body,
                                                              const ParseContext& context);
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/incremental_detokenizer.h"
 
 namespace sluice {
 namespace {
@@ -58,16 +59,20 @@ json UsageJson(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_
               {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
-json ChatLogprobsJson(const Tokenizer& tokenizer, const std::vector<TokenLogprobInfo>& tokens) {
+json ChatLogprobsJson(const Tokenizer& tokenizer, const std::vector<TokenLogprobInfo>& tokens,
+                      bool tokens_as_ids) {
+  auto name = [&](int32_t id) {
+    return tokens_as_ids ? absl::StrCat("token_id:", id) : TokenText(tokenizer, id);
+  };
   json content = json::array();
   for (const TokenLogprobInfo& t : tokens) {
     json top = json::array();
     for (const TokenLogprob& alt : t.top_logprobs) {
-      top.push_back({{"token", TokenText(tokenizer, alt.token_id)},
+      top.push_back({{"token", name(alt.token_id)},
                      {"logprob", FiniteLogprob(alt.logprob)},
                      {"bytes", BytesJson(TokenBytes(tokenizer, alt.token_id))}});
     }
-    content.push_back({{"token", TokenText(tokenizer, t.token_id)},
+    content.push_back({{"token", name(t.token_id)},
                        {"logprob", FiniteLogprob(t.logprob)},
                        {"bytes", BytesJson(TokenBytes(tokenizer, t.token_id))},
                        {"top_logprobs", std::move(top)}});
@@ -86,6 +91,12 @@ json CompletionLogprobsJson(const Tokenizer& tokenizer,
   json text_offset = json::array();
   for (const TokenLogprobInfo& t : tokens) {
     out_tokens.push_back(name(t.token_id));
+    text_offset.push_back(t.text_offset);
+    if (!t.has_logprob) {  // the first prompt token: nothing predicts it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
     token_logprobs.push_back(FiniteLogprob(t.logprob));
     json top = json::object();
     for (const TokenLogprob& alt : t.top_logprobs) {
@@ -97,12 +108,56 @@ json CompletionLogprobsJson(const Tokenizer& tokenizer,
     const std::string sampled = name(t.token_id);
     if (!top.contains(sampled)) top[sampled] = FiniteLogprob(t.logprob);
     top_logprobs.push_back(std::move(top));
-    text_offset.push_back(t.text_offset);
   }
   return json{{"tokens", std::move(out_tokens)},
               {"token_logprobs", std::move(token_logprobs)},
               {"top_logprobs", std::move(top_logprobs)},
               {"text_offset", std::move(text_offset)}};
+}
+
+std::vector<TokenLogprobInfo> PromptTokenInfos(const Tokenizer& tokenizer,
+                                               const std::vector<int32_t>& prompt,
+                                               const std::vector<PromptLogprob>& prompt_logprobs,
+                                               bool skip_special_tokens) {
+  std::vector<TokenLogprobInfo> out;
+  out.reserve(prompt.size());
+  IncrementalDetokenizer detokenizer(tokenizer, skip_special_tokens);
+  int64_t offset = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    TokenLogprobInfo info;
+    info.token_id = prompt[i];
+    info.text_offset = offset;
+    if (i == 0 || i - 1 >= prompt_logprobs.size()) {
+      info.has_logprob = false;
+    } else {
+      info.logprob = prompt_logprobs[i - 1].logprob;
+      info.top_logprobs = prompt_logprobs[i - 1].top_logprobs;
+    }
+    out.push_back(std::move(info));
+    offset += static_cast<int64_t>(detokenizer.Push(prompt[i]).size());
+  }
+  return out;
+}
+
+json PromptLogprobsJson(const Tokenizer& tokenizer,
+                        const std::vector<PromptLogprob>& prompt_logprobs) {
+  json out = json::array({nullptr});
+  for (const PromptLogprob& p : prompt_logprobs) {
+    json entry = json::object();
+    auto add = [&](int32_t id, float logprob, int32_t rank) {
+      const std::string key = std::to_string(id);
+      if (entry.contains(key)) return;
+      entry[key] = json{{"logprob", FiniteLogprob(logprob)},
+                        {"rank", rank},
+                        {"decoded_token", TokenText(tokenizer, id)}};
+    };
+    add(p.token_id, p.logprob, p.rank);
+    for (size_t r = 0; r < p.top_logprobs.size(); ++r) {
+      add(p.top_logprobs[r].token_id, p.top_logprobs[r].logprob, static_cast<int32_t>(r + 1));
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 json ChatChoiceJson(int32_t index, const std::string& content, const json& logprobs,

@@ -42,8 +42,10 @@ nlohmann::json UsageJson(int64_t prompt_tokens, int64_t completion_tokens,
 
 // ChatLogprobsJson: {content:[{token, logprob, bytes, top_logprobs:[{token, logprob, bytes}]}]}.
 // `token` is the token's decoded text (U+FFFD for a partial character), `bytes` its raw bytes.
+// With tokens_as_ids, `token` is "token_id:N" (vLLM's return_tokens_as_token_ids).
 nlohmann::json ChatLogprobsJson(const Tokenizer& tokenizer,
-                                const std::vector<TokenLogprobInfo>& tokens);
+                                const std::vector<TokenLogprobInfo>& tokens,
+                                bool tokens_as_ids = false);
 
 // CompletionLogprobsJson: {tokens, token_logprobs, top_logprobs:[{token: logprob}],
 // text_offset}; each top_logprobs dict also holds the sampled token (OpenAI: up to logprobs+1
@@ -52,6 +54,20 @@ nlohmann::json ChatLogprobsJson(const Tokenizer& tokenizer,
 nlohmann::json CompletionLogprobsJson(const Tokenizer& tokenizer,
                                       const std::vector<TokenLogprobInfo>& tokens,
                                       bool tokens_as_ids);
+
+// PromptTokenInfos: the prompt's tokens as logprob entries for completions echo + logprobs —
+// the first without a logprob (null), then prompt_logprobs[i - 1] for token i — with text
+// offsets into the prompt's decoded text.
+std::vector<TokenLogprobInfo> PromptTokenInfos(const Tokenizer& tokenizer,
+                                               const std::vector<int32_t>& prompt,
+                                               const std::vector<PromptLogprob>& prompt_logprobs,
+                                               bool skip_special_tokens);
+
+// PromptLogprobsJson is vLLM's `prompt_logprobs`: [null, {"<id>": {logprob, rank,
+// decoded_token}}, ...], one entry per prompt token; each dict holds the prompt token and its
+// top alternatives.
+nlohmann::json PromptLogprobsJson(const Tokenizer& tokenizer,
+                                  const std::vector<PromptLogprob>& prompt_logprobs);
 
 // ChatChoiceJson is one non-streamed chat choice.
 nlohmann::json ChatChoiceJson(int32_t index, const std::string& content,

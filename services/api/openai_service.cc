@@ -5,9 +5,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "services/api/generation_session.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_responses.h"
+#include "services/api/responses_api.h"
+#include "services/serve/log.h"
 
 namespace sluice {
 namespace {
@@ -17,6 +20,7 @@ using nlohmann::json;
 constexpr char kChatPath[] = "/v1/chat/completions";
 constexpr char kCompletionsPath[] = "/v1/completions";
 constexpr char kModelsPath[] = "/v1/models";
+constexpr char kResponsesPath[] = "/v1/responses";
 
 // Path strips the query string from a request target.
 std::string Path(const std::string& target) {
@@ -61,7 +65,8 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
   // The metrics label is one of the known routes, never the raw client path: a raw path
   // would let any client add unbounded series and break the exposition format.
   const std::string metric_endpoint =
-      (path == kChatPath || path == kCompletionsPath || path == kModelsPath ||
+      (path == kChatPath || path == kCompletionsPath || path == kResponsesPath ||
+       path == kModelsPath ||
        path == "/health" || path == "/metrics")
           ? path
           : absl::StartsWith(path, absl::StrCat(kModelsPath, "/")) ? std::string(kModelsPath)
@@ -77,7 +82,7 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     reply(405, "application/json", DumpJson(error));
   };
 
-  if (path == kChatPath || path == kCompletionsPath) {
+  if (path == kChatPath || path == kCompletionsPath || path == kResponsesPath) {
     if (request.method != "POST") {
       wrong_method("POST");
       return nullptr;
@@ -87,9 +92,10 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
       SendError(*sink, path, body.status());
       return nullptr;
     }
-    return HandleGeneration(
-        path == kChatPath ? Endpoint::kChatCompletions : Endpoint::kCompletions, *body,
-        std::move(sink), std::move(poster));
+    const Endpoint endpoint = path == kChatPath        ? Endpoint::kChatCompletions
+                              : path == kResponsesPath ? Endpoint::kResponses
+                                                       : Endpoint::kCompletions;
+    return HandleGeneration(endpoint, *body, std::move(sink), std::move(poster));
   }
   if (path == "/health") {
     if (!is_get) {
@@ -141,19 +147,26 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
                                                                const json& body,
                                                                std::shared_ptr<ResponseSink> sink,
                                                                Poster poster) {
-  const std::string path =
-      endpoint == Endpoint::kChatCompletions ? kChatPath : kCompletionsPath;
+  const std::string path = endpoint == Endpoint::kChatCompletions ? kChatPath
+                           : endpoint == Endpoint::kResponses     ? kResponsesPath
+                                                                  : kCompletionsPath;
   ParseContext context;
   context.tokenizer = tokenizer_;
   context.chat_template = chat_template_;
   context.served_model_name = options_.served_model_name;
   context.max_model_len = backend_->max_model_len();
-  absl::StatusOr<GenerationRequest> request = endpoint == Endpoint::kChatCompletions
-                                                  ? ParseChatCompletionRequest(body, context)
-                                                  : ParseCompletionRequest(body, context);
+  context.allow_unknown_fields = options_.allow_unknown_fields;
+  absl::StatusOr<GenerationRequest> request =
+      endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
+      : endpoint == Endpoint::kResponses     ? ParseResponsesRequest(body, context)
+                                             : ParseCompletionRequest(body, context);
   if (!request.ok()) {
     SendError(*sink, path, request.status());
     return nullptr;
+  }
+  if (!request->unknown_fields.empty()) {
+    spdlog::warn("{}: ignoring unknown request fields: {}", path,
+                 absl::StrJoin(request->unknown_fields, ", "));
   }
   if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
     in_flight_.fetch_sub(1);

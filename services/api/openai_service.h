@@ -2,6 +2,7 @@
 // transport (the HTTP server, the offline batch runner and tests drive it the same way).
 //
 //   POST /v1/chat/completions, POST /v1/completions   generation (JSON or SSE)
+//   POST /v1/responses                                 stateless Responses API (responses_api.h)
 //   GET  /v1/models, /v1/models/{id}                  the served model
 //   GET  /health                                      200 {"status":"ok"}
 //   GET  /metrics                                     Prometheus text format
@@ -28,6 +29,9 @@ namespace sluice {
 struct OpenAiServiceOptions {
   std::string served_model_name;
   int64_t max_concurrent_requests = 512;  // generation requests in flight before 503
+  // Request fields outside an endpoint's table are accepted with a logged warning instead of
+  // refused with 400 (clients that send vendor extras).
+  bool allow_unknown_fields = false;
 };
 
 class OpenAiService {

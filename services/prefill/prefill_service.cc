@@ -107,6 +107,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         response->set_request_id(out.request_id);
         if (!out.new_tokens.empty()) {
           SampledTokenToWire(out.new_tokens.front(), response->mutable_first_token());
+          for (const PromptLogprob& p : out.prompt_logprobs) {
+            PromptLogprobToWire(p, response->add_prompt_logprobs());
+          }
         }
         response->set_num_prompt_tokens(out.num_prompt_tokens);
         response->set_num_cached_tokens(out.num_cached_tokens);

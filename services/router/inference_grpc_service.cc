@@ -57,6 +57,15 @@ void SamplingToJson(const v1::SamplingParams& sp, Endpoint endpoint, json& body)
       body["logprobs"] = sp.logprobs();
     }
   }
+  if (sp.allowed_token_ids_size() > 0) {
+    body["allowed_token_ids"] =
+        std::vector<int32_t>(sp.allowed_token_ids().begin(), sp.allowed_token_ids().end());
+  }
+  if (sp.logit_bias_size() > 0) {
+    json bias = json::object();
+    for (const v1::LogitBias& b : sp.logit_bias()) bias[std::to_string(b.token_id())] = b.bias();
+    body["logit_bias"] = std::move(bias);
+  }
 }
 
 json ChatToJson(const v1::ChatPrompt& chat) {
@@ -104,6 +113,16 @@ absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
       break;
     default:
       return absl::InvalidArgumentError("one of 'text', 'token_ids' or 'chat' is required");
+  }
+  // Tokenized bad words and prompt logprobs have no form in this API's replies / JSON fields.
+  if (request.sampling().bad_words_size() > 0) {
+    return absl::InvalidArgumentError(
+        "sampling.bad_words is not supported on the Inference API (use the HTTP API's "
+        "bad_words strings)");
+  }
+  if (request.sampling().has_prompt_logprobs()) {
+    return absl::InvalidArgumentError(
+        "sampling.prompt_logprobs is not supported on the Inference API (use the HTTP API)");
   }
   SamplingToJson(request.sampling(), *endpoint, body);
   if (request.has_cache_salt()) body["cache_salt"] = request.cache_salt();

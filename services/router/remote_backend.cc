@@ -102,6 +102,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     for (const v1::SampledToken& token : message.tokens()) {
       output.new_tokens.push_back(FromWire(token));
     }
+    output.prompt_logprobs = PromptLogprobsFromWire(message.prompt_logprobs());
     if (!prefill_.has_value() && message.has_usage()) {
       num_prompt_tokens_ = message.usage().prompt_tokens();
       num_cached_tokens_ = message.usage().cached_tokens();
@@ -481,6 +482,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       num_cached_tokens_ = prefill_->num_cached_tokens();
       RequestOutput first;
       first.new_tokens.push_back(FromWire(prefill_->first_token()));
+      first.prompt_logprobs = PromptLogprobsFromWire(prefill_->prompt_logprobs());
       first.finish_reason = FromWire(prefill_->finish_reason());
       Deliver(std::move(first));
       if (finished_) {

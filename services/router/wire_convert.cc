@@ -20,6 +20,16 @@ void ToWire(const SamplingParams& params, v1::SamplingParams* out) {
   out->set_include_stop_str_in_output(params.include_stop_str_in_output);
   out->set_skip_special_tokens(params.skip_special_tokens);
   if (params.logprobs.has_value()) out->set_logprobs(*params.logprobs);
+  for (int32_t id : params.allowed_token_ids) out->add_allowed_token_ids(id);
+  for (const auto& [id, bias] : params.logit_bias) {
+    v1::LogitBias* wire = out->add_logit_bias();
+    wire->set_token_id(id);
+    wire->set_bias(bias);
+  }
+  for (const std::vector<int32_t>& word : params.bad_words_token_ids) {
+    out->add_bad_words()->mutable_token_ids()->Add(word.begin(), word.end());
+  }
+  if (params.prompt_logprobs.has_value()) out->set_prompt_logprobs(*params.prompt_logprobs);
 }
 
 void ToWire(const SampledToken& token, v1::SampledToken* out) {
@@ -30,6 +40,23 @@ void ToWire(const SampledToken& token, v1::SampledToken* out) {
     wire->set_token_id(top.token_id);
     wire->set_logprob(top.logprob);
   }
+}
+
+std::vector<PromptLogprob> PromptLogprobsFromWire(
+    const google::protobuf::RepeatedPtrField<v1::PromptLogprob>& in) {
+  std::vector<PromptLogprob> out;
+  out.reserve(in.size());
+  for (const v1::PromptLogprob& p : in) {
+    PromptLogprob entry;
+    entry.token_id = p.token_id();
+    entry.logprob = p.logprob();
+    entry.rank = p.rank();
+    for (const v1::TokenLogprob& top : p.top_logprobs()) {
+      entry.top_logprobs.push_back(TokenLogprob{top.token_id(), top.logprob()});
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
 }
 
 SampledToken FromWire(const v1::SampledToken& token) {

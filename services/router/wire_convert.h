@@ -13,6 +13,9 @@ namespace sluice {
 
 // ToWire copies every field of `params` (unset optionals stay unset).
 void ToWire(const SamplingParams& params, v1::SamplingParams* out);
+// PromptLogprobsFromWire: a worker's prompt logprobs (PrefillResponse, TokenOutput).
+std::vector<PromptLogprob> PromptLogprobsFromWire(
+    const google::protobuf::RepeatedPtrField<v1::PromptLogprob>& in);
 // ToWire converts one sampled token with its top logprobs.
 void ToWire(const SampledToken& token, v1::SampledToken* out);
 // FromWire converts one sampled token with its top logprobs.

@@ -7,6 +7,7 @@
 //    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy]
 //    [--gemm-tuning PATH] [--gemm-tuning-save PATH] [--batch-invariant])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
+//   sluice eval ppl FILE [--url http://127.0.0.1:8000] [--model NAME]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
 #include <string>
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/kv/swa_replay.h"
+#include "services/serve/eval_command.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
@@ -132,6 +134,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-concurrent-requests", serve.max_concurrent_requests,
                         "Generation requests in flight before answering 503")
       ->check(CLI::PositiveNumber);
+  serve_cmd->add_flag("--allow-unknown-fields", serve.allow_unknown_fields,
+                      "Accept request fields the API does not know, with a logged warning "
+                      "(default: 400 naming the field)");
   serve_cmd->add_option("--io-threads", serve.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
   serve_cmd->add_option("--grpc-host", serve.grpc_host, "gRPC API address");
@@ -174,6 +179,9 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--max-concurrent-requests", router.max_concurrent_requests,
                          "Generation requests in flight before answering 503")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_flag("--allow-unknown-fields", router.allow_unknown_fields,
+                       "Accept request fields the API does not know, with a logged warning "
+                       "(default: 400 naming the field)");
   router_cmd->add_option("--min-remote-prefill-tokens", router.backend.min_remote_prefill_tokens,
                          "Shorter prompts prefill on the decode worker")
       ->check(CLI::NonNegativeNumber);
@@ -237,6 +245,8 @@ int main(int argc, char** argv) {
 
   sluice::KvStoreOptions kvstore_options;
   CLI::App* kvstore_cmd = sluice::AddKvStoreCommand(app, kvstore_options);
+  sluice::EvalOptions eval_options;
+  CLI::App* eval_ppl_cmd = sluice::AddEvalCommand(app, eval_options);
 
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
@@ -262,6 +272,7 @@ int main(int argc, char** argv) {
   }
 
   if (kvstore_cmd->parsed()) return sluice::RunKvStore(kvstore_options);
+  if (eval_ppl_cmd->parsed()) return sluice::RunEvalPerplexity(eval_options);
   if (router_cmd->parsed()) {
     router.http.port = static_cast<uint16_t>(router_port);
     router.grpc_port = static_cast<uint16_t>(router_grpc_port);

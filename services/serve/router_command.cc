@@ -117,6 +117,7 @@ int RunRouter(const RouterOptions& options) {
   OpenAiServiceOptions service_options;
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
+  service_options.allow_unknown_fields = options.allow_unknown_fields;
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();

@@ -29,6 +29,7 @@ struct RouterOptions {
   uint16_t grpc_port = 7000;  // Inference API + Registry; 0: any free port (printed)
   int32_t max_model_len = 0;  // 0: config.json max_position_embeddings
   int64_t max_concurrent_requests = 512;
+  bool allow_unknown_fields = false;  // unknown request fields: warning instead of 400
   double lease_seconds = 6.0;    // workers heartbeat every lease/3
   std::string routing_policy = "kv";  // kv | load | round_robin (services/router/kv_router.h)
   RemoteBackendOptions backend;  // max_model_len is filled in from the above

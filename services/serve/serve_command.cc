@@ -31,6 +31,7 @@ int RunServe(const ServeOptions& options) {
   OpenAiServiceOptions service_options;
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
+  service_options.allow_unknown_fields = options.allow_unknown_fields;
   auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
                                                  runtime->chat_template.get(), service_options);
   OpenAiService* service_ptr = service.get();

@@ -24,12 +24,29 @@ SamplingParams SamplingFromWire(const v1::SamplingParams& in) {
   p.include_stop_str_in_output = in.include_stop_str_in_output();
   if (in.has_skip_special_tokens()) p.skip_special_tokens = in.skip_special_tokens();
   if (in.has_logprobs()) p.logprobs = in.logprobs();
+  p.allowed_token_ids.assign(in.allowed_token_ids().begin(), in.allowed_token_ids().end());
+  for (const v1::LogitBias& b : in.logit_bias()) p.logit_bias.emplace_back(b.token_id(), b.bias());
+  for (const v1::BadWord& w : in.bad_words()) {
+    p.bad_words_token_ids.emplace_back(w.token_ids().begin(), w.token_ids().end());
+  }
+  if (in.has_prompt_logprobs()) p.prompt_logprobs = in.prompt_logprobs();
   return p;
 }
 
 void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out) {
   out->set_token_id(in.token_id);
   out->set_logprob(in.logprob);
+  for (const TokenLogprob& t : in.top_logprobs) {
+    v1::TokenLogprob* w = out->add_top_logprobs();
+    w->set_token_id(t.token_id);
+    w->set_logprob(t.logprob);
+  }
+}
+
+void PromptLogprobToWire(const PromptLogprob& in, v1::PromptLogprob* out) {
+  out->set_token_id(in.token_id);
+  out->set_logprob(in.logprob);
+  out->set_rank(in.rank);
   for (const TokenLogprob& t : in.top_logprobs) {
     v1::TokenLogprob* w = out->add_top_logprobs();
     w->set_token_id(t.token_id);
@@ -56,6 +73,9 @@ v1::FinishReason FinishReasonToWire(FinishReason reason) {
 void OutputToWire(const RequestOutput& in, v1::TokenOutput* out) {
   out->set_request_id(in.request_id);
   for (const SampledToken& t : in.new_tokens) SampledTokenToWire(t, out->add_tokens());
+  for (const PromptLogprob& p : in.prompt_logprobs) {
+    PromptLogprobToWire(p, out->add_prompt_logprobs());
+  }
   out->set_finish_reason(FinishReasonToWire(in.finish_reason));
   v1::Usage* usage = out->mutable_usage();
   usage->set_prompt_tokens(in.num_prompt_tokens);

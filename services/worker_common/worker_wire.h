@@ -20,6 +20,7 @@ namespace sluice {
 // SamplingFromWire: unset optional fields keep sluice::SamplingParams' defaults.
 SamplingParams SamplingFromWire(const v1::SamplingParams& in);
 void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out);
+void PromptLogprobToWire(const PromptLogprob& in, v1::PromptLogprob* out);
 v1::FinishReason FinishReasonToWire(FinishReason reason);
 // OutputToWire: one engine output as a stream message (usage totals, error for kError).
 void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);

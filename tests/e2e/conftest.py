@@ -37,12 +37,12 @@ def sluice_bin() -> str:
 class ServerProcess:
     """A running `sluice serve`; `url` is its base URL."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), model_dir=MODEL_DIR):
         binary = sluice_bin()
         if not os.path.exists(binary):
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
         self.log = tempfile.NamedTemporaryFile(prefix="sluice-serve-", suffix=".log", delete=False)
-        args = [binary, "serve", "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", "0"]
+        args = [binary, "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", "0"]
         args += shlex.split(os.environ.get("SLUICE_SERVE_ARGS", "")) + list(extra_args)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
         lines: "queue.Queue[str]" = queue.Queue()

@@ -160,11 +160,12 @@ def test_invalid_parameters_are_400_naming_the_param(client, model):
     assert "2048" in e.value.body["message"]
 
 
-def test_unsupported_logit_bias_is_400(client, model):
+def test_unsupported_beam_search_is_400(client, model):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model, messages=CHAT, logit_bias={"5": 10})
-    assert e.value.body["param"] == "logit_bias"
-    assert "logit_bias" in e.value.body["message"]
+        client.chat.completions.create(model=model, messages=CHAT,
+                                       extra_body={"use_beam_search": True})
+    assert e.value.body["param"] == "use_beam_search"
+    assert "beam search" in e.value.body["message"]
 
 
 def test_unknown_model_is_404(client):

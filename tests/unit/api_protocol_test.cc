@@ -196,7 +196,6 @@ TEST_F(ProtocolTest, CacheSaltIsANonEmptyBoundedString) {
 }
 
 TEST_F(ProtocolTest, UnsupportedOutputChangingFieldsAreRejectedByName) {
-  ExpectChatError({{"logit_bias", {{"5", 10}}}}, "logit_bias");
   ExpectChatError({{"response_format", {{"type", "json_object"}}}}, "response_format");
   ExpectChatError({{"tools", {{{"type", "function"}}}}}, "tools");
   ExpectChatError({{"tool_choice", "auto"}}, "tool_choice");
@@ -209,7 +208,6 @@ TEST_F(ProtocolTest, UnsupportedOutputChangingFieldsAreRejectedByName) {
   ExpectChatError({{"reasoning_effort", "low"}}, "reasoning_effort");
   ExpectChatError({{"best_of", 2}}, "best_of");
   ExpectCompletionError({{"suffix", "tail"}}, "suffix");
-  ExpectCompletionError({{"logit_bias", {{"1", -100}}}}, "logit_bias");
 }
 
 TEST_F(ProtocolTest, UnknownModelIs404AndMissingModelIs400) {
@@ -266,7 +264,11 @@ TEST_F(ProtocolTest, CompletionLogprobsEchoAndTokenIds) {
 
   ExpectCompletionError({{"logprobs", 21}}, "logprobs");
   ExpectCompletionError({{"logprobs", true}}, "logprobs");
-  ExpectCompletionError({{"echo", true}, {"logprobs", 1}}, "echo");
+  // echo + logprobs asks the engine for the prompt's logprobs too.
+  r = ParseCompletionRequest(Completion({{"echo", true}, {"logprobs", 1}}), context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.prompt_logprobs, 1);
+  EXPECT_FALSE(r->prompt_logprobs_field);
   ExpectCompletionError({{"echo", "y"}}, "echo");
 }
 

@@ -375,11 +375,11 @@ TEST_F(ServiceTest, RoutingAndErrors) {
   EXPECT_EQ(unknown_model->status, 404);
   EXPECT_EQ(unknown_model->json()["error"]["param"], "model");
 
-  auto bias = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"},
-                                       {"logit_bias", {{"5", 1}}}});
-  EXPECT_EQ(bias->status, 400);
-  EXPECT_EQ(bias->json()["error"]["param"], "logit_bias");
-  EXPECT_THAT(bias->json()["error"]["message"].get<std::string>(), HasSubstr("logit_bias"));
+  auto beam = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"},
+                                       {"use_beam_search", true}});
+  EXPECT_EQ(beam->status, 400);
+  EXPECT_EQ(beam->json()["error"]["param"], "use_beam_search");
+  EXPECT_THAT(beam->json()["error"]["message"].get<std::string>(), HasSubstr("beam search"));
   EXPECT_TRUE(backend_.order().empty());
 }
 

@@ -145,6 +145,19 @@ class FakeBackend : public InferenceBackend {
         st.top_logprobs.resize(s.request.sampling.logprobs.value_or(0));
         out.new_tokens.push_back(st);
       }
+      // Prompt logprobs (when asked) come with the first output: token i scores -0.25 * i.
+      if (s.num_output_tokens == 0 && s.request.sampling.prompt_logprobs.has_value()) {
+        const std::vector<int32_t>& prompt = s.request.prompt_token_ids;
+        for (size_t i = 1; i < prompt.size(); ++i) {
+          PromptLogprob p;
+          p.token_id = prompt[i];
+          p.logprob = -0.25f * static_cast<float>(i);
+          p.rank = 2;
+          p.top_logprobs = {{ByteTokenizer::Byte('q'), -0.125f}};
+          p.top_logprobs.resize(*s.request.sampling.prompt_logprobs);
+          out.prompt_logprobs.push_back(p);
+        }
+      }
       s.num_output_tokens += static_cast<int32_t>(tokens.size());
       out.num_prompt_tokens = static_cast<int32_t>(s.request.prompt_token_ids.size());
       out.num_cached_tokens = cached_tokens;

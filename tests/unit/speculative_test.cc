@@ -147,10 +147,9 @@ TEST(TargetProbsTest, MatchesWhatSampleTokenDraws) {
   for (int i = 2; i < 6; ++i) EXPECT_EQ(probs[i], 0.0);
   // SampleToken's draws land only on those two, about equally often.
   int counts[6] = {};
-  SamplerRng rng(7);
   for (int i = 0; i < 4000; ++i) {
     std::vector<float> l = logits;
-    ++counts[SampleToken(absl::MakeSpan(l), p, ctx, rng).token_id];
+    ++counts[SampleToken(absl::MakeSpan(l), p, ctx, SampleDrawKey{7, 0, i}).token_id];
   }
   EXPECT_EQ(counts[0] + counts[1], 4000);
   EXPECT_NEAR(counts[0] / 4000.0, 0.5, 0.03);

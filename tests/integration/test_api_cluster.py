@@ -1,0 +1,118 @@
+"""The API fields through the router (1 prefill + 1 decode worker): prompt logprobs come from
+the prefill worker (carried in PrefillResponse) and give the reference perplexity on the
+golden prompts; token constraints reach the workers; /v1/responses equals chat."""
+
+import array
+import json
+import math
+import pathlib
+import subprocess
+import tempfile
+
+import openai
+import pytest
+
+from sluice_cluster import MODEL_DIR, MODEL_NAME, Cluster, sluice_bin
+
+
+def read_safetensors(path):
+    data = pathlib.Path(path).read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    base = 8 + header_len
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
+            continue
+        begin, end = info["data_offsets"]
+        values = array.array("q" if info["dtype"] == "I64" else "f")
+        values.frombytes(data[base + begin:base + end])
+        out[name] = (info["shape"], values)
+    return out
+
+
+def reference_logprobs(golden, i):
+    _, ids = golden[f"input_ids_{i}"]
+    (rows, vocab), logits = golden[f"logits_{i}"]
+    out = []
+    for p in range(rows - 1):
+        row = logits[p * vocab:(p + 1) * vocab]
+        m = max(row)
+        out.append(row[ids[p + 1]] - m - math.log(math.fsum(math.exp(x - m) for x in row)))
+    return list(ids), out
+
+
+def ppl(logprobs):
+    return math.exp(-math.fsum(logprobs) / len(logprobs))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(num_prefill=1, num_decode=1)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    return openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def remote_prefills(cluster):
+    import urllib.request
+    with urllib.request.urlopen(cluster.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith('sluice_router_prefills_total{where="remote"}'):
+            return float(line.split()[-1])
+    raise AssertionError("no remote prefill counter")
+
+
+def test_echo_logprobs_perplexity_through_the_router(cluster, client):
+    golden = read_safetensors(MODEL_DIR / "golden.safetensors")
+    before = remote_prefills(cluster)
+    for i in (0, 1, 2, 3):
+        ids, want = reference_logprobs(golden, i)
+        r = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=2, echo=True,
+                                      logprobs=1, temperature=0)
+        got = r.choices[0].logprobs.token_logprobs[1:len(ids)]
+        assert r.choices[0].logprobs.token_logprobs[0] is None
+        assert math.isclose(ppl(got), ppl(want), rel_tol=1e-4), (i, ppl(got), ppl(want))
+    # The prompts were prefilled (and scored) on the prefill worker.
+    assert remote_prefills(cluster) - before >= 1
+    # `sluice eval ppl` against the router.
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("Ge1:1 In the beginning God created the heaven and the earth.\n")
+        path = f.name
+    out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", cluster.url],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["num_tokens"] > 5 and 1.0 < result["ppl"] < 1e4
+
+
+def test_token_constraints_reach_the_workers(client):
+    r = client.completions.create(model=MODEL_NAME, prompt="Ge1:1 In the", max_tokens=6,
+                                  temperature=0, logprobs=0, logit_bias={"300": 100},
+                                  extra_body={"ignore_eos": True,
+                                              "return_tokens_as_token_ids": True})
+    assert r.choices[0].logprobs.tokens == ["token_id:300"] * 6
+    allowed = [300, 301, 302]
+    r = client.completions.create(model=MODEL_NAME, prompt="Ge1:1 In the", max_tokens=6,
+                                  temperature=1.0, seed=1, logprobs=0,
+                                  extra_body={"allowed_token_ids": allowed, "ignore_eos": True,
+                                              "return_tokens_as_token_ids": True})
+    assert {int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens} <= set(allowed)
+
+
+def test_responses_through_the_router(client):
+    q = "Who made the heaven and the earth?"
+    want = client.chat.completions.create(model=MODEL_NAME, max_tokens=8, temperature=0,
+                                          messages=[{"role": "user", "content": q}])
+    r = client.responses.create(model=MODEL_NAME, input=q, max_output_tokens=8, temperature=0)
+    assert r.output_text == want.choices[0].message.content
+    with client.responses.stream(model=MODEL_NAME, input=q, max_output_tokens=8,
+                                 temperature=0) as stream:
+        text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    assert text == final.output_text == r.output_text
