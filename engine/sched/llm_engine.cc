@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/grammar/token_bitmask.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/kv/swa_replay.h"
 #include "engine/sample/philox.h"
@@ -193,6 +194,7 @@ class LLMEngineImpl final : public LLMEngine {
       recompute = !RebuildSlidingKv(*seq, seq->num_prompt_tokens(), swa_replay_tokens_).ok();
     }
     seq->AppendToken(token->token_id);
+    AdvanceGrammar(*seq, token->token_id);
     ++(recompute ? counters_.num_transfers_recomputed : counters_.num_transfers_completed);
     if (FinishReason reason = CheckFinished(*seq); reason != FinishReason::kNone) {
       std::unique_ptr<Sequence> done = RemoveSequence(request_id);
@@ -377,7 +379,8 @@ class LLMEngineImpl final : public LLMEngine {
     std::vector<int32_t> room;
     for (Sequence* seq : scheduler_.running()) {
       seq->draft.Clear();
-      if (seq->finish_pending || seq->request.hold_kv_blocks ||
+      // Structured-output rows are not drafted: VerifyRow does not apply the grammar mask.
+      if (seq->finish_pending || seq->request.hold_kv_blocks || seq->matcher != nullptr ||
           seq->num_computed_tokens != seq->num_tokens() - 1) {
         continue;
       }
@@ -605,7 +608,7 @@ class LLMEngineImpl final : public LLMEngine {
   // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
   bool AsyncPlan(const SchedulerOutput& plan) {
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
-        options_.kv_connector != nullptr || options_.speculative.enabled()) {
+        options_.kv_connector != nullptr || options_.speculative.enabled() || HasGrammar(plan)) {
       return false;
     }
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
@@ -901,14 +904,41 @@ class LLMEngineImpl final : public LLMEngine {
   }
 
   SampledToken Sample(Sequence& seq, absl::Span<float> logits) {
-    return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
+    if (seq.matcher == nullptr) {
+      return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
+    }
+    // Structured output: only the tokens the grammar allows (EOS alone once it is complete).
+    seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+    seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+    grammar::ApplyTokenBitmask(seq.grammar_bitmask, logits);
+    SampledToken token = SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
+    AdvanceGrammar(seq, token.token_id);
+    return token;
+  }
+
+  // AdvanceGrammar moves seq's matcher past `token`. A token the grammar refuses (only when
+  // every allowed logit was -inf or min_tokens suppressed the forced EOS) leaves the matcher
+  // as it was; the request then ends by length or EOS as usual.
+  static void AdvanceGrammar(Sequence& seq, int32_t token) {
+    if (seq.matcher != nullptr) seq.matcher->AcceptToken(token);
+  }
+
+  // HasGrammar: some sampling row of the plan is constrained by a grammar (its mask is built
+  // on the host, so the step samples there).
+  static bool HasGrammar(const SchedulerOutput& plan) {
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.samples() && s.seq->matcher != nullptr) return true;
+    }
+    return false;
   }
 
   // DeviceGreedyStep: the step's tokens may come from Model::ForwardGreedy — the model supports
   // it and every sampling row would be a plain argmax on the host (IsPlainGreedy), so the
   // tokens and logprobs are those of the full-logits path and no [rows, vocab] logits cross.
   bool DeviceGreedyStep(const SchedulerOutput& plan) {
-    if (!model_->SupportsDeviceGreedy() || input_.logits_indices.empty()) return false;
+    if (!model_->SupportsDeviceGreedy() || input_.logits_indices.empty() || HasGrammar(plan)) {
+      return false;
+    }
     if (has_prompt_rows_) return false;  // prompt logprobs need those rows' full logits
     for (const ScheduledSequence& s : plan.scheduled) {
       if (s.samples() && !IsPlainGreedy(s.seq->request.sampling, Context(*s.seq))) return false;
@@ -962,6 +992,13 @@ class LLMEngineImpl final : public LLMEngine {
     seq->token_ids = seq->request.prompt_token_ids;
     // Front ends assign and report seeds; a request that still has none gets one here.
     if (!seq->request.sampling.seed.has_value()) seq->request.sampling.seed = NewRandomSeed();
+    if (seq->request.grammar != nullptr) {
+      // The grammar ends the output with any id that stops the request.
+      std::vector<int32_t> stop_ids = eos_token_ids_;
+      const std::vector<int32_t>& extra = seq->request.sampling.stop_token_ids;
+      stop_ids.insert(stop_ids.end(), extra.begin(), extra.end());
+      seq->matcher = std::make_unique<grammar::GrammarMatcher>(seq->request.grammar, stop_ids);
+    }
     return seq;
   }
 

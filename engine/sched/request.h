@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,10 @@
 #include "engine/sample/sampling_params.h"
 
 namespace sluice {
+
+namespace grammar {
+class CompiledGrammar;  // engine/grammar/compiled_grammar.h
+}  // namespace grammar
 
 // EngineRequest: a tokenized prompt and its sampling parameters.
 struct EngineRequest {
@@ -26,6 +31,10 @@ struct EngineRequest {
   // Prefix-cache namespace: requests share cached KV only with requests of the same salt
   // (per-tenant isolation; empty = the shared namespace). Part of every block hash.
   std::string cache_salt;
+  // Structured output: tokens are sampled only where this grammar allows them, and EOS is
+  // forced once it is complete (engine/grammar). Null: unconstrained. Such rows are sampled on
+  // the host (the mask is built there).
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -3,8 +3,10 @@
 #define SLUICE_ENGINE_SCHED_SEQUENCE_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "engine/grammar/grammar_matcher.h"
 #include "engine/kv/block_hash.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/request.h"
@@ -42,6 +44,10 @@ struct Sequence {
   bool NeedsPromptLogprobs() const {
     return request.sampling.prompt_logprobs.has_value() && !prompt_logprobs_sent;
   }
+  // Structured output (request.grammar set): the grammar state after output_token_ids, and the
+  // scratch bitmask of allowed next tokens.
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  std::vector<uint32_t> grammar_bitmask;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   int32_t num_preemptions = 0;
   // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is

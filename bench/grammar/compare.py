@@ -1,0 +1,171 @@
+"""Grammar engine comparison: Sluice (bench/grammar_bench.cc) vs xgrammar and llguidance on the
+same JSON Schemas, the same documents and the same vocabulary, in one run.
+
+    bench/.venv-grammar/bin/python bench/grammar/compare.py \
+        --tokenizer ../shared/tokenizers/llama3/tokenizer.json --bench build-cpu/bin/grammar_bench \
+        --out bench/results/grammar_llama3
+
+Per case: compile time (median of 3, caches off, one thread each) and the time to fill the
+next-token bitmask before each token of the document and once at its end (p50 / p99).
+Writes <out>.json and <out>.png. Engines that cannot be imported are reported as skipped with
+the reason. Requirements: bench/grammar/requirements.txt.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def dump(v):
+    """Compact JSON with ", " and ": " (the separators every engine is configured with)."""
+    return json.dumps(v, separators=(", ", ": "), ensure_ascii=False)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * (len(xs) - 1) + 0.5))]
+
+
+def summarize(name, engine, compile_ms, mask_us, ok, n):
+    return {"name": name, "engine": engine, "document_ok": ok, "num_tokens": n,
+            "compile_ms": statistics.median(compile_ms), "mask_us_p50": pct(mask_us, 0.5),
+            "mask_us_p99": pct(mask_us, 0.99), "mask_us_max": max(mask_us)}
+
+
+def run_llguidance(cases, hf, ids_per_case):
+    import llguidance
+    import llguidance.hf
+    import llguidance.numpy as lnp
+    tok = llguidance.hf.from_tokenizer(hf)
+    out = []
+    for case, ids in zip(cases, ids_per_case):
+        compile_ms = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                json.dumps(case["schema"], sort_keys=True), defaults={"whitespace_flexible": False, "item_separator": ", ",
+                                          "key_separator": ": "})
+            matcher = llguidance.LLMatcher(tok, grammar)
+            compile_ms.append((time.perf_counter() - t0) * 1e3)
+        assert not matcher.is_error(), matcher.get_error()
+        mask = lnp.allocate_token_bitmask(1, tok.vocab_size)
+        times, ok = [], True
+        for i in range(len(ids) + 1):
+            t0 = time.perf_counter()
+            lnp.fill_next_token_bitmask(matcher, mask, 0)
+            times.append((time.perf_counter() - t0) * 1e6)
+            if i == len(ids):
+                break
+            if not matcher.consume_token(ids[i]):
+                ok = False
+                break
+        out.append(summarize(case["name"], "llguidance", compile_ms, times, ok and matcher.is_accepting(), len(ids)))
+    return out
+
+
+def run_xgrammar(cases, hf, ids_per_case, vocab_size):
+    import xgrammar as xgr
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size)
+    out = []
+    for case, ids in zip(cases, ids_per_case):
+        compile_ms = []
+        for _ in range(3):
+            compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            t0 = time.perf_counter()
+            compiled = compiler.compile_json_schema(json.dumps(case["schema"], sort_keys=True), any_whitespace=False,
+                                                    separators=(", ", ": "))
+            compile_ms.append((time.perf_counter() - t0) * 1e3)
+        matcher = xgr.GrammarMatcher(compiled)
+        mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+        times, ok = [], True
+        for i in range(len(ids) + 1):
+            t0 = time.perf_counter()
+            matcher.fill_next_token_bitmask(mask)
+            times.append((time.perf_counter() - t0) * 1e6)
+            if i == len(ids):
+                break
+            if not matcher.accept_token(ids[i]):
+                ok = False
+                break
+        out.append(summarize(case["name"], "xgrammar", compile_ms, times, ok, len(ids)))
+    return out
+
+
+def plot(results, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = sorted({r["name"] for r in results})
+    engines = [e for e in ("sluice", "xgrammar", "llguidance") if any(r["engine"] == e for r in results)]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    for ax, key, label in zip(axes, ("compile_ms", "mask_us_p50", "mask_us_p99"),
+                              ("compile time (ms)", "mask p50 (µs)", "mask p99 (µs)")):
+        width = 0.8 / max(1, len(engines))
+        for k, e in enumerate(engines):
+            vals = [next((r[key] for r in results if r["name"] == n and r["engine"] == e), 0) for n in names]
+            ax.bar([i + k * width for i in range(len(names))], vals, width, label=e)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(label)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--bench", required=True, help="path of the grammar_bench binary")
+    ap.add_argument("--cases", default=str(HERE / "cases.json"))
+    ap.add_argument("--out", required=True, help="output path without extension")
+    args = ap.parse_args()
+    cases = json.loads(Path(args.cases).read_text())
+    sluice = subprocess.run([args.bench, "--tokenizer", args.tokenizer, "--cases", args.cases],
+                            check=True, capture_output=True, text=True)
+    results = [json.loads(line) for line in sluice.stdout.splitlines() if line.startswith("{")]
+
+    from transformers import PreTrainedTokenizerFast
+    hf = PreTrainedTokenizerFast(tokenizer_file=args.tokenizer)
+    # The documents exactly as the Sluice bench serialized them (its grammar orders properties
+    # by sorted key; the other engines get the schemas with sorted keys too).
+    docs = {r["name"]: r["document"] for r in results}
+    ids_per_case = [hf.encode(docs[c["name"]], add_special_tokens=False) for c in cases]
+    for c in cases:
+        c["schema"] = json.loads(json.dumps(c["schema"], sort_keys=True))
+    vocab_size = len(hf)
+    skipped = {}
+    for name, fn in (("llguidance", lambda: run_llguidance(cases, hf, ids_per_case)),
+                     ("xgrammar", lambda: run_xgrammar(cases, hf, ids_per_case, vocab_size))):
+        try:
+            results += fn()
+        except ImportError as e:
+            skipped[name] = f"import failed: {e}"
+    versions = {}
+    for mod in ("llguidance", "xgrammar"):
+        try:
+            from importlib.metadata import version
+            versions[mod] = version(mod)
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            versions[mod] = f"unknown ({e})"
+    out = {"tokenizer": args.tokenizer, "vocab_size": vocab_size, "versions": versions,
+           "skipped": skipped, "results": results}
+    Path(args.out + ".json").write_text(json.dumps(out, indent=1) + "\n")
+    plot(results, args.out + ".png", f"JSON Schema grammars on {Path(args.tokenizer).parent.name} "
+         f"({vocab_size} tokens), one CPU thread each")
+    for r in results:
+        print(f'{r["name"]:18s} {r["engine"]:10s} ok={r["document_ok"]!s:5s} compile {r["compile_ms"]:9.2f} ms'
+              f'  mask p50 {r["mask_us_p50"]:9.1f} us  p99 {r["mask_us_p99"]:9.1f} us')
+    if skipped:
+        print("skipped:", skipped, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

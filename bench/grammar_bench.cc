@@ -1,0 +1,139 @@
+// grammar_bench: JSON Schema compile time and per-token mask time of Sluice's grammar engine
+// (engine/grammar) on a real tokenizer, along fixed valid documents.
+//
+//   build/bin/grammar_bench --tokenizer ../shared/tokenizers/llama3/tokenizer.json \
+//       --cases bench/grammar/cases.json --out bench/results/grammar_sluice_llama3.json
+//
+// For each case: the schema is compiled `--compile_repeats` times without the cache (median
+// reported); the document `instance` is serialized in the engine's JSON style (", " and ": "),
+// tokenized, and the mask is filled before each of its tokens and once more at the end (EOS),
+// each timed. bench/grammar/compare.py runs xgrammar and llguidance on the same documents.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/grammar_matcher.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+// Compact JSON with the grammar's separators.
+std::string Dump(const json& v) {
+  if (v.is_object()) {
+    std::string s = "{";
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (!first) s += ", ";
+      first = false;
+      s += json(it.key()).dump() + ": " + Dump(it.value());
+    }
+    return s + "}";
+  }
+  if (v.is_array()) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + Dump(v[i]);
+    return s + "]";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string tokenizer_path, cases_path, out_path;
+  int compile_repeats = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--tokenizer") tokenizer_path = argv[i + 1];
+    else if (flag == "--cases") cases_path = argv[i + 1];
+    else if (flag == "--out") out_path = argv[i + 1];
+    else if (flag == "--compile_repeats") compile_repeats = std::stoi(argv[i + 1]);
+  }
+  if (tokenizer_path.empty() || cases_path.empty()) {
+    std::fprintf(stderr, "usage: grammar_bench --tokenizer T --cases C [--out O]\n");
+    return 2;
+  }
+  auto tokenizer = sluice::Tokenizer::FromFile(tokenizer_path);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tokenizer.status().message()).c_str());
+    return 1;
+  }
+  std::ifstream in(cases_path);
+  const json cases = json::parse(in);
+  const auto vocab_start = Clock::now();
+  auto vocab = sluice::grammar::TokenVocab::FromTokenizer(**tokenizer, {});
+  const double vocab_ms = Ms(Clock::now() - vocab_start);
+  json results = json::array();
+  for (const json& c : cases) {
+    sluice::grammar::GrammarSpec spec{sluice::grammar::GrammarKind::kJsonSchema, c["schema"].dump(), {}};
+    std::vector<double> compile_ms;
+    std::shared_ptr<const sluice::grammar::CompiledGrammar> compiled;
+    for (int r = 0; r < compile_repeats; ++r) {
+      sluice::grammar::GrammarCompiler compiler(vocab, {.cache_capacity = 0});
+      const auto t0 = Clock::now();
+      auto g = compiler.Compile(spec);
+      compile_ms.push_back(Ms(Clock::now() - t0));
+      if (!g.ok()) {
+        std::fprintf(stderr, "%s: %s\n", c["name"].get<std::string>().c_str(),
+                     std::string(g.status().message()).c_str());
+        return 1;
+      }
+      compiled = *g;
+    }
+    const std::string doc = Dump(c["instance"]);
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(doc, /*add_special_tokens=*/false);
+    sluice::grammar::GrammarMatcher matcher(compiled, std::vector<int32_t>{});
+    std::vector<uint32_t> mask(matcher.num_bitmask_words());
+    std::vector<double> mask_us;
+    bool ok = true;
+    for (size_t i = 0; i <= ids.size(); ++i) {
+      const auto t0 = Clock::now();
+      matcher.FillNextTokenBitmask(absl::MakeSpan(mask));
+      mask_us.push_back(Ms(Clock::now() - t0) * 1000.0);
+      if (i == ids.size()) break;
+      if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u) || !matcher.AcceptToken(ids[i])) {
+        ok = false;
+        break;
+      }
+    }
+    ok = ok && matcher.CanEnd();
+    std::sort(compile_ms.begin(), compile_ms.end());
+    json r = {{"name", c["name"]},
+              {"engine", "sluice"},
+              {"document_ok", ok},
+              {"num_tokens", ids.size()},
+              {"document", doc},
+              {"compile_ms", compile_ms[compile_ms.size() / 2]},
+              {"mask_us_p50", Percentile(mask_us, 0.5)},
+              {"mask_us_p99", Percentile(mask_us, 0.99)},
+              {"mask_us_max", Percentile(mask_us, 1.0)},
+              {"num_states", compiled->stats().num_states},
+              {"num_uncertain", compiled->stats().num_uncertain},
+              {"table_bytes", compiled->stats().table_bytes}};
+    std::printf("%s\n", r.dump().c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  json out = {{"engine", "sluice"}, {"tokenizer", tokenizer_path}, {"vocab_size", vocab->vocab_size()},
+              {"vocab_build_ms", vocab_ms}, {"results", results}};
+  if (!out_path.empty()) std::ofstream(out_path) << out.dump(1) << "\n";
+  return 0;
+}

@@ -1,0 +1,67 @@
+// CompiledGrammar: a grammar's pushdown automaton bound to a token vocabulary, with the token
+// tables the mask needs precomputed per automaton state.
+//
+// For each state that can consume a byte, every token is classified by walking the vocabulary
+// trie from that state with only the state's own rule on the stack (XGrammar's adaptive token
+// mask cache, Dong et al. 2024, arXiv:2411.15100; our implementation):
+//   accepted  - the token's bytes are consumed entirely inside the rule: allowed whatever the
+//               rest of the stack is;
+//   uncertain - some path returned from the rule before the token's bytes ran out: whether it
+//               is allowed depends on the callers, so the matcher checks it at run time;
+//   rejected  - everything else (not stored).
+// Immutable after Create; shared by every matcher of the grammar (thread-safe reads).
+#ifndef SLUICE_ENGINE_GRAMMAR_COMPILED_GRAMMAR_H_
+#define SLUICE_ENGINE_GRAMMAR_COMPILED_GRAMMAR_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/grammar/grammar.h"
+#include "engine/grammar/pda.h"
+#include "engine/grammar/token_vocab.h"
+
+namespace sluice::grammar {
+
+// StateTokens: one state's token classification. Accepted tokens are a bitmask when they are
+// many (accepted_bits, num_bitmask_words words) and a sorted id list otherwise.
+struct StateTokens {
+  std::vector<uint32_t> accepted_bits;
+  std::vector<int32_t> accepted_ids;
+  std::vector<int32_t> uncertain_ids;  // sorted
+};
+
+struct CompileStats {
+  int32_t num_states = 0;
+  int32_t num_byte_states = 0;  // states with precomputed tables
+  int64_t num_uncertain = 0;    // sum over states
+  int64_t table_bytes = 0;
+};
+
+class CompiledGrammar {
+ public:
+  // Create builds the automaton and the per-state tables. Errors: those of BuildPda.
+  static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Create(
+      const Grammar& grammar, std::shared_ptr<const TokenVocab> vocab,
+      const PdaOptions& options = {});
+
+  const Pda& pda() const { return pda_; }
+  const TokenVocab& vocab() const { return *vocab_; }
+  // tokens(state) is meaningful for states with byte edges.
+  const StateTokens& tokens(int32_t state) const { return tables_[state]; }
+  const CompileStats& stats() const { return stats_; }
+
+ private:
+  CompiledGrammar() = default;
+  void Precompute(int32_t state, class StackWalk& walk);
+
+  Pda pda_;
+  std::shared_ptr<const TokenVocab> vocab_;
+  std::vector<StateTokens> tables_;
+  CompileStats stats_;
+};
+
+}  // namespace sluice::grammar
+
+#endif  // SLUICE_ENGINE_GRAMMAR_COMPILED_GRAMMAR_H_

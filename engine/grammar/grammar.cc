@@ -1,0 +1,173 @@
+#include "engine/grammar/grammar.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace sluice::grammar {
+
+Expr Empty() { return Expr{}; }
+
+Expr Literal(absl::string_view utf8) {
+  if (utf8.empty()) return Empty();
+  Expr e;
+  e.kind = ExprKind::kLiteral;
+  e.text = std::string(utf8);
+  return e;
+}
+
+Expr CharClass(std::vector<CodepointRange> ranges, bool negated) {
+  Expr e;
+  e.kind = ExprKind::kCharClass;
+  e.ranges = std::move(ranges);
+  e.negated = negated;
+  return e;
+}
+
+Expr RuleRef(int32_t rule) {
+  Expr e;
+  e.kind = ExprKind::kRuleRef;
+  e.rule = rule;
+  return e;
+}
+
+Expr Sequence(std::vector<Expr> children) {
+  if (children.size() == 1) return std::move(children[0]);
+  if (children.empty()) return Empty();
+  Expr e;
+  e.kind = ExprKind::kSequence;
+  e.children = std::move(children);
+  return e;
+}
+
+Expr Choice(std::vector<Expr> children) {
+  if (children.size() == 1) return std::move(children[0]);
+  Expr e;
+  e.kind = ExprKind::kChoice;  // no children: matches nothing
+  e.children = std::move(children);
+  return e;
+}
+
+Expr Repeat(Expr child, int32_t min_count, int32_t max_count) {
+  Expr e;
+  e.kind = ExprKind::kRepeat;
+  e.min_count = min_count;
+  e.max_count = max_count;
+  e.children.push_back(std::move(child));
+  return e;
+}
+
+int32_t Grammar::AddRule(std::string name, Expr body) {
+  std::string unique = name;
+  for (int i = 1; FindRule(unique).has_value(); ++i) unique = absl::StrCat(name, "-", i);
+  rules_.push_back(Rule{std::move(unique), std::move(body)});
+  return static_cast<int32_t>(rules_.size()) - 1;
+}
+
+std::optional<int32_t> Grammar::FindRule(absl::string_view name) const {
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    if (rules_[i].name == name) return static_cast<int32_t>(i);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+void AppendEscaped(char32_t cp, bool in_class, std::string* out) {
+  if (cp == '\n' || cp == '\r' || cp == '\t') {
+    out->append(cp == '\n' ? "\\n" : cp == '\r' ? "\\r" : "\\t");
+    return;
+  }
+  if (cp == '\\' || (!in_class && cp == '"') || (in_class && (cp == ']' || cp == '-' || cp == '^'))) {
+    out->push_back('\\');
+    out->push_back(static_cast<char>(cp));
+    return;
+  }
+  if (cp < 0x20 || cp == 0x7f || cp > 0x7f) {
+    absl::StrAppendFormat(out, cp > 0xffff ? "\\U%08x" : "\\u%04x", static_cast<uint32_t>(cp));
+    return;
+  }
+  out->push_back(static_cast<char>(cp));
+}
+
+void Print(const Grammar& g, const Expr& e, std::string* out) {
+  switch (e.kind) {
+    case ExprKind::kEmpty:
+      out->append("\"\"");
+      return;
+    case ExprKind::kLiteral:
+      out->push_back('"');
+      for (unsigned char c : e.text) {
+        if (c >= 0x80) {
+          out->push_back(static_cast<char>(c));  // UTF-8 passes through
+        } else {
+          AppendEscaped(c, false, out);
+        }
+      }
+      out->push_back('"');
+      return;
+    case ExprKind::kCharClass:
+      out->append(e.negated ? "[^" : "[");
+      for (const CodepointRange& r : e.ranges) {
+        AppendEscaped(r.lo, true, out);
+        if (r.hi != r.lo) {
+          out->push_back('-');
+          AppendEscaped(r.hi, true, out);
+        }
+      }
+      out->push_back(']');
+      return;
+    case ExprKind::kRuleRef:
+      out->append(g.rule(e.rule).name);
+      return;
+    case ExprKind::kSequence:
+    case ExprKind::kChoice: {
+      out->push_back('(');
+      for (size_t i = 0; i < e.children.size(); ++i) {
+        if (i > 0) out->append(e.kind == ExprKind::kChoice ? " | " : " ");
+        Print(g, e.children[i], out);
+      }
+      out->push_back(')');
+      return;
+    }
+    case ExprKind::kRepeat:
+      Print(g, e.children[0], out);
+      if (e.min_count == 0 && e.max_count == -1) {
+        out->push_back('*');
+      } else if (e.min_count == 1 && e.max_count == -1) {
+        out->push_back('+');
+      } else if (e.min_count == 0 && e.max_count == 1) {
+        out->push_back('?');
+      } else if (e.max_count == -1) {
+        absl::StrAppend(out, "{", e.min_count, ",}");
+      } else if (e.max_count == e.min_count) {
+        absl::StrAppend(out, "{", e.min_count, "}");
+      } else {
+        absl::StrAppend(out, "{", e.min_count, ",", e.max_count, "}");
+      }
+      return;
+  }
+}
+
+}  // namespace
+
+std::string ExprToString(const Grammar& grammar, const Expr& expr) {
+  std::string out;
+  Print(grammar, expr, &out);
+  return out;
+}
+
+std::string Grammar::ToString() const {
+  std::string out;
+  auto print_rule = [&](int32_t i) {
+    absl::StrAppend(&out, rules_[i].name, " ::= ");
+    Print(*this, rules_[i].body, &out);
+    out.push_back('\n');
+  };
+  if (root_ < num_rules()) print_rule(root_);
+  for (int32_t i = 0; i < num_rules(); ++i) {
+    if (i != root_) print_rule(i);
+  }
+  return out;
+}
+
+}  // namespace sluice::grammar

@@ -1,0 +1,164 @@
+#include "engine/grammar/grammar_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+
+namespace sluice::grammar {
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar,
+                               std::optional<std::vector<int32_t>> eos_token_ids)
+    : grammar_(std::move(grammar)), walk_(&grammar_->pda()) {
+  eos_token_ids_ = eos_token_ids.has_value() ? *std::move(eos_token_ids)
+                                             : grammar_->vocab().eos_token_ids();
+  const Pda& pda = grammar_->pda();
+  StackWalk::Flags flags;
+  walk_.ResetVisited();
+  walk_.Expand(walk_.NewNode(pda.rule_start[pda.root_rule], kRootParent), &tops_, &flags);
+  can_end_ = flags.reached_root;
+}
+
+bool GrammarMatcher::CheckToken(int32_t top, std::string_view bytes) {
+  const size_t mark = walk_.nodes().size();
+  cur_.assign(1, top);
+  bool ok = true;
+  for (const char& c : bytes) {
+    const uint8_t b = static_cast<uint8_t>(c);
+    StackWalk::Flags flags;
+    next_.clear();
+    walk_.Step(cur_.data(), cur_.size(), b, &next_, &flags);
+    if (next_.empty()) {
+      // Dead, unless the last byte completed the whole grammar.
+      ok = flags.reached_root && &c == &bytes.back();
+      break;
+    }
+    cur_.swap(next_);
+  }
+  walk_.nodes().resize(mark);
+  return ok;
+}
+
+void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
+  std::fill(bitmask.begin(), bitmask.end(), 0u);
+  const TokenVocab& vocab = grammar_->vocab();
+  auto set = [&](int32_t id) { bitmask[id >> 5] |= 1u << (id & 31); };
+  auto is_set = [&](int32_t id) { return (bitmask[id >> 5] >> (id & 31)) & 1u; };
+  if (!terminated_) {
+    seen_states_.clear();
+    for (int32_t top : tops_) {
+      const int32_t state = walk_.nodes()[top].state;
+      const StateTokens& t = grammar_->tokens(state);
+      const bool first = std::find(seen_states_.begin(), seen_states_.end(), state) ==
+                         seen_states_.end();
+      if (first) {
+        seen_states_.push_back(state);
+        if (!t.accepted_bits.empty()) {
+          const size_t n = std::min(bitmask.size(), t.accepted_bits.size());
+          for (size_t w = 0; w < n; ++w) bitmask[w] |= t.accepted_bits[w];
+        } else {
+          for (int32_t id : t.accepted_ids) set(id);
+        }
+      }
+      for (int32_t id : t.uncertain_ids) {
+        if (!is_set(id) && CheckToken(top, vocab.token_bytes(id))) set(id);
+      }
+    }
+  }
+  if (can_end_ || terminated_) {
+    for (int32_t id : eos_token_ids_) {
+      if (id >= 0 && (id >> 5) < static_cast<int32_t>(bitmask.size())) set(id);
+    }
+  }
+}
+
+bool GrammarMatcher::Advance(std::string_view bytes) {
+  const size_t mark = walk_.nodes().size();
+  cur_ = tops_;
+  bool can_end = can_end_;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    StackWalk::Flags flags;
+    next_.clear();
+    walk_.Step(cur_.data(), cur_.size(), static_cast<uint8_t>(bytes[i]), &next_, &flags);
+    can_end = flags.reached_root;
+    // Dead, or complete with bytes left over.
+    if ((next_.empty() && !can_end) || (next_.empty() && i + 1 < bytes.size())) {
+      walk_.nodes().resize(mark);
+      return false;
+    }
+    cur_.swap(next_);
+  }
+  tops_ = cur_;
+  can_end_ = can_end;
+  Compact();
+  return true;
+}
+
+bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
+  if (terminated_) return false;
+  if (bytes.empty()) return true;
+  return Advance(bytes);
+}
+
+bool GrammarMatcher::AcceptToken(int32_t token_id) {
+  if (terminated_) return false;
+  const TokenVocab& vocab = grammar_->vocab();
+  const std::vector<int32_t>& eos = eos_token_ids_;
+  if (std::find(eos.begin(), eos.end(), token_id) != eos.end()) {
+    if (!can_end_) return false;
+    terminated_ = true;
+    return true;
+  }
+  if (token_id < 0 || token_id >= vocab.vocab_size()) return false;
+  const std::string_view bytes = vocab.token_bytes(token_id);
+  if (bytes.empty()) return false;
+  return Advance(bytes);
+}
+
+void GrammarMatcher::Compact() {
+  // Copy the stacks reachable from the tops into a fresh pool so it does not grow with the
+  // output length.
+  std::vector<StackNode>& nodes = walk_.nodes();
+  std::vector<StackNode> fresh;
+  absl::flat_hash_map<int32_t, int32_t> remap;
+  auto copy = [&](auto& self, int32_t n) -> int32_t {
+    if (n < 0) return n;
+    auto it = remap.find(n);
+    if (it != remap.end()) return it->second;
+    const int32_t parent = self(self, nodes[n].parent);
+    fresh.push_back(StackNode{nodes[n].state, parent});
+    const int32_t id = static_cast<int32_t>(fresh.size()) - 1;
+    remap.emplace(n, id);
+    return id;
+  };
+  for (int32_t& top : tops_) top = copy(copy, top);
+  nodes.swap(fresh);
+}
+
+std::string GrammarMatcher::ForcedBytes() const {
+  std::string out;
+  if (terminated_) return out;
+  // Follow single-successor steps on a copy of the stacks.
+  GrammarMatcher copy(*this);
+  while (!copy.can_end_ && !copy.tops_.empty() && out.size() < 256) {
+    int found = -1;
+    for (int b = 0; b < 256 && found != -2; ++b) {
+      bool any = false;
+      for (int32_t top : copy.tops_) {
+        if (copy.grammar_->pda().Next(copy.walk_.nodes()[top].state, static_cast<uint8_t>(b)) >= 0) {
+          any = true;
+          break;
+        }
+      }
+      if (!any) continue;
+      found = found == -1 ? b : -2;
+    }
+    if (found < 0) break;
+    const char c = static_cast<char>(found);
+    if (!copy.Advance(std::string_view(&c, 1))) break;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace sluice::grammar

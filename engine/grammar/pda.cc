@@ -1,0 +1,386 @@
+#include "engine/grammar/pda.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "engine/grammar/regex_to_grammar.h"
+#include "engine/grammar/text_escapes.h"
+
+namespace sluice::grammar {
+
+namespace {
+
+void Utf8Split(char32_t lo, char32_t hi, std::vector<std::vector<std::pair<uint8_t, uint8_t>>>* out) {
+  // Split at the encoded-length boundaries first.
+  static constexpr char32_t kMaxForLen[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+  for (char32_t max : kMaxForLen) {
+    if (lo <= max && hi > max) {
+      Utf8Split(lo, max, out);
+      Utf8Split(max + 1, hi, out);
+      return;
+    }
+  }
+  if (hi < 0x80) {
+    out->push_back({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
+    return;
+  }
+  // Same length: split until lo and hi differ only in a suffix that spans full continuation
+  // ranges, so the bytes can be ranged position by position.
+  const int len = hi <= 0x7FF ? 2 : hi <= 0xFFFF ? 3 : 4;
+  for (int i = 1; i < len; ++i) {
+    const char32_t m = (char32_t{1} << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        Utf8Split(lo, lo | m, out);
+        Utf8Split((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        Utf8Split(lo, (hi & ~m) - 1, out);
+        Utf8Split(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  std::string a, b;
+  AppendCodepoint(lo, &a);
+  AppendCodepoint(hi, &b);
+  std::vector<std::pair<uint8_t, uint8_t>> seq;
+  for (size_t i = 0; i < a.size(); ++i) {
+    seq.emplace_back(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]));
+  }
+  out->push_back(std::move(seq));
+}
+
+// Nfa: Thompson construction for one rule body.
+struct NfaState {
+  std::vector<int32_t> eps;
+  std::vector<ByteEdge> bytes;
+  std::vector<CallEdge> calls;
+};
+
+class NfaBuilder {
+ public:
+  NfaBuilder(int64_t* budget) : budget_(budget) {}
+
+  int32_t NewState() {
+    states.emplace_back();
+    --*budget_;
+    return static_cast<int32_t>(states.size()) - 1;
+  }
+
+  // Build adds a fragment for `e` from `from`; returns its end state.
+  absl::StatusOr<int32_t> Build(const Expr& e, int32_t from) {
+    if (*budget_ < 0) return absl::ResourceExhaustedError("grammar too large: too many automaton states");
+    switch (e.kind) {
+      case ExprKind::kEmpty:
+        return from;
+      case ExprKind::kLiteral: {
+        int32_t cur = from;
+        for (unsigned char c : e.text) {
+          const int32_t next = NewState();
+          states[cur].bytes.push_back(ByteEdge{c, c, next});
+          cur = next;
+        }
+        return cur;
+      }
+      case ExprKind::kCharClass: {
+        std::vector<CodepointRange> ranges =
+            e.negated ? ComplementRanges(e.ranges) : NormalizeRanges(e.ranges);
+        const int32_t end = NewState();
+        for (const CodepointRange& r : ranges) {
+          const char32_t lo = r.lo, hi = std::min<char32_t>(r.hi, 0x10FFFF);
+          if (lo > hi) continue;
+          // Skip surrogates.
+          std::vector<std::pair<char32_t, char32_t>> parts;
+          if (lo < 0xD800 && hi > 0xDFFF) {
+            parts = {{lo, 0xD7FF}, {0xE000, hi}};
+          } else if (hi >= 0xD800 && lo <= 0xDFFF) {
+            if (lo < 0xD800) parts.push_back({lo, 0xD7FF});
+            if (hi > 0xDFFF) parts.push_back({0xE000, hi});
+          } else {
+            parts = {{lo, hi}};
+          }
+          for (auto [a, b] : parts) {
+            std::vector<std::vector<std::pair<uint8_t, uint8_t>>> seqs;
+            Utf8Split(a, b, &seqs);
+            for (const auto& seq : seqs) {
+              int32_t cur = from;
+              for (size_t i = 0; i < seq.size(); ++i) {
+                const int32_t next = i + 1 == seq.size() ? end : NewState();
+                states[cur].bytes.push_back(ByteEdge{seq[i].first, seq[i].second, next});
+                cur = next;
+              }
+            }
+          }
+        }
+        return end;
+      }
+      case ExprKind::kRuleRef: {
+        const int32_t next = NewState();
+        states[from].calls.push_back(CallEdge{e.rule, next});
+        return next;
+      }
+      case ExprKind::kSequence: {
+        int32_t cur = from;
+        for (const Expr& c : e.children) {
+          absl::StatusOr<int32_t> r = Build(c, cur);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        return cur;
+      }
+      case ExprKind::kChoice: {
+        const int32_t end = NewState();
+        for (const Expr& c : e.children) {
+          const int32_t start = NewState();
+          states[from].eps.push_back(start);
+          absl::StatusOr<int32_t> r = Build(c, start);
+          if (!r.ok()) return r;
+          states[*r].eps.push_back(end);
+        }
+        return end;
+      }
+      case ExprKind::kRepeat: {
+        const Expr& child = e.children[0];
+        int32_t cur = from;
+        for (int32_t i = 0; i < e.min_count; ++i) {
+          absl::StatusOr<int32_t> r = Build(child, cur);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        if (e.max_count < 0) {
+          // cur -> loop start -> child -> back to loop start; loop start -> end.
+          const int32_t loop = NewState();
+          states[cur].eps.push_back(loop);
+          absl::StatusOr<int32_t> r = Build(child, loop);
+          if (!r.ok()) return r;
+          states[*r].eps.push_back(loop);
+          return loop;
+        }
+        const int32_t end = NewState();
+        states[cur].eps.push_back(end);
+        for (int32_t i = e.min_count; i < e.max_count; ++i) {
+          absl::StatusOr<int32_t> r = Build(child, cur);
+          if (!r.ok()) return r;
+          cur = *r;
+          states[cur].eps.push_back(end);
+        }
+        return end;
+      }
+    }
+    return absl::InternalError("unknown expression kind");
+  }
+
+  std::vector<NfaState> states;
+
+ private:
+  int64_t* budget_;
+};
+
+// Determinize: subset construction over byte ranges and call labels.
+absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, int32_t rule,
+                         int64_t max_dfa_states, Pda* pda) {
+  auto closure = [&](std::vector<int32_t> set) {
+    std::vector<int32_t> stack = set;
+    std::vector<char> seen(nfa.states.size(), 0);
+    for (int32_t s : set) seen[s] = 1;
+    while (!stack.empty()) {
+      const int32_t s = stack.back();
+      stack.pop_back();
+      for (int32_t t : nfa.states[s].eps) {
+        if (!seen[t]) {
+          seen[t] = 1;
+          set.push_back(t);
+          stack.push_back(t);
+        }
+      }
+    }
+    std::sort(set.begin(), set.end());
+    return set;
+  };
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+  std::vector<std::vector<int32_t>> sets;
+  auto intern = [&](std::vector<int32_t> set) -> int32_t {
+    auto it = ids.find(set);
+    if (it != ids.end()) return it->second;
+    const int32_t id = static_cast<int32_t>(pda->states.size());
+    pda->states.push_back(PdaState{rule, false, 0, 0, 0, 0});
+    ids.emplace(set, id);
+    sets.push_back(std::move(set));
+    return id;
+  };
+  const int32_t base = static_cast<int32_t>(pda->states.size());
+  pda->rule_start[rule] = intern(closure({start}));
+  // States are finalized in creation order, so their edge ranges are contiguous.
+  for (size_t k = 0; k < sets.size(); ++k) {
+    if (static_cast<int64_t>(sets.size()) > max_dfa_states) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "grammar rule '", pda->rule_names[rule], "' needs more than ", max_dfa_states,
+          " automaton states (a pattern or repetition is too complex)"));
+    }
+    const std::vector<int32_t> set = sets[k];
+    const int32_t id = base + static_cast<int32_t>(k);
+    // Byte edges: cut the byte axis at every range boundary.
+    std::vector<int> cuts = {0, 256};
+    std::vector<const ByteEdge*> edges;
+    absl::flat_hash_map<int32_t, std::vector<int32_t>> calls;
+    std::vector<int32_t> call_order;
+    bool accepting = false;
+    for (int32_t s : set) {
+      if (s == accept) accepting = true;
+      for (const ByteEdge& e : nfa.states[s].bytes) {
+        edges.push_back(&e);
+        cuts.push_back(e.lo);
+        cuts.push_back(e.hi + 1);
+      }
+      for (const CallEdge& c : nfa.states[s].calls) {
+        auto [it, inserted] = calls.try_emplace(c.rule);
+        if (inserted) call_order.push_back(c.rule);
+        it->second.push_back(c.next);
+      }
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<ByteEdge> out_edges;
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      const int lo = cuts[c], hi = cuts[c + 1] - 1;
+      std::vector<int32_t> targets;
+      for (const ByteEdge* e : edges) {
+        if (e->lo <= lo && hi <= e->hi) targets.push_back(e->next);
+      }
+      if (targets.empty()) continue;
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      const int32_t next = intern(closure(std::move(targets)));
+      if (!out_edges.empty() && out_edges.back().next == next && out_edges.back().hi + 1 == lo) {
+        out_edges.back().hi = static_cast<uint8_t>(hi);
+      } else {
+        out_edges.push_back(ByteEdge{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi), next});
+      }
+    }
+    std::vector<CallEdge> out_calls;
+    for (int32_t r : call_order) {
+      std::vector<int32_t> targets = calls[r];
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      out_calls.push_back(CallEdge{r, intern(closure(std::move(targets)))});
+    }
+    PdaState& st = pda->states[id];
+    st.accepting = accepting;
+    st.byte_begin = static_cast<uint32_t>(pda->byte_edges.size());
+    pda->byte_edges.insert(pda->byte_edges.end(), out_edges.begin(), out_edges.end());
+    st.byte_end = static_cast<uint32_t>(pda->byte_edges.size());
+    st.call_begin = static_cast<uint32_t>(pda->call_edges.size());
+    pda->call_edges.insert(pda->call_edges.end(), out_calls.begin(), out_calls.end());
+    st.call_end = static_cast<uint32_t>(pda->call_edges.size());
+  }
+  return absl::OkStatus();
+}
+
+// CheckLeftRecursion refuses rules that can call themselves before consuming a byte.
+absl::Status CheckLeftRecursion(const Pda& pda) {
+  const int32_t n = static_cast<int32_t>(pda.rule_start.size());
+  // Nullable rules (match ""), to a fixpoint.
+  std::vector<char> nullable(n, 0);
+  // Left corners: rules callable from a rule's start without consuming bytes.
+  auto scan = [&](int32_t r, std::vector<int32_t>* corners) {
+    std::vector<int32_t> stack = {pda.rule_start[r]};
+    std::vector<int32_t> seen = stack;
+    bool reaches_accept = false;
+    while (!stack.empty()) {
+      const int32_t s = stack.back();
+      stack.pop_back();
+      const PdaState& st = pda.states[s];
+      if (st.accepting) reaches_accept = true;
+      for (uint32_t c = st.call_begin; c < st.call_end; ++c) {
+        const CallEdge& e = pda.call_edges[c];
+        if (corners != nullptr) corners->push_back(e.rule);
+        if (nullable[e.rule] &&
+            std::find(seen.begin(), seen.end(), e.next) == seen.end()) {
+          seen.push_back(e.next);
+          stack.push_back(e.next);
+        }
+      }
+    }
+    return reaches_accept;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (int32_t r = 0; r < n; ++r) {
+      if (!nullable[r] && scan(r, nullptr)) {
+        nullable[r] = 1;
+        changed = true;
+      }
+    }
+  }
+  std::vector<std::vector<int32_t>> corners(n);
+  for (int32_t r = 0; r < n; ++r) scan(r, &corners[r]);
+  // Cycle search (0 unvisited, 1 on the path, 2 done).
+  std::vector<char> color(n, 0);
+  std::vector<std::pair<int32_t, size_t>> stack;
+  for (int32_t r0 = 0; r0 < n; ++r0) {
+    if (color[r0]) continue;
+    stack.push_back({r0, 0});
+    color[r0] = 1;
+    while (!stack.empty()) {
+      auto& [r, i] = stack.back();
+      if (i < corners[r].size()) {
+        const int32_t c = corners[r][i++];
+        if (color[c] == 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "grammar rule '", pda.rule_names[c],
+              "' is left-recursive (it can reach itself before matching any character)"));
+        }
+        if (color[c] == 0) {
+          color[c] = 1;
+          stack.push_back({c, 0});
+        }
+      } else {
+        color[r] = 2;
+        stack.pop_back();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::vector<std::pair<uint8_t, uint8_t>>> Utf8ByteRanges(char32_t lo, char32_t hi) {
+  std::vector<std::vector<std::pair<uint8_t, uint8_t>>> out;
+  std::vector<CodepointRange> parts = NormalizeRanges({{lo, hi}});
+  for (const CodepointRange& r : ComplementRanges(ComplementRanges(parts))) {
+    Utf8Split(r.lo, r.hi, &out);
+  }
+  return out;
+}
+
+absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) {
+  Pda pda;
+  const int32_t n = grammar.num_rules();
+  if (n == 0) return absl::InvalidArgumentError("grammar has no rules");
+  pda.rule_start.assign(n, -1);
+  pda.root_rule = grammar.root();
+  for (int32_t r = 0; r < n; ++r) pda.rule_names.push_back(grammar.rule(r).name);
+  int64_t budget = options.max_states;
+  for (int32_t r = 0; r < n; ++r) {
+    NfaBuilder nfa(&budget);
+    const int32_t start = nfa.NewState();
+    absl::StatusOr<int32_t> accept = nfa.Build(grammar.rule(r).body, start);
+    if (!accept.ok()) return accept.status();
+    if (budget < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "grammar too large: more than ", options.max_states, " automaton states"));
+    }
+    absl::Status st = Determinize(nfa, start, *accept, r, options.max_rule_dfa_states, &pda);
+    if (!st.ok()) return st;
+  }
+  absl::Status st = CheckLeftRecursion(pda);
+  if (!st.ok()) return st;
+  return pda;
+}
+
+}  // namespace sluice::grammar

@@ -1,0 +1,76 @@
+// Pda: a grammar compiled to byte-level automata, one deterministic finite automaton per rule
+// whose edges consume a byte range or call another rule (a pushdown automaton over bytes).
+//
+// States are numbered globally. A state's byte edges are disjoint (determinized per rule);
+// a state may also have rule-call edges (a call pushes the return state and enters the callee's
+// start state) and be accepting (the rule may return there). Left recursion is refused at
+// build time: it would push forever without consuming a byte.
+#ifndef SLUICE_ENGINE_GRAMMAR_PDA_H_
+#define SLUICE_ENGINE_GRAMMAR_PDA_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/grammar/grammar.h"
+
+namespace sluice::grammar {
+
+struct ByteEdge {
+  uint8_t lo = 0;
+  uint8_t hi = 0;  // inclusive
+  int32_t next = -1;
+};
+
+struct CallEdge {
+  int32_t rule = -1;
+  int32_t next = -1;  // the state to return to after the rule matched
+};
+
+struct PdaState {
+  int32_t rule = -1;
+  bool accepting = false;
+  uint32_t byte_begin = 0, byte_end = 0;  // into Pda::byte_edges, sorted by lo
+  uint32_t call_begin = 0, call_end = 0;  // into Pda::call_edges
+};
+
+struct PdaOptions {
+  int64_t max_states = 2000000;  // NFA states over all rules before the build gives up
+  int64_t max_rule_dfa_states = 100000;
+};
+
+struct Pda {
+  std::vector<PdaState> states;
+  std::vector<ByteEdge> byte_edges;
+  std::vector<CallEdge> call_edges;
+  std::vector<int32_t> rule_start;  // [num_rules] start state of each rule
+  std::vector<std::string> rule_names;
+  int32_t root_rule = 0;
+
+  // Next is the state after consuming `byte` from `state`, or -1.
+  int32_t Next(int32_t state, uint8_t byte) const {
+    const PdaState& s = states[state];
+    for (uint32_t e = s.byte_begin; e < s.byte_end; ++e) {
+      const ByteEdge& edge = byte_edges[e];
+      if (byte < edge.lo) return -1;
+      if (byte <= edge.hi) return edge.next;
+    }
+    return -1;
+  }
+  bool HasByteEdges(int32_t state) const {
+    return states[state].byte_end > states[state].byte_begin;
+  }
+};
+
+// BuildPda compiles `grammar`. Errors: InvalidArgument for a left-recursive rule (named),
+// ResourceExhausted when the automata exceed the option limits.
+absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options = {});
+
+// Utf8ByteRanges splits code points [lo, hi] into UTF-8 byte-range sequences: every string of
+// the set matches exactly one sequence (the split used by RE2 and Rust's utf8-ranges; our code).
+// Surrogates are skipped.
+std::vector<std::vector<std::pair<uint8_t, uint8_t>>> Utf8ByteRanges(char32_t lo, char32_t hi);
+
+}  // namespace sluice::grammar
+
+#endif  // SLUICE_ENGINE_GRAMMAR_PDA_H_

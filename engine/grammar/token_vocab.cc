@@ -1,0 +1,82 @@
+#include "engine/grammar/token_vocab.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace sluice::grammar {
+
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer,
+                                                            std::vector<int32_t> eos_token_ids,
+                                                            int32_t vocab_size) {
+  const int32_t n = std::max(vocab_size, tokenizer.vocab_size());
+  std::vector<std::string> tokens(n);
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    if (tokenizer.IsSpecial(id)) continue;
+    const int32_t ids[1] = {id};
+    tokens[id] = tokenizer.DecodeBytes(ids, /*skip_special_tokens=*/false);
+  }
+  for (int32_t id : eos_token_ids) {
+    if (id >= 0 && id < n) tokens[id].clear();
+  }
+  return FromTokens(std::move(tokens), std::move(eos_token_ids));
+}
+
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokens(std::vector<std::string> tokens,
+                                                         std::vector<int32_t> eos_token_ids) {
+  auto v = std::shared_ptr<TokenVocab>(new TokenVocab());
+  v->vocab_size_ = static_cast<int32_t>(tokens.size());
+  v->offsets_.reserve(tokens.size() + 1);
+  v->offsets_.push_back(0);
+  for (const std::string& t : tokens) {
+    v->bytes_ += t;
+    v->offsets_.push_back(static_cast<uint32_t>(v->bytes_.size()));
+  }
+  std::erase_if(eos_token_ids, [&](int32_t id) { return id < 0 || id >= v->vocab_size_; });
+  v->eos_token_ids_ = std::move(eos_token_ids);
+  v->Build();
+  return v;
+}
+
+void TokenVocab::Build() {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < vocab_size_; ++id) {
+    if (!token_bytes(id).empty()) ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    const std::string_view x = token_bytes(a), y = token_bytes(b);
+    return x != y ? x < y : a < b;
+  });
+  sorted_token_ids_ = ids;
+  trie_.clear();
+  trie_.push_back(TrieNode{});
+  std::vector<int32_t> path = {0};  // path[d]: node at depth d
+  std::string_view prev;
+  auto close_to = [&](size_t depth) {
+    while (path.size() > depth + 1) {
+      trie_[path.back()].subtree_end = static_cast<int32_t>(trie_.size());
+      path.pop_back();
+    }
+  };
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const std::string_view b = token_bytes(ids[k]);
+    size_t lcp = 0;
+    while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+    close_to(lcp);
+    for (size_t d = lcp; d < b.size(); ++d) {
+      TrieNode node;
+      node.byte = static_cast<uint8_t>(b[d]);
+      node.depth = static_cast<int32_t>(d + 1);
+      node.token_begin = node.token_end = static_cast<int32_t>(k);
+      trie_.push_back(node);
+      path.push_back(static_cast<int32_t>(trie_.size()) - 1);
+    }
+    TrieNode& last = trie_[path.back()];
+    if (last.token_end != static_cast<int32_t>(k)) last.token_begin = static_cast<int32_t>(k);
+    last.token_end = static_cast<int32_t>(k) + 1;
+    prev = b;
+  }
+  close_to(0);
+  trie_[0].subtree_end = static_cast<int32_t>(trie_.size());
+}
+
+}  // namespace sluice::grammar

@@ -1,0 +1,64 @@
+// TokenVocab: a tokenizer's vocabulary as byte strings, sorted into a prefix tree for the
+// grammar mask walk (tokens sharing a prefix are checked once for that prefix).
+#ifndef SLUICE_ENGINE_GRAMMAR_TOKEN_VOCAB_H_
+#define SLUICE_ENGINE_GRAMMAR_TOKEN_VOCAB_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace sluice::grammar {
+
+// TrieNode: one byte of a token prefix, in preorder. Node 0 is the root (empty prefix). The
+// nodes of the subtree under node i are [i, subtree_end); tokens whose bytes end exactly here
+// are sorted_token_ids[token_begin, token_end).
+struct TrieNode {
+  uint8_t byte = 0;
+  int32_t depth = 0;
+  int32_t subtree_end = 0;
+  int32_t token_begin = 0;
+  int32_t token_end = 0;
+};
+
+class TokenVocab {
+ public:
+  // FromTokenizer reads every id's bytes (byte-level decoding, no UTF-8 repair). Special
+  // tokens never match grammar text; `eos_token_ids` are allowed exactly where the grammar may
+  // end. `vocab_size` is the logits width (>= tokenizer.vocab_size(); ids past the tokenizer's
+  // are never allowed; 0: the tokenizer's).
+  static std::shared_ptr<const TokenVocab> FromTokenizer(const Tokenizer& tokenizer,
+                                                         std::vector<int32_t> eos_token_ids,
+                                                         int32_t vocab_size = 0);
+  // FromTokens: token i has bytes tokens[i]; an empty string is a token that never matches.
+  static std::shared_ptr<const TokenVocab> FromTokens(std::vector<std::string> tokens,
+                                                      std::vector<int32_t> eos_token_ids);
+
+  int32_t vocab_size() const { return vocab_size_; }
+  std::string_view token_bytes(int32_t id) const {
+    return std::string_view(bytes_).substr(offsets_[id], offsets_[id + 1] - offsets_[id]);
+  }
+  const std::vector<int32_t>& eos_token_ids() const { return eos_token_ids_; }
+  const std::vector<TrieNode>& trie() const { return trie_; }
+  const std::vector<int32_t>& sorted_token_ids() const { return sorted_token_ids_; }
+  // num_bitmask_words: uint32 words of a token bitmask (bit i of word i/32 is token i).
+  int32_t num_bitmask_words() const { return (vocab_size_ + 31) / 32; }
+
+ private:
+  void Build();
+
+  int32_t vocab_size_ = 0;
+  std::string bytes_;
+  std::vector<uint32_t> offsets_;  // [vocab_size + 1]
+  std::vector<int32_t> eos_token_ids_;
+  std::vector<TrieNode> trie_;
+  std::vector<int32_t> sorted_token_ids_;
+};
+
+}  // namespace sluice::grammar
+
+#endif  // SLUICE_ENGINE_GRAMMAR_TOKEN_VOCAB_H_

@@ -1,0 +1,154 @@
+// GrammarMatcher: the fast mask (precomputed accepted/uncertain tokens) equals the brute-force
+// mask on random walks, EOS handling, rollback on rejected tokens, and the real Llama 3
+// vocabulary.
+#include <random>
+#include <string>
+
+#include "engine/grammar/ebnf_parser.h"
+#include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/json_schema_to_grammar.h"
+#include "engine/grammar/regex_to_grammar.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/grammar/grammar_test_util.h"
+#include "tests/util/test_paths.h"
+
+namespace sluice::grammar {
+namespace {
+
+using testing::BruteForceMask;
+using testing::MaskIds;
+
+// A vocabulary of multi-byte tokens that cross grammar boundaries: quotes with punctuation,
+// keys with separators, partial UTF-8.
+std::shared_ptr<const TokenVocab> MixedVocab() {
+  std::vector<std::string> tokens = {
+      "", "{", "}", "[", "]", "\"", ",", ":", " ", ", ", ": ", "\":", "\": ", "\",", "\", ",
+      "\"}", "\"]", "}]", "]}", "},", "}, ", "{\"", "[\"", "[{", "a", "b", "ab", "abc", "name",
+      "\"name", "\"name\": ", "age", "\"age\": ", "1", "12", "0", "-", "-1", ".", ".5", "e",
+      "true", "tr", "ue", "null", "false", "\\", "\\\"", "\\n", "\\u", "00", "e9", "\xC3",
+      "\xA9", "\xC3\xA9", "x", "y", "z", "xy", "yes", "no", "ye", "s", "1,", "2]", "3}", "\n",
+      "+", "(", ")", "1+", "+2", "(1", "1)", "hi", "!", "\t", "7", "9", "99",
+  };
+  tokens.push_back("");  // EOS
+  const int32_t eos = static_cast<int32_t>(tokens.size()) - 1;
+  return TokenVocab::FromTokens(std::move(tokens), {eos});
+}
+
+// RandomWalk follows random allowed tokens, checking the fast mask against brute force at every
+// step, until EOS or `steps`.
+void RandomWalk(const std::shared_ptr<const CompiledGrammar>& g, uint64_t seed, int steps) {
+  std::mt19937_64 rng(seed);
+  GrammarMatcher m(g);
+  std::vector<uint32_t> mask(m.num_bitmask_words());
+  for (int step = 0; step < steps; ++step) {
+    m.FillNextTokenBitmask(absl::MakeSpan(mask));
+    const std::vector<uint32_t> expected = BruteForceMask(m);
+    ASSERT_EQ(MaskIds(mask), MaskIds(expected)) << "seed " << seed << " step " << step;
+    const std::vector<int32_t> allowed = MaskIds(mask);
+    if (allowed.empty()) return;  // the small vocabulary cannot continue (both masks agree)
+    const int32_t t = allowed[rng() % allowed.size()];
+    ASSERT_TRUE(m.AcceptToken(t));
+    if (m.IsTerminated()) return;
+  }
+}
+
+TEST(GrammarMatcherTest, FastMaskEqualsBruteForce) {
+  auto vocab = MixedVocab();
+  std::vector<Grammar> grammars;
+  grammars.push_back(*JsonSchemaToGrammar(nlohmann::json::parse(
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},"age":{"type":"integer","minimum":0,"maximum":120},
+          "tags":{"type":"array","items":{"enum":["x","yes"]},"maxItems":3}},"required":["name"]})")));
+  grammars.push_back(AnyJsonGrammar(false));
+  grammars.push_back(*RegexToGrammar("(ab|x)*y?[0-9]{1,3}"));
+  grammars.push_back(*ChoiceGrammar({"yes", "no", "ye"}));
+  grammars.push_back(*ParseEbnf("root ::= e\ne ::= t (\"+\" t)*\nt ::= [0-9]+ | \"(\" e \")\""));
+  grammars.push_back(*JsonSchemaToGrammar(nlohmann::json::parse(
+      R"({"$defs":{"n":{"type":"object","properties":{"a":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":2}}}},"$ref":"#/$defs/n"})")));
+  for (size_t i = 0; i < grammars.size(); ++i) {
+    auto g = CompiledGrammar::Create(grammars[i], vocab);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (uint64_t seed = 0; seed < 12; ++seed) {
+      SCOPED_TRACE(::testing::Message() << "grammar " << i);
+      RandomWalk(*g, seed * 31 + i, 40);
+    }
+  }
+}
+
+TEST(GrammarMatcherTest, EosAndRejection) {
+  auto vocab = MixedVocab();
+  const int32_t eos = vocab->eos_token_ids()[0];
+  auto g = *CompiledGrammar::Create(*ChoiceGrammar({"ye", "yes"}), vocab);
+  GrammarMatcher m(g);
+  auto id = [&](const std::string& s) {
+    for (int32_t t = 0; t < vocab->vocab_size(); ++t) {
+      if (vocab->token_bytes(t) == s) return t;
+    }
+    return -1;
+  };
+  EXPECT_FALSE(m.AcceptToken(eos));
+  EXPECT_FALSE(m.AcceptToken(id("no")));
+  EXPECT_TRUE(m.AcceptToken(id("ye")));
+  EXPECT_TRUE(m.CanEnd());
+  EXPECT_FALSE(m.IsTerminated());
+  std::vector<uint32_t> mask(m.num_bitmask_words());
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_EQ(MaskIds(mask), (std::vector<int32_t>{id("s"), eos}));
+  EXPECT_TRUE(m.AcceptToken(id("s")));
+  EXPECT_TRUE(m.IsTerminated());  // complete and nothing can follow: only EOS
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_EQ(MaskIds(mask), (std::vector<int32_t>{eos}));
+  EXPECT_TRUE(m.AcceptToken(eos));
+  EXPECT_FALSE(m.AcceptToken(id("s")));
+}
+
+TEST(GrammarMatcherTest, ForcedBytes) {
+  auto g = *CompiledGrammar::Create(*JsonSchemaToGrammar(nlohmann::json::parse(
+      R"({"type":"object","properties":{"name":{"type":"string"}},"required":["name"]})")), MixedVocab());
+  GrammarMatcher m(g);
+  EXPECT_EQ(m.ForcedBytes(), "{\"name\": \"");
+  ASSERT_TRUE(m.AcceptBytes("{\"name\": \"a\""));
+  EXPECT_EQ(m.ForcedBytes(), "}");
+}
+
+// The Llama 3 vocabulary (128k tokens): a valid document's tokens are each allowed, the mask
+// equals brute force on the first steps, and EOS is allowed exactly at the end.
+TEST(GrammarMatcherTest, Llama3Vocabulary) {
+  const std::string path = sluice::testing::RequirePath(sluice::testing::SharedDir() + "/tokenizers/llama3/tokenizer.json");
+  auto tokenizer = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const int32_t eot = *(*tokenizer)->TokenToId("<|eot_id|>");
+  auto vocab = TokenVocab::FromTokenizer(**tokenizer, {eot});
+  GrammarCompiler compiler(vocab);
+  GrammarSpec spec{GrammarKind::kJsonSchema,
+                   R"({"type":"object","properties":{"city":{"type":"string"},"population":{"type":"integer","minimum":0},
+                       "tags":{"type":"array","items":{"type":"string","maxLength":8},"minItems":2,"maxItems":2}},
+                       "required":["city","population","tags"]})",
+                   {}};
+  auto g = compiler.Compile(spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string doc = R"({"city": "Zürich \"ZH\"", "population": 421878, "tags": ["lake", "alps"]})";
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(doc, /*add_special_tokens=*/false);
+  GrammarMatcher m(*g);
+  std::vector<uint32_t> mask(m.num_bitmask_words());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    m.FillNextTokenBitmask(absl::MakeSpan(mask));
+    if (i < 3 || i + 2 >= ids.size()) {
+      ASSERT_EQ(MaskIds(mask), MaskIds(BruteForceMask(m))) << "step " << i;
+    }
+    ASSERT_TRUE((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u) << "token " << ids[i] << " at step " << i;
+    EXPECT_FALSE((mask[eot >> 5] >> (eot & 31)) & 1u);
+    ASSERT_TRUE(m.AcceptToken(ids[i]));
+  }
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_EQ(MaskIds(mask), std::vector<int32_t>{eot});
+  // The special tokens never match text.
+  GrammarMatcher fresh(*g);
+  fresh.FillNextTokenBitmask(absl::MakeSpan(mask));
+  const int32_t bot = *(*tokenizer)->TokenToId("<|begin_of_text|>");
+  EXPECT_FALSE((mask[bot >> 5] >> (bot & 31)) & 1u);
+}
+
+}  // namespace
+}  // namespace sluice::grammar

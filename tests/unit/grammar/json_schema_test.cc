@@ -1,0 +1,193 @@
+// JSON Schema to grammar: exact accept/reject cases per keyword, and the errors that name
+// unsupported or unsatisfiable schemas.
+#include <string>
+
+#include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/json_schema_to_grammar.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/unit/grammar/grammar_test_util.h"
+
+namespace sluice::grammar {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::ByteVocab;
+using testing::FullMatch;
+
+std::shared_ptr<const CompiledGrammar> Schema(const std::string& text) {
+  absl::StatusOr<Grammar> g = JsonSchemaToGrammar(nlohmann::json::parse(text));
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return nullptr;
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> c = CompiledGrammar::Create(*g, ByteVocab());
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *c : nullptr;
+}
+
+struct Case {
+  std::string schema;
+  std::vector<std::string> yes, no;
+};
+
+void Check(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    auto g = Schema(c.schema);
+    ASSERT_NE(g, nullptr) << c.schema;
+    for (const std::string& s : c.yes) EXPECT_TRUE(FullMatch(g, s)) << c.schema << "\n should match: " << s;
+    for (const std::string& s : c.no) EXPECT_FALSE(FullMatch(g, s)) << c.schema << "\n should not match: " << s;
+  }
+}
+
+TEST(JsonSchemaTest, ScalarsEnumConst) {
+  Check({
+      {R"({"type":"string"})", {R"("")", R"("a\"b\\c\u00e9")", "\"\xC3\xA9\""}, {R"(")", R"("a)", "\"\x01\"", R"("\x")"}},
+      {R"({"type":"integer"})", {"0", "-7", "1234"}, {"01", "-0", "1.5", "+1", ""}},
+      {R"({"type":"number"})", {"0", "-1.25", "3e10", "2.5E-3"}, {"1.", ".5", "01", "e5"}},
+      {R"({"type":"boolean"})", {"true", "false"}, {"True", "1"}},
+      {R"({"type":"null"})", {"null"}, {"nul", "None"}},
+      {R"({"type":["string","null"]})", {"null", R"("x")"}, {"1"}},
+      {R"({"enum":["red",1,null,{"a":[1,2]}]})", {R"("red")", "1", "null", R"({"a":[1,2]})"}, {R"("blue")", "2"}},
+      {R"({"const":"fixed"})", {R"("fixed")"}, {R"("other")"}},
+      {R"({"type":"string","enum":["a",1]})", {R"("a")"}, {"1"}},
+  });
+}
+
+TEST(JsonSchemaTest, StringConstraints) {
+  Check({
+      {R"({"type":"string","minLength":2,"maxLength":3})", {R"("ab")", R"("a\nc")", "\"\xC3\xA9\xC3\xA9\""}, {R"("a")", R"("abcd")"}},
+      {R"({"type":"string","pattern":"^[A-Z][a-z]+$"})", {R"("Hello")"}, {R"("hello")", R"("H")"}},
+      {R"({"type":"string","pattern":"a\"b"})", {R"("a\"b")"}, {R"("a"b")"}},
+      {R"({"type":"string","format":"date"})", {R"("2024-02-29")"}, {R"("2024-13-01")", R"("24-01-01")"}},
+      {R"({"type":"string","format":"time"})", {R"("23:59:59Z")", R"("08:00:00.5+02:00")"}, {R"("24:00:00Z")", R"("08:00")"}},
+      {R"({"type":"string","format":"date-time"})", {R"("2024-01-02T03:04:05Z")"}, {R"("2024-01-02 03:04:05Z")"}},
+      {R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-a456-426614174000")"}, {R"("123e4567e89b12d3a456426614174000")"}},
+      {R"({"type":"string","format":"email"})", {R"("a.b+c@ex-ample.co.uk")"}, {R"("a@b")", R"("@b.com")", R"("a b@c.com")"}},
+      {R"({"type":"string","format":"ipv4"})", {R"("192.168.0.255")", R"("0.0.0.0")"}, {R"("256.1.1.1")", R"("1.2.3")", R"("01.2.3.4")"}},
+  });
+}
+
+TEST(JsonSchemaTest, IntegerBounds) {
+  Check({
+      {R"({"type":"integer","minimum":-12,"maximum":105})", {"-12", "-1", "0", "9", "10", "99", "100", "105"}, {"-13", "106", "110", "1000", "-0"}},
+      {R"({"type":"integer","exclusiveMinimum":0,"exclusiveMaximum":10})", {"1", "9"}, {"0", "10"}},
+      {R"({"type":"integer","minimum":7})", {"7", "9", "10", "123456"}, {"6", "0", "-1"}},
+      {R"({"type":"integer","maximum":-3})", {"-3", "-4", "-100"}, {"-2", "0", "5"}},
+      {R"({"type":"number","minimum":0})", {"0", "0.5", "17.25"}, {"-1", "-0.5"}},
+  });
+  // Exhaustively: every integer in [-150, 150] against several ranges.
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{-37, 42}, {0, 0}, {5, 99}, {-120, -15}, {98, 101}, {1, 150}}) {
+    Grammar g;
+    g.set_root(g.AddRule("root", IntegerRangeExpr(lo, hi)));
+    auto c = *CompiledGrammar::Create(g, ByteVocab());
+    for (int v = -150; v <= 150; ++v) {
+      EXPECT_EQ(FullMatch(c, std::to_string(v)), v >= lo && v <= hi) << lo << ".." << hi << " v=" << v;
+    }
+  }
+}
+
+TEST(JsonSchemaTest, Objects) {
+  Check({
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a"]})",
+       {R"({"a": 1})", R"({"a": 1, "b": "x"})"},
+       {R"({})", R"({"b": "x"})", R"({"a": 1, "c": 2})", R"({"b": "x", "a": 1})", R"({"a":1})"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})",
+       {"{}", R"({"a": 1})", R"({"b": 2})", R"({"a": 1, "b": 2})"}, {R"({, "b": 2})", R"({"a": 1, })"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"boolean"}})",
+       {R"({"a": 1, "x": true})", R"({"y": false, "z": true})", "{}"}, {R"({"x": 1})"}},
+      {R"({"type":"object","additionalProperties":true})", {R"({"k": [1, {"n": null}]})"}, {R"({"k" 1})"}},
+      {R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"a": 1})"}},
+  });
+}
+
+TEST(JsonSchemaTest, Arrays) {
+  Check({
+      {R"({"type":"array","items":{"type":"integer"}})", {"[]", "[1]", "[1, 2, 3]"}, {"[1,2]", "[1, ]", R"(["a"])"}},
+      {R"({"type":"array","items":{"type":"integer"},"minItems":2,"maxItems":2})", {"[1, 2]"}, {"[1]", "[1, 2, 3]", "[]"}},
+      {R"({"type":"array","items":{"type":"boolean"},"minItems":1,"maxItems":3})", {"[true]", "[true, false, true]"}, {"[]", "[true, true, true, true]"}},
+      {R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false})",
+       {"[]", R"(["a"])", R"(["a", 1])"}, {R"(["a", 1, 2])", R"([1])"}},
+      {R"({"type":"array","prefixItems":[{"type":"string"}],"items":{"type":"integer"},"minItems":2})",
+       {R"(["a", 1])", R"(["a", 1, 2])"}, {R"(["a"])", R"(["a", "b"])"}},
+      {R"({"type":"array","items":[{"type":"null"}],"minItems":1})", {"[null]", "[null, 1]"}, {"[]", "[1]"}},
+  });
+}
+
+TEST(JsonSchemaTest, CompositionAndRefs) {
+  Check({
+      {R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})", {"5", R"("a")"}, {R"("ab")", "true"}},
+      {R"({"oneOf":[{"const":1},{"const":2}]})", {"1", "2"}, {"3"}},
+      {R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
+                    {"properties":{"b":{"type":"boolean"}},"required":["b"]}]})",
+       {R"({"a": 1, "b": true})"}, {R"({"a": 1})", R"({"b": true})"}},
+      {R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"]}},
+           "$ref":"#/$defs/node"})",
+       // Properties come in the order the schema object iterates them (sorted keys).
+       {R"({"v": 1})", R"({"kids": [{"kids": [], "v": 2}, {"kids": [{"v": 4}], "v": 3}], "v": 1})"},
+       {R"({"v": 1, "kids": [{}]})"}},
+      {R"({"type":"object","properties":{"p":{"$ref":"#/definitions/pos"}},"required":["p"],"definitions":{"pos":{"type":"integer","minimum":1}}})",
+       {R"({"p": 3})"}, {R"({"p": 0})"}},
+      {R"({"type":"object","properties":{"next":{"$ref":"#"}}})", {"{}", R"({"next": {"next": {}}})"}, {R"({"next": 1})"}},
+  });
+}
+
+TEST(JsonSchemaTest, ErrorsNameTheProblem) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"enum":[]})", "empty 'enum'"},
+      {R"({"type":"object","patternProperties":{"^a":{}}})", "'patternProperties'"},
+      {R"({"$ref":"https://example.com/s.json"})", "is not local"},
+      {R"({"$ref":"#/$defs/missing"})", "does not resolve"},
+      {R"({"type":"array","uniqueItems":true})", "'uniqueItems'"},
+      {R"({"type":"string","format":"hostname"})", "format 'hostname'"},
+      {R"({"type":"strange"})", "unknown type 'strange'"},
+      {R"({"allOf":[{"type":"string"},{"type":"integer"}]})", "disjoint"},
+      {R"({"type":"object","properties":{"a":{"type":"string","pattern":"(a)\\1"}}})", "#/properties/a/pattern"},
+      {R"({"type":"integer","minimum":5,"maximum":4})", "no value"},
+      {R"({"type":"object","properties":{"x":{"not":{}}}})", "'not' at #/properties/x"},
+      {R"(false)", "nothing can match"},
+  };
+  for (const auto& [schema, what] : cases) {
+    absl::StatusOr<Grammar> g = JsonSchemaToGrammar(nlohmann::json::parse(schema));
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr(what)) << schema;
+  }
+}
+
+TEST(JsonSchemaTest, AnyJsonAndChoice) {
+  auto obj = *CompiledGrammar::Create(AnyJsonGrammar(true), ByteVocab());
+  EXPECT_TRUE(FullMatch(obj, R"({"a": [1, -2.5e3, "s", true, null, {}], "b": {"c": []}})"));
+  EXPECT_FALSE(FullMatch(obj, "[1]"));
+  EXPECT_FALSE(FullMatch(obj, R"({"a": 1)"));
+  auto choice = *CompiledGrammar::Create(*ChoiceGrammar({"yes", "no", "yes please"}), ByteVocab());
+  EXPECT_TRUE(FullMatch(choice, "yes"));
+  EXPECT_TRUE(FullMatch(choice, "yes please"));
+  EXPECT_FALSE(FullMatch(choice, "ye"));
+  EXPECT_FALSE(ChoiceGrammar({}).ok());
+}
+
+TEST(GrammarCompilerTest, CachesByCanonicalText) {
+  GrammarCompiler compiler(ByteVocab(), GrammarCompilerOptions{.cache_capacity = 2});
+  GrammarSpec a{GrammarKind::kJsonSchema, R"({"type":"object","properties":{"x":{"type":"integer"}}})", {}};
+  GrammarSpec a2{GrammarKind::kJsonSchema, "{ \"properties\": {\"x\": {\"type\": \"integer\"}},\n \"type\": \"object\" }", {}};
+  auto g1 = compiler.Compile(a);
+  ASSERT_TRUE(g1.ok());
+  auto g2 = compiler.Compile(a2);
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(g1->get(), g2->get());
+  EXPECT_EQ(compiler.num_compiles(), 1);
+  EXPECT_EQ(compiler.num_cache_hits(), 1);
+  // Evicted least recently used first.
+  ASSERT_TRUE(compiler.Compile(GrammarSpec{GrammarKind::kRegex, "a+", {}}).ok());
+  ASSERT_TRUE(compiler.Compile(GrammarSpec{GrammarKind::kRegex, "b+", {}}).ok());
+  auto g3 = compiler.Compile(a);
+  ASSERT_TRUE(g3.ok());
+  EXPECT_NE(g1->get(), g3->get());
+  EXPECT_EQ(compiler.num_compiles(), 4);
+  // Errors are returned, not cached.
+  EXPECT_FALSE(compiler.Compile(GrammarSpec{GrammarKind::kJsonSchema, "{not json", {}}).ok());
+  EXPECT_FALSE(compiler.Compile(GrammarSpec{GrammarKind::kEbnf, "root ::= (", {}}).ok());
+}
+
+}  // namespace
+}  // namespace sluice::grammar
