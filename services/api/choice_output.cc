@@ -36,10 +36,7 @@ ChoiceDelta ChoiceOutput::Push(const RequestOutput& output) {
   if (finished_) return delta;
   num_prompt_tokens_ = output.num_prompt_tokens;
   num_cached_tokens_ = output.num_cached_tokens;
-  if (!output.prompt_logprobs.empty()) {
-    prompt_logprobs_ = output.prompt_logprobs;
-    delta.got_prompt_logprobs = true;
-  }
+  if (!output.prompt_logprobs.empty()) prompt_logprobs_ = output.prompt_logprobs;
   const bool stop_token_end = output.finish_reason == FinishReason::kStop;
   for (size_t i = 0; i < output.new_tokens.size(); ++i) {
     const SampledToken& token = output.new_tokens[i];

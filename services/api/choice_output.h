@@ -35,7 +35,6 @@ struct ChoiceDelta {
   bool finished = false;                  // the choice ended with this delta
   std::string finish_reason;              // "stop" | "length" when finished normally
   bool stopped_by_string = false;         // finished by a stop string: abort the engine request
-  bool got_prompt_logprobs = false;       // this output brought the prompt logprobs
   bool failed = false;                    // engine reported abort/error
   absl::Status error;                     // with failed
 };

@@ -512,6 +512,15 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
   const ChatTemplate* chat_template = context.chat_template;
   if (const json* source = Present(body, "chat_template"); source != nullptr) {
     if (!source->is_string()) return TypeError("chat_template", "a string (a Jinja template)");
+    // Hugging Face also takes the name of one of a tokenizer's named templates; this server
+    // ships none, so a string with no Jinja markup is refused rather than rendered literally.
+    const std::string& text = source->get_ref<const std::string&>();
+    if (text.find("{{") == std::string::npos && text.find("{%") == std::string::npos) {
+      return InvalidParam("chat_template",
+                          absl::StrCat("'chat_template' must be a Jinja template; named "
+                                       "templates ('", text.substr(0, 64),
+                                       "') are not supported"));
+    }
     absl::StatusOr<std::unique_ptr<ChatTemplate>> parsed =
         ChatTemplate::Parse(source->get<std::string>());
     if (!parsed.ok()) {

@@ -205,6 +205,7 @@ TEST_F(FieldsTest, RequestChatTemplateAndKwargs) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(tokenizer_.Decode(r->prompts[0], false), "yo[Hi]");
   ExpectError(ParseChat({{"chat_template", "{% for %}"}}), "chat_template", "does not parse");
+  ExpectError(ParseChat({{"chat_template", "tool_use"}}), "chat_template", "named templates");
   ExpectError(ParseChat({{"chat_template", "{{ raise_exception('no') }}"}}), "chat_template",
               "no");
   ExpectError(ParseChat({{"chat_template_kwargs", "x"}}), "chat_template_kwargs");
