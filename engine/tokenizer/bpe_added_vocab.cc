@@ -106,7 +106,10 @@ absl::StatusOr<std::unique_ptr<BpeAddedVocab>> BpeAddedVocab::Create(
     any_single_word |= t.single_word;
   }
   if (any_single_word) {
-    absl::StatusOr<std::unique_ptr<BpeRegex>> word_char = BpeRegex::Compile(R"(\w)", false);
+    // Rust regex's Unicode \w (HF's single_word test), which also counts marks (Mn/Mc/Me)
+    // and Nl letters; PCRE2's UCP \w stops at \p{L}, \p{N} and '_'.
+    absl::StatusOr<std::unique_ptr<BpeRegex>> word_char = BpeRegex::Compile(
+        R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", /*literal=*/false);
     if (!word_char.ok()) return word_char.status();
     vocab->word_char_ = *std::move(word_char);
   }

@@ -5,7 +5,8 @@
 // matches (aho-corasick MatchKind::LeftmostLongest), first of the tokens with `normalized: false`
 // on the raw text; then each remaining segment is normalized and the `normalized: true` tokens
 // (their contents normalized the same way) are matched in it. Flags:
-//   * single_word: the match is dropped when a word character (\w) touches either end;
+//   * single_word: the match is dropped when a word character (Rust regex's Unicode \w)
+//     touches either end;
 //   * lstrip / rstrip: whitespace (Unicode White_Space) left / right of the match is absorbed;
 //   * special tokens are skipped when special-token parsing is off (`encode_special_tokens`).
 #ifndef SLUICE_ENGINE_TOKENIZER_BPE_ADDED_VOCAB_H_
@@ -94,7 +95,7 @@ class BpeAddedVocab {
   absl::flat_hash_map<std::string, int32_t> by_content_;
   Trie raw_trie_;                        // normalized == false
   Trie normalized_trie_;                 // normalized == true
-  std::unique_ptr<BpeRegex> word_char_;  // `\w`, only when some token is single_word
+  std::unique_ptr<BpeRegex> word_char_;  // Rust's `\w`, only when some token is single_word
   int32_t max_id_ = -1;
   const Normalizer* normalizer_ = nullptr;
 };

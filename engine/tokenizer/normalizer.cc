@@ -35,12 +35,24 @@ uint8_t MaxByte(std::string_view text) {
   return max;
 }
 
-// The four ICU normalizers restricted to Unicode 9.0 (see the header), built once.
+// The stable-character bitmaps cover planes 0-3 (every script, CJK extensions, emoji); a
+// character above them always takes the ICU path.
+constexpr char32_t kStableTableSize = 0x40000;
+
+// The four ICU normalizers restricted to Unicode 9.0 (see the header), built once, with a
+// bitmap per form of the code points that are "stable": quick check Yes and combining class 0
+// (or outside Unicode 9.0, which the filter passes through). A text made only of stable
+// characters is already normalized (nothing decomposes, nothing reorders, and a composition
+// needs a second character whose quick check is Maybe), so it needs no ICU call at all.
 struct UnicodeNormalizers {
   icu::UnicodeSet unicode9;
   std::array<std::unique_ptr<icu::FilteredNormalizer2>, 4> forms;  // NFC, NFD, NFKC, NFKD
+  std::array<std::vector<uint64_t>, 4> stable;                     // bit per code point
   UErrorCode status = U_ZERO_ERROR;
 };
+
+constexpr UProperty kQuickCheck[4] = {UCHAR_NFC_QUICK_CHECK, UCHAR_NFD_QUICK_CHECK,
+                                      UCHAR_NFKC_QUICK_CHECK, UCHAR_NFKD_QUICK_CHECK};
 
 const UnicodeNormalizers& Normalizers() {
   static const UnicodeNormalizers* const normalizers = [] {
@@ -55,6 +67,14 @@ const UnicodeNormalizers& Normalizers() {
     if (U_FAILURE(n->status)) return n;
     for (int i = 0; i < 4; ++i) {
       n->forms[i] = std::make_unique<icu::FilteredNormalizer2>(*base[i], n->unicode9);
+      n->stable[i].assign(kStableTableSize / 64, 0);
+      for (char32_t c = 0; c < kStableTableSize; ++c) {
+        const UChar32 u = static_cast<UChar32>(c);
+        const bool stable = !n->unicode9.contains(u) ||
+                            (u_getIntPropertyValue(u, kQuickCheck[i]) == UNORM_YES &&
+                             u_getCombiningClass(u) == 0);
+        if (stable) n->stable[i][c / 64] |= uint64_t{1} << (c % 64);
+      }
     }
     return n;
   }();
@@ -70,35 +90,42 @@ void NormalizeValidUtf8(const icu::Normalizer2& form, std::string_view in, std::
   if (U_FAILURE(status)) out->append(in);  // cannot happen for valid input; keep the text
 }
 
-bool ApplyUnicodeForm(const icu::Normalizer2& form, bool nfc, std::string_view in,
-                      std::string* out) {
+bool ApplyUnicodeForm(int index, std::string_view in, std::string* out) {
   // Fast paths: ASCII is invariant under every form; under NFC so is any text below U+0300
   // (lead bytes < 0xCC), since nothing there decomposes and combining marks start at U+0300.
   const uint8_t max = MaxByte(in);
-  if (max < 0x80 || (nfc && max < 0xCC)) return false;
-  // Split off ill-formed bytes: they are kept as they are (HF only ever sees valid UTF-8).
+  if (max < 0x80 || (index == 0 && max < 0xCC)) return false;
+  const UnicodeNormalizers& normalizers = Normalizers();
+  const icu::Normalizer2& form = *normalizers.forms[index];
+  const std::vector<uint64_t>& stable = normalizers.stable[index];
+  // One pass: are all characters stable (then nothing changes), and is the text valid UTF-8?
+  bool all_stable = true;
   bool valid = true;
-  for (size_t pos = 0; pos < in.size() && valid;) {
+  for (size_t pos = 0; pos < in.size();) {
     const uint8_t b = static_cast<uint8_t>(in[pos]);
     if (b < 0x80) {
       ++pos;
       continue;
     }
     const byte_level::Utf8Sequence seq = byte_level::ScanUtf8(in, pos);
-    valid = seq.valid;
     pos += seq.length;
-  }
-  if (valid) {
-    UErrorCode status = U_ZERO_ERROR;
-    if (form.isNormalizedUTF8(icu::StringPiece(in.data(), static_cast<int32_t>(in.size())),
-                              status) &&
-        U_SUCCESS(status)) {
-      return false;
+    if (!seq.valid) {
+      valid = false;
+      break;
     }
+    if (seq.codepoint >= kStableTableSize ||
+        !((stable[seq.codepoint / 64] >> (seq.codepoint % 64)) & 1)) {
+      all_stable = false;
+    }
+  }
+  if (valid && all_stable) return false;
+  if (valid) {
     out->clear();
     NormalizeValidUtf8(form, in, out);
-    return true;
+    return *out != in;
   }
+  // Ill-formed bytes are kept as they are (HF only ever sees valid UTF-8); the well-formed
+  // stretches between them are normalized.
   out->clear();
   size_t run = 0;  // start of the current well-formed stretch
   size_t pos = 0;
@@ -115,6 +142,25 @@ bool ApplyUnicodeForm(const icu::Normalizer2& form, bool nfc, std::string_view i
   }
   NormalizeValidUtf8(form, in.substr(run), out);
   return true;
+}
+
+// NewerLowercase returns the lowercase of the uppercase letters that Unicode 16 and 17 added
+// (Garay, Beria Erfe and Latin additions), which Rust's std (what HF uses) knows and Debian's
+// ICU 72 (Unicode 15) does not; 0 for any other character.
+char32_t NewerLowercase(char32_t c) {
+  if (c >= 0x10D50 && c <= 0x10D65) return c + 0x20;
+  if (c >= 0x16EA0 && c <= 0x16EB8) return c + 0x1B;
+  switch (c) {
+    case 0x1C89: return 0x1C8A;
+    case 0xA7CB: return 0x0264;
+    case 0xA7CC: return 0xA7CD;
+    case 0xA7CE: return 0xA7CF;
+    case 0xA7D2: return 0xA7D3;
+    case 0xA7D4: return 0xA7D5;
+    case 0xA7DA: return 0xA7DB;
+    case 0xA7DC: return 0x019B;
+    default: return 0;
+  }
 }
 
 // Lowercase maps each character with Rust's `char::to_lowercase` (what HF uses): the simple
@@ -144,6 +190,8 @@ bool ApplyLowercase(std::string_view in, std::string* out) {
       out->append(in.substr(pos, seq.length));
     } else if (seq.codepoint == 0x130) {
       out->append("i\xCC\x87");  // U+0069 U+0307
+    } else if (const char32_t newer = NewerLowercase(seq.codepoint); newer != 0) {
+      byte_level::AppendUtf8(newer, out);
     } else {
       byte_level::AppendUtf8(static_cast<char32_t>(u_tolower(static_cast<UChar32>(seq.codepoint))),
                              out);
@@ -153,14 +201,17 @@ bool ApplyLowercase(std::string_view in, std::string* out) {
   return true;
 }
 
-// StripAccents drops nonspacing marks (general category Mn), as HF's StripAccents does.
+// StripAccents drops combining marks (general category M: Mn, Mc, Me) of Unicode 9.0, as HF's
+// StripAccents does with its Unicode 9.0-era category tables.
 bool ApplyStripAccents(std::string_view in, std::string* out) {
   if (MaxByte(in) < 0xCC) return false;  // no character at or above U+0300
+  const icu::UnicodeSet& unicode9 = Normalizers().unicode9;
   out->clear();
   bool changed = false;
   for (size_t pos = 0; pos < in.size();) {
     const byte_level::Utf8Sequence seq = byte_level::ScanUtf8(in, pos);
-    if (seq.valid && u_charType(static_cast<UChar32>(seq.codepoint)) == U_NON_SPACING_MARK) {
+    const UChar32 c = static_cast<UChar32>(seq.codepoint);
+    if (seq.valid && (U_GET_GC_MASK(c) & U_GC_M_MASK) != 0 && unicode9.contains(c)) {
       changed = true;
     } else {
       out->append(in.substr(pos, seq.length));
@@ -274,6 +325,10 @@ absl::Status Normalizer::AddStep(const nlohmann::json& config, Normalizer* norma
     step.kind = Kind::kLowercase;
   } else if (type == "StripAccents") {
     step.kind = Kind::kStripAccents;
+    if (U_FAILURE(Normalizers().status)) {
+      return absl::InternalError(absl::StrCat("ICU cannot provide the Unicode 9.0 set: ",
+                                              u_errorName(Normalizers().status)));
+    }
   } else if (type == "Strip") {
     step.kind = Kind::kStrip;
     step.strip_left = bpe_json::Bool(config, "strip_left", true);
@@ -310,16 +365,15 @@ absl::Status Normalizer::AddStep(const nlohmann::json& config, Normalizer* norma
 }
 
 bool Normalizer::Apply(const Step& step, std::string_view in, std::string* out) {
-  const auto& forms = Normalizers().forms;
   switch (step.kind) {
     case Kind::kNfc:
-      return ApplyUnicodeForm(*forms[0], /*nfc=*/true, in, out);
+      return ApplyUnicodeForm(0, in, out);
     case Kind::kNfd:
-      return ApplyUnicodeForm(*forms[1], false, in, out);
+      return ApplyUnicodeForm(1, in, out);
     case Kind::kNfkc:
-      return ApplyUnicodeForm(*forms[2], false, in, out);
+      return ApplyUnicodeForm(2, in, out);
     case Kind::kNfkd:
-      return ApplyUnicodeForm(*forms[3], false, in, out);
+      return ApplyUnicodeForm(3, in, out);
     case Kind::kLowercase:
       return ApplyLowercase(in, out);
     case Kind::kStripAccents:

@@ -299,6 +299,8 @@ absl::Status ParsePostProcessor(const json& config, std::vector<PostTemplate>* t
   return absl::OkStatus();
 }
 
+// "truncation" and "padding" are not read: transformers overrides both on every call
+// (no truncation or padding unless the request asks), and so does vLLM through it.
 absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(const json& root) {
   if (!root.is_object()) return absl::InvalidArgumentError("tokenizer.json is not an object");
   auto tokenizer = std::make_unique<BpeTokenizer>();
