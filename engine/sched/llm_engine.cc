@@ -327,7 +327,11 @@ class LLMEngineImpl final : public LLMEngine {
       status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
     }
     const double seconds = std::chrono::duration<double>(Now() - start).count();
-    step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
+    // The confidence scheduler prices decode steps: prompt chunks (a cheaper per-token rate in
+    // one large GEMM) would bend the fit.
+    if (IsDecodeStep(plan)) {
+      step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
+    }
     if (HasDrafts(plan)) counters_.spec_verify_seconds += seconds;
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.
@@ -362,6 +366,14 @@ class LLMEngineImpl final : public LLMEngine {
       EmitToken(seq, std::move(token), outputs, finished);
     }
     RemoveFinished(finished, outputs);
+  }
+
+  // IsDecodeStep: every scheduled sequence computes only its last token (and drafts).
+  static bool IsDecodeStep(const SchedulerOutput& plan) {
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.num_new_tokens - s.num_draft_tokens() != 1 || !s.samples()) return false;
+    }
+    return true;
   }
 
   static bool HasDrafts(const SchedulerOutput& plan) {

@@ -13,16 +13,21 @@ void StepCostModel::Observe(double tokens, double seconds) {
   ++n_;
 }
 
+bool StepCostModel::Identified() const {
+  // Relative spread below 1e-9: all observations at one token count.
+  return w_ > 0 && w_ * xx_ - x_ * x_ > 1e-9 * w_ * xx_;
+}
+
 double StepCostModel::per_token_seconds() const {
-  if (w_ <= 0) return 0.0;
-  const double var = w_ * xx_ - x_ * x_;
-  // Relative spread below 1e-9: all observations at one token count, the slope is unknown.
-  if (var <= 1e-9 * w_ * xx_) return 0.0;
-  return std::max(0.0, (w_ * xy_ - x_ * y_) / var);
+  if (w_ <= 0 || x_ <= 0) return 0.0;
+  if (!Identified()) return y_ / x_;
+  const double slope = (w_ * xy_ - x_ * y_) / (w_ * xx_ - x_ * x_);
+  // A negative fixed part means the line is steeper than measured: cap it at the mean rate.
+  return std::clamp(slope, 0.0, y_ / x_);
 }
 
 double StepCostModel::fixed_seconds() const {
-  if (w_ <= 0) return 0.0;
+  if (w_ <= 0 || !Identified()) return 0.0;
   return std::max(0.0, (y_ - per_token_seconds() * x_) / w_);
 }
 

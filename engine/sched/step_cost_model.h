@@ -14,12 +14,15 @@ class StepCostModel {
   // `decay` in (0, 1]: weight kept by older observations per new one (1: plain least squares).
   explicit StepCostModel(double decay = 0.99) : decay_(decay) {}
   void Observe(double tokens, double seconds);
-  // Fitted coefficients, both >= 0. With no spread in observed token counts the slope is 0 and
-  // the fixed part the mean; with no observation both are 0.
+  // Fitted coefficients, both >= 0. With no spread in observed token counts the split is
+  // unknown and the pessimistic one is taken: all of the cost per token (fixed 0, slope the mean
+  // seconds per token); with no observation both are 0.
   double fixed_seconds() const;
   double per_token_seconds() const;
   double Predict(double tokens) const { return fixed_seconds() + per_token_seconds() * tokens; }
   int64_t num_observations() const { return n_; }
+  // True once observed token counts differ enough to split fixed and per-token cost.
+  bool Identified() const;
 
  private:
   double decay_;

@@ -86,8 +86,10 @@ int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& targe
   }
   if (depth > 0) return depth;
   if (steps_ % kProbeInterval != 0) return 0;
+  // A probe drafts in full: it measures acceptance at every depth and spreads the step sizes
+  // the cost fit sees.
   *probe_only = true;
-  return 1;
+  return max_tokens_;
 }
 
 bool ConfidenceScheduler::KeepGoing(float confidence, double* product) const {

@@ -66,11 +66,11 @@ class ConfidenceCalibration {
 //   P_j >= threshold = (B · (b + b_d) + a_d) / (a + b·B).
 // So each sequence verifies the longest prefix with P_j >= threshold (at most max_tokens),
 // sequences in one step verify different lengths, and when even the best calibrated acceptance
-// is below the threshold nothing is drafted (a few probe drafts every kProbeInterval steps keep
-// the calibration measured).
+// is below the threshold nothing is drafted (kProbeSequences sequences draft in full every
+// kProbeInterval steps, keeping the calibration and the cost fit measured).
 class ConfidenceScheduler {
  public:
-  static constexpr int64_t kProbeInterval = 32;
+  static constexpr int64_t kProbeInterval = 16;
   static constexpr int32_t kProbeSequences = 2;
 
   ConfidenceScheduler(VerifyMode mode, int32_t max_tokens) : mode_(mode), max_tokens_(max_tokens) {}

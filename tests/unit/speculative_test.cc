@@ -38,8 +38,11 @@ TEST(StepCostModelTest, FitsFixedAndPerTokenCost) {
   StepCostModel flat;
   flat.Observe(1, 0.5);
   flat.Observe(1, 0.7);
-  EXPECT_EQ(flat.per_token_seconds(), 0.0);  // no spread: slope unknown
-  EXPECT_NEAR(flat.fixed_seconds(), 0.6, 0.01);
+  // No spread: the split is unknown, all of the cost is taken as per-token (pessimistic).
+  EXPECT_FALSE(flat.Identified());
+  EXPECT_NEAR(flat.per_token_seconds(), 0.6, 0.01);
+  EXPECT_EQ(flat.fixed_seconds(), 0.0);
+  EXPECT_TRUE(m.Identified());
 }
 
 TEST(ConfidenceCalibrationTest, StartsAtTheBinCentreAndLearnsTheMeasuredRate) {
@@ -87,7 +90,7 @@ TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
     if (depth > 0) {
       ++drafted_steps;
       EXPECT_TRUE(probe);
-      EXPECT_EQ(depth, 1);
+      EXPECT_EQ(depth, 5);
     }
   }
   EXPECT_EQ(drafted_steps, 64 / ConfidenceScheduler::kProbeInterval);  // probes only
