@@ -1,14 +1,64 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs every test: C++ unit + golden tests (ctest), then the
 # end-to-end tests that drive `sluice serve` with the official OpenAI Python SDK (pytest).
+#
+#   scripts/test.sh                              everything, in build/
+#   scripts/test.sh --sanitize address,undefined unit, golden, e2e and integration tests under
+#                                                ASan+UBSan (CPU-only build in build-asan/)
+#   scripts/test.sh --sanitize thread            the concurrent parts (scheduler, async engine,
+#                                                transfer, registry, kvstore, HTTP) under TSan
+#                                                (CPU-only build in build-tsan/)
+# Sanitizer reports fail the run (halt_on_error); SLUICE_BUILD_DIR overrides the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+SANITIZE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) SANITIZE="$2"; shift 2 ;;
+    --sanitize=*) SANITIZE="${1#*=}"; shift ;;
+    *) echo "usage: $0 [--sanitize address,undefined|thread]" >&2; exit 2 ;;
+  esac
+done
+
 scripts/install_deps.sh
-scripts/build.sh
-BUILD_DIR="${SLUICE_BUILD_DIR:-build}"
-echo "[test] ctest"
-(cd "$BUILD_DIR" && ctest --output-on-failure -j "${SLUICE_JOBS:-$(nproc)}")
-echo "[test] end-to-end (pytest)"
-SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/e2e
-echo "[test] integration (multi-process: router + prefill/decode workers, k8s manifests)"
-SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/integration
+if [ -z "$SANITIZE" ]; then
+  scripts/build.sh
+  BUILD_DIR="${SLUICE_BUILD_DIR:-build}"
+  echo "[test] ctest"
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j "${SLUICE_JOBS:-$(nproc)}")
+  echo "[test] end-to-end (pytest)"
+  SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/e2e
+  echo "[test] integration (multi-process: router + prefill/decode workers, k8s manifests)"
+  SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" .venv/bin/python -m pytest -q tests/integration
+  exit 0
+fi
+
+# Sanitized builds are CPU-only (nvcc objects carry no instrumentation) and unoptimized enough
+# for useful stacks.
+case "$SANITIZE" in
+  thread) DEFAULT_DIR=build-tsan ;;
+  *) DEFAULT_DIR=build-asan ;;
+esac
+export SLUICE_BUILD_DIR="${SLUICE_BUILD_DIR:-$DEFAULT_DIR}"
+BUILD_DIR="$SLUICE_BUILD_DIR"
+scripts/build.sh -DSLUICE_SANITIZE="$SANITIZE" -DSLUICE_CUDA=OFF -DSLUICE_NATIVE=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g"
+export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+JOBS="${SLUICE_JOBS:-$(nproc)}"
+if [ "$SANITIZE" = "thread" ]; then
+  # The parts with threads of their own; TSan's slowdown makes the rest not worth its time.
+  FILTER='*Scheduler*:*AsyncScheduling*:*LlmEngine*:*DisaggEngine*:*KvConnector*:*Transfer*'
+  FILTER+=':*Registry*:*Prober*:*KvStore*:*Http*:*Service*:*Quota*:*ApiAuth*'
+  echo "[test] unit tests under TSan ($FILTER)"
+  "$BUILD_DIR/bin/unit_tests" --gtest_filter="$FILTER"
+  [ -x "$BUILD_DIR/bin/transfer_test" ] && "$BUILD_DIR/bin/transfer_test"
+  exit 0
+fi
+echo "[test] ctest under $SANITIZE"
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$JOBS")
+echo "[test] end-to-end and integration under $SANITIZE"
+SLUICE_BIN="$PWD/$BUILD_DIR/bin/sluice" SLUICE_STARTUP_TIMEOUT=1200 \
+  .venv/bin/python -m pytest -q tests/e2e tests/integration

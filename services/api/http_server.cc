@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -50,10 +51,11 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   void SendResponse(int status, const std::string& content_type, std::string body) override {
     if (closed_) return;
     std::string out = StatusLine(status);
-    absl::StrAppend(&out, "Server: sluice\r\nContent-Type: ", content_type,
+    absl::StrAppend(&out, "Server: sluice\r\n", extra_headers_, "Content-Type: ", content_type,
                     "\r\nContent-Length: ", body.size(),
                     keep_alive_ ? "\r\nConnection: keep-alive\r\n\r\n"
                                 : "\r\nConnection: close\r\n\r\n");
+    extra_headers_.clear();
     if (!head_request_) out += body;
     Enqueue(std::move(out), /*last=*/true);
   }
@@ -62,10 +64,16 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     if (closed_) return;
     std::string out = StatusLine(200);
     absl::StrAppend(&out,
-                    "Server: sluice\r\nContent-Type: text/event-stream\r\n"
+                    "Server: sluice\r\n", extra_headers_,
+                    "Content-Type: text/event-stream\r\n"
                     "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n",
                     keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n");
+    extra_headers_.clear();
     Enqueue(std::move(out), /*last=*/false);
+  }
+
+  void AddResponseHeader(const std::string& name, const std::string& value) override {
+    absl::StrAppend(&extra_headers_, name, ": ", value, "\r\n");
   }
 
   void SendEvent(std::string event) override {
@@ -83,12 +91,35 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   }
 
  private:
+  // DoRead waits for the next request. Between keep-alive requests the wait for its first
+  // byte is bounded by idle_timeout; from then on (and on a fresh connection, from the accept)
+  // the whole request by request_timeout, so a client trickling its header cannot hold the
+  // connection longer.
   void DoRead() {
     if (closed_) return;
+    if (num_requests_ > 0 && buffer_.size() == 0) {
+      stream_.expires_after(options_.idle_timeout);
+      stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
+                              [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                if (ec) {
+                                  self->OnRead(ec);
+                                  return;
+                                }
+                                self->buffer_.commit(n);
+                                self->ReadHeader();
+                              });
+      return;
+    }
+    ReadHeader();
+  }
+
+  void ReadHeader() {
+    if (closed_) return;
+    ++num_requests_;
     parser_.emplace();
     parser_->body_limit(options_.body_limit_bytes);
-    parser_->header_limit(64 * 1024);
-    stream_.expires_after(options_.idle_timeout);
+    parser_->header_limit(options_.header_limit_bytes);
+    stream_.expires_after(options_.request_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                               self->OnHeader(ec);
@@ -134,6 +165,11 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
                                         " bytes"));
       return;
     }
+    if (ec == http::error::header_limit) {
+      RespondAndClose(431, absl::StrCat("request header larger than ",
+                                        options_.header_limit_bytes, " bytes"));
+      return;
+    }
     if (ec == http::error::end_of_stream || ec == net::error::eof ||
         ec == net::error::connection_reset || ec == beast::error::timeout ||
         ec == net::error::operation_aborted) {
@@ -154,6 +190,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     info.method = std::string(req.method_string());
     info.target = std::string(req.target());
     info.body = std::move(req.body());
+    info.authorization = std::string(req[http::field::authorization]);
     auto executor = stream_.get_executor();
     Poster poster = [executor](std::function<void()> task) {
       net::post(executor, std::move(task));
@@ -284,6 +321,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   const HttpHandler& handler_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::string extra_headers_;  // AddResponseHeader lines for the next response head
   std::string pending_;    // bytes queued behind the write in flight
   std::string in_flight_;  // bytes of the write in flight
   std::shared_ptr<RequestHandle> handle_;
@@ -294,6 +332,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   bool keep_alive_ = true;
   bool head_request_ = false;
   bool closed_ = false;
+  int64_t num_requests_ = 0;  // requests whose reading started on this connection
 };
 
 }  // namespace
@@ -304,7 +343,8 @@ class HttpServer::Impl {
       : options_(options),
         handler_(std::move(handler)),
         ioc_(options.num_io_threads),
-        acceptor_(net::make_strand(ioc_)) {}
+        acceptor_(net::make_strand(ioc_)),
+        accept_backoff_(acceptor_.get_executor()) {}
 
   absl::Status Listen() {
     beast::error_code ec;
@@ -332,6 +372,7 @@ class HttpServer::Impl {
     net::post(acceptor_.get_executor(), [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
+      accept_backoff_.cancel();
     });
     ioc_.stop();
     for (std::thread& t : threads_) {
@@ -353,6 +394,16 @@ class HttpServer::Impl {
                                std::make_shared<Connection>(std::move(socket), options_,
                                                             handler_)
                                    ->Run();
+                             } else if (ec == net::error::no_descriptors ||
+                                        ec == net::error::no_buffer_space ||
+                                        ec == net::error::no_memory) {
+                               // Out of file descriptors: retrying at once would spin; the
+                               // pending connection stays in the backlog until one is freed.
+                               accept_backoff_.expires_after(std::chrono::milliseconds(50));
+                               accept_backoff_.async_wait([this](beast::error_code wait_ec) {
+                                 if (!wait_ec && acceptor_.is_open()) DoAccept();
+                               });
+                               return;
                              }
                              DoAccept();
                            });
@@ -362,6 +413,7 @@ class HttpServer::Impl {
   HttpHandler handler_;
   net::io_context ioc_;
   tcp::acceptor acceptor_;
+  net::steady_timer accept_backoff_;  // on the acceptor's strand
   std::vector<std::thread> threads_;
   uint16_t port_ = 0;
   bool stopped_ = false;

@@ -2,7 +2,11 @@
 //
 // A fixed pool of io threads runs every connection; each connection lives on its own strand
 // (no thread per request). Supports keep-alive, a request body limit (413), and
-// Server-Sent Events with chunked transfer encoding. While a request is being answered the
+// Server-Sent Events with chunked transfer encoding. Slow clients are bounded: a request's
+// header and body must arrive within request_timeout of its first byte (a fresh connection's
+// first request: of the accept), and a keep-alive connection waits idle_timeout for the next
+// request; a slowloris connection is closed at its deadline and costs one file descriptor and
+// a few KiB until then. While a request is being answered the
 // connection keeps a read pending: when the client disconnects (the read fails) or a write
 // fails, the request's RequestHandle is cancelled, which aborts its engine work.
 #ifndef SLUICE_SERVICES_API_HTTP_SERVER_H_
@@ -24,7 +28,9 @@ struct HttpServerOptions {
   uint16_t port = 8000;                         // 0: an ephemeral port (see HttpServer::port)
   int num_io_threads = 2;
   uint64_t body_limit_bytes = 8ull << 20;       // larger bodies get 413
+  uint32_t header_limit_bytes = 64u << 10;      // larger request heads get 431
   std::chrono::seconds idle_timeout{300};       // keep-alive wait for the next request
+  std::chrono::seconds request_timeout{60};     // whole header + body, from its first byte
 };
 
 // HttpHandler answers one request through the sink (see OpenAiService::Handle). It runs on the

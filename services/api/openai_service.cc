@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/api/auth/request_admission.h"
 #include "services/api/generation_session.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_responses.h"
@@ -28,6 +29,21 @@ std::string Path(const std::string& target) {
   std::string path = q == std::string::npos ? target : target.substr(0, q);
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
+}
+
+// SendAuthError answers 401 or 429 with OpenAI's error body and headers.
+void SendAuthError(ResponseSink& sink, const absl::Status& status) {
+  json error = OpenAiErrorJson(status);
+  if (absl::IsUnauthenticated(status)) {
+    error["error"]["code"] = "invalid_api_key";
+    sink.AddResponseHeader("WWW-Authenticate", "Bearer");
+  } else {
+    error["error"]["code"] = "rate_limit_exceeded";
+    if (std::optional<int64_t> retry = RetryAfterSeconds(status)) {
+      sink.AddResponseHeader("Retry-After", absl::StrCat(*retry));
+    }
+  }
+  sink.SendResponse(HttpStatusFor(status), "application/json", DumpJson(error));
 }
 
 }  // namespace
@@ -57,9 +73,28 @@ json OpenAiService::ModelCard() const {
               {"max_model_len", backend_->max_model_len()}};
 }
 
+bool OpenAiService::Authorize(const HttpRequestInfo& request, ResponseSink& sink,
+                              std::shared_ptr<const ApiKey>* api_key) {
+  if (api_key != nullptr) api_key->reset();
+  if (options_.auth == nullptr) return true;
+  const std::string path = Path(request.target);
+  if (path == "/health" || (path == "/metrics" && !options_.auth->protect_metrics())) return true;
+  absl::StatusOr<std::shared_ptr<const ApiKey>> key =
+      options_.auth->Authenticate(request.authorization);
+  if (!key.ok()) {
+    SendAuthError(sink, key.status());
+    metrics_.ObserveRequest("other", 401);
+    return false;
+  }
+  if (api_key != nullptr) *api_key = *std::move(key);
+  return true;
+}
+
 std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& request,
                                                      std::shared_ptr<ResponseSink> sink,
                                                      Poster poster) {
+  std::shared_ptr<const ApiKey> api_key;
+  if (!Authorize(request, *sink, &api_key)) return nullptr;
   const std::string path = Path(request.target);
   const bool is_get = request.method == "GET" || request.method == "HEAD";
   // The metrics label is one of the known routes, never the raw client path: a raw path
@@ -95,7 +130,8 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     const Endpoint endpoint = path == kChatPath        ? Endpoint::kChatCompletions
                               : path == kResponsesPath ? Endpoint::kResponses
                                                        : Endpoint::kCompletions;
-    return HandleGeneration(endpoint, *body, std::move(sink), std::move(poster));
+    return HandleGeneration(endpoint, *body, std::move(sink), std::move(poster),
+                            std::move(api_key));
   }
   if (path == "/health") {
     if (!is_get) {
@@ -146,7 +182,8 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
 std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint,
                                                                const json& body,
                                                                std::shared_ptr<ResponseSink> sink,
-                                                               Poster poster) {
+                                                               Poster poster,
+                                                               std::shared_ptr<const ApiKey> api_key) {
   const std::string path = endpoint == Endpoint::kChatCompletions ? kChatPath
                            : endpoint == Endpoint::kResponses     ? kResponsesPath
                                                                   : kCompletionsPath;
@@ -168,6 +205,16 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
     spdlog::warn("{}: ignoring unknown request fields: {}", path,
                  absl::StrJoin(request->unknown_fields, ", "));
   }
+  // Each choice is an engine request: a long prompt list must not flood the engine.
+  if (request->num_choices() > options_.max_choices_per_request) {
+    SendError(*sink, path,
+              InvalidParam(endpoint == Endpoint::kChatCompletions ? "n" : "prompt",
+                           absl::StrCat("A request may ask for at most ",
+                                        options_.max_choices_per_request,
+                                        " choices (prompts x n), got ",
+                                        request->num_choices())));
+    return nullptr;
+  }
   if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
     in_flight_.fetch_sub(1);
     SendError(*sink, path,
@@ -176,12 +223,28 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
                                                   " requests in flight); retry later")));
     return nullptr;
   }
+  std::shared_ptr<QuotaTicket> ticket;
+  if (api_key != nullptr && options_.auth != nullptr) {
+    absl::StatusOr<std::shared_ptr<QuotaTicket>> admitted =
+        AdmitGeneration(*options_.auth, *api_key, backend_->max_model_len(), &*request);
+    if (!admitted.ok()) {
+      in_flight_.fetch_sub(1);
+      SendAuthError(*sink, admitted.status());
+      metrics_.ObserveRequest(path, HttpStatusFor(admitted.status()));
+      return nullptr;
+    }
+    ticket = *std::move(admitted);
+  }
   GenerationSession::Deps deps;
   deps.backend = backend_;
   deps.tokenizer = tokenizer_;
   deps.metrics = &metrics_;
   deps.endpoint_path = path;
-  deps.on_done = [this]() { in_flight_.fetch_sub(1); };
+  // The quota ticket (the key's concurrency slot) is held until the session is done.
+  deps.on_done = [this, ticket = std::move(ticket)]() mutable {
+    ticket.reset();
+    in_flight_.fetch_sub(1);
+  };
   auto session = std::make_shared<GenerationSession>(std::move(deps), *std::move(request),
                                                      std::move(sink), std::move(poster));
   session->Start();

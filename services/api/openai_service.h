@@ -8,6 +8,8 @@
 //   GET  /metrics                                     Prometheus text format
 // A known path with another method gets 405, an unknown path 404, both as OpenAI error JSON.
 // More than max_concurrent_requests generations in flight → 503.
+// With `auth` set, every path but /health (and /metrics unless protect_metrics) needs an API
+// key: missing or wrong → 401; over the key's quotas → 429 with Retry-After (auth/api_auth.h).
 #ifndef SLUICE_SERVICES_API_OPENAI_SERVICE_H_
 #define SLUICE_SERVICES_API_OPENAI_SERVICE_H_
 
@@ -19,6 +21,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/api/auth/api_auth.h"
 #include "services/api/inference_backend.h"
 #include "services/api/metrics.h"
 #include "services/api/openai_protocol.h"
@@ -32,6 +35,8 @@ struct OpenAiServiceOptions {
   // Request fields outside an endpoint's table are accepted with a logged warning instead of
   // refused with 400 (clients that send vendor extras).
   bool allow_unknown_fields = false;
+  ApiAuth* auth = nullptr;                // borrowed; null: the API is open
+  int32_t max_choices_per_request = 1024; // prompts × n of one request; more → 400
 };
 
 class OpenAiService {
@@ -49,9 +54,16 @@ class OpenAiService {
 
   // HandleGeneration starts a generation from an already parsed body (used by Handle and by
   // `sluice generate`). Errors are answered through `sink`; returns null in that case.
-  std::shared_ptr<RequestHandle> HandleGeneration(Endpoint endpoint, const nlohmann::json& body,
-                                                  std::shared_ptr<ResponseSink> sink,
-                                                  Poster poster);
+  // `api_key` (authenticated by Authorize) sets the cache_salt and is charged the quotas.
+  std::shared_ptr<RequestHandle> HandleGeneration(
+      Endpoint endpoint, const nlohmann::json& body, std::shared_ptr<ResponseSink> sink,
+      Poster poster, std::shared_ptr<const ApiKey> api_key = nullptr);
+
+  // Authorize checks the request's API key when auth is on (/health is always open, /metrics
+  // unless protect_metrics). On failure it answers 401 through `sink` and returns false; on
+  // success `*api_key` (if not null) is the key, or null when no key was needed.
+  bool Authorize(const HttpRequestInfo& request, ResponseSink& sink,
+                 std::shared_ptr<const ApiKey>* api_key);
 
   ApiMetrics& metrics() { return metrics_; }
   int64_t num_in_flight() const { return in_flight_.load(); }

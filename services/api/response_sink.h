@@ -13,6 +13,7 @@ struct HttpRequestInfo {
   std::string method;  // "GET", "POST", ...
   std::string target;  // path with optional query, e.g. "/v1/models?x=1"
   std::string body;
+  std::string authorization;  // the Authorization header ("" when absent)
 };
 
 // ResponseSink receives one response: either SendResponse once, or StartEventStream, any
@@ -22,6 +23,9 @@ class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
   virtual void SendResponse(int status, const std::string& content_type, std::string body) = 0;
+  // AddResponseHeader adds a header (e.g. Retry-After) to the response started next. Names
+  // and values come from the server, never from the client. Sinks without headers ignore it.
+  virtual void AddResponseHeader(const std::string& name, const std::string& value) {}
   // StartEventStream sends 200 with Content-Type text/event-stream (chunked transfer).
   virtual void StartEventStream() = 0;
   // SendEvent writes `event`, already framed ("data: ...\n\n").

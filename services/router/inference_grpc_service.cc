@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/sample/philox.h"
+#include "services/api/auth/request_admission.h"
 #include "services/api/choice_output.h"
 #include "services/api/openai_responses.h"
 #include "services/router/wire_convert.h"
@@ -154,6 +155,9 @@ class InferenceGrpcService::GenerateReactor final
     FinishOnce(ToGrpc(status));
   }
 
+  // HoldTicket keeps the API key's quota ticket until the backend is done with the request.
+  void HoldTicket(std::shared_ptr<QuotaTicket> ticket) { ticket_ = std::move(ticket); }
+
   // Start submits the engine request; on an error the call ends with its status.
   void Start(EngineRequest engine_request) {
     // Every response can be reproduced: a request without a seed gets one, reported in each
@@ -166,6 +170,7 @@ class InferenceGrpcService::GenerateReactor final
         std::move(engine_request), [this](const RequestOutput& output) { OnOutput(output); });
     if (!status.ok()) {
       service_->in_flight_.fetch_sub(1);
+      ticket_.reset();
       Fail(status);
     }
   }
@@ -224,6 +229,7 @@ class InferenceGrpcService::GenerateReactor final
       if (output.finished()) {
         backend_done_ = true;
         service_->in_flight_.fetch_sub(1);
+        ticket_.reset();
         destroy = grpc_done_;
       }
     }
@@ -352,6 +358,7 @@ class InferenceGrpcService::GenerateReactor final
   bool client_gone_ = false;                      // guarded by mu_
   bool backend_done_ = false;                     // final output seen / never started; guarded
   bool grpc_done_ = false;                        // OnDone ran; guarded by mu_
+  std::shared_ptr<QuotaTicket> ticket_;           // the API key's slot; guarded by mu_ once started
 };
 
 InferenceGrpcService::InferenceGrpcService(InferenceBackend* backend, const Tokenizer* tokenizer,
@@ -364,6 +371,17 @@ InferenceGrpcService::InferenceGrpcService(InferenceBackend* backend, const Toke
       options_(std::move(options)),
       created_(static_cast<int64_t>(std::time(nullptr))) {}
 
+absl::StatusOr<std::shared_ptr<const ApiKey>> InferenceGrpcService::Authenticate(
+    const grpc::CallbackServerContext* context) const {
+  if (options_.auth == nullptr) return std::shared_ptr<const ApiKey>();
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  const std::string_view value =
+      it == metadata.end() ? std::string_view() : std::string_view(it->second.data(),
+                                                                   it->second.size());
+  return options_.auth->Authenticate(value);
+}
+
 ParseContext InferenceGrpcService::MakeParseContext() const {
   ParseContext context;
   context.tokenizer = tokenizer_;
@@ -375,6 +393,14 @@ ParseContext InferenceGrpcService::MakeParseContext() const {
 
 grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  absl::StatusOr<std::shared_ptr<const ApiKey>> api_key = Authenticate(context);
+  if (!api_key.ok()) {
+    GenerationRequest empty;
+    empty.prompts.push_back({0});
+    auto* reactor = new GenerateReactor(this, "", empty, false);
+    reactor->Fail(api_key.status());
+    return reactor;
+  }
   Endpoint endpoint = Endpoint::kCompletions;
   absl::StatusOr<json> body =
       GenerateRequestToJson(*request, options_.served_model_name, &endpoint);
@@ -401,6 +427,21 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
                                                             " requests in flight); retry later")));
     return reactor;
   }
+  std::shared_ptr<QuotaTicket> ticket;
+  if (*api_key != nullptr) {
+    absl::StatusOr<std::shared_ptr<QuotaTicket>> admitted =
+        AdmitGeneration(*options_.auth, **api_key, backend_->max_model_len(), &*parsed);
+    if (!admitted.ok()) {
+      in_flight_.fetch_sub(1);
+      if (std::optional<int64_t> retry = RetryAfterSeconds(admitted.status())) {
+        context->AddTrailingMetadata("retry-after", absl::StrCat(*retry));
+      }
+      reactor->Fail(admitted.status());
+      return reactor;
+    }
+    ticket = *std::move(admitted);
+  }
+  reactor->HoldTicket(std::move(ticket));
   EngineRequest engine_request;
   engine_request.request_id = std::move(id);
   engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
@@ -413,6 +454,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
 grpc::ServerUnaryReactor* InferenceGrpcService::Tokenize(grpc::CallbackServerContext* context,
                                                          const v1::TokenizeRequest* request,
                                                          v1::TokenizeResponse* response) {
+  if (auto key = Authenticate(context); !key.ok()) return Answer(context, ToGrpc(key.status()));
   std::vector<int32_t> ids;
   if (request->model().size() > 0 && request->model() != options_.served_model_name) {
     return Answer(context,
@@ -446,6 +488,7 @@ grpc::ServerUnaryReactor* InferenceGrpcService::Tokenize(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* InferenceGrpcService::ListModels(grpc::CallbackServerContext* context,
                                                            const v1::ListModelsRequest* request,
                                                            v1::ListModelsResponse* response) {
+  if (auto key = Authenticate(context); !key.ok()) return Answer(context, ToGrpc(key.status()));
   v1::ModelInfo* model = response->add_models();
   model->set_id(options_.served_model_name);
   model->set_max_model_len(backend_->max_model_len());

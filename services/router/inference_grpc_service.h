@@ -13,7 +13,10 @@
 //
 // Status codes: bad parameters INVALID_ARGUMENT (the message names the field,
 // as the HTTP 400 does), unknown model NOT_FOUND, too many requests in flight
-// RESOURCE_EXHAUSTED, no worker UNAVAILABLE. An engine error before any message
+// RESOURCE_EXHAUSTED, no worker UNAVAILABLE. With `auth` set, Generate, Tokenize
+// and ListModels need the `authorization` metadata ("Bearer <key>"): missing or
+// wrong → UNAUTHENTICATED; over the key's quotas → RESOURCE_EXHAUSTED with a
+// `retry-after` trailer (seconds). Health stays open. An engine error before any message
 // was sent ends the call with its status; after that as a final TokenOutput
 // with `error` set. Cancelling a Generate call aborts its engine request (and
 // so frees its KV blocks on every worker).
@@ -30,6 +33,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/api/auth/api_auth.h"
 #include "services/api/inference_backend.h"
 #include "services/api/metrics.h"
 #include "services/api/openai_protocol.h"
@@ -42,6 +46,7 @@ struct InferenceGrpcServiceOptions {
   int64_t max_concurrent_requests = 512;  // Generate calls in flight before RESOURCE_EXHAUSTED
   // Health: OK → SERVING; an error → NOT_SERVING with its message. Unset: always SERVING.
   std::function<absl::Status()> health;
+  ApiAuth* auth = nullptr;  // borrowed; null: no API keys
 };
 
 // GenerateRequestToJson returns the OpenAI body equivalent to `request`
@@ -78,6 +83,9 @@ class InferenceGrpcService final : public v1::Inference::CallbackService {
  private:
   class GenerateReactor;
   ParseContext MakeParseContext() const;
+  // Authenticate checks the call's key (null key and OK when auth is off).
+  absl::StatusOr<std::shared_ptr<const ApiKey>> Authenticate(
+      const grpc::CallbackServerContext* context) const;
 
   InferenceBackend* backend_;
   const Tokenizer* tokenizer_;

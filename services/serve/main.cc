@@ -17,6 +17,8 @@
 
 #include "engine/kv/swa_replay.h"
 #include "services/serve/eval_command.h"
+#include "services/serve/api_auth_flags.h"
+#include "services/serve/server_limits.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
@@ -143,6 +145,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--grpc-port", serve.grpc_port,
                         "Serve the gRPC API (sluice.v1.Inference) on this port (0: any free)")
       ->check(CLI::Range(0, 65535));
+  sluice::AddApiAuthFlags(*serve_cmd, serve.auth);
+  sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;
@@ -188,6 +192,8 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--routing-policy", router.routing_policy,
                          "Worker choice: kv (cached prefix vs load), load, round_robin")
       ->check(CLI::IsMember({"kv", "load", "round_robin"}));
+  sluice::AddApiAuthFlags(*router_cmd, router.auth);
+  sluice::AddHttpLimitFlags(*router_cmd, router.http);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")
@@ -250,6 +256,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
+  sluice::RaiseOpenFileLimit();
 
   // A TP/EP layout the model cannot take is a usage error (exit 2), found before any weight loads.
   const std::pair<CLI::App*, sluice::RuntimeOptions*> engine_cmds[] = {

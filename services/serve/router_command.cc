@@ -21,7 +21,9 @@
 #include "services/router/registry_service.h"
 #include "services/router/router_metrics.h"
 #include "services/router/worker_registry.h"
+#include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
+#include "services/serve/server_limits.h"
 #include "services/serve/model_runtime.h"
 
 namespace sluice {
@@ -63,11 +65,12 @@ class LeaseSweeper {
 }  // namespace
 
 int RunRouter(const RouterOptions& options) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = BlockServerSignals();
+  absl::StatusOr<std::unique_ptr<ApiAuth>> auth = CreateApiAuth(options.auth);
+  if (!auth.ok()) {
+    spdlog::error("{}", std::string(auth.status().message()));
+    return 1;
+  }
 
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
       Tokenizer::FromFile(options.model_dir + "/tokenizer.json");
@@ -118,6 +121,7 @@ int RunRouter(const RouterOptions& options) {
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  service_options.auth = auth->get();
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();
@@ -129,6 +133,7 @@ int RunRouter(const RouterOptions& options) {
   InferenceGrpcServiceOptions inference_options;
   inference_options.served_model_name = model_name;
   inference_options.max_concurrent_requests = options.max_concurrent_requests;
+  inference_options.auth = auth->get();
   inference_options.health = [registry_ptr]() {
     return registry_ptr->CountLive(WorkerRole::kDecode) > 0
                ? absl::OkStatus()
@@ -141,6 +146,7 @@ int RunRouter(const RouterOptions& options) {
   int grpc_port = 0;
   builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
                            grpc::InsecureServerCredentials(), &grpc_port);
+  builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder.RegisterService(&registry_service);
   builder.RegisterService(&inference_service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
@@ -156,6 +162,9 @@ int RunRouter(const RouterOptions& options) {
                                                std::shared_ptr<ResponseSink> sink,
                                                Poster poster) -> std::shared_ptr<RequestHandle> {
         const std::string path = request.target.substr(0, request.target.find('?'));
+        if (path == "/v1/workers" && !service_ptr->Authorize(request, *sink, nullptr)) {
+          return nullptr;
+        }
         if (request.method == "GET" && path == "/v1/workers") {
           sink->SendResponse(200, "application/json", WorkersJson(registry_ptr->List()).dump());
           return nullptr;
@@ -183,6 +192,10 @@ int RunRouter(const RouterOptions& options) {
           };
           auto capture = std::make_shared<Capture>();
           service_ptr->Handle(request, capture, poster);
+          if (capture->status != 200) {  // e.g. 401 with --protect-metrics
+            sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
+            return nullptr;
+          }
           capture->body += RenderRouterMetrics(registry_ptr->List(), backend_ptr->counters());
           capture->body += RenderKvRouterMetrics(kv_router_ptr->counters());
           sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
@@ -200,8 +213,7 @@ int RunRouter(const RouterOptions& options) {
               static_cast<unsigned>((*server)->port()), options.grpc_host.c_str(), grpc_port);
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const int signal_number = WaitForShutdown(signals, auth->get());
   spdlog::info("received signal {}, shutting down", signal_number);
   (*server)->Stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/router/remote_backend.h"
 
@@ -33,6 +34,7 @@ struct RouterOptions {
   double lease_seconds = 6.0;    // workers heartbeat every lease/3
   std::string routing_policy = "kv";  // kv | load | round_robin (services/router/kv_router.h)
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
+  ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

@@ -10,18 +10,21 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/openai_service.h"
 #include "services/router/inference_grpc_service.h"
+#include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
+#include "services/serve/server_limits.h"
 
 namespace sluice {
 
 int RunServe(const ServeOptions& options) {
   // Block the shutdown signals in every thread (threads inherit the mask), then wait for them
   // on this thread with sigwait: no async-signal-safety concerns.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = BlockServerSignals();
+  absl::StatusOr<std::unique_ptr<ApiAuth>> auth = CreateApiAuth(options.auth);
+  if (!auth.ok()) {
+    spdlog::error("{}", std::string(auth.status().message()));
+    return 1;
+  }
 
   absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(options.runtime);
   if (!runtime.ok()) {
@@ -32,6 +35,7 @@ int RunServe(const ServeOptions& options) {
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  service_options.auth = auth->get();
   auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
                                                  runtime->chat_template.get(), service_options);
   OpenAiService* service_ptr = service.get();
@@ -52,6 +56,7 @@ int RunServe(const ServeOptions& options) {
     InferenceGrpcServiceOptions grpc_options;
     grpc_options.served_model_name = runtime->served_model_name;
     grpc_options.max_concurrent_requests = options.max_concurrent_requests;
+    grpc_options.auth = auth->get();
     grpc_service = std::make_unique<InferenceGrpcService>(
         runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
         &service->metrics(), grpc_options);
@@ -59,6 +64,7 @@ int RunServe(const ServeOptions& options) {
     int grpc_port = 0;
     builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
                              grpc::InsecureServerCredentials(), &grpc_port);
+    builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
     builder.RegisterService(grpc_service.get());
     grpc_server = builder.BuildAndStart();
     if (grpc_server == nullptr || grpc_port == 0) {
@@ -72,8 +78,7 @@ int RunServe(const ServeOptions& options) {
               static_cast<unsigned>((*server)->port()), grpc_listening.c_str());
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const int signal_number = WaitForShutdown(signals, auth->get());
   spdlog::info("received signal {}, shutting down", signal_number);
   // Order matters: stop the io threads, then the engine (its final callbacks post into the
   // stopped io_context, which still exists), then destroy the server and its pending handlers.

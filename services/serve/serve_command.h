@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/serve/model_runtime.h"
 
@@ -18,11 +19,12 @@ struct ServeOptions {
   // The gRPC API (sluice.v1.Inference) on grpc_host:grpc_port; -1: off, 0: any free port.
   std::string grpc_host = "127.0.0.1";
   int32_t grpc_port = -1;
+  ApiAuthOptions auth;  // API keys (none: open)
 };
 
 // RunServe loads the model, listens, prints "Sluice listening on http://HOST:PORT" on stdout
 // (followed by " grpc HOST:PORT" when the gRPC API is on) once accepting, and serves until
-// SIGINT/SIGTERM. Returns the process exit code.
+// SIGINT/SIGTERM (SIGHUP reloads the API keys file). Returns the process exit code.
 int RunServe(const ServeOptions& options);
 
 }  // namespace sluice

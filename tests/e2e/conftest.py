@@ -11,6 +11,7 @@ import queue
 import re
 import shlex
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -23,7 +24,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "sluice-mini-moe"
 MODEL_NAME = "sluice-mini-moe"
-READY_RE = re.compile(r"Sluice listening on (http://[^\s:]+:(\d+))")
+READY_RE = re.compile(r"Sluice listening on (https?://[^\s:]+:(\d+))")
 STARTUP_TIMEOUT_S = float(os.environ.get("SLUICE_STARTUP_TIMEOUT", "600"))
 
 
@@ -37,7 +38,9 @@ def sluice_bin() -> str:
 class ServerProcess:
     """A running `sluice serve`; `url` is its base URL."""
 
-    def __init__(self, extra_args=(), model_dir=MODEL_DIR):
+    def __init__(self, extra_args=(), model_dir=MODEL_DIR, ca_file=None):
+        # ca_file: the CA that signed --tls-cert (HTTPS health checks trust it).
+        self.ca_file = ca_file
         binary = sluice_bin()
         if not os.path.exists(binary):
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
@@ -72,7 +75,9 @@ class ServerProcess:
     def _wait_healthy(self, deadline):
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+                with urllib.request.urlopen(self.url + "/health", timeout=5,
+                                            context=context) as r:
                     if r.status == 200:
                         return
             except OSError:
