@@ -84,6 +84,23 @@ class LLMEngineImpl final : public LLMEngine {
           absl::StrCat("This model's maximum context length is ", max_model_len_,
                        " tokens, but the prompt has ", num_prompt, " tokens"));
     }
+    const int64_t num_resumed = static_cast<int64_t>(request.resumed_output_token_ids.size());
+    if (num_resumed > 0) {
+      if (num_resumed >= request.sampling.max_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a resumed request must have fewer resumed output tokens (", num_resumed,
+            ") than max_tokens (", request.sampling.max_tokens, ")"));
+      }
+      if (request.hold_kv_blocks) {
+        return absl::InvalidArgumentError("a resumed request cannot hold its KV blocks");
+      }
+      for (int32_t id : request.resumed_output_token_ids) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "resumed output token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+    }
     if (num_prompt + request.sampling.max_tokens > max_model_len_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "This model's maximum context length is ", max_model_len_, " tokens. However, you ",
@@ -131,6 +148,9 @@ class LLMEngineImpl final : public LLMEngine {
     if (absl::Status s = CheckNewId(request.request_id); !s.ok()) return s;
     if (request.hold_kv_blocks) {
       return absl::InvalidArgumentError("a transfer reservation cannot hold its KV blocks");
+    }
+    if (!request.resumed_output_token_ids.empty()) {
+      return absl::InvalidArgumentError("a transfer reservation cannot resume output tokens");
     }
     const std::string id = request.request_id;
     std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
@@ -769,6 +789,13 @@ class LLMEngineImpl final : public LLMEngine {
     seq->token_ids = seq->request.prompt_token_ids;
     seq->rng.seed(seq->request.sampling.seed.has_value() ? *seq->request.sampling.seed
                                                          : std::random_device{}());
+    // A resumed request continues like a preempted sequence: its outputs so far are recomputed
+    // with the prompt. One generator draw per random sampled token (see ReserveForTransfer):
+    // skip the draws the earlier engine made.
+    std::vector<int32_t> resumed = std::move(seq->request.resumed_output_token_ids);
+    seq->request.resumed_output_token_ids.clear();
+    for (int32_t token : resumed) seq->AppendToken(token);
+    if (!resumed.empty() && !seq->request.sampling.IsGreedy()) seq->rng.discard(resumed.size());
     return seq;
   }
 

@@ -26,6 +26,13 @@ struct EngineRequest {
   // Prefix-cache namespace: requests share cached KV only with requests of the same salt
   // (per-tenant isolation; empty = the shared namespace). Part of every block hash.
   std::string cache_salt;
+  // Migration (a request continued on another engine after its first one failed mid-stream):
+  // the output tokens already generated and delivered elsewhere. The engine computes the KV of
+  // prompt + these (prefix cache and KV connector first) and continues with the next token, as
+  // after a preemption; they count toward max_tokens, min_tokens and the penalties, are not
+  // emitted again, and a seeded generator skips their draws. Empty for a new request; must be
+  // shorter than max_tokens; not with hold_kv_blocks.
+  std::vector<int32_t> resumed_output_token_ids;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
