@@ -91,6 +91,23 @@ class LLMEngineImpl final : public LLMEngine {
           absl::StrCat("This model's maximum context length is ", max_model_len_,
                        " tokens, but the prompt has ", num_prompt, " tokens"));
     }
+    const int64_t num_resumed = static_cast<int64_t>(request.resumed_output_token_ids.size());
+    if (num_resumed > 0) {
+      if (num_resumed >= request.sampling.max_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a resumed request must have fewer resumed output tokens (", num_resumed,
+            ") than max_tokens (", request.sampling.max_tokens, ")"));
+      }
+      if (request.hold_kv_blocks) {
+        return absl::InvalidArgumentError("a resumed request cannot hold its KV blocks");
+      }
+      for (int32_t id : request.resumed_output_token_ids) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "resumed output token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+    }
     if (num_prompt + request.sampling.max_tokens > max_model_len_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "This model's maximum context length is ", max_model_len_, " tokens. However, you ",
@@ -138,6 +155,9 @@ class LLMEngineImpl final : public LLMEngine {
     if (absl::Status s = CheckNewId(request.request_id); !s.ok()) return s;
     if (request.hold_kv_blocks) {
       return absl::InvalidArgumentError("a transfer reservation cannot hold its KV blocks");
+    }
+    if (!request.resumed_output_token_ids.empty()) {
+      return absl::InvalidArgumentError("a transfer reservation cannot resume output tokens");
     }
     const std::string id = request.request_id;
     std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
@@ -1010,6 +1030,15 @@ class LLMEngineImpl final : public LLMEngine {
       const std::vector<int32_t>& extra = seq->request.sampling.stop_token_ids;
       stop_ids.insert(stop_ids.end(), extra.begin(), extra.end());
       seq->matcher = std::make_unique<grammar::GrammarMatcher>(seq->request.grammar, stop_ids);
+    }
+    // A resumed request continues like a preempted sequence: its outputs so far are recomputed
+    // with the prompt (draws are keyed by position, so a seeded continuation draws what the
+    // first engine would have).
+    std::vector<int32_t> resumed = std::move(seq->request.resumed_output_token_ids);
+    seq->request.resumed_output_token_ids.clear();
+    for (int32_t token : resumed) {
+      seq->AppendToken(token);
+      if (seq->matcher != nullptr) seq->matcher->AcceptToken(token);
     }
     return seq;
   }

@@ -35,6 +35,13 @@ struct EngineRequest {
   // forced once it is complete (engine/grammar). Null: unconstrained. Such rows are sampled on
   // the host (the mask is built there).
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // Migration (a request continued on another engine after its first one failed mid-stream):
+  // the output tokens already generated and delivered elsewhere. The engine computes the KV of
+  // prompt + these (prefix cache and KV connector first) and continues with the next token, as
+  // after a preemption; they count toward max_tokens, min_tokens and the penalties, are not
+  // emitted again, and seeded draws stay keyed by position. Empty for a new request; must be
+  // shorter than max_tokens; not with hold_kv_blocks.
+  std::vector<int32_t> resumed_output_token_ids;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/serve/log.h"
 #include "services/worker_common/worker_wire.h"
 #include "proto/grpc_status.h"
 
@@ -35,9 +36,6 @@ absl::Status OutcomeOf(const v1::TokenOutput& message) {
       return absl::OkStatus();
   }
 }
-
-// A transfer must be over this long before the engine's reservation timeout frees its blocks.
-constexpr absl::Duration kReserveMargin = absl::Seconds(1);
 
 }  // namespace
 
@@ -116,6 +114,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   void OnReserved(absl::StatusOr<std::vector<int32_t>> blocks) {
     std::function<void(const absl::StatusOr<std::vector<int32_t>>&)> reply;
     bool start = false;
+    bool expire = false;
     DecodeWriter* writer = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -125,6 +124,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
         reserved_at_ = absl::Now();
         state_ = State::kReserved;
         start = prefill_.has_value() && !cancelled_;
+        expire = !attached_once_;
       } else {
         state_ = State::kFailed;
         writer = writer_;
@@ -135,7 +135,18 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       if (writer != nullptr) EndWriter(ToGrpc(blocks.status()));
       service_->Forget(id_, this);
     }
+    if (expire) service_->ExpireUnclaimed(shared_from_this());
     if (start) Transfer();
+  }
+
+  // The reservation timeout ran out: free the blocks unless a Decode claimed them.
+  void ExpireIfUnclaimed() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (attached_once_ || state_ != State::kReserved) return;
+    }
+    spdlog::warn("reservation of request {} not claimed by a Decode in time: freed", id_);
+    Cancel();
   }
 
   // Engine thread: outputs of the request.
@@ -182,6 +193,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       std::lock_guard<std::mutex> lock(mu_);
       if (writer_ != nullptr || attached_once_) return false;
       attached_once_ = true;
+      attached_at_ = absl::Now();
       writer_ = writer;
       prefill_ = std::move(prefill);
       if (prefill_.has_value() && prefill_->prefill_finished_unix_us() > 0) {
@@ -225,7 +237,9 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     v1::PrefillResponse prefill;
     std::vector<int32_t> blocks;
     absl::Duration timeout;
-    absl::Time reserved_at;  // the engine frees the blocks reserve_timeout after this
+    // The Decode claimed the reservation (or the blocks came, if later): the transfer's time
+    // counts from here.
+    absl::Time claimed_at;
     // The client cancelled before the transfer began: Cancel() already aborted the reservation
     // (its blocks are being freed), so nothing may be written into them; only ack the prefill.
     bool cancelled = false;
@@ -234,7 +248,8 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != State::kReserved || !prefill_.has_value()) return std::nullopt;
     if (!cancelled_) state_ = State::kTransferring;
-    return TransferJob{*prefill_, blocks_, transfer_timeout_, reserved_at_, cancelled_};
+    return TransferJob{*prefill_, blocks_, transfer_timeout_,
+                       std::max(attached_at_, reserved_at_), cancelled_};
   }
   // After the pull: whether the client cancelled meanwhile.
   bool EndTransfer() {
@@ -257,6 +272,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   State state_ = State::kReserving;
   std::vector<int32_t> blocks_;
   absl::Time reserved_at_ = absl::InfinitePast();
+  absl::Time attached_at_ = absl::InfinitePast();  // the Decode call claimed the session
   absl::Time prefill_finished_ = absl::InfinitePast();  // remote prefill's first token
   absl::Time last_output_ = absl::InfinitePast();       // last output with a step's result
   std::optional<v1::PrefillResponse> prefill_;
@@ -492,6 +508,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
   er.cache_salt = request->cache_salt();
+  er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
+                                     request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),
                                    [session](const RequestOutput& out) { session->OnOutput(out); });
   if (!s.ok()) {
@@ -592,8 +610,24 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
                                    " failed: ", status.error_message()));
 }
 
+void DecodeService::ExpireUnclaimed(const std::shared_ptr<DecodeSession>& session) {
+  std::weak_ptr<DecodeSession> weak = session;
+  pool_.PostAt(absl::Now() + options_.reserve_timeout, [weak] {
+    if (std::shared_ptr<DecodeSession> s = weak.lock()) s->ExpireIfUnclaimed();
+  });
+}
+
 void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
-  pool_.Post([this, session] {
+  if (options_.test_transfer_delay > absl::ZeroDuration()) {
+    pool_.PostAt(absl::Now() + options_.test_transfer_delay,
+                 [this, session] { RunTransfer(session); });
+    return;
+  }
+  pool_.Post([this, session] { RunTransfer(session); });
+}
+
+void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
+  {
     std::optional<DecodeSession::TransferJob> job = session->BeginTransfer();
     if (!job.has_value()) return;
     const v1::PrefillResponse& prefill = job->prefill;
@@ -606,9 +640,10 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
                                           : v1::KV_TRANSFER_MODE_PULL;
     const bool push = options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH;
     const absl::Time start = absl::Now();
-    // Every transfer ends before the engine's reservation timeout could free its blocks.
-    const absl::Time deadline =
-        std::min(start + job->timeout, job->reserved_at + options_.reserve_timeout - kReserveMargin);
+    // A claimed reservation lives through its transfer: the transfer has its timeout from the
+    // claim (the engine's backstop timeout is longer than reserve_timeout + transfer_timeout,
+    // and a claim comes within reserve_timeout, so the blocks are never freed under a pull).
+    const absl::Time deadline = std::min(start, job->claimed_at) + job->timeout;
     absl::Status status;
     absl::Time safe_at = absl::InfinitePast();
     if (theirs != options_.transfer_mode) {
@@ -662,7 +697,7 @@ void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
     } else {
       complete();
     }
-  });
+  }
 }
 
 }  // namespace sluice

@@ -32,7 +32,11 @@
 namespace sluice {
 
 struct DecodeServiceOptions {
-  absl::Duration reserve_timeout = absl::Seconds(30);  // waiting for free blocks
+  // A reservation no Decode claimed within this is freed (also the longest wait for free
+  // blocks). Once claimed, the transfer has transfer_timeout from the claim: a request making
+  // progress never loses its blocks to this timeout. The engine's own reservation timeout is a
+  // backstop and must exceed reserve_timeout + transfer_timeout (worker_command sets it).
+  absl::Duration reserve_timeout = absl::Seconds(30);
   absl::Duration transfer_timeout = absl::Seconds(10);  // KV pull, when the request gives none
   absl::Duration release_timeout = absl::Seconds(2);    // Release ack RPC
   int transfer_threads = 4;
@@ -47,6 +51,7 @@ struct DecodeServiceOptions {
   // full-attention layers' KV is moved and the engine replays the rest; the prefill worker must
   // announce the same (PrefillResponse.kv.swa_replay_tokens > 0), else FAILED_PRECONDITION.
   int64_t swa_replay_tokens = 0;
+  absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
 };
 
 class DecodeSession;
@@ -78,6 +83,8 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   WorkerMetrics* metrics() { return metrics_; }
   void Forget(const std::string& request_id, const DecodeSession* session);
   void StartTransfer(std::shared_ptr<DecodeSession> session);
+  // ExpireUnclaimed frees `session`'s reservation at reserve_timeout unless a Decode claimed it.
+  void ExpireUnclaimed(const std::shared_ptr<DecodeSession>& session);
 
  private:
   std::shared_ptr<DecodeSession> NewSession(const std::string& request_id,
@@ -85,6 +92,7 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
                                             const v1::SamplingParams& sampling,
                                             const std::string& cache_salt,
                                             absl::Status* error);
+  void RunTransfer(const std::shared_ptr<DecodeSession>& session);  // pool thread
   v1::PrefillWorker::Stub* PrefillStub(const std::string& address);
   bool WasCancelled(const std::string& request_id) const;
   // Transfer steps (pool thread). `deadline`: the transfer must be over by then.

@@ -199,7 +199,7 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
   }
   std::vector<WorkerSnapshot> candidates;
   for (WorkerSnapshot& w : registry_->List()) {
-    if (w.role == role && !w.draining && exclude.count(w.worker_id) == 0) {
+    if (w.role == role && !w.draining && !w.suspect && exclude.count(w.worker_id) == 0) {
       candidates.push_back(std::move(w));
     }
   }

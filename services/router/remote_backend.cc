@@ -94,16 +94,17 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   // DecodeMessage delivers one message of the Decode stream; returns false
-  // once the request is finished (stop reading).
+  // once the request is finished, or once this attempt failed in a way another
+  // decode worker can take over from (decode_error_ says why; DecodeEnded follows).
   bool DecodeMessage(const v1::TokenOutput& message) {
-    decode_streamed_ = true;
     RequestOutput output;
     output.new_tokens.reserve(message.tokens_size());
     for (const v1::SampledToken& token : message.tokens()) {
       output.new_tokens.push_back(FromWire(token));
     }
     output.prompt_logprobs = PromptLogprobsFromWire(message.prompt_logprobs());
-    if (!prefill_.has_value() && message.has_usage()) {
+    // A migrated attempt reports the resumed tokens as outputs: the first attempt's counts stay.
+    if (!prefill_.has_value() && !resuming_ && message.has_usage()) {
       num_prompt_tokens_ = message.usage().prompt_tokens();
       num_cached_tokens_ = message.usage().cached_tokens();
     }
@@ -113,8 +114,23 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       // Most often the KV pull failed: check that the prefill worker still lives.
       if (prefill_worker_.has_value()) backend_->prober_.Suspect(*prefill_worker_);
     }
+    // The decode worker gave up on the request though the client did not (its reservation
+    // expired, it drained, a transfer failed): once the client has tokens, the request goes on
+    // elsewhere instead of failing.
+    const bool gave_up =
+        (output.finish_reason == FinishReason::kError && IsRecoverable(output.status)) ||
+        (output.finish_reason == FinishReason::kAbort && !IsAborted());
+    if (gave_up && num_output_tokens_ + output.new_tokens.size() > 0) {
+      decode_error_ = output.finish_reason == FinishReason::kError
+                          ? output.status
+                          : absl::UnavailableError("the decode worker aborted the request");
+      output.finish_reason = FinishReason::kNone;
+      output.status = absl::OkStatus();
+      if (output.new_tokens.empty()) return false;
+    }
+    if (!output.new_tokens.empty()) decode_streamed_ = true;
     Deliver(std::move(output));
-    return !finished_;
+    return !finished_ && decode_error_.ok();
   }
 
   void DecodeEnded(grpc::ClientContext* context, const grpc::Status& status) {
@@ -129,23 +145,31 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       Finish(FinishReason::kAbort);
       return Done();
     }
-    // The stream ended without a final message: the decode worker failed.
-    const bool worker_failed = IsWorkerFailure(status.error_code());
-    if (worker_failed) backend_->prober_.Suspect(*decode_);
+    // The stream ended without a final message (the decode worker or the way to it failed), or
+    // with one that gave up on the request (decode_error_).
+    const bool stream_failed = decode_error_.ok() && IsWorkerFailure(status.error_code());
+    const bool worker_failed = stream_failed || !decode_error_.ok();
+    if (stream_failed) backend_->prober_.Suspect(*decode_);
     // Nothing streamed after the first token: another decode worker pulls the same pinned KV.
     if (worker_failed && !decode_streamed_ && num_output_tokens_ > 0 && CanReusePin()) {
-      return RetryDecodeWithPinnedKv();
+      decode_error_ = absl::OkStatus();
+      return RetryDecodeWithPinnedKv(stream_failed);
     }
     absl::Status failure = WorkerFailure(decode_->worker_id);
     if (failure.ok()) {
-      failure = absl::UnavailableError(absl::StrCat("decode worker ", decode_->worker_id, " (",
-                                                    decode_->address,
-                                                    ") failed: ", status.error_message()));
+      failure = absl::UnavailableError(absl::StrCat(
+          "decode worker ", decode_->worker_id, " (", decode_->address, ") failed: ",
+          decode_error_.ok() ? status.error_message() : std::string(decode_error_.message())));
     }
     // The prefill pin is of no further use (a retry from scratch prefills again): free it now,
     // not at its timeout.
     if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
     if (num_output_tokens_ == 0 && worker_failed) return RetryDecode();
+    // The client has tokens: continue on another decode worker from the tokens it has.
+    if (worker_failed && num_migrations_ < options_.max_migrations) {
+      const bool removed = !WorkerFailure(decode_->worker_id).ok();
+      return Migrate(failure, /*exclude_worker=*/stream_failed || removed);
+    }
     Finish(FinishReason::kError, failure);
     backend_->Count(&RemoteBackendCounters::num_worker_failures);
     Done();
@@ -181,6 +205,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     if (finished_) return;
     output.request_id = request_.request_id;
     num_output_tokens_ += static_cast<int32_t>(output.new_tokens.size());
+    for (const SampledToken& token : output.new_tokens) output_token_ids_.push_back(token.token_id);
     output.num_prompt_tokens = num_prompt_tokens_;
     output.num_cached_tokens = num_cached_tokens_;
     output.num_output_tokens = num_output_tokens_;
@@ -507,6 +532,56 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   void StartDecode();
 
+  // Migrate: decode_ failed after the client got tokens (and the prefill pin cannot serve a
+  // retry). Another decode worker (decode_ too, unless it failed as a process or connection)
+  // continues: its Decode carries the prompt and the tokens delivered so far, which it
+  // recomputes (prefix cache and KV store first) before streaming the next token, so the
+  // client's stream goes on as if undisturbed. The wait for a decode worker is bounded by
+  // decode_queue_timeout.
+  void Migrate(const absl::Status& why, bool exclude_worker) {
+    ++num_migrations_;
+    backend_->Count(&RemoteBackendCounters::num_migrations);
+    spdlog::info("request {}: {}; continuing on another decode worker after {} tokens "
+                 "(migration {} of at most {})",
+                 id(), std::string(why.message()), num_output_tokens_, num_migrations_,
+                 options_.max_migrations);
+    if (exclude_worker) {
+      bad_decode_.insert(decode_->worker_id);
+      CancelOnDecode();  // a worker that is in fact alive drops what it still holds
+    }
+    ReleaseDecode();
+    prefill_.reset();
+    prefill_worker_.reset();
+    resuming_ = true;
+    decode_error_ = absl::OkStatus();
+    migration_error_ = why;
+    migrate_until_ = absl::Now() + options_.decode_queue_timeout;
+    MigrateToNextWorker();
+  }
+  void MigrateToNextWorker() {
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    decode_ = backend_->PickWorker(WorkerRole::kDecode, request_, TokensNeeded(), bad_decode_);
+    if (!decode_.has_value()) {
+      const absl::Time wake = absl::Now() + absl::Milliseconds(250);
+      if (wake < migrate_until_) {
+        // Every decode worker is busy restarting, draining or failed: wait for one.
+        backend_->timers_.PostAt(wake,
+                                 [self = shared_from_this()] { self->MigrateToNextWorker(); });
+        return;
+      }
+      Finish(FinishReason::kError,
+             absl::UnavailableError(absl::StrCat(migration_error_.message(),
+                                                 "; no other decode worker could continue it")));
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      return Done();
+    }
+    decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
+    StartDecode();
+  }
+
   void RetryDecode() {
     bad_decode_.insert(decode_->worker_id);
     ReleaseDecode();
@@ -521,9 +596,13 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // worker that pulled, acked (Release) and died before its first output leaves the pin
   // freed; the next worker's pull then reads blocks prefill may reuse — the decode side must
   // check ReleaseResponse.released after its pull to catch that.
-  void RetryDecodeWithPinnedKv() {
-    CancelOnDecode();  // a failed-but-alive worker drops its reservation
-    bad_decode_.insert(decode_->worker_id);
+  // `worker_failed`: decode_ failed as a process or connection (excluded from now on); else it
+  // ended the request itself (its reservation expired, a transfer failed) and may take it again.
+  void RetryDecodeWithPinnedKv(bool worker_failed = true) {
+    if (worker_failed) {
+      CancelOnDecode();  // a failed-but-alive worker drops its reservation
+      bad_decode_.insert(decode_->worker_id);
+    }
     ReleaseDecode();
     backend_->Count(&RemoteBackendCounters::num_decode_retries);
     backend_->Count(&RemoteBackendCounters::num_decode_retries_pinned_kv);
@@ -590,6 +669,15 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                                 [rpc](grpc::Status) {});
   }
 
+  // IsRecoverable: an error a decode worker ended a request with that another decode worker
+  // can continue from (not the request's fault).
+  static bool IsRecoverable(const absl::Status& status) {
+    return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+           absl::IsCancelled(status) || absl::IsAborted(status) || absl::IsInternal(status) ||
+           absl::IsUnknown(status) || absl::IsResourceExhausted(status) ||
+           absl::IsNotFound(status);
+  }
+
   RemoteBackend* const backend_;
   const RemoteBackendOptions& options_;
   EngineRequest request_;
@@ -628,6 +716,13 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   int32_t num_prompt_tokens_ = 0;
   int32_t num_cached_tokens_ = 0;
   int32_t num_output_tokens_ = 0;
+  std::vector<int32_t> output_token_ids_;  // delivered to the caller, in order
+  // Migration: the running attempt resumes from output_token_ids_ (no prefill response).
+  bool resuming_ = false;
+  int32_t num_migrations_ = 0;
+  absl::Status decode_error_;     // this attempt's worker gave up on the request (see above)
+  absl::Status migration_error_;  // why the last migration began
+  absl::Time migrate_until_;      // the end of the wait for a decode worker to migrate to
 };
 
 // DecodeReader: the Decode stream of one attempt. Deletes itself when done.
@@ -673,12 +768,21 @@ void RemoteBackend::Call::StartDecode() {
                                                   request_.prompt_token_ids.end());
   *reader->request.mutable_sampling() = wire_sampling_;
   reader->request.set_cache_salt(request_.cache_salt);
-  if (prefill_.has_value()) *reader->request.mutable_prefill() = *prefill_;
+  if (prefill_.has_value()) {
+    *reader->request.mutable_prefill() = *prefill_;
+  } else if (resuming_) {
+    reader->request.mutable_resumed_output_token_ids()->Add(output_token_ids_.begin(),
+                                                            output_token_ids_.end());
+  }
   if (!Attach(&reader->context, decode_->worker_id)) {
     delete reader;
     const absl::Status failure = WorkerFailure(decode_->worker_id);
     if (!IsAborted() && num_output_tokens_ > 0 && CanReusePin()) {
       return RetryDecodeWithPinnedKv();  // decode_ was removed before Decode started
+    }
+    if (!IsAborted() && num_output_tokens_ > 0 && num_migrations_ < options_.max_migrations) {
+      if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
+      return Migrate(failure, /*exclude_worker=*/true);
     }
     if (prefill_.has_value()) {
       // Decode never starts: free the prefill worker's pin now rather than at
@@ -704,10 +808,18 @@ RemoteBackend::RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions opti
   registry_->OnRemoved([this](const WorkerSnapshot& worker, const absl::Status& why) {
     OnWorkerRemoved(worker, why);
   });
+  // A lapsed lease alone cancels nothing: the worker is probed, and removed (its calls
+  // cancelled) only when its connection fails.
+  registry_->OnLeaseLapsed([this](const WorkerSnapshot& worker) {
+    spdlog::warn("{} worker {} ({}) missed its lease: suspect, probing its connection",
+                 WorkerRoleName(worker.role), worker.worker_id, worker.address);
+    prober_.Suspect(worker);
+  });
 }
 
 RemoteBackend::~RemoteBackend() {
   registry_->OnRemoved(nullptr);
+  registry_->OnLeaseLapsed(nullptr);
   std::vector<std::shared_ptr<Call>> calls;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -736,6 +848,9 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return absl::UnavailableError("the router is shutting down");
+    if (draining_) {
+      return absl::UnavailableError("the router is draining (shutting down); retry on another");
+    }
     if (!calls_.emplace(call->id(), call).second) {
       return absl::AlreadyExistsError(
           absl::StrCat("request id '", call->id(), "' is already in flight"));
@@ -826,6 +941,16 @@ RemoteBackendCounters RemoteBackend::counters() const {
   }
   counters.num_workers_dropped = prober_.num_removed();
   return counters;
+}
+
+void RemoteBackend::StartDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+bool RemoteBackend::draining() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_;
 }
 
 int64_t RemoteBackend::num_in_flight() const {

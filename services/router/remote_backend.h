@@ -16,11 +16,18 @@
 // (UNAVAILABLE, deadline, removed from the registry) → the prefill is retried
 // on another one; a decode worker failing before any token reached the caller →
 // retried on another decode worker; after a token was delivered → the request
-// ends with FinishReason::kError and an UNAVAILABLE status naming the worker —
-// unless the decode worker failed before it streamed anything after a remote
-// prefill's first token: then, while the prefill worker still pins the KV
+// is continued: if the decode worker failed before it streamed anything after a
+// remote prefill's first token, while the prefill worker still pins the KV
 // (prefill_pin_timeout), another decode worker reserves and pulls from the same
-// prefill response and the stream goes on seamlessly. A worker whose RPC failed
+// prefill response; otherwise (migration) another decode worker gets the prompt
+// plus every token delivered so far, recomputes their KV (its prefix cache and KV
+// store first) and streams on from the next token. Either way the caller's stream
+// goes on seamlessly, greedy output equal to an undisturbed run, each token counted
+// once; max_migrations bounds the moves, after which the request ends with
+// FinishReason::kError and an UNAVAILABLE status naming the worker. "Failed" is a
+// broken stream or connection, and also a decode worker ending the request with a
+// recoverable error (its reservation expired, it drained) or an abort the client
+// did not ask for. A worker whose RPC failed
 // is probed (WorkerProber) and, when nothing answers at its address, removed
 // from the registry at once rather than at the end of its lease.
 //
@@ -65,6 +72,9 @@ struct RemoteBackendOptions {
   absl::Duration decode_deadline = absl::Seconds(600);  // one whole Decode stream
   int32_t max_prefill_attempts = 3;
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
+  // After tokens reached the caller: how many times one request may move to another decode
+  // worker (migration, see the file comment) before a decode failure ends it.
+  int32_t max_migrations = 3;
   // One connection probe of a worker whose RPC failed (see WorkerProber).
   absl::Duration probe_timeout = absl::Seconds(2);
   // Waiting for decode KV blocks (see the file comment): per Reserve, the most a decode
@@ -78,10 +88,14 @@ struct RemoteBackendOptions {
   // The prefill workers' --kv-pin-timeout-s: their pinned KV is freed this long after they
   // answered. Waits and decode retries that rely on it end kPinMargin (2 s) earlier.
   absl::Duration prefill_pin_timeout = absl::Seconds(30);
-  // The decode workers' --reserve-timeout-s: a reservation without a Decode is freed this long
-  // after it was made. When prefill answers later than that minus kPinMargin (a retried prefill
-  // that queued behind others), the router reserves again instead of sending a Decode that
-  // would find its reservation gone.
+  // The decode workers' --reserve-timeout-s: a reservation no Decode claimed is freed this long
+  // after it was made (a claimed one lives through its transfer: the transfer's time counts
+  // from the claim). So the lease a reservation needs from the router is only the Decode call's
+  // way there: when prefill answers with less than kPinMargin (2 s) of it left (a retried
+  // prefill that queued behind others), the router reserves again instead of sending a Decode
+  // that would find its reservation gone. A reservation lost anyway (the decode worker ends the
+  // request with a recoverable error after the first token) is retried or migrated, not
+  // reported to the client.
   absl::Duration decode_reserve_timeout = absl::Seconds(30);
   // Test only (fault tests): delay between sending a remote prefill's first token and the
   // first Decode call, a window to kill the chosen decode worker in.
@@ -102,6 +116,8 @@ struct RemoteBackendCounters {
   int64_t num_decode_retries_pinned_kv = 0;
   // Reservations made again because prefill answered after they (nearly) expired.
   int64_t num_decode_rereserves = 0;
+  // Requests continued on another decode worker after theirs failed mid-stream.
+  int64_t num_migrations = 0;
   int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
   int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
   int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
@@ -131,6 +147,10 @@ class RemoteBackend : public InferenceBackend {
 
   RemoteBackendCounters counters() const;
   int64_t num_in_flight() const;
+  // StartDrain: new requests are refused (Unavailable) while those in flight go on (the
+  // router's SIGTERM: it waits for num_in_flight() == 0, bounded, before it exits).
+  void StartDrain();
+  bool draining() const;
 
  private:
   class Call;          // one request's state machine (remote_backend.cc)
@@ -156,6 +176,7 @@ class RemoteBackend : public InferenceBackend {
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
   RemoteBackendCounters counters_;                                  // guarded by mu_
   bool shutting_down_ = false;                                      // guarded by mu_
+  bool draining_ = false;                                           // guarded by mu_
   // One thread running delayed steps (backoff waits); outlives every Call (the destructor
   // waits for them before members go).
   TaskPool timers_{1};

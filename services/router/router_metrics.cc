@@ -81,6 +81,9 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
          "(--decode-reserve-timeout-s).");
   absl::StrAppend(&out, "sluice_router_decode_rereserves_total ", counters.num_decode_rereserves,
                   "\n");
+  Header(out, "sluice_router_migrations_total", "counter",
+         "Requests continued on another decode worker after theirs failed mid-stream.");
+  absl::StrAppend(&out, "sluice_router_migrations_total ", counters.num_migrations, "\n");
   Header(out, "sluice_router_decode_reserve_full_total", "counter",
          "Reserve calls a decode worker answered without free KV blocks (the router tried "
          "another or waited).");
@@ -128,6 +131,7 @@ nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
                     {"role", WorkerRoleName(worker.role)},
                     {"address", worker.address},
                     {"draining", worker.draining},
+                    {"suspect", worker.suspect},
                     {"assigned", worker.num_assigned},
                     {"picked", worker.num_picked_total},
                     {"waiting", worker.load.num_waiting_requests},

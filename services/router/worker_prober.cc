@@ -35,7 +35,7 @@ int64_t WorkerProber::num_removed() const {
   return num_removed_;
 }
 
-bool WorkerProber::Reachable(const std::string& address) const {
+WorkerProber::Probe WorkerProber::Connect(const std::string& address) const {
   grpc::ChannelArguments args;
   // A connection of its own: the backend's channel to the worker may sit in
   // reconnect backoff, or share a subchannel that still looks connected.
@@ -46,10 +46,12 @@ bool WorkerProber::Reachable(const std::string& address) const {
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout_);
   for (;;) {
     const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
-    if (state == GRPC_CHANNEL_READY) return true;
+    if (state == GRPC_CHANNEL_READY) return Probe::kUp;
     // One refused or failed connect is enough: nothing listens at the address.
-    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) return false;
-    if (!channel->WaitForStateChange(state, deadline)) return false;  // timed out
+    if (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN) {
+      return Probe::kFailed;
+    }
+    if (!channel->WaitForStateChange(state, deadline)) return Probe::kTimedOut;
   }
 }
 
@@ -61,9 +63,9 @@ void WorkerProber::Loop() {
     Target target = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    const bool reachable = Reachable(target.address);
+    const Probe probe = Connect(target.address);
     bool removed = false;
-    if (!reachable) {
+    if (probe == Probe::kFailed) {
       // NotFound: the lease or a restart removed it first.
       removed = registry_
                     ->Remove(target.worker_id,

@@ -3,13 +3,15 @@
 // the end of its lease (seconds during which new requests would still pick it).
 //
 // RemoteBackend calls Suspect() after an RPC to a worker failed the way calls to
-// a dead process fail (UNAVAILABLE, reset stream). The prober's thread opens a
-// fresh connection to the worker's address: if the connection attempt is refused
-// or does not complete within `timeout`, the worker is removed from the registry
-// (WorkerRegistry::Remove, which runs the removal callback: RemoteBackend then
-// cancels the worker's other RPCs). A worker that answers stays; one that is hung
-// but still accepting connections is left to its lease. A live worker removed by
-// mistake gets NotFound on its next heartbeat and registers again.
+// a dead process fail (UNAVAILABLE, reset stream), and when a worker's lease
+// lapsed. The prober's thread opens a fresh connection to the worker's address:
+// if the connection attempt fails (refused: nothing listens there), the worker is
+// removed from the registry (WorkerRegistry::Remove, which runs the removal
+// callback: RemoteBackend then cancels the worker's other RPCs). A worker that
+// answers stays, and so does one whose connect neither succeeds nor fails within
+// `timeout` (a stalled or stopped process, a slow network): its RPCs keep their own
+// deadlines and its lease decides. A live worker removed by mistake gets NotFound
+// on its next heartbeat and registers again.
 #ifndef SLUICE_SERVICES_ROUTER_WORKER_PROBER_H_
 #define SLUICE_SERVICES_ROUTER_WORKER_PROBER_H_
 
@@ -29,7 +31,7 @@ namespace sluice {
 class WorkerProber {
  public:
   // `registry` is borrowed and must outlive the prober. `timeout` bounds one
-  // probe (a connect that neither succeeds nor fails in time counts as dead).
+  // probe (a connect that neither succeeds nor fails in time leaves the worker).
   WorkerProber(WorkerRegistry* registry, absl::Duration timeout);
   // Stops the thread; waits for at most the probe in progress (<= timeout).
   ~WorkerProber();
@@ -48,9 +50,10 @@ class WorkerProber {
     WorkerRole role;
   };
   void Loop();
-  // Reachable connects to `address` with a channel of its own; true once the
-  // connection is up, false when it failed or `timeout_` passed.
-  bool Reachable(const std::string& address) const;
+  enum class Probe { kUp, kFailed, kTimedOut };
+  // Connect connects to `address` with a channel of its own: kUp once the
+  // connection is up, kFailed when it failed, kTimedOut when `timeout_` passed.
+  Probe Connect(const std::string& address) const;
 
   WorkerRegistry* registry_;
   absl::Duration timeout_;

@@ -59,6 +59,7 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, const Worke
   }
   it->second.load = load;
   it->second.lease_expiry = clock_() + options_.lease;
+  it->second.suspect = false;
   return absl::OkStatus();
 }
 
@@ -95,27 +96,39 @@ absl::Status WorkerRegistry::Remove(const std::string& worker_id, const absl::St
 
 std::vector<std::string> WorkerRegistry::ExpireLeases() {
   std::vector<WorkerSnapshot> removed;
+  std::vector<WorkerSnapshot> lapsed;
   RemovedCallback callback;
+  LeaseLapsedCallback lapsed_callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const absl::Time now = clock_();
     for (auto it = workers_.begin(); it != workers_.end();) {
-      if (it->second.lease_expiry < now) {
-        removed.push_back(std::move(it->second));
+      WorkerSnapshot& worker = it->second;
+      if (worker.lease_expiry + options_.suspect_grace < now) {
+        removed.push_back(std::move(worker));
         it = workers_.erase(it);
-      } else {
-        ++it;
+        continue;
       }
+      if (worker.lease_expiry < now && !worker.suspect) {
+        worker.suspect = true;
+        lapsed.push_back(worker);
+      }
+      ++it;
     }
     callback = on_removed_;
+    lapsed_callback = on_lease_lapsed_;
+  }
+  if (lapsed_callback) {
+    for (const WorkerSnapshot& worker : lapsed) lapsed_callback(worker);
   }
   std::vector<std::string> ids;
   for (const WorkerSnapshot& worker : removed) {
     ids.push_back(worker.worker_id);
     if (callback) {
-      callback(worker,
-               absl::UnavailableError(absl::StrCat(WorkerRoleName(worker.role), " worker '",
-                                                   worker.worker_id, "' missed its lease")));
+      callback(worker, absl::UnavailableError(absl::StrCat(
+                           WorkerRoleName(worker.role), " worker '", worker.worker_id,
+                           "' missed its lease by more than ",
+                           absl::FormatDuration(options_.suspect_grace))));
     }
   }
   return ids;
@@ -187,6 +200,11 @@ int64_t WorkerRegistry::CountLive(WorkerRole role) const {
 void WorkerRegistry::OnRemoved(RemovedCallback callback) {
   std::lock_guard<std::mutex> lock(mu_);
   on_removed_ = std::move(callback);
+}
+
+void WorkerRegistry::OnLeaseLapsed(LeaseLapsedCallback callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_lease_lapsed_ = std::move(callback);
 }
 
 }  // namespace sluice

@@ -2,6 +2,14 @@
 // alive (leases), who accepts new work (drain), and how loaded each one is —
 // plus the load-aware choice of a worker for a new request. Transport-free: the
 // gRPC Registry service and the tests drive it.
+//
+// Leases: a worker whose lease lapsed is only *suspect*: it gets no new work, but it stays
+// registered and the RPCs already running on it go on (a machine-wide stall of a few seconds
+// makes every worker miss its lease at once; its requests must not fail for that). The
+// lease-lapsed callback lets the router probe its connection; only a failed connection
+// (Remove), an explicit deregistration, a restart at the same address, or a lapse longer than
+// `suspect_grace` removes it (and runs the removal callback, which cancels its RPCs). The
+// next heartbeat of a suspect worker clears the suspicion.
 #ifndef SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
 #define SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
 
@@ -40,16 +48,19 @@ struct WorkerSnapshot {
   std::string address;  // gRPC "host:port"
   WorkerLoad load;
   bool draining = false;
+  bool suspect = false;  // its lease lapsed: no new work until its next heartbeat
   int64_t num_assigned = 0;  // requests this router sent and has not released yet
   int64_t num_picked_total = 0;
   absl::Time lease_expiry;
 };
 
 struct WorkerRegistryOptions {
-  absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is removed
+  absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is suspect
   // Weight of KV pressure (usage ratio in [0, 1]) against one queued request in
   // the score.
   double kv_usage_weight = 4.0;
+  // A suspect worker silent for this much longer than its lease is removed.
+  absl::Duration suspect_grace = absl::Seconds(60);
 };
 
 // WorkerRegistry is thread-safe. Time comes from `clock` (absl::Now by default)
@@ -61,6 +72,8 @@ class WorkerRegistry {
   // removed by a lease expiry or deregistration, with the snapshot it had. Must
   // not call back into Register.
   using RemovedCallback = std::function<void(const WorkerSnapshot&, const absl::Status& why)>;
+  // LeaseLapsedCallback runs (without the lock) once for each worker that became suspect.
+  using LeaseLapsedCallback = std::function<void(const WorkerSnapshot&)>;
 
   explicit WorkerRegistry(WorkerRegistryOptions options = {}, Clock clock = &absl::Now);
 
@@ -89,8 +102,9 @@ class WorkerRegistry {
   // that is in fact alive gets NotFound on its next heartbeat and registers
   // again. NotFound if unknown (already removed).
   absl::Status Remove(const std::string& worker_id, const absl::Status& why);
-  // ExpireLeases removes every worker whose lease ended before now; returns
-  // their ids.
+  // ExpireLeases marks every worker whose lease ended before now suspect (the
+  // lease-lapsed callback runs for the newly suspect ones) and removes those
+  // silent for longer than lease + suspect_grace; returns the removed ids.
   std::vector<std::string> ExpireLeases();
 
   // Pick chooses the least-loaded live, non-draining worker of `role`, skipping
@@ -112,6 +126,8 @@ class WorkerRegistry {
 
   // OnRemoved sets the removal callback (replaces any previous one).
   void OnRemoved(RemovedCallback callback);
+  // OnLeaseLapsed sets the lease-lapsed callback (replaces any previous one).
+  void OnLeaseLapsed(LeaseLapsedCallback callback);
   absl::Duration lease() const { return options_.lease; }
 
  private:
@@ -121,6 +137,7 @@ class WorkerRegistry {
   std::map<std::string, WorkerSnapshot> workers_;  // guarded by mu_
   int64_t next_id_ = 1;                            // guarded by mu_
   RemovedCallback on_removed_;                     // guarded by mu_
+  LeaseLapsedCallback on_lease_lapsed_;            // guarded by mu_
 };
 
 }  // namespace sluice

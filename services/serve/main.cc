@@ -196,6 +196,18 @@ int main(int argc, char** argv) {
   sluice::AddHttpLimitFlags(*router_cmd, router.http);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,
+                         "A worker that missed its lease gets no new work but keeps its "
+                         "requests; it is removed after this much more silence (60)")
+      ->check(CLI::NonNegativeNumber);
+  router_cmd->add_option("--drain-timeout-s", router.drain_timeout_seconds,
+                         "SIGTERM: refuse new requests and let those in flight finish within "
+                         "this many seconds before exiting (30)")
+      ->check(CLI::NonNegativeNumber);
+  router_cmd->add_option("--max-migrations", router.backend.max_migrations,
+                         "Times one request's decode may move to another decode worker after "
+                         "its worker failed mid-stream (3; 0: never)")
+      ->check(CLI::NonNegativeNumber);
   router_cmd->add_option("--io-threads", router.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option_function<double>(
@@ -247,6 +259,15 @@ int main(int argc, char** argv) {
     cmd.add_option("--kv-transfer-mode", w.kv_transfer_mode,
                    "pull: decode reads the KV; push: prefill writes it (same on every worker)")
         ->check(CLI::IsMember({"pull", "push"}));
+    cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
+                   "SIGTERM: finish requests in flight within this many seconds, then cut the "
+                   "rest (the router moves cut decode streams elsewhere) and exit 0")
+        ->check(CLI::NonNegativeNumber);
+    if (i == 1) {
+      cmd.add_option("--test-transfer-delay-ms", w.test_transfer_delay_ms,
+                     "Test only: hold every KV transfer this long before it starts")
+          ->check(CLI::NonNegativeNumber);
+    }
   }
 
   sluice::KvStoreOptions kvstore_options;

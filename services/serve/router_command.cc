@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/model/model_config.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -96,6 +97,7 @@ int RunRouter(const RouterOptions& options) {
 
   WorkerRegistryOptions registry_options;
   registry_options.lease = absl::Seconds(options.lease_seconds);
+  registry_options.suspect_grace = absl::Seconds(options.suspect_grace_seconds);
   WorkerRegistry registry(registry_options);
   RemoteBackendOptions backend_options = options.backend;
   backend_options.max_model_len = options.max_model_len > 0
@@ -169,6 +171,10 @@ int RunRouter(const RouterOptions& options) {
           sink->SendResponse(200, "application/json", WorkersJson(registry_ptr->List()).dump());
           return nullptr;
         }
+        if (request.method == "GET" && path == "/health" && backend_ptr->draining()) {
+          sink->SendResponse(503, "application/json", R"({"status":"draining"})");
+          return nullptr;
+        }
         if (request.method == "GET" && path == "/health" &&
             registry_ptr->CountLive(WorkerRole::kDecode) == 0) {
           sink->SendResponse(503, "application/json",
@@ -214,7 +220,15 @@ int RunRouter(const RouterOptions& options) {
   std::fflush(stdout);
 
   const int signal_number = WaitForShutdown(signals, auth->get());
-  spdlog::info("received signal {}, shutting down", signal_number);
+  // Drain: readiness fails and new requests get 503 at once; those in flight finish (bounded).
+  spdlog::info("received signal {}, draining (up to {} s)", signal_number,
+               options.drain_timeout_seconds);
+  backend_ptr->StartDrain();
+  const absl::Time drain_until = absl::Now() + absl::Seconds(options.drain_timeout_seconds);
+  while (backend_ptr->num_in_flight() > 0 && absl::Now() < drain_until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  spdlog::info("{} requests in flight at shutdown", backend_ptr->num_in_flight());
   (*server)->Stop();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   backend.reset();

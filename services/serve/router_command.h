@@ -32,6 +32,10 @@ struct RouterOptions {
   int64_t max_concurrent_requests = 512;
   bool allow_unknown_fields = false;  // unknown request fields: warning instead of 400
   double lease_seconds = 6.0;    // workers heartbeat every lease/3
+  // A worker whose lease lapsed is suspect (no new work, its calls go on); removed after this.
+  double suspect_grace_seconds = 60.0;
+  // SIGTERM: refuse new requests (503, /health 503) and let those in flight finish within this.
+  double drain_timeout_seconds = 30.0;
   std::string routing_policy = "kv";  // kv | load | round_robin (services/router/kv_router.h)
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
   ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)

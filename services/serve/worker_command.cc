@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/kv/swa_replay.h"
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
@@ -51,8 +52,11 @@ int Run(const WorkerOptions& options, Role role) {
   RuntimeOptions runtime_options = options.runtime;
   runtime_options.engine.kv_hold_timeout_ms =
       static_cast<int64_t>(options.kv_pin_timeout_s * 1000);
-  runtime_options.engine.kv_reserve_timeout_ms =
-      static_cast<int64_t>(options.reserve_timeout_s * 1000);
+  // The engine's reservation timeout is only a backstop: DecodeService frees unclaimed
+  // reservations at --reserve-timeout-s, and a claimed one must outlive its transfer (which
+  // has --transfer-timeout-s from the claim).
+  runtime_options.engine.kv_reserve_timeout_ms = static_cast<int64_t>(
+      (options.reserve_timeout_s + options.transfer_timeout_s + 5) * 1000);
   absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(runtime_options);
   if (!runtime.ok()) {
     spdlog::error("{}", runtime.status().ToString());
@@ -120,6 +124,7 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.transfer_mode = transfer_mode;
     decode_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
+    decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());
@@ -201,13 +206,26 @@ int Run(const WorkerOptions& options, Role role) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("received signal {}, draining", signal_number);
+  // Drain: readiness fails and the router stops sending work at once; what this worker holds
+  // gets --drain-timeout-s to finish. A prefill worker waits until its pinned KV was pulled
+  // (the Release acks need the server up); a decode worker until its streams ended. Then the
+  // server shuts down, cutting what is left: the router continues cut decode streams on
+  // another decode worker (migration) and retries cut prefills.
+  const absl::Time drain_until = absl::Now() + absl::Seconds(options.drain_timeout_s);
+  spdlog::info("received signal {}, draining (up to {} s)", signal_number,
+               options.drain_timeout_s);
   metrics.set_healthy(false);
   if (prefill != nullptr) prefill->set_draining(true);
   if (decode != nullptr) decode->set_draining(true);
   if (registration != nullptr) registration->Drain();
-  // In-flight calls get up to 10 s to finish, then are cancelled.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto idle = [&] {
+    const AsyncEngineStats s = engine.Stats();
+    if (decode != nullptr) return decode->num_sessions() == 0;
+    return s.num_held_blocks == 0 && s.num_waiting_requests == 0 && s.num_running_requests == 0;
+  };
+  while (!idle() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(50));
+  spdlog::info(idle() ? "drained" : "drain timeout: cutting the requests left");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   registration.reset();
   (*http)->Stop();
   return 0;

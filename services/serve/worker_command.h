@@ -25,6 +25,10 @@ struct WorkerOptions {
   std::string http_host = "127.0.0.1";  // /metrics and /health (HTTP)
   int http_port = 0;                    // 0: any free port (printed at start)
   std::string kv_transfer_mode = "pull";  // "pull" (decode reads) or "push" (prefill writes)
+  // SIGTERM: stop taking work, finish what is held within this; the rest is cut (the router
+  // migrates decode streams to other workers), then exit 0.
+  double drain_timeout_s = 30;
+  double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

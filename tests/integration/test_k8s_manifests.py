@@ -74,6 +74,22 @@ def test_base_has_the_three_services():
         assert args[args.index("--router") + 1] == f"sluice-router:{router_ports['grpc']}"
 
 
+def test_deployments_drain_within_their_grace_period():
+    """SIGTERM drains router and workers (--drain-timeout-s); the pod's grace period covers the
+    preStop sleep plus the drain, so Kubernetes never SIGKILLs a drain in progress."""
+    deployments = by_kind(render(K8S / "base"), "Deployment")
+    for name, deployment in deployments.items():
+        spec = deployment["spec"]["template"]["spec"]
+        c = container(deployment)
+        args = c["args"]
+        assert "--drain-timeout-s" in args, name
+        drain = float(args[args.index("--drain-timeout-s") + 1])
+        command = c["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[0] == "sleep", (name, command)
+        pre_stop = float(command[1])
+        assert spec["terminationGracePeriodSeconds"] >= pre_stop + drain + 5, name
+
+
 def test_every_service_selects_a_deployment_and_named_ports():
     docs = render(K8S / "base")
     deployments = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}

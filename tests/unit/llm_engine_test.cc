@@ -111,6 +111,49 @@ TEST(LLMEngineTest, ChunkedPrefillAndPreemptionKeepOutputsExact) {
   }
 }
 
+// Migration: a request resumed with the first k outputs of an undisturbed run continues with
+// exactly the rest of them (greedy, and seeded sampling: the generator skips k draws); the
+// resumed tokens are not emitted again and count toward max_tokens.
+TEST(LLMEngineTest, ResumedRequestContinuesTheUndisturbedRun) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 128;
+  for (bool seeded : {false, true}) {
+    auto make = [&](const std::string& id) {
+      EngineRequest r = Greedy(id, Prompt(10, 4), 24);
+      if (seeded) {
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 1234;
+      }
+      return r;
+    };
+    auto whole_engine = MakeEngine(options);
+    ASSERT_TRUE(whole_engine->AddRequest(make("whole")).ok());
+    const std::vector<int32_t> whole = Drain(*whole_engine).tokens["whole"];
+    ASSERT_EQ(whole.size(), 24u);
+    for (int k : {1, 11, 23}) {
+      auto engine = MakeEngine(options);
+      EngineRequest resumed = make("resumed");
+      resumed.resumed_output_token_ids.assign(whole.begin(), whole.begin() + k);
+      ASSERT_TRUE(engine->AddRequest(resumed).ok());
+      EngineRun run = Drain(*engine);
+      EXPECT_EQ(run.tokens["resumed"], std::vector<int32_t>(whole.begin() + k, whole.end()))
+          << "k " << k << " seeded " << seeded;
+      EXPECT_EQ(run.finish["resumed"], FinishReason::kLength);
+      EXPECT_EQ(run.last["resumed"].num_prompt_tokens, 10);
+      EXPECT_EQ(run.last["resumed"].num_output_tokens, 24);
+      EXPECT_EQ(engine->num_free_blocks(), 128);
+    }
+  }
+  auto engine = MakeEngine(options);
+  EngineRequest too_many = Greedy("x", Prompt(10, 4), 3);
+  too_many.resumed_output_token_ids = {5, 6, 7};
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->AddRequest(too_many)));
+  EngineRequest bad_id = Greedy("y", Prompt(10, 4), 8);
+  bad_id.resumed_output_token_ids = {static_cast<int32_t>(kVocab)};
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->AddRequest(bad_id)));
+}
+
 TEST(LLMEngineTest, AbortFreesBlocksAndOthersContinue) {
   EngineOptions options;
   options.block_size = 4;

@@ -103,5 +103,34 @@ TEST(WorkerProber, RemovesAnUnreachableWorkerAndKeepsALiveOne) {
   server->Shutdown();
 }
 
+// A stalled worker (a SIGSTOPped process: the kernel completes the TCP handshake, nothing
+// answers) is left to its lease: only a failed connection removes a worker.
+TEST(WorkerProber, KeepsAWorkerWhoseConnectTimesOut) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);  // never accepted: connects complete, nothing is read
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+
+  WorkerRegistry registry;
+  auto stalled = registry.Register(WorkerRole::kDecode,
+                                   absl::StrCat("127.0.0.1:", ntohs(addr.sin_port)),
+                                   WorkerLoad{});
+  auto dead = registry.Register(WorkerRole::kDecode, absl::StrCat("127.0.0.1:", ClosedPort()),
+                                WorkerLoad{});
+  ASSERT_TRUE(stalled.ok() && dead.ok());
+  WorkerProber prober(&registry, absl::Milliseconds(500));
+  // Probes run in order: once the dead one is gone, the stalled one was probed.
+  prober.Suspect(*registry.Get(stalled->worker_id));
+  prober.Suspect(*registry.Get(dead->worker_id));
+  ASSERT_TRUE(WaitFor([&] { return prober.num_removed() == 1; }));
+  EXPECT_FALSE(registry.Get(dead->worker_id).has_value());
+  EXPECT_TRUE(registry.Get(stalled->worker_id).has_value());
+  close(fd);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -42,24 +42,52 @@ TEST_F(RouterRegistryTest, RegisterAssignsIdsAndLease) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(RouterRegistryTest, MissedLeaseRemovesWorkerAndHeartbeatKeepsIt) {
+// A lapsed lease makes a worker suspect (not picked, still registered, the lease-lapsed
+// callback runs once); its next heartbeat clears that; only silence past the grace removes it.
+TEST_F(RouterRegistryTest, MissedLeaseMakesWorkerSuspectAndOnlyGraceRemovesIt) {
   const std::string kept = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
   const std::string lost = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(0, 0, 100));
   std::vector<std::string> removed_ids;
+  std::vector<std::string> lapsed_ids;
   registry_.OnRemoved([&](const WorkerSnapshot& worker, const absl::Status& why) {
     removed_ids.push_back(worker.worker_id);
     EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable);
   });
+  registry_.OnLeaseLapsed([&](const WorkerSnapshot& worker) {
+    lapsed_ids.push_back(worker.worker_id);
+    EXPECT_TRUE(worker.suspect);
+  });
   now_ += absl::Seconds(4);
   ASSERT_TRUE(registry_.Heartbeat(kept, Load(1, 2, 50)).ok());
   EXPECT_TRUE(registry_.ExpireLeases().empty());  // 4 s < 6 s lease
-  now_ += absl::Seconds(3);                       // lost: 7 s silent; kept: 3 s
+  EXPECT_TRUE(lapsed_ids.empty());
+  now_ += absl::Seconds(3);  // lost: 7 s silent; kept: 3 s
+  EXPECT_TRUE(registry_.ExpireLeases().empty());
+  EXPECT_TRUE(registry_.ExpireLeases().empty());  // the callback runs once per lapse
+  EXPECT_EQ(lapsed_ids, std::vector<std::string>{lost});
+  EXPECT_TRUE(removed_ids.empty());
+  ASSERT_TRUE(registry_.Get(lost).has_value());
+  EXPECT_TRUE(registry_.Get(lost)->suspect);
+  EXPECT_FALSE(registry_.Get(kept)->suspect);
+  // Suspect: no new work, but its assignments stay and it still counts as registered.
+  for (int i = 0; i < 3; ++i) {
+    auto picked = registry_.Pick(WorkerRole::kDecode, 10);
+    ASSERT_TRUE(picked.has_value());
+    EXPECT_EQ(picked->worker_id, kept);
+  }
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 2);
+  // Its heartbeat (the stall ended) clears the suspicion; it keeps its id.
+  ASSERT_TRUE(registry_.Heartbeat(lost, Load(0, 0, 100)).ok());
+  EXPECT_FALSE(registry_.Get(lost)->suspect);
+  // Silent past lease + grace (60 s): removed.
+  now_ += absl::Seconds(6 + 61);
+  ASSERT_TRUE(registry_.Heartbeat(kept, Load(1, 2, 50)).ok());
   EXPECT_EQ(registry_.ExpireLeases(), std::vector<std::string>{lost});
+  EXPECT_EQ(lapsed_ids, std::vector<std::string>{lost});  // removed at once, not re-suspected
   EXPECT_EQ(removed_ids, std::vector<std::string>{lost});
   EXPECT_FALSE(registry_.Get(lost).has_value());
-  ASSERT_TRUE(registry_.Get(kept).has_value());
   EXPECT_EQ(registry_.Get(kept)->load.num_running_requests, 2);
-  // A heartbeat after expiry asks the worker to register again.
+  // A heartbeat after removal asks the worker to register again.
   EXPECT_EQ(registry_.Heartbeat(lost, Load(0, 0, 100)).code(), absl::StatusCode::kNotFound);
 }
 

@@ -1,0 +1,319 @@
+"""Nothing lost under faults (issue 22): router + 1 prefill + 2 decode workers, sluice-mini-moe.
+
+1. Slow handover: every decode worker holds each KV transfer 5 s (--test-transfer-delay-ms) while
+   its reservations are meant to last 4 s (--reserve-timeout-s): a claimed reservation lives
+   through its transfer, so every request completes, equal to `sluice serve`; no 504.
+2. A decode worker whose claimed reservation still expires (a transfer held past the engine's
+   backstop) ends the request with DEADLINE_EXCEEDED after the first token: the router continues
+   it (pinned retry, then migration) instead of failing it.
+3. SIGSTOP of every worker for 8 s (leases of 3 s lapse), then SIGCONT: the workers are only
+   suspect, nothing is cancelled, no request fails or moves, the workers keep their ids.
+4. kill -9 of a decode worker after every stream got >= 10 tokens, SLUICE_MIGRATION_ROUNDS times
+   (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
+   continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
+   Also for the gRPC Generate stream.
+5. SIGTERM of a decode worker under load with a short --drain-timeout-s: it exits 0, what it
+   could not finish moves to the other decode worker, zero failed requests.
+"""
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+
+import openai
+import pytest
+
+from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, wait_until
+
+ROUNDS = int(os.environ.get("SLUICE_MIGRATION_ROUNDS", "5"))
+LONG = 48  # tokens per stream in the kill tests (ignore_eos: always this many)
+N_STREAMS = 4
+
+
+def messages(i):
+    return [{"role": "user", "content": f"Request {i}: describe {i % 5 + 2} kinds of trees."}]
+
+
+def client_for(url, timeout=600):
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=timeout, max_retries=0)
+
+
+def complete(client, i, max_tokens):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
+                                       max_tokens=max_tokens, extra_body={"ignore_eos": True})
+    return r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens
+
+
+def stream(client, i, max_tokens, counts=None):
+    """Streams request i; counts[i] = content chunks so far; returns (text, finish, usage)."""
+    text, finish, usage = "", None, None
+    s = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
+                                       max_tokens=max_tokens, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    for chunk in s:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        if not chunk.choices:
+            continue
+        if chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+            if counts is not None:
+                counts[i] = counts.get(i, 0) + 1
+        finish = chunk.choices[0].finish_reason or finish
+    return text, finish, usage
+
+
+class Reference:
+    """Undisturbed greedy runs on one `sluice serve`, computed on first use and cached:
+    reference[(i, max_tokens)] -> (text, finish, completion tokens)."""
+
+    def __init__(self):
+        self.serve = Serve()
+        self.client = client_for(self.serve.url)
+        self.cache = {}
+
+    def warm(self, keys):
+        missing = [k for k in keys if k not in self.cache]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for key, value in zip(missing, pool.map(lambda k: complete(self.client, *k),
+                                                    missing)):
+                self.cache[key] = value
+
+    def __getitem__(self, key):
+        self.warm([key])
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ref = Reference()
+    yield ref
+    ref.serve.stop()
+
+
+def decode_blocks_free(cluster, name):
+    wait_until(lambda: cluster.worker_metric(name, "sluice_kv_cache_free_blocks") ==
+               cluster.worker_metric(name, "sluice_kv_cache_blocks"), 20, f"{name} blocks free")
+
+
+def test_slow_handover_never_expires_a_claimed_reservation(reference):
+    reference.warm([(i, 16) for i in range(16)])
+    n = 16
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      role_args={"decode": ["--reserve-timeout-s", "4",
+                                            "--test-transfer-delay-ms", "5000"]},
+                      router_args=["--decode-reserve-timeout-s", "4"])
+    try:
+        client = client_for(cluster.url)
+
+        def attempt(i):
+            try:
+                return complete(client, i, 16)
+            except openai.APIStatusError as e:
+                return e.status_code, e.message
+
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(attempt, range(n)))
+        assert outputs == [reference[(i, 16)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        for name in ("decode-0", "decode-1"):
+            # The transfers really were held past the 4 s reservation timeout, and completed.
+            text = cluster.worker_metrics_text(name)
+            assert "sluice_decode_transfers_recomputed_total 0" in text, text
+            decode_blocks_free(cluster, name)
+        handover = sum(cluster.worker_metric(n, "sluice_kv_handover_seconds_sum")
+                       for n in ("decode-0", "decode-1"))
+        count = sum(cluster.worker_metric(n, "sluice_kv_handover_seconds_count")
+                    for n in ("decode-0", "decode-1"))
+        assert count == n and handover / count > 4.0, (handover, count)
+        print(f"\nslow handover: {n} requests, mean handover {handover / count:.1f} s "
+              "(> the 4 s reservation timeout), 0 failed")
+    finally:
+        cluster.stop()
+
+
+def test_expired_claimed_reservation_is_continued_not_failed(reference):
+    reference.warm([(i, 16) for i in range(4)])
+    """--transfer-timeout-s 1 puts the engine's backstop at 4 + 1 + 5 = 10 s; transfers held
+    12 s meet an expired reservation (DEADLINE_EXCEEDED) after the first token was sent."""
+    n = 4
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      role_args={"decode": ["--reserve-timeout-s", "4", "--transfer-timeout-s",
+                                            "1", "--test-transfer-delay-ms", "12000"]},
+                      router_args=["--decode-reserve-timeout-s", "4"])
+    try:
+        client = client_for(cluster.url)
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(lambda i: stream(client, i, 16), range(n)))
+        assert outputs == [reference[(i, 16)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        assert cluster.metric("sluice_router_migrations_total") >= 1
+        for name in ("decode-0", "decode-1"):
+            decode_blocks_free(cluster, name)
+    finally:
+        cluster.stop()
+
+
+def test_sigstop_every_worker_fails_nothing(reference):
+    reference.warm([(i, 64) for i in range(8)])
+    n = 8
+    cluster = Cluster(num_prefill=1, num_decode=2)
+    try:
+        client = client_for(cluster.url)
+        ids_before = sorted(w["id"] for w in cluster.workers_json())
+        counts = {}
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(stream, client, i, 64, counts) for i in range(n)]
+            wait_until(lambda: sum(1 for i in range(n) if counts.get(i, 0) >= 3) == n or
+                       any(f.done() for f in futures), 120, "every stream under way")
+            procs = [w.proc for w in cluster.workers.values()]
+            for p in procs:
+                p.send_signal(signal.SIGSTOP)
+            try:
+                # The 3 s leases lapse: suspect, not removed.
+                wait_until(lambda: all(w["suspect"] for w in cluster.workers_json()), 7,
+                           "every worker suspect")
+                time.sleep(max(0.0, 8 - 3.5))
+            finally:
+                for p in procs:
+                    p.send_signal(signal.SIGCONT)
+            outputs = [f.result(timeout=600) for f in futures]
+        assert outputs == [reference[(i, 64)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        assert cluster.metric("sluice_router_migrations_total") == 0
+        wait_until(lambda: not any(w["suspect"] for w in cluster.workers_json()), 10,
+                   "suspicion cleared by heartbeats")
+        assert sorted(w["id"] for w in cluster.workers_json()) == ids_before
+    finally:
+        cluster.stop()
+
+
+def listen_address(proc):
+    return proc.args[proc.args.index("--listen") + 1]
+
+
+def busiest_decode_worker(cluster):
+    assigned = {w["address"]: w["assigned"] for w in cluster.workers_json()
+                if w["role"] == "decode"}
+    return max(("decode-0", "decode-1"),
+               key=lambda k: assigned.get(listen_address(cluster.workers[k]), -1))
+
+
+def run_round_with_kill(cluster, start_streams, min_tokens=10):
+    """Starts the streams, kill -9s the busiest decode worker once each has >= min_tokens
+    (or finished), restarts it; returns the streams' results."""
+    counts = {}
+    with concurrent.futures.ThreadPoolExecutor(N_STREAMS) as pool:
+        futures = start_streams(pool, counts)
+        wait_until(lambda: all(counts.get(i, 0) >= min_tokens or futures[i].done()
+                               for i in range(N_STREAMS)), 120, f">= {min_tokens} tokens each")
+        victim = busiest_decode_worker(cluster)
+        cluster.workers[victim].kill9()
+        results = [f.result(timeout=600) for f in futures]
+    restart(cluster, victim)
+    return results
+
+
+def restart(cluster, name):
+    """Starts the stopped worker `name` again (same ports) and waits until it registered."""
+    cluster.workers[name].stop()
+    cluster.workers[name].start()
+    health = cluster.metrics_urls[name].replace("/metrics", "/health")
+    wait_until(lambda: http_get(health)[0] == 200, 120, f"{name} up again")
+    address = listen_address(cluster.workers[name])
+    wait_until(lambda: any(w["address"] == address and not w["suspect"] and not w["draining"]
+                           for w in cluster.workers_json()), 60, f"{name} registered")
+    cluster.wait_registered(1, 2)
+
+
+def test_kill9_decode_worker_mid_stream_migrates(reference):
+    reference.warm([(i, LONG) for i in range(N_STREAMS)])
+    cluster = Cluster(num_prefill=1, num_decode=2)
+    try:
+        client = client_for(cluster.url)
+        expected = [reference[(i, LONG)] for i in range(N_STREAMS)]
+        ok = 0
+        for r in range(ROUNDS):
+            before = cluster.metric("sluice_router_migrations_total")
+            outputs = run_round_with_kill(cluster, lambda pool, counts: [
+                pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
+            assert outputs == expected, f"round {r}"
+            assert cluster.metric("sluice_router_migrations_total") > before, f"round {r}"
+            ok += 1
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        print(f"\nkill -9 mid-stream: {ok} of {ROUNDS} rounds ({N_STREAMS} streams each) equal "
+              f"to the undisturbed run, "
+              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations")
+    finally:
+        cluster.stop()
+
+
+def test_kill9_decode_worker_mid_generate_stream_migrates():
+    from test_router_grpc import common, pb, pb_grpc  # generated stubs
+    import grpc
+
+    cluster = Cluster(num_prefill=1, num_decode=2)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{cluster.grpc_port}")
+        stub = pb_grpc.InferenceStub(channel)
+
+        def request(i):
+            return pb.GenerateRequest(
+                model=MODEL_NAME,
+                chat=pb.ChatPrompt(messages=[pb.ChatMessage(
+                    role="user", content=messages(i)[0]["content"])], add_generation_prompt=True),
+                sampling=common.SamplingParams(temperature=0.0, max_tokens=LONG,
+                                               ignore_eos=True),
+                detokenize=True)
+
+        def generate(i, counts=None):
+            text, ids, finish, usage = "", [], None, None
+            for message in stub.Generate(request(i), timeout=240):
+                text += message.text
+                ids.extend(t.token_id for t in message.tokens)
+                if counts is not None and message.tokens:
+                    counts[i] = counts.get(i, 0) + len(message.tokens)
+                usage = message.usage.completion_tokens
+                if message.finish_reason:
+                    finish = common.FinishReason.Name(message.finish_reason)
+            return text, ids, finish, usage
+
+        undisturbed = [generate(i) for i in range(N_STREAMS)]
+        assert all(len(u[1]) == LONG for u in undisturbed)
+        before = cluster.metric("sluice_router_migrations_total")
+        outputs = run_round_with_kill(cluster, lambda pool, counts: [
+            pool.submit(generate, i, counts) for i in range(N_STREAMS)])
+        assert outputs == undisturbed
+        assert cluster.metric("sluice_router_migrations_total") > before
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+    finally:
+        cluster.stop()
+
+
+def test_sigterm_decode_worker_under_load_fails_nothing(reference):
+    reference.warm([(i, 64) for i in range(8)])
+    cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": ["--drain-timeout-s",
+                                                                         "2"]})
+    try:
+        client = client_for(cluster.url)
+        n = 8
+        counts = {}
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(stream, client, i, 64, counts) for i in range(n)]
+            wait_until(lambda: all(counts.get(i, 0) >= 5 or futures[i].done()
+                                   for i in range(n)), 120, "every stream under way")
+            victim = busiest_decode_worker(cluster)
+            proc = cluster.workers[victim].proc
+            proc.send_signal(signal.SIGTERM)
+            outputs = [f.result(timeout=600) for f in futures]
+            assert proc.wait(timeout=30) == 0
+        assert outputs == [reference[(i, 64)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        moved = cluster.metric("sluice_router_migrations_total")
+        print(f"\nSIGTERM under load: {n} streams, 0 failed, {moved:.0f} moved after the "
+              "2 s drain")
+    finally:
+        cluster.stop()
