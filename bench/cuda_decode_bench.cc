@@ -141,6 +141,7 @@
 #if SLUICE_HAVE_NCCL
 #include <barrier>
 
+#include "build_paths.h"
 #include "engine/parallel/nccl/nccl_communicator.h"
 #endif
 

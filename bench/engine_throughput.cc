@@ -34,6 +34,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "build_paths.h"
 #include "engine/model/model.h"
 #include "engine/sched/llm_engine.h"
 #include "kernels/common/parallel.h"

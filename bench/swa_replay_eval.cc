@@ -7,6 +7,8 @@
 //   <build>/bin/swa_replay_eval --git-commit $(git rev-parse HEAD)   # writes
 //   bench/results/swa_replay.json; --sequences 8 for a quick look. Protocol and fields:
 //   bench/README.md "swa_replay_eval".
+#include "engine/kv/swa_replay_eval.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,8 +18,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "build_paths.h"
 #include "engine/kv/swa_replay.h"
-#include "engine/kv/swa_replay_eval.h"
 #include "engine/model/model.h"
 #include "kernels/common/parallel.h"
 #include "nlohmann/json.hpp"

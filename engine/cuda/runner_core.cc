@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "build_paths.h"
 #include "common/status_macros.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/weight_loader.h"

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 
+#include "build_paths.h"
 #include "gtest/gtest.h"
 
 namespace sluice::kernels {

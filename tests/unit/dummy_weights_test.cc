@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 
+#include "build_paths.h"
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "gtest/gtest.h"

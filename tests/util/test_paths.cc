@@ -1,9 +1,11 @@
 #include "tests/util/test_paths.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 
-#include <gtest/gtest.h>
+#include "build_paths.h"
 
 namespace sluice::testing {
 
