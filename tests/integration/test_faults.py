@@ -14,6 +14,8 @@
    Also for the gRPC Generate stream.
 5. SIGTERM of a decode worker under load with a short --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests.
+6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
+   requests.
 """
 
 import concurrent.futures
@@ -315,5 +317,30 @@ def test_sigterm_decode_worker_under_load_fails_nothing(reference):
         moved = cluster.metric("sluice_router_migrations_total")
         print(f"\nSIGTERM under load: {n} streams, 0 failed, {moved:.0f} moved after the "
               "2 s drain")
+    finally:
+        cluster.stop()
+
+
+def test_sigterm_prefill_worker_under_load_fails_nothing(reference):
+    """A draining prefill worker finishes its prefills and waits until their pinned KV was pulled
+    (within --drain-timeout-s), then exits 0; new prefills go to the other prefill worker."""
+    n = 16
+    reference.warm([(i, 16) for i in range(n)])
+    cluster = Cluster(num_prefill=2, num_decode=2, role_args={"prefill": ["--drain-timeout-s",
+                                                                          "20"]})
+    try:
+        client = client_for(cluster.url)
+        done = []
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(complete, client, i, 16) for i in range(n)]
+            for f in futures:
+                f.add_done_callback(lambda _: done.append(1))
+            wait_until(lambda: len(done) >= 2, 300, "two requests done")
+            proc = cluster.workers["prefill-0"].proc
+            proc.send_signal(signal.SIGTERM)
+            outputs = [f.result(timeout=600) for f in futures]
+            assert proc.wait(timeout=60) == 0
+        assert outputs == [reference[(i, 16)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
