@@ -16,6 +16,7 @@
    could not finish moves to the other decode worker, zero failed requests.
 6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
    requests.
+7. 300 concurrent requests with every transfer held past the reservation timeout: all 200.
 """
 
 import concurrent.futures
@@ -342,5 +343,37 @@ def test_sigterm_prefill_worker_under_load_fails_nothing(reference):
             assert proc.wait(timeout=60) == 0
         assert outputs == [reference[(i, 16)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
+    finally:
+        cluster.stop()
+
+
+def test_300_concurrent_requests_with_slow_handover_get_no_504():
+    """The issue's load: 300 concurrent chats while every KV transfer is held past the 4 s
+    reservation timeout: every one answers 200 (none 504, none failed or migrated)."""
+    n = 300
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      role_args={"decode": ["--reserve-timeout-s", "4",
+                                            "--test-transfer-delay-ms", "5000"]},
+                      router_args=["--decode-reserve-timeout-s", "4"])
+    try:
+        client = client_for(cluster.url)
+
+        def run(i):
+            try:
+                r = client.chat.completions.create(
+                    model=MODEL_NAME, temperature=0, max_tokens=4,
+                    messages=[{"role": "user", "content": f"Request {i}: name a tree."}])
+                return 200, r.usage.completion_tokens
+            except openai.APIStatusError as e:
+                return e.status_code, e.message
+
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(run, range(n)))
+        failed = [o for o in outputs if o[0] != 200]
+        assert not failed, failed[:3]
+        assert all(0 < tokens <= 4 for _, tokens in outputs)
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        for name in ("decode-0", "decode-1"):
+            decode_blocks_free(cluster, name)
     finally:
         cluster.stop()
