@@ -22,7 +22,6 @@
 import concurrent.futures
 import os
 import signal
-import threading
 import time
 
 import openai
