@@ -12,7 +12,7 @@
    (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
    Also for the gRPC Generate stream.
-5. SIGTERM of a decode worker under load with a short --drain-timeout-s: it exits 0, what it
+5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests.
 6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
    requests.
@@ -298,7 +298,7 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
 def test_sigterm_decode_worker_under_load_fails_nothing(reference):
     reference.warm([(i, 64) for i in range(8)])
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": ["--drain-timeout-s",
-                                                                         "2"]})
+                                                                         "0.3"]})
     try:
         client = client_for(cluster.url)
         n = 8
@@ -315,8 +315,9 @@ def test_sigterm_decode_worker_under_load_fails_nothing(reference):
         assert outputs == [reference[(i, 64)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         moved = cluster.metric("sluice_router_migrations_total")
+        assert moved >= 1  # 0.3 s cannot finish 64-token streams: the rest moved
         print(f"\nSIGTERM under load: {n} streams, 0 failed, {moved:.0f} moved after the "
-              "2 s drain")
+              "0.3 s drain")
     finally:
         cluster.stop()
 
