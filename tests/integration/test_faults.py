@@ -12,14 +12,16 @@
    (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
    Also for the gRPC Generate stream.
-5. SIGTERM of a decode worker under load with a short --drain-timeout-s: it exits 0, what it
+5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests.
+6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
+   requests.
+7. 300 concurrent requests with every transfer held past the reservation timeout: all 200.
 """
 
 import concurrent.futures
 import os
 import signal
-import threading
 import time
 
 import openai
@@ -296,7 +298,7 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
 def test_sigterm_decode_worker_under_load_fails_nothing(reference):
     reference.warm([(i, 64) for i in range(8)])
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": ["--drain-timeout-s",
-                                                                         "2"]})
+                                                                         "0.3"]})
     try:
         client = client_for(cluster.url)
         n = 8
@@ -313,7 +315,65 @@ def test_sigterm_decode_worker_under_load_fails_nothing(reference):
         assert outputs == [reference[(i, 64)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         moved = cluster.metric("sluice_router_migrations_total")
+        assert moved >= 1  # 0.3 s cannot finish 64-token streams: the rest moved
         print(f"\nSIGTERM under load: {n} streams, 0 failed, {moved:.0f} moved after the "
-              "2 s drain")
+              "0.3 s drain")
+    finally:
+        cluster.stop()
+
+
+def test_sigterm_prefill_worker_under_load_fails_nothing(reference):
+    """A draining prefill worker finishes its prefills and waits until their pinned KV was pulled
+    (within --drain-timeout-s), then exits 0; new prefills go to the other prefill worker."""
+    n = 16
+    reference.warm([(i, 16) for i in range(n)])
+    cluster = Cluster(num_prefill=2, num_decode=2, role_args={"prefill": ["--drain-timeout-s",
+                                                                          "20"]})
+    try:
+        client = client_for(cluster.url)
+        done = []
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(complete, client, i, 16) for i in range(n)]
+            for f in futures:
+                f.add_done_callback(lambda _: done.append(1))
+            wait_until(lambda: len(done) >= 2, 300, "two requests done")
+            proc = cluster.workers["prefill-0"].proc
+            proc.send_signal(signal.SIGTERM)
+            outputs = [f.result(timeout=600) for f in futures]
+            assert proc.wait(timeout=60) == 0
+        assert outputs == [reference[(i, 16)] for i in range(n)]
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+    finally:
+        cluster.stop()
+
+
+def test_300_concurrent_requests_with_slow_handover_get_no_504():
+    """The issue's load: 300 concurrent chats while every KV transfer is held past the 4 s
+    reservation timeout: every one answers 200 (none 504, none failed or migrated)."""
+    n = 300
+    cluster = Cluster(num_prefill=1, num_decode=2,
+                      role_args={"decode": ["--reserve-timeout-s", "4",
+                                            "--test-transfer-delay-ms", "5000"]},
+                      router_args=["--decode-reserve-timeout-s", "4"])
+    try:
+        client = client_for(cluster.url)
+
+        def run(i):
+            try:
+                r = client.chat.completions.create(
+                    model=MODEL_NAME, temperature=0, max_tokens=4,
+                    messages=[{"role": "user", "content": f"Request {i}: name a tree."}])
+                return 200, r.usage.completion_tokens
+            except openai.APIStatusError as e:
+                return e.status_code, e.message
+
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            outputs = list(pool.map(run, range(n)))
+        failed = [o for o in outputs if o[0] != 200]
+        assert not failed, failed[:3]
+        assert all(0 < tokens <= 4 for _, tokens in outputs)
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+        for name in ("decode-0", "decode-1"):
+            decode_blocks_free(cluster, name)
     finally:
         cluster.stop()
