@@ -1,0 +1,159 @@
+"""Speculative decoding through `sluice serve` / `sluice generate` (CPU engine): greedy answers
+with a draft model (--speculative-model, confidence-scheduled by default) and with n-gram lookup
+equal the plain session server's — n > 1, logprobs, stop strings, max_tokens, penalties — and
+/metrics reports acceptance; a draft of another vocabulary or tokenizer and an out-of-range
+--num-speculative-tokens are refused at start-up."""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import MODEL_DIR, MODEL_NAME, REPO, ServerProcess, sluice_bin
+
+DRAFT_DIR = REPO.parent / "shared" / "models" / "sluice-mini-draft"
+PROMPTS = ["Ge1:1 In the beginning God created the heaven and the earth.\nGe1:2",
+           "Psa23:1 The LORD is my shepherd; I shall not want.\nPsa23:2",
+           "Joh3:16 For God so loved the world,"]
+
+
+def spec_client(args):
+    proc = ServerProcess(extra_args=args)
+    return proc, openai.OpenAI(base_url=proc.url + "/v1", api_key="x", max_retries=0,
+                               timeout=300)
+
+
+@pytest.fixture(scope="module")
+def draft_server():
+    proc, client = spec_client(["--speculative-model", str(DRAFT_DIR)])
+    yield proc, client
+    assert proc.stop() == 0, proc.logs()
+
+
+@pytest.fixture(scope="module")
+def ngram_server():
+    proc, client = spec_client(["--speculative-method", "ngram", "--speculative-verify", "5"])
+    yield proc, client
+    assert proc.stop() == 0, proc.logs()
+
+
+def completions(client, prompt, **kwargs):
+    return client.completions.create(model=MODEL_NAME, prompt=prompt, temperature=0, **kwargs)
+
+
+def same_choices(a, b):
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert [c.finish_reason for c in a.choices] == [c.finish_reason for c in b.choices]
+    assert a.usage.completion_tokens == b.usage.completion_tokens
+    for x, y in zip(a.choices, b.choices):
+        if x.logprobs is None:
+            continue
+        assert x.logprobs.tokens == y.logprobs.tokens
+        assert x.logprobs.token_logprobs == pytest.approx(y.logprobs.token_logprobs, abs=1e-3)
+        assert [sorted(t) for t in x.logprobs.top_logprobs] == \
+            [sorted(t) for t in y.logprobs.top_logprobs]
+
+
+@pytest.mark.parametrize("which", ["draft_server", "ngram_server"])
+def test_greedy_equals_plain(which, request, client):
+    _, spec = request.getfixturevalue(which)
+    for prompt in PROMPTS:
+        kwargs = dict(max_tokens=40, n=2, logprobs=2)
+        same_choices(completions(client, prompt, **kwargs), completions(spec, prompt, **kwargs))
+        kwargs = dict(max_tokens=11, frequency_penalty=0.7, presence_penalty=0.3)
+        same_choices(completions(client, prompt, **kwargs), completions(spec, prompt, **kwargs))
+
+
+def test_stop_strings_and_chat(draft_server, client):
+    _, spec = draft_server
+    plain = completions(client, PROMPTS[0], max_tokens=40)
+    words = plain.choices[0].text.split()
+    assert len(words) > 6
+    stop = " " + words[5]  # a stop string inside the greedy text
+    for include in (False, True):
+        extra = {"include_stop_str_in_output": include}
+        a = completions(client, PROMPTS[0], max_tokens=40, stop=[stop], extra_body=extra)
+        b = completions(spec, PROMPTS[0], max_tokens=40, stop=[stop], extra_body=extra)
+        assert a.choices[0].finish_reason == "stop"
+        same_choices(a, b)
+    messages = [{"role": "user", "content": "Quote Genesis 1:3."}]
+    a = client.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0,
+                                       max_tokens=32)
+    b = spec.chat.completions.create(model=MODEL_NAME, messages=messages, temperature=0,
+                                     max_tokens=32)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage == b.usage
+
+
+def metric(url, name):
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} missing from /metrics")
+
+
+def test_metrics_report_acceptance(draft_server):
+    proc, spec = draft_server
+    completions(spec, PROMPTS[1], max_tokens=24)
+    drafts = metric(proc.url, "sluice_spec_decode_num_draft_tokens_total")
+    accepted = metric(proc.url, "sluice_spec_decode_num_accepted_tokens_total")
+    verifications = metric(proc.url, "sluice_spec_decode_num_drafts_total")
+    assert drafts > 0 and verifications > 0 and 0 < accepted <= drafts
+    assert metric(proc.url, "sluice_spec_decode_acceptance_rate") == pytest.approx(
+        accepted / drafts, rel=1e-3)
+    assert metric(proc.url, "sluice_spec_decode_mean_accepted_length") == pytest.approx(
+        (accepted + verifications) / verifications, rel=1e-3)
+    assert metric(proc.url, "sluice_spec_decode_draft_seconds_total") > 0
+    assert metric(proc.url, "sluice_spec_decode_verify_seconds_total") > 0
+
+
+def start_fails(args):
+    proc = subprocess.run([sluice_bin(), "serve", "--model", str(MODEL_DIR), "--port", "0",
+                           *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    return proc.stdout + proc.stderr
+
+
+def test_mismatched_draft_is_refused(tmp_path):
+    # Another vocabulary.
+    small = REPO / "tests" / "fixtures" / "spec-tiny"
+    out = start_fails(["--speculative-model", str(small)])
+    assert str(small) in out and str(MODEL_DIR) in out and "vocab_size 64 vs 8192" in out
+    # Same vocabulary size, another tokenizer (two tokens swapped).
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    shutil.copy(DRAFT_DIR / "config.json", draft / "config.json")
+    tok = json.loads((DRAFT_DIR / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = [k for k, v in vocab.items() if v in (300, 301)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (draft / "tokenizer.json").write_text(json.dumps(tok))
+    out = start_fails(["--speculative-model", str(draft)])
+    assert str(draft) in out and str(MODEL_DIR) in out and "tokenizers differ at id 300" in out
+
+
+@pytest.mark.parametrize("k", ["0", "17"])
+def test_num_speculative_tokens_out_of_range_is_refused(k):
+    out = start_fails(["--speculative-method", "ngram", "--num-speculative-tokens", k])
+    assert f"--num-speculative-tokens must be in [1, 16], got {k}" in out
+
+
+def test_generate_with_draft_model(tmp_path, client):
+    lines = [{"custom_id": str(i), "prompt": p, "max_tokens": 24, "temperature": 0}
+             for i, p in enumerate(PROMPTS)]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    proc = subprocess.run([sluice_bin(), "generate", "--model", str(MODEL_DIR), "--input",
+                           str(src), "--output", str(dst), "--speculative-model", str(DRAFT_DIR),
+                           "--speculative-verify", "4"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = [json.loads(l) for l in dst.read_text().splitlines()]
+    for i, p in enumerate(PROMPTS):
+        plain = completions(client, p, max_tokens=24)
+        assert out[i]["choices"][0]["text"] == plain.choices[0].text
