@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/tokenizer/incremental_detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/util/test_paths.h"
 
@@ -163,6 +165,28 @@ TEST(LlamaSpmTokenizerTest, MatchesLlamaCppPairs) {
     ++num_cases;
   }
   EXPECT_EQ(num_cases, 46);
+}
+
+// Streaming a SentencePiece-style output token by token: byte-fallback pieces of one character
+// are held back until complete, and "▁" pieces keep their space (the text continues a prompt),
+// while Decode of the whole sequence applies Llama 2's Strip of the first space.
+TEST(LlamaSpmTokenizerTest, IncrementalDetokenization) {
+  auto tokenizer = Tokenizer::FromFile(testing::RepoFixtureDir("llama-spm") + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const std::string text = "Hello \U0001F999 w\u00f6rld\n\u4f60\u597d";
+  const std::vector<int32_t> ids = (*tokenizer)->Encode(text, /*add_special_tokens=*/false);
+  // The llama is four byte-fallback pieces (<0xF0><0x9F><0xA6><0x99>).
+  EXPECT_NE(std::find(ids.begin(), ids.end(), *(*tokenizer)->TokenToId("<0xF0>")), ids.end());
+  IncrementalDetokenizer detokenizer(**tokenizer, /*skip_special_tokens=*/true);
+  std::string streamed;
+  for (int32_t id : ids) {
+    const std::string delta = detokenizer.Push(id);
+    EXPECT_EQ(delta.find("\xEF\xBF\xBD"), std::string::npos) << "half a character emitted";
+    streamed += delta;
+  }
+  streamed += detokenizer.Flush();
+  EXPECT_EQ(streamed, " " + text);
+  EXPECT_EQ((*tokenizer)->Decode(ids, /*skip_special_tokens=*/false), text);
 }
 
 TEST(TokenizerGoldenTest, SpecialTokensTable) {
