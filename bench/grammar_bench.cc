@@ -60,12 +60,14 @@ std::string Dump(const json& v) {
 int main(int argc, char** argv) {
   std::string tokenizer_path, cases_path, out_path;
   int compile_repeats = 3;
+  bool trace = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--tokenizer") tokenizer_path = argv[i + 1];
     else if (flag == "--cases") cases_path = argv[i + 1];
     else if (flag == "--out") out_path = argv[i + 1];
     else if (flag == "--compile_repeats") compile_repeats = std::stoi(argv[i + 1]);
+    else if (flag == "--trace") trace = std::string(argv[i + 1]) == "1";
   }
   if (tokenizer_path.empty() || cases_path.empty()) {
     std::fprintf(stderr, "usage: grammar_bench --tokenizer T --cases C [--out O]\n");
@@ -108,6 +110,11 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       matcher.FillNextTokenBitmask(absl::MakeSpan(mask));
       mask_us.push_back(Ms(Clock::now() - t0) * 1000.0);
+      if (trace) {
+        const int32_t ids_here[1] = {i < ids.size() ? ids[i] : 0};
+        std::fprintf(stderr, "  step %zu %.1f us next '%s'\n", i, mask_us.back(),
+                     i < ids.size() ? (*tokenizer)->DecodeBytes(ids_here, false).c_str() : "<end>");
+      }
       if (i == ids.size()) break;
       if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u) || !matcher.AcceptToken(ids[i])) {
         ok = false;

@@ -43,7 +43,6 @@ void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
   std::fill(bitmask.begin(), bitmask.end(), 0u);
   const TokenVocab& vocab = grammar_->vocab();
   auto set = [&](int32_t id) { bitmask[id >> 5] |= 1u << (id & 31); };
-  auto is_set = [&](int32_t id) { return (bitmask[id >> 5] >> (id & 31)) & 1u; };
   if (!terminated_) {
     seen_states_.clear();
     for (int32_t top : tops_) {
@@ -60,9 +59,23 @@ void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
           for (int32_t id : t.accepted_ids) set(id);
         }
       }
-      for (int32_t id : t.uncertain_ids) {
-        if (!is_set(id) && CheckToken(top, vocab.token_bytes(id))) set(id);
+      if (t.uncertain_ids.empty()) continue;
+      // Whether an uncertain token fits depends only on the states of the whole stack: steps
+      // with the same stack (e.g. every token inside one JSON string) reuse the result.
+      stack_key_.clear();
+      for (int32_t n = top; n >= 0; n = walk_.nodes()[n].parent) {
+        stack_key_.push_back(walk_.nodes()[n].state);
       }
+      auto it = uncertain_cache_.find(stack_key_);
+      if (it == uncertain_cache_.end()) {
+        if (uncertain_cache_.size() >= kUncertainCacheEntries) uncertain_cache_.clear();
+        std::vector<int32_t> fits;
+        for (int32_t id : t.uncertain_ids) {
+          if (CheckToken(top, vocab.token_bytes(id))) fits.push_back(id);
+        }
+        it = uncertain_cache_.emplace(stack_key_, std::move(fits)).first;
+      }
+      for (int32_t id : it->second) set(id);
     }
   }
   if (can_end_ || terminated_) {

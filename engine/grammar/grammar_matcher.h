@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "engine/grammar/compiled_grammar.h"
 #include "engine/grammar/stack_walk.h"
@@ -61,6 +62,10 @@ class GrammarMatcher {
   std::vector<int32_t> tops_;
   bool can_end_ = false;
   bool terminated_ = false;
+  // Uncertain tokens that fit, by the states of the stack from the top down (bounded).
+  static constexpr size_t kUncertainCacheEntries = 256;
+  absl::flat_hash_map<std::vector<int32_t>, std::vector<int32_t>> uncertain_cache_;
+  std::vector<int32_t> stack_key_;
   // Scratch.
   std::vector<int32_t> cur_, next_;
   std::vector<int32_t> seen_states_;
