@@ -10,16 +10,19 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_responses.h"
+#include "services/api/tls_context.h"
 
 namespace sluice {
 namespace {
@@ -27,7 +30,9 @@ namespace {
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
+namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 constexpr size_t kMonitorReadBytes = 4096;
 
@@ -37,15 +42,38 @@ std::string StatusLine(int status) {
                       "\r\n");
 }
 
-// Connection serves one TCP connection, on its own strand. It is the ResponseSink of the
-// request it is answering.
-class Connection : public ResponseSink, public std::enable_shared_from_this<Connection> {
+// Connection serves one TCP connection (Stream: beast::tcp_stream, or TlsStream over it), on
+// its own strand. It is the ResponseSink of the request it is answering.
+template <class Stream>
+class Connection : public ResponseSink, public std::enable_shared_from_this<Connection<Stream>> {
  public:
-  Connection(tcp::socket socket, const HttpServerOptions& options, const HttpHandler& handler)
-      : stream_(std::move(socket)), options_(options), handler_(handler) {}
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  // `tls` (TLS connections only) is kept alive as long as the connection.
+  Connection(tcp::socket socket, const HttpServerOptions& options, const HttpHandler& handler,
+             std::shared_ptr<ssl::context> tls = nullptr)
+      : stream_(MakeStream(std::move(socket), tls.get())),
+        tls_(std::move(tls)),
+        options_(options),
+        handler_(handler) {}
 
   void Run() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
+    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        // The handshake counts against the first request's deadline.
+        self->lowest().expires_after(self->options_.request_timeout);
+        self->stream_.async_handshake(ssl::stream_base::server,
+                                      [self](beast::error_code ec) {
+                                        if (ec) {
+                                          self->Close();
+                                        } else {
+                                          self->DoRead();
+                                        }
+                                      });
+      } else {
+        self->DoRead();
+      }
+    });
   }
 
   void SendResponse(int status, const std::string& content_type, std::string body) override {
@@ -98,9 +126,9 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   void DoRead() {
     if (closed_) return;
     if (num_requests_ > 0 && buffer_.size() == 0) {
-      stream_.expires_after(options_.idle_timeout);
+      lowest().expires_after(options_.idle_timeout);
       stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
-                              [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              [self = this->shared_from_this()](beast::error_code ec, size_t n) {
                                 if (ec) {
                                   self->OnRead(ec);
                                   return;
@@ -119,9 +147,9 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     parser_.emplace();
     parser_->body_limit(options_.body_limit_bytes);
     parser_->header_limit(options_.header_limit_bytes);
-    stream_.expires_after(options_.request_timeout);
+    lowest().expires_after(options_.request_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
                               self->OnHeader(ec);
                             });
   }
@@ -138,7 +166,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     if (beast::iequals(expect, "100-continue")) {
       static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       net::async_write(stream_, net::buffer(kContinue),
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                       [self = this->shared_from_this()](beast::error_code ec, size_t) {
                          if (ec) {
                            self->Close();
                          } else {
@@ -152,14 +180,14 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
 
   void ReadBody() {
     http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
                        self->OnRead(ec);
                      });
   }
 
   void OnRead(beast::error_code ec) {
     if (closed_) return;
-    stream_.expires_never();
+    lowest().expires_never();
     if (ec == http::error::body_limit) {
       RespondAndClose(413, absl::StrCat("request body larger than ", options_.body_limit_bytes,
                                         " bytes"));
@@ -195,7 +223,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     Poster poster = [executor](std::function<void()> task) {
       net::post(executor, std::move(task));
     };
-    handle_ = handler_(info, shared_from_this(), std::move(poster));
+    handle_ = handler_(info, this->shared_from_this(), std::move(poster));
     if (!response_finished_) StartMonitor();
   }
 
@@ -219,7 +247,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     if (buffer_.size() > 0) return;
     monitor_pending_ = true;
     stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
-                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            [self = this->shared_from_this()](beast::error_code ec, size_t n) {
                               self->OnMonitor(ec, n);
                             });
   }
@@ -252,7 +280,7 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     in_flight_.swap(pending_);
     pending_.clear();
     net::async_write(stream_, net::buffer(in_flight_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
                        self->OnWrite(ec);
                      });
   }
@@ -288,16 +316,16 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
   void Linger() {
     if (closed_) return;
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    lowest().socket().shutdown(tcp::socket::shutdown_send, ignored);
     if (monitor_pending_) return;  // OnMonitor sees the client's EOF and closes
-    stream_.expires_after(std::chrono::seconds(2));
+    lowest().expires_after(std::chrono::seconds(2));
     DiscardInput();
   }
 
   void DiscardInput() {
     buffer_.clear();
     stream_.async_read_some(buffer_.prepare(kMonitorReadBytes),
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
                               if (ec) {
                                 self->Close();
                               } else {
@@ -312,11 +340,21 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     if (request_active_ && handle_ != nullptr) handle_->Cancel();
     handle_.reset();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest().socket().close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  static Stream MakeStream(tcp::socket socket, ssl::context* tls) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *tls);
+    } else {
+      return Stream(std::move(socket));
+    }
+  }
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+
+  Stream stream_;
+  std::shared_ptr<ssl::context> tls_;
   const HttpServerOptions& options_;
   const HttpHandler& handler_;
   beast::flat_buffer buffer_;
@@ -347,6 +385,12 @@ class HttpServer::Impl {
         accept_backoff_(acceptor_.get_executor()) {}
 
   absl::Status Listen() {
+    if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+      absl::StatusOr<std::unique_ptr<TlsContextSource>> tls =
+          TlsContextSource::Create(options_.tls_cert_file, options_.tls_key_file);
+      if (!tls.ok()) return tls.status();
+      tls_ = *std::move(tls);
+    }
     beast::error_code ec;
     const net::ip::address address = net::ip::make_address(options_.host, ec);
     if (ec) return absl::InvalidArgumentError(absl::StrCat("bad host '", options_.host, "'"));
@@ -391,9 +435,15 @@ class HttpServer::Impl {
                              }
                              if (!ec) {
                                socket.set_option(tcp::no_delay(true), ec);
-                               std::make_shared<Connection>(std::move(socket), options_,
-                                                            handler_)
-                                   ->Run();
+                               if (tls_ != nullptr) {
+                                 std::make_shared<Connection<TlsStream>>(
+                                     std::move(socket), options_, handler_, tls_->Current())
+                                     ->Run();
+                               } else {
+                                 std::make_shared<Connection<beast::tcp_stream>>(
+                                     std::move(socket), options_, handler_)
+                                     ->Run();
+                               }
                              } else if (ec == net::error::no_descriptors ||
                                         ec == net::error::no_buffer_space ||
                                         ec == net::error::no_memory) {
@@ -411,6 +461,7 @@ class HttpServer::Impl {
 
   HttpServerOptions options_;
   HttpHandler handler_;
+  std::unique_ptr<TlsContextSource> tls_;  // null: plain HTTP
   net::io_context ioc_;
   tcp::acceptor acceptor_;
   net::steady_timer accept_backoff_;  // on the acceptor's strand

@@ -31,6 +31,10 @@ struct HttpServerOptions {
   uint32_t header_limit_bytes = 64u << 10;      // larger request heads get 431
   std::chrono::seconds idle_timeout{300};       // keep-alive wait for the next request
   std::chrono::seconds request_timeout{60};     // whole header + body, from its first byte
+  // HTTPS: PEM certificate chain and private key; both empty: plain HTTP. The files are
+  // re-read when they change (checked at most once a second, on accept).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 // HttpHandler answers one request through the sink (see OpenAiService::Handle). It runs on the
@@ -41,7 +45,7 @@ using HttpHandler = std::function<std::shared_ptr<RequestHandle>(
 class HttpServer {
  public:
   // Start binds, listens and starts the io threads. Errors: InvalidArgument (bad host
-  // address), Unavailable (bind/listen failed, e.g. the port is in use).
+  // address, unusable TLS files), Unavailable (bind/listen failed, e.g. the port is in use).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
                                                            HttpHandler handler);
   ~HttpServer();  // Stop()

@@ -19,6 +19,7 @@
 #include "services/serve/eval_command.h"
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/server_limits.h"
+#include "services/serve/tls_flags.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   sluice::AddApiAuthFlags(*serve_cmd, serve.auth);
   sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
+  sluice::AddTlsFlags(*serve_cmd, serve.http);
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;
@@ -194,6 +196,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"kv", "load", "round_robin"}));
   sluice::AddApiAuthFlags(*router_cmd, router.auth);
   sluice::AddHttpLimitFlags(*router_cmd, router.http);
+  sluice::AddTlsFlags(*router_cmd, router.http);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,

@@ -25,6 +25,7 @@
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
 #include "services/serve/server_limits.h"
+#include "services/serve/tls_flags.h"
 #include "services/serve/model_runtime.h"
 
 namespace sluice {
@@ -147,7 +148,7 @@ int RunRouter(const RouterOptions& options) {
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
-                           grpc::InsecureServerCredentials(), &grpc_port);
+                           GrpcServerCredentials(options.http), &grpc_port);
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder.RegisterService(&registry_service);
   builder.RegisterService(&inference_service);
@@ -215,7 +216,8 @@ int RunRouter(const RouterOptions& options) {
   }
   spdlog::info("router for model '{}', max_model_len {}", model_name,
                backend_options.max_model_len);
-  std::printf("Sluice router listening on http://%s:%u grpc %s:%d\n", options.http.host.c_str(),
+  std::printf("Sluice router listening on %s://%s:%u grpc %s:%d\n", Scheme(options.http),
+              options.http.host.c_str(),
               static_cast<unsigned>((*server)->port()), options.grpc_host.c_str(), grpc_port);
   std::fflush(stdout);
 

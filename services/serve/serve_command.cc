@@ -13,6 +13,7 @@
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
 #include "services/serve/server_limits.h"
+#include "services/serve/tls_flags.h"
 
 namespace sluice {
 
@@ -63,7 +64,7 @@ int RunServe(const ServeOptions& options) {
     grpc::ServerBuilder builder;
     int grpc_port = 0;
     builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
-                             grpc::InsecureServerCredentials(), &grpc_port);
+                             GrpcServerCredentials(options.http), &grpc_port);
     builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
     builder.RegisterService(grpc_service.get());
     grpc_server = builder.BuildAndStart();
@@ -74,7 +75,8 @@ int RunServe(const ServeOptions& options) {
     grpc_listening = absl::StrCat(" grpc ", options.grpc_host, ":", grpc_port);
   }
   spdlog::info("serving model '{}'", runtime->served_model_name);
-  std::printf("Sluice listening on http://%s:%u%s\n", options.http.host.c_str(),
+  std::printf("Sluice listening on %s://%s:%u%s\n", Scheme(options.http),
+              options.http.host.c_str(),
               static_cast<unsigned>((*server)->port()), grpc_listening.c_str());
   std::fflush(stdout);
 
