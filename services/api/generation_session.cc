@@ -60,6 +60,7 @@ void GenerationSession::Start() {
     engine_request.prompt_token_ids = request_.prompts[c / request_.n];
     engine_request.sampling = request_.sampling;
     engine_request.cache_salt = request_.cache_salt;
+    engine_request.grammar = request_.grammar;
     if (request_.sampling.seed.has_value()) {
       engine_request.sampling.seed = *request_.sampling.seed + static_cast<uint64_t>(c);
     }

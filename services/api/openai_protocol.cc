@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/api/openai_errors.h"
+#include "services/api/structured_output.h"
 
 namespace sluice {
 namespace {
@@ -100,12 +101,8 @@ absl::Status RejectUnsupported(const json& body, Endpoint endpoint) {
   }
   for (const char* name :
        {"function_call", "parallel_tool_calls", "prediction", "audio", "web_search_options",
-        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "logits_processors", "prompt_logprobs", "prompt_embeds"}) {
+        "reasoning_effort", "logits_processors", "prompt_logprobs", "prompt_embeds"}) {
     if (Present(body, name) != nullptr) return unsupported(name);
-  }
-  if (const json* v = Present(body, "response_format"); v != nullptr) {
-    if (!v->is_object() || v->value("type", "") != "text") return unsupported("response_format");
   }
   if (const json* v = Present(body, "modalities"); v != nullptr) {
     if (!v->is_array()) return TypeError("modalities", "a list of strings");
@@ -319,6 +316,11 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     const std::string message(s.message());
     return InvalidParam(message.substr(0, message.find(' ')), message);
   }
+  // Structured output, compiled last (the costly check, once the rest is valid).
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      StructuredOutputGrammar(body, context.grammar_compiler);
+  if (!grammar.ok()) return grammar.status();
+  req.grammar = *std::move(grammar);
   return absl::OkStatus();
 }
 

@@ -8,11 +8,13 @@
 #define SLUICE_SERVICES_API_OPENAI_PROTOCOL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/grammar/grammar_compiler.h"
 #include "engine/sample/sampling_params.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -39,6 +41,8 @@ struct GenerationRequest {
   bool echo = false;                          // completions: prepend the prompt text
   bool return_tokens_as_token_ids = false;    // completions logprobs tokens as "token_id:N"
   std::string cache_salt;                     // prefix-cache namespace (vLLM extra), 1..256 B
+  // Structured output (response_format, structured_outputs, guided_*): null when unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -49,6 +53,9 @@ struct ParseContext {
   const ChatTemplate* chat_template = nullptr;  // null: chat requests get 400
   std::string served_model_name;
   int32_t max_model_len = 0;  // prompt + output tokens per sequence
+  // Compiles structured-output constraints (services/api/structured_output.h); null: they are
+  // refused with 400.
+  grammar::GrammarCompiler* grammar_compiler = nullptr;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

@@ -13,8 +13,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "engine/grammar/grammar_compiler.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +30,10 @@ namespace sluice {
 struct OpenAiServiceOptions {
   std::string served_model_name;
   int64_t max_concurrent_requests = 512;  // generation requests in flight before 503
+  // Structured outputs (response_format, structured_outputs, guided_*): compiled here against
+  // the tokenizer's vocabulary and enforced by the engine. False: such requests get 400 (a
+  // backend that cannot carry a grammar, e.g. the router's remote workers).
+  bool enable_structured_outputs = true;
 };
 
 class OpenAiService {
@@ -56,6 +62,9 @@ class OpenAiService {
  private:
   void SendError(ResponseSink& sink, const std::string& endpoint, const absl::Status& status);
   nlohmann::json ModelCard() const;
+  // GrammarCompiler is built on first use (the vocabulary walk costs ~0.1 s on 128k tokens);
+  // null when structured outputs are off.
+  grammar::GrammarCompiler* grammar_compiler();
 
   InferenceBackend* backend_;
   const Tokenizer* tokenizer_;
@@ -64,6 +73,8 @@ class OpenAiService {
   ApiMetrics metrics_;
   std::atomic<int64_t> in_flight_{0};
   int64_t created_;  // Unix seconds, for the model card
+  std::once_flag grammar_once_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
 };
 
 }  // namespace sluice

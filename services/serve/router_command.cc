@@ -117,6 +117,9 @@ int RunRouter(const RouterOptions& options) {
   OpenAiServiceOptions service_options;
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
+  // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
+  // than drop them.
+  service_options.enable_structured_outputs = false;
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();
