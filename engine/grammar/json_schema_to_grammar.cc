@@ -68,15 +68,25 @@ Expr NonNegRange(uint64_t a, uint64_t b) {
   return Choice(std::move(alts));
 }
 
+// Open-ended numbers are capped at kMaxDigits integer digits, kMaxFractionDigits fraction
+// digits and kMaxExponentDigits exponent digits: a double holds no more, and a model stuck
+// repeating a digit must still close the value within max_tokens.
+constexpr int32_t kMaxDigits = 16;
+constexpr int32_t kMaxFractionDigits = 16;
+constexpr int32_t kMaxExponentDigits = 3;
+
 Expr NonNegAtLeast(uint64_t a) {
   if (a == 0) {
-    return Choice({Literal("0"), Sequence({Digits('1', '9'), Star(Digits('0', '9'))})});
+    return Choice({Literal("0"), Sequence({Digits('1', '9'), Repeat(Digits('0', '9'), 0, kMaxDigits - 1)})});
   }
   const std::string sa = std::to_string(a);
+  const int32_t len = static_cast<int32_t>(sa.size());
   return Choice({NonNegRange(a, Pow10(sa.size()) - 1),
                  Sequence({Digits('1', '9'),
-                           Repeat(Digits('0', '9'), static_cast<int32_t>(sa.size()), -1)})});
+                           Repeat(Digits('0', '9'), len, std::max(len, kMaxDigits - 1))})});
 }
+
+Expr Fraction() { return Sequence({Literal("."), Repeat(Digits('0', '9'), 1, kMaxFractionDigits)}); }
 
 }  // namespace
 
@@ -178,7 +188,8 @@ const char* FormatRegex(const std::string& format) {
           {"date-time",
            R"([0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))"},
           {"uuid", R"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"},
-          {"email", R"([A-Za-z0-9_+-]+(\.[A-Za-z0-9_+-]+)*@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+)"},
+          // Bounded (local part <= 4 dot-separated atoms, <= 5 domain labels) so the value ends.
+          {"email", R"([A-Za-z0-9_+-]{1,32}(\.[A-Za-z0-9_+-]{1,32}){0,3}@[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?){1,4})"},
           {"ipv4", R"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3})"},
       };
   auto it = kFormats->find(format);
@@ -268,11 +279,10 @@ class SchemaCompiler {
     if (number_rule_ < 0) {
       number_rule_ = g_.AddRule(
           "number",
-          Sequence({Optional(Literal("-")), NonNegAtLeast(0),
-                    Optional(Sequence({Literal("."), Plus(Digits('0', '9'))})),
+          Sequence({Optional(Literal("-")), NonNegAtLeast(0), Optional(Fraction()),
                     Optional(Sequence({CharClass({{'e', 'e'}, {'E', 'E'}}),
                                        Optional(CharClass({{'+', '+'}, {'-', '-'}})),
-                                       Plus(Digits('0', '9'))}))}));
+                                       Repeat(Digits('0', '9'), 1, kMaxExponentDigits)}))}));
     }
     return number_rule_;
   }
@@ -667,8 +677,7 @@ class SchemaCompiler {
           "unsupported JSON Schema bounds for type 'number' at ", path,
           " (only an integral, non-negative 'minimum' is supported; use type 'integer' for ranges)"));
     }
-    return Sequence({NonNegAtLeast(static_cast<uint64_t>(*lo)),
-                     Optional(Sequence({Literal("."), Plus(Digits('0', '9'))}))});
+    return Sequence({NonNegAtLeast(static_cast<uint64_t>(*lo)), Optional(Fraction())});
   }
 
   absl::StatusOr<Expr> VisitObject(const json& s, const std::string& path, int depth) {

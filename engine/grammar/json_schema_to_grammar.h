@@ -11,6 +11,7 @@
 // pattern (regex_to_grammar.h subset), minLength, maxLength, format (date, time, date-time,
 // uuid, email, ipv4, ipv6 not supported), minimum / maximum / exclusiveMinimum /
 // exclusiveMaximum for integers (and integral, non-negative lower bounds on numbers).
+// Open-ended numbers have at most 16 integer digits, 16 fraction digits and 3 exponent digits.
 // Annotations (title, description, default, examples, $schema, $id, $comment, deprecated,
 // readOnly, writeOnly, discriminator, x-*) are ignored. Every other keyword is an error: a
 // constraint is never dropped silently.

@@ -71,6 +71,7 @@ void GenerationSession::Start() {
     engine_request.sampling = request_.sampling;
     engine_request.cache_salt = request_.cache_salt;
     engine_request.sampling.choice_index = static_cast<uint32_t>(c);  // choices share the seed
+    engine_request.grammar = request_.grammar;
     // The callback keeps the session alive until the engine's final output is handled.
     std::shared_ptr<GenerationSession> self = shared_from_this();
     Poster poster = poster_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_fields.h"
+#include "services/api/structured_output.h"
 
 namespace sluice {
 namespace {
@@ -401,6 +402,11 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     const std::string message(s.message());
     return InvalidParam(message.substr(0, message.find(' ')), message);
   }
+  // Structured output, compiled last (the costly check, once the rest is valid).
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      StructuredOutputGrammar(body, context.grammar_compiler);
+  if (!grammar.ok()) return grammar.status();
+  req.grammar = *std::move(grammar);
   return absl::OkStatus();
 }
 

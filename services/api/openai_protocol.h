@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/grammar/grammar_compiler.h"
 #include "engine/sample/sampling_params.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -54,6 +56,8 @@ struct GenerationRequest {
   std::vector<std::string> unknown_fields;
   // /v1/responses: the request fields its Response object echoes (responses_api.h).
   nlohmann::json responses_echo;
+  // Structured output (response_format, structured_outputs, guided_*): null when unconstrained.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -67,6 +71,9 @@ struct ParseContext {
   // Fields outside the endpoint's table are accepted (listed in unknown_fields) instead of
   // refused with 400 (`--allow-unknown-fields`).
   bool allow_unknown_fields = false;
+  // Compiles structured-output constraints (services/api/structured_output.h); null: they are
+  // refused with 400.
+  grammar::GrammarCompiler* grammar_compiler = nullptr;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

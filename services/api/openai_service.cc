@@ -90,6 +90,17 @@ bool OpenAiService::Authorize(const HttpRequestInfo& request, ResponseSink& sink
   return true;
 }
 
+grammar::GrammarCompiler* OpenAiService::grammar_compiler() {
+  if (!options_.enable_structured_outputs || tokenizer_ == nullptr) return nullptr;
+  std::call_once(grammar_once_, [this] {
+    // EOS ids are the engine's business (the matcher gets them there); special tokens never
+    // match grammar text.
+    grammar_compiler_ = std::make_unique<grammar::GrammarCompiler>(
+        grammar::TokenVocab::FromTokenizer(*tokenizer_, /*eos_token_ids=*/{}));
+  });
+  return grammar_compiler_.get();
+}
+
 std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& request,
                                                      std::shared_ptr<ResponseSink> sink,
                                                      Poster poster) {
@@ -192,6 +203,7 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
   context.chat_template = chat_template_;
   context.served_model_name = options_.served_model_name;
   context.max_model_len = backend_->max_model_len();
+  context.grammar_compiler = grammar_compiler();
   context.allow_unknown_fields = options_.allow_unknown_fields;
   absl::StatusOr<GenerationRequest> request =
       endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)

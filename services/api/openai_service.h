@@ -16,8 +16,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "engine/grammar/grammar_compiler.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -37,6 +39,10 @@ struct OpenAiServiceOptions {
   bool allow_unknown_fields = false;
   ApiAuth* auth = nullptr;                // borrowed; null: the API is open
   int32_t max_choices_per_request = 1024; // prompts × n of one request; more → 400
+  // Structured outputs (response_format, structured_outputs, guided_*): compiled here against
+  // the tokenizer's vocabulary and enforced by the engine. False: such requests get 400 (a
+  // backend that cannot carry a grammar, e.g. the router's remote workers).
+  bool enable_structured_outputs = true;
 };
 
 class OpenAiService {
@@ -72,6 +78,9 @@ class OpenAiService {
  private:
   void SendError(ResponseSink& sink, const std::string& endpoint, const absl::Status& status);
   nlohmann::json ModelCard() const;
+  // GrammarCompiler is built on first use (the vocabulary walk costs ~0.1 s on 128k tokens);
+  // null when structured outputs are off.
+  grammar::GrammarCompiler* grammar_compiler();
 
   InferenceBackend* backend_;
   const Tokenizer* tokenizer_;
@@ -80,6 +89,8 @@ class OpenAiService {
   ApiMetrics metrics_;
   std::atomic<int64_t> in_flight_{0};
   int64_t created_;  // Unix seconds, for the model card
+  std::once_flag grammar_once_;
+  std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
 };
 
 }  // namespace sluice

@@ -125,6 +125,9 @@ int RunRouter(const RouterOptions& options) {
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
   service_options.auth = auth->get();
+  // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
+  // than drop them.
+  service_options.enable_structured_outputs = false;
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();

@@ -1,0 +1,174 @@
+#include "services/api/structured_output.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/api/openai_errors.h"
+
+namespace sluice {
+namespace {
+
+using grammar::GrammarKind;
+using grammar::GrammarSpec;
+using nlohmann::json;
+
+const json* Present(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// SchemaText accepts a schema given as an object/boolean or as JSON text.
+absl::StatusOr<std::string> SchemaText(const json& v, const std::string& param) {
+  if (v.is_object() || v.is_boolean()) return v.dump();
+  if (v.is_string()) {
+    json parsed = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
+      return InvalidParam(param, absl::StrCat("'", param, "' is not a valid JSON schema"));
+    }
+    return parsed.dump();
+  }
+  return InvalidParam(param, absl::StrCat("'", param, "' must be a JSON schema object"));
+}
+
+absl::StatusOr<std::vector<std::string>> Choices(const json& v, const std::string& param) {
+  if (!v.is_array() || v.empty()) {
+    return InvalidParam(param, absl::StrCat("'", param, "' must be a non-empty list of strings"));
+  }
+  std::vector<std::string> out;
+  for (const json& c : v) {
+    if (!c.is_string()) {
+      return InvalidParam(param, absl::StrCat("'", param, "' must be a list of strings"));
+    }
+    out.push_back(c.get<std::string>());
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> String(const json& v, const std::string& param) {
+  if (!v.is_string()) return InvalidParam(param, absl::StrCat("'", param, "' must be a string"));
+  return v.get<std::string>();
+}
+
+// FromVllmFields reads {json, regex, choice, grammar, json_object} style fields: `names` maps
+// each kind to its field name in `obj`; `prefix` names them in errors.
+absl::Status AddVllm(const json& obj, const std::string& prefix, const char* json_name,
+                     const char* regex_name, const char* choice_name, const char* grammar_name,
+                     std::vector<StructuredOutputRequest>* found) {
+  auto param = [&](const char* name) { return absl::StrCat(prefix, name); };
+  if (const json* v = Present(obj, json_name)) {
+    absl::StatusOr<std::string> text = SchemaText(*v, param(json_name));
+    if (!text.ok()) return text.status();
+    found->push_back({GrammarSpec{GrammarKind::kJsonSchema, *text, {}}, param(json_name)});
+  }
+  if (const json* v = Present(obj, regex_name)) {
+    absl::StatusOr<std::string> text = String(*v, param(regex_name));
+    if (!text.ok()) return text.status();
+    found->push_back({GrammarSpec{GrammarKind::kRegex, *text, {}}, param(regex_name)});
+  }
+  if (const json* v = Present(obj, choice_name)) {
+    absl::StatusOr<std::vector<std::string>> choices = Choices(*v, param(choice_name));
+    if (!choices.ok()) return choices.status();
+    found->push_back({GrammarSpec{GrammarKind::kChoice, "", *choices}, param(choice_name)});
+  }
+  if (const json* v = Present(obj, grammar_name)) {
+    absl::StatusOr<std::string> text = String(*v, param(grammar_name));
+    if (!text.ok()) return text.status();
+    found->push_back({GrammarSpec{GrammarKind::kEbnf, *text, {}}, param(grammar_name)});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(const json& body) {
+  std::vector<StructuredOutputRequest> found;
+  if (const json* rf = Present(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string()) {
+      return InvalidParam("response_format", "'response_format' must be an object with a 'type'");
+    }
+    const std::string type = (*rf)["type"].get<std::string>();
+    if (type == "json_object") {
+      found.push_back({GrammarSpec{GrammarKind::kJsonObject, "", {}}, "response_format"});
+    } else if (type == "json_schema") {
+      const json* js = Present(*rf, "json_schema");
+      if (js == nullptr || !js->is_object()) {
+        return InvalidParam("response_format",
+                            "response_format type 'json_schema' needs a 'json_schema' object");
+      }
+      const json* schema = Present(*js, "schema");
+      if (schema == nullptr) {
+        return InvalidParam("response_format", "'response_format.json_schema.schema' is required");
+      }
+      absl::StatusOr<std::string> text = SchemaText(*schema, "response_format");
+      if (!text.ok()) return text.status();
+      found.push_back({GrammarSpec{GrammarKind::kJsonSchema, *text, {}}, "response_format"});
+    } else if (type != "text") {
+      return InvalidParam("response_format",
+                          absl::StrCat("response_format type '", type,
+                                       "' is not supported (use text, json_object or json_schema)"));
+    }
+  }
+  if (const json* so = Present(body, "structured_outputs")) {
+    if (!so->is_object()) {
+      return InvalidParam("structured_outputs", "'structured_outputs' must be an object");
+    }
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      static const char* kKnown[] = {"json", "regex", "choice", "grammar", "json_object",
+                                     "disable_fallback", "disable_any_whitespace",
+                                     "disable_additional_properties", "whitespace_pattern"};
+      if (std::find_if(std::begin(kKnown), std::end(kKnown),
+                       [&](const char* k) { return it.key() == k; }) == std::end(kKnown)) {
+        return InvalidParam("structured_outputs",
+                            absl::StrCat("'structured_outputs.", it.key(), "' is not supported"));
+      }
+    }
+    if (const json* w = Present(*so, "whitespace_pattern")) {
+      (void)w;
+      return InvalidParam("structured_outputs",
+                          "'structured_outputs.whitespace_pattern' is not supported");
+    }
+    absl::Status st = AddVllm(*so, "structured_outputs.", "json", "regex", "choice", "grammar", &found);
+    if (!st.ok()) return st;
+    if (const json* v = Present(*so, "json_object"); v != nullptr && v->is_boolean() && v->get<bool>()) {
+      found.push_back({GrammarSpec{GrammarKind::kJsonObject, "", {}}, "structured_outputs.json_object"});
+    }
+  }
+  absl::Status st = AddVllm(body, "", "guided_json", "guided_regex", "guided_choice",
+                            "guided_grammar", &found);
+  if (!st.ok()) return st;
+  if (found.empty()) return std::optional<StructuredOutputRequest>();
+  if (found.size() > 1) {
+    return InvalidParam(found[1].param,
+                        absl::StrCat("only one output constraint may be given, got '",
+                                     found[0].param, "' and '", found[1].param, "'"));
+  }
+  return std::optional<StructuredOutputRequest>(std::move(found[0]));
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileStructuredOutput(
+    const StructuredOutputRequest& request, grammar::GrammarCompiler& compiler) {
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g = compiler.Compile(request.spec);
+  if (!g.ok()) {
+    return InvalidParam(request.param, absl::StrCat("invalid '", request.param, "': ",
+                                                    g.status().message()));
+  }
+  return g;
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> StructuredOutputGrammar(
+    const json& body, grammar::GrammarCompiler* compiler) {
+  absl::StatusOr<std::optional<StructuredOutputRequest>> request = ParseStructuredOutput(body);
+  if (!request.ok()) return request.status();
+  if (!request->has_value()) return std::shared_ptr<const grammar::CompiledGrammar>();
+  if (compiler == nullptr) {
+    return InvalidParam((*request)->param, absl::StrCat("'", (*request)->param,
+                                                        "' is not supported by this server"));
+  }
+  return CompileStructuredOutput(**request, *compiler);
+}
+
+}  // namespace sluice

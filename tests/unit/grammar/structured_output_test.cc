@@ -1,0 +1,101 @@
+// Structured-output request fields: which constraint a body asks for, and 400s naming the field
+// and the problem.
+#include <string>
+
+#include "engine/grammar/grammar_matcher.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/api/openai_errors.h"
+#include "services/api/structured_output.h"
+#include "tests/unit/grammar/grammar_test_util.h"
+
+namespace sluice {
+namespace {
+
+using grammar::GrammarKind;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(StructuredOutputTest, ParsesEveryFieldSpelling) {
+  struct Case {
+    json body;
+    GrammarKind kind;
+    std::string param;
+  };
+  const json schema = {{"type", "integer"}};
+  const std::vector<Case> cases = {
+      {{{"response_format", {{"type", "json_object"}}}}, GrammarKind::kJsonObject, "response_format"},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", schema}, {"strict", true}}}}}},
+       GrammarKind::kJsonSchema, "response_format"},
+      {{{"structured_outputs", {{"json", schema}}}}, GrammarKind::kJsonSchema, "structured_outputs.json"},
+      {{{"structured_outputs", {{"regex", "a+"}}}}, GrammarKind::kRegex, "structured_outputs.regex"},
+      {{{"structured_outputs", {{"choice", {"a", "b"}}}}}, GrammarKind::kChoice, "structured_outputs.choice"},
+      {{{"structured_outputs", {{"grammar", "root ::= \"a\""}}}}, GrammarKind::kEbnf, "structured_outputs.grammar"},
+      {{{"structured_outputs", {{"json_object", true}}}}, GrammarKind::kJsonObject, "structured_outputs.json_object"},
+      {{{"guided_json", schema.dump()}}, GrammarKind::kJsonSchema, "guided_json"},
+      {{{"guided_regex", "a+"}}, GrammarKind::kRegex, "guided_regex"},
+      {{{"guided_choice", {"a"}}}, GrammarKind::kChoice, "guided_choice"},
+      {{{"guided_grammar", "root ::= \"a\""}}, GrammarKind::kEbnf, "guided_grammar"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseStructuredOutput(c.body);
+    ASSERT_TRUE(r.ok()) << c.body.dump() << r.status();
+    ASSERT_TRUE(r->has_value()) << c.body.dump();
+    EXPECT_EQ((*r)->spec.kind, c.kind) << c.body.dump();
+    EXPECT_EQ((*r)->param, c.param);
+  }
+  for (const json& none : {json::object(), json{{"response_format", {{"type", "text"}}}},
+                           json{{"guided_json", nullptr}}}) {
+    auto r = ParseStructuredOutput(none);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->has_value()) << none.dump();
+  }
+}
+
+TEST(StructuredOutputTest, BadConstraintsAre400NamingTheField) {
+  grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
+  struct Case {
+    json body;
+    std::string param, message;
+  };
+  const std::vector<Case> cases = {
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", {{"enum", json::array()}}}}}}}},
+       "response_format", "empty 'enum'"},
+      {{{"guided_json", {{"type", "object"}, {"patternProperties", json::object()}}}}, "guided_json", "patternProperties"},
+      {{{"guided_json", "{oops"}}, "guided_json", "not a valid JSON schema"},
+      {{{"guided_regex", "(a)\\1"}}, "guided_regex", "backreference"},
+      {{{"guided_grammar", "root ::= [a-"}}, "guided_grammar", "grammar syntax error"},
+      {{{"guided_choice", json::array()}}, "guided_choice", "non-empty list"},
+      {{{"guided_regex", "a"}, {"guided_choice", {"a"}}}, "guided_choice", "only one output constraint"},
+      {{{"response_format", {{"type", "xml"}}}}, "response_format", "'xml' is not supported"},
+      {{{"response_format", {{"type", "json_schema"}}}}, "response_format", "needs a 'json_schema' object"},
+      {{{"structured_outputs", {{"regexp", "a"}}}}, "structured_outputs", "'structured_outputs.regexp' is not supported"},
+  };
+  for (const Case& c : cases) {
+    auto g = StructuredOutputGrammar(c.body, &compiler);
+    ASSERT_FALSE(g.ok()) << c.body.dump();
+    EXPECT_EQ(HttpStatusFor(g.status()), 400);
+    const json error = OpenAiErrorJson(g.status());
+    EXPECT_EQ(error["error"]["param"], c.param) << c.body.dump();
+    EXPECT_THAT(error["error"]["message"].get<std::string>(), HasSubstr(c.message)) << c.body.dump();
+  }
+  // Without a compiler (structured outputs off) a constraint is refused by name.
+  auto off = StructuredOutputGrammar(json{{"guided_regex", "a"}}, nullptr);
+  ASSERT_FALSE(off.ok());
+  EXPECT_EQ(OpenAiErrorJson(off.status())["error"]["param"], "guided_regex");
+}
+
+TEST(StructuredOutputTest, CompilesWhatItParsed) {
+  grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
+  auto g = StructuredOutputGrammar(json{{"structured_outputs", {{"regex", "[0-9]{2}"}}}}, &compiler);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_NE(*g, nullptr);
+  EXPECT_TRUE(grammar::testing::FullMatch(*g, "42"));
+  EXPECT_FALSE(grammar::testing::FullMatch(*g, "4"));
+  auto none = StructuredOutputGrammar(json::object(), &compiler);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+}
+
+}  // namespace
+}  // namespace sluice
