@@ -34,6 +34,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_split.h"
+#include "build_paths.h"
 #include "engine/model/model.h"
 #include "engine/sched/llm_engine.h"
 #include "engine/spec/draft_model_drafter.h"

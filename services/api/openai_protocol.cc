@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/tokenizer/jinja/value.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_fields.h"
 #include "services/api/structured_output.h"
@@ -546,12 +547,29 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
     extra["bos_token"] = context.chat_template->bos_token();
     extra["eos_token"] = context.chat_template->eos_token();
   }
+  // Template variables are copied (recursively): a nesting the renderer refuses anyway is
+  // refused before the copy, so a deep body cannot exhaust the stack.
+  const auto too_deep = [](const json& value) {
+    return jinja::Value::JsonDepth(value, jinja::kMaxValueDepth) > jinja::kMaxValueDepth;
+  };
   if (const json* docs = Present(body, "documents"); docs != nullptr) {
     if (!docs->is_array()) return TypeError("documents", "a list of objects");
+    for (const json& doc : *docs) {
+      if (!doc.is_object()) return TypeError("documents", "a list of objects");
+    }
+    if (too_deep(*docs)) {
+      return InvalidParam("documents", absl::StrCat("'documents' is nested deeper than ",
+                                                    jinja::kMaxValueDepth, " levels"));
+    }
     extra["documents"] = *docs;
   }
   if (const json* kwargs = Present(body, "chat_template_kwargs"); kwargs != nullptr) {
     if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object");
+    if (too_deep(*kwargs)) {
+      return InvalidParam("chat_template_kwargs",
+                          absl::StrCat("'chat_template_kwargs' is nested deeper than ",
+                                       jinja::kMaxValueDepth, " levels"));
+    }
     for (const auto& [key, value] : kwargs->items()) {
       if (key == "messages") {
         return InvalidParam("chat_template_kwargs",
