@@ -94,6 +94,25 @@ TEST_F(ProtocolTest, ChatContentPartsAreJoinedAndOtherPartTypesRejected) {
   ExpectChatError({{"messages", {{{"content", "no role"}}}}}, "messages");
 }
 
+TEST_F(ProtocolTest, DeeplyNestedTemplateVariablesAreRefusedBeforeTheyAreCopied) {
+  // 300,000 levels (a 600 kB body): copying such a value into the template context recursed
+  // until the stack overflowed. The body is parsed, never copied, here too.
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  for (const std::string field : {"documents", "chat_template_kwargs"}) {
+    const std::string value =
+        field == "documents" ? "[{\"x\":" + deep + "}]" : "{\"x\":" + deep + "}";
+    const json body = json::parse(
+        R"({"model":"mini","messages":[{"role":"user","content":"Hi"}],")" + field + "\":" + value +
+        "}");
+    absl::StatusOr<GenerationRequest> r = ParseChatCompletionRequest(body, context_);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(HttpStatusFor(r.status()), 400) << r.status();
+    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], field) << r.status();
+  }
+  ExpectChatError({{"documents", {5}}}, "documents");
+  ExpectChatError({{"documents", {{1}}}}, "documents");
+}
+
 TEST_F(ProtocolTest, ChatSamplingFieldsAreMapped) {
   absl::StatusOr<GenerationRequest> r = ParseChatCompletionRequest(
       Chat({{"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40}, {"min_p", 0.1}, {"n", 3},
