@@ -82,8 +82,17 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::vector<std::string> texts;
   std::string line;
+  int64_t line_number = 0;
   while (std::getline(in, line)) {
+    ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // Texts travel as JSON strings: invalid UTF-8 would only fail later, inside dump().
+    try {
+      (void)json(line).dump();
+    } catch (const json::type_error&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_number, ": not valid UTF-8"));
+    }
     if (line[0] == '{') {
       json parsed = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (!parsed.is_discarded() && parsed.contains("text") && parsed["text"].is_string()) {
@@ -93,6 +102,7 @@ absl::StatusOr<std::vector<std::string>> ReadTexts(const std::string& path) {
     }
     texts.push_back(line);
   }
+  if (texts.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no text to score"));
   return texts;
 }
 

@@ -7,6 +7,7 @@ and bench/ppl.py compute the same number through the API."""
 import array
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -186,3 +187,18 @@ def test_eval_ppl_subcommand_and_bench_script(base_url, model):
     b = json.loads(bench.stdout)
     assert b["num_tokens"] == len(want)
     assert math.isclose(b["ppl"], result["ppl"], rel_tol=1e-9)
+
+
+def test_eval_ppl_refuses_bad_files(base_url):
+    """A text file that is not UTF-8, or holds no text, is a clear error (exit 1), not a crash."""
+    with tempfile.TemporaryDirectory() as d:
+        cases = {"bad_utf8.txt": b"ok\n\xff\xfe\n", "empty.txt": b"\n  \n"}
+        for name, data in cases.items():
+            path = os.path.join(d, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 1, (name, out.returncode, out.stderr)
+            want = "2: not valid UTF-8" if name == "bad_utf8.txt" else "no text to score"
+            assert want in out.stderr, (name, out.stderr)
