@@ -191,7 +191,17 @@ def test_grpc_inference_needs_a_key(server):
                               timeout=60))
     assert outs[-1].usage.completion_tokens == 2
     # Over a quota: RESOURCE_EXHAUSTED with a retry-after trailer.
-    ok = list(stub.Generate(request, metadata=(("authorization", "Bearer sk-rate"),), timeout=60))
+    # The key's bucket (0.2/s) may still be empty from the HTTP tests: wait for it to refill.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            ok = list(stub.Generate(request, metadata=(("authorization", "Bearer sk-rate"),),
+                                    timeout=60))
+            break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                raise
+            time.sleep(float(dict(e.trailing_metadata()).get("retry-after", "1")))
     assert ok[-1].usage.completion_tokens == 2
     call = stub.Generate(request, metadata=(("authorization", "Bearer sk-rate"),), timeout=60)
     with pytest.raises(grpc.RpcError) as err:
