@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "engine/tokenizer/byte_level.h"
 
 namespace sluice::grammar {
 
@@ -21,7 +22,7 @@ absl::StatusOr<std::pair<char32_t, size_t>> DecodeEscapedChar(absl::string_view 
 std::pair<char32_t, size_t> DecodeUtf8Char(absl::string_view text);
 
 // AppendCodepoint appends the UTF-8 encoding of `cp` (a Unicode scalar value).
-void AppendCodepoint(char32_t cp, std::string* out);
+inline void AppendCodepoint(char32_t cp, std::string* out) { byte_level::AppendUtf8(cp, out); }
 
 }  // namespace sluice::grammar
 

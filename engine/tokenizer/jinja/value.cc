@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "engine/tokenizer/byte_level.h"
 
 namespace sluice::jinja {
 
@@ -232,20 +233,8 @@ std::vector<uint32_t> Utf8Decode(absl::string_view s) {
 void Utf8Append(uint32_t cp, std::string* out) {
   if (cp >= 0xDC80 && cp <= 0xDCFF) {
     out->push_back(static_cast<char>(cp - 0xDC00));
-  } else if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    byte_level::AppendUtf8(static_cast<char32_t>(cp), out);
   }
 }
 
