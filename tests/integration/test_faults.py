@@ -296,15 +296,15 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
 
 
 def test_sigterm_decode_worker_under_load_fails_nothing(reference):
-    reference.warm([(i, 64) for i in range(8)])
+    reference.warm([(i, 256) for i in range(8)])
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": ["--drain-timeout-s",
-                                                                         "0.3"]})
+                                                                         "0"]})
     try:
         client = client_for(cluster.url)
         n = 8
         counts = {}
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            futures = [pool.submit(stream, client, i, 64, counts) for i in range(n)]
+            futures = [pool.submit(stream, client, i, 256, counts) for i in range(n)]
             wait_until(lambda: all(counts.get(i, 0) >= 5 or futures[i].done()
                                    for i in range(n)), 120, "every stream under way")
             victim = busiest_decode_worker(cluster)
@@ -312,12 +312,12 @@ def test_sigterm_decode_worker_under_load_fails_nothing(reference):
             proc.send_signal(signal.SIGTERM)
             outputs = [f.result(timeout=600) for f in futures]
             assert proc.wait(timeout=30) == 0
-        assert outputs == [reference[(i, 64)] for i in range(n)]
+        assert outputs == [reference[(i, 256)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         moved = cluster.metric("sluice_router_migrations_total")
-        assert moved >= 1  # 0.3 s cannot finish 64-token streams: the rest moved
+        assert moved >= 1  # no drain time: 256-token streams under way are cut and move
         print(f"\nSIGTERM under load: {n} streams, 0 failed, {moved:.0f} moved after the "
-              "0.3 s drain")
+              "cut")
     finally:
         cluster.stop()
 

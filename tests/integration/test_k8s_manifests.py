@@ -159,7 +159,7 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
         resources = container(patch)["resources"]
         ops = [op for p in kustomization["patches"] if "patch" in p
                for op in yaml.safe_load(p["patch"])]
-        assert {"op": "replace", "path": "/spec/template/spec/containers/0/args/16",
+        assert {"op": "replace", "path": "/spec/template/spec/containers/0/args/18",
                 "value": "cpu"} in ops
         args = [op["value"] for op in ops if op["op"] == "add"]
     # One process per pod holding N ranks: N GPUs requested = the parallel sizes.

@@ -30,7 +30,10 @@ def test_decode_worker_with_drafter_matches_serve():
     finally:
         serve.stop()
     cluster = Cluster(num_prefill=1, num_decode=1,
-                      role_args={"decode": ["--speculative-model", str(DRAFT_DIR)]})
+                      role_args={"decode": ["--speculative-model", str(DRAFT_DIR),
+                                            # fixed k: drafts every step, whatever auto's
+                                            # cost model says on this machine
+                                            "--speculative-verify", "3"]})
     try:
         assert chats(cluster.url) == reference
         assert cluster.worker_metric("decode-0", "sluice_spec_decode_num_drafts_total") > 0
