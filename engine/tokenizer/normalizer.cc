@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/bpe_json_util.h"
 #include "engine/tokenizer/byte_level.h"
+#include "engine/tokenizer/replace_pattern.h"
 
 namespace sluice {
 namespace {
@@ -343,20 +344,8 @@ absl::Status Normalizer::AddStep(const nlohmann::json& config, Normalizer* norma
     absl::StatusOr<std::string> content = bpe_json::String(config, "content", "Replace normalizer");
     if (!content.ok()) return content.status();
     step.content = *std::move(content);
-    const nlohmann::json* pattern = bpe_json::Field(config, "pattern");
-    const nlohmann::json* regex = pattern != nullptr ? bpe_json::Field(*pattern, "Regex") : nullptr;
-    const nlohmann::json* literal =
-        pattern != nullptr ? bpe_json::Field(*pattern, "String") : nullptr;
-    if (literal != nullptr && literal->is_string()) {
-      step.pattern = literal->get<std::string>();
-    } else if (regex != nullptr && regex->is_string()) {
-      absl::StatusOr<std::unique_ptr<BpeRegex>> compiled =
-          BpeRegex::Compile(regex->get<std::string>(), /*literal=*/false);
-      if (!compiled.ok()) return compiled.status();
-      step.regex = *std::move(compiled);
-    } else {
-      return absl::InvalidArgumentError("Replace normalizer needs a String or Regex pattern");
-    }
+    absl::Status st = ParseReplacePattern(config, "Replace normalizer", &step.pattern, &step.regex);
+    if (!st.ok()) return st;
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unsupported normalizer type '", type, "'"));
   }
