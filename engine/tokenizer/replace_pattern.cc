@@ -23,7 +23,8 @@ absl::Status ParseReplacePattern(const nlohmann::json& config, std::string_view 
     *regex = *std::move(compiled);
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(absl::string_view(what.data(), what.size()), " needs a String or Regex pattern"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(absl::string_view(what.data(), what.size()), " needs a String or Regex pattern"));
 }
 
 }  // namespace sluice
