@@ -24,7 +24,7 @@ absl::Status ParseReplacePattern(const nlohmann::json& config, std::string_view 
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(absl::string_view(what.data(), what.size()), " needs a String or Regex pattern"));
+      absl::StrCat(std::string(what), " needs a String or Regex pattern"));
 }
 
 }  // namespace sluice
