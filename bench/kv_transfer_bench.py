@@ -13,7 +13,8 @@ as median [min, max] over the repeats. GB/s = 1e9 bytes/s (ucx_perftest prints M
 2^20 bytes/s; converted).
 
 Handover part (--handover-requests > 0): a router + 1 prefill + 1 decode worker on this host
-(tests/integration/sluice_cluster.py, the CPU engine) serve that many completions, per KV
+(tests/integration/sluice_cluster.py; --handover-model, default sluice-mini-moe; the CPU engine
+unless --handover-worker-args says --device cuda) serve that many completions, per KV
 transfer mode (pull, push). From the decode worker's histograms: handover = prefill done ->
 decode's first output (sluice_kv_handover_seconds), transfer = the KV pull or push alone
 (sluice_kv_transfer_seconds); p50/p99 interpolated within the histogram buckets (Prometheus
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -145,30 +147,38 @@ def quantile(q, buckets):
     return None
 
 
+def completion_tokens(url, model, prompt, max_tokens):
+    """Prompt tokens of one greedy /v1/completions call (urllib: the bench runs with a bare
+    python3, on GPU machines too)."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())["usage"]["prompt_tokens"]
+
+
 def handover_part(args):
     sys.path.insert(0, str(REPO / "tests" / "integration"))
-    import openai  # noqa: E402
-    from sluice_cluster import MODEL_NAME, Cluster  # noqa: E402
+    from sluice_cluster import MODEL_DIR, Cluster  # noqa: E402
 
     os.environ.setdefault("SLUICE_BIN", str(pathlib.Path(args.build).resolve() / "bin" / "sluice"))
-    out = {}
+    model_dir = pathlib.Path(args.handover_model) if args.handover_model else MODEL_DIR
+    out = {"model": str(model_dir)}
     for mode in ("pull", "push"):
         cluster = Cluster(1, 1, worker_args=["--kv-transfer-mode", mode,
                                              "--ucx-transports", args.tls,
-                                             *args.handover_worker_args.split()])
+                                             *args.handover_worker_args.split()],
+                          model_dir=model_dir)
         try:
-            client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120)
+            with urllib.request.urlopen(cluster.url + "/v1/models", timeout=30) as r:
+                name = json.loads(r.read())["data"][0]["id"]
             # Prompts of about 200 tokens (several KV blocks each), distinct so no prefix hits.
             prompts = [f"Request {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(100))
                        for i in range(args.handover_requests)]
-
-            def one(p):
-                r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=4,
-                                              temperature=0)
-                return r.usage.prompt_tokens
-
             with concurrent.futures.ThreadPoolExecutor(args.handover_concurrency) as pool:
-                prompt_tokens = list(pool.map(one, prompts))
+                prompt_tokens = list(pool.map(
+                    lambda p: completion_tokens(cluster.url, name, p, 4), prompts))
             text = cluster.worker_metrics_text("decode-0")
             entry = {"requests": len(prompts),
                      "concurrency": args.handover_concurrency,
@@ -231,6 +241,8 @@ def main():
                          "$SLUICE_BIN)")
     ap.add_argument("--handover-requests", type=int, default=200)
     ap.add_argument("--handover-concurrency", type=int, default=16)
+    ap.add_argument("--handover-model", default="",
+                    help="model folder of the handover part (default: models/sluice-mini-moe)")
     ap.add_argument("--handover-worker-args", default="",
                     help='extra worker flags, e.g. "--device cuda --gpu-memory-utilization 0.4"')
     ap.add_argument("--out", default="bench/results/kv_transfer.json")

@@ -52,6 +52,19 @@ for t in "${targets[@]}"; do
 done
 rm -rf "$bundle"
 "$bundler" "$bundle" "${bins[@]}"
+# CUDA builds link the CUDA-aware UCX of .deps/ucx-cu13 (cmake/ucx.cmake). Its transport modules
+# (cuda_copy, cuda_ipc) replace the Debian ones the bundler copied, and its ucx_perftest and
+# ucx_info come along for bench/kv_transfer_bench.py.
+ucx_cuda=.deps/ucx-cu13/libucx
+if ldd "${bins[@]}" 2>/dev/null | grep ucx-cu13 >/dev/null; then  # not -q: SIGPIPE under pipefail
+  # The wheel's tools find its libraries through LD_LIBRARY_PATH, not their rpath.
+  LD_LIBRARY_PATH="$ucx_cuda/lib" "$bundler" "$bundle" "$ucx_cuda/bin/ucx_perftest" \
+    "$ucx_cuda/bin/ucx_info" >/dev/null
+  rm -rf "$bundle/lib/ucx"
+  mkdir -p "$bundle/lib/ucx"
+  for m in "$ucx_cuda"/lib/ucx/*.so.0; do cp -L "$m" "$bundle/lib/ucx/"; done
+  for m in "$bundle"/lib/ucx/*.so.0; do patchelf --force-rpath --set-rpath '$ORIGIN/..' "$m"; done
+fi
 for t in "${targets[@]}"; do
   case "$t" in
     cuda_model_test)
@@ -67,7 +80,10 @@ for t in "${targets[@]}"; do
       # 150-token prompts); run_on_device.sh links it into the bundle's models/.
       for m in llama-tiny qwen3-hybrid-tiny deepseek-v3-tiny; do
         mkdir -p "$bundle/fixtures/$m"
-        cp ../shared/fixtures/$m/{config.json,generation_config.json} "$bundle/fixtures/$m/"
+        # The tokenizer too, so `sluice serve` / prefill / decode can serve these models there
+        # (scripts/gpu_disagg_runs.sh --bundle).
+        cp ../shared/fixtures/$m/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json} \
+          "$bundle/fixtures/$m/"
       done
       for m in llama-tiny qwen3-hybrid-tiny; do
         cp ../shared/fixtures/$m/model.safetensors "$bundle/fixtures/$m/"
@@ -170,7 +186,8 @@ fi
 if [ -x "$here/kernels_cuda_test" ]; then
   "$here/kernels_cuda_test" --gtest_output="json:$out/kernels_cuda_test.json" 2>&1 \
     | tee "$out/kernels_cuda_test.log" || rc=1
-  if command -v compute-sanitizer >/dev/null; then
+  # SLUICE_DEVICE_SANITIZER=0 skips the sanitizer passes (minutes) when device time is short.
+  if [ "${SLUICE_DEVICE_SANITIZER:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
     # Out-of-bounds and race checks on our own kernels (cuBLASLt's excluded: slow and not ours).
     timeout 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
       "$here/kernels_cuda_test" --gtest_filter='-LinearCuda*' >"$out/sanitizer.log" 2>&1 || rc=1
@@ -192,7 +209,9 @@ if [ -x "$here/cuda_model_test" ]; then
       fi
     done
   fi
+  # SLUICE_MODEL_TEST_FILTER: a gtest filter (e.g. to leave out models not carried along).
   SLUICE_SHARED_DIR="$here" "$here/cuda_model_test" --gtest_output="json:$out/cuda_model_test.json" \
+    --gtest_filter="${SLUICE_MODEL_TEST_FILTER:-*}" \
     2>&1 | tee "$out/cuda_model_test.log" || rc=1
 fi
 if [ -x "$here/cuda_decode_bench" ]; then

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The GPU runs of issue 21 that a machine without a GPU cannot do, in one go (H200; a second GPU
-# is used when visible). Writes bench/results/*_h200.json (+ .png) and prints a summary; exit 1 if
-# any equality check fails.
+# is used when visible). Writes OUT/*_h200.json (+ .png) and prints a summary; exit 1 if any
+# equality check fails.
 #
-#   scripts/gpu_disagg_runs.sh [--skip-build] [--requests 200]
+#   scripts/gpu_disagg_runs.sh [--skip-build] [--requests 200] [--repeats 3] [--models "DIR..."]
+#                              [--parts equality,transfer,staged,handover] [--out bench/results]
+#                              [--bundle DIR]
+#
+# --bundle DIR runs the binaries of scripts/device_bundle.sh (sluice kv_transfer_bench; the
+# bundle carries the CUDA-aware UCX's libraries, transport modules, ucx_perftest and ucx_info) with
+# the machine's own python3, for GPU machines that have CUDA but none of our Debian packages.
 #
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
@@ -11,17 +17,27 @@
 #    two are visible.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
-#    over sm (bench/kv_transfer_bench.py); Sluice's staged path (device KV through pinned host
-#    slots, StagedKvTransfer) over tcp.
-# 3. Handover vs transfer p50/p99 with CUDA workers.
+#    over sm (bench/kv_transfer_bench.py).
+# 3. Staged: Sluice's own staging (device KV through pinned host slots, StagedKvTransfer) over tcp.
+# 4. Handover vs transfer p50/p99 with CUDA workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_BUILD=0
 REQUESTS=200
+REPEATS=3
+MODEL_LIST=""
+PARTS="equality,transfer,staged,handover"
+RESULTS=bench/results
+BUNDLE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-build) SKIP_BUILD=1; shift ;;
     --requests) REQUESTS="$2"; shift 2 ;;
+    --repeats) REPEATS="$2"; shift 2 ;;
+    --models) MODEL_LIST="$2"; shift 2 ;;
+    --parts) PARTS="$2"; shift 2 ;;
+    --out) RESULTS="$2"; shift 2 ;;
+    --bundle) BUNDLE="$(cd "$2" && pwd)"; SKIP_BUILD=1; shift 2 ;;
     *) echo "gpu_disagg_runs.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -29,20 +45,43 @@ if [ "$SKIP_BUILD" = 0 ]; then
   scripts/install_deps.sh
   SLUICE_CUDA=ON scripts/build.sh
 fi
-export SLUICE_BIN="$PWD/build/bin/sluice"
-ldd "$SLUICE_BIN" | grep -q ucx-cu13 || {
-  echo "gpu_disagg_runs.sh: $SLUICE_BIN does not link the CUDA-aware UCX (.deps/ucx-cu13)" >&2
-  exit 1
-}
-UCX_LIB="$PWD/.deps/ucx-cu13/libucx/lib"
-PERFTEST="$PWD/.deps/ucx-cu13/libucx/bin/ucx_perftest"
+has() { [[ ",$PARTS," == *",$1,"* ]]; }
+if [ -n "$BUNDLE" ]; then
+  [ -f "$BUNDLE/bundle.tar.xz" ] && [ ! -x "$BUNDLE/sluice" ] && tar -xJf "$BUNDLE/bundle.tar.xz" -C "$BUNDLE"
+  # kv_transfer_bench.py finds its binaries as BUILD/bin/NAME.
+  BUILD="$BUNDLE/build"
+  mkdir -p "$BUILD/bin"
+  for b in sluice kv_transfer_bench; do ln -sf "$BUNDLE/$b" "$BUILD/bin/$b"; done
+  export UCX_MODULE_DIR="$BUNDLE/lib/ucx"
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    if [ -e "$d/libcublasLt.so.13" ]; then export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; break; fi
+  done
+  UCX_LIB="$BUNDLE/lib"
+  PERFTEST="$BUNDLE/ucx_perftest"
+  PY=python3
+else
+  BUILD="$PWD/build"
+  ldd "$BUILD/bin/sluice" | grep -q ucx-cu13 || {
+    echo "gpu_disagg_runs.sh: $BUILD/bin/sluice does not link the CUDA-aware UCX (.deps/ucx-cu13)" >&2
+    exit 1
+  }
+  UCX_LIB="$PWD/.deps/ucx-cu13/libucx/lib"
+  PERFTEST="$PWD/.deps/ucx-cu13/libucx/bin/ucx_perftest"
+  PY=.venv/bin/python
+fi
+export SLUICE_BIN="$BUILD/bin/sluice"
 NGPU=$(nvidia-smi -L | wc -l)
 SHARED="${SLUICE_SHARED_DIR:-$PWD/../shared}"
-MODELS=(models/sluice-mini-moe "$SHARED/fixtures/llama-tiny" "$SHARED/fixtures/deepseek-v3-tiny"
-        "$SHARED/fixtures/qwen3-hybrid-tiny" "$SHARED/models/sluice-mini-swa")
+if [ -n "$MODEL_LIST" ]; then
+  read -r -a MODELS <<< "$MODEL_LIST"
+else
+  MODELS=(models/sluice-mini-moe "$SHARED/fixtures/llama-tiny" "$SHARED/fixtures/deepseek-v3-tiny"
+          "$SHARED/fixtures/qwen3-hybrid-tiny" "$SHARED/models/sluice-mini-swa")
+fi
 FAILED=0
-mkdir -p bench/results
+mkdir -p "$RESULTS"
 for model in "${MODELS[@]}"; do
+  has equality || break
   name=$(basename "$model")
   for mode in pull push; do
     GPU_SETS=("")
@@ -50,29 +89,35 @@ for model in "${MODELS[@]}"; do
     for gpus in "${GPU_SETS[@]}"; do
       tag="${name}_${mode}${gpus:+_2gpu}"
       echo "== equality $tag"
-      if ! .venv/bin/python bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
+      if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
           --requests "$REQUESTS" ${gpus:+--gpus "$gpus"} \
-          --out "bench/results/gpu_disagg_equality_${tag}_h200.json"; then
+          --out "$RESULTS/gpu_disagg_equality_${tag}_h200.json"; then
         FAILED=1
       fi
     done
   done
 done
 for run in "cuda sm,cuda_ipc,cuda_copy cuda_ipc" "cuda tcp,cuda_copy tcp_staged" "host sm host_sm"; do
+  has transfer || break
   read -r memory tls tag <<< "$run"
   echo "== transfer $tag ($memory memory, UCX_TLS=$tls)"
-  LD_LIBRARY_PATH="$UCX_LIB" .venv/bin/python bench/kv_transfer_bench.py --memory "$memory" \
-    --tls "$tls" --perftest "$PERFTEST" --repeats 3 --parts transfer \
-    --out "bench/results/kv_transfer_${tag}_h200.json" \
-    --plot "bench/results/kv_transfer_${tag}_h200.png" || FAILED=1
+  LD_LIBRARY_PATH="$UCX_LIB:${LD_LIBRARY_PATH:-}" "$PY" bench/kv_transfer_bench.py --build "$BUILD" --memory "$memory" \
+    --tls "$tls" --perftest "$PERFTEST" --repeats "$REPEATS" --parts transfer \
+    --out "$RESULTS/kv_transfer_${tag}_h200.json" \
+    --plot "$RESULTS/kv_transfer_${tag}_h200.png" || FAILED=1
 done
-echo "== Sluice's own staging (device KV through pinned host slots, copies overlapping tcp)"
-for op in pull push; do
-  UCX_LOG_LEVEL=error build/bin/kv_transfer_bench --op=$op --memory=cuda --staged_slots=2 \
-    --transports=tcp || FAILED=1
-done | tee bench/results/kv_transfer_staged_tcp_h200.jsonl
-echo "== handover (router + prefill + decode on the GPU, pull and push)"
-.venv/bin/python bench/kv_transfer_bench.py --parts handover --tls sm,cuda_ipc,cuda_copy \
-  --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
-  --out bench/results/kv_handover_h200.json || FAILED=1
+if has staged; then
+  echo "== Sluice's own staging (device KV through pinned host slots, copies overlapping tcp)"
+  for op in pull push; do
+    UCX_LOG_LEVEL=error "$BUILD/bin/kv_transfer_bench" --op=$op --memory=cuda --staged_slots=2 \
+      --transports=tcp
+  done | tee "$RESULTS/kv_transfer_staged_tcp_h200.jsonl" || FAILED=1
+fi
+if has handover; then
+  echo "== handover (router + prefill + decode on the GPU, pull and push)"
+  "$PY" bench/kv_transfer_bench.py --build "$BUILD" --parts handover \
+    --tls sm,cuda_ipc,cuda_copy --handover-model "${MODELS[0]}" \
+    --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
+    --out "$RESULTS/kv_handover_h200.json" || FAILED=1
+fi
 exit "$FAILED"
