@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -62,6 +63,14 @@ absl::Status UcxTransferAgent::Init() {
       return UcsError(absl::StatusCode::kInvalidArgument,
                       absl::StrCat("UCX transports '", options_.transports, "'").c_str(), st);
     }
+  }
+  // Each KV array is registered once and whole, so UCX's default of widening a CUDA registration
+  // to the whole allocation (MEMTYPE_REG_WHOLE_ALLOC_TYPES=cuda) gains nothing here, and it asks
+  // the driver for the allocation's range: a host that answers with an empty range makes
+  // ucp_mem_map fail ("failed to insert region [0x0..0x0]: Invalid parameter"). The operator's
+  // UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES, when set, wins; a UCX without the key keeps its default.
+  if (std::getenv("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES") == nullptr) {
+    (void)ucp_config_modify(config, "MEMTYPE_REG_WHOLE_ALLOC_TYPES", "");
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
