@@ -117,6 +117,8 @@ def stream_one(url, model, prompt, max_tokens, t0):
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
         chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(f"stream error after {len(arrivals)} tokens: {chunk['error']}")
         if chunk.get("choices"):
             arrivals.append(time.perf_counter() - t0)
     conn.close()

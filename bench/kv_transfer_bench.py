@@ -49,17 +49,28 @@ def free_port():
 
 def perftest(binary, test, size, iters, tls, memory="host"):
     env = dict(os.environ, UCX_TLS=tls, UCX_LOG_LEVEL="error")
+    # Registered exactly as given, as Sluice's agent registers its KV arrays
+    # (transfer/ucx_transfer_agent.cc); UCX's default widens a CUDA registration to the whole
+    # allocation, which fails where the driver reports no allocation range.
+    env.setdefault("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES", "")
     mem = ["-m", "cuda"] if memory == "cuda" else []
     port = str(free_port())
     server = subprocess.Popen([binary, "-p", port], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run([binary, "127.0.0.1", "-p", port, "-t", test, "-s", str(size),
+        run = subprocess.run([binary, "127.0.0.1", "-p", port, "-t", test, "-s", str(size),
                               "-n", str(iters), *mem], env=env, capture_output=True, text=True,
-                             timeout=300, check=True).stdout
+                             timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"ucx_perftest {test} -s {size} exited {run.returncode}:\n"
+                               f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
+        out = run.stdout
     finally:
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
     final = [line for line in out.splitlines() if line.startswith("Final:")]
     if not final:
         raise RuntimeError(f"ucx_perftest {test} printed no Final line:\n{out}")
@@ -253,8 +264,11 @@ def main():
     load_before = os.getloadavg()[0]
     results = transfer_part(args, sizes) if "transfer" in parts else []
     info = os.path.join(os.path.dirname(args.perftest), "ucx_info")
-    version = subprocess.run([info if os.path.sep in args.perftest else "ucx_info", "-v"],
-                             capture_output=True, text=True).stdout.splitlines()
+    try:
+        version = subprocess.run([info if os.path.sep in args.perftest else "ucx_info", "-v"],
+                                 capture_output=True, text=True).stdout.splitlines()
+    except OSError:
+        version = []
     version = next((line.strip("# ") for line in version if "version" in line.lower()), "?")
     report = {
         "benchmark": "kv_transfer",

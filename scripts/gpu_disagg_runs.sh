@@ -115,7 +115,7 @@ if has staged; then
 fi
 if has handover; then
   echo "== handover (router + prefill + decode on the GPU, pull and push)"
-  "$PY" bench/kv_transfer_bench.py --build "$BUILD" --parts handover \
+  "$PY" bench/kv_transfer_bench.py --build "$BUILD" --parts handover --perftest "$PERFTEST" \
     --tls sm,cuda_ipc,cuda_copy --handover-model "${MODELS[0]}" \
     --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
     --out "$RESULTS/kv_handover_h200.json" || FAILED=1

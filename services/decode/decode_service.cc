@@ -548,10 +548,12 @@ absl::Status DecodeService::SendRelease(const std::string& request_id,
 absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
                                    const std::vector<int32_t>& blocks, absl::Time deadline) {
   const v1::KvBlocks& kv = prefill.kv();
-  if (kv.layout().block_size() != engine_->block_size() || kv.layout().dtype_bytes() != 4) {
-    return absl::FailedPreconditionError(absl::StrCat("KV layout mismatch: prefill block_size ",
-                                                      kv.layout().block_size(), ", decode ",
-                                                      engine_->block_size()));
+  // The dtype too: a bf16 device cache (CUDA runner) never pairs with a float32 host one.
+  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
+  if (!SameKvLayout(kv.layout(), own)) {
+    return absl::FailedPreconditionError(absl::StrCat("KV layout mismatch: prefill ",
+                                                      DescribeKvLayout(kv.layout()), "; decode ",
+                                                      DescribeKvLayout(own)));
   }
   // With SWA replay only the full-attention layers' regions (the engine replays the rest).
   absl::StatusOr<TransferRegions> moved =

@@ -250,14 +250,10 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
   const v1::KvBlocks& destination = request.destination();
   const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const v1::KvLayout& theirs = destination.layout();
-  if (theirs.block_size() != own.block_size() || theirs.num_layers() != own.num_layers() ||
-      theirs.floats_per_token() != own.floats_per_token() ||
-      theirs.dtype_bytes() != own.dtype_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV layout mismatch for request '", request_id, "': decode block_size ",
-        theirs.block_size(), ", layers ", theirs.num_layers(), ", floats/token ",
-        theirs.floats_per_token(), "; prefill ", own.block_size(), ", ", own.num_layers(), ", ",
-        own.floats_per_token()));
+  if (!SameKvLayout(theirs, own)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout mismatch for request '", request_id,
+                                                   "': decode ", DescribeKvLayout(theirs),
+                                                   "; prefill ", DescribeKvLayout(own)));
   }
   // With SWA replay only the full-attention layers' regions (the decode worker checked that it
   // replays the rest).

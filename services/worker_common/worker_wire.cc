@@ -180,6 +180,17 @@ v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes) {
   return layout;
 }
 
+bool SameKvLayout(const v1::KvLayout& a, const v1::KvLayout& b) {
+  return a.block_size() == b.block_size() && a.num_layers() == b.num_layers() &&
+         a.floats_per_token() == b.floats_per_token() && a.dtype_bytes() == b.dtype_bytes();
+}
+
+std::string DescribeKvLayout(const v1::KvLayout& layout) {
+  return absl::StrCat("block_size ", layout.block_size(), ", ", layout.num_layers(),
+                      " layers, ", layout.floats_per_token(), " values/token of ",
+                      layout.dtype_bytes(), " bytes");
+}
+
 void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out) {
   for (const transfer::BlockRun& run : transfer::CoalesceBlocks(block_ids)) {
     v1::BlockRun* w = out->add_runs();

@@ -55,6 +55,10 @@ absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor
 // LayoutOf: the cache geometry for KvBlocks.layout; `dtype_bytes`: Model::KvDtypeBytes (4 for
 // the host float32 cache, 2 for a bf16 device cache), so a CPU and a CUDA worker never pair.
 v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
+// SameKvLayout: block size, layers, floats per token and dtype all equal (blocks of one side can
+// be copied byte for byte into the other's). DescribeKvLayout names them for error messages.
+bool SameKvLayout(const v1::KvLayout& a, const v1::KvLayout& b);
+std::string DescribeKvLayout(const v1::KvLayout& layout);
 // RunsToWire / RunsFromWire: BlockRun lists.
 void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
 std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in);
