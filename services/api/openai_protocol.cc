@@ -97,6 +97,12 @@ absl::Status ParseTruncation(const json& body, const ParseContext& context,
   if (!got.ok()) return got.status();
   if (!*got) return absl::OkStatus();
   if (k == 0) return RangeError("truncate_prompt_tokens", "-1 or at least 1, got 0");
+  if (k > context.max_model_len) {
+    // vLLM refuses it too: the prompt alone could not fit the context.
+    return RangeError("truncate_prompt_tokens",
+                      absl::StrCat("at most the model's context length (", context.max_model_len,
+                                   "), got ", k));
+  }
   if (k == -1) k = context.max_model_len;
   for (std::vector<int32_t>& prompt : req.prompts) {
     if (static_cast<int64_t>(prompt.size()) > k) prompt.erase(prompt.begin(), prompt.end() - k);
@@ -361,6 +367,21 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     req.prompt_logprobs_field = true;
   }
   sp.prompt_logprobs = req.prompt_logprobs;
+  if (req.prompt_logprobs.has_value()) {
+    int64_t entries = 0;
+    for (const std::vector<int32_t>& prompt : req.prompts) {
+      entries += static_cast<int64_t>(prompt.size()) * (1 + *req.prompt_logprobs) * req.n;
+    }
+    if (entries > context.max_prompt_logprob_entries) {
+      return InvalidParam(
+          req.prompt_logprobs_field ? "prompt_logprobs" : "logprobs",
+          absl::StrCat("prompt logprobs would hold ", entries,
+                       " entries (prompt tokens x (1 + alternatives) x n), more than the limit "
+                       "of ",
+                       context.max_prompt_logprob_entries,
+                       "; ask for fewer alternatives, a shorter prompt or a smaller n"));
+    }
+  }
 
   // Context length: prompt + max_tokens must fit; unset max_tokens takes what is left.
   const char* prompt_param = req.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
@@ -453,28 +474,61 @@ absl::StatusOr<std::string> MessageContent(const json& content, size_t index) {
   return absl::StrJoin(texts, "\n");
 }
 
+// kMessageKeys are the keys a chat message may have; others are refused like unknown request
+// fields (or listed in `unknown` when those are allowed). The string ones other than role and
+// content reach the template as they are (e.g. tool_call_id, reasoning_content).
+constexpr const char* kMessageKeys[] = {"role",         "content",           "name",
+                                        "tool_calls",   "tool_call_id",      "reasoning_content"};
+
 // ChatMessages converts `messages` into the template's message list (content flattened to a
-// string, "developer" renamed "system").
-absl::StatusOr<json> ChatMessages(const json& messages) {
+// string, "developer" renamed "system"). Like OpenAI, content is required except on an
+// assistant message with tool calls.
+absl::StatusOr<json> ChatMessages(const json& messages, bool allow_unknown,
+                                  std::vector<std::string>* unknown) {
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object()) return InvalidParam("messages", "each message must be an object");
+    for (const auto& [key, value] : m.items()) {
+      if (std::find(std::begin(kMessageKeys), std::end(kMessageKeys), key) !=
+          std::end(kMessageKeys)) {
+        continue;
+      }
+      const std::string field = absl::StrCat("messages[", i, "].", key);
+      if (!allow_unknown) {
+        return InvalidParam("messages",
+                            absl::StrCat("Unrecognized request argument supplied: ", field));
+      }
+      unknown->push_back(field);
+    }
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
       return InvalidParam("messages", absl::StrCat("messages[", i, "].role must be a string"));
     }
     std::string role_name = role->get<std::string>();
     if (role_name == "developer") role_name = "system";  // OpenAI's newer name for system
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+    const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
+    if (has_tool_calls) {
       return InvalidParam("messages", "tool calls in messages are not supported");
     }
+    auto content_it = m.find("content");
+    if ((content_it == m.end() || content_it->is_null()) &&
+        !(role_name == "assistant" && has_tool_calls)) {
+      return InvalidParam("messages", absl::StrCat("messages[", i, "].content is required for a '",
+                                                   role->get<std::string>(), "' message"));
+    }
     absl::StatusOr<std::string> content =
-        MessageContent(m.contains("content") ? m["content"] : json(), i);
+        MessageContent(content_it == m.end() ? json() : *content_it, i);
     if (!content.ok()) return content.status();
     json message{{"role", role_name}, {"content", *content}};
-    if (auto name = m.find("name"); name != m.end() && name->is_string()) {
-      message["name"] = *name;
+    for (const char* key : {"name", "tool_call_id", "reasoning_content"}) {
+      auto it = m.find(key);
+      if (it == m.end() || it->is_null()) continue;
+      if (!it->is_string()) {
+        return InvalidParam("messages", absl::StrCat("messages[", i, "].", key,
+                                                     " must be a string"));
+      }
+      message[key] = *it;
     }
     out.push_back(std::move(message));
   }
@@ -492,7 +546,8 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
   if (!messages->is_array() || messages->empty()) {
     return InvalidParam("messages", "'messages' must be a non-empty list");
   }
-  absl::StatusOr<json> conversation = ChatMessages(*messages);
+  absl::StatusOr<json> conversation =
+      ChatMessages(*messages, context.allow_unknown_fields, &req.unknown_fields);
   if (!conversation.ok()) return conversation.status();
 
   bool add_generation_prompt = true;
@@ -586,11 +641,13 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
       add_generation_prompt = v.get<bool>();
     }
   }
-  absl::StatusOr<std::string> text =
-      chat_template->RenderMessages(*conversation, add_generation_prompt, extra);
+  absl::StatusOr<std::string> text = chat_template->RenderMessages(
+      *conversation, add_generation_prompt, extra, context.render_limits);
   if (!text.ok()) {
-    return InvalidParam(Present(body, "chat_template") != nullptr ? "chat_template" : "messages",
-                        absl::StrCat("chat template: ", text.status().message()));
+    // Over budget or failing: 400; cancelled (client gone) or past the deadline keep their code.
+    return WithParam(absl::Status(text.status().code(),
+                                  absl::StrCat("chat template: ", text.status().message())),
+                     Present(body, "chat_template") != nullptr ? "chat_template" : "messages");
   }
   const std::string final_content = last["content"].get<std::string>();
   if (continue_final && !final_content.empty()) {
