@@ -32,6 +32,12 @@ std::string Path(const std::string& target) {
   return path;
 }
 
+const char* EndpointPath(Endpoint endpoint) {
+  return endpoint == Endpoint::kChatCompletions ? kChatPath
+         : endpoint == Endpoint::kResponses     ? kResponsesPath
+                                                : kCompletionsPath;
+}
+
 // SendAuthError answers 401 or 429 with OpenAI's error body and headers.
 void SendAuthError(ResponseSink& sink, const absl::Status& status) {
   json error = OpenAiErrorJson(status);
@@ -249,9 +255,7 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
     return StartSession(endpoint, std::move(request), std::move(sink), std::move(poster),
                         std::move(api_key));
   }
-  const std::string path = endpoint == Endpoint::kChatCompletions ? kChatPath
-                           : endpoint == Endpoint::kResponses     ? kResponsesPath
-                                                                  : kCompletionsPath;
+  const std::string path = EndpointPath(endpoint);
   auto custom = body.find("chat_template");
   RenderPool* pool = custom != body.end() && !custom->is_null() && custom_template_pool_ != nullptr
                          ? custom_template_pool_.get()
@@ -279,6 +283,10 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
     absl::StatusOr<GenerationRequest> request =
         pending->cancelled.load() ? absl::CancelledError("the client went away")
                                   : Parse(endpoint, body, context);
+    if (absl::IsCancelled(request.status())) {
+      spdlog::info("{}: parse stopped, the client went away", EndpointPath(endpoint));
+      return;
+    }
     Poster post = poster;
     post([this, endpoint, pending, request = std::move(request), sink = std::move(sink),
           poster = std::move(poster), api_key = std::move(api_key)]() mutable {
@@ -293,9 +301,7 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
 std::shared_ptr<RequestHandle> OpenAiService::StartSession(
     Endpoint endpoint, absl::StatusOr<GenerationRequest> request,
     std::shared_ptr<ResponseSink> sink, Poster poster, std::shared_ptr<const ApiKey> api_key) {
-  const std::string path = endpoint == Endpoint::kChatCompletions ? kChatPath
-                           : endpoint == Endpoint::kResponses     ? kResponsesPath
-                                                                  : kCompletionsPath;
+  const std::string path = EndpointPath(endpoint);
   if (!request.ok()) {
     SendError(*sink, path, request.status());
     return nullptr;

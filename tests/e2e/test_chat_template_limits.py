@@ -4,6 +4,7 @@ naming the limit it hit, and renders run off the HTTP I/O threads on a pool of t
 requests with the model's template and /health go on while hostile renders run."""
 
 import json
+import pathlib
 import threading
 import time
 import urllib.error
@@ -104,11 +105,19 @@ def test_normal_requests_complete_while_hostile_renders_run(base_url, model):
     assert normal_done < max(t for t, _, _ in done.values())
 
 
-def test_server_goes_on_after_a_client_abandons_a_hostile_render(base_url, model):
-    """A client that disconnects mid-render: the server stops that render and keeps serving."""
+def test_abandoned_hostile_renders_stop_and_the_server_goes_on(server, base_url, model):
+    """Clients that disconnect mid-render: their renders stop (running or queued), logged as
+    such instead of running to the budget's 400, and the server keeps serving."""
     import socket
     from urllib.parse import urlparse
     template, _ = HOSTILE["recursive_macro"]
+    marker = "/v1/chat/completions: parse stopped, the client went away"
+
+    def stopped():
+        server.log.flush()
+        return pathlib.Path(server.log.name).read_text(errors="replace").count(marker)
+
+    before = stopped()
     url = urlparse(base_url)
     payload = json.dumps({"model": model, "messages": CHAT, "max_tokens": 4,
                           "chat_template": template}).encode()
@@ -117,6 +126,10 @@ def test_server_goes_on_after_a_client_abandons_a_hostile_render(base_url, model
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Type: application/json\r\nContent-Length: " +
                       str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    deadline = time.monotonic() + 120
+    while stopped() < before + 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stopped() == before + 4, server.logs()
     status, body = post(base_url, "/v1/chat/completions",
                         {"model": model, "messages": CHAT, "max_tokens": 4, "temperature": 0})
     assert status == 200, body
