@@ -44,8 +44,10 @@ class RenderPoolTest : public ::testing::Test {
     chat_template_ = *std::move(tmpl);
     Create(jinja::RenderLimits(), 256);
   }
-  void Create(const jinja::RenderLimits& limits, int max_queued) {
+  void Create(const jinja::RenderLimits& limits, int max_queued,
+              std::chrono::milliseconds render_timeout = std::chrono::seconds(30)) {
     OpenAiServiceOptions options;
+    options.render_timeout = render_timeout;
     options.served_model_name = "mini";
     options.render_threads = 1;
     options.custom_template_render_threads = 1;
@@ -115,6 +117,16 @@ TEST_F(RenderPoolTest, HostileTemplateGets400NamingTheLimit) {
             "chat template: line 1: template exceeds its render budget of 1048576 bytes of work "
             "(max_work_bytes)");
   EXPECT_TRUE(backend_.order().empty());
+}
+
+TEST_F(RenderPoolTest, RenderPastTheTimeoutIs504) {
+  Create(Unbounded(), 256, std::chrono::milliseconds(0));
+  auto sink = Post(Chat(kEndlessTemplate));
+  ASSERT_TRUE(WaitFor([&] { return sink->num_responses == 1; }));
+  EXPECT_EQ(sink->status, 504);
+  EXPECT_EQ(sink->json()["error"]["param"], "chat_template");
+  EXPECT_EQ(sink->json()["error"]["message"],
+            "chat template: line 1: template render passed its deadline");
 }
 
 TEST_F(RenderPoolTest, CancelStopsTheRenderAndAnswersNothing) {
