@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/tokenizer/jinja/value.h"
 #include "services/api/openai_errors.h"
+#include "services/api/message_fields.h"
 #include "services/api/openai_fields.h"
 #include "services/api/structured_output.h"
 
@@ -474,61 +475,28 @@ absl::StatusOr<std::string> MessageContent(const json& content, size_t index) {
   return absl::StrJoin(texts, "\n");
 }
 
-// kMessageKeys are the keys a chat message may have; others are refused like unknown request
-// fields (or listed in `unknown` when those are allowed). The string ones other than role and
-// content reach the template as they are (e.g. tool_call_id, reasoning_content).
-constexpr const char* kMessageKeys[] = {"role",         "content",           "name",
-                                        "tool_calls",   "tool_call_id",      "reasoning_content"};
-
 // ChatMessages converts `messages` into the template's message list (content flattened to a
-// string, "developer" renamed "system"). Like OpenAI, content is required except on an
-// assistant message with tool calls.
-absl::StatusOr<json> ChatMessages(const json& messages, bool allow_unknown,
-                                  std::vector<std::string>* unknown) {
+// string, "developer" renamed "system").
+absl::StatusOr<json> ChatMessages(const json& messages) {
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
     if (!m.is_object()) return InvalidParam("messages", "each message must be an object");
-    for (const auto& [key, value] : m.items()) {
-      if (std::find(std::begin(kMessageKeys), std::end(kMessageKeys), key) !=
-          std::end(kMessageKeys)) {
-        continue;
-      }
-      const std::string field = absl::StrCat("messages[", i, "].", key);
-      if (!allow_unknown) {
-        return InvalidParam("messages",
-                            absl::StrCat("Unrecognized request argument supplied: ", field));
-      }
-      unknown->push_back(field);
-    }
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
       return InvalidParam("messages", absl::StrCat("messages[", i, "].role must be a string"));
     }
     std::string role_name = role->get<std::string>();
     if (role_name == "developer") role_name = "system";  // OpenAI's newer name for system
-    const bool has_tool_calls = m.contains("tool_calls") && !m["tool_calls"].is_null();
-    if (has_tool_calls) {
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       return InvalidParam("messages", "tool calls in messages are not supported");
     }
-    auto content_it = m.find("content");
-    if ((content_it == m.end() || content_it->is_null()) &&
-        !(role_name == "assistant" && has_tool_calls)) {
-      return InvalidParam("messages", absl::StrCat("messages[", i, "].content is required for a '",
-                                                   role->get<std::string>(), "' message"));
-    }
     absl::StatusOr<std::string> content =
-        MessageContent(content_it == m.end() ? json() : *content_it, i);
+        MessageContent(m.contains("content") ? m["content"] : json(), i);
     if (!content.ok()) return content.status();
     json message{{"role", role_name}, {"content", *content}};
-    for (const char* key : {"name", "tool_call_id", "reasoning_content"}) {
-      auto it = m.find(key);
-      if (it == m.end() || it->is_null()) continue;
-      if (!it->is_string()) {
-        return InvalidParam("messages", absl::StrCat("messages[", i, "].", key,
-                                                     " must be a string"));
-      }
-      message[key] = *it;
+    if (auto name = m.find("name"); name != m.end() && name->is_string()) {
+      message["name"] = *name;
     }
     out.push_back(std::move(message));
   }
@@ -546,9 +514,14 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
   if (!messages->is_array() || messages->empty()) {
     return InvalidParam("messages", "'messages' must be a non-empty list");
   }
-  absl::StatusOr<json> conversation =
-      ChatMessages(*messages, context.allow_unknown_fields, &req.unknown_fields);
+  absl::StatusOr<json> conversation = ChatMessages(*messages);
   if (!conversation.ok()) return conversation.status();
+  if (absl::Status s =
+          CheckMessageFields(*messages, context.allow_unknown_fields, &req.unknown_fields);
+      !s.ok()) {
+    return s;
+  }
+  AddTemplateFields(*messages, &*conversation);
 
   bool add_generation_prompt = true;
   if (auto s = GetBool(body, "add_generation_prompt", &add_generation_prompt); !s.ok()) return s;
