@@ -23,16 +23,19 @@ class JinjaChatTemplate final : public ChatTemplate {
     eos_token_ = std::move(eos);
   }
 
-  absl::StatusOr<std::string> Render(const nlohmann::json& context) const override {
-    return RenderJson(context);
+  absl::StatusOr<std::string> Render(const nlohmann::json& context,
+                                     const jinja::RenderLimits& limits) const override {
+    return RenderJson(context, limits);
   }
-  absl::StatusOr<std::string> RenderOrdered(const nlohmann::ordered_json& context) const override {
-    return RenderJson(context);
+  absl::StatusOr<std::string> RenderOrdered(const nlohmann::ordered_json& context,
+                                            const jinja::RenderLimits& limits) const override {
+    return RenderJson(context, limits);
   }
 
  private:
   template <typename Json>
-  absl::StatusOr<std::string> RenderJson(const Json& context) const {
+  absl::StatusOr<std::string> RenderJson(const Json& context,
+                                         const jinja::RenderLimits& limits) const {
     // The interpreter reports errors as statuses; this guard only converts a stray exception
     // (e.g. std::bad_alloc) so that nothing escapes the serving path.
     try {
@@ -43,7 +46,7 @@ class JinjaChatTemplate final : public ChatTemplate {
         return absl::InvalidArgumentError(absl::StrCat(
             "chat template context is nested deeper than ", jinja::kMaxValueDepth, " levels"));
       }
-      jinja::Interpreter interpreter(*template_);
+      jinja::Interpreter interpreter(*template_, limits);
       return interpreter.Render(jinja::Value::FromJson(context));
     } catch (const std::exception& e) {
       return absl::InternalError(absl::StrCat("chat template rendering failed: ", e.what()));
@@ -177,9 +180,11 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromModelDir(
 
 absl::StatusOr<std::string> ChatTemplate::RenderMessages(const nlohmann::json& messages,
                                                          bool add_generation_prompt,
-                                                         const nlohmann::json& extra) const {
+                                                         const nlohmann::json& extra,
+                                                         const jinja::RenderLimits& limits) const {
   try {
-    return Render(BuildContext(messages, add_generation_prompt, extra, bos_token_, eos_token_));
+    return Render(BuildContext(messages, add_generation_prompt, extra, bos_token_, eos_token_),
+                  limits);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("chat template rendering failed: ", e.what()));
   }
@@ -187,10 +192,10 @@ absl::StatusOr<std::string> ChatTemplate::RenderMessages(const nlohmann::json& m
 
 absl::StatusOr<std::string> ChatTemplate::RenderMessagesOrdered(
     const nlohmann::ordered_json& messages, bool add_generation_prompt,
-    const nlohmann::ordered_json& extra) const {
+    const nlohmann::ordered_json& extra, const jinja::RenderLimits& limits) const {
   try {
     return RenderOrdered(
-        BuildContext(messages, add_generation_prompt, extra, bos_token_, eos_token_));
+        BuildContext(messages, add_generation_prompt, extra, bos_token_, eos_token_), limits);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("chat template rendering failed: ", e.what()));
   }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/tokenizer/jinja/budget.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice {
@@ -30,23 +31,30 @@ class ChatTemplate {
 
   // Render evaluates the template with `context` as the global variables (a JSON object,
   // e.g. {"messages": [...], "add_generation_prompt": true, "bos_token": "...", ...}).
-  // Errors: InvalidArgument for `raise_exception(msg)` (message = msg) or a runtime type error.
-  virtual absl::StatusOr<std::string> Render(const nlohmann::json& context) const = 0;
+  // `limits` bound the render's work (jinja/budget.h); a template from a client must get limits
+  // that fit the server.
+  // Errors: InvalidArgument for `raise_exception(msg)` (message = msg), a runtime type error or
+  // a limit exceeded (the message names it); Cancelled / DeadlineExceeded (see RenderLimits).
+  virtual absl::StatusOr<std::string> Render(
+      const nlohmann::json& context, const jinja::RenderLimits& limits = {}) const = 0;
   // RenderOrdered is Render for an ordered_json context: object keys keep their insertion order
   // (what HF's `tojson` prints, e.g. for tool schemas), whereas nlohmann::json sorts keys.
-  virtual absl::StatusOr<std::string> RenderOrdered(const nlohmann::ordered_json& context) const = 0;
+  virtual absl::StatusOr<std::string> RenderOrdered(
+      const nlohmann::ordered_json& context, const jinja::RenderLimits& limits = {}) const = 0;
 
   // RenderMessages is Render with messages, add_generation_prompt, and the bos/eos tokens read
   // by FromModelDir (empty when built with Parse) merged with `extra` (e.g. tools).
   absl::StatusOr<std::string> RenderMessages(const nlohmann::json& messages,
                                              bool add_generation_prompt,
-                                             const nlohmann::json& extra = nlohmann::json::object()) const;
+                                             const nlohmann::json& extra = nlohmann::json::object(),
+                                             const jinja::RenderLimits& limits = {}) const;
   // RenderMessagesOrdered is RenderMessages keeping object key order (see RenderOrdered).
   // HF passes `tools` and `documents` (None unless given in `extra`) to every template; so do
   // both functions. Keys of `extra` override bos_token/eos_token.
   absl::StatusOr<std::string> RenderMessagesOrdered(
       const nlohmann::ordered_json& messages, bool add_generation_prompt,
-      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+      const jinja::RenderLimits& limits = {}) const;
 
   // The bos/eos token strings read by FromModelDir (empty when built with Parse).
   const std::string& bos_token() const { return bos_token_; }

@@ -33,6 +33,8 @@ GenerationSession::GenerationSession(Deps deps, GenerationRequest request,
   // Every response can be reproduced: a request without a seed gets one, reported in `seed`.
   if (!request_.sampling.seed.has_value()) request_.sampling.seed = NewRandomSeed();
   meta_.seed = static_cast<int64_t>(*request_.sampling.seed);
+  // /v1/responses reports it too (a Sluice extra beside the Response object's fields).
+  if (is_responses()) request_.responses_echo["seed"] = meta_.seed;
   if (request_.echo) {
     if (is_chat()) {
       echo_prefixes_ = request_.echo_texts;

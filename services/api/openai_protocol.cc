@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/tokenizer/jinja/value.h"
 #include "services/api/openai_errors.h"
+#include "services/api/message_fields.h"
 #include "services/api/openai_fields.h"
 #include "services/api/structured_output.h"
 
@@ -97,6 +98,12 @@ absl::Status ParseTruncation(const json& body, const ParseContext& context,
   if (!got.ok()) return got.status();
   if (!*got) return absl::OkStatus();
   if (k == 0) return RangeError("truncate_prompt_tokens", "-1 or at least 1, got 0");
+  if (k > context.max_model_len) {
+    // vLLM refuses it too: the prompt alone could not fit the context.
+    return RangeError("truncate_prompt_tokens",
+                      absl::StrCat("at most the model's context length (", context.max_model_len,
+                                   "), got ", k));
+  }
   if (k == -1) k = context.max_model_len;
   for (std::vector<int32_t>& prompt : req.prompts) {
     if (static_cast<int64_t>(prompt.size()) > k) prompt.erase(prompt.begin(), prompt.end() - k);
@@ -361,6 +368,21 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     req.prompt_logprobs_field = true;
   }
   sp.prompt_logprobs = req.prompt_logprobs;
+  if (req.prompt_logprobs.has_value()) {
+    int64_t entries = 0;
+    for (const std::vector<int32_t>& prompt : req.prompts) {
+      entries += static_cast<int64_t>(prompt.size()) * (1 + *req.prompt_logprobs) * req.n;
+    }
+    if (entries > context.max_prompt_logprob_entries) {
+      return InvalidParam(
+          req.prompt_logprobs_field ? "prompt_logprobs" : "logprobs",
+          absl::StrCat("prompt logprobs would hold ", entries,
+                       " entries (prompt tokens x (1 + alternatives) x n), more than the limit "
+                       "of ",
+                       context.max_prompt_logprob_entries,
+                       "; ask for fewer alternatives, a shorter prompt or a smaller n"));
+    }
+  }
 
   // Context length: prompt + max_tokens must fit; unset max_tokens takes what is left.
   const char* prompt_param = req.endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
@@ -494,6 +516,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
   }
   absl::StatusOr<json> conversation = ChatMessages(*messages);
   if (!conversation.ok()) return conversation.status();
+  if (absl::Status s =
+          CheckMessageFields(*messages, context.allow_unknown_fields, &req.unknown_fields);
+      !s.ok()) {
+    return s;
+  }
+  AddTemplateFields(*messages, &*conversation);
 
   bool add_generation_prompt = true;
   if (auto s = GetBool(body, "add_generation_prompt", &add_generation_prompt); !s.ok()) return s;
@@ -586,11 +614,13 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
       add_generation_prompt = v.get<bool>();
     }
   }
-  absl::StatusOr<std::string> text =
-      chat_template->RenderMessages(*conversation, add_generation_prompt, extra);
+  absl::StatusOr<std::string> text = chat_template->RenderMessages(
+      *conversation, add_generation_prompt, extra, context.render_limits);
   if (!text.ok()) {
-    return InvalidParam(Present(body, "chat_template") != nullptr ? "chat_template" : "messages",
-                        absl::StrCat("chat template: ", text.status().message()));
+    // Over budget or failing: 400; cancelled (client gone) or past the deadline keep their code.
+    return WithParam(absl::Status(text.status().code(),
+                                  absl::StrCat("chat template: ", text.status().message())),
+                     Present(body, "chat_template") != nullptr ? "chat_template" : "messages");
   }
   const std::string final_content = last["content"].get<std::string>();
   if (continue_final && !final_content.empty()) {

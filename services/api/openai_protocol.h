@@ -74,6 +74,13 @@ struct ParseContext {
   // Compiles structured-output constraints (services/api/structured_output.h); null: they are
   // refused with 400.
   grammar::GrammarCompiler* grammar_compiler = nullptr;
+  // Work budget of the chat template render (jinja/budget.h): a template from the request, and
+  // the model's on client data, must end in bounded time; the service sets its cancellation
+  // flag (client gone) and deadline.
+  jinja::RenderLimits render_limits;
+  // Prompt logprobs are returned whole in one response: (prompt tokens x (1 + alternatives) x
+  // n) entries, each a few hundred bytes of JSON. More than this many → 400.
+  int64_t max_prompt_logprob_entries = int64_t{1} << 20;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

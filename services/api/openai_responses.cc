@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/byte_level.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
 
 namespace sluice {
@@ -25,9 +26,15 @@ json BytesJson(const std::string& bytes) {
   return out;
 }
 
+// TokenText is a token's text as a continuation of the text before it (what vLLM reports,
+// decoding with context): SentencePiece's "▁the" is " the", although decoding that id alone
+// drops the space (the Strip decoder removes the text's first space). Bytes that are not valid
+// UTF-8 on their own (part of a character) become U+FFFD.
 std::string TokenText(const Tokenizer& tokenizer, int32_t id) {
   const int32_t ids[1] = {id};
-  return tokenizer.Decode(ids, /*skip_special_tokens=*/false);
+  std::string text;
+  byte_level::AppendUtf8Lossy(tokenizer.DecodeBytes(ids, /*skip_special_tokens=*/false), &text);
+  return text;
 }
 
 std::string TokenBytes(const Tokenizer& tokenizer, int32_t id) {

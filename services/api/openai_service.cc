@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "services/api/auth/request_admission.h"
 #include "services/api/generation_session.h"
 #include "services/api/openai_errors.h"
@@ -31,6 +32,12 @@ std::string Path(const std::string& target) {
   return path;
 }
 
+const char* EndpointPath(Endpoint endpoint) {
+  return endpoint == Endpoint::kChatCompletions ? kChatPath
+         : endpoint == Endpoint::kResponses     ? kResponsesPath
+                                                : kCompletionsPath;
+}
+
 // SendAuthError answers 401 or 429 with OpenAI's error body and headers.
 void SendAuthError(ResponseSink& sink, const absl::Status& status) {
   json error = OpenAiErrorJson(status);
@@ -48,13 +55,42 @@ void SendAuthError(ResponseSink& sink, const absl::Status& status) {
 
 }  // namespace
 
+// PendingParse is the handle of a request parsed on the render pool: Cancel (client gone)
+// stops its render at the next budget poll, then its session. Touched on the request's
+// executor only, except `cancelled`, which the render reads.
+class OpenAiService::PendingParse : public RequestHandle {
+ public:
+  void Cancel() override {
+    cancelled.store(true);
+    if (session != nullptr) session->Cancel();
+  }
+  std::atomic<bool> cancelled{false};
+  std::shared_ptr<RequestHandle> session;
+};
+
 OpenAiService::OpenAiService(InferenceBackend* backend, const Tokenizer* tokenizer,
                              const ChatTemplate* chat_template, OpenAiServiceOptions options)
     : backend_(backend),
       tokenizer_(tokenizer),
       chat_template_(chat_template),
       options_(std::move(options)),
-      created_(static_cast<int64_t>(std::time(nullptr))) {}
+      created_(static_cast<int64_t>(std::time(nullptr))) {
+  if (options_.render_threads > 0) {
+    render_pool_ = std::make_unique<RenderPool>(options_.render_threads);
+    if (options_.custom_template_render_threads > 0) {
+      custom_template_pool_ = std::make_unique<RenderPool>(options_.custom_template_render_threads);
+    }
+  }
+}
+
+OpenAiService::~OpenAiService() { StopRendering(); }
+
+void OpenAiService::StopRendering() {
+  stopping_.store(true);
+  // The queued jobs see stopping_ and return at once.
+  custom_template_pool_.reset();
+  render_pool_.reset();
+}
 
 void OpenAiService::SendError(ResponseSink& sink, const std::string& endpoint,
                               const absl::Status& status) {
@@ -141,7 +177,7 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     const Endpoint endpoint = path == kChatPath        ? Endpoint::kChatCompletions
                               : path == kResponsesPath ? Endpoint::kResponses
                                                        : Endpoint::kCompletions;
-    return HandleGeneration(endpoint, *body, std::move(sink), std::move(poster),
+    return HandleGeneration(endpoint, *std::move(body), std::move(sink), std::move(poster),
                             std::move(api_key));
   }
   if (path == "/health") {
@@ -190,14 +226,7 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
   return nullptr;
 }
 
-std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint,
-                                                               const json& body,
-                                                               std::shared_ptr<ResponseSink> sink,
-                                                               Poster poster,
-                                                               std::shared_ptr<const ApiKey> api_key) {
-  const std::string path = endpoint == Endpoint::kChatCompletions ? kChatPath
-                           : endpoint == Endpoint::kResponses     ? kResponsesPath
-                                                                  : kCompletionsPath;
+ParseContext OpenAiService::MakeParseContext() {
   ParseContext context;
   context.tokenizer = tokenizer_;
   context.chat_template = chat_template_;
@@ -205,10 +234,74 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
   context.max_model_len = backend_->max_model_len();
   context.grammar_compiler = grammar_compiler();
   context.allow_unknown_fields = options_.allow_unknown_fields;
-  absl::StatusOr<GenerationRequest> request =
-      endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
-      : endpoint == Endpoint::kResponses     ? ParseResponsesRequest(body, context)
-                                             : ParseCompletionRequest(body, context);
+  context.render_limits = options_.render_limits;
+  context.render_limits.deadline = absl::Now() + absl::FromChrono(options_.render_timeout);
+  return context;
+}
+
+absl::StatusOr<GenerationRequest> OpenAiService::Parse(Endpoint endpoint, const json& body,
+                                                       const ParseContext& context) {
+  return endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
+         : endpoint == Endpoint::kResponses     ? ParseResponsesRequest(body, context)
+                                                : ParseCompletionRequest(body, context);
+}
+
+std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint, json body,
+                                                               std::shared_ptr<ResponseSink> sink,
+                                                               Poster poster,
+                                                               std::shared_ptr<const ApiKey> api_key) {
+  if (render_pool_ == nullptr) {
+    absl::StatusOr<GenerationRequest> request = Parse(endpoint, body, MakeParseContext());
+    return StartSession(endpoint, std::move(request), std::move(sink), std::move(poster),
+                        std::move(api_key));
+  }
+  const std::string path = EndpointPath(endpoint);
+  auto custom = body.find("chat_template");
+  RenderPool* pool = custom != body.end() && !custom->is_null() && custom_template_pool_ != nullptr
+                         ? custom_template_pool_.get()
+                         : render_pool_.get();
+  if (pool->queued.fetch_add(1) >= options_.max_queued_renders) {
+    pool->queued.fetch_sub(1);
+    SendError(*sink, path,
+              absl::UnavailableError(absl::StrCat("The server is overloaded (",
+                                                  options_.max_queued_renders,
+                                                  " requests waiting to be parsed); retry later")));
+    return nullptr;
+  }
+  auto pending = std::make_shared<PendingParse>();
+  // The time waiting for a render thread counts against the deadline.
+  const absl::Time deadline = absl::Now() + absl::FromChrono(options_.render_timeout);
+  pool->pool.Post([this, pool, endpoint, pending, deadline, body = std::move(body),
+                   sink = std::move(sink), poster = std::move(poster),
+                   api_key = std::move(api_key)]() mutable {
+    pool->queued.fetch_sub(1);
+    if (stopping_.load()) return;
+    // Built here: the first one builds the grammar compiler (a vocabulary walk).
+    ParseContext context = MakeParseContext();
+    context.render_limits.cancelled = &pending->cancelled;
+    context.render_limits.deadline = deadline;
+    absl::StatusOr<GenerationRequest> request =
+        pending->cancelled.load() ? absl::CancelledError("the client went away")
+                                  : Parse(endpoint, body, context);
+    if (absl::IsCancelled(request.status())) {
+      spdlog::info("{}: parse stopped, the client went away", EndpointPath(endpoint));
+      return;
+    }
+    Poster post = poster;
+    post([this, endpoint, pending, request = std::move(request), sink = std::move(sink),
+          poster = std::move(poster), api_key = std::move(api_key)]() mutable {
+      if (pending->cancelled.load()) return;  // the transport wants no more sink calls
+      pending->session = StartSession(endpoint, std::move(request), std::move(sink),
+                                      std::move(poster), std::move(api_key));
+    });
+  });
+  return pending;
+}
+
+std::shared_ptr<RequestHandle> OpenAiService::StartSession(
+    Endpoint endpoint, absl::StatusOr<GenerationRequest> request,
+    std::shared_ptr<ResponseSink> sink, Poster poster, std::shared_ptr<const ApiKey> api_key) {
+  const std::string path = EndpointPath(endpoint);
   if (!request.ok()) {
     SendError(*sink, path, request.status());
     return nullptr;

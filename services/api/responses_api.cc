@@ -1,5 +1,8 @@
 #include "services/api/responses_api.h"
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +62,11 @@ absl::StatusOr<json> InputMessages(const json& body) {
     return InvalidParam("input", "'input' is required");
   }
   if (input->is_string()) {
+    // OpenAI refuses an empty input; rendering nothing but the template's frame would give the
+    // model no prompt to answer.
+    if (input->get_ref<const std::string&>().empty()) {
+      return InvalidParam("input", "'input' must not be an empty string");
+    }
     messages.push_back({{"role", "user"}, {"content", *input}});
     return messages;
   }
@@ -68,6 +76,15 @@ absl::StatusOr<json> InputMessages(const json& body) {
   for (size_t i = 0; i < input->size(); ++i) {
     const json& item = (*input)[i];
     if (!item.is_object()) return InvalidParam("input", "each input item must be an object");
+    for (auto it = item.begin(); it != item.end(); ++it) {
+      // id and status: what an earlier response's output item carries when fed back.
+      static constexpr std::string_view kItemKeys[] = {"type", "role", "content", "id", "status"};
+      if (std::find(std::begin(kItemKeys), std::end(kItemKeys), it.key()) ==
+          std::end(kItemKeys)) {
+        return InvalidParam("input", absl::StrCat("Unrecognized request argument supplied: input[",
+                                                  i, "].", it.key()));
+      }
+    }
     const std::string type = item.value("type", "message");
     if (type != "message") {
       return InvalidParam("input", absl::StrCat("input[", i, "] of type '", type,

@@ -1,6 +1,7 @@
 #include "services/api/structured_output.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,6 +83,21 @@ absl::Status AddVllm(const json& obj, const std::string& prefix, const char* jso
   return absl::OkStatus();
 }
 
+// CheckKeys refuses keys of `obj` outside `known`, naming them as `prefix`.key (OpenAI's
+// "Unrecognized request argument" wording).
+absl::Status CheckKeys(const json& obj, std::initializer_list<const char*> known,
+                       const std::string& prefix) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return it.key() == k; }) ==
+        known.end()) {
+      return InvalidParam("response_format",
+                          absl::StrCat("Unrecognized request argument supplied: ", prefix,
+                                       it.key()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(const json& body) {
@@ -91,6 +107,10 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(con
       return InvalidParam("response_format", "'response_format' must be an object with a 'type'");
     }
     const std::string type = (*rf)["type"].get<std::string>();
+    if (absl::Status s = CheckKeys(*rf, {"type", "json_schema"}, "response_format.");
+        !s.ok()) {
+      return s;
+    }
     if (type == "json_object") {
       found.push_back({GrammarSpec{GrammarKind::kJsonObject, "", {}}, "response_format"});
     } else if (type == "json_schema") {
@@ -98,6 +118,12 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(con
       if (js == nullptr || !js->is_object()) {
         return InvalidParam("response_format",
                             "response_format type 'json_schema' needs a 'json_schema' object");
+      }
+      // name/description/strict describe the schema; it is always enforced strictly.
+      if (absl::Status s = CheckKeys(*js, {"name", "schema", "strict", "description"},
+                                     "response_format.json_schema.");
+          !s.ok()) {
+        return s;
       }
       const json* schema = Present(*js, "schema");
       if (schema == nullptr) {

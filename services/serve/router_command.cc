@@ -125,6 +125,9 @@ int RunRouter(const RouterOptions& options) {
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
   service_options.auth = auth->get();
+  // Chat template renders and tokenization run off the HTTP I/O threads.
+  service_options.render_threads = 2;
+  service_options.custom_template_render_threads = 1;
   // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
   // than drop them.
   service_options.enable_structured_outputs = false;
@@ -235,6 +238,7 @@ int RunRouter(const RouterOptions& options) {
   }
   spdlog::info("{} requests in flight at shutdown", backend_ptr->num_in_flight());
   (*server)->Stop();
+  service->StopRendering();  // queued parses hold the server's sinks
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   backend.reset();
   server->reset();

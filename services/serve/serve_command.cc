@@ -37,6 +37,9 @@ int RunServe(const ServeOptions& options) {
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
   service_options.auth = auth->get();
+  // Chat template renders and tokenization run off the HTTP I/O threads.
+  service_options.render_threads = 2;
+  service_options.custom_template_render_threads = 1;
   auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
                                                  runtime->chat_template.get(), service_options);
   OpenAiService* service_ptr = service.get();
@@ -85,6 +88,7 @@ int RunServe(const ServeOptions& options) {
   // Order matters: stop the io threads, then the engine (its final callbacks post into the
   // stopped io_context, which still exists), then destroy the server and its pending handlers.
   (*server)->Stop();
+  service->StopRendering();  // queued parses hold the server's sinks
   // Cancels the open gRPC calls; their reactors finish once the engine delivered their final
   // (aborted) outputs, which happens while the engine still runs.
   if (grpc_server != nullptr) grpc_server->Shutdown(std::chrono::system_clock::now() +

@@ -941,6 +941,36 @@ TEST(JinjaTest, LoopIterationsAreCapped) {
               "loop iterations");
 }
 
+// The default render budget (jinja/budget.h) leaves room for real templates on the largest
+// conversations the server accepts (8 MiB bodies): 7000 messages of 1 KB, with 64 tools.
+TEST(JinjaTest, StyleTemplatesOnLargeConversationsFitTheDefaultBudget) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "Be brief."}});
+  const std::string content(1000, 'w');
+  for (int i = 0; i < 7000; ++i) {
+    messages.push_back({{"role", i % 2 == 0 ? "user" : "assistant"}, {"content", content}});
+  }
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  for (int i = 0; i < 64; ++i) {
+    tools.push_back({{"type", "function"},
+                     {"function",
+                      {{"name", "f" + std::to_string(i)},
+                       {"description", std::string(200, 'd')},
+                       {"parameters", {{"type", "object"},
+                                       {"properties", {{"x", {{"type", "string"}}}}}}}}}});
+  }
+  for (const char* source : {kLlamaStyle, kQwenStyle}) {
+    auto tmpl = ChatTemplate::Parse(source);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    auto rendered = (*tmpl)->RenderMessagesOrdered(
+        messages, true,
+        {{"bos_token", "<s>"}, {"tools", tools}, {"enable_thinking", false}},
+        jinja::RenderLimits());
+    ASSERT_TRUE(rendered.ok()) << rendered.status();
+    EXPECT_GT(rendered->size(), 7000u * 1000u);
+  }
+}
+
 TEST(JinjaTest, MacroRecursionIsCapped) {
   ExpectError("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "{}", "recursion");
 }

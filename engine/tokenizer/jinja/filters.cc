@@ -583,7 +583,8 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
     f["string"] = [](Interpreter&, const Value& v, const CallArgs&) -> absl::StatusOr<Value> {
       return Value::String(SoftStr(v));
     };
-    f["sum"] = [](Interpreter&, const Value& v, const CallArgs& a) -> absl::StatusOr<Value> {
+    f["sum"] = [](Interpreter& interp, const Value& v,
+                  const CallArgs& a) -> absl::StatusOr<Value> {
       SLUICE_ASSIGN_OR_RETURN(List items, Iterate(v));
       const Value* attribute = a.Arg(0, "attribute");
       const Value* start = a.Arg(1, "start");
@@ -594,6 +595,8 @@ const absl::flat_hash_map<std::string, FilterFn>& Filters() {
           SLUICE_ASSIGN_OR_RETURN(x, Attribute(item, *attribute));
         }
         SLUICE_ASSIGN_OR_RETURN(total, BinaryOp("+", total, x));
+        // Summing strings or lists copies the running total every step (quadratic).
+        SLUICE_RETURN_IF_ERROR(interp.ChargeBytes(total.ShallowWeight()));
       }
       return total;
     };

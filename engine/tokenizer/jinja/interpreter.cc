@@ -1,5 +1,7 @@
 #include "engine/tokenizer/jinja/interpreter.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -33,20 +35,15 @@ absl::Status RaisedError(absl::string_view message) {
 }
 
 absl::Status Interpreter::Append(std::string* out, absl::string_view text) {
-  if (out->size() + text.size() > kMaxValueBytes) {
+  const int64_t size = static_cast<int64_t>(out->size() + text.size());
+  SLUICE_RETURN_IF_ERROR(budget_.CheckOutput(size));
+  // A block `set` captures into a string value, which kMaxValueBytes caps as well.
+  if (size > static_cast<int64_t>(kMaxValueBytes)) {
     return absl::InvalidArgumentError(
         absl::StrCat("rendered output exceeds the limit of ", kMaxValueBytes, " bytes"));
   }
+  SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(static_cast<int64_t>(text.size())));
   out->append(text.data(), text.size());
-  return absl::OkStatus();
-}
-
-absl::Status Interpreter::ChargeIterations(int64_t n) {
-  iterations_ += n;
-  if (iterations_ > kMaxLoopIterations) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("template exceeds the limit of ", kMaxLoopIterations, " loop iterations"));
-  }
   return absl::OkStatus();
 }
 
@@ -57,8 +54,7 @@ absl::StatusOr<std::string> Interpreter::Render(const Value& context) {
   if (context.is_dict()) {
     for (const auto& [key, value] : context.as_dict().entries()) root_->vars[key] = value;
   }
-  iterations_ = 0;
-  call_depth_ = 0;
+  budget_ = WorkBudget(budget_.limits());
   std::string out;
   Flow flow = Flow::kNormal;
   SLUICE_RETURN_IF_ERROR(ExecBody(template_.body, root_, &out, &flow));
@@ -88,6 +84,7 @@ absl::Status Interpreter::ExecBody(const Body& body, const FramePtr& frame, std:
 
 absl::Status Interpreter::ExecStmt(const Stmt& stmt, const FramePtr& frame, std::string* out,
                                    Flow* flow) {
+  SLUICE_RETURN_IF_ERROR(budget_.ChargeOperations(1));
   switch (stmt.kind) {
     case StmtKind::kText:
       return Append(out, stmt.text);
@@ -212,10 +209,12 @@ absl::Status Interpreter::Assign(const Stmt& stmt, const FramePtr& frame, Value 
 absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::string* out) {
   SLUICE_ASSIGN_OR_RETURN(Value iterable, Eval(*stmt.expr, frame));
   SLUICE_ASSIGN_OR_RETURN(List items, Iterate(iterable));
+  SLUICE_RETURN_IF_ERROR(
+      budget_.ChargeBytes(static_cast<int64_t>(items.size()) * kElementBytes));
   if (stmt.condition != nullptr) {
     List kept;
     for (Value& item : items) {
-      SLUICE_RETURN_IF_ERROR(ChargeIterations(1));
+      SLUICE_RETURN_IF_ERROR(budget_.ChargeIterations(1));
       auto scope = std::make_shared<Frame>();
       scope->parent = frame;
       SLUICE_RETURN_IF_ERROR(Unpack(stmt.targets, stmt.targets_tuple, item, &scope->vars));
@@ -249,7 +248,7 @@ absl::Status Interpreter::ExecFor(const Stmt& stmt, const FramePtr& frame, std::
   auto scope = std::make_shared<Frame>();
   scope->parent = frame;
   for (int64_t i = 0; i < length; ++i) {
-    SLUICE_RETURN_IF_ERROR(ChargeIterations(1));
+    SLUICE_RETURN_IF_ERROR(budget_.ChargeIterations(1));
     *cycle_index = i;
     loop->SetAt(0, Value::Int(i + 1));
     loop->SetAt(1, Value::Int(i));
@@ -285,9 +284,7 @@ Value Interpreter::MakeMacro(const Stmt& macro, const FramePtr& frame) {
 
 absl::StatusOr<Value> Interpreter::CallMacro(const Stmt& macro, const std::weak_ptr<Frame>& closure,
                                              const CallArgs& args, const Value* caller) {
-  if (call_depth_ >= kMaxCallDepth) {
-    return absl::InvalidArgumentError("maximum recursion depth exceeded in macro call");
-  }
+  SLUICE_RETURN_IF_ERROR(budget_.ChargeOperations(1));
   FramePtr parent = closure.lock();
   if (parent == nullptr) parent = root_;
   auto scope = std::make_shared<Frame>();
@@ -319,11 +316,11 @@ absl::StatusOr<Value> Interpreter::CallMacro(const Stmt& macro, const std::weak_
     }
   }
   if (caller != nullptr) scope->vars["caller"] = *caller;
-  ++call_depth_;
+  SLUICE_RETURN_IF_ERROR(budget_.EnterCall());
   std::string out;
   Flow flow = Flow::kNormal;
   absl::Status status = ExecBody(macro.body, scope, &out, &flow);
-  --call_depth_;
+  budget_.ExitCall();
   SLUICE_RETURN_IF_ERROR(status);
   return Value::String(std::move(out));
 }
@@ -356,6 +353,7 @@ absl::StatusOr<CallArgs> Interpreter::EvalArgs(const Expr& expr, size_t first_ar
 
 absl::StatusOr<Value> Interpreter::EvalFilter(const Expr& expr, const FramePtr& frame,
                                               const Value* input) {
+  SLUICE_RETURN_IF_ERROR(budget_.ChargeOperations(1));
   Value operand;
   if (expr.args[0] != nullptr) {
     if (expr.args[0]->kind == ExprKind::kFilter) {
@@ -367,10 +365,36 @@ absl::StatusOr<Value> Interpreter::EvalFilter(const Expr& expr, const FramePtr& 
     operand = *input;
   }
   SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
-  return ApplyFilter(*this, expr.name, operand, args);
+  // Most filters walk their input (deep: tojson, sort, join, map, ...); these look at its
+  // top level only, or not at all, and are used per message in loops.
+  static constexpr absl::string_view kShallowFilters[] = {
+      "attr", "batch", "count", "d", "default", "first", "items", "last", "length", "list",
+      "reverse", "safe"};
+  const bool shallow = std::find(std::begin(kShallowFilters), std::end(kShallowFilters),
+                                 expr.name) != std::end(kShallowFilters);
+  SLUICE_RETURN_IF_ERROR(
+      budget_.ChargeBytes(shallow ? operand.ShallowWeight() : operand.weight()));
+  for (const Value& v : args.positional) {
+    SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(v.ShallowWeight()));
+  }
+  return Charged(ApplyFilter(*this, expr.name, operand, args));
+}
+
+absl::StatusOr<Value> Interpreter::Charged(absl::StatusOr<Value> result) {
+  if (result.ok()) SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(result->ShallowWeight()));
+  return result;
+}
+
+absl::Status Interpreter::ChargeArgs(const CallArgs& args) {
+  for (const Value& v : args.positional) SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(v.weight()));
+  for (const auto& [key, v] : args.keyword) {
+    SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(v.weight()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame) {
+  SLUICE_RETURN_IF_ERROR(budget_.ChargeOperations(1));
   switch (expr.kind) {
     case ExprKind::kLiteral:
       return expr.literal;
@@ -383,7 +407,7 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
         SLUICE_ASSIGN_OR_RETURN(Value v, Eval(*arg, frame));
         items.push_back(std::move(v));
       }
-      return Value::MakeList(std::move(items), expr.kind == ExprKind::kTuple);
+      return Charged(Value::MakeList(std::move(items), expr.kind == ExprKind::kTuple));
     }
     case ExprKind::kDict: {
       auto dict = std::make_shared<Dict>();
@@ -396,11 +420,14 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
         }
         dict->Set(key.as_string(), std::move(value));
       }
-      return Value::MakeDict(std::move(dict));
+      return Charged(Value::MakeDict(std::move(dict)));
     }
     case ExprKind::kGetAttr: {
       SLUICE_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
-      return GetAttribute(obj, expr.name);
+      SLUICE_ASSIGN_OR_RETURN(Value attr, GetAttribute(obj, expr.name));
+      // A bound method (s.split, d.items, ...) walks its receiver when called.
+      if (attr.is_callable()) SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(obj.weight()));
+      return attr;
     }
     case ExprKind::kGetItem: {
       SLUICE_ASSIGN_OR_RETURN(Value obj, Eval(*expr.args[0], frame));
@@ -415,18 +442,24 @@ absl::StatusOr<Value> Interpreter::Eval(const Expr& expr, const FramePtr& frame)
           SLUICE_ASSIGN_OR_RETURN(parts[i], Eval(*expr.args[i + 1], frame));
         }
       }
-      return SliceValue(obj, parts[0], parts[1], parts[2]);
+      SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(obj.ShallowWeight()));
+      return Charged(SliceValue(obj, parts[0], parts[1], parts[2]));
     }
     case ExprKind::kCall: {
       SLUICE_ASSIGN_OR_RETURN(Value callee, Eval(*expr.args[0], frame));
       SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
-      return CallValue(callee, args);
+      return Charged(CallValue(callee, args));
     }
     case ExprKind::kFilter:
       return EvalFilter(expr, frame, nullptr);
     case ExprKind::kTest: {
       SLUICE_ASSIGN_OR_RETURN(Value operand, Eval(*expr.args[0], frame));
       SLUICE_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(expr, 1, frame));
+      // Type tests look at the operand's kind; tests with arguments (==, in, ...) walk both.
+      SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(args.positional.empty() && args.keyword.empty()
+                                                     ? operand.ShallowWeight()
+                                                     : operand.weight()));
+      SLUICE_RETURN_IF_ERROR(ChargeArgs(args));
       SLUICE_ASSIGN_OR_RETURN(bool result, ApplyTest(*this, expr.name, operand, args));
       return Value::Bool(result != expr.negated);
     }
@@ -473,13 +506,16 @@ absl::StatusOr<Value> Interpreter::EvalBinary(const Expr& expr, const FramePtr& 
     return Eval(*expr.args[1], frame);
   }
   SLUICE_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[1], frame));
-  return BinaryOp(expr.name, left, right);
+  return Charged(BinaryOp(expr.name, left, right));
 }
 
 absl::StatusOr<Value> Interpreter::EvalCompare(const Expr& expr, const FramePtr& frame) {
   SLUICE_ASSIGN_OR_RETURN(Value left, Eval(*expr.args[0], frame));
   for (size_t i = 0; i < expr.ops.size(); ++i) {
     SLUICE_ASSIGN_OR_RETURN(Value right, Eval(*expr.args[i + 1], frame));
+    // ==, < and `in` walk both operands (deep for lists and dicts).
+    SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(left.weight()));
+    SLUICE_RETURN_IF_ERROR(budget_.ChargeBytes(right.weight()));
     const std::string& op = expr.ops[i];
     bool result = false;
     if (op == "==") {

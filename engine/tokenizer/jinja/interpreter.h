@@ -2,9 +2,10 @@
 //
 // Scoping follows Jinja2: `for` iterations and macro calls open a scope (assignments inside do
 // not leak out; `namespace()` objects are the way out), `if` does not. Resource limits make a
-// hostile template fail with InvalidArgument instead of hanging or exhausting memory: the output
-// and every string/list value are capped at kMaxValueBytes, loop iterations per render at
-// kMaxLoopIterations, and macro recursion at kMaxCallDepth.
+// hostile template fail with InvalidArgument instead of hanging or exhausting memory: every
+// string/list value is capped at kMaxValueBytes, and each render has a work budget
+// (RenderLimits, jinja/budget.h: operations, bytes of work, loop iterations, macro depth, output
+// bytes, cancellation and a deadline) chosen by the caller.
 #ifndef SLUICE_ENGINE_TOKENIZER_JINJA_INTERPRETER_H_
 #define SLUICE_ENGINE_TOKENIZER_JINJA_INTERPRETER_H_
 
@@ -16,12 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/tokenizer/jinja/ast.h"
+#include "engine/tokenizer/jinja/budget.h"
 #include "engine/tokenizer/jinja/value.h"
 
 namespace sluice::jinja {
-
-inline constexpr int64_t kMaxLoopIterations = 1'000'000;
-inline constexpr int kMaxCallDepth = 64;
 
 // RaisedError builds the status of `raise_exception(message)`: InvalidArgument whose message is
 // exactly `message` (no line prefix is ever added to it).
@@ -31,19 +30,22 @@ absl::Status RaisedError(absl::string_view message);
 // the Template may be shared.
 class Interpreter {
  public:
-  explicit Interpreter(const Template& tmpl) : template_(tmpl) {}
+  explicit Interpreter(const Template& tmpl, const RenderLimits& limits = RenderLimits())
+      : template_(tmpl), budget_(limits) {}
 
   // Render evaluates the template with `context` (a dict Value) as the global variables; the
   // builtin globals (range, namespace, dict, raise_exception, strftime_now) are visible unless
   // `context` overrides them. Errors: InvalidArgument "line N: ..." for runtime errors,
-  // RaisedError for raise_exception.
+  // RaisedError for raise_exception, InvalidArgument naming the limit when the budget is spent,
+  // Cancelled / DeadlineExceeded when the render was cancelled or passed its deadline.
   absl::StatusOr<std::string> Render(const Value& context);
 
   // CallValue invokes a callable Value. Errors: InvalidArgument when `callee` is not callable.
   absl::StatusOr<Value> CallValue(const Value& callee, const CallArgs& args);
 
-  // ChargeIterations counts `n` loop iterations against kMaxLoopIterations.
-  absl::Status ChargeIterations(int64_t n);
+  // ChargeIterations / ChargeBytes count builtins' work against the render's budget.
+  absl::Status ChargeIterations(int64_t n) { return budget_.ChargeIterations(n); }
+  absl::Status ChargeBytes(int64_t n) { return budget_.ChargeBytes(n); }
 
  private:
   struct Frame {
@@ -67,14 +69,17 @@ class Interpreter {
   absl::StatusOr<CallArgs> EvalArgs(const Expr& expr, size_t first_arg, const FramePtr& frame);
   absl::StatusOr<Value> EvalFilter(const Expr& expr, const FramePtr& frame, const Value* input);
   Value Lookup(const std::string& name, const FramePtr& frame) const;
+  // Charged charges a builtin's result (its shallow weight) to the budget.
+  absl::StatusOr<Value> Charged(absl::StatusOr<Value> result);
+  // ChargeArgs charges the deep weight of every argument.
+  absl::Status ChargeArgs(const CallArgs& args);
 
-  static absl::Status Append(std::string* out, absl::string_view text);
+  absl::Status Append(std::string* out, absl::string_view text);
 
   const Template& template_;
   FramePtr root_;
   std::shared_ptr<Dict> globals_;
-  int64_t iterations_ = 0;
-  int call_depth_ = 0;
+  WorkBudget budget_;
 };
 
 }  // namespace sluice::jinja

@@ -42,6 +42,27 @@ const Value* CallArgs::Arg(size_t index, absl::string_view name) const {
   return Kwarg(name);
 }
 
+namespace {
+
+constexpr int64_t kMaxWeight = int64_t{1} << 62;
+
+int64_t AddWeight(int64_t a, int64_t b) { return b >= kMaxWeight - a ? kMaxWeight : a + b; }
+
+}  // namespace
+
+int64_t Value::ShallowWeight() const {
+  switch (kind_) {
+    case Kind::kString:
+      return static_cast<int64_t>(s_->size());
+    case Kind::kList:
+      return static_cast<int64_t>(list_->size()) * kElementBytes;
+    case Kind::kDict:
+      return static_cast<int64_t>(dict_->size()) * kElementBytes;
+    default:
+      return 0;
+  }
+}
+
 Value Value::Undefined(std::string hint) {
   Value v;
   v.hint_ = std::move(hint);
@@ -78,6 +99,7 @@ Value Value::Float(double f) {
 Value Value::String(std::string s) {
   Value v;
   v.kind_ = Kind::kString;
+  v.weight_ = static_cast<int64_t>(s.size());
   v.s_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
@@ -89,6 +111,7 @@ Value Value::MakeList(List items, bool is_tuple) {
   for (const Value& item : items) {
     v.depth_ = std::max(v.depth_, item.depth_ + 1);
     v.has_namespace_ = v.has_namespace_ || item.has_namespace_;
+    v.weight_ = AddWeight(v.weight_, AddWeight(item.weight_, kElementBytes));
   }
   if (items.empty()) v.depth_ = 1;
   v.list_ = std::make_shared<const List>(std::move(items));
@@ -101,10 +124,12 @@ Value Value::MakeDict(std::shared_ptr<Dict> dict, bool is_namespace) {
   v.is_namespace_ = is_namespace;
   v.has_namespace_ = is_namespace;
   v.depth_ = 1;
+  v.weight_ = static_cast<int64_t>(dict->size()) * kElementBytes;
   if (!is_namespace) {
     for (const auto& [key, item] : dict->entries()) {
       v.depth_ = std::max(v.depth_, item.depth_ + 1);
       v.has_namespace_ = v.has_namespace_ || item.has_namespace_;
+      v.weight_ = AddWeight(v.weight_, AddWeight(item.weight_, static_cast<int64_t>(key.size())));
     }
   }
   v.dict_ = std::move(dict);

@@ -33,6 +33,9 @@ inline constexpr size_t kMaxValueBytes = size_t{16} << 20;
 // kMaxValueDepth caps the nesting of lists/dicts a template may store in a variable (and of the
 // JSON context), so recursive walks over values and their destruction stay shallow.
 inline constexpr int kMaxValueDepth = 256;
+// kElementBytes is what one list element or dict entry counts against a render's work budget
+// (jinja/budget.h): about the memory a Value takes.
+inline constexpr int64_t kElementBytes = 64;
 
 class Value;
 class Interpreter;
@@ -130,6 +133,14 @@ class Value {
   int depth() const { return depth_; }
   // has_namespace is whether this value is or (transitively) contains a namespace.
   bool has_namespace() const { return has_namespace_; }
+  // weight is the work a deep walk over the value does (render budget, jinja/budget.h): string
+  // bytes, plus kElementBytes per list element or dict entry, summed over nested values (a
+  // shared sub-list counts once per reference, as a walk visits it), saturating at 2^62.
+  // A namespace counts its entries at creation only.
+  int64_t weight() const { return weight_; }
+  // ShallowWeight is the work of building the value itself: string bytes, or kElementBytes per
+  // list element or dict entry (not their contents, which are shared).
+  int64_t ShallowWeight() const;
 
   // Truthy is Python's bool(): false for undefined, None, False, 0, 0.0, "", [], {}.
   bool Truthy() const;
@@ -143,6 +154,7 @@ class Value {
   bool is_namespace_ = false;
   bool has_namespace_ = false;
   int depth_ = 0;
+  int64_t weight_ = 0;
   int64_t i_ = 0;
   double f_ = 0;
   std::shared_ptr<const std::string> s_;
