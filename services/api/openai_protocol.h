@@ -20,6 +20,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/api/multimodal_input.h"
 
 namespace sluice {
 
@@ -58,6 +59,9 @@ struct GenerationRequest {
   nlohmann::json responses_echo;
   // Structured output (response_format, structured_outputs, guided_*): null when unconstrained.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // Chat with images: the prompt's images (placeholders already expanded in prompts[0]),
+  // handed to every choice's EngineRequest.
+  std::vector<MultimodalInput> mm_inputs;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -74,6 +78,9 @@ struct ParseContext {
   // Compiles structured-output constraints (services/api/structured_output.h); null: they are
   // refused with 400.
   grammar::GrammarCompiler* grammar_compiler = nullptr;
+  // Vision-language models: image content parts are accepted (multimodal_input.h); null:
+  // they are refused with 400.
+  const MultimodalContext* multimodal = nullptr;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

@@ -43,6 +43,9 @@ struct OpenAiServiceOptions {
   // the tokenizer's vocabulary and enforced by the engine. False: such requests get 400 (a
   // backend that cannot carry a grammar, e.g. the router's remote workers).
   bool enable_structured_outputs = true;
+  // Vision-language models: image content parts are accepted and encoded in process
+  // (multimodal_input.h); borrowed. Null: image parts get 400.
+  const MultimodalContext* multimodal = nullptr;
 };
 
 class OpenAiService {

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   sluice::AddApiAuthFlags(*serve_cmd, serve.auth);
   sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
   sluice::AddTlsFlags(*serve_cmd, serve.http);
+  sluice::AddMultimodalFlags(*serve_cmd, serve.multimodal);
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;

@@ -174,6 +174,7 @@ TEST(MultimodalEngineTest, InvalidImageInputsAreRefused) {
   EngineOptions small;
   small.block_size = 4;
   small.num_kv_blocks = 16;
+  small.max_model_len = 64;
   auto text = LLMEngine::Create(std::make_unique<testing::ChecksumModel>(), small);
   ASSERT_TRUE(text.ok());
   EngineRequest t = ImageRequest("t", 1.0f, 1);
