@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
                            "Requests being generated at once")
       ->check(CLI::PositiveNumber);
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
+  sluice::AddMultimodalFlags(*generate_cmd, generate.multimodal);
 
   sluice::RouterOptions router;
   int router_port = router.http.port;

@@ -205,3 +205,24 @@ def test_text_only_model_refuses_image_parts(client, model):
         client.chat.completions.create(model=model, max_tokens=4, messages=[
             {"role": "user", "content": [image_part(fixture_image("image_0.png"))]}])
     assert "this model takes no images" in err.value.message
+
+
+def test_generate_lines_with_images(tmp_path, tokenizer):
+    import subprocess
+    from conftest import sluice_bin
+    lines = [
+        {"custom_id": "one", "messages": PROMPT0, "temperature": 0, "max_tokens": 32},
+        {"custom_id": "two", "messages": PROMPT1, "temperature": 0, "max_tokens": 32},
+        {"custom_id": "bomb", "messages": [{"role": "user", "content": [bad_images()[5][1][0]]}]},
+    ]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = subprocess.run([sluice_bin(), "generate", "--model", str(FIXTURE), "--input", str(src),
+                           "--output", str(dst), "--no-progress", "--max-model-len", "256"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    for i, case in enumerate([0, 1]):
+        want = tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
+        assert out[i]["choices"][0]["message"]["content"] == want
+    assert "decompression bomb" in out[2]["error"]["message"]
