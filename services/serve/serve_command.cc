@@ -71,6 +71,7 @@ int RunServe(const ServeOptions& options) {
     grpc_options.served_model_name = runtime->served_model_name;
     grpc_options.max_concurrent_requests = options.max_concurrent_requests;
     grpc_options.auth = auth->get();
+    grpc_options.multimodal = service_options.multimodal;
     grpc_service = std::make_unique<InferenceGrpcService>(
         runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
         &service->metrics(), grpc_options);

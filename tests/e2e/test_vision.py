@@ -10,6 +10,7 @@ import base64
 import io
 import json
 import pathlib
+import socket
 import struct
 import urllib.request
 import zlib
@@ -59,13 +60,21 @@ def chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def vl_server():
+    grpc_port = free_port()
     proc = ServerProcess(
         extra_args=["--limit-mm-per-prompt", '{"image": 3}', "--max-image-pixels",
                     str(MAX_PIXELS), "--max-image-bytes", str(MAX_BYTES), "--max-model-len",
-                    "256"],
+                    "256", "--grpc-port", str(grpc_port)],
         model_dir=FIXTURE)
+    proc.grpc_address = f"127.0.0.1:{grpc_port}"
     yield proc
     assert proc.stop() == 0, proc.logs()
 
@@ -226,3 +235,29 @@ def test_generate_lines_with_images(tmp_path, tokenizer):
         want = tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
         assert out[i]["choices"][0]["message"]["content"] == want
     assert "decompression bomb" in out[2]["error"]["message"]
+
+
+def test_grpc_generate_with_images(vl_server, tokenizer):
+    import importlib
+    import grpc
+    from grpc_stubs import pb, pb_grpc
+    common = importlib.import_module("sluice.v1.common_pb2")  # generated beside pb
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(vl_server.grpc_address))
+    chat = pb.ChatPrompt(add_generation_prompt=True, messages=[
+        pb.ChatMessage(role="system", content="You compare pictures."),
+        pb.ChatMessage(role="user", parts=[
+            pb.ContentPart(text="Compare <|image|> with <|image|>. Which one is brighter?"),
+            pb.ContentPart(image=pb.ImagePart(data=fixture_image("image_1.png"))),
+            pb.ContentPart(image=pb.ImagePart(
+                url=data_url(fixture_image("image_2.jpg"), "image/jpeg"), detail="low")),
+        ])])
+    request = pb.GenerateRequest(chat=chat, detokenize=True,
+                                 sampling=common.SamplingParams(temperature=0, max_tokens=32))
+    ids = [t.token_id for out in stub.Generate(request, timeout=60) for t in out.tokens]
+    assert ids == golden("greedy_1").tolist()
+    bad = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user", parts=[
+        pb.ContentPart(image=pb.ImagePart(data=b"<svg xmlns='http://www.w3.org/2000/svg'/>"))])]))
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.Generate(bad, timeout=60))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "SVG images are not supported" in err.value.details()
