@@ -141,6 +141,37 @@ TEST(MultimodalEngineTest, EmbeddingsAreSplicedAcrossPrefillChunks) {
   }
 }
 
+TEST(MultimodalEngineTest, PreemptedRequestsRecomputeWithTheirImages) {
+  // 12 blocks of 4 tokens for three 17-token prompts growing to 29 tokens (8 blocks each):
+  // sequences are preempted and recomputed (prefix cache first), their images spliced again.
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 12;
+  options.max_model_len = 32;
+  options.max_num_batched_tokens = 8;
+  auto engine = LLMEngine::Create(std::make_unique<EmbeddingChecksumModel>(), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 3; ++i) {
+    EngineRequest r = ImageRequest("r" + std::to_string(i), 100.0f * (i + 1), 10 + i);
+    r.sampling.max_tokens = 12;
+    requests.push_back(r);
+    const absl::Status added = (*engine)->AddRequest(r);
+    ASSERT_TRUE(added.ok()) << added;
+  }
+  std::map<std::string, std::vector<int32_t>> tokens;
+  for (int i = 0; i < 10000 && (*engine)->HasUnfinishedRequests(); ++i) {
+    for (const RequestOutput& out : (*engine)->Step()) {
+      for (const SampledToken& t : out.new_tokens) tokens[out.request_id].push_back(t.token_id);
+    }
+  }
+  EXPECT_GT((*engine)->counters().num_preemptions, 0);
+  for (const EngineRequest& r : requests) {
+    EXPECT_EQ(tokens[r.request_id], EmbeddingChecksumModel::Reference(Inputs(r), 12))
+        << r.request_id;
+  }
+}
+
 TEST(MultimodalEngineTest, DifferentImagesNeverShareBlocksSameImageDoes) {
   auto engine = MakeEngine(64);
   std::vector<int32_t> a, b, c;
