@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libabsl-dev nlohmann-json3-dev libboost-dev libboost-system-dev libpcre2-dev libicu-dev libcli11-dev
   libspdlog-dev libfmt-dev libxxhash-dev libgtest-dev libgmock-dev
   libucx-dev ucx-utils
+  libpng-dev libjpeg62-turbo-dev libwebp-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev openssl
   python3 python3-venv curl
 )

@@ -82,4 +82,24 @@ void BlockHasher::ExtendFullBlockHashes(const BlockHash& root, absl::Span<const 
   }
 }
 
+void BlockHasher::ExtendFullBlockHashes(const BlockHash& root, absl::Span<const int32_t> tokens,
+                                        absl::Span<const BlockExtraKeySpan> spans,
+                                        std::vector<BlockHash>& hashes) const {
+  if (spans.empty()) {
+    ExtendFullBlockHashes(root, tokens, hashes);
+    return;
+  }
+  const size_t num_full = tokens.size() / static_cast<size_t>(block_size_);
+  std::vector<BlockHash> keys;
+  for (size_t b = hashes.size(); b < num_full; ++b) {
+    const int64_t begin = static_cast<int64_t>(b) * block_size_, end = begin + block_size_;
+    keys.clear();
+    for (const BlockExtraKeySpan& s : spans) {
+      if (s.start < end && s.end > begin) keys.push_back(s.key);
+    }
+    const BlockHash& parent = b == 0 ? root : hashes[b - 1];
+    hashes.push_back(HashBlock(parent, tokens.subspan(b * block_size_, block_size_), keys));
+  }
+}
+
 }  // namespace sluice

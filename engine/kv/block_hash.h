@@ -61,6 +61,15 @@ std::string KvLayoutIdentity(std::string_view model_id, int64_t block_size,
                              std::string_view kv_dtype, int64_t num_layers,
                              int64_t k_floats_per_token, int64_t v_floats_per_token);
 
+// BlockExtraKeySpan: an extra key that belongs to every block overlapping the token positions
+// [start, end) — e.g. an image's content hash over its placeholder tokens, so two prompts that
+// differ only in an image never share a block from the image on.
+struct BlockExtraKeySpan {
+  int64_t start = 0;
+  int64_t end = 0;
+  BlockHash key;
+};
+
 // BlockHasher computes block hashes for one model/layout identity. Immutable after construction;
 // thread-safe.
 class BlockHasher {
@@ -85,6 +94,12 @@ class BlockHasher {
   // blocks of `tokens` under `root`; appends the hashes of the remaining full blocks (a trailing
   // partial block gets none). Text only (no extra keys).
   void ExtendFullBlockHashes(const BlockHash& root, absl::Span<const int32_t> tokens,
+                             std::vector<BlockHash>& hashes) const;
+  // ExtendFullBlockHashes with extra keys: block b is hashed with the keys of the `spans`
+  // overlapping its positions [b·block_size, (b+1)·block_size), in the order of `spans`
+  // (blocks no span overlaps hash as text-only blocks).
+  void ExtendFullBlockHashes(const BlockHash& root, absl::Span<const int32_t> tokens,
+                             absl::Span<const BlockExtraKeySpan> spans,
                              std::vector<BlockHash>& hashes) const;
 
  private:

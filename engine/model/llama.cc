@@ -59,6 +59,7 @@ class LlamaModel : public Model {
   absl::Status Load(const Checkpoint& ckpt);
 
   const ModelConfig& config() const override { return config_; }
+  bool SupportsInputEmbeddings() const override { return true; }
 
   KvCacheSpec kv_cache_spec() const override {
     KvCacheSpec spec;
@@ -106,7 +107,17 @@ class LlamaModel : public Model {
     if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
   }
 
+  // The checkpoint name of a Hugging Face Llama tensor name: "model.X" lives under
+  // model_prefix_ and lm_head under lm_head_name_ (different in vision-language checkpoints,
+  // whose language model is nested).
+  std::string Name(const std::string& hf) const {
+    if (hf.rfind("model.", 0) == 0) return model_prefix_ + hf.substr(6);
+    return hf == "lm_head.weight" ? lm_head_name_ : hf;
+  }
+
   ModelConfig config_;
+  std::string model_prefix_ = "model.";
+  std::string lm_head_name_ = "lm_head.weight";
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_, vocab_, qkv_dim_;
   std::vector<float> embed_;      // [V, H]
   std::vector<float> final_norm_;  // [H]
@@ -157,17 +168,29 @@ absl::Status LlamaModel::Load(const Checkpoint& ckpt) {
   rope_ = std::move(*table);
 
   const int64_t H = hidden_, hd = head_dim_;
-  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.embed_tokens.weight", {vocab_, H}, &embed_));
-  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "model.norm.weight", {H}, &final_norm_));
+  // LlavaForConditionalGeneration nests the language model: transformers 4.x / 5 save
+  // `language_model.model.*` + `language_model.lm_head.weight`, 4.52+ in-memory names are
+  // `model.language_model.*` + `lm_head.weight`.
+  if (!c.multimodal_architecture.empty()) {
+    if (ckpt.Contains("language_model.model.embed_tokens.weight")) {
+      model_prefix_ = "language_model.model.";
+      lm_head_name_ = "language_model.lm_head.weight";
+    } else if (ckpt.Contains("model.language_model.embed_tokens.weight")) {
+      model_prefix_ = "model.language_model.";
+    }
+  }
+  SLUICE_RETURN_IF_ERROR(
+      LoadWeightInto(ckpt, Name("model.embed_tokens.weight"), {vocab_, H}, &embed_));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, Name("model.norm.weight"), {H}, &final_norm_));
   if (!c.tie_word_embeddings) {
-    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, "lm_head.weight", {vocab_, H}, &lm_head_));
+    SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, Name("lm_head.weight"), {vocab_, H}, &lm_head_));
   }
   const bool qwen3 = c.architecture == Architecture::kQwen3;
   layers_.resize(static_cast<size_t>(c.num_hidden_layers));
   std::vector<float> tmp;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LlamaLayer& L = layers_[static_cast<size_t>(i)];
-    const std::string p = LayerPrefix(i);
+    const std::string p = Name(LayerPrefix(i));
     SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "input_layernorm.weight", {H}, &L.input_norm));
     SLUICE_RETURN_IF_ERROR(
         LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {H}, &L.post_norm));
@@ -245,6 +268,20 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCache& cache,
       return absl::InvalidArgumentError(absl::StrCat("token id ", in.token_ids[t],
                                                      " is outside the vocabulary [0, ", vocab_,
                                                      ")"));
+    }
+  }
+  if (!in.embedding_rows.empty() || !in.embedding_values.empty()) {
+    if (static_cast<int64_t>(in.embedding_values.size()) !=
+        static_cast<int64_t>(in.embedding_rows.size()) * hidden_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "embedding_values has ", in.embedding_values.size(), " floats, expected ",
+          in.embedding_rows.size(), " x ", hidden_));
+    }
+    for (int32_t row : in.embedding_rows) {
+      if (row < 0 || row >= T) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("embedding row ", row, " outside [0, ", T, ")"));
+      }
     }
   }
   const int64_t bs = cache.block_size();
@@ -406,6 +443,11 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
 
   SLUICE_RETURN_IF_ERROR(
       kernels::EmbeddingCpu(embed_.data(), vocab_, H, in.token_ids.data(), T, residual_.data()));
+  // Multimodal embeddings replace the looked-up rows of their placeholder tokens.
+  for (size_t r = 0; r < in.embedding_rows.size(); ++r) {
+    std::memcpy(residual_.data() + int64_t{in.embedding_rows[r]} * H,
+                in.embedding_values.data() + static_cast<int64_t>(r) * H, H * sizeof(float));
+  }
   for (size_t li = 0; li < layers_.size(); ++li) {
     const LlamaLayer& L = layers_[li];
     // Pre-attention norm; from layer 1 on it is fused with the previous MLP's residual add.

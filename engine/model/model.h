@@ -100,6 +100,14 @@ struct ForwardInput {
   // position i of a sliding layer then attends keys max(sliding_kv_start, i - window + 1)..i
   // instead of i - window + 1..i. Full-attention layers are unaffected.
   std::vector<int32_t> sliding_kv_start;
+
+  // Input embeddings given instead of looked up (vision-language models: image features at
+  // their placeholder tokens; Model::SupportsInputEmbeddings). Row r of embedding_values
+  // [embedding_rows.size(), hidden_size] (float32) is the input embedding of flattened token
+  // embedding_rows[r]; its token id is still validated and hashed but not embedded. Both empty
+  // in text-only steps.
+  std::vector<int32_t> embedding_rows;
+  std::vector<float> embedding_values;
 };
 
 // ParallelShard names one rank's part of a tensor/expert-parallel model replica (issue 4;
@@ -155,6 +163,9 @@ class Model {
   // Errors: InvalidArgument for a token id outside the vocabulary or an inconsistent plan.
   virtual absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                                absl::Span<float> logits) = 0;
+  // True when Forward honours ForwardInput::embedding_rows / embedding_values (required for
+  // requests with images; the engine refuses them otherwise).
+  virtual bool SupportsInputEmbeddings() const { return false; }
   // True when Forward is batch invariant: every logits row and every K/V entry it writes is,
   // bit for bit, a function of its own sequence's tokens and cached K/V alone — not of the
   // other sequences in the step, the step's token count, how the prompt was split into chunks,

@@ -145,6 +145,28 @@ absl::Status ParseRope(const json& j, RopeScaling* rope) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ModelConfig> ParseConfig(const json& j);
+
+// LLaVA: the language model is `text_config` (a Llama unless it says otherwise).
+absl::StatusOr<ModelConfig> ParseLlavaConfig(const json& j, const std::string& arch) {
+  auto tc = j.find("text_config");
+  if (tc == j.end() || !tc->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(arch, ": missing text_config"));
+  }
+  json text = *tc;
+  if (!text.contains("model_type") && !text.contains("architectures")) text["model_type"] = "llama";
+  auto c = ParseConfig(text);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrCat("text_config: ", c.status().message()));
+  }
+  c->multimodal_architecture = arch;
+  int64_t image_token = 32000;  // LlavaConfig's default
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "image_token_index", &image_token));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "image_token_id", &image_token));
+  c->image_token_index = static_cast<int32_t>(image_token);
+  return c;
+}
+
 absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   ModelConfig c;
   // Architecture: architectures[0], else model_type.
@@ -155,6 +177,9 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   SLUICE_RETURN_IF_ERROR(GetString(j, "model_type", &c.model_type));
   const std::string& a = c.architecture_name;
   const std::string& t = c.model_type;
+  if (a == "LlavaForConditionalGeneration" || (a.empty() && t == "llava")) {
+    return ParseLlavaConfig(j, "LlavaForConditionalGeneration");
+  }
   if (a == "LlamaForCausalLM" || (a.empty() && t == "llama")) {
     c.architecture = Architecture::kLlama;
   } else if (a == "Qwen3ForCausalLM" || (a.empty() && t == "qwen3")) {

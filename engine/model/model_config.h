@@ -57,6 +57,12 @@ struct ModelConfig {
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
 
+  // Vision-language wrappers (LlavaForConditionalGeneration): the fields above describe the
+  // language model (`text_config`); the vision side is engine/vision/llava_config.h. Empty /
+  // -1 for text-only models.
+  std::string multimodal_architecture;
+  int32_t image_token_index = -1;
+
   // Sliding window (Qwen3 `layer_types`): per-layer flag, window in tokens. In a sliding layer
   // query i attends to keys j with i - sliding_window < j <= i (transformers semantics).
   std::vector<bool> layer_is_sliding;  // [num_hidden_layers]

@@ -76,6 +76,32 @@ class LLMEngineImpl final : public LLMEngine {
                             spec.k_floats_per_token, spec.v_floats_per_token);
   }
 
+  absl::Status ValidateMultimodal(const EngineRequest& request) const {
+    if (request.mm_inputs.empty()) return absl::OkStatus();
+    if (!model_->SupportsInputEmbeddings()) {
+      return absl::InvalidArgumentError("this model does not accept image inputs");
+    }
+    const int64_t hidden = model_->config().hidden_size;
+    int64_t next_free = 0;
+    for (size_t i = 0; i < request.mm_inputs.size(); ++i) {
+      const MultimodalInput& mm = request.mm_inputs[i];
+      if (mm.num_tokens <= 0 || mm.offset < next_free ||
+          int64_t{mm.offset} + mm.num_tokens >
+              static_cast<int64_t>(request.prompt_token_ids.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "image ", i, ": placeholder tokens [", mm.offset, ", ", mm.offset + mm.num_tokens,
+            ") overlap another image or leave the prompt"));
+      }
+      if (mm.embeddings == nullptr ||
+          static_cast<int64_t>(mm.embeddings->size()) != int64_t{mm.num_tokens} * hidden) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "image ", i, ": embeddings must be ", mm.num_tokens, " x ", hidden, " floats"));
+      }
+      next_free = int64_t{mm.offset} + mm.num_tokens;
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status ValidateRequest(const EngineRequest& request) const override {
     const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
     const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
@@ -108,6 +134,7 @@ class LLMEngineImpl final : public LLMEngine {
         }
       }
     }
+    if (absl::Status s = ValidateMultimodal(request); !s.ok()) return s;
     if (num_prompt + request.sampling.max_tokens > max_model_len_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "This model's maximum context length is ", max_model_len_, " tokens. However, you ",
@@ -867,6 +894,8 @@ class LLMEngineImpl final : public LLMEngine {
     input_.sequences.clear();
     input_.logits_indices.clear();
     input_.sliding_kv_start.clear();
+    input_.embedding_rows.clear();
+    input_.embedding_values.clear();
     sliding_starts_.clear();
     logits_rows_.clear();
     has_prompt_rows_ = false;
@@ -896,6 +925,7 @@ class LLMEngineImpl final : public LLMEngine {
         input_.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[pos / bs]) * bs +
                                       pos % bs);
       }
+      AddImageEmbeddings(seq, slice.query_start, s.num_new_tokens);
       LogitsRows rows;
       if (seq.NeedsPromptLogprobs()) {
         // Positions p < prompt length - 1 predict prompt token p + 1.
@@ -921,6 +951,22 @@ class LLMEngineImpl final : public LLMEngine {
       input_.sequences.push_back(slice);
     }
     if (bounded) input_.sliding_kv_start = sliding_starts_;
+  }
+
+  // The image embedding rows of `seq`'s scheduled positions [num_computed_tokens, + n), whose
+  // first token is flattened row `row0`.
+  void AddImageEmbeddings(const Sequence& seq, int32_t row0, int32_t n) {
+    const int64_t hidden = model_->config().hidden_size;
+    const int32_t begin = seq.num_computed_tokens, end = seq.num_computed_tokens + n;
+    for (const MultimodalInput& mm : seq.request.mm_inputs) {
+      const int32_t from = std::max(begin, mm.offset);
+      const int32_t to = std::min(end, mm.offset + mm.num_tokens);
+      for (int32_t pos = from; pos < to; ++pos) {
+        input_.embedding_rows.push_back(row0 + pos - begin);
+        const float* e = mm.embeddings->data() + int64_t{pos - mm.offset} * hidden;
+        input_.embedding_values.insert(input_.embedding_values.end(), e, e + hidden);
+      }
+    }
   }
 
   // Context is what SampleToken sees of `seq` (its stop ids live in stop_ids_ until the next

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/kv/block_hash.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
 
@@ -17,6 +18,19 @@ namespace sluice {
 namespace grammar {
 class CompiledGrammar;  // engine/grammar/compiled_grammar.h
 }  // namespace grammar
+
+// MultimodalInput: one image's embeddings and the prompt tokens they replace (vision-language
+// models; engine/vision). The prompt holds `num_tokens` placeholder tokens at
+// [offset, offset + num_tokens) whose input embeddings are the rows of `embeddings`.
+struct MultimodalInput {
+  int32_t offset = 0;
+  int32_t num_tokens = 0;
+  // [num_tokens, hidden_size] float32; shared, read-only (an encoder cache may hold it too).
+  std::shared_ptr<const std::vector<float>> embeddings;
+  // Content address of the image (its bytes and the preprocessing config): an extra key of
+  // every KV block the placeholder run overlaps (engine/kv/block_hash.h).
+  BlockHash content_hash;
+};
 
 // EngineRequest: a tokenized prompt and its sampling parameters.
 struct EngineRequest {
@@ -42,6 +56,9 @@ struct EngineRequest {
   // emitted again, and seeded draws stay keyed by position. Empty for a new request; must be
   // shorter than max_tokens; not with hold_kv_blocks.
   std::vector<int32_t> resumed_output_token_ids;
+  // Images (vision-language models), ordered by offset, non-overlapping, inside the prompt.
+  // Only for models with Model::SupportsInputEmbeddings.
+  std::vector<MultimodalInput> mm_inputs;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

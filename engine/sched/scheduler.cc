@@ -5,6 +5,18 @@
 #include <utility>
 
 namespace sluice {
+namespace {
+
+void SetHashRoots(const BlockHasher& hasher, Sequence& seq) {
+  seq.root_hash = hasher.RootHash(seq.request.cache_salt);
+  seq.extra_key_spans.clear();
+  for (const MultimodalInput& mm : seq.request.mm_inputs) {
+    seq.extra_key_spans.push_back(
+        {mm.offset, int64_t{mm.offset} + mm.num_tokens, mm.content_hash});
+  }
+}
+
+}  // namespace
 
 Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
                      std::shared_ptr<KvEventLog> events)
@@ -13,7 +25,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
       cache_(num_kv_blocks, config.enable_prefix_caching, std::move(events)) {}
 
 void Scheduler::Add(std::unique_ptr<Sequence> seq) {
-  seq->root_hash = hasher_.RootHash(seq->request.cache_salt);
+  SetHashRoots(hasher_, *seq);
   waiting_.push_back(std::move(seq));
 }
 
@@ -42,7 +54,7 @@ Sequence* Scheduler::Find(const std::string& request_id) {
 
 bool Scheduler::Reserve(std::unique_ptr<Sequence>& seq, int64_t num_tokens) {
   if (!EnsureBlocks(*seq, num_tokens)) return false;
-  seq->root_hash = hasher_.RootHash(seq->request.cache_salt);
+  SetHashRoots(hasher_, *seq);
   reserved_.push_back(std::move(seq));
   return true;
 }
@@ -137,7 +149,8 @@ void Scheduler::Preempt(Sequence& seq) {
 
 void Scheduler::ReuseCachedPrefix(Sequence& seq) {
   if (!cache_.enabled()) return;
-  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.block_hashes);
+  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.extra_key_spans,
+                                seq.block_hashes);
   // Leave at least one token to compute: its logits sample the next token. Prompt logprobs
   // need every prompt position computed: nothing is reused then.
   const int64_t max_blocks =
@@ -205,7 +218,8 @@ void Scheduler::CommitBlocks(Sequence& seq) {
   const int32_t full = seq.num_computed_tokens / static_cast<int32_t>(config_.block_size);
   const int32_t from = seq.num_committed_blocks;
   if (full <= from) return;
-  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.block_hashes);
+  hasher_.ExtendFullBlockHashes(seq.root_hash, seq.token_ids, seq.extra_key_spans,
+                                seq.block_hashes);
   const std::optional<BlockHash> parent =
       from == 0 ? std::nullopt : std::optional<BlockHash>(seq.block_hashes[from - 1]);
   cache_.Register(absl::MakeConstSpan(seq.block_table).subspan(from, full - from),

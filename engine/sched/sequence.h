@@ -27,6 +27,9 @@ struct Sequence {
   // the cache (registered, found there, or left out on purpose).
   BlockHash root_hash;
   std::vector<BlockHash> block_hashes;
+  // The images' content hashes over their placeholder runs (request.mm_inputs), extra keys of
+  // the block hashes.
+  std::vector<BlockExtraKeySpan> extra_key_spans;
   int32_t num_committed_blocks = 0;
   // KV connector (engine/kv/kv_connector.h): whether the external lookup at admission was done,
   // its ticket while it runs, prompt tokens it served, and how many leading blocks are known to

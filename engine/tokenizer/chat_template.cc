@@ -16,7 +16,10 @@ namespace {
 
 class JinjaChatTemplate final : public ChatTemplate {
  public:
-  explicit JinjaChatTemplate(std::unique_ptr<jinja::Template> tmpl) : template_(std::move(tmpl)) {}
+  JinjaChatTemplate(std::unique_ptr<jinja::Template> tmpl, std::string source)
+      : template_(std::move(tmpl)) {
+    source_ = std::move(source);
+  }
 
   void SetSpecialTokens(std::string bos, std::string eos) {
     bos_token_ = std::move(bos);
@@ -136,7 +139,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadFromModelDir(const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("chat template of ", model_dir, ": ", parsed.status().message()));
   }
-  auto tmpl = std::make_unique<JinjaChatTemplate>(*std::move(parsed));
+  auto tmpl = std::make_unique<JinjaChatTemplate>(*std::move(parsed), source);
   tmpl->SetSpecialTokens(TokenString(config, "bos_token"), TokenString(config, "eos_token"));
   return tmpl;
 }
@@ -163,7 +166,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(const std::str
   try {
     auto parsed = jinja::ParseTemplate(source);
     if (!parsed.ok()) return parsed.status();
-    return std::unique_ptr<ChatTemplate>(new JinjaChatTemplate(*std::move(parsed)));
+    return std::unique_ptr<ChatTemplate>(new JinjaChatTemplate(*std::move(parsed), source));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("chat template parsing failed: ", e.what()));
   }

@@ -18,4 +18,18 @@ void SiluMulCpu(const float* gate_up, float* out, int64_t rows, int64_t d) {
   });
 }
 
+void GeluCpu(const float* x, float* out, int64_t n) {
+  ParallelFor(n, 8192, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * static_cast<float>(M_SQRT1_2)));
+    }
+  });
+}
+
+void QuickGeluCpu(const float* x, float* out, int64_t n) {
+  ParallelFor(n, 8192, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = x[i] / (1.0f + std::exp(-1.702f * x[i]));
+  });
+}
+
 }  // namespace sluice::kernels

@@ -38,5 +38,23 @@ TEST(SiluMulTest, KnownValues) {
   EXPECT_NEAR(out[2], 0.0f, 1e-10);
 }
 
+TEST(GeluTest, MatchesErfAndSigmoidForms) {
+  std::vector<float> x;
+  for (int i = -40; i <= 40; ++i) x.push_back(0.25f * static_cast<float>(i));
+  std::vector<float> gelu(x.size()), quick(x.size());
+  GeluCpu(x.data(), gelu.data(), static_cast<int64_t>(x.size()));
+  QuickGeluCpu(x.data(), quick.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double ref = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    const double qref = v / (1.0 + std::exp(-1.702 * v));
+    EXPECT_NEAR(gelu[i], ref, 1e-6 * (1 + std::fabs(ref)));
+    EXPECT_NEAR(quick[i], qref, 1e-6 * (1 + std::fabs(qref)));
+  }
+  // GELU(1) = Φ(1) = 0.8413447...; quick GELU differs from it in the third decimal.
+  EXPECT_NEAR(gelu[44], 0.8413447f, 1e-6);
+  EXPECT_NEAR(quick[44], 0.8457958f, 1e-6);
+}
+
 }  // namespace
 }  // namespace sluice::kernels

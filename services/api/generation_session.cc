@@ -74,6 +74,7 @@ void GenerationSession::Start() {
     engine_request.cache_salt = request_.cache_salt;
     engine_request.sampling.choice_index = static_cast<uint32_t>(c);  // choices share the seed
     engine_request.grammar = request_.grammar;
+    engine_request.mm_inputs = request_.mm_inputs;  // shared embeddings, copied by pointer
     // The callback keeps the session alive until the engine's final output is handled.
     std::shared_ptr<GenerationSession> self = shared_from_this();
     Poster poster = poster_;

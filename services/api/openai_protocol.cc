@@ -447,37 +447,67 @@ absl::Status CheckModel(const json& body, const ParseContext& context, Generatio
   return absl::OkStatus();
 }
 
-// MessageContent flattens a message's content (a string or a list of text parts, joined by
-// newlines as vLLM does) into a string.
-absl::StatusOr<std::string> MessageContent(const json& content, size_t index) {
+// MessageContent flattens a message's content (a string or a list of parts) into what the
+// template reads: text parts joined by newlines as vLLM does; image parts (vision-language
+// models only) collected into `images` and marked per multimodal_input.h's content format.
+absl::StatusOr<json> MessageContent(const json& content, size_t index,
+                                    const MultimodalContext* mm, std::vector<ChatImage>* images) {
   const std::string where = absl::StrCat("messages[", index, "].content");
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
+  if (content.is_null()) return json(std::string());
+  if (content.is_string()) return content;
   if (!content.is_array()) {
     return InvalidParam("messages", absl::StrCat(where, " must be a string or a list of parts"));
   }
   std::vector<std::string> texts;
-  for (const json& part : content) {
+  std::vector<bool> is_image;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& part = content[j];
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
       return InvalidParam("messages", absl::StrCat(where, " parts must be objects with a type"));
     }
     const std::string type = part["type"].get<std::string>();
+    if (type == "image_url" || type == "image") {
+      if (mm == nullptr) {
+        return InvalidParam("messages", absl::StrCat(where, " part type '", type,
+                                                     "' is not supported: this model takes no "
+                                                     "images"));
+      }
+      absl::StatusOr<ChatImage> image =
+          ImagePartBytes(part, absl::StrCat(where, "[", j, "]"), *mm);
+      if (!image.ok()) return image.status();
+      // Checked while collecting, so a request cannot make the server decode base64 without end.
+      if (static_cast<int64_t>(images->size()) >= mm->max_images_per_prompt) {
+        return InvalidParam("messages",
+                            absl::StrCat("At most ", mm->max_images_per_prompt,
+                                         " image(s) may be provided in one prompt "
+                                         "(--limit-mm-per-prompt)"));
+      }
+      images->push_back(*std::move(image));
+      texts.emplace_back();
+      is_image.push_back(true);
+      continue;
+    }
     if (type != "text") {
-      return InvalidParam("messages", absl::StrCat(where, " part type '", type,
-                                                   "' is not supported (only 'text')"));
+      return InvalidParam("messages",
+                          absl::StrCat(where, " part type '", type, "' is not supported (",
+                                       mm == nullptr ? "only 'text'" : "'text', 'image_url'",
+                                       ")"));
     }
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) {
       return InvalidParam("messages", absl::StrCat(where, " text part needs a string 'text'"));
     }
     texts.push_back(text->get<std::string>());
+    is_image.push_back(false);
   }
-  return absl::StrJoin(texts, "\n");
+  if (mm == nullptr) return json(absl::StrJoin(texts, "\n"));
+  return FlattenContent(texts, is_image, *mm, where);
 }
 
-// ChatMessages converts `messages` into the template's message list (content flattened to a
-// string, "developer" renamed "system").
-absl::StatusOr<json> ChatMessages(const json& messages) {
+// ChatMessages converts `messages` into the template's message list (content flattened,
+// "developer" renamed "system"); image parts go to `images` in conversation order.
+absl::StatusOr<json> ChatMessages(const json& messages, const MultimodalContext* mm,
+                                  std::vector<ChatImage>* images) {
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -491,8 +521,8 @@ absl::StatusOr<json> ChatMessages(const json& messages) {
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       return InvalidParam("messages", "tool calls in messages are not supported");
     }
-    absl::StatusOr<std::string> content =
-        MessageContent(m.contains("content") ? m["content"] : json(), i);
+    absl::StatusOr<json> content =
+        MessageContent(m.contains("content") ? m["content"] : json(), i, mm, images);
     if (!content.ok()) return content.status();
     json message{{"role", role_name}, {"content", *content}};
     if (auto name = m.find("name"); name != m.end() && name->is_string()) {
@@ -508,13 +538,23 @@ absl::StatusOr<json> ChatMessages(const json& messages) {
 // continue_final_message as Hugging Face's apply_chat_template does them. Fills req.echo_texts
 // for chat echo.
 absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContext& context,
-                                             GenerationRequest& req) {
+                                             GenerationRequest& req,
+                                             std::vector<ChatImage>* images) {
   const json* messages = Present(body, "messages");
   if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) {
     return InvalidParam("messages", "'messages' must be a non-empty list");
   }
-  absl::StatusOr<json> conversation = ChatMessages(*messages);
+  // A request's own chat_template decides how image parts reach it (multimodal_input.h).
+  std::optional<MultimodalContext> request_mm;
+  const MultimodalContext* mm = context.multimodal;
+  if (const json* source = Present(body, "chat_template");
+      mm != nullptr && source != nullptr && source->is_string()) {
+    request_mm = *mm;
+    request_mm->content_format = DetectChatContentFormat(source->get<std::string>());
+    mm = &*request_mm;
+  }
+  absl::StatusOr<json> conversation = ChatMessages(*messages, mm, images);
   if (!conversation.ok()) return conversation.status();
   if (absl::Status s =
           CheckMessageFields(*messages, context.allow_unknown_fields, &req.unknown_fields);
@@ -622,7 +662,15 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
                                   absl::StrCat("chat template: ", text.status().message())),
                      Present(body, "chat_template") != nullptr ? "chat_template" : "messages");
   }
-  const std::string final_content = last["content"].get<std::string>();
+  // The final message's text (content parts: their text joined, images left out).
+  std::string final_content;
+  if (last["content"].is_string()) {
+    final_content = last["content"].get<std::string>();
+  } else {
+    for (const json& part : last["content"]) {
+      if (part.contains("text")) final_content += part["text"].get<std::string>();
+    }
+  }
   if (continue_final && !final_content.empty()) {
     // Hugging Face: cut after the final message's content (stripped, for templates that trim),
     // dropping the end-of-turn the template wrote after it.
@@ -676,12 +724,20 @@ absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const json& body,
     return s;
   }
   if (absl::Status s = CheckModel(body, context, req); !s.ok()) return s;
-  absl::StatusOr<std::string> text = RenderChatPrompt(body, context, req);
+  std::vector<ChatImage> images;
+  absl::StatusOr<std::string> text = RenderChatPrompt(body, context, req, &images);
   if (!text.ok()) return text.status();
   bool add_special_tokens = false;  // the template emits BOS itself
   if (auto s = GetBool(body, "add_special_tokens", &add_special_tokens); !s.ok()) return s;
   req.prompts.push_back(
       context.tokenizer->Encode(*text, add_special_tokens, /*parse_special=*/true));
+  if (context.multimodal != nullptr) {
+    // Also without images: a placeholder typed as text has no image to stand for.
+    absl::StatusOr<std::vector<MultimodalInput>> mm =
+        EncodePromptImages(images, *context.multimodal, &req.prompts[0]);
+    if (!mm.ok()) return mm.status();
+    req.mm_inputs = *std::move(mm);
+  }
   if (absl::Status s = ParseCommon(body, context, req); !s.ok()) return s;
   return req;
 }

@@ -20,6 +20,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/api/multimodal_input.h"
 
 namespace sluice {
 
@@ -58,6 +59,9 @@ struct GenerationRequest {
   nlohmann::json responses_echo;
   // Structured output (response_format, structured_outputs, guided_*): null when unconstrained.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // Chat with images: the prompt's images (placeholders already expanded in prompts[0]),
+  // handed to every choice's EngineRequest.
+  std::vector<MultimodalInput> mm_inputs;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -81,6 +85,9 @@ struct ParseContext {
   // Prompt logprobs are returned whole in one response: (prompt tokens x (1 + alternatives) x
   // n) entries, each a few hundred bytes of JSON. More than this many → 400.
   int64_t max_prompt_logprob_entries = int64_t{1} << 20;
+  // Vision-language models: image content parts are accepted (multimodal_input.h); null:
+  // they are refused with 400.
+  const MultimodalContext* multimodal = nullptr;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

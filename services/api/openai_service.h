@@ -61,6 +61,9 @@ struct OpenAiServiceOptions {
   int render_threads = 0;
   int custom_template_render_threads = 0;
   int max_queued_renders = 256;
+  // Vision-language models: image content parts are accepted and encoded in process
+  // (multimodal_input.h); borrowed. Null: image parts get 400.
+  const MultimodalContext* multimodal = nullptr;
 };
 
 class OpenAiService {

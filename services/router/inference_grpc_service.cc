@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "engine/sample/philox.h"
 #include "services/api/auth/request_admission.h"
@@ -72,7 +73,26 @@ void SamplingToJson(const v1::SamplingParams& sp, Endpoint endpoint, json& body)
 json ChatToJson(const v1::ChatPrompt& chat) {
   json messages = json::array();
   for (const v1::ChatMessage& m : chat.messages()) {
-    messages.push_back(json{{"role", m.role()}, {"content", m.content()}});
+    if (m.parts_size() == 0) {
+      messages.push_back(json{{"role", m.role()}, {"content", m.content()}});
+      continue;
+    }
+    // The HTTP API's content parts, so both APIs share one parser and its errors.
+    json parts = json::array();
+    for (const v1::ContentPart& p : m.parts()) {
+      if (p.has_image()) {
+        json image_url = json::object();
+        image_url["url"] = p.image().url().empty()
+                               ? absl::StrCat("data:application/octet-stream;base64,",
+                                              absl::Base64Escape(p.image().data()))
+                               : p.image().url();
+        if (!p.image().detail().empty()) image_url["detail"] = p.image().detail();
+        parts.push_back(json{{"type", "image_url"}, {"image_url", std::move(image_url)}});
+      } else {
+        parts.push_back(json{{"type", "text"}, {"text", p.text()}});
+      }
+    }
+    messages.push_back(json{{"role", m.role()}, {"content", std::move(parts)}});
   }
   return messages;
 }
@@ -388,6 +408,7 @@ ParseContext InferenceGrpcService::MakeParseContext() const {
   context.chat_template = chat_template_;
   context.served_model_name = options_.served_model_name;
   context.max_model_len = backend_->max_model_len();
+  context.multimodal = options_.multimodal;
   return context;
 }
 
@@ -447,6 +468,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
   engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
   engine_request.sampling = parsed->sampling;
   engine_request.cache_salt = parsed->cache_salt;
+  engine_request.mm_inputs = std::move(parsed->mm_inputs);
   reactor->Start(std::move(engine_request));
   return reactor;
 }

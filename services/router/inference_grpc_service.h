@@ -47,6 +47,8 @@ struct InferenceGrpcServiceOptions {
   // Health: OK → SERVING; an error → NOT_SERVING with its message. Unset: always SERVING.
   std::function<absl::Status()> health;
   ApiAuth* auth = nullptr;  // borrowed; null: no API keys
+  // Vision-language models: image parts in chat messages (borrowed); null: refused.
+  const MultimodalContext* multimodal = nullptr;
 };
 
 // GenerateRequestToJson returns the OpenAI body equivalent to `request`

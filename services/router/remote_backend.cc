@@ -836,6 +836,10 @@ RemoteBackend::~RemoteBackend() {
 absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_output) {
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
   if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
+  // The worker protocol carries token ids only: image embeddings would be dropped.
+  if (!request.mm_inputs.empty()) {
+    return absl::InvalidArgumentError("images are not supported through the router yet");
+  }
   if (prompt_len >= options_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt has ", prompt_len, " tokens; this model's maximum context length is ",

@@ -130,9 +130,17 @@ int RunGenerate(const GenerateOptions& options) {
   const size_t total = jobs.size();
   spdlog::info("{} requests from {}", total, options.input_path);
 
+  absl::StatusOr<std::unique_ptr<MultimodalRuntime>> multimodal =
+      LoadMultimodal(options.runtime.model_dir, options.multimodal, *runtime->tokenizer,
+                     runtime->chat_template.get());
+  if (!multimodal.ok()) {
+    spdlog::error("cannot load the image encoder: {}", multimodal.status().ToString());
+    return 1;
+  }
   OpenAiServiceOptions service_options;
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = std::max<int64_t>(options.max_in_flight, 1);
+  if (*multimodal != nullptr) service_options.multimodal = &(*multimodal)->context;
   OpenAiService service(runtime->backend.get(), runtime->tokenizer.get(),
                         runtime->chat_template.get(), service_options);
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "services/serve/model_runtime.h"
+#include "services/serve/multimodal_setup.h"
 
 namespace sluice {
 
@@ -24,6 +25,7 @@ struct GenerateOptions {
   std::string output_path;
   int64_t max_in_flight = 1024;  // lines being generated at once
   bool progress = true;          // progress bar on stderr
+  MultimodalFlags multimodal;    // vision-language models: images in chat lines
 };
 
 // RunGenerate returns the process exit code: 0 when every line was answered (errors per line

@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
   sluice::AddApiAuthFlags(*serve_cmd, serve.auth);
   sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
   sluice::AddTlsFlags(*serve_cmd, serve.http);
+  sluice::AddMultimodalFlags(*serve_cmd, serve.multimodal);
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
                            "Requests being generated at once")
       ->check(CLI::PositiveNumber);
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
+  sluice::AddMultimodalFlags(*generate_cmd, generate.multimodal);
 
   sluice::RouterOptions router;
   int router_port = router.http.port;

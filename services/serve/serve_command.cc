@@ -32,8 +32,21 @@ int RunServe(const ServeOptions& options) {
     spdlog::error("cannot load the model: {}", std::string(runtime.status().ToString()));
     return 1;
   }
+  absl::StatusOr<std::unique_ptr<MultimodalRuntime>> multimodal =
+      LoadMultimodal(options.runtime.model_dir, options.multimodal, *runtime->tokenizer,
+                     runtime->chat_template.get());
+  if (!multimodal.ok()) {
+    spdlog::error("cannot load the image encoder: {}", multimodal.status().ToString());
+    return 1;
+  }
   OpenAiServiceOptions service_options;
   service_options.served_model_name = runtime->served_model_name;
+  if (*multimodal != nullptr) {
+    service_options.multimodal = &(*multimodal)->context;
+    spdlog::info("vision-language model: {} tokens per image, at most {} images per prompt",
+                 (*multimodal)->encoder->tokens_per_image(),
+                 (*multimodal)->context.max_images_per_prompt);
+  }
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
   service_options.auth = auth->get();
@@ -61,6 +74,7 @@ int RunServe(const ServeOptions& options) {
     grpc_options.served_model_name = runtime->served_model_name;
     grpc_options.max_concurrent_requests = options.max_concurrent_requests;
     grpc_options.auth = auth->get();
+    grpc_options.multimodal = service_options.multimodal;
     grpc_service = std::make_unique<InferenceGrpcService>(
         runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
         &service->metrics(), grpc_options);

@@ -8,6 +8,7 @@
 #include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/serve/model_runtime.h"
+#include "services/serve/multimodal_setup.h"
 
 namespace sluice {
 
@@ -20,6 +21,7 @@ struct ServeOptions {
   std::string grpc_host = "127.0.0.1";
   int32_t grpc_port = -1;
   ApiAuthOptions auth;  // API keys (none: open)
+  MultimodalFlags multimodal;  // vision-language models
 };
 
 // RunServe loads the model, listens, prints "Sluice listening on http://HOST:PORT" on stdout

@@ -1,0 +1,87 @@
+// Images in chat requests (issue 26): content parts to image bytes, the conversation as the
+// chat template expects it, and the tokenized prompt's image placeholders expanded and paired
+// with their embeddings (EngineRequest::mm_inputs).
+//
+// Accepted content parts (vLLM / OpenAI):
+//   {"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail": "auto"}}
+//   {"type": "image_url", "image_url": "data:..."}
+//   {"type": "image", "image": "data:..."} or {"type": "image", "url": "data:..."}  (HF style)
+// Only base64 data URLs are read; http(s) URLs are refused (this server fetches nothing).
+// `detail` must be auto, low or high and changes nothing (the CLIP tower has one resolution).
+//
+// Two template conventions, as vLLM's --chat-template-content-format:
+//   kString (templates that use message['content'] as text): text parts joined by "\n", and
+//     for every image of the message not already marked by a placeholder in its text, one
+//     placeholder line in front (vLLM's _get_full_multimodal_text_prompt);
+//   kOpenAi (templates that iterate over content parts, the Hugging Face convention): the
+//     content stays a list of {"type": "text", "text": ...} and {"type": "image"} parts and
+//     the template writes the placeholders.
+#ifndef SLUICE_SERVICES_API_MULTIMODAL_INPUT_H_
+#define SLUICE_SERVICES_API_MULTIMODAL_INPUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/sched/request.h"
+#include "engine/vision/embedding_cache.h"
+#include "engine/vision/image.h"
+#include "engine/vision/vision_encoder.h"
+#include "nlohmann/json.hpp"
+
+namespace sluice {
+
+enum class ChatContentFormat { kString, kOpenAi };
+
+// DetectChatContentFormat: kOpenAi when the template iterates over a message's content or
+// reads a part's type, else kString.
+ChatContentFormat DetectChatContentFormat(const std::string& template_source);
+
+// MultimodalContext: a vision-language deployment's image settings. Pointers are borrowed.
+struct MultimodalContext {
+  const vision::VisionEncoder* encoder = nullptr;
+  vision::EmbeddingCache* cache = nullptr;  // may be null: every image is encoded
+  std::string image_placeholder;            // the text of the image token, e.g. "<|image|>"
+  int32_t max_images_per_prompt = 8;        // --limit-mm-per-prompt
+  vision::ImageDecodeLimits decode_limits;
+  ChatContentFormat content_format = ChatContentFormat::kString;
+};
+
+// ChatImage: one image part's bytes and where it was (for error messages).
+struct ChatImage {
+  std::string bytes;
+  std::string where;  // e.g. "messages[1].content[0]"
+};
+
+// ImagePartBytes reads an image content part (`type` image_url or image). Errors:
+// InvalidArgument (param "messages") naming `where` and the problem: no url, a URL that is not
+// a data URL (http(s) named as such), not base64, over the byte limit, a bad detail.
+absl::StatusOr<ChatImage> ImagePartBytes(const nlohmann::json& part, const std::string& where,
+                                         const MultimodalContext& mm);
+
+// FlattenContent builds one message's template content from its text parts and image parts
+// (in order, `is_image` marking which entries of `texts` are image slots) per
+// mm.content_format. Errors: InvalidArgument when the text holds more placeholders than the
+// message has images (kString).
+absl::StatusOr<nlohmann::json> FlattenContent(const std::vector<std::string>& texts,
+                                              const std::vector<bool>& is_image,
+                                              const MultimodalContext& mm,
+                                              const std::string& where);
+
+// EncodePromptImages expands the image tokens of `prompt` (tokenized chat text) to
+// tokens_per_image each and returns one MultimodalInput per image: decoded (limits and 400s of
+// DecodeImage, naming the image), encoded through the cache. Errors: InvalidArgument (param
+// "messages") for an image that does not decode, a placeholder count that differs from the
+// number of images, more images than max_images_per_prompt.
+absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
+    const std::vector<ChatImage>& images, const MultimodalContext& mm,
+    std::vector<int32_t>* prompt);
+
+// ParseLimitMmPerPrompt reads vLLM's --limit-mm-per-prompt: '{"image": 3}' or 'image=3' → 3.
+// Errors: InvalidArgument for another modality, a non-integer or a value outside [0, 1024].
+absl::StatusOr<int32_t> ParseLimitMmPerPrompt(const std::string& value);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_API_MULTIMODAL_INPUT_H_

@@ -1,0 +1,50 @@
+// Vision-language serving set-up for `sluice serve` / `sluice generate`: flags, and the
+// in-process image encoder (engine/vision/vision_encoder.h) with its embedding cache, when the
+// model folder is a LlavaForConditionalGeneration.
+#ifndef SLUICE_SERVICES_SERVE_MULTIMODAL_SETUP_H_
+#define SLUICE_SERVICES_SERVE_MULTIMODAL_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "engine/vision/embedding_cache.h"
+#include "engine/vision/vision_encoder.h"
+#include "services/api/multimodal_input.h"
+
+namespace sluice {
+
+struct MultimodalFlags {
+  // vLLM's --limit-mm-per-prompt: '{"image": N}' or 'image=N'. Empty: 8 images.
+  std::string limit_mm_per_prompt;
+  int64_t max_image_bytes = 20 << 20;   // encoded size of one image
+  int64_t max_image_pixels = 89478485;  // declared width × height (decompression bombs)
+  int64_t encoder_cache_bytes = 256 << 20;  // embedding cache; 0: off
+  // vLLM's --chat-template-content-format: auto (detected from the template), string, openai.
+  std::string chat_template_content_format = "auto";
+};
+
+void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags);
+
+// MultimodalRuntime owns what MultimodalContext borrows.
+struct MultimodalRuntime {
+  std::unique_ptr<vision::VisionEncoder> encoder;
+  std::unique_ptr<vision::EmbeddingCache> cache;
+  MultimodalContext context;
+};
+
+// LoadMultimodal returns null for a text-only model folder, else the encoder loaded from
+// `model_dir` and the context for the API. Errors: InvalidArgument for a malformed
+// --limit-mm-per-prompt or content format, an image token the tokenizer cannot spell; those of
+// VisionEncoder::Load.
+absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadMultimodal(
+    const std::string& model_dir, const MultimodalFlags& flags, const Tokenizer& tokenizer,
+    const ChatTemplate* chat_template);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_MULTIMODAL_SETUP_H_
