@@ -42,6 +42,9 @@ struct EngineRequest {
   // emitted again, and seeded draws stay keyed by position. Empty for a new request; must be
   // shorter than max_tokens; not with hold_kv_blocks.
   std::vector<int32_t> resumed_output_token_ids;
+  // Scheduling class (vLLM's `priority`): with SchedulingPolicy kPriority or
+  // kShortestPrefillFirst a lower value is prefilled first; ignored with kFcfs.
+  int32_t priority = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
