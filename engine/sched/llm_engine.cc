@@ -61,7 +61,7 @@ class LLMEngineImpl final : public LLMEngine {
     c.kv_connector = options.kv_connector.get();
     c.loaded_blocks_partial = EffectiveSwaReplayTokens(model, options.swa_replay_tokens) > 0;
     c.policy = options.scheduling_policy;
-    c.aging_tokens_per_second = options.aging_tokens_per_second;
+    c.prefill_aging = options.prefill_aging;
     c.step_time_budget_seconds = options.step_time_budget_seconds;
     c.step_cost = step_cost;
     return c;
@@ -1184,9 +1184,8 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   if (options.speculative.enabled()) {
     if (absl::Status s = options.speculative.Validate(); !s.ok()) return s;
   }
-  if (!(options.aging_tokens_per_second >= 0) || !(options.step_time_budget_seconds >= 0)) {
-    return absl::InvalidArgumentError(
-        "aging_tokens_per_second and step_time_budget_seconds must be >= 0");
+  if (!(options.prefill_aging >= 0) || !(options.step_time_budget_seconds >= 0)) {
+    return absl::InvalidArgumentError("prefill_aging and step_time_budget_seconds must be >= 0");
   }
   const int64_t model_len = model->config().max_position_embeddings;
   const int32_t max_model_len =

@@ -89,12 +89,12 @@ struct EngineOptions {
   // swa_replay_tokens < ExactReplayTokens).
   bool batch_invariant = false;
   // Fair prefill (engine/sched/scheduler.h): the order in which prefills are served, the aging
-  // rate of kShortestPrefillFirst (tokens of remaining prefill credited per second waited), and
+  // factor of kShortestPrefillFirst (SchedulerConfig::prefill_aging), and
   // the time one step should take (seconds, > 0): prefill chunks are cut to it with the
   // engine's cost(q, c) (QcCostModel), fitted from the synchronous steps it runs (until then,
   // and with 0, only max_num_batched_tokens bounds a step).
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
-  double aging_tokens_per_second = 256.0;
+  double prefill_aging = 0.1;
   double step_time_budget_seconds = 0.0;
 };
 

@@ -91,12 +91,21 @@ double Scheduler::Now() const {
       .count();
 }
 
+double Scheduler::AgingTokensPerSecond() const {
+  const QcCostModel* cost = config_.step_cost;
+  if (cost == nullptr || !cost->Fitted() || !(cost->per_token_seconds() > 0)) return 0.0;
+  return config_.prefill_aging / cost->per_token_seconds();
+}
+
 bool Scheduler::PolicyBefore(const Sequence& a, const Sequence& b, double now) const {
+  const double aging = config_.policy == SchedulingPolicy::kShortestPrefillFirst
+                           ? AgingTokensPerSecond()
+                           : 0.0;
   auto key = [&](const Sequence& s) {
     double score = s.arrival_seconds;
     if (config_.policy == SchedulingPolicy::kShortestPrefillFirst) {
       score = static_cast<double>(s.num_tokens() - s.num_computed_tokens) -
-              config_.aging_tokens_per_second * std::max(0.0, now - s.arrival_seconds);
+              aging * std::max(0.0, now - s.arrival_seconds);
     }
     return std::make_tuple(s.request.priority, score, s.arrival_seconds);
   };

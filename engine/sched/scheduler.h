@@ -16,10 +16,13 @@
 // — running sequences partly prefilled and waiting ones alike — in the policy's order, so that
 // a short prompt arriving behind long ones is computed in the next step instead of after them:
 //  - kPriority: lower EngineRequest::priority first, then earlier arrival (vLLM's "priority").
-//  - kShortestPrefillFirst: lower priority first, then fewer tokens left to compute minus
-//    aging_tokens_per_second × seconds waited since arrival (shortest remaining processing time
-//    first, which minimises mean response time (Schrage 1968); aging bounds a long prompt's
-//    wait: it overtakes a fresh prompt S tokens shorter after S / aging_tokens_per_second s).
+//  - kShortestPrefillFirst: lower priority first, then fewer tokens left to compute minus an
+//    aging credit (shortest remaining processing time first, which minimises mean response
+//    time (Schrage 1968)). The credit is prefill_aging × seconds waited since arrival × the
+//    prefill rate (tokens per second, 1 / step_cost's per-token seconds; no credit until it is
+//    fitted): a prompt D tokens longer than a fresh one overtakes it after waiting
+//    1 / prefill_aging times as long as computing D tokens takes, which bounds a long prompt's
+//    wait relative to its own prefill time on any hardware.
 // Preemption then takes the last sequence in that order (the running prefill served last, else
 // the newest decode). With a per-step time budget (step_time_budget_seconds and a fitted
 // step_cost) each prefill chunk is also cut to what the fitted cost(q, c) leaves of the budget
@@ -70,9 +73,8 @@ struct SchedulerConfig {
   bool loaded_blocks_partial = false;
   // Fair prefill (see the banner).
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
-  // kShortestPrefillFirst: tokens of remaining prefill a waiting sequence is credited per
-  // second since its arrival.
-  double aging_tokens_per_second = 256.0;
+  // kShortestPrefillFirst: the aging credit's factor (see the banner), >= 0; 0: none.
+  double prefill_aging = 0.1;
   // > 0 with `step_cost` fitted (QcCostModel::Fitted): the time one step should take, in
   // seconds; prefill chunks are cut to it. 0: only max_num_batched_tokens bounds a step.
   double step_time_budget_seconds = 0.0;
@@ -182,6 +184,9 @@ class Scheduler {
   // DropBlocks frees seq's blocks and resets it to "nothing computed".
   void DropBlocks(Sequence& seq);
   double Now() const;
+  // AgingTokensPerSecond: the kShortestPrefillFirst credit per second waited (0 until the step
+  // cost is fitted).
+  double AgingTokensPerSecond() const;
   // PolicyBefore: `a` is served before `b` under config_.policy at time `now`.
   bool PolicyBefore(const Sequence& a, const Sequence& b, double now) const;
   // OrderQueues sorts running_ (decodes in admission order, then prefills) and waiting_ by the

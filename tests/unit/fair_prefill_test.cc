@@ -98,7 +98,7 @@ class SchedulerPolicyTest : public ::testing::Test {
     c.block_size = 16;
     c.max_num_batched_tokens = token_budget;
     c.policy = policy;
-    c.aging_tokens_per_second = 100.0;
+    c.prefill_aging = aging_;
     c.clock = [this] { return clock_.now; };
     c.step_cost = cost_.get();
     c.step_time_budget_seconds = time_budget_;
@@ -131,6 +131,7 @@ class SchedulerPolicyTest : public ::testing::Test {
   FakeClock clock_;
   std::unique_ptr<QcCostModel> cost_;
   double time_budget_ = 0.0;
+  double aging_ = 0.1;
 };
 
 TEST_F(SchedulerPolicyTest, FcfsKeepsShortPromptBehindLongOnes) {
@@ -166,6 +167,9 @@ TEST_F(SchedulerPolicyTest, ShortestPrefillFirstOrdersWaitingByRemainingTokens) 
 }
 
 TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
+  // 10 ms per prefill token (100 tokens/s) and aging 1: 100 tokens of credit per second waited.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.01, 0.0));
+  aging_ = 1.0;
   Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
   Add(s, "long", 1000);
   clock_.now += 9.0;  // long's score: 1000 - 100 * 9 = 100 > 60
@@ -179,6 +183,24 @@ TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
   clock_.now += 20.0;  // long: 870 - 3150 = -2280; fresh: 60 - 2200 = -2140
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
+}
+
+TEST_F(SchedulerPolicyTest, AgingCreditFollowsTheFittedPrefillRate) {
+  // Unfitted: no credit, however long the long prompt waited.
+  {
+    Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+    Add(s, "long", 1000);
+    clock_.now += 1000.0;
+    Add(s, "short", 60);
+    EXPECT_EQ(Step(s), (Plan{"short:60", "long:4"}));
+  }
+  // 1 ms per token (1000 tokens/s) with the default aging 0.1: 100 tokens per second waited.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.001, 0.0));
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  Add(s, "long", 1000);
+  clock_.now += 9.5;  // 1000 - 950 = 50 < 60
+  Add(s, "short", 60);
+  EXPECT_EQ(Step(s), (Plan{"long:64"}));
 }
 
 TEST_F(SchedulerPolicyTest, PriorityClassesComeFirstThenArrival) {
@@ -359,7 +381,7 @@ TEST(FairPrefillEngineTest, RejectsNegativeBudgetOrAging) {
   EXPECT_EQ(LLMEngine::Create(std::make_unique<ChecksumModel>(), o).status().code(),
             absl::StatusCode::kInvalidArgument);
   o.step_time_budget_seconds = 0;
-  o.aging_tokens_per_second = -5;
+  o.prefill_aging = -5;
   EXPECT_EQ(LLMEngine::Create(std::make_unique<ChecksumModel>(), o).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
