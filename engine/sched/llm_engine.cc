@@ -33,12 +33,8 @@ class LLMEngineImpl final : public LLMEngine {
         kv_identity_(KvIdentity(*model_, options)),
         kv_events_(std::make_shared<KvEventLog>(
             static_cast<size_t>(std::max<int64_t>(1, options.kv_event_buffer_size)))),
-        scheduler_(SchedulerConfig{options.block_size, options.max_num_seqs,
-                                   options.max_num_batched_tokens,
-                                   options.enable_prefix_caching, kv_identity_,
-                                   options.kv_connector.get(),
-                                   EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens) > 0},
-                   num_blocks, kv_events_),
+        scheduler_(MakeSchedulerConfig(*model_, options, kv_identity_, &qc_cost_), num_blocks,
+                   kv_events_),
         confidence_(options.speculative.verify, options.speculative.num_speculative_tokens) {
     rejection_rule_ = options.speculative.rejection_rule != nullptr
                           ? options.speculative.rejection_rule
@@ -51,6 +47,24 @@ class LLMEngineImpl final : public LLMEngine {
     if (swa_replay_tokens_ > 0) stored_layers_ = FullAttentionLayers(model_->config());
     connector_block_bytes_ =
         KvBlockBytes(model_->kv_cache_spec(), options.block_size, stored_layers_);
+  }
+
+  static SchedulerConfig MakeSchedulerConfig(const Model& model, const EngineOptions& options,
+                                             const std::string& kv_identity,
+                                             const QcCostModel* step_cost) {
+    SchedulerConfig c;
+    c.block_size = options.block_size;
+    c.max_num_seqs = options.max_num_seqs;
+    c.max_num_batched_tokens = options.max_num_batched_tokens;
+    c.enable_prefix_caching = options.enable_prefix_caching;
+    c.kv_identity = kv_identity;
+    c.kv_connector = options.kv_connector.get();
+    c.loaded_blocks_partial = EffectiveSwaReplayTokens(model, options.swa_replay_tokens) > 0;
+    c.policy = options.scheduling_policy;
+    c.prefill_aging = options.prefill_aging;
+    c.step_time_budget_seconds = options.step_time_budget_seconds;
+    c.step_cost = step_cost;
+    return c;
   }
 
   // ConnectorLayout: what the KV connector stores per block. With SWA replay only the
@@ -339,6 +353,11 @@ class LLMEngineImpl final : public LLMEngine {
     c.num_prefix_cache_queried_blocks = pc.num_queried_blocks;
     c.num_prefix_cache_hit_blocks = pc.num_hit_blocks;
     c.num_prefix_cache_evicted_blocks = pc.num_evicted_blocks;
+    if (qc_cost_.Fitted()) {
+      c.step_cost_fixed_seconds = qc_cost_.fixed_seconds();
+      c.step_cost_token_seconds = qc_cost_.per_token_seconds();
+      c.step_cost_pair_seconds = qc_cost_.per_pair_seconds();
+    }
     return c;
   }
   int64_t num_cached_blocks() const override {
@@ -362,6 +381,11 @@ class LLMEngineImpl final : public LLMEngine {
   void RunPlan(const SchedulerOutput& plan, std::vector<RequestOutput>& outputs) {
     ++counters_.num_steps;
     BuildForwardInput(plan);
+    double step_tokens = 0, step_pairs = 0;  // cost(q, c) features, before the step advances
+    for (const ScheduledSequence& s : plan.scheduled) {
+      step_tokens += s.num_new_tokens;
+      step_pairs += QcCostModel::Pairs(s.num_new_tokens, s.seq->num_computed_tokens);
+    }
     const int64_t vocab = model_->config().vocab_size;
     const bool device_greedy = DeviceGreedyStep(plan);
     absl::Status status;
@@ -379,6 +403,7 @@ class LLMEngineImpl final : public LLMEngine {
     if (IsDecodeStep(plan)) {
       step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
     }
+    if (status.ok()) qc_cost_.Observe(step_tokens, step_pairs, seconds);
     if (HasDrafts(plan)) counters_.spec_verify_seconds += seconds;
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.
@@ -1185,6 +1210,8 @@ class LLMEngineImpl final : public LLMEngine {
   // the scheduler itself, the rejection rule, and Propose's scratch.
   StepCostModel step_cost_;
   ConfidenceScheduler confidence_;
+  // Fair prefill: cost(q, c) of every synchronous step, for the scheduler's time budget.
+  QcCostModel qc_cost_;
   std::shared_ptr<const RejectionRule> rejection_rule_;
   std::vector<DraftInput> draft_inputs_;
   std::vector<DraftOutput> draft_outputs_;
@@ -1202,6 +1229,9 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   }
   if (options.speculative.enabled()) {
     if (absl::Status s = options.speculative.Validate(); !s.ok()) return s;
+  }
+  if (!(options.prefill_aging >= 0) || !(options.step_time_budget_seconds >= 0)) {
+    return absl::InvalidArgumentError("prefill_aging and step_time_budget_seconds must be >= 0");
   }
   const int64_t model_len = model->config().max_position_embeddings;
   const int32_t max_model_len =

@@ -19,6 +19,7 @@
 #include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
+#include "engine/sched/scheduler.h"
 #include "engine/spec/speculative.h"
 
 namespace sluice {
@@ -87,6 +88,14 @@ struct EngineOptions {
   // bounded replay would rebuild sliding-window K/V approximately (0 < effective
   // swa_replay_tokens < ExactReplayTokens).
   bool batch_invariant = false;
+  // Fair prefill (engine/sched/scheduler.h): the order in which prefills are served, the aging
+  // factor of kShortestPrefillFirst (SchedulerConfig::prefill_aging), and
+  // the time one step should take (seconds, > 0): prefill chunks are cut to it with the
+  // engine's cost(q, c) (QcCostModel), fitted from the synchronous steps it runs (until then,
+  // and with 0, only max_num_batched_tokens bounds a step).
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
+  double prefill_aging = 0.1;
+  double step_time_budget_seconds = 0.0;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -124,6 +133,11 @@ struct EngineCounters {
   int64_t num_spec_verifications = 0;
   double spec_draft_seconds = 0.0;   // in the drafter
   double spec_verify_seconds = 0.0;  // target forwards of steps that verified drafts
+  // The fitted step cost(q, c) (QcCostModel): seconds per step, per new token and per
+  // query-key pair; all 0 until fitted.
+  double step_cost_fixed_seconds = 0.0;
+  double step_cost_token_seconds = 0.0;
+  double step_cost_pair_seconds = 0.0;
 };
 
 class LLMEngine {

@@ -59,6 +59,9 @@ struct EngineRequest {
   // Images (vision-language models), ordered by offset, non-overlapping, inside the prompt.
   // Only for models with Model::SupportsInputEmbeddings.
   std::vector<MultimodalInput> mm_inputs;
+  // Scheduling class (vLLM's `priority`): with SchedulingPolicy kPriority or
+  // kShortestPrefillFirst a lower value is prefilled first; ignored with kFcfs.
+  int32_t priority = 0;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

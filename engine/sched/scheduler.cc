@@ -1,7 +1,9 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace sluice {
@@ -16,7 +18,69 @@ void SetHashRoots(const BlockHasher& hasher, Sequence& seq) {
   }
 }
 
+// IsPrefilling: more than one token of the sequence's own left to compute (a prompt, or a
+// recompute after preemption or migration); a decode has exactly one, plus drafts.
+bool IsPrefilling(const Sequence& seq) {
+  return seq.num_tokens() - seq.num_computed_tokens > 1;
+}
+
+// StepTimeBudget prices the rows of the step being planned with the fitted cost(q, c) and cuts
+// prefill chunks to what is left of the per-step time budget. Inactive (no cut) without a
+// budget or before the model is fitted.
+class StepTimeBudget {
+ public:
+  StepTimeBudget(const QcCostModel* model, double budget_seconds)
+      : model_(model != nullptr && budget_seconds > 0 && model->Fitted() ? model : nullptr),
+        left_(model_ != nullptr ? budget_seconds - model_->fixed_seconds() : 0.0) {}
+
+  void Charge(int32_t q, int32_t c) {
+    if (model_ != nullptr) left_ -= model_->RowSeconds(q, c);
+  }
+  // MaxChunk: the most tokens, at most `want`, that a chunk after `c` computed tokens may take
+  // within what is left; at least min(floor, want).
+  int32_t MaxChunk(int32_t want, int32_t c, int32_t floor) const {
+    if (model_ == nullptr) return want;
+    int32_t lo = 0, hi = want;  // RowSeconds grows with q: the largest q that fits
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo + 1) / 2;
+      if (model_->RowSeconds(mid, c) <= left_) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return std::max(lo, std::min(floor, want));
+  }
+
+ private:
+  const QcCostModel* model_;
+  double left_;
+};
+
 }  // namespace
+
+const char* SchedulingPolicyName(SchedulingPolicy policy) {
+  switch (policy) {
+    case SchedulingPolicy::kFcfs:
+      return "fcfs";
+    case SchedulingPolicy::kPriority:
+      return "priority";
+    case SchedulingPolicy::kShortestPrefillFirst:
+      return "shortest_prefill_first";
+  }
+  return "fcfs";
+}
+
+bool ParseSchedulingPolicy(const std::string& name, SchedulingPolicy& policy) {
+  for (SchedulingPolicy p : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority,
+                             SchedulingPolicy::kShortestPrefillFirst}) {
+    if (name == SchedulingPolicyName(p)) {
+      policy = p;
+      return true;
+    }
+  }
+  return false;
+}
 
 Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
                      std::shared_ptr<KvEventLog> events)
@@ -26,7 +90,47 @@ Scheduler::Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
 
 void Scheduler::Add(std::unique_ptr<Sequence> seq) {
   SetHashRoots(hasher_, *seq);
+  seq->arrival_seconds = Now();
   waiting_.push_back(std::move(seq));
+}
+
+double Scheduler::Now() const {
+  if (config_.clock) return config_.clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Scheduler::AgingTokensPerSecond() const {
+  const QcCostModel* cost = config_.step_cost;
+  if (cost == nullptr || !cost->Fitted() || !(cost->per_token_seconds() > 0)) return 0.0;
+  return config_.prefill_aging / cost->per_token_seconds();
+}
+
+bool Scheduler::PolicyBefore(const Sequence& a, const Sequence& b, double now) const {
+  const double aging = config_.policy == SchedulingPolicy::kShortestPrefillFirst
+                           ? AgingTokensPerSecond()
+                           : 0.0;
+  auto key = [&](const Sequence& s) {
+    double score = s.arrival_seconds;
+    if (config_.policy == SchedulingPolicy::kShortestPrefillFirst) {
+      score = static_cast<double>(s.num_tokens() - s.num_computed_tokens) -
+              aging * std::max(0.0, now - s.arrival_seconds);
+    }
+    return std::make_tuple(s.request.priority, score, s.arrival_seconds);
+  };
+  return key(a) < key(b);
+}
+
+void Scheduler::OrderQueues(double now) {
+  std::stable_sort(running_.begin(), running_.end(), [&](const auto& a, const auto& b) {
+    const bool pa = IsPrefilling(*a), pb = IsPrefilling(*b);
+    if (pa != pb) return pb;  // decodes first
+    if (!pa) return a->admission_order < b->admission_order;
+    return PolicyBefore(*a, *b, now);
+  });
+  std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) {
+    return PolicyBefore(*a, *b, now);
+  });
 }
 
 std::vector<Sequence*> Scheduler::running() const {
@@ -55,6 +159,7 @@ Sequence* Scheduler::Find(const std::string& request_id) {
 bool Scheduler::Reserve(std::unique_ptr<Sequence>& seq, int64_t num_tokens) {
   if (!EnsureBlocks(*seq, num_tokens)) return false;
   SetHashRoots(hasher_, *seq);
+  seq->arrival_seconds = Now();
   reserved_.push_back(std::move(seq));
   return true;
 }
@@ -230,14 +335,46 @@ void Scheduler::CommitBlocks(Sequence& seq) {
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int32_t budget = config_.max_num_batched_tokens;
+  StepTimeBudget time(config_.step_cost, config_.step_time_budget_seconds);
+  const bool ordered = config_.policy != SchedulingPolicy::kFcfs;
+  const double now = ordered ? Now() : 0.0;
+  if (ordered) OrderQueues(now);
+  const int32_t block_size = static_cast<int32_t>(config_.block_size);
+  bool prefill_scheduled = false;  // the step's first prefill chunk gets at least block_size
+  // The prefill chunk `seq` may take this step: its uncomputed tokens within both budgets.
+  auto prefill_chunk = [&](const Sequence& seq) {
+    const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    if (n <= 1) return n;
+    return time.MaxChunk(n, seq.num_computed_tokens, prefill_scheduled ? 0 : block_size);
+  };
+  auto add = [&](Sequence& seq, int32_t n) {
+    if (IsPrefilling(seq)) prefill_scheduled = true;
+    time.Charge(n, seq.num_computed_tokens);
+    out.scheduled.push_back({&seq, n});
+    budget -= n;
+  };
+  // Preempt the last running sequence (in serving order) at or after index `from`; true if
+  // that was running_[from] itself.
+  auto preempt_last = [&](size_t from) {
+    std::unique_ptr<Sequence> victim = std::move(running_.back());
+    running_.pop_back();
+    Preempt(*victim);
+    ++out.num_preempted;
+    waiting_.push_front(std::move(victim));
+    return running_.size() == from;
+  };
 
-  // 1. Running sequences, oldest first; preempt from the newest end when blocks run out.
+  // 1. Running sequences, oldest first (with a fair policy: those decoding); preempt from the
+  // back when blocks run out.
   size_t i = 0;
   while (i < running_.size() && budget > 0) {
     Sequence& seq = *running_[i];
+    if (ordered && IsPrefilling(seq)) break;  // served with the waiting ones, in policy order
     // Draft tokens ride behind the uncomputed ones and are cut first when the budget is short.
     const int32_t uncomputed = seq.num_tokens() - seq.num_computed_tokens;
-    int32_t n = std::min(uncomputed + static_cast<int32_t>(seq.draft.tokens.size()), budget);
+    int32_t n = uncomputed > 1
+                    ? prefill_chunk(seq)
+                    : std::min(uncomputed + static_cast<int32_t>(seq.draft.tokens.size()), budget);
     seq.TruncateDraft(static_cast<size_t>(std::max(0, n - uncomputed)));
     if (n <= 0 || seq.finish_pending) {
       ++i;
@@ -250,27 +387,43 @@ SchedulerOutput Scheduler::Schedule() {
       fits = EnsureBlocks(seq, seq.num_computed_tokens + n);
     }
     while (!fits) {
-      // Victim: the most recently admitted running sequence (possibly `seq` itself).
-      std::unique_ptr<Sequence> victim = std::move(running_.back());
-      running_.pop_back();
-      Preempt(*victim);
-      ++out.num_preempted;
-      const bool was_self = victim.get() == &seq;
-      waiting_.push_front(std::move(victim));
-      if (was_self) break;
+      if (preempt_last(i)) break;  // `seq` itself: everything after it is gone too
       fits = EnsureBlocks(seq, seq.num_computed_tokens + n);
     }
-    if (!fits) break;  // `seq` preempted itself; everything after it is gone too
-    out.scheduled.push_back({&seq, n});
-    budget -= n;
+    if (!fits) break;
+    add(seq, n);
     ++i;
   }
 
-  // 2. Waiting sequences, FIFO, unless this step had to preempt (avoid thrashing).
+  // 2. Prefills: running sequences still prefilling (from index i, fair policies only) and
+  // waiting ones, merged in policy order. Waiting ones are admitted only if this step had to
+  // preempt nothing (avoid thrashing); admitted ones join running_ at the end.
+  size_t r = ordered ? i : running_.size();
+  std::vector<std::unique_ptr<Sequence>> admitted;
+  bool admit = out.num_preempted == 0;
   int32_t holders_preempted = 0;
-  while (out.num_preempted == 0 && !waiting_.empty() && budget > 0 &&
-         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
-    Sequence& seq = *waiting_.front();
+  while (budget > 0) {
+    Sequence* run = r < running_.size() ? running_[r].get() : nullptr;
+    const bool can_admit =
+        admit && !waiting_.empty() &&
+        static_cast<int32_t>(running_.size() + admitted.size()) < config_.max_num_seqs;
+    Sequence* wait = can_admit ? waiting_.front().get() : nullptr;
+    if (run == nullptr && wait == nullptr) break;
+    if (run != nullptr && (wait == nullptr || !PolicyBefore(*wait, *run, now))) {
+      const int32_t n = prefill_chunk(*run);
+      if (n <= 0) break;  // the step's time is spent
+      bool fits = EnsureBlocks(*run, run->num_computed_tokens + n);
+      while (!fits) {
+        admit = false;
+        if (preempt_last(r)) break;
+        fits = EnsureBlocks(*run, run->num_computed_tokens + n);
+      }
+      if (!fits) continue;  // `run` preempted itself: no running prefill is left
+      add(*run, n);
+      ++r;
+      continue;
+    }
+    Sequence& seq = *wait;
     const bool fresh = seq.block_table.empty();  // new or preempted (reserved ones have blocks)
     if (fresh) {
       ReuseCachedPrefix(seq);
@@ -280,7 +433,12 @@ SchedulerOutput Scheduler::Schedule() {
         continue;
       }
     }
-    const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    const int32_t n = prefill_chunk(seq);
+    if (n <= 0) {  // the step's time is spent
+      if (fresh) DropBlocks(seq);
+      admit = false;
+      continue;
+    }
     if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) {
       if (fresh) DropBlocks(seq);  // give the shared blocks back; retried next step
       // Nothing runs and nothing will free blocks, yet sequences behind the head hold some
@@ -288,18 +446,19 @@ SchedulerOutput Scheduler::Schedule() {
       // head would wait forever. Preempt those holders (they recompute) and retry the head.
       if (running_.empty() && out.scheduled.empty()) {
         const int32_t preempted = PreemptWaitingHolders();
-        holders_preempted += preempted;  // counted after the loop: its condition reads num_preempted
+        holders_preempted += preempted;  // counted after the loop: admission reads num_preempted
         if (preempted > 0) continue;
       }
-      break;
+      admit = false;
+      continue;
     }
     if (fresh) num_cached_prompt_tokens_ += seq.num_cached_tokens;
     seq.admission_order = next_admission_++;
-    running_.push_back(std::move(waiting_.front()));
+    admitted.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
-    out.scheduled.push_back({running_.back().get(), n});
-    budget -= n;
+    add(seq, n);
   }
+  for (auto& seq : admitted) running_.push_back(std::move(seq));
   out.num_preempted += holders_preempted;
   out.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return out;

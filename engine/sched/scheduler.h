@@ -11,6 +11,24 @@
 //     With prefix caching a sequence admitted without blocks (new, or preempted) first shares
 //     the longest cached run of its leading full blocks and computes only the rest (at least
 //     one token, so the step has logits to sample from).
+// That is SchedulingPolicy::kFcfs. The other policies (fair prefill) keep step 1 for running
+// sequences that decode (one token left to compute, plus drafts) and then serve every prefill
+// — running sequences partly prefilled and waiting ones alike — in the policy's order, so that
+// a short prompt arriving behind long ones is computed in the next step instead of after them:
+//  - kPriority: lower EngineRequest::priority first, then earlier arrival (vLLM's "priority").
+//  - kShortestPrefillFirst: lower priority first, then fewer tokens left to compute minus an
+//    aging credit (shortest remaining processing time first, which minimises mean response
+//    time (Schrage 1968)). The credit is prefill_aging × seconds waited since arrival × the
+//    prefill rate (tokens per second, 1 / step_cost's per-token seconds; no credit until it is
+//    fitted): a prompt D tokens longer than a fresh one overtakes it after waiting
+//    1 / prefill_aging times as long as computing D tokens takes, which bounds a long prompt's
+//    wait relative to its own prefill time on any hardware.
+// Preemption then takes the last sequence in that order (the running prefill served last, else
+// the newest decode). With a per-step time budget (step_time_budget_seconds and a fitted
+// step_cost) each prefill chunk is also cut to what the fitted cost(q, c) leaves of the budget
+// after the step's decodes and earlier chunks, so one step's time, and with it the wait of the
+// next short prompt and the decodes' inter-token latency, stays near the budget; the step's
+// first prefill chunk gets at least block_size tokens so prefill always progresses.
 // Not thread-safe.
 #ifndef SLUICE_ENGINE_SCHED_SCHEDULER_H_
 #define SLUICE_ENGINE_SCHED_SCHEDULER_H_
@@ -18,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,9 +46,17 @@
 #include "engine/kv/kv_connector.h"
 #include "engine/kv/kv_events.h"
 #include "engine/kv/prefix_cache.h"
+#include "engine/sched/qc_cost_model.h"
 #include "engine/sched/sequence.h"
 
 namespace sluice {
+
+// SchedulingPolicy: the order in which prefills are served (see the banner above).
+enum class SchedulingPolicy { kFcfs, kPriority, kShortestPrefillFirst };
+// "fcfs" | "priority" | "shortest_prefill_first".
+const char* SchedulingPolicyName(SchedulingPolicy policy);
+// ParseSchedulingPolicy: the policy named `name` (as SchedulingPolicyName); false if unknown.
+bool ParseSchedulingPolicy(const std::string& name, SchedulingPolicy& policy);
 
 struct SchedulerConfig {
   int64_t block_size = 16;
@@ -44,6 +71,16 @@ struct SchedulerConfig {
   // Loaded blocks hold only some layers' K/V (SWA bounded replay): FinishLoad does not register
   // them in the prefix cache (the engine rebuilds the rest for the last tokens only).
   bool loaded_blocks_partial = false;
+  // Fair prefill (see the banner).
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  // kShortestPrefillFirst: the aging credit's factor (see the banner), >= 0; 0: none.
+  double prefill_aging = 0.1;
+  // > 0 with `step_cost` fitted (QcCostModel::Fitted): the time one step should take, in
+  // seconds; prefill chunks are cut to it. 0: only max_num_batched_tokens bounds a step.
+  double step_time_budget_seconds = 0.0;
+  const QcCostModel* step_cost = nullptr;  // not owned; may be null
+  // Monotonic seconds for arrival times and aging; null: std::chrono::steady_clock.
+  std::function<double()> clock;
 };
 
 // ScheduledSequence: `num_new_tokens` tokens of `seq` starting at seq->num_computed_tokens.
@@ -70,7 +107,8 @@ class Scheduler {
   Scheduler(const SchedulerConfig& config, int64_t num_kv_blocks,
             std::shared_ptr<KvEventLog> events = nullptr);
 
-  // Add queues a new sequence at the back of the waiting queue. Takes ownership.
+  // Add queues a new sequence at the back of the waiting queue and stamps its arrival time.
+  // Takes ownership.
   void Add(std::unique_ptr<Sequence> seq);
   // Schedule plans one step. Sequences stay owned by the scheduler.
   SchedulerOutput Schedule();
@@ -124,7 +162,9 @@ class Scheduler {
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
-  // The running sequences in admission order (still owned by the scheduler).
+  // The running sequences (still owned by the scheduler): in admission order with kFcfs; else
+  // decoding ones in admission order, then those still prefilling in the policy's order, as of
+  // the last Schedule().
   std::vector<Sequence*> running() const;
   const KvBlockAllocator& allocator() const { return cache_.allocator(); }
   int64_t num_preemptions() const { return num_preemptions_; }
@@ -143,6 +183,15 @@ class Scheduler {
   bool StartExternalLoad(Sequence& seq);
   // DropBlocks frees seq's blocks and resets it to "nothing computed".
   void DropBlocks(Sequence& seq);
+  double Now() const;
+  // AgingTokensPerSecond: the kShortestPrefillFirst credit per second waited (0 until the step
+  // cost is fitted).
+  double AgingTokensPerSecond() const;
+  // PolicyBefore: `a` is served before `b` under config_.policy at time `now`.
+  bool PolicyBefore(const Sequence& a, const Sequence& b, double now) const;
+  // OrderQueues sorts running_ (decodes in admission order, then prefills) and waiting_ by the
+  // policy (not kFcfs).
+  void OrderQueues(double now);
 
   SchedulerConfig config_;
   BlockHasher hasher_;

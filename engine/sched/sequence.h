@@ -52,6 +52,7 @@ struct Sequence {
   std::unique_ptr<grammar::GrammarMatcher> matcher;
   std::vector<uint32_t> grammar_bitmask;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
+  double arrival_seconds = 0;        // the scheduler's clock when it was added (aging)
   int32_t num_preemptions = 0;
   // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is
   // in the cache (ForwardInput::sliding_kv_start) while a window still reaches below it; 0:

@@ -1,6 +1,7 @@
 #include "services/api/generation_session.h"
 
 #include <ctime>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -363,6 +364,9 @@ void GenerationSession::Fail(const absl::Status& status) {
     sink_->EndEventStream();
   } else {
     const int http = HttpStatusFor(status);
+    if (std::optional<int64_t> retry = RetryAfterFor(status)) {
+      sink_->AddResponseHeader("Retry-After", absl::StrCat(*retry));
+    }
     sink_->SendResponse(http, "application/json", DumpJson(error));
     deps_.metrics->ObserveRequest(deps_.endpoint_path, http);
   }

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/cord.h"
+#include "services/api/auth/quota_limiter.h"
 
 namespace sluice {
 namespace {
@@ -27,6 +28,14 @@ int HttpStatusFor(const absl::Status& status) {
     case absl::StatusCode::kDeadlineExceeded: return 504;
     default: return 500;
   }
+}
+
+std::optional<int64_t> RetryAfterFor(const absl::Status& status) {
+  if (absl::IsResourceExhausted(status)) return RetryAfterSeconds(status);
+  if (absl::IsUnavailable(status)) {
+    return RetryAfterSeconds(status).value_or(kUnavailableRetryAfterSeconds);
+  }
+  return std::nullopt;
 }
 
 absl::Status InvalidParam(const std::string& param, const std::string& message) {

@@ -6,6 +6,8 @@
 #ifndef SLUICE_SERVICES_API_OPENAI_ERRORS_H_
 #define SLUICE_SERVICES_API_OPENAI_ERRORS_H_
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,6 +17,13 @@ namespace sluice {
 
 // HttpStatusFor returns the HTTP status code for a non-OK status.
 int HttpStatusFor(const absl::Status& status);
+
+// RetryAfterFor returns the Retry-After header (whole seconds) an error response carries: the
+// wait a ResourceExhausted quota status names (auth/quota_limiter.h), or
+// kUnavailableRetryAfterSeconds for Unavailable (503: overloaded, draining, no worker free; a
+// retry soon may succeed, elsewhere or here); nothing for other errors.
+inline constexpr int64_t kUnavailableRetryAfterSeconds = 1;
+std::optional<int64_t> RetryAfterFor(const absl::Status& status);
 
 // OpenAiErrorJson builds the error body. `param` names the offending request field, if any
 // (it is also read from the status payload "param" when empty).

@@ -63,7 +63,7 @@ void SendAuthError(ResponseSink& sink, const absl::Status& status) {
     sink.AddResponseHeader("WWW-Authenticate", "Bearer");
   } else {
     error["error"]["code"] = "rate_limit_exceeded";
-    if (std::optional<int64_t> retry = RetryAfterSeconds(status)) {
+    if (std::optional<int64_t> retry = RetryAfterFor(status)) {
       sink.AddResponseHeader("Retry-After", absl::StrCat(*retry));
     }
   }
@@ -112,6 +112,9 @@ void OpenAiService::StopRendering() {
 void OpenAiService::SendError(ResponseSink& sink, const std::string& endpoint,
                               const absl::Status& status) {
   const int http = HttpStatusFor(status);
+  if (std::optional<int64_t> retry = RetryAfterFor(status)) {
+    sink.AddResponseHeader("Retry-After", absl::StrCat(*retry));
+  }
   sink.SendResponse(http, "application/json", DumpJson(OpenAiErrorJson(status)));
   metrics_.ObserveRequest(endpoint, http);
 }

@@ -69,4 +69,10 @@ grpc::Status RegistryService::Drain(grpc::ServerContext* context, const v1::Drai
   return ToGrpc(registry_->Drain(request->worker_id()));
 }
 
+grpc::Status RegistryService::Deregister(grpc::ServerContext* context,
+                                         const v1::DeregisterRequest* request,
+                                         v1::DeregisterResponse* response) {
+  return ToGrpc(registry_->Deregister(request->worker_id()));
+}
+
 }  // namespace sluice

@@ -1,6 +1,6 @@
 // RegistryService: the router's sluice.v1.Registry gRPC service over a
-// WorkerRegistry (Register / Heartbeat / Drain from prefill and decode
-// workers).
+// WorkerRegistry (Register / Heartbeat / Drain / Deregister from prefill and
+// decode workers).
 #ifndef SLUICE_SERVICES_ROUTER_REGISTRY_SERVICE_H_
 #define SLUICE_SERVICES_ROUTER_REGISTRY_SERVICE_H_
 
@@ -11,8 +11,8 @@ namespace sluice {
 
 // RegistryService maps the wire messages onto `registry` (borrowed, must
 // outlive the service). Errors: INVALID_ARGUMENT (unspecified role, empty
-// address), NOT_FOUND (unknown worker id on Heartbeat/Drain: the worker must
-// Register again). Thread-safe as WorkerRegistry is.
+// address), NOT_FOUND (unknown worker id on Heartbeat/Drain/Deregister: on
+// Heartbeat the worker must Register again). Thread-safe as WorkerRegistry is.
 class RegistryService final : public v1::Registry::Service {
  public:
   explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
@@ -23,6 +23,8 @@ class RegistryService final : public v1::Registry::Service {
                          v1::HeartbeatResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                      v1::DrainResponse* response) override;
+  grpc::Status Deregister(grpc::ServerContext* context, const v1::DeregisterRequest* request,
+                          v1::DeregisterResponse* response) override;
 
  private:
   WorkerRegistry* registry_;

@@ -24,6 +24,7 @@
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
 #include "services/serve/router_command.h"
+#include "services/serve/scheduling_flags.h"
 #include "services/serve/serve_command.h"
 #include "services/serve/worker_command.h"
 
@@ -97,6 +98,7 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "--speculative-method ngram: shortest suffix matched in the sequence");
   app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,
                  "--speculative-method ngram: longest suffix matched in the sequence");
+  sluice::AddSchedulingFlags(app, runtime.engine);
   app.add_flag("--batch-invariant", runtime.engine.batch_invariant,
                "Bitwise-reproducible logits: a request gets the same logits, logprobs and "
                "tokens whatever it is batched with, however its prompt is chunked, and whether "

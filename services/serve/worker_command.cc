@@ -209,8 +209,8 @@ int Run(const WorkerOptions& options, Role role) {
   // Drain: readiness fails and the router stops sending work at once; what this worker holds
   // gets --drain-timeout-s to finish. A prefill worker waits until its pinned KV was pulled
   // (the Release acks need the server up); a decode worker until its streams ended. Then the
-  // server shuts down, cutting what is left: the router continues cut decode streams on
-  // another decode worker (migration) and retries cut prefills.
+  // worker deregisters and the server shuts down, cutting what is left: the router continues
+  // cut decode streams on another decode worker (migration) and retries cut prefills.
   const absl::Time drain_until = absl::Now() + absl::Seconds(options.drain_timeout_s);
   spdlog::info("received signal {}, draining (up to {} s)", signal_number,
                options.drain_timeout_s);
@@ -225,6 +225,9 @@ int Run(const WorkerOptions& options, Role role) {
   };
   while (!idle() && absl::Now() < drain_until) absl::SleepFor(absl::Milliseconds(50));
   spdlog::info(idle() ? "drained" : "drain timeout: cutting the requests left");
+  // Leave the router at once rather than at the lease's end; it cancels what is still in
+  // flight here, and those requests fail over to other workers.
+  if (registration != nullptr) registration->Deregister();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
   registration.reset();
   (*http)->Stop();

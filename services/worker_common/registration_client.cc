@@ -30,7 +30,7 @@ RegistrationClient::~RegistrationClient() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 bool RegistrationClient::registered() const {
@@ -116,6 +116,32 @@ void RegistrationClient::Drain() {
   v1::DrainResponse response;
   grpc::Status status = stub_->Drain(&context, request, &response);
   if (!status.ok()) spdlog::warn("drain: {}", status.error_message());
+}
+
+void RegistrationClient::Deregister() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  // No heartbeat or registration may run after this: one would re-register the worker.
+  if (thread_.joinable()) thread_.join();
+  v1::DeregisterRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (worker_id_.empty()) return;
+    request.set_worker_id(worker_id_);
+    worker_id_.clear();
+  }
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineAfter(options_.rpc_timeout));
+  v1::DeregisterResponse response;
+  grpc::Status status = stub_->Deregister(&context, request, &response);
+  if (status.ok()) {
+    spdlog::info("deregistered from router {}", options_.router_address);
+  } else {
+    spdlog::warn("deregister: {}", status.error_message());
+  }
 }
 
 }  // namespace sluice

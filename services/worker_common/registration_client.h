@@ -1,7 +1,7 @@
 // RegistrationClient: keeps a worker registered with the router (Registry service): registers,
 // heartbeats within the lease with the worker's load, registers again when the router forgot the
-// worker (NOT_FOUND: lease expired or router restarted), and drains on shutdown. One background
-// thread; every RPC has a deadline.
+// worker (NOT_FOUND: lease expired or router restarted), drains on shutdown and deregisters at
+// its end. One background thread; every RPC has a deadline.
 #ifndef SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
 #define SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
 
@@ -28,10 +28,14 @@ class RegistrationClient {
  public:
   // `load` is called from the client's thread before each heartbeat; it must be thread-safe.
   RegistrationClient(RegistrationOptions options, std::function<v1::WorkerLoad()> load);
-  ~RegistrationClient();  // stops the thread (no drain)
+  ~RegistrationClient();  // stops the thread (no drain, no deregistration)
 
   // Drain tells the router to stop routing new work here (bounded by rpc_timeout).
   void Drain();
+  // Deregister stops heartbeating and has the router remove this worker at once, cancelling
+  // its calls still in flight here so that they fail over (bounded by rpc_timeout). Call once,
+  // last, before the server stops; registered() is false afterwards.
+  void Deregister();
   bool registered() const;
 
  private:

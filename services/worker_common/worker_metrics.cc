@@ -109,6 +109,17 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
   Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
           static_cast<double>(stats.counters.num_preemptions));
   {
+    // Fair prefill: the fitted step cost(q, c) that sizes prefill chunks (0 until fitted).
+    const EngineCounters& c = stats.counters;
+    Header(out, "sluice_step_cost_seconds", "gauge",
+           "Fitted engine step cost: seconds per step (fixed), per new token (token) and per "
+           "query-key pair of attention (pair); 0 until fitted.");
+    absl::StrAppend(&out, "sluice_step_cost_seconds{term=\"fixed\"} ", c.step_cost_fixed_seconds,
+                    "\n", "sluice_step_cost_seconds{term=\"token\"} ",
+                    c.step_cost_token_seconds, "\n", "sluice_step_cost_seconds{term=\"pair\"} ",
+                    c.step_cost_pair_seconds, "\n");
+  }
+  {
     // Prompt KV: computed here vs served from a cache, by where it came from.
     const EngineCounters& c = stats.counters;
     Counter(out, "sluice_prompt_tokens_computed_total",

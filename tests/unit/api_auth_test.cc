@@ -213,14 +213,7 @@ TEST(RequestAdmissionTest, TenantSaltAndCost) {
   EXPECT_EQ(RequestCostTokens(request, 64), 3 + 2 * 61 + 2 + 2 * 62);
 }
 
-// HeaderSink records response headers too.
-class HeaderSink : public RecordingSink {
- public:
-  void AddResponseHeader(const std::string& name, const std::string& value) override {
-    headers[name] = value;
-  }
-  std::map<std::string, std::string> headers;
-};
+using HeaderSink = RecordingSink;  // records response headers too
 
 class ServiceAuthTest : public ::testing::Test {
  protected:

@@ -309,6 +309,7 @@ TEST_F(ServiceTest, EngineAbortWithoutStreamIsAnErrorResponse) {
   Emit(backend_.order().at(0), {}, FinishReason::kAbort);
   EXPECT_EQ(sink->status, 503);
   EXPECT_TRUE(sink->json()["error"]["message"].is_string());
+  EXPECT_EQ(sink->headers["Retry-After"], "1");
 }
 
 TEST_F(ServiceTest, CancelAbortsUnfinishedChoices) {
@@ -331,6 +332,15 @@ TEST_F(ServiceTest, SubmitErrorsMapToHttpCodes) {
   EXPECT_FALSE(sink->stream_started);
   EXPECT_EQ(sink->status, 429);
   EXPECT_EQ(sink->json()["error"]["message"], "queue full");
+  EXPECT_EQ(sink->headers.count("Retry-After"), 0u);  // no wait is known
+  EXPECT_EQ(service_->num_in_flight(), 0);
+
+  // Unavailable (a router draining, no worker free): 503 with Retry-After.
+  backend_.submit_error = absl::UnavailableError("no decode worker is available");
+  auto unavailable = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"}});
+  EXPECT_EQ(unavailable->status, 503);
+  EXPECT_EQ(unavailable->headers["Retry-After"], "1");
+  EXPECT_EQ(unavailable->json()["error"]["message"], "no decode worker is available");
   EXPECT_EQ(service_->num_in_flight(), 0);
 }
 
@@ -340,6 +350,8 @@ TEST_F(ServiceTest, OverloadAnswers503) {
   auto second = Post("/v1/completions", {{"model", "mini"}, {"prompt", "y"}});
   EXPECT_EQ(second->status, 503);
   EXPECT_THAT(second->json()["error"]["message"].get<std::string>(), HasSubstr("overloaded"));
+  EXPECT_EQ(second->headers["Retry-After"], "1");
+  EXPECT_EQ(first->headers.count("Retry-After"), 0u);
   EmitText(backend_.order().at(0), "k", FinishReason::kLength);
   EXPECT_EQ(first->status, 200);
   auto third = Post("/v1/completions", {{"model", "mini"}, {"prompt", "z"}});

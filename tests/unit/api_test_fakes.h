@@ -209,6 +209,9 @@ class RecordingSink : public ResponseSink {
   void StartEventStream() override { stream_started = true; }
   void SendEvent(std::string event) override { events.push_back(std::move(event)); }
   void EndEventStream() override { stream_ended = true; }
+  void AddResponseHeader(const std::string& name, const std::string& value) override {
+    headers[name] = value;
+  }
 
   nlohmann::json json() const { return nlohmann::json::parse(body); }
   // EventJson parses event i ("data: {...}\n\n").
@@ -224,6 +227,7 @@ class RecordingSink : public ResponseSink {
   bool stream_started = false;
   bool stream_ended = false;
   std::vector<std::string> events;
+  std::map<std::string, std::string> headers;
 };
 
 // ManualExecutor queues posted tasks until Drain() runs them on the test thread.

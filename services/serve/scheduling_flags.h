@@ -1,0 +1,23 @@
+// Command-line flags of fair prefill (engine/sched/scheduler.h) for every command that runs an
+// engine: `serve`, `generate`, `prefill`, `decode`.
+#ifndef SLUICE_SERVICES_SERVE_SCHEDULING_FLAGS_H_
+#define SLUICE_SERVICES_SERVE_SCHEDULING_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+
+#include "engine/sched/llm_engine.h"
+
+namespace sluice {
+
+// The defaults the flags give (EngineOptions' own defaults keep the library at fcfs with no
+// time budget): shortest-prefill-first with aging, and a per-step time budget.
+inline constexpr SchedulingPolicy kDefaultSchedulingPolicy = SchedulingPolicy::kShortestPrefillFirst;
+inline constexpr double kDefaultStepTimeBudgetMs = 250.0;
+
+// AddSchedulingFlags sets the defaults above into `engine` and registers --scheduling-policy,
+// --prefill-aging and --step-time-budget-ms.
+void AddSchedulingFlags(CLI::App& app, EngineOptions& engine);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_SCHEDULING_FLAGS_H_

@@ -1,0 +1,390 @@
+// Fair prefill: the cost(q, c) fit (QcCostModel), the scheduling policies' order (fcfs,
+// priority, shortest-prefill-first with aging), decodes before prefills, and prefill chunks cut
+// to a per-step time budget. Scheduler scenarios run on a fake clock and a cost model fitted
+// from exact synthetic steps; engine scenarios check that the order changes and the outputs
+// do not.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/sched/llm_engine.h"
+#include "engine/sched/qc_cost_model.h"
+#include "engine/sched/scheduler.h"
+#include "tests/util/fake_models.h"
+
+namespace sluice {
+namespace {
+
+// --- QcCostModel ---
+
+// Steps of one prefill chunk (q, c) each, timed by the exact cost(q, c) given.
+QcCostModel FitExact(double fixed, double per_token, double per_pair) {
+  QcCostModel m(1.0);
+  const int qs[] = {1, 16, 100, 512, 3, 250};
+  const int cs[] = {0, 700, 40, 0, 1500, 1000};
+  for (int i = 0; i < 6; ++i) {
+    const double pairs = QcCostModel::Pairs(qs[i], cs[i]);
+    m.Observe(qs[i], pairs, fixed + per_token * qs[i] + per_pair * pairs);
+  }
+  // Two more decode-like steps: eight in all, the minimum to count as fitted.
+  m.Observe(8, 8 * 300 + 8, fixed + per_token * 8 + per_pair * (8 * 300 + 8));
+  m.Observe(2, QcCostModel::Pairs(2, 10), fixed + per_token * 2 + per_pair * QcCostModel::Pairs(2, 10));
+  return m;
+}
+
+TEST(QcCostModelTest, PairsCountsCausalQueryKeyPairs) {
+  EXPECT_EQ(QcCostModel::Pairs(1, 0), 1);     // the token attends to itself
+  EXPECT_EQ(QcCostModel::Pairs(1, 9), 10);    // a decode after 9 tokens
+  EXPECT_EQ(QcCostModel::Pairs(4, 0), 10);    // 1 + 2 + 3 + 4
+  EXPECT_EQ(QcCostModel::Pairs(4, 10), 50);   // 11 + 12 + 13 + 14
+}
+
+TEST(QcCostModelTest, RecoversExactCoefficients) {
+  const QcCostModel m = FitExact(0.004, 2e-4, 3e-8);
+  ASSERT_TRUE(m.Fitted());
+  EXPECT_NEAR(m.fixed_seconds(), 0.004, 1e-9);
+  EXPECT_NEAR(m.per_token_seconds(), 2e-4, 1e-11);
+  EXPECT_NEAR(m.per_pair_seconds(), 3e-8, 1e-14);
+  EXPECT_NEAR(m.Predict(100, QcCostModel::Pairs(100, 50)),
+              0.004 + 0.02 + 3e-8 * QcCostModel::Pairs(100, 50), 1e-9);
+  EXPECT_NEAR(m.RowSeconds(10, 0), 10 * 2e-4 + 55 * 3e-8, 1e-12);
+}
+
+TEST(QcCostModelTest, TermsWithoutAttentionCostFitToZero) {
+  // Time linear in tokens only: the pair term must come out 0, not negative.
+  const QcCostModel m = FitExact(0.01, 1e-3, 0.0);
+  EXPECT_NEAR(m.fixed_seconds(), 0.01, 1e-9);
+  EXPECT_NEAR(m.per_token_seconds(), 1e-3, 1e-10);
+  EXPECT_NEAR(m.per_pair_seconds(), 0.0, 1e-14);
+}
+
+TEST(QcCostModelTest, NeverNegativeCoefficients) {
+  // Bigger steps measured faster (noise, caches warming): an unconstrained fit has a negative
+  // slope; the constrained one keeps every coefficient >= 0 and fits the mean.
+  QcCostModel m(1.0);
+  for (int i = 0; i < 10; ++i) m.Observe(10 + 50 * i, QcCostModel::Pairs(10 + 50 * i, 0), 0.5 - 0.01 * i);
+  ASSERT_TRUE(m.Fitted());
+  EXPECT_GE(m.per_token_seconds(), 0);
+  EXPECT_GE(m.per_pair_seconds(), 0);
+  EXPECT_NEAR(m.fixed_seconds(), 0.455, 1e-9);  // mean of 0.5 .. 0.41
+}
+
+TEST(QcCostModelTest, NotFittedUntilEnoughDifferentSteps) {
+  QcCostModel m;
+  for (int i = 0; i < 20; ++i) m.Observe(4, 40, 0.01);  // one token count only
+  EXPECT_FALSE(m.Fitted());
+  QcCostModel few;
+  for (int i = 0; i < QcCostModel::kMinObservations - 1; ++i) few.Observe(1 + i, 1 + i, 0.01 * (i + 1));
+  EXPECT_FALSE(few.Fitted());
+  few.Observe(100, 100, 1.0);
+  EXPECT_TRUE(few.Fitted());
+}
+
+// --- Scheduler ---
+
+struct FakeClock {
+  double now = 100.0;
+};
+
+class SchedulerPolicyTest : public ::testing::Test {
+ protected:
+  Scheduler Make(SchedulingPolicy policy, int32_t token_budget = 512, int64_t blocks = 1024) {
+    SchedulerConfig c;
+    c.block_size = 16;
+    c.max_num_batched_tokens = token_budget;
+    c.policy = policy;
+    c.prefill_aging = aging_;
+    c.clock = [this] { return clock_.now; };
+    c.step_cost = cost_.get();
+    c.step_time_budget_seconds = time_budget_;
+    return Scheduler(c, blocks);
+  }
+  void Add(Scheduler& s, const std::string& id, int prompt_len, int32_t priority = 0) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request.request_id = id;
+    seq->request.priority = priority;
+    seq->request.sampling.max_tokens = 100;
+    for (int i = 0; i < prompt_len; ++i) seq->request.prompt_token_ids.push_back(3 + i % 50);
+    seq->token_ids = seq->request.prompt_token_ids;
+    s.Add(std::move(seq));
+  }
+  // Step plans one step, "runs" it (advances computed tokens, samples token 7 where the chunk
+  // reaches the end) and returns "id:n" per scheduled sequence, in plan order.
+  std::vector<std::string> Step(Scheduler& s) {
+    const SchedulerOutput out = s.Schedule();
+    std::vector<std::string> plan;
+    for (const ScheduledSequence& row : out.scheduled) {
+      plan.push_back(row.seq->request.request_id + ":" + std::to_string(row.num_new_tokens));
+      const bool samples = row.samples();
+      row.seq->num_computed_tokens += row.num_new_tokens;
+      if (samples) row.seq->AppendToken(7);
+    }
+    return plan;
+  }
+  using Plan = std::vector<std::string>;
+
+  FakeClock clock_;
+  std::unique_ptr<QcCostModel> cost_;
+  double time_budget_ = 0.0;
+  double aging_ = 0.1;
+};
+
+TEST_F(SchedulerPolicyTest, FcfsKeepsShortPromptBehindLongOnes) {
+  Scheduler s = Make(SchedulingPolicy::kFcfs);
+  Add(s, "long", 1500);
+  EXPECT_EQ(Step(s), (Plan{"long:512"}));
+  Add(s, "short", 5);
+  EXPECT_EQ(Step(s), (Plan{"long:512"}));
+  EXPECT_EQ(Step(s), (Plan{"long:476", "short:5"}));
+}
+
+TEST_F(SchedulerPolicyTest, ShortestPrefillFirstOvertakesARunningLongPrefill) {
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst);
+  Add(s, "long", 1500);
+  EXPECT_EQ(Step(s), (Plan{"long:512"}));
+  clock_.now += 0.5;
+  Add(s, "short", 5);
+  // The short prompt is prefilled in the very next step; the long one takes what is left.
+  EXPECT_EQ(Step(s), (Plan{"short:5", "long:507"}));
+  // Then the short one decodes first every step, and the long one goes on.
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:481"}));
+  // Both decode: in admission order.
+  EXPECT_EQ(Step(s), (Plan{"long:1", "short:1"}));
+}
+
+TEST_F(SchedulerPolicyTest, ShortestPrefillFirstOrdersWaitingByRemainingTokens) {
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 600);
+  Add(s, "a1500", 1500);
+  Add(s, "b40", 40);
+  Add(s, "c5", 5);
+  Add(s, "d300", 300);
+  EXPECT_EQ(Step(s), (Plan{"c5:5", "b40:40", "d300:300", "a1500:255"}));
+}
+
+TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
+  // 10 ms per prefill token (100 tokens/s) and aging 1: 100 tokens of credit per second waited.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.01, 0.0));
+  aging_ = 1.0;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  Add(s, "long", 1000);
+  clock_.now += 9.0;  // long's score: 1000 - 100 * 9 = 100 > 60
+  Add(s, "short", 60);
+  EXPECT_EQ(Step(s), (Plan{"short:60", "long:4"}));
+  clock_.now += 0.5;
+  Add(s, "fresh", 60);
+  // short decodes first; then long (996 left, waited 9.5 s: 996 - 950 = 46) before fresh (60).
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
+  clock_.now += 2.0;  // long: 933 - 1150 = -217; fresh: 60 - 200 = -140
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
+  clock_.now += 20.0;  // long: 870 - 3150 = -2280; fresh: 60 - 2200 = -2140
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
+}
+
+TEST_F(SchedulerPolicyTest, AgingCreditFollowsTheFittedPrefillRate) {
+  // Unfitted: no credit, however long the long prompt waited.
+  {
+    Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+    Add(s, "long", 1000);
+    clock_.now += 1000.0;
+    Add(s, "short", 60);
+    EXPECT_EQ(Step(s), (Plan{"short:60", "long:4"}));
+  }
+  // 1 ms per token (1000 tokens/s) with the default aging 0.1: 100 tokens per second waited.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.001, 0.0));
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  Add(s, "long", 1000);
+  clock_.now += 9.5;  // 1000 - 950 = 50 < 60
+  Add(s, "short", 60);
+  EXPECT_EQ(Step(s), (Plan{"long:64"}));
+}
+
+TEST_F(SchedulerPolicyTest, PriorityClassesComeFirstThenArrival) {
+  Scheduler s = Make(SchedulingPolicy::kPriority, 100);
+  Add(s, "p1-first", 30, 1);
+  clock_.now += 1;
+  Add(s, "p0-long", 80, 0);
+  clock_.now += 1;
+  Add(s, "p-1", 50, -1);
+  clock_.now += 1;
+  Add(s, "p0-short", 10, 0);
+  // -1, then the p0 ones by arrival (the long one first: kPriority ignores length), then 1.
+  EXPECT_EQ(Step(s), (Plan{"p-1:50", "p0-long:50"}));
+  EXPECT_EQ(Step(s), (Plan{"p-1:1", "p0-long:30", "p0-short:10", "p1-first:30"}));
+}
+
+TEST_F(SchedulerPolicyTest, ShortestPrefillFirstHonoursPriorityClasses) {
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 100);
+  Add(s, "short-low", 5, 2);
+  Add(s, "long-high", 300, 0);
+  EXPECT_EQ(Step(s), (Plan{"long-high:100"}));
+}
+
+TEST_F(SchedulerPolicyTest, DecodesGoBeforeEveryPrefill) {
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  Add(s, "a", 20);
+  Add(s, "b", 30);
+  EXPECT_EQ(Step(s), (Plan{"a:20", "b:30"}));
+  Add(s, "c", 3);
+  // a and b decode (admission order), then the new 3-token prompt.
+  EXPECT_EQ(Step(s), (Plan{"a:1", "b:1", "c:3"}));
+}
+
+TEST_F(SchedulerPolicyTest, PreemptsAPrefillRatherThanADecode) {
+  // 12 blocks of 16 tokens. "big" is admitted first and prefills in chunks; "dec", admitted
+  // later, decodes. When big's next chunk needs more blocks than are free, big (served after
+  // the decodes) is the victim, not the more recently admitted dec (kFcfs's choice).
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64, 12);
+  Add(s, "big", 180);
+  EXPECT_EQ(Step(s), (Plan{"big:64"}));                // 4 blocks
+  Add(s, "dec", 20);
+  EXPECT_EQ(Step(s), (Plan{"dec:20", "big:44"}));      // 2 + 7 blocks; dec samples
+  EXPECT_EQ(Step(s), (Plan{"dec:1"}));                 // big needs 11 blocks: preempted
+  EXPECT_EQ(s.num_preemptions(), 1);
+  ASSERT_NE(s.Find("big"), nullptr);
+  EXPECT_EQ(s.Find("big")->num_computed_tokens, 0);
+  EXPECT_EQ(s.Find("dec")->num_computed_tokens, 21);
+  EXPECT_EQ(s.num_running(), 1);
+  EXPECT_EQ(s.num_waiting(), 1);
+}
+
+TEST_F(SchedulerPolicyTest, TimeBudgetCutsPrefillChunks) {
+  // cost = 10 ms + 1 ms per token (no attention term): a 100.5 ms budget fits 90 tokens.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.010, 0.001, 0.0));
+  time_budget_ = 0.1005;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 1000);
+  EXPECT_EQ(Step(s), (Plan{"long:90"}));
+  Add(s, "short", 5);
+  EXPECT_EQ(Step(s), (Plan{"short:5", "long:85"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
+}
+
+TEST_F(SchedulerPolicyTest, TimeBudgetPricesAttentionByContext) {
+  // cost = 1 µs per query-key pair only: a chunk after c tokens costs q·c + q(q+1)/2 µs.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.0, 1e-6));
+  time_budget_ = 0.050;  // 50000 pairs
+  Scheduler s = Make(SchedulingPolicy::kFcfs, 1024);
+  Add(s, "long", 2000);
+  // From c = 0: q(q+1)/2 <= 50000 -> q = 315.
+  EXPECT_EQ(Step(s), (Plan{"long:315"}));
+  // From c = 315: 315q + q(q+1)/2 <= 50000 -> q = 131.
+  EXPECT_EQ(Step(s), (Plan{"long:131"}));
+}
+
+TEST_F(SchedulerPolicyTest, TimeSpentByDecodesStillLeavesOneBlockOfPrefill) {
+  // 1 ms per token, 5 ms budget: five decodes spend it all; the prefill still gets 16 tokens.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.001, 0.0));
+  time_budget_ = 0.005;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  for (int i = 0; i < 5; ++i) Add(s, "d" + std::to_string(i), 1);
+  EXPECT_EQ(Step(s), (Plan{"d0:1", "d1:1", "d2:1", "d3:1", "d4:1"}));
+  Add(s, "p", 100);
+  Add(s, "q", 50);
+  EXPECT_EQ(Step(s), (Plan{"d0:1", "d1:1", "d2:1", "d3:1", "d4:1", "q:16"}));
+}
+
+TEST_F(SchedulerPolicyTest, UnfittedCostModelLeavesTheTokenBudget) {
+  cost_ = std::make_unique<QcCostModel>();
+  cost_->Observe(10, 10, 1.0);  // one observation: not fitted
+  time_budget_ = 0.001;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 256);
+  Add(s, "long", 1000);
+  EXPECT_EQ(Step(s), (Plan{"long:256"}));
+}
+
+TEST(SchedulingPolicyNameTest, RoundTrips) {
+  for (SchedulingPolicy p : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority,
+                             SchedulingPolicy::kShortestPrefillFirst}) {
+    SchedulingPolicy parsed = SchedulingPolicy::kFcfs;
+    ASSERT_TRUE(ParseSchedulingPolicy(SchedulingPolicyName(p), parsed));
+    EXPECT_EQ(parsed, p);
+  }
+  SchedulingPolicy p = SchedulingPolicy::kPriority;
+  EXPECT_FALSE(ParseSchedulingPolicy("sjf", p));
+  EXPECT_EQ(p, SchedulingPolicy::kPriority);
+}
+
+// --- LLMEngine ---
+
+using testing::ChecksumModel;
+
+EngineRequest Greedy(const std::string& id, int len, int salt, int max_tokens) {
+  EngineRequest r;
+  r.request_id = id;
+  for (int i = 0; i < len; ++i) {
+    r.prompt_token_ids.push_back(3 + (i * 7 + salt * 13) % (ChecksumModel::kVocab - 3));
+  }
+  r.sampling.temperature = 0.0f;
+  r.sampling.max_tokens = max_tokens;
+  return r;
+}
+
+// Runs the engine to the end; returns each request's tokens and the order first tokens came.
+struct EngineTrace {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::vector<std::string> first_token_order;
+};
+EngineTrace Drain(LLMEngine& engine) {
+  EngineTrace run;
+  for (int i = 0; i < 10000 && engine.HasUnfinishedRequests(); ++i) {
+    for (const RequestOutput& out : engine.Step()) {
+      if (!out.new_tokens.empty() && run.tokens[out.request_id].empty()) {
+        run.first_token_order.push_back(out.request_id);
+      }
+      for (const SampledToken& t : out.new_tokens) run.tokens[out.request_id].push_back(t.token_id);
+    }
+  }
+  EXPECT_FALSE(engine.HasUnfinishedRequests());
+  return run;
+}
+
+TEST(FairPrefillEngineTest, ShortRequestsGetTheirFirstTokenBeforeLongOnesQueuedEarlier) {
+  for (SchedulingPolicy policy : {SchedulingPolicy::kFcfs, SchedulingPolicy::kShortestPrefillFirst}) {
+    EngineOptions o;
+    o.block_size = 4;
+    o.num_kv_blocks = 512;
+    o.max_num_batched_tokens = 64;
+    o.scheduling_policy = policy;
+    // A budget the fake model's steps never reach: the cost fit runs, chunks stay whole.
+    o.step_time_budget_seconds = 10.0;
+    auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<EngineRequest> reqs = {Greedy("long1", 200, 1, 4), Greedy("long2", 180, 2, 4),
+                                       Greedy("short", 5, 3, 4)};
+    for (const EngineRequest& r : reqs) ASSERT_TRUE((*engine)->AddRequest(r).ok());
+    const EngineTrace run = Drain(**engine);
+    for (const EngineRequest& r : reqs) {
+      EXPECT_EQ(run.tokens.at(r.request_id), ChecksumModel::Reference(r.prompt_token_ids, 4))
+          << r.request_id << " under " << SchedulingPolicyName(policy);
+    }
+    if (policy == SchedulingPolicy::kFcfs) {
+      EXPECT_EQ(run.first_token_order, (std::vector<std::string>{"long1", "long2", "short"}));
+    } else {
+      EXPECT_EQ(run.first_token_order, (std::vector<std::string>{"short", "long2", "long1"}));
+    }
+    EXPECT_GT((*engine)->counters().step_cost_token_seconds +
+                  (*engine)->counters().step_cost_fixed_seconds +
+                  (*engine)->counters().step_cost_pair_seconds,
+              0.0);
+  }
+}
+
+TEST(FairPrefillEngineTest, RejectsNegativeBudgetOrAging) {
+  EngineOptions o;
+  o.num_kv_blocks = 512;
+  o.step_time_budget_seconds = -1;
+  EXPECT_EQ(LLMEngine::Create(std::make_unique<ChecksumModel>(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.step_time_budget_seconds = 0;
+  o.prefill_aging = -5;
+  EXPECT_EQ(LLMEngine::Create(std::make_unique<ChecksumModel>(), o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sluice
