@@ -22,6 +22,7 @@ class JinjaChatTemplate final : public ChatTemplate {
     bos_token_ = std::move(bos);
     eos_token_ = std::move(eos);
   }
+  void SetSource(std::string source) { source_ = std::move(source); }
 
   absl::StatusOr<std::string> Render(const nlohmann::json& context) const override {
     return RenderJson(context);
@@ -135,6 +136,7 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> LoadFromModelDir(const std::string
   }
   auto tmpl = std::make_unique<JinjaChatTemplate>(*std::move(parsed));
   tmpl->SetSpecialTokens(TokenString(config, "bos_token"), TokenString(config, "eos_token"));
+  tmpl->SetSource(std::move(source));
   return tmpl;
 }
 
@@ -160,7 +162,9 @@ absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(const std::str
   try {
     auto parsed = jinja::ParseTemplate(source);
     if (!parsed.ok()) return parsed.status();
-    return std::unique_ptr<ChatTemplate>(new JinjaChatTemplate(*std::move(parsed)));
+    auto tmpl = std::make_unique<JinjaChatTemplate>(*std::move(parsed));
+    tmpl->SetSource(source);
+    return std::unique_ptr<ChatTemplate>(std::move(tmpl));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("chat template parsing failed: ", e.what()));
   }

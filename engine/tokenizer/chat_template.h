@@ -51,8 +51,11 @@ class ChatTemplate {
   // The bos/eos token strings read by FromModelDir (empty when built with Parse).
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
+  // The Jinja source (e.g. to find the model's tool-call syntax).
+  const std::string& source() const { return source_; }
 
  protected:
+  std::string source_;
   std::string bos_token_;
   std::string eos_token_;
 };

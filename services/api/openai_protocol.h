@@ -20,6 +20,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "services/api/tool_calls/tool_call_syntax.h"
 
 namespace sluice {
 
@@ -58,6 +59,9 @@ struct GenerationRequest {
   nlohmann::json responses_echo;
   // Structured output (response_format, structured_outputs, guided_*): null when unconstrained.
   std::shared_ptr<const grammar::CompiledGrammar> grammar;
+  // Tool calling (chat with tools, tool_choice not "none"): the syntax the output is parsed
+  // with into message.tool_calls (services/api/chat_tools.h); null: the output is content.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -74,6 +78,8 @@ struct ParseContext {
   // Compiles structured-output constraints (services/api/structured_output.h); null: they are
   // refused with 400.
   grammar::GrammarCompiler* grammar_compiler = nullptr;
+  // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

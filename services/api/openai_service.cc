@@ -205,6 +205,7 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
   context.max_model_len = backend_->max_model_len();
   context.grammar_compiler = grammar_compiler();
   context.allow_unknown_fields = options_.allow_unknown_fields;
+  context.tool_call_syntax = options_.tool_call_syntax;
   absl::StatusOr<GenerationRequest> request =
       endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
       : endpoint == Endpoint::kResponses     ? ParseResponsesRequest(body, context)

@@ -43,6 +43,8 @@ struct OpenAiServiceOptions {
   // the tokenizer's vocabulary and enforced by the engine. False: such requests get 400 (a
   // backend that cannot carry a grammar, e.g. the router's remote workers).
   bool enable_structured_outputs = true;
+  // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 };
 
 class OpenAiService {

@@ -124,6 +124,9 @@ int RunRouter(const RouterOptions& options) {
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  if (!options.tool_call_parser.empty()) {
+    service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
+  }
   service_options.auth = auth->get();
   // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
   // than drop them.

@@ -36,6 +36,9 @@ int RunServe(const ServeOptions& options) {
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  if (!options.tool_call_parser.empty()) {
+    service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
+  }
   service_options.auth = auth->get();
   auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
                                                  runtime->chat_template.get(), service_options);
