@@ -8,6 +8,7 @@ results render through the template on the next turn; bad tools are 400s naming 
 """
 
 import json
+import subprocess
 
 import jsonschema
 import openai
@@ -15,7 +16,7 @@ import pytest
 import tokenizers
 from pydantic import BaseModel
 
-from conftest import MODEL_DIR
+from conftest import MODEL_DIR, sluice_bin
 
 MSG = [{"role": "user", "content": "What is the weather in Oslo?"}]
 WEATHER = {"type": "object", "properties": {
@@ -219,3 +220,24 @@ def test_bad_tools_are_400_naming_the_field(client, model, extra, param, words):
     assert words in err["message"], err
     ok = client.chat.completions.create(model=model, messages=MSG, max_tokens=2)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_generate_lines_carry_tools(tmp_path):
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    lines = [{"custom_id": "t", "messages": MSG, "tools": TOOLS, "max_tokens": MAX_TOKENS,
+              "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+              "temperature": 1.0, "seed": 2},
+             {"custom_id": "bad", "messages": MSG, "tools": TOOLS, "tool_choice": "required",
+              "functions": [{"name": "f"}]}]
+    src.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    proc = subprocess.run([sluice_bin(), "generate", "--model", str(MODEL_DIR), "--input",
+                           str(src), "--output", str(dst)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    choice = out[0]["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    assert out[1]["error"]["param"] == "functions"
