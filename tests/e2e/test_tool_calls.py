@@ -241,3 +241,38 @@ def test_generate_lines_carry_tools(tmp_path):
     assert call["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
     assert out[1]["error"]["param"] == "functions"
+
+
+def test_auto_parses_calls_the_model_writes(client, model):
+    # Make the model write a call under tool_choice "auto" by constraining its text with a
+    # grammar (the embedded model writes none on its own): the auto parser must find it,
+    # streamed (n=2) and not, and text without calls stays content.
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    grammar = 'root ::= "Checking. " ' + json.dumps(call) + ' | "No call needed."'
+    kw = dict(model=model, messages=MSG, tools=TOOLS, max_tokens=MAX_TOKENS, temperature=1.0,
+              seed=1, n=2, extra_body={"structured_outputs": {"grammar": grammar}})
+    r = client.chat.completions.create(**kw)
+    # Seed 1 takes both branches (a call in choice 0, text in choice 1).
+    assert [bool(c.message.tool_calls) for c in r.choices] == [True, False]
+    streamed = {i: {"content": "", "calls": {}, "finish": None} for i in range(2)}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            s = streamed[ch.index]
+            s["content"] += ch.delta.content or ""
+            for entry in ch.delta.tool_calls or []:
+                got = s["calls"].setdefault(entry.index, {"name": entry.function.name, "args": ""})
+                got["args"] += entry.function.arguments or ""
+            s["finish"] = ch.finish_reason or s["finish"]
+    for c in r.choices:
+        s = streamed[c.index]
+        assert s["finish"] == c.finish_reason
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            assert c.message.content == "Checking." == s["content"]
+            assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == [
+                ("get_time", '{"zone": "CET"}')]
+            assert s["calls"] == {0: {"name": "get_time", "args": '{"zone": "CET"}'}}
+        else:
+            assert c.finish_reason == "stop"
+            assert c.message.content == "No call needed." == s["content"]
+            assert s["calls"] == {}
