@@ -85,8 +85,8 @@ void AddSharedFields(std::vector<FieldSpec>& t) {
                       "= false is not supported by this server", IsTrue));
   t.push_back(Refused("priority", "other than 0 is not supported (no priority scheduling)",
                       IsZero));
-  // Structured outputs (services/api/structured_output.h; the router refuses them by name
-  // until its workers carry a grammar).
+  // Structured outputs (services/api/structured_output.h; through the router the grammar
+  // travels to the workers as text).
   for (std::string_view name : {"response_format", "guided_json", "guided_regex",
                                 "guided_choice", "guided_grammar", "structured_outputs"}) {
     t.push_back(Honoured(name));

@@ -128,9 +128,8 @@ int RunRouter(const RouterOptions& options) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }
   service_options.auth = auth->get();
-  // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
-  // than drop them.
-  service_options.enable_structured_outputs = false;
+  // Structured outputs and tool calls: compiled here (errors are the router's 400s) and sent to
+  // the workers as GBNF text (SamplingParams.grammar_ebnf).
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();
