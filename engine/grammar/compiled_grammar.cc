@@ -14,6 +14,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   auto g = std::shared_ptr<CompiledGrammar>(new CompiledGrammar());
   g->pda_ = *std::move(pda);
   g->vocab_ = std::move(vocab);
+  g->ebnf_ = grammar.ToString();
   const int32_t n = static_cast<int32_t>(g->pda_.states.size());
   g->tables_.resize(n);
   g->stats_.num_states = n;

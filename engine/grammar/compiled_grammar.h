@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,6 +52,9 @@ class CompiledGrammar {
   // tokens(state) is meaningful for states with byte edges.
   const StateTokens& tokens(int32_t state) const { return tables_[state]; }
   const CompileStats& stats() const { return stats_; }
+  // The grammar as GBNF text (Grammar::ToString, root rule first): how a grammar travels to
+  // another process (the router's workers), which compiles it with ParseEbnf.
+  const std::string& ebnf() const { return ebnf_; }
 
  private:
   CompiledGrammar() = default;
@@ -60,6 +64,7 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<StateTokens> tables_;
   CompileStats stats_;
+  std::string ebnf_;
 };
 
 }  // namespace sluice::grammar

@@ -76,9 +76,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
     const GrammarSpec& spec) {
   absl::StatusOr<std::string> key = spec.CacheKey();
   if (!key.ok()) return key.status();
+  return CompileBuilt(*key, [&spec] { return BuildGrammar(spec); });
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::CompileBuilt(
+    const std::string& key, absl::FunctionRef<absl::StatusOr<Grammar>()> build) {
   {
     absl::MutexLock lock(&mu_);
-    auto it = index_.find(*key);
+    auto it = index_.find(key);
     if (it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++hits_;
@@ -87,16 +92,16 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
   }
   // Compile outside the lock: two threads may compile the same spec once each; both results
   // are equal and the second insert is dropped.
-  absl::StatusOr<Grammar> grammar = BuildGrammar(spec);
+  absl::StatusOr<Grammar> grammar = build();
   if (!grammar.ok()) return grammar.status();
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> compiled =
       CompiledGrammar::Create(*grammar, vocab_, options_.pda);
   if (!compiled.ok()) return compiled.status();
   absl::MutexLock lock(&mu_);
   ++compiles_;
-  if (!index_.contains(*key) && options_.cache_capacity > 0) {
-    lru_.emplace_front(*key, *compiled);
-    index_[*key] = lru_.begin();
+  if (!index_.contains(key) && options_.cache_capacity > 0) {
+    lru_.emplace_front(key, *compiled);
+    index_[key] = lru_.begin();
     while (lru_.size() > options_.cache_capacity) {
       index_.erase(lru_.back().first);
       lru_.pop_back();

@@ -15,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/grammar/compiled_grammar.h"
@@ -53,6 +54,12 @@ class GrammarCompiler {
   // Compile returns the compiled grammar of `spec`, from the cache when it was compiled before.
   // Errors: those of BuildGrammar and CompiledGrammar::Create. Failures are not cached.
   absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Compile(const GrammarSpec& spec);
+  // CompileBuilt compiles a grammar its caller builds (e.g. the tool-call grammar of a request),
+  // cached under `cache_key`; `build` runs only on a cache miss. Callers start their keys with
+  // their own tag (not a GrammarKindName followed by a newline) so keys never collide with a
+  // spec's. Errors: those of `build` and CompiledGrammar::Create; failures are not cached.
+  absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompileBuilt(
+      const std::string& cache_key, absl::FunctionRef<absl::StatusOr<Grammar>()> build);
 
   const TokenVocab& vocab() const { return *vocab_; }
   int64_t num_cache_hits() const;

@@ -59,7 +59,8 @@ class ChatTemplate {
   // The bos/eos token strings read by FromModelDir (empty when built with Parse).
   const std::string& bos_token() const { return bos_token_; }
   const std::string& eos_token() const { return eos_token_; }
-  // The Jinja source (e.g. to detect whether it iterates over content parts).
+  // The Jinja source (e.g. to detect whether it iterates over content parts, or to find the
+  // model's tool-call syntax).
   const std::string& source() const { return source_; }
 
  protected:

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/sample/philox.h"
+#include "services/api/chat_tools.h"
 #include "services/api/openai_errors.h"
 #include "services/api/responses_api.h"
 
@@ -55,6 +56,9 @@ GenerationSession::GenerationSession(Deps deps, GenerationRequest request,
     choices_[c].engine_request_id = absl::StrCat(meta_.id, "-", c);
     choices_[c].output = std::make_unique<ChoiceOutput>(*deps_.tokenizer, request_.sampling,
                                                         request_.logprobs, offset_base);
+    if (is_chat() && request_.stream && request_.tool_call_syntax != nullptr) {
+      choices_[c].tool_stream = std::make_unique<tools::ToolCallStream>(request_.tool_call_syntax);
+    }
   }
 }
 
@@ -181,6 +185,10 @@ void GenerationSession::StreamDelta(int32_t index, const ChoiceDelta& delta) {
         SendChunk(std::move(choice));
       }
     }
+  }
+  if (choices_[index].tool_stream != nullptr) {
+    StreamToolDelta(index, delta);
+    return;
   }
   const bool has_logprobs = request_.logprobs && !delta.tokens.empty();
   if (!delta.text.empty() || has_logprobs) {
@@ -320,7 +328,11 @@ void GenerationSession::Complete() {
                             : json();
         std::string text = request_.echo ? echo_prefixes_[c / request_.n] + out.text()
                                          : out.text();
-        choices.push_back(ChatChoiceJson(c, text, logprobs, out.finish_reason()));
+        json choice = ChatChoiceJson(c, text, logprobs, out.finish_reason());
+        if (request_.tool_call_syntax != nullptr) {
+          SetToolCallMessage(*request_.tool_call_syntax, out.text(), choice);
+        }
+        choices.push_back(std::move(choice));
       } else {
         json logprobs = echo_with_logprobs() ? EchoLogprobsJson(c, out.logprobs())
                         : request_.logprobs

@@ -24,6 +24,7 @@
 #include "services/api/openai_responses.h"
 #include "services/api/response_sink.h"
 #include "services/api/responses_api.h"
+#include "services/api/tool_calls/tool_call_output.h"
 
 namespace sluice {
 
@@ -58,10 +59,14 @@ class GenerationSession : public RequestHandle,
     std::chrono::steady_clock::time_point last_token_time;
     bool got_first_token = false;
     bool prompt_part_sent = false;  // streamed echo / prompt logprobs (first output)
+    std::unique_ptr<tools::ToolCallStream> tool_stream;  // streamed chat with tool calls
   };
 
   void OnOutput(int32_t index, const RequestOutput& output);
   void StreamDelta(int32_t index, const ChoiceDelta& delta);
+  // StreamToolDelta streams a chat choice parsed for tool calls: content and delta.tool_calls
+  // entries (generation_session_tools.cc).
+  void StreamToolDelta(int32_t index, const ChoiceDelta& delta);
   // SendChunk streams one choice as a chunk (with the usage so far when continuous, and
   // `prompt_logprobs` on the chunk unless null).
   void SendChunk(nlohmann::json choice, nlohmann::json prompt_logprobs = nullptr);

@@ -85,8 +85,8 @@ void AddSharedFields(std::vector<FieldSpec>& t) {
                       "= false is not supported by this server", IsTrue));
   t.push_back(Refused("priority", "other than 0 is not supported (no priority scheduling)",
                       IsZero));
-  // Structured outputs (services/api/structured_output.h; the router refuses them by name
-  // until its workers carry a grammar).
+  // Structured outputs (services/api/structured_output.h; through the router the grammar
+  // travels to the workers as text).
   for (std::string_view name : {"response_format", "guided_json", "guided_regex",
                                 "guided_choice", "guided_grammar", "structured_outputs"}) {
     t.push_back(Honoured(name));
@@ -113,11 +113,14 @@ std::vector<FieldSpec> ChatFields() {
   t.push_back(Metadata("service_tier", IsString, "a string"));
   t.push_back(Metadata("prompt_cache_key", IsString, "a string"));
   t.push_back(Metadata("safety_identifier", IsString, "a string"));
-  t.push_back(Refused("tools", kNoTools, IsEmptyList));
-  t.push_back(Refused("tool_choice", kNoTools, IsNone));
-  t.push_back(Refused("functions", kNoTools, IsEmptyList));
-  t.push_back(Refused("function_call", kNoTools, IsNone));
-  t.push_back(Refused("parallel_tool_calls", kNoTools));
+  // Tool calling (services/api/chat_tools.h).
+  for (std::string_view name : {"tools", "tool_choice", "parallel_tool_calls"}) {
+    t.push_back(Honoured(name));
+  }
+  // The deprecated function-calling fields: clients send tools / tool_choice instead.
+  t.push_back(Refused("functions", "is deprecated and not supported: use 'tools'", IsEmptyList));
+  t.push_back(Refused("function_call", "is deprecated and not supported: use 'tool_choice'",
+                      IsNone));
   t.push_back(Refused("prediction", kUnsupported));
   t.push_back(Refused("audio", kNoMultimodal));
   t.push_back(Refused("modalities", kNoMultimodal, IsTextOnly));

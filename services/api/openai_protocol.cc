@@ -14,6 +14,7 @@
 #include "services/api/message_fields.h"
 #include "services/api/openai_fields.h"
 #include "services/api/structured_output.h"
+#include "services/api/chat_tools.h"
 
 namespace sluice {
 namespace {
@@ -518,9 +519,6 @@ absl::StatusOr<json> ChatMessages(const json& messages, const MultimodalContext*
     }
     std::string role_name = role->get<std::string>();
     if (role_name == "developer") role_name = "system";  // OpenAI's newer name for system
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      return InvalidParam("messages", "tool calls in messages are not supported");
-    }
     absl::StatusOr<json> content =
         MessageContent(m.contains("content") ? m["content"] : json(), i, mm, images);
     if (!content.ok()) return content.status();
@@ -528,6 +526,7 @@ absl::StatusOr<json> ChatMessages(const json& messages, const MultimodalContext*
     if (auto name = m.find("name"); name != m.end() && name->is_string()) {
       message["name"] = *name;
     }
+    if (absl::Status st = tools::AddToolMessageFields(m, i, message); !st.ok()) return st;
     out.push_back(std::move(message));
   }
   return out;
@@ -539,7 +538,7 @@ absl::StatusOr<json> ChatMessages(const json& messages, const MultimodalContext*
 // for chat echo.
 absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContext& context,
                                              GenerationRequest& req,
-                                             std::vector<ChatImage>* images) {
+                                             std::vector<ChatImage>* images, const json& tools) {
   const json* messages = Present(body, "messages");
   if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) {
@@ -610,6 +609,7 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
     return InvalidParam("messages", "this model has no chat template; use /v1/completions");
   }
   json extra = json::object();
+  if (!tools.is_null()) extra["tools"] = tools;  // Hugging Face's `tools=` of apply_chat_template
   // The model's special tokens, also for a request template (Parse knows none).
   if (context.chat_template != nullptr) {
     extra["bos_token"] = context.chat_template->bos_token();
@@ -725,7 +725,10 @@ absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const json& body,
   }
   if (absl::Status s = CheckModel(body, context, req); !s.ok()) return s;
   std::vector<ChatImage> images;
-  absl::StatusOr<std::string> text = RenderChatPrompt(body, context, req, &images);
+  absl::StatusOr<std::optional<tools::ToolRequest>> tool_request = tools::ParseToolRequest(body);
+  if (!tool_request.ok()) return tool_request.status();
+  absl::StatusOr<std::string> text =
+      RenderChatPrompt(body, context, req, &images, TemplateTools(*tool_request));
   if (!text.ok()) return text.status();
   bool add_special_tokens = false;  // the template emits BOS itself
   if (auto s = GetBool(body, "add_special_tokens", &add_special_tokens); !s.ok()) return s;
@@ -739,6 +742,7 @@ absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const json& body,
     req.mm_inputs = *std::move(mm);
   }
   if (absl::Status s = ParseCommon(body, context, req); !s.ok()) return s;
+  if (absl::Status s = ApplyToolRequest(*tool_request, body, context, req); !s.ok()) return s;
   return req;
 }
 

@@ -21,6 +21,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/api/multimodal_input.h"
+#include "services/api/tool_calls/tool_call_syntax.h"
 
 namespace sluice {
 
@@ -62,6 +63,9 @@ struct GenerationRequest {
   // Chat with images: the prompt's images (placeholders already expanded in prompts[0]),
   // handed to every choice's EngineRequest.
   std::vector<MultimodalInput> mm_inputs;
+  // Tool calling (chat with tools, tool_choice not "none"): the syntax the output is parsed
+  // with into message.tool_calls (services/api/chat_tools.h); null: the output is content.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 
   int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
 };
@@ -88,6 +92,8 @@ struct ParseContext {
   // Vision-language models: image content parts are accepted (multimodal_input.h); null:
   // they are refused with 400.
   const MultimodalContext* multimodal = nullptr;
+  // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body

@@ -259,6 +259,7 @@ ParseContext OpenAiService::MakeParseContext() {
   context.grammar_compiler = grammar_compiler();
   context.allow_unknown_fields = options_.allow_unknown_fields;
   context.multimodal = options_.multimodal;
+  context.tool_call_syntax = options_.tool_call_syntax;
   context.render_limits = options_.render_limits;
   context.render_limits.deadline = absl::Now() + absl::FromChrono(options_.render_timeout);
   return context;

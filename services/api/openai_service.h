@@ -64,6 +64,8 @@ struct OpenAiServiceOptions {
   // Vision-language models: image content parts are accepted and encoded in process
   // (multimodal_input.h); borrowed. Null: image parts get 400.
   const MultimodalContext* multimodal = nullptr;
+  // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 };
 
 class OpenAiService {

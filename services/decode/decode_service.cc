@@ -330,6 +330,12 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
                                                          const v1::SamplingParams& sampling,
                                                          const std::string& cache_salt,
                                                          absl::Status* error) {
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      RequestGrammar(options_.grammars, sampling);
+  if (!grammar.ok()) {
+    *error = grammar.status();
+    return nullptr;
+  }
   auto session = std::make_shared<DecodeSession>(this, request_id, request_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -342,6 +348,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
   er.request_id = request_id;
   er.prompt_token_ids = std::move(prompt);
   er.sampling = SamplingFromWire(sampling);
+  er.grammar = *std::move(grammar);
   er.cache_salt = cache_salt;
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
@@ -364,6 +371,12 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     // The caller gave up (and sent Cancel, which may have overtaken this call): reserving now
     // would hold blocks nobody claims until the reservation timeout.
     reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "request was cancelled"));
+    return reactor;
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      RequestGrammar(options_.grammars, request->sampling());
+  if (!grammar.ok()) {
+    reactor->Finish(ToGrpc(grammar.status()));
     return reactor;
   }
   // The reply is set before reserving could complete: NewSession's engine op runs later.
@@ -396,6 +409,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
+  er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
@@ -493,6 +507,14 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   }
   // Local: prefill and decode here (all tokens streamed). A stale reservation under the same id
   // (remote prefill failed) is dropped; the local run uses its own engine id.
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      RequestGrammar(options_.grammars, request->sampling());
+  if (!grammar.ok()) {
+    if (existing != nullptr) existing->Cancel();
+    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
+    writer->End(ToGrpc(grammar.status()));
+    return writer;
+  }
   if (existing != nullptr) existing->Cancel();
   const std::string engine_id = existing != nullptr ? absl::StrCat(id, "#local") : id;
   auto session = std::make_shared<DecodeSession>(this, id, engine_id);
@@ -507,6 +529,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
+  er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());

@@ -28,6 +28,7 @@
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
+#include "services/worker_common/worker_grammar.h"
 
 namespace sluice {
 
@@ -51,6 +52,9 @@ struct DecodeServiceOptions {
   // full-attention layers' KV is moved and the engine replays the rest; the prefill worker must
   // announce the same (PrefillResponse.kv.swa_replay_tokens > 0), else FAILED_PRECONDITION.
   int64_t swa_replay_tokens = 0;
+  // Compiles the grammars requests carry (SamplingParams.grammar_ebnf); borrowed. Null: such
+  // requests are refused with INVALID_ARGUMENT.
+  WorkerGrammars* grammars = nullptr;
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
 };
 

@@ -78,11 +78,18 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         "implemented; push mode moves the KV after prefill through PushKv"));
     return reactor;
   }
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
+      RequestGrammar(options_.grammars, request->sampling());
+  if (!grammar.ok()) {
+    reactor->End(ToGrpc(grammar.status()));
+    return reactor;
+  }
   EngineRequest er;
   er.request_id = request->request_id();
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
+  er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   er.hold_kv_blocks = true;
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());

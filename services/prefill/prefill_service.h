@@ -21,6 +21,7 @@
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
+#include "services/worker_common/worker_grammar.h"
 
 namespace sluice {
 
@@ -34,6 +35,9 @@ struct PrefillServiceOptions {
   // SWA bounded replay in effect (EffectiveSwaReplayTokens of --swa-replay-tokens): > 0: only the
   // full-attention layers' KV is moved (announced in PrefillResponse.kv.swa_replay_tokens).
   int64_t swa_replay_tokens = 0;
+  // Compiles the grammars requests carry (SamplingParams.grammar_ebnf); borrowed. Null: such
+  // requests are refused with INVALID_ARGUMENT.
+  WorkerGrammars* grammars = nullptr;
 };
 
 class PrefillService final : public v1::PrefillWorker::CallbackService {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/compiled_grammar.h"
 #include "services/router/kv_router.h"
 #include "services/router/wire_convert.h"
 #include "services/serve/log.h"
@@ -69,6 +70,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
         prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())),
         queue_until_(absl::Now() + options_.decode_queue_timeout) {
     ToWire(request_.sampling, &wire_sampling_);
+    // The grammar travels as text; the workers compile it against their vocabulary.
+    if (request_.grammar != nullptr) wire_sampling_.set_grammar_ebnf(request_.grammar->ebnf());
   }
 
   const std::string& id() const { return request_.request_id; }

@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--allow-unknown-fields", serve.allow_unknown_fields,
                       "Accept request fields the API does not know, with a logged warning "
                       "(default: 400 naming the field)");
+  serve_cmd->add_option("--tool-call-parser", serve.tool_call_parser,
+                        "The model's tool-call syntax (default: found in the chat template)")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "deepseek_v3"}));
   serve_cmd->add_option("--io-threads", serve.http.num_io_threads, "HTTP io threads")
       ->check(CLI::PositiveNumber);
   serve_cmd->add_option("--grpc-host", serve.grpc_host, "gRPC API address");
@@ -192,6 +195,9 @@ int main(int argc, char** argv) {
   router_cmd->add_flag("--allow-unknown-fields", router.allow_unknown_fields,
                        "Accept request fields the API does not know, with a logged warning "
                        "(default: 400 naming the field)");
+  router_cmd->add_option("--tool-call-parser", router.tool_call_parser,
+                        "The model's tool-call syntax (default: found in the chat template)")
+      ->check(CLI::IsMember({"hermes", "llama3_json", "deepseek_v3"}));
   router_cmd->add_option("--min-remote-prefill-tokens", router.backend.min_remote_prefill_tokens,
                          "Shorter prompts prefill on the decode worker")
       ->check(CLI::NonNegativeNumber);

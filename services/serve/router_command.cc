@@ -124,13 +124,15 @@ int RunRouter(const RouterOptions& options) {
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  if (!options.tool_call_parser.empty()) {
+    service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
+  }
   service_options.auth = auth->get();
   // Chat template renders and tokenization run off the HTTP I/O threads.
   service_options.render_threads = 2;
   service_options.custom_template_render_threads = 1;
-  // The workers' wire format does not carry a grammar yet: refuse constraints with 400 rather
-  // than drop them.
-  service_options.enable_structured_outputs = false;
+  // Structured outputs and tool calls: compiled here (errors are the router's 400s) and sent to
+  // the workers as GBNF text (SamplingParams.grammar_ebnf).
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();

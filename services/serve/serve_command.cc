@@ -49,6 +49,9 @@ int RunServe(const ServeOptions& options) {
   }
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  if (!options.tool_call_parser.empty()) {
+    service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
+  }
   service_options.auth = auth->get();
   // Chat template renders and tokenization run off the HTTP I/O threads.
   service_options.render_threads = 2;

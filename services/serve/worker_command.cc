@@ -98,6 +98,7 @@ int Run(const WorkerOptions& options, Role role) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  WorkerGrammars grammars(runtime->tokenizer.get());  // outlives the services
   std::unique_ptr<PrefillService> prefill;
   std::unique_ptr<DecodeService> decode;
   std::string advertise = options.advertise;
@@ -113,6 +114,7 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.default_push_timeout = absl::Seconds(options.transfer_timeout_s);
     prefill_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
+    prefill_options.grammars = &grammars;
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -124,6 +126,7 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.transfer_mode = transfer_mode;
     decode_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
+    decode_options.grammars = &grammars;
     decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);

@@ -64,11 +64,8 @@ def completion_ids(client, model, **kw):
 
 # ---- refused fields: (endpoint, field, value) ----
 REFUSED = [
-    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tool_choice", "auto"),
     ("chat", "functions", [{"name": "f"}]),
     ("chat", "function_call", "auto"),
-    ("chat", "parallel_tool_calls", True),
     ("chat", "prediction", {"type": "content", "content": "x"}),
     ("chat", "audio", {"voice": "alloy", "format": "wav"}),
     ("chat", "modalities", ["text", "audio"]),
@@ -114,6 +111,8 @@ HONOURED = {
     # Structured outputs: tests/e2e/test_structured_outputs.py.
     "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
     "structured_outputs",
+    # Tool calling: tests/e2e/test_tool_calls.py.
+    "tools", "tool_choice", "parallel_tool_calls",
 }
 
 

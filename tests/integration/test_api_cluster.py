@@ -116,3 +116,68 @@ def test_responses_through_the_router(client):
         text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
         final = stream.get_final_response()
     assert text == final.output_text == r.output_text
+
+
+def test_tools_through_the_router(client):
+    # The router renders the tools, compiles the grammar of "required" / a named function and
+    # sends it to the workers as text (SamplingParams.grammar_ebnf); prefill samples the first
+    # token under it and decode continues from there.
+    import jsonschema
+    zone = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"]}
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": zone}}]
+    msg = [{"role": "user", "content": "What time is it?"}]
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=msg, max_tokens=8,
+                                           temperature=0)
+    auto = client.chat.completions.create(model=MODEL_NAME, messages=msg, tools=tools,
+                                          max_tokens=8, temperature=0)
+    assert auto.usage.prompt_tokens > plain.usage.prompt_tokens  # the template got the tools
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    none = client.chat.completions.create(model=MODEL_NAME, messages=msg, tools=tools,
+                                          tool_choice="none", max_tokens=8, temperature=0)
+    assert none.choices[0].message.content == plain.choices[0].message.content
+    kw = dict(model=MODEL_NAME, messages=msg, tools=tools, max_tokens=300, temperature=1.0,
+              seed=3, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    (call,) = c.message.tool_calls
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), zone)
+    args = ""
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            for entry in ch.delta.tool_calls or []:
+                args += entry.function.arguments or ""
+    assert args == call.function.arguments  # same seed, same tokens
+
+
+def test_structured_output_through_the_router(client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99},
+                                               "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    for seed in (1, 2):
+        r = client.chat.completions.create(model=MODEL_NAME, max_tokens=200, temperature=1.0,
+                                           seed=seed, response_format=rf,
+                                           messages=[{"role": "user", "content": "JSON?"}])
+        value = json.loads(r.choices[0].message.content)
+        assert set(value) == {"n", "ok"} and 0 <= value["n"] <= 99
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL_NAME, max_tokens=8,
+                                       messages=[{"role": "user", "content": "JSON?"}],
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": {"enum": []}}})
+    assert e.value.body["param"] == "response_format"
+    # The SDK's parse helper with a Pydantic model, through the router.
+    from pydantic import BaseModel
+
+    class Count(BaseModel):
+        n: int
+        ok: bool
+
+    parsed = client.beta.chat.completions.parse(model=MODEL_NAME, response_format=Count,
+                                                max_tokens=200, temperature=0,
+                                                messages=[{"role": "user", "content": "JSON?"}])
+    assert isinstance(parsed.choices[0].message.parsed, Count)

@@ -137,7 +137,7 @@ TEST_F(FieldsTest, HarmlessFormsOfRefusedFieldsAreAccepted) {
                          {"response_format", {{"type", "text"}}}, {"modalities", {"text"}},
                          {"spaces_between_special_tokens", true}, {"priority", 0}})
                   .ok());
-  ExpectError(ParseChat({{"tool_choice", "auto"}}), "tool_choice");
+  ExpectError(ParseChat({{"tool_choice", "required"}}), "tool_choice");
   ExpectError(ParseChat({{"spaces_between_special_tokens", false}}),
               "spaces_between_special_tokens");
   ExpectError(ParseCompletion({{"guided_json", {{"type", "object"}}}}), "guided_json");

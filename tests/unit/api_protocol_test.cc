@@ -217,9 +217,9 @@ TEST_F(ProtocolTest, CacheSaltIsANonEmptyBoundedString) {
 TEST_F(ProtocolTest, UnsupportedOutputChangingFieldsAreRejectedByName) {
   ExpectChatError({{"response_format", {{"type", "json_object"}}}}, "response_format");
   ExpectChatError({{"tools", {{{"type", "function"}}}}}, "tools");
-  ExpectChatError({{"tool_choice", "auto"}}, "tool_choice");
+  ExpectChatError({{"tool_choice", "required"}}, "tool_choice");
   ExpectChatError({{"functions", {{{"name", "f"}}}}}, "functions");
-  ExpectChatError({{"parallel_tool_calls", true}}, "parallel_tool_calls");
+  ExpectChatError({{"parallel_tool_calls", "yes"}}, "parallel_tool_calls");
   ExpectChatError({{"prediction", {{"type", "content"}}}}, "prediction");
   ExpectChatError({{"audio", {{"voice", "x"}}}}, "audio");
   ExpectChatError({{"modalities", {"text", "audio"}}}, "modalities");
