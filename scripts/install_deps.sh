@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libucx-dev ucx-utils
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev openssl
   python3 python3-venv curl
+  clang libclang-rt-dev  # libFuzzer targets (scripts/fuzz.sh)
 )
 
 SUDO=""
