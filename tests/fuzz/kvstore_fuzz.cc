@@ -216,8 +216,12 @@ class Harness {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::vector<uint8_t>* arena = new std::vector<uint8_t>(kArenaBytes);
   static const std::string dir = "/dev/shm/sluice_kvstore_fuzz_" + std::to_string(getpid());
+  // Each input starts from an empty store: drop the previous input's block files (keeping the
+  // 256 block folders, whose re-creation made the target 10x slower).
   std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (entry.is_regular_file()) std::filesystem::remove(entry.path(), ec);
+  }
   kvstore::BlockStoreOptions options;
   options.dram_arena = arena->data();
   options.dram_bytes = kArenaBytes;
