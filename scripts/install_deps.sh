@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libpng-dev libjpeg62-turbo-dev libwebp-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev openssl
   python3 python3-venv curl
+  clang libclang-rt-dev  # libFuzzer targets (scripts/fuzz.sh)
 )
 
 SUDO=""

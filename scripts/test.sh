@@ -8,20 +8,30 @@
 #   scripts/test.sh --sanitize thread            the concurrent parts (scheduler, async engine,
 #                                                transfer, registry, kvstore, HTTP) under TSan
 #                                                (CPU-only build in build-tsan/)
+#   scripts/test.sh --fuzz SECONDS               every libFuzzer target for SECONDS each, after
+#                                                replaying its regression inputs (clang build in
+#                                                build-fuzz/; scripts/fuzz.sh)
 # Sanitizer reports fail the run (halt_on_error); SLUICE_BUILD_DIR overrides the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SANITIZE=""
+FUZZ_SECONDS=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --fuzz) FUZZ_SECONDS="$2"; shift 2 ;;
+    --fuzz=*) FUZZ_SECONDS="${1#*=}"; shift ;;
     --sanitize) SANITIZE="$2"; shift 2 ;;
     --sanitize=*) SANITIZE="${1#*=}"; shift ;;
-    *) echo "usage: $0 [--sanitize address,undefined|thread]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sanitize address,undefined|thread] [--fuzz SECONDS]" >&2; exit 2 ;;
   esac
 done
 
 scripts/install_deps.sh
+if [ -n "$FUZZ_SECONDS" ]; then
+  echo "[test] fuzz targets, ${FUZZ_SECONDS}s each"
+  exec scripts/fuzz.sh -t "$FUZZ_SECONDS"
+fi
 if [ -z "$SANITIZE" ]; then
   scripts/build.sh
   BUILD_DIR="${SLUICE_BUILD_DIR:-build}"

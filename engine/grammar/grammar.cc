@@ -83,7 +83,12 @@ void AppendEscaped(char32_t cp, bool in_class, std::string* out) {
     return;
   }
   if (cp < 0x20 || cp == 0x7f || cp > 0x7f) {
-    absl::StrAppendFormat(out, cp > 0xffff ? "\\U%08x" : "\\u%04x", static_cast<uint32_t>(cp));
+    // Two calls: clang checks absl format strings at compile time, a ?: is not a constant.
+    if (cp > 0xffff) {
+      absl::StrAppendFormat(out, "\\U%08x", static_cast<uint32_t>(cp));
+    } else {
+      absl::StrAppendFormat(out, "\\u%04x", static_cast<uint32_t>(cp));
+    }
     return;
   }
   out->push_back(static_cast<char>(cp));

@@ -1,6 +1,7 @@
 #include "engine/grammar/grammar_compiler.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/json_schema_to_grammar.h"
 #include "engine/grammar/regex_to_grammar.h"
@@ -22,8 +23,8 @@ const char* GrammarKindName(GrammarKind kind) {
 namespace {
 
 absl::StatusOr<nlohmann::json> ParseSchema(const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("the JSON schema is not valid JSON");
+  absl::StatusOr<nlohmann::json> j = ParseJsonLimited(text);
+  if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat("the JSON schema is ", j.status().message()));
   return j;
 }
 
@@ -41,7 +42,9 @@ absl::StatusOr<std::string> GrammarSpec::CacheKey() const {
     case GrammarKind::kJsonObject:
       break;
     case GrammarKind::kChoice:
-      absl::StrAppend(&key, nlohmann::json(choices).dump());
+      // Length-prefixed raw bytes: unambiguous, and no JSON dump, which throws on a choice
+      // that is not valid UTF-8 (fuzz finding).
+      for (const std::string& c : choices) absl::StrAppend(&key, c.size(), ":", c, ";");
       break;
     default:
       absl::StrAppend(&key, text);

@@ -1,5 +1,6 @@
 #include "engine/model/model_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,6 +33,8 @@ absl::StatusOr<json> ParseJsonFile(const std::string& path, bool* found) {
 
 // Field readers: an absent or null field yields the default; a field of the wrong type is an
 // InvalidArgument naming the field.
+constexpr int64_t kMaxLayers = 1 << 14;
+
 absl::Status TypeError(const std::string& key, const char* want) {
   return absl::InvalidArgumentError(absl::StrCat("config field ", key, " must be ", want));
 }
@@ -45,7 +48,8 @@ absl::Status GetInt(const json& j, const std::string& key, int64_t* out) {
   }
   if (it->is_number_float()) {
     double d = it->get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) {
+    // In range before the cast (casting 1e300 to int64 is undefined; fuzz finding).
+    if (d >= -0x1p63 && d < 0x1p63 && d == std::trunc(d)) {
       *out = static_cast<int64_t>(d);
       return absl::OkStatus();
     }
@@ -206,6 +210,12 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
   SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "hidden_size", &c.hidden_size));
   SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "num_hidden_layers", &c.num_hidden_layers));
   SLUICE_RETURN_IF_ERROR(GetRequiredInt(j, "num_attention_heads", &c.num_attention_heads));
+  // Per-layer tables are sized from it before any weight is read (fuzz finding: 1e15 layers
+  // allocated 1e15 flags); no real model comes near.
+  if (c.num_hidden_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("config field num_hidden_layers ",
+                                                   c.num_hidden_layers, " exceeds ", kMaxLayers));
+  }
   SLUICE_RETURN_IF_ERROR(GetInt(j, "intermediate_size", &c.intermediate_size));
   c.num_key_value_heads = c.num_attention_heads;
   SLUICE_RETURN_IF_ERROR(GetInt(j, "num_key_value_heads", &c.num_key_value_heads));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -243,9 +244,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     if (!ParseDType(dt->get<std::string>(), &view.dtype)) {
       return bad(absl::StrCat("unknown dtype ", dt->get<std::string>()));
     }
+    // The element count must fit int64 (and its bytes the data section, checked below): a
+    // product that overflowed could match a small byte range and describe a huge tensor.
+    int64_t elements = 1;
     for (const json& d : *sh) {
       if (!d.is_number_unsigned()) return bad("shape entries must be non-negative integers");
-      view.shape.push_back(d.get<int64_t>());
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          __builtin_mul_overflow(elements, static_cast<int64_t>(dim), &elements)) {
+        return bad(absl::StrCat("shape ", sh->dump(), " has more elements than int64 holds"));
+      }
+      view.shape.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
@@ -253,8 +262,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       return bad(absl::StrCat("data_offsets [", begin, ", ", end, "] outside the data section (",
                               data_bytes, " bytes)"));
     }
-    const uint64_t expected = static_cast<uint64_t>(view.NumElements()) * DTypeSize(view.dtype);
-    if (end - begin != expected) {
+    uint64_t expected = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(elements), DTypeSize(view.dtype), &expected) ||
+        end - begin != expected) {
       return bad(absl::StrCat("byte size ", end - begin, " does not match shape ",
                               ShapeString(view.shape), " x ", DTypeName(view.dtype), " (",
                               expected, " bytes)"));

@@ -203,7 +203,10 @@ absl::Span<const FieldSpec> Fields(FieldTable table) {
 absl::Status CheckFields(const json& body, FieldTable table, bool allow_unknown,
                          std::vector<std::string>* unknown) {
   const absl::Span<const FieldSpec> fields = Fields(table);
-  for (const auto& [name, value] : body.items()) {
+  for (const auto& item : body.items()) {
+    // Named variables, not a structured binding: clang before 16 cannot capture those.
+    const std::string& name = item.key();
+    const json& value = item.value();
     auto spec = std::find_if(fields.begin(), fields.end(),
                              [&](const FieldSpec& f) { return f.name == name; });
     if (spec == fields.end()) {

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_parse.h"
 #include "engine/tokenizer/jinja/value.h"
 #include "services/api/openai_errors.h"
 #include "services/api/message_fields.h"
@@ -704,10 +705,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
 }  // namespace
 
 absl::StatusOr<json> ParseJsonBody(std::string_view body) {
-  json parsed = json::parse(body.begin(), body.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return absl::InvalidArgumentError("The request body is not valid JSON");
+  absl::StatusOr<json> parsed_or = ParseJsonLimited(body);
+  if (!parsed_or.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("The request body is ", parsed_or.status().message()));
   }
+  json parsed = *std::move(parsed_or);
   if (!parsed.is_object()) {
     return absl::InvalidArgumentError("The request body must be a JSON object");
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "services/api/openai_errors.h"
 
 namespace sluice {
@@ -26,11 +27,13 @@ const json* Present(const json& body, const char* name) {
 absl::StatusOr<std::string> SchemaText(const json& v, const std::string& param) {
   if (v.is_object() || v.is_boolean()) return v.dump();
   if (v.is_string()) {
-    json parsed = json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean())) {
-      return InvalidParam(param, absl::StrCat("'", param, "' is not a valid JSON schema"));
+    absl::StatusOr<json> parsed = ParseJsonLimited(v.get<std::string>());
+    if (!parsed.ok() || !(parsed->is_object() || parsed->is_boolean())) {
+      return InvalidParam(param, absl::StrCat("'", param, "' is not a valid JSON schema",
+                                              parsed.ok() ? "" : ": ",
+                                              parsed.ok() ? "" : parsed.status().message()));
     }
-    return parsed.dump();
+    return parsed->dump();
   }
   return InvalidParam(param, absl::StrCat("'", param, "' must be a JSON schema object"));
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/serve/log.h"
 #include "services/worker_common/worker_wire.h"
+#include "transfer/block_runs.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -582,13 +583,16 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
   absl::StatusOr<TransferRegions> moved =
       ParseTransferRegions(kv.kv_descriptor(), regions_, transfer_region_indices_);
   if (!moved.ok()) return moved.status();
-  const std::vector<transfer::BlockRun> remote_runs = RunsFromWire(kv);
-  const int64_t n = transfer::TotalBlocks(remote_runs);
-  if (n > static_cast<int64_t>(blocks.size())) {
-    return absl::InvalidArgumentError("prefill sent more blocks than were reserved");
+  // The runs come from the prefill worker: checked (ids in range, at most the reservation).
+  absl::StatusOr<std::vector<transfer::BlockRun>> remote_runs =
+      RunsFromWire(kv, static_cast<int64_t>(blocks.size()));
+  if (!remote_runs.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill sent bad KV blocks: ",
+                                                   remote_runs.status().message()));
   }
+  const int64_t n = transfer::TotalBlocks(*remote_runs);
   std::vector<int32_t> local(blocks.begin(), blocks.begin() + n);
-  return agent_->Pull(moved->remote, remote_runs, moved->local, transfer::CoalesceBlocks(local),
+  return agent_->Pull(moved->remote, *remote_runs, moved->local, transfer::CoalesceBlocks(local),
                       deadline);
 }
 
@@ -596,10 +600,13 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
                                         const v1::PrefillResponse& prefill,
                                         const std::vector<int32_t>& blocks, absl::Time deadline,
                                         absl::Time* safe_at) {
-  const int64_t n = transfer::TotalBlocks(RunsFromWire(prefill.kv()));
-  if (n > static_cast<int64_t>(blocks.size())) {
-    return absl::InvalidArgumentError("prefill pinned more blocks than were reserved");
+  absl::StatusOr<std::vector<transfer::BlockRun>> pinned =
+      RunsFromWire(prefill.kv(), static_cast<int64_t>(blocks.size()));
+  if (!pinned.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill pinned bad KV blocks: ",
+                                                   pinned.status().message()));
   }
+  const int64_t n = transfer::TotalBlocks(*pinned);
   const absl::Time sent = absl::Now();
   const absl::Duration timeout = deadline - options_.push_grace - sent;
   if (timeout < absl::Milliseconds(1)) {

@@ -1,10 +1,12 @@
 #include "services/prefill/prefill_service.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "services/worker_common/worker_wire.h"
+#include "transfer/block_runs.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -267,13 +269,17 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
   absl::StatusOr<TransferRegions> moved =
       ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
   if (!moved.ok()) return moved.status();
-  std::vector<int32_t> dest_ids = transfer::ExpandRuns(RunsFromWire(destination));
-  if (dest_ids.size() < block_ids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("decode reserved ", dest_ids.size(),
+  // The runs come from a peer: checked, and only the blocks the prompt needs are expanded.
+  absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
+      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
+  if (!dest_runs.ok()) return dest_runs.status();
+  const int64_t reserved = transfer::TotalBlocks(*dest_runs);
+  if (reserved < static_cast<int64_t>(block_ids.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("decode reserved ", reserved,
                                                    " blocks; the prompt's KV needs ",
                                                    block_ids.size()));
   }
-  dest_ids.resize(block_ids.size());
+  std::vector<int32_t> dest_ids = FirstBlocks(*dest_runs, block_ids.size());
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
   }

@@ -1,5 +1,6 @@
 #include "services/worker_common/worker_wire.h"
 
+
 #include "absl/strings/str_cat.h"
 #include "engine/kv/swa_replay.h"
 
@@ -112,42 +113,6 @@ std::vector<int32_t> TransferRegionIndices(const Model& model, int64_t swa_repla
   return all;
 }
 
-namespace {
-
-template <typename Region>
-absl::StatusOr<std::vector<Region>> SelectByIndex(const std::vector<Region>& regions,
-                                                  const std::vector<int32_t>& indices) {
-  std::vector<Region> out;
-  for (int32_t i : indices) {
-    if (i < 0 || i >= static_cast<int32_t>(regions.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("KV region ", i, " of ", regions.size(),
-                                                     " does not exist (KV layouts differ)"));
-    }
-    out.push_back(regions[static_cast<size_t>(i)]);
-  }
-  return out;
-}
-
-}  // namespace
-
-absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor,
-                                                     const std::vector<transfer::KvRegion>& local,
-                                                     const std::vector<int32_t>& indices) {
-  absl::StatusOr<transfer::RemoteKvDescriptor> remote =
-      transfer::RemoteKvDescriptor::Parse(descriptor);
-  if (!remote.ok()) return remote.status();
-  absl::StatusOr<std::vector<transfer::RemoteRegion>> remote_regions =
-      SelectByIndex(remote->regions, indices);
-  if (!remote_regions.ok()) return remote_regions.status();
-  absl::StatusOr<std::vector<transfer::KvRegion>> local_regions = SelectByIndex(local, indices);
-  if (!local_regions.ok()) return local_regions.status();
-  TransferRegions out;
-  out.remote.worker_address = std::move(remote->worker_address);
-  out.remote.regions = *std::move(remote_regions);
-  out.local = *std::move(local_regions);
-  return out;
-}
-
 absl::StatusOr<KvTransferMemory> KvTransferMemoryOf(const Model& model, KvCache& cache) {
   KvTransferMemory out;
   std::vector<DeviceKvArray> device = model.DeviceKvArrays();
@@ -197,14 +162,6 @@ void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out) {
     w->set_first_block(static_cast<uint32_t>(run.first_block));
     w->set_num_blocks(static_cast<uint32_t>(run.num_blocks));
   }
-}
-
-std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in) {
-  std::vector<transfer::BlockRun> runs;
-  for (const v1::BlockRun& w : in.runs()) {
-    runs.push_back({static_cast<int32_t>(w.first_block()), static_cast<int32_t>(w.num_blocks())});
-  }
-  return runs;
 }
 
 }  // namespace sluice

@@ -12,6 +12,7 @@
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
 #include "sluice/v1/common.pb.h"
+#include "services/worker_common/peer_kv_blocks.h"
 #include "sluice/v1/kv.pb.h"
 #include "transfer/kv_transfer.h"
 
@@ -41,17 +42,6 @@ absl::StatusOr<KvTransferMemory> KvTransferMemoryOf(const Model& model, KvCache&
 // with swa_replay_tokens > 0 (EffectiveSwaReplayTokens) only the full-attention layers'
 // (KvTransferLayout::region_indices of kFullAttentionOnly), else every region.
 std::vector<int32_t> TransferRegionIndices(const Model& model, int64_t swa_replay_tokens);
-// TransferRegions: the regions one transfer moves on both sides, paired by position.
-struct TransferRegions {
-  transfer::RemoteKvDescriptor remote;
-  std::vector<transfer::KvRegion> local;
-};
-// ParseTransferRegions parses a peer's serialized RemoteKvDescriptor and keeps regions
-// `indices` (TransferRegionIndices) of it and of `local`, in that order. Errors: those of
-// RemoteKvDescriptor::Parse; InvalidArgument for an index out of range (another layout).
-absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor,
-                                                     const std::vector<transfer::KvRegion>& local,
-                                                     const std::vector<int32_t>& indices);
 // LayoutOf: the cache geometry for KvBlocks.layout; `dtype_bytes`: Model::KvDtypeBytes (4 for
 // the host float32 cache, 2 for a bf16 device cache), so a CPU and a CUDA worker never pair.
 v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
@@ -59,9 +49,8 @@ v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
 // be copied byte for byte into the other's). DescribeKvLayout names them for error messages.
 bool SameKvLayout(const v1::KvLayout& a, const v1::KvLayout& b);
 std::string DescribeKvLayout(const v1::KvLayout& layout);
-// RunsToWire / RunsFromWire: BlockRun lists.
+// RunsToWire: `block_ids` as coalesced BlockRuns.
 void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
-std::vector<transfer::BlockRun> RunsFromWire(const v1::KvBlocks& in);
 
 }  // namespace sluice
 

@@ -76,6 +76,36 @@ class ServiceTest : public ::testing::Test {
   std::shared_ptr<RequestHandle> handle_;
 };
 
+// Fuzz finding (tests/fuzz/corpus/http_openai_fuzz): a body nested 100,000 levels deep (in
+// `messages` or in a structured-output schema, given as an object or as JSON text) overflowed
+// the stack while the request was copied. It is a 400 now, and the next request is served.
+TEST_F(ServiceTest, DeeplyNestedBodiesAre400) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string chat_prefix = R"({"model":"mini","messages":[{"role":"user","content":)";
+  for (const std::string& body :
+       {chat_prefix + deep + "}]}",
+        chat_prefix + R"("hi"}],"response_format":{"type":"json_schema","json_schema":)"
+                      R"({"name":"x","schema":{"type":"array","items":)" + deep + "}}}}"}) {
+    auto sink = Send("POST", "/v1/chat/completions", body);
+    EXPECT_EQ(sink->status, 400);
+    EXPECT_EQ(sink->json()["error"]["message"], "The request body is nested deeper than 128 levels");
+  }
+  const std::string schema_text = json(std::string(200, '[') + std::string(200, ']')).dump();
+  auto text = Send("POST", "/v1/chat/completions",
+                   chat_prefix + R"("hi"}],"response_format":{"type":"json_schema","json_schema":)"
+                                 R"({"name":"x","schema":)" + schema_text + "}}}");
+  EXPECT_EQ(text->status, 400);
+  EXPECT_THAT(text->json()["error"]["message"].get<std::string>(),
+              HasSubstr("nested deeper than 128 levels"));
+  // 128 levels are accepted (the body's own object is the first).
+  std::string nested = "1";
+  for (int i = 0; i < 125; ++i) nested = "[" + nested + "]";
+  auto ok = Send("POST", "/v1/completions",
+                 R"({"model":"mini","prompt":"hi","max_tokens":1,"metadata":{"x":)" + nested + "}}");
+  EXPECT_NE(ok->json()["error"]["message"], "The request body is nested deeper than 128 levels");
+  EXPECT_EQ(Post("/v1/completions", {{"model", "mini"}, {"prompt", "hi"}})->num_responses, 0);
+}
+
 TEST_F(ServiceTest, CompletionResponseShape) {
   backend_.cached_tokens = 1;
   auto sink = Post("/v1/completions", {{"model", "mini"}, {"prompt", "ab"}, {"max_tokens", 5}});

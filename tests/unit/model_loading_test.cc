@@ -227,6 +227,24 @@ TEST(SafetensorsTest, CorruptFilesAreInvalidArgument) {
   expect_invalid(with_header(R"({"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})",
                              std::string(1, '\0')),
                  "unknown dtype Q4");
+  // Fuzz findings (tests/fuzz/corpus/safetensors_fuzz): a shape whose element count
+  // overflows int64 (here (2^62 + 1) x 4 wraps to 4 elements, matching 16 bytes) and
+  // dimensions past INT64_MAX.
+  expect_invalid(with_header(R"({"w":{"dtype":"F32","shape":[4611686018427387905,4],)"
+                             R"("data_offsets":[0,16]}})",
+                             std::string(16, '\0')),
+                 "more elements than int64 holds");
+  expect_invalid(with_header(R"({"w":{"dtype":"U8","shape":[18446744073709551615],)"
+                             R"("data_offsets":[0,1]}})",
+                             std::string(1, '\0')),
+                 "more elements than int64 holds");
+  // 2^61 x 8 elements overflow int64; 2^61 F64 elements fit, but their bytes overflow uint64.
+  expect_invalid(with_header(R"({"w":{"dtype":"F64","shape":[2305843009213693952,8],)"
+                             R"("data_offsets":[0,0]}})", ""),
+                 "more elements than int64 holds");
+  expect_invalid(with_header(R"({"w":{"dtype":"F64","shape":[2305843009213693952],)"
+                             R"("data_offsets":[0,0]}})", ""),
+                 "does not match shape");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -412,6 +430,25 @@ TEST(ModelConfigTest, Errors) {
           "num_hidden_layers": 1, "num_attention_heads": 1,
           "rope_parameters": {"rope_type": "dynamic-made-up", "rope_theta": 1.0}})");
   EXPECT_EQ(bad_rope.status().code(), absl::StatusCode::kInvalidArgument);
+  // Fuzz findings (tests/fuzz/corpus/model_config_fuzz): a float field outside int64 (the
+  // cast was undefined) and a layer count whose per-layer table could not be allocated.
+  auto huge_float = ModelConfig::FromJsonText(
+      R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 1e300, "hidden_size": 4,
+          "num_hidden_layers": 1, "num_attention_heads": 1})");
+  EXPECT_EQ(huge_float.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(huge_float.status().message()),
+              HasSubstr("config field vocab_size must be an integer"));
+  auto integral_float = ModelConfig::FromJsonText(
+      R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 32.0, "hidden_size": 4,
+          "num_hidden_layers": 1, "num_attention_heads": 1})");
+  ASSERT_TRUE(integral_float.ok()) << integral_float.status();
+  EXPECT_EQ(integral_float->vocab_size, 32);
+  auto many_layers = ModelConfig::FromJsonText(
+      R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 1, "hidden_size": 4,
+          "num_hidden_layers": 1000000000000000, "num_attention_heads": 1})");
+  EXPECT_EQ(many_layers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(many_layers.status().message()),
+              HasSubstr("num_hidden_layers 1000000000000000 exceeds 16384"));
   TempDir dir;
   EXPECT_EQ(ModelConfig::Load(dir.path()).status().code(), absl::StatusCode::kNotFound);
 }

@@ -52,7 +52,9 @@ class Dict {
   // SetAt replaces the value of the `index`-th entry (index < size()).
   void SetAt(size_t index, Value value);
   bool Contains(absl::string_view key) const { return index_.contains(key); }
-  size_t size() const { return entries_.size(); }
+  // Defined below Value: clang instantiates the constexpr vector<pair<..., Value>>::size here,
+  // where Value is still incomplete.
+  size_t size() const;
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
 
  private:
@@ -204,6 +206,8 @@ size_t Utf8Length(absl::string_view s);
 
 // IsPySpace is Python str.isspace() for one code point (ASCII and common Unicode spaces).
 bool IsPySpace(uint32_t cp);
+
+inline size_t Dict::size() const { return entries_.size(); }
 
 template <typename Json>
 int Value::JsonDepth(const Json& json, int limit) {

@@ -150,5 +150,20 @@ TEST(GrammarMatcherTest, Llama3Vocabulary) {
   EXPECT_FALSE((mask[bot >> 5] >> (bot & 31)) & 1u);
 }
 
+// Fuzz finding (tests/fuzz/corpus/grammar_fuzz): a choice that is not valid UTF-8 made the
+// cache key's JSON dump throw (an uncaught exception). Keys are raw bytes now, so two such
+// choices never share a key either.
+TEST(GrammarCompilerTest, ChoiceCacheKeysTakeAnyBytes) {
+  GrammarSpec a{GrammarKind::kChoice, "", {"23\x92" "59:59Z"}};
+  GrammarSpec b{GrammarKind::kChoice, "", {"23\x93" "59:59Z"}};
+  GrammarSpec split{GrammarKind::kChoice, "", {"ab", "c"}};
+  GrammarSpec joined{GrammarKind::kChoice, "", {"a", "bc"}};
+  auto ka = a.CacheKey(), kb = b.CacheKey(), ks = split.CacheKey(), kj = joined.CacheKey();
+  ASSERT_TRUE(ka.ok() && kb.ok() && ks.ok() && kj.ok());
+  EXPECT_NE(*ka, *kb);
+  EXPECT_NE(*ks, *kj);
+  EXPECT_EQ(*ks, "choice\n2:ab;1:c;");
+}
+
 }  // namespace
 }  // namespace sluice::grammar

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz, clang, ASan+UBSan, CPU-only, in build-fuzz/) and runs
+# each for a bounded time.
+#
+#   scripts/fuzz.sh                    every target for 30 s
+#   scripts/fuzz.sh -t 300 jinja_fuzz  one target for 5 minutes
+#   scripts/fuzz.sh --regress          only replay the checked-in corpora (seconds; what CI's
+#                                      bounded default does first)
+#
+# Each target starts from tests/fuzz/corpus/<target>/ (hand-written seeds and the regression
+# input of every finding) plus seeds made from the fixtures (tests/fuzz/make_seeds.py); new
+# inputs accumulate in build-fuzz/corpus/<target>/ across runs. A crash, leak, UB report or
+# timeout fails the run and leaves its input in build-fuzz/findings/<target>/. The summary
+# (executions, corpus size, result per target) is printed at the end and written to
+# build-fuzz/fuzz_summary.tsv. SLUICE_FUZZ_BUILD_DIR overrides the folder.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_TARGET=30
+REGRESS_ONLY=0
+TARGETS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -t|--time) SECONDS_PER_TARGET="$2"; shift 2 ;;
+    --regress) REGRESS_ONLY=1; shift ;;
+    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    *) TARGETS+=("$1"); shift ;;
+  esac
+done
+ALL_TARGETS=()
+for f in tests/fuzz/*_fuzz.cc; do ALL_TARGETS+=("$(basename "$f" .cc)"); done
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
+
+BUILD_DIR="${SLUICE_FUZZ_BUILD_DIR:-build-fuzz}"
+if ! command -v clang++ >/dev/null; then
+  echo "[fuzz] clang++ not found: scripts/install_deps.sh installs it" >&2
+  exit 2
+fi
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$BUILD_DIR" -G Ninja -DSLUICE_FUZZ=ON -DSLUICE_CUDA=OFF \
+    -DSLUICE_NATIVE=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
+fi
+cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
+
+SEEDS="$BUILD_DIR/seeds"
+rm -rf "$SEEDS"
+python3 tests/fuzz/make_seeds.py "$SEEDS"
+# Leaks are findings; UB aborts (compiled with -fno-sanitize-recover).
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+SUMMARY="$BUILD_DIR/fuzz_summary.tsv"
+printf "target\tseconds\texecutions\tcorpus\tresult\n" > "$SUMMARY"
+FAILED=0
+for t in "${TARGETS[@]}"; do
+  bin="$BUILD_DIR/bin/$t"
+  corpus="$BUILD_DIR/corpus/$t"
+  findings="$BUILD_DIR/findings/$t"
+  mkdir -p "$corpus" "$findings" "tests/fuzz/corpus/$t" "$SEEDS/$t"
+  log="$BUILD_DIR/logs/$t.log"
+  mkdir -p "$(dirname "$log")"
+  # Replay the checked-in corpus first: every past finding must stay fixed.
+  echo "[fuzz] $t: regression inputs"
+  if ! "$bin" -runs=0 -rss_limit_mb=4096 -timeout=30 "tests/fuzz/corpus/$t" > "$log.regress" 2>&1; then
+    echo "[fuzz] $t: a regression input fails (log: $log.regress)" >&2
+    tail -30 "$log.regress" >&2
+    printf "%s\t0\t0\t0\tREGRESSION\n" "$t" >> "$SUMMARY"
+    FAILED=1
+    continue
+  fi
+  [ "$REGRESS_ONLY" = 1 ] && { printf "%s\t0\t0\t0\tok\n" "$t" >> "$SUMMARY"; continue; }
+  echo "[fuzz] $t: ${SECONDS_PER_TARGET}s"
+  rc=0
+  "$bin" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+    -print_final_stats=1 -artifact_prefix="$findings/" \
+    "$corpus" "tests/fuzz/corpus/$t" "$SEEDS/$t" > "$log" 2>&1 || rc=$?
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  size=$(ls "$corpus" | wc -l)
+  if [ "$rc" -ne 0 ]; then
+    echo "[fuzz] $t: FINDING (rc $rc), inputs in $findings, log $log" >&2
+    grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -10 >&2
+    printf "%s\t%s\t%s\t%s\tFINDING\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" >> "$SUMMARY"
+    FAILED=1
+  else
+    printf "%s\t%s\t%s\t%s\tok\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" >> "$SUMMARY"
+  fi
+done
+echo "[fuzz] summary ($SUMMARY):"
+column -t -s $'\t' "$SUMMARY"
+exit "$FAILED"
