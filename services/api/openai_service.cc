@@ -54,7 +54,9 @@ OpenAiService::OpenAiService(InferenceBackend* backend, const Tokenizer* tokeniz
       tokenizer_(tokenizer),
       chat_template_(chat_template),
       options_(std::move(options)),
-      created_(static_cast<int64_t>(std::time(nullptr))) {}
+      created_(static_cast<int64_t>(std::time(nullptr))) {
+  metrics_.set_model_name(options_.served_model_name);
+}
 
 void OpenAiService::SendError(ResponseSink& sink, const std::string& endpoint,
                               const absl::Status& status) {
