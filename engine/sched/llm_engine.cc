@@ -301,6 +301,7 @@ class LLMEngineImpl final : public LLMEngine {
 
     SchedulerOutput plan = scheduler_.Schedule();
     counters_.num_preemptions += plan.num_preempted;
+    NoteFirstScheduled(plan);
     if (!in_flight_.empty()) {
       // Async scheduling: this plan was built while the step in flight runs, its sampled
       // tokens standing in as placeholders. Enqueue it behind that step, then read that step.
@@ -604,6 +605,7 @@ class LLMEngineImpl final : public LLMEngine {
     out.num_prompt_tokens = seq.num_prompt_tokens();
     out.num_cached_tokens = seq.num_cached_tokens;
     out.num_output_tokens = seq.num_output_tokens();
+    out.queue_seconds = seq.queue_seconds;
     out.finish_reason = CheckFinished(seq);
     if (seq.NeedsPromptLogprobs()) {
       out.prompt_logprobs = std::move(seq.prompt_logprobs);
@@ -629,6 +631,17 @@ class LLMEngineImpl final : public LLMEngine {
         RemoveSequence(id);
       }
       ids_.erase(id);
+    }
+  }
+
+  // NoteFirstScheduled records the queue time of sequences scheduled for the first time.
+  static void NoteFirstScheduled(const SchedulerOutput& plan) {
+    Clock::time_point now{};
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.seq->queue_seconds >= 0) continue;
+      if (now == Clock::time_point{}) now = Now();
+      s.seq->queue_seconds =
+          std::max(0.0, std::chrono::duration<double>(now - s.seq->arrival_time).count());
     }
   }
 
@@ -1169,6 +1182,7 @@ class LLMEngineImpl final : public LLMEngine {
     out.num_prompt_tokens = seq.num_prompt_tokens();
     out.num_cached_tokens = seq.num_cached_tokens;
     out.num_output_tokens = seq.num_output_tokens();
+    out.queue_seconds = seq.queue_seconds;
     return out;
   }
 

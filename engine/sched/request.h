@@ -76,6 +76,9 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_cached_tokens = 0;         // prompt tokens served from the prefix cache
   int32_t num_output_tokens = 0;         // total so far
+  // Seconds from the request's arrival at the engine (AddRequest / ReserveForTransfer) to the
+  // first step that scheduled it (vLLM's queue time); -1 while it has not been scheduled.
+  double queue_seconds = -1;
   // With SamplingParams::prompt_logprobs: on the output carrying the first token, one entry per
   // prompt token after the first (prompt_token_ids[1..]); empty otherwise.
   std::vector<PromptLogprob> prompt_logprobs;

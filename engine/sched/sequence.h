@@ -2,6 +2,7 @@
 #ifndef SLUICE_ENGINE_SCHED_SEQUENCE_H_
 #define SLUICE_ENGINE_SCHED_SEQUENCE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -53,6 +54,10 @@ struct Sequence {
   std::vector<uint32_t> grammar_bitmask;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   double arrival_seconds = 0;        // the scheduler's clock when it was added (aging)
+  // Arrival at the engine, and seconds from it to the first step that scheduled the sequence
+  // (-1 before): RequestOutput::queue_seconds.
+  std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();
+  double queue_seconds = -1;
   int32_t num_preemptions = 0;
   // SWA bounded replay with R < sliding window: the first position whose sliding-layer K/V is
   // in the cache (ForwardInput::sliding_kv_start) while a window still reaches below it; 0:

@@ -1,5 +1,6 @@
 #include "services/api/generation_session.h"
 
+#include <algorithm>
 #include <ctime>
 #include <optional>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "services/api/chat_tools.h"
 #include "services/api/openai_errors.h"
 #include "services/api/responses_api.h"
+#include "services/api/vllm_metrics.h"
 
 namespace sluice {
 namespace {
@@ -121,9 +123,11 @@ void GenerationSession::OnOutput(int32_t index, const RequestOutput& output) {
   Choice& choice = choices_[index];
   if (choice.output->finished()) return;
   const Clock::time_point now = Clock::now();
+  if (output.queue_seconds >= 0) choice.queue_seconds = output.queue_seconds;
   if (!output.new_tokens.empty()) {
     if (!choice.got_first_token) {
       choice.got_first_token = true;
+      choice.first_token_time = now;
       deps_.metrics->ObserveTimeToFirstToken(SecondsBetween(arrival_, now));
     } else {
       const double gap = SecondsBetween(choice.last_token_time, now) /
@@ -136,17 +140,34 @@ void GenerationSession::OnOutput(int32_t index, const RequestOutput& output) {
   }
   ChoiceDelta delta = choice.output->Push(output);
   if (delta.failed) {
+    if (output.finish_reason == FinishReason::kAbort) ObserveEnd(choice, FinishReason::kAbort, now);
     Fail(delta.error);
     return;
   }
   if (delta.stopped_by_string) deps_.backend->Abort(choice.engine_request_id);
   if (request_.stream) StreamDelta(index, delta);
   if (delta.finished) {
-    deps_.metrics->ObserveE2eLatency(SecondsBetween(arrival_, now));
-    deps_.metrics->AddTokens(choice.output->num_prompt_tokens(),
-                             choice.output->num_output_tokens());
+    ObserveEnd(choice, delta.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop,
+               now);
     if (++num_finished_ == static_cast<int32_t>(choices_.size())) Complete();
   }
+}
+
+void GenerationSession::ObserveEnd(const Choice& choice, FinishReason reason,
+                                   Clock::time_point now) {
+  FinishedRequest end;
+  end.finish_reason = reason;
+  end.num_prompt_tokens = choice.output->num_prompt_tokens();
+  end.num_generation_tokens = choice.output->num_output_tokens();
+  end.e2e_seconds = SecondsBetween(arrival_, now);
+  end.queue_seconds = choice.queue_seconds;
+  if (choice.got_first_token) {
+    // Prefill: first scheduled -> first token (arrival -> first token less the queue time).
+    end.prefill_seconds = std::max(
+        0.0, SecondsBetween(arrival_, choice.first_token_time) - std::max(0.0, choice.queue_seconds));
+    end.decode_seconds = SecondsBetween(choice.first_token_time, choice.last_token_time);
+  }
+  deps_.metrics->ObserveFinished(end);
 }
 
 void GenerationSession::StreamDelta(int32_t index, const ChoiceDelta& delta) {

@@ -56,13 +56,18 @@ class GenerationSession : public RequestHandle,
   struct Choice {
     std::string engine_request_id;
     std::unique_ptr<ChoiceOutput> output;
+    std::chrono::steady_clock::time_point first_token_time;
     std::chrono::steady_clock::time_point last_token_time;
+    double queue_seconds = -1;  // engine queue time (RequestOutput::queue_seconds), once known
     bool got_first_token = false;
     bool prompt_part_sent = false;  // streamed echo / prompt logprobs (first output)
     std::unique_ptr<tools::ToolCallStream> tool_stream;  // streamed chat with tool calls
   };
 
   void OnOutput(int32_t index, const RequestOutput& output);
+  // ObserveEnd records a choice's end in the metrics (e2e, phases, tokens, finish reason).
+  void ObserveEnd(const Choice& choice, FinishReason reason,
+                  std::chrono::steady_clock::time_point now);
   void StreamDelta(int32_t index, const ChoiceDelta& delta);
   // StreamToolDelta streams a chat choice parsed for tool calls: content and delta.tool_calls
   // entries (generation_session_tools.cc).

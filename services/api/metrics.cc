@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/api/spec_decode_metrics.h"
+#include "services/api/vllm_metrics.h"
 
 namespace sluice {
 namespace prometheus {
@@ -76,19 +77,42 @@ void Histogram::Observe(double value) {
   ++count_;
 }
 
-void Histogram::Render(const std::string& name, std::string& out) const {
+void Histogram::Render(const std::string& name, const std::string& labels,
+                       std::string& out) const {
+  const std::string bucket = labels.empty() ? "_bucket{le=\"" : absl::StrCat("_bucket{", labels,
+                                                                            ",le=\"");
+  const std::string plain = labels.empty() ? " " : absl::StrCat("{", labels, "} ");
   uint64_t cumulative = 0;
   for (size_t i = 0; i < upper_bounds_.size(); ++i) {
     cumulative += counts_[i];
-    absl::StrAppend(&out, name, "_bucket{le=\"", FormatDouble(upper_bounds_[i]), "\"} ",
-                    cumulative, "\n");
+    absl::StrAppend(&out, name, bucket, FormatDouble(upper_bounds_[i]), "\"} ", cumulative, "\n");
   }
-  absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", count_, "\n");
-  absl::StrAppend(&out, name, "_sum ", FormatDouble(sum_), "\n");
-  absl::StrAppend(&out, name, "_count ", count_, "\n");
+  absl::StrAppend(&out, name, bucket, "+Inf\"} ", count_, "\n");
+  absl::StrAppend(&out, name, "_sum", plain, FormatDouble(sum_), "\n");
+  absl::StrAppend(&out, name, "_count", plain, count_, "\n");
 }
 
-ApiMetrics::ApiMetrics() : ttft_(TtftBuckets()), itl_(ItlBuckets()), e2e_(E2eBuckets()) {}
+ApiMetrics::ApiMetrics()
+    : ttft_(TtftBuckets()),
+      itl_(ItlBuckets()),
+      e2e_(E2eBuckets()),
+      vllm_(std::make_unique<VllmMetrics>()) {}
+
+ApiMetrics::~ApiMetrics() = default;
+
+void ApiMetrics::set_model_name(const std::string& model_name) {
+  vllm_->set_model_name(model_name);
+}
+
+void ApiMetrics::ObserveFinished(const FinishedRequest& request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (request.e2e_seconds >= 0) e2e_.Observe(request.e2e_seconds);
+    prompt_tokens_ += request.num_prompt_tokens;
+    generation_tokens_ += request.num_generation_tokens;
+  }
+  vllm_->ObserveFinished(request);
+}
 
 void ApiMetrics::ObserveRequest(const std::string& endpoint, int status) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -96,13 +120,19 @@ void ApiMetrics::ObserveRequest(const std::string& endpoint, int status) {
 }
 
 void ApiMetrics::ObserveTimeToFirstToken(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ttft_.Observe(seconds);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ttft_.Observe(seconds);
+  }
+  vllm_->ObserveTimeToFirstToken(seconds);
 }
 
 void ApiMetrics::ObserveInterTokenLatency(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  itl_.Observe(seconds);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    itl_.Observe(seconds);
+  }
+  vllm_->ObserveInterTokenLatency(seconds);
 }
 
 void ApiMetrics::ObserveE2eLatency(double seconds) {
@@ -177,6 +207,15 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
         "KV blocks registered in the prefix cache (in use or evictable).",
         static_cast<double>(stats.num_cached_blocks));
   AppendSpecDecodeMetrics(stats.spec_decode, out);
+  VllmGauges gauges;
+  gauges.num_requests_waiting = static_cast<double>(stats.num_waiting_requests);
+  gauges.num_requests_running = static_cast<double>(stats.num_running_requests);
+  gauges.kv_cache_usage = usage;
+  gauges.block_size = stats.block_size;
+  gauges.num_gpu_blocks = stats.num_total_blocks;
+  gauges.prefix_cache_queries = stats.num_prefix_cache_query_tokens_total;
+  gauges.prefix_cache_hits = stats.num_prefix_cache_hit_tokens_total;
+  vllm_->Render(gauges, out);
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -17,14 +18,21 @@
 #include "services/api/inference_backend.h"
 
 namespace sluice {
+struct FinishedRequest;
+class VllmMetrics;
+}  // namespace sluice
+
+namespace sluice {
 
 // Histogram accumulates observations into fixed upper bounds (seconds). Not thread-safe.
 class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void Observe(double value);
-  // Render appends the `_bucket`, `_sum` and `_count` lines of metric `name`.
-  void Render(const std::string& name, std::string& out) const;
+  // Render appends the `_bucket`, `_sum` and `_count` lines of metric `name`; `labels` (e.g.
+  // `model_name="m"`, already escaped) go on every sample, before `le`.
+  void Render(const std::string& name, std::string& out) const { Render(name, "", out); }
+  void Render(const std::string& name, const std::string& labels, std::string& out) const;
 
  private:
   std::vector<double> upper_bounds_;
@@ -48,9 +56,14 @@ std::vector<double> TtftBuckets();
 std::vector<double> ItlBuckets();
 }  // namespace prometheus
 
+// Besides the sluice_ families, ApiMetrics renders the vllm: ones (services/api/vllm_metrics.h)
+// from the same observations, labelled with the served model name.
 class ApiMetrics {
  public:
   ApiMetrics();
+  ~ApiMetrics();
+  // set_model_name: the vllm: families' `model_name` label; call before serving.
+  void set_model_name(const std::string& model_name);
 
   // ObserveRequest counts one finished HTTP request by endpoint path and status code.
   void ObserveRequest(const std::string& endpoint, int status);
@@ -58,6 +71,9 @@ class ApiMetrics {
   void ObserveInterTokenLatency(double seconds);
   void ObserveE2eLatency(double seconds);
   void AddTokens(int64_t num_prompt_tokens, int64_t num_generation_tokens);
+  // ObserveFinished: a choice ended (its e2e latency, tokens, finish reason and phases);
+  // replaces ObserveE2eLatency + AddTokens.
+  void ObserveFinished(const FinishedRequest& request);
   void SetInFlight(int64_t num_requests);
 
   // Render returns the whole exposition, with `stats` as the engine gauges.
@@ -72,6 +88,7 @@ class ApiMetrics {
   int64_t prompt_tokens_ = 0;
   int64_t generation_tokens_ = 0;
   int64_t in_flight_ = 0;
+  std::unique_ptr<VllmMetrics> vllm_;
 };
 
 }  // namespace sluice

@@ -92,6 +92,7 @@ OpenAiService::OpenAiService(InferenceBackend* backend, const Tokenizer* tokeniz
       chat_template_(chat_template),
       options_(std::move(options)),
       created_(static_cast<int64_t>(std::time(nullptr))) {
+  metrics_.set_model_name(options_.served_model_name);
   if (options_.render_threads > 0) {
     render_pool_ = std::make_unique<RenderPool>(options_.render_threads);
     if (options_.custom_template_render_threads > 0) {

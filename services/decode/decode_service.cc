@@ -159,10 +159,13 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     const absl::Time now = absl::Now();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (out.queue_seconds >= 0) queue_seconds_ = out.queue_seconds;
+      num_generated_ += static_cast<int64_t>(out.new_tokens.size());
       if (out.finish_reason != FinishReason::kAbort &&
-          out.finish_reason != FinishReason::kError) {
+          out.finish_reason != FinishReason::kError && !out.new_tokens.empty()) {
         ObserveStepLocked(now);
       }
+      if (final) ObserveEndLocked(out, now);
       if (writer_ != nullptr) {
         writer_->Push(std::move(message), final);
       } else {
@@ -180,10 +183,40 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     WorkerMetrics* metrics = service_->metrics();
     if (last_output_ != absl::InfinitePast()) {
       metrics->ObserveInterTokenLatency(absl::ToDoubleSeconds(now - last_output_));
-    } else if (prefill_finished_ != absl::InfinitePast()) {
-      metrics->ObserveHandover(absl::ToDoubleSeconds(now - prefill_finished_));
+    } else {
+      if (prefill_finished_ != absl::InfinitePast()) {
+        metrics->ObserveHandover(absl::ToDoubleSeconds(now - prefill_finished_));
+      }
+      first_output_ = now;
+      if (attached_at_ != absl::InfinitePast()) {
+        metrics->ObserveTimeToFirstToken(absl::ToDoubleSeconds(now - attached_at_));
+      }
     }
     last_output_ = now;
+  }
+
+  // ObserveEndLocked: the vllm: view of this worker's part of the request. Its arrival is the
+  // Decode call; queue = Decode call -> first scheduled (the KV transfer wait included): the
+  // engine counts from the reservation, which may precede the call.
+  void ObserveEndLocked(const RequestOutput& out, absl::Time now) {
+    if (attached_at_ == absl::InfinitePast()) return;  // never claimed: no request here
+    FinishedRequest end;
+    end.finish_reason = out.finish_reason;
+    end.num_prompt_tokens = out.num_prompt_tokens;
+    end.num_generation_tokens = num_generated_;
+    end.e2e_seconds = absl::ToDoubleSeconds(now - attached_at_);
+    if (queue_seconds_ >= 0) {
+      const double before_call = reserved_at_ != absl::InfinitePast() && reserved_at_ < attached_at_
+                                     ? absl::ToDoubleSeconds(attached_at_ - reserved_at_)
+                                     : 0.0;
+      end.queue_seconds = std::max(0.0, queue_seconds_ - before_call);
+    }
+    if (first_output_ != absl::InfinitePast()) {
+      end.prefill_seconds = std::max(0.0, absl::ToDoubleSeconds(first_output_ - attached_at_) -
+                                              std::max(0.0, end.queue_seconds));
+      end.decode_seconds = absl::ToDoubleSeconds(last_output_ - first_output_);
+    }
+    service_->metrics()->ObserveFinished(end);
   }
 
   // Decode call attached: replay buffered outputs. Returns false if another writer exists.
@@ -276,6 +309,9 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   absl::Time attached_at_ = absl::InfinitePast();  // the Decode call claimed the session
   absl::Time prefill_finished_ = absl::InfinitePast();  // remote prefill's first token
   absl::Time last_output_ = absl::InfinitePast();       // last output with a step's result
+  absl::Time first_output_ = absl::InfinitePast();      // first output with a step's result
+  double queue_seconds_ = -1;                           // the engine's (from the reservation)
+  int64_t num_generated_ = 0;                           // tokens this worker streamed
   std::optional<v1::PrefillResponse> prefill_;
   absl::Duration transfer_timeout_;
   bool cancelled_ = false;

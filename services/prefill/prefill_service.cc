@@ -112,7 +112,17 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           return;
         }
         const absl::Time finished = absl::Now();
-        metrics_->ObserveTimeToFirstToken(absl::ToDoubleSeconds(finished - arrival));
+        const double ttft = absl::ToDoubleSeconds(finished - arrival);
+        metrics_->ObserveTimeToFirstToken(ttft);
+        FinishedRequest end;
+        // Handed to a decode worker: this pod's part ended by length (one token).
+        end.finish_reason = out.kv_held ? FinishReason::kLength : out.finish_reason;
+        end.num_prompt_tokens = out.num_prompt_tokens;
+        end.num_generation_tokens = static_cast<int64_t>(out.new_tokens.size());
+        end.e2e_seconds = ttft;
+        end.queue_seconds = out.queue_seconds;
+        end.prefill_seconds = std::max(0.0, ttft - std::max(0.0, out.queue_seconds));
+        metrics_->ObserveFinished(end);
         response->set_request_id(out.request_id);
         if (!out.new_tokens.empty()) {
           SampledTokenToWire(out.new_tokens.front(), response->mutable_first_token());
@@ -125,6 +135,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         response->set_finish_reason(FinishReasonToWire(out.finish_reason));
         response->set_prefill_worker_address(advertised_address_);
         response->set_prefill_finished_unix_us(absl::ToUnixMicros(finished));
+        if (out.queue_seconds >= 0) response->set_queue_seconds(out.queue_seconds);
         response->set_kv_transfer_mode(options_.transfer_mode);
         if (out.kv_held) {
           v1::KvBlocks* kv = response->mutable_kv();

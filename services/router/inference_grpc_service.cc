@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -16,6 +17,7 @@
 #include "services/api/auth/request_admission.h"
 #include "services/api/choice_output.h"
 #include "services/api/openai_responses.h"
+#include "services/api/vllm_metrics.h"
 #include "services/router/wire_convert.h"
 #include "proto/grpc_status.h"
 
@@ -265,9 +267,11 @@ class InferenceGrpcService::GenerateReactor final
   void Observe(const RequestOutput& output, const ChoiceDelta& delta, Clock::time_point now) {
     ApiMetrics* metrics = service_->metrics_;
     if (metrics == nullptr) return;
+    if (output.queue_seconds >= 0) queue_seconds_ = output.queue_seconds;
     if (!output.new_tokens.empty()) {
       if (!got_first_token_) {
         got_first_token_ = true;
+        first_token_time_ = now;
         metrics->ObserveTimeToFirstToken(SecondsSince(arrival_));
       } else {
         const double gap = std::chrono::duration<double>(now - last_token_time_).count() /
@@ -277,9 +281,24 @@ class InferenceGrpcService::GenerateReactor final
       }
       last_token_time_ = now;
     }
-    if (delta.finished) {
-      metrics->ObserveE2eLatency(SecondsSince(arrival_));
-      metrics->AddTokens(num_prompt_tokens_, choice_.num_output_tokens());
+    const bool aborted = delta.failed && output.finish_reason == FinishReason::kAbort;
+    if (delta.finished || aborted) {
+      FinishedRequest end;
+      end.finish_reason = aborted                         ? FinishReason::kAbort
+                          : delta.finish_reason == "length" ? FinishReason::kLength
+                                                            : FinishReason::kStop;
+      end.num_prompt_tokens = num_prompt_tokens_;
+      end.num_generation_tokens = choice_.num_output_tokens();
+      end.e2e_seconds = SecondsSince(arrival_);
+      end.queue_seconds = queue_seconds_;
+      if (got_first_token_) {
+        end.prefill_seconds =
+            std::max(0.0, std::chrono::duration<double>(first_token_time_ - arrival_).count() -
+                              std::max(0.0, queue_seconds_));
+        end.decode_seconds =
+            std::chrono::duration<double>(last_token_time_ - first_token_time_).count();
+      }
+      metrics->ObserveFinished(end);
     }
   }
 
@@ -366,7 +385,9 @@ class InferenceGrpcService::GenerateReactor final
   const bool detokenize_;
   const int32_t num_prompt_tokens_;
   const Clock::time_point arrival_;
+  Clock::time_point first_token_time_;            // guarded by mu_
   Clock::time_point last_token_time_;             // guarded by mu_
+  double queue_seconds_ = -1;                     // engine queue time; guarded by mu_
   bool got_first_token_ = false;                  // guarded by mu_
   std::deque<v1::TokenOutput> queue_;             // front = being written; guarded by mu_
   bool writing_ = false;                          // guarded by mu_

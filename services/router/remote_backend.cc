@@ -112,6 +112,10 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       num_cached_tokens_ = message.usage().cached_tokens();
     }
     output.finish_reason = FromWire(message.finish_reason());
+    // Only a local prefill's queue time: after a remote prefill the first token's counts.
+    if (!prefill_.has_value() && message.has_queue_seconds()) {
+      output.queue_seconds = message.queue_seconds();
+    }
     if (output.finish_reason == FinishReason::kError) {
       output.status = StatusFromWire(message.error());
       // Most often the KV pull failed: check that the prefill worker still lives.
@@ -512,6 +516,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       first.new_tokens.push_back(FromWire(prefill_->first_token()));
       first.prompt_logprobs = PromptLogprobsFromWire(prefill_->prompt_logprobs());
       first.finish_reason = FromWire(prefill_->finish_reason());
+      if (prefill_->has_queue_seconds()) first.queue_seconds = prefill_->queue_seconds();
       Deliver(std::move(first));
       if (finished_) {
         if (decode_.has_value()) CancelOnDecode();

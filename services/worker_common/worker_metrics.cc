@@ -26,20 +26,6 @@ std::vector<double> HandoverBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
 }
 
-// LabelValue escapes a label value per the text format: backslash, double quote and newline.
-std::string LabelValue(const std::string& value) {
-  std::string out;
-  for (char c : value) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
 }  // namespace
 
 WorkerMetrics::WorkerMetrics(std::string role, std::string model_name)
@@ -48,16 +34,23 @@ WorkerMetrics::WorkerMetrics(std::string role, std::string model_name)
       ttft_(prometheus::TtftBuckets()),
       itl_(prometheus::ItlBuckets()),
       transfer_(TransferBuckets()),
-      handover_(HandoverBuckets()) {}
+      handover_(HandoverBuckets()),
+      vllm_(model_name_) {}
 
 void WorkerMetrics::ObserveTimeToFirstToken(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ttft_.Observe(seconds);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ttft_.Observe(seconds);
+  }
+  vllm_.ObserveTimeToFirstToken(seconds);
 }
 
 void WorkerMetrics::ObserveInterTokenLatency(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  itl_.Observe(seconds);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    itl_.Observe(seconds);
+  }
+  vllm_.ObserveInterTokenLatency(seconds);
 }
 
 void WorkerMetrics::ObserveTransfer(double seconds, bool ok) {
@@ -209,25 +202,17 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
     }
   }
 
-  // The gauges Kubernetes inference gateways route on, under vLLM's names and its `model_name`
-  // label. The Gateway API Inference Extension's model server protocol
-  // (kubernetes-sigs/gateway-api-inference-extension, docs/proposals/003-model-server-protocol/
-  // README.md) reads vllm:num_requests_waiting, vllm:num_requests_running,
-  // vllm:kv_cache_usage_perc (a 0-1 fraction despite the name) and the block_size /
-  // num_gpu_blocks labels of vllm:cache_config_info. promtool's linter flags the ':' in these
-  // names (a recording-rule convention), which is expected.
-  const std::string model_label = absl::StrCat("{model_name=\"", LabelValue(model_name_), "\"} ");
-  Header(out, "vllm:num_requests_waiting", "gauge", "Requests waiting (vLLM-compatible).");
-  absl::StrAppend(&out, "vllm:num_requests_waiting", model_label, FormatDouble(waiting), "\n");
-  Header(out, "vllm:num_requests_running", "gauge", "Requests running (vLLM-compatible).");
-  absl::StrAppend(&out, "vllm:num_requests_running", model_label, FormatDouble(running), "\n");
-  Header(out, "vllm:kv_cache_usage_perc", "gauge",
-         "KV cache usage, 1 means 100 percent (vLLM-compatible).");
-  absl::StrAppend(&out, "vllm:kv_cache_usage_perc", model_label, FormatDouble(usage), "\n");
-  Header(out, "vllm:cache_config_info", "gauge",
-         "KV cache configuration in labels, value 1 (vLLM-compatible).");
-  absl::StrAppend(&out, "vllm:cache_config_info{block_size=\"", stats.block_size,
-                  "\",num_gpu_blocks=\"", stats.num_total_blocks, "\"} 1\n");
+  // The vllm: families (gateways route on waiting / running / KV usage and read block_size and
+  // num_gpu_blocks from vllm:cache_config_info's labels).
+  VllmGauges gauges;
+  gauges.num_requests_waiting = waiting;
+  gauges.num_requests_running = running;
+  gauges.kv_cache_usage = usage;
+  gauges.block_size = stats.block_size;
+  gauges.num_gpu_blocks = stats.num_total_blocks;
+  gauges.prefix_cache_queries = stats.counters.num_prefix_cache_queried_blocks * stats.block_size;
+  gauges.prefix_cache_hits = stats.counters.num_prefix_cache_hit_blocks * stats.block_size;
+  vllm_.Render(gauges, out);
   return out;
 }
 

@@ -4,8 +4,8 @@
 // Names carry the `sluice_` prefix and base units (seconds, bytes); counters end in `_total`;
 // latencies are histograms. Engine load comes from AsyncEngineStats and transfer byte counts from
 // the UCX agent's KvTransferStats at scrape time; request-level latencies are observed by the
-// services. Besides our own names, the gauges Kubernetes inference gateways route on are exported
-// under vLLM's names (see Render). Thread-safe.
+// services. Besides our own names, the families Kubernetes inference gateways and dashboards read
+// are exported under vLLM's names (services/api/vllm_metrics.h). Thread-safe.
 #ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_METRICS_H_
 #define SLUICE_SERVICES_WORKER_COMMON_WORKER_METRICS_H_
 
@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "engine/sched/async_engine.h"
 #include "services/api/metrics.h"
+#include "services/api/vllm_metrics.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice {
@@ -40,6 +41,10 @@ class WorkerMetrics {
   void ObserveHandover(double seconds);
   // CountOutcome counts one finished request by its status (see StatusLabel).
   void CountOutcome(const absl::Status& status);
+  // ObserveFinished: a request's end on this worker, for the vllm: families (tokens, finish
+  // reason, phases; see VllmMetrics). Prefill: its e2e is the TTFT and a request handed to a
+  // decode worker counts as finished by "length" (vLLM's prefill instances run max_tokens=1).
+  void ObserveFinished(const FinishedRequest& request) { vllm_.ObserveFinished(request); }
 
   void set_healthy(bool healthy) { healthy_.store(healthy); }
   bool healthy() const { return healthy_.load(); }
@@ -69,6 +74,7 @@ class WorkerMetrics {
   int64_t num_transfers_ok_ = 0;             // guarded by mu_
   int64_t num_transfers_failed_ = 0;         // guarded by mu_
   std::map<std::string, int64_t> outcomes_;  // status label -> count; guarded by mu_
+  VllmMetrics vllm_;
 };
 
 }  // namespace sluice

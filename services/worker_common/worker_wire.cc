@@ -78,6 +78,9 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out) {
     PromptLogprobToWire(p, out->add_prompt_logprobs());
   }
   out->set_finish_reason(FinishReasonToWire(in.finish_reason));
+  const bool first = !in.new_tokens.empty() &&
+                     in.num_output_tokens <= static_cast<int32_t>(in.new_tokens.size());
+  if (in.queue_seconds >= 0 && (first || in.finished())) out->set_queue_seconds(in.queue_seconds);
   v1::Usage* usage = out->mutable_usage();
   usage->set_prompt_tokens(in.num_prompt_tokens);
   usage->set_completion_tokens(in.num_output_tokens);

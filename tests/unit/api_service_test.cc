@@ -457,6 +457,24 @@ TEST_F(ServiceTest, MetricsExposition) {
   EXPECT_THAT(m, HasSubstr("sluice_kv_cache_usage_ratio 0.75\n"));
   EXPECT_THAT(m, HasSubstr("sluice_kv_cache_block_size_tokens 16\n"));
   EXPECT_THAT(m, HasSubstr("sluice_time_to_first_token_seconds_bucket{le=\"0.005\"} "));
+  // The same observations under vLLM's names, labelled with the served model name.
+  EXPECT_THAT(m, HasSubstr("vllm:num_requests_waiting{model_name=\"mini\"} 2\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:num_requests_running{model_name=\"mini\"} 3\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:kv_cache_usage_perc{model_name=\"mini\"} 0.75\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:prompt_tokens_total{model_name=\"mini\"} 2\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:generation_tokens_total{model_name=\"mini\"} 2\n"));
+  EXPECT_THAT(m, HasSubstr(
+                     "vllm:request_success_total{model_name=\"mini\",finished_reason=\"length\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr(
+                     "vllm:request_success_total{model_name=\"mini\",finished_reason=\"stop\"} 0\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:time_to_first_token_seconds_count{model_name=\"mini\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:inter_token_latency_seconds_count{model_name=\"mini\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:e2e_request_latency_seconds_count{model_name=\"mini\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:request_prefill_time_seconds_count{model_name=\"mini\"} 1\n"));
+  EXPECT_THAT(m, HasSubstr("vllm:request_decode_time_seconds_count{model_name=\"mini\"} 1\n"));
+  // The fake backend reports no queue time: none is recorded.
+  EXPECT_THAT(m, HasSubstr("vllm:request_queue_time_seconds_count{model_name=\"mini\"} 0\n"));
   // Every sample line belongs to a family declared with HELP and TYPE.
   std::istringstream lines(m);
   std::string line;
