@@ -276,3 +276,26 @@ def test_auto_parses_calls_the_model_writes(client, model):
             assert c.finish_reason == "stop"
             assert c.message.content == "No call needed." == s["content"]
             assert s["calls"] == {}
+
+
+def test_tool_call_parser_flag_overrides_the_template():
+    # --tool-call-parser llama3_json: "required" output is {"name": ..., "parameters": ...}
+    # (the grammar follows the parser's syntax), parsed back into tool_calls.
+    from conftest import MODEL_NAME, ServerProcess
+    server = ServerProcess(["--tool-call-parser", "llama3_json"])
+    try:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        kw = dict(model=MODEL_NAME, messages=MSG, tools=TOOLS, max_tokens=MAX_TOKENS,
+                  temperature=1.0, seed=6, tool_choice={"type": "function",
+                                                        "function": {"name": "get_time"}},
+                  logprobs=True)
+        r = c.chat.completions.create(**kw)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        text = "".join(t.token for t in choice.logprobs.content)
+        assert text.startswith('{"name": "get_time", "parameters": ')
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_time"
+        jsonschema.validate(json.loads(call.function.arguments), TIME)
+    finally:
+        assert server.stop() == 0
