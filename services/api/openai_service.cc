@@ -25,23 +25,6 @@ constexpr char kModelsPath[] = "/v1/models";
 constexpr char kResponsesPath[] = "/v1/responses";
 
 // Path strips the query string from a request target.
-// The in-process image encoder's embedding cache (Prometheus text format).
-std::string EncoderCacheMetrics(const vision::EmbeddingCacheStats& s) {
-  return absl::StrCat(
-      "# HELP sluice_encoder_cache_hits_total Images whose embeddings came from the cache.\n"
-      "# TYPE sluice_encoder_cache_hits_total counter\n"
-      "sluice_encoder_cache_hits_total ", s.hits, "\n",
-      "# HELP sluice_encoder_cache_misses_total Images encoded (not found in the cache).\n"
-      "# TYPE sluice_encoder_cache_misses_total counter\n"
-      "sluice_encoder_cache_misses_total ", s.misses, "\n",
-      "# HELP sluice_encoder_cache_evictions_total Cached embeddings evicted (LRU).\n"
-      "# TYPE sluice_encoder_cache_evictions_total counter\n"
-      "sluice_encoder_cache_evictions_total ", s.evictions, "\n",
-      "# HELP sluice_encoder_cache_bytes Bytes of cached embeddings.\n"
-      "# TYPE sluice_encoder_cache_bytes gauge\n"
-      "sluice_encoder_cache_bytes ", s.bytes, "\n");
-}
-
 std::string Path(const std::string& target) {
   const size_t q = target.find('?');
   std::string path = q == std::string::npos ? target : target.substr(0, q);
@@ -217,7 +200,7 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     metrics_.SetInFlight(in_flight_.load());
     std::string text = metrics_.Render(backend_->Stats());
     if (options_.multimodal != nullptr && options_.multimodal->cache != nullptr) {
-      text += EncoderCacheMetrics(options_.multimodal->cache->stats());
+      text += RenderEncoderCacheMetrics(options_.multimodal->cache->stats());
     }
     reply(200, "text/plain; version=0.0.4; charset=utf-8", text);
     return nullptr;

@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/kv/swa_replay.h"
+#include "services/serve/encoder_command.h"
 #include "services/serve/eval_command.h"
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/server_limits.h"
@@ -288,6 +289,21 @@ int main(int argc, char** argv) {
   sluice::EvalOptions eval_options;
   CLI::App* eval_ppl_cmd = sluice::AddEvalCommand(app, eval_options);
 
+  sluice::EncoderOptions encoder_options;
+  CLI::App* encoder_cmd = app.add_subcommand(
+      "encoder", "Vision encoder service: images to embeddings over gRPC, cached");
+  encoder_cmd->add_option("--model", encoder_options.model_dir,
+                          "LlavaForConditionalGeneration folder")
+      ->required();
+  encoder_cmd->add_option("--listen", encoder_options.listen, "gRPC address (port 0: any)");
+  encoder_cmd->add_option("--http-host", encoder_options.http_host, "/metrics and /health host");
+  encoder_cmd->add_option("--http-port", encoder_options.http_port,
+                          "/metrics and /health port (0: any)");
+  encoder_cmd->add_option("--max-images-per-call", encoder_options.max_images_per_call,
+                          "Images per Encode call at most")
+      ->check(CLI::PositiveNumber);
+  sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
+
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();
   sluice::RaiseOpenFileLimit();
@@ -313,6 +329,7 @@ int main(int argc, char** argv) {
   }
 
   if (kvstore_cmd->parsed()) return sluice::RunKvStore(kvstore_options);
+  if (encoder_cmd->parsed()) return sluice::RunEncoder(encoder_options);
   if (eval_ppl_cmd->parsed()) return sluice::RunEvalPerplexity(eval_options);
   if (router_cmd->parsed()) {
     router.http.port = static_cast<uint16_t>(router_port);

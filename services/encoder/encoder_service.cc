@@ -1,0 +1,81 @@
+#include "services/encoder/encoder_service.h"
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/api/multimodal_input.h"
+
+namespace sluice {
+
+grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
+                                                 const v1::EncodeRequest* request,
+                                                 v1::EncodeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->images_size() > options_.max_images_per_call) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 absl::StrCat("at most ", options_.max_images_per_call,
+                                              " images per call, got ", request->images_size())));
+    return reactor;
+  }
+  const std::string fingerprint = encoder_->processor().Fingerprint();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < request->images_size(); ++i) {
+    const std::string& bytes = request->images(i);
+    const BlockHash hash = vision::ImageContentHash(bytes, fingerprint);
+    vision::EmbeddingCache::Embeddings embeddings =
+        cache_ != nullptr ? cache_->Lookup(hash) : nullptr;
+    const bool hit = embeddings != nullptr;
+    if (!hit) {
+      absl::StatusOr<vision::RgbImage> image = vision::DecodeImage(bytes, options_.decode_limits);
+      absl::StatusOr<std::vector<float>> values =
+          image.ok() ? encoder_->EncodeImage(*image) : image.status();
+      if (!values.ok()) {
+        num_errors_.fetch_add(1);
+        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     absl::StrCat("image ", i, ": ", values.status().message())));
+        return reactor;
+      }
+      embeddings = std::make_shared<const std::vector<float>>(*std::move(values));
+      if (cache_ != nullptr) cache_->Insert(hash, embeddings);
+    }
+    v1::ImageEmbedding* out = response->add_embeddings();
+    std::string key(16, '\0');
+    for (int b = 0; b < 8; ++b) {
+      key[b] = static_cast<char>(hash.lo >> (8 * b));
+      key[8 + b] = static_cast<char>(hash.hi >> (8 * b));
+    }
+    out->set_content_hash(std::move(key));
+    out->set_num_tokens(static_cast<int32_t>(encoder_->tokens_per_image()));
+    out->set_hidden_size(static_cast<int32_t>(encoder_->embedding_dim()));
+    // float32 little-endian: the host order on every platform Sluice builds for (x86-64, arm64).
+    out->set_values(reinterpret_cast<const char*>(embeddings->data()),
+                    embeddings->size() * sizeof(float));
+    out->set_cache_hit(hit);
+    num_images_.fetch_add(1);
+  }
+  encode_micros_.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count());
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+std::string EncoderService::RenderMetrics() const {
+  std::string text = absl::StrCat(
+      "# HELP sluice_encoder_images_total Images answered (encoded or from the cache).\n"
+      "# TYPE sluice_encoder_images_total counter\n"
+      "sluice_encoder_images_total ", num_images_.load(), "\n",
+      "# HELP sluice_encoder_errors_total Images refused (bad image, over a limit).\n"
+      "# TYPE sluice_encoder_errors_total counter\n"
+      "sluice_encoder_errors_total ", num_errors_.load(), "\n",
+      "# HELP sluice_encoder_encode_seconds_total Time spent in Encode calls.\n"
+      "# TYPE sluice_encoder_encode_seconds_total counter\n"
+      "sluice_encoder_encode_seconds_total ", encode_micros_.load() / 1e6, "\n");
+  if (cache_ != nullptr) absl::StrAppend(&text, RenderEncoderCacheMetrics(cache_->stats()));
+  return text;
+}
+
+}  // namespace sluice

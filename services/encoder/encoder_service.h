@@ -1,0 +1,49 @@
+// EncoderService: the `sluice.v1.Encoder` gRPC service over an in-process VisionEncoder and an
+// EmbeddingCache (engine/vision). Thin: decoding, preprocessing, the tower and the cache key
+// are engine/vision's; this maps them to the wire and counts for /metrics.
+#ifndef SLUICE_SERVICES_ENCODER_ENCODER_SERVICE_H_
+#define SLUICE_SERVICES_ENCODER_ENCODER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "engine/vision/embedding_cache.h"
+#include "engine/vision/image.h"
+#include "engine/vision/vision_encoder.h"
+#include "sluice/v1/encoder.grpc.pb.h"
+
+namespace sluice {
+
+struct EncoderServiceOptions {
+  vision::ImageDecodeLimits decode_limits;
+  int32_t max_images_per_call = 64;
+};
+
+class EncoderService final : public v1::Encoder::CallbackService {
+ public:
+  // Pointers are borrowed; `cache` may be null (every image encoded).
+  EncoderService(const vision::VisionEncoder* encoder, vision::EmbeddingCache* cache,
+                 EncoderServiceOptions options)
+      : encoder_(encoder), cache_(cache), options_(options) {}
+
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
+                                   const v1::EncodeRequest* request,
+                                   v1::EncodeResponse* response) override;
+
+  // Prometheus text: sluice_encoder_images_total, _errors_total, _encode_seconds_total and the
+  // cache's sluice_encoder_cache_* figures. Thread-safe.
+  std::string RenderMetrics() const;
+
+ private:
+  const vision::VisionEncoder* encoder_;
+  vision::EmbeddingCache* cache_;
+  EncoderServiceOptions options_;
+  std::atomic<int64_t> num_images_{0};
+  std::atomic<int64_t> num_errors_{0};
+  std::atomic<int64_t> encode_micros_{0};
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_ENCODER_ENCODER_SERVICE_H_

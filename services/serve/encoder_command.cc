@@ -1,0 +1,69 @@
+#include "services/serve/encoder_command.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "services/encoder/encoder_service.h"
+#include "services/serve/api_auth_flags.h"
+#include "services/serve/log.h"
+#include "services/worker_common/worker_http.h"
+
+namespace sluice {
+
+int RunEncoder(const EncoderOptions& options) {
+  const sigset_t signals = BlockServerSignals();
+  absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder =
+      vision::VisionEncoder::Load(options.model_dir);
+  if (!encoder.ok()) {
+    spdlog::error("cannot load the image encoder: {}", encoder.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<vision::EmbeddingCache> cache;
+  if (options.multimodal.encoder_cache_bytes > 0) {
+    cache = std::make_unique<vision::EmbeddingCache>(options.multimodal.encoder_cache_bytes);
+  }
+  EncoderServiceOptions service_options;
+  service_options.decode_limits.max_bytes = options.multimodal.max_image_bytes;
+  service_options.decode_limits.max_pixels = options.multimodal.max_image_pixels;
+  service_options.max_images_per_call = options.max_images_per_call;
+  EncoderService service(encoder->get(), cache.get(), service_options);
+
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.SetMaxReceiveMessageSize(256 << 20);  // a few large images per call
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    spdlog::error("cannot listen on {}", options.listen);
+    return 1;
+  }
+  WorkerHttpOptions http_options;
+  http_options.host = options.http_host;
+  http_options.port = static_cast<uint16_t>(options.http_port);
+  http_options.render_metrics = [&service] { return service.RenderMetrics(); };
+  http_options.healthy = [] { return true; };
+  absl::StatusOr<std::unique_ptr<HttpServer>> http = StartWorkerHttp(std::move(http_options));
+  if (!http.ok()) {
+    spdlog::error("metrics HTTP server: {}", http.status().ToString());
+    server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  }
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  std::printf("Sluice encoder listening on %s:%d\n", host.c_str(), bound_port);
+  std::printf("Sluice encoder metrics on http://%s:%u/metrics\n", options.http_host.c_str(),
+              static_cast<unsigned>((*http)->port()));
+  std::fflush(stdout);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received signal {}, shutting down", signal_number);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*http)->Stop();
+  return 0;
+}
+
+}  // namespace sluice

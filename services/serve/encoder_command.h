@@ -1,0 +1,32 @@
+// `sluice encoder`: the vision encoder service (services/encoder) as its own process — the
+// encoder pool of encoder / prefill / decode disaggregation (issue 26).
+//
+//   sluice encoder --model DIR [--listen 127.0.0.1:7301] [--http-port 0]
+//                  [--encoder-cache-bytes N] [--max-image-bytes N] [--max-image-pixels N]
+//
+// Prints "Sluice encoder listening on HOST:PORT" and "Sluice encoder metrics on
+// http://HOST:PORT/metrics" once serving; SIGINT/SIGTERM stop it.
+#ifndef SLUICE_SERVICES_SERVE_ENCODER_COMMAND_H_
+#define SLUICE_SERVICES_SERVE_ENCODER_COMMAND_H_
+
+#include <cstdint>
+#include <string>
+
+#include "services/serve/multimodal_setup.h"
+
+namespace sluice {
+
+struct EncoderOptions {
+  std::string model_dir;
+  std::string listen = "127.0.0.1:7301";
+  std::string http_host = "127.0.0.1";
+  int http_port = 0;
+  int32_t max_images_per_call = 64;
+  MultimodalFlags multimodal;  // cache size and image limits
+};
+
+int RunEncoder(const EncoderOptions& options);
+
+}  // namespace sluice
+
+#endif  // SLUICE_SERVICES_SERVE_ENCODER_COMMAND_H_
