@@ -6,6 +6,8 @@
 #   scripts/fuzz.sh -t 300 jinja_fuzz  one target for 5 minutes
 #   scripts/fuzz.sh --regress          only replay the checked-in corpora (seconds; what CI's
 #                                      bounded default does first)
+#   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers in
+#                                      this ASan+UBSan build (build-fuzz/bin/parser_tests_sanitized)
 #
 # Each target starts from tests/fuzz/corpus/<target>/ (hand-written seeds and the regression
 # input of every finding) plus seeds made from the fixtures (tests/fuzz/make_seeds.py); new
@@ -18,12 +20,14 @@ cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET=30
 REGRESS_ONLY=0
+UNIT_TESTS=0
 TARGETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t|--time) SECONDS_PER_TARGET="$2"; shift 2 ;;
     --regress) REGRESS_ONLY=1; shift ;;
-    -h|--help) sed -n 2,17p "$0"; exit 0 ;;
+    --unit-tests) UNIT_TESTS=1; shift ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) TARGETS+=("$1"); shift ;;
   esac
 done
@@ -43,6 +47,12 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
 fi
 cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
+if [ "$UNIT_TESTS" = 1 ]; then
+  cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target parser_tests_sanitized
+  echo "[fuzz] parser unit + golden tests under ASan+UBSan"
+  ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    "$BUILD_DIR/bin/parser_tests_sanitized"
+fi
 
 SEEDS="$BUILD_DIR/seeds"
 rm -rf "$SEEDS"

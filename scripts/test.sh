@@ -8,7 +8,8 @@
 #   scripts/test.sh --sanitize thread            the concurrent parts (scheduler, async engine,
 #                                                transfer, registry, kvstore, HTTP) under TSan
 #                                                (CPU-only build in build-tsan/)
-#   scripts/test.sh --fuzz SECONDS               every libFuzzer target for SECONDS each, after
+#   scripts/test.sh --fuzz SECONDS               the parsers' unit tests under ASan+UBSan, then
+#                                                every libFuzzer target for SECONDS each, after
 #                                                replaying its regression inputs (clang build in
 #                                                build-fuzz/; scripts/fuzz.sh)
 # Sanitizer reports fail the run (halt_on_error); SLUICE_BUILD_DIR overrides the folder.
@@ -30,7 +31,7 @@ done
 scripts/install_deps.sh
 if [ -n "$FUZZ_SECONDS" ]; then
   echo "[test] fuzz targets, ${FUZZ_SECONDS}s each"
-  exec scripts/fuzz.sh -t "$FUZZ_SECONDS"
+  exec scripts/fuzz.sh --unit-tests -t "$FUZZ_SECONDS"
 fi
 if [ -z "$SANITIZE" ]; then
   scripts/build.sh
