@@ -171,7 +171,29 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 def test_kubectl_renders_without_errors():
-    for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2"):
+    for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2",
+                 K8S / "overlays" / "keda"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+
+
+def test_keda_overlay_scales_each_pool_to_the_planners_number():
+    """overlays/keda: one ScaledObject per worker pool, reading the router's
+    sluice_planner_desired_replicas{pool} with threshold 1 (AverageValue: replicas = the value)."""
+    docs = render(K8S / "overlays" / "keda")
+    scaled = by_kind(docs, "ScaledObject")
+    deployments = by_kind(docs, "Deployment")
+    assert set(scaled) == {"sluice-prefill", "sluice-decode"}
+    for name, obj in scaled.items():
+        assert obj["apiVersion"] == "keda.sh/v1alpha1"
+        assert obj["spec"]["scaleTargetRef"]["name"] in deployments
+        assert obj["spec"]["scaleTargetRef"]["name"] == name
+        assert 1 <= obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        pool = name.removeprefix("sluice-")
+        assert trigger["metadata"]["query"] == \
+            f'max(sluice_planner_desired_replicas{{pool="{pool}"}})'
+        assert trigger["metadata"]["threshold"] == "1"
+        assert trigger["metadata"].get("metricType", "AverageValue") == "AverageValue"
