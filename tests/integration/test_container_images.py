@@ -91,14 +91,16 @@ def test_image_entrypoint_serves_on_the_host_as_the_image_user():
         pytest.skip("needs root and setpriv (util-linux) to run as the image's user")
     final = stages(DOCKER / "Dockerfile")[-1][1]
     command = json.loads(instruction(final, "ENTRYPOINT")) + json.loads(instruction(final, "CMD"))
-    # /opt/sluice as the image lays it out: bin/sluice and models/, world-readable.
+    # The image's layout under one folder: /opt/sluice/bin/sluice and /models, world-readable.
     opt = pathlib.Path(tempfile.mkdtemp(prefix="sluice-image-"))
     (opt / "bin").mkdir()
     shutil.copy(sluice_bin(), opt / "bin" / "sluice")
     shutil.copytree(REPO / "models", opt / "models")
     for path in [opt, *opt.rglob("*")]:
         path.chmod(0o755 if path.is_dir() or path.name == "sluice" else 0o644)
-    command = [c.replace("/opt/sluice", str(opt)) for c in command]
+    command = [c.replace("/opt/sluice", str(opt)).replace("/models", str(opt / "models"), 1)
+               if c.startswith("/models") else c.replace("/opt/sluice", str(opt))
+               for c in command]
     port = free_port()
     command[command.index("--port") + 1] = str(port)
     command[command.index("--host") + 1] = "127.0.0.1"

@@ -197,3 +197,22 @@ def test_keda_overlay_scales_each_pool_to_the_planners_number():
             f'max(sluice_planner_desired_replicas{{pool="{pool}"}})'
         assert trigger["metadata"]["threshold"] == "1"
         assert trigger["metadata"].get("metricType", "AverageValue") == "AverageValue"
+
+
+def test_workloads_run_the_image_non_root_on_a_read_only_root():
+    """The base names the image deploy/docker builds and runs it as it is built to run: user
+    65532, read-only root filesystem, a writable /tmp (emptyDir); --model under /models."""
+    docs = render(K8S / "base")
+    for name, deployment in by_kind(docs, "Deployment").items():
+        c = container(deployment)
+        if KUBECTL:  # the kustomization's images: entry applied
+            assert c["image"] == "ghcr.io/sluice/sluice:latest", (name, c["image"])
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532, name
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]], name
+        assert c["args"][c["args"].index("--model") + 1].startswith("/models/")
+    dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    assert "USER 65532:65532" in dockerfile and "/models" in dockerfile
