@@ -3,6 +3,8 @@
 #include "services/router/planner.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -90,6 +92,25 @@ TEST(PlannerTest, ReplayedStepChangeReachesOfflineReplicas) {
       Accumulate(decode.decode_steps, Steps(decode_cost, odd ? 40 : 100, odd ? 3 : 11));
       const std::vector<PoolPlan> plans = planner.Plan({prefill, decode}, now);
       seen.push_back({t, {plans[0].desired_replicas, plans[1].desired_replicas}});
+    }
+  }
+  // SLUICE_PLANNER_TRACE_CSV=path: the replay as CSV (bench/planner_replay_plot.py plots it).
+  if (const char* path = std::getenv("SLUICE_PLANNER_TRACE_CSV")) {
+    std::ofstream csv(path);
+    csv << "t_seconds,arrival_rate,desired_prefill,desired_decode,offline_prefill,offline_decode\n";
+    for (const auto& [when, desired] : seen) {
+      // The offline answer for the rate the window holds at `when`.
+      const double lo = std::max(0.0, when - 60.0);
+      const double slow = std::max(0.0, std::min(when, 120.0) - lo);
+      const double fast = std::max(0.0, when - std::max(lo, 120.0));
+      const double span = std::min(60.0, when);
+      const double rate = span > 0 ? (2 * slow + 8 * fast) / span : 0.0;
+      csv << when << "," << rate << "," << desired[0] << "," << desired[1] << ","
+          << (rate > 0 ? OfflinePrefill(rate, kPrompt, kCached, prefill_cost, 1.0) : 0) << ","
+          << (rate > 0 ? OfflineDecode(rate, kPrompt, kOutput, decode_cost, 0.05, kBlocks,
+                                       kBlockSize)
+                       : 0)
+          << "\n";
     }
   }
   auto at = [&](double t) {
