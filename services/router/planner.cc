@@ -168,6 +168,8 @@ void WorkloadWindow::Add(absl::Time finished, int64_t prompt_tokens, int64_t cac
   std::lock_guard<std::mutex> lock(mu_);
   if (first_ == absl::InfinitePast()) first_ = finished;
   events_.push_back({finished, prompt_tokens, cached_tokens, output_tokens});
+  // Bounded without scrapes too: what left the window is dropped here as well.
+  while (events_.front().finished <= finished - window_) events_.pop_front();
 }
 
 Workload WorkloadWindow::Snapshot(absl::Time now) const {
