@@ -2,7 +2,20 @@
 # Installs everything Sluice needs on Debian 12: build tools and libraries from Debian's
 # packages, the pinned Python test/benchmark tools into .venv (never on the serving path), and,
 # for CUDA builds, a CUDA-aware UCX (below).
+#
+#   scripts/install_deps.sh --runtime   only the shared libraries a built `sluice` loads (the
+#                                       container images' runtime stage, deploy/docker/)
 set -euo pipefail
+
+if [ "${1:-}" = "--runtime" ]; then
+  RUNTIME_PACKAGES=(libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32 libucx0 libpcre2-8-0
+                    libxxhash0 libssl3 libnuma1 libc-ares2 libre2-9 libicu72 zlib1g ca-certificates)
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${RUNTIME_PACKAGES[@]}"
+  rm -rf /var/lib/apt/lists/*
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
@@ -14,6 +27,7 @@ APT_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libssl-dev openssl
   python3 python3-venv curl
   clang libclang-rt-dev  # libFuzzer targets (scripts/fuzz.sh)
+  prometheus  # promtool: tests lint every pod's /metrics
 )
 
 SUDO=""

@@ -405,6 +405,10 @@ class LLMEngineImpl final : public LLMEngine {
       step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
     }
     if (status.ok()) qc_cost_.Observe(step_tokens, step_pairs, seconds);
+    StepTotals& totals = IsDecodeStep(plan) ? counters_.decode_steps : counters_.prefill_steps;
+    ++totals.num_steps;
+    totals.num_tokens += static_cast<int64_t>(input_.token_ids.size());
+    totals.seconds += seconds;
     if (HasDrafts(plan)) counters_.spec_verify_seconds += seconds;
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.

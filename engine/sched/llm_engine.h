@@ -20,6 +20,7 @@
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
+#include "engine/sched/step_totals.h"
 #include "engine/spec/speculative.h"
 
 namespace sluice {
@@ -101,6 +102,10 @@ struct EngineOptions {
 // EngineCounters: cumulative figures for metrics and tests.
 struct EngineCounters {
   int64_t num_steps = 0;
+  // Steps run synchronously (RunPlan), split: with prompt tokens (prefill, chunked or mixed) and
+  // decode-only. Pipelined (async) steps overlap and are not timed here.
+  StepTotals prefill_steps;
+  StepTotals decode_steps;
   int64_t num_prompt_tokens_computed = 0;  // prefill tokens run through the model (incl. recompute)
   // Prompt tokens served from the prefix cache when a request was admitted (again after each
   // preemption). Without preemptions: computed + cached = Σ prompt tokens of prefilled requests.

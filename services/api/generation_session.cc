@@ -159,6 +159,7 @@ void GenerationSession::ObserveEnd(const Choice& choice, FinishReason reason,
   end.finish_reason = reason;
   end.num_prompt_tokens = choice.output->num_prompt_tokens();
   end.num_generation_tokens = choice.output->num_output_tokens();
+  end.num_cached_tokens = choice.output->num_cached_tokens();
   end.e2e_seconds = SecondsBetween(arrival_, now);
   end.queue_seconds = choice.queue_seconds;
   if (choice.got_first_token) {

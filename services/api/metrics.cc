@@ -112,6 +112,7 @@ void ApiMetrics::ObserveFinished(const FinishedRequest& request) {
     generation_tokens_ += request.num_generation_tokens;
   }
   vllm_->ObserveFinished(request);
+  if (finished_observer_) finished_observer_(request);
 }
 
 void ApiMetrics::ObserveRequest(const std::string& endpoint, int status) {

@@ -8,6 +8,7 @@
 #define SLUICE_SERVICES_API_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,11 @@ class ApiMetrics {
   // ObserveFinished: a choice ended (its e2e latency, tokens, finish reason and phases);
   // replaces ObserveE2eLatency + AddTokens.
   void ObserveFinished(const FinishedRequest& request);
+  // set_finished_observer: also hand every FinishedRequest to `observer` (the router's planner);
+  // call before serving. `observer` must be thread-safe.
+  void set_finished_observer(std::function<void(const FinishedRequest&)> observer) {
+    finished_observer_ = std::move(observer);
+  }
   void SetInFlight(int64_t num_requests);
 
   // Render returns the whole exposition, with `stats` as the engine gauges.
@@ -89,6 +95,7 @@ class ApiMetrics {
   int64_t generation_tokens_ = 0;
   int64_t in_flight_ = 0;
   std::unique_ptr<VllmMetrics> vllm_;
+  std::function<void(const FinishedRequest&)> finished_observer_;
 };
 
 }  // namespace sluice

@@ -39,6 +39,7 @@ struct FinishedRequest {
   FinishReason finish_reason = FinishReason::kStop;  // kError is not counted as a success
   int64_t num_prompt_tokens = 0;
   int64_t num_generation_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from a prefix cache (not a vllm: family)
   double e2e_seconds = -1;
   double queue_seconds = -1;
   double prefill_seconds = -1;

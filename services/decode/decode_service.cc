@@ -40,6 +40,22 @@ absl::Status OutcomeOf(const v1::TokenOutput& message) {
 
 }  // namespace
 
+const char* RecomputeReasonName(RecomputeReason reason) {
+  switch (reason) {
+    case RecomputeReason::kPinGone:
+      return "pin_gone";
+    case RecomputeReason::kAckFailed:
+      return "ack_failed";
+    case RecomputeReason::kTransferTimeout:
+      return "transfer_timeout";
+    case RecomputeReason::kReservationExpired:
+      return "reservation_expired";
+    case RecomputeReason::kTransferFailed:
+      return "transfer_failed";
+  }
+  return "transfer_failed";
+}
+
 // DecodeWriter: the Decode call's stream. One write in flight; queued messages follow in order;
 // Finish after the final message (or with an error status).
 class DecodeWriter final : public grpc::ServerWriteReactor<v1::TokenOutput> {
@@ -713,6 +729,8 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     // and a claim comes within reserve_timeout, so the blocks are never freed under a pull).
     const absl::Time deadline = std::min(start, job->claimed_at) + job->timeout;
     absl::Status status;
+    // Why the prompt is recomputed if this transfer's KV is not used (RecomputeReason).
+    RecomputeReason reason = RecomputeReason::kTransferFailed;
     absl::Time safe_at = absl::InfinitePast();
     if (theirs != options_.transfer_mode) {
       status = absl::FailedPreconditionError(absl::StrCat(
@@ -728,10 +746,12 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
           "; start every worker with the same --swa-replay-tokens"));
     } else if (deadline <= start) {
       status = absl::DeadlineExceededError("the KV reservation expired before the transfer");
+      reason = RecomputeReason::kReservationExpired;
     } else {
       status = push ? RequestPush(session->id(), prefill, job->blocks, deadline, &safe_at)
                     : PullKv(prefill, job->blocks, deadline);
       metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
+      if (absl::IsDeadlineExceeded(status)) reason = RecomputeReason::kTransferTimeout;
     }
     // The ack: the prefill worker may free its pinned blocks (also after a failed pull). After a
     // successful push it freed them itself.
@@ -742,6 +762,8 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
       // earlier decode attempt, expired, or the worker unreachable) the blocks may have been
       // reused, so the pulled KV is not trusted: Unavailable makes the engine recompute it.
       if (status.ok() && !push && !released.ok()) {
+        reason = absl::IsNotFound(released) ? RecomputeReason::kPinGone
+                                            : RecomputeReason::kAckFailed;
         status = absl::UnavailableError(absl::StrCat(
             "the prefill worker's pin on the pulled KV could not be confirmed (",
             released.message(), "); recomputing the prompt"));
@@ -751,12 +773,21 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     if (prefill.has_first_token()) {
       first = SampledToken{prefill.first_token().token_id(), prefill.first_token().logprob(), {}};
     }
-    auto complete = [this, session, status, first]() mutable {
+    const std::string prefill_address = prefill.prefill_worker_address();
+    auto complete = [this, session, status, first, reason, prefill_address]() mutable {
       // Cancelled meanwhile: whatever the transfer's outcome (the router's abort may also have
       // released the pin, failing the ack), the request ends — a failed transfer must not
       // turn into a recompute of a request nobody waits for.
       if (session->EndTransfer()) {
         status = absl::CancelledError("client cancelled during the KV transfer");
+      }
+      // The engine recomputes the prompt after an Unavailable or DeadlineExceeded transfer
+      // when it has the first token (LLMEngine::CompleteTransfer); other errors fail the request.
+      if (first.has_value() && (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) {
+        metrics_->CountRecompute(RecomputeReasonName(reason));
+        spdlog::warn("request {}: recomputing the prompt instead of using the KV from {} ({}): {}",
+                     session->id(), prefill_address, RecomputeReasonName(reason),
+                     std::string(status.message()));
       }
       engine_->CompleteTransfer(session->engine_id(), status, first);
     };

@@ -58,6 +58,20 @@ struct DecodeServiceOptions {
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
 };
 
+// RecomputeReason: why a decode worker recomputes a prompt instead of using the KV it was sent
+// (the `reason` label of sluice_decode_recomputes_total, logged with every recompute):
+//   kPinGone            the pull ran, but the prefill worker's ack said nothing was pinned any
+//                       more (pin timeout, or released by another attempt): the blocks read may
+//                       have been reused
+//   kAckFailed          the pull ran, but the ack RPC failed (prefill worker unreachable or too
+//                       slow): the pin is not confirmed
+//   kTransferTimeout    the pull or push missed its deadline
+//   kReservationExpired no time was left for the transfer when it could start
+//   kTransferFailed     the pull or push failed (UCX error, peer gone)
+enum class RecomputeReason { kPinGone, kAckFailed, kTransferTimeout, kReservationExpired,
+                             kTransferFailed };
+const char* RecomputeReasonName(RecomputeReason reason);
+
 class DecodeSession;
 
 class DecodeService final : public v1::DecodeWorker::CallbackService {

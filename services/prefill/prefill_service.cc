@@ -144,9 +144,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
           kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
-          if (options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH) {
-            RememberHeld(out.request_id, out.held_block_ids);
-          }
+          // Both modes: Release answers from this record (pull) and PushKv reads it (push).
+          RememberHeld(out.request_id, out.held_block_ids);
         }
         reactor->End(grpc::Status::OK);
       });
@@ -188,6 +187,7 @@ grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* c
                                                   const v1::ReleaseRequest* request,
                                                   v1::ReleaseResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  bool answered = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = held_.find(request->request_id());
@@ -198,9 +198,23 @@ grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* c
         reactor->Finish(grpc::Status::OK);
         return reactor;
       }
+      // The pin is still in place while the engine's hold timer cannot have fired: answer now.
+      // The engine applies the release only between steps; waiting for it made the ack of a
+      // pull that read intact KV miss the decode worker's deadline under load, and the decode
+      // worker then recomputed the prompt.
+      if (absl::Now() - it->second.pinned_at < options_.pin_timeout - kPinMargin) {
+        response->set_released(true);
+        reactor->Finish(grpc::Status::OK);
+        answered = true;
+      }
       held_.erase(it);
     }
   }
+  if (answered) {
+    engine_->ReleaseHeldBlocks(request->request_id(), nullptr);
+    return reactor;
+  }
+  // Unknown here or near its pin timeout: the engine knows whether the blocks are still pinned.
   engine_->ReleaseHeldBlocks(request->request_id(), [reactor, response](absl::Status s) {
     response->set_released(s.ok());
     reactor->Finish(grpc::Status::OK);

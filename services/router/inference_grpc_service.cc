@@ -289,6 +289,7 @@ class InferenceGrpcService::GenerateReactor final
                                                             : FinishReason::kStop;
       end.num_prompt_tokens = num_prompt_tokens_;
       end.num_generation_tokens = choice_.num_output_tokens();
+      end.num_cached_tokens = choice_.num_cached_tokens();
       end.e2e_seconds = SecondsSince(arrival_);
       end.queue_seconds = queue_seconds_;
       if (got_first_token_) {

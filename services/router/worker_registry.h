@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/sched/step_totals.h"
 
 namespace sluice {
 
@@ -39,6 +40,8 @@ struct WorkerLoad {
   int64_t num_free_blocks = 0;       // KV cache blocks free
   int64_t num_total_blocks = 0;      // KV cache blocks in total
   int64_t block_size = 0;            // tokens per KV block
+  StepTotals prefill_steps;          // cumulative timed engine steps (planner cost models)
+  StepTotals decode_steps;
 };
 
 // WorkerSnapshot: a copy of one registry entry.

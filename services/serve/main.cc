@@ -238,6 +238,20 @@ int main(int argc, char** argv) {
       "The decode workers' --reserve-timeout-s: a reservation older than this (minus 2 s) when "
       "prefill answers is made again (30)")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--slo-ttft", router.planner.slo.ttft_seconds,
+                         "Planner: time-to-first-token SLO in seconds (2); GET /v1/planner")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--slo-itl", router.planner.slo.itl_seconds,
+                         "Planner: inter-token latency SLO in seconds (0.1)")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option_function<double>(
+      "--planner-window-s",
+      [&router](double s) { router.planner.window = absl::Seconds(s); },
+      "Planner: the load (arrival rate, lengths, prefix hits) is measured over this window (60)")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--planner-min-replicas", router.planner.min_replicas,
+                         "Planner: fewest replicas it asks for per pool (1)")
+      ->check(CLI::NonNegativeNumber);
   router_cmd->add_option_function<double>(
       "--test-decode-start-delay-ms",
       [&router](double ms) { router.backend.test_decode_start_delay = absl::Milliseconds(ms); },

@@ -17,6 +17,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/openai_service.h"
+#include "services/api/vllm_metrics.h"
 #include "services/router/inference_grpc_service.h"
 #include "services/router/kv_router.h"
 #include "services/router/registry_service.h"
@@ -136,6 +137,28 @@ int RunRouter(const RouterOptions& options) {
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();
+  Planner planner(options.planner);
+  Planner* planner_ptr = &planner;
+  service->metrics().set_finished_observer([planner_ptr](const FinishedRequest& r) {
+    planner_ptr->ObserveRequest(absl::Now(), r.num_prompt_tokens, r.num_cached_tokens,
+                                r.num_generation_tokens);
+  });
+  // PlanNow: the planner's answer for the registered workers.
+  auto plan_now = [planner_ptr, &registry]() {
+    std::vector<PlannerWorker> workers;
+    for (const WorkerSnapshot& w : registry.List()) {
+      PlannerWorker pw;
+      pw.worker_id = w.worker_id;
+      pw.prefill = w.role == WorkerRole::kPrefill;
+      pw.draining = w.draining;
+      pw.num_total_blocks = w.load.num_total_blocks;
+      pw.block_size = w.load.block_size;
+      pw.prefill_steps = w.load.prefill_steps;
+      pw.decode_steps = w.load.decode_steps;
+      workers.push_back(std::move(pw));
+    }
+    return planner_ptr->Plan(workers, absl::Now());
+  };
   WorkerRegistry* registry_ptr = &registry;
   KvRouter* kv_router_ptr = &kv_router;
 
@@ -169,11 +192,18 @@ int RunRouter(const RouterOptions& options) {
 
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       options.http,
-      [service_ptr, registry_ptr, backend_ptr, kv_router_ptr](const HttpRequestInfo& request,
+      [service_ptr, registry_ptr, backend_ptr, kv_router_ptr, planner_ptr, plan_now](
+          const HttpRequestInfo& request,
                                                std::shared_ptr<ResponseSink> sink,
                                                Poster poster) -> std::shared_ptr<RequestHandle> {
         const std::string path = request.target.substr(0, request.target.find('?'));
-        if (path == "/v1/workers" && !service_ptr->Authorize(request, *sink, nullptr)) {
+        if ((path == "/v1/workers" || path == "/v1/planner") &&
+            !service_ptr->Authorize(request, *sink, nullptr)) {
+          return nullptr;
+        }
+        if (request.method == "GET" && path == "/v1/planner") {
+          sink->SendResponse(200, "application/json",
+                             planner_ptr->Json(plan_now(), absl::Now()).dump());
           return nullptr;
         }
         if (request.method == "GET" && path == "/v1/workers") {
@@ -213,6 +243,7 @@ int RunRouter(const RouterOptions& options) {
           }
           capture->body += RenderRouterMetrics(registry_ptr->List(), backend_ptr->counters());
           capture->body += RenderKvRouterMetrics(kv_router_ptr->counters());
+          capture->body += Planner::RenderMetrics(plan_now());
           sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
           return nullptr;
         }

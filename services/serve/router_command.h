@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "services/router/planner.h"
 #include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/router/remote_backend.h"
@@ -40,6 +41,7 @@ struct RouterOptions {
   std::string routing_policy = "kv";  // kv | load | round_robin (services/router/kv_router.h)
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
   ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)
+  PlannerOptions planner;        // SLOs and window of GET /v1/planner (services/router/planner.h)
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

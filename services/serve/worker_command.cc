@@ -199,6 +199,12 @@ int Run(const WorkerOptions& options, Role role) {
       load.set_num_total_blocks(s.num_total_blocks);
       load.set_num_pinned_blocks(s.num_held_blocks);
       if (p != nullptr) load.set_num_queued_prefill_tokens(p->num_queued_prefill_tokens());
+      for (auto [from, to] : {std::pair{&s.counters.prefill_steps, load.mutable_prefill_steps()},
+                              std::pair{&s.counters.decode_steps, load.mutable_decode_steps()}}) {
+        to->set_num_steps(from->num_steps);
+        to->set_num_tokens(from->num_tokens);
+        to->set_seconds(from->seconds);
+      }
       return load;
     });
   }

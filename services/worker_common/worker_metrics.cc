@@ -64,6 +64,11 @@ void WorkerMetrics::ObserveHandover(double seconds) {
   handover_.Observe(seconds < 0 ? 0 : seconds);  // clocks of two hosts may disagree
 }
 
+void WorkerMetrics::CountRecompute(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++recomputes_[reason];
+}
+
 void WorkerMetrics::CountOutcome(const absl::Status& status) {
   const std::string label = StatusLabel(status);
   std::lock_guard<std::mutex> lock(mu_);
@@ -194,6 +199,15 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
       Header(out, "sluice_inter_token_latency_seconds", "histogram",
              "Time between consecutive streamed outputs of a request.");
       itl_.Render("sluice_inter_token_latency_seconds", out);
+      Header(out, "sluice_decode_recomputes_total", "counter",
+             "Prompts recomputed here instead of using their transferred KV, by reason (pin_gone, "
+             "ack_failed, transfer_timeout, reservation_expired, transfer_failed).");
+      for (const char* reason : {"pin_gone", "ack_failed", "transfer_timeout",
+                                 "reservation_expired", "transfer_failed"}) {
+        auto it = recomputes_.find(reason);
+        absl::StrAppend(&out, "sluice_decode_recomputes_total{reason=\"", reason, "\"} ",
+                        it == recomputes_.end() ? 0 : it->second, "\n");
+      }
     }
     Header(out, "sluice_worker_requests_total", "counter",
            "Requests this worker finished, by status (ok or a gRPC status code name).");

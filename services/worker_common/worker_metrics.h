@@ -39,6 +39,9 @@ class WorkerMetrics {
   // Decode: prefill finished (PrefillResponse.prefill_finished_unix_us) -> the request's first
   // decode step produced its output (the second token).
   void ObserveHandover(double seconds);
+  // Decode: CountRecompute counts a prompt recomputed instead of using its transferred KV, by
+  // reason (a RecomputeReasonName of services/decode/decode_service.h; a bounded set).
+  void CountRecompute(const std::string& reason);
   // CountOutcome counts one finished request by its status (see StatusLabel).
   void CountOutcome(const absl::Status& status);
   // ObserveFinished: a request's end on this worker, for the vllm: families (tokens, finish
@@ -74,6 +77,7 @@ class WorkerMetrics {
   int64_t num_transfers_ok_ = 0;             // guarded by mu_
   int64_t num_transfers_failed_ = 0;         // guarded by mu_
   std::map<std::string, int64_t> outcomes_;  // status label -> count; guarded by mu_
+  std::map<std::string, int64_t> recomputes_;  // reason -> count; guarded by mu_
   VllmMetrics vllm_;
 };
 

@@ -54,7 +54,10 @@ def test_metrics_parse(client, model, base_url):
     assert sample(families, "sluice_kv_cache_block_size_tokens") > 0
     for line in text.splitlines():
         if line.startswith("# TYPE "):
-            assert line.split()[2].startswith("sluice_")
+            # Our families, and vLLM's names for what gateways and dashboards read.
+            assert line.split()[2].startswith(("sluice_", "vllm:")), line
+    assert sample(families, "vllm:generation_tokens", "vllm:generation_tokens_total",
+                  {"model_name": model}) >= 3
 
 
 def test_http_errors(base_url, model):

@@ -198,6 +198,13 @@ def test_pull_after_the_pin_ended_is_recomputed_not_trusted(reference):
         expired = sum_samples(cluster.worker_metrics_text("prefill-0"),
                               'sluice_prefill_held_released_total{reason="expired"}')
         assert expired == n and recomputed == n, (expired, recomputed)
+        # Each recompute is counted and logged with its reason: the pin was gone.
+        decode = cluster.worker_metrics_text("decode-0")
+        assert sum_samples(decode, 'sluice_decode_recomputes_total{reason="pin_gone"}') == n
+        assert sum_samples(decode, "sluice_decode_recomputes_total") == n
+        log = cluster.workers["decode-0"].log_path.read_text()
+        assert log.count("recomputing the prompt instead of using the KV") == n, log[-3000:]
+        assert log.count("(pin_gone)") == n
         wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") ==
                    cluster.worker_metric("decode-0", "sluice_kv_cache_blocks"), 10,
                    "decode blocks free")

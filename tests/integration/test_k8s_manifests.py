@@ -171,7 +171,48 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 def test_kubectl_renders_without_errors():
-    for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2"):
+    for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2",
+                 K8S / "overlays" / "keda"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+
+
+def test_keda_overlay_scales_each_pool_to_the_planners_number():
+    """overlays/keda: one ScaledObject per worker pool, reading the router's
+    sluice_planner_desired_replicas{pool} with threshold 1 (AverageValue: replicas = the value)."""
+    docs = render(K8S / "overlays" / "keda")
+    scaled = by_kind(docs, "ScaledObject")
+    deployments = by_kind(docs, "Deployment")
+    assert set(scaled) == {"sluice-prefill", "sluice-decode"}
+    for name, obj in scaled.items():
+        assert obj["apiVersion"] == "keda.sh/v1alpha1"
+        assert obj["spec"]["scaleTargetRef"]["name"] in deployments
+        assert obj["spec"]["scaleTargetRef"]["name"] == name
+        assert 1 <= obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
+        (trigger,) = obj["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        pool = name.removeprefix("sluice-")
+        assert trigger["metadata"]["query"] == \
+            f'max(sluice_planner_desired_replicas{{pool="{pool}"}})'
+        assert trigger["metadata"]["threshold"] == "1"
+        assert trigger["metadata"].get("metricType", "AverageValue") == "AverageValue"
+
+
+def test_workloads_run_the_image_non_root_on_a_read_only_root():
+    """The base names the image deploy/docker builds and runs it as it is built to run: user
+    65532, read-only root filesystem, a writable /tmp (emptyDir); --model under /models."""
+    docs = render(K8S / "base")
+    for name, deployment in by_kind(docs, "Deployment").items():
+        c = container(deployment)
+        if KUBECTL:  # the kustomization's images: entry applied
+            assert c["image"] == "ghcr.io/sluice/sluice:latest", (name, c["image"])
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532, name
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]], name
+        assert c["args"][c["args"].index("--model") + 1].startswith("/models/")
+    dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    assert "USER 65532:65532" in dockerfile and "/models" in dockerfile

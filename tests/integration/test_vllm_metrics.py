@@ -9,9 +9,13 @@ the usage, and `promtool check metrics` reporting nothing but the ':' in the vll
 """
 
 import concurrent.futures
+import json
+import math
 import re
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import openai
 import pytest
@@ -238,3 +242,85 @@ def test_router_prefill_decode_pods(cluster):
                                    "vllm:num_requests_running") == 0, 15, "router idle")
     router = http_get(cluster.url + "/metrics")[1]
     assert one(router, "vllm:num_requests_waiting", model_name=MODEL_NAME) == 0
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "sluice-dashboard.json"
+METRIC_NAME = re.compile(r"\b((?:vllm:|sluice_)[a-zA-Z0-9_:]+)")
+
+
+def dashboard_exprs():
+    dash = json.loads(DASHBOARD.read_text())
+    return dash, [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def test_dashboard_is_valid_and_queries_exported_families(cluster):
+    """deploy/grafana/sluice-dashboard.json: valid JSON with unique panel ids, the panels the
+    operator needs, PromQL that promtool parses, and only metric names some pod exports."""
+    dash, exprs = dashboard_exprs()
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for needed in ("time to first token", "inter-token latency", "throughput", "kv cache usage",
+                   "prefix cache hit rate", "replicas"):
+        assert needed in titles, needed
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    for _, expr in exprs:
+        for var in re.findall(r"\$\{?(\w+)", expr):
+            assert var in variables or var.startswith("__"), (var, expr)
+    # Every family named is exported after traffic by the router or a worker.
+    run_traffic(cluster.url)
+    exported = http_get(cluster.url + "/metrics")[1]
+    for name in cluster.workers:
+        exported += cluster.worker_metrics_text(name)
+    families = set(re.findall(r"^# TYPE (\S+) ", exported, re.M))
+    for title, expr in exprs:
+        for metric in METRIC_NAME.findall(expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", metric)
+            assert metric in families or base in families, (title, metric)
+    # The expressions parse: promtool checks them as recording rules (variables filled in).
+    if shutil.which("promtool"):
+        rules = {"groups": [{"name": "dashboard", "rules": [
+            {"record": f"dashboard:expr_{i}",
+             "expr": expr.replace("$__rate_interval", "1m").replace("$model_name", ".*")
+                         .replace("$frontend_job", ".*").replace("$worker_job", ".*")}
+            for i, (_, expr) in enumerate(exprs)]}]}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(rules, f)
+        result = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_router_planner_page_and_metric(cluster):
+    """GET /v1/planner explains sluice_planner_desired_replicas{pool} with the measured load and
+    the cost model fitted from the workers' steps; the numbers follow from the shown inputs."""
+    run_traffic(cluster.url)
+    wait_until(lambda: all(p["explanation"]["cost_model"]["steps_observed"] > 0 for p in
+                           json.loads(http_get(cluster.url + "/v1/planner")[1])["pools"]),
+               15, "step costs from the workers' heartbeats")
+    page = json.loads(http_get(cluster.url + "/v1/planner")[1])
+    assert page["object"] == "planner" and page["slo"]["ttft_seconds"] > 0
+    pools = {p["pool"]: p for p in page["pools"]}
+    assert set(pools) == {"prefill", "decode"}
+    for pool in pools.values():
+        assert pool["current_replicas"] == 1
+        e = pool["explanation"]
+        assert e["workload"]["requests_in_window"] >= len(REQUESTS)
+        assert e["workload"]["arrival_rate_rps"] > 0
+        cost = e["cost_model"]
+        assert cost["fixed_seconds"] >= 0 and cost["per_token_seconds"] >= 0
+        assert cost["fixed_seconds"] + cost["per_token_seconds"] > 0
+    p = pools["prefill"]["explanation"]
+    w = p["workload"]
+    s = p["cost_model"]["fixed_seconds"] + p["cost_model"]["per_token_seconds"] * \
+        (w["mean_prompt_tokens"] - w["mean_cached_tokens"])
+    assert p["prefill_seconds_per_request"] == pytest.approx(s, rel=1e-9)
+    if p["slo_feasible"]:
+        rho = 2 * (page["slo"]["ttft_seconds"] - s) / (2 * (page["slo"]["ttft_seconds"] - s) + s)
+        want = max(1, math.ceil(w["arrival_rate_rps"] * s / rho - 1e-9))
+        assert pools["prefill"]["desired_replicas"] == want
+    # The metric carries the same numbers (one more scrape may see a newer window: same traffic).
+    metrics = http_get(cluster.url + "/metrics")[1]
+    for name in ("prefill", "decode"):
+        assert one(metrics, "sluice_planner_current_replicas", pool=name) == 1
+        assert one(metrics, "sluice_planner_desired_replicas", pool=name) >= 1

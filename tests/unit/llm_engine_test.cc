@@ -82,6 +82,36 @@ TEST(LLMEngineTest, SingleRequestMatchesReference) {
   EXPECT_EQ(engine->num_free_blocks(), 128);
 }
 
+// Queue time (RequestOutput::queue_seconds) and the timed step totals the planner fits: with
+// one sequence at a time, the second request waits for the first to finish.
+TEST(LLMEngineTest, ReportsQueueTimeAndStepTotals) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 128;
+  options.max_num_seqs = 1;
+  options.async_scheduling = false;
+  auto engine = MakeEngine(options);
+  ASSERT_TRUE(engine->AddRequest(Greedy("a", Prompt(10, 0), 20)).ok());
+  ASSERT_TRUE(engine->AddRequest(Greedy("b", Prompt(10, 1), 20)).ok());
+  std::map<std::string, std::vector<double>> queue;
+  while (engine->HasUnfinishedRequests()) {
+    for (const RequestOutput& out : engine->Step()) queue[out.request_id].push_back(out.queue_seconds);
+  }
+  for (const std::string id : {"a", "b"}) {
+    ASSERT_EQ(queue[id].size(), 20u) << id;
+    for (double q : queue[id]) EXPECT_EQ(q, queue[id].front()) << id;  // fixed once scheduled
+    EXPECT_GE(queue[id].front(), 0.0) << id;
+  }
+  EXPECT_GT(queue["b"].front(), queue["a"].front());  // b waited for a's 20 steps
+  const EngineCounters& c = engine->counters();
+  EXPECT_EQ(c.prefill_steps.num_steps, 2);
+  EXPECT_EQ(c.prefill_steps.num_tokens, 20);
+  EXPECT_EQ(c.decode_steps.num_steps, 38);
+  EXPECT_EQ(c.decode_steps.num_tokens, 38);
+  EXPECT_GT(c.prefill_steps.seconds, 0.0);
+  EXPECT_GT(c.decode_steps.seconds, 0.0);
+}
+
 // Many requests, small token budget (prefill split into chunks), few blocks (preemption and
 // recompute): every request still produces exactly the reference tokens, and every block is
 // free at the end.
