@@ -329,7 +329,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
                                                          std::vector<int32_t> prompt,
                                                          const v1::SamplingParams& sampling,
                                                          const std::string& cache_salt,
-                                                         absl::Status* error) {
+                                                         int32_t priority, absl::Status* error) {
   auto session = std::make_shared<DecodeSession>(this, request_id, request_id);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -343,6 +343,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
   er.prompt_token_ids = std::move(prompt);
   er.sampling = SamplingFromWire(sampling);
   er.cache_salt = cache_salt;
+  er.priority = priority;
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -397,6 +398,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
   er.cache_salt = request->cache_salt();
+  er.priority = request->priority();
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
       request->max_wait_ms() > 0
@@ -476,7 +478,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       session = NewSession(id,
                            std::vector<int32_t>(request->prompt_token_ids().begin(),
                                                 request->prompt_token_ids().end()),
-                           request->sampling(), request->cache_salt(), &error);
+                           request->sampling(), request->cache_salt(), request->priority(),
+                           &error);
     }
     if (session == nullptr) {
       auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
@@ -508,6 +511,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
                              request->prompt_token_ids().end());
   er.sampling = SamplingFromWire(request->sampling());
   er.cache_salt = request->cache_salt();
+  er.priority = request->priority();
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),

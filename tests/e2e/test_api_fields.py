@@ -85,7 +85,6 @@ for _ep in ("chat", "completions"):
         (_ep, "length_penalty", 0.5),
         (_ep, "early_stopping", True),
         (_ep, "spaces_between_special_tokens", False),
-        (_ep, "priority", 5),
         (_ep, "guided_decoding_backend", "xgrammar"),
         (_ep, "guided_whitespace_pattern", " "),
         (_ep, "logits_processors", ["x"]),
@@ -114,6 +113,8 @@ HONOURED = {
     # Structured outputs: tests/e2e/test_structured_outputs.py.
     "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
     "structured_outputs",
+    # Scheduling class: tests/e2e/test_fair_prefill.py.
+    "priority",
 }
 
 
