@@ -341,14 +341,24 @@ SchedulerOutput Scheduler::Schedule() {
   if (ordered) OrderQueues(now);
   const int32_t block_size = static_cast<int32_t>(config_.block_size);
   bool prefill_scheduled = false;  // the step's first prefill chunk gets at least block_size
-  // The prefill chunk `seq` may take this step: its uncomputed tokens within both budgets.
+  bool first_token_scheduled = false;  // a prefill this step ends its prompt (fair policies)
+  // The prefill chunk `seq` may take this step: its uncomputed tokens within both budgets; 0:
+  // none this step. With a fair policy a step that already ends some prompt's prefill (a first
+  // token) takes no chunk that does not end its own: that first token would wait for it.
   auto prefill_chunk = [&](const Sequence& seq) {
-    const int32_t n = std::min(seq.num_tokens() - seq.num_computed_tokens, budget);
+    const int32_t left = seq.num_tokens() - seq.num_computed_tokens;
+    const int32_t n = std::min(left, budget);
     if (n <= 1) return n;
-    return time.MaxChunk(n, seq.num_computed_tokens, prefill_scheduled ? 0 : block_size);
+    const int32_t chunk =
+        time.MaxChunk(n, seq.num_computed_tokens, prefill_scheduled ? 0 : block_size);
+    if (ordered && first_token_scheduled && chunk < left) return 0;
+    return chunk;
   };
   auto add = [&](Sequence& seq, int32_t n) {
-    if (IsPrefilling(seq)) prefill_scheduled = true;
+    if (IsPrefilling(seq)) {
+      prefill_scheduled = true;
+      if (seq.num_computed_tokens + n >= seq.num_tokens()) first_token_scheduled = true;
+    }
     time.Charge(n, seq.num_computed_tokens);
     out.scheduled.push_back({&seq, n});
     budget -= n;
@@ -411,7 +421,10 @@ SchedulerOutput Scheduler::Schedule() {
     if (run == nullptr && wait == nullptr) break;
     if (run != nullptr && (wait == nullptr || !PolicyBefore(*wait, *run, now))) {
       const int32_t n = prefill_chunk(*run);
-      if (n <= 0) break;  // the step's time is spent
+      if (n <= 0) {  // not this step (time spent, or it would delay a first token)
+        ++r;
+        continue;
+      }
       bool fits = EnsureBlocks(*run, run->num_computed_tokens + n);
       while (!fits) {
         admit = false;
@@ -434,7 +447,7 @@ SchedulerOutput Scheduler::Schedule() {
       }
     }
     const int32_t n = prefill_chunk(seq);
-    if (n <= 0) {  // the step's time is spent
+    if (n <= 0) {  // not this step (time spent, or it would delay a first token)
       if (fresh) DropBlocks(seq);
       admit = false;
       continue;

@@ -28,7 +28,11 @@
 // step_cost) each prefill chunk is also cut to what the fitted cost(q, c) leaves of the budget
 // after the step's decodes and earlier chunks, so one step's time, and with it the wait of the
 // next short prompt and the decodes' inter-token latency, stays near the budget; the step's
-// first prefill chunk gets at least block_size tokens so prefill always progresses.
+// first prefill chunk gets at least block_size tokens so prefill always progresses. Under the
+// fair policies a step that ends some prompt's prefill (samples its first token) takes no
+// chunk, after it in the order, that does not end its own prompt: a short prompt's first
+// token then costs one short step, not a step filled up with a long prompt's chunk (the long
+// prompt goes on in the next step; aging moves it ahead of the short ones if they keep coming).
 // Not thread-safe.
 #ifndef SLUICE_ENGINE_SCHED_SCHEDULER_H_
 #define SLUICE_ENGINE_SCHED_SCHEDULER_H_

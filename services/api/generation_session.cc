@@ -79,6 +79,7 @@ void GenerationSession::Start() {
     engine_request.prompt_token_ids = request_.prompts[c / request_.n];
     engine_request.sampling = request_.sampling;
     engine_request.cache_salt = request_.cache_salt;
+    engine_request.priority = request_.priority;
     engine_request.sampling.choice_index = static_cast<uint32_t>(c);  // choices share the seed
     engine_request.grammar = request_.grammar;
     engine_request.mm_inputs = request_.mm_inputs;  // shared embeddings, copied by pointer

@@ -71,7 +71,8 @@ void AddSharedFields(std::vector<FieldSpec>& t) {
         "max_tokens", "min_tokens", "ignore_eos", "stream", "stream_options",
         "skip_special_tokens", "include_stop_str_in_output", "logprobs", "cache_salt",
         "logit_bias", "allowed_token_ids", "bad_words", "truncate_prompt_tokens",
-        "prompt_logprobs", "echo", "add_special_tokens", "return_tokens_as_token_ids"}) {
+        "prompt_logprobs", "echo", "add_special_tokens", "return_tokens_as_token_ids",
+        "priority"}) {
     t.push_back(Honoured(name));
   }
   t.push_back(Metadata("user", IsString, "a string"));
@@ -83,8 +84,6 @@ void AddSharedFields(std::vector<FieldSpec>& t) {
   t.push_back(Refused("early_stopping", kNoBeam, IsFalse));
   t.push_back(Refused("spaces_between_special_tokens",
                       "= false is not supported by this server", IsTrue));
-  t.push_back(Refused("priority", "other than 0 is not supported (no priority scheduling)",
-                      IsZero));
   // Structured outputs (services/api/structured_output.h; through the router the grammar
   // travels to the workers as text).
   for (std::string_view name : {"response_format", "guided_json", "guided_regex",

@@ -287,6 +287,10 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
                                                    " bytes, got ", req.cache_salt.size()));
     }
   }
+  got = GetInt(body, "priority", std::numeric_limits<int32_t>::min(),
+               std::numeric_limits<int32_t>::max(), &v);
+  if (!got.ok()) return got.status();
+  if (*got) req.priority = static_cast<int32_t>(v);
   if (auto s = GetBool(body, "skip_special_tokens", &sp.skip_special_tokens); !s.ok()) return s;
   if (auto s = GetBool(body, "include_stop_str_in_output", &sp.include_stop_str_in_output);
       !s.ok()) {

@@ -53,6 +53,9 @@ struct GenerationRequest {
   bool prompt_logprobs_field = false;  // `prompt_logprobs` was asked: vLLM's field in the reply
   bool return_tokens_as_token_ids = false;    // completions logprobs tokens as "token_id:N"
   std::string cache_salt;                     // prefix-cache namespace (vLLM extra), 1..256 B
+  // Scheduling class (vLLM extra): lower is prefilled first under --scheduling-policy priority
+  // or shortest_prefill_first; ignored under fcfs. Any int32; default 0.
+  int32_t priority = 0;
   // Fields outside the endpoint's table, accepted because unknown fields are allowed (for a
   // warning in the log).
   std::vector<std::string> unknown_fields;

@@ -382,7 +382,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
                                                          std::vector<int32_t> prompt,
                                                          const v1::SamplingParams& sampling,
                                                          const std::string& cache_salt,
-                                                         absl::Status* error) {
+                                                         int32_t priority, absl::Status* error) {
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
       RequestGrammar(options_.grammars, sampling);
   if (!grammar.ok()) {
@@ -403,6 +403,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
   er.sampling = SamplingFromWire(sampling);
   er.grammar = *std::move(grammar);
   er.cache_salt = cache_salt;
+  er.priority = priority;
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -464,6 +465,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   er.sampling = SamplingFromWire(request->sampling());
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
+  er.priority = request->priority();
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
       request->max_wait_ms() > 0
@@ -543,7 +545,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       session = NewSession(id,
                            std::vector<int32_t>(request->prompt_token_ids().begin(),
                                                 request->prompt_token_ids().end()),
-                           request->sampling(), request->cache_salt(), &error);
+                           request->sampling(), request->cache_salt(), request->priority(),
+                           &error);
     }
     if (session == nullptr) {
       auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
@@ -584,6 +587,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   er.sampling = SamplingFromWire(request->sampling());
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
+  er.priority = request->priority();
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),

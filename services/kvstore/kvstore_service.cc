@@ -89,6 +89,7 @@ grpc::Status KvStoreService::Exists(grpc::ServerContext*, const v1::KvExistsRequ
 
 grpc::Status KvStoreService::PutBegin(grpc::ServerContext*, const v1::KvPutBeginRequest* req,
                                       v1::KvPutBeginResponse* resp) {
+  if (draining_.load()) return ToGrpc(absl::UnavailableError("kvstore is draining"));
   if (agent_ == nullptr) {
     return ToGrpc(absl::FailedPreconditionError("this kvstore runs without UCX; use PutInline"));
   }
@@ -122,6 +123,7 @@ grpc::Status KvStoreService::PutCommit(grpc::ServerContext*, const v1::KvPutComm
 
 grpc::Status KvStoreService::GetBegin(grpc::ServerContext*, const v1::KvGetBeginRequest* req,
                                       v1::KvGetBeginResponse* resp) {
+  if (draining_.load()) return ToGrpc(absl::UnavailableError("kvstore is draining"));
   if (agent_ == nullptr) {
     return ToGrpc(absl::FailedPreconditionError("this kvstore runs without UCX; use GetInline"));
   }
@@ -154,6 +156,7 @@ grpc::Status KvStoreService::Release(grpc::ServerContext*, const v1::KvReleaseRe
 
 grpc::Status KvStoreService::PutInline(grpc::ServerContext*, const v1::KvPutInlineRequest* req,
                                        v1::KvPutInlineResponse* resp) {
+  if (draining_.load()) return ToGrpc(absl::UnavailableError("kvstore is draining"));
   absl::StatusOr<std::vector<BlockKey>> keys = Keys(req->blocks());
   if (!keys.ok()) return ToGrpc(keys.status());
   std::vector<std::string_view> payloads(req->payloads().begin(), req->payloads().end());
@@ -165,6 +168,7 @@ grpc::Status KvStoreService::PutInline(grpc::ServerContext*, const v1::KvPutInli
 
 grpc::Status KvStoreService::GetInline(grpc::ServerContext*, const v1::KvGetInlineRequest* req,
                                        v1::KvGetInlineResponse* resp) {
+  if (draining_.load()) return ToGrpc(absl::UnavailableError("kvstore is draining"));
   absl::StatusOr<std::vector<BlockKey>> keys = Keys(req->blocks());
   if (!keys.ok()) return ToGrpc(keys.status());
   absl::StatusOr<std::vector<std::optional<std::string>>> out = store_->Get(*keys);
@@ -200,7 +204,7 @@ grpc::Status KvStoreService::Stats(grpc::ServerContext*, const v1::KvStatsReques
 
 grpc::Status KvStoreService::Health(grpc::ServerContext*, const v1::KvHealthRequest*,
                                     v1::KvHealthResponse* resp) {
-  resp->set_serving(true);
+  resp->set_serving(!draining_.load());
   if (agent_ != nullptr) resp->set_ucx_worker_address(agent_->worker_address());
   return grpc::Status::OK;
 }

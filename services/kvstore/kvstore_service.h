@@ -11,6 +11,7 @@
 #ifndef SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
 #define SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,6 +54,13 @@ class KvStoreService final : public sluice::v1::KvStore::Service {
   grpc::Status Health(grpc::ServerContext*, const v1::KvHealthRequest*,
                       v1::KvHealthResponse*) override;
 
+  // Drain (SIGTERM): new reads and writes (PutBegin, GetBegin, PutInline, GetInline) fail with
+  // UNAVAILABLE — the engines' KV connectors count them as misses and compute instead — and
+  // Health reports serving = false; leases already granted still commit and release, so the
+  // caller can wait for BlockStore's active_leases to reach 0 before stopping.
+  void set_draining(bool draining) { draining_.store(draining); }
+  bool draining() const { return draining_.load(); }
+
  private:
   // PageDescriptor: the serialized RemoteKvDescriptor of arena page `p` in its current layout.
   absl::StatusOr<std::string> PageDescriptor(int32_t p);
@@ -63,6 +71,7 @@ class KvStoreService final : public sluice::v1::KvStore::Service {
 
   BlockStore* const store_;
   transfer::KvTransferAgent* const agent_;
+  std::atomic<bool> draining_{false};
   absl::Mutex mu_;
   // page -> (block_bytes it was described with, descriptor bytes); pages change geometry only
   // when reassigned to another layout.

@@ -93,6 +93,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   er.sampling = SamplingFromWire(request->sampling());
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
+  er.priority = request->priority();
   er.hold_kv_blocks = true;
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
   queued_tokens_ += num_prompt;

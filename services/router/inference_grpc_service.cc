@@ -149,6 +149,7 @@ absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
   }
   SamplingToJson(request.sampling(), *endpoint, body);
   if (request.has_cache_salt()) body["cache_salt"] = request.cache_salt();
+  if (request.has_priority()) body["priority"] = request.priority();
   return body;
 }
 
@@ -491,6 +492,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
   engine_request.sampling = parsed->sampling;
   engine_request.cache_salt = parsed->cache_salt;
   engine_request.mm_inputs = std::move(parsed->mm_inputs);
+  engine_request.priority = parsed->priority;
   reactor->Start(std::move(engine_request));
   return reactor;
 }

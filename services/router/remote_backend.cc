@@ -287,6 +287,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                                                  request_.prompt_token_ids.end());
     *rpc->request.mutable_sampling() = wire_sampling_;
     rpc->request.set_cache_salt(request_.cache_salt);
+    rpc->request.set_priority(request_.priority);
     rpc->request.set_max_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
@@ -414,6 +415,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                                                  request_.prompt_token_ids.end());
     *rpc->request.mutable_sampling() = wire_sampling_;
     rpc->request.set_cache_salt(request_.cache_salt);
+    rpc->request.set_priority(request_.priority);
     if (!Attach(&rpc->context, worker->worker_id)) {
       return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
     }
@@ -776,6 +778,7 @@ void RemoteBackend::Call::StartDecode() {
                                                   request_.prompt_token_ids.end());
   *reader->request.mutable_sampling() = wire_sampling_;
   reader->request.set_cache_salt(request_.cache_salt);
+  reader->request.set_priority(request_.priority);
   if (prefill_.has_value()) {
     *reader->request.mutable_prefill() = *prefill_;
   } else if (resuming_) {

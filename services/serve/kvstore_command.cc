@@ -14,6 +14,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "services/api/http_server.h"
 #include "services/kvstore/block_store.h"
 #include "services/kvstore/kvstore_metrics.h"
@@ -89,6 +91,10 @@ CLI::App* AddKvStoreCommand(CLI::App& app, KvStoreOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--ucx-transports", o.ucx_transports, "UCX transports (UCX_TLS syntax)");
   cmd->add_flag("--no-ucx", o.no_ucx, "No UCX data path: clients use the inline gRPC calls");
+  cmd->add_option("--drain-timeout-s", o.drain_timeout_s,
+                  "SIGTERM: refuse new reads/writes and wait this long at most for granted "
+                  "transfers to end")
+      ->check(CLI::NonNegativeNumber);
   return cmd;
 }
 
@@ -178,8 +184,9 @@ int RunKvStore(const KvStoreOptions& o) {
   http_options.num_io_threads = 1;
   kvstore::BlockStore* store_ptr = store->get();
   transfer::KvTransferAgent* agent_ptr = agent.get();
+  kvstore::KvStoreService* service_ptr = &service;
   auto http = HttpServer::Start(
-      http_options, [store_ptr, agent_ptr](const HttpRequestInfo& req,
+      http_options, [store_ptr, agent_ptr, service_ptr](const HttpRequestInfo& req,
                                            std::shared_ptr<ResponseSink> sink, Poster) {
         const std::string path = req.target.substr(0, req.target.find('?'));
         if (req.method == "GET" && path == "/metrics") {
@@ -188,6 +195,8 @@ int RunKvStore(const KvStoreOptions& o) {
           sink->SendResponse(200, "text/plain; version=0.0.4",
                              kvstore::RenderKvStoreMetrics(store_ptr->stats(),
                                                            agent_ptr != nullptr ? &t : nullptr));
+        } else if (req.method == "GET" && path == "/health" && service_ptr->draining()) {
+          sink->SendResponse(503, "application/json", "{\"status\":\"draining\"}");
         } else if (req.method == "GET" && path == "/health") {
           sink->SendResponse(200, "application/json", "{\"status\":\"ok\"}");
         } else {
@@ -216,7 +225,15 @@ int RunKvStore(const KvStoreOptions& o) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("received signal {}, stopping", signal_number);
+  // Drain: refuse new reads and writes (the engines compute instead) and let the transfers
+  // already granted commit or release, bounded by --drain-timeout-s.
+  spdlog::info("received signal {}, draining (up to {} s)", signal_number, o.drain_timeout_s);
+  service.set_draining(true);
+  const absl::Time drain_until = absl::Now() + absl::Seconds(o.drain_timeout_s);
+  while (store_ptr->stats().active_leases > 0 && absl::Now() < drain_until) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  spdlog::info("{} active leases left, stopping", store_ptr->stats().active_leases);
   stop.Notify();
   sweeper.join();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -29,12 +29,16 @@ struct KvStoreOptions {
   double expire_interval_seconds = 60;
   std::string ucx_transports;      // UCX_TLS syntax; empty: UCX's choice
   bool no_ucx = false;             // inline gRPC transfers only (no UCX data path)
+  // SIGTERM: new reads/writes are refused (clients compute instead) while granted leases end,
+  // for at most this long.
+  double drain_timeout_s = 10;
 };
 
 // AddKvStoreCommand: registers `kvstore` on `app`, filling `options`.
 CLI::App* AddKvStoreCommand(CLI::App& app, KvStoreOptions& options);
 
-// RunKvStore: serves until SIGINT/SIGTERM; the exit code.
+// RunKvStore: serves until SIGINT/SIGTERM, then drains (KvStoreService::set_draining, /health
+// 503) until no lease is active or drain_timeout_s passed; the exit code.
 int RunKvStore(const KvStoreOptions& options);
 
 }  // namespace sluice

@@ -10,6 +10,7 @@ namespace sluice {
 void AddSchedulingFlags(CLI::App& app, EngineOptions& engine) {
   engine.scheduling_policy = kDefaultSchedulingPolicy;
   engine.step_time_budget_seconds = kDefaultStepTimeBudgetMs / 1000.0;
+  engine.prefill_aging = kDefaultPrefillAging;
   std::map<std::string, SchedulingPolicy> policies;
   for (SchedulingPolicy p : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority,
                              SchedulingPolicy::kShortestPrefillFirst}) {

@@ -13,6 +13,10 @@ namespace sluice {
 // time budget): shortest-prefill-first with aging, and a per-step time budget.
 inline constexpr SchedulingPolicy kDefaultSchedulingPolicy = SchedulingPolicy::kShortestPrefillFirst;
 inline constexpr double kDefaultStepTimeBudgetMs = 250.0;
+// A prompt D tokens longer than a fresh one overtakes it after waiting 50x as long as computing
+// D tokens takes: long prompts are not starved, yet a saturated prefill worker (long prompts
+// always queued) still serves short ones first (0.1 let them block shorts: bench/README.md).
+inline constexpr double kDefaultPrefillAging = 0.02;
 
 // AddSchedulingFlags sets the defaults above into `engine` and registers --scheduling-policy,
 // --prefill-aging and --step-time-budget-ms.

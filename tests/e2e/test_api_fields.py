@@ -82,7 +82,6 @@ for _ep in ("chat", "completions"):
         (_ep, "length_penalty", 0.5),
         (_ep, "early_stopping", True),
         (_ep, "spaces_between_special_tokens", False),
-        (_ep, "priority", 5),
         (_ep, "guided_decoding_backend", "xgrammar"),
         (_ep, "guided_whitespace_pattern", " "),
         (_ep, "logits_processors", ["x"]),
@@ -113,6 +112,8 @@ HONOURED = {
     "structured_outputs",
     # Tool calling: tests/e2e/test_tool_calls.py.
     "tools", "tool_choice", "parallel_tool_calls",
+    # Scheduling class: tests/e2e/test_fair_prefill.py.
+    "priority",
 }
 
 

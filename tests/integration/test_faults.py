@@ -13,7 +13,8 @@
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
    Also for the gRPC Generate stream.
 5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
-   could not finish moves to the other decode worker, zero failed requests.
+   could not finish moves to the other decode worker, zero failed requests; it deregisters, so
+   the router lists it no more once it exited.
 6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
    requests.
 7. 300 concurrent requests with every transfer held past the reservation timeout: all 200.
@@ -309,9 +310,14 @@ def test_sigterm_decode_worker_under_load_fails_nothing(reference):
                                    for i in range(n)), 120, "every stream under way")
             victim = busiest_decode_worker(cluster)
             proc = cluster.workers[victim].proc
+            decode_before = cluster.addresses("decode")
             proc.send_signal(signal.SIGTERM)
-            outputs = [f.result(timeout=600) for f in futures]
             assert proc.wait(timeout=30) == 0
+            # It deregistered at the end of its drain (the router accepted the call): gone from
+            # the router as it exits, not at its lease's end (3 s).
+            assert len(cluster.addresses("decode")) == len(decode_before) - 1
+            assert "deregistered from router" in cluster.workers[victim].tail(200)
+            outputs = [f.result(timeout=600) for f in futures]
         assert outputs == [reference[(i, 256)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         moved = cluster.metric("sluice_router_migrations_total")

@@ -141,7 +141,18 @@ TEST_F(FieldsTest, HarmlessFormsOfRefusedFieldsAreAccepted) {
   ExpectError(ParseChat({{"spaces_between_special_tokens", false}}),
               "spaces_between_special_tokens");
   ExpectError(ParseCompletion({{"guided_json", {{"type", "object"}}}}), "guided_json");
-  ExpectError(ParseCompletion({{"priority", 3}}), "priority");
+}
+
+TEST_F(FieldsTest, PriorityIsParsed) {
+  absl::StatusOr<GenerationRequest> r = ParseCompletion({{"priority", -3}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->priority, -3);
+  r = ParseChat({{"n", 1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->priority, 0);
+  ExpectError(ParseCompletion({{"priority", "high"}}), "priority");
+  ExpectError(ParseCompletion({{"priority", 1.5}}), "priority");
+  ExpectError(ParseCompletion({{"priority", int64_t{1} << 40}}), "priority");
 }
 
 TEST_F(FieldsTest, TokenConstraintsAreParsed) {

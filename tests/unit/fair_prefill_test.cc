@@ -149,10 +149,12 @@ TEST_F(SchedulerPolicyTest, ShortestPrefillFirstOvertakesARunningLongPrefill) {
   EXPECT_EQ(Step(s), (Plan{"long:512"}));
   clock_.now += 0.5;
   Add(s, "short", 5);
-  // The short prompt is prefilled in the very next step; the long one takes what is left.
-  EXPECT_EQ(Step(s), (Plan{"short:5", "long:507"}));
+  // The short prompt is prefilled in the very next step, alone: a chunk of the long one would
+  // delay its first token.
+  EXPECT_EQ(Step(s), (Plan{"short:5"}));
   // Then the short one decodes first every step, and the long one goes on.
-  EXPECT_EQ(Step(s), (Plan{"short:1", "long:481"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:511"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:477"}));
   // Both decode: in admission order.
   EXPECT_EQ(Step(s), (Plan{"long:1", "short:1"}));
 }
@@ -163,7 +165,9 @@ TEST_F(SchedulerPolicyTest, ShortestPrefillFirstOrdersWaitingByRemainingTokens) 
   Add(s, "b40", 40);
   Add(s, "c5", 5);
   Add(s, "d300", 300);
-  EXPECT_EQ(Step(s), (Plan{"c5:5", "b40:40", "d300:300", "a1500:255"}));
+  // Each ends its prompt in this step; a1500's chunk would not, and waits for the next one.
+  EXPECT_EQ(Step(s), (Plan{"c5:5", "b40:40", "d300:300"}));
+  EXPECT_EQ(Step(s), (Plan{"c5:1", "b40:1", "d300:1", "a1500:597"}));
 }
 
 TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
@@ -174,14 +178,14 @@ TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
   Add(s, "long", 1000);
   clock_.now += 9.0;  // long's score: 1000 - 100 * 9 = 100 > 60
   Add(s, "short", 60);
-  EXPECT_EQ(Step(s), (Plan{"short:60", "long:4"}));
+  EXPECT_EQ(Step(s), (Plan{"short:60"}));
   clock_.now += 0.5;
   Add(s, "fresh", 60);
-  // short decodes first; then long (996 left, waited 9.5 s: 996 - 950 = 46) before fresh (60).
+  // short decodes first; then long (1000 left, waited 9.5 s: 1000 - 950 = 50) before fresh (60).
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
-  clock_.now += 2.0;  // long: 933 - 1150 = -217; fresh: 60 - 200 = -140
+  clock_.now += 2.0;  // long: 937 - 1150 = -213; fresh: 60 - 200 = -140
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
-  clock_.now += 20.0;  // long: 870 - 3150 = -2280; fresh: 60 - 2200 = -2140
+  clock_.now += 20.0;  // long: 874 - 3150 = -2276; fresh: 60 - 2200 = -2140
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
 }
 
@@ -192,7 +196,7 @@ TEST_F(SchedulerPolicyTest, AgingCreditFollowsTheFittedPrefillRate) {
     Add(s, "long", 1000);
     clock_.now += 1000.0;
     Add(s, "short", 60);
-    EXPECT_EQ(Step(s), (Plan{"short:60", "long:4"}));
+    EXPECT_EQ(Step(s), (Plan{"short:60"}));
   }
   // 1 ms per token (1000 tokens/s) with the default aging 0.1: 100 tokens per second waited.
   cost_ = std::make_unique<QcCostModel>(FitExact(0.0, 0.001, 0.0));
@@ -213,8 +217,10 @@ TEST_F(SchedulerPolicyTest, PriorityClassesComeFirstThenArrival) {
   clock_.now += 1;
   Add(s, "p0-short", 10, 0);
   // -1, then the p0 ones by arrival (the long one first: kPriority ignores length), then 1.
-  EXPECT_EQ(Step(s), (Plan{"p-1:50", "p0-long:50"}));
-  EXPECT_EQ(Step(s), (Plan{"p-1:1", "p0-long:30", "p0-short:10", "p1-first:30"}));
+  // p-1 ends its prompt in step 1: p0-long's 50-token chunk would not, so it waits a step.
+  EXPECT_EQ(Step(s), (Plan{"p-1:50"}));
+  EXPECT_EQ(Step(s), (Plan{"p-1:1", "p0-long:80", "p0-short:10"}));
+  EXPECT_EQ(Step(s), (Plan{"p-1:1", "p0-long:1", "p0-short:1", "p1-first:30"}));
 }
 
 TEST_F(SchedulerPolicyTest, ShortestPrefillFirstHonoursPriorityClasses) {
@@ -240,14 +246,15 @@ TEST_F(SchedulerPolicyTest, PreemptsAPrefillRatherThanADecode) {
   // the decodes) is the victim, not the more recently admitted dec (kFcfs's choice).
   Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64, 12);
   Add(s, "big", 180);
-  EXPECT_EQ(Step(s), (Plan{"big:64"}));                // 4 blocks
+  EXPECT_EQ(Step(s), (Plan{"big:64"}));             // 4 blocks
   Add(s, "dec", 20);
-  EXPECT_EQ(Step(s), (Plan{"dec:20", "big:44"}));      // 2 + 7 blocks; dec samples
-  EXPECT_EQ(Step(s), (Plan{"dec:1"}));                 // big needs 11 blocks: preempted
+  EXPECT_EQ(Step(s), (Plan{"dec:20"}));             // 2 blocks; dec samples its first token
+  EXPECT_EQ(Step(s), (Plan{"dec:1", "big:63"}));    // big: 8 blocks
+  EXPECT_EQ(Step(s), (Plan{"dec:1"}));              // big's last 53 need 12 blocks: preempted
   EXPECT_EQ(s.num_preemptions(), 1);
   ASSERT_NE(s.Find("big"), nullptr);
   EXPECT_EQ(s.Find("big")->num_computed_tokens, 0);
-  EXPECT_EQ(s.Find("dec")->num_computed_tokens, 21);
+  EXPECT_EQ(s.Find("dec")->num_computed_tokens, 22);
   EXPECT_EQ(s.num_running(), 1);
   EXPECT_EQ(s.num_waiting(), 1);
 }
@@ -260,7 +267,8 @@ TEST_F(SchedulerPolicyTest, TimeBudgetCutsPrefillChunks) {
   Add(s, "long", 1000);
   EXPECT_EQ(Step(s), (Plan{"long:90"}));
   Add(s, "short", 5);
-  EXPECT_EQ(Step(s), (Plan{"short:5", "long:85"}));
+  EXPECT_EQ(Step(s), (Plan{"short:5"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
 }
 

@@ -71,6 +71,7 @@ class TestStore {
   }
   const std::string& address() const { return address_; }
   BlockStore& store() { return *store_; }
+  KvStoreService& service() { return *service_; }
 
  private:
   std::string dir_;
@@ -282,6 +283,46 @@ TEST(KvstoreService, ShardsSplitTheKeysAndADeadShardMeansMissesNotHangs) {
   }
   EXPECT_FALSE(got->error.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+}
+
+TEST(KvstoreService, DrainingRefusesNewReadsAndWritesAsMisses) {
+  TestStore store(/*with_ucx=*/false);
+  ClientSide side(4, /*with_ucx=*/false);
+  auto client = Client({store.address()}, nullptr);
+  const std::vector<BlockKey> keys = Keys(4, 9);
+  for (int i = 0; i < 4; ++i) side.Fill(i, 70 + i);
+  auto put = client->Put(keys, side.region(), Iota(4), Soon());
+  ASSERT_TRUE(put.ok());
+  ASSERT_EQ(put->num_stored, 4);
+
+  store.service().set_draining(true);
+  auto got = client->Get(keys, side.region(), Iota(4), Soon());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->error.code(), absl::StatusCode::kUnavailable) << got->error;
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(got->found[i]) << i;  // a miss: the engine computes
+  auto refused = client->Put(Keys(4, 9, 500), side.region(), Iota(4), Soon());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->num_stored, 0);
+  EXPECT_EQ(refused->num_failed, 4);
+  EXPECT_EQ(refused->error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store.store().stats().blocks_stored, 4);
+  {
+    auto stub = v1::KvStore::NewStub(
+        grpc::CreateChannel(store.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::KvHealthResponse health;
+    ASSERT_TRUE(stub->Health(&context, v1::KvHealthRequest(), &health).ok());
+    EXPECT_FALSE(health.serving());
+  }
+
+  store.service().set_draining(false);
+  std::memset(side.block(0), 0, 4 * kBlockBytes);
+  got = client->Get(keys, side.region(), Iota(4), Soon());
+  ASSERT_TRUE(got.ok());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(got->found[i]) << i;
+    EXPECT_TRUE(side.Holds(i, 70 + i)) << i;
+  }
 }
 
 TEST(KvstoreService, CallerErrorsAreInvalidArgument) {
