@@ -9,7 +9,8 @@ set -euo pipefail
 
 if [ "${1:-}" = "--runtime" ]; then
   RUNTIME_PACKAGES=(libabsl20220623 libgrpc++1.51 libgrpc29 libprotobuf32 libucx0 libpcre2-8-0
-                    libxxhash0 libssl3 libnuma1 libc-ares2 libre2-9 libicu72 zlib1g ca-certificates)
+                    libxxhash0 libssl3 libnuma1 libc-ares2 libre2-9 libicu72 zlib1g
+                    libpng16-16 libjpeg62-turbo libwebp7 ca-certificates)
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${RUNTIME_PACKAGES[@]}"

@@ -9,13 +9,12 @@ worker's KV events (polled every 50 ms).
 
 import json
 import shutil
-import subprocess
 import time
 
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, http_get
+from sluice_cluster import MODEL_NAME, Cluster, http_get, promtool_problems
 
 SYSTEM = ("You are a careful assistant for a river harbor. Answer briefly, cite the harbor "
           "rules by number, and never invent rule numbers. Rules: 1. lanterns at dusk; "
@@ -64,6 +63,4 @@ def test_second_turn_goes_to_the_worker_holding_its_prefix(cluster):
     predicted = cluster.metric("sluice_router_kv_predicted_cached_tokens_total")
     assert 0 < predicted <= second.usage.prompt_tokens
     if shutil.which("promtool"):  # the router's whole exposition stays valid
-        check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
-                               capture_output=True, timeout=30)
-        assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+        assert promtool_problems(text) == [], text

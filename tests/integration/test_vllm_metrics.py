@@ -20,7 +20,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, sum_samples, wait_until
+from sluice_cluster import (MODEL_NAME, Cluster, Serve, http_get, promtool_problems, sum_samples,
+                            wait_until)
 
 # vLLM's bounds (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -62,17 +63,6 @@ def run_traffic(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=120, max_retries=0)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         return list(pool.map(lambda i: chat(client, i), range(len(REQUESTS))))
-
-
-def promtool_problems(text):
-    """promtool's findings on `text`, less the ':' lint every vllm: name draws (vLLM's too)."""
-    result = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
-                            capture_output=True, timeout=30)
-    out = (result.stdout + result.stderr).decode()
-    assert result.returncode in (0, 3), out  # 1: a parse error
-    return [line for line in out.splitlines()
-            if line.strip() and not (line.startswith("vllm:") and
-                                     "should not contain ':'" in line)]
 
 
 def samples(text, name):

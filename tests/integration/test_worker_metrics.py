@@ -9,12 +9,11 @@ in use return to zero on both workers.
 
 import concurrent.futures
 import shutil
-import subprocess
 
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, http_get, sum_samples, wait_until
+from sluice_cluster import MODEL_NAME, Cluster, promtool_problems, http_get, sum_samples, wait_until
 
 NUM_REQUESTS = 6
 
@@ -31,18 +30,6 @@ def chat(client, i):
         model=MODEL_NAME, temperature=0, max_tokens=8,
         messages=[{"role": "user", "content": f"Metrics question {i}: count to {i + 3}."}])
     return r.choices[0].finish_reason
-
-
-def promtool_problems(text):
-    """promtool's complaints about `text`, minus the expected ':' lint of vllm:* names."""
-    result = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
-                            capture_output=True, timeout=30)
-    out = (result.stdout + result.stderr).decode()
-    # rc 0: clean; rc 3: lint findings only (parse errors give rc 1).
-    assert result.returncode in (0, 3), out
-    return [line for line in out.splitlines()
-            if line.strip() and not (line.startswith("vllm:") and
-                                     "should not contain ':'" in line)]
 
 
 def test_worker_metrics_and_health(cluster):
