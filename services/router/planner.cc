@@ -75,20 +75,27 @@ StepCost StepCostFit::Fit() const {
   return cost;
 }
 
+// Starts a pool's plan with what every explanation shows. Returns false, with the plan final,
+// while the pool has reported no steps: without a cost model the current count stays.
+bool StartPlan(const std::string& pool, const Workload& load, const StepCost& cost,
+               int64_t current_replicas, int64_t min_replicas, PoolPlan& plan) {
+  plan.pool = pool;
+  plan.current_replicas = current_replicas;
+  plan.explanation["workload"] = WorkloadJson(load);
+  plan.explanation["cost_model"] = CostJson(cost);
+  if (cost.num_steps > 0) return true;
+  plan.desired_replicas = std::max(current_replicas, min_replicas);
+  plan.explanation["note"] = absl::StrCat("no cost model yet (no ", pool,
+                                          " steps reported): keeping the current count");
+  return false;
+}
+
 PoolPlan PlanPrefill(const Workload& load, const StepCost& cost, const PlannerSlo& slo,
                      int64_t current_replicas, int64_t min_replicas) {
   PoolPlan plan;
-  plan.pool = "prefill";
-  plan.current_replicas = current_replicas;
   nlohmann::json& e = plan.explanation;
-  e["workload"] = WorkloadJson(load);
-  e["cost_model"] = CostJson(cost);
   e["slo_ttft_seconds"] = slo.ttft_seconds;
-  if (cost.num_steps == 0) {
-    plan.desired_replicas = std::max(current_replicas, min_replicas);
-    e["note"] = "no cost model yet (no prefill steps reported): keeping the current count";
-    return plan;
-  }
+  if (!StartPlan("prefill", load, cost, current_replicas, min_replicas, plan)) return plan;
   const double new_tokens = std::max(0.0, load.mean_prompt_tokens - load.mean_cached_tokens);
   const double service = cost.fixed_seconds + cost.per_token_seconds * new_tokens;
   const double work = load.arrival_rate * service;  // busy seconds per second
@@ -117,17 +124,9 @@ PoolPlan PlanDecode(const Workload& load, const StepCost& cost, const PlannerSlo
                     int64_t kv_blocks_per_replica, int64_t block_size, int64_t current_replicas,
                     int64_t min_replicas) {
   PoolPlan plan;
-  plan.pool = "decode";
-  plan.current_replicas = current_replicas;
   nlohmann::json& e = plan.explanation;
-  e["workload"] = WorkloadJson(load);
-  e["cost_model"] = CostJson(cost);
   e["slo_itl_seconds"] = slo.itl_seconds;
-  if (cost.num_steps == 0) {
-    plan.desired_replicas = std::max(current_replicas, min_replicas);
-    e["note"] = "no cost model yet (no decode steps reported): keeping the current count";
-    return plan;
-  }
+  if (!StartPlan("decode", load, cost, current_replicas, min_replicas, plan)) return plan;
   constexpr double kUnbounded = 1e9;
   bool feasible = true;
   double batch_slo = kUnbounded;
