@@ -214,5 +214,16 @@ def test_workloads_run_the_image_non_root_on_a_read_only_root():
         volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
         assert "emptyDir" in volumes[mounts["/tmp"]], name
         assert c["args"][c["args"].index("--model") + 1].startswith("/models/")
+    # The kvstore shards too: their SSD volume is group-owned by the image's group.
+    kvstore = by_kind(docs, "StatefulSet")["sluice-kvstore"]
+    sc = container(kvstore)["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert kvstore["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
+    mounts = {m["mountPath"]: m["name"] for m in container(kvstore)["volumeMounts"]}
+    args = container(kvstore)["args"]
+    assert args[args.index("--ssd-dir") + 1].startswith("/data/") and mounts["/data"] == "data"
+    assert "emptyDir" in {v["name"]: v for v in kvstore["spec"]["template"]["spec"]["volumes"]}[
+        mounts["/tmp"]]
     dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
     assert "USER 65532:65532" in dockerfile and "/models" in dockerfile
