@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice::vision {
@@ -33,12 +34,6 @@ absl::Status GetString(const json& j, const char* key, std::string* out) {
   return absl::OkStatus();
 }
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    absl::Status s_ = (expr);          \
-    if (!s_.ok()) return s_;           \
-  } while (0)
-
 }  // namespace
 
 absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
@@ -51,7 +46,7 @@ absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
                                          (*it)[0].is_string()) {
     arch = (*it)[0].get<std::string>();
   }
-  RETURN_IF_ERROR(GetString(j, "model_type", &model_type));
+  SLUICE_RETURN_IF_ERROR(GetString(j, "model_type", &model_type));
   if (arch != "LlavaForConditionalGeneration" && !(arch.empty() && model_type == "llava")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "not a LlavaForConditionalGeneration config (architecture ", arch.empty() ? "(none)" : arch,
@@ -64,20 +59,20 @@ absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
   }
   LlavaConfig c;
   std::string vision_type = "clip_vision_model";
-  RETURN_IF_ERROR(GetString(*vc, "model_type", &vision_type));
+  SLUICE_RETURN_IF_ERROR(GetString(*vc, "model_type", &vision_type));
   if (vision_type != "clip_vision_model") {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported vision tower ", vision_type, " (clip_vision_model only)"));
   }
   ClipVisionConfig& v = c.vision;
-  RETURN_IF_ERROR(GetInt(*vc, "hidden_size", &v.hidden_size));
-  RETURN_IF_ERROR(GetInt(*vc, "intermediate_size", &v.intermediate_size));
-  RETURN_IF_ERROR(GetInt(*vc, "num_hidden_layers", &v.num_hidden_layers));
-  RETURN_IF_ERROR(GetInt(*vc, "num_attention_heads", &v.num_attention_heads));
-  RETURN_IF_ERROR(GetInt(*vc, "num_channels", &v.num_channels));
-  RETURN_IF_ERROR(GetInt(*vc, "image_size", &v.image_size));
-  RETURN_IF_ERROR(GetInt(*vc, "patch_size", &v.patch_size));
-  RETURN_IF_ERROR(GetString(*vc, "hidden_act", &v.hidden_act));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "hidden_size", &v.hidden_size));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "intermediate_size", &v.intermediate_size));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "num_hidden_layers", &v.num_hidden_layers));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "num_attention_heads", &v.num_attention_heads));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "num_channels", &v.num_channels));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "image_size", &v.image_size));
+  SLUICE_RETURN_IF_ERROR(GetInt(*vc, "patch_size", &v.patch_size));
+  SLUICE_RETURN_IF_ERROR(GetString(*vc, "hidden_act", &v.hidden_act));
   if (auto it = vc->find("layer_norm_eps"); it != vc->end() && it->is_number()) {
     v.layer_norm_eps = it->get<double>();
   }
@@ -91,10 +86,10 @@ absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported vision_config.hidden_act ", v.hidden_act));
   }
-  RETURN_IF_ERROR(GetInt(*tc, "hidden_size", &c.text_hidden_size));
+  SLUICE_RETURN_IF_ERROR(GetInt(*tc, "hidden_size", &c.text_hidden_size));
   if (c.text_hidden_size <= 0) return absl::InvalidArgumentError("text_config.hidden_size missing");
   int64_t image_token = c.image_token_index;
-  RETURN_IF_ERROR(GetInt(j, "image_token_index", &image_token, /*positive=*/false));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "image_token_index", &image_token, /*positive=*/false));
   if (auto it = j.find("image_token_id"); it != j.end() && it->is_number_integer()) {
     image_token = it->get<int64_t>();  // the transformers 4.5x spelling
   }
@@ -111,13 +106,13 @@ absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
                                                    " outside the ", v.num_hidden_layers,
                                                    "-layer vision tower"));
   }
-  RETURN_IF_ERROR(
+  SLUICE_RETURN_IF_ERROR(
       GetString(j, "vision_feature_select_strategy", &c.vision_feature_select_strategy));
   if (c.vision_feature_select_strategy != "default" && c.vision_feature_select_strategy != "full") {
     return absl::InvalidArgumentError(absl::StrCat("unsupported vision_feature_select_strategy ",
                                                    c.vision_feature_select_strategy));
   }
-  RETURN_IF_ERROR(GetString(j, "projector_hidden_act", &c.projector_hidden_act));
+  SLUICE_RETURN_IF_ERROR(GetString(j, "projector_hidden_act", &c.projector_hidden_act));
   if (c.projector_hidden_act != "gelu" && c.projector_hidden_act != "quick_gelu") {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported projector_hidden_act ", c.projector_hidden_act));
@@ -127,7 +122,7 @@ absl::StatusOr<LlavaConfig> LlavaConfig::FromJsonText(const std::string& text) {
   }
   c.image_seq_length = v.num_patches() + (c.vision_feature_select_strategy == "full" ? 1 : 0);
   int64_t declared = c.image_seq_length;
-  RETURN_IF_ERROR(GetInt(j, "image_seq_length", &declared));
+  SLUICE_RETURN_IF_ERROR(GetInt(j, "image_seq_length", &declared));
   if (declared != c.image_seq_length) {
     return absl::InvalidArgumentError(absl::StrCat(
         "image_seq_length ", declared, " does not match the vision tower's ", c.image_seq_length,
@@ -146,7 +141,5 @@ absl::StatusOr<LlavaConfig> LlavaConfig::Load(const std::string& dir) {
   if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
-
-#undef RETURN_IF_ERROR
 
 }  // namespace sluice::vision
