@@ -29,6 +29,7 @@ APT_PACKAGES=(
   python3 python3-venv curl
   clang libclang-rt-dev  # libFuzzer targets (scripts/fuzz.sh)
   prometheus  # promtool: tests lint every pod's /metrics
+  iproute2  # ip netns / tc: the multi-host tests (tests/integration/test_netns.py)
 )
 
 SUDO=""
