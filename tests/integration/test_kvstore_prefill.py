@@ -11,54 +11,16 @@ their full blocks through to the kvstore. Then A drains and a fresh prefill work
   * the kvstore stopped: a new prompt still succeeds, computed in full.
 """
 
-import pathlib
 import tempfile
 import uuid
 
 import openai
 import pytest
 
-from sluice_cluster import (MODEL_DIR, MODEL_NAME, STARTUP_TIMEOUT_S, Cluster, Proc, free_port,
-                            http_get, sluice_bin, sum_samples, wait_until)
+from sluice_cluster import (MODEL_DIR, MODEL_NAME, Cluster, KvStore, Proc, free_port, sluice_bin,
+                            sum_samples, wait_until)
 
 BLOCK_SIZE = 16
-
-
-class KvStore:
-    """`sluice kvstore` on a fixed loopback port (a restart keeps the address and the SSD dir)."""
-
-    def __init__(self, run_dir):
-        self.port, self.metrics_port = free_port(), free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.ssd_dir = pathlib.Path(run_dir) / "kvstore-ssd"
-        self.proc = Proc("kvstore", [
-            sluice_bin(), "kvstore", "--host", "127.0.0.1", "--port", str(self.port),
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
-            "--dram-bytes", "64M", "--ssd-dir", str(self.ssd_dir), "--ssd-bytes", "256M",
-            "--no-ucx"], run_dir)
-        self.wait_healthy()
-
-    def wait_healthy(self):
-        def up():
-            if self.proc.proc.poll() is not None:
-                raise RuntimeError(f"kvstore exited:\n{self.proc.tail()}")
-            return http_get(f"http://127.0.0.1:{self.metrics_port}/health")[0] == 200
-        wait_until(up, 30, "kvstore /health")
-
-    def metric(self, name, tier=None):
-        text = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")[1]
-        if tier is not None:
-            text = "\n".join(l for l in text.splitlines() if f'tier="{tier}"' in l)
-        return sum_samples(text, name)
-
-    def block_files(self):
-        return set((self.ssd_dir / "blocks").glob("*/*.blk"))
-
-    def restart_after_kill9(self):
-        self.proc.kill9()
-        self.proc.log.close()
-        self.proc.start()
-        self.wait_healthy()
 
 
 @pytest.fixture(scope="module")
