@@ -14,9 +14,17 @@ cuda_ipc; --gpus gives each worker its own GPU), answer the same N prompts. Two 
 Afterwards both workers' free KV blocks must be back at their idle baseline
 (sluice_kv_cache_free_blocks on /metrics).
 
+--kvstore adds a `sluice kvstore` shard behind the prefill worker (`--kvstore`: its prompt blocks
+are written through, device -> pinned host -> store on CUDA). After the passes above, a fresh
+prefill worker replaces the first one (its GPU prefix cache is empty) and answers the sequential
+prompts again: every full prompt block but the one holding the last prompt token must come from
+the store (usage cached_tokens and the worker's sluice_prompt_tokens_cached_total
+{source="kvstore"}), and the tokens must equal the reference's, up to near-tie flips (the tail
+is computed in other shapes than the full prompt was) judged as in the concurrent pass.
+
 Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push] [--requests 200]
          [--sequential 16] [--tie-tolerance 0.05] [--gpus 0,1] [--worker-args "..."]
-         [--out FILE.json]
+         [--kvstore] [--out FILE.json]
 Exit 0 when there is no mismatch and the blocks returned, 1 otherwise. SLUICE_BIN picks the binary.
 """
 import argparse
@@ -26,6 +34,7 @@ import os
 import pathlib
 import random
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +42,10 @@ import urllib.request
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 import sluice_cluster  # noqa: E402
-from sluice_cluster import Cluster, Serve, sum_samples  # noqa: E402
+from sluice_cluster import (Cluster, Proc, Serve, free_port, http_get, sluice_bin,  # noqa: E402
+                            sum_samples, wait_until)
+
+BLOCK_SIZE = 16  # the workers' default --block-size
 
 
 def pin_workers_to_gpus(prefill_gpu, decode_gpu):
@@ -61,8 +73,11 @@ def completion(url, model, prompt, max_tokens):
     except urllib.error.HTTPError as e:
         raise RuntimeError(f"HTTP {e.code}: {e.read()[:500]!r}") from None
     choice = out["choices"][0]
+    usage = out.get("usage") or {}
     return {"text": choice["text"], "tokens": choice["logprobs"]["tokens"],
-            "top": choice["logprobs"]["top_logprobs"], "finish_reason": choice["finish_reason"]}
+            "top": choice["logprobs"]["top_logprobs"], "finish_reason": choice["finish_reason"],
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
 
 def compare(reference, got, tie_tolerance):
@@ -98,6 +113,41 @@ def free_blocks(cluster, name):
     return sum_samples(cluster.worker_metrics_text(name), "sluice_kv_cache_free_blocks")
 
 
+def start_kvstore(run_dir):
+    """`sluice kvstore` on loopback (inline gRPC data path); returns (Proc, address)."""
+    port, metrics_port = free_port(), free_port()
+    proc = Proc("kvstore", [
+        sluice_bin(), "kvstore", "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
+        "--dram-bytes", "2G", "--ssd-dir", str(pathlib.Path(run_dir) / "kvstore-ssd"),
+        "--ssd-bytes", "8G", "--no-ucx"], run_dir)
+
+    def up():
+        if proc.proc.poll() is not None:
+            raise RuntimeError(f"kvstore exited:\n{proc.tail()}")
+        return http_get(f"http://127.0.0.1:{metrics_port}/health")[0] == 200
+    wait_until(up, 60, "kvstore /health")
+    return proc, f"127.0.0.1:{port}"
+
+
+def kvstore_cached(cluster, name):
+    text = cluster.worker_metrics_text(name)
+    return sum_samples("\n".join(l for l in text.splitlines() if 'source="kvstore"' in l),
+                       "sluice_prompt_tokens_cached_total")
+
+
+def replace_prefill(cluster, old, new, args):
+    """Starts prefill worker `new` (as Cluster starts one) and stops `old`."""
+    http_port = free_port()
+    cluster.metrics_urls[new] = f"http://127.0.0.1:{http_port}/metrics"
+    cluster.workers[new] = Proc(new, [
+        sluice_bin(), "prefill", "--model", args.model, "--listen", f"127.0.0.1:{free_port()}",
+        "--router", f"127.0.0.1:{cluster.grpc_port}", "--http-port", str(http_port),
+        *args.worker_list, *args.prefill_list], cluster.dir)
+    cluster.workers.pop(old).stop()
+    cluster.wait_registered(1, 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -115,6 +165,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the same check on the CPU engine (a smoke test of this script)")
     ap.add_argument("--worker-args", default="", help="extra flags for serve and both workers")
+    ap.add_argument("--kvstore", action="store_true",
+                    help="a kvstore behind the prefill worker, and a pass served from it")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -142,8 +194,21 @@ def main():
     if gpus:  # one GPU per worker
         pin_workers_to_gpus(gpus[0], gpus[-1])
     worker_args = [*device, "--kv-transfer-mode", args.mode, *extra]
-    cluster = Cluster(1, 1, worker_args=worker_args, model_dir=pathlib.Path(args.model))
-    report = {"model": args.model, "mode": args.mode, "requests": args.requests, "gpus": gpus}
+    store = None
+    prefill_args = []
+    if args.kvstore:
+        store, address = start_kvstore(tempfile.mkdtemp(prefix="sluice-kvstore-"))
+        prefill_args = ["--kvstore", address]
+    args.worker_list, args.prefill_list = worker_args, prefill_args
+    try:
+        cluster = Cluster(1, 1, worker_args=worker_args, role_args={"prefill": prefill_args},
+                          model_dir=pathlib.Path(args.model))
+    except BaseException:
+        if store is not None:
+            store.stop()
+        raise
+    report = {"model": args.model, "mode": args.mode, "requests": args.requests, "gpus": gpus,
+              "kvstore": args.kvstore}
     try:
         baseline = {w: free_blocks(cluster, w) for w in ("prefill-0", "decode-0")}
         start = time.time()
@@ -170,15 +235,45 @@ def main():
         report["free_blocks_after"] = after
         text = cluster.worker_metrics_text("decode-0")
         report["kv_transfers_ok"] = sum_samples(text, 'sluice_kv_transfers_total{result="ok"}')
+        if args.kvstore:
+            report["store"] = store_pass(cluster, args, name, alone, sequential_ref)
     finally:
         cluster.stop()
+        if store is not None:
+            store.stop()
     ok = (report["num_mismatches"] == 0 and not report["sequential_mismatches"] and
-          report["free_blocks_after"] == baseline)
+          report["free_blocks_after"] == baseline and
+          (not args.kvstore or report["store"]["ok"]))
     report["ok"] = ok
     print(json.dumps(report, indent=2))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(0 if ok else 1)
+
+
+def store_pass(cluster, args, name, alone, reference):
+    """A fresh prefill worker answers `alone` again: prompt blocks from the kvstore."""
+    # The first worker wrote its blocks through off the requests' path: let the saves land.
+    time.sleep(2)
+    replace_prefill(cluster, "prefill-0", "prefill-1", args)
+    baseline = free_blocks(cluster, "prefill-1")
+    before = kvstore_cached(cluster, "prefill-1")
+    got = run_all(cluster.url, name, alone, args.max_tokens, 1)
+    from_store = kvstore_cached(cluster, "prefill-1") - before
+    mismatches, flips = compare(reference, got, args.tie_tolerance)
+    # Every full block but the one holding the last prompt token (computed for its logits).
+    want = [(g["prompt_tokens"] - 1) // BLOCK_SIZE * BLOCK_SIZE for g in got]
+    cached = [g["cached_tokens"] for g in got]
+    deadline = time.time() + 30
+    while free_blocks(cluster, "prefill-1") != baseline and time.time() < deadline:
+        time.sleep(0.5)
+    after = free_blocks(cluster, "prefill-1")
+    out = {"requests": len(got), "cached_tokens": cached, "expected_cached_tokens": want,
+           "kvstore_cached_tokens": from_store, "mismatches": mismatches,
+           "near_tie_flips": flips, "free_blocks_baseline": baseline, "free_blocks_after": after}
+    out["ok"] = (not mismatches and cached == want and from_store == sum(want) and
+                 after == baseline)
+    return out
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@
 #    over sm (bench/kv_transfer_bench.py).
 # 3. Staged: Sluice's own staging (device KV through pinned host slots, StagedKvTransfer) over tcp.
 # 4. Handover vs transfer p50/p99 with CUDA workers.
+# With equality, per model also a pull run with a kvstore behind the prefill worker
+# (--kvstore): a fresh prefill worker's pass over the same prompts loads them from the store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SKIP_BUILD=0
@@ -96,6 +98,13 @@ for model in "${MODELS[@]}"; do
       fi
     done
   done
+  # The kvstore behind the prefill worker's GPU cache: a fresh worker's second pass of the
+  # same prompts is served from the store.
+  echo "== equality ${name}_pull_kvstore"
+  if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode pull --kvstore \
+      --requests "$REQUESTS" --out "$RESULTS/gpu_disagg_equality_${name}_pull_kvstore_h200.json"; then
+    FAILED=1
+  fi
 done
 for run in "cuda sm,cuda_ipc,cuda_copy cuda_ipc" "cuda tcp,cuda_copy tcp_staged" "host sm host_sm"; do
   has transfer || break

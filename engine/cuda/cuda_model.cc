@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_deepseek_runner.h"
 #include "engine/cuda/cuda_llama_runner.h"
+#include "engine/kv/staged_kv_blocks.h"
+#include "transfer/cuda/cuda_device_copier.h"
 
 namespace sluice::cuda_runner {
 namespace {
@@ -75,6 +77,27 @@ class CudaModel : public Model {
   std::vector<DeviceKvArray> DeviceKvArrays() const override { return runner_->KvArrays(); }
   int64_t KvDtypeBytes() const override { return 2; }  // bf16
 
+  // The kvstore behind the device cache: blocks move through pinned staging on copy streams of
+  // their own (StagedKvBlockCopier over CudaDeviceCopier), after the steps that wrote them.
+  bool SupportsKvBlockCopies() const override { return true; }
+
+  absl::Status GatherKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
+                              absl::Span<const int32_t> layers,
+                              absl::Span<uint8_t> out) override {
+    absl::StatusOr<std::vector<DeviceKvArray>> arrays = PrepareBlockCopies(geometry, layers);
+    if (!arrays.ok()) return arrays.status();
+    return block_copier_->Gather(*arrays, blocks, out);
+  }
+
+  absl::Status ScatterKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
+                               absl::Span<const int32_t> layers,
+                               absl::Span<const uint8_t> in) override {
+    absl::StatusOr<std::vector<DeviceKvArray>> arrays = PrepareBlockCopies(geometry, layers);
+    if (!arrays.ok()) return arrays.status();
+    // Returns once the copies are done: the next step, enqueued after, reads the blocks.
+    return block_copier_->Scatter(*arrays, in, blocks);
+  }
+
   bool SupportsDeviceLogitsProcessing() const override { return true; }
 
   absl::Status EnqueueProcessedSampledStep(const ForwardInput& input, KvCache& kv_cache,
@@ -115,8 +138,35 @@ class CudaModel : public Model {
     return runner_->AllocateKvCache(kv_cache.num_blocks());
   }
 
+  // PrepareBlockCopies allocates the device cache if needed, waits for every enqueued step
+  // (the copy streams are not ordered after the compute stream: a gather must see the KV the
+  // steps wrote, a scatter must not overwrite a block a step still reads), creates the copier
+  // on first use and returns the arrays of `layers`.
+  absl::StatusOr<std::vector<DeviceKvArray>> PrepareBlockCopies(const KvCache& geometry,
+                                                                absl::Span<const int32_t> layers) {
+    if (absl::Status s = PrepareCache(geometry); !s.ok()) return s;
+    if (absl::Status s = runner_->Synchronize(); !s.ok()) return s;
+    if (block_copier_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<transfer::CudaDeviceCopier>> copier =
+          transfer::CudaDeviceCopier::Create(runner_->options().device, kBlockCopyLanes);
+      if (!copier.ok()) return copier.status();
+      StagedKvBlocksOptions options;
+      options.num_slots = kBlockCopyLanes;
+      absl::StatusOr<std::unique_ptr<StagedKvBlockCopier>> staged =
+          StagedKvBlockCopier::Create(*std::move(copier), options);
+      if (!staged.ok()) return staged.status();
+      block_copier_ = *std::move(staged);
+    }
+    return SelectKvArrays(runner_->KvArrays(), runner_->kv_cache_spec(), layers);
+  }
+
+  // Two lanes: one chunk's copy overlaps the host repacking of the other.
+  static constexpr int kBlockCopyLanes = 2;
+
   std::unique_ptr<CudaRunner> runner_;
   std::vector<kernels::SamplingRow> greedy_rows_;
+  // Declared after runner_: destroyed first (its lanes drain before the cache is freed).
+  std::unique_ptr<StagedKvBlockCopier> block_copier_;
 };
 
 }  // namespace

@@ -10,10 +10,10 @@
 namespace sluice {
 
 int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size,
-                     absl::Span<const int32_t> layers) {
-  if (layers.empty()) return spec.BytesPerToken() * block_size;
-  return (spec.k_floats_per_token + spec.v_floats_per_token) * 4 * block_size *
-         static_cast<int64_t>(layers.size());
+                     absl::Span<const int32_t> layers, int64_t dtype_bytes) {
+  const int64_t num_layers = layers.empty() ? spec.num_layers : static_cast<int64_t>(layers.size());
+  return (spec.k_floats_per_token + spec.v_floats_per_token) * dtype_bytes * block_size *
+         num_layers;
 }
 
 namespace {
@@ -76,9 +76,24 @@ absl::Status AsyncKvConnector::Bind(const KvConnectorLayout& layout) {
                                                    layout.block_size, " tokens, ",
                                                    layout.block_bytes, " bytes)"));
   }
-  if (absl::Status s = backend_->Bind(layout); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  if (bound_) {
+    if (layout.kv_identity == layout_.kv_identity && layout.block_size == layout_.block_size &&
+        layout.block_bytes == layout_.block_bytes) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV connector is bound to layout '", layout_.kv_identity, "' (", layout_.block_bytes,
+        " bytes per block of ", layout_.block_size, " tokens); this engine's is '",
+        layout.kv_identity, "' (", layout.block_bytes, " bytes per block of ", layout.block_size,
+        " tokens)"));
+  }
+  // Before any load or save is queued (the engine binds before its first step), so the
+  // backend's threads never see it half bound.
+  if (absl::Status s = backend_->Bind(layout); !s.ok()) return s;
   block_bytes_ = layout.block_bytes;
+  layout_ = layout;
+  bound_ = true;
   return absl::OkStatus();
 }
 

@@ -16,10 +16,14 @@
 //
 // Block bytes (the one serialization every connector and the kvstore see; layout-blind stores
 // keep it opaque): one block's KV over all layers, per layer its K then its V:
-//   [L0.K | L0.V | L1.K | L1.V | ... ], piece = block_size * floats_per_token float32 values in
-//   token order (the KvCache layout of that block, engine/model/model.h).
+//   [L0.K | L0.V | L1.K | L1.V | ... ], piece = block_size * floats_per_token values in token
+//   order (the KvCache layout of that block, engine/model/model.h): float32 on the CPU engine,
+//   the device cache's dtype (bf16) for a model that keeps its KV on the GPU, whose blocks move
+//   device -> pinned host -> store and back (Model::GatherKvBlocks, engine/kv/staged_kv_blocks.h;
+//   the MLA latent cache has no V piece).
 // Its meaning is fixed by the engine's KV identity (KvLayoutIdentity: model id, block size, dtype,
-// layers and floats per token), which seeds every block hash, so two layouts never share a key.
+// layers and floats per token), which seeds every block hash, so two layouts never share a key:
+// a bf16 GPU worker and a float32 CPU worker of one model miss each other's blocks.
 // SWA bounded replay (EngineOptions::swa_replay_tokens on a sliding-window model): a block holds
 // only the full-attention layers, in increasing order ([L3.K | L3.V | L7.K | L7.V] on
 // sluice-mini-swa), and the identity given to Bind ends in ";stored_layers=3,7", so a store
@@ -53,9 +57,10 @@ struct KvConnectorLayout {
 };
 
 // `layers` below: the serialized layers' ids, increasing (empty: every layer).
-// KvBlockBytes: bytes of one serialized block = block_size * bytes per token of `layers`.
+// KvBlockBytes: bytes of one serialized block = block_size * bytes per token of `layers`, with
+// `dtype_bytes` per element (4: the host KvCache's float32; Model::KvDtypeBytes for device KV).
 int64_t KvBlockBytes(const KvCacheSpec& spec, int64_t block_size,
-                     absl::Span<const int32_t> layers = {});
+                     absl::Span<const int32_t> layers = {}, int64_t dtype_bytes = 4);
 // GatherKvBlock copies cache block `block` into `out` (KvBlockBytes bytes, layout above).
 void GatherKvBlock(const KvCache& cache, int32_t block, absl::Span<uint8_t> out,
                    absl::Span<const int32_t> layers = {});
@@ -88,7 +93,9 @@ struct KvConnectorStats {
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
-  // Bind: called once by the engine before any other call. Errors: InvalidArgument.
+  // Bind: called by the engine before any other call (by each engine sharing the connector).
+  // Errors: InvalidArgument for a bad layout; FailedPrecondition for a layout the connector
+  // cannot serve beside one it is bound to (AsyncKvConnector serves exactly one).
   virtual absl::Status Bind(const KvConnectorLayout& layout) = 0;
   // StartLoad: look up and fetch `hashes` (consecutive full blocks of one sequence, chain order).
   // Never blocks; the result comes from PollLoads under `ticket`, always, within the connector's
@@ -136,7 +143,9 @@ struct AsyncKvConnectorOptions {
 };
 
 // AsyncKvConnector: runs a KvBlockStoreBackend on two background threads (loads; saves), so a
-// slow save never delays a load. A load = Exists over all hashes (one batch), then Get of the
+// slow save never delays a load. It serves one layout: a second Bind with the same layout is a
+// no-op, with another one FailedPrecondition naming both (its backend keys every block by the
+// one layout, so a second engine's blocks would be stored under the wrong layout id). A load = Exists over all hashes (one batch), then Get of the
 // leading run found; the result is the leading run Get verified.
 class AsyncKvConnector final : public KvConnector {
  public:
@@ -170,6 +179,8 @@ class AsyncKvConnector final : public KvConnector {
   std::unique_ptr<KvBlockStoreBackend> backend_;
   AsyncKvConnectorOptions options_;
   int64_t block_bytes_ = 0;
+  bool bound_ = false;
+  KvConnectorLayout layout_;  // once bound
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

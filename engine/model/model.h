@@ -258,6 +258,26 @@ class Model {
   virtual std::vector<DeviceKvArray> DeviceKvArrays() const { return {}; }
   // Bytes of one KV element: 4 for the host KvCache (float32), 2 for bf16 device caches.
   virtual int64_t KvDtypeBytes() const { return 4; }
+  // KV block copies for a model whose KV cache is its own (device) memory, so a KV connector
+  // (the kvstore, engine/kv/kv_connector.h) can sit behind it: GatherKvBlocks copies cache
+  // blocks `blocks` into `out`, ScatterKvBlocks copies `in` into them, in the connector's block
+  // serialization over `layers` (empty: all) — per block, the layers' DeviceKvArrays pieces in
+  // order, KvDtypeBytes elements (engine/kv/staged_kv_blocks.h). `geometry` is the engine's
+  // KvCache (the device cache is allocated from it if it is not yet). Both are ordered after
+  // every step enqueued before them and return once their copies are done.
+  // Errors: Unimplemented without support (SupportsKvBlockCopies false); InvalidArgument for a
+  // bad block id or buffer size; Internal for device errors.
+  virtual bool SupportsKvBlockCopies() const { return false; }
+  virtual absl::Status GatherKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
+                                      absl::Span<const int32_t> layers,
+                                      absl::Span<uint8_t> out) {
+    return absl::UnimplementedError("this model's KV cache is the engine's host KvCache");
+  }
+  virtual absl::Status ScatterKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
+                                       absl::Span<const int32_t> layers,
+                                       absl::Span<const uint8_t> in) {
+    return absl::UnimplementedError("this model's KV cache is the engine's host KvCache");
+  }
   // Shard turns this fully loaded model into rank `shard.rank`'s part (drops the other ranks'
   // weight slices). Call once, before the first Forward. Afterwards kv_cache_spec() and
   // config()'s num_attention_heads / num_key_value_heads / intermediate_size describe this rank, Forward is collective (all ranks, same input, same

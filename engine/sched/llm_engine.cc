@@ -45,8 +45,11 @@ class LLMEngineImpl final : public LLMEngine {
     has_sliding_layers_ = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
     swa_replay_tokens_ = EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens);
     if (swa_replay_tokens_ > 0) stored_layers_ = FullAttentionLayers(model_->config());
+    // A model with its own (device) KV cache moves connector blocks itself, in its dtype.
+    device_kv_copies_ = model_->SupportsKvBlockCopies();
     connector_block_bytes_ =
-        KvBlockBytes(model_->kv_cache_spec(), options.block_size, stored_layers_);
+        KvBlockBytes(model_->kv_cache_spec(), options.block_size, stored_layers_,
+                     device_kv_copies_ ? model_->KvDtypeBytes() : 4);
   }
 
   static SchedulerConfig MakeSchedulerConfig(const Model& model, const EngineOptions& options,
@@ -86,7 +89,10 @@ class LLMEngineImpl final : public LLMEngine {
             ? options.model_id
             : absl::StrCat(c.model_type, "/", c.architecture_name, "/vocab", c.vocab_size,
                            "/hidden", c.hidden_size, "/layers", c.num_hidden_layers);
-    return KvLayoutIdentity(model_id, options.block_size, "f32", spec.num_layers,
+    // The stored dtype: bf16 for the CUDA runners' device caches, float32 for the host cache.
+    const char* dtype = model.SupportsKvBlockCopies() && model.KvDtypeBytes() == 2 ? "bf16"
+                                                                                   : "f32";
+    return KvLayoutIdentity(model_id, options.block_size, dtype, spec.num_layers,
                             spec.k_floats_per_token, spec.v_floats_per_token);
   }
 
@@ -442,6 +448,7 @@ class LLMEngineImpl final : public LLMEngine {
       seq.AppendToken(token.token_id);
       EmitToken(seq, std::move(token), outputs, finished);
     }
+    FlushWriteThrough();  // before finished sequences free their blocks
     RemoveFinished(finished, outputs);
   }
 
@@ -892,12 +899,14 @@ class LLMEngineImpl final : public LLMEngine {
     for (const KvLoadResult& r : options_.kv_connector->PollLoads()) {
       const int64_t n = std::min<int64_t>(
           r.num_blocks, static_cast<int64_t>(r.bytes.size()) / block_bytes);
-      Sequence* seq = scheduler_.FinishLoad(r.ticket, n, load_blocks_);
+      Sequence* seq = scheduler_.FinishLoad(
+          r.ticket, n,
+          [&](absl::Span<const int32_t> blocks) {
+            return CopyBlocksIn(blocks, absl::MakeConstSpan(r.bytes).first(
+                                            blocks.size() * static_cast<size_t>(block_bytes)));
+          },
+          load_blocks_);
       if (seq == nullptr) continue;
-      for (size_t i = 0; i < load_blocks_.size(); ++i) {
-        ScatterKvBlock(absl::MakeConstSpan(r.bytes).subspan(i * block_bytes, block_bytes),
-                       load_blocks_[i], kv_cache_, stored_layers_);
-      }
       if (swa_replay_tokens_ == 0 || load_blocks_.empty()) continue;
       const int32_t loaded = static_cast<int32_t>(load_blocks_.size() * options_.block_size);
       const int32_t end = seq->num_computed_tokens;
@@ -909,24 +918,61 @@ class LLMEngineImpl final : public LLMEngine {
     }
   }
 
-  // WriteThrough hands seq's newly registered full blocks to the connector. The bytes are
-  // copied out here, so the blocks may be freed and reused while the connector writes.
+  // WriteThrough queues seq's newly registered full blocks for the connector; FlushWriteThrough
+  // (at the end of the step, before any block can be reused) copies the step's blocks out in one
+  // batch — one staged device copy pipeline on a GPU cache — and hands them over, so the blocks
+  // may be freed and reused while the connector writes.
   void WriteThrough(Sequence& seq) {
     if (options_.kv_connector == nullptr) return;
     const int32_t from = seq.num_saved_blocks;
     const int32_t to = seq.num_committed_blocks;
     if (to <= from) return;
-    const int64_t block_bytes = connector_block_bytes_;
-    std::vector<uint8_t> bytes(static_cast<size_t>((to - from) * block_bytes));
-    for (int32_t b = from; b < to; ++b) {
-      GatherKvBlock(kv_cache_, seq.block_table[b],
-                    absl::MakeSpan(bytes).subspan((b - from) * block_bytes, block_bytes),
-                    stored_layers_);
-    }
-    options_.kv_connector->Save(
-        std::vector<BlockHash>(seq.block_hashes.begin() + from, seq.block_hashes.begin() + to),
-        std::move(bytes));
+    save_hashes_.insert(save_hashes_.end(), seq.block_hashes.begin() + from,
+                        seq.block_hashes.begin() + to);
+    save_blocks_.insert(save_blocks_.end(), seq.block_table.begin() + from,
+                        seq.block_table.begin() + to);
     seq.num_saved_blocks = to;
+  }
+
+  void FlushWriteThrough() {
+    if (save_blocks_.empty()) return;
+    std::vector<uint8_t> bytes(save_blocks_.size() * static_cast<size_t>(connector_block_bytes_));
+    if (CopyBlocksOut(save_blocks_, absl::MakeSpan(bytes)).ok()) {
+      options_.kv_connector->Save(std::move(save_hashes_), std::move(bytes));
+    }  // else best effort: counted, the blocks are just not stored
+    save_hashes_.clear();
+    save_blocks_.clear();
+  }
+
+  // CopyBlocksOut / CopyBlocksIn: connector block bytes (stored_layers_) from and to the KV
+  // cache — the host KvCache, or the model's device cache. A failure is counted.
+  absl::Status CopyBlocksOut(absl::Span<const int32_t> blocks, absl::Span<uint8_t> out) {
+    const size_t block_bytes = static_cast<size_t>(connector_block_bytes_);
+    absl::Status s;
+    if (device_kv_copies_) {
+      s = model_->GatherKvBlocks(kv_cache_, blocks, stored_layers_, out);
+    } else {
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        GatherKvBlock(kv_cache_, blocks[i], out.subspan(i * block_bytes, block_bytes),
+                      stored_layers_);
+      }
+    }
+    if (!s.ok()) ++counters_.num_kv_connector_copy_errors;
+    return s;
+  }
+  absl::Status CopyBlocksIn(absl::Span<const int32_t> blocks, absl::Span<const uint8_t> in) {
+    const size_t block_bytes = static_cast<size_t>(connector_block_bytes_);
+    absl::Status s;
+    if (device_kv_copies_) {
+      s = model_->ScatterKvBlocks(kv_cache_, blocks, stored_layers_, in);
+    } else {
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        ScatterKvBlock(in.subspan(i * block_bytes, block_bytes), blocks[i], kv_cache_,
+                       stored_layers_);
+      }
+    }
+    if (!s.ok()) ++counters_.num_kv_connector_copy_errors;
+    return s;
   }
 
   void BuildForwardInput(const SchedulerOutput& plan) {
@@ -1203,6 +1249,10 @@ class LLMEngineImpl final : public LLMEngine {
   // the bytes of one stored block.
   std::vector<int32_t> stored_layers_;
   int64_t connector_block_bytes_ = 0;
+  bool device_kv_copies_ = false;  // connector blocks move through Model::Gather/ScatterKvBlocks
+  // Write-through of the step being run (WriteThrough, FlushWriteThrough).
+  std::vector<BlockHash> save_hashes_;
+  std::vector<int32_t> save_blocks_;
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;
@@ -1276,10 +1326,14 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   }
   const KvCacheSpec spec = model->kv_cache_spec();
   const int64_t block_bytes = spec.BytesPerToken() * options.block_size;
-  if (!options.allocate_host_kv_cache &&
-      (options.num_kv_blocks <= 0 || options.kv_connector != nullptr)) {
+  if (!options.allocate_host_kv_cache && options.num_kv_blocks <= 0) {
+    return absl::InvalidArgumentError("without a host KV cache num_kv_blocks must be set");
+  }
+  if (!options.allocate_host_kv_cache && options.kv_connector != nullptr &&
+      !model->SupportsKvBlockCopies()) {
     return absl::InvalidArgumentError(
-        "without a host KV cache num_kv_blocks must be set and kv_connector must be null");
+        "a KV connector without a host KV cache needs a model that copies its KV blocks to and "
+        "from host memory (Model::SupportsKvBlockCopies)");
   }
   int64_t num_blocks = options.num_kv_blocks;
   if (num_blocks <= 0) num_blocks = block_bytes > 0 ? options.kv_cache_bytes / block_bytes : 0;

@@ -55,9 +55,10 @@ struct EngineOptions {
   std::shared_ptr<KvConnector> kv_connector;
   // False: kv_cache() is geometry only (KvCache without storage), for models that keep their KV
   // elsewhere — the CUDA runners (engine/cuda/cuda_model.h) hold it in device memory. Then
-  // num_kv_blocks must be set (kv_cache_bytes counts float32 host bytes), kv_connector cannot
-  // be used (it reads the host cache), and KV transfer moves the model's device arrays
-  // (Model::DeviceKvArrays) instead of the host cache's.
+  // num_kv_blocks must be set (kv_cache_bytes counts float32 host bytes), KV transfer moves the
+  // model's device arrays (Model::DeviceKvArrays) instead of the host cache's, and a
+  // kv_connector needs Model::SupportsKvBlockCopies (its blocks are gathered from and scattered
+  // into the device cache through pinned staging, in the device dtype).
   bool allocate_host_kv_cache = true;
   // SWA bounded replay (engine/kv/swa_replay.h) for models with sliding-window layers: > 0 (R):
   // a KV transfer into this engine carries only the full-attention layers' K/V, and
@@ -113,6 +114,9 @@ struct EngineCounters {
   // Of those, tokens loaded through the KV connector (the rest came from the local cache).
   int64_t num_prompt_tokens_cached_external = 0;
   KvConnectorStats kv_connector;  // zeros without a connector
+  // Connector block copies between the KV cache and host bytes that failed (a device KV cache:
+  // Model::GatherKvBlocks / ScatterKvBlocks): those saves are dropped, those loads computed.
+  int64_t num_kv_connector_copy_errors = 0;
   int64_t num_prefix_cache_queried_blocks = 0;  // full blocks looked up at admissions
   int64_t num_prefix_cache_hit_blocks = 0;      // of those, reused from the cache
   int64_t num_prefix_cache_evicted_blocks = 0;  // cached blocks evicted for new allocations

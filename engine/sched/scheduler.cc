@@ -286,6 +286,7 @@ bool Scheduler::StartExternalLoad(Sequence& seq) {
 }
 
 Sequence* Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
+                                absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> fill,
                                 std::vector<int32_t>& load_blocks) {
   load_blocks.clear();
   auto it = std::find_if(loading_.begin(), loading_.end(),
@@ -297,6 +298,12 @@ Sequence* Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
   int64_t n = std::clamp<int64_t>(num_blocks, 0, max_blocks - local);
   if (n > 0 && !cache_.Allocate(n, seq.block_table)) n = 0;  // no room: compute instead
   load_blocks.assign(seq.block_table.begin() + local, seq.block_table.end());
+  if (n > 0 && !fill(load_blocks).ok()) {  // the copy failed: compute those blocks instead
+    seq.block_table.resize(static_cast<size_t>(local));
+    cache_.Free(load_blocks);
+    load_blocks.clear();
+    n = 0;
+  }
   const int32_t loaded = static_cast<int32_t>(n * config_.block_size);
   seq.num_computed_tokens += loaded;
   seq.num_cached_tokens = std::min(seq.num_computed_tokens, seq.num_prompt_tokens());

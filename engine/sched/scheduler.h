@@ -45,6 +45,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "engine/kv/block_hash.h"
 #include "engine/kv/kv_block_allocator.h"
 #include "engine/kv/kv_connector.h"
@@ -158,10 +161,14 @@ class Scheduler {
   // kv_connector->StartLoad runs; Schedule() skips it. FinishLoad takes a finished load back:
   // allocates blocks for its first `num_blocks` loaded blocks (fewer if blocks ran out), counts
   // them as computed, registers them in the prefix cache and queues the sequence at the front.
-  // `load_blocks` gets the block ids to fill with the loaded bytes, in order. False (nothing
-  // changed) when no loading sequence has that ticket (aborted meanwhile); else the sequence
-  // (still owned by the scheduler).
-  Sequence* FinishLoad(uint64_t ticket, int64_t num_blocks, std::vector<int32_t>& load_blocks);
+  // `fill` copies the loaded bytes into the new blocks (ids in order) before anything is
+  // counted or registered; when it fails those blocks are freed and the sequence computes them
+  // (never unfilled KV). `load_blocks` gets the filled block ids (empty when none). Null
+  // (nothing changed) when no loading sequence has that ticket (aborted meanwhile); else the
+  // sequence (still owned by the scheduler).
+  Sequence* FinishLoad(uint64_t ticket, int64_t num_blocks,
+                       absl::FunctionRef<absl::Status(absl::Span<const int32_t>)> fill,
+                       std::vector<int32_t>& load_blocks);
   int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }

@@ -236,9 +236,9 @@ absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
     unsupported = "--batch-invariant (its GEMM and attention kernels are chosen by batch size)";
   } else if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
     unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
-  } else if (!options.kvstore.empty()) {
-    unsupported = "--kvstore";
   }
+  // --kvstore is supported: the runner's blocks move device -> pinned host -> kvstore and back
+  // (CudaModel::GatherKvBlocks / ScatterKvBlocks, engine/kv/staged_kv_blocks.h).
   if (unsupported != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device cuda does not support ", unsupported, " yet"));
@@ -423,7 +423,9 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     spdlog::info("CUDA warm-up (KV cache allocation, decode graph capture) took {:.1f}s",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps();
+  // A KV connector reads each step's blocks right after it: steps run synchronously then.
+  const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps() &&
+                     engine_options.kv_connector == nullptr;
   spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}, "
                "async scheduling {}, batch invariant {}",
                options.device, (*engine)->num_total_blocks(), (*engine)->block_size(),

@@ -144,6 +144,10 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
     Counter(out, "sluice_kvstore_load_errors_total",
             "Kvstore loads cut short by a store error or deadline (the rest is computed).",
             static_cast<double>(k.num_load_errors));
+    Counter(out, "sluice_kvstore_copy_errors_total",
+            "Kvstore block copies between the KV cache (GPU memory) and host memory that failed "
+            "(those saves are dropped, those loads computed).",
+            static_cast<double>(c.num_kv_connector_copy_errors));
   }
   AppendSpecDecodeMetrics(SpecDecodeFromCounters(stats.counters), out);
   if (role_ == "prefill") {

@@ -42,7 +42,6 @@ def cuda_build(tmp_path_factory):
 @pytest.mark.parametrize("flags,unsupported", [
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
     (["--expert-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
-    (["--kvstore", "127.0.0.1:1"], "--kvstore"),
     (["--batch-invariant"],
      "--batch-invariant (its GEMM and attention kernels are chosen by batch size)"),
 ])
@@ -78,6 +77,22 @@ def test_cuda_workers(cuda_build, command):
     else:
         assert proc.returncode == 1, proc.stderr
         assert "FAILED_PRECONDITION: --device cuda: no CUDA GPU is visible (" in proc.stderr
+
+
+def test_cuda_kvstore_is_accepted(tmp_path, cuda_build):
+    """--kvstore with --device cuda passes the flag checks (the GPU cache spills to the store);
+    without a GPU the load then fails as any CUDA load does."""
+    proc = generate(tmp_path, "--device", "cuda", "--kvstore", "127.0.0.1:1")
+    if not cuda_build:
+        assert proc.returncode == 2, proc.stderr
+        assert NO_BACKEND in proc.stderr
+        return
+    if shutil.which("nvidia-smi") and run_ok(["nvidia-smi", "-L"]):
+        pytest.skip("a GPU is present (cuda_model_test CudaKvstoreTest runs the kvstore path)")
+    assert "does not support --kvstore" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert ("cannot load the model: FAILED_PRECONDITION: --device cuda: no CUDA GPU is visible ("
+            in proc.stderr)
 
 
 def test_cuda_without_gpu(tmp_path, cuda_build):

@@ -109,14 +109,13 @@ TEST(DeviceKvCacheTest, EngineRunsOnTheModelsOwnCache) {
   EXPECT_EQ((*engine)->num_cached_blocks(), 5);
 }
 
-TEST(DeviceKvCacheTest, CreateNeedsExplicitBlocksAndNoConnector) {
+TEST(DeviceKvCacheTest, CreateNeedsExplicitBlocks) {
   EngineOptions options = NoHostCacheOptions();
   options.num_kv_blocks = 0;
   auto engine = LLMEngine::Create(std::make_unique<OwnKvModel>(), options);
   ASSERT_FALSE(engine.ok());
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine.status().message(),
-            "without a host KV cache num_kv_blocks must be set and kv_connector must be null");
+  EXPECT_EQ(engine.status().message(), "without a host KV cache num_kv_blocks must be set");
 }
 
 }  // namespace
