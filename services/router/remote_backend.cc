@@ -264,15 +264,30 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_phase_ended_ = false;
       prefill_ok_ = false;
-      reserving_ = true;
+      reserving_ = false;
+      reserve_started_ = false;
     }
     num_prefill_attempts_ = 0;
     prefill_until_ = DeadlineIn(options_.prefill_deadline);
     reserve_error_ = absl::OkStatus();
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
-    StartReserve();
     StartPrefill();
+  }
+
+  // BeginReserve starts the phase that reserves decode blocks (once per prefill phase); false
+  // when it had already begun. The reservation is made only for a prefill about to run (see
+  // StartPrefill) or one that answered: blocks reserved for a request still queued behind
+  // other prefills would sit idle while requests whose KV is ready wait for them.
+  bool BeginReserve() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reserve_started_) return false;
+      reserve_started_ = true;
+      reserving_ = true;
+    }
+    StartReserve();
+    return true;
   }
 
   // StartReserve reserves blocks on decode_ while prefill runs; the worker waits at most
@@ -406,6 +421,10 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
         backend_->PickWorker(WorkerRole::kPrefill, request_, prompt_len_, bad_prefill_);
     if (!worker.has_value()) return PrefillPhaseEnded();
     ++num_prefill_attempts_;
+    // An idle prefill worker starts on the request at once: reserve on decode in parallel, so
+    // the KV transfer can begin the moment prefill answers. Behind a queue, reserve when
+    // prefill answers (PrefillPhaseEnded).
+    if (PrefillWorkerIdle(*worker)) BeginReserve();
     using Rpc = Unary<PrefillStub, v1::PrefillRequest, v1::PrefillResponse>;
     auto rpc = std::make_shared<Rpc>();
     rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(worker->address));
@@ -467,12 +486,23 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
   void PrefillPhaseEnded() {
     bool go;
+    bool reserve = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_phase_ended_ = true;
-      go = !reserving_;
+      // Prefill pinned the prompt's KV and no reservation was made yet: make it now.
+      reserve = !reserve_started_ && !aborted_ && prefill_ok_ && prefill_.has_value() &&
+                prefill_->kv().runs_size() > 0;
+      go = !reserving_ && !reserve;
     }
+    if (reserve && BeginReserve()) return;  // ends in ReserveEnded → AfterPrefill
     if (go) AfterPrefill();
+  }
+
+  // PrefillWorkerIdle: `worker` (as just picked, this request counted) runs nothing else this
+  // router sent and reported no queued request at its last heartbeat.
+  static bool PrefillWorkerIdle(const WorkerSnapshot& worker) {
+    return worker.num_assigned <= 1 && worker.load.num_waiting_requests == 0;
   }
 
   void AfterPrefill() {
@@ -620,6 +650,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       reserving_ = true;
+      reserve_started_ = true;
       prefill_phase_ended_ = true;
     }
     reserve_error_ = absl::OkStatus();
@@ -641,6 +672,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       reserving_ = true;
+      reserve_started_ = true;
       prefill_phase_ended_ = true;
     }
     reserve_error_ = absl::OkStatus();
@@ -701,6 +733,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::map<grpc::ClientContext*, std::string> active_;  // RPC → worker id; guarded by mu_
   std::map<std::string, absl::Status> failed_workers_;  // removed while in use; guarded by mu_
   bool reserving_ = false;                              // guarded by mu_
+  bool reserve_started_ = false;  // this prefill phase's reservation began; guarded by mu_
   bool prefill_phase_ended_ = false;                    // guarded by mu_
   bool prefill_ok_ = false;  // a prefill worker answered the first token; guarded by mu_
   const absl::Time queue_until_;                        // the end of the wait for decode blocks

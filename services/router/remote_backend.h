@@ -6,8 +6,11 @@
 // One request (pull mode):
 //   1. pick a decode worker D and (prompt >= min_remote_prefill_tokens) a
 //   prefill worker P;
-//   2. at once: D.Reserve (blocks reserved while prefill runs) and P.Prefill;
-//   3. the first token from P is delivered to the caller as soon as P answers;
+//   2. P.Prefill, and D.Reserve: at once when P was idle (nothing else this router sent
+//   runs there and P reported no queue), so the blocks are ready when P answers; else when P
+//   answers — a request queued behind other prefills holds no decode blocks that requests
+//   whose KV is ready could use;
+//   3. the first token from P is delivered to the caller as soon as P answers and D reserved;
 //   4. D.Decode(prefill result) streams the second token on (D pulls the KV
 //   from P over UCX).
 // Short prompts (or no live prefill worker) skip step 2: D.Decode prefills

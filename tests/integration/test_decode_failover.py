@@ -218,8 +218,10 @@ def long_messages(i):
 
 
 def test_prefill_slower_than_the_decode_reservation_reserves_again():
-    """A decode reservation lasts --reserve-timeout-s (2.5 s here); six long prompts queue on one
-    prefill worker, so the later ones answer after their reservations (nearly) ran out. The router
+    """A decode reservation lasts --reserve-timeout-s (2.1 s here) and the router counts on 2 s of
+    it for the Decode call's way: a prefill that started at once (idle prefill worker: reserved in
+    parallel) and took longer than 0.1 s answers after its reservation (nearly) ran out. Six long
+    prompts on one prefill worker (the queued ones reserve only once prefill answered). The router
     reserves again (it knows the timeout: --decode-reserve-timeout-s) instead of sending a Decode
     that would meet an expired reservation: every request completes, equal to `sluice serve`."""
     n = 6
@@ -233,8 +235,8 @@ def test_prefill_slower_than_the_decode_reservation_reserves_again():
     finally:
         serve.stop()
     cluster = Cluster(num_prefill=1, num_decode=1,
-                      role_args={"decode": ["--reserve-timeout-s", "2.5"]},
-                      router_args=["--decode-reserve-timeout-s", "2.5"])
+                      role_args={"decode": ["--reserve-timeout-s", "2.1"]},
+                      router_args=["--decode-reserve-timeout-s", "2.1"])
     try:
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
                                max_retries=0)

@@ -1,0 +1,309 @@
+// RemoteBackend's decode reservations against fake prefill and decode workers (gRPC on
+// loopback): blocks are reserved on decode only for a prefill that is running (its worker was
+// idle when picked) or has answered, never for a request still queued behind other prefills.
+// The old behaviour reserved at arrival: requests waiting for prefill held every decode block
+// while a request whose prefill had answered failed with 503 "the decode workers are full" on
+// a decode worker holding no KV at all.
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "services/router/remote_backend.h"
+#include "services/router/worker_registry.h"
+#include "sluice/v1/worker.grpc.pb.h"
+
+namespace sluice {
+namespace {
+
+constexpr int32_t kLong = 1;   // prompts starting with this token wait in the fake prefill queue
+constexpr int32_t kShort = 2;  // these are answered at once
+constexpr int32_t kFirstToken = 7;
+constexpr int32_t kSecondToken = 8;
+
+// FakePrefill answers short prompts at once and holds long ones until ReleaseQueued, as a
+// prefill worker busy with other prompts would. Every answer pins one block run.
+class FakePrefill final : public v1::PrefillWorker::CallbackService {
+ public:
+  std::string address;
+
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
+                                    v1::PrefillResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    response->set_request_id(request->request_id());
+    response->mutable_first_token()->set_token_id(kFirstToken);
+    response->set_num_prompt_tokens(request->prompt_token_ids_size());
+    v1::BlockRun* run = response->mutable_kv()->add_runs();
+    run->set_first_block(0);
+    run->set_num_blocks(1);
+    response->mutable_kv()->set_num_tokens(request->prompt_token_ids_size());
+    response->set_prefill_worker_address(address);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (request->prompt_token_ids(0) == kLong) {
+      queued_.push_back(reactor);
+      cv_.notify_all();
+    } else {
+      reactor->Finish(grpc::Status::OK);
+    }
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest*, v1::ReleaseResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  bool WaitQueued(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return queued_.size() >= n; });
+  }
+  void ReleaseQueued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (grpc::ServerUnaryReactor* reactor : queued_) reactor->Finish(grpc::Status::OK);
+    queued_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<grpc::ServerUnaryReactor*> queued_;
+};
+
+// FakeDecode has room for `capacity` reservations (one per request, whatever its length):
+// Reserve beyond it answers RESOURCE_EXHAUSTED. Decode streams one token and frees the
+// request's reservation; Cancel frees it too.
+class FakeDecode final : public v1::DecodeWorker::CallbackService {
+ public:
+  explicit FakeDecode(size_t capacity) : capacity_(capacity) {}
+
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
+                                    const v1::ReserveRequest* request,
+                                    v1::ReserveResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held_.size() >= capacity_) {
+      ++num_full_;
+      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no free blocks"));
+      return reactor;
+    }
+    held_.insert(request->request_id());
+    reserved_.push_back(request->request_id());
+    response->mutable_kv()->add_runs()->set_num_blocks(1);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    std::lock_guard<std::mutex> lock(mu_);
+    response->set_found(held_.erase(request->request_id()) > 0);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerWriteReactor<v1::TokenOutput>* Decode(grpc::CallbackServerContext*,
+                                                    const v1::DecodeRequest* request) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.erase(request->request_id());
+    }
+    return new OneToken(request->request_id());
+  }
+
+  std::vector<std::string> reserved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserved_;
+  }
+  std::set<std::string> held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
+  }
+  int64_t num_full() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return num_full_;
+  }
+
+ private:
+  class OneToken final : public grpc::ServerWriteReactor<v1::TokenOutput> {
+   public:
+    explicit OneToken(const std::string& id) {
+      out_.set_request_id(id);
+      out_.add_tokens()->set_token_id(kSecondToken);
+      out_.set_finish_reason(v1::FINISH_REASON_LENGTH);
+      StartWrite(&out_);
+    }
+    void OnWriteDone(bool) override { Finish(grpc::Status::OK); }
+    void OnDone() override { delete this; }
+
+   private:
+    v1::TokenOutput out_;
+  };
+
+  const size_t capacity_;
+  std::mutex mu_;
+  std::set<std::string> held_;
+  std::vector<std::string> reserved_;  // request ids, in the order they got blocks
+  int64_t num_full_ = 0;
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+// Outcome: what a request delivered to its caller.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  FinishReason reason = FinishReason::kNone;
+  absl::Status status;
+  bool done = false;
+};
+
+class Outcomes {
+ public:
+  OutputCallback For(const std::string& id) {
+    return [this, id](const RequestOutput& out) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Outcome& o = outcomes_[id];
+      for (const SampledToken& t : out.new_tokens) o.tokens.push_back(t.token_id);
+      if (out.finished()) {
+        o.reason = out.finish_reason;
+        o.status = out.status;
+        o.done = true;
+        cv_.notify_all();
+      }
+    };
+  }
+  Outcome Wait(const std::string& id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(20), [&] { return outcomes_[id].done; });
+    return outcomes_[id];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Outcome> outcomes_;
+};
+
+EngineRequest Request(const std::string& id, int32_t kind) {
+  EngineRequest r;
+  r.request_id = id;
+  r.prompt_token_ids = {kind, 100, 101, 102};
+  r.sampling.max_tokens = 2;
+  return r;
+}
+
+TEST(RemoteBackendReserve, RequestsQueuedForPrefillHoldNoDecodeBlocks) {
+  FakePrefill prefill;
+  FakeDecode decode(/*capacity=*/2);
+  std::string decode_address;
+  std::unique_ptr<grpc::Server> prefill_server = Serve(&prefill, &prefill.address);
+  std::unique_ptr<grpc::Server> decode_server = Serve(&decode, &decode_address);
+  ASSERT_NE(prefill_server, nullptr);
+  ASSERT_NE(decode_server, nullptr);
+
+  WorkerRegistry registry;
+  ASSERT_TRUE(registry.Register(WorkerRole::kPrefill, prefill.address, WorkerLoad{}).ok());
+  ASSERT_TRUE(registry.Register(WorkerRole::kDecode, decode_address, WorkerLoad{}).ok());
+  RemoteBackendOptions options;
+  options.reserve_attempt_wait = absl::Milliseconds(50);
+  // Short enough that the old behaviour fails the test quickly, not by its 20 s waits.
+  options.decode_queue_timeout = absl::Seconds(2);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&registry, options);
+    // "long-1" finds the prefill worker idle: it starts at once, so it reserves in parallel.
+    ASSERT_TRUE(backend.Submit(Request("long-1", kLong), outcomes.For("long-1")).ok());
+    ASSERT_TRUE(prefill.WaitQueued(1));
+    // "long-2" queues behind it: no reservation until its prefill answers.
+    ASSERT_TRUE(backend.Submit(Request("long-2", kLong), outcomes.For("long-2")).ok());
+    ASSERT_TRUE(prefill.WaitQueued(2));
+    // "short" is prefilled at once and takes the decode worker's second slot (before the fix
+    // "long-2" held it, and "short" failed with UNAVAILABLE after decode_queue_timeout).
+    ASSERT_TRUE(backend.Submit(Request("short", kShort), outcomes.For("short")).ok());
+    const Outcome s = outcomes.Wait("short");
+    ASSERT_TRUE(s.done);
+    EXPECT_TRUE(s.status.ok()) << s.status;
+    EXPECT_EQ(s.reason, FinishReason::kLength);
+    EXPECT_EQ(s.tokens, (std::vector<int32_t>{kFirstToken, kSecondToken}));
+    EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1", "short"}));
+    EXPECT_EQ(decode.held(), (std::set<std::string>{"long-1"}));
+    EXPECT_EQ(decode.num_full(), 0);
+
+    prefill.ReleaseQueued();
+    for (const char* id : {"long-1", "long-2"}) {
+      const Outcome o = outcomes.Wait(id);
+      ASSERT_TRUE(o.done) << id;
+      EXPECT_TRUE(o.status.ok()) << id << ": " << o.status;
+      EXPECT_EQ(o.tokens, (std::vector<int32_t>{kFirstToken, kSecondToken})) << id;
+    }
+    EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1", "short", "long-2"}));
+    EXPECT_EQ(decode.held(), std::set<std::string>{});
+    const RemoteBackendCounters c = backend.counters();
+    EXPECT_EQ(c.num_remote_prefills, 3);
+    EXPECT_EQ(c.num_decode_queue_timeouts, 0);
+    EXPECT_EQ(c.num_worker_failures, 0);
+  }
+  prefill_server->Shutdown();
+  decode_server->Shutdown();
+}
+
+// A request that must wait for decode blocks after its prefill answered still gets them as
+// soon as another request's decode frees them (the queue), and fails with a clean UNAVAILABLE
+// naming the wait only when none free up before decode_queue_timeout.
+TEST(RemoteBackendReserve, AfterPrefillWaitsForBlocksThenFailsCleanly) {
+  FakePrefill prefill;
+  FakeDecode decode(/*capacity=*/1);
+  std::string decode_address;
+  std::unique_ptr<grpc::Server> prefill_server = Serve(&prefill, &prefill.address);
+  std::unique_ptr<grpc::Server> decode_server = Serve(&decode, &decode_address);
+  WorkerRegistry registry;
+  ASSERT_TRUE(registry.Register(WorkerRole::kPrefill, prefill.address, WorkerLoad{}).ok());
+  ASSERT_TRUE(registry.Register(WorkerRole::kDecode, decode_address, WorkerLoad{}).ok());
+  RemoteBackendOptions options;
+  options.reserve_attempt_wait = absl::Milliseconds(50);
+  options.reserve_backoff_max = absl::Milliseconds(100);
+  options.decode_queue_timeout = absl::Seconds(1);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&registry, options);
+    ASSERT_TRUE(backend.Submit(Request("long-1", kLong), outcomes.For("long-1")).ok());
+    ASSERT_TRUE(prefill.WaitQueued(1));  // reserved in parallel: the decode worker is full
+    ASSERT_TRUE(backend.Submit(Request("short", kShort), outcomes.For("short")).ok());
+    const Outcome s = outcomes.Wait("short");
+    ASSERT_TRUE(s.done);
+    EXPECT_EQ(s.reason, FinishReason::kError);
+    EXPECT_EQ(s.status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(std::string(s.status.message()).find("the decode workers are full"),
+              std::string::npos)
+        << s.status;
+    EXPECT_TRUE(s.tokens.empty());  // no first token before decode blocks: a clean 503
+    EXPECT_GT(decode.num_full(), 0);
+    prefill.ReleaseQueued();
+    const Outcome l = outcomes.Wait("long-1");
+    EXPECT_TRUE(l.status.ok()) << l.status;
+    EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1"}));
+    EXPECT_EQ(backend.counters().num_decode_queue_timeouts, 1);
+  }
+  prefill_server->Shutdown();
+  decode_server->Shutdown();
+}
+
+}  // namespace
+}  // namespace sluice
