@@ -6,7 +6,7 @@
 #   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
 #                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [--tp N] [--ep N]
 #                      [--device cpu|cuda] [--gpus LIST] [--gpu-memory-utilization F]
-#                      [-- extra worker flags...]
+#                      [--encoder N] [-- extra worker flags...]
 # --device cuda: the prefill and decode workers run the CUDA engine (the router stays on the
 # CPU); their KV moves GPU to GPU over UCX (cuda_ipc on this host). --gpus LIST (e.g. 0,1)
 # gives worker k the GPU LIST[k mod len] through CUDA_VISIBLE_DEVICES (prefill workers first,
@@ -19,6 +19,9 @@
 # --kvstore N (default 0) first starts N kvstore shards (kvstore.sh, gRPC from PORT+1501) and
 # gives their list to the prefill workers (--kvstore): prompt KV is loaded from and written
 # through to them. Their SSD tier stays in RUN_DIR/kvstore-data across runs.
+# --encoder N (default 0) starts N vision encoders (`sluice encoder`, gRPC from PORT+1801,
+# /metrics from PORT+1901) that register with the router: with a LLaVA --model folder the router
+# sends them the images of each request (embeddings go to prefill/decode inline in gRPC).
 # Stop with deploy/local/down.sh [--run-dir DIR].
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -30,6 +33,7 @@ RUN_DIR="${SLUICE_RUN_DIR:-${TMPDIR:-/tmp}/sluice-local}"
 BIN="${SLUICE_BIN:-$ROOT/build/bin/sluice}"
 TIMEOUT=300
 KVSTORE=0
+ENCODER=0
 TP=1
 EP=1
 DEVICE=cpu
@@ -46,13 +50,14 @@ while [ $# -gt 0 ]; do
     --bin) BIN="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --kvstore) KVSTORE="$2"; shift 2 ;;
+    --encoder) ENCODER="$2"; shift 2 ;;
     --tp) TP="$2"; shift 2 ;;
     --ep) EP="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --gpus) GPUS="$2"; shift 2 ;;
     --gpu-memory-utilization) GPU_MEM="$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -101,10 +106,11 @@ port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 PORTS=("$PORT" "$GRPC_PORT")
 for i in $(seq 1 "$PREFILL"); do PORTS+=("$((PORT + 1100 + i))" "$((PORT + 1300 + i))"); done
 for i in $(seq 1 "$DECODE"); do PORTS+=("$((PORT + 1200 + i))" "$((PORT + 1400 + i))"); done
+for i in $(seq 1 "$ENCODER"); do PORTS+=("$((PORT + 1800 + i))" "$((PORT + 1900 + i))"); done
 for p in "${PORTS[@]}"; do
   if port_in_use "$p"; then
     echo "up.sh: port $p on 127.0.0.1 is already in use (another instance? see down.sh, or pick" \
-      "another --port; each instance uses PORT, PORT+1000 and PORT+1101..PORT+1499)" >&2
+      "another --port; each instance uses PORT, PORT+1000 and PORT+1101..PORT+1999)" >&2
     "$ROOT/deploy/local/down.sh" --run-dir "$RUN_DIR" >/dev/null 2>&1 || true
     exit 1
   fi
@@ -128,8 +134,14 @@ for i in $(seq 1 "$DECODE"); do
   METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
 done
 
+for i in $(seq 1 "$ENCODER"); do
+  start "encoder-$i" "$BIN" encoder --model "$MODEL" --listen "127.0.0.1:$((PORT + 1800 + i))" \
+    --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1900 + i))"
+  METRICS_URLS+=("encoder-$i http://127.0.0.1:$((PORT + 1900 + i))/metrics")
+done
+
 URL="http://127.0.0.1:$PORT"
-WANT=$((PREFILL + DECODE))
+WANT=$((PREFILL + DECODE + ENCODER))
 deadline=$((SECONDS + TIMEOUT))
 while :; do
   while read -r pid name; do
@@ -154,6 +166,6 @@ while :; do
   sleep 0.5
 done
 echo "$URL" > "$RUN_DIR/endpoint"
-echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode on $DEVICE, TP=$TP EP=$EP; logs in $RUN_DIR)"
+echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode + $ENCODER encoder on $DEVICE, TP=$TP EP=$EP; logs in $RUN_DIR)"
 echo "Metrics: router $URL/metrics"
 for entry in "${METRICS_URLS[@]}"; do echo "  $entry"; done

@@ -30,6 +30,10 @@ struct MultimodalInput {
   // Content address of the image (its bytes and the preprocessing config): an extra key of
   // every KV block the placeholder run overlaps (engine/kv/block_hash.h).
   BlockHash content_hash;
+  // The encoded image (PNG/JPEG/WebP bytes) while `embeddings` is still to be computed
+  // elsewhere: the router's requests, whose images an encoder worker encodes before prefill.
+  // Engines take only inputs with embeddings.
+  std::shared_ptr<const std::string> image;
 };
 
 // EngineRequest: a tokenized prompt and its sampling parameters.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "engine/vision/image_placeholders.h"
+#include "services/api/image_fetch.h"
 #include "services/api/openai_errors.h"
 
 namespace sluice {
@@ -68,9 +69,20 @@ absl::StatusOr<ChatImage> ImagePartBytes(const json& part, const std::string& wh
   }
   const std::string& text = url->get_ref<const std::string&>();
   if (absl::StartsWithIgnoreCase(text, "http://") || absl::StartsWithIgnoreCase(text, "https://")) {
-    return Bad(where,
-               "image URLs (http/https) are not fetched by this server; send the image as a "
-               "base64 data URL (data:image/png;base64,...)");
+    if (mm.fetcher == nullptr || !mm.fetcher->enabled()) {
+      return Bad(where,
+                 "image URLs (http/https) are not fetched by this server (see "
+                 "--allowed-media-domains); send the image as a base64 data URL "
+                 "(data:image/png;base64,...)");
+    }
+    absl::StatusOr<std::string> body = mm.fetcher->Fetch(text);
+    if (!body.ok()) {
+      return Bad(where, absl::StrCat("cannot fetch the image URL: ", body.status().message()));
+    }
+    ChatImage image;
+    image.where = where;
+    image.bytes = *std::move(body);
+    return image;
   }
   if (!absl::StartsWithIgnoreCase(text, "data:")) {
     return Bad(where, "the image URL must be a base64 data URL (data:image/...;base64,...)");
@@ -128,7 +140,6 @@ absl::StatusOr<json> FlattenContent(const std::vector<std::string>& texts,
 absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
     const std::vector<ChatImage>& images, const MultimodalContext& mm,
     std::vector<int32_t>* prompt) {
-  const vision::VisionEncoder& enc = *mm.encoder;
   if (static_cast<int64_t>(images.size()) > mm.max_images_per_prompt) {
     return InvalidParam("messages",
                         absl::StrCat("At most ", mm.max_images_per_prompt,
@@ -136,22 +147,28 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
                                      "(--limit-mm-per-prompt), got ",
                                      images.size()));
   }
-  auto expanded = vision::ExpandImagePlaceholders(*prompt, enc.image_token_id(),
-                                                  enc.tokens_per_image(),
+  auto expanded = vision::ExpandImagePlaceholders(*prompt, mm.image_token_id, mm.tokens_per_image,
                                                   static_cast<int64_t>(images.size()));
   if (!expanded.ok()) return InvalidParam("messages", std::string(expanded.status().message()));
-  const std::string fingerprint = enc.processor().Fingerprint();
   std::vector<MultimodalInput> out;
   for (size_t i = 0; i < images.size(); ++i) {
     MultimodalInput mm_input;
     mm_input.offset = expanded->image_offsets[i];
-    mm_input.num_tokens = static_cast<int32_t>(enc.tokens_per_image());
-    mm_input.content_hash = vision::ImageContentHash(images[i].bytes, fingerprint);
-    if (mm.cache != nullptr) mm_input.embeddings = mm.cache->Lookup(mm_input.content_hash);
+    mm_input.num_tokens = static_cast<int32_t>(mm.tokens_per_image);
+    mm_input.content_hash = vision::ImageContentHash(images[i].bytes, mm.preprocess_fingerprint);
+    if (mm.encoder != nullptr && mm.cache != nullptr) {
+      mm_input.embeddings = mm.cache->Lookup(mm_input.content_hash);
+    }
     if (mm_input.embeddings == nullptr) {
       auto decoded = vision::DecodeImage(images[i].bytes, mm.decode_limits);
       if (!decoded.ok()) return Bad(images[i].where, std::string(decoded.status().message()));
-      auto embeddings = enc.EncodeImage(*decoded);
+      if (mm.encoder == nullptr) {
+        // Encoded elsewhere (an encoder worker): only the bytes travel on.
+        mm_input.image = std::make_shared<const std::string>(images[i].bytes);
+        out.push_back(std::move(mm_input));
+        continue;
+      }
+      auto embeddings = mm.encoder->EncodeImage(*decoded);
       if (!embeddings.ok()) return Bad(images[i].where, std::string(embeddings.status().message()));
       mm_input.embeddings = std::make_shared<const std::vector<float>>(*std::move(embeddings));
       if (mm.cache != nullptr) mm.cache->Insert(mm_input.content_hash, mm_input.embeddings);

@@ -6,7 +6,9 @@
 //   {"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail": "auto"}}
 //   {"type": "image_url", "image_url": "data:..."}
 //   {"type": "image", "image": "data:..."} or {"type": "image", "url": "data:..."}  (HF style)
-// Only base64 data URLs are read; http(s) URLs are refused (this server fetches nothing).
+// Base64 data URLs are read; http(s) URLs only with a fetcher (MultimodalContext::fetcher, from
+// --allowed-media-domains: hosts on the allow-list, with size, time and redirect limits), else
+// refused.
 // `detail` must be auto, low or high and changes nothing (the CLIP tower has one resolution).
 //
 // Two template conventions, as vLLM's --chat-template-content-format:
@@ -34,18 +36,31 @@ namespace sluice {
 
 enum class ChatContentFormat { kString, kOpenAi };
 
+class ImageFetcher;  // services/api/image_fetch.h
+
 // DetectChatContentFormat: kOpenAi when the template iterates over a message's content or
 // reads a part's type, else kString.
 ChatContentFormat DetectChatContentFormat(const std::string& template_source);
 
 // MultimodalContext: a vision-language deployment's image settings. Pointers are borrowed.
 struct MultimodalContext {
+  // The in-process encoder (`sluice serve`). Null (the router): images are decoded only to
+  // check them (the same 400s), and each MultimodalInput carries its bytes (`image`) for an
+  // encoder worker instead of embeddings.
   const vision::VisionEncoder* encoder = nullptr;
   vision::EmbeddingCache* cache = nullptr;  // may be null: every image is encoded
   std::string image_placeholder;            // the text of the image token, e.g. "<|image|>"
+  // The model's image geometry (VisionEncoder's, or read from config.json and
+  // preprocessor_config.json without the weights): the image token, the placeholder tokens
+  // each image expands to, and the preprocessing fingerprint of ImageContentHash.
+  int32_t image_token_id = -1;
+  int64_t tokens_per_image = 0;
+  std::string preprocess_fingerprint;
   int32_t max_images_per_prompt = 8;        // --limit-mm-per-prompt
   vision::ImageDecodeLimits decode_limits;
   ChatContentFormat content_format = ChatContentFormat::kString;
+  // http(s) image URLs are fetched through this (--allowed-media-domains); null: refused.
+  const ImageFetcher* fetcher = nullptr;
 };
 
 // ChatImage: one image part's bytes and where it was (for error messages).
@@ -71,7 +86,8 @@ absl::StatusOr<nlohmann::json> FlattenContent(const std::vector<std::string>& te
 
 // EncodePromptImages expands the image tokens of `prompt` (tokenized chat text) to
 // tokens_per_image each and returns one MultimodalInput per image: decoded (limits and 400s of
-// DecodeImage, naming the image), encoded through the cache. Errors: InvalidArgument (param
+// DecodeImage, naming the image), encoded through the cache — or, without mm.encoder, checked
+// by decoding and returned with its bytes and no embeddings. Errors: InvalidArgument (param
 // "messages") for an image that does not decode, a placeholder count that differs from the
 // number of images, more images than max_images_per_prompt.
 absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(

@@ -382,7 +382,9 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
                                                          std::vector<int32_t> prompt,
                                                          const v1::SamplingParams& sampling,
                                                          const std::string& cache_salt,
-                                                         int32_t priority, absl::Status* error) {
+                                                         int32_t priority,
+                                                         std::vector<MultimodalInput> mm_inputs,
+                                                         absl::Status* error) {
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
       RequestGrammar(options_.grammars, sampling);
   if (!grammar.ok()) {
@@ -404,6 +406,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
   er.grammar = *std::move(grammar);
   er.cache_salt = cache_salt;
   er.priority = priority;
+  er.mm_inputs = std::move(mm_inputs);
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -431,6 +434,11 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
       RequestGrammar(options_.grammars, request->sampling());
   if (!grammar.ok()) {
     reactor->Finish(ToGrpc(grammar.status()));
+    return reactor;
+  }
+  absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
+  if (!mm_inputs.ok()) {
+    reactor->Finish(ToGrpc(mm_inputs.status()));
     return reactor;
   }
   // The reply is set before reserving could complete: NewSession's engine op runs later.
@@ -466,6 +474,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   er.priority = request->priority();
+  er.mm_inputs = *std::move(mm_inputs);
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
       request->max_wait_ms() > 0
@@ -538,6 +547,13 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   const absl::Duration transfer_timeout =
       request->transfer_timeout_ms() > 0 ? absl::Milliseconds(request->transfer_timeout_ms())
                                          : options_.transfer_timeout;
+  absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
+  if (!mm_inputs.ok()) {
+    if (existing != nullptr) existing->Cancel();
+    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
+    writer->End(ToGrpc(mm_inputs.status()));
+    return writer;
+  }
   if (remote) {
     absl::Status error;
     std::shared_ptr<DecodeSession> session = existing;
@@ -546,7 +562,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
                            std::vector<int32_t>(request->prompt_token_ids().begin(),
                                                 request->prompt_token_ids().end()),
                            request->sampling(), request->cache_salt(), request->priority(),
-                           &error);
+                           *std::move(mm_inputs), &error);
     }
     if (session == nullptr) {
       auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
@@ -588,6 +604,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   er.priority = request->priority();
+  er.mm_inputs = *std::move(mm_inputs);
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),

@@ -109,6 +109,7 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
                                             std::vector<int32_t> prompt,
                                             const v1::SamplingParams& sampling,
                                             const std::string& cache_salt, int32_t priority,
+                                            std::vector<MultimodalInput> mm_inputs,
                                             absl::Status* error);
   void RunTransfer(const std::shared_ptr<DecodeSession>& session);  // pool thread
   v1::PrefillWorker::Stub* PrefillStub(const std::string& address);

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,11 +15,23 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
                                                  const v1::EncodeRequest* request,
                                                  v1::EncodeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (draining_.load()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "encoder worker is draining"));
+    return reactor;
+  }
+  in_flight_.fetch_add(1);
+  struct Leave {
+    std::atomic<int64_t>* n;
+    ~Leave() { n->fetch_sub(1); }
+  } leave{&in_flight_};
   if (request->images_size() > options_.max_images_per_call) {
     reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                  absl::StrCat("at most ", options_.max_images_per_call,
                                               " images per call, got ", request->images_size())));
     return reactor;
+  }
+  if (options_.test_encode_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.test_encode_delay_ms));
   }
   const std::string fingerprint = encoder_->processor().Fingerprint();
   const auto start = std::chrono::steady_clock::now();
@@ -73,7 +86,10 @@ std::string EncoderService::RenderMetrics() const {
       "sluice_encoder_errors_total ", num_errors_.load(), "\n",
       "# HELP sluice_encoder_encode_seconds_total Time spent in Encode calls.\n"
       "# TYPE sluice_encoder_encode_seconds_total counter\n"
-      "sluice_encoder_encode_seconds_total ", encode_micros_.load() / 1e6, "\n");
+      "sluice_encoder_encode_seconds_total ", encode_micros_.load() / 1e6, "\n",
+      "# HELP sluice_encoder_requests_running Encode calls in progress.\n"
+      "# TYPE sluice_encoder_requests_running gauge\n"
+      "sluice_encoder_requests_running ", in_flight_.load(), "\n");
   if (cache_ != nullptr) absl::StrAppend(&text, RenderEncoderCacheMetrics(cache_->stats()));
   return text;
 }

@@ -18,6 +18,9 @@ namespace sluice {
 struct EncoderServiceOptions {
   vision::ImageDecodeLimits decode_limits;
   int32_t max_images_per_call = 64;
+  // Test only (fault tests): each Encode call waits this long first, a window to kill the
+  // encoder in while a request is on it.
+  int32_t test_encode_delay_ms = 0;
 };
 
 class EncoderService final : public v1::Encoder::CallbackService {
@@ -34,6 +37,11 @@ class EncoderService final : public v1::Encoder::CallbackService {
   // Prometheus text: sluice_encoder_images_total, _errors_total, _encode_seconds_total and the
   // cache's sluice_encoder_cache_* figures. Thread-safe.
   std::string RenderMetrics() const;
+  // Encode calls running now (the load the encoder reports to the router).
+  int64_t num_in_flight() const { return in_flight_.load(); }
+  // Draining: new Encode calls get UNAVAILABLE (the router tries another encoder worker).
+  void set_draining(bool draining) { draining_.store(draining); }
+  bool draining() const { return draining_.load(); }
 
  private:
   const vision::VisionEncoder* encoder_;
@@ -42,6 +50,8 @@ class EncoderService final : public v1::Encoder::CallbackService {
   std::atomic<int64_t> num_images_{0};
   std::atomic<int64_t> num_errors_{0};
   std::atomic<int64_t> encode_micros_{0};
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace sluice

@@ -86,6 +86,11 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     reactor->End(ToGrpc(grammar.status()));
     return reactor;
   }
+  absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
+  if (!mm_inputs.ok()) {
+    reactor->End(ToGrpc(mm_inputs.status()));
+    return reactor;
+  }
   EngineRequest er;
   er.request_id = request->request_id();
   er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
@@ -94,6 +99,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   er.grammar = *std::move(grammar);
   er.cache_salt = request->cache_salt();
   er.priority = request->priority();
+  er.mm_inputs = *std::move(mm_inputs);
   er.hold_kv_blocks = true;
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
   queued_tokens_ += num_prompt;

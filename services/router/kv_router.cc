@@ -109,6 +109,7 @@ void KvRouter::PollOnce() {
   const std::vector<WorkerSnapshot> workers = registry_->List();
   std::set<std::string> live;
   for (const WorkerSnapshot& worker : workers) {
+    if (worker.role == WorkerRole::kEncoder) continue;  // no KV cache, no KV events
     live.insert(worker.worker_id);
     PollWorker(worker);
   }
@@ -188,7 +189,8 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
                                              const std::vector<int32_t>& prompt,
                                              const std::string& cache_salt,
                                              int64_t tokens_needed,
-                                             const std::set<std::string>& exclude) {
+                                             const std::set<std::string>& exclude,
+                                             absl::Span<const BlockExtraKeySpan> image_keys) {
   const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const bool decode_prefills_remotely =
       role == WorkerRole::kDecode && prompt_len >= options_.min_remote_prefill_tokens &&
@@ -240,7 +242,8 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
         auto [it, inserted] = hashes_by_identity.try_emplace(kv->second.identity);
         if (inserted) {
           const BlockHasher& hasher = *hashers_.at(kv->second.identity);
-          hasher.ExtendFullBlockHashes(hasher.RootHash(cache_salt), prompt, it->second);
+          hasher.ExtendFullBlockHashes(hasher.RootHash(cache_salt), prompt, image_keys,
+                                       it->second);
         }
         hashes = &it->second;
         c.block_size = kv->second.block_size;

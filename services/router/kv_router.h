@@ -26,6 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/kv/block_hash.h"
 #include "services/router/kv_aware_policy.h"
 #include "services/router/kv_index.h"
 #include "services/router/worker_registry.h"
@@ -73,11 +75,14 @@ class KvRouter {
   // prompt `prompt` (token ids) under prefix-cache namespace `cache_salt` (empty: shared),
   // needing `tokens_needed` KV tokens in all, and counts it in the registry (undo with
   // Release). kLoad, and decode picks whose prompt prefills remotely, use the registry's
-  // load-only Pick. nullopt when none qualifies.
+  // load-only Pick. `image_keys`: the prompt's images (content hash over their placeholder
+  // runs), extra keys of the block hashes as the engines compute them. nullopt when none
+  // qualifies.
   std::optional<WorkerSnapshot> Pick(WorkerRole role, const std::string& request_id,
                                      const std::vector<int32_t>& prompt,
                                      const std::string& cache_salt, int64_t tokens_needed,
-                                     const std::set<std::string>& exclude);
+                                     const std::set<std::string>& exclude,
+                                     absl::Span<const BlockExtraKeySpan> image_keys = {});
   // Release undoes Pick's accounting for (worker_id, request_id).
   void Release(const std::string& worker_id, const std::string& request_id);
 
@@ -120,7 +125,7 @@ class KvRouter {
   std::map<std::pair<std::string, std::string>, int64_t> assigned_;  // guarded by mu_
   std::map<std::string, std::unique_ptr<BlockHasher>> hashers_;      // by identity; mu_
   KvRouterCounters counters_;                                        // guarded by mu_
-  uint64_t round_robin_next_[2] = {0, 0};  // per WorkerRole; guarded by mu_
+  uint64_t round_robin_next_[3] = {0, 0, 0};  // per WorkerRole; guarded by mu_
 
   std::mutex poll_mu_;  // one PollOnce at a time
   std::mutex stop_mu_;

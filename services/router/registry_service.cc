@@ -30,6 +30,9 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
     case v1::WORKER_ROLE_DECODE:
       role = WorkerRole::kDecode;
       break;
+    case v1::WORKER_ROLE_ENCODER:
+      role = WorkerRole::kEncoder;
+      break;
     default:
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker.role is unspecified");
   }

@@ -11,9 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/compiled_grammar.h"
+#include "services/router/image_encoding.h"
 #include "services/router/kv_router.h"
 #include "services/router/wire_convert.h"
 #include "services/serve/log.h"
+#include "sluice/v1/encoder.grpc.pb.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "proto/grpc_status.h"
 
@@ -75,7 +77,12 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   const std::string& id() const { return request_.request_id; }
-  void Start() { NextDecodeAttempt(); }
+  void Start() {
+    pending_images_ = PendingImages(request_);
+    if (pending_images_.empty()) return StartWithImages();
+    encode_until_ = DeadlineIn(options_.encode_deadline);
+    StartEncode();
+  }
 
   // Abort cancels every RPC in flight; their callbacks end the request.
   void Abort() {
@@ -232,6 +239,86 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     backend_->Forget(request_.request_id);
   }
 
+  // StartEncode sends the request's images to an encoder worker (another after a failure).
+  void StartEncode() {
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    std::optional<WorkerSnapshot> worker;
+    if (num_encode_attempts_ < options_.max_encode_attempts &&
+        std::chrono::system_clock::now() < encode_until_) {
+      worker = backend_->registry_->Pick(WorkerRole::kEncoder, 0, bad_encoder_);
+    }
+    if (!worker.has_value()) {
+      Finish(FinishReason::kError,
+             absl::UnavailableError(
+                 num_encode_attempts_ == 0
+                     ? std::string("no encoder worker is available for this request's images")
+                     : absl::StrCat("every encoder worker tried failed (", num_encode_attempts_,
+                                    " attempts); last: ", encode_error_)));
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      return Done();
+    }
+    ++num_encode_attempts_;
+    using Rpc = Unary<v1::Encoder::Stub, v1::EncodeRequest, v1::EncodeResponse>;
+    auto rpc = std::make_shared<Rpc>();
+    rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(worker->address));
+    rpc->context.set_deadline(encode_until_);
+    rpc->request = EncodeRequestFor(request_, pending_images_);
+    if (!Attach(&rpc->context, worker->worker_id)) {
+      return EncodeEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "worker removed"),
+                         nullptr);
+    }
+    rpc->stub->async()->Encode(
+        &rpc->context, &rpc->request, &rpc->response,
+        [self = shared_from_this(), rpc, worker = *worker](grpc::Status status) {
+          self->Detach(&rpc->context);
+          self->EncodeEnded(worker, status, &rpc->response);
+        });
+  }
+
+  void EncodeEnded(const WorkerSnapshot& worker, const grpc::Status& status,
+                   const v1::EncodeResponse* response) {
+    backend_->registry_->Release(worker.worker_id);
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+      return Done();
+    }
+    if (status.ok()) {
+      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_);
+      if (!applied.ok()) {
+        Finish(FinishReason::kError,
+               absl::InternalError(absl::StrCat("encoder worker ", worker.worker_id, " (",
+                                                worker.address, "): ", applied.message())));
+        return Done();
+      }
+      for (size_t i = 0; i < pending_images_.size(); ++i) {
+        backend_->Count(&RemoteBackendCounters::num_encoded_images);
+      }
+      pending_images_.clear();
+      return StartWithImages();
+    }
+    if (!IsWorkerFailure(status.error_code())) {
+      // The images themselves (the API checked them already: limits set differently here).
+      Finish(FinishReason::kError, FromGrpc(status));
+      return Done();
+    }
+    encode_error_ = absl::StrCat("encoder worker ", worker.worker_id, " (", worker.address,
+                                 "): ", status.error_message());
+    spdlog::warn("request {}: {}; trying another encoder worker", id(), encode_error_);
+    backend_->prober_.Suspect(worker);
+    bad_encoder_.insert(worker.worker_id);
+    backend_->Count(&RemoteBackendCounters::num_encode_retries);
+    StartEncode();
+  }
+
+  // StartWithImages: every image has its embeddings; the prefill / decode flow begins.
+  void StartWithImages() {
+    if (!request_.mm_inputs.empty()) MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_);
+    NextDecodeAttempt();
+  }
+
   void NextDecodeAttempt() {
     if (IsAborted()) {
       Finish(FinishReason::kAbort);
@@ -303,6 +390,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     *rpc->request.mutable_sampling() = wire_sampling_;
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
+    *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
     rpc->request.set_max_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
@@ -435,6 +523,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     *rpc->request.mutable_sampling() = wire_sampling_;
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
+    *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
     if (!Attach(&rpc->context, worker->worker_id)) {
       return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
     }
@@ -754,6 +843,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::chrono::system_clock::time_point prefill_until_;
   std::optional<v1::PrefillResponse> prefill_;
   std::optional<WorkerSnapshot> prefill_worker_;  // the worker that answered `prefill_`
+  // Images: request_.mm_inputs still without embeddings, the encoder attempts, and the images
+  // as every prefill / decode request carries them (built once encoded).
+  std::vector<size_t> pending_images_;
+  int32_t num_encode_attempts_ = 0;
+  std::set<std::string> bad_encoder_;
+  std::string encode_error_;
+  std::chrono::system_clock::time_point encode_until_;
+  google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire_mm_inputs_;
   absl::Status prefill_error_;
   bool finished_ = false;
   int32_t num_prompt_tokens_ = 0;
@@ -812,6 +909,8 @@ void RemoteBackend::Call::StartDecode() {
   *reader->request.mutable_sampling() = wire_sampling_;
   reader->request.set_cache_salt(request_.cache_salt);
   reader->request.set_priority(request_.priority);
+  // Needed unless a Reserve made the session (local prefill, migration, a failed Reserve).
+  *reader->request.mutable_mm_inputs() = wire_mm_inputs_;
   if (prefill_.has_value()) {
     *reader->request.mutable_prefill() = *prefill_;
   } else if (resuming_) {
@@ -880,10 +979,6 @@ RemoteBackend::~RemoteBackend() {
 absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_output) {
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
   if (prompt_len == 0) return absl::InvalidArgumentError("the prompt is empty");
-  // The worker protocol carries token ids only: image embeddings would be dropped.
-  if (!request.mm_inputs.empty()) {
-    return absl::InvalidArgumentError("images are not supported through the router yet");
-  }
   if (prompt_len >= options_.max_model_len) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the prompt has ", prompt_len, " tokens; this model's maximum context length is ",
@@ -891,6 +986,11 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
   }
   if (registry_->CountLive(WorkerRole::kDecode) == 0) {
     return absl::UnavailableError("no decode worker is registered with the router");
+  }
+  if (!PendingImages(request).empty() && registry_->CountLive(WorkerRole::kEncoder) == 0) {
+    return absl::UnavailableError(
+        "no encoder worker is registered with the router: images need one (start `sluice "
+        "encoder --model DIR --router HOST:PORT`)");
   }
   auto call = std::make_shared<Call>(this, std::move(request), std::move(on_output));
   {
@@ -924,8 +1024,12 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
                                                         int64_t tokens_needed,
                                                         const std::set<std::string>& exclude) {
   if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, exclude);
+  std::vector<BlockExtraKeySpan> image_keys;
+  for (const MultimodalInput& mm : request.mm_inputs) {
+    image_keys.push_back({mm.offset, int64_t{mm.offset} + mm.num_tokens, mm.content_hash});
+  }
   return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
-                                  request.cache_salt, tokens_needed, exclude);
+                                  request.cache_salt, tokens_needed, exclude, image_keys);
 }
 
 void RemoteBackend::ReleaseWorker(const std::string& worker_id, const std::string& request_id) {
@@ -964,6 +1068,8 @@ std::shared_ptr<grpc::Channel> RemoteBackend::ChannelTo(const std::string& addre
     // Fail fast on a dead worker rather than backing off for up to 2 minutes.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // Encode replies carry image embeddings inline (LLaVA-1.5: 576 x 4096 floats, 9 MiB each).
+    args.SetMaxReceiveMessageSize(256 << 20);
     channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
   return channel;
@@ -972,6 +1078,7 @@ std::shared_ptr<grpc::Channel> RemoteBackend::ChannelTo(const std::string& addre
 BackendStats RemoteBackend::Stats() const {
   BackendStats stats;
   for (const WorkerSnapshot& worker : registry_->List()) {
+    if (worker.role == WorkerRole::kEncoder) continue;  // images, not requests; no KV
     stats.num_waiting_requests += worker.load.num_waiting_requests;
     stats.num_running_requests += worker.load.num_running_requests;
     stats.num_total_blocks += worker.load.num_total_blocks;

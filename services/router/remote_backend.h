@@ -34,6 +34,15 @@
 // is probed (WorkerProber) and, when nothing answers at its address, removed
 // from the registry at once rather than at the end of its lease.
 //
+// Images (vision-language models): a request whose images have no embeddings yet (the API
+// checked them and kept their bytes) first goes to an encoder worker (sluice.v1.Encoder,
+// WorkerRole::kEncoder, least loaded); one that fails (UNAVAILABLE, deadline, removed) is
+// probed and the images go to another, up to max_encode_attempts within encode_deadline. The
+// embeddings then travel with the prompt to prefill (PrefillRequest.mm_inputs) and decode
+// (ReserveRequest / DecodeRequest.mm_inputs: a decode worker recomputes prompt positions after
+// a preemption, and prefills itself for short prompts and migrations). Without a live encoder
+// worker such a request is refused (Unavailable, 503).
+//
 // KV blocks on decode (the queue): each Reserve lets the decode worker wait at
 // most reserve_attempt_wait for free blocks; a worker that has none is skipped
 // for another live decode worker; when all are full the router tries them again
@@ -74,6 +83,9 @@ struct RemoteBackendOptions {
   absl::Duration prefill_deadline = absl::Seconds(120);
   absl::Duration decode_deadline = absl::Seconds(600);  // one whole Decode stream
   int32_t max_prefill_attempts = 3;
+  // All Encode attempts of one request together, and how many encoder workers it may try.
+  absl::Duration encode_deadline = absl::Seconds(60);
+  int32_t max_encode_attempts = 3;
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
   // After tokens reached the caller: how many times one request may move to another decode
   // worker (migration, see the file comment) before a decode failure ends it.
@@ -113,6 +125,8 @@ struct RemoteBackendCounters {
   int64_t num_remote_prefills = 0;  // requests whose first token came from a prefill worker
   int64_t num_local_prefills = 0;   // requests prefilled on their decode worker
   int64_t num_prefill_retries = 0;
+  int64_t num_encoded_images = 0;  // images sent to encoder workers (each once per request)
+  int64_t num_encode_retries = 0;  // Encode calls tried again on another encoder worker
   int64_t num_decode_retries = 0;
   // Of those: after the first token was sent, on another decode worker pulling the same
   // pinned prefill KV.
@@ -140,8 +154,8 @@ class RemoteBackend : public InferenceBackend {
   ~RemoteBackend() override;
 
   // Submit: errors InvalidArgument (empty prompt, prompt >= max_model_len),
-  // AlreadyExists (duplicate id in flight), Unavailable (no live decode worker,
-  // or shutting down).
+  // AlreadyExists (duplicate id in flight), Unavailable (no live decode worker, images without
+  // a live encoder worker, or shutting down).
   absl::Status Submit(EngineRequest request, OutputCallback on_output) override;
   void Abort(const std::string& request_id) override;
   // Stats sums the load the workers reported with their last heartbeats.

@@ -30,7 +30,7 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                                 const RemoteBackendCounters& counters) {
   std::string out;
   Header(out, "sluice_router_workers", "gauge", "Live (registered, not draining) workers.");
-  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode}) {
+  for (WorkerRole role : {WorkerRole::kPrefill, WorkerRole::kDecode, WorkerRole::kEncoder}) {
     int64_t live = 0;
     for (const WorkerSnapshot& worker : workers) {
       if (worker.role == role && !worker.draining) ++live;
@@ -71,6 +71,12 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
                   counters.num_prefill_retries, "\n");
   absl::StrAppend(&out, "sluice_router_retries_total{stage=\"decode\"} ",
                   counters.num_decode_retries, "\n");
+  absl::StrAppend(&out, "sluice_router_retries_total{stage=\"encode\"} ",
+                  counters.num_encode_retries, "\n");
+  Header(out, "sluice_router_encoded_images_total", "counter",
+         "Images the router had encoder workers encode.");
+  absl::StrAppend(&out, "sluice_router_encoded_images_total ", counters.num_encoded_images,
+                  "\n");
   Header(out, "sluice_router_decode_retries_pinned_kv_total", "counter",
          "Decode retries after the first token was sent, on another decode worker pulling the "
          "same pinned prefill KV.");

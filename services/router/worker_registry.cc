@@ -9,7 +9,15 @@
 namespace sluice {
 
 const char* WorkerRoleName(WorkerRole role) {
-  return role == WorkerRole::kPrefill ? "prefill" : "decode";
+  switch (role) {
+    case WorkerRole::kPrefill:
+      return "prefill";
+    case WorkerRole::kEncoder:
+      return "encoder";
+    case WorkerRole::kDecode:
+      break;
+  }
+  return "decode";
 }
 
 WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, Clock clock)

@@ -30,8 +30,9 @@
 
 namespace sluice {
 
-enum class WorkerRole { kPrefill, kDecode };
-const char* WorkerRoleName(WorkerRole role);  // "prefill" | "decode"
+// kEncoder: a vision encoder (images to embeddings); it has no KV cache.
+enum class WorkerRole { kPrefill, kDecode, kEncoder };
+const char* WorkerRoleName(WorkerRole role);  // "prefill" | "decode" | "encoder"
 
 // WorkerLoad: what a worker reports with each heartbeat (counts, not rates).
 struct WorkerLoad {

@@ -7,9 +7,11 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "services/encoder/encoder_service.h"
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
+#include "services/worker_common/registration_client.h"
 #include "services/worker_common/worker_http.h"
 
 namespace sluice {
@@ -30,6 +32,7 @@ int RunEncoder(const EncoderOptions& options) {
   service_options.decode_limits.max_bytes = options.multimodal.max_image_bytes;
   service_options.decode_limits.max_pixels = options.multimodal.max_image_pixels;
   service_options.max_images_per_call = options.max_images_per_call;
+  service_options.test_encode_delay_ms = options.test_encode_delay_ms;
   EncoderService service(encoder->get(), cache.get(), service_options);
 
   grpc::ServerBuilder builder;
@@ -46,7 +49,7 @@ int RunEncoder(const EncoderOptions& options) {
   http_options.host = options.http_host;
   http_options.port = static_cast<uint16_t>(options.http_port);
   http_options.render_metrics = [&service] { return service.RenderMetrics(); };
-  http_options.healthy = [] { return true; };
+  http_options.healthy = [&service] { return !service.draining(); };  // 503 while draining
   absl::StatusOr<std::unique_ptr<HttpServer>> http = StartWorkerHttp(std::move(http_options));
   if (!http.ok()) {
     spdlog::error("metrics HTTP server: {}", http.status().ToString());
@@ -54,13 +57,44 @@ int RunEncoder(const EncoderOptions& options) {
     return 1;
   }
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  const std::string advertise =
+      options.advertise.empty() ? absl::StrCat(host, ":", bound_port) : options.advertise;
+  std::unique_ptr<RegistrationClient> registration;
+  if (!options.router.empty()) {
+    RegistrationOptions reg;
+    reg.router_address = options.router;
+    reg.worker.set_role(v1::WORKER_ROLE_ENCODER);
+    reg.worker.set_address(advertise);
+    reg.worker.set_model(options.model_dir);
+    const bool wildcard = options.http_host == "0.0.0.0" || options.http_host == "::";
+    reg.worker.set_metrics_address(
+        absl::StrCat(wildcard ? advertise.substr(0, advertise.rfind(':')) : options.http_host,
+                     ":", (*http)->port()));
+    EncoderService* service_ptr = &service;
+    registration = std::make_unique<RegistrationClient>(reg, [service_ptr] {
+      v1::WorkerLoad load;
+      load.set_num_running_requests(service_ptr->num_in_flight());
+      return load;
+    });
+  }
   std::printf("Sluice encoder listening on %s:%d\n", host.c_str(), bound_port);
   std::printf("Sluice encoder metrics on http://%s:%u/metrics\n", options.http_host.c_str(),
               static_cast<unsigned>((*http)->port()));
   std::fflush(stdout);
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  spdlog::info("received signal {}, shutting down", signal_number);
+  spdlog::info("received signal {}, draining (up to {} s)", signal_number,
+               options.drain_timeout_s);
+  // Drain: the router stops sending images here; calls in flight finish (bounded), then the
+  // encoder leaves the router at once rather than at its lease's end.
+  service.set_draining(true);
+  if (registration != nullptr) registration->Drain();
+  const absl::Time drain_until = absl::Now() + absl::Seconds(options.drain_timeout_s);
+  while (service.num_in_flight() > 0 && absl::Now() < drain_until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (registration != nullptr) registration->Deregister();
+  registration.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*http)->Stop();
   return 0;

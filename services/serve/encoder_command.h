@@ -2,7 +2,13 @@
 // encoder pool of encoder / prefill / decode disaggregation (issue 26).
 //
 //   sluice encoder --model DIR [--listen 127.0.0.1:7301] [--http-port 0]
+//                  [--router HOST:PORT] [--advertise HOST:PORT] [--drain-timeout-s 30]
 //                  [--encoder-cache-bytes N] [--max-image-bytes N] [--max-image-pixels N]
+//
+// With --router it registers with the router as an encoder worker (WORKER_ROLE_ENCODER) and
+// heartbeats its load (Encode calls in flight); the router then sends it the images of its
+// requests. SIGTERM drains: the router stops sending images, calls in flight finish, and the
+// encoder deregisters before it exits.
 //
 // Prints "Sluice encoder listening on HOST:PORT" and "Sluice encoder metrics on
 // http://HOST:PORT/metrics" once serving; SIGINT/SIGTERM stop it.
@@ -22,6 +28,10 @@ struct EncoderOptions {
   std::string http_host = "127.0.0.1";
   int http_port = 0;
   int32_t max_images_per_call = 64;
+  std::string router;     // the router's Registry host:port; empty: no registration
+  std::string advertise;  // the address the router reaches this encoder at (default: listen)
+  double drain_timeout_s = 30;  // SIGTERM: finish Encode calls in flight within this long
+  int32_t test_encode_delay_ms = 0;  // test only: delay every Encode call
   MultimodalFlags multimodal;  // cache size and image limits
 };
 

@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
   sluice::AddApiAuthFlags(*router_cmd, router.auth);
   sluice::AddHttpLimitFlags(*router_cmd, router.http);
   sluice::AddTlsFlags(*router_cmd, router.http);
+  sluice::AddMultimodalFlags(*router_cmd, router.multimodal, /*with_cache=*/false);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,
@@ -316,6 +317,16 @@ int main(int argc, char** argv) {
   encoder_cmd->add_option("--max-images-per-call", encoder_options.max_images_per_call,
                           "Images per Encode call at most")
       ->check(CLI::PositiveNumber);
+  encoder_cmd->add_option("--router", encoder_options.router,
+                          "Router registry host:port to register with (empty: none)");
+  encoder_cmd->add_option("--advertise", encoder_options.advertise,
+                          "Address the router reaches this encoder at (default: --listen)");
+  encoder_cmd->add_option("--drain-timeout-s", encoder_options.drain_timeout_s,
+                          "SIGTERM: finish Encode calls in flight within this many seconds")
+      ->check(CLI::NonNegativeNumber);
+  encoder_cmd->add_option("--test-encode-delay-ms", encoder_options.test_encode_delay_ms,
+                          "Test only: hold every Encode call this long before it starts")
+      ->check(CLI::NonNegativeNumber);
   sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
 
   CLI11_PARSE(app, argc, argv);

@@ -14,6 +14,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/vision_encoder.h"
+#include "services/api/image_fetch.h"
 #include "services/api/multimodal_input.h"
 
 namespace sluice {
@@ -26,14 +27,22 @@ struct MultimodalFlags {
   int64_t encoder_cache_bytes = 256 << 20;  // embedding cache; 0: off
   // vLLM's --chat-template-content-format: auto (detected from the template), string, openai.
   std::string chat_template_content_format = "auto";
+  // http(s) image URLs (vLLM's --allowed-media-domains): comma-separated hosts fetched from,
+  // "*" any; empty: off (data URLs only). Limits: --max-image-bytes, the timeout, redirects.
+  std::string allowed_media_domains;
+  double media_fetch_timeout_s = 10;
+  int32_t media_max_redirects = 3;
 };
 
-void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags);
+// AddMultimodalFlags: the image flags; `with_cache`: also --encoder-cache-bytes (processes that
+// encode: serve, generate, encoder).
+void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags, bool with_cache = true);
 
 // MultimodalRuntime owns what MultimodalContext borrows.
 struct MultimodalRuntime {
   std::unique_ptr<vision::VisionEncoder> encoder;
   std::unique_ptr<vision::EmbeddingCache> cache;
+  std::unique_ptr<ImageFetcher> fetcher;
   MultimodalContext context;
 };
 
@@ -42,6 +51,13 @@ struct MultimodalRuntime {
 // --limit-mm-per-prompt or content format, an image token the tokenizer cannot spell; those of
 // VisionEncoder::Load.
 absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadMultimodal(
+    const std::string& model_dir, const MultimodalFlags& flags, const Tokenizer& tokenizer,
+    const ChatTemplate* chat_template);
+
+// LoadRouterMultimodal: the router's context (no encoder: images are checked and sent to
+// encoder workers), from config.json and preprocessor_config.json only (no weights). Null for a
+// text-only model folder. Errors: as LoadMultimodal, and those of the two config parsers.
+absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadRouterMultimodal(
     const std::string& model_dir, const MultimodalFlags& flags, const Tokenizer& tokenizer,
     const ChatTemplate* chat_template);
 

@@ -97,6 +97,15 @@ int RunRouter(const RouterOptions& options) {
     return 1;
   }
 
+  // Images: checked here (the same 400s as `sluice serve`) and encoded by encoder workers.
+  absl::StatusOr<std::unique_ptr<MultimodalRuntime>> multimodal =
+      LoadRouterMultimodal(options.model_dir, options.multimodal, **tokenizer,
+                           chat_template.get());
+  if (!multimodal.ok()) {
+    spdlog::error("cannot set up image input: {}", multimodal.status().ToString());
+    return 1;
+  }
+
   WorkerRegistryOptions registry_options;
   registry_options.lease = absl::Seconds(options.lease_seconds);
   registry_options.suspect_grace = absl::Seconds(options.suspect_grace_seconds);
@@ -129,6 +138,13 @@ int RunRouter(const RouterOptions& options) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }
   service_options.auth = auth->get();
+  if (*multimodal != nullptr) {
+    service_options.multimodal = &(*multimodal)->context;
+    spdlog::info("vision-language model: {} tokens per image, at most {} images per prompt; "
+                 "images go to registered encoder workers",
+                 (*multimodal)->context.tokens_per_image,
+                 (*multimodal)->context.max_images_per_prompt);
+  }
   // Chat template renders and tokenization run off the HTTP I/O threads.
   service_options.render_threads = 2;
   service_options.custom_template_render_threads = 1;
@@ -147,6 +163,7 @@ int RunRouter(const RouterOptions& options) {
   auto plan_now = [planner_ptr, &registry]() {
     std::vector<PlannerWorker> workers;
     for (const WorkerSnapshot& w : registry.List()) {
+      if (w.role == WorkerRole::kEncoder) continue;  // the planner sizes prefill and decode
       PlannerWorker pw;
       pw.worker_id = w.worker_id;
       pw.prefill = w.role == WorkerRole::kPrefill;
@@ -168,6 +185,7 @@ int RunRouter(const RouterOptions& options) {
   inference_options.served_model_name = model_name;
   inference_options.max_concurrent_requests = options.max_concurrent_requests;
   inference_options.auth = auth->get();
+  inference_options.multimodal = service_options.multimodal;
   inference_options.health = [registry_ptr]() {
     return registry_ptr->CountLive(WorkerRole::kDecode) > 0
                ? absl::OkStatus()

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "services/router/planner.h"
+#include "services/serve/multimodal_setup.h"
 #include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/router/remote_backend.h"
@@ -42,6 +43,9 @@ struct RouterOptions {
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
   ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)
   PlannerOptions planner;        // SLOs and window of GET /v1/planner (services/router/planner.h)
+  // Vision-language models: image limits and the template's content format (no cache: the
+  // encoder workers cache embeddings).
+  MultimodalFlags multimodal;
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

@@ -98,6 +98,8 @@ int Run(const WorkerOptions& options, Role role) {
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  // Requests with images carry their embeddings inline (mm_inputs, 9 MiB per LLaVA-1.5 image).
+  builder.SetMaxReceiveMessageSize(256 << 20);
   WorkerGrammars grammars(runtime->tokenizer.get());  // outlives the services
   std::unique_ptr<PrefillService> prefill;
   std::unique_ptr<DecodeService> decode;

@@ -1,5 +1,6 @@
 #include "services/worker_common/worker_wire.h"
 
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv/swa_replay.h"
@@ -89,6 +90,35 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out) {
     out->mutable_error()->set_code(static_cast<int32_t>(in.status.code()));
     out->mutable_error()->set_message(std::string(in.status.message()));
   }
+}
+
+absl::StatusOr<std::vector<MultimodalInput>> MmInputsFromWire(
+    const google::protobuf::RepeatedPtrField<v1::MultimodalInput>& in) {
+  std::vector<MultimodalInput> out;
+  out.reserve(in.size());
+  for (int i = 0; i < in.size(); ++i) {
+    const v1::MultimodalInput& w = in.Get(i);
+    if (w.content_hash().size() != 16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mm_inputs[", i, "].content_hash must be 16 bytes"));
+    }
+    if (w.embeddings().size() % sizeof(float) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mm_inputs[", i, "].embeddings is not whole float32 values"));
+    }
+    MultimodalInput mm;
+    mm.offset = w.offset();
+    mm.num_tokens = w.num_tokens();
+    for (int b = 0; b < 8; ++b) {
+      mm.content_hash.lo |= uint64_t{static_cast<uint8_t>(w.content_hash()[b])} << (8 * b);
+      mm.content_hash.hi |= uint64_t{static_cast<uint8_t>(w.content_hash()[8 + b])} << (8 * b);
+    }
+    auto values = std::make_shared<std::vector<float>>(w.embeddings().size() / sizeof(float));
+    std::memcpy(values->data(), w.embeddings().data(), w.embeddings().size());  // little-endian
+    mm.embeddings = std::move(values);
+    out.push_back(std::move(mm));
+  }
+  return out;
 }
 
 std::vector<transfer::KvRegion> KvRegionsOf(KvCache& cache) {

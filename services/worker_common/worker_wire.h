@@ -14,6 +14,7 @@
 #include "sluice/v1/common.pb.h"
 #include "services/worker_common/peer_kv_blocks.h"
 #include "sluice/v1/kv.pb.h"
+#include "sluice/v1/worker.pb.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice {
@@ -25,6 +26,12 @@ void PromptLogprobToWire(const PromptLogprob& in, v1::PromptLogprob* out);
 v1::FinishReason FinishReasonToWire(FinishReason reason);
 // OutputToWire: one engine output as a stream message (usage totals, error for kError).
 void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);
+
+// MmInputsFromWire: a request's images (PrefillRequest / ReserveRequest / DecodeRequest
+// .mm_inputs) with their embeddings. Errors: InvalidArgument for a content hash that is not 16
+// bytes, or embeddings that are not whole float32 values (the engine checks the shape).
+absl::StatusOr<std::vector<MultimodalInput>> MmInputsFromWire(
+    const google::protobuf::RepeatedPtrField<v1::MultimodalInput>& in);
 
 // KvRegionsOf: the transfer regions of a KV cache, in the order both workers use: for each
 // layer its k array, then its v array (omitted when v_floats_per_token is 0).

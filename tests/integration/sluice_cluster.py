@@ -122,11 +122,13 @@ class Proc:
 
 
 class Cluster:
-    """`sluice router` + N prefill + M decode workers on loopback."""
+    """`sluice router` + N prefill + M decode (+ K encoder) workers on loopback."""
 
     def __init__(self, num_prefill, num_decode, worker_args=(), router_args=(), role_args=None,
-                 model_dir=MODEL_DIR):
-        """worker_args go to every worker, role_args[role] (e.g. {"prefill": [...]}) to one role."""
+                 model_dir=MODEL_DIR, num_encoder=0):
+        """worker_args go to every prefill/decode worker, role_args[role] (e.g.
+        {"prefill": [...]}, {"encoder": [...]}) to one role. Encoders (`sluice encoder`, a
+        vision-language model_dir) register with the router like the other workers."""
         role_args = role_args or {}
         self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
         self.http_port, self.grpc_port = free_port(), free_port()
@@ -149,8 +151,16 @@ class Cluster:
                     f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
                     "--http-port", str(http_port), *worker_args, *role_args.get(role, ())],
                     self.dir)
+        for i in range(num_encoder):
+            name = f"encoder-{i}"
+            http_port = free_port()
+            self.metrics_urls[name] = f"http://127.0.0.1:{http_port}/metrics"
+            self.workers[name] = Proc(name, [
+                binary, "encoder", "--model", str(model_dir), "--listen",
+                f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
+                "--http-port", str(http_port), *role_args.get("encoder", ())], self.dir)
         try:
-            self.wait_registered(num_prefill, num_decode)
+            self.wait_registered(num_prefill, num_decode, num_encoder=num_encoder)
         except BaseException:
             # The fixture never gets a Cluster to stop: stop what started, or the workers
             # outlive the test run (they retry registration forever).
@@ -163,7 +173,8 @@ class Cluster:
     def addresses(self, role):
         return {w["address"] for w in self.workers_json() if w["role"] == role}
 
-    def wait_registered(self, num_prefill, num_decode, timeout=STARTUP_TIMEOUT_S):
+    def wait_registered(self, num_prefill, num_decode, timeout=STARTUP_TIMEOUT_S,
+                        num_encoder=0):
         def ready():
             for proc in [self.router, *self.workers.values()]:
                 if proc.proc.poll() is not None:
@@ -171,8 +182,10 @@ class Cluster:
             live = [w for w in self.workers_json() if not w["draining"]]
             return (sum(w["role"] == "prefill" for w in live) == num_prefill and
                     sum(w["role"] == "decode" for w in live) == num_decode and
+                    sum(w["role"] == "encoder" for w in live) == num_encoder and
                     http_get(self.url + "/health")[0] == 200)
-        wait_until(ready, timeout, f"{num_prefill} prefill + {num_decode} decode registered")
+        wait_until(ready, timeout, f"{num_prefill} prefill + {num_decode} decode + "
+                   f"{num_encoder} encoder registered")
 
     def metric(self, name):
         """Sum of every sample of `name` in the router's /metrics."""

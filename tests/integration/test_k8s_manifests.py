@@ -172,7 +172,7 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 def test_kubectl_renders_without_errors():
     for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2",
-                 K8S / "overlays" / "keda"):
+                 K8S / "overlays" / "keda", K8S / "overlays" / "vision"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -227,3 +227,38 @@ def test_workloads_run_the_image_non_root_on_a_read_only_root():
         mounts["/tmp"]]
     dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
     assert "USER 65532:65532" in dockerfile and "/models" in dockerfile
+
+
+def test_vision_overlay_adds_the_encoder_pool():
+    """overlays/vision: the encoder Deployment + headless Service beside the base pools, every
+    pool on the same LLaVA folder (the image content hashes must agree), the encoder registering
+    with the router's gRPC port, probed on /health, draining within its grace period."""
+    if not KUBECTL:
+        pytest.skip("kubectl not installed: the overlay's patches need kustomize")
+    docs = render(K8S / "overlays" / "vision")
+    deployments = by_kind(docs, "Deployment")
+    services = by_kind(docs, "Service")
+    assert set(deployments) == {"sluice-router", "sluice-prefill", "sluice-decode",
+                                "sluice-encoder"}
+    assert "sluice-encoder" in services
+    models = {name: container(d)["args"][container(d)["args"].index("--model") + 1]
+              for name, d in deployments.items()}
+    assert set(models.values()) == {"/models/llava"}, models
+    encoder = deployments["sluice-encoder"]
+    c = container(encoder)
+    assert c["args"][0] == "encoder"
+    assert c["args"][c["args"].index("--router") + 1] == "sluice-router:7000"
+    assert c["args"][c["args"].index("--listen") + 1] == "$(POD_IP):7300"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"grpc": 7300, "http": 9000}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["securityContext"]["runAsUser"] == 65532
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    drain = float(c["args"][c["args"].index("--drain-timeout-s") + 1])
+    grace = encoder["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert sleep + drain < grace
+    selector = services["sluice-encoder"]["spec"]["selector"]
+    assert selector.items() <= encoder["spec"]["template"]["metadata"]["labels"].items()
+    assert {p["targetPort"] for p in services["sluice-encoder"]["spec"]["ports"]} <= set(ports)

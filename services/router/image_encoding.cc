@@ -1,0 +1,88 @@
+#include "services/router/image_encoding.h"
+
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace sluice {
+
+std::vector<size_t> PendingImages(const EngineRequest& request) {
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < request.mm_inputs.size(); ++i) {
+    if (request.mm_inputs[i].embeddings == nullptr) pending.push_back(i);
+  }
+  return pending;
+}
+
+v1::EncodeRequest EncodeRequestFor(const EngineRequest& request,
+                                   const std::vector<size_t>& pending) {
+  v1::EncodeRequest out;
+  for (size_t i : pending) {
+    const MultimodalInput& mm = request.mm_inputs[i];
+    out.add_images(mm.image != nullptr ? *mm.image : std::string());
+  }
+  return out;
+}
+
+std::string ContentHashToWire(const BlockHash& hash) {
+  std::string key(16, '\0');
+  for (int b = 0; b < 8; ++b) {
+    key[b] = static_cast<char>(hash.lo >> (8 * b));
+    key[8 + b] = static_cast<char>(hash.hi >> (8 * b));
+  }
+  return key;
+}
+
+absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
+                                 const std::vector<size_t>& pending, EngineRequest* request) {
+  if (static_cast<size_t>(reply.embeddings_size()) != pending.size()) {
+    return absl::InternalError(absl::StrCat("the encoder answered ", reply.embeddings_size(),
+                                            " embeddings for ", pending.size(), " images"));
+  }
+  std::vector<std::shared_ptr<const std::vector<float>>> values;
+  for (size_t k = 0; k < pending.size(); ++k) {
+    const v1::ImageEmbedding& e = reply.embeddings(static_cast<int>(k));
+    const MultimodalInput& mm = request->mm_inputs[pending[k]];
+    // The hash covers the preprocessing config: a mismatch is an encoder set up differently.
+    if (e.content_hash() != ContentHashToWire(mm.content_hash)) {
+      return absl::InternalError(absl::StrCat(
+          "image ", pending[k], ": the encoder's content hash differs from the router's (is the "
+          "encoder serving the same model folder and preprocessor_config.json?)"));
+    }
+    const int64_t floats = int64_t{e.num_tokens()} * e.hidden_size();
+    if (e.num_tokens() != mm.num_tokens || e.hidden_size() <= 0 ||
+        static_cast<int64_t>(e.values().size()) != floats * int64_t{sizeof(float)}) {
+      return absl::InternalError(absl::StrCat(
+          "image ", pending[k], ": the encoder answered ", e.num_tokens(), " x ",
+          e.hidden_size(), " embeddings in ", e.values().size(), " bytes; the prompt has ",
+          mm.num_tokens, " placeholder tokens for it"));
+    }
+    auto v = std::make_shared<std::vector<float>>(static_cast<size_t>(floats));
+    std::memcpy(v->data(), e.values().data(), e.values().size());  // little-endian hosts
+    values.push_back(std::move(v));
+  }
+  for (size_t k = 0; k < pending.size(); ++k) {
+    MultimodalInput& mm = request->mm_inputs[pending[k]];
+    mm.embeddings = std::move(values[k]);
+    mm.image.reset();
+  }
+  return absl::OkStatus();
+}
+
+void MmInputsToWire(const std::vector<MultimodalInput>& in,
+                    google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out) {
+  out->Clear();
+  for (const MultimodalInput& mm : in) {
+    v1::MultimodalInput* w = out->Add();
+    w->set_offset(mm.offset);
+    w->set_num_tokens(mm.num_tokens);
+    w->set_content_hash(ContentHashToWire(mm.content_hash));
+    if (mm.embeddings != nullptr) {
+      w->set_embeddings(reinterpret_cast<const char*>(mm.embeddings->data()),
+                        mm.embeddings->size() * sizeof(float));
+    }
+  }
+}
+
+}  // namespace sluice

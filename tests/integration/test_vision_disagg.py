@@ -1,0 +1,312 @@
+"""Images through the router (issue 26): router + encoder + prefill + decode processes on
+../shared/fixtures/llava-tiny give the reference greedy tokens (the same as `sluice serve`, see
+tests/e2e/test_vision.py), over HTTP (both chat-template conventions, streaming) and gRPC; the
+encoder pool's cache and the prefill worker's prefix cache key on image content; bad images get
+the same 400s as `sluice serve` from the router; an encoder killed mid-request fails over to
+another, and with none left the request ends with a clean 503 while the router keeps serving."""
+
+import base64
+import io
+import json
+import pathlib
+import struct
+import threading
+import time
+import zlib
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+from tokenizers import Tokenizer
+
+from sluice_cluster import Cluster, Serve, sum_samples, http_get, wait_until
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FIXTURE = REPO.parent / "shared" / "fixtures" / "llava-tiny"
+MAX_PIXELS = 1_000_000
+MAX_BYTES = 100_000
+LIMITS = ["--limit-mm-per-prompt", '{"image": 3}', "--max-image-pixels", str(MAX_PIXELS),
+          "--max-image-bytes", str(MAX_BYTES), "--max-model-len", "256"]
+WORKER_ARGS = ["--max-model-len", "256"]
+
+pytestmark = pytest.mark.skipif(not FIXTURE.exists(), reason="llava-tiny fixture not found")
+
+
+def golden(name):
+    raw = (FIXTURE / "golden.safetensors").read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    meta = json.loads(raw[8:8 + n])[name]
+    begin, end = meta["data_offsets"]
+    dtype = {"I64": np.int64, "F32": np.float32}[meta["dtype"]]
+    return np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=dtype).reshape(meta["shape"])
+
+
+def image_part(data: bytes, mime="image/png", detail="auto"):
+    url = f"data:{mime};base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url, "detail": detail}}
+
+
+def png(array) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "PNG")
+    return out.getvalue()
+
+
+def fixture_image(name):
+    return (FIXTURE / name).read_bytes()
+
+
+PROMPT0 = [{"role": "user", "content": [image_part(fixture_image("image_0.png")),
+                                        {"type": "text", "text": "What is in this picture?"}]}]
+PROMPT1 = [
+    {"role": "system", "content": "You compare pictures."},
+    {"role": "user", "content": [
+        {"type": "text", "text": "Compare <|image|> with <|image|>. Which one is brighter?"},
+        image_part(fixture_image("image_1.png")),
+        image_part(fixture_image("image_2.jpg"), mime="image/jpeg", detail="high")]},
+]
+# Hugging Face convention: the template iterates over content parts (as in test_vision.py).
+HF_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<|image|>\\n' }}"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ eos_token + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+
+
+def chat(client, messages, max_tokens=32, **kw):
+    return client.chat.completions.create(model="llava-tiny", messages=messages, temperature=0,
+                                          max_tokens=max_tokens, **kw)
+
+
+def client_of(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="sk-unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
+
+
+def want_text(tokenizer, case):
+    return tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
+                router_args=LIMITS)
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def routed(cluster):
+    return client_of(cluster.url)
+
+
+@pytest.mark.parametrize("case,messages,extra", [
+    (0, PROMPT0, {}),
+    (1, PROMPT1, {}),
+    (0, PROMPT0, {"extra_body": {"chat_template": HF_TEMPLATE}}),
+], ids=["one-png", "system-png-jpeg-inline", "hf-content-parts"])
+def test_reference_greedy_tokens_through_the_router(routed, cluster, tokenizer, case, messages,
+                                                    extra):
+    remote = cluster.metric('sluice_router_prefills_total{where="remote"}')
+    images = cluster.metric("sluice_router_encoded_images_total")
+    reply = chat(routed, messages, **extra)
+    assert reply.choices[0].message.content == want_text(tokenizer, case)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.prompt_tokens == len(golden(f"input_ids_{case}"))
+    # Encoded by the encoder pool, prefilled on the prefill worker.
+    assert cluster.metric("sluice_router_encoded_images_total") == images + (2 if case else 1)
+    assert cluster.metric('sluice_router_prefills_total{where="remote"}') == remote + 1
+
+
+def test_streaming_with_an_image(routed, tokenizer):
+    stream = routed.chat.completions.create(model="llava-tiny", messages=PROMPT0, temperature=0,
+                                            max_tokens=32, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == want_text(tokenizer, 0)
+
+
+def test_same_output_as_sluice_serve_for_new_images(routed):
+    rng = np.random.default_rng(2626)
+    messages = [{"role": "user", "content": [
+        image_part(png(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8))),
+        {"type": "text", "text": "Tell me about it."},
+        image_part(png(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)))]}]
+    serve = Serve(model_dir=FIXTURE, args=LIMITS)
+    try:
+        want = chat(client_of(serve.url), messages, max_tokens=24)
+    finally:
+        serve.stop()
+    got = chat(routed, messages, max_tokens=24)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage.prompt_tokens == want.usage.prompt_tokens
+
+
+def encoder_counter(cluster, name):
+    return sum(cluster.worker_metric(w, name) for w in cluster.workers if w.startswith("encoder"))
+
+
+def test_same_image_hits_the_encoder_cache_and_the_prefix_cache(routed, cluster):
+    image = png(np.full((40, 50, 3), 91, dtype=np.uint8))
+    messages = [{"role": "user", "content": [image_part(image),
+                                             {"type": "text", "text": "Describe it, please."}]}]
+    first = chat(routed, messages)
+    hits = encoder_counter(cluster, "sluice_encoder_cache_hits_total")
+    misses = encoder_counter(cluster, "sluice_encoder_cache_misses_total")
+    # The second time may go to either encoder: send until the one that has it answers (the
+    # pool balances by load, so both take turns).
+    for _ in range(4):
+        second = chat(routed, messages)
+        assert second.choices[0].message.content == first.choices[0].message.content
+        # The prefill worker's prefix cache keys on the image: its blocks are reused.
+        assert second.usage.prompt_tokens_details.cached_tokens >= 16
+        if encoder_counter(cluster, "sluice_encoder_cache_hits_total") > hits:
+            break
+    assert encoder_counter(cluster, "sluice_encoder_cache_hits_total") >= hits + 1
+    assert encoder_counter(cluster, "sluice_encoder_cache_misses_total") <= misses + 1
+
+
+def test_different_images_give_different_outputs_and_share_no_blocks(routed):
+    def ask(pixels):
+        return chat(routed, [{"role": "user", "content": [
+            image_part(png(pixels)), {"type": "text", "text": "What colour is this?"}]}])
+
+    rng = np.random.default_rng(126)
+    a = ask(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    b = ask(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    assert a.choices[0].message.content != b.choices[0].message.content
+    # The image starts inside the first KV block: nothing of b's prompt is cached from a.
+    assert b.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def bad_images():
+    rng = np.random.default_rng(7)
+    whole = png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    bomb = (b"\x89PNG\r\n\x1a\n" +
+            chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>'
+    return [
+        ("truncated-png", [image_part(whole[:len(whole) // 2])], "truncated or corrupt PNG image"),
+        ("not-an-image", [image_part(b"hello, these bytes are no picture at all")],
+         "not a PNG, JPEG or WebP image"),
+        ("svg", [image_part(svg, mime="image/svg+xml")], "SVG images are not supported"),
+        ("over-pixel-limit", [image_part(png(np.zeros((1001, 1000, 3), dtype=np.uint8)))],
+         f"over the limit of {MAX_PIXELS} pixels"),
+        ("over-byte-limit", [image_part(png(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)))],
+         f"over the limit of {MAX_BYTES} bytes"),
+        ("decompression-bomb", [image_part(bomb)], "decompression bomb"),
+        ("http-url", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+         "image URLs (http/https) are not fetched"),
+        ("too-many-images", [image_part(whole)] * 4, "At most 3 image(s)"),
+        ("not-base64", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
+         "not valid base64"),
+    ]
+
+
+@pytest.mark.parametrize("name,parts,fragment", bad_images(), ids=[c[0] for c in bad_images()])
+def test_bad_images_are_the_same_400s_as_serve(routed, cluster, tokenizer, name, parts, fragment):
+    images = cluster.metric("sluice_router_encoded_images_total")
+    with pytest.raises(openai.BadRequestError) as err:
+        chat(routed, [{"role": "user", "content": parts + [{"type": "text", "text": "Hi"}]}])
+    assert err.value.status_code == 400
+    assert fragment in err.value.message, err.value.message
+    assert cluster.metric("sluice_router_encoded_images_total") == images  # refused at the router
+    assert chat(routed, PROMPT0).choices[0].message.content == want_text(tokenizer, 0)
+
+
+def test_grpc_generate_with_images_through_the_router(cluster):
+    import grpc
+    from test_router_grpc import common, pb, pb_grpc  # stubs generated from proto/ at import
+    stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{cluster.grpc_port}"))
+    prompt = pb.ChatPrompt(add_generation_prompt=True, messages=[
+        pb.ChatMessage(role="system", content="You compare pictures."),
+        pb.ChatMessage(role="user", parts=[
+            pb.ContentPart(text="Compare <|image|> with <|image|>. Which one is brighter?"),
+            pb.ContentPart(image=pb.ImagePart(data=fixture_image("image_1.png"))),
+            pb.ContentPart(image=pb.ImagePart(data=fixture_image("image_2.jpg"))),
+        ])])
+    request = pb.GenerateRequest(chat=prompt, detokenize=True,
+                                 sampling=common.SamplingParams(temperature=0, max_tokens=32))
+    ids = [t.token_id for out in stub.Generate(request, timeout=60) for t in out.tokens]
+    assert ids == golden("greedy_1").tolist()
+
+
+def test_decode_worker_prefills_images_itself(tokenizer):
+    """No prefill worker: the decode worker prefills, with the embeddings the router sent."""
+    c = Cluster(0, 1, num_encoder=1, model_dir=FIXTURE, worker_args=WORKER_ARGS,
+                router_args=LIMITS)
+    try:
+        reply = chat(client_of(c.url), PROMPT1)
+        assert reply.choices[0].message.content == want_text(tokenizer, 1)
+        assert c.metric('sluice_router_prefills_total{where="local"}') == 1
+    finally:
+        c.stop()
+
+
+def test_encoder_killed_mid_request_fails_over_then_errors_cleanly(tokenizer):
+    c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
+                router_args=LIMITS, role_args={"encoder": ["--test-encode-delay-ms", "1500"]})
+    client = client_of(c.url)
+    encoders = ["encoder-0", "encoder-1"]
+
+    def kill_the_busy_encoder():
+        busy = []
+
+        def found():
+            busy[:] = [e for e in encoders if c.workers[e].proc.poll() is None and
+                       c.worker_metric(e, "sluice_encoder_requests_running") > 0]
+            return busy
+        wait_until(found, 30, "an encoder busy with the request", interval=0.05)
+        c.workers[busy[0]].kill9()
+        encoders.remove(busy[0])
+
+    def in_background(fn):
+        result = {}
+
+        def run():
+            try:
+                result["reply"] = fn()
+            except Exception as e:  # noqa: BLE001 - checked by the caller
+                result["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        return t, result
+
+    try:
+        # 1. The encoder holding the images dies: another encoder takes them.
+        t, result = in_background(lambda: chat(client, PROMPT0))
+        kill_the_busy_encoder()
+        t.join(120)
+        assert "error" not in result, result
+        assert result["reply"].choices[0].message.content == want_text(tokenizer, 0)
+        assert c.metric('sluice_router_retries_total{stage="encode"}') >= 1
+        # 2. The last encoder dies mid-request: a clean 503 naming the encoders.
+        t, result = in_background(lambda: chat(client, PROMPT0))
+        kill_the_busy_encoder()
+        t.join(120)
+        err = result.get("error")
+        assert isinstance(err, openai.APIStatusError), result
+        assert err.status_code == 503, err
+        assert "encoder" in err.message, err.message
+        # 3. None left: images are refused at once with the reason; text still works.
+        wait_until(lambda: not any(w["role"] == "encoder" for w in c.workers_json()), 30,
+                   "the dead encoders removed")
+        with pytest.raises(openai.APIStatusError) as refused:
+            chat(client, PROMPT0)
+        assert refused.value.status_code == 503
+        assert "no encoder worker is registered" in refused.value.message
+        text = client.chat.completions.create(
+            model="llava-tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=4)
+        assert text.choices[0].finish_reason == "length"
+    finally:
+        c.stop()
