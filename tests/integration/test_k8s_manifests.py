@@ -172,10 +172,45 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")
 def test_kubectl_renders_without_errors():
     for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2",
-                 K8S / "overlays" / "keda", K8S / "overlays" / "vision"):
+                 K8S / "overlays" / "keda", K8S / "overlays" / "vision",
+                 K8S / "overlays" / "tls"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed (the overlay is patches only)")
+def test_tls_overlay_mounts_each_services_certificate():
+    """overlays/tls: every service mounts its own Secret (tls.crt, tls.key, ca.crt) read-only and
+    passes the files as --tls-cert/--tls-key/--tls-ca (mTLS between services, HTTPS on the
+    router); the key is readable by the image's user only through fsGroup; the router's probes
+    switch to HTTPS while the workers' plain-HTTP /health probes stay."""
+    docs = render(K8S / "overlays" / "tls")
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    assert set(workloads) == {"sluice-router", "sluice-prefill", "sluice-decode", "sluice-kvstore"}
+    for name, workload in workloads.items():
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == f"{name}-tls"
+        assert volumes["tls"]["secret"]["defaultMode"] == 0o440
+        assert pod["securityContext"]["fsGroup"] == 65532
+        c = container(workload)
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["tls"]["mountPath"] == "/etc/sluice/tls" and mounts["tls"]["readOnly"]
+        args = c["args"]
+        assert flag_value(args, "--tls-cert") == "/etc/sluice/tls/tls.crt", name
+        assert flag_value(args, "--tls-key") == "/etc/sluice/tls/tls.key", name
+        assert flag_value(args, "--tls-ca") == "/etc/sluice/tls/ca.crt", name
+        assert args.count("--tls-ca") == 1
+        schemes = {c[p]["httpGet"].get("scheme", "HTTP") for p in ("readinessProbe",
+                                                                    "livenessProbe")}
+        assert schemes == ({"HTTPS"} if name == "sluice-router" else {"HTTP"}), name
+    # Everything else is the base's.
+    base = {**by_kind(render(K8S / "base"), "Deployment"),
+            **by_kind(render(K8S / "base"), "StatefulSet")}
+    for name, workload in workloads.items():
+        args = container(workload)["args"]
+        assert args[:len(container(base[name])["args"])] == container(base[name])["args"]
 
 
 def test_keda_overlay_scales_each_pool_to_the_planners_number():
