@@ -15,10 +15,14 @@ as median [min, max] over the repeats. GB/s = 1e9 bytes/s (ucx_perftest prints M
 Handover part (--handover-requests > 0): a router + 1 prefill + 1 decode worker on this host
 (tests/integration/sluice_cluster.py; --handover-model, default sluice-mini-moe; the CPU engine
 unless --handover-worker-args says --device cuda) serve that many completions, per KV
-transfer mode (pull, push). From the decode worker's histograms: handover = prefill done ->
-decode's first output (sluice_kv_handover_seconds), transfer = the KV pull or push alone
-(sluice_kv_transfer_seconds); p50/p99 interpolated within the histogram buckets (Prometheus
-histogram_quantile), with the bucket that holds each quantile.
+transfer mode (--handover-modes: pull, push, layerwise). From the decode worker's histograms:
+handover = prefill done -> decode's first output (sluice_kv_handover_seconds; its mean is exact:
+sum / count), transfer = the KV pull or push alone (sluice_kv_transfer_seconds; in layerwise mode
+the prefill worker's: the push tail after the forward); p50/p99 interpolated within the
+histogram buckets (Prometheus histogram_quantile), with the bucket that holds each quantile.
+Client side (streamed): time to the first token (prefill's) and to the second (decode's first
+step), p50/p99 over the requests. --handover-prompt-words sets the prompt length (100 words:
+~210 tokens).
 
 Usage: .venv/bin/python bench/kv_transfer_bench.py [--build build] [--tls sm] [--repeats 3]
          [--handover-requests 200] [--out bench/results/kv_transfer.json]
@@ -158,15 +162,36 @@ def quantile(q, buckets):
     return None
 
 
-def completion_tokens(url, model, prompt, max_tokens):
-    """Prompt tokens of one greedy /v1/completions call (urllib: the bench runs with a bare
-    python3, on GPU machines too)."""
+def stream_times(url, model, prompt, max_tokens):
+    """(prompt tokens, seconds to the first streamed token, seconds to the second) of one greedy
+    streamed /v1/completions call."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
+                       "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())["usage"]["prompt_tokens"]
+    start = time.monotonic()
+    times, prompt_tokens = [], 0
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                prompt_tokens = chunk["usage"]["prompt_tokens"]
+            if any(c.get("text") for c in chunk.get("choices", [])):
+                times.append(time.monotonic() - start)
+    return prompt_tokens, times[0] if times else None, times[1] if len(times) > 1 else None
+
+
+def percentile(values, q):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return round(values[lo] + (values[hi] - values[lo]) * (k - lo), 6)
 
 
 def handover_part(args):
@@ -175,8 +200,8 @@ def handover_part(args):
 
     os.environ.setdefault("SLUICE_BIN", str(pathlib.Path(args.build).resolve() / "bin" / "sluice"))
     model_dir = pathlib.Path(args.handover_model) if args.handover_model else MODEL_DIR
-    out = {"model": str(model_dir)}
-    for mode in ("pull", "push"):
+    out = {"model": str(model_dir), "prompt_words": args.handover_prompt_words}
+    for mode in args.handover_modes.split(","):
         cluster = Cluster(1, 1, worker_args=["--kv-transfer-mode", mode,
                                              "--ucx-transports", args.tls,
                                              *args.handover_worker_args.split()],
@@ -184,21 +209,33 @@ def handover_part(args):
         try:
             with urllib.request.urlopen(cluster.url + "/v1/models", timeout=30) as r:
                 name = json.loads(r.read())["data"][0]["id"]
-            # Prompts of about 200 tokens (several KV blocks each), distinct so no prefix hits.
-            prompts = [f"Request {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(100))
+            # Distinct prompts (several KV blocks each) so there are no prefix hits.
+            words = args.handover_prompt_words
+            prompts = [f"Request {i}: " + " ".join(f"word{(i * 7 + j) % 97}" for j in range(words))
                        for i in range(args.handover_requests)]
             with concurrent.futures.ThreadPoolExecutor(args.handover_concurrency) as pool:
-                prompt_tokens = list(pool.map(
-                    lambda p: completion_tokens(cluster.url, name, p, 4), prompts))
+                timed = list(pool.map(lambda p: stream_times(cluster.url, name, p, 4), prompts))
+            prompt_tokens = [t[0] for t in timed]
             text = cluster.worker_metrics_text("decode-0")
             entry = {"requests": len(prompts),
                      "concurrency": args.handover_concurrency,
-                     "prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1)}
-            for key, metric in (("handover", "sluice_kv_handover_seconds"),
-                                ("transfer", "sluice_kv_transfer_seconds")):
-                b = histogram(text, metric)
-                entry[key] = {"count": b[-1][1] if b else 0, "p50": quantile(0.5, b),
-                              "p99": quantile(0.99, b)}
+                     "prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1),
+                     "client_first_token": {"p50": percentile([t[1] for t in timed], 0.5),
+                                            "p99": percentile([t[1] for t in timed], 0.99)},
+                     "client_second_token": {"p50": percentile([t[2] for t in timed], 0.5),
+                                             "p99": percentile([t[2] for t in timed], 0.99)}}
+            # Layerwise: the transfer is timed by the prefill worker (decode moves nothing).
+            transfer_text = (cluster.worker_metrics_text("prefill-0") if mode == "layerwise"
+                             else text)
+            for key, metric, source in (("handover", "sluice_kv_handover_seconds", text),
+                                        ("transfer", "sluice_kv_transfer_seconds",
+                                         transfer_text)):
+                b = histogram(source, metric)
+                total = sum(float(m) for m in re.findall(rf"^{metric}_sum(?:{{[^}}]*}})? (\S+)$", source,
+                                                       re.M))
+                count = b[-1][1] if b else 0
+                entry[key] = {"count": count, "mean": round(total / count, 6) if count else None,
+                              "p50": quantile(0.5, b), "p99": quantile(0.99, b)}
             out[mode] = entry
             print(f"handover {mode}: {json.dumps(entry)}", flush=True)
         finally:
@@ -252,6 +289,10 @@ def main():
                          "$SLUICE_BIN)")
     ap.add_argument("--handover-requests", type=int, default=200)
     ap.add_argument("--handover-concurrency", type=int, default=16)
+    ap.add_argument("--handover-modes", default="pull,push",
+                    help="KV transfer modes of the handover part (pull, push, layerwise)")
+    ap.add_argument("--handover-prompt-words", type=int, default=100,
+                    help="words per prompt (100: ~210 tokens)")
     ap.add_argument("--handover-model", default="",
                     help="model folder of the handover part (default: models/sluice-mini-moe)")
     ap.add_argument("--handover-worker-args", default="",

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "transfer/transfer_validation.h"
 
 namespace sluice::transfer {
 namespace {
@@ -383,35 +384,13 @@ absl::Status UcxTransferAgent::Transfer(const RemoteKvDescriptor& remote,
                                         bool is_put) {
   // Validate everything before touching UCX: a bad descriptor is an error,
   // never a crash.
-  if (remote.regions.size() != local_regions.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("descriptor has ", remote.regions.size(),
-                                                   " regions but ", local_regions.size(),
-                                                   " local regions were given"));
-  }
+  auto pairs = ValidateTransfer(remote, remote_runs, local_regions, local_runs);
+  if (!pairs.ok()) return pairs.status();
   if (remote.worker_address.empty()) {
     return absl::InvalidArgumentError("descriptor has an empty worker address");
   }
-  auto pairs = PairRuns(remote_runs, local_runs);
-  if (!pairs.ok()) return pairs.status();
-  int64_t max_remote_end = 0, max_local_end = 0;
-  for (const RunPair& p : *pairs) {
-    max_remote_end = std::max<int64_t>(max_remote_end, int64_t{p.remote_first} + p.num_blocks);
-    max_local_end = std::max<int64_t>(max_local_end, int64_t{p.local_first} + p.num_blocks);
-  }
-  for (size_t i = 0; i < local_regions.size(); ++i) {
-    const RemoteRegion& rr = remote.regions[i];
-    const KvRegion& lr = local_regions[i];
-    if (rr.block_bytes != lr.block_bytes || lr.block_bytes <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("region ", i, ": remote block_bytes ",
-                                                     rr.block_bytes, " != local block_bytes ",
-                                                     lr.block_bytes));
-    }
-    if (max_remote_end > rr.num_blocks || max_local_end > lr.num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region ", i, ": block runs reach block ", std::max(max_remote_end, max_local_end) - 1,
-          " beyond remote num_blocks ", rr.num_blocks, " or local num_blocks ", lr.num_blocks));
-    }
-    if (rr.rkey.empty()) {
+  for (size_t i = 0; i < remote.regions.size(); ++i) {
+    if (remote.regions[i].rkey.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("region ", i, " has an empty remote key"));
     }
   }

@@ -105,6 +105,7 @@ class DeepseekV3Model : public Model {
   // The CPU kernels fix every reduction's order per output element (kernels/linear, rms_norm,
   // mla_attention per (token, head) over all keys, MoE combine per token in top-k order).
   bool IsBatchInvariant() const override { return true; }
+  bool SupportsLayerKvHook() const override { return true; }
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   absl::Status Shard(const ParallelShard& shard) override;
@@ -558,6 +559,8 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
     absl::Status status;
     Attention(l, input, kv_cache, num_tokens, &status);
     SLUICE_RETURN_IF_ERROR(status);
+    // The layer's latent KV is in the cache: a layer-by-layer push may move it from here on.
+    if (input.on_layer_kv_written) input.on_layer_kv_written(static_cast<int32_t>(l), nullptr);
     kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), w.post_attention_norm.data(),
                            ws_.normed.data(), num_tokens, h, eps);
     SLUICE_RETURN_IF_ERROR(Mlp(w, num_tokens));

@@ -84,6 +84,7 @@ class LlamaModel : public Model {
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
   bool SupportsSwaReplay() const override { return true; }
+  bool SupportsLayerKvHook() const override { return true; }
   // The CPU kernels fix every reduction's order per output element (kernels/linear,
   // rms_norm, attention: one pass over all keys per query, no split-KV).
   bool IsBatchInvariant() const override { return true; }
@@ -477,6 +478,8 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
                                kv_dim, kv_dim, cache.k(static_cast<int64_t>(li)),
                                cache.v(static_cast<int64_t>(li)));
     }
+    // The layer's K/V are in the cache: a layer-by-layer push may move them from here on.
+    if (in.on_layer_kv_written) in.on_layer_kv_written(static_cast<int32_t>(li), nullptr);
     ap.sliding_window = L.sliding_window;
     if (L.sliding_window > 0 && bounded) {
       SlidingAttentionBounded(in, cache.k(static_cast<int64_t>(li)),

@@ -7,6 +7,7 @@
 #define SLUICE_ENGINE_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,12 @@ struct SequenceSlice {
   absl::Span<const int32_t> block_table;
 };
 
+// LayerKvWait: blocks until a layer's K/V written by a step is complete in memory (a device
+// backend's event on its compute stream); OK, or the device's error.
+using LayerKvWait = std::function<absl::Status()>;
+// LayerKvHook: ForwardInput::on_layer_kv_written.
+using LayerKvHook = std::function<void(int32_t layer, const LayerKvWait& wait)>;
+
 // ForwardInput is one step's plan.
 struct ForwardInput {
   std::vector<int32_t> token_ids;     // [num_tokens]
@@ -108,6 +115,15 @@ struct ForwardInput {
   // in text-only steps.
   std::vector<int32_t> embedding_rows;
   std::vector<float> embedding_values;
+
+  // Per-layer completion hook (layer-by-layer KV push from a prefill worker; empty in ordinary
+  // steps, which then run exactly as without it). When set, Forward/ForwardGreedy call it once
+  // per layer, in order 0..num_layers-1, on the forward's thread, after that layer's K/V of this
+  // step were written to the cache and before later layers' compute. `wait` is null when the
+  // K/V are already in memory (the CPU models); a device model passes one that blocks until
+  // they are (CUDA: an event recorded on the compute stream right after the write). The hook
+  // must not block (queue the work). Only models whose SupportsLayerKvHook() is true call it.
+  LayerKvHook on_layer_kv_written;
 };
 
 // ParallelShard names one rank's part of a tensor/expert-parallel model replica (issue 4;
@@ -247,6 +263,8 @@ class Model {
       absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {
     return absl::UnimplementedError("this model does not support device logits processing");
   }
+  // True when Forward and ForwardGreedy call ForwardInput::on_layer_kv_written.
+  virtual bool SupportsLayerKvHook() const { return false; }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.
   virtual bool SupportsSwaReplay() const { return false; }
   // DeviceKvArrays: for a model that keeps its KV cache in device memory (the CUDA runners),

@@ -395,6 +395,7 @@ class LLMEngineImpl final : public LLMEngine {
     }
     const int64_t vocab = model_->config().vocab_size;
     const bool device_greedy = DeviceGreedyStep(plan);
+    ArmLayerObservers(plan);
     absl::Status status;
     const Clock::time_point start = Now();
     if (device_greedy) {
@@ -405,6 +406,14 @@ class LLMEngineImpl final : public LLMEngine {
       status = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
     }
     const double seconds = std::chrono::duration<double>(Now() - start).count();
+    // A model without the per-layer hook: every layer is complete once the forward returned.
+    if (status.ok() && !layer_observers_.empty() && !model_->SupportsLayerKvHook()) {
+      for (int32_t l = 0; l < static_cast<int32_t>(kv_cache_.spec().num_layers); ++l) {
+        for (KvLayerObserver* o : layer_observers_) o->OnLayerReady(l, nullptr);
+      }
+    }
+    input_.on_layer_kv_written = nullptr;
+    layer_observers_.clear();
     // The confidence scheduler prices decode steps: prompt chunks (a cheaper per-token rate in
     // one large GEMM) would bend the fit.
     if (IsDecodeStep(plan)) {
@@ -450,6 +459,30 @@ class LLMEngineImpl final : public LLMEngine {
     }
     FlushWriteThrough();  // before finished sequences free their blocks
     RemoveFinished(finished, outputs);
+  }
+
+  // ArmLayerObservers: the sequences of `plan` that compute their last prompt tokens and carry
+  // a KvLayerObserver get their prompt blocks now and, through the forward's per-layer hook,
+  // each layer as it completes.
+  void ArmLayerObservers(const SchedulerOutput& plan) {
+    layer_observers_.clear();
+    for (const ScheduledSequence& s : plan.scheduled) {
+      Sequence& seq = *s.seq;
+      KvLayerObserver* observer = seq.request.kv_layer_observer.get();
+      if (observer == nullptr || !s.samples() || seq.num_output_tokens() > 0 ||
+          seq.num_computed_tokens >= seq.num_prompt_tokens()) {
+        continue;
+      }
+      const size_t n = static_cast<size_t>(
+          NumBlocksFor(seq.num_prompt_tokens(), options_.block_size));
+      observer->OnPromptBlocks(
+          absl::MakeConstSpan(seq.block_table).subspan(0, std::min(n, seq.block_table.size())));
+      layer_observers_.push_back(observer);
+    }
+    if (layer_observers_.empty() || !model_->SupportsLayerKvHook()) return;
+    input_.on_layer_kv_written = [this](int32_t layer, const LayerKvWait& wait) {
+      for (KvLayerObserver* o : layer_observers_) o->OnLayerReady(layer, wait);
+    };
   }
 
   // IsDecodeStep: every scheduled sequence computes only its last token (and drafts).
@@ -1260,6 +1293,8 @@ class LLMEngineImpl final : public LLMEngine {
   absl::flat_hash_map<std::string, Held> held_;
   absl::flat_hash_map<std::string, Reservation> reservations_;
   int64_t num_held_blocks_ = 0;
+  // Observers of the step running now (ArmLayerObservers); owned by their requests.
+  std::vector<KvLayerObserver*> layer_observers_;
   ForwardInput input_;
   std::vector<float> logits_;
   std::vector<GreedyToken> greedy_;  // [logits rows] of a DeviceGreedyStep / read step

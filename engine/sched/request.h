@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "engine/kv/block_hash.h"
 #include "engine/sample/sampler.h"
 #include "engine/sample/sampling_params.h"
@@ -34,6 +35,23 @@ struct MultimodalInput {
   // elsewhere: the router's requests, whose images an encoder worker encodes before prefill.
   // Engines take only inputs with embeddings.
   std::shared_ptr<const std::string> image;
+};
+
+// KvLayerObserver: follows, layer by layer, how a request's prompt KV becomes complete in the
+// engine's cache during the step that computes its last prompt tokens (a prefill worker's
+// layer-by-layer push, services/prefill). Called on the engine thread; must not block.
+class KvLayerObserver {
+ public:
+  virtual ~KvLayerObserver() = default;
+  // OnPromptBlocks: the step about to run computes the last prompt tokens; `block_ids` are the
+  // blocks that will hold the prompt's KV, in sequence order (RequestOutput::held_block_ids).
+  // Called once, before the step's forward.
+  virtual void OnPromptBlocks(absl::Span<const int32_t> block_ids) = 0;
+  // OnLayerReady: every prompt token's K/V of `layer` is complete once `wait` (null: already)
+  // returns OK. Called for each layer in order after OnPromptBlocks: during the forward when
+  // the model has the per-layer hook (Model::SupportsLayerKvHook), else all after it. If the
+  // step fails, the calls stop and the request ends with kError.
+  virtual void OnLayerReady(int32_t layer, std::function<absl::Status()> wait) = 0;
 };
 
 // EngineRequest: a tokenized prompt and its sampling parameters.
@@ -66,6 +84,9 @@ struct EngineRequest {
   // Scheduling class (vLLM's `priority`): with SchedulingPolicy kPriority or
   // kShortestPrefillFirst a lower value is prefilled first; ignored with kFcfs.
   int32_t priority = 0;
+  // Prefill mode (with hold_kv_blocks): told as each layer of the prompt's KV is complete, for a
+  // layer-by-layer push that overlaps the compute of the later layers. Null: none.
+  std::shared_ptr<KvLayerObserver> kv_layer_observer;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -22,7 +22,14 @@ std::chrono::system_clock::time_point DeadlineAfter(absl::Duration d) {
 }
 
 const char* ModeName(v1::KvTransferMode mode) {
-  return mode == v1::KV_TRANSFER_MODE_PUSH ? "push" : "pull";
+  switch (mode) {
+    case v1::KV_TRANSFER_MODE_PUSH:
+      return "push";
+    case v1::KV_TRANSFER_MODE_LAYERWISE:
+      return "layerwise";
+    default:
+      return "pull";
+  }
 }
 
 // OutcomeOf: a final stream message as a request outcome (sluice_worker_requests_total).
@@ -269,12 +276,22 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   // pull's completion reports Cancelled to the engine, which frees the blocks).
   void Cancel() {
     bool abort = false;
+    // A reservation whose KV a prefill worker may still be pushing layer by layer (layerwise
+    // mode, no answer that the push ended): freed only once no push can write into it.
+    absl::Time reserved_at = absl::InfinitePast();
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
       abort = state_ != State::kTransferring;
+      const bool pushed = prefill_.has_value() && prefill_->kv_pushed();
+      if (state_ == State::kReserved && !pushed) reserved_at = reserved_at_;
     }
-    if (abort) service_->engine()->Abort(engine_id_);
+    if (!abort) return;
+    if (reserved_at != absl::InfinitePast()) {
+      service_->AbortReservation(engine_id_, reserved_at);
+    } else {
+      service_->engine()->Abort(engine_id_);
+    }
   }
 
   void set_reserve_reply(std::function<void(const absl::StatusOr<std::vector<int32_t>>&)> reply) {
@@ -722,6 +739,15 @@ void DecodeService::ExpireUnclaimed(const std::shared_ptr<DecodeSession>& sessio
   });
 }
 
+void DecodeService::AbortReservation(const std::string& engine_id, absl::Time reserved_at) {
+  const absl::Time safe_at = reserved_at + options_.reserve_timeout;
+  if (options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE || safe_at <= absl::Now()) {
+    engine_->Abort(engine_id);
+    return;
+  }
+  pool_.PostAt(safe_at, [this, engine_id] { engine_->Abort(engine_id); });
+}
+
 void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {
   if (options_.test_transfer_delay > absl::ZeroDuration()) {
     pool_.PostAt(absl::Now() + options_.test_transfer_delay,
@@ -740,10 +766,16 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
       SendRelease(session->id(), prefill.prefill_worker_address());
       return;
     }
-    const v1::KvTransferMode theirs = prefill.kv_transfer_mode() == v1::KV_TRANSFER_MODE_PUSH
-                                          ? v1::KV_TRANSFER_MODE_PUSH
-                                          : v1::KV_TRANSFER_MODE_PULL;
-    const bool push = options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH;
+    const v1::KvTransferMode theirs =
+        prefill.kv_transfer_mode() == v1::KV_TRANSFER_MODE_PUSH ||
+                prefill.kv_transfer_mode() == v1::KV_TRANSFER_MODE_LAYERWISE
+            ? prefill.kv_transfer_mode()
+            : v1::KV_TRANSFER_MODE_PULL;
+    // Layerwise mode falls back to a push (PushKv) when the KV did not land during the prefill.
+    const bool push = options_.transfer_mode == v1::KV_TRANSFER_MODE_PUSH ||
+                      options_.transfer_mode == v1::KV_TRANSFER_MODE_LAYERWISE;
+    // Layerwise mode: every layer landed in this reservation before prefill answered.
+    const bool landed = theirs == v1::KV_TRANSFER_MODE_LAYERWISE && prefill.kv_pushed();
     const absl::Time start = absl::Now();
     // A claimed reservation lives through its transfer: the transfer has its timeout from the
     // claim (the engine's backstop timeout is longer than reserve_timeout + transfer_timeout,
@@ -768,15 +800,15 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     } else if (deadline <= start) {
       status = absl::DeadlineExceededError("the KV reservation expired before the transfer");
       reason = RecomputeReason::kReservationExpired;
-    } else {
+    } else if (!landed) {
       status = push ? RequestPush(session->id(), prefill, job->blocks, deadline, &safe_at)
                     : PullKv(prefill, job->blocks, deadline);
       metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
       if (absl::IsDeadlineExceeded(status)) reason = RecomputeReason::kTransferTimeout;
     }
-    // The ack: the prefill worker may free its pinned blocks (also after a failed pull). After a
-    // successful push it freed them itself.
-    if (!push || !status.ok()) {
+    // The ack: the prefill worker may free its pinned blocks (also after a failed pull, and
+    // after a layerwise push landed). After a successful PushKv it freed them itself.
+    if (!push || !status.ok() || landed) {
       absl::Status released = SendRelease(session->id(), prefill.prefill_worker_address());
       // A pull reads whatever the prefill worker's blocks hold: it is only known to have read
       // the pinned prompt KV if the pin was still there when acked. Otherwise (released by an

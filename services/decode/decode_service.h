@@ -103,6 +103,11 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   void StartTransfer(std::shared_ptr<DecodeSession> session);
   // ExpireUnclaimed frees `session`'s reservation at reserve_timeout unless a Decode claimed it.
   void ExpireUnclaimed(const std::shared_ptr<DecodeSession>& session);
+  // AbortReservation frees a cancelled reservation: at once, except in layerwise mode, where a
+  // prefill worker may still write into it until its pushes' deadline — which the router bounds
+  // by the reservation's life (PrefillRequest.decode_reservation_ttl_ms) —, so at
+  // `reserved_at` + reserve_timeout.
+  void AbortReservation(const std::string& engine_id, absl::Time reserved_at);
 
  private:
   std::shared_ptr<DecodeSession> NewSession(const std::string& request_id,

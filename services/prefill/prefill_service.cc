@@ -1,6 +1,7 @@
 #include "services/prefill/prefill_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -46,6 +47,23 @@ class PrefillReactor final : public grpc::ServerUnaryReactor {
   std::string request_id_;
 };
 
+// LayerPushObserver: feeds the engine's per-layer completion of a request's last prompt chunk
+// into its LayerwisePush (engine thread; LayerwisePush never blocks it).
+class LayerPushObserver final : public KvLayerObserver {
+ public:
+  explicit LayerPushObserver(std::shared_ptr<transfer::LayerwisePush> push)
+      : push_(std::move(push)) {}
+  void OnPromptBlocks(absl::Span<const int32_t> block_ids) override {
+    (void)push_->Start(block_ids);  // an error fails the push, and with it the Prefill call
+  }
+  void OnLayerReady(int32_t layer, std::function<absl::Status()> wait) override {
+    push_->LayerReady(layer, std::move(wait));
+  }
+
+ private:
+  std::shared_ptr<transfer::LayerwisePush> push_;
+};
+
 }  // namespace
 
 PrefillService::PrefillService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
@@ -73,16 +91,45 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     reactor->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill worker is draining"));
     return reactor;
   }
+  std::shared_ptr<transfer::LayerwisePush> layer_push;
   if (request->has_decode_reservation()) {
-    reactor->End(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED,
-        "PrefillRequest.decode_reservation (layer-by-layer push during compute) is not "
-        "implemented; push mode moves the KV after prefill through PushKv"));
-    return reactor;
+    if (options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE) {
+      reactor->End(grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          "KV transfer mode mismatch: the router sent a decode reservation for a layer-by-layer "
+          "push but this prefill worker does not run --kv-transfer-mode layerwise"));
+      return reactor;
+    }
+    const absl::Time received = absl::Now();
+    const absl::Duration ttl = request->decode_reservation_ttl_ms() > 0
+                                   ? absl::Milliseconds(request->decode_reservation_ttl_ms())
+                                   : options_.default_push_timeout;
+    absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> made =
+        MakeLayerwisePush(request->request_id(), request->decode_reservation(), received + ttl);
+    if (!made.ok()) {
+      reactor->End(ToGrpc(made.status()));
+      return reactor;
+    }
+    layer_push = *std::move(made);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!layer_pushes_.emplace(request->request_id(), layer_push).second) {
+      reactor->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                "a layerwise push of this request is already running"));
+      return reactor;
+    }
+  }
+  if (layer_push != nullptr) {
+    // Registered first, so it runs before the answer: afterwards no push reads the blocks.
+    const std::string id = request->request_id();
+    layer_push->OnDone([this, id](const absl::Status&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      layer_pushes_.erase(id);
+    });
   }
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
       RequestGrammar(options_.grammars, request->sampling());
   if (!grammar.ok()) {
+    if (layer_push != nullptr) layer_push->Cancel(grammar.status());
     reactor->End(ToGrpc(grammar.status()));
     return reactor;
   }
@@ -101,21 +148,31 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   er.priority = request->priority();
   er.mm_inputs = *std::move(mm_inputs);
   er.hold_kv_blocks = true;
+  if (layer_push != nullptr) er.kv_layer_observer = std::make_shared<LayerPushObserver>(layer_push);
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
   queued_tokens_ += num_prompt;
   const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const absl::Time arrival = absl::Now();
   absl::Status s = engine_->Submit(
       std::move(er),
-      [this, reactor, response, num_prompt, layout, arrival](const RequestOutput& out) {
+      [this, reactor, response, num_prompt, layout, arrival,
+       layer_push](const RequestOutput& out) {
         if (!out.finished()) return;  // hold mode: the only output is the final one
         queued_tokens_ -= num_prompt;
-        if (out.finish_reason == FinishReason::kError) {
-          reactor->End(ToGrpc(out.status));
-          return;
-        }
-        if (out.finish_reason == FinishReason::kAbort) {
-          reactor->End(grpc::Status(grpc::StatusCode::CANCELLED, "prefill aborted"));
+        if (out.finish_reason == FinishReason::kError ||
+            out.finish_reason == FinishReason::kAbort) {
+          const grpc::Status error =
+              out.finish_reason == FinishReason::kError
+                  ? ToGrpc(out.status)
+                  : grpc::Status(grpc::StatusCode::CANCELLED, "prefill aborted");
+          if (layer_push == nullptr) {
+            reactor->End(error);
+            return;
+          }
+          // Answer only once no push of this request can still write into the reservation
+          // (the router may hand it to another prefill worker).
+          layer_push->Cancel(FromGrpc(error));
+          layer_push->OnDone([reactor, error](const absl::Status&) { reactor->End(error); });
           return;
         }
         const absl::Time finished = absl::Now();
@@ -154,16 +211,107 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           // Both modes: Release answers from this record (pull) and PushKv reads it (push).
           RememberHeld(out.request_id, out.held_block_ids);
         }
-        reactor->End(grpc::Status::OK);
+        if (layer_push == nullptr) {
+          reactor->End(grpc::Status::OK);
+          return;
+        }
+        if (!out.kv_held) {
+          // The first token ended the request: the decode worker is not needed.
+          layer_push->Cancel(absl::CancelledError("the request finished with its first token"));
+          layer_push->OnDone([reactor](const absl::Status&) { reactor->End(grpc::Status::OK); });
+          return;
+        }
+        // The answer waits for the last layers' pushes; the first ones ran during the forward.
+        const std::string id = out.request_id;
+        layer_push->OnDone([this, reactor, response, id, finished,
+                            layer_push](const absl::Status& pushed) {
+          metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - finished), pushed.ok());
+          if (pushed.ok()) {
+            response->set_kv_pushed(true);
+            reactor->End(grpc::Status::OK);
+            return;
+          }
+          // The reservation holds partial KV: fail the call and free the pinned blocks here;
+          // the router cancels the reservation (or retries the prefill into it).
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            held_.erase(id);
+          }
+          engine_->ReleaseHeldBlocks(id);
+          reactor->End(ToGrpc(pushed));
+        });
       });
   if (!s.ok()) {
     queued_tokens_ -= num_prompt;
+    if (layer_push != nullptr) layer_push->Cancel(s);
     reactor->End(ToGrpc(s));
   }
   return reactor;
 }
 
+absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLayerwisePush(
+    const std::string& request_id, const v1::KvBlocks& destination, absl::Time deadline) {
+  const KvCacheSpec& spec = engine_->kv_cache().spec();
+  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
+  if (!SameKvLayout(destination.layout(), own)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV layout mismatch for request '", request_id, "': decode ",
+        DescribeKvLayout(destination.layout()), "; prefill ", DescribeKvLayout(own)));
+  }
+  // With SWA replay only the full-attention layers' regions (the decode worker replays the
+  // rest); the other layers' groups have nothing to move.
+  absl::StatusOr<TransferRegions> moved =
+      ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
+  if (!moved.ok()) return moved.status();
+  absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
+      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
+  if (!dest_runs.ok()) return dest_runs.status();
+  // KvRegionsOf's order: per layer its k region, then its v region when there is one.
+  const int32_t per_layer = spec.v_floats_per_token > 0 ? 2 : 1;
+  std::vector<int32_t> region_layers;
+  for (int32_t index : transfer_region_indices_) region_layers.push_back(index / per_layer);
+  transfer::LayerwisePush::Options options;
+  options.num_layers = static_cast<int32_t>(spec.num_layers);
+  options.layers_per_group = std::max(1, options_.layerwise_group_layers);
+  // The engine may free the pinned blocks at the pin timeout: every push ends before.
+  options.deadline = std::min(deadline, absl::Now() + options_.pin_timeout - kPinMargin);
+  transfer::KvTransferAgent* agent = agent_;
+  const int fail_group = options_.test_fail_layer_group;
+  auto groups_posted = std::make_shared<std::atomic<int>>(0);  // pushes run one at a time
+  return transfer::LayerwisePush::Create(
+      [agent, fail_group, groups_posted](const transfer::RemoteKvDescriptor& remote,
+                                         absl::Span<const transfer::BlockRun> remote_runs,
+                                         absl::Span<const transfer::KvRegion> local,
+                                         absl::Span<const transfer::BlockRun> local_runs,
+                                         absl::Time d) {
+        if (groups_posted->fetch_add(1) == fail_group) {
+          return absl::UnavailableError("test: injected failure of this layer group's push");
+        }
+        return agent->Push(remote, remote_runs, local, local_runs, d);
+      },
+      [this](std::function<void()> job) { pool_.Post(std::move(job)); },
+      std::move(moved->remote), *std::move(dest_runs), std::move(moved->local),
+      std::move(region_layers), options);
+}
+
 void PrefillService::DropRequest(const std::string& request_id) {
+  std::shared_ptr<transfer::LayerwisePush> layer_push;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = layer_pushes_.find(request_id);
+    if (it != layer_pushes_.end()) layer_push = it->second;
+  }
+  if (layer_push != nullptr) {
+    // A push may read the blocks: they are freed only once it ended (its last write then
+    // carries intact KV, whoever uses the reservation next).
+    layer_push->Cancel(absl::CancelledError("the Prefill call was cancelled"));
+    layer_push->OnDone([this, request_id](const absl::Status&) { DropNow(request_id); });
+    return;
+  }
+  DropNow(request_id);
+}
+
+void PrefillService::DropNow(const std::string& request_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = held_.find(request_id);
@@ -233,7 +381,9 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
                                                  const v1::PushKvRequest* request,
                                                  v1::PushKvResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (options_.transfer_mode != v1::KV_TRANSFER_MODE_PUSH) {
+  // Layerwise mode pushes through here when the Prefill came without a reservation.
+  if (options_.transfer_mode != v1::KV_TRANSFER_MODE_PUSH &&
+      options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE) {
     reactor->Finish(grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         "KV transfer mode mismatch: this prefill worker runs --kv-transfer-mode pull but a decode "

@@ -2,8 +2,12 @@
 // AsyncEngine in prefill mode: Prefill runs the prompt with hold_kv_blocks, answers the first
 // token and the pinned blocks' descriptor; Release frees them. Push mode (--kv-transfer-mode
 // push): PushKv writes the pinned blocks into a decode worker's reservation over UCX (RMA put,
-// TaskPool thread, deadline), then frees them. Callback (reactor) API: no thread is held per
-// request; the engine thread finishes each Prefill call.
+// TaskPool thread, deadline), then frees them. Layerwise mode (--kv-transfer-mode layerwise):
+// a Prefill that carries the decode worker's reservation pushes each layer's KV into it as the
+// forward of the last prompt chunk completes the layer (transfer::LayerwisePush, fed by the
+// engine's KvLayerObserver), and answers with kv_pushed once every layer landed; without a
+// reservation it behaves as push mode. Callback (reactor) API: no thread is held per request;
+// the engine thread (or the push's last pool job) finishes each Prefill call.
 #ifndef SLUICE_SERVICES_PREFILL_PREFILL_SERVICE_H_
 #define SLUICE_SERVICES_PREFILL_PREFILL_SERVICE_H_
 
@@ -21,6 +25,7 @@
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/layerwise_push.h"
 #include "services/worker_common/worker_grammar.h"
 
 namespace sluice {
@@ -32,6 +37,10 @@ struct PrefillServiceOptions {
   absl::Duration pin_timeout = absl::Seconds(30);
   absl::Duration default_push_timeout = absl::Seconds(10);  // PushKv with timeout_ms 0
   int push_threads = 4;
+  // Layerwise mode: model layers per push (their K/V regions move in one RMA batch per run).
+  int layerwise_group_layers = 1;
+  // Test only: >= 0 makes the push of this layer group fail (Unavailable), as a dead peer would.
+  int test_fail_layer_group = -1;
   // SWA bounded replay in effect (EffectiveSwaReplayTokens of --swa-replay-tokens): > 0: only the
   // full-attention layers' KV is moved (announced in PrefillResponse.kv.swa_replay_tokens).
   int64_t swa_replay_tokens = 0;
@@ -78,6 +87,13 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
     bool pushing = false;  // a PushKv job reads the blocks: Release leaves them to it
   };
   void RememberHeld(const std::string& request_id, std::vector<int32_t> block_ids);
+  // MakeLayerwisePush: the layer-by-layer push of `request_id`'s prompt KV into `destination`
+  // (a decode reservation), ending by `deadline`. Errors: FailedPrecondition for another KV
+  // layout, InvalidArgument for a bad descriptor or runs.
+  absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> MakeLayerwisePush(
+      const std::string& request_id, const v1::KvBlocks& destination, absl::Time deadline);
+  // DropNow: DropRequest's work once no push reads the request's blocks.
+  void DropNow(const std::string& request_id);
   // RunPush: the PushKv job (pool thread). Frees the pinned blocks afterwards.
   absl::Status RunPush(const std::string& request_id, const v1::PushKvRequest& request,
                        std::vector<int32_t> block_ids, absl::Time deadline, int64_t* bytes);
@@ -94,6 +110,8 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   std::atomic<bool> draining_{false};
   std::mutex mu_;
   std::unordered_map<std::string, Held> held_;  // guarded by mu_
+  // Layerwise pushes not yet ended, by request id; guarded by mu_.
+  std::unordered_map<std::string, std::shared_ptr<transfer::LayerwisePush>> layer_pushes_;
   TaskPool pool_;                               // last: joined first
 };
 

@@ -393,11 +393,22 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
     rpc->request.set_max_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reservation_.reset();
+    }
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
     decode_stub_->async()->Reserve(
         &rpc->context, &rpc->request, &rpc->response,
         [self = shared_from_this(), rpc, deadline](grpc::Status status) {
           self->Detach(&rpc->context);
+          if (status.ok()) {
+            // Layerwise prefill workers write into it while they compute (StartPrefill).
+            std::lock_guard<std::mutex> lock(self->mu_);
+            self->reservation_ = rpc->response.kv();
+            self->reservation_usable_until_ =
+                absl::Now() + self->options_.decode_reserve_timeout - kPinMargin;
+          }
           self->ReserveAnswered(status, deadline);
         });
   }
@@ -508,11 +519,35 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     std::optional<WorkerSnapshot> worker =
         backend_->PickWorker(WorkerRole::kPrefill, request_, prompt_len_, bad_prefill_);
     if (!worker.has_value()) return PrefillPhaseEnded();
-    ++num_prefill_attempts_;
     // An idle prefill worker starts on the request at once: reserve on decode in parallel, so
     // the KV transfer can begin the moment prefill answers. Behind a queue, reserve when
     // prefill answers (PrefillPhaseEnded).
-    if (PrefillWorkerIdle(*worker)) BeginReserve();
+    const bool idle = PrefillWorkerIdle(*worker);
+    // A layerwise prefill worker pushes each layer into the decode reservation while it
+    // computes: it gets the reservation, so the call waits until the Reserve phase ended
+    // (ReserveEnded starts it again); an idle one's request reserves first. Without a
+    // reservation (behind a queue, or none could be made) it falls back to push mode.
+    std::optional<v1::KvBlocks> reservation;
+    absl::Duration reservation_ttl;
+    bool parked = false, reserve_first = false;
+    if (worker->layerwise_push) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reserving_) {
+        parked = prefill_parked_ = true;
+      } else if (reservation_.has_value()) {
+        reservation_ttl = reservation_usable_until_ - absl::Now();
+        if (reservation_ttl >= absl::Milliseconds(1)) reservation = reservation_;
+      } else if (idle && !reserve_started_) {
+        parked = prefill_parked_ = reserve_first = true;
+      }
+    }
+    if (parked) {
+      backend_->ReleaseWorker(worker->worker_id, request_.request_id);
+      if (reserve_first) BeginReserve();
+      return;
+    }
+    ++num_prefill_attempts_;
+    if (idle) BeginReserve();
     using Rpc = Unary<PrefillStub, v1::PrefillRequest, v1::PrefillResponse>;
     auto rpc = std::make_shared<Rpc>();
     rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(worker->address));
@@ -524,6 +559,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
     *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
+    if (reservation.has_value()) {
+      *rpc->request.mutable_decode_reservation() = *std::move(reservation);
+      rpc->request.set_decode_reservation_ttl_ms(
+          static_cast<int32_t>(absl::ToInt64Milliseconds(reservation_ttl)));
+    }
     if (!Attach(&rpc->context, worker->worker_id)) {
       return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
     }
@@ -565,12 +605,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // The Reserve and the prefill phase each end once; whichever ends second
   // goes on (Decode must claim the reservation, not race it).
   void ReserveEnded() {
-    bool go;
+    bool go, parked;
     {
       std::lock_guard<std::mutex> lock(mu_);
       reserving_ = false;
       go = prefill_phase_ended_;
+      parked = std::exchange(prefill_parked_, false);
     }
+    if (parked) return StartPrefill();  // a layerwise prefill waited for the reservation
     if (go) AfterPrefill();
   }
   void PrefillPhaseEnded() {
@@ -728,6 +770,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // `worker_failed`: decode_ failed as a process or connection (excluded from now on); else it
   // ended the request itself (its reservation expired, a transfer failed) and may take it again.
   void RetryDecodeWithPinnedKv(bool worker_failed = true) {
+    // A layerwise push landed in the old reservation: the next decode worker asks for a push.
+    if (prefill_.has_value()) prefill_->set_kv_pushed(false);
     if (worker_failed) {
       CancelOnDecode();  // a failed-but-alive worker drops its reservation
       bad_decode_.insert(decode_->worker_id);
@@ -755,6 +799,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // the Cancel cannot overtake it and cancel the new reservation (or the decode that follows:
   // a 503 "aborted" under load in test_decode_failover's re-reservation test).
   void ReserveAgain() {
+    if (prefill_.has_value()) prefill_->set_kv_pushed(false);  // it landed in the old one
     std::shared_ptr<DecodeStub> old_stub = decode_stub_;
     ReleaseDecode();
     backend_->Count(&RemoteBackendCounters::num_decode_rereserves);
@@ -828,6 +873,10 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   const absl::Time queue_until_;                        // the end of the wait for decode blocks
   absl::Time pin_until_ = absl::InfiniteFuture();       // pinned KV usable until; guarded by mu_
   absl::Time reserved_at_ = absl::InfiniteFuture();     // last Reserve OK on decode_
+  // The last Reserve's blocks and until when a push into them may run; guarded by mu_.
+  std::optional<v1::KvBlocks> reservation_;
+  absl::Time reservation_usable_until_ = absl::InfinitePast();
+  bool prefill_parked_ = false;  // a layerwise prefill waits for the Reserve; guarded by mu_
 
   // Flow state: touched by one step at a time (see the class comment).
   std::optional<WorkerSnapshot> decode_;  // the decode worker of this attempt (assigned)

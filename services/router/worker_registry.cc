@@ -25,7 +25,8 @@ WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, Clock clock)
 
 absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(WorkerRole role,
                                                                       const std::string& address,
-                                                                      const WorkerLoad& load) {
+                                                                      const WorkerLoad& load,
+                                                                      bool layerwise_push) {
   if (address.empty()) return absl::InvalidArgumentError("worker address is empty");
   std::vector<WorkerSnapshot> replaced;
   RemovedCallback callback;
@@ -47,6 +48,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(WorkerRole
     worker.role = role;
     worker.address = address;
     worker.load = load;
+    worker.layerwise_push = layerwise_push;
     worker.lease_expiry = clock_() + options_.lease;
     callback = on_removed_;
   }

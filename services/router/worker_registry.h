@@ -53,6 +53,9 @@ struct WorkerSnapshot {
   WorkerLoad load;
   bool draining = false;
   bool suspect = false;  // its lease lapsed: no new work until its next heartbeat
+  // A prefill worker in layerwise KV transfer mode: it takes the decode reservation in its
+  // Prefill call (WorkerInfo.kv_transfer_mode).
+  bool layerwise_push = false;
   int64_t num_assigned = 0;  // requests this router sent and has not released yet
   int64_t num_picked_total = 0;
   absl::Time lease_expiry;
@@ -89,9 +92,9 @@ class WorkerRegistry {
   // Register adds a worker and assigns it a fresh id. A worker already
   // registered at the same address is replaced (a restart): the old entry is
   // removed first (OnRemoved runs for it). InvalidArgument for an empty
-  // address.
+  // address. `layerwise_push`: WorkerSnapshot::layerwise_push.
   absl::StatusOr<Registration> Register(WorkerRole role, const std::string& address,
-                                        const WorkerLoad& load);
+                                        const WorkerLoad& load, bool layerwise_push = false);
   // Heartbeat extends the lease and records `load`. NotFound when the worker is
   // unknown (its lease already expired): the worker must Register again.
   absl::Status Heartbeat(const std::string& worker_id, const WorkerLoad& load);

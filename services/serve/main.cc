@@ -286,12 +286,21 @@ int main(int argc, char** argv) {
     cmd.add_option("--http-port", w.http_port, "Port for /metrics and /health (0: any free)")
         ->check(CLI::Range(0, 65535));
     cmd.add_option("--kv-transfer-mode", w.kv_transfer_mode,
-                   "pull: decode reads the KV; push: prefill writes it (same on every worker)")
-        ->check(CLI::IsMember({"pull", "push"}));
+                   "pull: decode reads the KV; push: prefill writes it after the prefill; "
+                   "layerwise: prefill writes each layer as it is computed (same on every "
+                   "worker)")
+        ->check(CLI::IsMember({"pull", "push", "layerwise"}));
     cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
                    "SIGTERM: finish requests in flight within this many seconds, then cut the "
                    "rest (the router moves cut decode streams elsewhere) and exit 0")
         ->check(CLI::NonNegativeNumber);
+    if (i == 0) {
+      cmd.add_option("--layerwise-group-layers", w.layerwise_group_layers,
+                     "Layerwise KV transfer: model layers moved per push")
+          ->check(CLI::PositiveNumber);
+      cmd.add_option("--test-fail-layer-push", w.test_fail_layer_push,
+                     "Test only: fail the push of this layer group in layerwise mode (-1: none)");
+    }
     if (i == 1) {
       cmd.add_option("--test-transfer-delay-ms", w.test_transfer_delay_ms,
                      "Test only: hold every KV transfer this long before it starts")

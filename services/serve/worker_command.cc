@@ -40,8 +40,11 @@ int Run(const WorkerOptions& options, Role role) {
     transfer_mode = v1::KV_TRANSFER_MODE_PULL;
   } else if (options.kv_transfer_mode == "push") {
     transfer_mode = v1::KV_TRANSFER_MODE_PUSH;
+  } else if (options.kv_transfer_mode == "layerwise") {
+    transfer_mode = v1::KV_TRANSFER_MODE_LAYERWISE;
   } else {
-    spdlog::error("--kv-transfer-mode must be pull or push, not '{}'", options.kv_transfer_mode);
+    spdlog::error("--kv-transfer-mode must be pull, push or layerwise, not '{}'",
+                  options.kv_transfer_mode);
     return 1;
   }
   if (options.http_port < 0 || options.http_port > 65535) {
@@ -117,6 +120,8 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
     prefill_options.grammars = &grammars;
+    prefill_options.layerwise_group_layers = options.layerwise_group_layers;
+    prefill_options.test_fail_layer_group = options.test_fail_layer_push;
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -191,6 +196,7 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.set_num_total_blocks(engine.Stats().num_total_blocks);
     reg.worker.set_max_model_len(engine.max_model_len());
     reg.worker.set_metrics_address(metrics_address);
+    reg.worker.set_kv_transfer_mode(transfer_mode);
     PrefillService* p = prefill.get();
     registration = std::make_unique<RegistrationClient>(reg, [&engine, p] {
       const AsyncEngineStats s = engine.Stats();

@@ -2,7 +2,7 @@
 //
 //   sluice prefill --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
 //   sluice decode  --model DIR --listen HOST:PORT --router HOST:PORT [engine flags]
-//     [--http-port N] [--kv-transfer-mode pull|push]
+//     [--http-port N] [--kv-transfer-mode pull|push|layerwise]
 // See services/prefill/README.md.
 #ifndef SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
 #define SLUICE_SERVICES_SERVE_WORKER_COMMAND_H_
@@ -24,11 +24,15 @@ struct WorkerOptions {
   double transfer_timeout_s = 10;   // decode: KV transfer deadline
   std::string http_host = "127.0.0.1";  // /metrics and /health (HTTP)
   int http_port = 0;                    // 0: any free port (printed at start)
-  std::string kv_transfer_mode = "pull";  // "pull" (decode reads) or "push" (prefill writes)
+  // "pull" (decode reads), "push" (prefill writes after the prefill) or "layerwise" (prefill
+  // writes each layer while it computes the next ones).
+  std::string kv_transfer_mode = "pull";
   // SIGTERM: stop taking work, finish what is held within this; the rest is cut (the router
   // migrates decode streams to other workers), then exit 0.
   double drain_timeout_s = 30;
   double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
+  int layerwise_group_layers = 1;     // prefill, layerwise mode: model layers per push
+  int test_fail_layer_push = -1;      // prefill, test only: this layer group's push fails
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

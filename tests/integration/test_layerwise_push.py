@@ -1,0 +1,106 @@
+"""Layer-by-layer KV push (`--kv-transfer-mode layerwise` on every worker): the router reserves
+decode blocks before the Prefill call and passes them along; the prefill worker pushes each
+layer's KV into them as its forward completes the layer (the transfer overlaps the later
+layers' compute) and answers once every layer landed; decode only acks and decodes.
+
+1. Concurrent greedy chats, short and long (a long one spans several prefill chunks), through
+   the router (1 prefill + 1 decode, layerwise) equal what `sluice serve` returns; every
+   continuing request's KV moved by the prefill worker's layerwise push (decode moved nothing)
+   and every KV block is free afterwards on both workers.
+2. A failing layer push (the prefill worker's test hook fails layer group 1) fails that prefill
+   cleanly: its pinned blocks are freed, the router falls back to a prefill on the decode worker
+   (same tokens), and the decode reservation the push wrote into is freed too.
+"""
+
+import concurrent.futures
+
+import openai
+import pytest
+
+from sluice_cluster import MODEL_NAME, Cluster, Serve, sum_samples, wait_until
+
+MAX_TOKENS = 12
+# Short chats and a few long prompts (hundreds of tokens: several blocks, several chunks).
+PROMPTS = ([f"Layer {i}: list {i % 5 + 2} animals that can swim." for i in range(8)] +
+           [f"Long {i}: " + " ".join(f"item{(i * 13 + j) % 211}" for j in range(90 + 100 * i))
+            for i in range(2)])
+
+
+def complete(client, prompt):
+    r = client.chat.completions.create(model=MODEL_NAME,
+                                       messages=[{"role": "user", "content": prompt}],
+                                       temperature=0, max_tokens=MAX_TOKENS)
+    return r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens
+
+
+def run_all(url, prompts):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=300, max_retries=0)
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: complete(client, p), prompts))
+
+
+def wait_blocks_free(cluster, timeout=20):
+    def free():
+        return all(cluster.worker_metric(name, "sluice_kv_cache_used_blocks") == 0
+                   for name in cluster.workers)
+    wait_until(free, timeout, "KV blocks free on every worker")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    serve = Serve()
+    try:
+        return run_all(serve.url, PROMPTS)
+    finally:
+        serve.stop()
+
+
+def test_layerwise_matches_sluice_serve(reference):
+    # Small prefill chunks: the long prompts take several steps, and only the last one pushes.
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "layerwise"),
+                      role_args={"prefill": ["--max-num-batched-tokens", "128"]})
+    try:
+        outputs = run_all(cluster.url, PROMPTS)
+        mismatches = [i for i in range(len(PROMPTS)) if outputs[i] != reference[i]]
+        assert not mismatches, (f"{len(mismatches)} differ, first {mismatches[0]}: "
+                                f"{outputs[mismatches[0]]} vs {reference[mismatches[0]]}")
+        wait_blocks_free(cluster)
+        prefill = cluster.worker_metrics_text("prefill-0")
+        decode = cluster.worker_metrics_text("decode-0")
+        # Every request decode continued had its KV pushed layer by layer (one transfer each on
+        # the prefill worker; a request whose first decode step ended it without a token shows
+        # no handover); decode pulled nothing and asked for no push.
+        continued = sum_samples(decode, "sluice_kv_handover_seconds_count")
+        pushes = sum_samples(prefill, "sluice_kv_transfer_seconds_count")
+        assert 0 < continued <= pushes <= len(PROMPTS), (continued, pushes)
+        assert sum_samples(decode, "sluice_kv_transfer_seconds_count") == 0
+        assert 'sluice_kv_transfers_total{result="failed"} 0' in prefill
+        assert 'sluice_kv_transfer_bytes_total{direction="push"} 0' not in prefill
+        assert 'sluice_kv_transfer_bytes_total{direction="pull"} 0' in decode
+        assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
+        assert 'sluice_prefill_held_released_total{reason="expired"} 0' in prefill
+    finally:
+        cluster.stop()
+
+
+def test_failed_layer_push_frees_blocks_on_both_sides(reference):
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "layerwise"),
+                      role_args={"prefill": ["--test-fail-layer-push", "1"],
+                                 "decode": ["--reserve-timeout-s", "3"]})
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        # One at a time: the first failure marks the prefill worker suspect for a moment.
+        got = [complete(client, PROMPTS[i]) for i in (0, 9)]
+        assert got == [reference[0], reference[9]]
+        prefill = cluster.worker_metrics_text("prefill-0")
+        assert sum_samples(prefill, 'sluice_kv_transfers_total{result="failed"}') >= 1
+        assert 'sluice_kv_transfers_total{result="ok"} 0' in prefill
+        # The prefill worker freed its pinned blocks at once; the decode worker frees the
+        # reservation the push wrote into once no push can reach it (its reservation timeout).
+        wait_blocks_free(cluster)
+        assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
+    finally:
+        cluster.stop()
