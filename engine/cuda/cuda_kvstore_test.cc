@@ -74,7 +74,9 @@ Pass RunPass(LLMEngine& engine, AsyncKvConnector& connector,
     EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
     for (int step = 0; step < 1000 && engine.HasUnfinishedRequests(); ++step) {
       // A request parked on a store load leaves no step work: wait for the load, not a spin.
-      if (!engine.HasStepWork()) EXPECT_TRUE(connector.WaitIdle(absl::Now() + absl::Seconds(30)));
+      if (!engine.HasStepWork()) {
+        EXPECT_TRUE(connector.WaitIdle(absl::Now() + absl::Seconds(30)));
+      }
       for (RequestOutput& out : engine.Step()) {
         EXPECT_TRUE(out.status.ok()) << out.request_id << ": " << out.status;
         for (const SampledToken& t : out.new_tokens) pass.tokens[key].push_back(t.token_id);
