@@ -28,13 +28,17 @@ bool IsPrefilling(const Sequence& seq) {
 // StepTimeBudget prices the rows of the step being planned with the fitted cost(q, c) and cuts
 // prefill chunks to what is left of the per-step time budget, shrunk by the model's recent
 // overrun (QcCostModel::OverrunRatio) so that most steps, not just the average one, end within
-// it. Inactive (no cut) without a budget or before the model is fitted.
+// it. The rows always get at least half the budget: where the fixed cost nears or passes the
+// budget (an overloaded machine) a step still batches the short prompts waiting, instead of
+// taking one prompt per step and queueing the others behind each other. Inactive (no cut)
+// without a budget or before the model is fitted.
 class StepTimeBudget {
  public:
   StepTimeBudget(const QcCostModel* model, double budget_seconds)
       : model_(model != nullptr && budget_seconds > 0 && model->Fitted() ? model : nullptr),
         left_(model_ != nullptr
-                  ? budget_seconds / model_->OverrunRatio() - model_->fixed_seconds()
+                  ? std::max(budget_seconds / 2, budget_seconds / model_->OverrunRatio() -
+                                                     model_->fixed_seconds())
                   : 0.0) {}
 
   void Charge(int32_t q, int32_t c) {

@@ -360,13 +360,32 @@ TEST_F(SchedulerPolicyTest, TimeBudgetShrinksByTheRecentOverrun) {
   const double r = cost_->OverrunRatio();
   ASSERT_GT(r, 1.3);
   time_budget_ = 0.1005;
-  int expected = 0;  // the longest chunk whose row cost fits 100.5 ms / r after the fixed cost
-  while (cost_->RowSeconds(expected + 1, 0) <= 0.1005 / r - cost_->fixed_seconds()) ++expected;
+  // The longest chunk whose row cost fits 100.5 ms / r after the fixed cost (at least half of
+  // the 100.5 ms budget).
+  const double rows = std::max(0.1005 / 2, 0.1005 / r - cost_->fixed_seconds());
+  int expected = 0;
+  while (cost_->RowSeconds(expected + 1, 0) <= rows) ++expected;
   EXPECT_LT(expected, 70);
   EXPECT_GT(expected, 16);
   Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
   Add(s, "long", 1000);
   EXPECT_EQ(Step(s), (Plan{"long:" + std::to_string(expected)}));
+}
+
+TEST_F(SchedulerPolicyTest, FixedCostOverTheBudgetStillBatchesShortPrompts) {
+  // cost = 300 ms a step + 1 ms per token against a 250.1 ms budget (an overloaded machine):
+  // the rows still get half the budget, 125 tokens, so the waiting short prompts share one step
+  // (before, each step took one of them and they queued behind each other).
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.300, 0.001, 0.0));
+  time_budget_ = 0.2501;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 1000);
+  EXPECT_EQ(Step(s), (Plan{"long:125"}));
+  Add(s, "a", 5, 0, 1);
+  Add(s, "b", 5, 0, 2);
+  Add(s, "c", 5, 0, 3);
+  EXPECT_EQ(Step(s), (Plan{"a:5", "b:5", "c:5"}));
+  EXPECT_EQ(Step(s), (Plan{"a:1", "b:1", "c:1", "long:122"}));
 }
 
 TEST_F(SchedulerPolicyTest, TimeBudgetPricesAttentionByContext) {
