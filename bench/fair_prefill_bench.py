@@ -34,6 +34,7 @@ import os
 import pathlib
 import platform
 import random
+import re
 import subprocess
 import sys
 import time
@@ -64,7 +65,8 @@ def prompt(rng, n):
     return [rng.randrange(3, VOCAB) for _ in range(n)]
 
 
-async def ttft(client, url, tokens):
+async def ttft(client, url, tokens, ids=None):
+    """Seconds to the first streamed token; ids (a dict) gets the engine request id -> TTFT."""
     body = {"model": MODEL_NAME, "prompt": tokens, "max_tokens": 2, "temperature": 0,
             "stream": True}
     start = time.perf_counter()
@@ -78,9 +80,75 @@ async def ttft(client, url, tokens):
                 if "error" in chunk:
                     raise RuntimeError(chunk["error"])
                 first = time.perf_counter() - start
+                if ids is not None:
+                    ids[chunk["id"] + "-0"] = first  # the engine's id: response id + choice
     if first is None:
         raise RuntimeError("stream ended without a token")
     return first
+
+
+STEP_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] .* step (\{.*\})$")
+
+
+def read_steps(log_path):
+    """The prefill worker's --log-steps lines: [(end unix seconds, step dict)]."""
+    steps = []
+    for line in pathlib.Path(log_path).read_text(errors="replace").splitlines():
+        m = STEP_LINE.match(line)
+        if not m:
+            continue
+        end = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + \
+            float(m.group(1)[19:])
+        steps.append((end, json.loads(m.group(2))))
+    return steps
+
+
+def step_composition(steps, short_ids, long_tokens):
+    """Where each mixed-load short request's TTFT went on the prefill worker: its wait from
+    arrival at the engine to its own step, split into the steps it waited behind (their measured
+    and predicted ms, their long-prompt tokens), and its own step (ms, rows, long tokens in it).
+    Rows: [request id, prompt tokens, new tokens, computed before, samples, waited ms]."""
+    per_short = []
+    for idx, (end, st) in enumerate(steps):
+        for row in st["rows"]:
+            rid, prompt, q, c, samples, waited = row
+            if rid not in short_ids or not samples:
+                continue
+            start = end - st["ms"] / 1e3
+            arrival = start - waited / 1e3
+            behind = [s for e, s in steps[:idx] if e > arrival]
+            per_short.append({
+                "id": rid, "ttft_ms": short_ids[rid] * 1e3, "engine_wait_ms": waited,
+                "own_step_ms": st["ms"], "own_step_pred_ms": st["pred_ms"],
+                "own_step_long_tokens": sum(r[2] for r in st["rows"] if r[1] >= long_tokens),
+                "own_step_rows": len(st["rows"]),
+                "steps_behind": len(behind),
+                "steps_behind_ms": [s["ms"] for s in behind],
+                "steps_behind_pred_ms": [s["pred_ms"] for s in behind],
+                "steps_behind_long_tokens": [sum(r[2] for r in s["rows"] if r[1] >= long_tokens)
+                                             for s in behind],
+                "outside_prefill_ms": short_ids[rid] * 1e3 - waited - st["ms"],
+            })
+    per_short.sort(key=lambda r: r["ttft_ms"])
+    if not per_short:
+        return {}
+    long_steps = [s for _, s in steps if any(r[1] >= long_tokens for r in s["rows"])]
+    over = [s for s in long_steps if s["budget_ms"] and s["ms"] > s["budget_ms"]]
+    def pct(key, p):
+        return percentile([r[key] for r in per_short], p)
+    return {
+        "n": len(per_short),
+        "engine_wait_ms": {"p50": pct("engine_wait_ms", 50), "p99": pct("engine_wait_ms", 99)},
+        "own_step_ms": {"p50": pct("own_step_ms", 50), "p99": pct("own_step_ms", 99)},
+        "outside_prefill_ms": {"p50": pct("outside_prefill_ms", 50),
+                               "p99": pct("outside_prefill_ms", 99)},
+        "own_steps_with_long_tokens": sum(r["own_step_long_tokens"] > 0 for r in per_short),
+        "steps_with_long_chunks": len(long_steps),
+        "long_chunk_step_ms": {"p50": percentile([s["ms"] for s in long_steps], 50),
+                               "p99": percentile([s["ms"] for s in long_steps], 99)},
+        "long_chunk_steps_over_budget": len(over),
+        "slowest_shorts": per_short[-3:],
+    }
 
 
 async def run_config(url, args, rng):
@@ -108,8 +176,10 @@ async def run_config(url, args, rng):
         await asyncio.sleep(args.long_head_start_s)  # the prefill queue fills first
         t0 = time.perf_counter()
         shorts = []
+        short_ids = {}
         for i in range(args.short_requests):
-            shorts.append(asyncio.create_task(ttft(client, url, prompt(rng, args.short_tokens))))
+            shorts.append(asyncio.create_task(
+                ttft(client, url, prompt(rng, args.short_tokens), short_ids)))
             await asyncio.sleep(args.short_interval_s)
         short_ttfts = await asyncio.gather(*shorts)
         elapsed = time.perf_counter() - t0
@@ -127,7 +197,7 @@ async def run_config(url, args, rng):
                                "p99": percentile(long_ttfts, 99) * 1e3, "n": len(long_ttfts)},
         "long_prompts_per_s": n_long / elapsed,
         "short_ttfts_ms": [x * 1e3 for x in short_ttfts],
-    }
+    }, short_ids
 
 
 def main():
@@ -160,11 +230,13 @@ def main():
     for name, flags in (("before", CONFIGS["before"]), ("after", after_flags)):
         rng = random.Random(args.seed)
         load0 = os.getloadavg()[0]
-        cluster = Cluster(1, 1, worker_args=flags)
+        cluster = Cluster(1, 1, worker_args=flags + ["--log-steps"])
         try:
-            r = asyncio.run(run_config(cluster.url, args, rng))
+            r, short_ids = asyncio.run(run_config(cluster.url, args, rng))
         finally:
             cluster.stop()
+        r["steps"] = step_composition(read_steps(cluster.workers["prefill-0"].log_path),
+                                      short_ids, args.long_tokens)
         r["worker_flags"] = flags
         r["load_avg_1m"] = [load0, os.getloadavg()[0]]
         unl = r["unloaded_short_ttft_ms"]["p50"]
@@ -177,6 +249,23 @@ def main():
               f"{r['mixed_short_ttft_ms']['p50']:.0f} p99 {r['mixed_short_ttft_ms']['p99']:.0f} ms"
               f" (bound {r['bound_ms']:.0f}); long p50 {r['mixed_long_ttft_ms']['p50']:.0f} ms; "
               f"{r['long_prompts_per_s']:.2f} long prompts/s", flush=True)
+        st = r["steps"]
+        if st:
+            print(f"  prefill worker: short engine wait p50 {st['engine_wait_ms']['p50']:.0f} "
+                  f"p99 {st['engine_wait_ms']['p99']:.0f} ms, own step p50 "
+                  f"{st['own_step_ms']['p50']:.0f} p99 {st['own_step_ms']['p99']:.0f} ms, "
+                  f"outside prefill p50 {st['outside_prefill_ms']['p50']:.0f} p99 "
+                  f"{st['outside_prefill_ms']['p99']:.0f} ms; {st['own_steps_with_long_tokens']}"
+                  f" short steps carried long tokens; long-chunk steps p50 "
+                  f"{st['long_chunk_step_ms']['p50']:.0f} p99 {st['long_chunk_step_ms']['p99']:.0f}"
+                  f" ms, {st['long_chunk_steps_over_budget']} of {st['steps_with_long_chunks']} "
+                  "over the budget", flush=True)
+            for w in st["slowest_shorts"]:
+                print(f"    slow short {w['ttft_ms']:.0f} ms: wait {w['engine_wait_ms']:.0f} behind"
+                      f" {w['steps_behind_ms']} ms (pred {w['steps_behind_pred_ms']}, long tokens"
+                      f" {w['steps_behind_long_tokens']}); own step {w['own_step_ms']:.0f} ms "
+                      f"({w['own_step_rows']} rows); outside {w['outside_prefill_ms']:.0f} ms",
+                      flush=True)
 
     b, a = results["before"], results["after"]
     summary = {

@@ -55,6 +55,16 @@ std::vector<int32_t> PrefixCache::AcquirePrefix(absl::Span<const BlockHash> hash
   return blocks;
 }
 
+int64_t PrefixCache::CountCachedPrefix(absl::Span<const BlockHash> hashes,
+                                       int64_t max_blocks) const {
+  if (!enabled_) return 0;
+  const size_t limit =
+      std::min(hashes.size(), static_cast<size_t>(std::max<int64_t>(0, max_blocks)));
+  size_t n = 0;
+  while (n < limit && block_of_hash_.contains(hashes[n])) ++n;
+  return static_cast<int64_t>(n);
+}
+
 void PrefixCache::Register(absl::Span<const int32_t> blocks, absl::Span<const BlockHash> hashes,
                            std::optional<BlockHash> parent) {
   if (!enabled_) return;

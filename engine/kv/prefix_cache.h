@@ -55,6 +55,10 @@ class PrefixCache {
   // `max_blocks`, each with one reference added (the caller owns them; Free returns them).
   std::vector<int32_t> AcquirePrefix(absl::Span<const BlockHash> hashes, int64_t max_blocks);
 
+  // CountCachedPrefix: how many leading blocks of `hashes` (at most `max_blocks`) are
+  // registered, as AcquirePrefix would return, without taking them or counting a query.
+  int64_t CountCachedPrefix(absl::Span<const BlockHash> hashes, int64_t max_blocks) const;
+
   // Register publishes consecutive full blocks of one sequence: blocks[i] holds the KV of the
   // block hashed hashes[i]; `parent` is the hash before hashes[0] (nullopt at the sequence
   // start). A hash already registered to another block is skipped (that copy stays private and

@@ -36,6 +36,10 @@ class LLMEngineImpl final : public LLMEngine {
         scheduler_(MakeSchedulerConfig(*model_, options, kv_identity_, &qc_cost_), num_blocks,
                    kv_events_),
         confidence_(options.speculative.verify, options.speculative.num_speculative_tokens) {
+    // The steps the budget cuts are those near it: their overrun shrinks the budget's use.
+    if (options.step_time_budget_seconds > 0) {
+      qc_cost_.TrackOverrun(options.step_time_budget_seconds / 2);
+    }
     rejection_rule_ = options.speculative.rejection_rule != nullptr
                           ? options.speculative.rejection_rule
                           : std::make_shared<const RejectionRule>();
@@ -126,6 +130,12 @@ class LLMEngineImpl final : public LLMEngine {
     const int32_t vocab = static_cast<int32_t>(model_->config().vocab_size);
     const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
     if (num_prompt == 0) return absl::InvalidArgumentError("prompt must not be empty");
+    if (request.priority != 0 && options_.scheduling_policy == SchedulingPolicy::kFcfs) {
+      // As vLLM: a priority nobody honours is an error, not silently dropped.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "priority ", request.priority, " was given, but priority scheduling is not enabled "
+          "(--scheduling-policy fcfs; use priority or shortest_prefill_first)"));
+    }
     for (int32_t id : request.prompt_token_ids) {
       if (id < 0 || id >= vocab) {
         return absl::InvalidArgumentError(
@@ -383,6 +393,27 @@ class LLMEngineImpl final : public LLMEngine {
     int32_t sample_row = -1;  // the row it samples from; -1: none
   };
 
+  // BeginTrace describes `plan` before it runs (EngineOptions::on_step).
+  StepTrace BeginTrace(const SchedulerOutput& plan, double step_tokens, double step_pairs) {
+    StepTrace t;
+    t.step = counters_.num_steps;
+    t.predicted_seconds = qc_cost_.Fitted() ? qc_cost_.Predict(step_tokens, step_pairs) : 0.0;
+    t.budget_seconds = options_.step_time_budget_seconds;
+    const double now = scheduler_.Now();
+    for (const ScheduledSequence& s : plan.scheduled) {
+      StepTraceRow row;
+      row.request_id = s.seq->request.request_id;
+      row.num_prompt_tokens = s.seq->num_prompt_tokens();
+      row.num_new_tokens = s.num_new_tokens;
+      row.num_computed_before = s.seq->num_computed_tokens;
+      row.prefill = s.seq->num_computed_tokens < s.seq->num_prompt_tokens();
+      row.samples = s.samples();
+      row.waited_seconds = now - s.seq->arrival_seconds;
+      t.rows.push_back(std::move(row));
+    }
+    return t;
+  }
+
   // RunPlan runs `plan` synchronously: forward, sampling (on the device for plain greedy
   // rows, else on the host over the logits), outputs.
   void RunPlan(const SchedulerOutput& plan, std::vector<RequestOutput>& outputs) {
@@ -393,6 +424,8 @@ class LLMEngineImpl final : public LLMEngine {
       step_tokens += s.num_new_tokens;
       step_pairs += QcCostModel::Pairs(s.num_new_tokens, s.seq->num_computed_tokens);
     }
+    std::optional<StepTrace> trace;
+    if (options_.on_step) trace = BeginTrace(plan, step_tokens, step_pairs);
     const int64_t vocab = model_->config().vocab_size;
     const bool device_greedy = DeviceGreedyStep(plan);
     ArmLayerObservers(plan);
@@ -420,6 +453,10 @@ class LLMEngineImpl final : public LLMEngine {
       step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
     }
     if (status.ok()) qc_cost_.Observe(step_tokens, step_pairs, seconds);
+    if (trace.has_value()) {
+      trace->seconds = seconds;
+      options_.on_step(*trace);
+    }
     StepTotals& totals = IsDecodeStep(plan) ? counters_.decode_steps : counters_.prefill_steps;
     ++totals.num_steps;
     totals.num_tokens += static_cast<int64_t>(input_.token_ids.size());

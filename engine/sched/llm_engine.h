@@ -8,6 +8,7 @@
 #define SLUICE_ENGINE_SCHED_LLM_ENGINE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sched/step_totals.h"
+#include "engine/sched/step_trace.h"
 #include "engine/spec/speculative.h"
 
 namespace sluice {
@@ -98,6 +100,9 @@ struct EngineOptions {
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
   double prefill_aging = 0.1;
   double step_time_budget_seconds = 0.0;
+  // Called on the engine thread after every synchronously timed step (RunPlan) with what it
+  // ran (the worker's --log-steps); must not block. Null: nothing is recorded.
+  std::function<void(const StepTrace&)> on_step;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.

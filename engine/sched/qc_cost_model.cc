@@ -49,6 +49,17 @@ bool SolveSubset(const std::array<std::array<double, 3>, 3>& g, const std::array
 }  // namespace
 
 void QcCostModel::Observe(double tokens, double pairs, double seconds) {
+  if (overrun_min_seconds_ > 0 && Fitted()) {
+    const double predicted = Predict(tokens, pairs);
+    if (predicted >= overrun_min_seconds_) {
+      if (overruns_.size() < kOverrunWindow) {
+        overruns_.push_back(seconds / predicted);
+      } else {
+        overruns_[next_overrun_] = seconds / predicted;
+        next_overrun_ = (next_overrun_ + 1) % kOverrunWindow;
+      }
+    }
+  }
   const double x[3] = {1.0, tokens, pairs};
   for (int i = 0; i < 3; ++i) {
     for (int j = 0; j < 3; ++j) g_[i][j] = g_[i][j] * decay_ + x[i] * x[j];
@@ -63,6 +74,14 @@ void QcCostModel::Observe(double tokens, double pairs, double seconds) {
   }
   ++n_;
   solved_ = false;
+}
+
+double QcCostModel::OverrunRatio() const {
+  if (static_cast<int64_t>(overruns_.size()) < kMinObservations) return 1.0;
+  std::vector<double> sorted = overruns_;
+  const size_t k = static_cast<size_t>(std::ceil(kOverrunQuantile * sorted.size())) - 1;
+  std::nth_element(sorted.begin(), sorted.begin() + k, sorted.end());
+  return std::max(1.0, sorted[k]);
 }
 
 bool QcCostModel::Fitted() const {

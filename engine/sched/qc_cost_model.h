@@ -16,7 +16,9 @@
 #define SLUICE_ENGINE_SCHED_QC_COST_MODEL_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace sluice {
 
@@ -44,7 +46,17 @@ class QcCostModel {
   double RowSeconds(double q, double c) const;
   int64_t num_observations() const { return n_; }
 
+  // Overrun: the fit is a mean, so about half the steps take longer than predicted, more so
+  // when other processes share the cores. Steps predicted to take at least `min_seconds` (0:
+  // none tracked) record measured / predicted seconds; OverrunRatio is the kOverrunQuantile of
+  // the last kOverrunWindow of them, at least 1 (1 with fewer than kMinObservations). A budget
+  // divided by it holds for about that share of the steps.
+  void TrackOverrun(double min_seconds) { overrun_min_seconds_ = min_seconds; }
+  double OverrunRatio() const;
+
   static constexpr int64_t kMinObservations = 8;
+  static constexpr size_t kOverrunWindow = 64;
+  static constexpr double kOverrunQuantile = 0.9;
 
  private:
   // Solve returns {fixed, per_token, per_pair}, cached until the next Observe.
@@ -58,6 +70,9 @@ class QcCostModel {
   double yy_ = 0;
   double min_tokens_ = 0, max_tokens_ = 0;
   int64_t n_ = 0;
+  double overrun_min_seconds_ = 0;
+  std::vector<double> overruns_;  // ring of the last kOverrunWindow ratios
+  size_t next_overrun_ = 0;
   mutable bool solved_ = true;
   mutable std::array<double, 3> coef_{};
 };

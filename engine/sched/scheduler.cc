@@ -1,6 +1,7 @@
 #include "engine/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <optional>
 #include <tuple>
@@ -25,13 +26,20 @@ bool IsPrefilling(const Sequence& seq) {
 }
 
 // StepTimeBudget prices the rows of the step being planned with the fitted cost(q, c) and cuts
-// prefill chunks to what is left of the per-step time budget. Inactive (no cut) without a
-// budget or before the model is fitted.
+// prefill chunks to what is left of the per-step time budget, shrunk by the model's recent
+// overrun (QcCostModel::OverrunRatio) so that most steps, not just the average one, end within
+// it. The rows always get at least half the budget: where the fixed cost nears or passes the
+// budget (an overloaded machine) a step still batches the short prompts waiting, instead of
+// taking one prompt per step and queueing the others behind each other. Inactive (no cut)
+// without a budget or before the model is fitted.
 class StepTimeBudget {
  public:
   StepTimeBudget(const QcCostModel* model, double budget_seconds)
       : model_(model != nullptr && budget_seconds > 0 && model->Fitted() ? model : nullptr),
-        left_(model_ != nullptr ? budget_seconds - model_->fixed_seconds() : 0.0) {}
+        left_(model_ != nullptr
+                  ? std::max(budget_seconds / 2, budget_seconds / model_->OverrunRatio() -
+                                                     model_->fixed_seconds())
+                  : 0.0) {}
 
   void Charge(int32_t q, int32_t c) {
     if (model_ != nullptr) left_ -= model_->RowSeconds(q, c);
@@ -100,21 +108,38 @@ double Scheduler::Now() const {
       .count();
 }
 
-double Scheduler::AgingTokensPerSecond() const {
-  const QcCostModel* cost = config_.step_cost;
-  if (cost == nullptr || !cost->Fitted() || !(cost->per_token_seconds() > 0)) return 0.0;
-  return config_.prefill_aging / cost->per_token_seconds();
+double Scheduler::PrefillLeftTokens(const Sequence& s) const {
+  return static_cast<double>(s.num_tokens() - std::max(s.num_computed_tokens,
+                                                       s.num_cached_tokens_estimate));
+}
+
+double Scheduler::PrefillLeftSeconds(const Sequence& s) const {
+  const QcCostModel& cost = *config_.step_cost;
+  const double c = static_cast<double>(std::max(s.num_computed_tokens,
+                                                s.num_cached_tokens_estimate));
+  const double q = static_cast<double>(s.num_tokens()) - c;
+  const double variable = cost.RowSeconds(q, c);
+  // The fixed cost is paid once per step the prefill needs: the step time budget (or the token
+  // budget) splits it into chunks.
+  const double fixed = cost.fixed_seconds();
+  const double budget = config_.step_time_budget_seconds;
+  double steps = std::ceil(q / std::max(1, config_.max_num_batched_tokens));
+  if (budget > fixed) steps = std::max(steps, std::ceil(variable / (budget - fixed)));
+  return fixed * std::max(1.0, steps) + variable;
 }
 
 bool Scheduler::PolicyBefore(const Sequence& a, const Sequence& b, double now) const {
-  const double aging = config_.policy == SchedulingPolicy::kShortestPrefillFirst
-                           ? AgingTokensPerSecond()
-                           : 0.0;
+  // kShortestPrefillFirst: with a fitted cost model, the seconds of prefill left (cost(q, c))
+  // minus prefill_aging x seconds waited; before it, the tokens left and no aging.
+  const QcCostModel* cost = config_.step_cost;
+  const bool timed = config_.policy == SchedulingPolicy::kShortestPrefillFirst &&
+                     cost != nullptr && cost->Fitted();
   auto key = [&](const Sequence& s) {
     double score = s.arrival_seconds;
-    if (config_.policy == SchedulingPolicy::kShortestPrefillFirst) {
-      score = static_cast<double>(s.num_tokens() - s.num_computed_tokens) -
-              aging * std::max(0.0, now - s.arrival_seconds);
+    if (timed) {
+      score = PrefillLeftSeconds(s) - config_.prefill_aging * std::max(0.0, now - s.arrival_seconds);
+    } else if (config_.policy == SchedulingPolicy::kShortestPrefillFirst) {
+      score = PrefillLeftTokens(s);
     }
     return std::make_tuple(s.request.priority, score, s.arrival_seconds);
   };
@@ -122,6 +147,17 @@ bool Scheduler::PolicyBefore(const Sequence& a, const Sequence& b, double now) c
 }
 
 void Scheduler::OrderQueues(double now) {
+  if (config_.policy == SchedulingPolicy::kShortestPrefillFirst && cache_.enabled()) {
+    // A waiting prompt whose prefix is cached computes only the rest: rank it by that.
+    for (auto& s : waiting_) {
+      if (!s->block_table.empty() || s->NeedsPromptLogprobs()) continue;
+      hasher_.ExtendFullBlockHashes(s->root_hash, s->token_ids, s->extra_key_spans,
+                                    s->block_hashes);
+      const int64_t max_blocks = (s->num_tokens() - 1) / config_.block_size;
+      s->num_cached_tokens_estimate = static_cast<int32_t>(
+          cache_.CountCachedPrefix(s->block_hashes, max_blocks) * config_.block_size);
+    }
+  }
   std::stable_sort(running_.begin(), running_.end(), [&](const auto& a, const auto& b) {
     const bool pa = IsPrefilling(*a), pb = IsPrefilling(*b);
     if (pa != pb) return pb;  // decodes first
@@ -266,6 +302,7 @@ void Scheduler::ReuseCachedPrefix(Sequence& seq) {
   seq.num_cached_tokens = std::min(cached, seq.num_prompt_tokens());
   seq.num_committed_blocks = static_cast<int32_t>(seq.block_table.size());
   seq.num_saved_blocks = seq.num_committed_blocks;
+  seq.num_cached_tokens_estimate = 0;  // the hit is in num_computed_tokens now
 }
 
 bool Scheduler::StartExternalLoad(Sequence& seq) {

@@ -16,13 +16,15 @@
 // — running sequences partly prefilled and waiting ones alike — in the policy's order, so that
 // a short prompt arriving behind long ones is computed in the next step instead of after them:
 //  - kPriority: lower EngineRequest::priority first, then earlier arrival (vLLM's "priority").
-//  - kShortestPrefillFirst: lower priority first, then fewer tokens left to compute minus an
-//    aging credit (shortest remaining processing time first, which minimises mean response
-//    time (Schrage 1968)). The credit is prefill_aging × seconds waited since arrival × the
-//    prefill rate (tokens per second, 1 / step_cost's per-token seconds; no credit until it is
-//    fitted): a prompt D tokens longer than a fresh one overtakes it after waiting
-//    1 / prefill_aging times as long as computing D tokens takes, which bounds a long prompt's
-//    wait relative to its own prefill time on any hardware.
+//  - kShortestPrefillFirst: lower priority first, then the least prefill left (shortest
+//    remaining processing time first, which minimises mean response time (Schrage 1968)) minus
+//    an aging credit. With step_cost fitted both are seconds: the prefill left is priced by
+//    cost(q, c) — its per-token and attention terms, and the fixed term once per step the
+//    prefill needs under the step budgets — and the credit is prefill_aging × seconds waited
+//    since arrival, so a prompt whose prefill takes T seconds longer than a fresh one's
+//    overtakes it after waiting T / prefill_aging seconds, which bounds a long prompt's wait
+//    relative to its own prefill time on any hardware. Until it is fitted: tokens left, no
+//    credit. The tokens left of a waiting prompt are net of its prefix-cache hit.
 // Preemption then takes the last sequence in that order (the running prefill served last, else
 // the newest decode). With a per-step time budget (step_time_budget_seconds and a fitted
 // step_cost) each prefill chunk is also cut to what the fitted cost(q, c) leaves of the budget
@@ -80,7 +82,8 @@ struct SchedulerConfig {
   bool loaded_blocks_partial = false;
   // Fair prefill (see the banner).
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
-  // kShortestPrefillFirst: the aging credit's factor (see the banner), >= 0; 0: none.
+  // kShortestPrefillFirst: the aging credit, seconds of prefill per second waited (see the
+  // banner), >= 0; 0: none.
   double prefill_aging = 0.1;
   // > 0 with `step_cost` fitted (QcCostModel::Fitted): the time one step should take, in
   // seconds; prefill chunks are cut to it. 0: only max_num_batched_tokens bounds a step.
@@ -179,6 +182,8 @@ class Scheduler {
   std::vector<Sequence*> running() const;
   const KvBlockAllocator& allocator() const { return cache_.allocator(); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Now: monotonic seconds on the clock of Sequence::arrival_seconds (SchedulerConfig::clock).
+  double Now() const;
 
  private:
   // EnsureBlocks grows seq's block table to hold `num_tokens` tokens; false if blocks ran out.
@@ -194,10 +199,12 @@ class Scheduler {
   bool StartExternalLoad(Sequence& seq);
   // DropBlocks frees seq's blocks and resets it to "nothing computed".
   void DropBlocks(Sequence& seq);
-  double Now() const;
-  // AgingTokensPerSecond: the kShortestPrefillFirst credit per second waited (0 until the step
-  // cost is fitted).
-  double AgingTokensPerSecond() const;
+  // PrefillLeftTokens: prompt tokens `s` has left to compute, net of its cached prefix (for a
+  // waiting sequence, the prefix cache's hit as of the last OrderQueues).
+  double PrefillLeftTokens(const Sequence& s) const;
+  // PrefillLeftSeconds: what computing them costs by the fitted step_cost: the marginal
+  // cost(q, c) plus the fixed cost once per step they need under the step budgets.
+  double PrefillLeftSeconds(const Sequence& s) const;
   // PolicyBefore: `a` is served before `b` under config_.policy at time `now`.
   bool PolicyBefore(const Sequence& a, const Sequence& b, double now) const;
   // OrderQueues sorts running_ (decodes in admission order, then prefills) and waiting_ by the

@@ -23,6 +23,9 @@ struct Sequence {
   std::vector<int32_t> block_table;  // KV blocks in order
   int32_t num_computed_tokens = 0;   // tokens of token_ids whose KV is in the cache
   int32_t num_cached_tokens = 0;     // prompt tokens served from a prefix cache
+  // While waiting without blocks: prompt tokens the prefix cache holds (kShortestPrefillFirst
+  // ranks it by the rest; Scheduler::OrderQueues).
+  int32_t num_cached_tokens_estimate = 0;
   // Prefix caching: chained hashes of token_ids' full blocks so far (under root_hash, from the
   // request's cache_salt), and how many leading blocks of block_table were already offered to
   // the cache (registered, found there, or left out on purpose).

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "engine/sample/philox.h"
 #include "services/api/auth/request_admission.h"
 #include "services/api/choice_output.h"
+#include "services/api/openai_errors.h"
 #include "services/api/openai_responses.h"
 #include "services/api/vllm_metrics.h"
 #include "services/router/wire_convert.h"
@@ -160,9 +162,10 @@ absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
 class InferenceGrpcService::GenerateReactor final
     : public grpc::ServerWriteReactor<v1::TokenOutput> {
  public:
-  GenerateReactor(InferenceGrpcService* service, std::string request_id,
-                  const GenerationRequest& request, bool detokenize)
+  GenerateReactor(InferenceGrpcService* service, grpc::CallbackServerContext* context,
+                  std::string request_id, const GenerationRequest& request, bool detokenize)
       : service_(service),
+        context_(context),
         request_id_(std::move(request_id)),
         choice_(*service->tokenizer_, request.sampling, request.logprobs),
         detokenize_(detokenize || !request.sampling.stop.empty()),
@@ -175,7 +178,7 @@ class InferenceGrpcService::GenerateReactor final
       std::lock_guard<std::mutex> lock(mu_);
       backend_done_ = true;
     }
-    FinishOnce(ToGrpc(status));
+    FinishOnce(ErrorStatus(status));
   }
 
   // HoldTicket keeps the API key's quota ticket until the backend is done with the request.
@@ -312,7 +315,7 @@ class InferenceGrpcService::GenerateReactor final
                                      : delta.error;
       if (!sent_any_) {
         // Nothing streamed yet: the call's status carries the error.
-        final_status_ = ToGrpc(error.ok() ? absl::InternalError("generation failed") : error);
+        final_status_ = ErrorStatus(error.ok() ? absl::InternalError("generation failed") : error);
         finish_pending_ = true;
         return;
       }
@@ -371,6 +374,16 @@ class InferenceGrpcService::GenerateReactor final
     FinishOnce(std::move(status));
   }
 
+  // ErrorStatus: `error` as the call's status, with the HTTP API's Retry-After as a
+  // `retry-after` trailer (whole seconds) where it has one: UNAVAILABLE (overloaded, draining,
+  // no decode blocks in time) and RESOURCE_EXHAUSTED over a quota. Before Finish only.
+  grpc::Status ErrorStatus(const absl::Status& error) {
+    if (std::optional<int64_t> retry = RetryAfterFor(error)) {
+      context_->AddTrailingMetadata("retry-after", absl::StrCat(*retry));
+    }
+    return ToGrpc(error);
+  }
+
   void FinishOnce(grpc::Status status) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -381,6 +394,7 @@ class InferenceGrpcService::GenerateReactor final
   }
 
   InferenceGrpcService* service_;
+  grpc::CallbackServerContext* const context_;
   const std::string request_id_;
   std::mutex mu_;
   ChoiceOutput choice_;  // guarded by mu_
@@ -441,7 +455,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
   if (!api_key.ok()) {
     GenerationRequest empty;
     empty.prompts.push_back({0});
-    auto* reactor = new GenerateReactor(this, "", empty, false);
+    auto* reactor = new GenerateReactor(this, context, "", empty, false);
     reactor->Fail(api_key.status());
     return reactor;
   }
@@ -459,11 +473,11 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
     // A reactor needs a valid request to exist; answer through a minimal one.
     GenerationRequest empty;
     empty.prompts.push_back({0});
-    auto* reactor = new GenerateReactor(this, id, empty, false);
+    auto* reactor = new GenerateReactor(this, context, id, empty, false);
     reactor->Fail(parsed.status());
     return reactor;
   }
-  auto* reactor = new GenerateReactor(this, id, *parsed, request->detokenize());
+  auto* reactor = new GenerateReactor(this, context, id, *parsed, request->detokenize());
   if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
     in_flight_.fetch_sub(1);
     reactor->Fail(absl::ResourceExhaustedError(absl::StrCat("The server is overloaded (",
@@ -477,10 +491,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
         AdmitGeneration(*options_.auth, **api_key, backend_->max_model_len(), &*parsed);
     if (!admitted.ok()) {
       in_flight_.fetch_sub(1);
-      if (std::optional<int64_t> retry = RetryAfterSeconds(admitted.status())) {
-        context->AddTrailingMetadata("retry-after", absl::StrCat(*retry));
-      }
-      reactor->Fail(admitted.status());
+      reactor->Fail(admitted.status());  // with its retry-after trailer
       return reactor;
     }
     ticket = *std::move(admitted);

@@ -16,7 +16,9 @@
 // RESOURCE_EXHAUSTED, no worker UNAVAILABLE. With `auth` set, Generate, Tokenize
 // and ListModels need the `authorization` metadata ("Bearer <key>"): missing or
 // wrong → UNAUTHENTICATED; over the key's quotas → RESOURCE_EXHAUSTED with a
-// `retry-after` trailer (seconds). Health stays open. An engine error before any message
+// `retry-after` trailer (seconds). Every UNAVAILABLE (overloaded router or worker, draining, no
+// decode blocks within the queue wait) carries a `retry-after` trailer too, as the HTTP 503's
+// Retry-After (openai_errors.h RetryAfterFor). Health stays open. An engine error before any message
 // was sent ends the call with its status; after that as a final TokenOutput
 // with `error` set. Cancelling a Generate call aborts its engine request (and
 // so frees its KV blocks on every worker).

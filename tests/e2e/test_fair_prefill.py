@@ -1,17 +1,20 @@
 """Fair prefill end to end: on `sluice serve`, a short prompt sent after long ones gets its
 answer before them with the default scheduling (shortest_prefill_first, step time budget),
 and after them with --scheduling-policy fcfs (the contrast shows the test can fail). Also: the
-`priority` field orders prefills under --scheduling-policy priority, and a bad policy name
-fails at start-up.
+`priority` field orders prefills under --scheduling-policy priority, a non-zero `priority` under
+fcfs (which would ignore it) is refused as vLLM does (HTTP 400, gRPC INVALID_ARGUMENT), and a bad
+policy name fails at start-up.
 
 Orders are asserted, never durations (speed lives in bench/fair_prefill_bench.py).
 """
 
 import random
+import socket
 import subprocess
 import threading
 import time
 
+import grpc
 import httpx
 import pytest
 
@@ -90,6 +93,45 @@ def test_priority_field_orders_prefills():
     finally:
         assert server.stop() == 0
     assert order.index("urgent") < order.index("late"), order
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_priority_under_fcfs_is_refused():
+    from grpc_stubs import pb, pb_grpc
+    grpc_port = free_port()
+    server = ServerProcess(extra_args=["--scheduling-policy", "fcfs",
+                                       "--grpc-port", str(grpc_port)])
+    message = ("priority 3 was given, but priority scheduling is not enabled "
+               "(--scheduling-policy fcfs; use priority or shortest_prefill_first)")
+    try:
+        for path, body in (("/v1/completions", {"prompt": "x"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                   "content": "x"}]})):
+            for stream in (False, True):
+                r = httpx.post(server.url + path, timeout=60, json={
+                    "model": MODEL_NAME, "max_tokens": 2, "priority": 3, "stream": stream,
+                    **body})
+                assert r.status_code == 400, (path, stream, r.text)
+                err = r.json()["error"]
+                assert err["message"] == message and err["type"] == "invalid_request_error"
+        # Priority 0 (the default class) is accepted; the server goes on serving.
+        r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": MODEL_NAME, "prompt": "x", "max_tokens": 2, "priority": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        request = pb.GenerateRequest(text="x", priority=3)
+        request.sampling.max_tokens = 2
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(request, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == message
+    finally:
+        assert server.stop() == 0
 
 
 def test_bad_policy_is_refused_at_start():

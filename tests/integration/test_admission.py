@@ -8,12 +8,18 @@ timeout for decode blocks (2 s) is far shorter than the prefill backlog. Before,
 reserved at arrival: the 4 first held the whole decode cache while the others, their first token
 ready, waited for blocks and failed with 503 "the decode workers are full" — with 0 running
 requests on the decode worker.
+
+Also: with no decode worker left (the only one was SIGTERMed and deregistered), the router
+answers HTTP 503 with `Retry-After: 1` and gRPC Generate UNAVAILABLE with a `retry-after: 1`
+trailer, the same message on both.
 """
 
 import concurrent.futures
 import random
 
+import grpc
 import httpx
+import pytest
 
 from sluice_cluster import MODEL_NAME, Cluster, http_get, wait_until
 
@@ -47,5 +53,29 @@ def test_requests_queued_for_prefill_hold_no_decode_blocks():
                    cluster.worker_metric("decode-0", "sluice_kv_cache_blocks"), 20,
                    "decode blocks free")
         assert cluster.worker_metric("decode-0", "sluice_decode_reserved_transfers") == 0
+    finally:
+        cluster.stop()
+
+
+def test_no_decode_worker_is_a_retriable_503_on_http_and_grpc():
+    from test_router_grpc import chat_request, pb_grpc
+    cluster = Cluster(num_prefill=1, num_decode=1)
+    try:
+        worker = cluster.workers["decode-0"]
+        worker.proc.terminate()  # SIGTERM: drains (nothing held), deregisters, exits 0
+        assert worker.proc.wait(timeout=60) == 0
+        wait_until(lambda: not any(w["role"] == "decode" for w in cluster.workers_json()), 10,
+                   "decode worker deregistered")
+        message = "no decode worker is registered with the router"
+        r = httpx.post(cluster.url + "/v1/completions", timeout=60, json={
+            "model": MODEL_NAME, "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", (r.headers, r.text)
+        assert r.json()["error"]["message"] == message
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{cluster.grpc_port}"))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(chat_request("Hello", max_tokens=2), timeout=60))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert e.value.details() == message
+        assert dict(e.value.trailing_metadata())["retry-after"] == "1"
     finally:
         cluster.stop()

@@ -4,6 +4,7 @@
 // from exact synthetic steps; engine scenarios check that the order changes and the outputs
 // do not.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,6 +75,35 @@ TEST(QcCostModelTest, NeverNegativeCoefficients) {
   EXPECT_NEAR(m.fixed_seconds(), 0.455, 1e-9);  // mean of 0.5 .. 0.41
 }
 
+// OverrunSteps: m (fitted exact: 10 ms + 1 ms per token) then measures `n` 100-token steps
+// (predicted 110 ms) at `ratio` x 110 ms.
+void OverrunSteps(QcCostModel& m, int n, double ratio) {
+  for (int i = 0; i < n; ++i) m.Observe(100, QcCostModel::Pairs(100, 0), 0.110 * ratio);
+}
+
+TEST(QcCostModelTest, OverrunRatioIsTheHighQuantileOfRecentSlowSteps) {
+  QcCostModel m = FitExact(0.010, 0.001, 0.0);
+  m.TrackOverrun(0.05);
+  EXPECT_EQ(m.OverrunRatio(), 1.0);  // nothing tracked yet
+  OverrunSteps(m, 20, 1.0);          // as predicted (the fit stays exact)
+  EXPECT_DOUBLE_EQ(m.OverrunRatio(), 1.0);
+  // Steps predicted under 50 ms are not tracked, however slow: 10 tokens (20 ms) taking 40 ms.
+  QcCostModel small = FitExact(0.010, 0.001, 0.0);
+  small.TrackOverrun(0.05);
+  for (int i = 0; i < 20; ++i) small.Observe(10, QcCostModel::Pairs(10, 0), 0.04);
+  EXPECT_EQ(small.OverrunRatio(), 1.0);
+  // 64 steps at 1.5x: the window holds only them. Each is measured against the fit before it,
+  // which moves towards them, so the ratios fall from 1.5; the 90th percentile stays near it.
+  OverrunSteps(m, 64, 1.5);
+  EXPECT_LE(m.OverrunRatio(), 1.5 + 1e-9);
+  EXPECT_GE(m.OverrunRatio(), 1.3);
+  // Faster steps than predicted never shrink it below 1.
+  QcCostModel fast = FitExact(0.010, 0.001, 0.0);
+  fast.TrackOverrun(0.05);
+  OverrunSteps(fast, 20, 0.5);
+  EXPECT_EQ(fast.OverrunRatio(), 1.0);
+}
+
 TEST(QcCostModelTest, NotFittedUntilEnoughDifferentSteps) {
   QcCostModel m;
   for (int i = 0; i < 20; ++i) m.Observe(4, 40, 0.01);  // one token count only
@@ -102,14 +132,19 @@ class SchedulerPolicyTest : public ::testing::Test {
     c.clock = [this] { return clock_.now; };
     c.step_cost = cost_.get();
     c.step_time_budget_seconds = time_budget_;
+    c.enable_prefix_caching = prefix_caching_;
     return Scheduler(c, blocks);
   }
-  void Add(Scheduler& s, const std::string& id, int prompt_len, int32_t priority = 0) {
+  // Prompts of one `salt` share their leading tokens.
+  void Add(Scheduler& s, const std::string& id, int prompt_len, int32_t priority = 0,
+           int salt = 0) {
     auto seq = std::make_unique<Sequence>();
     seq->request.request_id = id;
     seq->request.priority = priority;
     seq->request.sampling.max_tokens = 100;
-    for (int i = 0; i < prompt_len; ++i) seq->request.prompt_token_ids.push_back(3 + i % 50);
+    for (int i = 0; i < prompt_len; ++i) {
+      seq->request.prompt_token_ids.push_back(3 + (i + salt * 7) % 50 + salt * 50);
+    }
     seq->token_ids = seq->request.prompt_token_ids;
     s.Add(std::move(seq));
   }
@@ -132,6 +167,7 @@ class SchedulerPolicyTest : public ::testing::Test {
   std::unique_ptr<QcCostModel> cost_;
   double time_budget_ = 0.0;
   double aging_ = 0.1;
+  bool prefix_caching_ = false;
 };
 
 TEST_F(SchedulerPolicyTest, FcfsKeepsShortPromptBehindLongOnes) {
@@ -207,6 +243,48 @@ TEST_F(SchedulerPolicyTest, AgingCreditFollowsTheFittedPrefillRate) {
   EXPECT_EQ(Step(s), (Plan{"long:64"}));
 }
 
+TEST_F(SchedulerPolicyTest, AgingCreditCountsTheFixedAndAttentionCost) {
+  // cost(q, c) = 50 ms per step + 1 ms per token + 1 us per query-key pair; 64 tokens a step.
+  // long (1000 tokens): 16 steps x 0.05 + 1.0 + 1e-6 x 500500 = 2.3005 s of prefill;
+  // short (60): 0.05 + 0.06 + 1e-6 x 1830 = 0.11183 s. With aging 1 long overtakes a fresh
+  // short one after waiting 2.18867 s (a credit counting only the per-token term, 1000 tokens
+  // per second waited, let it overtake after 0.94 s).
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.05, 0.001, 1e-6));
+  aging_ = 1.0;
+  {
+    Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+    Add(s, "long", 1000);
+    clock_.now += 2.0;  // 2.3005 - 2.0 = 0.3005 > 0.11183
+    Add(s, "short", 60, 0, 1);
+    EXPECT_EQ(Step(s), (Plan{"short:60"}));
+  }
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  Add(s, "long", 1000);
+  clock_.now += 2.25;  // 2.3005 - 2.25 = 0.0505 < 0.11183
+  Add(s, "short", 60, 0, 1);
+  EXPECT_EQ(Step(s), (Plan{"long:64"}));
+}
+
+TEST_F(SchedulerPolicyTest, WaitingPromptIsRankedByWhatItsPrefixCacheHitLeaves) {
+  prefix_caching_ = true;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+  // A 400-token prompt runs and finishes: its 25 full blocks stay in the prefix cache.
+  Add(s, "first", 400);
+  for (int i = 0; i < 7; ++i) {
+    Step(s);
+    s.CommitBlocks(*s.Find("first"));
+  }
+  ASSERT_EQ(s.Find("first")->num_computed_tokens, 400);
+  ASSERT_NE(s.Remove("first"), nullptr);
+  // "mid" (100 new tokens) arrives before "cached" (410 tokens, 400 of them cached: 10 left).
+  Add(s, "mid", 100, 0, 1);
+  Add(s, "cached", 410);
+  // "cached" goes first and ends its prompt; mid's 64-token chunk would not, so it waits.
+  // Ranked by its whole length (410 > 100), "cached" came after a chunk of "mid".
+  EXPECT_EQ(Step(s), (Plan{"cached:10"}));
+  EXPECT_EQ(Step(s), (Plan{"cached:1", "mid:63"}));
+}
+
 TEST_F(SchedulerPolicyTest, PriorityClassesComeFirstThenArrival) {
   Scheduler s = Make(SchedulingPolicy::kPriority, 100);
   Add(s, "p1-first", 30, 1);
@@ -270,6 +348,44 @@ TEST_F(SchedulerPolicyTest, TimeBudgetCutsPrefillChunks) {
   EXPECT_EQ(Step(s), (Plan{"short:5"}));
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
+}
+
+TEST_F(SchedulerPolicyTest, TimeBudgetShrinksByTheRecentOverrun) {
+  // As TimeBudgetCutsPrefillChunks (90 tokens fit 100.5 ms as fitted), but recent long steps
+  // ran about 1.5x their prediction: chunks are cut to 100.5 ms / OverrunRatio.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.010, 0.001, 0.0));
+  cost_->TrackOverrun(0.05);
+  OverrunSteps(*cost_, 20, 1.0);
+  OverrunSteps(*cost_, 64, 1.5);
+  const double r = cost_->OverrunRatio();
+  ASSERT_GT(r, 1.3);
+  time_budget_ = 0.1005;
+  // The longest chunk whose row cost fits 100.5 ms / r after the fixed cost (at least half of
+  // the 100.5 ms budget).
+  const double rows = std::max(0.1005 / 2, 0.1005 / r - cost_->fixed_seconds());
+  int expected = 0;
+  while (cost_->RowSeconds(expected + 1, 0) <= rows) ++expected;
+  EXPECT_LT(expected, 70);
+  EXPECT_GT(expected, 16);
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 1000);
+  EXPECT_EQ(Step(s), (Plan{"long:" + std::to_string(expected)}));
+}
+
+TEST_F(SchedulerPolicyTest, FixedCostOverTheBudgetStillBatchesShortPrompts) {
+  // cost = 300 ms a step + 1 ms per token against a 250.1 ms budget (an overloaded machine):
+  // the rows still get half the budget, 125 tokens, so the waiting short prompts share one step
+  // (before, each step took one of them and they queued behind each other).
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.300, 0.001, 0.0));
+  time_budget_ = 0.2501;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 1000);
+  EXPECT_EQ(Step(s), (Plan{"long:125"}));
+  Add(s, "a", 5, 0, 1);
+  Add(s, "b", 5, 0, 2);
+  Add(s, "c", 5, 0, 3);
+  EXPECT_EQ(Step(s), (Plan{"a:5", "b:5", "c:5"}));
+  EXPECT_EQ(Step(s), (Plan{"a:1", "b:1", "c:1", "long:122"}));
 }
 
 TEST_F(SchedulerPolicyTest, TimeBudgetPricesAttentionByContext) {
@@ -379,6 +495,32 @@ TEST(FairPrefillEngineTest, ShortRequestsGetTheirFirstTokenBeforeLongOnesQueuedE
                   (*engine)->counters().step_cost_fixed_seconds +
                   (*engine)->counters().step_cost_pair_seconds,
               0.0);
+  }
+}
+
+TEST(FairPrefillEngineTest, PriorityIsRefusedWhereNoPolicyHonoursIt) {
+  for (SchedulingPolicy policy : {SchedulingPolicy::kFcfs, SchedulingPolicy::kPriority,
+                                  SchedulingPolicy::kShortestPrefillFirst}) {
+    EngineOptions o;
+    o.block_size = 4;
+    o.num_kv_blocks = 512;
+    o.scheduling_policy = policy;
+    auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), o);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EngineRequest r = Greedy("urgent", 5, 1, 2);
+    r.priority = -2;
+    const absl::Status s = (*engine)->AddRequest(r);
+    if (policy == SchedulingPolicy::kFcfs) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(s.message(),
+                "priority -2 was given, but priority scheduling is not enabled "
+                "(--scheduling-policy fcfs; use priority or shortest_prefill_first)");
+      EXPECT_FALSE((*engine)->HasUnfinishedRequests());
+      r.priority = 0;  // the default class is fine under every policy
+      EXPECT_TRUE((*engine)->AddRequest(r).ok());
+    } else {
+      EXPECT_TRUE(s.ok()) << SchedulingPolicyName(policy) << ": " << s;
+    }
   }
 }
 
