@@ -14,7 +14,7 @@ cuda_ipc; --gpus gives each worker its own GPU), answer the same N prompts. Two 
 Afterwards both workers' free KV blocks must be back at their idle baseline
 (sluice_kv_cache_free_blocks on /metrics).
 
-Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push] [--requests 200]
+Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
          [--sequential 16] [--tie-tolerance 0.05] [--gpus 0,1] [--worker-args "..."]
          [--out FILE.json]
 Exit 0 when there is no mismatch and the blocks returned, 1 otherwise. SLUICE_BIN picks the binary.
@@ -101,7 +101,7 @@ def free_blocks(cluster, name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--mode", default="pull", choices=["pull", "push"])
+    ap.add_argument("--mode", default="pull", choices=["pull", "push", "layerwise"])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--sequential", type=int, default=16,
