@@ -22,7 +22,7 @@ the store (usage cached_tokens and the worker's sluice_prompt_tokens_cached_tota
 {source="kvstore"}), and the tokens must equal the reference's, up to near-tie flips (the tail
 is computed in other shapes than the full prompt was) judged as in the concurrent pass.
 
-Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push] [--requests 200]
+Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
          [--sequential 16] [--tie-tolerance 0.05] [--gpus 0,1] [--worker-args "..."]
          [--kvstore] [--out FILE.json]
 Exit 0 when there is no mismatch and the blocks returned, 1 otherwise. SLUICE_BIN picks the binary.
@@ -151,7 +151,7 @@ def replace_prefill(cluster, old, new, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--mode", default="pull", choices=["pull", "push"])
+    ap.add_argument("--mode", default="pull", choices=["pull", "push", "layerwise"])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--sequential", type=int, default=16,

@@ -13,7 +13,7 @@
 #
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
-#    baseline (bench/gpu_disagg_equality.py), per model, pull and push; one GPU per worker when
+#    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
 #    two are visible.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
@@ -85,7 +85,7 @@ mkdir -p "$RESULTS"
 for model in "${MODELS[@]}"; do
   has equality || break
   name=$(basename "$model")
-  for mode in pull push; do
+  for mode in pull push layerwise; do
     GPU_SETS=("")
     [ "$NGPU" -ge 2 ] && GPU_SETS+=("0,1")
     for gpus in "${GPU_SETS[@]}"; do
@@ -123,8 +123,9 @@ if has staged; then
   done | tee "$RESULTS/kv_transfer_staged_tcp_h200.jsonl" || FAILED=1
 fi
 if has handover; then
-  echo "== handover (router + prefill + decode on the GPU, pull and push)"
+  echo "== handover (router + prefill + decode on the GPU, pull, push and layerwise)"
   "$PY" bench/kv_transfer_bench.py --build "$BUILD" --parts handover --perftest "$PERFTEST" \
+    --handover-modes pull,push,layerwise --handover-prompt-words 200 \
     --tls sm,cuda_ipc,cuda_copy --handover-model "${MODELS[0]}" \
     --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
     --out "$RESULTS/kv_handover_h200.json" || FAILED=1

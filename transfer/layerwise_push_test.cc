@@ -231,6 +231,26 @@ TEST_F(LayerwisePushTest, CancelBeforeAnyLayerIsDoneAtOnce) {
   EXPECT_TRUE(Calls().empty());
 }
 
+TEST_F(LayerwisePushTest, EveryDoneCallbackRunsOnceInOrder) {
+  auto push = Make(2, absl::Now() + absl::Seconds(30));
+  std::vector<int> order;
+  absl::Mutex om;
+  for (int i = 0; i < 2; ++i) {
+    push->OnDone([&, i](absl::Status s) {
+      absl::MutexLock lock(&om);
+      EXPECT_TRUE(s.ok()) << s;
+      order.push_back(i);
+    });
+  }
+  ASSERT_TRUE(push->Start({0}).ok());
+  for (int l = 0; l < kLayers; ++l) push->LayerReady(l, nullptr);
+  ASSERT_TRUE(Outcome(*push).ok());  // a callback given after the end runs at once
+  push->Cancel(absl::CancelledError("too late"));  // every group landed: no effect
+  absl::MutexLock lock(&om);
+  EXPECT_EQ(order, (std::vector<int>{0, 1}));
+  EXPECT_EQ(push->num_groups_pushed(), 2);
+}
+
 TEST_F(LayerwisePushTest, OutOfOrderOrRepeatedLayerFails) {
   auto push = Make(1, absl::Now() + absl::Seconds(30));
   ASSERT_TRUE(push->Start({0}).ok());

@@ -784,6 +784,7 @@ absl::Status DeepseekCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, in
     }
     if (!a_done) Mark("add_rmsnorm");
     SLUICE_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace, a_done));
+    SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push
     SLUICE_RETURN_IF_ERROR(
         kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));
     Mark("add_rmsnorm");

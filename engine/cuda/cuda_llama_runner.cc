@@ -441,6 +441,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
                                                          workspace, a.attn, st));
       Mark("attention");
     }
+    SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push
     SLUICE_RETURN_IF_ERROR(
         kernels::LinearCuda(*lt, a.attn, L.w_o.data(), opt(L.b_o), a.tmp, T, H, q_dim, st));
     Mark("o_gemm");

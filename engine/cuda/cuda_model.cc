@@ -41,6 +41,8 @@ class CudaModel : public Model {
   }
 
   bool SupportsDeviceGreedy() const override { return true; }
+  // The runners record a CUDA event per layer after its K/V write (RunnerCore::LayerKvWritten).
+  bool SupportsLayerKvHook() const override { return true; }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

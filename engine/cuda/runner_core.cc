@@ -169,6 +169,9 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
 RunnerCore::~RunnerCore() {
   if (stream.get() != nullptr) (void)stream.Synchronize();
   DestroyGraphs();
+  for (cudaEvent_t e : layer_events) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (l2_set_aside > 0) {  // on the device it was taken on
     int current = 0;
     const bool switched = cudaGetDevice(&current) == cudaSuccess && current != l2_device &&
@@ -189,6 +192,25 @@ void RunnerCore::DestroyGraphs() {
     if (e != nullptr) cudaEventDestroy(e);
     e = nullptr;
   }
+}
+
+absl::Status RunnerCore::LayerKvWritten(int32_t layer) {
+  if (layer_hook == nullptr) return absl::OkStatus();
+  while (static_cast<int32_t>(layer_events.size()) <= layer) {
+    cudaEvent_t e = nullptr;
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags layer KV");
+    layer_events.push_back(e);
+  }
+  cudaEvent_t e = layer_events[static_cast<size_t>(layer)];
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, stream.get()), "cudaEventRecord layer KV");
+  (*layer_hook)(layer, [e]() -> absl::Status {
+    const cudaError_t err = cudaEventSynchronize(e);
+    if (err == cudaSuccess) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("cudaEventSynchronize layer KV: ", cudaGetErrorString(err)));
+  });
+  return absl::OkStatus();
 }
 
 void RunnerCore::Mark(const char* name) {
@@ -596,8 +618,9 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
     m.prev_num_logits = 0;
     return absl::OkStatus();
   }
-  const bool decode =
-      allow_graph && T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
+  // A step with a per-layer KV hook runs eagerly: the graphs record no layer events.
+  const bool decode = allow_graph && !plan.on_layer_kv_written && T == S && !m.graphs.empty() &&
+                      S <= m.graphs.back().batch;
   if (decode) {
     Graph* g = nullptr;
     for (Graph& cand : m.graphs) {
@@ -627,7 +650,10 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   m.Pack(plan, layout, S, *host);
   SLUICE_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
   m.prev_num_logits = N;
-  return m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
+  m.layer_hook = plan.on_layer_kv_written ? &plan.on_layer_kv_written : nullptr;
+  const absl::Status enqueued = m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
+  m.layer_hook = nullptr;
+  return enqueued;
 }
 
 absl::StatusOr<std::vector<int32_t>> RunnerCore::SampledTokens() {

@@ -185,6 +185,10 @@ class RunnerCore {
                                       absl::Span<std::vector<kernels::TopLogprob>> top);
   // Mark records a profiling event named `name` after the op just enqueued (ProfileStep only).
   void Mark(const char* name);
+  // LayerKvWritten: call in Enqueue once layer `layer`'s K/V write is enqueued. With a
+  // per-layer hook (ForwardInput::on_layer_kv_written, eager steps) it records the layer's
+  // event on the stream and reports the layer with a wait on that event; else nothing.
+  absl::Status LayerKvWritten(int32_t layer);
 
   ModelConfig config;
   CudaRunnerOptions options;
@@ -257,6 +261,10 @@ class RunnerCore {
   // ProfileStep: while set, Mark records one timing event after each op of Enqueue.
   std::vector<std::pair<const char*, cudaEvent_t>>* profile = nullptr;
   absl::Status profile_error;
+  // The step's per-layer KV hook while EnqueueStep enqueues it (null: none), and one event per
+  // layer, reused by later steps (a wait on a re-recorded event only ends later, never early).
+  const LayerKvHook* layer_hook = nullptr;
+  std::vector<cudaEvent_t> layer_events;
 };
 
 // LoadCore / DummyCore: a model core (Init(config, options), LoadWeights(WeightSource&))
