@@ -11,7 +11,7 @@
 #include "services/api/openai_errors.h"
 #include "services/api/openai_fields.h"
 #include "services/api/openai_protocol.h"
-#include "tests/unit/api_test_fakes.h"
+#include "tests/unit/api_parse_fixture.h"
 
 namespace sluice {
 namespace {
@@ -25,48 +25,16 @@ using testing::ByteTokenizer;
 
 int32_t B(char c) { return ByteTokenizer::Byte(c); }
 
-class FieldsTest : public ::testing::Test {
+class FieldsTest : public testing::ApiParseTest {
  protected:
-  void SetUp() override {
-    auto tmpl = ChatTemplate::Parse(
-        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}");
-    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
-    chat_template_ = *std::move(tmpl);
-    context_.tokenizer = &tokenizer_;
-    context_.chat_template = chat_template_.get();
-    context_.served_model_name = "mini";
-    context_.max_model_len = 64;
-  }
-
-  json Chat(json extra = json::object()) {
-    json body{{"model", "mini"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
-    body.update(extra);
-    return body;
-  }
-  json Completion(json extra = json::object()) {
-    json body{{"model", "mini"}, {"prompt", "ab"}};
-    body.update(extra);
-    return body;
-  }
-  absl::StatusOr<GenerationRequest> ParseChat(json extra) {
-    return ParseChatCompletionRequest(Chat(std::move(extra)), context_);
-  }
-  absl::StatusOr<GenerationRequest> ParseCompletion(json extra) {
-    return ParseCompletionRequest(Completion(std::move(extra)), context_);
-  }
-  // Error asserts a 400 naming `param` whose message contains `text`.
+  // ExpectError asserts a 400 naming `param` whose message contains `text`.
   static void ExpectError(const absl::StatusOr<GenerationRequest>& r, const std::string& param,
                           const std::string& text = "") {
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(HttpStatusFor(r.status()), 400) << r.status();
-    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], param) << r.status();
-    EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+    ExpectParamError(r, param);
+    if (!r.ok()) {
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr(text));
+    }
   }
-
-  ByteTokenizer tokenizer_;
-  std::unique_ptr<ChatTemplate> chat_template_;
-  ParseContext context_;
 };
 
 TEST_F(FieldsTest, UnknownFieldsAre400UnlessAllowed) {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_protocol.h"
-#include "tests/unit/api_test_fakes.h"
+#include "tests/unit/api_parse_fixture.h"
 
 namespace sluice {
 namespace {
@@ -20,48 +20,22 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::ByteTokenizer;
 
-class ProtocolTest : public ::testing::Test {
+class ProtocolTest : public testing::ApiParseTest {
  protected:
+  // Without "</s>" after each message, in a 32-token context.
   void SetUp() override {
-    auto tmpl = ChatTemplate::Parse(
-        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}");
-    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
-    chat_template_ = *std::move(tmpl);
-    context_.tokenizer = &tokenizer_;
-    context_.chat_template = chat_template_.get();
-    context_.served_model_name = "mini";
-    context_.max_model_len = 32;
-  }
-
-  json Chat(json extra = json::object()) {
-    json body{{"model", "mini"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
-    body.update(extra);
-    return body;
-  }
-  json Completion(json extra = json::object()) {
-    json body{{"model", "mini"}, {"prompt", "ab"}};
-    body.update(extra);
-    return body;
+    SetUpParser("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+                32);
   }
 
   // ExpectChatError asserts that the chat body with `extra` fails with `code` naming `param`.
   void ExpectChatError(json extra, const std::string& param, int code = 400) {
-    absl::StatusOr<GenerationRequest> r = ParseChatCompletionRequest(Chat(extra), context_);
-    ASSERT_FALSE(r.ok()) << extra.dump();
-    EXPECT_EQ(HttpStatusFor(r.status()), code) << r.status();
-    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], param) << r.status();
+    ExpectParamError(ParseChat(extra), param, code);
   }
   void ExpectCompletionError(json extra, const std::string& param, int code = 400) {
-    absl::StatusOr<GenerationRequest> r = ParseCompletionRequest(Completion(extra), context_);
-    ASSERT_FALSE(r.ok()) << extra.dump();
-    EXPECT_EQ(HttpStatusFor(r.status()), code) << r.status();
-    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], param) << r.status();
+    ExpectParamError(ParseCompletion(extra), param, code);
   }
-
-  ByteTokenizer tokenizer_;
-  std::unique_ptr<ChatTemplate> chat_template_;
-  ParseContext context_;
 };
 
 TEST_F(ProtocolTest, ChatRendersTemplateAndTokenizesSpecialsWithoutBos) {
