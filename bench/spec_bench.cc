@@ -4,8 +4,8 @@
 //
 // Workloads (greedy, ignore_eos, every request max_tokens tokens):
 //   bible  KJV-style verse prompts (what sluice-mini-moe and sluice-mini-draft were trained on);
-//   quote  repetitive passages (genealogies, refrains, lists) whose continuation repeats their
-//          wording: the output quotes the prompt and itself (n-gram lookup's case).
+//   quote  Numbers 7's repeated offering formula: the continuation quotes the prompt word for
+//          word (n-gram lookup's case).
 // Clocks: the machine this runs on may be shared, so besides wall-clock time every run reports
 // the process CPU time of its decode phase; run with SLUICE_CPU_THREADS=1 and the CPU-time rates
 // (cpu_tokens_per_s, cpu_speedup) measure the work done whatever else runs beside it.
@@ -67,39 +67,60 @@ const char* kVerses[] = {
     "Rom8:28 And we know that all things work together for good to them that love God.",
 };
 const char* kRefs[] = {"Ge", "Ex", "Le", "Nu", "De", "Jos", "Jdg", "Ru"};
-// Passages whose continuation repeats their own wording (genealogies, refrains, lists): the
-// model's greedy continuation quotes the prompt, and its own output, at length.
-const char* kQuotes[] = {
-    "Ge5:6 And Seth lived an hundred and five years, and begat Enos:\nGe5:7 And Seth lived after "
-    "he begat Enos eight hundred and seven years, and begat sons and daughters:\nGe5:8 And all "
-    "the days of Seth were nine hundred and twelve years: and he died.\nGe5:9 And Enos lived "
-    "ninety years, and begat Cainan:\nGe5:10 And Enos lived after he begat Cainan",
-    "Psa136:1 O give thanks unto the LORD; for he is good: for his mercy endureth for ever.\n"
-    "Psa136:2 O give thanks unto the God of gods: for his mercy endureth for ever.\nPsa136:3 O "
-    "give thanks to the Lord of lords: for his mercy endureth for ever.\nPsa136:4 To him who "
-    "alone doeth great wonders: for his mercy",
-    "Mat1:2 Abraham begat Isaac; and Isaac begat Jacob; and Jacob begat Judas and his brethren;\n"
-    "Mat1:3 And Judas begat Phares and Zara of Thamar; and Phares begat Esrom; and Esrom begat "
-    "Aram;\nMat1:4 And Aram begat Aminadab; and Aminadab begat",
-    "Mat5:3 Blessed are the poor in spirit: for theirs is the kingdom of heaven.\nMat5:4 Blessed "
-    "are they that mourn: for they shall be comforted.\nMat5:5 Blessed are the meek: for they "
-    "shall inherit the earth.\nMat5:6 Blessed are they which do hunger and thirst after "
-    "righteousness: for they shall",
-    "Nu7:14 One spoon of ten shekels of gold, full of incense:\nNu7:15 One young bullock, one "
-    "ram, one lamb of the first year, for a burnt offering:\nNu7:16 One kid of the goats for a "
-    "sin offering:\nNu7:20 One spoon of gold of ten shekels, full of incense:\nNu7:21 One young "
-    "bullock, one ram,",
-    "Ge1:1 In the beginning God created the heaven and the earth.\nGe1:2 And the earth was "
-    "without form, and void; and darkness was upon the face of the deep.\nGe1:3 And God said, "
-    "Let there be light: and there was light.\nGe1:4 And God saw the light, that it was good: "
-    "and God divided the light from the darkness.\nGe1:5 And God called the light Day,",
-    "Ec3:2 A time to be born, and a time to die; a time to plant, and a time to pluck up that "
-    "which is planted;\nEc3:3 A time to kill, and a time to heal; a time to break down, and a "
-    "time to build up;\nEc3:4 A time to weep, and a time to laugh; a time to mourn, and a time",
-    "Psa150:3 Praise him with the sound of the trumpet: praise him with the psaltery and harp.\n"
-    "Psa150:4 Praise him with the timbrel and dance: praise him with stringed instruments and "
-    "organs.\nPsa150:5 Praise him upon the loud cymbals: praise him",
+// Numbers 7:13-31 (KJV): the twelve princes' offerings repeat one formula verse for verse, and
+// sluice-mini-moe continues a prompt holding a few of them by quoting the formula from the
+// prompt word for word (the case n-gram prompt lookup is for).
+const char* kNumbers7[] = {
+    "And his offering was one silver charger, the weight thereof was an hundred and thirty "
+    "shekels, one silver bowl of seventy shekels, after the shekel of the sanctuary; both of them "
+    "were full of fine flour mingled with oil for a meat offering:",
+    "One spoon of ten shekels of gold, full of incense:",
+    "One young bullock, one ram, one lamb of the first year, for a burnt offering:",
+    "One kid of the goats for a sin offering:",
+    "And for a sacrifice of peace offerings, two oxen, five rams, five he goats, five lambs of the "
+    "first year: this was the offering of Nahshon the son of Amminadab.",
+    "On the second day Nethaneel the son of Zuar, prince of Issachar, did offer:",
+    "He offered for his offering one silver charger, the weight whereof was an hundred and thirty "
+    "shekels, one silver bowl of seventy shekels, after the shekel of the sanctuary; both of them "
+    "full of fine flour mingled with oil for a meat offering:",
+    "One spoon of gold of ten shekels, full of incense:",
+    "One young bullock, one ram, one lamb of the first year, for a burnt offering:",
+    "One kid of the goats for a sin offering:",
+    "And for a sacrifice of peace offerings, two oxen, five rams, five he goats, five lambs of the "
+    "first year: this was the offering of Nethaneel the son of Zuar.",
+    "On the third day Eliab the son of Helon, prince of the children of Zebulun, did offer:",
+    "His offering was one silver charger, the weight whereof was an hundred and thirty shekels, "
+    "one silver bowl of seventy shekels, after the shekel of the sanctuary; both of them full of "
+    "fine flour mingled with oil for a meat offering:",
+    "One golden spoon of ten shekels, full of incense:",
+    "One young bullock, one ram, one lamb of the first year, for a burnt offering:",
+    "One kid of the goats for a sin offering:",
+    "And for a sacrifice of peace offerings, two oxen, five rams, five he goats, five lambs of the "
+    "first year: this was the offering of Eliab the son of Helon.",
+    "On the fourth day Elizur the son of Shedeur, prince of the children of Reuben, did offer:",
+    "His offering was one silver charger of the weight of an hundred and thirty shekels, one "
+    "silver bowl of seventy shekels, after the shekel of the sanctuary; both of them full of fine "
+    "flour mingled with oil for a meat offering:",
 };
+// Quote prompt i: verses [first, last) of kNumbers7 in full, then the first `words` words of
+// verse `last` (a reference "Num7:V" per verse, as the training text has).
+struct QuoteCut {
+  int first, last, words;
+};
+constexpr QuoteCut kQuoteCuts[] = {{0, 12, 5}, {0, 11, 6}, {6, 14, 3}, {0, 17, 4},
+                                   {0, 6, 6},  {6, 16, 7}, {0, 16, 8}, {5, 18, 6}};
+
+std::string QuotePrompt(int i) {
+  const QuoteCut& c = kQuoteCuts[i % 8];
+  std::string text;
+  for (int v = c.first; v < c.last; ++v) {
+    text += "Num7:" + std::to_string(13 + v) + " " + kNumbers7[v] + "\n";
+  }
+  const std::vector<std::string> words = absl::StrSplit(kNumbers7[c.last], ' ');
+  text += "Num7:" + std::to_string(13 + c.last);
+  for (int w = 0; w < c.words && w < static_cast<int>(words.size()); ++w) text += " " + words[w];
+  return text;
+}
 
 std::vector<std::vector<int32_t>> Prompts(const Tokenizer& tokenizer, const std::string& workload,
                                           int n) {
@@ -108,7 +129,7 @@ std::vector<std::vector<int32_t>> Prompts(const Tokenizer& tokenizer, const std:
     const std::string verse = kVerses[i % 8];
     std::string text;
     if (workload == "quote") {
-      text = kQuotes[i % 8];
+      text = QuotePrompt(i);
     } else {
       text = verse + "\n" + kRefs[(i / 8) % 8] + std::to_string(1 + i / 64) + ":" +
              std::to_string(1 + i % 31);
@@ -216,6 +237,11 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   j["verifications_per_step"] = verifications / steps;
   j["draft_s_per_step"] = (after.spec_draft_seconds - before.spec_draft_seconds) / steps;
   j["verify_s_per_step"] = (after.spec_verify_seconds - before.spec_verify_seconds) / steps;
+  j["cpu_step_s"] = cpu_seconds / steps;
+  j["draft_cpu_s_per_step"] =
+      (after.spec_draft_cpu_seconds - before.spec_draft_cpu_seconds) / steps;
+  j["verify_cpu_s_per_step"] =
+      (after.spec_verify_cpu_seconds - before.spec_verify_cpu_seconds) / steps;
   return j;
 }
 
@@ -253,7 +279,7 @@ int main(int argc, char** argv) {
   result["runs"] = nlohmann::ordered_json::array();
   for (const std::string& b : std::vector<std::string>(absl::StrSplit(batches, ','))) {
     const int batch = std::stoi(b);
-    double plain_tps = 0, plain_step = 0, plain_cpu_tps = 0;
+    double plain_tps = 0, plain_step = 0, plain_cpu_tps = 0, plain_cpu_step = 0;
     for (const std::string& c : std::vector<std::string>(absl::StrSplit(configs, ','))) {
       const sluice::Config config = sluice::ParseConfig(c);
       nlohmann::ordered_json run =
@@ -262,15 +288,30 @@ int main(int argc, char** argv) {
         plain_tps = run["tokens_per_s"];
         plain_cpu_tps = run["cpu_tokens_per_s"];
         plain_step = run["step_s"];
+        plain_cpu_step = run["cpu_step_s"];
       }
       if (plain_tps > 0) {
         run["speedup"] = run["tokens_per_s"].get<double>() / plain_tps;
         run["cpu_speedup"] = run["cpu_tokens_per_s"].get<double>() / plain_cpu_tps;
         const double spec_step =
             run["draft_s_per_step"].get<double>() + run["verify_s_per_step"].get<double>();
+        const double spec_cpu_step = run["draft_cpu_s_per_step"].get<double>() +
+                                     run["verify_cpu_s_per_step"].get<double>();
         run["plain_step_s"] = plain_step;
+        run["plain_cpu_step_s"] = plain_cpu_step;
         if (config.name != "none" && spec_step > 0) {
           run["ceiling_speedup"] = run["mean_accepted_length"].get<double>() * plain_step / spec_step;
+        }
+        if (config.name != "none" && spec_cpu_step > 0 && batch == 1) {
+          // Batch 1: a step either verifies (its draft and verify CPU time) or, with no drafts,
+          // is a plain step; the ceiling is the tokens those costs give per plain step's time.
+          const double plain_steps = 1.0 - run["verifications_per_step"].get<double>();
+          const double tokens_per_step =
+              run["decode_tokens"].get<double>() / run["steps"].get<double>();
+          const double ceiling =
+              tokens_per_step * plain_cpu_step / (spec_cpu_step + plain_steps * plain_cpu_step);
+          run["cpu_ceiling_speedup"] = ceiling;
+          run["cpu_speedup_of_ceiling"] = run["cpu_speedup"].get<double>() / ceiling;
         }
       }
       std::cerr << run.dump() << "\n";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <unordered_set>
 #include <utility>
@@ -431,6 +432,7 @@ class LLMEngineImpl final : public LLMEngine {
     ArmLayerObservers(plan);
     absl::Status status;
     const Clock::time_point start = Now();
+    const double cpu_start = CpuSeconds();
     if (device_greedy) {
       greedy_.resize(input_.logits_indices.size());
       status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
@@ -461,7 +463,10 @@ class LLMEngineImpl final : public LLMEngine {
     ++totals.num_steps;
     totals.num_tokens += static_cast<int64_t>(input_.token_ids.size());
     totals.seconds += seconds;
-    if (HasDrafts(plan)) counters_.spec_verify_seconds += seconds;
+    if (HasDrafts(plan)) {
+      counters_.spec_verify_seconds += seconds;
+      counters_.spec_verify_cpu_seconds += CpuSeconds() - cpu_start;
+    }
     if (!status.ok()) {
       // A failed step fails the requests in it; the others go on.
       FailRequests(PlanIds(plan), status, outputs);
@@ -587,8 +592,10 @@ class LLMEngineImpl final : public LLMEngine {
       return confidence_.KeepGoing(confidence, &products[i]);
     };
     const Clock::time_point start = Now();
+    const double cpu_start = CpuSeconds();
     const absl::Status st = drafter.Propose(draft_inputs_, keep_going, &draft_outputs_);
     counters_.spec_draft_seconds += std::chrono::duration<double>(Now() - start).count();
+    counters_.spec_draft_cpu_seconds += CpuSeconds() - cpu_start;
     if (!st.ok()) return;  // a drafter failure only costs this step its drafts
     for (size_t i = 0; i < candidates.size(); ++i) {
       Sequence& seq = *candidates[i];
@@ -1204,6 +1211,11 @@ class LLMEngineImpl final : public LLMEngine {
   using Clock = std::chrono::steady_clock;
   static Clock::time_point Now() { return Clock::now(); }
   static Clock::duration Ms(int64_t ms) { return std::chrono::milliseconds(ms); }
+  static double CpuSeconds() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
 
   // Held: a prefill request's pinned blocks. Reservation: a decode request waiting for KV.
   struct Held {

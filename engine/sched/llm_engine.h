@@ -147,6 +147,10 @@ struct EngineCounters {
   int64_t num_spec_verifications = 0;
   double spec_draft_seconds = 0.0;   // in the drafter
   double spec_verify_seconds = 0.0;  // target forwards of steps that verified drafts
+  // The same two spans in process CPU time (every thread of the process): on a shared machine
+  // they measure the work done where wall-clock time also counts waiting for a core.
+  double spec_draft_cpu_seconds = 0.0;
+  double spec_verify_cpu_seconds = 0.0;
   // The fitted step cost(q, c) (QcCostModel): seconds per step, per new token and per
   // query-key pair; all 0 until fitted.
   double step_cost_fixed_seconds = 0.0;

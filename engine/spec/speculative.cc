@@ -84,10 +84,17 @@ int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& targe
     if (product < threshold_) break;
     ++depth;
   }
-  if (depth > 0) return depth;
-  if (steps_ % kProbeInterval != 0) return 0;
+  if (depth > 0) {
+    probe_interval_ = kProbeInterval;
+    next_probe_ = steps_ + probe_interval_;
+    return depth;
+  }
+  if (steps_ < next_probe_) return 0;
   // A probe drafts in full: it measures acceptance at every depth and spreads the step sizes
-  // the cost fit sees.
+  // the cost fit sees. Each probe that finds drafting still not paying spaces the next one
+  // twice as far (reset as soon as drafting pays again).
+  next_probe_ = steps_ + probe_interval_;
+  probe_interval_ = std::min(2 * probe_interval_, kMaxProbeInterval);
   *probe_only = true;
   return max_tokens_;
 }

@@ -67,10 +67,13 @@ class ConfidenceCalibration {
 // So each sequence verifies the longest prefix with P_j >= threshold (at most max_tokens),
 // sequences in one step verify different lengths, and when even the best calibrated acceptance
 // is below the threshold nothing is drafted (kProbeSequences sequences draft in full every
-// kProbeInterval steps, keeping the calibration and the cost fit measured).
+// kProbeInterval steps, keeping the calibration and the cost fit measured; while probes keep
+// finding that drafting does not pay, the interval doubles up to kMaxProbeInterval, so a
+// batch where speculation never pays spends next to nothing on it).
 class ConfidenceScheduler {
  public:
   static constexpr int64_t kProbeInterval = 16;
+  static constexpr int64_t kMaxProbeInterval = 512;
   static constexpr int32_t kProbeSequences = 2;
 
   ConfidenceScheduler(VerifyMode mode, int32_t max_tokens) : mode_(mode), max_tokens_(max_tokens) {}
@@ -98,6 +101,8 @@ class ConfidenceScheduler {
   int32_t max_tokens_;
   double threshold_ = 0.0;
   int64_t steps_ = 0;
+  int64_t probe_interval_ = kProbeInterval;
+  int64_t next_probe_ = kProbeInterval;  // the step (steps_) of the next probe
   ConfidenceCalibration calibration_;
 };
 

@@ -69,6 +69,9 @@ void RowBlocks(const float* x, const float* w, const float* bias, float* y, int6
   for (; i < m; ++i) MicroKernel<1, NR>(x, w, bias, y, n, k, i, j0);
 }
 
+// Up to this many rows Panel takes eight columns at a time (decode and verification steps).
+constexpr int64_t kFewRows = 8;
+
 // Column panel [j_begin, j_end): panels of 64 columns stay hot in L2 while every x row
 // streams past them.
 void Panel(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
@@ -77,9 +80,16 @@ void Panel(const float* x, const float* w, const float* bias, float* y, int64_t 
   for (int64_t p = j_begin; p < j_end; p += kPanel) {
     const int64_t p_end = std::min(j_end, p + kPanel);
     int64_t j = p;
-    if (m == 1) {
-      // Decode: more independent accumulators per x load to keep the FMA pipes busy.
-      for (; j + 8 <= p_end; j += 8) MicroKernel<1, 8>(x, w, bias, y, n, k, 0, j);
+    if (m <= kFewRows) {
+      // Decode and speculative verification (a few rows): eight weight rows per block keep
+      // more loads in flight than four, and each row block after the first finds those eight
+      // rows in L1, so the m rows share one weight read.
+      for (; j + 8 <= p_end; j += 8) {
+        int64_t i = 0;
+        for (; i + 3 <= m; i += 3) MicroKernel<3, 8>(x, w, bias, y, n, k, i, j);
+        if (m - i == 2) MicroKernel<2, 8>(x, w, bias, y, n, k, i, j);
+        if (m - i == 1) MicroKernel<1, 8>(x, w, bias, y, n, k, i, j);
+      }
     }
     for (; j + 4 <= p_end; j += 4) RowBlocks<4>(x, w, bias, y, m, n, k, j);
     for (; j < p_end; ++j) RowBlocks<1>(x, w, bias, y, m, n, k, j);

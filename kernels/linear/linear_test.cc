@@ -77,7 +77,7 @@ TEST(LinearTest, BatchInvariant) {
         ASSERT_EQ(one[j], full[i * n + j]) << "k=" << k << " row " << i << " col " << j;
       }
     }
-    for (int64_t sub : {2, 3, 5, 8, 13}) {
+    for (int64_t sub : {2, 3, 4, 5, 6, 7, 8, 13}) {
       std::vector<float> part(static_cast<size_t>(sub * n));
       LinearCpu(x.data() + 11 * k, w.data(), bias.data(), part.data(), sub, n, k);
       for (int64_t i = 0; i < sub; ++i) {

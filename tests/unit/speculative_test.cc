@@ -83,23 +83,31 @@ TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
   // Per-token cost dominates (large batch): threshold = 64 · 0.01 / (0.01 + 0.64) ≈ 0.985.
   const StepCostModel target = Linear(0.010, 0.010);
   for (int i = 0; i < 200; ++i) s.ObserveVerification({0.99f}, 1, i % 2);  // 50% accepted
-  int drafted_steps = 0;
-  for (int step = 1; step <= 64; ++step) {
+  // Probes only, spaced twice as far each time drafting still does not pay (16 steps, then
+  // 32, 64, ... up to kMaxProbeInterval = 512).
+  std::vector<int> probe_steps;
+  for (int step = 1; step <= 2048; ++step) {
     bool probe = false;
     const int32_t depth = s.BeginStep(64, target, nullptr, &probe);
     if (depth > 0) {
-      ++drafted_steps;
+      probe_steps.push_back(step);
       EXPECT_TRUE(probe);
       EXPECT_EQ(depth, 5);
     }
   }
-  EXPECT_EQ(drafted_steps, 64 / ConfidenceScheduler::kProbeInterval);  // probes only
+  EXPECT_EQ(probe_steps, (std::vector<int>{16, 32, 64, 128, 256, 512, 1024, 1536, 2048}));
   // Batch 1 with the same costs: threshold 0.01 / 0.02 = 0.5. The drafting depth is bounded by
   // the best calibrated bin (bin 0.8-0.9, still its prior 0.85): 0.85^4 >= 0.5 > 0.85^5.
   bool probe = false;
   EXPECT_EQ(s.BeginStep(1, target, nullptr, &probe), 4);
   EXPECT_NEAR(s.threshold(), 0.5, 1e-9);
   EXPECT_EQ(s.VerifyLength({0.99f, 0.99f}), 1);  // 0.5 then 0.25: only the first pays
+  // Drafting paid again, so back at batch 64 the next probe is kProbeInterval steps away.
+  int first_probe = 0;
+  for (int step = 1; step <= 64 && first_probe == 0; ++step) {
+    if (s.BeginStep(64, target, nullptr, &probe) > 0) first_probe = step;
+  }
+  EXPECT_EQ(first_probe, ConfidenceScheduler::kProbeInterval);
 }
 
 TEST(ConfidenceSchedulerTest, FixedVerifiesEverything) {
