@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "services/common/peer_tls.h"
 #include "services/serve/multimodal_setup.h"
 
 namespace sluice {
@@ -23,6 +24,7 @@ struct EncoderOptions {
   int http_port = 0;
   int32_t max_images_per_call = 64;
   MultimodalFlags multimodal;  // cache size and image limits
+  PeerTlsOptions tls;          // --tls-cert/--tls-key/--tls-ca: callers need a CA certificate
 };
 
 int RunEncoder(const EncoderOptions& options);

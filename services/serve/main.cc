@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
   sluice::AddApiAuthFlags(*router_cmd, router.auth);
   sluice::AddHttpLimitFlags(*router_cmd, router.http);
   sluice::AddTlsFlags(*router_cmd, router.http);
+  sluice::AddRouterCaFlag(*router_cmd, router.tls_ca_file);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,
@@ -273,6 +274,7 @@ int main(int argc, char** argv) {
     cmd.add_option("--advertise", w.advertise, "Address others reach this worker at");
     cmd.add_option("--router", w.router, "Router registry host:port (empty: no registration)");
     cmd.add_option("--ucx-transports", w.ucx_transports, "UCX transports (UCX_TLS syntax)");
+    sluice::AddPeerTlsFlags(cmd, w.tls);
     cmd.add_option("--kv-pin-timeout-s", w.kv_pin_timeout_s,
                    "Prefill: free pinned KV blocks after this many seconds without a Release")
         ->check(CLI::PositiveNumber);
@@ -317,6 +319,7 @@ int main(int argc, char** argv) {
                           "Images per Encode call at most")
       ->check(CLI::PositiveNumber);
   sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
+  sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();

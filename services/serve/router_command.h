@@ -42,6 +42,9 @@ struct RouterOptions {
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
   ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)
   PlannerOptions planner;        // SLOs and window of GET /v1/planner (services/router/planner.h)
+  // --tls-ca: mTLS with the workers (services/common/peer_tls.h), the router's identity being
+  // http.tls_cert_file / tls_key_file. Empty: plaintext between services.
+  std::string tls_ca_file;
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "services/common/peer_tls.h"
 #include "services/serve/model_runtime.h"
 
 namespace sluice {
@@ -29,6 +30,9 @@ struct WorkerOptions {
   // migrates decode streams to other workers), then exit 0.
   double drain_timeout_s = 30;
   double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
+  // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
+  // CA) and on every channel this worker opens (router, prefill peers, kvstore).
+  PeerTlsOptions tls;
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.
