@@ -6,8 +6,9 @@
 #   scripts/fuzz.sh -t 300 jinja_fuzz  one target for 5 minutes
 #   scripts/fuzz.sh --regress          only replay the checked-in corpora (seconds; what CI's
 #                                      bounded default does first)
-#   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers in
-#                                      this ASan+UBSan build (build-fuzz/bin/parser_tests_sanitized)
+#   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers and
+#                                      of the network services in this ASan+UBSan build
+#                                      (build-fuzz/bin/{parser,network}_tests_sanitized)
 #
 # Each target starts from tests/fuzz/corpus/<target>/ (hand-written seeds and the regression
 # input of every finding) plus seeds made from the fixtures (tests/fuzz/make_seeds.py); new
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     -t|--time) SECONDS_PER_TARGET="$2"; shift 2 ;;
     --regress) REGRESS_ONLY=1; shift ;;
     --unit-tests) UNIT_TESTS=1; shift ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) TARGETS+=("$1"); shift ;;
   esac
 done
@@ -48,10 +49,14 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 if [ "$UNIT_TESTS" = 1 ]; then
-  cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target parser_tests_sanitized
-  echo "[fuzz] parser unit + golden tests under ASan+UBSan"
-  ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    "$BUILD_DIR/bin/parser_tests_sanitized"
+  cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target parser_tests_sanitized \
+    network_tests_sanitized
+  for t in parser_tests_sanitized network_tests_sanitized; do
+    echo "[fuzz] $t: unit + golden tests under ASan+UBSan"
+    ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
+      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" UCX_MEM_MALLOC_HOOKS=no \
+      UCX_LOG_LEVEL=fatal UCX_WARN_UNUSED_ENV_VARS=n "$BUILD_DIR/bin/$t"
+  done
 fi
 
 SEEDS="$BUILD_DIR/seeds"

@@ -638,17 +638,21 @@ v1::PrefillWorker::Stub* DecodeService::PrefillStub(const std::string& address) 
   auto& stub = stubs_[address];
   if (stub == nullptr) {
     stub = v1::PrefillWorker::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(address, options_.channel_credentials != nullptr
+                                         ? options_.channel_credentials
+                                         : grpc::InsecureChannelCredentials()));
   }
   return stub.get();
 }
 
 absl::Status DecodeService::SendRelease(const std::string& request_id,
-                                        const std::string& prefill_address) {
+                                        const v1::PrefillResponse& prefill) {
+  const std::string& prefill_address = prefill.prefill_worker_address();
   grpc::ClientContext context;
   context.set_deadline(DeadlineAfter(options_.release_timeout));
   v1::ReleaseRequest release;
   release.set_request_id(request_id);
+  release.set_transfer_token(prefill.kv().transfer_token());
   v1::ReleaseResponse released;
   const grpc::Status status = PrefillStub(prefill_address)->Release(&context, release, &released);
   if (!status.ok()) return FromGrpc(status);
@@ -704,6 +708,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
   }
   v1::PushKvRequest request;
   request.set_request_id(request_id);
+  request.set_transfer_token(prefill.kv().transfer_token());
   v1::KvBlocks* destination = request.mutable_destination();
   destination->set_kv_descriptor(kv_descriptor_);
   RunsToWire(std::vector<int32_t>(blocks.begin(), blocks.begin() + n), destination);
@@ -763,7 +768,7 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     if (!job.has_value()) return;
     const v1::PrefillResponse& prefill = job->prefill;
     if (job->cancelled) {
-      SendRelease(session->id(), prefill.prefill_worker_address());
+      SendRelease(session->id(), prefill);
       return;
     }
     const v1::KvTransferMode theirs =
@@ -809,7 +814,7 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     // The ack: the prefill worker may free its pinned blocks (also after a failed pull, and
     // after a layerwise push landed). After a successful PushKv it freed them itself.
     if (!push || !status.ok() || landed) {
-      absl::Status released = SendRelease(session->id(), prefill.prefill_worker_address());
+      absl::Status released = SendRelease(session->id(), prefill);
       // A pull reads whatever the prefill worker's blocks hold: it is only known to have read
       // the pinned prompt KV if the pin was still there when acked. Otherwise (released by an
       // earlier decode attempt, expired, or the worker unreachable) the blocks may have been

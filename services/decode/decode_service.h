@@ -22,6 +22,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
 #include "services/worker_common/task_pool.h"
@@ -56,6 +58,8 @@ struct DecodeServiceOptions {
   // requests are refused with INVALID_ARGUMENT.
   WorkerGrammars* grammars = nullptr;
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
+  // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
 // RecomputeReason: why a decode worker recomputes a prompt instead of using the KV it was sent
@@ -130,7 +134,8 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   // SendRelease acks a transfer: the prefill worker frees its pinned blocks. OK when they were
   // still pinned; NotFound when nothing was pinned (released by an earlier decode attempt or
   // expired — a pull that ran may then have read reused blocks); the RPC's error otherwise.
-  absl::Status SendRelease(const std::string& request_id, const std::string& prefill_address);
+  // `prefill` carries the worker's address and the pin's transfer token.
+  absl::Status SendRelease(const std::string& request_id, const v1::PrefillResponse& prefill);
 
   AsyncEngine* engine_;
   transfer::KvTransferAgent* agent_;

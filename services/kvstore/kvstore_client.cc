@@ -43,7 +43,11 @@ class GrpcKvStoreClient final : public KvStoreClient {
       args.SetMaxReceiveMessageSize(kMaxMessageBytes);
       args.SetMaxSendMessageSize(kMaxMessageBytes);
       stubs_.push_back(v1::KvStore::NewStub(
-          grpc::CreateCustomChannel(shard, grpc::InsecureChannelCredentials(), args)));
+          grpc::CreateCustomChannel(shard,
+                                    options.credentials != nullptr
+                                        ? options.credentials
+                                        : grpc::InsecureChannelCredentials(),
+                                    args)));
     }
   }
 
@@ -322,6 +326,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
     // Checksums first: they describe what the client meant to store, whatever the wire does.
     v1::KvPutCommitRequest commit;
     commit.set_lease_id(grant.lease_id());
+    commit.set_lease_token(grant.lease_token());
     for (size_t j = 0; j < idx.size(); ++j) {
       commit.add_checksums(
           stored(j) ? BlockChecksum(Block(local, block_ids[idx[j]]), local.block_bytes) : 0);
@@ -423,6 +428,7 @@ class GrpcKvStoreClient final : public KvStoreClient {
     // Release early so the slots can be evicted again; the lease would expire anyway.
     v1::KvReleaseRequest release;
     release.set_lease_id(grant.lease_id());
+    release.set_lease_token(grant.lease_token());
     v1::KvReleaseResponse ignored;
     grpc::ClientContext ctx;
     SetDeadline(ctx, std::max(deadline, absl::Now() + absl::Milliseconds(200)));

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -53,6 +55,8 @@ struct KvStoreClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(2);       // per control RPC
   absl::Duration transfer_timeout = absl::Seconds(5);  // per UCX transfer
   absl::Duration lease = absl::Seconds(30);            // slots leased by the store per call
+  // Channel credentials (mTLS with the shards: services/common/peer_tls.h); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 struct KvExistsResult {

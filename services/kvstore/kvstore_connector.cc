@@ -86,9 +86,11 @@ std::unique_ptr<KvBlockStoreBackend> NewKvStoreBlockBackend(
 }
 
 absl::StatusOr<std::shared_ptr<KvConnector>> CreateKvStoreConnector(
-    const std::vector<std::string>& shards, const AsyncKvConnectorOptions& options) {
+    const std::vector<std::string>& shards, const AsyncKvConnectorOptions& options,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
   KvStoreClientOptions client_options;
   client_options.shards = shards;
+  client_options.credentials = std::move(credentials);
   client_options.rpc_timeout = options.load_timeout;
   absl::StatusOr<std::unique_ptr<KvStoreClient>> client = CreateKvStoreClient(client_options);
   if (!client.ok()) return client.status();

@@ -25,8 +25,10 @@ std::unique_ptr<KvBlockStoreBackend> NewKvStoreBlockBackend(std::unique_ptr<KvSt
 
 // CreateKvStoreConnector: an AsyncKvConnector over a client to `shards` ("host:port", the
 // rendezvous identities; see KvStoreClientOptions). Errors: those of CreateKvStoreClient.
+// `credentials`: those of the channels to the shards (mTLS); nullptr: plaintext.
 absl::StatusOr<std::shared_ptr<KvConnector>> CreateKvStoreConnector(
-    const std::vector<std::string>& shards, const AsyncKvConnectorOptions& options = {});
+    const std::vector<std::string>& shards, const AsyncKvConnectorOptions& options = {},
+    std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 // ParseKvStoreShards splits "host:port[,host:port...]" (spaces ignored). Errors: InvalidArgument
 // for an empty list or an entry without a port.

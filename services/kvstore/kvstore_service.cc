@@ -24,6 +24,9 @@ v1::KvPutOutcome ToProto(PutOutcome o) { return static_cast<v1::KvPutOutcome>(o)
 
 absl::Duration Lease(int64_t ms) { return absl::Milliseconds(ms); }  // <= 0: the store's max
 
+// The grant id a lease's token is issued for (lease ids are unique within the process).
+std::string LeaseGrant(uint64_t lease_id) { return absl::StrCat("kvstore lease ", lease_id); }
+
 // FinishGrant: the end of PutBegin/GetBegin: on a failure to describe the slots, give the lease
 // back at once (the client will not use it); else report how long the lease lasts.
 template <typename Resp>
@@ -49,6 +52,10 @@ void ToBlockId(const BlockKey& key, v1::BlockId* id) {
 
 KvStoreService::KvStoreService(BlockStore* store, transfer::KvTransferAgent* agent)
     : store_(store), agent_(agent) {}
+
+std::string KvStoreService::LeaseToken(uint64_t lease_id) const {
+  return tokens_.Issue(LeaseGrant(lease_id));
+}
 
 absl::StatusOr<std::string> KvStoreService::PageDescriptor(int32_t p) {
   const DramTier::Page page = store_->page(p);
@@ -99,6 +106,7 @@ grpc::Status KvStoreService::PutBegin(grpc::ServerContext*, const v1::KvPutBegin
       store_->BeginPut(*keys, req->block_bytes(), Lease(req->lease_ms()));
   if (!grant.ok()) return ToGrpc(grant.status());
   resp->set_lease_id(grant->lease_id);
+  if (grant->lease_id != 0) resp->set_lease_token(LeaseToken(grant->lease_id));
   absl::flat_hash_map<int32_t, int32_t> page_index;
   absl::Status status;
   for (size_t i = 0; i < keys->size() && status.ok(); ++i) {
@@ -114,6 +122,13 @@ grpc::Status KvStoreService::PutBegin(grpc::ServerContext*, const v1::KvPutBegin
 
 grpc::Status KvStoreService::PutCommit(grpc::ServerContext*, const v1::KvPutCommitRequest* req,
                                        v1::KvPutCommitResponse* resp) {
+  // Only the holder of the lease commits it: a forged commit could store bytes under keys
+  // the lease's writer chose, or end its lease.
+  if (absl::Status token = tokens_.Check(LeaseGrant(req->lease_id()), req->lease_token(),
+                                         absl::StrCat("PutCommit of lease ", req->lease_id()));
+      !token.ok()) {
+    return ToGrpc(token);
+  }
   const std::vector<uint64_t> checksums(req->checksums().begin(), req->checksums().end());
   absl::StatusOr<std::vector<PutOutcome>> out = store_->CommitPut(req->lease_id(), checksums);
   if (!out.ok()) return ToGrpc(out.status());
@@ -132,6 +147,7 @@ grpc::Status KvStoreService::GetBegin(grpc::ServerContext*, const v1::KvGetBegin
   absl::StatusOr<GetGrant> grant = store_->BeginGet(*keys, Lease(req->lease_ms()));
   if (!grant.ok()) return ToGrpc(grant.status());
   resp->set_lease_id(grant->lease_id);
+  if (grant->lease_id != 0) resp->set_lease_token(LeaseToken(grant->lease_id));
   absl::flat_hash_map<int32_t, int32_t> page_index;
   absl::Status status;
   for (size_t i = 0; i < keys->size() && status.ok(); ++i) {
@@ -151,6 +167,12 @@ grpc::Status KvStoreService::GetBegin(grpc::ServerContext*, const v1::KvGetBegin
 
 grpc::Status KvStoreService::Release(grpc::ServerContext*, const v1::KvReleaseRequest* req,
                                      v1::KvReleaseResponse*) {
+  // A forged release would free slots another client is still reading or writing.
+  if (absl::Status token = tokens_.Check(LeaseGrant(req->lease_id()), req->lease_token(),
+                                         absl::StrCat("Release of lease ", req->lease_id()));
+      !token.ok()) {
+    return ToGrpc(token);
+  }
   return ToGrpc(store_->Release(req->lease_id()));
 }
 

@@ -6,7 +6,9 @@
 // allocated by agent->AllocateRegion). Without an agent only the Inline calls work.
 //
 // Status codes follow Abseil's retry meaning: InvalidArgument for malformed requests,
-// NotFound for an unknown/expired lease, FailedPrecondition for UCX calls on a store without UCX.
+// NotFound for an unknown/expired lease, FailedPrecondition for UCX calls on a store without UCX,
+// PermissionDenied for a PutCommit or Release without the lease's token (the Begin response's
+// lease_token; services/common/grant_tokens.h), which leaves the lease and its slots as they were.
 // Thread safety: gRPC calls it from many threads; the BlockStore serializes what must be.
 #ifndef SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
 #define SLUICE_SERVICES_KVSTORE_KVSTORE_SERVICE_H_
@@ -20,6 +22,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/common/grant_tokens.h"
 #include "services/kvstore/block_store.h"
 #include "sluice/v1/kvstore.grpc.pb.h"
 #include "transfer/kv_transfer.h"
@@ -61,6 +64,10 @@ class KvStoreService final : public sluice::v1::KvStore::Service {
   void set_draining(bool draining) { draining_.store(draining); }
   bool draining() const { return draining_.load(); }
 
+  // LeaseToken: the token PutBegin/GetBegin hand out with `lease_id` (for in-process callers
+  // of BlockStore's Begin* and tests).
+  std::string LeaseToken(uint64_t lease_id) const;
+
  private:
   // PageDescriptor: the serialized RemoteKvDescriptor of arena page `p` in its current layout.
   absl::StatusOr<std::string> PageDescriptor(int32_t p);
@@ -72,6 +79,7 @@ class KvStoreService final : public sluice::v1::KvStore::Service {
   BlockStore* const store_;
   transfer::KvTransferAgent* const agent_;
   std::atomic<bool> draining_{false};
+  const GrantTokens tokens_;  // lease tokens
   absl::Mutex mu_;
   // page -> (block_bytes it was described with, descriptor bytes); pages change geometry only
   // when reassigned to another layout.

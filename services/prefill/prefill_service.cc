@@ -208,8 +208,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
           kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
-          // Both modes: Release answers from this record (pull) and PushKv reads it (push).
-          RememberHeld(out.request_id, out.held_block_ids);
+          // Both modes: Release answers from this record (pull) and PushKv reads it (push);
+          // both must bring the token.
+          kv->set_transfer_token(RememberHeld(out.request_id, out.held_block_ids));
         }
         if (layer_push == nullptr) {
           reactor->End(grpc::Status::OK);
@@ -323,8 +324,24 @@ void PrefillService::DropNow(const std::string& request_id) {
   engine_->Abort(request_id);
 }
 
-void PrefillService::RememberHeld(const std::string& request_id,
-                                  std::vector<int32_t> block_ids) {
+namespace {
+
+// The grant a pin's token is issued for: the request and the moment of its pin (a retried
+// prefill of the same request id pins anew and gets a new token).
+std::string PinGrant(const std::string& request_id, absl::Time pinned_at) {
+  return absl::StrCat("pin ", request_id, "#", absl::ToUnixNanos(pinned_at));
+}
+
+}  // namespace
+
+absl::Status PrefillService::CheckToken(const std::string& request_id, const Held& held,
+                                        const std::string& token, const char* call) const {
+  return tokens_.Check(PinGrant(request_id, held.pinned_at), token,
+                       absl::StrCat(call, " of request '", request_id, "'"));
+}
+
+std::string PrefillService::RememberHeld(const std::string& request_id,
+                                         std::vector<int32_t> block_ids) {
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(mu_);
   // Entries whose pin timed out in the engine (no PushKv or Release came) are dropped here.
@@ -336,6 +353,7 @@ void PrefillService::RememberHeld(const std::string& request_id,
     }
   }
   held_[request_id] = Held{std::move(block_ids), now};
+  return tokens_.Issue(PinGrant(request_id, now));
 }
 
 grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* context,
@@ -346,7 +364,21 @@ grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* c
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = held_.find(request->request_id());
-    if (it != held_.end()) {
+    if (it == held_.end()) {
+      // Never pinned here, released, aborted or timed out: nothing of it is pinned (and without
+      // the record no token can be checked, so the engine is not asked to release anything).
+      response->set_released(false);
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    {
+      // Only the decode worker the KV was handed to may end the pin.
+      if (absl::Status token = CheckToken(request->request_id(), it->second,
+                                          request->transfer_token(), "Release");
+          !token.ok()) {
+        reactor->Finish(ToGrpc(token));
+        return reactor;
+      }
       if (it->second.pushing) {
         // No block is freed while a put reads it: the push job releases when it ends.
         response->set_released(true);
@@ -369,7 +401,7 @@ grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* c
     engine_->ReleaseHeldBlocks(request->request_id(), nullptr);
     return reactor;
   }
-  // Unknown here or near its pin timeout: the engine knows whether the blocks are still pinned.
+  // Near its pin timeout: the engine knows whether the blocks are still pinned.
   engine_->ReleaseHeldBlocks(request->request_id(), [reactor, response](absl::Status s) {
     response->set_released(s.ok());
     reactor->Finish(grpc::Status::OK);
@@ -403,6 +435,13 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
           grpc::StatusCode::NOT_FOUND,
           absl::StrCat("no pinned KV for request '", request->request_id(),
                        "' (released, aborted or its pin timed out)")));
+      return reactor;
+    }
+    // A push sends the pinned KV wherever the destination says: only to the holder of the token.
+    if (absl::Status token = CheckToken(request->request_id(), it->second,
+                                        request->transfer_token(), "PushKv");
+        !token.ok()) {
+      reactor->Finish(ToGrpc(token));
       return reactor;
     }
     if (it->second.pushing) {

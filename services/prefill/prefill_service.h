@@ -21,6 +21,7 @@
 
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
+#include "services/common/grant_tokens.h"
 #include "services/worker_common/task_pool.h"
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
@@ -86,7 +87,6 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
     absl::Time pinned_at;
     bool pushing = false;  // a PushKv job reads the blocks: Release leaves them to it
   };
-  void RememberHeld(const std::string& request_id, std::vector<int32_t> block_ids);
   // MakeLayerwisePush: the layer-by-layer push of `request_id`'s prompt KV into `destination`
   // (a decode reservation), ending by `deadline`. Errors: FailedPrecondition for another KV
   // layout, InvalidArgument for a bad descriptor or runs.
@@ -94,6 +94,11 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
       const std::string& request_id, const v1::KvBlocks& destination, absl::Time deadline);
   // DropNow: DropRequest's work once no push reads the request's blocks.
   void DropNow(const std::string& request_id);
+  // RememberHeld records the pin and returns its transfer token (PrefillResponse.kv).
+  std::string RememberHeld(const std::string& request_id, std::vector<int32_t> block_ids);
+  // CheckToken: PERMISSION_DENIED unless `token` is the transfer token of `held`.
+  absl::Status CheckToken(const std::string& request_id, const Held& held,
+                          const std::string& token, const char* call) const;
   // RunPush: the PushKv job (pool thread). Frees the pinned blocks afterwards.
   absl::Status RunPush(const std::string& request_id, const v1::PushKvRequest& request,
                        std::vector<int32_t> block_ids, absl::Time deadline, int64_t* bytes);
@@ -112,6 +117,7 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   std::unordered_map<std::string, Held> held_;  // guarded by mu_
   // Layerwise pushes not yet ended, by request id; guarded by mu_.
   std::unordered_map<std::string, std::shared_ptr<transfer::LayerwisePush>> layer_pushes_;
+  const GrantTokens tokens_;                    // transfer tokens of the pins
   TaskPool pool_;                               // last: joined first
 };
 

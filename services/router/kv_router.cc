@@ -99,7 +99,9 @@ std::shared_ptr<grpc::Channel> KvRouter::ChannelTo(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = channels_.find(address);
   if (it != channels_.end()) return it->second;
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(address, options_.channel_credentials != nullptr
+                                                  ? options_.channel_credentials
+                                                  : grpc::InsecureChannelCredentials());
   channels_.emplace(address, channel);
   return channel;
 }

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -53,6 +55,8 @@ struct KvRouterOptions {
   // worker is live.
   int64_t min_remote_prefill_tokens = 0;
   bool start_poller = true;  // false: tests call PollOnce
+  // Credentials of the channels to workers (mTLS); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
 // KvRouterCounters: cumulative, for /metrics and the bench.

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "services/common/peer_tls.h"
+
 namespace sluice {
 namespace {
 
@@ -18,9 +20,18 @@ int32_t LeaseMs(absl::Duration lease) {
 
 }  // namespace
 
+grpc::Status RegistryService::CheckCaller(const grpc::ServerContext& context) const {
+  if (!require_client_certificate_ || HasVerifiedPeerCertificate(context)) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "the Registry needs a client certificate of the cluster CA (mTLS)");
+}
+
 grpc::Status RegistryService::Register(grpc::ServerContext* context,
                                        const v1::RegisterRequest* request,
                                        v1::RegisterResponse* response) {
+  if (grpc::Status caller = CheckCaller(*context); !caller.ok()) return caller;
   const v1::WorkerInfo& info = request->worker();
   WorkerRole role;
   switch (info.role()) {
@@ -52,6 +63,7 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
 grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
                                         const v1::HeartbeatRequest* request,
                                         v1::HeartbeatResponse* response) {
+  if (grpc::Status caller = CheckCaller(*context); !caller.ok()) return caller;
   const v1::WorkerLoad& wire = request->load();
   auto previous = registry_->Get(request->worker_id());
   WorkerLoad load;
@@ -77,12 +89,14 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
 
 grpc::Status RegistryService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                                     v1::DrainResponse* response) {
+  if (grpc::Status caller = CheckCaller(*context); !caller.ok()) return caller;
   return ToGrpc(registry_->Drain(request->worker_id()));
 }
 
 grpc::Status RegistryService::Deregister(grpc::ServerContext* context,
                                          const v1::DeregisterRequest* request,
                                          v1::DeregisterResponse* response) {
+  if (grpc::Status caller = CheckCaller(*context); !caller.ok()) return caller;
   return ToGrpc(registry_->Deregister(request->worker_id()));
 }
 

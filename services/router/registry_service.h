@@ -12,10 +12,13 @@ namespace sluice {
 // RegistryService maps the wire messages onto `registry` (borrowed, must
 // outlive the service). Errors: INVALID_ARGUMENT (unspecified role, empty
 // address), NOT_FOUND (unknown worker id on Heartbeat/Drain/Deregister: on
-// Heartbeat the worker must Register again). Thread-safe as WorkerRegistry is.
+// Heartbeat the worker must Register again), UNAUTHENTICATED (with
+// require_client_certificate: a caller without a verified certificate of the cluster CA, see
+// services/common/peer_tls.h). Thread-safe as WorkerRegistry is.
 class RegistryService final : public v1::Registry::Service {
  public:
-  explicit RegistryService(WorkerRegistry* registry) : registry_(registry) {}
+  explicit RegistryService(WorkerRegistry* registry, bool require_client_certificate = false)
+      : registry_(registry), require_client_certificate_(require_client_certificate) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -27,7 +30,11 @@ class RegistryService final : public v1::Registry::Service {
                           v1::DeregisterResponse* response) override;
 
  private:
+  // UNAUTHENTICATED unless the caller may act as a worker.
+  grpc::Status CheckCaller(const grpc::ServerContext& context) const;
+
   WorkerRegistry* registry_;
+  const bool require_client_certificate_;
 };
 
 }  // namespace sluice

@@ -841,6 +841,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(address));
     rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
     rpc->request.set_request_id(id());
+    // The pin's transfer token: the prefill worker refuses a Release without it.
+    if (prefill_.has_value()) rpc->request.set_transfer_token(prefill_->kv().transfer_token());
     rpc->stub->async()->Release(&rpc->context, &rpc->request, &rpc->response,
                                 [rpc](grpc::Status) {});
   }
@@ -996,7 +998,9 @@ void RemoteBackend::Call::StartDecode() {
 }
 
 RemoteBackend::RemoteBackend(WorkerRegistry* registry, RemoteBackendOptions options)
-    : registry_(registry), options_(options), prober_(registry, options.probe_timeout) {
+    : registry_(registry),
+      options_(options),
+      prober_(registry, options.probe_timeout, options.channel_credentials) {
   registry_->OnRemoved([this](const WorkerSnapshot& worker, const absl::Status& why) {
     OnWorkerRemoved(worker, why);
   });
@@ -1119,7 +1123,11 @@ std::shared_ptr<grpc::Channel> RemoteBackend::ChannelTo(const std::string& addre
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // Encode replies carry image embeddings inline (LLaVA-1.5: 576 x 4096 floats, 9 MiB each).
     args.SetMaxReceiveMessageSize(256 << 20);
-    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+        channel = grpc::CreateCustomChannel(address,
+                                        options_.channel_credentials != nullptr
+                                            ? options_.channel_credentials
+                                            : grpc::InsecureChannelCredentials(),
+                                        args);
   }
   return channel;
 }

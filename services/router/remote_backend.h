@@ -118,6 +118,9 @@ struct RemoteBackendOptions {
   // Worker choice by --routing-policy (services/router/kv_router.h); nullptr: the registry's
   // load-only Pick. Borrowed; must outlive the backend.
   KvRouter* kv_router = nullptr;
+  // Credentials of the channels to workers (mTLS: services/common/peer_tls.h); nullptr:
+  // plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
 // RemoteBackendCounters: cumulative outcomes for /metrics.

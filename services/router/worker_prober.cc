@@ -9,8 +9,13 @@
 
 namespace sluice {
 
-WorkerProber::WorkerProber(WorkerRegistry* registry, absl::Duration timeout)
-    : registry_(registry), timeout_(timeout), thread_([this] { Loop(); }) {}
+WorkerProber::WorkerProber(WorkerRegistry* registry, absl::Duration timeout,
+                           std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : registry_(registry),
+      timeout_(timeout),
+      credentials_(credentials != nullptr ? std::move(credentials)
+                                          : grpc::InsecureChannelCredentials()),
+      thread_([this] { Loop(); }) {}
 
 WorkerProber::~WorkerProber() {
   {
@@ -42,7 +47,7 @@ WorkerProber::Probe WorkerProber::Connect(const std::string& address) const {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(address, credentials_, args);
   const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout_);
   for (;;) {
     const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);

@@ -18,10 +18,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+
+#include <grpcpp/security/credentials.h>
 
 #include "absl/time/time.h"
 #include "services/router/worker_registry.h"
@@ -32,7 +35,10 @@ class WorkerProber {
  public:
   // `registry` is borrowed and must outlive the prober. `timeout` bounds one
   // probe (a connect that neither succeeds nor fails in time leaves the worker).
-  WorkerProber(WorkerRegistry* registry, absl::Duration timeout);
+  // `credentials`: those of the router's channels to workers (mTLS; a failed handshake fails
+  // the probe); nullptr: plaintext.
+  WorkerProber(WorkerRegistry* registry, absl::Duration timeout,
+               std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
   // Stops the thread; waits for at most the probe in progress (<= timeout).
   ~WorkerProber();
 
@@ -57,6 +63,7 @@ class WorkerProber {
 
   WorkerRegistry* registry_;
   absl::Duration timeout_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Target> queue_;       // guarded by mu_

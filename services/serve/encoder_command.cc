@@ -28,6 +28,10 @@ int RunEncoder(const EncoderOptions& options) {
   if (options.multimodal.encoder_cache_bytes > 0) {
     cache = std::make_unique<vision::EmbeddingCache>(options.multimodal.encoder_cache_bytes);
   }
+  if (absl::Status tls = ValidatePeerTls(options.tls); !tls.ok()) {
+    spdlog::error("{}", std::string(tls.message()));
+    return 1;
+  }
   EncoderServiceOptions service_options;
   service_options.decode_limits.max_bytes = options.multimodal.max_image_bytes;
   service_options.decode_limits.max_pixels = options.multimodal.max_image_pixels;
@@ -37,7 +41,9 @@ int RunEncoder(const EncoderOptions& options) {
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(options.listen,
+                           PeerServerCredentials(options.tls, ClientCertificates::kRequire),
+                           &bound_port);
   builder.SetMaxReceiveMessageSize(256 << 20);  // a few large images per call
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "services/common/peer_tls.h"
 #include "services/serve/multimodal_setup.h"
 
 namespace sluice {
@@ -33,6 +34,7 @@ struct EncoderOptions {
   double drain_timeout_s = 30;  // SIGTERM: finish Encode calls in flight within this long
   int32_t test_encode_delay_ms = 0;  // test only: delay every Encode call
   MultimodalFlags multimodal;  // cache size and image limits
+  PeerTlsOptions tls;          // --tls-cert/--tls-key/--tls-ca: callers need a CA certificate
 };
 
 int RunEncoder(const EncoderOptions& options);

@@ -21,6 +21,7 @@
 #include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/kvstore_service.h"
 #include "services/serve/log.h"
+#include "services/serve/tls_flags.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice {
@@ -95,6 +96,7 @@ CLI::App* AddKvStoreCommand(CLI::App& app, KvStoreOptions& o) {
                   "SIGTERM: refuse new reads/writes and wait this long at most for granted "
                   "transfers to end")
       ->check(CLI::NonNegativeNumber);
+  AddPeerTlsFlags(*cmd, o.tls);
   return cmd;
 }
 
@@ -105,6 +107,10 @@ int RunKvStore(const KvStoreOptions& o) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  if (absl::Status tls = ValidatePeerTls(o.tls); !tls.ok()) {
+    spdlog::error("{}", std::string(tls.message()));
+    return 1;
+  }
   absl::StatusOr<int64_t> dram_bytes = ParseBytes(o.dram_bytes);
   absl::StatusOr<int64_t> page_bytes = ParseBytes(o.dram_page_bytes);
   absl::StatusOr<int64_t> ssd_bytes = ParseBytes(o.ssd_bytes);
@@ -166,8 +172,8 @@ int RunKvStore(const KvStoreOptions& o) {
   kvstore::KvStoreService service(store->get(), agent.get());
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port),
+                           PeerServerCredentials(o.tls, ClientCertificates::kRequire), &bound_port);
   builder.RegisterService(&service);
   // Inline puts/gets carry whole blocks: allow a batch of large ones.
   builder.SetMaxReceiveMessageSize(256 << 20);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "services/common/peer_tls.h"
+
 namespace CLI {
 class App;
 }
@@ -32,6 +34,7 @@ struct KvStoreOptions {
   // SIGTERM: new reads/writes are refused (clients compute instead) while granted leases end,
   // for at most this long.
   double drain_timeout_s = 10;
+  PeerTlsOptions tls;  // --tls-cert/--tls-key/--tls-ca: clients need a certificate of the CA
 };
 
 // AddKvStoreCommand: registers `kvstore` on `app`, filling `options`.

@@ -209,6 +209,7 @@ int main(int argc, char** argv) {
   sluice::AddHttpLimitFlags(*router_cmd, router.http);
   sluice::AddTlsFlags(*router_cmd, router.http);
   sluice::AddMultimodalFlags(*router_cmd, router.multimodal, /*with_cache=*/false);
+  sluice::AddRouterCaFlag(*router_cmd, router.tls_ca_file);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,
@@ -274,6 +275,7 @@ int main(int argc, char** argv) {
     cmd.add_option("--advertise", w.advertise, "Address others reach this worker at");
     cmd.add_option("--router", w.router, "Router registry host:port (empty: no registration)");
     cmd.add_option("--ucx-transports", w.ucx_transports, "UCX transports (UCX_TLS syntax)");
+    sluice::AddPeerTlsFlags(cmd, w.tls);
     cmd.add_option("--kv-pin-timeout-s", w.kv_pin_timeout_s,
                    "Prefill: free pinned KV blocks after this many seconds without a Release")
         ->check(CLI::PositiveNumber);
@@ -337,6 +339,7 @@ int main(int argc, char** argv) {
                           "Test only: hold every Encode call this long before it starts")
       ->check(CLI::NonNegativeNumber);
   sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
+  sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 
   CLI11_PARSE(app, argc, argv);
   sluice::InitLogging();

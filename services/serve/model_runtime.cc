@@ -395,7 +395,7 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     absl::StatusOr<std::vector<std::string>> shards = kvstore::ParseKvStoreShards(options.kvstore);
     if (!shards.ok()) return shards.status();
     absl::StatusOr<std::shared_ptr<KvConnector>> connector =
-        kvstore::CreateKvStoreConnector(*shards);
+        kvstore::CreateKvStoreConnector(*shards, {}, options.kvstore_credentials);
     if (!connector.ok()) return connector.status();
     engine_options.kv_connector = *std::move(connector);
     runtime.kv_connector = engine_options.kv_connector;

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "engine/parallel/cpu_parallel_model.h"
 #include "engine/sched/llm_engine.h"
@@ -43,6 +45,8 @@ struct RuntimeOptions {
   // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
   // (services/kvstore/kvstore_connector.h); empty: none.
   std::string kvstore;
+  // Credentials of the channels to the kvstore shards (mTLS); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> kvstore_credentials;
   // Ranks of one model replica (engine/parallel/README.md; vLLM's flag names). On the CPU backend
   // the ranks are threads of this process (LoadCpuParallelModel). Both > 1: the same N ranks
   // split attention/dense MLPs (TP) and hold disjoint routed experts (EP), so they must be equal.

@@ -75,6 +75,21 @@ int RunRouter(const RouterOptions& options) {
     return 1;
   }
 
+  // mTLS with the workers: the router's public certificate is its identity.
+  PeerTlsOptions peer_tls;
+  if (!options.tls_ca_file.empty()) {
+    if (options.http.tls_cert_file.empty()) {
+      spdlog::error("--tls-ca needs --tls-cert and --tls-key (the router's certificate)");
+      return 1;
+    }
+    peer_tls = {options.http.tls_cert_file, options.http.tls_key_file, options.tls_ca_file};
+    if (absl::Status valid = ValidatePeerTls(peer_tls); !valid.ok()) {
+      spdlog::error("{}", std::string(valid.message()));
+      return 1;
+    }
+  }
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials = PeerChannelCredentials(peer_tls);
+
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
       Tokenizer::FromFile(options.model_dir + "/tokenizer.json");
   if (!tokenizer.ok()) {
@@ -122,8 +137,10 @@ int RunRouter(const RouterOptions& options) {
   KvRouterOptions kv_router_options;
   kv_router_options.policy = *routing_policy;
   kv_router_options.min_remote_prefill_tokens = backend_options.min_remote_prefill_tokens;
+  kv_router_options.channel_credentials = worker_credentials;
   KvRouter kv_router(&registry, kv_router_options);  // outlives the backend
   backend_options.kv_router = &kv_router;
+  backend_options.channel_credentials = worker_credentials;
   auto backend = std::make_unique<RemoteBackend>(&registry, backend_options);
   RemoteBackend* backend_ptr = backend.get();
 
@@ -193,11 +210,17 @@ int RunRouter(const RouterOptions& options) {
   };
   InferenceGrpcService inference_service(backend_ptr, tokenizer->get(), chat_template.get(),
                                          &service->metrics(), inference_options);
-  RegistryService registry_service(&registry);
+  // With mTLS the port asks every caller for a certificate: the Registry admits only callers
+  // with one of the cluster CA, Inference clients may come without.
+  RegistryService registry_service(&registry, /*require_client_certificate=*/peer_tls.enabled());
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
-                           GrpcServerCredentials(options.http), &grpc_port);
+  builder.AddListeningPort(
+      absl::StrCat(options.grpc_host, ":", options.grpc_port),
+      peer_tls.enabled()
+          ? PeerServerCredentials(peer_tls, ClientCertificates::kVerifyIfPresented)
+          : GrpcServerCredentials(options.http),
+      &grpc_port);
   builder.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);
   builder.RegisterService(&registry_service);
   builder.RegisterService(&inference_service);

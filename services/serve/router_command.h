@@ -46,6 +46,9 @@ struct RouterOptions {
   // Vision-language models: image limits and the template's content format (no cache: the
   // encoder workers cache embeddings).
   MultimodalFlags multimodal;
+  // --tls-ca: mTLS with the workers (services/common/peer_tls.h), the router's identity being
+  // http.tls_cert_file / tls_key_file. Empty: plaintext between services.
+  std::string tls_ca_file;
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

@@ -16,6 +16,27 @@ void AddTlsFlags(CLI::App& app, HttpServerOptions& http) {
   key->needs(cert);
 }
 
+void AddPeerTlsFlags(CLI::App& app, PeerTlsOptions& tls) {
+  // The files are checked at start-up (ValidatePeerTls) for a message naming what is wrong.
+  auto* cert = app.add_option("--tls-cert", tls.cert_file,
+                              "PEM certificate chain of this service, issued by --tls-ca: mTLS "
+                              "with the router and the other services (reloaded when changed)");
+  auto* key = app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  auto* ca = app.add_option("--tls-ca", tls.ca_file,
+                            "PEM CA certificate: callers and servers must present a "
+                            "certificate it issued");
+  cert->needs(key, ca);
+  key->needs(cert, ca);
+  ca->needs(cert, key);
+}
+
+void AddRouterCaFlag(CLI::App& app, std::string& ca_file) {
+  app.add_option("--tls-ca", ca_file,
+                 "PEM CA certificate of the cluster: mTLS with the workers, --tls-cert/--tls-key "
+                 "being the router's identity; the Registry then admits only workers with a "
+                 "certificate it issued (the Inference API still takes clients without one)");
+}
+
 std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(const HttpServerOptions& http) {
   if (http.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
   constexpr unsigned int kRefreshSeconds = 5;

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "services/api/http_server.h"
+#include "services/common/peer_tls.h"
 
 namespace sluice {
 
@@ -19,6 +20,13 @@ void AddTlsFlags(CLI::App& app, HttpServerOptions& http);
 // GrpcServerCredentials returns TLS credentials from http's certificate and key (watched for
 // changes every few seconds by gRPC's file watcher), or insecure ones when TLS is off.
 std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(const HttpServerOptions& http);
+
+// AddPeerTlsFlags registers --tls-cert, --tls-key and --tls-ca of a service that only other
+// services call (prefill, decode, encoder, kvstore): mTLS with the cluster CA, all three or none.
+void AddPeerTlsFlags(CLI::App& app, PeerTlsOptions& tls);
+
+// AddRouterCaFlag registers the router's --tls-ca (needs --tls-cert): mTLS with the workers.
+void AddRouterCaFlag(CLI::App& app, std::string& ca_file);
 
 // Scheme is "https" or "http".
 inline const char* Scheme(const HttpServerOptions& http) {

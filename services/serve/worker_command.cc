@@ -52,7 +52,15 @@ int Run(const WorkerOptions& options, Role role) {
     return 1;
   }
 
+  // mTLS: checked before the model loads, so a bad file fails in a second.
+  if (absl::Status tls = ValidatePeerTls(options.tls); !tls.ok()) {
+    spdlog::error("{}", std::string(tls.message()));
+    return 1;
+  }
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials = PeerChannelCredentials(options.tls);
+
   RuntimeOptions runtime_options = options.runtime;
+  runtime_options.kvstore_credentials = peer_credentials;
   runtime_options.engine.kv_hold_timeout_ms =
       static_cast<int64_t>(options.kv_pin_timeout_s * 1000);
   // The engine's reservation timeout is only a backstop: DecodeService frees unclaimed
@@ -100,7 +108,9 @@ int Run(const WorkerOptions& options, Role role) {
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(options.listen,
+                           PeerServerCredentials(options.tls, ClientCertificates::kRequire),
+                           &bound_port);
   // Requests with images carry their embeddings inline (mm_inputs, 9 MiB per LLaVA-1.5 image).
   builder.SetMaxReceiveMessageSize(256 << 20);
   WorkerGrammars grammars(runtime->tokenizer.get());  // outlives the services
@@ -135,6 +145,7 @@ int Run(const WorkerOptions& options, Role role) {
         engine.model(), runtime_options.engine.swa_replay_tokens);
     decode_options.grammars = &grammars;
     decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
+    decode_options.channel_credentials = peer_credentials;
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());
@@ -188,6 +199,7 @@ int Run(const WorkerOptions& options, Role role) {
   if (!options.router.empty()) {
     RegistrationOptions reg;
     reg.router_address = options.router;
+    reg.credentials = peer_credentials;
     reg.worker.set_role(role == Role::kPrefill ? v1::WORKER_ROLE_PREFILL
                                                : v1::WORKER_ROLE_DECODE);
     reg.worker.set_address(advertise);

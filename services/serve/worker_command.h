@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "services/common/peer_tls.h"
 #include "services/serve/model_runtime.h"
 
 namespace sluice {
@@ -33,6 +34,9 @@ struct WorkerOptions {
   double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
   int layerwise_group_layers = 1;     // prefill, layerwise mode: model layers per push
   int test_fail_layer_push = -1;      // prefill, test only: this layer group's push fails
+  // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
+  // CA) and on every channel this worker opens (router, prefill peers, kvstore).
+  PeerTlsOptions tls;
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

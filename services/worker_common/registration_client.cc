@@ -20,7 +20,9 @@ RegistrationClient::RegistrationClient(RegistrationOptions options,
                                        std::function<v1::WorkerLoad()> load)
     : options_(std::move(options)), load_(std::move(load)) {
   stub_ = v1::Registry::NewStub(
-      grpc::CreateChannel(options_.router_address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(options_.router_address, options_.credentials != nullptr
+                                                       ? options_.credentials
+                                                       : grpc::InsecureChannelCredentials()));
   thread_ = std::thread([this] { Loop(); });
 }
 

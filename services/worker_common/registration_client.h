@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/time/time.h"
 #include "sluice/v1/registry.grpc.pb.h"
 
@@ -22,6 +24,8 @@ struct RegistrationOptions {
   v1::WorkerInfo worker;
   absl::Duration rpc_timeout = absl::Seconds(2);
   absl::Duration retry_interval = absl::Milliseconds(500);  // while the router is unreachable
+  // Credentials of the channel to the router (mTLS); nullptr: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class RegistrationClient {

@@ -135,20 +135,24 @@ class Harness {
           break;
         }
         case 5: {  // CommitPut through the service: a known lease or any id, checksums right,
-                   // corrupted or of the wrong count
+                   // corrupted or of the wrong count, the lease's token or a forged one
           v1::KvPutCommitRequest req;
           v1::KvPutCommitResponse resp;
           const uint8_t how = in_->Byte();
           PendingPut* put = puts_.empty() ? nullptr : &puts_[how % puts_.size()];
           req.set_lease_id(put != nullptr && !(how & 0x40) ? put->lease_id : how);
+          const bool forged = how & 0x10;
+          req.set_lease_token(forged ? std::string(16, static_cast<char>(how))
+                                     : service.LeaseToken(req.lease_id()));
           if (put != nullptr) {
             for (size_t i = 0; i < put->checksums.size(); ++i) {
               req.add_checksums(put->checksums[i] ^ ((how & 0x80) && i == 0 ? 1 : 0));
             }
             if (how & 0x20) req.add_checksums(0);
           }
-          if (service.PutCommit(nullptr, &req, &resp).ok() && put != nullptr &&
-              req.lease_id() == put->lease_id) {
+          const bool committed = service.PutCommit(nullptr, &req, &resp).ok();
+          if (committed && forged) __builtin_trap();  // a forged token was accepted
+          if (committed && put != nullptr && req.lease_id() == put->lease_id) {
             for (int i = 0; i < resp.outcomes_size() && i < static_cast<int>(put->keys.size()); ++i) {
               if (resp.outcomes(i) == v1::KV_PUT_STORED) {
                 if (how & 0x80 && i == 0) __builtin_trap();  // a wrong checksum was stored
@@ -191,7 +195,10 @@ class Harness {
           } else {
             req.set_lease_id(which);
           }
-          (void)service.Release(nullptr, &req, &resp);
+          const bool forged = which & 4;
+          req.set_lease_token(forged ? std::string(16, static_cast<char>(which))
+                                     : service.LeaseToken(req.lease_id()));
+          if (service.Release(nullptr, &req, &resp).ok() && forged) __builtin_trap();
           break;
         }
       }

@@ -62,8 +62,8 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in {lo}-{hi}")
 
 
-def http_get(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def http_get(url: str, timeout: float = 5.0, context=None):
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
         return r.status, r.read().decode()
 
 
@@ -125,14 +125,18 @@ class Cluster:
     """`sluice router` + N prefill + M decode (+ K encoder) workers on loopback."""
 
     def __init__(self, num_prefill, num_decode, worker_args=(), router_args=(), role_args=None,
-                 model_dir=MODEL_DIR, num_encoder=0):
+                 model_dir=MODEL_DIR, num_encoder=0, https_context=None):
         """worker_args go to every prefill/decode worker, role_args[role] (e.g.
         {"prefill": [...]}, {"encoder": [...]}) to one role. Encoders (`sluice encoder`, a
-        vision-language model_dir) register with the router like the other workers."""
+        vision-language model_dir) register with the router like the other workers.
+        https_context: an ssl.SSLContext trusting the router's certificate when router_args
+        make it serve HTTPS (--tls-cert)."""
         role_args = role_args or {}
         self.dir = tempfile.mkdtemp(prefix="sluice-integration-")
         self.http_port, self.grpc_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.http_port}"
+        self.https_context = https_context
+        scheme = "https" if https_context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.http_port}"
         binary = sluice_bin()
         if not os.path.exists(binary):
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
@@ -168,7 +172,8 @@ class Cluster:
             raise
 
     def workers_json(self):
-        return json.loads(http_get(self.url + "/v1/workers")[1])["data"]
+        return json.loads(http_get(self.url + "/v1/workers",
+                                   context=self.https_context)[1])["data"]
 
     def addresses(self, role):
         return {w["address"] for w in self.workers_json() if w["role"] == role}
@@ -183,13 +188,13 @@ class Cluster:
             return (sum(w["role"] == "prefill" for w in live) == num_prefill and
                     sum(w["role"] == "decode" for w in live) == num_decode and
                     sum(w["role"] == "encoder" for w in live) == num_encoder and
-                    http_get(self.url + "/health")[0] == 200)
+                    http_get(self.url + "/health", context=self.https_context)[0] == 200)
         wait_until(ready, timeout, f"{num_prefill} prefill + {num_decode} decode + "
                    f"{num_encoder} encoder registered")
 
     def metric(self, name):
         """Sum of every sample of `name` in the router's /metrics."""
-        return sum_samples(http_get(self.url + "/metrics")[1], name)
+        return sum_samples(http_get(self.url + "/metrics", context=self.https_context)[1], name)
 
     def worker_metrics_text(self, name):
         """The raw /metrics text of worker `name` (served on its --http-port)."""

@@ -351,6 +351,7 @@ TEST(KvstoreService, CommitOfAnUnknownLeaseIsNotFound) {
   grpc::ClientContext ctx;
   v1::KvPutCommitRequest req;
   req.set_lease_id(12345);
+  req.set_lease_token(store.service().LeaseToken(12345));
   v1::KvPutCommitResponse resp;
   EXPECT_EQ(stub->PutCommit(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
   grpc::ClientContext ctx2;
@@ -359,6 +360,66 @@ TEST(KvstoreService, CommitOfAnUnknownLeaseIsNotFound) {
   begin.add_blocks()->set_hash_lo(1);
   v1::KvPutBeginResponse begun;
   EXPECT_EQ(stub->PutBegin(&ctx2, begin, &begun).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A lease is committed or released only with the token its Begin handed out: a forged or
+// missing one is PERMISSION_DENIED and leaves the lease and its slots as they were (the real
+// holder still commits, the block is stored once).
+TEST(KvstoreService, ForgedLeaseTokenIsRefusedWithoutTouchingTheLease) {
+  TestStore store;
+  auto stub = v1::KvStore::NewStub(
+      grpc::CreateChannel(store.address(), grpc::InsecureChannelCredentials()));
+  v1::KvPutBeginRequest begin;
+  begin.set_block_bytes(kBlockBytes);
+  ToBlockId(Keys(1)[0], begin.add_blocks());
+  v1::KvPutBeginResponse granted;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->PutBegin(&ctx, begin, &granted).ok());
+  }
+  ASSERT_NE(granted.lease_id(), 0u);
+  ASSERT_EQ(granted.lease_token().size(), 16u);
+  ASSERT_EQ(granted.outcomes(0), v1::KV_PUT_STORED);
+  EXPECT_EQ(store.store().stats().active_leases, 1);
+  // The slot holds the bytes the real holder wrote (by RMA in production).
+  std::vector<uint8_t> bytes(kBlockBytes, 0x5a);
+  const DramTier::Page page = store.store().page(granted.slots(0).page());
+  std::memcpy(page.base + granted.slots(0).slot() * page.block_bytes, bytes.data(), bytes.size());
+
+  std::string forged = granted.lease_token();
+  forged[0] ^= 1;
+  for (const std::string& token : {forged, std::string()}) {
+    grpc::ClientContext ctx;
+    v1::KvPutCommitRequest commit;
+    commit.set_lease_id(granted.lease_id());
+    commit.set_lease_token(token);
+    commit.add_checksums(BlockChecksum(bytes.data(), kBlockBytes));
+    v1::KvPutCommitResponse committed;
+    const grpc::Status status = stub->PutCommit(&ctx, commit, &committed);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+    EXPECT_TRUE(committed.outcomes().empty());
+    grpc::ClientContext release_ctx;
+    v1::KvReleaseRequest release;
+    release.set_lease_id(granted.lease_id());
+    release.set_lease_token(token);
+    v1::KvReleaseResponse released;
+    EXPECT_EQ(stub->Release(&release_ctx, release, &released).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(store.store().stats().active_leases, 1);
+  EXPECT_EQ(store.store().stats().blocks_stored, 0);
+
+  grpc::ClientContext ctx;
+  v1::KvPutCommitRequest commit;
+  commit.set_lease_id(granted.lease_id());
+  commit.set_lease_token(granted.lease_token());
+  commit.add_checksums(BlockChecksum(bytes.data(), kBlockBytes));
+  v1::KvPutCommitResponse committed;
+  ASSERT_TRUE(stub->PutCommit(&ctx, commit, &committed).ok());
+  ASSERT_EQ(committed.outcomes_size(), 1);
+  EXPECT_EQ(committed.outcomes(0), v1::KV_PUT_STORED);
+  EXPECT_EQ(store.store().stats().active_leases, 0);
+  EXPECT_EQ(store.store().stats().blocks_stored, 1);
 }
 
 TEST(KvstoreService, KeysComeFromTheEngineBlockHashScheme) {
