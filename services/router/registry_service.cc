@@ -37,7 +37,9 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
   load.num_total_blocks = info.num_total_blocks();
   load.num_free_blocks = info.num_total_blocks();  // until the first heartbeat says otherwise
   load.block_size = info.kv_block_size();
-  auto registration = registry_->Register(role, info.address(), load);
+  auto registration = registry_->Register(
+      role, info.address(), load,
+      std::vector<std::string>(info.capabilities().begin(), info.capabilities().end()));
   if (!registration.ok()) return ToGrpc(registration.status());
   response->set_worker_id(registration->worker_id);
   response->set_lease_ms(LeaseMs(registration->lease));

@@ -859,6 +859,14 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
   if (registry_->CountLive(WorkerRole::kDecode) == 0) {
     return absl::UnavailableError("no decode worker is registered with the router");
   }
+  // A worker without the capability would drop the grammar and answer unconstrained.
+  if (request.grammar != nullptr &&
+      registry_->CountLiveWith(WorkerRole::kDecode, kGrammarCapability) == 0) {
+    return absl::UnavailableError(
+        "no decode worker registered with the router can enforce structured outputs or "
+        "tool_choice \"required\"/named (none advertises the 'grammar' capability: upgrade "
+        "the workers to this router's version)");
+  }
   auto call = std::make_shared<Call>(this, std::move(request), std::move(on_output));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -890,9 +898,19 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
                                                         const EngineRequest& request,
                                                         int64_t tokens_needed,
                                                         const std::set<std::string>& exclude) {
-  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, exclude);
+  // A constrained request goes only to workers that enforce grammars.
+  std::set<std::string> excluded;
+  const std::set<std::string>* skip = &exclude;
+  if (request.grammar != nullptr) {
+    excluded = exclude;
+    for (const WorkerSnapshot& w : registry_->List()) {
+      if (w.role == role && !w.Has(kGrammarCapability)) excluded.insert(w.worker_id);
+    }
+    skip = &excluded;
+  }
+  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, *skip);
   return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
-                                  request.cache_salt, tokens_needed, exclude);
+                                  request.cache_salt, tokens_needed, *skip);
 }
 
 void RemoteBackend::ReleaseWorker(const std::string& worker_id, const std::string& request_id) {

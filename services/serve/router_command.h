@@ -20,6 +20,7 @@
 #include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/router/remote_backend.h"
+#include "services/serve/render_flags.h"
 
 namespace sluice {
 
@@ -42,6 +43,7 @@ struct RouterOptions {
   RemoteBackendOptions backend;  // max_model_len is filled in from the above
   ApiAuthOptions auth;           // API keys on the HTTP and gRPC Inference APIs (none: open)
   PlannerOptions planner;        // SLOs and window of GET /v1/planner (services/router/planner.h)
+  RenderFlags render;  // chat template render pools and budget
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on
