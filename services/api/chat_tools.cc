@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "services/api/openai_errors.h"
 #include "services/api/tool_calls/tool_call_output.h"
 
@@ -11,9 +12,32 @@ namespace sluice {
 
 using nlohmann::json;
 
-json TemplateTools(const std::optional<tools::ToolRequest>& request) {
-  if (!request.has_value() || request->choice == tools::ToolChoice::kNone) return json();
+nlohmann::ordered_json TemplateTools(const std::optional<tools::ToolRequest>& request) {
+  if (!request.has_value() || request->choice == tools::ToolChoice::kNone) {
+    return nlohmann::ordered_json();
+  }
   return request->template_tools;
+}
+
+void KeepArgumentOrder(const json& messages, nlohmann::ordered_json& conversation) {
+  for (size_t i = 0; i < messages.size() && i < conversation.size(); ++i) {
+    auto calls = messages[i].is_object() ? messages[i].find("tool_calls") : messages[i].end();
+    if (calls == messages[i].end() || !calls->is_array()) continue;
+    nlohmann::ordered_json& out = conversation[i]["tool_calls"];
+    for (size_t j = 0; j < calls->size() && j < out.size(); ++j) {
+      const json& call = (*calls)[j];
+      auto function = call.is_object() ? call.find("function") : call.end();
+      if (function == call.end() || !function->is_object()) continue;
+      auto arguments = function->find("arguments");
+      if (arguments == function->end() || !arguments->is_string()) continue;
+      // Already checked (AddToolMessageFields): a JSON object.
+      absl::StatusOr<nlohmann::ordered_json> parsed =
+          ParseJsonLimited<nlohmann::ordered_json>(arguments->get_ref<const std::string&>());
+      if (parsed.ok() && parsed->is_object()) {
+        out[j]["function"]["arguments"] = *std::move(parsed);
+      }
+    }
+  }
 }
 
 absl::Status ApplyToolRequest(const std::optional<tools::ToolRequest>& request, const json& body,

@@ -16,7 +16,12 @@ namespace sluice {
 
 // TemplateTools: the `tools` variable of the chat template; null when there are none or
 // tool_choice is "none" (the model is not shown tools it may not call).
-nlohmann::json TemplateTools(const std::optional<tools::ToolRequest>& request);
+nlohmann::ordered_json TemplateTools(const std::optional<tools::ToolRequest>& request);
+
+// KeepArgumentOrder re-parses the arguments of the assistant tool calls in `messages` (their
+// JSON text) into `conversation` (the template's messages, built from `messages`) keeping the
+// client's key order, as Hugging Face's templates see them.
+void KeepArgumentOrder(const nlohmann::json& messages, nlohmann::ordered_json& conversation);
 
 // ApplyToolRequest resolves the syntax (context.tool_call_syntax, else the one the chat
 // template in use writes) and sets req.tool_call_syntax; for a constrained choice compiles the

@@ -12,12 +12,15 @@
 
 namespace sluice {
 
-// CheckMessageFields checks every message of `messages` (a list; non-objects are left to the
-// message parser): keys other than role, content, name, tool_calls, tool_call_id and
-// reasoning_content are a 400 "Unrecognized request argument supplied: messages[i].KEY" (param
-// "messages"), or, with allow_unknown, appended to `unknown`; `content` absent or null is a 400
-// except on an assistant message with tool_calls; name, tool_call_id and reasoning_content must
-// be strings.
+// CheckMessageFields checks every message of `messages` (a list; non-objects and messages
+// without a string role are left to the message parser):
+// - keys other than role, content, name, tool_calls, tool_call_id and reasoning_content, and
+//   keys of content parts other than those of their type (text: type, text; image_url: type,
+//   image_url {url, detail}; image: type, image, url), are a 400 "Unrecognized request argument
+//   supplied: messages[i].KEY" / "messages[i].content[j].KEY" (param "messages"), or, with
+//   allow_unknown, appended to `unknown`;
+// - `content` absent or null is a 400 except on an assistant message with tool_calls;
+// - name, tool_call_id and reasoning_content must be strings.
 absl::Status CheckMessageFields(const nlohmann::json& messages, bool allow_unknown,
                                 std::vector<std::string>* unknown);
 

@@ -235,4 +235,21 @@ absl::Status CheckFields(const json& body, FieldTable table, bool allow_unknown,
   return absl::OkStatus();
 }
 
+absl::Status CheckKnownKeys(const json& obj, absl::Span<const std::string_view> known,
+                            std::string_view param, std::string_view path, bool allow_unknown,
+                            std::vector<std::string>* unknown) {
+  if (!obj.is_object()) return absl::OkStatus();
+  for (const auto& item : obj.items()) {
+    const std::string& key = item.key();
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string field = absl::StrCat(std::string(path), ".", key);
+    if (!allow_unknown) {
+      return InvalidParam(std::string(param),
+                          absl::StrCat("Unrecognized request argument supplied: ", field));
+    }
+    if (unknown != nullptr) unknown->push_back(std::move(field));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sluice

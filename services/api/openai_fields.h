@@ -49,6 +49,15 @@ absl::Span<const FieldSpec> Fields(FieldTable table);
 absl::Status CheckFields(const nlohmann::json& body, FieldTable table, bool allow_unknown,
                          std::vector<std::string>* unknown);
 
+// CheckKnownKeys applies the same rule inside a request object (a message, a content part,
+// stream_options, response_format, ...): a key of `obj` outside `known` is InvalidArgument
+// with param `param` and the message "Unrecognized request argument supplied: <path>.<key>";
+// with allow_unknown, "<path>.<key>" is appended to `unknown` (may be null) instead. Keys are
+// checked in the object's order; a non-object `obj` passes (its type is checked elsewhere).
+absl::Status CheckKnownKeys(const nlohmann::json& obj, absl::Span<const std::string_view> known,
+                            std::string_view param, std::string_view path, bool allow_unknown,
+                            std::vector<std::string>* unknown);
+
 }  // namespace sluice
 
 #endif  // SLUICE_SERVICES_API_OPENAI_FIELDS_H_

@@ -115,23 +115,24 @@ absl::Status ParseTruncation(const json& body, const ParseContext& context,
 
 // ParseStreamOptions reads stream_options {include_usage, continuous_usage_stats}; like OpenAI
 // and vLLM it is only valid with stream=true.
-absl::Status ParseStreamOptions(const json& body, GenerationRequest& req) {
+absl::Status ParseStreamOptions(const json& body, bool allow_unknown, GenerationRequest& req) {
   const json* so = Present(body, "stream_options");
   if (so == nullptr) return absl::OkStatus();
   if (!so->is_object()) return TypeError("stream_options", "an object");
   if (!req.stream) {
     return InvalidParam("stream_options", "'stream_options' is only allowed when 'stream' is true");
   }
+  if (absl::Status s = CheckKnownKeys(*so, {"include_usage", "continuous_usage_stats"},
+                                      "stream_options", "stream_options", allow_unknown,
+                                      &req.unknown_fields);
+      !s.ok()) {
+    return s;
+  }
   for (const auto& [key, value] : so->items()) {
-    if (value.is_null()) continue;
     bool* out = key == "include_usage"            ? &req.include_usage
                 : key == "continuous_usage_stats" ? &req.continuous_usage_stats
                                                   : nullptr;
-    if (out == nullptr) {
-      return InvalidParam("stream_options",
-                          absl::StrCat("Unrecognized request argument supplied: stream_options.",
-                                       key));
-    }
+    if (out == nullptr || value.is_null()) continue;
     if (!value.is_boolean()) {
       return InvalidParam("stream_options",
                           absl::StrCat("'stream_options.", key, "' must be a boolean"));
@@ -274,7 +275,9 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   }
 
   if (auto s = GetBool(body, "stream", &req.stream); !s.ok()) return s;
-  if (auto s = ParseStreamOptions(body, req); !s.ok()) return s;
+  if (auto s = ParseStreamOptions(body, context.allow_unknown_fields, req); !s.ok()) {
+    return s;
+  }
   if (auto s = GetBool(body, "ignore_eos", &sp.ignore_eos); !s.ok()) return s;
   // cache_salt (vLLM extra): requests share prefix-cache KV only with the same salt. An empty
   // salt would silently mean "shared", so it is rejected like vLLM does.
@@ -433,7 +436,8 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   }
   // Structured output, compiled last (the costly check, once the rest is valid).
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
-      StructuredOutputGrammar(body, context.grammar_compiler);
+      StructuredOutputGrammar(body, context.grammar_compiler, context.allow_unknown_fields,
+                              &req.unknown_fields);
   if (!grammar.ok()) return grammar.status();
   req.grammar = *std::move(grammar);
   return absl::OkStatus();
@@ -543,7 +547,8 @@ absl::StatusOr<json> ChatMessages(const json& messages, const MultimodalContext*
 // for chat echo.
 absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContext& context,
                                              GenerationRequest& req,
-                                             std::vector<ChatImage>* images, const json& tools) {
+                                             std::vector<ChatImage>* images,
+                                             const nlohmann::ordered_json& tools) {
   const json* messages = Present(body, "messages");
   if (messages == nullptr) return InvalidParam("messages", "'messages' is required");
   if (!messages->is_array() || messages->empty()) {
@@ -558,13 +563,14 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
     request_mm->content_format = DetectChatContentFormat(source->get<std::string>());
     mm = &*request_mm;
   }
-  absl::StatusOr<json> conversation = ChatMessages(*messages, mm, images);
-  if (!conversation.ok()) return conversation.status();
+  // Keys first: a misspelt key is named before any image in the message is decoded.
   if (absl::Status s =
           CheckMessageFields(*messages, context.allow_unknown_fields, &req.unknown_fields);
       !s.ok()) {
     return s;
   }
+  absl::StatusOr<json> conversation = ChatMessages(*messages, mm, images);
+  if (!conversation.ok()) return conversation.status();
   AddTemplateFields(*messages, &*conversation);
 
   bool add_generation_prompt = true;
@@ -613,7 +619,9 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
   if (chat_template == nullptr) {
     return InvalidParam("messages", "this model has no chat template; use /v1/completions");
   }
-  json extra = json::object();
+  // Ordered: the template's `tojson` prints tools and tool-call arguments in the client's key
+  // order, as Hugging Face's apply_chat_template does.
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
   if (!tools.is_null()) extra["tools"] = tools;  // Hugging Face's `tools=` of apply_chat_template
   // The model's special tokens, also for a request template (Parse knows none).
   if (context.chat_template != nullptr) {
@@ -659,8 +667,10 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
       add_generation_prompt = v.get<bool>();
     }
   }
-  absl::StatusOr<std::string> text = chat_template->RenderMessages(
-      *conversation, add_generation_prompt, extra, context.render_limits);
+  nlohmann::ordered_json ordered_conversation = *conversation;
+  KeepArgumentOrder(*messages, ordered_conversation);
+  absl::StatusOr<std::string> text = chat_template->RenderMessagesOrdered(
+      ordered_conversation, add_generation_prompt, extra, context.render_limits);
   if (!text.ok()) {
     // Over budget or failing: 400; cancelled (client gone) or past the deadline keep their code.
     return WithParam(absl::Status(text.status().code(),
@@ -708,6 +718,14 @@ absl::StatusOr<std::string> RenderChatPrompt(const json& body, const ParseContex
 
 }  // namespace
 
+std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_body) {
+  absl::StatusOr<nlohmann::ordered_json> body = ParseJsonLimited<nlohmann::ordered_json>(raw_body);
+  if (!body.ok() || !body->is_object()) return nullptr;
+  auto tools = body->find("tools");
+  if (tools == body->end() || !tools->is_array()) return nullptr;
+  return std::make_shared<const nlohmann::ordered_json>(std::move(*tools));
+}
+
 absl::StatusOr<json> ParseJsonBody(std::string_view body) {
   absl::StatusOr<json> parsed_or = ParseJsonLimited(body);
   if (!parsed_or.ok()) {
@@ -732,7 +750,8 @@ absl::StatusOr<GenerationRequest> ParseChatCompletionRequest(const json& body,
   }
   if (absl::Status s = CheckModel(body, context, req); !s.ok()) return s;
   std::vector<ChatImage> images;
-  absl::StatusOr<std::optional<tools::ToolRequest>> tool_request = tools::ParseToolRequest(body);
+  absl::StatusOr<std::optional<tools::ToolRequest>> tool_request =
+      tools::ParseToolRequest(body, context.ordered_tools.get());
   if (!tool_request.ok()) return tool_request.status();
   absl::StatusOr<std::string> text =
       RenderChatPrompt(body, context, req, &images, TemplateTools(*tool_request));

@@ -97,11 +97,19 @@ struct ParseContext {
   const MultimodalContext* multimodal = nullptr;
   // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
   std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
+  // The body's `tools` in the client's key order (OrderedTools), for the chat template; null:
+  // the template sees their keys sorted.
+  std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body
 // that is not a JSON object (no exception escapes).
 absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
+
+// OrderedTools parses a raw body again keeping object key order and returns its `tools` list
+// (null when there is none, or the body does not parse): nlohmann::json sorts keys, while chat
+// templates print tools as the client wrote them (Hugging Face's `tojson`).
+std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_body);
 
 // Every field of a body is checked against the endpoint's table first (openai_fields.h): refused
 // and unknown fields give 400 naming them.

@@ -61,10 +61,10 @@ void SendAuthError(ResponseSink& sink, const absl::Status& status) {
 class OpenAiService::PendingParse : public RequestHandle {
  public:
   void Cancel() override {
-    cancelled.store(true);
+    cancelled->store(true);
     if (session != nullptr) session->Cancel();
   }
-  std::atomic<bool> cancelled{false};
+  RenderCancel cancelled = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<RequestHandle> session;
 };
 
@@ -77,20 +77,20 @@ OpenAiService::OpenAiService(InferenceBackend* backend, const Tokenizer* tokeniz
       created_(static_cast<int64_t>(std::time(nullptr))) {
   metrics_.set_model_name(options_.served_model_name);
   if (options_.render_threads > 0) {
-    render_pool_ = std::make_unique<RenderPool>(options_.render_threads);
-    if (options_.custom_template_render_threads > 0) {
-      custom_template_pool_ = std::make_unique<RenderPool>(options_.custom_template_render_threads);
-    }
+    RenderPoolOptions pool_options;
+    pool_options.threads = options_.render_threads;
+    pool_options.custom_template_threads = options_.custom_template_render_threads;
+    pool_options.max_queued = options_.max_queued_renders;
+    pool_options.limits = options_.render_limits;
+    pool_options.timeout = options_.render_timeout;
+    render_pools_ = std::make_unique<RenderPools>(std::move(pool_options));
   }
 }
 
 OpenAiService::~OpenAiService() { StopRendering(); }
 
 void OpenAiService::StopRendering() {
-  stopping_.store(true);
-  // The queued jobs see stopping_ and return at once.
-  custom_template_pool_.reset();
-  render_pool_.reset();
+  if (render_pools_ != nullptr) render_pools_->Stop();
 }
 
 void OpenAiService::SendError(ResponseSink& sink, const std::string& endpoint,
@@ -181,8 +181,12 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     const Endpoint endpoint = path == kChatPath        ? Endpoint::kChatCompletions
                               : path == kResponsesPath ? Endpoint::kResponses
                                                        : Endpoint::kCompletions;
+    std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
+    if (auto tools = body->find("tools"); tools != body->end() && tools->is_array()) {
+      ordered_tools = OrderedTools(request.body);
+    }
     return HandleGeneration(endpoint, *std::move(body), std::move(sink), std::move(poster),
-                            std::move(api_key));
+                            std::move(api_key), std::move(ordered_tools));
   }
   if (path == "/health") {
     if (!is_get) {
@@ -259,52 +263,50 @@ absl::StatusOr<GenerationRequest> OpenAiService::Parse(Endpoint endpoint, const 
 std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint, json body,
                                                                std::shared_ptr<ResponseSink> sink,
                                                                Poster poster,
-                                                               std::shared_ptr<const ApiKey> api_key) {
-  if (render_pool_ == nullptr) {
-    absl::StatusOr<GenerationRequest> request = Parse(endpoint, body, MakeParseContext());
+                                                               std::shared_ptr<const ApiKey> api_key,
+                                                               std::shared_ptr<const nlohmann::ordered_json> ordered_tools) {
+  if (render_pools_ == nullptr) {
+    ParseContext context = MakeParseContext();
+    context.ordered_tools = std::move(ordered_tools);
+    absl::StatusOr<GenerationRequest> request = Parse(endpoint, body, context);
     return StartSession(endpoint, std::move(request), std::move(sink), std::move(poster),
                         std::move(api_key));
   }
   const std::string path = EndpointPath(endpoint);
   auto custom = body.find("chat_template");
-  RenderPool* pool = custom != body.end() && !custom->is_null() && custom_template_pool_ != nullptr
-                         ? custom_template_pool_.get()
-                         : render_pool_.get();
-  if (pool->queued.fetch_add(1) >= options_.max_queued_renders) {
-    pool->queued.fetch_sub(1);
-    SendError(*sink, path,
-              absl::UnavailableError(absl::StrCat("The server is overloaded (",
-                                                  options_.max_queued_renders,
-                                                  " requests waiting to be parsed); retry later")));
+  const bool custom_template = custom != body.end() && !custom->is_null();
+  auto pending = std::make_shared<PendingParse>();
+  // The sink is shared with the job, which answers through it only on the request's executor.
+  std::shared_ptr<ResponseSink> job_sink = sink;
+  absl::Status posted = render_pools_->Post(
+      custom_template, pending->cancelled, absl::InfiniteFuture(),
+      [this, endpoint, pending, body = std::move(body), sink = std::move(job_sink),
+       poster = std::move(poster), api_key = std::move(api_key),
+       ordered_tools = std::move(ordered_tools)](const jinja::RenderLimits& limits) mutable {
+        // Built here: the first one builds the grammar compiler (a vocabulary walk).
+        ParseContext context = MakeParseContext();
+        context.render_limits = limits;
+        context.ordered_tools = ordered_tools;
+        absl::StatusOr<GenerationRequest> request =
+            pending->cancelled->load() ? absl::CancelledError("the client went away")
+                                       : Parse(endpoint, body, context);
+        if (absl::IsCancelled(request.status())) {
+          spdlog::info("{}: parse stopped, the client went away or the server is stopping",
+                       EndpointPath(endpoint));
+          return;
+        }
+        Poster post = poster;
+        post([this, endpoint, pending, request = std::move(request), sink = std::move(sink),
+              poster = std::move(poster), api_key = std::move(api_key)]() mutable {
+          if (pending->cancelled->load()) return;  // the transport wants no more sink calls
+          pending->session = StartSession(endpoint, std::move(request), std::move(sink),
+                                          std::move(poster), std::move(api_key));
+        });
+      });
+  if (!posted.ok()) {
+    SendError(*sink, path, posted);
     return nullptr;
   }
-  auto pending = std::make_shared<PendingParse>();
-  // The time waiting for a render thread counts against the deadline.
-  const absl::Time deadline = absl::Now() + absl::FromChrono(options_.render_timeout);
-  pool->pool.Post([this, pool, endpoint, pending, deadline, body = std::move(body),
-                   sink = std::move(sink), poster = std::move(poster),
-                   api_key = std::move(api_key)]() mutable {
-    pool->queued.fetch_sub(1);
-    if (stopping_.load()) return;
-    // Built here: the first one builds the grammar compiler (a vocabulary walk).
-    ParseContext context = MakeParseContext();
-    context.render_limits.cancelled = &pending->cancelled;
-    context.render_limits.deadline = deadline;
-    absl::StatusOr<GenerationRequest> request =
-        pending->cancelled.load() ? absl::CancelledError("the client went away")
-                                  : Parse(endpoint, body, context);
-    if (absl::IsCancelled(request.status())) {
-      spdlog::info("{}: parse stopped, the client went away", EndpointPath(endpoint));
-      return;
-    }
-    Poster post = poster;
-    post([this, endpoint, pending, request = std::move(request), sink = std::move(sink),
-          poster = std::move(poster), api_key = std::move(api_key)]() mutable {
-      if (pending->cancelled.load()) return;  // the transport wants no more sink calls
-      pending->session = StartSession(endpoint, std::move(request), std::move(sink),
-                                      std::move(poster), std::move(api_key));
-    });
-  });
   return pending;
 }
 

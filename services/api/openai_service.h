@@ -9,10 +9,10 @@
 // A known path with another method gets 405, an unknown path 404, both as OpenAI error JSON.
 // More than max_concurrent_requests generations in flight → 503.
 // With render_threads > 0, a generation request's parsing (chat template render, tokenization,
-// grammar compile) runs on a render pool, off the caller's (I/O) thread: a costly render cannot
-// stall other connections, a full render queue answers 503, and a render whose client went
-// away (RequestHandle::Cancel) stops at its next budget poll. Requests that bring their own
-// `chat_template` get a pool of their own, so they cannot delay the others' renders.
+// grammar compile) runs on render pools (render_pools.h), off the caller's (I/O) thread: a
+// costly render cannot stall other connections, a full render queue answers 503, and a render
+// whose client went away (RequestHandle::Cancel) stops at its next budget poll. Requests that
+// bring their own `chat_template` get a pool of their own, so they cannot delay the others'.
 // With `auth` set, every path but /health (and /metrics unless protect_metrics) needs an API
 // key: missing or wrong → 401; over the key's quotas → 429 with Retry-After (auth/api_auth.h).
 #ifndef SLUICE_SERVICES_API_OPENAI_SERVICE_H_
@@ -33,8 +33,8 @@
 #include "services/api/inference_backend.h"
 #include "services/api/metrics.h"
 #include "services/api/openai_protocol.h"
+#include "services/api/render_pools.h"
 #include "services/api/response_sink.h"
-#include "services/worker_common/task_pool.h"
 
 namespace sluice {
 
@@ -54,10 +54,10 @@ struct OpenAiServiceOptions {
   // more than the model's own), and how long one may wait and run before 504.
   jinja::RenderLimits render_limits;
   std::chrono::milliseconds render_timeout{30'000};
-  // Threads parsing generation requests off the caller's thread (0: parse on the caller's
-  // thread, e.g. tests and `sluice generate`), of them those for requests with their own
-  // `chat_template` (0: they share the others'), and the requests that may wait for a thread
-  // of either pool before 503.
+  // Threads parsing generation requests off the caller's thread (render_pools.h; 0: parse on
+  // the caller's thread, e.g. tests and `sluice generate`), of them those for requests with
+  // their own `chat_template` (0: they share the others'), and the requests that may wait for
+  // a thread of either pool before 503.
   int render_threads = 0;
   int custom_template_render_threads = 0;
   int max_queued_renders = 256;
@@ -84,16 +84,29 @@ class OpenAiService {
   // HandleGeneration starts a generation from an already parsed body (used by Handle and by
   // `sluice generate`). Errors are answered through `sink`; returns null in that case.
   // `api_key` (authenticated by Authorize) sets the cache_salt and is charged the quotas.
+  // `ordered_tools`: the body's tools in the client's key order (OrderedTools), for the chat
+  // template; null: sorted.
   // With a render pool the parse runs there and the answer comes later through `poster`; the
   // returned handle then cancels the parse as well as the generation.
   std::shared_ptr<RequestHandle> HandleGeneration(
       Endpoint endpoint, nlohmann::json body, std::shared_ptr<ResponseSink> sink,
-      Poster poster, std::shared_ptr<const ApiKey> api_key = nullptr);
+      Poster poster, std::shared_ptr<const ApiKey> api_key = nullptr,
+      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr);
 
-  // StopRendering drops the queued parses (their requests get no answer) and joins the render
-  // pool. Call after the transport stopped and before it is destroyed (queued parses hold its
-  // sinks and posters). Idempotent; the destructor calls it.
+  // StopRendering cancels the running and queued parses (their requests get no answer; a
+  // render stops at its next budget poll) and joins the render pools. Call after the transport
+  // stopped and before it is destroyed (queued parses hold its sinks and posters). Jobs of
+  // other users of the pools (the gRPC API) are cancelled too. Idempotent; the destructor
+  // calls it.
   void StopRendering();
+
+  // The grammar compiler of structured outputs and tool calls, built on first use (the
+  // vocabulary walk costs ~0.1 s on 128k tokens); null when structured outputs are off.
+  // Shared with the gRPC API. Thread-safe.
+  grammar::GrammarCompiler* grammar_compiler();
+
+  // The render pools (null when render_threads == 0), to share with the gRPC API.
+  RenderPools* render_pools() { return render_pools_.get(); }
   ~OpenAiService();
 
   // Authorize checks the request's API key when auth is on (/health is always open, /metrics
@@ -108,12 +121,6 @@ class OpenAiService {
 
  private:
   class PendingParse;
-  // RenderPool runs parses; `queued` counts those waiting (bounded by max_queued_renders).
-  struct RenderPool {
-    explicit RenderPool(int threads) : pool(threads) {}
-    std::atomic<int64_t> queued{0};
-    TaskPool pool;
-  };
   void SendError(ResponseSink& sink, const std::string& endpoint, const absl::Status& status);
   ParseContext MakeParseContext();
   absl::StatusOr<GenerationRequest> Parse(Endpoint endpoint, const nlohmann::json& body,
@@ -125,9 +132,6 @@ class OpenAiService {
                                               std::shared_ptr<ResponseSink> sink, Poster poster,
                                               std::shared_ptr<const ApiKey> api_key);
   nlohmann::json ModelCard() const;
-  // GrammarCompiler is built on first use (the vocabulary walk costs ~0.1 s on 128k tokens);
-  // null when structured outputs are off.
-  grammar::GrammarCompiler* grammar_compiler();
 
   InferenceBackend* backend_;
   const Tokenizer* tokenizer_;
@@ -138,9 +142,7 @@ class OpenAiService {
   int64_t created_;  // Unix seconds, for the model card
   std::once_flag grammar_once_;
   std::unique_ptr<grammar::GrammarCompiler> grammar_compiler_;
-  std::atomic<bool> stopping_{false};
-  std::unique_ptr<RenderPool> render_pool_;  // null when render_threads == 0
-  std::unique_ptr<RenderPool> custom_template_pool_;  // null: render_pool_ serves them too
+  std::unique_ptr<RenderPools> render_pools_;  // null when render_threads == 0
 };
 
 }  // namespace sluice

@@ -24,7 +24,8 @@ constexpr const char* kPassThrough[] = {
 
 // ItemContent flattens an input item's content: a string, or a list of input_text /
 // output_text (also "text") parts joined by newlines.
-absl::StatusOr<std::string> ItemContent(const json& content, size_t index) {
+absl::StatusOr<std::string> ItemContent(const json& content, size_t index, bool allow_unknown,
+                                        std::vector<std::string>* unknown) {
   const std::string where = absl::StrCat("input[", index, "].content");
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) {
@@ -38,6 +39,17 @@ absl::StatusOr<std::string> ItemContent(const json& content, size_t index) {
       return InvalidParam("input", absl::StrCat(where, " part type '", type,
                                                 "' is not supported (only text)"));
     }
+    // annotations and logprobs: what an earlier response's output_text part carries.
+    static constexpr std::string_view kInputTextKeys[] = {"type", "text"};
+    static constexpr std::string_view kOutputTextKeys[] = {"type", "text", "annotations",
+                                                           "logprobs"};
+    if (absl::Status s = CheckKnownKeys(
+            part, type == "output_text" ? absl::MakeConstSpan(kOutputTextKeys)
+                                  : absl::MakeConstSpan(kInputTextKeys),
+            "input", absl::StrCat(where, "[", i, "]"), allow_unknown, unknown);
+        !s.ok()) {
+      return s;
+    }
     auto text = part.find("text");
     if (text == part.end() || !text->is_string()) {
       return InvalidParam("input", absl::StrCat(where, " text part needs a string 'text'"));
@@ -48,7 +60,8 @@ absl::StatusOr<std::string> ItemContent(const json& content, size_t index) {
   return out;
 }
 
-absl::StatusOr<json> InputMessages(const json& body) {
+absl::StatusOr<json> InputMessages(const json& body, bool allow_unknown,
+                                   std::vector<std::string>* unknown) {
   json messages = json::array();
   auto instructions = body.find("instructions");
   if (instructions != body.end() && !instructions->is_null()) {
@@ -76,14 +89,12 @@ absl::StatusOr<json> InputMessages(const json& body) {
   for (size_t i = 0; i < input->size(); ++i) {
     const json& item = (*input)[i];
     if (!item.is_object()) return InvalidParam("input", "each input item must be an object");
-    for (auto it = item.begin(); it != item.end(); ++it) {
-      // id and status: what an earlier response's output item carries when fed back.
-      static constexpr std::string_view kItemKeys[] = {"type", "role", "content", "id", "status"};
-      if (std::find(std::begin(kItemKeys), std::end(kItemKeys), it.key()) ==
-          std::end(kItemKeys)) {
-        return InvalidParam("input", absl::StrCat("Unrecognized request argument supplied: input[",
-                                                  i, "].", it.key()));
-      }
+    // id and status: what an earlier response's output item carries when fed back.
+    static constexpr std::string_view kItemKeys[] = {"type", "role", "content", "id", "status"};
+    if (absl::Status s = CheckKnownKeys(item, kItemKeys, "input", absl::StrCat("input[", i, "]"),
+                                        allow_unknown, unknown);
+        !s.ok()) {
+      return s;
     }
     const std::string type = item.value("type", "message");
     if (type != "message") {
@@ -98,7 +109,7 @@ absl::StatusOr<json> InputMessages(const json& body) {
     if (content == item.end()) {
       return InvalidParam("input", absl::StrCat("input[", i, "].content is required"));
     }
-    absl::StatusOr<std::string> text = ItemContent(*content, i);
+    absl::StatusOr<std::string> text = ItemContent(*content, i, allow_unknown, unknown);
     if (!text.ok()) return text.status();
     messages.push_back({{"role", *role}, {"content", *text}});
   }
@@ -115,7 +126,7 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<json> messages = InputMessages(body);
+  absl::StatusOr<json> messages = InputMessages(body, context.allow_unknown_fields, &unknown);
   if (!messages.ok()) return messages.status();
   json chat{{"messages", *messages}};
   for (const char* name : kPassThrough) {
@@ -139,6 +150,8 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
     return req.status();
   }
   req->endpoint = Endpoint::kResponses;
+  // Keep what the chat parse allowed too (unknown keys inside pass-through fields).
+  unknown.insert(unknown.end(), req->unknown_fields.begin(), req->unknown_fields.end());
   req->unknown_fields = std::move(unknown);
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean()) return InvalidParam("stream", "'stream' must be a boolean");

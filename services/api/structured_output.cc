@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/json_parse.h"
 #include "services/api/openai_errors.h"
+#include "services/api/openai_fields.h"
 
 namespace sluice {
 namespace {
@@ -86,31 +87,18 @@ absl::Status AddVllm(const json& obj, const std::string& prefix, const char* jso
   return absl::OkStatus();
 }
 
-// CheckKeys refuses keys of `obj` outside `known`, naming them as `prefix`.key (OpenAI's
-// "Unrecognized request argument" wording).
-absl::Status CheckKeys(const json& obj, std::initializer_list<const char*> known,
-                       const std::string& prefix) {
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return it.key() == k; }) ==
-        known.end()) {
-      return InvalidParam("response_format",
-                          absl::StrCat("Unrecognized request argument supplied: ", prefix,
-                                       it.key()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(const json& body) {
+absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
+    const json& body, bool allow_unknown, std::vector<std::string>* unknown) {
   std::vector<StructuredOutputRequest> found;
   if (const json* rf = Present(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string()) {
       return InvalidParam("response_format", "'response_format' must be an object with a 'type'");
     }
     const std::string type = (*rf)["type"].get<std::string>();
-    if (absl::Status s = CheckKeys(*rf, {"type", "json_schema"}, "response_format.");
+    if (absl::Status s = CheckKnownKeys(*rf, {"type", "json_schema"}, "response_format",
+                                        "response_format", allow_unknown, unknown);
         !s.ok()) {
       return s;
     }
@@ -123,8 +111,9 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(con
                             "response_format type 'json_schema' needs a 'json_schema' object");
       }
       // name/description/strict describe the schema; it is always enforced strictly.
-      if (absl::Status s = CheckKeys(*js, {"name", "schema", "strict", "description"},
-                                     "response_format.json_schema.");
+      if (absl::Status s = CheckKnownKeys(*js, {"name", "schema", "strict", "description"},
+                                          "response_format", "response_format.json_schema",
+                                          allow_unknown, unknown);
           !s.ok()) {
         return s;
       }
@@ -189,8 +178,10 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileStructure
 }
 
 absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> StructuredOutputGrammar(
-    const json& body, grammar::GrammarCompiler* compiler) {
-  absl::StatusOr<std::optional<StructuredOutputRequest>> request = ParseStructuredOutput(body);
+    const json& body, grammar::GrammarCompiler* compiler, bool allow_unknown,
+    std::vector<std::string>* unknown) {
+  absl::StatusOr<std::optional<StructuredOutputRequest>> request =
+      ParseStructuredOutput(body, allow_unknown, unknown);
   if (!request.ok()) return request.status();
   if (!request->has_value()) return std::shared_ptr<const grammar::CompiledGrammar>();
   if (compiler == nullptr) {

@@ -7,6 +7,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/grammar/grammar_compiler.h"
@@ -23,9 +25,11 @@ struct StructuredOutputRequest {
 
 // ParseStructuredOutput reads the fields above. nullopt: no constraint (absent, null, or
 // response_format type "text"). Errors: InvalidArgument with the field as param (wrong shapes,
-// two constraints at once, an unknown response_format type).
+// two constraints at once, an unknown response_format type, unknown keys inside
+// response_format unless `allow_unknown`, which lists them in `unknown` instead).
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
-    const nlohmann::json& body);
+    const nlohmann::json& body, bool allow_unknown = false,
+    std::vector<std::string>* unknown = nullptr);
 
 // CompileStructuredOutput compiles a parsed constraint; compile errors become InvalidArgument
 // naming the field and the problem (unsupported keyword, bad regex, grammar syntax error).
@@ -36,7 +40,8 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileStructure
 // Errors: those of ParseStructuredOutput and CompileStructuredOutput; with a null `compiler`
 // (a deployment without structured outputs) a constraint is refused, naming its field.
 absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> StructuredOutputGrammar(
-    const nlohmann::json& body, grammar::GrammarCompiler* compiler);
+    const nlohmann::json& body, grammar::GrammarCompiler* compiler, bool allow_unknown = false,
+    std::vector<std::string>* unknown = nullptr);
 
 }  // namespace sluice
 

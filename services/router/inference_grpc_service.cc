@@ -14,10 +14,12 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "engine/sample/philox.h"
 #include "services/api/auth/request_admission.h"
 #include "services/api/choice_output.h"
 #include "services/api/openai_errors.h"
+#include "services/api/tool_calls/tool_call_output.h"
 #include "services/api/openai_responses.h"
 #include "services/api/vllm_metrics.h"
 #include "services/router/wire_convert.h"
@@ -74,11 +76,27 @@ void SamplingToJson(const v1::SamplingParams& sp, Endpoint endpoint, json& body)
   }
 }
 
+// AddToolFields copies a message's tool fields under the HTTP API's names.
+void AddToolFields(const v1::ChatMessage& m, json& message) {
+  if (!m.name().empty()) message["name"] = m.name();
+  if (!m.tool_call_id().empty()) message["tool_call_id"] = m.tool_call_id();
+  if (m.tool_calls_size() == 0) return;
+  json calls = json::array();
+  for (const v1::ToolCall& call : m.tool_calls()) {
+    calls.push_back(json{{"id", call.id()},
+                         {"type", "function"},
+                         {"function", {{"name", call.name()}, {"arguments", call.arguments()}}}});
+  }
+  message["tool_calls"] = std::move(calls);
+}
+
 json ChatToJson(const v1::ChatPrompt& chat) {
   json messages = json::array();
   for (const v1::ChatMessage& m : chat.messages()) {
     if (m.parts_size() == 0) {
-      messages.push_back(json{{"role", m.role()}, {"content", m.content()}});
+      json message{{"role", m.role()}, {"content", m.content()}};
+      AddToolFields(m, message);
+      messages.push_back(std::move(message));
       continue;
     }
     // The HTTP API's content parts, so both APIs share one parser and its errors.
@@ -96,9 +114,92 @@ json ChatToJson(const v1::ChatPrompt& chat) {
         parts.push_back(json{{"type", "text"}, {"text", p.text()}});
       }
     }
-    messages.push_back(json{{"role", m.role()}, {"content", std::move(parts)}});
+    json message{{"role", m.role()}, {"content", std::move(parts)}};
+    AddToolFields(m, message);
+    messages.push_back(std::move(message));
   }
   return messages;
+}
+
+// JsonField parses a JSON text field of the request (a schema), naming `param` and `where`.
+template <typename Json = json>
+absl::StatusOr<Json> JsonField(const std::string& text, const std::string& param,
+                               const std::string& where) {
+  absl::StatusOr<Json> parsed = ParseJsonLimited<Json>(text);
+  if (!parsed.ok()) {
+    return InvalidParam(param, absl::StrCat(where, " is ", parsed.status().message()));
+  }
+  return parsed;
+}
+
+// ToolsToJson writes tools / tool_choice / parallel_tool_calls under the HTTP API's names
+// and shapes, which its parser then validates; `ordered_tools` gets the tools with their
+// schemas' key order kept (for the chat template).
+absl::Status ToolsToJson(const v1::GenerateRequest& request, json& body,
+                         std::shared_ptr<const nlohmann::ordered_json>* ordered_tools) {
+  if (request.tools_size() > 0) {
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+    for (int i = 0; i < request.tools_size(); ++i) {
+      const v1::Tool& tool = request.tools(i);
+      nlohmann::ordered_json function{{"name", tool.name()}};
+      if (!tool.description().empty()) function["description"] = tool.description();
+      if (!tool.parameters_json().empty()) {
+        absl::StatusOr<nlohmann::ordered_json> schema = JsonField<nlohmann::ordered_json>(
+            tool.parameters_json(), "tools", absl::StrCat("tools[", i, "].parameters_json"));
+        if (!schema.ok()) return schema.status();
+        function["parameters"] = *std::move(schema);
+      }
+      if (tool.has_strict()) function["strict"] = tool.strict();
+      tools.push_back(
+          nlohmann::ordered_json{{"type", "function"}, {"function", std::move(function)}});
+    }
+    body["tools"] = json(tools);
+    if (ordered_tools != nullptr) {
+      *ordered_tools = std::make_shared<const nlohmann::ordered_json>(std::move(tools));
+    }
+  }
+  switch (request.tool_choice().choice_case()) {
+    case v1::ToolChoice::kMode:
+      body["tool_choice"] = request.tool_choice().mode();
+      break;
+    case v1::ToolChoice::kFunction:
+      body["tool_choice"] = json{{"type", "function"},
+                                 {"function", {{"name", request.tool_choice().function()}}}};
+      break;
+    default:
+      break;
+  }
+  if (request.has_parallel_tool_calls()) {
+    body["parallel_tool_calls"] = request.parallel_tool_calls();
+  }
+  return absl::OkStatus();
+}
+
+// ResponseFormatToJson writes response_format as the HTTP API's object.
+absl::Status ResponseFormatToJson(const v1::ResponseFormat& format, json& body) {
+  json rf{{"type", format.type()}};
+  const bool schema_fields = !format.name().empty() || !format.schema_json().empty() ||
+                             format.has_strict() || !format.description().empty();
+  if (format.type() == "json_schema") {
+    json js = json::object();
+    if (!format.name().empty()) js["name"] = format.name();
+    if (!format.description().empty()) js["description"] = format.description();
+    if (!format.schema_json().empty()) {
+      absl::StatusOr<json> schema =
+          JsonField(format.schema_json(), "response_format", "response_format.schema_json");
+      if (!schema.ok()) return schema.status();
+      js["schema"] = *std::move(schema);
+    }
+    if (format.has_strict()) js["strict"] = format.strict();
+    rf["json_schema"] = std::move(js);
+  } else if (schema_fields) {
+    return InvalidParam("response_format",
+                        absl::StrCat("response_format.name, schema_json, strict and description "
+                                     "are only valid with type 'json_schema', got type '",
+                                     format.type(), "'"));
+  }
+  body["response_format"] = std::move(rf);
+  return absl::OkStatus();
 }
 
 // FinishedReactor answers a unary call at once.
@@ -116,9 +217,9 @@ v1::FinishReason FinishReasonFromText(const std::string& reason) {
 
 }  // namespace
 
-absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
-                                           const std::string& served_model_name,
-                                           Endpoint* endpoint) {
+absl::StatusOr<json> GenerateRequestToJson(
+    const v1::GenerateRequest& request, const std::string& served_model_name, Endpoint* endpoint,
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools) {
   json body = json::object();
   body["model"] = request.model().empty() ? served_model_name : request.model();
   switch (request.prompt_case()) {
@@ -150,6 +251,17 @@ absl::StatusOr<json> GenerateRequestToJson(const v1::GenerateRequest& request,
         "sampling.prompt_logprobs is not supported on the Inference API (use the HTTP API)");
   }
   SamplingToJson(request.sampling(), *endpoint, body);
+  const bool tool_fields = request.tools_size() > 0 || request.has_tool_choice() ||
+                           request.has_parallel_tool_calls();
+  if (tool_fields && *endpoint != Endpoint::kChatCompletions) {
+    return InvalidParam("tools", "tools, tool_choice and parallel_tool_calls need a chat prompt");
+  }
+  if (absl::Status s = ToolsToJson(request, body, ordered_tools); !s.ok()) return s;
+  if (request.has_response_format()) {
+    if (absl::Status s = ResponseFormatToJson(request.response_format(), body); !s.ok()) {
+      return s;
+    }
+  }
   if (request.has_cache_salt()) body["cache_salt"] = request.cache_salt();
   if (request.has_priority()) body["priority"] = request.priority();
   return body;
@@ -163,14 +275,62 @@ class InferenceGrpcService::GenerateReactor final
     : public grpc::ServerWriteReactor<v1::TokenOutput> {
  public:
   GenerateReactor(InferenceGrpcService* service, grpc::CallbackServerContext* context,
-                  std::string request_id, const GenerationRequest& request, bool detokenize)
+                  std::string request_id)
       : service_(service),
         context_(context),
         request_id_(std::move(request_id)),
-        choice_(*service->tokenizer_, request.sampling, request.logprobs),
-        detokenize_(detokenize || !request.sampling.stop.empty()),
-        num_prompt_tokens_(static_cast<int32_t>(request.prompts[0].size())),
         arrival_(Clock::now()) {}
+
+  // cancelled: set when the client cancels; stops the request's render.
+  const RenderCancel& cancelled() const { return cancelled_; }
+
+  // Admit starts the parsed request (limits, quotas, then the engine) or ends the call with
+  // the parse's error. Runs on a render thread or the gRPC thread.
+  void Admit(absl::StatusOr<GenerationRequest> parsed, bool detokenize,
+             std::shared_ptr<const ApiKey> api_key) {
+    if (!parsed.ok()) {
+      Fail(parsed.status());
+      return;
+    }
+    if (cancelled_->load()) {
+      Fail(absl::CancelledError("the client cancelled the call"));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      choice_.emplace(*service_->tokenizer_, parsed->sampling, parsed->logprobs);
+      detokenize_ = detokenize || !parsed->sampling.stop.empty();
+      num_prompt_tokens_ = static_cast<int32_t>(parsed->prompts[0].size());
+      tool_call_syntax_ = parsed->tool_call_syntax;
+    }
+    if (service_->in_flight_.fetch_add(1) >= service_->options_.max_concurrent_requests) {
+      service_->in_flight_.fetch_sub(1);
+      Fail(absl::ResourceExhaustedError(absl::StrCat("The server is overloaded (",
+                                                     service_->options_.max_concurrent_requests,
+                                                     " requests in flight); retry later")));
+      return;
+    }
+    if (api_key != nullptr) {
+      absl::StatusOr<std::shared_ptr<QuotaTicket>> admitted =
+          AdmitGeneration(*service_->options_.auth, *api_key,
+                          service_->backend_->max_model_len(), &*parsed);
+      if (!admitted.ok()) {
+        service_->in_flight_.fetch_sub(1);
+        Fail(admitted.status());  // with its retry-after trailer
+        return;
+      }
+      ticket_ = *std::move(admitted);
+    }
+    EngineRequest engine_request;
+    engine_request.request_id = request_id_;
+    engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
+    engine_request.sampling = parsed->sampling;
+    engine_request.cache_salt = parsed->cache_salt;
+    engine_request.mm_inputs = std::move(parsed->mm_inputs);
+    engine_request.priority = parsed->priority;
+    engine_request.grammar = parsed->grammar;  // response_format, tool_choice required / named
+    Start(std::move(engine_request));
+  }
 
   // Fail ends a call that never reached the backend.
   void Fail(const absl::Status& status) {
@@ -181,9 +341,6 @@ class InferenceGrpcService::GenerateReactor final
     FinishOnce(ErrorStatus(status));
   }
 
-  // HoldTicket keeps the API key's quota ticket until the backend is done with the request.
-  void HoldTicket(std::shared_ptr<QuotaTicket> ticket) { ticket_ = std::move(ticket); }
-
   // Start submits the engine request; on an error the call ends with its status.
   void Start(EngineRequest engine_request) {
     // Every response can be reproduced: a request without a seed gets one, reported in each
@@ -192,6 +349,10 @@ class InferenceGrpcService::GenerateReactor final
       engine_request.sampling.seed = NewRandomSeed();
     }
     seed_ = *engine_request.sampling.seed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      submitted_ = true;
+    }
     absl::Status status = service_->backend_->Submit(
         std::move(engine_request), [this](const RequestOutput& output) { OnOutput(output); });
     if (!status.ok()) {
@@ -202,9 +363,10 @@ class InferenceGrpcService::GenerateReactor final
   }
 
   void OnCancel() override {
+    cancelled_->store(true);  // a render in progress stops at its next budget poll
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (backend_done_) return;
+      if (backend_done_ || !submitted_) return;
     }
     // The backend answers with a final kAbort output, which finishes the call.
     service_->backend_->Abort(request_id_);
@@ -246,9 +408,9 @@ class InferenceGrpcService::GenerateReactor final
     bool destroy = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      const int32_t consumed_before = choice_.num_output_tokens();
-      const bool was_finished = choice_.finished();
-      ChoiceDelta delta = choice_.Push(output);
+      const int32_t consumed_before = choice_->num_output_tokens();
+      const bool was_finished = choice_->finished();
+      ChoiceDelta delta = choice_->Push(output);
       if (!was_finished) Observe(output, delta, now);
       abort_engine = delta.stopped_by_string && !output.finished();
       if (!was_finished && !client_gone_) Enqueue(output, delta, consumed_before);
@@ -292,8 +454,8 @@ class InferenceGrpcService::GenerateReactor final
                           : delta.finish_reason == "length" ? FinishReason::kLength
                                                             : FinishReason::kStop;
       end.num_prompt_tokens = num_prompt_tokens_;
-      end.num_generation_tokens = choice_.num_output_tokens();
-      end.num_cached_tokens = choice_.num_cached_tokens();
+      end.num_generation_tokens = choice_->num_output_tokens();
+      end.num_cached_tokens = choice_->num_cached_tokens();
       end.e2e_seconds = SecondsSince(arrival_);
       end.queue_seconds = queue_seconds_;
       if (got_first_token_) {
@@ -332,7 +494,7 @@ class InferenceGrpcService::GenerateReactor final
       return;
     }
     // Tokens past a stop string are not part of the choice.
-    const int32_t consumed = choice_.num_output_tokens() - consumed_before;
+    const int32_t consumed = choice_->num_output_tokens() - consumed_before;
     if (consumed == 0 && delta.text.empty() && !delta.finished) return;
     v1::TokenOutput& message = queue_.emplace_back();
     message.set_request_id(request_id_);
@@ -344,16 +506,31 @@ class InferenceGrpcService::GenerateReactor final
     if (delta.finished) {
       message.set_finish_reason(FinishReasonFromText(delta.finish_reason));
       finish_pending_ = true;
+      if (tool_call_syntax_ != nullptr) AddToolCalls(delta, message);
     }
     FillUsage(message);
     sent_any_ = true;
   }
 
+  // AddToolCalls parses the finished output for tool calls, as the HTTP API's message does:
+  // every call complete with an object of arguments, else none. Holds mu_.
+  void AddToolCalls(const ChoiceDelta& delta, v1::TokenOutput& message) {
+    tools::ToolCallMessage parsed = tools::ParseToolCallMessage(*tool_call_syntax_, choice_->text());
+    if (!parsed.has_calls()) return;
+    for (const json& call : parsed.tool_calls) {
+      v1::ToolCall* out = message.add_tool_calls();
+      out->set_id(call["id"].get<std::string>());
+      out->set_name(call["function"]["name"].get<std::string>());
+      out->set_arguments(call["function"]["arguments"].get<std::string>());
+    }
+    if (delta.finish_reason == "stop") message.set_finish_reason(v1::FINISH_REASON_TOOL_CALLS);
+  }
+
   void FillUsage(v1::TokenOutput& message) const {
     v1::Usage* usage = message.mutable_usage();
     usage->set_prompt_tokens(num_prompt_tokens_);
-    usage->set_completion_tokens(choice_.num_output_tokens());
-    usage->set_cached_tokens(choice_.num_cached_tokens());
+    usage->set_completion_tokens(choice_->num_output_tokens());
+    usage->set_cached_tokens(choice_->num_cached_tokens());
   }
 
   // Pump starts the next write, or finishes the call once everything is written.
@@ -396,10 +573,13 @@ class InferenceGrpcService::GenerateReactor final
   InferenceGrpcService* service_;
   grpc::CallbackServerContext* const context_;
   const std::string request_id_;
+  const RenderCancel cancelled_ = std::make_shared<std::atomic<bool>>(false);
   std::mutex mu_;
-  ChoiceOutput choice_;  // guarded by mu_
-  const bool detokenize_;
-  const int32_t num_prompt_tokens_;
+  std::optional<ChoiceOutput> choice_;  // set by Admit; guarded by mu_
+  bool detokenize_ = false;             // set by Admit
+  int32_t num_prompt_tokens_ = 0;       // set by Admit
+  // Tools: the syntax the output is parsed with at its end (set by Admit); null: no tools.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax_;
   const Clock::time_point arrival_;
   Clock::time_point first_token_time_;            // guarded by mu_
   Clock::time_point last_token_time_;             // guarded by mu_
@@ -413,6 +593,7 @@ class InferenceGrpcService::GenerateReactor final
   grpc::Status final_status_ = grpc::Status::OK;  // guarded by mu_
   bool finish_called_ = false;                    // guarded by mu_
   bool client_gone_ = false;                      // guarded by mu_
+  bool submitted_ = false;                        // handed to the backend; guarded by mu_
   bool backend_done_ = false;                     // final output seen / never started; guarded
   bool grpc_done_ = false;                        // OnDone ran; guarded by mu_
   std::shared_ptr<QuotaTicket> ticket_;           // the API key's slot; guarded by mu_ once started
@@ -446,65 +627,89 @@ ParseContext InferenceGrpcService::MakeParseContext() const {
   context.served_model_name = options_.served_model_name;
   context.max_model_len = backend_->max_model_len();
   context.multimodal = options_.multimodal;
+  context.grammar_compiler = options_.grammar_compiler ? options_.grammar_compiler() : nullptr;
+  context.tool_call_syntax = options_.tool_call_syntax;
   return context;
 }
 
+// TokenizeReactor: a Tokenize call whose chat template renders on the render pools;
+// cancelling the call stops the render. Deletes itself when gRPC is done with it.
+class InferenceGrpcService::TokenizeReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnCancel() override { cancelled->store(true); }
+  void OnDone() override { delete this; }
+  const RenderCancel cancelled = std::make_shared<std::atomic<bool>>(false);
+};
+
+absl::StatusOr<GenerationRequest> InferenceGrpcService::Parse(
+    Endpoint endpoint, const json& body, const jinja::RenderLimits& limits,
+    std::shared_ptr<const nlohmann::ordered_json> ordered_tools) const {
+  ParseContext context = MakeParseContext();
+  context.render_limits = limits;
+  context.ordered_tools = std::move(ordered_tools);
+  return endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
+                                                : ParseCompletionRequest(body, context);
+}
+
+void InferenceGrpcService::RenderThen(
+    Endpoint endpoint, json body, std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
+    RenderCancel cancelled, absl::Time deadline,
+    std::function<void(absl::StatusOr<GenerationRequest>)> done) {
+  if (options_.render_pools == nullptr) {
+    jinja::RenderLimits limits = options_.render_limits;
+    limits.cancelled = cancelled.get();
+    limits.deadline = deadline;
+    done(Parse(endpoint, body, limits, std::move(ordered_tools)));
+    return;
+  }
+  std::function<void(absl::StatusOr<GenerationRequest>)> on_refused = done;
+  absl::Status posted = options_.render_pools->Post(
+      /*custom_template=*/false, cancelled, deadline,
+      [this, endpoint, cancelled, body = std::move(body), ordered_tools = std::move(ordered_tools),
+       done = std::move(done)](const jinja::RenderLimits& limits) {
+        // Cancelled before it ran (client gone, or the pools stopping): no render at all.
+        done(cancelled->load() ? absl::CancelledError("the call was cancelled")
+                               : Parse(endpoint, body, limits, ordered_tools));
+      });
+  if (!posted.ok()) on_refused(posted);
+}
+
+namespace {
+
+// CallDeadline is the call's deadline (infinite when the client set none).
+absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
+  const std::chrono::system_clock::time_point deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+}  // namespace
+
 grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  // Server-assigned ids cannot collide with the HTTP API's ("chatcmpl-…", "cmpl-…").
+  std::string id = request->request_id().empty() ? NewResponseId("gen-") : request->request_id();
+  auto* reactor = new GenerateReactor(this, context, std::move(id));
   absl::StatusOr<std::shared_ptr<const ApiKey>> api_key = Authenticate(context);
   if (!api_key.ok()) {
-    GenerationRequest empty;
-    empty.prompts.push_back({0});
-    auto* reactor = new GenerateReactor(this, context, "", empty, false);
     reactor->Fail(api_key.status());
     return reactor;
   }
   Endpoint endpoint = Endpoint::kCompletions;
+  std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
   absl::StatusOr<json> body =
-      GenerateRequestToJson(*request, options_.served_model_name, &endpoint);
-  absl::StatusOr<GenerationRequest> parsed =
-      !body.ok() ? absl::StatusOr<GenerationRequest>(body.status())
-      : endpoint == Endpoint::kChatCompletions
-          ? ParseChatCompletionRequest(*body, MakeParseContext())
-          : ParseCompletionRequest(*body, MakeParseContext());
-  // Server-assigned ids cannot collide with the HTTP API's ("chatcmpl-…", "cmpl-…").
-  std::string id = request->request_id().empty() ? NewResponseId("gen-") : request->request_id();
-  if (!parsed.ok()) {
-    // A reactor needs a valid request to exist; answer through a minimal one.
-    GenerationRequest empty;
-    empty.prompts.push_back({0});
-    auto* reactor = new GenerateReactor(this, context, id, empty, false);
-    reactor->Fail(parsed.status());
+      GenerateRequestToJson(*request, options_.served_model_name, &endpoint, &ordered_tools);
+  if (!body.ok()) {
+    reactor->Fail(body.status());
     return reactor;
   }
-  auto* reactor = new GenerateReactor(this, context, id, *parsed, request->detokenize());
-  if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
-    in_flight_.fetch_sub(1);
-    reactor->Fail(absl::ResourceExhaustedError(absl::StrCat("The server is overloaded (",
-                                                            options_.max_concurrent_requests,
-                                                            " requests in flight); retry later")));
-    return reactor;
-  }
-  std::shared_ptr<QuotaTicket> ticket;
-  if (*api_key != nullptr) {
-    absl::StatusOr<std::shared_ptr<QuotaTicket>> admitted =
-        AdmitGeneration(*options_.auth, **api_key, backend_->max_model_len(), &*parsed);
-    if (!admitted.ok()) {
-      in_flight_.fetch_sub(1);
-      reactor->Fail(admitted.status());  // with its retry-after trailer
-      return reactor;
-    }
-    ticket = *std::move(admitted);
-  }
-  reactor->HoldTicket(std::move(ticket));
-  EngineRequest engine_request;
-  engine_request.request_id = std::move(id);
-  engine_request.prompt_token_ids = std::move(parsed->prompts[0]);
-  engine_request.sampling = parsed->sampling;
-  engine_request.cache_salt = parsed->cache_salt;
-  engine_request.mm_inputs = std::move(parsed->mm_inputs);
-  engine_request.priority = parsed->priority;
-  reactor->Start(std::move(engine_request));
+  // The reactor lives until it finishes the call, which only Admit (or Fail) does.
+  RenderThen(endpoint, *std::move(body), std::move(ordered_tools), reactor->cancelled(),
+             CallDeadline(context),
+             [reactor, detokenize = request->detokenize(),
+              api_key = *std::move(api_key)](absl::StatusOr<GenerationRequest> parsed) {
+               reactor->Admit(std::move(parsed), detokenize, api_key);
+             });
   return reactor;
 }
 
@@ -523,15 +728,24 @@ grpc::ServerUnaryReactor* InferenceGrpcService::Tokenize(grpc::CallbackServerCon
       ids = tokenizer_->Encode(request->text(), request->add_special_tokens());
       break;
     case v1::TokenizeRequest::kChat: {
-      // The chat template is applied exactly as for a chat Generate.
+      // The chat template is applied exactly as for a chat Generate, on the render pools.
       json body{{"model", options_.served_model_name},
                 {"messages", ChatToJson(request->chat())},
                 {"add_generation_prompt", request->chat().add_generation_prompt()}};
-      absl::StatusOr<GenerationRequest> parsed =
-          ParseChatCompletionRequest(body, MakeParseContext());
-      if (!parsed.ok()) return Answer(context, ToGrpc(parsed.status()));
-      ids = std::move(parsed->prompts[0]);
-      break;
+      auto* reactor = new TokenizeReactor();
+      RenderThen(Endpoint::kChatCompletions, std::move(body), nullptr, reactor->cancelled,
+                 CallDeadline(context),
+                 [this, reactor, response](absl::StatusOr<GenerationRequest> parsed) {
+                   if (!parsed.ok()) {
+                     reactor->Finish(ToGrpc(parsed.status()));
+                     return;
+                   }
+                   response->mutable_token_ids()->Add(parsed->prompts[0].begin(),
+                                                      parsed->prompts[0].end());
+                   response->set_max_model_len(backend_->max_model_len());
+                   reactor->Finish(grpc::Status::OK);
+                 });
+      return reactor;
     }
     default:
       return Answer(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -11,9 +11,14 @@
 // through the same ChoiceOutput (incremental detokenizer + stop strings) as an
 // HTTP choice.
 //
+// Requests are parsed (chat template render, tokenization) on the render pools
+// (render_pools.h) the HTTP API uses, under the same work budget; cancelling the
+// call or passing its deadline stops the render.
+//
 // Status codes: bad parameters INVALID_ARGUMENT (the message names the field,
 // as the HTTP 400 does), unknown model NOT_FOUND, too many requests in flight
-// RESOURCE_EXHAUSTED, no worker UNAVAILABLE. With `auth` set, Generate, Tokenize
+// RESOURCE_EXHAUSTED, no worker or a full render queue UNAVAILABLE, a render past
+// the call's deadline DEADLINE_EXCEEDED. With `auth` set, Generate, Tokenize
 // and ListModels need the `authorization` metadata ("Bearer <key>"): missing or
 // wrong → UNAUTHENTICATED; over the key's quotas → RESOURCE_EXHAUSTED with a
 // `retry-after` trailer (seconds). Every UNAVAILABLE (overloaded router or worker, draining, no
@@ -32,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/grammar/grammar_compiler.h"
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -39,6 +45,8 @@
 #include "services/api/inference_backend.h"
 #include "services/api/metrics.h"
 #include "services/api/openai_protocol.h"
+#include "services/api/render_pools.h"
+#include "services/api/tool_calls/tool_call_syntax.h"
 #include "sluice/v1/inference.grpc.pb.h"
 
 namespace sluice {
@@ -51,14 +59,27 @@ struct InferenceGrpcServiceOptions {
   ApiAuth* auth = nullptr;  // borrowed; null: no API keys
   // Vision-language models: image parts in chat messages (borrowed); null: refused.
   const MultimodalContext* multimodal = nullptr;
+  // Where chat templates render (borrowed; the HTTP API's pools, so both APIs share their
+  // threads, queue bound and budget): a render stops when its call is cancelled, at the
+  // call's deadline, at the pools' timeout, and when the pools stop. Null: on the gRPC thread
+  // with `render_limits` and the call's deadline (tests).
+  RenderPools* render_pools = nullptr;
+  jinja::RenderLimits render_limits;
+  // Structured outputs (response_format) and constrained tool calls: the HTTP API's grammar
+  // compiler (OpenAiService::grammar_compiler); unset or null: they are INVALID_ARGUMENT.
+  std::function<grammar::GrammarCompiler*()> grammar_compiler;
+  // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
+  std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
 };
 
 // GenerateRequestToJson returns the OpenAI body equivalent to `request`
 // (model filled in with `served_model_name` when empty) and the endpoint whose
-// parser validates it. InvalidArgument when no prompt is set.
-absl::StatusOr<nlohmann::json> GenerateRequestToJson(const v1::GenerateRequest& request,
-                                                     const std::string& served_model_name,
-                                                     Endpoint* endpoint);
+// parser validates it; `ordered_tools` (may be null) gets the tools with their
+// schemas' key order kept (ParseContext::ordered_tools). InvalidArgument when no
+// prompt is set, a schema text is not JSON, or tools come without a chat prompt.
+absl::StatusOr<nlohmann::json> GenerateRequestToJson(
+    const v1::GenerateRequest& request, const std::string& served_model_name, Endpoint* endpoint,
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools = nullptr);
 
 class InferenceGrpcService final : public v1::Inference::CallbackService {
  public:
@@ -86,7 +107,19 @@ class InferenceGrpcService final : public v1::Inference::CallbackService {
 
  private:
   class GenerateReactor;
+  class TokenizeReactor;
   ParseContext MakeParseContext() const;
+  // Parse validates `body` as the endpoint's HTTP body with render `limits`.
+  absl::StatusOr<GenerationRequest> Parse(
+      Endpoint endpoint, const nlohmann::json& body, const jinja::RenderLimits& limits,
+      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr) const;
+  // RenderThen runs `done(Parse(...))` on the render pools (or at once without them), with
+  // the call's deadline; `cancelled` stops the render. Pools that refuse the job (queue
+  // full, stopping) give `done` their Unavailable status, on this thread.
+  void RenderThen(Endpoint endpoint, nlohmann::json body,
+                  std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
+                  RenderCancel cancelled, absl::Time deadline,
+                  std::function<void(absl::StatusOr<GenerationRequest>)> done);
   // Authenticate checks the call's key (null key and OK when auth is off).
   absl::StatusOr<std::shared_ptr<const ApiKey>> Authenticate(
       const grpc::CallbackServerContext* context) const;

@@ -51,9 +51,10 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
   load.num_total_blocks = info.num_total_blocks();
   load.num_free_blocks = info.num_total_blocks();  // until the first heartbeat says otherwise
   load.block_size = info.kv_block_size();
-  auto registration =
-      registry_->Register(role, info.address(), load,
-                          info.kv_transfer_mode() == v1::KV_TRANSFER_MODE_LAYERWISE);
+  auto registration = registry_->Register(
+      role, info.address(), load,
+      std::vector<std::string>(info.capabilities().begin(), info.capabilities().end()),
+      info.kv_transfer_mode() == v1::KV_TRANSFER_MODE_LAYERWISE);
   if (!registration.ok()) return ToGrpc(registration.status());
   response->set_worker_id(registration->worker_id);
   response->set_lease_ms(LeaseMs(registration->lease));

@@ -1045,6 +1045,14 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
         "no encoder worker is registered with the router: images need one (start `sluice "
         "encoder --model DIR --router HOST:PORT`)");
   }
+  // A worker without the capability would drop the grammar and answer unconstrained.
+  if (request.grammar != nullptr &&
+      registry_->CountLiveWith(WorkerRole::kDecode, kGrammarCapability) == 0) {
+    return absl::UnavailableError(
+        "no decode worker registered with the router can enforce structured outputs or "
+        "tool_choice \"required\"/named (none advertises the 'grammar' capability: upgrade "
+        "the workers to this router's version)");
+  }
   auto call = std::make_shared<Call>(this, std::move(request), std::move(on_output));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1076,13 +1084,24 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
                                                         const EngineRequest& request,
                                                         int64_t tokens_needed,
                                                         const std::set<std::string>& exclude) {
-  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, exclude);
+  // A constrained request goes only to workers that enforce grammars (prefill samples the
+  // first token, decode the rest; encoders sample nothing).
+  std::set<std::string> excluded;
+  const std::set<std::string>* skip = &exclude;
+  if (request.grammar != nullptr && role != WorkerRole::kEncoder) {
+    excluded = exclude;
+    for (const WorkerSnapshot& w : registry_->List()) {
+      if (w.role == role && !w.Has(kGrammarCapability)) excluded.insert(w.worker_id);
+    }
+    skip = &excluded;
+  }
+  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, *skip);
   std::vector<BlockExtraKeySpan> image_keys;
   for (const MultimodalInput& mm : request.mm_inputs) {
     image_keys.push_back({mm.offset, int64_t{mm.offset} + mm.num_tokens, mm.content_hash});
   }
   return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
-                                  request.cache_salt, tokens_needed, exclude, image_keys);
+                                  request.cache_salt, tokens_needed, *skip, image_keys);
 }
 
 void RemoteBackend::ReleaseWorker(const std::string& worker_id, const std::string& request_id) {

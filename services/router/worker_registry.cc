@@ -23,10 +23,9 @@ const char* WorkerRoleName(WorkerRole role) {
 WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, Clock clock)
     : options_(options), clock_(std::move(clock)) {}
 
-absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(WorkerRole role,
-                                                                      const std::string& address,
-                                                                      const WorkerLoad& load,
-                                                                      bool layerwise_push) {
+absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
+    WorkerRole role, const std::string& address, const WorkerLoad& load,
+    std::vector<std::string> capabilities, bool layerwise_push) {
   if (address.empty()) return absl::InvalidArgumentError("worker address is empty");
   std::vector<WorkerSnapshot> replaced;
   RemovedCallback callback;
@@ -50,6 +49,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(WorkerRole
     worker.load = load;
     worker.layerwise_push = layerwise_push;
     worker.lease_expiry = clock_() + options_.lease;
+    worker.capabilities = std::move(capabilities);
     callback = on_removed_;
   }
   for (const WorkerSnapshot& old : replaced) {
@@ -203,6 +203,15 @@ int64_t WorkerRegistry::CountLive(WorkerRole role) const {
   int64_t count = 0;
   for (const auto& [id, worker] : workers_) {
     if (worker.role == role && !worker.draining) ++count;
+  }
+  return count;
+}
+
+int64_t WorkerRegistry::CountLiveWith(WorkerRole role, std::string_view capability) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t count = 0;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.role == role && !worker.draining && worker.Has(capability)) ++count;
   }
   return count;
 }

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,7 +60,18 @@ struct WorkerSnapshot {
   int64_t num_assigned = 0;  // requests this router sent and has not released yet
   int64_t num_picked_total = 0;
   absl::Time lease_expiry;
+  // What the worker advertised at registration (WorkerInfo.capabilities), e.g. "grammar".
+  std::vector<std::string> capabilities;
+  bool Has(std::string_view capability) const {
+    for (const std::string& c : capabilities) {
+      if (c == capability) return true;
+    }
+    return false;
+  }
 };
+
+// kGrammarCapability: the worker enforces SamplingParams.grammar_ebnf.
+inline constexpr char kGrammarCapability[] = "grammar";
 
 struct WorkerRegistryOptions {
   absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is suspect
@@ -94,7 +106,9 @@ class WorkerRegistry {
   // removed first (OnRemoved runs for it). InvalidArgument for an empty
   // address. `layerwise_push`: WorkerSnapshot::layerwise_push.
   absl::StatusOr<Registration> Register(WorkerRole role, const std::string& address,
-                                        const WorkerLoad& load, bool layerwise_push = false);
+                                        const WorkerLoad& load,
+                                        std::vector<std::string> capabilities = {},
+                                        bool layerwise_push = false);
   // Heartbeat extends the lease and records `load`. NotFound when the worker is
   // unknown (its lease already expired): the worker must Register again.
   absl::Status Heartbeat(const std::string& worker_id, const WorkerLoad& load);
@@ -130,6 +144,8 @@ class WorkerRegistry {
   std::optional<WorkerSnapshot> Get(const std::string& worker_id) const;
   std::vector<WorkerSnapshot> List() const;  // ordered by worker id
   int64_t CountLive(WorkerRole role) const;  // registered and not draining
+  // CountLive of the workers that advertised `capability`.
+  int64_t CountLiveWith(WorkerRole role, std::string_view capability) const;
 
   // OnRemoved sets the removal callback (replaces any previous one).
   void OnRemoved(RemovedCallback callback);

@@ -15,6 +15,7 @@
 #include <boost/asio/post.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_protocol.h"
 #include "services/api/openai_responses.h"
@@ -33,6 +34,8 @@ struct LineJob {
   std::optional<json> custom_id;
   Endpoint endpoint = Endpoint::kCompletions;
   json body;
+  // The body's tools in the line's key order (for the chat template); null: none.
+  std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
   absl::Status parse_error;  // non-OK: answered without running
   std::optional<std::string> output;
   int64_t completion_tokens = 0;
@@ -72,6 +75,18 @@ LineJob BuildJob(const std::string& line, size_t line_number, const std::string&
         "messages", absl::StrCat("line ", line_number,
                                  ": needs 'messages' (chat) or 'prompt' (completion)"));
     return job;
+  }
+  if (auto tools = job.body.find("tools"); tools != job.body.end() && tools->is_array()) {
+    absl::StatusOr<nlohmann::ordered_json> ordered =
+        ParseJsonLimited<nlohmann::ordered_json>(line);
+    if (ordered.ok() && ordered->is_object()) {
+      auto inner = ordered->find("body");
+      const nlohmann::ordered_json& source =
+          inner != ordered->end() && inner->is_object() ? *inner : *ordered;
+      if (auto t = source.find("tools"); t != source.end() && t->is_array()) {
+        job.ordered_tools = std::make_shared<const nlohmann::ordered_json>(*t);
+      }
+    }
   }
   if (!job.body.contains("model")) job.body["model"] = model_name;
   job.body["stream"] = false;
@@ -141,6 +156,7 @@ int RunGenerate(const GenerateOptions& options) {
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = std::max<int64_t>(options.max_in_flight, 1);
   if (*multimodal != nullptr) service_options.multimodal = &(*multimodal)->context;
+  service_options.render_limits = options.render.limits;
   OpenAiService service(runtime->backend.get(), runtime->tokenizer.get(),
                         runtime->chat_template.get(), service_options);
 
@@ -217,7 +233,7 @@ int RunGenerate(const GenerateOptions& options) {
           finish(index, DumpJson(response));
         });
       });
-      service.HandleGeneration(job.endpoint, job.body, sink, poster);
+      service.HandleGeneration(job.endpoint, job.body, sink, poster, nullptr, job.ordered_tools);
     }
   };
   if (total > 0) {

@@ -16,6 +16,7 @@
 
 #include "services/serve/model_runtime.h"
 #include "services/serve/multimodal_setup.h"
+#include "services/serve/render_flags.h"
 
 namespace sluice {
 
@@ -26,6 +27,7 @@ struct GenerateOptions {
   int64_t max_in_flight = 1024;  // lines being generated at once
   bool progress = true;          // progress bar on stderr
   MultimodalFlags multimodal;    // vision-language models: images in chat lines
+  RenderFlags render;            // chat template render budget (lines parse in turn)
 };
 
 // RunGenerate returns the process exit code: 0 when every line was answered (errors per line

@@ -19,6 +19,7 @@
 #include "services/serve/encoder_command.h"
 #include "services/serve/eval_command.h"
 #include "services/serve/api_auth_flags.h"
+#include "services/serve/render_flags.h"
 #include "services/serve/server_limits.h"
 #include "services/serve/tls_flags.h"
 #include "services/serve/generate_command.h"
@@ -156,6 +157,7 @@ int main(int argc, char** argv) {
   sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
   sluice::AddTlsFlags(*serve_cmd, serve.http);
   sluice::AddMultimodalFlags(*serve_cmd, serve.multimodal);
+  sluice::AddRenderFlags(*serve_cmd, serve.render, /*pools=*/true);
 
   sluice::GenerateOptions generate;
   double generate_kv_gib = 0.0;
@@ -171,6 +173,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
   sluice::AddMultimodalFlags(*generate_cmd, generate.multimodal);
+  sluice::AddRenderFlags(*generate_cmd, generate.render, /*pools=*/false);
 
   sluice::RouterOptions router;
   int router_port = router.http.port;
@@ -210,6 +213,7 @@ int main(int argc, char** argv) {
   sluice::AddTlsFlags(*router_cmd, router.http);
   sluice::AddMultimodalFlags(*router_cmd, router.multimodal, /*with_cache=*/false);
   sluice::AddRouterCaFlag(*router_cmd, router.tls_ca_file);
+  sluice::AddRenderFlags(*router_cmd, router.render, /*pools=*/true);
   router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,

@@ -162,9 +162,8 @@ int RunRouter(const RouterOptions& options) {
                  (*multimodal)->context.tokens_per_image,
                  (*multimodal)->context.max_images_per_prompt);
   }
-  // Chat template renders and tokenization run off the HTTP I/O threads.
-  service_options.render_threads = 2;
-  service_options.custom_template_render_threads = 1;
+  // Chat template renders and tokenization run off the I/O threads (HTTP and gRPC).
+  ApplyRenderFlags(options.render, service_options);
   // Structured outputs and tool calls: compiled here (errors are the router's 400s) and sent to
   // the workers as GBNF text (SamplingParams.grammar_ebnf).
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
@@ -203,6 +202,9 @@ int RunRouter(const RouterOptions& options) {
   inference_options.max_concurrent_requests = options.max_concurrent_requests;
   inference_options.auth = auth->get();
   inference_options.multimodal = service_options.multimodal;
+  inference_options.render_pools = service->render_pools();
+  inference_options.grammar_compiler = [service_ptr] { return service_ptr->grammar_compiler(); };
+  inference_options.tool_call_syntax = service_options.tool_call_syntax;
   inference_options.health = [registry_ptr]() {
     return registry_ptr->CountLive(WorkerRole::kDecode) > 0
                ? absl::OkStatus()
@@ -312,7 +314,8 @@ int RunRouter(const RouterOptions& options) {
   }
   spdlog::info("{} requests in flight at shutdown", backend_ptr->num_in_flight());
   (*server)->Stop();
-  service->StopRendering();  // queued parses hold the server's sinks
+  // Cancels the renders running or queued (HTTP and gRPC: those answer CANCELLED).
+  service->StopRendering();
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   backend.reset();
   server->reset();

@@ -21,6 +21,7 @@
 #include "services/api/auth/api_auth.h"
 #include "services/api/http_server.h"
 #include "services/router/remote_backend.h"
+#include "services/serve/render_flags.h"
 
 namespace sluice {
 
@@ -49,6 +50,7 @@ struct RouterOptions {
   // --tls-ca: mTLS with the workers (services/common/peer_tls.h), the router's identity being
   // http.tls_cert_file / tls_key_file. Empty: plaintext between services.
   std::string tls_ca_file;
+  RenderFlags render;  // chat template render pools and budget
 };
 
 // RunRouter serves until SIGINT/SIGTERM. Prints "Sluice router listening on

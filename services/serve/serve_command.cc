@@ -53,9 +53,8 @@ int RunServe(const ServeOptions& options) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }
   service_options.auth = auth->get();
-  // Chat template renders and tokenization run off the HTTP I/O threads.
-  service_options.render_threads = 2;
-  service_options.custom_template_render_threads = 1;
+  // Chat template renders and tokenization run off the I/O threads (HTTP and gRPC).
+  ApplyRenderFlags(options.render, service_options);
   auto service = std::make_unique<OpenAiService>(runtime->backend.get(), runtime->tokenizer.get(),
                                                  runtime->chat_template.get(), service_options);
   OpenAiService* service_ptr = service.get();
@@ -78,6 +77,9 @@ int RunServe(const ServeOptions& options) {
     grpc_options.max_concurrent_requests = options.max_concurrent_requests;
     grpc_options.auth = auth->get();
     grpc_options.multimodal = service_options.multimodal;
+    grpc_options.render_pools = service->render_pools();
+    grpc_options.grammar_compiler = [service_ptr] { return service_ptr->grammar_compiler(); };
+    grpc_options.tool_call_syntax = service_options.tool_call_syntax;
     grpc_service = std::make_unique<InferenceGrpcService>(
         runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
         &service->metrics(), grpc_options);
@@ -105,7 +107,9 @@ int RunServe(const ServeOptions& options) {
   // Order matters: stop the io threads, then the engine (its final callbacks post into the
   // stopped io_context, which still exists), then destroy the server and its pending handlers.
   (*server)->Stop();
-  service->StopRendering();  // queued parses hold the server's sinks
+  // Cancels the renders running or queued (HTTP and gRPC: those answer CANCELLED): a costly
+  // render does not hold the exit up.
+  service->StopRendering();
   // Cancels the open gRPC calls; their reactors finish once the engine delivered their final
   // (aborted) outputs, which happens while the engine still runs.
   if (grpc_server != nullptr) grpc_server->Shutdown(std::chrono::system_clock::now() +

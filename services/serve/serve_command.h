@@ -9,6 +9,7 @@
 #include "services/api/http_server.h"
 #include "services/serve/model_runtime.h"
 #include "services/serve/multimodal_setup.h"
+#include "services/serve/render_flags.h"
 
 namespace sluice {
 
@@ -23,6 +24,7 @@ struct ServeOptions {
   int32_t grpc_port = -1;
   ApiAuthOptions auth;  // API keys (none: open)
   MultimodalFlags multimodal;  // vision-language models
+  RenderFlags render;          // chat template render pools and budget
 };
 
 // RunServe loads the model, listens, prints "Sluice listening on http://HOST:PORT" on stdout

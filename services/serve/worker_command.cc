@@ -209,6 +209,8 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.set_max_model_len(engine.max_model_len());
     reg.worker.set_metrics_address(metrics_address);
     reg.worker.set_kv_transfer_mode(transfer_mode);
+    // Grammars sent as SamplingParams.grammar_ebnf are compiled and enforced (WorkerGrammars).
+    reg.worker.add_capabilities("grammar");  // registry.proto WorkerInfo.capabilities
     PrefillService* p = prefill.get();
     registration = std::make_unique<RegistrationClient>(reg, [&engine, p] {
       const AsyncEngineStats s = engine.Stats();

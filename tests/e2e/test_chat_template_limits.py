@@ -133,3 +133,108 @@ def test_abandoned_hostile_renders_stop_and_the_server_goes_on(server, base_url,
     status, body = post(base_url, "/v1/chat/completions",
                         {"model": model, "messages": CHAT, "max_tokens": 4, "temperature": 0})
     assert status == 200, body
+
+
+# ---- render flags (sluice serve --render-*) ----
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--render-threads", "0", "--render-threads: Value 0 not in range 1 to 256"),
+    ("--custom-template-render-threads", "-1",
+     "--custom-template-render-threads: Value -1 not in range 0 to 256"),
+    ("--max-queued-renders", "0", "--max-queued-renders: Value 0 not in range 1 to 1048576"),
+    ("--render-timeout-s", "0", "--render-timeout-s: must be seconds in (0, 3600], got 0"),
+    ("--render-timeout-s", "1e9", "--render-timeout-s: must be seconds in (0, 3600], got 1e9"),
+    ("--render-max-operations", "0",
+     "--render-max-operations: Value 0 not in range 1 to 1125899906842624"),
+    ("--render-max-call-depth", "1000", "--render-max-call-depth: Value 1000 not in range 1 to 256"),
+    ("--render-max-output-bytes", "16777217",
+     "--render-max-output-bytes: Value 16777217 not in range 1 to 16777216"),
+    ("--render-max-loop-iterations", "-5",
+     "--render-max-loop-iterations: Value -5 not in range 1 to 1125899906842624"),
+])
+def test_render_flags_are_validated(flag, value, expected):
+    from conftest import MODEL_DIR, sluice_bin
+    import subprocess
+    r = subprocess.run([sluice_bin(), "serve", "--model", str(MODEL_DIR), "--port", "0", flag,
+                        value], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert expected in r.stderr, r.stderr
+
+
+def test_render_budget_flags_apply_to_http_and_grpc():
+    """--render-max-loop-iterations bounds the model's template on both APIs: six messages
+    are six iterations of its message loop, one more than the budget."""
+    import grpc
+    from conftest import ServerProcess
+    from grpc_stubs import pb
+    from grpc_stubs import pb_grpc
+    grpc_port = free_port()
+    server = ServerProcess(["--render-max-loop-iterations", "5", "--render-threads", "1",
+                            "--grpc-port", str(grpc_port)])
+    try:
+        turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"}
+                 for i in range(6)]
+        status, body = post(server.url, "/v1/chat/completions",
+                            {"model": "sluice-mini-moe", "messages": turns, "max_tokens": 2})
+        assert status == 400, body
+        assert body["error"]["param"] == "messages"
+        message = body["error"]["message"]
+        assert message.startswith("chat template: line ") and message.endswith(
+            "template exceeds its render budget of 5 loop iterations (max_loop_iterations)"), body
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        request = pb.GenerateRequest(chat=pb.ChatPrompt(
+            messages=[pb.ChatMessage(role=t["role"], content=t["content"]) for t in turns],
+            add_generation_prompt=True))
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stub.Generate(request, timeout=60):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == message
+        # Five messages fit.
+        status, body = post(server.url, "/v1/chat/completions",
+                            {"model": "sluice-mini-moe", "messages": turns[:5], "max_tokens": 2})
+        assert status == 200, body
+    finally:
+        assert server.stop() == 0
+
+
+def test_shutdown_cancels_running_renders():
+    """SIGTERM stops a render that would run for hours (the budget and timeout set past it):
+    the server exits promptly instead of waiting for it."""
+    huge = str(1 << 50)
+    from conftest import ServerProcess
+    server = ServerProcess(["--render-max-operations", huge, "--render-max-loop-iterations", huge,
+                            "--render-max-work-bytes", huge, "--render-timeout-s", "3600"])
+    template, _ = HOSTILE["nested_loops"]
+    result = {}
+
+    def hostile():
+        result["answer"] = post(server.url, "/v1/chat/completions",
+                                {"model": "sluice-mini-moe", "messages": CHAT, "max_tokens": 4,
+                                 "chat_template": template}, timeout=120)
+
+    thread = threading.Thread(target=lambda: _swallow(hostile, result), daemon=True)
+    thread.start()
+    time.sleep(1.0)  # the render is running
+    assert thread.is_alive()
+    start = time.monotonic()
+    code = server.stop()
+    elapsed = time.monotonic() - start
+    assert code == 0, server.logs()
+    assert elapsed < 10, elapsed
+    thread.join(timeout=30)
+    assert "answer" not in result  # the request got no answer: the server went away
+
+
+def _swallow(fn, result):
+    try:
+        fn()
+    except OSError as e:  # the connection closed with the server
+        result["error"] = e

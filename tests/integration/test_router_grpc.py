@@ -11,9 +11,11 @@ Every wait has a deadline.
 """
 
 import importlib
+import json
 import pathlib
 import sys
 import tempfile
+import urllib.error
 
 import grpc
 import openai
@@ -221,3 +223,227 @@ def test_cancel_mid_stream_frees_kv_blocks(endpoint):
     # The request was aborted (not decoded to the end): its blocks return to free promptly.
     wait_until(lambda: endpoint.metric("sluice_kv_cache_free_blocks") ==
                endpoint.metric("sluice_kv_cache_blocks"), 15, "KV blocks back to free")
+
+
+# Tools and structured output (issue 24): the same validation and output as the HTTP API.
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+        "required": ["zone"]}
+HTTP_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                                "parameters": WEATHER}},
+              {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+GRPC_TOOLS = [pb.Tool(name="get_weather", description="Weather",
+                      parameters_json=json.dumps(WEATHER)),
+              pb.Tool(name="get_time", parameters_json=json.dumps(TIME))]
+
+
+def tool_request(content, **fields):
+    request = chat_request(content, max_tokens=200)
+    request.tools.extend(GRPC_TOOLS)
+    for name, value in fields.items():
+        if name == "tool_choice":
+            request.tool_choice.CopyFrom(value)
+        else:
+            setattr(request, name, value)
+    return request
+
+
+def run_tool_generate(endpoint, request):
+    """Returns (text, finish reason name, tool calls) of a Generate stream."""
+    text, finish, calls = "", None, []
+    for message in endpoint.stub.Generate(request, timeout=RPC_TIMEOUT_S):
+        text += message.text
+        calls.extend(message.tool_calls)
+        if message.finish_reason:
+            finish = common.FinishReason.Name(message.finish_reason)
+    return text, finish, calls
+
+
+@pytest.mark.parametrize("choice", ["required", "get_time"])
+def test_tool_choice_generate_equals_http(endpoint, choice):
+    content = "What is the time in Oslo?"
+    http_choice = (choice if choice == "required"
+                   else {"type": "function", "function": {"name": choice}})
+    http = endpoint.http.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": content}], temperature=0,
+        max_tokens=200, tools=HTTP_TOOLS, tool_choice=http_choice, parallel_tool_calls=False)
+    grpc_choice = (pb.ToolChoice(mode="required") if choice == "required"
+                   else pb.ToolChoice(function=choice))
+    text, finish, calls = run_tool_generate(
+        endpoint, tool_request(content, tool_choice=grpc_choice, parallel_tool_calls=False))
+    message = http.choices[0].message
+    assert http.choices[0].finish_reason == "tool_calls"
+    assert finish == "FINISH_REASON_TOOL_CALLS"
+    assert [(c.name, c.arguments) for c in calls] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls]
+    assert all(c.id.startswith("call_") and len(c.id) == 29 for c in calls)
+    # The raw text holds the call in the template's syntax (hermes).
+    assert text.startswith("<tool_call>"), text
+    if choice != "required":
+        assert [c.name for c in calls] == [choice]
+    # The call goes back through the template on the next turn, as on HTTP.
+    follow = chat_request("", max_tokens=8)
+    follow.chat.messages[0].content = content
+    follow.chat.messages.append(pb.ChatMessage(role="assistant", tool_calls=calls))
+    follow.chat.messages.append(pb.ChatMessage(role="tool", tool_call_id=calls[0].id,
+                                               content='{"zone": "CET"}'))
+    follow.tools.extend(GRPC_TOOLS)
+    http_follow = endpoint.http.chat.completions.create(
+        model=MODEL_NAME, temperature=0, max_tokens=8, tools=HTTP_TOOLS, messages=[
+            {"role": "user", "content": content},
+            {"role": "assistant", "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}} for c in calls]},
+            {"role": "tool", "tool_call_id": calls[0].id, "content": '{"zone": "CET"}'}])
+    follow_text, _, _, usage = run_generate(endpoint, follow)
+    assert usage.prompt_tokens == http_follow.usage.prompt_tokens
+    assert follow_text == (http_follow.choices[0].message.content or "")
+
+
+def test_response_format_generate_equals_http(endpoint):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0,
+                                                       "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    content = "Describe a person as JSON."
+    http = endpoint.http.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": content}], temperature=0,
+        max_tokens=60, response_format={"type": "json_schema", "json_schema": {
+            "name": "person", "schema": schema, "strict": True}})
+    request = chat_request(content, max_tokens=60)
+    request.response_format.CopyFrom(pb.ResponseFormat(
+        type="json_schema", name="person", schema_json=json.dumps(schema), strict=True))
+    text, _, finish, _ = run_generate(endpoint, request)
+    assert text == http.choices[0].message.content
+    assert finish == "FINISH_REASON_STOP"
+    value = json.loads(text)
+    assert set(value) == {"name", "age"}
+    # On a text prompt, as /v1/completions.
+    digit = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                    "maximum": 9}},
+             "required": ["a"], "additionalProperties": False}
+    http = endpoint.http.completions.create(
+        model=MODEL_NAME, prompt="JSON:", temperature=0, max_tokens=30,
+        extra_body={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "d", "schema": digit}}})
+    request = pb.GenerateRequest(model=MODEL_NAME, text="JSON:", detokenize=True,
+                                 sampling=common.SamplingParams(temperature=0.0, max_tokens=30),
+                                 response_format=pb.ResponseFormat(
+                                     type="json_schema", name="d", schema_json=json.dumps(digit)))
+    text, _, finish, _ = run_generate(endpoint, request)
+    assert finish == "FINISH_REASON_STOP"
+    assert text == http.choices[0].text
+    assert 0 <= json.loads(text)["a"] <= 9
+
+
+def http_error(endpoint, **body):
+    with pytest.raises(openai.BadRequestError) as info:
+        endpoint.http.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4, **body)
+    return info.value.body["message"]
+
+
+def test_tool_and_response_format_errors_are_the_http_ones(endpoint):
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    cases = [
+        (dict(tools=HTTP_TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+         tool_request("x", tool_choice=pb.ToolChoice(function="nope"))),
+        (dict(tools=HTTP_TOOLS, tool_choice="sometimes"),
+         tool_request("x", tool_choice=pb.ToolChoice(mode="sometimes"))),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "patternProperties": {"a": {}}}}}]),
+         pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat, tools=[pb.Tool(
+             name="f", parameters_json='{"type": "object", "patternProperties": {"a": {}}}')])),
+        (dict(response_format={"type": "json_schema", "json_schema": {
+            "name": "e", "schema": {"enum": []}}}),
+         pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
+                            response_format=pb.ResponseFormat(type="json_schema", name="e",
+                                                              schema_json='{"enum": []}'))),
+        (dict(response_format={"type": "xml"}),
+         pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
+                            response_format=pb.ResponseFormat(type="xml"))),
+    ]
+    for http_body, request in cases:
+        message = http_error(endpoint, **http_body)
+        with pytest.raises(grpc.RpcError) as info:
+            run_generate(endpoint, request)
+        assert info.value.code() == invalid, info.value
+        assert info.value.details() == message
+    # gRPC's own shapes.
+    expect_error(endpoint, pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
+                                              tools=[pb.Tool(name="f", parameters_json="{")]),
+                 invalid, "tools[0].parameters_json is not valid JSON")
+    expect_error(endpoint, pb.GenerateRequest(model=MODEL_NAME, text="x", tools=GRPC_TOOLS),
+                 invalid, "tools, tool_choice and parallel_tool_calls need a chat prompt")
+    expect_error(endpoint, pb.GenerateRequest(model=MODEL_NAME, text="x",
+                                              response_format=pb.ResponseFormat(
+                                                  type="json_object", schema_json="{}")),
+                 invalid, "response_format.name, schema_json, strict and description are only "
+                          "valid with type 'json_schema', got type 'json_object'")
+
+
+registry_pb = importlib.import_module("sluice.v1.registry_pb2")
+registry_grpc = importlib.import_module("sluice.v1.registry_pb2_grpc")
+
+
+def test_router_refuses_constraints_without_a_grammar_capable_worker():
+    """A worker from before grammars (no 'grammar' capability) would drop the grammar and
+    answer unconstrained: the router refuses such requests instead, and routes them only to
+    workers that advertise the capability."""
+    log_dir = tempfile.mkdtemp(prefix="sluice-grpc-capability-")
+    port, grpc_port = free_port(), free_port()
+    proc = Proc("router", [sluice_bin(), "router", "--model", str(MODEL_DIR), "--port",
+                           str(port), "--grpc-port", str(grpc_port)], log_dir)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            try:
+                return http_get(url + "/health")[0] == 200
+            except urllib.error.HTTPError as e:  # 503 without workers: up all the same
+                return e.code == 503
+
+        wait_until(up, STARTUP_TIMEOUT_S, "router /health")
+        registry = registry_grpc.RegistryStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+
+        def register(capabilities):
+            # Nothing listens there: a request routed to it fails fast.
+            info = registry_pb.WorkerInfo(role=registry_pb.WORKER_ROLE_DECODE,
+                                          address=f"127.0.0.1:{free_port()}", model=MODEL_NAME,
+                                          kv_block_size=16, num_total_blocks=1000,
+                                          max_model_len=2048, capabilities=capabilities)
+            registry.Register(registry_pb.RegisterRequest(worker=info), timeout=RPC_TIMEOUT_S)
+
+        register([])
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=RPC_TIMEOUT_S,
+                               max_retries=0)
+        refused = ("no decode worker registered with the router can enforce structured outputs "
+                   "or tool_choice \"required\"/named (none advertises the 'grammar' capability: "
+                   "upgrade the workers to this router's version)")
+        for body in (dict(response_format={"type": "json_object"}),
+                     dict(tools=HTTP_TOOLS, tool_choice="required")):
+            with pytest.raises(openai.APIStatusError) as info:
+                client.chat.completions.create(
+                    model=MODEL_NAME, messages=[{"role": "user", "content": "x"}],
+                    max_tokens=4, **body)
+            assert info.value.status_code == 503
+            assert info.value.body["message"] == refused
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        request = chat_request("x", max_tokens=4)
+        request.response_format.CopyFrom(pb.ResponseFormat(type="json_object"))
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stub.Generate(request, timeout=RPC_TIMEOUT_S):
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert info.value.details() == refused
+        # With a capable worker the request is routed there (and fails: nothing listens), never
+        # to the old one; the refusal is gone.
+        register(["grammar"])
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(
+                model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                response_format={"type": "json_object"})
+        assert info.value.body["message"] != refused
+    finally:
+        proc.stop()

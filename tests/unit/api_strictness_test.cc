@@ -1,6 +1,7 @@
 // Request shapes that used to be accepted silently and are now refused with a 400 naming the
-// field (or honoured): messages without content, unknown keys inside messages /
-// response_format / Responses input items, an empty Responses input, truncate_prompt_tokens
+// field (or honoured): messages without content, unknown keys inside messages / content parts /
+// stream_options / response_format / Responses input items (listed instead with
+// --allow-unknown-fields), an empty Responses input, truncate_prompt_tokens
 // beyond the context, prompt logprobs beyond the memory cap; and the message keys that reach
 // the template.
 #include <memory>
@@ -12,7 +13,7 @@
 #include "services/api/openai_errors.h"
 #include "services/api/openai_protocol.h"
 #include "services/api/responses_api.h"
-#include "tests/unit/api_test_fakes.h"
+#include "tests/unit/api_parse_fixture.h"
 
 namespace sluice {
 namespace {
@@ -21,36 +22,16 @@ using nlohmann::json;
 using ::testing::ElementsAre;
 using testing::ByteTokenizer;
 
-class StrictnessTest : public ::testing::Test {
+class StrictnessTest : public testing::ApiParseTest {
  protected:
-  void SetUp() override {
-    auto tmpl = ChatTemplate::Parse(
-        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}");
-    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
-    chat_template_ = *std::move(tmpl);
-    context_.tokenizer = &tokenizer_;
-    context_.chat_template = chat_template_.get();
-    context_.served_model_name = "mini";
-    context_.max_model_len = 64;
-  }
   absl::StatusOr<GenerationRequest> Chat(json messages, json extra = json::object()) {
-    json body{{"model", "mini"}, {"messages", std::move(messages)}};
-    body.update(extra);
-    return ParseChatCompletionRequest(body, context_);
+    return ParseMessages(std::move(messages), std::move(extra));
   }
   // ExpectError asserts a 400 naming `param` with exactly `message`.
   static void ExpectError(const absl::StatusOr<GenerationRequest>& r, const std::string& param,
                           const std::string& message) {
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(HttpStatusFor(r.status()), 400) << r.status();
-    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], param) << r.status();
-    EXPECT_EQ(r.status().message(), message);
+    ExpectExactError(r, param, message);
   }
-
-  ByteTokenizer tokenizer_;
-  std::unique_ptr<ChatTemplate> chat_template_;
-  ParseContext context_;
 };
 
 TEST_F(StrictnessTest, MessageContentIsRequired) {
@@ -100,6 +81,62 @@ TEST_F(StrictnessTest, UnknownResponseFormatKeysAre400) {
                                      {"strcit", true}}}}}}),
       "response_format",
       "Unrecognized request argument supplied: response_format.json_schema.strcit");
+  // Allowed: listed for the warning and the constraint still applies (no compiler here, so
+  // the field is refused as unsupported, past the key check).
+  context_.allow_unknown_fields = true;
+  ExpectError(Chat(user, {{"response_format", {{"type", "json_object"}, {"schema", {}}}}}),
+              "response_format", "'response_format' is not supported by this server");
+  absl::StatusOr<GenerationRequest> r =
+      Chat(user, {{"response_format", {{"type", "text"}, {"x_vendor", 1}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields, ElementsAre("response_format.x_vendor"));
+}
+
+TEST_F(StrictnessTest, UnknownContentPartKeysAre400UnlessAllowed) {
+  const json text_part = {{"type", "text"}, {"text", "x"}, {"bogus", 1}};
+  ExpectError(Chat({{{"role", "user"}, {"content", {text_part}}}}), "messages",
+              "Unrecognized request argument supplied: messages[0].content[0].bogus");
+  ExpectError(Chat({{{"role", "system"}, {"content", "s"}},
+                    {{"role", "user"},
+                     {"content", {{{"type", "text"}, {"text", "a"}}, text_part}}}}),
+              "messages", "Unrecognized request argument supplied: messages[1].content[1].bogus");
+  // Image parts: checked before the model's image support, so the typo is what is named.
+  ExpectError(Chat({{{"role", "user"},
+                     {"content", {{{"type", "image_url"},
+                                   {"image_url", {{"url", "data:image/png;base64,AA=="}}},
+                                   {"detial", "low"}}}}}}),
+              "messages", "Unrecognized request argument supplied: messages[0].content[0].detial");
+  ExpectError(Chat({{{"role", "user"},
+                     {"content", {{{"type", "image_url"},
+                                   {"image_url", {{"url", "data:image/png;base64,AA=="},
+                                                  {"detial", "low"}}}}}}}}),
+              "messages",
+              "Unrecognized request argument supplied: messages[0].content[0].image_url.detial");
+  ExpectError(Chat({{{"role", "user"},
+                     {"content", {{{"type", "image"}, {"image", "data:,"}, {"size", 3}}}}}}),
+              "messages", "Unrecognized request argument supplied: messages[0].content[0].size");
+
+  context_.allow_unknown_fields = true;
+  absl::StatusOr<GenerationRequest> r =
+      Chat({{{"role", "user"}, {"content", {text_part, {{"type", "text"}, {"text", "y"}}}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields, ElementsAre("messages[0].content[0].bogus"));
+  // The parts still render: text parts joined by newlines.
+  EXPECT_EQ(r->prompts[0], tokenizer_.Encode("<|user|>x\ny</s><|assistant|>", false, true));
+}
+
+TEST_F(StrictnessTest, UnknownStreamOptionsKeysAre400UnlessAllowed) {
+  const json user = {{{"role", "user"}, {"content", "q"}}};
+  ExpectError(Chat(user, {{"stream", true}, {"stream_options", {{"include_usgae", true}}}}),
+              "stream_options",
+              "Unrecognized request argument supplied: stream_options.include_usgae");
+  context_.allow_unknown_fields = true;
+  absl::StatusOr<GenerationRequest> r =
+      Chat(user, {{"stream", true},
+                  {"stream_options", {{"include_usgae", true}, {"include_usage", true}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields, ElementsAre("stream_options.include_usgae"));
+  EXPECT_TRUE(r->include_usage);
 }
 
 TEST_F(StrictnessTest, TruncatePromptTokensBeyondTheContextIs400) {
@@ -144,6 +181,26 @@ TEST_F(StrictnessTest, ResponsesInputMustNotBeEmptyNorHoldUnknownKeys) {
   body["input"] = {{{"type", "message"}, {"id", "msg_1"}, {"status", "completed"},
                     {"role", "user"}, {"content", "q"}}};
   EXPECT_TRUE(ParseResponsesRequest(body, context_).ok());
+  // Content parts: an input_text part has type and text; an output_text part fed back also
+  // annotations and logprobs.
+  body["input"] = {{{"role", "user"},
+                    {"content", {{{"type", "input_text"}, {"text", "q"}, {"annotations", 1}}}}}};
+  ExpectError(ParseResponsesRequest(body, context_), "input",
+              "Unrecognized request argument supplied: input[0].content[0].annotations");
+  body["input"] = {{{"role", "assistant"},
+                    {"content", {{{"type", "output_text"}, {"text", "a"},
+                                  {"annotations", json::array()}, {"logprobs", json::array()}}}}}};
+  EXPECT_TRUE(ParseResponsesRequest(body, context_).ok());
+
+  // Allowed: every nested unknown key is listed, with the top-level ones.
+  context_.allow_unknown_fields = true;
+  body["vendor_extra"] = 1;
+  body["input"] = {{{"role", "user"}, {"colour", "red"},
+                    {"content", {{{"type", "input_text"}, {"text", "q"}, {"lang", "en"}}}}}};
+  absl::StatusOr<GenerationRequest> r = ParseResponsesRequest(body, context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->unknown_fields,
+              ElementsAre("vendor_extra", "input[0].colour", "input[0].content[0].lang"));
 }
 
 }  // namespace

@@ -44,6 +44,20 @@ TEST_F(RouterRegistryTest, RegisterAssignsIdsAndLease) {
 
 // A lapsed lease makes a worker suspect (not picked, still registered, the lease-lapsed
 // callback runs once); its next heartbeat clears that; only silence past the grace removes it.
+TEST_F(RouterRegistryTest, CapabilitiesAreKeptAndCounted) {
+  auto old = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100));
+  auto capable = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7202", Load(0, 0, 100),
+                                    {kGrammarCapability});
+  ASSERT_TRUE(old.ok() && capable.ok());
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 2);
+  EXPECT_EQ(registry_.CountLiveWith(WorkerRole::kDecode, kGrammarCapability), 1);
+  EXPECT_EQ(registry_.CountLiveWith(WorkerRole::kPrefill, kGrammarCapability), 0);
+  EXPECT_FALSE(registry_.Get(old->worker_id)->Has(kGrammarCapability));
+  EXPECT_TRUE(registry_.Get(capable->worker_id)->Has(kGrammarCapability));
+  ASSERT_TRUE(registry_.Drain(capable->worker_id).ok());
+  EXPECT_EQ(registry_.CountLiveWith(WorkerRole::kDecode, kGrammarCapability), 0);
+}
+
 TEST_F(RouterRegistryTest, MissedLeaseMakesWorkerSuspectAndOnlyGraceRemovesIt) {
   const std::string kept = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
   const std::string lost = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(0, 0, 100));

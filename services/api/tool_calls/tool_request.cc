@@ -31,7 +31,11 @@ bool ValidFunctionName(const std::string& name) {
   return true;
 }
 
-absl::StatusOr<ToolFunction> ParseTool(const json& tool, size_t i, json* template_tool) {
+// ParseTool checks tools[i]; `ordered` (may be null) is the same tool in the client's key
+// order, which the template copy keeps.
+absl::StatusOr<ToolFunction> ParseTool(const json& tool, size_t i,
+                                       const nlohmann::ordered_json* ordered,
+                                       nlohmann::ordered_json* template_tool) {
   const std::string where = absl::StrCat("tools[", i, "]");
   if (!tool.is_object()) return InvalidParam("tools", absl::StrCat(where, " must be an object"));
   const json* type = Present(tool, "type");
@@ -58,9 +62,21 @@ absl::StatusOr<ToolFunction> ParseTool(const json& tool, size_t i, json* templat
   if (const json* s = Present(*function, "strict"); s != nullptr && !s->is_boolean()) {
     return InvalidParam("tools", absl::StrCat(where, ".function.strict must be a boolean"));
   }
-  json clean_function = json::object();
-  for (const auto& [key, value] : function->items()) {
-    if (!value.is_null()) clean_function[key] = value;
+  // The client's function object without nulls, in its key order when known.
+  nlohmann::ordered_json clean_function = nlohmann::ordered_json::object();
+  const nlohmann::ordered_json* ordered_function = nullptr;
+  if (ordered != nullptr && ordered->is_object()) {
+    auto it = ordered->find("function");
+    if (it != ordered->end() && it->is_object()) ordered_function = &*it;
+  }
+  if (ordered_function != nullptr) {
+    for (const auto& [key, value] : ordered_function->items()) {
+      if (!value.is_null()) clean_function[key] = value;
+    }
+  } else {
+    for (const auto& [key, value] : function->items()) {
+      if (!value.is_null()) clean_function[key] = nlohmann::ordered_json(value);
+    }
   }
   if (const json* p = Present(*function, "parameters"); p != nullptr) {
     if (!p->is_object()) {
@@ -79,7 +95,20 @@ absl::StatusOr<ToolFunction> ParseTool(const json& tool, size_t i, json* templat
     return InvalidParam("tools", absl::StrCat(where, ".function.parameters (", out.name,
                                               "): ", g.status().message()));
   }
-  *template_tool = json{{"type", "function"}, {"function", std::move(clean_function)}};
+  if (ordered != nullptr && ordered->is_object()) {
+    // The client's tool object as it wrote it (Hugging Face renders it unchanged), nulls out.
+    *template_tool = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : ordered->items()) {
+      if (key == "function") {
+        (*template_tool)[key] = clean_function;
+      } else if (!value.is_null()) {
+        (*template_tool)[key] = value;
+      }
+    }
+  } else {
+    *template_tool = nlohmann::ordered_json{{"type", "function"},
+                                            {"function", std::move(clean_function)}};
+  }
   return out;
 }
 
@@ -118,7 +147,8 @@ absl::Status ParseToolChoice(const json& body, ToolRequest& request) {
 
 }  // namespace
 
-absl::StatusOr<std::optional<ToolRequest>> ParseToolRequest(const json& body) {
+absl::StatusOr<std::optional<ToolRequest>> ParseToolRequest(
+    const json& body, const nlohmann::ordered_json* ordered_tools) {
   ToolRequest request;
   if (const json* tools = Present(body, "tools"); tools != nullptr) {
     if (!tools->is_array()) return InvalidParam("tools", "'tools' must be a list of tools");
@@ -126,10 +156,17 @@ absl::StatusOr<std::optional<ToolRequest>> ParseToolRequest(const json& body) {
       return InvalidParam("tools", absl::StrCat("'tools' may hold at most ", kMaxTools,
                                                 " tools, got ", tools->size()));
     }
+    // The ordered copy counts only when it is the same list.
+    if (ordered_tools != nullptr &&
+        (!ordered_tools->is_array() || ordered_tools->size() != tools->size())) {
+      ordered_tools = nullptr;
+    }
     absl::flat_hash_set<std::string> names;
     for (size_t i = 0; i < tools->size(); ++i) {
-      json template_tool;
-      absl::StatusOr<ToolFunction> f = ParseTool((*tools)[i], i, &template_tool);
+      nlohmann::ordered_json template_tool;
+      absl::StatusOr<ToolFunction> f = ParseTool(
+          (*tools)[i], i, ordered_tools != nullptr ? &(*ordered_tools)[i] : nullptr,
+          &template_tool);
       if (!f.ok()) return f.status();
       if (!names.insert(f->name).second) {
         return InvalidParam("tools", absl::StrCat("tools[", i, "]: function '", f->name,

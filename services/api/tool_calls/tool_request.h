@@ -34,7 +34,8 @@ struct ToolRequest {
   std::string function;                 // kFunction: the function to call
   bool parallel = true;                 // parallel_tool_calls
   std::vector<ToolFunction> functions;
-  nlohmann::json template_tools = nlohmann::json::array();  // `tools` for the chat template
+  // `tools` for the chat template, in the client's key order when it was known.
+  nlohmann::ordered_json template_tools = nlohmann::ordered_json::array();
   bool constrained() const { return choice == ToolChoice::kRequired || choice == ToolChoice::kFunction; }
 };
 
@@ -46,8 +47,12 @@ inline constexpr size_t kMaxTools = 128;
 // over kMaxTools, a tool without type "function", a missing or malformed name, a duplicate
 // name, parameters that are not an object or not a supported JSON Schema (tools);
 // tool_choice of the wrong shape, naming an unknown function, or "required" / a function
-// without tools (tool_choice); parallel_tool_calls not a boolean.
-absl::StatusOr<std::optional<ToolRequest>> ParseToolRequest(const nlohmann::json& body);
+// without tools (tool_choice); parallel_tool_calls not a boolean. `ordered_tools` (may be null)
+// is the body's `tools` parsed keeping key order: the template tools are built from it, so a
+// template's `tojson` prints them as the client wrote them (Hugging Face's order); without it
+// their keys come sorted.
+absl::StatusOr<std::optional<ToolRequest>> ParseToolRequest(
+    const nlohmann::json& body, const nlohmann::ordered_json* ordered_tools = nullptr);
 
 // CompileToolGrammar compiles the calls-only grammar of a constrained request in `syntax`
 // (cached by the compiler under the syntax, functions and schemas). Errors: InvalidArgument

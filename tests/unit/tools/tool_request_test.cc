@@ -53,7 +53,7 @@ TEST(ToolRequest, ParsesChoices) {
   EXPECT_TRUE((*r)->parallel);
   ASSERT_EQ((*r)->functions.size(), 2u);
   EXPECT_EQ((*r)->functions[1].parameters, json::parse(R"({"type":"object","properties":{}})"));
-  EXPECT_EQ((*r)->template_tools[0], Weather());
+  EXPECT_EQ(json((*r)->template_tools[0]), Weather());
 
   r = ParseToolRequest(json{{"tools", {Weather()}},
                             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
@@ -269,6 +269,26 @@ TEST(EmbeddedTemplate, RendersGoldensAndTools) {
             "<|assistant|>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
             "\"Oslo\"}}\n</tool_call><|end_of_text|>\n<|tool|>\n{\"temp_c\": "
             "21}<|end_of_text|>\n<|assistant|>\n");
+}
+
+TEST(ToolRequest, TemplateToolsKeepTheClientsKeyOrder) {
+  const std::string tools_text =
+      R"([{"function": {"parameters": {"type": "object", "properties": {"b": {}, "a": {}}},)"
+      R"( "name": "f", "description": null}, "type": "function"}])";
+  const json body{{"tools", json::parse(tools_text)}};
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(tools_text);
+  auto r = ParseToolRequest(body, &ordered);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // As written, the null description dropped.
+  EXPECT_EQ((*r)->template_tools[0].dump(),
+            R"({"function":{"parameters":{"type":"object","properties":{"b":{},"a":{}}},)"
+            R"("name":"f"},"type":"function"})");
+  // Without the ordered copy: sorted keys.
+  r = ParseToolRequest(body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->template_tools[0].dump(),
+            R"({"type":"function","function":{"name":"f","parameters":{"properties":{"a":{},)"
+            R"("b":{}},"type":"object"}}})");
 }
 
 }  // namespace
