@@ -119,7 +119,7 @@ def main():
     if "serve" in t and "disagg" in t:
         result["ratio_disagg_to_serve"] = {
             key: t["disagg"][key]["median_s"] / t["serve"][key]["median_s"]
-            for key in t["serve"] if key.endswith(("_miss", "_hit"))}
+            for key in t["serve"] if isinstance(t["serve"][key], dict)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

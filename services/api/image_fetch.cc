@@ -65,18 +65,31 @@ absl::StatusOr<http::response<http::string_body>> Get(net::io_context& ioc, Stre
   beast::error_code ec = Await(
       ioc, deadline, [&](auto handler) { http::async_write(stream, request, handler); }, close);
   if (ec) return Bad(absl::StrCat("sending the request failed: ", ec.message()));
+  const absl::Status too_big =
+      Bad(absl::StrCat("the image is over the limit of ", max_bytes, " bytes"));
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
-  parser.body_limit(static_cast<std::uint64_t>(max_bytes));
   parser.header_limit(64 << 10);
+  ec = Await(
+      ioc, deadline,
+      [&](auto handler) { http::async_read_header(stream, buffer, parser, handler); }, close);
+  if (ec == beast::error::timeout) return Bad("timed out");
+  if (ec) return Bad(absl::StrCat("reading the response failed: ", ec.message()));
+  // A declared length over the limit is refused before any of the body is read (the parser's
+  // own check of it was seen to let bodies through).
+  const unsigned status = parser.get().result_int();
+  if (status == 200 && parser.content_length().has_value() &&
+      *parser.content_length() > static_cast<std::uint64_t>(max_bytes)) {
+    return too_big;
+  }
+  parser.body_limit(static_cast<std::uint64_t>(max_bytes));
   ec = Await(
       ioc, deadline, [&](auto handler) { http::async_read(stream, buffer, parser, handler); },
       close);
-  if (ec == http::error::body_limit) {
-    return Bad(absl::StrCat("the image is over the limit of ", max_bytes, " bytes"));
-  }
+  if (ec == http::error::body_limit) return too_big;
   if (ec == beast::error::timeout) return Bad("timed out");
   if (ec) return Bad(absl::StrCat("reading the response failed: ", ec.message()));
+  if (static_cast<int64_t>(parser.get().body().size()) > max_bytes) return too_big;
   return parser.release();
 }
 

@@ -960,7 +960,9 @@ void RemoteBackend::Call::StartDecode() {
   *reader->request.mutable_sampling() = wire_sampling_;
   reader->request.set_cache_salt(request_.cache_salt);
   reader->request.set_priority(request_.priority);
-  // Needed unless a Reserve made the session (local prefill, migration, a failed Reserve).
+  // Needed unless a Reserve made the session (local prefill, migration, a failed Reserve) —
+  // and also then: a reservation that expired on decode_ before this call arrives is made
+  // again from this call, whose images must key its KV blocks (so they are always sent).
   *reader->request.mutable_mm_inputs() = wire_mm_inputs_;
   if (prefill_.has_value()) {
     *reader->request.mutable_prefill() = *prefill_;

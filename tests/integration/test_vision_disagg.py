@@ -2,10 +2,13 @@
 ../shared/fixtures/llava-tiny give the reference greedy tokens (the same as `sluice serve`, see
 tests/e2e/test_vision.py), over HTTP (both chat-template conventions, streaming) and gRPC; the
 encoder pool's cache and the prefill worker's prefix cache key on image content; bad images get
-the same 400s as `sluice serve` from the router; an encoder killed mid-request fails over to
-another, and with none left the request ends with a clean 503 while the router keeps serving."""
+the same 400s as `sluice serve` from the router; the router fetches allowed http image URLs;
+a decode worker that prefills itself gets the embeddings too; an encoder killed mid-request
+fails over to another, and with none left the request ends with a clean 503 while the router
+keeps serving."""
 
 import base64
+import http.server
 import io
 import json
 import pathlib
@@ -96,7 +99,7 @@ def want_text(tokenizer, case):
 @pytest.fixture(scope="module")
 def cluster():
     c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
-                router_args=LIMITS)
+                router_args=[*LIMITS, "--allowed-media-domains", "127.0.0.1"])
     yield c
     c.stop()
 
@@ -205,8 +208,9 @@ def bad_images():
         ("over-byte-limit", [image_part(png(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)))],
          f"over the limit of {MAX_BYTES} bytes"),
         ("decompression-bomb", [image_part(bomb)], "decompression bomb"),
-        ("http-url", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
-         "image URLs (http/https) are not fetched"),
+        ("url-off-the-allow-list",
+         [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+         "the host 'example.com' is not in --allowed-media-domains"),
         ("too-many-images", [image_part(whole)] * 4, "At most 3 image(s)"),
         ("not-base64", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
          "not valid base64"),
@@ -239,6 +243,38 @@ def test_grpc_generate_with_images_through_the_router(cluster):
                                  sampling=common.SamplingParams(temperature=0, max_tokens=32))
     ids = [t.token_id for out in stub.Generate(request, timeout=60) for t in out.tokens]
     assert ids == golden("greedy_1").tolist()
+
+
+def test_image_url_fetched_by_the_router(routed, cluster, tokenizer):
+    image = fixture_image("image_0.png")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/image_0.png" else 404)
+            self.send_header("Content-Length", str(len(image) if self.path == "/image_0.png" else 0))
+            self.end_headers()
+            if self.path == "/image_0.png":
+                self.wfile.write(image)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        images = cluster.metric("sluice_router_encoded_images_total")
+        messages = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": base + "/image_0.png"}},
+            {"type": "text", "text": "What is in this picture?"}]}]
+        assert chat(routed, messages).choices[0].message.content == want_text(tokenizer, 0)
+        assert cluster.metric("sluice_router_encoded_images_total") == images + 1
+        messages[0]["content"][0]["image_url"]["url"] = base + "/gone.png"
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(routed, messages)
+        assert "cannot fetch the image URL: the image URL answered HTTP 404" in err.value.message
+    finally:
+        server.shutdown()
 
 
 def test_decode_worker_prefills_images_itself(tokenizer):
