@@ -9,9 +9,10 @@ the last R prompt tokens to rebuild the sliding layers before its first decode s
    through the router equal `sluice serve`'s, with replay on and off.
 2. sluice_kv_transfer_bytes_total{direction="pull"} with replay on is exactly 2/8 of replay off
    for the same requests (same blocks; only 2 of 8 layers' K/V regions move).
-3. R = 8 (below the window) in push mode with prompts of several hundred tokens: every request
-   completes with max_tokens tokens, the decode worker replayed 8 tokens per request and the
-   prefill worker pushed only the full-attention layers' bytes. No equality claim.
+3. R = 8 (below the window) in push and layerwise mode with prompts of several hundred tokens:
+   every request completes with max_tokens tokens, the decode worker replayed 8 tokens per
+   request and the prefill worker pushed only the full-attention layers' bytes. No equality
+   claim.
 
 KV bytes per token on sluice-mini-swa (float32; 2 KV heads x 64 dims; K and V): 8 layers x 1024 B
 = 8192 B without replay, 2 x 1024 B = 2048 B with it; transfers move whole 16-token blocks.
@@ -113,8 +114,10 @@ def test_replay_matches_serve_and_moves_only_full_layers(reference):
     assert pulled_on * NUM_LAYERS == pulled_off * NUM_FULL_LAYERS, (pulled_on, pulled_off)
 
 
-def test_short_replay_below_window_completes_in_push_mode():
-    cluster = cluster_with(8, mode="push")
+@pytest.mark.parametrize("mode", ["push", "layerwise"])
+def test_short_replay_below_window_completes_in_push_mode(mode):
+    # layerwise: the sliding layers' groups have nothing to move; only the full layers' pushes run
+    cluster = cluster_with(8, mode=mode)
     try:
         outputs = complete_all(cluster.url, [prompt(n, salt=3) for n in LONG_LENGTHS])
         for n, (text, finish, tokens) in zip(LONG_LENGTHS, outputs):
