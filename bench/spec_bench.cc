@@ -21,7 +21,9 @@
 // Usage: spec_bench --model DIR --draft DIR [--workload bible|quote] [--batches 1,8,64]
 //                   [--max-tokens 48] [--configs none,draft:5,draft:auto,ngram:5,ngram:auto]
 //                   [--out FILE]
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <cstdint>
 #include <fstream>
@@ -160,12 +162,20 @@ Config ParseConfig(const std::string& text) {
   return c;
 }
 
+[[noreturn]] void Fail(const absl::Status& s) {
+  std::cerr << "spec_bench: " << s << "\n";
+  std::exit(1);
+}
+
 Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Config& config,
             const std::vector<std::vector<int32_t>>& prompts, int batch, int max_tokens) {
   EngineOptions options;
   options.block_size = 16;
-  options.num_kv_blocks = 64 + batch * 16;
-  options.max_model_len = 512;
+  size_t longest = 0;
+  for (const std::vector<int32_t>& p : prompts) longest = std::max(longest, p.size());
+  options.max_model_len = static_cast<int32_t>(longest) + max_tokens + 1;
+  // Every request's prompt and output fit at once (no preemption), plus slack.
+  options.num_kv_blocks = 64 + batch * ((options.max_model_len + 15) / 16);
   options.max_num_seqs = batch;
   options.max_num_batched_tokens = 4096;
   std::shared_ptr<DraftModelDrafter> draft;
@@ -173,6 +183,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     DraftModelOptions d;
     d.num_kv_blocks = options.num_kv_blocks;
     d.model_id = draft_dir;
+    d.cost_clock = CostClock::kProcessCpu;
     auto drafter = DraftModelDrafter::Create(*LoadModel(draft_dir), d);
     draft = std::shared_ptr<DraftModelDrafter>(std::move(*drafter));
     options.speculative.drafter = draft;
@@ -180,6 +191,8 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     options.speculative.drafter = std::make_shared<NgramDrafter>();
   }
   options.speculative.verify = config.mode;
+  // The confidence scheduler prices drafts on CPU time, as this bench measures (see Clocks).
+  options.speculative.cost_clock = CostClock::kProcessCpu;
   options.speculative.num_speculative_tokens = config.k;
   auto engine = *LLMEngine::Create(*LoadModel(model_dir), options);
   // Warm-up: one untimed round of the same batch, as a serving engine has seen traffic before
@@ -191,7 +204,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
-    if (!engine->AddRequest(std::move(r)).ok()) std::abort();
+    if (absl::Status s = engine->AddRequest(std::move(r)); !s.ok()) Fail(s);
   }
   while (engine->HasUnfinishedRequests()) engine->Step();
   for (int i = 0; i < batch; ++i) {
@@ -201,7 +214,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     r.sampling.temperature = 0.0f;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
-    if (!engine->AddRequest(std::move(r)).ok()) std::abort();
+    if (absl::Status s = engine->AddRequest(std::move(r)); !s.ok()) Fail(s);
   }
   std::map<std::string, int> emitted;
   // Prefill until every request has its first token.

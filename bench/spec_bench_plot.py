@@ -1,5 +1,6 @@
 """Plots bench/spec_bench results: CPU-time speedup over no speculation per batch size and
-configuration, one panel per workload, with mean accepted length annotated.
+configuration, one panel per workload, with mean accepted length annotated and, at batch 1,
+the ceiling the measured acceptance and draft / verify costs allow (black tick).
 
 Usage: spec_bench_plot.py OUT.png RESULT.json [RESULT.json ...]
 """
@@ -28,6 +29,9 @@ def main():
                 xs.append(j + (i - (len(configs) - 1) / 2) * width)
                 ys.append(r.get("cpu_speedup", 1.0))
                 labels.append(f'{r["mean_accepted_length"]:.2f}')
+                if "cpu_ceiling_speedup" in r:
+                    ax.plot([xs[-1]], [r["cpu_ceiling_speedup"]], marker="_", color="black",
+                            markersize=14, markeredgewidth=2)
             bars = ax.bar(xs, ys, width, label=config)
             if config != "none":
                 for bar, label in zip(bars, labels):
@@ -40,7 +44,8 @@ def main():
         ax.set_title(f'{data["workload"]}: {data["model"].rsplit("/", 1)[-1]}'
                      + (" + draft" if "draft" in "".join(configs) else " + n-gram"))
         ax.legend(fontsize=8)
-    fig.text(0.5, 0.005, "bar labels: mean accepted length (tokens per verification)",
+    fig.text(0.5, 0.005, "bar labels: mean accepted length (tokens per verification); "
+             "black tick: ceiling from acceptance and draft/verify CPU costs (batch 1)",
              ha="center", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -452,7 +452,10 @@ class LLMEngineImpl final : public LLMEngine {
     // The confidence scheduler prices decode steps: prompt chunks (a cheaper per-token rate in
     // one large GEMM) would bend the fit.
     if (IsDecodeStep(plan)) {
-      step_cost_.Observe(static_cast<double>(input_.token_ids.size()), seconds);
+      step_cost_.Observe(static_cast<double>(input_.token_ids.size()),
+                         options_.speculative.cost_clock == CostClock::kProcessCpu
+                             ? CpuSeconds() - cpu_start
+                             : seconds);
     }
     if (status.ok()) qc_cost_.Observe(step_tokens, step_pairs, seconds);
     if (trace.has_value()) {

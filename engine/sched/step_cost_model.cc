@@ -1,8 +1,21 @@
 #include "engine/sched/step_cost_model.h"
 
+#include <chrono>
+#include <ctime>
+
 #include <algorithm>
 
 namespace sluice {
+
+double CostClockSeconds(CostClock clock) {
+  if (clock == CostClock::kProcessCpu) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void StepCostModel::Observe(double tokens, double seconds) {
   w_ = w_ * decay_ + 1.0;

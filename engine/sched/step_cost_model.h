@@ -9,6 +9,14 @@
 
 namespace sluice {
 
+// The clock step costs are measured on. kWall (serving): elapsed time. kProcessCpu: CPU time of
+// every thread of the process — for a CPU-backend engine on a shared machine, where elapsed time
+// also counts waiting for a core; the fits' ratios (all the confidence scheduler uses) match
+// kWall's on a dedicated machine. Not for CUDA, whose steps wait on the device.
+enum class CostClock { kWall, kProcessCpu };
+// Seconds on `clock` since an arbitrary origin (differences only).
+double CostClockSeconds(CostClock clock);
+
 class StepCostModel {
  public:
   // `decay` in (0, 1]: weight kept by older observations per new one (1: plain least squares).

@@ -174,12 +174,11 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       input_.sequences.push_back(slice);
     }
     logits_.resize(active.size() * vocab);
-    const auto start = std::chrono::steady_clock::now();
+    const double start = CostClockSeconds(options_.cost_clock);
     const absl::Status st = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
     // Catch-up rounds (prefill chunks) are priced like any other: the fit has a per-token slope.
     round_cost_.Observe(static_cast<double>(input_.token_ids.size()),
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-                            .count());
+                        CostClockSeconds(options_.cost_clock) - start);
     if (!st.ok()) {
       for (size_t a = 0; a < active.size(); ++a) Release(inputs[active[a]].request_id);
       for (DraftOutput& out : *outputs) out.Clear();

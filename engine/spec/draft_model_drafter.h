@@ -29,6 +29,7 @@ struct DraftModelOptions {
   int64_t num_kv_blocks = 0;  // > 0
   bool enable_prefix_caching = true;
   std::string model_id;       // names the draft weights in its block hashes
+  CostClock cost_clock = CostClock::kWall;  // the clock round_cost() is fitted on
 };
 
 class DraftModelDrafter final : public Drafter {

@@ -24,20 +24,38 @@ std::vector<int32_t> NgramLookup(absl::Span<const int32_t> tokens, int32_t k,
   return out;
 }
 
+void NgramDrafter::Release(std::string_view request_id) {
+  history_.erase(std::string(request_id));
+}
+
 absl::Status NgramDrafter::Propose(absl::Span<const DraftInput> inputs,
                                    const DraftContinue& keep_going,
                                    std::vector<DraftOutput>* outputs) {
   outputs->resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
+    const DraftInput& in = inputs[i];
     DraftOutput& out = (*outputs)[i];
     out.Clear();
-    out.tokens = NgramLookup(inputs[i].token_ids, inputs[i].max_draft_tokens, options_);
-    // One-hot proposals: confidence 1 before calibration. The scheduler's calibrated mapping
-    // turns it into the measured acceptance, and may cut the proposal short.
+    History& h = history_[std::string(in.request_id)];
+    // Score the last proposal against what followed: tokens agree up to the first mismatch,
+    // which counts too; tokens not yet generated are not compared.
+    const int64_t len = static_cast<int64_t>(in.token_ids.size());
+    const int64_t proposed = static_cast<int64_t>(h.proposal.size());
+    for (int64_t j = 0; h.start >= 0 && j < proposed && h.start + j < len; ++j) {
+      const bool agreed = in.token_ids[h.start + j] == h.proposal[j];
+      h.agreement += kAgreementWeight * ((agreed ? 1.0 : 0.0) - h.agreement);
+      if (!agreed) break;
+    }
+    out.tokens = NgramLookup(in.token_ids, in.max_draft_tokens, options_);
+    h.start = out.tokens.empty() ? -1 : len;
+    h.proposal = out.tokens;
+    // One-hot proposals (q is a point mass); the scheduler may cut them short.
+    const float confidence = static_cast<float>(h.agreement);
     for (size_t j = 0; j < out.tokens.size(); ++j) {
-      out.confidence.push_back(1.0f);
-      if (keep_going && !keep_going(i, static_cast<int32_t>(j), 1.0f)) {
+      out.confidence.push_back(confidence);
+      if (keep_going && !keep_going(i, static_cast<int32_t>(j), confidence)) {
         out.tokens.resize(j + 1);
+        out.confidence.resize(j + 1);
         break;
       }
     }

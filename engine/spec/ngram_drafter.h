@@ -7,6 +7,8 @@
 #define SLUICE_ENGINE_SPEC_NGRAM_DRAFTER_H_
 
 #include <cstdint>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/spec/drafter.h"
@@ -23,15 +25,30 @@ struct NgramOptions {
 std::vector<int32_t> NgramLookup(absl::Span<const int32_t> tokens, int32_t k,
                                  const NgramOptions& options);
 
+// Confidence: a lookup has no probability of its own, so every token of a proposal gets the
+// request's running agreement rate — how often its earlier proposals matched the tokens that
+// actually followed (an exponential average over the tokens compared, kPriorAgreement before
+// any). Sequences that quote their prompt then rank above those whose lookups keep missing, and
+// the confidence scheduler's calibration turns the rate into a measured acceptance.
 class NgramDrafter final : public Drafter {
  public:
+  static constexpr double kPriorAgreement = 0.5;
+  static constexpr double kAgreementWeight = 0.25;  // weight of each newly compared token
+
   explicit NgramDrafter(const NgramOptions& options = {}) : options_(options) {}
   std::string_view method() const override { return "ngram"; }
   absl::Status Propose(absl::Span<const DraftInput> inputs, const DraftContinue& keep_going,
                        std::vector<DraftOutput>* outputs) override;
+  void Release(std::string_view request_id) override;
 
  private:
+  struct History {
+    int64_t start = -1;              // position of the last proposal's first token
+    std::vector<int32_t> proposal;   // the last lookup's tokens
+    double agreement = kPriorAgreement;
+  };
   NgramOptions options_;
+  std::unordered_map<std::string, History> history_;
 };
 
 }  // namespace sluice

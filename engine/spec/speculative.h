@@ -29,6 +29,8 @@ struct SpeculativeOptions {
   int32_t num_speculative_tokens = 5;  // k (kFixed) or its maximum (kAuto); 1..16
   VerifyMode verify = VerifyMode::kAuto;
   std::shared_ptr<const RejectionRule> rejection_rule;  // null: the exact rule
+  // The clock the target's step-cost fit uses (a draft model's fit: DraftModelOptions).
+  CostClock cost_clock = CostClock::kWall;
   bool enabled() const { return drafter != nullptr; }
   // InvalidArgument naming --num-speculative-tokens when it is outside [1, 16].
   absl::Status Validate() const;

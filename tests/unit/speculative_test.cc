@@ -27,6 +27,36 @@ TEST(NgramLookupTest, ProposesWhatFollowedTheLatestLongestMatch) {
   EXPECT_TRUE(NgramLookup({1, 2, 1, 2}, 0, {1, 4}).empty());
 }
 
+// Confidence is the request's agreement rate: each compared token moves it a quarter of the way
+// to 1 (agreed) or 0 (the first mismatch), starting from 0.5; Release forgets it.
+TEST(NgramDrafterTest, ConfidenceTracksHowOftenTheRequestsLookupsAgreed) {
+  NgramDrafter drafter({2, 4});
+  SamplingParams greedy;
+  std::vector<DraftOutput> out;
+  auto propose = [&](const std::string& id, const std::vector<int32_t>& tokens) {
+    DraftInput in;
+    in.request_id = id;
+    in.token_ids = tokens;
+    in.sampling = &greedy;
+    in.max_draft_tokens = 3;
+    EXPECT_TRUE(drafter.Propose({in}, nullptr, &out).ok());
+    return out[0];
+  };
+  std::vector<int32_t> a = {1, 2, 3, 4, 1, 2};
+  DraftOutput d = propose("a", a);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{3, 4, 1}));
+  EXPECT_EQ(d.confidence, (std::vector<float>{0.5f, 0.5f, 0.5f}));
+  // The target went on with 3, 4 (agreed) then 9 (mismatch): 0.5 -> 0.625 -> 0.71875 -> 0.5390625.
+  a.insert(a.end(), {3, 4, 9, 1, 2});
+  d = propose("a", a);
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{3, 4, 9}));
+  EXPECT_FLOAT_EQ(d.confidence[0], 0.5390625f);
+  // Another request has its own rate; after Release "a" starts over.
+  EXPECT_FLOAT_EQ(propose("b", {5, 6, 7, 5, 6}).confidence[0], 0.5f);
+  drafter.Release("a");
+  EXPECT_FLOAT_EQ(propose("a", a).confidence[0], 0.5f);
+}
+
 TEST(StepCostModelTest, FitsFixedAndPerTokenCost) {
   StepCostModel m(1.0);
   EXPECT_EQ(m.Predict(10), 0.0);
