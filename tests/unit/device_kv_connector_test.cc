@@ -5,9 +5,11 @@
 // CudaDeviceCopier. Checked: write-through of full blocks (exact bytes), loads of the prompt's
 // blocks past the local cache (after the local cache was reset, too), the bf16 layout never
 // mixing with a float32 host engine's, a connector refusing a second layout, a store that is
-// down, a load past its deadline, failing device copies, and the real kvstore service over
-// gRPC. Every run checks the tokens against ChecksumModel::Reference and that every KV block
-// is free again.
+// down, a load past its deadline, failing device copies, the real kvstore service over gRPC,
+// async scheduling (DeviceKvModel's simulated device queue and FencedCopier: block copies
+// ordered by fences, never by waiting for the step in flight) and device copies past their
+// deadline. Every run checks the tokens against ChecksumModel::Reference and that every KV
+// block is free again.
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
