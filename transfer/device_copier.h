@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace sluice::transfer {
 
@@ -38,6 +39,27 @@ class DeviceCopier {
   // Wait blocks until every copy enqueued on `lane` has finished; returns the first error of
   // those copies (Internal), or InvalidArgument for a bad lane.
   virtual absl::Status Wait(int lane) = 0;
+  // WaitFence orders `lane` after device work: copies enqueued on it from now on start only once
+  // the work `fence` marks is done (an event its producer recorded, a cudaEvent_t for CUDA;
+  // opaque here), without blocking the host. Null: nothing to wait for. The default suits
+  // copiers whose "device" work is done on the host before any fence is handed out
+  // (HostMemcpyCopier). Errors: InvalidArgument for a bad lane; Internal.
+  virtual absl::Status WaitFence(int lane, const void* fence) {
+    if (lane < 0 || lane >= num_lanes()) return absl::InvalidArgumentError("bad copy lane");
+    return absl::OkStatus();
+  }
+  // WaitUntil is Wait with a deadline: DeadlineExceeded when the lane's copies have not all
+  // finished by then; they stay pending (their buffers stay busy) until a later Wait.
+  // The default waits without one (copies that run on the host finish promptly).
+  virtual absl::Status WaitUntil(int lane, absl::Time deadline) { return Wait(lane); }
+  // RecordFence returns a fence (see WaitFence) that completes once the copies enqueued on
+  // `lane` so far have, for device work that must follow them; valid until the next call for
+  // that lane. Null by default (copies run on the host: nothing on a device to order).
+  // Errors: InvalidArgument for a bad lane; Internal.
+  virtual absl::StatusOr<const void*> RecordFence(int lane) {
+    if (lane < 0 || lane >= num_lanes()) return absl::InvalidArgumentError("bad copy lane");
+    return static_cast<const void*>(nullptr);
+  }
 };
 
 // HostMemcpyCopier: "device" memory is host memory; a lane's copies run (memcpy) at its Wait,

@@ -80,7 +80,8 @@ class CudaModel : public Model {
   int64_t KvDtypeBytes() const override { return 2; }  // bf16
 
   // The kvstore behind the device cache: blocks move through pinned staging on copy streams of
-  // their own (StagedKvBlockCopier over CudaDeviceCopier), after the steps that wrote them.
+  // their own (StagedKvBlockCopier over CudaDeviceCopier), ordered on the device by the
+  // runner's fences, so async steps in flight keep running (and are not waited for).
   bool SupportsKvBlockCopies() const override { return true; }
 
   absl::Status GatherKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
@@ -88,7 +89,9 @@ class CudaModel : public Model {
                               absl::Span<uint8_t> out) override {
     absl::StatusOr<std::vector<DeviceKvArray>> arrays = PrepareBlockCopies(geometry, layers);
     if (!arrays.ok()) return arrays.status();
-    return block_copier_->Gather(*arrays, blocks, out);
+    // The engine gathers blocks its read steps committed: the step in flight writes none of
+    // them, so the copies wait for the last read step only.
+    return block_copier_->Gather(*arrays, blocks, out, runner_->ReadFence());
   }
 
   absl::Status ScatterKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
@@ -96,8 +99,22 @@ class CudaModel : public Model {
                                absl::Span<const uint8_t> in) override {
     absl::StatusOr<std::vector<DeviceKvArray>> arrays = PrepareBlockCopies(geometry, layers);
     if (!arrays.ok()) return arrays.status();
-    // Returns once the copies are done: the next step, enqueued after, reads the blocks.
-    return block_copier_->Scatter(*arrays, in, blocks);
+    // The blocks were free: a step still in flight may write them (a row of a sequence that
+    // finished meanwhile, a preempted one), so the copies follow every enqueued step. Returns
+    // once they are done: the next step, enqueued after, reads the blocks.
+    absl::StatusOr<const void*> tail = runner_->TailFence();
+    if (!tail.ok()) return tail.status();
+    absl::Status s = block_copier_->Scatter(*arrays, in, blocks, *tail);
+    if (absl::IsDeadlineExceeded(s)) {
+      // Copies past the deadline may still write the blocks, which the engine frees now:
+      // every later step waits for them on the device.
+      absl::StatusOr<std::vector<const void*>> fences = block_copier_->StalledFences();
+      if (!fences.ok()) return fences.status();
+      for (const void* f : *fences) {
+        if (absl::Status w = runner_->WaitFence(f); !w.ok()) return w;
+      }
+    }
+    return s;
   }
 
   bool SupportsDeviceLogitsProcessing() const override { return true; }
@@ -140,20 +157,19 @@ class CudaModel : public Model {
     return runner_->AllocateKvCache(kv_cache.num_blocks());
   }
 
-  // PrepareBlockCopies allocates the device cache if needed, waits for every enqueued step
-  // (the copy streams are not ordered after the compute stream: a gather must see the KV the
-  // steps wrote, a scatter must not overwrite a block a step still reads), creates the copier
-  // on first use and returns the arrays of `layers`.
+  // PrepareBlockCopies allocates the device cache if needed, creates the copier on first use
+  // and returns the arrays of `layers`. The copy streams are ordered after the compute stream
+  // by fences (Gather/ScatterKvBlocks), not by waiting on the host.
   absl::StatusOr<std::vector<DeviceKvArray>> PrepareBlockCopies(const KvCache& geometry,
                                                                 absl::Span<const int32_t> layers) {
     if (absl::Status s = PrepareCache(geometry); !s.ok()) return s;
-    if (absl::Status s = runner_->Synchronize(); !s.ok()) return s;
     if (block_copier_ == nullptr) {
       absl::StatusOr<std::unique_ptr<transfer::CudaDeviceCopier>> copier =
           transfer::CudaDeviceCopier::Create(runner_->options().device, kBlockCopyLanes);
       if (!copier.ok()) return copier.status();
       StagedKvBlocksOptions options;
       options.num_slots = kBlockCopyLanes;
+      options.copy_timeout = runner_->options().kv_block_copy_timeout;
       absl::StatusOr<std::unique_ptr<StagedKvBlockCopier>> staged =
           StagedKvBlockCopier::Create(*std::move(copier), options);
       if (!staged.ok()) return staged.status();

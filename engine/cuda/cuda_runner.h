@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 
@@ -40,6 +41,10 @@ struct CudaRunnerOptions {
   int64_t max_num_tokens = 8192;  // tokens per step (prefill chunk budget)
   int64_t max_num_seqs = 256;     // sequences per step
   bool use_cuda_graphs = true;
+  // Deadline of one KV connector block copy call (CudaModel's Gather/ScatterKvBlocks through
+  // pinned staging): copies still running then count as failed — the save is dropped, the load
+  // computed (engine/kv/staged_kv_blocks.h). Infinite: none.
+  absl::Duration kv_block_copy_timeout = absl::InfiniteDuration();
   // Tune the bucket shapes' GEMMs once, in the eager run before each graph capture
   // (kernels::CublasLt::set_autotune); only with use_cuda_graphs.
   bool autotune_gemms = true;
@@ -191,6 +196,18 @@ class CudaRunner {
   int NumUnreadSteps() const;
   // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
   absl::Status Synchronize();
+  // Fences (device events, opaque: a cudaEvent_t) that copies on other streams wait on without
+  // blocking the host (transfer::DeviceCopier::WaitFence). ReadFence completes with the last
+  // step whose sampled results were read (and all work before it): the KV the engine has
+  // committed so far; steps enqueued after it are not waited for. Null before any read (every
+  // step then ran synchronously). TailFence records a fence after all work enqueued so far.
+  // Each stays valid until the runner is destroyed. Errors (TailFence): Internal.
+  const void* ReadFence() const;
+  absl::StatusOr<const void*> TailFence();
+  // WaitFence orders all work enqueued from now on after `fence` (another stream's event, e.g.
+  // a copy lane's: transfer::DeviceCopier::RecordFence) without blocking the host. Null: none.
+  // Errors: Internal.
+  absl::Status WaitFence(const void* fence);
 
  protected:
   explicit CudaRunner(std::unique_ptr<RunnerCore> core);

@@ -168,6 +168,7 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
 
 RunnerCore::~RunnerCore() {
   if (stream.get() != nullptr) (void)stream.Synchronize();
+  if (tail_fence != nullptr) cudaEventDestroy(tail_fence);
   DestroyGraphs();
   for (cudaEvent_t e : layer_events) {
     if (e != nullptr) cudaEventDestroy(e);
@@ -1015,5 +1016,23 @@ absl::Status CudaRunner::ReadSampledStepWithTop(
 }
 int CudaRunner::NumUnreadSteps() const { return core_->step_outputs.num_unread(); }
 absl::Status CudaRunner::Synchronize() { return core_->stream.Synchronize(); }
+const void* CudaRunner::ReadFence() const { return core_->step_outputs.last_read_event(); }
+absl::StatusOr<const void*> CudaRunner::TailFence() {
+  RunnerCore& m = *core_;
+  if (m.tail_fence == nullptr) {
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.tail_fence, cudaEventDisableTiming),
+                                "cudaEventCreate");
+  }
+  // A stream that waits on the event keeps the state it had then: re-recording is safe.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(m.tail_fence, m.stream.get()), "cudaEventRecord");
+  return static_cast<const void*>(m.tail_fence);
+}
+absl::Status CudaRunner::WaitFence(const void* fence) {
+  if (fence == nullptr) return absl::OkStatus();
+  cudaEvent_t event = static_cast<cudaEvent_t>(const_cast<void*>(fence));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(core_->stream.get(), event, 0),
+                              "cudaStreamWaitEvent");
+  return absl::OkStatus();
+}
 
 }  // namespace sluice::cuda_runner

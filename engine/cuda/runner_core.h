@@ -199,6 +199,7 @@ class RunnerCore {
   DeviceBuffer<int32_t> sampled;        // [max_num_seqs]
   DeviceBuffer<float> sampled_logprobs;  // [max_num_seqs], by SampledGreedy / sampled steps
   StepOutputRing step_outputs;            // results of unread sampled steps
+  cudaEvent_t tail_fence = nullptr;       // CudaRunner::TailFence, created at first use
   int64_t num_blocks = 0;
   StepInfo last;
   size_t l2_set_aside = 0;  // bytes reserved for HotActivations' windows (0: none)

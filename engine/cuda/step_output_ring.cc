@@ -58,6 +58,7 @@ absl::Status StepOutputRing::ReadOldest(absl::Span<GreedyToken> out) {
     return absl::InvalidArgumentError(absl::StrCat("ReadSampledStep: ", out.size(),
                                                    " outputs for a step of ", s.rows, " rows"));
   }
+  last_read_ = unread_.front();
   unread_.pop_front();
   SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(s.done), "sampled step");
   for (int64_t r = 0; r < s.rows; ++r) out[r] = GreedyToken{s.ids[r], s.logprobs[r]};

@@ -49,6 +49,12 @@ class StepOutputRing {
   int num_unread() const { return static_cast<int>(unread_.size()); }
   // The slot ReadOldest reads next; -1 when nothing is unread.
   int oldest_slot() const { return unread_.empty() ? -1 : unread_.front(); }
+  // The event of the step ReadOldest read last (null before the first read): complete once that
+  // step and everything enqueued before it are. Recorded again by a later step's Commit, it then
+  // marks that later step — a fence that is late, never early.
+  cudaEvent_t last_read_event() const {
+    return last_read_ < 0 ? nullptr : slots_[last_read_].done;
+  }
   // Clear forgets unread steps (after the stream was synchronized, e.g. a new KV cache).
   void Clear() { unread_.clear(); }
 
@@ -63,6 +69,7 @@ class StepOutputRing {
   };
   Slot slots_[kSlots];
   std::deque<int> unread_;  // committed slots, oldest first
+  int last_read_ = -1;
   int next_ = 0;
   int64_t max_rows_ = 0;
 };

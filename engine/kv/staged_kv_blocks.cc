@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace sluice {
 
@@ -54,7 +55,7 @@ absl::StatusOr<std::unique_ptr<StagedKvBlockCopier>> StagedKvBlockCopier::Create
 }
 
 StagedKvBlockCopier::~StagedKvBlockCopier() {
-  (void)WaitAll(absl::OkStatus());
+  (void)WaitAll(absl::OkStatus());  // no deadline: the staging is freed after
   if (staging_ != nullptr) copier_->FreeStaging(staging_);
 }
 
@@ -146,12 +147,53 @@ absl::Status StagedKvBlockCopier::EnqueueChunk(absl::Span<const DeviceKvArray> a
   return absl::OkStatus();
 }
 
-absl::Status StagedKvBlockCopier::WaitAll(absl::Status status) {
+absl::Status StagedKvBlockCopier::OrderAfter(const void* after) {
+  if (after == nullptr) return absl::OkStatus();
   for (int lane = 0; lane < options_.num_slots; ++lane) {
-    absl::Status s = copier_->Wait(lane);
+    if (absl::Status s = copier_->WaitFence(lane, after); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StagedKvBlockCopier::WaitLane(int lane, absl::Time deadline) {
+  absl::Status s = deadline == absl::InfiniteFuture() ? copier_->Wait(lane)
+                                                      : copier_->WaitUntil(lane, deadline);
+  if (absl::IsDeadlineExceeded(s)) stalled_ = true;
+  return s;
+}
+
+absl::Status StagedKvBlockCopier::WaitAll(absl::Status status, absl::Time deadline) {
+  for (int lane = 0; lane < options_.num_slots; ++lane) {
+    absl::Status s = WaitLane(lane, deadline);
     if (status.ok() && !s.ok()) status = s;
   }
+  if (absl::IsDeadlineExceeded(status)) ++stats_.num_deadline_exceeded;
   return status;
+}
+
+absl::Status StagedKvBlockCopier::Begin(absl::Time& deadline) {
+  deadline = options_.copy_timeout == absl::InfiniteDuration()
+                 ? absl::InfiniteFuture()
+                 : absl::Now() + options_.copy_timeout;
+  if (!stalled_) return absl::OkStatus();
+  stalled_ = false;
+  absl::Status s = WaitAll(absl::OkStatus(), deadline);
+  if (absl::IsDeadlineExceeded(s)) {
+    return absl::DeadlineExceededError(
+        "device copies of an earlier call that exceeded its deadline are still running");
+  }
+  return s;
+}
+
+absl::StatusOr<std::vector<const void*>> StagedKvBlockCopier::StalledFences() {
+  std::vector<const void*> fences;
+  if (!stalled_) return fences;
+  for (int lane = 0; lane < options_.num_slots; ++lane) {
+    absl::StatusOr<const void*> f = copier_->RecordFence(lane);
+    if (!f.ok()) return f.status();
+    if (*f != nullptr) fences.push_back(*f);
+  }
+  return fences;
 }
 
 namespace {
@@ -179,14 +221,16 @@ void Repack(absl::Span<const DeviceKvArray> arrays, size_t count, int64_t block_
 
 absl::Status StagedKvBlockCopier::Gather(absl::Span<const DeviceKvArray> arrays,
                                          absl::Span<const int32_t> blocks,
-                                         absl::Span<uint8_t> out) {
+                                         absl::Span<uint8_t> out, const void* after) {
   absl::StatusOr<int64_t> block_bytes = Validate(arrays, blocks, out.size());
   if (!block_bytes.ok()) return block_bytes.status();
   if (blocks.empty()) return absl::OkStatus();
+  absl::Time deadline;
+  if (absl::Status s = Begin(deadline); !s.ok()) return s;
   if (absl::Status s = EnsureSlots(*block_bytes); !s.ok()) return s;
   const std::vector<Chunk> chunks = PlanChunks(blocks.size(), *block_bytes, slot_bytes_);
   const size_t slots = static_cast<size_t>(options_.num_slots);
-  absl::Status status;
+  absl::Status status = OrderAfter(after);
   size_t next = 0;  // next chunk to enqueue
   for (; next < chunks.size() && next < slots && status.ok(); ++next) {
     status = EnqueueChunk(arrays, blocks, chunks[next], static_cast<int>(next % slots), false);
@@ -194,7 +238,7 @@ absl::Status StagedKvBlockCopier::Gather(absl::Span<const DeviceKvArray> arrays,
   // Chunk k's slot is repacked once its lane is done; then chunk k + slots takes the slot.
   for (size_t k = 0; k < chunks.size() && status.ok(); ++k) {
     const int slot = static_cast<int>(k % slots);
-    status = copier_->Wait(slot);
+    status = WaitLane(slot, deadline);
     if (!status.ok()) break;
     Repack(arrays, chunks[k].count, *block_bytes, Slot(slot),
            out.data() + static_cast<int64_t>(chunks[k].first) * *block_bytes, false);
@@ -203,27 +247,30 @@ absl::Status StagedKvBlockCopier::Gather(absl::Span<const DeviceKvArray> arrays,
       ++next;
     }
   }
-  status = WaitAll(std::move(status));
+  status = WaitAll(std::move(status), deadline);
   if (status.ok()) stats_.bytes_gathered += static_cast<int64_t>(out.size());
   return status;
 }
 
 absl::Status StagedKvBlockCopier::Scatter(absl::Span<const DeviceKvArray> arrays,
                                           absl::Span<const uint8_t> in,
-                                          absl::Span<const int32_t> blocks) {
+                                          absl::Span<const int32_t> blocks,
+                                          const void* after) {
   absl::StatusOr<int64_t> block_bytes = Validate(arrays, blocks, in.size());
   if (!block_bytes.ok()) return block_bytes.status();
   if (blocks.empty()) return absl::OkStatus();
+  absl::Time deadline;
+  if (absl::Status s = Begin(deadline); !s.ok()) return s;
   if (absl::Status s = EnsureSlots(*block_bytes); !s.ok()) return s;
   const std::vector<Chunk> chunks = PlanChunks(blocks.size(), *block_bytes, slot_bytes_);
   const size_t slots = static_cast<size_t>(options_.num_slots);
-  absl::Status status;
+  absl::Status status = OrderAfter(after);
   // Chunk k is packed into its slot once the chunk before it in that slot (k - slots) has
   // reached the device, while the other lanes' copies run.
   for (size_t k = 0; k < chunks.size() && status.ok(); ++k) {
     const int slot = static_cast<int>(k % slots);
     if (k >= slots) {
-      status = copier_->Wait(slot);
+      status = WaitLane(slot, deadline);
       if (!status.ok()) break;
     }
     Repack(arrays, chunks[k].count, *block_bytes, Slot(slot),
@@ -231,7 +278,7 @@ absl::Status StagedKvBlockCopier::Scatter(absl::Span<const DeviceKvArray> arrays
            true);
     status = EnqueueChunk(arrays, blocks, chunks[k], slot, true);
   }
-  status = WaitAll(std::move(status));
+  status = WaitAll(std::move(status), deadline);
   if (status.ok()) stats_.bytes_scattered += static_cast<int64_t>(in.size());
   return status;
 }

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/model/model.h"
 #include "transfer/device_copier.h"
@@ -44,6 +45,9 @@ struct StagedKvBlocksOptions {
   int64_t slot_bytes = 16LL << 20;
   // Slots and copier lanes in flight; the copier needs at least this many lanes.
   int num_slots = 2;
+  // A call whose device copies have not finished this long after it began fails with
+  // DeadlineExceeded (see Gather). Infinite: no deadline.
+  absl::Duration copy_timeout = absl::InfiniteDuration();
 };
 
 struct StagedKvBlocksStats {
@@ -51,6 +55,7 @@ struct StagedKvBlocksStats {
   int64_t num_device_copies = 0;  // one per array per run of consecutive block ids per chunk
   int64_t bytes_gathered = 0;     // device -> host
   int64_t bytes_scattered = 0;    // host -> device
+  int64_t num_deadline_exceeded = 0;  // calls that failed on copy_timeout
 };
 
 class StagedKvBlockCopier {
@@ -69,13 +74,24 @@ class StagedKvBlockCopier {
   // `in`. Errors (nothing copied): InvalidArgument for no arrays, an array without memory, a
   // block id outside an array, a buffer that is not blocks.size() * B bytes; those of the
   // copier (Internal), after which the blocks' contents are undefined (Scatter) or `out` is
-  // (Gather).
+  // (Gather). DeadlineExceeded when the copies outlive options.copy_timeout: the result is
+  // undefined as for Internal, and copies may still be pending — the staging stays theirs
+  // (the next call first waits for them within its own deadline, else fails at once with
+  // DeadlineExceeded, nothing copied), and for a Scatter the blocks may still be written:
+  // device work on them must follow StalledFences().
+  // `after` (null: none) orders the device copies after device work — the fence of the step
+  // that wrote the blocks (Gather), or of every step that may still touch them (Scatter): each
+  // lane waits for it on the device (DeviceCopier::WaitFence) before its first copy, so the
+  // host never waits for steps in flight beyond it.
   absl::Status Gather(absl::Span<const DeviceKvArray> arrays, absl::Span<const int32_t> blocks,
-                      absl::Span<uint8_t> out);
+                      absl::Span<uint8_t> out, const void* after = nullptr);
   absl::Status Scatter(absl::Span<const DeviceKvArray> arrays, absl::Span<const uint8_t> in,
-                       absl::Span<const int32_t> blocks);
+                       absl::Span<const int32_t> blocks, const void* after = nullptr);
 
   StagedKvBlocksStats stats() const { return stats_; }
+  // StalledFences: after a DeadlineExceeded, one fence per lane (DeviceCopier::RecordFence,
+  // null ones left out) that completes with the copies still pending; empty when none is.
+  absl::StatusOr<std::vector<const void*>> StalledFences();
   // Bytes of one staging slot as allocated (0 before first use).
   int64_t slot_bytes() const { return slot_bytes_; }
 
@@ -101,14 +117,22 @@ class StagedKvBlockCopier {
   absl::Status EnqueueChunk(absl::Span<const DeviceKvArray> arrays,
                             absl::Span<const int32_t> blocks, const Chunk& chunk, int slot,
                             bool to_device);
-  // WaitAll waits for every lane; returns `status` or, if that is OK, the first wait error.
-  absl::Status WaitAll(absl::Status status);
+  // OrderAfter makes every lane wait for `after` (see Gather).
+  absl::Status OrderAfter(const void* after);
+  // WaitLane waits for `lane` until `deadline`; a DeadlineExceeded marks the copier stalled.
+  absl::Status WaitLane(int lane, absl::Time deadline);
+  // WaitAll waits for every lane until `deadline`; returns `status` or, if that is OK, the
+  // first wait error.
+  absl::Status WaitAll(absl::Status status, absl::Time deadline = absl::InfiniteFuture());
+  // Begin starts a call: its deadline, and the stalled copies of an earlier call drained.
+  absl::Status Begin(absl::Time& deadline);
   uint8_t* Slot(int slot) const { return staging_ + slot * slot_bytes_; }
 
   std::unique_ptr<transfer::DeviceCopier> copier_;
   const StagedKvBlocksOptions options_;
   uint8_t* staging_ = nullptr;  // num_slots * slot_bytes_
   int64_t slot_bytes_ = 0;
+  bool stalled_ = false;  // copies of a call that exceeded its deadline may still be pending
   StagedKvBlocksStats stats_;
 };
 

@@ -276,15 +276,15 @@ class Model {
   virtual std::vector<DeviceKvArray> DeviceKvArrays() const { return {}; }
   // Bytes of one KV element: 4 for the host KvCache (float32), 2 for bf16 device caches.
   virtual int64_t KvDtypeBytes() const { return 4; }
-  // KV block copies for a model whose KV cache is its own (device) memory, so a KV connector
-  // (the kvstore, engine/kv/kv_connector.h) can sit behind it: GatherKvBlocks copies cache
-  // blocks `blocks` into `out`, ScatterKvBlocks copies `in` into them, in the connector's block
-  // serialization over `layers` (empty: all) — per block, the layers' DeviceKvArrays pieces in
-  // order, KvDtypeBytes elements (engine/kv/staged_kv_blocks.h). `geometry` is the engine's
-  // KvCache (the device cache is allocated from it if it is not yet). Both are ordered after
-  // every step enqueued before them and return once their copies are done.
-  // Errors: Unimplemented without support (SupportsKvBlockCopies false); InvalidArgument for a
-  // bad block id or buffer size; Internal for device errors.
+  // KV block copies for a device KV cache, so a KV connector (the kvstore) can sit behind it:
+  // GatherKvBlocks copies blocks `blocks` into `out`, ScatterKvBlocks `in` into them, in the
+  // connector's serialization over `layers` (empty: all; engine/kv/staged_kv_blocks.h). The
+  // device cache is allocated from `geometry` (the engine's KvCache) if it is not yet. Ordered
+  // on the device, not by waiting for steps in flight: a gather after the steps run or read back
+  // (ReadSampledStep; the engine gathers only blocks those committed), a scatter after every
+  // step enqueued (its blocks were free: a step in flight may still write them). Both return
+  // once their copies are done. Errors: Unimplemented without support (SupportsKvBlockCopies
+  // false); InvalidArgument for a bad block id or buffer size; Internal for device errors.
   virtual bool SupportsKvBlockCopies() const { return false; }
   virtual absl::Status GatherKvBlocks(const KvCache& geometry, absl::Span<const int32_t> blocks,
                                       absl::Span<const int32_t> layers,

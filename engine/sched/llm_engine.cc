@@ -782,6 +782,7 @@ class LLMEngineImpl final : public LLMEngine {
   struct InFlightRow {
     Sequence* seq = nullptr;  // null once the sequence was removed
     bool samples = false;
+    int32_t num_new_tokens = 0;  // K/V positions the step writes for it
   };
   struct InFlightStep {
     std::vector<InFlightRow> rows;  // plan order
@@ -795,8 +796,10 @@ class LLMEngineImpl final : public LLMEngine {
   // (SupportsDeviceLogitsProcessing), else only IsDeviceSamplable rows (greedy or
   // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
   bool AsyncPlan(const SchedulerOutput& plan) {
+    // A KV connector needs no exclusion: write-through gathers what a read step committed
+    // (FinishInFlight), and the model orders its copies after the steps on the device.
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
-        options_.kv_connector != nullptr || options_.speculative.enabled() || HasGrammar(plan)) {
+        options_.speculative.enabled() || HasGrammar(plan)) {
       return false;
     }
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
@@ -850,7 +853,7 @@ class LLMEngineImpl final : public LLMEngine {
     step.rows.reserve(plan.scheduled.size());
     for (const ScheduledSequence& s : plan.scheduled) {
       const bool samples = s.samples();
-      step.rows.push_back(InFlightRow{s.seq, samples});
+      step.rows.push_back(InFlightRow{s.seq, samples, s.num_new_tokens});
       step.num_sampled += samples ? 1 : 0;
       // A sampled row's draw is keyed by its position (placeholders of steps in flight count),
       // the same SampleToken would use, so a seeded request gives the same tokens either way.
@@ -901,6 +904,16 @@ class LLMEngineImpl final : public LLMEngine {
             ? model_->ReadSampledStepWithTop(absl::MakeSpan(greedy_), absl::MakeSpan(top_lists_))
             : model_->ReadSampledStep(absl::MakeSpan(greedy_));
     removed_.clear();
+    // K/V positions of the steps still unread (enqueued behind this one): computed tokens count
+    // them already, but their blocks are not written yet, so the write-through stops short.
+    unread_tokens_.clear();
+    if (options_.kv_connector != nullptr) {
+      for (const InFlightStep& later : in_flight_) {
+        for (const InFlightRow& row : later.rows) {
+          if (row.seq != nullptr) unread_tokens_[row.seq] += row.num_new_tokens;
+        }
+      }
+    }
     std::vector<std::string> finished;
     std::vector<std::string> failed;
     size_t r = 0;
@@ -921,6 +934,8 @@ class LLMEngineImpl final : public LLMEngine {
         seq.finish_pending = false;
       }
       scheduler_.CommitBlocks(seq);
+      const auto unread = unread_tokens_.find(&seq);
+      WriteThrough(seq, unread == unread_tokens_.end() ? 0 : unread->second);
       if (!row.samples) continue;
       SampledToken token;
       token.token_id = greedy_[token_row].token_id;
@@ -928,6 +943,9 @@ class LLMEngineImpl final : public LLMEngine {
       if (step.top_logprobs) token.top_logprobs = std::move(top_lists_[token_row]);
       EmitToken(seq, std::move(token), outputs, finished);
     }
+    // The blocks this read committed, gathered while the next step (enqueued already) runs;
+    // before finished sequences free their blocks.
+    FlushWriteThrough();
     RemoveFinished(finished, outputs);
     if (!read.ok()) FailRequests(failed, read, outputs);
   }
@@ -1002,10 +1020,14 @@ class LLMEngineImpl final : public LLMEngine {
   // (at the end of the step, before any block can be reused) copies the step's blocks out in one
   // batch — one staged device copy pipeline on a GPU cache — and hands them over, so the blocks
   // may be freed and reused while the connector writes.
-  void WriteThrough(Sequence& seq) {
+  // `unread_tokens`: seq's last computed tokens whose step is still unread (async scheduling):
+  // blocks they complete wait for a later call, once that step was read.
+  void WriteThrough(Sequence& seq, int32_t unread_tokens = 0) {
     if (options_.kv_connector == nullptr) return;
     const int32_t from = seq.num_saved_blocks;
-    const int32_t to = seq.num_committed_blocks;
+    const int32_t to = std::min<int32_t>(
+        seq.num_committed_blocks,
+        (seq.num_computed_tokens - unread_tokens) / static_cast<int32_t>(options_.block_size));
     if (to <= from) return;
     save_hashes_.insert(save_hashes_.end(), seq.block_hashes.begin() + from,
                         seq.block_hashes.begin() + to);
@@ -1338,6 +1360,7 @@ class LLMEngineImpl final : public LLMEngine {
   // Write-through of the step being run (WriteThrough, FlushWriteThrough).
   std::vector<BlockHash> save_hashes_;
   std::vector<int32_t> save_blocks_;
+  absl::flat_hash_map<const Sequence*, int32_t> unread_tokens_;  // scratch: FinishInFlight
   std::vector<int32_t> eos_token_ids_;
   std::unordered_set<std::string> ids_;  // in-flight request ids
   std::vector<std::string> pending_aborts_;

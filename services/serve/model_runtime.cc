@@ -90,6 +90,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   runner.max_num_seqs = engine.max_num_seqs;
   runner.gemm_tuning = options.gemm_tuning;
   runner.gemm_tuning_save = options.gemm_tuning_save;
+  // A kvstore block copy through pinned staging gets the store's shorter call deadline (the
+  // connector's load timeout): past it the save is dropped, the load computed.
+  if (!options.kvstore.empty()) {
+    runner.kv_block_copy_timeout = AsyncKvConnectorOptions{}.load_timeout;
+  }
   absl::StatusOr<std::unique_ptr<Model>> model;
   if (options.load_format == "dummy") {
     absl::StatusOr<std::unique_ptr<cuda_runner::CudaRunner>> dummy =
@@ -423,9 +428,8 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     spdlog::info("CUDA warm-up (KV cache allocation, decode graph capture) took {:.1f}s",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  // A KV connector reads each step's blocks right after it: steps run synchronously then.
-  const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps() &&
-                     engine_options.kv_connector == nullptr;
+  // A KV connector keeps async steps: its block copies are ordered on the device (model.h).
+  const bool async = engine_options.async_scheduling && (*engine)->model().SupportsAsyncSteps();
   spdlog::info("engine ready on {}: {} KV blocks of {} tokens, max_model_len {}, prefix caching {}, "
                "async scheduling {}, batch invariant {}",
                options.device, (*engine)->num_total_blocks(), (*engine)->block_size(),

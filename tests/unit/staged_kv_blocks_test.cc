@@ -3,13 +3,17 @@
 // a slot before waiting for it, or refills a slot still being copied, reads stale bytes here.
 // Checked: the serialization (per block, arrays in order), coalesced runs per array, chunking
 // over the slots, the round trip, slot growth for large blocks, array selection by layer, and
-// the error paths (bad block, bad buffer, a failing copy: every lane drained on return).
+// the error paths (bad block, bad buffer, a failing copy: every lane drained on return), and
+// the device fences each lane waits for before its first copy.
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/kv/staged_kv_blocks.h"
 #include "transfer/device_copier.h"
 
@@ -194,6 +198,143 @@ TEST(StagedKvBlocksTest, ACopyErrorIsReturnedAfterEveryLaneDrained) {
   s = (*copier)->Scatter(cache.arrays, out, blocks);
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(raw->pending(), 0);
+}
+
+// RecordingCopier: HostMemcpyCopier that logs, per lane, each fence it was ordered after
+// ("F<fence>") and each copy ("C"), in call order.
+class RecordingCopier final : public transfer::DeviceCopier {
+ public:
+  explicit RecordingCopier(int lanes) : inner_(lanes), log_(static_cast<size_t>(lanes)) {}
+  int num_lanes() const override { return inner_.num_lanes(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_.AllocateStaging(bytes);
+  }
+  void FreeStaging(void* staging) override { inner_.FreeStaging(staging); }
+  absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
+                         CopyDirection direction) override {
+    log_.at(static_cast<size_t>(lane)) += "C";
+    return inner_.CopyAsync(lane, dst, src, bytes, direction);
+  }
+  absl::Status WaitFence(int lane, const void* fence) override {
+    if (lane < 0 || lane >= num_lanes()) return absl::InvalidArgumentError("bad lane");
+    absl::StrAppend(&log_[static_cast<size_t>(lane)], "F", reinterpret_cast<uintptr_t>(fence));
+    return absl::OkStatus();
+  }
+  absl::Status Wait(int lane) override { return inner_.Wait(lane); }
+  std::vector<std::string> TakeLog() {
+    std::vector<std::string> log = log_;
+    for (std::string& l : log_) l.clear();
+    return log;
+  }
+
+ private:
+  HostMemcpyCopier inner_;
+  std::vector<std::string> log_;
+};
+
+TEST(StagedKvBlocksTest, EveryLaneWaitsForTheFenceBeforeItsFirstCopy) {
+  FakeDeviceCache cache(8, {8, 8});
+  auto recording = std::make_unique<RecordingCopier>(2);
+  RecordingCopier* raw = recording.get();
+  StagedKvBlocksOptions options;
+  options.slot_bytes = 16;  // one block per chunk: chunks alternate between the lanes
+  auto copier = StagedKvBlockCopier::Create(std::move(recording), options);
+  ASSERT_TRUE(copier.ok());
+  const std::vector<int32_t> blocks = {0, 2, 4};
+  std::vector<uint8_t> out(3 * 16);
+  const void* fence = reinterpret_cast<const void*>(uintptr_t{7});
+  ASSERT_TRUE((*copier)->Gather(cache.arrays, blocks, absl::MakeSpan(out), fence).ok());
+  // Lane 0 carries chunks 0 and 2, lane 1 chunk 1: two arrays, one copy each per chunk.
+  EXPECT_EQ(raw->TakeLog(), (std::vector<std::string>{"F7CCCC", "F7CC"}));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(std::vector<uint8_t>(out.begin() + i * 16, out.begin() + (i + 1) * 16),
+              cache.Serialized(blocks[i]));
+  }
+  const void* later = reinterpret_cast<const void*>(uintptr_t{9});
+  std::vector<uint8_t> in(out.rbegin(), out.rend());
+  ASSERT_TRUE((*copier)->Scatter(cache.arrays, in, {1, 3, 5}, later).ok());
+  EXPECT_EQ(raw->TakeLog(), (std::vector<std::string>{"F9CCCC", "F9CC"}));
+  EXPECT_EQ(cache.Serialized(3), std::vector<uint8_t>(in.begin() + 16, in.begin() + 32));
+  // No fence: no wait.
+  ASSERT_TRUE((*copier)->Gather(cache.arrays, blocks, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(raw->TakeLog(), (std::vector<std::string>{"CCCC", "CC"}));
+}
+
+// StallingCopier: HostMemcpyCopier whose copies hang while `stall` is set: WaitUntil sleeps to
+// its deadline and leaves them pending; a plain Wait (the device finishing) runs them.
+class StallingCopier final : public transfer::DeviceCopier {
+ public:
+  explicit StallingCopier(int lanes) : inner_(lanes) {}
+  int num_lanes() const override { return inner_.num_lanes(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_.AllocateStaging(bytes);
+  }
+  void FreeStaging(void* staging) override { inner_.FreeStaging(staging); }
+  absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
+                         CopyDirection direction) override {
+    ++num_enqueued;
+    return inner_.CopyAsync(lane, dst, src, bytes, direction);
+  }
+  absl::Status Wait(int lane) override { return inner_.Wait(lane); }
+  absl::Status WaitUntil(int lane, absl::Time deadline) override {
+    if (stall) {
+      absl::SleepFor(deadline - absl::Now());
+      return absl::DeadlineExceededError("copies still running");
+    }
+    return inner_.Wait(lane);
+  }
+  absl::StatusOr<const void*> RecordFence(int lane) override {
+    return reinterpret_cast<const void*>(static_cast<uintptr_t>(100 + lane));
+  }
+  bool stall = false;
+  int64_t num_enqueued = 0;
+
+ private:
+  HostMemcpyCopier inner_;
+};
+
+TEST(StagedKvBlocksTest, CopiesPastTheDeadlineFailAndDrainAtTheNextCall) {
+  FakeDeviceCache cache(8, {8, 8});
+  auto stalling = std::make_unique<StallingCopier>(2);
+  StallingCopier* raw = stalling.get();
+  StagedKvBlocksOptions options;
+  options.slot_bytes = 16;
+  options.copy_timeout = absl::Milliseconds(20);
+  auto copier = StagedKvBlockCopier::Create(std::move(stalling), options);
+  ASSERT_TRUE(copier.ok());
+  const std::vector<int32_t> blocks = {0, 1, 2};
+  std::vector<uint8_t> out(3 * 16);
+  ASSERT_TRUE((*copier)->StalledFences()->empty());
+
+  raw->stall = true;
+  std::vector<uint8_t> in(3 * 16, 0xab);
+  absl::Status s = (*copier)->Scatter(cache.arrays, in, {5, 6, 7});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ((*copier)->stats().num_deadline_exceeded, 1);
+  // The late copies (chunks 0 and 1, one per lane) may still land: their lanes' fences.
+  EXPECT_EQ(*(*copier)->StalledFences(),
+            (std::vector<const void*>{reinterpret_cast<const void*>(uintptr_t{100}),
+                                      reinterpret_cast<const void*>(uintptr_t{101})}));
+  EXPECT_NE(cache.Serialized(5), std::vector<uint8_t>(16, 0xab));  // pending, not landed
+  // Still stalled: the next call fails at its own deadline and copies nothing.
+  const int64_t enqueued = raw->num_enqueued;
+  s = (*copier)->Gather(cache.arrays, blocks, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(),
+            "device copies of an earlier call that exceeded its deadline are still running");
+  EXPECT_EQ(raw->num_enqueued, enqueued);
+  EXPECT_EQ((*copier)->stats().num_deadline_exceeded, 2);
+
+  // The device recovers: the next call drains the late copies first, then runs.
+  raw->stall = false;
+  ASSERT_TRUE((*copier)->Gather(cache.arrays, blocks, absl::MakeSpan(out)).ok());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(std::vector<uint8_t>(out.begin() + i * 16, out.begin() + (i + 1) * 16),
+              cache.Serialized(blocks[i]));
+  }
+  EXPECT_EQ(cache.Serialized(5), std::vector<uint8_t>(16, 0xab));  // the late copies landed
+  EXPECT_EQ(cache.Serialized(6), std::vector<uint8_t>(16, 0xab));
+  EXPECT_TRUE((*copier)->StalledFences()->empty());
 }
 
 TEST(StagedKvBlocksTest, SelectKvArraysPicksLayersKThenV) {

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace sluice::transfer {
 namespace {
@@ -42,6 +43,7 @@ absl::StatusOr<std::unique_ptr<CudaDeviceCopier>> CudaDeviceCopier::Create(int d
     }
     copier->streams_.push_back(stream);
   }
+  copier->fences_.assign(static_cast<size_t>(num_lanes), nullptr);
   return copier;
 }
 
@@ -50,6 +52,9 @@ CudaDeviceCopier::~CudaDeviceCopier() {
   for (void* s : streams_) {
     cudaStreamSynchronize(Stream(s));
     cudaStreamDestroy(Stream(s));
+  }
+  for (void* e : fences_) {
+    if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   }
 }
 
@@ -104,6 +109,58 @@ absl::Status CudaDeviceCopier::Wait(int lane) {
     return CudaError("cudaStreamSynchronize", err);
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaDeviceCopier::WaitFence(int lane, const void* fence) {
+  if (lane < 0 || lane >= num_lanes()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy lane ", lane, " of ", num_lanes()));
+  }
+  if (fence == nullptr) return absl::OkStatus();
+  if (absl::Status s = SetDevice(); !s.ok()) return s;
+  // The event may belong to another stream of the device (the runner's compute stream).
+  cudaEvent_t event = static_cast<cudaEvent_t>(const_cast<void*>(fence));
+  if (cudaError_t err = cudaStreamWaitEvent(Stream(streams_[lane]), event, 0);
+      err != cudaSuccess) {
+    return CudaError("cudaStreamWaitEvent", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceCopier::WaitUntil(int lane, absl::Time deadline) {
+  if (lane < 0 || lane >= num_lanes()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy lane ", lane, " of ", num_lanes()));
+  }
+  if (absl::Status s = SetDevice(); !s.ok()) return s;
+  for (;;) {
+    const cudaError_t err = cudaStreamQuery(Stream(streams_[lane]));
+    if (err == cudaSuccess) return absl::OkStatus();
+    if (err != cudaErrorNotReady) return CudaError("cudaStreamQuery", err);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("device copies on lane ", lane, " still running at the deadline"));
+    }
+    // Copies of a few MiB take tens of microseconds to milliseconds: poll finely.
+    absl::SleepFor(absl::Microseconds(20));
+  }
+}
+
+absl::StatusOr<const void*> CudaDeviceCopier::RecordFence(int lane) {
+  if (lane < 0 || lane >= num_lanes()) {
+    return absl::InvalidArgumentError(absl::StrCat("copy lane ", lane, " of ", num_lanes()));
+  }
+  if (absl::Status s = SetDevice(); !s.ok()) return s;
+  cudaEvent_t event = static_cast<cudaEvent_t>(fences_[lane]);
+  if (event == nullptr) {
+    if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        err != cudaSuccess) {
+      return CudaError("cudaEventCreateWithFlags", err);
+    }
+    fences_[lane] = event;
+  }
+  if (cudaError_t err = cudaEventRecord(event, Stream(streams_[lane])); err != cudaSuccess) {
+    return CudaError("cudaEventRecord", err);
+  }
+  return static_cast<const void*>(event);
 }
 
 }  // namespace sluice::transfer

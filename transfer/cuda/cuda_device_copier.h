@@ -27,6 +27,12 @@ class CudaDeviceCopier final : public DeviceCopier {
   absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
                          CopyDirection direction) override;
   absl::Status Wait(int lane) override;
+  // WaitFence: cudaStreamWaitEvent of the lane's stream on `fence` (a cudaEvent_t).
+  absl::Status WaitFence(int lane, const void* fence) override;
+  // WaitUntil polls the lane's stream (cudaStreamQuery) until it is idle or `deadline`.
+  absl::Status WaitUntil(int lane, absl::Time deadline) override;
+  // RecordFence records the lane's own event on its stream.
+  absl::StatusOr<const void*> RecordFence(int lane) override;
 
  private:
   CudaDeviceCopier() = default;
@@ -34,6 +40,7 @@ class CudaDeviceCopier final : public DeviceCopier {
 
   int device_ = 0;
   std::vector<void*> streams_;  // cudaStream_t, kept opaque so the header needs no CUDA
+  std::vector<void*> fences_;   // cudaEvent_t per lane (RecordFence), created at first use
 };
 
 }  // namespace sluice::transfer
