@@ -41,6 +41,15 @@ absl::Status RenderPools::Post(bool custom_template, RenderCancel cancelled, abs
   return absl::OkStatus();
 }
 
+int64_t RenderPools::num_queued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const Pool* pool : {pool_.get(), custom_pool_.get()}) {
+    if (pool != nullptr) n += pool->queued.load();
+  }
+  return n;
+}
+
 void RenderPools::Stop() {
   std::unique_ptr<Pool> pool;
   std::unique_ptr<Pool> custom_pool;

@@ -60,6 +60,9 @@ class RenderPools {
 
   const RenderPoolOptions& options() const { return options_; }
 
+  // num_queued: jobs waiting for a thread, both pools (0 after Stop).
+  int64_t num_queued();
+
  private:
   struct Pool {
     explicit Pool(int threads) : tasks(threads) {}
