@@ -525,8 +525,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     const bool idle = PrefillWorkerIdle(*worker);
     // A layerwise prefill worker pushes each layer into the decode reservation while it
     // computes: it gets the reservation, so the call waits until the Reserve phase ended
-    // (ReserveEnded starts it again); an idle one's request reserves first. Without a
-    // reservation (behind a queue, or none could be made) it falls back to push mode.
+    // (ReserveEnded starts it again). Its requests reserve first even behind a queue (the
+    // reservation is where the layers land); without one it falls back to push mode.
     std::optional<v1::KvBlocks> reservation;
     absl::Duration reservation_ttl;
     bool parked = false, reserve_first = false;
@@ -537,7 +537,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       } else if (reservation_.has_value()) {
         reservation_ttl = reservation_usable_until_ - absl::Now();
         if (reservation_ttl >= absl::Milliseconds(1)) reservation = reservation_;
-      } else if (idle && !reserve_started_) {
+      } else if (!reserve_started_) {
         parked = prefill_parked_ = reserve_first = true;
       }
     }

@@ -8,7 +8,8 @@
 2. Two decode workers with very few KV blocks under 32 concurrent requests: Reserve finds no free
    blocks, the router tries the other worker, then waits with backoff; no request fails, the texts
    equal `sluice serve`, and the router counts the full answers (none timed out in the queue).
-3. The same with 96-token answers (one request fills a decode worker) and a 0.3 s
+3. The same with ~100-token prompts (one request's reservation fills a decode worker: blocks are
+   reserved for a prefill that runs or answered, prompt + 1 tokens) and a 0.3 s
    --decode-queue-timeout-s: requests that find no blocks in time get a 503 saying so, counted in
    sluice_router_decode_queue_timeouts_total; the rest equal `sluice serve`, every pin is released.
 """
@@ -31,8 +32,13 @@ def messages(i):
     return [{"role": "user", "content": f"Request {i}: list {i % 5 + 2} kinds of trees."}]
 
 
-def complete(client, i, max_tokens=MAX_TOKENS):
-    r = client.chat.completions.create(model=MODEL_NAME, messages=messages(i), temperature=0,
+def hundred_token_messages(i):
+    """About 100 prompt tokens: prompt + 1 takes 7 of a small decode worker's 8 blocks."""
+    return [{"role": "user", "content": f"Request {i}: " + " ".join(f"word{k}" for k in range(43))}]
+
+
+def complete(client, i, max_tokens=MAX_TOKENS, make_messages=messages):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=make_messages(i), temperature=0,
                                        max_tokens=max_tokens)
     return r.choices[0].message.content, r.choices[0].finish_reason
 
@@ -138,7 +144,9 @@ def test_full_decode_workers_queue_instead_of_503(reference):
         cluster.stop()
 
 
-LONG_TOKENS = 96  # test 3: ~20 prompt + 96 tokens fill 8 blocks: one request per decode worker
+# Test 3: a ~100-token prompt's reservation (prompt + 1) takes 7 of a small decode worker's 8
+# blocks, so each decode worker holds one request at a time; 24 more tokens fit in 128.
+LONG_TOKENS = 24
 
 
 def test_decode_queue_timeout_is_a_clear_503():
@@ -151,7 +159,8 @@ def test_decode_queue_timeout_is_a_clear_503():
                                    max_retries=0)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             reference = list(pool.map(
-                lambda i: complete(ref_client, i, LONG_TOKENS), range(NUM_QUEUED)))
+                lambda i: complete(ref_client, i, LONG_TOKENS, hundred_token_messages),
+                range(NUM_QUEUED)))
     finally:
         serve.stop()
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE},
@@ -162,7 +171,7 @@ def test_decode_queue_timeout_is_a_clear_503():
 
         def attempt(i):
             try:
-                return complete(client, i, LONG_TOKENS)
+                return complete(client, i, LONG_TOKENS, hundred_token_messages)
             except openai.APIStatusError as e:
                 return e.status_code, e.message
 
