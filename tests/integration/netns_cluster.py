@@ -97,7 +97,9 @@ class NetnsCluster:
             addr = self.addrs["kvstore"]
             self._proc("kvstore", ["kvstore", "--host", addr, "--port", "7300",
                                    "--metrics-host", addr, "--metrics-port", "7301",
-                                   "--dram-bytes", "256M", "--dram-page-bytes", "16M"])
+                                   "--dram-bytes", "256M", "--dram-page-bytes", "16M",
+                                   "--ssd-dir", os.path.join(self.dir, "kvstore-ssd"),
+                                   "--ssd-bytes", "256M"])
             self.http_urls["kvstore"] = f"http://{addr}:7301"
             wait_until(lambda: http_get(self.http_urls["kvstore"] + "/health")[0] == 200,
                        STARTUP_TIMEOUT_S, "kvstore /health")
