@@ -74,8 +74,9 @@ def test_short_prompt_overtakes_long_ones(flags, short_first):
         assert order[0] == "short", order
     else:
         # fcfs: the short prompt waits behind the long ones queued before it (it may share the
-        # last one's final step).
-        assert order[:2] == ["long1", "long2"], order
+        # last one's final step). The long ones' threads may reach the server in either order on a
+        # loaded machine, so only the short prompt's place is asserted.
+        assert "short" not in order[:2], order
 
 
 def test_priority_field_orders_prefills():
