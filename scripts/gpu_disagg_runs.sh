@@ -4,7 +4,8 @@
 # equality check fails.
 #
 #   scripts/gpu_disagg_runs.sh [--skip-build] [--requests 200] [--repeats 3] [--models "DIR..."]
-#                              [--parts equality,transfer,staged,handover] [--out bench/results]
+#                              [--parts equality,transfer,staged,handover,faults]
+#                              [--out bench/results]
 #                              [--bundle DIR]
 #
 # --bundle DIR runs the binaries of scripts/device_bundle.sh (sluice kv_transfer_bench; the
@@ -20,6 +21,8 @@
 #    over sm (bench/kv_transfer_bench.py).
 # 3. Staged: Sluice's own staging (device KV through pinned host slots, StagedKvTransfer) over tcp.
 # 4. Handover vs transfer p50/p99 with CUDA workers.
+# 5. Faults: kill -9 of a CUDA decode worker mid-stream and of a prefill worker mid-transfer
+#    (bench/gpu_disagg_faults.py, the first model).
 # With equality, per model also a pull run with a kvstore behind the prefill worker
 # (--kvstore): a fresh prefill worker's pass over the same prompts loads them from the store.
 set -euo pipefail
@@ -28,7 +31,7 @@ SKIP_BUILD=0
 REQUESTS=200
 REPEATS=3
 MODEL_LIST=""
-PARTS="equality,transfer,staged,handover"
+PARTS="equality,transfer,staged,handover,faults"
 RESULTS=bench/results
 BUNDLE=""
 while [ $# -gt 0 ]; do
@@ -129,5 +132,10 @@ if has handover; then
     --tls sm,cuda_ipc,cuda_copy --handover-model "${MODELS[0]}" \
     --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
     --out "$RESULTS/kv_handover_h200.json" || FAILED=1
+fi
+if has faults; then
+  echo "== faults (kill -9 of decode mid-stream, of prefill mid-transfer; CUDA workers)"
+  "$PY" bench/gpu_disagg_faults.py --model "${MODELS[0]}" \
+    --out "$RESULTS/gpu_disagg_faults_$(basename "${MODELS[0]}")_h200.json" || FAILED=1
 fi
 exit "$FAILED"
