@@ -697,7 +697,8 @@ absl::Status RunnerCore::SampledGreedy(absl::Span<GreedyToken> out) {
 namespace {
 
 // Checks a DeviceLogitsProcessing against a step of n rows (Model::EnqueueProcessedSampledStep).
-absl::Status ValidateProcessing(const Model::DeviceLogitsProcessing& p, int64_t n) {
+absl::Status ValidateProcessing(const Model::DeviceLogitsProcessing& p, int64_t n,
+                                int64_t vocab) {
   const int64_t rows = static_cast<int64_t>(p.rows.size());
   const int64_t tops = static_cast<int64_t>(p.top_logprobs.size());
   if ((rows != 0 && rows != n) || (tops != 0 && tops != n)) {
@@ -714,6 +715,11 @@ absl::Status ValidateProcessing(const Model::DeviceLogitsProcessing& p, int64_t 
         !range_ok(r.suppress_begin, r.suppress_end)) {
       return absl::InvalidArgumentError(
           absl::StrCat("logits processing list outside the ", num_ids, " ids"));
+    }
+    if (r.mask_begin >= 0 && static_cast<int64_t>(r.mask_begin) + kernels::MaskWords(vocab) >
+                                 static_cast<int64_t>(p.masks.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("grammar mask at word ", r.mask_begin,
+                                                     " outside the ", p.masks.size(), " words"));
     }
   }
   for (int32_t c : p.top_logprobs) {
@@ -750,7 +756,7 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
   }
   const bool process =
       processing != nullptr && (!processing->rows.empty() || !processing->top_logprobs.empty());
-  if (process) SLUICE_RETURN_IF_ERROR(ValidateProcessing(*processing, n));
+  if (process) SLUICE_RETURN_IF_ERROR(ValidateProcessing(*processing, n, vocab));
   auto slot = step_outputs.Acquire(n);
   if (!slot.ok()) return slot.status();
   processing_slots[*slot].top_counts.clear();
@@ -821,11 +827,12 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
   const bool penalize = !processing.rows.empty();
   const bool top = std::any_of(processing.top_logprobs.begin(), processing.top_logprobs.end(),
                                [](int32_t c) { return c > 0; });
-  // Upload layout: [n rows][n top counts][ids]; every part 4-byte aligned.
+  // Upload layout: [n rows][n top counts][ids][masks]; every part 4-byte aligned.
   const size_t rows_bytes = penalize ? n * sizeof(kernels::LogitsProcessingRow) : 0;
   const size_t counts_bytes = top ? n * sizeof(int32_t) : 0;
   const size_t ids_bytes = penalize ? processing.ids.size() * sizeof(int32_t) : 0;
-  const size_t bytes = rows_bytes + counts_bytes + ids_bytes;
+  const size_t masks_bytes = penalize ? processing.masks.size() * sizeof(uint32_t) : 0;
+  const size_t bytes = rows_bytes + counts_bytes + ids_bytes + masks_bytes;
   if (bytes > 0) {
     SLUICE_RETURN_IF_ERROR(EnsurePinned(ps.upload, bytes));
     if (bytes > processing_upload.bytes()) {
@@ -841,6 +848,10 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
     if (penalize && ids_bytes > 0) {
       std::memcpy(host + rows_bytes + counts_bytes, processing.ids.data(), ids_bytes);
     }
+    if (masks_bytes > 0) {
+      std::memcpy(host + rows_bytes + counts_bytes + ids_bytes, processing.masks.data(),
+                  masks_bytes);
+    }
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(processing_upload.data(), host, bytes,
                                                 cudaMemcpyHostToDevice, stream.get()),
                                 "cudaMemcpyAsync logits processing");
@@ -849,10 +860,13 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
   const auto* d_rows = reinterpret_cast<const kernels::LogitsProcessingRow*>(dev);
   const auto* d_counts = reinterpret_cast<const int32_t*>(dev + rows_bytes);
   const auto* d_ids = reinterpret_cast<const int32_t*>(dev + rows_bytes + counts_bytes);
+  const auto* d_masks =
+      reinterpret_cast<const uint32_t*>(dev + rows_bytes + counts_bytes + ids_bytes);
   if (penalize) {
     SLUICE_RETURN_IF_ERROR(kernels::LogitsProcessingCuda(
         logits.data(), n, vocab, d_rows, ids_bytes > 0 ? d_ids : nullptr,
-        prev_n > 0 ? prev_sampled_copy.data() : nullptr, prev_n, processed_logits.data(),
+        masks_bytes > 0 ? d_masks : nullptr, prev_n > 0 ? prev_sampled_copy.data() : nullptr,
+        prev_n, processed_logits.data(),
         processing_ws.data(), processing_ws.bytes(), stream.get()));
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sampling_rows.data(), staged,
                                                 n * sizeof(kernels::SamplingRow),
@@ -868,7 +882,8 @@ absl::Status RunnerCore::EnqueueProcessing(const Model::DeviceLogitsProcessing& 
   // Logprobs of the raw logits (SampleToken's), replacing the processed ones, and top entries.
   const int32_t max_top = top ? kernels::kMaxTopLogprobs : 0;
   SLUICE_RETURN_IF_ERROR(kernels::LogprobRowsCuda(
-      logits.data(), n, vocab, sampled.data(), top ? d_counts : nullptr, max_top,
+      logits.data(), n, vocab, masks_bytes > 0 ? d_rows : nullptr,
+      masks_bytes > 0 ? d_masks : nullptr, sampled.data(), top ? d_counts : nullptr, max_top,
       sampled_logprobs.data(), top_ids_dev.data(), top_logprobs_dev.data(), stream.get()));
   if (top) {
     const size_t entries = static_cast<size_t>(n) * kernels::kMaxTopLogprobs;

@@ -237,6 +237,9 @@ class Model {
     // list is row r of the previous enqueued step's sampled tokens (its placeholder).
     std::vector<kernels::LogitsProcessingRow> rows;
     std::vector<int32_t> ids;
+    // The grammar-constrained rows' token bitmasks (LogitsProcessingRow::mask_begin indexes
+    // here; kernels::MaskWords(vocab) words each); empty when no row has one.
+    std::vector<uint32_t> masks;
     // Empty (none) or one per sampling row: top logprobs wanted, 0..kernels' kMaxTopLogprobs
     // (20, SamplingParams' limit).
     std::vector<int32_t> top_logprobs;
@@ -249,7 +252,8 @@ class Model {
   // logits before the choice; chosen-token logprobs stay those of the raw logits (as
   // SampleToken's). Errors: those of EnqueueSampledStep; InvalidArgument when processing.rows
   // or processing.top_logprobs is neither empty nor one per row, a list range is outside ids,
-  // or a top count is outside [0, 20]; Unimplemented when !SupportsDeviceLogitsProcessing().
+  // a mask outside masks, or a top count is outside [0, 20]; Unimplemented when
+  // !SupportsDeviceLogitsProcessing().
   virtual absl::Status EnqueueProcessedSampledStep(const ForwardInput& input, KvCache& kv_cache,
                                                    absl::Span<const kernels::SamplingRow> rows,
                                                    const DeviceLogitsProcessing& processing) {

@@ -794,12 +794,18 @@ class LLMEngineImpl final : public LLMEngine {
   // scheduling is on, and every sampling row can be sampled on the device: any row when the
   // model does SampleToken's logits processing and top logprobs there
   // (SupportsDeviceLogitsProcessing), else only IsDeviceSamplable rows (greedy or
-  // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs).
+  // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs). A plan with
+  // grammar rows runs so only with device logits processing (the mask is applied there) and
+  // nothing in flight: its masks need every row's newest token, so such a step is read before
+  // the next one is enqueued.
   bool AsyncPlan(const SchedulerOutput& plan) {
     // A KV connector needs no exclusion: write-through gathers what a read step committed
     // (FinishInFlight), and the model orders its copies after the steps on the device.
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
-        options_.speculative.enabled() || HasGrammar(plan)) {
+        options_.speculative.enabled()) {
+      return false;
+    }
+    if (HasGrammar(plan) && (!model_->SupportsDeviceLogitsProcessing() || !in_flight_.empty())) {
       return false;
     }
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
@@ -818,30 +824,47 @@ class LLMEngineImpl final : public LLMEngine {
   }
 
   // BuildDeviceProcessing fills processing_ for the plan's sampling rows (plan order) when some
-  // row needs SampleToken's logits processing or top logprobs; false (processing_ empty) when
-  // every row is IsDeviceSamplable.
+  // row needs SampleToken's logits processing, a grammar mask or top logprobs; false
+  // (processing_ empty) when every row is IsDeviceSamplable.
   bool BuildDeviceProcessing(const SchedulerOutput& plan) {
     processing_.rows.clear();
     processing_.ids.clear();
+    processing_.masks.clear();
     processing_.top_logprobs.clear();
     if (!model_->SupportsDeviceLogitsProcessing()) return false;
     bool penalized = false, top = false;
     for (const ScheduledSequence& s : plan.scheduled) {
       if (!s.samples()) continue;
       const SamplingParams& p = s.seq->request.sampling;
-      penalized = penalized || HasLogitsProcessing(p, Context(*s.seq));
+      penalized = penalized || HasLogitsProcessing(p, Context(*s.seq)) ||
+                  s.seq->matcher != nullptr;
       top = top || (p.logprobs.has_value() && *p.logprobs > 0);
     }
     if (!penalized && !top) return false;
+    const int64_t mask_words = kernels::MaskWords(model_->config().vocab_size);
     for (const ScheduledSequence& s : plan.scheduled) {
       if (!s.samples()) continue;
       const SamplingParams& p = s.seq->request.sampling;
       if (penalized) {
         processing_.rows.push_back(DeviceLogitsProcessingRow(p, Context(*s.seq), &processing_.ids));
       }
+      if (s.seq->matcher != nullptr) AppendGrammarMask(*s.seq, mask_words);
       if (top) processing_.top_logprobs.push_back(p.logprobs.value_or(0));
     }
     return true;
+  }
+
+  // AppendGrammarMask appends seq's next-token bitmask to processing_.masks, sized to the
+  // model's vocab (tokens past the tokenizer's are cleared, as ApplyTokenBitmask treats them),
+  // and points the newest processing row at it.
+  void AppendGrammarMask(Sequence& seq, int64_t mask_words) {
+    seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+    seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+    processing_.rows.back().mask_begin = static_cast<int32_t>(processing_.masks.size());
+    const int64_t copied = std::min<int64_t>(mask_words, seq.grammar_bitmask.size());
+    processing_.masks.insert(processing_.masks.end(), seq.grammar_bitmask.begin(),
+                             seq.grammar_bitmask.begin() + copied);
+    processing_.masks.resize(processing_.masks.size() + (mask_words - copied), 0u);
   }
 
   // EnqueuePlan enqueues `plan` as an asynchronous step and advances its sequences' computed
@@ -932,6 +955,8 @@ class LLMEngineImpl final : public LLMEngine {
         seq.token_ids.back() = id;
         seq.output_token_ids.back() = id;
         seq.finish_pending = false;
+        // Sampled under the grammar's mask on the device (BuildDeviceProcessing).
+        AdvanceGrammar(seq, id);
       }
       scheduler_.CommitBlocks(seq);
       const auto unread = unread_tokens_.find(&seq);

@@ -35,21 +35,31 @@ __device__ __forceinline__ int32_t ResolveId(int32_t id, const int32_t* prev_sam
 __global__ void __launch_bounds__(kThreads)
     LogitsProcessingKernel(const bf16* logits, int64_t vocab, bool vec,
                            const LogitsProcessingRow* params, const int32_t* ids,
-                           const int32_t* prev_sampled, int64_t num_prev, float* out,
-                           uint32_t* workspace) {
+                           const uint32_t* masks, const int32_t* prev_sampled, int64_t num_prev,
+                           float* out, uint32_t* workspace) {
   const int64_t r = blockIdx.x;
   const bf16* in_row = logits + r * vocab;
   float* out_row = out + r * vocab;
   uint32_t* marks = workspace + r * vocab;
   const LogitsProcessingRow p = params[r];
 
-  // The row widened to fp32 (exact).
+  // The row widened to fp32 (exact), -inf where the grammar mask clears the token.
+  const uint32_t* mask = p.mask_begin >= 0 ? masks + p.mask_begin : nullptr;
+  auto allowed = [mask](int64_t t) { return mask == nullptr || ((mask[t >> 5] >> (t & 31)) & 1u); };
   int64_t scalar_begin = 0;
   if (vec) {
     const int64_t n8 = vocab / 8;
     for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
       float v[8];
       cuda_detail::LoadBf16x8(in_row + c * 8, v);
+      if (mask != nullptr) {
+        // The 8 tokens share one word (c * 8 is a multiple of 8).
+        const uint32_t bits = mask[(c * 8) >> 5] >> ((c * 8) & 31);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (!((bits >> e) & 1u)) v[e] = -INFINITY;
+        }
+      }
       auto* o = reinterpret_cast<float4*>(out_row + c * 8);
       o[0] = make_float4(v[0], v[1], v[2], v[3]);
       o[1] = make_float4(v[4], v[5], v[6], v[7]);
@@ -57,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
     scalar_begin = n8 * 8;
   }
   for (int64_t j = scalar_begin + threadIdx.x; j < vocab; j += blockDim.x) {
-    out_row[j] = __bfloat162float(in_row[j]);
+    out_row[j] = allowed(j) ? __bfloat162float(in_row[j]) : -INFINITY;
   }
 
   const bool repetition = p.repetition_penalty != 1.0f;
@@ -139,7 +149,9 @@ __device__ __forceinline__ void ForEachRaw(const bf16* row, int64_t vocab, bool 
 }
 
 __global__ void __launch_bounds__(kThreads)
-    LogprobRowsKernel(const bf16* logits, int64_t vocab, bool vec, const int32_t* tokens,
+    LogprobRowsKernel(const bf16* logits, int64_t vocab, bool vec,
+                      const LogitsProcessingRow* mask_rows, const uint32_t* masks,
+                      const int32_t* tokens,
                       const int32_t* top_counts, int32_t max_top, float* logprobs,
                       int32_t* top_ids, float* top_logprobs) {
   __shared__ float s_val[kThreads / 32];
@@ -148,10 +160,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = blockIdx.x;
   const bf16* row = logits + r * vocab;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int32_t mask_begin = mask_rows != nullptr ? mask_rows[r].mask_begin : -1;
+  const uint32_t* mask = mask_begin >= 0 ? masks + mask_begin : nullptr;
+  auto masked = [mask](int32_t id, float v) {
+    return mask == nullptr || ((mask[id >> 5] >> (id & 31)) & 1u) ? v : -INFINITY;
+  };
 
   // Pass 1: the maximum over entries > -inf.
   float row_max = -INFINITY;
-  ForEachRaw(row, vocab, vec, [&](int32_t, float v) {
+  ForEachRaw(row, vocab, vec, [&](int32_t id, float v) {
+    v = masked(id, v);
     if (v > row_max) row_max = v;
   });
   for (int off = 16; off > 0; off >>= 1) {
@@ -172,6 +190,7 @@ __global__ void __launch_bounds__(kThreads)
   int size = 0;
   float sum = 0.0f;
   ForEachRaw(row, vocab, vec, [&](int32_t id, float v) {
+    v = masked(id, v);
     if (any_finite && v > -INFINITY) sum += expf(v - row_max);
     if (count == 0 || isnan(v)) return;
     if (size == count && !Better(v, id, best_v[size - 1], best_id[size - 1])) return;
@@ -193,7 +212,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     const int32_t t = tokens[r];
     logprobs[r] = any_finite && t >= 0 && t < vocab
-                      ? (__bfloat162float(row[t]) - row_max) - log_sum
+                      ? (masked(t, __bfloat162float(row[t])) - row_max) - log_sum
                       : NAN;
   }
   // N rounds of a block arg-best over the threads' heads.
@@ -247,7 +266,8 @@ size_t LogitsProcessingCudaWorkspaceBytes(int64_t rows, int64_t vocab) {
 
 absl::Status LogitsProcessingCuda(const bf16* logits, int64_t rows, int64_t vocab,
                                   const LogitsProcessingRow* params, const int32_t* ids,
-                                  const int32_t* prev_sampled, int64_t num_prev, float* out,
+                                  const uint32_t* masks, const int32_t* prev_sampled,
+                                  int64_t num_prev, float* out,
                                   void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (rows < 0 || rows > INT32_MAX || vocab < 1 || vocab > INT32_MAX) {
     return absl::InvalidArgumentError(
@@ -265,12 +285,13 @@ absl::Status LogitsProcessingCuda(const bf16* logits, int64_t rows, int64_t voca
   const bool vec =
       cuda_detail::Aligned16(logits) && cuda_detail::Aligned16(out) && vocab % 8 == 0;
   LogitsProcessingKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, vocab, vec, params, ids, prev_sampled, num_prev < 0 ? 0 : num_prev, out,
+      logits, vocab, vec, params, ids, masks, prev_sampled, num_prev < 0 ? 0 : num_prev, out,
       static_cast<uint32_t*>(workspace));
   return CudaLaunchStatus("LogitsProcessingKernel");
 }
 
 absl::Status LogprobRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
+                             const LogitsProcessingRow* mask_rows, const uint32_t* masks,
                              const int32_t* tokens, const int32_t* top_counts, int32_t max_top,
                              float* logprobs, int32_t* top_ids, float* top_logprobs,
                              cudaStream_t stream) {
@@ -286,7 +307,8 @@ absl::Status LogprobRowsCuda(const bf16* logits, int64_t rows, int64_t vocab,
   }
   const bool vec = cuda_detail::Aligned16(logits) && vocab % 8 == 0;
   LogprobRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, vocab, vec, tokens, top_counts, max_top, logprobs, top_ids, top_logprobs);
+      logits, vocab, vec, mask_rows, masks, tokens, top_counts, max_top, logprobs, top_ids,
+      top_logprobs);
   return CudaLaunchStatus("LogprobRowsKernel");
 }
 

@@ -62,7 +62,10 @@ std::vector<TopLogprob> TopLogprobsCpu(absl::Span<const float> raw, double log_s
 // a list stands for prev_sampled[-t - 1]: a token the device sampled in the previous step that
 // the host has not read yet (the engine's async-scheduling placeholder -(r + 1) for row r).
 // Suppression applies to every id of the suppress list: the host lists the stop ids only while
-// min_tokens is not reached.
+// min_tokens is not reached. A grammar mask (structured output), when mask_begin >= 0, is the
+// row's token bitmask at masks[mask_begin .. mask_begin + MaskWords(vocab)): token t is allowed
+// when bit t % 32 of word t / 32 is set, and gets -inf otherwise (engine/grammar/token_bitmask.h's
+// ApplyTokenBitmask). The penalties keep -inf at -inf, so the mask commutes with them.
 struct LogitsProcessingRow {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
@@ -73,18 +76,24 @@ struct LogitsProcessingRow {
   int32_t output_end = 0;
   int32_t suppress_begin = 0;
   int32_t suppress_end = 0;
+  int32_t mask_begin = -1;  // -1: no grammar mask
 };
 
+// MaskWords: the uint32 words of one row's token bitmask, ceil(vocab / 32).
+inline int64_t MaskWords(int64_t vocab) { return (vocab + 31) / 32; }
+
 // LogitsProcessingCpu: the reference of LogitsProcessingCuda. For each row r < rows:
-// out[r] = float(logits[r]) with ApplyPenaltiesCpu(prompt, output) then SuppressTokensCpu
-// (suppress) applied — equal to SampleToken's order (suppress, then penalize) since penalties
-// keep -inf at -inf (p > 0, finite frequency / presence). Placeholder ids resolve through
-// prev_sampled [num_prev] (a placeholder beyond num_prev, or with null prev_sampled, is ignored
-// like an id outside the vocab).
+// out[r] = float(logits[r]) with its grammar mask (if any), ApplyPenaltiesCpu(prompt, output)
+// then SuppressTokensCpu (suppress) applied — equal to SampleToken's order (suppress, then
+// penalize) since penalties keep -inf at -inf (p > 0, finite frequency / presence). Placeholder
+// ids resolve through prev_sampled [num_prev] (a placeholder beyond num_prev, or with null
+// prev_sampled, is ignored like an id outside the vocab).
 //   logits: [rows, vocab] fp32 (the bf16-widened raw logits); out: [rows, vocab] fp32 (may alias)
+//   masks:  the rows' token bitmasks (may be null when no row has mask_begin >= 0)
 void LogitsProcessingCpu(const float* logits, int64_t rows, int64_t vocab,
                          const LogitsProcessingRow* params, const int32_t* ids,
-                         const int32_t* prev_sampled, int64_t num_prev, float* out);
+                         const uint32_t* masks, const int32_t* prev_sampled, int64_t num_prev,
+                         float* out);
 
 }  // namespace sluice::kernels
 

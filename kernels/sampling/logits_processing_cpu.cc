@@ -106,7 +106,8 @@ std::vector<TopLogprob> TopLogprobsCpu(absl::Span<const float> raw, double log_s
 
 void LogitsProcessingCpu(const float* logits, int64_t rows, int64_t vocab,
                          const LogitsProcessingRow* params, const int32_t* ids,
-                         const int32_t* prev_sampled, int64_t num_prev, float* out) {
+                         const uint32_t* masks, const int32_t* prev_sampled, int64_t num_prev,
+                         float* out) {
   std::vector<int32_t> prompt, output, suppress;
   // Resolves placeholders; unresolvable ones become -1 (ignored like any id outside the vocab).
   auto resolve = [&](int32_t begin, int32_t end, std::vector<int32_t>& list) {
@@ -126,6 +127,12 @@ void LogitsProcessingCpu(const float* logits, int64_t rows, int64_t vocab,
     float* out_row = out + r * vocab;
     if (out_row != in_row) std::copy(in_row, in_row + vocab, out_row);
     const absl::Span<float> row(out_row, static_cast<size_t>(vocab));
+    if (p.mask_begin >= 0) {
+      const uint32_t* mask = masks + p.mask_begin;
+      for (int64_t t = 0; t < vocab; ++t) {
+        if (!((mask[t / 32] >> (t % 32)) & 1u)) row[t] = -std::numeric_limits<float>::infinity();
+      }
+    }
     resolve(p.prompt_begin, p.prompt_end, prompt);
     resolve(p.output_begin, p.output_end, output);
     resolve(p.suppress_begin, p.suppress_end, suppress);

@@ -30,7 +30,8 @@ TEST(LogitsProcessingCpuTest, PenaltiesPlaceholdersAndSuppression) {
   p.suppress_end = 9;
   const std::vector<int32_t> prev = {3, 4};
   std::vector<float> out(vocab);
-  LogitsProcessingCpu(logits.data(), 1, vocab, &p, ids.data(), prev.data(), 2, out.data());
+  LogitsProcessingCpu(logits.data(), 1, vocab, &p, ids.data(), nullptr, prev.data(), 2,
+                      out.data());
   EXPECT_EQ(out[0], 1.0f);                          // prompt only: 2 / 2
   EXPECT_EQ(out[1], -2.0f - 0.5f * 2.0f - 0.25f);  // -1 * 2, count 2
   EXPECT_EQ(out[2], 0.5f);                          // untouched
@@ -47,9 +48,40 @@ TEST(LogitsProcessingCpuTest, PenaltiesPlaceholdersAndSuppression) {
 
   // In place (out aliases logits), no placeholders source: placeholders are ignored.
   std::vector<float> in_place = logits;
-  LogitsProcessingCpu(in_place.data(), 1, vocab, &p, ids.data(), nullptr, 0, in_place.data());
+  LogitsProcessingCpu(in_place.data(), 1, vocab, &p, ids.data(), nullptr, nullptr, 0,
+                      in_place.data());
   EXPECT_EQ(in_place[3], 3.0f);
   EXPECT_EQ(in_place[1], out[1]);
+}
+
+// A grammar mask: cleared tokens get -inf, whatever the penalties would give them (the host
+// path's ApplyTokenBitmask, then the penalties).
+TEST(LogitsProcessingCpuTest, GrammarMaskClearsTokensBeforePenalties) {
+  const int64_t vocab = 40;  // two mask words, the second partly used
+  std::vector<float> logits(vocab);
+  for (int64_t i = 0; i < vocab; ++i) logits[i] = 0.25f * static_cast<float>(i) - 3.0f;
+  const std::vector<int32_t> ids = {1, 2, 33};  // output {1, 2, 33}
+  const std::vector<uint32_t> masks = {0xdeadbeefu, 0x00000000u,   // row 0: no mask (unused)
+                                       0x0000000fu, 0x00000002u};  // row 1: tokens 0-3, 33
+  LogitsProcessingRow rows[2];
+  for (LogitsProcessingRow& p : rows) {
+    p.frequency_penalty = 1.0f;
+    p.output_begin = 0;
+    p.output_end = 3;
+  }
+  rows[1].mask_begin = 2;
+  std::vector<float> batch = logits;
+  batch.insert(batch.end(), logits.begin(), logits.end());
+  std::vector<float> out(2 * vocab);
+  LogitsProcessingCpu(batch.data(), 2, vocab, rows, ids.data(), masks.data(), nullptr, 0,
+                      out.data());
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool listed = i == 1 || i == 2 || i == 33;
+    const float penalized = listed ? logits[i] - 1.0f : logits[i];
+    EXPECT_EQ(out[i], penalized) << i;  // row 0 is unmasked
+    const bool allowed = i < 4 || i == 33;
+    EXPECT_EQ(out[vocab + i], allowed ? penalized : -kInf) << i;
+  }
 }
 
 TEST(LogitsProcessingCpuTest, TopLogprobsOrderTiesAndNaN) {

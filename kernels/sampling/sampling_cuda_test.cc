@@ -349,11 +349,13 @@ bool SameFloat(float a, float b) {
 
 // A random batch of processing rows: penalty values include the API limits (frequency and
 // presence ±2) and extreme repetition penalties; lists hold duplicates, ids outside the vocab,
-// placeholders (resolvable and not) and may be empty.
+// placeholders (resolvable and not) and may be empty. Every fourth row has a grammar mask
+// (random words, some all-clear and all-set, as a grammar's masks are mostly one or the other).
 struct ProcessingBatch {
   std::vector<LogitsProcessingRow> rows;
   std::vector<int32_t> ids;
   std::vector<int32_t> prev_sampled;
+  std::vector<uint32_t> masks;
 };
 
 ProcessingBatch RandomProcessing(int64_t rows, int64_t vocab, std::mt19937& rng) {
@@ -371,13 +373,20 @@ ProcessingBatch RandomProcessing(int64_t rows, int64_t vocab, std::mt19937& rng)
   std::uniform_int_distribution<int> len(0, 400);
   std::uniform_int_distribution<int> coin(0, 9);
   // Ids from a small range repeat often (duplicates); the rest spread over the vocab.
-  std::uniform_int_distribution<int32_t> small_id(0, static_cast<int32_t>(std::min<int64_t>(vocab - 1, 63)));
+  std::uniform_int_distribution<int32_t> small_id(
+      0, static_cast<int32_t>(std::min<int64_t>(vocab - 1, 63)));
   auto random_id = [&](bool placeholders) -> int32_t {
     switch (coin(rng)) {
-      case 0: return static_cast<int32_t>(vocab + coin(rng));  // outside the vocab
-      case 1: return placeholders ? -(1 + coin(rng) * 6) : any_id(rng);  // rows 0..54: some > 48
-      case 2: case 3: case 4: return small_id(rng);
-      default: return any_id(rng);
+      case 0:
+        return static_cast<int32_t>(vocab + coin(rng));  // outside the vocab
+      case 1:
+        return placeholders ? -(1 + coin(rng) * 6) : any_id(rng);  // rows 0..54: some > 48
+      case 2:
+      case 3:
+      case 4:
+        return small_id(rng);
+      default:
+        return any_id(rng);
     }
   };
   for (int64_t r = 0; r < rows; ++r) {
@@ -400,6 +409,14 @@ ProcessingBatch RandomProcessing(int64_t rows, int64_t vocab, std::mt19937& rng)
       b.ids.push_back(static_cast<int32_t>(vocab - 1));  // the last id
     }
     p.suppress_end = static_cast<int32_t>(b.ids.size());
+    if (r % 4 == 3) {
+      p.mask_begin = static_cast<int32_t>(b.masks.size());
+      for (int64_t w = 0; w < MaskWords(vocab); ++w) {
+        const int kind = coin(rng);
+        b.masks.push_back(kind < 3 ? 0u : kind < 6 ? ~0u : static_cast<uint32_t>(rng()));
+      }
+      b.masks.back() |= 1u;  // at least one token allowed, as a grammar's mask
+    }
     b.rows.push_back(p);
   }
   return b;
@@ -413,6 +430,9 @@ std::vector<float> RunProcessing(const bf16* d_logits, int64_t rows, int64_t voc
   if (ids.empty()) ids.push_back(0);
   DeviceBuffer<int32_t> d_ids = Upload(ids);
   DeviceBuffer<int32_t> d_prev = Upload(b.prev_sampled);
+  std::vector<uint32_t> masks = b.masks;
+  if (masks.empty()) masks.push_back(0);
+  DeviceBuffer<uint32_t> d_masks = Upload(masks);
   auto d_out = DeviceBuffer<float>::Create(rows * vocab);
   const size_t ws_bytes = LogitsProcessingCudaWorkspaceBytes(rows, vocab);
   auto d_ws = DeviceBuffer<uint32_t>::Create(ws_bytes / 4);
@@ -423,7 +443,7 @@ std::vector<float> RunProcessing(const bf16* d_logits, int64_t rows, int64_t voc
   // Twice: the second call relies on the first leaving the workspace zero.
   for (int i = 0; i < 2; ++i) {
     const absl::Status s = LogitsProcessingCuda(
-        d_logits, rows, vocab, d_rows.data(), d_ids.data(), d_prev.data(),
+        d_logits, rows, vocab, d_rows.data(), d_ids.data(), d_masks.data(), d_prev.data(),
         static_cast<int64_t>(b.prev_sampled.size()), d_out->data(), d_ws->data(), ws_bytes, 0);
     EXPECT_TRUE(s.ok()) << s;
   }
@@ -452,8 +472,8 @@ TEST(LogitsProcessingCudaTest, MatchesCpuBitForBitOnRandomLists) {
       const std::vector<float> widened = cuda_test::ToFloat(logits);
       std::vector<float> want(rows * vocab);
       LogitsProcessingCpu(widened.data(), rows, vocab, b.rows.data(), b.ids.data(),
-                          b.prev_sampled.data(), static_cast<int64_t>(b.prev_sampled.size()),
-                          want.data());
+                          b.masks.data(), b.prev_sampled.data(),
+                          static_cast<int64_t>(b.prev_sampled.size()), want.data());
       int64_t changed = 0, mismatched = 0;
       for (int64_t i = 0; i < rows * vocab; ++i) {
         changed += SameFloat(want[i], widened[i]) ? 0 : 1;
@@ -491,7 +511,7 @@ TEST(LogitsProcessingCudaTest, UnalignedInputAndNeutralRows) {
   ASSERT_EQ(got.size(), static_cast<size_t>(rows * vocab));
   const std::vector<float> widened = cuda_test::ToFloat(logits);
   std::vector<float> want(rows * vocab);
-  LogitsProcessingCpu(widened.data(), rows, vocab, b.rows.data(), b.ids.data(),
+  LogitsProcessingCpu(widened.data(), rows, vocab, b.rows.data(), b.ids.data(), b.masks.data(),
                       b.prev_sampled.data(), static_cast<int64_t>(b.prev_sampled.size()),
                       want.data());
   int64_t mismatched = 0;
@@ -632,9 +652,9 @@ TEST(LogprobRowsCudaTest, MatchesTopLogprobsCpu) {
     auto d_top_lp = DeviceBuffer<float>::Create(rows * max_top);
     ASSERT_TRUE(d_logprobs.ok() && d_top_ids.ok() && d_top_lp.ok());
     ASSERT_EQ(cudaMemset(d_top_ids->data(), 0x7F, d_top_ids->bytes()), cudaSuccess);
-    const absl::Status s =
-        LogprobRowsCuda(d_logits.data(), rows, vocab, d_tokens.data(), d_counts.data(), max_top,
-                        d_logprobs->data(), d_top_ids->data(), d_top_lp->data(), 0);
+    const absl::Status s = LogprobRowsCuda(
+        d_logits.data(), rows, vocab, nullptr, nullptr, d_tokens.data(), d_counts.data(), max_top,
+        d_logprobs->data(), d_top_ids->data(), d_top_lp->data(), 0);
     ASSERT_TRUE(s.ok()) << s;
     std::vector<float> logprobs(rows), top_lp(rows * max_top);
     std::vector<int32_t> top_ids(rows * max_top);
@@ -679,6 +699,58 @@ TEST(LogprobRowsCudaTest, MatchesTopLogprobsCpu) {
     }
     std::printf("[cuda-check] top logprobs vocab=%lld: max_logprob_err=%.3g\n",
                 static_cast<long long>(vocab), max_err);
+  }
+}
+
+// Grammar masks in LogprobRowsCuda: a masked row's logprobs and top entries are those of its
+// logits with the cleared tokens at -inf (the host samples a structured-output row from them).
+TEST(LogprobRowsCudaTest, MaskedRowsMatchTheCpuOnMaskedLogits) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng = cuda_test::Rng();
+  const int64_t rows = 8, vocab = 1001, words = MaskWords(vocab);
+  const int32_t max_top = 5;
+  const std::vector<bf16> logits = RandomLogits(rows, vocab, Shape::kFlat, rng);
+  std::vector<LogitsProcessingRow> params(rows);
+  std::vector<uint32_t> masks;
+  std::vector<int32_t> tokens(rows), counts(rows, max_top);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r % 2 == 1) {  // odd rows: masked, a few hundred tokens allowed
+      params[r].mask_begin = static_cast<int32_t>(masks.size());
+      for (int64_t w = 0; w < words; ++w) masks.push_back(static_cast<uint32_t>(rng()) & rng());
+    }
+    tokens[r] = static_cast<int32_t>(r * 97 % vocab);
+    if (r % 2 == 1) masks[params[r].mask_begin + tokens[r] / 32] |= 1u << (tokens[r] % 32);
+  }
+  DeviceBuffer<bf16> d_logits = Upload(logits);
+  DeviceBuffer<LogitsProcessingRow> d_params = Upload(params);
+  DeviceBuffer<uint32_t> d_masks = Upload(masks);
+  DeviceBuffer<int32_t> d_tokens = Upload(tokens);
+  DeviceBuffer<int32_t> d_counts = Upload(counts);
+  auto d_logprobs = DeviceBuffer<float>::Create(rows);
+  auto d_top_ids = DeviceBuffer<int32_t>::Create(rows * max_top);
+  auto d_top_lp = DeviceBuffer<float>::Create(rows * max_top);
+  ASSERT_TRUE(d_logprobs.ok() && d_top_ids.ok() && d_top_lp.ok());
+  ASSERT_TRUE(LogprobRowsCuda(d_logits.data(), rows, vocab, d_params.data(), d_masks.data(),
+                              d_tokens.data(), d_counts.data(), max_top, d_logprobs->data(),
+                              d_top_ids->data(), d_top_lp->data(), 0)
+                  .ok());
+  std::vector<float> logprobs(rows), top_lp(rows * max_top);
+  std::vector<int32_t> top_ids(rows * max_top);
+  ASSERT_TRUE(d_logprobs->CopyToHost(logprobs.data()).ok());
+  ASSERT_TRUE(d_top_ids->CopyToHost(top_ids.data()).ok());
+  ASSERT_TRUE(d_top_lp->CopyToHost(top_lp.data()).ok());
+  std::vector<float> masked = cuda_test::ToFloat(logits);
+  LogitsProcessingCpu(masked.data(), rows, vocab, params.data(), nullptr, masks.data(), nullptr,
+                      0, masked.data());  // neutral penalties, empty lists: only the masks
+  for (int64_t r = 0; r < rows; ++r) {
+    const absl::Span<const float> row(masked.data() + r * vocab, vocab);
+    const double lse = LogSumExpCpu(row);
+    EXPECT_NEAR(logprobs[r], static_cast<double>(row[tokens[r]]) - lse, 1e-4) << "row " << r;
+    const std::vector<TopLogprob> want = TopLogprobsCpu(row, lse, max_top);
+    for (int32_t j = 0; j < max_top; ++j) {
+      EXPECT_EQ(top_ids[r * max_top + j], want[j].token_id) << "row " << r << " entry " << j;
+      EXPECT_NEAR(top_lp[r * max_top + j], want[j].logprob, 1e-4) << "row " << r;
+    }
   }
 }
 
@@ -742,15 +814,15 @@ TEST(LogitsProcessingCudaTest, TimingInfo) {
   });
   const float process = time_ms([&] {
     return LogitsProcessingCuda(d_logits.data(), rows, vocab, d_rows.data(), d_ids.data(),
-                                nullptr, 0, d_out->data(), d_ws->data(), d_ws->bytes(), 0);
+                                nullptr, nullptr, 0, d_out->data(), d_ws->data(), d_ws->bytes(), 0);
   });
   const float sample_fp32 = time_ms([&] {
     return SampleRowsCuda(d_out->data(), rows, vocab, d_params.data(), d_tokens->data(),
                           d_logprobs->data(), nullptr, 0, 0);
   });
   const float logprobs = time_ms([&] {
-    return LogprobRowsCuda(d_logits.data(), rows, vocab, d_tokens->data(), d_counts.data(),
-                           kMaxTopLogprobs, d_logprobs->data(), d_top_ids->data(),
+    return LogprobRowsCuda(d_logits.data(), rows, vocab, nullptr, nullptr, d_tokens->data(),
+                           d_counts.data(), kMaxTopLogprobs, d_logprobs->data(), d_top_ids->data(),
                            d_top_lp->data(), 0);
   });
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -768,28 +840,33 @@ TEST(LogitsProcessingCudaTest, RejectsBadArguments) {
   void* ws = reinterpret_cast<void*>(16);
   const size_t ws_bytes = LogitsProcessingCudaWorkspaceBytes(2, 8);
   EXPECT_EQ(ws_bytes, 64u);
-  EXPECT_EQ(LogitsProcessingCuda(logits, -1, 8, params, nullptr, nullptr, 0, out, ws, ws_bytes, 0)
+  EXPECT_EQ(LogitsProcessingCuda(logits, -1, 8, params, nullptr, nullptr, nullptr, 0, out, ws, ws_bytes,
+                                 0)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LogitsProcessingCuda(logits, 2, 8, params, nullptr, nullptr, 0, out, ws, 63, 0)
+  EXPECT_EQ(LogitsProcessingCuda(logits, 2, 8, params, nullptr, nullptr, nullptr, 0, out, ws, 63, 0)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LogitsProcessingCuda(logits, 2, 8, params, nullptr, nullptr, 0, nullptr, ws,
+  EXPECT_EQ(LogitsProcessingCuda(logits, 2, 8, params, nullptr, nullptr, nullptr, 0, nullptr, ws,
                                  ws_bytes, 0)
                 .code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(
-      LogitsProcessingCuda(nullptr, 0, 8, nullptr, nullptr, nullptr, 0, nullptr, nullptr, 0, 0)
+      LogitsProcessingCuda(nullptr, 0, 8, nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr,
+                           0, 0)
           .ok());
   const int32_t* tokens = reinterpret_cast<const int32_t*>(16);
   float* lp = reinterpret_cast<float*>(16);
-  EXPECT_EQ(LogprobRowsCuda(logits, 1, 8, tokens, nullptr, kMaxTopLogprobs + 1, lp, nullptr,
-                            nullptr, 0)
+  EXPECT_EQ(LogprobRowsCuda(logits, 1, 8, nullptr, nullptr, tokens, nullptr, kMaxTopLogprobs + 1,
+                            lp, nullptr, nullptr, 0)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(LogprobRowsCuda(logits, 1, 8, tokens, nullptr, 4, lp, nullptr, nullptr, 0).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(LogprobRowsCuda(nullptr, 0, 8, nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0)
+  EXPECT_EQ(
+      LogprobRowsCuda(logits, 1, 8, nullptr, nullptr, tokens, nullptr, 4, lp, nullptr, nullptr, 0)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(LogprobRowsCuda(nullptr, 0, 8, nullptr, nullptr, nullptr, nullptr, 0, nullptr,
+                              nullptr, nullptr, 0)
                   .ok());
 }
 

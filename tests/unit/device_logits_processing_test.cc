@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/grammar_matcher.h"
 #include "engine/model/model.h"
 #include "engine/sample/sampler.h"
 #include "engine/sched/llm_engine.h"
@@ -111,8 +113,17 @@ class HostAsyncModel final : public Model {
     processed = raw;
     if (!processing.rows.empty()) {
       kernels::LogitsProcessingCpu(raw.data(), n, vocab, processing.rows.data(),
-                                   processing.ids.data(), prev_.data(),
+                                   processing.ids.data(), processing.masks.data(), prev_.data(),
                                    static_cast<int64_t>(prev_.size()), processed.data());
+      // A grammar row's logprobs are those of its masked logits (LogprobRowsCuda's mask_rows).
+      for (int64_t r = 0; r < n; ++r) {
+        if (processing.rows[r].mask_begin < 0) continue;
+        kernels::LogitsProcessingRow mask_only;
+        mask_only.mask_begin = processing.rows[r].mask_begin;
+        kernels::LogitsProcessingCpu(raw.data() + r * vocab, 1, vocab, &mask_only, nullptr,
+                                     processing.masks.data(), nullptr, 0,
+                                     raw.data() + r * vocab);
+      }
     }
     Step step;
     for (int64_t r = 0; r < n; ++r) {
@@ -189,8 +200,10 @@ struct EngineRun {
   int64_t preemptions = 0;
 };
 
-EngineRun RunAll(bool async, bool device_processing,
-           int64_t num_kv_blocks, int* plain_steps = nullptr, int* processed_steps = nullptr) {
+// Every third request constrained by `grammar` when it is set.
+EngineRun RunAll(bool async, bool device_processing, int64_t num_kv_blocks,
+                 int* plain_steps = nullptr, int* processed_steps = nullptr,
+                 std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr) {
   auto owned = std::make_unique<HostAsyncModel>(device_processing);
   HostAsyncModel* model = owned.get();
   EngineOptions options;
@@ -203,7 +216,10 @@ EngineRun RunAll(bool async, bool device_processing,
   EXPECT_TRUE(engine.ok()) << engine.status();
   EngineRun run;
   if (!engine.ok()) return run;
-  const std::vector<EngineRequest> requests = PenalizedRequests();
+  std::vector<EngineRequest> requests = PenalizedRequests();
+  for (size_t i = 0; grammar != nullptr && i < requests.size(); i += 3) {
+    requests[i].grammar = grammar;
+  }
   size_t next = 0;
   for (int step = 0; step < 5000; ++step) {
     for (int k = 0; k < 2 && next < requests.size(); ++k) {
@@ -272,6 +288,40 @@ TEST(DeviceLogitsProcessingEngineTest, WithoutDeviceProcessingPenalizedRowsRunSy
   const EngineRun async = RunAll(true, false, 256, &plain, &processed);
   ExpectSame(sync, async);
   EXPECT_EQ(processed, 0);
+}
+
+// Grammar-constrained rows on the device path: the mask travels in the processing rows
+// (LogitsProcessingRow::mask_begin), the step is read before the next one is enqueued (the next
+// mask needs its token), and tokens, logprobs and finish reasons equal the host path's
+// (ApplyTokenBitmask, then SampleToken). Every constrained output follows the grammar.
+TEST(DeviceLogitsProcessingEngineTest, GrammarRowsOnTheDeviceEqualHostSampling) {
+  // ChecksumModel's 64 ids: letters, digit pairs and the EOS.
+  std::vector<std::string> tokens(ChecksumModel::kVocab);
+  for (int i = 2; i < ChecksumModel::kVocab; ++i) {
+    tokens[i] = i < 28 ? std::string(1, static_cast<char>('a' + i - 2))
+                       : absl::StrCat(i % 10, (i / 10) % 10);
+  }
+  auto vocab = grammar::TokenVocab::FromTokens(tokens, {ChecksumModel::kEos});
+  grammar::GrammarCompiler compiler(vocab);
+  auto regex = compiler.Compile({grammar::GrammarKind::kRegex, "[a-f]{2,6}[0-9]+", {}});
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  const EngineRun sync = RunAll(/*async=*/false, /*device_processing=*/true, 256, nullptr,
+                                nullptr, *regex);
+  int plain = 0, processed = 0;
+  const EngineRun async = RunAll(/*async=*/true, /*device_processing=*/true, 256, &plain,
+                                 &processed, *regex);
+  ExpectSame(sync, async);
+  EXPECT_GT(processed, 10);  // grammar rows ran as processed asynchronous steps
+  int constrained = 0;
+  for (size_t i = 0; i < PenalizedRequests().size(); i += 3) {
+    const std::string id = absl::StrCat("r", i);
+    grammar::GrammarMatcher m(*regex, std::vector<int32_t>{ChecksumModel::kEos});
+    for (const SampledToken& t : async.tokens.at(id)) {
+      EXPECT_TRUE(m.AcceptToken(t.token_id)) << id << " token " << t.token_id;
+    }
+    ++constrained;
+  }
+  EXPECT_EQ(constrained, 4);
 }
 
 }  // namespace
