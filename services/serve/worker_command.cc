@@ -76,11 +76,16 @@ int Run(const WorkerOptions& options, Role role) {
   }
   AsyncEngine& engine = runtime->backend->engine();
   // A vision-language model's tower, for images the router sends as bytes (no encoder worker).
-  absl::StatusOr<std::unique_ptr<WorkerImages>> images =
-      WorkerImages::Load(runtime_options.model_dir, options.encoder_cache_bytes);
-  if (!images.ok()) {
-    spdlog::error("vision encoder: {}", images.status().ToString());
-    return 1;
+  // Without it (dummy weights, a folder whose tower does not load) the worker still serves
+  // embeddings from encoder workers; it just does not advertise image_encode.
+  absl::StatusOr<std::unique_ptr<WorkerImages>> images = std::unique_ptr<WorkerImages>();
+  if (runtime_options.load_format != "dummy") {
+    images = WorkerImages::Load(runtime_options.model_dir, options.encoder_cache_bytes);
+    if (!images.ok()) {
+      spdlog::warn("no image encoding on this worker (images need encoder workers): {}",
+                   images.status().ToString());
+      images = std::unique_ptr<WorkerImages>();
+    }
   }
 
   // KV memory registered once with the transfer agent.
