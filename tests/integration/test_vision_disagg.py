@@ -348,7 +348,7 @@ def test_decode_worker_prefills_images_itself(tokenizer):
         c.stop()
 
 
-def test_encoder_killed_mid_request_fails_over_then_errors_cleanly(tokenizer):
+def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer):
     c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
                 router_args=LIMITS, role_args={"encoder": ["--test-encode-delay-ms", "1500"]})
     client = client_of(c.url)
