@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """TTFT of image chats, 1 and 5 images per prompt, new images (encoder cache misses) and
 repeated ones (hits): on `sluice serve` (aggregated: the image encoder runs in the serving
-process) and through the router with a separate encoder (router + `sluice encoder` + prefill +
-decode processes on loopback, tests/integration/sluice_cluster.py), or on a running endpoint.
+process), through the router with a separate encoder (router + `sluice encoder` + prefill +
+decode processes on loopback, tests/integration/sluice_cluster.py), through the router without
+an encoder (mode selfencode: the prefill and decode workers encode the images themselves), or on
+a running endpoint.
 
     .venv/bin/python bench/vision_ttft.py --model ../shared/fixtures/llava-tiny \
-        [--modes serve,disagg] [--endpoint URL] [--sluice build/bin/sluice] [--requests 30] \
+        [--modes serve,disagg,selfencode] [--endpoint URL] [--sluice build/bin/sluice] [--requests 30] \
         [--image-size 640x480] [--out FILE]
 
 Each request is a streamed greedy chat (max_tokens 1) whose user message holds k JPEG images of
@@ -14,7 +16,7 @@ question; TTFT is the time from sending to the first content chunk, measured wit
 SDK one request at a time. "miss" requests use fresh images; "hit" requests repeat the first
 request's images (embeddings from the cache; the prefix cache may also hit). Prints and writes
 JSON: per mode and (k, miss|hit) the median and p90 TTFT in seconds, the ratio of 5-image to
-1-image median TTFT, and with both modes the disaggregated / aggregated median ratios.
+1-image median TTFT, and the disaggregated / aggregated median ratios of each router mode.
 `--endpoint URL` measures a server already running there instead (mode "endpoint").
 """
 import argparse
@@ -84,7 +86,8 @@ def start(mode, model_dir):
         return server.url, server.stop
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from sluice_cluster import Cluster  # noqa: E402
-    cluster = Cluster(1, 1, num_encoder=1, model_dir=model_dir, router_args=SERVER_ARGS,
+    cluster = Cluster(1, 1, num_encoder=1 if mode == "disagg" else 0, model_dir=model_dir,
+                      router_args=SERVER_ARGS,
                       role_args={"encoder": ["--max-image-bytes", str(64 << 20)]})
     return cluster.url, cluster.stop
 
@@ -94,7 +97,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--sluice", default=str(REPO / "build" / "bin" / "sluice"))
     ap.add_argument("--modes", default="serve,disagg",
-                    help="serve (aggregated) and/or disagg (router + encoder + prefill + decode)")
+                    help="serve (aggregated), disagg (router + encoder + prefill + decode), "
+                         "selfencode (router + prefill + decode, the workers encode)")
     ap.add_argument("--endpoint", help="measure the server at this URL instead")
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--image-size", default="640x480")
@@ -116,10 +120,11 @@ def main():
         finally:
             stop()
     t = result["ttft"]
-    if "serve" in t and "disagg" in t:
-        result["ratio_disagg_to_serve"] = {
-            key: t["disagg"][key]["median_s"] / t["serve"][key]["median_s"]
-            for key in t["serve"] if isinstance(t["serve"][key], dict)}
+    for routed in ("disagg", "selfencode"):
+        if "serve" in t and routed in t:
+            result[f"ratio_{routed}_to_serve"] = {
+                key: t[routed][key]["median_s"] / t["serve"][key]["median_s"]
+                for key in t["serve"] if isinstance(t["serve"][key], dict)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -160,10 +160,18 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
       mm_input.embeddings = mm.cache->Lookup(mm_input.content_hash);
     }
     if (mm_input.embeddings == nullptr) {
+      if (mm.encoder == nullptr && mm.checked != nullptr &&
+          mm.checked->Contains(mm_input.content_hash)) {
+        // Checked before (an earlier turn of the chat): not decoded again.
+        mm_input.image = std::make_shared<const std::string>(images[i].bytes);
+        out.push_back(std::move(mm_input));
+        continue;
+      }
       auto decoded = vision::DecodeImage(images[i].bytes, mm.decode_limits);
       if (!decoded.ok()) return Bad(images[i].where, std::string(decoded.status().message()));
       if (mm.encoder == nullptr) {
         // Encoded elsewhere (an encoder worker): only the bytes travel on.
+        if (mm.checked != nullptr) mm.checked->Insert(mm_input.content_hash);
         mm_input.image = std::make_shared<const std::string>(images[i].bytes);
         out.push_back(std::move(mm_input));
         continue;

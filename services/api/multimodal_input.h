@@ -30,6 +30,7 @@
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/image.h"
 #include "engine/vision/vision_encoder.h"
+#include "services/api/checked_images.h"
 #include "nlohmann/json.hpp"
 
 namespace sluice {
@@ -49,6 +50,9 @@ struct MultimodalContext {
   // encoder worker instead of embeddings.
   const vision::VisionEncoder* encoder = nullptr;
   vision::EmbeddingCache* cache = nullptr;  // may be null: every image is encoded
+  // Without an encoder: the hashes of images already decoded and found valid, so a repeated
+  // image is not decoded again (may be null: every image is decoded).
+  CheckedImages* checked = nullptr;
   std::string image_placeholder;            // the text of the image token, e.g. "<|image|>"
   // The model's image geometry (VisionEncoder's, or read from config.json and
   // preprocessor_config.json without the weights): the image token, the placeholder tokens
@@ -87,7 +91,8 @@ absl::StatusOr<nlohmann::json> FlattenContent(const std::vector<std::string>& te
 // EncodePromptImages expands the image tokens of `prompt` (tokenized chat text) to
 // tokens_per_image each and returns one MultimodalInput per image: decoded (limits and 400s of
 // DecodeImage, naming the image), encoded through the cache — or, without mm.encoder, checked
-// by decoding and returned with its bytes and no embeddings. Errors: InvalidArgument (param
+// by decoding (skipped for a content hash in mm.checked) and returned with its bytes and no
+// embeddings. Errors: InvalidArgument (param
 // "messages") for an image that does not decode, a placeholder count that differs from the
 // number of images, more images than max_images_per_prompt.
 absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(

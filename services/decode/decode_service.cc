@@ -454,6 +454,13 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     return reactor;
   }
   absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
+  if (mm_inputs.ok()) {
+    // Images sent as bytes (self-encode fallback): decode needs the embeddings whenever it
+    // computes prompt positions itself (recompute, migration), so it encodes them too.
+    if (absl::Status s = EncodeMissingImages(options_.images, &*mm_inputs); !s.ok()) {
+      mm_inputs = s;
+    }
+  }
   if (!mm_inputs.ok()) {
     reactor->Finish(ToGrpc(mm_inputs.status()));
     return reactor;
@@ -565,6 +572,12 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       request->transfer_timeout_ms() > 0 ? absl::Milliseconds(request->transfer_timeout_ms())
                                          : options_.transfer_timeout;
   absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
+  // A Decode that claims a reservation uses the Reserve's inputs (already encoded).
+  if (mm_inputs.ok() && !(remote && existing != nullptr)) {
+    if (absl::Status s = EncodeMissingImages(options_.images, &*mm_inputs); !s.ok()) {
+      mm_inputs = s;
+    }
+  }
   if (!mm_inputs.ok()) {
     if (existing != nullptr) existing->Cancel();
     auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
 #include "services/worker_common/task_pool.h"
+#include "services/worker_common/worker_images.h"
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
@@ -57,6 +58,9 @@ struct DecodeServiceOptions {
   // Compiles the grammars requests carry (SamplingParams.grammar_ebnf); borrowed. Null: such
   // requests are refused with INVALID_ARGUMENT.
   WorkerGrammars* grammars = nullptr;
+  // Encodes images the router sent as bytes (self-encode fallback); borrowed. Null: a request
+  // with such images fails (FAILED_PRECONDITION).
+  const WorkerImages* images = nullptr;
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
   // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;

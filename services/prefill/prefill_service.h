@@ -23,6 +23,7 @@
 #include "engine/sched/async_engine.h"
 #include "services/common/grant_tokens.h"
 #include "services/worker_common/task_pool.h"
+#include "services/worker_common/worker_images.h"
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
@@ -48,6 +49,9 @@ struct PrefillServiceOptions {
   // Compiles the grammars requests carry (SamplingParams.grammar_ebnf); borrowed. Null: such
   // requests are refused with INVALID_ARGUMENT.
   WorkerGrammars* grammars = nullptr;
+  // Encodes images the router sent as bytes (self-encode fallback); borrowed. Null: a request
+  // with such images fails (FAILED_PRECONDITION).
+  const WorkerImages* images = nullptr;
 };
 
 class PrefillService final : public v1::PrefillWorker::CallbackService {

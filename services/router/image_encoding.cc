@@ -1,5 +1,8 @@
 #include "services/router/image_encoding.h"
 
+#include <xxhash.h>
+
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -23,6 +26,43 @@ v1::EncodeRequest EncodeRequestFor(const EngineRequest& request,
     out.add_images(mm.image != nullptr ? *mm.image : std::string());
   }
   return out;
+}
+
+std::optional<WorkerSnapshot> PickEncoder(WorkerRegistry* registry, const BlockHash& affinity,
+                                          const std::set<std::string>& exclude,
+                                          int64_t max_extra_load) {
+  std::vector<WorkerSnapshot> live;
+  for (WorkerSnapshot& w : registry->List()) {
+    if (w.role == WorkerRole::kEncoder && !w.draining && !w.suspect &&
+        exclude.count(w.worker_id) == 0) {
+      live.push_back(std::move(w));
+    }
+  }
+  if (live.empty()) return std::nullopt;
+  const auto load = [](const WorkerSnapshot& w) {
+    return std::max(w.num_assigned, w.load.num_waiting_requests + w.load.num_running_requests);
+  };
+  int64_t least = load(live.front());
+  for (const WorkerSnapshot& w : live) least = std::min(least, load(w));
+  const WorkerSnapshot* chosen = nullptr;
+  uint64_t best_weight = 0;
+  for (const WorkerSnapshot& w : live) {
+    if (load(w) > least + max_extra_load) continue;
+    const uint64_t weight =
+        XXH3_64bits_withSeed(w.address.data(), w.address.size(), affinity.lo ^ affinity.hi);
+    if (chosen == nullptr || weight > best_weight) {
+      chosen = &w;
+      best_weight = weight;
+    }
+  }
+  // Assign through Pick with every other encoder excluded (it counts the assignment); if the
+  // chosen one left meanwhile, the least loaded of the rest.
+  std::set<std::string> others = exclude;
+  for (const WorkerSnapshot& w : live) {
+    if (w.worker_id != chosen->worker_id) others.insert(w.worker_id);
+  }
+  std::optional<WorkerSnapshot> picked = registry->Pick(WorkerRole::kEncoder, 0, others);
+  return picked.has_value() ? picked : registry->Pick(WorkerRole::kEncoder, 0, exclude);
 }
 
 std::string ContentHashToWire(const BlockHash& hash) {
@@ -81,6 +121,8 @@ void MmInputsToWire(const std::vector<MultimodalInput>& in,
     if (mm.embeddings != nullptr) {
       w->set_embeddings(reinterpret_cast<const char*>(mm.embeddings->data()),
                         mm.embeddings->size() * sizeof(float));
+    } else if (mm.image != nullptr) {
+      w->set_image(*mm.image);  // the worker encodes it (no encoder worker could)
     }
   }
 }

@@ -4,11 +4,14 @@
 #ifndef SLUICE_SERVICES_ROUTER_IMAGE_ENCODING_H_
 #define SLUICE_SERVICES_ROUTER_IMAGE_ENCODING_H_
 
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/sched/request.h"
+#include "services/router/worker_registry.h"
 #include "sluice/v1/encoder.pb.h"
 #include "sluice/v1/worker.pb.h"
 
@@ -28,10 +31,22 @@ v1::EncodeRequest EncodeRequestFor(const EngineRequest& request,
 absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
                                  const std::vector<size_t>& pending, EngineRequest* request);
 
+// PickEncoder chooses the encoder worker for a request's images by cache affinity on
+// `affinity` (the first image's content hash): rendezvous hashing over the live encoders'
+// addresses, so an image goes to the encoder that encoded (and cached) it while the pool stays
+// the same — unless that encoder has more than `max_extra_load` calls in flight beyond the least
+// loaded one, which then gets it (Pick's choice; affinity must not build hotspots). Counts one
+// assignment like WorkerRegistry::Pick (undo with Release). nullopt when no encoder outside
+// `exclude` is live.
+std::optional<WorkerSnapshot> PickEncoder(WorkerRegistry* registry, const BlockHash& affinity,
+                                          const std::set<std::string>& exclude,
+                                          int64_t max_extra_load = 2);
+
 // ContentHashToWire: 16 bytes, lo then hi, little-endian (ImageEmbedding.content_hash).
 std::string ContentHashToWire(const BlockHash& hash);
 
-// MmInputsToWire: every image with its embeddings (all must have them).
+// MmInputsToWire: every image with its embeddings, or its bytes where it has none (the prefill
+// and decode workers then encode it themselves: the self-encode fallback).
 void MmInputsToWire(const std::vector<MultimodalInput>& in,
                     google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out);
 

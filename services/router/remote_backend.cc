@@ -248,7 +248,22 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     std::optional<WorkerSnapshot> worker;
     if (num_encode_attempts_ < options_.max_encode_attempts &&
         std::chrono::system_clock::now() < encode_until_) {
-      worker = backend_->registry_->Pick(WorkerRole::kEncoder, 0, bad_encoder_);
+      // Cache affinity on the first image (the encoder that has it cached), within load.
+      worker = PickEncoder(backend_->registry_,
+                           request_.mm_inputs[pending_images_.front()].content_hash, bad_encoder_);
+    }
+    if (!worker.has_value() && backend_->CanSelfEncode()) {
+      // No encoder worker (or none that worked): the prefill / decode workers encode the
+      // images themselves from their bytes (the same vision tower, so the same embeddings).
+      if (num_encode_attempts_ > 0) {
+        spdlog::warn("request {}: {}; the workers encode its images themselves", id(),
+                     encode_error_);
+      }
+      for (size_t i = 0; i < pending_images_.size(); ++i) {
+        backend_->Count(&RemoteBackendCounters::num_self_encoded_images);
+      }
+      pending_images_.clear();
+      return StartWithImages();
     }
     if (!worker.has_value()) {
       Finish(FinishReason::kError,
@@ -1042,10 +1057,12 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
   if (registry_->CountLive(WorkerRole::kDecode) == 0) {
     return absl::UnavailableError("no decode worker is registered with the router");
   }
-  if (!PendingImages(request).empty() && registry_->CountLive(WorkerRole::kEncoder) == 0) {
+  if (!PendingImages(request).empty() && registry_->CountLive(WorkerRole::kEncoder) == 0 &&
+      !CanSelfEncode()) {
     return absl::UnavailableError(
-        "no encoder worker is registered with the router: images need one (start `sluice "
-        "encoder --model DIR --router HOST:PORT`)");
+        "no encoder worker is registered with the router and no decode worker can encode "
+        "images itself: images need one (start `sluice encoder --model DIR --router "
+        "HOST:PORT`)");
   }
   // A worker without the capability would drop the grammar and answer unconstrained.
   if (request.grammar != nullptr &&
@@ -1090,10 +1107,16 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
   // first token, decode the rest; encoders sample nothing).
   std::set<std::string> excluded;
   const std::set<std::string>* skip = &exclude;
-  if (request.grammar != nullptr && role != WorkerRole::kEncoder) {
+  // Images sent as bytes (self-encode fallback) go only to workers that encode them.
+  const bool needs_grammar = request.grammar != nullptr;
+  const bool needs_encode = !PendingImages(request).empty();
+  if ((needs_grammar || needs_encode) && role != WorkerRole::kEncoder) {
     excluded = exclude;
     for (const WorkerSnapshot& w : registry_->List()) {
-      if (w.role == role && !w.Has(kGrammarCapability)) excluded.insert(w.worker_id);
+      if (w.role == role && ((needs_grammar && !w.Has(kGrammarCapability)) ||
+                             (needs_encode && !w.Has(kImageEncodeCapability)))) {
+        excluded.insert(w.worker_id);
+      }
     }
     skip = &excluded;
   }
@@ -1104,6 +1127,11 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
   }
   return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
                                   request.cache_salt, tokens_needed, *skip, image_keys);
+}
+
+bool RemoteBackend::CanSelfEncode() const {
+  return options_.self_encode_fallback &&
+         registry_->CountLiveWith(WorkerRole::kDecode, kImageEncodeCapability) > 0;
 }
 
 void RemoteBackend::ReleaseWorker(const std::string& worker_id, const std::string& request_id) {

@@ -41,7 +41,10 @@
 // embeddings then travel with the prompt to prefill (PrefillRequest.mm_inputs) and decode
 // (ReserveRequest / DecodeRequest.mm_inputs: a decode worker recomputes prompt positions after
 // a preemption, and prefills itself for short prompts and migrations). Without a live encoder
-// worker such a request is refused (Unavailable, 503).
+// worker, or once every one tried failed, the images go to prefill and decode as bytes and the
+// workers encode them themselves (self_encode_fallback; only workers advertising
+// kImageEncodeCapability are picked then, and if no decode worker does, the request is refused:
+// Unavailable, 503).
 //
 // KV blocks on decode (the queue): each Reserve lets the decode worker wait at
 // most reserve_attempt_wait for free blocks; a worker that has none is skipped
@@ -86,6 +89,9 @@ struct RemoteBackendOptions {
   // All Encode attempts of one request together, and how many encoder workers it may try.
   absl::Duration encode_deadline = absl::Seconds(60);
   int32_t max_encode_attempts = 3;
+  // No encoder worker could encode a request's images: the prefill / decode workers that can
+  // encode them themselves (false: the request fails with 503 instead).
+  bool self_encode_fallback = true;
   int32_t max_decode_attempts = 2;  // only while no token reached the caller
   // After tokens reached the caller: how many times one request may move to another decode
   // worker (migration, see the file comment) before a decode failure ends it.
@@ -130,6 +136,8 @@ struct RemoteBackendCounters {
   int64_t num_prefill_retries = 0;
   int64_t num_encoded_images = 0;  // images sent to encoder workers (each once per request)
   int64_t num_encode_retries = 0;  // Encode calls tried again on another encoder worker
+  // Images sent as bytes for the prefill / decode workers to encode (no encoder worker could).
+  int64_t num_self_encoded_images = 0;
   int64_t num_decode_retries = 0;
   // Of those: after the first token was sent, on another decode worker pulling the same
   // pinned prefill KV.
@@ -186,6 +194,9 @@ class RemoteBackend : public InferenceBackend {
                                            int64_t tokens_needed,
                                            const std::set<std::string>& exclude);
   void ReleaseWorker(const std::string& worker_id, const std::string& request_id);
+  // CanSelfEncode: the fallback is on and a live decode worker encodes images (a decode worker
+  // serves every request; prefill workers that cannot encode are skipped).
+  bool CanSelfEncode() const;
 
   WorkerRegistry* registry_;
   RemoteBackendOptions options_;

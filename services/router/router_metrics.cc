@@ -77,6 +77,11 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
          "Images the router had encoder workers encode.");
   absl::StrAppend(&out, "sluice_router_encoded_images_total ", counters.num_encoded_images,
                   "\n");
+  Header(out, "sluice_router_self_encoded_images_total", "counter",
+         "Images sent as bytes to prefill/decode workers that encode them themselves (no "
+         "encoder worker could).");
+  absl::StrAppend(&out, "sluice_router_self_encoded_images_total ",
+                  counters.num_self_encoded_images, "\n");
   Header(out, "sluice_router_decode_retries_pinned_kv_total", "counter",
          "Decode retries after the first token was sent, on another decode worker pulling the "
          "same pinned prefill KV.");

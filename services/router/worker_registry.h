@@ -72,6 +72,9 @@ struct WorkerSnapshot {
 
 // kGrammarCapability: the worker enforces SamplingParams.grammar_ebnf.
 inline constexpr char kGrammarCapability[] = "grammar";
+// kImageEncodeCapability: the worker encodes images sent as bytes (MultimodalInput.image) with
+// its own vision tower: where no encoder worker could, prefill and decode encode themselves.
+inline constexpr char kImageEncodeCapability[] = "image_encode";
 
 struct WorkerRegistryOptions {
   absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is suspect

@@ -296,6 +296,10 @@ int main(int argc, char** argv) {
                    "layerwise: prefill writes each layer as it is computed (same on every "
                    "worker)")
         ->check(CLI::IsMember({"pull", "push", "layerwise"}));
+    cmd.add_option("--encoder-cache-bytes", w.encoder_cache_bytes,
+                   "Vision-language models: cache of the image embeddings this worker encodes "
+                   "itself when no encoder worker could, bytes, LRU (default 64 MiB; 0: off)")
+        ->check(CLI::NonNegativeNumber);
     cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
                    "SIGTERM: finish requests in flight within this many seconds, then cut the "
                    "rest (the router moves cut decode streams elsewhere) and exit 0")

@@ -24,6 +24,11 @@ void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags, bool with_cache) 
   if (with_cache) {
     app.add_option("--encoder-cache-bytes", flags.encoder_cache_bytes,
                    "Image embedding cache size in bytes, LRU (default 256 MiB; 0: off)");
+  } else {
+    app.add_option("--image-check-cache-entries", flags.image_check_cache_entries,
+                   "Content hashes of checked images kept, so repeated images are not decoded "
+                   "again (default 4096; 0: off)")
+        ->check(CLI::NonNegativeNumber);
   }
   app.add_option("--allowed-media-domains", flags.allowed_media_domains,
                  "Hosts whose http(s) image URLs are fetched, comma-separated ('*': any); "
@@ -127,6 +132,10 @@ absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadRouterMultimodal(
   rt->context.preprocess_fingerprint = processor->Fingerprint();
   if (absl::Status s = FillContext(flags, tokenizer, chat_template, rt.get()); !s.ok()) {
     return s;
+  }
+  if (flags.image_check_cache_entries > 0) {
+    rt->checked = std::make_unique<CheckedImages>(flags.image_check_cache_entries);
+    rt->context.checked = rt->checked.get();
   }
   return rt;
 }

@@ -32,10 +32,13 @@ struct MultimodalFlags {
   std::string allowed_media_domains;
   double media_fetch_timeout_s = 10;
   int32_t media_max_redirects = 3;
+  // The router: content hashes of images already checked, kept so a repeated image is not
+  // decoded again (--image-check-cache-entries; 0: off).
+  int64_t image_check_cache_entries = 4096;
 };
 
 // AddMultimodalFlags: the image flags; `with_cache`: also --encoder-cache-bytes (processes that
-// encode: serve, generate, encoder).
+// encode: serve, generate, encoder); without it (the router) --image-check-cache-entries.
 void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags, bool with_cache = true);
 
 // MultimodalRuntime owns what MultimodalContext borrows.
@@ -43,6 +46,7 @@ struct MultimodalRuntime {
   std::unique_ptr<vision::VisionEncoder> encoder;
   std::unique_ptr<vision::EmbeddingCache> cache;
   std::unique_ptr<ImageFetcher> fetcher;
+  std::unique_ptr<CheckedImages> checked;  // the router's: images already checked
   MultimodalContext context;
 };
 

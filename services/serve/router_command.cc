@@ -155,10 +155,12 @@ int RunRouter(const RouterOptions& options) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }
   service_options.auth = auth->get();
+  const CheckedImages* checked_images = nullptr;
   if (*multimodal != nullptr) {
+    checked_images = (*multimodal)->checked.get();
     service_options.multimodal = &(*multimodal)->context;
     spdlog::info("vision-language model: {} tokens per image, at most {} images per prompt; "
-                 "images go to registered encoder workers",
+                 "images go to registered encoder workers (else the workers encode them)",
                  (*multimodal)->context.tokens_per_image,
                  (*multimodal)->context.max_images_per_prompt);
   }
@@ -235,7 +237,8 @@ int RunRouter(const RouterOptions& options) {
 
   absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
       options.http,
-      [service_ptr, registry_ptr, backend_ptr, kv_router_ptr, planner_ptr, plan_now](
+      [service_ptr, registry_ptr, backend_ptr, kv_router_ptr, planner_ptr, plan_now,
+       checked_images](
           const HttpRequestInfo& request,
                                                std::shared_ptr<ResponseSink> sink,
                                                Poster poster) -> std::shared_ptr<RequestHandle> {
@@ -286,6 +289,9 @@ int RunRouter(const RouterOptions& options) {
           }
           capture->body += RenderRouterMetrics(registry_ptr->List(), backend_ptr->counters());
           capture->body += RenderKvRouterMetrics(kv_router_ptr->counters());
+          if (checked_images != nullptr) {
+            capture->body += RenderCheckedImagesMetrics(checked_images->stats());
+          }
           capture->body += Planner::RenderMetrics(plan_now());
           sink->SendResponse(capture->status, capture->content_type, std::move(capture->body));
           return nullptr;

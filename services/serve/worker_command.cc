@@ -18,6 +18,7 @@
 #include "services/worker_common/kv_event_publisher.h"
 #include "services/worker_common/registration_client.h"
 #include "services/worker_common/worker_http.h"
+#include "services/worker_common/worker_images.h"
 #include "services/worker_common/worker_metrics.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/kv_transfer.h"
@@ -74,6 +75,18 @@ int Run(const WorkerOptions& options, Role role) {
     return 1;
   }
   AsyncEngine& engine = runtime->backend->engine();
+  // A vision-language model's tower, for images the router sends as bytes (no encoder worker).
+  // Without it (dummy weights, a folder whose tower does not load) the worker still serves
+  // embeddings from encoder workers; it just does not advertise image_encode.
+  absl::StatusOr<std::unique_ptr<WorkerImages>> images = std::unique_ptr<WorkerImages>();
+  if (runtime_options.load_format != "dummy") {
+    images = WorkerImages::Load(runtime_options.model_dir, options.encoder_cache_bytes);
+    if (!images.ok()) {
+      spdlog::warn("no image encoding on this worker (images need encoder workers): {}",
+                   images.status().ToString());
+      images = std::unique_ptr<WorkerImages>();
+    }
+  }
 
   // KV memory registered once with the transfer agent.
   transfer::KvTransferOptions transfer_options;
@@ -130,6 +143,7 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
     prefill_options.grammars = &grammars;
+    prefill_options.images = images->get();
     prefill_options.layerwise_group_layers = options.layerwise_group_layers;
     prefill_options.test_fail_layer_group = options.test_fail_layer_push;
     // The advertised address is only known after binding; the service copies it below.
@@ -144,6 +158,7 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.swa_replay_tokens = EffectiveSwaReplayTokens(
         engine.model(), runtime_options.engine.swa_replay_tokens);
     decode_options.grammars = &grammars;
+    decode_options.images = images->get();
     decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
     decode_options.channel_credentials = peer_credentials;
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
@@ -171,8 +186,9 @@ int Run(const WorkerOptions& options, Role role) {
   DecodeService* decode_ptr = decode.get();
   transfer::KvTransferAgent* agent_ptr = agent->get();
   std::shared_ptr<KvConnector> kv_connector = runtime->kv_connector;
+  const WorkerImages* images_ptr = images->get();
   http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr,
-                                 kv_connector] {
+                                 kv_connector, images_ptr] {
     WorkerMetrics::ServiceGauges gauges;
     if (prefill_ptr != nullptr) gauges.num_queued_prefill_tokens =
         prefill_ptr->num_queued_prefill_tokens();
@@ -180,7 +196,9 @@ int Run(const WorkerOptions& options, Role role) {
     AsyncEngineStats stats = engine.Stats();
     // Write-through finishes after the engine's last step: read the connector live.
     if (kv_connector != nullptr) stats.counters.kv_connector = kv_connector->stats();
-    return metrics.Render(stats, agent_ptr->stats(), gauges);
+    std::string text = metrics.Render(stats, agent_ptr->stats(), gauges);
+    if (images_ptr != nullptr) text += RenderWorkerImageMetrics(*images_ptr);
+    return text;
   };
   http_options.healthy = [&metrics] { return metrics.healthy(); };
   absl::StatusOr<std::unique_ptr<HttpServer>> http = StartWorkerHttp(std::move(http_options));
@@ -211,6 +229,8 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.set_kv_transfer_mode(transfer_mode);
     // Grammars sent as SamplingParams.grammar_ebnf are compiled and enforced (WorkerGrammars).
     reg.worker.add_capabilities("grammar");  // registry.proto WorkerInfo.capabilities
+    // Images sent as bytes are encoded here (WorkerImages).
+    if (images_ptr != nullptr) reg.worker.add_capabilities("image_encode");
     PrefillService* p = prefill.get();
     registration = std::make_unique<RegistrationClient>(reg, [&engine, p] {
       const AsyncEngineStats s = engine.Stats();

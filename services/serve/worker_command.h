@@ -37,6 +37,9 @@ struct WorkerOptions {
   // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
   // CA) and on every channel this worker opens (router, prefill peers, kvstore).
   PeerTlsOptions tls;
+  // Vision-language models: the embedding cache of the images this worker encodes itself
+  // (the router's self-encode fallback, when no encoder worker could); 0: no cache.
+  int64_t encoder_cache_bytes = 64 << 20;
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

@@ -113,6 +113,12 @@ absl::StatusOr<std::vector<MultimodalInput>> MmInputsFromWire(
       mm.content_hash.lo |= uint64_t{static_cast<uint8_t>(w.content_hash()[b])} << (8 * b);
       mm.content_hash.hi |= uint64_t{static_cast<uint8_t>(w.content_hash()[8 + b])} << (8 * b);
     }
+    if (w.embeddings().empty() && !w.image().empty()) {
+      // To be encoded by this worker (WorkerImages, the self-encode fallback).
+      mm.image = std::make_shared<const std::string>(w.image());
+      out.push_back(std::move(mm));
+      continue;
+    }
     auto values = std::make_shared<std::vector<float>>(w.embeddings().size() / sizeof(float));
     std::memcpy(values->data(), w.embeddings().data(), w.embeddings().size());  // little-endian
     mm.embeddings = std::move(values);
