@@ -68,8 +68,12 @@ class ResponsesToolsTest : public ::testing::Test {
   // Post sends `body` to `path`; the sink holds the answer once the engine outputs are emitted.
   std::shared_ptr<RecordingSink> Post(const std::string& path, json body) {
     body["model"] = "mini";
+    return PostText(path, body.dump());
+  }
+  // PostText sends a raw body (its key order is what the chat template sees of the tools).
+  std::shared_ptr<RecordingSink> PostText(const std::string& path, const std::string& body) {
     auto sink = std::make_shared<RecordingSink>();
-    service_->Handle({"POST", path, body.dump()}, sink, executor_.poster());
+    service_->Handle({"POST", path, body}, sink, executor_.poster());
     executor_.Drain();
     return sink;
   }
@@ -102,33 +106,47 @@ class ResponsesToolsTest : public ::testing::Test {
 };
 
 TEST_F(ResponsesToolsTest, ToolsAndCallItemsRenderLikeChat) {
-  // A turn with a call and its result, fed back as Responses items and as chat messages.
-  Post("/v1/chat/completions",
-       {{"tools", ChatTools()},
-        {"messages",
-         {{{"role", "user"}, {"content", "Weather in Oslo?"}},
-          {{"role", "assistant"},
-           {"content", "Checking."},
-           {"tool_calls", {{{"id", "call_1"},
-                            {"type", "function"},
-                            {"function", {{"name", "get_weather"},
-                                          {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
-          {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}}}});
+  // A turn with a call and its result, fed back as Responses items and as chat messages; both
+  // bodies keep their key order (clients write "type" first), as the template prints tools.
+  using ordered = nlohmann::ordered_json;
+  const ordered chat{
+      {"model", "mini"},
+      {"tools", {{{"type", "function"},
+                  {"function", {{"name", "get_weather"},
+                                {"description", "Weather now"},
+                                {"parameters", kWeather}}}}}},
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Oslo?"}},
+        {{"role", "assistant"},
+         {"content", "Checking."},
+         {"tool_calls", {{{"id", "call_1"},
+                          {"type", "function"},
+                          {"function", {{"name", "get_weather"},
+                                        {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "sunny"}}}}};
+  PostText("/v1/chat/completions", chat.dump());
+  ASSERT_EQ(backend_.order().size(), 1u);
   const std::string chat_prompt = LastPrompt();
-  Post("/v1/responses",
-       {{"tools", ResponsesTools()},
-        {"input",
-         {{{"role", "user"}, {"content", "Weather in Oslo?"}},
-          {{"type", "message"}, {"role", "assistant"},
-           {"content", {{{"type", "output_text"}, {"text", "Checking."}}}}},
-          {{"type", "function_call"}, {"id", "fc_1"}, {"call_id", "call_1"},
-           {"name", "get_weather"}, {"arguments", "{\"city\": \"Oslo\"}"},
-           {"status", "completed"}},
-          {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "sunny"}}}}});
+  const ordered responses{
+      {"model", "mini"},
+      {"tools", {{{"type", "function"},
+                  {"name", "get_weather"},
+                  {"description", "Weather now"},
+                  {"parameters", kWeather}}}},
+      {"input",
+       {{{"role", "user"}, {"content", "Weather in Oslo?"}},
+        {{"type", "message"}, {"role", "assistant"},
+         {"content", {{{"type", "output_text"}, {"text", "Checking."}}}}},
+        {{"type", "function_call"}, {"id", "fc_1"}, {"call_id", "call_1"},
+         {"name", "get_weather"}, {"arguments", "{\"city\": \"Oslo\"}"},
+         {"status", "completed"}},
+        {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "sunny"}}}}};
+  PostText("/v1/responses", responses.dump());
   ASSERT_EQ(backend_.order().size(), 2u);
   EXPECT_EQ(LastPrompt(), chat_prompt);
-  EXPECT_THAT(chat_prompt, ::testing::HasSubstr("\"name\": \"get_weather\""));
-  EXPECT_THAT(chat_prompt, ::testing::HasSubstr("sunny"));
+  EXPECT_THAT(chat_prompt, ::testing::HasSubstr(
+                               "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""));
+  EXPECT_THAT(chat_prompt, ::testing::HasSubstr("<|tool|>\nsunny"));
 }
 
 TEST_F(ResponsesToolsTest, CallsBecomeFunctionCallItems) {
