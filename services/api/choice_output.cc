@@ -41,6 +41,7 @@ ChoiceDelta ChoiceOutput::Push(const RequestOutput& output) {
   for (size_t i = 0; i < output.new_tokens.size(); ++i) {
     const SampledToken& token = output.new_tokens[i];
     ++num_output_tokens_;
+    cumulative_logprob_ += token.logprob;
     if (want_logprobs_) {
       TokenLogprobInfo info;
       info.token_id = token.token_id;

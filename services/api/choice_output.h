@@ -58,6 +58,9 @@ class ChoiceOutput {
   // Tokens consumed (up to and including the one that completed a stop string).
   int32_t num_output_tokens() const { return num_output_tokens_; }
   const std::vector<TokenLogprobInfo>& logprobs() const { return logprobs_; }
+  // The sum of the consumed tokens' logprobs (best_of ranking; the engine reports each
+  // sampled token's logprob when SamplingParams::logprobs is set).
+  double cumulative_logprob() const { return cumulative_logprob_; }
   // The prompt logprobs the engine sent with the first token (prompt tokens 1..), if asked.
   const std::vector<PromptLogprob>& prompt_logprobs() const { return prompt_logprobs_; }
 
@@ -80,6 +83,7 @@ class ChoiceOutput {
   int32_t num_prompt_tokens_ = 0;
   int32_t num_cached_tokens_ = 0;
   int32_t num_output_tokens_ = 0;
+  double cumulative_logprob_ = 0;
 };
 
 }  // namespace sluice

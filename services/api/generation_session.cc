@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -9,8 +10,10 @@
 #include "engine/sample/philox.h"
 #include "services/api/chat_tools.h"
 #include "services/api/openai_errors.h"
+#include "services/api/request_log.h"
 #include "services/api/responses_api.h"
 #include "services/api/vllm_metrics.h"
+#include "services/serve/log.h"
 
 namespace sluice {
 namespace {
@@ -58,7 +61,7 @@ GenerationSession::GenerationSession(Deps deps, GenerationRequest request,
     choices_[c].engine_request_id = absl::StrCat(meta_.id, "-", c);
     choices_[c].output = std::make_unique<ChoiceOutput>(*deps_.tokenizer, request_.sampling,
                                                         request_.logprobs, offset_base);
-    if (is_chat() && request_.stream && request_.tool_call_syntax != nullptr) {
+    if (!is_completions() && request_.stream && request_.tool_call_syntax != nullptr) {
       choices_[c].tool_stream = std::make_unique<tools::ToolCallStream>(request_.tool_call_syntax);
     }
   }
@@ -174,14 +177,7 @@ void GenerationSession::ObserveEnd(const Choice& choice, FinishReason reason,
 
 void GenerationSession::StreamDelta(int32_t index, const ChoiceDelta& delta) {
   if (is_responses()) {
-    if (!delta.text.empty()) {
-      SendResponseEvent("response.output_text.delta",
-                        {{"item_id", response_state_.message_id},
-                         {"output_index", 0},
-                         {"content_index", 0},
-                         {"delta", delta.text},
-                         {"logprobs", json::array()}});
-    }
+    StreamResponseDelta(index, delta);
     return;
   }
   // The first output of a choice carries its prompt logprobs (when asked).
@@ -266,64 +262,6 @@ void GenerationSession::SendChunk(json choice, json prompt_logprobs) {
   sink_->SendEvent(SseEvent(chunk));
 }
 
-void GenerationSession::StartResponseEvents() {
-  response_state_.id = meta_.id;
-  response_state_.message_id = NewResponseId("msg_");
-  response_state_.created_at = meta_.created;
-  response_state_.model = meta_.model;
-  response_state_.status = "in_progress";
-  const json response = ResponseObjectJson(response_state_, request_.responses_echo);
-  SendResponseEvent("response.created", {{"response", response}});
-  SendResponseEvent("response.in_progress", {{"response", response}});
-  SendResponseEvent("response.output_item.added",
-                    {{"output_index", 0},
-                     {"item", ResponseMessageItemJson(response_state_, /*done=*/false)}});
-  SendResponseEvent("response.content_part.added", {{"item_id", response_state_.message_id},
-                                                    {"output_index", 0},
-                                                    {"content_index", 0},
-                                                    {"part", ResponseTextPartJson("")}});
-}
-
-void GenerationSession::SendResponseEvent(const std::string& type, json fields) {
-  sink_->SendEvent(ResponseEvent(type, next_sequence_number_++, std::move(fields)));
-}
-
-void GenerationSession::CompleteResponse() {
-  const ChoiceOutput& out = *choices_[0].output;
-  if (response_state_.id.empty()) {  // not streamed
-    response_state_.id = meta_.id;
-    response_state_.message_id = NewResponseId("msg_");
-    response_state_.created_at = meta_.created;
-    response_state_.model = meta_.model;
-  }
-  response_state_.text = out.text();
-  response_state_.finish_reason = out.finish_reason();
-  response_state_.status = out.finish_reason() == "length" ? "incomplete" : "completed";
-  response_state_.usage = ResponsesUsageJson(out.num_prompt_tokens(), out.num_output_tokens(),
-                                             out.num_cached_tokens());
-  const json response = ResponseObjectJson(response_state_, request_.responses_echo);
-  if (!request_.stream) {
-    sink_->SendResponse(200, "application/json", DumpJson(response));
-    deps_.metrics->ObserveRequest(deps_.endpoint_path, 200);
-    return;
-  }
-  const json where{{"item_id", response_state_.message_id},
-                   {"output_index", 0},
-                   {"content_index", 0}};
-  json text_done = where;
-  text_done["text"] = response_state_.text;
-  text_done["logprobs"] = json::array();
-  SendResponseEvent("response.output_text.done", std::move(text_done));
-  json part_done = where;
-  part_done["part"] = ResponseTextPartJson(response_state_.text);
-  SendResponseEvent("response.content_part.done", std::move(part_done));
-  SendResponseEvent("response.output_item.done",
-                    {{"output_index", 0},
-                     {"item", ResponseMessageItemJson(response_state_, /*done=*/true)}});
-  SendResponseEvent("response.completed", {{"response", response}});
-  sink_->EndEventStream();
-}
-
 void GenerationSession::Complete() {
   if (is_responses()) {
     CompleteResponse();
@@ -342,7 +280,9 @@ void GenerationSession::Complete() {
     sink_->EndEventStream();
   } else {
     json choices = json::array();
-    for (int32_t c = 0; c < static_cast<int32_t>(choices_.size()); ++c) {
+    const std::vector<int32_t> returned = ReturnedChoices();
+    for (int32_t index = 0; index < static_cast<int32_t>(returned.size()); ++index) {
+      const int32_t c = returned[index];
       const ChoiceOutput& out = *choices_[c].output;
       if (is_chat()) {
         json logprobs = request_.logprobs
@@ -351,7 +291,7 @@ void GenerationSession::Complete() {
                             : json();
         std::string text = request_.echo ? echo_prefixes_[c / request_.n] + out.text()
                                          : out.text();
-        json choice = ChatChoiceJson(c, text, logprobs, out.finish_reason());
+        json choice = ChatChoiceJson(index, text, logprobs, out.finish_reason());
         if (request_.tool_call_syntax != nullptr) {
           SetToolCallMessage(*request_.tool_call_syntax, out.text(), choice);
         }
@@ -364,7 +304,7 @@ void GenerationSession::Complete() {
                             : json();
         std::string text = request_.echo ? echo_prefixes_[c / request_.n] + out.text()
                                          : out.text();
-        json choice = CompletionChoiceJson(c, text, logprobs, out.finish_reason());
+        json choice = CompletionChoiceJson(index, text, logprobs, out.finish_reason());
         if (request_.prompt_logprobs_field) {
           choice["prompt_logprobs"] = PromptLogprobsJson(*deps_.tokenizer, out.prompt_logprobs());
         }
@@ -380,6 +320,23 @@ void GenerationSession::Complete() {
     deps_.metrics->ObserveRequest(deps_.endpoint_path, 200);
   }
   Done();
+}
+
+std::vector<int32_t> GenerationSession::ReturnedChoices() const {
+  std::vector<int32_t> out(choices_.size());
+  std::iota(out.begin(), out.end(), 0);
+  if (request_.best_of_keep <= 0) return out;
+  // Per prompt: its n candidates, best cumulative logprob first (ties: generation order).
+  std::vector<int32_t> kept;
+  for (size_t first = 0; first < out.size(); first += request_.n) {
+    std::stable_sort(out.begin() + first, out.begin() + first + request_.n,
+                     [&](int32_t a, int32_t b) {
+                       return choices_[a].output->cumulative_logprob() >
+                              choices_[b].output->cumulative_logprob();
+                     });
+    kept.insert(kept.end(), out.begin() + first, out.begin() + first + request_.best_of_keep);
+  }
+  return kept;
 }
 
 void GenerationSession::AbortUnfinished() {
@@ -405,18 +362,39 @@ void GenerationSession::Fail(const absl::Status& status) {
     sink_->SendResponse(http, "application/json", DumpJson(error));
     deps_.metrics->ObserveRequest(deps_.endpoint_path, http);
   }
-  Done();
+  Done(stream_started_ ? 200 : HttpStatusFor(status), std::string(status.message()));
 }
 
 void GenerationSession::Cancel() {
   if (done_) return;
   AbortUnfinished();
-  Done();
+  Done(499, "the client went away");
 }
 
-void GenerationSession::Done() {
+void GenerationSession::Done(int http_status, const std::string& error) {
   if (done_) return;
   done_ = true;
+  if (deps_.log_requests) {
+    RequestLogEntry entry;
+    entry.path = deps_.endpoint_path;
+    entry.status = http_status;
+    entry.id = meta_.id;
+    entry.user = deps_.user;
+    entry.prompt_tokens = 0;
+    for (const std::vector<int32_t>& prompt : request_.prompts) {
+      entry.prompt_tokens += static_cast<int64_t>(prompt.size());
+    }
+    entry.completion_tokens = 0;
+    for (const Choice& c : choices_) {
+      entry.completion_tokens += c.output->num_output_tokens();
+      if (c.output->finished() && error.empty()) {
+        absl::StrAppend(&entry.finish, entry.finish.empty() ? "" : ",", c.output->finish_reason());
+      }
+    }
+    entry.e2e_seconds = SecondsBetween(arrival_, Clock::now());
+    entry.error = error;
+    spdlog::info("{}", RequestLogLine(entry));
+  }
   if (deps_.on_done) deps_.on_done();
 }
 

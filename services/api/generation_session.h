@@ -24,6 +24,7 @@
 #include "services/api/openai_responses.h"
 #include "services/api/response_sink.h"
 #include "services/api/responses_api.h"
+#include "services/api/responses_output.h"
 #include "services/api/tool_calls/tool_call_output.h"
 
 namespace sluice {
@@ -39,6 +40,8 @@ class GenerationSession : public RequestHandle,
     ApiMetrics* metrics = nullptr;
     std::string endpoint_path;  // metrics label, e.g. "/v1/completions"
     std::function<void()> on_done;
+    bool log_requests = false;  // the request log line when done (request_log.h)
+    std::string user;           // the request's `user`, for that line
   };
 
   GenerationSession(Deps deps, GenerationRequest request, std::shared_ptr<ResponseSink> sink,
@@ -83,13 +86,21 @@ class GenerationSession : public RequestHandle,
   nlohmann::json Usage() const;
   void Fail(const absl::Status& status);
   void Complete();
-  void Done();
+  // Done ends the session: the request log line (`http_status`: what was sent, 499 when the
+  // client went away first; `error`: why it failed), then on_done.
+  void Done(int http_status = 200, const std::string& error = "");
   void AbortUnfinished();
+  // ReturnedChoices: the choices a non-streamed response holds, in order (best_of: the
+  // best_of_keep of each prompt with the highest cumulative logprob; else all).
+  std::vector<int32_t> ReturnedChoices() const;
   bool is_chat() const { return request_.endpoint == Endpoint::kChatCompletions; }
   bool is_responses() const { return request_.endpoint == Endpoint::kResponses; }
-  // /v1/responses: the opening events of a stream, one typed event, and the end (the final
-  // events or the Response object).
+  bool is_completions() const { return request_.endpoint == Endpoint::kCompletions; }
+  // /v1/responses (generation_session_responses.cc): the opening events of a stream, the events
+  // of one delta (text, or tool calls when the request has tools), one typed event, and the end
+  // (the final events or the Response object).
   void StartResponseEvents();
+  void StreamResponseDelta(int32_t index, const ChoiceDelta& delta);
   void SendResponseEvent(const std::string& type, nlohmann::json fields);
   void CompleteResponse();
   const char* object_name() const;
@@ -105,6 +116,7 @@ class GenerationSession : public RequestHandle,
   int32_t num_finished_ = 0;
   bool stream_started_ = false;
   ResponseState response_state_;     // /v1/responses
+  std::unique_ptr<ResponsesOutput> responses_output_;  // its items (streamed: from the start)
   int64_t next_sequence_number_ = 0;  // of the next /v1/responses stream event
   bool done_ = false;
 };

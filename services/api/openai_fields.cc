@@ -25,7 +25,6 @@ bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
 bool IsOne(const json& v) { return v.is_number() && v.get<double>() == 1.0; }
 bool IsNone(const json& v) { return v.is_string() && v.get<std::string>() == "none"; }
 bool IsDisabled(const json& v) { return v.is_string() && v.get<std::string>() == "disabled"; }
-bool IsTextFormat(const json& v) { return v.is_object() && v.value("type", "") == "text"; }
 bool IsTextOnly(const json& v) {
   if (!v.is_array()) return false;
   return std::all_of(v.begin(), v.end(), [](const json& m) { return m == "text"; });
@@ -35,17 +34,7 @@ bool IsStringMap(const json& v) {
   if (!v.is_object() || v.size() > 16) return false;
   return std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_string(); });
 }
-// Responses `text`: {format: {type: "text"}} (and the verbosity knob left unset).
-bool IsPlainText(const json& v) {
-  if (!v.is_object()) return false;
-  for (const auto& [key, value] : v.items()) {
-    if (value.is_null()) continue;
-    if (key != "format" || !IsTextFormat(value)) return false;
-  }
-  return true;
-}
 
-constexpr std::string_view kNoTools = "is not supported by this server (no tool calling)";
 constexpr std::string_view kNoGrammar =
     "is not supported by this server (no structured output / guided decoding)";
 constexpr std::string_view kNoBeam =
@@ -162,11 +151,14 @@ std::vector<FieldSpec> ResponsesFields() {
   t.push_back(Refused("conversation", "is not supported: this server keeps no response state"));
   t.push_back(Refused("background", "= true is not supported by this server", IsFalse));
   t.push_back(Refused("include", kUnsupported, IsEmptyList));
-  t.push_back(Refused("tools", kNoTools, IsEmptyList));
-  t.push_back(Refused("tool_choice", kNoTools, IsNone));
-  t.push_back(Refused("parallel_tool_calls", kNoTools));
-  t.push_back(Refused("max_tool_calls", kNoTools));
-  t.push_back(Refused("text", kNoGrammar, IsPlainText));
+  // Function calling and structured output through the chat code (responses_tools.h).
+  for (std::string_view name : {"tools", "tool_choice", "parallel_tool_calls", "text"}) {
+    t.push_back(Honoured(name));
+  }
+  t.push_back(Refused("max_tool_calls",
+                      "is not supported by this server (it bounds built-in tool calls, and this "
+                      "server runs none); use parallel_tool_calls: false for one function call "
+                      "per response"));
   t.push_back(Refused("reasoning", kUnsupported));
   t.push_back(Refused("top_logprobs", "is not supported on /v1/responses (no logprobs output)",
                       IsZero));

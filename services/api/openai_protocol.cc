@@ -246,11 +246,9 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   got = GetInt(body, "n", 1, 16, &v);
   if (!got.ok()) return got.status();
   if (*got) req.n = static_cast<int32_t>(v);
-  got = GetInt(body, "best_of", 1, 16, &v);
+  int64_t best_of = 0;
+  got = GetInt(body, "best_of", 1, 16, &best_of);
   if (!got.ok()) return got.status();
-  if (*got && v != req.n) {
-    return InvalidParam("best_of", "'best_of' other than n is not supported by this server");
-  }
 
   got = GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
                std::numeric_limits<int64_t>::max(), &v);
@@ -275,6 +273,18 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   }
 
   if (auto s = GetBool(body, "stream", &req.stream); !s.ok()) return s;
+  // best_of > n (vLLM): best_of choices are generated per prompt and the n of highest
+  // cumulative logprob returned, so none is known before all end: no streaming (OpenAI's rule).
+  if (best_of != 0 && best_of != req.n) {
+    if (best_of < req.n) {
+      return RangeError("best_of", absl::StrCat("at least n (", req.n, "), got ", best_of));
+    }
+    if (req.stream) {
+      return InvalidParam("best_of", "'best_of' greater than n cannot be streamed");
+    }
+    req.best_of_keep = req.n;
+    req.n = static_cast<int32_t>(best_of);
+  }
   if (auto s = ParseStreamOptions(body, context.allow_unknown_fields, req); !s.ok()) {
     return s;
   }
@@ -370,6 +380,7 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
     return s;
   }
   if (req.logprobs) sp.logprobs = req.top_logprobs;
+  if (req.best_of_keep > 0 && !sp.logprobs.has_value()) sp.logprobs = 0;  // ranks by logprob
   got = GetInt(body, "prompt_logprobs", 0, 20, &v);
   if (!got.ok()) return got.status();
   if (*got) {

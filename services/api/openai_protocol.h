@@ -36,7 +36,10 @@ struct GenerationRequest {
   std::vector<std::vector<int32_t>> prompts;  // token ids, one entry per prompt (chat: 1)
   SamplingParams sampling;                    // max_tokens resolved against the context
   bool max_tokens_given = false;              // false: max_tokens = context left per prompt
-  int32_t n = 1;                              // choices per prompt, 1..16
+  int32_t n = 1;                              // choices generated per prompt, 1..16
+  // best_of > n: n above is best_of, and the best_of_keep (the request's n) choices of each
+  // prompt with the highest cumulative logprob are returned; 0: all n are.
+  int32_t best_of_keep = 0;
   bool stream = false;
   bool include_usage = false;                 // stream_options.include_usage
   // stream_options.continuous_usage_stats (vLLM): usage on every chunk (implies include_usage).

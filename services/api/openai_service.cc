@@ -11,6 +11,7 @@
 #include "services/api/generation_session.h"
 #include "services/api/openai_errors.h"
 #include "services/api/openai_responses.h"
+#include "services/api/request_log.h"
 #include "services/api/responses_api.h"
 #include "services/serve/log.h"
 
@@ -265,12 +266,13 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
                                                                Poster poster,
                                                                std::shared_ptr<const ApiKey> api_key,
                                                                std::shared_ptr<const nlohmann::ordered_json> ordered_tools) {
+  std::string user = RequestUser(body);
   if (render_pools_ == nullptr) {
     ParseContext context = MakeParseContext();
     context.ordered_tools = std::move(ordered_tools);
     absl::StatusOr<GenerationRequest> request = Parse(endpoint, body, context);
     return StartSession(endpoint, std::move(request), std::move(sink), std::move(poster),
-                        std::move(api_key));
+                        std::move(api_key), user);
   }
   const std::string path = EndpointPath(endpoint);
   auto custom = body.find("chat_template");
@@ -282,7 +284,7 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
       custom_template, pending->cancelled, absl::InfiniteFuture(),
       [this, endpoint, pending, body = std::move(body), sink = std::move(job_sink),
        poster = std::move(poster), api_key = std::move(api_key),
-       ordered_tools = std::move(ordered_tools)](const jinja::RenderLimits& limits) mutable {
+       ordered_tools = std::move(ordered_tools), user](const jinja::RenderLimits& limits) mutable {
         // Built here: the first one builds the grammar compiler (a vocabulary walk).
         ParseContext context = MakeParseContext();
         context.render_limits = limits;
@@ -297,25 +299,44 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
         }
         Poster post = poster;
         post([this, endpoint, pending, request = std::move(request), sink = std::move(sink),
-              poster = std::move(poster), api_key = std::move(api_key)]() mutable {
+              poster = std::move(poster), api_key = std::move(api_key),
+              user = std::move(user)]() mutable {
           if (pending->cancelled->load()) return;  // the transport wants no more sink calls
           pending->session = StartSession(endpoint, std::move(request), std::move(sink),
-                                          std::move(poster), std::move(api_key));
+                                          std::move(poster), std::move(api_key), user);
         });
       });
   if (!posted.ok()) {
     SendError(*sink, path, posted);
+    LogRefused(path, posted, user);
     return nullptr;
   }
   return pending;
 }
 
+void OpenAiService::LogRefused(const std::string& path, const absl::Status& status,
+                               const std::string& user) {
+  if (!options_.log_requests) return;
+  RequestLogEntry entry;
+  entry.path = path;
+  entry.status = HttpStatusFor(status);
+  entry.user = user;
+  entry.error = std::string(status.message());
+  spdlog::info("{}", RequestLogLine(entry));
+}
+
 std::shared_ptr<RequestHandle> OpenAiService::StartSession(
     Endpoint endpoint, absl::StatusOr<GenerationRequest> request,
-    std::shared_ptr<ResponseSink> sink, Poster poster, std::shared_ptr<const ApiKey> api_key) {
+    std::shared_ptr<ResponseSink> sink, Poster poster, std::shared_ptr<const ApiKey> api_key,
+    const std::string& user) {
   const std::string path = EndpointPath(endpoint);
+  // Refusals below answer through `sink` and are logged with the request's user.
+  auto refuse = [&](const absl::Status& status) {
+    SendError(*sink, path, status);
+    LogRefused(path, status, user);
+  };
   if (!request.ok()) {
-    SendError(*sink, path, request.status());
+    refuse(request.status());
     return nullptr;
   }
   if (!request->unknown_fields.empty()) {
@@ -324,20 +345,17 @@ std::shared_ptr<RequestHandle> OpenAiService::StartSession(
   }
   // Each choice is an engine request: a long prompt list must not flood the engine.
   if (request->num_choices() > options_.max_choices_per_request) {
-    SendError(*sink, path,
-              InvalidParam(endpoint == Endpoint::kChatCompletions ? "n" : "prompt",
-                           absl::StrCat("A request may ask for at most ",
-                                        options_.max_choices_per_request,
-                                        " choices (prompts x n), got ",
-                                        request->num_choices())));
+    refuse(InvalidParam(endpoint == Endpoint::kChatCompletions ? "n" : "prompt",
+                        absl::StrCat("A request may ask for at most ",
+                                     options_.max_choices_per_request,
+                                     " choices (prompts x n), got ", request->num_choices())));
     return nullptr;
   }
   if (in_flight_.fetch_add(1) >= options_.max_concurrent_requests) {
     in_flight_.fetch_sub(1);
-    SendError(*sink, path,
-              absl::UnavailableError(absl::StrCat("The server is overloaded (",
-                                                  options_.max_concurrent_requests,
-                                                  " requests in flight); retry later")));
+    refuse(absl::UnavailableError(absl::StrCat("The server is overloaded (",
+                                               options_.max_concurrent_requests,
+                                               " requests in flight); retry later")));
     return nullptr;
   }
   std::shared_ptr<QuotaTicket> ticket;
@@ -348,6 +366,7 @@ std::shared_ptr<RequestHandle> OpenAiService::StartSession(
       in_flight_.fetch_sub(1);
       SendAuthError(*sink, admitted.status());
       metrics_.ObserveRequest(path, HttpStatusFor(admitted.status()));
+      LogRefused(path, admitted.status(), user);
       return nullptr;
     }
     ticket = *std::move(admitted);
@@ -357,6 +376,8 @@ std::shared_ptr<RequestHandle> OpenAiService::StartSession(
   deps.tokenizer = tokenizer_;
   deps.metrics = &metrics_;
   deps.endpoint_path = path;
+  deps.log_requests = options_.log_requests;
+  deps.user = user;
   // The quota ticket (the key's concurrency slot) is held until the session is done.
   deps.on_done = [this, ticket = std::move(ticket)]() mutable {
     ticket.reset();

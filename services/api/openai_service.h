@@ -66,6 +66,8 @@ struct OpenAiServiceOptions {
   const MultimodalContext* multimodal = nullptr;
   // The model's tool-call syntax (`--tool-call-parser`); null: found in the chat template.
   std::shared_ptr<const tools::ToolCallSyntax> tool_call_syntax;
+  // One log line per generation request when it ends (request_log.h; `--disable-log-requests`).
+  bool log_requests = true;
 };
 
 class OpenAiService {
@@ -126,11 +128,14 @@ class OpenAiService {
   absl::StatusOr<GenerationRequest> Parse(Endpoint endpoint, const nlohmann::json& body,
                                           const ParseContext& context);
   // StartSession admits a parsed request (limits, quotas) and starts its generation. Call on
-  // the request's executor.
+  // the request's executor. `user`: the body's `user`, for the request log.
   std::shared_ptr<RequestHandle> StartSession(Endpoint endpoint,
                                               absl::StatusOr<GenerationRequest> request,
                                               std::shared_ptr<ResponseSink> sink, Poster poster,
-                                              std::shared_ptr<const ApiKey> api_key);
+                                              std::shared_ptr<const ApiKey> api_key,
+                                              const std::string& user);
+  // LogRefused writes the request log line of a generation request refused before it ran.
+  void LogRefused(const std::string& path, const absl::Status& status, const std::string& user);
   nlohmann::json ModelCard() const;
 
   InferenceBackend* backend_;

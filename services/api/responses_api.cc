@@ -9,6 +9,8 @@
 #include "services/api/openai_errors.h"
 #include "services/api/openai_fields.h"
 #include "services/api/openai_responses.h"
+#include "services/api/responses_tools.h"
+#include "services/api/structured_output.h"
 
 namespace sluice {
 namespace {
@@ -89,17 +91,31 @@ absl::StatusOr<json> InputMessages(const json& body, bool allow_unknown,
   for (size_t i = 0; i < input->size(); ++i) {
     const json& item = (*input)[i];
     if (!item.is_object()) return InvalidParam("input", "each input item must be an object");
+    const std::string type = item.value("type", "message");
+    if (type == "function_call") {
+      if (absl::Status s = AppendFunctionCallItem(item, i, allow_unknown, unknown, messages);
+          !s.ok()) {
+        return s;
+      }
+      continue;
+    }
+    if (type == "function_call_output") {
+      absl::StatusOr<json> tool = FunctionCallOutputMessage(item, i, allow_unknown, unknown);
+      if (!tool.ok()) return tool.status();
+      messages.push_back(*std::move(tool));
+      continue;
+    }
+    if (type != "message") {
+      return InvalidParam("input", absl::StrCat("input[", i, "] of type '", type,
+                                                "' is not supported (only message, "
+                                                "function_call and function_call_output)"));
+    }
     // id and status: what an earlier response's output item carries when fed back.
     static constexpr std::string_view kItemKeys[] = {"type", "role", "content", "id", "status"};
     if (absl::Status s = CheckKnownKeys(item, kItemKeys, "input", absl::StrCat("input[", i, "]"),
                                         allow_unknown, unknown);
         !s.ok()) {
       return s;
-    }
-    const std::string type = item.value("type", "message");
-    if (type != "message") {
-      return InvalidParam("input", absl::StrCat("input[", i, "] of type '", type,
-                                                "' is not supported (only messages)"));
     }
     auto role = item.find("role");
     if (role == item.end() || !role->is_string()) {
@@ -132,13 +148,35 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
   for (const char* name : kPassThrough) {
     if (auto it = body.find(name); it != body.end()) chat[name] = *it;
   }
+  // Function calling: the chat parser's fields, in chat's shapes (responses_tools.h).
+  ParseContext chat_context = context;
+  chat_context.ordered_tools = nullptr;
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    absl::StatusOr<json> tools = ChatTools(*it, context.allow_unknown_fields, &unknown);
+    if (!tools.ok()) return tools.status();
+    chat["tools"] = *std::move(tools);
+    if (context.ordered_tools != nullptr) {
+      chat_context.ordered_tools = ChatOrderedTools(*context.ordered_tools);
+    }
+  }
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+    absl::StatusOr<json> choice = ChatToolChoice(*it);
+    if (!choice.ok()) return choice.status();
+    chat["tool_choice"] = *std::move(choice);
+  }
+  if (auto it = body.find("parallel_tool_calls"); it != body.end()) {
+    chat["parallel_tool_calls"] = *it;
+  }
+  absl::StatusOr<std::optional<StructuredOutputRequest>> format = ParseTextFormat(
+      body.value("text", json()), context.allow_unknown_fields, &unknown);
+  if (!format.ok()) return format.status();
   if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {
       return InvalidParam("max_output_tokens", "'max_output_tokens' must be an integer >= 1");
     }
     chat["max_tokens"] = *it;
   }
-  absl::StatusOr<GenerationRequest> req = ParseChatCompletionRequest(chat, context);
+  absl::StatusOr<GenerationRequest> req = ParseChatCompletionRequest(chat, chat_context);
   if (!req.ok()) {
     // Name the Responses field, not its chat counterpart.
     if (OpenAiErrorJson(req.status())["error"]["param"] == "max_tokens") {
@@ -147,7 +185,25 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
     if (OpenAiErrorJson(req.status())["error"]["param"] == "messages") {
       return WithParam(req.status(), "input");
     }
-    return req.status();
+    return ResponsesToolsError(req.status());
+  }
+  // text.format: compiled like chat's response_format; the tool grammar of tool_choice
+  // "required" or a named function is the other constraint a request may not add to it.
+  if (format->has_value()) {
+    if (req->grammar != nullptr) {
+      return InvalidParam("text.format",
+                          "a text.format constraint cannot be combined with tool_choice "
+                          "\"required\" or a named function (the output is then tool calls)");
+    }
+    if (context.grammar_compiler == nullptr) {
+      return InvalidParam("text.format",
+                          "'text.format' json_object / json_schema is not supported by this "
+                          "server (no structured output / guided decoding)");
+    }
+    absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> g =
+        CompileStructuredOutput(**format, *context.grammar_compiler);
+    if (!g.ok()) return g.status();
+    req->grammar = *std::move(g);
   }
   req->endpoint = Endpoint::kResponses;
   // Keep what the chat parse allowed too (unknown keys inside pass-through fields).
@@ -166,6 +222,18 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
   echo["temperature"] = req->sampling.temperature;
   echo["top_p"] = req->sampling.top_p;
   if (echo["metadata"].is_null()) echo["metadata"] = json::object();
+  // The tool and format fields as the client sent them (OpenAI's defaults otherwise).
+  echo["tools"] = body.value("tools", json());
+  if (echo["tools"].is_null()) echo["tools"] = json::array();
+  echo["tool_choice"] = body.value("tool_choice", json());
+  if (echo["tool_choice"].is_null()) echo["tool_choice"] = "auto";
+  echo["parallel_tool_calls"] = body.value("parallel_tool_calls", json());
+  if (echo["parallel_tool_calls"].is_null()) echo["parallel_tool_calls"] = true;
+  json text_format = json{{"type", "text"}};
+  if (auto it = body.find("text"); it != body.end() && it->is_object()) {
+    if (auto f = it->find("format"); f != it->end() && f->is_object()) text_format = *f;
+  }
+  echo["text"] = json{{"format", std::move(text_format)}};
   req->responses_echo = std::move(echo);
   return req;
 }
@@ -178,29 +246,7 @@ json ResponsesUsageJson(int64_t input_tokens, int64_t output_tokens, int64_t cac
               {"total_tokens", input_tokens + output_tokens}};
 }
 
-json ResponseTextPartJson(const std::string& text) {
-  return json{{"type", "output_text"},
-              {"text", text},
-              {"annotations", json::array()},
-              {"logprobs", json::array()}};
-}
-
-json ResponseMessageItemJson(const ResponseState& state, bool done) {
-  json content = json::array();
-  if (done) content.push_back(ResponseTextPartJson(state.text));
-  const char* status =
-      !done ? "in_progress" : state.finish_reason == "length" ? "incomplete" : "completed";
-  return json{{"type", "message"},
-              {"id", state.message_id},
-              {"status", status},
-              {"role", "assistant"},
-              {"content", std::move(content)}};
-}
-
 json ResponseObjectJson(const ResponseState& state, const json& echo) {
-  const bool done = state.status != "in_progress";
-  json output = json::array();
-  if (done) output.push_back(ResponseMessageItemJson(state, true));
   json response{{"id", state.id},
                 {"object", "response"},
                 {"created_at", state.created_at},
@@ -208,13 +254,13 @@ json ResponseObjectJson(const ResponseState& state, const json& echo) {
                 {"error", nullptr},
                 {"incomplete_details", nullptr},
                 {"model", state.model},
-                {"output", std::move(output)},
-                {"parallel_tool_calls", false},
+                {"output", state.output},
+                {"parallel_tool_calls", true},
                 {"previous_response_id", nullptr},
                 {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
                 {"store", false},
                 {"text", {{"format", {{"type", "text"}}}}},
-                {"tool_choice", "none"},
+                {"tool_choice", "auto"},
                 {"tools", json::array()},
                 {"truncation", "disabled"},
                 {"usage", state.usage}};

@@ -3,7 +3,8 @@
 // result is a Response object or its stream of typed events, in the shapes the official SDK
 // parses (openai.types.responses).
 //
-// Nothing is stored: store=true, previous_response_id and conversation are refused (400).
+// Output items: messages and function calls (responses_output.h). Nothing is stored:
+// store=true, previous_response_id and conversation are refused (400).
 // A generation that ends by max_output_tokens has status "incomplete" with incomplete_details
 // {"reason": "max_output_tokens"}; its stream still ends with response.completed (as vLLM's),
 // so the SDK's responses.stream(...).get_final_response() returns it.
@@ -21,21 +22,22 @@ namespace sluice {
 
 // ParseResponsesRequest validates a /v1/responses body against its field table, maps it to a
 // chat request (input string → one user message; input items {role, content} or
-// {type: "message", ...} with string or input_text/output_text parts; instructions → a system
-// message first; max_output_tokens → max_tokens) and parses that. The result has endpoint
-// kResponses, n = 1, and responses_echo holding the request fields a Response echoes.
+// {type: "message", ...} with string or input_text/output_text parts, function_call and
+// function_call_output items as assistant tool calls and tool results; instructions → a system
+// message first; max_output_tokens → max_tokens; tools, tool_choice, parallel_tool_calls and
+// text.format as chat's tools and response_format, responses_tools.h) and parses that. The
+// result has endpoint kResponses, n = 1, and responses_echo holding the request fields a
+// Response echoes.
 absl::StatusOr<GenerationRequest> ParseResponsesRequest(const nlohmann::json& body,
                                                         const ParseContext& context);
 
 // ResponseState is what a Response object reports of one generation.
 struct ResponseState {
   std::string id;          // "resp_<hex>"
-  std::string message_id;  // "msg_<hex>"
   int64_t created_at = 0;  // Unix seconds
   std::string model;
   std::string status;       // "in_progress" | "completed" | "incomplete"
-  std::string text;         // the output text so far
-  std::string finish_reason;  // "stop" | "length" when done
+  nlohmann::json output = nlohmann::json::array();  // the items (ResponsesOutput::Items)
   nlohmann::json usage;     // null until done
 };
 
@@ -44,14 +46,9 @@ struct ResponseState {
 nlohmann::json ResponsesUsageJson(int64_t input_tokens, int64_t output_tokens,
                                   int64_t cached_tokens);
 
-// ResponseJson is the Response object; `echo` holds the request's echoed fields
-// (GenerationRequest::responses_echo). Without text the output list is empty while in
-// progress.
+// ResponseObjectJson is the Response object; `echo` holds the request's echoed fields
+// (GenerationRequest::responses_echo).
 nlohmann::json ResponseObjectJson(const ResponseState& state, const nlohmann::json& echo);
-
-// The message item and its output_text part, as they stand.
-nlohmann::json ResponseMessageItemJson(const ResponseState& state, bool done);
-nlohmann::json ResponseTextPartJson(const std::string& text);
 
 // ResponseEvent frames one stream event: "event: <type>\ndata: <json>\n\n" where the JSON
 // holds "type" and "sequence_number" plus `fields`.

@@ -155,6 +155,7 @@ int RunGenerate(const GenerateOptions& options) {
   OpenAiServiceOptions service_options;
   service_options.served_model_name = runtime->served_model_name;
   service_options.max_concurrent_requests = std::max<int64_t>(options.max_in_flight, 1);
+  service_options.log_requests = false;  // offline: the results file is the record
   if (*multimodal != nullptr) service_options.multimodal = &(*multimodal)->context;
   service_options.render_limits = options.render.limits;
   OpenAiService service(runtime->backend.get(), runtime->tokenizer.get(),

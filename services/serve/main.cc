@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-concurrent-requests", serve.max_concurrent_requests,
                         "Generation requests in flight before answering 503")
       ->check(CLI::PositiveNumber);
+  serve_cmd->add_flag("!--disable-log-requests", serve.log_requests,
+                      "No log line per generation request (default: path, status, id, user, tokens, "
+                      "finish reason and latency when it ends)");
   serve_cmd->add_flag("--allow-unknown-fields", serve.allow_unknown_fields,
                       "Accept request fields the API does not know, with a logged warning "
                       "(default: 400 naming the field)");
@@ -196,6 +199,9 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--max-concurrent-requests", router.max_concurrent_requests,
                          "Generation requests in flight before answering 503")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_flag("!--disable-log-requests", router.log_requests,
+                       "No log line per generation request (default: path, status, id, user, tokens, "
+                       "finish reason and latency when it ends)");
   router_cmd->add_flag("--allow-unknown-fields", router.allow_unknown_fields,
                        "Accept request fields the API does not know, with a logged warning "
                        "(default: 400 naming the field)");

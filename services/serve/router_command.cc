@@ -151,6 +151,7 @@ int RunRouter(const RouterOptions& options) {
   service_options.served_model_name = model_name;
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  service_options.log_requests = options.log_requests;
   if (!options.tool_call_parser.empty()) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }

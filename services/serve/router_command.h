@@ -34,6 +34,7 @@ struct RouterOptions {
   int32_t max_model_len = 0;  // 0: config.json max_position_embeddings
   int64_t max_concurrent_requests = 512;
   bool allow_unknown_fields = false;  // unknown request fields: warning instead of 400
+  bool log_requests = true;           // one log line per generation request
   std::string tool_call_parser;       // hermes | llama3_json | deepseek_v3; "": the template's
   double lease_seconds = 6.0;    // workers heartbeat every lease/3
   // A worker whose lease lapsed is suspect (no new work, its calls go on); removed after this.

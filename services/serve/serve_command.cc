@@ -49,6 +49,7 @@ int RunServe(const ServeOptions& options) {
   }
   service_options.max_concurrent_requests = options.max_concurrent_requests;
   service_options.allow_unknown_fields = options.allow_unknown_fields;
+  service_options.log_requests = options.log_requests;
   if (!options.tool_call_parser.empty()) {
     service_options.tool_call_syntax = *tools::ToolCallSyntaxByName(options.tool_call_parser);
   }

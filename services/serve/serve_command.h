@@ -18,6 +18,7 @@ struct ServeOptions {
   HttpServerOptions http;
   int64_t max_concurrent_requests = 512;  // generation requests in flight before 503
   bool allow_unknown_fields = false;      // unknown request fields: warning instead of 400
+  bool log_requests = true;               // one log line per generation request
   std::string tool_call_parser;           // hermes | llama3_json | deepseek_v3; "": the template's
   // The gRPC API (sluice.v1.Inference) on grpc_host:grpc_port; -1: off, 0: any free port.
   std::string grpc_host = "127.0.0.1";

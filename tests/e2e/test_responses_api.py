@@ -1,6 +1,7 @@
 """/v1/responses (stateless) through the official SDK's responses.create and responses.stream:
 the text equals the chat endpoint's for the same greedy request, events come in the order the
-SDK's stream helper expects, usage is right, and stateful fields are refused by name."""
+SDK's stream helper expects, usage is right, and stateful fields are refused by name.
+Function calling and text.format: test_responses_tools.py."""
 
 import openai
 import pytest
@@ -95,9 +96,8 @@ def test_sampling_fields(client, model):
 
 @pytest.mark.parametrize("field,value", [
     ("store", True), ("previous_response_id", "resp_123"), ("background", True),
-    ("tools", [{"type": "function", "name": "f", "parameters": {}}]),
     ("reasoning", {"effort": "low"}), ("include", ["message.output_text.logprobs"]),
-    ("text", {"format": {"type": "json_object"}}), ("frobnicate", 1)])
+    ("max_tool_calls", 2), ("frobnicate", 1)])
 def test_refused_fields(client, model, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model, input=QUESTION, max_output_tokens=2,

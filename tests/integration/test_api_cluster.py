@@ -118,6 +118,37 @@ def test_responses_through_the_router(client):
     assert text == final.output_text == r.output_text
 
 
+def test_responses_tools_and_text_format_through_the_router(client):
+    # /v1/responses function calls and text.format take chat's path: the same grammar, sent to
+    # the workers as text, and the same calls as chat for the same seed.
+    import jsonschema
+    zone = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+            "required": ["zone"]}
+    q = "What time is it?"
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": q}], max_tokens=300,
+        temperature=1.0, seed=5, tool_choice={"type": "function", "function": {"name": "get_time"}},
+        tools=[{"type": "function", "function": {"name": "get_time", "parameters": zone}}])
+    kw = dict(model=MODEL_NAME, input=q, max_output_tokens=300, temperature=1.0,
+              tools=[{"type": "function", "name": "get_time", "parameters": zone}],
+              tool_choice={"type": "function", "name": "get_time"}, extra_body={"seed": 5})
+    r = client.responses.create(**kw)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_time"
+    assert call.arguments == chat.choices[0].message.tool_calls[0].function.arguments
+    jsonschema.validate(json.loads(call.arguments), zone)
+    with client.responses.stream(**kw) as stream:
+        args = "".join(e.delta for e in stream
+                       if e.type == "response.function_call_arguments.delta")
+    assert args == call.arguments
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = client.responses.create(model=MODEL_NAME, input="JSON?", max_output_tokens=100,
+                                temperature=0, text={"format": {"type": "json_schema",
+                                                                "name": "x", "schema": schema}})
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+
+
 def test_tools_through_the_router(client):
     # The router renders the tools, compiles the grammar of "required" / a named function and
     # sends it to the workers as text (SamplingParams.grammar_ebnf); prefill samples the first

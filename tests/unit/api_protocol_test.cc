@@ -199,7 +199,9 @@ TEST_F(ProtocolTest, UnsupportedOutputChangingFieldsAreRejectedByName) {
   ExpectChatError({{"modalities", {"text", "audio"}}}, "modalities");
   ExpectChatError({{"web_search_options", json::object()}}, "web_search_options");
   ExpectChatError({{"reasoning_effort", "low"}}, "reasoning_effort");
-  ExpectChatError({{"best_of", 2}}, "best_of");
+  // best_of below n, or above it with streaming (the best are known only at the end).
+  ExpectChatError({{"best_of", 2}, {"n", 3}}, "best_of");
+  ExpectCompletionError({{"best_of", 2}, {"stream", true}}, "best_of");
   ExpectCompletionError({{"suffix", "tail"}}, "suffix");
 }
 

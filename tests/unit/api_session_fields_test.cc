@@ -230,6 +230,30 @@ TEST_F(SessionFieldsTest, ResponsesStreamEvents) {
   EXPECT_TRUE(sink->stream_ended);
 }
 
+TEST_F(SessionFieldsTest, BestOfReturnsTheChoicesOfHighestCumulativeLogprob) {
+  // 3 candidates for the one prompt (one seed, choice indices 0..2); every token scores -0.5
+  // here, so the shortest candidates rank first.
+  auto sink = Post("/v1/completions", {{"model", "mini"}, {"prompt", "a"}, {"max_tokens", 4},
+                                       {"n", 2}, {"best_of", 3}});
+  const std::vector<std::string> ids = backend_.order();
+  ASSERT_EQ(ids.size(), 3u);
+  // Ranked by logprob: the engine reports the sampled token's even without `logprobs`.
+  EXPECT_EQ(backend_.request(ids[0]).sampling.logprobs, 0);
+  EmitText(ids[0], "xyz", FinishReason::kLength);
+  EmitText(ids[1], "p", FinishReason::kLength);
+  EmitText(ids[2], "qr", FinishReason::kLength);
+  ASSERT_EQ(sink->status, 200) << sink->body;
+  const json r = sink->json();
+  ASSERT_EQ(r["choices"].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["index"], 0);
+  EXPECT_EQ(r["choices"][0]["text"], "p");
+  EXPECT_EQ(r["choices"][1]["index"], 1);
+  EXPECT_EQ(r["choices"][1]["text"], "qr");
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());  // not asked for
+  // Every candidate's tokens were generated: usage counts them all (as OpenAI bills best_of).
+  EXPECT_EQ(r["usage"]["completion_tokens"], 6);
+}
+
 TEST_F(SessionFieldsTest, ResponsesRefusals) {
   for (const auto& [field, value] :
        std::vector<std::pair<std::string, json>>{{"store", true},
