@@ -421,6 +421,27 @@ TEST_F(SchedulerPolicyTest, TimeBudgetCutsPrefillChunks) {
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
 }
 
+// A long prompt's final chunk ends its prompt too, but it must not ride along in the step that
+// gives a short prompt its first token: that step would take up to a whole budget, and the short
+// prompt's TTFT two of them. The rows after the first prompt to end cost at most what its step
+// alone would; short prompts arriving together still share the step.
+TEST_F(SchedulerPolicyTest, FirstTokenStepTakesNoLongFinalChunk) {
+  // cost = 10 ms + 1 ms per token, a 250.5 ms budget: 240 tokens a step.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.010, 0.001, 0.0));
+  time_budget_ = 0.2505;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 400);
+  EXPECT_EQ(Step(s), (Plan{"long:240"}));
+  // long's last 160 tokens would end its prompt within the budget, but cost 160 ms against the
+  // short step's 15 ms; the other 5-token prompt (5 ms) fits the 15 ms cap, the 40-token one not.
+  Add(s, "short", 5, 0, 1);
+  Add(s, "short2", 5, 0, 2);
+  Add(s, "mid", 40, 0, 3);
+  EXPECT_EQ(Step(s), (Plan{"short:5", "short2:5"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "short2:1", "mid:40"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "short2:1", "mid:1", "long:160"}));
+}
+
 TEST_F(SchedulerPolicyTest, TimeBudgetShrinksByTheRecentOverrun) {
   // As TimeBudgetCutsPrefillChunks (90 tokens fit 100.5 ms as fitted), but recent long steps
   // ran about 1.5x their prediction: chunks are cut to 100.5 ms / OverrunRatio.
