@@ -25,6 +25,13 @@ bool IsPrefilling(const Sequence& seq) {
   return seq.num_tokens() - seq.num_computed_tokens > 1;
 }
 
+// Under the fair policies, the rows after the step's first prompt to end its prefill may together
+// cost at most what its step alone would (the fixed cost and its row; CapAfterFirstToken), so
+// that no long prompt's final chunk rides along with a short prompt's first token either: a
+// short prompt's TTFT stays within the step running when it arrived plus about twice its own
+// step (issue 22's bound: 2 x unloaded TTFT + one step budget), while short prompts arriving
+// together still share one step.
+//
 // StepTimeBudget prices the rows of the step being planned with the fitted cost(q, c) and cuts
 // prefill chunks to what is left of the per-step time budget, shrunk by the model's recent
 // overrun (QcCostModel::OverrunRatio) so that most steps, not just the average one, end within
@@ -43,6 +50,14 @@ class StepTimeBudget {
 
   void Charge(int32_t q, int32_t c) {
     if (model_ != nullptr) left_ -= model_->RowSeconds(q, c);
+  }
+  // CapAfterFirstToken: the row (q, c) just charged samples the step's first first token; the
+  // rows after it may cost at most what that step alone would (the fixed cost and that row),
+  // so that first token waits for at most as much work again as its own.
+  void CapAfterFirstToken(int32_t q, int32_t c) {
+    if (model_ != nullptr) {
+      left_ = std::min(left_, model_->fixed_seconds() + model_->RowSeconds(q, c));
+    }
   }
   // MaxChunk: the most tokens, at most `want`, that a chunk after `c` computed tokens may take
   // within what is left; at least min(floor, want).
@@ -399,11 +414,14 @@ SchedulerOutput Scheduler::Schedule() {
     return chunk;
   };
   auto add = [&](Sequence& seq, int32_t n) {
+    time.Charge(n, seq.num_computed_tokens);
     if (IsPrefilling(seq)) {
       prefill_scheduled = true;
-      if (seq.num_computed_tokens + n >= seq.num_tokens()) first_token_scheduled = true;
+      if (seq.num_computed_tokens + n >= seq.num_tokens() && !first_token_scheduled) {
+        first_token_scheduled = true;
+        if (ordered) time.CapAfterFirstToken(n, seq.num_computed_tokens);
+      }
     }
-    time.Charge(n, seq.num_computed_tokens);
     out.scheduled.push_back({&seq, n});
     budget -= n;
   };

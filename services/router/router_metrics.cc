@@ -59,6 +59,10 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
   PerWorker(out, "sluice_router_worker_assigned_requests",
             "Requests the router sent to the worker and has not seen finish.", workers,
             [](const WorkerSnapshot& w) { return w.num_assigned; });
+  PerWorker(out, "sluice_router_worker_lease_seconds",
+            "The worker's lease, tuned from the jitter of its heartbeats (silent this long: "
+            "suspect).",
+            workers, [](const WorkerSnapshot& w) { return absl::ToDoubleSeconds(w.lease); });
   Header(out, "sluice_router_prefills_total", "counter",
          "Requests by where their prompt was prefilled.");
   absl::StrAppend(&out, "sluice_router_prefills_total{where=\"remote\"} ",
@@ -143,6 +147,7 @@ nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
                     {"address", worker.address},
                     {"draining", worker.draining},
                     {"suspect", worker.suspect},
+                    {"lease_s", absl::ToDoubleSeconds(worker.lease)},
                     {"assigned", worker.num_assigned},
                     {"picked", worker.num_picked_total},
                     {"waiting", worker.load.num_waiting_requests},

@@ -23,6 +23,15 @@ const char* WorkerRoleName(WorkerRole role) {
 WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options, Clock clock)
     : options_(options), clock_(std::move(clock)) {}
 
+HeartbeatLease WorkerRegistry::NewLease() const {
+  HeartbeatLeaseOptions o;
+  o.floor = options_.lease;
+  o.cap = options_.max_lease;
+  o.k = options_.lease_jitter_k;
+  o.window = options_.lease_window;
+  return HeartbeatLease(o);
+}
+
 absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     WorkerRole role, const std::string& address, const WorkerLoad& load,
     std::vector<std::string> capabilities, bool layerwise_push) {
@@ -35,6 +44,7 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     for (auto it = workers_.begin(); it != workers_.end();) {
       if (it->second.address == address) {
         replaced.push_back(std::move(it->second));
+        leases_.erase(it->first);
         it = workers_.erase(it);
       } else {
         ++it;
@@ -48,7 +58,12 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     worker.address = address;
     worker.load = load;
     worker.layerwise_push = layerwise_push;
-    worker.lease_expiry = clock_() + options_.lease;
+    const absl::Time now = clock_();
+    HeartbeatLease& lease = leases_.insert_or_assign(registration.worker_id, NewLease())
+                                .first->second;
+    lease.Observe(now);
+    worker.lease = lease.Lease();
+    worker.lease_expiry = now + worker.lease;
     worker.capabilities = std::move(capabilities);
     callback = on_removed_;
   }
@@ -68,7 +83,11 @@ absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, const Worke
     return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   }
   it->second.load = load;
-  it->second.lease_expiry = clock_() + options_.lease;
+  const absl::Time now = clock_();
+  HeartbeatLease& lease = leases_.try_emplace(worker_id, NewLease()).first->second;
+  lease.Observe(now);
+  it->second.lease = lease.Lease();
+  it->second.lease_expiry = now + it->second.lease;
   it->second.suspect = false;
   return absl::OkStatus();
 }
@@ -98,6 +117,7 @@ absl::Status WorkerRegistry::Remove(const std::string& worker_id, const absl::St
     }
     removed = std::move(it->second);
     workers_.erase(it);
+    leases_.erase(worker_id);
     callback = on_removed_;
   }
   if (callback) callback(removed, why);
@@ -115,6 +135,7 @@ std::vector<std::string> WorkerRegistry::ExpireLeases() {
     for (auto it = workers_.begin(); it != workers_.end();) {
       WorkerSnapshot& worker = it->second;
       if (worker.lease_expiry + options_.suspect_grace < now) {
+        leases_.erase(it->first);
         removed.push_back(std::move(worker));
         it = workers_.erase(it);
         continue;

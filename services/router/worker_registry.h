@@ -9,7 +9,9 @@
 // lease-lapsed callback lets the router probe its connection; only a failed connection
 // (Remove), an explicit deregistration, a restart at the same address, or a lapse longer than
 // `suspect_grace` removes it (and runs the removal callback, which cancels its RPCs). The
-// next heartbeat of a suspect worker clears the suspicion.
+// next heartbeat of a suspect worker clears the suspicion. Each worker's lease is tuned from
+// the jitter of its own heartbeats (HeartbeatLease): never shorter than the configured lease,
+// longer for a worker whose heartbeats arrive irregularly.
 #ifndef SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
 #define SLUICE_SERVICES_ROUTER_WORKER_REGISTRY_H_
 
@@ -28,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/sched/step_totals.h"
+#include "services/router/heartbeat_lease.h"
 
 namespace sluice {
 
@@ -59,6 +62,7 @@ struct WorkerSnapshot {
   bool layerwise_push = false;
   int64_t num_assigned = 0;  // requests this router sent and has not released yet
   int64_t num_picked_total = 0;
+  absl::Duration lease;  // granted at the last heartbeat (HeartbeatLease)
   absl::Time lease_expiry;
   // What the worker advertised at registration (WorkerInfo.capabilities), e.g. "grammar".
   std::vector<std::string> capabilities;
@@ -77,12 +81,19 @@ inline constexpr char kGrammarCapability[] = "grammar";
 inline constexpr char kImageEncodeCapability[] = "image_encode";
 
 struct WorkerRegistryOptions {
-  absl::Duration lease = absl::Seconds(6);  // a worker silent for this long is suspect
+  // A worker silent for this long is suspect; workers heartbeat at a third of it. With
+  // lease_jitter_k > 0 it is the floor of each worker's tuned lease (HeartbeatLease).
+  absl::Duration lease = absl::Seconds(6);
   // Weight of KV pressure (usage ratio in [0, 1]) against one queued request in
   // the score.
   double kv_usage_weight = 4.0;
   // A suspect worker silent for this much longer than its lease is removed.
   absl::Duration suspect_grace = absl::Seconds(60);
+  // The lease tuned from heartbeat jitter (HeartbeatLease): mean + k·stddev of the worker's
+  // last lease_window heartbeat inter-arrival times, within [lease, max_lease]; k = 0: fixed.
+  double lease_jitter_k = 4.0;
+  absl::Duration max_lease = absl::Seconds(30);
+  size_t lease_window = 32;
 };
 
 // WorkerRegistry is thread-safe. Time comes from `clock` (absl::Now by default)
@@ -154,13 +165,17 @@ class WorkerRegistry {
   void OnRemoved(RemovedCallback callback);
   // OnLeaseLapsed sets the lease-lapsed callback (replaces any previous one).
   void OnLeaseLapsed(LeaseLapsedCallback callback);
+  // The configured lease (what workers are told; the floor of the tuned ones).
   absl::Duration lease() const { return options_.lease; }
 
  private:
+  HeartbeatLease NewLease() const;
+
   WorkerRegistryOptions options_;
   Clock clock_;
   mutable std::mutex mu_;
   std::map<std::string, WorkerSnapshot> workers_;  // guarded by mu_
+  std::map<std::string, HeartbeatLease> leases_;   // by worker id; guarded by mu_
   int64_t next_id_ = 1;                            // guarded by mu_
   RemovedCallback on_removed_;                     // guarded by mu_
   LeaseLapsedCallback on_lease_lapsed_;            // guarded by mu_

@@ -220,7 +220,16 @@ int main(int argc, char** argv) {
   sluice::AddMultimodalFlags(*router_cmd, router.multimodal, /*with_cache=*/false);
   sluice::AddRouterCaFlag(*router_cmd, router.tls_ca_file);
   sluice::AddRenderFlags(*router_cmd, router.render, /*pools=*/true);
-  router_cmd->add_option("--lease-seconds", router.lease_seconds, "Worker lease")
+  router_cmd->add_option("--lease-seconds", router.lease_seconds,
+                         "Worker lease: workers heartbeat at a third of it; the shortest lease "
+                         "a worker gets")
+      ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--lease-jitter-k", router.lease_jitter_k,
+                         "Each worker's lease is mean + K x stddev of its recent heartbeat "
+                         "intervals, within [--lease-seconds, --max-lease-seconds]; 0: fixed")
+      ->check(CLI::NonNegativeNumber);
+  router_cmd->add_option("--max-lease-seconds", router.max_lease_seconds,
+                         "The longest lease heartbeat jitter can earn a worker")
       ->check(CLI::PositiveNumber);
   router_cmd->add_option("--suspect-grace-s", router.suspect_grace_seconds,
                          "A worker that missed its lease gets no new work but keeps its "

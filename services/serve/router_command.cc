@@ -124,6 +124,8 @@ int RunRouter(const RouterOptions& options) {
   WorkerRegistryOptions registry_options;
   registry_options.lease = absl::Seconds(options.lease_seconds);
   registry_options.suspect_grace = absl::Seconds(options.suspect_grace_seconds);
+  registry_options.lease_jitter_k = options.lease_jitter_k;
+  registry_options.max_lease = absl::Seconds(options.max_lease_seconds);
   WorkerRegistry registry(registry_options);
   RemoteBackendOptions backend_options = options.backend;
   backend_options.max_model_len = options.max_model_len > 0

@@ -37,6 +37,10 @@ struct RouterOptions {
   bool log_requests = true;           // one log line per generation request
   std::string tool_call_parser;       // hermes | llama3_json | deepseek_v3; "": the template's
   double lease_seconds = 6.0;    // workers heartbeat every lease/3
+  // Each worker's lease: mean + k·stddev of its heartbeat gaps, within [lease, max_lease]
+  // (services/router/heartbeat_lease.h); k = 0: the fixed lease_seconds.
+  double lease_jitter_k = 4.0;
+  double max_lease_seconds = 30.0;
   // A worker whose lease lapsed is suspect (no new work, its calls go on); removed after this.
   double suspect_grace_seconds = 60.0;
   // SIGTERM: refuse new requests (503, /health 503) and let those in flight finish within this.

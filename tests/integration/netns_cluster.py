@@ -91,7 +91,7 @@ class NetnsCluster:
         self.url = f"http://{router}:8000"
         self._proc("router", ["router", "--model", str(model_dir), "--host", router, "--port",
                               "8000", "--grpc-host", router, "--grpc-port", "7000",
-                              "--lease-seconds", "3", *router_args])
+                              "--lease-seconds", "3", "--max-lease-seconds", "5", *router_args])
         extra = []
         if kvstore:
             addr = self.addrs["kvstore"]

@@ -140,9 +140,12 @@ class Cluster:
         binary = sluice_bin()
         if not os.path.exists(binary):
             raise RuntimeError(f"sluice binary not found at {binary} (set SLUICE_BIN)")
+        # Leases of 3 s, tuned from heartbeat jitter up to 5 s at most: the fault tests wait
+        # for a silent worker to turn suspect.
         self.router = Proc("router", [binary, "router", "--model", str(model_dir), "--port",
                                       str(self.http_port), "--grpc-port", str(self.grpc_port),
-                                      "--lease-seconds", "3", *router_args], self.dir)
+                                      "--lease-seconds", "3", "--max-lease-seconds", "5",
+                                      *router_args], self.dir)
         self.workers = {}
         self.metrics_urls = {}  # worker name -> its /metrics URL (HTTP, --http-port)
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):

@@ -265,6 +265,77 @@ TEST_F(SchedulerPolicyTest, AgingCreditCountsTheFixedAndAttentionCost) {
   EXPECT_EQ(Step(s), (Plan{"long:64"}));
 }
 
+// Starvation under overload: a fresh short prompt arrives every step, as on a prefill worker
+// that is never idle (each finishes with its first token). Pure shortest-first serves the short
+// ones forever: every step ends a short prompt, and a chunk of the long one would delay that
+// first token, so the long one never gets a chunk. With the shipped aging (0.02) its credit
+// overtakes the fresh prompts after (its prefill seconds - theirs) / 0.02 seconds of waiting:
+// it then finishes in 16 steps while the short ones keep coming, and every short prompt still
+// gets its first token.
+TEST_F(SchedulerPolicyTest, LongPromptFinishesWhileShortOnesKeepComing) {
+  // 10 ms per step + 1 ms per token: the long prompt's prefill is 16 x 0.01 + 1.0 = 1.16 s,
+  // a 20-token one's 0.03 s: the long one overtakes after waiting (1.16 - 0.03) / 0.02 = 56.5 s,
+  // about 1900 steps of 0.03 s.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.01, 0.001, 0.0));
+  const int kMaxSteps = 5000;
+  struct Run {
+    int long_done_step = -1;  // the step the long prompt sampled its first token; -1: never
+    int shorts_added = 0;
+    int shorts_done = 0;
+    int longest_short_wait_steps = 0;
+  };
+  auto run = [&](double aging) {
+    aging_ = aging;
+    clock_.now = 100.0;
+    Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
+    Add(s, "long", 1000);
+    Run r;
+    std::map<std::string, int> added_at;
+    // Until kMaxSteps, or 40 steps after the long prompt's first token (the short ones that
+    // queued behind its last chunks get theirs).
+    for (int step = 0; step < kMaxSteps && (r.long_done_step < 0 || step <= r.long_done_step + 40);
+         ++step) {
+      const std::string id = "short" + std::to_string(r.shorts_added++);
+      Add(s, id, 20, 0, 1 + r.shorts_added % 5);
+      added_at[id] = step;
+      const SchedulerOutput out = s.Schedule();
+      int tokens = 0;
+      std::vector<std::string> finished;
+      for (const ScheduledSequence& row : out.scheduled) {
+        tokens += row.num_new_tokens;
+        const bool samples = row.samples();
+        row.seq->num_computed_tokens += row.num_new_tokens;
+        if (samples) finished.push_back(row.seq->request.request_id);
+      }
+      // A prefill worker's request ends with its first token.
+      for (const std::string& done : finished) {
+        EXPECT_NE(s.Remove(done), nullptr);
+        if (done == "long") {
+          r.long_done_step = step;
+        } else {
+          ++r.shorts_done;
+          r.longest_short_wait_steps =
+              std::max(r.longest_short_wait_steps, step - added_at[done]);
+        }
+      }
+      clock_.now += 0.01 + 0.001 * tokens;  // the step took what the cost model says
+    }
+    return r;
+  };
+  const Run fair = run(0.02);
+  ASSERT_GE(fair.long_done_step, 0) << "the long prompt starved";
+  EXPECT_LT(fair.long_done_step, kMaxSteps / 2);
+  // Short prompts kept coming and being served until it overtook them, and none waited long
+  // behind it (its 16 chunks of 64 tokens, then the backlog at 3 per step).
+  EXPECT_GT(fair.shorts_done, 1800);
+  EXPECT_LE(fair.longest_short_wait_steps, 30);
+  // Without aging the same load starves it: never a chunk in kMaxSteps steps.
+  const Run pure = run(0.0);
+  EXPECT_EQ(pure.long_done_step, -1);
+  EXPECT_GE(pure.shorts_done, kMaxSteps - 1);
+  EXPECT_LE(pure.longest_short_wait_steps, 1);
+}
+
 TEST_F(SchedulerPolicyTest, WaitingPromptIsRankedByWhatItsPrefixCacheHitLeaves) {
   prefix_caching_ = true;
   Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 64);
@@ -348,6 +419,27 @@ TEST_F(SchedulerPolicyTest, TimeBudgetCutsPrefillChunks) {
   EXPECT_EQ(Step(s), (Plan{"short:5"}));
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:89"}));
+}
+
+// A long prompt's final chunk ends its prompt too, but it must not ride along in the step that
+// gives a short prompt its first token: that step would take up to a whole budget, and the short
+// prompt's TTFT two of them. The rows after the first prompt to end cost at most what its step
+// alone would; short prompts arriving together still share the step.
+TEST_F(SchedulerPolicyTest, FirstTokenStepTakesNoLongFinalChunk) {
+  // cost = 10 ms + 1 ms per token, a 250.5 ms budget: 240 tokens a step.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.010, 0.001, 0.0));
+  time_budget_ = 0.2505;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512);
+  Add(s, "long", 400);
+  EXPECT_EQ(Step(s), (Plan{"long:240"}));
+  // long's last 160 tokens would end its prompt within the budget, but cost 160 ms against the
+  // short step's 15 ms; the other 5-token prompt (5 ms) fits the 15 ms cap, the 40-token one not.
+  Add(s, "short", 5, 0, 1);
+  Add(s, "short2", 5, 0, 2);
+  Add(s, "mid", 40, 0, 3);
+  EXPECT_EQ(Step(s), (Plan{"short:5", "short2:5"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "short2:1", "mid:40"}));
+  EXPECT_EQ(Step(s), (Plan{"short:1", "short2:1", "mid:1", "long:160"}));
 }
 
 TEST_F(SchedulerPolicyTest, TimeBudgetShrinksByTheRecentOverrun) {

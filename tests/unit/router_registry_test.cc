@@ -1,9 +1,12 @@
 // WorkerRegistry: leases, drain, re-registration and the load-aware worker
 // choice.
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "services/router/heartbeat_lease.h"
 #include "services/router/worker_registry.h"
 
 namespace sluice {
@@ -191,6 +194,93 @@ TEST_F(RouterRegistryTest, DeregisterRunsTheCallback) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(registry_.Deregister(id).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_.List().empty());
+}
+
+// --- Leases tuned from heartbeat jitter ---
+
+// Feeds heartbeats `gaps` seconds apart (the first at t = 0).
+HeartbeatLease Fed(const std::vector<double>& gaps, HeartbeatLeaseOptions o = {}) {
+  HeartbeatLease lease(o);
+  absl::Time t = absl::FromUnixSeconds(1000);
+  lease.Observe(t);
+  for (double g : gaps) {
+    t += absl::Seconds(g);
+    lease.Observe(t);
+  }
+  return lease;
+}
+
+TEST(HeartbeatLeaseTest, SteadyHeartbeatsGetTheFloor) {
+  // Every 2 s like a clock: mean 2, stddev 0: 2 s < the 6 s floor.
+  EXPECT_EQ(Fed(std::vector<double>(20, 2.0)).Lease(), absl::Seconds(6));
+  // Too few samples to judge (min_samples 4): the floor, however jittery.
+  EXPECT_EQ(Fed({1, 20, 1}).Lease(), absl::Seconds(6));
+  EXPECT_EQ(Fed({}).Lease(), absl::Seconds(6));
+}
+
+TEST(HeartbeatLeaseTest, JitterEarnsMeanPlusKStddev) {
+  std::vector<double> gaps;
+  for (int i = 0; i < 16; ++i) gaps.insert(gaps.end(), {1.0, 5.0});
+  // 32 gaps of 1 s and 5 s: mean 3, stddev 2: 3 + 4 x 2 = 11 s.
+  EXPECT_EQ(Fed(gaps).Lease(), absl::Seconds(11));
+  HeartbeatLeaseOptions k2;
+  k2.k = 2.0;
+  EXPECT_EQ(Fed(gaps, k2).Lease(), absl::Seconds(7));  // 3 + 2 x 2
+  // 1 s and 13 s: mean 7, stddev 6: 31 s, capped at 30.
+  std::vector<double> wild;
+  for (int i = 0; i < 4; ++i) wild.insert(wild.end(), {1.0, 13.0});
+  EXPECT_EQ(Fed(wild).Lease(), absl::Seconds(30));
+  HeartbeatLeaseOptions fixed;
+  fixed.k = 0;  // the fixed lease
+  EXPECT_EQ(Fed(wild, fixed).Lease(), absl::Seconds(6));
+  HeartbeatLeaseOptions low_cap;
+  low_cap.cap = absl::Seconds(2);  // a cap under the floor: the floor
+  EXPECT_EQ(Fed(wild, low_cap).Lease(), absl::Seconds(6));
+}
+
+TEST(HeartbeatLeaseTest, OnlyTheLastWindowCounts) {
+  HeartbeatLeaseOptions o;
+  o.window = 8;
+  o.floor = absl::Seconds(1);
+  std::vector<double> gaps;
+  for (int i = 0; i < 4; ++i) gaps.insert(gaps.end(), {1.0, 5.0});
+  EXPECT_EQ(Fed(gaps, o).Lease(), absl::Seconds(11));
+  // Eight steady 0.5 s gaps push the jittery ones out: mean 0.5, stddev 0: the 1 s floor.
+  gaps.insert(gaps.end(), 7, 0.5);
+  EXPECT_GT(Fed(gaps, o).Lease(), absl::Seconds(1));  // one 5 s gap is still in the window
+  gaps.push_back(0.5);
+  EXPECT_EQ(Fed(gaps, o).Lease(), absl::Seconds(1));
+}
+
+// In the registry: a worker whose heartbeats arrive irregularly keeps its lease through a
+// silence that makes a steady one suspect; each snapshot shows the lease granted.
+TEST_F(RouterRegistryTest, EachWorkerGetsALeaseFromItsHeartbeatJitter) {
+  const absl::Time t0 = now_;
+  const std::string steady = Add(WorkerRole::kDecode, "127.0.0.1:1", Load(0, 0, 100));
+  const std::string jittery = Add(WorkerRole::kDecode, "127.0.0.1:2", Load(0, 0, 100));
+  EXPECT_EQ(registry_.Get(steady)->lease, absl::Seconds(6));
+  // steady: every 2 s up to 24 s; jittery: gaps of 1 s and 5 s (at 1, 6, 7, 12, ..., 24 s).
+  std::vector<std::pair<double, std::string>> beats;
+  for (int t = 2; t <= 24; t += 2) beats.push_back({t, steady});
+  for (double t : {1, 6, 7, 12, 13, 18, 19, 24}) beats.push_back({t, jittery});
+  std::sort(beats.begin(), beats.end());
+  for (const auto& [t, id] : beats) {
+    now_ = t0 + absl::Seconds(t);
+    ASSERT_TRUE(registry_.Heartbeat(id, Load(0, 0, 100)).ok());
+    EXPECT_TRUE(registry_.ExpireLeases().empty());
+  }
+  EXPECT_EQ(registry_.Get(steady)->lease, absl::Seconds(6));    // mean 2, stddev 0: the floor
+  EXPECT_EQ(registry_.Get(jittery)->lease, absl::Seconds(11));  // mean 3, stddev 2
+  std::vector<std::string> lapsed;
+  registry_.OnLeaseLapsed([&](const WorkerSnapshot& w) { lapsed.push_back(w.worker_id); });
+  now_ = t0 + absl::Seconds(24 + 7);  // both silent for 7 s
+  registry_.ExpireLeases();
+  EXPECT_EQ(lapsed, std::vector<std::string>{steady});
+  EXPECT_EQ(registry_.Pick(WorkerRole::kDecode, 10)->worker_id, jittery);
+  now_ = t0 + absl::Seconds(24 + 11.5);
+  registry_.ExpireLeases();
+  EXPECT_EQ(lapsed, (std::vector<std::string>{steady, jittery}));
+  EXPECT_FALSE(registry_.Pick(WorkerRole::kDecode, 10).has_value());
 }
 
 }  // namespace
