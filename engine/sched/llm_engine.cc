@@ -261,6 +261,16 @@ class LLMEngineImpl final : public LLMEngine {
     bool recompute = !status.ok() && options_.recompute_failed_transfers &&
                      token.has_value() &&
                      (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status));
+    // The first token comes from the peer that prefilled (the wire): one outside the vocabulary
+    // would index the embedding and penalty tables out of bounds in the next step.
+    const int64_t vocab = model_->config().vocab_size;
+    if ((status.ok() || recompute) && (token->token_id < 0 || token->token_id >= vocab)) {
+      absl::Status bad = absl::InvalidArgumentError(
+          absl::StrCat("request '", request_id, "': first token id ", token->token_id,
+                       " is outside the vocabulary [0, ", vocab, ")"));
+      FailReserved(request_id, bad);
+      return bad;
+    }
     if (!status.ok() && !recompute) {
       FailReserved(request_id, std::move(status));
       return absl::OkStatus();

@@ -208,7 +208,8 @@ class LLMEngine {
   // tokens here (ReplaySlidingWindowKv) to rebuild the sliding layers' K/V; if that fails the
   // prompt is recomputed as after a failed transfer.
   // Errors: NotFound (no reservation under that id), InvalidArgument (OK status but no first
-  // token given at either call; the reservation stays).
+  // token given at either call; the reservation stays), InvalidArgument (a first token outside
+  // the vocabulary: the request finishes with kError and that status, its blocks freed).
   virtual absl::Status CompleteTransfer(const std::string& request_id, absl::Status status,
                                         std::optional<SampledToken> first_token) = 0;
   // HasPendingTimers: held blocks or reservations exist, whose timeouts Step() enforces; a

@@ -128,11 +128,22 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
  public:
   enum class State { kReserving, kReserved, kTransferring, kRunning, kFailed };
 
-  DecodeSession(DecodeService* service, std::string id, std::string engine_id)
-      : service_(service), id_(std::move(id)), engine_id_(std::move(engine_id)) {}
+  // `grant`: the reservation's grant id (Reserve), empty for a session a Decode call started.
+  // An empty `engine_id` makes a session that only carries an error or a final message to its
+  // call: it never aborts an engine request.
+  DecodeSession(DecodeService* service, std::string id, std::string engine_id,
+                std::string grant = "")
+      : service_(service), id_(std::move(id)), engine_id_(std::move(engine_id)),
+        grant_(std::move(grant)) {}
   const std::string& id() const { return id_; }
   const std::string& engine_id() const { return engine_id_; }
+  const std::string& grant() const { return grant_; }
   DecodeService* service() const { return service_; }
+  // Finished: failed, or its final output went out (it holds no blocks any more).
+  bool Finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ == State::kFailed;
+  }
 
   // Engine thread: a reservation result.
   void OnReserved(absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -275,6 +286,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   // Client went away (stream cancel or Cancel RPC): abort unless a pull is running (then the
   // pull's completion reports Cancelled to the engine, which frees the blocks).
   void Cancel() {
+    if (engine_id_.empty()) return;  // an error-only session: nothing in the engine
     bool abort = false;
     // A reservation whose KV a prefill worker may still be pushing layer by layer (layerwise
     // mode, no answer that the push ended): freed only once no push can write into it.
@@ -335,6 +347,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   DecodeService* service_;
   const std::string id_;
   const std::string engine_id_;
+  const std::string grant_;
   std::mutex mu_;
   State state_ = State::kReserving;
   std::vector<int32_t> blocks_;
@@ -466,8 +479,12 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     return reactor;
   }
   // The reply is set before reserving could complete: NewSession's engine op runs later.
+  // The grant: a new serial per reservation, so a re-reservation of the same request id gets a
+  // new token and the old one (of an expired or cancelled reservation) opens nothing.
+  const std::string grant =
+      absl::StrCat("reservation ", request->request_id(), "#", next_grant_.fetch_add(1));
   auto session = std::make_shared<DecodeSession>(this, request->request_id(),
-                                                 request->request_id());
+                                                 request->request_id(), grant);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!sessions_.emplace(request->request_id(), session).second) {
@@ -477,12 +494,21 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   }
   const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const int32_t num_tokens = request->prompt_token_ids_size();
-  session->set_reserve_reply([this, reactor, response, layout, num_tokens](
+  std::weak_ptr<DecodeSession> weak = session;
+  session->set_reserve_reply([this, context, reactor, response, layout, num_tokens, grant, weak](
                                  const absl::StatusOr<std::vector<int32_t>>& blocks) {
     if (!blocks.ok()) {
       reactor->Finish(ToGrpc(blocks.status()));
       return;
     }
+    if (context->IsCancelled()) {
+      // The caller gave up (or its deadline passed) while the blocks were awaited: nobody
+      // learns the token, so nobody could claim or cancel them; free them now.
+      if (std::shared_ptr<DecodeSession> s = weak.lock()) s->Cancel();
+      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the Reserve call was cancelled"));
+      return;
+    }
+    response->set_reservation_token(tokens_.Issue(grant));
     v1::KvBlocks* kv = response->mutable_kv();
     kv->set_kv_descriptor(kv_descriptor_);
     RunsToWire(*blocks, kv);
@@ -531,9 +557,16 @@ grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* con
       cancelled_[request->request_id()] = now + options_.cancel_memory;
     }
   }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (session != nullptr && !session->Finished()) {
+    absl::Status granted = CheckGrant(*session, request->reservation_token(), "Cancel");
+    if (!granted.ok()) {
+      reactor->Finish(ToGrpc(granted));
+      return reactor;
+    }
+  }
   response->set_found(session != nullptr);
   if (session != nullptr) session->Cancel();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -547,11 +580,17 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     auto it = sessions_.find(id);
     if (it != sessions_.end()) existing = it->second;
   }
+  // A session under this id (reserved, or decoding) is touched only with its grant's token:
+  // refused before any of the paths below cancels, claims or replaces it.
+  if (existing != nullptr && !existing->Finished()) {
+    absl::Status granted = CheckGrant(*existing, request->reservation_token(), "Decode");
+    if (!granted.ok()) return EndCall(id, ToGrpc(granted));
+  }
   const bool remote = request->has_prefill() && request->prefill().kv().runs_size() > 0;
   if (request->has_prefill() && !remote) {
     // Prefill already finished the request with its first token: nothing to decode.
     if (existing != nullptr) existing->Cancel();
-    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
+    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, ""));
     v1::TokenOutput done;
     done.set_request_id(id);
     done.set_finish_reason(request->prefill().finish_reason());
@@ -559,14 +598,10 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     return writer;
   }
   if (existing == nullptr && WasCancelled(id)) {
-    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
-    writer->End(grpc::Status(grpc::StatusCode::CANCELLED, "request was cancelled"));
-    return writer;
+    return EndCall(id, grpc::Status(grpc::StatusCode::CANCELLED, "request was cancelled"));
   }
   if (draining_.load() && existing == nullptr) {
-    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
-    writer->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining"));
-    return writer;
+    return EndCall(id, grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining"));
   }
   const absl::Duration transfer_timeout =
       request->transfer_timeout_ms() > 0 ? absl::Milliseconds(request->transfer_timeout_ms())
@@ -580,9 +615,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   }
   if (!mm_inputs.ok()) {
     if (existing != nullptr) existing->Cancel();
-    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
-    writer->End(ToGrpc(mm_inputs.status()));
-    return writer;
+    return EndCall(id, ToGrpc(mm_inputs.status()));
   }
   if (remote) {
     absl::Status error;
@@ -594,11 +627,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
                            request->sampling(), request->cache_salt(), request->priority(),
                            *std::move(mm_inputs), &error);
     }
-    if (session == nullptr) {
-      auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
-      writer->End(ToGrpc(error));
-      return writer;
-    }
+    if (session == nullptr) return EndCall(id, ToGrpc(error));
     auto* writer = new DecodeWriter(session);
     if (!session->Attach(writer, request->prefill(), transfer_timeout)) {
       writer->End(grpc::Status(grpc::StatusCode::ALREADY_EXISTS, "request is being decoded"));
@@ -613,9 +642,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       RequestGrammar(options_.grammars, request->sampling());
   if (!grammar.ok()) {
     if (existing != nullptr) existing->Cancel();
-    auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
-    writer->End(ToGrpc(grammar.status()));
-    return writer;
+    return EndCall(id, ToGrpc(grammar.status()));
   }
   if (existing != nullptr) existing->Cancel();
   const std::string engine_id = existing != nullptr ? absl::StrCat(id, "#local") : id;
@@ -644,6 +671,26 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     writer->End(ToGrpc(s));
   }
   return writer;
+}
+
+grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::EndCall(const std::string& request_id,
+                                                                 grpc::Status status) {
+  // No engine id: cancelling this call must not abort the request's real session.
+  auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, request_id, ""));
+  writer->End(std::move(status));
+  return writer;
+}
+
+absl::Status DecodeService::CheckGrant(const DecodeSession& session, const std::string& token,
+                                       const char* call) const {
+  if (session.grant().empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, " of request '", session.id(),
+        "' refused: its decode was started by a Decode call without a reservation, and only "
+        "cancelling that call ends it"));
+  }
+  return tokens_.Check(session.grant(), token,
+                       absl::StrCat(call, " of request '", session.id(), "'"));
 }
 
 v1::PrefillWorker::Stub* DecodeService::PrefillStub(const std::string& address) {

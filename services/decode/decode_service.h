@@ -26,6 +26,7 @@
 
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
+#include "services/common/grant_tokens.h"
 #include "services/worker_common/task_pool.h"
 #include "services/worker_common/worker_images.h"
 #include "services/worker_common/worker_metrics.h"
@@ -127,6 +128,13 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   void RunTransfer(const std::shared_ptr<DecodeSession>& session);  // pool thread
   v1::PrefillWorker::Stub* PrefillStub(const std::string& address);
   bool WasCancelled(const std::string& request_id) const;
+  // EndCall answers a Decode call with `status` alone, touching no session.
+  grpc::ServerWriteReactor<v1::TokenOutput>* EndCall(const std::string& request_id,
+                                                     grpc::Status status);
+  // CheckGrant: OK when `token` is the token of `session`'s reservation; PERMISSION_DENIED
+  // otherwise, and always for a session a Decode call started (it has no token).
+  absl::Status CheckGrant(const DecodeSession& session, const std::string& token,
+                          const char* call) const;
   // Transfer steps (pool thread). `deadline`: the transfer must be over by then.
   absl::Status PullKv(const v1::PrefillResponse& prefill, const std::vector<int32_t>& blocks,
                       absl::Time deadline);
@@ -153,6 +161,8 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   std::unordered_map<std::string, std::shared_ptr<DecodeSession>> sessions_;  // guarded by mu_
   std::unordered_map<std::string, std::unique_ptr<v1::PrefillWorker::Stub>> stubs_;  // mu_
   std::unordered_map<std::string, absl::Time> cancelled_;  // id -> forget after; guarded by mu_
+  const GrantTokens tokens_;                 // reservation grant tokens
+  std::atomic<uint64_t> next_grant_{1};      // serial of the next reservation's grant
   TaskPool pool_;  // last: joined first
 };
 

@@ -411,6 +411,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       reservation_.reset();
+      reservation_token_.clear();
     }
     if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
     decode_stub_->async()->Reserve(
@@ -421,6 +422,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
             // Layerwise prefill workers write into it while they compute (StartPrefill).
             std::lock_guard<std::mutex> lock(self->mu_);
             self->reservation_ = rpc->response.kv();
+            self->reservation_token_ = rpc->response.reservation_token();
             self->reservation_usable_until_ =
                 absl::Now() + self->options_.decode_reserve_timeout - kPinMargin;
           }
@@ -524,6 +526,13 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   void ReleaseDecode() {
     if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
     decode_.reset();
+    std::lock_guard<std::mutex> lock(mu_);
+    reservation_token_.clear();  // it opens only decode_'s reservation
+  }
+  // ReservationToken: the grant token of the reservation on decode_ (empty: none made).
+  std::string ReservationToken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reservation_token_;
   }
 
   void StartPrefill() {
@@ -816,6 +825,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   void ReserveAgain() {
     if (prefill_.has_value()) prefill_->set_kv_pushed(false);  // it landed in the old one
     std::shared_ptr<DecodeStub> old_stub = decode_stub_;
+    const std::string old_token = ReservationToken();
     ReleaseDecode();
     backend_->Count(&RemoteBackendCounters::num_decode_rereserves);
     {
@@ -828,14 +838,16 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
     if (old_stub == nullptr) return NextReserve();
-    CancelOnDecode(old_stub, [self = shared_from_this()] { self->NextReserve(); });
+    CancelOnDecode(old_stub, old_token, [self = shared_from_this()] { self->NextReserve(); });
   }
 
   // Fire-and-forget control calls, bounded by control_deadline.
-  void CancelOnDecode() { CancelOnDecode(decode_stub_, nullptr); }
-  // Cancel on `stub`'s worker; `then` (may be empty) runs when the call ends, however it ends
-  // (bounded by control_deadline).
-  void CancelOnDecode(const std::shared_ptr<DecodeStub>& stub, std::function<void()> then) {
+  void CancelOnDecode() { CancelOnDecode(decode_stub_, ReservationToken(), nullptr); }
+  // Cancel on `stub`'s worker, with the reservation's grant `token` (the worker refuses a
+  // Cancel of a reserved request without it); `then` (may be empty) runs when the call ends,
+  // however it ends (bounded by control_deadline).
+  void CancelOnDecode(const std::shared_ptr<DecodeStub>& stub, const std::string& token,
+                      std::function<void()> then) {
     if (stub == nullptr) {
       if (then) then();
       return;
@@ -845,6 +857,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->stub = stub;
     rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
     rpc->request.set_request_id(id());
+    rpc->request.set_reservation_token(token);
     rpc->stub->async()->Cancel(&rpc->context, &rpc->request, &rpc->response,
                                [rpc, then = std::move(then)](grpc::Status) {
                                  if (then) then();
@@ -892,6 +905,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   absl::Time reserved_at_ = absl::InfiniteFuture();     // last Reserve OK on decode_
   // The last Reserve's blocks and until when a push into them may run; guarded by mu_.
   std::optional<v1::KvBlocks> reservation_;
+  std::string reservation_token_;  // its grant token (ReserveResponse.reservation_token)
   absl::Time reservation_usable_until_ = absl::InfinitePast();
   bool prefill_parked_ = false;  // a layerwise prefill waits for the Reserve; guarded by mu_
 
@@ -970,6 +984,9 @@ void RemoteBackend::Call::StartDecode() {
   auto* reader = new DecodeReader(shared_from_this());
   reader->context.set_deadline(DeadlineIn(options_.decode_deadline));
   reader->request.set_request_id(id());
+  // The reservation's grant token: the decode worker refuses a Decode of a reserved request
+  // without it (empty when no Reserve was answered: the call reserves itself).
+  reader->request.set_reservation_token(ReservationToken());
   reader->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                   request_.prompt_token_ids.end());
   *reader->request.mutable_sampling() = wire_sampling_;

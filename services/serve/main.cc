@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
   sluice::AddApiAuthFlags(*serve_cmd, serve.auth);
   sluice::AddHttpLimitFlags(*serve_cmd, serve.http);
   sluice::AddTlsFlags(*serve_cmd, serve.http);
+  sluice::AddServeCaFlag(*serve_cmd, serve.tls_ca_file);
   sluice::AddMultimodalFlags(*serve_cmd, serve.multimodal);
   sluice::AddRenderFlags(*serve_cmd, serve.render, /*pools=*/true);
 

@@ -76,18 +76,13 @@ int RunRouter(const RouterOptions& options) {
   }
 
   // mTLS with the workers: the router's public certificate is its identity.
-  PeerTlsOptions peer_tls;
-  if (!options.tls_ca_file.empty()) {
-    if (options.http.tls_cert_file.empty()) {
-      spdlog::error("--tls-ca needs --tls-cert and --tls-key (the router's certificate)");
-      return 1;
-    }
-    peer_tls = {options.http.tls_cert_file, options.http.tls_key_file, options.tls_ca_file};
-    if (absl::Status valid = ValidatePeerTls(peer_tls); !valid.ok()) {
-      spdlog::error("{}", std::string(valid.message()));
-      return 1;
-    }
+  absl::StatusOr<PeerTlsOptions> peer_tls_or =
+      PeerTlsFromPublic(options.http, options.tls_ca_file, "the router's");
+  if (!peer_tls_or.ok()) {
+    spdlog::error("{}", std::string(peer_tls_or.status().message()));
+    return 1;
   }
+  const PeerTlsOptions peer_tls = *peer_tls_or;
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials = PeerChannelCredentials(peer_tls);
 
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =

@@ -27,7 +27,21 @@ int RunServe(const ServeOptions& options) {
     return 1;
   }
 
-  absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(options.runtime);
+  // The kvstore shards are reached over mTLS when --tls-ca is given (checked before the model
+  // loads, as the workers do).
+  absl::StatusOr<PeerTlsOptions> peer_tls =
+      PeerTlsFromPublic(options.http, options.tls_ca_file, "this server's");
+  if (!peer_tls.ok()) {
+    spdlog::error("{}", std::string(peer_tls.status().message()));
+    return 1;
+  }
+  RuntimeOptions runtime_options = options.runtime;
+  if (peer_tls->enabled()) {
+    runtime_options.kvstore_credentials = PeerChannelCredentials(*peer_tls);
+  } else if (!options.runtime.kvstore.empty() && !options.http.tls_cert_file.empty()) {
+    spdlog::warn("--kvstore without --tls-ca: the kvstore shards are reached in plaintext");
+  }
+  absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(runtime_options);
   if (!runtime.ok()) {
     spdlog::error("cannot load the model: {}", std::string(runtime.status().ToString()));
     return 1;

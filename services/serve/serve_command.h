@@ -26,6 +26,9 @@ struct ServeOptions {
   ApiAuthOptions auth;  // API keys (none: open)
   MultimodalFlags multimodal;  // vision-language models
   RenderFlags render;          // chat template render pools and budget
+  // --tls-ca: mTLS with the --kvstore shards, http's certificate being this server's identity
+  // (empty: the kvstore is reached in plaintext).
+  std::string tls_ca_file;
 };
 
 // RunServe loads the model, listens, prints "Sluice listening on http://HOST:PORT" on stdout

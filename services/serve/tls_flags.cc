@@ -3,6 +3,8 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace sluice {
 
 void AddTlsFlags(CLI::App& app, HttpServerOptions& http) {
@@ -35,6 +37,25 @@ void AddRouterCaFlag(CLI::App& app, std::string& ca_file) {
                  "PEM CA certificate of the cluster: mTLS with the workers, --tls-cert/--tls-key "
                  "being the router's identity; the Registry then admits only workers with a "
                  "certificate it issued (the Inference API still takes clients without one)");
+}
+
+void AddServeCaFlag(CLI::App& app, std::string& ca_file) {
+  app.add_option("--tls-ca", ca_file,
+                 "PEM CA certificate of the cluster: mTLS with the --kvstore shards, "
+                 "--tls-cert/--tls-key being this server's identity (without it the kvstore is "
+                 "reached in plaintext)");
+}
+
+absl::StatusOr<PeerTlsOptions> PeerTlsFromPublic(const HttpServerOptions& http,
+                                                 const std::string& ca_file, const char* whose) {
+  if (ca_file.empty()) return PeerTlsOptions{};
+  if (http.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-ca needs --tls-cert and --tls-key (", whose, " certificate)"));
+  }
+  PeerTlsOptions tls{http.tls_cert_file, http.tls_key_file, ca_file};
+  if (absl::Status valid = ValidatePeerTls(tls); !valid.ok()) return valid;
+  return tls;
 }
 
 std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(const HttpServerOptions& http) {

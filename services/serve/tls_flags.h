@@ -6,9 +6,11 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <memory>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/statusor.h"
 #include "services/api/http_server.h"
 #include "services/common/peer_tls.h"
 
@@ -27,6 +29,18 @@ void AddPeerTlsFlags(CLI::App& app, PeerTlsOptions& tls);
 
 // AddRouterCaFlag registers the router's --tls-ca (needs --tls-cert): mTLS with the workers.
 void AddRouterCaFlag(CLI::App& app, std::string& ca_file);
+
+// AddServeCaFlag registers `sluice serve`'s --tls-ca (needs --tls-cert): mTLS with the
+// --kvstore shards.
+void AddServeCaFlag(CLI::App& app, std::string& ca_file);
+
+// PeerTlsFromPublic: mTLS towards other services for a process whose public listener
+// certificate (http's --tls-cert/--tls-key) is also its identity as a client, trusting
+// `ca_file`; `whose` names the certificate in errors ("the router's"). Off (empty options)
+// without `ca_file`. Errors: `ca_file` without a certificate ("--tls-ca needs --tls-cert ..."),
+// and ValidatePeerTls's.
+absl::StatusOr<PeerTlsOptions> PeerTlsFromPublic(const HttpServerOptions& http,
+                                                 const std::string& ca_file, const char* whose);
 
 // Scheme is "https" or "http".
 inline const char* Scheme(const HttpServerOptions& http) {

@@ -221,6 +221,51 @@ def kvstore_seeds(out):
     write(out, "kvstore_fuzz", seq + bytes([2, 2, 0, 0, 1, 0, 6, 1, 0, 0, 10]))
 
 
+def fixed32(num, value):
+    """A float field (wire type 5)."""
+    return varint((num << 3) | 5) + struct.pack("<f", value)
+
+
+def packed(num, values):
+    return pb_field(num, b"".join(varint(v & 0xFFFFFFFFFFFFFFFF) for v in values))
+
+
+def worker_request_seeds(out):
+    # Byte 0: 0 PrefillRequest, 1 ReserveRequest, 2 DecodeRequest; byte 1: transfer outcome
+    # (bit 0 OK) and first token (the rest); then the message (worker_request_fuzz.cc).
+    greedy = pb_field(3, fixed32(1, 0.0) + pb_field(9, 4))
+    sampled = pb_field(3, fixed32(1, 0.8) + fixed32(2, 0.9) + pb_field(3, 5) + fixed32(7, 1.3)
+                       + fixed32(5, 0.5) + pb_field(8, 7) + pb_field(9, 6) + pb_field(10, 2)
+                       + packed(12, [9]) + pb_field(16, 3) + pb_field(19, pb_field(1, 4)
+                                                                    + fixed32(2, 5.0))
+                       + pb_field(20, packed(1, [5, 6])) + pb_field(21, 2))
+    for prompt in ([3, 4, 5], list(range(2, 40)), [7] * 17):
+        for kind in (0, 1, 2):
+            for sampling in (greedy, sampled):
+                msg = pb_field(1, b"r-%d" % kind) + packed(2, prompt) + sampling
+                write(out, "worker_request_fuzz", bytes([kind, (5 << 1) | 1]) + msg)
+    # Salt, priority, a migration's resumed tokens, an image without a vision model.
+    write(out, "worker_request_fuzz", bytes([0, 1]) + pb_field(1, b"p") + packed(2, [3, 4, 5, 6])
+          + greedy + pb_field(5, b"tenant") + pb_field(6, 3))
+    write(out, "worker_request_fuzz", bytes([2, 0]) + pb_field(1, b"m") + packed(2, [3, 4, 5])
+          + greedy + packed(7, [8, 9]))
+    image = pb_field(1, 1) + pb_field(2, 2) + pb_field(3, bytes(16)) + pb_field(4, bytes(16))
+    write(out, "worker_request_fuzz", bytes([1, 3]) + pb_field(1, b"i") + packed(2, [3, 4, 5, 6])
+          + greedy + pb_field(7, image))
+
+
+def image_seeds(out, shared):
+    # Byte 0: the limits (bit 0: 4096 pixels), then the file (image_decode_fuzz.cc).
+    paths = sorted(glob.glob(f"{ROOT}/tests/fixtures/images/*")
+                   + glob.glob(f"{shared}/fixtures/llava-tiny/image_*"))
+    for path in paths:
+        data = open(path, "rb").read()
+        if len(data) > 64 * 1024:
+            continue
+        for limits in (0, 1):
+            write(out, "image_decode_fuzz", bytes([limits]) + data)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -234,6 +279,8 @@ def main():
     http_seeds(a.out)
     worker_wire_seeds(a.out)
     kvstore_seeds(a.out)
+    worker_request_seeds(a.out)
+    image_seeds(a.out, a.shared)
 
 
 if __name__ == "__main__":

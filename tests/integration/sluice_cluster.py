@@ -215,14 +215,21 @@ class Cluster:
 class Serve:
     """A plain `sluice serve` for reference outputs."""
 
-    def __init__(self, model_dir=MODEL_DIR, args=()):
+    def __init__(self, model_dir=MODEL_DIR, args=(), https_context=None):
+        """https_context: an ssl.SSLContext trusting the server's certificate when `args` make
+        it serve HTTPS (--tls-cert)."""
         self.dir = tempfile.mkdtemp(prefix="sluice-reference-")
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        scheme = "https" if https_context is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         self.proc = Proc("serve", [sluice_bin(), "serve", "--model", str(model_dir), "--port",
                                    str(port), *args], self.dir)
-        wait_until(lambda: http_get(self.url + "/health")[0] == 200, STARTUP_TIMEOUT_S,
-                   "sluice serve /health")
+
+        def healthy():
+            if self.proc.proc.poll() is not None:
+                raise RuntimeError(f"sluice serve exited:\n{self.proc.tail()}")
+            return http_get(self.url + "/health", context=https_context)[0] == 200
+        wait_until(healthy, STARTUP_TIMEOUT_S, "sluice serve /health")
 
     def stop(self):
         self.proc.stop()
@@ -231,7 +238,8 @@ class Serve:
 class KvStore:
     """`sluice kvstore` on a fixed loopback port (a restart keeps the address and the SSD dir)."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, extra=()):
+        """extra: more flags (e.g. --tls-cert/--tls-key/--tls-ca)."""
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.ssd_dir = pathlib.Path(run_dir) / "kvstore-ssd"
@@ -239,7 +247,7 @@ class KvStore:
             sluice_bin(), "kvstore", "--host", "127.0.0.1", "--port", str(self.port),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
             "--dram-bytes", "64M", "--ssd-dir", str(self.ssd_dir), "--ssd-bytes", "256M",
-            "--no-ucx"], run_dir)
+            "--no-ucx", *extra], run_dir)
         self.wait_healthy()
 
     def wait_healthy(self):

@@ -12,9 +12,14 @@ mode (decode -> prefill PushKv, prefill RMA-writes into decode's blocks), so eve
    without a certificate, while its public Inference API still serves one. A worker without a
    certificate, or with a certificate of another CA, never registers. The cluster keeps serving.
 3. A forged or missing transfer token: PushKv and Release of a pinned prefill are
-   PERMISSION_DENIED and the pinned blocks stay; the right token releases them.
+   PERMISSION_DENIED and the pinned blocks stay; the right token releases them. Likewise the
+   decode worker's reservation: Decode and Cancel without its token are PERMISSION_DENIED.
 4. Start-up errors: a missing file, a key of another certificate, a certificate of another CA,
-   the router's --tls-ca without --tls-cert: exit 1 with a message naming the problem.
+   the router's (or `sluice serve`'s) --tls-ca without --tls-cert: exit 1 with a message naming
+   the problem.
+5. `sluice serve --kvstore --tls-cert/--tls-key/--tls-ca` writes prompt KV through to a kvstore
+   that requires mTLS and a second server loads it; without --tls-ca nothing reaches that
+   kvstore (the requests still complete).
 """
 
 import importlib
@@ -30,8 +35,8 @@ import openai
 import pytest
 from grpc_tools import protoc
 
-from sluice_cluster import (MODEL_DIR, MODEL_NAME, REPO, Cluster, Proc, Serve, free_port,
-                            sluice_bin, sum_samples, wait_until)
+from sluice_cluster import (MODEL_DIR, MODEL_NAME, REPO, Cluster, KvStore, Proc, Serve,
+                            free_port, sluice_bin, sum_samples, wait_until)
 
 RPC_TIMEOUT_S = 30
 
@@ -84,7 +89,7 @@ def pki():
     d = pathlib.Path(tempfile.mkdtemp(prefix="sluice-mtls-"))
     make_ca(d, "ca")
     make_ca(d, "rogue")
-    for name in ("router", "prefill", "decode", "client"):
+    for name in ("router", "prefill", "decode", "client", "kvstore", "serve"):
         make_cert(d, "ca", name)
     make_cert(d, "rogue", "intruder")
     return d
@@ -250,6 +255,82 @@ def test_forged_transfer_token_is_refused(cluster, pki):
                "the pin released")
 
 
+def test_decode_reservation_needs_its_token(cluster, pki):
+    worker_pb, worker_grpc = PB["worker"]
+    common_pb = importlib.import_module("sluice.v1.common_pb2")
+    with channel(pki, worker_address(cluster, "decode"), "client") as ch:
+        stub = worker_grpc.DecodeWorkerStub(ch)
+        free = cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks")
+        reserved = stub.Reserve(worker_pb.ReserveRequest(
+            request_id="grant-1", prompt_token_ids=list(range(100, 164)),
+            sampling=common_pb.SamplingParams(temperature=0, max_tokens=4)),
+            timeout=RPC_TIMEOUT_S)
+        token = reserved.reservation_token
+        assert len(token) == 16 and reserved.kv.runs and not reserved.kv.transfer_token
+        held = free - cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks")
+        assert held >= 4
+        forged = bytes([token[0] ^ 1]) + token[1:]
+        for bad in (forged, b""):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Cancel(worker_pb.CancelRequest(request_id="grant-1", reservation_token=bad),
+                            timeout=RPC_TIMEOUT_S)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+            # A Decode without a prefill result would replace the reservation with a local run.
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Decode(worker_pb.DecodeRequest(
+                    request_id="grant-1", prompt_token_ids=list(range(100, 164)),
+                    sampling=common_pb.SamplingParams(temperature=0, max_tokens=4),
+                    reservation_token=bad), timeout=RPC_TIMEOUT_S))
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value.details()
+        assert cluster.worker_metric("decode-0", "sluice_decode_reserved_transfers") == 1
+        assert free - cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") == held
+        assert stub.Cancel(worker_pb.CancelRequest(request_id="grant-1", reservation_token=token),
+                           timeout=RPC_TIMEOUT_S).found
+    wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") == free,
+               15, "the reservation freed")
+
+
+def complete(url, context, ids):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=120, max_retries=0,
+                           http_client=httpx.Client(verify=context) if context else None)
+    r = client.completions.create(model=MODEL_NAME, prompt=ids, temperature=0, max_tokens=8,
+                                  extra_body={"ignore_eos": True})
+    return r.choices[0].text, r.usage.prompt_tokens_details.cached_tokens
+
+
+def test_serve_reaches_an_mtls_kvstore_with_its_certificate(pki):
+    store = KvStore(tempfile.mkdtemp(prefix="sluice-kvstore-"), extra=tls_flags(pki, "kvstore"))
+    context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    ids = list(range(200, 264))  # 64 tokens: full blocks to write through
+    stored = "sluice_kvstore_blocks_stored_total"
+    try:
+        # Plaintext towards a kvstore that requires mTLS: no handshake, nothing stored; the cache
+        # never fails a request.
+        plain = Serve(args=("--kvstore", store.address))
+        try:
+            text, cached = complete(plain.url, None, ids)
+            assert cached == 0
+            time.sleep(2)
+        finally:
+            plain.stop()
+        assert store.metric(stored) == 0
+        args = ("--kvstore", store.address, *tls_flags(pki, "serve"))
+        a = Serve(args=args, https_context=context)
+        try:
+            assert complete(a.url, context, ids) == (text, 0)
+            wait_until(lambda: store.metric(stored) >= 4, 15, "write-through over mTLS")
+        finally:
+            a.stop()
+        b = Serve(args=args, https_context=context)
+        try:
+            text_b, cached_b = complete(b.url, context, ids)
+        finally:
+            b.stop()
+        assert cached_b >= 48 and text_b == text  # loaded from the kvstore over mTLS
+    finally:
+        store.proc.stop()
+
+
 def start_error(args):
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout + r.stderr
@@ -276,3 +357,9 @@ def test_bad_certificate_files_are_start_up_errors(pki):
     rc, out = start_error([binary, "router", "--model", str(MODEL_DIR), "--port", "0",
                            "--grpc-port", "0", "--tls-ca", str(pki / "ca.pem")])
     assert rc == 1 and "--tls-ca needs --tls-cert" in out, out[-2000:]
+    rc, out = start_error([binary, "serve", "--model", str(MODEL_DIR), "--port", "0",
+                           "--kvstore", "127.0.0.1:1", "--tls-ca", str(pki / "ca.pem")])
+    assert rc == 1 and "--tls-ca needs --tls-cert" in out, out[-2000:]
+    rc, out = start_error([binary, "serve", "--model", str(MODEL_DIR), "--port", "0",
+                           "--kvstore", "127.0.0.1:1", *tls_flags(pki, "intruder")])
+    assert rc == 1 and "does not verify against CA" in out, out[-2000:]

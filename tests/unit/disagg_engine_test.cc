@@ -367,6 +367,33 @@ TEST(DisaggEngineTest, ReservationErrorsAbortAndTimeoutFreeBlocks) {
   EXPECT_FALSE(decode->HasUnfinishedRequests());
 }
 
+// The first token comes off the wire (PrefillResponse.first_token): one outside the vocabulary
+// fails the request instead of reaching the model's embedding lookup (worker_request_fuzz's
+// regression input `first-token-outside-vocab`), given at either call.
+TEST(DisaggEngineTest, FirstTokenOutsideTheVocabularyFailsTheRequest) {
+  auto decode = MakeEngine(16);
+  for (int32_t bad : {int32_t{ChecksumModel::kVocab}, int32_t{-1}, int32_t{2147483647}}) {
+    ASSERT_TRUE(decode->ReserveForTransfer(Greedy("a", Prompt(6, 1), 4), std::nullopt).ok());
+    const absl::Status s = decode->CompleteTransfer("a", absl::OkStatus(), SampledToken{bad});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("outside the vocabulary"), std::string::npos) << s;
+    std::vector<RequestOutput> outs = RunUntilFinished(*decode, "a");
+    ASSERT_EQ(outs.size(), 1u);
+    EXPECT_EQ(outs[0].finish_reason, FinishReason::kError);
+    EXPECT_EQ(outs[0].status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(outs[0].new_tokens.empty());
+    EXPECT_EQ(decode->num_free_blocks(), 16);
+  }
+  // Given with the reservation, and used by a recompute after a failed transfer.
+  ASSERT_TRUE(decode->ReserveForTransfer(Greedy("b", Prompt(6, 1), 4), SampledToken{-5}).ok());
+  EXPECT_EQ(decode->CompleteTransfer("b", absl::UnavailableError("peer gone"), std::nullopt).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunUntilFinished(*decode, "b").back().status.code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode->num_free_blocks(), 16);
+  EXPECT_FALSE(decode->HasUnfinishedRequests());
+}
+
 // The same flow through two AsyncEngines (thread-safe entry points, callbacks).
 TEST(DisaggEngineTest, AsyncEnginesPrefillReserveTransferDecode) {
   AsyncEngine prefill(MakeEngine(64));

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -81,7 +82,8 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
 
 // FakeDecode has room for `capacity` reservations (one per request, whatever its length):
 // Reserve beyond it answers RESOURCE_EXHAUSTED. Decode streams one token and frees the
-// request's reservation; Cancel frees it too.
+// request's reservation; Cancel frees it too. Each reservation's token is "token-<id>"; the
+// tokens Decode and Cancel calls carry are recorded.
 class FakeDecode final : public v1::DecodeWorker::CallbackService {
  public:
   explicit FakeDecode(size_t capacity) : capacity_(capacity) {}
@@ -99,6 +101,7 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     held_.insert(request->request_id());
     reserved_.push_back(request->request_id());
     response->mutable_kv()->add_runs()->set_num_blocks(1);
+    response->set_reservation_token("token-" + request->request_id());
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -107,6 +110,8 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
                                    v1::CancelResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::lock_guard<std::mutex> lock(mu_);
+    cancel_tokens_[request->request_id()] = request->reservation_token();
+    cv_.notify_all();
     response->set_found(held_.erase(request->request_id()) > 0);
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -116,8 +121,22 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     {
       std::lock_guard<std::mutex> lock(mu_);
       held_.erase(request->request_id());
+      decode_tokens_[request->request_id()] = request->reservation_token();
     }
     return new OneToken(request->request_id());
+  }
+
+  std::map<std::string, std::string> decode_tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return decode_tokens_;
+  }
+  // The token of the first Cancel of `id` (waits up to 20 s for it); nullopt: none came.
+  std::optional<std::string> WaitCancel(const std::string& id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(20), [&] { return cancel_tokens_.count(id); })) {
+      return std::nullopt;
+    }
+    return cancel_tokens_[id];
   }
 
   std::vector<std::string> reserved() {
@@ -151,6 +170,9 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
 
   const size_t capacity_;
   std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> decode_tokens_;  // request id -> token its Decode carried
+  std::map<std::string, std::string> cancel_tokens_;  // request id -> token its Cancel carried
   std::set<std::string> held_;
   std::vector<std::string> reserved_;  // request ids, in the order they got blocks
   int64_t num_full_ = 0;
@@ -300,6 +322,52 @@ TEST(RemoteBackendReserve, AfterPrefillWaitsForBlocksThenFailsCleanly) {
     EXPECT_TRUE(l.status.ok()) << l.status;
     EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1"}));
     EXPECT_EQ(backend.counters().num_decode_queue_timeouts, 1);
+  }
+  prefill_server->Shutdown();
+  decode_server->Shutdown();
+}
+
+// The reservation is a grant (worker.proto): the router passes the token Reserve answered in
+// the Decode that claims it and in the Cancel that drops it; a request decoded without a
+// reservation carries none.
+TEST(RemoteBackendReserve, DecodeAndCancelCarryTheReservationToken) {
+  FakePrefill prefill;
+  FakeDecode decode(/*capacity=*/4);
+  std::string decode_address;
+  std::unique_ptr<grpc::Server> prefill_server = Serve(&prefill, &prefill.address);
+  std::unique_ptr<grpc::Server> decode_server = Serve(&decode, &decode_address);
+  WorkerRegistry registry;
+  ASSERT_TRUE(registry.Register(WorkerRole::kPrefill, prefill.address, WorkerLoad{}).ok());
+  ASSERT_TRUE(registry.Register(WorkerRole::kDecode, decode_address, WorkerLoad{}).ok());
+  RemoteBackendOptions options;
+  options.reserve_attempt_wait = absl::Milliseconds(50);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&registry, options);
+    // Prefilled remotely: reserved, then decoded with the reservation's token.
+    ASSERT_TRUE(backend.Submit(Request("short", kShort), outcomes.For("short")).ok());
+    const Outcome s = outcomes.Wait("short");
+    ASSERT_TRUE(s.status.ok()) << s.status;
+    EXPECT_EQ(decode.decode_tokens().at("short"), "token-short");
+    // Reserved while its prefill runs, then aborted: the Cancel carries the token.
+    ASSERT_TRUE(backend.Submit(Request("long-1", kLong), outcomes.For("long-1")).ok());
+    ASSERT_TRUE(prefill.WaitQueued(1));
+    for (int i = 0; i < 200 && decode.held().count("long-1") == 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(decode.held().count("long-1"), 1u);
+    backend.Abort("long-1");
+    EXPECT_EQ(decode.WaitCancel("long-1"), std::optional<std::string>("token-long-1"));
+    EXPECT_EQ(outcomes.Wait("long-1").reason, FinishReason::kAbort);
+    prefill.ReleaseQueued();
+  }
+  {
+    // Too short for a remote prefill: the decode worker prefills, no reservation, no token.
+    options.min_remote_prefill_tokens = 1000;
+    RemoteBackend backend(&registry, options);
+    ASSERT_TRUE(backend.Submit(Request("local", kShort), outcomes.For("local")).ok());
+    ASSERT_TRUE(outcomes.Wait("local").status.ok());
+    EXPECT_EQ(decode.decode_tokens().at("local"), "");
   }
   prefill_server->Shutdown();
   decode_server->Shutdown();

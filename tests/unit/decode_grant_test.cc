@@ -1,0 +1,334 @@
+// The decode worker's reservations are grants (worker.proto, docs/security.md): Reserve answers
+// a token; a Decode or Cancel that finds the request reserved or decoding must carry it, else
+// it is PERMISSION_DENIED and the reservation, its blocks and its decode stay as they were. A
+// token of an earlier reservation of the same request id opens nothing. DecodeService runs here
+// on loopback gRPC around an AsyncEngine with the fake ChecksumModel (no KV transfer is made:
+// the remote-prefill case holds its transfer back with test_transfer_delay).
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/sched/async_engine.h"
+#include "engine/sched/llm_engine.h"
+#include "gtest/gtest.h"
+#include "services/decode/decode_service.h"
+#include "services/worker_common/worker_metrics.h"
+#include "sluice/v1/worker.grpc.pb.h"
+#include "tests/util/fake_models.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kBlocks = 32;
+constexpr int64_t kBlockSize = 4;
+
+std::unique_ptr<LLMEngine> MakeEngine() {
+  EngineOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = kBlocks;
+  options.max_model_len = 64;
+  options.kv_reserve_timeout_ms = 120000;
+  options.enable_prefix_caching = false;  // block counts below are exact
+  auto engine = LLMEngine::Create(std::make_unique<testing::ChecksumModel>(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+// Worker: an engine, a DecodeService and its gRPC server on loopback.
+class Worker {
+ public:
+  explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30))
+      : engine_(MakeEngine()), metrics_("decode", "checksum") {
+    DecodeServiceOptions options;
+    options.reserve_timeout = reserve_timeout;
+    options.release_timeout = absl::Milliseconds(200);
+    // A remote prefill's transfer waits this long: the session stays reserved and claimed.
+    options.test_transfer_delay = absl::Seconds(60);
+    service_ = std::make_unique<DecodeService>(&engine_, /*agent=*/nullptr,
+                                               std::vector<transfer::KvRegion>{}, "descriptor",
+                                               &metrics_, options);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    server_ = builder.BuildAndStart();
+    stub_ = v1::DecodeWorker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                          grpc::InsecureChannelCredentials()));
+  }
+  ~Worker() {
+    server_->Shutdown();
+    service_.reset();
+  }
+
+  v1::DecodeWorker::Stub* stub() { return stub_.get(); }
+  AsyncEngineStats stats() { return engine_.Stats(); }
+  // Waits (up to 10 s) until the service holds no session (the last ones' final outputs came).
+  bool WaitNoSessions() {
+    for (int i = 0; i < 1000 && service_->num_sessions() > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return service_->num_sessions() == 0;
+  }
+  // Waits (up to 10 s) until `pred` holds of the engine's stats.
+  template <typename Pred>
+  bool WaitStats(Pred pred) {
+    for (int i = 0; i < 1000; ++i) {
+      if (pred(engine_.Stats())) return true;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  AsyncEngine engine_;
+  WorkerMetrics metrics_;
+  std::unique_ptr<DecodeService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::DecodeWorker::Stub> stub_;
+};
+
+std::vector<int32_t> Prompt() { return {3, 4, 5, 6, 7, 8, 9, 10, 11, 12}; }  // 3 blocks + 1
+
+v1::SamplingParams Greedy(int max_tokens) {
+  v1::SamplingParams s;
+  s.set_temperature(0);
+  s.set_max_tokens(max_tokens);
+  return s;
+}
+
+grpc::Status Reserve(Worker& w, const std::string& id, std::string* token) {
+  v1::ReserveRequest request;
+  request.set_request_id(id);
+  for (int32_t t : Prompt()) request.add_prompt_token_ids(t);
+  *request.mutable_sampling() = Greedy(4);
+  v1::ReserveResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status status = w.stub()->Reserve(&context, request, &response);
+  *token = response.reservation_token();
+  return status;
+}
+
+grpc::Status Cancel(Worker& w, const std::string& id, const std::string& token,
+                    bool* found = nullptr) {
+  v1::CancelRequest request;
+  request.set_request_id(id);
+  request.set_reservation_token(token);
+  v1::CancelResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status status = w.stub()->Cancel(&context, request, &response);
+  if (found != nullptr) *found = response.found();
+  return status;
+}
+
+// DecodeCall: a Decode stream read to its end; `tokens` the streamed token ids.
+struct DecodeResult {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+};
+DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto reader = w.stub()->Decode(&context, request);
+  DecodeResult result;
+  v1::TokenOutput message;
+  while (reader->Read(&message)) {
+    for (const v1::SampledToken& t : message.tokens()) result.tokens.push_back(t.token_id());
+    if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      result.finish = message.finish_reason();
+    }
+  }
+  result.status = reader->Finish();
+  return result;
+}
+
+v1::DecodeRequest LocalDecode(const std::string& id, const std::string& token, int max_tokens) {
+  v1::DecodeRequest request;
+  request.set_request_id(id);
+  for (int32_t t : Prompt()) request.add_prompt_token_ids(t);
+  *request.mutable_sampling() = Greedy(max_tokens);
+  request.set_reservation_token(token);
+  return request;
+}
+
+// A remote prefill's result: KV pinned at 127.0.0.1:1 (nothing listens), first token 5.
+v1::DecodeRequest RemoteDecode(const std::string& id, const std::string& token) {
+  v1::DecodeRequest request = LocalDecode(id, token, 4);
+  v1::PrefillResponse* prefill = request.mutable_prefill();
+  prefill->set_request_id(id);
+  prefill->mutable_first_token()->set_token_id(5);
+  prefill->set_num_prompt_tokens(static_cast<int32_t>(Prompt().size()));
+  v1::BlockRun* run = prefill->mutable_kv()->add_runs();
+  run->set_first_block(0);
+  run->set_num_blocks(3);
+  prefill->mutable_kv()->set_num_tokens(static_cast<int32_t>(Prompt().size()));
+  prefill->set_prefill_worker_address("127.0.0.1:1");
+  return request;
+}
+
+std::string Forged(std::string token) {
+  if (!token.empty()) token[0] = static_cast<char>(token[0] ^ 1);
+  return token;
+}
+
+TEST(DecodeGrantTest, ReservationNeedsItsTokenForCancelAndDecode) {
+  Worker w;
+  std::string token;
+  ASSERT_TRUE(Reserve(w, "r1", &token).ok());
+  ASSERT_EQ(token.size(), 16u);
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+  const int64_t free_reserved = w.stats().num_free_blocks;
+  EXPECT_EQ(free_reserved, kBlocks - 3);  // 10 prompt tokens + 1: 3 blocks of 4
+
+  for (const std::string& bad : {std::string(), Forged(token), std::string(16, 'x')}) {
+    grpc::Status cancel = Cancel(w, "r1", bad);
+    EXPECT_EQ(cancel.error_code(), grpc::StatusCode::PERMISSION_DENIED) << cancel.error_message();
+    EXPECT_NE(cancel.error_message().find("Cancel of request 'r1' refused"), std::string::npos)
+        << cancel.error_message();
+    // Each of the Decode paths that would cancel, claim or replace the reservation.
+    v1::DecodeRequest finished_by_prefill = LocalDecode("r1", bad, 4);
+    finished_by_prefill.mutable_prefill()->set_finish_reason(v1::FINISH_REASON_STOP);
+    v1::DecodeRequest bad_images = LocalDecode("r1", bad, 4);
+    bad_images.add_mm_inputs()->set_content_hash("short");
+    for (const v1::DecodeRequest& request :
+         {LocalDecode("r1", bad, 4), RemoteDecode("r1", bad), finished_by_prefill, bad_images}) {
+      DecodeResult d = Decode(w, request);
+      EXPECT_EQ(d.status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << d.status.error_message();
+      EXPECT_NE(d.status.error_message().find("Decode of request 'r1' refused"),
+                std::string::npos)
+          << d.status.error_message();
+      EXPECT_TRUE(d.tokens.empty());
+    }
+  }
+  // Nothing was freed or claimed.
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_EQ(w.stats().num_free_blocks, free_reserved);
+
+  // The token claims it: a local decode replaces the reservation and streams every token.
+  DecodeResult d = Decode(w, LocalDecode("r1", token, 4));
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();
+  EXPECT_EQ(d.tokens.size(), 4u);
+  EXPECT_EQ(d.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+
+  // Another reservation: the right token cancels it and frees its blocks.
+  ASSERT_TRUE(Reserve(w, "r2", &token).ok());
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+  bool found = false;
+  ASSERT_TRUE(Cancel(w, "r2", token, &found).ok());
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  // Unknown ids answer OK (nothing to protect).
+  ASSERT_TRUE(Cancel(w, "never-seen", "", &found).ok());
+  EXPECT_FALSE(found);
+}
+
+TEST(DecodeGrantTest, TokenOfAnExpiredReservationOpensNotTheNextOne) {
+  Worker w(/*reserve_timeout=*/absl::Milliseconds(300));
+  std::string old_token;
+  ASSERT_TRUE(Reserve(w, "r1", &old_token).ok());
+  // Not claimed within the reservation timeout: freed.
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  ASSERT_TRUE(w.WaitNoSessions());
+  std::string token;
+  ASSERT_TRUE(Reserve(w, "r1", &token).ok());
+  ASSERT_NE(token, old_token);
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+  EXPECT_EQ(Cancel(w, "r1", old_token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Decode(w, LocalDecode("r1", old_token, 4)).status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_TRUE(Cancel(w, "r1", token).ok());
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  ASSERT_TRUE(w.WaitNoSessions());
+  // With no session under the id, a stale token is ignored: the call reserves anew (the
+  // router's Decode after its reservation expired).
+  DecodeResult d = Decode(w, LocalDecode("r1", old_token, 3));
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();
+  EXPECT_EQ(d.tokens.size(), 3u);
+}
+
+TEST(DecodeGrantTest, DecodeStartedWithoutReservationEndsOnlyWithItsCall) {
+  Worker w;
+  // A remote prefill's KV, no Reserve: the call reserves, then holds its (delayed) transfer.
+  grpc::ClientContext context;
+  auto reader = w.stub()->Decode(&context, RemoteDecode("d1", ""));
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+  const int64_t free_reserved = w.stats().num_free_blocks;
+  for (const std::string& token : {std::string(), std::string(16, 'x')}) {
+    grpc::Status cancel = Cancel(w, "d1", token);
+    EXPECT_EQ(cancel.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(cancel.error_message().find("started by a Decode call"), std::string::npos)
+        << cancel.error_message();
+    EXPECT_EQ(Decode(w, LocalDecode("d1", token, 4)).status.error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_EQ(w.stats().num_free_blocks, free_reserved);
+  // Cancelling the call itself frees the blocks.
+  context.TryCancel();
+  v1::TokenOutput message;
+  while (reader->Read(&message)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+}
+
+TEST(DecodeGrantTest, ReserveCallCancelledBeforeItsAnswerFreesTheBlocks) {
+  Worker w;
+  // Fill the cache: 8 reservations of 3 blocks leave 8 blocks; a ninth and tenth fit, the
+  // eleventh waits for blocks.
+  std::vector<std::string> tokens(10);
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(Reserve(w, absl::StrCat("fill-", i), &tokens[i]).ok()) << i;
+  }
+  ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_free_blocks == 2; }));
+  // A Reserve whose caller gives up (deadline) while it waits for blocks.
+  {
+    v1::ReserveRequest request;
+    request.set_request_id("late");
+    for (int32_t t : Prompt()) request.add_prompt_token_ids(t);
+    *request.mutable_sampling() = Greedy(4);
+    v1::ReserveResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+    EXPECT_EQ(w.stub()->Reserve(&context, request, &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // Blocks free up: the late reservation gets them, and gives them back at once, since nobody
+  // holds its token.
+  ASSERT_TRUE(Cancel(w, "fill-0", tokens[0]).ok());
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 9 && s.num_free_blocks == 5;
+  })) << w.stats().num_reserved << " reserved, " << w.stats().num_free_blocks << " free";
+  // Gone for good (a session still waiting or holding blocks would make this ALREADY_EXISTS).
+  std::string token;
+  grpc::Status again;
+  for (int i = 0; i < 100; ++i) {
+    again = Reserve(w, "late", &token);
+    if (again.error_code() != grpc::StatusCode::ALREADY_EXISTS) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_free_blocks == 2; }));
+}
+
+}  // namespace
+}  // namespace sluice
