@@ -6,17 +6,27 @@ Each text goes to /v1/completions with echo=true, logprobs=0, max_tokens=1 (as l
 local-completions scores text); the logprobs of the prompt's tokens after the first are summed.
 
     bench/ppl.py --url http://127.0.0.1:8000 texts.txt [--concurrency 8] [--json]
+    bench/ppl.py --url http://127.0.0.1:8000 --reference MODEL_DIR [--rel-tol 1e-4] [--json]
 
 texts.txt: one text per line, or JSON lines with a "text" field. Prints the perplexity, the
 scored token count and the wall time (or one JSON object with --json).
+
+--reference scores the golden prompts of MODEL_DIR/golden.safetensors (input_ids_i with the
+reference logits_i of the model's float32 forward, as tests/fixtures and models/ store them)
+as token ids, and compares each prompt's perplexity and every token's logprob with what the
+reference logits give (log_softmax in float64). Exit status 1 when a perplexity differs by more
+than --rel-tol (relative) or a prompt token comes back different.
 """
 
 import argparse
+import array
 import concurrent.futures
 import json
 import math
+import pathlib
 import sys
 import time
+import urllib.error
 import urllib.request
 
 
@@ -70,25 +80,122 @@ def perplexity(url, texts, model=None, concurrency=8, add_special_tokens=True):
             "ppl": math.exp(nll / tokens) if tokens else 0.0}
 
 
+def read_golden(path):
+    """{name: (shape, values)} of the I64 / F32 tensors of a safetensors file (pure Python)."""
+    data = pathlib.Path(path).read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    base = 8 + header_len
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
+            continue
+        begin, end = info["data_offsets"]
+        values = array.array("q" if info["dtype"] == "I64" else "f")
+        values.frombytes(data[base + begin:base + end])
+        out[name] = (info["shape"], values)
+    return out
+
+
+def reference_logprobs(golden, i):
+    """(prompt ids, [log_softmax(logits[p])[ids[p + 1]] for every p < T - 1]) in float64."""
+    _, ids = golden[f"input_ids_{i}"]
+    (rows, vocab), logits = golden[f"logits_{i}"]
+    out = []
+    for p in range(rows - 1):
+        row = logits[p * vocab:(p + 1) * vocab]
+        m = max(row)
+        out.append(row[ids[p + 1]] - m - math.log(math.fsum(math.exp(x - m) for x in row)))
+    return list(ids), out
+
+
+def ppl_of(logprobs):
+    return math.exp(-math.fsum(logprobs) / len(logprobs)) if logprobs else 0.0
+
+
+def score_ids(url, model, ids):
+    """The served logprobs of prompt ids[1:] (ids sent as a token prompt, nothing added)."""
+    r = post(url, "/v1/completions",
+             {"model": model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0,
+              "temperature": 0, "return_tokens_as_token_ids": True})
+    lp = r["choices"][0]["logprobs"]
+    got_ids = [int(t.split(":", 1)[1]) for t in lp["tokens"][:len(ids)]]
+    if got_ids != ids or r["usage"]["prompt_tokens"] != len(ids) or \
+            lp["token_logprobs"][0] is not None:
+        raise ValueError(f"the echoed prompt differs: {got_ids} != {ids}")
+    return lp["token_logprobs"][1:len(ids)]
+
+
+def compare_with_reference(url, model_dir, model=None, rel_tol=1e-4, concurrency=8):
+    """Served vs reference perplexity of each golden prompt of model_dir and of all of them."""
+    golden = read_golden(pathlib.Path(model_dir) / "golden.safetensors")
+    if model is None:
+        model = get(url, "/v1/models")["data"][0]["id"]
+    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    refs = [reference_logprobs(golden, i) for i in prompts]
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        served = list(pool.map(lambda ref: score_ids(url, model, ref[0]), refs))
+    rows, all_got, all_want = [], [], []
+    for i, (ids, want), got in zip(prompts, refs, served):
+        all_got += got
+        all_want += want
+        rows.append({"prompt": i, "num_tokens": len(want), "ppl": ppl_of(got),
+                     "reference_ppl": ppl_of(want),
+                     "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(got, want))})
+    result = {"model": model, "num_tokens": len(all_want), "ppl": ppl_of(all_got),
+              "reference_ppl": ppl_of(all_want), "prompts": rows, "rel_tol": rel_tol}
+    result["rel_err"] = max(abs(r["ppl"] / r["reference_ppl"] - 1)
+                            for r in rows + [result])
+    result["ok"] = result["rel_err"] <= rel_tol
+    return result
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("file")
+    ap.add_argument("file", nargs="?")
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--model")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--no-special-tokens", action="store_true", help="no BOS before each text")
+    ap.add_argument("--reference", metavar="MODEL_DIR",
+                    help="score MODEL_DIR/golden.safetensors' prompts against its logits")
+    ap.add_argument("--rel-tol", type=float, default=1e-4,
+                    help="with --reference: the largest relative perplexity error accepted")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if (args.file is None) == (args.reference is None):
+        ap.error("give either FILE or --reference MODEL_DIR")
+    url = args.url.rstrip("/")
     start = time.monotonic()
-    result = perplexity(args.url.rstrip("/"), read_texts(args.file), args.model,
-                        args.concurrency, not args.no_special_tokens)
+    try:
+        if args.reference is not None:
+            result = compare_with_reference(url, args.reference, args.model, args.rel_tol,
+                                            args.concurrency)
+        else:
+            result = perplexity(url, read_texts(args.file), args.model, args.concurrency,
+                                not args.no_special_tokens)
+    except urllib.error.HTTPError as e:
+        print(f"ppl.py: HTTP {e.code}: {e.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"ppl.py: {e}", file=sys.stderr)
+        return 1
     result["seconds"] = time.monotonic() - start
     if args.json:
         print(json.dumps(result))
+    elif args.reference is not None:
+        for r in result["prompts"]:
+            print(f"prompt {r['prompt']}: {r['num_tokens']:4d} tokens  ppl {r['ppl']:.6f}  "
+                  f"reference {r['reference_ppl']:.6f}  "
+                  f"max |dlogprob| {r['max_abs_logprob_diff']:.2e}")
+        print(f"{result['model']}: ppl {result['ppl']:.6f} reference "
+              f"{result['reference_ppl']:.6f} over {result['num_tokens']} tokens; largest "
+              f"relative error {result['rel_err']:.2e} "
+              f"({'within' if result['ok'] else 'BEYOND'} {args.rel_tol:g})")
     else:
         print(f"{result['model']}: ppl {result['ppl']:.4f} over {result['num_tokens']} tokens "
               f"of {result['num_texts']} texts ({result['seconds']:.1f} s)")
-    return 0
+    return 0 if result.get("ok", True) else 1
 
 
 if __name__ == "__main__":

@@ -76,18 +76,19 @@ def echo_logprobs(client, model, ids, k=0):
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
-def served(request, client, model):
-    """(client, model name, golden tensors) per model; mini-moe uses the session server."""
+def served(request, client, model, base_url):
+    """(client, model name, golden tensors, base URL) per model; mini-moe uses the session
+    server."""
     import openai
     name = request.param
     golden = read_safetensors(MODELS[name] / "golden.safetensors")
     if name == "sluice-mini-moe":
-        yield client, model, golden, None
+        yield client, model, golden, base_url
         return
     server = ServerProcess(model_dir=MODELS[name])
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
     try:
-        yield c, name, golden, server
+        yield c, name, golden, server.url
     finally:
         assert server.stop() == 0
 
@@ -158,35 +159,53 @@ def test_streamed_echo_logprobs_equal_non_streamed(client, model):
     assert full.choices[0].logprobs.text_offset[0] == 0
 
 
-def test_eval_ppl_subcommand_and_bench_script(base_url, model):
+def test_eval_ppl_subcommand_and_bench_script(served):
     """The golden prompts as text (they re-encode to the same ids): `sluice eval ppl` and
-    bench/ppl.py give the reference perplexity over all of them."""
+    bench/ppl.py give the reference perplexity over all of them, and bench/ppl.py --reference
+    (the golden prompts as ids) reports the served and the reference perplexity."""
     import tokenizers
-    tok = tokenizers.Tokenizer.from_file(str(MODELS["sluice-mini-moe"] / "tokenizer.json"))
-    golden = read_safetensors(MODELS["sluice-mini-moe"] / "golden.safetensors")
-    want = []
+    _, model, golden, base_url = served
+    name = model if model in MODELS else "sluice-mini-moe"
+    tok = tokenizers.Tokenizer.from_file(str(MODELS[name] / "tokenizer.json"))
+    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    want, per_text = [], []
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-        for i in (1, 2, 3):
+        for i in prompts:
             ids, lp = reference_logprobs(golden, i)
             text = tok.decode(ids, skip_special_tokens=False)
             assert tok.encode(text, add_special_tokens=False).ids == ids
             f.write(json.dumps({"text": text}) + "\n")
             want += lp
+            per_text.append(lp)
         path = f.name
     out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url,
                           "--no-special-tokens"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["model"] == model and result["num_texts"] == 3
+    assert result["model"] == model and result["num_texts"] == len(prompts)
     assert result["num_tokens"] == len(want)
+    for t, lp in zip(result["texts"], per_text):
+        assert t["num_tokens"] == len(lp)
+        assert math.isclose(t["ppl"], ppl(lp), rel_tol=REL_TOL), (model, t, ppl(lp))
     assert math.isclose(result["ppl"], ppl(want), rel_tol=REL_TOL), (result["ppl"], ppl(want))
-    bench = subprocess.run([sys.executable, str(REPO / "bench" / "ppl.py"), path, "--url",
-                            base_url, "--no-special-tokens", "--json"],
-                           capture_output=True, text=True, timeout=300)
-    assert bench.returncode == 0, bench.stderr
-    b = json.loads(bench.stdout)
+    bench = str(REPO / "bench" / "ppl.py")
+    b = subprocess.run([sys.executable, bench, path, "--url", base_url, "--no-special-tokens",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr
+    b = json.loads(b.stdout)
     assert b["num_tokens"] == len(want)
     assert math.isclose(b["ppl"], result["ppl"], rel_tol=1e-9)
+    ref = subprocess.run([sys.executable, bench, "--url", base_url, "--reference",
+                          str(MODELS[name]), "--json"], capture_output=True, text=True,
+                         timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    ref = json.loads(ref.stdout)
+    assert ref["ok"] and ref["rel_err"] <= REL_TOL and ref["num_tokens"] == len(want)
+    assert math.isclose(ref["reference_ppl"], ppl(want), rel_tol=1e-12)
+    assert math.isclose(ref["ppl"], result["ppl"], rel_tol=REL_TOL)
+    for row, lp in zip(ref["prompts"], per_text):
+        assert row["num_tokens"] == len(lp)
+        assert math.isclose(row["reference_ppl"], ppl(lp), rel_tol=1e-12)
 
 
 def test_eval_ppl_refuses_bad_files(base_url):
