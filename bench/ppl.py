@@ -6,10 +6,17 @@ Each text goes to /v1/completions with echo=true, logprobs=0, max_tokens=1 (as l
 local-completions scores text); the logprobs of the prompt's tokens after the first are summed.
 
     bench/ppl.py --url http://127.0.0.1:8000 texts.txt [--concurrency 8] [--json]
+    bench/ppl.py --url http://127.0.0.1:8000 texts.txt --tokenizer MODEL_DIR
+                 [--max-length N] [--stride S]
     bench/ppl.py --url http://127.0.0.1:8000 --reference MODEL_DIR [--rel-tol 1e-4] [--json]
 
 texts.txt: one text per line, or JSON lines with a "text" field. Prints the perplexity, the
 scored token count and the wall time (or one JSON object with --json).
+
+--tokenizer tokenizes the texts here (with the server's tokenizer.json) and sends token ids, in
+strided windows when a text is longer than --max-length tokens (default: the server's
+max_model_len - 1), each later window scoring --stride new tokens (default: half a window), as
+`sluice eval ppl --tokenizer` does; a text within one window scores as without --tokenizer.
 
 --reference scores the golden prompts of MODEL_DIR/golden.safetensors (input_ids_i with the
 reference logits_i of the model's float32 forward, as tests/fixtures and models/ store them)
@@ -69,15 +76,60 @@ def score(url, model, text, add_special_tokens=True):
     return -sum(scored), len(scored)
 
 
-def perplexity(url, texts, model=None, concurrency=8, add_special_tokens=True):
+def plan_windows(num_tokens, max_length, stride):
+    """Strided windows (begin, end, first_scored) as services/serve/ppl_windows.h: at most
+    max_length tokens each, every token after the first scored once, later windows scoring
+    `stride` new tokens after max_length - stride tokens of context."""
+    if num_tokens < 2:
+        return []
+    scored_to = min(num_tokens, max_length)
+    windows = [(0, scored_to, 1)]
+    while scored_to < num_tokens:
+        end = min(scored_to + stride, num_tokens)
+        windows.append((end - max_length, end, scored_to))
+        scored_to = end
+    return windows
+
+
+def score_window(url, model, ids, skip):
+    """(nll, scored tokens) of token prompt `ids` whose first `skip` tokens are context."""
+    r = post(url, "/v1/completions",
+             {"model": model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 0,
+              "temperature": 0})
+    scored = r["choices"][0]["logprobs"]["token_logprobs"][skip:len(ids)]
+    return -math.fsum(scored), len(scored)
+
+
+def perplexity(url, texts, model=None, concurrency=8, add_special_tokens=True, tokenizer=None,
+               max_length=None, stride=None):
+    """With a `tokenizers` Tokenizer (the server's tokenizer.json): texts tokenized here and
+    scored as token ids in windows of max_length tokens (default: max_model_len - 1)."""
+    models = get(url, "/v1/models")["data"]
     if model is None:
-        model = get(url, "/v1/models")["data"][0]["id"]
+        model = models[0]["id"]
+    if tokenizer is None:
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            results = list(pool.map(lambda t: score(url, model, t, add_special_tokens), texts))
+        nll = sum(r[0] for r in results)
+        tokens = sum(r[1] for r in results)
+        return {"model": model, "num_texts": len(texts), "num_tokens": tokens, "nll": nll,
+                "ppl": math.exp(nll / tokens) if tokens else 0.0}
+    if max_length is None:
+        max_length = next(m for m in models if m["id"] == model)["max_model_len"] - 1
+    stride = stride or max_length // 2
+    if not 1 <= stride < max_length:
+        raise ValueError(f"--stride must be in [1, {max_length - 1}], got {stride}")
+    jobs = []
+    for text in texts:
+        ids = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        jobs += [(ids[b:e], f - b) for b, e, f in plan_windows(len(ids), max_length, stride)]
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda t: score(url, model, t, add_special_tokens), texts))
-    nll = sum(r[0] for r in results)
+        results = list(pool.map(lambda j: score_window(url, model, *j), jobs))
+    nll = math.fsum(r[0] for r in results)
     tokens = sum(r[1] for r in results)
     return {"model": model, "num_texts": len(texts), "num_tokens": tokens, "nll": nll,
-            "ppl": math.exp(nll / tokens) if tokens else 0.0}
+            "ppl": math.exp(nll / tokens) if tokens else 0.0, "num_windows": len(jobs),
+            "max_length": max_length, "stride": stride}
 
 
 def read_golden(path):
@@ -157,6 +209,13 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--no-special-tokens", action="store_true", help="no BOS before each text")
+    ap.add_argument("--tokenizer", metavar="MODEL_DIR",
+                    help="tokenize here with MODEL_DIR/tokenizer.json (the server's) and score "
+                         "texts longer than --max-length in strided windows")
+    ap.add_argument("--max-length", type=int, help="with --tokenizer: tokens per window "
+                                                   "(default: max_model_len - 1)")
+    ap.add_argument("--stride", type=int, help="with --tokenizer: tokens each later window "
+                                               "scores (default: max-length / 2)")
     ap.add_argument("--reference", metavar="MODEL_DIR",
                     help="score MODEL_DIR/golden.safetensors' prompts against its logits")
     ap.add_argument("--rel-tol", type=float, default=1e-4,
@@ -165,6 +224,13 @@ def main():
     args = ap.parse_args()
     if (args.file is None) == (args.reference is None):
         ap.error("give either FILE or --reference MODEL_DIR")
+    if args.tokenizer is None and (args.max_length or args.stride):
+        ap.error("--max-length and --stride need --tokenizer")
+    tokenizer = None
+    if args.tokenizer is not None:
+        import tokenizers  # tests/requirements.txt
+        tokenizer = tokenizers.Tokenizer.from_file(str(pathlib.Path(args.tokenizer) /
+                                                       "tokenizer.json"))
     url = args.url.rstrip("/")
     start = time.monotonic()
     try:
@@ -173,7 +239,8 @@ def main():
                                             args.concurrency)
         else:
             result = perplexity(url, read_texts(args.file), args.model, args.concurrency,
-                                not args.no_special_tokens)
+                                not args.no_special_tokens, tokenizer, args.max_length,
+                                args.stride)
     except urllib.error.HTTPError as e:
         print(f"ppl.py: HTTP {e.code}: {e.read().decode(errors='replace')}", file=sys.stderr)
         return 1

@@ -221,3 +221,111 @@ def test_eval_ppl_refuses_bad_files(base_url):
             assert out.returncode == 1, (name, out.returncode, out.stderr)
             want = "2: not valid UTF-8" if name == "bad_utf8.txt" else "no text to score"
             assert want in out.stderr, (name, out.stderr)
+
+
+def golden_text(tok, min_tokens):
+    """KJV verses, plain English and fortunes of the tokenizer goldens on one line, as many
+    as give at least min_tokens tokens."""
+    golden = json.loads((FIXTURES / "tokenizer" / "tokenizer_golden.json").read_text())
+    parts = []
+    for case in golden["cases"]:
+        if case["category"] in ("kjv", "plain", "fortune"):
+            parts.append(case["text"].replace("\n", " "))
+            if len(tok.encode(" ".join(parts)).ids) >= min_tokens:
+                return " ".join(parts)
+    raise AssertionError(f"the goldens hold fewer than {min_tokens} tokens")
+
+
+def windows_logprobs(base_url, model, ids, max_length, stride):
+    """Strided-window scoring done here, request by request: each window of at most
+    max_length tokens ends `stride` tokens after the previous one and scores those."""
+    import urllib.request
+    out, scored_to, windows = [], 0, 0
+    while scored_to < len(ids):
+        end = min(len(ids), max_length if scored_to == 0 else scored_to + stride)
+        begin = max(0, end - max_length)
+        body = {"model": model, "prompt": ids[begin:end], "max_tokens": 1, "echo": True,
+                "logprobs": 0, "temperature": 0}
+        req = urllib.request.Request(base_url + "/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            lp = json.loads(r.read())["choices"][0]["logprobs"]["token_logprobs"]
+        out += lp[max(scored_to, 1) - begin:end - begin]
+        scored_to, windows = end, windows + 1
+    return out, windows
+
+
+def test_eval_ppl_windows_score_texts_longer_than_the_context(served):
+    """`sluice eval ppl --tokenizer` and bench/ppl.py --tokenizer cut a text longer than the
+    context into strided windows of token ids; their perplexity equals scoring those windows
+    one by one, every token after the first is scored once, and the first window's tokens
+    (full context) equal the reference. Without --tokenizer such a text is a clear error."""
+    import tokenizers
+    client, model, golden, base_url = served
+    name = model if model in MODELS else "sluice-mini-moe"
+    (entry,) = [m for m in client.models.list().data if m.id == model]
+    max_model_len = entry.model_extra["max_model_len"]
+    tok = tokenizers.Tokenizer.from_file(str(MODELS[name] / "tokenizer.json"))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "long.txt")
+        # Refused whole: the server's context error, with the way out.
+        with open(path, "w") as f:
+            f.write(golden_text(tok, max_model_len + 1) + "\n")
+        out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "maximum context length" in out.stderr, out.stderr
+        assert "--tokenizer" in out.stderr
+        # Windows: max_model_len - 1 tokens by default (the fixtures: 511; sluice-mini-moe,
+        # 2048 tokens of context, gets --max-length 128 to keep the test short), stride half.
+        max_length = max_model_len - 1 if max_model_len <= 512 else 128
+        stride = max_length // 2
+        text = golden_text(tok, max_length + 100)
+        ids = tok.encode(text).ids
+        assert len(ids) > max_length  # two windows at least
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        args = ["--tokenizer", str(MODELS[name])]
+        if max_length != max_model_len - 1:
+            args += ["--max-length", str(max_length)]
+        out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url, *args],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        want, num_windows = windows_logprobs(base_url, model, ids, max_length, stride)
+        assert len(want) == len(ids) - 1
+        assert result["num_tokens"] == len(ids) - 1 and result["num_windows"] == num_windows
+        assert num_windows == 1 + -(-(len(ids) - max_length) // stride)
+        assert (result["max_length"], result["stride"]) == (max_length, stride)
+        assert math.isclose(result["ppl"], ppl(want), rel_tol=1e-6), (result["ppl"], ppl(want))
+        bench = subprocess.run([sys.executable, str(REPO / "bench" / "ppl.py"), path, "--url",
+                                base_url, *args, "--json"],
+                               capture_output=True, text=True, timeout=300)
+        assert bench.returncode == 0, bench.stderr
+        b = json.loads(bench.stdout)
+        assert (b["num_tokens"], b["num_windows"]) == (len(ids) - 1, num_windows)
+        assert math.isclose(b["ppl"], result["ppl"], rel_tol=1e-6)
+        # A golden prompt in windows of 16 tokens: the first window sees the whole prefix, so
+        # its tokens carry the reference logprobs; the text as a whole is scored once.
+        gids, ref = reference_logprobs(golden, 3)
+        with open(path, "w") as f:
+            f.write(json.dumps({"text": tok.decode(gids, skip_special_tokens=False)}) + "\n")
+        out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url,
+                              "--tokenizer", str(MODELS[name]), "--no-special-tokens",
+                              "--max-length", "16", "--stride", "8"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        want, num_windows = windows_logprobs(base_url, model, gids, 16, 8)
+        assert max(abs(a - b) for a, b in zip(want[:15], ref[:15])) < 2e-4
+        assert result["num_tokens"] == len(gids) - 1 and result["num_windows"] == num_windows
+        assert math.isclose(result["ppl"], ppl(want), rel_tol=1e-6)
+        # Windows need token ids, and a stride within the window.
+        for bad, why in ((["--max-length", "16"], "need --tokenizer"),
+                         (["--tokenizer", str(MODELS[name]), "--max-length", "16", "--stride",
+                           "16"], "--stride must be in [1, max-length - 1 = 15]"),
+                         (["--tokenizer", str(MODELS[name]), "--max-length", "1"],
+                          "--max-length must be at least 2")):
+            out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url, *bad],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 1 and why in out.stderr, (bad, out.stderr)

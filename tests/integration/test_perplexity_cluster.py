@@ -259,3 +259,41 @@ def test_eval_ppl_and_bench_script_through_the_router(served):
                             capture_output=True, text=True, timeout=300)
     assert (strict.returncode == 1) == (ref["rel_err"] > 0), strict.stdout
     assert ("BEYOND" in strict.stdout) == (ref["rel_err"] > 0), strict.stdout
+
+
+def test_eval_ppl_windows_through_the_router(served):
+    """A text tokenized by `sluice eval ppl --tokenizer` and scored in strided windows of 255
+    tokens (all prefilled on the prefill worker): every token after the first is scored once,
+    and the perplexity equals the one the windows give when sent one by one."""
+    import tokenizers
+    name, cluster, client, _ = served
+    tok = tokenizers.Tokenizer.from_file(str(MODELS[name] / "tokenizer.json"))
+    golden = json.loads((FIXTURES / "tokenizer" / "tokenizer_golden.json").read_text())
+    verses = [c["text"] for c in golden["cases"] if c["category"] == "kjv"]
+    text = " ".join(verses[:next(n for n in range(len(verses))
+                                 if len(tok.encode(" ".join(verses[:n])).ids) >= 600)])
+    ids = tok.encode(text).ids
+    max_length, stride = 255, 100
+    assert 2 * max_length < len(ids) < 3 * max_length
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(text + "\n")
+        path = f.name
+    before = prefills(cluster)
+    out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", cluster.url,
+                          "--tokenizer", str(MODELS[name]), "--max-length", str(max_length),
+                          "--stride", str(stride)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    num_windows = 1 + -(-(len(ids) - max_length) // stride)
+    assert result["num_windows"] == num_windows and result["num_tokens"] == len(ids) - 1
+    assert prefills(cluster)["remote"] - before["remote"] == num_windows
+    want, scored_to = [], 0
+    while scored_to < len(ids):
+        end = min(len(ids), max_length if scored_to == 0 else scored_to + stride)
+        begin = max(0, end - max_length)
+        r = client.completions.create(model=name, prompt=ids[begin:end], max_tokens=1,
+                                      echo=True, logprobs=0, temperature=0)
+        want += r.choices[0].logprobs.token_logprobs[max(scored_to, 1) - begin:end - begin]
+        scored_to = end
+    assert len(want) == len(ids) - 1
+    assert math.isclose(result["ppl"], ppl(want), rel_tol=1e-6), (result["ppl"], ppl(want))
