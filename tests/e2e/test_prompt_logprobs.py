@@ -329,3 +329,63 @@ def test_eval_ppl_windows_score_texts_longer_than_the_context(served):
             out = subprocess.run([sluice_bin(), "eval", "ppl", path, "--url", base_url, *bad],
                                  capture_output=True, text=True, timeout=60)
             assert out.returncode == 1 and why in out.stderr, (bad, out.stderr)
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_only(client, model, base_url):
+    """max_tokens 0 with echo (vLLM, the legacy OpenAI API): the reply holds the prompt and its
+    logprobs and nothing generated, streamed or not; without echo, on chat, with min_tokens or
+    a prompt that fills the context it is a 400, and the server goes on."""
+    import openai
+    golden = read_safetensors(MODELS["sluice-mini-moe"] / "golden.safetensors")
+    ids, want = reference_logprobs(golden, 2)
+    kw = dict(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    r = client.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})
+    c = r.choices[0]
+    assert [int(t.split(":")[1]) for t in c.logprobs.tokens] == ids  # the prompt, no more
+    assert c.logprobs.token_logprobs[0] is None
+    got = c.logprobs.token_logprobs[1:]
+    assert max(abs(a - b) for a, b in zip(got, want)) < 2e-4
+    assert math.isclose(ppl(got), ppl(want), rel_tol=REL_TOL)
+    assert c.finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 0)
+    # The text is the prompt's: with max_tokens 1 the echo is followed by the generated token.
+    echo1 = client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True,
+                                      temperature=0).choices[0].text
+    generated = client.completions.create(model=model, prompt=ids, max_tokens=1,
+                                          temperature=0).choices[0].text
+    assert c.text + generated == echo1 and c.text
+    # Streamed: the same text and tokens, then "length".
+    chunks = list(client.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == c.text
+    streamed = [lp for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for lp in ch.choices[0].logprobs.token_logprobs]
+    assert streamed == c.logprobs.token_logprobs
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 0
+    # Text prompt without logprobs: the prompt echoed.
+    r = client.completions.create(model=model, prompt="In the beginning", max_tokens=0,
+                                  echo=True)
+    assert r.choices[0].text == "In the beginning" and r.usage.completion_tokens == 0
+    # Refused: 0 needs echo and completions; min_tokens above it; no room after the prompt.
+    max_model_len = client.models.list().data[0].model_extra["max_model_len"]
+    bad = [
+        (lambda: client.completions.create(model=model, prompt=ids, max_tokens=0), "max_tokens"),
+        (lambda: client.completions.create(model=model, prompt=ids, max_tokens=0, echo=False),
+         "max_tokens"),
+        (lambda: client.chat.completions.create(model=model, max_tokens=0,
+                                                messages=[{"role": "user", "content": "Hi"}]),
+         "max_tokens"),
+        (lambda: client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True,
+                                           extra_body={"min_tokens": 1}), "min_tokens"),
+        (lambda: client.completions.create(model=model, prompt=[5] * max_model_len,
+                                           max_tokens=0, echo=True), "prompt"),
+    ]
+    for call, param in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert e.value.body["param"] == param, e.value.body
+    r = client.completions.create(model=model, prompt=[5] * (max_model_len - 1), max_tokens=0,
+                                  echo=True, logprobs=0)
+    assert len(r.choices[0].logprobs.tokens) == max_model_len - 1
+    assert r.usage.completion_tokens == 0

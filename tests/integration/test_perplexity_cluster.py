@@ -297,3 +297,17 @@ def test_eval_ppl_windows_through_the_router(served):
         scored_to = end
     assert len(want) == len(ids) - 1
     assert math.isclose(result["ppl"], ppl(want), rel_tol=1e-6), (result["ppl"], ppl(want))
+
+
+def test_max_tokens_zero_with_echo_through_the_router(served):
+    """max_tokens 0 + echo: the prompt's logprobs only, on both prefill paths."""
+    name, _, client, refs = served
+    for ids, want, ranking in refs:
+        r = client.completions.create(model=name, prompt=ids, max_tokens=0, echo=True,
+                                      logprobs=2, temperature=0,
+                                      extra_body={"return_tokens_as_token_ids": True})
+        c = r.choices[0]
+        assert len(c.logprobs.tokens) == len(ids) and c.finish_reason == "length"
+        check_prompt_logprobs(name, ids, want, ranking, c.logprobs.tokens,
+                              c.logprobs.token_logprobs, c.logprobs.top_logprobs)
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 0)
