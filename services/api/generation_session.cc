@@ -142,19 +142,35 @@ void GenerationSession::OnOutput(int32_t index, const RequestOutput& output) {
     }
     choice.last_token_time = now;
   }
-  ChoiceDelta delta = choice.output->Push(output);
+  ChoiceDelta delta = request_.echo_only ? choice.output->Push(EchoOnlyOutput(output))
+                                         : choice.output->Push(output);
   if (delta.failed) {
     if (output.finish_reason == FinishReason::kAbort) ObserveEnd(choice, FinishReason::kAbort, now);
     Fail(delta.error);
     return;
   }
-  if (delta.stopped_by_string) deps_.backend->Abort(choice.engine_request_id);
+  if (delta.stopped_by_string || (delta.finished && !output.finished())) {
+    deps_.backend->Abort(choice.engine_request_id);  // the choice ended before the engine's
+  }
   if (request_.stream) StreamDelta(index, delta);
   if (delta.finished) {
     ObserveEnd(choice, delta.finish_reason == "length" ? FinishReason::kLength : FinishReason::kStop,
                now);
     if (++num_finished_ == static_cast<int32_t>(choices_.size())) Complete();
   }
+}
+
+RequestOutput GenerationSession::EchoOnlyOutput(const RequestOutput& output) {
+  RequestOutput out = output;
+  if (!out.new_tokens.empty()) {
+    // The token sampled after the prompt is not part of a max_tokens 0 reply: the choice
+    // ends there, with the prompt (and its logprobs) only.
+    out.new_tokens.clear();
+    if (out.finish_reason == FinishReason::kNone || out.finish_reason == FinishReason::kStop) {
+      out.finish_reason = FinishReason::kLength;
+    }
+  }
+  return out;
 }
 
 void GenerationSession::ObserveEnd(const Choice& choice, FinishReason reason,

@@ -78,6 +78,8 @@ class GenerationSession : public RequestHandle,
   // SendChunk streams one choice as a chunk (with the usage so far when continuous, and
   // `prompt_logprobs` on the chunk unless null).
   void SendChunk(nlohmann::json choice, nlohmann::json prompt_logprobs = nullptr);
+  // With echo_only (max_tokens 0): `output` without the sampled token, finished ("length").
+  static RequestOutput EchoOnlyOutput(const RequestOutput& output);
   // Completions echo + logprobs: the prompt's tokens (first one null) then `generated`.
   nlohmann::json EchoLogprobsJson(int32_t index,
                                   const std::vector<TokenLogprobInfo>& generated) const;

@@ -255,10 +255,16 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   if (!got.ok()) return got.status();
   if (*got) sp.seed = static_cast<uint64_t>(v);
 
-  // max_completion_tokens (current OpenAI name) wins over the deprecated max_tokens.
+  // max_completion_tokens (current OpenAI name) wins over the deprecated max_tokens. 0 only
+  // on completions with echo: the prompt scored, nothing generated.
+  const json* echo = Present(body, "echo");
+  const int64_t min_max_tokens = req.endpoint == Endpoint::kCompletions && echo != nullptr &&
+                                         echo->is_boolean() && echo->get<bool>()
+                                     ? 0
+                                     : 1;
   int64_t max_tokens = 0;
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
-    got = GetInt(body, name, 1, std::numeric_limits<int32_t>::max(), &v);
+    got = GetInt(body, name, min_max_tokens, std::numeric_limits<int32_t>::max(), &v);
     if (!got.ok()) return got.status();
     if (*got) {
       max_tokens = v;
@@ -419,7 +425,18 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   }
   const int64_t num_prompt = static_cast<int64_t>(longest);
   const int64_t max_len = context.max_model_len;
-  if (req.max_tokens_given) {
+  req.echo_only = req.max_tokens_given && max_tokens == 0;
+  if (req.echo_only) {
+    if (num_prompt >= max_len) {
+      // The engine samples one token after the prompt even when none is returned.
+      return InvalidParam(prompt_param,
+                          absl::StrCat("This model's maximum context length is ", max_len,
+                                       " tokens. However, your ", prompt_param, " has ",
+                                       num_prompt, " tokens; scoring it with max_tokens 0 "
+                                       "needs one position after it"));
+    }
+    sp.max_tokens = 1;
+  } else if (req.max_tokens_given) {
     if (num_prompt + max_tokens > max_len) {
       return InvalidParam(
           prompt_param,

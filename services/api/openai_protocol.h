@@ -47,6 +47,10 @@ struct GenerationRequest {
   bool logprobs = false;                      // return logprobs for sampled tokens
   int32_t top_logprobs = 0;                   // alternatives per token, 0..20
   bool echo = false;                          // prepend echo_texts[prompt] to the choice text
+  // Completions max_tokens 0 with echo (vLLM, the legacy OpenAI API): the prompt is scored
+  // and echoed without a completion. The engine still samples one token (sampling.max_tokens
+  // is 1); the session leaves it out of the reply.
+  bool echo_only = false;
   // With echo: per prompt, the text to prepend — completions: the decoded prompt (filled by
   // the session); chat: the last message's content when it has the response's role (vLLM).
   std::vector<std::string> echo_texts;

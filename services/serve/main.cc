@@ -7,7 +7,8 @@
 //    [--device cpu|cuda] [--gpu-memory-utilization F] [--load-format auto|dummy]
 //    [--gemm-tuning PATH] [--gemm-tuning-save PATH] [--batch-invariant])
 //   sluice router --model DIR [--port 8000] [--grpc-port 7000] [--min-remote-prefill-tokens N]
-//   sluice eval ppl FILE [--url http://127.0.0.1:8000] [--model NAME]
+//   sluice eval ppl FILE [--url http://127.0.0.1:8000] [--model NAME] [--concurrency 4]
+//                   [--tokenizer MODEL_DIR [--max-length N] [--stride S]]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 #include <cstdint>
 #include <string>

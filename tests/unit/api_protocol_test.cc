@@ -267,6 +267,37 @@ TEST_F(ProtocolTest, CompletionLogprobsEchoAndTokenIds) {
   ExpectCompletionError({{"echo", "y"}}, "echo");
 }
 
+TEST_F(ProtocolTest, CompletionMaxTokensZeroWithEchoScoresThePromptOnly) {
+  // The engine samples one token, which the reply leaves out.
+  absl::StatusOr<GenerationRequest> r = ParseCompletionRequest(
+      Completion({{"echo", true}, {"logprobs", 0}, {"max_tokens", 0}}), context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo_only);
+  EXPECT_EQ(r->sampling.max_tokens, 1);
+  EXPECT_EQ(r->sampling.prompt_logprobs, 0);
+  r = ParseCompletionRequest(Completion({{"echo", true}, {"max_completion_tokens", 0}}),
+                             context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo_only);
+  r = ParseCompletionRequest(Completion({{"echo", true}, {"max_tokens", 2}}), context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->echo_only);
+  EXPECT_EQ(r->sampling.max_tokens, 2);
+
+  ExpectCompletionError({{"max_tokens", 0}}, "max_tokens");
+  ExpectCompletionError({{"max_tokens", 0}, {"echo", false}}, "max_tokens");
+  ExpectChatError({{"max_tokens", 0}, {"echo", true}}, "max_tokens");
+  ExpectCompletionError({{"max_tokens", 0}, {"echo", true}, {"min_tokens", 1}}, "min_tokens");
+  // A prompt filling the context leaves no position for the sampled token.
+  std::vector<int32_t> ids(32, ByteTokenizer::Byte('x'));
+  ExpectCompletionError({{"prompt", ids}, {"max_tokens", 0}, {"echo", true}}, "prompt");
+  ids.pop_back();
+  r = ParseCompletionRequest(Completion({{"prompt", ids}, {"max_tokens", 0}, {"echo", true}}),
+                             context_);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.max_tokens, 1);
+}
+
 TEST_F(ProtocolTest, ContextLengthErrorsGiveBothNumbers) {
   // Prompt "ab" is 3 tokens with BOS; max_model_len 32.
   absl::StatusOr<GenerationRequest> r =
