@@ -44,6 +44,17 @@ inline float WidenW(uint16_t w) {
   return f;
 }
 
+// MulAdd: x·w + s, fused where the target has FMA — explicitly, so every instantiation rounds
+// alike whatever GCC's contraction (-ffp-contract=fast) makes of each; without FMA (a
+// non-native build) nothing can be contracted and the plain expression is as stable.
+inline float MulAdd(float x, float w, float s) {
+#ifdef __FMA__
+  return __builtin_fmaf(x, w, s);
+#else
+  return s + x * w;
+#endif
+}
+
 // Computes the MR × NR block y[i0.., j0..]. Arithmetic per element is independent of MR/NR.
 template <int MR, int NR, typename W>
 inline void MicroKernel(const float* x, const W* w, const float* bias, float* y, int64_t n,
@@ -76,9 +87,7 @@ inline void MicroKernel(const float* x, const W* w, const float* bias, float* y,
   for (int a = 0; a < MR; ++a) {
     for (int b = 0; b < NR; ++b) {
       float s = red[a][b];
-      // An explicit fused multiply-add: the same rounding in every instantiation, whatever
-      // GCC's contraction (-ffp-contract=fast) would make of each.
-      for (int64_t kk = k_main; kk < k; ++kk) s = __builtin_fmaf(xr[a][kk], WidenW(wr[b][kk]), s);
+      for (int64_t kk = k_main; kk < k; ++kk) s = MulAdd(xr[a][kk], WidenW(wr[b][kk]), s);
       if (bias != nullptr) s += bias[j0 + b];
       y[(i0 + a) * n + j0 + b] = s;
     }
