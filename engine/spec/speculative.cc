@@ -73,8 +73,14 @@ int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& targe
   const double ad = draft != nullptr ? draft->fixed_seconds() : 0.0;
   const double bd = draft != nullptr ? draft->per_token_seconds() : 0.0;
   const double batch_d = std::max(1, batch);
-  // Unpriced yet (no decode step measured): draft in full until the fits exist.
-  if (a + b * batch_d <= 0.0) return max_tokens_;
+  // Unpriced (no decode step measured) or the split of the step cost into fixed and per-token
+  // unknown (every measured step had the same size): probe — a few sequences draft and verify
+  // in full, which also gives the fit steps of another size.
+  if (a + b * batch_d <= 0.0 || !target.Identified()) {
+    *probe_only = true;
+    probing_ = true;
+    return max_tokens_;
+  }
   // Per sequence: a step without drafts costs a/B + b; each draft adds its verification row
   // and its share of a draft round.
   const double plain_cost = a / batch_d + b;

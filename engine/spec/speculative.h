@@ -75,7 +75,9 @@ class ConfidenceCalibration {
 //     draft's expected gain pays for its round and its verification row;
 //   * a drafted token is verified while P_j >= r* · b: its draft round is already spent, only
 //     its verification row is priced.
-// Sequences in one step verify different lengths. When no L > 0 beats L = 0 (large batches,
+// Sequences in one step verify different lengths. Until the target's step cost is split into
+// fixed and per-token parts (StepCostModel::Identified) every step is a probe (below). When no
+// L > 0 beats L = 0 (large batches,
 // slow verification) nothing is drafted except kProbeSequences sequences drafting and
 // verifying in full every kProbeInterval steps, keeping the calibration and the cost fits
 // measured; while probes keep finding that drafting does not pay the interval doubles up to

@@ -190,6 +190,29 @@ TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
   EXPECT_EQ(first_probe, ConfidenceScheduler::kProbeInterval);
 }
 
+// Before the step cost is measured, or while every step had the same size (so its split into
+// fixed and per-token cost is unknown), each step is a probe: a few sequences draft and verify
+// in full, giving the fit steps of another size.
+TEST(ConfidenceSchedulerTest, ProbesUntilTheStepCostIsSplit) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 4);
+  StepCostModel target;
+  bool probe = false;
+  EXPECT_EQ(s.BeginStep(8, target, nullptr, &probe), 4);
+  EXPECT_TRUE(probe);
+  EXPECT_EQ(s.VerifyLength({0.01f, 0.01f, 0.01f, 0.01f}), 4);
+  target.Observe(8, 0.010);
+  target.Observe(8, 0.011);
+  ASSERT_FALSE(target.Identified());
+  probe = false;
+  EXPECT_EQ(s.BeginStep(8, target, nullptr, &probe), 4);
+  EXPECT_TRUE(probe);
+  for (int i = 0; i < 4; ++i) target.Observe(16, 0.020);
+  ASSERT_TRUE(target.Identified());
+  probe = true;
+  s.BeginStep(8, target, nullptr, &probe);
+  EXPECT_FALSE(probe);
+}
+
 TEST(ConfidenceSchedulerTest, FixedVerifiesEverything) {
   ConfidenceScheduler s(VerifyMode::kFixed, 4);
   bool probe = true;
