@@ -142,10 +142,12 @@ std::vector<std::vector<int32_t>> Prompts(const Tokenizer& tokenizer, const std:
 }
 
 struct Config {
-  std::string name;  // "none", "draft:5", "draft:auto", "ngram:5", ...
+  std::string name;  // "none", "draft:5", "draft:auto", "ngram:5", "draft-f32-v2048:auto", ...
   std::string method;
   VerifyMode mode = VerifyMode::kFixed;
   int32_t k = 5;
+  bool draft_bf16 = true;  // "-f32": the draft keeps float32 weights
+  int32_t draft_vocab = 0;  // "-vN": FR-Spec over the N most frequent tokens
 };
 
 Config ParseConfig(const std::string& text) {
@@ -153,7 +155,18 @@ Config ParseConfig(const std::string& text) {
   c.name = text;
   if (text == "none") return c;
   const std::vector<std::string> parts = absl::StrSplit(text, ':');
-  c.method = parts[0];
+  const std::vector<std::string> method = absl::StrSplit(parts[0], '-');
+  c.method = method[0];
+  for (size_t i = 1; i < method.size(); ++i) {
+    if (method[i] == "f32") {
+      c.draft_bf16 = false;
+    } else if (!method[i].empty() && method[i][0] == 'v') {
+      c.draft_vocab = std::stoi(method[i].substr(1));
+    } else {
+      std::cerr << "spec_bench: unknown config modifier '" << method[i] << "' in " << text << "\n";
+      std::exit(2);
+    }
+  }
   if (parts.size() > 1 && parts[1] == "auto") {
     c.mode = VerifyMode::kAuto;
   } else if (parts.size() > 1) {
@@ -184,7 +197,10 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     d.num_kv_blocks = options.num_kv_blocks;
     d.model_id = draft_dir;
     d.cost_clock = CostClock::kProcessCpu;
+    d.bf16_weights = config.draft_bf16;
+    d.draft_vocab = config.draft_vocab;
     auto drafter = DraftModelDrafter::Create(*LoadModel(draft_dir), d);
+    if (!drafter.ok()) Fail(drafter.status());
     draft = std::shared_ptr<DraftModelDrafter>(std::move(*drafter));
     options.speculative.drafter = draft;
   } else if (config.method == "ngram") {
@@ -275,6 +291,11 @@ int main(int argc, char** argv) {
   app.add_option("--configs", configs);
   app.add_option("--max-tokens", max_tokens);
   app.add_option("--out", out);
+  int repeats = 1;
+  app.add_option("--repeats", repeats,
+                 "Run the config list this many times per batch, interleaved (A B C A B C ...); "
+                 "each speedup is over the same repeat's \"none\", and `summary` holds the "
+                 "medians");
   CLI11_PARSE(app, argc, argv);
 
   auto tokenizer = sluice::Tokenizer::FromFile(model + "/tokenizer.json");
@@ -289,9 +310,17 @@ int main(int argc, char** argv) {
   result["draft"] = draft;
   result["workload"] = workload;
   result["max_tokens"] = max_tokens;
+  result["repeats"] = repeats;
+  {
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) == 3) result["load_average_start"] = {load[0], load[1], load[2]};
+  }
   result["runs"] = nlohmann::ordered_json::array();
+  // (batch, config) → the repeats' cpu_speedup / speedup / mean accepted length.
+  std::map<std::pair<int, std::string>, std::vector<double>> cpu_speedups, speedups, lengths;
   for (const std::string& b : std::vector<std::string>(absl::StrSplit(batches, ','))) {
     const int batch = std::stoi(b);
+   for (int rep = 0; rep < repeats; ++rep) {
     double plain_tps = 0, plain_step = 0, plain_cpu_tps = 0, plain_cpu_step = 0;
     for (const std::string& c : std::vector<std::string>(absl::StrSplit(configs, ','))) {
       const sluice::Config config = sluice::ParseConfig(c);
@@ -327,9 +356,38 @@ int main(int argc, char** argv) {
           run["cpu_speedup_of_ceiling"] = run["cpu_speedup"].get<double>() / ceiling;
         }
       }
+      run["repeat"] = rep;
+      if (run.contains("cpu_speedup")) {
+        cpu_speedups[{batch, c}].push_back(run["cpu_speedup"].get<double>());
+        speedups[{batch, c}].push_back(run["speedup"].get<double>());
+      }
+      lengths[{batch, c}].push_back(run["mean_accepted_length"].get<double>());
       std::cerr << run.dump() << "\n";
       result["runs"].push_back(run);
     }
+   }
+  }
+  const auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  result["summary"] = nlohmann::ordered_json::array();
+  for (const auto& [key, values] : cpu_speedups) {
+    nlohmann::ordered_json row;
+    row["batch"] = key.first;
+    row["config"] = key.second;
+    row["median_cpu_speedup"] = median(values);
+    row["cpu_speedups"] = values;
+    row["median_wall_speedup"] = median(speedups[key]);
+    row["median_mean_accepted_length"] = median(lengths[key]);
+    result["summary"].push_back(row);
+    std::cerr << row.dump() << "\n";
+  }
+  {
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) == 3) result["load_average_end"] = {load[0], load[1], load[2]};
   }
   const std::string text = result.dump(2);
   std::cout << text << "\n";

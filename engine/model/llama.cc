@@ -77,8 +77,18 @@ class LlamaModel : public Model {
                                      l.b_o.size() + l.post_norm.size() + l.w_gate_up.size() +
                                      l.b_gate_up.size() + l.w_down.size() + l.b_down.size());
     }
-    floats += hidden_ + vocab_ * hidden_;  // final norm + lm_head
-    return floats * static_cast<int64_t>(sizeof(float));
+    int64_t bytes_bf16 = 0;
+    for (const Bf16Layer& l : layers_bf16_) {
+      bytes_bf16 += 2 * static_cast<int64_t>(l.w_qkv.size() + l.w_o.size() +
+                                             l.w_gate_up.size() + l.w_down.size());
+    }
+    floats += hidden_;  // final norm
+    if (bf16_) {
+      bytes_bf16 += 2 * logits_width() * hidden_;
+    } else {
+      floats += logits_width() * hidden_;
+    }
+    return floats * static_cast<int64_t>(sizeof(float)) + bytes_bf16;
   }
 
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
@@ -89,8 +99,31 @@ class LlamaModel : public Model {
   // rms_norm, attention: one pass over all keys per query, no split-KV).
   bool IsBatchInvariant() const override { return true; }
   absl::Status Shard(const ParallelShard& shard) override;
+  absl::Status StoreWeightsBf16() override;
+  absl::Status RestrictLogits(absl::Span<const int32_t> token_ids) override;
+  int64_t logits_width() const override {
+    return logit_ids_.empty() ? vocab_ : static_cast<int64_t>(logit_ids_.size());
+  }
 
  private:
+  // The bfloat16 copies of one layer's matrices (StoreWeightsBf16; the float32 ones are freed).
+  struct Bf16Layer {
+    std::vector<uint16_t> w_qkv, w_o, w_gate_up, w_down;
+  };
+  // y = x · Wᵀ (+ bias) from W's bfloat16 copy when it has one, else from the float32 matrix.
+  static void Linear(const float* x, const std::vector<float>& w32,
+                     const std::vector<uint16_t>& w16, const std::vector<float>& bias, float* y,
+                     int64_t m, int64_t n, int64_t k) {
+    const float* b = bias.empty() ? nullptr : bias.data();
+    if (!w16.empty()) {
+      kernels::LinearBf16Cpu(x, w16.data(), b, y, m, n, k);
+    } else {
+      kernels::LinearCpu(x, w32.data(), b, y, m, n, k);
+    }
+  }
+  // Rebuilds head_f32_ / head_bf16_ (the LM head rows Forward uses) after either option.
+  void BuildHead();
+
   // Attention of one sliding-window layer when some sequence's window reaches below its
   // ForwardInput::sliding_kv_start (SWA bounded replay, and the first decode steps after a
   // replay shorter than the window). Each such sequence's present keys
@@ -124,6 +157,13 @@ class LlamaModel : public Model {
   std::vector<float> final_norm_;  // [H]
   std::vector<float> lm_head_;    // [V, H]; empty when tied to embed_
   std::vector<LlamaLayer> layers_;
+  bool bf16_ = false;               // StoreWeightsBf16
+  std::vector<Bf16Layer> layers_bf16_;  // [layers] when bf16_
+  std::vector<int32_t> logit_ids_;  // RestrictLogits; empty: every id
+  // The LM head rows of logit_ids_ (float32), or of logit_ids_ / every id (bfloat16); both
+  // empty when Forward uses lm_head_ / embed_ directly.
+  std::vector<float> head_f32_;
+  std::vector<uint16_t> head_bf16_;
   kernels::RopeTable rope_;
   // Tensor parallelism (Shard): the group whose all-reduce completes o_proj and down_proj.
   Communicator* tp_comm_ = nullptr;
@@ -254,10 +294,10 @@ absl::Status LlamaModel::Validate(const ForwardInput& in, const KvCache& cache,
     return absl::InvalidArgumentError("KV cache spec does not match the model");
   }
   if (static_cast<int64_t>(logits.size()) !=
-      static_cast<int64_t>(in.logits_indices.size()) * vocab_) {
+      static_cast<int64_t>(in.logits_indices.size()) * logits_width()) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits span has ", logits.size(), " floats, expected ",
-                     in.logits_indices.size(), " x ", vocab_));
+                     in.logits_indices.size(), " x ", logits_width()));
   }
   for (int32_t idx : in.logits_indices) {
     if (idx < 0 || idx >= T) {
@@ -458,8 +498,9 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
       kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.input_norm.data(), normed_.data(),
                              T, H, eps);
     }
-    kernels::LinearCpu(normed_.data(), L.w_qkv.data(), L.b_qkv.empty() ? nullptr : L.b_qkv.data(),
-                       qkv_.data(), T, qkv_dim_, H);
+    static const Bf16Layer kNoBf16;
+    const Bf16Layer& L16 = bf16_ ? layers_bf16_[li] : kNoBf16;
+    Linear(normed_.data(), L.w_qkv, L16.w_qkv, L.b_qkv, qkv_.data(), T, qkv_dim_, H);
     for (int64_t t = 0; t < T; ++t) {
       const float* row = qkv_.data() + t * qkv_dim_;
       std::memcpy(q_.data() + t * q_dim, row, q_dim * sizeof(float));
@@ -489,19 +530,16 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
                                  cache.v(static_cast<int64_t>(li)), seqs_.data(),
                                  static_cast<int64_t>(seqs_.size()), ap, attn_.data());
     }
-    kernels::LinearCpu(attn_.data(), L.w_o.data(), L.b_o.empty() ? nullptr : L.b_o.data(),
-                       tmp_.data(), T, H, q_dim);
+    Linear(attn_.data(), L.w_o, L16.w_o, L.b_o, tmp_.data(), T, H, q_dim);
     if (tp_comm_ != nullptr) {  // row-parallel o_proj: sum the ranks' partial outputs
       SLUICE_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
     }
     kernels::AddRmsNormCpu(tmp_.data(), residual_.data(), L.post_norm.data(), normed_.data(), T,
                            H, eps);
-    kernels::LinearCpu(normed_.data(), L.w_gate_up.data(),
-                       L.b_gate_up.empty() ? nullptr : L.b_gate_up.data(), gate_up_.data(), T,
-                       2 * inter_, H);
+    Linear(normed_.data(), L.w_gate_up, L16.w_gate_up, L.b_gate_up, gate_up_.data(), T,
+           2 * inter_, H);
     kernels::SiluMulCpu(gate_up_.data(), act_.data(), T, inter_);
-    kernels::LinearCpu(act_.data(), L.w_down.data(), L.b_down.empty() ? nullptr : L.b_down.data(),
-                       tmp_.data(), T, H, inter_);
+    Linear(act_.data(), L.w_down, L16.w_down, L.b_down, tmp_.data(), T, H, inter_);
     if (tp_comm_ != nullptr) {  // row-parallel down_proj
       SLUICE_RETURN_IF_ERROR(tp_comm_->AllReduceSum(absl::MakeSpan(tmp_.data(), T * H)));
     }
@@ -519,9 +557,75 @@ absl::Status LlamaModel::Forward(const ForwardInput& in, KvCache& cache,
     for (int64_t j = 0; j < H; ++j) g_res[r * H + j] = res[j] + x[j];
   }
   kernels::RmsNormCpu(g_res, H, final_norm_.data(), g_norm, H, n_out, H, eps);
-  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
-  kernels::LinearCpu(g_norm, head, nullptr, logits.data(), n_out, vocab_, H);
+  if (!head_bf16_.empty()) {
+    kernels::LinearBf16Cpu(g_norm, head_bf16_.data(), nullptr, logits.data(), n_out,
+                           logits_width(), H);
+  } else if (!head_f32_.empty()) {
+    kernels::LinearCpu(g_norm, head_f32_.data(), nullptr, logits.data(), n_out, logits_width(),
+                       H);
+  } else {
+    const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+    kernels::LinearCpu(g_norm, head, nullptr, logits.data(), n_out, vocab_, H);
+  }
   return absl::OkStatus();
+}
+
+absl::Status LlamaModel::StoreWeightsBf16() {
+  if (tp_comm_ != nullptr) {
+    return absl::FailedPreconditionError("bfloat16 weight storage of a sharded model");
+  }
+  if (bf16_) return absl::OkStatus();
+  auto convert = [](std::vector<float>& from, std::vector<uint16_t>& to) {
+    to.resize(from.size());
+    for (size_t i = 0; i < from.size(); ++i) to[i] = kernels::ToBf16(from[i]);
+    std::vector<float>().swap(from);
+  };
+  layers_bf16_.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    convert(layers_[i].w_qkv, layers_bf16_[i].w_qkv);
+    convert(layers_[i].w_o, layers_bf16_[i].w_o);
+    convert(layers_[i].w_gate_up, layers_bf16_[i].w_gate_up);
+    convert(layers_[i].w_down, layers_bf16_[i].w_down);
+  }
+  bf16_ = true;
+  BuildHead();
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RestrictLogits(absl::Span<const int32_t> token_ids) {
+  if (tp_comm_ != nullptr) return absl::FailedPreconditionError("restricted logits of a sharded model");
+  for (int32_t id : token_ids) {
+    if (id < 0 || id >= vocab_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits restricted to token id ", id, " outside [0, ", vocab_, ")"));
+    }
+  }
+  logit_ids_.assign(token_ids.begin(), token_ids.end());
+  BuildHead();
+  return absl::OkStatus();
+}
+
+void LlamaModel::BuildHead() {
+  // lm_head_ / embed_ stay float32: the embedding lookup reads embed_, and the rows are
+  // gathered again whenever the restriction changes.
+  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  const int64_t H = hidden_, rows = logits_width();
+  head_f32_.clear();
+  head_bf16_.clear();
+  if (!bf16_ && logit_ids_.empty()) return;
+  if (bf16_) {
+    head_bf16_.resize(static_cast<size_t>(rows * H));
+  } else {
+    head_f32_.resize(static_cast<size_t>(rows * H));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = head + (logit_ids_.empty() ? r : logit_ids_[r]) * H;
+    if (bf16_) {
+      for (int64_t j = 0; j < H; ++j) head_bf16_[r * H + j] = kernels::ToBf16(src[j]);
+    } else {
+      std::memcpy(head_f32_.data() + r * H, src, H * sizeof(float));
+    }
+  }
 }
 
 // Column-parallel q/k/v (by heads) and gate/up (by channels), row-parallel o_proj and
@@ -533,6 +637,9 @@ absl::Status LlamaModel::Shard(const ParallelShard& shard) {
   }
   if (tp_comm_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
   if (!shard.tensor_parallel || shard.world_size == 1) return absl::OkStatus();
+  if (bf16_ || !logit_ids_.empty()) {
+    return absl::FailedPreconditionError("sharding a model with drafting options set");
+  }
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
   auto heads = ShardAttentionHeads(heads_, kv_heads_, shard.rank, shard.world_size);
   if (!heads.ok()) return heads.status();

@@ -324,6 +324,27 @@ class Model {
   // its own share of the tokens; a whole replica (LoadCpuParallelModel) sums its ranks. Empty
   // when the model is not expert-parallel.
   virtual std::vector<int64_t> TakeExpertLoad() { return {}; }
+
+  // Options for a model that drafts for speculative decoding (engine/spec), set before its
+  // first Forward.
+  //
+  // StoreWeightsBf16 keeps the weight matrices of the linear layers and the LM head as
+  // bfloat16 and computes in float32 (kernels::LinearBf16Cpu): half the weight bytes per step.
+  // Logits are bit-identical for a bfloat16 checkpoint; other weights are rounded to nearest
+  // even. Errors: Unimplemented for models without it; FailedPrecondition when sharded.
+  virtual absl::Status StoreWeightsBf16() {
+    return absl::UnimplementedError("this model keeps float32 weights");
+  }
+  // RestrictLogits makes Forward compute logits only for `token_ids` (FR-Spec's reduced LM
+  // head): the logits span is then [logits_indices.size(), token_ids.size()], column c holding
+  // token_ids[c]'s logit (bit-identical to that column of the full logits). Empty restores the
+  // full vocabulary. Errors: InvalidArgument for an id outside the vocabulary; Unimplemented
+  // for models without it; FailedPrecondition when sharded.
+  virtual absl::Status RestrictLogits(absl::Span<const int32_t> token_ids) {
+    return absl::UnimplementedError("this model computes full-vocabulary logits only");
+  }
+  // The logits width Forward writes per row: vocab_size, or RestrictLogits' count.
+  virtual int64_t logits_width() const { return config().vocab_size; }
 };
 
 // LoadModel reads config.json + safetensors from `dir` and builds the model (weights

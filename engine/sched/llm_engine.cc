@@ -601,8 +601,8 @@ class LLMEngineImpl final : public LLMEngine {
       draft_inputs_.push_back(in);
     }
     std::vector<double> products(candidates.size(), 1.0);
-    const DraftContinue keep_going = [&](size_t i, int32_t, float confidence) {
-      return confidence_.KeepGoing(confidence, &products[i]);
+    const DraftContinue keep_going = [&](size_t i, int32_t j, float confidence) {
+      return confidence_.KeepGoing(j, confidence, &products[i]);
     };
     const Clock::time_point start = Now();
     const double cpu_start = CpuSeconds();
@@ -613,6 +613,7 @@ class LLMEngineImpl final : public LLMEngine {
     for (size_t i = 0; i < candidates.size(); ++i) {
       Sequence& seq = *candidates[i];
       seq.draft = std::move(draft_outputs_[i]);
+      confidence_.ObserveDrafts(seq.draft.confidence);
       seq.TruncateDraft(static_cast<size_t>(confidence_.VerifyLength(seq.draft.confidence)));
     }
   }

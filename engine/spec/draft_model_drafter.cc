@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/kv/kv_block_allocator.h"
 
 namespace sluice {
@@ -13,6 +14,8 @@ namespace {
 
 // vLLM's _SAMPLING_EPS, as SampleToken: below it a request is greedy.
 constexpr float kGreedyTemperature = 1e-5f;
+// FR-Spec re-ranking: after this many counted tokens, then each time the count doubles.
+constexpr int64_t kFirstRerank = 256;
 
 // Softmax of logits / temperature into probs (float64 accumulation).
 void Softmax(absl::Span<const float> logits, float temperature, std::vector<float>* probs) {
@@ -56,7 +59,48 @@ absl::StatusOr<std::unique_ptr<DraftModelDrafter>> DraftModelDrafter::Create(
   if (options.block_size <= 0 || options.num_kv_blocks <= 0) {
     return absl::InvalidArgumentError("draft KV cache needs block_size > 0 and num_kv_blocks > 0");
   }
-  return std::unique_ptr<DraftModelDrafter>(new DraftModelDrafter(std::move(model), options));
+  if (options.bf16_weights) {
+    const absl::Status st = model->StoreWeightsBf16();
+    if (!st.ok() && !absl::IsUnimplemented(st)) return st;
+  }
+  std::unique_ptr<DraftModelDrafter> drafter(new DraftModelDrafter(std::move(model), options));
+  const int64_t vocab = drafter->model_->config().vocab_size;
+  if (options.draft_vocab > 0 && options.draft_vocab < vocab) {
+    drafter->token_counts_.assign(static_cast<size_t>(vocab), 0);
+    drafter->next_rerank_ = kFirstRerank;
+    if (absl::Status st = drafter->Rerank(); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculative-draft-vocab: the draft model cannot restrict its LM head (",
+                       st.message(), ")"));
+    }
+  }
+  return drafter;
+}
+
+void DraftModelDrafter::CountTokens(SeqState& s, absl::Span<const int32_t> tokens) {
+  if (token_counts_.empty()) return;
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  for (int32_t i = std::min(s.num_counted, n); i < n; ++i) ++token_counts_[tokens[i]];
+  if (n > s.num_counted) num_counted_ += n - s.num_counted;
+  s.num_counted = std::max(s.num_counted, n);
+}
+
+absl::Status DraftModelDrafter::Rerank() {
+  const int64_t vocab = static_cast<int64_t>(token_counts_.size());
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) order[i] = static_cast<int32_t>(i);
+  // Most counted first; ties (and never-seen tokens) by id.
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return token_counts_[a] > token_counts_[b];
+  });
+  order.resize(static_cast<size_t>(options_.draft_vocab));
+  // Ascending ids: an argmax tie in the subset resolves to the lowest id, as over the full
+  // vocabulary.
+  std::sort(order.begin(), order.end());
+  if (order == vocab_ids_) return absl::OkStatus();
+  SLUICE_RETURN_IF_ERROR(model_->RestrictLogits(order));
+  vocab_ids_ = std::move(order);
+  return absl::OkStatus();
 }
 
 DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Model> model,
@@ -140,6 +184,7 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
     if (k <= 0 || n == 0) continue;
     auto [it, fresh] = states_.try_emplace(std::string(in.request_id));
     if (fresh) it->second.root = hasher_.RootHash(in.cache_salt);
+    CountTokens(it->second, in.token_ids);
     // KV for positions up to n + k - 2 (the last draft is never fed).
     if (!Prepare(it->second, in.token_ids, n + k - 1)) {
       Release(in.request_id);
@@ -149,6 +194,15 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
     states.push_back(&it->second);
   }
 
+  if (!token_counts_.empty() && num_counted_ >= next_rerank_) {
+    next_rerank_ = 2 * num_counted_;
+    SLUICE_RETURN_IF_ERROR(Rerank());
+  }
+  // Logits rows are over vocab_ids_ (FR-Spec) or every id.
+  const int64_t width = model_->logits_width();
+  const auto token_of = [&](int64_t column) {
+    return vocab_ids_.empty() ? static_cast<int32_t>(column) : vocab_ids_[column];
+  };
   std::vector<float> probs;
   // Round 0 feeds each sequence's catch-up chunk; round j > 0 feeds draft j - 1.
   for (int32_t round = 0; !active.empty(); ++round) {
@@ -173,7 +227,7 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       input_.logits_indices.push_back(slice.query_start + slice.num_query_tokens - 1);
       input_.sequences.push_back(slice);
     }
-    logits_.resize(active.size() * vocab);
+    logits_.resize(active.size() * width);
     const double start = CostClockSeconds(options_.cost_clock);
     const absl::Status st = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
     // Catch-up rounds (prefill chunks) are priced like any other: the fit has a per-token slope.
@@ -191,21 +245,29 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       SeqState& s = *states[a];
       DraftOutput& out = (*outputs)[active[a]];
       s.num_computed = static_cast<int32_t>(s.tokens.size());
-      const absl::Span<const float> row(logits_.data() + a * vocab, vocab);
+      const absl::Span<const float> row(logits_.data() + a * width, width);
       const float temperature = in.sampling->temperature;
       int32_t token;
       float confidence;
       if (temperature < kGreedyTemperature) {
-        token = Argmax(row);
+        const int32_t column = Argmax(row);
         Softmax(row, 1.0f, &probs);
-        confidence = probs[token];
+        confidence = probs[column];
+        token = token_of(column);
       } else {
         Softmax(row, temperature, &probs);
         SampleDrawKey key = in.first_draft_key;
         key.position += static_cast<int64_t>(out.tokens.size());
-        token = Draw(probs, DrawUniform(key, kDraftDraw));
-        confidence = probs[token];
-        out.probs.push_back(probs);
+        const int32_t column = Draw(probs, DrawUniform(key, kDraftDraw));
+        confidence = probs[column];
+        token = token_of(column);
+        if (vocab_ids_.empty()) {
+          out.probs.push_back(probs);
+        } else {  // q over the full vocabulary: 0 off the subset
+          std::vector<float> full(static_cast<size_t>(vocab), 0.0f);
+          for (int64_t c = 0; c < width; ++c) full[vocab_ids_[c]] = probs[c];
+          out.probs.push_back(std::move(full));
+        }
       }
       out.tokens.push_back(token);
       out.confidence.push_back(confidence);

@@ -30,6 +30,19 @@ struct DraftModelOptions {
   bool enable_prefix_caching = true;
   std::string model_id;       // names the draft weights in its block hashes
   CostClock cost_clock = CostClock::kWall;  // the clock round_cost() is fitted on
+  // Keep the draft's weight matrices as bfloat16 (Model::StoreWeightsBf16: half the bytes a
+  // draft round streams; the same logits for a bfloat16 checkpoint). Models without it keep
+  // float32.
+  bool bf16_weights = true;
+  // FR-Spec (Zhao et al. 2025, arXiv:2502.14856): > 0 drafts only over this many most
+  // frequent tokens (Model::RestrictLogits), cutting the LM head, the largest part of a small
+  // draft model, by vocab / draft_vocab. Frequencies are counted over the tokens of the
+  // sequences drafted for (prompts and outputs); the subset is re-ranked after 256 counted
+  // tokens and each time the count doubles (ties and unseen tokens by id, lowest first, which
+  // is a BPE tokenizer's merge order). Only what is drafted changes: verification keeps the
+  // target's output exact and, for sampled requests, its distribution (q is 0 off the subset).
+  // 0 or >= the vocabulary: every token.
+  int32_t draft_vocab = 0;
 };
 
 class DraftModelDrafter final : public Drafter {
@@ -46,6 +59,8 @@ class DraftModelDrafter final : public Drafter {
   void Release(std::string_view request_id) override;
 
   const Model& model() const { return *model_; }
+  // The token ids drafted over (ascending); empty: the full vocabulary.
+  const std::vector<int32_t>& draft_vocab_ids() const { return vocab_ids_; }
   int64_t num_free_blocks() const { return cache_.allocator().num_free_blocks(); }
   int64_t num_total_blocks() const { return cache_.allocator().num_total_blocks(); }
   const PrefixCacheStats& prefix_cache_stats() const { return cache_.stats(); }
@@ -59,6 +74,7 @@ class DraftModelDrafter final : public Drafter {
     std::vector<BlockHash> block_hashes;
     int32_t num_computed = 0;
     int32_t num_committed_blocks = 0;
+    int32_t num_counted = 0;           // tokens counted into token_counts_
   };
 
   DraftModelDrafter(std::unique_ptr<Model> model, const DraftModelOptions& options);
@@ -67,6 +83,10 @@ class DraftModelDrafter final : public Drafter {
   // False when blocks ran out.
   bool Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t num_kv_tokens);
   void Commit(SeqState& s);
+  // CountTokens adds the real tokens of `s` not counted yet; Rerank re-selects the FR-Spec
+  // subset from the counts.
+  void CountTokens(SeqState& s, absl::Span<const int32_t> tokens);
+  absl::Status Rerank();
   int64_t Slot(const SeqState& s, int64_t pos) const;
 
   std::unique_ptr<Model> model_;
@@ -79,6 +99,11 @@ class DraftModelDrafter final : public Drafter {
   ForwardInput input_;        // scratch
   std::vector<float> logits_;  // scratch
   StepCostModel round_cost_;
+  // FR-Spec (options_.draft_vocab > 0).
+  std::vector<int32_t> vocab_ids_;
+  std::vector<int64_t> token_counts_;
+  int64_t num_counted_ = 0;
+  int64_t next_rerank_ = 0;
 };
 
 }  // namespace sluice

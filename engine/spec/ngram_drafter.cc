@@ -36,7 +36,9 @@ absl::Status NgramDrafter::Propose(absl::Span<const DraftInput> inputs,
     const DraftInput& in = inputs[i];
     DraftOutput& out = (*outputs)[i];
     out.Clear();
-    History& h = history_[std::string(in.request_id)];
+    auto [it, fresh] = history_.try_emplace(std::string(in.request_id));
+    History& h = it->second;
+    if (fresh) h.agreement = pooled_;
     // Score the last proposal against what followed: tokens agree up to the first mismatch,
     // which counts too; tokens not yet generated are not compared.
     const int64_t len = static_cast<int64_t>(in.token_ids.size());
@@ -44,6 +46,7 @@ absl::Status NgramDrafter::Propose(absl::Span<const DraftInput> inputs,
     for (int64_t j = 0; h.start >= 0 && j < proposed && h.start + j < len; ++j) {
       const bool agreed = in.token_ids[h.start + j] == h.proposal[j];
       h.agreement += kAgreementWeight * ((agreed ? 1.0 : 0.0) - h.agreement);
+      pooled_ += kPooledWeight * ((agreed ? 1.0 : 0.0) - pooled_);
       if (!agreed) break;
     }
     out.tokens = NgramLookup(in.token_ids, in.max_draft_tokens, options_);

@@ -27,13 +27,17 @@ std::vector<int32_t> NgramLookup(absl::Span<const int32_t> tokens, int32_t k,
 
 // Confidence: a lookup has no probability of its own, so every token of a proposal gets the
 // request's running agreement rate — how often its earlier proposals matched the tokens that
-// actually followed (an exponential average over the tokens compared, kPriorAgreement before
-// any). Sequences that quote their prompt then rank above those whose lookups keep missing, and
-// the confidence scheduler's calibration turns the rate into a measured acceptance.
+// actually followed (an exponential average over the tokens compared). A new request starts
+// from the drafter's pooled rate — the same average over every request's compared tokens, with
+// a smaller weight, kPriorAgreement before any — so on a workload whose lookups agree its first
+// proposals are verified too. Sequences that quote their prompt then rank above those whose
+// lookups keep missing, and the confidence scheduler's calibration turns the rate into a
+// measured acceptance.
 class NgramDrafter final : public Drafter {
  public:
   static constexpr double kPriorAgreement = 0.5;
   static constexpr double kAgreementWeight = 0.25;  // weight of each newly compared token
+  static constexpr double kPooledWeight = 0.05;     // the same for the pooled rate
 
   explicit NgramDrafter(const NgramOptions& options = {}) : options_(options) {}
   std::string_view method() const override { return "ngram"; }
@@ -48,6 +52,7 @@ class NgramDrafter final : public Drafter {
     double agreement = kPriorAgreement;
   };
   NgramOptions options_;
+  double pooled_ = kPriorAgreement;
   std::unordered_map<std::string, History> history_;
 };
 

@@ -63,55 +63,91 @@ double ConfidenceCalibration::MaxAcceptance() const {
 int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& target,
                                        const StepCostModel* draft, bool* probe_only) {
   *probe_only = false;
+  probing_ = false;
   ++steps_;
-  if (mode_ == VerifyMode::kFixed) {
-    threshold_ = 0.0;
-    return max_tokens_;
-  }
+  rate_ = draft_threshold_ = verify_threshold_ = 0.0;
+  planned_length_ = max_tokens_;
+  if (mode_ == VerifyMode::kFixed) return max_tokens_;
   const double b = target.per_token_seconds();
   const double a = target.fixed_seconds();
   const double ad = draft != nullptr ? draft->fixed_seconds() : 0.0;
   const double bd = draft != nullptr ? draft->per_token_seconds() : 0.0;
   const double batch_d = std::max(1, batch);
-  const double denominator = a + b * batch_d;
-  // Unpriced yet (no step measured): draft in full until the fits exist.
-  threshold_ = denominator > 0.0 ? (batch_d * (b + bd) + ad) / denominator : 0.0;
-  const double best = calibration_.MaxAcceptance();
-  int32_t depth = 0;
-  double product = 1.0;
-  while (depth < max_tokens_) {
-    product *= best;
-    if (product < threshold_) break;
-    ++depth;
+  // Unpriced (no decode step measured) or the split of the step cost into fixed and per-token
+  // unknown (every measured step had the same size): probe — a few sequences draft and verify
+  // in full, which also gives the fit steps of another size.
+  if (a + b * batch_d <= 0.0 || !target.Identified()) {
+    *probe_only = true;
+    probing_ = true;
+    return max_tokens_;
   }
-  if (depth > 0) {
+  // Per sequence: a step without drafts costs a/B + b; each draft adds its verification row
+  // and its share of a draft round.
+  const double plain_cost = a / batch_d + b;
+  const double draft_cost = b + bd + ad / batch_d;
+  double tokens = 1.0, cost = plain_cost, product = 1.0;
+  double best_rate = tokens / cost;
+  int32_t best_length = 0;
+  for (int32_t length = 1; length <= max_tokens_; ++length) {
+    product *= DepthAcceptance(length);
+    tokens += product;
+    cost += draft_cost;
+    if (tokens / cost > best_rate) {
+      best_rate = tokens / cost;
+      best_length = length;
+    }
+  }
+  rate_ = best_rate;
+  draft_threshold_ = best_rate * draft_cost;
+  verify_threshold_ = best_rate * b;
+  planned_length_ = best_length;
+  if (best_length > 0) {
     probe_interval_ = kProbeInterval;
     next_probe_ = steps_ + probe_interval_;
-    return depth;
+    return max_tokens_;
   }
   if (steps_ < next_probe_) return 0;
-  // A probe drafts in full: it measures acceptance at every depth and spreads the step sizes
-  // the cost fit sees. Each probe that finds drafting still not paying spaces the next one
-  // twice as far (reset as soon as drafting pays again).
+  // A probe drafts and verifies in full: it measures acceptance at every depth and spreads the
+  // step sizes the cost fits see. Each probe that finds drafting still not paying spaces the
+  // next one twice as far (reset as soon as drafting pays again).
   next_probe_ = steps_ + probe_interval_;
   probe_interval_ = std::min(2 * probe_interval_, kMaxProbeInterval);
   *probe_only = true;
+  probing_ = true;
   return max_tokens_;
 }
 
-bool ConfidenceScheduler::KeepGoing(float confidence, double* product) const {
+bool ConfidenceScheduler::KeepGoing(int32_t j, float confidence, double* product) const {
   *product *= calibration_.Map(confidence);
-  return mode_ == VerifyMode::kFixed || *product >= threshold_;
+  if (mode_ == VerifyMode::kFixed || probing_) return true;
+  if (j + 2 > kMaxSpeculativeTokens) return false;
+  return *product * DepthAcceptance(j + 2) >= draft_threshold_;
 }
 
 int32_t ConfidenceScheduler::VerifyLength(absl::Span<const float> confidence) const {
   const int32_t n = std::min<int32_t>(static_cast<int32_t>(confidence.size()), max_tokens_);
-  if (mode_ == VerifyMode::kFixed) return n;
+  if (mode_ == VerifyMode::kFixed || probing_) return n;
   double product = 1.0;
   for (int32_t j = 0; j < n; ++j) {
-    if (!KeepGoing(confidence[j], &product)) return j;
+    product *= calibration_.Map(confidence[j]);
+    if (product < verify_threshold_) return j;
   }
   return n;
+}
+
+double ConfidenceScheduler::DepthAcceptance(int32_t depth) const {
+  const int32_t i = std::clamp(depth, 1, kMaxSpeculativeTokens) - 1;
+  return (depth_sum_[i] + kDepthPrior * kDepthPriorMean) / (depth_weight_[i] + kDepthPrior);
+}
+
+void ConfidenceScheduler::ObserveDrafts(absl::Span<const float> confidence) {
+  // Recent drafts weigh most: the drafter's confidence drifts with the workload.
+  constexpr double kDecay = 0.995;
+  const size_t n = std::min<size_t>(confidence.size(), kMaxSpeculativeTokens);
+  for (size_t i = 0; i < n; ++i) {
+    depth_sum_[i] = kDecay * depth_sum_[i] + calibration_.Map(confidence[i]);
+    depth_weight_[i] = kDecay * depth_weight_[i] + 1.0;
+  }
 }
 
 void ConfidenceScheduler::ObserveVerification(absl::Span<const float> confidence,

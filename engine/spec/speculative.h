@@ -59,53 +59,85 @@ class ConfidenceCalibration {
   std::array<double, kBins> total_{};
 };
 
-// ConfidenceScheduler decides verification lengths (DeepSeek's confidence-scheduled
-// verification). For a sequence whose drafts have calibrated confidences c1, c2, ..., the
-// probability that the first j are all accepted is P_j = c1 · ... · cj, and verifying draft j
-// gains P_j expected tokens. Its cost in a step of B decode sequences is the target's per-token
-// step cost b plus one draft round's share a_d / B + b_d (StepCostModel fits); against the rate
-// without speculation, B / (a + b·B), draft j pays while
-//   P_j >= threshold = (B · (b + b_d) + a_d) / (a + b·B).
-// So each sequence verifies the longest prefix with P_j >= threshold (at most max_tokens),
-// sequences in one step verify different lengths, and when even the best calibrated acceptance
-// is below the threshold nothing is drafted (kProbeSequences sequences draft in full every
-// kProbeInterval steps, keeping the calibration and the cost fit measured; while probes keep
-// finding that drafting does not pay, the interval doubles up to kMaxProbeInterval, so a
-// batch where speculation never pays spends next to nothing on it).
+// ConfidenceScheduler decides drafting and verification lengths (DeepSeek's
+// confidence-scheduled verification), maximizing the expected tokens per unit of step cost.
+//
+// Per sequence, P_j = c_1 · ... · c_j (c_i: the calibrated confidence of draft i) estimates that
+// the first j drafts are all accepted; verifying draft j gains P_j expected tokens. With the
+// target's fitted step cost a + b·tokens and a draft round's a_d + b_d·sequences, a step of B
+// sequences that each draft and verify L tokens costs, per sequence,
+//   C(L) = a/B + b·(1 + L) + L·(a_d/B + b_d)
+// and yields E(L) = 1 + Σ_{j≤L} Π_{i≤j} ᾱ_i tokens, ᾱ_i being the mean calibrated confidence
+// measured at draft depth i. BeginStep plans the rate r* = max_L E(L)/C(L) (L = 0: no
+// speculation, r* = B/(a + b·B)). A long-run rate is maximal when every choice gains at least r*
+// tokens per second it costs (Dinkelbach's criterion for ratio objectives), so, per sequence:
+//   * drafting continues past draft j while P_j · ᾱ_{j+1} >= r* · (b + b_d + a_d/B): the next
+//     draft's expected gain pays for its round and its verification row;
+//   * a drafted token is verified while P_j >= r* · b: its draft round is already spent, only
+//     its verification row is priced.
+// Sequences in one step verify different lengths. Until the target's step cost is split into
+// fixed and per-token parts (StepCostModel::Identified) every step is a probe (below). When no
+// L > 0 beats L = 0 (large batches,
+// slow verification) nothing is drafted except kProbeSequences sequences drafting and
+// verifying in full every kProbeInterval steps, keeping the calibration and the cost fits
+// measured; while probes keep finding that drafting does not pay the interval doubles up to
+// kMaxProbeInterval, so a batch where speculation never pays spends next to nothing on it.
 class ConfidenceScheduler {
  public:
   static constexpr int64_t kProbeInterval = 16;
   static constexpr int64_t kMaxProbeInterval = 512;
   static constexpr int32_t kProbeSequences = 2;
+  // ᾱ_i before depth i has drafts: kDepthPrior pseudo-observations of kDepthPriorMean.
+  static constexpr double kDepthPrior = 4.0;
+  static constexpr double kDepthPriorMean = 0.7;
 
   ConfidenceScheduler(VerifyMode mode, int32_t max_tokens) : mode_(mode), max_tokens_(max_tokens) {}
 
   // BeginStep prices a step of `batch` decode sequences with the target's step cost and the
   // drafter's round cost (null: free) and returns the most drafts any sequence may get (0: do
-  // not draft). `*probe_only` is set when only kProbeSequences sequences should draft.
+  // not draft). `*probe_only` is set when only kProbeSequences sequences should draft (they
+  // then draft and verify max_tokens).
   int32_t BeginStep(int32_t batch, const StepCostModel& target, const StepCostModel* draft,
                     bool* probe_only);
-  double threshold() const { return threshold_; }
-  // KeepGoing: given the running product so far (1 before the first draft) and the next draft's
-  // confidence, updates the product and says whether that draft is worth verifying.
-  bool KeepGoing(float confidence, double* product) const;
+  // The planned rate r* (tokens per second per sequence of the step) and the two thresholds
+  // on P_j derived from it (0 in fixed mode, during probes and before any step is priced).
+  double planned_rate() const { return rate_; }
+  double draft_threshold() const { return draft_threshold_; }
+  double verify_threshold() const { return verify_threshold_; }
+  // The planned verification length (argmax of E(L)/C(L)) of the last BeginStep.
+  int32_t planned_length() const { return planned_length_; }
+  // KeepGoing: asked after draft `j` (0-based) was proposed with `confidence`; given the running
+  // product before it (1 for j = 0), updates the product to P_{j+1} and says whether draft
+  // j + 1 is worth drafting.
+  bool KeepGoing(int32_t j, float confidence, double* product) const;
   // VerifyLength: the number of `confidence`'s leading drafts to verify.
   int32_t VerifyLength(absl::Span<const float> confidence) const;
+  // ObserveDrafts records the confidences of one sequence's drafts, by depth (ᾱ_i).
+  void ObserveDrafts(absl::Span<const float> confidence);
   // ObserveVerification records a verification of drafts with these confidences, of which the
   // first `num_accepted` were accepted (the draft after them, if verified, was rejected; later
   // ones were not tested).
   void ObserveVerification(absl::Span<const float> confidence, int32_t num_verified,
                            int32_t num_accepted);
   const ConfidenceCalibration& calibration() const { return calibration_; }
+  // ᾱ_i for depth i = 1..kMaxSpeculativeTokens.
+  double DepthAcceptance(int32_t depth) const;
 
  private:
   VerifyMode mode_;
   int32_t max_tokens_;
-  double threshold_ = 0.0;
+  bool probing_ = false;
+  double rate_ = 0.0;
+  double draft_threshold_ = 0.0;
+  double verify_threshold_ = 0.0;
+  int32_t planned_length_ = 0;
   int64_t steps_ = 0;
   int64_t probe_interval_ = kProbeInterval;
   int64_t next_probe_ = kProbeInterval;  // the step (steps_) of the next probe
   ConfidenceCalibration calibration_;
+  // Exponentially weighted sums of calibrated confidence per depth (index depth - 1).
+  std::array<double, kMaxSpeculativeTokens> depth_sum_{};
+  std::array<double, kMaxSpeculativeTokens> depth_weight_{};
 };
 
 }  // namespace sluice

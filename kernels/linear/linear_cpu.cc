@@ -6,6 +6,7 @@
 // of the 16 lanes, then the k % 16 tail in increasing k, then the bias. Tiles only decide how
 // many (i, j) pairs share loads, never the arithmetic of one pair.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/common/parallel.h"
@@ -22,9 +23,41 @@ using simd::Reduce4;
 using simd::Store;
 using simd::V16;
 
+// LoadW: 16 weights as floats; bfloat16 weights (uint16_t bits) widen exactly (bits << 16), so
+// a bf16 weight matrix gives the bits of the float32 matrix holding the same values.
+inline V16 LoadW(const float* p) { return Load(p); }
+inline V16 LoadW(const uint16_t* p) {
+  typedef uint16_t U16x16 __attribute__((vector_size(32), aligned(2)));
+  typedef uint32_t U32x16 __attribute__((vector_size(64)));
+  U16x16 h;
+  std::memcpy(&h, p, sizeof(h));
+  const U32x16 wide = __builtin_convertvector(h, U32x16) << 16;
+  V16 v;
+  std::memcpy(&v, &wide, sizeof(v));
+  return v;
+}
+inline float WidenW(float w) { return w; }
+inline float WidenW(uint16_t w) {
+  const uint32_t bits = static_cast<uint32_t>(w) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// MulAdd: x·w + s, fused where the target has FMA — explicitly, so every instantiation rounds
+// alike whatever GCC's contraction (-ffp-contract=fast) makes of each; without FMA (a
+// non-native build) nothing can be contracted and the plain expression is as stable.
+inline float MulAdd(float x, float w, float s) {
+#ifdef __FMA__
+  return __builtin_fmaf(x, w, s);
+#else
+  return s + x * w;
+#endif
+}
+
 // Computes the MR × NR block y[i0.., j0..]. Arithmetic per element is independent of MR/NR.
-template <int MR, int NR>
-inline void MicroKernel(const float* x, const float* w, const float* bias, float* y, int64_t n,
+template <int MR, int NR, typename W>
+inline void MicroKernel(const float* x, const W* w, const float* bias, float* y, int64_t n,
                         int64_t k, int64_t i0, int64_t j0) {
   V16 acc[MR][NR];
   for (int a = 0; a < MR; ++a) {
@@ -32,12 +65,12 @@ inline void MicroKernel(const float* x, const float* w, const float* bias, float
   }
   const int64_t k_main = k - k % kLanes;
   const float* xr[MR];
-  const float* wr[NR];
+  const W* wr[NR];
   for (int a = 0; a < MR; ++a) xr[a] = x + (i0 + a) * k;
   for (int b = 0; b < NR; ++b) wr[b] = w + (j0 + b) * k;
   for (int64_t kk = 0; kk < k_main; kk += kLanes) {
     V16 wv[NR];
-    for (int b = 0; b < NR; ++b) wv[b] = Load(wr[b] + kk);
+    for (int b = 0; b < NR; ++b) wv[b] = LoadW(wr[b] + kk);
     for (int a = 0; a < MR; ++a) {
       V16 xv = Load(xr[a] + kk);
       for (int b = 0; b < NR; ++b) acc[a][b] = acc[a][b] + xv * wv[b];
@@ -54,15 +87,15 @@ inline void MicroKernel(const float* x, const float* w, const float* bias, float
   for (int a = 0; a < MR; ++a) {
     for (int b = 0; b < NR; ++b) {
       float s = red[a][b];
-      for (int64_t kk = k_main; kk < k; ++kk) s += xr[a][kk] * wr[b][kk];
+      for (int64_t kk = k_main; kk < k; ++kk) s = MulAdd(xr[a][kk], WidenW(wr[b][kk]), s);
       if (bias != nullptr) s += bias[j0 + b];
       y[(i0 + a) * n + j0 + b] = s;
     }
   }
 }
 
-template <int NR>
-void RowBlocks(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+template <int NR, typename W>
+void RowBlocks(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
                int64_t k, int64_t j0) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) MicroKernel<4, NR>(x, w, bias, y, n, k, i, j0);
@@ -74,7 +107,8 @@ constexpr int64_t kFewRows = 8;
 
 // Column panel [j_begin, j_end): panels of 64 columns stay hot in L2 while every x row
 // streams past them.
-void Panel(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+template <typename W>
+void Panel(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
            int64_t k, int64_t j_begin, int64_t j_end) {
   constexpr int64_t kPanel = 64;
   for (int64_t p = j_begin; p < j_end; p += kPanel) {
@@ -96,10 +130,9 @@ void Panel(const float* x, const float* w, const float* bias, float* y, int64_t 
   }
 }
 
-}  // namespace
-
-void LinearCpu(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
-               int64_t k) {
+template <typename W>
+void Linear(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
+            int64_t k) {
   if (m <= 0 || n <= 0) return;
   // Split n in groups of 8 columns; each chunk gets at least ~256K multiply-adds.
   constexpr int64_t kGroup = 8;
@@ -111,6 +144,26 @@ void LinearCpu(const float* x, const float* w, const float* bias, float* y, int6
   ParallelFor(groups, min_chunk, [&](int64_t g_begin, int64_t g_end) {
     Panel(x, w, bias, y, m, n, k, g_begin * kGroup, std::min(n, g_end * kGroup));
   });
+}
+
+}  // namespace
+
+void LinearCpu(const float* x, const float* w, const float* bias, float* y, int64_t m, int64_t n,
+               int64_t k) {
+  Linear(x, w, bias, y, m, n, k);
+}
+
+void LinearBf16Cpu(const float* x, const uint16_t* w, const float* bias, float* y, int64_t m,
+                   int64_t n, int64_t k) {
+  Linear(x, w, bias, y, m, n, k);
+}
+
+uint16_t ToBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 }  // namespace sluice::kernels

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -116,6 +118,37 @@ TEST(LinearTest, ExactSmallIntegers) {
   EXPECT_EQ(y[0], 1.5f);
   EXPECT_EQ(y[1], 2.0f);
   EXPECT_EQ(y[2], 0.0f);
+}
+
+// bfloat16 weights: the same bits as float32 weights holding the same (bf16) values, for the
+// few-row path (m <= 8), the row blocks, odd n and a k % 16 tail; ToBf16 rounds to nearest even.
+TEST(LinearTest, Bf16WeightsMatchFloatWeightsOfTheSameValues) {
+  EXPECT_EQ(ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(ToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(ToBf16(1.00390625f), 0x3f80);  // halfway 1 + 2^-8: to even (1.0)
+  EXPECT_EQ(ToBf16(1.01171875f), 0x3f82);  // halfway 1 + 3·2^-8: to even (1 + 2^-6)
+  EXPECT_EQ(ToBf16(1.0f + 1.0f / 128 + 1.0f / 1024), 0x3f81);
+  for (int64_t m : {1, 2, 3, 5, 8, 13}) {
+    for (int64_t k : {48, 100}) {
+      const int64_t n = 75;
+      std::mt19937 rng(static_cast<uint32_t>(m * 1000 + k));
+      auto x = Random(static_cast<size_t>(m * k), rng);
+      auto w = Random(static_cast<size_t>(n * k), rng);
+      auto bias = Random(static_cast<size_t>(n), rng);
+      std::vector<uint16_t> w16(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        w16[i] = ToBf16(w[i]);
+        const uint32_t bits = static_cast<uint32_t>(w16[i]) << 16;
+        std::memcpy(&w[i], &bits, sizeof(float));
+      }
+      std::vector<float> y32(static_cast<size_t>(m * n)), y16(y32.size());
+      LinearCpu(x.data(), w.data(), bias.data(), y32.data(), m, n, k);
+      LinearBf16Cpu(x.data(), w16.data(), bias.data(), y16.data(), m, n, k);
+      for (size_t i = 0; i < y32.size(); ++i) {
+        ASSERT_EQ(y16[i], y32[i]) << "m=" << m << " k=" << k << " at " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -97,6 +97,11 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
   app.add_option("--speculative-verify", runtime.speculative.verify,
                  "auto: verify per sequence the draft prefix whose expected gain beats its cost "
                  "(confidence-scheduled); a number k: always draft and verify k tokens");
+  app.add_option("--speculative-draft-vocab", runtime.speculative.draft_vocab,
+                 "--speculative-model: draft only over the N most frequent tokens (FR-Spec: an "
+                 "LM head of N rows; counted over the served tokens, lowest ids until then). "
+                 "0: the whole vocabulary")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-lookup-min", runtime.speculative.prompt_lookup_min,
                  "--speculative-method ngram: shortest suffix matched in the sequence");
   app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,

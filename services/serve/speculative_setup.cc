@@ -84,6 +84,11 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
                                 : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes);
     options.enable_prefix_caching = engine->enable_prefix_caching;
     options.model_id = flags.model;
+    if (flags.draft_vocab < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--speculative-draft-vocab must be >= 0, got ", flags.draft_vocab));
+    }
+    options.draft_vocab = flags.draft_vocab;
     absl::StatusOr<std::unique_ptr<DraftModelDrafter>> drafter =
         DraftModelDrafter::Create(*std::move(draft), options);
     if (!drafter.ok()) return drafter.status();

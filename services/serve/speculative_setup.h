@@ -19,6 +19,7 @@ struct SpeculativeFlags {
                        // "draft_model" or "ngram"
   int32_t num_speculative_tokens = 5;  // --num-speculative-tokens: k, or the maximum for auto
   std::string verify = "auto";         // --speculative-verify: auto | a fixed k
+  int32_t draft_vocab = 0;             // --speculative-draft-vocab: FR-Spec subset (0: all)
   int32_t prompt_lookup_min = 2;       // --prompt-lookup-min/max: n-gram lengths matched
   int32_t prompt_lookup_max = 4;
 };

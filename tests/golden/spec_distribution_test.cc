@@ -55,7 +55,19 @@ std::unique_ptr<Model> Load(const std::string& dir) {
 // counts[position][token] over kDraws seeded requests.
 using Counts = std::vector<std::map<int32_t, int64_t>>;
 
-enum class Drafting { kNone, kDraftModel, kNgram };
+// kDraftModelFrSpec: the draft proposes among 40 of the 64 ids (FR-Spec; re-ranked by the
+// counted tokens as requests run), so q is 0 on the others.
+enum class Drafting { kNone, kDraftModel, kDraftModelFrSpec, kNgram };
+
+const char* Name(Drafting d) {
+  switch (d) {
+    case Drafting::kNone: return "none";
+    case Drafting::kDraftModel: return "draft model";
+    case Drafting::kDraftModelFrSpec: return "draft model, FR-Spec";
+    case Drafting::kNgram: return "ngram";
+  }
+  return "";
+}
 
 Counts Sample(Drafting drafting, std::shared_ptr<const RejectionRule> rule) {
   EngineOptions options;
@@ -63,8 +75,9 @@ Counts Sample(Drafting drafting, std::shared_ptr<const RejectionRule> rule) {
   options.num_kv_blocks = 1024;
   options.max_num_seqs = 256;
   options.max_num_batched_tokens = 4096;
-  if (drafting == Drafting::kDraftModel) {
+  if (drafting == Drafting::kDraftModel || drafting == Drafting::kDraftModelFrSpec) {
     DraftModelOptions draft;
+    if (drafting == Drafting::kDraftModelFrSpec) draft.draft_vocab = 40;
     draft.block_size = kBlockSize;
     draft.num_kv_blocks = 1024;
     draft.model_id = "spec-tiny-draft";
@@ -163,13 +176,13 @@ double HomogeneityPValue(const std::map<int32_t, int64_t>& a, const std::map<int
 
 TEST(SpecDistributionTest, RejectionSamplingKeepsTheTargetDistribution) {
   const Counts plain = Sample(Drafting::kNone, nullptr);
-  for (Drafting drafting : {Drafting::kDraftModel, Drafting::kNgram}) {
-    SCOPED_TRACE(drafting == Drafting::kNgram ? "ngram" : "draft model");
+  for (Drafting drafting :
+       {Drafting::kDraftModel, Drafting::kDraftModelFrSpec, Drafting::kNgram}) {
+    SCOPED_TRACE(Name(drafting));
     const Counts spec = Sample(drafting, nullptr);
     for (int i = 0; i < kPositions; ++i) {
       const double p = HomogeneityPValue(plain[i], spec[i]);
-      std::cout << (drafting == Drafting::kNgram ? "ngram" : "draft model") << " position " << i
-                << ": p = " << p << "\n";
+      std::cout << Name(drafting) << " position " << i << ": p = " << p << "\n";
       EXPECT_GE(p, 0.01) << "position " << i;
     }
   }

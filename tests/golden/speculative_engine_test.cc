@@ -39,10 +39,13 @@ std::unique_ptr<Model> Load(const std::string& dir) {
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256) {
+std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256, int32_t draft_vocab = 0,
+                                              bool bf16_weights = true) {
   DraftModelOptions options;
   options.block_size = kBlockSize;
   options.num_kv_blocks = num_blocks;
+  options.draft_vocab = draft_vocab;
+  options.bf16_weights = bf16_weights;
   options.model_id = "sluice-mini-draft";
   auto drafter = DraftModelDrafter::Create(Load(testing::SharedModelDir("sluice-mini-draft")),
                                            options);
@@ -195,6 +198,84 @@ TEST(SpeculativeEngineTest, TightBudgetAndDraftBlocksStillExact) {
   ExpectSame(plain, RunAll(*engine, requests));
   EXPECT_GT(engine->counters().num_spec_verifications, 0);
   EXPECT_EQ(drafter->num_free_blocks(), drafter->num_total_blocks());
+}
+
+// FR-Spec (a draft LM head over the most frequent tokens, re-ranked while requests run) and
+// float32 draft weights: the output is still the plain one.
+TEST(SpeculativeEngineTest, ReducedDraftVocabularyAndFloatDraftStillExact) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  const std::vector<EngineRequest> requests = MiniMoeRequests(dir);
+  auto plain_engine = Engine(dir, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  for (VerifyMode mode : {VerifyMode::kFixed, VerifyMode::kAuto}) {
+    SCOPED_TRACE(mode == VerifyMode::kFixed ? "fixed k=5" : "auto");
+    auto drafter = DraftModel(256, /*draft_vocab=*/512);
+    ASSERT_NE(drafter, nullptr);
+    ASSERT_EQ(drafter->draft_vocab_ids().size(), 512u);
+    const std::vector<int32_t> initial = drafter->draft_vocab_ids();
+    auto engine = Engine(dir, drafter, mode);
+    ExpectSame(plain, RunAll(*engine, requests));
+    EXPECT_GT(engine->counters().num_spec_accepted_tokens, 0);
+    // Re-ranked from the counted tokens: ids above 511 that the requests use are in it.
+    EXPECT_NE(drafter->draft_vocab_ids(), initial);
+    EXPECT_EQ(drafter->draft_vocab_ids().size(), 512u);
+  }
+  auto f32 = DraftModel(256, 0, /*bf16_weights=*/false);
+  auto engine = Engine(dir, f32, VerifyMode::kFixed);
+  ExpectSame(plain, RunAll(*engine, requests));
+}
+
+// The drafting options of Model keep the logits' bits: bfloat16 weight storage of a bfloat16
+// checkpoint, and a restricted LM head whose columns are the full logits' columns.
+TEST(SpeculativeEngineTest, DraftModelOptionsKeepTheLogitsBits) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-draft");
+  std::unique_ptr<Model> f32 = Load(dir);
+  std::unique_ptr<Model> bf16 = Load(dir);
+  ASSERT_NE(f32, nullptr);
+  ASSERT_NE(bf16, nullptr);
+  ASSERT_TRUE(bf16->StoreWeightsBf16().ok());
+  const std::vector<int32_t> prompt = Encode(dir, "Ps23:1 The LORD is my shepherd; I shall not");
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  ForwardInput in;
+  in.token_ids = prompt;
+  std::vector<int32_t> table = {0, 1, 2, 3};
+  for (int64_t i = 0; i < n; ++i) {
+    in.positions.push_back(static_cast<int32_t>(i));
+    in.slot_mapping.push_back(i);
+    in.logits_indices.push_back(static_cast<int32_t>(i));
+  }
+  in.sequences.push_back({0, static_cast<int32_t>(n), 0, absl::MakeConstSpan(table)});
+  const int64_t vocab = f32->config().vocab_size;
+  auto forward = [&](Model& m) {
+    KvCache cache(m.kv_cache_spec(), 4, kBlockSize);
+    std::vector<float> logits(static_cast<size_t>(n * m.logits_width()));
+    EXPECT_TRUE(m.Forward(in, cache, absl::MakeSpan(logits)).ok());
+    return logits;
+  };
+  const std::vector<float> full = forward(*f32);
+  EXPECT_EQ(forward(*bf16), full);
+  EXPECT_LT(bf16->WeightBytesPerToken(), f32->WeightBytesPerToken() * 6 / 10);
+  const std::vector<int32_t> ids = {0, 5, 17, 300, 4095, 8191};
+  for (Model* m : {f32.get(), bf16.get()}) {
+    ASSERT_TRUE(m->RestrictLogits(ids).ok());
+    ASSERT_EQ(m->logits_width(), 6);
+    const std::vector<float> part = forward(*m);
+    for (int64_t r = 0; r < n; ++r) {
+      for (size_t c = 0; c < ids.size(); ++c) {
+        ASSERT_EQ(part[r * 6 + c], full[r * vocab + ids[c]]) << "row " << r << " id " << ids[c];
+      }
+    }
+    ASSERT_TRUE(m->RestrictLogits({}).ok());
+    EXPECT_EQ(m->logits_width(), vocab);
+    EXPECT_EQ(forward(*m), full);
+  }
+  const absl::Status bad = f32->RestrictLogits(std::vector<int32_t>{3, 8192});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("8192"), std::string::npos);
+  // A model without the options says so (the drafter then keeps float32 weights).
+  std::unique_ptr<Model> moe = Load(testing::SharedModelDir("sluice-mini-moe"));
+  EXPECT_EQ(moe->StoreWeightsBf16().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(moe->RestrictLogits(ids).code(), absl::StatusCode::kUnimplemented);
 }
 
 TEST(SpeculativeEngineTest, NgramGreedyEqualsPlainOnLlamaTiny) {

@@ -28,7 +28,8 @@ TEST(NgramLookupTest, ProposesWhatFollowedTheLatestLongestMatch) {
 }
 
 // Confidence is the request's agreement rate: each compared token moves it a quarter of the way
-// to 1 (agreed) or 0 (the first mismatch), starting from 0.5; Release forgets it.
+// to 1 (agreed) or 0 (the first mismatch), starting from the pooled rate (0.5 before any
+// comparison); Release forgets it.
 TEST(NgramDrafterTest, ConfidenceTracksHowOftenTheRequestsLookupsAgreed) {
   NgramDrafter drafter({2, 4});
   SamplingParams greedy;
@@ -51,10 +52,11 @@ TEST(NgramDrafterTest, ConfidenceTracksHowOftenTheRequestsLookupsAgreed) {
   d = propose("a", a);
   EXPECT_EQ(d.tokens, (std::vector<int32_t>{3, 4, 9}));
   EXPECT_FLOAT_EQ(d.confidence[0], 0.5390625f);
-  // Another request has its own rate; after Release "a" starts over.
-  EXPECT_FLOAT_EQ(propose("b", {5, 6, 7, 5, 6}).confidence[0], 0.5f);
+  // Another request has its own rate, starting from the pooled one (the same comparisons at
+  // weight 0.05: 0.5 -> 0.525 -> 0.54875 -> 0.5213125); after Release "a" starts over from it.
+  EXPECT_FLOAT_EQ(propose("b", {5, 6, 7, 5, 6}).confidence[0], 0.5213125f);
   drafter.Release("a");
-  EXPECT_FLOAT_EQ(propose("a", a).confidence[0], 0.5f);
+  EXPECT_FLOAT_EQ(propose("a", a).confidence[0], 0.5213125f);
 }
 
 TEST(StepCostModelTest, FitsFixedAndPerTokenCost) {
@@ -91,30 +93,73 @@ StepCostModel Linear(double fixed, double per_token) {
   return m;
 }
 
-TEST(ConfidenceSchedulerTest, VerifiesTheLongestPrefixThatPays) {
+TEST(ConfidenceSchedulerTest, PlansTheLengthThatMaximizesTokensPerCost) {
   ConfidenceScheduler s(VerifyMode::kAuto, 5);
-  // Batch 1, a step costs 10 ms + 1 ms per token, a draft round 2 ms:
-  // threshold = (1 · (1 + 0) + 2) / (10 + 1) = 3/11.
+  // Batch 1, a step costs 10 ms + 1 ms per token, a draft round 2 ms; no drafts seen yet, so
+  // every depth's mean calibrated confidence is the prior 0.7. Per sequence a plain step costs
+  // 11 ms and each draft 3 ms more: E(L) = 1, 1.7, 2.19, 2.533, 2.773, 2.941 tokens for
+  // C(L) = 11, 14, 17, 20, 23, 26 ms, best at L = 2 with 2.19 / 17 ms.
   const StepCostModel target = Linear(0.010, 0.001);
   const StepCostModel draft = Linear(0.002, 0.0);
   bool probe = true;
   EXPECT_EQ(s.BeginStep(1, target, &draft, &probe), 5);
   EXPECT_FALSE(probe);
-  EXPECT_NEAR(s.threshold(), 3.0 / 11.0, 1e-6);
-  // Calibrated = bin centres here: 0.95, 0.95 · 0.85, ... · 0.45 = 0.3453, · 0.25 < 3/11.
+  EXPECT_EQ(s.planned_length(), 2);
+  const double rate = 2.19 / 0.017;
+  EXPECT_NEAR(s.planned_rate(), rate, 1e-6 * rate);
+  EXPECT_NEAR(s.draft_threshold(), rate * 0.003, 1e-6);
+  EXPECT_NEAR(s.verify_threshold(), rate * 0.001, 1e-6);  // 0.1288
+  // Drafting goes on while P_j · 0.7 >= 0.3865: after 0.95 (0.665) yes, after 0.95 · 0.55
+  // (0.366) no.
+  double product = 1.0;
+  EXPECT_TRUE(s.KeepGoing(0, 0.97f, &product));
+  EXPECT_NEAR(product, 0.95, 1e-9);
+  EXPECT_FALSE(s.KeepGoing(1, 0.51f, &product));
+  // Verification prices only the row, the draft rounds being spent: the longest prefix with
+  // P_j >= 0.1288. Calibrated = bin centres: 0.95, 0.8075, 0.4441, 0.1110.
   EXPECT_EQ(s.VerifyLength({0.97f, 0.88f, 0.51f, 0.22f, 0.99f}), 3);
-  // Sequences of one step verify different lengths.
-  EXPECT_EQ(s.VerifyLength({0.15f, 0.99f}), 0);
-  EXPECT_EQ(s.VerifyLength({0.99f, 0.99f, 0.99f, 0.99f, 0.99f}), 5);
+  // A draft the drafting rule would not have asked for is still verified once drafted
+  // (0.15, then 0.1425); the old rule, pricing the spent draft round too, verified none.
+  EXPECT_EQ(s.VerifyLength({0.15f, 0.99f}), 2);
+  EXPECT_EQ(s.VerifyLength({0.05f, 0.99f}), 0);
+  EXPECT_EQ(s.VerifyLength({0.99f, 0.99f, 0.99f, 0.99f, 0.99f, 0.99f}), 5);
+}
+
+TEST(ConfidenceSchedulerTest, PlansFromTheMeasuredConfidencePerDepth) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 5);
+  for (int i = 0; i < 2000; ++i) s.ObserveDrafts({0.95f, 0.45f});
+  // Exponentially weighted (~200 recent drafts) with the prior's 4 pseudo-drafts of 0.7.
+  const double a1 = s.DepthAcceptance(1), a2 = s.DepthAcceptance(2);
+  EXPECT_NEAR(a1, 0.95, 0.01);
+  EXPECT_NEAR(a2, 0.45, 0.01);
+  EXPECT_NEAR(s.DepthAcceptance(3), ConfidenceScheduler::kDepthPriorMean, 1e-12);
+  // Batch 1, the CPU costs of sluice-mini-moe + sluice-mini-draft (ms): target 2.6 + 0.85 per
+  // token, draft round 0.7 + 0.1. Plain 3.45, each draft +1.65: E(1) / C(1) = 1.95 / 5.10
+  // = 0.382 beats E(2) / C(2) = 2.38 / 6.75 = 0.352 and L = 0 (0.290).
+  const StepCostModel target = Linear(0.0026, 0.00085);
+  const StepCostModel draft = Linear(0.0007, 0.0001);
+  bool probe = false;
+  EXPECT_EQ(s.BeginStep(1, target, &draft, &probe), 5);
+  EXPECT_EQ(s.planned_length(), 1);
+  EXPECT_NEAR(s.planned_rate(), (1.0 + a1) / 0.0051, 1e-3);
+  EXPECT_NEAR(s.draft_threshold(), (1.0 + a1) / 0.0051 * 0.00165, 1e-6);  // ~0.63
+  // After an ordinary first draft (0.95) the second is not worth its round (0.95 · 0.45), but
+  // the measured depths are only means: a first draft that leaves P_1 = 0.95 before a depth
+  // whose mean is 0.7 would be (0.665).
+  double product = 1.0;
+  EXPECT_FALSE(s.KeepGoing(0, 0.97f, &product));
+  product = 1.0;
+  EXPECT_TRUE(s.KeepGoing(1, 0.97f, &product));
 }
 
 TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
   ConfidenceScheduler s(VerifyMode::kAuto, 5);
-  // Per-token cost dominates (large batch): threshold = 64 · 0.01 / (0.01 + 0.64) ≈ 0.985.
+  // Per-token cost dominates (large batch): one more row costs as much as a whole plain
+  // token, so no acceptance below 1 pays for a draft.
   const StepCostModel target = Linear(0.010, 0.010);
   for (int i = 0; i < 200; ++i) s.ObserveVerification({0.99f}, 1, i % 2);  // 50% accepted
   // Probes only, spaced twice as far each time drafting still does not pay (16 steps, then
-  // 32, 64, ... up to kMaxProbeInterval = 512).
+  // 32, 64, ... up to kMaxProbeInterval = 512). A probe drafts and verifies in full.
   std::vector<int> probe_steps;
   for (int step = 1; step <= 2048; ++step) {
     bool probe = false;
@@ -123,21 +168,49 @@ TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
       probe_steps.push_back(step);
       EXPECT_TRUE(probe);
       EXPECT_EQ(depth, 5);
+      double product = 1.0;
+      EXPECT_TRUE(s.KeepGoing(0, 0.01f, &product));
+      EXPECT_EQ(s.VerifyLength({0.01f, 0.01f, 0.01f, 0.01f, 0.01f}), 5);
+    } else {
+      EXPECT_EQ(s.planned_length(), 0);
     }
   }
   EXPECT_EQ(probe_steps, (std::vector<int>{16, 32, 64, 128, 256, 512, 1024, 1536, 2048}));
-  // Batch 1 with the same costs: threshold 0.01 / 0.02 = 0.5. The drafting depth is bounded by
-  // the best calibrated bin (bin 0.8-0.9, still its prior 0.85): 0.85^4 >= 0.5 > 0.85^5.
+  // Batch 1 with the same costs: a plain token costs 20 ms, a draft 10 ms more, and a draft of
+  // the prior's 0.7 pays (1.7 / 30 > 1 / 20).
   bool probe = false;
-  EXPECT_EQ(s.BeginStep(1, target, nullptr, &probe), 4);
-  EXPECT_NEAR(s.threshold(), 0.5, 1e-9);
-  EXPECT_EQ(s.VerifyLength({0.99f, 0.99f}), 1);  // 0.5 then 0.25: only the first pays
+  EXPECT_EQ(s.BeginStep(1, target, nullptr, &probe), 5);
+  EXPECT_FALSE(probe);
+  EXPECT_EQ(s.planned_length(), 1);
   // Drafting paid again, so back at batch 64 the next probe is kProbeInterval steps away.
   int first_probe = 0;
   for (int step = 1; step <= 64 && first_probe == 0; ++step) {
     if (s.BeginStep(64, target, nullptr, &probe) > 0) first_probe = step;
   }
   EXPECT_EQ(first_probe, ConfidenceScheduler::kProbeInterval);
+}
+
+// Before the step cost is measured, or while every step had the same size (so its split into
+// fixed and per-token cost is unknown), each step is a probe: a few sequences draft and verify
+// in full, giving the fit steps of another size.
+TEST(ConfidenceSchedulerTest, ProbesUntilTheStepCostIsSplit) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 4);
+  StepCostModel target;
+  bool probe = false;
+  EXPECT_EQ(s.BeginStep(8, target, nullptr, &probe), 4);
+  EXPECT_TRUE(probe);
+  EXPECT_EQ(s.VerifyLength({0.01f, 0.01f, 0.01f, 0.01f}), 4);
+  target.Observe(8, 0.010);
+  target.Observe(8, 0.011);
+  ASSERT_FALSE(target.Identified());
+  probe = false;
+  EXPECT_EQ(s.BeginStep(8, target, nullptr, &probe), 4);
+  EXPECT_TRUE(probe);
+  for (int i = 0; i < 4; ++i) target.Observe(16, 0.020);
+  ASSERT_TRUE(target.Identified());
+  probe = true;
+  s.BeginStep(8, target, nullptr, &probe);
+  EXPECT_FALSE(probe);
 }
 
 TEST(ConfidenceSchedulerTest, FixedVerifiesEverything) {
