@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "engine/grammar/stack_walk.h"
 
 namespace sluice::grammar {
@@ -15,6 +16,15 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   g->pda_ = *std::move(pda);
   g->vocab_ = std::move(vocab);
   g->ebnf_ = grammar.ToString();
+  for (const PdaToken& t : g->pda_.tokens) {
+    const int32_t id = t.id >= 0 ? t.id : g->vocab_->FindToken(t.text);
+    if (id < 0 || id >= g->vocab_->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grammar token ", t.id >= 0 ? absl::StrCat("<[", t.id, "]>") : t.text,
+          " is not in the model's vocabulary"));
+    }
+    g->token_ids_.push_back(id);
+  }
   const int32_t n = static_cast<int32_t>(g->pda_.states.size());
   g->tables_.resize(n);
   g->stats_.num_states = n;

@@ -42,7 +42,8 @@ struct CompileStats {
 
 class CompiledGrammar {
  public:
-  // Create builds the automaton and the per-state tables. Errors: those of BuildPda.
+  // Create builds the automaton and the per-state tables. Errors: those of BuildPda;
+  // InvalidArgument naming a token terminal the vocabulary does not have.
   static absl::StatusOr<std::shared_ptr<const CompiledGrammar>> Create(
       const Grammar& grammar, std::shared_ptr<const TokenVocab> vocab,
       const PdaOptions& options = {});
@@ -52,6 +53,8 @@ class CompiledGrammar {
   // tokens(state) is meaningful for states with byte edges.
   const StateTokens& tokens(int32_t state) const { return tables_[state]; }
   const CompileStats& stats() const { return stats_; }
+  // The vocabulary id of token terminal `pda_token` (TokenEdge::token).
+  int32_t token_id(int32_t pda_token) const { return token_ids_[pda_token]; }
   // The grammar as GBNF text (Grammar::ToString, root rule first): how a grammar travels to
   // another process (the router's workers), which compiles it with ParseEbnf.
   const std::string& ebnf() const { return ebnf_; }
@@ -63,6 +66,7 @@ class CompiledGrammar {
   Pda pda_;
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<StateTokens> tables_;
+  std::vector<int32_t> token_ids_;  // [pda_.tokens.size()]
   CompileStats stats_;
   std::string ebnf_;
 };

@@ -191,6 +191,7 @@ class Parser {
       ++pos_;
       return CharClass({}, /*negated=*/true);
     }
+    if (c == '<') return ParseToken();
     if (c == '(') {
       ++pos_;
       absl::StatusOr<Expr> inner = ParseChoice(depth + 1);
@@ -202,6 +203,30 @@ class Parser {
     }
     if (IsNameChar(c)) return RuleRef(RuleIndex(ReadName()));
     return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
+  }
+
+  // ParseToken reads a token terminal: <[id]> or <content> (the token's text, e.g. <think>).
+  absl::StatusOr<Expr> ParseToken() {
+    const size_t end = text_.find('>', pos_);
+    const size_t newline = text_.find('\n', pos_);
+    if (end == absl::string_view::npos || (newline != absl::string_view::npos && newline < end)) {
+      return Error("unterminated token: expected '>'");
+    }
+    const absl::string_view token = text_.substr(pos_, end + 1 - pos_);
+    if (token.size() > 4 && token[1] == '[' && token[token.size() - 2] == ']') {
+      int64_t id = 0;
+      for (char d : token.substr(2, token.size() - 4)) {
+        if (!std::isdigit(static_cast<unsigned char>(d)) || id > 100000000) {
+          return Error("a token id <[N]> needs a decimal number N");
+        }
+        id = id * 10 + (d - '0');
+      }
+      pos_ = end + 1;
+      return TokenById(static_cast<int32_t>(id));
+    }
+    if (!IsTokenText(token)) return Error("empty token '<>'");
+    pos_ = end + 1;
+    return Token(token);
   }
 
   absl::StatusOr<Expr> ParsePostfix(Expr item) {

@@ -7,6 +7,8 @@
 //
 // Terms: "literal" (escapes \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH), [class] / [^class] with
 // ranges and the same escapes, `.` (any code point), rule names ([A-Za-z0-9_-]+), ( groups ),
+// whole-token terminals as llama.cpp writes them: <content> (the token whose text is content,
+// e.g. <think> or <｜tool▁sep｜>) and <[id]> (token id),
 // postfix * + ? {m} {m,} {m,n}; `|` separates alternatives. A rule ends where the next
 // `name ::=` begins, so bodies may span lines.
 #ifndef SLUICE_ENGINE_GRAMMAR_EBNF_PARSER_H_

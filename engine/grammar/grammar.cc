@@ -23,6 +23,25 @@ Expr CharClass(std::vector<CodepointRange> ranges, bool negated) {
   return e;
 }
 
+Expr Token(absl::string_view content) {
+  Expr e;
+  e.kind = ExprKind::kToken;
+  e.text = std::string(content);
+  return e;
+}
+
+Expr TokenById(int32_t id) {
+  Expr e;
+  e.kind = ExprKind::kToken;
+  e.token_id = id;
+  return e;
+}
+
+bool IsTokenText(absl::string_view content) {
+  return content.size() >= 3 && content.front() == '<' && content.back() == '>' &&
+         content.substr(1, content.size() - 2).find('>') == absl::string_view::npos;
+}
+
 Expr RuleRef(int32_t rule) {
   Expr e;
   e.kind = ExprKind::kRuleRef;
@@ -123,6 +142,13 @@ void Print(const Grammar& g, const Expr& e, std::string* out) {
       return;
     case ExprKind::kRuleRef:
       out->append(g.rule(e.rule).name);
+      return;
+    case ExprKind::kToken:
+      if (e.token_id >= 0) {
+        absl::StrAppend(out, "<[", e.token_id, "]>");
+      } else {
+        out->append(e.text);  // IsTokenText: already <...>
+      }
       return;
     case ExprKind::kSequence:
     case ExprKind::kChoice: {

@@ -1,7 +1,8 @@
 // Grammar: the intermediate form every structured-output source compiles to (GBNF text,
 // regular expressions, JSON Schema, choice lists): named rules whose bodies are expression
 // trees over UTF-8 literals, code-point classes, rule references, sequences, alternations and
-// bounded/unbounded repetitions. Byte-level automata are built from it (pda.h).
+// bounded/unbounded repetitions, and whole-token terminals (special tokens, which no byte
+// string spells). Byte-level automata are built from it (pda.h).
 #ifndef SLUICE_ENGINE_GRAMMAR_GRAMMAR_H_
 #define SLUICE_ENGINE_GRAMMAR_GRAMMAR_H_
 
@@ -28,6 +29,8 @@ enum class ExprKind {
   kSequence,   // children in order
   kChoice,     // one of children
   kRepeat,     // children[0] repeated min_count..max_count times (max_count < 0: unbounded)
+  kToken,      // one vocabulary token as a whole (a special token such as DeepSeek's
+               // <｜tool▁calls▁begin｜>): `text` is its content, or with token_id >= 0 the id
 };
 
 // Expr is a node of a rule body. Build with the helpers below.
@@ -39,6 +42,7 @@ struct Expr {
   int32_t rule = -1;
   int32_t min_count = 0;
   int32_t max_count = -1;
+  int32_t token_id = -1;
   std::vector<Expr> children;
 };
 
@@ -49,6 +53,14 @@ Expr RuleRef(int32_t rule);
 Expr Sequence(std::vector<Expr> children);  // one child: returned as is
 Expr Choice(std::vector<Expr> children);    // one child: returned as is
 Expr Repeat(Expr child, int32_t min_count, int32_t max_count);
+// Token matches the vocabulary token whose content is `content` (written `<...>`: it starts
+// with '<', ends with '>' and has no other '>'), never its bytes spelled by other tokens.
+// TokenById matches token `id` (written `<[id]>`). Both are resolved against the vocabulary
+// when the grammar is compiled (CompiledGrammar::Create).
+Expr Token(absl::string_view content);
+Expr TokenById(int32_t id);
+// IsTokenText: `content` can be written as a token terminal (see Token).
+bool IsTokenText(absl::string_view content);
 inline Expr Star(Expr child) { return Repeat(std::move(child), 0, -1); }
 inline Expr Plus(Expr child) { return Repeat(std::move(child), 1, -1); }
 inline Expr Optional(Expr child) { return Repeat(std::move(child), 0, 1); }

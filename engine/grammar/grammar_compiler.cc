@@ -1,6 +1,11 @@
 #include "engine/grammar/grammar_compiler.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/json_parse.h"
 #include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/json_schema_to_grammar.h"
@@ -22,10 +27,45 @@ const char* GrammarKindName(GrammarKind kind) {
 
 namespace {
 
-absl::StatusOr<nlohmann::json> ParseSchema(const std::string& text) {
-  absl::StatusOr<nlohmann::json> j = ParseJsonLimited(text);
+// Key order is kept: the schema's property order is the output's (and part of the cache key).
+absl::StatusOr<nlohmann::ordered_json> ParseSchema(const std::string& text) {
+  absl::StatusOr<nlohmann::ordered_json> j = ParseJsonLimited<nlohmann::ordered_json>(text);
   if (!j.ok()) return absl::InvalidArgumentError(absl::StrCat("the JSON schema is ", j.status().message()));
   return j;
+}
+
+// CanonicalSchema: `s` with the keywords of every schema object sorted, so formatting and
+// keyword order do not split the cache, while what the output depends on stays as written:
+// the order of `properties` (generated objects follow it) and data (enum, const, ...).
+nlohmann::ordered_json CanonicalSchema(const nlohmann::ordered_json& s) {
+  if (!s.is_object()) return s;
+  static const absl::flat_hash_set<absl::string_view> kSchemaMaps = {
+      "properties", "$defs", "definitions", "patternProperties", "dependentSchemas"};
+  static const absl::flat_hash_set<absl::string_view> kSchemaValues = {
+      "items", "additionalProperties", "not", "contains", "if", "then", "else",
+      "propertyNames", "additionalItems", "unevaluatedItems", "unevaluatedProperties",
+      "allOf", "anyOf", "oneOf", "prefixItems"};
+  std::vector<std::string> keys;
+  for (auto it = s.begin(); it != s.end(); ++it) keys.push_back(it.key());
+  std::sort(keys.begin(), keys.end());
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const std::string& k : keys) {
+    const nlohmann::ordered_json& v = s.at(k);
+    if (kSchemaMaps.contains(k) && v.is_object()) {
+      nlohmann::ordered_json m = nlohmann::ordered_json::object();
+      for (auto it = v.begin(); it != v.end(); ++it) m[it.key()] = CanonicalSchema(it.value());
+      out[k] = std::move(m);
+    } else if (kSchemaValues.contains(k) && v.is_array()) {
+      nlohmann::ordered_json a = nlohmann::ordered_json::array();
+      for (const nlohmann::ordered_json& x : v) a.push_back(CanonicalSchema(x));
+      out[k] = std::move(a);
+    } else if (kSchemaValues.contains(k)) {
+      out[k] = CanonicalSchema(v);
+    } else {
+      out[k] = v;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -34,9 +74,9 @@ absl::StatusOr<std::string> GrammarSpec::CacheKey() const {
   std::string key = absl::StrCat(GrammarKindName(kind), "\n");
   switch (kind) {
     case GrammarKind::kJsonSchema: {
-      absl::StatusOr<nlohmann::json> j = ParseSchema(text);
+      absl::StatusOr<nlohmann::ordered_json> j = ParseSchema(text);
       if (!j.ok()) return j.status();
-      absl::StrAppend(&key, j->dump());
+      absl::StrAppend(&key, CanonicalSchema(*j).dump());
       break;
     }
     case GrammarKind::kJsonObject:
@@ -55,7 +95,7 @@ absl::StatusOr<std::string> GrammarSpec::CacheKey() const {
 absl::StatusOr<Grammar> BuildGrammar(const GrammarSpec& spec) {
   switch (spec.kind) {
     case GrammarKind::kJsonSchema: {
-      absl::StatusOr<nlohmann::json> j = ParseSchema(spec.text);
+      absl::StatusOr<nlohmann::ordered_json> j = ParseSchema(spec.text);
       if (!j.ok()) return j.status();
       return JsonSchemaToGrammar(*j);
     }

@@ -1,7 +1,8 @@
 // GrammarCompiler: turns a structured-output request (JSON Schema, any JSON object, regex,
 // choice list, GBNF grammar) into a CompiledGrammar for one vocabulary, compiling each
 // distinct request once: results are kept in an LRU cache keyed by the kind and the request's
-// canonical text (JSON Schemas re-serialized with sorted keys, so formatting does not matter).
+// canonical text (JSON Schemas re-serialized with their keywords sorted, so formatting does not
+// matter; the order of `properties` is kept, since generated objects follow it).
 // Thread-safe.
 #ifndef SLUICE_ENGINE_GRAMMAR_GRAMMAR_COMPILER_H_
 #define SLUICE_ENGINE_GRAMMAR_GRAMMAR_COMPILER_H_

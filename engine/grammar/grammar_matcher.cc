@@ -48,6 +48,10 @@ void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
     for (int32_t top : tops_) {
       const int32_t state = walk_.nodes()[top].state;
       const StateTokens& t = grammar_->tokens(state);
+      const PdaState& ps = grammar_->pda().states[state];
+      for (uint32_t e = ps.token_begin; e < ps.token_end; ++e) {
+        set(grammar_->token_id(grammar_->pda().token_edges[e].token));
+      }
       const bool first = std::find(seen_states_.begin(), seen_states_.end(), state) ==
                          seen_states_.end();
       if (first) {
@@ -123,9 +127,37 @@ bool GrammarMatcher::AcceptToken(int32_t token_id) {
     return true;
   }
   if (token_id < 0 || token_id >= vocab.vocab_size()) return false;
+  if (AdvanceByTokenEdge(token_id)) return true;
   const std::string_view bytes = vocab.token_bytes(token_id);
   if (bytes.empty()) return false;
   return Advance(bytes);
+}
+
+bool GrammarMatcher::AdvanceByTokenEdge(int32_t token_id) {
+  const Pda& pda = grammar_->pda();
+  const size_t mark = walk_.nodes().size();
+  next_.clear();
+  StackWalk::Flags flags;
+  walk_.ResetVisited();
+  bool matched = false;
+  for (int32_t top : tops_) {
+    const StackNode sn = walk_.nodes()[top];
+    const PdaState& st = pda.states[sn.state];
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
+      const TokenEdge& edge = pda.token_edges[e];
+      if (grammar_->token_id(edge.token) != token_id) continue;
+      matched = true;
+      walk_.Expand(walk_.NewNode(edge.next, sn.parent), &next_, &flags);
+    }
+  }
+  if (!matched) {
+    walk_.nodes().resize(mark);
+    return false;
+  }
+  tops_ = next_;
+  can_end_ = flags.reached_root;
+  Compact();
+  return true;
 }
 
 void GrammarMatcher::Compact() {

@@ -4,7 +4,8 @@
 // Mask per step: for every stack top, the top's state's precomputed accepted tokens are OR-ed
 // in, and only its uncertain tokens are checked against the real stack. EOS ids are allowed
 // exactly when the grammar can end here; when it can end and nothing else fits, EOS is the
-// only allowed token (the request is forced to stop).
+// only allowed token (the request is forced to stop). Token terminals (special tokens) are
+// allowed by id where a top's state has an edge for them; text never spells them.
 // Not thread-safe; one per sequence. Keeps the CompiledGrammar alive.
 #ifndef SLUICE_ENGINE_GRAMMAR_GRAMMAR_MATCHER_H_
 #define SLUICE_ENGINE_GRAMMAR_GRAMMAR_MATCHER_H_
@@ -53,6 +54,9 @@ class GrammarMatcher {
 
  private:
   bool Advance(std::string_view bytes);
+  // AdvanceByTokenEdge takes a token terminal (grammar.h kToken) of some top for `token_id`;
+  // false (state unchanged) when none matches.
+  bool AdvanceByTokenEdge(int32_t token_id);
   bool CheckToken(int32_t top, std::string_view bytes);
   void Compact();
 

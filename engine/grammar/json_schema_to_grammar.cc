@@ -14,7 +14,8 @@
 namespace sluice::grammar {
 namespace {
 
-using nlohmann::json;
+// Schemas keep their key order: generated objects list properties as the schema does.
+using json = nlohmann::ordered_json;
 
 constexpr char kItemSep[] = ", ";
 constexpr char kKeySep[] = ": ";
@@ -683,11 +684,12 @@ class SchemaCompiler {
   absl::StatusOr<Expr> VisitObject(const json& s, const std::string& path, int depth) {
     std::vector<std::pair<std::string, Expr>> props;
     absl::flat_hash_set<std::string> required;
+    std::vector<std::string> required_order;  // the schema's order, for keys not in properties
     if (s.contains("required")) {
       if (!s["required"].is_array()) return SchemaError(path, "'required' must be an array");
       for (const json& r : s["required"]) {
         if (!r.is_string()) return SchemaError(path, "'required' entries must be strings");
-        required.insert(r.get<std::string>());
+        if (required.insert(r.get<std::string>()).second) required_order.push_back(r.get<std::string>());
       }
     }
     if (s.contains("properties")) {
@@ -708,7 +710,7 @@ class SchemaCompiler {
         extra = *std::move(e);
       }
     }
-    for (const std::string& r : required) {
+    for (const std::string& r : required_order) {
       if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; })) {
         if (!extra.has_value()) {
           return SchemaError(path, absl::StrCat("required property '", r,
@@ -829,8 +831,12 @@ class SchemaCompiler {
 
 }  // namespace
 
-absl::StatusOr<Grammar> JsonSchemaToGrammar(const json& schema) {
+absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema) {
   return SchemaCompiler(schema).Run();
+}
+
+absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::json& schema) {
+  return JsonSchemaToGrammar(nlohmann::ordered_json(schema));
 }
 
 Grammar AnyJsonGrammar(bool root_object) {

@@ -1,8 +1,10 @@
 // JSON Schema (and "any JSON") to Grammar.
 //
 // Output style: compact JSON with ", " between items and ": " after keys (as OpenAI's and
-// XGrammar's default), properties in the order the schema object iterates them. An object
-// without `additionalProperties` allows no other keys (OpenAI strict mode's rule).
+// XGrammar's default), properties in the order the schema's `properties` lists them (as
+// XGrammar and Outlines do; an nlohmann::json schema has its keys sorted, so pass an
+// ordered_json parsed from the client's text to keep theirs). An object without
+// `additionalProperties` allows no other keys (OpenAI strict mode's rule).
 //
 // Supported keywords: type (incl. unions), enum, const, properties, required,
 // additionalProperties (false / true / schema), items (schema, false, or an array = tuple),
@@ -30,6 +32,8 @@ namespace sluice::grammar {
 // JsonSchemaToGrammar: Errors: InvalidArgument naming the keyword and its location (a JSON
 // pointer), e.g. "unsupported JSON Schema keyword 'patternProperties' at #/properties/a", an
 // empty enum, a non-local $ref, a $ref that does not resolve, an allOf that cannot be merged.
+absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::ordered_json& schema);
+// The same for a schema whose keys are sorted (properties then come in sorted order).
 absl::StatusOr<Grammar> JsonSchemaToGrammar(const nlohmann::json& schema);
 
 // AnyJsonGrammar: any JSON value (root_object: only an object, as response_format json_object).

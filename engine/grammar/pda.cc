@@ -59,11 +59,12 @@ struct NfaState {
   std::vector<int32_t> eps;
   std::vector<ByteEdge> bytes;
   std::vector<CallEdge> calls;
+  std::vector<TokenEdge> tokens;
 };
 
 class NfaBuilder {
  public:
-  NfaBuilder(int64_t* budget) : budget_(budget) {}
+  NfaBuilder(int64_t* budget, std::vector<PdaToken>* tokens) : budget_(budget), tokens_(tokens) {}
 
   int32_t NewState() {
     states.emplace_back();
@@ -123,6 +124,19 @@ class NfaBuilder {
         states[from].calls.push_back(CallEdge{e.rule, next});
         return next;
       }
+      case ExprKind::kToken: {
+        int32_t index = 0;
+        while (index < static_cast<int32_t>(tokens_->size()) &&
+               ((*tokens_)[index].text != e.text || (*tokens_)[index].id != e.token_id)) {
+          ++index;
+        }
+        if (index == static_cast<int32_t>(tokens_->size())) {
+          tokens_->push_back(PdaToken{e.token_id >= 0 ? std::string() : e.text, e.token_id});
+        }
+        const int32_t next = NewState();
+        states[from].tokens.push_back(TokenEdge{index, next});
+        return next;
+      }
       case ExprKind::kSequence: {
         int32_t cur = from;
         for (const Expr& c : e.children) {
@@ -178,6 +192,7 @@ class NfaBuilder {
 
  private:
   int64_t* budget_;
+  std::vector<PdaToken>* tokens_;
 };
 
 // Determinize: subset construction over byte ranges and call labels.
@@ -207,7 +222,7 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
     auto it = ids.find(set);
     if (it != ids.end()) return it->second;
     const int32_t id = static_cast<int32_t>(pda->states.size());
-    pda->states.push_back(PdaState{rule, false, 0, 0, 0, 0});
+    pda->states.push_back(PdaState{rule, false, 0, 0, 0, 0, 0, 0});
     ids.emplace(set, id);
     sets.push_back(std::move(set));
     return id;
@@ -228,6 +243,8 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
     std::vector<const ByteEdge*> edges;
     absl::flat_hash_map<int32_t, std::vector<int32_t>> calls;
     std::vector<int32_t> call_order;
+    absl::flat_hash_map<int32_t, std::vector<int32_t>> token_targets;
+    std::vector<int32_t> token_order;
     bool accepting = false;
     for (int32_t s : set) {
       if (s == accept) accepting = true;
@@ -240,6 +257,11 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
         auto [it, inserted] = calls.try_emplace(c.rule);
         if (inserted) call_order.push_back(c.rule);
         it->second.push_back(c.next);
+      }
+      for (const TokenEdge& t : nfa.states[s].tokens) {
+        auto [it, inserted] = token_targets.try_emplace(t.token);
+        if (inserted) token_order.push_back(t.token);
+        it->second.push_back(t.next);
       }
     }
     std::sort(cuts.begin(), cuts.end());
@@ -268,6 +290,13 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
       out_calls.push_back(CallEdge{r, intern(closure(std::move(targets)))});
     }
+    std::vector<TokenEdge> out_tokens;
+    for (int32_t t : token_order) {
+      std::vector<int32_t> targets = token_targets[t];
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      out_tokens.push_back(TokenEdge{t, intern(closure(std::move(targets)))});
+    }
     PdaState& st = pda->states[id];
     st.accepting = accepting;
     st.byte_begin = static_cast<uint32_t>(pda->byte_edges.size());
@@ -276,6 +305,9 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
     st.call_begin = static_cast<uint32_t>(pda->call_edges.size());
     pda->call_edges.insert(pda->call_edges.end(), out_calls.begin(), out_calls.end());
     st.call_end = static_cast<uint32_t>(pda->call_edges.size());
+    st.token_begin = static_cast<uint32_t>(pda->token_edges.size());
+    pda->token_edges.insert(pda->token_edges.end(), out_tokens.begin(), out_tokens.end());
+    st.token_end = static_cast<uint32_t>(pda->token_edges.size());
   }
   return absl::OkStatus();
 }
@@ -367,7 +399,7 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
   for (int32_t r = 0; r < n; ++r) pda.rule_names.push_back(grammar.rule(r).name);
   int64_t budget = options.max_states;
   for (int32_t r = 0; r < n; ++r) {
-    NfaBuilder nfa(&budget);
+    NfaBuilder nfa(&budget, &pda.tokens);
     const int32_t start = nfa.NewState();
     absl::StatusOr<int32_t> accept = nfa.Build(grammar.rule(r).body, start);
     if (!accept.ok()) return accept.status();

@@ -2,13 +2,14 @@
 // whose edges consume a byte range or call another rule (a pushdown automaton over bytes).
 //
 // States are numbered globally. A state's byte edges are disjoint (determinized per rule);
-// a state may also have rule-call edges (a call pushes the return state and enters the callee's
+// a state may also have token edges (a whole vocabulary token, grammar.h kToken), rule-call edges (a call pushes the return state and enters the callee's
 // start state) and be accepting (the rule may return there). Left recursion is refused at
 // build time: it would push forever without consuming a byte.
 #ifndef SLUICE_ENGINE_GRAMMAR_PDA_H_
 #define SLUICE_ENGINE_GRAMMAR_PDA_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,6 +23,18 @@ struct ByteEdge {
   int32_t next = -1;
 };
 
+// TokenEdge consumes one whole token: Pda::tokens[token], resolved to a vocabulary id when the
+// grammar is compiled.
+struct TokenEdge {
+  int32_t token = -1;
+  int32_t next = -1;
+};
+
+struct PdaToken {
+  std::string text;  // the token's content, or empty with id >= 0
+  int32_t id = -1;
+};
+
 struct CallEdge {
   int32_t rule = -1;
   int32_t next = -1;  // the state to return to after the rule matched
@@ -32,6 +45,7 @@ struct PdaState {
   bool accepting = false;
   uint32_t byte_begin = 0, byte_end = 0;  // into Pda::byte_edges, sorted by lo
   uint32_t call_begin = 0, call_end = 0;  // into Pda::call_edges
+  uint32_t token_begin = 0, token_end = 0;  // into Pda::token_edges
 };
 
 struct PdaOptions {
@@ -43,6 +57,8 @@ struct Pda {
   std::vector<PdaState> states;
   std::vector<ByteEdge> byte_edges;
   std::vector<CallEdge> call_edges;
+  std::vector<TokenEdge> token_edges;
+  std::vector<PdaToken> tokens;  // distinct token terminals
   std::vector<int32_t> rule_start;  // [num_rules] start state of each rule
   std::vector<std::string> rule_names;
   int32_t root_rule = 0;
@@ -60,6 +76,11 @@ struct Pda {
   bool HasByteEdges(int32_t state) const {
     return states[state].byte_end > states[state].byte_begin;
   }
+  bool HasTokenEdges(int32_t state) const {
+    return states[state].token_end > states[state].token_begin;
+  }
+  // CanConsume: the state has byte or token edges (a stack top).
+  bool CanConsume(int32_t state) const { return HasByteEdges(state) || HasTokenEdges(state); }
 };
 
 // BuildPda compiles `grammar`. Errors: InvalidArgument for a left-recursive rule (named),

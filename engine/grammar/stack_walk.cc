@@ -20,7 +20,7 @@ void StackWalk::Expand(int32_t node, std::vector<int32_t>* tops, Flags* flags) {
     const StackNode sn = nodes_[n];
     if (!Visit(sn.state, sn.parent)) continue;
     const PdaState& st = pda_->states[sn.state];
-    if (st.byte_end > st.byte_begin) tops->push_back(n);
+    if (pda_->CanConsume(sn.state)) tops->push_back(n);
     for (uint32_t c = st.call_begin; c < st.call_end; ++c) {
       const CallEdge& e = pda_->call_edges[c];
       const int32_t ret = NewNode(e.next, sn.parent);

@@ -2,7 +2,7 @@
 // shared by the mask precomputation (compiled_grammar.cc) and the matcher.
 //
 // Stacks are persistent: a node is (state, parent), nodes are shared, and a pop is a move to
-// the parent. "Tops" are nodes whose state can consume a byte. A pop past the bottom reaches
+// the parent. "Tops" are nodes whose state can consume a byte or a whole token. A pop past the bottom reaches
 // kRootParent (the grammar may end here) or kSentinelParent (precomputation: the rule the walk
 // began in has returned, so what follows depends on the real stack).
 #ifndef SLUICE_ENGINE_GRAMMAR_STACK_WALK_H_

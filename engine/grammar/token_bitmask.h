@@ -2,8 +2,9 @@
 #ifndef SLUICE_ENGINE_GRAMMAR_TOKEN_BITMASK_H_
 #define SLUICE_ENGINE_GRAMMAR_TOKEN_BITMASK_H_
 
-#include <cstdint>
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <limits>
 
 #include "absl/types/span.h"
@@ -23,6 +24,19 @@ inline void ApplyTokenBitmask(absl::Span<const uint32_t> bitmask, absl::Span<flo
       if (!((bits >> (i - w * 32)) & 1u)) logits[i] = kNegInf;
     }
   }
+}
+
+// SingleAllowedToken: the token whose bit is set when exactly one bit is; -1 otherwise (none,
+// or several). A grammar that allows one token forces it whatever the logits (jump-forward).
+inline int32_t SingleAllowedToken(absl::Span<const uint32_t> bitmask) {
+  int32_t found = -1;
+  for (size_t w = 0; w < bitmask.size(); ++w) {
+    const uint32_t bits = bitmask[w];
+    if (bits == 0) continue;
+    if (found >= 0 || (bits & (bits - 1)) != 0) return -1;
+    found = static_cast<int32_t>(w * 32 + static_cast<size_t>(std::countr_zero(bits)));
+  }
+  return found;
 }
 
 }  // namespace sluice::grammar

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/grammar/grammar.h"
+
 namespace sluice::grammar {
 
 std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer,
@@ -10,7 +12,10 @@ std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tok
                                                             int32_t vocab_size) {
   const int32_t n = std::max(vocab_size, tokenizer.vocab_size());
   std::vector<std::string> tokens(n);
+  std::vector<std::pair<std::string, int32_t>> named;
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    std::string text = tokenizer.IdToToken(id);
+    if (IsTokenText(text)) named.emplace_back(std::move(text), id);
     if (tokenizer.IsSpecial(id)) continue;
     const int32_t ids[1] = {id};
     tokens[id] = tokenizer.DecodeBytes(ids, /*skip_special_tokens=*/false);
@@ -18,11 +23,12 @@ std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tok
   for (int32_t id : eos_token_ids) {
     if (id >= 0 && id < n) tokens[id].clear();
   }
-  return FromTokens(std::move(tokens), std::move(eos_token_ids));
+  return FromTokens(std::move(tokens), std::move(eos_token_ids), std::move(named));
 }
 
-std::shared_ptr<const TokenVocab> TokenVocab::FromTokens(std::vector<std::string> tokens,
-                                                         std::vector<int32_t> eos_token_ids) {
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokens(
+    std::vector<std::string> tokens, std::vector<int32_t> eos_token_ids,
+    std::vector<std::pair<std::string, int32_t>> named_tokens) {
   auto v = std::shared_ptr<TokenVocab>(new TokenVocab());
   v->vocab_size_ = static_cast<int32_t>(tokens.size());
   v->offsets_.reserve(tokens.size() + 1);
@@ -33,6 +39,10 @@ std::shared_ptr<const TokenVocab> TokenVocab::FromTokens(std::vector<std::string
   }
   std::erase_if(eos_token_ids, [&](int32_t id) { return id < 0 || id >= v->vocab_size_; });
   v->eos_token_ids_ = std::move(eos_token_ids);
+  for (auto& [text, id] : named_tokens) {
+    // The first id wins: a vocabulary lists a text once.
+    if (id >= 0 && id < v->vocab_size_) v->named_tokens_.try_emplace(std::move(text), id);
+  }
   v->Build();
   return v;
 }

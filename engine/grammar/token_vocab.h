@@ -7,9 +7,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace sluice::grammar {
@@ -31,18 +34,27 @@ class TokenVocab {
   // tokens never match grammar text; `eos_token_ids` are allowed exactly where the grammar may
   // end. `vocab_size` is the logits width (>= tokenizer.vocab_size(); ids past the tokenizer's
   // are never allowed; 0: the tokenizer's).
+  // Tokens whose text has the form <...> (special tokens and the like) are also found by that
+  // text (FindToken), for the grammar's token terminals.
   static std::shared_ptr<const TokenVocab> FromTokenizer(const Tokenizer& tokenizer,
                                                          std::vector<int32_t> eos_token_ids,
                                                          int32_t vocab_size = 0);
-  // FromTokens: token i has bytes tokens[i]; an empty string is a token that never matches.
-  static std::shared_ptr<const TokenVocab> FromTokens(std::vector<std::string> tokens,
-                                                      std::vector<int32_t> eos_token_ids);
+  // FromTokens: token i has bytes tokens[i]; an empty string is a token that never matches
+  // text. `named_tokens`: (text, id) pairs FindToken finds (e.g. special tokens).
+  static std::shared_ptr<const TokenVocab> FromTokens(
+      std::vector<std::string> tokens, std::vector<int32_t> eos_token_ids,
+      std::vector<std::pair<std::string, int32_t>> named_tokens = {});
 
   int32_t vocab_size() const { return vocab_size_; }
   std::string_view token_bytes(int32_t id) const {
     return std::string_view(bytes_).substr(offsets_[id], offsets_[id + 1] - offsets_[id]);
   }
   const std::vector<int32_t>& eos_token_ids() const { return eos_token_ids_; }
+  // FindToken: the id of the token written `text` (a special token's content); -1 if none.
+  int32_t FindToken(std::string_view text) const {
+    auto it = named_tokens_.find(absl::string_view(text.data(), text.size()));
+    return it == named_tokens_.end() ? -1 : it->second;
+  }
   const std::vector<TrieNode>& trie() const { return trie_; }
   const std::vector<int32_t>& sorted_token_ids() const { return sorted_token_ids_; }
   // num_bitmask_words: uint32 words of a token bitmask (bit i of word i/32 is token i).
@@ -55,6 +67,7 @@ class TokenVocab {
   std::string bytes_;
   std::vector<uint32_t> offsets_;  // [vocab_size + 1]
   std::vector<int32_t> eos_token_ids_;
+  absl::flat_hash_map<std::string, int32_t> named_tokens_;
   std::vector<TrieNode> trie_;
   std::vector<int32_t> sorted_token_ids_;
 };

@@ -510,10 +510,45 @@ class LLMEngineImpl final : public LLMEngine {
         token = Sample(seq, absl::Span<float>(logits_.data() + logits_row * vocab, vocab));
       }
       seq.AppendToken(token.token_id);
-      EmitToken(seq, std::move(token), outputs, finished);
+      std::vector<SampledToken> tokens;
+      tokens.push_back(std::move(token));
+      JumpForward(seq, tokens);
+      EmitTokens(seq, std::move(tokens), outputs, finished);
     }
     FlushWriteThrough();  // before finished sequences free their blocks
     RemoveFinished(finished, outputs);
+  }
+
+  // JumpForward appends to seq (and `tokens`) the tokens its grammar forces after its newest
+  // token (EngineOptions::grammar_jump_forward): while the mask allows exactly one token,
+  // sampling would return it whatever the logits, so it needs no model step. A forced stop id
+  // before min_tokens is left to the sampler (which suppresses it).
+  void JumpForward(Sequence& seq, std::vector<SampledToken>& tokens) {
+    if (!options_.grammar_jump_forward || seq.matcher == nullptr) return;
+    const SamplingParams& p = seq.request.sampling;
+    if (p.logprobs.has_value() || !p.allowed_token_ids.empty() ||
+        !p.bad_words_token_ids.empty() || seq.request.hold_kv_blocks) {
+      return;
+    }
+    while (CheckFinished(seq) == FinishReason::kNone) {
+      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+      seq.grammar_bitmask_current = true;
+      const int32_t forced = grammar::SingleAllowedToken(seq.grammar_bitmask);
+      if (forced < 0) return;
+      if (seq.num_output_tokens() < p.min_tokens) {
+        auto contains = [&](const auto& ids) {
+          return std::find(ids.begin(), ids.end(), forced) != ids.end();
+        };
+        if (contains(p.stop_token_ids) || (!p.ignore_eos && contains(eos_token_ids_))) return;
+      }
+      seq.AppendToken(forced);
+      AdvanceGrammar(seq, forced);
+      SampledToken token;
+      token.token_id = forced;
+      tokens.push_back(std::move(token));
+      ++counters_.num_jump_forward_tokens;
+    }
   }
 
   // ArmLayerObservers: the sequences of `plan` that compute their last prompt tokens and carry
@@ -869,8 +904,11 @@ class LLMEngineImpl final : public LLMEngine {
   // model's vocab (tokens past the tokenizer's are cleared, as ApplyTokenBitmask treats them),
   // and points the newest processing row at it.
   void AppendGrammarMask(Sequence& seq, int64_t mask_words) {
-    seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-    seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+    if (!seq.grammar_bitmask_current) {
+      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+      seq.grammar_bitmask_current = true;
+    }
     processing_.rows.back().mask_begin = static_cast<int32_t>(processing_.masks.size());
     const int64_t copied = std::min<int64_t>(mask_words, seq.grammar_bitmask.size());
     processing_.masks.insert(processing_.masks.end(), seq.grammar_bitmask.begin(),
@@ -1212,8 +1250,10 @@ class LLMEngineImpl final : public LLMEngine {
       return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
     }
     // Structured output: only the tokens the grammar allows (EOS alone once it is complete).
-    seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-    seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+    if (!seq.grammar_bitmask_current) {
+      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+    }
     grammar::ApplyTokenBitmask(seq.grammar_bitmask, logits);
     SampledToken token = SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
     AdvanceGrammar(seq, token.token_id);
@@ -1224,6 +1264,7 @@ class LLMEngineImpl final : public LLMEngine {
   // every allowed logit was -inf or min_tokens suppressed the forced EOS) leaves the matcher
   // as it was; the request then ends by length or EOS as usual.
   static void AdvanceGrammar(Sequence& seq, int32_t token) {
+    seq.grammar_bitmask_current = false;
     if (seq.matcher != nullptr) seq.matcher->AcceptToken(token);
   }
 

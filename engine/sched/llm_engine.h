@@ -100,6 +100,14 @@ struct EngineOptions {
   SchedulingPolicy scheduling_policy = SchedulingPolicy::kFcfs;
   double prefill_aging = 0.1;
   double step_time_budget_seconds = 0.0;
+  // Jump-forward decoding for structured output: after a grammar row samples a token, the
+  // tokens its grammar then forces (exactly one allowed, so sampling would pick it whatever the
+  // logits) are appended without a model step and computed with the row's next token, while
+  // the request ends neither by length nor on a stop id. The output is the one the steps would
+  // give. Not for rows with logprobs (forced tokens have none computed), allowed_token_ids or
+  // bad words, nor for prefill-only requests (hold_kv_blocks). Saved steps:
+  // EngineCounters::num_jump_forward_tokens.
+  bool grammar_jump_forward = true;
   // Called on the engine thread after every synchronously timed step (RunPlan) with what it
   // ran (the worker's --log-steps); must not block. Null: nothing is recorded.
   std::function<void(const StepTrace&)> on_step;
@@ -126,6 +134,8 @@ struct EngineCounters {
   int64_t num_prefix_cache_hit_blocks = 0;      // of those, reused from the cache
   int64_t num_prefix_cache_evicted_blocks = 0;  // cached blocks evicted for new allocations
   int64_t num_generation_tokens = 0;
+  // Of those, tokens a grammar forced and jump-forward appended without a model step.
+  int64_t num_jump_forward_tokens = 0;
   int64_t num_preemptions = 0;
   int64_t num_held_released = 0;   // prefill-held block sets freed by ReleaseHeldBlocks/abort
   int64_t num_held_expired = 0;    // prefill-held block sets freed by kv_hold_timeout_ms

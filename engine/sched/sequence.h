@@ -55,6 +55,9 @@ struct Sequence {
   // scratch bitmask of allowed next tokens.
   std::unique_ptr<grammar::GrammarMatcher> matcher;
   std::vector<uint32_t> grammar_bitmask;
+  // grammar_bitmask already holds the mask of the matcher's current state (jump-forward
+  // computed it and found more than one token allowed): the next sample reuses it.
+  bool grammar_bitmask_current = false;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   double arrival_seconds = 0;        // the scheduler's clock when it was added (aging)
   // Arrival at the engine, and seconds from it to the first step that scheduled the sequence

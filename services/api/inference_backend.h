@@ -22,6 +22,8 @@ struct BackendStats {
   int64_t num_preemptions_total = 0;
   int64_t num_prompt_tokens_total = 0;
   int64_t num_generation_tokens_total = 0;
+  // Of those, tokens a grammar forced, appended without a model step (jump-forward).
+  int64_t num_jump_forward_tokens_total = 0;
   // Prefix cache (0 where the backend has none): tokens looked up / found at admissions,
   // prompt tokens served from the cache, blocks registered now.
   int64_t num_prefix_cache_query_tokens_total = 0;

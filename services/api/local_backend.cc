@@ -23,6 +23,7 @@ BackendStats LocalBackend::Stats() const {
   out.num_preemptions_total = s.counters.num_preemptions;
   out.num_prompt_tokens_total = s.counters.num_prompt_tokens_computed;
   out.num_generation_tokens_total = s.counters.num_generation_tokens;
+  out.num_jump_forward_tokens_total = s.counters.num_jump_forward_tokens;
   out.num_prefix_cache_query_tokens_total =
       s.counters.num_prefix_cache_queried_blocks * s.block_size;
   out.num_prefix_cache_hit_tokens_total = s.counters.num_prefix_cache_hit_blocks * s.block_size;

@@ -194,6 +194,10 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
         static_cast<double>(stats.block_size));
   Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
           static_cast<double>(stats.num_preemptions_total));
+  Counter(out, "sluice_grammar_jump_forward_tokens_total",
+          "Structured-output tokens the grammar forced, appended without a model step "
+          "(jump-forward): decode steps saved.",
+          static_cast<double>(stats.num_jump_forward_tokens_total));
   // Prefix cache; hit rate = hits / queries (vLLM's prefix_cache_queries/hits, in tokens).
   Counter(out, "sluice_prefix_cache_queries_total",
           "Tokens of full prompt blocks looked up in the prefix cache.",

@@ -465,7 +465,7 @@ absl::Status ParseCommon(const json& body, const ParseContext& context, Generati
   // Structured output, compiled last (the costly check, once the rest is valid).
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
       StructuredOutputGrammar(body, context.grammar_compiler, context.allow_unknown_fields,
-                              &req.unknown_fields);
+                              &req.unknown_fields, context.ordered_body.get());
   if (!grammar.ok()) return grammar.status();
   req.grammar = *std::move(grammar);
   return absl::OkStatus();
@@ -752,6 +752,17 @@ std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_
   auto tools = body->find("tools");
   if (tools == body->end() || !tools->is_array()) return nullptr;
   return std::make_shared<const nlohmann::ordered_json>(std::move(*tools));
+}
+
+bool NeedsKeyOrder(const json& body) {
+  return body.contains("response_format") || body.contains("structured_outputs") ||
+         body.contains("guided_json");
+}
+
+std::shared_ptr<const nlohmann::ordered_json> OrderedBody(std::string_view raw_body) {
+  absl::StatusOr<nlohmann::ordered_json> body = ParseJsonLimited<nlohmann::ordered_json>(raw_body);
+  if (!body.ok() || !body->is_object()) return nullptr;
+  return std::make_shared<const nlohmann::ordered_json>(*std::move(body));
 }
 
 absl::StatusOr<json> ParseJsonBody(std::string_view body) {

@@ -107,6 +107,10 @@ struct ParseContext {
   // The body's `tools` in the client's key order (OrderedTools), for the chat template; null:
   // the template sees their keys sorted.
   std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
+  // The whole body parsed keeping key order (OrderedBody): JSON Schemas given as objects
+  // (response_format, structured_outputs.json, guided_json) take their property order from it,
+  // which generated objects follow; null: their properties come sorted.
+  std::shared_ptr<const nlohmann::ordered_json> ordered_body;
 };
 
 // ParseJsonBody parses a request body. Errors: InvalidArgument for malformed JSON or a body
@@ -117,6 +121,13 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
 // (null when there is none, or the body does not parse): nlohmann::json sorts keys, while chat
 // templates print tools as the client wrote them (Hugging Face's `tojson`).
 std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_body);
+
+// NeedsKeyOrder: the body carries a JSON Schema whose property order counts
+// (response_format, structured_outputs, guided_json).
+bool NeedsKeyOrder(const nlohmann::json& body);
+// OrderedBody parses a raw body again keeping object key order (null when it does not parse
+// as an object).
+std::shared_ptr<const nlohmann::ordered_json> OrderedBody(std::string_view raw_body);
 
 // Every field of a body is checked against the endpoint's table first (openai_fields.h): refused
 // and unknown fields give 400 naming them.

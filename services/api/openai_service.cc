@@ -182,12 +182,14 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     const Endpoint endpoint = path == kChatPath        ? Endpoint::kChatCompletions
                               : path == kResponsesPath ? Endpoint::kResponses
                                                        : Endpoint::kCompletions;
-    std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
+    std::shared_ptr<const nlohmann::ordered_json> ordered_tools, ordered_body;
+    if (NeedsKeyOrder(*body)) ordered_body = OrderedBody(request.body);
     if (auto tools = body->find("tools"); tools != body->end() && tools->is_array()) {
       ordered_tools = OrderedTools(request.body);
     }
     return HandleGeneration(endpoint, *std::move(body), std::move(sink), std::move(poster),
-                            std::move(api_key), std::move(ordered_tools));
+                            std::move(api_key), std::move(ordered_tools),
+                            std::move(ordered_body));
   }
   if (path == "/health") {
     if (!is_get) {
@@ -265,11 +267,13 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
                                                                std::shared_ptr<ResponseSink> sink,
                                                                Poster poster,
                                                                std::shared_ptr<const ApiKey> api_key,
-                                                               std::shared_ptr<const nlohmann::ordered_json> ordered_tools) {
+                                                               std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
+                                                               std::shared_ptr<const nlohmann::ordered_json> ordered_body) {
   std::string user = RequestUser(body);
   if (render_pools_ == nullptr) {
     ParseContext context = MakeParseContext();
     context.ordered_tools = std::move(ordered_tools);
+    context.ordered_body = std::move(ordered_body);
     absl::StatusOr<GenerationRequest> request = Parse(endpoint, body, context);
     return StartSession(endpoint, std::move(request), std::move(sink), std::move(poster),
                         std::move(api_key), user);
@@ -284,11 +288,13 @@ std::shared_ptr<RequestHandle> OpenAiService::HandleGeneration(Endpoint endpoint
       custom_template, pending->cancelled, absl::InfiniteFuture(),
       [this, endpoint, pending, body = std::move(body), sink = std::move(job_sink),
        poster = std::move(poster), api_key = std::move(api_key),
-       ordered_tools = std::move(ordered_tools), user](const jinja::RenderLimits& limits) mutable {
+       ordered_tools = std::move(ordered_tools), ordered_body = std::move(ordered_body),
+       user](const jinja::RenderLimits& limits) mutable {
         // Built here: the first one builds the grammar compiler (a vocabulary walk).
         ParseContext context = MakeParseContext();
         context.render_limits = limits;
         context.ordered_tools = ordered_tools;
+        context.ordered_body = ordered_body;
         absl::StatusOr<GenerationRequest> request =
             pending->cancelled->load() ? absl::CancelledError("the client went away")
                                        : Parse(endpoint, body, context);

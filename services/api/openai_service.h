@@ -87,13 +87,15 @@ class OpenAiService {
   // `sluice generate`). Errors are answered through `sink`; returns null in that case.
   // `api_key` (authenticated by Authorize) sets the cache_salt and is charged the quotas.
   // `ordered_tools`: the body's tools in the client's key order (OrderedTools), for the chat
-  // template; null: sorted.
+  // template; null: sorted. `ordered_body`: the whole body in the client's key order
+  // (OrderedBody), for the property order of JSON Schemas; null: sorted.
   // With a render pool the parse runs there and the answer comes later through `poster`; the
   // returned handle then cancels the parse as well as the generation.
   std::shared_ptr<RequestHandle> HandleGeneration(
       Endpoint endpoint, nlohmann::json body, std::shared_ptr<ResponseSink> sink,
       Poster poster, std::shared_ptr<const ApiKey> api_key = nullptr,
-      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr);
+      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr,
+      std::shared_ptr<const nlohmann::ordered_json> ordered_body = nullptr);
 
   // StopRendering cancels the running and queued parses (their requests get no answer; a
   // render stops at its next budget poll) and joins the render pools. Call after the transport

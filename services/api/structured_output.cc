@@ -24,11 +24,26 @@ const json* Present(const json& body, const char* name) {
   return &*it;
 }
 
-// SchemaText accepts a schema given as an object/boolean or as JSON text.
-absl::StatusOr<std::string> SchemaText(const json& v, const std::string& param) {
-  if (v.is_object() || v.is_boolean()) return v.dump();
+using ordered_json = nlohmann::ordered_json;
+
+// At: the member `key` of `obj` (null when obj is null or has no such member).
+const ordered_json* At(const ordered_json* obj, const char* key) {
+  if (obj == nullptr || !obj->is_object()) return nullptr;
+  auto it = obj->find(key);
+  return it == obj->end() ? nullptr : &*it;
+}
+
+// SchemaText accepts a schema given as an object/boolean or as JSON text. Its keys keep the
+// client's order (the generated objects list properties as the schema does): a string is
+// parsed keeping it, an object is dumped from `ordered` (the same value in the body parsed
+// keeping key order) when given.
+absl::StatusOr<std::string> SchemaText(const json& v, const std::string& param,
+                                       const ordered_json* ordered) {
+  if (v.is_object() || v.is_boolean()) {
+    return ordered != nullptr && ordered->type() == v.type() ? ordered->dump() : v.dump();
+  }
   if (v.is_string()) {
-    absl::StatusOr<json> parsed = ParseJsonLimited(v.get<std::string>());
+    absl::StatusOr<ordered_json> parsed = ParseJsonLimited<ordered_json>(v.get<std::string>());
     if (!parsed.ok() || !(parsed->is_object() || parsed->is_boolean())) {
       return InvalidParam(param, absl::StrCat("'", param, "' is not a valid JSON schema",
                                               parsed.ok() ? "" : ": ",
@@ -60,12 +75,12 @@ absl::StatusOr<std::string> String(const json& v, const std::string& param) {
 
 // FromVllmFields reads {json, regex, choice, grammar, json_object} style fields: `names` maps
 // each kind to its field name in `obj`; `prefix` names them in errors.
-absl::Status AddVllm(const json& obj, const std::string& prefix, const char* json_name,
-                     const char* regex_name, const char* choice_name, const char* grammar_name,
-                     std::vector<StructuredOutputRequest>* found) {
+absl::Status AddVllm(const json& obj, const ordered_json* ordered_obj, const std::string& prefix,
+                     const char* json_name, const char* regex_name, const char* choice_name,
+                     const char* grammar_name, std::vector<StructuredOutputRequest>* found) {
   auto param = [&](const char* name) { return absl::StrCat(prefix, name); };
   if (const json* v = Present(obj, json_name)) {
-    absl::StatusOr<std::string> text = SchemaText(*v, param(json_name));
+    absl::StatusOr<std::string> text = SchemaText(*v, param(json_name), At(ordered_obj, json_name));
     if (!text.ok()) return text.status();
     found->push_back({GrammarSpec{GrammarKind::kJsonSchema, *text, {}}, param(json_name)});
   }
@@ -90,7 +105,8 @@ absl::Status AddVllm(const json& obj, const std::string& prefix, const char* jso
 }  // namespace
 
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
-    const json& body, bool allow_unknown, std::vector<std::string>* unknown) {
+    const json& body, bool allow_unknown, std::vector<std::string>* unknown,
+    const ordered_json* ordered_body) {
   std::vector<StructuredOutputRequest> found;
   if (const json* rf = Present(body, "response_format")) {
     if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string()) {
@@ -121,7 +137,9 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
       if (schema == nullptr) {
         return InvalidParam("response_format", "'response_format.json_schema.schema' is required");
       }
-      absl::StatusOr<std::string> text = SchemaText(*schema, "response_format");
+      absl::StatusOr<std::string> text = SchemaText(
+          *schema, "response_format",
+          At(At(At(ordered_body, "response_format"), "json_schema"), "schema"));
       if (!text.ok()) return text.status();
       found.push_back({GrammarSpec{GrammarKind::kJsonSchema, *text, {}}, "response_format"});
     } else if (type != "text") {
@@ -149,14 +167,15 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
       return InvalidParam("structured_outputs",
                           "'structured_outputs.whitespace_pattern' is not supported");
     }
-    absl::Status st = AddVllm(*so, "structured_outputs.", "json", "regex", "choice", "grammar", &found);
+    absl::Status st = AddVllm(*so, At(ordered_body, "structured_outputs"), "structured_outputs.",
+                              "json", "regex", "choice", "grammar", &found);
     if (!st.ok()) return st;
     if (const json* v = Present(*so, "json_object"); v != nullptr && v->is_boolean() && v->get<bool>()) {
       found.push_back({GrammarSpec{GrammarKind::kJsonObject, "", {}}, "structured_outputs.json_object"});
     }
   }
-  absl::Status st = AddVllm(body, "", "guided_json", "guided_regex", "guided_choice",
-                            "guided_grammar", &found);
+  absl::Status st = AddVllm(body, ordered_body, "", "guided_json", "guided_regex",
+                            "guided_choice", "guided_grammar", &found);
   if (!st.ok()) return st;
   if (found.empty()) return std::optional<StructuredOutputRequest>();
   if (found.size() > 1) {
@@ -179,9 +198,9 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileStructure
 
 absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> StructuredOutputGrammar(
     const json& body, grammar::GrammarCompiler* compiler, bool allow_unknown,
-    std::vector<std::string>* unknown) {
+    std::vector<std::string>* unknown, const ordered_json* ordered_body) {
   absl::StatusOr<std::optional<StructuredOutputRequest>> request =
-      ParseStructuredOutput(body, allow_unknown, unknown);
+      ParseStructuredOutput(body, allow_unknown, unknown, ordered_body);
   if (!request.ok()) return request.status();
   if (!request->has_value()) return std::shared_ptr<const grammar::CompiledGrammar>();
   if (compiler == nullptr) {

@@ -27,9 +27,14 @@ struct StructuredOutputRequest {
 // response_format type "text"). Errors: InvalidArgument with the field as param (wrong shapes,
 // two constraints at once, an unknown response_format type, unknown keys inside
 // response_format unless `allow_unknown`, which lists them in `unknown` instead).
+// `ordered_body` (may be null): the same body parsed keeping key order (OrderedBody); JSON
+// Schemas given as objects take their property order from it (nlohmann::json sorts keys), so
+// generated objects list properties as the client's schema does. Schemas given as JSON text
+// keep their order anyway.
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
     const nlohmann::json& body, bool allow_unknown = false,
-    std::vector<std::string>* unknown = nullptr);
+    std::vector<std::string>* unknown = nullptr,
+    const nlohmann::ordered_json* ordered_body = nullptr);
 
 // CompileStructuredOutput compiles a parsed constraint; compile errors become InvalidArgument
 // naming the field and the problem (unsupported keyword, bad regex, grammar syntax error).
@@ -41,7 +46,8 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> CompileStructure
 // (a deployment without structured outputs) a constraint is refused, naming its field.
 absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> StructuredOutputGrammar(
     const nlohmann::json& body, grammar::GrammarCompiler* compiler, bool allow_unknown = false,
-    std::vector<std::string>* unknown = nullptr);
+    std::vector<std::string>* unknown = nullptr,
+    const nlohmann::ordered_json* ordered_body = nullptr);
 
 }  // namespace sluice
 

@@ -188,7 +188,13 @@ absl::Status ResponseFormatToJson(const v1::ResponseFormat& format, json& body) 
       absl::StatusOr<json> schema =
           JsonField(format.schema_json(), "response_format", "response_format.schema_json");
       if (!schema.ok()) return schema.status();
-      js["schema"] = *std::move(schema);
+      // A schema object travels as its text, which the parser reads keeping key order (the
+      // generated objects follow the schema's property order).
+      if (schema->is_object()) {
+        js["schema"] = format.schema_json();
+      } else {
+        js["schema"] = *std::move(schema);
+      }
     }
     if (format.has_strict()) js["strict"] = format.strict();
     rf["json_schema"] = std::move(js);

@@ -177,10 +177,12 @@ void KvRouter::PollWorker(const WorkerSnapshot& worker) {
 
 std::optional<WorkerSnapshot> KvRouter::Assign(WorkerRole role, const std::string& id,
                                                int64_t tokens_needed,
-                                               const std::vector<WorkerSnapshot>& others) {
-  // The registry counts assignments only through Pick: excluding every other candidate makes it
-  // pick `id` (a worker registered since List() may still win; it is as valid a choice).
-  std::set<std::string> exclude;
+                                               const std::vector<WorkerSnapshot>& others,
+                                               const std::set<std::string>& excluded) {
+  // The registry counts assignments only through Pick: excluding every other candidate, and the
+  // workers the caller excluded (never candidates), makes it pick `id` (a worker registered
+  // since List() may still win; it is as valid a choice).
+  std::set<std::string> exclude = excluded;
   for (const WorkerSnapshot& w : others) {
     if (w.worker_id != id) exclude.insert(w.worker_id);
   }
@@ -216,7 +218,7 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
       // One cycle per role: a shared counter would alternate roles and skip workers.
       next = static_cast<size_t>(round_robin_next_[static_cast<int>(role)]++ % candidates.size());
     }
-    return Assign(role, candidates[next].worker_id, tokens_needed, candidates);
+    return Assign(role, candidates[next].worker_id, tokens_needed, candidates, exclude);
   }
 
   // Hash the prompt once per block-hash identity among the candidates (normally one), under the
@@ -265,7 +267,8 @@ std::optional<WorkerSnapshot> KvRouter::Pick(WorkerRole role, const std::string&
   const std::optional<KvChoice> choice =
       ChooseKvWorker(options_.weights, scored, std::max<int64_t>(prompt_len, 1));
   if (!choice) return std::nullopt;
-  std::optional<WorkerSnapshot> picked = Assign(role, choice->worker_id, tokens_needed, candidates);
+  std::optional<WorkerSnapshot> picked =
+      Assign(role, choice->worker_id, tokens_needed, candidates, exclude);
   if (!picked) return std::nullopt;
   int64_t new_tokens = prompt_len;
   int64_t cached_tokens = 0;

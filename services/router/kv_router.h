@@ -111,10 +111,12 @@ class KvRouter {
 
   void PollWorker(const WorkerSnapshot& worker);
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
-  // Pick the one worker `id` in the registry (counts the assignment).
+  // Pick the one worker `id` in the registry (counts the assignment); `others` (the candidates)
+  // and `excluded` (the caller's exclusions) are the workers it must not fall back to.
   std::optional<WorkerSnapshot> Assign(WorkerRole role, const std::string& id,
                                        int64_t tokens_needed,
-                                       const std::vector<WorkerSnapshot>& others);
+                                       const std::vector<WorkerSnapshot>& others,
+                                       const std::set<std::string>& excluded);
   void PollLoop();
 
   WorkerRegistry* registry_;

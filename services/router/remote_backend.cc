@@ -1116,10 +1116,10 @@ void RemoteBackend::Abort(const std::string& request_id) {
   call->Abort();
 }
 
-std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
-                                                        const EngineRequest& request,
-                                                        int64_t tokens_needed,
-                                                        const std::set<std::string>& exclude) {
+std::optional<WorkerSnapshot> PickWorkerFor(WorkerRegistry& registry, KvRouter* kv_router,
+                                            WorkerRole role, const EngineRequest& request,
+                                            int64_t tokens_needed,
+                                            const std::set<std::string>& exclude) {
   // A constrained request goes only to workers that enforce grammars (prefill samples the
   // first token, decode the rest; encoders sample nothing).
   std::set<std::string> excluded;
@@ -1129,7 +1129,7 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
   const bool needs_encode = !PendingImages(request).empty();
   if ((needs_grammar || needs_encode) && role != WorkerRole::kEncoder) {
     excluded = exclude;
-    for (const WorkerSnapshot& w : registry_->List()) {
+    for (const WorkerSnapshot& w : registry.List()) {
       if (w.role == role && ((needs_grammar && !w.Has(kGrammarCapability)) ||
                              (needs_encode && !w.Has(kImageEncodeCapability)))) {
         excluded.insert(w.worker_id);
@@ -1137,13 +1137,20 @@ std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
     }
     skip = &excluded;
   }
-  if (options_.kv_router == nullptr) return registry_->Pick(role, tokens_needed, *skip);
+  if (kv_router == nullptr) return registry.Pick(role, tokens_needed, *skip);
   std::vector<BlockExtraKeySpan> image_keys;
   for (const MultimodalInput& mm : request.mm_inputs) {
     image_keys.push_back({mm.offset, int64_t{mm.offset} + mm.num_tokens, mm.content_hash});
   }
-  return options_.kv_router->Pick(role, request.request_id, request.prompt_token_ids,
-                                  request.cache_salt, tokens_needed, *skip, image_keys);
+  return kv_router->Pick(role, request.request_id, request.prompt_token_ids, request.cache_salt,
+                         tokens_needed, *skip, image_keys);
+}
+
+std::optional<WorkerSnapshot> RemoteBackend::PickWorker(WorkerRole role,
+                                                        const EngineRequest& request,
+                                                        int64_t tokens_needed,
+                                                        const std::set<std::string>& exclude) {
+  return PickWorkerFor(*registry_, options_.kv_router, role, request, tokens_needed, exclude);
 }
 
 bool RemoteBackend::CanSelfEncode() const {

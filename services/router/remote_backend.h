@@ -62,6 +62,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "absl/time/time.h"
@@ -152,6 +154,16 @@ struct RemoteBackendCounters {
   int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
 
+// PickWorkerFor: the worker of `role` that takes `request` (`kv_router`'s choice when set,
+// else `registry`'s load-based one) outside `exclude`, counted against it (release with the
+// router's or registry's Release). A grammar-constrained request goes only to prefill and
+// decode workers that advertised kGrammarCapability: one from before grammars would answer
+// unconstrained. nullopt when none qualifies.
+std::optional<WorkerSnapshot> PickWorkerFor(WorkerRegistry& registry, KvRouter* kv_router,
+                                            WorkerRole role, const EngineRequest& request,
+                                            int64_t tokens_needed,
+                                            const std::set<std::string>& exclude);
+
 // RemoteBackend is thread-safe and has no thread per request: every worker RPC
 // uses gRPC's callback API, and a request's next step runs in the callback of
 // its previous RPC (on gRPC's threads), so thousands of concurrent streams need
@@ -189,7 +201,8 @@ class RemoteBackend : public InferenceBackend {
   void Count(int64_t RemoteBackendCounters::*counter);
   // Forget drops a finished request; the last thing a request does.
   void Forget(const std::string& request_id);
-  // PickWorker / ReleaseWorker: options_.kv_router's choice when set, else the registry's.
+  // PickWorker (PickWorkerFor with this backend's registry and kv_router) / ReleaseWorker:
+  // options_.kv_router's choice when set, else the registry's.
   std::optional<WorkerSnapshot> PickWorker(WorkerRole role, const EngineRequest& request,
                                            int64_t tokens_needed,
                                            const std::set<std::string>& exclude);

@@ -36,6 +36,8 @@ struct LineJob {
   json body;
   // The body's tools in the line's key order (for the chat template); null: none.
   std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
+  // The body in the line's key order when a JSON Schema's property order counts; null: none.
+  std::shared_ptr<const nlohmann::ordered_json> ordered_body;
   absl::Status parse_error;  // non-OK: answered without running
   std::optional<std::string> output;
   int64_t completion_tokens = 0;
@@ -76,15 +78,19 @@ LineJob BuildJob(const std::string& line, size_t line_number, const std::string&
                                  ": needs 'messages' (chat) or 'prompt' (completion)"));
     return job;
   }
-  if (auto tools = job.body.find("tools"); tools != job.body.end() && tools->is_array()) {
+  const bool has_tools = job.body.contains("tools") && job.body["tools"].is_array();
+  if (has_tools || NeedsKeyOrder(job.body)) {
     absl::StatusOr<nlohmann::ordered_json> ordered =
         ParseJsonLimited<nlohmann::ordered_json>(line);
     if (ordered.ok() && ordered->is_object()) {
       auto inner = ordered->find("body");
       const nlohmann::ordered_json& source =
           inner != ordered->end() && inner->is_object() ? *inner : *ordered;
-      if (auto t = source.find("tools"); t != source.end() && t->is_array()) {
+      if (auto t = source.find("tools"); has_tools && t != source.end() && t->is_array()) {
         job.ordered_tools = std::make_shared<const nlohmann::ordered_json>(*t);
+      }
+      if (NeedsKeyOrder(job.body)) {
+        job.ordered_body = std::make_shared<const nlohmann::ordered_json>(source);
       }
     }
   }
@@ -234,7 +240,8 @@ int RunGenerate(const GenerateOptions& options) {
           finish(index, DumpJson(response));
         });
       });
-      service.HandleGeneration(job.endpoint, job.body, sink, poster, nullptr, job.ordered_tools);
+      service.HandleGeneration(job.endpoint, job.body, sink, poster, nullptr, job.ordered_tools,
+                               job.ordered_body);
     }
   };
   if (total > 0) {

@@ -72,6 +72,9 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
       ->check(CLI::PositiveNumber);
   app.add_flag("!--no-prefix-caching", runtime.engine.enable_prefix_caching,
                "Compute every prompt in full (no reuse of cached KV blocks)");
+  app.add_flag("!--no-grammar-jump-forward", runtime.engine.grammar_jump_forward,
+               "Structured output: take a model step for every token, also for those the "
+               "grammar forces (default: append forced tokens without a step; same output)");
   app.add_flag("!--no-async-scheduling", runtime.engine.async_scheduling,
                "--device cuda: read each step's sampled tokens after enqueuing the next step "
                "(default) or wait for them before scheduling it");

@@ -106,6 +106,10 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
         static_cast<double>(stats.block_size));
   Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
           static_cast<double>(stats.counters.num_preemptions));
+  Counter(out, "sluice_grammar_jump_forward_tokens_total",
+          "Structured-output tokens the grammar forced, appended without a model step "
+          "(jump-forward): decode steps saved.",
+          static_cast<double>(stats.counters.num_jump_forward_tokens));
   {
     // Fair prefill: the fitted step cost(q, c) that sizes prefill chunks (0 until fitted).
     const EngineCounters& c = stats.counters;

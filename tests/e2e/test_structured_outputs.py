@@ -6,6 +6,7 @@ test grammar; bad constraints get a 400 that names the problem, and the server g
 
 import json
 import re
+import urllib.request
 
 import jsonschema
 import openai
@@ -145,6 +146,30 @@ def test_streamed_chat_json_schema(client, model):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "stop"
     validate(schema, text)
+
+
+def test_objects_follow_the_schemas_property_order(client, model, base_url):
+    # The client's property order, not sorted: generated objects list their keys the same way,
+    # for every field that carries a schema object (and as JSON text).
+    schema = {"type": "object", "properties": {
+        "zeta": {"type": "integer", "minimum": 0, "maximum": 99}, "mid": {"type": "boolean"},
+        "alpha": {"enum": ["x", "y"]}}, "required": ["zeta", "mid", "alpha"],
+        "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "ordered", "schema": schema}}
+    for kw in ({"response_format": rf}, {"extra_body": {"guided_json": schema}},
+               {"extra_body": {"structured_outputs": {"json": schema}}},
+               {"extra_body": {"guided_json": json.dumps(schema)}}):
+        r = client.chat.completions.create(model=model, messages=MSG, max_tokens=MAX_TOKENS,
+                                           temperature=1.0, n=2, seed=3, **kw)
+        for c in r.choices:
+            keys = json.loads(c.message.content, object_pairs_hook=lambda pairs: [k for k, _ in pairs])
+            assert keys == ["zeta", "mid", "alpha"], c.message.content
+            validate(schema, c.message.content)
+    # The keys and separators the grammar forces were appended without model steps.
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as m:
+        text = m.read().decode()
+    (value,) = re.findall(r"^sluice_grammar_jump_forward_tokens_total (\S+)$", text, re.M)
+    assert float(value) > 0
 
 
 REGEXES = [r"[A-Z][a-z]{2,6} [0-9]{1,3}", r"(yes|no|maybe)!?", r"\d{3}-\d{4}", r"(ab|cd)+x?",

@@ -1,11 +1,13 @@
 // DeepSeek-V3 calls: content, then
 //   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
 //   ... <｜tool▁calls▁end｜>
-// The markers are special tokens of DeepSeek's tokenizer: the output keeps them
-// (needs_special_tokens) and the constrained form is not available (the grammar matcher
-// matches text, never special tokens).
+// (later calls each after a "\n", as DeepSeek's chat template writes them). The markers are
+// special tokens of DeepSeek's tokenizer: the output keeps them (needs_special_tokens) and the
+// constrained form ("required" / a named function) matches them as whole tokens (grammar.h
+// Token), never as text spelled by other tokens.
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "services/api/tool_calls/json_scan.h"
 #include "services/api/tool_calls/tool_call_syntax.h"
 
@@ -15,6 +17,8 @@ namespace {
 constexpr absl::string_view kCallsBegin = "<｜tool▁calls▁begin｜>";
 constexpr absl::string_view kCallBegin = "<｜tool▁call▁begin｜>";
 constexpr absl::string_view kSep = "<｜tool▁sep｜>";
+constexpr absl::string_view kCallEnd = "<｜tool▁call▁end｜>";
+constexpr absl::string_view kCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr absl::string_view kFence = "```json";
 
 class DeepSeekV3Syntax final : public ToolCallSyntax {
@@ -65,11 +69,21 @@ class DeepSeekV3Syntax final : public ToolCallSyntax {
     return out;
   }
 
-  absl::StatusOr<grammar::Expr> CallsExpr(const std::vector<ToolFunctionRule>&,
-                                          bool) const override {
-    return absl::UnimplementedError(
-        "the deepseek_v3 tool-call syntax writes calls with special tokens, which constrained "
-        "decoding cannot produce; use tool_choice \"auto\"");
+  absl::StatusOr<grammar::Expr> CallsExpr(const std::vector<ToolFunctionRule>& functions,
+                                          bool parallel) const override {
+    std::vector<grammar::Expr> calls;
+    for (const ToolFunctionRule& f : functions) {
+      calls.push_back(grammar::Sequence(
+          {grammar::Token(kCallBegin), grammar::Literal("function"), grammar::Token(kSep),
+           grammar::Literal(absl::StrCat(f.name, "\n", kFence, "\n")),
+           grammar::RuleRef(f.arguments_rule), grammar::Literal("\n```"),
+           grammar::Token(kCallEnd)}));
+    }
+    grammar::Expr one = grammar::Choice(std::move(calls));
+    std::vector<grammar::Expr> seq = {grammar::Token(kCallsBegin), one};
+    if (parallel) seq.push_back(grammar::Star(grammar::Sequence({grammar::Literal("\n"), one})));
+    seq.push_back(grammar::Token(kCallsEnd));
+    return grammar::Sequence(std::move(seq));
   }
 };
 

@@ -53,8 +53,8 @@ class ToolCallSyntax {
   // marker) is held back from content. `final`: the output has ended.
   virtual ToolCallParse Parse(absl::string_view text, bool final) const = 0;
   // CallsExpr is the output made only of calls to `functions` (rules of `grammar`): exactly
-  // one call, or with `parallel` one or more. Errors: Unimplemented when the syntax's markers
-  // are special tokens (the grammar matcher matches text only).
+  // one call, or with `parallel` one or more. Markers that are special tokens are token
+  // terminals (grammar::Token); compiling fails where the vocabulary lacks them.
   virtual absl::StatusOr<grammar::Expr> CallsExpr(const std::vector<ToolFunctionRule>& functions,
                                                   bool parallel) const = 0;
   // True when the markers are special tokens: the output must keep them

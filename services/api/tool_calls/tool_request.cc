@@ -83,10 +83,14 @@ absl::StatusOr<ToolFunction> ParseTool(const json& tool, size_t i,
       return InvalidParam("tools", absl::StrCat(where, ".function.parameters must be a JSON "
                                                        "Schema object"));
     }
-    out.parameters = *p;
+    auto ordered_p = clean_function.find("parameters");
+    out.parameters = ordered_p != clean_function.end() && ordered_p->is_object()
+                         ? *ordered_p
+                         : nlohmann::ordered_json(*p);
   } else {
     // OpenAI: omitting parameters defines a function with an empty parameter list.
-    out.parameters = json{{"type", "object"}, {"properties", json::object()}};
+    out.parameters = nlohmann::ordered_json{{"type", "object"},
+                                            {"properties", nlohmann::ordered_json::object()}};
   }
   // The schema is checked for every choice, also "auto": a tool whose parameters cannot be
   // constrained is refused up front, never dropped silently.

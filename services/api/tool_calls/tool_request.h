@@ -26,7 +26,9 @@ enum class ToolChoice { kNone, kAuto, kRequired, kFunction };
 
 struct ToolFunction {
   std::string name;
-  nlohmann::json parameters;  // a JSON Schema ({"type": "object", "properties": {}} if absent)
+  // A JSON Schema ({"type": "object", "properties": {}} if absent), in the client's key order
+  // when it was known: call arguments list properties in the schema's order.
+  nlohmann::ordered_json parameters;
 };
 
 struct ToolRequest {

@@ -189,5 +189,55 @@ TEST(GrammarCompilerTest, CachesByCanonicalText) {
   EXPECT_FALSE(compiler.Compile(GrammarSpec{GrammarKind::kEbnf, "root ::= (", {}}).ok());
 }
 
+TEST(JsonSchemaTest, PropertiesFollowTheSchemasOrder) {
+  // As xgrammar and outlines: objects list their properties in the schema's order, which the
+  // schema's text gives (GrammarSpec keeps it; nlohmann::json would sort the keys).
+  const std::string required = R"({"type": "object", "properties": {"zeta": {"type": "integer"},
+      "alpha": {"type": "string"}, "mid": {"type": "boolean"}},
+      "required": ["zeta", "alpha", "mid"], "additionalProperties": false})";
+  GrammarCompiler compiler(ByteVocab());
+  auto g = compiler.Compile({GrammarKind::kJsonSchema, required, {}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(FullMatch(*g, R"({"zeta": 1, "alpha": "a", "mid": true})"));
+  EXPECT_FALSE(FullMatch(*g, R"({"alpha": "a", "mid": true, "zeta": 1})"));
+  EXPECT_FALSE(FullMatch(*g, R"({"zeta": 1, "mid": true, "alpha": "a"})"));
+  // Optional ones too, and nested objects.
+  const std::string optional = R"({"type": "object", "properties": {"zeta": {"type": "integer"},
+      "alpha": {"type": "object", "properties": {"y": {"const": 1}, "x": {"const": 2}},
+                "required": ["y", "x"]}},
+      "required": ["alpha"], "additionalProperties": false})";
+  auto o = compiler.Compile({GrammarKind::kJsonSchema, optional, {}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(FullMatch(*o, R"({"zeta": 3, "alpha": {"y": 1, "x": 2}})"));
+  EXPECT_TRUE(FullMatch(*o, R"({"alpha": {"y": 1, "x": 2}})"));
+  EXPECT_FALSE(FullMatch(*o, R"({"alpha": {"y": 1, "x": 2}, "zeta": 3})"));
+  EXPECT_FALSE(FullMatch(*o, R"({"alpha": {"x": 2, "y": 1}})"));
+  // The order is part of the cache key; keyword order and spacing are not.
+  const std::string reordered = R"({"type": "object", "properties": {"alpha": {"type": "string"},
+      "zeta": {"type": "integer"}, "mid": {"type": "boolean"}},
+      "required": ["zeta", "alpha", "mid"], "additionalProperties": false})";
+  const std::string respaced = R"({"additionalProperties":false,"required":["zeta","alpha","mid"],
+      "properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"},"mid":{"type":"boolean"}},
+      "type":"object"})";
+  auto key = GrammarSpec{GrammarKind::kJsonSchema, required, {}}.CacheKey();
+  auto key_reordered = GrammarSpec{GrammarKind::kJsonSchema, reordered, {}}.CacheKey();
+  auto key_respaced = GrammarSpec{GrammarKind::kJsonSchema, respaced, {}}.CacheKey();
+  ASSERT_TRUE(key.ok() && key_reordered.ok() && key_respaced.ok());
+  EXPECT_NE(*key, *key_reordered);
+  EXPECT_EQ(*key, *key_respaced);
+  auto r = compiler.Compile({GrammarKind::kJsonSchema, reordered, {}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(FullMatch(*r, R"({"alpha": "a", "zeta": 1, "mid": true})"));
+  EXPECT_FALSE(FullMatch(*r, R"({"zeta": 1, "alpha": "a", "mid": true})"));
+  // An ordered_json schema keeps its order; a sorted nlohmann::json one lists keys sorted.
+  auto from_ordered = JsonSchemaToGrammar(nlohmann::ordered_json::parse(required));
+  auto from_sorted = JsonSchemaToGrammar(nlohmann::json::parse(required));
+  ASSERT_TRUE(from_ordered.ok() && from_sorted.ok());
+  EXPECT_TRUE(FullMatch(*CompiledGrammar::Create(*from_ordered, ByteVocab()),
+                        R"({"zeta": 1, "alpha": "a", "mid": true})"));
+  EXPECT_TRUE(FullMatch(*CompiledGrammar::Create(*from_sorted, ByteVocab()),
+                        R"({"alpha": "a", "mid": true, "zeta": 1})"));
+}
+
 }  // namespace
 }  // namespace sluice::grammar

@@ -52,6 +52,30 @@ TEST(StructuredOutputTest, ParsesEveryFieldSpelling) {
   }
 }
 
+TEST(StructuredOutputTest, SchemasKeepTheClientsPropertyOrder) {
+  // The body as nlohmann::json has its keys sorted; the ordered copy of the raw body gives the
+  // schema's text in the client's order, for every field that takes a schema object.
+  const std::string schema = R"({"type": "object", "properties": {"b": {"type": "integer"},
+                                "a": {"type": "integer"}}, "required": ["b", "a"]})";
+  for (const std::string& raw :
+       {R"({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" +
+            schema + "}}}",
+        R"({"structured_outputs": {"json": )" + schema + "}}", R"({"guided_json": )" + schema + "}"}) {
+    const json body = json::parse(raw);
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw);
+    auto kept = ParseStructuredOutput(body, false, nullptr, &ordered);
+    ASSERT_TRUE(kept.ok() && kept->has_value()) << raw;
+    EXPECT_EQ((*kept)->spec.text, nlohmann::ordered_json::parse(schema).dump()) << raw;
+    auto sorted = ParseStructuredOutput(body);
+    ASSERT_TRUE(sorted.ok() && sorted->has_value());
+    EXPECT_EQ((*sorted)->spec.text, json::parse(schema).dump()) << raw;
+  }
+  // A schema given as JSON text keeps its order without the ordered body.
+  auto text = ParseStructuredOutput(json{{"guided_json", schema}});
+  ASSERT_TRUE(text.ok() && text->has_value());
+  EXPECT_EQ((*text)->spec.text, nlohmann::ordered_json::parse(schema).dump());
+}
+
 TEST(StructuredOutputTest, BadConstraintsAre400NamingTheField) {
   grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
   struct Case {

@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/grammar/grammar.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/api/tool_calls/tool_call_output.h"
@@ -165,8 +166,17 @@ TEST(DeepSeekV3Syntax, ParsesMarkedCalls) {
   EXPECT_EQ(s.content, "Checking.");
   EXPECT_EQ(s.names, (std::vector<std::string>{"get_weather", "get_time"}));
   EXPECT_EQ(s.arguments, (std::vector<std::string>{"{\"city\": \"Oslo\"}", "{}"}));
-  auto expr = ds->CallsExpr({}, false);
-  EXPECT_EQ(expr.status().code(), absl::StatusCode::kUnimplemented);
+  // The constrained form requires the markers as tokens (<...> terminals in GBNF).
+  grammar::Grammar g;
+  const int32_t root = g.AddRule("root");
+  const int32_t args = g.AddRule("args", grammar::Literal("{}"));
+  auto expr = ds->CallsExpr({{"f", args}}, false);
+  ASSERT_TRUE(expr.ok()) << expr.status();
+  g.rule(root).body = *expr;
+  EXPECT_EQ(g.ToString(),
+            "root ::= (<｜tool▁calls▁begin｜> (<｜tool▁call▁begin｜> \"function\" <｜tool▁sep｜> "
+            "\"f\\n```json\\n\" args \"\\n```\" <｜tool▁call▁end｜>) <｜tool▁calls▁end｜>)\n"
+            "args ::= \"{}\"\n");
 }
 
 TEST(ToolCallSyntax, DetectsFromTemplateSource) {

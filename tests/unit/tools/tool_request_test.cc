@@ -2,7 +2,10 @@
 // with tool calls, and the embedded model's tools-aware chat template.
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/grammar/grammar_compiler.h"
 #include "engine/grammar/grammar_import.h"
@@ -12,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/api/openai_errors.h"
+#include "services/api/tool_calls/tool_call_output.h"
 #include "services/api/tool_calls/tool_request.h"
 #include "tests/unit/grammar/grammar_test_util.h"
 #include "tests/util/test_paths.h"
@@ -52,7 +56,8 @@ TEST(ToolRequest, ParsesChoices) {
   EXPECT_EQ((*r)->choice, ToolChoice::kAuto);
   EXPECT_TRUE((*r)->parallel);
   ASSERT_EQ((*r)->functions.size(), 2u);
-  EXPECT_EQ((*r)->functions[1].parameters, json::parse(R"({"type":"object","properties":{}})"));
+  EXPECT_EQ((*r)->functions[1].parameters,
+            nlohmann::ordered_json::parse(R"({"type":"object","properties":{}})"));
   EXPECT_EQ(json((*r)->template_tools[0]), Weather());
 
   r = ParseToolRequest(json{{"tools", {Weather()}},
@@ -175,12 +180,134 @@ TEST(ToolGrammar, RequiredAcceptsOnlyCallsToTheTools) {
   EXPECT_EQ(compiler.num_compiles(), compiles);
 }
 
-TEST(ToolGrammar, DeepSeekHasNoConstrainedForm) {
-  grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
-  auto r = ParseToolRequest(json{{"tools", {Time()}}, {"tool_choice", "required"}});
+// DeepSeek-V3's markers are special tokens: a vocabulary of the bytes, EOS (256) and the five
+// markers (257...), which no byte string spells.
+constexpr const char* kDeepSeekMarkers[] = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
+                                            "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+                                            "<｜tool▁calls▁end｜>"};
+std::shared_ptr<const grammar::TokenVocab> DeepSeekVocab() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  std::vector<std::pair<std::string, int32_t>> named;
+  tokens.push_back("");  // EOS
+  for (const char* m : kDeepSeekMarkers) {
+    named.emplace_back(m, static_cast<int32_t>(tokens.size()));
+    tokens.push_back("");
+  }
+  return grammar::TokenVocab::FromTokens(std::move(tokens), {256}, std::move(named));
+}
+
+// DeepSeekTokens: `text` as tokens, the markers as their special tokens, the rest as bytes.
+std::vector<int32_t> DeepSeekTokens(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < text.size();) {
+    bool marker = false;
+    for (int32_t m = 0; m < 5; ++m) {
+      const std::string s = kDeepSeekMarkers[m];
+      if (text.compare(i, s.size(), s) == 0) {
+        ids.push_back(257 + m);
+        i += s.size();
+        marker = true;
+        break;
+      }
+    }
+    if (!marker) ids.push_back(static_cast<unsigned char>(text[i++]));
+  }
+  return ids;
+}
+
+bool AcceptsTokens(const std::shared_ptr<const grammar::CompiledGrammar>& g,
+                   const std::vector<int32_t>& ids) {
+  grammar::GrammarMatcher m(g);
+  for (int32_t id : ids) {
+    if (!m.AcceptToken(id)) return false;
+  }
+  return m.CanEnd();
+}
+
+TEST(ToolGrammar, DeepSeekRequiredUsesTheMarkerTokens) {
+  grammar::GrammarCompiler compiler(DeepSeekVocab());
+  auto r = ParseToolRequest(json{{"tools", {Weather(), Time()}}, {"tool_choice", "required"}});
   auto g = CompileToolGrammar(**r, **ToolCallSyntaxByName("deepseek_v3"), compiler);
-  ASSERT_FALSE(g.ok());
-  EXPECT_EQ(ErrorParam(g.status()), "tool_choice");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string weather =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}"
+      "\n```<｜tool▁call▁end｜>";
+  const std::string time =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>";
+  const std::string begin = "<｜tool▁calls▁begin｜>", end = "<｜tool▁calls▁end｜>";
+  EXPECT_TRUE(AcceptsTokens(*g, DeepSeekTokens(begin + weather + end)));
+  EXPECT_TRUE(AcceptsTokens(*g, DeepSeekTokens(begin + weather + "\n" + time + end)));
+  EXPECT_FALSE(AcceptsTokens(*g, DeepSeekTokens(begin + end)));
+  EXPECT_FALSE(AcceptsTokens(*g, DeepSeekTokens("Sure. " + begin + time + end)));
+  // The markers' text spelled byte by byte is not the marker.
+  std::vector<int32_t> spelled;
+  for (char c : begin) spelled.push_back(static_cast<unsigned char>(c));
+  std::vector<int32_t> rest = DeepSeekTokens(time + end);
+  spelled.insert(spelled.end(), rest.begin(), rest.end());
+  EXPECT_FALSE(AcceptsTokens(*g, spelled));
+  // What the grammar produces parses back into the same calls.
+  ToolCallMessage message =
+      ParseToolCallMessage(**ToolCallSyntaxByName("deepseek_v3"), begin + weather + "\n" + time + end);
+  ASSERT_EQ(message.tool_calls.size(), 2u);
+  EXPECT_EQ(message.tool_calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(message.tool_calls[0]["function"]["arguments"], "{\"city\": \"Oslo\"}");
+  EXPECT_EQ(message.tool_calls[1]["function"]["name"], "get_time");
+  EXPECT_TRUE(message.content.is_null());
+
+  // A vocabulary without the markers cannot constrain DeepSeek calls: a 400 on tool_choice.
+  grammar::GrammarCompiler bytes_only(grammar::testing::ByteVocab());
+  auto missing = CompileToolGrammar(**r, **ToolCallSyntaxByName("deepseek_v3"), bytes_only);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(ErrorParam(missing.status()), "tool_choice");
+  EXPECT_NE(missing.status().message().find("<｜tool▁calls▁begin｜> is not in the model's vocabulary"),
+            std::string::npos) << missing.status();
+}
+
+TEST(ToolGrammar, DeepSeekNamedFunctionRandomWalksParseToThatFunction) {
+  // Sampling uniformly among the allowed tokens (seeded): every output is exactly one call of
+  // the named function whose arguments satisfy its schema.
+  grammar::GrammarCompiler compiler(DeepSeekVocab());
+  json lookup = json::parse(R"({"type": "function", "function": {"name": "lookup", "parameters":
+    {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z ]{1,8}$"},
+     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+     "required": ["city", "days"], "additionalProperties": false}}})");
+  auto r = ParseToolRequest(json{{"tools", {Weather(), lookup}},
+                                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "lookup"}}}}}});
+  auto g = CompileToolGrammar(**r, **ToolCallSyntaxByName("deepseek_v3"), compiler);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    grammar::GrammarMatcher m(*g);
+    std::vector<uint32_t> mask(m.num_bitmask_words());
+    std::string text;
+    for (int step = 0; step < 400 && !m.IsTerminated(); ++step) {
+      m.FillNextTokenBitmask(absl::MakeSpan(mask));
+      const std::vector<int32_t> allowed = grammar::testing::MaskIds(mask);
+      ASSERT_FALSE(allowed.empty());
+      const int32_t t = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(m.AcceptToken(t));
+      if (t == 256) break;
+      text += t > 256 ? std::string(kDeepSeekMarkers[t - 257]) : std::string(1, static_cast<char>(t));
+    }
+    ASSERT_TRUE(m.IsTerminated()) << text;
+    ASSERT_TRUE(text.starts_with("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>lookup\n```json\n"))
+        << text;
+    ToolCallMessage message = ParseToolCallMessage(**ToolCallSyntaxByName("deepseek_v3"), text);
+    ASSERT_EQ(message.tool_calls.size(), 1u) << text;
+    EXPECT_EQ(message.tool_calls[0]["function"]["name"], "lookup");
+    const json args = json::parse(message.tool_calls[0]["function"]["arguments"].get<std::string>());
+    ASSERT_TRUE(args.is_object()) << text;
+    EXPECT_EQ(args.size(), 2u) << text;
+    ASSERT_TRUE(args["city"].is_string()) << text;
+    const std::string city = args["city"].get<std::string>();
+    EXPECT_TRUE(!city.empty() && city.size() <= 8 &&
+                city.find_first_not_of("abcdefghijklmnopqrstuvwxyz ") == std::string::npos)
+        << text;
+    ASSERT_TRUE(args["days"].is_number_integer()) << text;
+    EXPECT_GE(args["days"].get<int>(), 1);
+    EXPECT_LE(args["days"].get<int>(), 7);
+  }
 }
 
 TEST(ImportRules, RemapsReferences) {
