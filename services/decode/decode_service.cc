@@ -9,9 +9,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "services/serve/log.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/block_runs.h"
+#include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -478,7 +480,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     }
     v1::KvBlocks* kv = response->mutable_kv();
     kv->set_kv_descriptor(kv_descriptor_);
-    RunsToWire(*blocks, kv);
+    transfer::RunsToWire(*blocks, kv);
     *kv->mutable_layout() = layout;
     kv->set_num_tokens(num_tokens);
     reactor->Finish(grpc::Status::OK);
@@ -679,7 +681,7 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
   if (!moved.ok()) return moved.status();
   // The runs come from the prefill worker: checked (ids in range, at most the reservation).
   absl::StatusOr<std::vector<transfer::BlockRun>> remote_runs =
-      RunsFromWire(kv, static_cast<int64_t>(blocks.size()));
+      transfer::RunsFromWire(kv, static_cast<int64_t>(blocks.size()));
   if (!remote_runs.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("prefill sent bad KV blocks: ",
                                                    remote_runs.status().message()));
@@ -695,7 +697,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
                                         const std::vector<int32_t>& blocks, absl::Time deadline,
                                         absl::Time* safe_at) {
   absl::StatusOr<std::vector<transfer::BlockRun>> pinned =
-      RunsFromWire(prefill.kv(), static_cast<int64_t>(blocks.size()));
+      transfer::RunsFromWire(prefill.kv(), static_cast<int64_t>(blocks.size()));
   if (!pinned.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("prefill pinned bad KV blocks: ",
                                                    pinned.status().message()));
@@ -711,7 +713,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
   request.set_transfer_token(prefill.kv().transfer_token());
   v1::KvBlocks* destination = request.mutable_destination();
   destination->set_kv_descriptor(kv_descriptor_);
-  RunsToWire(std::vector<int32_t>(blocks.begin(), blocks.begin() + n), destination);
+  transfer::RunsToWire(absl::MakeConstSpan(blocks).first(static_cast<size_t>(n)), destination);
   *destination->mutable_layout() = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   destination->set_num_tokens(prefill.kv().num_tokens());
   request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/block_runs.h"
+#include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -204,7 +205,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         if (out.kv_held) {
           v1::KvBlocks* kv = response->mutable_kv();
           kv->set_kv_descriptor(kv_descriptor_);
-          RunsToWire(out.held_block_ids, kv);
+          transfer::RunsToWire(out.held_block_ids, kv);
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
           kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
@@ -265,7 +266,7 @@ absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLay
       ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
   if (!moved.ok()) return moved.status();
   absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
-      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
+      transfer::RunsFromWire(destination, std::numeric_limits<int32_t>::max());
   if (!dest_runs.ok()) return dest_runs.status();
   // KvRegionsOf's order: per layer its k region, then its v region when there is one.
   const int32_t per_layer = spec.v_floats_per_token > 0 ? 2 : 1;
@@ -492,7 +493,7 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
   if (!moved.ok()) return moved.status();
   // The runs come from a peer: checked, and only the blocks the prompt needs are expanded.
   absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
-      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
+      transfer::RunsFromWire(destination, std::numeric_limits<int32_t>::max());
   if (!dest_runs.ok()) return dest_runs.status();
   const int64_t reserved = transfer::TotalBlocks(*dest_runs);
   if (reserved < static_cast<int64_t>(block_ids.size())) {
@@ -500,7 +501,7 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
                                                    " blocks; the prompt's KV needs ",
                                                    block_ids.size()));
   }
-  std::vector<int32_t> dest_ids = FirstBlocks(*dest_runs, block_ids.size());
+  std::vector<int32_t> dest_ids = transfer::FirstBlocks(*dest_runs, block_ids.size());
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
   }

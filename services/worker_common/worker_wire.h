@@ -56,8 +56,6 @@ v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
 // be copied byte for byte into the other's). DescribeKvLayout names them for error messages.
 bool SameKvLayout(const v1::KvLayout& a, const v1::KvLayout& b);
 std::string DescribeKvLayout(const v1::KvLayout& layout);
-// RunsToWire: `block_ids` as coalesced BlockRuns.
-void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
 
 }  // namespace sluice
 
