@@ -397,15 +397,12 @@ void DecodeService::Forget(const std::string& request_id, const DecodeSession* s
   if (it != sessions_.end() && it->second.get() == session) sessions_.erase(it);
 }
 
-std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& request_id,
-                                                         std::vector<int32_t> prompt,
-                                                         const v1::SamplingParams& sampling,
-                                                         const std::string& cache_salt,
-                                                         int32_t priority,
+std::shared_ptr<DecodeSession> DecodeService::NewSession(const v1::DecodeRequest& request,
                                                          std::vector<MultimodalInput> mm_inputs,
                                                          absl::Status* error) {
+  const std::string& request_id = request.request_id();
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
-      RequestGrammar(options_.grammars, sampling);
+      RequestGrammar(options_.grammars, request.sampling());
   if (!grammar.ok()) {
     *error = grammar.status();
     return nullptr;
@@ -418,14 +415,8 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
       return nullptr;
     }
   }
-  EngineRequest er;
-  er.request_id = request_id;
-  er.prompt_token_ids = std::move(prompt);
-  er.sampling = SamplingFromWire(sampling);
-  er.grammar = *std::move(grammar);
-  er.cache_salt = cache_salt;
-  er.priority = priority;
-  er.mm_inputs = std::move(mm_inputs);
+  EngineRequest er =
+      EngineRequestFromWire(request, request_id, *std::move(grammar), std::move(mm_inputs));
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -485,15 +476,8 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     kv->set_num_tokens(num_tokens);
     reactor->Finish(grpc::Status::OK);
   });
-  EngineRequest er;
-  er.request_id = request->request_id();
-  er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                             request->prompt_token_ids().end());
-  er.sampling = SamplingFromWire(request->sampling());
-  er.grammar = *std::move(grammar);
-  er.cache_salt = request->cache_salt();
-  er.priority = request->priority();
-  er.mm_inputs = *std::move(mm_inputs);
+  EngineRequest er = EngineRequestFromWire(*request, request->request_id(), *std::move(grammar),
+                                           *std::move(mm_inputs));
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
       request->max_wait_ms() > 0
@@ -577,11 +561,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     absl::Status error;
     std::shared_ptr<DecodeSession> session = existing;
     if (session == nullptr) {
-      session = NewSession(id,
-                           std::vector<int32_t>(request->prompt_token_ids().begin(),
-                                                request->prompt_token_ids().end()),
-                           request->sampling(), request->cache_salt(), request->priority(),
-                           *std::move(mm_inputs), &error);
+      session = NewSession(*request, *std::move(mm_inputs), &error);
     }
     if (session == nullptr) {
       auto* writer = new DecodeWriter(std::make_shared<DecodeSession>(this, id, id));
@@ -615,15 +595,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     std::lock_guard<std::mutex> lock(mu_);
     sessions_[id] = session;
   }
-  EngineRequest er;
-  er.request_id = engine_id;
-  er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                             request->prompt_token_ids().end());
-  er.sampling = SamplingFromWire(request->sampling());
-  er.grammar = *std::move(grammar);
-  er.cache_salt = request->cache_salt();
-  er.priority = request->priority();
-  er.mm_inputs = *std::move(mm_inputs);
+  EngineRequest er =
+      EngineRequestFromWire(*request, engine_id, *std::move(grammar), *std::move(mm_inputs));
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),
