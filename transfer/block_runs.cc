@@ -38,6 +38,18 @@ int64_t TotalBlocks(absl::Span<const BlockRun> runs) {
   return total;
 }
 
+std::vector<int32_t> FirstBlocks(absl::Span<const BlockRun> runs, size_t n) {
+  std::vector<int32_t> ids;
+  ids.reserve(std::min<size_t>(n, static_cast<size_t>(TotalBlocks(runs))));
+  for (const BlockRun& run : runs) {
+    for (int32_t i = 0; i < run.num_blocks && ids.size() < n; ++i) {
+      ids.push_back(run.first_block + i);
+    }
+    if (ids.size() == n) break;
+  }
+  return ids;
+}
+
 namespace {
 
 absl::Status ValidateRuns(absl::Span<const BlockRun> runs, const char* side) {

@@ -37,6 +37,10 @@ std::vector<int32_t> ExpandRuns(absl::Span<const BlockRun> runs);
 // TotalBlocks: sum of num_blocks over `runs` (int64 so it cannot overflow).
 int64_t TotalBlocks(absl::Span<const BlockRun> runs);
 
+// FirstBlocks: the first `n` block ids of `runs` in order (all of them when they cover fewer),
+// without expanding the rest (a peer's runs may cover far more than is used).
+std::vector<int32_t> FirstBlocks(absl::Span<const BlockRun> runs, size_t n);
+
 // RunPair: one RMA operation: `num_blocks` blocks from remote block
 // `remote_first` to local block `local_first` (or back, for a push).
 struct RunPair {

@@ -6,7 +6,7 @@
 // sends a RemoteKvDescriptor (worker address + per-region base address and
 // remote key + block geometry) inside a protobuf `bytes` field, and the decode
 // worker pulls block runs directly (or prefill pushes into blocks decode
-// reserved). See DESIGN.md "KV bytes never ride the RPC path".
+// reserved). See docs/design.md, "KV bytes never ride the RPC path".
 //
 // Typical use on the CPU backend (KvCache: per layer k and v arrays of
 // [num_blocks, block_size, floats_per_token] float32, so one block of one array

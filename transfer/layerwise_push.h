@@ -1,7 +1,7 @@
 // LayerwisePush: pushes one request's prompt KV into a peer's reserved blocks layer by layer
 // (or by groups of layers) while prefill still computes the later layers, so the transfer of
 // the first layers overlaps the compute of the rest (disaggregated prefill, push mode
-// "layerwise": DESIGN.md "KV bytes never ride the RPC path").
+// "layerwise": docs/design.md, "KV bytes never ride the RPC path").
 //
 // The caller names every moved region's layer (k and v of one layer share it). Once the blocks
 // holding the prompt are known (Start) it reports layers as their K/V become complete

@@ -1,5 +1,5 @@
 // Block hashes: the ONE content address of a full KV block, shared by the router, every engine
-// and the kvstore (../shared/DESIGN.md, "One block-hash scheme everywhere").
+// and the kvstore (docs/design.md, "One block-hash scheme everywhere").
 //
 // A block's hash is chained: it covers its parent block's hash, its own block_size token ids and
 // optional extra keys (e.g. image content hashes of images overlapping the block). The first

@@ -1,5 +1,5 @@
 // KvConnector: the engine's one interface to KV that lives outside its paged cache
-// (../shared/DESIGN.md, "One KV-connector interface, two sides"; services/kvstore/README.md).
+// (docs/design.md, "One KV-connector interface, two sides"; services/kvstore/README.md).
 //
 // Scheduler side (engine thread, never blocks):
 //   * at admission, after the local prefix-cache hit, the scheduler asks StartLoad for the

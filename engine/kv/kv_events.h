@@ -1,5 +1,5 @@
 // KV events: the replayable stream of prefix-cache changes an engine publishes for KV-aware
-// routing (../shared/DESIGN.md, "KV events are a replayable stream").
+// routing (docs/design.md, "KV events are a replayable stream").
 //
 // The engine appends `stored(block hashes, parent hash)`, `removed(block hashes)` and
 // `all_cleared` events, numbered 1, 2, 3, ... within one log, to a bounded buffer. A reader

@@ -196,6 +196,20 @@ absl::StatusOr<std::vector<const void*>> StagedKvBlockCopier::StalledFences() {
   return fences;
 }
 
+absl::StatusOr<StagedKvBlockCopier::CopyPlan> StagedKvBlockCopier::Open(
+    absl::Span<const DeviceKvArray> arrays, absl::Span<const int32_t> blocks,
+    size_t buffer_bytes) {
+  absl::StatusOr<int64_t> block_bytes = Validate(arrays, blocks, buffer_bytes);
+  if (!block_bytes.ok()) return block_bytes.status();
+  CopyPlan plan;
+  plan.block_bytes = *block_bytes;
+  if (blocks.empty()) return plan;
+  if (absl::Status s = Begin(plan.deadline); !s.ok()) return s;
+  if (absl::Status s = EnsureSlots(plan.block_bytes); !s.ok()) return s;
+  plan.chunks = PlanChunks(blocks.size(), plan.block_bytes, slot_bytes_);
+  return plan;
+}
+
 namespace {
 
 // Repack moves one chunk between its array-major slot and the block-major host buffer.
@@ -222,13 +236,9 @@ void Repack(absl::Span<const DeviceKvArray> arrays, size_t count, int64_t block_
 absl::Status StagedKvBlockCopier::Gather(absl::Span<const DeviceKvArray> arrays,
                                          absl::Span<const int32_t> blocks,
                                          absl::Span<uint8_t> out, const void* after) {
-  absl::StatusOr<int64_t> block_bytes = Validate(arrays, blocks, out.size());
-  if (!block_bytes.ok()) return block_bytes.status();
-  if (blocks.empty()) return absl::OkStatus();
-  absl::Time deadline;
-  if (absl::Status s = Begin(deadline); !s.ok()) return s;
-  if (absl::Status s = EnsureSlots(*block_bytes); !s.ok()) return s;
-  const std::vector<Chunk> chunks = PlanChunks(blocks.size(), *block_bytes, slot_bytes_);
+  absl::StatusOr<CopyPlan> plan = Open(arrays, blocks, out.size());
+  if (!plan.ok() || plan->chunks.empty()) return plan.status();
+  const std::vector<Chunk>& chunks = plan->chunks;
   const size_t slots = static_cast<size_t>(options_.num_slots);
   absl::Status status = OrderAfter(after);
   size_t next = 0;  // next chunk to enqueue
@@ -238,16 +248,16 @@ absl::Status StagedKvBlockCopier::Gather(absl::Span<const DeviceKvArray> arrays,
   // Chunk k's slot is repacked once its lane is done; then chunk k + slots takes the slot.
   for (size_t k = 0; k < chunks.size() && status.ok(); ++k) {
     const int slot = static_cast<int>(k % slots);
-    status = WaitLane(slot, deadline);
+    status = WaitLane(slot, plan->deadline);
     if (!status.ok()) break;
-    Repack(arrays, chunks[k].count, *block_bytes, Slot(slot),
-           out.data() + static_cast<int64_t>(chunks[k].first) * *block_bytes, false);
+    Repack(arrays, chunks[k].count, plan->block_bytes, Slot(slot),
+           out.data() + static_cast<int64_t>(chunks[k].first) * plan->block_bytes, false);
     if (next < chunks.size()) {
       status = EnqueueChunk(arrays, blocks, chunks[next], slot, false);
       ++next;
     }
   }
-  status = WaitAll(std::move(status), deadline);
+  status = WaitAll(std::move(status), plan->deadline);
   if (status.ok()) stats_.bytes_gathered += static_cast<int64_t>(out.size());
   return status;
 }
@@ -256,13 +266,9 @@ absl::Status StagedKvBlockCopier::Scatter(absl::Span<const DeviceKvArray> arrays
                                           absl::Span<const uint8_t> in,
                                           absl::Span<const int32_t> blocks,
                                           const void* after) {
-  absl::StatusOr<int64_t> block_bytes = Validate(arrays, blocks, in.size());
-  if (!block_bytes.ok()) return block_bytes.status();
-  if (blocks.empty()) return absl::OkStatus();
-  absl::Time deadline;
-  if (absl::Status s = Begin(deadline); !s.ok()) return s;
-  if (absl::Status s = EnsureSlots(*block_bytes); !s.ok()) return s;
-  const std::vector<Chunk> chunks = PlanChunks(blocks.size(), *block_bytes, slot_bytes_);
+  absl::StatusOr<CopyPlan> plan = Open(arrays, blocks, in.size());
+  if (!plan.ok() || plan->chunks.empty()) return plan.status();
+  const std::vector<Chunk>& chunks = plan->chunks;
   const size_t slots = static_cast<size_t>(options_.num_slots);
   absl::Status status = OrderAfter(after);
   // Chunk k is packed into its slot once the chunk before it in that slot (k - slots) has
@@ -270,15 +276,15 @@ absl::Status StagedKvBlockCopier::Scatter(absl::Span<const DeviceKvArray> arrays
   for (size_t k = 0; k < chunks.size() && status.ok(); ++k) {
     const int slot = static_cast<int>(k % slots);
     if (k >= slots) {
-      status = WaitLane(slot, deadline);
+      status = WaitLane(slot, plan->deadline);
       if (!status.ok()) break;
     }
-    Repack(arrays, chunks[k].count, *block_bytes, Slot(slot),
-           const_cast<uint8_t*>(in.data()) + static_cast<int64_t>(chunks[k].first) * *block_bytes,
-           true);
+    uint8_t* host = const_cast<uint8_t*>(in.data()) +
+                    static_cast<int64_t>(chunks[k].first) * plan->block_bytes;
+    Repack(arrays, chunks[k].count, plan->block_bytes, Slot(slot), host, true);
     status = EnqueueChunk(arrays, blocks, chunks[k], slot, true);
   }
-  status = WaitAll(std::move(status), deadline);
+  status = WaitAll(std::move(status), plan->deadline);
   if (status.ok()) stats_.bytes_scattered += static_cast<int64_t>(in.size());
   return status;
 }

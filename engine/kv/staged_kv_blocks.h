@@ -126,6 +126,16 @@ class StagedKvBlockCopier {
   absl::Status WaitAll(absl::Status status, absl::Time deadline = absl::InfiniteFuture());
   // Begin starts a call: its deadline, and the stalled copies of an earlier call drained.
   absl::Status Begin(absl::Time& deadline);
+  // A Gather's or Scatter's checked arguments: B, the call's deadline and its chunks.
+  struct CopyPlan {
+    int64_t block_bytes = 0;
+    absl::Time deadline;
+    std::vector<Chunk> chunks;  // empty: nothing to copy
+  };
+  // Open is the start both directions share: Validate, then (when there are blocks) Begin,
+  // EnsureSlots and PlanChunks.
+  absl::StatusOr<CopyPlan> Open(absl::Span<const DeviceKvArray> arrays,
+                                absl::Span<const int32_t> blocks, size_t buffer_bytes);
   uint8_t* Slot(int slot) const { return staging_ + slot * slot_bytes_; }
 
   std::unique_ptr<transfer::DeviceCopier> copier_;

@@ -1,7 +1,7 @@
-// SWA bounded replay (DESIGN.md "SWA bounded replay"): for models with sliding-window attention
-// layers, only the full-attention layers' KV of a prompt is stored and moved; the receiving side
-// rebuilds the sliding-window layers' KV by replaying the last R prompt tokens over the exact
-// full-attention KV.
+// SWA bounded replay (docs/design.md, "SWA bounded replay"): for models with sliding-window
+// attention layers, only the full-attention layers' KV of a prompt is stored and moved; the
+// receiving side rebuilds the sliding-window layers' KV by replaying the last R prompt tokens
+// over the exact full-attention KV.
 //
 // Semantics (the "full_kv = exact" variant of shared/models/sluice-mini-swa/
 // swa_replay_reference.json, computed there with transformers): for a prompt of n tokens whose
@@ -49,8 +49,7 @@
 
 namespace sluice {
 
-// Default R: the and DESIGN.md's default; on sluice-mini-swa it is within 1e-5 of exact
-// suffix loss.
+// Default R (docs/design.md); on sluice-mini-swa it is within 1e-5 of exact suffix loss.
 inline constexpr int64_t kDefaultSwaReplayTokens = 128;
 
 enum class SwaReplayFullKv {

@@ -92,7 +92,7 @@ struct ForwardInput {
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logits_indices;  // flattened token indices whose logits are wanted
 
-  // Optional hooks for SWA bounded replay (engine/kv/swa_replay.h, DESIGN.md "SWA bounded
+  // Optional hooks for SWA bounded replay (engine/kv/swa_replay.h, docs/design.md "SWA bounded
   // replay"); both empty in ordinary steps, which then run exactly as without them. Only models
   // whose SupportsSwaReplay() is true honour them; callers must check it (swa_replay.cc does).
   //

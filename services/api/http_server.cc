@@ -20,8 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/api/openai_errors.h"
-#include "services/api/openai_responses.h"
+#include "nlohmann/json.hpp"
 #include "services/api/tls_context.h"
 
 namespace sluice {
@@ -233,9 +232,15 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     head_request_ = false;
     request_active_ = true;
     response_finished_ = false;
-    nlohmann::json error = OpenAiErrorJson(absl::InvalidArgumentError(message));
-    error["error"]["code"] = status;
-    SendResponse(status, "application/json", DumpJson(error));
+    // The OpenAI error body every Sluice HTTP endpoint answers with (openai_errors.h).
+    const nlohmann::json error = {{"error",
+                                   {{"message", message},
+                                    {"type", "invalid_request_error"},
+                                    {"param", nullptr},
+                                    {"code", status}}}};
+    SendResponse(status, "application/json",
+                 error.dump(-1, ' ', /*ensure_ascii=*/false,
+                            nlohmann::json::error_handler_t::replace));
   }
 
   // StartMonitor keeps a read pending while the response is produced, to notice a client

@@ -8,30 +8,9 @@
 
 #include "absl/status/status.h"
 #include "engine/sched/request.h"
-#include "services/api/spec_decode_metrics.h"
+#include "services/api/backend_stats.h"
 
 namespace sluice {
-
-// BackendStats: live load figures for /metrics and routing.
-struct BackendStats {
-  int64_t num_waiting_requests = 0;
-  int64_t num_running_requests = 0;
-  int64_t num_total_blocks = 0;
-  int64_t num_free_blocks = 0;
-  int64_t block_size = 0;
-  int64_t num_preemptions_total = 0;
-  int64_t num_prompt_tokens_total = 0;
-  int64_t num_generation_tokens_total = 0;
-  // Of those, tokens a grammar forced, appended without a model step (jump-forward).
-  int64_t num_jump_forward_tokens_total = 0;
-  // Prefix cache (0 where the backend has none): tokens looked up / found at admissions,
-  // prompt tokens served from the cache, blocks registered now.
-  int64_t num_prefix_cache_query_tokens_total = 0;
-  int64_t num_prefix_cache_hit_tokens_total = 0;
-  int64_t num_prompt_tokens_cached_total = 0;
-  int64_t num_cached_blocks = 0;
-  SpecDecodeStats spec_decode;  // zeros without speculative decoding
-};
 
 class InferenceBackend {
  public:

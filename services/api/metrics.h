@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "services/api/inference_backend.h"
+#include "services/api/backend_stats.h"
 
 namespace sluice {
 struct FinishedRequest;

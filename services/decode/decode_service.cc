@@ -9,9 +9,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "services/serve/log.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/block_runs.h"
+#include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -408,15 +410,12 @@ void DecodeService::Forget(const std::string& request_id, const DecodeSession* s
   if (it != sessions_.end() && it->second.get() == session) sessions_.erase(it);
 }
 
-std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& request_id,
-                                                         std::vector<int32_t> prompt,
-                                                         const v1::SamplingParams& sampling,
-                                                         const std::string& cache_salt,
-                                                         int32_t priority,
+std::shared_ptr<DecodeSession> DecodeService::NewSession(const v1::DecodeRequest& request,
                                                          std::vector<MultimodalInput> mm_inputs,
                                                          absl::Status* error) {
+  const std::string& request_id = request.request_id();
   absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> grammar =
-      RequestGrammar(options_.grammars, sampling);
+      RequestGrammar(options_.grammars, request.sampling());
   if (!grammar.ok()) {
     *error = grammar.status();
     return nullptr;
@@ -429,14 +428,8 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const std::string& requ
       return nullptr;
     }
   }
-  EngineRequest er;
-  er.request_id = request_id;
-  er.prompt_token_ids = std::move(prompt);
-  er.sampling = SamplingFromWire(sampling);
-  er.grammar = *std::move(grammar);
-  er.cache_salt = cache_salt;
-  er.priority = priority;
-  er.mm_inputs = std::move(mm_inputs);
+  EngineRequest er =
+      EngineRequestFromWire(request, request_id, *std::move(grammar), std::move(mm_inputs));
   engine_->ReserveForTransfer(
       std::move(er), std::nullopt, absl::Now() + options_.reserve_timeout,
       [session](absl::StatusOr<std::vector<int32_t>> blocks) {
@@ -511,20 +504,13 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     response->set_reservation_token(tokens_.Issue(grant));
     v1::KvBlocks* kv = response->mutable_kv();
     kv->set_kv_descriptor(kv_descriptor_);
-    RunsToWire(*blocks, kv);
+    transfer::RunsToWire(*blocks, kv);
     *kv->mutable_layout() = layout;
     kv->set_num_tokens(num_tokens);
     reactor->Finish(grpc::Status::OK);
   });
-  EngineRequest er;
-  er.request_id = request->request_id();
-  er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                             request->prompt_token_ids().end());
-  er.sampling = SamplingFromWire(request->sampling());
-  er.grammar = *std::move(grammar);
-  er.cache_salt = request->cache_salt();
-  er.priority = request->priority();
-  er.mm_inputs = *std::move(mm_inputs);
+  EngineRequest er = EngineRequestFromWire(*request, request->request_id(), *std::move(grammar),
+                                           *std::move(mm_inputs));
   // The caller may bound the wait for free blocks (it has other decode workers to try).
   const absl::Duration wait =
       request->max_wait_ms() > 0
@@ -621,11 +607,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     absl::Status error;
     std::shared_ptr<DecodeSession> session = existing;
     if (session == nullptr) {
-      session = NewSession(id,
-                           std::vector<int32_t>(request->prompt_token_ids().begin(),
-                                                request->prompt_token_ids().end()),
-                           request->sampling(), request->cache_salt(), request->priority(),
-                           *std::move(mm_inputs), &error);
+      session = NewSession(*request, *std::move(mm_inputs), &error);
     }
     if (session == nullptr) return EndCall(id, ToGrpc(error));
     auto* writer = new DecodeWriter(session);
@@ -653,15 +635,8 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
     std::lock_guard<std::mutex> lock(mu_);
     sessions_[id] = session;
   }
-  EngineRequest er;
-  er.request_id = engine_id;
-  er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                             request->prompt_token_ids().end());
-  er.sampling = SamplingFromWire(request->sampling());
-  er.grammar = *std::move(grammar);
-  er.cache_salt = request->cache_salt();
-  er.priority = request->priority();
-  er.mm_inputs = *std::move(mm_inputs);
+  EngineRequest er =
+      EngineRequestFromWire(*request, engine_id, *std::move(grammar), *std::move(mm_inputs));
   er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
                                      request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),
@@ -739,7 +714,7 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
   if (!moved.ok()) return moved.status();
   // The runs come from the prefill worker: checked (ids in range, at most the reservation).
   absl::StatusOr<std::vector<transfer::BlockRun>> remote_runs =
-      RunsFromWire(kv, static_cast<int64_t>(blocks.size()));
+      transfer::RunsFromWire(kv, static_cast<int64_t>(blocks.size()));
   if (!remote_runs.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("prefill sent bad KV blocks: ",
                                                    remote_runs.status().message()));
@@ -755,7 +730,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
                                         const std::vector<int32_t>& blocks, absl::Time deadline,
                                         absl::Time* safe_at) {
   absl::StatusOr<std::vector<transfer::BlockRun>> pinned =
-      RunsFromWire(prefill.kv(), static_cast<int64_t>(blocks.size()));
+      transfer::RunsFromWire(prefill.kv(), static_cast<int64_t>(blocks.size()));
   if (!pinned.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("prefill pinned bad KV blocks: ",
                                                    pinned.status().message()));
@@ -771,7 +746,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
   request.set_transfer_token(prefill.kv().transfer_token());
   v1::KvBlocks* destination = request.mutable_destination();
   destination->set_kv_descriptor(kv_descriptor_);
-  RunsToWire(std::vector<int32_t>(blocks.begin(), blocks.begin() + n), destination);
+  transfer::RunsToWire(absl::MakeConstSpan(blocks).first(static_cast<size_t>(n)), destination);
   *destination->mutable_layout() = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   destination->set_num_tokens(prefill.kv().num_tokens());
   request.set_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(timeout)));

@@ -119,10 +119,9 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   void AbortReservation(const std::string& engine_id, absl::Time reserved_at);
 
  private:
-  std::shared_ptr<DecodeSession> NewSession(const std::string& request_id,
-                                            std::vector<int32_t> prompt,
-                                            const v1::SamplingParams& sampling,
-                                            const std::string& cache_salt, int32_t priority,
+  // NewSession: a session reserving blocks for `request` (a Decode that came without a
+  // Reserve); null with `error` set when its grammar fails or its id exists.
+  std::shared_ptr<DecodeSession> NewSession(const v1::DecodeRequest& request,
                                             std::vector<MultimodalInput> mm_inputs,
                                             absl::Status* error);
   void RunTransfer(const std::shared_ptr<DecodeSession>& session);  // pool thread

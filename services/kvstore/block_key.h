@@ -2,8 +2,8 @@
 //
 // The kvstore never interprets either part. The layout id identifies the bytes' meaning (model,
 // block size, KV layout, dtype): blocks of one layout id all have the same size. The block hash is
-// the engine's chained prefix hash (DESIGN.md "One block-hash scheme everywhere"), carried as an
-// opaque 128-bit value; a 64-bit hash is stored with hash_hi = 0.
+// the engine's chained prefix hash (docs/design.md, "One block-hash scheme everywhere"), carried
+// as an opaque 128-bit value; a 64-bit hash is stored with hash_hi = 0.
 #ifndef SLUICE_SERVICES_KVSTORE_BLOCK_KEY_H_
 #define SLUICE_SERVICES_KVSTORE_BLOCK_KEY_H_
 

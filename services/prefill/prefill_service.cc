@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/worker_common/worker_wire.h"
 #include "transfer/block_runs.h"
+#include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"
 
 namespace sluice {
@@ -145,15 +146,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     reactor->End(ToGrpc(mm_inputs.status()));
     return reactor;
   }
-  EngineRequest er;
-  er.request_id = request->request_id();
-  er.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                             request->prompt_token_ids().end());
-  er.sampling = SamplingFromWire(request->sampling());
-  er.grammar = *std::move(grammar);
-  er.cache_salt = request->cache_salt();
-  er.priority = request->priority();
-  er.mm_inputs = *std::move(mm_inputs);
+  EngineRequest er = EngineRequestFromWire(*request, request->request_id(), *std::move(grammar),
+                                           *std::move(mm_inputs));
   er.hold_kv_blocks = true;
   if (layer_push != nullptr) er.kv_layer_observer = std::make_shared<LayerPushObserver>(layer_push);
   const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
@@ -211,7 +205,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
         if (out.kv_held) {
           v1::KvBlocks* kv = response->mutable_kv();
           kv->set_kv_descriptor(kv_descriptor_);
-          RunsToWire(out.held_block_ids, kv);
+          transfer::RunsToWire(out.held_block_ids, kv);
           *kv->mutable_layout() = layout;
           kv->set_num_tokens(out.num_prompt_tokens);
           kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
@@ -257,23 +251,36 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   return reactor;
 }
 
+absl::StatusOr<PrefillService::Destination> PrefillService::CheckDestination(
+    const std::string& request_id, const v1::KvBlocks& destination,
+    absl::StatusCode layout_error) const {
+  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
+  if (!SameKvLayout(destination.layout(), own)) {
+    return absl::Status(layout_error,
+                        absl::StrCat("KV layout mismatch for request '", request_id, "': decode ",
+                                     DescribeKvLayout(destination.layout()), "; prefill ",
+                                     DescribeKvLayout(own)));
+  }
+  // With SWA replay only the full-attention layers' regions (the decode worker checked that it
+  // replays the rest).
+  absl::StatusOr<TransferRegions> regions =
+      ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
+  if (!regions.ok()) return regions.status();
+  // The runs come from a peer: checked before anything is expanded or pushed.
+  absl::StatusOr<std::vector<transfer::BlockRun>> runs =
+      transfer::RunsFromWire(destination, std::numeric_limits<int32_t>::max());
+  if (!runs.ok()) return runs.status();
+  return Destination{*std::move(regions), *std::move(runs)};
+}
+
 absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLayerwisePush(
     const std::string& request_id, const v1::KvBlocks& destination, absl::Time deadline) {
   const KvCacheSpec& spec = engine_->kv_cache().spec();
-  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
-  if (!SameKvLayout(destination.layout(), own)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "KV layout mismatch for request '", request_id, "': decode ",
-        DescribeKvLayout(destination.layout()), "; prefill ", DescribeKvLayout(own)));
-  }
-  // With SWA replay only the full-attention layers' regions (the decode worker replays the
-  // rest); the other layers' groups have nothing to move.
-  absl::StatusOr<TransferRegions> moved =
-      ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
-  if (!moved.ok()) return moved.status();
-  absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
-      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
-  if (!dest_runs.ok()) return dest_runs.status();
+  // With SWA replay the other layers' groups have nothing to move (the decode worker replays
+  // them).
+  absl::StatusOr<Destination> checked =
+      CheckDestination(request_id, destination, absl::StatusCode::kFailedPrecondition);
+  if (!checked.ok()) return checked.status();
   // KvRegionsOf's order: per layer its k region, then its v region when there is one.
   const int32_t per_layer = spec.v_floats_per_token > 0 ? 2 : 1;
   std::vector<int32_t> region_layers;
@@ -298,7 +305,8 @@ absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLay
         return agent->Push(remote, remote_runs, local, local_runs, d);
       },
       [this](std::function<void()> job) { pool_.Post(std::move(job)); },
-      std::move(moved->remote), *std::move(dest_runs), std::move(moved->local),
+      std::move(checked->regions.remote), std::move(checked->runs),
+      std::move(checked->regions.local),
       std::move(region_layers), options);
 }
 
@@ -341,10 +349,20 @@ std::string PinGrant(const std::string& request_id, absl::Time pinned_at) {
 
 }  // namespace
 
-absl::Status PrefillService::CheckToken(const std::string& request_id, const Held& held,
-                                        const std::string& token, const char* call) const {
-  return tokens_.Check(PinGrant(request_id, held.pinned_at), token,
-                       absl::StrCat(call, " of request '", request_id, "'"));
+absl::StatusOr<PrefillService::Held*> PrefillService::HeldFor(const std::string& request_id,
+                                                             const std::string& token,
+                                                             const char* call) {
+  auto it = held_.find(request_id);
+  if (it == held_.end()) {
+    return absl::NotFoundError(absl::StrCat("no pinned KV for request '", request_id,
+                                            "' (released, aborted or its pin timed out)"));
+  }
+  if (absl::Status s = tokens_.Check(PinGrant(request_id, it->second.pinned_at), token,
+                                     absl::StrCat(call, " of request '", request_id, "'"));
+      !s.ok()) {
+    return s;
+  }
+  return &it->second;
 }
 
 std::string PrefillService::RememberHeld(const std::string& request_id,
@@ -370,39 +388,36 @@ grpc::ServerUnaryReactor* PrefillService::Release(grpc::CallbackServerContext* c
   bool answered = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = held_.find(request->request_id());
-    if (it == held_.end()) {
-      // Never pinned here, released, aborted or timed out: nothing of it is pinned (and without
-      // the record no token can be checked, so the engine is not asked to release anything).
+    // Only the decode worker the KV was handed to may end the pin.
+    absl::StatusOr<Held*> held =
+        HeldFor(request->request_id(), request->transfer_token(), "Release");
+    if (absl::IsNotFound(held.status())) {
+      // Nothing of it is pinned (and without the record no token can be checked, so the engine
+      // is not asked to release anything).
       response->set_released(false);
       reactor->Finish(grpc::Status::OK);
       return reactor;
     }
-    {
-      // Only the decode worker the KV was handed to may end the pin.
-      if (absl::Status token = CheckToken(request->request_id(), it->second,
-                                          request->transfer_token(), "Release");
-          !token.ok()) {
-        reactor->Finish(ToGrpc(token));
-        return reactor;
-      }
-      if (it->second.pushing) {
-        // No block is freed while a put reads it: the push job releases when it ends.
-        response->set_released(true);
-        reactor->Finish(grpc::Status::OK);
-        return reactor;
-      }
-      // The pin is still in place while the engine's hold timer cannot have fired: answer now.
-      // The engine applies the release only between steps; waiting for it made the ack of a
-      // pull that read intact KV miss the decode worker's deadline under load, and the decode
-      // worker then recomputed the prompt.
-      if (absl::Now() - it->second.pinned_at < options_.pin_timeout - kPinMargin) {
-        response->set_released(true);
-        reactor->Finish(grpc::Status::OK);
-        answered = true;
-      }
-      held_.erase(it);
+    if (!held.ok()) {
+      reactor->Finish(ToGrpc(held.status()));
+      return reactor;
     }
+    if ((*held)->pushing) {
+      // No block is freed while a put reads it: the push job releases when it ends.
+      response->set_released(true);
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    // The pin is still in place while the engine's hold timer cannot have fired: answer now.
+    // The engine applies the release only between steps; waiting for it made the ack of a
+    // pull that read intact KV miss the decode worker's deadline under load, and the decode
+    // worker then recomputed the prompt.
+    if (absl::Now() - (*held)->pinned_at < options_.pin_timeout - kPinMargin) {
+      response->set_released(true);
+      reactor->Finish(grpc::Status::OK);
+      answered = true;
+    }
+    held_.erase(request->request_id());
   }
   if (answered) {
     engine_->ReleaseHeldBlocks(request->request_id(), nullptr);
@@ -436,30 +451,22 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
   absl::Time deadline = absl::Now() + timeout;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = held_.find(request->request_id());
-    if (it == held_.end()) {
-      reactor->Finish(grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("no pinned KV for request '", request->request_id(),
-                       "' (released, aborted or its pin timed out)")));
-      return reactor;
-    }
     // A push sends the pinned KV wherever the destination says: only to the holder of the token.
-    if (absl::Status token = CheckToken(request->request_id(), it->second,
-                                        request->transfer_token(), "PushKv");
-        !token.ok()) {
-      reactor->Finish(ToGrpc(token));
+    absl::StatusOr<Held*> held =
+        HeldFor(request->request_id(), request->transfer_token(), "PushKv");
+    if (!held.ok()) {
+      reactor->Finish(ToGrpc(held.status()));
       return reactor;
     }
-    if (it->second.pushing) {
+    if ((*held)->pushing) {
       reactor->Finish(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                    "a push of this request's KV is already running"));
       return reactor;
     }
     // The engine frees the pinned blocks at pinned_at + pin_timeout: the push ends before.
-    deadline = std::min(deadline, it->second.pinned_at + options_.pin_timeout - kPinMargin);
-    it->second.pushing = true;
-    block_ids = it->second.block_ids;
+    deadline = std::min(deadline, (*held)->pinned_at + options_.pin_timeout - kPinMargin);
+    (*held)->pushing = true;
+    block_ids = (*held)->block_ids;
   }
   const std::string id = request->request_id();
   pool_.Post([this, reactor, request, response, id, block_ids = std::move(block_ids), deadline] {
@@ -484,38 +491,26 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
                                      const v1::PushKvRequest& request,
                                      std::vector<int32_t> block_ids, absl::Time deadline,
                                      int64_t* bytes) {
-  const v1::KvBlocks& destination = request.destination();
-  const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
-  const v1::KvLayout& theirs = destination.layout();
-  if (!SameKvLayout(theirs, own)) {
-    return absl::InvalidArgumentError(absl::StrCat("KV layout mismatch for request '", request_id,
-                                                   "': decode ", DescribeKvLayout(theirs),
-                                                   "; prefill ", DescribeKvLayout(own)));
-  }
-  // With SWA replay only the full-attention layers' regions (the decode worker checked that it
-  // replays the rest).
-  absl::StatusOr<TransferRegions> moved =
-      ParseTransferRegions(destination.kv_descriptor(), regions_, transfer_region_indices_);
-  if (!moved.ok()) return moved.status();
-  // The runs come from a peer: checked, and only the blocks the prompt needs are expanded.
-  absl::StatusOr<std::vector<transfer::BlockRun>> dest_runs =
-      RunsFromWire(destination, std::numeric_limits<int32_t>::max());
-  if (!dest_runs.ok()) return dest_runs.status();
-  const int64_t reserved = transfer::TotalBlocks(*dest_runs);
+  absl::StatusOr<Destination> checked = CheckDestination(request_id, request.destination(),
+                                                         absl::StatusCode::kInvalidArgument);
+  if (!checked.ok()) return checked.status();
+  const TransferRegions& moved = checked->regions;
+  // Only the blocks the prompt needs are expanded (the runs may cover far more).
+  const int64_t reserved = transfer::TotalBlocks(checked->runs);
   if (reserved < static_cast<int64_t>(block_ids.size())) {
     return absl::InvalidArgumentError(absl::StrCat("decode reserved ", reserved,
                                                    " blocks; the prompt's KV needs ",
                                                    block_ids.size()));
   }
-  std::vector<int32_t> dest_ids = FirstBlocks(*dest_runs, block_ids.size());
+  std::vector<int32_t> dest_ids = transfer::FirstBlocks(checked->runs, block_ids.size());
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
   }
   absl::Status status =
-      agent_->Push(moved->remote, transfer::CoalesceBlocks(dest_ids), moved->local,
+      agent_->Push(moved.remote, transfer::CoalesceBlocks(dest_ids), moved.local,
                    transfer::CoalesceBlocks(block_ids), deadline);
   if (status.ok()) {
-    for (const transfer::KvRegion& region : moved->local) {
+    for (const transfer::KvRegion& region : moved.local) {
       *bytes += region.block_bytes * static_cast<int64_t>(block_ids.size());
     }
   }

@@ -22,10 +22,12 @@
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
 #include "services/common/grant_tokens.h"
+#include "services/worker_common/peer_kv_blocks.h"
 #include "services/worker_common/task_pool.h"
 #include "services/worker_common/worker_images.h"
 #include "services/worker_common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
+#include "transfer/block_runs.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/layerwise_push.h"
 #include "services/worker_common/worker_grammar.h"
@@ -100,9 +102,22 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   void DropNow(const std::string& request_id);
   // RememberHeld records the pin and returns its transfer token (PrefillResponse.kv).
   std::string RememberHeld(const std::string& request_id, std::vector<int32_t> block_ids);
-  // CheckToken: PERMISSION_DENIED unless `token` is the transfer token of `held`.
-  absl::Status CheckToken(const std::string& request_id, const Held& held,
-                          const std::string& token, const char* call) const;
+  // HeldFor: the pin of `request_id`, for a call (`call`: "Release", "PushKv") that presented
+  // `token`; call with mu_ held. Errors: NotFound when nothing is pinned (never pinned here,
+  // released, aborted or timed out), PermissionDenied unless `token` is the pin's transfer token.
+  absl::StatusOr<Held*> HeldFor(const std::string& request_id, const std::string& token,
+                                const char* call);
+  // Destination: where a push writes, once checked (CheckDestination).
+  struct Destination {
+    TransferRegions regions;               // both sides' regions a transfer moves
+    std::vector<transfer::BlockRun> runs;  // the decode worker's reserved blocks
+  };
+  // CheckDestination: a decode worker's reservation (`destination`) checked for pushing
+  // `request_id`'s KV: the same KV layout (else `layout_error`, with both layouts named), a
+  // descriptor that parses, valid block runs (InvalidArgument).
+  absl::StatusOr<Destination> CheckDestination(const std::string& request_id,
+                                               const v1::KvBlocks& destination,
+                                               absl::StatusCode layout_error) const;
   // RunPush: the PushKv job (pool thread). Frees the pinned blocks afterwards.
   absl::Status RunPush(const std::string& request_id, const v1::PushKvRequest& request,
                        std::vector<int32_t> block_ids, absl::Time deadline, int64_t* bytes);

@@ -1,5 +1,5 @@
 // KvAwarePolicy: choose a worker for a prompt by cached-prefix overlap against live load
-// (../shared/DESIGN.md, "Route on overlap and live load together").
+// (docs/design.md, "Route on overlap and live load together").
 //
 // Cost of sending a prompt of P tokens to worker w (lower is better; unit: prompt tokens, a proxy
 // for prefill time since prefill time grows about linearly in new tokens at these lengths):

@@ -1,5 +1,5 @@
 // KvIndex: the router's view of which worker's prefix cache holds which KV blocks
-// (../shared/DESIGN.md, "KV events are a replayable stream" and "Route on overlap and live load
+// (docs/design.md, "KV events are a replayable stream" and "Route on overlap and live load
 // together").
 //
 // Workers publish their engine's KV event log (engine/kv/kv_events.h: stored / removed /

@@ -195,12 +195,4 @@ std::string DescribeKvLayout(const v1::KvLayout& layout) {
                       layout.dtype_bytes(), " bytes");
 }
 
-void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out) {
-  for (const transfer::BlockRun& run : transfer::CoalesceBlocks(block_ids)) {
-    v1::BlockRun* w = out->add_runs();
-    w->set_first_block(static_cast<uint32_t>(run.first_block));
-    w->set_num_blocks(static_cast<uint32_t>(run.num_blocks));
-  }
-}
-
 }  // namespace sluice

@@ -4,6 +4,8 @@
 #define SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -21,6 +23,23 @@ namespace sluice {
 
 // SamplingFromWire: unset optional fields keep sluice::SamplingParams' defaults.
 SamplingParams SamplingFromWire(const v1::SamplingParams& in);
+// EngineRequestFromWire: the engine request of a worker call (a PrefillRequest, ReserveRequest
+// or DecodeRequest: the fields they share) under `request_id`, with the call's grammar and
+// images as already checked (RequestGrammar, MmInputsFromWire).
+template <typename WireRequest>
+EngineRequest EngineRequestFromWire(const WireRequest& in, std::string request_id,
+                                    std::shared_ptr<const grammar::CompiledGrammar> grammar,
+                                    std::vector<MultimodalInput> mm_inputs) {
+  EngineRequest er;
+  er.request_id = std::move(request_id);
+  er.prompt_token_ids.assign(in.prompt_token_ids().begin(), in.prompt_token_ids().end());
+  er.sampling = SamplingFromWire(in.sampling());
+  er.grammar = std::move(grammar);
+  er.cache_salt = in.cache_salt();
+  er.priority = in.priority();
+  er.mm_inputs = std::move(mm_inputs);
+  return er;
+}
 void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out);
 void PromptLogprobToWire(const PromptLogprob& in, v1::PromptLogprob* out);
 v1::FinishReason FinishReasonToWire(FinishReason reason);
@@ -58,8 +77,6 @@ v1::KvLayout LayoutOf(const KvCache& cache, int64_t dtype_bytes);
 // be copied byte for byte into the other's). DescribeKvLayout names them for error messages.
 bool SameKvLayout(const v1::KvLayout& a, const v1::KvLayout& b);
 std::string DescribeKvLayout(const v1::KvLayout& layout);
-// RunsToWire: `block_ids` as coalesced BlockRuns.
-void RunsToWire(const std::vector<int32_t>& block_ids, v1::KvBlocks* out);
 
 }  // namespace sluice
 

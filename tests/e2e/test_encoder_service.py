@@ -4,7 +4,6 @@ fixture images, answers the same image from its cache (flag and /metrics counter
 bad images with INVALID_ARGUMENT naming the image while it keeps serving."""
 
 import importlib
-import pathlib
 import re
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from conftest import sluice_bin
 from grpc_stubs import pb  # noqa: F401  (generates every sluice.v1 module)
-from test_vision import FIXTURE, fixture_image, golden
+from llava_tiny import FIXTURE, fixture_image, golden
 
 enc_pb = importlib.import_module("sluice.v1.encoder_pb2")
 enc_grpc = importlib.import_module("sluice.v1.encoder_pb2_grpc")

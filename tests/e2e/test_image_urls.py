@@ -5,30 +5,15 @@ redirects, a body over --max-image-bytes (declared or streamed), a fetch over th
 HTTP error are each a 400 naming the problem, and the server keeps serving."""
 
 import http.server
-import json
-import pathlib
-import struct
 import threading
 import time
 
-import numpy as np
 import openai
 import pytest
 from tokenizers import Tokenizer
 
 from conftest import ServerProcess
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "llava-tiny"
-MAX_BYTES = 100_000
-
-
-def golden(name):
-    raw = (FIXTURE / "golden.safetensors").read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    meta = json.loads(raw[8:8 + n])[name]
-    begin, end = meta["data_offsets"]
-    return np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=np.int64).reshape(meta["shape"])
+from llava_tiny import FIXTURE, MAX_BYTES, want_text
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -116,8 +101,7 @@ def ask(client, url):
 
 @pytest.fixture(scope="module")
 def want():
-    tokenizer = Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
-    return tokenizer.decode(golden("greedy_0").tolist(), skip_special_tokens=True)
+    return want_text(Tokenizer.from_file(str(FIXTURE / "tokenizer.json")), 0)
 
 
 @pytest.mark.parametrize("path", ["/image_0.png", "/redirect/2"], ids=["direct", "2-redirects"])

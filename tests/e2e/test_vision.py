@@ -6,58 +6,19 @@ that iterates over parts); the same image twice hits the encoder cache; two diff
 never share KV blocks; every kind of bad image is a 400 naming the problem and the server keeps
 serving."""
 
-import base64
-import io
 import json
-import pathlib
 import socket
-import struct
 import urllib.request
-import zlib
 
 import numpy as np
 import openai
 import pytest
-from PIL import Image
 from tokenizers import Tokenizer
 
 from conftest import ServerProcess
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "llava-tiny"
-MAX_PIXELS = 1_000_000
-MAX_BYTES = 100_000
-
-
-def golden(name):
-    raw = (FIXTURE / "golden.safetensors").read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    meta = json.loads(raw[8:8 + n])[name]
-    begin, end = meta["data_offsets"]
-    dtype = {"I64": np.int64, "F32": np.float32}[meta["dtype"]]
-    return np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=dtype).reshape(meta["shape"])
-
-
-def data_url(data: bytes, mime="image/png") -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
-
-
-def image_part(data: bytes, mime="image/png", detail="auto"):
-    return {"type": "image_url", "image_url": {"url": data_url(data, mime), "detail": detail}}
-
-
-def fixture_image(name):
-    return (FIXTURE / name).read_bytes()
-
-
-def png(array) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, "PNG")
-    return out.getvalue()
-
-
-def chunk(kind, data):
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+from llava_tiny import (FIXTURE, HF_TEMPLATE, LIMIT_ARGS, PROMPT0, PROMPT1, bad_images as
+                        common_bad_images, data_url, fixture_image, golden, image_part,
+                        noise_png, png, want_text)
 
 
 def free_port() -> int:
@@ -69,11 +30,8 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def vl_server():
     grpc_port = free_port()
-    proc = ServerProcess(
-        extra_args=["--limit-mm-per-prompt", '{"image": 3}', "--max-image-pixels",
-                    str(MAX_PIXELS), "--max-image-bytes", str(MAX_BYTES), "--max-model-len",
-                    "256", "--grpc-port", str(grpc_port)],
-        model_dir=FIXTURE)
+    proc = ServerProcess(extra_args=[*LIMIT_ARGS, "--grpc-port", str(grpc_port)],
+                         model_dir=FIXTURE)
     proc.grpc_address = f"127.0.0.1:{grpc_port}"
     yield proc
     assert proc.stop() == 0, proc.logs()
@@ -88,25 +46,6 @@ def vl(vl_server):
 @pytest.fixture(scope="module")
 def tokenizer():
     return Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
-
-
-PROMPT0 = [{"role": "user", "content": [image_part(fixture_image("image_0.png")),
-                                        {"type": "text", "text": "What is in this picture?"}]}]
-PROMPT1 = [
-    {"role": "system", "content": "You compare pictures."},
-    {"role": "user", "content": [
-        {"type": "text", "text": "Compare <|image|> with <|image|>. Which one is brighter?"},
-        image_part(fixture_image("image_1.png")),
-        image_part(fixture_image("image_2.jpg"), mime="image/jpeg", detail="high")]},
-]
-# A Hugging Face style template: it iterates over content parts and writes the placeholder for
-# {"type": "image"} parts itself; it renders PROMPT0 to the reference text.
-HF_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<|image|>\\n' }}"
-    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ eos_token + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
 
 
 def chat(client, messages, **kw):
@@ -129,7 +68,7 @@ def metric(server, name) -> float:
 ], ids=["one-png", "system-png-jpeg-inline", "hf-content-parts"])
 def test_reference_greedy_tokens(vl, tokenizer, case, messages, extra):
     reply = chat(vl, messages, **extra)
-    want = tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
+    want = want_text(tokenizer, case)
     assert reply.choices[0].message.content == want
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.prompt_tokens == len(golden(f"input_ids_{case}"))  # 16 tokens per image
@@ -139,7 +78,7 @@ def test_streaming_with_an_image(vl, tokenizer):
     stream = vl.chat.completions.create(model="llava-tiny", messages=PROMPT0, temperature=0,
                                         max_tokens=32, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert text == tokenizer.decode(golden("greedy_0").tolist(), skip_special_tokens=True)
+    assert text == want_text(tokenizer, 0)
 
 
 def test_same_image_hits_the_encoder_cache_and_the_prefix_cache(vl, vl_server):
@@ -170,27 +109,10 @@ def test_different_images_give_different_outputs_and_share_no_blocks(vl):
 
 
 def bad_images():
-    rng = np.random.default_rng(7)
-    whole = png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
-    bomb = (b"\x89PNG\r\n\x1a\n" +
-            chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)) +
-            chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
-    svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>'
-    return [
-        ("truncated-png", [image_part(whole[:len(whole) // 2])], "truncated or corrupt PNG image"),
-        ("not-an-image", [image_part(b"hello, these bytes are no picture at all")],
-         "not a PNG, JPEG or WebP image"),
-        ("svg", [image_part(svg, mime="image/svg+xml")], "SVG images are not supported"),
-        ("over-pixel-limit", [image_part(png(np.zeros((1001, 1000, 3), dtype=np.uint8)))],
-         f"over the limit of {MAX_PIXELS} pixels"),
-        ("over-byte-limit", [image_part(png(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)))],
-         f"over the limit of {MAX_BYTES} bytes"),
-        ("decompression-bomb", [image_part(bomb)], "decompression bomb"),
+    whole = noise_png(np.random.default_rng(7))
+    return common_bad_images(
         ("http-url", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
-         "image URLs (http/https) are not fetched"),
-        ("too-many-images", [image_part(whole)] * 4, "At most 3 image(s)"),
-        ("not-base64", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
-         "not valid base64"),
+         "image URLs (http/https) are not fetched")) + [
         ("bad-detail", [image_part(whole, detail="ultra")], "detail must be"),
         ("extra-placeholder", [{"type": "text", "text": "<|image|> and <|image|>"},
                                image_part(whole)], "placeholders"),
@@ -205,8 +127,7 @@ def test_bad_images_are_400_naming_the_problem(vl, tokenizer, name, parts, fragm
     assert fragment in err.value.message, err.value.message
     # The server keeps serving.
     reply = chat(vl, PROMPT0)
-    assert reply.choices[0].message.content == tokenizer.decode(golden("greedy_0").tolist(),
-                                                                skip_special_tokens=True)
+    assert reply.choices[0].message.content == want_text(tokenizer, 0)
 
 
 def test_text_only_model_refuses_image_parts(client, model):
@@ -232,7 +153,7 @@ def test_generate_lines_with_images(tmp_path, tokenizer):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = [json.loads(line) for line in dst.read_text().splitlines()]
     for i, case in enumerate([0, 1]):
-        want = tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
+        want = want_text(tokenizer, case)
         assert out[i]["choices"][0]["message"]["content"] == want
     assert "decompression bomb" in out[2]["error"]["message"]
 

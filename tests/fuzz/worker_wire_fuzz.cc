@@ -15,6 +15,7 @@
 #include "services/worker_common/peer_kv_blocks.h"
 #include "sluice/v1/kv.pb.h"
 #include "transfer/block_runs.h"
+#include "transfer/block_runs_wire.h"
 #include "transfer/kv_transfer.h"
 
 namespace {
@@ -46,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::vector<int32_t> blocks(static_cast<size_t>(reserved));
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int32_t>(7 - i % 8);
-  auto remote_runs = sluice::RunsFromWire(kv, reserved);
+  auto remote_runs = sluice::transfer::RunsFromWire(kv, reserved);
   if (remote_runs.ok()) {
     const int64_t n = sluice::transfer::TotalBlocks(*remote_runs);
     if (n < 0 || n > reserved) __builtin_trap();
@@ -62,10 +63,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!pairs.ok()) __builtin_trap();  // equal totals, valid runs: must pair
   }
   // Prefill side (RunPush): the destination may reserve more than the prompt needs.
-  auto dest_runs = sluice::RunsFromWire(kv, std::numeric_limits<int32_t>::max());
+  auto dest_runs = sluice::transfer::RunsFromWire(kv, std::numeric_limits<int32_t>::max());
   if (dest_runs.ok()) {
     const size_t needed = static_cast<size_t>(reserved);
-    std::vector<int32_t> ids = sluice::FirstBlocks(*dest_runs, needed);
+    std::vector<int32_t> ids = sluice::transfer::FirstBlocks(*dest_runs, needed);
     if (ids.size() > needed) __builtin_trap();
     for (int32_t id : ids) {
       if (id < 0) __builtin_trap();

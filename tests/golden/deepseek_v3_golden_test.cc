@@ -6,13 +6,10 @@
 // position and the exact greedy continuation, decoded through the paged latent cache with
 // whole-prompt prefill, with chunked prefill, and with prompts batched in mixed steps. The
 // kernels are batch invariant, so all three modes must give bit-identical logits.
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,15 +21,12 @@
 #include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "tests/util/golden_runner.h"
+#include "tests/util/golden_suite.h"
 #include "tests/util/test_paths.h"
 
 namespace sluice {
 namespace {
 
-using ::sluice::testing::CompareToGolden;
-using ::sluice::testing::GoldenCase;
-using ::sluice::testing::GoldenRun;
 using ::sluice::testing::GoldenRunOptions;
 
 enum class Where { kFixture, kSharedModel, kEmbedded, kRepoFixture };
@@ -59,114 +53,27 @@ std::string ModelDir(const GoldenModel& m) {
   return "";
 }
 
-struct Loaded {
-  std::unique_ptr<Model> model;
-  std::vector<GoldenCase> cases;
-};
-
-Loaded* GetLoaded(const GoldenModel& m) {
-  static auto* cache = new std::map<std::string, std::unique_ptr<Loaded>>();
-  auto it = cache->find(m.label);
-  if (it != cache->end()) return it->second.get();
-  const std::string dir = ModelDir(m);
-  auto model = LoadModel(dir);
-  EXPECT_TRUE(model.ok()) << model.status();
-  auto cases = sluice::testing::LoadGoldenCases(dir + "/golden.safetensors");
-  EXPECT_TRUE(cases.ok()) << cases.status();
-  if (!model.ok() || !cases.ok()) return nullptr;
-  auto loaded = std::make_unique<Loaded>();
-  loaded->model = std::move(*model);
-  loaded->cases = std::move(*cases);
-  Loaded* ptr = loaded.get();
-  (*cache)[m.label] = std::move(loaded);
-  return ptr;
-}
-
 class DeepseekV3GoldenTest : public ::testing::TestWithParam<GoldenModel> {
  protected:
-  // Runs every golden prompt alone with `options`; checks logits, argmax and greedy tokens.
-  std::vector<GoldenRun> RunAllAndCheck(const GoldenRunOptions& options, const char* mode) {
-    const GoldenModel& m = GetParam();
-    Loaded* loaded = GetLoaded(m);
-    if (loaded == nullptr) {
-      ADD_FAILURE() << "could not load " << m.label;
-      return {};
-    }
-    EXPECT_EQ(loaded->cases.size(), 4u);
-    const int64_t V = loaded->model->config().vocab_size;
-    std::vector<GoldenRun> runs;
-    float worst = 0;
-    for (size_t i = 0; i < loaded->cases.size(); ++i) {
-      const GoldenCase& c = loaded->cases[i];
-      EXPECT_EQ(static_cast<int64_t>(c.greedy.size()), m.greedy_tokens);
-      GoldenRunOptions opt = options;
-      opt.num_new_tokens = static_cast<int64_t>(c.greedy.size());
-      auto run = sluice::testing::RunGreedy(*loaded->model, c.input_ids, opt);
-      EXPECT_TRUE(run.ok()) << run.status();
-      if (!run.ok()) return {};
-      auto cmp = CompareToGolden(*run, c, V);
-      EXPECT_LE(cmp.max_abs_diff, m.tolerance) << m.label << " prompt " << i << " (" << mode << ")";
-      EXPECT_EQ(cmp.argmax_mismatches, 0) << m.label << " prompt " << i << " (" << mode << ")";
-      EXPECT_EQ(run->greedy, c.greedy) << m.label << " prompt " << i << " (" << mode
-                                       << "), first mismatch at " << cmp.first_greedy_mismatch;
-      std::cout << "[golden] " << m.label << " " << mode << " prompt " << i
-                << " T=" << c.input_ids.size() << " max|dlogit|=" << cmp.max_abs_diff << "\n";
-      worst = std::max(worst, cmp.max_abs_diff);
-      runs.push_back(std::move(*run));
-    }
-    RecordProperty(std::string("max_abs_dlogit_") + mode, std::to_string(worst));
-    return runs;
+  sluice::testing::GoldenExpectations Expect() const {
+    return {GetParam().label, GetParam().greedy_tokens, GetParam().tolerance};
   }
 };
 
 TEST_P(DeepseekV3GoldenTest, WholePromptAndChunkedPrefillAreBitwiseEqual) {
-  GoldenRunOptions whole;
-  whole.block_size = 16;
-  GoldenRunOptions chunked;
-  chunked.block_size = 4;
-  chunked.prefill_chunk = 7;
-  std::vector<GoldenRun> a = RunAllAndCheck(whole, "block16");
-  std::vector<GoldenRun> b = RunAllAndCheck(chunked, "block4_chunk7");
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(a[i].logits == b[i].logits) << GetParam().label << " prompt " << i;
-    EXPECT_EQ(a[i].greedy, b[i].greedy);
-  }
+  sluice::testing::CheckChunkedPrefillIsBitwiseWhole(ModelDir(GetParam()), Expect());
 }
 
 TEST_P(DeepseekV3GoldenTest, BatchedPromptsMatchGoldenAndSingleRuns) {
-  const GoldenModel& m = GetParam();
-  Loaded* loaded = GetLoaded(m);
-  ASSERT_NE(loaded, nullptr);
-  ASSERT_EQ(loaded->cases.size(), 4u);
-  const int64_t V = loaded->model->config().vocab_size;
   // All four prompts (5, 17, 64, 150 tokens) in the same steps: with chunk 5 the short ones
   // decode while the long ones still prefill, so steps mix prefill chunks and decode tokens.
-  std::vector<std::vector<int32_t>> prompts;
-  for (const GoldenCase& c : loaded->cases) prompts.push_back(c.input_ids);
-  GoldenRunOptions opt;
-  opt.block_size = 8;
-  opt.prefill_chunk = 5;
-  opt.num_new_tokens = m.greedy_tokens;
-  auto batched = sluice::testing::RunGreedyBatch(*loaded->model, prompts, opt);
-  ASSERT_TRUE(batched.ok()) << batched.status();
-  ASSERT_EQ(batched->size(), prompts.size());
+  GoldenRunOptions batched;
+  batched.block_size = 8;
+  batched.prefill_chunk = 5;
   GoldenRunOptions whole;
   whole.block_size = 16;
-  whole.num_new_tokens = m.greedy_tokens;
-  for (size_t j = 0; j < prompts.size(); ++j) {
-    const GoldenCase& c = loaded->cases[j];
-    auto cmp = CompareToGolden((*batched)[j], c, V);
-    std::cout << "[golden] " << m.label << " batched prompt " << j
-              << " max|dlogit|=" << cmp.max_abs_diff << "\n";
-    EXPECT_LE(cmp.max_abs_diff, m.tolerance) << m.label << " prompt " << j;
-    EXPECT_EQ(cmp.argmax_mismatches, 0) << m.label << " prompt " << j;
-    EXPECT_EQ((*batched)[j].greedy, c.greedy) << m.label << " prompt " << j;
-    auto single = sluice::testing::RunGreedy(*loaded->model, c.input_ids, whole);
-    ASSERT_TRUE(single.ok()) << single.status();
-    // Batch invariance: a sequence's logits do not depend on what it is batched with.
-    EXPECT_TRUE(single->logits == (*batched)[j].logits) << m.label << " prompt " << j;
-  }
+  sluice::testing::CheckBatchedMatchesGolden(ModelDir(GetParam()), Expect(), {0, 1, 2, 3},
+                                             batched, whole);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -33,9 +33,9 @@ import grpc
 import httpx
 import openai
 import pytest
-from grpc_tools import protoc
 
-from sluice_cluster import (MODEL_DIR, MODEL_NAME, REPO, Cluster, KvStore, Proc, Serve,
+import grpc_stubs
+from sluice_cluster import (MODEL_DIR, MODEL_NAME, Cluster, KvStore, Proc, Serve,
                             free_port, sluice_bin, sum_samples, wait_until)
 
 RPC_TIMEOUT_S = 30
@@ -66,22 +66,7 @@ def tls_flags(d: pathlib.Path, name: str, ca: str = "ca"):
             "--tls-ca", str(d / f"{ca}.pem")]
 
 
-def stubs():
-    out = tempfile.mkdtemp(prefix="sluice-grpc-stubs-")
-    proto_root = REPO / "proto"
-    protos = sorted(str(p.relative_to(proto_root))
-                    for p in (proto_root / "sluice" / "v1").glob("*.proto"))
-    include = pathlib.Path(protoc.__file__).parent / "_proto"
-    assert protoc.main(["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out}",
-                        f"--grpc_python_out={out}", *protos]) == 0, "protoc failed"
-    import sys
-    sys.path.insert(0, out)
-    return {name: (importlib.import_module(f"sluice.v1.{name}_pb2"),
-                   importlib.import_module(f"sluice.v1.{name}_pb2_grpc"))
-            for name in ("worker", "registry", "inference")}
-
-
-PB = stubs()
+PB = {name: grpc_stubs.modules(name) for name in ("worker", "registry", "inference")}
 
 
 @pytest.fixture(scope="module")

@@ -10,40 +10,19 @@ tests/requirements.txt). Checked against a real client:
 Every wait has a deadline.
 """
 
-import importlib
 import json
-import pathlib
-import sys
 import tempfile
 import urllib.error
 
 import grpc
 import openai
 import pytest
-from grpc_tools import protoc
 
-from sluice_cluster import (MODEL_DIR, MODEL_NAME, REPO, STARTUP_TIMEOUT_S, Cluster, Proc,
-                            free_port, http_get, sluice_bin, wait_until)
+from grpc_stubs import common, modules, pb, pb_grpc  # generated from proto/ at import
+from sluice_cluster import (MODEL_DIR, MODEL_NAME, STARTUP_TIMEOUT_S, Cluster, Proc, free_port,
+                            http_get, sluice_bin, wait_until)
 
 RPC_TIMEOUT_S = 60
-
-
-def generate_stubs():
-    out = tempfile.mkdtemp(prefix="sluice-grpc-stubs-")
-    proto_root = REPO / "proto"
-    protos = sorted(str(p.relative_to(proto_root)) for p in (proto_root / "sluice" / "v1").glob(
-        "*.proto"))
-    include = pathlib.Path(protoc.__file__).parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{proto_root}", f"-I{include}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", *protos])
-    assert rc == 0, "protoc failed"
-    sys.path.insert(0, out)
-    return (importlib.import_module("sluice.v1.inference_pb2"),
-            importlib.import_module("sluice.v1.inference_pb2_grpc"),
-            importlib.import_module("sluice.v1.common_pb2"))
-
-
-pb, pb_grpc, common = generate_stubs()
 
 
 class Endpoint:
@@ -384,8 +363,7 @@ def test_tool_and_response_format_errors_are_the_http_ones(endpoint):
                           "valid with type 'json_schema', got type 'json_object'")
 
 
-registry_pb = importlib.import_module("sluice.v1.registry_pb2")
-registry_grpc = importlib.import_module("sluice.v1.registry_pb2_grpc")
+registry_pb, registry_grpc = modules("registry")
 
 
 def test_router_refuses_constraints_without_a_grammar_capable_worker():

@@ -8,75 +8,22 @@ fails over to another, and with none left (or none registered) the prefill and d
 encode the images themselves with the same output; a repeated image is decoded by the router
 only once."""
 
-import base64
 import http.server
-import io
-import json
-import pathlib
-import struct
 import threading
-import time
-import zlib
 
 import numpy as np
 import openai
 import pytest
-from PIL import Image
 from tokenizers import Tokenizer
 
-from sluice_cluster import Cluster, Serve, sum_samples, http_get, wait_until
+from llava_tiny import (FIXTURE, HF_TEMPLATE, LIMIT_ARGS, PROMPT0, PROMPT1,
+                        bad_images as common_bad_images, fixture_image, golden, image_part, png,
+                        want_text)
+from sluice_cluster import Cluster, Serve, wait_until
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "llava-tiny"
-MAX_PIXELS = 1_000_000
-MAX_BYTES = 100_000
-LIMITS = ["--limit-mm-per-prompt", '{"image": 3}', "--max-image-pixels", str(MAX_PIXELS),
-          "--max-image-bytes", str(MAX_BYTES), "--max-model-len", "256"]
 WORKER_ARGS = ["--max-model-len", "256"]
 
 pytestmark = pytest.mark.skipif(not FIXTURE.exists(), reason="llava-tiny fixture not found")
-
-
-def golden(name):
-    raw = (FIXTURE / "golden.safetensors").read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    meta = json.loads(raw[8:8 + n])[name]
-    begin, end = meta["data_offsets"]
-    dtype = {"I64": np.int64, "F32": np.float32}[meta["dtype"]]
-    return np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=dtype).reshape(meta["shape"])
-
-
-def image_part(data: bytes, mime="image/png", detail="auto"):
-    url = f"data:{mime};base64," + base64.b64encode(data).decode()
-    return {"type": "image_url", "image_url": {"url": url, "detail": detail}}
-
-
-def png(array) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, "PNG")
-    return out.getvalue()
-
-
-def fixture_image(name):
-    return (FIXTURE / name).read_bytes()
-
-
-PROMPT0 = [{"role": "user", "content": [image_part(fixture_image("image_0.png")),
-                                        {"type": "text", "text": "What is in this picture?"}]}]
-PROMPT1 = [
-    {"role": "system", "content": "You compare pictures."},
-    {"role": "user", "content": [
-        {"type": "text", "text": "Compare <|image|> with <|image|>. Which one is brighter?"},
-        image_part(fixture_image("image_1.png")),
-        image_part(fixture_image("image_2.jpg"), mime="image/jpeg", detail="high")]},
-]
-# Hugging Face convention: the template iterates over content parts (as in test_vision.py).
-HF_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '<|image|>\\n' }}"
-    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ eos_token + '\\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
 
 
 def chat(client, messages, max_tokens=32, **kw):
@@ -93,14 +40,10 @@ def tokenizer():
     return Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
 
 
-def want_text(tokenizer, case):
-    return tokenizer.decode(golden(f"greedy_{case}").tolist(), skip_special_tokens=True)
-
-
 @pytest.fixture(scope="module")
 def cluster():
     c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
-                router_args=[*LIMITS, "--allowed-media-domains", "127.0.0.1"])
+                router_args=[*LIMIT_ARGS, "--allowed-media-domains", "127.0.0.1"])
     yield c
     c.stop()
 
@@ -141,7 +84,7 @@ def test_same_output_as_sluice_serve_for_new_images(routed):
         image_part(png(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8))),
         {"type": "text", "text": "Tell me about it."},
         image_part(png(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)))]}]
-    serve = Serve(model_dir=FIXTURE, args=LIMITS)
+    serve = Serve(model_dir=FIXTURE, args=LIMIT_ARGS)
     try:
         want = chat(client_of(serve.url), messages, max_tokens=24)
     finally:
@@ -184,34 +127,11 @@ def test_different_images_give_different_outputs_and_share_no_blocks(routed):
     assert b.usage.prompt_tokens_details.cached_tokens == 0
 
 
-def chunk(kind, data):
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-
 def bad_images():
-    rng = np.random.default_rng(7)
-    whole = png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
-    bomb = (b"\x89PNG\r\n\x1a\n" +
-            chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)) +
-            chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
-    svg = b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>'
-    return [
-        ("truncated-png", [image_part(whole[:len(whole) // 2])], "truncated or corrupt PNG image"),
-        ("not-an-image", [image_part(b"hello, these bytes are no picture at all")],
-         "not a PNG, JPEG or WebP image"),
-        ("svg", [image_part(svg, mime="image/svg+xml")], "SVG images are not supported"),
-        ("over-pixel-limit", [image_part(png(np.zeros((1001, 1000, 3), dtype=np.uint8)))],
-         f"over the limit of {MAX_PIXELS} pixels"),
-        ("over-byte-limit", [image_part(png(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)))],
-         f"over the limit of {MAX_BYTES} bytes"),
-        ("decompression-bomb", [image_part(bomb)], "decompression bomb"),
+    return common_bad_images(
         ("url-off-the-allow-list",
          [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
-         "the host 'example.com' is not in --allowed-media-domains"),
-        ("too-many-images", [image_part(whole)] * 4, "At most 3 image(s)"),
-        ("not-base64", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
-         "not valid base64"),
-    ]
+         "the host 'example.com' is not in --allowed-media-domains"))
 
 
 @pytest.mark.parametrize("name,parts,fragment", bad_images(), ids=[c[0] for c in bad_images()])
@@ -227,7 +147,7 @@ def test_bad_images_are_the_same_400s_as_serve(routed, cluster, tokenizer, name,
 
 def test_grpc_generate_with_images_through_the_router(cluster):
     import grpc
-    from test_router_grpc import common, pb, pb_grpc  # stubs generated from proto/ at import
+    from grpc_stubs import common, pb, pb_grpc  # generated from proto/ at import
     stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{cluster.grpc_port}"))
     prompt = pb.ChatPrompt(add_generation_prompt=True, messages=[
         pb.ChatMessage(role="system", content="You compare pictures."),
@@ -339,7 +259,7 @@ def test_without_encoders_the_workers_encode_images_themselves(tokenizer):
 def test_decode_worker_prefills_images_itself(tokenizer):
     """No prefill worker: the decode worker prefills, with the embeddings the router sent."""
     c = Cluster(0, 1, num_encoder=1, model_dir=FIXTURE, worker_args=WORKER_ARGS,
-                router_args=LIMITS)
+                router_args=LIMIT_ARGS)
     try:
         reply = chat(client_of(c.url), PROMPT1)
         assert reply.choices[0].message.content == want_text(tokenizer, 1)
@@ -350,7 +270,7 @@ def test_decode_worker_prefills_images_itself(tokenizer):
 
 def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer):
     c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
-                router_args=LIMITS, role_args={"encoder": ["--test-encode-delay-ms", "1500"]})
+                router_args=LIMIT_ARGS, role_args={"encoder": ["--test-encode-delay-ms", "1500"]})
     client = client_of(c.url)
     encoders = ["encoder-0", "encoder-1"]
 

@@ -31,6 +31,7 @@
 #include "engine/kv/staged_kv_blocks.h"
 #include "engine/sched/llm_engine.h"
 #include "services/kvstore/kvstore_connector.h"
+#include "tests/util/fake_kv_store.h"
 #include "tests/util/fake_models.h"
 #include "tests/util/inprocess_kvstore.h"
 #include "transfer/device_copier.h"
@@ -39,6 +40,8 @@ namespace sluice {
 namespace {
 
 using testing::ChecksumModel;
+using testing::FakeKvBackend;
+using testing::FakeKvStore;
 
 constexpr int64_t kBlock = 4;
 constexpr int64_t kArrays = 4;  // 2 layers, K and V
@@ -347,73 +350,6 @@ class DeviceKvModel final : public Model {
   std::unique_ptr<StagedKvBlockCopier> copier_;
 };
 
-// FakeStore: blocks by hash (their bytes kept), shared by several connectors' backends.
-struct FakeStore {
-  std::mutex mu;
-  absl::flat_hash_map<BlockHash, std::vector<uint8_t>> blocks;
-  bool down = false;
-  bool stall_gets = false;  // Get waits out its deadline and answers DeadlineExceeded
-};
-
-class FakeBackend final : public KvBlockStoreBackend {
- public:
-  explicit FakeBackend(FakeStore* store) : store_(store) {}
-  absl::Status Bind(const KvConnectorLayout& layout) override {
-    block_bytes_ = static_cast<size_t>(layout.block_bytes);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<bool>> Exists(absl::Span<const BlockHash> hashes,
-                                           absl::Time) override {
-    std::lock_guard<std::mutex> lock(store_->mu);
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    std::vector<bool> found;
-    for (const BlockHash& h : hashes) found.push_back(store_->blocks.contains(h));
-    return found;
-  }
-  absl::StatusOr<std::vector<bool>> Get(absl::Span<const BlockHash> hashes,
-                                        absl::Span<uint8_t> out, absl::Time deadline) override {
-    bool stall = false;
-    {
-      std::lock_guard<std::mutex> lock(store_->mu);
-      stall = store_->stall_gets;
-    }
-    if (stall) {
-      absl::SleepFor(deadline - absl::Now());
-      return absl::DeadlineExceededError("kvstore get: deadline exceeded");
-    }
-    std::lock_guard<std::mutex> lock(store_->mu);
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    std::vector<bool> found;
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      auto it = store_->blocks.find(hashes[i]);
-      const bool ok = it != store_->blocks.end() && it->second.size() == block_bytes_;
-      if (ok) std::memcpy(out.data() + i * block_bytes_, it->second.data(), block_bytes_);
-      found.push_back(ok);
-    }
-    return found;
-  }
-  absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
-                                absl::Span<const uint8_t> bytes, absl::Time) override {
-    std::lock_guard<std::mutex> lock(store_->mu);
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    PutCounts counts;
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      auto [it, inserted] = store_->blocks.try_emplace(hashes[i]);
-      if (!inserted) {
-        ++counts.present;
-        continue;
-      }
-      it->second.assign(bytes.begin() + i * block_bytes_, bytes.begin() + (i + 1) * block_bytes_);
-      ++counts.stored;
-    }
-    return counts;
-  }
-
- private:
-  FakeStore* store_;
-  size_t block_bytes_ = 0;
-};
-
 struct Node {
   std::shared_ptr<KvConnector> connector;
   AsyncKvConnector* async = nullptr;
@@ -445,13 +381,13 @@ Node MakeNodeWith(bool device, std::shared_ptr<KvConnector> connector, bool asyn
   return node;
 }
 
-Node MakeNode(FakeStore* store, bool device = true,
+Node MakeNode(FakeKvStore* store, bool device = true,
               absl::Duration load_timeout = absl::Seconds(2), bool async_steps = false) {
   AsyncKvConnectorOptions o;
   o.failure_backoff = absl::Hours(1);  // never runs out within a test
   o.load_timeout = load_timeout;
   return MakeNodeWith(device,
-                      std::make_shared<AsyncKvConnector>(std::make_unique<FakeBackend>(store), o),
+                      std::make_shared<AsyncKvConnector>(std::make_unique<FakeKvBackend>(store), o),
                       async_steps);
 }
 
@@ -485,7 +421,7 @@ std::vector<BlockHash> PromptHashes(const LLMEngine& engine, const std::vector<i
 }
 
 TEST(DeviceKvConnectorTest, WritesThroughAndLoadsThroughTheDeviceCache) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 1);
   Node a = MakeNode(&store);
   EXPECT_EQ(RunChecked(a, "a", prompt, 5).num_cached_tokens, 0);
@@ -529,7 +465,7 @@ TEST(DeviceKvConnectorTest, WritesThroughAndLoadsThroughTheDeviceCache) {
 }
 
 TEST(DeviceKvConnectorTest, Bf16DeviceBlocksNeverMixWithFloat32HostBlocks) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 2);
   Node device = MakeNode(&store, true);
   Node host = MakeNode(&store, false);
@@ -556,9 +492,9 @@ TEST(DeviceKvConnectorTest, Bf16DeviceBlocksNeverMixWithFloat32HostBlocks) {
 }
 
 TEST(DeviceKvConnectorTest, AConnectorServesOneLayout) {
-  FakeStore store;
+  FakeKvStore store;
   auto connector =
-      std::make_shared<AsyncKvConnector>(std::make_unique<FakeBackend>(&store),
+      std::make_shared<AsyncKvConnector>(std::make_unique<FakeKvBackend>(&store),
                                          AsyncKvConnectorOptions{});
   Node device = MakeNodeWith(true, connector);
   ASSERT_NE(device.engine, nullptr);
@@ -577,9 +513,9 @@ TEST(DeviceKvConnectorTest, AConnectorServesOneLayout) {
 }
 
 TEST(DeviceKvConnectorTest, WithoutBlockCopiesADeviceCacheTakesNoConnector) {
-  FakeStore store;
+  FakeKvStore store;
   EngineOptions options = NodeOptions(true, std::make_shared<AsyncKvConnector>(
-                                                std::make_unique<FakeBackend>(&store),
+                                                std::make_unique<FakeKvBackend>(&store),
                                                 AsyncKvConnectorOptions{}));
   auto engine = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
   ASSERT_FALSE(engine.ok());
@@ -590,7 +526,7 @@ TEST(DeviceKvConnectorTest, WithoutBlockCopiesADeviceCacheTakesNoConnector) {
 }
 
 TEST(DeviceKvConnectorTest, StoreDownIsAMiss) {
-  FakeStore store;
+  FakeKvStore store;
   store.down = true;
   Node b = MakeNode(&store);
   EXPECT_EQ(RunChecked(b, "b", testing::ChecksumPrompt(30, 3), 3).num_cached_tokens, 0);
@@ -602,7 +538,7 @@ TEST(DeviceKvConnectorTest, StoreDownIsAMiss) {
 }
 
 TEST(DeviceKvConnectorTest, ALoadPastItsDeadlineIsComputed) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 4);
   {
     Node a = MakeNode(&store);
@@ -621,7 +557,7 @@ TEST(DeviceKvConnectorTest, ALoadPastItsDeadlineIsComputed) {
 }
 
 TEST(DeviceKvConnectorTest, FailedDeviceCopiesComputeTheBlocksAndDropTheSaves) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 5);
   Node a = MakeNode(&store);
   a.model->fail_copies = true;
@@ -731,7 +667,7 @@ std::map<std::string, RequestOutput> RunAll(Node& node,
 // every queued step. DeviceKvModel's queue runs a step only when something waits for it, so a
 // copy ordered too early or too late stores or loads wrong K/V and the tokens go wrong.
 TEST(DeviceKvConnectorTest, AsyncStepsKeepRunningAroundTheBlockCopies) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 8);
   constexpr int kMaxTokens = 9;
   const std::vector<int32_t> reference = ChecksumModel::Reference(prompt, kMaxTokens);
@@ -793,7 +729,7 @@ TEST(DeviceKvConnectorTest, AsyncStepsKeepRunningAroundTheBlockCopies) {
 // every block freed; the late copies of a failed scatter are waited for by the steps after it
 // (they may still write the freed blocks), and the copier works again once the device does.
 TEST(DeviceKvConnectorTest, DeviceCopiesPastTheirDeadlineDropTheSaveAndComputeTheLoad) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 10);
   Node a = MakeNode(&store, true, absl::Seconds(2), /*async_steps=*/true);
   a.model->copy_timeout = absl::Milliseconds(30);

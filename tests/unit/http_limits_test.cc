@@ -84,10 +84,17 @@ TEST_F(HttpLimitsTest, OversizedHeadIs431AndBodyIs413) {
   auto a = Connect();
   auto big_head = Get(a, "/h", "X-Big: " + std::string(4000, 'a') + "\r\n");
   EXPECT_EQ(big_head.result_int(), 431);
-  EXPECT_NE(big_head.body().find("request header larger than 2048 bytes"), std::string::npos);
+  // The OpenAI error body, as every handler's errors.
+  EXPECT_EQ(big_head[http::field::content_type], "application/json");
+  EXPECT_EQ(big_head.body(),
+            R"({"error":{"code":431,"message":"request header larger than 2048 bytes",)"
+            R"("param":null,"type":"invalid_request_error"}})");
   auto b = Connect();
   auto big_body = Get(b, "/b", "Content-Length: 5000\r\n");
   EXPECT_EQ(big_body.result_int(), 413);
+  EXPECT_EQ(big_body.body(),
+            R"({"error":{"code":413,"message":"request body larger than 4096 bytes",)"
+            R"("param":null,"type":"invalid_request_error"}})");
   auto c = Connect();
   EXPECT_EQ(Get(c, "/fine").body(), "ok /fine");
 }

@@ -4,7 +4,6 @@
 // loaded run there; a store that is down or a request aborted while loading still ends
 // correctly with every block freed. Outputs are checked against ChecksumModel::Reference (its
 // next token sums every token read back from the paged cache, so wrongly loaded KV shows).
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -15,92 +14,31 @@
 #include <gtest/gtest.h>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/time/clock.h"
 #include "engine/kv/block_hash.h"
 #include "engine/kv/kv_connector.h"
 #include "engine/sched/llm_engine.h"
+#include "tests/util/fake_kv_store.h"
 #include "tests/util/fake_models.h"
 
 namespace sluice {
 namespace {
 
 using testing::ChecksumModel;
-
-// FakeStore: blocks by hash, shared by the backends of several connectors.
-struct FakeStore {
-  std::mutex mu;
-  absl::flat_hash_map<BlockHash, std::vector<uint8_t>> blocks;
-  absl::flat_hash_set<BlockHash> corrupt;  // listed by Exists, fail verification on Get
-  bool down = false;
-  bool block_gets = false;  // Get waits until released
-  std::condition_variable cv;
-  int64_t num_exists_calls = 0;
-};
-
-class FakeBackend final : public KvBlockStoreBackend {
- public:
-  explicit FakeBackend(FakeStore* store) : store_(store) {}
-  absl::Status Bind(const KvConnectorLayout& layout) override {
-    block_bytes_ = layout.block_bytes;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<bool>> Exists(absl::Span<const BlockHash> hashes,
-                                           absl::Time) override {
-    std::lock_guard<std::mutex> lock(store_->mu);
-    ++store_->num_exists_calls;
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    std::vector<bool> found;
-    for (const BlockHash& h : hashes) found.push_back(store_->blocks.contains(h));
-    return found;
-  }
-  absl::StatusOr<std::vector<bool>> Get(absl::Span<const BlockHash> hashes,
-                                        absl::Span<uint8_t> out, absl::Time deadline) override {
-    std::unique_lock<std::mutex> lock(store_->mu);
-    store_->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return !store_->block_gets; });
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    std::vector<bool> found;
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      auto it = store_->blocks.find(hashes[i]);
-      const bool ok = it != store_->blocks.end() && !store_->corrupt.contains(hashes[i]);
-      if (ok) std::memcpy(out.data() + i * block_bytes_, it->second.data(), block_bytes_);
-      found.push_back(ok);
-    }
-    return found;
-  }
-  absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
-                                absl::Span<const uint8_t> bytes, absl::Time) override {
-    std::lock_guard<std::mutex> lock(store_->mu);
-    if (store_->down) return absl::UnavailableError("kvstore down");
-    PutCounts counts;
-    for (size_t i = 0; i < hashes.size(); ++i) {
-      auto [it, inserted] = store_->blocks.try_emplace(hashes[i]);
-      if (!inserted) {
-        ++counts.present;
-        continue;
-      }
-      it->second.assign(bytes.begin() + i * block_bytes_, bytes.begin() + (i + 1) * block_bytes_);
-      ++counts.stored;
-    }
-    return counts;
-  }
-
- private:
-  FakeStore* store_;
-  size_t block_bytes_ = 0;
-};
+using testing::FakeKvBackend;
+using testing::FakeKvStore;
 
 struct Node {
   std::shared_ptr<AsyncKvConnector> connector;
   std::unique_ptr<LLMEngine> engine;
 };
 
-Node MakeNode(FakeStore* store) {
+Node MakeNode(FakeKvStore* store) {
   Node node;
   AsyncKvConnectorOptions connector_options;
   connector_options.failure_backoff = absl::Hours(1);  // never runs out within a test
   node.connector =
-      std::make_shared<AsyncKvConnector>(std::make_unique<FakeBackend>(store), connector_options);
+      std::make_shared<AsyncKvConnector>(std::make_unique<FakeKvBackend>(store), connector_options);
   EngineOptions options;
   options.block_size = 4;
   options.num_kv_blocks = 64;
@@ -143,7 +81,7 @@ std::vector<int32_t> RunChecked(Node& node, const std::string& id,
 
 // FillStore: a fresh engine computes `prompt` and writes its blocks through to `store`; returns
 // the engine's KV identity (seeds the block hashes).
-std::string FillStore(FakeStore* store, const std::vector<int32_t>& prompt, int max_tokens) {
+std::string FillStore(FakeKvStore* store, const std::vector<int32_t>& prompt, int max_tokens) {
   Node a = MakeNode(store);
   RequestOutput out;
   RunChecked(a, "a", prompt, max_tokens, &out);
@@ -173,7 +111,7 @@ TEST(KvConnectorTest, BlockSerializationIsPerLayerKThenV) {
 }
 
 TEST(KvConnectorTest, SecondEngineLoadsWrittenThroughBlocksAndComputesOnlyTheTail) {
-  FakeStore store;
+  FakeKvStore store;
   Node a = MakeNode(&store);
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 1);
   RequestOutput out;
@@ -202,7 +140,7 @@ TEST(KvConnectorTest, SecondEngineLoadsWrittenThroughBlocksAndComputesOnlyTheTai
 }
 
 TEST(KvConnectorTest, UnverifiedBlockCutsTheLoadedRunAndTheRestIsComputed) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 2);
   const BlockHasher hasher(FillStore(&store, prompt, 3), 4);
   // Mark the 4th block (tokens 12..15) as failing its checksum.
@@ -219,7 +157,7 @@ TEST(KvConnectorTest, UnverifiedBlockCutsTheLoadedRunAndTheRestIsComputed) {
 }
 
 TEST(KvConnectorTest, StoreDownComputesEverything) {
-  FakeStore store;
+  FakeKvStore store;
   store.down = true;
   Node b = MakeNode(&store);
   RequestOutput out;
@@ -238,7 +176,7 @@ TEST(KvConnectorTest, StoreDownComputesEverything) {
 }
 
 TEST(KvConnectorTest, AbortWhileLoadingFreesBlocksAndDropsTheLoad) {
-  FakeStore store;
+  FakeKvStore store;
   const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 4);
   FillStore(&store, prompt, 3);
   RequestOutput out;
