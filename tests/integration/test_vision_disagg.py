@@ -223,7 +223,7 @@ def test_without_encoders_the_workers_encode_images_themselves(tokenizer):
     on the pool); a repeated image comes from the worker's embedding cache."""
     import grpc
     from test_router_grpc import common, pb, pb_grpc
-    c = Cluster(1, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMITS)
+    c = Cluster(1, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMIT_ARGS)
     try:
         client = client_of(c.url)
         reply = chat(client, PROMPT1)
