@@ -79,6 +79,9 @@ def main():
         # The other way a decode worker recomputes a prompt: a preemption (its KV blocks were
         # taken for other sequences' tokens), whatever its transfer did.
         preemptions = sum(sum_samples(t, "sluice_preemptions_total") for t in texts.values())
+        # Requests prefilled on their decode worker move no KV (the router's choice).
+        prefills = {where: cluster.metric(f'sluice_router_prefills_total{{where="{where}"}}')
+                    for where in ("remote", "local")}
         result = {
             "binary": os.path.abspath(os.environ.get("SLUICE_BIN", "build/bin/sluice")),
             "requests": args.requests, "concurrency": args.concurrency,
@@ -86,6 +89,7 @@ def main():
             "num_prefill": args.num_prefill, "num_decode": args.num_decode,
             "seconds": round(seconds, 2),
             "errors_by_http_status": errors,
+            "router_prefills": prefills,
             "kv_transfers_ok": transfers_ok,
             "recomputed": recomputed,
             "recomputes_per_100_requests": 100.0 * recomputed / args.requests,
