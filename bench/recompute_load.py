@@ -4,8 +4,9 @@
 Starts `sluice router` + prefill + decode workers on loopback (tests/integration/sluice_cluster.py),
 sends --requests chats with long prompts from --concurrency clients at once (prefill steps grow
 long on a CPU), and reads the decode workers' sluice_decode_transfers_recomputed_total and
-sluice_decode_recomputes_total{reason} (absent in builds before the reasons were counted) and
-their KV transfer results. Prints one JSON object; --out also writes it.
+sluice_decode_recomputes_total{reason} (absent in builds before the reasons were counted), their
+KV transfer results and their preemptions (sluice_preemptions_total: prompts recomputed because
+their blocks went to other sequences). Prints one JSON object; --out also writes it.
 
   SLUICE_BIN=build/bin/sluice python3 bench/recompute_load.py --requests 43 --concurrency 43
 """
@@ -75,6 +76,12 @@ def main():
                 reasons[reason] = reasons.get(reason, 0) + float(value)
         transfers_ok = sum(sum_samples(t, 'sluice_kv_transfers_total{result="ok"}')
                            for t in texts.values())
+        # The other way a decode worker recomputes a prompt: a preemption (its KV blocks were
+        # taken for other sequences' tokens), whatever its transfer did.
+        preemptions = sum(sum_samples(t, "sluice_preemptions_total") for t in texts.values())
+        # Requests prefilled on their decode worker move no KV (the router's choice).
+        prefills = {where: cluster.metric(f'sluice_router_prefills_total{{where="{where}"}}')
+                    for where in ("remote", "local")}
         result = {
             "binary": os.path.abspath(os.environ.get("SLUICE_BIN", "build/bin/sluice")),
             "requests": args.requests, "concurrency": args.concurrency,
@@ -82,10 +89,15 @@ def main():
             "num_prefill": args.num_prefill, "num_decode": args.num_decode,
             "seconds": round(seconds, 2),
             "errors_by_http_status": errors,
+            "router_prefills": prefills,
             "kv_transfers_ok": transfers_ok,
             "recomputed": recomputed,
             "recomputes_per_100_requests": 100.0 * recomputed / args.requests,
             "recomputes_by_reason": reasons,
+            "unexplained_recomputes": recomputed - sum(reasons.values()),
+            "decode_preemptions": preemptions,
+            "decode_preemptions_per_100_requests": 100.0 * preemptions / args.requests,
+            "load_average_1m": os.getloadavg()[0],
         }
     finally:
         cluster.stop()

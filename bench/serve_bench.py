@@ -52,9 +52,10 @@ def aiperf_args(args, url, workload, load, artifact_dir):
            "--use-server-token-count", "--extra-inputs", "ignore_eos:true",
            "--request-count", str(args.requests), "--random-seed", str(args.seed),
            "--output-artifact-dir", str(artifact_dir), "--no-auto-plot",
-           "--warmup-request-count", str(args.warmup),
            "--goodput", f"time_to_first_token:{args.slo_ttft_ms} "
                         f"inter_token_latency:{args.slo_itl_ms}"]
+    if args.warmup > 0:  # aiperf refuses 0
+        cmd += ["--warmup-request-count", str(args.warmup)]
     if workload == "synthetic":
         cmd += ["--prompt-input-tokens-mean", str(args.isl), "--prompt-input-tokens-stddev", "0",
                 "--prompt-output-tokens-mean", str(args.osl), "--prompt-output-tokens-stddev",
@@ -114,7 +115,17 @@ def run_cell(args, target, url, workload, load, work_dir):
     cmd = aiperf_args(args, url, workload, load, artifact_dir)
     print(f"[serve_bench] {name}: {' '.join(cmd)}", flush=True)
     begin = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cell_timeout_s)
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cell_timeout_s)
+    except subprocess.TimeoutExpired:
+        # A cell that cannot finish (an overloaded machine) is recorded as such, with the
+        # requests aiperf had completed, and the other cells still run.
+        done = artifact_dir / "profile_export.jsonl"
+        completed = len(done.read_text().splitlines()) if done.exists() else 0
+        print(f"[serve_bench]   timed out after {args.cell_timeout_s} s ({completed} requests "
+              "completed)", flush=True)
+        return {"target": target, "workload": workload, "load": load,
+                "timed_out_after_s": args.cell_timeout_s, "requests_completed": completed}
     (work_dir / f"{name}.log").write_text(result.stdout + result.stderr)
     summary_path = artifact_dir / "profile_export_aiperf.json"
     if result.returncode != 0 or not summary_path.exists():
@@ -146,6 +157,7 @@ def plot(cells, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    cells = [c for c in cells if "timed_out_after_s" not in c]
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     labels = [f"{c['target']}\n{c['workload']}\n{c['load']}" for c in cells]
     colors = ["tab:blue" if c["target"] == "serve" else "tab:orange" for c in cells]
@@ -200,6 +212,7 @@ def main():
                     help="extra arguments for every sluice process (last on the line)")
     ap.add_argument("--out", type=pathlib.Path, default=REPO / "bench/results/serve_bench_cpu.json")
     ap.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out with .png")
+    ap.add_argument("--note", default="", help="recorded with the machine (e.g. what else ran)")
     args = ap.parse_args()
     args.model = args.model.resolve()
     args.served_name = args.served_name or args.model.name
@@ -208,6 +221,7 @@ def main():
                          "installs the pinned aiperf into bench/.venv-serve")
     version = subprocess.run([args.aiperf, "--version"], capture_output=True, text=True)
     work_dir = pathlib.Path(tempfile.mkdtemp(prefix="sluice-serve-bench-"))
+    load_at_start = os.getloadavg()
     cells = []
     for target in args.targets.split(","):
         server = start_target(target, args)
@@ -216,6 +230,8 @@ def main():
                 for load in args.loads.split(","):
                     cells.append(run_cell(args, target, server.url, workload, load, work_dir))
                     c = cells[-1]
+                    if "timed_out_after_s" in c:
+                        continue
                     print(f"[serve_bench]   TTFT p50/p99 {c['ttft_ms']['p50']}/"
                           f"{c['ttft_ms']['p99']} ms, ITL p50/p99 {c['itl_ms']['p50']}/"
                           f"{c['itl_ms']['p99']} ms, {c['output_tokens_per_s']} tok/s, goodput "
@@ -227,12 +243,15 @@ def main():
         "device": args.device, "model": args.served_name,
         "slo": {"ttft_ms": args.slo_ttft_ms, "itl_ms": args.slo_itl_ms},
         "sharegpt_like_seq_dist": seq_dist(args.scale),
-        "machine": {"cores": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        # A shared machine's other work shows here: figures under a load average well above
+        # the core count are from a loaded machine, comparable only to runs under like load.
+        "machine": {"cores": os.cpu_count(), "load_average_at_start": load_at_start,
+                    "load_average_at_end": os.getloadavg(), "note": args.note},
         "command": sys.argv, "artifacts": str(work_dir), "cells": cells,
     }
     plot(cells, args.plot or args.out.with_suffix(".png"))
     for cell in cells:  # the samples stay in the artifacts' profile_export.jsonl
-        cell["itl_samples"] = len(cell.pop("itl_over_time"))
+        cell["itl_samples"] = len(cell.pop("itl_over_time", []))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"[serve_bench] wrote {args.out}")

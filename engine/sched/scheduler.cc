@@ -474,6 +474,23 @@ SchedulerOutput Scheduler::Schedule() {
   std::vector<std::unique_ptr<Sequence>> admitted;
   bool admit = out.num_preempted == 0;
   int32_t holders_preempted = 0;
+  // Admits the first waiting sequence behind the head that holds KV blocks with computed tokens
+  // and whose next tokens fit; false if none does.
+  auto admit_holder_behind_head = [&]() {
+    for (size_t k = 1; k < waiting_.size() && budget > 0; ++k) {
+      if (static_cast<int32_t>(running_.size() + admitted.size()) >= config_.max_num_seqs) break;
+      Sequence& holder = *waiting_[k];
+      if (holder.block_table.empty() || holder.num_computed_tokens == 0) continue;
+      const int32_t n = prefill_chunk(holder);
+      if (n <= 0 || !EnsureBlocks(holder, holder.num_computed_tokens + n)) continue;
+      holder.admission_order = next_admission_++;
+      admitted.push_back(std::move(waiting_[k]));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(k));
+      add(*admitted.back(), n);
+      return true;
+    }
+    return false;
+  };
   while (budget > 0) {
     Sequence* run = r < running_.size() ? running_[r].get() : nullptr;
     const bool can_admit =
@@ -516,9 +533,15 @@ SchedulerOutput Scheduler::Schedule() {
     }
     if (!EnsureBlocks(seq, seq.num_computed_tokens + n)) {
       if (fresh) DropBlocks(seq);  // give the shared blocks back; retried next step
+      // Sequences behind the head that hold their KV already (a completed KV transfer
+      // activated before a preemption put the head in front) need only their next tokens'
+      // blocks: run them now instead of leaving them queued behind the head (or, with nothing
+      // running, preempting them below and recomputing KV that arrived intact). They finish
+      // and free their blocks for the head.
+      if (admit_holder_behind_head()) continue;
       // Nothing runs and nothing will free blocks, yet sequences behind the head hold some
-      // (a completed KV transfer activated before a preemption put the head in front): the
-      // head would wait forever. Preempt those holders (they recompute) and retry the head.
+      // that cannot even take their next tokens: the head would wait forever. Preempt those
+      // holders (they recompute) and retry the head.
       if (running_.empty() && out.scheduled.empty()) {
         const int32_t preempted = PreemptWaitingHolders();
         holders_preempted += preempted;  // counted after the loop: admission reads num_preempted

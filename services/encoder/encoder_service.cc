@@ -35,6 +35,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
   }
   const std::string fingerprint = encoder_->processor().Fingerprint();
   const auto start = std::chrono::steady_clock::now();
+  int64_t num_encoded = 0;  // cache misses: images the tower ran on
   for (int i = 0; i < request->images_size(); ++i) {
     const std::string& bytes = request->images(i);
     const BlockHash hash = vision::ImageContentHash(bytes, fingerprint);
@@ -51,6 +52,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
                                      absl::StrCat("image ", i, ": ", values.status().message())));
         return reactor;
       }
+      ++num_encoded;
       embeddings = std::make_shared<const std::vector<float>>(*std::move(values));
       if (cache_ != nullptr) cache_->Insert(hash, embeddings);
     }
@@ -69,11 +71,21 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     out->set_cache_hit(hit);
     num_images_.fetch_add(1);
   }
-  encode_micros_.fetch_add(std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::steady_clock::now() - start)
-                               .count());
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  encode_micros_.fetch_add(static_cast<int64_t>(elapsed.count() * 1e6));
+  {
+    std::lock_guard<std::mutex> lock(totals_mu_);
+    ++totals_.num_steps;
+    totals_.num_tokens += num_encoded;
+    totals_.seconds += elapsed.count();
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+StepTotals EncoderService::encode_totals() const {
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  return totals_;
 }
 
 std::string EncoderService::RenderMetrics() const {

@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
+#include "engine/sched/step_totals.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/image.h"
 #include "engine/vision/vision_encoder.h"
@@ -39,6 +41,11 @@ class EncoderService final : public v1::Encoder::CallbackService {
   std::string RenderMetrics() const;
   // Encode calls running now (the load the encoder reports to the router).
   int64_t num_in_flight() const { return in_flight_.load(); }
+  // Cumulative Encode calls answered (num_steps), images the tower encoded in them (num_tokens;
+  // cache hits excluded) and their seconds: the per-image cost the router's planner fits.
+  StepTotals encode_totals() const;
+  // Images answered, encoded or from the cache (with encode_totals: the cache hit rate).
+  int64_t num_images() const { return num_images_.load(); }
   // Draining: new Encode calls get UNAVAILABLE (the router tries another encoder worker).
   void set_draining(bool draining) { draining_.store(draining); }
   bool draining() const { return draining_.load(); }
@@ -52,6 +59,8 @@ class EncoderService final : public v1::Encoder::CallbackService {
   std::atomic<int64_t> encode_micros_{0};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
+  mutable std::mutex totals_mu_;
+  StepTotals totals_;  // guarded by totals_mu_
 };
 
 }  // namespace sluice

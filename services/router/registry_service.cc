@@ -74,11 +74,13 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
   load.num_total_blocks = wire.num_total_blocks();
   load.block_size = previous.has_value() ? previous->load.block_size : 0;
   for (auto [from, to] : {std::pair{&wire.prefill_steps(), &load.prefill_steps},
-                          std::pair{&wire.decode_steps(), &load.decode_steps}}) {
+                          std::pair{&wire.decode_steps(), &load.decode_steps},
+                          std::pair{&wire.encode_steps(), &load.encode_steps}}) {
     to->num_steps = from->num_steps();
     to->num_tokens = from->num_tokens();
     to->seconds = from->seconds();
   }
+  load.num_images_answered = wire.num_images_answered();
   absl::Status status = registry_->Heartbeat(request->worker_id(), load);
   if (status.ok() && wire.draining()) status = registry_->Drain(request->worker_id());
   if (!status.ok()) return ToGrpc(status);

@@ -77,6 +77,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   const std::string& id() const { return request_.request_id; }
+  const EngineRequest& request() const { return request_; }
   void Start() {
     pending_images_ = PendingImages(request_);
     if (pending_images_.empty()) return StartWithImages();
@@ -1100,6 +1101,10 @@ absl::Status RemoteBackend::Submit(EngineRequest request, OutputCallback on_outp
       return absl::AlreadyExistsError(
           absl::StrCat("request id '", call->id(), "' is already in flight"));
     }
+  }
+  if (options_.on_image_request) {
+    const size_t num_images = PendingImages(call->request()).size();
+    if (num_images > 0) options_.on_image_request(static_cast<int64_t>(num_images));
   }
   call->Start();
   return absl::OkStatus();

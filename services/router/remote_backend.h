@@ -59,6 +59,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,6 +130,9 @@ struct RemoteBackendOptions {
   // Credentials of the channels to workers (mTLS: services/common/peer_tls.h); nullptr:
   // plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // Called for each accepted request with images to encode, with their count, on the
+  // submitting thread (the planner's arrival rate of image requests); may be empty.
+  std::function<void(int64_t num_images)> on_image_request;
 };
 
 // RemoteBackendCounters: cumulative outcomes for /metrics.

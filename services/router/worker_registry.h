@@ -47,6 +47,10 @@ struct WorkerLoad {
   int64_t block_size = 0;            // tokens per KV block
   StepTotals prefill_steps;          // cumulative timed engine steps (planner cost models)
   StepTotals decode_steps;
+  // Encoder workers: Encode calls, images encoded (cache hits excluded), seconds; images
+  // answered in all (WorkerLoad.encode_steps / num_images_answered).
+  StepTotals encode_steps;
+  int64_t num_images_answered = 0;
 };
 
 // WorkerSnapshot: a copy of one registry entry.

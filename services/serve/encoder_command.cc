@@ -80,6 +80,11 @@ int RunEncoder(const EncoderOptions& options) {
     registration = std::make_unique<RegistrationClient>(reg, [service_ptr] {
       v1::WorkerLoad load;
       load.set_num_running_requests(service_ptr->num_in_flight());
+      const StepTotals totals = service_ptr->encode_totals();
+      load.mutable_encode_steps()->set_num_steps(totals.num_steps);
+      load.mutable_encode_steps()->set_num_tokens(totals.num_tokens);
+      load.mutable_encode_steps()->set_seconds(totals.seconds);
+      load.set_num_images_answered(service_ptr->num_images());
       return load;
     });
   }

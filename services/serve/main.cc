@@ -275,6 +275,10 @@ int main(int argc, char** argv) {
   router_cmd->add_option("--slo-itl", router.planner.slo.itl_seconds,
                          "Planner: inter-token latency SLO in seconds (0.1)")
       ->check(CLI::PositiveNumber);
+  router_cmd->add_option("--slo-encode-share", router.planner.slo.encode_share,
+                         "Planner, vision-language models: share of --slo-ttft the encoder pool "
+                         "may take (0.25); prefill plans with the rest")
+      ->check(CLI::Range(0.01, 0.99));
   router_cmd->add_option_function<double>(
       "--planner-window-s",
       [&router](double s) { router.planner.window = absl::Seconds(s); },

@@ -116,6 +116,12 @@ int RunRouter(const RouterOptions& options) {
     return 1;
   }
 
+  // The planner sizes the encoder pool too when the model takes images.
+  PlannerOptions planner_options = options.planner;
+  planner_options.encoder_pool = *multimodal != nullptr;
+  Planner planner(planner_options);
+  Planner* planner_ptr = &planner;
+
   WorkerRegistryOptions registry_options;
   registry_options.lease = absl::Seconds(options.lease_seconds);
   registry_options.suspect_grace = absl::Seconds(options.suspect_grace_seconds);
@@ -138,6 +144,9 @@ int RunRouter(const RouterOptions& options) {
   KvRouter kv_router(&registry, kv_router_options);  // outlives the backend
   backend_options.kv_router = &kv_router;
   backend_options.channel_credentials = worker_credentials;
+  backend_options.on_image_request = [planner_ptr](int64_t num_images) {
+    planner_ptr->ObserveImageRequest(absl::Now(), num_images);
+  };
   auto backend = std::make_unique<RemoteBackend>(&registry, backend_options);
   RemoteBackend* backend_ptr = backend.get();
 
@@ -169,8 +178,6 @@ int RunRouter(const RouterOptions& options) {
   auto service = std::make_unique<OpenAiService>(backend_ptr, tokenizer->get(), chat_template.get(),
                                                  service_options);
   OpenAiService* service_ptr = service.get();
-  Planner planner(options.planner);
-  Planner* planner_ptr = &planner;
   service->metrics().set_finished_observer([planner_ptr](const FinishedRequest& r) {
     planner_ptr->ObserveRequest(absl::Now(), r.num_prompt_tokens, r.num_cached_tokens,
                                 r.num_generation_tokens);
@@ -179,15 +186,18 @@ int RunRouter(const RouterOptions& options) {
   auto plan_now = [planner_ptr, &registry]() {
     std::vector<PlannerWorker> workers;
     for (const WorkerSnapshot& w : registry.List()) {
-      if (w.role == WorkerRole::kEncoder) continue;  // the planner sizes prefill and decode
       PlannerWorker pw;
       pw.worker_id = w.worker_id;
-      pw.prefill = w.role == WorkerRole::kPrefill;
+      pw.pool = w.role == WorkerRole::kPrefill  ? PlannerPool::kPrefill
+                : w.role == WorkerRole::kEncoder ? PlannerPool::kEncoder
+                                                 : PlannerPool::kDecode;
       pw.draining = w.draining;
       pw.num_total_blocks = w.load.num_total_blocks;
       pw.block_size = w.load.block_size;
       pw.prefill_steps = w.load.prefill_steps;
       pw.decode_steps = w.load.decode_steps;
+      pw.encode_steps = w.load.encode_steps;
+      pw.num_images_answered = w.load.num_images_answered;
       workers.push_back(std::move(pw));
     }
     return planner_ptr->Plan(workers, absl::Now());

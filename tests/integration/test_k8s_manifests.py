@@ -25,7 +25,12 @@ def render(path: pathlib.Path):
     docs = []
     kustomization = yaml.safe_load((path / "kustomization.yaml").read_text())
     for name in kustomization.get("resources", []):
-        docs += [d for d in yaml.safe_load_all((path / name).read_text()) if d]
+        if (path / name).is_dir():  # another kustomization (its patches are not applied here)
+            docs += render(path / name)
+        else:
+            docs += [d for d in yaml.safe_load_all((path / name).read_text()) if d]
+    for name in kustomization.get("components", []):
+        docs += render(path / name)
     return docs
 
 
@@ -173,7 +178,7 @@ def test_gpu_tp2_overlay_decode_pool_holds_two_ranks_per_pod():
 def test_kubectl_renders_without_errors():
     for path in (K8S / "base", K8S / "overlays" / "gpu", K8S / "overlays" / "gpu-tp2",
                  K8S / "overlays" / "keda", K8S / "overlays" / "vision",
-                 K8S / "overlays" / "tls"):
+                 K8S / "overlays" / "vision-keda", K8S / "overlays" / "tls"):
         result = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -213,13 +218,19 @@ def test_tls_overlay_mounts_each_services_certificate():
         assert args[:len(container(base[name])["args"])] == container(base[name])["args"]
 
 
-def test_keda_overlay_scales_each_pool_to_the_planners_number():
+@pytest.mark.parametrize("overlay,pools", [("keda", {"prefill", "decode"}),
+                                           ("vision-keda", {"prefill", "decode", "encoder"})])
+def test_keda_overlay_scales_each_pool_to_the_planners_number(overlay, pools):
     """overlays/keda: one ScaledObject per worker pool, reading the router's
-    sluice_planner_desired_replicas{pool} with threshold 1 (AverageValue: replicas = the value)."""
-    docs = render(K8S / "overlays" / "keda")
+    sluice_planner_desired_replicas{pool} with threshold 1 (AverageValue: replicas = the value);
+    overlays/vision-keda: the same plus the encoder pool's."""
+    if overlay == "vision-keda" and not KUBECTL:
+        pytest.skip("kubectl not installed: the vision overlay's patches need kustomize")
+    docs = render(K8S / "overlays" / overlay)
     scaled = by_kind(docs, "ScaledObject")
     deployments = by_kind(docs, "Deployment")
-    assert set(scaled) == {"sluice-prefill", "sluice-decode"}
+    assert set(scaled) == {f"sluice-{pool}" for pool in pools}
+    assert set(deployments) == {"sluice-router"} | set(scaled)
     for name, obj in scaled.items():
         assert obj["apiVersion"] == "keda.sh/v1alpha1"
         assert obj["spec"]["scaleTargetRef"]["name"] in deployments

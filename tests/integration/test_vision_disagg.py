@@ -9,6 +9,8 @@ encode the images themselves with the same output; a repeated image is decoded b
 only once."""
 
 import http.server
+import json
+import math
 import threading
 
 import numpy as np
@@ -19,7 +21,7 @@ from tokenizers import Tokenizer
 from llava_tiny import (FIXTURE, HF_TEMPLATE, LIMIT_ARGS, PROMPT0, PROMPT1,
                         bad_images as common_bad_images, fixture_image, golden, image_part, png,
                         want_text)
-from sluice_cluster import Cluster, Serve, wait_until
+from sluice_cluster import Cluster, Serve, http_get, wait_until
 
 WORKER_ARGS = ["--max-model-len", "256"]
 
@@ -214,6 +216,52 @@ def test_router_checks_a_repeated_image_once(routed, cluster):
     assert again.choices[0].message.content == first.choices[0].message.content
     assert cluster.metric("sluice_router_image_checks_cached_total") == cached + 3
     assert cluster.metric("sluice_router_image_checks_decoded_total") == decoded + 1
+
+
+def test_planner_sizes_the_encoder_pool(routed, cluster):
+    """GET /v1/planner has an encoder pool for a vision model: image requests counted at arrival
+    with their images, the per-call / per-image cost fitted from the encoders' heartbeats, the
+    encoders' cache hit rate, and the replicas that follow from them (also on /metrics)."""
+    rng = np.random.default_rng(3030)
+    for _ in range(2):
+        chat(routed, [{"role": "user", "content": [
+            image_part(png(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))),
+            image_part(png(rng.integers(0, 256, (20, 28, 3), dtype=np.uint8))),
+            {"type": "text", "text": "Compare them."}]}], max_tokens=4)
+
+    def encoder_plan():
+        page = json.loads(http_get(cluster.url + "/v1/planner")[1])
+        return page, {p["pool"]: p for p in page["pools"]}.get("encoder")
+
+    wait_until(lambda: encoder_plan()[1]["explanation"]["cost_model"]["steps_observed"] > 0, 15,
+               "the encoders' Encode calls in their heartbeats")
+    page, plan = encoder_plan()
+    assert [p["pool"] for p in page["pools"]] == ["prefill", "decode", "encoder"]
+    assert plan["current_replicas"] == 2
+    e = plan["explanation"]
+    w = e["workload"]
+    assert w["image_requests_in_window"] >= 2 and w["image_request_rate_rps"] > 0
+    assert 1 <= w["mean_images_per_image_request"] <= 3
+    assert 0 <= e["cache_hit_rate"] < 1
+    cost = e["cost_model"]
+    assert cost["fixed_seconds"] >= 0 and cost["per_token_seconds"] >= 0
+    assert cost["fixed_seconds"] + cost["per_token_seconds"] > 0
+    images = w["mean_images_per_image_request"] * (1 - e["cache_hit_rate"])
+    assert e["images_encoded_per_request"] == pytest.approx(images, rel=1e-9)
+    s = cost["fixed_seconds"] + cost["per_token_seconds"] * images
+    assert e["encode_seconds_per_request"] == pytest.approx(s, rel=1e-9)
+    budget = page["slo"]["ttft_seconds"] * page["slo"]["encode_share"]
+    assert e["ttft_budget_seconds"] == pytest.approx(budget)
+    if e["slo_feasible"]:
+        rho = 2 * (budget - s) / (2 * (budget - s) + s)
+        assert plan["desired_replicas"] == max(
+            1, math.ceil(w["image_request_rate_rps"] * s / rho - 1e-9))
+    # Prefill plans within the rest of the TTFT SLO.
+    prefill = {p["pool"]: p for p in page["pools"]}["prefill"]["explanation"]
+    assert prefill["ttft_budget_seconds"] == pytest.approx(page["slo"]["ttft_seconds"] - budget)
+    metrics = http_get(cluster.url + "/metrics")[1]
+    assert 'sluice_planner_desired_replicas{pool="encoder"} ' in metrics
+    assert 'sluice_planner_current_replicas{pool="encoder"} 2' in metrics
 
 
 def test_without_encoders_the_workers_encode_images_themselves(tokenizer):

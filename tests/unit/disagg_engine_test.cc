@@ -240,7 +240,8 @@ TEST(DisaggEngineTest, FailedTransferWithKnownFirstTokenRecomputesThePrompt) {
 // The KV cache holds exactly one max-length sequence. A (running) fills 6 of 8 blocks, W's
 // transfer reserves the other 2 and completes; in that step A needs a 7th block, preempts itself
 // and goes to the front of the waiting queue, ahead of W, which holds its 2 blocks. A can never
-// fit while W waits behind it: the scheduler must preempt W (it recomputes) so A can go on.
+// fit while W waits behind it. W runs on its transferred KV (it needs no block more) rather than
+// being preempted and recomputing KV that arrived intact; once it finishes, A goes on.
 TEST(DisaggEngineTest, WaitingTransferHoldingBlocksDoesNotStallThePreemptedHead) {
   EngineOptions options;
   options.block_size = 4;
@@ -262,33 +263,40 @@ TEST(DisaggEngineTest, WaitingTransferHoldingBlocksDoesNotStallThePreemptedHead)
   ASSERT_EQ(a_tokens.size(), 20u);
   ASSERT_EQ(engine.num_free_blocks(), 2);
   const std::vector<int32_t> w_expected = ChecksumModel::Reference(w_prompt, 4);
-  ASSERT_TRUE(engine.ReserveForTransfer(Greedy("w", w_prompt, 4), std::nullopt).ok());
+  auto reserved = engine.ReserveForTransfer(Greedy("w", w_prompt, 4), std::nullopt);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
   EXPECT_EQ(engine.num_free_blocks(), 0);
+  // W's prompt KV from a prefill engine into its reserved blocks.
+  auto prefill = MakeEngine(32);
+  ASSERT_TRUE(prefill->AddRequest(Greedy("w", w_prompt, 4, /*hold=*/true)).ok());
+  const std::vector<RequestOutput> pre = RunUntilFinished(*prefill, "w");
+  ASSERT_TRUE(pre.back().kv_held);
+  ASSERT_EQ(pre.back().new_tokens.at(0).token_id, w_expected[0]);
+  CopyBlocks(*prefill, pre.back().held_block_ids, engine, *reserved, 4);
   // One more step of A alone (W is only reserved): A now needs a 7th block for its next token.
   for (const RequestOutput& o : engine.Step()) {
     for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
   }
   ASSERT_EQ(a_tokens.size(), 21u);
-  // W's KV is not copied here: after its preemption W recomputes, so its tokens are still right.
-  ASSERT_TRUE(engine.CompleteTransfer("w", absl::OkStatus(), SampledToken{w_expected[0]}).ok());
-  std::vector<RequestOutput> w_outs;
-  std::vector<RequestOutput> a_outs = RunUntilFinished(engine, "a", &w_outs);
-  for (const RequestOutput& o : a_outs) {
-    for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
-  }
-  EXPECT_EQ(a_tokens, ChecksumModel::Reference(a_prompt, 28));
-  bool w_done = false;
-  for (const RequestOutput& o : w_outs) w_done = w_done || o.finished();
-  if (!w_done) {
-    std::vector<RequestOutput> rest = RunUntilFinished(engine, "w");
-    w_outs.insert(w_outs.end(), rest.begin(), rest.end());
-  }
+  ASSERT_TRUE(engine.CompleteTransfer("w", absl::OkStatus(), pre.back().new_tokens.at(0)).ok());
+  std::vector<RequestOutput> a_outs;
+  std::vector<RequestOutput> w_outs = RunUntilFinished(engine, "w", &a_outs);
+  // W finished on its transferred KV (nothing recomputed) before A took another step.
   std::vector<int32_t> w_tokens = {w_expected[0]};
   for (const RequestOutput& o : w_outs) {
     for (const SampledToken& t : o.new_tokens) w_tokens.push_back(t.token_id);
   }
   EXPECT_EQ(w_tokens, w_expected);
-  EXPECT_GE(engine.counters().num_preemptions, 2);  // A itself, then W
+  EXPECT_EQ(engine.counters().num_preemptions, 1);  // A itself only
+  EXPECT_EQ(engine.counters().num_transfers_completed, 1);
+  EXPECT_EQ(engine.counters().num_transfers_recomputed, 0);
+  std::vector<RequestOutput> rest = RunUntilFinished(engine, "a");
+  a_outs.insert(a_outs.end(), rest.begin(), rest.end());
+  for (const RequestOutput& o : a_outs) {
+    for (const SampledToken& t : o.new_tokens) a_tokens.push_back(t.token_id);
+  }
+  EXPECT_EQ(a_tokens, ChecksumModel::Reference(a_prompt, 28));
+  EXPECT_EQ(engine.counters().num_preemptions, 1);
   EXPECT_EQ(engine.num_free_blocks(), 8);
 }
 

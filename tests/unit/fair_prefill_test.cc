@@ -628,5 +628,39 @@ TEST(FairPrefillEngineTest, RejectsNegativeBudgetOrAging) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A decode worker's queue: a request whose KV transfer completed waits behind a head that does
+// not fit (a preempted or failed-transfer sequence put in front). It runs on the KV it holds
+// instead of being preempted for the head and recomputing KV that arrived intact.
+TEST_F(SchedulerPolicyTest, TransferredKvRunsBehindAHeadThatDoesNotFit) {
+  Scheduler s = Make(SchedulingPolicy::kFcfs, 512, /*blocks=*/10);
+  auto make = [](const std::string& id, int prompt_len) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request.request_id = id;
+    seq->request.sampling.max_tokens = 100;
+    for (int i = 0; i < prompt_len; ++i) seq->request.prompt_token_ids.push_back(3 + i % 50);
+    seq->token_ids = seq->request.prompt_token_ids;
+    return seq;
+  };
+  // "moved": 64 prompt tokens whose KV arrived (4 blocks), its first token from prefill.
+  std::unique_ptr<Sequence> moved = make("moved", 64);
+  ASSERT_TRUE(s.Reserve(moved, 64));
+  s.Find("moved")->num_computed_tokens = 64;
+  s.Find("moved")->AppendToken(7);
+  ASSERT_TRUE(s.Activate("moved"));
+  // "head": 150 tokens (10 blocks) to compute from scratch, queued in front of it.
+  std::unique_ptr<Sequence> head = make("head", 150);
+  ASSERT_TRUE(s.Reserve(head, 16));
+  ASSERT_TRUE(s.ActivateForRecompute("head"));
+  // The head cannot fit beside the 4 held blocks; "moved" decodes on its transferred KV.
+  EXPECT_EQ(Step(s), (Plan{"moved:1"}));
+  EXPECT_EQ(Step(s), (Plan{"moved:1"}));
+  EXPECT_EQ(s.num_preemptions(), 0);
+  EXPECT_EQ(s.Find("moved")->num_computed_tokens, 66);
+  // Once it finishes, the head gets every block.
+  s.Remove("moved");
+  EXPECT_EQ(Step(s), (Plan{"head:150"}));
+  EXPECT_EQ(s.num_preemptions(), 0);
+}
+
 }  // namespace
 }  // namespace sluice
