@@ -94,6 +94,30 @@ def test_sampling_fields(client, model):
     assert forced.usage.output_tokens == 3
 
 
+# Every honoured sampling field of the responses table takes the chat path: the same value
+# gives chat's text (seeded sampling at temperature 1, so each field can change the draw).
+@pytest.mark.parametrize("field,value", [
+    ("top_p", 0.5), ("min_p", 0.2), ("presence_penalty", 1.5), ("frequency_penalty", 1.5),
+    ("repetition_penalty", 1.5), ("allowed_token_ids", list(range(300, 340))),
+    ("bad_words", ["the"]), ("min_tokens", 6), ("cache_salt", "tenant-a"),
+    ("skip_special_tokens", False)])
+def test_honoured_field_equals_chat(client, model, field, value):
+    extra = {"seed": 11, field: value}
+    want = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=12,
+        temperature=1.0, extra_body=extra)
+    got = client.responses.create(model=model, input=QUESTION, max_output_tokens=12,
+                                  temperature=1.0, extra_body=extra)
+    assert got.output_text == want.choices[0].message.content
+    assert got.usage.output_tokens == want.usage.completion_tokens
+    plain = client.responses.create(model=model, input=QUESTION, max_output_tokens=12,
+                                    temperature=1.0, extra_body={"seed": 11})
+    # cache_salt and skip_special_tokens change no sampled token, and this output runs past
+    # min_tokens anyway (its effect: test_sampling_effects.py).
+    if field not in ("cache_salt", "skip_special_tokens", "min_tokens"):
+        assert plain.output_text != got.output_text, f"{field} had no effect"
+
+
 @pytest.mark.parametrize("field,value", [
     ("store", True), ("previous_response_id", "resp_123"), ("background", True),
     ("reasoning", {"effort": "low"}), ("include", ["message.output_text.logprobs"]),
