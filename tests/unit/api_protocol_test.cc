@@ -275,10 +275,8 @@ TEST_F(ProtocolTest, CompletionMaxTokensZeroWithEchoScoresThePromptOnly) {
   EXPECT_TRUE(r->echo_only);
   EXPECT_EQ(r->sampling.max_tokens, 1);
   EXPECT_EQ(r->sampling.prompt_logprobs, 0);
-  r = ParseCompletionRequest(Completion({{"echo", true}, {"max_completion_tokens", 0}}),
-                             context_);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->echo_only);
+  // Completions takes no max_completion_tokens (the legacy API's table has only max_tokens).
+  ExpectCompletionError({{"echo", true}, {"max_completion_tokens", 0}}, "max_completion_tokens");
   r = ParseCompletionRequest(Completion({{"echo", true}, {"max_tokens", 2}}), context_);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->echo_only);
