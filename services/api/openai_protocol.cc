@@ -756,7 +756,7 @@ std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_
 
 bool NeedsKeyOrder(const json& body) {
   return body.contains("response_format") || body.contains("structured_outputs") ||
-         body.contains("guided_json");
+         body.contains("guided_json") || body.contains("text");  // text: responses' text.format
 }
 
 std::shared_ptr<const nlohmann::ordered_json> OrderedBody(std::string_view raw_body) {

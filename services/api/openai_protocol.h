@@ -123,7 +123,7 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body);
 std::shared_ptr<const nlohmann::ordered_json> OrderedTools(std::string_view raw_body);
 
 // NeedsKeyOrder: the body carries a JSON Schema whose property order counts
-// (response_format, structured_outputs, guided_json).
+// (response_format, structured_outputs, guided_json, responses' text.format).
 bool NeedsKeyOrder(const nlohmann::json& body);
 // OrderedBody parses a raw body again keeping object key order (null when it does not parse
 // as an object).

@@ -167,8 +167,20 @@ absl::StatusOr<GenerationRequest> ParseResponsesRequest(const json& body,
   if (auto it = body.find("parallel_tool_calls"); it != body.end()) {
     chat["parallel_tool_calls"] = *it;
   }
+  // text.format.schema in the client's key order, when the service parsed the body so.
+  const nlohmann::ordered_json* ordered_schema = nullptr;
+  if (const nlohmann::ordered_json* b = context.ordered_body.get(); b != nullptr) {
+    auto text = b->find("text");
+    if (text != b->end() && text->is_object()) {
+      auto format = text->find("format");
+      if (format != text->end() && format->is_object()) {
+        auto schema = format->find("schema");
+        if (schema != format->end()) ordered_schema = &*schema;
+      }
+    }
+  }
   absl::StatusOr<std::optional<StructuredOutputRequest>> format = ParseTextFormat(
-      body.value("text", json()), context.allow_unknown_fields, &unknown);
+      body.value("text", json()), context.allow_unknown_fields, &unknown, ordered_schema);
   if (!format.ok()) return format.status();
   if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<int64_t>() < 1) {

@@ -132,7 +132,8 @@ absl::StatusOr<json> ChatToolChoice(const json& choice) {
 }
 
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseTextFormat(
-    const json& text, bool allow_unknown, std::vector<std::string>* unknown) {
+    const json& text, bool allow_unknown, std::vector<std::string>* unknown,
+    const nlohmann::ordered_json* ordered_schema) {
   using Result = std::optional<StructuredOutputRequest>;
   if (text.is_null()) return Result();
   if (!text.is_object()) return InvalidParam("text", "'text' must be an object");
@@ -190,9 +191,11 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseTextFormat(
     return InvalidParam("text.format.schema",
                         "'text.format.schema' is required (a JSON Schema object)");
   }
+  const std::string schema_text = ordered_schema != nullptr && ordered_schema->is_object()
+                                      ? ordered_schema->dump()
+                                      : schema->dump();
   return Result(StructuredOutputRequest{
-      grammar::GrammarSpec{grammar::GrammarKind::kJsonSchema, schema->dump(), {}},
-      "text.format"});
+      grammar::GrammarSpec{grammar::GrammarKind::kJsonSchema, schema_text, {}}, "text.format"});
 }
 
 absl::Status AppendFunctionCallItem(const json& item, size_t index, bool allow_unknown,

@@ -46,9 +46,12 @@ absl::StatusOr<nlohmann::json> ChatToolChoice(const nlohmann::json& choice);
 // or `format` that is not an object, a format type other than text / json_object / json_schema
 // (param text.format), json_schema without a valid `name` (text.format.name) or an object
 // `schema` (text.format.schema), unknown keys (listed in `unknown` instead when allow_unknown),
-// a `verbosity` (text.verbosity: this server has no verbosity control).
+// a `verbosity` (text.verbosity: this server has no verbosity control). `ordered_schema` (may
+// be null): text.format.schema parsed in the client's key order, which the grammar follows
+// (generated objects keep the schema's property order, as chat's response_format).
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseTextFormat(
-    const nlohmann::json& text, bool allow_unknown, std::vector<std::string>* unknown);
+    const nlohmann::json& text, bool allow_unknown, std::vector<std::string>* unknown,
+    const nlohmann::ordered_json* ordered_schema = nullptr);
 
 // AppendFunctionCallItem adds input item `index`, a function_call, to `messages` as an
 // assistant tool call ({id: call_id, type: "function", function: {name, arguments}}); calls that
