@@ -215,8 +215,10 @@ def test_forged_transfer_token_is_refused(cluster, pki):
             timeout=RPC_TIMEOUT_S)
         token = pinned.kv.transfer_token
         assert len(token) == 16 and pinned.kv.runs
+        # The worker publishes its engine's figures after each step: wait for the pin to show.
+        wait_until(lambda: cluster.worker_metric("prefill-0", "sluice_prefill_held_blocks") >= 4,
+                   10, "the pinned blocks on /metrics")
         held = cluster.worker_metric("prefill-0", "sluice_prefill_held_blocks")
-        assert held >= 4
         destination = worker_pb.PushKvRequest(request_id="forged-1", destination=pinned.kv,
                                               timeout_ms=2000)
         forged = bytes([token[0] ^ 1]) + token[1:]
