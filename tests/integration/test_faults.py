@@ -199,10 +199,13 @@ def listen_address(proc):
 
 
 def busiest_decode_worker(cluster):
+    """The decode worker running the most requests by its own engine gauge (the router's
+    `assigned` can lag, and killing an idle worker would migrate nothing)."""
     assigned = {w["address"]: w["assigned"] for w in cluster.workers_json()
                 if w["role"] == "decode"}
     return max(("decode-0", "decode-1"),
-               key=lambda k: assigned.get(listen_address(cluster.workers[k]), -1))
+               key=lambda k: (cluster.worker_metric(k, "sluice_num_requests_running"),
+                              assigned.get(listen_address(cluster.workers[k]), -1)))
 
 
 def run_round_with_kill(cluster, start_streams, min_tokens=10):
