@@ -124,7 +124,7 @@ struct KvTransferLayout {
   int64_t all_layers_bytes_per_token = 0;
   // Region indices of the carried layers in the per-layer region list k(0), v(0), k(1), v(1),
   // ... (v omitted when v_floats_per_token is 0), the order of KvRegionsOf in
-  // services/worker_common/worker_wire.h: select these from both sides' region lists (and from
+  // services/common/worker_wire.h: select these from both sides' region lists (and from
   // the RemoteKvDescriptor) to move only the carried layers.
   std::vector<int32_t> region_indices;
 };

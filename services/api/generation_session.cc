@@ -12,7 +12,7 @@
 #include "services/api/openai_errors.h"
 #include "services/api/request_log.h"
 #include "services/api/responses_api.h"
-#include "services/api/vllm_metrics.h"
+#include "services/common/vllm_metrics.h"
 #include "services/serve/log.h"
 
 namespace sluice {

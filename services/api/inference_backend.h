@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "engine/sched/request.h"
-#include "services/api/backend_stats.h"
+#include "services/common/backend_stats.h"
 
 namespace sluice {
 

@@ -99,10 +99,6 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
     const std::vector<ChatImage>& images, const MultimodalContext& mm,
     std::vector<int32_t>* prompt);
 
-// RenderEncoderCacheMetrics: the embedding cache's figures in Prometheus text format
-// (sluice_encoder_cache_{hits,misses,evictions}_total, sluice_encoder_cache_bytes).
-std::string RenderEncoderCacheMetrics(const vision::EmbeddingCacheStats& stats);
-
 // ParseLimitMmPerPrompt reads vLLM's --limit-mm-per-prompt: '{"image": 3}' or 'image=3' → 3.
 // Errors: InvalidArgument for another modality, a non-integer or a value outside [0, 1024].
 absl::StatusOr<int32_t> ParseLimitMmPerPrompt(const std::string& value);

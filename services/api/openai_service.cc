@@ -14,6 +14,7 @@
 #include "services/api/request_log.h"
 #include "services/api/responses_api.h"
 #include "services/serve/log.h"
+#include "services/common/encoder_cache_metrics.h"
 
 namespace sluice {
 namespace {

@@ -31,10 +31,10 @@
 #include "nlohmann/json.hpp"
 #include "services/api/auth/api_auth.h"
 #include "services/api/inference_backend.h"
-#include "services/api/metrics.h"
+#include "services/common/metrics.h"
 #include "services/api/openai_protocol.h"
 #include "services/api/render_pools.h"
-#include "services/api/response_sink.h"
+#include "services/common/response_sink.h"
 
 namespace sluice {
 

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/tokenizer/jinja/budget.h"
-#include "services/worker_common/task_pool.h"
+#include "services/common/task_pool.h"
 
 namespace sluice {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "services/serve/log.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_wire.h"
 #include "transfer/block_runs.h"
 #include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"

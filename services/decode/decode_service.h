@@ -27,12 +27,12 @@
 #include "absl/time/time.h"
 #include "engine/sched/async_engine.h"
 #include "services/common/grant_tokens.h"
-#include "services/worker_common/task_pool.h"
-#include "services/worker_common/worker_images.h"
-#include "services/worker_common/worker_metrics.h"
+#include "services/common/task_pool.h"
+#include "services/common/worker_images.h"
+#include "services/common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
-#include "services/worker_common/worker_grammar.h"
+#include "services/common/worker_grammar.h"
 
 namespace sluice {
 

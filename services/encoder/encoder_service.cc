@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/api/multimodal_input.h"
+#include "services/common/encoder_cache_metrics.h"
 
 namespace sluice {
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_wire.h"
 #include "transfer/block_runs.h"
 #include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"

@@ -21,7 +21,7 @@
 #include "services/api/openai_errors.h"
 #include "services/api/tool_calls/tool_call_output.h"
 #include "services/api/openai_responses.h"
-#include "services/api/vllm_metrics.h"
+#include "services/common/vllm_metrics.h"
 #include "services/router/wire_convert.h"
 #include "proto/grpc_status.h"
 

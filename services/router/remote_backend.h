@@ -69,7 +69,7 @@
 
 #include "absl/time/time.h"
 #include "services/api/inference_backend.h"
-#include "services/worker_common/task_pool.h"
+#include "services/common/task_pool.h"
 #include "services/router/worker_prober.h"
 #include "services/router/worker_registry.h"
 

@@ -1,7 +1,7 @@
 // Router-only Prometheus metrics: worker health and load per registered worker,
 // and the outcomes of the router's dispatch (remote/local prefills, retries,
 // worker failures). Appended to the OpenAI front end's /metrics
-// (services/api/metrics.h) by `sluice router`.
+// (services/common/metrics.h) by `sluice router`.
 #ifndef SLUICE_SERVICES_ROUTER_ROUTER_METRICS_H_
 #define SLUICE_SERVICES_ROUTER_ROUTER_METRICS_H_
 

@@ -11,8 +11,8 @@
 #include "services/encoder/encoder_service.h"
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
-#include "services/worker_common/registration_client.h"
-#include "services/worker_common/worker_http.h"
+#include "services/common/registration_client.h"
+#include "services/common/worker_http.h"
 
 namespace sluice {
 

@@ -16,7 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/kvstore/block_store.h"
 #include "services/kvstore/kvstore_metrics.h"
 #include "services/kvstore/kvstore_service.h"

@@ -17,7 +17,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/api/openai_service.h"
-#include "services/api/vllm_metrics.h"
+#include "services/common/vllm_metrics.h"
 #include "services/router/inference_grpc_service.h"
 #include "services/router/kv_router.h"
 #include "services/router/registry_service.h"

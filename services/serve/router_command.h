@@ -19,7 +19,7 @@
 #include "services/router/planner.h"
 #include "services/serve/multimodal_setup.h"
 #include "services/api/auth/api_auth.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/router/remote_backend.h"
 #include "services/serve/render_flags.h"
 

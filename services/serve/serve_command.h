@@ -6,7 +6,7 @@
 #include <string>
 
 #include "services/api/auth/api_auth.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/serve/model_runtime.h"
 #include "services/serve/multimodal_setup.h"
 #include "services/serve/render_flags.h"

@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 
 namespace sluice {
 

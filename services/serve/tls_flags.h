@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/common/peer_tls.h"
 
 namespace sluice {

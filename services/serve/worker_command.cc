@@ -15,12 +15,12 @@
 #include "services/decode/decode_service.h"
 #include "services/prefill/prefill_service.h"
 #include "services/serve/log.h"
-#include "services/worker_common/kv_event_publisher.h"
-#include "services/worker_common/registration_client.h"
-#include "services/worker_common/worker_http.h"
-#include "services/worker_common/worker_images.h"
-#include "services/worker_common/worker_metrics.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/kv_event_publisher.h"
+#include "services/common/registration_client.h"
+#include "services/common/worker_http.h"
+#include "services/common/worker_images.h"
+#include "services/common/worker_metrics.h"
+#include "services/common/worker_wire.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice {

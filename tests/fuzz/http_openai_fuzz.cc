@@ -13,7 +13,7 @@
 #include "boost/beast/http.hpp"
 #include "engine/tokenizer/chat_template.h"
 #include "services/api/auth/api_auth.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/api/openai_service.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/unit/api_test_fakes.h"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "engine/sched/llm_engine.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_wire.h"
 #include "sluice/v1/worker.pb.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/util/fake_models.h"

@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-#include "services/worker_common/peer_kv_blocks.h"
+#include "services/common/peer_kv_blocks.h"
 #include "sluice/v1/kv.pb.h"
 #include "transfer/block_runs.h"
 #include "transfer/block_runs_wire.h"

@@ -16,7 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 #include "services/api/openai_service.h"
 #include "tests/unit/api_test_fakes.h"
 

@@ -16,7 +16,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/api/inference_backend.h"
-#include "services/api/response_sink.h"
+#include "services/common/response_sink.h"
 
 namespace sluice::testing {
 

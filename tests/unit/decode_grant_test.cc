@@ -16,7 +16,7 @@
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
 #include "services/decode/decode_service.h"
-#include "services/worker_common/worker_metrics.h"
+#include "services/common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "tests/util/fake_models.h"
 

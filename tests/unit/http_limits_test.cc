@@ -16,7 +16,7 @@
 #include <boost/beast/http.hpp>
 #include <gtest/gtest.h>
 
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 
 namespace sluice {
 namespace {

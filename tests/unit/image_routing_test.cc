@@ -11,7 +11,7 @@
 #include "services/api/multimodal_input.h"
 #include "services/router/image_encoding.h"
 #include "services/router/worker_registry.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_wire.h"
 #include "engine/vision/embedding_cache.h"
 #include "tests/util/test_paths.h"
 

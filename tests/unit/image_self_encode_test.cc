@@ -15,8 +15,8 @@
 #include "services/api/multimodal_input.h"
 #include "services/router/image_encoding.h"
 #include "services/router/worker_registry.h"
-#include "services/worker_common/worker_images.h"
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_images.h"
+#include "services/common/worker_wire.h"
 #include "tests/util/test_paths.h"
 
 namespace sluice {

@@ -12,7 +12,7 @@
 #include "engine/kv/kv_events.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "services/worker_common/kv_event_publisher.h"
+#include "services/common/kv_event_publisher.h"
 
 namespace sluice {
 namespace {

@@ -1,7 +1,7 @@
-// Checks on what a peer worker sends about KV blocks (services/worker_common/peer_kv_blocks.h):
+// Checks on what a peer worker sends about KV blocks (services/common/peer_kv_blocks.h):
 // a descriptor that does not parse is refused with InvalidArgument instead of reaching the
 // transfer code (its block runs: transfer/block_runs_wire_test.cc).
-#include "services/worker_common/peer_kv_blocks.h"
+#include "services/common/peer_kv_blocks.h"
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 // VllmMetrics: vLLM's family names, label sets and bucket bounds; counts and sums of known
 // observations; label escaping.
-#include "services/api/vllm_metrics.h"
+#include "services/common/vllm_metrics.h"
 
 #include <string>
 

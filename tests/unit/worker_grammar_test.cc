@@ -1,5 +1,5 @@
 // Workers compile the grammar text the router sends (SamplingParams.grammar_ebnf).
-#include "services/worker_common/worker_grammar.h"
+#include "services/common/worker_grammar.h"
 
 #include "engine/grammar/grammar_compiler.h"
 #include "engine/grammar/grammar_matcher.h"

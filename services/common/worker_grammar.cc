@@ -1,4 +1,4 @@
-#include "services/worker_common/worker_grammar.h"
+#include "services/common/worker_grammar.h"
 
 #include <string>
 

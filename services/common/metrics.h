@@ -4,8 +4,8 @@
 // latencies are histograms with cumulative `le` buckets, `_sum` and `_count`. Engine load
 // (waiting/running requests, KV blocks) comes from InferenceBackend::Stats() at scrape time.
 // Thread-safe.
-#ifndef SLUICE_SERVICES_API_METRICS_H_
-#define SLUICE_SERVICES_API_METRICS_H_
+#ifndef SLUICE_SERVICES_COMMON_METRICS_H_
+#define SLUICE_SERVICES_COMMON_METRICS_H_
 
 #include <cstdint>
 #include <functional>
@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "services/api/backend_stats.h"
+#include "services/common/backend_stats.h"
 
 namespace sluice {
 struct FinishedRequest;
@@ -43,7 +43,7 @@ class Histogram {
 };
 
 // Exposition helpers, shared with the prefill/decode workers' /metrics
-// (services/worker_common/worker_metrics.h).
+// (services/common/worker_metrics.h).
 namespace prometheus {
 // FormatDouble: the shortest text that reads back as exactly `v` ("+Inf" for infinity).
 std::string FormatDouble(double v);
@@ -57,7 +57,7 @@ std::vector<double> TtftBuckets();
 std::vector<double> ItlBuckets();
 }  // namespace prometheus
 
-// Besides the sluice_ families, ApiMetrics renders the vllm: ones (services/api/vllm_metrics.h)
+// Besides the sluice_ families, ApiMetrics renders the vllm: ones (services/common/vllm_metrics.h)
 // from the same observations, labelled with the served model name.
 class ApiMetrics {
  public:
@@ -100,4 +100,4 @@ class ApiMetrics {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_METRICS_H_
+#endif  // SLUICE_SERVICES_COMMON_METRICS_H_

@@ -2,8 +2,8 @@
 // sluice.v1.KvEventSource (proto/sluice/v1/kv_events.proto explains why routers pull). Every
 // answer carries the engine's block-hash identity so the router hashes prompts exactly as this
 // worker does.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_KV_EVENT_PUBLISHER_H_
-#define SLUICE_SERVICES_WORKER_COMMON_KV_EVENT_PUBLISHER_H_
+#ifndef SLUICE_SERVICES_COMMON_KV_EVENT_PUBLISHER_H_
+#define SLUICE_SERVICES_COMMON_KV_EVENT_PUBLISHER_H_
 
 #include <cstdint>
 #include <functional>
@@ -51,4 +51,4 @@ class KvEventPublisher final : public v1::KvEventSource::CallbackService {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_KV_EVENT_PUBLISHER_H_
+#endif  // SLUICE_SERVICES_COMMON_KV_EVENT_PUBLISHER_H_

@@ -21,15 +21,15 @@
 //
 // `promtool check metrics` reports the ':' in these names (a recording-rule convention); vLLM's
 // own exposition has the same finding. Thread-safe.
-#ifndef SLUICE_SERVICES_API_VLLM_METRICS_H_
-#define SLUICE_SERVICES_API_VLLM_METRICS_H_
+#ifndef SLUICE_SERVICES_COMMON_VLLM_METRICS_H_
+#define SLUICE_SERVICES_COMMON_VLLM_METRICS_H_
 
 #include <cstdint>
 #include <mutex>
 #include <string>
 
 #include "engine/sched/request.h"
-#include "services/api/metrics.h"
+#include "services/common/metrics.h"
 
 namespace sluice {
 
@@ -102,4 +102,4 @@ std::string EscapeLabelValue(const std::string& value);
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_VLLM_METRICS_H_
+#endif  // SLUICE_SERVICES_COMMON_VLLM_METRICS_H_

@@ -2,8 +2,8 @@
 // and a private key in PEM files, rebuilt when either file changes (certificate rotation, e.g.
 // cert-manager rewriting a mounted Secret) without a restart. Connections keep the context they
 // started with.
-#ifndef SLUICE_SERVICES_API_TLS_CONTEXT_H_
-#define SLUICE_SERVICES_API_TLS_CONTEXT_H_
+#ifndef SLUICE_SERVICES_COMMON_TLS_CONTEXT_H_
+#define SLUICE_SERVICES_COMMON_TLS_CONTEXT_H_
 
 #include <chrono>
 #include <memory>
@@ -53,4 +53,4 @@ class TlsContextSource {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_TLS_CONTEXT_H_
+#endif  // SLUICE_SERVICES_COMMON_TLS_CONTEXT_H_

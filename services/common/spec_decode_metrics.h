@@ -1,6 +1,6 @@
 // Prometheus lines for speculative decoding, shared by `sluice serve` and the workers' /metrics.
-#ifndef SLUICE_SERVICES_API_SPEC_DECODE_METRICS_H_
-#define SLUICE_SERVICES_API_SPEC_DECODE_METRICS_H_
+#ifndef SLUICE_SERVICES_COMMON_SPEC_DECODE_METRICS_H_
+#define SLUICE_SERVICES_COMMON_SPEC_DECODE_METRICS_H_
 
 #include <cstdint>
 #include <string>
@@ -28,4 +28,4 @@ void AppendSpecDecodeMetrics(const SpecDecodeStats& stats, std::string& out);
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_SPEC_DECODE_METRICS_H_
+#endif  // SLUICE_SERVICES_COMMON_SPEC_DECODE_METRICS_H_

@@ -1,4 +1,4 @@
-#include "services/api/metrics.h"
+#include "services/common/metrics.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "services/api/spec_decode_metrics.h"
-#include "services/api/vllm_metrics.h"
+#include "services/common/spec_decode_metrics.h"
+#include "services/common/vllm_metrics.h"
 
 namespace sluice {
 namespace prometheus {

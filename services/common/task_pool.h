@@ -2,8 +2,8 @@
 // engine threads. Bounded thread count (not one per request); each job bounds its own waits.
 // PostAt delays a job without holding a thread (e.g. freeing blocks only once no transfer into
 // them can still run).
-#ifndef SLUICE_SERVICES_WORKER_COMMON_TASK_POOL_H_
-#define SLUICE_SERVICES_WORKER_COMMON_TASK_POOL_H_
+#ifndef SLUICE_SERVICES_COMMON_TASK_POOL_H_
+#define SLUICE_SERVICES_COMMON_TASK_POOL_H_
 
 #include <condition_variable>
 #include <deque>
@@ -87,4 +87,4 @@ class TaskPool {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_TASK_POOL_H_
+#endif  // SLUICE_SERVICES_COMMON_TASK_POOL_H_

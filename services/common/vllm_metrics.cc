@@ -1,4 +1,4 @@
-#include "services/api/vllm_metrics.h"
+#include "services/common/vllm_metrics.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,11 +1,11 @@
 // BackendStats: live load figures of whatever runs a server's model (InferenceBackend::Stats,
 // a worker's engine), for /metrics and routing.
-#ifndef SLUICE_SERVICES_API_BACKEND_STATS_H_
-#define SLUICE_SERVICES_API_BACKEND_STATS_H_
+#ifndef SLUICE_SERVICES_COMMON_BACKEND_STATS_H_
+#define SLUICE_SERVICES_COMMON_BACKEND_STATS_H_
 
 #include <cstdint>
 
-#include "services/api/spec_decode_metrics.h"
+#include "services/common/spec_decode_metrics.h"
 
 namespace sluice {
 
@@ -31,4 +31,4 @@ struct BackendStats {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_BACKEND_STATS_H_
+#endif  // SLUICE_SERVICES_COMMON_BACKEND_STATS_H_

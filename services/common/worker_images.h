@@ -3,8 +3,8 @@
 // as bytes (MultimodalInput.image); a worker serving a vision-language model encodes them with
 // the same engine/vision code as `sluice encoder` — so the embeddings, and the greedy tokens,
 // equal the encoder pool's — through an embedding cache keyed by the image's content hash.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_IMAGES_H_
-#define SLUICE_SERVICES_WORKER_COMMON_WORKER_IMAGES_H_
+#ifndef SLUICE_SERVICES_COMMON_WORKER_IMAGES_H_
+#define SLUICE_SERVICES_COMMON_WORKER_IMAGES_H_
 
 #include <atomic>
 #include <cstdint>
@@ -63,4 +63,4 @@ absl::Status EncodeMissingImages(const WorkerImages* images, std::vector<Multimo
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_IMAGES_H_
+#endif  // SLUICE_SERVICES_COMMON_WORKER_IMAGES_H_

@@ -1,10 +1,10 @@
-#include "services/worker_common/worker_metrics.h"
+#include "services/common/worker_metrics.h"
 
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "services/api/spec_decode_metrics.h"
+#include "services/common/spec_decode_metrics.h"
 
 namespace sluice {
 namespace {

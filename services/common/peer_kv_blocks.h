@@ -3,8 +3,8 @@
 // transfer/block_runs_wire.h). A peer is untrusted input here: every field is validated before
 // it reaches the transfer agent. Pure functions of the message and the local geometry (fuzzed
 // by tests/fuzz/worker_wire_fuzz).
-#ifndef SLUICE_SERVICES_WORKER_COMMON_PEER_KV_BLOCKS_H_
-#define SLUICE_SERVICES_WORKER_COMMON_PEER_KV_BLOCKS_H_
+#ifndef SLUICE_SERVICES_COMMON_PEER_KV_BLOCKS_H_
+#define SLUICE_SERVICES_COMMON_PEER_KV_BLOCKS_H_
 
 #include <cstdint>
 #include <string_view>
@@ -29,4 +29,4 @@ absl::StatusOr<TransferRegions> ParseTransferRegions(std::string_view descriptor
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_PEER_KV_BLOCKS_H_
+#endif  // SLUICE_SERVICES_COMMON_PEER_KV_BLOCKS_H_

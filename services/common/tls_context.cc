@@ -1,4 +1,4 @@
-#include "services/api/tls_context.h"
+#include "services/common/tls_context.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "services/worker_common/kv_event_publisher.h"
+#include "services/common/kv_event_publisher.h"
 
 #include <algorithm>
 #include <utility>

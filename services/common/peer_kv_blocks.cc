@@ -1,4 +1,4 @@
-#include "services/worker_common/peer_kv_blocks.h"
+#include "services/common/peer_kv_blocks.h"
 
 #include "absl/strings/str_cat.h"
 

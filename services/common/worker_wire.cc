@@ -1,4 +1,4 @@
-#include "services/worker_common/worker_wire.h"
+#include "services/common/worker_wire.h"
 
 #include <cstring>
 

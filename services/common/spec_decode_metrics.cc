@@ -1,4 +1,4 @@
-#include "services/api/spec_decode_metrics.h"
+#include "services/common/spec_decode_metrics.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "services/worker_common/registration_client.h"
+#include "services/common/registration_client.h"
 
 #include <chrono>
 #include <utility>

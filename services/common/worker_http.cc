@@ -1,4 +1,4 @@
-#include "services/worker_common/worker_http.h"
+#include "services/common/worker_http.h"
 
 #include <utility>
 

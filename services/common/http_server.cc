@@ -1,4 +1,4 @@
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 
 #include <deque>
 #include <optional>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
-#include "services/api/tls_context.h"
+#include "services/common/tls_context.h"
 
 namespace sluice {
 namespace {

@@ -2,8 +2,8 @@
 // heartbeats within the lease with the worker's load, registers again when the router forgot the
 // worker (NOT_FOUND: lease expired or router restarted), drains on shutdown and deregisters at
 // its end. One background thread; every RPC has a deadline.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
-#define SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
+#ifndef SLUICE_SERVICES_COMMON_REGISTRATION_CLIENT_H_
+#define SLUICE_SERVICES_COMMON_REGISTRATION_CLIENT_H_
 
 #include <condition_variable>
 #include <functional>
@@ -61,4 +61,4 @@ class RegistrationClient {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_REGISTRATION_CLIENT_H_
+#endif  // SLUICE_SERVICES_COMMON_REGISTRATION_CLIENT_H_

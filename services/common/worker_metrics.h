@@ -5,9 +5,9 @@
 // latencies are histograms. Engine load comes from AsyncEngineStats and transfer byte counts from
 // the UCX agent's KvTransferStats at scrape time; request-level latencies are observed by the
 // services. Besides our own names, the families Kubernetes inference gateways and dashboards read
-// are exported under vLLM's names (services/api/vllm_metrics.h). Thread-safe.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_METRICS_H_
-#define SLUICE_SERVICES_WORKER_COMMON_WORKER_METRICS_H_
+// are exported under vLLM's names (services/common/vllm_metrics.h). Thread-safe.
+#ifndef SLUICE_SERVICES_COMMON_WORKER_METRICS_H_
+#define SLUICE_SERVICES_COMMON_WORKER_METRICS_H_
 
 #include <atomic>
 #include <cstdint>
@@ -17,8 +17,8 @@
 
 #include "absl/status/status.h"
 #include "engine/sched/async_engine.h"
-#include "services/api/metrics.h"
-#include "services/api/vllm_metrics.h"
+#include "services/common/metrics.h"
+#include "services/common/vllm_metrics.h"
 #include "transfer/kv_transfer.h"
 
 namespace sluice {
@@ -83,4 +83,4 @@ class WorkerMetrics {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_METRICS_H_
+#endif  // SLUICE_SERVICES_COMMON_WORKER_METRICS_H_

@@ -2,8 +2,8 @@
 // router compiles and validates a request's grammar and sends it as GBNF text
 // (SamplingParams.grammar_ebnf); the worker compiles it again against its own tokenizer (LRU
 // cached, so repeated schemas compile once) for EngineRequest::grammar.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_GRAMMAR_H_
-#define SLUICE_SERVICES_WORKER_COMMON_WORKER_GRAMMAR_H_
+#ifndef SLUICE_SERVICES_COMMON_WORKER_GRAMMAR_H_
+#define SLUICE_SERVICES_COMMON_WORKER_GRAMMAR_H_
 
 #include <memory>
 #include <mutex>
@@ -38,4 +38,4 @@ absl::StatusOr<std::shared_ptr<const grammar::CompiledGrammar>> RequestGrammar(
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_GRAMMAR_H_
+#endif  // SLUICE_SERVICES_COMMON_WORKER_GRAMMAR_H_

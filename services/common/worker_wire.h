@@ -1,7 +1,7 @@
 // Conversions between engine types and sluice.v1 messages used by the prefill and decode
 // workers (the router's services/router/wire_convert.h covers the other direction).
-#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
-#define SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
+#ifndef SLUICE_SERVICES_COMMON_WORKER_WIRE_H_
+#define SLUICE_SERVICES_COMMON_WORKER_WIRE_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "engine/model/model.h"
 #include "engine/sched/request.h"
 #include "sluice/v1/common.pb.h"
-#include "services/worker_common/peer_kv_blocks.h"
+#include "services/common/peer_kv_blocks.h"
 #include "sluice/v1/kv.pb.h"
 #include "sluice/v1/worker.pb.h"
 #include "transfer/kv_transfer.h"
@@ -80,4 +80,4 @@ std::string DescribeKvLayout(const v1::KvLayout& layout);
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_WIRE_H_
+#endif  // SLUICE_SERVICES_COMMON_WORKER_WIRE_H_

@@ -1,7 +1,7 @@
 // The transport seam between the OpenAI handlers and the HTTP server (or the offline batch
 // runner, or a test): requests in, responses and Server-Sent Events out.
-#ifndef SLUICE_SERVICES_API_RESPONSE_SINK_H_
-#define SLUICE_SERVICES_API_RESPONSE_SINK_H_
+#ifndef SLUICE_SERVICES_COMMON_RESPONSE_SINK_H_
+#define SLUICE_SERVICES_COMMON_RESPONSE_SINK_H_
 
 #include <functional>
 #include <string>
@@ -47,4 +47,4 @@ class RequestHandle {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_RESPONSE_SINK_H_
+#endif  // SLUICE_SERVICES_COMMON_RESPONSE_SINK_H_

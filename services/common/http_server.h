@@ -9,8 +9,8 @@
 // a few KiB until then. While a request is being answered the
 // connection keeps a read pending: when the client disconnects (the read fails) or a write
 // fails, the request's RequestHandle is cancelled, which aborts its engine work.
-#ifndef SLUICE_SERVICES_API_HTTP_SERVER_H_
-#define SLUICE_SERVICES_API_HTTP_SERVER_H_
+#ifndef SLUICE_SERVICES_COMMON_HTTP_SERVER_H_
+#define SLUICE_SERVICES_COMMON_HTTP_SERVER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/api/response_sink.h"
+#include "services/common/response_sink.h"
 
 namespace sluice {
 
@@ -66,4 +66,4 @@ class HttpServer {
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_API_HTTP_SERVER_H_
+#endif  // SLUICE_SERVICES_COMMON_HTTP_SERVER_H_

@@ -1,16 +1,16 @@
 // Worker HTTP endpoint: GET /metrics (Prometheus text) and GET /health on a prefill or decode
 // worker (`--http-port`), served by the same Boost.Beast HttpServer as the OpenAI API
-// (services/api/http_server.h). Kubernetes probes and scrapers use it; the gRPC port stays for
+// (services/common/http_server.h). Kubernetes probes and scrapers use it; the gRPC port stays for
 // the router and peers.
-#ifndef SLUICE_SERVICES_WORKER_COMMON_WORKER_HTTP_H_
-#define SLUICE_SERVICES_WORKER_COMMON_WORKER_HTTP_H_
+#ifndef SLUICE_SERVICES_COMMON_WORKER_HTTP_H_
+#define SLUICE_SERVICES_COMMON_WORKER_HTTP_H_
 
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/api/http_server.h"
+#include "services/common/http_server.h"
 
 namespace sluice {
 
@@ -30,4 +30,4 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartWorkerHttp(WorkerHttpOptions op
 
 }  // namespace sluice
 
-#endif  // SLUICE_SERVICES_WORKER_COMMON_WORKER_HTTP_H_
+#endif  // SLUICE_SERVICES_COMMON_WORKER_HTTP_H_

@@ -1,8 +1,10 @@
-#include "services/worker_common/worker_images.h"
+#include "services/common/worker_images.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/model/model_config.h"
-#include "services/api/multimodal_input.h"
+#include "engine/sched/request.h"
+#include "engine/vision/image.h"
+#include "services/common/encoder_cache_metrics.h"
 
 namespace sluice {
 
