@@ -69,8 +69,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnArgs : paged_detail::Fa2Args {
   attention_detail::DecodeRopeFusion fusion;
   int num_sequences;  // PagedDecodeWarpKernel's (sequence, KV head, split) units
-  int slice_math;     // SetPagedAttentionSliceMath's bits, for AttendSlice
-  int early_copies;   // SetPagedAttentionPrefetchBeforeWait: 0 = every copy after the wait
 };
 
 using cuda_detail::Mma16816;  // kernels/cuda/device_utils.cuh
@@ -142,7 +140,7 @@ struct AttnConfig {
   static constexpr int kSmemBytes = kLoopBytes > kMergeBytes ? kLoopBytes : kMergeBytes;
 };
 
-// ---- Pieces shared by the decode kernels (PagedAttentionKernel, PagedDecodeWarpKernel) ----
+// ---- Pieces shared by the decode kernels (PagedTileKernel, PagedDecodeWarpKernel) ----
 
 // A thread's two rows (g and g + 8) of the m16 tile whose first row is row0: row r of a
 // (sequence, KV head) is query token r / group, query head kv_head · group + r % group.
@@ -204,18 +202,13 @@ __device__ __forceinline__ int64_t LaneSlot(const AttnArgs& args, const int32_t*
 }
 
 // One 16-byte chunk of CopySlice: plain cp.async (as every other kernel here), or with
-// kEvictFirst (PagedDecodeWarpKernel of decode-warp variant 10) cp.async with the L2
-// evict-first `policy` and, unless the warp-uniform `no_prefetch` (kSliceNoL2Prefetch, on by
-// default), the .L2::256B prefetch-size hint (attention_device.cuh).
+// kEvictFirst (the 8-warp persistent decode warps) cp.async with the L2 evict-first `policy`
+// and no .L2::256B prefetch-size hint (attention_device.cuh): at batch 256 the attention is
+// bound by L2 throughput, and the hint makes the L2 move more sectors between its partitions.
 template <bool kEvictFirst>
-__device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy,
-                                          bool no_prefetch = false) {
+__device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes, uint64_t policy) {
   if constexpr (kEvictFirst) {
-    if (no_prefetch) {
-      attention_detail::CpAsync16EvictFirstNoPrefetch(dst, src, bytes, policy);
-    } else {
-      attention_detail::CpAsync16EvictFirst(dst, src, bytes, policy);
-    }
+    attention_detail::CpAsync16EvictFirstNoPrefetch(dst, src, bytes, policy);
   } else {
     CpAsync16(dst, src, bytes);
   }
@@ -229,7 +222,7 @@ __device__ __forceinline__ void CopyChunk(void* dst, const void* src, int bytes,
 template <int kDim, int kBN, bool kEvictFirst = false, bool kSwizzled = false>
 __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf16* base,
                                          int64_t token_stride, int dim, int lane,
-                                         uint64_t policy = 0, bool no_prefetch = false) {
+                                         uint64_t policy = 0) {
   constexpr int kChunks = kDim / 8;
   static_assert((kBN * kChunks) % 32 == 0);
 #pragma unroll
@@ -240,8 +233,7 @@ __device__ __forceinline__ void CopyRows(bf16* dst, int64_t lane_slot, const bf1
     const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, key);
     const bool live = slot >= 0 && col < dim;
     CopyChunk<kEvictFirst>(dst + SliceRows<kDim, kSwizzled>::At(key, col),
-                           live ? base + slot * token_stride + col : base, live ? 16 : 0, policy,
-                           no_prefetch);
+                           live ? base + slot * token_stride + col : base, live ? 16 : 0, policy);
   }
 }
 
@@ -251,19 +243,17 @@ template <int kD, int kDV, int kBN, bool kEvictFirst = false, bool kSwizzled = f
 __device__ __forceinline__ void CopySlice(const AttnArgs& args, bf16* k_dst, int64_t lane_slot,
                                           const bf16* k_base, const bf16* v_base, int lane,
                                           uint64_t policy = 0) {
-  const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
   CopyRows<kD, kBN, kEvictFirst, kSwizzled>(
       k_dst, lane_slot, k_base, static_cast<int64_t>(args.num_kv_heads) * args.head_dim,
-      args.head_dim, lane, policy, no_prefetch);
+      args.head_dim, lane, policy);
   CopyRows<kDV, kBN, kEvictFirst, kSwizzled>(
       k_dst + kBN * SliceRows<kD, kSwizzled>::kPitch, lane_slot, v_base,
-      static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim, args.v_head_dim, lane, policy,
-      no_prefetch);
+      static_cast<int64_t>(args.num_kv_heads) * args.v_head_dim, args.v_head_dim, lane, policy);
   CpAsyncCommit();
 }
 
-// CopySlice for a slice whose kBN keys are all live and lie in one cache block (kSliceLean;
-// block size a multiple of kBN, slices start at multiples of kBN), with K and V rows of equal
+// CopySlice for a slice whose kBN keys are all live and lie in one cache block (block size a
+// multiple of kBN, slices start at multiples of kBN), with K and V rows of equal
 // width and token stride: key k's slot is key 0's plus k, so a lane fetches one slot (one
 // shuffle) and steps one offset by a constant for its K and V chunks, where CopySlice
 // shuffles and multiplies per chunk and cache. Same bytes in the same places. Needs kD / 8
@@ -288,12 +278,11 @@ __device__ __forceinline__ void CopySliceContiguous(const AttnArgs& args, bf16* 
   const int64_t step = bytes > 0 ? kKeysPerRound * token_stride : 0;
   const bf16* k_src = k_base + off;
   const bf16* v_src = v_base + off;
-  const bool no_prefetch = (args.slice_math & kSliceNoL2Prefetch) != 0;
 #pragma unroll
   for (int i = 0; i < kBN / kKeysPerRound; ++i) {
     const int at = Rows::At(key + i * kKeysPerRound, col);
-    CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy, no_prefetch);
-    CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy, no_prefetch);
+    CopyChunk<kEvictFirst>(k_dst + at, k_src, bytes, policy);
+    CopyChunk<kEvictFirst>(v_dst + at, v_src, bytes, policy);
     k_src += step;
     v_src += step;
   }
@@ -319,12 +308,12 @@ __device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_
   const int g = lane / 4;
   const int t = lane % 4;
   float s[kSTiles][4];
-  // kSliceLdmatrixK: K's B fragments for two k-steps per ldmatrix.x4 (one instruction where
-  // the 32-bit loads take four); the same values in the same mma order, so the same bits.
-  // Both options only at padded head dims ≤ 128 (kSliceMathMaxDim): DeepSeek-V2-Lite's
-  // 192-wide MHA-form prefill (kind 0) took 28.75 ms of attention at 4k with them vs 24.8.
-  const int slice_math = kD <= kSliceMathMaxDim ? args.slice_math : 0;
-  const bool ldsm_k = kKSteps % 2 == 0 && (slice_math & kSliceLdmatrixK) != 0;
+  // At padded head dims ≤ 128 K's B fragments come two k-steps per ldmatrix.x4 (one
+  // instruction where the 32-bit loads take four; the same values in the same mma order) and
+  // the rescale below is skipped when no row's max grew; wider heads keep the plain forms,
+  // which are faster there (kind 0 at 192/128).
+  constexpr bool kLeanMath = kD <= 128;
+  const bool ldsm_k = kKSteps % 2 == 0 && kLeanMath;
 #pragma unroll
   for (int n = 0; n < kSTiles; ++n) {
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -379,11 +368,11 @@ __device__ __forceinline__ void AttendSlice(const AttnArgs& args, const bf16* k_
     grew |= new_max != row_max[i];
     row_max[i] = new_max;
   }
-  // kSliceLazyRescale: when no row of the warp's tile has a new max, every alpha is exp2(0) = 1
-  // (or the row is still empty: its sum and outputs are 0), so the rescale of the running sum
-  // and the kDV / 2 accumulators per thread is skipped (warp-uniform). Once a decode row's max
-  // has settled most slices take this path; the results are the same bits.
-  if ((slice_math & kSliceLazyRescale) == 0 || __any_sync(0xffffffffu, grew)) {
+  // When no row of the warp's tile has a new max, every alpha is exp2(0) = 1 (or the row is
+  // still empty: its sum and outputs are 0), so the rescale of the running sum and the kDV / 2
+  // accumulators per thread is skipped (warp-uniform). Once a decode row's max has settled
+  // most slices take this path; the results are the same bits.
+  if (!kLeanMath || __any_sync(0xffffffffu, grew)) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) row_sum[i] *= alpha[i];
 #pragma unroll
@@ -478,7 +467,7 @@ __device__ __forceinline__ void StoreRows(const AttnArgs& args, const RowInfo& r
 // cooperatively and all warps meet at two barriers per tile.
 template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
-    PagedAttentionKernel(const AttnArgs args) {
+    PagedTileKernel(const AttnArgs args) {
   using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
   static_assert(!kRing || kWarpsM == 1, "warp rings serve decode tiles");
   constexpr int kKSteps = kD / 16;                                 // k16 steps of Q·Kᵀ
@@ -617,7 +606,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   // (PrefetchBeforeWait). A decode fusion launch writes the new key first (below).
   int pre = 0;
   if constexpr (kRing) {
-    if (!fused && args.early_copies) {
+    if (!fused) {
       for (; pre < kStages - 1; ++pre) {
         const int tile = tile_first + pre * Cfg::kTileN;
         if (needed(tile) && tile + wn * kBN + kBN > ctx) break;
@@ -713,9 +702,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   StoreRows<kDV>(args, rw, split, acc, row_max, row_sum, t);
 }
 
-// ---- Persistent decode warps (SetPagedAttentionDecodeKernel 8 and 9) ----
+// ---- Persistent decode warps (PagedDecodeKernel::kPersistentWarps) ----
 //
-// PagedAttentionKernel gives each (sequence, KV head) a CTA whose warps split the keys and
+// PagedTileKernel gives each (sequence, KV head) a CTA whose warps split the keys and
 // merge at the end. At batch 256 × 1k context (Llama-3-8B: 2048 CTAs of 2 warps, ~4 waves of
 // ~70 µs) every CTA pays a ramp — metadata, then block table, then the first K/V bytes, ~2-3
 // µs of dependent latency with its ring empty — and a merge barrier, ~4% of its life; at 8k
@@ -735,10 +724,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
 // does, and that unit is read by no other warp), then __syncwarp orders those writes before
 // its own cp.async reads; each unit's q is rotated with a per-warp (cos, sin) table.
 // Shared memory: kWarps × kStages slices of kBN keys (+ kWarps tables of kD/2 float2 when
-// fused); at d 128 with 4 warps × 3 stages 102 KiB: 2 CTAs (8 warps) per SM, the warps and
-// depth that reach 0.96 of the bandwidth at long contexts; decode-warp variant 10 puts the
-// same 8 warps in one CTA (204 KiB) and copies with an L2 evict-first policy (what was
-// measured: at g_decode_warp_variant below).
+// fused); at d 128 with 4 warps × 3 stages 102 KiB: 2 CTAs (8 warps) per SM; the wide shape
+// served at padded head dim 128 puts the same 8 warps in one CTA (204 KiB) and copies with an
+// L2 evict-first policy.
 struct DecodeUnit {
   int seq, kv_head, split;  // split: the index of the unit's partial output
   int q_begin, rows, ctx;
@@ -775,7 +763,7 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   d.kv_begin = 0;
   d.kv_end = 0;
   if (d.rows > 0) {
-    // As PagedAttentionKernel for its one m16 tile.
+    // As PagedTileKernel for its one m16 tile.
     const int pos_last = m.ctx + (d.rows - 1) / a.group;
     d.kv_begin = a.sliding_window > 0 ? max(0, m.ctx - a.sliding_window + 1) : 0;
     d.kv_end = pos_last + 1;
@@ -788,7 +776,7 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
   return d;
 }
 
-// ---- Swapped GQA decode math (SetPagedAttentionDecodeSwapped) ----
+// ---- Swapped GQA decode math (the wide persistent warps, ≤ 8 query rows a unit) ----
 //
 // A decode unit has rows = query tokens × group ≤ 8 query rows (4 at Llama-3-8B's group 4),
 // but the m16 tiles of AttendSlice hold 16: three quarters of the Q·Kᵀ and P·V work and of
@@ -1073,11 +1061,10 @@ struct DecodeWarpConfig {
   static constexpr int kFusionBytes = kWarps * attention_detail::DecodeRopeSmemBytes(kD);
 };
 
-// kEvictFirst: K/V copies with an L2 evict-first policy and, unless kSliceNoL2Prefetch, the
-// .L2::256B hint (CopyChunk).
+// kEvictFirst: K/V copies with an L2 evict-first policy (CopyChunk).
 // kSwapped: the swapped GQA math (ScoresSwapped / PvSwapped; only launched with ≤ 8 rows a
 // unit; under decode fusion each unit's q is rotated on load with its token's table).
-// kSwizzled (swapped only): the ring's K/V rows are SliceRows<·, true> (kSliceSwizzle).
+// kSwizzled (swapped only): the ring's K/V rows are SliceRows<·, true>.
 template <int kD, int kDV, int kWarps, int kBN, int kStages, bool kEvictFirst,
           bool kSwapped = false, bool kSwizzled = false>
 __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnArgs args) {
@@ -1094,12 +1081,11 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   float2* const rope_cs =
       reinterpret_cast<float2*>(smem_raw + Cfg::kSmemBytes) + warp * (kD / 2);
   const bool fused = args.fusion.inv_freq != nullptr;
-  // Fused launches with early copies write each unit's new key right before copying the slice
+  // Fused launches at head dims ≤ 128 write each unit's new key right before copying the slice
   // that holds it (DeferredKvWrite), so the slices below it stream from the start as in plain
-  // launches; without early copies every new key of the warp is written before any copy.
-  // (Head dims ≤ 128: the loaded row costs d/32 × 3 bf16 and d/32 floats a lane, which at
-  // d 256 would spill.)
-  const bool deferred_write = kD <= 128 && fused && args.early_copies;
+  // launches; wider heads write every new key of the warp before any copy (the loaded row
+  // costs d/32 × 3 bf16 and d/32 floats a lane, which at d 256 would spill).
+  const bool deferred_write = kD <= 128 && fused;
   const uint64_t policy = kEvictFirst ? attention_detail::L2EvictFirstPolicy() : 0;
   const int num_units = args.num_sequences * args.num_kv_heads * args.num_splits;
   const int stride = static_cast<int>(gridDim.x) * kWarps;
@@ -1108,7 +1094,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   // Producer: the slice stream of all this warp's units, kStages − 1 slices ahead of the
   // consumer. Every issue() commits exactly one copy group (empty once the stream is
   // exhausted), so "slice i landed" is "at most kStages − 1 newer groups pending", as in the
-  // rings of PagedAttentionKernel.
+  // rings of PagedTileKernel.
   const UnitMeta meta0 = LoadUnitMeta(args, first, num_units);
   // Fused launches load each unit's RoPE position while the warp attends the unit before
   // (step metadata: the first one before the dependency wait), so a unit's table costs no load.
@@ -1119,14 +1105,13 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   float c_pos = position_of(meta0);
   SliceStream<kBN> pr(args, first, stride, num_units, meta0, lane);
   int fill = 0;
-  const bool lean = (args.slice_math & kSliceLean) != 0;
   constexpr int kPendingPerLane = kD <= 128 ? kD / 32 : 1;
   attention_detail::PendingKvWrite<kPendingPerLane> pending;  // DeferredKvWrite's new key
   int pending_unit = -1;  // the unit it was loaded for
   bool waited = false;  // past the dependency wait (qkv may be read)
   constexpr bool kContiguousFits = kD == kDV && 32 % (kD / 8) == 0;
-  const bool contiguous_copies = kContiguousFits && lean && args.head_dim == args.v_head_dim &&
-                                 args.block_size % kBN == 0;
+  const bool contiguous_copies =
+      kContiguousFits && args.head_dim == args.v_head_dim && args.block_size % kBN == 0;
   auto issue = [&]() {
     if (pr.live()) {
       // DeferredKvWrite (only after the dependency wait: the early copies take slices wholly
@@ -1175,7 +1160,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   // Slices wholly below their unit's context length, copied before the dependency wait
   // (PrefetchBeforeWait); in a fusion launch only with the deferred writes.
   int pre = 0;
-  if (args.early_copies && (!fused || deferred_write)) {
+  if (!fused || deferred_write) {
     while (pre < kStages - 1 && (!pr.live() || pr.tile + kBN <= pr.p.ctx)) {
       issue();
       ++pre;
@@ -1224,8 +1209,7 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
       for (int m = 0; m < kDV / 16; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
       float col_max[2] = {-INFINITY, -INFINITY};
       float col_sum[2] = {0.0f, 0.0f};
-      const SwappedFullKeys fk =
-          lean ? SwappedFull(args, c) : SwappedFullKeys{INT_MAX, INT_MIN};
+      const SwappedFullKeys fk = SwappedFull(args, c);
       for (int tile = c.tile_first; tile < c.kv_end; tile += kBN) {
         issue();
         CpAsyncWait<kStages - 1>();
@@ -1272,9 +1256,9 @@ __global__ void __launch_bounds__(32 * kWarps) PagedDecodeWarpKernel(const AttnA
   }
 }
 
-// ---- Prefill kernels (SetPagedAttentionPrefillKernel 1..2) ----
+// ---- MMA-tile prefill kernel (PagedPrefillKernel::kMmaTiles) ----
 //
-// The same online-softmax algorithm and GQA row packing as PagedAttentionKernel, reshaped for
+// The same online-softmax algorithm and GQA row packing as PagedTileKernel, reshaped for
 // long prompts, where the mma.sync pipe — not bytes — is what should bound the time:
 //  * A warp owns kMT m16 tiles (32 rows at kMT 2), so every K/V fragment read from shared
 //    memory feeds 2·kMT mmas: half the shared-memory bytes per mma of 16-row warps, and a
@@ -1328,7 +1312,7 @@ __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint32_t sme
 }
 
 template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
-__global__ void __launch_bounds__(32 * kWarps, 2) PagedPrefillKernel(const AttnArgs args) {
+__global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const AttnArgs args) {
   using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
   constexpr int kKSteps = kD / 16;   // k16 steps of Q·Kᵀ
   constexpr int kSTiles = kBN / 8;   // n8 score tiles per m16 tile
@@ -1650,106 +1634,34 @@ static_assert(kDecodeWarpsN * kDecodeBN == kKeyTile && kPrefillBN == kKeyTile);
 constexpr int kMinPartition = 2 * kKeyTile;
 constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 
-// Decode pipeline depth (SetPagedAttentionDecodeStages). Decode streams K/V with little math per
-// byte, so what bounds it is the bytes in flight per SM: with 64-key bf16 tiles of 34 KiB
-// (padded), 2 stages fit 3 CTAs per SM (3 tiles in flight), 3 stages 2 CTAs (4 in flight).
-// 0 = automatic (DecodeStages).
-std::atomic<int> g_decode_stages{0};
-
-// Kernel kinds: 0 prefill tiles; decode: 1/2 CTA tiles with 2/3 stages, 3/4/5 warp rings of
-// 4 warps × 2/3/6 stages, 6 warp rings of 8 warps × 3 stages, 7/8 warp rings of 2 warps × 3/4
-// stages (depths shrink to what fits shared memory for wide heads; 8 warps fall back to 4
-// where 2 stages do not fit).
-constexpr int kNumKinds = 12 + paged_detail::kNumFa2Configs;  // + FA2 kinds 11.., wgmma (below)
-constexpr int kKindTiles2 = 1, kKindTiles3 = 2, kKindRing4x2 = 3, kKindRing4x3 = 4,
-              kKindRing4x6 = 5, kKindRing8x3 = 6, kKindRing2x3 = 7, kKindRing2x4 = 8;
-// SetPagedAttentionDecodeKernel takes 0..kNumDecodeKernels − 1; 8 and 9 are the persistent
-// decode warps (PagedDecodeWarpKernel; LaunchPlan::persistent, not a kind).
-constexpr int kNumDecodeKernels = 10;
-constexpr int kDecodeWarpsAuto = 8, kDecodeWarpsAlways = 9;
-// PagedDecodeWarpKernel's shapes (SetPagedAttentionDecodeWarpVariant), both with 16-key slices
-// in 3-stage rings. 0: 4 warps a CTA, plain cp.async, at any head dims (fewer stages where
-// wide heads do not fit; ≥ 2 always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256). 10, the
-// default: 8 warps a CTA (a CTA's warps read all 8 KV heads of a Llama-3-8B sequence, i.e.
-// whole 2 KiB cache rows, together; 1 CTA per SM at d 128) with evict-first copies, at padded
-// head dims 128 only (others run 0).
+// Kernel kinds. Prefill: kKindCtaTiles (PagedTileKernel, 64-row CTA tiles of 4 warps ×
+// 16 rows, 64-key tiles, 2 stages), kKindMmaTiles (PagedMmaPrefillKernel: 4 warps × 2 m16 tiles,
+// 32-key tiles, 3 stages), kKindFa2 (paged_prefill_fa2.cu), kKindWgmma
+// (paged_prefill_wgmma.cu). Decode: warp rings of 4 warps × 2 or 3 stages and of 2 warps × 3
+// stages (depths shrink to what fits shared memory for wide heads); the persistent decode
+// warps are LaunchPlan::persistent, not a kind.
+constexpr int kKindCtaTiles = 0, kKindRing4x2 = 1, kKindRing4x3 = 2, kKindRing2x3 = 3,
+              kKindMmaTiles = 4, kKindFa2 = 5, kKindWgmma = 6;
+constexpr int kNumKinds = 7;
+// The persistent decode warps' shapes, both with 16-key slices in 3-stage rings: at padded
+// head dims 128, 8 warps a CTA (a CTA's warps read all 8 KV heads of a Llama-3-8B sequence,
+// i.e. whole 2 KiB cache rows, together; 1 CTA per SM) with evict-first copies ("wide"); at
+// other dims 4 warps a CTA, plain cp.async (fewer stages where wide heads do not fit; ≥ 2
+// always do: 4 × 2 × 16 × 528 × 2 B = 132 KiB at d 256).
 constexpr int kDecodeWarpsPerCta = 4, kDecodeWarpStages = 3;
-constexpr int kDecodeWarpVariantWide = 10, kWideDecodeWarpsPerCta = 8;
-constexpr int DecodeWarpsPerCtaOf(int variant) {
-  return variant == kDecodeWarpVariantWide ? kWideDecodeWarpsPerCta : kDecodeWarpsPerCta;
+constexpr int kWideDecodeWarpsPerCta = 8;
+constexpr int DecodeWarpsPerCtaOf(bool wide) {
+  return wide ? kWideDecodeWarpsPerCta : kDecodeWarpsPerCta;
 }
-// The variants were numbered as they were measured; the losers are removed, and 0 and 10 keep
-// their numbers so the results files stay true. H200, Llama-3-8B batch 256 × ~1052 keys (1.10
-// GB of K/V a layer), attention µs a layer in the eager breakdown, one process per run
-// (bench/results/cuda_attn_decode_variants_h200.json):
-//   call 1: 0 288.5-289.1; 1 (cp.async with the .L2::256B hint) 284.7; 2 (1 plus the
-//   evict-first policy) 282.8-283.4; 3 (one TMA bulk copy per key row, mbarrier completion)
-//   297; 4 (8 warps) 282.5-283.6; 5 (2 warps × 6 stages) 321; 6 (32-key slices) 296; 7 (3
-//   warps × 4 stages) 359; 8 / 9 (bulk copies in the shapes of 4 / 5) 304 / 548.
-//   call 2: 0 283.4-284.2, 2 280.4-281.1, 4 280.4-281.7, 10 (= 4 + 2) 279.2-279.9 (graph ITL
-//   −0.07 ms); lock-step CTAs (a CTA sync every slice, so the warps' copies of a slice cover
-//   whole cache rows together): 11 (of 10) 288, 12 (of 4) 288, 19 (of 2) 283.2-283.9, 20 (10,
-//   a sync every 2 slices) 287; L2 prefetches (cp.async.bulk.prefetch.L2) 2 / 4 slices beyond
-//   the copies: 13 / 14 (of 2) and 15 / 16 (of 10) 367-378, 17 (5 evict-first, 4 ahead) 629,
-//   18 (11, 2 ahead) 423.
-//   Dynamic units (partitions of P keys taken from a global ticket counter, the partials of a
-//   (sequence, KV head) merged in-kernel by its last unit), same shape, call 8 of
-//   bench/results/cuda_ab_stop13_h200.json: 21 (10's shape, ~6 units a resident warp) 341.7,
-//   22 (0's shape) 350.0, 23 / 24 (21 with ~12 / ~3 units a warp) 383.2 / 327.6, against 10
-//   286.9 and 0 293.4 in that call (step 16.84-18.52 ms vs 15.59).
-//   Stream-K (stop 17; Osama et al., PPoPP 2023): the launch's 16-key slices cut into one equal
-//   range per CTA (all 132 SMs busy to the end), the units a range boundary cuts merged by a
-//   second kernel; two calls of bench/results/cuda_ab_stop17_h200.json: 274.7-277.7 µs a layer
-//   vs 267.8-269 for 10 (batch 64: 84.6-84.9 vs 79.5-80.0; the extra launch, the prefix sums
-//   and the loss of 10's unit order cost more than the 3% of idle SMs it recovers).
-//   q prefetch (stop 18): each unit's q loaded during the unit before's second slice (fused
-//   launches rotating it from registers): batch 256 graph ITL 15.128 / 15.130 ms vs 15.145 /
-//   15.161 fused, 15.219 / 15.230 vs 15.202 / 15.208 unfused (call 10 of
-//   bench/results/cuda_ab_stop18_h200.json); within noise, removed.
-// So evict-first copies and 8-warp CTAs gain ~1% each, ~1.6% together; fewer warps per SM lose
-// (the warps are latency-bound: 4 warps × 6 stages, with more bytes in flight, is 11% slower);
-// bulk copies, lock-step, L2 prefetches and dynamic units lose. ncu of 0 and 10
-// (bench/results/ncu_decode_warp_b256_h200.txt): DRAM 81.5% of peak, L2 89%, 218 registers,
-// SMs active 90% of the elapsed cycles on average (busiest +8%): what is left is the imbalance
-// between SMs, not the copies, and taking units dynamically did not win it back.
-std::atomic<int> g_decode_warp_variant{kDecodeWarpVariantWide};
-std::atomic<int> g_slice_math{kSliceLdmatrixK | kSliceLazyRescale | kSliceLean |
-                              kSliceNoL2Prefetch | kSliceSwizzle};
-std::atomic<bool> g_decode_swapped{true};  // SetPagedAttentionDecodeSwapped
-std::atomic<int64_t> g_decode_swapped_launches{0};
-std::atomic<bool> g_prefetch_before_wait{true};  // SetPagedAttentionPrefetchBeforeWait
-// PagedPrefillKernel kinds (SetPagedAttentionPrefillKernel 1..2 → kinds 9..10): 4 warps of
-// kMT m16 tiles, kBN-key tiles, kStages deep; head dims up to 128 (wider ones keep kind 0).
-//   9: 2 m16 tiles a warp (128-row CTA), 32-key tiles, 3 stages: 85 KiB of shared memory and
-//      ≤ 255 registers, 2 CTAs per SM on sm_90. (64-key tiles would hold 64 score floats
-//      beside the 128 accumulators: ptxas spills ~70 bytes at d 128, so 32.)
-//  10: 1 m16 tile (64-row CTA, as kind 0), 64-key tiles, 2 stages (85 KiB, 2 CTAs per SM):
-//      kind 0's tile shape with this kernel's inner loop, to tell the two apart.
-constexpr int kKindPrefill1 = 9, kKindPrefill2 = 10;
-// Kinds 11..: paged_prefill_fa2.cu's configurations (SetPagedAttentionPrefillKernel 3..),
-// for padded head dims 64 and 128; other dims fall back to kind 9 (Plan).
-constexpr int kKindFa2 = 11;
-// The wgmma kind (paged_prefill_wgmma.cu; SetPagedAttentionPrefillKernel 15), after the FA2 kinds.
-constexpr int kKindWgmma = kKindFa2 + paged_detail::kNumFa2Configs;
-static_assert(kKindWgmma + 1 == kNumKinds);
-constexpr int kNumPrefillKernels = 3 + paged_detail::kNumFa2Configs;
 constexpr int kPrefillMmaWarps = 4;
-
-// SetPagedAttentionPrefillKernel's setting: 0 kind 0, 1..2 kinds 9..10, 3.. kinds 11...
-std::atomic<int> g_prefill_kernel{15};
 
 // Rows per CTA of a prefill kind.
 constexpr int PrefillRowsPerCta(int kind) {
   return kind == kKindWgmma      ? paged_detail::kWgmmaRowsPerCta
-         : kind >= kKindFa2      ? paged_detail::kFa2RowsPerCta
-         : kind == kKindPrefill1 ? 32 * kPrefillMmaWarps
-         : kind == kKindPrefill2 ? 16 * kPrefillMmaWarps
+         : kind == kKindFa2      ? paged_detail::kFa2RowsPerCta
+         : kind == kKindMmaTiles ? 32 * kPrefillMmaWarps
                                  : 16 * kPrefillWarpsM;
 }
-
-// SetPagedAttentionDecodeKernel's setting: 0 automatic, 1 CTA tiles (kKindTiles2/3 by the
-// stage rule), 2..7 the ring kinds 3..8.
-std::atomic<int> g_decode_kernel{8};
 
 // Deepest ring of kBN-key slices for kWarps warps (≤ kWant stages) within the 227 KiB of shared
 // memory a CTA may use on sm_90; < 2 means it does not fit.
@@ -1760,34 +1672,18 @@ constexpr int FitStages() {
   return kFit < kWant ? kFit : kWant;
 }
 
-// SetPagedAttentionPdl; effective only on sm_90+ devices (checked once per device).
-std::atomic<bool> g_pdl{false};
-
-// Also on with kernels::DecodePdl (the whole decode step as one programmatic chain).
-bool PdlEnabled() {
-  if (DecodePdl()) return true;
-  if (!g_pdl.load(std::memory_order_relaxed)) return false;
-  static std::atomic<int> major_cache[16];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return false;
-  int major = major_cache[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      return false;
-    }
-    major_cache[device].store(major, std::memory_order_relaxed);
-  }
-  return major >= 9;
-}
+// The attention launches are programmatic dependents under kernels::DecodePdl (the whole
+// decode step as one programmatic chain; false below sm_90).
+bool PdlEnabled() { return DecodePdl(); }
 
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
-  int warp_variant = 0;     // its decode-warp variant, 0 or 10 (DecodeWarpVariantFor)
-  // Variant 10 with the swapped GQA math (SetPagedAttentionDecodeSwapped): ≤ 8 query rows a
-  // (sequence, KV head), with or without decode fusion.
+  bool wide = false;        // its 8-warp evict-first shape (padded head dims 128)
+  // The wide shape with the swapped GQA math: ≤ 8 query rows a (sequence, KV head), with or
+  // without decode fusion.
   bool swapped = false;
-  int kind;     // kernel kind (kKind*, 0 prefill)
+  int kind;     // kernel kind (kKind*)
   int rows_per_cta;
   int m_tiles;
   int num_splits;
@@ -1870,7 +1766,7 @@ absl::Status Launch(const AttnArgs& args, dim3 grid, cudaStream_t stream) {
   // A fused decode launch also holds the RoPE table (decode_rope_fusion.cuh).
   const int fusion_bytes =
       args.fusion.inv_freq != nullptr ? attention_detail::DecodeRopeSmemBytes(kD) : 0;
-  return LaunchWithSmem(&PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
+  return LaunchWithSmem(&PagedTileKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
                         Cfg::kThreads, Cfg::kSmemBytes + fusion_bytes, args, grid, stream);
 }
 
@@ -1886,7 +1782,7 @@ struct LaunchOp {
   template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
   absl::Status RunPrefill() const {
     using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
-    return LaunchWithSmem(&PagedPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
+    return LaunchWithSmem(&PagedMmaPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
                           Cfg::kSmemBytes, *args, grid, stream);
   }
 };
@@ -1910,13 +1806,13 @@ struct OccupancyOp {
   template <int kD, int kDV, int kWarpsM, int kWarpsN, int kBN, int kStages, bool kRing>
   int Run() const {
     using Cfg = AttnConfig<kD, kDV, kWarpsM, kWarpsN, kBN, kStages>;
-    return Occupancy(&PagedAttentionKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
+    return Occupancy(&PagedTileKernel<kD, kDV, kWarpsM, kWarpsN, kBN, kStages, kRing>,
                      Cfg::kThreads, Cfg::kSmemBytes);
   }
   template <int kD, int kDV, int kWarps, int kMT, int kBN, int kStages>
   int RunPrefill() const {
     using Cfg = PrefillConfig<kD, kDV, kWarps, kMT, kBN, kStages>;
-    return Occupancy(&PagedPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
+    return Occupancy(&PagedMmaPrefillKernel<kD, kDV, kWarps, kMT, kBN, kStages>, Cfg::kThreads,
                      Cfg::kSmemBytes);
   }
 };
@@ -1933,51 +1829,42 @@ constexpr int DecodeWarpStages() {
   return kFit < kDecodeWarpStages ? kFit : kDecodeWarpStages;
 }
 
-// PagedDecodeWarpKernel of decode-warp variant kVar (0 or 10) at padded dims (kD, kDV):
-// variant 0 at any dims, 10 at 128 only (DecodeWarpVariantFor); op.Run gets the kernel, its
-// config and threads.
-template <int kD, int kDV, int kVar, bool kSwapped = false, bool kSwizzled = false,
-          typename Op>
+// PagedDecodeWarpKernel at padded dims (kD, kDV): the 4-warp shape, or (kWide, dims 128 only)
+// the 8-warp evict-first one, with the swapped math on swizzled slice rows (kSwapped) or the
+// m16-row math on padded rows; op.Run gets the kernel, its config and threads.
+template <int kD, int kDV, bool kWide, bool kSwapped = false, typename Op>
 auto WithDecodeWarpKernel(const Op& op) {
-  if constexpr (kVar == 0) {
+  if constexpr (!kWide) {
     constexpr int kStages = DecodeWarpStages<kD, kDV>();
     using Cfg = DecodeWarpConfig<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages>;
     return op.template Run<Cfg>(
         &PagedDecodeWarpKernel<kD, kDV, kDecodeWarpsPerCta, kDecodeBN, kStages, false>);
   } else {
-    static_assert(kVar == kDecodeWarpVariantWide && kD == 128 && kDV == 128);
+    static_assert(kD == 128 && kDV == 128);
     using Cfg = DecodeWarpConfig<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN, kDecodeWarpStages,
-                                 kSwizzled>;
+                                 kSwapped>;
     static_assert(Cfg::kSmemBytes + Cfg::kFusionBytes <= 227 * 1024);
     return op.template Run<Cfg>(&PagedDecodeWarpKernel<kD, kDV, kWideDecodeWarpsPerCta, kDecodeBN,
                                                        kDecodeWarpStages, true, kSwapped,
-                                                       kSwizzled>);
+                                                       kSwapped>);
   }
 }
 
-// WithDecodeWarpKernel for a run-time variant (0 off the 128 dims); swizzled slice rows only
-// with the swapped math.
+// WithDecodeWarpKernel for a run-time shape (the 4-warp one off the 128 dims).
 template <int kD, int kDV, typename Op>
-auto WithDecodeWarpVariant(int var, const Op& op, bool swapped = false, bool swizzled = false) {
+auto WithDecodeWarpShape(bool wide, const Op& op, bool swapped = false) {
   if constexpr (kD == 128 && kDV == 128) {
-    if (var == kDecodeWarpVariantWide && swapped && swizzled) {
-      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide, true, true>(op);
-    }
-    if (var == kDecodeWarpVariantWide && swapped) {
-      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide, true>(op);
-    }
-    if (var == kDecodeWarpVariantWide) {
-      return WithDecodeWarpKernel<kD, kDV, kDecodeWarpVariantWide>(op);
-    }
+    if (wide && swapped) return WithDecodeWarpKernel<kD, kDV, true, true>(op);
+    if (wide) return WithDecodeWarpKernel<kD, kDV, true>(op);
   }
-  return WithDecodeWarpKernel<kD, kDV, 0>(op);
+  return WithDecodeWarpKernel<kD, kDV, false>(op);
 }
 
-// Ops run by WithDims on PagedDecodeWarpKernel (variant var) at padded dims (kD, kDV).
+// Ops run by WithDims on PagedDecodeWarpKernel at padded dims (kD, kDV).
 struct DecodeWarpLaunchOp {
   const AttnArgs* args;
   int ctas;
-  int var;
+  bool wide;
   cudaStream_t stream;
   bool swapped = false;  // LaunchPlan::swapped
   template <typename Cfg>
@@ -1988,72 +1875,49 @@ struct DecodeWarpLaunchOp {
   }
   template <int kD, int kDV>
   absl::Status Run() const {
-    return WithDecodeWarpVariant<kD, kDV>(var, *this, swapped,
-                                          (args->slice_math & kSliceSwizzle) != 0);
+    return WithDecodeWarpShape<kD, kDV>(wide, *this, swapped);
   }
 };
-// Sizes variant 10 with its padded, unswapped kernel (204 KiB at d 128); the swapped and
-// swizzled kernels launched instead (192 KiB with swizzled rows) also fit one CTA per SM, and a
-// low estimate would only shrink the persistent grid.
+// Sizes the wide shape with its padded, unswapped kernel (204 KiB at d 128); the swapped
+// kernel on swizzled rows launched instead (192 KiB) also fits one CTA per SM, and a low
+// estimate would only shrink the persistent grid.
 struct DecodeWarpOccupancyOp {
-  int var;
+  bool wide;
   template <typename Cfg>
   int Run(void (*kernel)(AttnArgs)) const {
     return Occupancy(kernel, Cfg::kThreads, Cfg::kSmemBytes);
   }
   template <int kD, int kDV>
   int Run() const {
-    return WithDecodeWarpVariant<kD, kDV>(var, *this);
+    return WithDecodeWarpShape<kD, kDV>(wide, *this);
   }
 };
 
 template <int kD, int kDV, int kWarps, int kWant, typename Op>
 auto WithRing(const Op& op) {
   constexpr int kStages = FitStages<kD, kDV, kWarps, kWant>();
-  if constexpr (kStages >= 2) {
-    return op.template Run<kD, kDV, 1, kWarps, kDecodeBN, kStages, true>();
-  } else {
-    constexpr int kFallback = FitStages<kD, kDV, kDecodeWarpsN, kWant>();
-    static_assert(kFallback >= 2, "4 warps × 2 stages always fit");
-    return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, kFallback, true>();
-  }
+  static_assert(kStages >= 2, "4 and 2 warps × 2 stages always fit");
+  return op.template Run<kD, kDV, 1, kWarps, kDecodeBN, kStages, true>();
 }
 
-// A PagedPrefillKernel kind at padded dims up to 128 (the planner picks them only there;
-// wider dims instantiate kind 0 instead).
-template <int kD, int kDV, int kMT, int kBN, int kStages, typename Op>
-auto WithPrefill(const Op& op) {
-  if constexpr (kD <= 128 && kDV <= 128) {
-    return op.template RunPrefill<kD, kDV, kPrefillMmaWarps, kMT, kBN, kStages>();
-  } else {
-    return op.template Run<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages, false>();
-  }
-}
-
-// Runs op.Run<config>() for the kernel of `kind` at padded dims (kD, kDV).
+// Runs op.Run<config>() for the kernel of `kind` at padded dims (kD, kDV). The MMA-tile kind
+// exists at padded dims up to 128 only (the planner picks it only there; wider dims
+// instantiate the CTA tiles in its place).
 template <int kD, int kDV, typename Op>
 auto WithKernel(int kind, const Op& op) {
   switch (kind) {
-    case kKindPrefill1:
-      return WithPrefill<kD, kDV, 2, 32, 3>(op);
-    case kKindPrefill2:
-      return WithPrefill<kD, kDV, 1, 64, 2>(op);
-    case kKindTiles2:
-      return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 2, false>();
-    case kKindTiles3:
-      return op.template Run<kD, kDV, 1, kDecodeWarpsN, kDecodeBN, 3, false>();
+    case kKindMmaTiles:
+      if constexpr (kD <= 128 && kDV <= 128) {
+        return op.template RunPrefill<kD, kDV, kPrefillMmaWarps, 2, 32, 3>();
+      } else {
+        return op.template Run<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages, false>();
+      }
     case kKindRing4x2:
       return WithRing<kD, kDV, kDecodeWarpsN, 2>(op);
     case kKindRing4x3:
       return WithRing<kD, kDV, kDecodeWarpsN, 3>(op);
-    case kKindRing4x6:
-      return WithRing<kD, kDV, kDecodeWarpsN, 6>(op);
-    case kKindRing8x3:
-      return WithRing<kD, kDV, 2 * kDecodeWarpsN, 3>(op);
     case kKindRing2x3:
       return WithRing<kD, kDV, kDecodeWarpsN / 2, 3>(op);
-    case kKindRing2x4:
-      return WithRing<kD, kDV, kDecodeWarpsN / 2, 4>(op);
     default:
       return op.template Run<kD, kDV, kPrefillWarpsM, 1, kPrefillBN, kPrefillStages, false>();
   }
@@ -2105,34 +1969,26 @@ int64_t ResidentSlots(Variant v, int kind) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int per_sm =
       kind == kKindWgmma ? paged_detail::WgmmaPrefillOccupancy()
-      : kind >= kKindFa2
-          ? paged_detail::Fa2Occupancy(kind - kKindFa2, v == Variant::k64 ? 64 : 128,
-                                       v == Variant::k64 ? 64 : 128)
+      : kind == kKindFa2
+          ? paged_detail::Fa2Occupancy(v == Variant::k64 ? 64 : 128, v == Variant::k64 ? 64 : 128)
           : WithVariant(v, kind, OccupancyOp{});
   n = std::max(1, sms * per_sm);
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
 
-// The decode-warp variant a launch at dims `v` runs: the SetPagedAttentionDecodeWarpVariant
-// setting at padded dims 128, else 0.
-int DecodeWarpVariantFor(Variant v) {
-  return v == Variant::k128 ? g_decode_warp_variant.load(std::memory_order_relaxed) : 0;
-}
-
 // Persistent decode warps resident on the whole GPU at once (SMs × CTAs per SM × warps), cached
-// per variant for device 0..15.
-int64_t ResidentDecodeWarps(Variant v, int var) {
-  static std::atomic<int> cache[16][5][2];  // [variant 0, 10]
+// per shape for device 0..15.
+int64_t ResidentDecodeWarps(Variant v, bool wide) {
+  static std::atomic<int> cache[16][5][2];  // [4-warp, wide]
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) device = 0;
-  std::atomic<int>& slot =
-      cache[device][static_cast<int>(v)][var == kDecodeWarpVariantWide ? 1 : 0];
+  std::atomic<int>& slot = cache[device][static_cast<int>(v)][wide ? 1 : 0];
   int n = slot.load(std::memory_order_relaxed);
   if (n > 0) return n;
   int sms = 132;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{var}) * DecodeWarpsPerCtaOf(var));
+  n = std::max(1, sms * WithDims(v, DecodeWarpOccupancyOp{wide}) * DecodeWarpsPerCtaOf(wide));
   slot.store(n, std::memory_order_relaxed);
   return n;
 }
@@ -2140,12 +1996,29 @@ int64_t ResidentDecodeWarps(Variant v, int var) {
 // CTAs of a persistent decode launch over `units` (sequence, KV head, split) units: as few
 // rounds of units per warp as the resident warps allow, spread evenly (every warp gets the
 // same number of units, ± 1).
-int64_t DecodeWarpCtas(int64_t units, Variant v, int var) {
-  const int64_t resident = ResidentDecodeWarps(v, var);
+int64_t DecodeWarpCtas(int64_t units, Variant v, bool wide) {
+  const int64_t resident = ResidentDecodeWarps(v, wide);
   const int64_t rounds = (units + resident - 1) / resident;
   const int64_t warps = (units + rounds - 1) / rounds;
-  const int per_cta = DecodeWarpsPerCtaOf(var);
+  const int per_cta = DecodeWarpsPerCtaOf(wide);
   return (warps + per_cta - 1) / per_cta;
+}
+
+// The prefill kind of a launch: the chain wgmma → FA2 → MMA tiles → CTA tiles from `first`
+// on, each kind where it serves. The MMA, FA2 and wgmma kinds fold the scale into the
+// exponent (need scale > 0) and hold at most 128-wide heads in registers.
+int PrefillKind(const PagedAttentionParams& p, PagedPrefillKernel first) {
+  const bool mma_fits = p.head_dim <= 128 && p.v_head_dim <= 128 && p.scale > 0.0f &&
+                        std::isfinite(p.scale);
+  if (!mma_fits || first == PagedPrefillKernel::kCtaTiles) return kKindCtaTiles;
+  if (first == PagedPrefillKernel::kWgmma &&
+      paged_detail::WgmmaPrefillSupports(p.head_dim, p.v_head_dim, p.scale, p.sliding_window)) {
+    return kKindWgmma;
+  }
+  if (first != PagedPrefillKernel::kMmaTiles && paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)) {
+    return kKindFa2;
+  }
+  return kKindMmaTiles;
 }
 
 // Plan picks the kernel and the grid. Split-KV: with few CTAs the GPU idles, and CTAs run in
@@ -2153,87 +2026,51 @@ int64_t DecodeWarpCtas(int64_t units, Variant v, int var) {
 // kMinPartition keys (multiples of the key tile) pick the one whose waves are fullest,
 // preferring fewer splits (each split costs a partial-output write and the combine pass)
 // unless more splits fill the waves ≥ 10% better (relative). Depends only on host-side
-// bounds, so captured graphs stay valid.
-LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p) {
+// bounds and the options, so captured graphs stay valid.
+LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
+                const PagedAttentionOptions& options) {
   LaunchPlan plan;
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t max_rows = b.max_query_len * group;
   plan.decode = max_rows <= 16;
   Variant v = Variant::k128;
   PickVariant(p.head_dim, p.v_head_dim, &v);
-  plan.kind = 0;
-  const int prefill_kernel = g_prefill_kernel.load(std::memory_order_relaxed);
-  // The prefill kinds fold the scale into the exponent (needs scale > 0) and hold at most
-  // 128-wide heads in registers.
-  if (!plan.decode && prefill_kernel > 0 && p.head_dim <= 128 && p.v_head_dim <= 128 &&
-      p.scale > 0.0f && std::isfinite(p.scale)) {
-    plan.kind = kKindPrefill1 + prefill_kernel - 1;
-    // FA2 kernels (3..) where they serve the head dims; elsewhere kernel 1, explicitly.
-    if (prefill_kernel == paged_detail::kWgmmaPrefillKernel) {
-      // wgmma (sm_90a, d 128, no window) where it serves; elsewhere kernel 3's kind.
-      plan.kind =
-          paged_detail::WgmmaPrefillSupports(p.head_dim, p.v_head_dim, p.scale, p.sliding_window)
-              ? kKindWgmma
-          : paged_detail::Fa2Supports(p.head_dim, p.v_head_dim) ? kKindFa2
-                                                                 : kKindPrefill1;
-    } else if (prefill_kernel >= 3) {
-      plan.kind = paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)
-                      ? kKindFa2 + prefill_kernel - 3
-                      : kKindPrefill1;
-    }
-  }
+  plan.kind = plan.decode ? kKindCtaTiles : PrefillKind(p, options.prefill_kernel);
   plan.rows_per_cta = plan.decode ? 16 : PrefillRowsPerCta(plan.kind);
   plan.m_tiles = static_cast<int>((max_rows + plan.rows_per_cta - 1) / plan.rows_per_cta);
   plan.num_splits = 1;
   plan.partition_tokens = 0;
   const int64_t ctas = plan.m_tiles * p.num_kv_heads * b.num_sequences;
   if (plan.decode) {
-    const int forced_kernel = g_decode_kernel.load(std::memory_order_relaxed);
-    const int forced = g_decode_stages.load(std::memory_order_relaxed);
-    // Persistent decode warps: always (9), or (8) where the unsplit units fill the resident
-    // warps at least once (batch 256 × 8 KV heads on an H200: 2048 units, 1056 warps), so
-    // they need no split-KV pass; smaller grids take the automatic choice below. Units are
-    // indexed in int32 (< 2^31 with any split count).
+    // Persistent decode warps where the unsplit units fill the resident warps at least once
+    // (batch 256 × 8 KV heads on an H200: 2048 units, 1056 warps), so they need no split-KV
+    // pass (or always, or never, as the options force); smaller grids take the warp rings.
+    // Units are indexed in int32 (< 2^31 with any split count).
     const bool fits_int = ctas * kMaxSplits < INT32_MAX;
+    const PagedDecodeKernel dk = options.decode_kernel;
     plan.persistent =
-        fits_int && (forced_kernel == kDecodeWarpsAlways ||
-                     (forced_kernel == kDecodeWarpsAuto && ctas >= ResidentDecodeWarps(v, 0)));
+        fits_int && (dk == PagedDecodeKernel::kPersistentWarps ||
+                     (dk == PagedDecodeKernel::kAuto && ctas >= ResidentDecodeWarps(v, false)));
     if (plan.persistent) {
-      // The variant changes the kernel's shape, not which launches take it (variant 0's
-      // resident warps decide that above).
-      plan.warp_variant = DecodeWarpVariantFor(v);
-      if (plan.warp_variant == kDecodeWarpVariantWide && max_rows <= 8 && p.head_dim % 8 == 0) {
-        plan.swapped = g_decode_swapped.load(std::memory_order_relaxed);
-      }
+      // The shape follows the head dims, not which launches take the warps (the 4-warp
+      // shape's resident warps decide that above).
+      plan.wide = v == Variant::k128;
+      plan.swapped = plan.wide && max_rows <= 8 && p.head_dim % 8 == 0;
       plan.kind = kKindRing2x3;  // unused: LaunchVariant checks persistent first
-    } else if (forced_kernel == 1) {
-      // CTA tiles. Automatic depth: 3 stages while the unsplit grid fits two waves of the
-      // deeper kernel (the fewer, fuller waves need no split), else 2 (3 CTAs per SM, each
-      // CTA's ramp and epilogue hidden behind the others' streaming). H200, Llama-3-8B at 1k
-      // context: batch 64 (512 CTAs) attention 112.5 → 108.3 µs a layer with 3; batch 256
-      // (2048 CTAs) 382.7 → 409.7.
-      const int stages = forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, kKindTiles3) ? 3 : 2);
-      plan.kind = stages == 3 ? kKindTiles3 : kKindTiles2;
-    } else if (forced_kernel >= 2 && forced_kernel < kDecodeWarpsAuto) {
-      plan.kind = forced_kernel + 1;
-    } else if (forced == 0 && 2 * ctas >= ResidentSlots(v, kKindRing2x3)) {
+    } else if (2 * ctas >= ResidentSlots(v, kKindRing2x3)) {
       // Warp rings. With CTAs for about a wave of 2-warp × 3-stage CTAs (4 per SM at head_dim
-      // 128) or more, those: smaller CTAs fill the SMs in fewer, fuller waves. H200, Llama-3-8B
-      // decode, 1k context: batch 64 (512 CTAs, one wave) 74.2 µs vs 77.2 with 4 warps × 3
-      // (0.85 vs 0.81 of the copy bandwidth), batch 256 271.8 vs 269.5; 8k: 538 vs 543 and
-      // 2087 vs 2097 µs.
+      // 128) or more, those: smaller CTAs fill the SMs in fewer, fuller waves.
       plan.kind = kKindRing2x3;
     } else {
-      // Fewer CTAs (the grid will split): 4-warp rings, the depth rule as for CTA tiles (batch
-      // 1 × 8k: 21.9 µs vs 26.7 with 2 warps).
-      const int stages =
-          forced != 0 ? forced : (ctas <= 2 * ResidentSlots(v, kKindRing4x3) ? 3 : 2);
-      plan.kind = stages == 3 ? kKindRing4x3 : kKindRing4x2;
+      // Fewer CTAs (the grid will split): 4-warp rings, 3 stages while the unsplit grid fits
+      // two waves of them (the fewer, fuller waves need no split), else 2 (more CTAs per SM,
+      // each CTA's ramp and epilogue hidden behind the others' streaming).
+      plan.kind = ctas <= 2 * ResidentSlots(v, kKindRing4x3) ? kKindRing4x3 : kKindRing4x2;
     }
   }
   // Persistent warps each serve a unit as a CTA would: the split rule counts them as slots.
   const int64_t slots =
-      plan.persistent ? ResidentDecodeWarps(v, plan.warp_variant) : ResidentSlots(v, plan.kind);
+      plan.persistent ? ResidentDecodeWarps(v, plan.wide) : ResidentSlots(v, plan.kind);
   int64_t keys = b.max_seq_len;
   if (p.sliding_window > 0) {
     keys = std::min<int64_t>(keys, p.sliding_window + b.max_query_len + kKeyTile);
@@ -2241,11 +2078,9 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p)
   if (ctas >= 8 * slots || keys < 2 * kMinPartition) return plan;
   // Short partitions only when the batch is far too small to fill the GPU (latency-bound);
   // otherwise each split's partial write, combine and pipeline ramp cost more than a slightly
-  // emptier last wave (measured on the H200 at Llama-3-8B decode shapes). Latency-bound decode
-  // goes down to one key tile per CTA (batch 1 × 1k context, 8 KV heads: 8 CTAs → 8·17), so
-  // every SM streams and each CTA's chain is one copy and one tile of math. (On the H200 this
-  // did not move batch 1: 17 µs a layer either way, eager with events — launch, the metadata →
-  // block table → K/V dependency chain and the combine launch dominate, not the bytes.)
+  // emptier last wave. Latency-bound decode goes down to one key tile per CTA (batch 1 × 1k
+  // context, 8 KV heads: 8 CTAs → 8·17), so every SM streams and each CTA's chain is one copy
+  // and one tile of math.
   const bool latency_bound = ctas * 4 < slots;
   const int64_t min_part =
       latency_bound ? (plan.decode ? kKeyTile : kMinPartition) : 4 * kMinPartition;
@@ -2286,111 +2121,50 @@ absl::Status LaunchVariant(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
-    const bool swapped = plan.swapped;
-    if (swapped) g_decode_swapped_launches.fetch_add(1, std::memory_order_relaxed);
-    return WithDims(
-        v, DecodeWarpLaunchOp{&args, static_cast<int>(DecodeWarpCtas(units, v, plan.warp_variant)),
-                              plan.warp_variant, stream, swapped});
+    return WithDims(v, DecodeWarpLaunchOp{&args,
+                                          static_cast<int>(DecodeWarpCtas(units, v, plan.wide)),
+                                          plan.wide, stream, plan.swapped});
   }
   if (plan.kind == kKindWgmma) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
     return paged_detail::LaunchWgmmaPrefill(fa2, grid, stream, PdlEnabled());
   }
-  if (plan.kind >= kKindFa2) {
+  if (plan.kind == kKindFa2) {
     const paged_detail::Fa2Args& fa2 = args;  // the shared part of AttnArgs
-    return paged_detail::LaunchFa2Prefill(plan.kind - kKindFa2, fa2, grid, stream, PdlEnabled());
+    return paged_detail::LaunchFa2Prefill(fa2, grid, stream, PdlEnabled());
   }
   return WithVariant(v, plan.kind, LaunchOp{&args, grid, stream});
 }
 
 }  // namespace
 
-absl::Status SetPagedAttentionDecodeStages(int stages) {
-  if (stages != 0 && stages != 2 && stages != 3) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetPagedAttentionDecodeStages: stages ", stages, " is not 0, 2 or 3"));
+absl::StatusOr<PagedAttentionPlanInfo> DescribePagedAttentionPlan(
+    const PagedAttentionCudaBatch& batch, const PagedAttentionParams& params,
+    const PagedAttentionOptions& options) {
+  if (absl::Status s = ValidateParams(params); !s.ok()) return s;
+  if (absl::Status s = ValidateBatch(batch); !s.ok()) return s;
+  const LaunchPlan plan = Plan(batch, params, options);
+  PagedAttentionPlanInfo info;
+  info.num_splits = plan.num_splits;
+  info.swapped = plan.persistent && plan.swapped;
+  if (plan.persistent) {
+    info.kernel = PagedAttentionKernel::kPersistentWarps;
+  } else if (plan.decode) {
+    info.kernel = PagedAttentionKernel::kWarpRings;
+  } else {
+    info.kernel = plan.kind == kKindWgmma      ? PagedAttentionKernel::kWgmma
+                  : plan.kind == kKindFa2      ? PagedAttentionKernel::kFa2
+                  : plan.kind == kKindMmaTiles ? PagedAttentionKernel::kMmaTiles
+                                               : PagedAttentionKernel::kCtaTiles;
   }
-  g_decode_stages.store(stages, std::memory_order_relaxed);
-  return absl::OkStatus();
+  return info;
 }
-
-void SetPagedAttentionPdl(bool enabled) { g_pdl.store(enabled, std::memory_order_relaxed); }
-
-int PagedAttentionDecodeStages() { return g_decode_stages.load(std::memory_order_relaxed); }
-
-absl::Status SetPagedAttentionDecodeKernel(int kernel) {
-  if (kernel < 0 || kernel >= kNumDecodeKernels) {
-    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeKernel: kernel ", kernel,
-                                                   " is not in 0..", kNumDecodeKernels - 1));
-  }
-  g_decode_kernel.store(kernel, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int PagedAttentionDecodeKernel() { return g_decode_kernel.load(std::memory_order_relaxed); }
-
-void SetPagedAttentionDecodeSwapped(bool on) {
-  g_decode_swapped.store(on, std::memory_order_relaxed);
-}
-
-bool PagedAttentionDecodeSwapped() { return g_decode_swapped.load(std::memory_order_relaxed); }
-
-int64_t PagedAttentionDecodeSwappedLaunches() {
-  return g_decode_swapped_launches.load(std::memory_order_relaxed);
-}
-
-void SetPagedAttentionPrefetchBeforeWait(bool on) {
-  g_prefetch_before_wait.store(on, std::memory_order_relaxed);
-}
-
-bool PagedAttentionPrefetchBeforeWait() {
-  return g_prefetch_before_wait.load(std::memory_order_relaxed);
-}
-
-absl::Status SetPagedAttentionSliceMath(int bits) {
-  if (bits < 0 || bits > (kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch |
-                          kSliceSwizzle)) {
-    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionSliceMath: bits ", bits,
-                                                   " are not a mask of 1, 2, 4, 8 and 16"));
-  }
-  g_slice_math.store(bits, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int PagedAttentionSliceMath() { return g_slice_math.load(std::memory_order_relaxed); }
-
-absl::Status SetPagedAttentionDecodeWarpVariant(int variant) {
-  if (variant != 0 && variant != kDecodeWarpVariantWide) {
-    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionDecodeWarpVariant: variant ",
-                                                   variant, " is not 0 or ",
-                                                   kDecodeWarpVariantWide));
-  }
-  g_decode_warp_variant.store(variant, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int PagedAttentionDecodeWarpVariant() {
-  return g_decode_warp_variant.load(std::memory_order_relaxed);
-}
-
-absl::Status SetPagedAttentionPrefillKernel(int kernel) {
-  if ((kernel < 0 || kernel >= kNumPrefillKernels) &&
-      kernel != paged_detail::kWgmmaPrefillKernel) {
-    return absl::InvalidArgumentError(absl::StrCat("SetPagedAttentionPrefillKernel: kernel ",
-                                                   kernel, " is not in 0..",
-                                                   kNumPrefillKernels - 1, " or ",
-                                                   paged_detail::kWgmmaPrefillKernel));
-  }
-  g_prefill_kernel.store(kernel, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int PagedAttentionPrefillKernel() { return g_prefill_kernel.load(std::memory_order_relaxed); }
 
 size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
-                                        const PagedAttentionParams& params) {
+                                        const PagedAttentionParams& params,
+                                        const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return 0;
-  const LaunchPlan plan = Plan(batch, params);
+  const LaunchPlan plan = Plan(batch, params, options);
   return attention_detail::SplitKvWorkspaceBytes(plan.num_splits, batch.num_tokens,
                                                  params.num_heads, params.v_head_dim);
 }
@@ -2403,7 +2177,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
                                const bf16* v_cache, const PagedAttentionCudaBatch& batch,
                                const PagedAttentionParams& params, void* workspace, bf16* out,
                                const attention_detail::DecodeRopeFusion& fusion,
-                               cudaStream_t stream) {
+                               const PagedAttentionOptions& options, cudaStream_t stream) {
   if (absl::Status s = ValidateParams(params); !s.ok()) return s;
   if (absl::Status s = ValidateBatch(batch); !s.ok()) return s;
   if (q == nullptr || k_cache == nullptr || v_cache == nullptr || out == nullptr) {
@@ -2420,8 +2194,9 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
         "PagedAttentionCuda: k_cache/v_cache must be 16-byte aligned, q/out 4-byte aligned "
         "with an even q_token_stride");
   }
-  const LaunchPlan plan = Plan(batch, params);
-  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, params);
+  const LaunchPlan plan = Plan(batch, params, options);
+  const size_t ws_bytes = attention_detail::SplitKvWorkspaceBytes(
+      plan.num_splits, batch.num_tokens, params.num_heads, params.v_head_dim);
   if (ws_bytes > 0 && (workspace == nullptr || !Aligned16(workspace))) {
     return absl::InvalidArgumentError(
         absl::StrCat("PagedAttentionCuda: needs a 16-byte aligned workspace of ", ws_bytes,
@@ -2461,11 +2236,10 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   args.partial_out = combine.partial_out;
   args.fusion = fusion;
   args.num_sequences = static_cast<int>(batch.num_sequences);
-  args.slice_math = g_slice_math.load(std::memory_order_relaxed);
-  args.early_copies = g_prefetch_before_wait.load(std::memory_order_relaxed) ? 1 : 0;
 
-  // Prefill kinds take a linear x over (query tile, KV head, split), longest tiles first.
-  const bool linear = plan.kind >= kKindPrefill1;
+  // Prefill kinds but the CTA tiles take a linear x over (query tile, KV head, split), longest
+  // tiles first.
+  const bool linear = plan.kind >= kKindMmaTiles;
   const dim3 grid(
       static_cast<unsigned>(plan.m_tiles * plan.num_splits * (linear ? params.num_kv_heads : 1)),
       static_cast<unsigned>(linear ? 1 : params.num_kv_heads),
@@ -2477,49 +2251,34 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   return CudaLaunchStatus("PagedAttentionCuda combine");
 }
 
-// SetPagedAttentionDecodeFusion's setting.
-std::atomic<int> g_decode_fusion{kDecodeFusionAuto};
-
 }  // namespace
 
 absl::Status PagedAttentionCuda(const bf16* q, int64_t q_token_stride, const bf16* k_cache,
                                 const bf16* v_cache, const PagedAttentionCudaBatch& batch,
                                 const PagedAttentionParams& params, void* workspace, bf16* out,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const PagedAttentionOptions& options) {
   return RunPagedAttention(q, q_token_stride, k_cache, v_cache, batch, params, workspace, out,
-                           attention_detail::DecodeRopeFusion{}, stream);
+                           attention_detail::DecodeRopeFusion{}, options, stream);
 }
-
-absl::Status SetPagedAttentionDecodeFusion(int mode) {
-  if (mode < kDecodeFusionOff || mode > kDecodeFusionAuto) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetPagedAttentionDecodeFusion: mode ", mode, " is not 0..3"));
-  }
-  g_decode_fusion.store(mode, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int PagedAttentionDecodeFusion() { return g_decode_fusion.load(std::memory_order_relaxed); }
 
 bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
-                                    const PagedAttentionParams& params) {
+                                    const PagedAttentionParams& params,
+                                    const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
-  const LaunchPlan plan = Plan(batch, params);
-  // Split launches (batch 1 measured) lose: every split's CTA rotates q and the unfused
-  // attention would copy keys while the RoPE kernel runs. The persistent decode warps pay
-  // only with the deferred new-key writes (early copies on, head dims ≤ 128).
-  const bool deferred = g_prefetch_before_wait.load(std::memory_order_relaxed) &&
-                        params.head_dim <= 128 && params.v_head_dim <= 128;
+  const LaunchPlan plan = Plan(batch, params, options);
+  // The persistent decode warps pay only with the deferred new-key writes (head dims ≤ 128).
+  const bool deferred = params.head_dim <= 128 && params.v_head_dim <= 128;
   return plan.decode && plan.num_splits == 1 && (!plan.persistent || deferred);
 }
 
 bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
-                                       const PagedAttentionParams& params, int64_t rotary_dim) {
+                                       const PagedAttentionParams& params, int64_t rotary_dim,
+                                       const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
   // One new token per sequence in one m16 tile (so one CTA per KV head and split: exactly one
   // owns the new key), K and V rows of the same width, and rotation pairs that never straddle
   // the rotated halves of a 32-bit q load.
-  return batch.max_query_len == 1 && Plan(batch, params).decode &&
+  return batch.max_query_len == 1 && Plan(batch, params, options).decode &&
          params.v_head_dim == params.head_dim && rotary_dim >= 2 && rotary_dim % 4 == 0 &&
          rotary_dim <= params.head_dim;
 }
@@ -2529,8 +2288,9 @@ absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride,
                                           const PagedAttentionParams& params,
                                           const int32_t* positions, const DeviceRopeTable& rope,
                                           const int64_t* slot_mapping, void* workspace, bf16* out,
-                                          cudaStream_t stream) {
-  if (!PagedAttentionDecodeFusionApplies(batch, params, rope.rotary_dim) ||
+                                          cudaStream_t stream,
+                                          const PagedAttentionOptions& options) {
+  if (!PagedAttentionDecodeFusionApplies(batch, params, rope.rotary_dim, options) ||
       rope.inv_freq.size() != static_cast<size_t>(rope.rotary_dim / 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PagedAttentionRopeDecodeCuda: not a fusable decode launch (max_query_len ",
@@ -2556,7 +2316,7 @@ absl::Status PagedAttentionRopeDecodeCuda(const bf16* qkv, int64_t token_stride,
   f.k_offset = params.num_heads * params.head_dim;
   f.v_offset = (params.num_heads + params.num_kv_heads) * params.head_dim;
   return RunPagedAttention(qkv, token_stride, k_cache, v_cache, batch, params, workspace, out, f,
-                           stream);
+                           options, stream);
 }
 
 namespace {

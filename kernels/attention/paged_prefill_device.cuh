@@ -1,8 +1,6 @@
-// FlashAttention-2 style paged prefill kernels (paged_prefill_fa2.cu), launched by
-// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3..7: their argument block, host
-// entry points, and the mma.sync / ldmatrix wrappers they use (the same instructions as
-// paged_attention.cu's kernels; that file keeps private copies while it is being edited
-// elsewhere — switching it to these is a mechanical follow-up).
+// The paged prefill kernels' shared pieces: their argument block (Fa2Args), the epilogue
+// (StorePrefillRows), the mma.sync / ldmatrix wrappers, and the host entry points of the
+// FlashAttention-2 style kernel (paged_prefill_fa2.cu).
 #ifndef SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 #define SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 
@@ -132,37 +130,25 @@ static __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint3
                : "r"(smem_addr));
 }
 
-// ---- FlashAttention-2 style prefill kernels (paged_prefill_fa2.cu) ----
-// Configurations (SetPagedAttentionPrefillKernel 3.. → config 0..kNumFa2Configs − 1), all
-// 128 query rows × 64-key tiles per CTA:
-//   0 (kernel 3): 4 warps × 2 m16 tiles, 2 stages, Q re-read from shared memory per key tile;
-//      2 CTAs per SM (102 KiB of shared memory each at d 128).
-//   1 (kernel 4): 8 warps × 1 m16 tile, 2 stages, Q fragments held in registers for the whole
-//      key loop; 1 CTA per SM.
-//   2 (kernel 5): as 1 with 3 stages (136 KiB).
-//   3 (kernel 6): as 0 with a lighter K/V copy path (paged_prefill_fa2.cu, "kLean").
-//   4 (kernel 7): as 3, the next tile's copies issued after Q·Kᵀ instead of before ("kLate").
-constexpr int kNumFa2Configs = 5;
-
-// Whether the FA2 kernels serve (head_dim, v_head_dim): both ≤ 128 and the larger > 32
+// ---- FlashAttention-2 style prefill kernel (paged_prefill_fa2.cu) ----
+// Whether the FA2 kernel serves (head_dim, v_head_dim): both ≤ 128 and the larger > 32
 // (padded to 64 or 128 columns). Others must use another prefill kernel.
 inline bool Fa2Supports(int64_t head_dim, int64_t v_head_dim) {
   const int64_t m = head_dim > v_head_dim ? head_dim : v_head_dim;
   return m > 32 && m <= 128;
 }
 
-// Query rows (token · group + head) per CTA of every configuration.
+// Query rows (token · group + head) per CTA.
 constexpr int kFa2RowsPerCta = 128;
 
-// CTAs of `config` resident per SM at the padded dims of (head_dim, v_head_dim) (≥ 1; 1 on
-// errors). Requires Fa2Supports.
-int Fa2Occupancy(int config, int64_t head_dim, int64_t v_head_dim);
+// CTAs resident per SM at the padded dims of (head_dim, v_head_dim) (≥ 1; 1 on errors).
+// Requires Fa2Supports.
+int Fa2Occupancy(int64_t head_dim, int64_t v_head_dim);
 
-// Launches `config` over `grid` = (m tiles · KV heads · splits, 1, sequences), linear x with
-// the longest query tiles first (as PagedPrefillKernel). Requires Fa2Supports and
+// Launches the kernel over `grid` = (m tiles · KV heads · splits, 1, sequences), linear x with
+// the longest query tiles first (as PagedMmaPrefillKernel). Requires Fa2Supports and
 // args.scale_log2 > 0. `pdl`: launch as a programmatic dependent.
-absl::Status LaunchFa2Prefill(int config, const Fa2Args& args, dim3 grid, cudaStream_t stream,
-                              bool pdl);
+absl::Status LaunchFa2Prefill(const Fa2Args& args, dim3 grid, cudaStream_t stream, bool pdl);
 
 }  // namespace sluice::kernels::paged_detail
 

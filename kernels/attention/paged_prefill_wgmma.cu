@@ -1,4 +1,4 @@
-// Paged prefill attention on Hopper tensor cores with wgmma (SetPagedAttentionPrefillKernel 15;
+// Paged prefill attention on Hopper tensor cores with wgmma (PagedPrefillKernel::kWgmma;
 // paged_prefill_wgmma.h). sm_90a only: wgmma exists in no other architecture, so there the
 // kernel's body is a __trap() guard and WgmmaPrefillSupports keeps PagedAttentionCuda off it.
 //
