@@ -2,7 +2,7 @@
 // paged_prefill_device.cuh).
 //
 // Same algorithm, GQA row packing (row = token · group + head-in-group), paging, split-KV
-// partials and causal/window masking as PagedMmaPrefillKernel in paged_attention.cu (its design
+// partials and causal/window masking as PagedMmaPrefillKernel in paged_prefill_mma.cu (its design
 // notes apply); what differs is the tile shape, chosen after Dao, "FlashAttention-2: Faster
 // Attention with Better Parallelism and Work Partitioning" (2023), §3.3 and its released
 // head-dim-128 forward configuration (128 query rows × 64 keys per CTA, 4 warps of 2 m16
