@@ -7,9 +7,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels::paged_detail {
@@ -128,6 +130,61 @@ static __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint3
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr));
+}
+
+// PrefillSoftmaxStep: one key tile's online-softmax step (FlashAttention-2) for a warp's m16
+// tile of query rows, as the MMA-tile, FA2 and wgmma prefill kernels keep it: this thread holds
+// rows g and g + 8, score tile n the keys 8n + 2t, +1 (s[n][2i + e]: row g + 8i; raw, unscaled
+// scores, masked ones −inf), output column tile u likewise (acc[u][2i + e]). The running max
+// stays in raw score units and the scale folds into the exponent, P = 2^(s·c − m·c) with
+// c = scale·log2(e) > 0: one FFMA + MUFU per score. row_sum (this thread's partial sums) and
+// acc are rescaled only when some row of the warp raised its max (exact: otherwise every
+// factor is 1). P comes out rounded to bf16 as the A fragments of P·V: the C fragments of
+// score tiles 2k and 2k + 1 are exactly the A fragment of P's k-step k.
+template <int kSTiles, int kVTiles>
+__device__ __forceinline__ void PrefillSoftmaxStep(const float (&s)[kSTiles][4], float c_log2,
+                                                   float (&row_max)[2], float (&row_sum)[2],
+                                                   float (&acc)[kVTiles][4],
+                                                   uint32_t (&p_frag)[kSTiles / 2][4]) {
+  float neg_base[2], alpha[2];
+  bool raised = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = row_max[i];
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf)
+    // is 0 rather than NaN.
+    const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+    const bool up = mx != row_max[i];
+    alpha[i] = up ? attention_detail::Exp2(row_max[i] * c_log2 - mb) : 1.0f;
+    raised |= up;
+    row_max[i] = mx;
+    row_sum[i] *= alpha[i];
+    neg_base[i] = -mb;
+  }
+  if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[u][0] *= alpha[0];
+      acc[u][1] *= alpha[0];
+      acc[u][2] *= alpha[1];
+      acc[u][3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kSTiles; ++n) {
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[e] = attention_detail::Exp2(fmaf(s[n][e], c_log2, neg_base[e >> 1]));
+      row_sum[e >> 1] += p[e];
+    }
+    p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+    p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+  }
 }
 
 // ---- FlashAttention-2 style prefill kernel (paged_prefill_fa2.cu) ----

@@ -278,55 +278,13 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
         }
       }
     }
-    // Online softmax per m16 tile (raw-unit max; exponent base −m·c per row), then
-    // P = 2^(s·c − m·c) rounded to bf16 A fragments: the C fragments of score tiles 2k and 2k+1
-    // are exactly the A fragment of P's k-step k. One m16 tile at a time so its scores die
-    // into P fragments before the next tile's rescale (register peak).
+    // Online softmax per m16 tile (PrefillSoftmaxStep), one at a time so its scores die into P
+    // fragments before the next tile's rescale (register peak).
     uint32_t p_frag[kMT][kPSteps][4];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi) {
-      float neg_base[2], alpha[2];
-      bool raised = false;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = row_max[mi][i];
-#pragma unroll
-        for (int n = 0; n < kSTiles; ++n) {
-          mx = fmaxf(mx, fmaxf(s[mi][n][2 * i], s[mi][n][2 * i + 1]));
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that
-        // 2^(−inf) is 0 rather than NaN.
-        const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
-        const bool up = mx != row_max[mi][i];
-        alpha[i] = up ? Exp2(row_max[mi][i] * c_log2 - mb) : 1.0f;
-        raised |= up;
-        row_max[mi][i] = mx;
-        row_sum[mi][i] *= alpha[i];
-        neg_base[i] = -mb;
-      }
-      // Rescale only when some row of the warp raised its max (otherwise every alpha is 1).
-      if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-        for (int u = 0; u < kVTiles; ++u) {
-          acc[mi][u][0] *= alpha[0];
-          acc[mi][u][1] *= alpha[0];
-          acc[mi][u][2] *= alpha[1];
-          acc[mi][u][3] *= alpha[1];
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          p[e] = Exp2(fmaf(s[mi][n][e], c_log2, neg_base[e >> 1]));
-          row_sum[mi][e >> 1] += p[e];
-        }
-        p_frag[mi][n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
-        p_frag[mi][n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
-      }
+      PrefillSoftmaxStep<kSTiles, kVTiles>(s[mi], c_log2, row_max[mi], row_sum[mi], acc[mi],
+                                           p_frag[mi]);
     }
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {

@@ -217,11 +217,6 @@ static __device__ __forceinline__ void WgmmaRsM64N128K16T(float (&d)[64], const 
 #endif
 }
 
-static __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 __global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args args) {
 #if SLUICE_WGMMA_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -376,49 +371,13 @@ __global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args 
       }
     }
 
-    // Online softmax (as paged_prefill_fa2.cu); P = 2^(s·c − m·c) as bf16 A fragments: k16 step kk
-    // takes score chunks 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
-    float neg_base[2], alpha[2];
-    bool raised = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[0][h];
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-        mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
-      // rather than NaN.
-      const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
-      const bool up = mx != row_max[0][h];
-      alpha[h] = up ? Exp2(row_max[0][h] * c_log2 - mb) : 1.0f;
-      raised |= up;
-      row_max[0][h] = mx;
-      row_sum[0][h] *= alpha[h];
-      neg_base[h] = -mb;
-    }
-    if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-      for (int u = 0; u < kD / 8; ++u) {
-        o[4 * u + 0] *= alpha[0];
-        o[4 * u + 1] *= alpha[0];
-        o[4 * u + 2] *= alpha[1];
-        o[4 * u + 3] *= alpha[1];
-      }
-    }
+    // Online softmax (PrefillSoftmaxStep): s[4n + 2h + e] and o[4u + 2h + e] are the m16n8 C
+    // layouts it takes as s[n][2h + e] and acc[u][2h + e]; P's k16 step kk takes score chunks
+    // 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
     uint32_t p[kBN / 16][4];
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
-        row_sum[0][e >> 1] += e4[e];
-      }
-      p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
-      p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
-    }
+    PrefillSoftmaxStep<kBN / 8, kD / 8>(*reinterpret_cast<const float(*)[kBN / 8][4]>(s), c_log2,
+                                        row_max[0], row_sum[0],
+                                        *reinterpret_cast<float(*)[kD / 8][4]>(o), p);
 
     // O += P·V; V MN-major: k16 step kk starts at key 16·kk (16 rows × 128 B).
     const uint64_t v_desc = SmemDesc(k_smem + kOperandBytes, kBlockBytes, 1024);
