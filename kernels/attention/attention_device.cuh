@@ -1,5 +1,5 @@
-// Device helpers shared by the CUDA attention kernels (paged_attention.cu, mla_attention.cu):
-// cp.async copies, exp2 on the SFU, and the split-KV combine.
+// Device helpers shared by the CUDA attention kernels (paged_decode_*.cu, paged_prefill_*.cu,
+// mla_attention.cu): cp.async copies, exp2 on the SFU, and the split-KV combine.
 //
 // Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023): a row's keys are
 // cut into partitions handled by separate CTAs; each writes its normalized partial output o_i

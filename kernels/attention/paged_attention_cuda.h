@@ -42,7 +42,14 @@ struct PagedAttentionCudaBatch {
 };
 
 // PagedAttentionPlanInfo: what a launch of these bounds runs (tests and benchmark labels).
-enum class PagedAttentionKernel { kWarpRings, kPersistentWarps, kCtaTiles, kMmaTiles, kFa2, kWgmma };
+enum class PagedAttentionKernel {
+  kWarpRings,
+  kPersistentWarps,
+  kCtaTiles,
+  kMmaTiles,
+  kFa2,
+  kWgmma,
+};
 struct PagedAttentionPlanInfo {
   PagedAttentionKernel kernel = PagedAttentionKernel::kCtaTiles;
   int64_t num_splits = 1;  // split-KV partitions (> 1: a combine pass follows)

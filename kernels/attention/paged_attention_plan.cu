@@ -206,7 +206,8 @@ int PrefillKind(const PagedAttentionParams& p, PagedPrefillKernel first) {
       paged_detail::WgmmaPrefillSupports(p.head_dim, p.v_head_dim, p.scale, p.sliding_window)) {
     return kKindWgmma;
   }
-  if (first != PagedPrefillKernel::kMmaTiles && paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)) {
+  if (first != PagedPrefillKernel::kMmaTiles &&
+      paged_detail::Fa2Supports(p.head_dim, p.v_head_dim)) {
     return kKindFa2;
   }
   return kKindMmaTiles;

@@ -75,10 +75,9 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem_ro
 // chunk c ^ (r % 8), so the 8 rows one ldmatrix phase reads still hit distinct banks, and every
 // 128-byte run of a row (one L2 line of a cache row) lands in one 128-byte-aligned span of
 // shared memory. Why: a cp.async destination row that starts 16 bytes into a 128-byte span
-// (the padded pitch is 272 bytes) splits each copied line's shared stores in two; ncu at
-// Llama-3-8B batch 256 counted 1.5× the L2 sectors the K/V bytes need and 44% excess shared
-// wavefronts on the copies (bench/results/ncu_decode_warp_b256_stop19_h200.txt). The XOR
-// swizzle is the usual one for ldmatrix-read tiles (e.g. CUTLASS's Swizzle<3, 3, 3>).
+// (the padded pitch is 272 bytes) splits each copied line's shared stores in two, and the L2
+// then moves more sectors than the K/V bytes need (ncu: bench/results/paged_attention_variants.md).
+// The XOR swizzle is the usual one for ldmatrix-read tiles (e.g. CUTLASS's Swizzle<3, 3, 3>).
 template <int kDim, bool kSwizzled>
 struct SliceRows {
   static_assert(!kSwizzled || kDim % 64 == 0, "swizzled rows hold a multiple of 8 chunks");

@@ -100,13 +100,8 @@ __device__ __forceinline__ DecodeUnit MakeUnit(const AttnArgs& a, int u, const U
 // Column r of a unit is its row r: query token q_begin + r / group, head kv_head·group +
 // r % group; columns ≥ rows hold zero queries and are never stored. Split-KV units write the
 // partials StoreRows writes.
-// ptxas (sm_90a): 128 registers a thread instead of 218. H200, Llama-3-8B batch 256 × ~1k keys
-// (bench/results/cuda_ab_stop15_h200.json): attention 263.3-265.8 µs a layer vs 276.2-276.7
-// (4.19 of the 4.25 TB/s copy bandwidth), graph ITL 14.78-14.89 ms vs 15.11-15.22. Measured
-// and dropped: two 8-warp CTAs a SM over rings of 3 half-slices (K and V copied as separate
-// groups; 13 KiB a warp, so 16 warps a SM): 14.81-14.82 ms, no better than 8 warps, also
-// with the Q·Kᵀ k-steps alternating between two score accumulators — at 4.19 TB/s the
-// launch is bound by the bytes, not the warps' instruction chains.
+// 128 registers a thread instead of 218; the launch is bound by the K/V bytes, not the warps'
+// instruction chains (figures: bench/results/paged_attention_variants.md).
 
 // Transposes the 8×8 b16 matrix whose row lane / 4, columns 2(lane % 4)..+1 this lane holds.
 __device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {

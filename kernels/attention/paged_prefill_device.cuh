@@ -18,8 +18,8 @@ namespace sluice::kernels::paged_detail {
 
 using bf16 = __nv_bfloat16;
 
-// Kernel arguments shared by paged_attention.cu's kernels (its AttnArgs extends them; see
-// PagedAttentionCuda for their meaning).
+// Kernel arguments shared by every paged attention kernel (paged_attention_launch.cuh's AttnArgs
+// extends them for the decode kernels; see PagedAttentionCuda for their meaning).
 struct Fa2Args {
   const bf16* q;
   int64_t q_token_stride;

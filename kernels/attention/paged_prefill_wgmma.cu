@@ -4,10 +4,10 @@
 //
 // Same semantics, GQA row packing (row = token · group + head-in-group, 128 rows a CTA), paging,
 // split-KV partials, causal masking and epilogue (StorePrefillRows) as the FlashAttention-2
-// kernels of paged_prefill_fa2.cu; what differs is the matrix instruction. mma.sync m16n8k16
-// (kernel 3) reaches ~290 TFLOP/s here; wgmma.mma_async, where a warpgroup (4 warps, 128
-// threads) multiplies a 64-row A by an N-column B read straight from shared memory through
-// matrix descriptors, is what reaches the rest of the H200's bf16 rate (PTX ISA, "Asynchronous
+// kernel of paged_prefill_fa2.cu; what differs is the matrix instruction. mma.sync m16n8k16
+// leaves much of Hopper's tensor-core rate unused; wgmma.mma_async, where a warpgroup (4 warps,
+// 128 threads) multiplies a 64-row A by an N-column B read straight from shared memory through
+// matrix descriptors, is what reaches the rest of the bf16 rate (PTX ISA, "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate Instructions"; Shah et al., "FlashAttention-3",
 // 2024, arXiv:2407.08608, for using it in attention). Design (our own, simpler than FA3: no
 // TMA, no producer warps, no overlap of one tile's softmax with the next tile's Q·Kᵀ inside a
@@ -19,8 +19,9 @@
 //    barrier and land while this tile is computed.
 //  * S = Q·Kᵀ: 8 × wgmma m64n64k16 (A = Q, B = K, both from shared memory, K-major), fp32
 //    accumulators in registers (32 a thread).
-//  * Online softmax in registers as kernel 3 (raw-score running max, exp2 with the scale folded
-//    into one FFMA, O rescaled only when some row of the warp raised its max). The accumulator
+//  * Online softmax in registers as the FA2 kernel (PrefillSoftmaxStep: raw-score running max,
+//    exp2 with the scale folded into one FFMA, O rescaled only when some row of the warp raised
+//    its max). The accumulator
 //    layout of wgmma .m64nNk16 per warp is the m16n8 C-fragment layout repeated over n (PTX ISA,
 //    "Register Fragments and Shared Memory Matrix Layouts" of wgmma: lane holds rows lane/4 and
 //    lane/4 + 8 of its warp's 16, columns 8i + 2(lane%4) + {0,1}), and wgmma's register A
@@ -53,19 +54,8 @@
 //    for the other warpgroup) and masks only tiles that straddle its diagonal or a partition
 //    edge. The grid runs the longest query tiles first (as the other prefill kinds).
 //  * ptxas (nvcc 13, sm_90a): 128 registers, 24 bytes of spill stores / 40 of loads.
-//  * H200, Llama-3-8B prefill, one sequence, 32 layers (cuda_decode_bench --batches 1
-//    --decode-steps 8 --prefill 4096,16384 --breakdown 1, device runs of 2026-11-29/30): attention
-//    at 16k 204.5 / 205.4 and 201.0 / 199.1 ms against 242.3 / 242.6 and 236.2 / 237.2 ms for
-//    kernel 3 in the same calls (≈ 350 against ≈ 295 TFLOP/s of causal attention; prefill 554.2 /
-//    554.4 vs 597.2 / 597.3 ms, 537.5 / 539.0 vs 580.3 / 581.5 ms); at 4k 13.8 / 13.6 vs 16.4 /
-//    16.1 ms. Variants tried on the way (branch hW, commit 3792f94 and the next; removed here):
-//    1 CTA per SM with 255 registers for 128-key tiles (shared or register Q), 64-key tiles with Q
-//    in registers, and the latter with the next tile's Q·Kᵀ issued before this tile's softmax
-//    (FA3 §3.2): 16k attention 238.8 / 240.5 / 263.5 / 250 ms, all slower than this 2-CTA form
-//    (4 warpgroups per SM overlap each other's softmax and wgmma better than 2 pipelined ones), and
-//    the 128-key register-Q one was wrong (not debugged). Next steps: a producer warp with TMA or a
-//    third warpgroup so K/V copies and barriers leave the consumer warpgroups, and the FA3
-//    pipeline at 2 CTAs per SM (needs registers for a second score tile).
+//  * Faster than the FA2 kernel at Llama-3-8B prefill on an H200; 1-CTA, register-Q and
+//    FA3-pipelined forms measured slower (bench/results/paged_attention_variants.md).
 #include "kernels/attention/paged_prefill_wgmma.h"
 
 #include <cuda_bf16.h>
