@@ -60,9 +60,9 @@ constexpr int kCtaTileRows = 64;
 constexpr int kMmaTileRows = 128;
 
 // PagedTileKernel's shapes: 64-row prefill CTA tiles (4 warps × 16 rows, 64-key tiles, 2
-// stages); decode warp rings of 4 warps × 2 or 3 stages and of 2 warps × 3 stages (depths
-// shrink to what fits shared memory for wide heads).
-enum class TileKind { kCtaTiles, kRing4x2, kRing4x3, kRing2x3 };
+// stages); decode warp rings of 4 and of 2 warps × 3 stages (depths shrink to what fits shared
+// memory for wide heads).
+enum class TileKind { kCtaTiles, kRing4x3, kRing2x3 };
 absl::Status LaunchTileKernel(TileKind kind, PaddedDims dims, const AttnArgs& args, dim3 grid,
                               cudaStream_t stream, bool pdl);
 // CTAs resident per SM (≥ 1).

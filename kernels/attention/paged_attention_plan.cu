@@ -56,11 +56,10 @@ constexpr int64_t kMaxSplits = kMaxSplitsDevice;
 // Kernel kinds: the PagedTileKernel shapes (TileKind's values, so a kind below kKindMmaTiles is
 // its TileKind), then the prefill families.
 constexpr int kKindCtaTiles = static_cast<int>(TileKind::kCtaTiles),
-              kKindRing4x2 = static_cast<int>(TileKind::kRing4x2),
               kKindRing4x3 = static_cast<int>(TileKind::kRing4x3),
-              kKindRing2x3 = static_cast<int>(TileKind::kRing2x3), kKindMmaTiles = 4, kKindFa2 = 5,
-              kKindWgmma = 6;
-constexpr int kNumKinds = 7;
+              kKindRing2x3 = static_cast<int>(TileKind::kRing2x3), kKindMmaTiles = 3, kKindFa2 = 4,
+              kKindWgmma = 5;
+constexpr int kNumKinds = 6;
 static_assert(kKindRing2x3 + 1 == kKindMmaTiles);
 
 // Rows per CTA of a prefill kind.
@@ -254,10 +253,10 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
       // 128) or more, those: smaller CTAs fill the SMs in fewer, fuller waves.
       plan.kind = kKindRing2x3;
     } else {
-      // Fewer CTAs (the grid will split): 4-warp rings, 3 stages while the unsplit grid fits
-      // two waves of them (the fewer, fuller waves need no split), else 2 (more CTAs per SM,
-      // each CTA's ramp and epilogue hidden behind the others' streaming).
-      plan.kind = ctas <= 2 * ResidentSlots(v, kKindRing4x3) ? kKindRing4x3 : kKindRing4x2;
+      // Fewer CTAs (the grid will split): 4-warp rings of 3 stages. (A 2-stage ring for grids
+      // beyond two waves of these is never reached: that needs more than 4× their resident
+      // CTAs of 2-warp ones, and 2 warps on half the shared memory fit at most 3× as many.)
+      plan.kind = kKindRing4x3;
     }
   }
   // Persistent warps each serve a unit as a CTA would: the split rule counts them as slots.

@@ -330,8 +330,6 @@ struct KindOp {
   template <int kD, int kDV>
   auto Run() const {
     switch (kind) {
-      case TileKind::kRing4x2:
-        return WithRing<kD, kDV, kDecodeWarpsN, 2>(*op);
       case TileKind::kRing4x3:
         return WithRing<kD, kDV, kDecodeWarpsN, 3>(*op);
       case TileKind::kRing2x3:
