@@ -86,8 +86,9 @@ struct CudaRunnerOptions {
   int tp_rank = 0;
   int tp_size = 1;
   std::function<absl::Status(void* data, int64_t count, void* stream)> tp_all_reduce;
-  // Paged attention kernel choices (CudaLlamaRunner; kernels/attention/paged_attention_options.h):
-  // the defaults are the served shape rules; benchmarks and tests force one kernel.
+  // Paged attention kernel choices (CudaLlamaRunner's attention, CudaDeepseekRunner's MHA-form
+  // prefill; kernels/attention/paged_attention_options.h): the defaults are the served shape
+  // rules; benchmarks and tests force one kernel.
   kernels::PagedAttentionOptions attention;
 };
 
