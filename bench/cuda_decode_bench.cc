@@ -3,7 +3,7 @@
 // weights, against the GPU's own ceilings measured in the same process.
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
-//                     [--attn-stages 0] [--compare-attn-stages 0] [--tp 1]
+//                     [--attn-decode-kernel auto] [--attn-prefill-kernel wgmma] [--tp 1]
 //                     [--moe-decode-variant 0] [--moe-gemv-max-tokens 8] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes). --prefill "" skips the prefill
 // figures (decode A/B runs).
@@ -38,12 +38,14 @@
 // shapes and the kernel chosen for each (GEMV / cuBLASLt algorithm, tuned timings) follow.
 // --compare-untuned 1: the decode figures are also measured with GEMM autotuning off
 // (cuBLASLt's first heuristic pick everywhere), as "decode_untuned".
-// --attn-stages N: decode attention's cp.async ring depth (SetPagedAttentionDecodeStages: 2, 3,
-// or 0 = automatic, the default); --compare-attn-stages 1 also measures decode with depths 2
-// and 3 forced, as "decode_attn_stages_2" / "_3", and with programmatic dependent launch of
-// attention and its combine (SetPagedAttentionPdl), as "decode_attn_pdl" (fresh runners, so
-// split plans, workspaces and graphs follow the setting; a failing variant is recorded as an
-// error).
+// --attn-decode-kernel auto|rings|persistent: the paged attention kernel of decode launches
+// (CudaRunnerOptions::attention.decode_kernel, kernels::PagedDecodeKernel: auto, the default,
+// persistent decode warps where the unsplit units fill the GPU's resident warps, else warp
+// rings; or either at every batch), for A/B runs.
+// --attn-prefill-kernel wgmma|fa2|mma|cta: the first kernel prefill launches try
+// (CudaRunnerOptions::attention.prefill_kernel, kernels::PagedPrefillKernel: wgmma, the default,
+// then fa2, mma, cta where the earlier ones do not serve), for A/B runs (prefill rows
+// "attention").
 // --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
 // 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
 // shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
@@ -74,9 +76,6 @@
 // 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
 // --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
 // absorbed form, the default; 1 the MHA form for steps with a query of >= 64 tokens), for A/B runs.
-// --attn-prefill-kernel N: the paged attention kernel of prefill launches
-// (kernels::SetPagedAttentionPrefillKernel 0..7, or 15 for the sm_90a wgmma kernel, the default;
-// paged_attention_cuda.h lists them), for A/B runs (prefill rows "attention").
 // --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
 // (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
 // --decode-pdl 0..3: decode-step kernels launched as programmatic dependents of the kernel
@@ -85,18 +84,6 @@
 // --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
 // --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
 // registers, the default, 2 that plus an L2 prefetch of the warp's whole weight slice).
-// --attn-decode-kernel N: the paged attention kernel of decode launches
-// (kernels::SetPagedAttentionDecodeKernel: 0 automatic, the default; 8 persistent decode warps
-// for grids that fill the GPU, 9 always), for A/B runs.
-// --attn-early-copies 0|1: decode attention's first K/V copies before its PDL dependency wait
-// (kernels::SetPagedAttentionPrefetchBeforeWait; 1, the default) or after it, for A/B runs.
-// --attn-decode-variant N: the persistent decode warps' shape and K/V copy flavour
-// (kernels::SetPagedAttentionDecodeWarpVariant: 10, the default, 8-warp CTAs with evict-first
-// copies; 0, 4-warp CTAs with plain cp.async; paged_attention_cuda.h), for A/B runs at
-// batches that take kernel 8 (batch 256).
-// --attn-decode-fusion N: Llama decode steps' RoPE + K/V cache write + attention
-// (kernels::SetPagedAttentionDecodeFusion: 0 two launches; 1 one fused launch at ≤ 16 tokens;
-// 2 at any batch; 3, the default, at > 16 tokens where attention runs unsplit CTA warp rings).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
@@ -104,13 +91,6 @@
 // parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
 // --gemm-skinny 0|1: whether the GEMM autotuner times the skinny tensor-core GEMM for decode
 // shapes of 2..16 rows (kernels::SetGemmSkinnyTuning; default 1), for A/B runs.
-// --attn-decode-swapped 0|1: the swapped GQA decode math for variant 10's launches with ≤ 8
-// rows a unit (kernels::SetPagedAttentionDecodeSwapped; default 1), for A/B runs.
-// --attn-slice-math BITS: the attention slice math's instruction options
-// (kernels::SetPagedAttentionSliceMath: 1 ldmatrix K fragments, 2 lazy rescaling, 4 the lean
-// swapped decode slice, 8 no .L2::256B hint on the persistent warps' copies, 16 swizzled
-// unpadded K/V slice rows for the swapped persistent warps; default 31; same bits either way),
-// for A/B runs.
 // --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
 // (CudaRunnerOptions::l2_persist_activations; default 1), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
@@ -137,6 +117,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 #if SLUICE_HAVE_NCCL
 #include <barrier>
@@ -178,8 +159,7 @@ struct Flags {
   std::vector<int64_t> prefill = {4096, 16384};
   bool breakdown = true;
   bool compare_untuned = false;
-  int attn_stages = 0;
-  bool compare_attn_stages = false;
+  kernels::PagedAttentionOptions attention;  // CudaRunnerOptions::attention
   int tp = 1;
   int moe_decode_variant = -1;  // -1: leave the library's default
   std::string gemm_tuning = "auto";  // CudaRunnerOptions::gemm_tuning
@@ -310,6 +290,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.gemm_tuning = f.gemm_tuning;
   o.gemm_tuning_save = f.gemm_tuning_save;
   o.l2_persist_activations = f.l2_persist;
+  o.attention = f.attention;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
@@ -393,7 +374,6 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
     out.push_back({{"batch", b},
                    {"tp", tp != nullptr ? tp->size : 1},
                    {"gemm_autotune", autotune},
-                   {"attn_decode_stages_setting", kernels::PagedAttentionDecodeStages()},
                    {"breakdown", breakdown},
                    {"context", f.context},
                    {"steps_timed", steps},
@@ -476,6 +456,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
   o.max_num_tokens = max_t;
   o.max_num_seqs = 1;
   o.use_cuda_graphs = false;
+  o.attention = f.attention;
   auto runner = CreateDummyCudaRunner(c, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
@@ -561,6 +542,45 @@ absl::StatusOr<std::vector<int64_t>> ParseList(const std::string& s) {
   return out;
 }
 
+// The --attn-decode-kernel / --attn-prefill-kernel values, and their names in the output.
+constexpr std::pair<const char*, kernels::PagedDecodeKernel> kDecodeKernels[] = {
+    {"auto", kernels::PagedDecodeKernel::kAuto},
+    {"rings", kernels::PagedDecodeKernel::kWarpRings},
+    {"persistent", kernels::PagedDecodeKernel::kPersistentWarps}};
+constexpr std::pair<const char*, kernels::PagedPrefillKernel> kPrefillKernels[] = {
+    {"wgmma", kernels::PagedPrefillKernel::kWgmma},
+    {"fa2", kernels::PagedPrefillKernel::kFa2},
+    {"mma", kernels::PagedPrefillKernel::kMmaTiles},
+    {"cta", kernels::PagedPrefillKernel::kCtaTiles}};
+
+template <typename K, size_t N>
+absl::StatusOr<K> ParseKernel(const std::pair<const char*, K> (&names)[N], const std::string& v,
+                              const char* flag) {
+  for (const auto& [name, k] : names) {
+    if (v == name) return k;
+  }
+  std::string all;
+  for (const auto& [name, k] : names) absl::StrAppend(&all, all.empty() ? "" : "|", name);
+  return absl::InvalidArgumentError(absl::StrCat(flag, " takes ", all, ", not '", v, "'"));
+}
+absl::StatusOr<kernels::PagedDecodeKernel> ParseDecodeKernel(const std::string& v) {
+  return ParseKernel(kDecodeKernels, v, "--attn-decode-kernel");
+}
+absl::StatusOr<kernels::PagedPrefillKernel> ParsePrefillKernel(const std::string& v) {
+  return ParseKernel(kPrefillKernels, v, "--attn-prefill-kernel");
+}
+template <typename K, size_t N>
+std::string KernelName(const std::pair<const char*, K> (&names)[N], K k) {
+  for (const auto& [name, value] : names) {
+    if (value == k) return name;
+  }
+  return "?";
+}
+std::string DecodeKernelName(kernels::PagedDecodeKernel k) { return KernelName(kDecodeKernels, k); }
+std::string PrefillKernelName(kernels::PagedPrefillKernel k) {
+  return KernelName(kPrefillKernels, k);
+}
+
 // WriteJson prints `out` and writes it to `path` (unless empty).
 absl::Status WriteJson(const nlohmann::json& out, const std::string& path) {
   const std::string text = out.dump(2);
@@ -583,35 +603,17 @@ absl::Status Main(int argc, char** argv) {
       f.config_dir = v;
     } else if (a == "--out") {
       f.out = v;
-    } else if (a == "--breakdown" || a == "--compare-untuned" || a == "--compare-attn-stages") {
+    } else if (a == "--breakdown" || a == "--compare-untuned") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      (a == "--breakdown"         ? f.breakdown
-       : a == "--compare-untuned" ? f.compare_untuned
-                                  : f.compare_attn_stages) = v == "1";
-    } else if (a == "--attn-stages") {
-      if (v != "0" && v != "2" && v != "3") {
-        return absl::InvalidArgumentError("--attn-stages takes 0, 2 or 3");
-      }
-      f.attn_stages = v[0] - '0';
-    } else if (a == "--attn-decode-kernel") {  // kernels::SetPagedAttentionDecodeKernel, A/B
-      int kernel = 0;
-      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeKernel(kernel));
-    } else if (a == "--attn-decode-variant") {  // kernels::SetPagedAttentionDecodeWarpVariant
-      int variant = 0;
-      if (!absl::SimpleAtoi(v, &variant)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeWarpVariant(variant));
-    } else if (a == "--attn-early-copies") {  // kernels::SetPagedAttentionPrefetchBeforeWait
-      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      kernels::SetPagedAttentionPrefetchBeforeWait(v == "1");
-    } else if (a == "--attn-decode-fusion") {
-      int mode = 0;
-      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeFusion(mode));
+      (a == "--breakdown" ? f.breakdown : f.compare_untuned) = v == "1";
+    } else if (a == "--attn-decode-kernel") {
+      auto k = ParseDecodeKernel(v);
+      if (!k.ok()) return k.status();
+      f.attention.decode_kernel = *k;
     } else if (a == "--attn-prefill-kernel") {
-      int kernel = 0;
-      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionPrefillKernel(kernel));
+      auto k = ParsePrefillKernel(v);
+      if (!k.ok()) return k.status();
+      f.attention.prefill_kernel = *k;
     } else if (a == "--moe-block-tuning") {
       int flags = 0;
       if (!absl::SimpleAtoi(v, &flags)) return absl::InvalidArgumentError("bad --moe-block-tuning");
@@ -661,13 +663,6 @@ absl::Status Main(int argc, char** argv) {
       int n = 0;
       if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
       SLUICE_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
-    } else if (a == "--attn-decode-swapped") {
-      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      kernels::SetPagedAttentionDecodeSwapped(v == "1");
-    } else if (a == "--attn-slice-math") {
-      int bits = 0;
-      if (!absl::SimpleAtoi(v, &bits)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionSliceMath(bits));
     } else if (a == "--gemm-tuning") {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
@@ -742,14 +737,10 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_shape"] = {4096, 2 * config->intermediate_size, config->hidden_size};
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
-  SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   out["tp"] = f.tp;
   out["moe_decode_variant"] = kernels::MoeDecodeVariant();
   out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
-  out["attn_decode_fusion"] = kernels::PagedAttentionDecodeFusion();
-  out["attn_decode_kernel"] = kernels::PagedAttentionDecodeKernel();
-  out["attn_early_copies"] = kernels::PagedAttentionPrefetchBeforeWait();
-  out["attn_decode_variant"] = kernels::PagedAttentionDecodeWarpVariant();
+  out["attn_decode_kernel"] = DecodeKernelName(f.attention.decode_kernel);
   out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
   out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
   out["mla_pdl_mask"] = kernels::MlaDecodePdlMask();
@@ -763,13 +754,11 @@ absl::Status Main(int argc, char** argv) {
   out["gemv_norm_fusion"] = kernels::GemvNormFusion();
   out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
   out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
-  out["attn_prefill_kernel"] = kernels::PagedAttentionPrefillKernel();
+  out["attn_prefill_kernel"] = PrefillKernelName(f.attention.prefill_kernel);
   out["gemm_algo_search"] = kernels::GemmAlgoSearch();
   out["gemm_skinny"] = kernels::GemmSkinnyTuning() ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;
   out["l2_persist"] = f.l2_persist ? 1 : 0;
-  out["attn_slice_math"] = kernels::PagedAttentionSliceMath();
-  out["attn_decode_swapped"] = kernels::PagedAttentionDecodeSwapped();
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)
@@ -787,22 +776,6 @@ absl::Status Main(int argc, char** argv) {
     if (!untuned.ok()) return untuned.status();
     out["decode_untuned"] = *untuned;
     out["gemm_plans_untuned"] = untuned_plans;
-  }
-  if (f.compare_attn_stages) {
-    for (int variant = 0; variant < 3; ++variant) {
-      const int stages = variant == 2 ? f.attn_stages : variant + 2;
-      SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(stages));
-      kernels::SetPagedAttentionPdl(variant == 2);
-      const std::string key =
-          variant == 2 ? "decode_attn_pdl" : absl::StrCat("decode_attn_stages_", stages);
-      std::printf("--- %s\n", key.c_str());
-      std::fflush(stdout);
-      auto alt = BenchDecode(*config, f, *copy, /*autotune=*/true, nullptr);
-      out[key] = alt.ok() ? *alt : nlohmann::json({{"error", alt.status().ToString()}});
-      if (!alt.ok()) std::printf("%s failed: %s\n", key.c_str(), alt.status().ToString().c_str());
-    }
-    kernels::SetPagedAttentionPdl(false);
-    SLUICE_RETURN_IF_ERROR(kernels::SetPagedAttentionDecodeStages(f.attn_stages));
   }
   if (f.prefill.empty()) {
     out["prefill"] = nlohmann::json::array();

@@ -55,7 +55,8 @@ class DeepseekCore : public RunnerCore {
     const size_t absorbed = kernels::MlaLatentAttentionCudaWorkspaceBytes(batch, dims);
     if (mha_blocks == 0) return absorbed;
     // The MHA form's split-KV plan depends on the same host bounds (not the block table).
-    return std::max(absorbed, kernels::PagedAttentionCudaWorkspaceBytes(batch, MhaParams()));
+    return std::max(absorbed, kernels::PagedAttentionCudaWorkspaceBytes(batch, MhaParams(),
+                                                                        options.attention));
   }
   absl::Status AllocateCache(int64_t blocks) override;
   std::vector<DeviceKvArray> CacheArrays() const override {
@@ -642,7 +643,8 @@ absl::Status DeepseekCore::EnqueueMhaAttention(size_t li, int64_t T,
   mb.block_tables = mha_table.data();
   mb.max_blocks_per_seq = blocks_per_seq;
   SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(q, q_stride, mha_k.data(), mha_v.data(), mb,
-                                                     MhaParams(), workspace, attn.data(), st));
+                                                     MhaParams(), workspace, attn.data(), st,
+                                                     options.attention));
   Mark("attention");
   return absl::OkStatus();
 }

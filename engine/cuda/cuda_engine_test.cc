@@ -29,21 +29,15 @@ namespace sluice::cuda_runner {
 namespace {
 
 // Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
-// run every GPU test under a candidate default (e.g. SLUICE_TEST_ATTN_PREFILL_KERNEL=1) before
-// it becomes the default: SLUICE_TEST_ATTN_PREFILL_KERNEL, SLUICE_TEST_MLA_PREFILL_KERNEL,
+// run every GPU test under a candidate default (e.g. SLUICE_TEST_MLA_PREFILL_KERNEL=1) before
+// it becomes the default: SLUICE_TEST_MLA_PREFILL_KERNEL,
 // SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
-// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_ATTN_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
+// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
 // SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's),
 // SLUICE_TEST_MLA_PDL_MASK (-1..63), SLUICE_TEST_MLA_L2_PREFETCH (0..15), SLUICE_TEST_MLA_EARLY_KV.
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
-    Apply("SLUICE_TEST_ATTN_PREFILL_KERNEL",
-          [](int64_t v) { return kernels::SetPagedAttentionPrefillKernel(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_ATTN_DECODE_KERNEL",  // 9: persistent decode warps for every launch
-          [](int64_t v) { return kernels::SetPagedAttentionDecodeKernel(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_ATTN_DECODE_FUSION",
-          [](int64_t v) { return kernels::SetPagedAttentionDecodeFusion(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MLA_PREFILL_KERNEL",
           [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
     Apply("SLUICE_TEST_MOE_DECODE_VARIANT",

@@ -93,11 +93,12 @@ class LlamaCore : public RunnerCore {
   // The split-KV plan (and so the scratch) depends on the window: the larger of the full and
   // the sliding layers' needs.
   size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const override {
-    size_t bytes = kernels::PagedAttentionCudaWorkspaceBytes(batch, attn_params);
+    size_t bytes = kernels::PagedAttentionCudaWorkspaceBytes(batch, attn_params, options.attention);
     if (config.sliding_window > 0) {
       kernels::PagedAttentionParams sliding = attn_params;
       sliding.sliding_window = config.sliding_window;
-      bytes = std::max(bytes, kernels::PagedAttentionCudaWorkspaceBytes(batch, sliding));
+      bytes = std::max(bytes,
+                       kernels::PagedAttentionCudaWorkspaceBytes(batch, sliding, options.attention));
     }
     return bytes;
   }
@@ -367,7 +368,8 @@ absl::Status LlamaCore::AllocateCache(int64_t blocks) {
   return absl::OkStatus();
 }
 
-// Largest decode step (tokens = sequences) that fuses RoPE into the attention launch.
+// Decode steps of at most this many tokens (= sequences) keep RoPE and the K/V write out of the
+// attention launch: their attention splits its keys, where the fusion loses.
 constexpr int64_t kRopeFusionMaxDecodeTokens = 16;
 
 absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64_t N,
@@ -413,22 +415,17 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     }
     kernels::PagedAttentionParams layer_params = attn_params;
     layer_params.sliding_window = L.sliding_window;
-    // Decode-only steps: RoPE and the K/V cache write inside the attention launch where it pays
-    // (kernels::SetPagedAttentionDecodeFusion; the default, 3, fuses steps of more than 16
-    // tokens whose attention runs unsplit: on the H200 batch 64 (CTA warp rings) gained
-    // 0.05-0.07 ms a step in one call and ~0 in another, batch 256 (persistent decode warps
-    // with deferred new-key writes) 0.09-0.10 ms; batch 1's split launch lost 0.03).
-    const int fusion = kernels::PagedAttentionDecodeFusion();
-    const bool fuse =
-        fusion == kernels::kDecodeFusionAlways ||
-        (fusion == kernels::kDecodeFusionSmall && T <= kRopeFusionMaxDecodeTokens) ||
-        (fusion == kernels::kDecodeFusionAuto && T > kRopeFusionMaxDecodeTokens &&
-         kernels::PagedAttentionDecodeFusionPays(batch, layer_params));
-    if (fuse &&
-        kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim)) {
+    // Decode-only steps of more than kRopeFusionMaxDecodeTokens tokens: RoPE and the K/V cache
+    // write inside the attention launch where it pays (kernels::PagedAttentionDecodeFusionPays:
+    // unsplit launches).
+    const kernels::PagedAttentionOptions& attn_options = options.attention;
+    const bool fuse = T > kRopeFusionMaxDecodeTokens &&
+                      kernels::PagedAttentionDecodeFusionPays(batch, layer_params, attn_options);
+    if (fuse && kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim,
+                                                           attn_options)) {
       SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionRopeDecodeCuda(
           a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, layer_params, m.positions,
-          rope, m.slots, workspace, a.attn, st));
+          rope, m.slots, workspace, a.attn, st, attn_options));
       Mark("attention");
     } else {
       // RoPE on q and k and the K/V cache write in one launch.
@@ -438,7 +435,7 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
       Mark("rope_kv_write");
       SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(a.qkv, qkv_dim, k_cache[li].data(),
                                                          v_cache[li].data(), batch, layer_params,
-                                                         workspace, a.attn, st));
+                                                         workspace, a.attn, st, attn_options));
       Mark("attention");
     }
     SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push

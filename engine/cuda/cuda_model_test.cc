@@ -186,9 +186,13 @@ void CheckGoldenAlone(const std::string& model_dir, double min_rows_within) {
 }
 
 // CheckGoldenBatch runs all golden prompts of `model_dir` in one batch: mixed prefill chunks
-// and decode tokens per step, scattered blocks.
-void CheckGoldenBatch(const std::string& model_dir, double min_rows_within) {
-  auto model = LoadCudaModel(model_dir, TinyOptions(true));
+// and decode tokens per step, scattered blocks; `attention`: the runner's paged attention
+// kernel choices.
+void CheckGoldenBatch(const std::string& model_dir, double min_rows_within,
+                      const kernels::PagedAttentionOptions& attention = {}) {
+  CudaRunnerOptions runner_options = TinyOptions(true);
+  runner_options.attention = attention;
+  auto model = LoadCudaModel(model_dir, runner_options);
   ASSERT_TRUE(model.ok()) << model.status();
   auto cases = testing::LoadGoldenCases(model_dir + "/golden.safetensors");
   ASSERT_TRUE(cases.ok()) << cases.status();
@@ -232,6 +236,23 @@ TEST_F(CudaModelTest, Qwen3HybridTinyMatchesGoldenLogitsAndGreedy) {
 
 TEST_F(CudaModelTest, Qwen3HybridTinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::FixtureDir("qwen3-hybrid-tiny"), 1.0);
+}
+
+// CudaRunnerOptions::attention reaches every attention launch: the fixtures (head dim 16, a
+// sliding window in qwen3-hybrid-tiny) with decode forced onto the persistent decode warps
+// and prefill onto the CTA tiles, and with the warp rings and the FA2 chain (which falls back
+// to the MMA tiles at head dim 16), still match the goldens in mixed batches (CUDA graphs).
+TEST_F(CudaModelTest, ForcedAttentionKernelsMatchGolden) {
+  kernels::PagedAttentionOptions persistent_cta;
+  persistent_cta.decode_kernel = kernels::PagedDecodeKernel::kPersistentWarps;
+  persistent_cta.prefill_kernel = kernels::PagedPrefillKernel::kCtaTiles;
+  kernels::PagedAttentionOptions rings_fa2;
+  rings_fa2.decode_kernel = kernels::PagedDecodeKernel::kWarpRings;
+  rings_fa2.prefill_kernel = kernels::PagedPrefillKernel::kFa2;
+  for (const auto& options : {persistent_cta, rings_fa2}) {
+    CheckGoldenBatch(testing::FixtureDir("llama-tiny"), 1.0, options);
+    CheckGoldenBatch(testing::FixtureDir("qwen3-hybrid-tiny"), 1.0, options);
+  }
 }
 
 TEST_F(CudaModelTest, DeepseekTinyMatchesGoldenLogitsAndGreedy) {

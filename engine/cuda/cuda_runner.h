@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
+#include "kernels/attention/paged_attention_options.h"
 
 namespace sluice::cuda_runner {
 
@@ -85,6 +86,10 @@ struct CudaRunnerOptions {
   int tp_rank = 0;
   int tp_size = 1;
   std::function<absl::Status(void* data, int64_t count, void* stream)> tp_all_reduce;
+  // Paged attention kernel choices (CudaLlamaRunner's attention, CudaDeepseekRunner's MHA-form
+  // prefill; kernels/attention/paged_attention_options.h): the defaults are the served shape
+  // rules; benchmarks and tests force one kernel.
+  kernels::PagedAttentionOptions attention;
 };
 
 // StepInfo: what the last Step did (for tests and benchmarks).

@@ -1,5 +1,5 @@
-// Device helpers shared by the CUDA attention kernels (paged_attention.cu, mla_attention.cu):
-// cp.async copies, exp2 on the SFU, and the split-KV combine.
+// Device helpers shared by the CUDA attention kernels (paged_decode_*.cu, paged_prefill_*.cu,
+// mla_attention.cu): cp.async copies, exp2 on the SFU, and the split-KV combine.
 //
 // Split-KV (Dao et al., "Flash-Decoding for long-context inference", 2023): a row's keys are
 // cut into partitions handled by separate CTAs; each writes its normalized partial output o_i
@@ -26,18 +26,11 @@ using cuda_detail::CpAsyncCommit;
 using cuda_detail::CpAsyncWait;
 using cuda_detail::SmemAddr;
 
-// CpAsync16 with hints on the L2 side of the copy (PTX ISA, "Data Movement and Conversion
-// Instructions: cp.async": cp.async.cg.shared.global{.level::cache_hint}{.level::prefetch_size}
-// [dst], [src], 16{, src-size}{, cache-policy}). .L2::256B lets the L2 fetch the whole 256-byte
-// block around the address from DRAM (a decode warp's 256-byte K/V row pieces), and the copy
-// carries `policy` (L2EvictFirstPolicy), so streamed K/V lines are the first the L2 drops.
-static __device__ __forceinline__ void CpAsync16EvictFirst(void* smem, const void* gmem,
-                                                           int src_bytes, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   SmemAddr(smem)),
-               "l"(gmem), "r"(src_bytes), "l"(policy));
-}
-// CpAsync16EvictFirst without the .L2::256B prefetch-size hint.
+// CpAsync16 carrying an L2 cache policy (PTX ISA, "Data Movement and Conversion Instructions:
+// cp.async": cp.async.cg.shared.global.L2::cache_hint [dst], [src], 16, src-size,
+// cache-policy): with L2EvictFirstPolicy streamed K/V lines are the first the L2 drops. No
+// .L2::256B prefetch-size hint: where these copies run the attention is bound by L2 throughput,
+// and the hint makes the L2 move more sectors between its partitions.
 static __device__ __forceinline__ void CpAsync16EvictFirstNoPrefetch(void* smem, const void* gmem,
                                                                      int src_bytes,
                                                                      uint64_t policy) {

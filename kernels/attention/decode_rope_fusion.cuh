@@ -1,5 +1,5 @@
 // Decode-step fusion of RoPE and the KV-cache write into the paged attention kernel
-// (SetPagedAttentionDecodeFusion 1, paged_attention_cuda.h): on a decode-only step every
+// (PagedAttentionRopeDecodeCuda, paged_attention_cuda.h): on a decode-only step every
 // sequence has one new token, whose q, k and v sit unrotated in the fused QKV row. Instead of a
 // separate RopeQkWriteKvCuda launch before attention:
 //  * every CTA computes the cos / sin of its token's position once into shared memory and
@@ -10,13 +10,12 @@
 //    rotates the new k and writes it and v to the token's cache slot, then passes a CTA barrier
 //    before it issues any cache copy: its own cp.async reads (generic proxy, ordered after the
 //    barrier) then see the new row, and no other CTA reads that position.
-// The persistent decode warps (SetPagedAttentionDecodeKernel 8/9) do the same per warp: a warp
-// owns whole units and syncs with __syncwarp (DecodeRopeTable / DecodeRopeWriteKv take the
-// threads doing the work). With early copies (SetPagedAttentionPrefetchBeforeWait, the
-// default) at head dims ≤ 128 a warp writes each unit's new key just before it copies the slice
-// that holds it, having loaded the row into registers a slice earlier (PendingKvWrite), and
-// streams the slices below it from the start; otherwise it writes all its units' new keys
-// before its first copy.
+// The persistent decode warps do the same per warp: a warp owns whole units and syncs with
+// __syncwarp (DecodeRopeTable / DecodeRopeWriteKv take the threads doing the work). At head
+// dims ≤ 128 a warp writes each unit's new key just before it copies the slice that holds it,
+// having loaded the row into registers a slice earlier (PendingKvWrite), and streams the slices
+// below it from the start; at wider heads it writes all its units' new keys before its first
+// copy.
 // The rotation is RopeQkWriteKvCuda's (rope_cuda.h): rotate-half over the first 2·half
 // channels, angle = float(pos) · inv_freq[i] in fp32, c = cos · scaling, s = sin · scaling,
 // x1·c − x2·s and x2·c + x1·s in fp32, rounded once to bf16; channels past 2·half unchanged.

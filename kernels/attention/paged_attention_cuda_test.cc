@@ -58,9 +58,7 @@ struct Case {
   // captured in a CUDA graph on a stream and replayed `graph_replays` times.
   int launches = 1;
   int graph_replays = 0;
-  // SetPagedAttentionSliceMath settings to launch again with (each checked bitwise against the
-  // first launch, which runs the process setting).
-  std::vector<int> also_slice_math;
+  PagedAttentionOptions options;  // the kernel choices every launch of the case plans with
 };
 
 PagedAttentionParams Params(int64_t heads, int64_t kv_heads, int64_t d, int64_t dv, int64_t block,
@@ -179,14 +177,14 @@ void RunCase(const Case& c, std::mt19937& rng) {
   const DeviceStep step(query_start, context_lens, tables, max_blocks, num_tokens,
                         max_query + c.extra_query_len, max_seq + c.extra_seq_len);
   const PagedAttentionCudaBatch& batch = step.batch;
-  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p, c.options);
   auto ws = DeviceBuffer<uint8_t>::Create(ws_bytes);
   ASSERT_TRUE(ws.ok()) << ws.status();
   if (ws_bytes > 0) {
     ASSERT_EQ(cudaMemset(ws->data(), 0xFF, ws_bytes), cudaSuccess);
   }
   const absl::Status st = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(), batch, p,
-                                             ws->data(), d_out.data(), nullptr);
+                                             ws->data(), d_out.data(), nullptr, c.options);
   ASSERT_TRUE(st.ok()) << st;
   const std::vector<float> got = Download(d_out);
   ExpectClose(absl::StrCat(c.name, " (workspace ", ws_bytes, " B)"), got, want, kRtol, kAtol);
@@ -199,21 +197,9 @@ void RunCase(const Case& c, std::mt19937& rng) {
   for (int i = 1; i < c.launches; ++i) {
     ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, out_bytes), cudaSuccess);
     ASSERT_TRUE(PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(), batch, p,
-                                   ws->data(), d_out.data(), nullptr)
+                                   ws->data(), d_out.data(), nullptr, c.options)
                     .ok());
     check_again(absl::StrCat("eager launch ", i + 1));
-  }
-  if (!c.also_slice_math.empty()) {
-    const int process_math = PagedAttentionSliceMath();
-    for (const int bits : c.also_slice_math) {
-      ASSERT_TRUE(SetPagedAttentionSliceMath(bits).ok());
-      ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, out_bytes), cudaSuccess);
-      const absl::Status again = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(),
-                                                    batch, p, ws->data(), d_out.data(), nullptr);
-      ASSERT_TRUE(SetPagedAttentionSliceMath(process_math).ok());
-      ASSERT_TRUE(again.ok()) << again;
-      check_again(absl::StrCat("slice math ", bits));
-    }
   }
   if (c.graph_replays > 0) {
     cudaStream_t stream = nullptr;
@@ -222,7 +208,8 @@ void RunCase(const Case& c, std::mt19937& rng) {
     cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
     const absl::Status cap = PagedAttentionCuda(d_q.data(), q_stride, d_k.data(), d_v.data(),
-                                                batch, p, ws->data(), d_out.data(), stream);
+                                                batch, p, ws->data(), d_out.data(), stream,
+                                                c.options);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
     ASSERT_TRUE(cap.ok()) << cap;
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
@@ -312,186 +299,204 @@ TEST(PagedAttentionCudaTest, DecodeUnderDecodePdl) {
           rng);
 }
 
-// Both decode pipeline depths and the automatic choice (SetPagedAttentionDecodeStages), each
-// through the split plans it leads to: batch 1 at ~1k keys (one 64-key tile per partition), a
-// batch of 64 mixed contexts (enough CTAs for whole waves: no split) and a window, with tiles
-// fewer and more than stages.
-TEST(PagedAttentionCudaTest, DecodePipelineDepths) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionDecodeStages(4).code(), absl::StatusCode::kInvalidArgument);
-  const int default_stages = PagedAttentionDecodeStages();
-  std::vector<SeqSpec> b64;
-  for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 37) % 1100), 1});
-  for (const int stages : {2, 3, 0}) {
-    ASSERT_TRUE(SetPagedAttentionDecodeStages(stages).ok());
-    const std::string tag = "stages " + std::to_string(stages) + " ";
-    Case loose{tag + "decode b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
-    loose.extra_seq_len = 1104 - 1024;
-    RunCase(loose, rng);
-    RunCase({tag + "decode b1 ctx 64", Params(32, 8, 128, 128, 16), Decode({64})}, rng);
-    RunCase({tag + "decode b64", Params(32, 8, 128, 128, 16), b64}, rng);
-    RunCase({tag + "decode window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3})}, rng);
-    RunCase({tag + "decode d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, rng);
-  }
-  ASSERT_TRUE(SetPagedAttentionDecodeStages(default_stages).ok());
+// A case with its kernel choices.
+Case With(Case c, const PagedAttentionOptions& options) {
+  c.options = options;
+  return c;
+}
+PagedAttentionOptions DecodeOptions(PagedDecodeKernel k) {
+  PagedAttentionOptions o;
+  o.decode_kernel = k;
+  return o;
+}
+PagedAttentionOptions PrefillOptions(PagedPrefillKernel k) {
+  PagedAttentionOptions o;
+  o.prefill_kernel = k;
+  return o;
+}
+const char* DecodeKernelTag(PagedDecodeKernel k) {
+  return k == PagedDecodeKernel::kAuto        ? "auto "
+         : k == PagedDecodeKernel::kWarpRings ? "rings "
+                                              : "persistent ";
 }
 
-// Every decode kernel (SetPagedAttentionDecodeKernel: CTA tiles and the warp-ring shapes)
-// over the split plans and masks decode meets: one tile per partition at batch 1, loose graph
-// bounds, a batch of 64 (whole waves), a window, empty and partial slices (contexts 0, 1, 15,
-// 17), odd block sizes, GQA groups 1/4/7/16 and every padded head-dim variant (the rings of
-// the wide ones shrink or fall back to 4 warps).
+// The plan of a launch of these bounds (device metadata is not read: the plan depends on the
+// host-side bounds only).
+PagedAttentionPlanInfo PlanOf(const PagedAttentionParams& p, int64_t num_sequences,
+                              int64_t max_query_len, int64_t max_seq_len,
+                              const PagedAttentionOptions& options = {}) {
+  static const int32_t kDummy = 0;
+  PagedAttentionCudaBatch b;
+  b.query_start_loc = b.context_lens = b.block_tables = &kDummy;
+  b.max_blocks_per_seq = (max_seq_len + p.block_size - 1) / p.block_size;
+  b.num_sequences = num_sequences;
+  b.num_tokens = num_sequences * max_query_len;
+  b.max_query_len = max_query_len;
+  b.max_seq_len = max_seq_len;
+  auto plan = DescribePagedAttentionPlan(b, p, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : PagedAttentionPlanInfo{};
+}
+
+// The plan's shape rules at the served shapes: Llama-3-8B decode takes the warp rings with
+// split keys at batch 1 and the persistent decode warps with the swapped math once the units
+// fill the GPU (batch 2048: 16384 units, more than any GPU's resident warps); prefill takes
+// wgmma at head dim 128 on a compute 9.0 device (FA2 elsewhere and with a window), FA2 at 64,
+// the MMA tiles at 16 and 32, the CTA tiles at 192/128 and 256; forced kernels fall back along
+// the chain where they do not serve.
+TEST(PagedAttentionCudaTest, PlanShapeRules) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  const PagedAttentionParams llama = Params(32, 8, 128, 128, 16);
+  const PagedAttentionPlanInfo b1 = PlanOf(llama, 1, 1, 1025);
+  EXPECT_EQ(b1.kernel, PagedAttentionKernel::kWarpRings);
+  EXPECT_GT(b1.num_splits, 1);
+  const PagedAttentionPlanInfo big = PlanOf(llama, 2048, 1, 1025);
+  EXPECT_EQ(big.kernel, PagedAttentionKernel::kPersistentWarps);
+  EXPECT_TRUE(big.swapped);
+  EXPECT_EQ(big.num_splits, 1);
+  // 4-token chunks at group 4 (16 rows a unit): the persistent warps' m16-row math.
+  const PagedAttentionPlanInfo chunks = PlanOf(llama, 2048, 4, 1025);
+  EXPECT_EQ(chunks.kernel, PagedAttentionKernel::kPersistentWarps);
+  EXPECT_FALSE(chunks.swapped);
+  // Head dim 64: the 4-warp persistent shape, never swapped.
+  EXPECT_FALSE(PlanOf(Params(32, 8, 64, 64, 16), 2048, 1, 1025).swapped);
+  EXPECT_EQ(PlanOf(llama, 1, 1, 1025, DecodeOptions(PagedDecodeKernel::kPersistentWarps)).kernel,
+            PagedAttentionKernel::kPersistentWarps);
+  EXPECT_EQ(PlanOf(llama, 2048, 1, 1025, DecodeOptions(PagedDecodeKernel::kWarpRings)).kernel,
+            PagedAttentionKernel::kWarpRings);
+
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), cudaSuccess);
+  const bool hopper = major == 9 && minor == 0;
+  EXPECT_EQ(PlanOf(llama, 1, 4096, 4096).kernel,
+            hopper ? PagedAttentionKernel::kWgmma : PagedAttentionKernel::kFa2);
+  EXPECT_EQ(PlanOf(Params(32, 8, 128, 128, 16, 100), 1, 4096, 4096).kernel,
+            PagedAttentionKernel::kFa2);
+  EXPECT_EQ(PlanOf(Params(16, 4, 64, 64, 16), 1, 300, 300).kernel, PagedAttentionKernel::kFa2);
+  EXPECT_EQ(PlanOf(Params(4, 2, 16, 16, 16), 1, 300, 300).kernel,
+            PagedAttentionKernel::kMmaTiles);
+  EXPECT_EQ(PlanOf(Params(4, 4, 24, 16, 16), 1, 300, 300).kernel,
+            PagedAttentionKernel::kMmaTiles);
+  EXPECT_EQ(PlanOf(Params(16, 16, 192, 128, 64), 1, 300, 300).kernel,
+            PagedAttentionKernel::kCtaTiles);
+  EXPECT_EQ(PlanOf(Params(8, 4, 256, 256, 16), 1, 300, 300).kernel,
+            PagedAttentionKernel::kCtaTiles);
+  EXPECT_EQ(PlanOf(llama, 1, 300, 300, PrefillOptions(PagedPrefillKernel::kCtaTiles)).kernel,
+            PagedAttentionKernel::kCtaTiles);
+  EXPECT_EQ(PlanOf(llama, 1, 300, 300, PrefillOptions(PagedPrefillKernel::kMmaTiles)).kernel,
+            PagedAttentionKernel::kMmaTiles);
+  EXPECT_EQ(PlanOf(Params(8, 2, 32, 32, 16), 1, 300, 300, PrefillOptions(PagedPrefillKernel::kFa2))
+                .kernel,
+            PagedAttentionKernel::kMmaTiles);
+  // A non-positive scale keeps the CTA tiles (the others fold the scale into the exponent).
+  PagedAttentionParams zero_scale = llama;
+  zero_scale.scale = 0.0f;
+  EXPECT_EQ(PlanOf(zero_scale, 1, 300, 300).kernel, PagedAttentionKernel::kCtaTiles);
+}
+
+// Every decode kernel (PagedAttentionOptions::decode_kernel: the served choice, the warp rings
+// and the persistent decode warps forced at every batch) over the split plans and masks
+// decode meets: one tile per partition at batch 1, loose graph bounds, a batch of 64 (whole
+// waves of 2-warp rings), a window, empty and partial slices (contexts 0, 1, 15, 17), odd
+// block sizes, GQA groups 1/4/7/16 and every padded head-dim variant (the rings of the wide
+// ones shrink; the persistent warps take their 4-warp shape off head dim 128).
 TEST(PagedAttentionCudaTest, DecodeKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionDecodeKernel(10).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetPagedAttentionDecodeKernel(-1).code(), absl::StatusCode::kInvalidArgument);
-  const int default_kernel = PagedAttentionDecodeKernel();
   std::vector<SeqSpec> b64;
   for (int i = 0; i < 64; ++i) b64.push_back({static_cast<int32_t>((i * 53) % 1300), 1});
   // 300 sequences (2400 units at 8 KV heads), mostly short to keep the caches small; one of
-  // 1100 keys makes kernel 9 split (partitions past the short ones' ends are empty units).
+  // 1100 keys makes the persistent warps split (partitions past the short ones' ends are
+  // empty units).
   std::vector<SeqSpec> b300 = Decode({0, 1, 15, 16, 17, 1100});
   for (int i = 6; i < 300; ++i) b300.push_back({static_cast<int32_t>((i * 53) % 200), 1});
-  for (const int kernel : {1, 2, 3, 4, 5, 6, 7, 8, 9, 0}) {
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
-    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+  for (const PagedDecodeKernel kernel : {PagedDecodeKernel::kWarpRings,
+                                         PagedDecodeKernel::kPersistentWarps,
+                                         PagedDecodeKernel::kAuto}) {
+    const PagedAttentionOptions o = DecodeOptions(kernel);
+    const std::string tag = DecodeKernelTag(kernel);
     Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
     loose.extra_seq_len = 1104 - 1024;
-    RunCase(loose, rng);
-    RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
-    RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
-    RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
-    RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
-    RunCase({tag + "d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, rng);
-    RunCase({tag + "d16 g2 window", Params(4, 2, 16, 16, 4, 16), Decode({40, 3, 17})}, rng);
-    RunCase({tag + "d192 dv128", Params(16, 16, 192, 128, 64), Decode({200, 1500})}, rng);
-    RunCase({tag + "d256 g2", Params(8, 4, 256, 256, 16), Decode({200, 1500})}, rng);
-    RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
-    // Decode-shaped launches with several query tokens per sequence (4 × group 4 ≤ 16 rows).
-    RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
+    RunCase(With(loose, o), rng);
+    RunCase(With({tag + "b1 ctx 64", Params(32, 8, 128, 128, 16), Decode({64})}, o), rng);
+    RunCase(With({tag + "b64", Params(32, 8, 128, 128, 16), b64}, o), rng);
+    RunCase(With({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})},
+                 o),
             rng);
-    if (kernel >= 8) {
-      // More (sequence, KV head) units than resident warps (2400 vs ~1056 on an H200): each
-      // persistent warp streams several units back to back, with empty and one-slice units
-      // (contexts 0, 1, 15, 16) and, under kernel 9, split-KV units past a sequence's end.
-      RunCase({tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300}, rng);
-      RunCase({tag + "b300 d64 window", Params(16, 8, 64, 64, 16, 100), b300}, rng);
-    }
+    RunCase(With({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, o),
+            rng);
+    RunCase(With({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, o), rng);
+    RunCase(With({tag + "d64 g1", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})}, o), rng);
+    RunCase(With({tag + "d16 g2 window", Params(4, 2, 16, 16, 4, 16), Decode({40, 3, 17})}, o),
+            rng);
+    RunCase(With({tag + "d192 dv128", Params(16, 16, 192, 128, 64), Decode({200, 1500})}, o), rng);
+    RunCase(With({tag + "d256 g2", Params(8, 4, 256, 256, 16), Decode({200, 1500})}, o), rng);
+    RunCase(With({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, o), rng);
+    RunCase(With({tag + "16 kv heads g2", Params(32, 16, 128, 128, 16), Decode({130, 7, 600, 0})},
+                 o),
+            rng);
+    // Decode-shaped launches with several query tokens per sequence (4 × group 4 ≤ 16 rows).
+    RunCase(With({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
+                 o),
+            rng);
+    // More (sequence, KV head) units than resident warps (2400 vs ~1056 on an H200): the
+    // served choice takes the persistent warps, each streaming several units back to back,
+    // with empty and one-slice units (contexts 0, 1, 15, 16) and split-KV units past a
+    // sequence's end; forced rings run 2400 CTAs. Repeated launches and graph replays are
+    // bitwise equal (every unit has one owner and a fixed key order).
+    Case several{tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300};
+    several.launches = 2;
+    several.graph_replays = 2;
+    RunCase(With(several, o), rng);
+    RunCase(With({tag + "b300 d64 window", Params(16, 8, 64, 64, 16, 100), b300}, o), rng);
+    RunCase(With({tag + "b300 d192 dv128", Params(16, 8, 192, 128, 64), b300}, o), rng);
   }
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
 
-// The slice math options (SetPagedAttentionSliceMath: ldmatrix K fragments, lazy rescaling,
-// the lean swapped slice, no .L2::256B hint, swizzled slice rows) change instructions and
-// layouts, not values: every setting gives the default's bits (the default's persistent
-// swapped warps run swizzled rows, every entry of `others` padded ones), under the decode
-// kernel kinds that run AttendSlice (CTA tiles, warp rings, persistent warps with and without
-// splits) and prefill kernel 0, at every padded head-dim variant (32, 128; 192/128 and 256,
-// above kSliceMathMaxDim, ignore the setting).
-TEST(PagedAttentionCudaTest, SliceMathGivesTheSameBits) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  for (const int bad : {-1, 32, 63}) {
-    EXPECT_EQ(SetPagedAttentionSliceMath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
-  }
-  EXPECT_EQ(PagedAttentionSliceMath(),
-            kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch |
-                kSliceSwizzle);
-  auto rng = cuda_test::Rng();
-  const int default_kernel = PagedAttentionDecodeKernel();
-  const int default_prefill = PagedAttentionPrefillKernel();
-  // (The last two: the default with padded slice rows on the persistent swapped warps, and
-  // with the .L2::256B hint on their copies too.)
-  const std::vector<int> others = {
-      0,
-      kSliceLdmatrixK,
-      kSliceLazyRescale,
-      kSliceLean,
-      kSliceLdmatrixK | kSliceLazyRescale,
-      kSliceLdmatrixK | kSliceLazyRescale | kSliceLean | kSliceNoL2Prefetch,
-      kSliceLdmatrixK | kSliceLazyRescale | kSliceLean};
-  const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {0, 1, 1023}, 1300));
-  const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
-  for (const int kernel : {1, 3, 6, 8, 9, 0}) {
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
-    const std::string tag = "kernel " + std::to_string(kernel) + " ";
-    std::vector<Case> cases = {
-        {tag + "b64", Params(32, 8, 128, 128, 16), b64},
-        {tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})},
-        {tag + "d16 g2 window", Params(4, 2, 16, 16, 4, 16), Decode({40, 3, 17})},
-        {tag + "d192 dv128", Params(16, 16, 192, 128, 64), Decode({200, 1500})},
-        {tag + "d256 g2", Params(8, 4, 256, 256, 16), Decode({200, 1500})},
-        {tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}}};
-    if (kernel >= 8) cases.push_back({tag + "b300", Params(32, 8, 128, 128, 16), b300});
-    for (Case& c : cases) {
-      c.also_slice_math = others;
-      RunCase(c, rng);
-    }
-  }
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(0).ok());
-  Case prefill{"prefill kernel 0 chunks over a prefix", Params(32, 8, 128, 128, 16),
-               {{0, 70}, {129, 33}, {17, 1}}};
-  prefill.also_slice_math = others;
-  RunCase(prefill, rng);
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_prefill).ok());
-}
-
-// The swapped GQA decode math (SetPagedAttentionDecodeSwapped, the default) and the m16-row
-// math it replaces, against the CPU reference, under kernel 8 on grids with more units than
-// resident warps: groups 1, 2, 4 and 8, 2-token chunks (8 rows at group 4), contexts 0, 1 and
-// across block and slice edges, a sliding window, head dims 96 (zero-padded to 128) and 128,
-// and kernel 9's split-KV partials at batch 3; repeated launches and graph replays bitwise.
-// 16 rows a unit (4-token chunks at group 4) fall back to the m16-row math.
+// The swapped GQA decode math of the persistent decode warps (≤ 8 query rows a unit at head
+// dims 65..128) against the CPU reference, on grids with more units than resident warps (the
+// served choice takes the persistent warps there): groups 1, 2, 4 and 8, 2-token chunks (8 rows
+// at group 4), contexts 0, 1 and across block and slice edges (contiguous slices of 16- and
+// 32-key blocks), a sliding window, head dims 96 (zero-padded to 128) and 128, and split-KV
+// partials at batch 3 (persistent warps forced); repeated launches and graph replays bitwise.
+// 16 rows a unit (4-token chunks at group 4) take the m16-row math.
 TEST(PagedAttentionCudaTest, DecodeSwappedMatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  const int default_kernel = PagedAttentionDecodeKernel();
-  EXPECT_TRUE(PagedAttentionDecodeSwapped());
   const std::vector<SeqSpec> b300 = Decode(SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200));
   std::vector<SeqSpec> chunks2, chunks4;
   for (int i = 0; i < 300; ++i) {
     chunks2.push_back({static_cast<int32_t>((i * 37) % 300), 2});
     chunks4.push_back({static_cast<int32_t>((i * 37) % 300), 4});
   }
-  for (const bool swapped : {true, false}) {
-    SetPagedAttentionDecodeSwapped(swapped);
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
-    const std::string m = swapped ? "swapped " : "m16 rows ";
-    std::vector<Case> cases = {
-        {m + "b300 g4", Params(32, 8, 128, 128, 16), b300},
-        {m + "b300 g8", Params(64, 8, 128, 128, 16), b300},
-        {m + "b300 g2 window 100", Params(16, 8, 128, 128, 16, 100), b300},
-        {m + "b300 g1 d96", Params(8, 8, 96, 96, 16), b300},
-        {m + "b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2},
-        {m + "b300 g4 block 32", Params(32, 8, 128, 128, 32), b300}};
-    const int64_t before = PagedAttentionDecodeSwappedLaunches();
-    for (Case& c : cases) {
-      c.launches = 2;
-      c.graph_replays = 2;
-      // kSliceLean flipped: the whole-visible-slice mask shortcut and shared K/V copy
-      // addressing (contiguous slices of 16- and 32-key blocks) give the same bits (windows,
-      // 2-token chunks, zero-padded d96 included); so do padded slice rows (kSliceSwizzle
-      // flipped).
-      c.also_slice_math = {PagedAttentionSliceMath() ^ kSliceLean,
-                           PagedAttentionSliceMath() ^ kSliceSwizzle};
-      RunCase(c, rng);
-    }
-    // Each case plans a launch per eager launch, one per slice-math launch and one for
-    // the graph capture.
-    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, swapped ? 5 * 6 : 0) << m;
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
-    const int64_t before_split = PagedAttentionDecodeSwappedLaunches();
-    RunCase({m + "kernel 9 split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})}, rng);
-    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before_split, swapped ? 1 : 0) << m;
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
-    const int64_t served = PagedAttentionDecodeSwappedLaunches();
-    RunCase({m + "fallback 4-token chunks g4", Params(32, 8, 128, 128, 16), chunks4}, rng);
-    EXPECT_EQ(PagedAttentionDecodeSwappedLaunches(), served) << m;
+  std::vector<Case> cases = {
+      {"swapped b300 g4", Params(32, 8, 128, 128, 16), b300},
+      {"swapped b300 g8", Params(64, 8, 128, 128, 16), b300},
+      {"swapped b300 g2 window 100", Params(16, 8, 128, 128, 16, 100), b300},
+      {"swapped b300 g1 d96", Params(8, 8, 96, 96, 16), b300},
+      {"swapped b300 2-token chunks g4", Params(32, 8, 128, 128, 16), chunks2},
+      {"swapped b300 g4 block 32", Params(32, 8, 128, 128, 32), b300}};
+  for (Case& c : cases) {
+    c.launches = 2;
+    c.graph_replays = 2;
+    int32_t max_seq = 0;
+    for (const SeqSpec& q : c.seqs) max_seq = std::max(max_seq, q.context + q.query);
+    const PagedAttentionPlanInfo plan = PlanOf(c.params, 300, c.seqs[0].query, max_seq);
+    EXPECT_EQ(plan.kernel, PagedAttentionKernel::kPersistentWarps) << c.name;
+    EXPECT_TRUE(plan.swapped) << c.name;
+    RunCase(c, rng);
   }
-  SetPagedAttentionDecodeSwapped(true);
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
+  const PagedAttentionOptions persistent = DecodeOptions(PagedDecodeKernel::kPersistentWarps);
+  const PagedAttentionPlanInfo split = PlanOf(Params(32, 8, 128, 128, 16), 3, 1, 1501, persistent);
+  EXPECT_TRUE(split.swapped);
+  EXPECT_GT(split.num_splits, 1);
+  RunCase(With({"swapped persistent split", Params(32, 8, 128, 128, 16), Decode({1500, 7, 900})},
+               persistent),
+          rng);
+  EXPECT_FALSE(PlanOf(Params(32, 8, 128, 128, 16), 300, 4, 305).swapped);
+  RunCase({"m16 rows 4-token chunks g4", Params(32, 8, 128, 128, 16), chunks4}, rng);
 }
 
 TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
@@ -502,58 +507,54 @@ TEST(PagedAttentionCudaTest, PrefillChunksOverCachedPrefix) {
   RunCase({"prefill chunks x3", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
 }
 
-// Every prefill kernel (SetPagedAttentionPrefillKernel) against the CPU reference over the
+// The MMA-tile and CTA-tile prefill kernels (PagedAttentionOptions::prefill_kernel; served
+// at head dims ≤ 32 and above 128) forced at every shape, against the CPU reference over the
 // shapes prefill meets: a fresh prompt with a partial last tile and one spanning many key
 // tiles, chunks over a cached prefix (few CTAs: the split-KV plan), sliding windows, GQA groups
-// 1/4/8 and 7, head dims 16/24/64/128 (and 192/256, which keep kernel 0), odd block sizes, q
-// rows with a stride that rules out 16-byte copies, and decode rows in the same launch.
+// 1/4/8 and 7, head dims 16/24/64/128 (and 192/256, which keep the CTA tiles), odd block sizes,
+// q rows with a stride that rules out 16-byte copies, and decode rows in the same launch.
 TEST(PagedAttentionCudaTest, PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(8).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
-  const int default_kernel = PagedAttentionPrefillKernel();
-  for (const int kernel : {1, 2, 0}) {
-    ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
-    const std::string tag = "prefill kernel " + std::to_string(kernel) + " ";
-    RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
-    RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
-    RunCase({tag + "chunk 77 over 1000", Params(32, 8, 128, 128, 16), {{1000, 77}}}, rng);
-    RunCase({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}}, rng);
-    RunCase({tag + "chunks d64 g4", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}},
-            rng);
-    RunCase({tag + "mha d64 g1", Params(8, 8, 64, 64, 16), {{0, 129}, {500, 40}}}, rng);
-    RunCase({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}}, rng);
-    RunCase({tag + "window 100", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}}, rng);
-    RunCase({tag + "window 37 fresh", Params(8, 2, 64, 64, 16, 37), {{0, 400}}}, rng);
-    RunCase({tag + "d16 g2 window 16", Params(4, 2, 16, 16, 4, 16), {{40, 1}, {17, 7}, {0, 50}}},
-            rng);
-    RunCase({tag + "d24 dv16 mha", Params(4, 4, 24, 16, 16), {{0, 33}, {90, 20}}}, rng);
+  for (const PagedPrefillKernel kernel :
+       {PagedPrefillKernel::kMmaTiles, PagedPrefillKernel::kCtaTiles}) {
+    const std::string tag =
+        kernel == PagedPrefillKernel::kMmaTiles ? "prefill mma tiles " : "prefill cta tiles ";
+    const PagedAttentionOptions o = PrefillOptions(kernel);
+    // Every case below with these options.
+    auto run = [&](Case c) { RunCase(With(std::move(c), o), rng); };
+    run({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}});
+    run({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}});
+    run({tag + "chunk 77 over 1000", Params(32, 8, 128, 128, 16), {{1000, 77}}});
+    run({tag + "chunk 200 over 3000 g8", Params(32, 4, 128, 128, 16), {{3000, 200}}});
+    run({tag + "chunks d64 g4", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}});
+    run({tag + "mha d64 g1", Params(8, 8, 64, 64, 16), {{0, 129}, {500, 40}}});
+    run({tag + "d128 g7 block 7", Params(28, 4, 128, 128, 7), {{90, 20}, {0, 333}}});
+    run({tag + "window 100", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}});
+    run({tag + "window 37 fresh", Params(8, 2, 64, 64, 16, 37), {{0, 400}}});
+    run({tag + "d16 g2 window 16", Params(4, 2, 16, 16, 4, 16), {{40, 1}, {17, 7}, {0, 50}}});
+    run({tag + "d24 dv16 mha", Params(4, 4, 24, 16, 16), {{0, 33}, {90, 20}}});
     // The CUDA DeepSeek runner's MHA-form MLA prefill (group 1, v_head_dim < head_dim): fresh
     // prompts of 36-200 tokens over scattered blocks of 4 and 16 at the attention shapes of
     // deepseek-v3-tiny (24/16), sluice-mini-moe (64/32) and DeepSeek-V2/V3 (192/128).
-    RunCase({tag + "mla d24 dv16 block 4", Params(4, 4, 24, 16, 4), {{0, 36}, {0, 48}}}, rng);
-    RunCase({tag + "mla d64 dv32 block 16", Params(6, 6, 64, 32, 16), {{0, 150}, {0, 48}}}, rng);
-    RunCase({tag + "mla d192 dv128 block 4", Params(16, 16, 192, 128, 4), {{0, 48}, {0, 200}}},
-            rng);
-    RunCase({tag + "mla d192 dv128 block 16", Params(16, 16, 192, 128, 16), {{0, 200}, {30, 48}}},
-            rng);
-    RunCase({tag + "d192 dv128 (kernel 0)", Params(16, 16, 192, 128, 64), {{0, 70}}}, rng);
-    RunCase({tag + "d256 g2 (kernel 0)", Params(8, 4, 256, 256, 16), {{100, 40}}}, rng);
-    RunCase({tag + "mixed with decode rows",
-             Params(32, 8, 128, 128, 16),
-             {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}},
-            rng);
+    run({tag + "mla d24 dv16 block 4", Params(4, 4, 24, 16, 4), {{0, 36}, {0, 48}}});
+    run({tag + "mla d64 dv32 block 16", Params(6, 6, 64, 32, 16), {{0, 150}, {0, 48}}});
+    run({tag + "mla d192 dv128 block 4", Params(16, 16, 192, 128, 4), {{0, 48}, {0, 200}}});
+    run({tag + "mla d192 dv128 block 16", Params(16, 16, 192, 128, 16), {{0, 200}, {30, 48}}});
+    run({tag + "d192 dv128 (cta tiles)", Params(16, 16, 192, 128, 64), {{0, 70}}});
+    run({tag + "d256 g2 (cta tiles)", Params(8, 4, 256, 256, 16), {{100, 40}}});
+    run({tag + "mixed with decode rows",
+         Params(32, 8, 128, 128, 16),
+         {{700, 1}, {0, 40}, {2500, 1}, {64, 130}, {1100, 17}}});
     // q_token_stride 8·64 + 2: not a whole number of 16-byte chunks (32-bit Q loads).
     Case odd{tag + "q stride pad 2", Params(8, 2, 64, 64, 16), {{50, 30}, {0, 90}}};
     odd.q_stride_pad = 2;
-    RunCase(odd, rng);
+    run(odd);
     Case loose{tag + "loose bounds", Params(32, 8, 128, 128, 16), {{0, 20}, {100, 1}}};
     loose.extra_query_len = 100;
     loose.extra_seq_len = 3000;
-    RunCase(loose, rng);
+    run(loose);
   }
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 
 TEST(PagedAttentionCudaTest, MixedBatch) {
@@ -681,6 +682,7 @@ TEST(PagedAttentionCudaTest, RejectsBadArguments) {
                 .code(),
             kInvalid);
   EXPECT_EQ(PagedAttentionCudaWorkspaceBytes(b, p), 0u);  // invalid params: no workspace
+  EXPECT_EQ(DescribePagedAttentionPlan(b, p).status().code(), kInvalid);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
@@ -692,7 +694,8 @@ TEST(PagedAttentionCudaTest, RejectsBadArguments) {
 // rows (exact), and that no other cache element changed (bitwise).
 void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
                         const RopeParams& rope_params, const std::vector<int32_t>& contexts,
-                        std::mt19937& rng, int launches = 1) {
+                        std::mt19937& rng, const PagedAttentionOptions& options = {},
+                        int launches = 1) {
   SCOPED_TRACE(name);
   auto table = MakeRopeTable(rope_params);
   ASSERT_TRUE(table.ok()) << table.status();
@@ -763,14 +766,14 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   auto d_out = NanBuffer(want.size());
   const DeviceStep step(query_start, contexts, tables, max_blocks, T, 1, max_seq);
   const PagedAttentionCudaBatch& batch = step.batch;
-  ASSERT_TRUE(PagedAttentionDecodeFusionApplies(batch, p, rope_params.rotary_dim));
-  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p);
+  ASSERT_TRUE(PagedAttentionDecodeFusionApplies(batch, p, rope_params.rotary_dim, options));
+  const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(batch, p, options);
   auto ws = DeviceBuffer<uint8_t>::Create(std::max<size_t>(ws_bytes, 16));
   ASSERT_TRUE(ws.ok()) << ws.status();
   ASSERT_EQ(cudaMemset(ws->data(), 0xFF, std::max<size_t>(ws_bytes, 16)), cudaSuccess);
   const absl::Status st = PagedAttentionRopeDecodeCuda(
       d_qkv.data(), stride, d_k.data(), d_v.data(), batch, p, d_pos.data(), *d_table,
-      d_slots.data(), ws->data(), d_out.data(), nullptr);
+      d_slots.data(), ws->data(), d_out.data(), nullptr, options);
   ASSERT_TRUE(st.ok()) << st;
   ExpectClose(absl::StrCat(name, " out (workspace ", ws_bytes, " B)"), Download(d_out), want,
               kRtol, kAtol);
@@ -779,7 +782,7 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
     ASSERT_EQ(cudaMemset(d_out.data(), 0xFF, want.size() * sizeof(bf16)), cudaSuccess);
     ASSERT_TRUE(PagedAttentionRopeDecodeCuda(d_qkv.data(), stride, d_k.data(), d_v.data(), batch,
                                              p, d_pos.data(), *d_table, d_slots.data(),
-                                             ws->data(), d_out.data(), nullptr)
+                                             ws->data(), d_out.data(), nullptr, options)
                     .ok());
     ExpectClose(absl::StrCat(name, " out, launch ", i + 1), Download(d_out), want, kRtol, kAtol);
   }
@@ -833,8 +836,9 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
                                   p.head_dim, d_pos.data(), *d_table, d_slots.data(), d_k.data(),
                                   d_v.data(), stream)
                     .ok());
-    const absl::Status chain = PagedAttentionCuda(d_rot.data(), stride, d_k.data(), d_v.data(),
-                                                  batch, p, ws->data(), d_out.data(), stream);
+    const absl::Status chain =
+        PagedAttentionCuda(d_rot.data(), stride, d_k.data(), d_v.data(), batch, p, ws->data(),
+                           d_out.data(), stream, options);
     ASSERT_TRUE(chain.ok()) << chain;
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     ExpectClose(absl::StrCat(name, " unfused chain under PDL, round ", round + 1), Download(d_out),
@@ -842,81 +846,14 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   }
   cudaStreamDestroy(stream);
 }
-// Both persistent-decode-warp variants (SetPagedAttentionDecodeWarpVariant: 0, 4-warp CTAs
-// with plain cp.async; 10, 8-warp CTAs with evict-first copies) under kernel 9 (every decode
-// launch persistent, so split-KV partitions too) and kernel 8 (the unsplit b300 grid): one
-// tile per partition at batch 1 with loose bounds, whole waves, empty and partial slices, a
-// window, an odd block size with group 7, MQA (16 rows), multi-token decode chunks, several
-// units a warp, 16 KV heads (an 8-warp CTA spans half a sequence's heads) and dims variant 10
-// does not serve (d64, d192: variant 0 runs) — all against the CPU reference. Plus the fused
-// RoPE + K/V write under each variant, and repeated eager launches and CUDA-graph replays of
-// the b300 grids (bitwise equal: every unit has one owner warp and a fixed key order).
-void RunDecodeWarpVariantCases(std::initializer_list<int> variants) {
-  auto rng = cuda_test::Rng();
-  const int default_kernel = PagedAttentionDecodeKernel();
-  const int default_variant = PagedAttentionDecodeWarpVariant();
-  const std::vector<SeqSpec> b64 = Decode(SpreadContexts(64, {}, 1300));
-  const std::vector<int32_t> fused_b300 = SpreadContexts(300, {0, 1, 15, 16, 17, 1100}, 200);
-  const std::vector<SeqSpec> b300 = Decode(fused_b300);
-  const RopeParams llama = cuda_test::Llama3Rope();
-  for (const int variant : variants) {
-    ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(variant).ok());
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(9).ok());
-    const std::string tag = "variant " + std::to_string(variant) + " kernel 9 ";
-    Case loose{tag + "b1 ctx1023 bound 1104", Params(32, 8, 128, 128, 16), Decode({1023})};
-    loose.extra_seq_len = 1104 - 1024;
-    RunCase(loose, rng);
-    RunCase({tag + "b64", Params(32, 8, 128, 128, 16), b64}, rng);
-    RunCase({tag + "short contexts", Params(32, 8, 128, 128, 16), Decode({0, 1, 15, 17, 64})}, rng);
-    RunCase({tag + "window 200", Params(32, 8, 128, 128, 16, 200), Decode({900, 3, 250})}, rng);
-    RunCase({tag + "block 7 g7", Params(28, 4, 128, 128, 7), Decode({130, 7, 600})}, rng);
-    RunCase({tag + "mqa 16", Params(16, 1, 128, 128, 32), Decode({10, 4000})}, rng);
-    RunCase({tag + "4-token chunks", Params(32, 8, 128, 128, 16), {{300, 4}, {0, 3}, {77, 2}}},
-            rng);
-    Case several{tag + "b300 several units a warp", Params(32, 8, 128, 128, 16), b300};
-    several.launches = 2;
-    several.graph_replays = 2;
-    RunCase(several, rng);
-    RunCase({tag + "16 kv heads g2", Params(32, 16, 128, 128, 16), Decode({130, 7, 600, 0})},
-            rng);
-    RunCase({tag + "d64 g1 (variant 0 runs)", Params(8, 8, 64, 64, 16), Decode({130, 7, 600})},
-            rng);
-    RunCase({tag + "d192 dv128 (variant 0 runs)", Params(16, 16, 192, 128, 64),
-             Decode({200, 1500})},
-            rng);
-    RunFusedDecodeCase(tag + "fused llama b8", Params(32, 8, 128, 128, 16), llama,
-                       {0, 1, 15, 16, 17, 100, 513, 1200}, rng);
-    RunFusedDecodeCase(tag + "fused llama b300", Params(32, 8, 128, 128, 16), llama, fused_b300,
-                       rng, 2);
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(8).ok());
-    Case unsplit{"variant " + std::to_string(variant) + " kernel 8 b300",
-                 Params(32, 8, 128, 128, 16), b300};
-    unsplit.launches = 2;
-    unsplit.graph_replays = 2;
-    RunCase(unsplit, rng);
-  }
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
-  ASSERT_TRUE(SetPagedAttentionDecodeWarpVariant(default_variant).ok());
-}
-
-// Only 0 and 10 are variants; the numbers of the removed ones (1-9, 11-24; paged_attention.cu
-// says what they measured) are refused.
-TEST(PagedAttentionCudaTest, DecodeWarpVariants) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  for (const int bad : {-1, 1, 2, 4, 9, 11, 21, 24, 25}) {
-    EXPECT_EQ(SetPagedAttentionDecodeWarpVariant(bad).code(), absl::StatusCode::kInvalidArgument)
-        << bad;
-  }
-  RunDecodeWarpVariantCases({0, 10});
-}
-
-// Decode fusion under every decode kernel kind (the prologue precedes both the CTA-tile and
-// the warp-ring loops; the persistent warps write each unit's new key before copying its
-// slice, or all first without early copies) and the split plans: batch 1 with the new key in
-// a partition of its own
-// (1024) or last in one (1023, 3000), mixed contexts incl. 0, 1 and block boundaries, a sliding
-// window, Llama-3 (head_dim 128, llama3 table) and head_dim 64 with a partial YaRN-scaled
-// rotary span (the unrotated k tail goes to the cache too) and group 1.
+// Decode fusion under every decode kernel (the prologue precedes the warp-ring loop; the
+// persistent warps write each unit's new key right before copying its slice at head dims ≤ 128,
+// all of a warp's new keys first at wider ones) and the split plans: batch 1 with the new key
+// in a partition of its own (1024) or last in one (1023, 3000), mixed contexts incl. 0, 1 and
+// block boundaries, a sliding window, Llama-3 (head_dim 128, llama3 table), head_dim 64 with a
+// partial YaRN-scaled rotary span (the unrotated k tail goes to the cache too) and group 1, and
+// head_dim 256; on the persistent warps also several units a warp (each unit's q rotated with
+// its own position, the swapped math rotating q on load).
 TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -930,49 +867,43 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionMatchesCpuReference) {
   RopeParams plain;
   plain.theta = 10000.0;
   plain.rotary_dim = 64;
-  const int default_kernel = PagedAttentionDecodeKernel();
-  for (const int kernel : {1, 3, 6, 9, 0}) {
-    ASSERT_TRUE(SetPagedAttentionDecodeKernel(kernel).ok());
-    const std::string tag = "kernel " + std::to_string(kernel) + " ";
+  RopeParams wide = plain;
+  wide.rotary_dim = 256;
+  for (const PagedDecodeKernel kernel : {PagedDecodeKernel::kWarpRings,
+                                         PagedDecodeKernel::kPersistentWarps,
+                                         PagedDecodeKernel::kAuto}) {
+    const PagedAttentionOptions o = DecodeOptions(kernel);
+    const std::string tag = DecodeKernelTag(kernel);
     const PagedAttentionParams llama_p = Params(32, 8, 128, 128, 16);
-    RunFusedDecodeCase(tag + "llama b1 ctx3000", llama_p, llama, {3000}, rng);
-    RunFusedDecodeCase(tag + "llama b1 ctx1023", llama_p, llama, {1023}, rng);
-    RunFusedDecodeCase(tag + "llama b1 ctx1024", llama_p, llama, {1024}, rng);
-    RunFusedDecodeCase(tag + "llama b8", llama_p, llama, {0, 1, 15, 16, 17, 100, 513, 1200}, rng);
+    RunFusedDecodeCase(tag + "llama b1 ctx3000", llama_p, llama, {3000}, rng, o);
+    RunFusedDecodeCase(tag + "llama b1 ctx1023", llama_p, llama, {1023}, rng, o);
+    RunFusedDecodeCase(tag + "llama b1 ctx1024", llama_p, llama, {1024}, rng, o);
+    RunFusedDecodeCase(tag + "llama b8", llama_p, llama, {0, 1, 15, 16, 17, 100, 513, 1200}, rng,
+                       o);
     RunFusedDecodeCase(tag + "llama window 200", Params(32, 8, 128, 128, 16, 200), llama,
-                       {900, 3, 250, 199, 200}, rng);
+                       {900, 3, 250, 199, 200}, rng, o);
     RunFusedDecodeCase(tag + "d64 partial yarn g4", Params(16, 4, 64, 64, 16), yarn,
-                       {130, 7, 600, 64, 0}, rng);
+                       {130, 7, 600, 64, 0}, rng, o);
     RunFusedDecodeCase(tag + "d64 g1 block 7", Params(8, 8, 64, 64, 7), plain, {130, 0, 2000},
-                       rng);
-    if (kernel == 9) {
-      // Several units per persistent warp, each unit's q rotated with its own position. With
-      // early copies (the default) each unit's new key is written right before the copy of
-      // the slice holding it (DeferredKvWrite), without them every unit's before the warp's
-      // first copy.
+                       rng, o);
+    RunFusedDecodeCase(tag + "d256 g2", Params(8, 4, 256, 256, 16), wide, {130, 0, 700, 17}, rng,
+                       o);
+    if (kernel != PagedDecodeKernel::kWarpRings) {
       std::vector<int32_t> b300 = {0, 1, 15, 16, 17, 1100};
       for (int i = 6; i < 300; ++i) b300.push_back((i * 53) % 200);
-      // The swapped math serves fused launches too (q rotated on load): a swapped launch for
-      // the fused call and for each round's unfused chain.
-      const int64_t before = PagedAttentionDecodeSwappedLaunches();
-      RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng);
-      RunFusedDecodeCase(tag + "g8 b300", Params(64, 8, 128, 128, 16), llama, b300, rng);
-      SetPagedAttentionPrefetchBeforeWait(false);
-      RunFusedDecodeCase(tag + "llama b300, writes first", llama_p, llama, b300, rng);
-      SetPagedAttentionPrefetchBeforeWait(true);
-      const int chain_rounds = PdlSupported() ? 3 : 0;
-      EXPECT_EQ(PagedAttentionDecodeSwappedLaunches() - before, 3 * (1 + chain_rounds)) << tag;
+      EXPECT_TRUE(PlanOf(llama_p, 300, 1, 1101, o).swapped);
+      RunFusedDecodeCase(tag + "llama b300", llama_p, llama, b300, rng, o, 2);
+      RunFusedDecodeCase(tag + "g8 b300", Params(64, 8, 128, 128, 16), llama, b300, rng, o);
+      RunFusedDecodeCase(tag + "16 kv heads b300", Params(32, 16, 128, 128, 16), llama, b300, rng,
+                         o);
+      RunFusedDecodeCase(tag + "d256 b300", Params(8, 4, 256, 256, 16), wide, b300, rng, o);
     }
   }
-  ASSERT_TRUE(SetPagedAttentionDecodeKernel(default_kernel).ok());
 }
 
 // Launches the fusion does not serve are refused (the runner then keeps two launches).
 TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(SetPagedAttentionDecodeFusion(4).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetPagedAttentionDecodeFusion(-1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PagedAttentionDecodeFusion(), kDecodeFusionAuto);
   auto meta = DeviceBuffer<int32_t>::Create(16);
   ASSERT_TRUE(meta.ok());
   PagedAttentionCudaBatch b;
@@ -992,11 +923,10 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, p, 256));  // wider than the head
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(32, 1, 128, 128, 16), 128));  // g 32
   EXPECT_FALSE(PagedAttentionDecodeFusionApplies(b, Params(16, 16, 192, 128, 64), 64));  // d≠dv
-  // Mode 3 fuses unsplit decode launches: 64 sequences × 8 KV heads (512 units, CTA warp
-  // rings) and 256 (2048 units, at least the resident warps: the persistent warps, with their
-  // deferred new-key writes; not without early copies) do; 16 (128 units) and 300 (2400
-  // units, 2.3 waves of persistent warps, evened out by a split) split their keys, and
-  // prefill chunks are not decode launches.
+  // Unsplit decode launches pay: 64 sequences × 8 KV heads (512 units, warp rings) and 256
+  // (2048 units, at least the resident warps: the persistent warps, with their deferred
+  // new-key writes) do; 16 (128 units) and 300 (2400 units, 2.3 waves of persistent warps,
+  // evened out by a split) split their keys, and prefill chunks are not decode launches.
   PagedAttentionCudaBatch pays = b;
   pays.num_sequences = 64;
   pays.num_tokens = 64;
@@ -1008,9 +938,9 @@ TEST(PagedAttentionCudaTest, DecodeRopeFusionRejectsOtherLaunches) {
   pays.num_sequences = 256;
   pays.num_tokens = 256;
   EXPECT_TRUE(PagedAttentionDecodeFusionPays(pays, p));
-  SetPagedAttentionPrefetchBeforeWait(false);
-  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
-  SetPagedAttentionPrefetchBeforeWait(true);
+  // The persistent warps at head dim 256 write their new keys first: no gain there.
+  EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, Params(8, 4, 256, 256, 16),
+                                              DecodeOptions(PagedDecodeKernel::kPersistentWarps)));
   pays.num_sequences = 300;
   pays.num_tokens = 300;
   EXPECT_FALSE(PagedAttentionDecodeFusionPays(pays, p));
@@ -1083,22 +1013,23 @@ TEST(WriteKvCacheCudaTest, MatchesCpuReference) {
       absl::StatusCode::kInvalidArgument);
 }
 
-// The FlashAttention-2 tile-shape prefill kernels (SetPagedAttentionPrefillKernel 3..7,
-// paged_prefill_fa2.cu) against the CPU reference, every output element: fresh prompts whose
-// rows (tokens × group) are not multiples of the 128-row tile or of the 64-key tile, several
-// sequences of chunked prefill over cached prefixes, a long chunk over a prefix (split-KV
-// partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and padded 96/64, block sizes 16, 32,
-// 64 (kernels 6/7's one-block copy path), 8 and 7 (their general path), a sliding window, a q
-// stride that rules out 16-byte copies, decode rows in the same launch, and head dim 32 (not
-// served: the explicit kernel 1 fallback).
+// The FlashAttention-2 tile-shape prefill kernel (PagedPrefillKernel::kFa2: served at head
+// dims 64 and, without wgmma, 128) forced at every shape, against the CPU reference, every
+// output element: fresh prompts whose rows (tokens × group) are not multiples of the 128-row
+// tile or of the 64-key tile, several sequences of chunked prefill over cached prefixes, a long
+// chunk over a prefix (split-KV partials), GQA 4:1, 2:1, 7:1 and 1:1, head dims 128, 64 and
+// padded 96/64, block sizes 16, 32, 64, 8 and 7, a sliding window, a q stride that rules out
+// 16-byte copies, decode rows in the same launch, and head dim 32 (not served: the MMA tiles).
 TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  const int default_kernel = PagedAttentionPrefillKernel();
-  for (const int kernel : {3, 4, 5, 6, 7}) {
-    ASSERT_TRUE(SetPagedAttentionPrefillKernel(kernel).ok());
-    EXPECT_EQ(PagedAttentionPrefillKernel(), kernel);
-    const std::string tag = "fa2 prefill kernel " + std::to_string(kernel) + " ";
+  {
+    const std::string tag = "fa2 prefill ";
+    const PagedAttentionOptions o = PrefillOptions(PagedPrefillKernel::kFa2);
+    EXPECT_EQ(PlanOf(Params(32, 8, 128, 128, 16), 1, 300, 300, o).kernel,
+              PagedAttentionKernel::kFa2);
+    // Every case below with these options (shadows the file's RunCase).
+    auto RunCase = [&](Case c, std::mt19937& r) { kernels::RunCase(With(std::move(c), o), r); };
     RunCase({tag + "fresh 300 g4", Params(32, 8, 128, 128, 16), {{0, 300}}}, rng);
     RunCase({tag + "fresh 1030 g4", Params(8, 2, 128, 128, 16), {{0, 1030}}}, rng);
     RunCase({tag + "chunks over prefixes g4",
@@ -1122,23 +1053,21 @@ TEST(PagedAttentionCudaTest, Fa2PrefillKernels) {
     Case odd{tag + "q stride pad 2", Params(8, 2, 128, 128, 16), {{50, 30}, {0, 90}}};
     odd.q_stride_pad = 2;
     RunCase(odd, rng);
-    RunCase({tag + "d32 (kernel 1 fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
+    RunCase({tag + "d32 (mma tiles fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
   }
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 
-// The Hopper wgmma prefill kernel (SetPagedAttentionPrefillKernel 15, paged_prefill_wgmma.cu)
+// The Hopper wgmma prefill kernel (PagedPrefillKernel::kWgmma, the default; paged_prefill_wgmma.cu)
 // against the CPU reference, every output element: fresh prompts whose rows (tokens × group)
 // are not multiples of the 128-row tile or of the 64-key tile (and one that is), chunked prefill
 // over cached prefixes, a long chunk over a prefix (split-KV partials), GQA 4:1, 8:1, 7:1 and
 // 1:1, block sizes 16, 32, 64, 8 and 7 (no power of two), a q stride that rules out 16-byte
 // copies, decode rows in the same launch, and launches it does not serve (sliding window, head
-// dims 64 and 32: kernel 3's path / kernel 1). On a compute 9.0 device the kernel must serve
+// dims 64 and 32: the FA2 kernel / the MMA tiles). On a compute 9.0 device the kernel must serve
 // head dim 128 (so these cases run it rather than the fallback).
 TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetPagedAttentionPrefillKernel(16).code(), absl::StatusCode::kInvalidArgument);
   int device = 0, major = 0, minor = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
@@ -1148,9 +1077,6 @@ TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
   }
   EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(128, 128, 0.088f, 100));
   EXPECT_FALSE(paged_detail::WgmmaPrefillSupports(64, 64, 0.125f, 0));
-  const int default_kernel = PagedAttentionPrefillKernel();
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(paged_detail::kWgmmaPrefillKernel).ok());
-  EXPECT_EQ(PagedAttentionPrefillKernel(), paged_detail::kWgmmaPrefillKernel);
   const std::string tag = "wgmma prefill ";
   // Small structured cases first (an error map on mismatch): one head, then zero q (uniform
   // softmax: only the P·V path and V's layout matter).
@@ -1191,12 +1117,11 @@ TEST(PagedAttentionCudaTest, WgmmaPrefillKernel) {
   loose.extra_query_len = 100;
   loose.extra_seq_len = 3000;
   RunCase(loose, rng);
-  // Not served: kernel 3's path (window, d64) and kernel 1 (d32).
+  // Not served: the FA2 kernel (window, d64) and the MMA tiles (d32).
   RunCase({tag + "window 100 (fallback)", Params(32, 8, 128, 128, 16, 100), {{300, 150}, {1, 1}}},
           rng);
   RunCase({tag + "d64 (fallback)", Params(16, 4, 64, 64, 16), {{0, 65}, {128, 64}, {33, 1}}}, rng);
   RunCase({tag + "d32 (fallback)", Params(8, 2, 32, 32, 16), {{0, 70}}}, rng);
-  ASSERT_TRUE(SetPagedAttentionPrefillKernel(default_kernel).ok());
 }
 
 }  // namespace

@@ -1,25 +1,25 @@
-// FlashAttention-2 style paged prefill kernels (paged_prefill_fa2.cu), launched by
-// PagedAttentionCuda for SetPagedAttentionPrefillKernel 3..7: their argument block, host
-// entry points, and the mma.sync / ldmatrix wrappers they use (the same instructions as
-// paged_attention.cu's kernels; that file keeps private copies while it is being edited
-// elsewhere — switching it to these is a mechanical follow-up).
+// The paged prefill kernels' shared pieces: their argument block (Fa2Args), the epilogue
+// (StorePrefillRows), the mma.sync / ldmatrix wrappers, and the host entry points of the
+// FlashAttention-2 style kernel (paged_prefill_fa2.cu).
 #ifndef SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 #define SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 
 namespace sluice::kernels::paged_detail {
 
 using bf16 = __nv_bfloat16;
 
-// Kernel arguments shared by paged_attention.cu's kernels (its AttnArgs extends them; see
-// PagedAttentionCuda for their meaning).
+// Kernel arguments shared by every paged attention kernel (paged_attention_launch.cuh's AttnArgs
+// extends them for the decode kernels; see PagedAttentionCuda for their meaning).
 struct Fa2Args {
   const bf16* q;
   int64_t q_token_stride;
@@ -132,37 +132,80 @@ static __device__ __forceinline__ void LdMatrixX4TransAt(uint32_t (&r)[4], uint3
                : "r"(smem_addr));
 }
 
-// ---- FlashAttention-2 style prefill kernels (paged_prefill_fa2.cu) ----
-// Configurations (SetPagedAttentionPrefillKernel 3.. → config 0..kNumFa2Configs − 1), all
-// 128 query rows × 64-key tiles per CTA:
-//   0 (kernel 3): 4 warps × 2 m16 tiles, 2 stages, Q re-read from shared memory per key tile;
-//      2 CTAs per SM (102 KiB of shared memory each at d 128).
-//   1 (kernel 4): 8 warps × 1 m16 tile, 2 stages, Q fragments held in registers for the whole
-//      key loop; 1 CTA per SM.
-//   2 (kernel 5): as 1 with 3 stages (136 KiB).
-//   3 (kernel 6): as 0 with a lighter K/V copy path (paged_prefill_fa2.cu, "kLean").
-//   4 (kernel 7): as 3, the next tile's copies issued after Q·Kᵀ instead of before ("kLate").
-constexpr int kNumFa2Configs = 5;
+// PrefillSoftmaxStep: one key tile's online-softmax step (FlashAttention-2) for a warp's m16
+// tile of query rows, as the MMA-tile, FA2 and wgmma prefill kernels keep it: this thread holds
+// rows g and g + 8, score tile n the keys 8n + 2t, +1 (s[n][2i + e]: row g + 8i; raw, unscaled
+// scores, masked ones −inf), output column tile u likewise (acc[u][2i + e]). The running max
+// stays in raw score units and the scale folds into the exponent, P = 2^(s·c − m·c) with
+// c = scale·log2(e) > 0: one FFMA + MUFU per score. row_sum (this thread's partial sums) and
+// acc are rescaled only when some row of the warp raised its max (exact: otherwise every
+// factor is 1). P comes out rounded to bf16 as the A fragments of P·V: the C fragments of
+// score tiles 2k and 2k + 1 are exactly the A fragment of P's k-step k.
+template <int kSTiles, int kVTiles>
+__device__ __forceinline__ void PrefillSoftmaxStep(const float (&s)[kSTiles][4], float c_log2,
+                                                   float (&row_max)[2], float (&row_sum)[2],
+                                                   float (&acc)[kVTiles][4],
+                                                   uint32_t (&p_frag)[kSTiles / 2][4]) {
+  float neg_base[2], alpha[2];
+  bool raised = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = row_max[i];
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf)
+    // is 0 rather than NaN.
+    const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
+    const bool up = mx != row_max[i];
+    alpha[i] = up ? attention_detail::Exp2(row_max[i] * c_log2 - mb) : 1.0f;
+    raised |= up;
+    row_max[i] = mx;
+    row_sum[i] *= alpha[i];
+    neg_base[i] = -mb;
+  }
+  if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[u][0] *= alpha[0];
+      acc[u][1] *= alpha[0];
+      acc[u][2] *= alpha[1];
+      acc[u][3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kSTiles; ++n) {
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[e] = attention_detail::Exp2(fmaf(s[n][e], c_log2, neg_base[e >> 1]));
+      row_sum[e >> 1] += p[e];
+    }
+    p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
+    p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+  }
+}
 
-// Whether the FA2 kernels serve (head_dim, v_head_dim): both ≤ 128 and the larger > 32
+// ---- FlashAttention-2 style prefill kernel (paged_prefill_fa2.cu) ----
+// Whether the FA2 kernel serves (head_dim, v_head_dim): both ≤ 128 and the larger > 32
 // (padded to 64 or 128 columns). Others must use another prefill kernel.
 inline bool Fa2Supports(int64_t head_dim, int64_t v_head_dim) {
   const int64_t m = head_dim > v_head_dim ? head_dim : v_head_dim;
   return m > 32 && m <= 128;
 }
 
-// Query rows (token · group + head) per CTA of every configuration.
+// Query rows (token · group + head) per CTA.
 constexpr int kFa2RowsPerCta = 128;
 
-// CTAs of `config` resident per SM at the padded dims of (head_dim, v_head_dim) (≥ 1; 1 on
-// errors). Requires Fa2Supports.
-int Fa2Occupancy(int config, int64_t head_dim, int64_t v_head_dim);
+// CTAs resident per SM at the padded dims of (head_dim, v_head_dim) (≥ 1; 1 on errors).
+// Requires Fa2Supports.
+int Fa2Occupancy(int64_t head_dim, int64_t v_head_dim);
 
-// Launches `config` over `grid` = (m tiles · KV heads · splits, 1, sequences), linear x with
-// the longest query tiles first (as PagedPrefillKernel). Requires Fa2Supports and
+// Launches the kernel over `grid` = (m tiles · KV heads · splits, 1, sequences), linear x with
+// the longest query tiles first (as PagedMmaPrefillKernel). Requires Fa2Supports and
 // args.scale_log2 > 0. `pdl`: launch as a programmatic dependent.
-absl::Status LaunchFa2Prefill(int config, const Fa2Args& args, dim3 grid, cudaStream_t stream,
-                              bool pdl);
+absl::Status LaunchFa2Prefill(const Fa2Args& args, dim3 grid, cudaStream_t stream, bool pdl);
 
 }  // namespace sluice::kernels::paged_detail
 

@@ -1,13 +1,13 @@
-// Paged prefill attention on Hopper tensor cores with wgmma (SetPagedAttentionPrefillKernel 15;
+// Paged prefill attention on Hopper tensor cores with wgmma (PagedPrefillKernel::kWgmma;
 // paged_prefill_wgmma.h). sm_90a only: wgmma exists in no other architecture, so there the
 // kernel's body is a __trap() guard and WgmmaPrefillSupports keeps PagedAttentionCuda off it.
 //
 // Same semantics, GQA row packing (row = token · group + head-in-group, 128 rows a CTA), paging,
 // split-KV partials, causal masking and epilogue (StorePrefillRows) as the FlashAttention-2
-// kernels of paged_prefill_fa2.cu; what differs is the matrix instruction. mma.sync m16n8k16
-// (kernel 3) reaches ~290 TFLOP/s here; wgmma.mma_async, where a warpgroup (4 warps, 128
-// threads) multiplies a 64-row A by an N-column B read straight from shared memory through
-// matrix descriptors, is what reaches the rest of the H200's bf16 rate (PTX ISA, "Asynchronous
+// kernel of paged_prefill_fa2.cu; what differs is the matrix instruction. mma.sync m16n8k16
+// leaves much of Hopper's tensor-core rate unused; wgmma.mma_async, where a warpgroup (4 warps,
+// 128 threads) multiplies a 64-row A by an N-column B read straight from shared memory through
+// matrix descriptors, is what reaches the rest of the bf16 rate (PTX ISA, "Asynchronous
 // Warpgroup Level Matrix Multiply-Accumulate Instructions"; Shah et al., "FlashAttention-3",
 // 2024, arXiv:2407.08608, for using it in attention). Design (our own, simpler than FA3: no
 // TMA, no producer warps, no overlap of one tile's softmax with the next tile's Q·Kᵀ inside a
@@ -19,8 +19,9 @@
 //    barrier and land while this tile is computed.
 //  * S = Q·Kᵀ: 8 × wgmma m64n64k16 (A = Q, B = K, both from shared memory, K-major), fp32
 //    accumulators in registers (32 a thread).
-//  * Online softmax in registers as kernel 3 (raw-score running max, exp2 with the scale folded
-//    into one FFMA, O rescaled only when some row of the warp raised its max). The accumulator
+//  * Online softmax in registers as the FA2 kernel (PrefillSoftmaxStep: raw-score running max,
+//    exp2 with the scale folded into one FFMA, O rescaled only when some row of the warp raised
+//    its max). The accumulator
 //    layout of wgmma .m64nNk16 per warp is the m16n8 C-fragment layout repeated over n (PTX ISA,
 //    "Register Fragments and Shared Memory Matrix Layouts" of wgmma: lane holds rows lane/4 and
 //    lane/4 + 8 of its warp's 16, columns 8i + 2(lane%4) + {0,1}), and wgmma's register A
@@ -53,19 +54,8 @@
 //    for the other warpgroup) and masks only tiles that straddle its diagonal or a partition
 //    edge. The grid runs the longest query tiles first (as the other prefill kinds).
 //  * ptxas (nvcc 13, sm_90a): 128 registers, 24 bytes of spill stores / 40 of loads.
-//  * H200, Llama-3-8B prefill, one sequence, 32 layers (cuda_decode_bench --batches 1
-//    --decode-steps 8 --prefill 4096,16384 --breakdown 1, device runs of 2026-11-29/30): attention
-//    at 16k 204.5 / 205.4 and 201.0 / 199.1 ms against 242.3 / 242.6 and 236.2 / 237.2 ms for
-//    kernel 3 in the same calls (≈ 350 against ≈ 295 TFLOP/s of causal attention; prefill 554.2 /
-//    554.4 vs 597.2 / 597.3 ms, 537.5 / 539.0 vs 580.3 / 581.5 ms); at 4k 13.8 / 13.6 vs 16.4 /
-//    16.1 ms. Variants tried on the way (branch hW, commit 3792f94 and the next; removed here):
-//    1 CTA per SM with 255 registers for 128-key tiles (shared or register Q), 64-key tiles with Q
-//    in registers, and the latter with the next tile's Q·Kᵀ issued before this tile's softmax
-//    (FA3 §3.2): 16k attention 238.8 / 240.5 / 263.5 / 250 ms, all slower than this 2-CTA form
-//    (4 warpgroups per SM overlap each other's softmax and wgmma better than 2 pipelined ones), and
-//    the 128-key register-Q one was wrong (not debugged). Next steps: a producer warp with TMA or a
-//    third warpgroup so K/V copies and barriers leave the consumer warpgroups, and the FA3
-//    pipeline at 2 CTAs per SM (needs registers for a second score tile).
+//  * Faster than the FA2 kernel at Llama-3-8B prefill on an H200; 1-CTA, register-Q and
+//    FA3-pipelined forms measured slower (bench/results/paged_attention_variants.md).
 #include "kernels/attention/paged_prefill_wgmma.h"
 
 #include <cuda_bf16.h>
@@ -215,11 +205,6 @@ static __device__ __forceinline__ void WgmmaRsM64N128K16T(float (&d)[64], const 
         "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 #endif
-}
-
-static __device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 __global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args args) {
@@ -376,49 +361,13 @@ __global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args 
       }
     }
 
-    // Online softmax (as paged_prefill_fa2.cu); P = 2^(s·c − m·c) as bf16 A fragments: k16 step kk
-    // takes score chunks 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
-    float neg_base[2], alpha[2];
-    bool raised = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = row_max[0][h];
-#pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-        mx = fmaxf(mx, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with nothing visible yet keeps max −inf; exponentiate against 0 so that 2^(−inf) is 0
-      // rather than NaN.
-      const float mb = mx == -INFINITY ? 0.0f : mx * c_log2;
-      const bool up = mx != row_max[0][h];
-      alpha[h] = up ? Exp2(row_max[0][h] * c_log2 - mb) : 1.0f;
-      raised |= up;
-      row_max[0][h] = mx;
-      row_sum[0][h] *= alpha[h];
-      neg_base[h] = -mb;
-    }
-    if (__any_sync(0xffffffffu, raised)) {
-#pragma unroll
-      for (int u = 0; u < kD / 8; ++u) {
-        o[4 * u + 0] *= alpha[0];
-        o[4 * u + 1] *= alpha[0];
-        o[4 * u + 2] *= alpha[1];
-        o[4 * u + 3] *= alpha[1];
-      }
-    }
+    // Online softmax (PrefillSoftmaxStep): s[4n + 2h + e] and o[4u + 2h + e] are the m16n8 C
+    // layouts it takes as s[n][2h + e] and acc[u][2h + e]; P's k16 step kk takes score chunks
+    // 2kk (a0: row g, a1: row g + 8) and 2kk + 1 (a2, a3).
     uint32_t p[kBN / 16][4];
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        e4[e] = Exp2(fmaf(s[4 * n + e], c_log2, neg_base[e >> 1]));
-        row_sum[0][e >> 1] += e4[e];
-      }
-      p[n / 2][(n & 1) * 2 + 0] = PackBf16x2(e4[0], e4[1]);
-      p[n / 2][(n & 1) * 2 + 1] = PackBf16x2(e4[2], e4[3]);
-    }
+    PrefillSoftmaxStep<kBN / 8, kD / 8>(*reinterpret_cast<const float(*)[kBN / 8][4]>(s), c_log2,
+                                        row_max[0], row_sum[0],
+                                        *reinterpret_cast<float(*)[kD / 8][4]>(o), p);
 
     // O += P·V; V MN-major: k16 step kk starts at key 16·kk (16 rows × 128 B).
     const uint64_t v_desc = SmemDesc(k_smem + kOperandBytes, kBlockBytes, 1024);

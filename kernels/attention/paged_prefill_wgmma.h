@@ -1,5 +1,5 @@
-// Hopper (sm_90a) wgmma paged prefill attention (SetPagedAttentionPrefillKernel
-// 15), launched by PagedAttentionCuda: host entry points. The kernel and its
+// Hopper (sm_90a) wgmma paged prefill attention (PagedPrefillKernel::kWgmma, the
+// default), launched by PagedAttentionCuda: host entry points. The kernel and its
 // design notes are in paged_prefill_wgmma.cu.
 #ifndef SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_WGMMA_H_
 #define SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_WGMMA_H_
@@ -15,9 +15,6 @@ namespace sluice::kernels::paged_detail {
 // paged_prefill_device.cuh (device code: not included here, so host .cc files may include this).
 struct Fa2Args;
 
-// SetPagedAttentionPrefillKernel's number for this kernel.
-constexpr int kWgmmaPrefillKernel = 15;
-
 // Query rows (token · group + head) per CTA: two warpgroups of 64.
 constexpr int kWgmmaRowsPerCta = 128;
 
@@ -26,7 +23,7 @@ constexpr int kWgmmaRowsPerCta = 128;
 // (finite), no sliding window, and a compute capability 9.0 device running this
 // binary's sm_90a code (wgmma exists only there; code built for other
 // architectures holds a __trap() guard in its place). Other launches must use another prefill
-// kernel (PagedAttentionCuda falls back to kernel 3).
+// kernel (PagedAttentionCuda falls back to the FA2 kernel).
 bool WgmmaPrefillSupports(int64_t head_dim, int64_t v_head_dim, float scale,
                           int64_t sliding_window);
 

@@ -11,11 +11,9 @@
 //     the copy bandwidth (each timed call reads other sequences' blocks than the previous one,
 //     so the KV comes from HBM, not L2), and causal prefill of 4k/16k tokens in TFLOP/s
 //     (4·head_dim·heads per visible query-key pair: Q·Kᵀ and P·V) per prefill kernel
-//     (SetPagedAttentionPrefillKernel: the default, then 0, 1, 3, 4, 5, 6, 7);
-//     Decode rows come per decode kernel (SetPagedAttentionDecodeKernel; "kernel" 0 is the
-//     default the engine runs, 1 the CTA-tile kernel, 2-7 the warp-ring shapes, 8/9 the
-//     persistent decode warps (8 where the grid fills the GPU, else as 0; 9 always); "pdl" the
-//     default kernel as a programmatic dependent launch), as A/B; "us" is the device time of a
+//     (PagedAttentionOptions::prefill_kernel: "wgmma", the default, then "fa2", "mma", "cta");
+//     Decode rows come per decode kernel (PagedAttentionOptions::decode_kernel: "auto", the
+//     default the engine runs, "rings", "persistent"), as A/B; "us" is the device time of a
 //     call replayed from a CUDA graph (as the engine's decode steps run), "us_eager" that of
 //     eager calls (host launch costs included);
 //   - MLA latent attention at DeepSeek-V2-Lite shapes: decode at batch 1/64 × context 1k/8k
@@ -207,28 +205,25 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     return b;
   };
   nlohmann::json decode = nlohmann::json::array();
-  const int default_kernel = PagedAttentionDecodeKernel();
-  // (kernel, programmatic dependent launch): every kernel, then the default with PDL
-  // (SetPagedAttentionPdl: the combine's launch overlaps the attention kernel's tail).
-  const std::pair<int, bool> variants[] = {{0, false}, {1, false}, {2, false},
-                                           {3, false}, {4, false}, {5, false},
-                                           {6, false}, {7, false}, {8, false},
-                                           {9, false}, {0, true}};
-  for (const auto& [kernel, pdl] : variants) {
-    if (absl::Status s = SetPagedAttentionDecodeKernel(kernel); !s.ok()) return s;
-    SetPagedAttentionPdl(pdl);
+  const std::pair<const char*, PagedDecodeKernel> decode_kernels[] = {
+      {"auto", PagedDecodeKernel::kAuto},
+      {"rings", PagedDecodeKernel::kWarpRings},
+      {"persistent", PagedDecodeKernel::kPersistentWarps}};
+  for (const auto& [kernel, decode_kernel] : decode_kernels) {
+    PagedAttentionOptions options;
+    options.decode_kernel = decode_kernel;
     for (const int64_t ctx : {int64_t{1024}, kMaxCtx}) {
       if (absl::Status s = set_context(ctx); !s.ok()) return s;
       for (const int64_t batch : {int64_t{1}, int64_t{64}, int64_t{256}}) {
         const PagedAttentionCudaBatch b = decode_batch(batch, ctx);
-        const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+        const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p, options);
         SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
         int64_t call = 0;
         auto step = [&]() {
           PagedAttentionCudaBatch shifted = b;
           shifted.block_tables = d_tables.data() + ((call++ * batch) % kSeqs) * blocks_per_seq;
           return PagedAttentionCuda(q.data(), 32 * 128, k_cache.data(), v_cache.data(), shifted, p,
-                                    ws.data(), o.data(), stream);
+                                    ws.data(), o.data(), stream, options);
         };
         SLUICE_ASSIGN_OR_RETURN(auto eager_ms,
                                 TimeMs(step, 3, batch == 256 && ctx == kMaxCtx ? 10 : 50, stream));
@@ -237,7 +232,6 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
         const double kv_bytes = 2.0 * batch * ctx * p.num_kv_heads * 128 * sizeof(bf16);
         const double gbps = kv_bytes / (ms * 1e-3) / 1e9;
         decode.push_back({{"kernel", kernel},
-                          {"pdl", pdl},
                           {"batch", batch},
                           {"context", ctx},
                           {"kv_bytes_read", kv_bytes},
@@ -249,8 +243,6 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       }
     }
   }
-  SetPagedAttentionPdl(false);
-  if (absl::Status s = SetPagedAttentionDecodeKernel(default_kernel); !s.ok()) return s;
 
   // MLA latent attention at DeepSeek-V2-Lite shapes (16 heads, kv_lora_rank 512, rope 64):
   // decode over 1k/8k contexts; latent rows of 576 are read through the K buffer's blocks.
@@ -336,12 +328,17 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
                            {"tflops", flops / (ms * 1e-3) / 1e12}});
   }
 
-  // Prefill per prefill kernel (SetPagedAttentionPrefillKernel; the default first), as A/B.
+  // Prefill per prefill kernel (PagedAttentionOptions::prefill_kernel; the default first), as
+  // A/B.
   nlohmann::json prefill = nlohmann::json::array();
-  const int default_prefill = PagedAttentionPrefillKernel();
-  for (const int kernel : {default_prefill, 0, 1, 3, 4, 5, 6, 7}) {
-    if (kernel == default_prefill && !prefill.empty()) continue;
-    if (absl::Status s = SetPagedAttentionPrefillKernel(kernel); !s.ok()) return s;
+  const std::pair<const char*, PagedPrefillKernel> prefill_kernels[] = {
+      {"wgmma", PagedPrefillKernel::kWgmma},
+      {"fa2", PagedPrefillKernel::kFa2},
+      {"mma", PagedPrefillKernel::kMmaTiles},
+      {"cta", PagedPrefillKernel::kCtaTiles}};
+  for (const auto& [kernel, prefill_kernel] : prefill_kernels) {
+    PagedAttentionOptions options;
+    options.prefill_kernel = prefill_kernel;
     for (const int64_t tokens : {int64_t{4096}, max_tokens}) {
       const std::vector<int32_t> one_start = {0, static_cast<int32_t>(tokens)};
       const std::vector<int32_t> zero = {0};
@@ -358,13 +355,13 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
       b.num_tokens = tokens;
       b.max_query_len = tokens;
       b.max_seq_len = tokens;
-      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p);
+      const size_t ws_bytes = PagedAttentionCudaWorkspaceBytes(b, p, options);
       SLUICE_ASSIGN_OR_RETURN(auto ws, DeviceBuffer<uint8_t>::Create(ws_bytes));
       SLUICE_ASSIGN_OR_RETURN(auto ms, TimeMs(
                                            [&]() {
                                              return PagedAttentionCuda(
                                                  q.data(), 32 * 128, k_cache.data(), v_cache.data(),
-                                                 b, p, ws.data(), o.data(), stream);
+                                                 b, p, ws.data(), o.data(), stream, options);
                                            },
                                            3, tokens == 4096 ? 50 : 10, stream));
       const double pairs = 0.5 * static_cast<double>(tokens) * static_cast<double>(tokens + 1);
@@ -376,7 +373,6 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
                          {"tflops", flops / (ms * 1e-3) / 1e12}});
     }
   }
-  if (absl::Status s = SetPagedAttentionPrefillKernel(default_prefill); !s.ok()) return s;
   return nlohmann::json{
       {"shape",
        {{"num_heads", 32}, {"num_kv_heads", 8}, {"head_dim", 128}, {"block_size", kBlock}}},
