@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/cuda/batched_gemm.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_core.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
@@ -20,6 +20,17 @@
 
 namespace sluice::cuda_runner {
 namespace {
+
+using kernels::AddInPlaceCuda;
+using kernels::CopyHeadsCuda;
+using kernels::HeadSpans;
+using kernels::kMlaAbsorbMaxTokens;
+using kernels::MlaAbsorbQueryCuda;
+using kernels::MlaAssembleKvCuda;
+using kernels::MlaGatherLatentCuda;
+using kernels::MlaPrologueAbsorbCuda;
+using kernels::MlaPrologueArgs;
+using kernels::MlaPrologueCuda;
 
 // One decoder layer on the device.
 struct MlaLayer {

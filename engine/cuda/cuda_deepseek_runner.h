@@ -17,7 +17,7 @@
 //   n_shared_experts); steps of at most kernels::kMoeFusedMaxTokens tokens take the fused MoE
 //   decode path (kernels/moe/moe_cuda.h: routing, then the routed and shared experts in two
 //   launches). The latent row write and the queries' rope run in one launch (MlaPrologueCuda,
-//   deepseek_kernels.h) and, for steps of at most kMlaAbsorbMaxTokens tokens, together with the
+//   kernels/mla_attention/mla_plumbing_cuda.h) and, for steps of at most kMlaAbsorbMaxTokens tokens, together with the
 //   query absorption as a GEMV (MlaPrologueAbsorbCuda) instead of cuBLAS's batched GEMM, and the
 //   split-KV combine with W_UV (MlaLatentAttentionVUpCuda). Steps with long queries
 //   (CudaRunnerOptions::mla) take MLA's MHA form. Then the final AddRmsNorm, the wanted rows,

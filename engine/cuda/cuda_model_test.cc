@@ -33,7 +33,6 @@
 #include "engine/cuda/cuda_deepseek_runner.h"
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/sample/sampler.h"
@@ -42,6 +41,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
@@ -50,6 +50,17 @@
 
 namespace sluice::cuda_runner {
 namespace {
+
+using kernels::AddInPlaceCuda;
+using kernels::CopyHeadsCuda;
+using kernels::HeadSpans;
+using kernels::kMlaAbsorbMaxTokens;
+using kernels::MlaAbsorbQueryCuda;
+using kernels::MlaAssembleKvCuda;
+using kernels::MlaGatherLatentCuda;
+using kernels::MlaPrologueAbsorbCuda;
+using kernels::MlaPrologueArgs;
+using kernels::MlaPrologueCuda;
 
 constexpr float kMaxLogitDiff = 0.15f;
 constexpr double kMinTop1 = 0.9;

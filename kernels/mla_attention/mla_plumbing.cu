@@ -1,4 +1,4 @@
-#include "engine/cuda/deepseek_kernels.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 
 #include <algorithm>
 
@@ -7,7 +7,7 @@
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 
-namespace sluice::cuda_runner {
+namespace sluice::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -523,4 +523,4 @@ absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows
   return kernels::CudaLaunchStatus("AssembleKvKernel");
 }
 
-}  // namespace sluice::cuda_runner
+}  // namespace sluice::kernels

@@ -1,8 +1,11 @@
-// Small CUDA kernels of the DeepSeek runner (cuda_deepseek_runner.cc) that are layout plumbing
-// rather than model ops. Launcher conventions: kernels/cuda/cuda_common.h (device pointers,
-// enqueued on `stream`, no synchronization, graph-capturable).
-#ifndef SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
-#define SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
+// The per-token MLA plumbing around the attention core (mla_attention_cuda.h) that the DeepSeek
+// runner (engine/cuda/cuda_deepseek_runner.cc) launches: the latent prologue (kv_a norm, RoPE,
+// latent cache write), the absorbed query, and the MHA form's gather and K/V assembly; plus two
+// layout helpers. mla_plumbing.h has the CPU references. Launcher conventions:
+// kernels/cuda/cuda_common.h (device pointers, enqueued on `stream`, no synchronization,
+// graph-capturable).
+#ifndef SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_
+#define SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_
 
 #include <cstdint>
 
@@ -10,9 +13,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 
-namespace sluice::cuda_runner {
-
-using kernels::bf16;
+namespace sluice::kernels {
 
 // StridedCopy describes [num_tokens, num_heads, width] bf16 spans of a wider buffer:
 // element (t, h, i) is at ptr[t · token_stride + h · head_stride + i].
@@ -143,6 +144,6 @@ absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows
                                int64_t dn, int64_t dr, int64_t dv, bf16* k, bf16* v,
                                cudaStream_t stream);
 
-}  // namespace sluice::cuda_runner
+}  // namespace sluice::kernels
 
-#endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
+#endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_
