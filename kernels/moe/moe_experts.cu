@@ -64,10 +64,9 @@ __global__ void __launch_bounds__(kSortThreads)
 // expert's rows are taken kRows at a time (kRows >= the expert's row count in the usual case:
 // a token picks an expert at most once, so counts <= num_tokens; the host picks kRows from it).
 // kGateUp: weight rows col (gate) and n + col (up) of w [E, 2n, k]; else row col of w [E, n, k].
-// GemvColumn: output column col of one expert (weights we) for sorted rows [begin, end);
-// kVecs > 0 (the fused decode path): WarpDotChunked with kVecs weight vectors per lane in
-// flight per row (same sums, bit for bit); 0: WarpDotRows.
-template <bool kGateUp, int kRows, int kVecs>
+// GemvColumn: output column col of one expert (weights we) for sorted rows [begin, end)
+// (WarpDotRows; the fused decode path's pipelined warps give the same sums bit for bit).
+template <bool kGateUp, int kRows>
 __device__ __forceinline__ void GemvColumn(const ARows& a_rows, const bf16* we, int n, int col,
                                            int begin, int end, bf16* c) {
   const int lane = threadIdx.x & 31;
@@ -82,11 +81,7 @@ __device__ __forceinline__ void GemvColumn(const ARows& a_rows, const bf16* we, 
 #pragma unroll
     for (int j = 0; j < kRows; ++j) a[j] = a_rows.Row(p0 + (j < rows ? j : 0));
     float acc[kMats][kRows];
-    if constexpr (kVecs > 0) {
-      WarpDotChunked<kMats, kRows, kVecs>(wr, a, rows, k, acc);
-    } else {
-      WarpDotRows<kMats, kRows>(wr, a, rows, k, acc);
-    }
+    WarpDotRows<kMats, kRows>(wr, a, rows, k, acc);
 #pragma unroll
     for (int j = 0; j < kRows; ++j) {
       if (j < rows && lane == j) {
@@ -108,7 +103,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (col >= n) return;
   const int e = active[slot];
   constexpr int kMats = kGateUp ? 2 : 1;
-  GemvColumn<kGateUp, kRows, 0>(a_rows, w + static_cast<int64_t>(e) * kMats * n * a_rows.k, n,
+  GemvColumn<kGateUp, kRows>(a_rows, w + static_cast<int64_t>(e) * kMats * n * a_rows.k, n,
                                 col, offsets[e], offsets[e + 1], c);
 }
 

@@ -31,7 +31,7 @@ using moe_detail::WarpDotChunked;
 using moe_detail::WarpDotRows;
 
 
-// ---- Pipelined warp dot products (the fused decode path). The GEMV kernels above give each warp
+// ---- Pipelined warp dot products. The GEMV path's kernels (moe_experts.cu) give each warp
 // one output column and one round trip to memory (issue every weight load, wait, reduce,
 // exit), so all warps of a wave wait at once and the memory pipe drains between waves. Here a
 // warp walks a list of tasks (kMats weight rows times a few activation rows each) in chunks of
@@ -58,7 +58,7 @@ struct PipeStep {
 // ... of [begin, end): sink(q, p0, rows, acc) with acc[m][j] = Σ_i w_m[i] · a[p0 + j][i] on
 // every lane. Each lane adds its products in the order of WarpDotChunked / WarpDotRows (vectors
 // lane, lane + 32, ... ascending; FmaVec's q order) from 0, then the same butterfly: sums bit
-// for bit equal to GemvColumn's / DownPair's. Warp-uniform arguments; every lane calls it.
+// for bit equal to GemvColumn's (moe_experts.cu). Warp-uniform arguments; every lane calls it.
 // a.k % 8 == 0, rows 16-byte aligned.
 template <int kMats, int kRows, int kVecs, typename TaskAt, typename Sink>
 __device__ __forceinline__ void PipelinedWarpDots(int first, int stride, int count,
