@@ -4,7 +4,7 @@
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-decode-kernel auto] [--attn-prefill-kernel wgmma] [--tp 1]
-//                     [--moe-decode-variant 0] [--moe-gemv-max-tokens 8] [--out OUT.json]
+//                     [--mla-prefill-mha-min 64] [--moe-prefill-gemm 256] [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes). --prefill "" skips the prefill
 // figures (decode A/B runs).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
@@ -46,51 +46,18 @@
 // (CudaRunnerOptions::attention.prefill_kernel, kernels::PagedPrefillKernel: wgmma, the default,
 // then fa2, mma, cta where the earlier ones do not serve), for A/B runs (prefill rows
 // "attention").
-// --moe-decode-variant N: the MoE path of DeepSeek decode steps (kernels::SetMoeDecodeVariant:
-// 0 separate launches, 1 fused route + experts, 2 also the fused MLA prologue, 3 also the
-// shared experts inside the fused expert launches, 4 also the multi-block routing with the shared
-// gate/up in its launch, 5 pipelined persistent expert kernels, 6 also a programmatic gate/up
-// launch, 7 also the shared gate/up at the head of the experts' gate/up launch, before its
-// routing wait, 8 the whole MoE block in one persistent cooperative launch with grid barriers
-// (kernels/moe/moe_cuda.h); default: the library's), for A/B runs.
-// --moe-block-tuning N: A/B flags of decode variant 8 (kernels::SetMoeBlockDecodeTuning: 1 no
-// shared-down L2 prefetch, 2 no routed-down L2 prefetch, 4 one block per SM, 8 barrier-poll
-// backoff, 32 route first and stream shared + routed gate/up as one list, 64 a plain (not
-// cooperative) launch, 128 the down phase through a per-warp cp.async ring in shared memory
-// with its first chunks issued before the grid barrier; default 3, kernels::kMoeBlockTuneDefault).
-// --mla-decode-fusion N: launch fusion of DeepSeek's MLA block at decode sizes
-// (kernels::SetMlaDecodeFusion: 0 none, the default; 1 prologue + absorbed query; 2 also the
-// split-KV combine + W_UV projection; 3 also programmatic dependent launches), for A/B runs.
-// --mla-pdl-mask M: which programmatic-dependent-launch pieces of the MLA decode block are on
-// (kernels::SetMlaDecodePdlMask: -1 from --decode-pdl, the default: 19 at level 1, 27 at level
-// 2, 0 at level 0; else bits 1 absorb launch
-// dependent, 2 + its W_UK preload, 4 its trigger after the wait, 8 W_UV preload, 16 o_proj
-// trigger after the combine's wait, 32 the attention's trigger at its exit; 27 is what
-// --decode-pdl 2 turns on), for A/B runs.
-// --mla-l2-prefetch M: weights a kernel of the MLA chain pulls into L2
-// (kernels::SetMlaDecodeL2Prefetch: bit 1 o_proj, bit 2 kv_b_proj; asked by the attention
-// kernel, by the combine + W_UV kernel with 4, by the prologue launch with 8; default 0).
-// --mla-early-kv 0|1: the MLA decode kernel's metadata reads and first older-row copies before
-// its dependency wait (kernels::SetMlaDecodeEarlyKv; default 1), for A/B runs.
-// --mla-prefill-kernel N: the MLA prefill attention kernel (kernels::SetMlaPrefillKernel: 0 the
-// 4-token tile kernel, the default; 1 the pipelined one), for A/B runs.
-// --mla-prefill-mode N: DeepSeek MLA attention of large steps (kernels::SetMlaPrefillMode: 0 the
-// absorbed form, the default; 1 the MHA form for steps with a query of >= 64 tokens), for A/B runs.
-// --gemv-norm-fusion SITES: decode GEMVs with the residual add + RMSNorm in front fused
-// (kernels::SetGemvNormFusion: 1 before attention, 2 before the MLP, 3 both; default 0), for A/B.
+// --mla-prefill-mha-min N: DeepSeek steps whose longest query has >= N tokens compute MLA
+// attention in the MHA form (CudaRunnerOptions::mla; default 64; 0: absorbed everywhere).
 // --decode-pdl 0..3: decode-step kernels launched as programmatic dependents of the kernel
 // before each (kernels::SetDecodePdlLevel: 1 the model-independent kernels, 2 also the DeepSeek
 // MLA kernels, 3 also the MoE kernels), for A/B runs.
-// --gemv-pdl-prefetch 0|1|2: what a GEMV reads of its weights before its dependency wait under
-// --decode-pdl 1 (kernels::SetGemvPdlPrefetch: 0 nothing, 1 the first round of loads into
-// registers, the default, 2 that plus an L2 prefetch of the warp's whole weight slice).
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
-// per decode shape (kernels::SetGemmTuneCandidates, 1..64; default 8), for A/B runs.
+// per decode shape (CudaRunnerOptions::linear.tune_candidates, 1..64; default 8).
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
-// (kernels::SetGemmAlgoSearch: 1 enumerated cuBLASLt algorithms, 2 two-part N splits, 4 their
-// parts on two streams; default 0), for A/B runs; gemm_plans then names each pick.
+// (CudaRunnerOptions::linear.algo_search: 1 enumerated cuBLASLt algorithms, 2 two-part N
+// splits, 4 their parts on two streams; default 0); gemm_plans then names each pick.
 // --gemm-skinny 0|1: whether the GEMM autotuner times the skinny tensor-core GEMM for decode
-// shapes of 2..16 rows (kernels::SetGemmSkinnyTuning; default 1), for A/B runs.
+// shapes of 2..16 rows (CudaRunnerOptions::linear.skinny_tuning; default 1), for A/B runs.
 // --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
 // (CudaRunnerOptions::l2_persist_activations; default 1), for A/B runs.
 // --gemm-tuning PATH: the GEMM tuning table the runner loads (CudaRunnerOptions::gemm_tuning:
@@ -98,12 +65,11 @@
 // "" none, so every decode shape is timed as before). --gemm-tuning-save PATH: write the
 // process's table after the graphs are captured; with --gemm-algo-search 3 this makes the
 // table (scripts/make_gemm_tuning.sh).
-// --moe-gemv-max-tokens N: the largest step (tokens) whose routed experts take the GEMV path
-// (kernels::SetMoeGemvMaxTokens; default 8, larger steps take the grouped GEMM).
 // --moe-prefill-gemm N: steps of >= N tokens run the routed experts' GEMMs per expert on
-// cuBLASLt (kernels::SetMoePrefillGemm; 0, the default: the grouped WMMA GEMM; 256 suggested).
-// --moe-prefill-streams N: spread those GEMMs over N streams (kernels::SetMoePrefillGemmStreams,
-// 1..4; default 1).
+// cuBLASLt (CudaRunnerOptions::moe.prefill_gemm_min_tokens; default 256; 0: the grouped WMMA
+// GEMM at every size).
+// --moe-prefill-streams N: spread those GEMMs over N streams
+// (CudaRunnerOptions::moe.prefill_gemm_streams, 1..4; default 4).
 // Prefill, for each length T: one sequence of T tokens in one eager step; tokens/s, and model
 // FLOP/s = (2 · matmul params · T + causal attention 2 · 2 · layers · heads · head_dim · T²/2)
 // / time, as a fraction of gemm_tflops. MoE: matmul params are those a token uses (top-k routed
@@ -133,7 +99,6 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "engine/cuda/cuda_model.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "kernels/attention/paged_attention_cuda.h"
@@ -161,7 +126,9 @@ struct Flags {
   bool compare_untuned = false;
   kernels::PagedAttentionOptions attention;  // CudaRunnerOptions::attention
   int tp = 1;
-  int moe_decode_variant = -1;  // -1: leave the library's default
+  kernels::LinearOptions linear;  // CudaRunnerOptions::linear
+  kernels::MoeOptions moe;        // CudaRunnerOptions::moe
+  kernels::MlaOptions mla;        // CudaRunnerOptions::mla
   std::string gemm_tuning = "auto";  // CudaRunnerOptions::gemm_tuning
   std::string gemm_tuning_save;      // CudaRunnerOptions::gemm_tuning_save
   bool l2_persist = true;            // CudaRunnerOptions::l2_persist_activations
@@ -291,6 +258,9 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.gemm_tuning_save = f.gemm_tuning_save;
   o.l2_persist_activations = f.l2_persist;
   o.attention = f.attention;
+  o.linear = f.linear;
+  o.moe = f.moe;
+  o.mla = f.mla;
   o.block_size = 16;
   o.max_model_len = f.context + f.decode_steps + 16;
   o.max_num_seqs = *std::max_element(f.batches.begin(), f.batches.end());
@@ -451,6 +421,9 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
                                             double gemm_tflops) {
   const int64_t max_t = *std::max_element(f.prefill.begin(), f.prefill.end());
   CudaRunnerOptions o;
+  o.linear = f.linear;
+  o.moe = f.moe;
+  o.mla = f.mla;
   o.block_size = 16;
   o.max_model_len = max_t;
   o.max_num_tokens = max_t;
@@ -614,55 +587,19 @@ absl::Status Main(int argc, char** argv) {
       auto k = ParsePrefillKernel(v);
       if (!k.ok()) return k.status();
       f.attention.prefill_kernel = *k;
-    } else if (a == "--moe-block-tuning") {
-      int flags = 0;
-      if (!absl::SimpleAtoi(v, &flags)) return absl::InvalidArgumentError("bad --moe-block-tuning");
-      SLUICE_RETURN_IF_ERROR(kernels::SetMoeBlockDecodeTuning(flags));
-    } else if (a == "--moe-decode-variant") {
-      if (!absl::SimpleAtoi(v, &f.moe_decode_variant)) {
-        return absl::InvalidArgumentError("bad --moe-decode-variant");
+    } else if (a == "--mla-prefill-mha-min") {
+      if (!absl::SimpleAtoi(v, &f.mla.mha_prefill_min_query_len) ||
+          f.mla.mha_prefill_min_query_len < 0) {
+        return absl::InvalidArgumentError("bad " + a);
       }
-      SLUICE_RETURN_IF_ERROR(kernels::SetMoeDecodeVariant(f.moe_decode_variant));
-    } else if (a == "--mla-decode-fusion") {  // kernels::SetMlaDecodeFusion, for A/B runs
-      int level = 0;
-      if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeFusion(level));
-    } else if (a == "--mla-pdl-mask") {  // kernels::SetMlaDecodePdlMask, for A/B runs
-      int mask = 0;
-      if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodePdlMask(mask));
-    } else if (a == "--mla-l2-prefetch") {  // kernels::SetMlaDecodeL2Prefetch, for A/B runs
-      int mode = 0;
-      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeL2Prefetch(mode));
-    } else if (a == "--mla-early-kv") {  // kernels::SetMlaDecodeEarlyKv, for A/B runs
-      int mode = 0;
-      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaDecodeEarlyKv(mode));
-    } else if (a == "--mla-prefill-kernel") {  // kernels::SetMlaPrefillKernel, for A/B runs
-      int kernel = 0;
-      if (!absl::SimpleAtoi(v, &kernel)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaPrefillKernel(kernel));
-    } else if (a == "--mla-prefill-mode") {  // kernels::SetMlaPrefillMode, for A/B runs
-      int mode = 0;
-      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMlaPrefillMode(mode));
-    } else if (a == "--gemv-norm-fusion") {
-      int sites = 0;
-      if (!absl::SimpleAtoi(v, &sites)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetGemvNormFusion(sites));
     } else if (a == "--decode-pdl") {  // kernels::SetDecodePdl, for A/B runs
       int level = 0;
       if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
       SLUICE_RETURN_IF_ERROR(kernels::SetDecodePdlLevel(level));
-    } else if (a == "--gemv-pdl-prefetch") {  // kernels::SetGemvPdlPrefetch, for A/B runs
-      int mode = 0;
-      if (!absl::SimpleAtoi(v, &mode)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetGemvPdlPrefetch(mode));
     } else if (a == "--gemm-tune-candidates") {
-      int n = 0;
-      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetGemmTuneCandidates(n));
+      if (!absl::SimpleAtoi(v, &f.linear.tune_candidates)) {
+        return absl::InvalidArgumentError("bad " + a);
+      }
     } else if (a == "--gemm-tuning") {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
@@ -672,23 +609,20 @@ absl::Status Main(int argc, char** argv) {
       f.l2_persist = v == "1";
     } else if (a == "--gemm-skinny") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
-      kernels::SetGemmSkinnyTuning(v == "1");
+      f.linear.skinny_tuning = v == "1";
     } else if (a == "--gemm-algo-search") {
-      int mask = 0;
-      if (!absl::SimpleAtoi(v, &mask)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetGemmAlgoSearch(mask));
-    } else if (a == "--moe-gemv-max-tokens") {
-      int64_t n;
-      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad --moe-gemv-max-tokens");
-      SLUICE_RETURN_IF_ERROR(kernels::SetMoeGemvMaxTokens(n));
+      auto mask = kernels::ParseGemmAlgoSearchMask(v);
+      if (!mask.ok()) return mask.status();
+      f.linear.algo_search = *mask;
     } else if (a == "--moe-prefill-gemm") {
-      int64_t n;
-      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMoePrefillGemm(n));
+      if (!absl::SimpleAtoi(v, &f.moe.prefill_gemm_min_tokens) ||
+          f.moe.prefill_gemm_min_tokens < 0) {
+        return absl::InvalidArgumentError("bad " + a);
+      }
     } else if (a == "--moe-prefill-streams") {
-      int n;
-      if (!absl::SimpleAtoi(v, &n)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetMoePrefillGemmStreams(n));
+      if (!absl::SimpleAtoi(v, &f.moe.prefill_gemm_streams)) {
+        return absl::InvalidArgumentError("bad " + a);
+      }
     } else if (a == "--tp") {
       if (!absl::SimpleAtoi(v, &f.tp) || f.tp < 1) return absl::InvalidArgumentError("bad --tp");
     } else if (a == "--context" || a == "--decode-steps") {
@@ -738,25 +672,15 @@ absl::Status Main(int argc, char** argv) {
   std::printf("%s: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", gpu->c_str(), *copy, *gemm);
   std::fflush(stdout);
   out["tp"] = f.tp;
-  out["moe_decode_variant"] = kernels::MoeDecodeVariant();
-  out["moe_block_tuning"] = kernels::MoeBlockDecodeTuning();
   out["attn_decode_kernel"] = DecodeKernelName(f.attention.decode_kernel);
-  out["mla_prefill_kernel"] = kernels::MlaPrefillKernel();
-  out["mla_decode_fusion"] = kernels::MlaDecodeFusion();
-  out["mla_pdl_mask"] = kernels::MlaDecodePdlMask();
-  out["mla_l2_prefetch"] = kernels::MlaDecodeL2Prefetch();
-  out["mla_early_kv"] = kernels::MlaDecodeEarlyKv();
-  out["mla_prefill_mode"] = kernels::MlaPrefillMode();
-  out["moe_gemv_max_tokens"] = kernels::MoeGemvMaxTokens();
-  out["moe_prefill_gemm"] = kernels::MoePrefillGemmMinTokens();
-  out["moe_prefill_streams"] = kernels::MoePrefillGemmStreams();
-  out["gemm_tune_candidates"] = kernels::GemmTuneCandidates();
-  out["gemv_norm_fusion"] = kernels::GemvNormFusion();
-  out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
-  out["gemv_pdl_prefetch"] = kernels::GemvPdlPrefetch();
   out["attn_prefill_kernel"] = PrefillKernelName(f.attention.prefill_kernel);
-  out["gemm_algo_search"] = kernels::GemmAlgoSearch();
-  out["gemm_skinny"] = kernels::GemmSkinnyTuning() ? 1 : 0;
+  out["mla_prefill_mha_min"] = f.mla.mha_prefill_min_query_len;
+  out["moe_prefill_gemm"] = f.moe.prefill_gemm_min_tokens;
+  out["moe_prefill_streams"] = f.moe.prefill_gemm_streams;
+  out["gemm_tune_candidates"] = f.linear.tune_candidates;
+  out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
+  out["gemm_algo_search"] = f.linear.algo_search;
+  out["gemm_skinny"] = f.linear.skinny_tuning ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;
   out["l2_persist"] = f.l2_persist ? 1 : 0;
   nlohmann::json plans;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes or extends this GPU's GEMM tuning table, configs/gemm_tuning/<GPU name>.json
 # (kernels/linear/gemm_tuning_table.h): runs cuda_decode_bench once per model config with the
-# autotuner's wider search (SetGemmAlgoSearch mask 3: enumerated cuBLASLt configurations and
-# two-part N splits; ~30 s per model at Llama-3-8B shapes) over the decode graph buckets
+# autotuner's wider search (--gemm-algo-search 3, LinearOptions::algo_search: enumerated
+# cuBLASLt configurations and two-part N splits; ~30 s per model at Llama-3-8B shapes) over the
+# decode graph buckets
 # 1..256, loading the table first so shapes already tuned with that search are kept, and saves
 # it. Runners then load it by default (CudaRunnerOptions::gemm_tuning "auto", `sluice serve
 # --gemm-tuning`), skipping the timing for every shape it holds.

@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/cuda/batched_gemm.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_core.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
@@ -20,6 +20,17 @@
 
 namespace sluice::cuda_runner {
 namespace {
+
+using kernels::AddInPlaceCuda;
+using kernels::CopyHeadsCuda;
+using kernels::HeadSpans;
+using kernels::kMlaAbsorbMaxTokens;
+using kernels::MlaAbsorbQueryCuda;
+using kernels::MlaAssembleKvCuda;
+using kernels::MlaGatherLatentCuda;
+using kernels::MlaPrologueAbsorbCuda;
+using kernels::MlaPrologueArgs;
+using kernels::MlaPrologueCuda;
 
 // One decoder layer on the device.
 struct MlaLayer {
@@ -82,10 +93,8 @@ class DeepseekCore : public RunnerCore {
   absl::Status ValidateConfig() const;
   int64_t CountWeightBytes(bool active_only) const;
   absl::Status LoadLayer(WeightSource& src, int64_t layer, MlaLayer* L);
-  // a_done: the fused input projection is already in a_out (AddRmsNormLinearCuda).
   absl::Status EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
-                                const kernels::PagedAttentionCudaBatch& batch, void* workspace,
-                                bool a_done = false);
+                                const kernels::PagedAttentionCudaBatch& batch, void* workspace);
   absl::Status EnqueueLatentWrite(size_t li, const DeviceMeta& m, int64_t T);
   kernels::PagedAttentionParams MhaParams() const;
   int64_t MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const;
@@ -112,21 +121,21 @@ class DeepseekCore : public RunnerCore {
   std::vector<MlaLayer> layers;
   kernels::DeviceRopeTable rope;
 
-  // Activations for up to max_num_tokens tokens. residual_alt: where a GEMV with the residual
-  // add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
-  DeviceBuffer<bf16> residual, residual_alt, normed, tmp, routed, a_out, q_a_normed, q, latent, q_lat, out_lat,
+  // Activations for up to max_num_tokens tokens.
+  DeviceBuffer<bf16> residual, normed, tmp, routed, a_out, q_a_normed, q, latent, q_lat, out_lat,
       attn, gate_up, act;
   DeviceBuffer<float> router_logits, topk_weights;
   DeviceBuffer<int32_t> topk_ids;
   DeviceBuffer<uint8_t> moe_ws;
-  // cuBLASLt expert GEMMs of large steps; null unless SetMoePrefillGemm was on at load.
+  // cuBLASLt expert GEMMs of large steps; null when options.moe turns them off or no step
+  // reaches their threshold.
   std::unique_ptr<kernels::MoePrefillGemm> moe_prefill;
 
   // Paged latent cache, per layer [num_blocks, block_size, R + dr] bf16.
   std::vector<DeviceBuffer<bf16>> cache;
 
-  // MLA prefill in the MHA form (kernels::SetMlaPrefillMode; all empty and mha_blocks 0 when
-  // the mode was 0 at Init). Scratch of mha_blocks blocks of block_size context rows, shared by
+  // MLA prefill in the MHA form (options.mla; all empty and mha_blocks 0 when
+  // mha_prefill_min_query_len is 0). Scratch of mha_blocks blocks of block_size context rows, shared by
   // the layers: each step lays sequence s's context out in blocks [s·bps, (s + 1)·bps),
   // bps = ⌈max_seq_len / block_size⌉, read through the identity block table mha_table.
   int64_t mha_blocks = 0;
@@ -187,6 +196,11 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
   }
   config = c;
   SLUICE_RETURN_IF_ERROR(ValidateConfig());
+  if (o.mla.mha_prefill_min_query_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA DeepSeek runner: mla.mha_prefill_min_query_len must be >= 0, got ",
+        o.mla.mha_prefill_min_query_len));
+  }
   SLUICE_RETURN_IF_ERROR(InitCore(c, o, c.hidden_size));
   H = c.hidden_size;
   heads = c.num_attention_heads;
@@ -247,7 +261,6 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
   const int64_t T = o.max_num_tokens;
   const std::pair<DeviceBuffer<bf16>*, int64_t> acts[] = {
       {&residual, T * H},
-      {&residual_alt, T * H},
       {&normed, T * H},
       {&tmp, T * H},
       {&routed, has_moe ? T * H : 0},
@@ -277,14 +290,14 @@ absl::Status DeepseekCore::Init(const ModelConfig& c, const CudaRunnerOptions& o
     topk_weights = std::move(*tw);
     topk_ids = std::move(*ti);
     moe_ws = std::move(*ws);
-    const int64_t prefill_min = kernels::MoePrefillGemmMinTokens();
+    const int64_t prefill_min = options.moe.prefill_gemm_min_tokens;
     if (prefill_min > 0 && T >= prefill_min) {
-      auto g = kernels::MoePrefillGemm::Create(lt.get(), T, top_k, E, H, mi);
+      auto g = kernels::MoePrefillGemm::Create(lt.get(), T, top_k, E, H, mi, options.moe);
       if (!g.ok()) return g.status();
       moe_prefill = std::move(*g);
     }
   }
-  if (kernels::MlaPrefillMode() != 0) {
+  if (options.mla.mha_prefill_min_query_len > 0) {
     // Room for the longest sequence plus a full chunk of other sequences' rows.
     const int64_t bs = o.block_size;
     mha_blocks = (T + bs - 1) / bs + max_blocks_per_seq;
@@ -452,16 +465,14 @@ absl::Status DeepseekCore::AllocateCache(int64_t blocks) {
   return absl::OkStatus();
 }
 
-// EnqueueAttention reads `normed` (or, with a_done, a_out) and writes o_proj's output to `tmp`.
+// EnqueueAttention reads `normed` and writes o_proj's output to `tmp`.
 absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int64_t T,
                                             const kernels::PagedAttentionCudaBatch& batch,
-                                            void* workspace, bool a_done) {
+                                            void* workspace) {
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
-  if (!a_done) {
-    SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(), L.b_a.data(),
-                                               a_out.data(), T, a_width, H, st));
-  }
+  SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, normed.data(), L.w_a.data(), L.b_a.data(),
+                                             a_out.data(), T, a_width, H, st));
   Mark("a_gemm");
   // Query rows: q_b_proj(q_a_layernorm(q_a)), or q_proj's rows of the fused output.
   const bf16* q_src = a_out.data();
@@ -476,15 +487,16 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     Mark("q_b_gemm");
   }
   const int64_t q_lat_stride = heads * latent_w;
-  // Large steps under kernels::SetMlaPrefillMode: the MHA form (EnqueueMhaAttention).
+  // Large steps (options.mla): the MHA form (EnqueueMhaAttention).
   const int64_t mha_bps = MhaBlocksPerSeq(batch);
   const bool mha = mha_bps > 0;
-  // Variant 2: the latent cache row and the queries' rope channels in one launch.
-  const bool fused_prologue = kernels::MoeDecodeVariant() >= 2 && rope.rotary_dim == dr;
-  // Variants 2+ at decode sizes: a GEMV kernel instead of cuBLAS's batched GEMM for the
-  // absorbed queries; MlaDecodeFusion() >= 1 runs the prologue in the same launch.
+  // The latent cache row and the queries' rope channels in one launch (MlaPrologueCuda) when
+  // the rope covers the whole rope head dim (else separate norm, copy, rope and cache write).
+  const bool fused_prologue = rope.rotary_dim == dr;
+  // At decode sizes a GEMV kernel instead of cuBLAS's batched GEMM for the absorbed queries,
+  // with the prologue in the same launch (MlaPrologueAbsorbCuda).
   const bool absorb_gemv = !mha && fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
-  const bool merged = absorb_gemv && kernels::MlaDecodeFusion() >= 1;
+  const bool merged = absorb_gemv;
   MlaPrologueArgs pa;
   if (fused_prologue) {
     pa.kv = a_out.data() + q_first;
@@ -513,29 +525,12 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   } else {
     SLUICE_RETURN_IF_ERROR(EnqueueLatentWrite(li, m, T));
   }
-  // kernels::SetMlaDecodeL2Prefetch: this layer's o_proj (and kv_b_proj) weights pulled into
-  // L2 by one kernel of the chain (bits 4, 8 pick which) while HBM idles in it.
-  kernels::MlaL2Prefetch pf;
-  const int pf_mode = kernels::MlaDecodeL2Prefetch();
-  int pf_n = 0;
-  if ((pf_mode & 1) != 0) {
-    pf.ptr[pf_n] = L.o_proj.data();
-    pf.bytes[pf_n++] = L.o_proj.bytes();
-  }
-  if ((pf_mode & 2) != 0) {
-    pf.ptr[pf_n] = L.kv_b.data();
-    pf.bytes[pf_n++] = L.kv_b.bytes();
-  }
-  pf.site = (pf_mode & 4) != 0   ? kernels::MlaL2PrefetchSite::kCombine
-            : (pf_mode & 8) != 0 ? kernels::MlaL2PrefetchSite::kPrologue
-                                 : kernels::MlaL2PrefetchSite::kAttention;
-  const kernels::MlaL2Prefetch* pf_spans = pf_n > 0 ? &pf : nullptr;
   // Absorbed query per head h: q_lat[t, h, :R] = q_nope[t, h] · W_UK_h (W_UK_h: rows [dn, R]
   // of kv_b), q_lat[t, h, R:] = rope(q_pe[t, h]).
   if (merged) {
     SLUICE_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
                                                  (dn + dv) * R, q_lat.data(), q_lat_stride,
-                                                 latent_w, T, heads, dn, R, st, pf_spans));
+                                                 latent_w, T, heads, dn, R, st));
   } else if (absorb_gemv) {
     SLUICE_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(), (dn + dv) * R,
                                               q_lat.data(), q_lat_stride, latent_w, T, heads, dn, R,
@@ -564,12 +559,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
   if (mha) {
     SLUICE_RETURN_IF_ERROR(EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
-  } else if (kernels::MlaDecodeFusion() >= 2 && T <= kMlaAbsorbMaxTokens) {
+  } else if (T <= kMlaAbsorbMaxTokens) {
     // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
-        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st,
-        pf_spans));
+        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st));
     Mark("attention_v_up");
   } else {
     SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
@@ -603,7 +597,7 @@ kernels::PagedAttentionParams DeepseekCore::MhaParams() const {
 // when it stays absorbed (mode off or no scratch, queries below the threshold, contexts too
 // long for the scratch).
 int64_t DeepseekCore::MhaBlocksPerSeq(const kernels::PagedAttentionCudaBatch& batch) const {
-  const int64_t min_q = kernels::MlaPrefillMinQueryLen();
+  const int64_t min_q = options.mla.mha_prefill_min_query_len;
   if (mha_blocks == 0 || min_q == 0 || batch.max_query_len < min_q) return 0;
   const int64_t bps = (batch.max_seq_len + options.block_size - 1) / options.block_size;
   return bps > 0 && batch.num_sequences * bps <= mha_blocks ? bps : 0;
@@ -687,49 +681,22 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
   const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes(), moe_prefill.get()};
-  int variant = kernels::MoeDecodeVariant();
-  if (variant == 8) {
-    // The whole block in one persistent launch (kernels::MoeBlockDecodeCuda; variant 6's
-    // bits); steps it does not take go variant 6's way.
-    if (kernels::MoeBlockDecodeSupported(T, routing)) {
-      const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(), L.mlp_inter,
-                                                   act.data(), false};
-      SLUICE_RETURN_IF_ERROR(kernels::MoeBlockDecodeCuda(
-          normed.data(), L.router.data(), L.correction_bias.data(), T, H, mi, routing,
-          L.experts_gate_up.data(), L.experts_down.data(), shared ? &shared_expert : nullptr,
-          topk_ids.data(), topk_weights.data(), tmp.data(), ws, st));
-      Mark("moe_block");
-      return absl::OkStatus();
-    }
-    variant = 6;
-  }
-  if (variant >= 1 && kernels::MoeFusedDecodeSupported(T, routing)) {
-    // Fused decode path (variants 1, 2: bit-equal to the separate one below): shared experts
-    // first into tmp, then routing + sort in one launch, and the routed experts with the shared
-    // output added in their combine (no separate moe_add). Variant 3 computes the shared
-    // experts inside the routed experts' two launches instead (MoeSharedExpert); variant 4
-    // routes over many blocks and computes the shared gate/up in the routing launch; variant 7
-    // moves it back to the head of the experts' gate/up launch (before its routing wait).
-    const bool fold_shared = shared && variant >= 3;
-    const bool multi_block = variant >= 4;
-    // Variant 7: the shared gate/up heads the experts' gate/up launch instead of riding in the
-    // routing launch (MoeFusedExpertsCuda computes it before waiting for the routing; the
-    // routing launch only prefetches its weights).
-    if (shared && !fold_shared) SLUICE_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
+  if (kernels::MoeFusedDecodeSupported(T, routing)) {
+    // Fused decode path: routing + sort over many blocks, which also compute the shared experts'
+    // gate/up while the routing waits for its last block, then the routed experts' gate/up and
+    // down + combine, the shared experts' down folded into them (same bits as the separate
+    // launches below, except the shared experts' SwiGLU, whose GEMV sums differ from cuBLAS's).
     const kernels::MoeSharedExpert shared_expert{L.w_gate_up.data(), L.w_down.data(),
-                                                 L.mlp_inter, act.data(),
-                                                 multi_block && variant < 7};
-    SLUICE_RETURN_IF_ERROR(
-        kernels::MoeFusedRouteCuda(normed.data(), L.router.data(), L.correction_bias.data(), T, H,
-                                   routing, topk_ids.data(), topk_weights.data(), ws, st,
-                                   multi_block ? kernels::MoeFusedRouteMode::kMultiBlock
-                                               : kernels::MoeFusedRouteMode::kSingleBlock,
-                                   multi_block && fold_shared ? &shared_expert : nullptr));
+                                                 L.mlp_inter, act.data(), /*act_ready=*/true};
+    const kernels::MoeSharedExpert* const shared_ptr = shared ? &shared_expert : nullptr;
+    SLUICE_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(normed.data(), L.router.data(),
+                                                      L.correction_bias.data(), T, H, routing,
+                                                      topk_ids.data(), topk_weights.data(), ws, st,
+                                                      shared_ptr));
     Mark("routing");
     SLUICE_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
-        L.experts_down.data(), shared && !fold_shared ? tmp.data() : nullptr, tmp.data(), ws, st,
-        fold_shared ? &shared_expert : nullptr));
+        L.experts_down.data(), /*add=*/nullptr, tmp.data(), ws, st, shared_ptr));
     Mark("experts");
     return absl::OkStatus();
   }
@@ -758,34 +725,20 @@ absl::Status DeepseekCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, in
                                    int64_t max_query_len, int64_t max_seq_len, void* workspace) {
   cudaStream_t st = stream.get();
   const kernels::PagedAttentionCudaBatch batch = AttnBatch(m, T, S, max_query_len, max_seq_len);
-  // The residual stream: `res` holds it; a fused add + norm + GEMV writes the next one to
-  // `res_alt` (decode GEMV plans with kernels::SetGemvNormFusion's kGemvNormBeforeAttention:
-  // the pre-attention norm and the fused input projection, one launch), and the two swap.
   bf16* res = residual.data();
-  bf16* res_alt = residual_alt.data();
-  const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
   SLUICE_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const MlaLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
-    bool a_done = false;
     if (li == 0) {
       SLUICE_RETURN_IF_ERROR(
           kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H, T, H, eps, st));
-    } else if ((fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
-      // normed stays unwritten when it fuses: only the input projection reads it.
-      bool moved = false;
-      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
-          *lt, tmp.data(), res, res_alt, L.input_norm.data(), eps, normed.data(), L.w_a.data(),
-          L.b_a.data(), a_out.data(), T, a_width, H, st, &moved));
-      if (moved) std::swap(res, res_alt);
-      a_done = true;
     } else {
       SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(),
                                                      normed.data(), T, H, eps, st));
     }
-    if (!a_done) Mark("add_rmsnorm");
-    SLUICE_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace, a_done));
+    Mark("add_rmsnorm");
+    SLUICE_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace));
     SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push
     SLUICE_RETURN_IF_ERROR(
         kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));

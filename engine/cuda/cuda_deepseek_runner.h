@@ -15,12 +15,13 @@
 //   fp32 → group-limited top-k routing (sigmoid/softmax, e_score_correction_bias) → routed
 //   experts (kernels/moe/moe_cuda.h) + shared experts (one SwiGLU of moe_intermediate_size ·
 //   n_shared_experts); steps of at most kernels::kMoeFusedMaxTokens tokens take the fused MoE
-//   decode path (three launches, same bits) under kernels::SetMoeDecodeVariant(1 or more);
-//   variants 2 and 3 also write the latent row and rope the queries in one launch
-//   (MlaPrologueCuda, deepseek_kernels.h) instead of six and, for steps of at most
-//   kMlaAbsorbMaxTokens tokens, absorb the queries with a GEMV kernel (MlaAbsorbQueryCuda)
-//   instead of cuBLAS's batched GEMM; 3 computes the shared experts inside the fused expert
-//   launches. Then the final AddRmsNorm, the wanted rows, lm_head, argmax.
+//   decode path (kernels/moe/moe_cuda.h: routing, then the routed and shared experts in two
+//   launches). The latent row write and the queries' rope run in one launch (MlaPrologueCuda,
+//   kernels/mla_attention/mla_plumbing_cuda.h) and, for steps of at most kMlaAbsorbMaxTokens tokens, together with the
+//   query absorption as a GEMV (MlaPrologueAbsorbCuda) instead of cuBLAS's batched GEMM, and the
+//   split-KV combine with W_UV (MlaLatentAttentionVUpCuda). Steps with long queries
+//   (CudaRunnerOptions::mla) take MLA's MHA form. Then the final AddRmsNorm, the wanted rows,
+//   lm_head, argmax.
 // RoPE: the config's table (default or YaRN with its mscale) on the last qk_rope_head_dim
 // channels, `rope_interleave` honoured; softmax scale (qk_nope + qk_rope)^-½ times
 // yarn_get_mscale(factor, mscale_all_dim)² when rope scaling sets mscale_all_dim, as the CPU

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "absl/strings/numbers.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
@@ -29,41 +28,13 @@ namespace sluice::cuda_runner {
 namespace {
 
 // Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
-// run every GPU test under a candidate default (e.g. SLUICE_TEST_MLA_PREFILL_KERNEL=1) before
-// it becomes the default: SLUICE_TEST_MLA_PREFILL_KERNEL,
-// SLUICE_TEST_MOE_DECODE_VARIANT, SLUICE_TEST_MOE_GEMV_MAX_TOKENS, SLUICE_TEST_GEMV_NORM_FUSION,
-// SLUICE_TEST_MLA_DECODE_FUSION, SLUICE_TEST_MLA_PREFILL_MODE,
-// SLUICE_TEST_DECODE_PDL (0|1|2), SLUICE_TEST_GEMV_PDL_PREFETCH (unset: the library's),
-// SLUICE_TEST_MLA_PDL_MASK (-1..63), SLUICE_TEST_MLA_L2_PREFETCH (0..15), SLUICE_TEST_MLA_EARLY_KV.
+// run every GPU test under a candidate default: SLUICE_TEST_DECODE_PDL (0|1|2). (Attention,
+// MLA, MoE and GEMM choices are CudaRunnerOptions fields.)
 class KernelSettingsFromEnv : public ::testing::Environment {
  public:
   void SetUp() override {
-    Apply("SLUICE_TEST_MLA_PREFILL_KERNEL",
-          [](int64_t v) { return kernels::SetMlaPrefillKernel(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MOE_DECODE_VARIANT",
-          [](int64_t v) { return kernels::SetMoeDecodeVariant(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_GEMV_NORM_FUSION",
-          [](int64_t v) { return kernels::SetGemvNormFusion(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MOE_GEMV_MAX_TOKENS",
-          [](int64_t v) { return kernels::SetMoeGemvMaxTokens(v); });
-    Apply("SLUICE_TEST_MOE_PREFILL_GEMM",  // min tokens of the cuBLASLt expert path; 0 off
-          [](int64_t v) { return kernels::SetMoePrefillGemm(v); });
-    Apply("SLUICE_TEST_MOE_PREFILL_STREAMS",
-          [](int64_t v) { return kernels::SetMoePrefillGemmStreams(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_DECODE_FUSION",
-          [](int64_t v) { return kernels::SetMlaDecodeFusion(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_PREFILL_MODE",  // 2: the MHA form from 2-token queries on
-          [](int64_t v) { return kernels::SetMlaPrefillMode(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_PDL_MASK",  // kernels::SetMlaDecodePdlMask (-1..63)
-          [](int64_t v) { return kernels::SetMlaDecodePdlMask(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_L2_PREFETCH",
-          [](int64_t v) { return kernels::SetMlaDecodeL2Prefetch(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_MLA_EARLY_KV",
-          [](int64_t v) { return kernels::SetMlaDecodeEarlyKv(static_cast<int>(v)); });
     Apply("SLUICE_TEST_DECODE_PDL",
           [](int64_t v) { return kernels::SetDecodePdlLevel(static_cast<int>(v)); });
-    Apply("SLUICE_TEST_GEMV_PDL_PREFETCH",
-          [](int64_t v) { return kernels::SetGemvPdlPrefetch(static_cast<int>(v)); });
   }
 
  private:

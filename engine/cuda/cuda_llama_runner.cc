@@ -140,15 +140,14 @@ class LlamaCore : public RunnerCore {
   std::vector<DeviceLayer> layers;
   kernels::DeviceRopeTable rope;
   kernels::PagedAttentionParams attn_params;
-  // A step's activation buffers, each for `rows` tokens. residual_alt: where a GEMV with the
-  // residual add + norm fused (kernels::AddRmsNormLinearCuda) writes the next residual.
+  // A step's activation buffers, each for `rows` tokens.
   struct Activations {
-    bf16 *residual = nullptr, *residual_alt = nullptr, *normed = nullptr, *tmp = nullptr,
+    bf16 *residual = nullptr, *normed = nullptr, *tmp = nullptr,
          *qkv = nullptr, *attn = nullptr, *gate_up = nullptr, *act = nullptr;
     int64_t rows = 0;
   };
   // Steps of up to max_num_tokens tokens use `big`; with L2 persistence on, decode steps of up
-  // to the largest graph bucket use `small`, a second arena of that many rows (35.7 MB at
+  // to the largest graph bucket use `small`, a second arena of that many rows (33.6 MB at
   // Llama-3-8B batch 256), so HotActivations' window does not depend on max_num_tokens. One
   // arena when max_num_tokens is no larger.
   DeviceBuffer<bf16> big_arena, small_arena;
@@ -157,7 +156,7 @@ class LlamaCore : public RunnerCore {
   const Activations& ActsFor(int64_t T) const { return T <= small.rows ? small : big; }
   // The gate/up product (SiLU·mul reads it back) and the SiLU·mul output (down_proj's input)
   // of the small arena (CudaRunnerOptions::l2_persist_activations): 22 MB at Llama-3-8B batch
-  // 256, for every bucket. Not the whole arena: with all 35.7 MB persisting, too little L2 was
+  // 256, for every bucket. Not the whole arena: with the whole arena persisting, too little L2 was
   // left to the attention's copies in flight (H200, batch 256 16.41-16.42 ms vs 15.46-15.50
   // without); the gate/up product alone, or half the lines, gained less
   // (bench/results/cuda_ab_stop19_h200.json).
@@ -241,9 +240,9 @@ absl::Status LlamaCore::AllocActivations(int64_t rows, DeviceBuffer<bf16>* arena
                                          Activations* a) {
   // Each buffer starts on a 256-byte boundary (128 elements).
   const auto round = [](int64_t n) { return (n + 127) / 128 * 128; };
-  bf16** const ptrs[] = {&a->residual, &a->residual_alt, &a->normed, &a->tmp,
-                         &a->qkv,      &a->attn,         &a->gate_up, &a->act};
-  const int64_t widths[] = {H, H, H, H, qkv_dim, q_dim, 2 * inter, inter};
+  bf16** const ptrs[] = {&a->residual, &a->normed,  &a->tmp, &a->qkv,
+                         &a->attn,     &a->gate_up, &a->act};
+  const int64_t widths[] = {H, H, H, qkv_dim, q_dim, 2 * inter, inter};
   int64_t total = 0;
   for (int64_t w : widths) total += round(rows * w);
   auto b = AllocBf16(total);
@@ -378,35 +377,18 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
   auto opt = [](const DeviceBuffer<bf16>& b) -> const bf16* { return b.data(); };
   const kernels::PagedAttentionCudaBatch batch = AttnBatch(m, T, S, max_query_len, max_seq_len);
 
-  // The residual stream: `res` holds it; a fused norm + GEMV writes the next one to `res_alt`
-  // (decode GEMV plans with kernels::SetGemvNormFusion on), and the two swap.
   const Activations& a = ActsFor(T);
   bf16* res = a.residual;
-  bf16* res_alt = a.residual_alt;
-  auto moved = [&](bool m) {
-    if (m) std::swap(res, res_alt);
-  };
-  const int fuse_sites = T <= 2 ? kernels::GemvNormFusion() : 0;
   SLUICE_RETURN_IF_ERROR(EnqueueEmbedding(m, T, embed.data(), res));
   for (size_t li = 0; li < layers.size(); ++li) {
     const DeviceLayer& L = layers[li];
-    // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add (and, for
-    // decode GEMVs with SetGemvNormFusion on, with the qkv projection).
-    bool res_moved = false;
-    if (li > 0 && (fuse_sites & kernels::kGemvNormBeforeAttention) != 0) {
-      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearCuda(
-          *lt, a.tmp, res, res_alt, L.input_norm.data(), eps, a.normed, L.w_qkv.data(),
-          opt(L.b_qkv), a.qkv, T, qkv_dim, H, st, &res_moved));
-      moved(res_moved);
-    } else {
-      SLUICE_RETURN_IF_ERROR(
-          li == 0
-              ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps, st)
-              : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed, T, H, eps, st));
-      Mark("add_rmsnorm");
-      SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(), opt(L.b_qkv), a.qkv,
-                                                 T, qkv_dim, H, st));
-    }
+    // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
+    SLUICE_RETURN_IF_ERROR(
+        li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps, st)
+                : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed, T, H, eps, st));
+    Mark("add_rmsnorm");
+    SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(), opt(L.b_qkv), a.qkv,
+                                               T, qkv_dim, H, st));
     Mark("qkv_gemm");
     if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
       SLUICE_RETURN_IF_ERROR(QkHeadRmsNormCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd,
@@ -443,21 +425,13 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
         kernels::LinearCuda(*lt, a.attn, L.w_o.data(), opt(L.b_o), a.tmp, T, H, q_dim, st));
     Mark("o_gemm");
     SLUICE_RETURN_IF_ERROR(TpAllReduce(a.tmp, T * H));
-    // Residual add + norm, gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a GEMV
-    // (decode; the norm only with SetGemvNormFusion), else the norm, the GEMM into gate_up and
-    // SiLU·mul after it.
-    if ((fuse_sites & kernels::kGemvNormBeforeMlp) != 0) {
-      SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormLinearSiluMulCuda(
-          *lt, a.tmp, res, res_alt, L.post_norm.data(), eps, a.normed, L.w_gate_up.data(),
-          opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st, &res_moved));
-      moved(res_moved);
-    } else {
-      SLUICE_RETURN_IF_ERROR(
-          kernels::AddRmsNormCuda(a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
-      Mark("add_rmsnorm");
-      SLUICE_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
-          *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st));
-    }
+    // Residual add + norm, then gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a
+    // GEMV (decode), else the GEMM into gate_up and SiLU·mul after it.
+    SLUICE_RETURN_IF_ERROR(
+        kernels::AddRmsNormCuda(a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
+    Mark("add_rmsnorm");
+    SLUICE_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
+        *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st));
     Mark("gate_up_silu_mul");
     SLUICE_RETURN_IF_ERROR(
         kernels::LinearCuda(*lt, a.act, L.w_down.data(), opt(L.b_down), a.tmp, T, H, inter, st));

@@ -33,7 +33,6 @@
 #include "engine/cuda/cuda_deepseek_runner.h"
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
-#include "engine/cuda/deepseek_kernels.h"
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/sample/sampler.h"
@@ -42,6 +41,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
@@ -50,6 +50,17 @@
 
 namespace sluice::cuda_runner {
 namespace {
+
+using kernels::AddInPlaceCuda;
+using kernels::CopyHeadsCuda;
+using kernels::HeadSpans;
+using kernels::kMlaAbsorbMaxTokens;
+using kernels::MlaAbsorbQueryCuda;
+using kernels::MlaAssembleKvCuda;
+using kernels::MlaGatherLatentCuda;
+using kernels::MlaPrologueAbsorbCuda;
+using kernels::MlaPrologueArgs;
+using kernels::MlaPrologueCuda;
 
 constexpr float kMaxLogitDiff = 0.15f;
 constexpr double kMinTop1 = 0.9;
@@ -283,32 +294,6 @@ TEST_F(CudaModelTest, DeepseekV2GroupedTinyBatchMatchesGolden) {
   CheckGoldenBatch(testing::RepoFixtureDir("deepseek-v2-grouped-tiny"), kMinTop1);
 }
 
-// The decode variants (kernels::SetMoeDecodeVariant 0: separate launches; 1: fused MoE for
-// steps of <= 8 tokens, bit-equal to the separate kernels; 2: also the fused MLA prologue; 3, the
-// default the other DeepSeek tests run with: also the shared experts folded in) hold the same
-// bars.
-TEST_F(CudaModelTest, DeepseekTinyFusedDecodeVariantsMatchGolden) {
-  struct Restore {  // the process-wide settings go back even when an assertion returns early
-    int saved = kernels::MoeDecodeVariant();
-    int saved_fusion = kernels::MlaDecodeFusion();
-    ~Restore() {
-      (void)kernels::SetMoeDecodeVariant(saved);
-      (void)kernels::SetMlaDecodeFusion(saved_fusion);
-    }
-  } restore;
-  // Variants 0..3 without MLA launch fusion, then variant 3 with fusion levels 1..3, then 6
-  // and 8 (the whole MoE block in one launch, MoeBlockDecodeCuda).
-  for (auto [variant, fusion] :
-       {std::pair{0, 0}, {1, 0}, {2, 0}, {3, 0}, {3, 1}, {3, 2}, {3, 3}, {6, 0}, {8, 0}}) {
-    SCOPED_TRACE(::testing::Message() << "moe decode variant " << variant << ", mla decode fusion "
-                                      << fusion);
-    ASSERT_TRUE(kernels::SetMoeDecodeVariant(variant).ok());
-    ASSERT_TRUE(kernels::SetMlaDecodeFusion(fusion).ok());
-    CheckGoldenAlone(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
-    CheckGoldenBatch(testing::FixtureDir("deepseek-v3-tiny"), kMinTop1);
-  }
-}
-
 // Equal element by element, NaN matching NaN (bit patterns of the bf16 values as floats).
 void ExpectSameBits(const std::string& what, const std::vector<float>& got,
                     const std::vector<float>& want) {
@@ -424,7 +409,7 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
                            1e-6);
     ct::ExpectClose("mla prologue + absorbed query, " + tag, ct::Download(q_lat),
                            ct::Download(q_lat_ref), 1.0 / 64, 1.0 / 256);
-    // MlaPrologueAbsorbCuda (MlaDecodeFusion 1): the same device code in one launch, so every
+    // MlaPrologueAbsorbCuda: the same device code in one launch, so every
     // element (the uncached slot's NaN row too) equals the two launches' bit for bit; twice
     // into fresh buffers, equal again (nothing carried between launches).
     for (int rep = 0; rep < 2; ++rep) {
@@ -845,7 +830,10 @@ TEST_F(CudaModelTest, MlaMhaPlumbingKernelsMatchHost) {
             absl::StatusCode::kInvalidArgument);  // odd R
   EXPECT_EQ(MlaAssembleKvCuda(p, p, 1, 1, 0, 2, 2, p, p, nullptr).code(),
             absl::StatusCode::kInvalidArgument);  // dn 0
-  EXPECT_EQ(kernels::SetMlaPrefillMode(-1).code(), absl::StatusCode::kInvalidArgument);
+  CudaRunnerOptions bad = TinyOptions(false);
+  bad.mla.mha_prefill_min_query_len = -1;
+  EXPECT_EQ(LoadCudaRunner(testing::FixtureDir("deepseek-v3-tiny"), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // PrefixRun: every logits row of two steps of a runner (AllocateKvCache(64), block size 4):
@@ -888,30 +876,25 @@ PrefixRun RunPrefixChunks(CudaRunner& runner, const std::vector<std::vector<int3
   return out;
 }
 
-// The MHA form of MLA prefill (kernels::SetMlaPrefillMode(2): from 2-token queries on) against
-// the absorbed form on the same runner kind: prompts of 30 and 5 tokens, then chunks of 20 and
+// The MHA form of MLA prefill (CudaRunnerOptions::mla.mha_prefill_min_query_len 2: from 2-token
+// queries on) against the absorbed form (0) on the same runner kind; `make(min_query_len)`
+// builds a runner with that option: prompts of 30 and 5 tokens, then chunks of 20 and
 // 3 tokens over those cached prefixes (the 20-row chunk is prefill-shaped for the attention
 // kernel, the 5-row one decode-shaped). Same logits up to bf16 rounding (the two forms round
 // different intermediates: k_nope and v here, the absorbed query and latent output there):
 // within `rel` · max|logit| + 1e-3 at a fraction >= min_rows of the rows (an MoE layer may
 // route a near-tie token differently), top-1 agreement >= 0.9 (kMinTop1, as the goldens').
 void CheckMhaPrefillMatchesAbsorbed(
-    const std::function<absl::StatusOr<std::unique_ptr<CudaRunner>>()>& make, float rel,
+    const std::function<absl::StatusOr<std::unique_ptr<CudaRunner>>(int64_t)>& make, float rel,
     double min_rows) {
-  struct Restore {
-    int saved = kernels::MlaPrefillMode();
-    ~Restore() { (void)kernels::SetMlaPrefillMode(saved); }
-  } restore;
   std::vector<std::vector<int32_t>> prompts(2), chunks(2);
   for (int i = 0; i < 30; ++i) prompts[0].push_back((i * 7919 + 5) % 8000);
   for (int i = 0; i < 5; ++i) prompts[1].push_back((i * 4099 + 11) % 8000);
   for (int i = 0; i < 20; ++i) chunks[0].push_back((i * 611 + 3) % 8000);
   for (int i = 0; i < 3; ++i) chunks[1].push_back((i * 997 + 1) % 8000);
-  ASSERT_TRUE(kernels::SetMlaPrefillMode(0).ok());
-  auto absorbed = make();
+  auto absorbed = make(0);
   ASSERT_TRUE(absorbed.ok()) << absorbed.status();
-  ASSERT_TRUE(kernels::SetMlaPrefillMode(2).ok());
-  auto mha = make();
+  auto mha = make(2);
   ASSERT_TRUE(mha.ok()) << mha.status();
   const PrefixRun a = RunPrefixChunks(**absorbed, prompts, chunks);
   const PrefixRun b = RunPrefixChunks(**mha, prompts, chunks);
@@ -938,8 +921,13 @@ void CheckMhaPrefillMatchesAbsorbed(
 
 TEST_F(CudaModelTest, DeepseekMhaPrefillMatchesAbsorbedOverCachedPrefix) {
   const std::string dir = testing::FixtureDir("deepseek-v3-tiny");
-  CheckMhaPrefillMatchesAbsorbed([&] { return LoadCudaRunner(dir, TinyOptions(false)); },
-                                 /*rel=*/0.03f, /*min_rows=*/0.9);
+  CheckMhaPrefillMatchesAbsorbed(
+      [&](int64_t mha_min) {
+        CudaRunnerOptions o = TinyOptions(false);
+        o.mla.mha_prefill_min_query_len = mha_min;
+        return LoadCudaRunner(dir, o);
+      },
+      /*rel=*/0.03f, /*min_rows=*/0.9);
 }
 
 // At DeepSeek-V2-Lite's MLA shapes (16 heads, R 512, dn 128, dr 64, dv 128: head_dim 192 /
@@ -952,8 +940,12 @@ TEST_F(CudaModelTest, DeepseekMhaPrefillMatchesAbsorbedAtV2LiteShapes) {
   RemoveConfigDir(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   CheckMhaPrefillMatchesAbsorbed(
-      [&] { return CreateDummyCudaRunner(*config, 11, TinyOptions(false)); }, /*rel=*/0.05f,
-      /*min_rows=*/1.0);
+      [&](int64_t mha_min) {
+        CudaRunnerOptions o = TinyOptions(false);
+        o.mla.mha_prefill_min_query_len = mha_min;
+        return CreateDummyCudaRunner(*config, 11, o);
+      },
+      /*rel=*/0.05f, /*min_rows=*/1.0);
 }
 
 // FreshStepLogits: every logits row of ONE step that prefills `prompts` from position 0 on a
@@ -1003,12 +995,9 @@ std::vector<float> FreshStepLogits(CudaRunner& runner, const std::vector<std::ve
 // logits do not depend on where the blocks lie (bit-identical with the block order reversed,
 // fresh runners): no uninitialized or racy read in the gather / scratch / attention.
 void CheckMhaFreshPrefillMatchesAbsorbed(
-    const std::function<absl::StatusOr<std::unique_ptr<CudaRunner>>(int block_size)>& make,
+    const std::function<absl::StatusOr<std::unique_ptr<CudaRunner>>(int block_size,
+                                                                    int64_t mha_min)>& make,
     float rel, double min_rows) {
-  struct Restore {
-    int saved = kernels::MlaPrefillMode();
-    ~Restore() { (void)kernels::SetMlaPrefillMode(saved); }
-  } restore;
   std::vector<std::vector<int32_t>> prompts(2);
   for (int i = 0; i < 48; ++i) prompts[0].push_back((i * 7919 + 5) % 8000);
   for (int i = 0; i < 150; ++i) prompts[1].push_back((i * 4099 + 11) % 8000);
@@ -1017,8 +1006,7 @@ void CheckMhaFreshPrefillMatchesAbsorbed(
     const int blocks = 2 * (160 / bs + 2);
     std::vector<float> logits[3];
     for (int run = 0; run < 3; ++run) {
-      ASSERT_TRUE(kernels::SetMlaPrefillMode(run == 0 ? 0 : 2).ok());
-      auto runner = make(bs);
+      auto runner = make(bs, run == 0 ? 0 : 2);
       ASSERT_TRUE(runner.ok()) << runner.status();
       logits[run] = FreshStepLogits(**runner, prompts, bs, blocks, /*forward=*/run != 2);
     }
@@ -1060,9 +1048,10 @@ void CheckMhaFreshPrefillMatchesAbsorbed(
 TEST_F(CudaModelTest, DeepseekMhaFreshPrefillMatchesAbsorbed) {
   const std::string dir = testing::FixtureDir("deepseek-v3-tiny");
   CheckMhaFreshPrefillMatchesAbsorbed(
-      [&](int bs) {
+      [&](int bs, int64_t mha_min) {
         CudaRunnerOptions o = TinyOptions(false);
         o.block_size = bs;
+        o.mla.mha_prefill_min_query_len = mha_min;
         return LoadCudaRunner(dir, o);
       },
       /*rel=*/0.03f, /*min_rows=*/0.9);
@@ -1083,9 +1072,10 @@ TEST_F(CudaModelTest, DeepseekMhaFreshPrefillMatchesAbsorbedDense) {
     RemoveConfigDir(dir);
     ASSERT_TRUE(config.ok()) << config.status();
     CheckMhaFreshPrefillMatchesAbsorbed(
-        [&](int bs) {
+        [&](int bs, int64_t mha_min) {
           CudaRunnerOptions o = TinyOptions(false);
           o.block_size = bs;
+          o.mla.mha_prefill_min_query_len = mha_min;
           return CreateDummyCudaRunner(*config, 11, o);
         },
         /*rel=*/0.05f, /*min_rows=*/1.0);

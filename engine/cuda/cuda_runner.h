@@ -31,6 +31,9 @@
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "kernels/attention/paged_attention_options.h"
+#include "kernels/linear/linear_options.h"
+#include "kernels/mla_attention/mla_options.h"
+#include "kernels/moe/moe_options.h"
 
 namespace sluice::cuda_runner {
 
@@ -59,8 +62,14 @@ struct CudaRunnerOptions {
   std::string gemm_tuning = "auto";
   // After the graphs are captured, write the process's table (loaded + timed choices) here
   // (kernels::SaveGemmTuning); empty: do not write. This is how a table is made: run once
-  // with the wider search (SLUICE_GEMM_ALGO_SEARCH=3) and this set.
+  // with the wider search (linear.algo_search = 3) and this set.
   std::string gemm_tuning_save;
+  // What the GEMM autotuner times (kernels/linear/linear_options.h), the MoE experts' prefill
+  // GEMMs (kernels/moe/moe_options.h) and when MLA attention takes its MHA form
+  // (kernels/mla_attention/mla_options.h; DeepSeek runners). Fixed for the runner's life.
+  kernels::LinearOptions linear;
+  kernels::MoeOptions moe;
+  kernels::MlaOptions mla;
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};

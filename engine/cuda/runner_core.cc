@@ -241,7 +241,7 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   auto s = kernels::CudaStream::Create();
   if (!s.ok()) return s.status();
   stream = std::move(*s);
-  auto l = kernels::CublasLt::Create();
+  auto l = kernels::CublasLt::Create(kernels::CublasLt::kDefaultWorkspaceBytes, o.linear);
   if (!l.ok()) return l.status();
   lt = std::move(*l);
 

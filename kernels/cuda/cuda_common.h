@@ -57,7 +57,7 @@ bool PdlSupported();
 // overlap the previous kernel's tail. Made for decode steps (kernel boundaries are most of the
 // gap to the roofline there); the same launches are chained in prefill steps too. Levels: 0 off; 1 the model-independent kernels
 // (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the
-// default); 2 also the DeepSeek MLA kernels (engine/cuda/deepseek_kernels.cu,
+// default); 2 also the DeepSeek MLA kernels (kernels/mla_attention/mla_plumbing.cu,
 // kernels/mla_attention); 3 also the MoE decode kernels (kernels/moe). Process-wide, for
 // benchmarks and A/B runs; set it before capturing graphs. InvalidArgument outside 0..3.
 // DecodePdl (level >= 1), DecodePdlModelKernels (>= 2) and DecodePdlMoe (3) are false below

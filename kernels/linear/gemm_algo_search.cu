@@ -3,10 +3,8 @@
 #include "kernels/linear/gemm_algo_search.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <map>
@@ -18,21 +16,6 @@
 
 namespace sluice::kernels {
 namespace {
-
-// SetGemmAlgoSearch's setting; SLUICE_GEMM_ALGO_SEARCH gives the initial one.
-int InitialGemmAlgoSearch() {
-  const char* env = std::getenv("SLUICE_GEMM_ALGO_SEARCH");
-  if (env == nullptr || *env == '\0') return 0;
-  const absl::StatusOr<int> mask = ParseGemmAlgoSearchMask(env);
-  if (!mask.ok()) {
-    std::fprintf(stderr, "sluice: ignoring SLUICE_GEMM_ALGO_SEARCH: %s\n",
-                 std::string(mask.status().message()).c_str());
-    return 0;
-  }
-  return *mask;
-}
-
-std::atomic<int> g_gemm_algo_search{InitialGemmAlgoSearch()};
 
 // Output tiles (rows along cuBLAS's M = our n, columns along our m) that EnumerateAlgos sweeps:
 // the cublasLtMatmulTile_t ids whose names (cublasLt.h, CUDA 13.0) give both sides in
@@ -113,17 +96,6 @@ uint32_t Alignment(const void* p) {
 }
 
 }  // namespace
-
-absl::Status SetGemmAlgoSearch(int mask) {
-  if (mask < 0 || mask > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetGemmAlgoSearch: mask of 1, 2, 4 expected, got ", mask));
-  }
-  g_gemm_algo_search.store(mask, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int GemmAlgoSearch() { return g_gemm_algo_search.load(std::memory_order_relaxed); }
 
 absl::StatusOr<int> ParseGemmAlgoSearchMask(absl::string_view text) {
   int mask = 0;
@@ -543,9 +515,9 @@ std::unique_ptr<SplitGemm> TuneBestSplit(cublasLtHandle_t handle, int64_t m, int
                                          const bf16* bias, bf16* y, void* workspace,
                                          size_t workspace_bytes,
                                          std::unique_ptr<SplitResources>* res,
-                                         cudaStream_t stream, int heuristic, const TimeFn& time,
-                                         const std::function<bool()>& finish, float* best_us) {
-  const int mask = GemmAlgoSearch();
+                                         cudaStream_t stream, int mask, int heuristic,
+                                         const TimeFn& time, const std::function<bool()>& finish,
+                                         float* best_us) {
   if ((mask & kGemmSearchSplitN) == 0 || m < kGemmSearchMinRows) return nullptr;
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||

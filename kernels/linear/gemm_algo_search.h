@@ -1,5 +1,5 @@
 // Wider cuBLASLt algorithm search for the tuned decode GEMMs (LinearCuda's autotuner,
-// CublasLt::set_autotune), behind a process-wide switch that is off by default.
+// CublasLt::set_autotune), when LinearOptions::algo_search (linear_options.h) asks for it.
 //
 // cuBLASLt's heuristic (cublasLtMatmulAlgoGetHeuristic) returns a handful of configurations;
 // at decode batch m = 256 on Llama-3-8B shapes those leave the H200 well below its GEMM rate
@@ -28,35 +28,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/linear_options.h"
 
 namespace sluice::kernels {
 
-// SetGemmAlgoSearch(mask): what LinearCuda's autotuner adds for plans with
-// kGemmSearchMinRows <= m <= the autotune limit (plans made before the call keep their choice):
-//   kGemmSearchAlgos   (1): the enumerated algorithms (EnumerateAlgos) next to the heuristic's;
-//   kGemmSearchSplitN  (2): wave-aligned two-part N splits (SplitGemm), kept only when faster;
-//   kGemmSearchStreams (4): with 2, the split's parts also timed on two streams (fork/join).
-// 0 (the default) keeps today's tuner. Errors: InvalidArgument for other values.
-// Measured (H200, Llama-3-8B decode at 256 sequences, cuda_decode_bench --batches 64,256
-// --prefill ""; one process per setting): isolated tuned times fall by 2-10 us per GEMM (gate/up
-// 93.6 -> 89.3 us with a serial split at n1 = 12672, 83.7 us with the two-stream split in the
-// GPU test; o 17.6-18.7 -> 16.2 us), the eager per-op sum of the four layer GEMMs by 4 (mask 1)
-// to 8 (mask 3) us a layer, but the graph ITL only from 16.22 / 16.31 ms (mask 0, two runs) to
-// 16.29 (mask 1) and 16.18 ms (mask 3): within run-to-run noise.
-inline constexpr int kGemmSearchAlgos = 1;
-inline constexpr int kGemmSearchSplitN = 2;
-inline constexpr int kGemmSearchStreams = 4;
-inline constexpr int64_t kGemmSearchMinRows = 64;
-// The process starts with the mask of the environment variable SLUICE_GEMM_ALGO_SEARCH when it
-// is set (ParseGemmAlgoSearchMask; an unparsable value is reported on stderr and leaves 0), so a
-// server can opt in without code: its tuning then takes ~30 s more at Llama-3-8B shapes, once
-// per process. H200, Llama-3-8B decode at 256 sequences × 1k with decode-warp variant 10: mask 3
-// 15.31-15.43 ms (1.288-1.299× the roofline, four runs) vs 15.57-15.60 with 0. A GEMM tuning
-// table made with mask 3 (LoadGemmTuning, configs/gemm_tuning) gives the same choices to
-// processes with mask 0 without the ~30 s: 15.46-15.52 ms vs 15.66-15.74 timed (stop 14).
-absl::Status SetGemmAlgoSearch(int mask);
-int GemmAlgoSearch();
-// ParseGemmAlgoSearchMask: the mask in `text` (decimal, 0..7). InvalidArgument otherwise.
+// ParseGemmAlgoSearchMask: the LinearOptions::algo_search mask in `text` (decimal, 0..7).
+// InvalidArgument otherwise.
 absl::StatusOr<int> ParseGemmAlgoSearchMask(absl::string_view text);
 
 namespace gemm_search {
@@ -172,7 +149,8 @@ bool CheckAlgo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op, cublasLtMatrixL
 inline constexpr int kMaxSplitPoints = 6;
 inline constexpr int kMaxEnumeratedPerPart = 48;
 
-// TuneBestSplit: when SetGemmAlgoSearch has kGemmSearchSplitN and m >= kGemmSearchMinRows,
+// TuneBestSplit: when `mask` (LinearOptions::algo_search) has kGemmSearchSplitN and
+// m >= kGemmSearchMinRows,
 // tunes a SplitGemm at each SplitPoints(m, n, SM count, kMaxSplitPoints) (parts: the heuristic's
 // top `heuristic` plus, with kGemmSearchAlgos, kMaxEnumeratedPerPart enumerated ones; with
 // kGemmSearchStreams, also timed on two streams, *res made on first use) and returns the fastest
@@ -182,8 +160,9 @@ std::unique_ptr<SplitGemm> TuneBestSplit(cublasLtHandle_t handle, int64_t m, int
                                          const bf16* bias, bf16* y, void* workspace,
                                          size_t workspace_bytes,
                                          std::unique_ptr<SplitResources>* res,
-                                         cudaStream_t stream, int heuristic, const TimeFn& time,
-                                         const std::function<bool()>& finish, float* best_us);
+                                         cudaStream_t stream, int mask, int heuristic,
+                                         const TimeFn& time, const std::function<bool()>& finish,
+                                         float* best_us);
 
 }  // namespace gemm_search
 }  // namespace sluice::kernels

@@ -2,10 +2,10 @@
 //
 // The autotuner (CublasLt::set_autotune) times candidate kernels for every decode-bucket GEMM
 // shape when a runner captures its graphs: about a second for an 8B model with the default
-// candidates, ~30 s with the wider search (SetGemmAlgoSearch), which at Llama-3-8B batch 256 on
-// an H200 is what brings decode within 1.3× of the roofline. A table holds the winners, so a
-// process that finds its shape there skips the timing and runs the same kernel (also during
-// stream capture). This is the practice of vLLM's per-GPU fused-MoE configs
+// candidates, ~30 s with the wider search (LinearOptions::algo_search), which at Llama-3-8B
+// batch 256 on an H200 is what brings decode within 1.3× of the roofline. A table holds the
+// winners, so a process that finds its shape there skips the timing and runs the same kernel
+// (also during stream capture). This is the practice of vLLM's per-GPU fused-MoE configs
 // (`configs/E=..,device_name=NVIDIA_H200.json`) and Triton's autotune cache, applied to
 // cuBLASLt: its docs state that a cublasLtMatmulAlgo_t "can be trivially serialized and later
 // restored for use with the same version of cuBLAS library".
@@ -74,7 +74,7 @@ struct GemmTuningChoice {
   bool split_two_streams = false;         // its parts on two streams or serial,
   std::array<CublasLtAlgoWords, 2> split_algos{};  // and each part's algorithm
   float us = 0.0f;      // the winner's tuned time, microseconds (informational)
-  int search_mask = 0;  // SetGemmAlgoSearch's mask when it was tuned
+  int search_mask = 0;  // LinearOptions::algo_search when it was tuned
   std::string describe;  // human-readable (DescribeAlgo / plan line); not parsed back
 };
 

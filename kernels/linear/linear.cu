@@ -4,7 +4,7 @@
 // n×m (ld n). The bias epilogue adds bias[n] along D's rows (CUBLASLT_EPILOGUE_BIAS).
 //
 // Autotune (CublasLt::set_autotune): the first call of a small-m shape, outside stream capture,
-// times up to GemmTuneCandidates() of cuBLASLt's heuristic algorithms and, for m <= kGemvMaxRows,
+// times up to LinearOptions::tune_candidates of cuBLASLt's heuristic algorithms and, for m <= kGemvMaxRows,
 // GemvCuda on the caller's own operands (L2 flushed before each timed run), and keeps the
 // fastest. Small-m products are weight-streaming (bandwidth-bound): the heuristic's first pick
 // there is often a split-K algorithm with a separate reduction pass, which a one-pass GEMV
@@ -34,7 +34,6 @@
 #include "kernels/linear/gemm_tuning_table.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/skinny_gemm.h"
-#include "kernels/rms_norm/rms_norm_cuda.h"
 
 namespace sluice::kernels {
 
@@ -51,14 +50,8 @@ using cuda_detail::Bf16x8;
 using cuda_detail::ToFloat8;
 using cuda_detail::WarpSum;
 
-// Upper bound of GemmTuneCandidates() (SetGemmTuneCandidates).
+// Upper bound of LinearOptions::tune_candidates.
 constexpr int kMaxTuneCandidates = 64;
-std::atomic<int> g_tune_candidates{8};
-std::atomic<int> g_gemv_norm_fusion{0};
-// SetGemvPdlPrefetch; the first round into registers measured best (H200, Llama-3-8B decode
-// B=1 with DecodePdl, two runs each: ITL 4.181 / 4.213 ms first round, 4.232 / 4.238 nothing,
-// 4.282 / 4.275 whole slice — the whole-slice L2 prefetch of every resident CTA overflows L2).
-std::atomic<int> g_gemv_pdl_prefetch{kGemvPdlPrefetchFirst};
 constexpr int kGemvThreads = 256;
 // The autotuner keeps the best GEMV unless cuBLASLt is faster by more than this factor.
 constexpr float kGemvPreference = 1.05f;
@@ -136,11 +129,10 @@ __device__ __forceinline__ GemvWarpSlice GemvSliceOf(int cta, int n, int k) {
 }
 
 // GemvColumns: the work of one CTA-sized group of output columns (`cta`) of GemvKernel below.
-// kSmemX: x is a [kM][k] copy in shared memory (GemvNormKernel) instead of global memory.
 // first / preloaded: when `preloaded`, first[] holds the warp's first round of weight vectors
 // (GemvPreload, loaded before the kernel's dependency wait), which the loop then skips loading;
 // the sums run in the same order either way.
-template <int kM, int kUnroll, int kSplit, bool kGlu, bool kSmemX>
+template <int kM, int kUnroll, int kSplit, bool kGlu>
 __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
                                             const bf16* __restrict__ w,
                                             const bf16* __restrict__ bias, bf16* __restrict__ y,
@@ -170,11 +162,7 @@ __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
       if (r < m) {
         float xf[8];
         const Bf16x8* xr = reinterpret_cast<const Bf16x8*>(x + int64_t{r} * k) + vi;
-        if constexpr (kSmemX) {
-          ToFloat8(*xr, xf);  // one 16-byte shared load: consecutive lanes, no bank conflicts
-        } else {
-          ToFloat8(LoadX(xr), xf);
-        }
+        ToFloat8(LoadX(xr), xf);
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[r] = fmaf(wf[j], xf[j], acc[r]);
       }
@@ -260,16 +248,15 @@ __device__ __forceinline__ void GemvColumns(int cta, const bf16* __restrict__ x,
 
 // GemvPreload: the weight reads a GEMV warp may issue before its dependency wait in a
 // programmatic-dependent chain (pdl.cuh; the weights are never written by a step), so the HBM
-// stream of this kernel starts during the previous kernel's tail. `prefetch`
-// (SetGemvPdlPrefetch): kGemvPdlPrefetchFirst loads the warp's first round of kUnroll vectors per
-// lane into first[] (and sets *preloaded), kGemvPdlPrefetchSlice also asks L2 for the rest of the
-// warp's slice of w[row, :] (one cp.async.bulk.prefetch.L2 by lane 0), kGemvPdlPrefetchOff nothing.
+// stream of this kernel starts during the previous kernel's tail: with `preload`, the warp's
+// first round of kUnroll vectors per lane goes into first[] (and *preloaded is set). (Asking L2
+// for the rest of the warp's slice as well overflowed L2 with every resident CTA's slice.)
 template <int kUnroll, int kSplit, bool kGlu>
 __device__ __forceinline__ void GemvPreload(int cta, const bf16* __restrict__ w, int n, int k,
-                                            int prefetch, Bf16x8 (&first)[kUnroll],
+                                            bool preload, Bf16x8 (&first)[kUnroll],
                                             bool* preloaded) {
   *preloaded = false;
-  if (prefetch == kGemvPdlPrefetchOff) return;
+  if (!preload) return;
   const GemvWarpSlice ws = GemvSliceOf<kSplit, kGlu>(cta, n, k);
   if (!ws.active) return;
   const int lane = threadIdx.x & 31;
@@ -280,103 +267,23 @@ __device__ __forceinline__ void GemvPreload(int cta, const bf16* __restrict__ w,
     if (i + 32 * u < ws.end) first[u] = LoadStreaming(wr + i + 32 * u);
   }
   *preloaded = true;
-  const int rest = ws.begin + 32 * kUnroll;  // the vectors past the first round
-  if (prefetch == kGemvPdlPrefetchSlice && lane == 0 && rest < ws.end) {
-    cuda_detail::PrefetchL2(wr + rest, static_cast<uint32_t>(ws.end - rest) * 16u);
-  }
 }
 
-// prefetch: SetGemvPdlPrefetch's mode when launched as a programmatic dependent (DecodePdl),
-// else kGemvPdlPrefetchOff. The trigger comes first (the next kernel of the chain may launch
+// preload: launched as a programmatic dependent (DecodePdl). The trigger comes first (the next kernel of the chain may launch
 // once every CTA of this grid has started), the weight reads next, and the wait before x is
 // read or y written (an earlier kernel may still read y's buffer).
 template <int kM, int kUnroll, int kSplit, bool kGlu>
 __global__ void __launch_bounds__(kGemvThreads)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                const bf16* __restrict__ bias, bf16* __restrict__ y, int m, int n, int k,
-               int prefetch) {
+               bool preload) {
   cuda_detail::LaunchDependents();
   const int cta = static_cast<int>(blockIdx.x);
   Bf16x8 first[kUnroll];
   bool preloaded = false;
-  GemvPreload<kUnroll, kSplit, kGlu>(cta, w, n, k, prefetch, first, &preloaded);
+  GemvPreload<kUnroll, kSplit, kGlu>(cta, w, n, k, preload, first, &preloaded);
   cuda_detail::GridDependencyWait();
-  GemvColumns<kM, kUnroll, kSplit, kGlu, false>(cta, x, w, bias, y, m, n, k, first, preloaded);
-}
-
-// The residual add + RMSNorm in front of a GEMV (AddRmsNormLinearCuda).
-struct GemvNormArgs {
-  const bf16* delta;     // [m, k]: the sublayer output added to the residual
-  const bf16* residual;  // [m, k]
-  const bf16* gamma;     // [k]
-  bf16* residual_out;    // [m, k]: bf16(residual + delta), written by CTA 0
-  float eps;
-};
-
-// GemvNormKernel: AddRmsNormCuda's residual add and RMSNorm, then GemvColumns on the normalized
-// rows kept in shared memory, in one launch. Every CTA normalizes the (L2-resident) rows
-// itself, so the CTAs are persistent (grid ≈ resident CTAs, each loops over column groups) and
-// pay that prologue once. The sums follow RmsNormVecKernel's order at 256 threads with two
-// vectors each (k = 4096: the same bits as AddRmsNormCuda); dynamic shared memory m·k bf16.
-template <int kM, int kUnroll, int kSplit, bool kGlu>
-__global__ void __launch_bounds__(kGemvThreads)
-    GemvNormKernel(GemvNormArgs na, const bf16* __restrict__ w, const bf16* __restrict__ bias,
-                   bf16* __restrict__ y, int m, int n, int k, int groups) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
-  bf16* const xs = reinterpret_cast<bf16*>(gemv_smem);
-  __shared__ float scratch[32];
-  const int vecs = k / 8;
-  cuda_detail::LaunchDependents();  // PDL (pdl.cuh): the next kernel may launch meanwhile
-  {
-    // HBM would idle during the prologue (a chain of L2 round trips): pull up to four
-    // 128-byte lines per lane-octet of this CTA's first loads into L2 (≤ 2 KB a warp, 16 KB a
-    // CTA, so the resident CTAs' prefetches stay well inside L2).
-    const GemvWarpSlice ws = GemvSliceOf<kSplit, kGlu>(static_cast<int>(blockIdx.x), n, k);
-    const int lane = threadIdx.x & 31;
-    if (ws.active && lane % 8 == 0) {
-      const char* wr = reinterpret_cast<const char*>(w + ws.row * k);
-#pragma unroll
-      for (int u = 0; u < (kUnroll < 4 ? kUnroll : 4); ++u) {
-        const int v = ws.begin + lane + 32 * u;
-        if (v < ws.end) asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + int64_t{v} * 16));
-      }
-    }
-  }
-  // The weight prefetch above may run ahead; the rows below come from the previous kernel.
-  cuda_detail::GridDependencyWait();
-  for (int r = 0; r < m; ++r) {
-    const int64_t base = int64_t{r} * k;
-    float sumsq = 0.0f;
-    for (int v = threadIdx.x; v < vecs; v += kGemvThreads) {
-      float h[8], d[8];
-      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.residual + base) + v), h);
-      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.delta + base) + v), d);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = h[j] + d[j];
-      const Bf16x8 hv = cuda_detail::ToBf16x8(h);  // the rounded residual, which the norm reads
-      if (blockIdx.x == 0) cuda_detail::StoreVec(na.residual_out + base + int64_t{v} * 8, hv);
-      reinterpret_cast<Bf16x8*>(xs + base)[v] = hv;
-      ToFloat8(hv, h);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sumsq += h[j] * h[j];
-    }
-    const float total = cuda_detail::BlockSum(sumsq, scratch);
-    const float inv = 1.0f / sqrtf(total / static_cast<float>(k) + na.eps);
-    for (int v = threadIdx.x; v < vecs; v += kGemvThreads) {  // the vectors this thread wrote
-      float h[8], g[8];
-      ToFloat8(reinterpret_cast<const Bf16x8*>(xs + base)[v], h);
-      ToFloat8(LoadX(reinterpret_cast<const Bf16x8*>(na.gamma) + v), g);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = h[j] * inv * g[j];
-      reinterpret_cast<Bf16x8*>(xs + base)[v] = cuda_detail::ToBf16x8(h);
-    }
-  }
-  __syncthreads();
-  for (int g = static_cast<int>(blockIdx.x); g < groups; g += static_cast<int>(gridDim.x)) {
-    GemvColumns<kM, kUnroll, kSplit, kGlu, true>(g, xs, w, bias, y, m, n, k);
-    // The next group's partial sums reuse GemvColumns' shared arrays.
-    if constexpr (kSplit > 1 || kGlu) __syncthreads();
-  }
+  GemvColumns<kM, kUnroll, kSplit, kGlu>(cta, x, w, bias, y, m, n, k, first, preloaded);
 }
 
 // Reads `bytes` (a multiple of 16) of `buf` so L2 holds clean lines of it and nothing of the
@@ -420,37 +327,9 @@ void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, 
                   : m <= 4 ? &GemvKernel<4, kUnroll, kSplit, kGlu>
                            : &GemvKernel<8, kUnroll, kSplit, kGlu>;
     const bool pdl = DecodePdl();
-    const int prefetch = pdl ? GemvPdlPrefetch() : kGemvPdlPrefetchOff;
     // Errors surface through CudaLaunchStatus (cudaGetLastError) at the callers.
     (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kGemvThreads), 0, stream,
-                                            pdl, x, w, bias, y, mi, ni, ki, prefetch);
-  }
-}
-
-// Largest m·k GemvNormKernel keeps in shared memory (48 KB without an opt-in).
-constexpr int64_t kGemvNormMaxElems = 24576;
-
-// n: output columns (kGlu: w has 2n rows). m <= 2 (the decode rows the fusion serves).
-template <int kUnroll, int kSplit, bool kGlu>
-void LaunchGemvNormVariant(const GemvNormArgs& na, const bf16* w, const bf16* bias, bf16* y,
-                           int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  if constexpr (kGlu && kGemvThreads / 32 / kSplit < 2) {
-    return;  // not served (GemvGluVariantSupported)
-  } else {
-    constexpr int64_t kCols = kGemvThreads / 32 / kSplit / (kGlu ? 2 : 1);
-    const int groups = static_cast<int>((n + kCols - 1) / kCols);
-    const size_t smem = static_cast<size_t>(m * k) * sizeof(bf16);
-    auto kernel = m == 1 ? &GemvNormKernel<1, kUnroll, kSplit, kGlu>
-                         : &GemvNormKernel<2, kUnroll, kSplit, kGlu>;
-    // Persistent CTAs: as many as fit at once (occupancy at this m·k), each looping over groups.
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem);
-    const int grid = std::max(1, std::min(groups, std::max(sms, 1) * std::max(per_sm, 1)));
-    (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kGemvThreads), smem, stream,
-                                            DecodePdl(), na, w, bias, y, static_cast<int>(m),
-                                            static_cast<int>(n), static_cast<int>(k), groups);
+                                            pdl, x, w, bias, y, mi, ni, ki, pdl);
   }
 }
 
@@ -500,16 +379,6 @@ void LaunchGemvForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int
   });
 }
 
-template <bool kGlu>
-void LaunchGemvNormForm(const GemvNormArgs& na, const bf16* w, const bf16* bias, bf16* y,
-                        int64_t m, int64_t n, int64_t k, int unroll, int split,
-                        cudaStream_t stream) {
-  DispatchGemvVariant(unroll, split, [&](auto u, auto s) {
-    LaunchGemvNormVariant<decltype(u)::value, decltype(s)::value, kGlu>(na, w, bias, y, m, n, k,
-                                                                         stream);
-  });
-}
-
 // Launch without validating (callers checked GemvSupported and Gemv[Glu]VariantSupported).
 void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
                 int64_t k, int unroll, int split, cudaStream_t stream) {
@@ -547,7 +416,7 @@ struct Plan {
   int skinny_split = 1;   // its (split, stages)
   int skinny_stages = 3;
   float skinny_us = 0.0f;  // tuned: its best time over the variants (0 when not eligible)
-  // tuned: a two-part N split that beat every single call (SetGemmAlgoSearch); runs instead.
+  // tuned: a two-part N split that beat every single call (LinearOptions::algo_search); runs instead.
   std::unique_ptr<gemm_search::SplitGemm> split;
   bool table_checked = false;  // the process's GEMM tuning table was consulted
   bool from_table = false;     // tuned = a saved choice (LoadGemmTuning), not timed here
@@ -610,18 +479,18 @@ TuningRegistry& Registry() {
   return *r;
 }
 
-std::atomic<bool> g_skinny_tuning{true};
-
-// Whether the autotuner times SkinnyGemmCuda for this plan (SetGemmSkinnyTuning).
-bool SkinnyCandidate(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
-  return GemmSkinnyTuning() && m >= kSkinnyTuneMinRows && m <= kSkinnyTuneMaxRows &&
+// Whether the autotuner times SkinnyGemmCuda for this plan (LinearOptions::skinny_tuning).
+bool SkinnyCandidate(const LinearOptions& o, const bf16* x, const bf16* w, int64_t m, int64_t n,
+                     int64_t k) {
+  return o.skinny_tuning && m >= kSkinnyTuneMinRows && m <= kSkinnyTuneMaxRows &&
          skinny_detail::SkinnySupported(x, w, m, n, k);
 }
 
-// The search bits a plan is tuned (and its table entry looked up) with: SetGemmAlgoSearch's
-// mask, plus kGemmTunedSkinny where SkinnyGemmCuda is a candidate.
-int TuningMask(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k) {
-  return GemmAlgoSearch() | (SkinnyCandidate(x, w, m, n, k) ? kGemmTunedSkinny : 0);
+// The search bits a plan is tuned (and its table entry looked up) with: the options'
+// algo_search mask, plus kGemmTunedSkinny where SkinnyGemmCuda is a candidate.
+int TuningMask(const LinearOptions& o, const bf16* x, const bf16* w, int64_t m, int64_t n,
+               int64_t k) {
+  return o.algo_search | (SkinnyCandidate(o, x, w, m, n, k) ? kGemmTunedSkinny : 0);
 }
 
 GemmTuningKey TuningKeyOf(const PlanKey& key, bool glu) {
@@ -712,6 +581,7 @@ struct CublasLt::Impl {
   std::mutex mu;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans;
   int64_t autotune_max_m = 0;  // plans with m <= this are tuned
+  LinearOptions options;
   std::unique_ptr<gemm_search::SplitResources> split_res;  // two-stream splits' side stream
 
   ~Impl() {
@@ -775,7 +645,7 @@ struct CublasLt::Impl {
     int count = 0;
     if (s == CUBLAS_STATUS_SUCCESS) {
       s = cublasLtMatmulAlgoGetHeuristic(handle, plan->op, plan->a, plan->b, plan->c, plan->c, pref,
-                                         m <= autotune_max_m ? GemmTuneCandidates() : 1, results,
+                                         m <= autotune_max_m ? options.tune_candidates : 1, results,
                                          &count);
     }
     cublasLtMatmulPreferenceDestroy(pref);
@@ -789,7 +659,7 @@ struct CublasLt::Impl {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
     }
     if (m <= autotune_max_m && m >= kGemmSearchMinRows &&
-        (GemmAlgoSearch() & kGemmSearchAlgos) != 0) {  // timed after the heuristic's by Tune
+        (options.algo_search & kGemmSearchAlgos) != 0) {  // timed after the heuristic's by Tune
       absl::Status st = gemm_search::EnumerateAlgos(handle, plan->op, plan->a, plan->b, plan->c,
                                                     workspace.bytes(),
                                                     gemm_search::kMaxEnumerated, &plan->candidates);
@@ -820,7 +690,7 @@ struct CublasLt::Impl {
       auto device = CurrentTuningDevice();
       if (!device.ok() || !r.table->Applies(*device)) return false;
       const GemmTuningChoice* found =
-          r.table->Find(tk, TuningMask(x, w, tk.m, tk.n, tk.k));
+          r.table->Find(tk, TuningMask(options, x, w, tk.m, tk.n, tk.k));
       if (found == nullptr) return false;
       c = *found;
     }
@@ -845,7 +715,7 @@ struct CublasLt::Impl {
         p.gemv_us = c.us;
         break;
       case GemmTuningChoice::Kind::kSkinny:
-        if (!SkinnyCandidate(x, w, tk.m, tk.n, tk.k) ||
+        if (!SkinnyCandidate(options, x, w, tk.m, tk.n, tk.k) ||
             !skinny_detail::SkinnyVariantSupported(tk.m, c.skinny_split, c.skinny_stages)) {
           return false;
         }
@@ -973,10 +843,12 @@ struct CublasLt::Impl {
         p.algo = algo;
       }
     }
-    // Two-part N splits (SetGemmAlgoSearch; m >= kGemmSearchMinRows only, so never a GEMV).
+    // Two-part N splits (LinearOptions::algo_search; m >= kGemmSearchMinRows only, so never a
+    // GEMV).
     p.split = gemm_search::TuneBestSplit(
         handle, m, n, k, x, w, bias, y, workspace.data(), workspace.bytes(), &split_res, stream,
-        GemmTuneCandidates(), [&](const std::function<bool()>& run) { return time(run); },
+        options.algo_search, options.tune_candidates,
+        [&](const std::function<bool()>& run) { return time(run); },
         glu_out == nullptr ? std::function<bool()>()
                            : [&] { return SiluMulCuda(y, glu_out, m, n / 2, stream).ok(); },
         &best);
@@ -1008,7 +880,7 @@ struct CublasLt::Impl {
     }
     // SkinnyGemmCuda (kSkinnyTuneMinRows..kSkinnyTuneMaxRows rows), in its SiLU·mul form for
     // glu_out. One launch like the GEMV, so it is compared with the best so far as timed.
-    if (SkinnyCandidate(x, w, m, n, k)) {
+    if (SkinnyCandidate(options, x, w, m, n, k)) {
       for (const skinny_detail::SkinnyVariant& v : skinny_detail::kSkinnyVariants) {
         if (!skinny_detail::SkinnyVariantSupported(m, v.split, v.stages)) continue;
         const float us = time([&] {
@@ -1043,8 +915,18 @@ struct CublasLt::Impl {
 CublasLt::CublasLt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CublasLt::~CublasLt() = default;
 
-absl::StatusOr<std::unique_ptr<CublasLt>> CublasLt::Create(size_t workspace_bytes) {
+absl::StatusOr<std::unique_ptr<CublasLt>> CublasLt::Create(size_t workspace_bytes,
+                                                          const LinearOptions& options) {
+  if (options.tune_candidates < 1 || options.tune_candidates > kMaxTuneCandidates ||
+      options.algo_search < 0 ||
+      options.algo_search > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CublasLt: LinearOptions tune_candidates must be in 1..", kMaxTuneCandidates, " (got ",
+        options.tune_candidates, "), algo_search a mask of 1, 2, 4 (got ", options.algo_search,
+        ")"));
+  }
   auto impl = std::make_unique<Impl>();
+  impl->options = options;
   SLUICE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&impl->handle), "cublasLtCreate");
   auto ws = DeviceBuffer<uint8_t>::Create(workspace_bytes);
   if (!ws.ok()) return ws.status();
@@ -1057,21 +939,15 @@ namespace {
 // LinearCuda's body. With `glu_out` (LinearSiluMulCuda: n = 2 · inter), a plan whose tuned
 // choice is a GEMV variant that the fused form serves writes SiLU·mul straight to glu_out and
 // sets *fused (y is then left alone); otherwise y gets the product and *fused is false.
-// norm (AddRmsNormLinear*): x is the normalized output of AddRmsNormCuda(norm->delta,
-// residual, gamma); when the tuned plan is a GEMV that GemvNormKernel serves, one fused launch
-// writes norm->residual_out instead (and *norm_fused = true), otherwise AddRmsNormCuda runs
-// first (in place on norm->residual, x written).
 absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const bf16* bias,
                        bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                       bf16* glu_out, bool* fused, const GemvNormArgs* norm = nullptr,
-                       bool* norm_fused = nullptr) {
+                       bf16* glu_out, bool* fused) {
   constexpr int64_t kMaxLd = 0x7fffffff;
   if (m < 1 || n < 1 || k < 1 || m > kMaxLd || n > kMaxLd || k > kMaxLd) {
     return absl::InvalidArgumentError(
         absl::StrCat("LinearCuda: bad shape m=", m, " n=", n, " k=", k));
   }
   if (fused != nullptr) *fused = false;
-  if (norm_fused != nullptr) *norm_fused = false;
   std::lock_guard<std::mutex> lock(impl.mu);
   const PlanKey key{m,
                     n,
@@ -1084,27 +960,6 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   auto plan = impl.GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
-  if (norm != nullptr) {
-    const int gemv_n = glu_out != nullptr ? static_cast<int>(n / 2) : static_cast<int>(n);
-    const bool glu_ok = glu_out == nullptr || GemvGluVariantSupported(p.gemv_unroll, p.gemv_split);
-    if (p.tuned && p.gemv && glu_ok && GemvNormFusion() != 0 && m <= 2 && m * k <= kGemvNormMaxElems &&
-        Aligned16(norm->delta) && Aligned16(norm->residual) && Aligned16(norm->gamma) &&
-        Aligned16(norm->residual_out)) {
-      if (glu_out != nullptr) {
-        LaunchGemvNormForm<true>(*norm, w, bias, glu_out, m, gemv_n, k, p.gemv_unroll,
-                                 p.gemv_split, stream);
-        *fused = true;
-      } else {
-        LaunchGemvNormForm<false>(*norm, w, bias, y, m, gemv_n, k, p.gemv_unroll, p.gemv_split,
-                                  stream);
-      }
-      *norm_fused = true;
-      return CudaLaunchStatus("GemvNormKernel");
-    }
-    absl::Status st = AddRmsNormCuda(norm->delta, const_cast<bf16*>(norm->residual), norm->gamma,
-                                     const_cast<bf16*>(x), m, k, norm->eps, stream);
-    if (!st.ok()) return st;
-  }
   // Only untuned plans within the autotune limit look at the tuning table (once) or time:
   // the plans every later call finds skip all of this.
   if (m <= impl.autotune_max_m && !p.tuned) {
@@ -1126,7 +981,8 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
       }
       absl::Status st = impl.Tune(p, key, x, w, bias, y, glu_out, stream);
       if (!st.ok()) return st;
-      impl.RecordTuned(p, TuningKeyOf(key, glu_out != nullptr), TuningMask(x, w, m, n, k));
+      impl.RecordTuned(p, TuningKeyOf(key, glu_out != nullptr),
+                       TuningMask(impl.options, x, w, m, n, k));
     }
   }
   if (p.skinny) {
@@ -1187,92 +1043,7 @@ absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w, const
   return SiluMulCuda(gate_up, out, m, inter, stream);
 }
 
-namespace {
-
-absl::Status CheckNormBuffers(const char* what, const bf16* delta, const bf16* residual,
-                              const bf16* residual_out, const bf16* normed) {
-  if (delta == nullptr || residual == nullptr || residual_out == nullptr || normed == nullptr ||
-      residual_out == residual || residual_out == delta) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": needs delta, residual, residual_out (distinct from both) and normed"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
-                                  bf16* residual_out, const bf16* gamma, float eps, bf16* normed,
-                                  const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                                  int64_t k, cudaStream_t stream, bool* residual_moved) {
-  absl::Status st =
-      CheckNormBuffers("AddRmsNormLinearCuda", delta, residual, residual_out, normed);
-  if (!st.ok()) return st;
-  const GemvNormArgs na{delta, residual, gamma, residual_out, eps};
-  bool moved = false;
-  absl::Status run =
-      RunLinear(*lt.impl_, normed, w, bias, y, m, n, k, stream, nullptr, nullptr, &na, &moved);
-  if (residual_moved != nullptr) *residual_moved = moved;
-  return run;
-}
-
-absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* residual,
-                                         bf16* residual_out, const bf16* gamma, float eps,
-                                         bf16* normed, const bf16* w, const bf16* bias,
-                                         bf16* gate_up, bf16* out, int64_t m, int64_t inter,
-                                         int64_t k, cudaStream_t stream, bool* residual_moved) {
-  absl::Status st =
-      CheckNormBuffers("AddRmsNormLinearSiluMulCuda", delta, residual, residual_out, normed);
-  if (!st.ok()) return st;
-  if (inter < 1 || inter > 0x3fffffff || gate_up == nullptr || out == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AddRmsNormLinearSiluMulCuda: needs 1 <= inter < 2^30 and gate_up, out (inter=", inter,
-        ")"));
-  }
-  const GemvNormArgs na{delta, residual, gamma, residual_out, eps};
-  bool fused = false, moved = false;
-  absl::Status run = RunLinear(*lt.impl_, normed, w, bias, gate_up, m, 2 * inter, k, stream, out,
-                               &fused, &na, &moved);
-  if (residual_moved != nullptr) *residual_moved = moved;
-  if (!run.ok() || fused) return run;
-  return SiluMulCuda(gate_up, out, m, inter, stream);
-}
-
-absl::Status SetGemvNormFusion(int sites) {
-  if (sites < 0 || sites > (kGemvNormBeforeAttention | kGemvNormBeforeMlp)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetGemvNormFusion: sites must be a mask of 1 and 2, got ", sites));
-  }
-  g_gemv_norm_fusion.store(sites, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int GemvNormFusion() { return g_gemv_norm_fusion.load(std::memory_order_relaxed); }
-
-absl::Status SetGemvPdlPrefetch(int mode) {
-  if (mode < kGemvPdlPrefetchOff || mode > kGemvPdlPrefetchSlice) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetGemvPdlPrefetch: mode must be 0, 1 or 2, got ", mode));
-  }
-  g_gemv_pdl_prefetch.store(mode, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int GemvPdlPrefetch() { return g_gemv_pdl_prefetch.load(std::memory_order_relaxed); }
-
-absl::Status SetGemmTuneCandidates(int n) {
-  if (n < 1 || n > kMaxTuneCandidates) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SetGemmTuneCandidates: needs 1 <= n <= ", kMaxTuneCandidates, ", got ", n));
-  }
-  g_tune_candidates.store(n, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int GemmTuneCandidates() { return g_tune_candidates.load(std::memory_order_relaxed); }
-
-void SetGemmSkinnyTuning(bool on) { g_skinny_tuning.store(on, std::memory_order_relaxed); }
-bool GemmSkinnyTuning() { return g_skinny_tuning.load(std::memory_order_relaxed); }
+const LinearOptions& CublasLt::options() const { return impl_->options; }
 
 void CublasLt::set_autotune(int64_t max_m) {
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -1309,7 +1080,8 @@ std::string CublasLt::DescribePlans() {
                   p->skinny_stages);
     out += line;
     if (p->from_table) out += " (GEMM tuning table)";
-    if ((GemmAlgoSearch() != 0 || p->from_table) && !p->gemv && !p->skinny) {  // the algorithm in full
+    if ((impl_->options.algo_search != 0 || p->from_table) && !p->gemv &&
+        !p->skinny) {  // the algorithm in full
       out += "; " + (p->split != nullptr ? p->split->Describe() : gemm_search::DescribeAlgo(p->algo));
     }
     out += "\n";

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/linear/linear_options.h"
 
 namespace sluice::kernels {
 
@@ -21,14 +22,18 @@ class CublasLt {
  public:
   // Default workspace: 32 MiB, as NVIDIA recommends for Hopper.
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
-  // Create makes the handle and allocates the workspace on the current device.
-  // Errors: Internal for cuBLAS/CUDA failures (e.g. no device).
+  // Create makes the handle and allocates the workspace on the current device; `options`
+  // (linear_options.h) say what its autotuner times.
+  // Errors: InvalidArgument for options out of range (tune_candidates outside 1..64,
+  // algo_search not a mask of kGemmSearch* bits); Internal for cuBLAS/CUDA failures (e.g. no
+  // device).
   static absl::StatusOr<std::unique_ptr<CublasLt>> Create(
-      size_t workspace_bytes = kDefaultWorkspaceBytes);
+      size_t workspace_bytes = kDefaultWorkspaceBytes, const LinearOptions& options = {});
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
+  const LinearOptions& options() const;
   // set_autotune(max_m): each new (shape, bias, alignment) plan with m <= max_m is tuned on its
-  // first call made outside stream capture: up to GemmTuneCandidates() (default 8) of the
+  // first call made outside stream capture: up to options().tune_candidates of the
   // heuristic's algorithms and, for m <= kGemvMaxRows, GemvCuda are timed on that call's
   // operands (7 runs each; the stream is synchronized) and the fastest is kept. A plan first met
   // during capture keeps the heuristic's pick. 0 (the default) turns tuning off, so every call
@@ -46,76 +51,15 @@ class CublasLt {
   std::unique_ptr<Impl> impl_;
   friend absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* bias,
                                  bf16* y, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
-  friend absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
-                                           bf16* residual_out, const bf16* gamma, float eps,
-                                           bf16* normed, const bf16* w, const bf16* bias, bf16* y,
-                                           int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                                           bool* residual_moved);
-  friend absl::Status AddRmsNormLinearSiluMulCuda(
-      CublasLt& lt, const bf16* delta, bf16* residual, bf16* residual_out, const bf16* gamma,
-      float eps, bf16* normed, const bf16* w, const bf16* bias, bf16* gate_up, bf16* out,
-      int64_t m, int64_t inter, int64_t k, cudaStream_t stream, bool* residual_moved);
   friend absl::Status LinearSiluMulCuda(CublasLt& lt, const bf16* x, const bf16* w,
                                         const bf16* bias, bf16* gate_up, bf16* out, int64_t m,
                                         int64_t inter, int64_t k, cudaStream_t stream);
 };
 
-// AddRmsNormLinearCuda: the pre-norm sublayer input and its projection, y = LinearCuda(
-// RmsNorm(residual + delta) · gamma), as AddRmsNormCuda(delta, residual, gamma, normed) followed
-// by LinearCuda(normed, w, bias, y). When GEMV/norm fusion is on (SetGemvNormFusion != 0) and the
-// shape's tuned plan is a GEMV (decode rows, m <= 2, m·k <= 24576), one kernel does both: each
-// CTA normalizes the rows itself, the new residual bf16(residual + delta) goes to residual_out
-// (residual is left unchanged, normed unwritten) and *residual_moved is set; otherwise the
-// residual is updated in place and *residual_moved is false. Callers keep two residual buffers
-// and continue from residual_out when it moved. The fused kernel reproduces AddRmsNormCuda's
-// rounding and (k = 4096) its summation order, so y is the same either way.
-// All bf16 [m, k] contiguous (gamma [k]); residual_out must differ from residual and delta.
-// Errors: InvalidArgument for null or aliased buffers and LinearCuda's shape errors.
-absl::Status AddRmsNormLinearCuda(CublasLt& lt, const bf16* delta, bf16* residual,
-                                  bf16* residual_out, const bf16* gamma, float eps, bf16* normed,
-                                  const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                                  int64_t k, cudaStream_t stream, bool* residual_moved);
-// AddRmsNormLinearSiluMulCuda: the same in front of LinearSiluMulCuda (w: fused [gate; up],
-// out [m, inter] = SiLU(gate)·up).
-absl::Status AddRmsNormLinearSiluMulCuda(CublasLt& lt, const bf16* delta, bf16* residual,
-                                         bf16* residual_out, const bf16* gamma, float eps,
-                                         bf16* normed, const bf16* w, const bf16* bias,
-                                         bf16* gate_up, bf16* out, int64_t m, int64_t inter,
-                                         int64_t k, cudaStream_t stream, bool* residual_moved);
-// SetGemvNormFusion(sites): where a model runner lets AddRmsNormLinear* fuse, a mask of
-// kGemvNormBeforeAttention (the pre-attention norm + qkv projection) and kGemvNormBeforeMlp (the
-// post-attention norm + gate/up); 0 (the default) turns the fusion off everywhere.
-// Errors: InvalidArgument for other values.
-inline constexpr int kGemvNormBeforeAttention = 1;
-inline constexpr int kGemvNormBeforeMlp = 2;
-absl::Status SetGemvNormFusion(int sites);
-int GemvNormFusion();
-
-// SetGemvPdlPrefetch(mode): what a GEMV (GemvCuda, GemvSiluMulCuda and the GEMV plans of
-// LinearCuda / LinearSiluMulCuda) reads of its weights before its dependency wait when launched
-// as a programmatic dependent (kernels::DecodePdl; no effect otherwise), so the weight stream
-// overlaps the previous kernel's tail: kGemvPdlPrefetchOff nothing; kGemvPdlPrefetchFirst each
-// warp's first round of loads (unroll 16-byte vectors per lane) into registers;
-// kGemvPdlPrefetchSlice that plus an L2 prefetch (cp.async.bulk.prefetch.L2) of the rest of the
-// warp's slice of its weight row. Default kGemvPdlPrefetchFirst (fastest on an H200, Llama-3-8B
-// decode at batch 1). Results are bit-identical in every mode.
-// Errors: InvalidArgument for other values.
-inline constexpr int kGemvPdlPrefetchOff = 0;
-inline constexpr int kGemvPdlPrefetchFirst = 1;
-inline constexpr int kGemvPdlPrefetchSlice = 2;
-absl::Status SetGemvPdlPrefetch(int mode);
-int GemvPdlPrefetch();
-
-// SetGemmTuneCandidates(n): how many of cuBLASLt's heuristic algorithms the autotuner
-// (CublasLt::set_autotune) times per new plan, 1..64 (default 8). Plans made before the call
-// keep their choice. Errors: InvalidArgument outside 1..64.
-absl::Status SetGemmTuneCandidates(int n);
-int GemmTuneCandidates();
-
 // LoadGemmTuning(path): merges a GEMM tuning table (kernels/linear/gemm_tuning_table.h) into
 // the process's table, which every CublasLt's autotuner (set_autotune) consults before timing:
 // a plan whose (shape, bias, alignments, SiLU·mul epilogue) is there, tuned with at least the
-// current SetGemmAlgoSearch bits, takes the saved choice (after cublasLtMatmulAlgoCheck / the
+// CublasLt's LinearOptions::algo_search bits, takes the saved choice (after cublasLtMatmulAlgoCheck / the
 // GEMV variant checks; otherwise it is timed as usual) without timing or synchronizing.
 // `path` is a table file, or a directory holding GemmTuningFileName(<this GPU's name>).
 // Returns the entries taken: 0 for a directory without this GPU's file or a table of another
@@ -146,14 +90,9 @@ absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, i
 
 // Largest m SkinnyGemmCuda serves.
 inline constexpr int64_t kSkinnyGemmMaxRows = 64;
-// The rows at which LinearCuda's autotuner times SkinnyGemmCuda (when SetGemmSkinnyTuning is
-// on). H200, Llama-3-8B shapes (bench/results/cuda_ab_stop16_h200.json): tuned alone it is
-// ahead of cuBLASLt's tuned pick at m = 2..16 on o_proj (12.7-13.2 vs 14.2-14.9 µs) and
-// gate/up + SiLU·mul (61-63 vs 61-67), 5-20% behind at m = 32 and 1.4-2.6× at m = 64 (mma.sync
-// issue rate: m = 64 needs ~270 TFLOP/s at the copy bandwidth). In the decode graph it gains
-// at batch 8 (ITL 4.973-4.976 vs 5.039 ms without it) but loses at 16 (5.784-5.788 vs 5.418),
-// so it is timed at 2..8 rows only. m = 1 keeps the GEMV (its programmatic-launch overlap
-// in the graph is worth more than the skinny kernel's 1.1 µs on o_proj alone).
+// The rows at which LinearCuda's autotuner times SkinnyGemmCuda (LinearOptions::skinny_tuning):
+// where it won in the decode graph (bench/results/cuda_ab_stop16_h200.json); m = 1 keeps the
+// GEMV, whose programmatic-launch overlap is worth more.
 inline constexpr int64_t kSkinnyTuneMinRows = 2;
 inline constexpr int64_t kSkinnyTuneMaxRows = 8;
 // The search bit (GemmTuningChoice::search_mask) of tuning-table entries whose timing included
@@ -161,12 +100,6 @@ inline constexpr int64_t kSkinnyTuneMaxRows = 8;
 // this bit too, so a table made before the kernel existed is timed again there instead of
 // applied.
 inline constexpr int kGemmTunedSkinny = 8;
-// SetGemmSkinnyTuning(on): whether LinearCuda's autotuner times SkinnyGemmCuda (and applies
-// tuning-table choices of it) for kSkinnyTuneMinRows <= m <= kSkinnyTuneMaxRows; default on.
-// Process-wide, for A/B runs (cuda_decode_bench --gemm-skinny 0|1); plans made before the call
-// keep their choice.
-void SetGemmSkinnyTuning(bool on);
-bool GemmSkinnyTuning();
 
 // SkinnyGemmCuda: the same product as LinearCuda for decode batches, y[m, n] = bf16(Σ_k
 // x[m, k]·w[n, k] + bias[n]), fp32 accumulation, as one weight-streaming tensor-core kernel

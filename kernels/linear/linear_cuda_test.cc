@@ -150,17 +150,29 @@ TEST(LinearCudaTest, AutotuneMatchesCpuReference) {
   EXPECT_EQ(plans.find("tuned 0"), std::string::npos) << plans;
 }
 
-// More tuning candidates (SetGemmTuneCandidates) still give the reference's values; the count
-// is bounded to 1..64.
-TEST(LinearCudaTest, TuneCandidatesSetting) {
-  EXPECT_EQ(SetGemmTuneCandidates(0).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetGemmTuneCandidates(65).code(), absl::StatusCode::kInvalidArgument);
-  const int before = GemmTuneCandidates();
-  ASSERT_TRUE(SetGemmTuneCandidates(32).ok());
-  EXPECT_EQ(GemmTuneCandidates(), 32);
+// More tuning candidates (LinearOptions::tune_candidates) still give the reference's values;
+// the count is bounded to 1..64, the search mask to the kGemmSearch* bits.
+TEST(LinearCudaTest, TuneCandidatesOption) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  auto lt = CublasLt::Create();
+  LinearOptions bad;
+  for (const int n : {0, 65}) {
+    bad.tune_candidates = n;
+    EXPECT_EQ(CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << n;
+  }
+  bad = LinearOptions();
+  for (const int mask : {-1, 8}) {
+    bad.algo_search = mask;
+    EXPECT_EQ(CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << mask;
+  }
+  LinearOptions options;
+  options.tune_candidates = 32;
+  auto lt = CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, options);
   ASSERT_TRUE(lt.ok()) << lt.status();
+  EXPECT_EQ((*lt)->options().tune_candidates, 32);
   (*lt)->set_autotune(256);
   auto rng = cuda_test::Rng();
   const int64_t m = 256, n = 768, k = 512;
@@ -169,85 +181,6 @@ TEST(LinearCudaTest, TuneCandidatesSetting) {
                return LinearCuda(**lt, x, w, b, y, m, n, k, nullptr);
              });
   EXPECT_NE((*lt)->DescribePlans().find("tuned 1"), std::string::npos);
-  ASSERT_TRUE(SetGemmTuneCandidates(before).ok());
-}
-
-// AddRmsNormLinear[SiluMul]Cuda with GEMV/norm fusion on: the first call (tuning) runs
-// AddRmsNormCuda in place and the tuned plan; a later call of a GEMV plan is one fused kernel
-// that leaves the residual, writes bf16(residual + delta) to residual_out and gives the same
-// output bits (k = 4096: AddRmsNormCuda's summation order). Rows m = 1 and 2, with and without
-// the SiLU·mul epilogue and a bias.
-TEST(LinearCudaTest, AddRmsNormLinearFusedEqualsUnfused) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  auto lt = CublasLt::Create();
-  ASSERT_TRUE(lt.ok()) << lt.status();
-  (*lt)->set_autotune(2);
-  ASSERT_TRUE(SetGemvNormFusion(kGemvNormBeforeAttention | kGemvNormBeforeMlp).ok());
-  EXPECT_EQ(SetGemvNormFusion(4).code(), absl::StatusCode::kInvalidArgument);
-  auto rng = cuda_test::Rng();
-  const int64_t k = 4096;
-  using Case = std::tuple<int64_t, int64_t, bool, bool>;  // m, n, SiLU·mul, bias
-  for (const auto& [m, n, glu, bias] :
-       {Case{1, 4096, false, false}, Case{2, 6144, false, true}, Case{1, 1792, true, false},
-        Case{2, 1792, true, true}}) {
-    const std::string what =
-        absl::StrCat("m=", m, " n=", n, glu ? " silu" : "", bias ? " +bias" : "");
-    const int64_t rows = glu ? 2 * n : n;
-    const auto res = RandomBf16(static_cast<size_t>(m * k), rng, -2.0f, 2.0f);
-    const auto delta = RandomBf16(static_cast<size_t>(m * k), rng, -2.0f, 2.0f);
-    const auto gamma = RandomBf16(static_cast<size_t>(k), rng, 0.5f, 1.5f);
-    const auto w = RandomBf16(static_cast<size_t>(rows * k), rng, -1.0f, 1.0f);
-    const auto b = RandomBf16(static_cast<size_t>(rows), rng, -1.0f, 1.0f);
-    auto d_delta = Upload(delta), d_gamma = Upload(gamma), d_w = Upload(w), d_b = Upload(b);
-    auto d_normed = NanBuffer(static_cast<size_t>(m * k));
-    auto d_gate_up = NanBuffer(static_cast<size_t>(m * rows));
-    std::vector<float> first_y, first_res;
-    bool plan_is_gemv = false;
-    for (int call = 0; call < 2; ++call) {
-      auto d_res = Upload(res);
-      auto d_res_out = NanBuffer(static_cast<size_t>(m * k));
-      auto d_y = NanBuffer(static_cast<size_t>(m * n));
-      bool moved = true;
-      const absl::Status st =
-          glu ? AddRmsNormLinearSiluMulCuda(**lt, d_delta.data(), d_res.data(), d_res_out.data(),
-                                            d_gamma.data(), 1e-5f, d_normed.data(), d_w.data(),
-                                            bias ? d_b.data() : nullptr, d_gate_up.data(),
-                                            d_y.data(), m, n, k, nullptr, &moved)
-              : AddRmsNormLinearCuda(**lt, d_delta.data(), d_res.data(), d_res_out.data(),
-                                     d_gamma.data(), 1e-5f, d_normed.data(), d_w.data(),
-                                     bias ? d_b.data() : nullptr, d_y.data(), m, n, k, nullptr,
-                                     &moved);
-      ASSERT_TRUE(st.ok()) << what << ": " << st;
-      if (call == 0) {
-        EXPECT_FALSE(moved) << what << ": the tuning call runs unfused";
-        first_y = Download(d_y);
-        first_res = Download(d_res);
-        const std::string plans = (*lt)->DescribePlans();
-        // Fusable: a GEMV plan, and for SiLU·mul one that serves the fused epilogue (split <= 4).
-        const std::string key =
-            absl::StrCat("m=", m, " n=", rows, " k=", k, bias ? " +bias" : "", ": GEMV");
-        const size_t at = plans.find(key);
-        const std::string line =
-            at == std::string::npos ? "" : plans.substr(at, plans.find('\n', at) - at);
-        plan_is_gemv = !line.empty() && (!glu || line.find("split 8)") == std::string::npos);
-        continue;
-      }
-      EXPECT_EQ(moved, plan_is_gemv) << what << "\n" << (*lt)->DescribePlans();
-      EXPECT_EQ(Download(d_y), first_y) << what;
-      if (moved) {
-        EXPECT_EQ(Download(d_res), ToFloat(res)) << what << ": residual must stay";
-        EXPECT_EQ(Download(d_res_out), first_res) << what;
-      } else {
-        EXPECT_EQ(Download(d_res), first_res) << what;
-      }
-    }
-  }
-  auto d = NanBuffer(16);
-  EXPECT_EQ(AddRmsNormLinearCuda(**lt, d.data(), d.data(), d.data(), d.data(), 1e-5f, d.data(),
-                                 d.data(), nullptr, d.data(), 1, 1, 16, nullptr, nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(SetGemvNormFusion(0).ok());
 }
 
 // GemvSiluMulCuda equals GemvCuda (same variant) into a [m, 2n] buffer followed by SiluMulCuda
@@ -329,9 +262,10 @@ TEST(LinearCudaTest, GemvSiluMulMatchesUnfused) {
 // SiLU·mul → GEMV, three times, then a final add + RMSNorm; every kernel reads what the one
 // before wrote and writes what an earlier one read) launched as one programmatic chain
 // (kernels::SetDecodePdl) give the same bits as plain launches — eagerly on a stream and
-// replayed from a CUDA graph, in each GEMV variant the fused SiLU·mul form serves and every
-// SetGemvPdlPrefetch mode. A missing dependency wait would let a kernel read a buffer before
-// the kernel before it wrote it.
+// replayed from a CUDA graph, in each GEMV variant the fused SiLU·mul form serves (as
+// programmatic dependents the GEMVs load their first weight vectors before the dependency
+// wait). A missing dependency wait would let a kernel read a buffer before the kernel before it
+// wrote it.
 TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
@@ -352,13 +286,11 @@ TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
                       Upload(RandomBf16(static_cast<size_t>(2 * kInter * kH), rng, -kW, kW)),
                       Upload(RandomBf16(static_cast<size_t>(kH * kInter), rng, -kW, kW))});
   }
-  const int saved_prefetch = GemvPdlPrefetch();
   for (const int64_t m : {1, 2}) {
     const auto x0 = RandomBf16(static_cast<size_t>(m * kH), rng, -1.0f, 1.0f);
     // The residual stream and the last normed rows after the chain.
-    auto run = [&](bool pdl, int prefetch, bool graph, int unroll, int split) {
+    auto run = [&](bool pdl, bool graph, int unroll, int split) {
       cuda_test::PdlSetting setting(pdl);
-      EXPECT_TRUE(SetGemvPdlPrefetch(prefetch).ok());
       auto res = Upload(x0);
       auto normed = NanBuffer(static_cast<size_t>(m * kH));
       auto a = NanBuffer(static_cast<size_t>(m * kH));
@@ -391,37 +323,24 @@ TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
     };
     for (const auto& [unroll, split] :
          {std::pair{4, 1}, std::pair{16, 1}, std::pair{8, 2}, std::pair{4, 4}}) {
-      const std::vector<float> want = run(false, kGemvPdlPrefetchOff, false, unroll, split);
+      const std::vector<float> want = run(false, false, unroll, split);
       for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "reference not finite";
-      for (const int prefetch : {kGemvPdlPrefetchOff, kGemvPdlPrefetchFirst, kGemvPdlPrefetchSlice}) {
-        for (const bool graph : {false, true}) {
-          EXPECT_EQ(cuda_test::FirstBitMismatch(run(true, prefetch, graph, unroll, split), want),
-                    -1)
-              << "m=" << m << " unroll " << unroll << " split " << split << " prefetch "
-              << prefetch << (graph ? " graph" : " eager");
-        }
+      for (const bool graph : {false, true}) {
+        EXPECT_EQ(cuda_test::FirstBitMismatch(run(true, graph, unroll, split), want), -1)
+            << "m=" << m << " unroll " << unroll << " split " << split
+            << (graph ? " graph" : " eager");
       }
-      EXPECT_EQ(cuda_test::FirstBitMismatch(run(false, kGemvPdlPrefetchSlice, true, unroll, split),
-                                            want),
-                -1)
+      EXPECT_EQ(cuda_test::FirstBitMismatch(run(false, true, unroll, split), want), -1)
           << "plain launches in a graph, m=" << m << " unroll " << unroll << " split " << split;
     }
   }
-  ASSERT_TRUE(SetGemvPdlPrefetch(saved_prefetch).ok());
-  EXPECT_EQ(SetGemvPdlPrefetch(3).code(), absl::StatusCode::kInvalidArgument);
 }
-
-// Restores the GEMM search switch when a test ends.
-struct GemmSearchScope {
-  int before = GemmAlgoSearch();
-  ~GemmSearchScope() { EXPECT_TRUE(SetGemmAlgoSearch(before).ok()); }
-};
 
 // With the wider search on (enumerated algorithms, N splits, two streams), LinearCuda on the
 // Llama-3-8B decode shapes at m = 256 (qkv, o, down, gate/up with and without the SiLU·mul
 // epilogue) and an odd shape with a bias matches LinearCpu on every element, on the tuning call
 // and on the cached plan; every plan is tuned and named in DescribePlans.
-// SLUICE_GEMM_ALGO_SEARCH's parser (no GPU needed).
+// (First: the mask parser of cuda_decode_bench --gemm-algo-search, no GPU needed.)
 TEST(GemmAlgoSearchArgsTest, ParsesMasks) {
   EXPECT_EQ(*ParseGemmAlgoSearchMask("0"), 0);
   EXPECT_EQ(*ParseGemmAlgoSearchMask("3"), 3);
@@ -433,12 +352,10 @@ TEST(GemmAlgoSearchArgsTest, ParsesMasks) {
 }
 
 TEST(LinearCudaTest, GemmAlgoSearchMatchesCpuReference) {
-  GemmSearchScope scope;
-  EXPECT_EQ(SetGemmAlgoSearch(-1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetGemmAlgoSearch(8).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(SetGemmAlgoSearch(kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams).ok());
   SLUICE_SKIP_WITHOUT_CUDA();
-  auto lt = CublasLt::Create();
+  LinearOptions options;
+  options.algo_search = kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams;
+  auto lt = CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, options);
   ASSERT_TRUE(lt.ok()) << lt.status();
   (*lt)->set_autotune(256);
   auto rng = cuda_test::Rng();
@@ -493,14 +410,12 @@ TEST(LinearCudaTest, GemmAlgoSearchMatchesCpuReference) {
 // captured in a CUDA graph and replayed) match LinearCpu on an odd shape with a bias.
 TEST(LinearCudaTest, SplitGemmMatchesCpuReference) {
   SLUICE_SKIP_WITHOUT_CUDA();
-  GemmSearchScope scope;
   cublasLtHandle_t handle = nullptr;
   ASSERT_EQ(cublasLtCreate(&handle), CUBLAS_STATUS_SUCCESS);
   auto ws = DeviceBuffer<uint8_t>::Create(size_t{32} << 20);
   ASSERT_TRUE(ws.ok());
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_TRUE(SetGemmAlgoSearch(kGemmSearchSplitN | kGemmSearchStreams).ok());
   std::unique_ptr<gemm_search::SplitResources> res;
   auto rng = cuda_test::Rng();
   const int64_t m = 136, n = 3000, k = 520, n1 = 1088;

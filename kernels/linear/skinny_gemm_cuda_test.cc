@@ -184,8 +184,8 @@ TEST(SkinnyGemmCudaTest, ProgrammaticChainMatchesPlainLaunches) {
 
 // With autotune on at a row count it is timed at (kSkinnyTuneMinRows..kSkinnyTuneMaxRows) the
 // tuner times the skinny kernel (its time shows in DescribePlans) and whichever kernel wins
-// matches LinearCpu, on the tuning call and after; with SetGemmSkinnyTuning(false), and at
-// m = 1 and m = 16, it is not timed.
+// matches LinearCpu, on the tuning call and after; with LinearOptions::skinny_tuning false,
+// and at m = 1 and m = 16, it is not timed.
 TEST(SkinnyGemmCudaTest, AutotuneTimesSkinnyAndMatches) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
@@ -196,8 +196,9 @@ TEST(SkinnyGemmCudaTest, AutotuneTimesSkinnyAndMatches) {
   };
   for (const Case& c : {Case{8, true, true}, Case{2, true, true}, Case{8, false, false},
                         Case{1, true, false}, Case{16, true, false}}) {
-    SetGemmSkinnyTuning(c.tuning_on);
-    auto lt = CublasLt::Create();
+    LinearOptions options;
+    options.skinny_tuning = c.tuning_on;
+    auto lt = CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, options);
     ASSERT_TRUE(lt.ok()) << lt.status();
     (*lt)->set_autotune(64);
     const auto x = RandomBf16(static_cast<size_t>(c.m * k), rng, -1.0f, 1.0f);
@@ -219,7 +220,6 @@ TEST(SkinnyGemmCudaTest, AutotuneTimesSkinnyAndMatches) {
     EXPECT_NE(plans.find("tuned 1"), std::string::npos) << plans;
     EXPECT_EQ(plans.find("skinny 0.0 us") == std::string::npos, c.timed) << plans;
   }
-  SetGemmSkinnyTuning(true);
 }
 
 TEST(SkinnyGemmCudaTest, RejectsBadArguments) {

@@ -154,27 +154,18 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
 
   // MlaLatentAttentionVUpCuda (combine and W_UV in one launch) into NaN-filled outputs with a
   // padded token stride: every head's values against the CPU reference, the padding untouched;
-  // two more launches (same workspace, fresh outputs), with the decode kernel and then the
-  // combine prefetching the weights and the cache into L2 (MlaL2Prefetch: a hint), give the
-  // same bits.
+  // a second launch (same workspace, fresh outputs) gives the same bits.
   std::vector<bf16> w_bf(w.size());
   for (size_t i = 0; i < w.size(); ++i) w_bf[i] = FloatToBf16(w[i]);
   auto d_w = Upload(w_bf);
   const int64_t out_stride = H * dv + 8;
-  MlaL2Prefetch prefetch;
-  prefetch.ptr[0] = d_w.data();
-  prefetch.bytes[0] = w_bf.size() * sizeof(bf16);
-  prefetch.ptr[1] = d_cache.data();
-  prefetch.bytes[1] = cache_bf.size() * sizeof(bf16) - 6;  // a ragged tail: rounded down
   std::vector<float> first;
-  for (int rep = 0; rep < 3; ++rep) {
-    prefetch.site = rep == 2 ? MlaL2PrefetchSite::kCombine : MlaL2PrefetchSite::kAttention;
+  for (int rep = 0; rep < 2; ++rep) {
     auto d_lat = NanBuffer(static_cast<size_t>(tokens * H * R));
     auto d_attn = NanBuffer(static_cast<size_t>(tokens * out_stride));
     const absl::Status sv = MlaLatentAttentionVUpCuda(
         d_q.data(), H * W, d_cache.data(), block_size, batch, d, ws->data(), d_lat.data(),
-        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr,
-        rep >= 1 ? &prefetch : nullptr);
+        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr);
     ASSERT_TRUE(sv.ok()) << sv;
     const std::vector<float> attn = Download(d_attn);
     std::vector<float> fused(want.size());
@@ -222,121 +213,53 @@ TEST(MlaLatentAttentionCudaTest, DeepSeekV2LiteDecodeBenchShapes) {
   RunCase("v2-lite decode b64 ctx 1000..1189", d, 16, seqs, rng);
 }
 
-// Every decode kernel (SetMlaLatentAttentionDecodeKernel: the pipelined decode kernel with its
-// deep and shallow rings, and the 64-row tile kernel) over batch 1 (one 32-row tile per partition;
-// 8000 keys: 128 splits), batch 64 (two partitions each), short and empty-partition contexts, fewer
-// than 16 heads and several head groups.
-TEST(MlaLatentAttentionCudaTest, DecodeKernels) {
+// Decode shapes that take each ring depth of the pipelined decode kernel (the shape rule:
+// latency-bound grids of a few sequences the deep ring, one CTA per SM; others the shallow
+// ring): batch 1 (one 32-row tile per partition; 8000 keys: 128 splits), batch 64 (two
+// partitions each), short and empty-partition contexts, fewer than 16 heads and several head
+// groups.
+TEST(MlaLatentAttentionCudaTest, DecodeRings) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetMlaLatentAttentionDecodeKernel(4).code(), absl::StatusCode::kInvalidArgument);
-  const int default_kernel = MlaLatentAttentionDecodeKernel();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
   std::vector<Seq> b64;
   for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
-  for (const int kernel : {1, 2, 3, 0}) {
-    ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(kernel).ok());
-    const std::string tag = "kernel " + std::to_string(kernel) + " ";
-    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
-    RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
-    RunCase(tag + "b64 mixed", d, 16, b64, rng);
-    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}}, rng);
-    RunCase(tag + "8 heads block 7", Dims(8, 512, 64, 128, 128), 7, {{500, 1}, {3, 1}}, rng);
-    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
-    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
-  }
-  ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(default_kernel).ok());
+  RunCase("b1 ctx 1023", d, 16, {{1023, 1}}, rng);
+  RunCase("b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
+  RunCase("b1 ctx 100", d, 16, {{100, 1}}, rng);
+  RunCase("b64 mixed", d, 16, b64, rng);
+  RunCase("short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng);
+  RunCase("8 heads block 7", Dims(8, 512, 64, 128, 128), 7, {{500, 1}, {3, 1}}, rng);
+  RunCase("40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
+  RunCase("rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
 }
 
-// kernels::SetDecodePdl(true): the decode kernel a programmatic dependent at every fusion
-// level, and the combine + W_UV kernel loading its weights before its wait and letting its own
-// dependent launch early (MlaCombineVUpKernel<true>): the same checks against the CPU reference.
-TEST(MlaLatentAttentionCudaTest, DecodePdl) {
+// At every decode PDL level (kernels::SetDecodePdlLevel): the decode kernel a programmatic
+// dependent (its metadata reads and first tile copies before its dependency wait, the newest
+// row and Q after it), and the combine + W_UV kernel with the pieces MlaDecodePdlBits gives
+// (level 2: its W_UV loads before its wait): the same checks against the CPU reference (the
+// newest row in a tile copied before the wait, in a later one, and partitions that end before
+// it).
+TEST(MlaLatentAttentionCudaTest, DecodePdlLevels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
   auto rng = cuda_test::Rng();
   const int saved_pdl = DecodePdlLevel();
-  const int saved_fusion = MlaDecodeFusion();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
   std::vector<Seq> b64;
   for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
-  SetDecodePdl(true);
-  for (const int fusion : {2, 3}) {
-    ASSERT_TRUE(SetMlaDecodeFusion(fusion).ok());
-    const std::string tag = "decode pdl, fusion " + std::to_string(fusion) + " ";
+  for (const int level : {0, 1, 2, 3}) {
+    ASSERT_TRUE(SetDecodePdlLevel(level).ok());
+    EXPECT_EQ(MlaDecodePdlBits(), level >= 2 ? kMlaPdlLevel2 : level == 1 ? kMlaPdlLevel1 : 0);
+    const std::string tag = "decode pdl level " + std::to_string(level) + " ";
     RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
     RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
+    RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng);
     RunCase(tag + "b64 mixed", d, 16, b64, rng);
-    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}}, rng);
+    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng);
     RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
     RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
   }
-  ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
-  ASSERT_TRUE(SetMlaDecodeFusion(saved_fusion).ok());
-}
-
-// kernels::SetMlaDecodePdlMask: the combine + W_UV kernel with its W_UV preload and its early
-// trigger each on alone (and both), and the preload behind the attention's late trigger, at
-// decode PDL level 1: the same checks against the CPU
-// reference; the setting's range is checked.
-TEST(MlaLatentAttentionCudaTest, DecodePdlMask) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(SetMlaDecodePdlMask(64).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMlaDecodePdlMask(-2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMlaDecodeL2Prefetch(16).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMlaDecodeL2Prefetch(12).code(), absl::StatusCode::kInvalidArgument);
-  if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
-  auto rng = cuda_test::Rng();
-  const int saved_mask = MlaDecodePdlMask();
-  const MlaDims d = Dims(16, 512, 64, 128, 128);
-  for (const int mask : {kMlaPdlVUpPreload, kMlaPdlVUpTrigger, kMlaPdlVUpPreload | kMlaPdlVUpTrigger,
-                         kMlaPdlAttnLateTrigger | kMlaPdlVUpPreload}) {
-    ASSERT_TRUE(SetMlaDecodePdlMask(mask).ok());
-    EXPECT_EQ(MlaDecodePdlBits(), mask);
-    const std::string tag = "mla pdl mask " + std::to_string(mask) + " ";
-    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
-    RunCase(tag + "b4 mixed", d, 16, {{0, 1}, {33, 1}, {700, 1}, {2000, 1}}, rng);
-  }
-  ASSERT_TRUE(SetMlaDecodePdlMask(saved_mask).ok());
-}
-
-// kernels::SetMlaDecodeEarlyKv 1 (the default: the decode kernel's metadata reads and first
-// tile copies before its dependency wait, the newest row and Q after it) and 0, with plain
-// launches and as
-// programmatic dependents (SetDecodePdl), both ring depths: the same checks against the CPU
-// reference (the newest row in a tile copied before the wait, in a later one, and partitions
-// that end before it).
-TEST(MlaLatentAttentionCudaTest, DecodeEarlyKv) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  EXPECT_EQ(SetMlaDecodeEarlyKv(2).code(), absl::StatusCode::kInvalidArgument);
-  auto rng = cuda_test::Rng();
-  const int saved_pdl = DecodePdlLevel();
-  const int saved_kernel = MlaLatentAttentionDecodeKernel();
-  const MlaDims d = Dims(16, 512, 64, 128, 128);
-  std::vector<Seq> b64;
-  for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
-  const int saved_early = MlaDecodeEarlyKv();
-  for (const int early : {1, 0})
-  for (const bool pdl : {false, true}) {
-    if (pdl && !PdlSupported()) continue;
-    ASSERT_TRUE(SetMlaDecodeEarlyKv(early).ok());
-    SetDecodePdl(pdl);
-    for (const int kernel : {0, 2, 3}) {
-      ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(kernel).ok());
-      const std::string tag = "early kv " + std::to_string(early) + ", pdl " +
-                              (pdl ? "on" : "off") + ", decode kernel " +
-                              std::to_string(kernel) + " ";
-      RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
-      RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
-      RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng);
-      RunCase(tag + "b64 mixed", d, 16, b64, rng);
-      RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng);
-      RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
-      RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
-    }
-  }
-  ASSERT_TRUE(SetMlaDecodeEarlyKv(saved_early).ok());
-  ASSERT_TRUE(SetMlaLatentAttentionDecodeKernel(saved_kernel).ok());
   ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
 }
 
@@ -364,33 +287,26 @@ TEST(MlaLatentAttentionCudaTest, PrefillChunksAndHeadGroups) {
   RunCase("rank 36 rope 4", Dims(2, 36, 4, 8, 8), 16, {{20, 1}, {3, 2}, {0, 1}}, rng);
 }
 
-// Every prefill kernel (SetMlaPrefillKernel): chunked prefill over cached prefixes (split across
-// CTAs, and unsplit), partial query tiles (chunks not a multiple of 4 tokens, contexts not a
-// multiple of the 64-row tile), prefill mixed with decode sequences, 1000 tokens from scratch
-// (several tiles through the ring), fewer than 16 heads and several head groups, a smaller rank
-// (warps idle in P·V), and dims kernel 1 does not take (row width 288: kernel 0 serves them).
+// Both prefill kernels, as the shape rule picks them (the pipelined kernel where the rank and
+// row width are multiples of 64, the one-tile kernel otherwise: row width 288): chunked prefill
+// over cached prefixes (split across CTAs, and unsplit), partial query tiles (chunks not a
+// multiple of 4 tokens, contexts not a multiple of the 64-row tile), prefill mixed with decode
+// sequences, 1000 tokens from scratch (several tiles through the ring), fewer than 16 heads and
+// several head groups, a smaller rank (warps idle in P·V).
 TEST(MlaLatentAttentionCudaTest, PrefillKernels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  EXPECT_EQ(SetMlaPrefillKernel(2).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMlaPrefillKernel(-1).code(), absl::StatusCode::kInvalidArgument);
-  const int default_kernel = MlaPrefillKernel();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
-  for (const int kernel : {1, 0}) {
-    ASSERT_TRUE(SetMlaPrefillKernel(kernel).ok());
-    const std::string tag = "prefill kernel " + std::to_string(kernel) + " ";
-    RunCase(tag + "300 over 200", d, 16, {{200, 300}}, rng);
-    RunCase(tag + "301 over 200 + decode", d, 16, {{200, 301}, {1000, 1}, {0, 2}}, rng);
-    RunCase(tag + "1000 from scratch", d, 16, {{0, 1000}}, rng);
-    RunCase(tag + "partial tiles block 7", d, 7, {{63, 5}, {65, 3}, {0, 1}, {127, 6}}, rng);
-    RunCase(tag + "8 heads unsplit", Dims(8, 512, 64, 128, 128), 16,
-            {{0, 360}, {50, 350}, {10, 370}}, rng);
-    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{100, 20}, {0, 7}, {300, 1}},
-            rng);
-    RunCase(tag + "rank 256 rope 64", Dims(16, 256, 64, 64, 64), 16, {{70, 130}, {0, 9}}, rng);
-    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{70, 130}, {0, 9}}, rng);
-  }
-  ASSERT_TRUE(SetMlaPrefillKernel(default_kernel).ok());
+  RunCase("300 over 200", d, 16, {{200, 300}}, rng);
+  RunCase("301 over 200 + decode", d, 16, {{200, 301}, {1000, 1}, {0, 2}}, rng);
+  RunCase("1000 from scratch", d, 16, {{0, 1000}}, rng);
+  RunCase("partial tiles block 7", d, 7, {{63, 5}, {65, 3}, {0, 1}, {127, 6}}, rng);
+  RunCase("8 heads unsplit", Dims(8, 512, 64, 128, 128), 16, {{0, 360}, {50, 350}, {10, 370}},
+          rng);
+  RunCase("40 heads", Dims(40, 512, 64, 128, 128), 16, {{100, 20}, {0, 7}, {300, 1}}, rng);
+  RunCase("rank 256 rope 64", Dims(16, 256, 64, 64, 64), 16, {{70, 130}, {0, 9}}, rng);
+  RunCase("rank 256 rope 32 (one-tile kernel)", Dims(16, 256, 32, 64, 64), 16,
+          {{70, 130}, {0, 9}}, rng);
 }
 
 TEST(MlaLatentAttentionCudaTest, RejectsBadArguments) {
@@ -428,8 +344,6 @@ TEST(MlaLatentAttentionCudaTest, RejectsBadArguments) {
   EXPECT_EQ(vup(buf->data(), 100 * 512, 128, 16 * 128), kInvalid);      // stride < dv · rank
   EXPECT_EQ(vup(buf->data(), 256 * 512, 0, 16 * 128), kInvalid);
   EXPECT_EQ(vup(buf->data(), 256 * 512, 128, 16 * 128 - 1), kInvalid);  // out stride short
-  EXPECT_EQ(SetMlaDecodeFusion(4).code(), kInvalid);
-  EXPECT_EQ(SetMlaDecodeFusion(-1).code(), kInvalid);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 

@@ -273,8 +273,6 @@ const char* PathName(MoeExpertsPath p) {
   switch (p) {
     case MoeExpertsPath::kGemv:
       return "gemv";
-    case MoeExpertsPath::kStream:
-      return "stream";
     case MoeExpertsPath::kGrouped:
       return "grouped";
     default:
@@ -318,10 +316,9 @@ std::vector<float> RunExpertsCpu(const MoeConfig& cfg, const ExpertWeights& w,
 }
 
 constexpr MoeExpertsPath kPaths[] = {MoeExpertsPath::kAuto, MoeExpertsPath::kGemv,
-                                     MoeExpertsPath::kStream, MoeExpertsPath::kGrouped};
-// Token counts for the experts: kAuto picks the GEMV path for 1 and 3, the streaming path for
-// 16 and 64 (V2-Lite-like: 6 of 64 experts; V3-like: 8 of 256) and 128 (V3-like only), the
-// grouped GEMM otherwise.
+                                     MoeExpertsPath::kGrouped};
+// Token counts for the experts: kAuto picks the GEMV path for 1 and 3, the grouped GEMM
+// otherwise (a few rows per expert at 16 and 64, many at 300).
 constexpr int64_t kExpertTokenCounts[] = {1, 3, 16, 64, 128, 300};
 
 TEST(MoeExpertsCudaTest, MatchesCpuReference) {
@@ -373,8 +370,7 @@ TEST(MoeExpertsCudaTest, SkewedRoutingEmptyExpertsAndInvalidIds) {
   const Routed routed0{
       std::vector<int32_t>(gpu_routed.ids.begin(), gpu_routed.ids.begin() + k),
       std::vector<float>(gpu_routed.weights.begin(), gpu_routed.weights.begin() + k)};
-  for (MoeExpertsPath path :
-       {MoeExpertsPath::kGemv, MoeExpertsPath::kStream, MoeExpertsPath::kGrouped}) {
+  for (MoeExpertsPath path : {MoeExpertsPath::kGemv, MoeExpertsPath::kGrouped}) {
     // ids and weights one element into their buffers: natural alignment suffices.
     const auto got = RunExpertsCuda(cfg, w, x, gpu_routed, t, path, /*id_offset=*/1);
     ExpectClose(absl::StrCat("moe experts skewed ", PathName(path)), got, want, kExpertsRtol,
@@ -495,7 +491,7 @@ TEST(MoeCudaArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(MoeRouterLogitsCuda(p + 1, p, t, h, e, wts, nullptr).code(), kInvalid);
 }
 
-// ---- Fused decode path (MoeFusedRouteCuda + MoeFusedExpertsCuda, SetMoeDecodeVariant(1)).
+// ---- Fused decode path (MoeFusedRouteCuda + MoeFusedExpertsCuda).
 
 // The separate path's results for one batch: routing, GEMV experts.
 struct SeparateRun {
@@ -557,12 +553,12 @@ struct FusedRun {
 
 // Runs the fused path (route, then experts; `add` [t, hidden] or empty) on `stream`, `calls`
 // times on the same workspace with every output (and the shared activations) poisoned before
-// each call. kMultiBlock with a shared expert: the route computes its activations
-// (act_ready for the experts).
+// each call. With a shared expert: route_shared, the route computes its activations (act_ready
+// for the experts, as the runner does); else the experts' gate/up launch computes them.
 FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
                   const std::vector<bf16>& add, cudaStream_t stream = nullptr,
-                  const MoeSharedExpert* shared = nullptr,
-                  MoeFusedRouteMode mode = MoeFusedRouteMode::kSingleBlock, int calls = 1) {
+                  const MoeSharedExpert* shared = nullptr, int calls = 1,
+                  bool route_shared_act = true) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_ids = Poisoned<int32_t>(t * k);
   auto d_w = Poisoned<float>(t * k);
@@ -571,11 +567,9 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  const bool route_shared = route_shared_act && shared != nullptr;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
-  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
-  // computes the activations.
-  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
+  experts_shared.act_ready = route_shared;
   for (int call = 0; call < calls; ++call) {
     EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
@@ -587,7 +581,7 @@ FusedRun RunFused(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase&
     }
     const absl::Status route = MoeFusedRouteCuda(
         c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.routing, d_ids.data(),
-        d_w.data(), ws, stream, mode, route_shared ? shared : nullptr);
+        d_w.data(), ws, stream, route_shared ? shared : nullptr);
     EXPECT_TRUE(route.ok()) << route;
     const absl::Status experts = MoeFusedExpertsCuda(
         c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k, e, w.d_gate_up.data(),
@@ -737,37 +731,23 @@ TEST(MoeFusedDecodeCudaTest, CapturesInCudaGraph) {
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  // The single-block route under variant 3, the multi-block one under variant 4 (the down
-  // launch is then a programmatic dependent), 5 (pipelined persistent kernels) and 6 (also the
-  // gate/up launch a programmatic dependent of the route launch).
-  const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
-                                                    {MoeFusedRouteMode::kMultiBlock, 4},
-                                                    {MoeFusedRouteMode::kMultiBlock, 5},
-                                                    {MoeFusedRouteMode::kMultiBlock, 6},
-                                                    {MoeFusedRouteMode::kMultiBlock, 7}};
-  for (const auto& [mode, variant] : runs) {
-    auto run = [&](bf16* out) {
-      const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-      EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
-                                    cfg.routing, d_ids.data(), d_w.data(), ws, stream->get(),
-                                    mode)
-                      .ok());
-      EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate,
-                                      k, e, w.d_gate_up.data(), w.d_down.data(), nullptr, out, ws,
-                                      stream->get())
-                      .ok());
-    };
-    const int saved = MoeDecodeVariant();
-    ASSERT_TRUE(SetMoeDecodeVariant(variant).ok());
-    ExpectGraphReplayEqualsDirect(
-        absl::StrCat("moe fused graph replay vs direct, route mode ", static_cast<int>(mode),
-                     " variant ", variant),
-        stream->get(), t * cfg.hidden, run);
-    ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
-  }
+  // The route launch's arrival counter, the persistent gate/up grid and the programmatic
+  // launches (sm_90+) replayed from a graph.
+  auto run = [&](bf16* out) {
+    const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
+    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
+                                  cfg.routing, d_ids.data(), d_w.data(), ws, stream->get())
+                    .ok());
+    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, cfg.hidden, cfg.intermediate, k,
+                                    e, w.d_gate_up.data(), w.d_down.data(), nullptr, out, ws,
+                                    stream->get())
+                    .ok());
+  };
+  ExpectGraphReplayEqualsDirect("moe fused graph replay vs direct", stream->get(),
+                                t * cfg.hidden, run);
 }
 
-// ---- Multi-block fused routing (MoeFusedRouteMode::kMultiBlock, decode variant 4).
+// ---- More fused-path shapes: routing over many blocks against the CPU reference.
 
 // Configs(), DeepSeek-V2-Lite's own MoE shapes (64 experts, softmax top-6, hidden 2048, moe
 // intermediate 1408) and a small odd one (24 experts in 4 groups keep 2, sigmoid top-3 with a
@@ -808,17 +788,6 @@ double ChoiceScore(const float* logits, const MoeConfig& cfg, const std::vector<
     score = std::exp(logits[e] - max) / sum;
   }
   return score + (bias.empty() ? 0.0 : bias[e]);
-}
-
-// f() with SetMoeDecodeVariant(v) (variant 4: MoeFusedExpertsCuda's down launch is a
-// programmatic dependent of its gate/up launch), the setting restored after.
-template <typename F>
-FusedRun UnderVariant(int v, F f) {
-  const int saved = MoeDecodeVariant();
-  EXPECT_TRUE(SetMoeDecodeVariant(v).ok());
-  FusedRun r = f();
-  EXPECT_TRUE(SetMoeDecodeVariant(saved).ok());
-  return r;
 }
 
 // The ids and weights of a fused run against MoeRoutingCpu on the device's fp32 router logits:
@@ -872,20 +841,16 @@ void DuplicateRouterRows(const MoeConfig& cfg, FusedCase& c, std::mt19937& rng) 
   c.d_w_gate = Upload(c.w_gate);
 }
 
-// The multi-block route gives the single-block one's ids, weights (and so the experts'
-// outputs) bit for bit, called twice in a row on one workspace (the arrival counter is back at
-// 0 after each launch; every output is poisoned before each call); its ids equal MoeRoutingCpu's
-// and its weights agree to fp32 rounding; the experts agree with the CPU reference. With a
-// shared expert computed in the route launch, the output equals the single-block path's
-// (shared gate/up in the experts launch) bit for bit and the fp64 reference within bf16. The
-// multi-block runs are under variant 4 (programmatic dependent down launch), the others 3;
-// variants 5 and 6 (pipelined persistent kernels; + programmatic gate/up launch) repeat them
-// and must give variant 4's bits; so must variant 7 (the shared gate/up at the head of the
-// experts' gate/up launch, before its routing wait).
-TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
+// The fused route called twice in a row on one workspace (the arrival counter is back at 0
+// after each launch; every output is poisoned before each call) gives the same bits both times
+// and the separate path's (MoeRouterLogitsCuda → MoeRoutingCuda → MoeExpertsCuda kGemv); its ids
+// equal MoeRoutingCpu's and its weights agree to fp32 rounding; the experts agree with the CPU
+// reference. With a shared expert, the output is the same whether the route launch or the
+// experts' gate/up launch computes the shared activations, and equals the fp64 reference within
+// bf16.
+TEST(MoeFusedDecodeCudaTest, RouteMatchesSeparatePathAndCpu) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto rng = cuda_test::Rng();
-  const auto multi = MoeFusedRouteMode::kMultiBlock;
   for (const MoeConfig& cfg : MultiBlockConfigs()) {
     const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
     const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
@@ -895,22 +860,12 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
     for (int64_t t : {int64_t{1}, int64_t{4}, kMoeFusedMaxTokens}) {
       for (bool ties : {false, true}) {
         const std::string tag =
-            absl::StrCat("moe multi-block route ", cfg.name, " T=", t, ties ? " ties" : "");
+            absl::StrCat("moe fused route ", cfg.name, " T=", t, ties ? " ties" : "");
         FusedCase c(cfg, t, rng);
         if (ties) DuplicateRouterRows(cfg, c, rng);
-        const FusedRun single = UnderVariant(3, [&] { return RunFused(cfg, w, c, t, {}); });
-        const FusedRun got = UnderVariant(4, [&] {
-          return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
-        });
-        ExpectSameBits(tag + " vs single block", got, single);
-        // Variants 5 (pipelined persistent gate/up and down) and 6 (+ gate/up launch a
-        // programmatic dependent of the route launch): variant 4's bits.
-        for (int v : {5, 6, 7}) {
-          const FusedRun got_v = UnderVariant(v, [&] {
-            return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi, /*calls=*/2);
-          });
-          ExpectSameBits(absl::StrCat(tag, " variant ", v, " vs 4"), got_v, got);
-        }
+        const SeparateRun separate = RunSeparate(cfg, w, c, t);
+        const FusedRun got = RunFused(cfg, w, c, t, {}, nullptr, nullptr, /*calls=*/2);
+        ExpectSameBits(tag + " vs separate", got, separate);
         ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
         ExpectClose(tag + " experts vs cpu", got.out,
                     RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
@@ -918,24 +873,12 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
 
         auto d_act = NanBuffer(static_cast<size_t>(t * si));
         const MoeSharedExpert shared{d_sgu.data(), d_sd.data(), si, d_act.data()};
-        const FusedRun single_sh =
-            UnderVariant(3, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
-        const FusedRun got_sh = UnderVariant(
-            4, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
-        EXPECT_EQ(CountBitDiffs(got_sh.ids, single.ids), 0) << tag << " shared";
-        EXPECT_EQ(CountBitDiffs(got_sh.out, single_sh.out), 0) << tag << " shared";
-        // Variants 5, 6: the shared gate/up in the route launch's persistent blocks, or (single
-        // block route) in MoePipedGateUpKernel's shared tasks; the same bits either way.
-        for (int v : {5, 6, 7}) {
-          const std::string vtag = absl::StrCat(tag, " shared variant ", v);
-          const FusedRun got_sh_v = UnderVariant(
-              v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi, 2); });
-          const FusedRun single_sh_v =
-              UnderVariant(v, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared); });
-          EXPECT_EQ(CountBitDiffs(got_sh_v.ids, single.ids), 0) << vtag;
-          EXPECT_EQ(CountBitDiffs(got_sh_v.out, single_sh.out), 0) << vtag;
-          EXPECT_EQ(CountBitDiffs(single_sh_v.out, single_sh.out), 0) << vtag << ", single block";
-        }
+        const FusedRun got_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared, /*calls=*/2);
+        const FusedRun experts_sh = RunFused(cfg, w, c, t, {}, nullptr, &shared, /*calls=*/1,
+                                             /*route_shared_act=*/false);
+        EXPECT_EQ(CountBitDiffs(got_sh.ids, got.ids), 0) << tag << " shared";
+        EXPECT_EQ(CountBitDiffs(experts_sh.out, got_sh.out), 0)
+            << tag << " shared activations from the experts' launch";
         ExpectClose(tag + " shared vs fp64", got_sh.out,
                     SharedPlusRouted(c.x, sgu_f, sd_f, h, si, t, got.out), kExpertsRtol,
                     kExpertsAtol);
@@ -955,8 +898,8 @@ TEST(MoeFusedDecodeCudaTest, MultiBlockRouteMatchesSingleBlockAndCpu) {
 // layer's output; direct calls, or (graph) a capture replayed twice.
 constexpr int kPdlLayers = 3;
 std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c,
-                            int64_t t, const MoeSharedExpert* shared, MoeFusedRouteMode mode,
-                            cudaStream_t stream, bool graph) {
+                            int64_t t, const MoeSharedExpert* shared, cudaStream_t stream,
+                            bool graph) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_ids = Poisoned<int32_t>(t * k);
   auto d_w = Poisoned<float>(t * k);
@@ -965,16 +908,14 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
   const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
   auto d_ws = Poisoned<uint8_t>(ws_bytes);
   const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  const bool route_shared = mode == MoeFusedRouteMode::kMultiBlock && shared != nullptr;
+  const bool route_shared = shared != nullptr;
   MoeSharedExpert experts_shared = shared != nullptr ? *shared : MoeSharedExpert{};
-  // Variant 7: the route launch only prefetches the shared weights; the experts' launch
-  // computes the activations.
-  experts_shared.act_ready = route_shared && MoeDecodeVariant() < 7;
+  experts_shared.act_ready = route_shared;
   auto run = [&] {
     const bf16* x = c.d_x.data();
     for (int l = 0; l < kPdlLayers; ++l) {
       EXPECT_TRUE(MoeFusedRouteCuda(x, c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
-                                    cfg.routing, d_ids.data(), d_w.data(), ws, stream, mode,
+                                    cfg.routing, d_ids.data(), d_w.data(), ws, stream,
                                     route_shared ? shared : nullptr)
                       .ok());
       EXPECT_TRUE(MoeFusedExpertsCuda(x, d_w.data(), t, cfg.hidden, cfg.intermediate, k, e,
@@ -1002,10 +943,10 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
   return cuda_test::Download(xs.back());
 }
 
-// Under SetDecodePdl(true) the chained fused path gives the bits of SetDecodePdl(false), for
-// the single-block route (variant 3) and the multi-block one (variants 4 to 7), with and
-// without a folded shared expert, directly and replayed from a graph (the serial launches
-// themselves are checked against the CPU references above).
+// Under SetDecodePdl(true) (the route launch, too, a programmatic dependent) the chained fused
+// path gives the bits of SetDecodePdl(false), with and without a folded shared expert, directly
+// and replayed from a graph (the serial launches themselves are checked against the CPU
+// references above).
 TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
@@ -1021,399 +962,33 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
       const FusedCase c(cfg, t, rng);
       auto d_act = NanBuffer(static_cast<size_t>(t * si));
       const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-      const std::pair<MoeFusedRouteMode, int> runs[] = {{MoeFusedRouteMode::kSingleBlock, 3},
-                                                        {MoeFusedRouteMode::kMultiBlock, 4},
-                                                        {MoeFusedRouteMode::kMultiBlock, 5},
-                                                        {MoeFusedRouteMode::kMultiBlock, 6},
-                                                        {MoeFusedRouteMode::kMultiBlock, 7}};
-      for (const auto& [mode, variant] : runs) {
-        for (bool with_shared : {false, true}) {
-          const std::string tag =
-              absl::StrCat("moe decode pdl ", cfg.name, " T=", t, " variant ", variant,
-                           with_shared ? " shared" : "");
-          const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
-          const int saved = MoeDecodeVariant();
-          ASSERT_TRUE(SetMoeDecodeVariant(variant).ok());
-          SetDecodePdl(false);
-          const auto want = RunChain(cfg, w, c, t, sh, mode, stream->get(), false);
-          SetDecodePdl(true);
-          const auto got = RunChain(cfg, w, c, t, sh, mode, stream->get(), false);
-          const auto got_graph = RunChain(cfg, w, c, t, sh, mode, stream->get(), true);
-          ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
-          ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
-          int64_t nan = 0;
-          for (float v : want) nan += std::isnan(v) ? 1 : 0;
-          EXPECT_EQ(nan, 0) << tag;  // the chain wrote every output
-          const int64_t bad = CountBitDiffs(got, want);
-          const int64_t bad_graph = CountBitDiffs(got_graph, want);
-          std::printf("[cuda-check] %s: bad=%lld bad_graph=%lld\n", tag.c_str(),
-                      static_cast<long long>(bad), static_cast<long long>(bad_graph));
-          EXPECT_EQ(bad, 0) << tag;
-          EXPECT_EQ(bad_graph, 0) << tag;
-        }
+      for (bool with_shared : {false, true}) {
+        const std::string tag =
+            absl::StrCat("moe decode pdl ", cfg.name, " T=", t, with_shared ? " shared" : "");
+        const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
+        SetDecodePdl(false);
+        const auto want = RunChain(cfg, w, c, t, sh, stream->get(), false);
+        SetDecodePdl(true);
+        const auto got = RunChain(cfg, w, c, t, sh, stream->get(), false);
+        const auto got_graph = RunChain(cfg, w, c, t, sh, stream->get(), true);
+        ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
+        int64_t nan = 0;
+        for (float v : want) nan += std::isnan(v) ? 1 : 0;
+        EXPECT_EQ(nan, 0) << tag;  // the chain wrote every output
+        const int64_t bad = CountBitDiffs(got, want);
+        const int64_t bad_graph = CountBitDiffs(got_graph, want);
+        std::printf("[cuda-check] %s: bad=%lld bad_graph=%lld\n", tag.c_str(),
+                    static_cast<long long>(bad), static_cast<long long>(bad_graph));
+        EXPECT_EQ(bad, 0) << tag;
+        EXPECT_EQ(bad_graph, 0) << tag;
       }
     }
   }
 }
 
-// ---- Decode variant 8: the MoE block in one persistent launch (MoeBlockDecodeCuda).
-
-// Runs MoeBlockDecodeCuda `calls` times in a row on one workspace (its grid barriers' counters
-// must be back at their starting state after every launch), with the ids, weights, output and
-// the shared activations poisoned before each call.
-FusedRun RunBlock(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c, int64_t t,
-                  const MoeSharedExpert* shared, cudaStream_t stream = nullptr, int calls = 2) {
-  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
-  auto d_ids = Poisoned<int32_t>(t * k);
-  auto d_w = Poisoned<float>(t * k);
-  auto d_out = NanBuffer(static_cast<size_t>(t * cfg.hidden));
-  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, cfg.hidden, cfg.intermediate);
-  auto d_ws = Poisoned<uint8_t>(ws_bytes);
-  for (int call = 0; call < calls; ++call) {
-    EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), stream), cudaSuccess);
-    EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), stream), cudaSuccess);
-    EXPECT_EQ(cudaMemsetAsync(d_out.data(), 0xFF, d_out.bytes(), stream), cudaSuccess);
-    if (shared != nullptr) {
-      EXPECT_EQ(cudaMemsetAsync(shared->act, 0xFF, t * shared->intermediate * sizeof(bf16), stream),
-                cudaSuccess);
-    }
-    const absl::Status s = MoeBlockDecodeCuda(
-        c.d_x.data(), c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden, cfg.intermediate, cfg.routing,
-        w.d_gate_up.data(), w.d_down.data(), shared, d_ids.data(), d_w.data(), d_out.data(),
-        MoeCudaWorkspace{d_ws.data(), ws_bytes}, stream);
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return {DownloadRaw(d_ids), DownloadRaw(d_w), cuda_test::Download(d_out)};
-}
-
-// Variant 8 gives variant 6's ids, weights and outputs bit for bit (MoeFusedRouteCuda
-// kMultiBlock + MoeFusedExpertsCuda, with and without a shared expert), for every token count
-// 1..kMoeFusedMaxTokens (model-sized shapes: a few), with near-tie routers too; its ids equal
-// MoeRoutingCpu's on the same fp32 logits (group-limited routing in the V3-like and odd
-// configs), its routed output agrees with MoeExpertsCpu and its shared + routed output with the
-// fp64 reference, every element at bf16 tolerance. Each run is two launches on one workspace.
-// Under the default tuning and with kMoeBlockTuneRingDown (phase 3 through the cp.async ring of
-// 192-vector chunks: rows shorter than a chunk in the small configs, one partial chunk per
-// routed row and two per shared row at the V2-Lite shapes, more chunks per warp than ring
-// slots, and without a shared expert fewer chunks than slots at T=1: empty commit groups).
-TEST(MoeBlockDecodeCudaTest, MatchesVariant6BitForBitAndCpu) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  auto rng = cuda_test::Rng();
-  const auto multi = MoeFusedRouteMode::kMultiBlock;
-  const int saved_tuning = MoeBlockDecodeTuning();
-  for (int tuning : {kMoeBlockTuneDefault, kMoeBlockTuneDefault | kMoeBlockTuneRingDown}) {
-    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
-    for (const MoeConfig& cfg : MultiBlockConfigs()) {
-      const bool big = cfg.hidden >= 1024;
-      const ExpertWeights w(cfg, rng, /*tiled=*/big);
-      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
-      const SharedWeights sw(h, si, rng);
-      std::vector<int64_t> counts;
-      for (int64_t t = 1; t <= kMoeFusedMaxTokens; ++t) {
-        if (!big || t == 1 || t == 2 || t == 5 || t == kMoeFusedMaxTokens) counts.push_back(t);
-      }
-      for (int64_t t : counts) {
-        ASSERT_TRUE(MoeBlockDecodeSupported(t, cfg.routing)) << cfg.name << " T=" << t;
-        for (bool ties : {false, true}) {
-          if (ties && t != 1 && t != kMoeFusedMaxTokens) continue;
-          const std::string tag = absl::StrCat("moe block decode ", cfg.name, " T=", t,
-                                               ties ? " ties" : "", " tuning ", tuning);
-          FusedCase c(cfg, t, rng);
-          if (ties) DuplicateRouterRows(cfg, c, rng);
-          const FusedRun want =
-              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, nullptr, multi); });
-          const FusedRun got = RunBlock(cfg, w, c, t, nullptr);
-          ExpectSameBits(tag + " vs variant 6", got, want);
-          ExpectRoutingMatchesCpu(tag, cfg, c, t, got);
-          ExpectClose(tag + " experts vs cpu", got.out,
-                      RunExpertsCpu(cfg, w, c.x, Routed{got.ids, got.weights}, t), kExpertsRtol,
-                      kExpertsAtol);
-
-          auto d_act = NanBuffer(static_cast<size_t>(t * si));
-          const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-          const FusedRun want_sh =
-              UnderVariant(6, [&] { return RunFused(cfg, w, c, t, {}, nullptr, &shared, multi); });
-          const FusedRun got_sh = RunBlock(cfg, w, c, t, &shared);
-          ExpectSameBits(tag + " shared vs variant 6", got_sh, want_sh);
-          ExpectClose(tag + " shared vs fp64", got_sh.out,
-                      SharedPlusRouted(c.x, sw.gate_up_f, sw.down_f, h, si, t, got.out),
-                      kExpertsRtol, kExpertsAtol);
-        }
-      }
-    }
-  }
-  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
-}
-
-// Variant 8 in CUDA graphs: kPdlLayers chained MoE blocks on one workspace (each reads the
-// previous one's output, as the runner's layers do) captured once and replayed four times with
-// every output poisoned before each replay: each replay gives the direct calls' bits (the grid
-// barriers' counters come back to their starting state without a reset node), and those equal
-// variant 6's chain (RunChain), with and without a shared expert.
-TEST(MoeBlockDecodeCudaTest, GraphReplaysMatchDirectAndVariant6) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  auto rng = cuda_test::Rng();
-  auto stream = CudaStream::Create();
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  cudaStream_t st = stream->get();
-  const std::vector<MoeConfig> all = MultiBlockConfigs();
-  const int saved_tuning = MoeBlockDecodeTuning();
-  // The default tuning, the L2 prefetches on, route-first, the phase-3 ring (with the default
-  // flags and with route-first), and every A/B flag at once (no prefetches, one block per SM,
-  // polling backoff, route-first, plain launch, ring): the same bits.
-  for (int tuning :
-       {kMoeBlockTuneDefault, 0, kMoeBlockTuneRouteFirst,
-        kMoeBlockTuneDefault | kMoeBlockTuneRingDown,
-        kMoeBlockTuneRouteFirst | kMoeBlockTuneRingDown, kMoeBlockTuneAll & ~kMoeBlockTuneTrace}) {
-    ASSERT_TRUE(SetMoeBlockDecodeTuning(tuning).ok());
-    for (const MoeConfig& cfg : {all[0], all[2], all[3]}) {
-      const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
-      const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
-      const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
-      const SharedWeights sw(h, si, rng);
-      for (int64_t t : {int64_t{1}, int64_t{3}, kMoeFusedMaxTokens}) {
-        const FusedCase c(cfg, t, rng);
-        auto d_act = NanBuffer(static_cast<size_t>(t * si));
-        const MoeSharedExpert shared{sw.d_gate_up.data(), sw.d_down.data(), si, d_act.data()};
-        for (bool with_shared : {false, true}) {
-          const std::string tag = absl::StrCat("moe block decode graph ", cfg.name, " T=", t,
-                                               with_shared ? " shared" : "", " tuning ", tuning);
-          const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
-          auto d_ids = Poisoned<int32_t>(t * k);
-          auto d_w = Poisoned<float>(t * k);
-          std::vector<DeviceBuffer<bf16>> xs;
-          for (int l = 0; l < kPdlLayers; ++l) {
-            xs.push_back(NanBuffer(static_cast<size_t>(t * h)));
-          }
-          const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, cfg.intermediate);
-          auto d_ws = Poisoned<uint8_t>(ws_bytes);
-          auto run = [&] {
-            const bf16* x = c.d_x.data();
-            for (int l = 0; l < kPdlLayers; ++l) {
-              const absl::Status s = MoeBlockDecodeCuda(
-                  x, c.d_w_gate.data(), c.bias_ptr(), t, h, cfg.intermediate, cfg.routing,
-                  w.d_gate_up.data(), w.d_down.data(), sh, d_ids.data(), d_w.data(), xs[l].data(),
-                  MoeCudaWorkspace{d_ws.data(), ws_bytes}, st);
-              EXPECT_TRUE(s.ok()) << s;
-              x = xs[l].data();
-            }
-          };
-          auto poison = [&] {
-            for (auto& x : xs) {
-              EXPECT_EQ(cudaMemsetAsync(x.data(), 0xFF, x.bytes(), st), cudaSuccess);
-            }
-            EXPECT_EQ(cudaMemsetAsync(d_ids.data(), 0xFF, d_ids.bytes(), st), cudaSuccess);
-            EXPECT_EQ(cudaMemsetAsync(d_w.data(), 0xFF, d_w.bytes(), st), cudaSuccess);
-          };
-          run();
-          ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-          const std::vector<float> want = cuda_test::Download(xs.back());
-          const std::vector<int32_t> want_ids = DownloadRaw(d_ids);
-          int64_t nan = 0;
-          for (float v : want) nan += std::isnan(v) ? 1 : 0;
-          EXPECT_EQ(nan, 0) << tag;
-          // Variant 6's chain (its own buffers and workspace).
-          const int saved = MoeDecodeVariant();
-          ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
-          const std::vector<float> v6 =
-              RunChain(cfg, w, c, t, sh, MoeFusedRouteMode::kMultiBlock, st, false);
-          ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
-          const int64_t bad_v6 = CountBitDiffs(want, v6);
-
-          cudaGraph_t g = nullptr;
-          ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          run();
-          ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-          cudaGraphExec_t exec = nullptr;
-          ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
-          int64_t bad_graph = 0, bad_graph_ids = 0;
-          for (int rep = 0; rep < 4; ++rep) {
-            poison();
-            ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-            bad_graph += CountBitDiffs(cuda_test::Download(xs.back()), want);
-            bad_graph_ids += CountBitDiffs(DownloadRaw(d_ids), want_ids);
-          }
-          EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-          EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
-          std::printf("[cuda-check] %s: bad_vs_variant6=%lld bad_graph=%lld bad_graph_ids=%lld\n",
-                      tag.c_str(), static_cast<long long>(bad_v6),
-                      static_cast<long long>(bad_graph), static_cast<long long>(bad_graph_ids));
-          EXPECT_EQ(bad_v6, 0) << tag;
-          EXPECT_EQ(bad_graph, 0) << tag;
-          EXPECT_EQ(bad_graph_ids, 0) << tag;
-        }
-      }
-    }
-  }
-  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_tuning).ok());
-}
-
-// Timing probe (not a check; run with --gtest_also_run_disabled_tests): DeepSeek-V2-Lite MoE
-// shapes at T = 1 with the shared experts, 26 "layers" over 4 weight sets (constant bf16
-// weights: 4.5 GB, so no layer finds its weights in L2), captured in a graph and replayed;
-// prints µs per layer for variant 6's launches and for variant 8 under each tuning, and the
-// phase timeline of one traced variant-8 launch (µs from the earliest block start: min /
-// median / max over blocks).
-TEST(MoeBlockDecodeCudaTest, DISABLED_TimelineV2LiteShapes) {
-  SLUICE_SKIP_WITHOUT_CUDA();
-  auto rng = cuda_test::Rng();
-  MoeConfig cfg = MultiBlockConfigs()[2];  // v2-lite shapes
-  const int64_t t = 1, h = cfg.hidden, i = cfg.intermediate, si = 2 * i;
-  const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
-  constexpr int kSets = 4, kLayers = 26, kReps = 20;
-  struct Set {
-    DeviceBuffer<bf16> gate_up, down, sgu, sd;
-  };
-  std::vector<Set> sets(kSets);
-  auto filled = [](int64_t n, int byte) {
-    auto b = DeviceBuffer<bf16>::Create(n);
-    EXPECT_TRUE(b.ok());
-    EXPECT_EQ(cudaMemset(b->data(), byte, b->bytes()), cudaSuccess);
-    return *std::move(b);
-  };
-  for (Set& s : sets) {
-    s.gate_up = filled(e * 2 * i * h, 0x3B);
-    s.down = filled(e * h * i, 0x3B);
-    s.sgu = filled(2 * si * h, 0x3B);
-    s.sd = filled(h * si, 0x3B);
-  }
-  const FusedCase c(cfg, t, rng);
-  auto d_ids = Poisoned<int32_t>(t * k);
-  auto d_w = Poisoned<float>(t * k);
-  auto d_out = NanBuffer(static_cast<size_t>(t * h));
-  auto d_act = NanBuffer(static_cast<size_t>(t * si));
-  const size_t ws_bytes = MoeCudaWorkspaceBytes(t, k, e, h, i);
-  auto d_ws = Poisoned<uint8_t>(ws_bytes);
-  const MoeCudaWorkspace ws{d_ws.data(), ws_bytes};
-  auto stream = CudaStream::Create();
-  ASSERT_TRUE(stream.ok());
-  cudaStream_t st = stream->get();
-  auto layer = [&](int l, bool v8) {
-    const Set& s = sets[l % kSets];
-    MoeSharedExpert sh{s.sgu.data(), s.sd.data(), si, d_act.data()};
-    if (v8) {
-      EXPECT_TRUE(MoeBlockDecodeCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, i, cfg.routing,
-                                     s.gate_up.data(), s.down.data(), &sh, d_ids.data(), d_w.data(),
-                                     d_out.data(), ws, st)
-                      .ok());
-      return;
-    }
-    EXPECT_TRUE(MoeFusedRouteCuda(c.d_x.data(), c.d_w_gate.data(), nullptr, t, h, cfg.routing,
-                                  d_ids.data(), d_w.data(), ws, st, MoeFusedRouteMode::kMultiBlock,
-                                  &sh)
-                    .ok());
-    sh.act_ready = true;
-    EXPECT_TRUE(MoeFusedExpertsCuda(c.d_x.data(), d_w.data(), t, h, i, k, e, s.gate_up.data(),
-                                    s.down.data(), nullptr, d_out.data(), ws, st, &sh)
-                    .ok());
-  };
-  auto time_graph = [&](bool v8) {
-    for (int l = 0; l < kLayers; ++l) layer(l, v8);  // warm-up, outside the graph
-    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    cudaGraph_t g = nullptr;
-    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    for (int l = 0; l < kLayers; ++l) layer(l, v8);
-    EXPECT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
-    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-    cudaEvent_t a, b;
-    EXPECT_EQ(cudaEventCreate(&a), cudaSuccess);
-    EXPECT_EQ(cudaEventCreate(&b), cudaSuccess);
-    EXPECT_EQ(cudaEventRecord(a, st), cudaSuccess);
-    for (int r = 0; r < kReps; ++r) EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-    EXPECT_EQ(cudaEventRecord(b, st), cudaSuccess);
-    EXPECT_EQ(cudaEventSynchronize(b), cudaSuccess);
-    float ms = 0;
-    EXPECT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
-    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-    EXPECT_EQ(cudaGraphDestroy(g), cudaSuccess);
-    EXPECT_EQ(cudaEventDestroy(a), cudaSuccess);
-    EXPECT_EQ(cudaEventDestroy(b), cudaSuccess);
-    return 1000.0 * ms / (kReps * kLayers);
-  };
-  const int saved_v = MoeDecodeVariant(), saved_t = MoeBlockDecodeTuning();
-  ASSERT_TRUE(SetMoeDecodeVariant(6).ok());
-  for (int rep = 0; rep < 2; ++rep) {
-    std::printf("[timeline] variant 6: %.2f us per layer\n", time_graph(false));
-    // (The older flags' full sweep is in bench/results/cuda_dsv2lite_moe_block_ab_h200.json.)
-    for (int tune : {3, 35, 131, 139, 163, 195}) {
-      ASSERT_TRUE(SetMoeBlockDecodeTuning(tune).ok());
-      std::printf("[timeline] variant 8 tuning %d (%lld blocks): %.2f us per layer\n", tune,
-                  static_cast<long long>(MoeBlockDecodeBlocks(t, cfg.routing)), time_graph(true));
-    }
-  }
-  for (int tune : {3, 35, 131, 163}) {
-    ASSERT_TRUE(SetMoeBlockDecodeTuning(tune | kMoeBlockTuneTrace).ok());
-    const int64_t blocks = MoeBlockDecodeBlocks(t, cfg.routing);
-    for (int l = 0; l < 3; ++l) layer(l, true);
-    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-    auto trace = MoeBlockDecodeTrace(blocks);
-    ASSERT_TRUE(trace.ok()) << trace.status();
-    uint64_t t0 = ~uint64_t{0};
-    for (int64_t b = 0; b < blocks; ++b) t0 = std::min(t0, (*trace)[b * 8]);
-    const char* names[8] = {"start",         "router+arriveA", "shared_gate_up", "passed_A",
-                            "routed_sorted", "routed_gate_up", "passed_B",       "down_done"};
-    for (int p = 0; p < 8; ++p) {
-      std::vector<double> v;
-      for (int64_t b = 0; b < blocks; ++b) v.push_back(((*trace)[b * 8 + p] - t0) / 1000.0);
-      std::sort(v.begin(), v.end());
-      std::printf("[timeline] tuning %d point %-15s min %7.2f med %7.2f max %7.2f us\n", tune,
-                  names[p], v.front(), v[v.size() / 2], v.back());
-    }
-  }
-  ASSERT_TRUE(SetMoeBlockDecodeTuning(saved_t).ok());
-  ASSERT_TRUE(SetMoeDecodeVariant(saved_v).ok());
-}
-
-// MoeBlockDecodeCuda's host-side checks (fake pointers, never dereferenced).
-TEST(MoeCudaArgsTest, BlockDecodeArguments) {
-  const MoeRoutingParams v2 = Configs()[1].routing;  // top-6 of 64
-  bf16* p = reinterpret_cast<bf16*>(uintptr_t{1} << 20);
-  int32_t* ids = reinterpret_cast<int32_t*>(uintptr_t{2} << 20);
-  float* wts = reinterpret_cast<float*>(uintptr_t{3} << 20);
-  const int64_t h = 64, i = 32;
-  const size_t ws_bytes = MoeCudaWorkspaceBytes(2, v2.top_k, v2.num_experts, h, i);
-  const MoeCudaWorkspace ws{reinterpret_cast<void*>(uintptr_t{4} << 20), ws_bytes};
-  const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  auto call = [&](int64_t t, int64_t hh, int64_t ii, const bf16* x, MoeCudaWorkspace w,
-                  const MoeSharedExpert* sh = nullptr, const MoeRoutingParams& r = {}) {
-    return MoeBlockDecodeCuda(x, p, nullptr, t, hh, ii, r.num_experts > 0 ? r : v2, p, p, sh, ids,
-                              wts, p, w, nullptr)
-        .code();
-  };
-  EXPECT_EQ(call(0, h, i, p, ws), kInvalid);
-  EXPECT_EQ(call(kMoeFusedMaxTokens + 1, h, i, p, ws), kInvalid);
-  EXPECT_EQ(call(2, 60, i, p, ws), kInvalid);     // hidden % 8
-  EXPECT_EQ(call(2, h, 36, p, ws), kInvalid);     // intermediate % 8
-  EXPECT_EQ(call(2, h, i, p + 1, ws), kInvalid);  // misaligned x
-  EXPECT_EQ(call(2, h, i, nullptr, ws), kInvalid);
-  EXPECT_EQ(call(2, h, i, p, MoeCudaWorkspace{ws.data, ws_bytes - 1}), kInvalid);
-  const MoeSharedExpert bad_shared{p, p, 60, p};  // intermediate % 8
-  EXPECT_EQ(call(2, h, i, p, ws, &bad_shared), kInvalid);
-  MoeRoutingParams bad = v2;
-  bad.n_group = 3;  // 64 experts do not split into 3 groups
-  EXPECT_EQ(call(2, h, i, p, ws, nullptr, bad), kInvalid);
-  EXPECT_EQ(
-      MoeBlockDecodeCuda(p, p, nullptr, 2, h, i, v2, p, p, nullptr, nullptr, wts, p, ws, nullptr)
-          .code(),
-      kInvalid);
-  EXPECT_FALSE(MoeBlockDecodeSupported(0, v2));
-  EXPECT_FALSE(MoeBlockDecodeSupported(kMoeFusedMaxTokens + 1, v2));
-}
-
-// The variant setting and the fused path's bounds (host-side checks, no device needed).
+// The fused path's bounds (host-side checks, no device needed).
 TEST(MoeCudaArgsTest, FusedDecodeArguments) {
-  const int saved = MoeDecodeVariant();
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_EQ(SetMoeDecodeVariant(-1).code(), kInvalid);
-  EXPECT_EQ(SetMoeDecodeVariant(9).code(), kInvalid);
-  for (int v : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
-    ASSERT_TRUE(SetMoeDecodeVariant(v).ok());
-    EXPECT_EQ(MoeDecodeVariant(), v);
-  }
-  ASSERT_TRUE(SetMoeDecodeVariant(saved).ok());
 
   const MoeRoutingParams v2 = Configs()[1].routing;  // top-6 of 64
   EXPECT_TRUE(MoeFusedDecodeSupported(1, v2));
@@ -1461,20 +1036,8 @@ TEST(MoeCudaArgsTest, FusedDecodeArguments) {
                                 nullptr, &bad_shared)
                 .code(),
             kInvalid);
-  // A shared expert in the route needs the multi-block kernel; bad sizes are rejected there too.
-  const MoeSharedExpert good_shared{p, p, 64, p};
-  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts, ws, nullptr,
-                              MoeFusedRouteMode::kSingleBlock, &good_shared)
-                .code(),
-            kInvalid);
-  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts, ws, nullptr,
-                              MoeFusedRouteMode::kMultiBlock, &bad_shared)
-                .code(),
-            kInvalid);
-  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts,
-                              MoeCudaWorkspace{ws.data, 16}, nullptr,
-                              MoeFusedRouteMode::kMultiBlock)
-                .code(),
+  // A shared expert with bad sizes is rejected by the route too.
+  EXPECT_EQ(MoeFusedRouteCuda(p, p, nullptr, 2, h, v2, ids, wts, ws, nullptr, &bad_shared).code(),
             kInvalid);
   const MoeSharedExpert null_act{p, p, 64, nullptr};
   EXPECT_EQ(MoeFusedExpertsCuda(p, wts, 2, h, i, v2.top_k, v2.num_experts, p, p, nullptr, p, ws,

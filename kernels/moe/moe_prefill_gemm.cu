@@ -1,6 +1,5 @@
 // cuBLASLt routed experts for prefill steps; see moe_prefill_gemm_cuda.h.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -14,9 +13,6 @@ namespace {
 
 constexpr int kGatherThreads = 128;
 constexpr int64_t kMaxExperts = 1024;  // kMoeCudaMaxExperts (moe_cuda.h)
-
-std::atomic<int64_t> g_min_tokens{256};  // kMoePrefillGemmMinTokens
-std::atomic<int> g_streams{4};
 
 // One block per sorted position p (grid: an upper bound on the valid rows): copies token row
 // x[sorted_rows[p] / top_k] to gathered[p] as 16-byte vectors (hidden % 8 == 0, both 16-byte
@@ -49,27 +45,6 @@ struct MoePrefillGemm::Lane {
   }
 };
 
-absl::Status SetMoePrefillGemmStreams(int streams) {
-  if (streams < 1 || streams > kMoePrefillGemmMaxStreams) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SetMoePrefillGemmStreams: ", streams, " outside [1, ", kMoePrefillGemmMaxStreams, "]"));
-  }
-  g_streams.store(streams, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int MoePrefillGemmStreams() { return g_streams.load(std::memory_order_relaxed); }
-
-absl::Status SetMoePrefillGemm(int64_t min_tokens) {
-  if (min_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("SetMoePrefillGemm: ", min_tokens, " < 0"));
-  }
-  g_min_tokens.store(min_tokens, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int64_t MoePrefillGemmMinTokens() { return g_min_tokens.load(std::memory_order_relaxed); }
-
 size_t MoePrefillGemm::ScratchBytes(int64_t max_tokens, int64_t top_k, int64_t intermediate) {
   if (max_tokens <= 0 || top_k <= 0 || intermediate <= 0) return 0;
   return static_cast<size_t>(max_tokens * top_k) * static_cast<size_t>(2 * intermediate) *
@@ -78,15 +53,20 @@ size_t MoePrefillGemm::ScratchBytes(int64_t max_tokens, int64_t top_k, int64_t i
 
 absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
     CublasLt* lt, int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
-    int64_t intermediate) {
+    int64_t intermediate, const MoeOptions& options) {
   if (lt == nullptr || max_tokens < 1 || top_k < 1 || num_experts < 1 || top_k > num_experts ||
       num_experts > kMaxExperts || hidden < 8 || hidden % 8 != 0 || intermediate < 8 ||
       intermediate % 8 != 0 || max_tokens * top_k > 0x7fffffff || hidden > (int64_t{1} << 22) ||
-      intermediate > (int64_t{1} << 22)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MoePrefillGemm: bad arguments (lt ", lt != nullptr ? "set" : "null",
-                     ") max_tokens=", max_tokens, " top_k=", top_k, " num_experts=", num_experts,
-                     " hidden=", hidden, " intermediate=", intermediate));
+      intermediate > (int64_t{1} << 22) || options.prefill_gemm_min_tokens < 0 ||
+      options.prefill_gemm_streams < 1 ||
+      options.prefill_gemm_streams > kMoePrefillGemmMaxStreams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoePrefillGemm: bad arguments (lt ", lt != nullptr ? "set" : "null",
+        ") max_tokens=", max_tokens, " top_k=", top_k, " num_experts=", num_experts,
+        " hidden=", hidden, " intermediate=", intermediate,
+        " prefill_gemm_min_tokens=", options.prefill_gemm_min_tokens,
+        " prefill_gemm_streams=", options.prefill_gemm_streams, " (1..",
+        kMoePrefillGemmMaxStreams, ")"));
   }
   std::unique_ptr<MoePrefillGemm> g(new MoePrefillGemm());
   g->lt_ = lt;
@@ -95,6 +75,7 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
   g->num_experts_ = num_experts;
   g->hidden_ = hidden;
   g->intermediate_ = intermediate;
+  g->min_tokens_ = options.prefill_gemm_min_tokens;
   auto buf =
       DeviceBuffer<bf16>::Create(ScratchBytes(max_tokens, top_k, intermediate) / sizeof(bf16));
   if (!buf.ok()) return buf.status();
@@ -104,7 +85,7 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
       cudaMallocHost(&host, static_cast<size_t>(num_experts + 1) * sizeof(int32_t)),
       "cudaMallocHost");
   g->host_offsets_ = static_cast<int32_t*>(host);
-  const int streams = MoePrefillGemmStreams();
+  const int streams = options.prefill_gemm_streams;
   if (streams > 1) {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g->fork_, cudaEventDisableTiming),
                                 "cudaEventCreate");
@@ -113,7 +94,7 @@ absl::StatusOr<std::unique_ptr<MoePrefillGemm>> MoePrefillGemm::Create(
       auto st = CudaStream::Create();
       if (!st.ok()) return st.status();
       lane->stream = *std::move(st);
-      auto lane_lt = CublasLt::Create();
+      auto lane_lt = CublasLt::Create(CublasLt::kDefaultWorkspaceBytes, lt->options());
       if (!lane_lt.ok()) return lane_lt.status();
       lane->lt = *std::move(lane_lt);
       SLUICE_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&lane->done, cudaEventDisableTiming),
@@ -134,7 +115,7 @@ MoePrefillGemm::~MoePrefillGemm() {
 
 bool MoePrefillGemm::Takes(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
                            int64_t intermediate, cudaStream_t stream) const {
-  const int64_t min_tokens = MoePrefillGemmMinTokens();
+  const int64_t min_tokens = min_tokens_;
   if (min_tokens <= 0 || num_tokens < min_tokens || num_tokens > max_tokens_ || top_k != top_k_ ||
       num_experts != num_experts_ || hidden != hidden_ || intermediate != intermediate_) {
     return false;
@@ -184,10 +165,10 @@ absl::Status MoePrefillGemm::Run(const bf16* x, const int32_t* offsets, const in
     ++runs_;
     return absl::OkStatus();
   }
-  // Lanes: the caller's stream (lane 0) plus up to MoePrefillGemmStreams() - 1 side lanes;
-  // experts by descending rows, each to the lane with the fewest rows so far (largest first
-  // also starts the longest GEMMs first on a single stream).
-  const int lanes = std::min(MoePrefillGemmStreams(), this->lanes());
+  // Lanes: the caller's stream (lane 0) plus the side lanes Create made; experts by descending
+  // rows, each to the lane with the fewest rows so far (largest first also starts the longest
+  // GEMMs first on a single stream).
+  const int lanes = this->lanes();
   order_.clear();
   for (int32_t e = 0; e < E; ++e) {
     if (off[e + 1] > off[e]) order_.push_back(e);

@@ -27,32 +27,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/cuda_common.h"
+#include "kernels/moe/moe_options.h"
 
 namespace sluice::kernels {
 
 class CublasLt;
 
-// SetMoePrefillGemm: smallest step (num_tokens) whose routed experts, when MoeExpertsCuda picks
-// its grouped path and the workspace carries a MoePrefillGemm, run on cuBLASLt per expert;
-// 0 never; the default is kMoePrefillGemmMinTokens (256). Process-wide, read per call; runners read it once at load to decide
-// whether to allocate the MoePrefillGemm scratch at all. kMoePrefillGemmMinTokens is the
-// suggested value (the stream synchronization costs ~10-30 us per MoE layer, noise against a
-// few-millisecond expert block). InvalidArgument for min_tokens < 0.
-absl::Status SetMoePrefillGemm(int64_t min_tokens);
-int64_t MoePrefillGemmMinTokens();
-inline constexpr int64_t kMoePrefillGemmMinTokens = 256;
-
-// SetMoePrefillGemmStreams: how many streams the per-expert GEMMs are spread over (1: all on
-// the caller's stream; the default 4 = kMoePrefillGemmMaxStreams). At DeepSeek-V2-Lite
-// sizes an expert's GEMM (m ~ 384 rows) covers about half of an H200's SMs with cuBLASLt's
-// 128-wide tiles, so a few experts in flight at once fill the GPU. The extra streams (forked
-// from and joined back into the caller's stream with events) each have their own CublasLt
-// (cuBLASLt workspaces must not be shared by concurrent GEMMs), made by MoePrefillGemm::Create
-// when this setting is above 1 at that time; Run uses min(setting, lanes created).
-// Process-wide. InvalidArgument outside [1, kMoePrefillGemmMaxStreams].
+// Most streams MoeOptions::prefill_gemm_streams may ask for.
 inline constexpr int kMoePrefillGemmMaxStreams = 4;
-absl::Status SetMoePrefillGemmStreams(int streams);
-int MoePrefillGemmStreams();
 
 // MoePrefillGemm owns the scratch of the cuBLASLt path for one expert shape: the gate/up
 // output [max_tokens·top_k, 2·intermediate] bf16 on the device and the expert offsets
@@ -60,22 +42,23 @@ int MoePrefillGemmStreams();
 // Calls are serialized by the caller (one per stream; not thread-safe).
 class MoePrefillGemm {
  public:
-  // Create: scratch for steps of up to max_tokens tokens (no allocation per step).
-  // With MoePrefillGemmStreams() = n > 1 also n - 1 side lanes (stream, CublasLt with its
-  // default 32 MiB workspace, event).
+  // Create: scratch for steps of up to max_tokens tokens (no allocation per step), taking
+  // steps of at least options.prefill_gemm_min_tokens tokens. With options.prefill_gemm_streams
+  // = n > 1 also n - 1 side lanes (stream, CublasLt with its default 32 MiB workspace and lt's
+  // LinearOptions, event).
   // Errors: InvalidArgument for a null lt, non-positive sizes, top_k > num_experts,
-  // num_experts > 1024, hidden or intermediate not a positive multiple of 8, or
-  // max_tokens·top_k >= 2^31; Internal for allocation failures.
-  static absl::StatusOr<std::unique_ptr<MoePrefillGemm>> Create(CublasLt* lt, int64_t max_tokens,
-                                                                int64_t top_k, int64_t num_experts,
-                                                                int64_t hidden,
-                                                                int64_t intermediate);
+  // num_experts > 1024, hidden or intermediate not a positive multiple of 8,
+  // max_tokens·top_k >= 2^31, prefill_gemm_min_tokens < 0 or prefill_gemm_streams outside
+  // [1, kMoePrefillGemmMaxStreams]; Internal for allocation failures.
+  static absl::StatusOr<std::unique_ptr<MoePrefillGemm>> Create(
+      CublasLt* lt, int64_t max_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
+      int64_t intermediate, const MoeOptions& options = {});
   ~MoePrefillGemm();
   MoePrefillGemm(const MoePrefillGemm&) = delete;
   MoePrefillGemm& operator=(const MoePrefillGemm&) = delete;
 
-  // Takes: whether a MoeExpertsCuda call of these sizes on `stream` goes here: SetMoePrefillGemm
-  // is on and num_tokens >= it, the shape is the one this was created for, num_tokens <=
+  // Takes: whether a MoeExpertsCuda call of these sizes on `stream` goes here: the options'
+  // prefill_gemm_min_tokens is on and num_tokens >= it, the shape is the one this was created for, num_tokens <=
   // max_tokens, and the stream is not capturing (cudaStreamIsCapturing; an error there: false).
   bool Takes(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t hidden,
              int64_t intermediate, cudaStream_t stream) const;
@@ -110,10 +93,11 @@ class MoePrefillGemm {
   MoePrefillGemm() = default;
   CublasLt* lt_ = nullptr;
   int64_t max_tokens_ = 0, top_k_ = 0, num_experts_ = 0, hidden_ = 0, intermediate_ = 0;
+  int64_t min_tokens_ = 0;
   DeviceBuffer<bf16> gate_up_;       // [max_tokens·top_k, 2·I]
   int32_t* host_offsets_ = nullptr;  // pinned [E + 1]
   int64_t runs_ = 0;
-  // Side lanes (SetMoePrefillGemmStreams > 1 at Create): stream, own cuBLASLt, join event.
+  // Side lanes (prefill_gemm_streams > 1): stream, own cuBLASLt, join event.
   struct Lane;
   std::vector<std::unique_ptr<Lane>> side_;
   cudaEvent_t fork_ = nullptr;

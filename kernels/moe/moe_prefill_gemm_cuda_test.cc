@@ -31,24 +31,13 @@ using cuda_test::Upload;
 constexpr double kRtol = 1.0 / 64;
 constexpr double kAtol = 1.0 / 256;
 
-// Restores the process-wide SetMoePrefillGemm / SetMoePrefillGemmStreams settings on scope
-// exit.
-class SettingsScope {
- public:
-  SettingsScope(int64_t min_tokens, int streams)
-      : saved_min_(MoePrefillGemmMinTokens()), saved_streams_(MoePrefillGemmStreams()) {
-    EXPECT_TRUE(SetMoePrefillGemm(min_tokens).ok());
-    EXPECT_TRUE(SetMoePrefillGemmStreams(streams).ok());
-  }
-  ~SettingsScope() {
-    (void)SetMoePrefillGemm(saved_min_);
-    (void)SetMoePrefillGemmStreams(saved_streams_);
-  }
-
- private:
-  int64_t saved_min_;
-  int saved_streams_;
-};
+// MoeOptions taking steps of at least min_tokens tokens over `streams` streams.
+MoeOptions Options(int64_t min_tokens, int streams) {
+  MoeOptions o;
+  o.prefill_gemm_min_tokens = min_tokens;
+  o.prefill_gemm_streams = streams;
+  return o;
+}
 
 struct Case {
   std::string name;
@@ -150,8 +139,9 @@ std::vector<float> RunCuda(const Case& c, const Inputs& in, MoePrefillGemm* gemm
   return cuda_test::Download(d_out);
 }
 
-// The cuBLASLt path on one stream and spread over kMoePrefillGemmMaxStreams, then (setting
-// one token above the step) the grouped WMMA fallback, each against the CPU reference.
+// The cuBLASLt path on one stream and spread over kMoePrefillGemmMaxStreams, then (a
+// MoePrefillGemm whose threshold is one token above the step) the grouped WMMA fallback, each
+// against the CPU reference.
 void CheckCase(const Case& c, int64_t max_tokens) {
   auto rng = cuda_test::Rng();
   const Inputs in(c, rng);
@@ -159,9 +149,8 @@ void CheckCase(const Case& c, int64_t max_tokens) {
   auto lt = CublasLt::Create();
   ASSERT_TRUE(lt.ok()) << lt.status();
   for (int streams : {1, kMoePrefillGemmMaxStreams}) {
-    SettingsScope on(c.tokens, streams);
-    auto gemm =
-        MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden, c.inter);
+    auto gemm = MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden,
+                                       c.inter, Options(c.tokens, streams));
     ASSERT_TRUE(gemm.ok()) << gemm.status();
     ASSERT_EQ((*gemm)->lanes(), streams);
     ASSERT_TRUE((*gemm)->Takes(c.tokens, c.top_k, c.experts, c.hidden, c.inter, nullptr));
@@ -169,10 +158,12 @@ void CheckCase(const Case& c, int64_t max_tokens) {
                 RunCuda(c, in, gemm->get()), want, kRtol, kAtol);
     EXPECT_EQ((*gemm)->runs(), 1);
     if (streams == 1) {
-      ASSERT_TRUE(SetMoePrefillGemm(c.tokens + 1).ok());
-      ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, gemm->get()), want,
-                  kRtol, kAtol);
-      EXPECT_EQ((*gemm)->runs(), 1);
+      auto above = MoePrefillGemm::Create(lt->get(), max_tokens, c.top_k, c.experts, c.hidden,
+                                          c.inter, Options(c.tokens + 1, 1));
+      ASSERT_TRUE(above.ok()) << above.status();
+      ExpectClose(absl::StrCat("moe grouped fallback ", c.name), RunCuda(c, in, above->get()),
+                  want, kRtol, kAtol);
+      EXPECT_EQ((*above)->runs(), 0);
     }
   }
 }
@@ -193,21 +184,25 @@ TEST(MoePrefillGemmCudaTest, DeepseekV2LiteDimsMatchCpuReference) {
 }
 
 // Never taken while capturing (the read-back would break the graph), below the threshold, with
-// the setting off, for other shapes or past max_tokens.
+// the threshold 0, for other shapes or past max_tokens; options out of range are refused.
 TEST(MoePrefillGemmCudaTest, TakesOnlyEligibleSteps) {
   SLUICE_SKIP_WITHOUT_CUDA();
   auto lt = CublasLt::Create();
   ASSERT_TRUE(lt.ok()) << lt.status();
-  auto gemm = MoePrefillGemm::Create(lt->get(), 1024, 4, 16, 256, 128);
+  for (const MoeOptions& bad :
+       {Options(-1, 1), Options(256, 0), Options(256, kMoePrefillGemmMaxStreams + 1)}) {
+    EXPECT_EQ(MoePrefillGemm::Create(lt->get(), 1024, 4, 16, 256, 128, bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  auto off = MoePrefillGemm::Create(lt->get(), 1024, 4, 16, 256, 128, Options(0, 1));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE((*off)->Takes(512, 4, 16, 256, 128, nullptr));
+  const int64_t min_tokens = MoeOptions().prefill_gemm_min_tokens;
+  auto gemm = MoePrefillGemm::Create(lt->get(), 1024, 4, 16, 256, 128, Options(min_tokens, 1));
   ASSERT_TRUE(gemm.ok()) << gemm.status();
   MoePrefillGemm& g = **gemm;
-  {
-    SettingsScope off(0, 1);
-    EXPECT_FALSE(g.Takes(512, 4, 16, 256, 128, nullptr));
-  }
-  SettingsScope on(kMoePrefillGemmMinTokens, 1);
-  EXPECT_TRUE(g.Takes(kMoePrefillGemmMinTokens, 4, 16, 256, 128, nullptr));
-  EXPECT_FALSE(g.Takes(kMoePrefillGemmMinTokens - 1, 4, 16, 256, 128, nullptr));
+  EXPECT_TRUE(g.Takes(min_tokens, 4, 16, 256, 128, nullptr));
+  EXPECT_FALSE(g.Takes(min_tokens - 1, 4, 16, 256, 128, nullptr));
   EXPECT_FALSE(g.Takes(1025, 4, 16, 256, 128, nullptr));
   EXPECT_FALSE(g.Takes(512, 8, 16, 256, 128, nullptr));
   EXPECT_FALSE(g.Takes(512, 4, 16, 512, 128, nullptr));
@@ -223,10 +218,6 @@ TEST(MoePrefillGemmCudaTest, TakesOnlyEligibleSteps) {
 
 TEST(MoePrefillGemmArgsTest, BadArgumentsAreInvalidArgument) {
   EXPECT_EQ(MoePrefillGemm::Create(nullptr, 16, 2, 8, 64, 64).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMoePrefillGemm(-1).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMoePrefillGemmStreams(0).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SetMoePrefillGemmStreams(kMoePrefillGemmMaxStreams + 1).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MoePrefillGemm::ScratchBytes(0, 2, 64), 0u);
   EXPECT_EQ(MoePrefillGemm::ScratchBytes(10, 2, 64), size_t{10 * 2 * 128 * 2});

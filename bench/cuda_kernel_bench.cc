@@ -17,18 +17,16 @@
 //     call replayed from a CUDA graph (as the engine's decode steps run), "us_eager" that of
 //     eager calls (host launch costs included);
 //   - MLA latent attention at DeepSeek-V2-Lite shapes: decode at batch 1/64 × context 1k/8k
-//     (and one-tile shapes) per decode kernel (SetMlaLatentAttentionDecodeKernel 0 automatic,
-//     1 the 64-row tile kernel, 2/3 pipelined with a 2/4-deep ring; latent bytes read per second,
-//     its fraction of the copy bandwidth, TFLOP/s; each call reads other sequences' rows than the
-//     previous one) and causal prefill of 4096 tokens (TFLOP/s).
+//     (and one-tile shapes; the decode kernel's ring depth as its shape rule picks it; latent
+//     bytes read per second, its fraction of the copy bandwidth, TFLOP/s; each call reads other
+//     sequences' rows than the previous one) and causal prefill of 4096 tokens (TFLOP/s).
 //   - MoE routed experts at DeepSeek-V2-Lite shapes (64 experts, hidden 2048, intermediate
 //     1408, top-6) for 1 to 4096 tokens: every row gives touched experts' weight bytes per
 //     second, fraction of the copy bandwidth (consecutive calls route to disjoint experts, or
-//     touch all 64, so weights come from HBM) and TFLOP/s; the GEMV (T <= 8) and streaming
-//     paths should be near the copy bandwidth, the grouped GEMM (prefill) judged by TFLOP/s;
-//     at 1 and 8 tokens the streaming path is timed too, at 64 and 128 both the streaming and
-//     the grouped path. DeepSeek-V3
-//     routing (256 experts) latency.
+//     touch all 64, so weights come from HBM) and TFLOP/s; the GEMV path (T <= 8) should be
+//     near the copy bandwidth, the grouped GEMM (prefill) judged by TFLOP/s; at 8 and 16 tokens
+//     both paths are timed (kMoeGemvMaxTokens' crossover). DeepSeek-V3 routing (256 experts)
+//     latency.
 //   - Token sampling (SampleRowsCuda) at Qwen's vocab (151,936), 1 and 256 rows, on peaked
 //     logits (a few tokens far above a wide normal, like a confident LM) and flat ones (a
 //     narrow normal: top_p keeps thousands of tokens), per parameter set (greedy, temperature,
@@ -257,9 +255,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
     dims.v_head_dim = 128;
     dims.softmax_scale = 0.07216878364870322f;  // 1/sqrt(192)
     const int64_t width = dims.LatentWidth();
-    const int default_mla = MlaLatentAttentionDecodeKernel();
-    for (const int kernel : {0, 1, 2, 3}) {
-      if (absl::Status s = SetMlaLatentAttentionDecodeKernel(kernel); !s.ok()) return s;
+    {
       // (batch, context): the DeepSeek-V2-Lite decode targets, then one-tile shapes that show
       // a CTA's fixed cost (1 × 32, 128 × 32) and its per-tile cost (128 × 256).
       const std::pair<int64_t, int64_t> shapes[] = {
@@ -285,8 +281,7 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
           const double fmas =
               static_cast<double>(batch) * ctx * dims.num_heads * (width + dims.kv_lora_rank);
           const double gbps = bytes / (ms * 1e-3) / 1e9;
-          mla.push_back({{"kernel", kernel},
-                         {"batch", batch},
+          mla.push_back({{"batch", batch},
                          {"context", ctx},
                          {"workspace_bytes", ws_bytes},
                          {"us", ms * 1e3},
@@ -297,7 +292,6 @@ absl::StatusOr<nlohmann::json> BenchAttention(double copy_gbps, std::mt19937& rn
         }
       }
     }
-    if (absl::Status s = SetMlaLatentAttentionDecodeKernel(default_mla); !s.ok()) return s;
     // Causal prefill of one 4096-token sequence with no cached prefix (tensor-core tiles):
     // 2·(width + kv_lora_rank) FLOPs per head and visible query-key pair (Q·Kᵀ, P·V).
     const int64_t tokens = 4096;
@@ -395,27 +389,20 @@ absl::StatusOr<nlohmann::json> BenchMoe(double copy_gbps, std::mt19937& rng, cud
       auto w_down,
       RandomDevice(static_cast<size_t>(kExperts * kHidden * kInter), rng, -0.02f, 0.02f));
   nlohmann::json rows = nlohmann::json::array();
-  // kAuto's choice for every token count, plus the other candidate at the GEMV/streaming
-  // (1, 8) and streaming/grouped (64, 128) crossovers, to check kMoeGemvMaxTokens and
-  // kMoeStreamMaxRowsPerExpert.
+  // kAuto's choice for every token count, plus the other candidate around the GEMV/grouped
+  // crossover (8, 16), to check kMoeGemvMaxTokens.
   const std::pair<int64_t, MoeExpertsPath> cases[] = {
-      {1, MoeExpertsPath::kAuto},     {1, MoeExpertsPath::kStream},
-      {4, MoeExpertsPath::kAuto},     {8, MoeExpertsPath::kAuto},
-      {8, MoeExpertsPath::kStream},   {16, MoeExpertsPath::kAuto},
-      {64, MoeExpertsPath::kStream},  {64, MoeExpertsPath::kGrouped},
-      {128, MoeExpertsPath::kStream}, {128, MoeExpertsPath::kGrouped},
-      {512, MoeExpertsPath::kAuto},   {4096, MoeExpertsPath::kAuto}};
+      {1, MoeExpertsPath::kAuto},    {4, MoeExpertsPath::kAuto},   {8, MoeExpertsPath::kAuto},
+      {8, MoeExpertsPath::kGrouped}, {16, MoeExpertsPath::kGemv},  {16, MoeExpertsPath::kAuto},
+      {64, MoeExpertsPath::kAuto},   {128, MoeExpertsPath::kAuto}, {512, MoeExpertsPath::kAuto},
+      {4096, MoeExpertsPath::kAuto}};
   for (const auto& [t, asked] : cases) {
     MoeExpertsPath path = asked;
     if (path == MoeExpertsPath::kAuto) {  // the same rule as MoeExpertsCuda's
-      path = t <= kMoeGemvMaxTokens                               ? MoeExpertsPath::kGemv
-             : t * kTopK <= kMoeStreamMaxRowsPerExpert * kExperts ? MoeExpertsPath::kStream
-                                                                  : MoeExpertsPath::kGrouped;
+      path = t <= kMoeGemvMaxTokens ? MoeExpertsPath::kGemv : MoeExpertsPath::kGrouped;
     }
     const bool decode = path != MoeExpertsPath::kGrouped;
-    const char* path_name = path == MoeExpertsPath::kGemv     ? "gemv"
-                            : path == MoeExpertsPath::kStream ? "stream"
-                                                              : "grouped";
+    const char* path_name = path == MoeExpertsPath::kGemv ? "gemv" : "grouped";
     std::vector<int32_t> ids(static_cast<size_t>(kSets * t * kTopK));
     for (int64_t s = 0; s < kSets; ++s) {
       for (int64_t r = 0; r < t * kTopK; ++r) {

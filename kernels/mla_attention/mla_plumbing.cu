@@ -1,14 +1,13 @@
-#include "engine/cuda/deepseek_kernels.h"
+#include "kernels/mla_attention/mla_plumbing_cuda.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 
-namespace sluice::cuda_runner {
+namespace sluice::kernels {
 namespace {
 
 constexpr int kThreads = 256;
@@ -129,10 +128,8 @@ struct AbsorbArgs {
 // kPdl (a programmatic dependent launch): the thread's first kAbsorbPreloads weight vectors
 // (W_UK: no kernel of the step writes it) are loaded before GridDependencyWait, so they are in
 // flight while the kernel before still runs; the same rows in the same order, so the same sums.
-// late_trigger (kPdl only): LaunchDependents right after the wait.
 template <int kRows, bool kPdl>
-__device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb,
-                                            bool late_trigger = false) {
+__device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb) {
   __shared__ float red[kAbsorbDGroups][kAbsorbCols];
   const int cv = threadIdx.x % kAbsorbColVecs;
   const int dg = threadIdx.x / kAbsorbColVecs;
@@ -167,7 +164,6 @@ __device__ __forceinline__ void AbsorbBlock(const AbsorbArgs& a, int h, int cb,
       }
     }
     GridDependencyWait();  // q comes from the kernel before; out may still be read by others
-    if (late_trigger) LaunchDependents();
     if (col < a.r) {
 #pragma unroll
       for (int i = 0; i < kAbsorbPreloads; ++i) {
@@ -220,50 +216,21 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // When launched as a programmatic dependent of the fused input projection
 // (kernels::MlaDecodePdlBits() & kMlaPdlAbsorb) every block waits before it reads what that
 // wrote (a no-op in a plain launch): kPdl (kMlaPdlAbsorbPreload), the GEMV blocks after
-// loading their W_UK vectors, else before any load. late_trigger (kMlaPdlAbsorbLateTrigger):
-// the decode attention kernel after this one may launch only once every block is past its
-// wait, else at once.
-// L2 prefetch spans of a launch (kernels::MlaL2Prefetch with site kPrologue; bytes 0: none).
-struct PrefetchSpans {
-  const char* ptr[2];
-  uint32_t bytes[2];
-};
-constexpr uint32_t kL2PrefetchChunk = 16 * 1024;
-
-// The grid's blocks ask L2 for the spans, chunk c by thread c / blocks of block c % blocks.
-__device__ __forceinline__ void PrefetchSpansL2(const PrefetchSpans& pf) {
-  const uint32_t ctas = gridDim.x;
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t bytes = pf.bytes[r] & ~15u;
-    const uint32_t chunks = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
-    for (uint32_t c = blockIdx.x + ctas * threadIdx.x; c < chunks; c += ctas * blockDim.x) {
-      const uint32_t off = c * kL2PrefetchChunk;
-      kernels::cuda_detail::PrefetchL2(pf.ptr[r] + off, min(kL2PrefetchChunk, bytes - off));
-    }
-  }
-}
-
+// loading their W_UK vectors, else before any load.
 template <int kRows, bool kPdl>
 __global__ void __launch_bounds__(kAbsorbThreads)
-    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks, bool late_trigger,
-                            PrefetchSpans pf) {
-  PrefetchSpansL2(pf);  // weights only (kernels::SetMlaDecodeL2Prefetch bit 8; none by default)
-  // The decode attention kernel after this one, when launched as a programmatic dependent
-  // (kernels::SetMlaDecodeFusion(3)), may get resident now; it waits on griddepcontrol for
-  // this grid's writes. A no-op otherwise.
-  if (!late_trigger) kernels::attention_detail::LaunchDependents();
+    MlaPrologueAbsorbKernel(MlaPrologueArgs p, AbsorbArgs a, int col_blocks) {
+  // The decode attention kernel after this one (a programmatic dependent on sm_90+) may get
+  // resident now; it waits on griddepcontrol for this grid's writes. A no-op otherwise.
+  kernels::attention_detail::LaunchDependents();
   const int b = static_cast<int>(blockIdx.x);
   if (b < a.num_tokens) {
     GridDependencyWait();
-    if (late_trigger) LaunchDependents();
     PrologueToken(p, b);
   } else {
     const int g = b - a.num_tokens;
-    if constexpr (!kPdl) {
-      GridDependencyWait();
-      if (late_trigger) LaunchDependents();
-    }
-    AbsorbBlock<kRows, kPdl>(a, g / col_blocks, g % col_blocks, late_trigger);
+    if constexpr (!kPdl) GridDependencyWait();
+    AbsorbBlock<kRows, kPdl>(a, g / col_blocks, g % col_blocks);
   }
 }
 
@@ -279,7 +246,7 @@ AbsorbQueryFn PickAbsorbQuery(int64_t num_tokens, bool pdl) {
          : num_tokens <= 4 ? AbsorbQueryFor<4>(pdl)
                            : AbsorbQueryFor<8>(pdl);
 }
-using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int, bool, PrefetchSpans);
+using PrologueAbsorbFn = void (*)(MlaPrologueArgs, AbsorbArgs, int);
 template <int kRows>
 PrologueAbsorbFn PrologueAbsorbFor(bool pdl) {
   return pdl ? &MlaPrologueAbsorbKernel<kRows, true> : &MlaPrologueAbsorbKernel<kRows, false>;
@@ -393,8 +360,7 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream,
-                                   const kernels::MlaL2Prefetch* l2_prefetch) {
+                                   int64_t dn, int64_t R, cudaStream_t stream) {
   if (absl::Status s = CheckPrologue(prologue, num_tokens); !s.ok()) return s;
   AbsorbArgs a{};
   if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
@@ -411,20 +377,8 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   const int bits = kernels::MlaDecodePdlBits();
   const bool pdl = (bits & (kernels::kMlaPdlAbsorb | kernels::kMlaPdlAbsorbPreload)) != 0;
   const bool preload = (bits & kernels::kMlaPdlAbsorbPreload) != 0;
-  const bool late_trigger = (bits & kernels::kMlaPdlAbsorbLateTrigger) != 0;
-  PrefetchSpans pf{};
-  for (int r = 0; r < 2; ++r) {
-    const bool ok = l2_prefetch != nullptr &&
-                    l2_prefetch->site == kernels::MlaL2PrefetchSite::kPrologue &&
-                    l2_prefetch->ptr[r] != nullptr &&
-                    kernels::cuda_detail::Aligned16(l2_prefetch->ptr[r]);
-    pf.ptr[r] = ok ? static_cast<const char*>(l2_prefetch->ptr[r]) : nullptr;
-    pf.bytes[r] = ok ? static_cast<uint32_t>(std::min<size_t>(l2_prefetch->bytes[r], 0xffff0000u))
-                     : 0u;
-  }
   (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, preload), dim3(grid),
-                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb, late_trigger,
-                             pf);
+                             dim3(kAbsorbThreads), 0, stream, pdl, prologue, a, cb);
   return kernels::CudaLaunchStatus("MlaPrologueAbsorbKernel");
 }
 
@@ -567,26 +521,6 @@ absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows
                                                                  k, v, total);
   }
   return kernels::CudaLaunchStatus("AssembleKvKernel");
-}
-
-}  // namespace sluice::cuda_runner
-
-namespace sluice::kernels {
-namespace {
-std::atomic<int> g_mla_prefill_mode{1};
-}  // namespace
-
-absl::Status SetMlaPrefillMode(int mode) {
-  if (mode < 0) return absl::InvalidArgumentError("SetMlaPrefillMode: mode must be >= 0");
-  g_mla_prefill_mode.store(mode, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-int MlaPrefillMode() { return g_mla_prefill_mode.load(std::memory_order_relaxed); }
-
-int64_t MlaPrefillMinQueryLen() {
-  const int mode = MlaPrefillMode();
-  return mode == 0 ? 0 : mode == 1 ? 64 : mode;
 }
 
 }  // namespace sluice::kernels

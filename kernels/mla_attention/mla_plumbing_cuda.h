@@ -1,8 +1,11 @@
-// Small CUDA kernels of the DeepSeek runner (cuda_deepseek_runner.cc) that are layout plumbing
-// rather than model ops. Launcher conventions: kernels/cuda/cuda_common.h (device pointers,
-// enqueued on `stream`, no synchronization, graph-capturable).
-#ifndef SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
-#define SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
+// The per-token MLA plumbing around the attention core (mla_attention_cuda.h) that the DeepSeek
+// runner (engine/cuda/cuda_deepseek_runner.cc) launches: the latent prologue (kv_a norm, RoPE,
+// latent cache write), the absorbed query, and the MHA form's gather and K/V assembly; plus two
+// layout helpers. mla_plumbing.h has the CPU references. Launcher conventions:
+// kernels/cuda/cuda_common.h (device pointers, enqueued on `stream`, no synchronization,
+// graph-capturable).
+#ifndef SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_
+#define SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_
 
 #include <cstdint>
 
@@ -10,9 +13,7 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
 
-namespace sluice::cuda_runner {
-
-using kernels::bf16;
+namespace sluice::kernels {
 
 // StridedCopy describes [num_tokens, num_heads, width] bf16 spans of a wider buffer:
 // element (t, h, i) is at ptr[t · token_stride + h · head_stride + i].
@@ -93,23 +94,20 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
                                 cudaStream_t stream);
 
 // MlaPrologueAbsorbCuda: MlaPrologueCuda(prologue, num_tokens) and MlaAbsorbQueryCuda(q, ...,
-// num_tokens, heads, dn, R) in one launch (kernels::MlaDecodeFusion() >= 1; both read only the
-// fused input projection's output, so they need no order): num_tokens extra blocks run the
+// num_tokens, heads, dn, R) in one launch (both read only the fused input projection's output,
+// so they need no order): num_tokens extra blocks run the
 // prologue beside the GEMV's heads · ⌈R/128⌉ blocks, with the same device code, so every output
 // equals the two separate launches' bit for bit. The prologue's q_out and cache spans must not
 // overlap `out`, nor either of them the inputs. Programmatic dependent launch pieces:
-// kernels::MlaDecodePdlBits() (kMlaPdlAbsorb, kMlaPdlAbsorbPreload, kMlaPdlAbsorbLateTrigger).
-// l2_prefetch: null, or weight spans the launch's blocks ask L2 for at their start when its
-// site is kernels::MlaL2PrefetchSite::kPrologue (a hint, as in MlaLatentAttentionVUpCuda).
+// kernels::MlaDecodePdlBits() (kMlaPdlAbsorb, kMlaPdlAbsorbPreload).
 // Errors: those of MlaPrologueCuda and MlaAbsorbQueryCuda; Internal for launch errors.
 absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream,
-                                   const kernels::MlaL2Prefetch* l2_prefetch = nullptr);
+                                   int64_t dn, int64_t R, cudaStream_t stream);
 
-// ---- MLA prefill in the non-absorbed (MHA) form (kernels::SetMlaPrefillMode).
+// ---- MLA prefill in the non-absorbed (MHA) form (kernels::MlaOptions, mla_options.h).
 // Instead of attending over the 576-wide latent rows (absorbed: 2·H·(2·R + dr) FLOPs per
 // query-key pair), large steps up-project every sequence's context once with kv_b_proj into
 // per-head k_nope [dn] and v [dv] and run ordinary causal attention with head_dim dn + dr and
@@ -146,28 +144,6 @@ absl::Status MlaAssembleKvCuda(const bf16* kv_up, const bf16* k_pe, int64_t rows
                                int64_t dn, int64_t dr, int64_t dv, bf16* k, bf16* v,
                                cudaStream_t stream);
 
-}  // namespace sluice::cuda_runner
-
-namespace sluice::kernels {
-
-// SetMlaPrefillMode: how the CUDA DeepSeek runner computes MLA attention of large steps.
-// 0: the absorbed form everywhere (MlaLatentAttentionCuda over the latent cache, then W_UV).
-// m >= 1 (1 is the default): steps whose longest query is at least MlaPrefillMinQueryLen()
-// (64 for m = 1, m itself for m >= 2; tests use 2) take the MHA form, as vLLM and SGLang run
-// MLA prefill (3.4x fewer attention FLOPs at DeepSeek-V2-Lite shapes; H200 prefill 4k: 78.4 vs
-// 104.4 ms a step) (deepseek_kernels.h
-// above: gather, kv_b_proj GEMM, PagedAttentionCuda at head_dim dn + dr / v_head_dim dv, o_proj)
-// when the step's contexts fit the runner's scratch (num_seqs·⌈max_seq_len / block_size⌉
-// blocks <= ⌈max_num_tokens / block_size⌉ + ⌈max_model_len / block_size⌉); other steps, decode
-// included, stay absorbed. Both write and read the same latent cache, so a sequence may switch
-// between them from step to step. Process-wide; the scratch is allocated when a runner is
-// created, so set it before creating the runner (a runner created under 0 stays absorbed).
-// InvalidArgument for m < 0.
-absl::Status SetMlaPrefillMode(int mode);
-int MlaPrefillMode();
-// The longest-query threshold of the current mode; 0 when the mode is 0.
-int64_t MlaPrefillMinQueryLen();
-
 }  // namespace sluice::kernels
 
-#endif  // SLUICE_ENGINE_CUDA_DEEPSEEK_KERNELS_H_
+#endif  // SLUICE_KERNELS_MLA_ATTENTION_MLA_PLUMBING_CUDA_H_

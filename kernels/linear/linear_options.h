@@ -1,0 +1,36 @@
+// LinearOptions: the choices a CublasLt (linear_cuda.h) makes when its autotuner times a new
+// decode GEMM shape (CublasLt::Create takes them; cuda_runner::CudaRunnerOptions::linear
+// carries them for model runners). Plain data; no CUDA needed to include it.
+#ifndef SLUICE_KERNELS_LINEAR_LINEAR_OPTIONS_H_
+#define SLUICE_KERNELS_LINEAR_LINEAR_OPTIONS_H_
+
+#include <cstdint>
+
+namespace sluice::kernels {
+
+// Bits of LinearOptions::algo_search (gemm_algo_search.h), for plans with
+// kGemmSearchMinRows <= m <= the autotune limit:
+//   kGemmSearchAlgos   (1): every cuBLASLt algorithm configuration (EnumerateAlgos) is timed
+//                           next to the heuristic's picks;
+//   kGemmSearchSplitN  (2): wave-aligned two-part N splits (SplitGemm), kept only when faster;
+//   kGemmSearchStreams (4): with 2, the split's parts also timed on two streams (fork/join).
+inline constexpr int kGemmSearchAlgos = 1;
+inline constexpr int kGemmSearchSplitN = 2;
+inline constexpr int kGemmSearchStreams = 4;
+inline constexpr int64_t kGemmSearchMinRows = 64;
+
+struct LinearOptions {
+  // How many of cuBLASLt's heuristic algorithms the autotuner times per new plan, 1..64.
+  int tune_candidates = 8;
+  // Whether the autotuner also times SkinnyGemmCuda (and applies tuning-table choices of it)
+  // for kSkinnyTuneMinRows <= m <= kSkinnyTuneMaxRows (linear_cuda.h).
+  bool skinny_tuning = true;
+  // The wider search (mask of the bits above; 0: the heuristic's candidates only). It adds
+  // ~30 s of tuning at Llama-3-8B shapes, once per process; a GEMM tuning table made with it
+  // (scripts/make_gemm_tuning.sh) gives its choices to processes that run without it.
+  int algo_search = 0;
+};
+
+}  // namespace sluice::kernels
+
+#endif  // SLUICE_KERNELS_LINEAR_LINEAR_OPTIONS_H_
