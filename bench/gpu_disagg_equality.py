@@ -80,6 +80,22 @@ def completion(url, model, prompt, max_tokens):
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
 
 
+def divergence(reference, got):
+    """[(index, first differing position or None, reference's margin of its token over ours at
+    it, None where ours is outside its top logprobs)] of the requests whose tokens differ."""
+    out = []
+    for i, (a, b) in enumerate(zip(reference, got)):
+        if a["tokens"] == b["tokens"] and a["finish_reason"] == b["finish_reason"]:
+            continue
+        pos = next((p for p, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
+        top = (a["top"][pos] or {}) if pos is not None else {}
+        chosen = top.get(a["tokens"][pos]) if pos is not None else None
+        other = top.get(b["tokens"][pos]) if pos is not None else None
+        margin = round(chosen - other, 5) if chosen is not None and other is not None else None
+        out.append((i, pos, margin))
+    return out
+
+
 def compare(reference, got, tie_tolerance):
     """(mismatch indices, near-tie flips [(index, position, margin)])."""
     mismatches, flips = [], []
@@ -216,6 +232,8 @@ def main():
         report["seconds"] = round(time.time() - start, 2)
         mismatches, flips = compare(reference, got, args.tie_tolerance)
         report["mismatches"] = mismatches[:20]
+        report["mismatch_divergence"] = [d for d in divergence(reference, got)
+                                         if d[0] in set(mismatches)][:20]
         report["num_mismatches"] = len(mismatches)
         report["num_near_tie_flips"] = len(flips)
         report["near_tie_flips"] = flips[:20]
@@ -225,6 +243,7 @@ def main():
         report["sequential_mismatches"] = [
             i for i, (a, b) in enumerate(zip(sequential_ref, sequential))
             if a["tokens"] != b["tokens"] or a["finish_reason"] != b["finish_reason"]]
+        report["sequential_divergence"] = divergence(sequential_ref, sequential)
         deadline = time.time() + 30
         while True:
             after = {w: free_blocks(cluster, w) for w in baseline}
