@@ -250,8 +250,17 @@ def handover_part(args):
                 count = b[-1][1] if b else 0
                 entry[key] = {"count": count, "mean": round(total / count, 6) if count else None,
                               "p50": quantile(0.5, b), "p99": quantile(0.99, b)}
+            # A transfer that failed makes decode recompute the prompt: the figures above would
+            # then time recomputes, not handovers.
+            entry["recomputed"] = sum(float(m) for m in re.findall(
+                r"^sluice_decode_transfers_recomputed_total(?:{[^}]*})? (\S+)$", text, re.M))
             out[mode] = entry
             print(f"handover {mode}: {json.dumps(entry)}", flush=True)
+            if entry["recomputed"]:
+                out["ok"] = False
+                print(f"handover {mode}: {entry['recomputed']:.0f} of {len(prompts)} requests "
+                      "recomputed their prompt (a KV transfer failed; the decode worker's log "
+                      "says why)", flush=True)
         finally:
             cluster.stop()
     return out
@@ -346,6 +355,8 @@ def main():
         f.write("\n")
     if args.plot and results:
         plot(report, args.plot)
+    if report.get("handover", {}).get("ok") is False:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ if has handover; then
   echo "== handover (router + prefill + decode on the GPU, pull, push and layerwise)"
   "$PY" bench/kv_transfer_bench.py --build "$BUILD" --parts handover --perftest "$PERFTEST" \
     --handover-modes pull,push,layerwise --handover-prompt-words 200 \
-    --tls sm,cuda_ipc,cuda_copy --handover-model "${MODELS[0]}" \
+    --tls sm,cuda_ipc,cuda_copy,tcp --handover-model "${MODELS[0]}" \
     --handover-worker-args "--device cuda --gpu-memory-utilization 0.4" \
     --out "$RESULTS/kv_handover_h200.json" || FAILED=1
 fi

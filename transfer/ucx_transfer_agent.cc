@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "transfer/transfer_validation.h"
+#include "transfer/ucx_transports.h"
 
 namespace sluice::transfer {
 namespace {
@@ -54,6 +55,13 @@ absl::StatusOr<std::unique_ptr<UcxTransferAgent>> UcxTransferAgent::Create(
 UcxTransferAgent::UcxTransferAgent(const KvTransferOptions& options) : options_(options) {}
 
 absl::Status UcxTransferAgent::Init() {
+  if (options_.peer_failure_detection) {
+    const char* env = std::getenv("UCX_TLS");
+    const std::string tls = !options_.transports.empty() ? options_.transports
+                            : env != nullptr             ? env
+                                                         : "";
+    if (absl::Status s = CheckPeerFailureTransports(tls); !s.ok()) return s;
+  }
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return UcsError(absl::StatusCode::kInternal, "ucp_config_read", st);
