@@ -1,8 +1,9 @@
 // grammar_bench: grammar compile time and per-token mask time of Sluice's grammar engine
 // (engine/grammar) on a real tokenizer, along fixed valid documents.
 //
-//   build/bin/grammar_bench --tokenizer ../shared/tokenizers/llama3/tokenizer.json \
+//   build/bin/grammar_bench --tokenizer ../shared/tokenizers/llama3/tokenizer.json
 //       --cases bench/grammar/cases.json --out bench/results/grammar_sluice_llama3.json
+//   (one command line)
 //
 // For each case (a JSON Schema with a valid `instance`, or a GBNF `grammar` with a valid
 // `document`, as in bench/grammar/ebnf_cases.json): the grammar is compiled `--compile_repeats`
