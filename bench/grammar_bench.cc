@@ -1,13 +1,15 @@
-// grammar_bench: JSON Schema compile time and per-token mask time of Sluice's grammar engine
+// grammar_bench: grammar compile time and per-token mask time of Sluice's grammar engine
 // (engine/grammar) on a real tokenizer, along fixed valid documents.
 //
-//   build/bin/grammar_bench --tokenizer ../shared/tokenizers/llama3/tokenizer.json \
+//   build/bin/grammar_bench --tokenizer ../shared/tokenizers/llama3/tokenizer.json
 //       --cases bench/grammar/cases.json --out bench/results/grammar_sluice_llama3.json
+//   (one command line)
 //
-// For each case: the schema is compiled `--compile_repeats` times without the cache (median
-// reported); the document `instance` is serialized in the engine's JSON style (", " and ": "),
-// tokenized, and the mask is filled before each of its tokens and once more at the end (EOS),
-// each timed. bench/grammar/compare.py runs xgrammar and llguidance on the same documents.
+// For each case (a JSON Schema with a valid `instance`, or a GBNF `grammar` with a valid
+// `document`, as in bench/grammar/ebnf_cases.json): the grammar is compiled `--compile_repeats`
+// times without the cache (median reported); the document (an `instance` serialized in the
+// engine's JSON style, ", " and ": ") is tokenized, and the mask is filled before each of its
+// tokens and once more at the end (EOS), each timed. bench/grammar/compare.py runs xgrammar and llguidance on the same documents.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -85,7 +87,11 @@ int main(int argc, char** argv) {
   const double vocab_ms = Ms(Clock::now() - vocab_start);
   json results = json::array();
   for (const json& c : cases) {
-    sluice::grammar::GrammarSpec spec{sluice::grammar::GrammarKind::kJsonSchema, c["schema"].dump(), {}};
+    // A JSON Schema case has "schema" and "instance"; a GBNF case "grammar" and "document".
+    const bool ebnf = c.contains("grammar");
+    sluice::grammar::GrammarSpec spec{
+        ebnf ? sluice::grammar::GrammarKind::kEbnf : sluice::grammar::GrammarKind::kJsonSchema,
+        ebnf ? c["grammar"].get<std::string>() : c["schema"].dump(), {}};
     std::vector<double> compile_ms;
     std::shared_ptr<const sluice::grammar::CompiledGrammar> compiled;
     for (int r = 0; r < compile_repeats; ++r) {
@@ -100,7 +106,7 @@ int main(int argc, char** argv) {
       }
       compiled = *g;
     }
-    const std::string doc = Dump(c["instance"]);
+    const std::string doc = ebnf ? c["document"].get<std::string>() : Dump(c["instance"]);
     const std::vector<int32_t> ids = (*tokenizer)->Encode(doc, /*add_special_tokens=*/false);
     sluice::grammar::GrammarMatcher matcher(compiled, std::vector<int32_t>{});
     std::vector<uint32_t> mask(matcher.num_bitmask_words());

@@ -116,14 +116,34 @@ namespace {
 
 // ---- strings ----
 
+Expr HexDigit() { return CharClass({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}); }
+
+// JsonUnicodeEscapeExpr: "u" and four hex digits spelling a UTF-16 code unit, where a high
+// surrogate (D800-DBFF) must be followed by "\u" and a low one (DC00-DFFF) and a low one never
+// stands alone. RFC 8259 (sections 7, 8.2) lets the grammar spell unpaired surrogates but leaves
+// their meaning unpredictable: nlohmann::json (the tool-call parser) and pydantic (the openai
+// SDK's parse) reject them, and I-JSON (RFC 7493, 2.1) forbids them. So every string the engine
+// lets out decodes to Unicode scalar values.
+Expr JsonUnicodeEscapeExpr() {
+  const Expr d = CharClass({{'d', 'd'}, {'D', 'D'}});
+  const Expr not_surrogate =
+      Choice({Sequence({CharClass({{'0', '9'}, {'a', 'c'}, {'A', 'C'}, {'e', 'f'}, {'E', 'F'}}),
+                        Repeat(HexDigit(), 3, 3)}),
+              Sequence({d, CharClass({{'0', '7'}}), Repeat(HexDigit(), 2, 2)})});
+  const Expr surrogate_pair =
+      Sequence({d, CharClass({{'8', '9'}, {'a', 'b'}, {'A', 'B'}}), Repeat(HexDigit(), 2, 2),
+                Literal("\\u"), d, CharClass({{'c', 'f'}, {'C', 'F'}}), Repeat(HexDigit(), 2, 2)});
+  return Sequence({Literal("u"), Choice({not_surrogate, surrogate_pair})});
+}
+
+// JsonCharExpr: one character of a JSON string body (a surrogate pair's two escapes count as
+// one character, as JSON Schema's minLength / maxLength count code points).
 Expr JsonCharExpr() {
   return Choice({CharClass({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, /*negated=*/true),
                  Sequence({Literal("\\"),
                            Choice({CharClass({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'},
                                               {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
-                                   Sequence({Literal("u"),
-                                             Repeat(CharClass({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}),
-                                                    4, 4)})})})});
+                                   JsonUnicodeEscapeExpr()})})});
 }
 
 // JsonEscapeExpr rewrites a regex over string contents into one over the JSON string body:

@@ -212,3 +212,41 @@ def test_structured_output_through_the_router(client):
                                                 max_tokens=200, temperature=0,
                                                 messages=[{"role": "user", "content": "JSON?"}])
     assert isinstance(parsed.choices[0].message.parsed, Count)
+
+
+def test_sdk_helpers_parse_tools_and_structured_outputs_through_the_router(client):
+    # The official SDK's helpers through the router, streamed and not: chat.completions.stream
+    # (beta) with a Pydantic response_format and with a strict Pydantic tool, and parse with the
+    # tool; the streamed and the non-streamed runs of one seed give the same parsed values.
+    from pydantic import BaseModel
+
+    class Count(BaseModel):
+        n: int
+        ok: bool
+
+    class Lookup(BaseModel):
+        city: str
+        days: int
+
+    msg = [{"role": "user", "content": "JSON?"}]
+    kw = dict(model=MODEL_NAME, messages=msg, max_tokens=200, temperature=1.0, seed=5)
+    parsed = client.beta.chat.completions.parse(response_format=Count, **kw).choices[0].message.parsed
+    assert isinstance(parsed, Count)
+    with client.beta.chat.completions.stream(response_format=Count, **kw) as stream:
+        deltas = [e for e in stream if e.type == "content.delta"]
+        final = stream.get_final_completion()
+    assert deltas and final.choices[0].message.parsed == parsed
+
+    tool = openai.pydantic_function_tool(Lookup, name="lookup")
+    tool["function"]["parameters"]["properties"]["city"]["maxLength"] = 10
+    kw = dict(model=MODEL_NAME, messages=msg, tools=[tool], tool_choice="required", max_tokens=200,
+              temperature=1.0, seed=4)
+    with client.beta.chat.completions.stream(**kw) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    assert done and done[0].name == "lookup"
+    assert final.choices[0].finish_reason == "tool_calls"
+    streamed = final.choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(streamed, Lookup)
+    call = client.beta.chat.completions.parse(**kw).choices[0].message.tool_calls[0]
+    assert call.function.name == "lookup" and call.function.parsed_arguments == streamed

@@ -67,6 +67,35 @@ TEST(JsonSchemaTest, StringConstraints) {
   });
 }
 
+TEST(JsonSchemaTest, UnicodeEscapesSpellScalarValues) {
+  // \u escapes: any non-surrogate code unit, or a high surrogate (D800-DBFF) followed by a low
+  // one (DC00-DFFF), in either case of hex digits; never an unpaired surrogate (what
+  // nlohmann::json and pydantic reject; json_schema_to_grammar.cc says why).
+  const std::vector<std::string> yes = {
+      R"("\u0000")", R"("\u00e9\u00E9")", R"("\uD7FF")", R"("\uE000")", R"("\uFFFF")",
+      R"("\uD83D\uDE00")", R"("\ud83d\ude00")", R"("\uDBFF\uDFFF")", R"("\uD800\uDC00")",
+      R"("a\uD83D\uDE00b\uD83D\uDE00")"};
+  const std::vector<std::string> no = {
+      R"("\uD83D")", R"("\uD83Dx")", R"("\uD83D\u0041")", R"("\uD83D\uD83D")", R"("\uDE00")",
+      R"("\uDE00\uD83D")", R"("\uDC00")", R"("\ud800")", R"("\uD83D\n")", R"("\uD83D\\uDE00")",
+      R"("\u12")", R"("\u12g4")"};
+  Check({{R"({"type":"string"})", yes, no}});
+  // The same strings inside any JSON (json_object) and as object keys.
+  auto any = *CompiledGrammar::Create(AnyJsonGrammar(false), ByteVocab());
+  for (const std::string& s : yes) {
+    EXPECT_TRUE(FullMatch(any, s)) << s;
+    EXPECT_TRUE(FullMatch(any, "{" + s + ": 1}")) << s;
+  }
+  for (const std::string& s : no) {
+    EXPECT_FALSE(FullMatch(any, s)) << s;
+    EXPECT_FALSE(FullMatch(any, "{" + s + ": 1}")) << s;
+  }
+  // minLength / maxLength count code points: a pair is one character.
+  Check({{R"({"type":"string","minLength":2,"maxLength":2})",
+          {R"("\uD83D\uDE00\uD83D\uDE00")", R"("a\uD83D\uDE00")"},
+          {R"("\uD83D\uDE00")", R"("\uD83D\uDE00\uD83D\uDE00\uD83D\uDE00")"}}});
+}
+
 TEST(JsonSchemaTest, IntegerBounds) {
   Check({
       {R"({"type":"integer","minimum":-12,"maximum":105})", {"-12", "-1", "0", "9", "10", "99", "100", "105"}, {"-13", "106", "110", "1000", "-0"}},

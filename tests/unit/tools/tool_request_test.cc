@@ -180,6 +180,53 @@ TEST(ToolGrammar, RequiredAcceptsOnlyCallsToTheTools) {
   EXPECT_EQ(compiler.num_compiles(), compiles);
 }
 
+// What the tool-call grammar lets out is what the parser takes as a call: \u escapes that spell
+// scalar values (a surrogate pair too) pass both, unpaired surrogates neither (nlohmann::json
+// rejects them, so a grammar that allowed them would turn a forced call into plain content).
+TEST(ToolGrammar, StringEscapesTheGrammarAllowsAreTheOnesTheParserTakes) {
+  grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
+  const json body{{"tools", {Weather()}}, {"tool_choice", "required"}};
+  struct Case {
+    std::string escaped;  // the city as the model writes it, inside the quotes
+    bool valid;
+    std::string decoded;  // UTF-8, when valid
+  };
+  const std::vector<Case> cases = {
+      {R"(\uD83D\uDE00)", true, "\xF0\x9F\x98\x80"},
+      {R"(\ud83d\ude00x)", true, "\xF0\x9F\x98\x80x"},
+      {R"(Z\u00fcrich)", true, "Z\xC3\xBCrich"},
+      {R"(\uDBFF\uDFFF)", true, "\xF4\x8F\xBF\xBF"},
+      {R"(\uD83D)", false, ""},
+      {R"(\uD83Dx)", false, ""},
+      {R"(\uDE00)", false, ""},
+      {R"(\uDE00\uD83D)", false, ""},
+      {R"(\uD83D\uD83D)", false, ""},
+  };
+  for (const char* syntax : {"hermes", "llama3_json"}) {
+    auto g = Compile(body, syntax, compiler);
+    ASSERT_NE(g, nullptr);
+    auto parser = ToolCallSyntaxByName(syntax);
+    ASSERT_TRUE(parser.ok());
+    for (const Case& c : cases) {
+      const std::string args = "{\"city\": \"" + c.escaped + "\"}";
+      const std::string text =
+          std::string(syntax) == "hermes"
+              ? "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " + args + "}\n</tool_call>"
+              : "{\"name\": \"get_weather\", \"parameters\": " + args + "}";
+      EXPECT_EQ(grammar::testing::FullMatch(g, text), c.valid) << syntax << ": " << text;
+      const ToolCallMessage m = ParseToolCallMessage(**parser, text);
+      ASSERT_EQ(m.has_calls(), c.valid) << syntax << ": " << text;
+      if (!c.valid) {
+        EXPECT_EQ(m.content, text);
+        continue;
+      }
+      const std::string arguments = m.tool_calls[0]["function"]["arguments"];
+      EXPECT_EQ(arguments, args);  // sent as the model wrote them
+      EXPECT_EQ(json::parse(arguments)["city"], c.decoded) << text;
+    }
+  }
+}
+
 // DeepSeek-V3's markers are special tokens: a vocabulary of the bytes, EOS (256) and the five
 // markers (257...), which no byte string spells.
 constexpr const char* kDeepSeekMarkers[] = {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
