@@ -398,6 +398,21 @@ def test_decode_worker_prefills_images_itself(tokenizer):
         c.stop()
 
 
+def test_decode_worker_prefilling_alone_encodes_the_images(tokenizer):
+    """No prefill worker and no encoder: the decode worker prefills locally from the bytes,
+    encoding the images on its encode threads (through its engine), with the reference text."""
+    c = Cluster(0, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMIT_ARGS)
+    try:
+        reply = chat(client_of(c.url), PROMPT1)
+        assert reply.choices[0].message.content == want_text(tokenizer, 1)
+        assert c.metric('sluice_router_prefills_total{where="local"}') == 1
+        assert c.metric("sluice_router_self_encoded_images_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_image_encodes_running") == 0
+    finally:
+        c.stop()
+
+
 def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer):
     c = Cluster(1, 1, num_encoder=2, model_dir=FIXTURE, worker_args=WORKER_ARGS,
                 router_args=LIMIT_ARGS, role_args={"encoder": ["--test-encode-delay-ms", "1500"]})
