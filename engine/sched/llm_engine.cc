@@ -67,6 +67,7 @@ class LLMEngineImpl final : public LLMEngine {
     c.enable_prefix_caching = options.enable_prefix_caching;
     c.kv_identity = kv_identity;
     c.kv_connector = options.kv_connector.get();
+    c.image_encoder = options.image_encoder.get();
     c.loaded_blocks_partial = EffectiveSwaReplayTokens(model, options.swa_replay_tokens) > 0;
     c.policy = options.scheduling_policy;
     c.prefill_aging = options.prefill_aging;
@@ -117,8 +118,10 @@ class LLMEngineImpl final : public LLMEngine {
             "image ", i, ": placeholder tokens [", mm.offset, ", ", mm.offset + mm.num_tokens,
             ") overlap another image or leave the prompt"));
       }
-      if (mm.embeddings == nullptr ||
-          static_cast<int64_t>(mm.embeddings->size()) != int64_t{mm.num_tokens} * hidden) {
+      const bool encodable =
+          mm.embeddings == nullptr && options_.image_encoder != nullptr && mm.image != nullptr;
+      if (!encodable && (mm.embeddings == nullptr || static_cast<int64_t>(mm.embeddings->size()) !=
+                                                         int64_t{mm.num_tokens} * hidden)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "image ", i, ": embeddings must be ", mm.num_tokens, " x ", hidden, " floats"));
       }
@@ -300,7 +303,9 @@ class LLMEngineImpl final : public LLMEngine {
 
   bool HasPendingTimers() const override {
     // Connector loads finish off-thread: Step() polls them.
-    return !held_.empty() || !reservations_.empty() || scheduler_.num_loading() > 0;
+    // Image encodes too.
+    return !held_.empty() || !reservations_.empty() || scheduler_.num_loading() > 0 ||
+           scheduler_.num_encoding() > 0;
   }
   bool HasStepWork() const override {
     return scheduler_.num_waiting() > 0 || scheduler_.num_running() > 0 ||
@@ -324,6 +329,7 @@ class LLMEngineImpl final : public LLMEngine {
     pending_aborts_.clear();
     ExpireTimers(outputs);
     FinishConnectorLoads();
+    FinishImageEncodes(outputs);
     ProposeDrafts();
 
     SchedulerOutput plan = scheduler_.Schedule();
@@ -377,6 +383,7 @@ class LLMEngineImpl final : public LLMEngine {
     const PrefixCacheStats& pc = scheduler_.prefix_cache_stats();
     c.num_prompt_tokens_cached = scheduler_.num_cached_prompt_tokens();
     c.num_prompt_tokens_cached_external = scheduler_.num_external_cached_prompt_tokens();
+    c.num_image_encodes = scheduler_.num_image_encodes();
     if (options_.kv_connector != nullptr) c.kv_connector = options_.kv_connector->stats();
     c.num_prefix_cache_queried_blocks = pc.num_queried_blocks;
     c.num_prefix_cache_hit_blocks = pc.num_hit_blocks;
@@ -1087,6 +1094,36 @@ class LLMEngineImpl final : public LLMEngine {
         seq->num_computed_tokens = end - loaded;
         seq->num_cached_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());
       }
+    }
+  }
+
+  // FinishImageEncodes gives sequences parked for their images' embeddings (Scheduler::
+  // FinishImageEncode) the results: checked against the model's hidden size, or the request
+  // finishes with the encode's error. Encodes of aborted requests are dropped.
+  void FinishImageEncodes(std::vector<RequestOutput>& outputs) {
+    if (options_.image_encoder == nullptr) return;
+    const int64_t hidden = model_->config().hidden_size;
+    for (ImageEncodeResult& r : options_.image_encoder->PollEncodes()) {
+      if (r.inputs.ok()) {
+        for (size_t i = 0; i < r.inputs->size(); ++i) {
+          const MultimodalInput& mm = (*r.inputs)[i];
+          if (mm.embeddings == nullptr ||
+              static_cast<int64_t>(mm.embeddings->size()) != int64_t{mm.num_tokens} * hidden) {
+            r.inputs = absl::InternalError(absl::StrCat(
+                "image ", i, ": the image encoder returned no ", mm.num_tokens, " x ", hidden,
+                " embeddings"));
+            break;
+          }
+        }
+      }
+      const absl::Status status = r.inputs.status();
+      std::unique_ptr<Sequence> failed;
+      scheduler_.FinishImageEncode(r.ticket, std::move(r.inputs), failed);
+      if (failed == nullptr) continue;
+      const std::string id = failed->request.request_id;
+      if (options_.speculative.enabled()) options_.speculative.drafter->Release(id);
+      outputs.push_back(FinalOutput(*failed, FinishReason::kError, status));
+      ids_.erase(id);
     }
   }
 

@@ -19,6 +19,7 @@
 #include "engine/kv/kv_connector.h"
 #include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
+#include "engine/sched/image_encoder.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sched/step_totals.h"
@@ -108,6 +109,11 @@ struct EngineOptions {
   // bad words, nor for prefill-only requests (hold_kv_blocks). Saved steps:
   // EngineCounters::num_jump_forward_tokens.
   bool grammar_jump_forward = true;
+  // Vision-language models: computes the embeddings of images requests carry as bytes
+  // (MultimodalInput::image without embeddings), only once a step must compute positions of
+  // their placeholder runs, off the engine thread (engine/sched/image_encoder.h). Null: every
+  // input must come with its embeddings.
+  std::shared_ptr<ImageEncoder> image_encoder;
   // Called on the engine thread after every synchronously timed step (RunPlan) with what it
   // ran (the worker's --log-steps); must not block. Null: nothing is recorded.
   std::function<void(const StepTrace&)> on_step;
@@ -144,6 +150,9 @@ struct EngineCounters {
   // Reservations whose transfer failed and whose prompt was recomputed locally instead
   // (recompute_failed_transfers); not counted as failed.
   int64_t num_transfers_recomputed = 0;
+  // Image encodes (EngineOptions::image_encoder) started: sequences that had to compute
+  // positions of images they carried as bytes.
+  int64_t num_image_encodes = 0;
   // SWA bounded replay: sliding-layer rebuilds run (after transfers and connector loads) and
   // prompt tokens they replayed. A replay that fails recomputes those tokens (after a transfer
   // counted in num_transfers_recomputed).

@@ -33,7 +33,8 @@ struct MultimodalInput {
   BlockHash content_hash;
   // The encoded image (PNG/JPEG/WebP bytes) while `embeddings` is still to be computed
   // elsewhere: the router's requests, whose images an encoder worker encodes before prefill.
-  // Engines take only inputs with embeddings.
+  // Engines take inputs with embeddings, or, with EngineOptions::image_encoder, with the image
+  // alone: its embeddings are then computed when a step needs them (engine/sched/image_encoder.h).
   std::shared_ptr<const std::string> image;
 };
 

@@ -204,6 +204,9 @@ Sequence* Scheduler::Find(const std::string& request_id) {
   for (auto& s : loading_) {
     if (s->request.request_id == request_id) return s.get();
   }
+  for (auto& s : encoding_) {
+    if (s->request.request_id == request_id) return s.get();
+  }
   return nullptr;
 }
 
@@ -266,6 +269,10 @@ std::unique_ptr<Sequence> Scheduler::Detach(const std::string& request_id) {
              lit != loading_.end()) {
     out = std::move(*lit);  // a load still running for it is dropped by FinishLoad
     loading_.erase(lit);
+  } else if (auto eit = std::find_if(encoding_.begin(), encoding_.end(), match);
+             eit != encoding_.end()) {
+    out = std::move(*eit);  // an encode still running for it is dropped by FinishImageEncode
+    encoding_.erase(eit);
   }
   return out;
 }
@@ -335,6 +342,37 @@ bool Scheduler::StartExternalLoad(Sequence& seq) {
       std::vector<BlockHash>(seq.block_hashes.begin() + local,
                              seq.block_hashes.begin() + max_blocks));
   return true;
+}
+
+bool Scheduler::StartImageEncode(Sequence& seq) {
+  if (config_.image_encoder == nullptr ||
+      !NeedsImageEncode(seq.request, seq.num_computed_tokens)) {
+    return false;
+  }
+  seq.image_encode_ticket = next_encode_ticket_++;
+  config_.image_encoder->StartEncode(seq.image_encode_ticket, seq.request.mm_inputs);
+  return true;
+}
+
+Sequence* Scheduler::FinishImageEncode(uint64_t ticket,
+                                       absl::StatusOr<std::vector<MultimodalInput>> inputs,
+                                       std::unique_ptr<Sequence>& failed) {
+  auto it = std::find_if(encoding_.begin(), encoding_.end(),
+                         [&](const auto& s) { return s->image_encode_ticket == ticket; });
+  if (it == encoding_.end()) return nullptr;
+  std::unique_ptr<Sequence> seq = std::move(*it);
+  encoding_.erase(it);
+  seq->image_encode_ticket = 0;
+  if (!inputs.ok()) {
+    cache_.Free(seq->block_table);
+    seq->block_table.clear();
+    failed = std::move(seq);
+    return nullptr;
+  }
+  seq->request.mm_inputs = *std::move(inputs);
+  Sequence* out = seq.get();
+  waiting_.push_front(std::move(seq));
+  return out;
 }
 
 Sequence* Scheduler::FinishLoad(uint64_t ticket, int64_t num_blocks,
@@ -481,6 +519,11 @@ SchedulerOutput Scheduler::Schedule() {
       if (static_cast<int32_t>(running_.size() + admitted.size()) >= config_.max_num_seqs) break;
       Sequence& holder = *waiting_[k];
       if (holder.block_table.empty() || holder.num_computed_tokens == 0) continue;
+      // Its images are encoded once it reaches the head.
+      if (config_.image_encoder != nullptr &&
+          NeedsImageEncode(holder.request, holder.num_computed_tokens)) {
+        continue;
+      }
       const int32_t n = prefill_chunk(holder);
       if (n <= 0 || !EnsureBlocks(holder, holder.num_computed_tokens + n)) continue;
       holder.admission_order = next_admission_++;
@@ -524,6 +567,15 @@ SchedulerOutput Scheduler::Schedule() {
         waiting_.pop_front();
         continue;
       }
+    }
+    // Positions to compute that an image without embeddings covers: parked until they are
+    // encoded (a fresh sequence gives its shared prefix blocks back meanwhile); the next one goes
+    // on.
+    if (StartImageEncode(seq)) {
+      if (fresh) DropBlocks(seq);
+      encoding_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+      continue;
     }
     const int32_t n = prefill_chunk(seq);
     if (n <= 0) {  // not this step (time spent, or it would delay a first token)

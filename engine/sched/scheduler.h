@@ -55,6 +55,7 @@
 #include "engine/kv/kv_connector.h"
 #include "engine/kv/kv_events.h"
 #include "engine/kv/prefix_cache.h"
+#include "engine/sched/image_encoder.h"
 #include "engine/sched/qc_cost_model.h"
 #include "engine/sched/sequence.h"
 
@@ -80,6 +81,10 @@ struct SchedulerConfig {
   // Loaded blocks hold only some layers' K/V (SWA bounded replay): FinishLoad does not register
   // them in the prefix cache (the engine rebuilds the rest for the last tokens only).
   bool loaded_blocks_partial = false;
+  // Optional (not owned): computes the embeddings of images a sequence carries as bytes when it
+  // reaches the head of the waiting queue needing them (see image_encoder.h and
+  // FinishImageEncode).
+  ImageEncoder* image_encoder = nullptr;
   // Fair prefill (see the banner).
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   // kShortestPrefillFirst: the aging credit, seconds of prefill per second waited (see the
@@ -174,6 +179,19 @@ class Scheduler {
                        std::vector<int32_t>& load_blocks);
   int64_t num_loading() const { return static_cast<int64_t>(loading_.size()); }
 
+  // --- Image encodes (config.image_encoder) ---
+  // A waiting sequence reaching the head that must compute positions of an image without
+  // embeddings is parked as "encoding" (a fresh one gives back its prefix-cache blocks first)
+  // while image_encoder->StartEncode runs; Schedule() skips it. FinishImageEncode takes the
+  // encode of `ticket` back: with `inputs` the sequence's mm_inputs become them and it is queued
+  // at the front (still owned by the scheduler; returned); with an error it is removed, its
+  // blocks freed, and returned in `failed`. Null (nothing changed) when no encoding sequence has
+  // that ticket (aborted meanwhile) or it failed.
+  Sequence* FinishImageEncode(uint64_t ticket, absl::StatusOr<std::vector<MultimodalInput>> inputs,
+                              std::unique_ptr<Sequence>& failed);
+  int64_t num_encoding() const { return static_cast<int64_t>(encoding_.size()); }
+  int64_t num_image_encodes() const { return next_encode_ticket_ - 1; }  // started so far
+
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   // The running sequences (still owned by the scheduler): in admission order with kFcfs; else
@@ -197,6 +215,9 @@ class Scheduler {
   // StartExternalLoad parks a fresh sequence as loading (see FinishLoad); false if it has
   // nothing to load or there is no connector.
   bool StartExternalLoad(Sequence& seq);
+  // StartImageEncode starts the encode of seq's images (see FinishImageEncode); false when seq
+  // computes no position of an image without embeddings, or there is no encoder.
+  bool StartImageEncode(Sequence& seq);
   // DropBlocks frees seq's blocks and resets it to "nothing computed".
   void DropBlocks(Sequence& seq);
   // PrefillLeftTokens: prompt tokens `s` has left to compute, net of its cached prefix (for a
@@ -219,6 +240,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order
   std::vector<std::unique_ptr<Sequence>> reserved_;  // waiting for a KV transfer
   std::vector<std::unique_ptr<Sequence>> loading_;   // waiting for a KV connector load
+  std::vector<std::unique_ptr<Sequence>> encoding_;  // waiting for image embeddings
+  uint64_t next_encode_ticket_ = 1;
   uint64_t next_load_ticket_ = 1;
   int64_t num_external_cached_prompt_tokens_ = 0;
   int64_t next_admission_ = 0;

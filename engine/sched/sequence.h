@@ -42,6 +42,9 @@ struct Sequence {
   uint64_t kv_load_ticket = 0;
   int32_t num_external_cached_tokens = 0;
   int32_t num_saved_blocks = 0;
+  // ImageEncoder (image_encoder.h): the ticket of the encode of the request's images while it
+  // runs.
+  uint64_t image_encode_ticket = 0;
   // Prompt logprobs (SamplingParams::prompt_logprobs): entry p - 1 for prompt position p,
   // filled as prefill chunks run (a recompute overwrites), handed out with the first token.
   std::vector<PromptLogprob> prompt_logprobs;

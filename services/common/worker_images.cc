@@ -1,6 +1,9 @@
 #include "services/common/worker_images.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/request.h"
 #include "engine/vision/image.h"
@@ -8,18 +11,27 @@
 
 namespace sluice {
 
-absl::StatusOr<std::unique_ptr<WorkerImages>> WorkerImages::Load(const std::string& model_dir,
-                                                                 int64_t cache_bytes) {
+WorkerImages::WorkerImages(const WorkerImagesOptions& options)
+    : test_encode_delay_(options.test_encode_delay),
+      pool_(std::make_unique<TaskPool>(std::max(1, options.encode_threads))) {}
+
+// The pool runs its queued encodes, then joins, before the tower and the cache go.
+WorkerImages::~WorkerImages() { pool_.reset(); }
+
+absl::StatusOr<std::shared_ptr<WorkerImages>> WorkerImages::Load(
+    const std::string& model_dir, const WorkerImagesOptions& options) {
   absl::StatusOr<ModelConfig> config = ModelConfig::Load(model_dir);
   if (!config.ok()) return config.status();
   if (config->multimodal_architecture.empty()) return nullptr;
   absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder =
       vision::VisionEncoder::Load(model_dir);
   if (!encoder.ok()) return encoder.status();
-  std::unique_ptr<WorkerImages> images(new WorkerImages());
+  std::shared_ptr<WorkerImages> images(new WorkerImages(options));
   images->encoder_ = *std::move(encoder);
   images->fingerprint_ = images->encoder_->processor().Fingerprint();
-  if (cache_bytes > 0) images->cache_ = std::make_unique<vision::EmbeddingCache>(cache_bytes);
+  if (options.cache_bytes > 0) {
+    images->cache_ = std::make_unique<vision::EmbeddingCache>(options.cache_bytes);
+  }
   // Bounded by the gRPC message size the worker accepts; the pixel bound is far above the
   // router's default (89,478,485), which refuses decompression bombs before they get here.
   images->limits_.max_bytes = int64_t{256} << 20;
@@ -27,9 +39,9 @@ absl::StatusOr<std::unique_ptr<WorkerImages>> WorkerImages::Load(const std::stri
   return images;
 }
 
-absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) const {
-  for (size_t i = 0; i < inputs->size(); ++i) {
-    MultimodalInput& mm = (*inputs)[i];
+absl::Status WorkerImages::Check(const std::vector<MultimodalInput>& inputs) const {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const MultimodalInput& mm = inputs[i];
     if (mm.embeddings != nullptr) continue;
     const std::string where = absl::StrCat("mm_inputs[", i, "]");
     if (mm.image == nullptr || mm.image->empty()) {
@@ -46,9 +58,19 @@ absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) c
           where, ": the image's content hash differs from this worker's (are the router and "
                  "this worker reading the same model folder's preprocessor_config.json?)"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) const {
+  if (absl::Status s = Check(*inputs); !s.ok()) return s;
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    MultimodalInput& mm = (*inputs)[i];
+    if (mm.embeddings != nullptr) continue;
     vision::EmbeddingCache::Embeddings embeddings;
     if (cache_ != nullptr) embeddings = cache_->Lookup(mm.content_hash);
     if (embeddings == nullptr) {
+      const std::string where = absl::StrCat("mm_inputs[", i, "]");
       absl::StatusOr<vision::RgbImage> decoded = vision::DecodeImage(*mm.image, limits_);
       if (!decoded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": ", decoded.status().message()));
@@ -67,11 +89,36 @@ absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) c
   return absl::OkStatus();
 }
 
+void WorkerImages::StartEncode(uint64_t ticket, std::vector<MultimodalInput> inputs) {
+  num_encoding_.fetch_add(1);
+  pool_->Post([this, ticket, inputs = std::move(inputs)]() mutable {
+    if (test_encode_delay_ > absl::ZeroDuration()) absl::SleepFor(test_encode_delay_);
+    ImageEncodeResult result;
+    result.ticket = ticket;
+    if (absl::Status s = EncodeMissing(&inputs); s.ok()) {
+      result.inputs = std::move(inputs);
+    } else {
+      result.inputs = std::move(s);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    done_.push_back(std::move(result));
+    num_encoding_.fetch_sub(1);
+  });
+}
+
+std::vector<ImageEncodeResult> WorkerImages::PollEncodes() {
+  std::vector<ImageEncodeResult> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.swap(done_);
+  return out;
+}
+
 vision::EmbeddingCacheStats WorkerImages::cache_stats() const {
   return cache_ != nullptr ? cache_->stats() : vision::EmbeddingCacheStats{};
 }
 
 int64_t WorkerImages::num_encoded() const { return num_encoded_.load(std::memory_order_relaxed); }
+int64_t WorkerImages::num_encoding() const { return num_encoding_.load(); }
 
 std::string RenderWorkerImageMetrics(const WorkerImages& images) {
   return absl::StrCat(
@@ -79,14 +126,17 @@ std::string RenderWorkerImageMetrics(const WorkerImages& images) {
       "# HELP sluice_worker_images_encoded_total Images this worker encoded itself (sent as "
       "bytes: no encoder worker could; cache hits not counted).\n"
       "# TYPE sluice_worker_images_encoded_total counter\n"
-      "sluice_worker_images_encoded_total ", images.num_encoded(), "\n");
+      "sluice_worker_images_encoded_total ", images.num_encoded(), "\n",
+      "# HELP sluice_worker_image_encodes_running Requests whose images this worker is encoding "
+      "(queued for or on its encode threads).\n"
+      "# TYPE sluice_worker_image_encodes_running gauge\n"
+      "sluice_worker_image_encodes_running ", images.num_encoding(), "\n");
 }
 
-absl::Status EncodeMissingImages(const WorkerImages* images,
-                                 std::vector<MultimodalInput>* inputs) {
-  if (images != nullptr) return images->EncodeMissing(inputs);
-  for (size_t i = 0; i < inputs->size(); ++i) {
-    if ((*inputs)[i].embeddings == nullptr) {
+absl::Status CheckImages(const WorkerImages* images, const std::vector<MultimodalInput>& inputs) {
+  if (images != nullptr) return images->Check(inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].embeddings == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "mm_inputs[", i, "] has no embeddings and this worker cannot encode images (its "
           "model has no vision tower)"));

@@ -1,65 +1,97 @@
 // WorkerImages: a prefill / decode worker's own vision tower (issue 26's self-encode fallback).
 // When no encoder worker could encode a request's images, the router sends them to the workers
-// as bytes (MultimodalInput.image); a worker serving a vision-language model encodes them with
-// the same engine/vision code as `sluice encoder` — so the embeddings, and the greedy tokens,
-// equal the encoder pool's — through an embedding cache keyed by the image's content hash.
+// as bytes (MultimodalInput.image); a worker serving a vision-language model encodes them, when
+// its engine needs them and on a bounded pool of threads, with the same engine/vision code as
+// `sluice encoder` — so the embeddings, and the greedy tokens, equal the encoder pool's —
+// through an embedding cache keyed by the image's content hash.
 #ifndef SLUICE_SERVICES_COMMON_WORKER_IMAGES_H_
 #define SLUICE_SERVICES_COMMON_WORKER_IMAGES_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/sched/image_encoder.h"
 #include "engine/sched/request.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/image.h"
 #include "engine/vision/vision_encoder.h"
+#include "services/common/task_pool.h"
 
 namespace sluice {
 
-class WorkerImages {
+struct WorkerImagesOptions {
+  int64_t cache_bytes = 0;  // embedding cache, LRU (0: none)
+  // Threads encoding images (bounded: never one per request). The engine thread and the gRPC
+  // handlers never encode.
+  int encode_threads = 2;
+  absl::Duration test_encode_delay = absl::ZeroDuration();  // test only: hold each encode
+};
+
+// The worker's ImageEncoder (engine/sched/image_encoder.h): the engine asks it for a request's
+// embeddings only when it must compute the image's positions — a prefill worker for every new
+// prompt, a decode worker only when it prefills or recomputes itself (no prefill worker, a
+// failed or expired KV transfer, a preemption, a migrated stream), never for KV it received.
+class WorkerImages final : public ImageEncoder {
  public:
   // Load returns null for a text-only model folder, else the vision tower + projector of
-  // `model_dir` and an embedding cache of `cache_bytes` (0: none). Errors: those of
-  // VisionEncoder::Load.
-  static absl::StatusOr<std::unique_ptr<WorkerImages>> Load(const std::string& model_dir,
-                                                            int64_t cache_bytes);
+  // `model_dir`. Errors: those of VisionEncoder::Load.
+  static absl::StatusOr<std::shared_ptr<WorkerImages>> Load(const std::string& model_dir,
+                                                            const WorkerImagesOptions& options);
+  ~WorkerImages() override;
 
+  // Check: what can be told of `inputs` without decoding (cheap; for the gRPC handlers, so a
+  // bad request is refused at once): InvalidArgument "mm_inputs[i]: ..." for an input with
+  // neither embeddings nor an image, or a placeholder run that is not tokens_per_image long;
+  // FailedPrecondition when the content hash is not this worker's hash of the bytes (a router
+  // reading another model folder's preprocessor_config.json).
+  absl::Status Check(const std::vector<MultimodalInput>& inputs) const;
   // EncodeMissing gives every input without embeddings the embeddings of its image bytes
-  // (from the cache, else decoded and encoded) and drops the bytes. Thread-safe. Errors:
-  // InvalidArgument "mm_inputs[i]: ..." for an input with neither, a placeholder run that is
-  // not tokens_per_image long, or an image that does not decode; FailedPrecondition when the
-  // content hash is not this worker's hash of the bytes (a router reading another model
-  // folder's preprocessor_config.json).
+  // (from the cache, else decoded and encoded) and drops the bytes; on the calling thread.
+  // Thread-safe. Errors: Check's, and InvalidArgument for an image that does not decode.
   absl::Status EncodeMissing(std::vector<MultimodalInput>* inputs) const;
+
+  // ImageEncoder: EncodeMissing on one of the encode threads.
+  void StartEncode(uint64_t ticket, std::vector<MultimodalInput> inputs) override;
+  std::vector<ImageEncodeResult> PollEncodes() override;
 
   // Cache figures (all zero without a cache).
   vision::EmbeddingCacheStats cache_stats() const;
   int64_t num_encoded() const;
+  int64_t num_encoding() const;  // encodes started and not finished (queued or running)
 
  private:
-  WorkerImages() = default;
+  explicit WorkerImages(const WorkerImagesOptions& options);
   std::unique_ptr<vision::VisionEncoder> encoder_;
   std::unique_ptr<vision::EmbeddingCache> cache_;
   std::string fingerprint_;
   // The router checked the images against its own limits; these only bound what one image may
   // cost here.
   vision::ImageDecodeLimits limits_;
+  absl::Duration test_encode_delay_;
   mutable std::atomic<int64_t> num_encoded_{0};
+  std::atomic<int64_t> num_encoding_{0};
+  std::mutex mu_;
+  std::vector<ImageEncodeResult> done_;  // guarded by mu_
+  std::unique_ptr<TaskPool> pool_;       // joined first (the destructor)
 };
 
 // RenderWorkerImageMetrics: sluice_encoder_cache_{hits,misses,evictions}_total,
-// sluice_encoder_cache_bytes (as `sluice encoder` and `sluice serve` name them) and
-// sluice_worker_images_encoded_total, in Prometheus text format.
+// sluice_encoder_cache_bytes (as `sluice encoder` and `sluice serve` name them),
+// sluice_worker_images_encoded_total and sluice_worker_image_encodes_running, in Prometheus text
+// format.
 std::string RenderWorkerImageMetrics(const WorkerImages& images);
 
-// EncodeMissingImages: images->EncodeMissing(inputs), or, for a worker without a vision tower
-// (`images` null), FailedPrecondition when an input has no embeddings.
-absl::Status EncodeMissingImages(const WorkerImages* images, std::vector<MultimodalInput>* inputs);
+// CheckImages: images->Check(inputs), or, for a worker without a vision tower (`images` null),
+// FailedPrecondition when an input has no embeddings. Inputs that pass are handed to the engine
+// as they are: it encodes their images when it needs them (WorkerImages as its ImageEncoder).
+absl::Status CheckImages(const WorkerImages* images, const std::vector<MultimodalInput>& inputs);
 
 }  // namespace sluice
 

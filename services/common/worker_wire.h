@@ -48,7 +48,7 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out);
 
 // MmInputsFromWire: a request's images (PrefillRequest / ReserveRequest / DecodeRequest
 // .mm_inputs) with their embeddings, or with their image bytes (`image`, no embeddings) where
-// the router sent bytes for the worker to encode (EncodeMissingImages, worker_images.h).
+// the router sent bytes for the worker to encode (CheckImages, worker_images.h).
 // Errors: InvalidArgument for a content hash that is not 16 bytes, or embeddings that are not
 // whole float32 values (the engine checks the shape).
 absl::StatusOr<std::vector<MultimodalInput>> MmInputsFromWire(

@@ -461,11 +461,10 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
   }
   absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
   if (mm_inputs.ok()) {
-    // Images sent as bytes (self-encode fallback): decode needs the embeddings whenever it
-    // computes prompt positions itself (recompute, migration), so it encodes them too.
-    if (absl::Status s = EncodeMissingImages(options_.images, &*mm_inputs); !s.ok()) {
-      mm_inputs = s;
-    }
+    // Images sent as bytes (self-encode fallback): kept as bytes. The prefill worker encodes
+    // them; the engine here encodes them only if it computes their positions itself (a failed
+    // or expired transfer, a preemption), off this thread.
+    if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
   }
   if (!mm_inputs.ok()) {
     reactor->Finish(ToGrpc(mm_inputs.status()));
@@ -593,11 +592,10 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
       request->transfer_timeout_ms() > 0 ? absl::Milliseconds(request->transfer_timeout_ms())
                                          : options_.transfer_timeout;
   absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
-  // A Decode that claims a reservation uses the Reserve's inputs (already encoded).
+  // A Decode that claims a reservation uses the Reserve's inputs. Images as bytes are encoded
+  // by the engine only if it prefills them here (a local run, a recompute).
   if (mm_inputs.ok() && !(remote && existing != nullptr)) {
-    if (absl::Status s = EncodeMissingImages(options_.images, &*mm_inputs); !s.ok()) {
-      mm_inputs = s;
-    }
+    if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
   }
   if (!mm_inputs.ok()) {
     if (existing != nullptr) existing->Cancel();

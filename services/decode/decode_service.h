@@ -59,8 +59,9 @@ struct DecodeServiceOptions {
   // Compiles the grammars requests carry (SamplingParams.grammar_ebnf); borrowed. Null: such
   // requests are refused with INVALID_ARGUMENT.
   WorkerGrammars* grammars = nullptr;
-  // Encodes images the router sent as bytes (self-encode fallback); borrowed. Null: a request
-  // with such images fails (FAILED_PRECONDITION).
+  // Checks images the router sent as bytes (self-encode fallback), which the engine encodes
+  // (it has the same WorkerImages as its ImageEncoder); borrowed. Null: a request with such
+  // images fails (FAILED_PRECONDITION).
   const WorkerImages* images = nullptr;
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
   // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.

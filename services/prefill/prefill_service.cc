@@ -136,10 +136,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   }
   absl::StatusOr<std::vector<MultimodalInput>> mm_inputs = MmInputsFromWire(request->mm_inputs());
   if (mm_inputs.ok()) {
-    // Images sent as bytes (no encoder worker could encode them): encoded here.
-    if (absl::Status s = EncodeMissingImages(options_.images, &*mm_inputs); !s.ok()) {
-      mm_inputs = s;
-    }
+    // Images sent as bytes (no encoder worker could encode them): the engine has them encoded
+    // off this thread when it reaches the request (WorkerImages); checked here.
+    if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
   }
   if (!mm_inputs.ok()) {
     if (layer_push != nullptr) layer_push->Cancel(mm_inputs.status());

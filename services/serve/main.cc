@@ -329,6 +329,13 @@ int main(int argc, char** argv) {
                    "Vision-language models: cache of the image embeddings this worker encodes "
                    "itself when no encoder worker could, bytes, LRU (default 64 MiB; 0: off)")
         ->check(CLI::NonNegativeNumber);
+    cmd.add_option("--image-encode-threads", w.image_encode_threads,
+                   "Vision-language models: threads encoding those images (off the gRPC and "
+                   "engine threads)")
+        ->check(CLI::PositiveNumber);
+    cmd.add_option("--test-image-encode-delay-ms", w.test_image_encode_delay_ms,
+                   "Test only: hold each image encode of this worker this long")
+        ->check(CLI::NonNegativeNumber);
     cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
                    "SIGTERM: finish requests in flight within this many seconds, then cut the "
                    "rest (the router moves cut decode streams elsewhere) and exit 0")

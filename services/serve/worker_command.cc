@@ -69,25 +69,31 @@ int Run(const WorkerOptions& options, Role role) {
   // has --transfer-timeout-s from the claim).
   runtime_options.engine.kv_reserve_timeout_ms = static_cast<int64_t>(
       (options.reserve_timeout_s + options.transfer_timeout_s + 5) * 1000);
+  // A vision-language model's tower, for images the router sends as bytes (no encoder worker):
+  // the engine's ImageEncoder, so images are encoded off the gRPC and engine threads and only
+  // where their positions are computed. Without it (dummy weights, a folder whose tower does not
+  // load) the worker still serves embeddings from encoder workers; it just does not advertise
+  // image_encode.
+  absl::StatusOr<std::shared_ptr<WorkerImages>> images = std::shared_ptr<WorkerImages>();
+  if (runtime_options.load_format != "dummy") {
+    WorkerImagesOptions images_options;
+    images_options.cache_bytes = options.encoder_cache_bytes;
+    images_options.encode_threads = options.image_encode_threads;
+    images_options.test_encode_delay = absl::Milliseconds(options.test_image_encode_delay_ms);
+    images = WorkerImages::Load(runtime_options.model_dir, images_options);
+    if (!images.ok()) {
+      spdlog::warn("no image encoding on this worker (images need encoder workers): {}",
+                   images.status().ToString());
+      images = std::shared_ptr<WorkerImages>();
+    }
+  }
+  runtime_options.engine.image_encoder = *images;
   absl::StatusOr<ModelRuntime> runtime = LoadModelRuntime(runtime_options);
   if (!runtime.ok()) {
     spdlog::error("{}", runtime.status().ToString());
     return 1;
   }
   AsyncEngine& engine = runtime->backend->engine();
-  // A vision-language model's tower, for images the router sends as bytes (no encoder worker).
-  // Without it (dummy weights, a folder whose tower does not load) the worker still serves
-  // embeddings from encoder workers; it just does not advertise image_encode.
-  absl::StatusOr<std::unique_ptr<WorkerImages>> images = std::unique_ptr<WorkerImages>();
-  if (runtime_options.load_format != "dummy") {
-    images = WorkerImages::Load(runtime_options.model_dir, options.encoder_cache_bytes);
-    if (!images.ok()) {
-      spdlog::warn("no image encoding on this worker (images need encoder workers): {}",
-                   images.status().ToString());
-      images = std::unique_ptr<WorkerImages>();
-    }
-  }
-
   // KV memory registered once with the transfer agent.
   transfer::KvTransferOptions transfer_options;
   transfer_options.transports = options.ucx_transports;

@@ -40,6 +40,8 @@ struct WorkerOptions {
   // Vision-language models: the embedding cache of the images this worker encodes itself
   // (the router's self-encode fallback, when no encoder worker could); 0: no cache.
   int64_t encoder_cache_bytes = 64 << 20;
+  int image_encode_threads = 2;          // threads encoding those images
+  double test_image_encode_delay_ms = 0;  // test only: hold each of those encodes this long
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

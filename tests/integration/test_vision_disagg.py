@@ -4,9 +4,10 @@ tests/e2e/test_vision.py), over HTTP (both chat-template conventions, streaming)
 encoder pool's cache and the prefill worker's prefix cache key on image content; bad images get
 the same 400s as `sluice serve` from the router; the router fetches allowed http image URLs;
 a decode worker that prefills itself gets the embeddings too; an encoder killed mid-request
-fails over to another, and with none left (or none registered) the prefill and decode workers
-encode the images themselves with the same output; a repeated image is decoded by the router
-only once."""
+fails over to another, and with none left (or none registered) the prefill worker encodes the
+images itself with the same output, off its gRPC and engine threads, while the decode worker
+encodes them only when it recomputes the prompt; a repeated image is decoded by the router only
+once."""
 
 import http.server
 import json
@@ -21,7 +22,7 @@ from tokenizers import Tokenizer
 from llava_tiny import (FIXTURE, HF_TEMPLATE, LIMIT_ARGS, PROMPT0, PROMPT1,
                         bad_images as common_bad_images, fixture_image, golden, image_part, png,
                         want_text)
-from sluice_cluster import Cluster, Serve, http_get, wait_until
+from sluice_cluster import Cluster, Serve, http_get, sum_samples, wait_until
 
 WORKER_ARGS = ["--max-model-len", "256"]
 
@@ -265,10 +266,11 @@ def test_planner_sizes_the_encoder_pool(routed, cluster):
 
 
 def test_without_encoders_the_workers_encode_images_themselves(tokenizer):
-    """No encoder worker registered: the router sends the images as bytes and the prefill and
-    decode workers encode them with their own vision tower — the same greedy token ids as the
-    encoder pool (the goldens, which test_grpc_generate_with_images_through_the_router checks
-    on the pool); a repeated image comes from the worker's embedding cache."""
+    """No encoder worker registered: the router sends the images as bytes and the prefill
+    worker encodes them with its own vision tower — the same greedy token ids as the encoder
+    pool (the goldens, which test_grpc_generate_with_images_through_the_router checks on the
+    pool); a repeated image comes from the worker's embedding cache. The decode worker, which
+    receives the prompt's KV, encodes nothing."""
     import grpc
     from test_router_grpc import common, pb, pb_grpc
     c = Cluster(1, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMIT_ARGS)
@@ -280,6 +282,7 @@ def test_without_encoders_the_workers_encode_images_themselves(tokenizer):
         assert c.metric("sluice_router_encoded_images_total") == 0
         assert c.metric('sluice_router_prefills_total{where="remote"}') == 1
         assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 0
         stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}"))
         prompt = pb.ChatPrompt(add_generation_prompt=True, messages=[
             pb.ChatMessage(role="system", content="You compare pictures."),
@@ -300,6 +303,85 @@ def test_without_encoders_the_workers_encode_images_themselves(tokenizer):
         reply = chat(client, PROMPT0)
         assert reply.choices[0].message.content == want_text(tokenizer, 0)
         assert c.metric("sluice_router_self_encoded_images_total") == 5
+        assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 3
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 0
+    finally:
+        c.stop()
+
+
+def in_background(fn):
+    """Runs fn() on a thread; returns the thread and a dict that gets "reply" or "error"."""
+    result = {}
+
+    def run():
+        try:
+            result["reply"] = fn()
+        except Exception as e:  # noqa: BLE001 - checked by the caller
+            result["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+def test_an_image_encoding_on_the_prefill_worker_does_not_hold_up_text(tokenizer):
+    """The prefill worker encodes images on its own threads, never on its gRPC handlers or its
+    engine thread: while an image is held 6 s in its encode (test delay), a text request sent
+    after it is served to the end, with the same text as when the worker is idle; the image
+    request ends after it, with the reference text. Only the prefill worker encodes."""
+    c = Cluster(1, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMIT_ARGS,
+                role_args={"prefill": ["--test-image-encode-delay-ms", "6000"]})
+    client = client_of(c.url)
+    hello = [{"role": "user", "content": "Hello"}]
+
+    def encoding():
+        return c.worker_metric("prefill-0", "sluice_worker_image_encodes_running")
+    try:
+        t, result = in_background(lambda: chat(client, PROMPT0))
+        wait_until(lambda: encoding() == 1, 30, "the image encoding on the prefill worker",
+                   interval=0.05)
+        text = chat(client, hello, max_tokens=8)
+        # The text request ended first: the image request is still encoding.
+        assert "reply" not in result and "error" not in result, result
+        assert encoding() == 1
+        t.join(120)
+        assert "error" not in result, result
+        assert result["reply"].choices[0].message.content == want_text(tokenizer, 0)
+        assert encoding() == 0
+        assert chat(client, hello, max_tokens=8).choices[0].message.content == \
+            text.choices[0].message.content
+        assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 1
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 0
+    finally:
+        c.stop()
+
+
+def test_decode_encodes_images_only_when_it_recomputes_the_prompt(tokenizer):
+    """The decode worker pulls only after the prefill worker's pin expired (1 s pin, decode
+    start held 3 s by the router's test delay), so it recomputes the prompt: then, and only
+    then, it needs the embeddings, and encodes them from the bytes it kept. The reference
+    tokens either way."""
+    import grpc
+    from test_router_grpc import common, pb, pb_grpc
+    c = Cluster(1, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS,
+                router_args=[*LIMIT_ARGS, "--test-decode-start-delay-ms", "3000"],
+                role_args={"prefill": ["--kv-pin-timeout-s", "1"]})
+    try:
+        stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}"))
+        prompt = pb.ChatPrompt(add_generation_prompt=True, messages=[
+            pb.ChatMessage(role="system", content="You compare pictures."),
+            pb.ChatMessage(role="user", parts=[
+                pb.ContentPart(text="Compare <|image|> with <|image|>. Which one is brighter?"),
+                pb.ContentPart(image=pb.ImagePart(data=fixture_image("image_1.png"))),
+                pb.ContentPart(image=pb.ImagePart(data=fixture_image("image_2.jpg"))),
+            ])])
+        request = pb.GenerateRequest(chat=prompt,
+                                     sampling=common.SamplingParams(temperature=0, max_tokens=32))
+        ids = [t.token_id for out in stub.Generate(request, timeout=60) for t in out.tokens]
+        assert ids == golden("greedy_1").tolist()
+        decode = c.worker_metrics_text("decode-0")
+        assert sum_samples(decode, 'sluice_decode_recomputes_total{reason="pin_gone"}') == 1
+        assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 2
     finally:
         c.stop()
 
@@ -312,6 +394,21 @@ def test_decode_worker_prefills_images_itself(tokenizer):
         reply = chat(client_of(c.url), PROMPT1)
         assert reply.choices[0].message.content == want_text(tokenizer, 1)
         assert c.metric('sluice_router_prefills_total{where="local"}') == 1
+    finally:
+        c.stop()
+
+
+def test_decode_worker_prefilling_alone_encodes_the_images(tokenizer):
+    """No prefill worker and no encoder: the decode worker prefills locally from the bytes,
+    encoding the images on its encode threads (through its engine), with the reference text."""
+    c = Cluster(0, 1, model_dir=FIXTURE, worker_args=WORKER_ARGS, router_args=LIMIT_ARGS)
+    try:
+        reply = chat(client_of(c.url), PROMPT1)
+        assert reply.choices[0].message.content == want_text(tokenizer, 1)
+        assert c.metric('sluice_router_prefills_total{where="local"}') == 1
+        assert c.metric("sluice_router_self_encoded_images_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_images_encoded_total") == 2
+        assert c.worker_metric("decode-0", "sluice_worker_image_encodes_running") == 0
     finally:
         c.stop()
 
@@ -333,18 +430,6 @@ def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer
         c.workers[busy[0]].kill9()
         encoders.remove(busy[0])
 
-    def in_background(fn):
-        result = {}
-
-        def run():
-            try:
-                result["reply"] = fn()
-            except Exception as e:  # noqa: BLE001 - checked by the caller
-                result["error"] = e
-        t = threading.Thread(target=run)
-        t.start()
-        return t, result
-
     try:
         # 1. The encoder holding the images dies: another encoder takes them.
         t, result = in_background(lambda: chat(client, PROMPT0))
@@ -353,8 +438,8 @@ def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer
         assert "error" not in result, result
         assert result["reply"].choices[0].message.content == want_text(tokenizer, 0)
         assert c.metric('sluice_router_retries_total{stage="encode"}') >= 1
-        # 2. The last encoder dies mid-request: the prefill and decode workers encode the
-        # image themselves (self-encode fallback), with the same output.
+        # 2. The last encoder dies mid-request: the prefill worker encodes the image itself
+        # (self-encode fallback), with the same output.
         t, result = in_background(lambda: chat(client, PROMPT0))
         kill_the_busy_encoder()
         t.join(120)

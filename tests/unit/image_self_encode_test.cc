@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/vision_encoder.h"
 #include "gtest/gtest.h"
@@ -31,6 +32,12 @@ std::string ReadFile(const std::string& path) {
 
 std::string Llava() { return testing::FixtureDir("llava-tiny"); }
 
+WorkerImagesOptions Options(int64_t cache_bytes) {
+  WorkerImagesOptions o;
+  o.cache_bytes = cache_bytes;
+  return o;
+}
+
 // One image input as the router sends it in the fallback: bytes, no embeddings.
 MultimodalInput BytesInput(const std::string& bytes, const std::string& fingerprint,
                            int32_t num_tokens) {
@@ -45,7 +52,7 @@ MultimodalInput BytesInput(const std::string& bytes, const std::string& fingerpr
 TEST(WorkerImagesTest, EncodesBytesAsTheEncoderDoesThroughItsCache) {
   auto reference = vision::VisionEncoder::Load(Llava());
   ASSERT_TRUE(reference.ok()) << reference.status();
-  auto images = WorkerImages::Load(Llava(), 1 << 20);
+  auto images = WorkerImages::Load(Llava(), Options(1 << 20));
   ASSERT_TRUE(images.ok()) << images.status();
   ASSERT_NE(*images, nullptr);
   const std::string fp = (*reference)->processor().Fingerprint();
@@ -85,8 +92,46 @@ TEST(WorkerImagesTest, EncodesBytesAsTheEncoderDoesThroughItsCache) {
   EXPECT_NE(metrics.find("sluice_worker_images_encoded_total 2\n"), std::string::npos) << metrics;
 }
 
+TEST(WorkerImagesTest, EncodesForTheEngineOnItsOwnThreads) {
+  auto reference = vision::VisionEncoder::Load(Llava());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  WorkerImagesOptions options = Options(1 << 20);
+  options.encode_threads = 1;
+  auto images = WorkerImages::Load(Llava(), options);
+  ASSERT_TRUE(images.ok()) << images.status();
+  const std::string fp = (*reference)->processor().Fingerprint();
+  const int32_t n = static_cast<int32_t>((*reference)->tokens_per_image());
+  const std::string png = ReadFile(Llava() + "/image_1.png");
+  ImageEncoder& encoder = **images;
+  encoder.StartEncode(7, {BytesInput(png, fp, n)});
+  encoder.StartEncode(8, {BytesInput(png.substr(0, png.size() / 2), fp, n)});
+  std::vector<ImageEncodeResult> results;
+  for (int i = 0; i < 6000 && results.size() < 2; ++i) {
+    for (ImageEncodeResult& r : encoder.PollEncodes()) results.push_back(std::move(r));
+    if (results.size() < 2) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ((*images)->num_encoding(), 0);
+  // One thread: in the order started.
+  EXPECT_EQ(results[0].ticket, 7u);
+  ASSERT_TRUE(results[0].inputs.ok()) << results[0].inputs.status();
+  auto decoded = vision::DecodeImage(png, vision::ImageDecodeLimits{});
+  ASSERT_TRUE(decoded.ok());
+  auto want = (*reference)->EncodeImage(*decoded);
+  ASSERT_TRUE(want.ok());
+  ASSERT_NE((*results[0].inputs)[0].embeddings, nullptr);
+  EXPECT_EQ(*(*results[0].inputs)[0].embeddings, *want);
+  EXPECT_EQ(results[1].ticket, 8u);
+  EXPECT_TRUE(absl::IsInvalidArgument(results[1].inputs.status())) << results[1].inputs.status();
+  EXPECT_NE(results[1].inputs.status().message().find("mm_inputs[0]: truncated or corrupt PNG"),
+            std::string::npos)
+      << results[1].inputs.status();
+  EXPECT_EQ((*images)->num_encoded(), 1);
+  EXPECT_TRUE(encoder.PollEncodes().empty());
+}
+
 TEST(WorkerImagesTest, RefusesInputsItCannotTrust) {
-  auto images = WorkerImages::Load(Llava(), 0);  // no cache: every image decoded
+  auto images = WorkerImages::Load(Llava(), Options(0));  // no cache: every image decoded
   ASSERT_TRUE(images.ok()) << images.status();
   auto reference = vision::VisionEncoder::Load(Llava());
   ASSERT_TRUE(reference.ok());
@@ -119,16 +164,24 @@ TEST(WorkerImagesTest, RefusesInputsItCannotTrust) {
   s = (*images)->EncodeMissing(&in);
   EXPECT_NE(s.message().find("neither embeddings nor an image"), std::string::npos) << s;
 
+  // What the gRPC handlers check at once (no decoding): the hash and the placeholder count;
+  // truncated bytes pass until the encode.
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      (*images)->Check({BytesInput(png, "another config", n)})));
+  EXPECT_TRUE(absl::IsInvalidArgument((*images)->Check({BytesInput(png, fp, n + 1)})));
+  EXPECT_TRUE((*images)->Check({BytesInput(half, fp, n)}).ok());
+  EXPECT_TRUE(CheckImages(images->get(), {BytesInput(png, fp, n)}).ok());
+
   // A text-only worker: no tower, so bytes are refused and embeddings pass.
   in = {BytesInput(png, fp, n)};
-  s = EncodeMissingImages(nullptr, &in);
+  s = CheckImages(nullptr, in);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   in[0].image.reset();
   in[0].embeddings = std::make_shared<const std::vector<float>>(1, 0.0f);
-  EXPECT_TRUE(EncodeMissingImages(nullptr, &in).ok());
+  EXPECT_TRUE(CheckImages(nullptr, in).ok());
 
   // A text-only model folder has no tower to load.
-  auto text_only = WorkerImages::Load(testing::FixtureDir("llama-tiny"), 1 << 20);
+  auto text_only = WorkerImages::Load(testing::FixtureDir("llama-tiny"), Options(1 << 20));
   ASSERT_TRUE(text_only.ok()) << text_only.status();
   EXPECT_EQ(*text_only, nullptr);
 }

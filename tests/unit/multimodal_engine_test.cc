@@ -1,7 +1,10 @@
 // LLMEngine with image inputs (EngineRequest::mm_inputs) on a fake model whose next token
 // depends on every input embedding read back from the paged KV cache: the embeddings must be
 // spliced at exactly the placeholder positions, across prefill chunks and preemptions, and the
-// prefix cache must never share a block between prompts that differ only in an image.
+// prefix cache must never share a block between prompts that differ only in an image. Images
+// handed over as bytes are encoded through the engine's ImageEncoder only when a step must
+// compute their positions, while the other requests go on.
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -235,6 +238,195 @@ TEST(MultimodalEngineTest, ImageHashesEnterTheBlockHashes) {
   EXPECT_EQ(late[0], text[0]);
   EXPECT_EQ(late[1], text[1]);
   EXPECT_NE(late[2], text[2]);
+}
+
+// FakeImageEncoder: records StartEncode calls and answers only when the test says so; an image's
+// embeddings are looked up by its bytes.
+class FakeImageEncoder final : public ImageEncoder {
+ public:
+  std::map<std::string, std::vector<float>> embeddings;  // image bytes -> embeddings
+  std::vector<std::pair<uint64_t, std::vector<MultimodalInput>>> started;
+  void StartEncode(uint64_t ticket, std::vector<MultimodalInput> inputs) override {
+    started.emplace_back(ticket, std::move(inputs));
+  }
+  std::vector<ImageEncodeResult> PollEncodes() override {
+    std::vector<ImageEncodeResult> out;
+    out.swap(done_);
+    return out;
+  }
+  // Answer finishes every encode started so far: with the embeddings, or with `error`.
+  void Answer(const absl::Status& error = absl::OkStatus()) {
+    for (auto& [ticket, inputs] : started) {
+      ImageEncodeResult r;
+      r.ticket = ticket;
+      if (error.ok()) {
+        for (MultimodalInput& mm : inputs) {
+          if (mm.embeddings != nullptr) continue;
+          mm.embeddings = std::make_shared<const std::vector<float>>(embeddings.at(*mm.image));
+          mm.image.reset();
+        }
+        r.inputs = inputs;
+      } else {
+        r.inputs = error;
+      }
+      done_.push_back(std::move(r));
+    }
+    num_answered += static_cast<int>(started.size());
+    started.clear();
+  }
+  int num_answered = 0;
+
+ private:
+  std::vector<ImageEncodeResult> done_;
+};
+
+std::unique_ptr<LLMEngine> MakeEncodingEngine(std::shared_ptr<FakeImageEncoder> encoder) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 64;
+  options.max_model_len = 64;
+  options.max_num_batched_tokens = 64;
+  options.image_encoder = std::move(encoder);
+  auto engine = LLMEngine::Create(std::make_unique<EmbeddingChecksumModel>(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+// The request of ImageRequest with its image as bytes (no embeddings), and the encoder knowing
+// those bytes' embeddings.
+EngineRequest BytesRequest(const std::string& id, float base, uint64_t hash,
+                           FakeImageEncoder& encoder, EngineRequest* with_embeddings) {
+  *with_embeddings = ImageRequest(id, base, hash);
+  EngineRequest r = *with_embeddings;
+  const std::string bytes = "image " + std::to_string(hash);
+  encoder.embeddings[bytes] = *r.mm_inputs[0].embeddings;
+  r.mm_inputs[0].embeddings.reset();
+  r.mm_inputs[0].image = std::make_shared<const std::string>(bytes);
+  return r;
+}
+
+void StepAll(LLMEngine& engine, std::map<std::string, std::vector<int32_t>>& tokens,
+             std::map<std::string, RequestOutput>& finals, int max_steps = 1000) {
+  for (int i = 0; i < max_steps && engine.HasUnfinishedRequests(); ++i) {
+    for (const RequestOutput& out : engine.Step()) {
+      for (const SampledToken& t : out.new_tokens) tokens[out.request_id].push_back(t.token_id);
+      if (out.finished()) finals[out.request_id] = out;
+    }
+  }
+}
+
+TEST(MultimodalEngineTest, ImagesAsBytesAreEncodedOffTheStepWhileOtherRequestsRun) {
+  auto encoder = std::make_shared<FakeImageEncoder>();
+  auto engine = MakeEncodingEngine(encoder);
+  EngineRequest reference;
+  const EngineRequest img = BytesRequest("img", 100.0f, 7, *encoder, &reference);
+  ASSERT_TRUE(engine->AddRequest(img).ok());
+  const EngineRequest txt = testing::GreedyRequest("txt", {20, 21, 22, 23, 24}, 4);
+  ASSERT_TRUE(engine->AddRequest(txt).ok());
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, RequestOutput> finals;
+  // The image request waits for its embeddings (one encode, with its bytes); the text request
+  // behind it is served to the end meanwhile.
+  for (int i = 0; i < 50 && !finals.contains("txt"); ++i) {
+    for (const RequestOutput& out : engine->Step()) {
+      for (const SampledToken& t : out.new_tokens) tokens[out.request_id].push_back(t.token_id);
+      if (out.finished()) finals[out.request_id] = out;
+    }
+  }
+  ASSERT_TRUE(finals.contains("txt"));
+  EXPECT_EQ(tokens["txt"], EmbeddingChecksumModel::Reference({20, 21, 22, 23, 24}, 4));
+  EXPECT_FALSE(tokens.contains("img"));
+  ASSERT_EQ(encoder->started.size(), 1u);
+  ASSERT_EQ(encoder->started[0].second.size(), 1u);
+  EXPECT_EQ(*encoder->started[0].second[0].image, "image 7");
+  EXPECT_TRUE(engine->HasPendingTimers());  // the driver polls the encode
+  encoder->Answer();
+  StepAll(*engine, tokens, finals);
+  EXPECT_EQ(tokens["img"], EmbeddingChecksumModel::Reference(Inputs(reference), 6));
+  EXPECT_EQ(finals["img"].finish_reason, FinishReason::kLength);
+  EXPECT_EQ(engine->counters().num_image_encodes, 1);
+  // Kept: the same request preempted or recomputed later would not encode again.
+  EXPECT_EQ(encoder->num_answered, 1);
+}
+
+TEST(MultimodalEngineTest, ATransferredPromptNeverEncodesItsImagesARecomputedOneDoes) {
+  auto encoder = std::make_shared<FakeImageEncoder>();
+  auto engine = MakeEncodingEngine(encoder);
+  EngineRequest reference;
+  const EngineRequest req = BytesRequest("a", 100.0f, 7, *encoder, &reference);
+  const std::vector<double> inputs = Inputs(reference);
+  const std::vector<int32_t> want = EmbeddingChecksumModel::Reference(inputs, 6);
+  SampledToken first;
+  first.token_id = want[0];
+
+  // KV transferred: the prompt's KV (this fake model stores each position's input) lands in
+  // the reserved blocks; decoding it needs no embeddings.
+  auto blocks = engine->ReserveForTransfer(req, std::nullopt);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  const int64_t bs = engine->block_size();
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    engine->kv_cache().k(0)[(*blocks)[p / bs] * bs + p % bs] = static_cast<float>(inputs[p]);
+  }
+  ASSERT_TRUE(engine->CompleteTransfer("a", absl::OkStatus(), first).ok());
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, RequestOutput> finals;
+  StepAll(*engine, tokens, finals);
+  EXPECT_EQ(tokens["a"], std::vector<int32_t>(want.begin() + 1, want.end()));
+  EXPECT_TRUE(encoder->started.empty());
+  EXPECT_EQ(engine->counters().num_image_encodes, 0);
+
+  // The transfer failed: the prompt is recomputed here, with the image encoded first.
+  EngineRequest again = req;
+  again.request_id = "b";
+  ASSERT_TRUE(engine->ReserveForTransfer(again, std::nullopt).ok());
+  engine->ResetPrefixCache();  // nothing of "a" to reuse: every position is computed
+  ASSERT_TRUE(engine->CompleteTransfer("b", absl::UnavailableError("prefill gone"), first).ok());
+  for (int i = 0; i < 5; ++i) engine->Step();
+  ASSERT_EQ(encoder->started.size(), 1u);
+  EXPECT_FALSE(tokens.contains("b"));
+  encoder->Answer();
+  StepAll(*engine, tokens, finals);
+  EXPECT_EQ(tokens["b"], std::vector<int32_t>(want.begin() + 1, want.end()));
+  EXPECT_EQ(engine->counters().num_image_encodes, 1);
+  EXPECT_EQ(engine->counters().num_transfers_recomputed, 1);
+}
+
+TEST(MultimodalEngineTest, AFailedOrAbortedEncodeEndsOnlyItsRequest) {
+  auto encoder = std::make_shared<FakeImageEncoder>();
+  auto engine = MakeEncodingEngine(encoder);
+  const int64_t free_blocks = engine->num_free_blocks();
+  EngineRequest reference;
+  EngineRequest bad = BytesRequest("bad", 100.0f, 7, *encoder, &reference);
+  ASSERT_TRUE(engine->AddRequest(bad).ok());
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, RequestOutput> finals;
+  engine->Step();
+  ASSERT_EQ(encoder->started.size(), 1u);
+  encoder->Answer(absl::InvalidArgumentError("mm_inputs[0]: truncated or corrupt PNG image"));
+  StepAll(*engine, tokens, finals);
+  ASSERT_TRUE(finals.contains("bad"));
+  EXPECT_EQ(finals["bad"].finish_reason, FinishReason::kError);
+  EXPECT_EQ(finals["bad"].status,
+            absl::InvalidArgumentError("mm_inputs[0]: truncated or corrupt PNG image"));
+  EXPECT_FALSE(tokens.contains("bad"));
+
+  // Aborted while its image encodes: ends at once; the late answer is dropped.
+  EngineRequest gone = BytesRequest("gone", 100.0f, 8, *encoder, &reference);
+  ASSERT_TRUE(engine->AddRequest(gone).ok());
+  engine->Step();
+  ASSERT_EQ(encoder->started.size(), 1u);
+  engine->AbortRequest("gone");
+  StepAll(*engine, tokens, finals);
+  EXPECT_EQ(finals["gone"].finish_reason, FinishReason::kAbort);
+  encoder->Answer();
+  engine->Step();
+  EXPECT_FALSE(engine->HasUnfinishedRequests());
+  EXPECT_FALSE(engine->HasPendingTimers());
+  EXPECT_EQ(engine->num_free_blocks(), free_blocks);
+
+  // Without an encoder, bytes alone are refused.
+  auto plain = MakeEngine(64);
+  EXPECT_EQ(plain->AddRequest(gone).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
