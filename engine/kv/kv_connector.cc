@@ -129,8 +129,12 @@ void AsyncKvConnector::Save(std::vector<BlockHash> hashes, KvBlockBuffer bytes) 
 }
 
 KvConnectorStats AsyncKvConnector::stats() const {
+  const KvBlockStoreBackend::TransferBytes moved = backend_->transfer_bytes();
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  KvConnectorStats out = stats_;
+  out.num_rma_bytes = moved.rma;
+  out.num_inline_bytes = moved.inline_bytes;
+  return out;
 }
 
 bool AsyncKvConnector::WaitIdle(absl::Time deadline) {

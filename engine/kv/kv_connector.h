@@ -89,6 +89,11 @@ struct KvConnectorStats {
   int64_t num_save_present_blocks = 0;  // already stored
   int64_t num_save_failed_blocks = 0;   // not stored (store error, no space, deadline)
   int64_t num_save_dropped_blocks = 0;  // not attempted: the save queue was full
+  // Block bytes moved to and from the store, by path: one-sided RMA between registered memory
+  // (the kvstore's data path), or carried in RPC messages (fallback). Zero for backends that
+  // do not tell (KvBlockStoreBackend::transfer_bytes).
+  int64_t num_rma_bytes = 0;
+  int64_t num_inline_bytes = 0;
 };
 
 class KvConnector {
@@ -136,6 +141,11 @@ class KvBlockStoreBackend {
   // AllocateBuffer: where Get's `out` and Put's `bytes` should live (see
   // KvConnector::AllocateBlockBuffer); any thread, never blocks. Default: the heap.
   virtual KvBlockBuffer AllocateBuffer(size_t bytes) { return KvBlockBuffer(bytes); }
+  // transfer_bytes: block bytes moved so far by RMA and inline (KvConnectorStats); any thread.
+  struct TransferBytes {
+    int64_t rma = 0, inline_bytes = 0;
+  };
+  virtual TransferBytes transfer_bytes() const { return {}; }
 };
 
 struct AsyncKvConnectorOptions {

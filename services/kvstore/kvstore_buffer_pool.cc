@@ -1,5 +1,6 @@
 #include "services/kvstore/kvstore_buffer_pool.h"
 
+#include <cstdlib>
 #include <iterator>
 #include <utility>
 
@@ -8,6 +9,7 @@
 namespace sluice::kvstore {
 namespace {
 constexpr int64_t kAlign = 64;
+constexpr int64_t kPage = 4096;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvStoreBufferPool>> KvStoreBufferPool::Create(
@@ -16,22 +18,34 @@ absl::StatusOr<std::unique_ptr<KvStoreBufferPool>> KvStoreBufferPool::Create(
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("kvstore buffer pool of ", bytes, " bytes"));
   }
-  absl::StatusOr<transfer::RegionHandle> region = agent->AllocateRegion(bytes);
-  if (!region.ok()) return region.status();
-  return std::unique_ptr<KvStoreBufferPool>(new KvStoreBufferPool(agent, *region));
+  const int64_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  void* base = std::aligned_alloc(kPage, static_cast<size_t>(rounded));
+  if (base == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a kvstore buffer pool of ", rounded, " bytes"));
+  }
+  absl::StatusOr<transfer::RegionHandle> region = agent->RegisterRegion(base, rounded);
+  if (!region.ok()) {
+    std::free(base);
+    return region.status();
+  }
+  return std::unique_ptr<KvStoreBufferPool>(new KvStoreBufferPool(agent, *region, bytes));
 }
 
 KvStoreBufferPool::KvStoreBufferPool(transfer::KvTransferAgent* agent,
-                                     transfer::RegionHandle region)
+                                     transfer::RegionHandle region, int64_t bytes)
     : agent_(agent),
       region_(std::move(region)),
       base_(static_cast<uint8_t*>(region_.base)),
       state_(std::make_shared<State>()) {
-  state_->free.emplace(0, region_.bytes);
-  state_->stats.arena_bytes = region_.bytes;
+  state_->free.emplace(0, bytes);
+  state_->stats.arena_bytes = bytes;
 }
 
-KvStoreBufferPool::~KvStoreBufferPool() { (void)agent_->DeregisterRegion(region_.id); }
+KvStoreBufferPool::~KvStoreBufferPool() {
+  (void)agent_->DeregisterRegion(region_.id);
+  std::free(base_);
+}
 
 KvBlockBuffer KvStoreBufferPool::Allocate(size_t bytes) {
   const int64_t want = (static_cast<int64_t>(bytes) + kAlign - 1) / kAlign * kAlign;

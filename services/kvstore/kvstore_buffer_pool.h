@@ -1,5 +1,5 @@
-// KvStoreBufferPool: a host arena registered with a UCX agent (KvTransferAgent::AllocateRegion),
-// lent out as KvBlockBuffers, so the blocks a worker writes through to the kvstore, and those
+// KvStoreBufferPool: a host arena (page-aligned heap memory, registered with a UCX agent: the
+// worker only initiates RMA from and into it, so it need not be memory the store maps), lent out as KvBlockBuffers, so the blocks a worker writes through to the kvstore, and those
 // it loads, move by one-sided RMA straight from and into the buffer the engine gathers into
 // and scatters from (on a GPU worker: device -> pinned staging slots -> this buffer -> UCX put
 // into the store's DRAM slots, and back). First fit over the arena, neighbours merged on
@@ -8,7 +8,7 @@
 //
 // Thread safety: every method may be called from any thread; buffers may be released on any
 // thread, also after the pool is gone (the release is then a no-op; the memory itself lives as
-// long as the agent's registration, which the owner must keep past the last buffer).
+// as long as the pool, which the owner must keep past the last buffer it uses).
 #ifndef SLUICE_SERVICES_KVSTORE_KVSTORE_BUFFER_POOL_H_
 #define SLUICE_SERVICES_KVSTORE_KVSTORE_BUFFER_POOL_H_
 
@@ -33,11 +33,12 @@ struct KvStoreBufferPoolStats {
 
 class KvStoreBufferPool {
  public:
-  // Create allocates and registers `bytes` through `agent` (not owned; must outlive the pool).
-  // Errors: InvalidArgument for bytes <= 0; those of AllocateRegion.
+  // Create allocates `bytes` and registers them with `agent` (not owned; must outlive the pool).
+  // Errors: InvalidArgument for bytes <= 0 or no agent; ResourceExhausted; those of
+  // RegisterRegion.
   static absl::StatusOr<std::unique_ptr<KvStoreBufferPool>> Create(transfer::KvTransferAgent* agent,
                                                                    int64_t bytes);
-  ~KvStoreBufferPool();  // deregisters the arena
+  ~KvStoreBufferPool();  // deregisters and frees the arena
   KvStoreBufferPool(const KvStoreBufferPool&) = delete;
   KvStoreBufferPool& operator=(const KvStoreBufferPool&) = delete;
 
@@ -53,7 +54,9 @@ class KvStoreBufferPool {
     std::map<int64_t, int64_t> free;  // offset -> bytes, disjoint, merged
     KvStoreBufferPoolStats stats;
   };
-  KvStoreBufferPool(transfer::KvTransferAgent* agent, transfer::RegionHandle region);
+  // `bytes` of `region` (its size rounded up to whole pages) are lent.
+  KvStoreBufferPool(transfer::KvTransferAgent* agent, transfer::RegionHandle region,
+                    int64_t bytes);
   static void Give(State& state, int64_t offset, int64_t bytes);
 
   transfer::KvTransferAgent* const agent_;

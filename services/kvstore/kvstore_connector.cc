@@ -185,6 +185,8 @@ absl::StatusOr<std::vector<bool>> KvStoreBlockBackend::Get(absl::Span<const Bloc
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.num_inline_gets;
+    stats_.inline_bytes +=
+        block_bytes_ * static_cast<int64_t>(std::count(r->found.begin(), r->found.end(), true));
   }
   return FoundOrError(std::move(r->found), r->error);
 }
@@ -211,6 +213,7 @@ absl::StatusOr<KvBlockStoreBackend::PutCounts> KvStoreBlockBackend::Put(
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.num_inline_puts;
+    stats_.inline_bytes += block_bytes_ * r->num_stored;
   }
   return PutCounts{r->num_stored, r->num_present, r->num_failed, r->error};
 }
@@ -218,6 +221,11 @@ absl::StatusOr<KvBlockStoreBackend::PutCounts> KvStoreBlockBackend::Put(
 KvBlockBuffer KvStoreBlockBackend::AllocateBuffer(size_t bytes) {
   if (pool_ == nullptr || inline_only_.load()) return KvBlockBuffer(bytes);
   return pool_->Allocate(bytes);
+}
+
+KvBlockStoreBackend::TransferBytes KvStoreBlockBackend::transfer_bytes() const {
+  const KvStoreBackendStats s = stats();
+  return TransferBytes{s.transfer.bytes_pushed + s.transfer.bytes_pulled, s.inline_bytes};
 }
 
 KvStoreBackendStats KvStoreBlockBackend::stats() const {

@@ -38,6 +38,7 @@ struct KvStoreTransportOptions {
 struct KvStoreBackendStats {
   int64_t num_rma_puts = 0, num_rma_gets = 0;        // calls whose bytes moved by UCX
   int64_t num_inline_puts = 0, num_inline_gets = 0;  // calls whose bytes rode gRPC
+  int64_t inline_bytes = 0;  // block bytes stored or fetched by those calls
   bool inline_only = false;  // UCX off, failed to start, or a store without UCX answered
   KvStoreBufferPoolStats pool;
   transfer::KvTransferStats transfer;  // of the backend's UCX agent (zero without one)
@@ -61,6 +62,8 @@ class KvStoreBlockBackend final : public KvBlockStoreBackend {
   absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
                                 absl::Span<const uint8_t> bytes, absl::Time deadline) override;
   KvBlockBuffer AllocateBuffer(size_t bytes) override;
+  // rma: the agent's bytes pushed + pulled; inline: KvStoreBackendStats::inline_bytes.
+  TransferBytes transfer_bytes() const override;
 
   KvStoreBackendStats stats() const;
 

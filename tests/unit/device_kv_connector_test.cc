@@ -681,6 +681,8 @@ TEST(DeviceKvConnectorTest, KvstoreBytesMoveByUcxFromTheRegisteredStagingBuffer)
   EXPECT_EQ(s.pool.num_lent, s.num_rma_puts);
   EXPECT_EQ(s.pool.num_heap_fallbacks, 0);
   EXPECT_EQ(s.pool.lent_bytes, 0);  // every buffer given back
+  EXPECT_EQ(a.node.async->stats().num_rma_bytes, 8 * kDeviceBlockBytes);  // /metrics' source
+  EXPECT_EQ(a.node.async->stats().num_inline_bytes, 0);
   // The store holds exactly the device cache's bytes: prompt blocks and the first output's.
   std::vector<int32_t> all = prompt;
   const std::vector<int32_t> reference = ChecksumModel::Reference(prompt, kMaxTokens);
@@ -748,6 +750,9 @@ TEST(DeviceKvConnectorTest, KvstoreBytesRideGrpcOnlyWhenRmaCannotMoveThem) {
     EXPECT_EQ(s.transfer.bytes_pushed + s.transfer.bytes_pulled, 0);
   }
   EXPECT_EQ(b.backend->stats().num_inline_gets, 1);
+  EXPECT_EQ(a.node.async->stats().num_inline_bytes, 8 * kDeviceBlockBytes);
+  EXPECT_EQ(b.node.async->stats().num_inline_bytes, 7 * kDeviceBlockBytes);
+  EXPECT_EQ(b.node.async->stats().num_rma_bytes, 0);
 }
 
 TEST(DeviceKvConnectorTest, AnUnreachableKvstoreIsAMiss) {
