@@ -176,6 +176,8 @@ absl::StatusOr<std::vector<bool>> KvStoreBlockBackend::Get(absl::Span<const Bloc
     if (!FallBack(r->error)) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.num_rma_gets;
+      stats_.rma_bytes +=
+          block_bytes_ * static_cast<int64_t>(std::count(r->found.begin(), r->found.end(), true));
       return FoundOrError(std::move(r->found), r->error);
     }
   }
@@ -204,6 +206,7 @@ absl::StatusOr<KvBlockStoreBackend::PutCounts> KvStoreBlockBackend::Put(
     if (!FallBack(r->error)) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.num_rma_puts;
+      stats_.rma_bytes += block_bytes_ * r->num_stored;
       return PutCounts{r->num_stored, r->num_present, r->num_failed, r->error};
     }
   }
@@ -224,8 +227,10 @@ KvBlockBuffer KvStoreBlockBackend::AllocateBuffer(size_t bytes) {
 }
 
 KvBlockStoreBackend::TransferBytes KvStoreBlockBackend::transfer_bytes() const {
-  const KvStoreBackendStats s = stats();
-  return TransferBytes{s.transfer.bytes_pushed + s.transfer.bytes_pulled, s.inline_bytes};
+  // Not the agent's counters: reading them waits for a transfer in flight, and the engine
+  // thread asks for these.
+  std::lock_guard<std::mutex> lock(mu_);
+  return TransferBytes{stats_.rma_bytes, stats_.inline_bytes};
 }
 
 KvStoreBackendStats KvStoreBlockBackend::stats() const {

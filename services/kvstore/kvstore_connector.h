@@ -39,6 +39,7 @@ struct KvStoreBackendStats {
   int64_t num_rma_puts = 0, num_rma_gets = 0;        // calls whose bytes moved by UCX
   int64_t num_inline_puts = 0, num_inline_gets = 0;  // calls whose bytes rode gRPC
   int64_t inline_bytes = 0;  // block bytes stored or fetched by those calls
+  int64_t rma_bytes = 0;     // block bytes stored or fetched (verified) by the RMA calls
   bool inline_only = false;  // UCX off, failed to start, or a store without UCX answered
   KvStoreBufferPoolStats pool;
   transfer::KvTransferStats transfer;  // of the backend's UCX agent (zero without one)
@@ -62,9 +63,10 @@ class KvStoreBlockBackend final : public KvBlockStoreBackend {
   absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
                                 absl::Span<const uint8_t> bytes, absl::Time deadline) override;
   KvBlockBuffer AllocateBuffer(size_t bytes) override;
-  // rma: the agent's bytes pushed + pulled; inline: KvStoreBackendStats::inline_bytes.
+  // KvStoreBackendStats::rma_bytes and inline_bytes; never waits for a transfer.
   TransferBytes transfer_bytes() const override;
 
+  // stats: also the agent's counters, which wait for a transfer in flight (tests, tools).
   KvStoreBackendStats stats() const;
 
  private:

@@ -645,16 +645,22 @@ struct UcxNode {
 };
 
 UcxNode MakeUcxNode(const std::string& shard, int64_t buffer_bytes = 1 << 20) {
+  // Deadlines far beyond a loaded CI machine's scheduling delays: a load that ran out of time
+  // would be computed instead and the counts below would not say why.
   kvstore::KvStoreClientOptions client;
   client.shards = {shard};
+  client.rpc_timeout = absl::Seconds(20);
+  client.transfer_timeout = absl::Seconds(20);
   kvstore::KvStoreTransportOptions transport;
   transport.buffer_bytes = buffer_bytes;
   auto backend = kvstore::KvStoreBlockBackend::Create(client, transport);
   EXPECT_TRUE(backend.ok()) << backend.status();
+  AsyncKvConnectorOptions options;
+  options.load_timeout = absl::Seconds(20);
+  options.save_timeout = absl::Seconds(20);
   UcxNode out;
   out.backend = backend->get();
-  out.node = MakeNodeWith(
-      true, std::make_shared<AsyncKvConnector>(*std::move(backend), AsyncKvConnectorOptions{}));
+  out.node = MakeNodeWith(true, std::make_shared<AsyncKvConnector>(*std::move(backend), options));
   return out;
 }
 
@@ -711,6 +717,7 @@ TEST(DeviceKvConnectorTest, KvstoreBytesMoveByUcxFromTheRegisteredStagingBuffer)
   EXPECT_EQ(s.num_rma_gets, 1);
   EXPECT_EQ(s.num_inline_gets, 0);
   EXPECT_EQ(s.transfer.bytes_pulled, 7 * kDeviceBlockBytes);
+  EXPECT_EQ(s.rma_bytes, 7 * kDeviceBlockBytes);
   EXPECT_EQ(s.pool.lent_bytes, 0);
   EXPECT_EQ(b.node.model->copier()->stats().bytes_scattered, 7 * kDeviceBlockBytes);
 }
