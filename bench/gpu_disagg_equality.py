@@ -15,7 +15,9 @@ Afterwards both workers' free KV blocks must be back at their idle baseline
 (sluice_kv_cache_free_blocks on /metrics).
 
 --kvstore adds a `sluice kvstore` shard behind the prefill worker (`--kvstore`: its prompt blocks
-are written through, device -> pinned host -> store on CUDA). After the passes above, a fresh
+are written through, device -> pinned staging -> a UCX-registered host buffer -> RMA into the
+store's DRAM on CUDA; loads the reverse). Every block byte must move by RMA, none inline in gRPC
+(the workers' sluice_kvstore_bytes_total{path="rma"|"inline"}). After the passes above, a fresh
 prefill worker replaces the first one (its GPU prefix cache is empty) and answers the sequential
 prompts again: every full prompt block but the one holding the last prompt token must come from
 the store (usage cached_tokens and the worker's sluice_prompt_tokens_cached_total
@@ -130,13 +132,13 @@ def free_blocks(cluster, name):
 
 
 def start_kvstore(run_dir):
-    """`sluice kvstore` on loopback (inline gRPC data path); returns (Proc, address)."""
+    """`sluice kvstore` on loopback (UCX data path); returns (Proc, address)."""
     port, metrics_port = free_port(), free_port()
     proc = Proc("kvstore", [
         sluice_bin(), "kvstore", "--host", "127.0.0.1", "--port", str(port),
         "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port),
         "--dram-bytes", "2G", "--ssd-dir", str(pathlib.Path(run_dir) / "kvstore-ssd"),
-        "--ssd-bytes", "8G", "--no-ucx"], run_dir)
+        "--ssd-bytes", "8G"], run_dir)
 
     def up():
         if proc.proc.poll() is not None:
@@ -150,6 +152,12 @@ def kvstore_cached(cluster, name):
     text = cluster.worker_metrics_text(name)
     return sum_samples("\n".join(l for l in text.splitlines() if 'source="kvstore"' in l),
                        "sluice_prompt_tokens_cached_total")
+
+
+def kvstore_bytes(cluster, name, path):
+    text = cluster.worker_metrics_text(name)
+    return sum_samples("\n".join(l for l in text.splitlines() if f'path="{path}"' in l),
+                       "sluice_kvstore_bytes_total")
 
 
 def replace_prefill(cluster, old, new, args):
@@ -274,6 +282,7 @@ def store_pass(cluster, args, name, alone, reference):
     """A fresh prefill worker answers `alone` again: prompt blocks from the kvstore."""
     # The first worker wrote its blocks through off the requests' path: let the saves land.
     time.sleep(2)
+    written = {p: kvstore_bytes(cluster, "prefill-0", p) for p in ("rma", "inline")}
     replace_prefill(cluster, "prefill-0", "prefill-1", args)
     baseline = free_blocks(cluster, "prefill-1")
     before = kvstore_cached(cluster, "prefill-1")
@@ -289,9 +298,14 @@ def store_pass(cluster, args, name, alone, reference):
     after = free_blocks(cluster, "prefill-1")
     out = {"requests": len(got), "cached_tokens": cached, "expected_cached_tokens": want,
            "kvstore_cached_tokens": from_store, "mismatches": mismatches,
-           "near_tie_flips": flips, "free_blocks_baseline": baseline, "free_blocks_after": after}
+           "near_tie_flips": flips, "free_blocks_baseline": baseline, "free_blocks_after": after,
+           "write_through_bytes": written,
+           "load_bytes": {p: kvstore_bytes(cluster, "prefill-1", p) for p in ("rma", "inline")}}
+    # Every block byte by UCX RMA from the registered staging buffers, none inline.
+    by_rma = (written["rma"] > 0 and written["inline"] == 0 and out["load_bytes"]["rma"] > 0 and
+              out["load_bytes"]["inline"] == 0)
     out["ok"] = (not mismatches and cached == want and from_store == sum(want) and
-                 after == baseline)
+                 after == baseline and by_rma)
     return out
 
 

@@ -1,14 +1,15 @@
 // The kvstore behind the CUDA runner's KV cache (GPU only; part of cuda_model_test), as
 // `sluice serve --device cuda --kvstore` runs it: an LLMEngine over CudaModel with a KV connector
-// to an in-process kvstore shard (gRPC, inline bytes). Pass 1 computes the prompts and writes
-// every full block through (device -> pinned host -> store). Pass 1b runs them again on local
-// prefix-cache hits: the reference, since a prefill that starts after a cached prefix runs other
-// kernel shapes than a whole-prompt prefill, and bf16 rounding differs between the two. The
-// local GPU prefix cache is then reset, so pass 2 finds nothing locally and must load every
-// prompt block past it from the store (store -> pinned host -> device): it reports those tokens
-// as cached from the store and its greedy tokens equal pass 1b's bit for bit. Pass 3 (local hits
-// on the blocks pass 2 loaded) must equal pass 2 too. Free KV blocks return to their baseline
-// after every pass.
+// to an in-process kvstore shard with UCX (gRPC for control; block bytes by RMA between the
+// connector's registered host buffers and the store's DRAM, never inline). Pass 1 computes the
+// prompts and writes every full block through (device -> pinned staging -> registered buffer ->
+// UCX -> store). Pass 1b runs them again on local prefix-cache hits: the reference, since a
+// prefill that starts after a cached prefix runs other kernel shapes than a whole-prompt
+// prefill, and bf16 rounding differs between the two. The local GPU prefix cache is then reset,
+// so pass 2 finds nothing locally and must load every prompt block past it from the store
+// (store -> pinned host -> device): it reports those tokens as cached from the store and its
+// greedy tokens equal pass 1b's bit for bit. Pass 3 (local hits on the blocks pass 2 loaded)
+// must equal pass 2 too. Free KV blocks return to their baseline after every pass.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -108,12 +109,18 @@ TEST_P(CudaKvstoreTest, SecondPassLoadsEvictedBlocksFromTheStore) {
   const std::string dir = Dir();
   auto config = ModelConfig::Load(dir);
   ASSERT_TRUE(config.ok()) << config.status();
-  testing::InProcessKvStore shard(256LL << 20, 16LL << 20);
+  testing::InProcessKvStore shard(256LL << 20, 16LL << 20, /*with_ucx=*/true);
   ASSERT_TRUE(shard.status().ok()) << shard.status();
-  auto connector = kvstore::CreateKvStoreConnector({shard.address()});
-  ASSERT_TRUE(connector.ok()) << connector.status();
-  auto* async = dynamic_cast<AsyncKvConnector*>(connector->get());
-  ASSERT_NE(async, nullptr);
+  kvstore::KvStoreClientOptions client;
+  client.shards = {shard.address()};
+  kvstore::KvStoreTransportOptions transport;
+  transport.buffer_bytes = 256LL << 20;  // every batch fits: nothing falls back to gRPC
+  auto backend = kvstore::KvStoreBlockBackend::Create(client, transport);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const kvstore::KvStoreBlockBackend* store_backend = backend->get();
+  auto owned = std::make_shared<AsyncKvConnector>(*std::move(backend), AsyncKvConnectorOptions{});
+  AsyncKvConnector* async = owned.get();
+  const std::shared_ptr<KvConnector> connector = owned;
 
   auto model = LoadCudaModel(dir, KvstoreRunnerOptions());
   ASSERT_TRUE(model.ok()) << model.status();
@@ -124,7 +131,7 @@ TEST_P(CudaKvstoreTest, SecondPassLoadsEvictedBlocksFromTheStore) {
   options.max_model_len = 512;
   options.max_num_seqs = 64;
   options.model_id = "cuda-kvstore-test";
-  options.kv_connector = *connector;
+  options.kv_connector = connector;
   auto engine = LLMEngine::Create(*std::move(model), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_NE((*engine)->kv_identity().find(";dtype=bf16;"), std::string::npos);
@@ -178,6 +185,18 @@ TEST_P(CudaKvstoreTest, SecondPassLoadsEvictedBlocksFromTheStore) {
     EXPECT_EQ(third.cached.at(key), second.cached.at(key)) << key;
     EXPECT_EQ(third.tokens.at(key), second.tokens.at(key)) << "prompt " << key;
   }
+  // Every byte moved by UCX from and into the registered buffers.
+  const int64_t block_bytes = KvBlockBytes((*engine)->model().kv_cache_spec(), kBlock, {},
+                                           (*engine)->model().KvDtypeBytes());
+  const kvstore::KvStoreBackendStats s = store_backend->stats();
+  EXPECT_FALSE(s.inline_only);
+  EXPECT_EQ(s.num_inline_puts + s.num_inline_gets, 0);
+  EXPECT_EQ(s.pool.num_heap_fallbacks, 0);
+  // Pass 1b may save blocks of its own where its greedy tokens differ from pass 1's.
+  c = (*engine)->counters();
+  EXPECT_EQ(c.kv_connector.num_loaded_blocks, want_loaded_tokens / kBlock);
+  EXPECT_EQ(s.transfer.bytes_pushed, c.kv_connector.num_saved_blocks * block_bytes);
+  EXPECT_EQ(s.transfer.bytes_pulled, want_loaded_tokens / kBlock * block_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaKvstoreTest,

@@ -114,7 +114,7 @@ std::vector<KvLoadResult> AsyncKvConnector::PollLoads() {
   return out;
 }
 
-void AsyncKvConnector::Save(std::vector<BlockHash> hashes, std::vector<uint8_t> bytes) {
+void AsyncKvConnector::Save(std::vector<BlockHash> hashes, KvBlockBuffer bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t size = static_cast<int64_t>(bytes.size());
@@ -129,8 +129,12 @@ void AsyncKvConnector::Save(std::vector<BlockHash> hashes, std::vector<uint8_t> 
 }
 
 KvConnectorStats AsyncKvConnector::stats() const {
+  const KvBlockStoreBackend::TransferBytes moved = backend_->transfer_bytes();
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  KvConnectorStats out = stats_;
+  out.num_rma_bytes = moved.rma;
+  out.num_inline_bytes = moved.inline_bytes;
+  return out;
 }
 
 bool AsyncKvConnector::WaitIdle(absl::Time deadline) {
@@ -157,10 +161,9 @@ KvLoadResult AsyncKvConnector::RunLoad(const LoadJob& job) {
   size_t run = 0;
   while (run < job.hashes.size() && run < exists->size() && (*exists)[run]) ++run;
   if (run == 0) return result;
-  std::vector<uint8_t> bytes(run * static_cast<size_t>(block_bytes_));
+  KvBlockBuffer bytes = backend_->AllocateBuffer(run * static_cast<size_t>(block_bytes_));
   absl::StatusOr<std::vector<bool>> found =
-      backend_->Get(absl::MakeConstSpan(job.hashes).subspan(0, run), absl::MakeSpan(bytes),
-                    deadline);
+      backend_->Get(absl::MakeConstSpan(job.hashes).subspan(0, run), bytes.span(), deadline);
   if (!found.ok()) {
     result.error = found.status();
     skip_loads_until_ = absl::Now() + options_.failure_backoff;
@@ -172,7 +175,7 @@ KvLoadResult AsyncKvConnector::RunLoad(const LoadJob& job) {
     result.error = absl::NotFoundError(
         absl::StrCat("block ", got, " of ", run, " listed by Exists was not fetched"));
   }
-  bytes.resize(got * static_cast<size_t>(block_bytes_));
+  bytes.Shrink(got * static_cast<size_t>(block_bytes_));
   result.num_blocks = static_cast<int64_t>(got);
   result.bytes = std::move(bytes);
   return result;
@@ -210,7 +213,7 @@ void AsyncKvConnector::SaveLoop() {
     lock.unlock();
     const absl::Time deadline = absl::Now() + options_.save_timeout;
     absl::StatusOr<KvBlockStoreBackend::PutCounts> put =
-        backend_->Put(job.hashes, job.bytes, deadline);
+        backend_->Put(job.hashes, job.bytes.span(), deadline);
     lock.lock();
     --num_busy_;
     pending_save_bytes_ -= static_cast<int64_t>(job.bytes.size());

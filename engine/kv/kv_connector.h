@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/kv/block_hash.h"
+#include "engine/kv/kv_block_buffer.h"
 #include "engine/model/model.h"
 
 namespace sluice {
@@ -73,7 +74,7 @@ void ScatterKvBlock(absl::Span<const uint8_t> in, int32_t block, KvCache& cache,
 struct KvLoadResult {
   uint64_t ticket = 0;      // StartLoad's ticket
   int64_t num_blocks = 0;   // leading requested blocks found and verified
-  std::vector<uint8_t> bytes;  // num_blocks * block_bytes, in request order
+  KvBlockBuffer bytes;      // num_blocks * block_bytes, in request order
   absl::Status error;       // why the run stopped early, if it failed (informational)
 };
 
@@ -88,6 +89,11 @@ struct KvConnectorStats {
   int64_t num_save_present_blocks = 0;  // already stored
   int64_t num_save_failed_blocks = 0;   // not stored (store error, no space, deadline)
   int64_t num_save_dropped_blocks = 0;  // not attempted: the save queue was full
+  // Block bytes moved to and from the store, by path: one-sided RMA between registered memory
+  // (the kvstore's data path), or carried in RPC messages (fallback). Zero for backends that
+  // do not tell (KvBlockStoreBackend::transfer_bytes).
+  int64_t num_rma_bytes = 0;
+  int64_t num_inline_bytes = 0;
 };
 
 class KvConnector {
@@ -105,8 +111,12 @@ class KvConnector {
   virtual std::vector<KvLoadResult> PollLoads() = 0;
   // Save: write `hashes`' blocks (bytes = hashes.size() * block_bytes, owned now) through.
   // Never blocks; best effort.
-  virtual void Save(std::vector<BlockHash> hashes, std::vector<uint8_t> bytes) = 0;
+  virtual void Save(std::vector<BlockHash> hashes, KvBlockBuffer bytes) = 0;
   virtual KvConnectorStats stats() const = 0;
+  // AllocateBlockBuffer: a buffer of `bytes` for blocks to Save, in the memory the connector
+  // moves fastest (a connector whose store client does RMA lends registered memory, so the
+  // engine's gather is the only copy on the host). Never blocks: heap memory when none is free.
+  virtual KvBlockBuffer AllocateBlockBuffer(size_t bytes) { return KvBlockBuffer(bytes); }
 };
 
 // KvBlockStoreBackend: a synchronous block store (the kvstore client, a fake in tests) under
@@ -128,6 +138,14 @@ class KvBlockStoreBackend {
   };
   virtual absl::StatusOr<PutCounts> Put(absl::Span<const BlockHash> hashes,
                                         absl::Span<const uint8_t> bytes, absl::Time deadline) = 0;
+  // AllocateBuffer: where Get's `out` and Put's `bytes` should live (see
+  // KvConnector::AllocateBlockBuffer); any thread, never blocks. Default: the heap.
+  virtual KvBlockBuffer AllocateBuffer(size_t bytes) { return KvBlockBuffer(bytes); }
+  // transfer_bytes: block bytes moved so far by RMA and inline (KvConnectorStats); any thread.
+  struct TransferBytes {
+    int64_t rma = 0, inline_bytes = 0;
+  };
+  virtual TransferBytes transfer_bytes() const { return {}; }
 };
 
 struct AsyncKvConnectorOptions {
@@ -156,8 +174,11 @@ class AsyncKvConnector final : public KvConnector {
   absl::Status Bind(const KvConnectorLayout& layout) override;
   void StartLoad(uint64_t ticket, std::vector<BlockHash> hashes) override;
   std::vector<KvLoadResult> PollLoads() override;
-  void Save(std::vector<BlockHash> hashes, std::vector<uint8_t> bytes) override;
+  void Save(std::vector<BlockHash> hashes, KvBlockBuffer bytes) override;
   KvConnectorStats stats() const override;
+  KvBlockBuffer AllocateBlockBuffer(size_t bytes) override {
+    return backend_->AllocateBuffer(bytes);
+  }
 
   // WaitIdle: blocks until no load or save is queued or running, or `deadline`; false on
   // deadline. For tests and orderly shutdown (flush write-through).
@@ -170,7 +191,7 @@ class AsyncKvConnector final : public KvConnector {
   };
   struct SaveJob {
     std::vector<BlockHash> hashes;
-    std::vector<uint8_t> bytes;
+    KvBlockBuffer bytes;
   };
   void LoadLoop();
   void SaveLoop();

@@ -1078,11 +1078,12 @@ class LLMEngineImpl final : public LLMEngine {
     for (const KvLoadResult& r : options_.kv_connector->PollLoads()) {
       const int64_t n = std::min<int64_t>(
           r.num_blocks, static_cast<int64_t>(r.bytes.size()) / block_bytes);
+      const absl::Span<const uint8_t> load_bytes(r.bytes.data(), r.bytes.size());
       Sequence* seq = scheduler_.FinishLoad(
           r.ticket, n,
           [&](absl::Span<const int32_t> blocks) {
-            return CopyBlocksIn(blocks, absl::MakeConstSpan(r.bytes).first(
-                                            blocks.size() * static_cast<size_t>(block_bytes)));
+            return CopyBlocksIn(
+                blocks, load_bytes.first(blocks.size() * static_cast<size_t>(block_bytes)));
           },
           load_blocks_);
       if (seq == nullptr) continue;
@@ -1149,8 +1150,11 @@ class LLMEngineImpl final : public LLMEngine {
 
   void FlushWriteThrough() {
     if (save_blocks_.empty()) return;
-    std::vector<uint8_t> bytes(save_blocks_.size() * static_cast<size_t>(connector_block_bytes_));
-    if (CopyBlocksOut(save_blocks_, absl::MakeSpan(bytes)).ok()) {
+    // Gathered straight into the connector's memory (registered for RMA with the kvstore's
+    // UCX data path), so the bytes are copied once on the host.
+    KvBlockBuffer bytes = options_.kv_connector->AllocateBlockBuffer(
+        save_blocks_.size() * static_cast<size_t>(connector_block_bytes_));
+    if (CopyBlocksOut(save_blocks_, bytes.span()).ok()) {
       options_.kv_connector->Save(std::move(save_hashes_), std::move(bytes));
     }  // else best effort: counted, the blocks are just not stored
     save_hashes_.clear();

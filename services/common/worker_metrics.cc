@@ -145,6 +145,11 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
                     "\n", "sluice_kvstore_blocks_total{op=\"failed\"} ",
                     k.num_save_failed_blocks, "\n", "sluice_kvstore_blocks_total{op=\"dropped\"} ",
                     k.num_save_dropped_blocks, "\n");
+    Header(out, "sluice_kvstore_bytes_total", "counter",
+           "KV block bytes moved to and from the kvstore, by path: rma (UCX one-sided, from and "
+           "into registered host buffers) or inline (in gRPC messages: the fallback).");
+    absl::StrAppend(&out, "sluice_kvstore_bytes_total{path=\"rma\"} ", k.num_rma_bytes, "\n",
+                    "sluice_kvstore_bytes_total{path=\"inline\"} ", k.num_inline_bytes, "\n");
     Counter(out, "sluice_kvstore_load_errors_total",
             "Kvstore loads cut short by a store error or deadline (the rest is computed).",
             static_cast<double>(k.num_load_errors));

@@ -232,22 +232,24 @@ class MemoryConnector final : public KvConnector {
     KvLoadResult r;
     r.ticket = ticket;
     const int64_t block_bytes = layouts.back().block_bytes;
+    std::vector<uint8_t> bytes;
     for (const BlockHash& h : hashes) {
       auto it = blocks.find(h);
       if (it == blocks.end()) break;
       EXPECT_EQ(static_cast<int64_t>(it->second.size()), block_bytes);
-      r.bytes.insert(r.bytes.end(), it->second.begin(), it->second.end());
+      bytes.insert(bytes.end(), it->second.begin(), it->second.end());
       ++r.num_blocks;
     }
+    r.bytes = KvBlockBuffer(std::move(bytes));
     done.push_back(std::move(r));
   }
   std::vector<KvLoadResult> PollLoads() override { return std::exchange(done, {}); }
-  void Save(std::vector<BlockHash> hashes, std::vector<uint8_t> bytes) override {
+  void Save(std::vector<BlockHash> hashes, KvBlockBuffer bytes) override {
     const size_t block_bytes = bytes.size() / hashes.size();
     saved_bytes.push_back(static_cast<int64_t>(block_bytes));
     for (size_t i = 0; i < hashes.size(); ++i) {
-      blocks.try_emplace(hashes[i], bytes.begin() + i * block_bytes,
-                         bytes.begin() + (i + 1) * block_bytes);
+      blocks.try_emplace(hashes[i], bytes.data() + i * block_bytes,
+                         bytes.data() + (i + 1) * block_bytes);
     }
   }
   KvConnectorStats stats() const override { return {}; }

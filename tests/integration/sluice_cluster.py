@@ -238,8 +238,9 @@ class Serve:
 class KvStore:
     """`sluice kvstore` on a fixed loopback port (a restart keeps the address and the SSD dir)."""
 
-    def __init__(self, run_dir, extra=()):
-        """extra: more flags (e.g. --tls-cert/--tls-key/--tls-ca)."""
+    def __init__(self, run_dir, extra=(), ucx=False):
+        """extra: more flags (e.g. --tls-cert/--tls-key/--tls-ca). ucx: the UCX data path (else
+        --no-ucx: clients carry block bytes in the inline gRPC calls)."""
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.ssd_dir = pathlib.Path(run_dir) / "kvstore-ssd"
@@ -247,7 +248,7 @@ class KvStore:
             sluice_bin(), "kvstore", "--host", "127.0.0.1", "--port", str(self.port),
             "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port),
             "--dram-bytes", "64M", "--ssd-dir", str(self.ssd_dir), "--ssd-bytes", "256M",
-            "--no-ucx", *extra], run_dir)
+            *([] if ucx else ["--no-ucx"]), *extra], run_dir)
         self.wait_healthy()
 
     def wait_healthy(self):

@@ -2,7 +2,10 @@
 
 kvstore + router + 1 decode worker + prefill worker A; A prefills prompts X, Y and Z and writes
 their full blocks through to the kvstore. Then A drains and a fresh prefill worker B takes over
-(its local prefix cache is empty, so anything it does not compute came from the kvstore):
+(its local prefix cache is empty, so anything it does not compute came from the kvstore).
+The store runs its UCX data path: block bytes move by RMA between the workers' registered
+buffers and the store's DRAM, never in gRPC messages (sluice_kvstore_bytes_total{path}).
+
   * X on B: only the uncached tail is computed (B's sluice_prompt_tokens_computed_total, its
     cached_total{source="kvstore"}, usage cached_tokens), same greedy text as on A;
   * kill -9 + restart the kvstore (same SSD dir), Y on B: still served, from the SSD tier;
@@ -29,7 +32,7 @@ def env():
     store = None
     try:
         # Workers take the store's address at start: it runs first, in its own temp dir.
-        store = KvStore(tempfile.mkdtemp(prefix="sluice-kvstore-"))
+        store = KvStore(tempfile.mkdtemp(prefix="sluice-kvstore-"), ucx=True)
         c = Cluster(num_prefill=1, num_decode=1,
                     role_args={"prefill": ["--kvstore", store.address]})
         client = openai.OpenAI(base_url=c.url + "/v1", api_key="x", timeout=120, max_retries=0)
@@ -77,6 +80,12 @@ def saved_blocks(c, name):
                        "sluice_kvstore_blocks_total")
 
 
+def kvstore_bytes(c, name, path):
+    text = c.worker_metrics_text(name)
+    return sum_samples("\n".join(l for l in text.splitlines() if f'path="{path}"' in l),
+                       "sluice_kvstore_bytes_total")
+
+
 def add_prefill(c, name, kvstore_address):
     http_port = free_port()
     c.metrics_urls[name] = f"http://127.0.0.1:{http_port}/metrics"
@@ -109,6 +118,10 @@ def test_prefill_served_from_kvstore_across_workers_restart_and_corruption(env):
             raise AssertionError(f"{full_blocks} blocks not written through:\n"
                                  f"{c.worker_metrics_text(a)}\n{c.workers[a].tail()}")
     assert saved_blocks(c, a) == full_blocks
+    # Written through by RMA, a whole number of blocks, nothing inline.
+    rma_a = kvstore_bytes(c, a, "rma")
+    assert rma_a > 0 and rma_a % full_blocks == 0, rma_a
+    assert kvstore_bytes(c, a, "inline") == 0
     assert 250 <= on_a["x"].usage.prompt_tokens <= 450, on_a["x"].usage
     wait_until(lambda: store.metric("sluice_kvstore_blocks", "ssd") >= full_blocks, 20,
                "blocks on the kvstore's SSD tier")
@@ -134,6 +147,9 @@ def test_prefill_served_from_kvstore_across_workers_restart_and_corruption(env):
     cacheable = (n - 1) // BLOCK_SIZE * BLOCK_SIZE
     assert (computed, from_store) == (n - cacheable, cacheable)
     assert r.usage.prompt_tokens_details.cached_tokens == cacheable
+    # Loaded by RMA: its blocks are as large as A's.
+    assert kvstore_bytes(c, b, "rma") >= cacheable // BLOCK_SIZE * (rma_a // full_blocks)
+    assert kvstore_bytes(c, b, "inline") == 0
 
     # kill -9 + restart the kvstore: Y comes from its SSD tier.
     store.restart_after_kill9()
@@ -145,6 +161,7 @@ def test_prefill_served_from_kvstore_across_workers_restart_and_corruption(env):
     assert (computed, from_store) == (n - cacheable, cacheable)
     assert r.usage.prompt_tokens_details.cached_tokens == cacheable
     assert store.metric("sluice_kvstore_hits_total", "ssd") - hits_ssd0 == cacheable // BLOCK_SIZE
+    assert kvstore_bytes(c, b, "inline") == 0  # the restarted store is reached by UCX too
 
     # One of Z's block files corrupted on disk: detected, that block and the rest recomputed.
     # Files are named by block hash, so their order says nothing about prompt position, and the

@@ -30,6 +30,7 @@
 #include "engine/kv/kv_connector.h"
 #include "engine/kv/staged_kv_blocks.h"
 #include "engine/sched/llm_engine.h"
+#include "services/kvstore/kvstore_client.h"
 #include "services/kvstore/kvstore_connector.h"
 #include "tests/util/fake_kv_store.h"
 #include "tests/util/fake_models.h"
@@ -606,6 +607,159 @@ TEST(DeviceKvConnectorTest, ThroughTheKvstoreService) {
   Node host = MakeNodeWith(false, connect());
   EXPECT_EQ(RunChecked(host, "h", prompt, 5).num_cached_tokens, 0);
   EXPECT_EQ(host.engine->counters().kv_connector.num_saved_blocks, 8);
+}
+
+// StoredElements: the store's copy of `hash` (a plain inline client's Get), as 2-byte elements.
+std::vector<uint16_t> StoredElements(const std::string& shard, const LLMEngine& engine,
+                                     const BlockHash& hash) {
+  kvstore::KvStoreClientOptions o;
+  o.shards = {shard};
+  auto client = kvstore::CreateKvStoreClient(o);
+  EXPECT_TRUE(client.ok()) << client.status();
+  std::vector<uint8_t> bytes(kDeviceBlockBytes);
+  const BlockHasher hasher(engine.kv_identity(), kBlock);
+  const kvstore::BlockKey key = kvstore::KvStoreKey(hasher, hash);
+  const int32_t id = 0;
+  auto got = (*client)->Get({&key, 1}, transfer::KvRegion{bytes.data(), 1, kDeviceBlockBytes},
+                            {&id, 1}, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(got.ok() && got->found[0]) << (got.ok() ? got->error : got.status());
+  std::vector<uint16_t> elements(bytes.size() / 2);
+  std::memcpy(elements.data(), bytes.data(), bytes.size());
+  return elements;
+}
+
+// BlockElements: what block `b` of `tokens` holds in DeviceKvModel's cache, serialized.
+std::vector<uint16_t> BlockElements(const std::vector<int32_t>& tokens, size_t b) {
+  std::vector<uint16_t> want;
+  for (int a = 0; a < kArrays; ++a) {
+    for (size_t t = b * kBlock; t < (b + 1) * kBlock; ++t) {
+      want.push_back(static_cast<uint16_t>(tokens[t] + 17 * a));
+    }
+  }
+  return want;
+}
+
+struct UcxNode {
+  Node node;
+  kvstore::KvStoreBlockBackend* backend = nullptr;
+};
+
+UcxNode MakeUcxNode(const std::string& shard, int64_t buffer_bytes = 1 << 20) {
+  // Deadlines far beyond a loaded CI machine's scheduling delays: a load that ran out of time
+  // would be computed instead and the counts below would not say why.
+  kvstore::KvStoreClientOptions client;
+  client.shards = {shard};
+  client.rpc_timeout = absl::Seconds(20);
+  client.transfer_timeout = absl::Seconds(20);
+  kvstore::KvStoreTransportOptions transport;
+  transport.buffer_bytes = buffer_bytes;
+  auto backend = kvstore::KvStoreBlockBackend::Create(client, transport);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  AsyncKvConnectorOptions options;
+  options.load_timeout = absl::Seconds(20);
+  options.save_timeout = absl::Seconds(20);
+  UcxNode out;
+  out.backend = backend->get();
+  out.node = MakeNodeWith(true, std::make_shared<AsyncKvConnector>(*std::move(backend), options));
+  return out;
+}
+
+// The kvstore's data path behind a device cache: blocks are gathered device -> pinned staging
+// slots -> a buffer of the connector's UCX-registered arena, and that buffer is RMA-written into
+// the store's DRAM slots (gRPC carries control only); a load RMA-reads into an arena buffer and
+// scatters from it through the staging slots. Exact bytes in the store, exact tokens, every
+// byte counted by the UCX agent, no inline call, every arena buffer given back.
+TEST(DeviceKvConnectorTest, KvstoreBytesMoveByUcxFromTheRegisteredStagingBuffer) {
+  testing::InProcessKvStore shard(16 << 20, 4 << 20, /*with_ucx=*/true);
+  ASSERT_TRUE(shard.status().ok()) << shard.status();
+  const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 11);
+  constexpr int kMaxTokens = 5;
+  UcxNode a = MakeUcxNode(shard.address());
+  RunChecked(a.node, "a", prompt, kMaxTokens);
+  EXPECT_EQ(a.node.engine->counters().kv_connector.num_saved_blocks, 8);
+  EXPECT_GT(a.node.model->num_gathers, 0);
+  EXPECT_EQ(a.node.engine->counters().num_kv_connector_copy_errors, 0);
+  kvstore::KvStoreBackendStats s = a.backend->stats();
+  EXPECT_FALSE(s.inline_only);
+  EXPECT_GE(s.num_rma_puts, 1);
+  EXPECT_EQ(s.num_inline_puts, 0);
+  EXPECT_EQ(s.transfer.bytes_pushed, 8 * kDeviceBlockBytes);
+  EXPECT_EQ(s.pool.num_lent, s.num_rma_puts);
+  EXPECT_EQ(s.pool.num_heap_fallbacks, 0);
+  EXPECT_EQ(s.pool.lent_bytes, 0);  // every buffer given back
+  EXPECT_EQ(a.node.async->stats().num_rma_bytes, 8 * kDeviceBlockBytes);  // /metrics' source
+  EXPECT_EQ(a.node.async->stats().num_inline_bytes, 0);
+  // The store holds exactly the device cache's bytes: prompt blocks and the first output's.
+  std::vector<int32_t> all = prompt;
+  const std::vector<int32_t> reference = ChecksumModel::Reference(prompt, kMaxTokens);
+  all.insert(all.end(), reference.begin(), reference.end() - 1);
+  const BlockHasher hasher(a.node.engine->kv_identity(), kBlock);
+  std::vector<BlockHash> hashes;
+  hasher.ExtendFullBlockHashes(hasher.RootHash(""), all, hashes);
+  ASSERT_EQ(hashes.size(), 8u);
+  for (size_t b = 0; b < hashes.size(); ++b) {
+    EXPECT_EQ(StoredElements(shard.address(), *a.node.engine, hashes[b]), BlockElements(all, b))
+        << "block " << b;
+  }
+
+  // A second worker loads the 7 prompt blocks by one RMA read into an arena buffer, scattered
+  // through the staging slots (chunks of 3 blocks).
+  UcxNode b = MakeUcxNode(shard.address());
+  EXPECT_EQ(RunChecked(b.node, "b", prompt, kMaxTokens).num_cached_tokens, 28);
+  const EngineCounters c = b.node.engine->counters();
+  EXPECT_EQ(c.num_prompt_tokens_cached_external, 28);
+  EXPECT_EQ(c.num_prompt_tokens_computed, 2);
+  EXPECT_EQ(c.kv_connector.num_loaded_blocks, 7);
+  EXPECT_EQ(c.num_kv_connector_copy_errors, 0);
+  EXPECT_EQ(b.node.model->num_scatters, 1);
+  EXPECT_GE(b.node.model->copier()->stats().num_chunks, 3);
+  s = b.backend->stats();
+  EXPECT_EQ(s.num_rma_gets, 1);
+  EXPECT_EQ(s.num_inline_gets, 0);
+  EXPECT_EQ(s.transfer.bytes_pulled, 7 * kDeviceBlockBytes);
+  EXPECT_EQ(s.rma_bytes, 7 * kDeviceBlockBytes);
+  EXPECT_EQ(s.pool.lent_bytes, 0);
+  EXPECT_EQ(b.node.model->copier()->stats().bytes_scattered, 7 * kDeviceBlockBytes);
+}
+
+// When the arena is full the engine's buffer is heap memory, which the client cannot RMA: those
+// bytes ride the inline calls (counted), still exact; a store without UCX (`sluice kvstore
+// --no-ucx`) answers the first RMA call FailedPrecondition and the connector goes inline for good.
+TEST(DeviceKvConnectorTest, KvstoreBytesRideGrpcOnlyWhenRmaCannotMoveThem) {
+  const std::vector<int32_t> prompt = testing::ChecksumPrompt(30, 12);
+  {
+    testing::InProcessKvStore shard(16 << 20, 4 << 20, /*with_ucx=*/true);
+    ASSERT_TRUE(shard.status().ok()) << shard.status();
+    UcxNode a = MakeUcxNode(shard.address(), /*buffer_bytes=*/64);  // 2 blocks
+    RunChecked(a.node, "a", prompt, 5);
+    EXPECT_EQ(a.node.engine->counters().kv_connector.num_saved_blocks, 8);
+    const kvstore::KvStoreBackendStats s = a.backend->stats();
+    EXPECT_GT(s.pool.num_heap_fallbacks, 0);
+    EXPECT_EQ(s.num_inline_puts, s.pool.num_heap_fallbacks);
+    EXPECT_EQ(s.num_rma_puts, s.pool.num_lent);
+    EXPECT_FALSE(s.inline_only);
+    const std::vector<BlockHash> hashes = PromptHashes(*a.node.engine, prompt);
+    for (size_t b = 0; b < hashes.size(); ++b) {
+      EXPECT_EQ(StoredElements(shard.address(), *a.node.engine, hashes[b]),
+                BlockElements(prompt, b));
+    }
+  }
+  testing::InProcessKvStore plain;  // no UCX
+  ASSERT_TRUE(plain.status().ok()) << plain.status();
+  UcxNode a = MakeUcxNode(plain.address());
+  RunChecked(a.node, "a", prompt, 5);
+  EXPECT_EQ(a.node.engine->counters().kv_connector.num_saved_blocks, 8);
+  UcxNode b = MakeUcxNode(plain.address());
+  EXPECT_EQ(RunChecked(b.node, "b", prompt, 5).num_cached_tokens, 28);
+  for (const UcxNode* n : {&a, &b}) {
+    const kvstore::KvStoreBackendStats s = n->backend->stats();
+    EXPECT_TRUE(s.inline_only);
+    EXPECT_EQ(s.transfer.bytes_pushed + s.transfer.bytes_pulled, 0);
+  }
+  EXPECT_EQ(b.backend->stats().num_inline_gets, 1);
+  EXPECT_EQ(a.node.async->stats().num_inline_bytes, 8 * kDeviceBlockBytes);
+  EXPECT_EQ(b.node.async->stats().num_inline_bytes, 7 * kDeviceBlockBytes);
+  EXPECT_EQ(b.node.async->stats().num_rma_bytes, 0);
 }
 
 TEST(DeviceKvConnectorTest, AnUnreachableKvstoreIsAMiss) {

@@ -1,7 +1,8 @@
-// InProcessKvStore: one kvstore shard in the test process — a BlockStore over a heap DRAM arena
-// and a temporary SSD folder, served by KvStoreService on a free 127.0.0.1 port, no UCX (clients
-// use the inline gRPC calls, as the engine's KV connector does). Header-only: a test target that
-// includes it links sluice_kvstore.
+// InProcessKvStore: one kvstore shard in the test process — a BlockStore over a DRAM arena and a
+// temporary SSD folder, served by KvStoreService on a free 127.0.0.1 port. Without UCX (the
+// default) the arena is heap memory and clients use the inline gRPC calls; with_ucx: the arena
+// is allocated and registered by the shard's own UCX agent, as `sluice kvstore` does, so clients
+// move block bytes by RMA. Header-only: a test target that includes it links sluice_kvstore.
 #ifndef SLUICE_TESTS_UTIL_INPROCESS_KVSTORE_H_
 #define SLUICE_TESTS_UTIL_INPROCESS_KVSTORE_H_
 
@@ -20,13 +21,15 @@
 #include "absl/strings/str_cat.h"
 #include "services/kvstore/block_store.h"
 #include "services/kvstore/kvstore_service.h"
+#include "transfer/kv_transfer.h"
 
 namespace sluice::testing {
 
 class InProcessKvStore {
  public:
   // `dram_bytes` of DRAM tier in pages of `page_bytes` (the largest block it accepts).
-  explicit InProcessKvStore(int64_t dram_bytes = 16 << 20, int64_t page_bytes = 4 << 20) {
+  explicit InProcessKvStore(int64_t dram_bytes = 16 << 20, int64_t page_bytes = 4 << 20,
+                            bool with_ucx = false) {
     char tmpl[] = "/tmp/inprocess_kvstore_XXXXXX";
     const char* dir = mkdtemp(tmpl);
     if (dir == nullptr) {
@@ -34,9 +37,26 @@ class InProcessKvStore {
       return;
     }
     dir_ = dir;
-    arena_.resize(static_cast<size_t>(dram_bytes));
+    uint8_t* arena = nullptr;
+    if (with_ucx) {
+      auto agent = transfer::KvTransferAgent::Create({});
+      if (!agent.ok()) {
+        error_ = agent.status();
+        return;
+      }
+      agent_ = *std::move(agent);
+      auto region = agent_->AllocateRegion(dram_bytes);
+      if (!region.ok()) {
+        error_ = region.status();
+        return;
+      }
+      arena = static_cast<uint8_t*>(region->base);
+    } else {
+      arena_.resize(static_cast<size_t>(dram_bytes));
+      arena = arena_.data();
+    }
     kvstore::BlockStoreOptions o;
-    o.dram_arena = arena_.data();
+    o.dram_arena = arena;
     o.dram_bytes = dram_bytes;
     o.dram_page_bytes = page_bytes;
     o.ssd_dir = dir_;
@@ -47,7 +67,7 @@ class InProcessKvStore {
       return;
     }
     store_ = *std::move(store);
-    service_ = std::make_unique<kvstore::KvStoreService>(store_.get(), nullptr);
+    service_ = std::make_unique<kvstore::KvStoreService>(store_.get(), agent_.get());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -66,6 +86,7 @@ class InProcessKvStore {
     server_.reset();
     service_.reset();
     store_.reset();
+    agent_.reset();
     std::error_code ec;
     if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
   }
@@ -79,6 +100,7 @@ class InProcessKvStore {
  private:
   absl::Status error_;
   std::string dir_;
+  std::unique_ptr<transfer::KvTransferAgent> agent_;  // with_ucx: owns the arena
   std::vector<uint8_t> arena_;
   std::unique_ptr<kvstore::BlockStore> store_;
   std::unique_ptr<kvstore::KvStoreService> service_;
