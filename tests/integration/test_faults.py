@@ -11,7 +11,9 @@
 4. kill -9 of a decode worker after every stream got >= 10 tokens, SLUICE_MIGRATION_ROUNDS times
    (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
-   Also for the gRPC Generate stream.
+   Each move goes through the prefill worker (it re-prefills prompt + the streamed tokens and
+   hands the KV to the surviving decode worker): its Prefill count rises by one per move, and
+   every KV block returns to baseline. Also for the gRPC Generate stream.
 5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests; it deregisters, so
    the router lists it no more once it exited.
@@ -208,6 +210,26 @@ def busiest_decode_worker(cluster):
                               assigned.get(listen_address(cluster.workers[k]), -1)))
 
 
+def prefill_calls(cluster):
+    return cluster.worker_metric("prefill-0", "sluice_worker_requests_total")
+
+
+def moves(cluster):
+    return (cluster.metric("sluice_router_migrations_total"),
+            cluster.metric("sluice_router_migration_prefills_total"))
+
+
+def assert_moved_through_prefill(cluster, moves_before, prefills_before, n_requests):
+    """Every migration since `moves_before` was re-prefilled on prefill-0: one Prefill call more
+    than the round's own requests per move; every block free again afterwards."""
+    moved, through_prefill = (a - b for a, b in zip(moves(cluster), moves_before))
+    assert moved >= 1 and through_prefill == moved, (moved, through_prefill)
+    assert prefill_calls(cluster) - prefills_before == n_requests + moved
+    for name in ("prefill-0", "decode-0", "decode-1"):
+        decode_blocks_free(cluster, name)
+    return moved
+
+
 def run_round_with_kill(cluster, start_streams, min_tokens=10):
     """Starts the streams, kill -9s the busiest decode worker once each has >= min_tokens
     (or finished), restarts it; returns the streams' results."""
@@ -243,16 +265,17 @@ def test_kill9_decode_worker_mid_stream_migrates(reference):
         expected = [reference[(i, LONG)] for i in range(N_STREAMS)]
         ok = 0
         for r in range(ROUNDS):
-            before = cluster.metric("sluice_router_migrations_total")
+            before, prefills = moves(cluster), prefill_calls(cluster)
             outputs = run_round_with_kill(cluster, lambda pool, counts: [
                 pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
             assert outputs == expected, f"round {r}"
-            assert cluster.metric("sluice_router_migrations_total") > before, f"round {r}"
+            assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
             ok += 1
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         print(f"\nkill -9 mid-stream: {ok} of {ROUNDS} rounds ({N_STREAMS} streams each) equal "
               f"to the undisturbed run, "
-              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations")
+              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations, "
+              f"{cluster.metric('sluice_router_migration_prefills_total'):.0f} through prefill")
     finally:
         cluster.stop()
 
@@ -289,11 +312,11 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
 
         undisturbed = [generate(i) for i in range(N_STREAMS)]
         assert all(len(u[1]) == LONG for u in undisturbed)
-        before = cluster.metric("sluice_router_migrations_total")
+        before, prefills = moves(cluster), prefill_calls(cluster)
         outputs = run_round_with_kill(cluster, lambda pool, counts: [
             pool.submit(generate, i, counts) for i in range(N_STREAMS)])
         assert outputs == undisturbed
-        assert cluster.metric("sluice_router_migrations_total") > before
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
