@@ -13,7 +13,8 @@
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
    Each move goes through the prefill worker (it re-prefills prompt + the streamed tokens and
    hands the KV to the surviving decode worker): its Prefill count rises by one per move, and
-   every KV block returns to baseline. Also for the gRPC Generate stream.
+   every KV block returns to baseline. Also for the gRPC Generate stream, and (one round) with
+   the KV pushed (--kv-transfer-mode push, layerwise).
 5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests; it deregisters, so
    the router lists it no more once it exited.
@@ -276,6 +277,25 @@ def test_kill9_decode_worker_mid_stream_migrates(reference):
               f"to the undisturbed run, "
               f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations, "
               f"{cluster.metric('sluice_router_migration_prefills_total'):.0f} through prefill")
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("mode", ["push", "layerwise"])
+def test_kill9_mid_stream_migrates_through_prefill_in_push_modes(reference, mode):
+    """As above, one round, with the KV pushed by the prefill worker: a migration's prefill is
+    pushed after it ends (PushKv), also in layerwise mode (its layer observer follows a prompt's
+    last chunk only)."""
+    reference.warm([(i, LONG) for i in range(N_STREAMS)])
+    cluster = Cluster(num_prefill=1, num_decode=2, worker_args=("--kv-transfer-mode", mode))
+    try:
+        client = client_for(cluster.url)
+        before, prefills = moves(cluster), prefill_calls(cluster)
+        outputs = run_round_with_kill(cluster, lambda pool, counts: [
+            pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
+        assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
 
