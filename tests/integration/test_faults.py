@@ -231,14 +231,17 @@ def assert_moved_through_prefill(cluster, moves_before, prefills_before, n_reque
     return moved
 
 
-def run_round_with_kill(cluster, start_streams, min_tokens=10):
+def run_round_with_kill(cluster, start_streams, min_tokens=10, before_kill=None):
     """Starts the streams, kill -9s the busiest decode worker once each has >= min_tokens
-    (or finished), restarts it; returns the streams' results."""
+    (or finished; `before_kill()` runs then, if given), restarts it; returns the streams'
+    results."""
     counts = {}
     with concurrent.futures.ThreadPoolExecutor(N_STREAMS) as pool:
         futures = start_streams(pool, counts)
         wait_until(lambda: all(counts.get(i, 0) >= min_tokens or futures[i].done()
                                for i in range(N_STREAMS)), 120, f">= {min_tokens} tokens each")
+        if before_kill is not None:
+            before_kill()
         victim = busiest_decode_worker(cluster)
         cluster.workers[victim].kill9()
         results = [f.result(timeout=600) for f in futures]
@@ -298,6 +301,46 @@ def test_kill9_mid_stream_migrates_through_prefill_in_push_modes(reference, mode
         assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
+
+
+def kvstore_loaded(cluster):
+    """Tokens whose KV prefill-0 loaded from the kvstore at admission."""
+    key = 'sluice_prompt_tokens_cached_total{source="kvstore"} '
+    return sum(float(line[len(key):]) for line in
+               cluster.worker_metrics_text("prefill-0").splitlines() if line.startswith(key))
+
+
+def test_kill9_mid_stream_migration_prefill_loads_from_the_kvstore(reference):
+    """Every worker writes its KV through to a kvstore: the decode workers the blocks of the
+    tokens they stream too. A migration's prefill then loads from the kvstore the full blocks of
+    prompt + streamed tokens that its own prefix cache lacks (the streamed ones: it computed only
+    the prompt) and computes just the tail. One round; the text equals the undisturbed run."""
+    import tempfile
+
+    from sluice_cluster import KvStore
+
+    reference.warm([(i, LONG) for i in range(N_STREAMS)])
+    store = KvStore(tempfile.mkdtemp(prefix="sluice-kvstore-"))
+    cluster = None
+    try:
+        cluster = Cluster(num_prefill=1, num_decode=2, worker_args=("--kvstore", store.address))
+        client = client_for(cluster.url)
+        before, prefills = moves(cluster), prefill_calls(cluster)
+        at_kill = []  # loaded before the kill: the round's own prefills are done by then
+        # Killed after 32 tokens: at least two full blocks of streamed tokens were written.
+        outputs = run_round_with_kill(
+            cluster, lambda pool, counts: [
+                pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)],
+            min_tokens=32, before_kill=lambda: at_kill.append(kvstore_loaded(cluster)))
+        assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
+        moved = assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        loaded = kvstore_loaded(cluster) - at_kill[0]
+        print(f"\nkvstore: {moved:.0f} moves through prefill loaded {loaded:.0f} tokens' KV")
+        assert loaded > 0
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        store.proc.stop()
 
 
 def test_kill9_decode_worker_mid_generate_stream_migrates():
