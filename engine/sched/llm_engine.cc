@@ -158,9 +158,6 @@ class LLMEngineImpl final : public LLMEngine {
             "a resumed request must have fewer resumed output tokens (", num_resumed,
             ") than max_tokens (", request.sampling.max_tokens, ")"));
       }
-      if (request.hold_kv_blocks) {
-        return absl::InvalidArgumentError("a resumed request cannot hold its KV blocks");
-      }
       for (int32_t id : request.resumed_output_token_ids) {
         if (id < 0 || id >= vocab) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -217,22 +214,21 @@ class LLMEngineImpl final : public LLMEngine {
     if (request.hold_kv_blocks) {
       return absl::InvalidArgumentError("a transfer reservation cannot hold its KV blocks");
     }
-    if (!request.resumed_output_token_ids.empty()) {
-      return absl::InvalidArgumentError("a transfer reservation cannot resume output tokens");
-    }
     const std::string id = request.request_id;
     std::unique_ptr<Sequence> seq = NewSequence(std::move(request));
-    seq->num_computed_tokens = seq->num_prompt_tokens();
+    // The transfer brings the KV of every token so far: the prompt, and for a migrated request
+    // re-prefilled elsewhere its resumed outputs too (NewSequence appended them).
+    seq->num_computed_tokens = seq->num_tokens();
     // The transferred prompt blocks join the prefix cache after the first decode step (only
     // after CompleteTransfer(OK), so a block still being written is never shared). Not for
     // sliding-window models: the sender may move only the full-attention layers' KV and have
     // the sliding layers rebuilt for the last tokens only (SWA replay), which a later request
     // reusing the prefix would read. After a preemption the recompute is local and cacheable.
     if (has_sliding_layers_) {
-      seq->num_committed_blocks = seq->num_prompt_tokens() / static_cast<int32_t>(block_size());
+      seq->num_committed_blocks = seq->num_tokens() / static_cast<int32_t>(block_size());
       seq->num_saved_blocks = seq->num_committed_blocks;
     }
-    const int64_t num_tokens = seq->num_prompt_tokens() + 1;
+    const int64_t num_tokens = seq->num_tokens() + 1;
     if (!scheduler_.Reserve(seq, num_tokens)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "not enough free KV blocks to reserve ", NumBlocksFor(num_tokens, options_.block_size),
@@ -282,7 +278,7 @@ class LLMEngineImpl final : public LLMEngine {
     // Only the full-attention layers arrived: rebuild the sliding layers before the sequence
     // runs. A replay that fails leaves unusable KV, like a failed transfer: recompute.
     if (!recompute && swa_replay_tokens_ > 0) {
-      recompute = !RebuildSlidingKv(*seq, seq->num_prompt_tokens(), swa_replay_tokens_).ok();
+      recompute = !RebuildSlidingKv(*seq, seq->num_computed_tokens, swa_replay_tokens_).ok();
     }
     seq->AppendToken(token->token_id);
     AdvanceGrammar(*seq, token->token_id);

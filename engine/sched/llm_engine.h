@@ -206,7 +206,10 @@ class LLMEngine {
   // Decode side: ReserveForTransfer validates `request` like AddRequest, allocates blocks for
   // prompt + 1 tokens and returns their ids in sequence order (the first
   // NumBlocksFor(prompt_len, block_size) receive the transferred prompt KV; the last slot takes
-  // the first token's KV in the first decode step). The sequence is not scheduled until
+  // the first token's KV in the first decode step). A request with resumed_output_token_ids (a
+  // migration re-prefilled elsewhere) counts them with the prompt throughout: blocks for
+  // prompt + resumed + 1 tokens, the transfer brings the KV of prompt + resumed, and the
+  // "first token" is the next output after them. The sequence is not scheduled until
   // CompleteTransfer. `first_token` may be given here or at CompleteTransfer (the router
   // reserves while prefill still runs). Errors: as AddRequest; ResourceExhausted when not enough
   // blocks are free (nothing changed).

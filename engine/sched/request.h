@@ -77,7 +77,9 @@ struct EngineRequest {
   // prompt + these (prefix cache and KV connector first) and continues with the next token, as
   // after a preemption; they count toward max_tokens, min_tokens and the penalties, are not
   // emitted again, and seeded draws stay keyed by position. Empty for a new request; must be
-  // shorter than max_tokens; not with hold_kv_blocks.
+  // shorter than max_tokens. With hold_kv_blocks (a migration re-prefilled on a prefill worker)
+  // the request samples the next output token and pins the KV of prompt + these; with
+  // ReserveForTransfer the reservation and the transfer cover prompt + these.
   std::vector<int32_t> resumed_output_token_ids;
   // Images (vision-language models), ordered by offset, non-overlapping, inside the prompt.
   // Only for models with Model::SupportsInputEmbeddings.

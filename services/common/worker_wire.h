@@ -38,6 +38,9 @@ EngineRequest EngineRequestFromWire(const WireRequest& in, std::string request_i
   er.cache_salt = in.cache_salt();
   er.priority = in.priority();
   er.mm_inputs = std::move(mm_inputs);
+  // A migration: the outputs the client already has (see worker.proto).
+  er.resumed_output_token_ids.assign(in.resumed_output_token_ids().begin(),
+                                     in.resumed_output_token_ids().end());
   return er;
 }
 void SampledTokenToWire(const SampledToken& in, v1::SampledToken* out);

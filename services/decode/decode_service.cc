@@ -485,7 +485,9 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     }
   }
   const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
-  const int32_t num_tokens = request->prompt_token_ids_size();
+  // The KV the transfer brings: the prompt, and a migration's resumed outputs.
+  const int32_t num_tokens =
+      request->prompt_token_ids_size() + request->resumed_output_token_ids_size();
   std::weak_ptr<DecodeSession> weak = session;
   session->set_reserve_reply([this, context, reactor, response, layout, num_tokens, grant, weak](
                                  const absl::StatusOr<std::vector<int32_t>>& blocks) {
@@ -635,8 +637,6 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   }
   EngineRequest er =
       EngineRequestFromWire(*request, engine_id, *std::move(grammar), *std::move(mm_inputs));
-  er.resumed_output_token_ids.assign(request->resumed_output_token_ids().begin(),
-                                     request->resumed_output_token_ids().end());
   absl::Status s = engine_->Submit(std::move(er),
                                    [session](const RequestOutput& out) { session->OnOutput(out); });
   if (!s.ok()) {

@@ -93,6 +93,13 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     return reactor;
   }
   std::shared_ptr<transfer::LayerwisePush> layer_push;
+  if (request->has_decode_reservation() && request->resumed_output_token_ids_size() > 0) {
+    // The layer observer follows a prompt's last chunk; a resumed request's KV moves after it.
+    reactor->End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "a resumed request (resumed_output_token_ids) cannot be pushed "
+                              "layer by layer: send it without decode_reservation"));
+    return reactor;
+  }
   if (request->has_decode_reservation()) {
     if (options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE) {
       reactor->End(grpc::Status(
@@ -149,7 +156,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
                                            *std::move(mm_inputs));
   er.hold_kv_blocks = true;
   if (layer_push != nullptr) er.kv_layer_observer = std::make_shared<LayerPushObserver>(layer_push);
-  const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size());
+  // The tokens this prefill computes (and pins): the prompt, and a migration's resumed outputs.
+  const int64_t num_prompt = static_cast<int64_t>(er.prompt_token_ids.size() +
+                                                  er.resumed_output_token_ids.size());
   queued_tokens_ += num_prompt;
   const v1::KvLayout layout = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   const absl::Time arrival = absl::Now();
@@ -206,7 +215,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
           kv->set_kv_descriptor(kv_descriptor_);
           transfer::RunsToWire(out.held_block_ids, kv);
           *kv->mutable_layout() = layout;
-          kv->set_num_tokens(out.num_prompt_tokens);
+          kv->set_num_tokens(static_cast<int32_t>(num_prompt));
           kv->set_swa_replay_tokens(static_cast<int32_t>(options_.swa_replay_tokens));
           // Both modes: Release answers from this record (pull) and PushKv reads it (push);
           // both must bring the token.

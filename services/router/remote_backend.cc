@@ -165,6 +165,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     const bool stream_failed = decode_error_.ok() && IsWorkerFailure(status.error_code());
     const bool worker_failed = stream_failed || !decode_error_.ok();
     if (stream_failed) backend_->prober_.Suspect(*decode_);
+    // A migration's prefill whose KV decode_ could not take (it ended the request before
+    // streaming: its reservation expired, the transfer failed): the handover is what fails, so
+    // decode_ re-prefills itself instead (a pinned retry would hand over again).
+    if (!decode_error_.ok() && !decode_streamed_ && num_resumed_ > 0 && prefill_.has_value()) {
+      const std::string why(decode_error_.message());
+      decode_error_ = absl::OkStatus();
+      return ResumeLocally(why);
+    }
     // Nothing streamed after the first token: another decode worker pulls the same pinned KV.
     if (worker_failed && !decode_streamed_ && num_output_tokens_ > 0 && CanReusePin()) {
       decode_error_ = absl::OkStatus();
@@ -403,10 +411,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->request.set_request_id(id());
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                  request_.prompt_token_ids.end());
-    *rpc->request.mutable_sampling() = wire_sampling_;
+    *rpc->request.mutable_sampling() = WireSampling();
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
     *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
+    AddResumed(rpc->request.mutable_resumed_output_token_ids(), num_resumed_);
     rpc->request.set_max_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
     {
@@ -466,7 +475,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // NextReserve: Reserve on a decode worker not yet found full (nor failed); when every one
   // is full, wait (backoff) and try them all again, until the wait's end.
   void NextReserve() {
-    std::set<std::string> exclude = bad_decode_;
+    std::set<std::string> exclude = ResumingOnly(WorkerRole::kDecode, bad_decode_);
     exclude.insert(full_decode_.begin(), full_decode_.end());
     if (num_decode_attempts_ <= options_.max_decode_attempts) {
       decode_ = backend_->PickWorker(WorkerRole::kDecode, request_, TokensNeeded(), exclude);
@@ -513,8 +522,10 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // WaitUntil: the end of the wait for decode blocks: the queue timeout, and while prefill
   // pins the first token's KV, the pin's end.
   absl::Time WaitUntil() {
+    // A migration waits from its start (the request may be older than the queue timeout).
+    const absl::Time until = resuming_ ? migrate_until_ : queue_until_;
     std::lock_guard<std::mutex> lock(mu_);
-    return std::min(queue_until_, pin_until_);
+    return std::min(until, pin_until_);
   }
   bool CanReusePin() {
     if (!prefill_.has_value() || num_decode_attempts_ >= options_.max_decode_attempts) {
@@ -542,7 +553,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return PrefillPhaseEnded();
     }
     std::optional<WorkerSnapshot> worker =
-        backend_->PickWorker(WorkerRole::kPrefill, request_, prompt_len_, bad_prefill_);
+        backend_->PickWorker(WorkerRole::kPrefill, request_, prompt_len_ + num_resumed_,
+                             ResumingOnly(WorkerRole::kPrefill, bad_prefill_));
     if (!worker.has_value()) return PrefillPhaseEnded();
     // An idle prefill worker starts on the request at once: reserve on decode in parallel, so
     // the KV transfer can begin the moment prefill answers. Behind a queue, reserve when
@@ -555,7 +567,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     std::optional<v1::KvBlocks> reservation;
     absl::Duration reservation_ttl;
     bool parked = false, reserve_first = false;
-    if (worker->layerwise_push) {
+    // A resumed request's KV is pushed after its prefill (PushKv), not layer by layer.
+    if (worker->layerwise_push && num_resumed_ == 0) {
       std::lock_guard<std::mutex> lock(mu_);
       if (reserving_) {
         parked = prefill_parked_ = true;
@@ -580,10 +593,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->request.set_request_id(id());
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                  request_.prompt_token_ids.end());
-    *rpc->request.mutable_sampling() = wire_sampling_;
+    *rpc->request.mutable_sampling() = WireSampling();
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
     *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
+    AddResumed(rpc->request.mutable_resumed_output_token_ids(), num_resumed_);
     if (reservation.has_value()) {
       *rpc->request.mutable_decode_reservation() = *std::move(reservation);
       rpc->request.set_decode_reservation_ttl_ms(
@@ -662,7 +676,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   void AfterPrefill() {
-    if (IsAborted() || !prefill_error_.ok()) {
+    if (IsAborted() || (!prefill_error_.ok() && num_resumed_ == 0)) {
       CancelOnDecode();
       // Prefill may have answered OK just as the client left: unpin its blocks now.
       if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
@@ -672,6 +686,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
         Finish(FinishReason::kError, prefill_error_);
       }
       return Done();
+    }
+    if (num_resumed_ > 0) {
+      // A migration's prefill that cannot continue the request: the decode worker re-prefills.
+      if (!prefill_error_.ok()) return ResumeLocally(std::string(prefill_error_.message()));
+      if (!prefill_.has_value()) return ResumeLocally("no prefill worker answered");
+      if (!reserve_error_.ok() && prefill_->kv().runs_size() > 0) {
+        return ResumeLocally(std::string(reserve_error_.message()));
+      }
     }
     if (!prefill_.has_value()) {
       // No prefill worker answered: the decode worker prefills (its engine queues the request
@@ -715,6 +737,18 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                                  [self = shared_from_this()] { self->StartDecode(); });
         return;
       }
+    } else if (std::exchange(resume_token_pending_, false)) {
+      // A migration's prefill sampled the token after those the client has: it goes out now
+      // (the usage counts stay the first attempt's; the prompt logprobs went out already).
+      backend_->Count(&RemoteBackendCounters::num_migration_prefills);
+      RequestOutput next;
+      next.new_tokens.push_back(FromWire(prefill_->first_token()));
+      next.finish_reason = FromWire(prefill_->finish_reason());
+      Deliver(std::move(next));
+      if (finished_) {
+        if (decode_.has_value()) CancelOnDecode();
+        return Done();
+      }
     }
     StartDecode();
   }
@@ -749,6 +783,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     prefill_.reset();
     prefill_worker_.reset();
     resuming_ = true;
+    if (!resume_sampling_.has_value()) {
+      // The client got the prompt logprobs with the first token: not computed again.
+      resume_sampling_ = wire_sampling_;
+      resume_sampling_->clear_prompt_logprobs();
+    }
+    num_resumed_ = 0;
+    resume_token_pending_ = false;
+    resume_via_prefill_ = true;
     decode_error_ = absl::OkStatus();
     migration_error_ = why;
     migrate_until_ = absl::Now() + options_.decode_queue_timeout;
@@ -775,7 +817,82 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return Done();
     }
     decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
+    if (resume_via_prefill_ && CanResumeThroughPrefill()) return StartResumePrefill();
     StartDecode();
+  }
+
+  // CanResumeThroughPrefill: the migration may go through a prefill worker: one that can is
+  // live, decode_ can take its KV, and the prompt with the tokens so far is not short.
+  bool CanResumeThroughPrefill() {
+    return decode_->Has(kResumeCapability) &&
+           prompt_len_ + num_output_tokens_ >= options_.min_remote_prefill_tokens &&
+           backend_->registry_->CountLiveWith(WorkerRole::kPrefill, kResumeCapability) > 0;
+  }
+
+  // StartResumePrefill: a prefill phase as for a new request (NextDecodeAttempt), for the
+  // prompt plus the tokens delivered so far: the prefill worker samples the next token and pins
+  // their KV, decode_ (or another decode worker) reserves for them and pulls it; AfterPrefill
+  // delivers that token and streams on. Whatever fails on the way ends in ResumeLocally.
+  void StartResumePrefill() {
+    num_resumed_ = num_output_tokens_;
+    resume_token_pending_ = true;
+    prefill_error_ = absl::OkStatus();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_phase_ended_ = false;
+      prefill_ok_ = false;
+      reserving_ = false;
+      reserve_started_ = false;
+      pin_until_ = absl::InfiniteFuture();
+    }
+    reserved_at_ = absl::InfiniteFuture();
+    num_decode_attempts_ = 1;  // decode_; a retry on the pinned KV may take one more
+    num_prefill_attempts_ = 0;
+    prefill_until_ = DeadlineIn(options_.prefill_deadline);
+    reserve_error_ = absl::OkStatus();
+    full_decode_.clear();
+    backoff_ = absl::ZeroDuration();
+    StartPrefill();
+  }
+
+  // ResumeLocally: a migration's prefill could not continue the request (no prefill worker
+  // answered, it failed, or no decode worker had blocks for its KV): the new decode worker
+  // re-prefills the prompt and every delivered token itself.
+  void ResumeLocally(const std::string& why) {
+    spdlog::warn("request {}: the migration's prefill on a prefill worker did not continue it "
+                 "({}); its decode worker re-prefills",
+                 id(), why);
+    if (prefill_.has_value() && prefill_->kv().runs_size() > 0) {
+      ReleaseOnPrefill(prefill_->prefill_worker_address());
+    }
+    prefill_.reset();
+    prefill_worker_.reset();
+    prefill_error_ = absl::OkStatus();
+    num_resumed_ = 0;
+    resume_token_pending_ = false;
+    resume_via_prefill_ = false;
+    if (decode_.has_value()) return StartDecode();  // its reservation (if any) is dropped there
+    MigrateToNextWorker();
+  }
+
+  // WireSampling: the sampling every worker call of this attempt carries (a migrated request's:
+  // made by Migrate).
+  const v1::SamplingParams& WireSampling() const {
+    return resuming_ ? *resume_sampling_ : wire_sampling_;
+  }
+  // ResumingOnly: `exclude`, and while a migration's prefill phase runs (num_resumed_ > 0) every
+  // worker of `role` without kResumeCapability: one from before the field would prefill, or
+  // reserve for, the prompt alone.
+  std::set<std::string> ResumingOnly(WorkerRole role, std::set<std::string> exclude) const {
+    if (num_resumed_ == 0) return exclude;
+    for (const WorkerSnapshot& w : backend_->registry_->List()) {
+      if (w.role == role && !w.Has(kResumeCapability)) exclude.insert(w.worker_id);
+    }
+    return exclude;
+  }
+  // AddResumed: the first `n` delivered tokens, as a resumed_output_token_ids field.
+  void AddResumed(google::protobuf::RepeatedField<int32_t>* out, int32_t n) const {
+    out->Add(output_token_ids_.begin(), output_token_ids_.begin() + n);
   }
 
   void RetryDecode() {
@@ -938,8 +1055,15 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   int32_t num_cached_tokens_ = 0;
   int32_t num_output_tokens_ = 0;
   std::vector<int32_t> output_token_ids_;  // delivered to the caller, in order
-  // Migration: the running attempt resumes from output_token_ids_ (no prefill response).
+  // Migration: the running attempt resumes from output_token_ids_: re-prefilled by decode_
+  // itself (no prefill response), or by a prefill worker from the first num_resumed_ of them
+  // (its token not delivered yet while resume_token_pending_). resume_via_prefill_: the next
+  // worker pick may try a prefill worker.
   bool resuming_ = false;
+  int32_t num_resumed_ = 0;
+  bool resume_token_pending_ = false;
+  bool resume_via_prefill_ = false;
+  std::optional<v1::SamplingParams> resume_sampling_;  // WireSampling's, once resuming_
   int32_t num_migrations_ = 0;
   absl::Status decode_error_;     // this attempt's worker gave up on the request (see above)
   absl::Status migration_error_;  // why the last migration began
@@ -990,7 +1114,7 @@ void RemoteBackend::Call::StartDecode() {
   reader->request.set_reservation_token(ReservationToken());
   reader->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                   request_.prompt_token_ids.end());
-  *reader->request.mutable_sampling() = wire_sampling_;
+  *reader->request.mutable_sampling() = WireSampling();
   reader->request.set_cache_salt(request_.cache_salt);
   reader->request.set_priority(request_.priority);
   // Needed unless a Reserve made the session (local prefill, migration, a failed Reserve) —
@@ -999,9 +1123,11 @@ void RemoteBackend::Call::StartDecode() {
   *reader->request.mutable_mm_inputs() = wire_mm_inputs_;
   if (prefill_.has_value()) {
     *reader->request.mutable_prefill() = *prefill_;
+    // A migration's prefill: the tokens it prefilled (as the Reserve's; the prefill's token,
+    // delivered since, is its first_token).
+    AddResumed(reader->request.mutable_resumed_output_token_ids(), num_resumed_);
   } else if (resuming_) {
-    reader->request.mutable_resumed_output_token_ids()->Add(output_token_ids_.begin(),
-                                                            output_token_ids_.end());
+    AddResumed(reader->request.mutable_resumed_output_token_ids(), num_output_tokens_);
   }
   if (!Attach(&reader->context, decode_->worker_id)) {
     delete reader;

@@ -22,9 +22,13 @@
 // is continued: if the decode worker failed before it streamed anything after a
 // remote prefill's first token, while the prefill worker still pins the KV
 // (prefill_pin_timeout), another decode worker reserves and pulls from the same
-// prefill response; otherwise (migration) another decode worker gets the prompt
-// plus every token delivered so far, recomputes their KV (its prefix cache and KV
-// store first) and streams on from the next token. Either way the caller's stream
+// prefill response; otherwise (migration) the prompt plus every token delivered so
+// far is prefilled again: on a prefill worker when one is live (prompt + those tokens
+// >= min_remote_prefill_tokens, and both it and the decode worker advertise
+// kResumeCapability), which samples the next token and hands the KV to another decode
+// worker as for a new request (reserve, pull or push); else, or when that prefill
+// fails, on the new decode worker itself (its prefix cache and KV store first), which
+// streams on from the next token. Either way the caller's stream
 // goes on seamlessly, greedy output equal to an undisturbed run, each token counted
 // once; max_migrations bounds the moves, after which the request ends with
 // FinishReason::kError and an UNAVAILABLE status naming the worker. "Failed" is a
@@ -152,6 +156,9 @@ struct RemoteBackendCounters {
   int64_t num_decode_rereserves = 0;
   // Requests continued on another decode worker after theirs failed mid-stream.
   int64_t num_migrations = 0;
+  // Of those moves: re-prefilled (prompt + streamed tokens) on a prefill worker, whose answer
+  // gave the next token; the others re-prefilled on their new decode worker.
+  int64_t num_migration_prefills = 0;
   int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
   int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
   int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed

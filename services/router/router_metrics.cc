@@ -99,6 +99,11 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
   Header(out, "sluice_router_migrations_total", "counter",
          "Requests continued on another decode worker after theirs failed mid-stream.");
   absl::StrAppend(&out, "sluice_router_migrations_total ", counters.num_migrations, "\n");
+  Header(out, "sluice_router_migration_prefills_total", "counter",
+         "Migrations whose prompt and streamed tokens a prefill worker re-prefilled (the rest "
+         "re-prefilled on their new decode worker).");
+  absl::StrAppend(&out, "sluice_router_migration_prefills_total ",
+                  counters.num_migration_prefills, "\n");
   Header(out, "sluice_router_decode_reserve_full_total", "counter",
          "Reserve calls a decode worker answered without free KV blocks (the router tried "
          "another or waited).");

@@ -83,6 +83,10 @@ inline constexpr char kGrammarCapability[] = "grammar";
 // kImageEncodeCapability: the worker encodes images sent as bytes (MultimodalInput.image) with
 // its own vision tower: where no encoder worker could, prefill and decode encode themselves.
 inline constexpr char kImageEncodeCapability[] = "image_encode";
+// kResumeCapability: the worker continues a migrated request through prefill: a prefill worker
+// prefills prompt + resumed_output_token_ids, a decode worker reserves for them and decodes on
+// from the prefill's token (worker.proto).
+inline constexpr char kResumeCapability[] = "resume";
 
 struct WorkerRegistryOptions {
   // A worker silent for this long is suspect; workers heartbeat at a third of it. With

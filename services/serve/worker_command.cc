@@ -237,6 +237,8 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.add_capabilities("grammar");  // registry.proto WorkerInfo.capabilities
     // Images sent as bytes are encoded here (WorkerImages).
     if (images_ptr != nullptr) reg.worker.add_capabilities("image_encode");
+    // Migrations re-prefill prompt + the tokens already streamed here (resumed_output_token_ids).
+    reg.worker.add_capabilities("resume");
     PrefillService* p = prefill.get();
     auto heartbeat_load = [&engine, p, seen_preemptions = int64_t{0}]() mutable {
       const AsyncEngineStats s = engine.Stats();

@@ -42,6 +42,9 @@ absl::StatusOr<EngineRequest> Common(const Message& m) {
   er.cache_salt = m.cache_salt();
   er.priority = m.priority();
   er.mm_inputs = *std::move(mm);
+  // A migration's tokens (every worker call carries them: worker.proto).
+  er.resumed_output_token_ids.assign(m.resumed_output_token_ids().begin(),
+                                     m.resumed_output_token_ids().end());
   return er;
 }
 
@@ -75,14 +78,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sluice::v1::DecodeRequest m;
     if (!m.ParseFromArray(wire.data(), static_cast<int>(wire.size()))) return 0;
     request = Common(m);
-    if (request.ok()) {
-      request->resumed_output_token_ids.assign(m.resumed_output_token_ids().begin(),
-                                               m.resumed_output_token_ids().end());
-    }
   }
   if (!request.ok()) return 0;
   const std::string id = request->request_id;
-  const int64_t prompt_len = static_cast<int64_t>(request->prompt_token_ids.size());
+  // The KV a transfer brings: the prompt and a migration's resumed tokens.
+  const int64_t prompt_len = static_cast<int64_t>(request->prompt_token_ids.size() +
+                                                  request->resumed_output_token_ids.size());
 
   sluice::EngineOptions options;
   options.block_size = kBlockSize;

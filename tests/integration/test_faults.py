@@ -11,7 +11,10 @@
 4. kill -9 of a decode worker after every stream got >= 10 tokens, SLUICE_MIGRATION_ROUNDS times
    (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
-   Also for the gRPC Generate stream.
+   Each move goes through the prefill worker (it re-prefills prompt + the streamed tokens and
+   hands the KV to the surviving decode worker): its Prefill count rises by one per move, and
+   every KV block returns to baseline. Also for the gRPC Generate stream, and (one round) with
+   the KV pushed (--kv-transfer-mode push, layerwise).
 5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
    could not finish moves to the other decode worker, zero failed requests; it deregisters, so
    the router lists it no more once it exited.
@@ -208,14 +211,37 @@ def busiest_decode_worker(cluster):
                               assigned.get(listen_address(cluster.workers[k]), -1)))
 
 
-def run_round_with_kill(cluster, start_streams, min_tokens=10):
+def prefill_calls(cluster):
+    return cluster.worker_metric("prefill-0", "sluice_worker_requests_total")
+
+
+def moves(cluster):
+    return (cluster.metric("sluice_router_migrations_total"),
+            cluster.metric("sluice_router_migration_prefills_total"))
+
+
+def assert_moved_through_prefill(cluster, moves_before, prefills_before, n_requests):
+    """Every migration since `moves_before` was re-prefilled on prefill-0: one Prefill call more
+    than the round's own requests per move; every block free again afterwards."""
+    moved, through_prefill = (a - b for a, b in zip(moves(cluster), moves_before))
+    assert moved >= 1 and through_prefill == moved, (moved, through_prefill)
+    assert prefill_calls(cluster) - prefills_before == n_requests + moved
+    for name in ("prefill-0", "decode-0", "decode-1"):
+        decode_blocks_free(cluster, name)
+    return moved
+
+
+def run_round_with_kill(cluster, start_streams, min_tokens=10, before_kill=None):
     """Starts the streams, kill -9s the busiest decode worker once each has >= min_tokens
-    (or finished), restarts it; returns the streams' results."""
+    (or finished; `before_kill()` runs then, if given), restarts it; returns the streams'
+    results."""
     counts = {}
     with concurrent.futures.ThreadPoolExecutor(N_STREAMS) as pool:
         futures = start_streams(pool, counts)
         wait_until(lambda: all(counts.get(i, 0) >= min_tokens or futures[i].done()
                                for i in range(N_STREAMS)), 120, f">= {min_tokens} tokens each")
+        if before_kill is not None:
+            before_kill()
         victim = busiest_decode_worker(cluster)
         cluster.workers[victim].kill9()
         results = [f.result(timeout=600) for f in futures]
@@ -243,18 +269,78 @@ def test_kill9_decode_worker_mid_stream_migrates(reference):
         expected = [reference[(i, LONG)] for i in range(N_STREAMS)]
         ok = 0
         for r in range(ROUNDS):
-            before = cluster.metric("sluice_router_migrations_total")
+            before, prefills = moves(cluster), prefill_calls(cluster)
             outputs = run_round_with_kill(cluster, lambda pool, counts: [
                 pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
             assert outputs == expected, f"round {r}"
-            assert cluster.metric("sluice_router_migrations_total") > before, f"round {r}"
+            assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
             ok += 1
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         print(f"\nkill -9 mid-stream: {ok} of {ROUNDS} rounds ({N_STREAMS} streams each) equal "
               f"to the undisturbed run, "
-              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations")
+              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations, "
+              f"{cluster.metric('sluice_router_migration_prefills_total'):.0f} through prefill")
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("mode", ["push", "layerwise"])
+def test_kill9_mid_stream_migrates_through_prefill_in_push_modes(reference, mode):
+    """As above, one round, with the KV pushed by the prefill worker: a migration's prefill is
+    pushed after it ends (PushKv), also in layerwise mode (its layer observer follows a prompt's
+    last chunk only)."""
+    reference.warm([(i, LONG) for i in range(N_STREAMS)])
+    cluster = Cluster(num_prefill=1, num_decode=2, worker_args=("--kv-transfer-mode", mode))
+    try:
+        client = client_for(cluster.url)
+        before, prefills = moves(cluster), prefill_calls(cluster)
+        outputs = run_round_with_kill(cluster, lambda pool, counts: [
+            pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
+        assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        assert cluster.metric("sluice_router_worker_failures_total") == 0
+    finally:
+        cluster.stop()
+
+
+def kvstore_loaded(cluster):
+    """Tokens whose KV prefill-0 loaded from the kvstore at admission."""
+    key = 'sluice_prompt_tokens_cached_total{source="kvstore"} '
+    return sum(float(line[len(key):]) for line in
+               cluster.worker_metrics_text("prefill-0").splitlines() if line.startswith(key))
+
+
+def test_kill9_mid_stream_migration_prefill_loads_from_the_kvstore(reference):
+    """Every worker writes its KV through to a kvstore: the decode workers the blocks of the
+    tokens they stream too. A migration's prefill then loads from the kvstore the full blocks of
+    prompt + streamed tokens that its own prefix cache lacks (the streamed ones: it computed only
+    the prompt) and computes just the tail. One round; the text equals the undisturbed run."""
+    import tempfile
+
+    from sluice_cluster import KvStore
+
+    reference.warm([(i, LONG) for i in range(N_STREAMS)])
+    store = KvStore(tempfile.mkdtemp(prefix="sluice-kvstore-"))
+    cluster = None
+    try:
+        cluster = Cluster(num_prefill=1, num_decode=2, worker_args=("--kvstore", store.address))
+        client = client_for(cluster.url)
+        before, prefills = moves(cluster), prefill_calls(cluster)
+        at_kill = []  # loaded before the kill: the round's own prefills are done by then
+        # Killed after 32 tokens: at least two full blocks of streamed tokens were written.
+        outputs = run_round_with_kill(
+            cluster, lambda pool, counts: [
+                pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)],
+            min_tokens=32, before_kill=lambda: at_kill.append(kvstore_loaded(cluster)))
+        assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
+        moved = assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        loaded = kvstore_loaded(cluster) - at_kill[0]
+        print(f"\nkvstore: {moved:.0f} moves through prefill loaded {loaded:.0f} tokens' KV")
+        assert loaded > 0
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        store.proc.stop()
 
 
 def test_kill9_decode_worker_mid_generate_stream_migrates():
@@ -289,11 +375,11 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
 
         undisturbed = [generate(i) for i in range(N_STREAMS)]
         assert all(len(u[1]) == LONG for u in undisturbed)
-        before = cluster.metric("sluice_router_migrations_total")
+        before, prefills = moves(cluster), prefill_calls(cluster)
         outputs = run_round_with_kill(cluster, lambda pool, counts: [
             pool.submit(generate, i, counts) for i in range(N_STREAMS)])
         assert outputs == undisturbed
-        assert cluster.metric("sluice_router_migrations_total") > before
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()

@@ -544,5 +544,103 @@ TEST(DisaggEngineTest, SeededSamplingAcrossPrefillAndDecodeEqualsOneEngine) {
   EXPECT_EQ(got, want);
 }
 
+
+// Migration through prefill: the request's first k outputs (what the client already has) are
+// resumed on a prefill engine, which prefills prompt + those, samples output k + 1 and pins
+// their KV; a decode engine reserves for prompt + k + 1 tokens, receives that KV and decodes the
+// rest. Greedy and seeded sampling (draws keyed by position) give the undisturbed run's tokens
+// exactly; the resumed tokens count toward max_tokens and are not emitted again.
+TEST(DisaggEngineTest, ResumedRequestThroughPrefillContinuesTheUndisturbedRun) {
+  const int max_tokens = 14;
+  for (bool seeded : {false, true}) {
+    for (int len : {5, 16, 37}) {
+      const std::vector<int32_t> prompt = Prompt(len, len + 2);
+      auto make = [&](bool hold) {
+        EngineRequest r = Greedy("r", prompt, max_tokens, hold);
+        if (seeded) {
+          r.sampling.temperature = 3.0f;  // the draws decide (see the test above)
+          r.sampling.seed = 777;
+          r.sampling.ignore_eos = true;
+        }
+        return r;
+      };
+      auto single = MakeEngine(64);
+      ASSERT_TRUE(single->AddRequest(make(false)).ok());
+      std::vector<int32_t> whole;
+      for (const RequestOutput& o : RunUntilFinished(*single, "r")) {
+        for (const SampledToken& t : o.new_tokens) whole.push_back(t.token_id);
+      }
+      ASSERT_EQ(whole.size(), static_cast<size_t>(max_tokens));
+      if (!seeded) {
+        EXPECT_EQ(whole, ChecksumModel::Reference(prompt, max_tokens));
+      }
+      for (int k : {1, 3, 12}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "seeded " << seeded << " len " << len << " k " << k);
+        const std::vector<int32_t> resumed(whole.begin(), whole.begin() + k);
+        auto prefill = MakeEngine(64);
+        auto decode = MakeEngine(64);
+        ASSERT_TRUE(decode->AddRequest(Greedy("other", Prompt(9, 77), 20)).ok());
+        std::vector<RequestOutput> other_outs = decode->Step();
+
+        EngineRequest pre_request = make(true);
+        pre_request.resumed_output_token_ids = resumed;
+        ASSERT_TRUE(prefill->AddRequest(pre_request).ok());
+        std::vector<RequestOutput> pre = RunUntilFinished(*prefill, "r");
+        ASSERT_EQ(pre.size(), 1u);
+        ASSERT_TRUE(pre.back().kv_held);
+        ASSERT_EQ(pre.back().new_tokens.size(), 1u);
+        const SampledToken next = pre.back().new_tokens[0];
+        EXPECT_EQ(next.token_id, whole[k]);
+        EXPECT_EQ(pre.back().num_prompt_tokens, len);
+        EXPECT_EQ(pre.back().num_output_tokens, k + 1);
+        // Pinned: the KV of prompt + the resumed tokens (the new token has none yet).
+        EXPECT_EQ(static_cast<int64_t>(pre.back().held_block_ids.size()),
+                  NumBlocksFor(len + k, 4));
+        EXPECT_EQ(prefill->num_held_blocks(), NumBlocksFor(len + k, 4));
+
+        EngineRequest dec_request = make(false);
+        dec_request.resumed_output_token_ids = resumed;
+        auto reserved = decode->ReserveForTransfer(dec_request, std::nullopt);
+        ASSERT_TRUE(reserved.ok()) << reserved.status();
+        EXPECT_EQ(static_cast<int64_t>(reserved->size()), NumBlocksFor(len + k + 1, 4));
+        CopyBlocks(*prefill, pre.back().held_block_ids, *decode, *reserved, len + k);
+        ASSERT_TRUE(prefill->ReleaseHeldBlocks("r").ok());
+        EXPECT_EQ(prefill->num_free_blocks(), 64);
+        ASSERT_TRUE(decode->CompleteTransfer("r", absl::OkStatus(), next).ok());
+        std::vector<int32_t> got = resumed;
+        got.push_back(next.token_id);
+        std::vector<RequestOutput> outs = RunUntilFinished(*decode, "r", &other_outs);
+        for (const RequestOutput& o : outs) {
+          for (const SampledToken& t : o.new_tokens) got.push_back(t.token_id);
+        }
+        EXPECT_EQ(got, whole);
+        EXPECT_EQ(outs.back().finish_reason, FinishReason::kLength);
+        EXPECT_EQ(outs.back().num_output_tokens, max_tokens);
+        if (k + 2 <= max_tokens) {
+          EXPECT_EQ(outs.front().num_output_tokens, k + 2);
+        }
+        decode->AbortRequest("other");
+        RunUntilFinished(*decode, "other");
+        EXPECT_EQ(decode->num_free_blocks(), 64);
+      }
+    }
+  }
+  // The resumed prefill's token is the last one max_tokens allows: it ends the request there,
+  // nothing pinned.
+  auto prefill = MakeEngine(64);
+  const std::vector<int32_t> prompt = Prompt(9, 3);
+  EngineRequest last = Greedy("last", prompt, 4, /*hold=*/true);
+  const std::vector<int32_t> whole = ChecksumModel::Reference(prompt, 4);
+  last.resumed_output_token_ids.assign(whole.begin(), whole.begin() + 3);
+  ASSERT_TRUE(prefill->AddRequest(last).ok());
+  std::vector<RequestOutput> outs = RunUntilFinished(*prefill, "last");
+  EXPECT_FALSE(outs.back().kv_held);
+  EXPECT_EQ(outs.back().finish_reason, FinishReason::kLength);
+  ASSERT_EQ(outs.back().new_tokens.size(), 1u);
+  EXPECT_EQ(outs.back().new_tokens[0].token_id, whole[3]);
+  EXPECT_EQ(prefill->num_free_blocks(), 64);
+}
+
 }  // namespace
 }  // namespace sluice
