@@ -26,7 +26,6 @@ than --rel-tol (relative) or a prompt token comes back different.
 """
 
 import argparse
-import array
 import concurrent.futures
 import json
 import math
@@ -35,6 +34,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+
+# The golden reference logprobs, as the tests read them.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "testing"))
+from golden_logprobs import golden_prompts, ppl, read_golden, reference_logprobs  # noqa: E402
 
 
 def post(url, path, body, timeout=600):
@@ -132,39 +135,6 @@ def perplexity(url, texts, model=None, concurrency=8, add_special_tokens=True, t
             "max_length": max_length, "stride": stride}
 
 
-def read_golden(path):
-    """{name: (shape, values)} of the I64 / F32 tensors of a safetensors file (pure Python)."""
-    data = pathlib.Path(path).read_bytes()
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_len])
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
-            continue
-        begin, end = info["data_offsets"]
-        values = array.array("q" if info["dtype"] == "I64" else "f")
-        values.frombytes(data[base + begin:base + end])
-        out[name] = (info["shape"], values)
-    return out
-
-
-def reference_logprobs(golden, i):
-    """(prompt ids, [log_softmax(logits[p])[ids[p + 1]] for every p < T - 1]) in float64."""
-    _, ids = golden[f"input_ids_{i}"]
-    (rows, vocab), logits = golden[f"logits_{i}"]
-    out = []
-    for p in range(rows - 1):
-        row = logits[p * vocab:(p + 1) * vocab]
-        m = max(row)
-        out.append(row[ids[p + 1]] - m - math.log(math.fsum(math.exp(x - m) for x in row)))
-    return list(ids), out
-
-
-def ppl_of(logprobs):
-    return math.exp(-math.fsum(logprobs) / len(logprobs)) if logprobs else 0.0
-
-
 def score_ids(url, model, ids):
     """The served logprobs of prompt ids[1:] (ids sent as a token prompt, nothing added)."""
     r = post(url, "/v1/completions",
@@ -183,7 +153,7 @@ def compare_with_reference(url, model_dir, model=None, rel_tol=1e-4, concurrency
     golden = read_golden(pathlib.Path(model_dir) / "golden.safetensors")
     if model is None:
         model = get(url, "/v1/models")["data"][0]["id"]
-    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    prompts = golden_prompts(golden)
     refs = [reference_logprobs(golden, i) for i in prompts]
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         served = list(pool.map(lambda ref: score_ids(url, model, ref[0]), refs))
@@ -191,11 +161,11 @@ def compare_with_reference(url, model_dir, model=None, rel_tol=1e-4, concurrency
     for i, (ids, want), got in zip(prompts, refs, served):
         all_got += got
         all_want += want
-        rows.append({"prompt": i, "num_tokens": len(want), "ppl": ppl_of(got),
-                     "reference_ppl": ppl_of(want),
+        rows.append({"prompt": i, "num_tokens": len(want), "ppl": ppl(got),
+                     "reference_ppl": ppl(want),
                      "max_abs_logprob_diff": max(abs(a - b) for a, b in zip(got, want))})
-    result = {"model": model, "num_tokens": len(all_want), "ppl": ppl_of(all_got),
-              "reference_ppl": ppl_of(all_want), "prompts": rows, "rel_tol": rel_tol}
+    result = {"model": model, "num_tokens": len(all_want), "ppl": ppl(all_got),
+              "reference_ppl": ppl(all_want), "prompts": rows, "rel_tol": rel_tol}
     result["rel_err"] = max(abs(r["ppl"] / r["reference_ppl"] - 1)
                             for r in rows + [result])
     result["ok"] = result["rel_err"] <= rel_tol

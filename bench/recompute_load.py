@@ -5,8 +5,10 @@ Starts `sluice router` + prefill + decode workers on loopback (tests/integration
 sends --requests chats with long prompts from --concurrency clients at once (prefill steps grow
 long on a CPU), and reads the decode workers' sluice_decode_transfers_recomputed_total and
 sluice_decode_recomputes_total{reason} (absent in builds before the reasons were counted), their
-KV transfer results and their preemptions (sluice_preemptions_total: prompts recomputed because
-their blocks went to other sequences). Prints one JSON object; --out also writes it.
+KV transfer results and their preemptions (sluice_preemptions_total{cause}: prompts recomputed
+because their blocks went to other sequences). Every recompute is also logged by the worker as
+`recompute {json}` with its cause (services/common/recompute_log.h). Prints one JSON object;
+--out also writes it.
 
   SLUICE_BIN=build/bin/sluice python3 bench/recompute_load.py --requests 43 --concurrency 43
 """
@@ -79,6 +81,11 @@ def main():
         # The other way a decode worker recomputes a prompt: a preemption (its KV blocks were
         # taken for other sequences' tokens), whatever its transfer did.
         preemptions = sum(sum_samples(t, "sluice_preemptions_total") for t in texts.values())
+        preemption_causes = {}
+        for t in texts.values():
+            for cause, value in re.findall(
+                    r'^sluice_preemptions_total\{cause="([^"]+)"\} (\S+)$', t, re.M):
+                preemption_causes[cause] = preemption_causes.get(cause, 0) + float(value)
         # Requests prefilled on their decode worker move no KV (the router's choice).
         prefills = {where: cluster.metric(f'sluice_router_prefills_total{{where="{where}"}}')
                     for where in ("remote", "local")}
@@ -97,6 +104,7 @@ def main():
             "unexplained_recomputes": recomputed - sum(reasons.values()),
             "decode_preemptions": preemptions,
             "decode_preemptions_per_100_requests": 100.0 * preemptions / args.requests,
+            "decode_preemptions_by_cause": preemption_causes,
             "load_average_1m": os.getloadavg()[0],
         }
     finally:

@@ -277,8 +277,11 @@ class LLMEngineImpl final : public LLMEngine {
     Sequence* seq = scheduler_.Find(request_id);
     // Only the full-attention layers arrived: rebuild the sliding layers before the sequence
     // runs. A replay that fails leaves unusable KV, like a failed transfer: recompute.
+    absl::Status replay;
     if (!recompute && swa_replay_tokens_ > 0) {
-      recompute = !RebuildSlidingKv(*seq, seq->num_computed_tokens, swa_replay_tokens_).ok();
+      replay = RebuildSlidingKv(*seq, seq->num_computed_tokens, swa_replay_tokens_);
+      recompute = !replay.ok();
+      if (recompute) ++counters_.num_swa_replay_recomputes;
     }
     seq->AppendToken(token->token_id);
     AdvanceGrammar(*seq, token->token_id);
@@ -290,6 +293,15 @@ class LLMEngineImpl final : public LLMEngine {
       return absl::OkStatus();
     }
     if (recompute) {
+      if (!replay.ok()) {
+        RecomputeEvent e;
+        e.request_id = request_id;
+        e.cause = RecomputeCause::kSwaReplayFailed;
+        e.num_blocks_freed = static_cast<int64_t>(seq->block_table.size());
+        e.num_tokens_to_recompute = seq->num_prompt_tokens();
+        e.detail = std::string(replay.message());
+        ReportRecompute(e);
+      }
       scheduler_.ActivateForRecompute(request_id);
     } else {
       scheduler_.Activate(request_id);
@@ -329,7 +341,11 @@ class LLMEngineImpl final : public LLMEngine {
     ProposeDrafts();
 
     SchedulerOutput plan = scheduler_.Schedule();
-    counters_.num_preemptions += plan.num_preempted;
+    for (const RecomputeEvent& e : plan.preempted) {
+      ++counters_.num_preemptions;
+      if (e.cause == RecomputeCause::kWaitingHeadBlocked) ++counters_.num_preemptions_waiting_head;
+      ReportRecompute(e);
+    }
     NoteFirstScheduled(plan);
     if (!in_flight_.empty()) {
       // Async scheduling: this plan was built while the step in flight runs, its sampled
@@ -1035,6 +1051,10 @@ class LLMEngineImpl final : public LLMEngine {
     });
   }
 
+  void ReportRecompute(const RecomputeEvent& e) {
+    if (options_.on_recompute) options_.on_recompute(e);
+  }
+
   // RebuildSlidingKv: SWA bounded replay (engine/kv/swa_replay.h) of seq's first `num_tokens`
   // tokens, whose full-attention K/V arrived from outside (a transfer, the kvstore): the sliding
   // layers' K/V of the last `replay_tokens` of them are recomputed over that exact K/V.
@@ -1086,8 +1106,17 @@ class LLMEngineImpl final : public LLMEngine {
       if (swa_replay_tokens_ == 0 || load_blocks_.empty()) continue;
       const int32_t loaded = static_cast<int32_t>(load_blocks_.size() * options_.block_size);
       const int32_t end = seq->num_computed_tokens;
-      if (!RebuildSlidingKv(*seq, end, std::min<int64_t>(swa_replay_tokens_, loaded)).ok()) {
-        // Unusable without the sliding layers: compute the loaded tokens instead.
+      if (absl::Status replay =
+              RebuildSlidingKv(*seq, end, std::min<int64_t>(swa_replay_tokens_, loaded));
+          !replay.ok()) {
+        // Unusable without the sliding layers: compute the loaded tokens instead (their blocks
+        // stay with the sequence and are overwritten).
+        RecomputeEvent e;
+        e.request_id = seq->request.request_id;
+        e.cause = RecomputeCause::kKvstoreSwaReplayFailed;
+        e.num_tokens_to_recompute = loaded;
+        e.detail = std::string(replay.message());
+        ReportRecompute(e);
         seq->num_computed_tokens = end - loaded;
         seq->num_cached_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());
       }

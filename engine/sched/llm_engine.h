@@ -20,6 +20,7 @@
 #include "engine/kv/kv_events.h"
 #include "engine/model/model.h"
 #include "engine/sched/image_encoder.h"
+#include "engine/sched/recompute_event.h"
 #include "engine/sched/request.h"
 #include "engine/sched/scheduler.h"
 #include "engine/sched/step_totals.h"
@@ -117,6 +118,11 @@ struct EngineOptions {
   // Called on the engine thread after every synchronously timed step (RunPlan) with what it
   // ran (the worker's --log-steps); must not block. Null: nothing is recorded.
   std::function<void(const StepTrace&)> on_step;
+  // Called on the engine thread for every recompute the engine decides (a preemption, a
+  // sliding-window replay that failed; see RecomputeEvent), so each can be logged with its
+  // cause; must not block. A failed KV transfer's recompute is not reported here: the caller
+  // of CompleteTransfer knows why the transfer failed. Null: nothing is reported.
+  std::function<void(const RecomputeEvent&)> on_recompute;
 };
 
 // EngineCounters: cumulative figures for metrics and tests.
@@ -142,7 +148,10 @@ struct EngineCounters {
   int64_t num_generation_tokens = 0;
   // Of those, tokens a grammar forced and jump-forward appended without a model step.
   int64_t num_jump_forward_tokens = 0;
-  int64_t num_preemptions = 0;
+  int64_t num_preemptions = 0;  // every cause (RecomputeEvent: kOutOfKvBlocks, ...)
+  // Of those, preemptions of waiting requests for the blocked waiting head
+  // (RecomputeCause::kWaitingHeadBlocked).
+  int64_t num_preemptions_waiting_head = 0;
   int64_t num_held_released = 0;   // prefill-held block sets freed by ReleaseHeldBlocks/abort
   int64_t num_held_expired = 0;    // prefill-held block sets freed by kv_hold_timeout_ms
   int64_t num_transfers_completed = 0;  // reservations completed OK
@@ -150,6 +159,9 @@ struct EngineCounters {
   // Reservations whose transfer failed and whose prompt was recomputed locally instead
   // (recompute_failed_transfers); not counted as failed.
   int64_t num_transfers_recomputed = 0;
+  // Of those, transfers that succeeded but whose sliding-window replay failed
+  // (RecomputeCause::kSwaReplayFailed).
+  int64_t num_swa_replay_recomputes = 0;
   // Image encodes (EngineOptions::image_encoder) started: sequences that had to compute
   // positions of images they carried as bytes.
   int64_t num_image_encodes = 0;

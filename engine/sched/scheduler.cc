@@ -294,17 +294,25 @@ void Scheduler::DropBlocks(Sequence& seq) {
   seq.draft.Clear();
 }
 
-int32_t Scheduler::PreemptWaitingHolders() {
+int32_t Scheduler::PreemptWaitingHolders(SchedulerOutput& out) {
   int32_t n = 0;
   for (size_t k = 1; k < waiting_.size(); ++k) {
     if (waiting_[k]->block_table.empty()) continue;
-    Preempt(*waiting_[k]);
+    Preempt(*waiting_[k], RecomputeCause::kWaitingHeadBlocked,
+            waiting_.front()->request.request_id, out);
     ++n;
   }
   return n;
 }
 
-void Scheduler::Preempt(Sequence& seq) {
+void Scheduler::Preempt(Sequence& seq, RecomputeCause cause, const std::string& needed_by,
+                        SchedulerOutput& out) {
+  RecomputeEvent& e = out.preempted.emplace_back();
+  e.request_id = seq.request.request_id;
+  e.cause = cause;
+  e.num_blocks_freed = static_cast<int64_t>(seq.block_table.size());
+  e.num_tokens_to_recompute = seq.num_computed_tokens;
+  e.needed_by = needed_by;
   DropBlocks(seq);
   ++seq.num_preemptions;
   ++num_preemptions_;
@@ -463,13 +471,13 @@ SchedulerOutput Scheduler::Schedule() {
     out.scheduled.push_back({&seq, n});
     budget -= n;
   };
-  // Preempt the last running sequence (in serving order) at or after index `from`; true if
-  // that was running_[from] itself.
+  // Preempt the last running sequence (in serving order) at or after index `from` for
+  // running_[from]'s tokens; true if that was running_[from] itself.
   auto preempt_last = [&](size_t from) {
+    const std::string needed_by = running_[from]->request.request_id;
     std::unique_ptr<Sequence> victim = std::move(running_.back());
     running_.pop_back();
-    Preempt(*victim);
-    ++out.num_preempted;
+    Preempt(*victim, RecomputeCause::kOutOfKvBlocks, needed_by, out);
     waiting_.push_front(std::move(victim));
     return running_.size() == from;
   };
@@ -510,8 +518,7 @@ SchedulerOutput Scheduler::Schedule() {
   // preempt nothing (avoid thrashing); admitted ones join running_ at the end.
   size_t r = ordered ? i : running_.size();
   std::vector<std::unique_ptr<Sequence>> admitted;
-  bool admit = out.num_preempted == 0;
-  int32_t holders_preempted = 0;
+  bool admit = out.preempted.empty();
   // Admits the first waiting sequence behind the head that holds KV blocks with computed tokens
   // and whose next tokens fit; false if none does.
   auto admit_holder_behind_head = [&]() {
@@ -595,9 +602,7 @@ SchedulerOutput Scheduler::Schedule() {
       // that cannot even take their next tokens: the head would wait forever. Preempt those
       // holders (they recompute) and retry the head.
       if (running_.empty() && out.scheduled.empty()) {
-        const int32_t preempted = PreemptWaitingHolders();
-        holders_preempted += preempted;  // counted after the loop: admission reads num_preempted
-        if (preempted > 0) continue;
+        if (PreemptWaitingHolders(out) > 0) continue;
       }
       admit = false;
       continue;
@@ -609,7 +614,6 @@ SchedulerOutput Scheduler::Schedule() {
     add(seq, n);
   }
   for (auto& seq : admitted) running_.push_back(std::move(seq));
-  out.num_preempted += holders_preempted;
   out.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return out;
 }

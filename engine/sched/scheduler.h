@@ -57,6 +57,7 @@
 #include "engine/kv/prefix_cache.h"
 #include "engine/sched/image_encoder.h"
 #include "engine/sched/qc_cost_model.h"
+#include "engine/sched/recompute_event.h"
 #include "engine/sched/sequence.h"
 
 namespace sluice {
@@ -113,7 +114,8 @@ struct ScheduledSequence {
 struct SchedulerOutput {
   std::vector<ScheduledSequence> scheduled;
   int32_t num_batched_tokens = 0;
-  int32_t num_preempted = 0;
+  // The sequences this step preempted (blocks freed, queued to recompute), in order.
+  std::vector<RecomputeEvent> preempted;
 };
 
 class Scheduler {
@@ -206,10 +208,13 @@ class Scheduler {
  private:
   // EnsureBlocks grows seq's block table to hold `num_tokens` tokens; false if blocks ran out.
   bool EnsureBlocks(Sequence& seq, int64_t num_tokens);
-  void Preempt(Sequence& seq);
+  // Preempt frees seq's blocks and records why in `out` (`needed_by`: the request whose tokens
+  // needed them).
+  void Preempt(Sequence& seq, RecomputeCause cause, const std::string& needed_by,
+               SchedulerOutput& out);
   // PreemptWaitingHolders drops the blocks of every waiting sequence but the head that holds
   // some; returns how many.
-  int32_t PreemptWaitingHolders();
+  int32_t PreemptWaitingHolders(SchedulerOutput& out);
   // ReuseCachedPrefix gives a sequence without blocks its cached leading blocks.
   void ReuseCachedPrefix(Sequence& seq);
   // StartExternalLoad parks a fresh sequence as loading (see FinishLoad); false if it has

@@ -21,6 +21,7 @@ BackendStats LocalBackend::Stats() const {
   out.num_free_blocks = s.num_free_blocks;
   out.block_size = s.block_size;
   out.num_preemptions_total = s.counters.num_preemptions;
+  out.num_preemptions_waiting_head_total = s.counters.num_preemptions_waiting_head;
   out.num_prompt_tokens_total = s.counters.num_prompt_tokens_computed;
   out.num_generation_tokens_total = s.counters.num_generation_tokens;
   out.num_jump_forward_tokens_total = s.counters.num_jump_forward_tokens;

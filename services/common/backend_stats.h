@@ -16,6 +16,7 @@ struct BackendStats {
   int64_t num_free_blocks = 0;
   int64_t block_size = 0;
   int64_t num_preemptions_total = 0;
+  int64_t num_preemptions_waiting_head_total = 0;  // of those, RecomputeCause::kWaitingHeadBlocked
   int64_t num_prompt_tokens_total = 0;
   int64_t num_generation_tokens_total = 0;
   // Of those, tokens a grammar forced, appended without a model step (jump-forward).

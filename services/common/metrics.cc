@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/sched/recompute_event.h"
 #include "services/common/spec_decode_metrics.h"
 #include "services/common/vllm_metrics.h"
 
@@ -49,6 +50,18 @@ std::vector<double> ItlBuckets() {
 }
 
 }  // namespace prometheus
+
+void AppendPreemptions(std::string& out, int64_t total, int64_t waiting_head) {
+  prometheus::Header(out, "sluice_preemptions_total", "counter",
+                     "Requests preempted (KV blocks freed, tokens recomputed later), by cause: "
+                     "out_of_kv_blocks (a running request's next tokens needed them), "
+                     "waiting_head_blocked (queued requests held blocks the waiting head needed).");
+  absl::StrAppend(&out, "sluice_preemptions_total{cause=\"",
+                  RecomputeCauseName(RecomputeCause::kOutOfKvBlocks), "\"} ", total - waiting_head,
+                  "\n", "sluice_preemptions_total{cause=\"",
+                  RecomputeCauseName(RecomputeCause::kWaitingHeadBlocked), "\"} ", waiting_head,
+                  "\n");
+}
 
 namespace {
 
@@ -192,8 +205,7 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
         usage);
   Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
         static_cast<double>(stats.block_size));
-  Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
-          static_cast<double>(stats.num_preemptions_total));
+  AppendPreemptions(out, stats.num_preemptions_total, stats.num_preemptions_waiting_head_total);
   Counter(out, "sluice_grammar_jump_forward_tokens_total",
           "Structured-output tokens the grammar forced, appended without a model step "
           "(jump-forward): decode steps saved.",

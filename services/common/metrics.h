@@ -57,6 +57,11 @@ std::vector<double> TtftBuckets();
 std::vector<double> ItlBuckets();
 }  // namespace prometheus
 
+// AppendPreemptions appends sluice_preemptions_total{cause}: `total` preemptions, of which
+// `waiting_head` for a blocked waiting head (cause "waiting_head_blocked"; the rest
+// "out_of_kv_blocks": RecomputeCauseName). Shared by serve and the workers.
+void AppendPreemptions(std::string& out, int64_t total, int64_t waiting_head);
+
 // Besides the sluice_ families, ApiMetrics renders the vllm: ones (services/common/vllm_metrics.h)
 // from the same observations, labelled with the served model name.
 class ApiMetrics {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "engine/sched/recompute_event.h"
 #include "services/common/spec_decode_metrics.h"
 
 namespace sluice {
@@ -104,8 +105,8 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
   Gauge(out, "sluice_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0 to 1).", usage);
   Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
         static_cast<double>(stats.block_size));
-  Counter(out, "sluice_preemptions_total", "Running requests preempted for lack of KV blocks.",
-          static_cast<double>(stats.counters.num_preemptions));
+  AppendPreemptions(out, stats.counters.num_preemptions,
+                    stats.counters.num_preemptions_waiting_head);
   Counter(out, "sluice_grammar_jump_forward_tokens_total",
           "Structured-output tokens the grammar forced, appended without a model step "
           "(jump-forward): decode steps saved.",
@@ -214,13 +215,18 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
       itl_.Render("sluice_inter_token_latency_seconds", out);
       Header(out, "sluice_decode_recomputes_total", "counter",
              "Prompts recomputed here instead of using their transferred KV, by reason (pin_gone, "
-             "ack_failed, transfer_timeout, reservation_expired, transfer_failed).");
+             "ack_failed, transfer_timeout, reservation_expired, transfer_failed; "
+             "swa_replay_failed: transferred, but the sliding-window layers could not be "
+             "rebuilt).");
       for (const char* reason : {"pin_gone", "ack_failed", "transfer_timeout",
                                  "reservation_expired", "transfer_failed"}) {
         auto it = recomputes_.find(reason);
         absl::StrAppend(&out, "sluice_decode_recomputes_total{reason=\"", reason, "\"} ",
                         it == recomputes_.end() ? 0 : it->second, "\n");
       }
+      absl::StrAppend(&out, "sluice_decode_recomputes_total{reason=\"",
+                      RecomputeCauseName(RecomputeCause::kSwaReplayFailed), "\"} ",
+                      stats.counters.num_swa_replay_recomputes, "\n");
     }
     Header(out, "sluice_worker_requests_total", "counter",
            "Requests this worker finished, by status (ok or a gRPC status code name).");

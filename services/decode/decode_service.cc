@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "services/serve/log.h"
+#include "services/common/recompute_log.h"
 #include "services/common/worker_wire.h"
 #include "transfer/block_runs.h"
 #include "transfer/block_runs_wire.h"
@@ -864,8 +865,14 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     if (prefill.has_first_token()) {
       first = SampledToken{prefill.first_token().token_id(), prefill.first_token().logprob(), {}};
     }
-    const std::string prefill_address = prefill.prefill_worker_address();
-    auto complete = [this, session, status, first, reason, prefill_address]() mutable {
+    // For the recompute's log line (services/common/recompute_log.h).
+    RecomputeLogEntry entry;
+    entry.request_id = session->id();
+    entry.cause = RecomputeReasonName(reason);
+    entry.blocks_freed = static_cast<int64_t>(job->blocks.size());
+    entry.tokens_to_recompute = prefill.num_prompt_tokens();
+    entry.source = prefill.prefill_worker_address();
+    auto complete = [this, session, status, first, reason, entry]() mutable {
       // Cancelled meanwhile: whatever the transfer's outcome (the router's abort may also have
       // released the pin, failing the ack), the request ends — a failed transfer must not
       // turn into a recompute of a request nobody waits for.
@@ -876,9 +883,8 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
       // when it has the first token (LLMEngine::CompleteTransfer); other errors fail the request.
       if (first.has_value() && (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status))) {
         metrics_->CountRecompute(RecomputeReasonName(reason));
-        spdlog::warn("request {}: recomputing the prompt instead of using the KV from {} ({}): {}",
-                     session->id(), prefill_address, RecomputeReasonName(reason),
-                     std::string(status.message()));
+        entry.detail = std::string(status.message());
+        LogRecompute(entry);
       }
       engine_->CompleteTransfer(session->engine_id(), status, first);
     };

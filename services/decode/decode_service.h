@@ -78,6 +78,8 @@ struct DecodeServiceOptions {
 //   kTransferTimeout    the pull or push missed its deadline
 //   kReservationExpired no time was left for the transfer when it could start
 //   kTransferFailed     the pull or push failed (UCX error, peer gone)
+// (The same metric's reason "swa_replay_failed" is the engine's: the transfer succeeded but the
+// sliding-window layers could not be rebuilt; RecomputeCause::kSwaReplayFailed.)
 enum class RecomputeReason { kPinGone, kAckFailed, kTransferTimeout, kReservationExpired,
                              kTransferFailed };
 const char* RecomputeReasonName(RecomputeReason reason);

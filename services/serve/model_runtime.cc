@@ -13,6 +13,7 @@
 #include "engine/parallel/eplb.h"
 #include "engine/parallel/sharding.h"
 #include "engine/sched/async_engine.h"
+#include "services/common/recompute_log.h"
 #include "services/kvstore/kvstore_connector.h"
 #include "services/serve/log.h"
 #include "transfer/kv_transfer.h"
@@ -366,6 +367,8 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   spdlog::info("loading model from {}; parallel layout: {}", options.model_dir,
                layout->description);
   EngineOptions engine_options = options.engine;
+  // Every recompute (preemption, failed sliding-window replay) gets a log line with its cause.
+  if (!engine_options.on_recompute) engine_options.on_recompute = LogRecomputeEvent;
   absl::StatusOr<std::unique_ptr<Model>> model;
   if (options.device == "cuda") {
     model = LoadCudaBackend(options, engine_options);

@@ -240,19 +240,9 @@ int Run(const WorkerOptions& options, Role role) {
     // Migrations re-prefill prompt + the tokens already streamed here (resumed_output_token_ids).
     reg.worker.add_capabilities("resume");
     PrefillService* p = prefill.get();
-    auto heartbeat_load = [&engine, p, seen_preemptions = int64_t{0}]() mutable {
+    // (Every preemption and recompute is logged as it happens: EngineOptions::on_recompute.)
+    auto heartbeat_load = [&engine, p]() {
       const AsyncEngineStats s = engine.Stats();
-      // A preempted request gives up its KV blocks and recomputes its tokens later: the other
-      // recompute a worker makes besides a failed transfer's (logged with its reason by the
-      // decode service), logged here once per heartbeat with its reason.
-      if (s.counters.num_preemptions > seen_preemptions) {
-        spdlog::warn("{} request(s) preempted since the last heartbeat: recomputing their tokens "
-                     "(reason: preempted, no free KV block for the running requests' next "
-                     "tokens; {} of {} blocks free now)",
-                     s.counters.num_preemptions - seen_preemptions, s.num_free_blocks,
-                     s.num_total_blocks);
-      }
-      seen_preemptions = s.counters.num_preemptions;
       v1::WorkerLoad load;
       load.set_num_waiting_requests(s.num_waiting_requests + s.num_reserved);
       load.set_num_running_requests(s.num_running_requests);

@@ -1,34 +1,19 @@
 """Greedy decoding through the API equals the Hugging Face reference
 (models/sluice-mini-moe/golden.safetensors: input_ids_i, greedy_i = 64 greedy tokens)."""
 
-import json
 import pathlib
-import struct
 
 import pytest
 import tokenizers
+from golden_logprobs import golden_prompts, read_golden
 
 MODEL_DIR = pathlib.Path(__file__).resolve().parents[2] / "models" / "sluice-mini-moe"
 
 
-def read_safetensors_ints(path):
-    """Returns {name: [int, ...]} for every I64 tensor (pure Python, no numpy)."""
-    data = pathlib.Path(path).read_bytes()
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_len])
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] != "I64":
-            continue
-        begin, end = info["data_offsets"]
-        count = (end - begin) // 8
-        out[name] = list(struct.unpack(f"<{count}q", data[base + begin:base + end]))
-    return out
-
-
-GOLDEN = read_safetensors_ints(MODEL_DIR / "golden.safetensors")
-PROMPTS = sorted(int(k.split("_")[-1]) for k in GOLDEN if k.startswith("input_ids_"))
+# The I64 tensors (input_ids_i, greedy_i) as lists of ints.
+GOLDEN = {name: list(values) for name, (_, values) in
+          read_golden(MODEL_DIR / "golden.safetensors").items() if values.typecode == "q"}
+PROMPTS = golden_prompts(GOLDEN)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ the perplexity they give on the golden prompts equals what the stored reference 
 (float32, within 1e-4 relative), for sluice-mini-moe and the fixture models. `sluice eval ppl`
 and bench/ppl.py compute the same number through the API."""
 
-import array
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import tempfile
 import pytest
 
 from conftest import ServerProcess, sluice_bin
+from golden_logprobs import golden_prompts, ppl, read_golden, reference_logprobs, reference_top
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -26,46 +26,6 @@ MODELS = {
     "deepseek-v3-tiny": FIXTURES / "deepseek-v3-tiny",
 }
 REL_TOL = 1e-4
-
-
-def read_safetensors(path):
-    """{name: (dtype, shape, values)} for I64 and F32 tensors, pure Python."""
-    data = pathlib.Path(path).read_bytes()
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_len])
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
-            continue
-        begin, end = info["data_offsets"]
-        values = array.array("q" if info["dtype"] == "I64" else "f")
-        values.frombytes(data[base + begin:base + end])
-        out[name] = (info["dtype"], info["shape"], values)
-    return out
-
-
-def reference_logprobs(golden, i):
-    """log_softmax(logits[p])[ids[p + 1]] for every prompt position, in float64."""
-    _, _, ids = golden[f"input_ids_{i}"]
-    _, (rows, vocab), logits = golden[f"logits_{i}"]
-    out = []
-    for p in range(rows - 1):
-        row = logits[p * vocab:(p + 1) * vocab]
-        m = max(row)
-        lse = m + math.log(math.fsum(math.exp(x - m) for x in row))
-        out.append(row[ids[p + 1]] - lse)
-    return list(ids), out
-
-
-def reference_top(golden, i, p, k):
-    _, (rows, vocab), logits = golden[f"logits_{i}"]
-    row = logits[p * vocab:(p + 1) * vocab]
-    return sorted(range(vocab), key=lambda t: (-row[t], t))[:k]
-
-
-def ppl(logprobs):
-    return math.exp(-math.fsum(logprobs) / len(logprobs))
 
 
 def echo_logprobs(client, model, ids, k=0):
@@ -81,7 +41,7 @@ def served(request, client, model, base_url):
     server."""
     import openai
     name = request.param
-    golden = read_safetensors(MODELS[name] / "golden.safetensors")
+    golden = read_golden(MODELS[name] / "golden.safetensors")
     if name == "sluice-mini-moe":
         yield client, model, golden, base_url
         return
@@ -95,7 +55,7 @@ def served(request, client, model, base_url):
 
 def test_echo_logprobs_perplexity_equals_reference(served):
     client, model, golden, _ = served
-    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    prompts = golden_prompts(golden)
     for i in prompts:
         ids, want = reference_logprobs(golden, i)
         r = echo_logprobs(client, model, ids, k=2)
@@ -119,7 +79,7 @@ def test_echo_logprobs_perplexity_equals_reference(served):
 
 
 def test_prompt_logprobs_field_vllm_shape(client, model):
-    golden = read_safetensors(MODELS["sluice-mini-moe"] / "golden.safetensors")
+    golden = read_golden(MODELS["sluice-mini-moe"] / "golden.safetensors")
     ids, want = reference_logprobs(golden, 1)
     r = client.completions.create(model=model, prompt=ids, max_tokens=2, temperature=0,
                                   extra_body={"prompt_logprobs": 3})
@@ -167,7 +127,7 @@ def test_eval_ppl_subcommand_and_bench_script(served):
     _, model, golden, base_url = served
     name = model if model in MODELS else "sluice-mini-moe"
     tok = tokenizers.Tokenizer.from_file(str(MODELS[name] / "tokenizer.json"))
-    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    prompts = golden_prompts(golden)
     want, per_text = [], []
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
         for i in prompts:
@@ -336,7 +296,7 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_only(client, model, base_ur
     logprobs and nothing generated, streamed or not; without echo, on chat, with min_tokens or
     a prompt that fills the context it is a 400, and the server goes on."""
     import openai
-    golden = read_safetensors(MODELS["sluice-mini-moe"] / "golden.safetensors")
+    golden = read_golden(MODELS["sluice-mini-moe"] / "golden.safetensors")
     ids, want = reference_logprobs(golden, 2)
     kw = dict(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
     r = client.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})

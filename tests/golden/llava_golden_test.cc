@@ -5,9 +5,7 @@
 // suggested float32 acceptance (max |Δ| ≤ 1e-4, identical argmax and greedy tokens).
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,12 +24,7 @@
 namespace sluice::vision {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using sluice::testing::ReadFileBytes;
 
 const char* kImages[] = {"image_0.png", "image_1.png", "image_2.jpg"};
 
@@ -72,7 +65,7 @@ class LlavaGoldenTest : public ::testing::Test {
   }
   // The image's features through the serving path: bytes → decode → preprocess → encode.
   std::vector<float> Features(int k) {
-    auto image = DecodeImage(ReadFile(dir_ + "/" + kImages[k]), ImageDecodeLimits{});
+    auto image = DecodeImage(ReadFileBytes(dir_ + "/" + kImages[k]), ImageDecodeLimits{});
     EXPECT_TRUE(image.ok()) << image.status();
     auto f = encoder_->EncodeImage(*image);
     EXPECT_TRUE(f.ok()) << f.status();
@@ -123,7 +116,7 @@ TEST_F(LlavaGoldenTest, VisionHiddenStateAndProjectedFeatures) {
 TEST_F(LlavaGoldenTest, PromptsTokenizeAndExpandToTheReferenceIds) {
   auto tokenizer = Tokenizer::FromFile(dir_ + "/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  const auto report = nlohmann::json::parse(ReadFile(dir_ + "/golden_report.json"));
+  const auto report = nlohmann::json::parse(ReadFileBytes(dir_ + "/golden_report.json"));
   for (int i = 0; i < 2; ++i) {
     const auto& prompt = report["prompts"][i];
     const std::vector<int32_t> ids =

@@ -2,9 +2,7 @@
 // (../shared/fixtures/llava-tiny/golden.safetensors: image_rgb_<k>, pixel_values_<k>).
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,12 +15,7 @@
 namespace sluice::vision {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using sluice::testing::ReadFileBytes;
 
 const char* kImages[] = {"image_0.png", "image_1.png", "image_2.jpg"};
 
@@ -36,7 +29,7 @@ TEST(LlavaPreprocessGoldenTest, DecodedPixelsAndPixelValuesMatchTheReference) {
   EXPECT_EQ(config->filter, ResizeFilter::kBicubic);
   for (int k = 0; k < 3; ++k) {
     SCOPED_TRACE(kImages[k]);
-    auto image = DecodeImage(ReadFile(dir + "/" + kImages[k]), ImageDecodeLimits{});
+    auto image = DecodeImage(ReadFileBytes(dir + "/" + kImages[k]), ImageDecodeLimits{});
     ASSERT_TRUE(image.ok()) << image.status();
     const TensorView* rgb = (*golden)->Find(absl::StrCat("image_rgb_", k));
     ASSERT_NE(rgb, nullptr);

@@ -18,6 +18,7 @@
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/speculative.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "tests/util/fake_models.h"
 #include "tests/util/test_paths.h"
 
 namespace sluice {
@@ -94,14 +95,7 @@ std::vector<int32_t> Encode(const std::string& dir, const std::string& text) {
                         : std::vector<int32_t>{};
 }
 
-EngineRequest Request(const std::string& id, std::vector<int32_t> prompt, int32_t max_tokens) {
-  EngineRequest r;
-  r.request_id = id;
-  r.prompt_token_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
-  return r;
-}
+using testing::GreedyRequest;
 
 void ExpectSame(const std::map<std::string, Result>& plain,
                 const std::map<std::string, Result>& spec) {
@@ -135,9 +129,9 @@ std::vector<EngineRequest> MiniMoeRequests(const std::string& dir) {
   };
   std::vector<EngineRequest> requests;
   for (int i = 0; i < 4; ++i) {
-    requests.push_back(Request("p" + std::to_string(i), Encode(dir, texts[i]), 40));
+    requests.push_back(GreedyRequest("p" + std::to_string(i), Encode(dir, texts[i]), 40));
   }
-  requests.push_back(Request("p0-choice1", requests[0].prompt_token_ids, 40));
+  requests.push_back(GreedyRequest("p0-choice1", requests[0].prompt_token_ids, 40));
   requests[1].sampling.logprobs = 3;
   requests[2].sampling.repetition_penalty = 1.3f;
   requests[3].sampling.frequency_penalty = 0.5f;
@@ -152,7 +146,7 @@ TEST(SpeculativeEngineTest, DraftModelGreedyEqualsPlainOnMiniMoe) {
   ASSERT_NE(plain_engine, nullptr);
   const auto plain = RunAll(*plain_engine, requests);
   // A stop id that occurs mid-output: the spec run must stop at the same place.
-  EngineRequest stop = Request("stop-id", requests[0].prompt_token_ids, 40);
+  EngineRequest stop = GreedyRequest("stop-id", requests[0].prompt_token_ids, 40);
   ASSERT_GT(plain.at("p0").tokens.size(), 10u);
   stop.sampling.stop_token_ids = {plain.at("p0").tokens[9]};
   requests.push_back(stop);
@@ -286,9 +280,9 @@ TEST(SpeculativeEngineTest, NgramGreedyEqualsPlainOnLlamaTiny) {
   for (int r = 0; r < 6; ++r) {
     for (int32_t t : {100, 200, 300, 400, 500, 600, 700}) repetitive.push_back(t + r % 2);
   }
-  requests.push_back(Request("rep", repetitive, 48));
-  requests.push_back(Request("rep-choice1", repetitive, 48));
-  requests.push_back(Request("text", Encode(dir, "the cat sat on the mat and the cat"), 32));
+  requests.push_back(GreedyRequest("rep", repetitive, 48));
+  requests.push_back(GreedyRequest("rep-choice1", repetitive, 48));
+  requests.push_back(GreedyRequest("text", Encode(dir, "the cat sat on the mat and the cat"), 32));
   requests[1].sampling.logprobs = 2;
   requests[2].sampling.presence_penalty = 0.4f;
   auto plain_engine = Engine(dir, nullptr);

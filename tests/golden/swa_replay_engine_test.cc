@@ -7,6 +7,7 @@
 //    identity of their own, and the loading engine replays the last tokens of the loaded prefix. The decode cache starts as NaN, so any read of a sliding-layer entry
 // that was neither transferred nor replayed poisons the logits (NaN logprobs).
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -30,13 +31,36 @@ namespace {
 constexpr int64_t kBlockSize = 16;
 constexpr int kMaxTokens = 20;
 
+// FailingReplayModel: the wrapped model, except that a forward replaying the sliding layers
+// (ForwardInput::kv_frozen_layers set) fails.
+class FailingReplayModel final : public Model {
+ public:
+  explicit FailingReplayModel(std::unique_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  KvCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
+  int64_t WeightBytesPerToken() const override { return inner_->WeightBytesPerToken(); }
+  absl::Status Forward(const ForwardInput& in, KvCache& kv, absl::Span<float> logits) override {
+    if (!in.kv_frozen_layers.empty()) return absl::InternalError("replay forward failed");
+    return inner_->Forward(in, kv, logits);
+  }
+  bool SupportsSwaReplay() const override { return true; }
+
+ private:
+  std::unique_ptr<Model> inner_;
+};
+
 // `connector` (may be null): a KV connector shared with other engines, as the kvstore is.
-std::unique_ptr<LLMEngine> HybridTinyEngine(int64_t swa_replay_tokens,
-                                            std::shared_ptr<KvConnector> connector = nullptr) {
+// `failing_replay`: the model's sliding-window replays fail (FailingReplayModel).
+std::unique_ptr<LLMEngine> HybridTinyEngine(
+    int64_t swa_replay_tokens, std::shared_ptr<KvConnector> connector = nullptr,
+    bool failing_replay = false,
+    std::function<void(const RecomputeEvent&)> on_recompute = nullptr) {
   auto model = LoadModel(sluice::testing::FixtureDir("qwen3-hybrid-tiny"));
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
+  if (failing_replay) *model = std::make_unique<FailingReplayModel>(*std::move(model));
   EngineOptions options;
+  options.on_recompute = std::move(on_recompute);
   options.block_size = kBlockSize;
   options.num_kv_blocks = 64;
   options.swa_replay_tokens = swa_replay_tokens;
@@ -208,6 +232,32 @@ TEST(SwaReplayEngineTest, FailedTransferIsRecomputedWithoutReplay) {
   EXPECT_EQ(d.decode_counters.num_prompt_tokens_computed, 60);
 }
 
+// The transfer succeeds but the sliding layers cannot be rebuilt: the transferred KV is not
+// used, the prompt is recomputed here (same tokens as one engine), and the recompute is
+// reported with its cause, the reserved blocks freed and the prompt tokens to recompute.
+TEST(SwaReplayEngineTest, FailedReplayRecomputesThePromptAndSaysWhy) {
+  const std::vector<int32_t> prompt = Prompt(60);
+  std::vector<RecomputeEvent> recomputes;
+  std::unique_ptr<LLMEngine> decode =
+      HybridTinyEngine(kDefaultSwaReplayTokens, nullptr, /*failing_replay=*/true,
+                       [&](const RecomputeEvent& e) { recomputes.push_back(e); });
+  ASSERT_NE(decode, nullptr);
+  ASSERT_EQ(decode->swa_replay_tokens(), kDefaultSwaReplayTokens);
+  const Disaggregated d = PrefillTransferDecode(prompt, *decode);
+  EXPECT_EQ(d.tokens, SingleEngineTokens(prompt));
+  EXPECT_EQ(d.decode_counters.num_transfers_recomputed, 1);
+  EXPECT_EQ(d.decode_counters.num_swa_replay_recomputes, 1);
+  EXPECT_EQ(d.decode_counters.num_transfers_completed, 0);
+  EXPECT_EQ(d.decode_counters.num_swa_replays, 0);
+  EXPECT_EQ(d.decode_counters.num_prompt_tokens_computed, 60);
+  ASSERT_EQ(recomputes.size(), 1u);
+  EXPECT_EQ(recomputes[0].request_id, "r");
+  EXPECT_EQ(recomputes[0].cause, RecomputeCause::kSwaReplayFailed);
+  EXPECT_EQ(recomputes[0].num_blocks_freed, 4);  // prompt + 1 tokens: 61 of 16 per block
+  EXPECT_EQ(recomputes[0].num_tokens_to_recompute, 60);
+  EXPECT_EQ(recomputes[0].detail, "replay forward failed");
+}
+
 // Models without sliding layers, or R = 0, keep every layer (nothing to replay).
 TEST(SwaReplayEngineTest, EffectiveReplayTokens) {
   std::unique_ptr<LLMEngine> off = HybridTinyEngine(0);
@@ -304,6 +354,37 @@ TEST(SwaReplayKvStoreTest, StoresFullLayersOnlyAndReplaysOnLoad) {
   EXPECT_EQ(c.num_swa_replays, 1);
   EXPECT_EQ(c.num_swa_replayed_tokens, 128);
   EXPECT_EQ(c.num_prompt_tokens_computed, 36);
+}
+
+// As above, but B's replay fails: the 144 loaded tokens cannot be used without the sliding
+// layers, so B computes the whole prompt (same output) and reports why.
+TEST(SwaReplayKvStoreTest, FailedReplayAfterLoadComputesTheLoadedTokensAndSaysWhy) {
+  auto store = std::make_shared<MemoryConnector>();
+  const std::vector<int32_t> prompt = Prompt(150);
+  std::unique_ptr<LLMEngine> a = HybridTinyEngine(kDefaultSwaReplayTokens, store);
+  ASSERT_NE(a, nullptr);
+  std::vector<int32_t> ignored;
+  ASSERT_TRUE(a->AddRequest(Greedy("a", prompt, false)).ok());
+  Drain(*a, "a", &ignored, nullptr);
+  std::vector<RecomputeEvent> recomputes;
+  std::unique_ptr<LLMEngine> b =
+      HybridTinyEngine(kDefaultSwaReplayTokens, store, /*failing_replay=*/true,
+                       [&](const RecomputeEvent& e) { recomputes.push_back(e); });
+  ASSERT_NE(b, nullptr);
+  std::vector<int32_t> longer = prompt;
+  for (int i = 0; i < 30; ++i) longer.push_back(500 + i);
+  std::vector<int32_t> b_tokens;
+  ASSERT_TRUE(b->AddRequest(Greedy("b", longer, false)).ok());
+  Drain(*b, "b", &b_tokens, nullptr);
+  EXPECT_EQ(b_tokens, SingleEngineTokens(longer));
+  EXPECT_EQ(b->counters().num_swa_replays, 0);
+  EXPECT_EQ(b->counters().num_prompt_tokens_computed, 180);
+  ASSERT_EQ(recomputes.size(), 1u);
+  EXPECT_EQ(recomputes[0].request_id, "b");
+  EXPECT_EQ(recomputes[0].cause, RecomputeCause::kKvstoreSwaReplayFailed);
+  EXPECT_EQ(recomputes[0].num_blocks_freed, 0);  // kept, and overwritten by the computation
+  EXPECT_EQ(recomputes[0].num_tokens_to_recompute, 144);
+  EXPECT_EQ(recomputes[0].detail, "replay forward failed");
 }
 
 // R = 8 (below the window of 16): the replay of the loaded prefix starts 8 tokens before its

@@ -2,48 +2,16 @@
 the prefill worker (carried in PrefillResponse) and give the reference perplexity on the
 golden prompts; token constraints reach the workers; /v1/responses equals chat."""
 
-import array
 import json
 import math
-import pathlib
 import subprocess
 import tempfile
 
 import openai
 import pytest
 
+from golden_logprobs import ppl, read_golden, reference_logprobs
 from sluice_cluster import MODEL_DIR, MODEL_NAME, Cluster, sluice_bin
-
-
-def read_safetensors(path):
-    data = pathlib.Path(path).read_bytes()
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_len])
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
-            continue
-        begin, end = info["data_offsets"]
-        values = array.array("q" if info["dtype"] == "I64" else "f")
-        values.frombytes(data[base + begin:base + end])
-        out[name] = (info["shape"], values)
-    return out
-
-
-def reference_logprobs(golden, i):
-    _, ids = golden[f"input_ids_{i}"]
-    (rows, vocab), logits = golden[f"logits_{i}"]
-    out = []
-    for p in range(rows - 1):
-        row = logits[p * vocab:(p + 1) * vocab]
-        m = max(row)
-        out.append(row[ids[p + 1]] - m - math.log(math.fsum(math.exp(x - m) for x in row)))
-    return list(ids), out
-
-
-def ppl(logprobs):
-    return math.exp(-math.fsum(logprobs) / len(logprobs))
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +37,7 @@ def remote_prefills(cluster):
 
 
 def test_echo_logprobs_perplexity_through_the_router(cluster, client):
-    golden = read_safetensors(MODEL_DIR / "golden.safetensors")
+    golden = read_golden(MODEL_DIR / "golden.safetensors")
     before = remote_prefills(cluster)
     for i in (0, 1, 2, 3):
         ids, want = reference_logprobs(golden, i)

@@ -15,6 +15,8 @@
 """
 
 import concurrent.futures
+import json
+import re
 import time
 
 import openai
@@ -70,6 +72,12 @@ def reference():
 
 def listen_address(proc):
     return proc.args[proc.args.index("--listen") + 1]
+
+
+def recompute_lines(cluster, name):
+    """The `recompute {json}` log lines of worker `name` (services/common/recompute_log.h)."""
+    text = cluster.workers[name].log_path.read_text(errors="replace")
+    return [json.loads(m) for m in re.findall(r" recompute (\{.*\})$", text, re.M)]
 
 
 def prefill_pins_released(cluster, name="prefill-0"):
@@ -185,6 +193,16 @@ def test_decode_queue_timeout_is_a_clear_503():
                    if outputs[i][0] != 503)
         assert cluster.metric("sluice_router_decode_queue_timeouts_total") == len(refused)
         prefill_pins_released(cluster)
+        # Every preemption on the tiny decode workers is logged with its cause, as counted.
+        for name in ("decode-0", "decode-1"):
+            preempted = [line for line in recompute_lines(cluster, name) if line["preempted"]]
+            text = cluster.worker_metrics_text(name)
+            for cause in ("out_of_kv_blocks", "waiting_head_blocked"):
+                counted = sum_samples(text, f'sluice_preemptions_total{{cause="{cause}"}}')
+                logged = [line for line in preempted if line["cause"] == cause]
+                assert counted == len(logged), (name, cause, counted, logged)
+                assert all(line["blocks_freed"] > 0 and line["needed_by"] for line in logged), \
+                    logged
     finally:
         cluster.stop()
 
@@ -211,9 +229,17 @@ def test_pull_after_the_pin_ended_is_recomputed_not_trusted(reference):
         decode = cluster.worker_metrics_text("decode-0")
         assert sum_samples(decode, 'sluice_decode_recomputes_total{reason="pin_gone"}') == n
         assert sum_samples(decode, "sluice_decode_recomputes_total") == n
-        log = cluster.workers["decode-0"].log_path.read_text()
-        assert log.count("recomputing the prompt instead of using the KV") == n, log[-3000:]
-        assert log.count("(pin_gone)") == n
+        # One line per request: its id, the reason, the reserved blocks given back (prompt + 1
+        # tokens' worth) and the prompt tokens to compute again.
+        lines = recompute_lines(cluster, "decode-0")
+        assert len(lines) == n, lines
+        assert len({line["request_id"] for line in lines}) == n
+        block_size = cluster.worker_metric("decode-0", "sluice_kv_cache_block_size_tokens")
+        for line in lines:
+            assert line["cause"] == "pin_gone" and line["preempted"] is False, line
+            assert line["tokens_to_recompute"] > 0, line
+            assert line["blocks_freed"] == -(-(line["tokens_to_recompute"] + 1) // block_size)
+            assert line["source"] and "could not be confirmed" in line["detail"], line
         wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_free_blocks") ==
                    cluster.worker_metric("decode-0", "sluice_kv_cache_blocks"), 10,
                    "decode blocks free")

@@ -8,10 +8,8 @@ logprob equals log_softmax of the reference logits (float32 forward of transform
 perplexity they give is within 1e-4 relative, through echo + logprobs, vLLM's prompt_logprobs,
 a streamed echo, `sluice eval ppl` and bench/ppl.py (with and without --reference)."""
 
-import array
 import json
 import math
-import pathlib
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,8 @@ import urllib.request
 import openai
 import pytest
 
+from golden_logprobs import (golden_prompts, log_sum_exp, logit_rows, ppl, read_golden,
+                             top_tokens)
 from sluice_cluster import MODEL_DIR, REPO, Cluster, sluice_bin
 
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -34,44 +34,20 @@ PPL_REL_TOL = 1e-4  # the issue's bound for perplexity
 LOGPROB_ABS_TOL = 2e-4  # per token: fp32 engine vs the fp32 reference, log-sum-exp in float64
 
 
-def read_golden(path):
-    data = pathlib.Path(path).read_bytes()
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_len])
-    base = 8 + header_len
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info["dtype"] not in ("I64", "F32"):
-            continue
-        begin, end = info["data_offsets"]
-        values = array.array("q" if info["dtype"] == "I64" else "f")
-        values.frombytes(data[base + begin:base + end])
-        out[name] = (info["shape"], values)
-    return out
-
-
 TIE = 1e-5  # logits closer than this may rank either way in the engine
 
 
 def reference(golden, i):
     """(ids, per position p: the logprob of prompt token p + 1, the 4 most likely tokens, and
     the range of ranks prompt token p + 1 may have given near ties)."""
-    _, ids = golden[f"input_ids_{i}"]
-    (rows, vocab), logits = golden[f"logits_{i}"]
+    ids, rows = logit_rows(golden, i)
     logprobs, order, ranks = [], [], []
-    for p in range(rows - 1):
-        row = logits[p * vocab:(p + 1) * vocab]
-        m = max(row)
-        lse = m + math.log(math.fsum(math.exp(x - m) for x in row))
+    for p, row in enumerate(rows[:-1]):
         x = row[ids[p + 1]]
-        logprobs.append(x - lse)
-        order.append(sorted(range(vocab), key=lambda t: (-row[t], t))[:4])
+        logprobs.append(x - log_sum_exp(row))
+        order.append(top_tokens(row, 4))
         ranks.append((1 + sum(v > x + TIE for v in row), 1 + sum(v > x - TIE for v in row)))
-    return list(ids), logprobs, (order, ranks)
-
-
-def ppl(logprobs):
-    return math.exp(-math.fsum(logprobs) / len(logprobs))
+    return ids, logprobs, (order, ranks)
 
 
 def token_ids(tokens):
@@ -95,7 +71,7 @@ def served(request):
                 router_args=["--min-remote-prefill-tokens", str(MIN_REMOTE_PREFILL)])
     client = openai.OpenAI(base_url=c.url + "/v1", api_key="x", max_retries=0, timeout=300)
     golden = read_golden(MODELS[name] / "golden.safetensors")
-    prompts = sorted(int(k.rsplit("_", 1)[1]) for k in golden if k.startswith("input_ids_"))
+    prompts = golden_prompts(golden)
     refs = [reference(golden, i) for i in prompts]
     # Both prefill paths are exercised.
     assert any(len(r[0]) < MIN_REMOTE_PREFILL for r in refs)

@@ -248,6 +248,8 @@ TEST(DisaggEngineTest, WaitingTransferHoldingBlocksDoesNotStallThePreemptedHead)
   options.num_kv_blocks = 8;
   options.max_model_len = 32;
   options.max_num_batched_tokens = 16;
+  std::vector<RecomputeEvent> recomputes;
+  options.on_recompute = [&](const RecomputeEvent& e) { recomputes.push_back(e); };
   auto created = LLMEngine::Create(std::make_unique<ChecksumModel>(), options);
   ASSERT_TRUE(created.ok());
   LLMEngine& engine = **created;
@@ -288,6 +290,16 @@ TEST(DisaggEngineTest, WaitingTransferHoldingBlocksDoesNotStallThePreemptedHead)
   }
   EXPECT_EQ(w_tokens, w_expected);
   EXPECT_EQ(engine.counters().num_preemptions, 1);  // A itself only
+  EXPECT_EQ(engine.counters().num_preemptions_waiting_head, 0);
+  // Reported as it happened: A gave its 6 blocks back for its own next token, and the 24
+  // tokens it had computed (4 prompt + 20 outputs) are computed again.
+  ASSERT_EQ(recomputes.size(), 1u);
+  EXPECT_EQ(recomputes[0].request_id, "a");
+  EXPECT_EQ(recomputes[0].cause, RecomputeCause::kOutOfKvBlocks);
+  EXPECT_EQ(recomputes[0].num_blocks_freed, 6);
+  EXPECT_EQ(recomputes[0].num_tokens_to_recompute, 24);
+  EXPECT_EQ(recomputes[0].needed_by, "a");
+  EXPECT_EQ(recomputes[0].detail, "");
   EXPECT_EQ(engine.counters().num_transfers_completed, 1);
   EXPECT_EQ(engine.counters().num_transfers_recomputed, 0);
   std::vector<RequestOutput> rest = RunUntilFinished(engine, "a");

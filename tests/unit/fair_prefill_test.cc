@@ -662,5 +662,47 @@ TEST_F(SchedulerPolicyTest, TransferredKvRunsBehindAHeadThatDoesNotFit) {
   EXPECT_EQ(s.num_preemptions(), 0);
 }
 
+// Nothing runs, the head does not fit, and the two requests queued behind it hold every block
+// yet cannot take their next tokens: they are preempted for the head, and the plan says so
+// (cause, blocks freed, tokens to recompute, whose tokens needed them).
+TEST_F(SchedulerPolicyTest, HoldersBehindABlockedHeadArePreemptedWithTheirCause) {
+  Scheduler s = Make(SchedulingPolicy::kFcfs, 512, /*blocks=*/8);
+  auto make = [](const std::string& id, int prompt_len) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request.request_id = id;
+    seq->request.sampling.max_tokens = 100;
+    for (int i = 0; i < prompt_len; ++i) seq->request.prompt_token_ids.push_back(3 + i % 50);
+    seq->token_ids = seq->request.prompt_token_ids;
+    return seq;
+  };
+  std::unique_ptr<Sequence> head = make("head", 100);  // 7 blocks to compute from scratch
+  ASSERT_TRUE(s.Reserve(head, 0));
+  for (const char* id : {"moved1", "moved2"}) {  // 64 transferred tokens each: 4 blocks
+    std::unique_ptr<Sequence> moved = make(id, 64);
+    ASSERT_TRUE(s.Reserve(moved, 64));
+    s.Find(id)->num_computed_tokens = 64;
+    s.Find(id)->AppendToken(7);  // the 65th token needs a 5th block
+    ASSERT_TRUE(s.Activate(id));
+  }
+  ASSERT_TRUE(s.ActivateForRecompute("head"));
+  ASSERT_EQ(s.allocator().num_free_blocks(), 0);
+  const SchedulerOutput out = s.Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  EXPECT_EQ(out.scheduled[0].seq->request.request_id, "head");
+  EXPECT_EQ(out.scheduled[0].num_new_tokens, 100);
+  ASSERT_EQ(out.preempted.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    const RecomputeEvent& e = out.preempted[k];
+    EXPECT_EQ(e.request_id, k == 0 ? "moved2" : "moved1");  // queue order behind the head
+    EXPECT_EQ(e.cause, RecomputeCause::kWaitingHeadBlocked);
+    EXPECT_STREQ(RecomputeCauseName(e.cause), "waiting_head_blocked");
+    EXPECT_EQ(e.num_blocks_freed, 4);
+    EXPECT_EQ(e.num_tokens_to_recompute, 64);
+    EXPECT_EQ(e.needed_by, "head");
+  }
+  EXPECT_EQ(s.num_preemptions(), 2);
+  EXPECT_EQ(s.Find("moved1")->num_computed_tokens, 0);
+}
+
 }  // namespace
 }  // namespace sluice

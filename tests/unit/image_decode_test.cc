@@ -1,8 +1,6 @@
 // Image decoding against Pillow (tests/fixtures/images/expected.json, written by
 // make_images.py from what Pillow + transformers' convert_to_rgb produce) and the errors of bad
 // images.
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "engine/vision/image.h"
@@ -13,23 +11,18 @@
 namespace sluice::vision {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using sluice::testing::ReadFileBytes;
 
 std::string ImagePath(const std::string& name) {
   return testing::RequirePath(testing::RepoFixtureDir("images") + "/" + name);
 }
 
 TEST(ImageDecodeTest, MatchesPillowForEveryModeAndFormat) {
-  const auto expected = nlohmann::json::parse(ReadFile(ImagePath("expected.json")));
+  const auto expected = nlohmann::json::parse(ReadFileBytes(ImagePath("expected.json")));
   ASSERT_GE(expected.size(), 11u);
   for (const auto& [name, want] : expected.items()) {
     SCOPED_TRACE(name);
-    auto image = DecodeImage(ReadFile(ImagePath(name)), ImageDecodeLimits{});
+    auto image = DecodeImage(ReadFileBytes(ImagePath(name)), ImageDecodeLimits{});
     ASSERT_TRUE(image.ok()) << image.status();
     EXPECT_EQ(image->width, want["width"].get<int64_t>());
     EXPECT_EQ(image->height, want["height"].get<int64_t>());
@@ -45,11 +38,11 @@ TEST(ImageDecodeTest, FixtureImagesDecodeToTheGoldenPixels) {
   // The llava-tiny images as Pillow decoded them (image_rgb_<k> in golden.safetensors) are
   // checked in the golden test; here only their sizes and formats.
   const std::string dir = testing::FixtureDir("llava-tiny");
-  auto png = DecodeImage(ReadFile(dir + "/image_1.png"), ImageDecodeLimits{});
+  auto png = DecodeImage(ReadFileBytes(dir + "/image_1.png"), ImageDecodeLimits{});
   ASSERT_TRUE(png.ok()) << png.status();
   EXPECT_EQ(png->width, 64);
   EXPECT_EQ(png->height, 48);
-  const std::string jpg = ReadFile(dir + "/image_2.jpg");
+  const std::string jpg = ReadFileBytes(dir + "/image_2.jpg");
   EXPECT_EQ(SniffImageFormat(absl::MakeConstSpan(
                 reinterpret_cast<const uint8_t*>(jpg.data()), jpg.size())),
             ImageFormat::kJpeg);
@@ -64,25 +57,25 @@ void ExpectError(const std::string& bytes, const ImageDecodeLimits& limits,
 }
 
 TEST(ImageDecodeTest, BadImagesAreInvalidArgumentNamingTheProblem) {
-  ExpectError(ReadFile(ImagePath("truncated.png")), {}, "truncated or corrupt PNG image");
+  ExpectError(ReadFileBytes(ImagePath("truncated.png")), {}, "truncated or corrupt PNG image");
   ExpectError("this is not an image, just some text bytes", {},
               "not a PNG, JPEG or WebP image");
-  ExpectError(ReadFile(ImagePath("image.svg")), {}, "SVG images are not supported");
+  ExpectError(ReadFileBytes(ImagePath("image.svg")), {}, "SVG images are not supported");
   ExpectError("GIF89a\x01\x00\x01\x00", {}, "GIF images are not supported");
-  ExpectError(ReadFile(ImagePath("bomb.png")), {},
+  ExpectError(ReadFileBytes(ImagePath("bomb.png")), {},
               "declares 100000x100000 = 10000000000 pixels, over the limit of 89478485 pixels "
               "(decompression bomb?)");
   ExpectError("", {}, "image data is empty");
   // A truncated JPEG is an error (Pillow: "image file is truncated"), not a gray-padded image.
-  const std::string jpg = ReadFile(testing::FixtureDir("llava-tiny") + "/image_2.jpg");
+  const std::string jpg = ReadFileBytes(testing::FixtureDir("llava-tiny") + "/image_2.jpg");
   ExpectError(jpg.substr(0, jpg.size() * 2 / 3), {}, "truncated or corrupt JPEG image");
   ExpectError(jpg.substr(0, 10), {}, "truncated or corrupt JPEG image");
-  const std::string webp = ReadFile(ImagePath("lossy.webp"));
+  const std::string webp = ReadFileBytes(ImagePath("lossy.webp"));
   ExpectError(webp.substr(0, webp.size() - 20), {}, "truncated or corrupt WebP image");
 }
 
 TEST(ImageDecodeTest, ByteAndPixelLimits) {
-  const std::string png = ReadFile(testing::FixtureDir("llava-tiny") + "/image_1.png");
+  const std::string png = ReadFileBytes(testing::FixtureDir("llava-tiny") + "/image_1.png");
   ImageDecodeLimits limits;
   limits.max_bytes = static_cast<int64_t>(png.size()) - 1;
   ExpectError(png, limits, "over the limit of " + std::to_string(png.size() - 1) + " bytes");

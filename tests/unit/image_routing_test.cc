@@ -1,8 +1,6 @@
 // Images through the router (issue 26): the API without an in-process encoder checks images and
 // keeps their bytes; the Encode reply is checked and spliced into the request; the images cross
 // to the workers (mm_inputs) and back unchanged; encoders register as their own pool.
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,12 +16,7 @@
 namespace sluice {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using sluice::testing::ReadFileBytes;
 
 // A router-side context (no encoder): image token 7, 4 placeholder tokens per image.
 MultimodalContext RouterContext() {
@@ -36,7 +29,7 @@ MultimodalContext RouterContext() {
 }
 
 TEST(ImageRoutingTest, WithoutAnEncoderImagesAreCheckedAndKeptAsBytes) {
-  const std::string png = ReadFile(testing::FixtureDir("llava-tiny") + "/image_0.png");
+  const std::string png = ReadFileBytes(testing::FixtureDir("llava-tiny") + "/image_0.png");
   ASSERT_FALSE(png.empty());
   MultimodalContext mm = RouterContext();
   std::vector<int32_t> prompt = {1, 7, 9, 7, 2};

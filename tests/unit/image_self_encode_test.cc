@@ -2,9 +2,7 @@
 // bytes (WorkerImages) exactly as the encoder would, through a cache by content hash, and refuse
 // inputs they cannot trust; the router's record of checked images skips decoding a repeated
 // image (CheckedImages) without letting a bad one through.
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,12 +21,7 @@
 namespace sluice {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using sluice::testing::ReadFileBytes;
 
 std::string Llava() { return testing::FixtureDir("llava-tiny"); }
 
@@ -57,8 +50,8 @@ TEST(WorkerImagesTest, EncodesBytesAsTheEncoderDoesThroughItsCache) {
   ASSERT_NE(*images, nullptr);
   const std::string fp = (*reference)->processor().Fingerprint();
   const int32_t n = static_cast<int32_t>((*reference)->tokens_per_image());
-  const std::string png = ReadFile(Llava() + "/image_1.png");
-  const std::string jpg = ReadFile(Llava() + "/image_2.jpg");
+  const std::string png = ReadFileBytes(Llava() + "/image_1.png");
+  const std::string jpg = ReadFileBytes(Llava() + "/image_2.jpg");
   ASSERT_FALSE(png.empty() || jpg.empty());
 
   std::vector<MultimodalInput> in = {BytesInput(png, fp, n), BytesInput(jpg, fp, n)};
@@ -137,7 +130,7 @@ TEST(WorkerImagesTest, RefusesInputsItCannotTrust) {
   ASSERT_TRUE(reference.ok());
   const std::string fp = (*reference)->processor().Fingerprint();
   const int32_t n = static_cast<int32_t>((*reference)->tokens_per_image());
-  const std::string png = ReadFile(Llava() + "/image_0.png");
+  const std::string png = ReadFileBytes(Llava() + "/image_0.png");
 
   // A hash made with another preprocessing config: the KV blocks would be keyed wrongly.
   std::vector<MultimodalInput> in = {BytesInput(png, "another config", n)};
@@ -220,8 +213,8 @@ MultimodalContext RouterContext(CheckedImages* checked) {
 }
 
 TEST(CheckedImagesTest, ARepeatedImageIsNotDecodedAgain) {
-  const std::string png0 = ReadFile(Llava() + "/image_0.png");
-  const std::string png1 = ReadFile(Llava() + "/image_1.png");
+  const std::string png0 = ReadFileBytes(Llava() + "/image_0.png");
+  const std::string png1 = ReadFileBytes(Llava() + "/image_1.png");
   CheckedImages checked(1);
   MultimodalContext mm = RouterContext(&checked);
   std::vector<int32_t> prompt = {1, 7, 2};

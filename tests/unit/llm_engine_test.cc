@@ -19,6 +19,7 @@ namespace sluice {
 namespace {
 
 using testing::ChecksumModel;
+using testing::GreedyRequest;
 constexpr int64_t kVocab = ChecksumModel::kVocab;
 
 std::vector<int32_t> Reference(std::vector<int32_t> tokens, int n) {
@@ -29,15 +30,6 @@ std::vector<int32_t> Prompt(int len, int salt) {
   std::vector<int32_t> p;
   for (int i = 0; i < len; ++i) p.push_back(3 + (i * 7 + salt * 13) % (kVocab - 3));
   return p;
-}
-
-EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
-  EngineRequest r;
-  r.request_id = id;
-  r.prompt_token_ids = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.sampling.max_tokens = max_tokens;
-  return r;
 }
 
 struct EngineRun {
@@ -73,7 +65,7 @@ TEST(LLMEngineTest, SingleRequestMatchesReference) {
   options.block_size = 4;
   options.num_kv_blocks = 128;
   auto engine = MakeEngine(options);
-  ASSERT_TRUE(engine->AddRequest(Greedy("a", Prompt(10, 0), 20)).ok());
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("a", Prompt(10, 0), 20)).ok());
   EngineRun run = Drain(*engine);
   EXPECT_EQ(run.tokens["a"], Reference(Prompt(10, 0), 20));
   EXPECT_EQ(run.finish["a"], FinishReason::kLength);
@@ -91,8 +83,8 @@ TEST(LLMEngineTest, ReportsQueueTimeAndStepTotals) {
   options.max_num_seqs = 1;
   options.async_scheduling = false;
   auto engine = MakeEngine(options);
-  ASSERT_TRUE(engine->AddRequest(Greedy("a", Prompt(10, 0), 20)).ok());
-  ASSERT_TRUE(engine->AddRequest(Greedy("b", Prompt(10, 1), 20)).ok());
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("a", Prompt(10, 0), 20)).ok());
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("b", Prompt(10, 1), 20)).ok());
   std::map<std::string, std::vector<double>> queue;
   while (engine->HasUnfinishedRequests()) {
     for (const RequestOutput& out : engine->Step()) queue[out.request_id].push_back(out.queue_seconds);
@@ -125,7 +117,7 @@ TEST(LLMEngineTest, ChunkedPrefillAndPreemptionKeepOutputsExact) {
     options.max_num_seqs = 8;
     auto engine = MakeEngine(options);
     for (int i = 0; i < 12; ++i) {
-      ASSERT_TRUE(engine->AddRequest(Greedy(absl::StrCat("r", i), Prompt(5 + 3 * i, i), 30)).ok());
+      ASSERT_TRUE(engine->AddRequest(GreedyRequest(absl::StrCat("r", i), Prompt(5 + 3 * i, i), 30)).ok());
     }
     EngineRun run = Drain(*engine);
     for (int i = 0; i < 12; ++i) {
@@ -150,7 +142,7 @@ TEST(LLMEngineTest, ResumedRequestContinuesTheUndisturbedRun) {
   options.num_kv_blocks = 128;
   for (bool seeded : {false, true}) {
     auto make = [&](const std::string& id) {
-      EngineRequest r = Greedy(id, Prompt(10, 4), 24);
+      EngineRequest r = GreedyRequest(id, Prompt(10, 4), 24);
       if (seeded) {
         r.sampling.temperature = 1.0f;
         r.sampling.seed = 1234;
@@ -176,10 +168,10 @@ TEST(LLMEngineTest, ResumedRequestContinuesTheUndisturbedRun) {
     }
   }
   auto engine = MakeEngine(options);
-  EngineRequest too_many = Greedy("x", Prompt(10, 4), 3);
+  EngineRequest too_many = GreedyRequest("x", Prompt(10, 4), 3);
   too_many.resumed_output_token_ids = {5, 6, 7};
   EXPECT_TRUE(absl::IsInvalidArgument(engine->AddRequest(too_many)));
-  EngineRequest bad_id = Greedy("y", Prompt(10, 4), 8);
+  EngineRequest bad_id = GreedyRequest("y", Prompt(10, 4), 8);
   bad_id.resumed_output_token_ids = {static_cast<int32_t>(kVocab)};
   EXPECT_TRUE(absl::IsInvalidArgument(engine->AddRequest(bad_id)));
 }
@@ -189,8 +181,8 @@ TEST(LLMEngineTest, AbortFreesBlocksAndOthersContinue) {
   options.block_size = 4;
   options.num_kv_blocks = 100;
   auto engine = MakeEngine(options);
-  ASSERT_TRUE(engine->AddRequest(Greedy("keep", Prompt(9, 1), 25)).ok());
-  ASSERT_TRUE(engine->AddRequest(Greedy("drop", Prompt(9, 2), 25)).ok());
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("keep", Prompt(9, 1), 25)).ok());
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("drop", Prompt(9, 2), 25)).ok());
   for (int i = 0; i < 3; ++i) engine->Step();
   EXPECT_LT(engine->num_free_blocks(), 100);
   engine->AbortRequest("drop");
@@ -210,7 +202,7 @@ TEST(LLMEngineTest, StopTokenIdsEosAndMinTokens) {
   options.num_kv_blocks = 64;
   auto engine = MakeEngine(options);
   // Stop on the 5th reference token.
-  EngineRequest stop = Greedy("stop", Prompt(6, 3), 30);
+  EngineRequest stop = GreedyRequest("stop", Prompt(6, 3), 30);
   stop.sampling.stop_token_ids = {ref[4]};
   ASSERT_TRUE(engine->AddRequest(stop).ok());
   EngineRun run = Drain(*engine);
@@ -225,15 +217,15 @@ TEST(LLMEngineTest, RejectsBadRequests) {
   options.num_kv_blocks = 128;
   options.max_model_len = 100;
   auto engine = MakeEngine(options);
-  EXPECT_EQ(engine->AddRequest(Greedy("empty", {}, 4)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine->AddRequest(Greedy("oov", {5, 64}, 4)).code(),
+  EXPECT_EQ(engine->AddRequest(GreedyRequest("empty", {}, 4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->AddRequest(GreedyRequest("oov", {5, 64}, 4)).code(),
             absl::StatusCode::kInvalidArgument);
-  absl::Status too_long = engine->AddRequest(Greedy("long", Prompt(90, 0), 20));
+  absl::Status too_long = engine->AddRequest(GreedyRequest("long", Prompt(90, 0), 20));
   EXPECT_EQ(too_long.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_long.message().find("maximum context length is 100"), std::string::npos)
       << too_long;
-  ASSERT_TRUE(engine->AddRequest(Greedy("dup", Prompt(4, 0), 4)).ok());
-  EXPECT_EQ(engine->AddRequest(Greedy("dup", Prompt(4, 0), 4)).code(),
+  ASSERT_TRUE(engine->AddRequest(GreedyRequest("dup", Prompt(4, 0), 4)).ok());
+  EXPECT_EQ(engine->AddRequest(GreedyRequest("dup", Prompt(4, 0), 4)).code(),
             absl::StatusCode::kAlreadyExists);
   Drain(*engine);
 }
@@ -277,7 +269,7 @@ TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
     // q19 asks for many tokens and is aborted from its first output, so the abort is
     // processed (before the next step) while it is certainly still running.
     ASSERT_TRUE(async
-                    .Submit(Greedy(id, Prompt(4 + i, i), i == 19 ? 100 : 12),
+                    .Submit(GreedyRequest(id, Prompt(4 + i, i), i == 19 ? 100 : 12),
                             [&, id](const RequestOutput& out) {
                               if (id == "q19" && out.num_output_tokens == 1) async.Abort(id);
                               std::lock_guard<std::mutex> lock(mu);
@@ -304,7 +296,7 @@ TEST(AsyncEngineTest, DeliversEveryRequestOnceAndFrees) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(async.Stats().num_free_blocks, 48);
-  EXPECT_EQ(async.Submit(Greedy("bad", {}, 1), [](const RequestOutput&) {}).code(),
+  EXPECT_EQ(async.Submit(GreedyRequest("bad", {}, 1), [](const RequestOutput&) {}).code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "build_paths.h"
 
@@ -22,6 +24,17 @@ std::string RequirePath(const std::string& path) {
                   << " (set SLUICE_SHARED_DIR to the shared/ folder)";
   }
   return path;
+}
+
+std::string ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    ADD_FAILURE() << "cannot read " << path;
+    return "";
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 std::string FixtureDir(const std::string& name) {

@@ -23,6 +23,9 @@ std::string EmbeddedModelDir();
 std::string RepoFixtureDir(const std::string& name);
 // RequirePath fails the current test (ADD_FAILURE) when `path` does not exist; returns `path`.
 std::string RequirePath(const std::string& path);
+// ReadFileBytes returns the whole file at `path` (binary); fails the current test and returns ""
+// when it cannot be read.
+std::string ReadFileBytes(const std::string& path);
 
 }  // namespace sluice::testing
 
