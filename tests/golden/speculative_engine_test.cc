@@ -48,6 +48,9 @@ std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256, int32_t 
   options.draft_vocab = draft_vocab;
   options.bf16_weights = bf16_weights;
   options.model_id = "sluice-mini-draft";
+  // Auto mode prices steps on this clock: the process's CPU time, not wall time, so other
+  // processes on a loaded machine do not change which draft lengths it picks.
+  options.cost_clock = CostClock::kProcessCpu;
   auto drafter = DraftModelDrafter::Create(Load(testing::SharedModelDir("sluice-mini-draft")),
                                            options);
   EXPECT_TRUE(drafter.ok()) << drafter.status();
@@ -64,6 +67,7 @@ std::unique_ptr<LLMEngine> Engine(const std::string& dir, std::shared_ptr<Drafte
   options.speculative.drafter = std::move(drafter);
   options.speculative.verify = mode;
   options.speculative.num_speculative_tokens = k;
+  options.speculative.cost_clock = CostClock::kProcessCpu;
   auto engine = LLMEngine::Create(Load(dir), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
