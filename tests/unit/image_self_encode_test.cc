@@ -94,7 +94,7 @@ TEST(WorkerImagesTest, EncodesForTheEngineOnItsOwnThreads) {
   ASSERT_TRUE(images.ok()) << images.status();
   const std::string fp = (*reference)->processor().Fingerprint();
   const int32_t n = static_cast<int32_t>((*reference)->tokens_per_image());
-  const std::string png = ReadFile(Llava() + "/image_1.png");
+  const std::string png = ReadFileBytes(Llava() + "/image_1.png");
   ImageEncoder& encoder = **images;
   encoder.StartEncode(7, {BytesInput(png, fp, n)});
   encoder.StartEncode(8, {BytesInput(png.substr(0, png.size() / 2), fp, n)});
