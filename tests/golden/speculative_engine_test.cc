@@ -214,8 +214,10 @@ TEST(SpeculativeEngineTest, ReducedDraftVocabularyAndFloatDraftStillExact) {
     auto engine = Engine(dir, drafter, mode);
     ExpectSame(plain, RunAll(*engine, requests));
     EXPECT_GT(engine->counters().num_spec_accepted_tokens, 0);
-    // Re-ranked from the counted tokens: ids above 511 that the requests use are in it.
-    EXPECT_NE(drafter->draft_vocab_ids(), initial);
+    // Re-ranked from the counted tokens: ids above 511 that the requests use are in it. Only
+    // checked with a fixed draft length: auto mode drafts (and so counts tokens) as its measured
+    // step costs decide, so whether it reaches the first re-rank's 256 tokens is not fixed.
+    if (mode == VerifyMode::kFixed) EXPECT_NE(drafter->draft_vocab_ids(), initial);
     EXPECT_EQ(drafter->draft_vocab_ids().size(), 512u);
   }
   auto f32 = DraftModel(256, 0, /*bf16_weights=*/false);
