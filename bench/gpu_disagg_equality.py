@@ -101,17 +101,9 @@ def divergence(reference, got):
 def compare(reference, got, tie_tolerance):
     """(mismatch indices, near-tie flips [(index, position, margin)])."""
     mismatches, flips = [], []
-    for i, (a, b) in enumerate(zip(reference, got)):
-        if a["tokens"] == b["tokens"] and a["finish_reason"] == b["finish_reason"]:
-            continue
-        pos = next((p for p, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), None)
-        if pos is None:  # one is a prefix of the other: a stop decided differently
-            mismatches.append(i)
-            continue
-        top = a["top"][pos] or {}
-        chosen, other = top.get(a["tokens"][pos]), top.get(b["tokens"][pos])
-        if chosen is not None and other is not None and chosen - other <= tie_tolerance:
-            flips.append((i, pos, round(chosen - other, 5)))
+    for i, pos, margin in divergence(reference, got):
+        if margin is not None and margin <= tie_tolerance:
+            flips.append((i, pos, margin))
         else:
             mismatches.append(i)
     return mismatches, flips
