@@ -158,6 +158,8 @@ class AsyncEngine::Impl {
         engine_->ReserveForTransfer(op.request, op.first_token);
     if (blocks.ok()) {
       callbacks_.emplace(id, std::move(op.on_output));
+      // Whoever learns of the reservation may read Stats() next: it must show the blocks taken.
+      PublishStats();
       op.on_reserved(std::move(blocks));
       return true;
     }
@@ -219,6 +221,7 @@ class AsyncEngine::Impl {
       engine_->AbortRequest(abort->request_id);
     } else if (auto* release = std::get_if<ReleaseOp>(&op)) {
       absl::Status s = engine_->ReleaseHeldBlocks(release->request_id);
+      PublishStats();
       if (release->done) release->done(s);
     } else if (auto* reserve = std::get_if<ReserveOp>(&op)) {
       if (!pending_reserves_.empty() || !TryReserve(*reserve)) {
@@ -227,6 +230,7 @@ class AsyncEngine::Impl {
     } else if (auto* complete = std::get_if<CompleteOp>(&op)) {
       absl::Status s = engine_->CompleteTransfer(
           complete->request_id, std::move(complete->status), std::move(complete->first_token));
+      PublishStats();
       if (complete->done) complete->done(s);
     }
   }

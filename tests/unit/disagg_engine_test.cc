@@ -456,6 +456,10 @@ TEST(DisaggEngineTest, AsyncEnginesPrefillReserveTransferDecode) {
                             [&] { return prefill_last.has_value() && reserved.has_value(); }));
   }
   ASSERT_TRUE(reserved->ok()) << reserved->status();
+  // Stats are published before the reservation callback: a caller that reads them next (the
+  // worker's /metrics) sees the blocks taken, without waiting for a loop iteration.
+  EXPECT_EQ(decode.Stats().num_free_blocks, 64 - static_cast<int64_t>(reserved->value().size()));
+  EXPECT_EQ(decode.Stats().num_reserved, 1);
   ASSERT_TRUE(prefill_last->kv_held);
   // Stats are published after the step whose callback fired: wait for them.
   for (int i = 0; i < 200 && prefill.Stats().num_held_blocks != 6; ++i) {
