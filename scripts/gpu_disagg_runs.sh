@@ -15,7 +15,8 @@
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
 #    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
-#    two are visible.
+#    two are visible; push once more with every transfer 200 ms late (a race check). Each run's
+#    sequential pass runs twice and records where each differing request diverges.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
 #    over sm (bench/kv_transfer_bench.py).
@@ -101,6 +102,15 @@ for model in "${MODELS[@]}"; do
       fi
     done
   done
+  # Push with every transfer started 200 ms late (decode --test-transfer-delay-ms): sequential
+  # mismatches that vanish here were a race with device work still running when the push read
+  # the KV (H100, sluice-mini-moe: 4 of 16 differed in push mode, none in pull or layerwise).
+  echo "== equality ${name}_push_delayed"
+  if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
+      --requests "$REQUESTS" --decode-args "--test-transfer-delay-ms 200" \
+      --out "$RESULTS/gpu_disagg_equality_${name}_push_delayed_h200.json"; then
+    FAILED=1
+  fi
   # The kvstore behind the prefill worker's GPU cache: a fresh worker's second pass of the
   # same prompts is served from the store.
   echo "== equality ${name}_pull_kvstore"
