@@ -29,9 +29,10 @@ each pass and request where the tokens first diverge (position 0: the prefill's 
 so not the transfer), the reference's margin there, and both token lists from there on; and
 whether every pass diverged alike (`sequential_repeatable`: the same requests at the same
 positions point at wrong bytes or wrong blocks, a different set per pass at a race).
---decode-args / --prefill-args go to one role only, e.g. `--decode-args
-"--test-transfer-delay-ms 200"` starts every transfer 200 ms late: in push mode, mismatches that
-vanish with it were a race with work still running when the transfer began.
+--decode-args / --prefill-args go to one role only. Race checks for push mode: `--decode-args
+"--test-transfer-delay-ms 200"` starts every transfer 200 ms late (mismatches that vanish were
+the push reading KV still being written); "--test-post-transfer-delay-ms 200" starts decoding
+200 ms after the push reported done (mismatches that vanish were KV still landing at decode).
 
 Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
          [--sequential 16] [--sequential-repeats 2] [--tie-tolerance 0.05] [--gpus 0,1]
@@ -45,6 +46,7 @@ import json
 import os
 import pathlib
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -208,6 +210,9 @@ def main():
     ap.add_argument("--worker-args", default="", help="extra flags for serve and both workers")
     ap.add_argument("--decode-args", default="", help="extra flags for the decode worker only")
     ap.add_argument("--prefill-args", default="", help="extra flags for the prefill worker only")
+    ap.add_argument("--logs-dir", default="",
+                    help="copy the router's and workers' logs here afterwards (e.g. with "
+                         "UCX_PROTO_INFO=y in the environment: the protocols UCX chose)")
     ap.add_argument("--kvstore", action="store_true",
                     help="a kvstore behind the prefill worker, and a pass served from it")
     ap.add_argument("--out", default="")
@@ -296,6 +301,11 @@ def main():
         cluster.stop()
         if store is not None:
             store.stop()
+        if args.logs_dir:
+            logs = pathlib.Path(args.logs_dir)
+            logs.mkdir(parents=True, exist_ok=True)
+            for f in pathlib.Path(cluster.dir).glob("*.log"):
+                shutil.copy(f, logs / f.name)
     ok = (report["num_mismatches"] == 0 and not report["sequential_mismatches"] and
           report["free_blocks_after"] == baseline and
           (not args.kvstore or report["store"]["ok"]))

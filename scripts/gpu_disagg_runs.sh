@@ -15,8 +15,9 @@
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
 #    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
-#    two are visible; push once more with every transfer 200 ms late (a race check). Each run's
-#    sequential pass runs twice and records where each differing request diverges.
+#    two are visible; push again with transfers started late, decoding started late (race
+#    checks) and UCX_PROTO_INFO logs. Each run's sequential pass runs twice and records where
+#    each differing request diverges.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
 #    over sm (bench/kv_transfer_bench.py).
@@ -102,13 +103,24 @@ for model in "${MODELS[@]}"; do
       fi
     done
   done
-  # Push with every transfer started 200 ms late (decode --test-transfer-delay-ms): sequential
-  # mismatches that vanish here were a race with device work still running when the push read
-  # the KV (H100, sluice-mini-moe: 4 of 16 differed in push mode, none in pull or layerwise).
-  echo "== equality ${name}_push_delayed"
-  if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
-      --requests "$REQUESTS" --decode-args "--test-transfer-delay-ms 200" \
-      --out "$RESULTS/gpu_disagg_equality_${name}_push_delayed_h200.json"; then
+  # Push race checks (H100, sluice-mini-moe: 4 of 16 sequential requests differed in push
+  # mode, none in pull or layerwise, every transfer ok). late_start: every push starts 200 ms
+  # late (mismatches that vanish: the push read KV still being written); late_complete: decode
+  # starts 200 ms after the push reported done (mismatches that vanish: KV still landing). The
+  # plain push run again with UCX's protocol choices in the worker logs (UCX_PROTO_INFO).
+  for check in "late_start --test-transfer-delay-ms" "late_complete --test-post-transfer-delay-ms"; do
+    read -r what flag <<< "$check"
+    echo "== equality ${name}_push_${what}"
+    if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
+        --requests "$REQUESTS" --decode-args "$flag 200" \
+        --out "$RESULTS/gpu_disagg_equality_${name}_push_${what}_h200.json"; then
+      FAILED=1
+    fi
+  done
+  echo "== equality ${name}_push_protoinfo"
+  if ! UCX_PROTO_INFO=y "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
+      --requests "$REQUESTS" --logs-dir "$RESULTS/logs_${name}_push_protoinfo" \
+      --out "$RESULTS/gpu_disagg_equality_${name}_push_protoinfo_h200.json"; then
     FAILED=1
   fi
   # The kvstore behind the prefill worker's GPU cache: a fresh worker's second pass of the

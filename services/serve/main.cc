@@ -360,6 +360,10 @@ int main(int argc, char** argv) {
       cmd.add_option("--test-transfer-delay-ms", w.test_transfer_delay_ms,
                      "Test only: hold every KV transfer this long before it starts")
           ->check(CLI::NonNegativeNumber);
+      cmd.add_option("--test-post-transfer-delay-ms", w.test_post_transfer_delay_ms,
+                     "Test only: hold every KV transfer's completion this long after it "
+                     "returned (before the first decode step)")
+          ->check(CLI::NonNegativeNumber);
     }
   }
 
