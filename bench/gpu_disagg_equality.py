@@ -28,7 +28,9 @@ The sequential pass runs --sequential-repeats times (2). Where it differs, the r
 each pass and request where the tokens first diverge (position 0: the prefill's own first token,
 so not the transfer), the reference's margin there, and both token lists from there on; and
 whether every pass diverged alike (`sequential_repeatable`: the same requests at the same
-positions point at wrong bytes or wrong blocks, a different set per pass at a race).
+positions point at wrong bytes or wrong blocks, a different set per pass at a race). The
+reference's sequential pass also runs twice (`reference_self_divergence`: nonempty means the
+kernels themselves are not deterministic run to run).
 --decode-args / --prefill-args go to one role only. Race checks for push mode: `--decode-args
 "--test-transfer-delay-ms 200"` starts every transfer 200 ms late (mismatches that vanish were
 the push reading KV still being written); "--test-post-transfer-delay-ms 200" starts decoding
@@ -235,6 +237,8 @@ def main():
         name = served_name(serve.url)
         reference = run_all(serve.url, name, prompts, args.max_tokens, args.requests)
         sequential_ref = run_all(serve.url, name, alone, args.max_tokens, 1)
+        # The reference against itself: a difference here is the kernels, not the transfer.
+        reference_again = run_all(serve.url, name, alone, args.max_tokens, 1)
     finally:
         serve.stop()
 
@@ -257,7 +261,8 @@ def main():
             store.stop()
         raise
     report = {"model": args.model, "mode": args.mode, "requests": args.requests, "gpus": gpus,
-              "kvstore": args.kvstore}
+              "kvstore": args.kvstore,
+              "reference_self_divergence": divergence_detail(sequential_ref, reference_again)}
     try:
         baseline = {w: free_blocks(cluster, w) for w in ("prefill-0", "decode-0")}
         start = time.time()
