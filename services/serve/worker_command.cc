@@ -286,9 +286,12 @@ int Run(const WorkerOptions& options, Role role) {
   transfer::KvTransferAgent* agent_ptr = agent->get();
   std::shared_ptr<KvConnector> kv_connector = runtime->kv_connector;
   const WorkerImages* images_ptr = images->get();
+  transfer::StagedKvTransfer* staging_ptr = *staging != nullptr ? (*staging)->transfer.get()
+                                                                 : nullptr;
   http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr,
-                                 kv_connector, images_ptr] {
+                                 kv_connector, images_ptr, staging_ptr] {
     WorkerMetrics::ServiceGauges gauges;
+    if (staging_ptr != nullptr) gauges.staging = staging_ptr->stats();
     if (prefill_ptr != nullptr) gauges.num_queued_prefill_tokens =
         prefill_ptr->num_queued_prefill_tokens();
     if (decode_ptr != nullptr) gauges.num_sessions = decode_ptr->num_sessions();

@@ -129,6 +129,13 @@ def test_staged_push_matches_sluice_serve(reference, mode):
         prefill = cluster.worker_metrics_text("prefill-0")
         decode = cluster.worker_metrics_text("decode-0")
         assert "pinned host staging slots of 65536 bytes" in cluster.workers["prefill-0"].tail(200)
+        # Every pushed byte went through the staging, the long prompts' layers in several
+        # slot fills each.
+        staged = sum_samples(prefill, "sluice_kv_staging_bytes_total")
+        assert staged > 0
+        assert staged == sum_samples(prefill, 'sluice_kv_transfer_bytes_total{direction="push"}')
+        assert (sum_samples(prefill, "sluice_kv_staging_chunks_total") >
+                sum_samples(prefill, "sluice_kv_transfer_seconds_count"))
         # The prefill worker's KV is unregistered: a push that bypassed the staging would fail
         # (and the router would recompute on the decode worker, hiding it from the tokens).
         assert 'sluice_kv_transfers_total{result="failed"} 0' in prefill
