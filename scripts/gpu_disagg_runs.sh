@@ -16,8 +16,9 @@
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
 #    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
 #    two are visible; push again with transfers started late, decoding started late (race
-#    checks) and UCX_PROTO_INFO logs. Each run's sequential pass runs twice and records where
-#    each differing request diverges.
+#    checks) and UCX_PROTO_INFO logs; push and layerwise with the prefill worker's KV through
+#    its own pinned host staging (--kv-staging on). Each run's sequential pass runs twice and
+#    records where each differing request diverges.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
 #    over sm (bench/kv_transfer_bench.py).
@@ -114,6 +115,16 @@ for model in "${MODELS[@]}"; do
     if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
         --requests "$REQUESTS" --decode-args "$flag 200" \
         --out "$RESULTS/gpu_disagg_equality_${name}_push_${what}_h200.json"; then
+      FAILED=1
+    fi
+  done
+  # The prefill worker's device KV through its own pinned host staging (--kv-staging on:
+  # CudaDeviceCopier lanes, then UCX RMA from the staging slots), push and layerwise.
+  for mode in push layerwise; do
+    echo "== equality ${name}_${mode}_staged"
+    if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
+        --requests "$REQUESTS" --prefill-args "--kv-staging on" \
+        --out "$RESULTS/gpu_disagg_equality_${name}_${mode}_staged_h200.json"; then
       FAILED=1
     fi
   done
