@@ -24,8 +24,21 @@ the store (usage cached_tokens and the worker's sluice_prompt_tokens_cached_tota
 {source="kvstore"}), and the tokens must equal the reference's, up to near-tie flips (the tail
 is computed in other shapes than the full prompt was) judged as in the concurrent pass.
 
+The sequential pass runs --sequential-repeats times (2). Where it differs, the report says for
+each pass and request where the tokens first diverge (position 0: the prefill's own first token,
+so not the transfer), the reference's margin there, and both token lists from there on; and
+whether every pass diverged alike (`sequential_repeatable`: the same requests at the same
+positions point at wrong bytes or wrong blocks, a different set per pass at a race). The
+reference's sequential pass also runs twice (`reference_self_divergence`: nonempty means the
+kernels themselves are not deterministic run to run).
+--decode-args / --prefill-args go to one role only. Race checks for push mode: `--decode-args
+"--test-transfer-delay-ms 200"` starts every transfer 200 ms late (mismatches that vanish were
+the push reading KV still being written); "--test-post-transfer-delay-ms 200" starts decoding
+200 ms after the push reported done (mismatches that vanish were KV still landing at decode).
+
 Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
-         [--sequential 16] [--tie-tolerance 0.05] [--gpus 0,1] [--worker-args "..."]
+         [--sequential 16] [--sequential-repeats 2] [--tie-tolerance 0.05] [--gpus 0,1]
+         [--worker-args "..."] [--decode-args "..."] [--prefill-args "..."]
          [--kvstore] [--out FILE.json]
 Exit 0 when there is no mismatch and the blocks returned, 1 otherwise. SLUICE_BIN picks the binary.
 """
@@ -35,6 +48,7 @@ import json
 import os
 import pathlib
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -95,6 +109,19 @@ def divergence(reference, got):
         other = top.get(b["tokens"][pos]) if pos is not None else None
         margin = round(chosen - other, 5) if chosen is not None and other is not None else None
         out.append((i, pos, margin))
+    return out
+
+
+def divergence_detail(reference, got):
+    """divergence() with both token lists from the first differing position on (at most 8)."""
+    out = []
+    for i, pos, margin in divergence(reference, got):
+        start = pos if pos is not None else min(len(reference[i]["tokens"]), len(got[i]["tokens"]))
+        out.append({"request": i, "position": pos, "margin": margin,
+                    "reference_tokens": reference[i]["tokens"][start:start + 8],
+                    "tokens": got[i]["tokens"][start:start + 8],
+                    "reference_finish": reference[i]["finish_reason"],
+                    "finish": got[i]["finish_reason"]})
     return out
 
 
@@ -172,6 +199,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--sequential", type=int, default=16,
                     help="prompts also answered one at a time on both sides: must be identical")
+    ap.add_argument("--sequential-repeats", type=int, default=2,
+                    help="times the disaggregated sequential pass runs (a race differs per pass)")
     ap.add_argument("--tie-tolerance", type=float, default=0.05,
                     help="nats between the reference's token and a concurrent run's differing "
                          "token for the difference to count as a near-tie flip")
@@ -181,6 +210,11 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the same check on the CPU engine (a smoke test of this script)")
     ap.add_argument("--worker-args", default="", help="extra flags for serve and both workers")
+    ap.add_argument("--decode-args", default="", help="extra flags for the decode worker only")
+    ap.add_argument("--prefill-args", default="", help="extra flags for the prefill worker only")
+    ap.add_argument("--logs-dir", default="",
+                    help="copy the router's and workers' logs here afterwards (e.g. with "
+                         "UCX_PROTO_INFO=y in the environment: the protocols UCX chose)")
     ap.add_argument("--kvstore", action="store_true",
                     help="a kvstore behind the prefill worker, and a pass served from it")
     ap.add_argument("--out", default="")
@@ -203,6 +237,8 @@ def main():
         name = served_name(serve.url)
         reference = run_all(serve.url, name, prompts, args.max_tokens, args.requests)
         sequential_ref = run_all(serve.url, name, alone, args.max_tokens, 1)
+        # The reference against itself: a difference here is the kernels, not the transfer.
+        reference_again = run_all(serve.url, name, alone, args.max_tokens, 1)
     finally:
         serve.stop()
 
@@ -211,20 +247,22 @@ def main():
         pin_workers_to_gpus(gpus[0], gpus[-1])
     worker_args = [*device, "--kv-transfer-mode", args.mode, *extra]
     store = None
-    prefill_args = []
+    prefill_args = args.prefill_args.split()
     if args.kvstore:
         store, address = start_kvstore(tempfile.mkdtemp(prefix="sluice-kvstore-"))
-        prefill_args = ["--kvstore", address]
+        prefill_args += ["--kvstore", address]
     args.worker_list, args.prefill_list = worker_args, prefill_args
     try:
-        cluster = Cluster(1, 1, worker_args=worker_args, role_args={"prefill": prefill_args},
+        cluster = Cluster(1, 1, worker_args=worker_args,
+                          role_args={"prefill": prefill_args, "decode": args.decode_args.split()},
                           model_dir=pathlib.Path(args.model))
     except BaseException:
         if store is not None:
             store.stop()
         raise
     report = {"model": args.model, "mode": args.mode, "requests": args.requests, "gpus": gpus,
-              "kvstore": args.kvstore}
+              "kvstore": args.kvstore,
+              "reference_self_divergence": divergence_detail(sequential_ref, reference_again)}
     try:
         baseline = {w: free_blocks(cluster, w) for w in ("prefill-0", "decode-0")}
         start = time.time()
@@ -238,12 +276,20 @@ def main():
         report["num_near_tie_flips"] = len(flips)
         report["near_tie_flips"] = flips[:20]
         report["tie_tolerance_nats"] = args.tie_tolerance
-        sequential = run_all(cluster.url, name, alone, args.max_tokens, 1)
-        report["sequential_requests"] = len(sequential)
-        report["sequential_mismatches"] = [
-            i for i, (a, b) in enumerate(zip(sequential_ref, sequential))
-            if a["tokens"] != b["tokens"] or a["finish_reason"] != b["finish_reason"]]
-        report["sequential_divergence"] = divergence(sequential_ref, sequential)
+        passes = []
+        for _ in range(max(1, args.sequential_repeats)):
+            sequential = run_all(cluster.url, name, alone, args.max_tokens, 1)
+            passes.append(divergence_detail(sequential_ref, sequential))
+        report["sequential_requests"] = len(alone)
+        report["sequential_passes"] = len(passes)
+        # Any request that differed in any pass.
+        report["sequential_mismatches"] = sorted({d["request"] for p in passes for d in p})
+        report["sequential_divergence"] = passes
+        report["sequential_repeatable"] = all(
+            [(d["request"], d["position"]) for d in p] ==
+            [(d["request"], d["position"]) for d in passes[0]] for p in passes)
+        report["sequential_first_token_mismatches"] = sorted(
+            {d["request"] for p in passes for d in p if d["position"] == 0})
         deadline = time.time() + 30
         while True:
             after = {w: free_blocks(cluster, w) for w in baseline}
@@ -260,6 +306,11 @@ def main():
         cluster.stop()
         if store is not None:
             store.stop()
+        if args.logs_dir:
+            logs = pathlib.Path(args.logs_dir)
+            logs.mkdir(parents=True, exist_ok=True)
+            for f in pathlib.Path(cluster.dir).glob("*.log"):
+                shutil.copy(f, logs / f.name)
     ok = (report["num_mismatches"] == 0 and not report["sequential_mismatches"] and
           report["free_blocks_after"] == baseline and
           (not args.kvstore or report["store"]["ok"]))

@@ -15,7 +15,10 @@
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
 #    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
-#    two are visible.
+#    two are visible; push again with transfers started late, decoding started late (race
+#    checks) and UCX_PROTO_INFO logs; push and layerwise with the prefill worker's KV through
+#    its own pinned host staging (--kv-staging on). Each run's sequential pass runs twice and
+#    records where each differing request diverges.
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
 #    over sm (bench/kv_transfer_bench.py).
@@ -101,6 +104,36 @@ for model in "${MODELS[@]}"; do
       fi
     done
   done
+  # Push race checks (H100, sluice-mini-moe: 4 of 16 sequential requests differed in push
+  # mode, none in pull or layerwise, every transfer ok). late_start: every push starts 200 ms
+  # late (mismatches that vanish: the push read KV still being written); late_complete: decode
+  # starts 200 ms after the push reported done (mismatches that vanish: KV still landing). The
+  # plain push run again with UCX's protocol choices in the worker logs (UCX_PROTO_INFO).
+  for check in "late_start --test-transfer-delay-ms" "late_complete --test-post-transfer-delay-ms"; do
+    read -r what flag <<< "$check"
+    echo "== equality ${name}_push_${what}"
+    if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
+        --requests "$REQUESTS" --decode-args "$flag 200" \
+        --out "$RESULTS/gpu_disagg_equality_${name}_push_${what}_h200.json"; then
+      FAILED=1
+    fi
+  done
+  # The prefill worker's device KV through its own pinned host staging (--kv-staging on:
+  # CudaDeviceCopier lanes, then UCX RMA from the staging slots), push and layerwise.
+  for mode in push layerwise; do
+    echo "== equality ${name}_${mode}_staged"
+    if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
+        --requests "$REQUESTS" --prefill-args "--kv-staging on" \
+        --out "$RESULTS/gpu_disagg_equality_${name}_${mode}_staged_h200.json"; then
+      FAILED=1
+    fi
+  done
+  echo "== equality ${name}_push_protoinfo"
+  if ! UCX_PROTO_INFO=y "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
+      --requests "$REQUESTS" --logs-dir "$RESULTS/logs_${name}_push_protoinfo" \
+      --out "$RESULTS/gpu_disagg_equality_${name}_push_protoinfo_h200.json"; then
+    FAILED=1
+  fi
   # The kvstore behind the prefill worker's GPU cache: a fresh worker's second pass of the
   # same prompts is served from the store.
   echo "== equality ${name}_pull_kvstore"

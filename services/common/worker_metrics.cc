@@ -172,6 +172,15 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
                     stats.counters.num_held_released, "\n",
                     "sluice_prefill_held_released_total{reason=\"expired\"} ",
                     stats.counters.num_held_expired, "\n");
+    if (service.staging.has_value()) {
+      Counter(out, "sluice_kv_staging_chunks_total",
+              "Pinned host staging slot fills of KV pushed through staging (--kv-staging): one "
+              "device-to-host copy batch and one RMA batch each.",
+              static_cast<double>(service.staging->num_chunks));
+      Counter(out, "sluice_kv_staging_bytes_total",
+              "KV bytes pushed to peers through pinned host staging (--kv-staging).",
+              static_cast<double>(service.staging->bytes_pushed));
+    }
   } else {
     Gauge(out, "sluice_decode_reserved_transfers",
           "Requests holding reserved KV blocks while their KV transfer is pending.",

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -20,6 +21,7 @@
 #include "services/common/metrics.h"
 #include "services/common/vllm_metrics.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/staged_transfer.h"
 
 namespace sluice {
 
@@ -56,6 +58,8 @@ class WorkerMetrics {
   struct ServiceGauges {
     int64_t num_queued_prefill_tokens = 0;  // prefill: prompt tokens admitted, not answered
     int64_t num_sessions = 0;               // decode: requests known to the service
+    // prefill with --kv-staging: the staging's counters (absent: the KV is pushed directly).
+    std::optional<transfer::StagedTransferStats> staging;
   };
   // Render returns the whole exposition.
   std::string Render(const AsyncEngineStats& stats, const transfer::KvTransferStats& transfer,

@@ -888,6 +888,7 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
       }
       engine_->CompleteTransfer(session->engine_id(), status, first);
     };
+    safe_at = std::max(safe_at, absl::Now() + options_.test_post_transfer_delay);
     if (safe_at > absl::Now()) {
       pool_.PostAt(safe_at, std::move(complete));  // blocks stay reserved until no put can run
     } else {

@@ -64,6 +64,9 @@ struct DecodeServiceOptions {
   // images fails (FAILED_PRECONDITION).
   const WorkerImages* images = nullptr;
   absl::Duration test_transfer_delay = absl::ZeroDuration();  // test only: hold each transfer
+  // Test only: hold each transfer's completion (the engine's CompleteTransfer) this long after
+  // the transfer returned (a race check: KV still landing when the push was reported done).
+  absl::Duration test_post_transfer_delay = absl::ZeroDuration();
   // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };

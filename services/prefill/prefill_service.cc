@@ -298,19 +298,18 @@ absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLay
   options.layers_per_group = std::max(1, options_.layerwise_group_layers);
   // The engine may free the pinned blocks at the pin timeout: every push ends before.
   options.deadline = std::min(deadline, absl::Now() + options_.pin_timeout - kPinMargin);
-  transfer::KvTransferAgent* agent = agent_;
   const int fail_group = options_.test_fail_layer_group;
   auto groups_posted = std::make_shared<std::atomic<int>>(0);  // pushes run one at a time
   return transfer::LayerwisePush::Create(
-      [agent, fail_group, groups_posted](const transfer::RemoteKvDescriptor& remote,
-                                         absl::Span<const transfer::BlockRun> remote_runs,
-                                         absl::Span<const transfer::KvRegion> local,
-                                         absl::Span<const transfer::BlockRun> local_runs,
-                                         absl::Time d) {
+      [this, fail_group, groups_posted](const transfer::RemoteKvDescriptor& remote,
+                                        absl::Span<const transfer::BlockRun> remote_runs,
+                                        absl::Span<const transfer::KvRegion> local,
+                                        absl::Span<const transfer::BlockRun> local_runs,
+                                        absl::Time d) {
         if (groups_posted->fetch_add(1) == fail_group) {
           return absl::UnavailableError("test: injected failure of this layer group's push");
         }
-        return agent->Push(remote, remote_runs, local, local_runs, d);
+        return PushRuns(remote, remote_runs, local, local_runs, d);
       },
       [this](std::function<void()> job) { pool_.Post(std::move(job)); },
       std::move(checked->regions.remote), std::move(checked->runs),
@@ -495,6 +494,17 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
   return reactor;
 }
 
+absl::Status PrefillService::PushRuns(const transfer::RemoteKvDescriptor& remote,
+                                      absl::Span<const transfer::BlockRun> remote_runs,
+                                      absl::Span<const transfer::KvRegion> local,
+                                      absl::Span<const transfer::BlockRun> local_runs,
+                                      absl::Time deadline) {
+  if (options_.staging != nullptr) {
+    return options_.staging->Push(remote, remote_runs, local, local_runs, deadline);
+  }
+  return agent_->Push(remote, remote_runs, local, local_runs, deadline);
+}
+
 absl::Status PrefillService::RunPush(const std::string& request_id,
                                      const v1::PushKvRequest& request,
                                      std::vector<int32_t> block_ids, absl::Time deadline,
@@ -514,9 +524,8 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
   if (absl::Now() >= deadline) {
     return absl::DeadlineExceededError("the pinned KV is about to expire; not pushing");
   }
-  absl::Status status =
-      agent_->Push(moved.remote, transfer::CoalesceBlocks(dest_ids), moved.local,
-                   transfer::CoalesceBlocks(block_ids), deadline);
+  absl::Status status = PushRuns(moved.remote, transfer::CoalesceBlocks(dest_ids), moved.local,
+                                 transfer::CoalesceBlocks(block_ids), deadline);
   if (status.ok()) {
     for (const transfer::KvRegion& region : moved.local) {
       *bytes += region.block_bytes * static_cast<int64_t>(block_ids.size());

@@ -6,7 +6,8 @@
 // a Prefill that carries the decode worker's reservation pushes each layer's KV into it as the
 // forward of the last prompt chunk completes the layer (transfer::LayerwisePush, fed by the
 // engine's KvLayerObserver), and answers with kv_pushed once every layer landed; without a
-// reservation it behaves as push mode. Callback (reactor) API: no thread is held per request;
+// reservation it behaves as push mode. KV the UCX agent cannot reach (device memory it cannot
+// register) is pushed through pinned host staging (options.staging). Callback (reactor) API: no thread is held per request;
 // the engine thread (or the push's last pool job) finishes each Prefill call.
 #ifndef SLUICE_SERVICES_PREFILL_PREFILL_SERVICE_H_
 #define SLUICE_SERVICES_PREFILL_PREFILL_SERVICE_H_
@@ -30,6 +31,7 @@
 #include "transfer/block_runs.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/layerwise_push.h"
+#include "transfer/staged_transfer.h"
 #include "services/common/worker_grammar.h"
 
 namespace sluice {
@@ -45,6 +47,13 @@ struct PrefillServiceOptions {
   int layerwise_group_layers = 1;
   // Test only: >= 0 makes the push of this layer group fail (Unavailable), as a dead peer would.
   int test_fail_layer_group = -1;
+  // Where pushes read the prompt's KV. Null: the agent RMA-writes straight from the service's
+  // `regions` (registered with it). Set: `regions` are not registered with the agent (device
+  // memory its UCX context cannot register, or staging chosen for the transport): every push,
+  // PushKv and layerwise alike, copies them through this staging's registered host slots
+  // (StagedKvTransfer::Push, device copies overlapping the network). Such a worker serves push
+  // and layerwise modes only: a decode worker could not pull its KV. Borrowed.
+  transfer::StagedKvTransfer* staging = nullptr;
   // SWA bounded replay in effect (EffectiveSwaReplayTokens of --swa-replay-tokens): > 0: only the
   // full-attention layers' KV is moved (announced in PrefillResponse.kv.swa_replay_tokens).
   int64_t swa_replay_tokens = 0;
@@ -119,6 +128,12 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   absl::StatusOr<Destination> CheckDestination(const std::string& request_id,
                                                const v1::KvBlocks& destination,
                                                absl::StatusCode layout_error) const;
+  // PushRuns: one push of paired runs, straight from the registered KV (agent) or through the
+  // staging (options.staging): KvTransferAgent::Push's contract either way.
+  absl::Status PushRuns(const transfer::RemoteKvDescriptor& remote,
+                        absl::Span<const transfer::BlockRun> remote_runs,
+                        absl::Span<const transfer::KvRegion> local,
+                        absl::Span<const transfer::BlockRun> local_runs, absl::Time deadline);
   // RunPush: the PushKv job (pool thread). Frees the pinned blocks afterwards.
   absl::Status RunPush(const std::string& request_id, const v1::PushKvRequest& request,
                        std::vector<int32_t> block_ids, absl::Time deadline, int64_t* bytes);

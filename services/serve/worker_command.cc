@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -21,12 +22,88 @@
 #include "services/common/worker_images.h"
 #include "services/common/worker_metrics.h"
 #include "services/common/worker_wire.h"
+#include "transfer/device_copier.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/staged_transfer.h"
+#if defined(SLUICE_HAVE_CUDA)
+#include "transfer/cuda/cuda_device_copier.h"
+#endif
 
 namespace sluice {
 namespace {
 
 enum class Role { kPrefill, kDecode };
+
+// KvStaging: a prefill worker's pinned host staging for pushes of KV that is not registered
+// with UCX (PrefillServiceOptions::staging); the copier outlives the transfer.
+struct KvStaging {
+  std::unique_ptr<transfer::DeviceCopier> copier;
+  std::unique_ptr<transfer::StagedKvTransfer> transfer;  // after copier: destroyed first
+};
+
+// MaybeKvStaging: the staging --kv-staging asks for (null: none): "on" always, "auto" when
+// the KV is in memory `agent` cannot register (device KV, a UCX context without CUDA). Errors:
+// FailedPrecondition for pull mode (a decode worker could not read unregistered KV) or "off"
+// with such KV, InvalidArgument for a slot smaller than a block; those of the copier and
+// StagedKvTransfer::Create.
+absl::StatusOr<std::unique_ptr<KvStaging>> MaybeKvStaging(const WorkerOptions& options,
+                                                          v1::KvTransferMode mode,
+                                                          const KvTransferMemory& memory,
+                                                          transfer::KvTransferAgent* agent) {
+  const bool reachable = agent->SupportsMemoryType(memory.type);
+  if (options.kv_staging == "off" || (options.kv_staging == "auto" && reachable)) {
+    if (!reachable) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this UCX context cannot register ", transfer::MemoryTypeName(memory.type),
+          " memory and --kv-staging is off: use --kv-staging auto with --kv-transfer-mode "
+          "push or layerwise"));
+    }
+    return std::unique_ptr<KvStaging>();
+  }
+  if (mode == v1::KV_TRANSFER_MODE_PULL) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the KV is pushed through staging (--kv-staging ", options.kv_staging,
+        reachable ? "" : absl::StrCat("; UCX cannot register ",
+                                      transfer::MemoryTypeName(memory.type), " memory"),
+        "), so decode workers cannot pull it: run every worker with --kv-transfer-mode push or "
+        "layerwise"));
+  }
+  int64_t largest_block = 0;
+  for (const transfer::KvRegion& r : memory.regions) {
+    largest_block = std::max(largest_block, r.block_bytes);
+  }
+  if (options.kv_staging_slot_bytes < largest_block) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-staging-slot-bytes ", options.kv_staging_slot_bytes,
+                     " is smaller than one KV block of a layer (", largest_block, " bytes)"));
+  }
+  constexpr int kSlots = 2;  // one slot's device copy overlaps the other's RMA
+  auto staging = std::make_unique<KvStaging>();
+  if (memory.type == transfer::MemoryType::kCuda) {
+#if defined(SLUICE_HAVE_CUDA)
+    absl::StatusOr<std::unique_ptr<transfer::CudaDeviceCopier>> copier =
+        transfer::CudaDeviceCopier::Create(/*device=*/-1, kSlots);
+    if (!copier.ok()) return copier.status();
+    staging->copier = *std::move(copier);
+#else
+    return absl::FailedPreconditionError("device KV in a build without CUDA");
+#endif
+  } else {
+    // The engine's host KV, copied with memcpy (the same pipeline a GPU worker runs).
+    staging->copier = std::make_unique<transfer::HostMemcpyCopier>(kSlots);
+  }
+  transfer::StagingOptions staging_options;
+  staging_options.slot_bytes = options.kv_staging_slot_bytes;
+  staging_options.num_slots = kSlots;
+  absl::StatusOr<std::unique_ptr<transfer::StagedKvTransfer>> transfer =
+      transfer::StagedKvTransfer::Create(agent, staging->copier.get(), staging_options);
+  if (!transfer.ok()) return transfer.status();
+  staging->transfer = *std::move(transfer);
+  spdlog::info("KV pushes go through {} pinned host staging slots of {} bytes ({} KV{})",
+               kSlots, options.kv_staging_slot_bytes, transfer::MemoryTypeName(memory.type),
+               reachable ? ", --kv-staging on" : " UCX cannot register");
+  return staging;
+}
 
 int Run(const WorkerOptions& options, Role role) {
   const char* name = role == Role::kPrefill ? "prefill" : "decode";
@@ -110,20 +187,33 @@ int Run(const WorkerOptions& options, Role role) {
     return 1;
   }
   std::vector<transfer::KvRegion> regions = memory->regions;
-  for (const transfer::KvRegion& r : regions) {
-    auto handle = (*agent)->RegisterRegion(r.base, r.num_blocks * r.block_bytes, memory->type);
-    if (!handle.ok()) {
-      spdlog::error("register {} KV memory: {}", transfer::MemoryTypeName(memory->type),
-                    handle.status().ToString());
+  // A prefill worker may push its KV through pinned host staging instead of registering it
+  // (--kv-staging): then the KV stays unregistered and only the staging slots are.
+  absl::StatusOr<std::unique_ptr<KvStaging>> staging = std::unique_ptr<KvStaging>();
+  if (role == Role::kPrefill) {
+    staging = MaybeKvStaging(options, transfer_mode, *memory, agent->get());
+    if (!staging.ok()) {
+      spdlog::error("KV staging: {}", staging.status().ToString());
       return 1;
     }
   }
-  auto descriptor = (*agent)->Describe(regions);
-  if (!descriptor.ok()) {
-    spdlog::error("describe KV memory: {}", descriptor.status().ToString());
-    return 1;
+  std::string kv_descriptor;  // empty while staging: peers cannot reach this worker's KV
+  if (*staging == nullptr) {
+    for (const transfer::KvRegion& r : regions) {
+      auto handle = (*agent)->RegisterRegion(r.base, r.num_blocks * r.block_bytes, memory->type);
+      if (!handle.ok()) {
+        spdlog::error("register {} KV memory: {}", transfer::MemoryTypeName(memory->type),
+                      handle.status().ToString());
+        return 1;
+      }
+    }
+    auto descriptor = (*agent)->Describe(regions);
+    if (!descriptor.ok()) {
+      spdlog::error("describe KV memory: {}", descriptor.status().ToString());
+      return 1;
+    }
+    kv_descriptor = descriptor->Serialize();
   }
-  const std::string kv_descriptor = descriptor->Serialize();
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
@@ -152,6 +242,7 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.images = images->get();
     prefill_options.layerwise_group_layers = options.layerwise_group_layers;
     prefill_options.test_fail_layer_group = options.test_fail_layer_push;
+    if (*staging != nullptr) prefill_options.staging = (*staging)->transfer.get();
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -166,6 +257,8 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.grammars = &grammars;
     decode_options.images = images->get();
     decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
+    decode_options.test_post_transfer_delay =
+        absl::Milliseconds(options.test_post_transfer_delay_ms);
     decode_options.channel_credentials = peer_credentials;
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
@@ -193,9 +286,12 @@ int Run(const WorkerOptions& options, Role role) {
   transfer::KvTransferAgent* agent_ptr = agent->get();
   std::shared_ptr<KvConnector> kv_connector = runtime->kv_connector;
   const WorkerImages* images_ptr = images->get();
+  transfer::StagedKvTransfer* staging_ptr = *staging != nullptr ? (*staging)->transfer.get()
+                                                                 : nullptr;
   http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr,
-                                 kv_connector, images_ptr] {
+                                 kv_connector, images_ptr, staging_ptr] {
     WorkerMetrics::ServiceGauges gauges;
+    if (staging_ptr != nullptr) gauges.staging = staging_ptr->stats();
     if (prefill_ptr != nullptr) gauges.num_queued_prefill_tokens =
         prefill_ptr->num_queued_prefill_tokens();
     if (decode_ptr != nullptr) gauges.num_sessions = decode_ptr->num_sessions();

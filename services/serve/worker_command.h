@@ -32,8 +32,16 @@ struct WorkerOptions {
   // migrates decode streams to other workers), then exit 0.
   double drain_timeout_s = 30;
   double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
+  double test_post_transfer_delay_ms = 0;  // decode, test only: hold each transfer's completion
   int layerwise_group_layers = 1;     // prefill, layerwise mode: model layers per push
   int test_fail_layer_push = -1;      // prefill, test only: this layer group's push fails
+  // Prefill: push the KV through pinned host staging slots (transfer/staged_transfer.h) instead
+  // of registering the KV cache with UCX. "auto": when the KV is in device memory the UCX
+  // context cannot register (a UCX without CUDA support or one that found no device); "on":
+  // always (e.g. device KV over tcp between hosts; a CPU engine's KV is then copied with
+  // memcpy); "off": never (such a device KV fails at startup). Push and layerwise modes only.
+  std::string kv_staging = "auto";
+  int64_t kv_staging_slot_bytes = 8 << 20;  // prefill, staging: bytes per slot (2 slots)
   // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
   // CA) and on every channel this worker opens (router, prefill peers, kvstore).
   PeerTlsOptions tls;

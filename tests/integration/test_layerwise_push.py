@@ -10,14 +10,21 @@ layers' compute) and answers once every layer landed; decode only acks and decod
 2. A failing layer push (the prefill worker's test hook fails layer group 1) fails that prefill
    cleanly: its pinned blocks are freed, the router falls back to a prefill on the decode worker
    (same tokens), and the decode reservation the push wrote into is freed too.
+3. Staged pushes (`--kv-staging on`): the prefill worker's KV is not registered with UCX (as a
+   GPU worker's device KV that its UCX cannot reach); every layerwise push, and every PushKv in
+   push mode, copies it through two registered host staging slots of 64 KiB (a long prompt's
+   layer takes several slot fills) and RMA-writes it from there. Same tokens as `sluice serve`,
+   every transfer ok, blocks free; a pull-mode prefill worker with staging is refused at start.
 """
 
 import concurrent.futures
+import subprocess
 
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, Serve, sum_samples, wait_until
+from sluice_cluster import (MODEL_DIR, MODEL_NAME, Cluster, Serve, free_port, sluice_bin,
+                            sum_samples, wait_until)
 
 MAX_TOKENS = 12
 # Short chats and a few long prompts (hundreds of tokens: several blocks, several chunks).
@@ -104,3 +111,49 @@ def test_failed_layer_push_frees_blocks_on_both_sides(reference):
         assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "push"])
+def test_staged_push_matches_sluice_serve(reference, mode):
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", mode),
+                      role_args={"prefill": ["--kv-staging", "on",
+                                             "--kv-staging-slot-bytes", str(64 << 10),
+                                             "--max-num-batched-tokens", "128"]})
+    try:
+        outputs = run_all(cluster.url, PROMPTS)
+        mismatches = [i for i in range(len(PROMPTS)) if outputs[i] != reference[i]]
+        assert not mismatches, (f"{len(mismatches)} differ, first {mismatches[0]}: "
+                                f"{outputs[mismatches[0]]} vs {reference[mismatches[0]]}")
+        wait_blocks_free(cluster)
+        prefill = cluster.worker_metrics_text("prefill-0")
+        decode = cluster.worker_metrics_text("decode-0")
+        assert "pinned host staging slots of 65536 bytes" in cluster.workers["prefill-0"].tail(200)
+        # Every pushed byte went through the staging, the long prompts' layers in several
+        # slot fills each.
+        staged = sum_samples(prefill, "sluice_kv_staging_bytes_total")
+        assert staged > 0
+        assert staged == sum_samples(prefill, 'sluice_kv_transfer_bytes_total{direction="push"}')
+        assert (sum_samples(prefill, "sluice_kv_staging_chunks_total") >
+                sum_samples(prefill, "sluice_kv_transfer_seconds_count"))
+        # The prefill worker's KV is unregistered: a push that bypassed the staging would fail
+        # (and the router would recompute on the decode worker, hiding it from the tokens).
+        assert 'sluice_kv_transfers_total{result="failed"} 0' in prefill
+        assert 'sluice_kv_transfer_bytes_total{direction="push"} 0' not in prefill
+        assert 'sluice_kv_transfer_bytes_total{direction="pull"} 0' in decode
+        continued = sum_samples(decode, "sluice_kv_handover_seconds_count")
+        pushes = sum_samples(prefill, "sluice_kv_transfer_seconds_count")  # layerwise or PushKv
+        assert 0 < continued <= pushes <= len(PROMPTS), (continued, pushes)
+        assert sum_samples(decode, "sluice_decode_transfers_recomputed_total") == 0
+        assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
+    finally:
+        cluster.stop()
+
+
+def test_staged_prefill_refuses_pull_mode():
+    proc = subprocess.run(
+        [sluice_bin(), "prefill", "--model", str(MODEL_DIR), "--listen",
+         f"127.0.0.1:{free_port()}", "--kv-staging", "on", "--kv-transfer-mode", "pull"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "decode workers cannot pull it" in proc.stdout + proc.stderr
