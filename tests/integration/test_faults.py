@@ -35,7 +35,7 @@ import time
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, wait_until
+from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, sum_samples, wait_until
 
 ROUNDS = int(os.environ.get("SLUICE_MIGRATION_ROUNDS", "20"))
 LONG = 48  # tokens per stream in the kill tests (ignore_eos: always this many)
@@ -539,6 +539,17 @@ def test_300_concurrent_requests_with_slow_handover_get_no_504():
         assert not failed, failed[:3]
         assert all(0 < tokens <= 4 for _, tokens in outputs)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
+        # The load was the issue's: every request's KV arrived past the 4 s reservation timeout
+        # (its handover, prefill's answer to decode's first step, took over 5 s: the transfer
+        # was held that long), none was recomputed.
+        decode = [cluster.worker_metrics_text(name) for name in ("decode-0", "decode-1")]
+        handovers = sum(sum_samples(t, "sluice_kv_handover_seconds_count") for t in decode)
+        fast = sum(sum_samples(t, 'sluice_kv_handover_seconds_bucket{le="5"}') for t in decode)
+        recomputed = sum(sum_samples(t, "sluice_decode_transfers_recomputed_total")
+                         for t in decode)
+        decoded = sum(tokens > 1 for _, tokens in outputs)  # not ended by prefill's token
+        assert handovers == decoded and fast == 0 and recomputed == 0, \
+            (decoded, handovers, fast, recomputed)
         for name in ("decode-0", "decode-1"):
             decode_blocks_free(cluster, name)
     finally:
