@@ -251,7 +251,11 @@ class AsyncEngine::Impl {
         num_queued_submits_ = 0;
       }
       for (Op& op : ops) Apply(op);
-      for (const RequestOutput& out : engine_->Step()) {
+      std::vector<RequestOutput> outputs = engine_->Step();
+      // Whoever gets an output may read Stats() next (a client that saw its request end reads
+      // /metrics): they must show the step that produced it (blocks freed, counters).
+      PublishStats();
+      for (const RequestOutput& out : outputs) {
         auto it = callbacks_.find(out.request_id);
         if (it == callbacks_.end()) continue;
         it->second(out);

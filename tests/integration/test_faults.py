@@ -6,18 +6,21 @@
 2. A decode worker whose claimed reservation still expires (a transfer held past the engine's
    backstop) ends the request with DEADLINE_EXCEEDED after the first token: the router continues
    it (pinned retry, then migration) instead of failing it.
-3. SIGSTOP of every worker for 8 s (leases of 3 s lapse), then SIGCONT: the workers are only
-   suspect, nothing is cancelled, no request fails or moves, the workers keep their ids.
-4. kill -9 of a decode worker after every stream got >= 10 tokens, SLUICE_MIGRATION_ROUNDS times
-   (5 by default for CI time; the issue's 20 with SLUICE_MIGRATION_ROUNDS=20): the streams
+3. SIGSTOP of every worker for 8 s (leases of 3 s lapse) while streams are in flight, then
+   SIGCONT: the workers are only suspect, nothing is cancelled, no request fails or moves, the
+   workers keep their ids.
+4. kill -9 of a decode worker after every stream got >= 10 tokens, 20 rounds (the issue's
+   count; SLUICE_MIGRATION_ROUNDS overrides it), 4 streams each: the killed worker's streams
    continue on the other decode worker; text, finish reason and usage equal the undisturbed run.
-   Each move goes through the prefill worker (it re-prefills prompt + the streamed tokens and
-   hands the KV to the surviving decode worker): its Prefill count rises by one per move, and
-   every KV block returns to baseline. Also for the gRPC Generate stream, and (one round) with
-   the KV pushed (--kv-transfer-mode push, layerwise).
-5. SIGTERM of a decode worker under load with a 0.3 s --drain-timeout-s: it exits 0, what it
-   could not finish moves to the other decode worker, zero failed requests; it deregisters, so
-   the router lists it no more once it exited.
+   Every round really migrates mid-stream (run_round_with_kill freezes the workers at the kill
+   point): each stream the killed worker held moved exactly once, after >= 10 and before 48
+   tokens. Each move goes through the prefill worker (it re-prefills prompt + the streamed
+   tokens and hands the KV to the surviving decode worker): its Prefill count rises by one per
+   move, and every KV block returns to baseline. Also (one round each) for the gRPC Generate
+   stream, with the KV pushed (--kv-transfer-mode push, layerwise), and through a kvstore.
+5. SIGTERM of a decode worker under load with no drain time (--drain-timeout-s 0): it exits 0,
+   what it could not finish moves to the other decode worker, zero failed requests; it
+   deregisters, so the router lists it no more once it exited.
 6. SIGTERM of a prefill worker under load (2 prefill workers): it drains and exits 0, zero failed
    requests.
 7. 300 concurrent requests with every transfer held past the reservation timeout: all 200.
@@ -25,15 +28,16 @@
 
 import concurrent.futures
 import os
+import re
 import signal
 import time
 
 import openai
 import pytest
 
-from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, wait_until
+from sluice_cluster import MODEL_NAME, Cluster, Serve, http_get, sum_samples, wait_until
 
-ROUNDS = int(os.environ.get("SLUICE_MIGRATION_ROUNDS", "5"))
+ROUNDS = int(os.environ.get("SLUICE_MIGRATION_ROUNDS", "20"))
 LONG = 48  # tokens per stream in the kill tests (ignore_eos: always this many)
 N_STREAMS = 4
 
@@ -173,26 +177,35 @@ def test_sigstop_every_worker_fails_nothing(reference):
         counts = {}
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(stream, client, i, 64, counts) for i in range(n)]
-            wait_until(lambda: sum(1 for i in range(n) if counts.get(i, 0) >= 3) == n or
-                       any(f.done() for f in futures), 120, "every stream under way")
+            # A tight poll: the stop comes while the slowest stream has just begun, so at least
+            # it is in flight through the stop on any machine.
+            wait_until(lambda: all(counts.get(i, 0) >= 3 or futures[i].done()
+                                   for i in range(n)), 120, "every stream under way",
+                       interval=0.005)
             procs = [w.proc for w in cluster.workers.values()]
+            stopped_at = time.monotonic()
             for p in procs:
                 p.send_signal(signal.SIGSTOP)
             try:
                 # The 3 s leases lapse: suspect, not removed.
                 wait_until(lambda: all(w["suspect"] for w in cluster.workers_json()), 7,
                            "every worker suspect")
-                time.sleep(max(0.0, 8 - 3.5))
+                time.sleep(max(0.0, stopped_at + 8 - time.monotonic()))
+                in_flight = sum(not f.done() for f in futures)
+                stopped_for = time.monotonic() - stopped_at
             finally:
                 for p in procs:
                     p.send_signal(signal.SIGCONT)
             outputs = [f.result(timeout=600) for f in futures]
+        assert in_flight >= 1 and stopped_for >= 8, (in_flight, stopped_for)
         assert outputs == [reference[(i, 64)] for i in range(n)]
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         assert cluster.metric("sluice_router_migrations_total") == 0
         wait_until(lambda: not any(w["suspect"] for w in cluster.workers_json()), 10,
                    "suspicion cleared by heartbeats")
         assert sorted(w["id"] for w in cluster.workers_json()) == ids_before
+        print(f"\nSIGSTOP of every worker for {stopped_for:.1f} s: {in_flight} of {n} streams "
+              "in flight through it, all completed equal to the undisturbed run")
     finally:
         cluster.stop()
 
@@ -220,33 +233,92 @@ def moves(cluster):
             cluster.metric("sluice_router_migration_prefills_total"))
 
 
-def assert_moved_through_prefill(cluster, moves_before, prefills_before, n_requests):
-    """Every migration since `moves_before` was re-prefilled on prefill-0: one Prefill call more
-    than the round's own requests per move; every block free again afterwards."""
+def assert_moved_through_prefill(cluster, moves_before, prefills_before, n_requests, held):
+    """The `held` streams of the killed worker were the migrations since `moves_before`, each
+    re-prefilled on prefill-0: one Prefill call more than the round's own requests per move;
+    every block free again afterwards."""
     moved, through_prefill = (a - b for a, b in zip(moves(cluster), moves_before))
-    assert moved >= 1 and through_prefill == moved, (moved, through_prefill)
+    assert moved == held and through_prefill == moved, (held, moved, through_prefill)
     assert prefill_calls(cluster) - prefills_before == n_requests + moved
     for name in ("prefill-0", "decode-0", "decode-1"):
         decode_blocks_free(cluster, name)
     return moved
 
 
-def run_round_with_kill(cluster, start_streams, min_tokens=10, before_kill=None):
-    """Starts the streams, kill -9s the busiest decode worker once each has >= min_tokens
-    (or finished; `before_kill()` runs then, if given), restarts it; returns the streams'
-    results."""
+MIGRATION_LINE = re.compile(r"request (\S+): .*; continuing on another decode worker after "
+                            r"(\d+) tokens")
+
+
+def migration_lines(cluster):
+    """The router's log lines of each migration so far: [(request id, tokens streamed)]."""
+    return [(rid, int(n)) for rid, n in
+            MIGRATION_LINE.findall(cluster.router.log_path.read_text(errors="replace"))]
+
+
+def decode_assigned(cluster):
+    """Requests the router has on each decode worker (sent and not released yet)."""
+    by_address = {w["address"]: w["assigned"] for w in cluster.workers_json()
+                  if w["role"] == "decode" and not w["draining"]}
+    return {name: by_address.get(listen_address(cluster.workers[name]), 0)
+            for name in ("decode-0", "decode-1")}
+
+
+def run_round_with_kill(cluster, start_streams, min_tokens=10, before_kill=None, long=LONG):
+    """Starts the streams (`long` tokens each); once each has >= min_tokens (or ended), kill -9s
+    the decode worker holding the most of those still under way, and restarts it; returns the
+    streams' results and how many streams the victim held.
+
+    Every round migrates mid-stream, on any machine however fast: the decode workers are frozen
+    (SIGSTOP) the moment the last stream reaches min_tokens (a tight poll; with a 0.2 s one,
+    48-token streams could end before the kill), so at least that stream is still under way
+    when the victim dies, and the router's `assigned` counts, stable while the workers are
+    frozen, say which worker holds how many. The victim is killed while frozen (to the router the
+    same death as a kill -9 of a running process) and the other worker resumes. Asserted: each
+    stream the victim held was continued elsewhere exactly once (the router's migration log
+    lines, one per request), after >= min_tokens and before its end. `before_kill()` runs while
+    the workers are frozen."""
     counts = {}
+    decode = ("decode-0", "decode-1")
+    lines_before = len(migration_lines(cluster))
     with concurrent.futures.ThreadPoolExecutor(N_STREAMS) as pool:
         futures = start_streams(pool, counts)
         wait_until(lambda: all(counts.get(i, 0) >= min_tokens or futures[i].done()
-                               for i in range(N_STREAMS)), 120, f">= {min_tokens} tokens each")
-        if before_kill is not None:
-            before_kill()
-        victim = busiest_decode_worker(cluster)
-        cluster.workers[victim].kill9()
+                               for i in range(N_STREAMS)), 120, f">= {min_tokens} tokens each",
+                   interval=0.005)
+        procs = {name: cluster.workers[name].proc for name in decode}
+        for p in procs.values():
+            p.send_signal(signal.SIGSTOP)
+        try:
+            # Streams whose last token left before the freeze end and are released; the rest
+            # stay assigned. Well within the 3 s lease.
+            under_way = []
+
+            def settled():
+                under_way[:] = [i for i in range(N_STREAMS) if not futures[i].done()]
+                return sum(decode_assigned(cluster).values()) == len(under_way)
+            wait_until(settled, 2, "the router's assignments to match the streams under way",
+                       interval=0.05)
+            at_freeze = [counts.get(i, 0) for i in range(N_STREAMS)]
+            assert under_way and all(min_tokens <= at_freeze[i] < long for i in under_way), \
+                at_freeze
+            if before_kill is not None:
+                before_kill()
+            assigned = decode_assigned(cluster)
+            victim = max(decode, key=lambda name: assigned[name])
+            held = assigned[victim]
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait(timeout=10)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGCONT)
         results = [f.result(timeout=600) for f in futures]
     restart(cluster, victim)
-    return results
+    moved = migration_lines(cluster)[lines_before:]
+    assert held >= 1 and len(moved) == held, (held, moved, at_freeze)
+    assert len({rid for rid, _ in moved}) == held, moved
+    assert all(min_tokens <= n < long for _, n in moved), (moved, at_freeze)
+    return results, held
 
 
 def restart(cluster, name):
@@ -267,19 +339,18 @@ def test_kill9_decode_worker_mid_stream_migrates(reference):
     try:
         client = client_for(cluster.url)
         expected = [reference[(i, LONG)] for i in range(N_STREAMS)]
-        ok = 0
+        ok, moved, started = 0, 0, time.monotonic()
         for r in range(ROUNDS):
             before, prefills = moves(cluster), prefill_calls(cluster)
-            outputs = run_round_with_kill(cluster, lambda pool, counts: [
+            outputs, held = run_round_with_kill(cluster, lambda pool, counts: [
                 pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
             assert outputs == expected, f"round {r}"
-            assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+            moved += assert_moved_through_prefill(cluster, before, prefills, N_STREAMS, held)
             ok += 1
         assert cluster.metric("sluice_router_worker_failures_total") == 0
         print(f"\nkill -9 mid-stream: {ok} of {ROUNDS} rounds ({N_STREAMS} streams each) equal "
-              f"to the undisturbed run, "
-              f"{cluster.metric('sluice_router_migrations_total'):.0f} migrations, "
-              f"{cluster.metric('sluice_router_migration_prefills_total'):.0f} through prefill")
+              f"to the undisturbed run; {moved:.0f} streams migrated after >= 10 tokens, all "
+              f"through prefill; {(time.monotonic() - started) / ROUNDS:.1f} s a round")
     finally:
         cluster.stop()
 
@@ -294,10 +365,10 @@ def test_kill9_mid_stream_migrates_through_prefill_in_push_modes(reference, mode
     try:
         client = client_for(cluster.url)
         before, prefills = moves(cluster), prefill_calls(cluster)
-        outputs = run_round_with_kill(cluster, lambda pool, counts: [
+        outputs, held = run_round_with_kill(cluster, lambda pool, counts: [
             pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)])
         assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
-        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS, held)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
@@ -328,12 +399,12 @@ def test_kill9_mid_stream_migration_prefill_loads_from_the_kvstore(reference):
         before, prefills = moves(cluster), prefill_calls(cluster)
         at_kill = []  # loaded before the kill: the round's own prefills are done by then
         # Killed after 32 tokens: at least two full blocks of streamed tokens were written.
-        outputs = run_round_with_kill(
+        outputs, held = run_round_with_kill(
             cluster, lambda pool, counts: [
                 pool.submit(stream, client, i, LONG, counts) for i in range(N_STREAMS)],
             min_tokens=32, before_kill=lambda: at_kill.append(kvstore_loaded(cluster)))
         assert outputs == [reference[(i, LONG)] for i in range(N_STREAMS)]
-        moved = assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        moved = assert_moved_through_prefill(cluster, before, prefills, N_STREAMS, held)
         loaded = kvstore_loaded(cluster) - at_kill[0]
         print(f"\nkvstore: {moved:.0f} moves through prefill loaded {loaded:.0f} tokens' KV")
         assert loaded > 0
@@ -376,10 +447,10 @@ def test_kill9_decode_worker_mid_generate_stream_migrates():
         undisturbed = [generate(i) for i in range(N_STREAMS)]
         assert all(len(u[1]) == LONG for u in undisturbed)
         before, prefills = moves(cluster), prefill_calls(cluster)
-        outputs = run_round_with_kill(cluster, lambda pool, counts: [
+        outputs, held = run_round_with_kill(cluster, lambda pool, counts: [
             pool.submit(generate, i, counts) for i in range(N_STREAMS)])
         assert outputs == undisturbed
-        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS)
+        assert_moved_through_prefill(cluster, before, prefills, N_STREAMS, held)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
     finally:
         cluster.stop()
@@ -468,6 +539,17 @@ def test_300_concurrent_requests_with_slow_handover_get_no_504():
         assert not failed, failed[:3]
         assert all(0 < tokens <= 4 for _, tokens in outputs)
         assert cluster.metric("sluice_router_worker_failures_total") == 0
+        # The load was the issue's: every request's KV arrived past the 4 s reservation timeout
+        # (its handover, prefill's answer to decode's first step, took over 5 s: the transfer
+        # was held that long), none was recomputed.
+        decode = [cluster.worker_metrics_text(name) for name in ("decode-0", "decode-1")]
+        handovers = sum(sum_samples(t, "sluice_kv_handover_seconds_count") for t in decode)
+        fast = sum(sum_samples(t, 'sluice_kv_handover_seconds_bucket{le="5"}') for t in decode)
+        recomputed = sum(sum_samples(t, "sluice_decode_transfers_recomputed_total")
+                         for t in decode)
+        decoded = sum(tokens > 1 for _, tokens in outputs)  # not ended by prefill's token
+        assert handovers == decoded and fast == 0 and recomputed == 0, \
+            (decoded, handovers, fast, recomputed)
         for name in ("decode-0", "decode-1"):
             decode_blocks_free(cluster, name)
     finally:
