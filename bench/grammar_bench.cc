@@ -7,9 +7,11 @@
 //
 // For each case (a JSON Schema with a valid `instance`, or a GBNF `grammar` with a valid
 // `document`, as in bench/grammar/ebnf_cases.json): the grammar is compiled `--compile_repeats`
-// times without the cache (median reported); the document (an `instance` serialized in the
+// times without the cache (the fastest reported); the document (an `instance` serialized in the
 // engine's JSON style, ", " and ": ") is tokenized, and the mask is filled before each of its
-// tokens and once more at the end (EOS), each timed. bench/grammar/compare.py runs xgrammar and llguidance on the same documents.
+// tokens and once more at the end (EOS), each timed, in `--mask_repeats` passes with a fresh
+// matcher each (per step the fastest pass counts: on a shared machine a pass may be preempted
+// mid-step; the slow steps of a pass stay slow in every pass). bench/grammar/compare.py runs xgrammar and llguidance on the same documents.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,6 +64,7 @@ std::string Dump(const json& v) {
 int main(int argc, char** argv) {
   std::string tokenizer_path, cases_path, out_path;
   int compile_repeats = 3;
+  int mask_repeats = 1;
   bool trace = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -69,10 +72,11 @@ int main(int argc, char** argv) {
     else if (flag == "--cases") cases_path = argv[i + 1];
     else if (flag == "--out") out_path = argv[i + 1];
     else if (flag == "--compile_repeats") compile_repeats = std::stoi(argv[i + 1]);
+    else if (flag == "--mask_repeats") mask_repeats = std::max(1, std::stoi(argv[i + 1]));
     else if (flag == "--trace") trace = std::string(argv[i + 1]) == "1";
   }
   if (tokenizer_path.empty() || cases_path.empty()) {
-    std::fprintf(stderr, "usage: grammar_bench --tokenizer T --cases C [--out O]\n");
+    std::fprintf(stderr, "usage: grammar_bench --tokenizer T --cases C [--out O] [--compile_repeats N] [--mask_repeats N] [--trace 1]\n");
     return 2;
   }
   auto tokenizer = sluice::Tokenizer::FromFile(tokenizer_path);
@@ -108,33 +112,40 @@ int main(int argc, char** argv) {
     }
     const std::string doc = ebnf ? c["document"].get<std::string>() : Dump(c["instance"]);
     const std::vector<int32_t> ids = (*tokenizer)->Encode(doc, /*add_special_tokens=*/false);
-    sluice::grammar::GrammarMatcher matcher(compiled, std::vector<int32_t>{});
-    std::vector<uint32_t> mask(matcher.num_bitmask_words());
     std::vector<double> mask_us;
     bool ok = true;
-    for (size_t i = 0; i <= ids.size(); ++i) {
-      const auto t0 = Clock::now();
-      matcher.FillNextTokenBitmask(absl::MakeSpan(mask));
-      mask_us.push_back(Ms(Clock::now() - t0) * 1000.0);
-      if (trace) {
-        const int32_t ids_here[1] = {i < ids.size() ? ids[i] : 0};
-        std::fprintf(stderr, "  step %zu %.1f us next '%s'\n", i, mask_us.back(),
-                     i < ids.size() ? (*tokenizer)->DecodeBytes(ids_here, false).c_str() : "<end>");
+    for (int pass = 0; pass < mask_repeats && ok; ++pass) {
+      sluice::grammar::GrammarMatcher matcher(compiled, std::vector<int32_t>{});
+      std::vector<uint32_t> mask(matcher.num_bitmask_words());
+      for (size_t i = 0; i <= ids.size(); ++i) {
+        const auto t0 = Clock::now();
+        matcher.FillNextTokenBitmask(absl::MakeSpan(mask));
+        const double us = Ms(Clock::now() - t0) * 1000.0;
+        if (pass == 0) {
+          mask_us.push_back(us);
+        } else {
+          mask_us[i] = std::min(mask_us[i], us);
+        }
+        if (trace) {
+          const int32_t ids_here[1] = {i < ids.size() ? ids[i] : 0};
+          std::fprintf(stderr, "  step %zu %.1f us next '%s'\n", i, us,
+                       i < ids.size() ? (*tokenizer)->DecodeBytes(ids_here, false).c_str() : "<end>");
+        }
+        if (i == ids.size()) break;
+        if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u) || !matcher.AcceptToken(ids[i])) {
+          ok = false;
+          break;
+        }
       }
-      if (i == ids.size()) break;
-      if (!((mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u) || !matcher.AcceptToken(ids[i])) {
-        ok = false;
-        break;
-      }
+      ok = ok && matcher.CanEnd();
     }
-    ok = ok && matcher.CanEnd();
     std::sort(compile_ms.begin(), compile_ms.end());
     json r = {{"name", c["name"]},
               {"engine", "sluice"},
               {"document_ok", ok},
               {"num_tokens", ids.size()},
               {"document", doc},
-              {"compile_ms", compile_ms[compile_ms.size() / 2]},
+              {"compile_ms", compile_ms.front()},
               {"mask_us_p50", Percentile(mask_us, 0.5)},
               {"mask_us_p99", Percentile(mask_us, 0.99)},
               {"mask_us_max", Percentile(mask_us, 1.0)},
@@ -146,6 +157,7 @@ int main(int argc, char** argv) {
     results.push_back(r);
   }
   json out = {{"engine", "sluice"}, {"tokenizer", tokenizer_path}, {"vocab_size", vocab->vocab_size()},
+              {"compile_repeats", compile_repeats}, {"mask_repeats", mask_repeats},
               {"vocab_build_ms", vocab_ms}, {"results", results}};
   if (!out_path.empty()) std::ofstream(out_path) << out.dump(1) << "\n";
   return 0;

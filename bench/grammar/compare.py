@@ -5,8 +5,10 @@ same JSON Schemas and GBNF grammars, the same documents and the same vocabulary,
         --tokenizer ../shared/tokenizers/llama3/tokenizer.json --bench build/bin/grammar_bench \
         --out bench/results/grammar_llama3
 
-Per case: compile time (median of 3, caches off, one thread each) and the time to fill the
-next-token bitmask before each token of the document and once at its end (p50 / p99), and
+Per case: compile time (the fastest of --compile_repeats, caches off, one thread each) and the
+time to fill the next-token bitmask before each token of the document and once at its end
+(p50 / p99; per step the fastest of --mask_repeats passes, each with a fresh matcher, so a pass
+preempted on a shared machine does not count; every engine is timed the same way), and
 Sluice's figures as ratios to xgrammar's (below 1: Sluice faster). xgrammar's masks are timed
 from Python around one call into its C++ (`xgrammar_call_floor_us`: the median of a call that
 does nothing, the share of each figure that is the crossing); Sluice's inside C++.
@@ -41,11 +43,17 @@ def pct(xs, p):
 
 def summarize(name, engine, compile_ms, mask_us, ok, n):
     return {"name": name, "engine": engine, "document_ok": ok, "num_tokens": n,
-            "compile_ms": statistics.median(compile_ms), "mask_us_p50": pct(mask_us, 0.5),
+            "compile_ms": min(compile_ms), "mask_us_p50": pct(mask_us, 0.5),
             "mask_us_p99": pct(mask_us, 0.99), "mask_us_max": max(mask_us)}
 
 
-def run_llguidance(cases, hf, ids_per_case):
+def fastest_per_step(passes):
+    """Per step, the fastest of the passes' times (passes that stopped early count as far as they go)."""
+    n = max(len(p) for p in passes)
+    return [min(p[i] for p in passes if i < len(p)) for i in range(n)]
+
+
+def run_llguidance(cases, hf, ids_per_case, repeats):
     import llguidance
     import llguidance.hf
     import llguidance.numpy as lnp
@@ -53,7 +61,7 @@ def run_llguidance(cases, hf, ids_per_case):
     out = []
     for case, ids in zip(cases, ids_per_case):
         compile_ms = []
-        for _ in range(3):
+        for _ in range(repeats.compile):
             t0 = time.perf_counter()
             if "grammar" in case:
                 from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -66,27 +74,32 @@ def run_llguidance(cases, hf, ids_per_case):
             compile_ms.append((time.perf_counter() - t0) * 1e3)
         assert not matcher.is_error(), matcher.get_error()
         mask = lnp.allocate_token_bitmask(1, tok.vocab_size)
-        times, ok = [], True
-        for i in range(len(ids) + 1):
-            t0 = time.perf_counter()
-            lnp.fill_next_token_bitmask(matcher, mask, 0)
-            times.append((time.perf_counter() - t0) * 1e6)
-            if i == len(ids):
-                break
-            if not matcher.consume_token(ids[i]):
-                ok = False
-                break
-        out.append(summarize(case["name"], "llguidance", compile_ms, times, ok and matcher.is_accepting(), len(ids)))
+        passes, ok = [], True
+        for _ in range(repeats.mask):
+            matcher = llguidance.LLMatcher(tok, grammar)
+            times = []
+            for i in range(len(ids) + 1):
+                t0 = time.perf_counter()
+                lnp.fill_next_token_bitmask(matcher, mask, 0)
+                times.append((time.perf_counter() - t0) * 1e6)
+                if i == len(ids):
+                    break
+                if not matcher.consume_token(ids[i]):
+                    ok = False
+                    break
+            ok = ok and matcher.is_accepting()
+            passes.append(times)
+        out.append(summarize(case["name"], "llguidance", compile_ms, fastest_per_step(passes), ok, len(ids)))
     return out
 
 
-def run_xgrammar(cases, hf, ids_per_case, vocab_size):
+def run_xgrammar(cases, hf, ids_per_case, vocab_size, repeats):
     xgr = xgrammar_cpu.import_xgrammar()
     info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size)
     out = []
     for case, ids in zip(cases, ids_per_case):
         compile_ms = []
-        for _ in range(3):
+        for _ in range(repeats.compile):
             compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             t0 = time.perf_counter()
             if "grammar" in case:
@@ -95,19 +108,22 @@ def run_xgrammar(cases, hf, ids_per_case, vocab_size):
                 compiled = compiler.compile_json_schema(json.dumps(case["schema"], sort_keys=True),
                                                         any_whitespace=False, separators=(", ", ": "))
             compile_ms.append((time.perf_counter() - t0) * 1e3)
-        matcher = xgr.GrammarMatcher(compiled)
         mask = xgrammar_cpu.allocate_bitmask(info.vocab_size)
-        times, ok = [], True
-        for i in range(len(ids) + 1):
-            t0 = time.perf_counter()
-            matcher.fill_next_token_bitmask(mask)
-            times.append((time.perf_counter() - t0) * 1e6)
-            if i == len(ids):
-                break
-            if not matcher.accept_token(ids[i]):
-                ok = False
-                break
-        out.append(summarize(case["name"], "xgrammar", compile_ms, times, ok, len(ids)))
+        passes, ok = [], True
+        for _ in range(repeats.mask):
+            matcher = xgr.GrammarMatcher(compiled)
+            times = []
+            for i in range(len(ids) + 1):
+                t0 = time.perf_counter()
+                matcher.fill_next_token_bitmask(mask)
+                times.append((time.perf_counter() - t0) * 1e6)
+                if i == len(ids):
+                    break
+                if not matcher.accept_token(ids[i]):
+                    ok = False
+                    break
+            passes.append(times)
+        out.append(summarize(case["name"], "xgrammar", compile_ms, fastest_per_step(passes), ok, len(ids)))
     return out
 
 
@@ -184,11 +200,15 @@ def main():
     ap.add_argument("--bench", required=True, help="path of the grammar_bench binary")
     ap.add_argument("--cases", nargs="+", default=[str(HERE / "cases.json"), str(HERE / "ebnf_cases.json")])
     ap.add_argument("--out", required=True, help="output path without extension")
+    ap.add_argument("--compile_repeats", type=int, default=5)
+    ap.add_argument("--mask_repeats", type=int, default=5)
     args = ap.parse_args()
+    repeats = argparse.Namespace(compile=args.compile_repeats, mask=args.mask_repeats)
     cases, results = [], []
     for path in args.cases:
         cases += json.loads(Path(path).read_text())
-        sluice = subprocess.run([args.bench, "--tokenizer", args.tokenizer, "--cases", path],
+        sluice = subprocess.run([args.bench, "--tokenizer", args.tokenizer, "--cases", path,
+                                 "--compile_repeats", str(repeats.compile), "--mask_repeats", str(repeats.mask)],
                                 check=True, capture_output=True, text=True)
         results += [json.loads(line) for line in sluice.stdout.splitlines() if line.startswith("{")]
 
@@ -203,8 +223,8 @@ def main():
             c["schema"] = json.loads(json.dumps(c["schema"], sort_keys=True))
     vocab_size = len(hf)
     skipped = {}
-    for name, fn in (("llguidance", lambda: run_llguidance(cases, hf, ids_per_case)),
-                     ("xgrammar", lambda: run_xgrammar(cases, hf, ids_per_case, vocab_size))):
+    for name, fn in (("llguidance", lambda: run_llguidance(cases, hf, ids_per_case, repeats)),
+                     ("xgrammar", lambda: run_xgrammar(cases, hf, ids_per_case, vocab_size, repeats))):
         try:
             results += fn()
         except ImportError as e:
@@ -218,6 +238,7 @@ def main():
             versions[mod] = f"unknown ({e})"
     ratio = ratios(results)
     out = {"tokenizer": args.tokenizer, "vocab_size": vocab_size, "versions": versions,
+           "compile_repeats": repeats.compile, "mask_repeats": repeats.mask,
            "skipped": skipped, "ratios": ratio, "results": results}
     if "xgrammar" not in skipped:
         out["xgrammar_call_floor_us"] = xgrammar_call_floor_us()

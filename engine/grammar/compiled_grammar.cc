@@ -1,6 +1,7 @@
 #include "engine/grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,13 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     g->token_ids_.push_back(id);
   }
   const int32_t n = static_cast<int32_t>(g->pda_.states.size());
+  const Pda& built = g->pda_;
+  g->return_sites_.assign(built.rule_start.size(), {});
+  for (const CallEdge& e : built.call_edges) {
+    std::vector<int32_t>& sites = g->return_sites_[e.rule];
+    if (std::find(sites.begin(), sites.end(), e.next) == sites.end()) sites.push_back(e.next);
+  }
+  g->rule_epoch_.assign(built.rule_start.size(), 0);
   g->tables_.resize(n);
   g->stats_.num_states = n;
   StackWalk walk(&g->pda_);
@@ -36,7 +44,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     ++g->stats_.num_byte_states;
     g->stats_.num_uncertain += static_cast<int64_t>(t.uncertain_ids.size());
     g->stats_.table_bytes += static_cast<int64_t>(
-        t.accepted_bits.size() * 4 + t.accepted_ids.size() * 4 + t.uncertain_ids.size() * 4);
+        t.accepted_bits.size() * 4 + t.accepted_ids.size() * 4 + t.uncertain_ids.size() * 8);
   }
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }
@@ -44,54 +52,88 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
 void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
-  std::vector<int32_t> accepted, uncertain;
+  const int32_t own_rule = pda_.states[state].rule;
+  std::vector<int32_t> accepted, uncertain_pos;  // uncertain: positions in `sorted`
   walk.nodes().clear();
-  // Per depth d (0 = before the first byte): tops in tops[begin[d], begin[d + 1]), whether a
-  // path already returned from the rule, and the node pool size to roll back to.
-  std::vector<int32_t> tops = {walk.NewNode(state, kSentinelParent)};
-  std::vector<size_t> level_begin = {0, 1};
-  std::vector<char> level_end_reached = {0};
-  std::vector<size_t> level_pool = {walk.nodes().size()};
-  auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end) {
-    for (int32_t k = begin; k < end; ++k) out->push_back(sorted[k]);
+  // Two top sets per depth d (0 = before the first byte): `exact` tops still inside the rule
+  // (their stacks end at kSentinelParent) and `context` tops past its return (kContextParent).
+  // Level d is exact[exact_begin[d], exact_begin[d + 1]) and the same for context; pool[d] is
+  // the node pool size to roll back to.
+  std::vector<int32_t> exact = {walk.NewNode(state, kSentinelParent)};
+  std::vector<int32_t> context;
+  std::vector<size_t> exact_begin = {0, 1}, context_begin = {0, 0};
+  std::vector<size_t> pool = {walk.nodes().size()};
+  std::vector<int32_t> next_exact, next_context;
+  std::vector<int32_t>& returned = walk.context_returns();
+  auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end, bool ids) {
+    for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
   };
   const int32_t num_nodes = static_cast<int32_t>(trie.size());
-  std::vector<int32_t> next;
   int32_t i = 1;
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
-    const int32_t parent_depth = node.depth - 1;
-    // Roll back to the parent's level.
-    level_begin.resize(parent_depth + 2);
-    level_end_reached.resize(parent_depth + 1);
-    level_pool.resize(parent_depth + 1);
-    tops.resize(level_begin[parent_depth + 1]);
-    walk.nodes().resize(level_pool[parent_depth]);
-    const size_t from = level_begin[parent_depth];
-    const size_t count = tops.size() - from;
-    StackWalk::Flags flags;
-    next.clear();
-    walk.Step(tops.data() + from, count, node.byte, &next, &flags);
-    const bool end_reached = level_end_reached[parent_depth] || flags.reached_sentinel;
-    if (next.empty()) {
-      if (end_reached) {
-        // Every token under this prefix depends on the callers.
-        for (int32_t j = i; j < node.subtree_end; ++j) {
-          add_range(&uncertain, trie[j].token_begin, trie[j].token_end);
-        }
-      }
-      i = node.subtree_end;
+    const int32_t d = node.depth - 1;  // the parent's level
+    if (d == 0 && pda_.Next(state, node.byte) < 0) {
+      i = node.subtree_end;  // the state has no edge for this first byte
       continue;
     }
-    add_range(&accepted, node.token_begin, node.token_end);
-    tops.insert(tops.end(), next.begin(), next.end());
-    level_begin.push_back(tops.size());
-    level_end_reached.push_back(end_reached ? 1 : 0);
-    level_pool.push_back(walk.nodes().size());
+    exact_begin.resize(d + 2);
+    context_begin.resize(d + 2);
+    pool.resize(d + 1);
+    exact.resize(exact_begin[d + 1]);
+    context.resize(context_begin[d + 1]);
+    walk.nodes().resize(pool[d]);
+    StackWalk::Flags flags;
+    next_exact.clear();
+    next_context.clear();
+    walk.Step(exact.data() + exact_begin[d], exact.size() - exact_begin[d], node.byte, &next_exact,
+              &flags);
+    returned.clear();
+    walk.Step(context.data() + context_begin[d], context.size() - context_begin[d], node.byte,
+              &next_context, &flags);
+    if (flags.reached_sentinel) returned.push_back(own_rule);
+    // Every rule that returned continues at each of its return sites (expansions may return
+    // further out: `returned` grows while it is read).
+    bool may_end = false;  // the whole grammar may end right after this byte
+    ++epoch_;
+    for (size_t k = 0; k < returned.size(); ++k) {
+      const int32_t r = returned[k];
+      if (rule_epoch_[r] == epoch_) continue;
+      rule_epoch_[r] = epoch_;
+      if (r == pda_.root_rule) may_end = true;
+      for (int32_t site : return_sites_[r]) {
+        walk.Expand(walk.NewNode(site, kContextParent), &next_context, &flags);
+      }
+    }
+    if (!next_exact.empty()) {
+      add_range(&accepted, node.token_begin, node.token_end, true);
+    } else if (!next_context.empty() || may_end) {
+      add_range(&uncertain_pos, node.token_begin, node.token_end, false);
+    }
+    if (next_exact.empty() && next_context.empty()) {
+      i = node.subtree_end;  // no token under this prefix fits anywhere
+      continue;
+    }
+    exact.insert(exact.end(), next_exact.begin(), next_exact.end());
+    context.insert(context.end(), next_context.begin(), next_context.end());
+    exact_begin.push_back(exact.size());
+    context_begin.push_back(context.size());
+    pool.push_back(walk.nodes().size());
     ++i;
   }
-  std::sort(uncertain.begin(), uncertain.end());
   StateTokens& t = tables_[state];
+  // Preorder visits the trie in sorted order, so uncertain_pos is sorted by bytes already.
+  t.uncertain_ids.reserve(uncertain_pos.size());
+  t.uncertain_lcp.reserve(uncertain_pos.size());
+  std::string_view prev;
+  for (int32_t k : uncertain_pos) {
+    const std::string_view b = vocab_->token_bytes(sorted[k]);
+    size_t lcp = 0;
+    while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+    t.uncertain_ids.push_back(sorted[k]);
+    t.uncertain_lcp.push_back(static_cast<int32_t>(lcp));
+    prev = b;
+  }
   const int32_t words = vocab_->num_bitmask_words();
   if (static_cast<int64_t>(accepted.size()) > words) {
     t.accepted_bits.assign(words, 0);
@@ -100,7 +142,6 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     std::sort(accepted.begin(), accepted.end());
     t.accepted_ids = std::move(accepted);
   }
-  t.uncertain_ids = std::move(uncertain);
 }
 
 }  // namespace sluice::grammar

@@ -6,9 +6,13 @@
 // mask cache, Dong et al. 2024, arXiv:2411.15100; our implementation):
 //   accepted  - the token's bytes are consumed entirely inside the rule: allowed whatever the
 //               rest of the stack is;
-//   uncertain - some path returned from the rule before the token's bytes ran out: whether it
-//               is allowed depends on the callers, so the matcher checks it at run time;
+//   uncertain - a path returned from the rule before the token's bytes ran out and the rest
+//               fits some context the rule is called from: whether it is allowed depends on
+//               the real callers, so the matcher checks it at run time;
 //   rejected  - everything else (not stored).
+// Context expansion (the paper's term): where the rule returns, the walk goes on in every state
+// a call of that rule returns to (with any caller below, and so on outwards), so a token that
+// fits no context is rejected here instead of checked at every step.
 // Immutable after Create; shared by every matcher of the grammar (thread-safe reads).
 #ifndef SLUICE_ENGINE_GRAMMAR_COMPILED_GRAMMAR_H_
 #define SLUICE_ENGINE_GRAMMAR_COMPILED_GRAMMAR_H_
@@ -27,10 +31,13 @@ namespace sluice::grammar {
 
 // StateTokens: one state's token classification. Accepted tokens are a bitmask when they are
 // many (accepted_bits, num_bitmask_words words) and a sorted id list otherwise.
+// Uncertain tokens are in the vocabulary trie's order (sorted by bytes), with the length of
+// the prefix each shares with the one before, so the run-time check walks shared prefixes once.
 struct StateTokens {
   std::vector<uint32_t> accepted_bits;
   std::vector<int32_t> accepted_ids;
-  std::vector<int32_t> uncertain_ids;  // sorted
+  std::vector<int32_t> uncertain_ids;  // sorted by bytes
+  std::vector<int32_t> uncertain_lcp;  // [k]: bytes shared with uncertain_ids[k - 1] (0 at k = 0)
 };
 
 struct CompileStats {
@@ -67,6 +74,10 @@ class CompiledGrammar {
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<StateTokens> tables_;
   std::vector<int32_t> token_ids_;  // [pda_.tokens.size()]
+  // return_sites_[r]: the states calls of rule r return to (CallEdge::next), distinct.
+  std::vector<std::vector<int32_t>> return_sites_;
+  std::vector<uint32_t> rule_epoch_;  // Precompute scratch: rules expanded at this trie node
+  uint32_t epoch_ = 0;
   CompileStats stats_;
   std::string ebnf_;
 };

@@ -19,29 +19,64 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar,
   can_end_ = flags.reached_root;
 }
 
-bool GrammarMatcher::CheckToken(int32_t top, std::string_view bytes) {
-  const size_t mark = walk_.nodes().size();
-  cur_.assign(1, top);
-  bool ok = true;
-  for (const char& c : bytes) {
-    const uint8_t b = static_cast<uint8_t>(c);
-    StackWalk::Flags flags;
-    next_.clear();
-    walk_.Step(cur_.data(), cur_.size(), b, &next_, &flags);
-    if (next_.empty()) {
-      // Dead, unless the last byte completed the whole grammar.
-      ok = flags.reached_root && &c == &bytes.back();
-      break;
+void GrammarMatcher::CheckUncertain(int32_t top, const StateTokens& tokens,
+                                    std::vector<int32_t>* fits) {
+  const TokenVocab& vocab = grammar_->vocab();
+  std::vector<StackNode>& nodes = walk_.nodes();
+  const size_t mark = nodes.size();
+  // Level d: the tops after the current token's first d bytes, level_tops_[level_begin_[d],
+  // level_begin_[d + 1]), with level_pool_[d] the node pool size to roll back to.
+  level_tops_.assign(1, top);
+  level_begin_.assign({0, 1});
+  level_pool_.assign(1, mark);
+  int32_t dead_at = -1;  // the byte the previous token failed on (-1: it did not)
+  bool prev_ok = false;
+  size_t prev_len = 0;
+  const size_t n = tokens.uncertain_ids.size();
+  for (size_t k = 0; k < n; ++k) {
+    const int32_t id = tokens.uncertain_ids[k];
+    const std::string_view bytes = vocab.token_bytes(id);
+    const size_t lcp = static_cast<size_t>(tokens.uncertain_lcp[k]);
+    if (k > 0 && lcp == bytes.size() && lcp == prev_len) {  // the same bytes as the one before
+      if (prev_ok) fits->push_back(id);
+      continue;
     }
-    cur_.swap(next_);
+    prev_len = bytes.size();
+    if (dead_at >= 0 && lcp > static_cast<size_t>(dead_at)) {
+      prev_ok = false;  // it shares the byte the previous token failed on
+      continue;
+    }
+    const size_t have = level_begin_.size() - 2;  // bytes of the previous token walked
+    const size_t depth = std::min(lcp, have);
+    level_begin_.resize(depth + 2);
+    level_pool_.resize(depth + 1);
+    level_tops_.resize(level_begin_[depth + 1]);
+    nodes.resize(level_pool_[depth]);
+    bool ok = true;
+    dead_at = -1;
+    for (size_t d = depth; d < bytes.size(); ++d) {
+      StackWalk::Flags flags;
+      next_.clear();
+      walk_.Step(level_tops_.data() + level_begin_[d], level_begin_[d + 1] - level_begin_[d],
+                 static_cast<uint8_t>(bytes[d]), &next_, &flags);
+      if (next_.empty()) {
+        // Dead, unless the last byte completed the whole grammar.
+        ok = flags.reached_root && d + 1 == bytes.size();
+        dead_at = static_cast<int32_t>(d);
+        break;
+      }
+      level_tops_.insert(level_tops_.end(), next_.begin(), next_.end());
+      level_begin_.push_back(level_tops_.size());
+      level_pool_.push_back(nodes.size());
+    }
+    if (ok) fits->push_back(id);
+    prev_ok = ok;
   }
-  walk_.nodes().resize(mark);
-  return ok;
+  nodes.resize(mark);
 }
 
 void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
   std::fill(bitmask.begin(), bitmask.end(), 0u);
-  const TokenVocab& vocab = grammar_->vocab();
   auto set = [&](int32_t id) { bitmask[id >> 5] |= 1u << (id & 31); };
   if (!terminated_) {
     seen_states_.clear();
@@ -74,9 +109,7 @@ void GrammarMatcher::FillNextTokenBitmask(absl::Span<uint32_t> bitmask) {
       if (it == uncertain_cache_.end()) {
         if (uncertain_cache_.size() >= kUncertainCacheEntries) uncertain_cache_.clear();
         std::vector<int32_t> fits;
-        for (int32_t id : t.uncertain_ids) {
-          if (CheckToken(top, vocab.token_bytes(id))) fits.push_back(id);
-        }
+        CheckUncertain(top, t, &fits);
         it = uncertain_cache_.emplace(stack_key_, std::move(fits)).first;
       }
       for (int32_t id : it->second) set(id);

@@ -57,7 +57,9 @@ class GrammarMatcher {
   // AdvanceByTokenEdge takes a token terminal (grammar.h kToken) of some top for `token_id`;
   // false (state unchanged) when none matches.
   bool AdvanceByTokenEdge(int32_t token_id);
-  bool CheckToken(int32_t top, std::string_view bytes);
+  // CheckUncertain appends to `fits` the uncertain tokens of `top`'s state that the stack
+  // under `top` lets through, walking prefixes shared by consecutive tokens once.
+  void CheckUncertain(int32_t top, const StateTokens& tokens, std::vector<int32_t>* fits);
   void Compact();
 
   std::shared_ptr<const CompiledGrammar> grammar_;
@@ -73,6 +75,8 @@ class GrammarMatcher {
   // Scratch.
   std::vector<int32_t> cur_, next_;
   std::vector<int32_t> seen_states_;
+  std::vector<int32_t> level_tops_;
+  std::vector<size_t> level_begin_, level_pool_;
 };
 
 }  // namespace sluice::grammar

@@ -1,6 +1,7 @@
 #include "engine/grammar/pda.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -312,6 +313,111 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
   return absl::OkStatus();
 }
 
+// MinimizeStates merges states with the same future (Moore's partition refinement): the same
+// rule, both accepting or neither, and byte, call and token edges into the same classes. Subset
+// construction leaves such duplicates (inside a string: after the opening quote, after a plain
+// character, after an escape); each costs a walk of the whole vocabulary at compile time.
+void MinimizeStates(Pda* pda) {
+  const int32_t n = static_cast<int32_t>(pda->states.size());
+  std::vector<int32_t> cls(n), next_cls(n);
+  int32_t num_classes = 0;
+  {
+    absl::flat_hash_map<std::pair<int32_t, bool>, int32_t> initial;
+    for (int32_t s = 0; s < n; ++s) {
+      const PdaState& st = pda->states[s];
+      cls[s] = initial.try_emplace(std::make_pair(st.rule, st.accepting), initial.size()).first->second;
+    }
+    num_classes = static_cast<int32_t>(initial.size());
+  }
+  // Signature of a state under the current classes: its class, then its edges by target class
+  // (adjacent byte ranges into one class merged, calls and tokens sorted).
+  std::vector<int32_t> sig;
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  auto signature = [&](int32_t s) {
+    const PdaState& st = pda->states[s];
+    sig.clear();
+    sig.push_back(cls[s]);
+    int32_t lo = -1, hi = -2, c = -1;
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      const ByteEdge& edge = pda->byte_edges[e];
+      const int32_t ec = cls[edge.next];
+      if (ec == c && hi + 1 == edge.lo) {
+        hi = edge.hi;
+        continue;
+      }
+      if (c >= 0) sig.insert(sig.end(), {lo, hi, c});
+      lo = edge.lo;
+      hi = edge.hi;
+      c = ec;
+    }
+    if (c >= 0) sig.insert(sig.end(), {lo, hi, c});
+    for (auto [begin, end, is_call] : {std::tuple{st.call_begin, st.call_end, true},
+                                       std::tuple{st.token_begin, st.token_end, false}}) {
+      pairs.clear();
+      for (uint32_t e = begin; e < end; ++e) {
+        pairs.push_back(is_call ? std::make_pair(pda->call_edges[e].rule, cls[pda->call_edges[e].next])
+                                : std::make_pair(pda->token_edges[e].token, cls[pda->token_edges[e].next]));
+      }
+      std::sort(pairs.begin(), pairs.end());
+      sig.push_back(-1);  // separator
+      for (auto [a, b] : pairs) sig.insert(sig.end(), {a, b});
+    }
+  };
+  for (;;) {
+    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+    for (int32_t s = 0; s < n; ++s) {
+      signature(s);
+      next_cls[s] = ids.try_emplace(sig, ids.size()).first->second;
+    }
+    cls.swap(next_cls);
+    if (static_cast<int32_t>(ids.size()) == num_classes) break;
+    num_classes = static_cast<int32_t>(ids.size());
+  }
+  if (num_classes == n) return;
+  // Rebuild with one state per class, numbered by first occurrence.
+  std::vector<int32_t> id_of_class(num_classes, -1), rep;
+  for (int32_t s = 0; s < n; ++s) {
+    if (id_of_class[cls[s]] < 0) {
+      id_of_class[cls[s]] = static_cast<int32_t>(rep.size());
+      rep.push_back(s);
+    }
+  }
+  auto map = [&](int32_t s) { return id_of_class[cls[s]]; };
+  Pda out;
+  out.tokens = std::move(pda->tokens);
+  out.rule_names = std::move(pda->rule_names);
+  out.root_rule = pda->root_rule;
+  for (int32_t r : pda->rule_start) out.rule_start.push_back(r < 0 ? r : map(r));
+  for (int32_t s : rep) {
+    const PdaState& st = pda->states[s];
+    PdaState ns{st.rule, st.accepting, 0, 0, 0, 0, 0, 0};
+    ns.byte_begin = static_cast<uint32_t>(out.byte_edges.size());
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      ByteEdge edge = pda->byte_edges[e];
+      edge.next = map(edge.next);
+      if (out.byte_edges.size() > ns.byte_begin && out.byte_edges.back().next == edge.next &&
+          out.byte_edges.back().hi + 1 == edge.lo) {
+        out.byte_edges.back().hi = edge.hi;
+      } else {
+        out.byte_edges.push_back(edge);
+      }
+    }
+    ns.byte_end = static_cast<uint32_t>(out.byte_edges.size());
+    ns.call_begin = static_cast<uint32_t>(out.call_edges.size());
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+      out.call_edges.push_back(CallEdge{pda->call_edges[e].rule, map(pda->call_edges[e].next)});
+    }
+    ns.call_end = static_cast<uint32_t>(out.call_edges.size());
+    ns.token_begin = static_cast<uint32_t>(out.token_edges.size());
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
+      out.token_edges.push_back(TokenEdge{pda->token_edges[e].token, map(pda->token_edges[e].next)});
+    }
+    ns.token_end = static_cast<uint32_t>(out.token_edges.size());
+    out.states.push_back(ns);
+  }
+  *pda = std::move(out);
+}
+
 // CheckLeftRecursion refuses rules that can call themselves before consuming a byte.
 absl::Status CheckLeftRecursion(const Pda& pda) {
   const int32_t n = static_cast<int32_t>(pda.rule_start.size());
@@ -412,6 +518,7 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
   }
   absl::Status st = CheckLeftRecursion(pda);
   if (!st.ok()) return st;
+  MinimizeStates(&pda);
   return pda;
 }
 

@@ -1,7 +1,8 @@
 // Pda: a grammar compiled to byte-level automata, one deterministic finite automaton per rule
 // whose edges consume a byte range or call another rule (a pushdown automaton over bytes).
 //
-// States are numbered globally. A state's byte edges are disjoint (determinized per rule);
+// States are numbered globally. A state's byte edges are disjoint (determinized and minimized per
+// rule: no two states of a rule have the same future);
 // a state may also have token edges (a whole vocabulary token, grammar.h kToken), rule-call edges (a call pushes the return state and enters the callee's
 // start state) and be accepting (the rule may return there). Left recursion is refused at
 // build time: it would push forever without consuming a byte.

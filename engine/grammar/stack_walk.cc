@@ -31,6 +31,8 @@ void StackWalk::Expand(int32_t node, std::vector<int32_t>* tops, Flags* flags) {
         flags->reached_root = true;
       } else if (sn.parent == kSentinelParent) {
         flags->reached_sentinel = true;
+      } else if (sn.parent == kContextParent) {
+        context_returns_.push_back(pda_->states[sn.state].rule);
       } else {
         work_.push_back(sn.parent);
       }

@@ -3,8 +3,10 @@
 //
 // Stacks are persistent: a node is (state, parent), nodes are shared, and a pop is a move to
 // the parent. "Tops" are nodes whose state can consume a byte or a whole token. A pop past the bottom reaches
-// kRootParent (the grammar may end here) or kSentinelParent (precomputation: the rule the walk
-// began in has returned, so what follows depends on the real stack).
+// kRootParent (the grammar may end here), kSentinelParent (precomputation: the rule the walk
+// began in has returned, so what follows depends on the real stack) or kContextParent
+// (precomputation: a state entered at one of its rule's return sites, with any caller below,
+// returned; the walk records the rule in context_returns()).
 #ifndef SLUICE_ENGINE_GRAMMAR_STACK_WALK_H_
 #define SLUICE_ENGINE_GRAMMAR_STACK_WALK_H_
 
@@ -18,6 +20,7 @@ namespace sluice::grammar {
 
 inline constexpr int32_t kRootParent = -1;
 inline constexpr int32_t kSentinelParent = -2;
+inline constexpr int32_t kContextParent = -3;
 
 struct StackNode {
   int32_t state = 0;
@@ -44,6 +47,9 @@ class StackWalk {
   // ResetVisited starts a new expansion round (Step does it itself).
   void ResetVisited() { visited_.clear(); }
 
+  // Rules whose states returned to kContextParent, appended by Expand (the caller clears).
+  std::vector<int32_t>& context_returns() { return context_returns_; }
+
   // Expand appends to `tops` every top reachable from `node` without consuming bytes (rule
   // calls enter callees, accepting states return to their callers).
   void Expand(int32_t node, std::vector<int32_t>* tops, Flags* flags);
@@ -59,6 +65,7 @@ class StackWalk {
   std::vector<StackNode> nodes_;
   std::vector<int32_t> work_;
   std::vector<std::pair<int32_t, int32_t>> visited_;  // (state, parent) this step
+  std::vector<int32_t> context_returns_;
 };
 
 }  // namespace sluice::grammar

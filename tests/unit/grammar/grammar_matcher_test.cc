@@ -7,6 +7,7 @@
 #include "engine/grammar/ebnf_parser.h"
 #include "engine/grammar/grammar_compiler.h"
 #include "engine/grammar/json_schema_to_grammar.h"
+#include "engine/grammar/pda.h"
 #include "engine/grammar/regex_to_grammar.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
@@ -163,6 +164,104 @@ TEST(GrammarCompilerTest, ChoiceCacheKeysTakeAnyBytes) {
   EXPECT_NE(*ka, *kb);
   EXPECT_NE(*ks, *kj);
   EXPECT_EQ(*ks, "choice\n2:ab;1:c;");
+}
+
+// Minimization: subset construction gives `(a|b)*c` separate states after "a" and after "b";
+// they have the same future and become one (start/loop, after "c").
+TEST(GrammarMatcherTest, RuleAutomataAreMinimal) {
+  absl::StatusOr<Pda> pda = BuildPda(*RegexToGrammar("(a|b)*c"));
+  ASSERT_TRUE(pda.ok()) << pda.status();
+  EXPECT_EQ(pda->states.size(), 2u);
+  // The JSON string body is one state whatever came before in it (quote, character, escape).
+  absl::StatusOr<Pda> json = BuildPda(AnyJsonGrammar(false));
+  ASSERT_TRUE(json.ok());
+  int32_t string_rule = -1;
+  for (size_t r = 0; r < json->rule_names.size(); ++r) {
+    if (json->rule_names[r] == "string") string_rule = static_cast<int32_t>(r);
+  }
+  ASSERT_GE(string_rule, 0);
+  int32_t body_states = 0;  // states of the rule that take an ASCII letter and stay in it
+  for (const PdaState& st : json->states) {
+    if (st.rule != string_rule) continue;
+    const int32_t s = static_cast<int32_t>(&st - json->states.data());
+    if (json->Next(s, 'x') == s) ++body_states;
+  }
+  EXPECT_EQ(body_states, 1);
+}
+
+// Context expansion: where a rule can return mid-token, a token is uncertain only if its rest
+// fits a state some call of the rule returns to. `var` returns after one letter, and is called
+// where " = " or " + " or ")" follows: "x ", "x =", "x)" are uncertain (as "x", which ends the
+// rule), "xy", "xyz" and "x)y" rejected outright.
+TEST(GrammarMatcherTest, ContextExpansionRejectsTokensNoCallerTakes) {
+  std::vector<std::string> tokens = {"x", "y", "xy", "x ", "x =", "x)", "(", ")", " ", " =", " = ",
+                                     " + ", "1", "1)", ", ", "xyz", "x)y"};
+  tokens.push_back("");  // EOS
+  auto vocab = TokenVocab::FromTokens(tokens, {static_cast<int32_t>(tokens.size()) - 1});
+  auto g = CompiledGrammar::Create(*ParseEbnf("root ::= assign (\", \" assign)*\nassign ::= var \" = \" expr\n"
+                                              "var ::= [a-z]\nexpr ::= term (\" + \" term)*\n"
+                                              "term ::= [0-9] | var | \"(\" expr \")\"\n"),
+                                   vocab);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const Pda& pda = (*g)->pda();
+  int32_t var_rule = -1;
+  for (size_t r = 0; r < pda.rule_names.size(); ++r) {
+    if (pda.rule_names[r] == "var") var_rule = static_cast<int32_t>(r);
+  }
+  ASSERT_GE(var_rule, 0);
+  const StateTokens& t = (*g)->tokens(pda.rule_start[var_rule]);
+  auto text = [&](const std::vector<int32_t>& ids) {
+    std::vector<std::string> out;
+    for (int32_t id : ids) out.emplace_back(vocab->token_bytes(id));
+    return out;
+  };
+  EXPECT_TRUE(t.accepted_ids.empty() && t.accepted_bits.empty());
+  // Sorted by bytes, with the shared prefix lengths the matcher's walk reuses.
+  EXPECT_EQ(text(t.uncertain_ids), (std::vector<std::string>{"x", "x ", "x =", "x)", "y"}));
+  EXPECT_EQ(t.uncertain_lcp, (std::vector<int32_t>{0, 1, 2, 1, 0}));
+  // At run time the stack decides: at the start "x =" fits, "x)" does not; inside "(" both
+  // "x)" and "x " do.
+  GrammarMatcher m(*g);
+  std::vector<uint32_t> mask(m.num_bitmask_words());
+  for (const char* prefix : {"", "x = (", "x = (1 + (y"}) {
+    GrammarMatcher at = m;
+    ASSERT_TRUE(at.AcceptBytes(prefix)) << prefix;
+    at.FillNextTokenBitmask(absl::MakeSpan(mask));
+    EXPECT_EQ(MaskIds(mask), MaskIds(BruteForceMask(at))) << prefix;
+  }
+}
+
+// The fast mask equals brute force along documents on the real Llama 3 vocabulary, for the
+// grammars whose masks were costly before context expansion: a GBNF grammar with one-letter
+// rules and the first steps inside JSON strings.
+TEST(GrammarMatcherTest, Llama3MaskEqualsBruteForceAlongDocuments) {
+  const std::string path = sluice::testing::RequirePath(sluice::testing::SharedDir() + "/tokenizers/llama3/tokenizer.json");
+  auto tokenizer = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto vocab = TokenVocab::FromTokenizer(**tokenizer, {*(*tokenizer)->TokenToId("<|eot_id|>")});
+  GrammarCompiler compiler(vocab);
+  const std::vector<std::pair<GrammarSpec, std::string>> cases = {
+      {{GrammarKind::kEbnf,
+        "root ::= assign (\", \" assign){0,2}\nassign ::= var \" = \" expr\nvar ::= [a-z]\n"
+        "expr ::= term ((\" + \" | \" * \") term)*\nterm ::= [0-9] | var | \"(\" expr \")\"\n", {}},
+       "x = (1 + y) * 3, y = 4"},
+      {{GrammarKind::kJsonSchema,
+        R"({"type":"object","properties":{"name":{"type":"string"},"tags":{"type":"array","items":{"type":"string"}}},"required":["name","tags"]})",
+        {}},
+       R"({"name": "A \"L\"", "tags": ["x"]})"},
+  };
+  for (const auto& [spec, doc] : cases) {
+    auto g = compiler.Compile(spec);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(doc, /*add_special_tokens=*/false);
+    GrammarMatcher m(*g);
+    std::vector<uint32_t> mask(m.num_bitmask_words());
+    for (size_t i = 0; i <= ids.size(); ++i) {
+      m.FillNextTokenBitmask(absl::MakeSpan(mask));
+      ASSERT_EQ(MaskIds(mask), MaskIds(BruteForceMask(m))) << doc << " step " << i;
+      if (i < ids.size()) ASSERT_TRUE(m.AcceptToken(ids[i])) << doc << " step " << i;
+    }
+  }
 }
 
 }  // namespace
