@@ -64,6 +64,13 @@ void MtpDrafter::ObserveHiddenStates(std::string_view request_id, int32_t first_
                 h * sizeof(float));
     s.have[at] = 1;
   }
+  const int32_t cap = std::max(1, options_.max_pending_positions);
+  if (static_cast<int64_t>(s.have.size()) > cap) {
+    const int32_t drop = static_cast<int32_t>(s.have.size()) - (cap - cap / 4);
+    s.have.erase(s.have.begin(), s.have.begin() + drop);
+    s.hidden.erase(s.hidden.begin(), s.hidden.begin() + static_cast<int64_t>(drop) * h);
+    s.hidden_begin += drop;
+  }
 }
 
 int64_t MtpDrafter::Slot(const SeqState& s, int64_t pos) const {

@@ -41,6 +41,11 @@ struct MtpOptions {
   bool enable_prefix_caching = true;
   std::string model_id;       // names the weights in the module's block hashes
   CostClock cost_clock = CostClock::kWall;  // the clock round_cost() is fitted on
+  // Observed hidden states kept per sequence until a Propose consumes them (steps where the
+  // confidence scheduler drafts nothing still hand them over). Beyond this many positions the
+  // oldest are dropped (down to three quarters), and their entries later use the zero hidden
+  // state: memory stays bounded by max_pending_positions · hidden_size floats per sequence.
+  int32_t max_pending_positions = 8192;
 };
 
 class MtpDrafter final : public Drafter {

@@ -81,3 +81,12 @@ def test_target_without_mtp_weights_is_refused():
     assert "--speculative-method mtp" in out and str(MODEL_DIR) in out
     assert "num_nextn_predict_layers = 1 but has no MTP weights" in out
     assert "model.layers.8.eh_proj.weight" in out
+
+
+def test_mtp_with_a_draft_model_is_refused():
+    proc = subprocess.run([sluice_bin(), "serve", "--model", str(FIXTURE), "--port", "0",
+                           "--speculative-method", "mtp", "--speculative-model", str(FIXTURE)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "--speculative-method mtp drafts with the target's own MTP module: drop " \
+        "--speculative-model" in proc.stdout + proc.stderr

@@ -215,6 +215,36 @@ TEST(MtpModelTest, MtpWeightsPresentInPartAreALoadError) {
       << model.status();
 }
 
+TEST(MtpDrafterTest, PendingHiddenStatesAreBoundedAndDraftsStillCome) {
+  std::unique_ptr<Model> model = Load(MtpDir());
+  ASSERT_NE(model, nullptr);
+  MtpOptions options;
+  options.num_kv_blocks = 8;
+  options.max_pending_positions = 8;  // more than 8 pending: the oldest go, down to 6
+  auto drafter = MtpDrafter::Create(model.get(), options);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  const std::vector<float> row(kHidden, 0.5f);
+  for (int32_t p = 0; p < 40; ++p) (*drafter)->ObserveHiddenStates("r", p, row);
+  std::vector<int32_t> tokens(41);
+  for (int32_t i = 0; i < 41; ++i) tokens[i] = 100 + i;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  DraftInput in;
+  in.request_id = "r";
+  in.token_ids = tokens;
+  in.num_prompt_tokens = 41;
+  in.sampling = &greedy;
+  in.max_draft_tokens = 3;
+  std::vector<DraftOutput> out;
+  ASSERT_TRUE((*drafter)->Propose({in}, nullptr, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].tokens.size(), 3u);
+  EXPECT_GE((*drafter)->num_inexact_positions(), 40 - 8);
+  EXPECT_LE((*drafter)->num_inexact_positions(), 40 - 6);
+  (*drafter)->Release("r");
+  EXPECT_EQ((*drafter)->num_free_blocks(), 8);
+}
+
 // --- The drafter in the engine ---
 
 struct MtpRun {
