@@ -54,6 +54,7 @@ struct MoeWeights {
 };
 
 struct LayerWeights {
+  int64_t index = 0;                       // model.layers.<index>
   std::vector<float> input_norm;           // [hidden]
   std::vector<float> post_attention_norm;  // [hidden]
   // Fused input projection: rows of q_a_proj [q_lora_rank] (or q_proj [heads * qk_head_dim]
@@ -71,11 +72,25 @@ struct LayerWeights {
   MoeWeights moe;
 };
 
+// One multi-token prediction module (DeepSeek-V3 report, arXiv:2412.19437 §2.2): h'_i =
+// M_k[RMSNorm(h_i); RMSNorm(Emb(t_{i+k}))], a Transformer block, then the shared output head.
+// Stored as model.layers.<num_hidden_layers>.{enorm, hnorm, eh_proj, <decoder layer>,
+// shared_head.norm, shared_head.head, embed_tokens} in the released checkpoints.
+struct MtpWeights {
+  LayerWeights block;
+  std::vector<float> enorm;      // [hidden], applied to the next token's embedding
+  std::vector<float> hnorm;      // [hidden], applied to the previous hidden state
+  std::vector<float> eh_proj;    // [hidden, 2 * hidden] over [enorm(e) ; hnorm(h)]
+  std::vector<float> head_norm;  // [hidden] (shared_head.norm)
+  std::vector<float> head;       // [vocab, hidden] or empty: the target's output head
+  std::vector<float> embed;      // [vocab, hidden] or empty: the target's embed_tokens
+};
+
 // Scratch of one Forward call; vectors only grow, so steady-state steps do not allocate.
 struct Workspace {
   std::vector<float> residual, normed, a_out, q_a_normed, q, latent, attn, delta;
   std::vector<float> gate_up, act, router_logits, topk_weights, routed, shared_gate_up,
-      shared_act, lm_rows;
+      shared_act, lm_rows, mtp_cat;
   std::vector<int32_t> topk_ids;
   std::vector<uint8_t> covered;
   std::vector<kernels::MlaSequence> sequences;
@@ -108,6 +123,26 @@ class DeepseekV3Model : public Model {
   bool SupportsLayerKvHook() const override { return true; }
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override;
+  // ws_.residual holds them after Forward (the last AddRmsNorm adds the last layer's output).
+  absl::Span<const float> final_hidden_states() const override {
+    return absl::MakeConstSpan(ws_.residual.data(), last_num_tokens_ * config_.hidden_size);
+  }
+  absl::Status MtpStatus() const override {
+    if (!mtp_status_.ok()) return mtp_status_;
+    if (group_comm_ != nullptr) {
+      return absl::FailedPreconditionError("MTP drafting: the model is sharded (TP/EP)");
+    }
+    return absl::OkStatus();
+  }
+  KvCacheSpec mtp_kv_cache_spec() const override {
+    if (!mtp_status_.ok()) return {};
+    KvCacheSpec spec = kv_cache_spec();
+    spec.num_layers = 1;
+    return spec;
+  }
+  absl::Status ForwardMtp(const ForwardInput& input, absl::Span<const float> previous_hidden,
+                          KvCache& kv_cache, absl::Span<float> logits,
+                          absl::Span<float> hidden_out) override;
   absl::Status Shard(const ParallelShard& shard) override;
   absl::Status UpdateExpertPlacement(absl::Span<const int32_t> expert_slots) override;
   std::vector<int64_t> TakeExpertLoad() override;
@@ -119,10 +154,12 @@ class DeepseekV3Model : public Model {
   absl::Status LoadMlp(const Checkpoint& ckpt, const std::string& prefix, int64_t intermediate,
                        MlpWeights* mlp) const;
   absl::Status LoadLayer(const Checkpoint& ckpt, int64_t layer, LayerWeights* w) const;
+  absl::Status LoadMtp(const Checkpoint& ckpt);
   absl::Status ValidatePlan(const ForwardInput& input, const KvCache& kv_cache,
-                            absl::Span<float> logits);
-  void Attention(int64_t layer, const ForwardInput& input, KvCache& kv_cache, int64_t num_tokens,
-                 absl::Status* status);
+                            const KvCacheSpec& want, absl::Span<float> logits);
+  // Attention runs layer `w` with its latent cache in kv_cache's layer `cache_layer`.
+  void Attention(const LayerWeights& w, int64_t cache_layer, const ForwardInput& input,
+                 KvCache& kv_cache, int64_t num_tokens, absl::Status* status);
   absl::Status Mlp(const LayerWeights& w, int64_t num_tokens);
   void SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows, std::vector<float>& gate_up,
               std::vector<float>& act, float* out);
@@ -137,6 +174,9 @@ class DeepseekV3Model : public Model {
   std::vector<float> lm_head_;  // [vocab, hidden]; empty when tied (then embed_ is used)
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
+  MtpWeights mtp_;
+  absl::Status mtp_status_;  // OK when mtp_ is loaded
+  int64_t last_num_tokens_ = 0;  // tokens of the last Forward (final_hidden_states)
   int64_t weight_bytes_per_token_ = 0;
   Workspace ws_;
   // Parallelism (Shard): tensor-parallel group completing o_proj and dense down_proj, and per
@@ -197,6 +237,7 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
   const int64_t dr = c.qk_rope_head_dim;
   const std::string p = LayerPrefix(layer);
   const std::string attn = p + "self_attn.";
+  w->index = layer;
   SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "input_layernorm.weight", {h}, &w->input_norm));
   SLUICE_RETURN_IF_ERROR(
       LoadWeightInto(ckpt, p + "post_attention_layernorm.weight", {h}, &w->post_attention_norm));
@@ -338,6 +379,7 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     SLUICE_RETURN_IF_ERROR(LoadLayer(ckpt, l, &layers_[l]));
   }
+  SLUICE_RETURN_IF_ERROR(LoadMtp(ckpt));
 
   // Bytes one decode token reads (float32 storage): every attention/norm/dense weight, the
   // router, num_experts_per_tok routed experts and the shared experts per MoE layer, the final
@@ -359,8 +401,42 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
   return absl::OkStatus();
 }
 
+// LoadMtp loads the first MTP module when the config declares one and the checkpoint has it
+// (its eh_proj present); a declared but absent module leaves mtp_status_ NotFound and the target
+// loads as usual. A module present in part is an error.
+absl::Status DeepseekV3Model::LoadMtp(const Checkpoint& ckpt) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  const std::string p = LayerPrefix(c.num_hidden_layers);
+  if (c.num_nextn_predict_layers <= 0) {
+    mtp_status_ = absl::NotFoundError(
+        "the checkpoint declares no MTP module (num_nextn_predict_layers is 0)");
+    return absl::OkStatus();
+  }
+  if (!ckpt.Contains(p + "eh_proj.weight")) {
+    mtp_status_ = absl::NotFoundError(absl::StrCat(
+        "the checkpoint declares num_nextn_predict_layers = ", c.num_nextn_predict_layers,
+        " but has no MTP weights (missing ", p, "eh_proj.weight, ", p, "enorm.weight, ", p,
+        "hnorm.weight, ", p, "shared_head.norm.weight and the ", p, "self_attn/mlp tensors)"));
+    return absl::OkStatus();
+  }
+  MtpWeights& m = mtp_;
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "enorm.weight", {h}, &m.enorm));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "hnorm.weight", {h}, &m.hnorm));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "eh_proj.weight", {h, 2 * h}, &m.eh_proj));
+  SLUICE_RETURN_IF_ERROR(LoadWeightInto(ckpt, p + "shared_head.norm.weight", {h}, &m.head_norm));
+  bool present = false;
+  SLUICE_RETURN_IF_ERROR(LoadOptionalWeightInto(ckpt, p + "shared_head.head.weight",
+                                                {c.vocab_size, h}, &m.head, &present));
+  SLUICE_RETURN_IF_ERROR(LoadOptionalWeightInto(ckpt, p + "embed_tokens.weight",
+                                                {c.vocab_size, h}, &m.embed, &present));
+  SLUICE_RETURN_IF_ERROR(LoadLayer(ckpt, c.num_hidden_layers, &m.block));
+  mtp_status_ = absl::OkStatus();
+  return absl::OkStatus();
+}
+
 absl::Status DeepseekV3Model::ValidatePlan(const ForwardInput& input, const KvCache& kv_cache,
-                                           absl::Span<float> logits) {
+                                           const KvCacheSpec& want, absl::Span<float> logits) {
   const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
   if (static_cast<int64_t>(input.positions.size()) != num_tokens ||
       static_cast<int64_t>(input.slot_mapping.size()) != num_tokens) {
@@ -368,7 +444,6 @@ absl::Status DeepseekV3Model::ValidatePlan(const ForwardInput& input, const KvCa
         "forward: ", num_tokens, " token ids but ", input.positions.size(), " positions and ",
         input.slot_mapping.size(), " slots"));
   }
-  const KvCacheSpec want = kv_cache_spec();
   const KvCacheSpec& have = kv_cache.spec();
   if (have.num_layers != want.num_layers || have.k_floats_per_token != want.k_floats_per_token ||
       have.v_floats_per_token != want.v_floats_per_token || kv_cache.block_size() <= 0) {
@@ -432,10 +507,10 @@ void DeepseekV3Model::SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows
 }
 
 // Attention reads ws_.normed and writes o_proj's output to ws_.delta.
-void DeepseekV3Model::Attention(int64_t layer, const ForwardInput& input, KvCache& kv_cache,
-                                int64_t num_tokens, absl::Status* status) {
+void DeepseekV3Model::Attention(const LayerWeights& w, int64_t cache_layer,
+                                const ForwardInput& input, KvCache& kv_cache, int64_t num_tokens,
+                                absl::Status* status) {
   const ModelConfig& c = config_;
-  const LayerWeights& w = layers_[layer];
   const int64_t h = c.hidden_size;
   const int64_t rank = c.kv_lora_rank;
   const int64_t dr = c.qk_rope_head_dim;
@@ -472,7 +547,8 @@ void DeepseekV3Model::Attention(int64_t layer, const ForwardInput& input, KvCach
                    c.qk_nope_head_dim + c.qk_rope_head_dim, c.qk_nope_head_dim,
                    input.positions.data(), rope_, c.rope_interleave);
 
-  kernels::MlaPagedCache cache{kv_cache.k(layer), kv_cache.num_blocks(), kv_cache.block_size()};
+  kernels::MlaPagedCache cache{kv_cache.k(cache_layer), kv_cache.num_blocks(),
+                               kv_cache.block_size()};
   *status = kernels::MlaWriteCacheCpu(ws_.latent.data(), input.slot_mapping.data(), num_tokens,
                                       mla_dims_, cache);
   if (!status->ok()) return;
@@ -509,7 +585,9 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
   SLUICE_RETURN_IF_ERROR(kernels::MoeRoutingCpu(ws_.router_logits.data(), m.correction_bias.data(),
                                                 num_tokens, routing_, ws_.topk_ids.data(),
                                                 ws_.topk_weights.data()));
-  ExpertParallelMoe* ep = ep_.empty() ? nullptr : ep_[&w - layers_.data()].get();
+  // The MTP block (index num_hidden_layers) is never expert-parallel (MtpStatus when sharded).
+  ExpertParallelMoe* ep =
+      w.index < static_cast<int64_t>(ep_.size()) ? ep_[w.index].get() : nullptr;
   if (ep != nullptr) {  // m.views holds this rank's expert slots only
     SLUICE_RETURN_IF_ERROR(ep->Run(ws_.normed.data(), num_tokens, h, config_.moe_intermediate_size,
                                    ws_.topk_ids.data(), ws_.topk_weights.data(), top_k, m.views,
@@ -534,9 +612,10 @@ absl::Status DeepseekV3Model::Mlp(const LayerWeights& w, int64_t num_tokens) {
 
 absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cache,
                                       absl::Span<float> logits) {
-  SLUICE_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, logits));
+  SLUICE_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, kv_cache_spec(), logits));
   const ModelConfig& c = config_;
   const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
+  last_num_tokens_ = num_tokens;
   if (num_tokens == 0) return absl::OkStatus();
   const int64_t h = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -557,7 +636,7 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = layers_[l];
     absl::Status status;
-    Attention(l, input, kv_cache, num_tokens, &status);
+    Attention(w, l, input, kv_cache, num_tokens, &status);
     SLUICE_RETURN_IF_ERROR(status);
     // The layer's latent KV is in the cache: a layer-by-layer push may move it from here on.
     if (input.on_layer_kv_written) input.on_layer_kv_written(static_cast<int32_t>(l), nullptr);
@@ -578,6 +657,72 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
                 h * sizeof(float));
   }
   const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
+                     h);
+  return absl::OkStatus();
+}
+
+// ForwardMtp: the MTP module (arXiv:2412.19437 §2.2) over the step. The concatenation order
+// [enorm(embedding of the next token) ; hnorm(previous hidden state)] is that of the released
+// checkpoints' eh_proj as vLLM's deepseek_mtp serves them.
+absl::Status DeepseekV3Model::ForwardMtp(const ForwardInput& input,
+                                         absl::Span<const float> previous_hidden,
+                                         KvCache& kv_cache, absl::Span<float> logits,
+                                         absl::Span<float> hidden_out) {
+  SLUICE_RETURN_IF_ERROR(MtpStatus());
+  SLUICE_RETURN_IF_ERROR(ValidatePlan(input, kv_cache, mtp_kv_cache_spec(), logits));
+  const ModelConfig& c = config_;
+  const int64_t num_tokens = static_cast<int64_t>(input.token_ids.size());
+  const int64_t num_logits = static_cast<int64_t>(input.logits_indices.size());
+  const int64_t h = c.hidden_size;
+  if (static_cast<int64_t>(previous_hidden.size()) != num_tokens * h ||
+      static_cast<int64_t>(hidden_out.size()) != num_logits * h) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward_mtp: previous hidden of ", previous_hidden.size(), " floats and hidden_out of ",
+        hidden_out.size(), ", expected ", num_tokens, " and ", num_logits, " rows of ", h));
+  }
+  last_num_tokens_ = 0;  // the scratch no longer holds the target's hidden states
+  if (num_tokens == 0) return absl::OkStatus();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const MtpWeights& m = mtp_;
+  Grow(ws_.residual, num_tokens * h);
+  Grow(ws_.normed, num_tokens * h);
+  Grow(ws_.delta, num_tokens * h);
+  Grow(ws_.mtp_cat, num_tokens * 2 * h);
+  Grow(ws_.a_out, num_tokens * a_width_);
+  Grow(ws_.q_a_normed, num_tokens * std::max<int64_t>(c.q_lora_rank, 1));
+  Grow(ws_.q, num_tokens * q_width_);
+  Grow(ws_.latent, num_tokens * (c.kv_lora_rank + c.qk_rope_head_dim));
+  Grow(ws_.attn, num_tokens * c.num_attention_heads * c.v_head_dim);
+
+  const float* embed = m.embed.empty() ? embed_.data() : m.embed.data();
+  SLUICE_RETURN_IF_ERROR(kernels::EmbeddingCpu(embed, c.vocab_size, h, input.token_ids.data(),
+                                               num_tokens, ws_.delta.data()));
+  kernels::RmsNormCpu(ws_.delta.data(), h, m.enorm.data(), ws_.mtp_cat.data(), 2 * h, num_tokens,
+                      h, eps);
+  kernels::RmsNormCpu(previous_hidden.data(), h, m.hnorm.data(), ws_.mtp_cat.data() + h, 2 * h,
+                      num_tokens, h, eps);
+  kernels::LinearCpu(ws_.mtp_cat.data(), m.eh_proj.data(), nullptr, ws_.residual.data(),
+                     num_tokens, h, 2 * h);
+  kernels::RmsNormCpu(ws_.residual.data(), h, m.block.input_norm.data(), ws_.normed.data(), h,
+                      num_tokens, h, eps);
+  absl::Status status;
+  Attention(m.block, 0, input, kv_cache, num_tokens, &status);
+  SLUICE_RETURN_IF_ERROR(status);
+  kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), m.block.post_attention_norm.data(),
+                         ws_.normed.data(), num_tokens, h, eps);
+  SLUICE_RETURN_IF_ERROR(Mlp(m.block, num_tokens));
+  kernels::AddRmsNormCpu(ws_.delta.data(), ws_.residual.data(), m.head_norm.data(),
+                         ws_.normed.data(), num_tokens, h, eps);
+  if (num_logits == 0) return absl::OkStatus();
+  Grow(ws_.lm_rows, num_logits * h);
+  for (int64_t i = 0; i < num_logits; ++i) {
+    const int64_t t = input.logits_indices[i];
+    std::memcpy(ws_.lm_rows.data() + i * h, ws_.normed.data() + t * h, h * sizeof(float));
+    std::memcpy(hidden_out.data() + i * h, ws_.residual.data() + t * h, h * sizeof(float));
+  }
+  const float* head =
+      !m.head.empty() ? m.head.data() : (lm_head_.empty() ? embed_.data() : lm_head_.data());
   kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
                      h);
   return absl::OkStatus();

@@ -24,7 +24,13 @@ namespace sluice {
 // with n_routed_experts experts (sigmoid or softmax scores, e_score_correction_bias, n_group /
 // topk_group group-limited top-k, norm_topk_prob, routed_scaling_factor) plus n_shared_experts
 // (0 = none) fused as one SwiGLU of moe_intermediate_size · n_shared_experts; attention_bias;
-// tied or untied embeddings. MTP layers (num_nextn_predict_layers) are not loaded.
+// tied or untied embeddings.
+//
+// MTP (num_nextn_predict_layers >= 1): the first module, model.layers.<num_hidden_layers>.*
+// (enorm, hnorm, eh_proj, a decoder layer, shared_head.norm; shared_head.head and embed_tokens
+// when the checkpoint has its own, else the target's), runs through Model::ForwardMtp. A config
+// declaring MTP layers whose checkpoint lacks them (no eh_proj) loads without them
+// (MtpStatus() NotFound names the missing weights); one present in part is a load error.
 //
 // Softmax scale (transformers' DeepseekV3Attention): (qk_nope_head_dim + qk_rope_head_dim)^-½,
 // times mscale² with mscale = 0.1 · mscale_all_dim · ln(factor) + 1 (1 when factor <= 1) when

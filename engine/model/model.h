@@ -345,6 +345,33 @@ class Model {
   }
   // The logits width Forward writes per row: vocab_size, or RestrictLogits' count.
   virtual int64_t logits_width() const { return config().vocab_size; }
+
+  // --- Multi-token prediction (DeepSeek-V3 report, arXiv:2412.19437 §2.2; engine/spec's
+  // MtpDrafter) ---
+  // final_hidden_states: the last Forward's hidden states [input.token_ids.size(), hidden_size]
+  // (float32, flattened token order), the last decoder layer's output before the final norm.
+  // Valid until the next Forward or ForwardMtp; empty for models that do not expose them.
+  virtual absl::Span<const float> final_hidden_states() const { return {}; }
+  // MtpStatus: OK when the model can draft with its own MTP module; else why not (NotFound
+  // naming the missing weights, FailedPrecondition when sharded, Unimplemented).
+  virtual absl::Status MtpStatus() const {
+    return absl::UnimplementedError("this model architecture has no MTP module");
+  }
+  // The MTP module's KV cache layout (one layer); zero when MtpStatus() is not OK.
+  virtual KvCacheSpec mtp_kv_cache_spec() const { return {}; }
+  // ForwardMtp runs the MTP module over a step planned like Forward's, in its own `kv_cache`
+  // (mtp_kv_cache_spec()). Token t of the batch sits at position positions[t] and combines
+  // previous_hidden row t (the target's final_hidden_states of that position, or the module's
+  // own hidden_out for a recursive draft) with the embedding of token_ids[t] (the token at
+  // position positions[t] + 1); its logits predict the token at positions[t] + 2. Writes
+  // logits [logits_indices.size(), vocab_size] and hidden_out [logits_indices.size(),
+  // hidden_size] (the module's output before its head norm). Errors: those of Forward,
+  // InvalidArgument for a wrong previous_hidden / hidden_out size, MtpStatus() when not OK.
+  virtual absl::Status ForwardMtp(const ForwardInput& input,
+                                  absl::Span<const float> previous_hidden, KvCache& kv_cache,
+                                  absl::Span<float> logits, absl::Span<float> hidden_out) {
+    return MtpStatus();
+  }
 };
 
 // LoadModel reads config.json + safetensors from `dir` and builds the model (weights

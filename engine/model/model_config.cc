@@ -295,6 +295,7 @@ absl::StatusOr<ModelConfig> ParseConfig(const json& j) {
     SLUICE_RETURN_IF_ERROR(GetBool(j, "norm_topk_prob", &c.norm_topk_prob));
     SLUICE_RETURN_IF_ERROR(GetInt(j, "first_k_dense_replace", &c.first_k_dense_replace));
     SLUICE_RETURN_IF_ERROR(GetString(j, "scoring_func", &c.scoring_func));
+    SLUICE_RETURN_IF_ERROR(GetInt(j, "num_nextn_predict_layers", &c.num_nextn_predict_layers));
     if (c.deepseek_v2) {
       // topk_method "greedy": top-k over all experts (n_group / topk_group unused, often null);
       // "group_limited_greedy": top-k within the topk_group groups with the best single expert.

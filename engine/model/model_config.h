@@ -90,6 +90,9 @@ struct ModelConfig {
   // Checkpoints hold mlp.gate.e_score_correction_bias (DeepSeek-V3); false for DeepSeek-V2,
   // whose routing then adds nothing to the scores.
   bool has_score_correction_bias = true;
+  // Multi-token prediction modules (DeepSeek-V3 report §2.2), stored after the decoder layers as
+  // model.layers.<num_hidden_layers + k>; 0: none declared.
+  int64_t num_nextn_predict_layers = 0;
 
   // LoadModelConfig parses `<dir>/config.json` (and `generation_config.json` for extra EOS ids).
   // Errors: NotFound (no file), InvalidArgument (bad JSON, missing required field,

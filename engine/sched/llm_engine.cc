@@ -512,11 +512,14 @@ class LLMEngineImpl final : public LLMEngine {
       Sequence& seq = *s.seq;
       const bool samples = s.samples();
       if (rows.num_prompt_rows > 0) CollectPromptLogprobs(seq, rows, vocab);
+      const int32_t computed_before = seq.num_computed_tokens;
       if (s.num_draft_tokens() > 0) {
         VerifyDrafts(s, device_greedy, static_cast<size_t>(rows.sample_row), outputs, finished);
+        HandHiddenStates(i, seq, computed_before);
         continue;
       }
       AdvanceComputed(seq, s.num_new_tokens);
+      HandHiddenStates(i, seq, computed_before);
       scheduler_.CommitBlocks(seq);
       WriteThrough(seq);
       if (!samples) continue;
@@ -536,6 +539,22 @@ class LLMEngineImpl final : public LLMEngine {
     }
     FlushWriteThrough();  // before finished sequences free their blocks
     RemoveFinished(finished, outputs);
+  }
+
+  // HandHiddenStates gives a drafter that reads them (MTP) the target's final hidden states of
+  // the positions this step computed for plan sequence i and kept: a verification keeps the
+  // last real token's and the accepted drafts' rows only.
+  void HandHiddenStates(size_t i, const Sequence& seq, int32_t computed_before) {
+    if (!options_.speculative.enabled() || !options_.speculative.drafter->WantsHiddenStates()) {
+      return;
+    }
+    const absl::Span<const float> hidden = model_->final_hidden_states();
+    const int64_t h = model_->config().hidden_size;
+    const int64_t rows = seq.num_computed_tokens - computed_before;
+    const int64_t start = input_.sequences[i].query_start;
+    if (rows <= 0 || static_cast<int64_t>(hidden.size()) < (start + rows) * h) return;
+    options_.speculative.drafter->ObserveHiddenStates(seq.request.request_id, computed_before,
+                                                      hidden.subspan(start * h, rows * h));
   }
 
   // JumpForward appends to seq (and `tokens`) the tokens its grammar forces after its newest

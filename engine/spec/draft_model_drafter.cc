@@ -8,48 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "engine/kv/kv_block_allocator.h"
+#include "engine/spec/draft_sampling.h"
 
 namespace sluice {
 namespace {
 
-// vLLM's _SAMPLING_EPS, as SampleToken: below it a request is greedy.
-constexpr float kGreedyTemperature = 1e-5f;
 // FR-Spec re-ranking: after this many counted tokens, then each time the count doubles.
 constexpr int64_t kFirstRerank = 256;
-
-// Softmax of logits / temperature into probs (float64 accumulation).
-void Softmax(absl::Span<const float> logits, float temperature, std::vector<float>* probs) {
-  probs->resize(logits.size());
-  float max_logit = -INFINITY;
-  for (float l : logits) max_logit = std::max(max_logit, l);
-  double total = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const double e = std::exp((static_cast<double>(logits[i]) - max_logit) / temperature);
-    (*probs)[i] = static_cast<float>(e);
-    total += e;
-  }
-  for (float& p : *probs) p = static_cast<float>(p / total);
-}
-
-int32_t Argmax(absl::Span<const float> v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-// Draws from probs with one uniform: the first id whose cumulative mass exceeds u · total.
-int32_t Draw(const std::vector<float>& probs, double u) {
-  double total = 0.0;
-  for (float p : probs) total += p;
-  const double target = u * total;
-  double cumulative = 0.0;
-  int32_t last = 0;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    if (probs[i] <= 0.0f) continue;
-    cumulative += probs[i];
-    last = static_cast<int32_t>(i);
-    if (cumulative > target) return last;
-  }
-  return last;
-}
 
 }  // namespace
 
@@ -249,16 +214,16 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       const float temperature = in.sampling->temperature;
       int32_t token;
       float confidence;
-      if (temperature < kGreedyTemperature) {
-        const int32_t column = Argmax(row);
-        Softmax(row, 1.0f, &probs);
+      if (temperature < kDraftGreedyTemperature) {
+        const int32_t column = DraftArgmax(row);
+        DraftSoftmax(row, 1.0f, &probs);
         confidence = probs[column];
         token = token_of(column);
       } else {
-        Softmax(row, temperature, &probs);
+        DraftSoftmax(row, temperature, &probs);
         SampleDrawKey key = in.first_draft_key;
         key.position += static_cast<int64_t>(out.tokens.size());
-        const int32_t column = Draw(probs, DrawUniform(key, kDraftDraw));
+        const int32_t column = DraftDraw(probs, DrawUniform(key, kDraftDraw));
         confidence = probs[column];
         token = token_of(column);
         if (vocab_ids_.empty()) {

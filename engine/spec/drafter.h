@@ -58,7 +58,7 @@ using DraftContinue = std::function<bool(size_t input, int32_t j, float confiden
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // "draft_model" | "ngram": names the method in logs and metrics.
+  // "draft_model" | "ngram" | "mtp": names the method in logs and metrics.
   virtual std::string_view method() const = 0;
   // Propose fills outputs[i] (resized to inputs.size()) for each input. A sequence the drafter
   // cannot serve this step (e.g. its KV blocks ran out) gets no tokens, not an error.
@@ -73,6 +73,14 @@ class Drafter {
   // The fitted cost of one draft round (tokens = sequences drafting in it); null when drafting
   // costs next to nothing (n-gram lookup).
   virtual const StepCostModel* round_cost() const { return nullptr; }
+  // True when the drafter reads the target's final hidden states (MTP): after each step the
+  // engine then calls ObserveHiddenStates with the positions the target computed and kept.
+  virtual bool WantsHiddenStates() const { return false; }
+  // ObserveHiddenStates: rows of hidden_size floats, the target's final hidden states
+  // (Model::final_hidden_states) of request_id's positions [first_position, + rows), computed
+  // over its real tokens (rejected drafts' rows are never handed over).
+  virtual void ObserveHiddenStates(std::string_view request_id, int32_t first_position,
+                                   absl::Span<const float> hidden) {}
 };
 
 }  // namespace sluice

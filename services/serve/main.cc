@@ -91,9 +91,9 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "Draft model folder for speculative decoding (same vocabulary and tokenizer as "
                  "--model); CPU backend");
   app.add_option("--speculative-method", runtime.speculative.method,
-                 "Speculative decoding drafter: draft_model (needs --speculative-model) or ngram "
-                 "(prompt lookup)")
-      ->check(CLI::IsMember({"draft_model", "ngram"}));
+                 "Speculative decoding drafter: draft_model (needs --speculative-model), ngram "
+                 "(prompt lookup) or mtp (the target's own MTP module; DeepSeek-V3)")
+      ->check(CLI::IsMember({"draft_model", "ngram", "mtp"}));
   app.add_option("--num-speculative-tokens", runtime.speculative.num_speculative_tokens,
                  "Draft tokens per step: the fixed k, or the most --speculative-verify auto "
                  "verifies (1..16, default 5)");

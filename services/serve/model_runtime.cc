@@ -418,7 +418,8 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
   if (absl::Status s = ConfigureSpeculative(
           options.speculative, options.model_dir, (*model)->config().vocab_size,
           *runtime.tokenizer,
-          (*model)->kv_cache_spec().BytesPerToken() * engine_options.block_size, &engine_options);
+          (*model)->kv_cache_spec().BytesPerToken() * engine_options.block_size, model->get(),
+          &engine_options);
       !s.ok()) {
     return s;
   }

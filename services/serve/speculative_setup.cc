@@ -7,6 +7,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_config.h"
 #include "engine/spec/draft_model_drafter.h"
+#include "engine/spec/mtp_drafter.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/speculative.h"
 #include "services/serve/log.h"
@@ -46,7 +47,8 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
 
 absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
                                   int64_t target_vocab_size, const Tokenizer& target_tokenizer,
-                                  int64_t target_block_bytes, EngineOptions* engine) {
+                                  int64_t target_block_bytes, Model* target,
+                                  EngineOptions* engine) {
   SpeculativeOptions& spec = engine->speculative;
   spec.num_speculative_tokens = flags.num_speculative_tokens;
   if (absl::Status s = spec.Validate(); !s.ok()) return s;
@@ -65,6 +67,26 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
     }
     spec.drafter = std::make_shared<NgramDrafter>(
         NgramOptions{flags.prompt_lookup_min, flags.prompt_lookup_max});
+  } else if (method == "mtp") {
+    if (!flags.model.empty()) {
+      return absl::InvalidArgumentError(
+          "--speculative-method mtp drafts with the target's own MTP module: drop "
+          "--speculative-model");
+    }
+    MtpOptions options;
+    options.block_size = engine->block_size;
+    options.num_kv_blocks = engine->num_kv_blocks > 0
+                                ? engine->num_kv_blocks
+                                : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes);
+    options.enable_prefix_caching = engine->enable_prefix_caching;
+    options.model_id = target_dir;
+    absl::StatusOr<std::unique_ptr<MtpDrafter>> drafter = MtpDrafter::Create(target, options);
+    if (!drafter.ok()) {
+      return absl::Status(drafter.status().code(),
+                          absl::StrCat("--speculative-method mtp: the target model ", target_dir,
+                                       " cannot draft: ", drafter.status().message()));
+    }
+    spec.drafter = std::shared_ptr<MtpDrafter>(*std::move(drafter));
   } else if (method == "draft_model") {
     if (flags.model.empty()) {
       return absl::InvalidArgumentError(
@@ -95,7 +117,7 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
     spec.drafter = std::shared_ptr<DraftModelDrafter>(*std::move(drafter));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative-method must be draft_model or ngram, got '", method, "'"));
+        "--speculative-method must be draft_model, ngram or mtp, got '", method, "'"));
   }
   spdlog::info("speculative decoding: {} drafts, verify {} (up to {} tokens)", method,
                spec.verify == VerifyMode::kAuto ? "auto" : "fixed", spec.num_speculative_tokens);

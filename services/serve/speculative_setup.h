@@ -16,7 +16,7 @@ namespace sluice {
 struct SpeculativeFlags {
   std::string model;   // --speculative-model DIR: a draft model of the target's vocabulary
   std::string method;  // --speculative-method: "" (draft_model with a model, else none),
-                       // "draft_model" or "ngram"
+                       // "draft_model", "ngram" or "mtp" (the target's own MTP module)
   int32_t num_speculative_tokens = 5;  // --num-speculative-tokens: k, or the maximum for auto
   std::string verify = "auto";         // --speculative-verify: auto | a fixed k
   int32_t draft_vocab = 0;             // --speculative-draft-vocab: FR-Spec subset (0: all)
@@ -32,15 +32,18 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
                                      int64_t target_vocab_size, const Tokenizer& target_tokenizer);
 
 // ConfigureSpeculative fills engine->speculative from `flags` (nothing when speculation is off).
-// `target_dir` / `target_vocab_size` / `target_tokenizer` describe the target; the draft model's
-// KV cache gets as many blocks as the target's (engine->num_kv_blocks, or what
-// engine->kv_cache_bytes holds of `target_block_bytes` blocks).
+// `target_dir` / `target_vocab_size` / `target_tokenizer` describe the target; `target` is the
+// target model itself (MTP drafts with its module; not owned, must outlive the engine's drafter).
+// The draft model's or MTP module's KV cache gets as many blocks as the target's
+// (engine->num_kv_blocks, or what engine->kv_cache_bytes holds of `target_block_bytes` blocks).
 // Errors: InvalidArgument for an unknown method, --speculative-method draft_model without
-// --speculative-model, --num-speculative-tokens or --speculative-verify out of range, a
+// --speculative-model, --speculative-method mtp on a target without MTP weights (the message
+// names them), --num-speculative-tokens or --speculative-verify out of range, a
 // mismatching draft (CheckDraftMatchesTarget); those of loading the draft model.
 absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
                                   int64_t target_vocab_size, const Tokenizer& target_tokenizer,
-                                  int64_t target_block_bytes, EngineOptions* engine);
+                                  int64_t target_block_bytes, Model* target,
+                                  EngineOptions* engine);
 
 }  // namespace sluice
 
