@@ -290,6 +290,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(worker->address));
     rpc->context.set_deadline(encode_until_);
     rpc->request = EncodeRequestFor(request_, pending_images_);
+    // Staged embeddings (read by the workers over UCX) only where workers can read them: those
+    // that encode images (they get the bytes too, for when the read fails).
+    rpc->request.set_allow_ref(backend_->CanSelfEncode());
     if (!Attach(&rpc->context, worker->worker_id)) {
       return EncodeEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "worker removed"),
                          nullptr);
@@ -310,7 +313,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return Done();
     }
     if (status.ok()) {
-      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_);
+      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_,
+                                                  &embedding_refs_, worker.address);
       if (!applied.ok()) {
         Finish(FinishReason::kError,
                absl::InternalError(absl::StrCat("encoder worker ", worker.worker_id, " (",
@@ -339,7 +343,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   // StartWithImages: every image has its embeddings; the prefill / decode flow begins.
   void StartWithImages() {
-    if (!request_.mm_inputs.empty()) MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_);
+    if (!request_.mm_inputs.empty()) {
+      MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_, embedding_refs_);
+    }
     NextDecodeAttempt();
   }
 
@@ -1048,6 +1054,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::set<std::string> bad_encoder_;
   std::string encode_error_;
   std::chrono::system_clock::time_point encode_until_;
+  // Per input, the reference of embeddings an encoder staged (empty: none).
+  std::vector<v1::EmbeddingRef> embedding_refs_;
   google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire_mm_inputs_;
   absl::Status prefill_error_;
   bool finished_ = false;
