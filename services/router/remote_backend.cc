@@ -245,7 +245,28 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // Done releases the decode worker and forgets the request: the last step.
   void Done() {
     if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
+    // Ended before any prefill answered (aborted, failed): embeddings an encoder staged for it
+    // may never be read; free their slots now rather than at their lease's end.
+    if (!prefill_.has_value()) ReleaseStagedEmbeddings();
     backend_->Forget(request_.request_id);
+  }
+
+  // ReleaseStagedEmbeddings: ends the leases of the request's staged embeddings (a worker that
+  // read one already ended it: that answer is NOT_FOUND, ignored).
+  void ReleaseStagedEmbeddings() {
+    using Rpc = Unary<v1::Encoder::Stub, v1::ReleaseEmbeddingsRequest,
+                      v1::ReleaseEmbeddingsResponse>;
+    for (const v1::EmbeddingRef& ref : embedding_refs_) {
+      if (ref.size() <= 0 || ref.encoder_address().empty()) continue;
+      auto rpc = std::make_shared<Rpc>();
+      rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(ref.encoder_address()));
+      rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+      rpc->request.set_lease_id(ref.lease_id());
+      rpc->request.set_token(ref.token());
+      rpc->stub->async()->ReleaseEmbeddings(&rpc->context, &rpc->request, &rpc->response,
+                                            [rpc](grpc::Status) {});
+    }
+    embedding_refs_.clear();
   }
 
   // StartEncode sends the request's images to an encoder worker (another after a failure).

@@ -4,9 +4,13 @@ image's embeddings wait in the encoder's registered staging arena and the prefil
 them by RMA. The greedy text equals `sluice serve`'s (and the reference), the prefill worker
 received every embedding byte by RMA and none inline, encoded nothing itself, and the encoder's
 staging slots were all released. With `sluice encoder --no-ucx` the same request gets the same
-text over the inline path."""
+text over the inline path. A request the client abandons before prefill reads its embeddings
+has its staging slots released by the router at once, not at the lease's end."""
 
+import json
 import re
+import socket
+import time
 
 import openai
 import pytest
@@ -81,5 +85,37 @@ def test_embeddings_reach_prefill_by_rma(serve_text, encoder_args, path):
             assert rma == 0 and inline == 2 * IMAGE_BYTES
             assert sample(cluster, "encoder-0", enc_metric, 'path="inline"') == 2 * IMAGE_BYTES
             assert sample(cluster, "encoder-0", enc_metric, 'path="staged"') == 0
+    finally:
+        cluster.stop()
+
+
+def test_an_abandoned_request_releases_its_staged_embeddings():
+    # The prefill worker holds each image encode 5 s: the client leaves before it reads.
+    cluster = Cluster(1, 1, num_encoder=1, model_dir=FIXTURE,
+                      worker_args=["--max-model-len", "256"], router_args=LIMIT_ARGS,
+                      role_args={"encoder": ["--embedding-inline-max-bytes", "0"],
+                                 "prefill": ["--test-image-encode-delay-ms", "5000"]})
+    try:
+        payload = json.dumps({"model": "llava-tiny", "messages": PROMPT1, "max_tokens": 8,
+                              "temperature": 0, "stream": True}).encode()
+        host, port = cluster.url.removeprefix("http://").split(":")
+        request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(request + payload)
+            wait_until(lambda: cluster.worker_metric(
+                "encoder-0", "sluice_encoder_staging_leases") == 2, timeout=10,
+                what="the encoder staged both images")
+            time.sleep(0.5)
+        # Released by the router's abort, well before the 30 s lease ends.
+        wait_until(lambda: cluster.worker_metric(
+            "encoder-0", "sluice_encoder_staging_leases") == 0, timeout=10,
+            what="the staging slots released")
+        assert sample(cluster, "encoder-0", "sluice_encoder_staging_leases_ended_total",
+                      'end="released"') == 2
+        assert sample(cluster, "encoder-0", "sluice_encoder_staging_leases_ended_total",
+                      'end="expired"') == 0
+        assert sample(cluster, "prefill-0", "sluice_worker_embedding_bytes_total",
+                      'path="rma"') == 0
     finally:
         cluster.stop()
