@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include <spdlog/spdlog.h>
+#include "services/serve/log.h"
 #include "transfer/block_runs.h"
 
 namespace sluice {

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/serve/log.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/request.h"
 #include "engine/vision/image.h"
