@@ -245,18 +245,24 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // Done releases the decode worker and forgets the request: the last step.
   void Done() {
     if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
-    // Ended before any prefill answered (aborted, failed): embeddings an encoder staged for it
-    // may never be read; free their slots now rather than at their lease's end.
-    if (!prefill_.has_value()) ReleaseStagedEmbeddings();
+    // Embeddings an encoder staged that no prefill answer released (aborted, failed, prefilled
+    // on the decode worker): free their slots now rather than at their lease's end.
+    ReleaseStagedEmbeddings();
     backend_->Forget(request_.request_id);
   }
 
-  // ReleaseStagedEmbeddings: ends the leases of the request's staged embeddings (a worker that
-  // read one already ended it: that answer is NOT_FOUND, ignored).
+  // ReleaseStagedEmbeddings: ends the leases of the request's staged embeddings, once (a
+  // worker that read one already ended it: that answer is NOT_FOUND, ignored). Later prefills
+  // of the request (retries, migrations) find them gone and encode the bytes themselves.
   void ReleaseStagedEmbeddings() {
     using Rpc = Unary<v1::Encoder::Stub, v1::ReleaseEmbeddingsRequest,
                       v1::ReleaseEmbeddingsResponse>;
-    for (const v1::EmbeddingRef& ref : embedding_refs_) {
+    std::vector<v1::EmbeddingRef> refs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // the Reserve and Prefill callbacks may race
+      refs.swap(embedding_refs_);
+    }
+    for (const v1::EmbeddingRef& ref : refs) {
       if (ref.size() <= 0 || ref.encoder_address().empty()) continue;
       auto rpc = std::make_shared<Rpc>();
       rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(ref.encoder_address()));
@@ -266,7 +272,6 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       rpc->stub->async()->ReleaseEmbeddings(&rpc->context, &rpc->request, &rpc->response,
                                             [rpc](grpc::Status) {});
     }
-    embedding_refs_.clear();
   }
 
   // StartEncode sends the request's images to an encoder worker (another after a failure).
@@ -645,6 +650,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                     v1::PrefillResponse* response) {
     backend_->ReleaseWorker(worker.worker_id, request_.request_id);
     if (status.ok()) {
+      // The prompt's image positions are computed (or were cached): a staged embedding the
+      // prefill worker did not need to read (a prefix-cache or embedding-cache hit) is freed.
+      ReleaseStagedEmbeddings();
       prefill_ = std::move(*response);
       prefill_worker_ = worker;
       if (prefill_->kv().runs_size() > 0) {
@@ -1075,7 +1083,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::set<std::string> bad_encoder_;
   std::string encode_error_;
   std::chrono::system_clock::time_point encode_until_;
-  // Per input, the reference of embeddings an encoder staged (empty: none).
+  // Per input, the reference of embeddings an encoder staged (empty: none); guarded by mu_
+  // once the Reserve and Prefill calls are out.
   std::vector<v1::EmbeddingRef> embedding_refs_;
   google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire_mm_inputs_;
   absl::Status prefill_error_;

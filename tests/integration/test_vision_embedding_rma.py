@@ -3,7 +3,7 @@
 image's embeddings wait in the encoder's registered staging arena and the prefill worker reads
 them by RMA. The greedy text equals `sluice serve`'s (and the reference), the prefill worker
 received every embedding byte by RMA and none inline, encoded nothing itself, and the encoder's
-staging slots were all released. With `sluice encoder --no-ucx` the same request gets the same
+staging slots were all released, also for a repeat that reads nothing. With `sluice encoder --no-ucx` the same request gets the same
 text over the inline path. A request the client abandons before prefill reads its embeddings
 has its staging slots released by the router at once, not at the lease's end."""
 
@@ -81,6 +81,18 @@ def test_embeddings_reach_prefill_by_rma(serve_text, encoder_args, path):
             assert sample(cluster, "encoder-0", "sluice_encoder_staging_leases_ended_total",
                           'end="released"') == 2
             assert cluster.worker_metric("encoder-0", "sluice_encoder_staging_bytes") == 0
+            # Again: the prefill worker has the image cached (prefix or embedding cache) and reads
+            # nothing; the slots are freed at once all the same (its release, or the router's
+            # once prefill answered), not at the 30 s lease's end.
+            assert chat(cluster.url, PROMPT1) == serve_text
+            wait_until(lambda: cluster.worker_metric(
+                "encoder-0", "sluice_encoder_staging_leases") == 0, timeout=10,
+                what="the repeat's staging slots released")
+            assert sample(cluster, "prefill-0", byte_metric, 'path="rma"') == 2 * IMAGE_BYTES
+            assert sample(cluster, "encoder-0", "sluice_encoder_staging_leases_ended_total",
+                          'end="released"') == 4
+            assert sample(cluster, "encoder-0", "sluice_encoder_staging_leases_ended_total",
+                          'end="expired"') == 0
         else:
             assert rma == 0 and inline == 2 * IMAGE_BYTES
             assert sample(cluster, "encoder-0", enc_metric, 'path="inline"') == 2 * IMAGE_BYTES
