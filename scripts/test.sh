@@ -90,6 +90,7 @@ if [ "$SANITIZE" = "thread" ]; then
   # The parts with threads of their own; TSan's slowdown makes the rest not worth its time.
   FILTER='*Scheduler*:*AsyncScheduling*:*LlmEngine*:*DisaggEngine*:*KvConnector*:*Transfer*'
   FILTER+=':*Registry*:*Prober*:*KvStore*:*Kvstore*:*Http*:*Service*:*Quota*:*ApiAuth*'
+  FILTER+=':*EmbeddingHandoff*'
   echo "[test] unit tests under TSan ($FILTER)"
   "$BUILD_DIR/bin/unit_tests" --gtest_filter="$FILTER"
   [ -x "$BUILD_DIR/bin/transfer_test" ] && "$BUILD_DIR/bin/transfer_test"

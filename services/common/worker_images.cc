@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/serve/log.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/request.h"
 #include "engine/vision/image.h"
@@ -69,6 +70,12 @@ absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) c
     if (mm.embeddings != nullptr) continue;
     vision::EmbeddingCache::Embeddings embeddings;
     if (cache_ != nullptr) embeddings = cache_->Lookup(mm.content_hash);
+    if (embeddings != nullptr) {
+      ReleaseStaged(mm.content_hash);
+    } else {
+      embeddings = FetchStaged(mm.content_hash);
+      if (embeddings != nullptr && cache_ != nullptr) cache_->Insert(mm.content_hash, embeddings);
+    }
     if (embeddings == nullptr) {
       const std::string where = absl::StrCat("mm_inputs[", i, "]");
       absl::StatusOr<vision::RgbImage> decoded = vision::DecodeImage(*mm.image, limits_);
@@ -113,6 +120,97 @@ std::vector<ImageEncodeResult> WorkerImages::PollEncodes() {
   return out;
 }
 
+void WorkerImages::AddEmbeddingRef(const BlockHash& hash, const v1::EmbeddingRef& ref) const {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(refs_mu_);
+  // Expired refs go first (a decode worker records refs it never uses), so the table stays
+  // bounded by the refs of the last lease period.
+  for (auto it = refs_.begin(); it != refs_.end();) {
+    std::deque<PendingRef>& q = it->second;
+    while (!q.empty() && q.front().expiry <= now) {
+      q.pop_front();
+      --num_refs_;
+    }
+    if (q.empty()) {
+      refs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  std::deque<PendingRef>& q = refs_[hash];
+  for (const PendingRef& p : q) {
+    if (p.ref.lease_id() == ref.lease_id() && p.ref.encoder_address() == ref.encoder_address()) {
+      return;
+    }
+  }
+  q.push_back({ref, now + absl::Milliseconds(ref.lease_ms())});
+  ++num_refs_;
+}
+
+std::optional<v1::EmbeddingRef> WorkerImages::TakeEmbeddingRef(const BlockHash& hash) const {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(refs_mu_);
+  auto it = refs_.find(hash);
+  if (it == refs_.end()) return std::nullopt;
+  std::optional<v1::EmbeddingRef> taken;
+  std::deque<PendingRef>& q = it->second;
+  while (!q.empty() && !taken.has_value()) {
+    if (q.back().expiry > now) taken = std::move(q.back().ref);  // the newest lives longest
+    q.pop_back();
+    --num_refs_;
+  }
+  if (q.empty()) refs_.erase(it);
+  return taken;
+}
+
+std::shared_ptr<const std::vector<float>> WorkerImages::FetchStaged(const BlockHash& hash) const {
+  if (fetcher_ == nullptr) return nullptr;
+  std::optional<v1::EmbeddingRef> ref = TakeEmbeddingRef(hash);
+  if (!ref.has_value()) return nullptr;
+  const int64_t floats = int64_t{encoder_->tokens_per_image()} * encoder_->embedding_dim();
+  absl::StatusOr<std::shared_ptr<const std::vector<float>>> fetched = fetcher_->Fetch(*ref, floats);
+  if (!fetched.ok()) {
+    spdlog::warn("staged embeddings of image {} unavailable ({}); encoding the image here",
+                 hash.ToHex(), fetched.status().ToString());
+    return nullptr;
+  }
+  return *std::move(fetched);
+}
+
+void WorkerImages::ReleaseStaged(const BlockHash& hash) const {
+  if (fetcher_ == nullptr) return;
+  std::optional<v1::EmbeddingRef> ref = TakeEmbeddingRef(hash);
+  if (ref.has_value()) fetcher_->Release(*ref);
+}
+
+int64_t WorkerImages::embedding_rma_bytes() const {
+  return fetcher_ != nullptr ? fetcher_->stats().rma_bytes : 0;
+}
+
+int64_t WorkerImages::embedding_inline_bytes() const {
+  return inline_request_bytes_.load() + (fetcher_ != nullptr ? fetcher_->stats().inline_bytes : 0);
+}
+
+int64_t WorkerImages::num_embedding_refs() const {
+  std::lock_guard<std::mutex> lock(refs_mu_);
+  return num_refs_;
+}
+
+void NoteWireInputs(const WorkerImages* images,
+                    const google::protobuf::RepeatedPtrField<v1::MultimodalInput>& inputs) {
+  if (images == nullptr) return;
+  for (const v1::MultimodalInput& w : inputs) {
+    if (!w.embeddings().empty()) images->CountInlineEmbeddings(w.embeddings().size());
+    if (!w.has_embedding_ref() || w.content_hash().size() != 16) continue;
+    BlockHash hash;
+    for (int b = 0; b < 8; ++b) {
+      hash.lo |= uint64_t{static_cast<uint8_t>(w.content_hash()[b])} << (8 * b);
+      hash.hi |= uint64_t{static_cast<uint8_t>(w.content_hash()[8 + b])} << (8 * b);
+    }
+    images->AddEmbeddingRef(hash, w.embedding_ref());
+  }
+}
+
 vision::EmbeddingCacheStats WorkerImages::cache_stats() const {
   return cache_ != nullptr ? cache_->stats() : vision::EmbeddingCacheStats{};
 }
@@ -130,7 +228,13 @@ std::string RenderWorkerImageMetrics(const WorkerImages& images) {
       "# HELP sluice_worker_image_encodes_running Requests whose images this worker is encoding "
       "(queued for or on its encode threads).\n"
       "# TYPE sluice_worker_image_encodes_running gauge\n"
-      "sluice_worker_image_encodes_running ", images.num_encoding(), "\n");
+      "sluice_worker_image_encodes_running ", images.num_encoding(), "\n",
+      "# HELP sluice_worker_embedding_bytes_total Image embedding bytes received, by path: rma "
+      "(read from an encoder's staging arena over UCX) or inline (in gRPC messages).\n"
+      "# TYPE sluice_worker_embedding_bytes_total counter\n"
+      "sluice_worker_embedding_bytes_total{path=\"rma\"} ", images.embedding_rma_bytes(), "\n",
+      "sluice_worker_embedding_bytes_total{path=\"inline\"} ", images.embedding_inline_bytes(),
+      "\n");
 }
 
 absl::Status CheckImages(const WorkerImages* images, const std::vector<MultimodalInput>& inputs) {

@@ -9,11 +9,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <google/protobuf/repeated_ptr_field.h>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -22,7 +27,9 @@
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/image.h"
 #include "engine/vision/vision_encoder.h"
+#include "services/common/embedding_fetch.h"
 #include "services/common/task_pool.h"
+#include "sluice/v1/worker.pb.h"
 
 namespace sluice {
 
@@ -38,6 +45,11 @@ struct WorkerImagesOptions {
 // embeddings only when it must compute the image's positions — a prefill worker for every new
 // prompt, a decode worker only when it prefills or recomputes itself (no prefill worker, a
 // failed or expired KV transfer, a preemption, a migrated stream), never for KV it received.
+//
+// Embeddings an encoder worker staged (MultimodalInput.embedding_ref, sent with the image's
+// bytes) are recorded by content hash when the request arrives (NoteWireInputs) and read from
+// the encoder (EmbeddingFetcher: RMA, else inline) when the engine asks; a fetch that fails
+// falls back to encoding the bytes here, so the request never fails for the hand-off.
 class WorkerImages final : public ImageEncoder {
  public:
   // Load returns null for a text-only model folder, else the vision tower + projector of
@@ -57,6 +69,16 @@ class WorkerImages final : public ImageEncoder {
   // Thread-safe. Errors: Check's, and InvalidArgument for an image that does not decode.
   absl::Status EncodeMissing(std::vector<MultimodalInput>* inputs) const;
 
+  // SetEmbeddingFetcher: how staged embeddings are read (before the worker serves).
+  void SetEmbeddingFetcher(std::unique_ptr<EmbeddingFetcher> fetcher) {
+    fetcher_ = std::move(fetcher);
+  }
+  // AddEmbeddingRef records that `ref` holds the embeddings of content `hash` until its lease
+  // ends (a ref already recorded is ignored: decode workers get it with Reserve and Decode).
+  void AddEmbeddingRef(const BlockHash& hash, const v1::EmbeddingRef& ref) const;
+  // CountInlineEmbeddings: `bytes` of embeddings arrived inline in a request (for /metrics).
+  void CountInlineEmbeddings(int64_t bytes) const { inline_request_bytes_.fetch_add(bytes); }
+
   // ImageEncoder: EncodeMissing on one of the encode threads.
   void StartEncode(uint64_t ticket, std::vector<MultimodalInput> inputs) override;
   std::vector<ImageEncodeResult> PollEncodes() override;
@@ -65,8 +87,24 @@ class WorkerImages final : public ImageEncoder {
   vision::EmbeddingCacheStats cache_stats() const;
   int64_t num_encoded() const;
   int64_t num_encoding() const;  // encodes started and not finished (queued or running)
+  // Embedding bytes received: by RMA from encoders' staging arenas, and inline (in requests or
+  // fetched inline after a failed RMA read).
+  int64_t embedding_rma_bytes() const;
+  int64_t embedding_inline_bytes() const;
+  int64_t num_embedding_refs() const;  // recorded and not yet used or expired
 
  private:
+  struct PendingRef {
+    v1::EmbeddingRef ref;
+    absl::Time expiry;
+  };
+  // TakeEmbeddingRef: an unexpired ref recorded for `hash`, removed (nullopt: none).
+  std::optional<v1::EmbeddingRef> TakeEmbeddingRef(const BlockHash& hash) const;
+  // Embeddings from a ref (the fetcher), or null when it has none or the fetch failed.
+  std::shared_ptr<const std::vector<float>> FetchStaged(const BlockHash& hash) const;
+  // A ref of `hash` not needed (the embeddings were cached here): its slot is freed at once.
+  void ReleaseStaged(const BlockHash& hash) const;
+
   explicit WorkerImages(const WorkerImagesOptions& options);
   std::unique_ptr<vision::VisionEncoder> encoder_;
   std::unique_ptr<vision::EmbeddingCache> cache_;
@@ -79,8 +117,20 @@ class WorkerImages final : public ImageEncoder {
   std::atomic<int64_t> num_encoding_{0};
   std::mutex mu_;
   std::vector<ImageEncodeResult> done_;  // guarded by mu_
-  std::unique_ptr<TaskPool> pool_;       // joined first (the destructor)
+  std::unique_ptr<EmbeddingFetcher> fetcher_;
+  mutable std::atomic<int64_t> inline_request_bytes_{0};
+  mutable std::mutex refs_mu_;
+  // Staged embeddings by content hash, oldest first; guarded by refs_mu_.
+  mutable absl::flat_hash_map<BlockHash, std::deque<PendingRef>> refs_;
+  mutable int64_t num_refs_ = 0;  // guarded by refs_mu_
+  std::unique_ptr<TaskPool> pool_;  // joined first (the destructor)
 };
+
+// NoteWireInputs: what a prefill / decode handler does with a request's wire mm_inputs besides
+// MmInputsFromWire: records their embedding refs and counts their inline embedding bytes
+// (no-op for a worker without a vision tower).
+void NoteWireInputs(const WorkerImages* images,
+                    const google::protobuf::RepeatedPtrField<v1::MultimodalInput>& inputs);
 
 // RenderWorkerImageMetrics: sluice_encoder_cache_{hits,misses,evictions}_total,
 // sluice_encoder_cache_bytes (as `sluice encoder` and `sluice serve` name them),

@@ -467,6 +467,7 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     // or expired transfer, a preemption), off this thread.
     if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
   }
+  if (mm_inputs.ok()) NoteWireInputs(options_.images, request->mm_inputs());
   if (!mm_inputs.ok()) {
     reactor->Finish(ToGrpc(mm_inputs.status()));
     return reactor;
@@ -599,6 +600,7 @@ grpc::ServerWriteReactor<v1::TokenOutput>* DecodeService::Decode(
   // by the engine only if it prefills them here (a local run, a recompute).
   if (mm_inputs.ok() && !(remote && existing != nullptr)) {
     if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
+    if (mm_inputs.ok()) NoteWireInputs(options_.images, request->mm_inputs());
   }
   if (!mm_inputs.ok()) {
     if (existing != nullptr) existing->Cancel();

@@ -147,6 +147,8 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     // off this thread when it reaches the request (WorkerImages); checked here.
     if (absl::Status s = CheckImages(options_.images, *mm_inputs); !s.ok()) mm_inputs = s;
   }
+  // Embeddings staged on an encoder: read from it when the engine reaches the request.
+  if (mm_inputs.ok()) NoteWireInputs(options_.images, request->mm_inputs());
   if (!mm_inputs.ok()) {
     if (layer_push != nullptr) layer_push->Cancel(mm_inputs.status());
     reactor->End(ToGrpc(mm_inputs.status()));

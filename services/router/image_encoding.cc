@@ -75,7 +75,9 @@ std::string ContentHashToWire(const BlockHash& hash) {
 }
 
 absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
-                                 const std::vector<size_t>& pending, EngineRequest* request) {
+                                 const std::vector<size_t>& pending, EngineRequest* request,
+                                 std::vector<v1::EmbeddingRef>* refs,
+                                 const std::string& encoder_address) {
   if (static_cast<size_t>(reply.embeddings_size()) != pending.size()) {
     return absl::InternalError(absl::StrCat("the encoder answered ", reply.embeddings_size(),
                                             " embeddings for ", pending.size(), " images"));
@@ -91,12 +93,21 @@ absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
           "encoder serving the same model folder and preprocessor_config.json?)"));
     }
     const int64_t floats = int64_t{e.num_tokens()} * e.hidden_size();
+    const int64_t size = e.has_ref() ? e.ref().size() : static_cast<int64_t>(e.values().size());
     if (e.num_tokens() != mm.num_tokens || e.hidden_size() <= 0 ||
-        static_cast<int64_t>(e.values().size()) != floats * int64_t{sizeof(float)}) {
+        size != floats * int64_t{sizeof(float)}) {
       return absl::InternalError(absl::StrCat(
           "image ", pending[k], ": the encoder answered ", e.num_tokens(), " x ",
-          e.hidden_size(), " embeddings in ", e.values().size(), " bytes; the prompt has ",
+          e.hidden_size(), " embeddings in ", size, " bytes; the prompt has ",
           mm.num_tokens, " placeholder tokens for it"));
+    }
+    if (e.has_ref()) {
+      if (refs == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "image ", pending[k], ": the encoder answered a staged reference, not values"));
+      }
+      values.push_back(nullptr);
+      continue;
     }
     auto v = std::make_shared<std::vector<float>>(static_cast<size_t>(floats));
     std::memcpy(v->data(), e.values().data(), e.values().size());  // little-endian hosts
@@ -104,6 +115,12 @@ absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
   }
   for (size_t k = 0; k < pending.size(); ++k) {
     MultimodalInput& mm = request->mm_inputs[pending[k]];
+    if (values[k] == nullptr) {  // staged: the bytes stay for a worker's own encode
+      refs->resize(request->mm_inputs.size());
+      (*refs)[pending[k]] = reply.embeddings(static_cast<int>(k)).ref();
+      (*refs)[pending[k]].set_encoder_address(encoder_address);
+      continue;
+    }
     mm.embeddings = std::move(values[k]);
     mm.image.reset();
   }
@@ -111,10 +128,13 @@ absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
 }
 
 void MmInputsToWire(const std::vector<MultimodalInput>& in,
-                    google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out) {
+                    google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out,
+                    const std::vector<v1::EmbeddingRef>& refs) {
   out->Clear();
-  for (const MultimodalInput& mm : in) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    const MultimodalInput& mm = in[i];
     v1::MultimodalInput* w = out->Add();
+    if (i < refs.size() && refs[i].size() > 0) *w->mutable_embedding_ref() = refs[i];
     w->set_offset(mm.offset);
     w->set_num_tokens(mm.num_tokens);
     w->set_content_hash(ContentHashToWire(mm.content_hash));

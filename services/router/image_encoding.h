@@ -25,11 +25,17 @@ v1::EncodeRequest EncodeRequestFor(const EngineRequest& request,
                                    const std::vector<size_t>& pending);
 
 // ApplyEncodeResponse sets the embeddings of request->mm_inputs[pending[i]] from reply
-// embedding i and drops their bytes. Errors (nothing is changed): Internal when the reply does
-// not answer each image with its content hash, token count and num_tokens x hidden_size floats
-// (an encoder serving another model or preprocessing config).
+// embedding i and drops their bytes. An embedding answered as a reference (staged on the
+// encoder, EmbeddingRef) instead goes to (*refs)[pending[i]] (refs is resized to the inputs;
+// its encoder_address set to `encoder_address`), and that input keeps its bytes and no
+// embeddings: the workers read the embeddings from the encoder, or encode the bytes if that
+// fails. Errors (nothing is changed): Internal when the reply does not answer each image with
+// its content hash, token count and num_tokens x hidden_size floats (an encoder serving another
+// model or preprocessing config), or answers a reference with no `refs` to take it.
 absl::Status ApplyEncodeResponse(const v1::EncodeResponse& reply,
-                                 const std::vector<size_t>& pending, EngineRequest* request);
+                                 const std::vector<size_t>& pending, EngineRequest* request,
+                                 std::vector<v1::EmbeddingRef>* refs = nullptr,
+                                 const std::string& encoder_address = "");
 
 // PickEncoder chooses the encoder worker for a request's images by cache affinity on
 // `affinity` (the first image's content hash): rendezvous hashing over the live encoders'
@@ -46,9 +52,11 @@ std::optional<WorkerSnapshot> PickEncoder(WorkerRegistry* registry, const BlockH
 std::string ContentHashToWire(const BlockHash& hash);
 
 // MmInputsToWire: every image with its embeddings, or its bytes where it has none (the prefill
-// and decode workers then encode it themselves: the self-encode fallback).
+// and decode workers then encode it themselves: the self-encode fallback), with its staged
+// embeddings' reference where `refs` has one (ApplyEncodeResponse's; may be empty).
 void MmInputsToWire(const std::vector<MultimodalInput>& in,
-                    google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out);
+                    google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out,
+                    const std::vector<v1::EmbeddingRef>& refs = {});
 
 }  // namespace sluice
 

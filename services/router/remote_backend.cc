@@ -245,7 +245,33 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // Done releases the decode worker and forgets the request: the last step.
   void Done() {
     if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
+    // Embeddings an encoder staged that no prefill answer released (aborted, failed, prefilled
+    // on the decode worker): free their slots now rather than at their lease's end.
+    ReleaseStagedEmbeddings();
     backend_->Forget(request_.request_id);
+  }
+
+  // ReleaseStagedEmbeddings: ends the leases of the request's staged embeddings, once (a
+  // worker that read one already ended it: that answer is NOT_FOUND, ignored). Later prefills
+  // of the request (retries, migrations) find them gone and encode the bytes themselves.
+  void ReleaseStagedEmbeddings() {
+    using Rpc = Unary<v1::Encoder::Stub, v1::ReleaseEmbeddingsRequest,
+                      v1::ReleaseEmbeddingsResponse>;
+    std::vector<v1::EmbeddingRef> refs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // the Reserve and Prefill callbacks may race
+      refs.swap(embedding_refs_);
+    }
+    for (const v1::EmbeddingRef& ref : refs) {
+      if (ref.size() <= 0 || ref.encoder_address().empty()) continue;
+      auto rpc = std::make_shared<Rpc>();
+      rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(ref.encoder_address()));
+      rpc->context.set_deadline(DeadlineIn(options_.control_deadline));
+      rpc->request.set_lease_id(ref.lease_id());
+      rpc->request.set_token(ref.token());
+      rpc->stub->async()->ReleaseEmbeddings(&rpc->context, &rpc->request, &rpc->response,
+                                            [rpc](grpc::Status) {});
+    }
   }
 
   // StartEncode sends the request's images to an encoder worker (another after a failure).
@@ -290,6 +316,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     rpc->stub = v1::Encoder::NewStub(backend_->ChannelTo(worker->address));
     rpc->context.set_deadline(encode_until_);
     rpc->request = EncodeRequestFor(request_, pending_images_);
+    // Staged embeddings (read by the workers over UCX) only where workers can read them: those
+    // that encode images (they get the bytes too, for when the read fails).
+    rpc->request.set_allow_ref(backend_->CanSelfEncode());
     if (!Attach(&rpc->context, worker->worker_id)) {
       return EncodeEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "worker removed"),
                          nullptr);
@@ -310,7 +339,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return Done();
     }
     if (status.ok()) {
-      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_);
+      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_,
+                                                  &embedding_refs_, worker.address);
       if (!applied.ok()) {
         Finish(FinishReason::kError,
                absl::InternalError(absl::StrCat("encoder worker ", worker.worker_id, " (",
@@ -339,7 +369,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   // StartWithImages: every image has its embeddings; the prefill / decode flow begins.
   void StartWithImages() {
-    if (!request_.mm_inputs.empty()) MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_);
+    if (!request_.mm_inputs.empty()) {
+      MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_, embedding_refs_);
+    }
     NextDecodeAttempt();
   }
 
@@ -618,6 +650,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                     v1::PrefillResponse* response) {
     backend_->ReleaseWorker(worker.worker_id, request_.request_id);
     if (status.ok()) {
+      // The prompt's image positions are computed (or were cached): a staged embedding the
+      // prefill worker did not need to read (a prefix-cache or embedding-cache hit) is freed.
+      ReleaseStagedEmbeddings();
       prefill_ = std::move(*response);
       prefill_worker_ = worker;
       if (prefill_->kv().runs_size() > 0) {
@@ -1048,6 +1083,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::set<std::string> bad_encoder_;
   std::string encode_error_;
   std::chrono::system_clock::time_point encode_until_;
+  // Per input, the reference of embeddings an encoder staged (empty: none); guarded by mu_
+  // once the Reserve and Prefill calls are out.
+  std::vector<v1::EmbeddingRef> embedding_refs_;
   google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire_mm_inputs_;
   absl::Status prefill_error_;
   bool finished_ = false;

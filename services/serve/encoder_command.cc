@@ -8,11 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/encoder/embedding_staging.h"
 #include "services/encoder/encoder_service.h"
 #include "services/serve/api_auth_flags.h"
 #include "services/serve/log.h"
 #include "services/common/registration_client.h"
 #include "services/common/worker_http.h"
+#include "transfer/kv_transfer.h"
 
 namespace sluice {
 
@@ -37,6 +39,33 @@ int RunEncoder(const EncoderOptions& options) {
   service_options.decode_limits.max_pixels = options.multimodal.max_image_pixels;
   service_options.max_images_per_call = options.max_images_per_call;
   service_options.test_encode_delay_ms = options.test_encode_delay_ms;
+  // The staged hand-off: embeddings wait in registered memory for the worker's RMA read.
+  std::unique_ptr<transfer::KvTransferAgent> agent;
+  std::unique_ptr<EmbeddingStaging> staging;
+  if (!options.no_ucx) {
+    transfer::KvTransferOptions transfer_options;
+    transfer_options.transports = options.ucx_transports;
+    absl::StatusOr<std::unique_ptr<transfer::KvTransferAgent>> created =
+        transfer::KvTransferAgent::Create(transfer_options);
+    if (!created.ok()) {
+      spdlog::error("UCX: {} (--no-ucx answers every embedding inline)",
+                    created.status().ToString());
+      return 1;
+    }
+    agent = *std::move(created);
+    EmbeddingStagingOptions staging_options;
+    staging_options.arena_bytes = options.embedding_staging_bytes;
+    staging_options.lease = absl::Milliseconds(options.embedding_lease_ms);
+    absl::StatusOr<std::unique_ptr<EmbeddingStaging>> made =
+        EmbeddingStaging::Create(agent.get(), staging_options);
+    if (!made.ok()) {
+      spdlog::error("embedding staging arena: {}", made.status().ToString());
+      return 1;
+    }
+    staging = *std::move(made);
+  }
+  service_options.staging = staging.get();
+  service_options.inline_max_bytes = options.embedding_inline_max_bytes;
   EncoderService service(encoder->get(), cache.get(), service_options);
 
   grpc::ServerBuilder builder;

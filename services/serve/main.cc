@@ -395,6 +395,20 @@ int main(int argc, char** argv) {
   encoder_cmd->add_option("--test-encode-delay-ms", encoder_options.test_encode_delay_ms,
                           "Test only: hold every Encode call this long before it starts")
       ->check(CLI::NonNegativeNumber);
+  encoder_cmd->add_flag("--no-ucx", encoder_options.no_ucx,
+                        "No UCX: every embedding answered inline in gRPC");
+  encoder_cmd->add_option("--ucx-transports", encoder_options.ucx_transports,
+                          "UCX transports (UCX_TLS syntax; default: UCX's choice)");
+  encoder_cmd->add_option("--embedding-staging-bytes", encoder_options.embedding_staging_bytes,
+                          "Registered arena holding embeddings until workers read them "
+                          "(default 256 MiB; full: inline)");
+  encoder_cmd->add_option("--embedding-inline-max-bytes",
+                          encoder_options.embedding_inline_max_bytes,
+                          "Embeddings of at most this many bytes ride the gRPC answer "
+                          "(default 65536; larger ones are read over UCX)");
+  encoder_cmd->add_option("--embedding-lease-ms", encoder_options.embedding_lease_ms,
+                          "Staged embeddings no worker released are freed after this long "
+                          "(default 30000)");
   sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
   sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 

@@ -214,13 +214,36 @@ int Run(const WorkerOptions& options, Role role) {
     }
     kv_descriptor = descriptor->Serialize();
   }
+  // Image embeddings staged on encoder workers are read over the same agent (RMA into its own
+  // registered landing buffers), inline when that fails.
+  if (*images != nullptr) {
+    EmbeddingFetchOptions fetch_options;
+    fetch_options.agent = agent->get();
+    fetch_options.credentials = peer_credentials;
+    absl::StatusOr<std::unique_ptr<EmbeddingFetcher>> fetcher =
+        EmbeddingFetcher::Create(fetch_options);
+    if (!fetcher.ok()) {
+      spdlog::error("embedding landing buffers: {}", fetcher.status().ToString());
+      return 1;
+    }
+    (*images)->SetEmbeddingFetcher(*std::move(fetcher));
+  }
+  // The fetcher's landing buffers are registered with the agent: gone before it is (this guard
+  // is destroyed before `agent`, after the servers).
+  struct DropFetcher {
+    WorkerImages* images;
+    ~DropFetcher() {
+      if (images != nullptr) images->SetEmbeddingFetcher(nullptr);
+    }
+  } drop_fetcher{images->get()};
 
   grpc::ServerBuilder builder;
   int bound_port = 0;
   builder.AddListeningPort(options.listen,
                            PeerServerCredentials(options.tls, ClientCertificates::kRequire),
                            &bound_port);
-  // Requests with images carry their embeddings inline (mm_inputs, 9 MiB per LLaVA-1.5 image).
+  // Requests with images may carry their embeddings inline (mm_inputs, 9 MiB per LLaVA-1.5
+  // image: an encoder without UCX, or below its inline threshold).
   builder.SetMaxReceiveMessageSize(256 << 20);
   WorkerGrammars grammars(runtime->tokenizer.get());  // outlives the services
   std::unique_ptr<PrefillService> prefill;
