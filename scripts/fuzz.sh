@@ -6,9 +6,9 @@
 #   scripts/fuzz.sh -t 300 jinja_fuzz  one target for 5 minutes
 #   scripts/fuzz.sh --regress          only replay the checked-in corpora (seconds; what CI's
 #                                      bounded default does first)
-#   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers and
-#                                      of the network services in this ASan+UBSan build
-#                                      (build-fuzz/bin/{parser,network}_tests_sanitized)
+#   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers, of
+#                                      the network services and of the engine's threads in this
+#                                      ASan+UBSan build (build-fuzz/bin/*_tests_sanitized)
 #
 # Each target starts from tests/fuzz/corpus/<target>/ (hand-written seeds and the regression
 # input of every finding) plus seeds made from the fixtures (tests/fuzz/make_seeds.py); new
@@ -34,9 +34,7 @@ while [ $# -gt 0 ]; do
 done
 ALL_TARGETS=()
 for f in tests/fuzz/*_fuzz.cc; do
-  t="$(basename "$f" .cc)"
-  # worker_request_fuzz drives the whole engine: only the replay runner (ctest) has it.
-  [ "$t" = worker_request_fuzz ] || ALL_TARGETS+=("$t")
+  ALL_TARGETS+=("$(basename "$f" .cc)")
 done
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
@@ -54,8 +52,8 @@ fi
 cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 if [ "$UNIT_TESTS" = 1 ]; then
   cmake --build "$BUILD_DIR" -j "${SLUICE_JOBS:-$(nproc)}" --target parser_tests_sanitized \
-    network_tests_sanitized
-  for t in parser_tests_sanitized network_tests_sanitized; do
+    network_tests_sanitized engine_tests_sanitized
+  for t in parser_tests_sanitized network_tests_sanitized engine_tests_sanitized; do
     echo "[fuzz] $t: unit + golden tests under ASan+UBSan"
     ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" \
       UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" UCX_MEM_MALLOC_HOOKS=no \

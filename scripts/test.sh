@@ -9,9 +9,9 @@
 #                                                transfer, registry, kvstore, HTTP) under TSan
 #                                                (CPU-only build in build-tsan/)
 #   scripts/test.sh --sanitize ... --subset      only the sanitized subsets (tests/sanitized:
-#                                                the parsers' and the network services' unit
-#                                                tests, built without the model code; minutes
-#                                                instead of hours on a small machine)
+#                                                the network services' and the engine's
+#                                                threads' unit tests, and without TSan the
+#                                                parsers'; a fraction of the full build)
 #   scripts/test.sh --fuzz SECONDS               the parsers' unit tests under ASan+UBSan, then
 #                                                every libFuzzer target for SECONDS each, after
 #                                                replaying its regression inputs (clang build in
@@ -76,7 +76,7 @@ if [ "$SUBSET" = 1 ]; then
   if [ ! -f "$BUILD_DIR/build.ninja" ]; then
     cmake -S . -B "$BUILD_DIR" -G Ninja "${SANITIZE_FLAGS[@]}"
   fi
-  TARGETS=(network_tests_sanitized)
+  TARGETS=(network_tests_sanitized engine_tests_sanitized)
   [ "$SANITIZE" = "thread" ] || TARGETS+=(parser_tests_sanitized)
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}"
   for t in "${TARGETS[@]}"; do
