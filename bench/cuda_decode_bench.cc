@@ -49,8 +49,8 @@
 // --mla-prefill-mha-min N: DeepSeek steps whose longest query has >= N tokens compute MLA
 // attention in the MHA form (CudaRunnerOptions::mla; default 64; 0: absorbed everywhere).
 // --decode-pdl 0..3: decode-step kernels launched as programmatic dependents of the kernel
-// before each (kernels::SetDecodePdlLevel: 1 the model-independent kernels, 2 also the DeepSeek
-// MLA kernels, 3 also the MoE kernels), for A/B runs.
+// before each (CudaRunnerOptions::decode_pdl_level: 0 none, 1 the model-independent kernels,
+// the default, 2 also the DeepSeek MLA plumbing, 3 also the MoE decode chain), for A/B runs.
 // --gemm-tune-candidates N: how many cuBLASLt heuristic algorithms the GEMM autotuner times
 // per decode shape (CudaRunnerOptions::linear.tune_candidates, 1..64; default 8).
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
@@ -132,6 +132,7 @@ struct Flags {
   std::string gemm_tuning = "auto";  // CudaRunnerOptions::gemm_tuning
   std::string gemm_tuning_save;      // CudaRunnerOptions::gemm_tuning_save
   bool l2_persist = true;            // CudaRunnerOptions::l2_persist_activations
+  int decode_pdl = 1;                // CudaRunnerOptions::decode_pdl_level
   std::string out;
 };
 
@@ -258,6 +259,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.gemm_tuning_save = f.gemm_tuning_save;
   o.l2_persist_activations = f.l2_persist;
   o.attention = f.attention;
+  o.decode_pdl_level = f.decode_pdl;
   o.linear = f.linear;
   o.moe = f.moe;
   o.mla = f.mla;
@@ -430,6 +432,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
   o.max_num_seqs = 1;
   o.use_cuda_graphs = false;
   o.attention = f.attention;
+  o.decode_pdl_level = f.decode_pdl;
   auto runner = CreateDummyCudaRunner(c, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
@@ -592,10 +595,10 @@ absl::Status Main(int argc, char** argv) {
           f.mla.mha_prefill_min_query_len < 0) {
         return absl::InvalidArgumentError("bad " + a);
       }
-    } else if (a == "--decode-pdl") {  // kernels::SetDecodePdl, for A/B runs
-      int level = 0;
-      if (!absl::SimpleAtoi(v, &level)) return absl::InvalidArgumentError("bad " + a);
-      SLUICE_RETURN_IF_ERROR(kernels::SetDecodePdlLevel(level));
+    } else if (a == "--decode-pdl") {
+      if (!absl::SimpleAtoi(v, &f.decode_pdl) || f.decode_pdl < 0 || f.decode_pdl > 3) {
+        return absl::InvalidArgumentError("bad " + a);
+      }
     } else if (a == "--gemm-tune-candidates") {
       if (!absl::SimpleAtoi(v, &f.linear.tune_candidates)) {
         return absl::InvalidArgumentError("bad " + a);
@@ -678,7 +681,7 @@ absl::Status Main(int argc, char** argv) {
   out["moe_prefill_gemm"] = f.moe.prefill_gemm_min_tokens;
   out["moe_prefill_streams"] = f.moe.prefill_gemm_streams;
   out["gemm_tune_candidates"] = f.linear.tune_candidates;
-  out["decode_pdl"] = kernels::DecodePdl() ? kernels::DecodePdlLevel() : 0;
+  out["decode_pdl"] = kernels::PdlSupported() ? f.decode_pdl : 0;
   out["gemm_algo_search"] = f.linear.algo_search;
   out["gemm_skinny"] = f.linear.skinny_tuning ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;

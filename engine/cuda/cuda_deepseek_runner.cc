@@ -479,7 +479,8 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   int64_t q_stride = a_width;
   if (q_lora > 0) {
     SLUICE_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data(), a_width, L.q_a_norm.data(),
-                                                q_a_normed.data(), q_lora, T, q_lora, eps, st));
+                                                q_a_normed.data(), q_lora, T, q_lora, eps, st,
+                                                pdl.common));
     SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, q_a_normed.data(), L.q_b.data(), nullptr,
                                                q.data(), T, q_width, q_lora, st));
     q_src = q.data();
@@ -519,7 +520,7 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     pa.interleave = config.rope_interleave;
     pa.cache = cache[li].data();
     if (!merged) {
-      SLUICE_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st));
+      SLUICE_RETURN_IF_ERROR(MlaPrologueCuda(pa, T, st, pdl.mla));
       Mark("latent_write");
     }
   } else {
@@ -530,11 +531,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   if (merged) {
     SLUICE_RETURN_IF_ERROR(MlaPrologueAbsorbCuda(pa, q_src, q_stride, qk, L.kv_b.data(),
                                                  (dn + dv) * R, q_lat.data(), q_lat_stride,
-                                                 latent_w, T, heads, dn, R, st));
+                                                 latent_w, T, heads, dn, R, st, pdl.mla_bits));
   } else if (absorb_gemv) {
     SLUICE_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(), (dn + dv) * R,
                                               q_lat.data(), q_lat_stride, latent_w, T, heads, dn, R,
-                                              st));
+                                              st, pdl.mla));
   } else if (!mha) {
     SLUICE_RETURN_IF_ERROR(gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R},
                                      /*w_is_kn=*/true, {q_lat.data(), q_lat_stride, latent_w},
@@ -542,16 +543,17 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   }
   if (!fused_prologue && !mha) {
     SLUICE_RETURN_IF_ERROR(CopyHeadsCuda(q_src + dn, {q_stride, qk}, q_lat.data() + R,
-                                         {q_lat_stride, latent_w}, T, heads, dr, st));
+                                         {q_lat_stride, latent_w}, T, heads, dr, st, pdl.mla));
     SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(q_lat.data(), T, heads, q_lat_stride, latent_w, R,
-                                             m.positions, rope, config.rope_interleave, st));
+                                             m.positions, rope, config.rope_interleave, st,
+                                             pdl.common));
   }
   // The MHA form's queries [T, heads, dn + dr] are the query projection's rows themselves
   // (q_src: q or a_out, this layer's scratch) with q_pe rotated in place.
   bf16* const q_rows = q_lora > 0 ? q.data() : a_out.data();
   if (mha) {
     SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(q_rows, T, heads, q_stride, qk, dn, m.positions, rope,
-                                             config.rope_interleave, st));
+                                             config.rope_interleave, st, pdl.common));
     Mark("q_rope");
   } else {
     Mark("q_absorb");
@@ -563,7 +565,8 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
         q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
-        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st));
+        out_lat.data(), L.kv_b.data() + dn * R, (dn + dv) * R, dv, attn.data(), heads * dv, st,
+        pdl.mla_bits));
     Mark("attention_v_up");
   } else {
     SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionCuda(
@@ -649,11 +652,11 @@ absl::Status DeepseekCore::EnqueueLatentWrite(size_t li, const DeviceMeta& m, in
   const MlaLayer& L = layers[li];
   cudaStream_t st = stream.get();
   SLUICE_RETURN_IF_ERROR(kernels::RmsNormCuda(a_out.data() + q_first, a_width, L.kv_a_norm.data(),
-                                              latent.data(), latent_w, T, R, eps, st));
+                                              latent.data(), latent_w, T, R, eps, st, pdl.common));
   SLUICE_RETURN_IF_ERROR(CopyHeadsCuda(a_out.data() + q_first + R, {a_width, 0}, latent.data() + R,
-                                       {latent_w, 0}, T, 1, dr, st));
+                                       {latent_w, 0}, T, 1, dr, st, pdl.mla));
   SLUICE_RETURN_IF_ERROR(kernels::RopeCuda(latent.data(), T, 1, latent_w, latent_w, R, m.positions,
-                                           rope, config.rope_interleave, st));
+                                           rope, config.rope_interleave, st, pdl.common));
   SLUICE_RETURN_IF_ERROR(kernels::WriteKvCacheCuda(latent.data(), latent_w, nullptr, 0, m.slots, T,
                                                    latent_w, 0, cache[li].data(), nullptr, st));
   Mark("latent_write");
@@ -692,11 +695,11 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
     SLUICE_RETURN_IF_ERROR(kernels::MoeFusedRouteCuda(normed.data(), L.router.data(),
                                                       L.correction_bias.data(), T, H, routing,
                                                       topk_ids.data(), topk_weights.data(), ws, st,
-                                                      shared_ptr));
+                                                      shared_ptr, pdl.moe));
     Mark("routing");
     SLUICE_RETURN_IF_ERROR(kernels::MoeFusedExpertsCuda(
         normed.data(), topk_weights.data(), T, H, mi, top_k, E, L.experts_gate_up.data(),
-        L.experts_down.data(), /*add=*/nullptr, tmp.data(), ws, st, shared_ptr));
+        L.experts_down.data(), /*add=*/nullptr, tmp.data(), ws, st, shared_ptr, pdl.moe));
     Mark("experts");
     return absl::OkStatus();
   }
@@ -716,7 +719,7 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!shared) return absl::OkStatus();
   SLUICE_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));
   // transformers: moe(hidden) + shared_experts(residuals).
-  SLUICE_RETURN_IF_ERROR(AddInPlaceCuda(tmp.data(), routed.data(), T * H, st));
+  SLUICE_RETURN_IF_ERROR(AddInPlaceCuda(tmp.data(), routed.data(), T * H, st, pdl.mla));
   Mark("moe_add");
   return absl::OkStatus();
 }
@@ -731,17 +734,18 @@ absl::Status DeepseekCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, in
     const MlaLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
     if (li == 0) {
-      SLUICE_RETURN_IF_ERROR(
-          kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H, T, H, eps, st));
+      SLUICE_RETURN_IF_ERROR(kernels::RmsNormCuda(res, H, L.input_norm.data(), normed.data(), H,
+                                                  T, H, eps, st, pdl.common));
     } else {
       SLUICE_RETURN_IF_ERROR(kernels::AddRmsNormCuda(tmp.data(), res, L.input_norm.data(),
-                                                     normed.data(), T, H, eps, st));
+                                                     normed.data(), T, H, eps, st, pdl.common));
     }
     Mark("add_rmsnorm");
     SLUICE_RETURN_IF_ERROR(EnqueueAttention(li, m, T, batch, workspace));
     SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push
     SLUICE_RETURN_IF_ERROR(
-        kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st));
+        kernels::AddRmsNormCuda(tmp.data(), res, L.post_norm.data(), normed.data(), T, H, eps, st,
+                                pdl.common));
     Mark("add_rmsnorm");
     SLUICE_RETURN_IF_ERROR(EnqueueMlp(L, T));
   }

@@ -4,14 +4,12 @@
 // With ignore_eos every step of both engines runs the same batch, so the same kernels run on
 // the same inputs and the tokens must be identical.
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
-#include "absl/strings/numbers.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
@@ -26,30 +24,6 @@
 
 namespace sluice::cuda_runner {
 namespace {
-
-// Kernel settings for the whole cuda_model_test run from the environment, so one bundle can
-// run every GPU test under a candidate default: SLUICE_TEST_DECODE_PDL (0|1|2). (Attention,
-// MLA, MoE and GEMM choices are CudaRunnerOptions fields.)
-class KernelSettingsFromEnv : public ::testing::Environment {
- public:
-  void SetUp() override {
-    Apply("SLUICE_TEST_DECODE_PDL",
-          [](int64_t v) { return kernels::SetDecodePdlLevel(static_cast<int>(v)); });
-  }
-
- private:
-  template <typename Set>
-  static void Apply(const char* name, Set set) {
-    const char* value = std::getenv(name);
-    if (value == nullptr) return;
-    int64_t v = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(value, &v)) << name << "=" << value;
-    ASSERT_TRUE(set(v).ok()) << name << "=" << value;
-    std::printf("%s=%lld\n", name, static_cast<long long>(v));
-  }
-};
-const ::testing::Environment* const kKernelSettings =
-    ::testing::AddGlobalTestEnvironment(new KernelSettingsFromEnv);
 
 CudaRunnerOptions EngineRunnerOptions() {
   CudaRunnerOptions o;

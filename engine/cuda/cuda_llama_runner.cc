@@ -384,15 +384,18 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     const DeviceLayer& L = layers[li];
     // Pre-attention norm; from layer 1 on fused with the previous MLP's residual add.
     SLUICE_RETURN_IF_ERROR(
-        li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps, st)
-                : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed, T, H, eps, st));
+        li == 0 ? kernels::RmsNormCuda(res, H, L.input_norm.data(), a.normed, H, T, H, eps, st,
+                                       pdl.common)
+                : kernels::AddRmsNormCuda(a.tmp, res, L.input_norm.data(), a.normed, T, H, eps, st,
+                                          pdl.common));
     Mark("add_rmsnorm");
     SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, a.normed, L.w_qkv.data(), opt(L.b_qkv), a.qkv,
                                                T, qkv_dim, H, st));
     Mark("qkv_gemm");
     if (L.q_norm.size() > 0) {  // Qwen3: RMSNorm over each q and k head, before RoPE
       SLUICE_RETURN_IF_ERROR(QkHeadRmsNormCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd,
-                                               L.q_norm.data(), L.k_norm.data(), eps, st));
+                                               L.q_norm.data(), L.k_norm.data(), eps, st,
+                                               pdl.common));
       Mark("qk_norm");
     }
     kernels::PagedAttentionParams layer_params = attn_params;
@@ -413,7 +416,8 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
       // RoPE on q and k and the K/V cache write in one launch.
       SLUICE_RETURN_IF_ERROR(
           kernels::RopeQkWriteKvCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope,
-                                     m.slots, k_cache[li].data(), v_cache[li].data(), st));
+                                     m.slots, k_cache[li].data(), v_cache[li].data(), st,
+                                     pdl.common));
       Mark("rope_kv_write");
       SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(a.qkv, qkv_dim, k_cache[li].data(),
                                                          v_cache[li].data(), batch, layer_params,
@@ -428,7 +432,8 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     // Residual add + norm, then gate/up GEMM and SiLU·mul: one kernel when the tuned plan is a
     // GEMV (decode), else the GEMM into gate_up and SiLU·mul after it.
     SLUICE_RETURN_IF_ERROR(
-        kernels::AddRmsNormCuda(a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st));
+        kernels::AddRmsNormCuda(a.tmp, res, L.post_norm.data(), a.normed, T, H, eps, st,
+                                pdl.common));
     Mark("add_rmsnorm");
     SLUICE_RETURN_IF_ERROR(kernels::LinearSiluMulCuda(
         *lt, a.normed, L.w_gate_up.data(), opt(L.b_gate_up), a.gate_up, a.act, T, inter, H, st));

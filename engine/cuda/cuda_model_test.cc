@@ -426,21 +426,23 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
       ExpectSameBits("merged prologue + absorb q_lat, " + tag, ct::Download(q_lat_m),
                      ct::Download(q_lat));
     }
-    // kernels::SetDecodePdl(true): every launch a programmatic dependent of the one before,
-    // reading what it wrote (the queries and latent inputs staged through CopyHeadsCuda, also
-    // a dependent launch): the separate and the merged launches give the serial bits again.
+    // Every launch a programmatic dependent of the one before (the launchers' pdl, and the
+    // pieces of decode PDL level 3), reading what it wrote (the queries and latent inputs staged
+    // through CopyHeadsCuda, also a dependent launch): the separate and the merged launches give
+    // the serial bits again.
     if (kernels::PdlSupported()) {
-      const int saved_pdl = kernels::DecodePdlLevel();
-      kernels::SetDecodePdl(true);
+      const int bits = kernels::MlaDecodePdlBits(3);
       for (bool merged : {false, true}) {
         auto q2 = ct::NanBuffer(T * q_w);
         auto kv2 = ct::NanBuffer(T * kv_w);
         auto cache_p = ct::NanBuffer(3 * latent_w);
         auto q_lat_p = ct::NanBuffer(T * lat_stride);
         ASSERT_TRUE(stream->Synchronize().ok());
-        ASSERT_TRUE(CopyHeadsCuda(d_q.data(), {q_w, 0}, q2.data(), {q_w, 0}, T, 1, q_w, st).ok());
         ASSERT_TRUE(
-            CopyHeadsCuda(d_kv.data(), {kv_w, 0}, kv2.data(), {kv_w, 0}, T, 1, kv_w, st).ok());
+            CopyHeadsCuda(d_q.data(), {q_w, 0}, q2.data(), {q_w, 0}, T, 1, q_w, st, true).ok());
+        ASSERT_TRUE(
+            CopyHeadsCuda(d_kv.data(), {kv_w, 0}, kv2.data(), {kv_w, 0}, T, 1, kv_w, st, true)
+                .ok());
         MlaPrologueArgs pp = pa;
         pp.kv = kv2.data();
         pp.q_pe = q2.data() + dn;
@@ -449,13 +451,13 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
         if (merged) {
           ASSERT_TRUE(MlaPrologueAbsorbCuda(pp, q2.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
                                             q_lat_p.data(), lat_stride, latent_w, T, heads, dn,
-                                            R, st)
+                                            R, st, bits)
                           .ok());
         } else {
-          ASSERT_TRUE(MlaPrologueCuda(pp, T, st).ok());
+          ASSERT_TRUE(MlaPrologueCuda(pp, T, st, true).ok());
           ASSERT_TRUE(MlaAbsorbQueryCuda(q2.data(), q_w, qk, d_kv_b.data(), (dn + dv) * R,
                                          q_lat_p.data(), lat_stride, latent_w, T, heads, dn, R,
-                                         st)
+                                         st, true)
                           .ok());
         }
         ASSERT_TRUE(stream->Synchronize().ok());
@@ -468,16 +470,16 @@ void CheckFusedMlaKernels(int64_t heads, int64_t dn, int64_t dr, int64_t dv, int
       auto y_pdl = ct::NanBuffer(T * q_w);
       auto x2 = ct::NanBuffer(T * q_w);
       ASSERT_TRUE(stream->Synchronize().ok());
-      ASSERT_TRUE(CopyHeadsCuda(y_serial.data(), {q_w, 0}, y_pdl.data(), {q_w, 0}, T, 1, q_w, st)
-                      .ok());
-      ASSERT_TRUE(CopyHeadsCuda(d_q.data(), {q_w, 0}, x2.data(), {q_w, 0}, T, 1, q_w, st).ok());
-      ASSERT_TRUE(AddInPlaceCuda(y_pdl.data(), x2.data(), T * q_w, st).ok());
+      ASSERT_TRUE(
+          CopyHeadsCuda(y_serial.data(), {q_w, 0}, y_pdl.data(), {q_w, 0}, T, 1, q_w, st, true)
+              .ok());
+      ASSERT_TRUE(
+          CopyHeadsCuda(d_q.data(), {q_w, 0}, x2.data(), {q_w, 0}, T, 1, q_w, st, true).ok());
+      ASSERT_TRUE(AddInPlaceCuda(y_pdl.data(), x2.data(), T * q_w, st, true).ok());
       ASSERT_TRUE(stream->Synchronize().ok());
-      kernels::SetDecodePdl(false);
       ASSERT_TRUE(AddInPlaceCuda(y_serial.data(), d_q.data(), T * q_w, st).ok());
       ASSERT_TRUE(stream->Synchronize().ok());
       ExpectSameBits("pdl add in place, " + tag, ct::Download(y_pdl), ct::Download(y_serial));
-      ASSERT_TRUE(kernels::SetDecodePdlLevel(saved_pdl).ok());
     }
   }
 }
@@ -592,11 +594,9 @@ void CheckGraphDecodeMatchesEager(const std::string& dir) {
   for (int s = 0; s < kSeqs; ++s) EXPECT_EQ(g_tokens[s], e_tokens[s]) << "sequence " << s;
 }
 
-// L2 persistence (CudaRunnerOptions::l2_persist_activations) only changes caching: decode
-// graphs give bitwise the same logits with it off, with the small decode arena (max_num_tokens
-// 512 > the 256 bucket) and with one arena shared by prefill and decode (max_num_tokens 256).
-TEST_F(CudaModelTest, L2PersistenceGivesTheSameLogits) {
-  const std::string dir = testing::FixtureDir("llama-tiny");
+// The last step's logits of a runner over `dir` with options `o`: three prompts, then six
+// greedy decode steps fed from the host, each replayed from a decode graph.
+std::vector<float> LastDecodeLogits(const std::string& dir, const CudaRunnerOptions& o) {
   constexpr int kSeqs = 3, kSteps = 6, kBlocks = 64;
   const std::vector<std::vector<int32_t>> prompts = {
       {0, 47, 554, 86, 1041}, {0, 2, 206, 47, 554, 86, 8, 1, 206}, {0, 9, 10}};
@@ -604,36 +604,67 @@ TEST_F(CudaModelTest, L2PersistenceGivesTheSameLogits) {
   for (int s = 0; s < kSeqs; ++s) {
     for (int b = 0; b < 12; ++b) tables[s].push_back(kBlocks - 1 - (b * kSeqs + s));
   }
-  // Prompts, then kSteps greedy decode steps fed from the host; the last step's logits.
+  auto r = LoadCudaRunner(dir, o);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  EXPECT_TRUE((*r)->AllocateKvCache(kBlocks).ok());
+  std::vector<int> ctx = {0, 0, 0};
+  EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(prompts, ctx, tables)).ok());
+  for (int s = 0; s < kSeqs; ++s) ctx[s] = static_cast<int>(prompts[s].size());
+  for (int step = 0; step < kSteps; ++step) {
+    auto last = (*r)->SampledTokens();
+    EXPECT_TRUE(last.ok());
+    if (!last.ok()) return {};
+    std::vector<std::vector<int32_t>> toks(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) toks[s] = {(*last)[s]};
+    EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(toks, ctx, tables)).ok());
+    EXPECT_TRUE((*r)->last_step().graph);
+    for (int s = 0; s < kSeqs; ++s) ++ctx[s];
+  }
+  auto logits = (*r)->Logits();
+  EXPECT_TRUE(logits.ok()) << logits.status();
+  return logits.ok() ? *logits : std::vector<float>{};
+}
+
+// L2 persistence (CudaRunnerOptions::l2_persist_activations) only changes caching: decode
+// graphs give bitwise the same logits with it off, with the small decode arena (max_num_tokens
+// 512 > the 256 bucket) and with one arena shared by prefill and decode (max_num_tokens 256).
+TEST_F(CudaModelTest, L2PersistenceGivesTheSameLogits) {
+  const std::string dir = testing::FixtureDir("llama-tiny");
   const auto run = [&](bool persist, int64_t max_tokens) -> std::vector<float> {
     CudaRunnerOptions o = TinyOptions(true);
     o.l2_persist_activations = persist;
     o.max_num_tokens = max_tokens;
-    auto r = LoadCudaRunner(dir, o);
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return {};
-    EXPECT_TRUE((*r)->AllocateKvCache(kBlocks).ok());
-    std::vector<int> ctx = {0, 0, 0};
-    EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(prompts, ctx, tables)).ok());
-    for (int s = 0; s < kSeqs; ++s) ctx[s] = static_cast<int>(prompts[s].size());
-    for (int step = 0; step < kSteps; ++step) {
-      auto last = (*r)->SampledTokens();
-      EXPECT_TRUE(last.ok());
-      if (!last.ok()) return {};
-      std::vector<std::vector<int32_t>> toks(kSeqs);
-      for (int s = 0; s < kSeqs; ++s) toks[s] = {(*last)[s]};
-      EXPECT_TRUE((*r)->Step(OneRowPerSeqPlan(toks, ctx, tables)).ok());
-      EXPECT_TRUE((*r)->last_step().graph);
-      for (int s = 0; s < kSeqs; ++s) ++ctx[s];
-    }
-    auto logits = (*r)->Logits();
-    EXPECT_TRUE(logits.ok()) << logits.status();
-    return logits.ok() ? *logits : std::vector<float>{};
+    return LastDecodeLogits(dir, o);
   };
   const std::vector<float> off = run(false, 512);
   ASSERT_FALSE(off.empty());
   EXPECT_TRUE(run(true, 512) == off) << "small decode arena";
   EXPECT_TRUE(run(true, 256) == off) << "one arena";
+}
+
+// The decode PDL level (CudaRunnerOptions::decode_pdl_level) only changes how launches overlap:
+// every level gives level 0's logits bit for bit, for a Llama, a Qwen3 (head norm) and a
+// DeepSeek (MLA plumbing at 2, the fused MoE decode chain at 3) fixture. Levels outside 0..3
+// are InvalidArgument.
+TEST_F(CudaModelTest, DecodePdlLevelsGiveTheSameLogits) {
+  for (const char* name : {"llama-tiny", "qwen3-hybrid-tiny", "deepseek-v3-tiny"}) {
+    const std::string dir = testing::FixtureDir(name);
+    CudaRunnerOptions o = TinyOptions(true);
+    o.decode_pdl_level = 0;
+    const std::vector<float> plain = LastDecodeLogits(dir, o);
+    ASSERT_FALSE(plain.empty()) << name;
+    for (const int level : {1, 2, 3}) {
+      o.decode_pdl_level = level;
+      EXPECT_EQ(kernels::cuda_test::FirstBitMismatch(LastDecodeLogits(dir, o), plain), -1)
+          << name << " decode PDL level " << level;
+    }
+    for (const int bad : {-1, 4}) {
+      o.decode_pdl_level = bad;
+      EXPECT_EQ(LoadCudaRunner(dir, o).status().code(), absl::StatusCode::kInvalidArgument)
+          << name << " level " << bad;
+    }
+  }
 }
 
 TEST_F(CudaModelTest, GraphDecodeWithDeviceFeedbackMatchesEager) {

@@ -97,8 +97,22 @@ struct CudaRunnerOptions {
   std::function<absl::Status(void* data, int64_t count, void* stream)> tp_all_reduce;
   // Paged attention kernel choices (CudaLlamaRunner's attention, CudaDeepseekRunner's MHA-form
   // prefill; kernels/attention/paged_attention_options.h): the defaults are the served shape
-  // rules; benchmarks and tests force one kernel.
+  // rules; benchmarks and tests force one kernel. (Its `pdl`, like linear.pdl, is set by the
+  // runner from decode_pdl_level.)
   kernels::PagedAttentionOptions attention;
+  // Decode PDL level: which kernels of a step launch as programmatic dependents of the kernel
+  // before each (kernels/cuda/pdl.cuh), so each one's launch and first weight loads overlap
+  // the previous kernel's tail (kernel boundaries are most of a decode step's gap to the
+  // roofline); prefill steps chain the same launches. Same results at every level.
+  //   0: none;
+  //   1 (the default): the model-independent kernels (embedding, RMSNorm, Qwen3's head norm,
+  //      RoPE + K/V write, paged attention, GEMV and skinny GEMM, gather rows, argmax) and the
+  //      MLA decode block's level-1 pieces (kernels::MlaDecodePdlBits);
+  //   2: also the DeepSeek MLA plumbing (kernels/mla_attention/mla_plumbing_cuda.h) and the
+  //      W_UV preload;
+  //   3: also the MoE fused decode's route launch and early trigger (kernels/moe/moe_cuda.h).
+  // Below sm_90 every level runs as 0. InvalidArgument outside 0..3.
+  int decode_pdl_level = 1;
 };
 
 // StepInfo: what the last Step did (for tests and benchmarks).

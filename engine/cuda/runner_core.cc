@@ -16,6 +16,7 @@
 #include "engine/model/weight_loader.h"
 #include "kernels/embedding/embedding_cuda.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/mla_attention/mla_attention_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/sampling/logits_processing_cuda.h"
 #include "kernels/sampling/sampling_cuda.h"
@@ -235,13 +236,24 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
     return absl::InvalidArgumentError(
         "CUDA runner: block_size, max_model_len, max_num_tokens and max_num_seqs must be >= 1");
   }
+  if (o.decode_pdl_level < 0 || o.decode_pdl_level > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA runner: decode_pdl_level must be 0..3, got ", o.decode_pdl_level));
+  }
+  const int level = kernels::PdlSupported() ? o.decode_pdl_level : 0;
+  pdl.common = level >= 1;
+  pdl.mla = level >= 2;
+  pdl.moe = level >= 3;
+  pdl.mla_bits = kernels::MlaDecodePdlBits(level);
+  options.attention.pdl = pdl.common;
+  options.linear.pdl = pdl.common;
   hidden = hidden_size;
   vocab = c.vocab_size;
   max_blocks_per_seq = (o.max_model_len + o.block_size - 1) / o.block_size;
   auto s = kernels::CudaStream::Create();
   if (!s.ok()) return s.status();
   stream = std::move(*s);
-  auto l = kernels::CublasLt::Create(kernels::CublasLt::kDefaultWorkspaceBytes, o.linear);
+  auto l = kernels::CublasLt::Create(kernels::CublasLt::kDefaultWorkspaceBytes, options.linear);
   if (!l.ok()) return l.status();
   lt = std::move(*l);
 
@@ -287,7 +299,7 @@ absl::Status RunnerCore::EnqueueEmbedding(const DeviceMeta& m, int64_t T, const 
   cudaStream_t st = stream.get();
   // Fed-back ids (-(r + 1): the token sampled for row r last step) resolve in the gather.
   SLUICE_RETURN_IF_ERROR(kernels::EmbeddingFeedbackCuda(embed, vocab, hidden, m.ids, sampled.data(),
-                                                        T, out, nullptr, st));
+                                                        T, out, nullptr, st, pdl.common));
   Mark("embedding");
   return absl::OkStatus();
 }
@@ -300,14 +312,15 @@ absl::Status RunnerCore::EnqueueLogits(const DeviceMeta& m, int64_t T, int64_t N
   cudaStream_t st = stream.get();
   // Final residual add + norm over the step, then only the wanted rows go through lm_head.
   SLUICE_RETURN_IF_ERROR(
-      kernels::AddRmsNormCuda(delta, residual, final_norm, normed, T, hidden, eps, st));
+      kernels::AddRmsNormCuda(delta, residual, final_norm, normed, T, hidden, eps, st, pdl.common));
   Mark("final_norm");
-  SLUICE_RETURN_IF_ERROR(GatherRowsCuda(normed, m.logits_rows, N, hidden, gathered.data(), st));
+  SLUICE_RETURN_IF_ERROR(
+      GatherRowsCuda(normed, m.logits_rows, N, hidden, gathered.data(), st, pdl.common));
   Mark("gather_rows");
   SLUICE_RETURN_IF_ERROR(kernels::LinearCuda(*lt, gathered.data(), head, nullptr, logits.data(), N,
                                              vocab, hidden, st));
   Mark("lm_head");
-  SLUICE_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st));
+  SLUICE_RETURN_IF_ERROR(ArgmaxRowsCuda(logits.data(), N, vocab, sampled.data(), st, pdl.common));
   Mark("argmax");
   return absl::OkStatus();
 }

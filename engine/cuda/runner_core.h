@@ -191,7 +191,17 @@ class RunnerCore {
   absl::Status LayerKvWritten(int32_t layer);
 
   ModelConfig config;
+  // The options as given, except attention.pdl and linear.pdl, which InitCore sets from
+  // decode_pdl_level.
   CudaRunnerOptions options;
+  // Which launches are programmatic dependents (CudaRunnerOptions::decode_pdl_level on this
+  // device: all false below sm_90), fixed by InitCore.
+  struct PdlPlan {
+    bool common = false;  // level >= 1: the model-independent kernels
+    bool mla = false;     // level >= 2: the MLA plumbing
+    bool moe = false;     // level 3: the MoE fused decode chain
+    int mla_bits = 0;     // kernels::MlaDecodePdlBits(level)
+  } pdl;
   int64_t hidden = 0, vocab = 0, max_blocks_per_seq = 0;
   kernels::CudaStream stream;
   std::unique_ptr<kernels::CublasLt> lt;

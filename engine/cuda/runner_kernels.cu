@@ -10,7 +10,7 @@ namespace sluice::cuda_runner {
 namespace {
 
 // PdlEnter starts the kernels of a decode step below: as programmatic dependents
-// (kernels::DecodePdl, kernels/cuda/pdl.cuh) the next kernel may launch once every block has
+// (the launchers' `pdl`, kernels/cuda/pdl.cuh) the next kernel may launch once every block has
 // started, and nothing is read (earlier kernels' outputs) or written (an earlier kernel may
 // still read the buffer) before the previous kernel has completed. No-ops in a normal launch.
 __device__ __forceinline__ void PdlEnter() {
@@ -238,7 +238,7 @@ absl::Status ResolveTokenIdsCuda(int32_t* ids, int64_t n, const int32_t* sampled
 }
 
 absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, int64_t dim,
-                            bf16* out, cudaStream_t stream) {
+                            bf16* out, cudaStream_t stream, bool pdl) {
   if (rows < 0 || dim < 1) {
     return absl::InvalidArgumentError(absl::StrCat("GatherRowsCuda: rows ", rows, " dim ", dim));
   }
@@ -246,13 +246,13 @@ absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, in
   const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(in) & 15) == 0 &&
                    (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   (void)kernels::cuda_detail::LaunchKernelMaybePdl(&GatherRowsKernel, dim3(static_cast<unsigned>(rows)),
-                                                   dim3(256), 0, stream, kernels::DecodePdl(), in,
+                                                   dim3(256), 0, stream, pdl, in,
                                                    idx, dim, out, vec);
   return kernels::CudaLaunchStatus("GatherRowsKernel");
 }
 
 absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int32_t* out,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool pdl) {
   if (rows < 0 || vocab < 1 || vocab > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("ArgmaxRowsCuda: rows ", rows, " vocab ", vocab));
@@ -261,7 +261,7 @@ absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int
   const bool vec = kernels::cuda_detail::Aligned16(logits) && vocab % 8 == 0;
   (void)kernels::cuda_detail::LaunchKernelMaybePdl(
       &ArgmaxRowsKernel, dim3(static_cast<unsigned>(rows)), dim3(kArgmaxThreads), 0, stream,
-      kernels::DecodePdl(), logits, vocab, vec, out);
+      pdl, logits, vocab, vec, out);
   return kernels::CudaLaunchStatus("ArgmaxRowsKernel");
 }
 
@@ -284,7 +284,7 @@ absl::Status GreedyLogprobRowsCuda(const bf16* logits, const int32_t* ids, int64
 absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                const bf16* q_weight, const bf16* k_weight, float eps,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool pdl) {
   if (num_tokens < 0 || num_heads < 1 || num_kv_heads < 1 || head_dim < 1 ||
       num_heads + num_kv_heads > INT32_MAX / head_dim ||
       token_stride < (num_heads + num_kv_heads) * head_dim) {
@@ -300,7 +300,7 @@ absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
   const int64_t blocks = (warps * 32 + kHeadNormThreads - 1) / kHeadNormThreads;
   (void)kernels::cuda_detail::LaunchKernelMaybePdl(
       &QkHeadRmsNormKernel, dim3(static_cast<unsigned>(blocks)), dim3(kHeadNormThreads), 0,
-      stream, kernels::DecodePdl(), qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+      stream, pdl, qkv, num_tokens, token_stride, static_cast<int>(num_heads),
       static_cast<int>(num_kv_heads), static_cast<int>(head_dim), q_weight, k_weight, eps);
   return kernels::CudaLaunchStatus("QkHeadRmsNormKernel");
 }

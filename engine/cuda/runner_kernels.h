@@ -1,7 +1,8 @@
 // Small CUDA kernels of the model runner that are not model ops of their own: step plumbing
 // (resolving fed-back token ids, gathering the rows whose logits are wanted), greedy sampling,
 // and dummy-weight generation. Launcher conventions: kernels/cuda/cuda_common.h (device
-// pointers, enqueued on `stream`, no synchronization, graph-capturable).
+// pointers, enqueued on `stream`, no synchronization, graph-capturable; `pdl`: a programmatic
+// dependent launch that reads nothing before its wait).
 #ifndef SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_
 #define SLUICE_ENGINE_CUDA_RUNNER_KERNELS_H_
 
@@ -24,12 +25,12 @@ absl::Status ResolveTokenIdsCuda(int32_t* ids, int64_t n, const int32_t* sampled
 // GatherRowsCuda: out[r, :] = in[idx[r], :] for r < rows; in/out [*, dim] bf16 contiguous,
 // idx [rows] int32 (device; must be valid rows of `in`).
 absl::Status GatherRowsCuda(const bf16* in, const int32_t* idx, int64_t rows, int64_t dim,
-                            bf16* out, cudaStream_t stream);
+                            bf16* out, cudaStream_t stream, bool pdl = false);
 
 // ArgmaxRowsCuda: out[r] = argmax_j logits[r, j] (lowest index on ties; NaN never wins) for
 // r < rows; logits [rows, vocab] bf16, out [rows] int32. One thread block per row.
 absl::Status ArgmaxRowsCuda(const bf16* logits, int64_t rows, int64_t vocab, int32_t* out,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool pdl = false);
 
 // GreedyLogprobRowsCuda: out[r] = log_softmax(logits[r, :])[ids[r]] for r < rows, where ids[r]
 // must be the row's argmax (ArgmaxRowsCuda's output): computed as -log(sum_j exp(x_j - x_id))
@@ -59,7 +60,7 @@ absl::Status FillDummyCuda(bf16* out, int64_t n, uint64_t tensor_seed, DummyInit
 absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                const bf16* q_weight, const bf16* k_weight, float eps,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool pdl = false);
 
 // SpinCuda: one thread busy-waits for `ns` nanoseconds of the GPU's global timer (holds the
 // stream, e.g. so a profiled step's kernels queue up behind it).

@@ -88,7 +88,7 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
   __shared__ float2 ml_s[kMaxSplitsDevice];
   __shared__ float shared_inv;
   GridDependencyWait();  // the partials come from the kernel just before
-  LaunchDependents();    // a PDL-launched next kernel (kernels::DecodePdl) may get ready meanwhile
+  LaunchDependents();    // a PDL-launched next kernel may get ready meanwhile
   const int seq = blockIdx.y;
   const int q_begin = args.query_start_loc[seq];
   const int q_len = args.query_start_loc[seq + 1] - q_begin;

@@ -76,8 +76,7 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
 //   out:     [num_tokens, num_heads, v_head_dim] bf16, contiguous
 //   workspace: PagedAttentionCudaWorkspaceBytes(batch, params, options) bytes of device memory
 //              (may be null when that is 0).
-// Under kernels::DecodePdl (sm_90) the launch is a programmatic dependent of the kernel
-// before it. A decode launch then reads the batch metadata, the block tables and the K/V of
+// With options.pdl the launch is a programmatic dependent of the kernel before it. A decode launch then reads the batch metadata, the block tables and the K/V of
 // positions below each sequence's context_len before it waits for that kernel
 // ("PrefetchBeforeWait" in paged_decode_device.cuh): those must not be written by that kernel,
 // nor by one still running when it started (in a decode step they were written by earlier

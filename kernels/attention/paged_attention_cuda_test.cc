@@ -286,17 +286,19 @@ TEST(PagedAttentionCudaTest, DecodeLlama3Shapes) {
           rng);
 }
 
-// With kernels::SetDecodePdl on, the decode attention kernel and its split-KV combine are
-// programmatic dependents (PdlEnabled); the results still match the CPU reference.
-TEST(PagedAttentionCudaTest, DecodeUnderDecodePdl) {
+// With PagedAttentionOptions::pdl, the decode attention kernel and its split-KV combine are
+// programmatic dependents; the results still match the CPU reference.
+TEST(PagedAttentionCudaTest, DecodeUnderPdl) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "programmatic dependent launch needs sm_90";
   auto rng = cuda_test::Rng();
-  cuda_test::PdlSetting pdl(true);
-  RunCase({"pdl decode b1 ctx1024", Params(32, 8, 128, 128, 16), Decode({1024})}, rng);
-  RunCase({"pdl decode b8 mixed ctx", Params(32, 8, 128, 128, 16),
-           Decode({0, 1, 15, 16, 17, 100, 513, 1200})},
-          rng);
+  Case b1{"pdl decode b1 ctx1024", Params(32, 8, 128, 128, 16), Decode({1024})};
+  b1.options.pdl = true;
+  RunCase(b1, rng);
+  Case b8{"pdl decode b8 mixed ctx", Params(32, 8, 128, 128, 16),
+          Decode({0, 1, 15, 16, 17, 100, 513, 1200})};
+  b8.options.pdl = true;
+  RunCase(b8, rng);
 }
 
 // A case with its kernel choices.
@@ -815,7 +817,8 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
   // copies before its dependency wait must not read them (PrefetchBeforeWait): the new rows
   // are NaN again before every round, so an early read shows up as NaN outputs.
   if (!PdlSupported()) return;
-  cuda_test::PdlSetting pdl(true);
+  PagedAttentionOptions chained = options;
+  chained.pdl = true;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   auto d_rot = Upload(qkv);
@@ -834,11 +837,11 @@ void RunFusedDecodeCase(const std::string& name, const PagedAttentionParams& p,
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ASSERT_TRUE(RopeQkWriteKvCuda(d_rot.data(), T, stride, p.num_heads, p.num_kv_heads,
                                   p.head_dim, d_pos.data(), *d_table, d_slots.data(), d_k.data(),
-                                  d_v.data(), stream)
+                                  d_v.data(), stream, /*pdl=*/true)
                     .ok());
     const absl::Status chain =
         PagedAttentionCuda(d_rot.data(), stride, d_k.data(), d_v.data(), batch, p, ws->data(),
-                           d_out.data(), stream, options);
+                           d_out.data(), stream, chained);
     ASSERT_TRUE(chain.ok()) << chain;
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     ExpectClose(absl::StrCat(name, " unfused chain under PDL, round ", round + 1), Download(d_out),

@@ -29,6 +29,11 @@ enum class PagedPrefillKernel {
 struct PagedAttentionOptions {
   PagedDecodeKernel decode_kernel = PagedDecodeKernel::kAuto;
   PagedPrefillKernel prefill_kernel = PagedPrefillKernel::kWgmma;
+  // Launch the attention kernel and its split-KV combine as programmatic dependents of the
+  // kernel before them (kernels/cuda/pdl.cuh; only where PdlSupported()), with the reads before
+  // the wait that PagedAttentionCuda / PagedAttentionRopeDecodeCuda document. Same results;
+  // CUDA model runners set it from CudaRunnerOptions::decode_pdl_level (>= 1).
+  bool pdl = false;
 };
 
 }  // namespace sluice::kernels

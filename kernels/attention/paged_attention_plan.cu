@@ -70,10 +70,6 @@ constexpr int PrefillRowsPerCta(int kind) {
                                  : paged_detail::kCtaTileRows;
 }
 
-// The attention launches are programmatic dependents under kernels::DecodePdl (the whole
-// decode step as one programmatic chain; false below sm_90).
-bool PdlEnabled() { return DecodePdl(); }
-
 struct LaunchPlan {
   bool decode;  // rows per sequence fit one m16 tile
   bool persistent = false;  // PagedDecodeWarpKernel (kind unused)
@@ -86,6 +82,7 @@ struct LaunchPlan {
   int m_tiles;
   int num_splits;
   int partition_tokens;
+  bool pdl;  // PagedAttentionOptions::pdl: the launches (and the combine) programmatic dependents
 };
 
 absl::Status ValidateParams(const PagedAttentionParams& p) {
@@ -224,6 +221,7 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
   const int64_t group = p.num_heads / p.num_kv_heads;
   const int64_t max_rows = b.max_query_len * group;
   plan.decode = max_rows <= 16;
+  plan.pdl = options.pdl;
   PaddedDims v = PaddedDims::k128;
   PickDims(p.head_dim, p.v_head_dim, &v);
   plan.kind = plan.decode ? kKindCtaTiles : PrefillKind(p, options.prefill_kernel);
@@ -309,7 +307,7 @@ absl::Status LaunchPlanned(const AttnArgs& args, const LaunchPlan& plan, dim3 gr
                            const PagedAttentionParams& params, cudaStream_t stream) {
   PaddedDims v = PaddedDims::k128;
   PickDims(params.head_dim, params.v_head_dim, &v);
-  const bool pdl = PdlEnabled();
+  const bool pdl = plan.pdl;
   if (plan.persistent) {
     const int64_t units = args.num_sequences * static_cast<int64_t>(params.num_kv_heads) *
                           plan.num_splits;
@@ -435,7 +433,7 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
   const absl::Status s = LaunchPlanned(args, plan, grid, params, stream);
   if (!s.ok() || plan.num_splits == 1) return s;
   attention_detail::LaunchSplitKvCombine(combine, batch.max_query_len, batch.num_sequences, stream,
-                                         PdlEnabled());
+                                         plan.pdl);
   return CudaLaunchStatus("PagedAttentionCuda combine");
 }
 

@@ -20,8 +20,8 @@
 // partial output and its (max, sum); SplitKvCombineKernel (attention_device.cuh) merges them.
 //
 // PrefetchBeforeWait: a decode step's attention is a programmatic dependent of the RoPE + KV
-// write kernel before it (kernels::DecodePdl), which lets it launch as soon as that kernel
-// has started. The step's metadata, block tables and the keys below each sequence's context
+// write kernel before it (PagedAttentionOptions::pdl), which lets it launch as soon as that
+// kernel has started. The step's metadata, block tables and the keys below each sequence's context
 // length were written before that kernel started (by the host and by earlier steps), so the
 // decode kernels read them and issue their first ring copies before griddepcontrol.wait; q,
 // the new tokens' keys (written by that kernel) and every global write come after it. This

@@ -1,6 +1,5 @@
 #include "kernels/cuda/cuda_common.h"
 
-#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -31,23 +30,6 @@ bool PdlSupported() {
              cudaSuccess &&
          major >= 9;
 }
-
-namespace {
-std::atomic<int> g_decode_pdl_level{1};
-}  // namespace
-
-absl::Status SetDecodePdlLevel(int level) {
-  if (level < 0 || level > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("decode PDL level must be 0..3, got ", level));
-  }
-  g_decode_pdl_level.store(level);
-  return absl::OkStatus();
-}
-int DecodePdlLevel() { return g_decode_pdl_level.load(); }
-void SetDecodePdl(bool enabled) { g_decode_pdl_level.store(enabled ? 3 : 0); }
-bool DecodePdl() { return g_decode_pdl_level.load() >= 1 && PdlSupported(); }
-bool DecodePdlModelKernels() { return g_decode_pdl_level.load() >= 2 && PdlSupported(); }
-bool DecodePdlMoe() { return g_decode_pdl_level.load() >= 3 && PdlSupported(); }
 
 absl::StatusOr<std::string> CudaDeviceName() {
   int device = 0;

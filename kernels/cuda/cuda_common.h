@@ -3,7 +3,12 @@
 //
 // Every CUDA launcher in kernels/<op>/<op>_cuda.h takes raw device pointers, sizes and a
 // cudaStream_t, enqueues its work on that stream without synchronizing, and returns
-// absl::Status: InvalidArgument for bad sizes, Internal for a CUDA launch error.
+// absl::Status: InvalidArgument for bad sizes, Internal for a CUDA launch error. Launchers of
+// the kernels a model step chains take a last argument `bool pdl` (default false): launch as a
+// programmatic dependent of the kernel before it on the stream (kernels/cuda/pdl.cuh). Pass true
+// only where PdlSupported() and where nothing the kernel reads before its wait (documented per
+// launcher) is written by a kernel that may still run; CUDA model runners set it per kernel
+// family from CudaRunnerOptions::decode_pdl_level.
 #ifndef SLUICE_KERNELS_CUDA_CUDA_COMMON_H_
 #define SLUICE_KERNELS_CUDA_CUDA_COMMON_H_
 
@@ -48,27 +53,10 @@ bool CudaAvailable();
 absl::StatusOr<std::string> CudaDeviceName();
 
 // PdlSupported: whether the current device runs griddepcontrol (sm_90+). Below that the kernels'
-// waits compile to nothing, so a programmatic dependent launch would race. Does not synchronize
-// (fine during graph capture).
+// waits compile to nothing, so a programmatic dependent launch would race: a launcher's `pdl`
+// argument (kernels/cuda/pdl.cuh) may be true only where this is. Does not synchronize (fine
+// during graph capture).
 bool PdlSupported();
-
-// SetDecodePdlLevel / DecodePdl: launch the kernels below as programmatic dependents of the
-// kernel before each (kernels/cuda/pdl.cuh), so each one's launch and its first weight loads
-// overlap the previous kernel's tail. Made for decode steps (kernel boundaries are most of the
-// gap to the roofline there); the same launches are chained in prefill steps too. Levels: 0 off; 1 the model-independent kernels
-// (GEMV, RMSNorm, RoPE + K/V write, paged attention, embedding, gather rows, argmax; the
-// default); 2 also the DeepSeek MLA kernels (kernels/mla_attention/mla_plumbing.cu,
-// kernels/mla_attention); 3 also the MoE decode kernels (kernels/moe). Process-wide, for
-// benchmarks and A/B runs; set it before capturing graphs. InvalidArgument outside 0..3.
-// DecodePdl (level >= 1), DecodePdlModelKernels (>= 2) and DecodePdlMoe (3) are false below
-// sm_90 whatever the setting. SetDecodePdl(enabled) sets level 3 or 0 (every kernel of the
-// step, for tests).
-absl::Status SetDecodePdlLevel(int level);
-int DecodePdlLevel();
-void SetDecodePdl(bool enabled);
-bool DecodePdl();
-bool DecodePdlModelKernels();
-bool DecodePdlMoe();
 
 // DeviceBuffer owns `count` elements of T in device memory (cudaMalloc; freed on
 // destruction). Move-only. Contents are uninitialized.

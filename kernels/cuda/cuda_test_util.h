@@ -157,16 +157,6 @@ inline int64_t FirstBitMismatch(const std::vector<float>& got, const std::vector
   return got.size() == want.size() ? -1 : static_cast<int64_t>(n);
 }
 
-// PdlSetting sets kernels::SetDecodePdl for its lifetime and turns it off again after (the
-// process default), so a failing test leaves no programmatic launches behind.
-class PdlSetting {
- public:
-  explicit PdlSetting(bool on) { SetDecodePdl(on); }
-  PdlSetting(const PdlSetting&) = delete;
-  PdlSetting& operator=(const PdlSetting&) = delete;
-  ~PdlSetting() { SetDecodePdl(false); }
-};
-
 // RunOnStream runs `enqueue` (launches on `stream`) and waits for it: eagerly, or (graph) captured
 // into a CUDA graph that is then launched once — as a decode step runs, where programmatic
 // launches become programmatic graph edges. Fails the test on any error.

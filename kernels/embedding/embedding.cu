@@ -25,7 +25,7 @@ template <bool kVec>
 __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_size, int64_t dim,
                                 int32_t* ids, const int32_t* __restrict__ feedback,
                                 bf16* __restrict__ out, int32_t* bad_index) {
-  // Programmatic dependent launch (kernels::DecodePdl, pdl.cuh; no-ops in a normal launch):
+  // Programmatic dependent launch (`pdl`, pdl.cuh; no-ops in a normal launch):
   // ids / feedback come from earlier work and `out` may still be read by an earlier kernel.
   cuda_detail::LaunchDependents();
   cuda_detail::GridDependencyWait();
@@ -61,7 +61,7 @@ __global__ void EmbeddingKernel(const bf16* __restrict__ table, int64_t vocab_si
 
 absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t* ids,
                     const int32_t* feedback, int64_t num_tokens, bf16* out, int32_t* bad_index,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool pdl) {
   if (vocab_size < 1 || dim < 1 || num_tokens < 0 || num_tokens > 0x7fffffff) {
     return absl::InvalidArgumentError(
         absl::StrCat("EmbeddingCuda: bad shape vocab_size=", vocab_size, " dim=", dim,
@@ -73,11 +73,11 @@ absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t*
     // A thread per vector (a 4096-wide row in one round of loads at one token per step).
     const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (dim / 8 + 31) / 32 * 32));
     (void)cuda_detail::LaunchKernelMaybePdl(&EmbeddingKernel<true>, dim3(grid), dim3(threads), 0,
-                                            stream, DecodePdl(), table, vocab_size, dim, ids,
+                                            stream, pdl, table, vocab_size, dim, ids,
                                             feedback, out, bad_index);
   } else {
     (void)cuda_detail::LaunchKernelMaybePdl(&EmbeddingKernel<false>, dim3(grid), dim3(kThreads),
-                                            0, stream, DecodePdl(), table, vocab_size, dim, ids,
+                                            0, stream, pdl, table, vocab_size, dim, ids,
                                             feedback, out, bad_index);
   }
   return CudaLaunchStatus("EmbeddingCuda launch");
@@ -86,19 +86,21 @@ absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t*
 }  // namespace
 
 absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
-                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream) {
+                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream,
+                           bool pdl) {
   // Without feedback the kernel never writes ids.
   return Launch(table, vocab_size, dim, const_cast<int32_t*>(ids), nullptr, num_tokens, out,
-                bad_index, stream);
+                bad_index, stream, pdl);
 }
 
 absl::Status EmbeddingFeedbackCuda(const bf16* table, int64_t vocab_size, int64_t dim,
                                    int32_t* ids, const int32_t* feedback, int64_t num_tokens,
-                                   bf16* out, int32_t* bad_index, cudaStream_t stream) {
+                                   bf16* out, int32_t* bad_index, cudaStream_t stream,
+                                   bool pdl) {
   if (num_tokens > 0 && (ids == nullptr || feedback == nullptr)) {
     return absl::InvalidArgumentError("EmbeddingFeedbackCuda: null ids or feedback");
   }
-  return Launch(table, vocab_size, dim, ids, feedback, num_tokens, out, bad_index, stream);
+  return Launch(table, vocab_size, dim, ids, feedback, num_tokens, out, bad_index, stream, pdl);
 }
 
 }  // namespace sluice::kernels

@@ -16,9 +16,10 @@ namespace sluice::kernels {
 // atomicMin(bad_index, t) records the first such token. Callers set *bad_index to INT32_MAX
 // beforehand and check it when they next synchronize (EmbeddingCpu's InvalidArgument case).
 // Errors: InvalidArgument for vocab_size < 1, dim < 1 or num_tokens < 0; Internal for launch
-// errors.
+// errors. As a programmatic dependent (`pdl`) the kernel reads nothing before its wait.
 absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
-                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream);
+                           int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream,
+                           bool pdl = false);
 
 // EmbeddingFeedbackCuda: EmbeddingCuda where a negative ids[t] = -(r + 1) stands for
 // feedback[r] (e.g. the token the previous decode step sampled for its logits row r, so a
@@ -28,7 +29,8 @@ absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, c
 // Errors: those of EmbeddingCuda, and InvalidArgument for null ids or feedback (num_tokens > 0).
 absl::Status EmbeddingFeedbackCuda(const bf16* table, int64_t vocab_size, int64_t dim,
                                    int32_t* ids, const int32_t* feedback, int64_t num_tokens,
-                                   bf16* out, int32_t* bad_index, cudaStream_t stream);
+                                   bf16* out, int32_t* bad_index, cudaStream_t stream,
+                                   bool pdl = false);
 
 }  // namespace sluice::kernels
 

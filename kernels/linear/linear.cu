@@ -269,7 +269,7 @@ __device__ __forceinline__ void GemvPreload(int cta, const bf16* __restrict__ w,
   *preloaded = true;
 }
 
-// preload: launched as a programmatic dependent (DecodePdl). The trigger comes first (the next kernel of the chain may launch
+// preload: launched as a programmatic dependent (`pdl`). The trigger comes first (the next kernel of the chain may launch
 // once every CTA of this grid has started), the weight reads next, and the wait before x is
 // read or y written (an earlier kernel may still read y's buffer).
 template <int kM, int kUnroll, int kSplit, bool kGlu>
@@ -315,7 +315,7 @@ bool GemvSupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k
 // n: output columns (kGlu: w has 2n rows).
 template <int kUnroll, int kSplit, bool kGlu>
 void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                       int64_t n, int64_t k, cudaStream_t stream) {
+                       int64_t n, int64_t k, cudaStream_t stream, bool pdl) {
   if constexpr (kGlu && kGemvThreads / 32 / kSplit < 2) {
     return;  // not served (GemvGluVariantSupported)
   } else {
@@ -326,7 +326,6 @@ void LaunchGemvVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, 
                   : m == 2 ? &GemvKernel<2, kUnroll, kSplit, kGlu>
                   : m <= 4 ? &GemvKernel<4, kUnroll, kSplit, kGlu>
                            : &GemvKernel<8, kUnroll, kSplit, kGlu>;
-    const bool pdl = DecodePdl();
     // Errors surface through CudaLaunchStatus (cudaGetLastError) at the callers.
     (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kGemvThreads), 0, stream,
                                             pdl, x, w, bias, y, mi, ni, ki, pdl);
@@ -372,22 +371,22 @@ void DispatchGemvVariant(int unroll, int split, F&& f) {
 
 template <bool kGlu>
 void LaunchGemvForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                    int64_t n, int64_t k, int unroll, int split, cudaStream_t stream) {
+                    int64_t n, int64_t k, int unroll, int split, cudaStream_t stream, bool pdl) {
   DispatchGemvVariant(unroll, split, [&](auto u, auto s) {
     LaunchGemvVariant<decltype(u)::value, decltype(s)::value, kGlu>(x, w, bias, y, m, n, k,
-                                                                     stream);
+                                                                     stream, pdl);
   });
 }
 
 // Launch without validating (callers checked GemvSupported and Gemv[Glu]VariantSupported).
 void LaunchGemv(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                int64_t k, int unroll, int split, cudaStream_t stream) {
-  LaunchGemvForm<false>(x, w, bias, y, m, n, k, unroll, split, stream);
+                int64_t k, int unroll, int split, cudaStream_t stream, bool pdl) {
+  LaunchGemvForm<false>(x, w, bias, y, m, n, k, unroll, split, stream, pdl);
 }
 // n: the SiLU·mul outputs per row (w: [2n, k]).
 void LaunchGemvGlu(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                   int64_t k, int unroll, int split, cudaStream_t stream) {
-  LaunchGemvForm<true>(x, w, bias, y, m, n, k, unroll, split, stream);
+                   int64_t k, int unroll, int split, cudaStream_t stream, bool pdl) {
+  LaunchGemvForm<true>(x, w, bias, y, m, n, k, unroll, split, stream, pdl);
 }
 
 // Largest power of two (<= 256) dividing the address: cuBLASLt's heuristic must know how
@@ -857,9 +856,10 @@ struct CublasLt::Impl {
         if (glu_out != nullptr && !GemvGluVariantSupported(v.unroll, v.split)) continue;
         const float us = time([&] {
           if (glu_out != nullptr) {
-            LaunchGemvGlu(x, w, bias, glu_out, m, n / 2, k, v.unroll, v.split, stream);
+            LaunchGemvGlu(x, w, bias, glu_out, m, n / 2, k, v.unroll, v.split, stream,
+                          options.pdl);
           } else {
-            LaunchGemv(x, w, bias, y, m, n, k, v.unroll, v.split, stream);
+            LaunchGemv(x, w, bias, y, m, n, k, v.unroll, v.split, stream, options.pdl);
           }
           return cudaPeekAtLastError() == cudaSuccess;
         });
@@ -886,7 +886,7 @@ struct CublasLt::Impl {
         const float us = time([&] {
           skinny_detail::LaunchSkinny(x, w, bias, glu_out != nullptr ? glu_out : y, m,
                                       glu_out != nullptr ? n / 2 : n, k, v.split, v.stages,
-                                      glu_out != nullptr, stream);
+                                      glu_out != nullptr, stream, options.pdl);
           return cudaPeekAtLastError() == cudaSuccess;
         });
         if (us >= 0.0f && (p.skinny_us <= 0.0f || us < p.skinny_us)) {
@@ -988,22 +988,23 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   if (p.skinny) {
     if (glu_out != nullptr) {
       skinny_detail::LaunchSkinny(x, w, bias, glu_out, m, n / 2, k, p.skinny_split,
-                                  p.skinny_stages, true, stream);
+                                  p.skinny_stages, true, stream, impl.options.pdl);
       *fused = true;
       return CudaLaunchStatus("SkinnyGemmKernel (SiLU·mul)");
     }
     skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, p.skinny_split, p.skinny_stages, false,
-                                stream);
+                                stream, impl.options.pdl);
     return CudaLaunchStatus("SkinnyGemmKernel");
   }
   if (p.gemv && glu_out != nullptr && GemvGluVariantSupported(p.gemv_unroll, p.gemv_split)) {
     // The tuned GEMV variant, streaming the same rows, with the SiLU·mul epilogue.
-    LaunchGemvGlu(x, w, bias, glu_out, m, n / 2, k, p.gemv_unroll, p.gemv_split, stream);
+    LaunchGemvGlu(x, w, bias, glu_out, m, n / 2, k, p.gemv_unroll, p.gemv_split, stream,
+                  impl.options.pdl);
     *fused = true;
     return CudaLaunchStatus("GemvKernel (SiLU·mul)");
   }
   if (p.gemv) {
-    LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, p.gemv_split, stream);
+    LaunchGemv(x, w, bias, y, m, n, k, p.gemv_unroll, p.gemv_split, stream, impl.options.pdl);
     return CudaLaunchStatus("GemvKernel");
   }
   if (p.split != nullptr) {
@@ -1090,7 +1091,8 @@ std::string CublasLt::DescribePlans() {
 }
 
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                      int64_t n, int64_t k, cudaStream_t stream, int unroll, int split) {
+                      int64_t n, int64_t k, cudaStream_t stream, int unroll, int split,
+                      bool pdl) {
   if (n < 1 || k < 1 || !GemvSupported(x, w, m, n, k) || y == nullptr ||
       !GemvVariantSupported(unroll, split)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1098,12 +1100,13 @@ absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, i
         "and (unroll, split) one of (4|8|16, 1), (4|8, 2), (4|8, 4), (4, 8) (m=", m, " n=", n,
         " k=", k, " unroll=", unroll, " split=", split, ")"));
   }
-  LaunchGemv(x, w, bias, y, m, n, k, unroll, split, stream);
+  LaunchGemv(x, w, bias, y, m, n, k, unroll, split, stream, pdl);
   return CudaLaunchStatus("GemvKernel");
 }
 
 absl::Status GemvSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                             int64_t n, int64_t k, cudaStream_t stream, int unroll, int split) {
+                             int64_t n, int64_t k, cudaStream_t stream, int unroll, int split,
+                             bool pdl) {
   if (n < 1 || n > 0x3fffffff || k < 1 || !GemvSupported(x, w, m, 2 * n, k) || y == nullptr ||
       !GemvGluVariantSupported(unroll, split)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1111,7 +1114,7 @@ absl::Status GemvSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf1
         "w and (unroll, split) one of (4|8|16, 1), (4|8, 2), (4|8, 4) (m=", m, " n=", n, " k=", k,
         " unroll=", unroll, " split=", split, ")"));
   }
-  LaunchGemvGlu(x, w, bias, y, m, n, k, unroll, split, stream);
+  LaunchGemvGlu(x, w, bias, y, m, n, k, unroll, split, stream, pdl);
   return CudaLaunchStatus("GemvKernel (SiLU·mul)");
 }
 

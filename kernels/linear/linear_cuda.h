@@ -85,8 +85,10 @@ inline constexpr int64_t kGemvMaxRows = 8;
 // differ only in fp32 summation order. Needs 1 <= m <= kGemvMaxRows, k % 8 == 0 and 16-byte
 // aligned x and w (y and bias: element alignment). y must not overlap x or w.
 // Errors: InvalidArgument when those do not hold; Internal for launch errors.
+// `pdl`: a programmatic dependent launch (LinearOptions::pdl's rules).
 absl::Status GemvCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                      int64_t n, int64_t k, cudaStream_t stream, int unroll = 4, int split = 1);
+                      int64_t n, int64_t k, cudaStream_t stream, int unroll = 4, int split = 1,
+                      bool pdl = false);
 
 // Largest m SkinnyGemmCuda serves.
 inline constexpr int64_t kSkinnyGemmMaxRows = 64;
@@ -114,18 +116,18 @@ inline constexpr int kGemmTunedSkinny = 8;
 // 16-byte aligned x and w (y and bias: element alignment), and a (split, stages) whose rings,
 // stages · (32 KiB + split · M · 128 B) with M = m rounded up to 1, 2, 4 or 8 groups of 8,
 // fit in 227 KiB (e.g. at m = 64 not split 8, nor split 4 with 4 stages); y must not overlap
-// x or w.
+// x or w. `pdl`: a programmatic dependent launch (LinearOptions::pdl's rules).
 // Errors: InvalidArgument when those do not hold; Internal for launch errors.
 absl::Status SkinnyGemmCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                             int64_t n, int64_t k, cudaStream_t stream, int split = 1,
-                            int stages = 4);
+                            int stages = 4, bool pdl = false);
 // SkinnyGemmSiluMulCuda: SkinnyGemmCuda on a fused [gate; up] weight w [2n, k] (bias [2n] or
 // null) with GemvSiluMulCuda's epilogue: y[r, j] = bf16(silu(g)·u), g and u the bf16-rounded
 // products j and n + j, y [m, n]. Each warp holds 16 gate rows and the matching 16 up rows, so
 // the epilogue pairs them in registers. Needs and errors as SkinnyGemmCuda (for 2n rows).
 absl::Status SkinnyGemmSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                    int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                                   int split = 1, int stages = 4);
+                                   int split = 1, int stages = 4, bool pdl = false);
 
 // LinearCuda computes y[m, n] = bf16(Σ_k x[m, k] · w[n, k] + bias[n]) (LinearCpu's layout:
 // row-major, contiguous; bias [n] may be null), accumulating in fp32 (CUBLAS_COMPUTE_32F) and
@@ -145,7 +147,7 @@ absl::Status LinearCuda(CublasLt& lt, const bf16* x, const bf16* w, const bf16* 
 // Errors: InvalidArgument when those do not hold; Internal for launch errors.
 absl::Status GemvSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
                              int64_t n, int64_t k, cudaStream_t stream, int unroll = 4,
-                             int split = 1);
+                             int split = 1, bool pdl = false);
 
 // LinearSiluMulCuda: out = SiluMulCuda(LinearCuda(x, w, bias)) for a fused [gate; up] weight
 // w [2·inter, k] (bias [2·inter] or null), out [m, inter]; gate_up [m, 2·inter] is scratch.

@@ -261,7 +261,7 @@ TEST(LinearCudaTest, GemvSiluMulMatchesUnfused) {
 // The GEMV and RMSNorm kernels as decode layers (RMSNorm → GEMV → add + RMSNorm → GEMV with
 // SiLU·mul → GEMV, three times, then a final add + RMSNorm; every kernel reads what the one
 // before wrote and writes what an earlier one read) launched as one programmatic chain
-// (kernels::SetDecodePdl) give the same bits as plain launches — eagerly on a stream and
+// (each launcher's `pdl`) give the same bits as plain launches — eagerly on a stream and
 // replayed from a CUDA graph, in each GEMV variant the fused SiLU·mul form serves (as
 // programmatic dependents the GEMVs load their first weight vectors before the dependency
 // wait). A missing dependency wait would let a kernel read a buffer before the kernel before it
@@ -290,7 +290,6 @@ TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
     const auto x0 = RandomBf16(static_cast<size_t>(m * kH), rng, -1.0f, 1.0f);
     // The residual stream and the last normed rows after the chain.
     auto run = [&](bool pdl, bool graph, int unroll, int split) {
-      cuda_test::PdlSetting setting(pdl);
       auto res = Upload(x0);
       auto normed = NanBuffer(static_cast<size_t>(m * kH));
       auto a = NanBuffer(static_cast<size_t>(m * kH));
@@ -300,21 +299,22 @@ TEST(LinearCudaTest, DecodePdlChainMatchesPlainLaunches) {
         for (int64_t l = 0; l < kLayers; ++l) {
           const Layer& L = layers[static_cast<size_t>(l)];
           absl::Status s =
-              l == 0 ? RmsNormCuda(res.data(), kH, L.g1.data(), normed.data(), kH, m, kH, kEps, st)
+              l == 0 ? RmsNormCuda(res.data(), kH, L.g1.data(), normed.data(), kH, m, kH, kEps, st,
+                                   pdl)
                      : AddRmsNormCuda(tmp.data(), res.data(), L.g1.data(), normed.data(), m, kH,
-                                      kEps, st);
+                                      kEps, st, pdl);
           if (s.ok()) s = GemvCuda(normed.data(), L.w_o.data(), nullptr, a.data(), m, kH, kH, st,
-                                   unroll, split);
+                                   unroll, split, pdl);
           if (s.ok()) s = AddRmsNormCuda(a.data(), res.data(), L.g2.data(), normed.data(), m, kH,
-                                         kEps, st);
+                                         kEps, st, pdl);
           if (s.ok()) s = GemvSiluMulCuda(normed.data(), L.w_gu.data(), nullptr, act.data(), m,
-                                          kInter, kH, st, unroll, split);
+                                          kInter, kH, st, unroll, split, pdl);
           if (s.ok()) s = GemvCuda(act.data(), L.w_down.data(), nullptr, tmp.data(), m, kH,
-                                   kInter, st, unroll, split);
+                                   kInter, st, unroll, split, pdl);
           if (!s.ok()) return s;
         }
         return AddRmsNormCuda(tmp.data(), res.data(), layers[0].g1.data(), normed.data(), m, kH,
-                              kEps, st);
+                              kEps, st, pdl);
       });
       std::vector<float> out = Download(res);
       const std::vector<float> n = Download(normed);

@@ -1,6 +1,7 @@
-// LinearOptions: the choices a CublasLt (linear_cuda.h) makes when its autotuner times a new
-// decode GEMM shape (CublasLt::Create takes them; cuda_runner::CudaRunnerOptions::linear
-// carries them for model runners). Plain data; no CUDA needed to include it.
+// LinearOptions: the choices of a CublasLt (linear_cuda.h): what its autotuner times for a new
+// decode GEMM shape, and how its own kernels launch (CublasLt::Create takes them;
+// cuda_runner::CudaRunnerOptions::linear carries them for model runners). Plain data; no CUDA
+// needed to include it.
 #ifndef SLUICE_KERNELS_LINEAR_LINEAR_OPTIONS_H_
 #define SLUICE_KERNELS_LINEAR_LINEAR_OPTIONS_H_
 
@@ -29,6 +30,12 @@ struct LinearOptions {
   // ~30 s of tuning at Llama-3-8B shapes, once per process; a GEMM tuning table made with it
   // (scripts/make_gemm_tuning.sh) gives its choices to processes that run without it.
   int algo_search = 0;
+  // Launch the GEMV and skinny GEMM kernels LinearCuda / LinearSiluMulCuda pick (and time) as
+  // programmatic dependents of the kernel before them (kernels/cuda/pdl.cuh; only where
+  // PdlSupported()). As such they load their first weight vectors before the dependency wait,
+  // so nothing that may still run may write the weights. cuBLASLt's own kernels launch plainly.
+  // CUDA model runners set it from CudaRunnerOptions::decode_pdl_level (>= 1).
+  bool pdl = false;
 };
 
 }  // namespace sluice::kernels

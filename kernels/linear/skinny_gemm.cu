@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <int kMT, int kSplit, int kStages, bool kGlu>
 void LaunchVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, int n, int k,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   constexpr size_t kSmem = SmemBytes(kMT, kSplit, kStages);
   if constexpr (kSmem > kMaxSmem) {
     return;  // not served (SkinnyVariantSupported)
@@ -273,7 +273,7 @@ void LaunchVariant(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int 
                            static_cast<int>(kSmem));
     }
     (void)cuda_detail::LaunchKernelMaybePdl(kernel, dim3(grid), dim3(kThreads), kSmem, stream,
-                                            DecodePdl(), x, w, bias, y, m, n, k);
+                                            pdl, x, w, bias, y, m, n, k);
   }
 }
 
@@ -282,31 +282,31 @@ int TokenGroupsFor(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 
 
 template <int kSplit, int kStages, bool kGlu>
 void LaunchForRows(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, int n, int k,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool pdl) {
   static_assert(kSkinnyGemmMaxRows == 64);
   if (m <= 8) {
-    LaunchVariant<1, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream);
+    LaunchVariant<1, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream, pdl);
   } else if (m <= 16) {
-    LaunchVariant<2, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream);
+    LaunchVariant<2, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream, pdl);
   } else if (m <= 32) {
-    LaunchVariant<4, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream);
+    LaunchVariant<4, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream, pdl);
   } else {
-    LaunchVariant<8, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream);
+    LaunchVariant<8, kSplit, kStages, kGlu>(x, w, bias, y, m, n, k, stream, pdl);
   }
 }
 
 template <bool kGlu>
 void LaunchForm(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int m, int n, int k,
-                int split, int stages, cudaStream_t stream) {
+                int split, int stages, cudaStream_t stream, bool pdl) {
   switch (stages * 10 + split) {
-    case 31: LaunchForRows<1, 3, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 32: LaunchForRows<2, 3, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 34: LaunchForRows<4, 3, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 38: LaunchForRows<8, 3, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 41: LaunchForRows<1, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 42: LaunchForRows<2, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    case 44: LaunchForRows<4, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
-    default: LaunchForRows<8, 4, kGlu>(x, w, bias, y, m, n, k, stream); break;
+    case 31: LaunchForRows<1, 3, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 32: LaunchForRows<2, 3, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 34: LaunchForRows<4, 3, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 38: LaunchForRows<8, 3, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 41: LaunchForRows<1, 4, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 42: LaunchForRows<2, 4, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    case 44: LaunchForRows<4, 4, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
+    default: LaunchForRows<8, 4, kGlu>(x, w, bias, y, m, n, k, stream, pdl); break;
   }
 }
 
@@ -326,12 +326,12 @@ bool SkinnySupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t
 }
 
 void LaunchSkinny(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                  int64_t k, int split, int stages, bool glu, cudaStream_t stream) {
+                  int64_t k, int split, int stages, bool glu, cudaStream_t stream, bool pdl) {
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   if (glu) {
-    LaunchForm<true>(x, w, bias, y, mi, ni, ki, split, stages, stream);
+    LaunchForm<true>(x, w, bias, y, mi, ni, ki, split, stages, stream, pdl);
   } else {
-    LaunchForm<false>(x, w, bias, y, mi, ni, ki, split, stages, stream);
+    LaunchForm<false>(x, w, bias, y, mi, ni, ki, split, stages, stream, pdl);
   }
 }
 
@@ -355,19 +355,20 @@ absl::Status CheckSkinny(const char* what, const bf16* x, const bf16* w, const b
 }  // namespace
 
 absl::Status SkinnyGemmCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m,
-                            int64_t n, int64_t k, cudaStream_t stream, int split, int stages) {
+                            int64_t n, int64_t k, cudaStream_t stream, int split, int stages,
+                            bool pdl) {
   absl::Status st = CheckSkinny("SkinnyGemmCuda", x, w, y, m, n, k, split, stages);
   if (!st.ok()) return st;
-  skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, split, stages, false, stream);
+  skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, split, stages, false, stream, pdl);
   return CudaLaunchStatus("SkinnyGemmKernel");
 }
 
 absl::Status SkinnyGemmSiluMulCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                    int64_t m, int64_t n, int64_t k, cudaStream_t stream,
-                                   int split, int stages) {
+                                   int split, int stages, bool pdl) {
   absl::Status st = CheckSkinny("SkinnyGemmSiluMulCuda", x, w, y, m, 2 * n, k, split, stages);
   if (!st.ok()) return st;
-  skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, split, stages, true, stream);
+  skinny_detail::LaunchSkinny(x, w, bias, y, m, n, k, split, stages, true, stream, pdl);
   return CudaLaunchStatus("SkinnyGemmKernel (SiLU·mul)");
 }
 

@@ -27,7 +27,7 @@ bool SkinnySupported(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t
 // Launch without validating (callers checked both). glu: w is [gate; up] of 2n rows and y gets
 // SiLU(gate)·up, [m, n]. Launch errors surface through cudaGetLastError.
 void LaunchSkinny(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t m, int64_t n,
-                  int64_t k, int split, int stages, bool glu, cudaStream_t stream);
+                  int64_t k, int split, int stages, bool glu, cudaStream_t stream, bool pdl);
 
 }  // namespace sluice::kernels::skinny_detail
 

@@ -141,7 +141,7 @@ TEST(SkinnyGemmCudaTest, SiluMulMatchesReference) {
   }
 }
 
-// Launched as programmatic dependents (DecodePdl), eagerly and captured in a graph, a chain
+// Launched as programmatic dependents (`pdl`, on sm_90+), eagerly and captured in a graph, a chain
 // y1 = x·w1ᵀ, y2 = y1·w2ᵀ, y3 = SiLU·mul(y2·w3ᵀ) where each kernel reads what the one before
 // wrote gives the plain launches' bits.
 TEST(SkinnyGemmCudaTest, ProgrammaticChainMatchesPlainLaunches) {
@@ -154,20 +154,21 @@ TEST(SkinnyGemmCudaTest, ProgrammaticChainMatchesPlainLaunches) {
   auto d_w3 = Upload(RandomBf16(static_cast<size_t>(2 * inter * d), rng, -0.05f, 0.05f));
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  auto run = [&](bool pdl, bool graph) {
-    cuda_test::PdlSetting setting(pdl);
+  auto run = [&](bool chained, bool graph) {
+    const bool pdl = chained && PdlSupported();
     auto y1 = NanBuffer(static_cast<size_t>(m * d));
     auto y2 = NanBuffer(static_cast<size_t>(m * d));
     auto y3 = NanBuffer(static_cast<size_t>(m * inter));
     cuda_test::RunOnStream(stream, graph, [&]() -> absl::Status {
       absl::Status st = SkinnyGemmCuda(d_x.data(), d_w1.data(), nullptr, y1.data(), m, d, d,
-                                       stream, 4, 3);
+                                       stream, 4, 3, pdl);
       if (st.ok()) {
-        st = SkinnyGemmCuda(y1.data(), d_w2.data(), nullptr, y2.data(), m, d, d, stream, 1, 4);
+        st = SkinnyGemmCuda(y1.data(), d_w2.data(), nullptr, y2.data(), m, d, d, stream, 1, 4,
+                            pdl);
       }
       if (st.ok()) {
         st = SkinnyGemmSiluMulCuda(y2.data(), d_w3.data(), nullptr, y3.data(), m, inter, d,
-                                   stream, 2, 4);
+                                   stream, 2, 4, pdl);
       }
       return st;
     });

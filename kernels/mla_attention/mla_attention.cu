@@ -177,10 +177,6 @@ absl::Status Validate(const PagedAttentionCudaBatch& b, const MlaDims& d, int64_
 
 }  // namespace
 
-int MlaDecodePdlBits() {
-  return DecodePdlModelKernels() ? kMlaPdlLevel2 : DecodePdl() ? kMlaPdlLevel1 : 0;
-}
-
 size_t MlaLatentAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                             const MlaDims& dims) {
   if (!Validate(batch, dims, 1).ok()) return 0;
@@ -286,7 +282,8 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
                                        const PagedAttentionCudaBatch& batch, const MlaDims& dims,
                                        void* workspace, bf16* out_latent, const bf16* w_uv,
                                        int64_t w_head_stride, int64_t v_head_dim, bf16* out,
-                                       int64_t out_token_stride, cudaStream_t stream) {
+                                       int64_t out_token_stride, cudaStream_t stream,
+                                       int pdl_bits) {
   if (v_head_dim < 1 || w_uv == nullptr || out == nullptr ||
       (reinterpret_cast<uintptr_t>(w_uv) & 3u) != 0 || w_head_stride % 2 != 0 ||
       w_head_stride < v_head_dim * dims.kv_lora_rank ||
@@ -324,7 +321,7 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
   const dim3 grid(static_cast<unsigned>(batch.max_query_len),
                   static_cast<unsigned>(batch.num_sequences),
                   static_cast<unsigned>(dims.num_heads * a.slices));
-  const int bits = MlaDecodePdlBits();
+  const int bits = pdl_bits;
   const bool early = (bits & kMlaPdlVUpPreload) != 0;
   a.trigger = (bits & kMlaPdlVUpTrigger) != 0;
   SLUICE_RETURN_IF_ERROR(mla_detail::LaunchMlaCombineVUp(

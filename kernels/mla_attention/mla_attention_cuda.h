@@ -53,6 +53,7 @@ absl::Status MlaLatentAttentionCuda(const bf16* q_latent, int64_t q_token_stride
 //               contents unspecified afterwards)
 // Each output row is a GEMV over L2-resident weights per CTA: meant for decode steps of a few
 // tokens (the runner uses it up to kMlaAbsorbMaxTokens), where it saves the batched GEMM's launch.
+// pdl_bits: MlaDecodePdlBits(level) below (its kMlaPdlVUpPreload and kMlaPdlVUpTrigger pieces).
 // Errors: those of MlaLatentAttentionCuda; InvalidArgument for v_head_dim < 1, a null or
 // misaligned w_uv or out, w_head_stride < v_head_dim · kv_lora_rank or odd, out_token_stride
 // < num_heads · v_head_dim; Internal for launch errors.
@@ -61,7 +62,8 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
                                        const PagedAttentionCudaBatch& batch, const MlaDims& dims,
                                        void* workspace, bf16* out_latent, const bf16* w_uv,
                                        int64_t w_head_stride, int64_t v_head_dim, bf16* out,
-                                       int64_t out_token_stride, cudaStream_t stream);
+                                       int64_t out_token_stride, cudaStream_t stream,
+                                       int pdl_bits = 0);
 
 // Kernel choice (shape and device rules, no settings):
 //  - decode-shaped launches (max_query_len 1, tensor-core dims): the pipelined decode kernel,
@@ -79,8 +81,10 @@ absl::Status MlaLatentAttentionVUpCuda(const bf16* q_latent, int64_t q_token_str
 //    otherwise the same CTA shape with one tile at a time (same split plan either way).
 //  - other dims (e.g. the tiny test fixtures): an fp32 FMA kernel.
 
-// MlaDecodePdlBits: which programmatic-dependent-launch pieces of the MLA decode block are on,
-// from kernels::DecodePdlLevel (kernels/cuda/cuda_common.h; all off below sm_90):
+// MlaDecodePdlBits(level): which programmatic-dependent-launch pieces of the MLA decode block
+// (the `pdl_bits` of MlaLatentAttentionVUpCuda and MlaPrologueAbsorbCuda) are on at decode PDL
+// level `level` (cuda_runner::CudaRunnerOptions::decode_pdl_level; callers pass 0 where
+// !PdlSupported()):
 //   kMlaPdlAbsorb (1): the prologue + absorbed-query launch (cuda_runner::MlaPrologueAbsorbCuda)
 //     is a programmatic dependent of the fused input projection; it waits before any load;
 //   kMlaPdlAbsorbPreload (2): 1, with its GEMV blocks loading W_UK before that wait;
@@ -94,7 +98,9 @@ inline constexpr int kMlaPdlAbsorb = 1, kMlaPdlAbsorbPreload = 2, kMlaPdlVUpPrel
 inline constexpr int kMlaPdlLevel2 =
     kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpPreload | kMlaPdlVUpTrigger;
 inline constexpr int kMlaPdlLevel1 = kMlaPdlAbsorb | kMlaPdlAbsorbPreload | kMlaPdlVUpTrigger;
-int MlaDecodePdlBits();
+constexpr int MlaDecodePdlBits(int level) {
+  return level >= 2 ? kMlaPdlLevel2 : level == 1 ? kMlaPdlLevel1 : 0;
+}
 
 }  // namespace sluice::kernels
 

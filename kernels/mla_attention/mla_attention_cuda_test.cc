@@ -44,8 +44,9 @@ MlaDims Dims(int64_t heads, int64_t rank, int64_t rope, int64_t nope, int64_t v)
   return d;
 }
 
+// pdl_bits: MlaLatentAttentionVUpCuda's programmatic-dependent-launch pieces.
 void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
-             const std::vector<Seq>& seqs, std::mt19937& rng) {
+             const std::vector<Seq>& seqs, std::mt19937& rng, int pdl_bits = 0) {
   SCOPED_TRACE(name);
   const int64_t H = d.num_heads, R = d.kv_lora_rank, dn = d.qk_nope_head_dim,
                 dr = d.qk_rope_head_dim, dv = d.v_head_dim, W = d.LatentWidth();
@@ -165,7 +166,7 @@ void RunCase(const std::string& name, const MlaDims& d, int64_t block_size,
     auto d_attn = NanBuffer(static_cast<size_t>(tokens * out_stride));
     const absl::Status sv = MlaLatentAttentionVUpCuda(
         d_q.data(), H * W, d_cache.data(), block_size, batch, d, ws->data(), d_lat.data(),
-        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr);
+        d_w.data() + dn * R, (dn + dv) * R, dv, d_attn.data(), out_stride, nullptr, pdl_bits);
     ASSERT_TRUE(sv.ok()) << sv;
     const std::vector<float> attn = Download(d_attn);
     std::vector<float> fused(want.size());
@@ -234,33 +235,32 @@ TEST(MlaLatentAttentionCudaTest, DecodeRings) {
   RunCase("rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
 }
 
-// At every decode PDL level (kernels::SetDecodePdlLevel): the decode kernel a programmatic
-// dependent (its metadata reads and first tile copies before its dependency wait, the newest
-// row and Q after it), and the combine + W_UV kernel with the pieces MlaDecodePdlBits gives
-// (level 2: its W_UV loads before its wait): the same checks against the CPU reference (the
+// At every decode PDL level (cuda_runner::CudaRunnerOptions::decode_pdl_level): the decode
+// kernel a programmatic dependent (its metadata reads and first tile copies before its
+// dependency wait, the newest row and Q after it), and the combine + W_UV kernel with the pieces
+// MlaDecodePdlBits(level) gives (level 2: its W_UV loads before its wait): the same checks against the CPU reference (the
 // newest row in a tile copied before the wait, in a later one, and partitions that end before
 // it).
 TEST(MlaLatentAttentionCudaTest, DecodePdlLevels) {
   SLUICE_SKIP_WITHOUT_CUDA();
   if (!PdlSupported()) GTEST_SKIP() << "no griddepcontrol below sm_90";
   auto rng = cuda_test::Rng();
-  const int saved_pdl = DecodePdlLevel();
   const MlaDims d = Dims(16, 512, 64, 128, 128);
   std::vector<Seq> b64;
   for (int32_t s = 0; s < 64; ++s) b64.push_back({(s * 71) % 1400, 1});
   for (const int level : {0, 1, 2, 3}) {
-    ASSERT_TRUE(SetDecodePdlLevel(level).ok());
-    EXPECT_EQ(MlaDecodePdlBits(), level >= 2 ? kMlaPdlLevel2 : level == 1 ? kMlaPdlLevel1 : 0);
+    const int bits = MlaDecodePdlBits(level);
+    EXPECT_EQ(bits, level >= 2 ? kMlaPdlLevel2 : level == 1 ? kMlaPdlLevel1 : 0);
     const std::string tag = "decode pdl level " + std::to_string(level) + " ";
-    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng);
-    RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng);
-    RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng);
-    RunCase(tag + "b64 mixed", d, 16, b64, rng);
-    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng);
-    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng);
-    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng);
+    RunCase(tag + "b1 ctx 1023", d, 16, {{1023, 1}}, rng, bits);
+    RunCase(tag + "b1 ctx 8000 block 64", d, 64, {{8000, 1}}, rng, bits);
+    RunCase(tag + "b1 ctx 100", d, 16, {{100, 1}}, rng, bits);
+    RunCase(tag + "b64 mixed", d, 16, b64, rng, bits);
+    RunCase(tag + "short", d, 16, {{0, 1}, {1, 1}, {31, 1}, {32, 1}, {33, 1}, {95, 1}}, rng, bits);
+    RunCase(tag + "40 heads", Dims(40, 512, 64, 128, 128), 16, {{300, 1}, {1000, 1}}, rng, bits);
+    RunCase(tag + "rank 256 rope 32", Dims(16, 256, 32, 64, 64), 16, {{700, 1}, {5, 1}}, rng,
+            bits);
   }
-  ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
 }
 
 // Prefill through the 4-token tensor-core tiles: a 300-token chunk over a 200-token cached

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
 //   out[token, h·dv + j] = bf16(Σ_c w[h·w_head_stride + j·rank + c] · o[c])   (fp32)
 // for the slice's kVUpRows rows j, warp w rows j0 + w and j0 + w + 8, lanes over channels.
 // Every slice merges its row again (an L2 read of the partials: cheap next to a launch).
-// kEarly (MlaDecodePdlBits() & kMlaPdlVUpPreload): the block's W_UV vectors (w_vec; no kernel of
+// kEarly (pdl_bits & kMlaPdlVUpPreload): the block's W_UV vectors (w_vec; no kernel of
 // the step writes them) are loaded into registers before GridDependencyWait, in flight while the
 // attention kernel finishes; a.trigger (kMlaPdlVUpTrigger): once past the wait the kernel lets
 // its own dependent (o_proj) launch. The same values in the same order: the same outputs.

@@ -16,7 +16,7 @@ using kernels::cuda_detail::GridDependencyWait;
 using kernels::cuda_detail::LaunchDependents;
 using kernels::cuda_detail::LaunchKernelMaybePdl;
 
-// pdl (kernels::DecodePdlModelKernels()): launched as a programmatic dependent of the kernel before it
+// pdl (the launchers' `pdl`): launched as a programmatic dependent of the kernel before it
 // (kernels/cuda/pdl.cuh): wait for it before the first read, then let the next kernel launch.
 __device__ __forceinline__ void PdlEnter(bool pdl) {
   if (pdl) {
@@ -214,7 +214,7 @@ static_assert(kAbsorbThreads == kPrologueThreads, "one block shape serves both")
 // rest the absorbed-query GEMV's blocks in (head, column block) order. The branch is
 // block-uniform, so each side's barriers see its whole block; the two write disjoint spans.
 // When launched as a programmatic dependent of the fused input projection
-// (kernels::MlaDecodePdlBits() & kMlaPdlAbsorb) every block waits before it reads what that
+// (pdl_bits & kMlaPdlAbsorb) every block waits before it reads what that
 // wrote (a no-op in a plain launch): kPdl (kMlaPdlAbsorbPreload), the GEMV blocks after
 // loading their W_UK vectors, else before any load.
 template <int kRows, bool kPdl>
@@ -266,22 +266,20 @@ int Blocks(int64_t total) {
 
 absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, HeadSpans dst_spans,
                            int64_t num_tokens, int64_t num_heads, int64_t width,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool pdl) {
   if (num_tokens < 0 || num_heads < 0 || width < 0) {
     return absl::InvalidArgumentError("CopyHeadsCuda: negative size");
   }
   const int64_t total = num_tokens * num_heads * width;
   if (total == 0) return absl::OkStatus();
-  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&CopyHeadsKernel, dim3(Blocks(total)), dim3(kThreads), 0, stream,
                              pdl, src, src_spans, dst, dst_spans, num_heads, width, total, pdl);
   return kernels::CudaLaunchStatus("CopyHeadsKernel");
 }
 
-absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
+absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream, bool pdl) {
   if (n < 0) return absl::InvalidArgumentError("AddInPlaceCuda: n < 0");
   if (n == 0) return absl::OkStatus();
-  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&AddInPlaceKernel, dim3(Blocks(n)), dim3(kThreads), 0, stream, pdl,
                              y, x, n, pdl);
   return kernels::CudaLaunchStatus("AddInPlaceKernel");
@@ -329,9 +327,9 @@ absl::Status CheckAbsorb(const bf16* q, int64_t q_token_stride, int64_t q_head_s
 
 }  // namespace
 
-absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream) {
+absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream,
+                             bool pdl) {
   if (absl::Status s = CheckPrologue(args, num_tokens); !s.ok() || num_tokens == 0) return s;
-  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(&MlaPrologueKernel, dim3(static_cast<unsigned>(num_tokens)),
                              dim3(kPrologueThreads), 0, stream, pdl, args, pdl);
   return kernels::CudaLaunchStatus("MlaPrologueKernel");
@@ -341,7 +339,7 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
                                 const bf16* w, int64_t w_head_stride, bf16* out,
                                 int64_t out_token_stride, int64_t out_head_stride,
                                 int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, bool pdl) {
   AbsorbArgs a{};
   if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
                                    out_token_stride, out_head_stride, num_tokens, heads, dn, R, &a);
@@ -350,7 +348,6 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
   }
   const dim3 grid(static_cast<unsigned>(heads),
                   static_cast<unsigned>((R + kAbsorbCols - 1) / kAbsorbCols));
-  const bool pdl = kernels::DecodePdlModelKernels();
   (void)LaunchKernelMaybePdl(PickAbsorbQuery(num_tokens, pdl), grid, dim3(kAbsorbThreads), 0,
                              stream, pdl, a);
   return kernels::CudaLaunchStatus("MlaAbsorbQueryKernel");
@@ -360,7 +357,7 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream) {
+                                   int64_t dn, int64_t R, cudaStream_t stream, int pdl_bits) {
   if (absl::Status s = CheckPrologue(prologue, num_tokens); !s.ok()) return s;
   AbsorbArgs a{};
   if (absl::Status s = CheckAbsorb(q, q_token_stride, q_head_stride, w, w_head_stride, out,
@@ -374,7 +371,7 @@ absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* 
   }
   const unsigned grid = static_cast<unsigned>(num_tokens + heads * col_blocks);
   const int cb = static_cast<int>(col_blocks);
-  const int bits = kernels::MlaDecodePdlBits();
+  const int bits = pdl_bits;
   const bool pdl = (bits & (kernels::kMlaPdlAbsorb | kernels::kMlaPdlAbsorbPreload)) != 0;
   const bool preload = (bits & kernels::kMlaPdlAbsorbPreload) != 0;
   (void)LaunchKernelMaybePdl(PickPrologueAbsorb(num_tokens, preload), dim3(grid),

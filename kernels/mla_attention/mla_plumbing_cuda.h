@@ -25,14 +25,17 @@ struct HeadSpans {
 // CopyHeadsCuda: dst(t, h, i) = src(t, h, i) for t < num_tokens, h < num_heads, i < width
 // (e.g. the q_pe channels of every head into the absorbed query, the k_pe channels into the
 // latent cache row). Spans of dst must not overlap src.
+// The `pdl` of this file's launchers (kernels/cuda/cuda_common.h; the DeepSeek runner's decode
+// PDL level >= 2): a programmatic dependent launch that reads nothing before its wait.
 // Errors: InvalidArgument for negative sizes; Internal for launch errors.
 absl::Status CopyHeadsCuda(const bf16* src, HeadSpans src_spans, bf16* dst, HeadSpans dst_spans,
                            int64_t num_tokens, int64_t num_heads, int64_t width,
-                           cudaStream_t stream);
+                           cudaStream_t stream, bool pdl = false);
 
 // AddInPlaceCuda: y[i] = bf16(float(y[i]) + float(x[i])) for i < n (x, y bf16, contiguous).
 // Errors: InvalidArgument for n < 0; Internal for launch errors.
-absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
+absl::Status AddInPlaceCuda(bf16* y, const bf16* x, int64_t n, cudaStream_t stream,
+                            bool pdl = false);
 
 // MlaPrologueArgs: the per-token MLA plumbing between the fused input projection and the
 // absorbed attention, for MlaPrologueCuda. Token t's rows:
@@ -71,7 +74,8 @@ struct MlaPrologueArgs {
 // in the last fp32 bit). q_out must not overlap kv, q_pe or the cache.
 // Errors: InvalidArgument for num_tokens < 0, R < 1, dr < 2 or odd, heads < 0, null pointers
 // (when num_tokens > 0); Internal for launch errors.
-absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream);
+absl::Status MlaPrologueCuda(const MlaPrologueArgs& args, int64_t num_tokens, cudaStream_t stream,
+                             bool pdl = false);
 
 // Most tokens MlaAbsorbQueryCuda takes (a decode-sized GEMV; prefill uses the batched GEMM).
 inline constexpr int64_t kMlaAbsorbMaxTokens = 8;
@@ -91,21 +95,21 @@ absl::Status MlaAbsorbQueryCuda(const bf16* q, int64_t q_token_stride, int64_t q
                                 const bf16* w, int64_t w_head_stride, bf16* out,
                                 int64_t out_token_stride, int64_t out_head_stride,
                                 int64_t num_tokens, int64_t heads, int64_t dn, int64_t R,
-                                cudaStream_t stream);
+                                cudaStream_t stream, bool pdl = false);
 
 // MlaPrologueAbsorbCuda: MlaPrologueCuda(prologue, num_tokens) and MlaAbsorbQueryCuda(q, ...,
 // num_tokens, heads, dn, R) in one launch (both read only the fused input projection's output,
 // so they need no order): num_tokens extra blocks run the
 // prologue beside the GEMV's heads · ⌈R/128⌉ blocks, with the same device code, so every output
 // equals the two separate launches' bit for bit. The prologue's q_out and cache spans must not
-// overlap `out`, nor either of them the inputs. Programmatic dependent launch pieces:
-// kernels::MlaDecodePdlBits() (kMlaPdlAbsorb, kMlaPdlAbsorbPreload).
+// overlap `out`, nor either of them the inputs. Programmatic dependent launch pieces: those of
+// pdl_bits = kernels::MlaDecodePdlBits(level) (kMlaPdlAbsorb, kMlaPdlAbsorbPreload).
 // Errors: those of MlaPrologueCuda and MlaAbsorbQueryCuda; Internal for launch errors.
 absl::Status MlaPrologueAbsorbCuda(const MlaPrologueArgs& prologue, const bf16* q,
                                    int64_t q_token_stride, int64_t q_head_stride, const bf16* w,
                                    int64_t w_head_stride, bf16* out, int64_t out_token_stride,
                                    int64_t out_head_stride, int64_t num_tokens, int64_t heads,
-                                   int64_t dn, int64_t R, cudaStream_t stream);
+                                   int64_t dn, int64_t R, cudaStream_t stream, int pdl_bits = 0);
 
 // ---- MLA prefill in the non-absorbed (MHA) form (kernels::MlaOptions, mla_options.h).
 // Instead of attending over the 576-wide latent rows (absorbed: 2·H·(2·R + dr) FLOPs per

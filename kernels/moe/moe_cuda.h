@@ -170,14 +170,18 @@ struct MoeSharedExpert {
 // The routing blocks meet at an arrival counter per workspace address (a process-wide table
 // of 1024 device counters, each back at 0 after every launch; past 1024 distinct workspaces a
 // counter in the workspace, zeroed by a memset node before the launch), so launches on one
-// workspace must be stream-ordered (as its sort data requires).
+// workspace must be stream-ordered (as its sort data requires). pdl: the launch is a
+// programmatic dependent of the kernel before it (kernels/cuda/pdl.cuh; the DeepSeek runner's
+// decode PDL level 3), reading x and writing only after its wait (dropped when the counter
+// memset node would break the chain).
 // Errors: those of ValidateMoeRoutingParams; InvalidArgument for sizes MoeFusedDecodeSupported
 // rejects, hidden not a positive multiple of 8, null or misaligned pointers, a workspace that
 // is too small, a shared expert with bad sizes or pointers; Internal for launch errors.
 absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
                                int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
                                int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
-                               cudaStream_t stream, const MoeSharedExpert* shared = nullptr);
+                               cudaStream_t stream, const MoeSharedExpert* shared = nullptr,
+                               bool pdl = false);
 
 // MoeFusedExpertsCuda: MoeExpertsCuda's output (kGemv path, bit for bit) for the ids that the
 // preceding MoeFusedRouteCuda call on the same `workspace` (same num_tokens, top_k, E; nothing
@@ -191,6 +195,9 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
 // SiLU·mul and sums in another order: equal to bf16 rounding, not bit for bit.)
 // x, w_gate_up, w_down, out: as MoeExpertsCuda (16-byte aligned); topk_weights [num_tokens,
 // top_k] fp32; add [num_tokens, hidden] bf16 or null; out may alias x or add.
+// On sm_90+ the two launches are programmatic dependents of the launch before each; with `pdl`
+// (decode PDL level 3) the down launch also lets the kernel after it launch early (that kernel
+// must wait before it reads `out`).
 // Errors: InvalidArgument for num_tokens outside [1, kMoeFusedMaxTokens], num_tokens·top_k >
 // kMoeFusedMaxRows, the shape errors of MoeExpertsCuda, null or misaligned pointers, a workspace
 // that is too small, a shared expert with bad sizes or pointers; Internal for launch errors.
@@ -198,7 +205,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                  int64_t hidden, int64_t intermediate, int64_t top_k,
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
-                                 cudaStream_t stream, const MoeSharedExpert* shared = nullptr);
+                                 cudaStream_t stream, const MoeSharedExpert* shared = nullptr,
+                                 bool pdl = false);
 
 }  // namespace sluice::kernels
 

@@ -887,8 +887,8 @@ TEST(MoeFusedDecodeCudaTest, RouteMatchesSeparatePathAndCpu) {
   }
 }
 
-// ---- kernels::SetDecodePdl: every fused-path launch a programmatic dependent of the one
-// before.
+// ---- The `pdl` of MoeFusedRouteCuda / MoeFusedExpertsCuda (decode PDL level 3): every
+// fused-path launch a programmatic dependent of the one before.
 
 // kLayers chained MoE "layers" on one stream, no host or memset node between them: layer l
 // routes and runs the experts on x_l (x_0 = c's tokens) into x_{l+1} (the shared expert folded
@@ -899,7 +899,7 @@ TEST(MoeFusedDecodeCudaTest, RouteMatchesSeparatePathAndCpu) {
 constexpr int kPdlLayers = 3;
 std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const FusedCase& c,
                             int64_t t, const MoeSharedExpert* shared, cudaStream_t stream,
-                            bool graph) {
+                            bool graph, bool pdl) {
   const int64_t e = cfg.routing.num_experts, k = cfg.routing.top_k;
   auto d_ids = Poisoned<int32_t>(t * k);
   auto d_w = Poisoned<float>(t * k);
@@ -916,12 +916,12 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
     for (int l = 0; l < kPdlLayers; ++l) {
       EXPECT_TRUE(MoeFusedRouteCuda(x, c.d_w_gate.data(), c.bias_ptr(), t, cfg.hidden,
                                     cfg.routing, d_ids.data(), d_w.data(), ws, stream,
-                                    route_shared ? shared : nullptr)
+                                    route_shared ? shared : nullptr, pdl)
                       .ok());
       EXPECT_TRUE(MoeFusedExpertsCuda(x, d_w.data(), t, cfg.hidden, cfg.intermediate, k, e,
                                       w.d_gate_up.data(), w.d_down.data(), nullptr,
                                       xs[l].data(), ws, stream,
-                                      shared != nullptr ? &experts_shared : nullptr)
+                                      shared != nullptr ? &experts_shared : nullptr, pdl)
                       .ok());
       x = xs[l].data();
     }
@@ -943,8 +943,8 @@ std::vector<float> RunChain(const MoeConfig& cfg, const ExpertWeights& w, const 
   return cuda_test::Download(xs.back());
 }
 
-// Under SetDecodePdl(true) (the route launch, too, a programmatic dependent) the chained fused
-// path gives the bits of SetDecodePdl(false), with and without a folded shared expert, directly
+// With pdl (the route launch, too, a programmatic dependent) the chained fused path gives the
+// bits of the launches without it, with and without a folded shared expert, directly
 // and replayed from a graph (the serial launches themselves are checked against the CPU
 // references above).
 TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
@@ -953,7 +953,6 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
   auto rng = cuda_test::Rng();
   auto stream = CudaStream::Create();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  const int saved_pdl = DecodePdlLevel();
   for (const MoeConfig& cfg : MultiBlockConfigs()) {
     const ExpertWeights w(cfg, rng, /*tiled=*/cfg.hidden >= 1024);
     const int64_t h = cfg.hidden, si = 2 * cfg.intermediate;
@@ -966,12 +965,9 @@ TEST(MoeFusedDecodeCudaTest, DecodePdlMatchesSerialLaunches) {
         const std::string tag =
             absl::StrCat("moe decode pdl ", cfg.name, " T=", t, with_shared ? " shared" : "");
         const MoeSharedExpert* sh = with_shared ? &shared : nullptr;
-        SetDecodePdl(false);
-        const auto want = RunChain(cfg, w, c, t, sh, stream->get(), false);
-        SetDecodePdl(true);
-        const auto got = RunChain(cfg, w, c, t, sh, stream->get(), false);
-        const auto got_graph = RunChain(cfg, w, c, t, sh, stream->get(), true);
-        ASSERT_TRUE(SetDecodePdlLevel(saved_pdl).ok());
+        const auto want = RunChain(cfg, w, c, t, sh, stream->get(), false, false);
+        const auto got = RunChain(cfg, w, c, t, sh, stream->get(), false, true);
+        const auto got_graph = RunChain(cfg, w, c, t, sh, stream->get(), true, true);
         int64_t nan = 0;
         for (float v : want) nan += std::isnan(v) ? 1 : 0;
         EXPECT_EQ(nan, 0) << tag;  // the chain wrote every output

@@ -313,7 +313,7 @@ __host__ __device__ __forceinline__ int RouteMultiBlocks(int num_experts) {
   return (num_experts + kRouteMultiWarps - 1) / kRouteMultiWarps;
 }
 
-// pdl (kernels::DecodePdlMoe()): the launch is itself a programmatic dependent of the kernel
+// pdl (MoeFusedRouteCuda's `pdl`): the launch is itself a programmatic dependent of the kernel
 // before it (the post-attention norm that writes x): every read of x and every write comes
 // after GridDependencyWait.
 template <int kRows>
@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kDownWarps * 32, 2)
       }
     }
     attention_detail::GridDependencyWait();
-    // trigger (kernels::DecodePdlMoe()): the next layer's first kernel may launch now; it waits
+    // trigger (MoeFusedExpertsCuda's `pdl`): the next layer's first kernel may launch now; it waits
     // for this grid before it reads `out`.
     if (trigger) attention_detail::LaunchDependents();
   }
@@ -544,7 +544,7 @@ bool MoeFusedDecodeSupported(int64_t num_tokens, const MoeRoutingParams& params)
 absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* correction_bias,
                                int64_t num_tokens, int64_t hidden, const MoeRoutingParams& params,
                                int32_t* topk_ids, float* topk_weights, MoeCudaWorkspace workspace,
-                               cudaStream_t stream, const MoeSharedExpert* shared) {
+                               cudaStream_t stream, const MoeSharedExpert* shared, bool pdl) {
   if (absl::Status s = ValidateMoeRoutingParams(params); !s.ok()) return s;
   if (!MoeFusedDecodeSupported(num_tokens, params) || hidden < 8 || hidden % 8 != 0 ||
       hidden > kMaxDim) {
@@ -597,10 +597,10 @@ absl::Status MoeFusedRouteCuda(const bf16* x, const bf16* w_gate, const float* c
                        : num_tokens <= 4 ? &MoeFusedRouteMultiKernel<4>
                                          : &MoeFusedRouteMultiKernel<kWarpDotRows>;
   // A memset node before the launch (no counter slot left) breaks the programmatic chain.
-  const bool pdl = DecodePdlMoe() && slot >= 0;
-  (void)attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), smem, stream, pdl, x,
-                                               w_gate, h, args, so, logits, ws_counter, slot, sh,
-                                               pdl);
+  const bool chained = pdl && slot >= 0;
+  (void)attention_detail::LaunchKernelMaybePdl(kernel, grid, dim3(kThreads), smem, stream, chained,
+                                               x, w_gate, h, args, so, logits, ws_counter, slot,
+                                               sh, chained);
   return CudaLaunchStatus("MoeFusedRouteCuda launch");
 }
 
@@ -608,13 +608,13 @@ namespace {
 
 // Both launches of MoeFusedExpertsCuda with kRows rows per pass over an expert's weights:
 // MoePipedGateUpKernel, then MoeDownCombineKernel; pdl: each a programmatic dependent of the
-// launch before it (sm_90+).
+// launch before it (sm_90+); trigger: the down kernel lets the next kernel launch early.
 template <int kRows>
 void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* w_down,
                         const SortOut& so, const float* topk_weights, unsigned max_active,
                         int num_tokens, int top_k, int h, int i, bf16* act, const SharedArgs& sh,
                         bool shared_gate_up, const bf16* add, bf16* out, bool pdl,
-                        cudaStream_t stream) {
+                        bool trigger, cudaStream_t stream) {
   // One persistent wave: at most PipedBlocks() blocks, fewer when there are fewer tasks.
   const int shared_cols = shared_gate_up ? sh.n : 0;
   const int64_t tasks = static_cast<int64_t>(max_active) * i + shared_cols;
@@ -627,8 +627,7 @@ void LaunchFusedExperts(const ARows& x_rows, const bf16* w_gate_up, const bf16* 
   (void)attention_detail::LaunchKernelMaybePdl(
       MoeDownCombineKernel<kRows>, dim3(static_cast<unsigned>(h / kDownCols)),
       dim3(kDownWarps * 32), 0, stream, pdl, act, w_down, so.offsets, so.active, so.num_active,
-      so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl,
-      pdl && DecodePdlMoe());
+      so.row_to_sorted, topk_weights, num_tokens, top_k, h, i, sh, add, out, pdl, pdl && trigger);
 }
 
 }  // namespace
@@ -637,7 +636,8 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
                                  int64_t hidden, int64_t intermediate, int64_t top_k,
                                  int64_t num_experts, const bf16* w_gate_up, const bf16* w_down,
                                  const bf16* add, bf16* out, MoeCudaWorkspace workspace,
-                                 cudaStream_t stream, const MoeSharedExpert* shared) {
+                                 cudaStream_t stream, const MoeSharedExpert* shared,
+                                 bool pdl) {
   if (num_tokens < 1 || num_tokens > kMoeFusedMaxTokens || top_k < 1 || top_k > num_experts ||
       num_tokens * top_k > kMoeFusedMaxRows || num_experts > kMoeCudaMaxExperts || hidden < 8 ||
       hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0 || hidden > kMaxDim ||
@@ -664,7 +664,7 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   if (absl::Status s = ToSharedArgs(shared, "MoeFusedExpertsCuda", &sh); !s.ok()) return s;
   const bool shared_gate_up = shared != nullptr && !shared->act_ready;
   // sm_90+: the gate/up launch overlaps the routing's tail and the down launch the gate/up's.
-  const bool pdl = PdlSupported();
+  const bool chain = PdlSupported();
   const Layout l = MakeLayout(num_tokens * top_k, num_experts, hidden, intermediate);
   if (workspace.bytes < l.total) {
     return absl::InvalidArgumentError(absl::StrCat("MoeFusedExpertsCuda: workspace of ",
@@ -678,16 +678,17 @@ absl::Status MoeFusedExpertsCuda(const bf16* x, const float* topk_weights, int64
   const int h = static_cast<int>(hidden), i = static_cast<int>(intermediate);
   if (num_tokens == 1) {
     LaunchFusedExperts<1>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, chain, pdl, stream);
   } else if (num_tokens == 2) {
     LaunchFusedExperts<2>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, chain, pdl, stream);
   } else if (num_tokens <= 4) {
     LaunchFusedExperts<4>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t, k, h, i,
-                          act, sh, shared_gate_up, add, out, pdl, stream);
+                          act, sh, shared_gate_up, add, out, chain, pdl, stream);
   } else {
     LaunchFusedExperts<kWarpDotRows>(x_rows, w_gate_up, w_down, so, topk_weights, max_active, t,
-                                     k, h, i, act, sh, shared_gate_up, add, out, pdl, stream);
+                                     k, h, i, act, sh, shared_gate_up, add, out, chain, pdl,
+                                     stream);
   }
   return CudaLaunchStatus("MoeFusedExpertsCuda launch");
 }

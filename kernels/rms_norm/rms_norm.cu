@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(1024)
 template <bool kAdd>
 absl::Status Launch(const bf16* x, int64_t x_stride, bf16* residual, const bf16* weight, bf16* out,
                     int64_t out_stride, int64_t rows, int64_t dim, float eps, int vecs_per_thread,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool pdl) {
   if (dim < 1 || rows < 0 || x_stride < dim || out_stride < dim) {
     return absl::InvalidArgumentError(absl::StrCat("RmsNormCuda: bad shape rows=", rows,
                                                    " dim=", dim, " x_stride=", x_stride,
@@ -161,8 +161,7 @@ absl::Status Launch(const bf16* x, int64_t x_stride, bf16* residual, const bf16*
                    vecs <= int64_t{vecs_per_thread} * 1024 && Aligned16(x) && Aligned16(weight) &&
                    Aligned16(out) && (!kAdd || Aligned16(residual));
   const unsigned grid = static_cast<unsigned>(rows);
-  // A programmatic dependent of the kernel before (kernels::DecodePdl): both kernels wait.
-  const bool pdl = DecodePdl();
+  // As a programmatic dependent of the kernel before (`pdl`) both kernels wait.
   if (vec) {
     // vecs_per_thread independent 16-byte loads in flight per thread; fewer threads on short rows.
     const int threads = static_cast<int>(
@@ -188,27 +187,28 @@ absl::Status Launch(const bf16* x, int64_t x_stride, bf16* residual, const bf16*
 
 absl::Status RmsNormCuda(const bf16* x, int64_t x_stride, const bf16* weight, bf16* out,
                          int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                         cudaStream_t stream) {
-  return Launch<false>(x, x_stride, nullptr, weight, out, out_stride, rows, dim, eps, 0, stream);
+                         cudaStream_t stream, bool pdl) {
+  return Launch<false>(x, x_stride, nullptr, weight, out, out_stride, rows, dim, eps, 0, stream,
+                       pdl);
 }
 
 absl::Status RmsNormCudaTuned(const bf16* x, int64_t x_stride, bf16* residual, const bf16* weight,
                               bf16* out, int64_t out_stride, int64_t rows, int64_t dim, float eps,
-                              int vecs_per_thread, cudaStream_t stream) {
+                              int vecs_per_thread, cudaStream_t stream, bool pdl) {
   if (residual != nullptr) {
     if (x_stride != dim || out_stride != dim) {
       return absl::InvalidArgumentError("RmsNormCudaTuned: the residual form is contiguous only");
     }
     return Launch<true>(x, dim, residual, weight, out, dim, rows, dim, eps, vecs_per_thread,
-                        stream);
+                        stream, pdl);
   }
   return Launch<false>(x, x_stride, nullptr, weight, out, out_stride, rows, dim, eps,
-                       vecs_per_thread, stream);
+                       vecs_per_thread, stream, pdl);
 }
 
 absl::Status AddRmsNormCuda(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
-                            int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
-  return Launch<true>(x, dim, residual, weight, out, dim, rows, dim, eps, 0, stream);
+                            int64_t rows, int64_t dim, float eps, cudaStream_t stream, bool pdl) {
+  return Launch<true>(x, dim, residual, weight, out, dim, rows, dim, eps, 0, stream, pdl);
 }
 
 }  // namespace sluice::kernels

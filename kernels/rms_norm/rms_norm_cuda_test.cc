@@ -146,7 +146,7 @@ TEST(RmsNormCudaTest, EveryLaunchShapeMatchesCpuReference) {
 
 // A chain of RmsNormCuda / AddRmsNormCuda launches, each reading the rows the one before wrote
 // and rewriting the residual in place, launched as programmatic dependents
-// (kernels::SetDecodePdl) gives the same bits as plain launches, eagerly and from a CUDA graph:
+// (the launchers' `pdl`) gives the same bits as plain launches, eagerly and from a CUDA graph:
 // the scalar path (odd dim) and the 2- and 4-vector paths, one row (decode) and several.
 TEST(RmsNormCudaTest, DecodePdlChainMatchesPlainLaunches) {
   SLUICE_SKIP_WITHOUT_CUDA();
@@ -162,17 +162,16 @@ TEST(RmsNormCudaTest, DecodePdlChainMatchesPlainLaunches) {
     const auto r0 = RandomBf16(n, rng, -2.0f, 2.0f);
     auto d_w = Upload(RandomBf16(static_cast<size_t>(sh.dim), rng, 0.5f, 1.5f));
     auto run = [&](bool pdl, bool graph) {
-      cuda_test::PdlSetting setting(pdl);
       auto a = Upload(x0);
       auto res = Upload(r0);
       auto b = NanBuffer(n);
       cuda_test::RunOnStream(st, graph, [&]() -> absl::Status {
         absl::Status s = RmsNormCuda(a.data(), sh.dim, d_w.data(), b.data(), sh.dim, sh.rows,
-                                     sh.dim, kEps, st);
+                                     sh.dim, kEps, st, pdl);
         for (int i = 0; s.ok() && i < 6; ++i) {  // a → b, then b → a, ...
           bf16* in = i % 2 == 0 ? b.data() : a.data();
           bf16* out = i % 2 == 0 ? a.data() : b.data();
-          s = AddRmsNormCuda(in, res.data(), d_w.data(), out, sh.rows, sh.dim, kEps, st);
+          s = AddRmsNormCuda(in, res.data(), d_w.data(), out, sh.rows, sh.dim, kEps, st, pdl);
         }
         return s;
       });

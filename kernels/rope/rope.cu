@@ -15,7 +15,7 @@ namespace {
 
 constexpr int kTargetThreads = 256;
 
-// PdlEnter starts every kernel here: as a programmatic dependent (kernels::DecodePdl,
+// PdlEnter starts every kernel here: as a programmatic dependent (the launchers' `pdl`,
 // pdl.cuh) the next kernel may launch once every block has started, and nothing is read (the
 // positions and qkv come from earlier work) or written (an earlier kernel may still read the
 // cache or qkv) before the previous kernel has completed. No-ops in a normal launch.
@@ -242,7 +242,7 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                const int32_t* positions, const DeviceRopeTable& table,
                                const int64_t* slot_mapping, bf16* k_cache, bf16* v_cache,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool pdl) {
   const int64_t half = table.rotary_dim / 2;
   if (num_tokens < 0 || num_tokens > 0x7fffffff || num_heads < 1 || num_kv_heads < 1 ||
       head_dim < 1 || half < 1 || half > 1024 || 2 * half > head_dim ||
@@ -269,7 +269,7 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
                     static_cast<unsigned>(std::min<int64_t>(num_tokens, 65535)));
     (void)cuda_detail::LaunchKernelMaybePdl(
         &RopeQkWriteKvVecKernel, grid, dim3(kVecThreads), half * sizeof(float2), stream,
-        DecodePdl(), qkv, num_tokens, token_stride, static_cast<int>(num_heads),
+        pdl, qkv, num_tokens, token_stride, static_cast<int>(num_heads),
         static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
         table.inv_freq.data(), static_cast<int>(half), table.attention_scaling, slot_mapping,
         k_cache, v_cache);
@@ -281,7 +281,7 @@ absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(groups));
   (void)cuda_detail::LaunchKernelMaybePdl(
       &RopeQkWriteKvKernel, grid, dim3(static_cast<unsigned>(heads_per_pass * half)), 0, stream,
-      DecodePdl(), qkv, token_stride, static_cast<int>(num_heads),
+      pdl, qkv, token_stride, static_cast<int>(num_heads),
       static_cast<int>(num_kv_heads), static_cast<int>(head_dim), positions,
       table.inv_freq.data(), static_cast<int>(half), static_cast<int>(heads_per_pass),
       table.attention_scaling, slot_mapping, k_cache, v_cache);
@@ -307,7 +307,8 @@ absl::StatusOr<DeviceRopeTable> UploadRopeTable(const RopeTable& table) {
 
 absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t token_stride,
                       int64_t head_stride, int64_t offset, const int32_t* positions,
-                      const DeviceRopeTable& table, bool interleave, cudaStream_t stream) {
+                      const DeviceRopeTable& table, bool interleave, cudaStream_t stream,
+                      bool pdl) {
   const int64_t half = table.rotary_dim / 2;
   if (num_tokens < 0 || num_tokens > 0x7fffffff || num_heads < 0 || offset < 0 || half < 1 ||
       half > 1024 || table.inv_freq.size() != static_cast<size_t>(half)) {
@@ -321,7 +322,7 @@ absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t to
   const unsigned grid = static_cast<unsigned>(num_tokens);
   (void)cuda_detail::LaunchKernelMaybePdl(
       interleave ? &RopeKernel<true> : &RopeKernel<false>, dim3(grid), dim3(threads), 0, stream,
-      DecodePdl(), x, num_heads, token_stride, head_stride, offset, positions,
+      pdl, x, num_heads, token_stride, head_stride, offset, positions,
       table.inv_freq.data(), static_cast<int>(half), static_cast<int>(heads_per_pass),
       table.attention_scaling);
   return CudaLaunchStatus("RopeCuda launch");

@@ -33,11 +33,12 @@ absl::StatusOr<DeviceRopeTable> UploadRopeTable(const RopeTable& table);
 // (transformers' rotate-half `apply_rotary_pos_emb`), computed in fp32, rounded once to bf16.
 // With `interleave`, x1 = v[2i], x2 = v[2i + 1] (DeepSeek's `rope_interleave`: pairs are
 // de-interleaved to halves before rotating). The rotated spans of different (token, head) pairs
-// must not overlap.
+// must not overlap. As a programmatic dependent (`pdl`) the kernel reads nothing before its wait.
 // Errors: InvalidArgument for negative sizes or an empty table; Internal for launch errors.
 absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t token_stride,
                       int64_t head_stride, int64_t offset, const int32_t* positions,
-                      const DeviceRopeTable& table, bool interleave, cudaStream_t stream);
+                      const DeviceRopeTable& table, bool interleave, cudaStream_t stream,
+                      bool pdl = false);
 
 // RopeQkWriteKvCuda: RoPE of q and k plus the KV-cache write of one layer in one launch, for
 // fused QKV rows (Llama: rotate-half layout). qkv: bf16 [num_tokens, token_stride] whose row
@@ -46,14 +47,15 @@ absl::Status RopeCuda(bf16* x, int64_t num_tokens, int64_t num_heads, int64_t to
 // exactly as RopeCuda(interleave = false) does; then, for slot = slot_mapping[t] >= 0, token t's
 // rotated k and its v row are written to k_cache / v_cache + slot · num_kv_heads · head_dim
 // (WriteKvCacheCuda's layout). Tokens with slot < 0 are rotated but not cached.
-// positions: [num_tokens] int32, slot_mapping: [num_tokens] int64 (device).
+// positions: [num_tokens] int32, slot_mapping: [num_tokens] int64 (device). As a programmatic
+// dependent (`pdl`) the kernel reads and writes nothing before its wait.
 // Errors: InvalidArgument for bad sizes (rotary_dim > head_dim, token_stride shorter than the
 // q+k+v row) or null pointers; Internal for launch errors.
 absl::Status RopeQkWriteKvCuda(bf16* qkv, int64_t num_tokens, int64_t token_stride,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                const int32_t* positions, const DeviceRopeTable& table,
                                const int64_t* slot_mapping, bf16* k_cache, bf16* v_cache,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool pdl = false);
 
 }  // namespace sluice::kernels
 

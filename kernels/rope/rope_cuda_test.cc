@@ -179,7 +179,7 @@ TEST(RopeCudaTest, QkWriteKvMatchesCpuReference) {
 }
 
 // RopeQkWriteKvCuda and RopeCuda as a chain of programmatic dependents
-// (kernels::SetDecodePdl): each rotates the qkv rows the one before rotated, in place, and the
+// (the launchers' `pdl`): each rotates the qkv rows the one before rotated, in place, and the
 // RoPE + KV launches rewrite the same cache slots; the bits equal plain launches, eagerly and
 // from a CUDA graph, for a decode step (1 token, the per-pair kernel) and a 20-token step
 // (the 16-byte kernel).
@@ -207,7 +207,6 @@ TEST(RopeCudaTest, DecodePdlChainMatchesPlainLaunches) {
     auto d_pos = Upload(positions);
     auto d_slots = Upload(slots);
     auto run = [&](bool pdl, bool graph) {
-      cuda_test::PdlSetting setting(pdl);
       auto d_x = Upload(x);
       auto k_cache = cuda_test::NanBuffer(static_cast<size_t>(tokens * kKvDim));
       auto v_cache = cuda_test::NanBuffer(static_cast<size_t>(tokens * kKvDim));
@@ -216,10 +215,10 @@ TEST(RopeCudaTest, DecodePdlChainMatchesPlainLaunches) {
         for (int i = 0; s.ok() && i < 3; ++i) {
           s = RopeQkWriteKvCuda(d_x.data(), tokens, kStride, kHeads, kKvHeads, kHeadDim,
                                 d_pos.data(), *d_table, d_slots.data(), k_cache.data(),
-                                v_cache.data(), st);
+                                v_cache.data(), st, pdl);
           if (s.ok()) {
             s = RopeCuda(d_x.data(), tokens, kHeads, kStride, kHeadDim, 0, d_pos.data(), *d_table,
-                         false, st);
+                         false, st, pdl);
           }
         }
         return s;
