@@ -29,6 +29,10 @@ struct LinearOptions {
   // ~30 s of tuning at Llama-3-8B shapes, once per process; a GEMM tuning table made with it
   // (scripts/make_gemm_tuning.sh) gives its choices to processes that run without it.
   int algo_search = 0;
+  // Batch-invariant mode (kernels/linear/batch_invariant_linear.h): every LinearCuda /
+  // LinearSiluMulCuda call of this CublasLt runs BatchInvariantLinearCuda, whose per-element
+  // k order depends on (n, k) only, never on m; no cuBLASLt, tuning or tuning table.
+  bool batch_invariant = false;
 };
 
 }  // namespace sluice::kernels
