@@ -29,6 +29,11 @@ enum class PagedPrefillKernel {
 struct PagedAttentionOptions {
   PagedDecodeKernel decode_kernel = PagedDecodeKernel::kAuto;
   PagedPrefillKernel prefill_kernel = PagedPrefillKernel::kWgmma;
+  // Batch-invariant mode (paged_attention_invariant.h): every launch, decode or prefill, runs
+  // one kernel that reduces each query row's keys in fixed splits of kBatchInvariantSplitKeys
+  // positions, so a row's bits do not depend on the batch, the step's token count or how its
+  // prompt was chunked; decode_kernel / prefill_kernel and the RoPE decode fusion are unused.
+  bool batch_invariant = false;
 };
 
 }  // namespace sluice::kernels
