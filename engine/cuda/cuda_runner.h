@@ -99,6 +99,14 @@ struct CudaRunnerOptions {
   // prefill; kernels/attention/paged_attention_options.h): the defaults are the served shape
   // rules; benchmarks and tests force one kernel.
   kernels::PagedAttentionOptions attention;
+  // Batch-invariant mode (EngineOptions::batch_invariant, --batch-invariant): every logits row
+  // and K/V entry a step writes is, bit for bit, a function of its own sequence alone (not of
+  // the batch, the step's token count, prefill chunking, or graph vs eager). InitCore turns on
+  // linear.batch_invariant and attention.batch_invariant (fixed-order GEMM and attention
+  // kernels), the MLA MHA form and the MoE per-expert cuBLASLt GEMMs (mla / moe options) and
+  // the GEMM tuning (autotune_gemms, gemm_tuning) off; the DeepSeek runner then runs its
+  // batch-invariant MLA and grouped-expert paths. tp_size must be 1.
+  bool batch_invariant = false;
 };
 
 // StepInfo: what the last Step did (for tests and benchmarks).
