@@ -40,7 +40,9 @@ CudaRunnerOptions InvariantOptions(bool graphs) {
   o.block_size = 4;
   o.max_model_len = 512;
   o.max_num_tokens = 4096;  // 256 prompts × 16-token chunks in one step
-  o.max_num_seqs = 256;
+  // Logits rows per step: RunGreedyBatch asks for every prompt position (256 × 16); graph
+  // buckets stay the default 1..256.
+  o.max_num_seqs = 4096;
   o.use_cuda_graphs = graphs;
   o.batch_invariant = true;
   return o;
