@@ -3,20 +3,24 @@
 // chunks of 1, 7 and 16 tokens, inside batches of 7, 64 and 256 requests of random other
 // prompts (RunGreedyBatch: chunked prefills of the others mixed with the probe's decode steps),
 // and with decode steps replayed from CUDA graphs (padded buckets) instead of run eagerly. The
+// same bits come out while all but 4 of the GPU's SMs are held busy (SM-count independence). The
 // mode's logits also stay within the fixture bar of the float32 goldens (|Δlogit| <= 0.15 at
 // every prompt position for Llama/Qwen3; at >= 90% of them for DeepSeek, whose bf16 MoE may
 // route a near-tie token to another expert than the float32 golden: cuda_model_test.cc).
 // Needs a GPU: part of cuda_model_test, skipped without one.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/runner_kernels.h"
 #include "engine/model/model_config.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_common.h"
@@ -157,6 +161,55 @@ TEST_F(CudaBatchInvariantTest, DeepseekTinyBatchInvariantLogitsAloneChunkedBatch
 // only the bitwise checks apply here.
 TEST_F(CudaBatchInvariantTest, SluiceMiniMoeBatchInvariantLogitsAloneChunkedBatchedGraphs) {
   CheckRequestInvariance(testing::SharedModelDir("sluice-mini-moe"), 0.0);
+}
+
+// SM-count independence. By construction: no kernel of the mode sizes its grid or its work split
+// from the SM count (GEMM splits follow (n, k), attention splits follow key positions, the
+// persistent / occupancy-sized kernels are the ones the mode turns off), and none depends on CTA
+// scheduling (no atomics in a reduction). Checked: the same request while HoldSmsCuda keeps all
+// but 4 SMs busy (every CTA then runs on those 4, in many more waves) gives the same bits as on
+// the whole GPU.
+void CheckSmIndependence(const std::string& dir) {
+  auto cases = testing::LoadGoldenCases(dir + "/golden.safetensors");
+  ASSERT_TRUE(cases.ok()) << cases.status();
+  const std::vector<int32_t>& probe = (*cases)[0].input_ids;
+  auto model = LoadCudaModel(dir, InvariantOptions(false));
+  ASSERT_TRUE(model.ok()) << model.status();
+  testing::GoldenRunOptions opt;
+  opt.block_size = 4;
+  opt.num_new_tokens = 4;
+  auto full = testing::RunGreedy(**model, probe, opt);  // also sizes the cache and workspaces
+  ASSERT_TRUE(full.ok()) << full.status();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  ASSERT_GT(sms, 4);
+  auto hold = kernels::CudaStream::Create();
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  constexpr int64_t kHoldNs = 10'000'000'000;  // far longer than the run below
+  ASSERT_TRUE(HoldSmsCuda(sms - 4, kHoldNs, hold->get()).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the hold CTAs are resident
+  ASSERT_EQ(cudaStreamQuery(hold->get()), cudaErrorNotReady);
+  const auto start = std::chrono::steady_clock::now();
+  auto restricted = testing::RunGreedy(**model, probe, opt);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(restricted.ok()) << restricted.status();
+  // Still held when the run ended: it ran on the 4 free SMs (a device-wide synchronization
+  // inside the run would have waited for the hold instead).
+  EXPECT_EQ(cudaStreamQuery(hold->get()), cudaErrorNotReady)
+      << "the run waited for the SM hold (" << seconds << " s), so it did not run on 4 SMs";
+  std::printf("run on 4 of %d SMs: %.3f s\n", sms, seconds);
+  ASSERT_EQ(cudaStreamSynchronize(hold->get()), cudaSuccess);
+  EXPECT_EQ(FirstDiff(restricted->logits, full->logits), -1);
+}
+
+TEST_F(CudaBatchInvariantTest, LlamaBatchInvariantLogitsIndependentOfSmCount) {
+  CheckSmIndependence(testing::FixtureDir("llama-tiny"));
+}
+
+TEST_F(CudaBatchInvariantTest, DeepseekBatchInvariantLogitsIndependentOfSmCount) {
+  CheckSmIndependence(testing::FixtureDir("deepseek-v3-tiny"));
 }
 
 // Tensor parallelism is refused in the mode, with a message that says why.
