@@ -13,8 +13,9 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroupKeys = 4;             // keys a warp scores before one softmax update
-// Channels per lane: head dims ≤ 256 (PagedAttentionCuda) or ≤ 1024 (MLA latent rows).
-constexpr int kSmallPerLane = 256 / 32;
+// Channels per lane: the kernel is built for 1, 2, 4, 8, 16 and 32 (head dims up to 1024, MLA
+// latent rows included) and a launch takes the smallest that covers max(head_dim, v_head_dim),
+// a function of the model's dims only.
 constexpr int kLargePerLane = 1024 / 32;
 constexpr int kSplitKeys = static_cast<int>(kBatchInvariantSplitKeys);
 static_assert(kSplitKeys % (kGroupKeys * kWarps) == 0);
@@ -75,30 +76,42 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// One CTA: (head blockIdx.x, token blockIdx.y of the pass, split blockIdx.z). Heads vary
-// fastest, so a GQA group's CTAs run together and share its K/V rows through L2.
-template <int kMaxPerLane>
+// One CTA: (head tile blockIdx.x: query heads [kG·x, kG·x + kG) of one KV head, token
+// blockIdx.y of the pass, split blockIdx.z). Each warp reads a key's K and V row once for the
+// kG heads; per head the arithmetic is that of kG = 1 (the same operations in the same order),
+// so the tile only saves loads. Head tiles vary fastest, so a GQA group's tiles also share its
+// rows through L2.
+template <int kP, int kG>
 __global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
   const int t = a.token_begin + static_cast<int>(blockIdx.y);
-  const int h = blockIdx.x, sp = blockIdx.z;
+  const int h0 = blockIdx.x * kG, sp = blockIdx.z;
   const RowRange r = RangeOf(a, t);
   const int kb = sp * kSplitKeys;
   const int ke = min(kb + kSplitKeys - 1, r.hi);
   if (r.seq < 0 || ke < r.lo || kb > r.hi) return;  // the merge reads only splits in range
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = h / a.group;
+  const int kvh = h0 / a.group;
   const int d = a.head_dim, dv = a.v_head_dim;
 
-  float qv[kMaxPerLane];
-  const bf16* qrow = a.q + int64_t{t} * a.q_token_stride + int64_t{h} * a.q_head_stride;
+  float qv[kG][kP];
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int c = lane + 32 * i;
-    qv[i] = c < d ? __bfloat162float(qrow[c]) : 0.0f;
+  for (int u = 0; u < kG; ++u) {
+    const bf16* qrow =
+        a.q + int64_t{t} * a.q_token_stride + int64_t{h0 + u} * a.q_head_stride;
+#pragma unroll
+    for (int i = 0; i < kP; ++i) {
+      const int c = lane + 32 * i;
+      qv[u][i] = c < d ? __bfloat162float(qrow[c]) : 0.0f;
+    }
   }
-  float m = -INFINITY, l = 0.0f, acc[kMaxPerLane];
+  float m[kG], l[kG], acc[kG][kP];
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) acc[i] = 0.0f;
+  for (int u = 0; u < kG; ++u) {
+    m[u] = -INFINITY;
+    l[u] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kP; ++i) acc[u][i] = 0.0f;
+  }
   const int32_t* table = a.block_tables + int64_t{r.seq} * a.max_blocks_per_seq;
   const int64_t k_row = a.k_token_stride, v_row = a.v_token_stride;
 
@@ -106,77 +119,124 @@ __global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
     const int p0 = kb + g * kGroupKeys;
     if (p0 > ke) break;
     if (p0 + kGroupKeys - 1 < r.lo) continue;
-    float s[kGroupKeys];
+    float s[kGroupKeys][kG];
     int64_t slot[kGroupKeys];
 #pragma unroll
     for (int j = 0; j < kGroupKeys; ++j) {
       const int p = p0 + j;
-      const bool valid = p >= r.lo && p <= ke;
+      const bool valid = p >= r.lo && p <= ke;  // warp-uniform
       slot[j] = -1;
-      float part = 0.0f;
+      float kv[kP];
+#pragma unroll
+      for (int i = 0; i < kP; ++i) kv[i] = 0.0f;
       if (valid) {
         slot[j] = int64_t{table[p / a.block_size]} * a.block_size + p % a.block_size;
         const bf16* krow = a.k_cache + slot[j] * k_row + int64_t{kvh} * d;
 #pragma unroll
-        for (int i = 0; i < kMaxPerLane; ++i) {
+        for (int i = 0; i < kP; ++i) {
           const int c = lane + 32 * i;
-          if (c < d) part = fmaf(qv[i], __bfloat162float(krow[c]), part);
+          if (c < d) kv[i] = __bfloat162float(krow[c]);
         }
       }
-      const float dot = WarpSum(part);  // every lane takes part (valid is warp-uniform)
-      s[j] = valid ? dot * a.scale : -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kG; ++u) {
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kP; ++i) {
+          if (lane + 32 * i < d) part = fmaf(qv[u][i], kv[i], part);
+        }
+        const float dot = WarpSum(part);  // every lane takes part
+        s[j][u] = valid ? dot * a.scale : -INFINITY;
+      }
     }
-    float mx = m;
+    float pj[kGroupKeys][kG];
 #pragma unroll
-    for (int j = 0; j < kGroupKeys; ++j) mx = fmaxf(mx, s[j]);
-    const float corr = expf(m - mx);  // m = -inf first: 0 (acc and l are still 0)
-    float pj[kGroupKeys];
+    for (int u = 0; u < kG; ++u) {
+      float mx = m[u];
 #pragma unroll
-    for (int j = 0; j < kGroupKeys; ++j) pj[j] = slot[j] >= 0 ? expf(s[j] - mx) : 0.0f;
-    l = l * corr;
+      for (int j = 0; j < kGroupKeys; ++j) mx = fmaxf(mx, s[j][u]);
+      const float corr = expf(m[u] - mx);  // m = -inf first: 0 (acc and l are still 0)
 #pragma unroll
-    for (int j = 0; j < kGroupKeys; ++j) l += pj[j];
+      for (int j = 0; j < kGroupKeys; ++j) pj[j][u] = slot[j] >= 0 ? expf(s[j][u] - mx) : 0.0f;
+      l[u] = l[u] * corr;
 #pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) acc[i] *= corr;
+      for (int j = 0; j < kGroupKeys; ++j) l[u] += pj[j][u];
+#pragma unroll
+      for (int i = 0; i < kP; ++i) acc[u][i] *= corr;
+      m[u] = mx;
+    }
 #pragma unroll
     for (int j = 0; j < kGroupKeys; ++j) {
       if (slot[j] < 0) continue;  // never read V of a key outside the range
       const bf16* vrow = a.v_cache + slot[j] * v_row + int64_t{kvh} * dv;
 #pragma unroll
-      for (int i = 0; i < kMaxPerLane; ++i) {
+      for (int i = 0; i < kP; ++i) {
         const int c = lane + 32 * i;
-        if (c < dv) acc[i] = fmaf(pj[j], __bfloat162float(vrow[c]), acc[i]);
+        if (c >= dv) continue;
+        const float v = __bfloat162float(vrow[c]);
+#pragma unroll
+        for (int u = 0; u < kG; ++u) acc[u][i] = fmaf(pj[j][u], v, acc[u][i]);
       }
     }
-    m = mx;
   }
 
   // Merge the warps in warp order (warps without keys hold m = -inf, l = 0, acc = 0).
-  __shared__ float s_m[kWarps], s_l[kWarps];
-  __shared__ float s_acc[kWarps][kMaxPerLane * 32];  // 16 KiB at the largest
-  if (lane == 0) {
-    s_m[warp] = m;
-    s_l[warp] = l;
-  }
+  __shared__ float s_m[kWarps][kG], s_l[kWarps][kG];
+  __shared__ float s_acc[kWarps][kG][kP * 32];  // 16 KiB at the largest (kP · kG <= 32)
 #pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+  for (int u = 0; u < kG; ++u) {
+    if (lane == 0) {
+      s_m[warp][u] = m[u];
+      s_l[warp][u] = l[u];
+    }
+#pragma unroll
+    for (int i = 0; i < kP; ++i) s_acc[warp][u][lane + 32 * i] = acc[u][i];
+  }
   __syncthreads();
-  float mt = -INFINITY;
+  for (int u = 0; u < kG; ++u) {
+    float mt = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w]);
-  const int64_t slot_index =
-      (int64_t{static_cast<int>(blockIdx.y)} * a.num_heads + h) * a.num_splits + sp;
-  if (threadIdx.x == 0) {
-    float lt = 0.0f;
-    for (int w = 0; w < kWarps; ++w) lt += s_l[w] * expf(s_m[w] - mt);
-    a.partial_ml[slot_index * 2] = mt;
-    a.partial_ml[slot_index * 2 + 1] = lt;
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w][u]);
+    const int64_t slot_index =
+        (int64_t{static_cast<int>(blockIdx.y)} * a.num_heads + h0 + u) * a.num_splits + sp;
+    if (threadIdx.x == 0) {
+      float lt = 0.0f;
+      for (int w = 0; w < kWarps; ++w) lt += s_l[w][u] * expf(s_m[w][u] - mt);
+      a.partial_ml[slot_index * 2] = mt;
+      a.partial_ml[slot_index * 2 + 1] = lt;
+    }
+    for (int c = threadIdx.x; c < dv; c += kThreads) {
+      float v = 0.0f;
+      for (int w = 0; w < kWarps; ++w) v += s_acc[w][u][c] * expf(s_m[w][u] - mt);
+      a.partial_acc[slot_index * dv + c] = v;
+    }
   }
-  for (int c = threadIdx.x; c < dv; c += kThreads) {
-    float v = 0.0f;
-    for (int w = 0; w < kWarps; ++w) v += s_acc[w][c] * expf(s_m[w] - mt);
-    a.partial_acc[slot_index * dv + c] = v;
+}
+
+// Heads per CTA: the largest of 8, 4, 2, 1 that divides the GQA group, while kP · kG <= 32
+// keeps the registers and shared memory in bounds (MLA's wide latent rows take 1). A function
+// of the model's dims only.
+int HeadTile(int64_t group, int per_lane) {
+  for (int g : {8, 4, 2}) {
+    if (group % g == 0 && per_lane * g <= 32) return g;
   }
+  return 1;
+}
+
+template <int kP>
+void LaunchSplit(const InvArgs& a, dim3 grid, int head_tile, cudaStream_t stream) {
+  grid.x /= static_cast<unsigned>(head_tile);
+  if constexpr (kP * 8 <= 32) {
+    if (head_tile == 8) return InvariantSplitKernel<kP, 8><<<grid, kThreads, 0, stream>>>(a);
+  }
+  if constexpr (kP * 4 <= 32) {
+    if (head_tile == 4) return InvariantSplitKernel<kP, 4><<<grid, kThreads, 0, stream>>>(a);
+  }
+  if constexpr (kP * 2 <= 32) {
+    if (head_tile == 2) return InvariantSplitKernel<kP, 2><<<grid, kThreads, 0, stream>>>(a);
+  }
+  grid.x *= static_cast<unsigned>(head_tile);  // HeadTile never asks for more: one head a CTA
+  InvariantSplitKernel<kP, 1><<<grid, kThreads, 0, stream>>>(a);
 }
 
 // One CTA per (token of the pass, head): merges the row's splits in split order.
@@ -308,10 +368,17 @@ absl::Status LaunchBatchInvariantAttention(const bf16* q, const bf16* k_cache,
     a.token_begin = static_cast<int>(t0);
     const dim3 grid(static_cast<unsigned>(params.num_heads), static_cast<unsigned>(n),
                     static_cast<unsigned>(splits));
-    if (std::max(params.head_dim, params.v_head_dim) <= kSmallPerLane * 32) {
-      InvariantSplitKernel<kSmallPerLane><<<grid, kThreads, 0, stream>>>(a);
-    } else {
-      InvariantSplitKernel<kLargePerLane><<<grid, kThreads, 0, stream>>>(a);
+    const int64_t dims = std::max(params.head_dim, params.v_head_dim);
+    const int per_lane = dims <= 32 ? 1 : dims <= 64 ? 2 : dims <= 128 ? 4 : dims <= 256 ? 8
+                       : dims <= 512 ? 16 : kLargePerLane;
+    const int tile = HeadTile(params.num_heads / params.num_kv_heads, per_lane);
+    switch (per_lane) {
+      case 1: LaunchSplit<1>(a, grid, tile, stream); break;
+      case 2: LaunchSplit<2>(a, grid, tile, stream); break;
+      case 4: LaunchSplit<4>(a, grid, tile, stream); break;
+      case 8: LaunchSplit<8>(a, grid, tile, stream); break;
+      case 16: LaunchSplit<16>(a, grid, tile, stream); break;
+      default: LaunchSplit<kLargePerLane>(a, grid, tile, stream); break;
     }
     InvariantMergeKernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(params.num_heads)),
                            kThreads, 0, stream>>>(a);

@@ -5,7 +5,9 @@
 // [lo, pos] (pos its position, lo = pos - window + 1 with a sliding window, else 0) is cut at
 // absolute key positions that are multiples of kBatchInvariantSplitKeys (a constant: not a
 // split count derived from the batch, the token count or the SM count). One CTA reduces one
-// (query row, head, split): warp w takes the 4-key groups starting at split_begin + 4·(w + 4j),
+// (query row, split) for a tile of 1-8 query heads of one KV head (the tile, chosen from the
+// head dims and GQA group alone, only shares K/V loads: each head's operations are those of a
+// one-head CTA): warp w takes the 4-key groups starting at split_begin + 4·(w + 4j),
 // so which warp sees which key, and in what order, is a function of the positions alone; each
 // warp keeps an online softmax (running max, sum, V accumulator; dot products reduced with a
 // butterfly whose every lane ends with the same sum), and the 4 warps' states are merged in
