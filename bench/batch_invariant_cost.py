@@ -4,6 +4,9 @@
     python3 bench/batch_invariant_cost.py [--sluice build/bin/sluice] [--model DIR]
         [--device cpu] [--batches 1,16,64] [--max-tokens 32] [--rounds 3]
         [--out bench/results/batch_invariant_cpu.json]
+    python3 bench/batch_invariant_cost.py --cuda-decode-bench build/bin/cuda_decode_bench
+        [--config bench/configs/llama3-8b] [--batches 1,64,256] [--context 1024]
+        [--prefill 4096] [--rounds 3] [--out bench/results/batch_invariant_cuda.json]
 
 For each batch size B: B synthetic completion requests (random words, 24-48 of them; seeded
 sampling at temperature 0.8; exactly --max-tokens new tokens, ignore_eos) go through one
@@ -15,6 +18,14 @@ excluded). Reported per B: the median tokens/s of each mode and
 H200 is <= 1.15 at batch 64); `*_spread` = (max - min) / median of a mode's runs shows the
 noise the ratio sits in. `identical_outputs` checks that both modes produced the same text
 for every request (on the CPU backend both run the same batch-invariant kernels).
+
+With --cuda-decode-bench (the GPU run): the CUDA runner's decode throughput on a config with
+dummy weights (default Llama-3-8B shapes), `cuda_decode_bench --batch-invariant 0|1` run
+alternately (ABBA) per round; per batch B the figure is that run's graph-replayed decode
+tokens/s (B sequences at --context cached tokens; GPU time per step), and per --prefill length
+its prefill tokens/s, each with the same `slowdown` and `*_spread` fields. The two modes'
+outputs are not compared here (the default mode is not batch invariant); the bitwise checks
+are cuda_model_test's *BatchInvariant* tests.
 """
 
 import argparse
@@ -80,6 +91,72 @@ def run_generate(args, prompts, out, batch, invariant):
     return float(match.group(1)), wall, texts, " ".join(cmd)
 
 
+def run_cuda_bench(args, invariant, out):
+    cmd = [args.cuda_decode_bench, "--config", args.config, "--batches", args.batches,
+           "--context", str(args.context), "--prefill", args.prefill, "--breakdown", "0",
+           "--batch-invariant", "1" if invariant else "0", "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+                 f"{proc.stdout[-4000:]}")
+    with open(out) as f:
+        report = json.load(f)
+    decode = {int(r["batch"]): float(r["tokens_per_s"]) for r in report["decode"]}
+    prefill = {int(r["tokens"]): float(r["tokens_per_s"]) for r in report.get("prefill", [])}
+    return decode, prefill, report.get("gpu", "?"), " ".join(cmd)
+
+
+def summarize(label, key, default_runs, invariant_runs):
+    default, invariant = statistics.median(default_runs), statistics.median(invariant_runs)
+    return {
+        label: key,
+        "default_tokens_per_s": default_runs,
+        "batch_invariant_tokens_per_s": invariant_runs,
+        "default_median": default,
+        "batch_invariant_median": invariant,
+        "slowdown": default / invariant,
+        "default_spread": (max(default_runs) - min(default_runs)) / default,
+        "batch_invariant_spread": (max(invariant_runs) - min(invariant_runs)) / invariant,
+    }
+
+
+def cuda_main(args):
+    runs = {False: [], True: []}
+    commands, gpu = [], "?"
+    with tempfile.TemporaryDirectory(prefix="sluice-bi-cuda-") as tmp:
+        for r in range(args.rounds):
+            order = (False, True) if r % 2 == 0 else (True, False)
+            for invariant in order:
+                out = os.path.join(tmp, f"run_{r}_{int(invariant)}.json")
+                decode, prefill, gpu, cmd = run_cuda_bench(args, invariant, out)
+                runs[invariant].append((decode, prefill))
+                if r == 0:
+                    commands.append(cmd)
+                print(f"round {r} {'invariant' if invariant else 'default  '}: decode "
+                      + ", ".join(f"B={b} {t:.0f} tok/s" for b, t in sorted(decode.items()))
+                      + "".join(f"; prefill {n} {t:.0f} tok/s" for n, t in
+                                sorted(prefill.items())), file=sys.stderr)
+    decode_results = [summarize("batch", b, [d[b] for d, _ in runs[False]],
+                                [d[b] for d, _ in runs[True]])
+                      for b in sorted(runs[False][0][0])]
+    prefill_results = [summarize("tokens", n, [p[n] for _, p in runs[False]],
+                                 [p[n] for _, p in runs[True]])
+                       for n in sorted(runs[False][0][1])]
+    return {
+        "benchmark": "batch_invariant_cost",
+        "device": "cuda",
+        "gpu": gpu,
+        "config": args.config,
+        "context": args.context,
+        "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                 capture_output=True, text=True).stdout.strip(),
+        "rounds": args.rounds,
+        "commands": commands,
+        "results": decode_results,
+        "prefill_results": prefill_results,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sluice", default=str(REPO / "build" / "bin" / "sluice"))
@@ -88,9 +165,28 @@ def main():
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" /
-                                             "batch_invariant_cpu.json"))
+    parser.add_argument("--out", default=None,
+                        help="default bench/results/batch_invariant_cpu.json (with "
+                             "--cuda-decode-bench: batch_invariant_cuda.json)")
+    parser.add_argument("--cuda-decode-bench", default=None,
+                        help="path of build/bin/cuda_decode_bench: measure the CUDA runner")
+    parser.add_argument("--config", default=str(REPO / "bench" / "configs" / "llama3-8b"))
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--prefill", default="4096",
+                        help="prefill lengths for --cuda-decode-bench ('' for none)")
     args = parser.parse_args()
+    if args.cuda_decode_bench:
+        if args.batches == "1,16,64":
+            args.batches = "1,64,256"
+        args.out = args.out or str(REPO / "bench" / "results" / "batch_invariant_cuda.json")
+        report = cuda_main(args)
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        print(json.dumps(report, indent=2))
+        return
+    args.out = args.out or str(REPO / "bench" / "results" / "batch_invariant_cpu.json")
 
     with open("/proc/loadavg") as f:
         load_at_start = f.read().split()[:3]

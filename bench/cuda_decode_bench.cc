@@ -4,7 +4,8 @@
 //   cuda_decode_bench [--config DIR] [--context N] [--decode-steps N] [--batches 1,64,256]
 //                     [--prefill 4096,16384] [--breakdown 1] [--compare-untuned 0]
 //                     [--attn-decode-kernel auto] [--attn-prefill-kernel wgmma] [--tp 1]
-//                     [--mla-prefill-mha-min 64] [--moe-prefill-gemm 256] [--out OUT.json]
+//                     [--mla-prefill-mha-min 64] [--moe-prefill-gemm 256] [--batch-invariant 0]
+//                     [--out OUT.json]
 // Default config: bench/configs/llama3-8b (Llama-3-8B shapes). --prefill "" skips the prefill
 // figures (decode A/B runs).
 // --tp N (Llama family; built with NCCL): decode only, tensor-parallel over GPUs 0..N-1 — one
@@ -56,6 +57,9 @@
 // --gemm-algo-search MASK: the GEMM autotuner's wider search for decode shapes with m >= 64
 // (CudaRunnerOptions::linear.algo_search: 1 enumerated cuBLASLt algorithms, 2 two-part N
 // splits, 4 their parts on two streams; default 0); gemm_plans then names each pick.
+// --batch-invariant 0|1: the runner in batch-invariant mode (CudaRunnerOptions::batch_invariant:
+// fixed-order GEMM and attention kernels, no GEMM tuning), for the mode's cost
+// (bench/batch_invariant_cost.py --cuda-decode-bench runs both modes alternately).
 // --gemm-skinny 0|1: whether the GEMM autotuner times the skinny tensor-core GEMM for decode
 // shapes of 2..16 rows (CudaRunnerOptions::linear.skinny_tuning; default 1), for A/B runs.
 // --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
@@ -133,6 +137,7 @@ struct Flags {
   std::string gemm_tuning_save;      // CudaRunnerOptions::gemm_tuning_save
   bool l2_persist = true;            // CudaRunnerOptions::l2_persist_activations
   int decode_pdl = 1;                // CudaRunnerOptions::decode_pdl_level
+  bool batch_invariant = false;      // CudaRunnerOptions::batch_invariant
   std::string out;
 };
 
@@ -258,6 +263,7 @@ absl::StatusOr<nlohmann::json> BenchDecode(const ModelConfig& config, const Flag
   o.gemm_tuning = f.gemm_tuning;
   o.gemm_tuning_save = f.gemm_tuning_save;
   o.l2_persist_activations = f.l2_persist;
+  o.batch_invariant = f.batch_invariant;
   o.attention = f.attention;
   o.decode_pdl_level = f.decode_pdl;
   o.linear = f.linear;
@@ -433,6 +439,7 @@ absl::StatusOr<nlohmann::json> BenchPrefill(const ModelConfig& c, const Flags& f
   o.use_cuda_graphs = false;
   o.attention = f.attention;
   o.decode_pdl_level = f.decode_pdl;
+  o.batch_invariant = f.batch_invariant;
   auto runner = CreateDummyCudaRunner(c, kDefaultDummySeed, o);
   if (!runner.ok()) return runner.status();
   const int64_t blocks = (max_t + o.block_size - 1) / o.block_size;
@@ -607,6 +614,9 @@ absl::Status Main(int argc, char** argv) {
       f.gemm_tuning = v;
     } else if (a == "--gemm-tuning-save") {
       f.gemm_tuning_save = v;
+    } else if (a == "--batch-invariant") {  // CudaRunnerOptions::batch_invariant
+      if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
+      f.batch_invariant = v == "1";
     } else if (a == "--l2-persist") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       f.l2_persist = v == "1";
@@ -686,6 +696,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_skinny"] = f.linear.skinny_tuning ? 1 : 0;
   out["gemm_tuning"] = f.gemm_tuning;
   out["l2_persist"] = f.l2_persist ? 1 : 0;
+  out["batch_invariant"] = f.batch_invariant ? 1 : 0;
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

@@ -12,6 +12,7 @@
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
 #include "kernels/mla_attention/mla_attention_cuda.h"
+#include "kernels/mla_attention/mla_invariant_cuda.h"
 #include "kernels/mla_attention/mla_plumbing_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/moe/moe_prefill_gemm_cuda.h"
@@ -63,6 +64,9 @@ class DeepseekCore : public RunnerCore {
   absl::Status Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64_t N,
                        int64_t max_query_len, int64_t max_seq_len, void* workspace) override;
   size_t AttentionWorkspaceBytes(const kernels::PagedAttentionCudaBatch& batch) const override {
+    if (options.batch_invariant) {  // absorbed form only (no MHA scratch in the mode)
+      return kernels::MlaLatentAttentionInvariantWorkspaceBytes(batch, dims);
+    }
     const size_t absorbed = kernels::MlaLatentAttentionCudaWorkspaceBytes(batch, dims);
     if (mha_blocks == 0) return absorbed;
     // The MHA form's split-KV plan depends on the same host bounds (not the block table).
@@ -496,7 +500,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   const bool fused_prologue = rope.rotary_dim == dr;
   // At decode sizes a GEMV kernel instead of cuBLAS's batched GEMM for the absorbed queries,
   // with the prologue in the same launch (MlaPrologueAbsorbCuda).
-  const bool absorb_gemv = !mha && fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
+  // Batch-invariant mode: the same per-head kernels (HeadGemmInvariantCuda) and attention
+  // (MlaLatentAttentionInvariantCuda) at every step size (mla_invariant_cuda.h).
+  const bool invariant = options.batch_invariant;
+  const bool absorb_gemv =
+      !invariant && !mha && fused_prologue && T <= kMlaAbsorbMaxTokens && R % 8 == 0;
   const bool merged = absorb_gemv;
   MlaPrologueArgs pa;
   if (fused_prologue) {
@@ -536,6 +544,11 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
     SLUICE_RETURN_IF_ERROR(MlaAbsorbQueryCuda(q_src, q_stride, qk, L.kv_b.data(), (dn + dv) * R,
                                               q_lat.data(), q_lat_stride, latent_w, T, heads, dn, R,
                                               st, pdl.mla));
+  } else if (!mha && invariant) {
+    // W_UK_h as [k = dn, n = R] rows of kv_b.
+    SLUICE_RETURN_IF_ERROR(kernels::HeadGemmInvariantCuda(
+        q_src, q_stride, qk, L.kv_b.data(), (dn + dv) * R, 1, R, q_lat.data(), q_lat_stride,
+        latent_w, T, heads, R, dn, st));
   } else if (!mha) {
     SLUICE_RETURN_IF_ERROR(gemm->Run({q_src, q_stride, qk}, {L.kv_b.data(), R, (dn + dv) * R},
                                      /*w_is_kn=*/true, {q_lat.data(), q_lat_stride, latent_w},
@@ -561,6 +574,16 @@ absl::Status DeepseekCore::EnqueueAttention(size_t li, const DeviceMeta& m, int6
   // attn[t, h, :] = W_UV_h · out_lat[t, h] (W_UV_h: rows [dv, R] of kv_b after W_UK_h).
   if (mha) {
     SLUICE_RETURN_IF_ERROR(EnqueueMhaAttention(li, T, batch, mha_bps, q_rows, q_stride, workspace));
+  } else if (invariant) {
+    SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionInvariantCuda(
+        q_lat.data(), q_lat_stride, cache[li].data(), options.block_size, batch, dims, workspace,
+        out_lat.data(), st));
+    Mark("attention");
+    // W_UV_h as [n = dv, k = R] rows of kv_b after W_UK_h.
+    SLUICE_RETURN_IF_ERROR(kernels::HeadGemmInvariantCuda(
+        out_lat.data(), heads * R, R, L.kv_b.data() + dn * R, (dn + dv) * R, R, 1, attn.data(),
+        heads * dv, dv, T, heads, dv, R, st));
+    Mark("v_up");
   } else if (T <= kMlaAbsorbMaxTokens) {
     // The split-KV combine and W_UV in one launch after the attention kernel.
     SLUICE_RETURN_IF_ERROR(kernels::MlaLatentAttentionVUpCuda(
@@ -684,7 +707,10 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   if (!L.is_moe) return EnqueueSwiGlu(L, T, tmp.data());
   const bool shared = L.w_gate_up.size() != 0;
   const kernels::MoeCudaWorkspace ws{moe_ws.data(), moe_ws.bytes(), moe_prefill.get()};
-  if (kernels::MoeFusedDecodeSupported(T, routing)) {
+  // Batch-invariant mode: the grouped experts at every step size (each expert row's sums in a
+  // fixed k order whatever the rows around it; moe_cuda.h), never the token-count-chosen paths.
+  const bool invariant = options.batch_invariant;
+  if (!invariant && kernels::MoeFusedDecodeSupported(T, routing)) {
     // Fused decode path: routing + sort over many blocks, which also compute the shared experts'
     // gate/up while the routing waits for its last block, then the routed experts' gate/up and
     // down + combine, the shared experts' down folded into them (same bits as the separate
@@ -714,7 +740,8 @@ absl::Status DeepseekCore::EnqueueMlp(const MlaLayer& L, int64_t T) {
   bf16* routed_out = shared ? routed.data() : tmp.data();
   SLUICE_RETURN_IF_ERROR(kernels::MoeExpertsCuda(
       normed.data(), topk_ids.data(), topk_weights.data(), T, H, mi, top_k, E,
-      L.experts_gate_up.data(), L.experts_down.data(), routed_out, ws, st));
+      L.experts_gate_up.data(), L.experts_down.data(), routed_out, ws, st,
+      invariant ? kernels::MoeExpertsPath::kGrouped : kernels::MoeExpertsPath::kAuto));
   Mark("experts");
   if (!shared) return absl::OkStatus();
   SLUICE_RETURN_IF_ERROR(EnqueueSwiGlu(L, T, tmp.data()));

@@ -41,6 +41,8 @@ class CudaModel : public Model {
   }
 
   bool SupportsDeviceGreedy() const override { return true; }
+  // CudaRunnerOptions::batch_invariant: fixed-order kernels for every step (cuda_runner.h).
+  bool IsBatchInvariant() const override { return runner_->options().batch_invariant; }
   // The runners record a CUDA event per layer after its K/V write (RunnerCore::LayerKvWritten).
   bool SupportsLayerKvHook() const override { return true; }
 

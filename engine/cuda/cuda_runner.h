@@ -113,6 +113,14 @@ struct CudaRunnerOptions {
   //   3: also the MoE fused decode's route launch and early trigger (kernels/moe/moe_cuda.h).
   // Below sm_90 every level runs as 0. InvalidArgument outside 0..3.
   int decode_pdl_level = 1;
+  // Batch-invariant mode (EngineOptions::batch_invariant, --batch-invariant): every logits row
+  // and K/V entry a step writes is, bit for bit, a function of its own sequence alone (not of
+  // the batch, the step's token count, prefill chunking, or graph vs eager). InitCore turns on
+  // linear.batch_invariant and attention.batch_invariant (fixed-order GEMM and attention
+  // kernels), the MLA MHA form and the MoE per-expert cuBLASLt GEMMs (mla / moe options) and
+  // the GEMM tuning (autotune_gemms, gemm_tuning) off; the DeepSeek runner then runs its
+  // batch-invariant MLA and grouped-expert paths. tp_size must be 1.
+  bool batch_invariant = false;
 };
 
 // StepInfo: what the last Step did (for tests and benchmarks).

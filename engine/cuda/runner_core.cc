@@ -232,6 +232,21 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
                                   int64_t hidden_size) {
   config = c;
   options = o;
+  if (o.batch_invariant) {
+    // One reduction order per row whatever the step: no M-dependent kernel choice anywhere.
+    options.linear.batch_invariant = true;
+    options.attention.batch_invariant = true;
+    options.mla.mha_prefill_min_query_len = 0;  // DeepSeek: the absorbed form at every size
+    options.moe.prefill_gemm_min_tokens = 0;    // no per-expert cuBLASLt GEMMs
+    options.autotune_gemms = false;
+    options.gemm_tuning.clear();
+    options.gemm_tuning_save.clear();
+    if (o.tp_size > 1) {
+      return absl::InvalidArgumentError(
+          "CUDA runner: batch-invariant mode needs tp_size 1 (the all-reduce's summation order "
+          "depends on the message size, so on the step's token count)");
+    }
+  }
   if (o.block_size < 1 || o.max_model_len < 1 || o.max_num_tokens < 1 || o.max_num_seqs < 1) {
     return absl::InvalidArgumentError(
         "CUDA runner: block_size, max_model_len, max_num_tokens and max_num_seqs must be >= 1");

@@ -222,6 +222,27 @@ __global__ void SpinKernel(int64_t ns) {
 
 }  // namespace
 
+__global__ void HoldSmKernel(int64_t ns) {
+  extern __shared__ unsigned char hold_smem[];
+  if (threadIdx.x == 0) hold_smem[0] = 0;
+  const uint64_t start = GlobalTimerNs();
+  while (GlobalTimerNs() - start < static_cast<uint64_t>(ns)) __nanosleep(1000);
+}
+
+absl::Status HoldSmsCuda(int64_t ctas, int64_t ns, cudaStream_t stream) {
+  if (ctas < 1 || ns < 0) return absl::InvalidArgumentError("HoldSmsCuda: ctas < 1 or ns < 0");
+  int device = 0, smem = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+      "cudaDeviceGetAttribute");
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(&HoldSmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+      "cudaFuncSetAttribute");
+  HoldSmKernel<<<static_cast<unsigned>(ctas), 32, static_cast<size_t>(smem), stream>>>(ns);
+  return kernels::CudaLaunchStatus("HoldSmKernel");
+}
+
 absl::Status SpinCuda(int64_t ns, cudaStream_t stream) {
   if (ns < 0) return absl::InvalidArgumentError("SpinCuda: ns < 0");
   SpinKernel<<<1, 1, 0, stream>>>(ns);

@@ -49,6 +49,7 @@ enum class PagedAttentionKernel {
   kMmaTiles,
   kFa2,
   kWgmma,
+  kBatchInvariant,  // PagedAttentionOptions::batch_invariant (paged_attention_invariant.h)
 };
 struct PagedAttentionPlanInfo {
   PagedAttentionKernel kernel = PagedAttentionKernel::kCtaTiles;

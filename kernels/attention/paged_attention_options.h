@@ -34,6 +34,11 @@ struct PagedAttentionOptions {
   // the wait that PagedAttentionCuda / PagedAttentionRopeDecodeCuda document. Same results;
   // CUDA model runners set it from CudaRunnerOptions::decode_pdl_level (>= 1).
   bool pdl = false;
+  // Batch-invariant mode (paged_attention_invariant.h): every launch, decode or prefill, runs
+  // one kernel that reduces each query row's keys in fixed splits of kBatchInvariantSplitKeys
+  // positions, so a row's bits do not depend on the batch, the step's token count or how its
+  // prompt was chunked; decode_kernel / prefill_kernel and the RoPE decode fusion are unused.
+  bool batch_invariant = false;
 };
 
 }  // namespace sluice::kernels

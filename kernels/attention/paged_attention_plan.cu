@@ -15,6 +15,7 @@
 #include "kernels/attention/attention_device.cuh"
 #include "kernels/attention/decode_rope_fusion.cuh"
 #include "kernels/attention/paged_attention_cuda.h"
+#include "kernels/attention/paged_attention_invariant.h"
 #include "kernels/attention/paged_attention_launch.cuh"
 #include "kernels/attention/paged_prefill_device.cuh"
 #include "kernels/attention/paged_prefill_wgmma.h"
@@ -329,6 +330,12 @@ absl::StatusOr<PagedAttentionPlanInfo> DescribePagedAttentionPlan(
     const PagedAttentionOptions& options) {
   if (absl::Status s = ValidateParams(params); !s.ok()) return s;
   if (absl::Status s = ValidateBatch(batch); !s.ok()) return s;
+  if (options.batch_invariant) {
+    PagedAttentionPlanInfo info;
+    info.kernel = PagedAttentionKernel::kBatchInvariant;
+    info.num_splits = attention_detail::BatchInvariantSplits(batch);
+    return info;
+  }
   const LaunchPlan plan = Plan(batch, params, options);
   PagedAttentionPlanInfo info;
   info.num_splits = plan.num_splits;
@@ -350,6 +357,7 @@ size_t PagedAttentionCudaWorkspaceBytes(const PagedAttentionCudaBatch& batch,
                                         const PagedAttentionParams& params,
                                         const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return 0;
+  if (options.batch_invariant) return attention_detail::BatchInvariantWorkspaceBytes(batch, params);
   const LaunchPlan plan = Plan(batch, params, options);
   return attention_detail::SplitKvWorkspaceBytes(plan.num_splits, batch.num_tokens,
                                                  params.num_heads, params.v_head_dim);
@@ -379,6 +387,14 @@ absl::Status RunPagedAttention(const bf16* q, int64_t q_token_stride, const bf16
     return absl::InvalidArgumentError(
         "PagedAttentionCuda: k_cache/v_cache must be 16-byte aligned, q/out 4-byte aligned "
         "with an even q_token_stride");
+  }
+  if (options.batch_invariant) {
+    if (fusion.inv_freq != nullptr) {
+      return absl::InvalidArgumentError(
+          "PagedAttentionRopeDecodeCuda: no RoPE fusion in batch-invariant mode");
+    }
+    return attention_detail::LaunchBatchInvariantAttention(q, q_token_stride, k_cache, v_cache,
+                                                           batch, params, workspace, out, stream);
   }
   const LaunchPlan plan = Plan(batch, params, options);
   const size_t ws_bytes = attention_detail::SplitKvWorkspaceBytes(
@@ -451,6 +467,7 @@ bool PagedAttentionDecodeFusionPays(const PagedAttentionCudaBatch& batch,
                                     const PagedAttentionParams& params,
                                     const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
+  if (options.batch_invariant) return false;  // one kernel for every launch
   const LaunchPlan plan = Plan(batch, params, options);
   // The persistent decode warps pay only with the deferred new-key writes (head dims ≤ 128).
   const bool deferred = params.head_dim <= 128 && params.v_head_dim <= 128;
@@ -461,6 +478,7 @@ bool PagedAttentionDecodeFusionApplies(const PagedAttentionCudaBatch& batch,
                                        const PagedAttentionParams& params, int64_t rotary_dim,
                                        const PagedAttentionOptions& options) {
   if (!ValidateParams(params).ok() || !ValidateBatch(batch).ok()) return false;
+  if (options.batch_invariant) return false;
   // One new token per sequence in one m16 tile (so one CTA per KV head and split: exactly one
   // owns the new key), K and V rows of the same width, and rotation pairs that never straddle
   // the rotated halves of a 32-bit q load.

@@ -30,6 +30,7 @@
 #include "kernels/cuda/cublas_status.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/linear/batch_invariant_linear.h"
 #include "kernels/linear/gemm_algo_search.h"
 #include "kernels/linear/gemm_tuning_table.h"
 #include "kernels/linear/linear_cuda.h"
@@ -948,6 +949,12 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
         absl::StrCat("LinearCuda: bad shape m=", m, " n=", n, " k=", k));
   }
   if (fused != nullptr) *fused = false;
+  if (impl.options.batch_invariant) {  // no plan, heuristic or tuning: an order fixed by (n, k)
+    if (glu_out != nullptr) *fused = true;
+    return glu_out != nullptr
+               ? BatchInvariantLinearCuda(x, w, bias, glu_out, m, n / 2, k, true, stream)
+               : BatchInvariantLinearCuda(x, w, bias, y, m, n, k, false, stream);
+  }
   std::lock_guard<std::mutex> lock(impl.mu);
   const PlanKey key{m,
                     n,

@@ -36,6 +36,10 @@ struct LinearOptions {
   // so nothing that may still run may write the weights. cuBLASLt's own kernels launch plainly.
   // CUDA model runners set it from CudaRunnerOptions::decode_pdl_level (>= 1).
   bool pdl = false;
+  // Batch-invariant mode (kernels/linear/batch_invariant_linear.h): every LinearCuda /
+  // LinearSiluMulCuda call of this CublasLt runs BatchInvariantLinearCuda, whose per-element
+  // k order depends on (n, k) only, never on m; no cuBLASLt, tuning or tuning table.
+  bool batch_invariant = false;
 };
 
 }  // namespace sluice::kernels

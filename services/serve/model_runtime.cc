@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   runner.max_num_seqs = engine.max_num_seqs;
   runner.gemm_tuning = options.gemm_tuning;
   runner.gemm_tuning_save = options.gemm_tuning_save;
+  runner.batch_invariant = engine.batch_invariant;
   // A kvstore block copy through pinned staging gets the store's shorter call deadline (the
   // connector's load timeout): past it the save is dropped, the load computed.
   if (!options.kvstore.empty()) {
@@ -236,11 +237,9 @@ absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
                                                    ": must be in (0, 1]"));
   }
   const char* unsupported = nullptr;
-  if (options.engine.batch_invariant) {
-    // The CUDA runner picks GEMM algorithms by M (cuBLASLt heuristics, tuning tables, skinny
-    // kernels) and splits attention by batch: its reductions depend on the batch.
-    unsupported = "--batch-invariant (its GEMM and attention kernels are chosen by batch size)";
-  } else if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
+  // --batch-invariant: the Llama-family runner plans fixed-order GEMM and attention kernels
+  // (CudaRunnerOptions::batch_invariant); the DeepSeek runner refuses the mode when it loads.
+  if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
     unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
   }
   // --kvstore is supported: the runner's blocks move device -> pinned host -> kvstore and back

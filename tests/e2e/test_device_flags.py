@@ -42,8 +42,6 @@ def cuda_build(tmp_path_factory):
 @pytest.mark.parametrize("flags,unsupported", [
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
     (["--expert-parallel-size", "2"], "--tensor-parallel-size / --expert-parallel-size > 1"),
-    (["--batch-invariant"],
-     "--batch-invariant (its GEMM and attention kernels are chosen by batch size)"),
 ])
 def test_cuda_unsupported_flags(tmp_path, cuda_build, flags, unsupported):
     proc = generate(tmp_path, "--device", "cuda", *flags)
@@ -51,6 +49,21 @@ def test_cuda_unsupported_flags(tmp_path, cuda_build, flags, unsupported):
     expected = (f"INVALID_ARGUMENT: --device cuda does not support {unsupported} yet"
                 if cuda_build else NO_BACKEND)
     assert expected in proc.stderr
+
+
+def test_cuda_batch_invariant_is_accepted(tmp_path, cuda_build):
+    """`--batch-invariant` is no longer refused with --device cuda: a build with the backend
+    gets past the flag checks to the GPU probe (no GPU in CI: FailedPrecondition, exit 1)."""
+    if cuda_build and shutil.which("nvidia-smi") and run_ok(["nvidia-smi", "-L"]):
+        pytest.skip("a GPU is present (cuda_model_test's *BatchInvariant* tests run the mode)")
+    proc = generate(tmp_path, "--device", "cuda", "--batch-invariant")
+    if not cuda_build:
+        assert proc.returncode == 2, proc.stderr
+        assert NO_BACKEND in proc.stderr
+        return
+    assert proc.returncode == 1, proc.stderr
+    assert "does not support --batch-invariant" not in proc.stderr
+    assert "FAILED_PRECONDITION: --device cuda: no CUDA GPU is visible (" in proc.stderr
 
 
 def links_cuda_ucx():

@@ -9,9 +9,15 @@ back as ids) and the same text
   - on a router + prefill + decode cluster (KV moved between processes), alone and in a batch.
 The engine-level golden test (tests/golden/batch_invariance_test.cc) covers more chunk sizes,
 partly warm caches and transfers; this one covers the serving paths end to end.
+
+SLUICE_TEST_DEVICE=cuda runs the same checks on the CUDA backend (a GPU machine; every server
+and worker gets `--device cuda --gpu-memory-utilization 0.25`, so a prefill and a decode worker
+share one GPU): the Llama runner (llama-tiny, qwen3-hybrid-tiny) and the DeepSeek runner
+(sluice-mini-moe). The cluster case then needs the CUDA-aware UCX (scripts/install_deps.sh).
 """
 
 import concurrent.futures
+import os
 import random
 
 import openai
@@ -25,7 +31,9 @@ MODELS = {
     "llama-tiny": SHARED / "fixtures" / "llama-tiny",
     "qwen3-hybrid-tiny": SHARED / "fixtures" / "qwen3-hybrid-tiny",
 }
-INVARIANT = ["--batch-invariant"]
+DEVICE = os.environ.get("SLUICE_TEST_DEVICE", "cpu")
+INVARIANT = ["--batch-invariant"] + (
+    [] if DEVICE == "cpu" else ["--device", DEVICE, "--gpu-memory-utilization", "0.25"])
 TARGET_PROMPT = ("The old lighthouse keeper climbed the stairs every evening, counting each step "
                  "and listening to the waves below. One night he")
 TIMEOUT_S = 300
