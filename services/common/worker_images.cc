@@ -123,19 +123,19 @@ std::vector<ImageEncodeResult> WorkerImages::PollEncodes() {
 void WorkerImages::AddEmbeddingRef(const BlockHash& hash, const v1::EmbeddingRef& ref) const {
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(refs_mu_);
-  // Expired refs go first (a decode worker records refs it never uses), so the table stays
-  // bounded by the refs of the last lease period.
-  for (auto it = refs_.begin(); it != refs_.end();) {
+  // Expired refs go first, in expiry order (a decode worker records refs it never uses), so
+  // the table holds only the refs of the last lease period. A record whose ref was taken
+  // already finds nothing expired under its hash.
+  while (!expiry_order_.empty() && expiry_order_.front().first <= now) {
+    auto it = refs_.find(expiry_order_.front().second);
+    expiry_order_.pop_front();
+    if (it == refs_.end()) continue;
     std::deque<PendingRef>& q = it->second;
     while (!q.empty() && q.front().expiry <= now) {
       q.pop_front();
       --num_refs_;
     }
-    if (q.empty()) {
-      refs_.erase(it++);
-    } else {
-      ++it;
-    }
+    if (q.empty()) refs_.erase(it);
   }
   std::deque<PendingRef>& q = refs_[hash];
   for (const PendingRef& p : q) {
@@ -143,7 +143,9 @@ void WorkerImages::AddEmbeddingRef(const BlockHash& hash, const v1::EmbeddingRef
       return;
     }
   }
-  q.push_back({ref, now + absl::Milliseconds(ref.lease_ms())});
+  const absl::Time expiry = now + absl::Milliseconds(ref.lease_ms());
+  q.push_back({ref, expiry});
+  expiry_order_.emplace_back(expiry, hash);
   ++num_refs_;
 }
 

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <google/protobuf/repeated_ptr_field.h>
@@ -117,11 +118,16 @@ class WorkerImages final : public ImageEncoder {
   std::atomic<int64_t> num_encoding_{0};
   std::mutex mu_;
   std::vector<ImageEncodeResult> done_;  // guarded by mu_
+  // Set before the worker serves and reset after its servers stop (before the UCX agent
+  // its buffers are registered with goes).
   std::unique_ptr<EmbeddingFetcher> fetcher_;
   mutable std::atomic<int64_t> inline_request_bytes_{0};
   mutable std::mutex refs_mu_;
   // Staged embeddings by content hash, oldest first; guarded by refs_mu_.
   mutable absl::flat_hash_map<BlockHash, std::deque<PendingRef>> refs_;
+  // (expiry, hash) of every ref recorded, in recording order (leases of equal length: expiry
+  // order): the sweep of expired refs; guarded by refs_mu_.
+  mutable std::deque<std::pair<absl::Time, BlockHash>> expiry_order_;
   mutable int64_t num_refs_ = 0;  // guarded by refs_mu_
   std::unique_ptr<TaskPool> pool_;  // joined first (the destructor)
 };

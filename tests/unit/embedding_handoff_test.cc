@@ -326,5 +326,42 @@ TEST(EmbeddingHandoffTest, WorkerImagesReadStagedEmbeddingsElseEncodeThemselves)
   EXPECT_EQ(images2->embedding_rma_bytes(), 0);
 }
 
+// Recorded refs leave the worker's table at their lease's end: an expired one is never read
+// (its slot may hold another image), and the image is encoded here.
+TEST(EmbeddingHandoffTest, WorkerImagesForgetExpiredRefs) {
+  EncoderSide encoder;
+  const std::string png = Image(1);
+  auto agent = *transfer::KvTransferAgent::Create({});
+  auto images = *WorkerImages::Load(encoder.dir(), {});
+  EmbeddingFetchOptions o;
+  o.agent = agent.get();
+  images->SetEmbeddingFetcher(*EmbeddingFetcher::Create(o));
+  v1::EncodeResponse reply;
+  ASSERT_TRUE(encoder.Encode({png}, &reply).ok());
+  v1::EmbeddingRef ref = encoder.RefOf(reply);
+  ref.set_lease_ms(1);
+  MultimodalInput mm;
+  mm.offset = 0;
+  mm.num_tokens = 16;
+  mm.content_hash = vision::ImageContentHash(
+      png, (*vision::VisionEncoder::Load(encoder.dir()))->processor().Fingerprint());
+  mm.image = std::make_shared<const std::string>(png);
+  images->AddEmbeddingRef(mm.content_hash, ref);
+  images->AddEmbeddingRef(mm.content_hash, ref);  // the same lease again: recorded once
+  EXPECT_EQ(images->num_embedding_refs(), 1);
+  absl::SleepFor(absl::Milliseconds(5));
+  v1::EmbeddingRef other = ref;
+  other.set_lease_id(ref.lease_id() + 1000);
+  other.set_lease_ms(60000);
+  images->AddEmbeddingRef(BlockHash{1, 2}, other);  // sweeps the expired one
+  EXPECT_EQ(images->num_embedding_refs(), 1);
+  std::vector<MultimodalInput> inputs = {mm};
+  ASSERT_TRUE(images->EncodeMissing(&inputs).ok());
+  EXPECT_EQ(AsBytes(*inputs[0].embeddings), encoder.Expected(png));
+  EXPECT_EQ(images->num_encoded(), 1);
+  EXPECT_EQ(images->embedding_rma_bytes(), 0);
+  EXPECT_EQ(encoder.staging().stats().num_staged_leases, 1);  // left to the encoder's expiry
+}
+
 }  // namespace
 }  // namespace sluice
