@@ -45,7 +45,7 @@ absl::Status BatchInvariantLinearCuda(const bf16* x, const bf16* w, const bf16* 
   for (int64_t r0 = 0; r0 < m; r0 += chunk) {
     const int64_t rows = std::min(chunk, m - r0);
     skinny_detail::LaunchSkinny(x + r0 * k, w, bias, y + r0 * n, rows, n, k, split, stages, glu,
-                                stream);
+                                stream, /*pdl=*/false);
   }
   return CudaLaunchStatus(glu ? "BatchInvariantLinearCuda (SiLU·mul)" : "BatchInvariantLinearCuda");
 }

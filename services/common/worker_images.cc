@@ -1,6 +1,9 @@
 #include "services/common/worker_images.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -165,12 +168,30 @@ std::optional<v1::EmbeddingRef> WorkerImages::TakeEmbeddingRef(const BlockHash& 
   return taken;
 }
 
+void WorkerImages::SetEmbeddingFetcher(std::unique_ptr<EmbeddingFetcher> fetcher) {
+  std::shared_ptr<EmbeddingFetcher> old;
+  {
+    std::lock_guard<std::mutex> lock(fetcher_mu_);
+    old = std::exchange(fetcher_, std::move(fetcher));
+  }
+  // Fetches are bounded by their RMA deadline: wait them out before the buffers go.
+  while (old != nullptr && old.use_count() > 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::shared_ptr<EmbeddingFetcher> WorkerImages::Fetcher() const {
+  std::lock_guard<std::mutex> lock(fetcher_mu_);
+  return fetcher_;
+}
+
 std::shared_ptr<const std::vector<float>> WorkerImages::FetchStaged(const BlockHash& hash) const {
-  if (fetcher_ == nullptr) return nullptr;
+  const std::shared_ptr<EmbeddingFetcher> fetcher = Fetcher();
+  if (fetcher == nullptr) return nullptr;
   std::optional<v1::EmbeddingRef> ref = TakeEmbeddingRef(hash);
   if (!ref.has_value()) return nullptr;
   const int64_t floats = int64_t{encoder_->tokens_per_image()} * encoder_->embedding_dim();
-  absl::StatusOr<std::shared_ptr<const std::vector<float>>> fetched = fetcher_->Fetch(*ref, floats);
+  absl::StatusOr<std::shared_ptr<const std::vector<float>>> fetched = fetcher->Fetch(*ref, floats);
   if (!fetched.ok()) {
     spdlog::warn("staged embeddings of image {} unavailable ({}); encoding the image here",
                  hash.ToHex(), fetched.status().ToString());
@@ -180,17 +201,20 @@ std::shared_ptr<const std::vector<float>> WorkerImages::FetchStaged(const BlockH
 }
 
 void WorkerImages::ReleaseStaged(const BlockHash& hash) const {
-  if (fetcher_ == nullptr) return;
+  const std::shared_ptr<EmbeddingFetcher> fetcher = Fetcher();
+  if (fetcher == nullptr) return;
   std::optional<v1::EmbeddingRef> ref = TakeEmbeddingRef(hash);
-  if (ref.has_value()) fetcher_->Release(*ref);
+  if (ref.has_value()) fetcher->Release(*ref);
 }
 
 int64_t WorkerImages::embedding_rma_bytes() const {
-  return fetcher_ != nullptr ? fetcher_->stats().rma_bytes : 0;
+  const std::shared_ptr<EmbeddingFetcher> fetcher = Fetcher();
+  return fetcher != nullptr ? fetcher->stats().rma_bytes : 0;
 }
 
 int64_t WorkerImages::embedding_inline_bytes() const {
-  return inline_request_bytes_.load() + (fetcher_ != nullptr ? fetcher_->stats().inline_bytes : 0);
+  const std::shared_ptr<EmbeddingFetcher> fetcher = Fetcher();
+  return inline_request_bytes_.load() + (fetcher != nullptr ? fetcher->stats().inline_bytes : 0);
 }
 
 int64_t WorkerImages::num_embedding_refs() const {

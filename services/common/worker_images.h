@@ -70,10 +70,10 @@ class WorkerImages final : public ImageEncoder {
   // Thread-safe. Errors: Check's, and InvalidArgument for an image that does not decode.
   absl::Status EncodeMissing(std::vector<MultimodalInput>* inputs) const;
 
-  // SetEmbeddingFetcher: how staged embeddings are read (before the worker serves).
-  void SetEmbeddingFetcher(std::unique_ptr<EmbeddingFetcher> fetcher) {
-    fetcher_ = std::move(fetcher);
-  }
+  // SetEmbeddingFetcher: how staged embeddings are read (before the worker serves). Replacing
+  // or clearing it waits for the fetches still using the old one (an encode thread may be
+  // mid-read when the worker shuts down), so the old fetcher is gone on return.
+  void SetEmbeddingFetcher(std::unique_ptr<EmbeddingFetcher> fetcher);
   // AddEmbeddingRef records that `ref` holds the embeddings of content `hash` until its lease
   // ends (a ref already recorded is ignored: decode workers get it with Reserve and Decode).
   void AddEmbeddingRef(const BlockHash& hash, const v1::EmbeddingRef& ref) const;
@@ -120,7 +120,9 @@ class WorkerImages final : public ImageEncoder {
   std::vector<ImageEncodeResult> done_;  // guarded by mu_
   // Set before the worker serves and reset after its servers stop (before the UCX agent
   // its buffers are registered with goes).
-  std::unique_ptr<EmbeddingFetcher> fetcher_;
+  std::shared_ptr<EmbeddingFetcher> Fetcher() const;
+  mutable std::mutex fetcher_mu_;
+  std::shared_ptr<EmbeddingFetcher> fetcher_;  // guarded by fetcher_mu_; users hold a copy
   mutable std::atomic<int64_t> inline_request_bytes_{0};
   mutable std::mutex refs_mu_;
   // Staged embeddings by content hash, oldest first; guarded by refs_mu_.
