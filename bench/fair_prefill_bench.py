@@ -73,9 +73,11 @@ def prompt(rng, n):
 
 
 async def ttft(client, url, tokens, ids=None):
-    """Seconds to the first streamed token; ids (a dict) gets the engine request id -> TTFT."""
+    """Seconds to the first streamed token; ids (a dict) gets the engine request id -> (TTFT,
+    the wall-clock time it was sent)."""
     body = {"model": MODEL_NAME, "prompt": tokens, "max_tokens": 2, "temperature": 0,
             "stream": True}
+    sent = time.time()
     start = time.perf_counter()
     first = None
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -88,7 +90,7 @@ async def ttft(client, url, tokens, ids=None):
                     raise RuntimeError(chunk["error"])
                 first = time.perf_counter() - start
                 if ids is not None:
-                    ids[chunk["id"] + "-0"] = first  # the engine's id: response id + choice
+                    ids[chunk["id"] + "-0"] = (first, sent)  # engine id: response id + choice
     if first is None:
         raise RuntimeError("stream ended without a token")
     return first
@@ -112,20 +114,24 @@ def read_steps(log_path):
 
 def step_composition(steps, short_ids, long_tokens):
     """Where each mixed-load short request's TTFT went on the prefill worker: its wait from
-    arrival at the engine to its own step, split into the steps it waited behind (their measured
-    and predicted ms, their long-prompt tokens), and its own step (ms, rows, long tokens in it).
-    Rows: [request id, prompt tokens, new tokens, computed before, samples, waited ms]."""
+    the moment the client sent it to its own step (`wait_ms`; `engine_wait_ms` is the part
+    spent in the scheduler's queue, which does not count the step running when the request
+    reached the engine), split into the steps it waited behind (their measured and predicted
+    ms, their long-prompt tokens), and its own step (ms, rows, long tokens in it); the rest of
+    its TTFT is `outside_prefill_ms` (router, HTTP, the first token's way back). Rows:
+    [request id, prompt tokens, new tokens, computed before, samples, waited ms]."""
     per_short = []
     for idx, (end, st) in enumerate(steps):
         for row in st["rows"]:
             rid, prompt, q, c, samples, waited = row
             if rid not in short_ids or not samples:
                 continue
+            first, sent = short_ids[rid]
             start = end - st["ms"] / 1e3
-            arrival = start - waited / 1e3
-            behind = [s for e, s in steps[:idx] if e > arrival]
+            behind = [s for e, s in steps[:idx] if e > sent]
             per_short.append({
-                "id": rid, "ttft_ms": short_ids[rid] * 1e3, "engine_wait_ms": waited,
+                "id": rid, "ttft_ms": first * 1e3, "wait_ms": (start - sent) * 1e3,
+                "engine_wait_ms": waited,
                 "own_step_ms": st["ms"], "own_step_pred_ms": st["pred_ms"],
                 "own_step_long_tokens": sum(r[2] for r in st["rows"] if r[1] >= long_tokens),
                 "own_step_rows": len(st["rows"]),
@@ -134,17 +140,21 @@ def step_composition(steps, short_ids, long_tokens):
                 "steps_behind_pred_ms": [s["pred_ms"] for s in behind],
                 "steps_behind_long_tokens": [sum(r[2] for r in s["rows"] if r[1] >= long_tokens)
                                              for s in behind],
-                "outside_prefill_ms": short_ids[rid] * 1e3 - waited - st["ms"],
+                "outside_prefill_ms": (first - (end - sent)) * 1e3,
             })
     per_short.sort(key=lambda r: r["ttft_ms"])
     if not per_short:
         return {}
-    long_steps = [s for _, s in steps if any(r[1] >= long_tokens for r in s["rows"])]
+    # The mixed phase's long-chunk steps (the warm-up's ran before the cost model was fitted).
+    mixed_from = min(sent for _, sent in short_ids.values())
+    long_steps = [s for e, s in steps
+                  if e >= mixed_from and any(r[1] >= long_tokens for r in s["rows"])]
     over = [s for s in long_steps if s["budget_ms"] and s["ms"] > s["budget_ms"]]
     def pct(key, p):
         return percentile([r[key] for r in per_short], p)
     return {
         "n": len(per_short),
+        "wait_ms": {"p50": pct("wait_ms", 50), "p99": pct("wait_ms", 99)},
         "engine_wait_ms": {"p50": pct("engine_wait_ms", 50), "p99": pct("engine_wait_ms", 99)},
         "own_step_ms": {"p50": pct("own_step_ms", 50), "p99": pct("own_step_ms", 99)},
         "outside_prefill_ms": {"p50": pct("outside_prefill_ms", 50),
@@ -249,6 +259,7 @@ def main():
         r["steps"] = step_composition(read_steps(cluster.workers["prefill-0"].log_path),
                                       short_ids, args.long_tokens)
         r["worker_flags"] = flags
+        r["prefill_log"] = str(cluster.workers["prefill-0"].log_path)
         r["load_avg_1m"] = [load0, os.getloadavg()[0]]
         unl = r["unloaded_short_ttft_ms"]["p50"]
         r["bound_ms"] = 2 * unl + (budget_ms or 0.0)
@@ -262,8 +273,10 @@ def main():
               f"{r['long_prompts_per_s']:.2f} long prompts/s", flush=True)
         st = r["steps"]
         if st:
-            print(f"  prefill worker: short engine wait p50 {st['engine_wait_ms']['p50']:.0f} "
-                  f"p99 {st['engine_wait_ms']['p99']:.0f} ms, own step p50 "
+            print(f"  prefill worker: short wait (sent to own step) p50 "
+                  f"{st['wait_ms']['p50']:.0f} p99 {st['wait_ms']['p99']:.0f} ms (in the "
+                  f"scheduler's queue p50 {st['engine_wait_ms']['p50']:.0f} p99 "
+                  f"{st['engine_wait_ms']['p99']:.0f}), own step p50 "
                   f"{st['own_step_ms']['p50']:.0f} p99 {st['own_step_ms']['p99']:.0f} ms, "
                   f"outside prefill p50 {st['outside_prefill_ms']['p50']:.0f} p99 "
                   f"{st['outside_prefill_ms']['p99']:.0f} ms; {st['own_steps_with_long_tokens']}"
@@ -272,7 +285,8 @@ def main():
                   f" ms, {st['long_chunk_steps_over_budget']} of {st['steps_with_long_chunks']} "
                   "over the budget", flush=True)
             for w in st["slowest_shorts"]:
-                print(f"    slow short {w['ttft_ms']:.0f} ms: wait {w['engine_wait_ms']:.0f} behind"
+                print(f"    slow short {w['ttft_ms']:.0f} ms: wait {w['wait_ms']:.0f} "
+                      f"(queued {w['engine_wait_ms']:.0f}) behind"
                       f" {w['steps_behind_ms']} ms (pred {w['steps_behind_pred_ms']}, long tokens"
                       f" {w['steps_behind_long_tokens']}); own step {w['own_step_ms']:.0f} ms "
                       f"({w['own_step_rows']} rows); outside {w['outside_prefill_ms']:.0f} ms",

@@ -152,13 +152,37 @@ bool Scheduler::PolicyBefore(const Sequence& a, const Sequence& b, double now) c
   auto key = [&](const Sequence& s) {
     double score = s.arrival_seconds;
     if (timed) {
-      score = PrefillLeftSeconds(s) - config_.prefill_aging * std::max(0.0, now - s.arrival_seconds);
+      const double waited = now - s.arrival_seconds - s.prefill_served_seconds;
+      score = PrefillLeftSeconds(s) - config_.prefill_aging * std::max(0.0, waited);
     } else if (config_.policy == SchedulingPolicy::kShortestPrefillFirst) {
       score = PrefillLeftTokens(s);
     }
     return std::make_tuple(s.request.priority, score, s.arrival_seconds);
   };
   return key(a) < key(b);
+}
+
+double Scheduler::PlanCost(int32_t q, int32_t c) const {
+  const QcCostModel* cost = config_.step_cost;
+  if (cost != nullptr && cost->Fitted()) return cost->RowSeconds(q, c);
+  return static_cast<double>(q);
+}
+
+void Scheduler::ChargeService(double now) {
+  const int64_t last = num_plans_ - 1;
+  if (last >= 0 && last_plan_cost_ > 0) {
+    const double seconds = std::max(0.0, now - last_plan_seconds_);
+    auto charge = [&](Sequence& s) {
+      if (s.last_prefill_plan == last) {
+        s.prefill_served_seconds += seconds * s.last_prefill_cost / last_plan_cost_;
+      }
+    };
+    for (auto& s : running_) charge(*s);
+    for (auto& s : waiting_) charge(*s);  // preempted since
+  }
+  ++num_plans_;
+  last_plan_seconds_ = now;
+  last_plan_cost_ = 0;
 }
 
 void Scheduler::OrderQueues(double now) {
@@ -443,7 +467,11 @@ SchedulerOutput Scheduler::Schedule() {
   StepTimeBudget time(config_.step_cost, config_.step_time_budget_seconds);
   const bool ordered = config_.policy != SchedulingPolicy::kFcfs;
   const double now = ordered ? Now() : 0.0;
-  if (ordered) OrderQueues(now);
+  if (ordered) {
+    ChargeService(now);
+    OrderQueues(now);
+  }
+  const int64_t plan = num_plans_ - 1;
   const int32_t block_size = static_cast<int32_t>(config_.block_size);
   bool prefill_scheduled = false;  // the step's first prefill chunk gets at least block_size
   bool first_token_scheduled = false;  // a prefill this step ends its prompt (fair policies)
@@ -461,6 +489,14 @@ SchedulerOutput Scheduler::Schedule() {
   };
   auto add = [&](Sequence& seq, int32_t n) {
     time.Charge(n, seq.num_computed_tokens);
+    if (ordered) {
+      const double cost = PlanCost(n, seq.num_computed_tokens);
+      last_plan_cost_ += cost;
+      if (IsPrefilling(seq)) {
+        seq.last_prefill_plan = plan;
+        seq.last_prefill_cost = cost;
+      }
+    }
     if (IsPrefilling(seq)) {
       prefill_scheduled = true;
       if (seq.num_computed_tokens + n >= seq.num_tokens() && !first_token_scheduled) {

@@ -24,7 +24,12 @@
 //    since arrival, so a prompt whose prefill takes T seconds longer than a fresh one's
 //    overtakes it after waiting T / prefill_aging seconds, which bounds a long prompt's wait
 //    relative to its own prefill time on any hardware. Until it is fitted: tokens left, no
-//    credit. The tokens left of a waiting prompt are net of its prefix-cache hit.
+//    credit. The tokens left of a waiting prompt are net of its prefix-cache hit. Seconds
+//    waited exclude the prompt's own service (its share of the steps that computed its chunks,
+//    as in highest-response-ratio-next, Brinch Hansen 1971): a long prompt that is being
+//    prefilled does not age, so near its end it cannot outrank a short prompt that just came
+//    (which would then wait a long chunk more than the one running when it arrived); one that
+//    short prompts keep from being served ages as before.
 // Preemption then takes the last sequence in that order (the running prefill served last, else
 // the newest decode). With a per-step time budget (step_time_budget_seconds and a fitted
 // step_cost) each prefill chunk is also cut to what the fitted cost(q, c) leaves of the budget
@@ -236,6 +241,12 @@ class Scheduler {
   // OrderQueues sorts running_ (decodes in admission order, then prefills) and waiting_ by the
   // policy (not kFcfs).
   void OrderQueues(double now);
+  // ChargeService: the plan made last ran until `now` (the engine plans each step once the
+  // previous one ran, or while it runs): its prefills get their share of that time as service
+  // (Sequence::prefill_served_seconds). Starts the next plan.
+  void ChargeService(double now);
+  // PlanCost: what a row of q tokens after c costs, for sharing a step's time among its rows.
+  double PlanCost(int32_t q, int32_t c) const;
 
   SchedulerConfig config_;
   BlockHasher hasher_;
@@ -251,6 +262,11 @@ class Scheduler {
   int64_t num_external_cached_prompt_tokens_ = 0;
   int64_t next_admission_ = 0;
   int64_t num_preemptions_ = 0;
+  // Service accounting (fair policies): the number of the plan being made, when the last one
+  // was made, and the summed PlanCost of its rows.
+  int64_t num_plans_ = 0;
+  double last_plan_seconds_ = 0;
+  double last_plan_cost_ = 0;
 };
 
 }  // namespace sluice

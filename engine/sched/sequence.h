@@ -63,6 +63,12 @@ struct Sequence {
   bool grammar_bitmask_current = false;
   int64_t admission_order = 0;       // larger = admitted later = preempted first
   double arrival_seconds = 0;        // the scheduler's clock when it was added (aging)
+  // Aging counts only the time a prefill waited, not the time the engine spent computing it:
+  // seconds of steps that computed its chunks (its share of each step, by the chunk's cost),
+  // and which plan last gave it a chunk and at what share (Scheduler::ChargeService).
+  double prefill_served_seconds = 0;
+  int64_t last_prefill_plan = -1;
+  double last_prefill_cost = 0;
   // Arrival at the engine, and seconds from it to the first step that scheduled the sequence
   // (-1 before): RequestOutput::queue_seconds.
   std::chrono::steady_clock::time_point arrival_time = std::chrono::steady_clock::now();

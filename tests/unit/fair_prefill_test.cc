@@ -219,10 +219,37 @@ TEST_F(SchedulerPolicyTest, AgingLetsALongPromptOvertakeFreshShortOnes) {
   Add(s, "fresh", 60);
   // short decodes first; then long (1000 left, waited 9.5 s: 1000 - 950 = 50) before fresh (60).
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
-  clock_.now += 2.0;  // long: 937 - 1150 = -213; fresh: 60 - 200 = -140
+  // Each step takes what long's chunk costs, 0.63 s: long's service, not its wait. long stays
+  // ahead: 937 - 950 = -13 against fresh's 60 - 63 = -3; then 874 - 950 against 60 - 126.
+  clock_.now += 0.63;
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
-  clock_.now += 20.0;  // long: 874 - 3150 = -2276; fresh: 60 - 2200 = -2140
+  clock_.now += 0.63;
   EXPECT_EQ(Step(s), (Plan{"short:1", "long:63"}));
+}
+
+// Aging counts waiting, not service: a long prompt that has been prefilled for seconds is old,
+// but has not waited, so near its end it does not outrank a short prompt that just came (by time
+// in the system it would: the short one would wait for another long chunk after the one running
+// when it arrived, twice the step budget).
+TEST_F(SchedulerPolicyTest, ALongPromptBeingPrefilledDoesNotAgePastAFreshShortOne) {
+  // cost = 10 ms + 1 ms per token, a 250.5 ms budget: 240 tokens (0.25 s) a step; aging 0.1.
+  cost_ = std::make_unique<QcCostModel>(FitExact(0.010, 0.001, 0.0));
+  time_budget_ = 0.2505;
+  Scheduler s = Make(SchedulingPolicy::kShortestPrefillFirst, 512, 1024);
+  Add(s, "long", 6000);
+  int steps = 0;
+  while (s.Find("long")->num_computed_tokens < 6000 - 480) {
+    ASSERT_EQ(Step(s), (Plan{"long:240"}));
+    clock_.now += 0.25;  // the step took what the cost model says
+    ++steps;
+  }
+  ASSERT_EQ(steps, 23);
+  // long: 2 chunks left, 0.5 s, after 5.75 s in the system (credit 0.575 s by that measure);
+  // short: 0.015 s. long has waited 0 s: short goes first, alone.
+  Add(s, "short", 5, 0, 1);
+  EXPECT_EQ(Step(s), (Plan{"short:5"}));
+  clock_.now += 0.015;
+  EXPECT_EQ(Step(s), (Plan{"short:1", "long:239"}));  // the decode takes 1 ms of the budget
 }
 
 TEST_F(SchedulerPolicyTest, AgingCreditFollowsTheFittedPrefillRate) {
