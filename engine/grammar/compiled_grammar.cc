@@ -86,6 +86,26 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     StackWalk::Flags flags;
     next_exact.clear();
     next_context.clear();
+    if (exact.size() - exact_begin[d] == 1 && context.size() == context_begin[d]) {
+      // Fast path for the bulk of the walk: one top, and the byte leads to a state that neither
+      // calls nor returns, so the step is a plain DFA move.
+      const StackNode top = walk.nodes()[exact[exact_begin[d]]];
+      const int32_t ns = pda_.Next(top.state, node.byte);
+      if (ns < 0) {
+        i = node.subtree_end;
+        continue;
+      }
+      const PdaState& st = pda_.states[ns];
+      if (st.call_begin == st.call_end && !st.accepting && pda_.CanConsume(ns)) {
+        add_range(&accepted, node.token_begin, node.token_end, true);
+        exact.push_back(walk.NewNode(ns, top.parent));
+        exact_begin.push_back(exact.size());
+        context_begin.push_back(context.size());
+        pool.push_back(walk.nodes().size());
+        ++i;
+        continue;
+      }
+    }
     walk.Step(exact.data() + exact_begin[d], exact.size() - exact_begin[d], node.byte, &next_exact,
               &flags);
     returned.clear();

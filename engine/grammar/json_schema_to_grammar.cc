@@ -18,6 +18,12 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr char kItemSep[] = ", ";
+// Keys of additional properties have at most kMaxKeyLength characters unless `propertyNames`
+// bounds them (maxLength, pattern, format, enum, const): a free key must still close within
+// max_tokens (as numbers are capped).
+constexpr int32_t kMaxKeyLength = 64;
+// min/maxProperties are enforced by counting in rules: (properties + 1) x (maxProperties + 1).
+constexpr int64_t kMaxCountedObjectRules = 20000;
 constexpr char kKeySep[] = ": ";
 
 // ---- integers ----
@@ -229,7 +235,8 @@ bool IsSupported(const std::string& key) {
       "type", "enum", "const", "properties", "required", "additionalProperties", "items",
       "prefixItems", "minItems", "maxItems", "anyOf", "oneOf", "allOf", "$ref", "$defs",
       "definitions", "pattern", "minLength", "maxLength", "format", "minimum", "maximum",
-      "exclusiveMinimum", "exclusiveMaximum", "uniqueItems", "additionalItems"};
+      "exclusiveMinimum", "exclusiveMaximum", "uniqueItems", "additionalItems", "propertyNames",
+      "minProperties", "maxProperties"};
   return kKeys->contains(key) || IsAnnotation(key);
 }
 
@@ -541,7 +548,8 @@ class SchemaCompiler {
       }
     } else {
       // Infer from the keywords present; none: any value.
-      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")) {
+      if (s.contains("properties") || s.contains("required") || s.contains("additionalProperties") ||
+          s.contains("propertyNames") || s.contains("minProperties") || s.contains("maxProperties")) {
         types.push_back("object");
       } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
                  s.contains("maxItems")) {
@@ -730,6 +738,20 @@ class SchemaCompiler {
         extra = *std::move(e);
       }
     }
+    // The keys of additional properties (propertyNames, or free strings of bounded length).
+    std::optional<Expr> extra_key;
+    if (s.contains("propertyNames")) {
+      absl::flat_hash_set<std::string> declared;
+      for (const auto& p : props) declared.insert(p.first);
+      absl::StatusOr<std::optional<Expr>> k =
+          PropertyNameExpr(s["propertyNames"], Child(path, "propertyNames"), depth, declared);
+      if (!k.ok()) return k.status();
+      if (!k->has_value()) extra.reset();  // propertyNames false: no key fits
+      extra_key = *std::move(*k);
+    }
+    if (extra.has_value() && !extra_key.has_value()) {
+      extra_key = Sequence({Literal("\""), Repeat(JsonCharExpr(), 0, kMaxKeyLength), Literal("\"")});
+    }
     for (const std::string& r : required_order) {
       if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; })) {
         if (!extra.has_value()) {
@@ -740,21 +762,30 @@ class SchemaCompiler {
         props.emplace_back(r, *extra);
       }
     }
-    // Rules A_i (nothing emitted yet) and B_i (something emitted) for properties i..n-1.
+    absl::StatusOr<int32_t> min_props = GetCount(s, "minProperties", path);
+    if (!min_props.ok()) return min_props.status();
+    absl::StatusOr<int32_t> max_props = GetCount(s, "maxProperties", path);
+    if (!max_props.ok()) return max_props.status();
     const size_t n = props.size();
-    std::vector<int32_t> a_rules(n + 1), b_rules(n + 1);
     const std::string base = path == "#" ? "root" : path.substr(path.rfind('/') + 1);
-    for (size_t i = 0; i <= n; ++i) {
-      a_rules[i] = g_.AddRule(absl::StrCat(base.empty() ? "obj" : base, "-a", i));
-      b_rules[i] = g_.AddRule(absl::StrCat(base.empty() ? "obj" : base, "-b", i));
-    }
+    const std::string prefix = base.empty() ? "obj" : base;
     auto member = [&](const std::string& key, Expr value) {
       return Sequence({Literal(DumpValue(json(key))), Literal(kKeySep), std::move(value)});
     };
-    if (extra.has_value()) {
-      const Expr m = Sequence({RuleRef(StringRule()), Literal(kKeySep), *extra});
-      g_.rule(b_rules[n]).body = Star(Sequence({Literal(kItemSep), m}));
-      g_.rule(a_rules[n]).body = Optional(Sequence({m, RuleRef(b_rules[n])}));
+    std::optional<Expr> extra_member;
+    if (extra.has_value()) extra_member = Sequence({*extra_key, Literal(kKeySep), *extra});
+    if (*min_props > 0 || *max_props >= 0) {
+      return CountedObject(props, required, extra_member, std::max(*min_props, 0), *max_props, prefix, path);
+    }
+    // Rules A_i (nothing emitted yet) and B_i (something emitted) for properties i..n-1.
+    std::vector<int32_t> a_rules(n + 1), b_rules(n + 1);
+    for (size_t i = 0; i <= n; ++i) {
+      a_rules[i] = g_.AddRule(absl::StrCat(prefix, "-a", i));
+      b_rules[i] = g_.AddRule(absl::StrCat(prefix, "-b", i));
+    }
+    if (extra_member.has_value()) {
+      g_.rule(b_rules[n]).body = Star(Sequence({Literal(kItemSep), *extra_member}));
+      g_.rule(a_rules[n]).body = Optional(Sequence({*extra_member, RuleRef(b_rules[n])}));
     }
     for (size_t i = n; i-- > 0;) {
       const bool req = required.contains(props[i].first);
@@ -764,6 +795,128 @@ class SchemaCompiler {
       g_.rule(a_rules[i]).body = req ? std::move(with_a) : Choice({std::move(with_a), RuleRef(a_rules[i + 1])});
     }
     return Sequence({Literal("{"), RuleRef(a_rules[0]), Literal("}")});
+  }
+
+  // CountedObject: the object with between lo and hi (-1: any) properties, counted in the rules:
+  // rule (i, c) emits properties i..n-1 (then additional ones) after c were emitted.
+  absl::StatusOr<Expr> CountedObject(const std::vector<std::pair<std::string, Expr>>& props,
+                                     const absl::flat_hash_set<std::string>& required,
+                                     const std::optional<Expr>& extra_member, int32_t lo, int32_t hi,
+                                     const std::string& prefix, const std::string& path) {
+    const int32_t n = static_cast<int32_t>(props.size());
+    int32_t num_required = 0;
+    for (const auto& p : props) num_required += required.contains(p.first) ? 1 : 0;
+    if (hi >= 0 && hi < lo) return SchemaError(path, "maxProperties is below minProperties (nothing can match)");
+    if (hi >= 0 && num_required > hi) {
+      return SchemaError(path, "maxProperties is below the number of required properties (nothing can match)");
+    }
+    if (!extra_member.has_value() && lo > n) {
+      return SchemaError(path, "minProperties exceeds the properties allowed (nothing can match)");
+    }
+    // Counts past max(lo, n) only matter through hi; unbounded: count up to max(lo, n) and
+    // let additional properties repeat from there.
+    const int32_t cap = hi >= 0 ? hi : std::max(lo, n);
+    if (static_cast<int64_t>(n + 1) * (cap + 1) > kMaxCountedObjectRules) {
+      return SchemaError(path, "minProperties / maxProperties too large to enforce with these properties");
+    }
+    std::vector<int32_t> remaining_required(n + 1, 0);  // required among i..n-1
+    for (int32_t i = n - 1; i >= 0; --i) {
+      remaining_required[i] = remaining_required[i + 1] + (required.contains(props[i].first) ? 1 : 0);
+    }
+    std::vector<int32_t> rules(static_cast<size_t>(n + 1) * (cap + 1), -1);
+    // Separator before a property: none for the first.
+    auto sep = [&](int32_t c) { return c == 0 ? Literal("") : Literal(kItemSep); };
+    // Only the reachable (i, c) get a rule, and every choice leaves a way to end: a property is
+    // emitted only if the required ones after it still fit under hi, skipped only if lo can
+    // still be reached.
+    auto build = [&](auto& self, int32_t i, int32_t c) -> int32_t {
+      int32_t& slot = rules[static_cast<size_t>(i) * (cap + 1) + c];
+      if (slot >= 0) return slot;
+      const int32_t r = g_.AddRule(absl::StrCat(prefix, "-p", i, "-", c));
+      slot = r;
+      std::vector<Expr> alts;
+      if (i == n) {
+        if (c >= lo) alts.push_back(Literal(""));
+        if (extra_member.has_value()) {
+          if (c < cap) {
+            alts.push_back(Sequence({sep(c), *extra_member, RuleRef(self(self, n, c + 1))}));
+          } else if (hi < 0) {  // unbounded: any number more (c >= lo here)
+            alts.push_back(Star(Sequence({sep(c), *extra_member})));
+          }
+        }
+      } else {
+        const int32_t next_c = std::min(c + 1, cap);  // saturates only when hi is unbounded
+        if (hi < 0 || c + 1 + remaining_required[i + 1] <= hi) {
+          alts.push_back(Sequence({sep(c), Literal(DumpValue(json(props[i].first))), Literal(kKeySep),
+                                   props[i].second, RuleRef(self(self, i + 1, next_c))}));
+        }
+        const bool can_skip = !required.contains(props[i].first) &&
+                              (extra_member.has_value() || c + (n - i - 1) >= lo);
+        if (can_skip) alts.push_back(RuleRef(self(self, i + 1, c)));
+      }
+      g_.rule(r).body = Choice(std::move(alts));
+      return r;
+    };
+    const int32_t start = build(build, 0, 0);
+    return Sequence({Literal("{"), RuleRef(start), Literal("}")});
+  }
+
+  // PropertyNameExpr: the key grammar (a JSON string) of a `propertyNames` schema for additional
+  // properties; nullopt for false, or when every name it lists is `declared` (a declared name
+  // as an additional key would repeat the key). Only string keywords apply to names; other
+  // keywords are refused.
+  absl::StatusOr<std::optional<Expr>> PropertyNameExpr(const json& pn, const std::string& path, int depth,
+                                                       const absl::flat_hash_set<std::string>& declared) {
+    if (pn.is_boolean()) {
+      if (!pn.get<bool>()) return std::optional<Expr>();
+      return std::optional<Expr>(Sequence({Literal("\""), Repeat(JsonCharExpr(), 0, kMaxKeyLength), Literal("\"")}));
+    }
+    if (!pn.is_object()) return SchemaError(path, "a schema must be an object or a boolean");
+    json names = pn;
+    for (auto it = pn.begin(); it != pn.end(); ++it) {
+      const std::string& k = it.key();
+      if (IsAnnotation(k)) continue;
+      if (k != "type" && k != "enum" && k != "const" && k != "pattern" && k != "minLength" &&
+          k != "maxLength" && k != "format") {
+        return absl::InvalidArgumentError(absl::StrCat("unsupported JSON Schema keyword '", k, "' at ", path,
+                                                       " (propertyNames takes type, enum, const, pattern, "
+                                                       "minLength, maxLength, format)"));
+      }
+    }
+    if (names.contains("type")) {
+      const json& t = names["type"];
+      const bool has_string = (t.is_string() && t == "string") ||
+                              (t.is_array() && std::find(t.begin(), t.end(), json("string")) != t.end());
+      if (!has_string) return SchemaError(path, "propertyNames must allow strings (keys are strings)");
+    }
+    names["type"] = "string";
+    if (names.contains("const") || names.contains("enum")) {
+      // Keys are strings: only the string values can be names.
+      json values = names.contains("enum") ? names["enum"] : json::array({names["const"]});
+      if (!values.is_array()) return SchemaError(path, "enum must be an array");
+      json strings = json::array();
+      for (const json& v : values) {
+        if (v.is_string() && (!names.contains("const") || v == names["const"])) strings.push_back(v);
+      }
+      if (strings.empty()) return SchemaError(path, "no value of 'enum' / 'const' is a string (no key can match)");
+      json extra_names = json::array();
+      for (const json& v : strings) {
+        if (!declared.contains(v.get<std::string>())) extra_names.push_back(v);
+      }
+      if (extra_names.empty()) return std::optional<Expr>();
+      names.erase("const");
+      names["enum"] = std::move(extra_names);
+    }
+    if (!names.contains("enum") && !names.contains("pattern") && !names.contains("format")) {
+      absl::StatusOr<int32_t> min_len = GetCount(names, "minLength", path);
+      if (!min_len.ok()) return min_len.status();
+      absl::StatusOr<int32_t> max_len = GetCount(names, "maxLength", path);
+      if (!max_len.ok()) return max_len.status();
+      if (*max_len < 0) names["maxLength"] = std::max(*min_len, kMaxKeyLength);
+    }
+    absl::StatusOr<Expr> e = Visit(names, path, depth + 1);
+    if (!e.ok()) return e.status();
+    return std::optional<Expr>(*std::move(e));
   }
 
   absl::StatusOr<Expr> VisitArray(const json& s, const std::string& path, int depth) {

@@ -7,7 +7,10 @@
 // `additionalProperties` allows no other keys (OpenAI strict mode's rule).
 //
 // Supported keywords: type (incl. unions), enum, const, properties, required,
-// additionalProperties (false / true / schema), items (schema, false, or an array = tuple),
+// additionalProperties (false / true / schema), propertyNames (type, enum, const, pattern,
+// minLength, maxLength, format: the keys of additional properties, which are otherwise free
+// strings of at most 64 characters), minProperties / maxProperties (counted over all
+// properties), items (schema, false, or an array = tuple),
 // prefixItems, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced),
 // allOf (merged), $ref to "#..." JSON pointers (recursion allowed), $defs / definitions,
 // pattern (regex_to_grammar.h subset), minLength, maxLength, format (date, time, date-time,

@@ -35,8 +35,7 @@ SCHEMAS = {
         "required": ["id", "email"]}}, "required": ["user"]},
     "optional_props": {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "null"},
                                                         "c": S}, "additionalProperties": False},
-    # additionalProperties with a schema is covered by grammar_tests (JsonSchemaTest.Objects):
-    # its keys are free strings, which the embedded model at temperature 1 does not close.
+    # additionalProperties with a schema: test_additional_properties_sampled.
     "array_items": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 4},
     "array_exactly_two": {"type": "array", "items": {"type": "string", "maxLength": 6},
                           "minItems": 2, "maxItems": 2},
@@ -116,6 +115,37 @@ def test_json_schema_greedy_and_sampled(client, model, name):
     sampled = client.chat.completions.create(model=model, messages=MSG, response_format=rf,
                                              max_tokens=MAX_TOKENS, temperature=1.0, n=SEEDS, seed=7)
     check_choices(sampled, schema)
+
+
+# additionalProperties with a schema (map-like objects): keys under propertyNames, or free keys,
+# which the grammar bounds (64 characters) so that a sampled key closes; maxProperties bounds
+# how many come. Every sampled response at temperature 1 validates, over several seeds.
+MAP_SCHEMAS = {
+    "map_int_values": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 99},
+                       "propertyNames": {"maxLength": 8}, "maxProperties": 3},
+    "map_pattern_keys": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 6},
+                         "propertyNames": {"pattern": "^[a-z]{1,6}$"}, "maxProperties": 3},
+    "map_enum_keys": {"type": "object", "additionalProperties": {"type": "boolean"},
+                      "propertyNames": {"enum": ["red", "green", "blue"]}, "minProperties": 1, "maxProperties": 3},
+    "declared_and_extra": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999}},
+                           "required": ["id"], "additionalProperties": {"type": ["integer", "null"]},
+                           "propertyNames": {"enum": ["id", "x_a", "x_b", "x_c"]}, "maxProperties": 3},
+    "free_keys": {"type": "object", "additionalProperties": {"type": "boolean"}, "maxProperties": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAP_SCHEMAS))
+def test_additional_properties_sampled(client, model, name):
+    schema = MAP_SCHEMAS[name]
+    rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    extra_keys = set()
+    for seed in (1, 2, 3):
+        r = client.chat.completions.create(model=model, messages=MSG, response_format=rf,
+                                           max_tokens=MAX_TOKENS, temperature=1.0, n=SEEDS, seed=seed)
+        check_choices(r, schema)
+        for c in r.choices:
+            extra_keys |= set(json.loads(c.message.content)) - set(schema.get("properties", {}))
+    assert extra_keys  # the samples do use additional properties
 
 
 def test_json_object_and_vllm_fields(client, model):

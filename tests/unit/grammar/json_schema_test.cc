@@ -129,6 +129,61 @@ TEST(JsonSchemaTest, Objects) {
   });
 }
 
+// propertyNames constrains the keys of additional properties; without it they are free strings
+// of at most 64 characters (so a sampled key closes). min/maxProperties count every property.
+TEST(JsonSchemaTest, PropertyNamesAndPropertyCounts) {
+  const std::string k64(64, 'k'), k65(65, 'k');
+  Check({
+      {R"({"type":"object","additionalProperties":{"type":"integer"}})",
+       {"{\"" + k64 + "\": 1}", R"({"": 1})"}, {"{\"" + k65 + "\": 1}"}},
+      {R"({"type":"object","additionalProperties":{"type":"integer"},"propertyNames":{"maxLength":3}})",
+       {R"({"abc": 1, "x": 2})"}, {R"({"abcd": 1})"}},
+      {R"({"type":"object","additionalProperties":{"type":"integer"},"propertyNames":{"pattern":"^x_[a-z]{1,3}$"}})",
+       {R"({"x_a": 1, "x_abc": 2})"}, {R"({"y_a": 1})", R"({"x_abcd": 1})", R"({"x_": 1})"}},
+      {R"({"type":"object","additionalProperties":{"type":"boolean"},"propertyNames":{"enum":["a","b",1]}})",
+       {R"({"a": true, "b": false})"}, {R"({"c": true})", R"({1: true})"}},
+      {R"({"type":"object","additionalProperties":{"type":"boolean"},"propertyNames":{"const":"only"}})",
+       {R"({"only": true})"}, {R"({"a": true})"}},
+      // Listed names that are declared properties are not additional keys (no repeated key).
+      {R"({"type":"object","properties":{"id":{"type":"integer"}},"additionalProperties":{"type":"null"},"propertyNames":{"enum":["id","x"]}})",
+       {R"({"id": 1, "x": null})", R"({"x": null})"}, {R"({"id": 1, "id": null})", R"({"id": null})"}},
+      {R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],"additionalProperties":{"type":"integer"},"propertyNames":false})",
+       {R"({"id": 1})"}, {R"({"id": 1, "x": 2})"}},
+      // Counts: additional properties only, declared ones (optional and required), both.
+      {R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2})",
+       {R"({"a": 1})", R"({"a": 1, "b": 2})"}, {"{}", R"({"a": 1, "b": 2, "c": 3})"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"required":["c"],"maxProperties":2})",
+       {R"({"c": 3})", R"({"a": 1, "c": 3})", R"({"b": 2, "c": 3})"}, {R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 2})"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"minProperties":1})",
+       {R"({"a": 1})", R"({"b": 2})", R"({"a": 1, "b": 2})"}, {"{}"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"null"},"propertyNames":{"maxLength":2},"minProperties":2,"maxProperties":3})",
+       {R"({"a": 1, "x": null})", R"({"x": null, "y": null})", R"({"a": 1, "x": null, "yy": null})"},
+       {R"({"a": 1})", R"({"x": null})", R"({"a": 1, "x": null, "y": null, "z": null})"}},
+  });
+  // A prefix that leaves no way to end never happens: with a required "c" and at most two
+  // properties, after "a" and "b" the object cannot go on, so "b" is not allowed after "a".
+  auto g = Schema(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"required":["c"],"maxProperties":2})");
+  ASSERT_NE(g, nullptr);
+  GrammarMatcher m(g);
+  EXPECT_TRUE(m.AcceptBytes(R"({"a": 1, )"));
+  EXPECT_FALSE(GrammarMatcher(m).AcceptBytes("\"b"));
+  EXPECT_TRUE(GrammarMatcher(m).AcceptBytes("\"c"));
+  // Errors name the keyword.
+  for (const auto& [schema, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"type":"object","additionalProperties":true,"propertyNames":{"minimum":1}})", "'minimum'"},
+           {R"({"type":"object","additionalProperties":true,"propertyNames":{"type":"integer"}})", "propertyNames must allow strings"},
+           {R"({"type":"object","additionalProperties":true,"propertyNames":{"enum":[1,2]}})", "no value of 'enum'"},
+           {R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})", "maxProperties is below the number of required"},
+           {R"({"type":"object","minProperties":3,"maxProperties":2})", "maxProperties is below minProperties"},
+           {R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})", "minProperties exceeds"},
+       }) {
+    absl::StatusOr<Grammar> bad = JsonSchemaToGrammar(nlohmann::json::parse(schema));
+    ASSERT_FALSE(bad.ok()) << schema;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(message)) << schema;
+  }
+}
+
 TEST(JsonSchemaTest, Arrays) {
   Check({
       {R"({"type":"array","items":{"type":"integer"}})", {"[]", "[1]", "[1, 2, 3]"}, {"[1,2]", "[1, ]", R"(["a"])"}},
