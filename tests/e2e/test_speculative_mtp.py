@@ -1,8 +1,10 @@
 """MTP speculative decoding through `sluice serve` (`--speculative-method mtp`, CPU engine) on
-tests/fixtures/deepseek-v3-tiny-mtp: greedy answers equal the plain server's and the fixture's
-golden greedy tokens, /metrics reports accepted drafts; a target whose checkpoint has no MTP
-weights (sluice-mini-moe) is refused at start-up with a message naming them."""
+tests/fixtures/deepseek-v3-tiny-mtp: greedy answers to the golden prompts (token ids) equal the
+plain server's, tokens and logprobs, n = 2 included, and /metrics reports accepted drafts; a
+target whose checkpoint has no MTP weights (sluice-mini-moe) is refused at start-up with a
+message naming them, and so is mtp with --speculative-model."""
 
+import subprocess
 import urllib.request
 
 import openai
@@ -10,8 +12,6 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import MODEL_DIR, REPO, ServerProcess, sluice_bin
-
-import subprocess
 
 FIXTURE = REPO / "tests" / "fixtures" / "deepseek-v3-tiny-mtp"
 GOLDEN = REPO.parent / "shared" / "fixtures" / "deepseek-v3-tiny" / "golden.safetensors"

@@ -245,6 +245,42 @@ TEST(MtpDrafterTest, PendingHiddenStatesAreBoundedAndDraftsStillCome) {
   EXPECT_EQ((*drafter)->num_free_blocks(), 8);
 }
 
+TEST(MtpDrafterTest, SampledDraftsCarryTheDistributionTheyWereDrawnFrom) {
+  std::unique_ptr<Model> model = Load(MtpDir());
+  ASSERT_NE(model, nullptr);
+  MtpOptions options;
+  options.num_kv_blocks = 8;
+  auto drafter = MtpDrafter::Create(model.get(), options);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  const std::vector<int32_t> tokens = {0, 616, 24, 33, 24, 7479};
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  DraftInput in;
+  in.request_id = "s";
+  in.token_ids = tokens;
+  in.num_prompt_tokens = 5;
+  in.sampling = &sampled;
+  in.first_draft_key = SampleDrawKey{7, 0, 5};
+  in.max_draft_tokens = 4;
+  std::vector<DraftOutput> out;
+  ASSERT_TRUE((*drafter)->Propose({in}, nullptr, &out).ok());
+  ASSERT_EQ(out[0].tokens.size(), 4u);
+  ASSERT_EQ(out[0].probs.size(), 4u);
+  for (size_t j = 0; j < 4; ++j) {
+    ASSERT_EQ(out[0].probs[j].size(), static_cast<size_t>(kVocab));
+    double total = 0.0;
+    for (float p : out[0].probs[j]) total += p;
+    EXPECT_NEAR(total, 1.0, 1e-4);
+    EXPECT_EQ(out[0].probs[j][out[0].tokens[j]], out[0].confidence[j]);
+    EXPECT_GT(out[0].confidence[j], 0.0f);
+  }
+  // The same key draws the same drafts (the request's own stream, kDraftDraw).
+  (*drafter)->Release("s");
+  std::vector<DraftOutput> again;
+  ASSERT_TRUE((*drafter)->Propose({in}, nullptr, &again).ok());
+  EXPECT_EQ(again[0].tokens, out[0].tokens);
+}
+
 // --- The drafter in the engine ---
 
 struct MtpRun {
