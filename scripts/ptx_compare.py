@@ -74,7 +74,9 @@ def key(mangled, renames):
 
 def normalize(body, mangled):
     body = body.replace(mangled, "K")
-    body = re.sub(r"_ZN\S*?_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "ANON", body)
+    # Names in anonymous namespaces carry a hash of the file's contents; _ZZN: a kernel's
+    # static __shared__ arrays.
+    body = re.sub(r"_ZZ?N\S*?_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "ANON", body)
     body = re.sub(r"\.param \.align \d+ \.b8 K_param_0\[\d+\]", "PARAM", body)
     body = re.sub(r"__local_depot\d+", "DEPOT", body)
     body = re.sub(r"\$L__\w+", "L", body)

@@ -154,6 +154,15 @@ static __global__ void SplitKvCombineKernel(const SplitKvCombineArgs args) {
   }
 }
 
+// SplitWaveFill: how full the waves of `slots` resident CTAs are when `ctas` CTAs each split
+// their keys into `splits` partitions (1: every wave full). The split planners (paged attention,
+// MLA decode) keep more splits only where this improves by >= 10%.
+inline double SplitWaveFill(int64_t ctas, int64_t splits, int64_t slots) {
+  const int64_t total = ctas * splits;
+  const int64_t waves = (total + slots - 1) / slots;
+  return static_cast<double>(total) / static_cast<double>(waves * slots);
+}
+
 // SplitKvWorkspaceBytes: device bytes of the partial (m, l) pairs and partial outputs of
 // `splits` partitions of tokens × heads rows of width dim (0 without a split).
 inline size_t SplitKvWorkspaceBytes(int64_t splits, int64_t tokens, int64_t heads, int64_t dim) {

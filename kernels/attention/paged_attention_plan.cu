@@ -274,11 +274,7 @@ LaunchPlan Plan(const PagedAttentionCudaBatch& b, const PagedAttentionParams& p,
   const bool latency_bound = ctas * 4 < slots;
   const int64_t min_part =
       latency_bound ? (plan.decode ? kKeyTile : kMinPartition) : 4 * kMinPartition;
-  auto fill = [&](int64_t splits) {
-    const int64_t total = ctas * splits;
-    const int64_t waves = (total + slots - 1) / slots;
-    return static_cast<double>(total) / static_cast<double>(waves * slots);
-  };
+  auto fill = [&](int64_t splits) { return attention_detail::SplitWaveFill(ctas, splits, slots); };
   double best_fill = fill(1);
   int64_t best_part = 0;
   for (int64_t part = (keys / kKeyTile) * kKeyTile; part >= min_part; part -= kKeyTile) {

@@ -1,6 +1,7 @@
 // The paged prefill kernels' shared pieces: their argument block (Fa2Args), the epilogue
-// (StorePrefillRows), the mma.sync / ldmatrix wrappers, and the host entry points of the
-// FlashAttention-2 style kernel (paged_prefill_fa2.cu).
+// (StorePrefillRows), the mma.sync / ldmatrix wrappers, the online-softmax step, the skeleton
+// the mma.sync kernels share (tile bounds, Q copy, Q·Kᵀ, P·V), and the host entry
+// points of the FlashAttention-2 style kernel (paged_prefill_fa2.cu).
 #ifndef SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 #define SLUICE_KERNELS_ATTENTION_PAGED_PREFILL_DEVICE_CUH_
 
@@ -184,6 +185,160 @@ __device__ __forceinline__ void PrefillSoftmaxStep(const float (&s)[kSTiles][4],
     }
     p_frag[n / 2][(n & 1) * 2 + 0] = PackBf16(p[0], p[1]);
     p_frag[n / 2][(n & 1) * 2 + 1] = PackBf16(p[2], p[3]);
+  }
+}
+
+// ---- The prefill kernels' shared skeleton (PagedMmaPrefillKernel, Fa2PrefillKernel; the
+// wgmma kernel shares PrefillTileOf) ----
+
+// PrefillTile: the query rows and keys one CTA serves. The grid is linear in x over (query
+// tile, KV head, split), the longest query tiles (latest under the causal mask) first so the
+// short ones fill the tail, and z over the sequences. Rows are query tokens × group (row =
+// token · group + head in the group).
+struct PrefillTile {
+  int seq, split, kv_head, q_begin, ctx, group, rows, row0;
+  int kv_begin, kv_end;  // the keys the tile's rows may see, within the CTA's split
+};
+
+// PrefillTileOf fills *tile for this CTA (kBM rows a query tile) and returns false when the
+// tile starts past the sequence's rows (uniform over the CTA, which then exits; nothing after
+// that test is computed). kWindow false: the kernel serves no sliding window (keys from 0).
+template <int kBM, bool kWindow = true>
+__device__ __forceinline__ bool PrefillTileOf(const Fa2Args& args, PrefillTile* tile) {
+  const int seq = blockIdx.z;
+  int linear = static_cast<int>(blockIdx.x);
+  const int split = linear % args.num_splits;
+  linear /= args.num_splits;
+  const int kv_head = linear % args.num_kv_heads;
+  const int m_tile = args.num_m_tiles - 1 - linear / args.num_kv_heads;
+  const int q_begin = args.query_start_loc[seq];
+  const int q_len = args.query_start_loc[seq + 1] - q_begin;
+  const int ctx = args.context_lens[seq];
+  const int group = args.group;
+  const int rows = q_len * group;
+  const int row0 = m_tile * kBM;
+  if (row0 >= rows) return false;
+  const int row_last = min(row0 + kBM, rows) - 1;
+  int kv_begin = 0;
+  if constexpr (kWindow) {
+    kv_begin = args.sliding_window > 0 ? max(0, ctx + row0 / group - args.sliding_window + 1) : 0;
+  }
+  int kv_end = ctx + row_last / group + 1;
+  if (args.num_splits > 1) {
+    kv_begin = max(kv_begin, split * args.partition_tokens);
+    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
+  }
+  *tile = PrefillTile{seq, split, kv_head, q_begin, ctx, group, rows, row0, kv_begin, kv_end};
+  return true;
+}
+
+// CopyPrefillQ: the tile's kBM query rows into q_smem (row pitch Pitch<kD>()), zero-filled
+// past the true head dim and the last row, by kThreads threads: 16-byte cp.async when
+// args.q_vec (the caller commits them), else 32-bit loads.
+template <int kBM, int kD, int kThreads>
+__device__ __forceinline__ void CopyPrefillQ(const Fa2Args& args, const PrefillTile& tile,
+                                             bf16* q_smem) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per Q row
+  for (int c = threadIdx.x; c < kBM * kChunks; c += kThreads) {
+    const int r = c / kChunks;
+    const int col = (c % kChunks) * 8;
+    const int row = tile.row0 + r;
+    const bool live = row < tile.rows && col < args.head_dim;
+    const bf16* src = args.q;
+    if (live) {
+      src += static_cast<int64_t>(tile.q_begin + row / tile.group) * args.q_token_stride +
+             static_cast<int64_t>(tile.kv_head * tile.group + row % tile.group) * args.head_dim +
+             col;
+    }
+    bf16* dst = q_smem + r * Pitch<kD>() + col;
+    if (args.q_vec) {
+      attention_detail::CpAsync16(dst, src, live ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        reinterpret_cast<uint32_t*>(dst)[w] =
+            live ? __ldg(reinterpret_cast<const unsigned int*>(src) + w) : 0u;
+      }
+    }
+  }
+}
+
+// PrefillInitRows: a warp's kMT m16 tiles before the first key tile: zero output, running max
+// −inf (raw score units), zero partial sums.
+template <int kMT, int kVTiles>
+__device__ __forceinline__ void PrefillInitRows(float (&acc)[kMT][kVTiles][4],
+                                                float (&row_max)[kMT][2],
+                                                float (&row_sum)[kMT][2]) {
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int u = 0; u < kVTiles; ++u) {
+      acc[mi][u][0] = acc[mi][u][1] = acc[mi][u][2] = acc[mi][u][3] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+    row_max[mi][0] = row_max[mi][1] = -INFINITY;
+    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
+  }
+}
+
+// PrefillQk: the raw scores s = Q·Kᵀ of a warp's kMT m16 tiles over a key tile of kSTiles n8
+// tiles, kKSteps k16 steps deep. q_lane / k_lane: this lane's ldmatrix addresses (shared-window
+// bytes) of the warp's Q A fragments (rows lane%16, columns 8·(lane/16)) and of the tile's K B
+// fragments, two n8 tiles an ldmatrix.x4 (keys lane%8 + 8·(lane/16), columns 8·(lane/8 % 2)),
+// tile_off the tile's buffer (bytes from k_lane's); kPitch: bf16 per Q / K row in shared memory.
+template <int kMT, int kSTiles, int kKSteps, int kPitch>
+__device__ __forceinline__ void PrefillQk(float (&s)[kMT][kSTiles][4], uint32_t q_lane,
+                                          uint32_t k_lane, uint32_t tile_off) {
+  constexpr int kB = static_cast<int>(sizeof(bf16));
+#pragma unroll
+  for (int mi = 0; mi < kMT; ++mi) {
+#pragma unroll
+    for (int n = 0; n < kSTiles; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t qa[kMT][4];
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi) {
+      LdMatrixX4At(qa[mi], q_lane + (mi * 16 * kPitch + ks * 16) * kB);
+    }
+#pragma unroll
+    for (int np = 0; np < kSTiles / 2; ++np) {
+      uint32_t kb[4];
+      LdMatrixX4At(kb, k_lane + tile_off + (np * 16 * kPitch + ks * 16) * kB);
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        Mma16816(s[mi][2 * np], qa[mi], kb[0], kb[1]);
+        Mma16816(s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+// PrefillPv: acc += P·V for a warp's kMT m16 tiles (P: PrefillSoftmaxStep's bf16 A fragments,
+// kPSteps k16 steps of keys) over kVTiles n8 output tiles. v_lane: this lane's ldmatrix.trans
+// address of the V rows (keys lane%16, columns 8·(lane/16)), tile_off the tile's buffer (bytes
+// from v_lane's); kPitchV: bf16 per V row.
+template <int kMT, int kPSteps, int kVTiles, int kPitchV>
+__device__ __forceinline__ void PrefillPv(float (&acc)[kMT][kVTiles][4],
+                                          const uint32_t (&p_frag)[kMT][kPSteps][4],
+                                          uint32_t v_lane, uint32_t tile_off) {
+  constexpr int kB = static_cast<int>(sizeof(bf16));
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    const uint32_t vrow = v_lane + tile_off + kk * 16 * kPitchV * kB;
+#pragma unroll
+    for (int u = 0; u < kVTiles; u += 2) {
+      uint32_t b[4];
+      LdMatrixX4TransAt(b, vrow + u * 8 * kB);
+#pragma unroll
+      for (int mi = 0; mi < kMT; ++mi) {
+        Mma16816(acc[mi][u], p_frag[mi][kk], b[0], b[1]);
+        Mma16816(acc[mi][u + 1], p_frag[mi][kk], b[2], b[3]);
+      }
+    }
   }
 }
 

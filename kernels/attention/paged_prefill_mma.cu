@@ -75,28 +75,11 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
 
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
-  const int seq = blockIdx.z;
-  int linear = static_cast<int>(blockIdx.x);
-  const int split = linear % args.num_splits;
-  linear /= args.num_splits;
-  const int kv_head = linear % args.num_kv_heads;
-  const int m_tile = args.num_m_tiles - 1 - linear / args.num_kv_heads;
-  const int q_begin = args.query_start_loc[seq];
-  const int q_len = args.query_start_loc[seq + 1] - q_begin;
-  const int ctx = args.context_lens[seq];
-  const int group = args.group;
-  const int rows = q_len * group;
-  const int row0 = m_tile * Cfg::kBM;
-  if (row0 >= rows) return;  // uniform over the CTA
-  const int row_last = min(row0 + Cfg::kBM, rows) - 1;
-  int kv_begin = args.sliding_window > 0
-                     ? max(0, ctx + row0 / group - args.sliding_window + 1)
-                     : 0;
-  int kv_end = ctx + row_last / group + 1;
-  if (args.num_splits > 1) {
-    kv_begin = max(kv_begin, split * args.partition_tokens);
-    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
-  }
+  PrefillTile cta;
+  if (!PrefillTileOf<Cfg::kBM>(args, &cta)) return;  // uniform over the CTA
+  const int seq = cta.seq, split = cta.split, kv_head = cta.kv_head, q_begin = cta.q_begin;
+  const int ctx = cta.ctx, group = cta.group, rows = cta.rows, row0 = cta.row0;
+  const int kv_begin = cta.kv_begin, kv_end = cta.kv_end;
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -107,29 +90,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
   const int w_pos_first = ctx + wrow0 / group;
   const int w_pos_last = ctx + max(wrow0, min(wrow0 + 16 * kMT, rows) - 1) / group;
 
-  // Q tile → shared memory, zero-filled past the true head dim and the last row. 16-byte
-  // cp.async when q allows (args.q_vec), else 32-bit loads.
-  for (int c = threadIdx.x; c < Cfg::kBM * kKChunks; c += Cfg::kThreads) {
-    const int r = c / kKChunks;
-    const int col = (c % kKChunks) * 8;
-    const int row = row0 + r;
-    const bool live = row < rows && col < args.head_dim;
-    const bf16* src = args.q;
-    if (live) {
-      src += static_cast<int64_t>(q_begin + row / group) * args.q_token_stride +
-             static_cast<int64_t>(kv_head * group + row % group) * args.head_dim + col;
-    }
-    bf16* dst = q_smem + r * Pitch<kD>() + col;
-    if (args.q_vec) {
-      CpAsync16(dst, src, live ? 16 : 0);
-    } else {
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        reinterpret_cast<uint32_t*>(dst)[w] =
-            live ? __ldg(reinterpret_cast<const unsigned int*>(src) + w) : 0u;
-      }
-    }
-  }
+  CopyPrefillQ<Cfg::kBM, kD, Cfg::kThreads>(args, cta, q_smem);
   CpAsyncCommit();  // the oldest group: waiting for K/V tile 0 waits for Q too
 
   // Slot of key tile + warp·kWarpKeys + lane (lane < kWarpKeys; −1 outside [kv_begin, kv_end)).
@@ -191,20 +152,9 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
   for (int s = 0; s < kStages - 1; ++s) load(tile_first + s * kBN, s);
 
   float acc[kMT][kVTiles][4];
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-    for (int u = 0; u < kVTiles; ++u) {
-      acc[mi][u][0] = acc[mi][u][1] = acc[mi][u][2] = acc[mi][u][3] = 0.0f;
-    }
-  }
   float row_max[kMT][2];  // raw (unscaled) score units
   float row_sum[kMT][2];  // this thread's partial; summed over the quad at the end
-#pragma unroll
-  for (int mi = 0; mi < kMT; ++mi) {
-    row_max[mi][0] = row_max[mi][1] = -INFINITY;
-    row_sum[mi][0] = row_sum[mi][1] = 0.0f;
-  }
+  PrefillInitRows(acc, row_max, row_sum);
   const float c_log2 = args.scale_log2;  // > 0 (the planner checks)
 
   // ldmatrix lane addresses: Q A fragments (rows lane%16, columns 8·(lane/16)); K B fragments
@@ -234,29 +184,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
     }
 
     float s[kMT][kSTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi) {
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t qa[kMT][4];
-#pragma unroll
-      for (int mi = 0; mi < kMT; ++mi) {
-        LdMatrixX4At(qa[mi], q_lane + (mi * 16 * Pitch<kD>() + ks * 16) * kB);
-      }
-#pragma unroll
-      for (int np = 0; np < kSTiles / 2; ++np) {
-        uint32_t kb[4];
-        LdMatrixX4At(kb, k_lane + tile_off + (np * 16 * Pitch<kD>() + ks * 16) * kB);
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi) {
-          Mma16816(s[mi][2 * np], qa[mi], kb[0], kb[1]);
-          Mma16816(s[mi][2 * np + 1], qa[mi], kb[2], kb[3]);
-        }
-      }
-    }
+    PrefillQk<kMT, kSTiles, kKSteps, Pitch<kD>()>(s, q_lane, k_lane, tile_off);
     // Mask only where some row of the warp sees part of the tile.
     const bool full = tile >= kv_begin && tile + kBN <= kv_end && tile + kBN - 1 <= w_pos_first &&
                       (args.sliding_window <= 0 || tile > w_pos_last - args.sliding_window);
@@ -286,20 +214,7 @@ __global__ void __launch_bounds__(32 * kWarps, 2) PagedMmaPrefillKernel(const At
       PrefillSoftmaxStep<kSTiles, kVTiles>(s[mi], c_log2, row_max[mi], row_sum[mi], acc[mi],
                                            p_frag[mi]);
     }
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      const uint32_t vrow = v_lane + tile_off + kk * 16 * Pitch<kDV>() * kB;
-#pragma unroll
-      for (int u = 0; u < kVTiles; u += 2) {
-        uint32_t b[4];
-        LdMatrixX4TransAt(b, vrow + u * 8 * kB);
-#pragma unroll
-        for (int mi = 0; mi < kMT; ++mi) {
-          Mma16816(acc[mi][u], p_frag[mi][kk], b[0], b[1]);
-          Mma16816(acc[mi][u + 1], p_frag[mi][kk], b[2], b[3]);
-        }
-      }
-    }
+    PrefillPv<kMT, kPSteps, kVTiles, Pitch<kDV>()>(acc, p_frag, v_lane, tile_off);
   }
   // An empty partition never waited for its Q copy; no copy may outlive the CTA.
   CpAsyncWait<0>();

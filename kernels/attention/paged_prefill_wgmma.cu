@@ -216,26 +216,11 @@ __global__ void __launch_bounds__(kThreads, 2) WgmmaPrefillKernel(const Fa2Args 
 
   attention_detail::GridDependencyWait();
   attention_detail::LaunchDependents();
-  const int seq = blockIdx.z;
-  int linear = static_cast<int>(blockIdx.x);
-  const int split = linear % args.num_splits;
-  linear /= args.num_splits;
-  const int kv_head = linear % args.num_kv_heads;
-  const int m_tile = args.num_m_tiles - 1 - linear / args.num_kv_heads;
-  const int q_begin = args.query_start_loc[seq];
-  const int q_len = args.query_start_loc[seq + 1] - q_begin;
-  const int ctx = args.context_lens[seq];
-  const int group = args.group;
-  const int rows = q_len * group;
-  const int row0 = m_tile * kBM;
-  if (row0 >= rows) return;  // uniform over the CTA
-  const int row_last = min(row0 + kBM, rows) - 1;
-  int kv_begin = 0;  // no sliding window (WgmmaPrefillSupports)
-  int kv_end = ctx + row_last / group + 1;
-  if (args.num_splits > 1) {
-    kv_begin = max(kv_begin, split * args.partition_tokens);
-    kv_end = min(kv_end, (split + 1) * args.partition_tokens);
-  }
+  PrefillTile cta;  // no sliding window (WgmmaPrefillSupports)
+  if (!PrefillTileOf<kBM, /*kWindow=*/false>(args, &cta)) return;  // uniform over the CTA
+  const int seq = cta.seq, split = cta.split, kv_head = cta.kv_head, q_begin = cta.q_begin;
+  const int ctx = cta.ctx, group = cta.group, rows = cta.rows, row0 = cta.row0;
+  const int kv_begin = cta.kv_begin, kv_end = cta.kv_end;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;

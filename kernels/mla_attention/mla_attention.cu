@@ -70,11 +70,7 @@ void PlanDecodeSplits(const PagedAttentionCudaBatch& b, const MlaDims& d, MlaPla
   if (ctas >= 4 * slots || b.max_seq_len < 2 * kDecTile) return;
   const bool latency_bound = ctas * 4 < slots;
   const int64_t min_part = latency_bound ? kDecTile : 4 * kDecTile;
-  auto fill = [&](int64_t splits) {
-    const int64_t total = ctas * splits;
-    const int64_t waves = (total + slots - 1) / slots;
-    return static_cast<double>(total) / static_cast<double>(waves * slots);
-  };
+  auto fill = [&](int64_t splits) { return attention_detail::SplitWaveFill(ctas, splits, slots); };
   double best_fill = fill(1);
   int64_t best_part = 0;
   for (int64_t part = (b.max_seq_len + kDecTile - 1) / kDecTile * kDecTile; part >= min_part;

@@ -240,6 +240,38 @@ __device__ __forceinline__ void RescaleRows(float (&acc)[T][8][4], const float* 
   }
 }
 
+// RescalePv: O = O·alpha + P·V over this warp's 64 latent channels [col0, col0 + 64) (those
+// below `rank`) of T 16-row m-tiles and a kTile-key tile: alpha_s[row] (RescaleRows), P the
+// bf16 probabilities at p_s (row pitch kPPitch, m-tile t at row 16·t), V the tile's latent
+// rows at k_s (row pitch `pitch`).
+template <int T, int kTile, int kPPitch>
+__device__ __forceinline__ void RescalePv(float (&acc)[T][8][4], const float* alpha_s,
+                                          const bf16* p_s, const bf16* k_s, int pitch, int col0,
+                                          int rank, int lane) {
+  RescaleRows<T>(acc, alpha_s, lane);
+#pragma unroll
+  for (int ks = 0; ks < kTile; ks += 16) {
+    uint32_t a[T][4];
+#pragma unroll
+    for (int t = 0; t < T; ++t) LoadA(a[t], p_s + t * 16 * kPPitch + ks, kPPitch, lane);
+    // Matrices 0/1: keys ks..ks+7 / ks+8..ks+15 at channels n..n+7; 2/3: channels n+8..
+    const bf16* v =
+        k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 + (lane >> 4) * 8;
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (col0 + np * 16 < rank) {
+        uint32_t b[4];
+        LdMatrixX4Trans(b, v + np * 16);
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+          Mma(acc[t][2 * np], a[t], b[0], b[1]);
+          Mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
+        }
+      }
+    }
+  }
+}
+
 // ---- MlaPrefillMmaKernel's shape (mla_prefill.cu) ----
 constexpr int kPfTokens = kTcPrefillTokens;  // query tokens per CTA
 constexpr int kPfRows = 16 * kPfTokens;      // M: row r = token r / 16, head h0 + r % 16

@@ -203,30 +203,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaDecodeKernel(const MlaArgs a
     __syncthreads();
 
     if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
-      const float lo = alpha_s[lane / 4], hi = alpha_s[lane / 4 + 8];
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        acc[0][n][0] *= lo;
-        acc[0][n][1] *= lo;
-        acc[0][n][2] *= hi;
-        acc[0][n][3] *= hi;
-      }
-#pragma unroll
-      for (int ks = 0; ks < kDecTile; ks += 16) {
-        uint32_t a[4];
-        LoadA(a, p_s + ks, kDecPPitch, lane);
-        const bf16* v =
-            k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 + (lane >> 4) * 8;
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (col0 + np * 16 < args.rank) {
-            uint32_t b[4];
-            LdMatrixX4Trans(b, v + np * 16);
-            Mma(acc[0][2 * np], a, b[0], b[1]);
-            Mma(acc[0][2 * np + 1], a, b[2], b[3]);
-          }
-        }
-      }
+      RescalePv<1, kDecTile, kDecPPitch>(acc, alpha_s, p_s, k_s, pitch, col0, args.rank, lane);
     }
   }
   CpAsyncWait<0>();  // no copy may land after the CTA exits (empty groups only, or Q)

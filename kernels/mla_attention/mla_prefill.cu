@@ -285,28 +285,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) MlaLatentMmaKernel(const MlaArg
     __syncthreads();
 
     if (col0 < args.rank) {  // O = O·alpha + P·V over this warp's 64 channels
-      RescaleRows<T>(acc, alpha_s, lane);
-#pragma unroll
-      for (int ks = 0; ks < kTcTile; ks += 16) {
-        uint32_t a[T][4];
-#pragma unroll
-        for (int t = 0; t < T; ++t) LoadA(a[t], p_s + t * 16 * kPPitch + ks, kPPitch, lane);
-        // Matrices 0/1: keys ks..ks+7 / ks+8..ks+15 at channels n..n+7; 2/3: channels n+8..
-        const bf16* v =
-            k_s + (ks + (lane & 7) + ((lane >> 3) & 1) * 8) * pitch + col0 + (lane >> 4) * 8;
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          if (col0 + np * 16 < args.rank) {
-            uint32_t b[4];
-            LdMatrixX4Trans(b, v + np * 16);
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-              Mma(acc[t][2 * np], a[t], b[0], b[1]);
-              Mma(acc[t][2 * np + 1], a[t], b[2], b[3]);
-            }
-          }
-        }
-      }
+      RescalePv<T, kTcTile, kPPitch>(acc, alpha_s, p_s, k_s, pitch, col0, args.rank, lane);
     }
     __syncthreads();  // k_s, s_s, p_s and alpha_s are rewritten by the next tile
   }
