@@ -6,7 +6,8 @@
         [--out bench/results/batch_invariant_cpu.json]
     python3 bench/batch_invariant_cost.py --cuda-decode-bench build/bin/cuda_decode_bench
         [--config bench/configs/llama3-8b] [--batches 1,64,256] [--context 1024]
-        [--prefill 4096] [--rounds 3] [--out bench/results/batch_invariant_cuda.json]
+        [--prefill 4096] [--rounds 3] [--bench-args "--batch-invariant-gemm-ctas 64"]
+        [--out bench/results/batch_invariant_cuda.json]
 
 For each batch size B: B synthetic completion requests (random words, 24-48 of them; seeded
 sampling at temperature 0.8; exactly --max-tokens new tokens, ignore_eos) go through one
@@ -94,7 +95,7 @@ def run_generate(args, prompts, out, batch, invariant):
 def run_cuda_bench(args, invariant, out):
     cmd = [args.cuda_decode_bench, "--config", args.config, "--batches", args.batches,
            "--context", str(args.context), "--prefill", args.prefill, "--breakdown", "0",
-           "--batch-invariant", "1" if invariant else "0", "--out", out]
+           "--batch-invariant", "1" if invariant else "0", "--out", out, *args.bench_args.split()]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -151,6 +152,7 @@ def cuda_main(args):
         "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                  capture_output=True, text=True).stdout.strip(),
         "rounds": args.rounds,
+        "bench_args": args.bench_args,
         "commands": commands,
         "results": decode_results,
         "prefill_results": prefill_results,
@@ -174,6 +176,9 @@ def main():
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--prefill", default="4096",
                         help="prefill lengths for --cuda-decode-bench ('' for none)")
+    parser.add_argument("--bench-args", default="",
+                        help="more cuda_decode_bench flags for both modes, e.g. "
+                             "'--batch-invariant-gemm-ctas 64'")
     args = parser.parse_args()
     if args.cuda_decode_bench:
         if args.batches == "1,16,64":

@@ -60,6 +60,8 @@
 // --batch-invariant 0|1: the runner in batch-invariant mode (CudaRunnerOptions::batch_invariant:
 // fixed-order GEMM and attention kernels, no GEMM tuning), for the mode's cost
 // (bench/batch_invariant_cost.py --cuda-decode-bench runs both modes alternately).
+// --batch-invariant-gemm-ctas N: the CTA count the mode's GEMM k-split aims for
+// (LinearOptions::batch_invariant_target_ctas, default 128), for A/B runs.
 // --gemm-skinny 0|1: whether the GEMM autotuner times the skinny tensor-core GEMM for decode
 // shapes of 2..16 rows (CudaRunnerOptions::linear.skinny_tuning; default 1), for A/B runs.
 // --l2-persist 0|1: keep each decode graph's MLP activations in an L2 set-aside
@@ -617,6 +619,11 @@ absl::Status Main(int argc, char** argv) {
     } else if (a == "--batch-invariant") {  // CudaRunnerOptions::batch_invariant
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       f.batch_invariant = v == "1";
+    } else if (a == "--batch-invariant-gemm-ctas") {
+      if (!absl::SimpleAtoi(v, &f.linear.batch_invariant_target_ctas) ||
+          f.linear.batch_invariant_target_ctas < 1) {
+        return absl::InvalidArgumentError("bad " + a);
+      }
     } else if (a == "--l2-persist") {
       if (v != "0" && v != "1") return absl::InvalidArgumentError(a + " takes 0 or 1");
       f.l2_persist = v == "1";
@@ -697,6 +704,7 @@ absl::Status Main(int argc, char** argv) {
   out["gemm_tuning"] = f.gemm_tuning;
   out["l2_persist"] = f.l2_persist ? 1 : 0;
   out["batch_invariant"] = f.batch_invariant ? 1 : 0;
+  out["batch_invariant_gemm_ctas"] = f.linear.batch_invariant_target_ctas;
   nlohmann::json plans;
 #if SLUICE_HAVE_NCCL
   auto decode = f.tp > 1 ? BenchDecodeTp(*config, f, *copy, &plans)

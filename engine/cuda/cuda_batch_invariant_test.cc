@@ -167,8 +167,8 @@ TEST_F(CudaBatchInvariantTest, SluiceMiniMoeBatchInvariantLogitsAloneChunkedBatc
 // from the SM count (GEMM splits follow (n, k), attention splits follow key positions, the
 // persistent / occupancy-sized kernels are the ones the mode turns off), and none depends on CTA
 // scheduling (no atomics in a reduction). Checked: the same request while HoldSmsCuda keeps all
-// but 4 SMs busy (every CTA then runs on those 4, in many more waves) gives the same bits as on
-// the whole GPU.
+// but 4 SMs' shared memory taken (every kernel with shared memory, so every GEMM, attention and
+// norm, then runs on those 4, in many more waves) gives the same bits as on the whole GPU.
 void CheckSmIndependence(const std::string& dir) {
   auto cases = testing::LoadGoldenCases(dir + "/golden.safetensors");
   ASSERT_TRUE(cases.ok()) << cases.status();

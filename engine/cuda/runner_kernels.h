@@ -66,9 +66,10 @@ absl::Status QkHeadRmsNormCuda(bf16* qkv, int64_t num_tokens, int64_t token_stri
 // stream, e.g. so a profiled step's kernels queue up behind it).
 absl::Status SpinCuda(int64_t ns, cudaStream_t stream);
 
-// HoldSmsCuda: `ctas` CTAs that each take an SM's whole shared memory (so nothing else fits
-// beside them) and busy-wait for `ns` nanoseconds: work launched on other streams meanwhile
-// runs on the remaining SMs only (tests of SM-count independence). ctas must not exceed the
+// HoldSmsCuda: `ctas` CTAs that each take an SM's whole shared memory and busy-wait for `ns`
+// nanoseconds: kernels launched on other streams meanwhile that use shared memory (the GEMM,
+// attention, norm and reduction kernels) run on the remaining SMs only (tests of SM-count
+// independence; kernels without shared memory may still fill the held SMs' spare threads). ctas must not exceed the
 // SM count (else some wait for a free SM). Errors: InvalidArgument for ctas < 1 or ns < 0;
 // Internal for CUDA errors.
 absl::Status HoldSmsCuda(int64_t ctas, int64_t ns, cudaStream_t stream);

@@ -23,6 +23,8 @@ static_assert(kSplitKeys % (kGroupKeys * kWarps) == 0);
 // kMaxPassTokens, the grid's y limit).
 constexpr size_t kPassWorkspaceBytes = size_t{256} << 20;
 constexpr int64_t kMaxPassTokens = 65535;
+// Split CTAs per (head tile, token): each loops over every kSplitCtas-th split of the token.
+constexpr int64_t kSplitCtas = 16;
 
 struct InvArgs {
   const bf16* q;
@@ -76,19 +78,19 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// One CTA: (head tile blockIdx.x: query heads [kG·x, kG·x + kG) of one KV head, token
-// blockIdx.y of the pass, split blockIdx.z). Each warp reads a key's K and V row once for the
+// A CTA reduces splits for a head tile (query heads [kG·x, kG·x + kG) of one KV head) of one
+// token (InvariantSplitKernel below). Each warp reads a key's K and V row once for the
 // kG heads; per head the arithmetic is that of kG = 1 (the same operations in the same order),
 // so the tile only saves loads. Head tiles vary fastest, so a GQA group's tiles also share its
 // rows through L2.
+// ReduceSplit: split sp of token t (pass row `row`) for query heads [h0, h0 + kG); writes its
+// partial (max, sum, V accumulator) per head. Called by the whole CTA (sp is CTA-uniform).
 template <int kP, int kG>
-__global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
-  const int t = a.token_begin + static_cast<int>(blockIdx.y);
-  const int h0 = blockIdx.x * kG, sp = blockIdx.z;
-  const RowRange r = RangeOf(a, t);
+__device__ __forceinline__ void ReduceSplit(const InvArgs& a, int t, int row, const RowRange& r,
+                                            int h0, int sp) {
   const int kb = sp * kSplitKeys;
   const int ke = min(kb + kSplitKeys - 1, r.hi);
-  if (r.seq < 0 || ke < r.lo || kb > r.hi) return;  // the merge reads only splits in range
+  if (ke < r.lo || kb > r.hi) return;  // the merge reads only splits in range
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kvh = h0 / a.group;
   const int d = a.head_dim, dv = a.v_head_dim;
@@ -197,8 +199,7 @@ __global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
     float mt = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, s_m[w][u]);
-    const int64_t slot_index =
-        (int64_t{static_cast<int>(blockIdx.y)} * a.num_heads + h0 + u) * a.num_splits + sp;
+    const int64_t slot_index = (int64_t{row} * a.num_heads + h0 + u) * a.num_splits + sp;
     if (threadIdx.x == 0) {
       float lt = 0.0f;
       for (int w = 0; w < kWarps; ++w) lt += s_l[w][u] * expf(s_m[w][u] - mt);
@@ -210,6 +211,24 @@ __global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
       for (int w = 0; w < kWarps; ++w) v += s_acc[w][u][c] * expf(s_m[w][u] - mt);
       a.partial_acc[slot_index * dv + c] = v;
     }
+  }
+  __syncthreads();  // the shared arrays are reused by the CTA's next split
+}
+
+// One CTA: (head tile blockIdx.x, token blockIdx.y of the pass) and splits first + blockIdx.z,
+// + gridDim.z, ... of the token's range (gridDim.z: at most kSplitCtas, a constant, so a long
+// max_seq_len does not launch CTAs that find nothing to do; which CTA reduces a split does not
+// change what it computes).
+template <int kP, int kG>
+__global__ void __launch_bounds__(kThreads) InvariantSplitKernel(InvArgs a) {
+  const int row = static_cast<int>(blockIdx.y);
+  const int t = a.token_begin + row;
+  const RowRange r = RangeOf(a, t);
+  if (r.seq < 0) return;
+  const int first = r.lo / kSplitKeys, last = r.hi / kSplitKeys;
+  for (int sp = first + static_cast<int>(blockIdx.z); sp <= last;
+       sp += static_cast<int>(gridDim.z)) {
+    ReduceSplit<kP, kG>(a, t, row, r, static_cast<int>(blockIdx.x) * kG, sp);
   }
 }
 
@@ -367,7 +386,7 @@ absl::Status LaunchBatchInvariantAttention(const bf16* q, const bf16* k_cache,
     const int64_t n = std::min(pass, batch.num_tokens - t0);
     a.token_begin = static_cast<int>(t0);
     const dim3 grid(static_cast<unsigned>(params.num_heads), static_cast<unsigned>(n),
-                    static_cast<unsigned>(splits));
+                    static_cast<unsigned>(std::min(splits, kSplitCtas)));
     const int64_t dims = std::max(params.head_dim, params.v_head_dim);
     const int per_lane = dims <= 32 ? 1 : dims <= 64 ? 2 : dims <= 128 ? 4 : dims <= 256 ? 8
                        : dims <= 512 ? 16 : kLargePerLane;

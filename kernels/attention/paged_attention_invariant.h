@@ -13,8 +13,9 @@
 // butterfly whose every lane ends with the same sum), and the 4 warps' states are merged in
 // warp order. A second kernel merges a row's splits in split order. Decode rows, prefill rows
 // and chunked-prefill rows all go through the same two kernels with the same cut points, and
-// the grid (tokens × heads × splits of max_seq_len) only decides which CTAs exist, never what
-// one computes; rows beyond query_start_loc[num_sequences] (graph padding) get zeros.
+// the grid (head tiles × tokens × up to 16 CTAs that take every 16th split of a row) only
+// decides which CTA computes a split, never what it computes; rows beyond
+// query_start_loc[num_sequences] (graph padding) get zeros.
 // Internal to kernels/attention.
 #ifndef SLUICE_KERNELS_ATTENTION_PAGED_ATTENTION_INVARIANT_H_
 #define SLUICE_KERNELS_ATTENTION_PAGED_ATTENTION_INVARIANT_H_

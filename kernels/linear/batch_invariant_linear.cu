@@ -9,19 +9,16 @@
 namespace sluice::kernels {
 namespace {
 
-// CTAs the split aims for: enough to cover an H100/H200's 132 SMs about once. A constant, so
-// the split (and the summation order) is the same on every GPU.
-constexpr int64_t kTargetCtas = 128;
 constexpr int64_t kWarpsPerCta = 8;  // skinny_gemm.cu's kWarps
 
 }  // namespace
 
-int BatchInvariantGemmSplit(int64_t n, bool glu) {
+int BatchInvariantGemmSplit(int64_t n, bool glu, int64_t target_ctas) {
   const int64_t cols_per_group = glu ? 16 : 32;  // output columns one warp owns
   const int64_t groups = (n + cols_per_group - 1) / cols_per_group;
   for (int split : {1, 2, 4}) {
     const int64_t groups_per_cta = kWarpsPerCta / split;
-    if ((groups + groups_per_cta - 1) / groups_per_cta >= kTargetCtas) return split;
+    if ((groups + groups_per_cta - 1) / groups_per_cta >= target_ctas) return split;
   }
   return 8;
 }
@@ -30,7 +27,7 @@ int64_t BatchInvariantChunkRows(int split) { return split == 8 ? 32 : 64; }
 
 absl::Status BatchInvariantLinearCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                       int64_t m, int64_t n, int64_t k, bool glu,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, int64_t target_ctas) {
   const int64_t w_rows = glu ? 2 * n : n;
   if (m < 1 || y == nullptr || !skinny_detail::SkinnySupported(x, w, 1, w_rows, k)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -38,7 +35,7 @@ absl::Status BatchInvariantLinearCuda(const bf16* x, const bf16* w, const bf16* 
         "16-byte aligned x and w and an output buffer (m=", m, " n=", n, " k=", k,
         glu ? " SiLU·mul" : "", ")"));
   }
-  const int split = BatchInvariantGemmSplit(n, glu);
+  const int split = BatchInvariantGemmSplit(n, glu, target_ctas);
   const int64_t chunk = BatchInvariantChunkRows(split);
   // Deeper rings where they fit; the depth never changes an element's additions.
   const int stages = skinny_detail::SkinnyVariantSupported(chunk, split, 4) ? 4 : 3;

@@ -25,9 +25,11 @@
 namespace sluice::kernels {
 
 // The k-split of the batch-invariant GEMM for n output columns (glu: of the SiLU·mul output,
-// whose weight has 2n rows): the smallest of 1, 2, 4, 8 that gives at least 128 CTAs (a fixed
-// count, not the device's SM count, so the choice and the bits are the same on every GPU).
-int BatchInvariantGemmSplit(int64_t n, bool glu);
+// whose weight has 2n rows): the smallest of 1, 2, 4, 8 that gives at least target_ctas CTAs
+// (a fixed count, LinearOptions::batch_invariant_target_ctas, not the device's SM count, so
+// the choice and the bits are the same on every GPU).
+inline constexpr int64_t kBatchInvariantTargetCtas = 128;
+int BatchInvariantGemmSplit(int64_t n, bool glu, int64_t target_ctas = kBatchInvariantTargetCtas);
 // Rows per launch for a split: 64 (the kernel's largest token tile), 32 at split 8 (whose
 // x rings at 64 rows exceed shared memory).
 int64_t BatchInvariantChunkRows(int split);
@@ -41,7 +43,8 @@ int64_t BatchInvariantChunkRows(int split);
 // launch errors.
 absl::Status BatchInvariantLinearCuda(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
                                       int64_t m, int64_t n, int64_t k, bool glu,
-                                      cudaStream_t stream);
+                                      cudaStream_t stream,
+                                      int64_t target_ctas = kBatchInvariantTargetCtas);
 
 }  // namespace sluice::kernels
 

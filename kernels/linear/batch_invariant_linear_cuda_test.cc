@@ -165,6 +165,9 @@ TEST(BatchInvariantLinearTest, SplitIsAShapeRule) {
   EXPECT_EQ(BatchInvariantGemmSplit(4096, false), 8);
   EXPECT_EQ(BatchInvariantGemmSplit(14336, true), 2);
   EXPECT_EQ(BatchInvariantGemmSplit(128256, false), 1);
+  // LinearOptions::batch_invariant_target_ctas 64: the 4,096/6,144-column projections at split 4.
+  EXPECT_EQ(BatchInvariantGemmSplit(4096, false, 64), 4);
+  EXPECT_EQ(BatchInvariantGemmSplit(6144, false, 64), 4);
   EXPECT_EQ(BatchInvariantChunkRows(8), 32);
   EXPECT_EQ(BatchInvariantChunkRows(2), 64);
 }

@@ -920,11 +920,12 @@ absl::StatusOr<std::unique_ptr<CublasLt>> CublasLt::Create(size_t workspace_byte
                                                           const LinearOptions& options) {
   if (options.tune_candidates < 1 || options.tune_candidates > kMaxTuneCandidates ||
       options.algo_search < 0 ||
-      options.algo_search > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams)) {
+      options.algo_search > (kGemmSearchAlgos | kGemmSearchSplitN | kGemmSearchStreams) ||
+      options.batch_invariant_target_ctas < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CublasLt: LinearOptions tune_candidates must be in 1..", kMaxTuneCandidates, " (got ",
         options.tune_candidates, "), algo_search a mask of 1, 2, 4 (got ", options.algo_search,
-        ")"));
+        "), batch_invariant_target_ctas >= 1 (got ", options.batch_invariant_target_ctas, ")"));
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -951,9 +952,10 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
   if (fused != nullptr) *fused = false;
   if (impl.options.batch_invariant) {  // no plan, heuristic or tuning: an order fixed by (n, k)
     if (glu_out != nullptr) *fused = true;
+    const int64_t ctas = impl.options.batch_invariant_target_ctas;
     return glu_out != nullptr
-               ? BatchInvariantLinearCuda(x, w, bias, glu_out, m, n / 2, k, true, stream)
-               : BatchInvariantLinearCuda(x, w, bias, y, m, n, k, false, stream);
+               ? BatchInvariantLinearCuda(x, w, bias, glu_out, m, n / 2, k, true, stream, ctas)
+               : BatchInvariantLinearCuda(x, w, bias, y, m, n, k, false, stream, ctas);
   }
   std::lock_guard<std::mutex> lock(impl.mu);
   const PlanKey key{m,

@@ -40,6 +40,11 @@ struct LinearOptions {
   // LinearSiluMulCuda call of this CublasLt runs BatchInvariantLinearCuda, whose per-element
   // k order depends on (n, k) only, never on m; no cuBLASLt, tuning or tuning table.
   bool batch_invariant = false;
+  // The CTA count that mode's k-split aims for (BatchInvariantGemmSplit; a constant, never the
+  // SM count, so the bits are the same on every GPU): 128 covers an H100/H200 once at split 8
+  // for 4,096-column projections (two 32-row passes at batch 64); 64 keeps them at split 4 and
+  // one 64-row pass. For A/B runs (cuda_decode_bench --batch-invariant-gemm-ctas).
+  int batch_invariant_target_ctas = 128;
 };
 
 }  // namespace sluice::kernels
