@@ -30,9 +30,11 @@ void ForEachPiece(Cache& cache, int32_t block, absl::Span<const int32_t> layers,
     const int64_t layer = layers.empty() ? i : layers[static_cast<size_t>(i)];
     const int64_t k_floats = bs * spec.k_floats_per_token;
     const int64_t v_floats = bs * spec.v_floats_per_token;
-    fn(cache.k(layer) + block * k_floats, offset, k_floats * 4);
+    // A cache without V (MLA keeps only the latent in K) has no V storage at all: its null
+    // pointer must not reach memcpy, even for 0 bytes (UBSan: nonnull argument).
+    if (k_floats > 0) fn(cache.k(layer) + block * k_floats, offset, k_floats * 4);
     offset += k_floats * 4;
-    fn(cache.v(layer) + block * v_floats, offset, v_floats * 4);
+    if (v_floats > 0) fn(cache.v(layer) + block * v_floats, offset, v_floats * 4);
     offset += v_floats * 4;
   }
 }

@@ -168,11 +168,10 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
         writer = writer_;
       }
     }
+    // A failed reservation leaves the service before its calls learn of it (see OnOutput).
+    if (!blocks.ok()) service_->Forget(id_, this);
     if (reply) reply(blocks);
-    if (!blocks.ok()) {
-      if (writer != nullptr) EndWriter(ToGrpc(blocks.status()));
-      service_->Forget(id_, this);
-    }
+    if (!blocks.ok() && writer != nullptr) EndWriter(ToGrpc(blocks.status()));
     if (expire) service_->ExpireUnclaimed(shared_from_this());
     if (start) Transfer();
   }
@@ -194,6 +193,9 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     message.set_request_id(id_);
     const bool final = out.finished();
     const absl::Time now = absl::Now();
+    // Before the final message goes out: once the call ends, its owner may destroy the service
+    // (TSan saw ~DecodeService race this Forget).
+    if (final) service_->Forget(id_, this);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (out.queue_seconds >= 0) queue_seconds_ = out.queue_seconds;
@@ -211,7 +213,6 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
       }
       if (final) state_ = State::kFailed;  // done: no more transitions
     }
-    if (final) service_->Forget(id_, this);
   }
 
   // ObserveStepLocked: the first output after a remote prefill ends the handover; later ones are
