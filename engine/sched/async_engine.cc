@@ -25,13 +25,15 @@ class AsyncEngine::Impl {
     thread_ = std::thread([this] { Loop(); });
   }
 
-  ~Impl() {
+  ~Impl() { Shutdown(); }
+
+  void Shutdown() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
   absl::Status Submit(EngineRequest request, OutputCallback on_output) {
@@ -320,6 +322,7 @@ class AsyncEngine::Impl {
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine)
     : impl_(std::make_unique<Impl>(std::move(engine))) {}
 AsyncEngine::~AsyncEngine() = default;
+void AsyncEngine::Shutdown() { impl_->Shutdown(); }
 absl::Status AsyncEngine::Submit(EngineRequest request, OutputCallback on_output) {
   return impl_->Submit(std::move(request), std::move(on_output));
 }

@@ -34,6 +34,10 @@ class AsyncEngine {
   // Starts the engine thread. `engine` is owned.
   explicit AsyncEngine(std::unique_ptr<LLMEngine> engine);
   ~AsyncEngine();  // aborts everything in flight, joins the thread
+  // Shutdown: what the destructor does, earlier: every request in flight gets its final
+  // (aborted) output, then the engine thread ends. Owners of output callbacks call it before
+  // they go. Idempotent; later Submit calls get Unavailable.
+  void Shutdown();
 
   // Submit validates and queues `request`; outputs go to `on_output` from the engine thread.
   // Errors as LLMEngine::AddRequest; on error no callback is made.

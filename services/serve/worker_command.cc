@@ -248,6 +248,12 @@ int Run(const WorkerOptions& options, Role role) {
   WorkerGrammars grammars(runtime->tokenizer.get());  // outlives the services
   std::unique_ptr<PrefillService> prefill;
   std::unique_ptr<DecodeService> decode;
+  // The engine's last outputs (aborts of what is still in flight) go to the services' sessions:
+  // it stops before they are destroyed, on every return below.
+  struct StopEngineFirst {
+    AsyncEngine* engine;
+    ~StopEngineFirst() { engine->Shutdown(); }
+  } stop_engine_first{&engine};
   std::string advertise = options.advertise;
   if (advertise.empty()) {
     const size_t colon = options.listen.rfind(':');

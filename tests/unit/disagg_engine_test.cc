@@ -415,6 +415,42 @@ TEST(DisaggEngineTest, FirstTokenOutsideTheVocabularyFailsTheRequest) {
 }
 
 // The same flow through two AsyncEngines (thread-safe entry points, callbacks).
+TEST(DisaggEngineTest, AsyncEngineShutdownEndsWhatIsInFlightBeforeItsOwnerGoes) {
+  AsyncEngine decode(MakeEngine(64));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reserved = false;
+  std::vector<RequestOutput> outputs;
+  decode.ReserveForTransfer(
+      Greedy("waiting", Prompt(9, 1), 4), std::nullopt, absl::Now() + absl::Seconds(10),
+      [&](absl::StatusOr<std::vector<int32_t>> blocks) {
+        std::lock_guard<std::mutex> lock(mu);
+        reserved = blocks.ok();
+        cv.notify_all();
+      },
+      [&](const RequestOutput& out) {
+        std::lock_guard<std::mutex> lock(mu);
+        outputs.push_back(out);
+      });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return reserved; }));
+  }
+  // The reservation waits for a transfer that never completes: Shutdown gives it its final
+  // output now, on return, while whoever owns the callback still exists.
+  decode.Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0].request_id, "waiting");
+    EXPECT_EQ(outputs[0].finish_reason, FinishReason::kAbort);
+    EXPECT_TRUE(outputs[0].finished());
+  }
+  decode.Shutdown();  // idempotent
+  EXPECT_EQ(decode.Submit(Greedy("late", Prompt(5, 1), 2), [](const RequestOutput&) {}).code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST(DisaggEngineTest, AsyncEnginesPrefillReserveTransferDecode) {
   AsyncEngine prefill(MakeEngine(64));
   AsyncEngine decode(MakeEngine(64));
