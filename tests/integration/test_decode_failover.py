@@ -128,8 +128,11 @@ def test_kill_decode_worker_after_first_token_completes_elsewhere(reference):
 def test_full_decode_workers_queue_instead_of_503(reference):
     n = NUM_QUEUED
     # 8 blocks of 16 tokens: one request needs up to 3 (~20 prompt + 24 tokens), so each worker
-    # runs two or three at a time and most Reserve calls find it full.
-    cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE})
+    # runs two or three at a time and most Reserve calls find it full. The router holds each
+    # Decode 700 ms after its reservation, longer than a Reserve waits for blocks (500 ms), so
+    # the tier is full however fast the workers decode.
+    cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE},
+                      router_args=["--test-decode-start-delay-ms", "700"])
     try:
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
                                max_retries=0)
