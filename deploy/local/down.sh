@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 RUN_DIR="${SLUICE_RUN_DIR:-${TMPDIR:-/tmp}/sluice-local}"
-GRACE=10
+GRACE=40  # covers the workers' default --drain-timeout-s (30) and the router's own drain
 while [ $# -gt 0 ]; do
   case "$1" in
     --run-dir) RUN_DIR="$2"; shift 2 ;;

@@ -69,6 +69,9 @@ int RunEncoder(const EncoderOptions& options) {
   EncoderService service(encoder->get(), cache.get(), service_options);
 
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second process on a taken port would start
+  // and share it. Off, so it fails to bind instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(options.listen,
                            PeerServerCredentials(options.tls, ClientCertificates::kRequire),

@@ -171,6 +171,9 @@ int RunKvStore(const KvStoreOptions& o) {
 
   kvstore::KvStoreService service(store->get(), agent.get());
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second process on a taken port would start
+  // and share it. Off, so it fails to bind instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(absl::StrCat(o.host, ":", o.port),
                            PeerServerCredentials(o.tls, ClientCertificates::kRequire), &bound_port);

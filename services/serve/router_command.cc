@@ -226,6 +226,9 @@ int RunRouter(const RouterOptions& options) {
   // with one of the cluster CA, Inference clients may come without.
   RegistryService registry_service(&registry, /*require_client_certificate=*/peer_tls.enabled());
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second process on a taken port would start
+  // and share it. Off, so it fails to bind instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int grpc_port = 0;
   builder.AddListeningPort(
       absl::StrCat(options.grpc_host, ":", options.grpc_port),

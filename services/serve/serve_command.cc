@@ -99,6 +99,9 @@ int RunServe(const ServeOptions& options) {
         runtime->backend.get(), runtime->tokenizer.get(), runtime->chat_template.get(),
         &service->metrics(), grpc_options);
     grpc::ServerBuilder builder;
+    // gRPC binds with SO_REUSEPORT by default: a second process on a taken port would start
+    // and share it. Off, so it fails to bind instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     int grpc_port = 0;
     builder.AddListeningPort(absl::StrCat(options.grpc_host, ":", options.grpc_port),
                              GrpcServerCredentials(options.http), &grpc_port);

@@ -238,6 +238,9 @@ int Run(const WorkerOptions& options, Role role) {
   } drop_fetcher{images->get()};
 
   grpc::ServerBuilder builder;
+  // gRPC binds with SO_REUSEPORT by default: a second process on a taken port would start
+  // and share it. Off, so it fails to bind instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int bound_port = 0;
   builder.AddListeningPort(options.listen,
                            PeerServerCredentials(options.tls, ClientCertificates::kRequire),
