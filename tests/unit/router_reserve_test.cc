@@ -356,6 +356,11 @@ TEST(RemoteBackendReserve, DecodeAndCancelCarryTheReservationToken) {
       absl::SleepFor(absl::Milliseconds(10));
     }
     ASSERT_EQ(decode.held().count("long-1"), 1u);
+    // The fake recorded the Reserve before its answer reached the router: give the answer (and
+    // its token) time to arrive. An abort inside that window cancels the Reserve call itself,
+    // and its Cancel has no token to carry (the decode worker's reservation then ends at its
+    // timeout).
+    absl::SleepFor(absl::Milliseconds(200));
     backend.Abort("long-1");
     EXPECT_EQ(decode.WaitCancel("long-1"), std::optional<std::string>("token-long-1"));
     EXPECT_EQ(outcomes.Wait("long-1").reason, FinishReason::kAbort);
