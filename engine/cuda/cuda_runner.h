@@ -159,6 +159,10 @@ class CudaRunner {
   int64_t ActiveWeightBytesPerToken() const;
   // KV cache bytes per token over all layers (bf16).
   int64_t KvBytesPerToken() const;
+  // True when Step honours ForwardInput::kv_frozen_layers and sliding_kv_start (SWA bounded
+  // replay, engine/kv/swa_replay.h): CudaLlamaRunner. Steps carrying them run eagerly; other
+  // runners reject them (Unimplemented).
+  bool SupportsSwaReplay() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 
