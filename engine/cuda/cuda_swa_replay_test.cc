@@ -305,7 +305,8 @@ TEST_F(CudaSwaReplayTest, ReplayBetweenSampledStepsKeepsFedBackTokens) {
 // sluice-mini-swa (window 64, 6 sliding layers) on the reference's protocol
 // (swa_replay_reference.json; EvaluateSwaReplay, full_kv = exact; R = 16, 64, 128) for
 // sequences 0, 21, 42, 63. The reference is float32: the CUDA model's exact suffix loss is
-// held to it within 0.05 (bf16 weights and activations), and the loss change replay makes
+// held to it within 0.1 (bf16 activations; not yet calibrated on a GPU: the test prints the
+// per-sequence numbers), and the loss change replay makes
 // (replay - exact, the same bf16 model on both sides, so the bf16 offset cancels) to the
 // reference's within 0.02. (The device cache is not restored between variants as the host
 // one is: with full_kv = exact nothing a later variant reads was written by an earlier one.)
@@ -351,7 +352,8 @@ TEST_F(CudaSwaReplayTest, SluiceMiniSwaReplayMatchesReferenceLosses) {
     EXPECT_GE(r->top1_agreement[2], 120) << "sequence " << seq;
   }
   const double n = static_cast<double>(subset.size());
-  EXPECT_NEAR(exact / n, exact_ref / n, 0.05);
+  std::printf("mean exact loss %.5f (reference %.5f)\n", exact / n, exact_ref / n);
+  EXPECT_NEAR(exact / n, exact_ref / n, 0.1);
   for (size_t v = 0; v < variants.size(); ++v) {
     std::printf("R=%lld: mean delta loss %.5f (reference %.5f)\n",
                 static_cast<long long>(variants[v].replay_tokens), delta[v] / n, delta_ref[v] / n);
