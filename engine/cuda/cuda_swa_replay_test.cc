@@ -77,6 +77,8 @@ void PoisonLayer(Model& model, KvCache& cache, int32_t layer, const std::vector<
       ASSERT_EQ(cudaMemset(static_cast<char*>(a.base) + slot * row, 0xFF, row), cudaSuccess);
     }
   }
+  // The runner's stream does not wait for the legacy stream's memsets.
+  if (!arrays.empty()) ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 std::vector<uint8_t> DownloadArray(const DeviceKvArray& a) {
