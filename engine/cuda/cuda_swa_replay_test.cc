@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/cuda_runner.h"
 #include "engine/kv/swa_replay.h"
 #include "engine/kv/swa_replay_eval.h"
 #include "engine/model/model.h"
@@ -78,7 +79,9 @@ void PoisonLayer(Model& model, KvCache& cache, int32_t layer, const std::vector<
     }
   }
   // The runner's stream does not wait for the legacy stream's memsets.
-  if (!arrays.empty()) ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (!arrays.empty()) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
 }
 
 std::vector<uint8_t> DownloadArray(const DeviceKvArray& a) {
@@ -231,6 +234,44 @@ TEST_F(CudaSwaReplayTest, HybridTinyReplayStepMatchesCpu) {
   EXPECT_EQ(r->replay_start, 26);
   EXPECT_EQ(r->num_replayed, 24);
   for (float x : last) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Decode steps after a replay shorter than the window carry sliding_kv_start: they replay the
+// bucket's bounded decode graph (not the eager path), with the eager step's logits (the same
+// plan through ProfileStep) up to the attention plans' bf16 differences (the decode-vs-prefill
+// bar of cuda_model_test.cc, 0.05). The replay step itself (frozen layers) runs eagerly.
+TEST_F(CudaSwaReplayTest, BoundedDecodeStepsReplayGraphs) {
+  auto runner = LoadCudaRunner(sluice::testing::FixtureDir("qwen3-hybrid-tiny"),
+                               Options(kBlockSize));
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  CudaRunner& r = **runner;
+  ASSERT_TRUE(r.SupportsSwaReplay());
+  ASSERT_TRUE(r.AllocateKvCache(32).ok());
+  std::vector<int32_t> ids = Prompt(50);
+  ids.push_back(4242);
+  std::vector<int32_t> table(16);
+  for (int32_t b = 0; b < 16; ++b) table[b] = 15 - b;
+  ASSERT_TRUE(r.Step(SequenceChunkInput(ids, 0, 50, table, kBlockSize, {})).ok());
+  ForwardInput replay = SequenceChunkInput(ids, 42, 8, table, kBlockSize, {});
+  replay.sliding_kv_start = {42};
+  replay.kv_frozen_layers.assign(static_cast<size_t>(r.config().num_hidden_layers), 0);
+  for (int32_t layer : FullAttentionLayers(r.config())) replay.kv_frozen_layers[layer] = 1;
+  ASSERT_TRUE(r.Step(replay).ok());
+  EXPECT_FALSE(r.last_step().graph);
+  ForwardInput decode = SequenceChunkInput(ids, 50, 1, table, kBlockSize, {0});
+  decode.sliding_kv_start = {42};  // 50 - 16 + 1 = 35 < 42
+  ASSERT_TRUE(r.Step(decode).ok());
+  EXPECT_TRUE(r.last_step().graph);
+  auto graph_logits = r.Logits();
+  ASSERT_TRUE(graph_logits.ok()) << graph_logits.status();
+  auto profile = r.ProfileStep(decode, /*hold_ms=*/1);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_FALSE(r.last_step().graph);
+  auto eager_logits = r.Logits();
+  ASSERT_TRUE(eager_logits.ok()) << eager_logits.status();
+  const float diff = MaxAbsDiff(*graph_logits, *eager_logits);
+  std::printf("bounded decode: graph vs eager max|dlogit| %.5f\n", diff);
+  EXPECT_LE(diff, 0.05f);
 }
 
 // Plans with the hooks are checked like the CPU model's, and a runner without replay support

@@ -190,6 +190,8 @@ void RunnerCore::DestroyGraphs() {
   for (Graph& g : graphs) {
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+    if (g.bounded_exec != nullptr) cudaGraphExecDestroy(g.bounded_exec);
+    if (g.bounded_graph != nullptr) cudaGraphDestroy(g.bounded_graph);
   }
   graphs.clear();
   for (cudaEvent_t& e : staging_done) {
@@ -582,28 +584,17 @@ absl::Status RunnerCore::CaptureGraphs() {
     l2_set_aside = *set_aside;
   }
   for (Graph& g : graphs) {
-    const int64_t b = g.batch;
     auto host = AcquireStaging(g.layout.bytes);
     if (!host.ok()) return host.status();
-    Pack(empty, g.layout, b, *host);  // all rows inert
+    Pack(empty, g.layout, g.batch, *host);  // all rows inert
     SLUICE_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
-    const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
-    // Eager run first: cuBLASLt picks and caches its plans outside the capture.
-    SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
-    SLUICE_RETURN_IF_ERROR(stream.Synchronize());
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
-        "cudaStreamBeginCapture");
-    absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
-    const cudaError_t end = cudaStreamEndCapture(stream.get(), &g.graph);
-    SLUICE_RETURN_IF_ERROR(enq);
-    SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
-    if (l2_set_aside > 0) {
-      auto changed = PersistInGraph(g.graph, HotActivations(b), l2_set_aside);
-      if (!changed.ok()) return changed.status();
+    SLUICE_RETURN_IF_ERROR(CaptureBucket(g, &g.graph, &g.exec));
+    if (CapturesBoundedGraphs()) {
+      bounded_sliding = true;
+      const absl::Status captured = CaptureBucket(g, &g.bounded_graph, &g.bounded_exec);
+      bounded_sliding = false;
+      SLUICE_RETURN_IF_ERROR(captured);
     }
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&g.exec, g.graph, 0),
-                                "cudaGraphInstantiate");
   }
   lt->set_autotune(0);
   if (options.autotune_gemms && !options.gemm_tuning_save.empty()) {
@@ -611,6 +602,34 @@ absl::Status RunnerCore::CaptureGraphs() {
     if (!saved.ok()) return saved.status();
   }
   return stream.Synchronize();
+}
+
+bool RunnerCore::CapturesBoundedGraphs() const {
+  return SupportsSwaReplay() && config.sliding_window > 0 &&
+         std::any_of(config.layer_is_sliding.begin(), config.layer_is_sliding.end(),
+                     [](bool sliding) { return sliding; });
+}
+
+absl::Status RunnerCore::CaptureBucket(const Graph& g, cudaGraph_t* graph,
+                                       cudaGraphExec_t* exec) {
+  const int64_t b = g.batch;
+  const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
+  // Eager run first: cuBLASLt picks and caches its plans outside the capture.
+  SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
+  SLUICE_RETURN_IF_ERROR(stream.Synchronize());
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+      "cudaStreamBeginCapture");
+  absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
+  const cudaError_t end = cudaStreamEndCapture(stream.get(), graph);
+  SLUICE_RETURN_IF_ERROR(enq);
+  SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
+  if (l2_set_aside > 0) {
+    auto changed = PersistInGraph(*graph, HotActivations(b), l2_set_aside);
+    if (!changed.ok()) return changed.status();
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(exec, *graph, 0), "cudaGraphInstantiate");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ProfileEntry>> RunnerCore::ProfileStep(const ForwardInput& plan,
@@ -690,10 +709,13 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
     return absl::OkStatus();
   }
   // A step with a per-layer KV hook runs eagerly: the graphs record no layer events. So does a
-  // step with replay hooks: the graphs run the default attention and write every layer.
-  const bool replay_hooks = !plan.kv_frozen_layers.empty() || !plan.sliding_kv_start.empty();
-  const bool decode = allow_graph && !plan.on_layer_kv_written && !replay_hooks && T == S &&
-                      !m.graphs.empty() && S <= m.graphs.back().batch;
+  // step with frozen layers (the graphs write every layer). A decode step with a
+  // sliding_kv_start > 0 replays the bucket's bounded graph, where there is one.
+  const bool bounded = std::any_of(plan.sliding_kv_start.begin(), plan.sliding_kv_start.end(),
+                                   [](int32_t start) { return start > 0; });
+  const bool decode = allow_graph && !plan.on_layer_kv_written &&
+                      plan.kv_frozen_layers.empty() && (!bounded || m.CapturesBoundedGraphs()) &&
+                      T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
   if (decode) {
     Graph* g = nullptr;
     for (Graph& cand : m.graphs) {
@@ -707,7 +729,8 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
       if (!host.ok()) return host.status();
       m.Pack(plan, g->layout, g->batch, *host);
       SLUICE_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
-      SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g->exec, m.stream.get()), "cudaGraphLaunch");
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaGraphLaunch(bounded ? g->bounded_exec : g->exec, m.stream.get()), "cudaGraphLaunch");
       m.last.graph = true;
       m.last.graph_batch = g->batch;
       m.prev_num_logits = N;
@@ -728,8 +751,7 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   if (N > 0) m.prev_num_logits = N;
   m.layer_hook = plan.on_layer_kv_written ? &plan.on_layer_kv_written : nullptr;
   m.frozen_layers = plan.kv_frozen_layers.empty() ? nullptr : &plan.kv_frozen_layers;
-  m.bounded_sliding = std::any_of(plan.sliding_kv_start.begin(), plan.sliding_kv_start.end(),
-                                  [](int32_t start) { return start > 0; });
+  m.bounded_sliding = bounded;
   const absl::Status enqueued = m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
   m.layer_hook = nullptr;
   m.frozen_layers = nullptr;

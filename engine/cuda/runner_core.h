@@ -239,9 +239,19 @@ class RunnerCore {
     DeviceBuffer<int64_t> meta;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+    // The same bucket captured with bounded_sliding (CapturesBoundedGraphs): decode steps with
+    // a sliding_kv_start > 0 (after an SWA replay shorter than the window) replay it.
+    cudaGraph_t bounded_graph = nullptr;
+    cudaGraphExec_t bounded_exec = nullptr;
   };
 
   void DestroyGraphs();
+  // True when decode graphs are also captured with bounded sliding attention: the model honours
+  // the replay hooks and has sliding-window layers.
+  bool CapturesBoundedGraphs() const;
+  // Captures one decode graph of bucket `g` (its meta already uploaded) into *graph / *exec:
+  // an eager run first (cuBLASLt settles its plans outside the capture), then the capture.
+  absl::Status CaptureBucket(const Graph& g, cudaGraph_t* graph, cudaGraphExec_t* exec);
   absl::Status CaptureGraphs();
   absl::Status Validate(const ForwardInput& plan) const;
   void Pack(const ForwardInput& plan, const MetaLayout& l, int64_t padded_seqs, char* dst) const;
