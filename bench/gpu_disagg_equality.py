@@ -24,6 +24,20 @@ the store (usage cached_tokens and the worker's sluice_prompt_tokens_cached_tota
 {source="kvstore"}), and the tokens must equal the reference's, up to near-tie flips (the tail
 is computed in other shapes than the full prompt was) judged as in the concurrent pass.
 
+--swa-replay-tokens R (default 0: every layer's KV moves; both workers get the flag) turns SWA
+bounded replay on for a model with sliding-window layers (engine/kv/swa_replay.h): only the
+full-attention layers' KV moves and the decode worker replays the last R prompt tokens into the
+sliding layers. Run it with R >= the model's exactness bound (layers_sliding x (window - 1) + 1,
+printed as `swa_exact_replay_tokens`; 31 for qwen3-hybrid-tiny, 379 for sluice-mini-swa) or
+longer than every prompt, where replay is exact up to rounding, as the CPU integration test
+(tests/integration/test_swa_replay_disagg.py) holds prompts within R to `sluice serve`. The
+replay recomputes the sliding layers' K/V in other shapes than the reference's prefill, so the
+sequential pass is then judged like the concurrent one (near-tie flips allowed, any other
+difference a mismatch). Also checked with replay on: the decode worker replayed
+min(R, prompt tokens) tokens per request (sluice_decode_swa_replayed_tokens_total), no replay
+fell back to recomputing, and the KV bytes moved (pull + push) are exactly the full-attention
+layers' share of every request's prompt blocks.
+
 The sequential pass runs --sequential-repeats times (2). Where it differs, the report says for
 each pass and request where the tokens first diverge (position 0: the prefill's own first token,
 so not the transfer), the reference's margin there, and both token lists from there on; and
@@ -39,7 +53,7 @@ the push reading KV still being written); "--test-post-transfer-delay-ms 200" st
 Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
          [--sequential 16] [--sequential-repeats 2] [--tie-tolerance 0.05] [--gpus 0,1]
          [--worker-args "..."] [--decode-args "..."] [--prefill-args "..."]
-         [--kvstore] [--out FILE.json]
+         [--kvstore] [--swa-replay-tokens R] [--out FILE.json]
 Exit 0 when there is no mismatch and the blocks returned, 1 otherwise. SLUICE_BIN picks the binary.
 """
 import argparse
@@ -141,6 +155,24 @@ def run_all(url, model, prompts, max_tokens, concurrency):
         return list(pool.map(lambda p: completion(url, model, p, max_tokens), prompts))
 
 
+def swa_layout(model_dir):
+    """(num_layers, full-attention layers, sliding layers, window, KV bytes per token and layer
+    in bf16) of a model's config.json, with engine/model/model_config.cc's sliding rule (Qwen3:
+    use_sliding_window, then layer_types, else layers from max_window_layers on)."""
+    c = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    n = c["num_hidden_layers"]
+    window = c.get("sliding_window") or 4096
+    sliding = [False] * n
+    if "Qwen3ForCausalLM" in c.get("architectures", []) and c.get("use_sliding_window") and window > 0:
+        if c.get("layer_types"):
+            sliding = [t == "sliding_attention" for t in c["layer_types"]]
+        else:
+            sliding = [i >= c.get("max_window_layers", 28) for i in range(n)]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+    return n, n - sum(sliding), sum(sliding), window, 2 * kv_heads * head_dim * 2
+
+
 def served_name(url):
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
         return json.loads(r.read())["data"][0]["id"]
@@ -217,6 +249,8 @@ def main():
                          "UCX_PROTO_INFO=y in the environment: the protocols UCX chose)")
     ap.add_argument("--kvstore", action="store_true",
                     help="a kvstore behind the prefill worker, and a pass served from it")
+    ap.add_argument("--swa-replay-tokens", type=int, default=0,
+                    help="SWA bounded replay length for both workers (0: every layer's KV moves)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -245,7 +279,12 @@ def main():
     gpus = [g for g in args.gpus.split(",") if g]
     if gpus:  # one GPU per worker
         pin_workers_to_gpus(gpus[0], gpus[-1])
-    worker_args = [*device, "--kv-transfer-mode", args.mode, *extra]
+    worker_args = [*device, "--kv-transfer-mode", args.mode,
+                   "--swa-replay-tokens", str(args.swa_replay_tokens), *extra]
+    num_layers, full_layers, sliding_layers, window, layer_bytes = swa_layout(args.model)
+    replay = args.swa_replay_tokens if sliding_layers > 0 else 0
+    if args.device == "cpu":
+        layer_bytes *= 2  # float32 host KV
     store = None
     prefill_args = args.prefill_args.split()
     if args.kvstore:
@@ -261,7 +300,8 @@ def main():
             store.stop()
         raise
     report = {"model": args.model, "mode": args.mode, "requests": args.requests, "gpus": gpus,
-              "kvstore": args.kvstore,
+              "kvstore": args.kvstore, "swa_replay_tokens": replay,
+              "swa_exact_replay_tokens": sliding_layers * (window - 1) + 1 if sliding_layers else 0,
               "reference_self_divergence": divergence_detail(sequential_ref, reference_again)}
     try:
         baseline = {w: free_blocks(cluster, w) for w in ("prefill-0", "decode-0")}
@@ -277,13 +317,21 @@ def main():
         report["near_tie_flips"] = flips[:20]
         report["tie_tolerance_nats"] = args.tie_tolerance
         passes = []
+        answered = list(got)
+        sequential_flips = set()
         for _ in range(max(1, args.sequential_repeats)):
             sequential = run_all(cluster.url, name, alone, args.max_tokens, 1)
+            answered += sequential
             passes.append(divergence_detail(sequential_ref, sequential))
+            if replay:  # rounding of the replayed sliding K/V: near-tie flips allowed
+                _, seq_flips = compare(sequential_ref, sequential, args.tie_tolerance)
+                sequential_flips |= {i for i, _, _ in seq_flips}
         report["sequential_requests"] = len(alone)
         report["sequential_passes"] = len(passes)
-        # Any request that differed in any pass.
-        report["sequential_mismatches"] = sorted({d["request"] for p in passes for d in p})
+        report["sequential_near_tie_flips"] = sorted(sequential_flips)
+        # Any request that differed in any pass (with replay: beyond a near-tie flip).
+        report["sequential_mismatches"] = sorted(
+            {d["request"] for p in passes for d in p} - sequential_flips)
         report["sequential_divergence"] = passes
         report["sequential_repeatable"] = all(
             [(d["request"], d["position"]) for d in p] ==
@@ -300,6 +348,8 @@ def main():
         report["free_blocks_after"] = after
         text = cluster.worker_metrics_text("decode-0")
         report["kv_transfers_ok"] = sum_samples(text, 'sluice_kv_transfers_total{result="ok"}')
+        if replay:
+            report["swa"] = swa_checks(cluster, answered, replay, full_layers, layer_bytes)
         if args.kvstore:
             report["store"] = store_pass(cluster, args, name, alone, sequential_ref)
     finally:
@@ -313,12 +363,33 @@ def main():
                 shutil.copy(f, logs / f.name)
     ok = (report["num_mismatches"] == 0 and not report["sequential_mismatches"] and
           report["free_blocks_after"] == baseline and
-          (not args.kvstore or report["store"]["ok"]))
+          (not args.kvstore or report["store"]["ok"]) and
+          (not replay or report["swa"]["ok"]))
     report["ok"] = ok
     print(json.dumps(report, indent=2))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(0 if ok else 1)
+
+
+def swa_checks(cluster, answered, replay_tokens, full_layers, layer_bytes):
+    """With replay on, after every request in `answered` went through one transfer: the decode
+    worker replayed min(R, prompt) tokens of each, none fell back to recomputing, and the bytes
+    moved are the full-attention layers' K/V of every prompt block."""
+    prompts = [g["prompt_tokens"] for g in answered]
+    decode = cluster.worker_metrics_text("decode-0")
+    prefill = cluster.worker_metrics_text("prefill-0")
+    replayed = sum_samples(decode, "sluice_decode_swa_replayed_tokens_total")
+    recomputed = sum_samples(decode, "sluice_decode_transfers_recomputed_total")
+    moved = (sum_samples(decode, 'sluice_kv_transfer_bytes_total{direction="pull"}') +
+             sum_samples(prefill, 'sluice_kv_transfer_bytes_total{direction="push"}'))
+    want_replayed = sum(min(replay_tokens, n) for n in prompts)
+    block_tokens = sum(-(-n // BLOCK_SIZE) * BLOCK_SIZE for n in prompts)
+    want_moved = block_tokens * full_layers * layer_bytes
+    return {"replayed_tokens": replayed, "expected_replayed_tokens": want_replayed,
+            "transfers_recomputed": recomputed, "kv_bytes_moved": moved,
+            "expected_kv_bytes_moved": want_moved,
+            "ok": replayed == want_replayed and recomputed == 0 and moved == want_moved}
 
 
 def store_pass(cluster, args, name, alone, reference):

@@ -18,7 +18,12 @@
 #    two are visible; push again with transfers started late, decoding started late (race
 #    checks) and UCX_PROTO_INFO logs; push and layerwise with the prefill worker's KV through
 #    its own pinned host staging (--kv-staging on). Each run's sequential pass runs twice and
-#    records where each differing request diverges.
+#    records where each differing request diverges. These runs move every layer's KV
+#    (--swa-replay-tokens 0). Models with sliding-window layers (qwen3-hybrid-tiny,
+#    sluice-mini-swa) also run pull, push and layerwise with SWA bounded replay on, R at the
+#    model's exactness bound (31, 379): only the full-attention layers' KV moves, decode replays
+#    the last R prompt tokens; tokens against `sluice serve --device cuda` up to near-tie flips,
+#    replayed tokens and moved bytes checked (bench/gpu_disagg_equality.py --swa-replay-tokens).
 # 2. Transfer bandwidth beside ucx_perftest (the libucx-cu13 one, same transport, same call):
 #    device memory over cuda_ipc, device memory over tcp (UCX's cuda_copy staging), host memory
 #    over sm (bench/kv_transfer_bench.py).
@@ -133,6 +138,20 @@ for model in "${MODELS[@]}"; do
       --requests "$REQUESTS" --logs-dir "$RESULTS/logs_${name}_push_protoinfo" \
       --out "$RESULTS/gpu_disagg_equality_${name}_push_protoinfo_h200.json"; then
     FAILED=1
+  fi
+  # SWA bounded replay, for models with sliding-window layers: R = the exactness bound
+  # (layers_sliding x (window - 1) + 1), where replay is exact up to rounding.
+  exact=$("$PY" -c 'import sys; sys.path.insert(0, "bench"); import gpu_disagg_equality as g
+n, full, sliding, window, _ = g.swa_layout(sys.argv[1]); print(sliding * (window - 1) + 1 if sliding else 0)' "$model")
+  if [ "$exact" -gt 0 ]; then
+    for mode in pull push layerwise; do
+      echo "== equality ${name}_${mode}_swa_replay (R=$exact)"
+      if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
+          --requests "$REQUESTS" --swa-replay-tokens "$exact" \
+          --out "$RESULTS/gpu_disagg_equality_${name}_${mode}_swa_replay_h200.json"; then
+        FAILED=1
+      fi
+    done
   fi
   # The kvstore behind the prefill worker's GPU cache: a fresh worker's second pass of the
   # same prompts is served from the store.

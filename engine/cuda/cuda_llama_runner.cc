@@ -12,6 +12,7 @@
 #include "engine/cuda/runner_kernels.h"
 #include "engine/model/rope_config.h"
 #include "engine/model/weight_loader.h"
+#include "kernels/attention/paged_attention_bounded_cuda.h"
 #include "kernels/rms_norm/rms_norm_cuda.h"
 #include "kernels/rope/rope_cuda.h"
 
@@ -103,6 +104,7 @@ class LlamaCore : public RunnerCore {
     return bytes;
   }
   absl::Status AllocateCache(int64_t blocks) override;
+  bool SupportsSwaReplay() const override { return true; }
   std::vector<DeviceKvArray> CacheArrays() const override {
     std::vector<DeviceKvArray> arrays;
     const int64_t block_bytes = options.block_size * kv_dim * static_cast<int64_t>(sizeof(bf16));
@@ -404,7 +406,11 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
     // write inside the attention launch where it pays (kernels::PagedAttentionDecodeFusionPays:
     // unsplit launches).
     const kernels::PagedAttentionOptions& attn_options = options.attention;
-    const bool fuse = T > kRopeFusionMaxDecodeTokens &&
+    // SWA bounded replay hooks (RunnerCore::KvFrozen, bounded_sliding): a frozen layer rotates
+    // but writes no K/V; a bounded sliding layer attends on the bounded kernel. Neither fuses.
+    const bool frozen = KvFrozen(li);
+    const bool bounded = bounded_sliding && L.sliding_window > 0;
+    const bool fuse = !frozen && !bounded && T > kRopeFusionMaxDecodeTokens &&
                       kernels::PagedAttentionDecodeFusionPays(batch, layer_params, attn_options);
     if (fuse && kernels::PagedAttentionDecodeFusionApplies(batch, layer_params, rope.rotary_dim,
                                                            attn_options)) {
@@ -414,14 +420,21 @@ absl::Status LlamaCore::Enqueue(const DeviceMeta& m, int64_t T, int64_t S, int64
       Mark("attention");
     } else {
       // RoPE on q and k and the K/V cache write in one launch.
-      SLUICE_RETURN_IF_ERROR(
-          kernels::RopeQkWriteKvCuda(a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope,
-                                     m.slots, k_cache[li].data(), v_cache[li].data(), st,
-                                     pdl.common));
+      SLUICE_RETURN_IF_ERROR(kernels::RopeQkWriteKvCuda(
+          a.qkv, T, qkv_dim, heads, kv_heads, hd, m.positions, rope,
+          frozen ? no_kv_slots.data() : m.slots, k_cache[li].data(), v_cache[li].data(), st,
+          pdl.common));
       Mark("rope_kv_write");
-      SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(a.qkv, qkv_dim, k_cache[li].data(),
-                                                         v_cache[li].data(), batch, layer_params,
-                                                         workspace, a.attn, st, attn_options));
+      if (bounded) {
+        SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionBoundedCuda(
+            a.qkv, qkv_dim, k_cache[li].data(), v_cache[li].data(), batch, m.sliding_start,
+            layer_params, a.attn, st));
+      } else {
+        SLUICE_RETURN_IF_ERROR(kernels::PagedAttentionCuda(a.qkv, qkv_dim, k_cache[li].data(),
+                                                           v_cache[li].data(), batch,
+                                                           layer_params, workspace, a.attn, st,
+                                                           attn_options));
+      }
       Mark("attention");
     }
     SLUICE_RETURN_IF_ERROR(LayerKvWritten(static_cast<int32_t>(li)));  // layerwise KV push

@@ -14,8 +14,14 @@
 //
 // Supported: LlamaForCausalLM (any GQA ratio, attention/MLP biases, tied embeddings, rope
 // default/linear/llama3/YaRN) and Qwen3ForCausalLM (per-head q/k norms, hybrid sliding-window
-// layers per ModelConfig::layer_is_sliding). Every layer keeps a full-length KV cache; SWA
-// bounded replay (ForwardInput::sliding_kv_start) is not supported.
+// layers per ModelConfig::layer_is_sliding). Every layer keeps a full-length KV cache.
+// SWA bounded replay (engine/kv/swa_replay.h): a step carrying ForwardInput::kv_frozen_layers
+// runs RoPE of its frozen layers with no slot (nothing written; their attention reads the
+// cache as it is), and one carrying a sliding_kv_start > 0 runs its sliding layers' attention
+// on kernels::PagedAttentionBoundedCuda (keys max(sliding_kv_start, i - window + 1)..i). Those
+// layers never fuse RoPE into attention; every other launch is unchanged. Steps with frozen
+// layers run eagerly; bounded decode steps (after a replay shorter than the window) replay
+// decode graphs captured with the bounded sliding attention (RunnerCore::CaptureBucket).
 // Not thread-safe: one caller drives a runner.
 #ifndef SLUICE_ENGINE_CUDA_CUDA_LLAMA_RUNNER_H_
 #define SLUICE_ENGINE_CUDA_CUDA_LLAMA_RUNNER_H_

@@ -45,6 +45,9 @@ class CudaModel : public Model {
   bool IsBatchInvariant() const override { return runner_->options().batch_invariant; }
   // The runners record a CUDA event per layer after its K/V write (RunnerCore::LayerKvWritten).
   bool SupportsLayerKvHook() const override { return true; }
+  // CudaLlamaRunner: frozen layers skip their K/V write, sliding layers of bounded sequences run
+  // kernels::PagedAttentionBoundedCuda.
+  bool SupportsSwaReplay() const override { return runner_->SupportsSwaReplay(); }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

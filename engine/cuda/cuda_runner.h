@@ -159,6 +159,12 @@ class CudaRunner {
   int64_t ActiveWeightBytesPerToken() const;
   // KV cache bytes per token over all layers (bf16).
   int64_t KvBytesPerToken() const;
+  // True when Step honours ForwardInput::kv_frozen_layers and sliding_kv_start (SWA bounded
+  // replay, engine/kv/swa_replay.h): CudaLlamaRunner. Steps with frozen layers run eagerly;
+  // decode steps with a sliding_kv_start > 0 replay a second set of decode graphs, captured
+  // with bounded sliding attention for models that have sliding layers. Other runners reject
+  // the hooks (Unimplemented).
+  bool SupportsSwaReplay() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 

@@ -77,6 +77,7 @@ MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb) {
   l.context_lens = take(s * sizeof(int32_t));
   l.logits_rows = take(n * sizeof(int32_t));
   l.block_tables = take(s * mb * sizeof(int32_t));
+  l.sliding_start = take(s * sizeof(int32_t));
   l.bytes = off;
   return l;
 }
@@ -89,7 +90,8 @@ DeviceMeta MetaPointers(void* base, const MetaLayout& l) {
           reinterpret_cast<const int32_t*>(b + l.query_start),
           reinterpret_cast<const int32_t*>(b + l.context_lens),
           reinterpret_cast<const int32_t*>(b + l.logits_rows),
-          reinterpret_cast<const int32_t*>(b + l.block_tables)};
+          reinterpret_cast<const int32_t*>(b + l.block_tables),
+          reinterpret_cast<const int32_t*>(b + l.sliding_start)};
 }
 
 absl::Status CheckpointSource::Fill(const std::string& name, const std::vector<int64_t>& shape,
@@ -188,6 +190,8 @@ void RunnerCore::DestroyGraphs() {
   for (Graph& g : graphs) {
     if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     if (g.graph != nullptr) cudaGraphDestroy(g.graph);
+    if (g.bounded_exec != nullptr) cudaGraphExecDestroy(g.bounded_exec);
+    if (g.bounded_graph != nullptr) cudaGraphDestroy(g.bounded_graph);
   }
   graphs.clear();
   for (cudaEvent_t& e : staging_done) {
@@ -294,6 +298,14 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
     sampling_ws = std::move(*b);
   }
   SLUICE_RETURN_IF_ERROR(step_outputs.Init(S));
+  if (SupportsSwaReplay()) {
+    auto none = DeviceBuffer<int64_t>::Create(static_cast<size_t>(T));
+    if (!none.ok()) return none.status();
+    no_kv_slots = std::move(*none);
+    // All bits set: -1 in every slot.
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(no_kv_slots.data(), 0xFF, no_kv_slots.bytes()),
+                                "cudaMemset no_kv_slots");
+  }
 
   const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
   auto em = DeviceBuffer<int64_t>::Create(max_layout.bytes / 8);
@@ -428,6 +440,35 @@ absl::Status RunnerCore::Validate(const ForwardInput& in) const {
     return absl::InvalidArgumentError(absl::StrCat("tokens [", next_row, ", ", T,
                                                    ") belong to no sequence"));
   }
+  if (!in.kv_frozen_layers.empty() || !in.sliding_kv_start.empty()) {
+    if (!SupportsSwaReplay()) {
+      return absl::UnimplementedError(
+          absl::StrCat("CUDA runner for ", config.architecture_name,
+                       " does not support kv_frozen_layers / sliding_kv_start (SWA replay)"));
+    }
+    if (!in.kv_frozen_layers.empty() &&
+        static_cast<int64_t>(in.kv_frozen_layers.size()) != config.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("kv_frozen_layers has ",
+                                                     in.kv_frozen_layers.size(),
+                                                     " entries, expected ",
+                                                     config.num_hidden_layers));
+    }
+    if (!in.sliding_kv_start.empty()) {
+      if (static_cast<int64_t>(in.sliding_kv_start.size()) != S) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sliding_kv_start has ", in.sliding_kv_start.size(),
+                         " entries, expected one per sequence (", S, ")"));
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        if (in.sliding_kv_start[s] < 0 ||
+            in.sliding_kv_start[s] > in.sequences[s].num_context_tokens) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sequence ", s, ": sliding_kv_start ", in.sliding_kv_start[s], " outside [0, ",
+              in.sequences[s].num_context_tokens, "]"));
+        }
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -446,6 +487,7 @@ void RunnerCore::Pack(const ForwardInput& in, const MetaLayout& l,
   auto* ctx = reinterpret_cast<int32_t*>(dst + l.context_lens);
   auto* rows = reinterpret_cast<int32_t*>(dst + l.logits_rows);
   auto* bt = reinterpret_cast<int32_t*>(dst + l.block_tables);
+  auto* sliding = reinterpret_cast<int32_t*>(dst + l.sliding_start);
   std::memcpy(slots, in.slot_mapping.data(), T * sizeof(int64_t));
   std::memcpy(ids, in.token_ids.data(), T * sizeof(int32_t));
   std::memcpy(pos, in.positions.data(), T * sizeof(int32_t));
@@ -458,6 +500,7 @@ void RunnerCore::Pack(const ForwardInput& in, const MetaLayout& l,
     ctx[s] = q.num_context_tokens;
     const int64_t need = (int64_t{q.num_context_tokens} + q.num_query_tokens + bs - 1) / bs;
     std::memcpy(bt + s * max_blocks_per_seq, q.block_table.data(), need * sizeof(int32_t));
+    sliding[s] = in.sliding_kv_start.empty() ? 0 : in.sliding_kv_start[s];
   }
   for (int64_t s = S; s < padded_seqs; ++s) {
     slots[s] = -1;
@@ -466,6 +509,7 @@ void RunnerCore::Pack(const ForwardInput& in, const MetaLayout& l,
     qsl[s + 1] = static_cast<int32_t>(s + 1);
     ctx[s] = 0;
     bt[s * max_blocks_per_seq] = 0;
+    sliding[s] = 0;
   }
   for (int64_t r = N; r < l.num_logits; ++r) rows[r] = static_cast<int32_t>(r);
 }
@@ -540,28 +584,17 @@ absl::Status RunnerCore::CaptureGraphs() {
     l2_set_aside = *set_aside;
   }
   for (Graph& g : graphs) {
-    const int64_t b = g.batch;
     auto host = AcquireStaging(g.layout.bytes);
     if (!host.ok()) return host.status();
-    Pack(empty, g.layout, b, *host);  // all rows inert
+    Pack(empty, g.layout, g.batch, *host);  // all rows inert
     SLUICE_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
-    const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
-    // Eager run first: cuBLASLt picks and caches its plans outside the capture.
-    SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
-    SLUICE_RETURN_IF_ERROR(stream.Synchronize());
-    SLUICE_CUDA_RETURN_IF_ERROR(
-        cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
-        "cudaStreamBeginCapture");
-    absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
-    const cudaError_t end = cudaStreamEndCapture(stream.get(), &g.graph);
-    SLUICE_RETURN_IF_ERROR(enq);
-    SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
-    if (l2_set_aside > 0) {
-      auto changed = PersistInGraph(g.graph, HotActivations(b), l2_set_aside);
-      if (!changed.ok()) return changed.status();
+    SLUICE_RETURN_IF_ERROR(CaptureBucket(g, &g.graph, &g.exec));
+    if (CapturesBoundedGraphs()) {
+      bounded_sliding = true;
+      const absl::Status captured = CaptureBucket(g, &g.bounded_graph, &g.bounded_exec);
+      bounded_sliding = false;
+      SLUICE_RETURN_IF_ERROR(captured);
     }
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&g.exec, g.graph, 0),
-                                "cudaGraphInstantiate");
   }
   lt->set_autotune(0);
   if (options.autotune_gemms && !options.gemm_tuning_save.empty()) {
@@ -569,6 +602,34 @@ absl::Status RunnerCore::CaptureGraphs() {
     if (!saved.ok()) return saved.status();
   }
   return stream.Synchronize();
+}
+
+bool RunnerCore::CapturesBoundedGraphs() const {
+  return SupportsSwaReplay() && config.sliding_window > 0 &&
+         std::any_of(config.layer_is_sliding.begin(), config.layer_is_sliding.end(),
+                     [](bool sliding) { return sliding; });
+}
+
+absl::Status RunnerCore::CaptureBucket(const Graph& g, cudaGraph_t* graph,
+                                       cudaGraphExec_t* exec) {
+  const int64_t b = g.batch;
+  const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
+  // Eager run first: cuBLASLt picks and caches its plans outside the capture.
+  SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
+  SLUICE_RETURN_IF_ERROR(stream.Synchronize());
+  SLUICE_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
+      "cudaStreamBeginCapture");
+  absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
+  const cudaError_t end = cudaStreamEndCapture(stream.get(), graph);
+  SLUICE_RETURN_IF_ERROR(enq);
+  SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
+  if (l2_set_aside > 0) {
+    auto changed = PersistInGraph(*graph, HotActivations(b), l2_set_aside);
+    if (!changed.ok()) return changed.status();
+  }
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(exec, *graph, 0), "cudaGraphInstantiate");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<ProfileEntry>> RunnerCore::ProfileStep(const ForwardInput& plan,
@@ -647,9 +708,14 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
     m.prev_num_logits = 0;
     return absl::OkStatus();
   }
-  // A step with a per-layer KV hook runs eagerly: the graphs record no layer events.
-  const bool decode = allow_graph && !plan.on_layer_kv_written && T == S && !m.graphs.empty() &&
-                      S <= m.graphs.back().batch;
+  // A step with a per-layer KV hook runs eagerly: the graphs record no layer events. So does a
+  // step with frozen layers (the graphs write every layer). A decode step with a
+  // sliding_kv_start > 0 replays the bucket's bounded graph, where there is one.
+  const bool bounded = std::any_of(plan.sliding_kv_start.begin(), plan.sliding_kv_start.end(),
+                                   [](int32_t start) { return start > 0; });
+  const bool decode = allow_graph && !plan.on_layer_kv_written &&
+                      plan.kv_frozen_layers.empty() && (!bounded || m.CapturesBoundedGraphs()) &&
+                      T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
   if (decode) {
     Graph* g = nullptr;
     for (Graph& cand : m.graphs) {
@@ -663,7 +729,8 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
       if (!host.ok()) return host.status();
       m.Pack(plan, g->layout, g->batch, *host);
       SLUICE_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
-      SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(g->exec, m.stream.get()), "cudaGraphLaunch");
+      SLUICE_CUDA_RETURN_IF_ERROR(
+          cudaGraphLaunch(bounded ? g->bounded_exec : g->exec, m.stream.get()), "cudaGraphLaunch");
       m.last.graph = true;
       m.last.graph_batch = g->batch;
       m.prev_num_logits = N;
@@ -678,10 +745,17 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   if (!host.ok()) return host.status();
   m.Pack(plan, layout, S, *host);
   SLUICE_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
-  m.prev_num_logits = N;
+  // A step without logits rows samples nothing and leaves `sampled` as it was: the next step's
+  // token references still mean the rows of the last step that had some. (An SWA replay runs
+  // as such a step between two asynchronous sampled steps of the engine.)
+  if (N > 0) m.prev_num_logits = N;
   m.layer_hook = plan.on_layer_kv_written ? &plan.on_layer_kv_written : nullptr;
+  m.frozen_layers = plan.kv_frozen_layers.empty() ? nullptr : &plan.kv_frozen_layers;
+  m.bounded_sliding = bounded;
   const absl::Status enqueued = m.Enqueue(meta, T, S, N, max_q, max_len, m.eager_ws.data());
   m.layer_hook = nullptr;
+  m.frozen_layers = nullptr;
+  m.bounded_sliding = false;
   return enqueued;
 }
 
@@ -1018,6 +1092,7 @@ const CudaRunnerOptions& CudaRunner::options() const { return core_->options; }
 int64_t CudaRunner::WeightBytesPerStep() const { return core_->WeightBytes(); }
 int64_t CudaRunner::ActiveWeightBytesPerToken() const { return core_->ActiveWeightBytes(); }
 int64_t CudaRunner::KvBytesPerToken() const { return core_->KvBytesPerToken(); }
+bool CudaRunner::SupportsSwaReplay() const { return core_->SupportsSwaReplay(); }
 KvCacheSpec CudaRunner::kv_cache_spec() const { return core_->CacheSpec(); }
 absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {
   return core_->AllocateKvCache(num_blocks);

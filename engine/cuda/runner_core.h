@@ -39,7 +39,7 @@ using kernels::DeviceBuffer;
 struct MetaLayout {
   int64_t num_tokens = 0, num_seqs = 0, num_logits = 0;
   size_t slots = 0, ids = 0, positions = 0, query_start = 0, context_lens = 0, logits_rows = 0,
-         block_tables = 0, bytes = 0;
+         block_tables = 0, sliding_start = 0, bytes = 0;
 };
 
 MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb);
@@ -53,6 +53,8 @@ struct DeviceMeta {
   const int32_t* context_lens;
   const int32_t* logits_rows;
   const int32_t* block_tables;
+  // [S] ForwardInput::sliding_kv_start (zeros when the plan has none).
+  const int32_t* sliding_start;
 };
 
 DeviceMeta MetaPointers(void* base, const MetaLayout& l);
@@ -152,6 +154,10 @@ class RunnerCore {
   // The activations a decode step of `batch` tokens writes and reads back within a layer that
   // are worth keeping in L2 (CudaRunnerOptions::l2_persist_activations); empty: none.
   virtual L2Window HotActivations(int64_t batch) const { return {}; }
+  // True when Enqueue honours the replay hooks (kv_frozen_layers: KvFrozen; sliding_kv_start:
+  // bounded_sliding and DeviceMeta::sliding_start); Validate rejects plans carrying them
+  // otherwise.
+  virtual bool SupportsSwaReplay() const { return false; }
 
   // ---- Shared machinery.
   // InitCore validates the options and creates the stream, cuBLASLt, the sampling buffers
@@ -189,6 +195,17 @@ class RunnerCore {
   // per-layer hook (ForwardInput::on_layer_kv_written, eager steps) it records the layer's
   // event on the stream and reports the layer with a wait on that event; else nothing.
   absl::Status LayerKvWritten(int32_t layer);
+  // SWA bounded replay hooks of the step being enqueued (ForwardInput::kv_frozen_layers /
+  // sliding_kv_start; such steps run eagerly, never from a graph). KvFrozen(layer): the layer
+  // must not write its K/V (pass no_kv_slots as its slot mapping). bounded_sliding: some
+  // sequence's sliding_kv_start is > 0, so sliding layers attend from DeviceMeta::sliding_start
+  // (kernels::PagedAttentionBoundedCuda).
+  bool KvFrozen(size_t layer) const {
+    return frozen_layers != nullptr && (*frozen_layers)[layer] != 0;
+  }
+  bool bounded_sliding = false;
+  // [max_num_tokens] int64 slots, all -1: a frozen layer's slot mapping (nothing written).
+  DeviceBuffer<int64_t> no_kv_slots;
 
   ModelConfig config;
   // The options as given, except attention.pdl and linear.pdl, which InitCore sets from
@@ -222,9 +239,19 @@ class RunnerCore {
     DeviceBuffer<int64_t> meta;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+    // The same bucket captured with bounded_sliding (CapturesBoundedGraphs): decode steps with
+    // a sliding_kv_start > 0 (after an SWA replay shorter than the window) replay it.
+    cudaGraph_t bounded_graph = nullptr;
+    cudaGraphExec_t bounded_exec = nullptr;
   };
 
   void DestroyGraphs();
+  // True when decode graphs are also captured with bounded sliding attention: the model honours
+  // the replay hooks and has sliding-window layers.
+  bool CapturesBoundedGraphs() const;
+  // Captures one decode graph of bucket `g` (its meta already uploaded) into *graph / *exec:
+  // an eager run first (cuBLASLt settles its plans outside the capture), then the capture.
+  absl::Status CaptureBucket(const Graph& g, cudaGraph_t* graph, cudaGraphExec_t* exec);
   absl::Status CaptureGraphs();
   absl::Status Validate(const ForwardInput& plan) const;
   void Pack(const ForwardInput& plan, const MetaLayout& l, int64_t padded_seqs, char* dst) const;
@@ -276,6 +303,8 @@ class RunnerCore {
   // layer, reused by later steps (a wait on a re-recorded event only ends later, never early).
   const LayerKvHook* layer_hook = nullptr;
   std::vector<cudaEvent_t> layer_events;
+  // The step's kv_frozen_layers while EnqueueStep enqueues it (null: none frozen).
+  const std::vector<uint8_t>* frozen_layers = nullptr;
 };
 
 // LoadCore / DummyCore: a model core (Init(config, options), LoadWeights(WeightSource&))
