@@ -28,17 +28,39 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   }
   const int32_t n = static_cast<int32_t>(g->pda_.states.size());
   const Pda& built = g->pda_;
+  // Only states a match can reach get tables, and only their calls are contexts: rules a
+  // schema's construction leaves unused (e.g. the "nothing emitted yet" variant of an object
+  // tail after a required property) cost no vocabulary walk and widen no context.
+  std::vector<char> reachable(n, 0);
+  std::vector<int32_t> stack;
+  auto reach = [&](int32_t s) {
+    if (s >= 0 && !reachable[s]) {
+      reachable[s] = 1;
+      stack.push_back(s);
+    }
+  };
+  reach(built.rule_start[built.root_rule]);
   g->return_sites_.assign(built.rule_start.size(), {});
-  for (const CallEdge& e : built.call_edges) {
-    std::vector<int32_t>& sites = g->return_sites_[e.rule];
-    if (std::find(sites.begin(), sites.end(), e.next) == sites.end()) sites.push_back(e.next);
+  while (!stack.empty()) {
+    const PdaState& st = built.states[stack.back()];
+    stack.pop_back();
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(built.byte_edges[e].next);
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) reach(built.token_edges[e].next);
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+      const CallEdge& c = built.call_edges[e];
+      reach(c.next);
+      reach(built.rule_start[c.rule]);
+      std::vector<int32_t>& sites = g->return_sites_[c.rule];
+      if (std::find(sites.begin(), sites.end(), c.next) == sites.end()) sites.push_back(c.next);
+    }
   }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
+  g->closures_.assign(built.rule_start.size(), {});
   g->tables_.resize(n);
   g->stats_.num_states = n;
   StackWalk walk(&g->pda_);
   for (int32_t s = 0; s < n; ++s) {
-    if (!g->pda_.HasByteEdges(s)) continue;
+    if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
     g->Precompute(s, walk);
     const StateTokens& t = g->tables_[s];
     ++g->stats_.num_byte_states;
@@ -49,12 +71,56 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }
 
+void CompiledGrammar::BuildClosures(int32_t rule, StackWalk& walk) {
+  std::vector<int32_t> pending = {rule};
+  std::vector<int32_t>& returned = walk.context_returns();
+  while (!pending.empty()) {
+    const int32_t q = pending.back();
+    pending.pop_back();
+    Closure& c = closures_[q];
+    if (c.built) continue;
+    c.built = true;
+    // The rules that return in turn, outwards from q (each once).
+    ++epoch_;
+    std::vector<int32_t> rules = {q};
+    rule_epoch_[q] = epoch_;
+    walk.ResetVisited();
+    StackWalk::Flags flags;
+    for (size_t k = 0; k < rules.size(); ++k) {
+      const int32_t r = rules[k];
+      if (r == pda_.root_rule) c.may_end = true;
+      returned.clear();
+      for (int32_t site : return_sites_[r]) {
+        walk.Expand(walk.NewNode(site, kContextParent), &c.tops, &flags);
+        // A walk that reaches this site may see its rule return later: it needs its closure.
+        const int32_t site_rule = pda_.states[site].rule;
+        if (!closures_[site_rule].built) pending.push_back(site_rule);
+      }
+      for (int32_t x : returned) {
+        if (rule_epoch_[x] != epoch_) {
+          rule_epoch_[x] = epoch_;
+          rules.push_back(x);
+        }
+      }
+    }
+  }
+  returned.clear();
+  persistent_nodes_ = walk.nodes().size();
+}
+
+const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, StackWalk& walk) {
+  if (!closures_[rule].built) BuildClosures(rule, walk);
+  return closures_[rule];
+}
+
 void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
   std::vector<int32_t> accepted, uncertain_pos;  // uncertain: positions in `sorted`
-  walk.nodes().clear();
+  walk.nodes().resize(persistent_nodes_);  // drop the previous walk's stacks, keep the closures'
+  // Every closure this walk can need, built before it (they extend the persistent prefix).
+  const Closure& own_closure = ContextClosure(own_rule, walk);
   // Two top sets per depth d (0 = before the first byte): `exact` tops still inside the rule
   // (their stacks end at kSentinelParent) and `context` tops past its return (kContextParent).
   // Level d is exact[exact_begin[d], exact_begin[d + 1]) and the same for context; pool[d] is
@@ -86,9 +152,12 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     StackWalk::Flags flags;
     next_exact.clear();
     next_context.clear();
+    bool may_end = false;  // the whole grammar may end right after this byte
+    bool stepped = false;
     if (exact.size() - exact_begin[d] == 1 && context.size() == context_begin[d]) {
-      // Fast path for the bulk of the walk: one top, and the byte leads to a state that neither
-      // calls nor returns, so the step is a plain DFA move.
+      // Fast paths for the bulk of the walk: one top, and the byte leads to a state that does
+      // not call: a plain DFA move, or a move into a state where the rule may return (a loop
+      // such as [a-z]*), whose continuations are the rule's context closure.
       const StackNode top = walk.nodes()[exact[exact_begin[d]]];
       const int32_t ns = pda_.Next(top.state, node.byte);
       if (ns < 0) {
@@ -105,24 +174,54 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
         ++i;
         continue;
       }
+      if (st.call_begin == st.call_end && st.accepting && top.parent == kSentinelParent) {
+        if (pda_.CanConsume(ns)) next_exact.push_back(walk.NewNode(ns, kSentinelParent));
+        next_context = own_closure.tops;
+        may_end = own_closure.may_end;
+        stepped = true;
+      }
     }
-    walk.Step(exact.data() + exact_begin[d], exact.size() - exact_begin[d], node.byte, &next_exact,
-              &flags);
-    returned.clear();
-    walk.Step(context.data() + context_begin[d], context.size() - context_begin[d], node.byte,
-              &next_context, &flags);
-    if (flags.reached_sentinel) returned.push_back(own_rule);
-    // Every rule that returned continues at each of its return sites (expansions may return
-    // further out: `returned` grows while it is read).
-    bool may_end = false;  // the whole grammar may end right after this byte
-    ++epoch_;
-    for (size_t k = 0; k < returned.size(); ++k) {
-      const int32_t r = returned[k];
-      if (rule_epoch_[r] == epoch_) continue;
-      rule_epoch_[r] = epoch_;
-      if (r == pda_.root_rule) may_end = true;
-      for (int32_t site : return_sites_[r]) {
-        walk.Expand(walk.NewNode(site, kContextParent), &next_context, &flags);
+    if (!stepped) {
+      const size_t num_exact = exact.size() - exact_begin[d];
+      const StackNode top = num_exact == 1 ? walk.nodes()[exact[exact_begin[d]]] : StackNode{};
+      const int32_t ns = num_exact == 1 ? pda_.Next(top.state, node.byte) : -1;
+      if (num_exact == 1 && (ns < 0 || (top.parent == kSentinelParent &&
+                                        pda_.states[ns].call_begin == pda_.states[ns].call_end))) {
+        // One top in the rule's own automaton and no call: move it without a stack walk.
+        if (ns >= 0) {
+          if (pda_.CanConsume(ns)) next_exact.push_back(walk.NewNode(ns, kSentinelParent));
+          flags.reached_sentinel = pda_.states[ns].accepting;
+        }
+      } else {
+        walk.Step(exact.data() + exact_begin[d], num_exact, node.byte, &next_exact, &flags);
+      }
+      returned.clear();
+      // Context tops mostly have no edge for the byte (e.g. "," after a word): skip the walk then.
+      bool any_context = false;
+      for (size_t k = context_begin[d]; k < context.size() && !any_context; ++k) {
+        any_context = pda_.Next(walk.nodes()[context[k]].state, node.byte) >= 0;
+      }
+      if (any_context) {
+        walk.Step(context.data() + context_begin[d], context.size() - context_begin[d], node.byte,
+                  &next_context, &flags);
+      }
+      if (flags.reached_sentinel) returned.push_back(own_rule);
+      // Every rule that returned continues at its return sites, and outwards (its closure).
+      ++epoch_;
+      for (size_t k = 0; k < returned.size(); ++k) {  // the fallback below may append
+        const int32_t r = returned[k];
+        if (rule_epoch_[r] == epoch_) continue;
+        rule_epoch_[r] = epoch_;
+        const Closure& c = closures_[r];
+        if (!c.built) {  // not expected (BuildClosures covers every site rule): expand here
+          if (r == pda_.root_rule) may_end = true;
+          for (int32_t site : return_sites_[r]) {
+            walk.Expand(walk.NewNode(site, kContextParent), &next_context, &flags);
+          }
+          continue;
+        }
+        may_end = may_end || c.may_end;
+        next_context.insert(next_context.end(), c.tops.begin(), c.tops.end());
       }
     }
     if (!next_exact.empty()) {
