@@ -4,10 +4,70 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/stack_walk.h"
 
 namespace sluice::grammar {
+namespace {
+
+// BoundedClasses: Of(k, s) numbers the states so that two states share a number iff no string
+// of at most k bytes tells them apart: the same rule, both accepting or neither, the same calls
+// to the same return states, the same token edges, and for each byte either no edge or edges
+// into states of one class at k - 1 (Moore's refinement stopped after k rounds). A walk that
+// stays within k bytes from either sees the same tops, returns and contexts.
+class BoundedClasses {
+ public:
+  static constexpr int32_t kMaxDepth = 12;
+
+  explicit BoundedClasses(const Pda& pda) : pda_(pda) {}
+
+  int32_t Of(int32_t level, int32_t state) {
+    while (static_cast<int32_t>(levels_.size()) <= level) Refine();
+    return levels_[level][state];
+  }
+
+ private:
+  void Refine() {
+    const int32_t n = static_cast<int32_t>(pda_.states.size());
+    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+    std::vector<int32_t> out(n), sig;
+    for (int32_t s = 0; s < n; ++s) {
+      const PdaState& st = pda_.states[s];
+      sig.clear();
+      if (levels_.empty()) {
+        sig = {st.rule, st.accepting ? 1 : 0, pda_.HasByteEdges(s) ? 1 : 0, -1};
+        for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+          sig.insert(sig.end(), {pda_.call_edges[e].rule, pda_.call_edges[e].next});
+        }
+        sig.push_back(-1);
+        for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
+          sig.insert(sig.end(), {pda_.token_edges[e].token, pda_.token_edges[e].next});
+        }
+      } else {
+        const std::vector<int32_t>& prev = levels_.back();
+        sig.push_back(prev[s]);
+        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+          const ByteEdge& edge = pda_.byte_edges[e];
+          const int32_t c = prev[edge.next];
+          // Adjacent ranges into one class read as one (as MinimizeStates writes them).
+          if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
+            sig[sig.size() - 2] = edge.hi;
+          } else {
+            sig.insert(sig.end(), {edge.lo, edge.hi, c});
+          }
+        }
+      }
+      out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+    }
+    levels_.push_back(std::move(out));
+  }
+
+  const Pda& pda_;
+  std::vector<std::vector<int32_t>> levels_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     const Grammar& grammar, std::shared_ptr<const TokenVocab> vocab, const PdaOptions& options) {
@@ -59,9 +119,34 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   g->tables_.resize(n);
   g->stats_.num_states = n;
   StackWalk walk(&g->pda_);
+  // A state whose walk looked at most D bytes deep has the same table as every state that no
+  // string of up to D bytes tells apart from it (same rule, the same returns and calls, and so
+  // on for D bytes: BoundedClasses): the D-th byte of each path was its walk's last. Chains of
+  // bounded repetitions (the 16 digits of a number) share one walk that way.
+  BoundedClasses classes(built);
+  absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
+  std::vector<int32_t> depths;  // the depths in `walked`
   for (int32_t s = 0; s < n; ++s) {
     if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
-    g->Precompute(s, walk);
+    int32_t same = -1;
+    for (int32_t d : depths) {
+      auto it = walked.find({d, classes.Of(d, s)});
+      if (it != walked.end()) {
+        same = it->second;
+        break;
+      }
+    }
+    if (same >= 0) {
+      g->tables_[s] = g->tables_[same];
+    } else {
+      const int32_t depth = g->Precompute(s, walk);
+      if (depth <= BoundedClasses::kMaxDepth) {
+        if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
+            std::find(depths.begin(), depths.end(), depth) == depths.end()) {
+          depths.push_back(depth);
+        }
+      }
+    }
     const StateTokens& t = g->tables_[s];
     ++g->stats_.num_byte_states;
     g->stats_.num_uncertain += static_cast<int64_t>(t.uncertain_ids.size());
@@ -113,7 +198,7 @@ const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, St
   return closures_[rule];
 }
 
-void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
+int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
@@ -136,9 +221,11 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   };
   const int32_t num_nodes = static_cast<int32_t>(trie.size());
   int32_t i = 1;
+  int32_t max_depth = 0;
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
     const int32_t d = node.depth - 1;  // the parent's level
+    max_depth = std::max(max_depth, node.depth);
     if (d == 0 && pda_.Next(state, node.byte) < 0) {
       i = node.subtree_end;  // the state has no edge for this first byte
       continue;
@@ -261,6 +348,7 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     std::sort(accepted.begin(), accepted.end());
     t.accepted_ids = std::move(accepted);
   }
+  return max_depth;
 }
 
 }  // namespace sluice::grammar

@@ -68,7 +68,8 @@ class CompiledGrammar {
 
  private:
   CompiledGrammar() = default;
-  void Precompute(int32_t state, class StackWalk& walk);
+  // Precompute fills tables_[state]; returns the deepest trie level its walk looked at.
+  int32_t Precompute(int32_t state, class StackWalk& walk);
   // ContextClosure: the tops a return of rule `r` continues at (its return sites, and the
   // sites of every rule that returns from there, outwards), built once into the walk's
   // persistent node prefix: a return costs an append at every trie node instead of a fresh
