@@ -4,10 +4,70 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/stack_walk.h"
 
 namespace sluice::grammar {
+namespace {
+
+// BoundedClasses: Of(k, s) numbers the states so that two states share a number iff no string
+// of at most k bytes tells them apart: the same rule, both accepting or neither, the same calls
+// to the same return states, the same token edges, and for each byte either no edge or edges
+// into states of one class at k - 1 (Moore's refinement stopped after k rounds). A walk that
+// stays within k bytes from either sees the same tops, returns and contexts.
+class BoundedClasses {
+ public:
+  static constexpr int32_t kMaxDepth = 12;
+
+  explicit BoundedClasses(const Pda& pda) : pda_(pda) {}
+
+  int32_t Of(int32_t level, int32_t state) {
+    while (static_cast<int32_t>(levels_.size()) <= level) Refine();
+    return levels_[level][state];
+  }
+
+ private:
+  void Refine() {
+    const int32_t n = static_cast<int32_t>(pda_.states.size());
+    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+    std::vector<int32_t> out(n), sig;
+    for (int32_t s = 0; s < n; ++s) {
+      const PdaState& st = pda_.states[s];
+      sig.clear();
+      if (levels_.empty()) {
+        sig = {st.rule, st.accepting ? 1 : 0, pda_.HasByteEdges(s) ? 1 : 0, -1};
+        for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+          sig.insert(sig.end(), {pda_.call_edges[e].rule, pda_.call_edges[e].next});
+        }
+        sig.push_back(-1);
+        for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
+          sig.insert(sig.end(), {pda_.token_edges[e].token, pda_.token_edges[e].next});
+        }
+      } else {
+        const std::vector<int32_t>& prev = levels_.back();
+        sig.push_back(prev[s]);
+        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+          const ByteEdge& edge = pda_.byte_edges[e];
+          const int32_t c = prev[edge.next];
+          // Adjacent ranges into one class read as one (as MinimizeStates writes them).
+          if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
+            sig[sig.size() - 2] = edge.hi;
+          } else {
+            sig.insert(sig.end(), {edge.lo, edge.hi, c});
+          }
+        }
+      }
+      out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+    }
+    levels_.push_back(std::move(out));
+  }
+
+  const Pda& pda_;
+  std::vector<std::vector<int32_t>> levels_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     const Grammar& grammar, std::shared_ptr<const TokenVocab> vocab, const PdaOptions& options) {
@@ -28,18 +88,65 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   }
   const int32_t n = static_cast<int32_t>(g->pda_.states.size());
   const Pda& built = g->pda_;
+  // Only states a match can reach get tables, and only their calls are contexts: rules a
+  // schema's construction leaves unused (e.g. the "nothing emitted yet" variant of an object
+  // tail after a required property) cost no vocabulary walk and widen no context.
+  std::vector<char> reachable(n, 0);
+  std::vector<int32_t> stack;
+  auto reach = [&](int32_t s) {
+    if (s >= 0 && !reachable[s]) {
+      reachable[s] = 1;
+      stack.push_back(s);
+    }
+  };
+  reach(built.rule_start[built.root_rule]);
   g->return_sites_.assign(built.rule_start.size(), {});
-  for (const CallEdge& e : built.call_edges) {
-    std::vector<int32_t>& sites = g->return_sites_[e.rule];
-    if (std::find(sites.begin(), sites.end(), e.next) == sites.end()) sites.push_back(e.next);
+  while (!stack.empty()) {
+    const PdaState& st = built.states[stack.back()];
+    stack.pop_back();
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) reach(built.byte_edges[e].next);
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) reach(built.token_edges[e].next);
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+      const CallEdge& c = built.call_edges[e];
+      reach(c.next);
+      reach(built.rule_start[c.rule]);
+      std::vector<int32_t>& sites = g->return_sites_[c.rule];
+      if (std::find(sites.begin(), sites.end(), c.next) == sites.end()) sites.push_back(c.next);
+    }
   }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
+  g->closures_.assign(built.rule_start.size(), {});
   g->tables_.resize(n);
   g->stats_.num_states = n;
   StackWalk walk(&g->pda_);
+  // A state whose walk looked at most D bytes deep has the same table as every state that no
+  // string of up to D bytes tells apart from it (same rule, the same returns and calls, and so
+  // on for D bytes: BoundedClasses): the D-th byte of each path was its walk's last. Chains of
+  // bounded repetitions (the 16 digits of a number) share one walk that way.
+  BoundedClasses classes(built);
+  absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
+  std::vector<int32_t> depths;  // the depths in `walked`
   for (int32_t s = 0; s < n; ++s) {
-    if (!g->pda_.HasByteEdges(s)) continue;
-    g->Precompute(s, walk);
+    if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
+    int32_t same = -1;
+    for (int32_t d : depths) {
+      auto it = walked.find({d, classes.Of(d, s)});
+      if (it != walked.end()) {
+        same = it->second;
+        break;
+      }
+    }
+    if (same >= 0) {
+      g->tables_[s] = g->tables_[same];
+    } else {
+      const int32_t depth = g->Precompute(s, walk);
+      if (depth <= BoundedClasses::kMaxDepth) {
+        if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
+            std::find(depths.begin(), depths.end(), depth) == depths.end()) {
+          depths.push_back(depth);
+        }
+      }
+    }
     const StateTokens& t = g->tables_[s];
     ++g->stats_.num_byte_states;
     g->stats_.num_uncertain += static_cast<int64_t>(t.uncertain_ids.size());
@@ -49,12 +156,56 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   return std::shared_ptr<const CompiledGrammar>(std::move(g));
 }
 
-void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
+void CompiledGrammar::BuildClosures(int32_t rule, StackWalk& walk) {
+  std::vector<int32_t> pending = {rule};
+  std::vector<int32_t>& returned = walk.context_returns();
+  while (!pending.empty()) {
+    const int32_t q = pending.back();
+    pending.pop_back();
+    Closure& c = closures_[q];
+    if (c.built) continue;
+    c.built = true;
+    // The rules that return in turn, outwards from q (each once).
+    ++epoch_;
+    std::vector<int32_t> rules = {q};
+    rule_epoch_[q] = epoch_;
+    walk.ResetVisited();
+    StackWalk::Flags flags;
+    for (size_t k = 0; k < rules.size(); ++k) {
+      const int32_t r = rules[k];
+      if (r == pda_.root_rule) c.may_end = true;
+      returned.clear();
+      for (int32_t site : return_sites_[r]) {
+        walk.Expand(walk.NewNode(site, kContextParent), &c.tops, &flags);
+        // A walk that reaches this site may see its rule return later: it needs its closure.
+        const int32_t site_rule = pda_.states[site].rule;
+        if (!closures_[site_rule].built) pending.push_back(site_rule);
+      }
+      for (int32_t x : returned) {
+        if (rule_epoch_[x] != epoch_) {
+          rule_epoch_[x] = epoch_;
+          rules.push_back(x);
+        }
+      }
+    }
+  }
+  returned.clear();
+  persistent_nodes_ = walk.nodes().size();
+}
+
+const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, StackWalk& walk) {
+  if (!closures_[rule].built) BuildClosures(rule, walk);
+  return closures_[rule];
+}
+
+int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
   std::vector<int32_t> accepted, uncertain_pos;  // uncertain: positions in `sorted`
-  walk.nodes().clear();
+  walk.nodes().resize(persistent_nodes_);  // drop the previous walk's stacks, keep the closures'
+  // Every closure this walk can need, built before it (they extend the persistent prefix).
+  const Closure& own_closure = ContextClosure(own_rule, walk);
   // Two top sets per depth d (0 = before the first byte): `exact` tops still inside the rule
   // (their stacks end at kSentinelParent) and `context` tops past its return (kContextParent).
   // Level d is exact[exact_begin[d], exact_begin[d + 1]) and the same for context; pool[d] is
@@ -70,9 +221,11 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   };
   const int32_t num_nodes = static_cast<int32_t>(trie.size());
   int32_t i = 1;
+  int32_t max_depth = 0;
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
     const int32_t d = node.depth - 1;  // the parent's level
+    max_depth = std::max(max_depth, node.depth);
     if (d == 0 && pda_.Next(state, node.byte) < 0) {
       i = node.subtree_end;  // the state has no edge for this first byte
       continue;
@@ -86,9 +239,12 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     StackWalk::Flags flags;
     next_exact.clear();
     next_context.clear();
+    bool may_end = false;  // the whole grammar may end right after this byte
+    bool stepped = false;
     if (exact.size() - exact_begin[d] == 1 && context.size() == context_begin[d]) {
-      // Fast path for the bulk of the walk: one top, and the byte leads to a state that neither
-      // calls nor returns, so the step is a plain DFA move.
+      // Fast paths for the bulk of the walk: one top, and the byte leads to a state that does
+      // not call: a plain DFA move, or a move into a state where the rule may return (a loop
+      // such as [a-z]*), whose continuations are the rule's context closure.
       const StackNode top = walk.nodes()[exact[exact_begin[d]]];
       const int32_t ns = pda_.Next(top.state, node.byte);
       if (ns < 0) {
@@ -105,24 +261,54 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
         ++i;
         continue;
       }
+      if (st.call_begin == st.call_end && st.accepting && top.parent == kSentinelParent) {
+        if (pda_.CanConsume(ns)) next_exact.push_back(walk.NewNode(ns, kSentinelParent));
+        next_context = own_closure.tops;
+        may_end = own_closure.may_end;
+        stepped = true;
+      }
     }
-    walk.Step(exact.data() + exact_begin[d], exact.size() - exact_begin[d], node.byte, &next_exact,
-              &flags);
-    returned.clear();
-    walk.Step(context.data() + context_begin[d], context.size() - context_begin[d], node.byte,
-              &next_context, &flags);
-    if (flags.reached_sentinel) returned.push_back(own_rule);
-    // Every rule that returned continues at each of its return sites (expansions may return
-    // further out: `returned` grows while it is read).
-    bool may_end = false;  // the whole grammar may end right after this byte
-    ++epoch_;
-    for (size_t k = 0; k < returned.size(); ++k) {
-      const int32_t r = returned[k];
-      if (rule_epoch_[r] == epoch_) continue;
-      rule_epoch_[r] = epoch_;
-      if (r == pda_.root_rule) may_end = true;
-      for (int32_t site : return_sites_[r]) {
-        walk.Expand(walk.NewNode(site, kContextParent), &next_context, &flags);
+    if (!stepped) {
+      const size_t num_exact = exact.size() - exact_begin[d];
+      const StackNode top = num_exact == 1 ? walk.nodes()[exact[exact_begin[d]]] : StackNode{};
+      const int32_t ns = num_exact == 1 ? pda_.Next(top.state, node.byte) : -1;
+      if (num_exact == 1 && (ns < 0 || (top.parent == kSentinelParent &&
+                                        pda_.states[ns].call_begin == pda_.states[ns].call_end))) {
+        // One top in the rule's own automaton and no call: move it without a stack walk.
+        if (ns >= 0) {
+          if (pda_.CanConsume(ns)) next_exact.push_back(walk.NewNode(ns, kSentinelParent));
+          flags.reached_sentinel = pda_.states[ns].accepting;
+        }
+      } else {
+        walk.Step(exact.data() + exact_begin[d], num_exact, node.byte, &next_exact, &flags);
+      }
+      returned.clear();
+      // Context tops mostly have no edge for the byte (e.g. "," after a word): skip the walk then.
+      bool any_context = false;
+      for (size_t k = context_begin[d]; k < context.size() && !any_context; ++k) {
+        any_context = pda_.Next(walk.nodes()[context[k]].state, node.byte) >= 0;
+      }
+      if (any_context) {
+        walk.Step(context.data() + context_begin[d], context.size() - context_begin[d], node.byte,
+                  &next_context, &flags);
+      }
+      if (flags.reached_sentinel) returned.push_back(own_rule);
+      // Every rule that returned continues at its return sites, and outwards (its closure).
+      ++epoch_;
+      for (size_t k = 0; k < returned.size(); ++k) {  // the fallback below may append
+        const int32_t r = returned[k];
+        if (rule_epoch_[r] == epoch_) continue;
+        rule_epoch_[r] = epoch_;
+        const Closure& c = closures_[r];
+        if (!c.built) {  // not expected (BuildClosures covers every site rule): expand here
+          if (r == pda_.root_rule) may_end = true;
+          for (int32_t site : return_sites_[r]) {
+            walk.Expand(walk.NewNode(site, kContextParent), &next_context, &flags);
+          }
+          continue;
+        }
+        may_end = may_end || c.may_end;
+        next_context.insert(next_context.end(), c.tops.begin(), c.tops.end());
       }
     }
     if (!next_exact.empty()) {
@@ -162,6 +348,7 @@ void CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     std::sort(accepted.begin(), accepted.end());
     t.accepted_ids = std::move(accepted);
   }
+  return max_depth;
 }
 
 }  // namespace sluice::grammar

@@ -68,7 +68,19 @@ class CompiledGrammar {
 
  private:
   CompiledGrammar() = default;
-  void Precompute(int32_t state, class StackWalk& walk);
+  // Precompute fills tables_[state]; returns the deepest trie level its walk looked at.
+  int32_t Precompute(int32_t state, class StackWalk& walk);
+  // ContextClosure: the tops a return of rule `r` continues at (its return sites, and the
+  // sites of every rule that returns from there, outwards), built once into the walk's
+  // persistent node prefix: a return costs an append at every trie node instead of a fresh
+  // expansion. Only before a vocabulary walk (it grows the persistent prefix).
+  struct Closure {
+    bool built = false;
+    bool may_end = false;  // the root rule returns in it: the grammar may end
+    std::vector<int32_t> tops;
+  };
+  const Closure& ContextClosure(int32_t rule, class StackWalk& walk);
+  void BuildClosures(int32_t rule, class StackWalk& walk);
 
   Pda pda_;
   std::shared_ptr<const TokenVocab> vocab_;
@@ -78,6 +90,8 @@ class CompiledGrammar {
   std::vector<std::vector<int32_t>> return_sites_;
   std::vector<uint32_t> rule_epoch_;  // Precompute scratch: rules expanded at this trie node
   uint32_t epoch_ = 0;
+  std::vector<Closure> closures_;  // [rule]
+  size_t persistent_nodes_ = 0;    // walk nodes [0, persistent_nodes_) are closure tops' stacks
   CompileStats stats_;
   std::string ebnf_;
 };
