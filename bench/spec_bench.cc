@@ -18,9 +18,14 @@
 //   plain_step_s / (draft_s_per_step + verify_s_per_step): what acceptance and the two step
 //   costs allow when every sequence verifies every step (batch 1).
 //
+// --device cuda (CUDA builds): the target runs on the GPU's CUDA runner (bf16, decode graphs,
+// async scheduling for "none"; verify steps eager and synchronous), the draft model on the CPU
+// as `sluice serve --device cuda` runs it. The confidence scheduler then prices steps on wall
+// time (CPU time does not see the GPU), and the wall-clock fields are the ones to read.
+//
 // Usage: spec_bench --model DIR --draft DIR [--workload bible|quote] [--batches 1,8,64]
 //                   [--max-tokens 48] [--configs none,draft:5,draft:auto,ngram:5,ngram:auto]
-//                   [--out FILE]
+//                   [--device cpu|cuda] [--out FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -43,6 +48,10 @@
 #include "engine/spec/ngram_drafter.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+
+#if defined(SLUICE_SPEC_BENCH_CUDA)
+#include "engine/cuda/cuda_model.h"
+#endif
 
 namespace sluice {
 namespace {
@@ -180,8 +189,34 @@ Config ParseConfig(const std::string& text) {
   std::exit(1);
 }
 
+// LoadTarget: the target on `device`; a CUDA target keeps its KV on the GPU
+// (options->allocate_host_kv_cache false) with logits rows for k + 1 positions per sequence.
+std::unique_ptr<Model> LoadTarget(const std::string& model_dir, const std::string& device,
+                                  EngineOptions* options) {
+  if (device == "cpu") {
+    auto model = LoadModel(model_dir);
+    if (!model.ok()) Fail(model.status());
+    return *std::move(model);
+  }
+#if defined(SLUICE_SPEC_BENCH_CUDA)
+  cuda_runner::CudaRunnerOptions r;
+  r.block_size = options->block_size;
+  r.max_model_len = options->max_model_len;
+  r.max_num_tokens = options->max_num_batched_tokens;
+  r.max_num_seqs = options->max_num_seqs;
+  r.max_num_logits = int64_t{options->max_num_seqs} * (1 + kMaxSpeculativeTokens);
+  auto model = cuda_runner::LoadCudaModel(model_dir, r);
+  if (!model.ok()) Fail(model.status());
+  options->allocate_host_kv_cache = false;
+  return *std::move(model);
+#else
+  Fail(absl::InvalidArgumentError("--device cuda: this build has no CUDA backend"));
+#endif
+}
+
 Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Config& config,
-            const std::vector<std::vector<int32_t>>& prompts, int batch, int max_tokens) {
+            const std::vector<std::vector<int32_t>>& prompts, int batch, int max_tokens,
+            const std::string& device) {
   EngineOptions options;
   options.block_size = 16;
   size_t longest = 0;
@@ -196,7 +231,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     DraftModelOptions d;
     d.num_kv_blocks = options.num_kv_blocks;
     d.model_id = draft_dir;
-    d.cost_clock = CostClock::kProcessCpu;
+    d.cost_clock = device == "cpu" ? CostClock::kProcessCpu : CostClock::kWall;
     d.bf16_weights = config.draft_bf16;
     d.draft_vocab = config.draft_vocab;
     auto drafter = DraftModelDrafter::Create(*LoadModel(draft_dir), d);
@@ -208,9 +243,12 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   }
   options.speculative.verify = config.mode;
   // The confidence scheduler prices drafts on CPU time, as this bench measures (see Clocks).
-  options.speculative.cost_clock = CostClock::kProcessCpu;
+  options.speculative.cost_clock = device == "cpu" ? CostClock::kProcessCpu : CostClock::kWall;
   options.speculative.num_speculative_tokens = config.k;
-  auto engine = *LLMEngine::Create(*LoadModel(model_dir), options);
+  std::unique_ptr<Model> target = LoadTarget(model_dir, device, &options);
+  auto created = LLMEngine::Create(std::move(target), options);
+  if (!created.ok()) Fail(created.status());
+  std::unique_ptr<LLMEngine> engine = *std::move(created);
   // Warm-up: one untimed round of the same batch, as a serving engine has seen traffic before
   // (the confidence scheduler's calibration and cost fit are measured then).
   for (int i = 0; i < batch; ++i) {
@@ -253,6 +291,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   const double verifications = after.num_spec_verifications - before.num_spec_verifications;
   Json j;
   j["config"] = config.name;
+  j["device"] = device;
   j["batch"] = batch;
   j["decode_tokens"] = tokens;
   j["seconds"] = seconds;
@@ -278,7 +317,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
 }  // namespace sluice
 
 int main(int argc, char** argv) {
-  CLI::App app{"Speculative decoding benchmark (CPU engine)"};
+  CLI::App app{"Speculative decoding benchmark (CPU engine, or the CUDA runner with --device)"};
   std::string model = std::string(SLUICE_SOURCE_DIR) + "/../shared/models/sluice-mini-moe";
   std::string draft = std::string(SLUICE_SOURCE_DIR) + "/../shared/models/sluice-mini-draft";
   std::string workload = "bible", batches = "1,8,64", configs = "none,draft:5,draft:auto";
@@ -291,6 +330,9 @@ int main(int argc, char** argv) {
   app.add_option("--configs", configs);
   app.add_option("--max-tokens", max_tokens);
   app.add_option("--out", out);
+  std::string device = "cpu";
+  app.add_option("--device", device, "Where the target runs (the draft model runs on the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   int repeats = 1;
   app.add_option("--repeats", repeats,
                  "Run the config list this many times per batch, interleaved (A B C A B C ...); "
@@ -309,6 +351,7 @@ int main(int argc, char** argv) {
   result["model"] = model;
   result["draft"] = draft;
   result["workload"] = workload;
+  result["device"] = device;
   result["max_tokens"] = max_tokens;
   result["repeats"] = repeats;
   {
@@ -325,7 +368,7 @@ int main(int argc, char** argv) {
     for (const std::string& c : std::vector<std::string>(absl::StrSplit(configs, ','))) {
       const sluice::Config config = sluice::ParseConfig(c);
       nlohmann::ordered_json run =
-          sluice::RunOne(model, draft, config, prompts, batch, max_tokens);
+          sluice::RunOne(model, draft, config, prompts, batch, max_tokens, device);
       if (config.name == "none") {
         plain_tps = run["tokens_per_s"];
         plain_cpu_tps = run["cpu_tokens_per_s"];

@@ -40,6 +40,15 @@ class CudaModel : public Model {
     return absl::OkStatus();
   }
 
+  // Speculative decoding verifies drafts through Forward / ForwardGreedy (several query tokens
+  // and logits rows per decode sequence; CudaRunnerOptions::max_num_logits), but the runners
+  // neither load a DeepSeek MTP module nor expose the final hidden states it reads.
+  absl::Status MtpStatus() const override {
+    return absl::UnimplementedError(
+        "the CUDA backend does not run MTP modules yet (use --device cpu for MTP drafting, or "
+        "draft with --speculative-model DIR or --speculative-method ngram)");
+  }
+
   bool SupportsDeviceGreedy() const override { return true; }
   // CudaRunnerOptions::batch_invariant: fixed-order kernels for every step (cuda_runner.h).
   bool IsBatchInvariant() const override { return runner_->options().batch_invariant; }

@@ -44,6 +44,11 @@ struct CudaRunnerOptions {
   int64_t max_model_len = 4096;
   int64_t max_num_tokens = 8192;  // tokens per step (prefill chunk budget)
   int64_t max_num_seqs = 256;     // sequences per step
+  // Logits rows a step may ask for (ForwardInput::logits_indices): the rows of the logits,
+  // sampling and read-back buffers; at least max_num_seqs (one sampled row per sequence). A
+  // speculative verify step asks for the k + 1 positions of every decode sequence
+  // (engine/spec): max_num_seqs · (k + 1). Costs 2 · vocab bytes of device memory per row.
+  int64_t max_num_logits = 0;
   bool use_cuda_graphs = true;
   // Deadline of one KV connector block copy call (CudaModel's Gather/ScatterKvBlocks through
   // pinned staging): copies still running then count as failed — the save is dropped, the load
@@ -186,8 +191,10 @@ class CudaRunner {
   // logits rows plan.logits_indices. Returns after enqueuing. A token id < 0 means -(r + 1):
   // row r of the previous Step's sampled tokens (r < that step's logits count).
   // Errors (nothing is enqueued): InvalidArgument for an inconsistent plan, a token id outside
-  // the vocabulary, a sequence longer than max_model_len, more than max_num_tokens tokens or
-  // max_num_seqs sequences; FailedPrecondition before AllocateKvCache; Internal for CUDA errors.
+  // the vocabulary, a sequence longer than max_model_len, more than max_num_tokens tokens,
+  // max_num_seqs sequences or max_num_logits logits rows (several rows of one sequence: a
+  // speculative verify step); FailedPrecondition before AllocateKvCache; Internal for CUDA
+  // errors.
   absl::Status Step(const ForwardInput& plan);
   const StepInfo& last_step() const;
 
@@ -229,7 +236,7 @@ class CudaRunner {
   // SampleRowsCuda), and the raw logprobs plus the rows' top logprobs (LogprobRowsCuda) copied
   // back with the tokens; ReadSampledStepWithTop returns them. See Model::
   // EnqueueProcessedSampledStep for the format and errors. The first call allocates
-  // 8 · max_num_seqs · vocab bytes of device memory (fp32 logits, marks).
+  // 8 · max_num_logits · vocab bytes of device memory (fp32 logits, marks).
   absl::Status EnqueueProcessedSampledStep(const ForwardInput& plan,
                                            absl::Span<const kernels::SamplingRow> rows,
                                            const Model::DeviceLogitsProcessing& processing);

@@ -255,6 +255,12 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
     return absl::InvalidArgumentError(
         "CUDA runner: block_size, max_model_len, max_num_tokens and max_num_seqs must be >= 1");
   }
+  if (o.max_num_logits < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA runner: max_num_logits must be >= 0, got ", o.max_num_logits));
+  }
+  // At least one row per sequence: a decode step (and its graph bucket) samples every one.
+  max_logits = std::max(o.max_num_logits, o.max_num_seqs);
   if (o.decode_pdl_level < 0 || o.decode_pdl_level > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA runner: decode_pdl_level must be 0..3, got ", o.decode_pdl_level));
@@ -276,28 +282,28 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   if (!l.ok()) return l.status();
   lt = std::move(*l);
 
-  const int64_t T = o.max_num_tokens, S = o.max_num_seqs;
-  for (const auto& [buf, n] : {std::pair{&gathered, S * hidden}, std::pair{&logits, S * vocab}}) {
+  const int64_t T = o.max_num_tokens, S = o.max_num_seqs, NL = max_logits;
+  for (const auto& [buf, n] : {std::pair{&gathered, NL * hidden}, std::pair{&logits, NL * vocab}}) {
     auto b = AllocBf16(n);
     if (!b.ok()) return b.status();
     *buf = std::move(*b);
   }
-  auto sm = DeviceBuffer<int32_t>::Create(static_cast<size_t>(S));
+  auto sm = DeviceBuffer<int32_t>::Create(static_cast<size_t>(NL));
   if (!sm.ok()) return sm.status();
   sampled = std::move(*sm);
-  auto slp = DeviceBuffer<float>::Create(static_cast<size_t>(S));
+  auto slp = DeviceBuffer<float>::Create(static_cast<size_t>(NL));
   if (!slp.ok()) return slp.status();
   sampled_logprobs = std::move(*slp);
   SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(sampled.data(), 0, sampled.bytes()), "cudaMemset");
-  auto rows = DeviceBuffer<kernels::SamplingRow>::Create(static_cast<size_t>(S));
+  auto rows = DeviceBuffer<kernels::SamplingRow>::Create(static_cast<size_t>(NL));
   if (!rows.ok()) return rows.status();
   sampling_rows = std::move(*rows);
-  if (const size_t ws = kernels::SampleRowsCudaWorkspaceBytes(S, vocab); ws > 0) {
+  if (const size_t ws = kernels::SampleRowsCudaWorkspaceBytes(NL, vocab); ws > 0) {
     auto b = DeviceBuffer<uint8_t>::Create(ws);
     if (!b.ok()) return b.status();
     sampling_ws = std::move(*b);
   }
-  SLUICE_RETURN_IF_ERROR(step_outputs.Init(S));
+  SLUICE_RETURN_IF_ERROR(step_outputs.Init(NL));
   if (SupportsSwaReplay()) {
     auto none = DeviceBuffer<int64_t>::Create(static_cast<size_t>(T));
     if (!none.ok()) return none.status();
@@ -307,7 +313,7 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
                                 "cudaMemset no_kv_slots");
   }
 
-  const MetaLayout max_layout = MakeLayout(T, S, S, max_blocks_per_seq);
+  const MetaLayout max_layout = MakeLayout(T, S, NL, max_blocks_per_seq);
   auto em = DeviceBuffer<int64_t>::Create(max_layout.bytes / 8);
   if (!em.ok()) return em.status();
   eager_meta = std::move(*em);
@@ -377,10 +383,10 @@ absl::Status RunnerCore::Validate(const ForwardInput& in) const {
     return absl::InvalidArgumentError(
         "ForwardInput: token_ids, positions and slot_mapping differ in length");
   }
-  if (T > options.max_num_tokens || S > options.max_num_seqs || N > options.max_num_seqs) {
+  if (T > options.max_num_tokens || S > options.max_num_seqs || N > max_logits) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step of ", T, " tokens, ", S, " sequences, ", N, " logits rows exceeds the limits (",
-        options.max_num_tokens, ", ", options.max_num_seqs, ", ", options.max_num_seqs, ")"));
+        options.max_num_tokens, ", ", options.max_num_seqs, ", ", max_logits, ")"));
   }
   for (int64_t t = 0; t < T; ++t) {
     const int32_t id = in.token_ids[t];
@@ -901,7 +907,7 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
 
 absl::Status RunnerCore::EnsureProcessingBuffers() {
   if (processed_logits.data() != nullptr) return absl::OkStatus();
-  const int64_t S = options.max_num_seqs;
+  const int64_t S = max_logits;
   auto pl = DeviceBuffer<float>::Create(static_cast<size_t>(S * vocab));
   if (!pl.ok()) return pl.status();
   auto ws = DeviceBuffer<uint8_t>::Create(kernels::LogitsProcessingCudaWorkspaceBytes(S, vocab));

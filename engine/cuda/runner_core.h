@@ -220,11 +220,14 @@ class RunnerCore {
     int mla_bits = 0;     // kernels::MlaDecodePdlBits(level)
   } pdl;
   int64_t hidden = 0, vocab = 0, max_blocks_per_seq = 0;
+  // Logits rows per step (CudaRunnerOptions::max_num_logits, or max_num_seqs when 0): the rows
+  // of gathered, logits, sampled, the sampling and processing buffers and the read-back ring.
+  int64_t max_logits = 0;
   kernels::CudaStream stream;
   std::unique_ptr<kernels::CublasLt> lt;
-  DeviceBuffer<bf16> gathered, logits;  // [max_num_seqs, hidden], [max_num_seqs, vocab]
-  DeviceBuffer<int32_t> sampled;        // [max_num_seqs]
-  DeviceBuffer<float> sampled_logprobs;  // [max_num_seqs], by SampledGreedy / sampled steps
+  DeviceBuffer<bf16> gathered, logits;  // [max_logits, hidden], [max_logits, vocab]
+  DeviceBuffer<int32_t> sampled;        // [max_logits]
+  DeviceBuffer<float> sampled_logprobs;  // [max_logits], by SampledGreedy / sampled steps
   StepOutputRing step_outputs;            // results of unread sampled steps
   cudaEvent_t tail_fence = nullptr;       // CudaRunner::TailFence, created at first use
   int64_t num_blocks = 0;
@@ -276,7 +279,7 @@ class RunnerCore {
   // Metadata: eager steps use `eager_meta`; each graph bucket has its own fixed buffer.
   DeviceBuffer<int64_t> eager_meta;
   DeviceBuffer<uint8_t> eager_ws, graph_ws;
-  DeviceBuffer<kernels::SamplingRow> sampling_rows;  // [max_num_seqs]
+  DeviceBuffer<kernels::SamplingRow> sampling_rows;  // [max_logits]
   DeviceBuffer<uint8_t> sampling_ws;
   PinnedBuffer staging[2];
   cudaEvent_t staging_done[2] = {nullptr, nullptr};
@@ -291,11 +294,11 @@ class RunnerCore {
   };
   ProcessingSlot processing_slots[StepOutputRing::kSlots];
   DeviceBuffer<uint8_t> processing_upload;   // device copy of a slot's upload (grows)
-  DeviceBuffer<float> processed_logits;      // [max_num_seqs, vocab]
+  DeviceBuffer<float> processed_logits;      // [max_logits, vocab]
   DeviceBuffer<uint8_t> processing_ws;       // LogitsProcessingCuda's marks, zero between calls
-  DeviceBuffer<int32_t> prev_sampled_copy;   // [max_num_seqs]: fed-back tokens of the step before
-  DeviceBuffer<int32_t> top_ids_dev;         // [max_num_seqs, 20]
-  DeviceBuffer<float> top_logprobs_dev;      // [max_num_seqs, 20]
+  DeviceBuffer<int32_t> prev_sampled_copy;   // [max_logits]: fed-back tokens of the step before
+  DeviceBuffer<int32_t> top_ids_dev;         // [max_logits, 20]
+  DeviceBuffer<float> top_logprobs_dev;      // [max_logits, 20]
   // ProfileStep: while set, Mark records one timing event after each op of Enqueue.
   std::vector<std::pair<const char*, cudaEvent_t>>* profile = nullptr;
   absl::Status profile_error;

@@ -130,7 +130,9 @@ class DeepseekV3Model : public Model {
   absl::Status MtpStatus() const override {
     if (!mtp_status_.ok()) return mtp_status_;
     if (group_comm_ != nullptr) {
-      return absl::FailedPreconditionError("MTP drafting: the model is sharded (TP/EP)");
+      return absl::FailedPreconditionError(
+          "the model is sharded over tensor/expert-parallel ranks (TP/EP) and the MTP module "
+          "drafts on an unsharded model only");
     }
     return absl::OkStatus();
   }

@@ -51,6 +51,10 @@ class CpuParallelModel : public Model {
     return RunAll([&](size_t r) { return ranks_[r]->UpdateExpertPlacement(expert_slots); });
   }
 
+  // Rank 0's reason: missing MTP weights, else that it is sharded (TP/EP) — not the base
+  // class's "no MTP module", which would blame the architecture.
+  absl::Status MtpStatus() const override { return ranks_[0]->MtpStatus(); }
+
   std::vector<int64_t> TakeExpertLoad() override {
     std::vector<int64_t> total;
     for (auto& rank : ranks_) {

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/kv/kv_block_allocator.h"
 #include "engine/spec/draft_sampling.h"
 
 namespace sluice {
@@ -72,39 +71,18 @@ DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Model> model,
                                      const DraftModelOptions& options)
     : model_(std::move(model)),
       options_(options),
-      kv_cache_(model_->kv_cache_spec(), options.num_kv_blocks, options.block_size),
-      hasher_(KvLayoutIdentity(absl::StrCat("draft:", options.model_id), options.block_size,
-                               "f32", model_->kv_cache_spec().num_layers,
-                               model_->kv_cache_spec().k_floats_per_token,
-                               model_->kv_cache_spec().v_floats_per_token),
-              options.block_size),
-      cache_(options.num_kv_blocks, options.enable_prefix_caching, nullptr) {}
+      kv_(model_->kv_cache_spec(), absl::StrCat("draft:", options.model_id), options.block_size,
+          options.num_kv_blocks, options.enable_prefix_caching) {}
 
 void DraftModelDrafter::Release(std::string_view request_id) {
   auto it = states_.find(std::string(request_id));
   if (it == states_.end()) return;
-  cache_.Free(it->second.block_table);
+  kv_.Free(it->second.blocks);
   states_.erase(it);
 }
 
-int64_t DraftModelDrafter::Slot(const SeqState& s, int64_t pos) const {
-  const int64_t bs = options_.block_size;
-  return static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
-}
-
 void DraftModelDrafter::Commit(SeqState& s) {
-  if (!cache_.enabled()) return;
-  const int32_t bs = static_cast<int32_t>(options_.block_size);
-  const int32_t full = s.num_computed / bs;
-  if (full <= s.num_committed_blocks) return;
-  hasher_.ExtendFullBlockHashes(s.root, absl::MakeConstSpan(s.tokens).first(full * bs),
-                                s.block_hashes);
-  const int32_t from = s.num_committed_blocks;
-  const std::optional<BlockHash> parent =
-      from == 0 ? std::nullopt : std::optional<BlockHash>(s.block_hashes[from - 1]);
-  cache_.Register(absl::MakeConstSpan(s.block_table).subspan(from, full - from),
-                  absl::MakeConstSpan(s.block_hashes).subspan(from, full - from), parent);
-  s.num_committed_blocks = full;
+  kv_.Commit(s.blocks, s.tokens, s.num_computed / static_cast<int32_t>(options_.block_size));
 }
 
 bool DraftModelDrafter::Prepare(SeqState& s, absl::Span<const int32_t> tokens,
@@ -118,19 +96,14 @@ bool DraftModelDrafter::Prepare(SeqState& s, absl::Span<const int32_t> tokens,
   s.num_computed = std::min({s.num_computed, common, n - 1});
   s.tokens.assign(tokens.begin(), tokens.end());
   const int32_t bs = static_cast<int32_t>(options_.block_size);
-  if (s.block_table.empty() && cache_.enabled()) {
-    hasher_.ExtendFullBlockHashes(s.root, tokens, s.block_hashes);
-    s.block_table = cache_.AcquirePrefix(s.block_hashes, (n - 1) / bs);
-    s.num_computed = static_cast<int32_t>(s.block_table.size()) * bs;
-    s.num_committed_blocks = static_cast<int32_t>(s.block_table.size());
-    s.block_hashes.resize(s.block_table.size());
+  // A fresh state starts from the cached prefix (at least the last token is computed).
+  if (s.blocks.table.empty()) {
+    s.num_computed = kv_.AcquirePrefix(s.blocks, tokens, (n - 1) / bs);
   }
   // A committed block's tokens never change (they are real), so rollback stays above them.
-  s.num_computed = std::max(s.num_computed, std::min(s.num_committed_blocks * bs, n - 1));
+  s.num_computed = std::max(s.num_computed, std::min(s.blocks.num_committed * bs, n - 1));
   Commit(s);
-  const int64_t needed =
-      NumBlocksFor(num_kv_tokens, options_.block_size) - static_cast<int64_t>(s.block_table.size());
-  return needed <= 0 || cache_.Allocate(needed, s.block_table);
+  return kv_.Grow(s.blocks, num_kv_tokens);
 }
 
 absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
@@ -148,7 +121,7 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
     const int32_t k = static_cast<int32_t>(std::min<int64_t>(in.max_draft_tokens, max_pos - n + 1));
     if (k <= 0 || n == 0) continue;
     auto [it, fresh] = states_.try_emplace(std::string(in.request_id));
-    if (fresh) it->second.root = hasher_.RootHash(in.cache_salt);
+    if (fresh) it->second.blocks.root = kv_.hasher().RootHash(in.cache_salt);
     CountTokens(it->second, in.token_ids);
     // KV for positions up to n + k - 2 (the last draft is never fed).
     if (!Prepare(it->second, in.token_ids, n + k - 1)) {
@@ -183,18 +156,18 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       slice.query_start = static_cast<int32_t>(input_.token_ids.size());
       slice.num_context_tokens = s.num_computed;
       slice.num_query_tokens = end - s.num_computed;
-      slice.block_table = absl::MakeConstSpan(s.block_table);
+      slice.block_table = absl::MakeConstSpan(s.blocks.table);
       for (int32_t pos = s.num_computed; pos < end; ++pos) {
         input_.token_ids.push_back(s.tokens[pos]);
         input_.positions.push_back(pos);
-        input_.slot_mapping.push_back(Slot(s, pos));
+        input_.slot_mapping.push_back(kv_.Slot(s.blocks, pos));
       }
       input_.logits_indices.push_back(slice.query_start + slice.num_query_tokens - 1);
       input_.sequences.push_back(slice);
     }
     logits_.resize(active.size() * width);
     const double start = CostClockSeconds(options_.cost_clock);
-    const absl::Status st = model_->Forward(input_, kv_cache_, absl::MakeSpan(logits_));
+    const absl::Status st = model_->Forward(input_, kv_.kv_cache(), absl::MakeSpan(logits_));
     // Catch-up rounds (prefill chunks) are priced like any other: the fit has a per-token slope.
     round_cost_.Observe(static_cast<double>(input_.token_ids.size()),
                         CostClockSeconds(options_.cost_clock) - start);
@@ -212,20 +185,12 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
       s.num_computed = static_cast<int32_t>(s.tokens.size());
       const absl::Span<const float> row(logits_.data() + a * width, width);
       const float temperature = in.sampling->temperature;
-      int32_t token;
-      float confidence;
-      if (temperature < kDraftGreedyTemperature) {
-        const int32_t column = DraftArgmax(row);
-        DraftSoftmax(row, 1.0f, &probs);
-        confidence = probs[column];
-        token = token_of(column);
-      } else {
-        DraftSoftmax(row, temperature, &probs);
-        SampleDrawKey key = in.first_draft_key;
-        key.position += static_cast<int64_t>(out.tokens.size());
-        const int32_t column = DraftDraw(probs, DrawUniform(key, kDraftDraw));
-        confidence = probs[column];
-        token = token_of(column);
+      SampleDrawKey key = in.first_draft_key;
+      key.position += static_cast<int64_t>(out.tokens.size());
+      const DraftPick pick = PickDraft(row, temperature, key, &probs);
+      const int32_t token = token_of(pick.column);
+      const float confidence = pick.confidence;
+      if (temperature >= kDraftGreedyTemperature) {
         if (vocab_ids_.empty()) {
           out.probs.push_back(probs);
         } else {  // q over the full vocabulary: 0 off the subset

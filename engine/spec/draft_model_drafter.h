@@ -17,10 +17,10 @@
 
 #include <unordered_map>
 #include "absl/status/statusor.h"
-#include "engine/kv/block_hash.h"
 #include "engine/kv/prefix_cache.h"
 #include "engine/model/model.h"
 #include "engine/spec/drafter.h"
+#include "engine/spec/paged_draft_kv.h"
 
 namespace sluice {
 
@@ -61,19 +61,16 @@ class DraftModelDrafter final : public Drafter {
   const Model& model() const { return *model_; }
   // The token ids drafted over (ascending); empty: the full vocabulary.
   const std::vector<int32_t>& draft_vocab_ids() const { return vocab_ids_; }
-  int64_t num_free_blocks() const { return cache_.allocator().num_free_blocks(); }
-  int64_t num_total_blocks() const { return cache_.allocator().num_total_blocks(); }
-  const PrefixCacheStats& prefix_cache_stats() const { return cache_.stats(); }
+  int64_t num_free_blocks() const { return kv_.num_free_blocks(); }
+  int64_t num_total_blocks() const { return kv_.num_total_blocks(); }
+  const PrefixCacheStats& prefix_cache_stats() const { return kv_.prefix_cache_stats(); }
   int64_t num_sequences() const { return static_cast<int64_t>(states_.size()); }
 
  private:
   struct SeqState {
-    BlockHash root;
+    PagedDraftKv::Blocks blocks;       // entry i addressed by tokens[0..i]
     std::vector<int32_t> tokens;       // what the KV below num_computed was computed from
-    std::vector<int32_t> block_table;
-    std::vector<BlockHash> block_hashes;
     int32_t num_computed = 0;
-    int32_t num_committed_blocks = 0;
     int32_t num_counted = 0;           // tokens counted into token_counts_
   };
 
@@ -82,18 +79,16 @@ class DraftModelDrafter final : public Drafter {
   // fresh state, commits verified full blocks and grows the block table for `num_kv_tokens`.
   // False when blocks ran out.
   bool Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t num_kv_tokens);
+  // Commit registers the full blocks below num_computed in the prefix cache.
   void Commit(SeqState& s);
   // CountTokens adds the real tokens of `s` not counted yet; Rerank re-selects the FR-Spec
   // subset from the counts.
   void CountTokens(SeqState& s, absl::Span<const int32_t> tokens);
   absl::Status Rerank();
-  int64_t Slot(const SeqState& s, int64_t pos) const;
 
   std::unique_ptr<Model> model_;
   DraftModelOptions options_;
-  KvCache kv_cache_;
-  BlockHasher hasher_;
-  PrefixCache cache_;
+  PagedDraftKv kv_;
   // Node-based: Propose keeps pointers to states across insertions.
   std::unordered_map<std::string, SeqState> states_;
   ForwardInput input_;        // scratch

@@ -37,4 +37,18 @@ int32_t DraftDraw(const std::vector<float>& probs, double u) {
   return last;
 }
 
+DraftPick PickDraft(absl::Span<const float> row, float temperature, const SampleDrawKey& key,
+                    std::vector<float>* probs) {
+  DraftPick pick;
+  if (temperature < kDraftGreedyTemperature) {
+    pick.column = DraftArgmax(row);
+    DraftSoftmax(row, 1.0f, probs);
+  } else {
+    DraftSoftmax(row, temperature, probs);
+    pick.column = DraftDraw(*probs, DrawUniform(key, kDraftDraw));
+  }
+  pick.confidence = (*probs)[pick.column];
+  return pick;
+}
+
 }  // namespace sluice

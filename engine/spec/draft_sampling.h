@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "engine/sample/philox.h"
 
 namespace sluice {
 
@@ -21,6 +22,19 @@ int32_t DraftArgmax(absl::Span<const float> v);
 // DraftDraw: draws from probs with one uniform u in [0, 1): the first index whose cumulative
 // mass exceeds u · total (zero-probability entries are never drawn).
 int32_t DraftDraw(const std::vector<float>& probs, double u);
+
+// DraftPick: the chosen column of a logits row and the draft's probability of it (its
+// confidence).
+struct DraftPick {
+  int32_t column = 0;
+  float confidence = 0.0f;
+};
+// PickDraft chooses a draft token from `row`: below kDraftGreedyTemperature the argmax, its
+// confidence from the softmax at temperature 1; else a draw DrawUniform(key, kDraftDraw) from
+// softmax(row / temperature). *probs holds the softmax the confidence came from (for a draw:
+// the draft distribution q that rejection sampling needs).
+DraftPick PickDraft(absl::Span<const float> row, float temperature, const SampleDrawKey& key,
+                    std::vector<float>* probs);
 
 }  // namespace sluice
 

@@ -2,11 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/kv/kv_block_allocator.h"
 #include "engine/sample/philox.h"
 #include "engine/spec/draft_sampling.h"
 
@@ -26,18 +24,13 @@ MtpDrafter::MtpDrafter(Model* target, const MtpOptions& options)
     : target_(target),
       options_(options),
       hidden_size_(target->config().hidden_size),
-      kv_cache_(target->mtp_kv_cache_spec(), options.num_kv_blocks, options.block_size),
-      hasher_(KvLayoutIdentity(absl::StrCat("mtp:", options.model_id), options.block_size, "f32",
-                               target->mtp_kv_cache_spec().num_layers,
-                               target->mtp_kv_cache_spec().k_floats_per_token,
-                               target->mtp_kv_cache_spec().v_floats_per_token),
-              options.block_size),
-      cache_(options.num_kv_blocks, options.enable_prefix_caching, nullptr) {}
+      kv_(target->mtp_kv_cache_spec(), absl::StrCat("mtp:", options.model_id),
+          options.block_size, options.num_kv_blocks, options.enable_prefix_caching) {}
 
 void MtpDrafter::Release(std::string_view request_id) {
   auto it = states_.find(std::string(request_id));
   if (it == states_.end()) return;
-  cache_.Free(it->second.block_table);
+  kv_.Free(it->second.blocks);
   states_.erase(it);
 }
 
@@ -73,25 +66,11 @@ void MtpDrafter::ObserveHiddenStates(std::string_view request_id, int32_t first_
   }
 }
 
-int64_t MtpDrafter::Slot(const SeqState& s, int64_t pos) const {
-  const int64_t bs = options_.block_size;
-  return static_cast<int64_t>(s.block_table[pos / bs]) * bs + pos % bs;
-}
-
 void MtpDrafter::Commit(SeqState& s) {
-  if (!cache_.enabled()) return;
   const int32_t bs = static_cast<int32_t>(options_.block_size);
-  const int32_t full = std::min(s.num_exact / bs, s.first_inexact_block);
-  if (full <= s.num_committed_blocks) return;
   // Block b holds positions [b·bs, (b+1)·bs), whose entries read tokens 1..(b+1)·bs.
-  hasher_.ExtendFullBlockHashes(s.root, absl::MakeConstSpan(s.tokens).subspan(1, full * bs),
-                                s.block_hashes);
-  const int32_t from = s.num_committed_blocks;
-  const std::optional<BlockHash> parent =
-      from == 0 ? std::nullopt : std::optional<BlockHash>(s.block_hashes[from - 1]);
-  cache_.Register(absl::MakeConstSpan(s.block_table).subspan(from, full - from),
-                  absl::MakeConstSpan(s.block_hashes).subspan(from, full - from), parent);
-  s.num_committed_blocks = full;
+  kv_.Commit(s.blocks, absl::MakeConstSpan(s.tokens).subspan(1),
+             std::min(s.num_exact / bs, s.first_inexact_block));
 }
 
 bool MtpDrafter::Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t num_kv_tokens) {
@@ -104,19 +83,14 @@ bool MtpDrafter::Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t 
   s.num_exact = std::max(0, std::min({s.num_exact, common - 1, n - 2}));
   s.tokens.assign(tokens.begin(), tokens.end());
   const int32_t bs = static_cast<int32_t>(options_.block_size);
-  if (s.block_table.empty() && cache_.enabled()) {
-    hasher_.ExtendFullBlockHashes(s.root, tokens.subspan(1), s.block_hashes);
-    s.block_table = cache_.AcquirePrefix(s.block_hashes, (n - 2) / bs);
-    s.num_exact = static_cast<int32_t>(s.block_table.size()) * bs;
-    s.num_committed_blocks = static_cast<int32_t>(s.block_table.size());
-    s.block_hashes.resize(s.block_table.size());
+  // A fresh state starts from the cached prefix (the entry at n - 2 is always computed).
+  if (s.blocks.table.empty()) {
+    s.num_exact = kv_.AcquirePrefix(s.blocks, tokens.subspan(1), (n - 2) / bs);
   }
   // A committed block's tokens never change (they are real), so rollback stays above them.
-  s.num_exact = std::max(s.num_exact, std::min(s.num_committed_blocks * bs, n - 2));
+  s.num_exact = std::max(s.num_exact, std::min(s.blocks.num_committed * bs, n - 2));
   Commit(s);
-  const int64_t needed = NumBlocksFor(num_kv_tokens, options_.block_size) -
-                         static_cast<int64_t>(s.block_table.size());
-  return needed <= 0 || cache_.Allocate(needed, s.block_table);
+  return kv_.Grow(s.blocks, num_kv_tokens);
 }
 
 absl::Status MtpDrafter::Propose(absl::Span<const DraftInput> inputs,
@@ -139,7 +113,8 @@ absl::Status MtpDrafter::Propose(absl::Span<const DraftInput> inputs,
     if (k <= 0 || n < 2) continue;
     SeqState& s = states_[std::string(in.request_id)];
     if (!s.rooted) {
-      s.root = hasher_.HashBlock(hasher_.RootHash(in.cache_salt), in.token_ids.first(1));
+      s.blocks.root =
+          kv_.hasher().HashBlock(kv_.hasher().RootHash(in.cache_salt), in.token_ids.first(1));
       s.rooted = true;
     }
     if (!Prepare(s, in.token_ids, n + k - 2)) {
@@ -172,10 +147,10 @@ absl::Status MtpDrafter::Propose(absl::Span<const DraftInput> inputs,
       slice.query_start = static_cast<int32_t>(input_.token_ids.size());
       slice.num_context_tokens = begin;
       slice.num_query_tokens = end - begin;
-      slice.block_table = absl::MakeConstSpan(s.block_table);
+      slice.block_table = absl::MakeConstSpan(s.blocks.table);
       for (int32_t pos = begin; pos < end; ++pos) {
         input_.positions.push_back(pos);
-        input_.slot_mapping.push_back(Slot(s, pos));
+        input_.slot_mapping.push_back(kv_.Slot(s.blocks, pos));
         const size_t row = prev_hidden_.size();
         prev_hidden_.resize(row + h, 0.0f);
         if (round > 0) {
@@ -198,7 +173,7 @@ absl::Status MtpDrafter::Propose(absl::Span<const DraftInput> inputs,
     logits_.resize(active.size() * vocab);
     hidden_out_.resize(active.size() * h);
     const double start = CostClockSeconds(options_.cost_clock);
-    const absl::Status st = target_->ForwardMtp(input_, prev_hidden_, kv_cache_,
+    const absl::Status st = target_->ForwardMtp(input_, prev_hidden_, kv_.kv_cache(),
                                                 absl::MakeSpan(logits_),
                                                 absl::MakeSpan(hidden_out_));
     round_cost_.Observe(static_cast<double>(input_.token_ids.size()),
@@ -229,21 +204,12 @@ absl::Status MtpDrafter::Propose(absl::Span<const DraftInput> inputs,
         s.hidden_begin += drop;
       }
       const absl::Span<const float> row(logits_.data() + a * vocab, vocab);
-      const float temperature = in.sampling->temperature;
-      int32_t token;
-      float confidence;
-      if (temperature < kDraftGreedyTemperature) {
-        token = DraftArgmax(row);
-        DraftSoftmax(row, 1.0f, &probs);
-        confidence = probs[token];
-      } else {
-        DraftSoftmax(row, temperature, &probs);
-        SampleDrawKey key = in.first_draft_key;
-        key.position += static_cast<int64_t>(out.tokens.size());
-        token = DraftDraw(probs, DrawUniform(key, kDraftDraw));
-        confidence = probs[token];
-        out.probs.push_back(probs);
-      }
+      SampleDrawKey key = in.first_draft_key;
+      key.position += static_cast<int64_t>(out.tokens.size());
+      const DraftPick pick = PickDraft(row, in.sampling->temperature, key, &probs);
+      const int32_t token = pick.column;
+      const float confidence = pick.confidence;
+      if (in.sampling->temperature >= kDraftGreedyTemperature) out.probs.push_back(probs);
       out.tokens.push_back(token);
       out.confidence.push_back(confidence);
       const int32_t j = static_cast<int32_t>(out.tokens.size()) - 1;

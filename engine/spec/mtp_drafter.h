@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/kv/block_hash.h"
 #include "engine/kv/prefix_cache.h"
 #include "engine/model/model.h"
 #include "engine/spec/drafter.h"
+#include "engine/spec/paged_draft_kv.h"
 
 namespace sluice {
 
@@ -67,9 +67,9 @@ class MtpDrafter final : public Drafter {
                        std::vector<DraftOutput>* outputs) override;
   void Release(std::string_view request_id) override;
 
-  int64_t num_free_blocks() const { return cache_.allocator().num_free_blocks(); }
-  int64_t num_total_blocks() const { return cache_.allocator().num_total_blocks(); }
-  const PrefixCacheStats& prefix_cache_stats() const { return cache_.stats(); }
+  int64_t num_free_blocks() const { return kv_.num_free_blocks(); }
+  int64_t num_total_blocks() const { return kv_.num_total_blocks(); }
+  const PrefixCacheStats& prefix_cache_stats() const { return kv_.prefix_cache_stats(); }
   int64_t num_sequences() const { return static_cast<int64_t>(states_.size()); }
   // Entries computed from a zero hidden state (the target's was not observed), in total.
   int64_t num_inexact_positions() const { return num_inexact_positions_; }
@@ -77,12 +77,10 @@ class MtpDrafter final : public Drafter {
  private:
   struct SeqState {
     bool rooted = false;
-    BlockHash root;                    // covers cache_salt and t_0
+    // Root covers cache_salt and t_0; entry i addressed by tokens[1..i+1].
+    PagedDraftKv::Blocks blocks;
     std::vector<int32_t> tokens;       // the real tokens the exact entries were computed from
-    std::vector<int32_t> block_table;
-    std::vector<BlockHash> block_hashes;
     int32_t num_exact = 0;             // entries at positions < num_exact are final
-    int32_t num_committed_blocks = 0;
     int32_t first_inexact_block = std::numeric_limits<int32_t>::max();
     // Observed target hidden states of positions [hidden_begin, hidden_begin + have.size()).
     int32_t hidden_begin = 0;
@@ -95,15 +93,13 @@ class MtpDrafter final : public Drafter {
   // fresh state, commits final full blocks and grows the block table for `num_kv_tokens`
   // positions. False when blocks ran out.
   bool Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t num_kv_tokens);
+  // Commit registers the full blocks of final, exact entries in the prefix cache.
   void Commit(SeqState& s);
-  int64_t Slot(const SeqState& s, int64_t pos) const;
 
   Model* target_;
   MtpOptions options_;
   int64_t hidden_size_;
-  KvCache kv_cache_;
-  BlockHasher hasher_;
-  PrefixCache cache_;
+  PagedDraftKv kv_;
   std::unordered_map<std::string, SeqState> states_;  // node-based: pointers stay valid
   ForwardInput input_;              // scratch
   std::vector<float> prev_hidden_;  // scratch [tokens, hidden]

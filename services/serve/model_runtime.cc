@@ -89,6 +89,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   runner.max_model_len = max_model_len;
   runner.max_num_tokens = engine.max_num_batched_tokens;
   runner.max_num_seqs = engine.max_num_seqs;
+  // A speculative verify step asks for the logits of every decode sequence's k + 1 positions.
+  runner.max_num_logits =
+      int64_t{engine.max_num_seqs} * (1 + SpeculativeVerifyRows(options.speculative));
   runner.gemm_tuning = options.gemm_tuning;
   runner.gemm_tuning_save = options.gemm_tuning_save;
   runner.batch_invariant = engine.batch_invariant;
@@ -171,6 +174,16 @@ class EplbModel : public Model {
     return inner_->UpdateExpertPlacement(slots);
   }
   std::vector<int64_t> TakeExpertLoad() override { return inner_->TakeExpertLoad(); }
+  // The wrapped replica is expert-parallel (EPLB needs EP > 1) and its experts move between
+  // ranks: the MTP module drafts on an unsharded model only. A checkpoint without MTP weights
+  // still says so first.
+  absl::Status MtpStatus() const override {
+    const absl::Status inner = inner_->MtpStatus();
+    if (absl::IsNotFound(inner)) return inner;
+    return absl::FailedPreconditionError(
+        "--enable-eplb: the model is split over expert-parallel ranks whose experts EPLB "
+        "moves, and the MTP module drafts on an unsharded model only");
+  }
 
   absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
                        absl::Span<float> logits) override {
@@ -408,12 +421,9 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     runtime.kv_connector = engine_options.kv_connector;
     spdlog::info("kvstore connector: {} shard(s) {}", shards->size(), options.kvstore);
   }
-  const bool speculative = !options.speculative.method.empty() || !options.speculative.model.empty();
-  if (speculative && options.device == "cuda") {
-    return absl::InvalidArgumentError(
-        "--speculative-model / --speculative-method: the CUDA backend does not verify drafts "
-        "yet (use --device cpu)");
-  }
+  // On --device cuda the target verifies drafts in its eager multi-token path (decode CUDA
+  // graphs cover steps without drafts), the draft model runs on the CPU and MTP is refused by
+  // the CUDA model's MtpStatus (engine/spec/README.md).
   if (absl::Status s = ConfigureSpeculative(
           options.speculative, options.model_dir, (*model)->config().vocab_size,
           *runtime.tokenizer,

@@ -62,7 +62,7 @@ struct RuntimeOptions {
   // only the engine's cache (rank 0's), so TP must keep the KV replicated (MLA), not split by head.
   bool kv_crosses_processes = false;
   // Speculative decoding (services/serve/speculative_setup.h); off unless a method or a draft
-  // model is given. CPU backend only for now.
+  // model is given. With --device cuda: draft model (run on the CPU) and n-gram lookup, not MTP.
   SpeculativeFlags speculative;
 };
 

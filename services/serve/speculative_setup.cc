@@ -9,6 +9,7 @@
 #include "engine/spec/draft_model_drafter.h"
 #include "engine/spec/mtp_drafter.h"
 #include "engine/spec/ngram_drafter.h"
+#include "engine/spec/spec_sizing.h"
 #include "engine/spec/speculative.h"
 #include "services/serve/log.h"
 
@@ -43,6 +44,11 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
     }
   }
   return absl::OkStatus();
+}
+
+int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags) {
+  if (flags.method.empty() && flags.model.empty()) return 0;
+  return MaxVerifiedDrafts(flags.num_speculative_tokens, flags.verify);
 }
 
 absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
@@ -97,13 +103,18 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
         !s.ok()) {
       return s;
     }
+    // The draft model runs on the CPU engine's kernels whatever the target's device: a few
+    // million weights, drafted one sequence-round at a time beside the target's step.
     absl::StatusOr<std::unique_ptr<Model>> draft = LoadModel(flags.model);
     if (!draft.ok()) return draft.status();
     DraftModelOptions options;
     options.block_size = engine->block_size;
-    options.num_kv_blocks = engine->num_kv_blocks > 0
-                                ? engine->num_kv_blocks
-                                : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes);
+    options.num_kv_blocks = DraftKvBlocks(
+        engine->num_kv_blocks > 0
+            ? engine->num_kv_blocks
+            : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes),
+        !engine->allocate_host_kv_cache, engine->kv_cache_bytes,
+        (*draft)->kv_cache_spec().BytesPerToken() * engine->block_size);
     options.enable_prefix_caching = engine->enable_prefix_caching;
     options.model_id = flags.model;
     if (flags.draft_vocab < 0) {

@@ -31,11 +31,20 @@ struct SpeculativeFlags {
 absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::string& target_dir,
                                      int64_t target_vocab_size, const Tokenizer& target_tokenizer);
 
+// SpeculativeVerifyRows: the most draft tokens one decode sequence may verify in a step with
+// `flags` (MaxVerifiedDrafts), 0 when speculation is off: a device target sizes its logits
+// rows for max_num_seqs · (1 + this).
+int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags);
+
 // ConfigureSpeculative fills engine->speculative from `flags` (nothing when speculation is off).
 // `target_dir` / `target_vocab_size` / `target_tokenizer` describe the target; `target` is the
 // target model itself (MTP drafts with its module; not owned, must outlive the engine's drafter).
 // The draft model's or MTP module's KV cache gets as many blocks as the target's
-// (engine->num_kv_blocks, or what engine->kv_cache_bytes holds of `target_block_bytes` blocks).
+// (engine->num_kv_blocks, or what engine->kv_cache_bytes holds of `target_block_bytes` blocks);
+// beside a target whose KV lives on the GPU (!engine->allocate_host_kv_cache) the draft model's
+// host KV gets at most what engine->kv_cache_bytes holds of its own blocks (DraftKvBlocks).
+// The draft model always runs on the CPU; a CUDA target cannot draft with MTP (its
+// MtpStatus says so).
 // Errors: InvalidArgument for an unknown method, --speculative-method draft_model without
 // --speculative-model, --speculative-method mtp on a target without MTP weights (the message
 // names them), --num-speculative-tokens or --speculative-verify out of range, a

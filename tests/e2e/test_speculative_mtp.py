@@ -2,7 +2,8 @@
 tests/fixtures/deepseek-v3-tiny-mtp: greedy answers to the golden prompts (token ids) equal the
 plain server's, tokens and logprobs, n = 2 included, and /metrics reports accepted drafts; a
 target whose checkpoint has no MTP weights (sluice-mini-moe) is refused at start-up with a
-message naming them, and so is mtp with --speculative-model."""
+message naming them, so is mtp with --speculative-model, and so is mtp on an expert-parallel
+replica (with and without EPLB), naming the sharding rather than a missing module."""
 
 import subprocess
 import urllib.request
@@ -90,3 +91,20 @@ def test_mtp_with_a_draft_model_is_refused():
     assert proc.returncode != 0
     assert "--speculative-method mtp drafts with the target's own MTP module: drop " \
         "--speculative-model" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("flags,reason", [
+    (["--expert-parallel-size", "2", "--enable-eplb"],
+     "--enable-eplb: the model is split over expert-parallel ranks whose experts EPLB moves"),
+    (["--expert-parallel-size", "2"],
+     "the model is sharded over tensor/expert-parallel ranks (TP/EP)"),
+], ids=["ep2-eplb", "ep2"])
+def test_mtp_on_expert_parallel_replica_names_the_reason(flags, reason):
+    # The fixture has MTP weights: the refusal must blame the sharding, not a missing module.
+    proc = subprocess.run([sluice_bin(), "serve", "--model", str(FIXTURE), "--port", "0",
+                           "--speculative-method", "mtp", *flags],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "--speculative-method mtp: the target model" in out and reason in out
+    assert "no MTP module" not in out

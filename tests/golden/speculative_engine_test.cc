@@ -17,8 +17,8 @@
 #include "engine/spec/draft_model_drafter.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/speculative.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "tests/util/fake_models.h"
+#include "tests/util/spec_results.h"
 #include "tests/util/test_paths.h"
 
 namespace sluice {
@@ -26,13 +26,7 @@ namespace {
 
 constexpr int64_t kBlockSize = 16;
 
-struct Result {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<TokenLogprob>> top;
-  FinishReason reason = FinishReason::kNone;
-  int32_t num_outputs = 0;  // RequestOutputs with tokens
-};
+using Result = testing::RequestResult;
 
 std::unique_ptr<Model> Load(const std::string& dir) {
   auto model = LoadModel(dir);
@@ -77,49 +71,15 @@ std::map<std::string, Result> RunAll(LLMEngine& engine, const std::vector<Engine
   std::map<std::string, Result> results;
   for (const EngineRequest& r : requests) EXPECT_TRUE(engine.AddRequest(r).ok());
   for (int steps = 0; engine.HasUnfinishedRequests() && steps < 10000; ++steps) {
-    for (const RequestOutput& out : engine.Step()) {
-      Result& r = results[out.request_id];
-      if (!out.new_tokens.empty()) ++r.num_outputs;
-      for (const SampledToken& t : out.new_tokens) {
-        r.tokens.push_back(t.token_id);
-        r.logprobs.push_back(t.logprob);
-        r.top.push_back(t.top_logprobs);
-      }
-      if (out.finished()) r.reason = out.finish_reason;
-    }
+    testing::AddOutputs(engine.Step(), &results);
   }
   EXPECT_FALSE(engine.HasUnfinishedRequests());
   return results;
 }
 
-std::vector<int32_t> Encode(const std::string& dir, const std::string& text) {
-  auto tokenizer = Tokenizer::FromFile(dir + "/tokenizer.json");
-  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
-  return tokenizer.ok() ? (*tokenizer)->Encode(text, /*add_special_tokens=*/true)
-                        : std::vector<int32_t>{};
-}
-
 using testing::GreedyRequest;
-
-void ExpectSame(const std::map<std::string, Result>& plain,
-                const std::map<std::string, Result>& spec) {
-  ASSERT_EQ(plain.size(), spec.size());
-  for (const auto& [id, p] : plain) {
-    SCOPED_TRACE(id);
-    const Result& s = spec.at(id);
-    EXPECT_EQ(p.tokens, s.tokens);
-    EXPECT_EQ(p.reason, s.reason);
-    ASSERT_EQ(p.logprobs.size(), s.logprobs.size());
-    for (size_t i = 0; i < p.logprobs.size(); ++i) {
-      EXPECT_NEAR(p.logprobs[i], s.logprobs[i], 1e-4) << "token " << i;
-      ASSERT_EQ(p.top[i].size(), s.top[i].size());
-      for (size_t j = 0; j < p.top[i].size(); ++j) {
-        EXPECT_EQ(p.top[i][j].token_id, s.top[i][j].token_id);
-        EXPECT_NEAR(p.top[i][j].logprob, s.top[i][j].logprob, 1e-4);
-      }
-    }
-  }
-}
+constexpr auto Encode = testing::EncodeText;
+constexpr auto ExpectSame = testing::ExpectSameResults;
 
 // Requests covering what must stay exact: two choices of one prompt, top logprobs, a
 // repetition penalty, a frequency penalty, a stop id taken from the plain output, max_tokens.

@@ -1,6 +1,7 @@
 // engine/spec pieces without a model: n-gram lookup, the step-cost fit, the confidence
 // calibration and the confidence scheduler's verification lengths, TargetProbs against
-// SampleToken's processing, and the rejection rule's residual.
+// SampleToken's processing, the rejection rule's residual, and the sizes a device target
+// plans with (logits rows per sequence, the draft model's host KV blocks).
 #include <cmath>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "engine/sched/step_cost_model.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/spec/rejection_sampler.h"
+#include "engine/spec/spec_sizing.h"
 #include "engine/spec/speculative.h"
 
 namespace sluice {
@@ -238,6 +240,29 @@ TEST(ParseVerifyModeTest, AutoOrAFixedCount) {
   SpeculativeOptions options;
   options.num_speculative_tokens = 0;
   EXPECT_EQ(options.Validate().message(), "--num-speculative-tokens must be in [1, 16], got 0");
+}
+
+// The logits rows a device target sizes per decode sequence: k, or the fixed count, and the
+// largest k for values the flags' own checks refuse.
+TEST(MaxVerifiedDraftsTest, KOrTheFixedCount) {
+  EXPECT_EQ(MaxVerifiedDrafts(5, "auto"), 5);
+  EXPECT_EQ(MaxVerifiedDrafts(7, "auto"), 7);
+  EXPECT_EQ(MaxVerifiedDrafts(5, "3"), 3);
+  EXPECT_EQ(MaxVerifiedDrafts(2, "9"), 9);
+  EXPECT_EQ(MaxVerifiedDrafts(0, "auto"), kMaxSpeculativeTokens);
+  EXPECT_EQ(MaxVerifiedDrafts(5, "17"), kMaxSpeculativeTokens);
+  EXPECT_EQ(MaxVerifiedDrafts(5, "x"), kMaxSpeculativeTokens);
+}
+
+// A draft model beside a host-KV target shares its block count; beside a device-KV target
+// (CUDA: block counts from GPU memory) its host KV is capped by the host budget, never 0.
+TEST(DraftKvBlocksTest, CappedByTheHostBudgetBesideADeviceTarget) {
+  const int64_t draft_block = 32 << 10;  // sluice-mini-draft: 2 KiB per token, 16-token blocks
+  EXPECT_EQ(DraftKvBlocks(4096, false, 1LL << 30, draft_block), 4096);
+  EXPECT_EQ(DraftKvBlocks(1 << 20, false, 1LL << 30, draft_block), 1 << 20);
+  EXPECT_EQ(DraftKvBlocks(65536, true, 1LL << 30, draft_block), 32768);
+  EXPECT_EQ(DraftKvBlocks(1000, true, 1LL << 30, draft_block), 1000);
+  EXPECT_EQ(DraftKvBlocks(1000, true, 1000, draft_block), 1);
 }
 
 TEST(TargetProbsTest, MatchesWhatSampleTokenDraws) {
