@@ -1,12 +1,17 @@
-// encoder_bench: image encoder throughput on the CPU backend — decode, preprocess and the
-// vision tower + projector (engine/vision/vision_encoder.h) of a LLaVA model folder.
+// encoder_bench: image encoder throughput — decode, preprocess and the vision tower +
+// projector (engine/vision/vision_encoder.h) of a LLaVA model folder, on the CPU or (builds
+// with the CUDA backend) the GPU.
 //
 //   encoder_bench --model DIR --image FILE [--image FILE ...] [--batch N] [--iters N]
+//                 [--device cpu|cuda] [--load-format auto|dummy]
+//
+// --load-format dummy (CUDA) needs only config.json and preprocessor_config.json:
+// bench/configs/llava-1.5-7b has LLaVA-1.5-7B's shapes (CLIP ViT-L/14-336, projector to 4096).
 //
 // Each image is decoded, preprocessed and encoded once to warm up, then `iters` timed rounds run
 // on one request thread (the kernels use the process's CPU pool): per image decode,
 // preprocess, encode alone (batch 1), then one Encode of `batch` images. Prints JSON:
-// {"model", "images", "threads", "decode_seconds", "preprocess_seconds", "encode_seconds"
+// {"model", "device", "load_format", "images", "threads", "decode_seconds", "preprocess_seconds", "encode_seconds"
 // (means per image), "images_per_second" (decode + preprocess + encode, batch 1),
 // "batched_images_per_second" (encode only, batch N), "encode_share" (of the per-image time)}.
 #include <CLI/CLI.hpp>
@@ -23,9 +28,13 @@
 #include "engine/vision/vision_encoder.h"
 #include "kernels/common/parallel.h"
 
+#if defined(SLUICE_HAVE_CUDA)
+#include "engine/cuda/cuda_vision.h"
+#endif
+
 int main(int argc, char** argv) {
-  CLI::App app{"Image encoder throughput (CPU)"};
-  std::string model_dir;
+  CLI::App app{"Image encoder throughput"};
+  std::string model_dir, device = "cpu", load_format = "auto";
   std::vector<std::string> image_paths;
   int batch = 8;
   int iters = 20;
@@ -33,10 +42,27 @@ int main(int argc, char** argv) {
   app.add_option("--image", image_paths, "PNG/JPEG/WebP files")->required();
   app.add_option("--batch", batch, "images per batched Encode")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed rounds")->check(CLI::PositiveNumber);
+  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--load-format", load_format, "auto or dummy (random weights; cuda)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
   CLI11_PARSE(app, argc, argv);
 
   namespace vision = sluice::vision;
-  auto encoder = vision::VisionEncoder::Load(model_dir);
+  absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder =
+      absl::InvalidArgumentError("--load-format dummy needs --device cuda");
+  if (device == "cpu") {
+    if (load_format == "auto") encoder = vision::VisionEncoder::Load(model_dir);
+  } else {
+#if defined(SLUICE_HAVE_CUDA)
+    sluice::cuda_runner::CudaVisionOptions options;
+    options.dummy_weights = load_format == "dummy";
+    options.max_batch_images = batch;
+    encoder = vision::VisionEncoder::Load(
+        model_dir, sluice::cuda_runner::CudaVisionBackendFactory(options));
+#else
+    encoder = absl::InvalidArgumentError("--device cuda: built without the CUDA backend");
+#endif
+  }
   if (!encoder.ok()) {
     std::cerr << encoder.status() << "\n";
     return 1;
@@ -104,6 +130,8 @@ int main(int argc, char** argv) {
   const double per = (decode_s + preprocess_s + encode_s) / static_cast<double>(n);
   nlohmann::json out = {
       {"model", model_dir},
+      {"device", device},
+      {"load_format", load_format},
       {"images", image_paths},
       {"threads", sluice::kernels::NumCpuThreads()},
       {"tokens_per_image", (*encoder)->tokens_per_image()},

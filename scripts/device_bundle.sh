@@ -88,6 +88,11 @@ for t in "${targets[@]}"; do
       for m in llama-tiny qwen3-hybrid-tiny; do
         cp ../shared/fixtures/$m/model.safetensors "$bundle/fixtures/$m/"
       done
+      # llava-tiny for the CUDA vision tower (cuda_vision_test.cc): weights, configs, the three
+      # images and (below) only the vision goldens (pixel values, hidden states, features).
+      mkdir -p "$bundle/fixtures/llava-tiny"
+      cp ../shared/fixtures/llava-tiny/{config.json,preprocessor_config.json,model.safetensors,image_0.png,image_1.png,image_2.jpg} \
+        "$bundle/fixtures/llava-tiny/"
       python3 - ../shared/fixtures "$bundle/fixtures" <<'PY'
 import json, struct, sys
 from array import array
@@ -133,6 +138,8 @@ for model in ("llama-tiny", "qwen3-hybrid-tiny", "deepseek-v3-tiny"):
     rewrite(f"{src_dir}/{model}/golden.safetensors", f"{dst_dir}/{model}/golden.safetensors",
             lambda k: k.rsplit("_", 1)[-1] in ("0", "1"), never,
             lambda k: k.startswith("logits_"))
+rewrite(f"{src_dir}/llava-tiny/golden.safetensors", f"{dst_dir}/llava-tiny/golden.safetensors",
+        lambda k: k.startswith(("pixel_values_", "vision_hidden_", "image_features_")), never)
 rewrite(f"{src_dir}/deepseek-v3-tiny/model.safetensors",
         f"{dst_dir}/deepseek-v3-tiny/model.safetensors", lambda k: True,
         lambda k: not k.endswith("e_score_correction_bias"))

@@ -1,7 +1,6 @@
 #include "engine/vision/clip_vision.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -11,6 +10,7 @@
 #include "kernels/attention/bidirectional_attention.h"
 #include "kernels/layer_norm/layer_norm.h"
 #include "kernels/linear/linear.h"
+#include "kernels/vit/vit.h"
 
 namespace sluice::vision {
 
@@ -73,31 +73,13 @@ absl::StatusOr<std::vector<float>> ClipVisionTower::HiddenState(
   const int64_t rows = num_images * N, K = 3 * P * P;
   // Patch embedding as a GEMM over im2col rows ordered (c, ky, kx) like the conv weight.
   std::vector<float> cols(static_cast<size_t>(num_images * G * G * K));
-  for (int64_t n = 0; n < num_images; ++n) {
-    const float* img = pixel_values.data() + n * 3 * S * S;
-    for (int64_t gy = 0; gy < G; ++gy) {
-      for (int64_t gx = 0; gx < G; ++gx) {
-        float* col = cols.data() + ((n * G + gy) * G + gx) * K;
-        for (int64_t ch = 0; ch < 3; ++ch) {
-          for (int64_t ky = 0; ky < P; ++ky) {
-            std::memcpy(col + (ch * P + ky) * P, img + (ch * S + gy * P + ky) * S + gx * P,
-                        P * sizeof(float));
-          }
-        }
-      }
-    }
-  }
+  kernels::PatchUnfoldCpu(pixel_values.data(), num_images, 3, S, P, cols.data());
   std::vector<float> patches(static_cast<size_t>(num_images * G * G * D));
   kernels::LinearCpu(cols.data(), patch_w_.data(), nullptr, patches.data(), num_images * G * G, D,
                      K);
   std::vector<float> h(static_cast<size_t>(rows * D));
-  for (int64_t n = 0; n < num_images; ++n) {
-    for (int64_t pos = 0; pos < N; ++pos) {
-      const float* src = pos == 0 ? class_emb_.data() : patches.data() + (n * G * G + pos - 1) * D;
-      float* dst = h.data() + (n * N + pos) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = src[d] + pos_emb_[pos * D + d];
-    }
-  }
+  kernels::ClipEmbeddingsCpu(patches.data(), class_emb_.data(), pos_emb_.data(), num_images,
+                             G * G, D, h.data());
   const float eps = static_cast<float>(c.layer_norm_eps);
   kernels::LayerNormCpu(h.data(), pre_ln_w_.data(), pre_ln_b_.data(), h.data(), rows, D, eps);
 

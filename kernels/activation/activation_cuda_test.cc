@@ -1,4 +1,5 @@
-// SiluMulCuda against SiluMulCpu on fresh random bf16 inputs. Needs a GPU (kernels_cuda_test).
+// SiluMulCuda, GeluCuda and QuickGeluCuda against their CPU references on fresh random bf16
+// inputs. Needs a GPU (kernels_cuda_test).
 #include "kernels/activation/activation_cuda.h"
 
 #include <vector>
@@ -43,6 +44,26 @@ TEST(SiluMulCudaTest, RejectsBadShapes) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(SiluMulCuda(nullptr, nullptr, -1, 8, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GeluCudaTest, MatchCpuReferences) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  // Vector path (n % 8 == 0), scalar path, and in place.
+  for (const int64_t n : {int64_t{8}, int64_t{1001}, int64_t{577} * 4096}) {
+    const auto x = RandomBf16(static_cast<size_t>(n), rng, -6.0f, 6.0f);
+    const auto xf = ToFloat(x);
+    std::vector<float> gelu(xf.size()), quick(xf.size());
+    GeluCpu(xf.data(), gelu.data(), n);
+    QuickGeluCpu(xf.data(), quick.data(), n);
+    auto d_x = Upload(x);
+    auto d_out = NanBuffer(static_cast<size_t>(n));
+    ASSERT_TRUE(GeluCuda(d_x.data(), d_out.data(), n, nullptr).ok());
+    ExpectClose(absl::StrCat("gelu n=", n), Download(d_out), gelu, 1.0 / 128, 1e-5);
+    ASSERT_TRUE(QuickGeluCuda(d_x.data(), d_x.data(), n, nullptr).ok());  // in place
+    ExpectClose(absl::StrCat("quick_gelu n=", n), Download(d_x), quick, 1.0 / 128, 1e-5);
+  }
+  EXPECT_EQ(GeluCuda(nullptr, nullptr, -1, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -14,6 +14,12 @@ namespace sluice::kernels {
 void LayerNormCpu(const float* x, const float* weight, const float* bias, float* out,
                   int64_t rows, int64_t dim, float eps);
 
+// AddLayerNormCpu: the pre-norm transformer's residual step, the reference of AddLayerNormCuda:
+// h[r, :] += delta[r, :] (float32 adds; delta may be null: no add), then, when out is not
+// null, out = LayerNormCpu(h). h, delta, out: [rows, dim] contiguous; out must not alias h.
+void AddLayerNormCpu(float* h, const float* delta, const float* weight, const float* bias,
+                     float* out, int64_t rows, int64_t dim, float eps);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_LAYER_NORM_LAYER_NORM_H_

@@ -30,4 +30,12 @@ void LayerNormCpu(const float* x, const float* weight, const float* bias, float*
   });
 }
 
+void AddLayerNormCpu(float* h, const float* delta, const float* weight, const float* bias,
+                     float* out, int64_t rows, int64_t dim, float eps) {
+  if (delta != nullptr) {
+    for (int64_t i = 0; i < rows * dim; ++i) h[i] += delta[i];
+  }
+  if (out != nullptr) LayerNormCpu(h, weight, bias, out, rows, dim, eps);
+}
+
 }  // namespace sluice::kernels

@@ -46,5 +46,27 @@ TEST(LayerNormTest, MatchesReferenceInPlace) {
   }
 }
 
+TEST(LayerNormTest, AddLayerNormAddsThenNormalizes) {
+  // h = [0, 1, 2, 3] + [1, 1, 1, 1] = [1, 2, 3, 4]: the KnownValues row.
+  float h[] = {0, 1, 2, 3};
+  const float delta[] = {1, 1, 1, 1};
+  const float w[] = {1, 2, 1, 1};
+  const float b[] = {0, 0, 0.5f, 0};
+  float out[4];
+  AddLayerNormCpu(h, delta, w, b, out, 1, 4, 0.0f);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[3], 4.0f);
+  const float s = 1.0f / std::sqrt(1.25f);
+  EXPECT_NEAR(out[0], -1.5f * s, 1e-6);
+  EXPECT_NEAR(out[2], 0.5f * s + 0.5f, 1e-6);
+  // No output: the add alone. No delta: the norm alone.
+  AddLayerNormCpu(h, delta, w, b, nullptr, 1, 4, 0.0f);
+  EXPECT_EQ(h[1], 3.0f);
+  float out2[4];
+  AddLayerNormCpu(h, nullptr, w, b, out2, 1, 4, 0.0f);
+  EXPECT_EQ(h[1], 3.0f);
+  EXPECT_NEAR(out2[0], -1.5f * s, 1e-6);  // [2, 3, 4, 5]: same centered row
+}
+
 }  // namespace
 }  // namespace sluice::kernels

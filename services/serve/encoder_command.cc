@@ -20,12 +20,14 @@ namespace sluice {
 
 int RunEncoder(const EncoderOptions& options) {
   const sigset_t signals = BlockServerSignals();
-  absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder =
-      vision::VisionEncoder::Load(options.model_dir);
+  absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder = LoadVisionEncoderOn(
+      options.model_dir,
+      ResolveVisionPlacement(options.multimodal, "cpu", options.load_format));
   if (!encoder.ok()) {
     spdlog::error("cannot load the image encoder: {}", encoder.status().ToString());
     return 1;
   }
+  spdlog::info("vision tower on {}", (*encoder)->device());
   std::unique_ptr<vision::EmbeddingCache> cache;
   if (options.multimodal.encoder_cache_bytes > 0) {
     cache = std::make_unique<vision::EmbeddingCache>(options.multimodal.encoder_cache_bytes);

@@ -1,7 +1,8 @@
 // `sluice encoder`: the vision encoder service (services/encoder) as its own process — the
 // encoder pool of encoder / prefill / decode disaggregation (issue 26).
 //
-//   sluice encoder --model DIR [--listen 127.0.0.1:7301] [--http-port 0]
+//   sluice encoder --model DIR [--device cpu|cuda] [--vision-batch 8] [--load-format auto|dummy]
+//                  [--listen 127.0.0.1:7301] [--http-port 0]
 //                  [--router HOST:PORT] [--advertise HOST:PORT] [--drain-timeout-s 30]
 //                  [--encoder-cache-bytes N] [--max-image-bytes N] [--max-image-pixels N]
 //                  [--no-ucx] [--ucx-transports TLS] [--embedding-staging-bytes N]
@@ -44,7 +45,8 @@ struct EncoderOptions {
   int64_t embedding_staging_bytes = int64_t{256} << 20;
   int64_t embedding_inline_max_bytes = 64 << 10;     // at most this many bytes go inline
   int32_t embedding_lease_ms = 30000;                // staged slots unreleased this long are freed
-  MultimodalFlags multimodal;  // cache size and image limits
+  std::string load_format = "auto";  // auto | dummy (random vision weights, --device cuda)
+  MultimodalFlags multimodal;  // cache size, image limits, --device (vision_device)
   PeerTlsOptions tls;          // --tls-cert/--tls-key/--tls-ca: callers need a CA certificate
 };
 

@@ -170,6 +170,10 @@ int main(int argc, char** argv) {
   sluice::AddTlsFlags(*serve_cmd, serve.http);
   sluice::AddServeCaFlag(*serve_cmd, serve.tls_ca_file);
   sluice::AddMultimodalFlags(*serve_cmd, serve.multimodal);
+  serve_cmd->add_option("--vision-device", serve.multimodal.vision_device,
+                    "Vision-language models: where the vision tower runs, cpu or cuda "
+                    "(default: --device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sluice::AddRenderFlags(*serve_cmd, serve.render, /*pools=*/true);
 
   sluice::GenerateOptions generate;
@@ -186,6 +190,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   generate_cmd->add_flag("!--no-progress", generate.progress, "Hide the progress bar");
   sluice::AddMultimodalFlags(*generate_cmd, generate.multimodal);
+  generate_cmd->add_option("--vision-device", generate.multimodal.vision_device,
+                    "Vision-language models: where the vision tower runs, cpu or cuda "
+                    "(default: --device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   sluice::AddRenderFlags(*generate_cmd, generate.render, /*pools=*/false);
 
   sluice::RouterOptions router;
@@ -410,6 +418,15 @@ int main(int argc, char** argv) {
                           "Staged embeddings no worker released are freed after this long "
                           "(default 30000)");
   sluice::AddMultimodalFlags(*encoder_cmd, encoder_options.multimodal);
+  encoder_options.multimodal.vision_device = "cpu";
+  encoder_cmd->add_option("--device", encoder_options.multimodal.vision_device,
+                          "Where the vision tower and projector run: cpu (float32) or cuda "
+                          "(bf16, GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  encoder_cmd->add_option("--load-format", encoder_options.load_format,
+                          "auto: the folder's safetensors; dummy: random weights from "
+                          "config.json alone (--device cuda)")
+      ->check(CLI::IsMember({"auto", "dummy"}));
   sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 
   CLI11_PARSE(app, argc, argv);

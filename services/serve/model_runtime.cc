@@ -73,14 +73,23 @@ absl::StatusOr<int64_t> CudaKvBlocks(const Model& model, const EngineOptions& en
 absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& options,
                                                        EngineOptions& engine) {
 #if defined(SLUICE_HAVE_CUDA)
+  absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
+  if (!config.ok()) return config.status();
+  // The CUDA runners read neither the nested language_model.* weights nor image embeddings
+  // (Model::SupportsInputEmbeddings): refuse at start-up instead of failing on a tensor name
+  // or refusing every image request.
+  if (!config->multimodal_architecture.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--device cuda: the CUDA runner does not serve ", config->multimodal_architecture,
+        "'s language model yet; use --device cpu (with --vision-device cuda the vision tower "
+        "runs on the GPU), or `sluice encoder --device cuda` for the encoder pool"));
+  }
   int num_devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&num_devices); e != cudaSuccess || num_devices == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--device cuda: no CUDA GPU is visible (",
         e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found 0 devices", ")"));
   }
-  absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
-  if (!config.ok()) return config.status();
   const int32_t max_model_len = engine.max_model_len > 0
                                     ? engine.max_model_len
                                     : static_cast<int32_t>(config->max_position_embeddings);

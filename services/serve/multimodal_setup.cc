@@ -39,6 +39,11 @@ void AddMultimodalFlags(CLI::App& app, MultimodalFlags& flags, bool with_cache) 
   app.add_option("--media-max-redirects", flags.media_max_redirects,
                  "Redirects an image URL may take (default 3)")
       ->check(CLI::NonNegativeNumber);
+  if (with_cache) {
+    app.add_option("--vision-batch", flags.vision_max_batch_images,
+                   "Images per vision tower pass on the GPU (default 8)")
+        ->check(CLI::PositiveNumber);
+  }
   app.add_option("--chat-template-content-format", flags.chat_template_content_format,
                  "How image messages reach the chat template: auto, string, openai")
       ->check(CLI::IsMember({"auto", "string", "openai"}));
@@ -90,15 +95,25 @@ absl::Status FillContext(const MultimodalFlags& flags, const Tokenizer& tokenize
 
 }  // namespace
 
+VisionPlacement ResolveVisionPlacement(const MultimodalFlags& flags,
+                                       const std::string& engine_device,
+                                       const std::string& load_format) {
+  VisionPlacement placement;
+  placement.device = flags.vision_device.empty() ? engine_device : flags.vision_device;
+  placement.dummy_weights = load_format == "dummy";
+  placement.max_batch_images = flags.vision_max_batch_images;
+  return placement;
+}
+
 absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadMultimodal(
     const std::string& model_dir, const MultimodalFlags& flags, const Tokenizer& tokenizer,
-    const ChatTemplate* chat_template) {
+    const ChatTemplate* chat_template, const VisionPlacement& placement) {
   absl::StatusOr<ModelConfig> config = ModelConfig::Load(model_dir);
   if (!config.ok()) return config.status();
   if (config->multimodal_architecture.empty()) return nullptr;
   auto rt = std::make_unique<MultimodalRuntime>();
   absl::StatusOr<std::unique_ptr<vision::VisionEncoder>> encoder =
-      vision::VisionEncoder::Load(model_dir);
+      LoadVisionEncoderOn(model_dir, placement);
   if (!encoder.ok()) return encoder.status();
   rt->encoder = *std::move(encoder);
   rt->context.encoder = rt->encoder.get();

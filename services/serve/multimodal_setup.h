@@ -16,6 +16,7 @@
 #include "engine/vision/vision_encoder.h"
 #include "services/api/image_fetch.h"
 #include "services/api/multimodal_input.h"
+#include "services/serve/vision_device.h"
 
 namespace sluice {
 
@@ -35,6 +36,11 @@ struct MultimodalFlags {
   // The router: content hashes of images already checked, kept so a repeated image is not
   // decoded again (--image-check-cache-entries; 0: off).
   int64_t image_check_cache_entries = 4096;
+  // serve / generate --vision-device: where the in-process vision tower runs (cpu, cuda);
+  // empty: the engine's --device. `sluice encoder --device` sets it for the encoder.
+  std::string vision_device;
+  // --vision-batch: images per CUDA tower pass.
+  int64_t vision_max_batch_images = 8;
 };
 
 // AddMultimodalFlags: the image flags; `with_cache`: also --encoder-cache-bytes (processes that
@@ -50,13 +56,19 @@ struct MultimodalRuntime {
   MultimodalContext context;
 };
 
+// ResolveVisionPlacement: flags.vision_device (or `engine_device` when empty) with the batch
+// flag, and dummy weights for --load-format dummy.
+VisionPlacement ResolveVisionPlacement(const MultimodalFlags& flags,
+                                       const std::string& engine_device,
+                                       const std::string& load_format);
+
 // LoadMultimodal returns null for a text-only model folder, else the encoder loaded from
-// `model_dir` and the context for the API. Errors: InvalidArgument for a malformed
-// --limit-mm-per-prompt or content format, an image token the tokenizer cannot spell; those of
-// VisionEncoder::Load.
+// `model_dir` on `placement` (vision_device.h) and the context for the API. Errors:
+// InvalidArgument for a malformed --limit-mm-per-prompt or content format, an image token the
+// tokenizer cannot spell; those of LoadVisionEncoderOn.
 absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadMultimodal(
     const std::string& model_dir, const MultimodalFlags& flags, const Tokenizer& tokenizer,
-    const ChatTemplate* chat_template);
+    const ChatTemplate* chat_template, const VisionPlacement& placement = {});
 
 // LoadRouterMultimodal: the router's context (no encoder: images are checked and sent to
 // encoder workers), from config.json and preprocessor_config.json only (no weights). Null for a

@@ -48,7 +48,9 @@ int RunServe(const ServeOptions& options) {
   }
   absl::StatusOr<std::unique_ptr<MultimodalRuntime>> multimodal =
       LoadMultimodal(options.runtime.model_dir, options.multimodal, *runtime->tokenizer,
-                     runtime->chat_template.get());
+                     runtime->chat_template.get(),
+                     ResolveVisionPlacement(options.multimodal, options.runtime.device,
+                                            options.runtime.load_format));
   if (!multimodal.ok()) {
     spdlog::error("cannot load the image encoder: {}", multimodal.status().ToString());
     return 1;
