@@ -11,8 +11,15 @@ KvIndex::KvIndex(KvIndexOptions options, Clock clock)
 int32_t KvIndex::SlotFor(const std::string& worker_id) {
   auto it = slot_of_.find(worker_id);
   if (it != slot_of_.end()) return it->second;
-  const int32_t slot = static_cast<int32_t>(workers_.size());
-  workers_.push_back(Worker{worker_id, {}, {}, {}});
+  int32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    workers_[slot].id = worker_id;
+  } else {
+    slot = static_cast<int32_t>(workers_.size());
+    workers_.push_back(Worker{worker_id, {}, {}, {}});
+  }
   slot_of_.emplace(worker_id, slot);
   return slot;
 }
@@ -133,12 +140,13 @@ void KvIndex::RemoveWorker(const std::string& worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slot_of_.find(worker_id);
   if (it == slot_of_.end()) return;
-  Worker& worker = workers_[it->second];
-  DropAll(it->second, /*keep_provisional=*/false);
-  // Keep the slot (Holders never alias a new worker) but forget the id: a worker that comes back
-  // under the same id starts fresh, marked for resync.
-  worker.id.clear();
-  worker.state = KvIndexWorkerState{};
+  const int32_t slot = it->second;
+  DropAll(slot, /*keep_provisional=*/false);
+  // No Holder names the slot any more. Assigning a fresh Worker also frees the hash sets'
+  // capacity (erase never shrinks them); a worker that comes back under the same id starts
+  // fresh, marked for resync.
+  workers_[slot] = Worker{};
+  free_slots_.push_back(slot);
   slot_of_.erase(it);
 }
 
@@ -227,6 +235,11 @@ std::vector<std::string> KvIndex::Workers() const {
 int64_t KvIndex::NumHashes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(holders_.size());
+}
+
+int64_t KvIndex::NumSlots() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(workers_.size());
 }
 
 }  // namespace sluice

@@ -80,7 +80,9 @@ class KvIndex {
   // now + provisional_ttl (a later record extends it).
   void RecordRouting(const std::string& worker_id, absl::Span<const BlockHash> hashes);
 
-  // RemoveWorker drops every entry of `worker_id` (it left the registry). No-op when unknown.
+  // RemoveWorker drops every entry of `worker_id` (it left the registry) and frees its slot for
+  // the next new worker: a router whose workers restart under new ids keeps one slot per live
+  // worker, not one per id ever seen. No-op when unknown.
   void RemoveWorker(const std::string& worker_id);
 
   // MatchPrefix returns, for every worker holding at least the first block, the number of
@@ -98,6 +100,8 @@ class KvIndex {
   std::vector<std::string> Workers() const;  // sorted
   // Number of distinct block hashes with at least one entry.
   int64_t NumHashes() const;
+  // Worker slots allocated, in use or free (bounded by the most workers known at once).
+  int64_t NumSlots() const;
 
  private:
   static constexpr int64_t kPruneEvery = 256;
@@ -126,8 +130,10 @@ class KvIndex {
   KvIndexOptions options_;
   Clock clock_;
   mutable std::mutex mu_;
-  // Slots are never reused while the index lives, so a stale Holder never aliases a new worker.
+  // A removed worker's slot is reused only after every Holder naming it was dropped, so a
+  // stale Holder never aliases a new worker.
   std::vector<Worker> workers_;                                         // guarded by mu_
+  std::vector<int32_t> free_slots_;                                     // guarded by mu_
   absl::flat_hash_map<std::string, int32_t> slot_of_;                   // guarded by mu_
   absl::flat_hash_map<BlockHash, std::vector<Holder>> holders_;         // guarded by mu_
   int64_t records_since_prune_ = 0;                                     // guarded by mu_

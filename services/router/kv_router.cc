@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -110,9 +111,11 @@ void KvRouter::PollOnce() {
   std::lock_guard<std::mutex> poll_lock(poll_mu_);
   const std::vector<WorkerSnapshot> workers = registry_->List();
   std::set<std::string> live;
+  std::set<std::string> live_addresses;
   for (const WorkerSnapshot& worker : workers) {
     if (worker.role == WorkerRole::kEncoder) continue;  // no KV cache, no KV events
     live.insert(worker.worker_id);
+    live_addresses.insert(worker.address);
     PollWorker(worker);
   }
   for (const std::string& id : index_.Workers()) {
@@ -121,6 +124,15 @@ void KvRouter::PollOnce() {
     std::lock_guard<std::mutex> lock(mu_);
     workers_.erase(id);
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = channels_.begin(); it != channels_.end();) {
+    it = live_addresses.count(it->first) != 0 ? std::next(it) : channels_.erase(it);
+  }
+}
+
+size_t KvRouter::NumChannels() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return channels_.size();
 }
 
 void KvRouter::PollWorker(const WorkerSnapshot& worker) {

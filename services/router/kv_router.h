@@ -91,8 +91,11 @@ class KvRouter {
   void Release(const std::string& worker_id, const std::string& request_id);
 
   // PollOnce reads every registered worker's new events (snapshot on a gap) and drops index
-  // entries of workers that left the registry.
+  // entries of workers that left the registry, and the channels to addresses no registered
+  // worker has any more (a worker restarted elsewhere).
   void PollOnce();
+  // Channels held to workers' KV event sources: at most one per registered worker's address.
+  size_t NumChannels() const;
 
   KvIndex& index() { return index_; }
   KvRouterCounters counters() const;

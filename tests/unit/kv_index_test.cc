@@ -202,5 +202,36 @@ TEST_F(KvIndexTest, RemoveWorkerDropsItsEntriesOnly) {
   EXPECT_EQ(index_.MatchPrefix(a_), (Matches{{"w2", 2}}));
 }
 
+// Workers restart under new ids (the registry hands out prefill-1, prefill-2, ...): the index
+// holds one slot per live worker, and a removed worker's entries are gone, not inherited by the
+// next worker that takes its slot.
+TEST_F(KvIndexTest, RestartedWorkersReuseSlotsAndLeaveNoEntries) {
+  Start("live", 9);
+  ASSERT_TRUE(index_.ApplyEvents("live", Batch(9, {Stored(1, a_)})));
+  for (int32_t i = 0; i < 50; ++i) {
+    const std::string id = "prefill-" + std::to_string(i);
+    std::vector<int32_t> blocks;
+    for (int32_t b = 0; b < 100; ++b) blocks.push_back(100 + i * 100 + b);
+    Start(id, 100 + i);
+    ASSERT_TRUE(index_.ApplyEvents(id, Batch(100 + i, {Stored(1, Hashes(Tokens(blocks)))})));
+    index_.RecordRouting(id, b_);
+    EXPECT_EQ(index_.NumHashes(), 100 + 4 + 2);  // its 100, a's 4, b's last 2
+    index_.RemoveWorker(id);
+    EXPECT_EQ(index_.NumHashes(), 4);
+  }
+  EXPECT_EQ(index_.NumSlots(), 2);
+  EXPECT_EQ(index_.Workers(), (std::vector<std::string>{"live"}));
+  // The reused slot starts empty: the new worker holds nothing until its snapshot says so.
+  Start("prefill-50", 150);
+  EXPECT_EQ(index_.NumSlots(), 2);
+  EXPECT_EQ(index_.WorkerState("prefill-50").num_confirmed_blocks, 0);
+  EXPECT_EQ(index_.WorkerState("prefill-50").num_provisional_blocks, 0);
+  EXPECT_EQ(index_.MatchPrefix(b_), (Matches{{"live", 2}}));
+  EXPECT_EQ(index_.MatchPrefix(a_), (Matches{{"live", 4}}));
+  // The removed workers' provisional records do not come back when they would have expired.
+  now_ += absl::Seconds(11);
+  EXPECT_EQ(index_.PruneExpired(), 0);
+}
+
 }  // namespace
 }  // namespace sluice

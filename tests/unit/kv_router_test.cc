@@ -147,6 +147,34 @@ TEST_F(KvRouterTest, DepartedWorkerIsDroppedFromTheIndex) {
   EXPECT_EQ(router.index().Workers(), std::vector<std::string>{id_b});
 }
 
+// Workers that restart get a new id, here also a new address (as a pod does): the router keeps
+// one index slot and one channel per registered worker, however many came and went.
+TEST_F(KvRouterTest, RestartedWorkersLeaveNoSlotsOrChannelsBehind) {
+  FakeWorker stays(identity_);
+  const std::string id_stays = Add(stays);
+  KvRouter router(&registry_, Options(RoutingPolicy::kKv));
+  const std::vector<BlockHash> hashes = Hashes(prompt_);
+  stays.log.Stored(std::nullopt, {hashes[0]});
+  for (int i = 0; i < 12; ++i) {
+    auto worker = std::make_unique<FakeWorker>(identity_);
+    const std::string id = Add(*worker);
+    worker->log.Stored(std::nullopt, hashes);
+    router.PollOnce();
+    ASSERT_EQ(router.index().MatchPrefix(hashes),
+              (std::map<std::string, int64_t>{{id_stays, 1}, {id, 3}}));
+    EXPECT_EQ(router.NumChannels(), 2u);
+    ASSERT_TRUE(registry_.Deregister(id).ok());
+    worker.reset();
+    router.PollOnce();
+    EXPECT_EQ(router.index().Workers(), std::vector<std::string>{id_stays});
+    EXPECT_EQ(router.NumChannels(), 1u);
+  }
+  EXPECT_EQ(router.index().NumSlots(), 2);
+  EXPECT_EQ(router.index().NumHashes(), 1);
+  EXPECT_EQ(router.index().MatchPrefix(hashes),
+            (std::map<std::string, int64_t>{{id_stays, 1}}));
+}
+
 TEST_F(KvRouterTest, RoundRobinCyclesAndPolicyNamesParse) {
   FakeWorker a(identity_), b(identity_);
   const std::string id_a = Add(a);
