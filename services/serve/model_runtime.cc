@@ -259,8 +259,8 @@ absl::Status CheckDeviceOptions(const RuntimeOptions& options) {
                                                    ": must be in (0, 1]"));
   }
   const char* unsupported = nullptr;
-  // --batch-invariant: the Llama-family runner plans fixed-order GEMM and attention kernels
-  // (CudaRunnerOptions::batch_invariant); the DeepSeek runner refuses the mode when it loads.
+  // --batch-invariant: both runners plan fixed-order GEMM, attention, MLA and MoE kernels
+  // (CudaRunnerOptions::batch_invariant).
   if (options.tensor_parallel_size > 1 || options.expert_parallel_size > 1) {
     unsupported = "--tensor-parallel-size / --expert-parallel-size > 1";
   }

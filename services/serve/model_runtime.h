@@ -86,8 +86,8 @@ absl::StatusOr<ParallelLayout> CheckParallelLayout(const RuntimeOptions& options
 // touching the GPU or the model folder. Errors (InvalidArgument, messages start with the flag):
 // an unknown device or load format; a utilization outside (0, 1]; --device cuda in a build
 // without the CUDA backend ("this build has no CUDA backend (rebuild with -DSLUICE_CUDA=ON)"),
-// or with what the CUDA backend does not support yet: --batch-invariant, TP/EP > 1, --kvstore;
-// prefill/decode KV transfer (kv_crosses_processes) in a build whose UCX is not CUDA-aware.
+// or with what the CUDA backend does not support yet: TP/EP > 1; prefill/decode KV transfer
+// (kv_crosses_processes) in a build whose UCX is not CUDA-aware.
 absl::Status CheckDeviceOptions(const RuntimeOptions& options);
 
 struct ModelRuntime {
