@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -246,6 +248,86 @@ TEST(StagedKvTransferFailureTest, PeerGoneThenNextTransferWorks) {
   ASSERT_TRUE(
       f.staged->Pull(f.desc, runs, f.local_kv.regions, runs, absl::Now() + absl::Seconds(10)).ok());
   for (int b = 0; b < 6; ++b) EXPECT_TRUE(f.local_kv.BlockHolds(1, b, 1, b));
+}
+
+// HookCopier: a HostMemcpyCopier that runs `on_first_wait` when a lane is first waited for (a
+// staged pull waits for a slot before reusing it: chunks 0 .. num_slots - 1 are then read).
+class HookCopier final : public DeviceCopier {
+ public:
+  explicit HookCopier(int num_lanes) : inner_(num_lanes) {}
+  int num_lanes() const override { return inner_.num_lanes(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_.AllocateStaging(bytes);
+  }
+  void FreeStaging(void* staging) override { inner_.FreeStaging(staging); }
+  absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
+                         CopyDirection direction) override {
+    ++num_enqueued_;
+    return inner_.CopyAsync(lane, dst, src, bytes, direction);
+  }
+  absl::Status Wait(int lane) override {
+    if (on_first_wait) std::exchange(on_first_wait, nullptr)();
+    return inner_.Wait(lane);
+  }
+  int64_t num_enqueued() const { return num_enqueued_; }
+  int64_t num_run() const { return inner_.num_copies(); }
+  std::function<void()> on_first_wait;
+
+ private:
+  HostMemcpyCopier inner_;
+  int64_t num_enqueued_ = 0;
+};
+
+// The peer goes away after two of a pull's chunks were read (its next RMA get fails): an error
+// within the deadline, the chunks read before landed and nothing after them, no copy left
+// pending, nothing counted as pulled, and the same slots serve the next pull exactly.
+TEST(StagedKvTransferFailureTest, GetFailingMidPullDrainsAndFreesTheSlots) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  HookCopier copier(2);
+  auto staged = StagedKvTransfer::Create(local.get(), &copier, StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  copier.on_first_wait = [&peer] { peer.reset(); };  // before chunk 2's get
+  const std::vector<BlockRun> runs = {{0, 10}};  // 5 chunks of 2 blocks per region
+  const absl::Time start = absl::Now();
+  absl::Status s = (*staged)->Pull(*desc, runs, local_kv.regions, runs, start + absl::Seconds(3));
+  EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  for (int b = 0; b < 10; ++b) {
+    // Chunks 0 and 1 (region 0, blocks 0..3) were read and copied in; nothing after them.
+    EXPECT_TRUE(b < 4 ? local_kv.BlockHolds(0, b, 1, b) : local_kv.BlockHolds(0, b, 2, b)) << b;
+    EXPECT_TRUE(local_kv.BlockHolds(1, b, 2, b)) << b;
+    EXPECT_TRUE(local_kv.BlockHolds(2, b, 2, b)) << b;
+  }
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());  // every lane drained
+  StagedTransferStats stats = (*staged)->stats();
+  EXPECT_EQ(stats.bytes_pulled, 0);
+  EXPECT_EQ(stats.num_chunks, 3);
+
+  auto next_peer = MakeAgent("tcp");
+  ASSERT_NE(next_peer, nullptr);
+  Buffers next_kv(3);
+  for (const KvRegion& r : next_kv.regions) {
+    ASSERT_TRUE(next_peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto next_desc = next_peer->Describe(next_kv.regions);
+  ASSERT_TRUE(next_desc.ok()) << next_desc.status();
+  ASSERT_TRUE((*staged)
+                  ->Pull(*next_desc, runs, local_kv.regions, runs, absl::Now() + absl::Seconds(10))
+                  .ok());
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < 10; ++b) EXPECT_TRUE(local_kv.BlockHolds(r, b, 3, b)) << r << " " << b;
+  }
+  EXPECT_EQ((*staged)->stats().bytes_pulled, 10 * kBlockBytes * kNumRegions);
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());
 }
 
 }  // namespace
