@@ -19,7 +19,9 @@ layers' compute) and answers once every layer landed; decode only acks and decod
    not registered; every pull RMA-reads the prefill worker's KV into two registered host slots
    of 64 KiB (several slot fills per long prompt) and copies it from there into the reserved
    blocks. Same tokens as `sluice serve`, every pulled byte through the staging, no failed
-   transfer or recompute, blocks free; a decode worker with staging in push or layerwise mode
+   transfer or recompute, blocks free. A staged pull from a prefill worker killed (-9) after
+   it answered fails, and the request is recomputed on the decode worker (same tokens), nothing
+   counted as staged, every decode block free. A decode worker with staging in push or layerwise mode
    (where prefill would write into its unregistered KV), and a slot smaller than a block, are
    refused at start.
 """
@@ -199,6 +201,37 @@ def test_staged_pull_matches_sluice_serve(reference):
         assert "sluice_kv_staging_bytes_total" not in prefill
         assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
         assert 'sluice_prefill_held_released_total{reason="expired"} 0' in prefill
+    finally:
+        cluster.stop()
+
+
+def test_staged_pull_from_killed_prefill_recomputes(reference):
+    # Every pull waits 2 s before it starts: the prefill worker is killed in between.
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "pull"),
+                      role_args={"decode": ["--kv-staging", "on",
+                                            "--kv-staging-slot-bytes", str(64 << 10),
+                                            "--test-transfer-delay-ms", "2000",
+                                            "--transfer-timeout-s", "5"]})
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(complete, client, PROMPTS[9])
+            # Prefilled and pinned, waiting for the pull.
+            wait_until(lambda: cluster.worker_metric("prefill-0", "sluice_prefill_held_blocks") > 0,
+                       60, "the prefill worker holds the KV")
+            cluster.workers["prefill-0"].kill9()
+            assert future.result() == reference[9]
+        decode = cluster.worker_metrics_text("decode-0")
+        assert sum_samples(decode, "sluice_decode_transfers_recomputed_total") == 1
+        assert (sum_samples(decode, 'sluice_decode_recomputes_total{reason="transfer_failed"}') +
+                sum_samples(decode, 'sluice_decode_recomputes_total{reason="transfer_timeout"}')
+                == 1), decode
+        assert 'sluice_kv_transfers_total{result="failed"} 1' in decode
+        assert sum_samples(decode, "sluice_kv_staging_bytes_total") == 0
+        wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_used_blocks") == 0,
+                   20, "decode blocks free")
     finally:
         cluster.stop()
 
