@@ -1,13 +1,17 @@
 #include "transfer/staged_transfer.h"
+#include "transfer/staging_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transfer/block_runs.h"
@@ -328,6 +332,76 @@ TEST(StagedKvTransferFailureTest, GetFailingMidPullDrainsAndFreesTheSlots) {
   }
   EXPECT_EQ((*staged)->stats().bytes_pulled, 10 * kBlockBytes * kNumRegions);
   EXPECT_EQ(copier.num_run(), copier.num_enqueued());
+}
+
+// A staging pool of two members: two pulls run at once, each exact; a third waits for a member
+// and, when none comes free before its deadline, fails with DeadlineExceeded having moved
+// nothing; once one is free it runs. Stats are the members' summed.
+TEST(StagingPoolTest, ConcurrentPullsAndDeadlineWhileBusy) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  std::vector<HookCopier*> copiers;
+  auto pool = StagingPool::Create(
+      local.get(), 2,
+      [&copiers]() -> absl::StatusOr<std::unique_ptr<DeviceCopier>> {
+        auto copier = std::make_unique<HookCopier>(2);
+        copiers.push_back(copier.get());
+        return std::unique_ptr<DeviceCopier>(std::move(copier));
+      },
+      StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(copiers.size(), 2u);
+  EXPECT_EQ(StagingPool::Create(local.get(), 0, nullptr, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Both members held: each pull stops at its first lane wait until released.
+  absl::Notification release;
+  std::atomic<int> waiting{0};
+  for (HookCopier* c : copiers) {
+    c->on_first_wait = [&] {
+      ++waiting;
+      release.WaitForNotification();
+    };
+  }
+  const std::vector<BlockRun> first = {{0, 6}}, second = {{10, 6}}, third = {{20, 4}};
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  absl::Status s1, s2;
+  std::thread t1([&] { s1 = (*pool)->Pull(*desc, first, local_kv.regions, first, later); });
+  std::thread t2([&] { s2 = (*pool)->Pull(*desc, second, local_kv.regions, second, later); });
+  while (waiting.load() < 2) absl::SleepFor(absl::Milliseconds(1));  // both members busy
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*pool)
+                ->Pull(*desc, third, local_kv.regions, third, start + absl::Milliseconds(200))
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  release.Notify();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(s1.ok()) << s1;
+  ASSERT_TRUE(s2.ok()) << s2;
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < kNumBlocks; ++b) {
+      const bool pulled = b < 6 || (b >= 10 && b < 16);
+      EXPECT_TRUE(local_kv.BlockHolds(r, b, pulled ? 1 : 2, b)) << r << " " << b;
+    }
+  }
+  EXPECT_EQ((*pool)->stats().bytes_pulled, 12 * kBlockBytes * kNumRegions);
+  ASSERT_TRUE((*pool)->Pull(*desc, third, local_kv.regions, third, later).ok());
+  for (int b = 20; b < 24; ++b) EXPECT_TRUE(local_kv.BlockHolds(2, b, 1, b)) << b;
+  const StagedTransferStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.bytes_pulled, 16 * kBlockBytes * kNumRegions);
+  EXPECT_EQ(stats.num_chunks, (*pool)->member(0)->stats().num_chunks +
+                                  (*pool)->member(1)->stats().num_chunks);
+  EXPECT_EQ(stats.num_chunks, (3 + 3 + 2) * kNumRegions);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@
 #include "services/common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
-#include "transfer/staged_transfer.h"
+#include "transfer/staging_pool.h"
 #include "services/common/worker_grammar.h"
 
 namespace sluice {
@@ -73,10 +73,10 @@ struct DecodeServiceOptions {
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   // Pull mode, KV this worker's UCX cannot register (device KV without a CUDA-aware UCX, or
   // staging chosen for the transport: --kv-staging): every pull reads the prefill worker's KV
-  // into this staging's registered host slots and copies it from there into the reserved
-  // blocks (StagedKvTransfer::Pull; pulls take turns on its slots); borrowed. Null: pulls land
-  // in the registered KV directly.
-  transfer::StagedKvTransfer* staging = nullptr;
+  // into registered host slots of a free pool member and copies it from there into the
+  // reserved blocks (StagedKvTransfer::Pull; with no member free it waits, at most until its
+  // deadline); borrowed. Null: pulls land in the registered KV directly.
+  transfer::StagingPool* staging = nullptr;
 };
 
 // RecomputeReason: why a decode worker recomputes a prompt instead of using the KV it was sent

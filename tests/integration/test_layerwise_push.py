@@ -17,8 +17,8 @@ layers' compute) and answers once every layer landed; decode only acks and decod
    every transfer ok, blocks free; a pull-mode prefill worker with staging is refused at start.
 4. Staged pulls (`--kv-staging on` on the decode worker, pull mode): the decode worker's KV is
    not registered; every pull RMA-reads the prefill worker's KV into two registered host slots
-   of 64 KiB (several slot fills per long prompt) and copies it from there into the reserved
-   blocks. Same tokens as `sluice serve`, every pulled byte through the staging, no failed
+   of 64 KiB (several slot fills per long prompt; one pair per transfer thread, so concurrent
+   pulls do not wait for each other) and copies it from there into the reserved blocks. Same tokens as `sluice serve`, every pulled byte through the staging, no failed
    transfer or recompute, blocks free. A staged pull from a prefill worker killed (-9) after
    it answered fails, and the request is recomputed on the decode worker (same tokens), nothing
    counted as staged, every decode block free. A decode worker with staging in push or layerwise mode
@@ -182,8 +182,8 @@ def test_staged_pull_matches_sluice_serve(reference):
         wait_blocks_free(cluster)
         prefill = cluster.worker_metrics_text("prefill-0")
         decode = cluster.worker_metrics_text("decode-0")
-        assert ("KV pulls go through 2 pinned host staging slots of 65536 bytes"
-                in cluster.workers["decode-0"].tail(200))
+        assert ("KV pulls go through pinned host staging slots of 65536 bytes: 2 per transfer, "
+                "4 transfers at once" in cluster.workers["decode-0"].tail(200))
         # Every pulled byte went through the staging, the long prompts in several slot fills.
         staged = sum_samples(decode, "sluice_kv_staging_bytes_total")
         assert staged > 0
