@@ -37,15 +37,15 @@ namespace {
 enum class Role { kPrefill, kDecode };
 
 // MaybeKvStaging: the pinned host staging --kv-staging asks for (null: none), for KV that is
-// not registered with UCX: a prefill worker pushes through its one member
-// (PrefillServiceOptions::staging), a decode worker pulls through it, one member per transfer
-// thread (DecodeServiceOptions::staging). "on" always, "auto" when
+// not registered with UCX, with `num_members` transfers at once: a prefill worker pushes
+// through its one member (PrefillServiceOptions::staging), a decode worker pulls through the
+// pool, a member per transfer thread (DecodeServiceOptions::staging). "on" always, "auto" when
 // the KV is in memory `agent` cannot register (device KV, a UCX context without CUDA). Staging
 // works where this worker moves the KV itself: a prefill worker pushes (push, layerwise), a
 // decode worker pulls (pull); in the other mode the peer moves it, so this worker's KV must be
 // registered. Errors: FailedPrecondition for staging in a mode where the peer moves the KV, or
 // "off" with KV UCX cannot register; InvalidArgument for a slot smaller than a block; those of
-// the copier and StagedKvTransfer::Create.
+// the copier and StagingPool::Create.
 absl::StatusOr<std::unique_ptr<transfer::StagingPool>> MaybeKvStaging(
     const WorkerOptions& options, Role role, v1::KvTransferMode mode,
     const KvTransferMemory& memory, transfer::KvTransferAgent* agent, int num_members) {
