@@ -49,6 +49,10 @@ kernels themselves are not deterministic run to run).
 "--test-transfer-delay-ms 200"` starts every transfer 200 ms late (mismatches that vanish were
 the push reading KV still being written); "--test-post-transfer-delay-ms 200" starts decoding
 200 ms after the push reported done (mismatches that vanish were KV still landing at decode).
+A worker given `--kv-staging on` (prefill: push and layerwise; decode: pull) moves its KV
+through pinned host staging: the report's `staging` says, per staged worker, that every byte it
+moved went through the staging, that none of its transfers failed and (decode) that nothing was
+recomputed — a staged transfer that failed would otherwise be hidden by the recompute.
 
 Usage: python3 bench/gpu_disagg_equality.py --model DIR [--mode pull|push|layerwise] [--requests 200]
          [--sequential 16] [--sequential-repeats 2] [--tie-tolerance 0.05] [--gpus 0,1]
@@ -348,6 +352,8 @@ def main():
         report["free_blocks_after"] = after
         text = cluster.worker_metrics_text("decode-0")
         report["kv_transfers_ok"] = sum_samples(text, 'sluice_kv_transfers_total{result="ok"}')
+        report["staging"] = staging_checks(cluster, {"prefill-0": prefill_args,
+                                                     "decode-0": args.decode_args.split()})
         if replay:
             report["swa"] = swa_checks(cluster, answered, replay, full_layers, layer_bytes)
         if args.kvstore:
@@ -364,12 +370,35 @@ def main():
     ok = (report["num_mismatches"] == 0 and not report["sequential_mismatches"] and
           report["free_blocks_after"] == baseline and
           (not args.kvstore or report["store"]["ok"]) and
+          all(c["ok"] for c in report["staging"].values()) and
           (not replay or report["swa"]["ok"]))
     report["ok"] = ok
     print(json.dumps(report, indent=2))
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(0 if ok else 1)
+
+
+def staging_checks(cluster, role_args):
+    """Per worker started with --kv-staging on: every KV byte it moved (prefill: pushed, decode:
+    pulled) went through its staging slots, in more slot fills than transfers once a transfer
+    spans several, and none of its transfers failed or (decode) ended in a recompute."""
+    checks = {}
+    for worker, extra in role_args.items():
+        if "--kv-staging" not in extra or extra[extra.index("--kv-staging") + 1] != "on":
+            continue
+        text = cluster.worker_metrics_text(worker)
+        direction = "push" if worker.startswith("prefill") else "pull"
+        staged = sum_samples(text, "sluice_kv_staging_bytes_total")
+        moved = sum_samples(text, f'sluice_kv_transfer_bytes_total{{direction="{direction}"}}')
+        failed = sum_samples(text, 'sluice_kv_transfers_total{result="failed"}')
+        recomputed = sum_samples(text, "sluice_decode_transfers_recomputed_total")
+        checks[worker] = {"direction": direction, "staged_bytes": staged, "moved_bytes": moved,
+                          "staging_chunks": sum_samples(text, "sluice_kv_staging_chunks_total"),
+                          "transfers_failed": failed, "transfers_recomputed": recomputed,
+                          "ok": staged > 0 and staged == moved and failed == 0 and
+                          recomputed == 0}
+    return checks
 
 
 def swa_checks(cluster, answered, replay_tokens, full_layers, layer_bytes):

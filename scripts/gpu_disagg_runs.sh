@@ -17,7 +17,8 @@
 #    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
 #    two are visible; push again with transfers started late, decoding started late (race
 #    checks) and UCX_PROTO_INFO logs; push and layerwise with the prefill worker's KV through
-#    its own pinned host staging (--kv-staging on). Each run's sequential pass runs twice and
+#    its own pinned host staging (--kv-staging on), and pull with the decode worker's KV
+#    pulled through its own staging (--kv-staging on there). Each run's sequential pass runs twice and
 #    records where each differing request diverges. These runs move every layer's KV
 #    (--swa-replay-tokens 0). Models with sliding-window layers (qwen3-hybrid-tiny,
 #    sluice-mini-swa) also run pull, push and layerwise with SWA bounded replay on, R at the
@@ -133,6 +134,17 @@ for model in "${MODELS[@]}"; do
       FAILED=1
     fi
   done
+  # Pull mode with the decode worker's device KV unregistered: each pull RMA-reads the prefill
+  # worker's KV into the decode worker's pinned host slots, then CudaDeviceCopier copies it host
+  # -> device while the next chunk is read (--kv-staging on on the decode worker). 1 MiB slots:
+  # the longer prompts' layers take several chunks. The report's `staging` checks every pulled
+  # byte went through the slots with no failed pull and no recompute.
+  echo "== equality ${name}_pull_staged"
+  if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode pull \
+      --requests "$REQUESTS" --decode-args "--kv-staging on --kv-staging-slot-bytes 1048576" \
+      --out "$RESULTS/gpu_disagg_equality_${name}_pull_staged_h200.json"; then
+    FAILED=1
+  fi
   echo "== equality ${name}_push_protoinfo"
   if ! UCX_PROTO_INFO=y "$PY" bench/gpu_disagg_equality.py --model "$model" --mode push \
       --requests "$REQUESTS" --logs-dir "$RESULTS/logs_${name}_push_protoinfo" \

@@ -1,11 +1,17 @@
 #include "transfer/staged_transfer.h"
+#include "transfer/staging_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "transfer/block_runs.h"
@@ -246,6 +252,156 @@ TEST(StagedKvTransferFailureTest, PeerGoneThenNextTransferWorks) {
   ASSERT_TRUE(
       f.staged->Pull(f.desc, runs, f.local_kv.regions, runs, absl::Now() + absl::Seconds(10)).ok());
   for (int b = 0; b < 6; ++b) EXPECT_TRUE(f.local_kv.BlockHolds(1, b, 1, b));
+}
+
+// HookCopier: a HostMemcpyCopier that runs `on_first_wait` when a lane is first waited for (a
+// staged pull waits for a slot before reusing it: chunks 0 .. num_slots - 1 are then read).
+class HookCopier final : public DeviceCopier {
+ public:
+  explicit HookCopier(int num_lanes) : inner_(num_lanes) {}
+  int num_lanes() const override { return inner_.num_lanes(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_.AllocateStaging(bytes);
+  }
+  void FreeStaging(void* staging) override { inner_.FreeStaging(staging); }
+  absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
+                         CopyDirection direction) override {
+    ++num_enqueued_;
+    return inner_.CopyAsync(lane, dst, src, bytes, direction);
+  }
+  absl::Status Wait(int lane) override {
+    if (on_first_wait) std::exchange(on_first_wait, nullptr)();
+    return inner_.Wait(lane);
+  }
+  int64_t num_enqueued() const { return num_enqueued_; }
+  int64_t num_run() const { return inner_.num_copies(); }
+  std::function<void()> on_first_wait;
+
+ private:
+  HostMemcpyCopier inner_;
+  int64_t num_enqueued_ = 0;
+};
+
+// The peer goes away after two of a pull's chunks were read (its next RMA get fails): an error
+// within the deadline, the chunks read before landed and nothing after them, no copy left
+// pending, nothing counted as pulled, and the same slots serve the next pull exactly.
+TEST(StagedKvTransferFailureTest, GetFailingMidPullDrainsAndFreesTheSlots) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  HookCopier copier(2);
+  auto staged = StagedKvTransfer::Create(local.get(), &copier, StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  copier.on_first_wait = [&peer] { peer.reset(); };  // before chunk 2's get
+  const std::vector<BlockRun> runs = {{0, 10}};  // 5 chunks of 2 blocks per region
+  const absl::Time start = absl::Now();
+  absl::Status s = (*staged)->Pull(*desc, runs, local_kv.regions, runs, start + absl::Seconds(3));
+  EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  for (int b = 0; b < 10; ++b) {
+    // Chunks 0 and 1 (region 0, blocks 0..3) were read and copied in; nothing after them.
+    EXPECT_TRUE(b < 4 ? local_kv.BlockHolds(0, b, 1, b) : local_kv.BlockHolds(0, b, 2, b)) << b;
+    EXPECT_TRUE(local_kv.BlockHolds(1, b, 2, b)) << b;
+    EXPECT_TRUE(local_kv.BlockHolds(2, b, 2, b)) << b;
+  }
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());  // every lane drained
+  StagedTransferStats stats = (*staged)->stats();
+  EXPECT_EQ(stats.bytes_pulled, 0);
+  EXPECT_EQ(stats.num_chunks, 3);
+
+  auto next_peer = MakeAgent("tcp");
+  ASSERT_NE(next_peer, nullptr);
+  Buffers next_kv(3);
+  for (const KvRegion& r : next_kv.regions) {
+    ASSERT_TRUE(next_peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto next_desc = next_peer->Describe(next_kv.regions);
+  ASSERT_TRUE(next_desc.ok()) << next_desc.status();
+  ASSERT_TRUE((*staged)
+                  ->Pull(*next_desc, runs, local_kv.regions, runs, absl::Now() + absl::Seconds(10))
+                  .ok());
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < 10; ++b) EXPECT_TRUE(local_kv.BlockHolds(r, b, 3, b)) << r << " " << b;
+  }
+  EXPECT_EQ((*staged)->stats().bytes_pulled, 10 * kBlockBytes * kNumRegions);
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());
+}
+
+// A staging pool of two members: two pulls run at once, each exact; a third waits for a member
+// and, when none comes free before its deadline, fails with DeadlineExceeded having moved
+// nothing; once one is free it runs. Stats are the members' summed.
+TEST(StagingPoolTest, ConcurrentPullsAndDeadlineWhileBusy) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  std::vector<HookCopier*> copiers;
+  auto pool = StagingPool::Create(
+      local.get(), 2,
+      [&copiers]() -> absl::StatusOr<std::unique_ptr<DeviceCopier>> {
+        auto copier = std::make_unique<HookCopier>(2);
+        copiers.push_back(copier.get());
+        return std::unique_ptr<DeviceCopier>(std::move(copier));
+      },
+      StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(copiers.size(), 2u);
+  EXPECT_EQ(StagingPool::Create(local.get(), 0, nullptr, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Both members held: each pull stops at its first lane wait until released.
+  absl::Notification release;
+  std::atomic<int> waiting{0};
+  for (HookCopier* c : copiers) {
+    c->on_first_wait = [&] {
+      ++waiting;
+      release.WaitForNotification();
+    };
+  }
+  const std::vector<BlockRun> first = {{0, 6}}, second = {{10, 6}}, third = {{20, 4}};
+  const absl::Time later = absl::Now() + absl::Seconds(30);
+  absl::Status s1, s2;
+  std::thread t1([&] { s1 = (*pool)->Pull(*desc, first, local_kv.regions, first, later); });
+  std::thread t2([&] { s2 = (*pool)->Pull(*desc, second, local_kv.regions, second, later); });
+  while (waiting.load() < 2) absl::SleepFor(absl::Milliseconds(1));  // both members busy
+  const absl::Time start = absl::Now();
+  EXPECT_EQ((*pool)
+                ->Pull(*desc, third, local_kv.regions, third, start + absl::Milliseconds(200))
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  release.Notify();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(s1.ok()) << s1;
+  ASSERT_TRUE(s2.ok()) << s2;
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < kNumBlocks; ++b) {
+      const bool pulled = b < 6 || (b >= 10 && b < 16);
+      EXPECT_TRUE(local_kv.BlockHolds(r, b, pulled ? 1 : 2, b)) << r << " " << b;
+    }
+  }
+  EXPECT_EQ((*pool)->stats().bytes_pulled, 12 * kBlockBytes * kNumRegions);
+  ASSERT_TRUE((*pool)->Pull(*desc, third, local_kv.regions, third, later).ok());
+  for (int b = 20; b < 24; ++b) EXPECT_TRUE(local_kv.BlockHolds(2, b, 1, b)) << b;
+  const StagedTransferStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.bytes_pulled, 16 * kBlockBytes * kNumRegions);
+  EXPECT_EQ(stats.num_chunks, (*pool)->member(0)->stats().num_chunks +
+                                  (*pool)->member(1)->stats().num_chunks);
+  EXPECT_EQ(stats.num_chunks, (3 + 3 + 2) * kNumRegions);
 }
 
 }  // namespace

@@ -172,15 +172,6 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
                     stats.counters.num_held_released, "\n",
                     "sluice_prefill_held_released_total{reason=\"expired\"} ",
                     stats.counters.num_held_expired, "\n");
-    if (service.staging.has_value()) {
-      Counter(out, "sluice_kv_staging_chunks_total",
-              "Pinned host staging slot fills of KV pushed through staging (--kv-staging): one "
-              "device-to-host copy batch and one RMA batch each.",
-              static_cast<double>(service.staging->num_chunks));
-      Counter(out, "sluice_kv_staging_bytes_total",
-              "KV bytes pushed to peers through pinned host staging (--kv-staging).",
-              static_cast<double>(service.staging->bytes_pushed));
-    }
   } else {
     Gauge(out, "sluice_decode_reserved_transfers",
           "Requests holding reserved KV blocks while their KV transfer is pending.",
@@ -195,6 +186,16 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
             "Prompt tokens replayed to rebuild sliding-window layers' KV after a transfer that "
             "moved only full-attention layers (--swa-replay-tokens).",
             static_cast<double>(stats.counters.num_swa_replayed_tokens));
+  }
+  if (service.staging.has_value()) {
+    Counter(out, "sluice_kv_staging_chunks_total",
+            "Pinned host staging slot fills of KV moved through staging (--kv-staging): one RMA "
+            "batch and its device copies each (prefill: pushes; decode: pulls).",
+            static_cast<double>(service.staging->num_chunks));
+    Counter(out, "sluice_kv_staging_bytes_total",
+            "KV bytes moved through pinned host staging (--kv-staging): pushed to peers "
+            "(prefill) or pulled from them (decode).",
+            static_cast<double>(service.staging->bytes_pushed + service.staging->bytes_pulled));
   }
   Header(out, "sluice_kv_transfer_bytes_total", "counter",
          "KV payload bytes moved by successful transfers, by direction (pull: read from a peer, "

@@ -58,7 +58,8 @@ class WorkerMetrics {
   struct ServiceGauges {
     int64_t num_queued_prefill_tokens = 0;  // prefill: prompt tokens admitted, not answered
     int64_t num_sessions = 0;               // decode: requests known to the service
-    // prefill with --kv-staging: the staging's counters (absent: the KV is pushed directly).
+    // --kv-staging: the staging's counters (absent: the KV moves directly to or from the KV
+    // cache).
     std::optional<transfer::StagedTransferStats> staging;
   };
   // Render returns the whole exposition.

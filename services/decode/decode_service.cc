@@ -723,8 +723,11 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
   }
   const int64_t n = transfer::TotalBlocks(*remote_runs);
   std::vector<int32_t> local(blocks.begin(), blocks.begin() + n);
-  return agent_->Pull(moved->remote, *remote_runs, moved->local, transfer::CoalesceBlocks(local),
-                      deadline);
+  const std::vector<transfer::BlockRun> local_runs = transfer::CoalesceBlocks(local);
+  if (options_.staging != nullptr) {
+    return options_.staging->Pull(moved->remote, *remote_runs, moved->local, local_runs, deadline);
+  }
+  return agent_->Pull(moved->remote, *remote_runs, moved->local, local_runs, deadline);
 }
 
 absl::Status DecodeService::RequestPush(const std::string& request_id,

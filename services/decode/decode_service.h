@@ -3,7 +3,8 @@
 //
 // Per request (a DecodeSession): Reserve (or Decode without a prior Reserve) reserves blocks for
 // prompt + 1 tokens; Decode with a prefill result pulls the prompt KV from the prefill worker
-// over UCX into the first reserved blocks (TaskPool thread, deadline), acks with
+// over UCX into the first reserved blocks (TaskPool thread, deadline; through pinned host
+// staging slots when the KV is not registered, options.staging), acks with
 // PrefillWorker.Release, completes the transfer in the engine and streams TokenOutput from the
 // second token on. Push mode (--kv-transfer-mode push): instead of pulling, decode asks the
 // prefill worker to write the KV into its reserved blocks (PrefillWorker.PushKv with this
@@ -32,6 +33,7 @@
 #include "services/common/worker_metrics.h"
 #include "sluice/v1/worker.grpc.pb.h"
 #include "transfer/kv_transfer.h"
+#include "transfer/staging_pool.h"
 #include "services/common/worker_grammar.h"
 
 namespace sluice {
@@ -69,6 +71,12 @@ struct DecodeServiceOptions {
   absl::Duration test_post_transfer_delay = absl::ZeroDuration();
   // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // Pull mode, KV this worker's UCX cannot register (device KV without a CUDA-aware UCX, or
+  // staging chosen for the transport: --kv-staging): every pull reads the prefill worker's KV
+  // into registered host slots of a free pool member and copies it from there into the
+  // reserved blocks (StagedKvTransfer::Pull; with no member free it waits, at most until its
+  // deadline); borrowed. Null: pulls land in the registered KV directly.
+  transfer::StagingPool* staging = nullptr;
 };
 
 // RecomputeReason: why a decode worker recomputes a prompt instead of using the KV it was sent
@@ -92,7 +100,8 @@ class DecodeSession;
 class DecodeService final : public v1::DecodeWorker::CallbackService {
  public:
   // `engine` and `agent` must outlive the service; `regions` are the engine's KV regions
-  // (KvRegionsOf), registered with `agent`; `kv_descriptor` their serialized descriptor.
+  // (KvRegionsOf), registered with `agent` unless options.staging is set; `kv_descriptor` their
+  // serialized descriptor (empty with staging: nothing can push into them).
   // `metrics` must outlive the service.
   DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
                 std::vector<transfer::KvRegion> regions, std::string kv_descriptor,

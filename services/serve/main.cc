@@ -354,16 +354,19 @@ int main(int argc, char** argv) {
           ->check(CLI::PositiveNumber);
       cmd.add_option("--test-fail-layer-push", w.test_fail_layer_push,
                      "Test only: fail the push of this layer group in layerwise mode (-1: none)");
-      cmd.add_option("--kv-staging", w.kv_staging,
-                     "Push the KV through pinned host staging slots instead of registering the "
-                     "KV cache with UCX: auto (when UCX cannot register the device KV), on, off; "
-                     "push and layerwise modes")
-          ->check(CLI::IsMember({"auto", "on", "off"}));
-      cmd.add_option("--kv-staging-slot-bytes", w.kv_staging_slot_bytes,
-                     "KV staging: bytes of each of the 2 staging slots (>= one block of a "
-                     "layer's K or V)")
-          ->check(CLI::PositiveNumber);
     }
+    cmd.add_option("--kv-staging", w.kv_staging,
+                   i == 0 ? "Push the KV through pinned host staging slots instead of registering "
+                            "the KV cache with UCX: auto (when UCX cannot register the device "
+                            "KV), on, off; push and layerwise modes"
+                          : "Pull the KV through pinned host staging slots instead of registering "
+                            "the KV cache with UCX: auto (when UCX cannot register the device "
+                            "KV), on, off; pull mode")
+        ->check(CLI::IsMember({"auto", "on", "off"}));
+    cmd.add_option("--kv-staging-slot-bytes", w.kv_staging_slot_bytes,
+                   "KV staging: bytes of each of the 2 staging slots (>= one block of a "
+                   "layer's K or V)")
+        ->check(CLI::PositiveNumber);
     if (i == 1) {
       cmd.add_option("--test-transfer-delay-ms", w.test_transfer_delay_ms,
                      "Test only: hold every KV transfer this long before it starts")

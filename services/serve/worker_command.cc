@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -25,6 +26,7 @@
 #include "transfer/device_copier.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/staged_transfer.h"
+#include "transfer/staging_pool.h"
 #if defined(SLUICE_HAVE_CUDA)
 #include "transfer/cuda/cuda_device_copier.h"
 #endif
@@ -34,75 +36,92 @@ namespace {
 
 enum class Role { kPrefill, kDecode };
 
-// KvStaging: a prefill worker's pinned host staging for pushes of KV that is not registered
-// with UCX (PrefillServiceOptions::staging); the copier outlives the transfer.
-struct KvStaging {
-  std::unique_ptr<transfer::DeviceCopier> copier;
-  std::unique_ptr<transfer::StagedKvTransfer> transfer;  // after copier: destroyed first
-};
-
-// MaybeKvStaging: the staging --kv-staging asks for (null: none): "on" always, "auto" when
-// the KV is in memory `agent` cannot register (device KV, a UCX context without CUDA). Errors:
-// FailedPrecondition for pull mode (a decode worker could not read unregistered KV) or "off"
-// with such KV, InvalidArgument for a slot smaller than a block; those of the copier and
-// StagedKvTransfer::Create.
-absl::StatusOr<std::unique_ptr<KvStaging>> MaybeKvStaging(const WorkerOptions& options,
-                                                          v1::KvTransferMode mode,
-                                                          const KvTransferMemory& memory,
-                                                          transfer::KvTransferAgent* agent) {
+// MaybeKvStaging: the pinned host staging --kv-staging asks for (null: none), for KV that is
+// not registered with UCX, with `num_members` transfers at once: a prefill worker pushes
+// through its one member (PrefillServiceOptions::staging), a decode worker pulls through the
+// pool, a member per transfer thread (DecodeServiceOptions::staging). "on" always, "auto" when
+// the KV is in memory `agent` cannot register (device KV, a UCX context without CUDA). Staging
+// works where this worker moves the KV itself: a prefill worker pushes (push, layerwise), a
+// decode worker pulls (pull); in the other mode the peer moves it, so this worker's KV must be
+// registered. Errors: FailedPrecondition for staging in a mode where the peer moves the KV, or
+// "off" with KV UCX cannot register; InvalidArgument for a slot smaller than a block; those of
+// the copier and StagingPool::Create.
+absl::StatusOr<std::unique_ptr<transfer::StagingPool>> MaybeKvStaging(
+    const WorkerOptions& options, Role role, v1::KvTransferMode mode,
+    const KvTransferMemory& memory, transfer::KvTransferAgent* agent, int num_members) {
   const bool reachable = agent->SupportsMemoryType(memory.type);
+  const bool pull = mode == v1::KV_TRANSFER_MODE_PULL;
+  // The mode in which this worker moves the KV (and so can stage it).
+  const bool moves_kv = role == Role::kPrefill ? !pull : pull;
+  const char* staging_modes = role == Role::kPrefill ? "push or layerwise" : "pull";
   if (options.kv_staging == "off" || (options.kv_staging == "auto" && reachable)) {
     if (!reachable) {
       return absl::FailedPreconditionError(absl::StrCat(
           "this UCX context cannot register ", transfer::MemoryTypeName(memory.type),
-          " memory and --kv-staging is off: use --kv-staging auto with --kv-transfer-mode "
-          "push or layerwise"));
+          " memory and --kv-staging is off: use --kv-staging auto with --kv-transfer-mode ",
+          staging_modes, " (or a UCX built with CUDA support)"));
     }
-    return std::unique_ptr<KvStaging>();
+    return std::unique_ptr<transfer::StagingPool>();
   }
-  if (mode == v1::KV_TRANSFER_MODE_PULL) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the KV is pushed through staging (--kv-staging ", options.kv_staging,
+  if (!moves_kv) {
+    const std::string why = absl::StrCat(
+        "--kv-staging ", options.kv_staging,
         reachable ? "" : absl::StrCat("; UCX cannot register ",
-                                      transfer::MemoryTypeName(memory.type), " memory"),
-        "), so decode workers cannot pull it: run every worker with --kv-transfer-mode push or "
-        "layerwise"));
+                                      transfer::MemoryTypeName(memory.type), " memory"));
+    if (role == Role::kPrefill) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the KV is pushed through staging (", why,
+          "), so decode workers cannot pull it: run every worker with --kv-transfer-mode push or "
+          "layerwise"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this decode worker's KV is not registered with UCX (", why, "), but in ",
+        options.kv_transfer_mode,
+        " mode the prefill worker writes into it: run every worker with --kv-transfer-mode pull "
+        "(this worker then pulls through its staging)",
+        reachable ? ", or this one with --kv-staging off" : ""));
   }
   int64_t largest_block = 0;
   for (const transfer::KvRegion& r : memory.regions) {
     largest_block = std::max(largest_block, r.block_bytes);
   }
   if (options.kv_staging_slot_bytes < largest_block) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-staging-slot-bytes ", options.kv_staging_slot_bytes,
-                     " is smaller than one KV block of a layer (", largest_block, " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-staging-slot-bytes ", options.kv_staging_slot_bytes,
+        " is smaller than one KV block of a layer (", largest_block,
+        " bytes): give at least that (default ", WorkerOptions().kv_staging_slot_bytes, ")"));
   }
-  constexpr int kSlots = 2;  // one slot's device copy overlaps the other's RMA
-  auto staging = std::make_unique<KvStaging>();
+  static constexpr int kSlots = 2;  // one slot's device copy overlaps the other's RMA
+  transfer::StagingPool::CopierFactory make_copier;
   if (memory.type == transfer::MemoryType::kCuda) {
 #if defined(SLUICE_HAVE_CUDA)
-    absl::StatusOr<std::unique_ptr<transfer::CudaDeviceCopier>> copier =
-        transfer::CudaDeviceCopier::Create(/*device=*/-1, kSlots);
-    if (!copier.ok()) return copier.status();
-    staging->copier = *std::move(copier);
+    make_copier = []() -> absl::StatusOr<std::unique_ptr<transfer::DeviceCopier>> {
+      absl::StatusOr<std::unique_ptr<transfer::CudaDeviceCopier>> copier =
+          transfer::CudaDeviceCopier::Create(/*device=*/-1, kSlots);
+      if (!copier.ok()) return copier.status();
+      return std::unique_ptr<transfer::DeviceCopier>(*std::move(copier));
+    };
 #else
     return absl::FailedPreconditionError("device KV in a build without CUDA");
 #endif
   } else {
     // The engine's host KV, copied with memcpy (the same pipeline a GPU worker runs).
-    staging->copier = std::make_unique<transfer::HostMemcpyCopier>(kSlots);
+    make_copier = []() -> absl::StatusOr<std::unique_ptr<transfer::DeviceCopier>> {
+      return std::make_unique<transfer::HostMemcpyCopier>(kSlots);
+    };
   }
   transfer::StagingOptions staging_options;
   staging_options.slot_bytes = options.kv_staging_slot_bytes;
   staging_options.num_slots = kSlots;
-  absl::StatusOr<std::unique_ptr<transfer::StagedKvTransfer>> transfer =
-      transfer::StagedKvTransfer::Create(agent, staging->copier.get(), staging_options);
-  if (!transfer.ok()) return transfer.status();
-  staging->transfer = *std::move(transfer);
-  spdlog::info("KV pushes go through {} pinned host staging slots of {} bytes ({} KV{})",
-               kSlots, options.kv_staging_slot_bytes, transfer::MemoryTypeName(memory.type),
+  absl::StatusOr<std::unique_ptr<transfer::StagingPool>> pool =
+      transfer::StagingPool::Create(agent, num_members, make_copier, staging_options);
+  if (!pool.ok()) return pool.status();
+  spdlog::info("KV {} go through pinned host staging slots of {} bytes: {} per transfer, {} "
+               "transfer{} at once ({} KV{})",
+               role == Role::kPrefill ? "pushes" : "pulls", options.kv_staging_slot_bytes, kSlots,
+               num_members, num_members == 1 ? "" : "s", transfer::MemoryTypeName(memory.type),
                reachable ? ", --kv-staging on" : " UCX cannot register");
-  return staging;
+  return pool;
 }
 
 int Run(const WorkerOptions& options, Role role) {
@@ -187,15 +206,18 @@ int Run(const WorkerOptions& options, Role role) {
     return 1;
   }
   std::vector<transfer::KvRegion> regions = memory->regions;
-  // A prefill worker may push its KV through pinned host staging instead of registering it
-  // (--kv-staging): then the KV stays unregistered and only the staging slots are.
-  absl::StatusOr<std::unique_ptr<KvStaging>> staging = std::unique_ptr<KvStaging>();
-  if (role == Role::kPrefill) {
-    staging = MaybeKvStaging(options, transfer_mode, *memory, agent->get());
-    if (!staging.ok()) {
-      spdlog::error("KV staging: {}", staging.status().ToString());
-      return 1;
-    }
+  // A prefill worker may push its KV, a decode worker pull it, through pinned host staging
+  // instead of registering it (--kv-staging): then the KV stays unregistered and only the
+  // staging slots are.
+  // Decode: a staging member (2 slots, 2 copy lanes) per transfer thread, so concurrent pulls
+  // do not wait for each other's slots. Prefill: one (its pushes take turns).
+  const DecodeServiceOptions decode_defaults;
+  absl::StatusOr<std::unique_ptr<transfer::StagingPool>> staging =
+      MaybeKvStaging(options, role, transfer_mode, *memory, agent->get(),
+                     role == Role::kPrefill ? 1 : decode_defaults.transfer_threads);
+  if (!staging.ok()) {
+    spdlog::error("KV staging: {}", staging.status().ToString());
+    return 1;
   }
   std::string kv_descriptor;  // empty while staging: peers cannot reach this worker's KV
   if (*staging == nullptr) {
@@ -274,7 +296,7 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.images = images->get();
     prefill_options.layerwise_group_layers = options.layerwise_group_layers;
     prefill_options.test_fail_layer_group = options.test_fail_layer_push;
-    if (*staging != nullptr) prefill_options.staging = (*staging)->transfer.get();
+    if (*staging != nullptr) prefill_options.staging = (*staging)->member(0);
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -292,6 +314,7 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.test_post_transfer_delay =
         absl::Milliseconds(options.test_post_transfer_delay_ms);
     decode_options.channel_credentials = peer_credentials;
+    if (*staging != nullptr) decode_options.staging = staging->get();
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());
@@ -318,8 +341,7 @@ int Run(const WorkerOptions& options, Role role) {
   transfer::KvTransferAgent* agent_ptr = agent->get();
   std::shared_ptr<KvConnector> kv_connector = runtime->kv_connector;
   const WorkerImages* images_ptr = images->get();
-  transfer::StagedKvTransfer* staging_ptr = *staging != nullptr ? (*staging)->transfer.get()
-                                                                 : nullptr;
+  const transfer::StagingPool* staging_ptr = staging->get();
   http_options.render_metrics = [&engine, &metrics, prefill_ptr, decode_ptr, agent_ptr,
                                  kv_connector, images_ptr, staging_ptr] {
     WorkerMetrics::ServiceGauges gauges;

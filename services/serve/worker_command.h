@@ -35,13 +35,15 @@ struct WorkerOptions {
   double test_post_transfer_delay_ms = 0;  // decode, test only: hold each transfer's completion
   int layerwise_group_layers = 1;     // prefill, layerwise mode: model layers per push
   int test_fail_layer_push = -1;      // prefill, test only: this layer group's push fails
-  // Prefill: push the KV through pinned host staging slots (transfer/staged_transfer.h) instead
-  // of registering the KV cache with UCX. "auto": when the KV is in device memory the UCX
-  // context cannot register (a UCX without CUDA support or one that found no device); "on":
-  // always (e.g. device KV over tcp between hosts; a CPU engine's KV is then copied with
-  // memcpy); "off": never (such a device KV fails at startup). Push and layerwise modes only.
+  // Move the KV through pinned host staging slots (transfer/staged_transfer.h) instead of
+  // registering the KV cache with UCX: a prefill worker pushes through them (push and layerwise
+  // modes), a decode worker pulls through them (pull mode); in the other modes the peer moves
+  // the KV, so it must be registered (refused at startup). "auto": when the KV is in device
+  // memory the UCX context cannot register (a UCX without CUDA support or one that found no
+  // device); "on": always (e.g. device KV over tcp between hosts; a CPU engine's KV is then
+  // copied with memcpy); "off": never (such a device KV fails at startup).
   std::string kv_staging = "auto";
-  int64_t kv_staging_slot_bytes = 8 << 20;  // prefill, staging: bytes per slot (2 slots)
+  int64_t kv_staging_slot_bytes = 8 << 20;  // staging: bytes per slot (2 slots)
   // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
   // CA) and on every channel this worker opens (router, prefill peers, kvstore).
   PeerTlsOptions tls;

@@ -15,6 +15,15 @@ layers' compute) and answers once every layer landed; decode only acks and decod
    push mode, copies it through two registered host staging slots of 64 KiB (a long prompt's
    layer takes several slot fills) and RMA-writes it from there. Same tokens as `sluice serve`,
    every transfer ok, blocks free; a pull-mode prefill worker with staging is refused at start.
+4. Staged pulls (`--kv-staging on` on the decode worker, pull mode): the decode worker's KV is
+   not registered; every pull RMA-reads the prefill worker's KV into two registered host slots
+   of 64 KiB (several slot fills per long prompt; one pair per transfer thread, so concurrent
+   pulls do not wait for each other) and copies it from there into the reserved blocks. Same tokens as `sluice serve`, every pulled byte through the staging, no failed
+   transfer or recompute, blocks free. A staged pull from a prefill worker killed (-9) after
+   it answered fails, and the request is recomputed on the decode worker (same tokens), nothing
+   counted as staged, every decode block free. A decode worker with staging in push or layerwise mode
+   (where prefill would write into its unregistered KV), and a slot smaller than a block, are
+   refused at start.
 """
 
 import concurrent.futures
@@ -157,3 +166,86 @@ def test_staged_prefill_refuses_pull_mode():
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "decode workers cannot pull it" in proc.stdout + proc.stderr
+
+
+def test_staged_pull_matches_sluice_serve(reference):
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "pull"),
+                      role_args={"decode": ["--kv-staging", "on",
+                                            "--kv-staging-slot-bytes", str(64 << 10)],
+                                 "prefill": ["--max-num-batched-tokens", "128"]})
+    try:
+        outputs = run_all(cluster.url, PROMPTS)
+        mismatches = [i for i in range(len(PROMPTS)) if outputs[i] != reference[i]]
+        assert not mismatches, (f"{len(mismatches)} differ, first {mismatches[0]}: "
+                                f"{outputs[mismatches[0]]} vs {reference[mismatches[0]]}")
+        wait_blocks_free(cluster)
+        prefill = cluster.worker_metrics_text("prefill-0")
+        decode = cluster.worker_metrics_text("decode-0")
+        assert ("KV pulls go through pinned host staging slots of 65536 bytes: 2 per transfer, "
+                "4 transfers at once" in cluster.workers["decode-0"].tail(200))
+        # Every pulled byte went through the staging, the long prompts in several slot fills.
+        staged = sum_samples(decode, "sluice_kv_staging_bytes_total")
+        assert staged > 0
+        assert staged == sum_samples(decode, 'sluice_kv_transfer_bytes_total{direction="pull"}')
+        pulls = sum_samples(decode, "sluice_kv_transfer_seconds_count")
+        assert 0 < pulls <= len(PROMPTS), pulls
+        assert sum_samples(decode, "sluice_kv_staging_chunks_total") > pulls
+        # No pull failed and nothing was recomputed (a failed pull would be hidden from the
+        # tokens by the recompute).
+        assert 'sluice_kv_transfers_total{result="failed"} 0' in decode
+        assert sum_samples(decode, "sluice_decode_transfers_recomputed_total") == 0
+        assert sum_samples(decode, "sluice_decode_recomputes_total") == 0
+        assert sum_samples(decode, "sluice_kv_handover_seconds_count") <= pulls
+        assert 'sluice_kv_transfer_bytes_total{direction="push"} 0' in prefill
+        assert "sluice_kv_staging_bytes_total" not in prefill
+        assert sum_samples(prefill, "sluice_prefill_held_blocks") == 0
+        assert 'sluice_prefill_held_released_total{reason="expired"} 0' in prefill
+    finally:
+        cluster.stop()
+
+
+def test_staged_pull_from_killed_prefill_recomputes(reference):
+    # Every pull waits 2 s before it starts: the prefill worker is killed in between.
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "pull"),
+                      role_args={"decode": ["--kv-staging", "on",
+                                            "--kv-staging-slot-bytes", str(64 << 10),
+                                            "--test-transfer-delay-ms", "2000",
+                                            "--transfer-timeout-s", "5"]})
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=120,
+                               max_retries=0)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(complete, client, PROMPTS[9])
+            # Prefilled and pinned, waiting for the pull.
+            wait_until(lambda: cluster.worker_metric("prefill-0", "sluice_prefill_held_blocks") > 0,
+                       60, "the prefill worker holds the KV")
+            cluster.workers["prefill-0"].kill9()
+            assert future.result() == reference[9]
+        decode = cluster.worker_metrics_text("decode-0")
+        assert sum_samples(decode, "sluice_decode_transfers_recomputed_total") == 1
+        assert (sum_samples(decode, 'sluice_decode_recomputes_total{reason="transfer_failed"}') +
+                sum_samples(decode, 'sluice_decode_recomputes_total{reason="transfer_timeout"}')
+                == 1), decode
+        assert 'sluice_kv_transfers_total{result="failed"} 1' in decode
+        assert sum_samples(decode, "sluice_kv_staging_bytes_total") == 0
+        wait_until(lambda: cluster.worker_metric("decode-0", "sluice_kv_cache_used_blocks") == 0,
+                   20, "decode blocks free")
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kv-transfer-mode", "push"], "in push mode the prefill worker writes into it"),
+    (["--kv-transfer-mode", "layerwise"], "in layerwise mode the prefill worker writes into it"),
+    (["--kv-transfer-mode", "pull", "--kv-staging-slot-bytes", "64"],
+     "is smaller than one KV block"),
+])
+def test_staged_decode_refuses_what_cannot_work(args, message):
+    proc = subprocess.run(
+        [sluice_bin(), "decode", "--model", str(MODEL_DIR), "--listen",
+         f"127.0.0.1:{free_port()}", "--kv-staging", "on"] + args,
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert message in proc.stdout + proc.stderr
