@@ -170,7 +170,9 @@ void CheckVerifyStepMatchesDecodeSteps(const std::string& dir, bool batch_invari
   if (batch_invariant) {
     EXPECT_EQ(bitwise, n);
   } else {
-    if (rows_within_bar) EXPECT_EQ(rows_within, n);
+    if (rows_within_bar) {
+      EXPECT_EQ(rows_within, n);
+    }
     EXPECT_GE(static_cast<double>(top1), min_top1 * static_cast<double>(n));
   }
   // The same verify step through ForwardGreedy (the engine's plain greedy path; it rewrites the
@@ -426,13 +428,17 @@ void CheckSpecEqualsPlain(const std::string& dir, float tie_bar,
         std::printf("  %d of %zu requests differ (at near-ties)\n", differed, requests.size());
       }
       EXPECT_GT(c.num_spec_verifications, 0);
-      EXPECT_GT(c.num_spec_accepted_tokens, 0);
-      // Rejected drafts: verification steps whose later rows were thrown away.
-      EXPECT_LT(c.num_spec_accepted_tokens, c.num_spec_draft_tokens);
-      if (std::string(arm.name).rfind("oracle", 0) == 0 && invariant) {
-        // Two accepted per verification, the third rejected (fewer only at the end of output).
+      if (std::string(arm.name).rfind("oracle", 0) == 0) {
+        // Drafts accepted and rejected (the later rows of those steps thrown away): two
+        // accepted per verification, the third rejected (fewer only at the end of an output;
+        // in default mode also after a near-tie difference, where the oracle drafts the plain
+        // run's tokens for another context).
+        EXPECT_GT(c.num_spec_accepted_tokens, 0);
+        EXPECT_LT(c.num_spec_accepted_tokens, c.num_spec_draft_tokens);
         EXPECT_LE(c.num_spec_accepted_tokens, 2 * c.num_spec_verifications);
-        EXPECT_GE(c.num_spec_accepted_tokens, c.num_spec_verifications);
+        if (invariant) {
+          EXPECT_GE(c.num_spec_accepted_tokens, c.num_spec_verifications);
+        }
       }
     }
   }

@@ -51,9 +51,14 @@ class CpuParallelModel : public Model {
     return RunAll([&](size_t r) { return ranks_[r]->UpdateExpertPlacement(expert_slots); });
   }
 
-  // Rank 0's reason: missing MTP weights, else that it is sharded (TP/EP) — not the base
-  // class's "no MTP module", which would blame the architecture.
-  absl::Status MtpStatus() const override { return ranks_[0]->MtpStatus(); }
+  // Rank 0's reason (missing MTP weights, or that it is sharded) — not the base class's "no
+  // MTP module", which would blame the architecture. Never OK: ForwardMtp is not collective.
+  absl::Status MtpStatus() const override {
+    if (absl::Status rank = ranks_[0]->MtpStatus(); !rank.ok()) return rank;
+    return absl::FailedPreconditionError(
+        "the model is sharded over tensor/expert-parallel ranks (TP/EP) and the MTP module "
+        "drafts on an unsharded model only");
+  }
 
   std::vector<int64_t> TakeExpertLoad() override {
     std::vector<int64_t> total;
