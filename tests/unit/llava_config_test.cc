@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "build_paths.h"
 #include "engine/model/model_config.h"
 #include "engine/vision/llava_config.h"
 #include "nlohmann/json.hpp"
@@ -69,6 +70,32 @@ TEST(LlavaConfigTest, UnsupportedSettingsAreNamed) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(c.status().message().find(fragment), std::string::npos) << c.status();
   }
+}
+
+// bench/configs/llava-1.5-7b (encoder_bench --load-format dummy): LLaVA-1.5-7B's published
+// shapes — CLIP ViT-L/14-336 (577 positions), the second-to-last layer, 576 tokens an image,
+// a projector to the 7B Llama's 4096.
+TEST(LlavaConfigTest, BenchConfigHasLlava15Shapes) {
+  const std::string dir = SLUICE_SOURCE_DIR "/bench/configs/llava-1.5-7b";
+  auto c = LlavaConfig::Load(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vision.hidden_size, 1024);
+  EXPECT_EQ(c->vision.intermediate_size, 4096);
+  EXPECT_EQ(c->vision.num_hidden_layers, 24);
+  EXPECT_EQ(c->vision.num_attention_heads, 16);
+  EXPECT_EQ(c->vision.image_size, 336);
+  EXPECT_EQ(c->vision.patch_size, 14);
+  EXPECT_EQ(c->vision.hidden_act, "quick_gelu");
+  EXPECT_EQ(c->vision.num_positions(), 577);
+  EXPECT_EQ(c->image_seq_length, 576);
+  EXPECT_EQ(c->FeatureLayerIndex(), 23);
+  EXPECT_EQ(c->text_hidden_size, 4096);
+  EXPECT_EQ(c->projector_hidden_act, "gelu");
+  auto text = ModelConfig::Load(dir);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->multimodal_architecture, "LlavaForConditionalGeneration");
+  EXPECT_EQ(text->num_hidden_layers, 32);
+  EXPECT_EQ(text->image_token_index, 32000);
 }
 
 }  // namespace
