@@ -372,6 +372,44 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   std::function<void(const absl::StatusOr<std::vector<int32_t>>&)> reserve_reply_;
 };
 
+// ReserveReactor: the Reserve call. Its answer carries the reservation's token, the only key
+// that claims or cancels the blocks: when the call ends without its status reaching the caller
+// (the caller cancelled, its deadline passed or the connection broke after the token was
+// issued), nobody holds the token, so the reservation is freed at once rather than at
+// reserve_timeout. gRPC reports this to the server (IsCancelled in OnDone), so the caller needs
+// no token for it and the token check stays as strict.
+class ReserveReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ReserveReactor(grpc::CallbackServerContext* context) : context_(context) {}
+
+  // The session whose token this call's answer carries (set just before Finish(OK)).
+  void set_granted(std::weak_ptr<DecodeSession> session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    granted_ = std::move(session);
+  }
+  void OnDone() override;
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  std::mutex mu_;
+  std::weak_ptr<DecodeSession> granted_;
+};
+
+void ReserveReactor::OnDone() {
+  std::shared_ptr<DecodeSession> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session = granted_.lock();
+  }
+  if (session != nullptr && context_->IsCancelled()) {
+    spdlog::warn("request {}: the Reserve's answer (and its token) did not reach the caller: "
+                 "reservation freed",
+                 session->id());
+    session->Cancel();
+  }
+  delete this;
+}
+
 void DecodeWriter::OnCancel() { session_->Cancel(); }
 void DecodeWriter::OnDone() {
   session_->DetachWriter(this);
@@ -444,7 +482,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const v1::DecodeRequest
 grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* context,
                                                  const v1::ReserveRequest* request,
                                                  v1::ReserveResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new ReserveReactor(context);  // deletes itself in OnDone
   if (draining_.load()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining"));
     return reactor;
@@ -511,6 +549,12 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     transfer::RunsToWire(*blocks, kv);
     *kv->mutable_layout() = layout;
     kv->set_num_tokens(num_tokens);
+    reactor->set_granted(weak);
+    if (options_.test_reserve_answer_delay > absl::ZeroDuration()) {
+      pool_.PostAt(absl::Now() + options_.test_reserve_answer_delay,
+                   [reactor] { reactor->Finish(grpc::Status::OK); });
+      return;
+    }
     reactor->Finish(grpc::Status::OK);
   });
   EngineRequest er = EngineRequestFromWire(*request, request->request_id(), *std::move(grammar),

@@ -85,18 +85,24 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     StartEncode();
   }
 
-  // Abort cancels every RPC in flight; their callbacks end the request.
+  // Abort cancels every RPC in flight but a Reserve; their callbacks end the request. A
+  // Reserve is let finish (it is short: the decode worker answers within reserve_attempt_wait):
+  // its answer carries the reservation's token, which the Cancel that follows must carry. A
+  // cancelled Reserve whose answer was already on its way would leave the router without the
+  // token and the decode worker with blocks nobody may cancel until its reservation timeout.
   void Abort() {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;
-    for (auto& [context, worker] : active_) context->TryCancel();
+    for (auto& [context, rpc] : active_) {
+      if (!rpc.finish_on_abort) context->TryCancel();
+    }
   }
 
   void OnWorkerRemoved(const std::string& worker_id, const absl::Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     bool uses = false;
-    for (auto& [context, worker] : active_) {
-      if (worker == worker_id) {
+    for (auto& [context, rpc] : active_) {
+      if (rpc.worker == worker_id) {
         uses = true;
         context->TryCancel();
       }
@@ -202,12 +208,13 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   using DecodeStub = v1::DecodeWorker::Stub;
   using PrefillStub = v1::PrefillWorker::Stub;
 
-  // Attach registers an RPC about to start; false when the request was aborted
-  // or the worker was removed meanwhile.
-  bool Attach(grpc::ClientContext* context, const std::string& worker_id) {
+  // Attach registers an RPC about to start on `worker_id` (false: aborted or the worker was
+  // removed; don't start it). `finish_on_abort`: Abort lets it run to its answer (see Abort).
+  bool Attach(grpc::ClientContext* context, const std::string& worker_id,
+              bool finish_on_abort = false) {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_ || failed_workers_.count(worker_id) > 0) return false;
-    active_[context] = worker_id;
+    active_[context] = ActiveRpc{worker_id, finish_on_abort};
     return true;
   }
   void Detach(grpc::ClientContext* context) {
@@ -455,7 +462,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       reservation_.reset();
       reservation_token_.clear();
     }
-    if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
+    if (!Attach(&rpc->context, decode_->worker_id, /*finish_on_abort=*/true)) {
+      return ReserveEnded();
+    }
     decode_stub_->async()->Reserve(
         &rpc->context, &rpc->request, &rpc->response,
         [self = shared_from_this(), rpc, deadline](grpc::Status status) {
@@ -1047,7 +1056,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   std::mutex mu_;
   bool aborted_ = false;                                // guarded by mu_
-  std::map<grpc::ClientContext*, std::string> active_;  // RPC → worker id; guarded by mu_
+  struct ActiveRpc {
+    std::string worker;            // its worker's id
+    bool finish_on_abort = false;  // a Reserve: Abort lets it answer
+  };
+  std::map<grpc::ClientContext*, ActiveRpc> active_;  // RPCs in flight; guarded by mu_
   std::map<std::string, absl::Status> failed_workers_;  // removed while in use; guarded by mu_
   bool reserving_ = false;                              // guarded by mu_
   bool reserve_started_ = false;  // this prefill phase's reservation began; guarded by mu_

@@ -15,7 +15,8 @@
 //   from P over UCX).
 // Short prompts (or no live prefill worker) skip step 2: D.Decode prefills
 // locally and streams from the first token. Every RPC has a deadline; Abort
-// cancels every RPC of the request. Failures: a prefill worker failing
+// cancels every RPC of the request but a Reserve, whose answer brings the token the Cancel of
+// its reservation needs (it is short: bounded by reserve_attempt_wait). Failures: a prefill worker failing
 // (UNAVAILABLE, deadline, removed from the registry) → the prefill is retried
 // on another one; a decode worker failing before any token reached the caller →
 // retried on another decode worker; after a token was delivered → the request

@@ -364,6 +364,10 @@ int main(int argc, char** argv) {
                      "Test only: hold every KV transfer's completion this long after it "
                      "returned (before the first decode step)")
           ->check(CLI::NonNegativeNumber);
+      cmd.add_option("--test-reserve-answer-delay-ms", w.test_reserve_answer_delay_ms,
+                     "Test only: hold every Reserve's answer this long after its reservation "
+                     "token was issued")
+          ->check(CLI::NonNegativeNumber);
     }
   }
 

@@ -3,7 +3,8 @@
 // it is PERMISSION_DENIED and the reservation, its blocks and its decode stay as they were. A
 // token of an earlier reservation of the same request id opens nothing. DecodeService runs here
 // on loopback gRPC around an AsyncEngine with the fake ChecksumModel (no KV transfer is made:
-// the remote-prefill case holds its transfer back with test_transfer_delay).
+// the remote-prefill case holds its transfer back with test_transfer_delay). Also: a Reserve
+// answer that never reached its caller frees its blocks.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -41,10 +42,12 @@ std::unique_ptr<LLMEngine> MakeEngine() {
 // Worker: an engine, a DecodeService and its gRPC server on loopback.
 class Worker {
  public:
-  explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30))
+  explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30),
+                  absl::Duration reserve_answer_delay = absl::ZeroDuration())
       : engine_(MakeEngine()), metrics_("decode", "checksum") {
     DecodeServiceOptions options;
     options.reserve_timeout = reserve_timeout;
+    options.test_reserve_answer_delay = reserve_answer_delay;
     options.release_timeout = absl::Milliseconds(200);
     // A remote prefill's transfer waits this long: the session stays reserved and claimed.
     options.test_transfer_delay = absl::Seconds(60);
@@ -328,6 +331,40 @@ TEST(DecodeGrantTest, ReserveCallCancelledBeforeItsAnswerFreesTheBlocks) {
   }
   EXPECT_TRUE(again.ok()) << again.error_message();
   EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_free_blocks == 2; }));
+}
+
+// The reservation was made and its token issued, but the answer never reached the caller (its
+// deadline passed while the answer was held back, as when a router gives up on a Reserve whose
+// answer is on its way): nobody holds the token, so the worker frees the blocks when the call
+// ends, not at the reservation timeout (30 s here).
+TEST(DecodeGrantTest, ReserveAnswerThatNeverReachedItsCallerFreesTheBlocks) {
+  Worker w(/*reserve_timeout=*/absl::Seconds(30),
+           /*reserve_answer_delay=*/absl::Milliseconds(600));
+  v1::ReserveRequest request;
+  request.set_request_id("lost");
+  for (int32_t t : Prompt()) request.add_prompt_token_ids(t);
+  *request.mutable_sampling() = Greedy(4);
+  v1::ReserveResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  EXPECT_EQ(w.stub()->Reserve(&context, request, &response).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(response.reservation_token().empty());
+  // Reserved while the answer is held back.
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  })) << w.stats().num_reserved << " reserved, " << w.stats().num_free_blocks << " free";
+  ASSERT_TRUE(w.WaitNoSessions());
+  // An answer that arrives is kept: its token claims the reservation as usual.
+  std::string token;
+  ASSERT_TRUE(Reserve(w, "kept", &token).ok());
+  absl::SleepFor(absl::Milliseconds(200));  // past the answer's delivery
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_TRUE(Cancel(w, "kept", token).ok());
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
 }
 
 }  // namespace
