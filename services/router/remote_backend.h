@@ -162,7 +162,9 @@ struct RemoteBackendCounters {
   int64_t num_migration_prefills = 0;
   int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
   int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
-  int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
+  // Requests ended with an error because a worker failed and no other could continue them
+  // (not those retried or migrated, nor decode queue timeouts); counted before delivery.
+  int64_t num_worker_failures = 0;
   int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
 

@@ -350,6 +350,8 @@ TEST(RemoteBackendReserve, AfterPrefillWaitsForBlocksThenFailsCleanly) {
     EXPECT_TRUE(l.status.ok()) << l.status;
     EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1"}));
     EXPECT_EQ(backend.counters().num_decode_queue_timeouts, 1);
+    // Full, not failed: no worker failure (sluice_router_worker_failures_total).
+    EXPECT_EQ(backend.counters().num_worker_failures, 0);
   }
   prefill_server->Shutdown();
   decode_server->Shutdown();
