@@ -22,6 +22,8 @@
 # --encoder N (default 0) starts N vision encoders (`sluice encoder`, gRPC from PORT+1801,
 # /metrics from PORT+1901) that register with the router: with a LLaVA --model folder the router
 # sends them the images of each request (embeddings go to prefill/decode inline in gRPC).
+# Prints the router's id of each worker (RUN_DIR/workers: process name, gRPC address, router id):
+# the router numbers workers as they register, so "decode-1" here may be "decode-3" there.
 # Stop with deploy/local/down.sh [--run-dir DIR].
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -57,7 +59,7 @@ while [ $# -gt 0 ]; do
     --gpus) GPUS="$2"; shift 2 ;;
     --gpu-memory-utilization) GPU_MEM="$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +74,7 @@ mkdir -p "$RUN_DIR"
 # (decode); worker HTTP (/metrics, /health) from PORT+1300 (prefill) and PORT+1400 (decode).
 GRPC_PORT=$((PORT + 1000))
 METRICS_URLS=()
+WORKER_ADDRS=()  # "NAME ADDRESS" of each worker started: matched to the router's ids at the end
 : > "$RUN_DIR/pids"
 start() {  # start NAME ARGS...: runs one service in the background, logs to RUN_DIR/NAME.log
   local name="$1"; shift
@@ -124,6 +127,7 @@ for i in $(seq 1 "$PREFILL"); do
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${PREFILL_ARGS[@]}" \
     "${PARALLEL_ARGS[@]}" "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
   METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
+  WORKER_ADDRS+=("prefill-$i 127.0.0.1:$((PORT + 1100 + i))")
 done
 for i in $(seq 1 "$DECODE"); do
   next_gpu_env
@@ -132,12 +136,14 @@ for i in $(seq 1 "$DECODE"); do
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${PARALLEL_ARGS[@]}" \
     "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
   METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
+  WORKER_ADDRS+=("decode-$i 127.0.0.1:$((PORT + 1200 + i))")
 done
 
 for i in $(seq 1 "$ENCODER"); do
   start "encoder-$i" "$BIN" encoder --model "$MODEL" --listen "127.0.0.1:$((PORT + 1800 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1900 + i))"
   METRICS_URLS+=("encoder-$i http://127.0.0.1:$((PORT + 1900 + i))/metrics")
+  WORKER_ADDRS+=("encoder-$i 127.0.0.1:$((PORT + 1800 + i))")
 done
 
 URL="http://127.0.0.1:$PORT"
@@ -169,3 +175,15 @@ echo "$URL" > "$RUN_DIR/endpoint"
 echo "Sluice is up: $URL/v1 (router + $PREFILL prefill + $DECODE decode + $ENCODER encoder on $DEVICE, TP=$TP EP=$EP; logs in $RUN_DIR)"
 echo "Metrics: router $URL/metrics"
 for entry in "${METRICS_URLS[@]}"; do echo "  $entry"; done
+# The router numbers workers in the order they registered (and anew when one re-registers), so
+# its ids (in /v1/workers, /metrics and its logs) need not match these process names: print and
+# keep (RUN_DIR/workers) which is which, by gRPC address.
+curl -sf --max-time 5 "$URL/v1/workers" | python3 -c '
+import json, sys
+ids = {w["address"]: w["id"] for w in json.load(sys.stdin)["data"]}
+for entry in sys.argv[1:]:
+    name, address = entry.split()
+    print(name, address, ids.get(address, "?"))
+' "${WORKER_ADDRS[@]}" > "$RUN_DIR/workers" || true
+echo "Workers (process and log name, gRPC address, the router's id for it):"
+while read -r name address id; do echo "  $name $address $id"; done < "$RUN_DIR/workers"

@@ -1135,6 +1135,7 @@ class LLMEngineImpl final : public LLMEngine {
         e.cause = RecomputeCause::kKvstoreSwaReplayFailed;
         e.num_tokens_to_recompute = loaded;
         e.detail = std::string(replay.message());
+        ++counters_.num_kvstore_swa_replay_recomputes;
         ReportRecompute(e);
         seq->num_computed_tokens = end - loaded;
         seq->num_cached_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());

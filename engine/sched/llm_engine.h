@@ -162,6 +162,9 @@ struct EngineCounters {
   // Of those, transfers that succeeded but whose sliding-window replay failed
   // (RecomputeCause::kSwaReplayFailed).
   int64_t num_swa_replay_recomputes = 0;
+  // Connector (kvstore) loads whose sliding-window replay failed: the loaded tokens were
+  // computed instead (RecomputeCause::kKvstoreSwaReplayFailed).
+  int64_t num_kvstore_swa_replay_recomputes = 0;
   // Image encodes (EngineOptions::image_encoder) started: sequences that had to compute
   // positions of images they carried as bytes.
   int64_t num_image_encodes = 0;

@@ -22,6 +22,8 @@ BackendStats LocalBackend::Stats() const {
   out.block_size = s.block_size;
   out.num_preemptions_total = s.counters.num_preemptions;
   out.num_preemptions_waiting_head_total = s.counters.num_preemptions_waiting_head;
+  out.num_swa_replay_recomputes_total = s.counters.num_swa_replay_recomputes;
+  out.num_kvstore_swa_replay_recomputes_total = s.counters.num_kvstore_swa_replay_recomputes;
   out.num_prompt_tokens_total = s.counters.num_prompt_tokens_computed;
   out.num_generation_tokens_total = s.counters.num_generation_tokens;
   out.num_jump_forward_tokens_total = s.counters.num_jump_forward_tokens;

@@ -17,6 +17,9 @@ struct BackendStats {
   int64_t block_size = 0;
   int64_t num_preemptions_total = 0;
   int64_t num_preemptions_waiting_head_total = 0;  // of those, RecomputeCause::kWaitingHeadBlocked
+  // Sliding-window replays that failed: after a transfer, after a kvstore load (recomputed).
+  int64_t num_swa_replay_recomputes_total = 0;
+  int64_t num_kvstore_swa_replay_recomputes_total = 0;
   int64_t num_prompt_tokens_total = 0;
   int64_t num_generation_tokens_total = 0;
   // Of those, tokens a grammar forced, appended without a model step (jump-forward).

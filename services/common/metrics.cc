@@ -63,6 +63,30 @@ void AppendPreemptions(std::string& out, int64_t total, int64_t waiting_head) {
                   "\n");
 }
 
+void AppendRecomputes(std::string& out, const RecomputeCounts& counts) {
+  prometheus::Header(
+      out, "sluice_recomputes_total", "counter",
+      "Recomputes: a request's KV dropped or unusable and its tokens computed again, by cause, "
+      "one 'recompute' log line each: out_of_kv_blocks and waiting_head_blocked (preemptions: the "
+      "request gives its blocks back and recomputes when readmitted), swa_replay_failed (a "
+      "transfer's sliding-window layers could not be rebuilt), kvstore_swa_replay_failed (the "
+      "same for blocks loaded from the kvstore); decode workers also count the transfer reasons "
+      "(pin_gone, ack_failed, transfer_timeout, reservation_expired, transfer_failed).");
+  const std::pair<RecomputeCause, int64_t> engine_causes[] = {
+      {RecomputeCause::kOutOfKvBlocks,
+       counts.num_preemptions - counts.num_preemptions_waiting_head},
+      {RecomputeCause::kWaitingHeadBlocked, counts.num_preemptions_waiting_head},
+      {RecomputeCause::kSwaReplayFailed, counts.num_swa_replay_failed},
+      {RecomputeCause::kKvstoreSwaReplayFailed, counts.num_kvstore_swa_replay_failed}};
+  for (const auto& [cause, n] : engine_causes) {
+    absl::StrAppend(&out, "sluice_recomputes_total{cause=\"", RecomputeCauseName(cause), "\"} ",
+                    n, "\n");
+  }
+  for (const auto& [reason, n] : counts.transfer_reasons) {
+    absl::StrAppend(&out, "sluice_recomputes_total{cause=\"", reason, "\"} ", n, "\n");
+  }
+}
+
 namespace {
 
 using prometheus::Counter;
@@ -206,6 +230,12 @@ std::string ApiMetrics::Render(const BackendStats& stats) const {
   Gauge(out, "sluice_kv_cache_block_size_tokens", "Tokens per KV cache block.",
         static_cast<double>(stats.block_size));
   AppendPreemptions(out, stats.num_preemptions_total, stats.num_preemptions_waiting_head_total);
+  RecomputeCounts recomputes;
+  recomputes.num_preemptions = stats.num_preemptions_total;
+  recomputes.num_preemptions_waiting_head = stats.num_preemptions_waiting_head_total;
+  recomputes.num_swa_replay_failed = stats.num_swa_replay_recomputes_total;
+  recomputes.num_kvstore_swa_replay_failed = stats.num_kvstore_swa_replay_recomputes_total;
+  AppendRecomputes(out, recomputes);
   Counter(out, "sluice_grammar_jump_forward_tokens_total",
           "Structured-output tokens the grammar forced, appended without a model step "
           "(jump-forward): decode steps saved.",

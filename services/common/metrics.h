@@ -62,6 +62,22 @@ std::vector<double> ItlBuckets();
 // "out_of_kv_blocks": RecomputeCauseName). Shared by serve and the workers.
 void AppendPreemptions(std::string& out, int64_t total, int64_t waiting_head);
 
+// RecomputeCounts: recomputes by the `cause` of their `recompute` log line
+// (services/common/recompute_log.h).
+struct RecomputeCounts {
+  int64_t num_preemptions = 0;               // every preemption cause
+  int64_t num_preemptions_waiting_head = 0;  // of those, waiting_head_blocked
+  int64_t num_swa_replay_failed = 0;         // a transfer's sliding-window replay failed
+  int64_t num_kvstore_swa_replay_failed = 0;  // a kvstore load's sliding-window replay failed
+  // A decode worker's transfer reasons (pin_gone, ...: RecomputeReasonName) and their counts;
+  // empty elsewhere.
+  std::vector<std::pair<std::string, int64_t>> transfer_reasons;
+};
+// AppendRecomputes appends sluice_recomputes_total{cause}: every recompute, one sample per cause
+// (zeros included), so the samples sum to the `recompute` log lines. Shared by serve and the
+// workers.
+void AppendRecomputes(std::string& out, const RecomputeCounts& counts);
+
 // Besides the sluice_ families, ApiMetrics renders the vllm: ones (services/common/vllm_metrics.h)
 // from the same observations, labelled with the served model name.
 class ApiMetrics {

@@ -22,9 +22,12 @@ std::string RecomputeLogJson(const RecomputeLogEntry& entry) {
   // ordered_json: the fields stay in the documented order for readers of raw logs.
   nlohmann::ordered_json j = {{"request_id", entry.request_id},
                               {"cause", entry.cause},
-                              {"preempted", entry.preempted},
-                              {"blocks_freed", entry.blocks_freed},
-                              {"tokens_to_recompute", entry.tokens_to_recompute}};
+                              {"preempted", entry.preempted}};
+  // What happens to a preempted request: its KV is dropped and recomputed when it is readmitted
+  // (vLLM's recompute preemption mode; no swap to host memory).
+  if (entry.preempted) j["mode"] = "recompute";
+  j["blocks_freed"] = entry.blocks_freed;
+  j["tokens_to_recompute"] = entry.tokens_to_recompute;
   if (!entry.needed_by.empty()) j["needed_by"] = entry.needed_by;
   if (!entry.source.empty()) j["source"] = entry.source;
   if (!entry.detail.empty()) j["detail"] = entry.detail;

@@ -22,6 +22,10 @@ std::vector<double> TransferBuckets() {
           0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 }
 
+// A decode worker's transfer recompute reasons (services/decode: RecomputeReasonName).
+constexpr const char* kTransferRecomputeReasons[] = {
+    "pin_gone", "ack_failed", "transfer_timeout", "reservation_expired", "transfer_failed"};
+
 // Handover: includes the router's Decode call and the transfer; up to the reservation timeout.
 std::vector<double> HandoverBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0};
@@ -107,6 +111,22 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
         static_cast<double>(stats.block_size));
   AppendPreemptions(out, stats.counters.num_preemptions,
                     stats.counters.num_preemptions_waiting_head);
+  {
+    RecomputeCounts recomputes;
+    recomputes.num_preemptions = stats.counters.num_preemptions;
+    recomputes.num_preemptions_waiting_head = stats.counters.num_preemptions_waiting_head;
+    recomputes.num_swa_replay_failed = stats.counters.num_swa_replay_recomputes;
+    recomputes.num_kvstore_swa_replay_failed = stats.counters.num_kvstore_swa_replay_recomputes;
+    if (role_ == "decode") {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const char* reason : kTransferRecomputeReasons) {
+        auto it = recomputes_.find(reason);
+        recomputes.transfer_reasons.emplace_back(reason,
+                                                 it == recomputes_.end() ? 0 : it->second);
+      }
+    }
+    AppendRecomputes(out, recomputes);
+  }
   Counter(out, "sluice_grammar_jump_forward_tokens_total",
           "Structured-output tokens the grammar forced, appended without a model step "
           "(jump-forward): decode steps saved.",
@@ -228,8 +248,7 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
              "ack_failed, transfer_timeout, reservation_expired, transfer_failed; "
              "swa_replay_failed: transferred, but the sliding-window layers could not be "
              "rebuilt).");
-      for (const char* reason : {"pin_gone", "ack_failed", "transfer_timeout",
-                                 "reservation_expired", "transfer_failed"}) {
+      for (const char* reason : kTransferRecomputeReasons) {
         auto it = recomputes_.find(reason);
         absl::StrAppend(&out, "sluice_decode_recomputes_total{reason=\"", reason, "\"} ",
                         it == recomputes_.end() ? 0 : it->second, "\n");

@@ -48,6 +48,24 @@ absl::Status OutcomeOf(const v1::TokenOutput& message) {
   }
 }
 
+// IsPeerRefusal: a transfer error whose code would read as the client's fault (a 4xx), though
+// only workers were involved.
+bool IsPeerRefusal(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 const char* RecomputeReasonName(RecomputeReason reason) {
@@ -372,6 +390,44 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
   std::function<void(const absl::StatusOr<std::vector<int32_t>>&)> reserve_reply_;
 };
 
+// ReserveReactor: the Reserve call. Its answer carries the reservation's token, the only key
+// that claims or cancels the blocks: when the call ends without its status reaching the caller
+// (the caller cancelled, its deadline passed or the connection broke after the token was
+// issued), nobody holds the token, so the reservation is freed at once rather than at
+// reserve_timeout. gRPC reports this to the server (IsCancelled in OnDone), so the caller needs
+// no token for it and the token check stays as strict.
+class ReserveReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit ReserveReactor(grpc::CallbackServerContext* context) : context_(context) {}
+
+  // The session whose token this call's answer carries (set just before Finish(OK)).
+  void set_granted(std::weak_ptr<DecodeSession> session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    granted_ = std::move(session);
+  }
+  void OnDone() override;
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  std::mutex mu_;
+  std::weak_ptr<DecodeSession> granted_;
+};
+
+void ReserveReactor::OnDone() {
+  std::shared_ptr<DecodeSession> session;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session = granted_.lock();
+  }
+  if (session != nullptr && context_->IsCancelled()) {
+    spdlog::warn("request {}: the Reserve's answer (and its token) did not reach the caller: "
+                 "reservation freed",
+                 session->id());
+    session->Cancel();
+  }
+  delete this;
+}
+
 void DecodeWriter::OnCancel() { session_->Cancel(); }
 void DecodeWriter::OnDone() {
   session_->DetachWriter(this);
@@ -444,7 +500,7 @@ std::shared_ptr<DecodeSession> DecodeService::NewSession(const v1::DecodeRequest
 grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* context,
                                                  const v1::ReserveRequest* request,
                                                  v1::ReserveResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new ReserveReactor(context);  // deletes itself in OnDone
   if (draining_.load()) {
     reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker is draining"));
     return reactor;
@@ -511,6 +567,12 @@ grpc::ServerUnaryReactor* DecodeService::Reserve(grpc::CallbackServerContext* co
     transfer::RunsToWire(*blocks, kv);
     *kv->mutable_layout() = layout;
     kv->set_num_tokens(num_tokens);
+    reactor->set_granted(weak);
+    if (options_.test_reserve_answer_delay > absl::ZeroDuration()) {
+      pool_.PostAt(absl::Now() + options_.test_reserve_answer_delay,
+                   [reactor] { reactor->Finish(grpc::Status::OK); });
+      return;
+    }
     reactor->Finish(grpc::Status::OK);
   });
   EngineRequest er = EngineRequestFromWire(*request, request->request_id(), *std::move(grammar),
@@ -866,6 +928,16 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
             "the prefill worker's pin on the pulled KV could not be confirmed (",
             released.message(), "); recomputing the prompt"));
       }
+    }
+    // A transfer fails for the workers' reasons, never the request's: a refusal that would read
+    // as a client error (FAILED_PRECONDITION: mismatched --kv-transfer-mode, --swa-replay-tokens
+    // or KV layouts; INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED: a peer's answer) reaches the
+    // router, and the client, as a server fault (INTERNAL, 500; the router retries it elsewhere).
+    if (IsPeerRefusal(status)) {
+      spdlog::error("request {}: KV transfer from prefill worker {} failed: {}", session->id(),
+                    prefill.prefill_worker_address(), std::string(status.message()));
+      status = absl::InternalError(
+          absl::StrCat("KV transfer between workers failed: ", status.message()));
     }
     std::optional<SampledToken> first;
     if (prefill.has_first_token()) {

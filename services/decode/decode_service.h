@@ -69,6 +69,9 @@ struct DecodeServiceOptions {
   // Test only: hold each transfer's completion (the engine's CompleteTransfer) this long after
   // the transfer returned (a race check: KV still landing when the push was reported done).
   absl::Duration test_post_transfer_delay = absl::ZeroDuration();
+  // Test only: hold each Reserve's answer this long after its token was issued (the window in
+  // which an answer is on its way while the caller gives up).
+  absl::Duration test_reserve_answer_delay = absl::ZeroDuration();
   // Credentials of the channels to prefill workers (mTLS); nullptr: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   // Pull mode, KV this worker's UCX cannot register (device KV without a CUDA-aware UCX, or

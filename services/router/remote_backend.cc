@@ -85,18 +85,24 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     StartEncode();
   }
 
-  // Abort cancels every RPC in flight; their callbacks end the request.
+  // Abort cancels every RPC in flight but a Reserve; their callbacks end the request. A
+  // Reserve is let finish (it is short: the decode worker answers within reserve_attempt_wait):
+  // its answer carries the reservation's token, which the Cancel that follows must carry. A
+  // cancelled Reserve whose answer was already on its way would leave the router without the
+  // token and the decode worker with blocks nobody may cancel until its reservation timeout.
   void Abort() {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = true;
-    for (auto& [context, worker] : active_) context->TryCancel();
+    for (auto& [context, rpc] : active_) {
+      if (!rpc.finish_on_abort) context->TryCancel();
+    }
   }
 
   void OnWorkerRemoved(const std::string& worker_id, const absl::Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     bool uses = false;
-    for (auto& [context, worker] : active_) {
-      if (worker == worker_id) {
+    for (auto& [context, rpc] : active_) {
+      if (rpc.worker == worker_id) {
         uses = true;
         context->TryCancel();
       }
@@ -142,6 +148,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       output.finish_reason = FinishReason::kNone;
       output.status = absl::OkStatus();
       if (output.new_tokens.empty()) return false;
+    } else if (gave_up) {
+      // Before any token: the worker's error (or abort) is the request's end.
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
     }
     if (!output.new_tokens.empty()) decode_streamed_ = true;
     Deliver(std::move(output));
@@ -193,8 +202,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       const bool removed = !WorkerFailure(decode_->worker_id).ok();
       return Migrate(failure, /*exclude_worker=*/stream_failed || removed);
     }
-    Finish(FinishReason::kError, failure);
-    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    FailOnWorker(failure);
     Done();
   }
 
@@ -202,12 +210,13 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   using DecodeStub = v1::DecodeWorker::Stub;
   using PrefillStub = v1::PrefillWorker::Stub;
 
-  // Attach registers an RPC about to start; false when the request was aborted
-  // or the worker was removed meanwhile.
-  bool Attach(grpc::ClientContext* context, const std::string& worker_id) {
+  // Attach registers an RPC about to start on `worker_id` (false: aborted or the worker was
+  // removed; don't start it). `finish_on_abort`: Abort lets it run to its answer (see Abort).
+  bool Attach(grpc::ClientContext* context, const std::string& worker_id,
+              bool finish_on_abort = false) {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_ || failed_workers_.count(worker_id) > 0) return false;
-    active_[context] = worker_id;
+    active_[context] = ActiveRpc{worker_id, finish_on_abort};
     return true;
   }
   void Detach(grpc::ClientContext* context) {
@@ -301,13 +310,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return StartWithImages();
     }
     if (!worker.has_value()) {
-      Finish(FinishReason::kError,
-             absl::UnavailableError(
-                 num_encode_attempts_ == 0
-                     ? std::string("no encoder worker is available for this request's images")
-                     : absl::StrCat("every encoder worker tried failed (", num_encode_attempts_,
-                                    " attempts); last: ", encode_error_)));
-      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      FailOnWorker(absl::UnavailableError(
+          num_encode_attempts_ == 0
+              ? std::string("no encoder worker is available for this request's images")
+              : absl::StrCat("every encoder worker tried failed (", num_encode_attempts_,
+                             " attempts); last: ", encode_error_)));
       return Done();
     }
     ++num_encode_attempts_;
@@ -385,11 +392,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                   ? backend_->PickWorker(WorkerRole::kDecode, request_, tokens_needed, bad_decode_)
                   : std::nullopt;
     if (!decode_.has_value()) {
-      Finish(
-          FinishReason::kError,
+      FailOnWorker(
           absl::UnavailableError(num_decode_attempts_ == 1 ? "no decode worker is available"
                                                            : "every decode worker tried failed"));
-      backend_->Count(&RemoteBackendCounters::num_worker_failures);
       return Done();
     }
     decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
@@ -413,6 +418,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     num_prefill_attempts_ = 0;
     prefill_until_ = DeadlineIn(options_.prefill_deadline);
     reserve_error_ = absl::OkStatus();
+    reserve_full_ = false;
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
     StartPrefill();
@@ -455,7 +461,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       reservation_.reset();
       reservation_token_.clear();
     }
-    if (!Attach(&rpc->context, decode_->worker_id)) return ReserveEnded();
+    if (!Attach(&rpc->context, decode_->worker_id, /*finish_on_abort=*/true)) {
+      return ReserveEnded();
+    }
     decode_stub_->async()->Reserve(
         &rpc->context, &rpc->request, &rpc->response,
         [self = shared_from_this(), rpc, deadline](grpc::Status status) {
@@ -521,6 +529,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       reserve_error_ = absl::UnavailableError(num_decode_attempts_ <= 1
                                                   ? "no decode worker is available"
                                                   : "every decode worker tried failed");
+      reserve_full_ = false;
       return ReserveEnded();
     }
     backoff_ = std::min(options_.reserve_backoff_max,
@@ -533,6 +542,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
           " tokens) within ",
           absl::FormatDuration(absl::Trunc(WaitUntil() - arrived_, absl::Milliseconds(100))),
           " of waiting; the decode workers are full, retry later"));
+      reserve_full_ = true;
       backend_->Count(&RemoteBackendCounters::num_decode_queue_timeouts);
       return ReserveEnded();
     }
@@ -789,10 +799,21 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   void FailNoDecode(absl::Status why) {
-    if (why.ok()) why = absl::UnavailableError("no decode worker is available");
-    Finish(FinishReason::kError, std::move(why));
-    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    if (why.ok()) {
+      why = absl::UnavailableError("no decode worker is available");
+    } else if (reserve_full_) {
+      Finish(FinishReason::kError, std::move(why));  // full, not failed: a queue timeout
+      return Done();
+    }
+    FailOnWorker(std::move(why));
     Done();
+  }
+  // FailOnWorker ends the request with `why`, an error a worker's failure caused (counted in
+  // sluice_router_worker_failures_total before the caller learns of it: a client that reads
+  // /metrics after its error finds it counted).
+  void FailOnWorker(absl::Status why) {
+    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    Finish(FinishReason::kError, std::move(why));
   }
 
   void StartDecode();
@@ -845,10 +866,8 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
                                  [self = shared_from_this()] { self->MigrateToNextWorker(); });
         return;
       }
-      Finish(FinishReason::kError,
-             absl::UnavailableError(absl::StrCat(migration_error_.message(),
-                                                 "; no other decode worker could continue it")));
-      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      FailOnWorker(absl::UnavailableError(absl::StrCat(
+          migration_error_.message(), "; no other decode worker could continue it")));
       return Done();
     }
     decode_stub_ = v1::DecodeWorker::NewStub(backend_->ChannelTo(decode_->address));
@@ -885,6 +904,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     num_prefill_attempts_ = 0;
     prefill_until_ = DeadlineIn(options_.prefill_deadline);
     reserve_error_ = absl::OkStatus();
+    reserve_full_ = false;
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
     StartPrefill();
@@ -964,6 +984,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       prefill_phase_ended_ = true;
     }
     reserve_error_ = absl::OkStatus();
+    reserve_full_ = false;
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
     NextReserve();  // ends in AfterPrefill, which goes on to StartDecode
@@ -988,6 +1009,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       prefill_phase_ended_ = true;
     }
     reserve_error_ = absl::OkStatus();
+    reserve_full_ = false;
     full_decode_.clear();
     backoff_ = absl::ZeroDuration();
     if (old_stub == nullptr) return NextReserve();
@@ -1047,7 +1069,11 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   std::mutex mu_;
   bool aborted_ = false;                                // guarded by mu_
-  std::map<grpc::ClientContext*, std::string> active_;  // RPC → worker id; guarded by mu_
+  struct ActiveRpc {
+    std::string worker;            // its worker's id
+    bool finish_on_abort = false;  // a Reserve: Abort lets it answer
+  };
+  std::map<grpc::ClientContext*, ActiveRpc> active_;  // RPCs in flight; guarded by mu_
   std::map<std::string, absl::Status> failed_workers_;  // removed while in use; guarded by mu_
   bool reserving_ = false;                              // guarded by mu_
   bool reserve_started_ = false;  // this prefill phase's reservation began; guarded by mu_
@@ -1070,6 +1096,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   std::set<std::string> full_decode_;  // answered Reserve without free blocks this round
   absl::Duration backoff_;             // the last wait between rounds over the decode workers
   absl::Status reserve_error_;         // the wait for decode blocks ended without any
+  // reserve_error_ says the decode workers were full until the wait's end (capacity: counted
+  // as a decode queue timeout, not as a worker failure).
+  bool reserve_full_ = false;
   bool decode_streamed_ = false;       // this attempt's Decode stream delivered a message
   std::set<std::string> bad_prefill_;
   int32_t num_prefill_attempts_ = 0;
@@ -1188,8 +1217,7 @@ void RemoteBackend::Call::StartDecode() {
       return Done();
     }
     if (num_output_tokens_ == 0) return RetryDecode();
-    Finish(FinishReason::kError, failure);
-    backend_->Count(&RemoteBackendCounters::num_worker_failures);
+    FailOnWorker(failure);
     return Done();
   }
   decode_stub_->async()->Decode(&reader->context, &reader->request, reader);

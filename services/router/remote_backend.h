@@ -15,7 +15,8 @@
 //   from P over UCX).
 // Short prompts (or no live prefill worker) skip step 2: D.Decode prefills
 // locally and streams from the first token. Every RPC has a deadline; Abort
-// cancels every RPC of the request. Failures: a prefill worker failing
+// cancels every RPC of the request but a Reserve, whose answer brings the token the Cancel of
+// its reservation needs (it is short: bounded by reserve_attempt_wait). Failures: a prefill worker failing
 // (UNAVAILABLE, deadline, removed from the registry) → the prefill is retried
 // on another one; a decode worker failing before any token reached the caller →
 // retried on another decode worker; after a token was delivered → the request
@@ -161,7 +162,9 @@ struct RemoteBackendCounters {
   int64_t num_migration_prefills = 0;
   int64_t num_reserve_full = 0;           // Reserve calls a decode worker answered without blocks
   int64_t num_decode_queue_timeouts = 0;  // requests failed: no decode blocks within the wait
-  int64_t num_worker_failures = 0;  // requests ended with an error because a worker failed
+  // Requests ended with an error because a worker failed and no other could continue them
+  // (not those retried or migrated, nor decode queue timeouts); counted before delivery.
+  int64_t num_worker_failures = 0;
   int64_t num_workers_dropped = 0;  // workers removed because a connection probe failed
 };
 

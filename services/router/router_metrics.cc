@@ -114,10 +114,15 @@ std::string RenderRouterMetrics(const std::vector<WorkerSnapshot>& workers,
   absl::StrAppend(&out, "sluice_router_decode_queue_timeouts_total ",
                   counters.num_decode_queue_timeouts, "\n");
   Header(out, "sluice_router_worker_failures_total", "counter",
-         "Requests ended with an error because a worker failed.");
+         "Requests ended with an error because a worker failed (died, or gave up on the "
+         "request) and no other worker could continue them; requests retried or migrated to "
+         "another worker are not counted (sluice_router_retries_total, "
+         "sluice_router_migrations_total), nor decode queue timeouts. Failed workers: "
+         "sluice_router_workers_dropped_total.");
   absl::StrAppend(&out, "sluice_router_worker_failures_total ", counters.num_worker_failures, "\n");
   Header(out, "sluice_router_workers_dropped_total", "counter",
-         "Workers removed before their lease ended because a connection probe failed.");
+         "Workers removed before their lease ended because a connection probe failed (a "
+         "killed or unreachable worker).");
   absl::StrAppend(&out, "sluice_router_workers_dropped_total ", counters.num_workers_dropped,
                   "\n");
   return out;

@@ -10,13 +10,16 @@
 //   sluice eval ppl FILE [--url http://127.0.0.1:8000] [--model NAME] [--concurrency 4]
 //                   [--tokenizer MODEL_DIR [--max-length N] [--stride S]]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
+//   sluice --version | sluice version   (version and git commit of the build)
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 
 #include <CLI/CLI.hpp>
 
 #include "engine/kv/swa_replay.h"
+#include "services/serve/build_info.h"
 #include "services/serve/encoder_command.h"
 #include "services/serve/eval_command.h"
 #include "services/serve/api_auth_flags.h"
@@ -138,6 +141,10 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
 int main(int argc, char** argv) {
   CLI::App app{"Sluice: an LLM serving engine with an OpenAI-compatible API"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", sluice::SluiceVersionLine(),
+                       "Print the version and the git commit of this build, and exit");
+  CLI::App* version_cmd = app.add_subcommand(
+      "version", "Print the version and the git commit of this build");
 
   sluice::ServeOptions serve;
   double serve_kv_gib = 0.0;
@@ -375,6 +382,10 @@ int main(int argc, char** argv) {
                      "Test only: hold every KV transfer's completion this long after it "
                      "returned (before the first decode step)")
           ->check(CLI::NonNegativeNumber);
+      cmd.add_option("--test-reserve-answer-delay-ms", w.test_reserve_answer_delay_ms,
+                     "Test only: hold every Reserve's answer this long after its reservation "
+                     "token was issued")
+          ->check(CLI::NonNegativeNumber);
     }
   }
 
@@ -433,6 +444,10 @@ int main(int argc, char** argv) {
   sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 
   CLI11_PARSE(app, argc, argv);
+  if (version_cmd->parsed()) {
+    std::printf("%s\n", sluice::SluiceVersionLine().c_str());
+    return 0;
+  }
   sluice::InitLogging();
   sluice::RaiseOpenFileLimit();
 

@@ -313,6 +313,8 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.test_transfer_delay = absl::Milliseconds(options.test_transfer_delay_ms);
     decode_options.test_post_transfer_delay =
         absl::Milliseconds(options.test_post_transfer_delay_ms);
+    decode_options.test_reserve_answer_delay =
+        absl::Milliseconds(options.test_reserve_answer_delay_ms);
     decode_options.channel_credentials = peer_credentials;
     if (*staging != nullptr) decode_options.staging = staging->get();
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,

@@ -33,6 +33,7 @@ struct WorkerOptions {
   double drain_timeout_s = 30;
   double test_transfer_delay_ms = 0;  // decode, test only: hold each KV transfer this long
   double test_post_transfer_delay_ms = 0;  // decode, test only: hold each transfer's completion
+  double test_reserve_answer_delay_ms = 0;  // decode, test only: hold each Reserve's answer
   int layerwise_group_layers = 1;     // prefill, layerwise mode: model layers per push
   int test_fail_layer_push = -1;      // prefill, test only: this layer group's push fails
   // Move the KV through pinned host staging slots (transfer/staged_transfer.h) instead of

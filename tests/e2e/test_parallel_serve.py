@@ -6,9 +6,11 @@ models/sluice-mini-moe is DeepSeek-V3-shaped: 6 attention heads (TP 2, 3, 6 divi
 not), 16 routed experts (EP 2, 4, 8, 16), intermediate_size 1024.
 """
 
+import json
 import pathlib
 import socket
 import subprocess
+import urllib.request
 
 import openai
 import pytest
@@ -78,6 +80,15 @@ def test_local_deploy_two_ranks_per_worker(reference, model, tmp_path):
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "TP=2 EP=2" in up.stdout
+        # Which router id each process got (the router numbers workers as they register).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/workers", timeout=10) as r:
+            ids = {w["address"]: w["id"] for w in json.load(r)["data"]}
+        mapping = (run_dir / "workers").read_text().split("\n")
+        assert mapping == [f"prefill-1 127.0.0.1:{port + 1101} {ids[f'127.0.0.1:{port + 1101}']}",
+                           f"decode-1 127.0.0.1:{port + 1201} {ids[f'127.0.0.1:{port + 1201}']}",
+                           ""], mapping
+        for line in mapping[:2]:
+            assert f"  {line}\n" in up.stdout, up.stdout
         texts = greedy_texts(f"http://127.0.0.1:{port}", model)
     finally:
         subprocess.run([str(REPO / "deploy/local/down.sh"), "--run-dir", str(run_dir)],

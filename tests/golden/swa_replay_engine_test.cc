@@ -385,6 +385,9 @@ TEST(SwaReplayKvStoreTest, FailedReplayAfterLoadComputesTheLoadedTokensAndSaysWh
   EXPECT_EQ(recomputes[0].num_blocks_freed, 0);  // kept, and overwritten by the computation
   EXPECT_EQ(recomputes[0].num_tokens_to_recompute, 144);
   EXPECT_EQ(recomputes[0].detail, "replay forward failed");
+  // Counted under its cause (sluice_recomputes_total{cause="kvstore_swa_replay_failed"}).
+  EXPECT_EQ(b->counters().num_kvstore_swa_replay_recomputes, 1);
+  EXPECT_EQ(b->counters().num_swa_replay_recomputes, 0);
 }
 
 // R = 8 (below the window of 16): the replay of the loaded prefix starts 8 tokens before its

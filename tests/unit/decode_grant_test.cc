@@ -3,7 +3,9 @@
 // it is PERMISSION_DENIED and the reservation, its blocks and its decode stay as they were. A
 // token of an earlier reservation of the same request id opens nothing. DecodeService runs here
 // on loopback gRPC around an AsyncEngine with the fake ChecksumModel (no KV transfer is made:
-// the remote-prefill case holds its transfer back with test_transfer_delay).
+// the remote-prefill case holds its transfer back with test_transfer_delay). Also: a Reserve
+// answer that never reached its caller frees its blocks, and a KV transfer a misconfigured peer
+// refused is a server fault (INTERNAL), not the client's.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -41,13 +43,18 @@ std::unique_ptr<LLMEngine> MakeEngine() {
 // Worker: an engine, a DecodeService and its gRPC server on loopback.
 class Worker {
  public:
-  explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30))
+  explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30),
+                  absl::Duration reserve_answer_delay = absl::ZeroDuration(),
+                  v1::KvTransferMode transfer_mode = v1::KV_TRANSFER_MODE_PULL,
+                  absl::Duration transfer_delay = absl::Seconds(60))
       : engine_(MakeEngine()), metrics_("decode", "checksum") {
     DecodeServiceOptions options;
     options.reserve_timeout = reserve_timeout;
+    options.test_reserve_answer_delay = reserve_answer_delay;
+    options.transfer_mode = transfer_mode;
     options.release_timeout = absl::Milliseconds(200);
     // A remote prefill's transfer waits this long: the session stays reserved and claimed.
-    options.test_transfer_delay = absl::Seconds(60);
+    options.test_transfer_delay = transfer_delay;
     service_ = std::make_unique<DecodeService>(&engine_, /*agent=*/nullptr,
                                                std::vector<transfer::KvRegion>{}, "descriptor",
                                                &metrics_, options);
@@ -131,6 +138,7 @@ struct DecodeResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Error error;  // the final message's, when it ended with an error
 };
 DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
   grpc::ClientContext context;
@@ -142,6 +150,7 @@ DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
     for (const v1::SampledToken& t : message.tokens()) result.tokens.push_back(t.token_id());
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish = message.finish_reason();
+      result.error = message.error();
     }
   }
   result.status = reader->Finish();
@@ -328,6 +337,96 @@ TEST(DecodeGrantTest, ReserveCallCancelledBeforeItsAnswerFreesTheBlocks) {
   }
   EXPECT_TRUE(again.ok()) << again.error_message();
   EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_free_blocks == 2; }));
+}
+
+// The reservation was made and its token issued, but the answer never reached the caller (its
+// deadline passed while the answer was held back, as when a router gives up on a Reserve whose
+// answer is on its way): nobody holds the token, so the worker frees the blocks when the call
+// ends, not at the reservation timeout (30 s here).
+TEST(DecodeGrantTest, ReserveAnswerThatNeverReachedItsCallerFreesTheBlocks) {
+  Worker w(/*reserve_timeout=*/absl::Seconds(30),
+           /*reserve_answer_delay=*/absl::Milliseconds(600));
+  v1::ReserveRequest request;
+  request.set_request_id("lost");
+  for (int32_t t : Prompt()) request.add_prompt_token_ids(t);
+  *request.mutable_sampling() = Greedy(4);
+  v1::ReserveResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  EXPECT_EQ(w.stub()->Reserve(&context, request, &response).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(response.reservation_token().empty());
+  // Reserved while the answer is held back.
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  })) << w.stats().num_reserved << " reserved, " << w.stats().num_free_blocks << " free";
+  ASSERT_TRUE(w.WaitNoSessions());
+  // An answer that arrives is kept: its token claims the reservation as usual.
+  std::string token;
+  ASSERT_TRUE(Reserve(w, "kept", &token).ok());
+  absl::SleepFor(absl::Milliseconds(200));  // past the answer's delivery
+  EXPECT_EQ(w.stats().num_reserved, 1);
+  EXPECT_TRUE(Cancel(w, "kept", token).ok());
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+}
+
+// A prefill worker that refuses every PushKv with FAILED_PRECONDITION (as one running
+// --kv-transfer-mode pull does) and acks every Release.
+class RefusingPrefill final : public v1::PrefillWorker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
+                                   const v1::PushKvRequest*, v1::PushKvResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "KV transfer mode mismatch: this prefill worker runs "
+                                 "--kv-transfer-mode pull"));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest*,
+                                    v1::ReleaseResponse* response) override {
+    response->set_released(true);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+};
+
+// A KV transfer refused by the peer for a worker misconfiguration (here PushKv's
+// FAILED_PRECONDITION) is a server fault: the request ends INTERNAL (HTTP 500 at the API, and a
+// retry elsewhere at the router), never with the peer's code, which the API would answer as the
+// client's error (400). The blocks come back.
+TEST(DecodeTransferErrorTest, PushRefusedByAMisconfiguredPeerIsAServerFault) {
+  RefusingPrefill prefill;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&prefill);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
+  ASSERT_NE(prefill_server, nullptr);
+  Worker w(absl::Seconds(30), absl::ZeroDuration(), v1::KV_TRANSFER_MODE_PUSH,
+           /*transfer_delay=*/absl::ZeroDuration());
+  v1::DecodeRequest request = RemoteDecode("p1", "");
+  request.mutable_prefill()->set_kv_transfer_mode(v1::KV_TRANSFER_MODE_PUSH);
+  request.mutable_prefill()->set_prefill_worker_address(absl::StrCat("127.0.0.1:", port));
+  DecodeResult d = Decode(w, request);
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();  // the error is the final message's
+  EXPECT_EQ(d.finish, v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(d.error.code(), static_cast<int32_t>(absl::StatusCode::kInternal));
+  EXPECT_NE(d.error.message().find("KV transfer between workers failed: KV push from prefill "
+                                   "worker 127.0.0.1:"),
+            std::string::npos)
+      << d.error.message();
+  EXPECT_NE(d.error.message().find("KV transfer mode mismatch"), std::string::npos)
+      << d.error.message();
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  prefill_server->Shutdown();
 }
 
 }  // namespace

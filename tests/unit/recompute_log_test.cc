@@ -33,10 +33,11 @@ TEST(RecomputeLogTest, PreemptionLineCarriesRequestCauseBlocksAndTokens) {
   EXPECT_THAT(text, HasSubstr("warning"));
   EXPECT_THAT(text,
               EndsWith("] recompute {\"request_id\":\"cmpl-7\",\"cause\":\"out_of_kv_blocks\","
-                       "\"preempted\":true,\"blocks_freed\":6,\"tokens_to_recompute\":24,"
-                       "\"needed_by\":\"cmpl-3\"}\n"));
+                       "\"preempted\":true,\"mode\":\"recompute\",\"blocks_freed\":6,"
+                       "\"tokens_to_recompute\":24,\"needed_by\":\"cmpl-3\"}\n"));
   const nlohmann::json j = nlohmann::json::parse(text.substr(text.find('{')));
   EXPECT_EQ(j.at("cause"), "out_of_kv_blocks");
+  EXPECT_EQ(j.at("mode"), "recompute");  // what happens to it: recomputed, not swapped
   EXPECT_EQ(j.at("blocks_freed"), 6);
 }
 
@@ -82,6 +83,7 @@ TEST(RecomputeLogTest, TransferLineCarriesSourceAndSurvivesBadBytes) {
   EXPECT_EQ(j.at("source"), "10.0.0.2:50051");
   EXPECT_EQ(j.at("detail"), "pin not found");
   EXPECT_FALSE(j.contains("needed_by"));
+  EXPECT_FALSE(j.contains("mode"));  // not a preemption
 }
 
 TEST(RecomputeMetricsTest, DecodeWorkerLabelsPreemptionsAndRecomputesByCause) {
@@ -94,7 +96,19 @@ TEST(RecomputeMetricsTest, DecodeWorkerLabelsPreemptionsAndRecomputesByCause) {
   stats.counters.num_preemptions_waiting_head = 2;
   stats.counters.num_transfers_recomputed = 4;
   stats.counters.num_swa_replay_recomputes = 1;
+  stats.counters.num_kvstore_swa_replay_recomputes = 3;
   const std::string text = metrics.Render(stats, {}, {});
+  // Every recompute by the cause of its log line: the engine's and the transfer reasons.
+  EXPECT_THAT(text, HasSubstr("# TYPE sluice_recomputes_total counter\n"
+                              "sluice_recomputes_total{cause=\"out_of_kv_blocks\"} 3\n"
+                              "sluice_recomputes_total{cause=\"waiting_head_blocked\"} 2\n"
+                              "sluice_recomputes_total{cause=\"swa_replay_failed\"} 1\n"
+                              "sluice_recomputes_total{cause=\"kvstore_swa_replay_failed\"} 3\n"
+                              "sluice_recomputes_total{cause=\"pin_gone\"} 2\n"
+                              "sluice_recomputes_total{cause=\"ack_failed\"} 0\n"
+                              "sluice_recomputes_total{cause=\"transfer_timeout\"} 1\n"
+                              "sluice_recomputes_total{cause=\"reservation_expired\"} 0\n"
+                              "sluice_recomputes_total{cause=\"transfer_failed\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE sluice_preemptions_total counter\n"
                               "sluice_preemptions_total{cause=\"out_of_kv_blocks\"} 3\n"
                               "sluice_preemptions_total{cause=\"waiting_head_blocked\"} 2\n"));
@@ -115,14 +129,26 @@ TEST(RecomputeMetricsTest, PrefillWorkerAndServeLabelPreemptions) {
   EXPECT_THAT(worker, HasSubstr("sluice_preemptions_total{cause=\"out_of_kv_blocks\"} 1\n"
                                 "sluice_preemptions_total{cause=\"waiting_head_blocked\"} 0\n"));
   EXPECT_THAT(worker, Not(HasSubstr("sluice_decode_recomputes_total")));
+  // A prefill worker's kvstore loads replay too: their failures have their cause; no transfer
+  // reasons (a prefill worker receives no transfers).
+  EXPECT_THAT(worker, HasSubstr("sluice_recomputes_total{cause=\"out_of_kv_blocks\"} 1\n"));
+  EXPECT_THAT(worker,
+              HasSubstr("sluice_recomputes_total{cause=\"kvstore_swa_replay_failed\"} 0\n"));
+  EXPECT_THAT(worker, Not(HasSubstr("sluice_recomputes_total{cause=\"pin_gone\"}")));
 
   ApiMetrics api;
   BackendStats backend;
   backend.num_preemptions_total = 7;
   backend.num_preemptions_waiting_head_total = 1;
+  backend.num_kvstore_swa_replay_recomputes_total = 2;
   const std::string serve = api.Render(backend);
   EXPECT_THAT(serve, HasSubstr("sluice_preemptions_total{cause=\"out_of_kv_blocks\"} 6\n"
                                "sluice_preemptions_total{cause=\"waiting_head_blocked\"} 1\n"));
+  EXPECT_THAT(serve, HasSubstr("sluice_recomputes_total{cause=\"out_of_kv_blocks\"} 6\n"
+                               "sluice_recomputes_total{cause=\"waiting_head_blocked\"} 1\n"
+                               "sluice_recomputes_total{cause=\"swa_replay_failed\"} 0\n"
+                               "sluice_recomputes_total{cause=\"kvstore_swa_replay_failed\"} 2\n"
+                               "# HELP"));
 }
 
 }  // namespace

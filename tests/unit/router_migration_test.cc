@@ -308,10 +308,16 @@ struct Cluster {
     r.sampling.max_tokens = max_tokens;
     r.sampling.prompt_logprobs = 0;
     Collector collector;
-    EXPECT_TRUE(backend.Submit(std::move(r), collector.Callback()).ok());
+    OutputCallback collect = collector.Callback();
+    // The counters as the caller's final output finds them (a client reading /metrics after
+    // its answer): every outcome is counted before it is delivered.
+    auto on_output = [&](const RequestOutput& out) {
+      if (out.finished()) counters = backend.counters();
+      collect(out);
+    };
+    EXPECT_TRUE(backend.Submit(std::move(r), on_output).ok());
     Outcome outcome = collector.Wait();
     EXPECT_TRUE(outcome.done);
-    counters = backend.counters();
     return outcome;
   }
 
@@ -322,7 +328,7 @@ struct Cluster {
   std::unique_ptr<grpc::Server> prefill_server, decode_a_server, decode_b_server;
   WorkerRegistry registry;
   RemoteBackendOptions options;
-  RemoteBackendCounters counters;
+  RemoteBackendCounters counters;  // as they were when the request's final output came
 };
 
 TEST(RemoteBackendMigration, ContinuesThroughThePrefillWorker) {
@@ -437,7 +443,9 @@ TEST(RemoteBackendMigration, FailedHandoverFallsBackToTheDecodeWorker) {
 }
 
 // --max-migrations bounds the moves through prefill too: with 1, a second failure ends the
-// request with an error after every token it got (none twice).
+// request with an error after every token it got (none twice). That error is the one the
+// decode worker failures caused: sluice_router_worker_failures_total counts it (once, before
+// the caller gets it); the first failure, which the migration hid, is not counted.
 TEST(RemoteBackendMigration, MaxMigrationsBoundsTheMoves) {
   Cluster c;
   c.script.fail_second_decode = true;

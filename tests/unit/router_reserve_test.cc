@@ -82,8 +82,10 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
 
 // FakeDecode has room for `capacity` reservations (one per request, whatever its length):
 // Reserve beyond it answers RESOURCE_EXHAUSTED. Decode streams one token and frees the
-// request's reservation; Cancel frees it too. Each reservation's token is "token-<id>"; the
-// tokens Decode and Cancel calls carry are recorded.
+// request's reservation; Cancel frees it too, given the reservation's token (without it, it is
+// PERMISSION_DENIED, as on a decode worker). Each reservation's token is "token-<id>"; the
+// tokens Decode and Cancel calls carry are recorded. HoldReserveAnswers keeps each Reserve's
+// answer back (the reservation made, the answer on its way) until ReleaseReserveAnswers.
 class FakeDecode final : public v1::DecodeWorker::CallbackService {
  public:
   explicit FakeDecode(size_t capacity) : capacity_(capacity) {}
@@ -102,17 +104,41 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     reserved_.push_back(request->request_id());
     response->mutable_kv()->add_runs()->set_num_blocks(1);
     response->set_reservation_token("token-" + request->request_id());
-    reactor->Finish(grpc::Status::OK);
+    if (hold_answers_) {
+      held_answers_.push_back(reactor);
+      cv_.notify_all();
+    } else {
+      reactor->Finish(grpc::Status::OK);
+    }
     return reactor;
+  }
+  void HoldReserveAnswers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_answers_ = true;
+  }
+  bool WaitHeldReserveAnswer() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !held_answers_.empty(); });
+  }
+  void ReleaseReserveAnswers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_answers_ = false;
+    for (grpc::ServerUnaryReactor* reactor : held_answers_) reactor->Finish(grpc::Status::OK);
+    held_answers_.clear();
   }
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
                                    const v1::CancelRequest* request,
                                    v1::CancelResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::lock_guard<std::mutex> lock(mu_);
-    cancel_tokens_[request->request_id()] = request->reservation_token();
+    const std::string& id = request->request_id();
+    if (!cancel_tokens_.count(id)) cancel_tokens_[id] = request->reservation_token();
     cv_.notify_all();
-    response->set_found(held_.erase(request->request_id()) > 0);
+    if (held_.count(id) > 0 && request->reservation_token() != "token-" + id) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "no token"));
+      return reactor;
+    }
+    response->set_found(held_.erase(id) > 0);
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
@@ -176,6 +202,8 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
   std::set<std::string> held_;
   std::vector<std::string> reserved_;  // request ids, in the order they got blocks
   int64_t num_full_ = 0;
+  bool hold_answers_ = false;
+  std::vector<grpc::ServerUnaryReactor*> held_answers_;
 };
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
@@ -322,6 +350,8 @@ TEST(RemoteBackendReserve, AfterPrefillWaitsForBlocksThenFailsCleanly) {
     EXPECT_TRUE(l.status.ok()) << l.status;
     EXPECT_EQ(decode.reserved(), (std::vector<std::string>{"long-1"}));
     EXPECT_EQ(backend.counters().num_decode_queue_timeouts, 1);
+    // Full, not failed: no worker failure (sluice_router_worker_failures_total).
+    EXPECT_EQ(backend.counters().num_worker_failures, 0);
   }
   prefill_server->Shutdown();
   decode_server->Shutdown();
@@ -356,11 +386,8 @@ TEST(RemoteBackendReserve, DecodeAndCancelCarryTheReservationToken) {
       absl::SleepFor(absl::Milliseconds(10));
     }
     ASSERT_EQ(decode.held().count("long-1"), 1u);
-    // The fake recorded the Reserve before its answer reached the router: give the answer (and
-    // its token) time to arrive. An abort inside that window cancels the Reserve call itself,
-    // and its Cancel has no token to carry (the decode worker's reservation then ends at its
-    // timeout).
-    absl::SleepFor(absl::Milliseconds(200));
+    // The answer may still be on its way here: the router waits for it (see
+    // AbortDuringReserveCancelsWithTheTokenOfItsAnswer).
     backend.Abort("long-1");
     EXPECT_EQ(decode.WaitCancel("long-1"), std::optional<std::string>("token-long-1"));
     EXPECT_EQ(outcomes.Wait("long-1").reason, FinishReason::kAbort);
@@ -373,6 +400,49 @@ TEST(RemoteBackendReserve, DecodeAndCancelCarryTheReservationToken) {
     ASSERT_TRUE(backend.Submit(Request("local", kShort), outcomes.For("local")).ok());
     ASSERT_TRUE(outcomes.Wait("local").status.ok());
     EXPECT_EQ(decode.decode_tokens().at("local"), "");
+  }
+  prefill_server->Shutdown();
+  decode_server->Shutdown();
+}
+
+// An abort that lands while the Reserve is in flight (the decode worker reserved; its answer,
+// with the token, is on its way): the router lets the Reserve answer and cancels with its token,
+// so the decode worker frees the blocks at once. Before, Abort cancelled the Reserve call, and
+// the Cancel that followed had no token: refused, the blocks stayed reserved until the decode
+// worker's reservation timeout (30 s).
+TEST(RemoteBackendReserve, AbortDuringReserveCancelsWithTheTokenOfItsAnswer) {
+  FakePrefill prefill;
+  FakeDecode decode(/*capacity=*/4);
+  std::string decode_address;
+  std::unique_ptr<grpc::Server> prefill_server = Serve(&prefill, &prefill.address);
+  std::unique_ptr<grpc::Server> decode_server = Serve(&decode, &decode_address);
+  WorkerRegistry registry;
+  ASSERT_TRUE(registry.Register(WorkerRole::kPrefill, prefill.address, WorkerLoad{}).ok());
+  ASSERT_TRUE(registry.Register(WorkerRole::kDecode, decode_address, WorkerLoad{}).ok());
+  RemoteBackendOptions options;
+  options.reserve_attempt_wait = absl::Milliseconds(50);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&registry, options);
+    decode.HoldReserveAnswers();
+    // The prefill worker is idle: the Reserve goes out at once, in parallel with the prefill.
+    ASSERT_TRUE(backend.Submit(Request("long-1", kLong), outcomes.For("long-1")).ok());
+    ASSERT_TRUE(prefill.WaitQueued(1));
+    ASSERT_TRUE(decode.WaitHeldReserveAnswer());
+    backend.Abort("long-1");
+    // Time for a cancelled Reserve to end and its (tokenless) Cancel to arrive.
+    absl::SleepFor(absl::Milliseconds(300));
+    decode.ReleaseReserveAnswers();
+    EXPECT_EQ(decode.WaitCancel("long-1"), std::optional<std::string>("token-long-1"));
+    const Outcome o = outcomes.Wait("long-1");
+    EXPECT_TRUE(o.done);
+    EXPECT_EQ(o.reason, FinishReason::kAbort);
+    EXPECT_TRUE(o.tokens.empty());
+    for (int i = 0; i < 200 && !decode.held().empty(); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(decode.held(), std::set<std::string>{});
+    prefill.ReleaseQueued();
   }
   prefill_server->Shutdown();
   decode_server->Shutdown();
