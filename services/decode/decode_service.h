@@ -93,7 +93,8 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
  public:
   // `engine` and `agent` must outlive the service; `regions` are the engine's KV regions
   // (KvRegionsOf), registered with `agent`; `kv_descriptor` their serialized descriptor.
-  // `metrics` must outlive the service.
+  // `metrics` must outlive the service. Stop the engine (AsyncEngine::Shutdown) before the
+  // service goes: its final outputs reach the service's sessions.
   DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
                 std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
                 WorkerMetrics* metrics, DecodeServiceOptions options);
