@@ -4,6 +4,7 @@
 #
 #   scripts/fuzz.sh                    every target for 30 s
 #   scripts/fuzz.sh -t 300 jinja_fuzz  one target for 5 minutes
+#   scripts/fuzz.sh -j 2 -t 300        two targets at a time (one process each)
 #   scripts/fuzz.sh --regress          only replay the checked-in corpora (seconds; what CI's
 #                                      bounded default does first)
 #   scripts/fuzz.sh --unit-tests ...   first run the unit + golden tests of the same parsers, of
@@ -14,21 +15,23 @@
 # input of every finding) plus seeds made from the fixtures (tests/fuzz/make_seeds.py); new
 # inputs accumulate in build-fuzz/corpus/<target>/ across runs. A crash, leak, UB report or
 # timeout fails the run and leaves its input in build-fuzz/findings/<target>/. The summary
-# (executions, corpus size, result per target) is printed at the end and written to
+# (executions, corpus size, coverage, result per target) is printed at the end and written to
 # build-fuzz/fuzz_summary.tsv. SLUICE_FUZZ_BUILD_DIR overrides the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECONDS_PER_TARGET=30
+PARALLEL=1
 REGRESS_ONLY=0
 UNIT_TESTS=0
 TARGETS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t|--time) SECONDS_PER_TARGET="$2"; shift 2 ;;
+    -j|--parallel) PARALLEL="$2"; shift 2 ;;
     --regress) REGRESS_ONLY=1; shift ;;
     --unit-tests) UNIT_TESTS=1; shift ;;
-    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) TARGETS+=("$1"); shift ;;
   esac
 done
@@ -68,40 +71,66 @@ python3 tests/fuzz/make_seeds.py "$SEEDS"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 SUMMARY="$BUILD_DIR/fuzz_summary.tsv"
-printf "target\tseconds\texecutions\tcorpus\tresult\n" > "$SUMMARY"
-FAILED=0
-for t in "${TARGETS[@]}"; do
-  bin="$BUILD_DIR/bin/$t"
-  corpus="$BUILD_DIR/corpus/$t"
-  findings="$BUILD_DIR/findings/$t"
-  mkdir -p "$corpus" "$findings" "tests/fuzz/corpus/$t" "$SEEDS/$t"
-  log="$BUILD_DIR/logs/$t.log"
-  mkdir -p "$(dirname "$log")"
+ROWS="$BUILD_DIR/summary.d"
+rm -rf "$ROWS"
+mkdir -p "$ROWS"
+
+# One target: its regression inputs, then the timed run; its summary row goes to $ROWS/<target>
+# (so that targets run side by side with -j never share a file) and its exit status says
+# whether it found something.
+fuzz_one() {
+  local t="$1"
+  local bin="$BUILD_DIR/bin/$t"
+  local corpus="$BUILD_DIR/corpus/$t"
+  local findings="$BUILD_DIR/findings/$t"
+  local log="$BUILD_DIR/logs/$t.log"
+  local row="$ROWS/$t"
+  mkdir -p "$corpus" "$findings" "tests/fuzz/corpus/$t" "$SEEDS/$t" "$(dirname "$log")"
   # Replay the checked-in corpus first: every past finding must stay fixed.
   echo "[fuzz] $t: regression inputs"
   if ! "$bin" -runs=0 -rss_limit_mb=4096 -timeout=30 "tests/fuzz/corpus/$t" > "$log.regress" 2>&1; then
     echo "[fuzz] $t: a regression input fails (log: $log.regress)" >&2
     tail -30 "$log.regress" >&2
-    printf "%s\t0\t0\t0\tREGRESSION\n" "$t" >> "$SUMMARY"
-    FAILED=1
-    continue
+    printf "%s\t0\t0\t0\t-\tREGRESSION\n" "$t" > "$row"
+    return 1
   fi
-  [ "$REGRESS_ONLY" = 1 ] && { printf "%s\t0\t0\t0\tok\n" "$t" >> "$SUMMARY"; continue; }
+  if [ "$REGRESS_ONLY" = 1 ]; then
+    printf "%s\t0\t0\t0\t-\tok\n" "$t" > "$row"
+    return 0
+  fi
   echo "[fuzz] $t: ${SECONDS_PER_TARGET}s"
-  rc=0
+  local rc=0
   "$bin" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
     -print_final_stats=1 -artifact_prefix="$findings/" \
     "$corpus" "tests/fuzz/corpus/$t" "$SEEDS/$t" > "$log" 2>&1 || rc=$?
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
+  local execs size cov
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || true)
   size=$(ls "$corpus" | wc -l)
+  # Coverage of the last status line: edges (cov) / features (ft).
+  cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 | awk '{print $2 "/" $4}' || true)
   if [ "$rc" -ne 0 ]; then
     echo "[fuzz] $t: FINDING (rc $rc), inputs in $findings, log $log" >&2
     grep -E "ERROR|runtime error|SUMMARY|Test unit written" "$log" | head -10 >&2
-    printf "%s\t%s\t%s\t%s\tFINDING\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" >> "$SUMMARY"
-    FAILED=1
-  else
-    printf "%s\t%s\t%s\t%s\tok\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" >> "$SUMMARY"
+    printf "%s\t%s\t%s\t%s\t%s\tFINDING\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" \
+      "${cov:--}" > "$row"
+    return 1
   fi
+  printf "%s\t%s\t%s\t%s\t%s\tok\n" "$t" "$SECONDS_PER_TARGET" "${execs:-0}" "$size" "${cov:--}" \
+    > "$row"
+}
+
+# Up to $PARALLEL targets at a time (each one process: libFuzzer's own -jobs is not used).
+FAILED=0
+for t in "${TARGETS[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do wait -n || FAILED=1; done
+  fuzz_one "$t" &
+done
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || FAILED=1; done
+printf "target\tseconds\texecutions\tcorpus\tcov/ft\tresult\n" > "$SUMMARY"
+for t in "${TARGETS[@]}"; do
+  if [ -f "$ROWS/$t" ]; then cat "$ROWS/$t" >> "$SUMMARY"; else
+    printf "%s\t0\t0\t0\t-\tNOT RUN\n" "$t" >> "$SUMMARY"; FAILED=1; fi
+  grep -q "ok$" "$ROWS/$t" 2>/dev/null || FAILED=1
 done
 echo "[fuzz] summary ($SUMMARY):"
 column -t -s $'\t' "$SUMMARY"

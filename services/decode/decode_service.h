@@ -105,7 +105,8 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   // `engine` and `agent` must outlive the service; `regions` are the engine's KV regions
   // (KvRegionsOf), registered with `agent` unless options.staging is set; `kv_descriptor` their
   // serialized descriptor (empty with staging: nothing can push into them).
-  // `metrics` must outlive the service.
+  // `metrics` must outlive the service. Stop the engine (AsyncEngine::Shutdown) before the
+  // service goes: its final outputs reach the service's sessions.
   DecodeService(AsyncEngine* engine, transfer::KvTransferAgent* agent,
                 std::vector<transfer::KvRegion> regions, std::string kv_descriptor,
                 WorkerMetrics* metrics, DecodeServiceOptions options);

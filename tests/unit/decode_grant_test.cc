@@ -66,8 +66,13 @@ class Worker {
     stub_ = v1::DecodeWorker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                                           grpc::InsecureChannelCredentials()));
   }
+  // The engine stops before the service goes, as in the decode worker (worker_command.cc):
+  // AsyncEngine::Shutdown delivers the aborted final outputs of what is still reserved to
+  // sessions that point at the service (TSan: heap-use-after-free in DecodeService::Forget
+  // when the service went first).
   ~Worker() {
     server_->Shutdown();
+    engine_.Shutdown();
     service_.reset();
   }
 
