@@ -69,6 +69,12 @@ class BoundedClasses {
 
 }  // namespace
 
+// WalkScratch: Precompute's buffers, kept across states (their capacity is reused).
+struct WalkScratch {
+  std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos;
+  std::vector<size_t> exact_begin, context_begin, pool;
+};
+
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     const Grammar& grammar, std::shared_ptr<const TokenVocab> vocab, const PdaOptions& options) {
   absl::StatusOr<Pda> pda = BuildPda(grammar, options);
@@ -124,6 +130,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   // on for D bytes: BoundedClasses): the D-th byte of each path was its walk's last. Chains of
   // bounded repetitions (the 16 digits of a number) share one walk that way.
   BoundedClasses classes(built);
+  WalkScratch scratch;
   absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
   std::vector<int32_t> depths;  // the depths in `walked`
   for (int32_t s = 0; s < n; ++s) {
@@ -139,7 +146,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     if (same >= 0) {
       g->tables_[s] = g->tables_[same];
     } else {
-      const int32_t depth = g->Precompute(s, walk);
+      const int32_t depth = g->Precompute(s, walk, scratch);
       if (depth <= BoundedClasses::kMaxDepth) {
         if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
             std::find(depths.begin(), depths.end(), depth) == depths.end()) {
@@ -198,11 +205,14 @@ const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, St
   return closures_[rule];
 }
 
-int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
+int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch& scratch) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
-  std::vector<int32_t> accepted, uncertain_pos;  // uncertain: positions in `sorted`
+  std::vector<int32_t>& accepted = scratch.accepted;
+  std::vector<int32_t>& uncertain_pos = scratch.uncertain_pos;  // positions in `sorted`
+  accepted.clear();
+  uncertain_pos.clear();
   walk.nodes().resize(persistent_nodes_);  // drop the previous walk's stacks, keep the closures'
   // Every closure this walk can need, built before it (they extend the persistent prefix).
   const Closure& own_closure = ContextClosure(own_rule, walk);
@@ -210,11 +220,18 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
   // (their stacks end at kSentinelParent) and `context` tops past its return (kContextParent).
   // Level d is exact[exact_begin[d], exact_begin[d + 1]) and the same for context; pool[d] is
   // the node pool size to roll back to.
-  std::vector<int32_t> exact = {walk.NewNode(state, kSentinelParent)};
-  std::vector<int32_t> context;
-  std::vector<size_t> exact_begin = {0, 1}, context_begin = {0, 0};
-  std::vector<size_t> pool = {walk.nodes().size()};
-  std::vector<int32_t> next_exact, next_context;
+  std::vector<int32_t>& exact = scratch.exact;
+  std::vector<int32_t>& context = scratch.context;
+  std::vector<size_t>& exact_begin = scratch.exact_begin;
+  std::vector<size_t>& context_begin = scratch.context_begin;
+  std::vector<size_t>& pool = scratch.pool;
+  std::vector<int32_t>& next_exact = scratch.next_exact;
+  std::vector<int32_t>& next_context = scratch.next_context;
+  exact.assign(1, walk.NewNode(state, kSentinelParent));
+  context.clear();
+  exact_begin.assign({0, 1});
+  context_begin.assign({0, 0});
+  pool.assign(1, walk.nodes().size());
   std::vector<int32_t>& returned = walk.context_returns();
   auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end, bool ids) {
     for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
@@ -345,8 +362,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk) {
     t.accepted_bits.assign(words, 0);
     for (int32_t id : accepted) t.accepted_bits[id >> 5] |= 1u << (id & 31);
   } else {
-    std::sort(accepted.begin(), accepted.end());
-    t.accepted_ids = std::move(accepted);
+    t.accepted_ids = accepted;  // trie order: the matcher only sets their bits
   }
   return max_depth;
 }

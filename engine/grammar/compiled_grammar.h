@@ -30,7 +30,7 @@
 namespace sluice::grammar {
 
 // StateTokens: one state's token classification. Accepted tokens are a bitmask when they are
-// many (accepted_bits, num_bitmask_words words) and a sorted id list otherwise.
+// many (accepted_bits, num_bitmask_words words) and an id list otherwise (in trie order).
 // Uncertain tokens are in the vocabulary trie's order (sorted by bytes), with the length of
 // the prefix each shares with the one before, so the run-time check walks shared prefixes once.
 struct StateTokens {
@@ -69,7 +69,7 @@ class CompiledGrammar {
  private:
   CompiledGrammar() = default;
   // Precompute fills tables_[state]; returns the deepest trie level its walk looked at.
-  int32_t Precompute(int32_t state, class StackWalk& walk);
+  int32_t Precompute(int32_t state, class StackWalk& walk, struct WalkScratch& scratch);
   // ContextClosure: the tops a return of rule `r` continues at (its return sites, and the
   // sites of every rule that returns from there, outwards), built once into the walk's
   // persistent node prefix: a return costs an append at every trie node instead of a fresh
