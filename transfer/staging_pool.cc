@@ -48,32 +48,33 @@ void StagingPool::Release(int member) {
   free_.push_back(member);
 }
 
-absl::Status StagingPool::Pull(const RemoteKvDescriptor& remote,
-                               absl::Span<const BlockRun> remote_runs,
-                               absl::Span<const KvRegion> local_regions,
-                               absl::Span<const BlockRun> local_runs, absl::Time deadline) {
+template <typename Move>
+absl::Status StagingPool::OnFreeMember(absl::Time deadline, const Move& move) {
   const int m = Acquire(deadline);
   if (m < 0) {
     return absl::DeadlineExceededError("no KV staging slots came free before the deadline");
   }
-  absl::Status status =
-      members_[m].transfer->Pull(remote, remote_runs, local_regions, local_runs, deadline);
+  absl::Status status = move(*members_[m].transfer);
   Release(m);
   return status;
+}
+
+absl::Status StagingPool::Pull(const RemoteKvDescriptor& remote,
+                               absl::Span<const BlockRun> remote_runs,
+                               absl::Span<const KvRegion> local_regions,
+                               absl::Span<const BlockRun> local_runs, absl::Time deadline) {
+  return OnFreeMember(deadline, [&](StagedKvTransfer& t) {
+    return t.Pull(remote, remote_runs, local_regions, local_runs, deadline);
+  });
 }
 
 absl::Status StagingPool::Push(const RemoteKvDescriptor& remote,
                                absl::Span<const BlockRun> remote_runs,
                                absl::Span<const KvRegion> local_regions,
                                absl::Span<const BlockRun> local_runs, absl::Time deadline) {
-  const int m = Acquire(deadline);
-  if (m < 0) {
-    return absl::DeadlineExceededError("no KV staging slots came free before the deadline");
-  }
-  absl::Status status =
-      members_[m].transfer->Push(remote, remote_runs, local_regions, local_runs, deadline);
-  Release(m);
-  return status;
+  return OnFreeMember(deadline, [&](StagedKvTransfer& t) {
+    return t.Push(remote, remote_runs, local_regions, local_runs, deadline);
+  });
 }
 
 StagedTransferStats StagingPool::stats() const {

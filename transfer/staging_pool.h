@@ -61,6 +61,9 @@ class StagingPool {
   // Acquire: a free member's index, waiting at most until `deadline`; -1 when none came free.
   int Acquire(absl::Time deadline);
   void Release(int member);
+  // OnFreeMember: runs `move(transfer)` on a free member's StagedKvTransfer, then frees it.
+  template <typename Move>
+  absl::Status OnFreeMember(absl::Time deadline, const Move& move);
   bool HasFree() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty(); }
 
   std::vector<Member> members_;  // fixed after Create
