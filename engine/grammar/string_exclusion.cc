@@ -126,21 +126,23 @@ Ranges Minus(const Ranges& ranges, const Ranges& cut) {
   return ComplementRanges(NormalizeRanges(std::move(keep)));
 }
 
-// FirstCharSplit: e rewritten at the first character of its strings. `first(leaf)` says what a
-// leaf (empty, literal, character class) becomes when it supplies that character; sequences (a
-// nullable child lets the next one supply it), choices and repeats follow the same rules
-// whatever `first` does (Brzozowski's derivative when it strips one given character).
-template <typename First>
-absl::StatusOr<Expr> FirstCharSplit(const Expr& e, const First& first) {
+// Derive: the strings w such that c w is a string of e (Brzozowski's derivative).
+absl::StatusOr<Expr> Derive(const Expr& e, char32_t c) {
   switch (e.kind) {
     case ExprKind::kEmpty:
-    case ExprKind::kLiteral:
+      return Nothing();
+    case ExprKind::kLiteral: {
+      if (e.text.empty()) return Nothing();
+      const auto [first, len] = DecodeUtf8Char(e.text);
+      if (first != c) return Nothing();
+      return Literal(absl::string_view(e.text).substr(len));
+    }
     case ExprKind::kCharClass:
-      return first(e);
+      return Contains(ClassRanges(e), c) ? Empty() : Nothing();
     case ExprKind::kSequence: {
       std::vector<Expr> alts;
       for (size_t i = 0; i < e.children.size(); ++i) {
-        absl::StatusOr<Expr> d = FirstCharSplit(e.children[i], first);
+        absl::StatusOr<Expr> d = Derive(e.children[i], c);
         if (!d.ok()) return d;
         alts.push_back(Cat(*std::move(d), Rest(e, i + 1)));
         if (!Nullable(e.children[i])) break;
@@ -150,7 +152,7 @@ absl::StatusOr<Expr> FirstCharSplit(const Expr& e, const First& first) {
     case ExprKind::kChoice: {
       std::vector<Expr> alts;
       for (const Expr& x : e.children) {
-        absl::StatusOr<Expr> d = FirstCharSplit(x, first);
+        absl::StatusOr<Expr> d = Derive(x, c);
         if (!d.ok()) return d;
         alts.push_back(*std::move(d));
       }
@@ -158,7 +160,7 @@ absl::StatusOr<Expr> FirstCharSplit(const Expr& e, const First& first) {
     }
     case ExprKind::kRepeat: {
       if (e.max_count == 0) return Nothing();
-      absl::StatusOr<Expr> d = FirstCharSplit(e.children[0], first);
+      absl::StatusOr<Expr> d = Derive(e.children[0], c);
       if (!d.ok()) return d;
       return Cat(*std::move(d), Fewer(e));
     }
@@ -167,39 +169,47 @@ absl::StatusOr<Expr> FirstCharSplit(const Expr& e, const First& first) {
   }
 }
 
-// Derive: the strings w such that c w is a string of e (Brzozowski's derivative).
-absl::StatusOr<Expr> Derive(const Expr& e, char32_t c) {
-  return FirstCharSplit(e, [c](const Expr& leaf) -> Expr {
-    switch (leaf.kind) {
-      case ExprKind::kLiteral: {
-        if (leaf.text.empty()) return Nothing();
-        const auto [first, len] = DecodeUtf8Char(leaf.text);
-        if (first != c) return Nothing();
-        return Literal(absl::string_view(leaf.text).substr(len));
-      }
-      case ExprKind::kCharClass:
-        return Contains(ClassRanges(leaf), c) ? Empty() : Nothing();
-      default:  // kEmpty
-        return Nothing();
-    }
-  });
-}
-
 // StartingOutside: the non-empty strings of e whose first character is not in `cut`.
 absl::StatusOr<Expr> StartingOutside(const Expr& e, const Ranges& cut) {
-  return FirstCharSplit(e, [&cut](const Expr& leaf) -> Expr {
-    switch (leaf.kind) {
-      case ExprKind::kLiteral:
-        if (leaf.text.empty()) return Nothing();
-        return Contains(cut, DecodeUtf8Char(leaf.text).first) ? Nothing() : leaf;
-      case ExprKind::kCharClass: {
-        Ranges left = Minus(ClassRanges(leaf), cut);
-        return left.empty() ? Nothing() : CharClass(std::move(left));
-      }
-      default:  // kEmpty
-        return Nothing();
+  switch (e.kind) {
+    case ExprKind::kEmpty:
+      return Nothing();
+    case ExprKind::kLiteral: {
+      if (e.text.empty()) return Nothing();
+      return Contains(cut, DecodeUtf8Char(e.text).first) ? Nothing() : e;
     }
-  });
+    case ExprKind::kCharClass: {
+      Ranges left = Minus(ClassRanges(e), cut);
+      return left.empty() ? Nothing() : CharClass(std::move(left));
+    }
+    case ExprKind::kSequence: {
+      std::vector<Expr> alts;
+      for (size_t i = 0; i < e.children.size(); ++i) {
+        absl::StatusOr<Expr> d = StartingOutside(e.children[i], cut);
+        if (!d.ok()) return d;
+        alts.push_back(Cat(*std::move(d), Rest(e, i + 1)));
+        if (!Nullable(e.children[i])) break;
+      }
+      return Alt(std::move(alts));
+    }
+    case ExprKind::kChoice: {
+      std::vector<Expr> alts;
+      for (const Expr& x : e.children) {
+        absl::StatusOr<Expr> d = StartingOutside(x, cut);
+        if (!d.ok()) return d;
+        alts.push_back(*std::move(d));
+      }
+      return Alt(std::move(alts));
+    }
+    case ExprKind::kRepeat: {
+      if (e.max_count == 0) return Nothing();
+      absl::StatusOr<Expr> d = StartingOutside(e.children[0], cut);
+      if (!d.ok()) return d;
+      return Cat(*std::move(d), Fewer(e));
+    }
+    default:
+      return absl::InvalidArgumentError("a string set difference needs a regular expression (no rules or tokens)");
+  }
 }
 
 struct TrieNode {
