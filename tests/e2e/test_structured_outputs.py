@@ -148,51 +148,6 @@ def test_additional_properties_sampled(client, model, name):
     assert extra_keys  # the samples do use additional properties
 
 
-def no_repeated_declared_keys(declared):
-    """object_pairs_hook: a declared name comes at most once (additional keys may repeat one
-    another: engine/grammar/README.md, the repeated value matches the same schema)."""
-    def hook(pairs):
-        keys = [k for k, _ in pairs if k in declared]
-        assert len(keys) == len(set(keys)), f"repeated declared key in {pairs}"
-        return dict(pairs)
-    return hook
-
-
-# Declared properties next to additional ones: an additional key never repeats a declared name
-# (json.loads would keep the last value, e.g. a string where the declared schema says integer).
-# The key pattern allows few names, most of them declared, so a grammar that let declared names
-# through as additional keys would repeat them in these samples.
-DUPLICATE_KEY_SCHEMAS = {
-    "pattern_keys_mostly_declared": {
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
-                                         "ab": {"type": "integer", "minimum": 0, "maximum": 9}},
-        "required": ["a"], "additionalProperties": {"type": "string", "maxLength": 3},
-        "propertyNames": {"pattern": "^[ab]{1,2}$"}, "maxProperties": 5},
-    "free_short_keys": {
-        "type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 99},
-                                         "n": {"type": "boolean"}},
-        "required": ["id"], "additionalProperties": {"type": "string", "maxLength": 4},
-        "propertyNames": {"maxLength": 2}, "maxProperties": 4},
-}
-
-
-@pytest.mark.parametrize("name", sorted(DUPLICATE_KEY_SCHEMAS))
-def test_additional_keys_never_repeat_declared_ones(client, model, name):
-    schema = DUPLICATE_KEY_SCHEMAS[name]
-    rf = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-    extra_keys = set()
-    for seed in (1, 2, 3):
-        r = client.chat.completions.create(model=model, messages=MSG, response_format=rf,
-                                           max_tokens=MAX_TOKENS, temperature=1.0, n=SEEDS, seed=seed)
-        for c in r.choices:
-            assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
-            value = json.loads(c.message.content,
-                               object_pairs_hook=no_repeated_declared_keys(set(schema["properties"])))
-            jsonschema.validate(value, schema)
-            extra_keys |= set(value) - set(schema["properties"])
-    assert extra_keys  # the samples do use additional properties
-
-
 def test_json_object_and_vllm_fields(client, model):
     # json_object (free-form keys and strings) is covered by grammar_tests (AnyJsonAndChoice): the
     # embedded model does not close free strings reliably. Here: it is accepted and constrains.
