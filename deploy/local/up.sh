@@ -6,7 +6,11 @@
 #   deploy/local/up.sh [--prefill N] [--decode M] [--model DIR] [--port P] [--run-dir DIR]
 #                      [--bin PATH] [--timeout SECONDS] [--kvstore N] [--tp N] [--ep N]
 #                      [--device cpu|cuda] [--gpus LIST] [--gpu-memory-utilization F]
-#                      [--encoder N] [-- extra worker flags...]
+#                      [--encoder N] [--prefill-args "FLAGS"] [--decode-args "FLAGS"]
+#                      [-- extra worker flags...]
+# --prefill-args / --decode-args: flags for that pool only (split on spaces), e.g.
+# --decode-args "--kv-staging on" with -- --kv-transfer-mode pull; flags after -- go to every
+# prefill and decode worker.
 # --device cuda: the prefill and decode workers run the CUDA engine (the router stays on the
 # CPU); their KV moves GPU to GPU over UCX (cuda_ipc on this host). --gpus LIST (e.g. 0,1)
 # gives worker k the GPU LIST[k mod len] through CUDA_VISIBLE_DEVICES (prefill workers first,
@@ -42,6 +46,8 @@ DEVICE=cpu
 GPUS=""
 GPU_MEM=""
 WORKER_ARGS=()
+PREFILL_ONLY_ARGS=()
+DECODE_ONLY_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefill) PREFILL="$2"; shift 2 ;;
@@ -58,6 +64,8 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift 2 ;;
     --gpus) GPUS="$2"; shift 2 ;;
     --gpu-memory-utilization) GPU_MEM="$2"; shift 2 ;;
+    --prefill-args) read -r -a PREFILL_ONLY_ARGS <<< "$2"; shift 2 ;;
+    --decode-args) read -r -a DECODE_ONLY_ARGS <<< "$2"; shift 2 ;;
     --) shift; WORKER_ARGS=("$@"); break ;;
     -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "up.sh: unknown flag $1" >&2; exit 2 ;;
@@ -125,7 +133,7 @@ for i in $(seq 1 "$PREFILL"); do
   start "prefill-$i" env "$ENV_ARG" "$BIN" prefill --model "$MODEL" \
     --listen "127.0.0.1:$((PORT + 1100 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1300 + i))" "${PREFILL_ARGS[@]}" \
-    "${PARALLEL_ARGS[@]}" "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
+    "${PARALLEL_ARGS[@]}" "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}" "${PREFILL_ONLY_ARGS[@]}"
   METRICS_URLS+=("prefill-$i http://127.0.0.1:$((PORT + 1300 + i))/metrics")
   WORKER_ADDRS+=("prefill-$i 127.0.0.1:$((PORT + 1100 + i))")
 done
@@ -134,7 +142,7 @@ for i in $(seq 1 "$DECODE"); do
   start "decode-$i" env "$ENV_ARG" "$BIN" decode --model "$MODEL" \
     --listen "127.0.0.1:$((PORT + 1200 + i))" \
     --router "127.0.0.1:$GRPC_PORT" --http-port "$((PORT + 1400 + i))" "${PARALLEL_ARGS[@]}" \
-    "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}"
+    "${DEVICE_ARGS[@]}" "${WORKER_ARGS[@]}" "${DECODE_ONLY_ARGS[@]}"
   METRICS_URLS+=("decode-$i http://127.0.0.1:$((PORT + 1400 + i))/metrics")
   WORKER_ADDRS+=("decode-$i 127.0.0.1:$((PORT + 1200 + i))")
 done
