@@ -148,6 +148,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   // most L bytes as that one does: only the trie subtrees that go deeper are walked.
   const bool share = options.share_table_walks;
   constexpr int32_t kMinShared = 4;  // below, nearly every subtree is deeper: a walk is as fast
+  // Above, few tokens are longer (a few hundred in 128k-token vocabularies): refining further
+  // would cost more than walking them.
+  constexpr int32_t kMaxSharedDepth = 32;
   // last_in_class[l - kMinShared]: class at level l -> the last tabled state in it
   std::vector<absl::flat_hash_map<int32_t, int32_t>> last_in_class(
       BoundedClasses::kMaxDepth - kMinShared + 1);
@@ -185,7 +188,8 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
           subtree_depth[i] = deepest;
         }
       }
-      while (shared_depth < subtree_depth[0] && classes.Affordable(shared_depth + 1) &&
+      while (shared_depth < std::min(subtree_depth[0], kMaxSharedDepth) &&
+             classes.Affordable(shared_depth + 1) &&
              classes.Of(shared_depth + 1, s) == classes.Of(shared_depth + 1, ref)) {
         ++shared_depth;
       }
