@@ -22,6 +22,13 @@ class BoundedClasses {
 
   explicit BoundedClasses(const Pda& pda) : pda_(pda) {}
 
+  // Affordable: refining to `level` stays within a budget of state signatures (deep levels
+  // only pay off for small automata with long chains, e.g. capped key lengths).
+  bool Affordable(int32_t level) const {
+    return static_cast<int64_t>(level + 1) * static_cast<int64_t>(pda_.states.size()) <=
+           (int64_t{1} << 22);
+  }
+
   int32_t Of(int32_t level, int32_t state) {
     while (static_cast<int32_t>(levels_.size()) <= level) Refine();
     return levels_[level][state];
@@ -73,6 +80,9 @@ class BoundedClasses {
 struct WalkScratch {
   std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos;
   std::vector<size_t> exact_begin, context_begin, pool;
+  // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
+  std::vector<std::pair<int32_t, int32_t>> decided;
+  std::vector<int32_t> merged;
 };
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
@@ -133,18 +143,68 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   WalkScratch scratch;
   absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
   std::vector<int32_t> depths;  // the depths in `walked`
+  // A state that no string of up to L bytes tells apart from an earlier one (whose walk went
+  // deeper: a chain of capped key characters, the last ones too) classifies every token of at
+  // most L bytes as that one does: only the trie subtrees that go deeper are walked.
+  const bool share = options.share_table_walks;
+  constexpr int32_t kMinShared = 4;  // below, nearly every subtree is deeper: a walk is as fast
+  // Above, few tokens are longer (a few hundred in 128k-token vocabularies): refining further
+  // would cost more than walking them.
+  constexpr int32_t kMaxSharedDepth = 32;
+  // last_in_class[l - kMinShared]: class at level l -> the last tabled state in it
+  std::vector<absl::flat_hash_map<int32_t, int32_t>> last_in_class(
+      BoundedClasses::kMaxDepth - kMinShared + 1);
+  std::vector<int32_t> subtree_depth;  // [trie node] the deepest level in its subtree
+  std::vector<int32_t> position;       // [token id] place in the trie's sorted order
+  const std::vector<TrieNode>& trie = g->vocab_->trie();
   for (int32_t s = 0; s < n; ++s) {
     if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
+    const bool keyed = share && classes.Affordable(BoundedClasses::kMaxDepth);
+    int32_t ref = -1;
+    int32_t shared_depth = 0;  // ref's table holds for tokens up to this many bytes
+    for (int32_t l = BoundedClasses::kMaxDepth; keyed && l >= kMinShared && ref < 0; --l) {
+      auto it = last_in_class[l - kMinShared].find(classes.Of(l, s));
+      if (it != last_in_class[l - kMinShared].end()) {
+        ref = it->second;
+        shared_depth = l;
+      }
+    }
     int32_t same = -1;
-    for (int32_t d : depths) {
+    for (int32_t d : share ? depths : std::vector<int32_t>{}) {
       auto it = walked.find({d, classes.Of(d, s)});
       if (it != walked.end()) {
         same = it->second;
         break;
       }
     }
+    if (same < 0 && ref >= 0) {
+      if (subtree_depth.empty()) {
+        subtree_depth.resize(trie.size());
+        for (int32_t i = static_cast<int32_t>(trie.size()) - 1; i >= 0; --i) {
+          int32_t deepest = trie[i].depth;
+          for (int32_t j = i + 1; j < trie[i].subtree_end; j = trie[j].subtree_end) {
+            deepest = std::max(deepest, subtree_depth[j]);
+          }
+          subtree_depth[i] = deepest;
+        }
+      }
+      while (shared_depth < std::min(subtree_depth[0], kMaxSharedDepth) &&
+             classes.Affordable(shared_depth + 1) &&
+             classes.Of(shared_depth + 1, s) == classes.Of(shared_depth + 1, ref)) {
+        ++shared_depth;
+      }
+      if (shared_depth >= subtree_depth[0]) same = ref;  // no token tells them apart
+    }
     if (same >= 0) {
       g->tables_[s] = g->tables_[same];
+    } else if (shared_depth > 0) {
+      if (position.empty()) {
+        const std::vector<int32_t>& sorted = g->vocab_->sorted_token_ids();
+        position.assign(g->vocab_->vocab_size(), -1);
+        for (size_t k = 0; k < sorted.size(); ++k) position[sorted[k]] = static_cast<int32_t>(k);
+      }
+      const Reuse reuse{shared_depth, &g->tables_[ref], &subtree_depth, &position};
+      g->Precompute(s, walk, scratch, &reuse);  // its depth covers only the walked subtrees
     } else {
       const int32_t depth = g->Precompute(s, walk, scratch);
       if (depth <= BoundedClasses::kMaxDepth) {
@@ -153,6 +213,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
           depths.push_back(depth);
         }
       }
+    }
+    for (int32_t l = kMinShared; keyed && l <= BoundedClasses::kMaxDepth; ++l) {
+      last_in_class[l - kMinShared][classes.Of(l, s)] = s;
     }
     const StateTokens& t = g->tables_[s];
     ++g->stats_.num_byte_states;
@@ -205,7 +268,8 @@ const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, St
   return closures_[rule];
 }
 
-int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch& scratch) {
+int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch& scratch,
+                                    const Reuse* reuse) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
@@ -237,13 +301,38 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
   };
   const int32_t num_nodes = static_cast<int32_t>(trie.size());
+  std::vector<std::pair<int32_t, int32_t>>& decided = scratch.decided;
+  decided.clear();
+  auto decide = [&](int32_t begin, int32_t end) {  // ranges come in preorder: merge as we go
+    if (begin >= end) return;
+    if (!decided.empty() && begin <= decided.back().second) {
+      decided.back().second = std::max(decided.back().second, end);
+    } else {
+      decided.emplace_back(begin, end);
+    }
+  };
+  auto reject_subtree = [&](const TrieNode& node) {
+    if (reuse == nullptr) return;
+    decide(node.token_begin, node.subtree_end < num_nodes ? trie[node.subtree_end].token_begin
+                                                          : static_cast<int32_t>(sorted.size()));
+  };
   int32_t i = 1;
   int32_t max_depth = 0;
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
+    if (reuse != nullptr) {
+      // A subtree no deeper than reuse->depth keeps the reference's classes; the rest is walked,
+      // and decides the node's own tokens, or every token below where it rejects.
+      if ((*reuse->subtree_depth)[i] <= reuse->depth) {
+        i = node.subtree_end;
+        continue;
+      }
+      decide(node.token_begin, node.token_end);
+    }
     const int32_t d = node.depth - 1;  // the parent's level
     max_depth = std::max(max_depth, node.depth);
     if (d == 0 && pda_.Next(state, node.byte) < 0) {
+      reject_subtree(node);
       i = node.subtree_end;  // the state has no edge for this first byte
       continue;
     }
@@ -265,6 +354,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       const StackNode top = walk.nodes()[exact[exact_begin[d]]];
       const int32_t ns = pda_.Next(top.state, node.byte);
       if (ns < 0) {
+        reject_subtree(node);
         i = node.subtree_end;
         continue;
       }
@@ -334,6 +424,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       add_range(&uncertain_pos, node.token_begin, node.token_end, false);
     }
     if (next_exact.empty() && next_context.empty()) {
+      reject_subtree(node);
       i = node.subtree_end;  // no token under this prefix fits anywhere
       continue;
     }
@@ -345,6 +436,61 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     ++i;
   }
   StateTokens& t = tables_[state];
+  const int32_t words = vocab_->num_bitmask_words();
+  if (reuse != nullptr) {
+    // The reference's classes outside the decided ranges, the walk's inside them.
+    const StateTokens& ref = *reuse->table;
+    const std::vector<int32_t>& position = *reuse->position;
+    auto undecided = [&](size_t* r, int32_t pos) {  // positions asked in increasing order
+      while (*r < decided.size() && decided[*r].second <= pos) ++*r;
+      return *r == decided.size() || pos < decided[*r].first;
+    };
+    std::vector<int32_t>& merged = scratch.merged;
+    merged.clear();
+    size_t r = 0;
+    for (int32_t id : ref.uncertain_ids) {
+      if (undecided(&r, position[id])) merged.push_back(position[id]);
+    }
+    const size_t num_ref = merged.size();
+    merged.insert(merged.end(), uncertain_pos.begin(), uncertain_pos.end());
+    std::inplace_merge(merged.begin(), merged.begin() + num_ref, merged.end());
+    uncertain_pos.swap(merged);
+    merged.clear();
+    if (!ref.accepted_bits.empty()) {
+      t.accepted_bits = ref.accepted_bits;
+      for (const auto& [begin, end] : decided) {
+        for (int32_t k = begin; k < end; ++k) {
+          t.accepted_bits[sorted[k] >> 5] &= ~(1u << (sorted[k] & 31));
+        }
+      }
+      for (int32_t id : accepted) t.accepted_bits[id >> 5] |= 1u << (id & 31);
+      int64_t count = 0;
+      for (uint32_t w : t.accepted_bits) count += __builtin_popcount(w);
+      if (count > words) {
+        accepted.clear();
+      } else {  // few enough for an id list (in trie order, as a walk lists them)
+        accepted.clear();
+        for (size_t w = 0; w < t.accepted_bits.size(); ++w) {
+          for (uint32_t bits = t.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+            accepted.push_back(static_cast<int32_t>(w * 32) + __builtin_ctz(bits));
+          }
+        }
+        std::sort(accepted.begin(), accepted.end(),
+                  [&](int32_t a, int32_t b) { return position[a] < position[b]; });
+        t.accepted_bits.clear();
+      }
+    } else {
+      r = 0;
+      for (int32_t id : ref.accepted_ids) {
+        if (undecided(&r, position[id])) merged.push_back(id);
+      }
+      const size_t num_kept = merged.size();
+      merged.insert(merged.end(), accepted.begin(), accepted.end());
+      std::inplace_merge(merged.begin(), merged.begin() + num_kept, merged.end(),
+                         [&](int32_t a, int32_t b) { return position[a] < position[b]; });
+      accepted.swap(merged);
+    }
+  }
   // Preorder visits the trie in sorted order, so uncertain_pos is sorted by bytes already.
   t.uncertain_ids.reserve(uncertain_pos.size());
   t.uncertain_lcp.reserve(uncertain_pos.size());
@@ -357,8 +503,9 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     t.uncertain_lcp.push_back(static_cast<int32_t>(lcp));
     prev = b;
   }
-  const int32_t words = vocab_->num_bitmask_words();
-  if (static_cast<int64_t>(accepted.size()) > words) {
+  if (!t.accepted_bits.empty()) {
+    // A reference's bitmask, already final.
+  } else if (static_cast<int64_t>(accepted.size()) > words) {
     t.accepted_bits.assign(words, 0);
     for (int32_t id : accepted) t.accepted_bits[id >> 5] |= 1u << (id & 31);
   } else {

@@ -69,7 +69,16 @@ class CompiledGrammar {
  private:
   CompiledGrammar() = default;
   // Precompute fills tables_[state]; returns the deepest trie level its walk looked at.
-  int32_t Precompute(int32_t state, class StackWalk& walk, struct WalkScratch& scratch);
+  // With `reuse`, the tokens of every trie subtree no deeper than reuse->depth keep their
+  // class in reuse->table (a state no string of that many bytes tells apart) without a walk.
+  struct Reuse {
+    int32_t depth = 0;
+    const StateTokens* table = nullptr;
+    const std::vector<int32_t>* subtree_depth = nullptr;  // [trie node] deepest level below
+    const std::vector<int32_t>* position = nullptr;       // [token id] place in sorted order
+  };
+  int32_t Precompute(int32_t state, class StackWalk& walk, struct WalkScratch& scratch,
+                     const Reuse* reuse = nullptr);
   // ContextClosure: the tops a return of rule `r` continues at (its return sites, and the
   // sites of every rule that returns from there, outwards), built once into the walk's
   // persistent node prefix: a return costs an append at every trie node instead of a fresh

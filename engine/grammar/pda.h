@@ -52,6 +52,10 @@ struct PdaState {
 struct PdaOptions {
   int64_t max_states = 2000000;  // NFA states over all rules before the build gives up
   int64_t max_rule_dfa_states = 100000;
+  // CompiledGrammar::Create shares vocabulary walks among states that short strings cannot
+  // tell apart; false walks every state's vocabulary in full (the reference the sharing is
+  // tested against, same tables, only slower).
+  bool share_table_walks = true;
 };
 
 struct Pda {

@@ -1,6 +1,7 @@
 // GrammarMatcher: the fast mask (precomputed accepted/uncertain tokens) equals the brute-force
 // mask on random walks, EOS handling, rollback on rejected tokens, and the real Llama 3
 // vocabulary.
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -261,6 +262,49 @@ TEST(GrammarMatcherTest, Llama3MaskEqualsBruteForceAlongDocuments) {
       ASSERT_EQ(MaskIds(mask), MaskIds(BruteForceMask(m))) << doc << " step " << i;
       if (i < ids.size()) ASSERT_TRUE(m.AcceptToken(ids[i])) << doc << " step " << i;
     }
+  }
+}
+
+
+// Table sharing (a state's table derived from an earlier state's that no short string tells
+// apart, walking only the deeper trie subtrees) gives every state the table a full vocabulary
+// walk gives: for map-like objects, whose capped key characters make chains of such states,
+// on the real Llama 3 vocabulary.
+TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
+  const std::string path = sluice::testing::RequirePath(sluice::testing::SharedDir() + "/tokenizers/llama3/tokenizer.json");
+  auto tokenizer = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto vocab = TokenVocab::FromTokenizer(**tokenizer, {*(*tokenizer)->TokenToId("<|eot_id|>")});
+  auto accepted_ids = [&](const StateTokens& t) {
+    std::vector<int32_t> ids = t.accepted_ids;
+    if (!t.accepted_bits.empty()) ids = MaskIds(t.accepted_bits);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  for (const char* schema : {
+           R"({"type":"object","additionalProperties":{"type":"string"}})",
+           R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],"additionalProperties":{"type":"integer"}})",
+       }) {
+    absl::StatusOr<Grammar> grammar = JsonSchemaToGrammar(nlohmann::json::parse(schema));
+    ASSERT_TRUE(grammar.ok()) << grammar.status();
+    PdaOptions full;
+    full.share_table_walks = false;
+    auto shared = CompiledGrammar::Create(*grammar, vocab);
+    auto walked = CompiledGrammar::Create(*grammar, vocab, full);
+    ASSERT_TRUE(shared.ok() && walked.ok());
+    const Pda& pda = (*shared)->pda();
+    ASSERT_EQ(pda.states.size(), (*walked)->pda().states.size());
+    int32_t num_tables = 0;
+    for (int32_t s = 0; s < static_cast<int32_t>(pda.states.size()); ++s) {
+      const StateTokens& a = (*shared)->tokens(s);
+      const StateTokens& b = (*walked)->tokens(s);
+      ASSERT_EQ(accepted_ids(a), accepted_ids(b)) << schema << " state " << s;
+      ASSERT_EQ(a.accepted_bits.empty(), b.accepted_bits.empty()) << schema << " state " << s;
+      ASSERT_EQ(a.uncertain_ids, b.uncertain_ids) << schema << " state " << s;
+      ASSERT_EQ(a.uncertain_lcp, b.uncertain_lcp) << schema << " state " << s;
+      if (!accepted_ids(a).empty()) ++num_tables;
+    }
+    EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most of the vocabulary
   }
 }
 
