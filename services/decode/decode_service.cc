@@ -48,24 +48,6 @@ absl::Status OutcomeOf(const v1::TokenOutput& message) {
   }
 }
 
-// IsPeerRefusal: a transfer error whose code would read as the client's fault (a 4xx), though
-// only workers were involved.
-bool IsPeerRefusal(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 const char* RecomputeReasonName(RecomputeReason reason) {
@@ -928,16 +910,6 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
             "the prefill worker's pin on the pulled KV could not be confirmed (",
             released.message(), "); recomputing the prompt"));
       }
-    }
-    // A transfer fails for the workers' reasons, never the request's: a refusal that would read
-    // as a client error (FAILED_PRECONDITION: mismatched --kv-transfer-mode, --swa-replay-tokens
-    // or KV layouts; INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED: a peer's answer) reaches the
-    // router, and the client, as a server fault (INTERNAL, 500; the router retries it elsewhere).
-    if (IsPeerRefusal(status)) {
-      spdlog::error("request {}: KV transfer from prefill worker {} failed: {}", session->id(),
-                    prefill.prefill_worker_address(), std::string(status.message()));
-      status = absl::InternalError(
-          absl::StrCat("KV transfer between workers failed: ", status.message()));
     }
     std::optional<SampledToken> first;
     if (prefill.has_first_token()) {

@@ -4,8 +4,7 @@
 // token of an earlier reservation of the same request id opens nothing. DecodeService runs here
 // on loopback gRPC around an AsyncEngine with the fake ChecksumModel (no KV transfer is made:
 // the remote-prefill case holds its transfer back with test_transfer_delay). Also: a Reserve
-// answer that never reached its caller frees its blocks, and a KV transfer a misconfigured peer
-// refused is a server fault (INTERNAL), not the client's.
+// answer that never reached its caller frees its blocks.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -44,17 +43,14 @@ std::unique_ptr<LLMEngine> MakeEngine() {
 class Worker {
  public:
   explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30),
-                  absl::Duration reserve_answer_delay = absl::ZeroDuration(),
-                  v1::KvTransferMode transfer_mode = v1::KV_TRANSFER_MODE_PULL,
-                  absl::Duration transfer_delay = absl::Seconds(60))
+                  absl::Duration reserve_answer_delay = absl::ZeroDuration())
       : engine_(MakeEngine()), metrics_("decode", "checksum") {
     DecodeServiceOptions options;
     options.reserve_timeout = reserve_timeout;
     options.test_reserve_answer_delay = reserve_answer_delay;
-    options.transfer_mode = transfer_mode;
     options.release_timeout = absl::Milliseconds(200);
     // A remote prefill's transfer waits this long: the session stays reserved and claimed.
-    options.test_transfer_delay = transfer_delay;
+    options.test_transfer_delay = absl::Seconds(60);
     service_ = std::make_unique<DecodeService>(&engine_, /*agent=*/nullptr,
                                                std::vector<transfer::KvRegion>{}, "descriptor",
                                                &metrics_, options);
@@ -143,7 +139,6 @@ struct DecodeResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
-  v1::Error error;  // the final message's, when it ended with an error
 };
 DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
   grpc::ClientContext context;
@@ -155,7 +150,6 @@ DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
     for (const v1::SampledToken& t : message.tokens()) result.tokens.push_back(t.token_id());
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish = message.finish_reason();
-      result.error = message.error();
     }
   }
   result.status = reader->Finish();
@@ -376,62 +370,6 @@ TEST(DecodeGrantTest, ReserveAnswerThatNeverReachedItsCallerFreesTheBlocks) {
   EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
     return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
   }));
-}
-
-// A prefill worker that refuses every PushKv with FAILED_PRECONDITION (as one running
-// --kv-transfer-mode pull does) and acks every Release.
-class RefusingPrefill final : public v1::PrefillWorker::CallbackService {
- public:
-  grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
-                                   const v1::PushKvRequest*, v1::PushKvResponse*) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 "KV transfer mode mismatch: this prefill worker runs "
-                                 "--kv-transfer-mode pull"));
-    return reactor;
-  }
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
-                                    const v1::ReleaseRequest*,
-                                    v1::ReleaseResponse* response) override {
-    response->set_released(true);
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-};
-
-// A KV transfer refused by the peer for a worker misconfiguration (here PushKv's
-// FAILED_PRECONDITION) is a server fault: the request ends INTERNAL (HTTP 500 at the API, and a
-// retry elsewhere at the router), never with the peer's code, which the API would answer as the
-// client's error (400). The blocks come back.
-TEST(DecodeTransferErrorTest, PushRefusedByAMisconfiguredPeerIsAServerFault) {
-  RefusingPrefill prefill;
-  grpc::ServerBuilder builder;
-  builder.RegisterService(&prefill);
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
-  ASSERT_NE(prefill_server, nullptr);
-  Worker w(absl::Seconds(30), absl::ZeroDuration(), v1::KV_TRANSFER_MODE_PUSH,
-           /*transfer_delay=*/absl::ZeroDuration());
-  v1::DecodeRequest request = RemoteDecode("p1", "");
-  request.mutable_prefill()->set_kv_transfer_mode(v1::KV_TRANSFER_MODE_PUSH);
-  request.mutable_prefill()->set_prefill_worker_address(absl::StrCat("127.0.0.1:", port));
-  DecodeResult d = Decode(w, request);
-  EXPECT_TRUE(d.status.ok()) << d.status.error_message();  // the error is the final message's
-  EXPECT_EQ(d.finish, v1::FINISH_REASON_ERROR);
-  EXPECT_EQ(d.error.code(), static_cast<int32_t>(absl::StatusCode::kInternal));
-  EXPECT_NE(d.error.message().find("KV transfer between workers failed: KV push from prefill "
-                                   "worker 127.0.0.1:"),
-            std::string::npos)
-      << d.error.message();
-  EXPECT_NE(d.error.message().find("KV transfer mode mismatch"), std::string::npos)
-      << d.error.message();
-  EXPECT_TRUE(d.tokens.empty());
-  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
-    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
-  }));
-  prefill_server->Shutdown();
 }
 
 }  // namespace
