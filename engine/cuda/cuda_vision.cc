@@ -128,7 +128,8 @@ absl::StatusOr<std::unique_ptr<vision::VisionBackend>> CudaVisionBackend::Create
     SLUICE_RETURN_IF_ERROR(b->LoadWeights(src, root));
   }
   SLUICE_RETURN_IF_ERROR(b->AllocScratch());
-  SLUICE_RETURN_IF_ERROR(b->stream_.Synchronize());
+  // Every weight copy done, those on the legacy stream (CheckpointSource, FillFloat) included.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return std::unique_ptr<vision::VisionBackend>(std::move(b));
 }
 
@@ -145,6 +146,10 @@ absl::Status CudaVisionBackend::LoadWeights(WeightSource& src, const std::string
     SLUICE_RETURN_IF_ERROR(AllocFill(src, &dense, e + "patch_embedding.weight",
                                      {D, c.num_channels, P, P}, normal, st));
     SLUICE_ASSIGN_OR_RETURN(patch_w_, Alloc<bf16>(D * patch_k_));
+    // CheckpointSource fills with a synchronous cudaMemcpy from pageable memory on the legacy
+    // stream, which may return before its last DMA lands; stream_ is non-blocking and would
+    // not wait for it.
+    SLUICE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     SLUICE_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(patch_w_.data(), 0, patch_w_.bytes(), st), "cudaMemsetAsync");
     SLUICE_CUDA_RETURN_IF_ERROR(

@@ -294,7 +294,9 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   auto slp = DeviceBuffer<float>::Create(static_cast<size_t>(NL));
   if (!slp.ok()) return slp.status();
   sampled_logprobs = std::move(*slp);
-  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(sampled.data(), 0, sampled.bytes()), "cudaMemset");
+  // On the runner's stream: it is non-blocking, so it would not wait for a legacy-stream memset.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(sampled.data(), 0, sampled.bytes(), stream.get()),
+                              "cudaMemsetAsync");
   auto rows = DeviceBuffer<kernels::SamplingRow>::Create(static_cast<size_t>(NL));
   if (!rows.ok()) return rows.status();
   sampling_rows = std::move(*rows);
@@ -309,8 +311,9 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
     if (!none.ok()) return none.status();
     no_kv_slots = std::move(*none);
     // All bits set: -1 in every slot.
-    SLUICE_CUDA_RETURN_IF_ERROR(cudaMemset(no_kv_slots.data(), 0xFF, no_kv_slots.bytes()),
-                                "cudaMemset no_kv_slots");
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(no_kv_slots.data(), 0xFF, no_kv_slots.bytes(), stream.get()),
+        "cudaMemsetAsync no_kv_slots");
   }
 
   const MetaLayout max_layout = MakeLayout(T, S, NL, max_blocks_per_seq);
