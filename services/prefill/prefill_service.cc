@@ -511,8 +511,9 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
                                      const v1::PushKvRequest& request,
                                      std::vector<int32_t> block_ids, absl::Time deadline,
                                      int64_t* bytes) {
+  // A layout mismatch is the two workers' settings: FAILED_PRECONDITION (worker.proto PushKv).
   absl::StatusOr<Destination> checked = CheckDestination(request_id, request.destination(),
-                                                         absl::StatusCode::kInvalidArgument);
+                                                         absl::StatusCode::kFailedPrecondition);
   if (!checked.ok()) return checked.status();
   const TransferRegions& moved = checked->regions;
   // Only the blocks the prompt needs are expanded (the runs may cover far more).

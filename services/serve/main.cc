@@ -351,6 +351,9 @@ int main(int argc, char** argv) {
     cmd.add_option("--test-image-encode-delay-ms", w.test_image_encode_delay_ms,
                    "Test only: hold each image encode of this worker this long")
         ->check(CLI::NonNegativeNumber);
+    cmd.add_flag("--test-register-without-kv-peer", w.test_register_without_kv_peer,
+                 "Test only: register without the KV settings the router checks (as a worker "
+                 "from before the check), so a misconfigured worker is admitted");
     cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
                    "SIGTERM: finish requests in flight within this many seconds, then cut the "
                    "rest (the router moves cut decode streams elsewhere) and exit 0")

@@ -1,0 +1,44 @@
+#include "services/common/misconfigured_peer.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/cord.h"
+
+namespace sluice {
+namespace {
+
+// The payload's type URL (absl::Status payloads are keyed by one); its value is unused.
+constexpr absl::string_view kCauseUrl = "type.googleapis.com/sluice.v1.ErrorCause";
+constexpr absl::string_view kMisconfigured = "ERROR_CAUSE_WORKER_MISCONFIGURED";
+
+}  // namespace
+
+absl::Status MisconfiguredPeerError(absl::string_view message) {
+  return AsMisconfiguredPeer(absl::FailedPreconditionError(message));
+}
+
+absl::Status AsMisconfiguredPeer(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kCauseUrl, absl::Cord(kMisconfigured));
+  return status;
+}
+
+bool IsMisconfiguredPeer(const absl::Status& status) {
+  const auto cause = status.GetPayload(kCauseUrl);  // absl::optional<absl::Cord>
+  return cause.has_value() && *cause == kMisconfigured;
+}
+
+void ErrorToWire(const absl::Status& status, v1::Error* out) {
+  out->set_code(static_cast<int32_t>(status.code()));
+  out->set_message(std::string(status.message()));
+  if (IsMisconfiguredPeer(status)) out->set_cause(v1::ERROR_CAUSE_WORKER_MISCONFIGURED);
+}
+
+absl::Status ErrorCauseFromWire(const v1::Error& error, absl::Status status) {
+  if (error.cause() == v1::ERROR_CAUSE_WORKER_MISCONFIGURED) {
+    return AsMisconfiguredPeer(std::move(status));
+  }
+  return status;
+}
+
+}  // namespace sluice
