@@ -860,7 +860,16 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     if (!job.has_value()) return;
     const v1::PrefillResponse& prefill = job->prefill;
     if (job->cancelled) {
-      SendRelease(session->id(), prefill);
+      // The client left before the transfer: the pin is of no use. NotFound is the usual
+      // answer (the router releases the pin itself when it aborts a request); any other
+      // failure leaves the prefill worker's blocks pinned until its --kv-pin-timeout-s.
+      absl::Status released = SendRelease(session->id(), prefill);
+      if (!released.ok() && !absl::IsNotFound(released)) {
+        spdlog::warn("request {}: cancelled before its KV transfer, but the ack to prefill "
+                     "worker {} failed ({}): its pinned blocks stay until its "
+                     "--kv-pin-timeout-s",
+                     session->id(), prefill.prefill_worker_address(), released.ToString());
+      }
       return;
     }
     const v1::KvTransferMode theirs =

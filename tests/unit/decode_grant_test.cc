@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +22,9 @@
 #include "gtest/gtest.h"
 #include "services/decode/decode_service.h"
 #include "services/common/worker_metrics.h"
+#include "services/serve/log.h"
 #include "sluice/v1/worker.grpc.pb.h"
+#include "spdlog/sinks/base_sink.h"
 #include "tests/util/fake_models.h"
 
 namespace sluice {
@@ -467,6 +471,82 @@ TEST(DecodeTransferErrorTest, ModeMismatchIsMarkedAndAckedThePin) {
   EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
     return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
   }));
+  prefill_server->Shutdown();
+}
+
+// CaptureLog: the default logger's lines while it lives (then the previous logger again).
+class CaptureLog {
+ public:
+  CaptureLog() : previous_(spdlog::default_logger()), sink_(std::make_shared<Sink>()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~CaptureLog() { spdlog::set_default_logger(previous_); }
+  std::string text() { return sink_->text(); }
+
+ private:
+  class Sink final : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::string text() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return text_;
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      text_.append(msg.payload.data(), msg.payload.size());
+      text_ += '\n';
+    }
+    void flush_() override {}
+
+   private:
+    std::string text_;
+  };
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<Sink> sink_;
+};
+
+// A Decode cancelled before its (delayed) transfer began acks the prefill pin at once (its
+// blocks are of no use), and says so when that ack fails: the blocks then stay pinned until the
+// prefill worker's pin timeout. Layerwise mode: the cancelled reservation is freed only at its
+// timeout (a layer push may still write into it), so the transfer job finds it cancelled.
+TEST(DecodeTransferErrorTest, CancelBeforeTheTransferAcksThePin) {
+  RefusingPrefill prefill;  // acks every Release
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&prefill);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
+  ASSERT_NE(prefill_server, nullptr);
+  CaptureLog log;
+  Worker w(/*reserve_timeout=*/absl::Seconds(1), absl::ZeroDuration(),
+           v1::KV_TRANSFER_MODE_LAYERWISE, /*transfer_delay=*/absl::Milliseconds(300));
+  const std::pair<std::string, std::string> cases[] = {
+      {"live", absl::StrCat("127.0.0.1:", port)}, {"gone", "127.0.0.1:1"}};
+  for (const auto& [id, address] : cases) {
+    v1::DecodeRequest request = RemoteDecode(id, "");
+    request.mutable_prefill()->set_prefill_worker_address(address);
+    grpc::ClientContext context;
+    auto reader = w.stub()->Decode(&context, request);
+    ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+    context.TryCancel();
+    v1::TokenOutput message;
+    while (reader->Read(&message)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+      return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+    }));
+  }
+  const std::string failed = "request gone: cancelled before its KV transfer, but the ack to "
+                             "prefill worker 127.0.0.1:1 failed (UNAVAILABLE";
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (log.text().find(failed) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(prefill.num_releases(), 1);  // the live worker's pin, acked after the cancel
+  EXPECT_NE(log.text().find(failed), std::string::npos) << log.text();
+  // The acked one logs nothing about its ack.
+  EXPECT_EQ(log.text().find("request live: cancelled before"), std::string::npos) << log.text();
   prefill_server->Shutdown();
 }
 
