@@ -41,4 +41,23 @@ absl::Status ErrorCauseFromWire(const v1::Error& error, absl::Status status) {
   return status;
 }
 
+grpc::Status ToGrpcWithCause(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  const auto code = static_cast<grpc::StatusCode>(status.code());
+  if (!IsMisconfiguredPeer(status)) return grpc::Status(code, std::string(status.message()));
+  v1::Error error;
+  ErrorToWire(status, &error);
+  return grpc::Status(code, std::string(status.message()), error.SerializeAsString());
+}
+
+absl::Status FromGrpcWithCause(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status out(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  v1::Error error;
+  if (!status.error_details().empty() && error.ParseFromString(status.error_details())) {
+    out = ErrorCauseFromWire(error, std::move(out));
+  }
+  return out;
+}
+
 }  // namespace sluice

@@ -697,7 +697,18 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     }
     if (IsAborted()) return PrefillPhaseEnded();
     if (!IsWorkerFailure(status.error_code())) {
-      prefill_error_ = FromGrpc(status);
+      prefill_error_ = FromGrpcWithCause(status);
+      if (IsMisconfiguredPeer(prefill_error_)) {
+        // A layerwise prefill refused the decode reservation (another transfer mode or KV
+        // layout): as for a decode worker's (DecodeMessage), a server error, not retried.
+        spdlog::error("request {}: prefill worker {} ({}) and its decode worker are "
+                      "misconfigured: {}",
+                      id(), worker.worker_id, worker.address,
+                      std::string(prefill_error_.message()));
+        backend_->Count(&RemoteBackendCounters::num_worker_failures);
+        prefill_error_ = absl::InternalError(absl::StrCat(
+            "the KV transfer between this request's workers failed: ", prefill_error_.message()));
+      }
       return PrefillPhaseEnded();
     }
     backend_->prober_.Suspect(worker);

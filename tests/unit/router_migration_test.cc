@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "services/common/misconfigured_peer.h"
 #include "services/router/remote_backend.h"
 #include "services/router/worker_registry.h"
 #include "sluice/v1/worker.grpc.pb.h"
@@ -68,6 +69,7 @@ struct Script {
   // Every Decode of a prefill ends the request at once with this error (a transfer that failed,
   // e.g. between misconfigured workers).
   std::optional<v1::Error> transfer_error;
+  std::optional<grpc::Status> prefill_error;  // every Prefill answers it
   std::mutex mu;
   std::vector<PrefillCall> prefills;
   std::map<std::string, std::vector<int32_t>> reserves;  // worker -> resumed of its Reserve
@@ -88,6 +90,10 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
       std::lock_guard<std::mutex> lock(script_->mu);
       script_->prefills.push_back(
           {Ids(request->resumed_output_token_ids()), request->sampling().has_prompt_logprobs()});
+    }
+    if (script_->prefill_error.has_value()) {
+      reactor->Finish(*script_->prefill_error);
+      return reactor;
     }
     if (resumed > 0 && script_->fail_resumed_prefill) {
       reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "test: refused"));
@@ -493,6 +499,29 @@ TEST(RemoteBackendMisconfiguredPeers, ServerErrorWithoutRetry) {
   EXPECT_EQ(c.counters.num_decode_retries, 0);
   EXPECT_EQ(c.counters.num_migrations, 0);
   EXPECT_EQ(c.counters.num_worker_failures, 1);
+}
+
+// A prefill worker that refused the request for misconfigured peers (a layerwise prefill whose
+// decode reservation has another KV layout), the mark in the gRPC status details: the same
+// server error, and no other prefill worker is tried.
+TEST(RemoteBackendMisconfiguredPeers, MarkedPrefillRefusalIsAServerError) {
+  Cluster c;
+  c.script.prefill_error = ToGrpcWithCause(MisconfiguredPeerError(
+      "KV layout mismatch for request 'r': decode block_size 32; prefill block_size 16"));
+  Outcome o = c.RunOne();
+  EXPECT_EQ(o.reason, FinishReason::kError);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInternal) << o.status;
+  EXPECT_EQ(o.status.message(),
+            "the KV transfer between this request's workers failed: KV layout mismatch for "
+            "request 'r': decode block_size 32; prefill block_size 16");
+  EXPECT_EQ(c.script.prefills.size(), 1u);
+  EXPECT_TRUE(c.script.decode_calls.empty());
+  EXPECT_EQ(c.counters.num_prefill_retries, 0);
+  EXPECT_EQ(c.counters.num_worker_failures, 1);
+  // Unmarked, the refusal keeps its code (a prefill worker from before the mark).
+  Cluster old;
+  old.script.prefill_error = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "KV layout");
+  EXPECT_EQ(old.RunOne().status.code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // The same error without the mark (a decode worker from before it) keeps its code: the
