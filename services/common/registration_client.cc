@@ -47,6 +47,14 @@ bool RegistrationClient::RegisterOnce() {
   *request.mutable_worker() = options_.worker;
   v1::RegisterResponse response;
   grpc::Status status = stub_->Register(&context, request, &response);
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION && options_.on_refused) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    options_.on_refused(status.error_message());
+    return false;
+  }
   if (!status.ok()) {
     spdlog::warn("register with router {} failed: {}", options_.router_address,
                  status.error_message());

@@ -1,7 +1,8 @@
 // RegistrationClient: keeps a worker registered with the router (Registry service): registers,
 // heartbeats within the lease with the worker's load, registers again when the router forgot the
 // worker (NOT_FOUND: lease expired or router restarted), drains on shutdown and deregisters at
-// its end. One background thread; every RPC has a deadline.
+// its end. One background thread; every RPC has a deadline. A refusal for good (the worker's
+// settings differ from the router's pool) stops it and tells the worker (on_refused).
 #ifndef SLUICE_SERVICES_COMMON_REGISTRATION_CLIENT_H_
 #define SLUICE_SERVICES_COMMON_REGISTRATION_CLIENT_H_
 
@@ -26,6 +27,11 @@ struct RegistrationOptions {
   absl::Duration retry_interval = absl::Milliseconds(500);  // while the router is unreachable
   // Credentials of the channel to the router (mTLS); nullptr: plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Called once, from the client's thread, when the router refuses the worker for good
+  // (Register answered FAILED_PRECONDITION: settings that differ from its pool's), with the
+  // router's reason; the client then stops (no retry, no heartbeat). Must not destroy the
+  // client. Empty: the refusal is logged and retried like any failed Register.
+  std::function<void(const std::string& why)> on_refused;
 };
 
 class RegistrationClient {
@@ -44,6 +50,7 @@ class RegistrationClient {
 
  private:
   void Loop();
+  // RegisterOnce: true once registered; sets stop_ when refused for good.
   bool RegisterOnce();
   bool HeartbeatOnce();
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv/swa_replay.h"
+#include "services/common/misconfigured_peer.h"
 
 namespace sluice {
 
@@ -87,8 +88,7 @@ void OutputToWire(const RequestOutput& in, v1::TokenOutput* out) {
   usage->set_completion_tokens(in.num_output_tokens);
   usage->set_cached_tokens(in.num_cached_tokens);
   if (in.finish_reason == FinishReason::kError) {
-    out->mutable_error()->set_code(static_cast<int32_t>(in.status.code()));
-    out->mutable_error()->set_message(std::string(in.status.message()));
+    ErrorToWire(in.status, out->mutable_error());  // with its cause (misconfigured peers)
   }
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "services/serve/log.h"
+#include "services/common/misconfigured_peer.h"
 #include "services/common/recompute_log.h"
 #include "services/common/worker_wire.h"
 #include "transfer/block_runs.h"
@@ -750,9 +751,9 @@ absl::Status DecodeService::PullKv(const v1::PrefillResponse& prefill,
   // The dtype too: a bf16 device cache (CUDA runner) never pairs with a float32 host one.
   const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   if (!SameKvLayout(kv.layout(), own)) {
-    return absl::FailedPreconditionError(absl::StrCat("KV layout mismatch: prefill ",
-                                                      DescribeKvLayout(kv.layout()), "; decode ",
-                                                      DescribeKvLayout(own)));
+    return MisconfiguredPeerError(absl::StrCat(
+        "KV layout mismatch: prefill worker ", prefill.prefill_worker_address(), " has ",
+        DescribeKvLayout(kv.layout()), "; this decode worker ", DescribeKvLayout(own)));
   }
   // With SWA replay only the full-attention layers' regions (the engine replays the rest).
   absl::StatusOr<TransferRegions> moved =
@@ -805,6 +806,15 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
   const grpc::Status status =
       PrefillStub(prefill.prefill_worker_address())->PushKv(&context, request, &response);
   if (status.ok()) return absl::OkStatus();
+  const absl::Status failed(static_cast<absl::StatusCode>(status.error_code()),
+                            absl::StrCat("KV push from prefill worker ",
+                                         prefill.prefill_worker_address(),
+                                         " failed: ", status.error_message()));
+  // PushKv refuses with FAILED_PRECONDITION only for settings the two workers do not share
+  // (its --kv-transfer-mode, the KV layout): the deployment's fault.
+  if (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    return AsMisconfiguredPeer(failed);
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::NOT_FOUND:
@@ -816,9 +826,7 @@ absl::Status DecodeService::RequestPush(const std::string& request_id,
       // the delivery delay.
       *safe_at = sent + timeout + options_.push_grace;
   }
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("KV push from prefill worker ", prefill.prefill_worker_address(),
-                                   " failed: ", status.error_message()));
+  return failed;
 }
 
 void DecodeService::ExpireUnclaimed(const std::shared_ptr<DecodeSession>& session) {
@@ -852,7 +860,16 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     if (!job.has_value()) return;
     const v1::PrefillResponse& prefill = job->prefill;
     if (job->cancelled) {
-      SendRelease(session->id(), prefill);
+      // The client left before the transfer: the pin is of no use. NotFound is the usual
+      // answer (the router releases the pin itself when it aborts a request); any other
+      // failure leaves the prefill worker's blocks pinned until its --kv-pin-timeout-s.
+      absl::Status released = SendRelease(session->id(), prefill);
+      if (!released.ok() && !absl::IsNotFound(released)) {
+        spdlog::warn("request {}: cancelled before its KV transfer, but the ack to prefill "
+                     "worker {} failed ({}): its pinned blocks stay until its "
+                     "--kv-pin-timeout-s",
+                     session->id(), prefill.prefill_worker_address(), released.ToString());
+      }
       return;
     }
     const v1::KvTransferMode theirs =
@@ -875,15 +892,16 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
     RecomputeReason reason = RecomputeReason::kTransferFailed;
     absl::Time safe_at = absl::InfinitePast();
     if (theirs != options_.transfer_mode) {
-      status = absl::FailedPreconditionError(absl::StrCat(
+      status = MisconfiguredPeerError(absl::StrCat(
           "KV transfer mode mismatch: decode worker runs --kv-transfer-mode ",
           ModeName(options_.transfer_mode), ", prefill worker ", prefill.prefill_worker_address(),
           " runs ", ModeName(theirs), "; start every worker with the same --kv-transfer-mode"));
     } else if ((prefill.kv().swa_replay_tokens() > 0) != (options_.swa_replay_tokens > 0)) {
-      status = absl::FailedPreconditionError(absl::StrCat(
+      status = MisconfiguredPeerError(absl::StrCat(
           "SWA replay mismatch: prefill worker ", prefill.prefill_worker_address(),
-          (prefill.kv().swa_replay_tokens() > 0 ? " moves only full-attention layers"
-                                                : " moves every layer"),
+          " runs --swa-replay-tokens ", prefill.kv().swa_replay_tokens(),
+          (prefill.kv().swa_replay_tokens() > 0 ? " (moves only full-attention layers)"
+                                                : " (moves every layer)"),
           " but this decode worker runs --swa-replay-tokens ", options_.swa_replay_tokens,
           "; start every worker with the same --swa-replay-tokens"));
     } else if (deadline <= start) {
@@ -894,6 +912,11 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
                     : PullKv(prefill, job->blocks, deadline);
       metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
       if (absl::IsDeadlineExceeded(status)) reason = RecomputeReason::kTransferTimeout;
+    }
+    // Not the request's fault and no attempt elsewhere would help: the operator must see it.
+    if (IsMisconfiguredPeer(status)) {
+      spdlog::error("request {}: {} (a worker configuration error; the request fails)",
+                    session->id(), std::string(status.message()));
     }
     // The ack: the prefill worker may free its pinned blocks (also after a failed pull, and
     // after a layerwise push landed). After a successful PushKv it freed them itself.

@@ -10,6 +10,7 @@
 #include "transfer/block_runs.h"
 #include "transfer/block_runs_wire.h"
 #include "proto/grpc_status.h"
+#include "services/common/misconfigured_peer.h"
 
 namespace sluice {
 namespace {
@@ -102,10 +103,9 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
   }
   if (request->has_decode_reservation()) {
     if (options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE) {
-      reactor->End(grpc::Status(
-          grpc::StatusCode::FAILED_PRECONDITION,
+      reactor->End(ToGrpcWithCause(MisconfiguredPeerError(
           "KV transfer mode mismatch: the router sent a decode reservation for a layer-by-layer "
-          "push but this prefill worker does not run --kv-transfer-mode layerwise"));
+          "push but this prefill worker does not run --kv-transfer-mode layerwise")));
       return reactor;
     }
     const absl::Time received = absl::Now();
@@ -115,7 +115,7 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
     absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> made =
         MakeLayerwisePush(request->request_id(), request->decode_reservation(), received + ttl);
     if (!made.ok()) {
-      reactor->End(ToGrpc(made.status()));
+      reactor->End(ToGrpcWithCause(made.status()));  // a layout mismatch is marked
       return reactor;
     }
     layer_push = *std::move(made);
@@ -262,14 +262,12 @@ grpc::ServerUnaryReactor* PrefillService::Prefill(grpc::CallbackServerContext* c
 }
 
 absl::StatusOr<PrefillService::Destination> PrefillService::CheckDestination(
-    const std::string& request_id, const v1::KvBlocks& destination,
-    absl::StatusCode layout_error) const {
+    const std::string& request_id, const v1::KvBlocks& destination) const {
   const v1::KvLayout own = LayoutOf(engine_->kv_cache(), engine_->model().KvDtypeBytes());
   if (!SameKvLayout(destination.layout(), own)) {
-    return absl::Status(layout_error,
-                        absl::StrCat("KV layout mismatch for request '", request_id, "': decode ",
-                                     DescribeKvLayout(destination.layout()), "; prefill ",
-                                     DescribeKvLayout(own)));
+    return MisconfiguredPeerError(absl::StrCat("KV layout mismatch for request '", request_id,
+                                               "': decode ", DescribeKvLayout(destination.layout()),
+                                               "; prefill ", DescribeKvLayout(own)));
   }
   // With SWA replay only the full-attention layers' regions (the decode worker checked that it
   // replays the rest).
@@ -288,8 +286,7 @@ absl::StatusOr<std::shared_ptr<transfer::LayerwisePush>> PrefillService::MakeLay
   const KvCacheSpec& spec = engine_->kv_cache().spec();
   // With SWA replay the other layers' groups have nothing to move (the decode worker replays
   // them).
-  absl::StatusOr<Destination> checked =
-      CheckDestination(request_id, destination, absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<Destination> checked = CheckDestination(request_id, destination);
   if (!checked.ok()) return checked.status();
   // KvRegionsOf's order: per layer its k region, then its v region when there is one.
   const int32_t per_layer = spec.v_floats_per_token > 0 ? 2 : 1;
@@ -447,10 +444,9 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
   // Layerwise mode pushes through here when the Prefill came without a reservation.
   if (options_.transfer_mode != v1::KV_TRANSFER_MODE_PUSH &&
       options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
+    reactor->Finish(ToGrpcWithCause(MisconfiguredPeerError(
         "KV transfer mode mismatch: this prefill worker runs --kv-transfer-mode pull but a decode "
-        "worker asked it to push; start every worker with the same --kv-transfer-mode"));
+        "worker asked it to push; start every worker with the same --kv-transfer-mode")));
     return reactor;
   }
   const absl::Duration timeout = request->timeout_ms() > 0
@@ -491,7 +487,7 @@ grpc::ServerUnaryReactor* PrefillService::PushKv(grpc::CallbackServerContext* co
     }
     engine_->ReleaseHeldBlocks(id);
     response->set_bytes(bytes);
-    reactor->Finish(ToGrpc(status));
+    reactor->Finish(ToGrpcWithCause(status));
   });
   return reactor;
 }
@@ -511,8 +507,8 @@ absl::Status PrefillService::RunPush(const std::string& request_id,
                                      const v1::PushKvRequest& request,
                                      std::vector<int32_t> block_ids, absl::Time deadline,
                                      int64_t* bytes) {
-  absl::StatusOr<Destination> checked = CheckDestination(request_id, request.destination(),
-                                                         absl::StatusCode::kInvalidArgument);
+  // A layout mismatch is the two workers' settings: FAILED_PRECONDITION (worker.proto PushKv).
+  absl::StatusOr<Destination> checked = CheckDestination(request_id, request.destination());
   if (!checked.ok()) return checked.status();
   const TransferRegions& moved = checked->regions;
   // Only the blocks the prompt needs are expanded (the runs may cover far more).

@@ -123,11 +123,11 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
     std::vector<transfer::BlockRun> runs;  // the decode worker's reserved blocks
   };
   // CheckDestination: a decode worker's reservation (`destination`) checked for pushing
-  // `request_id`'s KV: the same KV layout (else `layout_error`, with both layouts named), a
-  // descriptor that parses, valid block runs (InvalidArgument).
+  // `request_id`'s KV: the same KV layout (else FailedPrecondition naming both layouts, marked
+  // as misconfigured peers: services/common/misconfigured_peer.h), a descriptor that parses,
+  // valid block runs (InvalidArgument).
   absl::StatusOr<Destination> CheckDestination(const std::string& request_id,
-                                               const v1::KvBlocks& destination,
-                                               absl::StatusCode layout_error) const;
+                                               const v1::KvBlocks& destination) const;
   // PushRuns: one push of paired runs, straight from the registered KV (agent) or through the
   // staging (options.staging): KvTransferAgent::Push's contract either way.
   absl::Status PushRuns(const transfer::RemoteKvDescriptor& remote,

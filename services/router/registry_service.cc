@@ -2,9 +2,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <string>
 
 #include "services/common/peer_tls.h"
+#include "services/serve/log.h"
 
 namespace sluice {
 namespace {
@@ -12,6 +14,29 @@ namespace {
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// KvPeerOf: what the worker's KV peers must share, when it reported it (WorkerInfo.kv_peer).
+std::optional<KvPeerConfig> KvPeerOf(const v1::WorkerInfo& info) {
+  if (!info.has_kv_peer()) return std::nullopt;
+  KvPeerConfig config;
+  switch (info.kv_transfer_mode()) {
+    case v1::KV_TRANSFER_MODE_PUSH:
+      config.transfer_mode = "push";
+      break;
+    case v1::KV_TRANSFER_MODE_LAYERWISE:
+      config.transfer_mode = "layerwise";
+      break;
+    default:
+      config.transfer_mode = "pull";  // UNSPECIFIED: a peer that predates the field
+  }
+  config.swa_replay_tokens = info.kv_peer().swa_replay_tokens();
+  const v1::KvLayout& layout = info.kv_peer().layout();
+  config.block_size = layout.block_size();
+  config.num_layers = layout.num_layers();
+  config.values_per_token = layout.floats_per_token();
+  config.dtype_bytes = layout.dtype_bytes();
+  return config;
 }
 
 int32_t LeaseMs(absl::Duration lease) {
@@ -54,8 +79,14 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
   auto registration = registry_->Register(
       role, info.address(), load,
       std::vector<std::string>(info.capabilities().begin(), info.capabilities().end()),
-      info.kv_transfer_mode() == v1::KV_TRANSFER_MODE_LAYERWISE);
-  if (!registration.ok()) return ToGrpc(registration.status());
+      info.kv_transfer_mode() == v1::KV_TRANSFER_MODE_LAYERWISE, KvPeerOf(info));
+  if (!registration.ok()) {
+    if (absl::IsFailedPrecondition(registration.status())) {
+      // A misconfigured worker: it exits on this answer; the operator reads why here too.
+      spdlog::error("{}", std::string(registration.status().message()));
+    }
+    return ToGrpc(registration.status());
+  }
   response->set_worker_id(registration->worker_id);
   response->set_lease_ms(LeaseMs(registration->lease));
   return grpc::Status::OK;

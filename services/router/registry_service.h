@@ -9,12 +9,13 @@
 
 namespace sluice {
 
-// RegistryService maps the wire messages onto `registry` (borrowed, must
-// outlive the service). Errors: INVALID_ARGUMENT (unspecified role, empty
-// address), NOT_FOUND (unknown worker id on Heartbeat/Drain/Deregister: on
-// Heartbeat the worker must Register again), UNAUTHENTICATED (with
-// require_client_certificate: a caller without a verified certificate of the cluster CA, see
-// services/common/peer_tls.h). Thread-safe as WorkerRegistry is.
+// RegistryService maps the wire messages onto `registry` (borrowed, must outlive the service).
+// Errors: INVALID_ARGUMENT (unspecified role, empty address), FAILED_PRECONDITION (Register of a
+// prefill or decode worker whose KV settings differ from the pool's: WorkerRegistry::Register;
+// logged as an error), NOT_FOUND (unknown worker id on Heartbeat/Drain/Deregister: on Heartbeat
+// the worker must Register again), UNAUTHENTICATED (with require_client_certificate: a caller
+// without a verified certificate of the cluster CA, see services/common/peer_tls.h). Thread-safe
+// as WorkerRegistry is.
 class RegistryService final : public v1::Registry::Service {
  public:
   explicit RegistryService(WorkerRegistry* registry, bool require_client_certificate = false)

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/grammar/compiled_grammar.h"
+#include "services/common/misconfigured_peer.h"
 #include "services/router/image_encoding.h"
 #include "services/router/kv_router.h"
 #include "services/router/wire_convert.h"
@@ -130,17 +131,36 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     if (!prefill_.has_value() && message.has_queue_seconds()) {
       output.queue_seconds = message.queue_seconds();
     }
+    bool misconfigured = false;
     if (output.finish_reason == FinishReason::kError) {
       output.status = StatusFromWire(message.error());
+      misconfigured = IsMisconfiguredPeer(output.status);
       // Most often the KV pull failed: check that the prefill worker still lives.
-      if (prefill_worker_.has_value()) backend_->prober_.Suspect(*prefill_worker_);
+      if (prefill_worker_.has_value() && !misconfigured) {
+        backend_->prober_.Suspect(*prefill_worker_);
+      }
+    }
+    if (misconfigured) {
+      // Its prefill and decode workers cannot move KV between them (settings that differ, in a
+      // pool the registration check did not cover): a server error, not the client's (the
+      // FAILED_PRECONDITION would read as a 400), and never retried (a retry would fail the
+      // same way, or race this attempt on the decode worker). The decode worker freed its
+      // reservation and acked the prefill pin.
+      spdlog::error("request {}: decode worker {} ({}) and prefill worker {} are misconfigured: {}",
+                    id(), decode_->worker_id, decode_->address,
+                    prefill_.has_value() ? prefill_->prefill_worker_address() : "-",
+                    std::string(output.status.message()));
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      output.status = absl::InternalError(absl::StrCat(
+          "the KV transfer between this request's workers failed: ", output.status.message()));
     }
     // The decode worker gave up on the request though the client did not (its reservation
     // expired, it drained, a transfer failed): once the client has tokens, the request goes on
     // elsewhere instead of failing.
     const bool gave_up =
-        (output.finish_reason == FinishReason::kError && IsRecoverable(output.status)) ||
-        (output.finish_reason == FinishReason::kAbort && !IsAborted());
+        !misconfigured &&
+        ((output.finish_reason == FinishReason::kError && IsRecoverable(output.status)) ||
+         (output.finish_reason == FinishReason::kAbort && !IsAborted()));
     if (gave_up && num_output_tokens_ + output.new_tokens.size() > 0) {
       decode_error_ = output.finish_reason == FinishReason::kError
                           ? output.status
@@ -677,7 +697,18 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     }
     if (IsAborted()) return PrefillPhaseEnded();
     if (!IsWorkerFailure(status.error_code())) {
-      prefill_error_ = FromGrpc(status);
+      prefill_error_ = FromGrpcWithCause(status);
+      if (IsMisconfiguredPeer(prefill_error_)) {
+        // A layerwise prefill refused the decode reservation (another transfer mode or KV
+        // layout): as for a decode worker's (DecodeMessage), a server error, not retried.
+        spdlog::error("request {}: prefill worker {} ({}) and its decode worker are "
+                      "misconfigured: {}",
+                      id(), worker.worker_id, worker.address,
+                      std::string(prefill_error_.message()));
+        backend_->Count(&RemoteBackendCounters::num_worker_failures);
+        prefill_error_ = absl::InternalError(absl::StrCat(
+            "the KV transfer between this request's workers failed: ", prefill_error_.message()));
+      }
       return PrefillPhaseEnded();
     }
     backend_->prober_.Suspect(worker);

@@ -164,6 +164,11 @@ nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers) {
                     {"running", worker.load.num_running_requests},
                     {"free_blocks", worker.load.num_free_blocks},
                     {"total_blocks", worker.load.num_total_blocks}});
+    // The KV settings the pool must share (absent: a worker that did not report them).
+    if (worker.kv_peer.has_value()) {
+      data.back()["kv_transfer_mode"] = worker.kv_peer->transfer_mode;
+      data.back()["swa_replay_tokens"] = worker.kv_peer->swa_replay_tokens;
+    }
   }
   return {{"object", "list"}, {"data", data}};
 }

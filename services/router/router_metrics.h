@@ -41,7 +41,8 @@ std::string RenderKvRouterMetrics(const KvRouterCounters& counters);
 
 // WorkersJson lists the workers for GET /v1/workers:
 //   {"object":"list","data":[{"id","role","address","draining","assigned","picked",
-//    "waiting","running","free_blocks","total_blocks"}...]}
+//    "waiting","running","free_blocks","total_blocks"[,"kv_transfer_mode",
+//    "swa_replay_tokens"]}...]} (the last two for workers that reported their KV settings)
 nlohmann::json WorkersJson(const std::vector<WorkerSnapshot>& workers);
 
 }  // namespace sluice

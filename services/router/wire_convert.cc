@@ -1,5 +1,7 @@
 #include "services/router/wire_convert.h"
 
+#include "services/common/misconfigured_peer.h"
+
 namespace sluice {
 
 void ToWire(const SamplingParams& params, v1::SamplingParams* out) {
@@ -90,7 +92,8 @@ absl::Status StatusFromWire(const v1::Error& error) {
   if (code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
     return absl::InternalError(error.message().empty() ? "worker error" : error.message());
   }
-  return absl::Status(static_cast<absl::StatusCode>(code), error.message());
+  return ErrorCauseFromWire(error,
+                            absl::Status(static_cast<absl::StatusCode>(code), error.message()));
 }
 
 }  // namespace sluice

@@ -23,8 +23,8 @@ SampledToken FromWire(const v1::SampledToken& token);
 // FromWire maps the wire finish reason (UNSPECIFIED → kNone).
 FinishReason FromWire(v1::FinishReason reason);
 // StatusFromWire turns a stream's Error (absl::StatusCode numbers) into a
-// Status; an unset or zero code yields Internal with the message, so an error
-// event is never OK.
+// Status with the Error's cause (services/common/misconfigured_peer.h); an unset or zero
+// code yields Internal with the message, so an error event is never OK.
 absl::Status StatusFromWire(const v1::Error& error);
 
 }  // namespace sluice

@@ -34,11 +34,13 @@ HeartbeatLease WorkerRegistry::NewLease() const {
 
 absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
     WorkerRole role, const std::string& address, const WorkerLoad& load,
-    std::vector<std::string> capabilities, bool layerwise_push) {
+    std::vector<std::string> capabilities, bool layerwise_push,
+    std::optional<KvPeerConfig> kv_peer) {
   if (address.empty()) return absl::InvalidArgumentError("worker address is empty");
   std::vector<WorkerSnapshot> replaced;
   RemovedCallback callback;
   Registration registration;
+  absl::Status refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = workers_.begin(); it != workers_.end();) {
@@ -50,22 +52,29 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
         ++it;
       }
     }
-    registration.worker_id = absl::StrCat(WorkerRoleName(role), "-", next_id_++);
-    registration.lease = options_.lease;
-    WorkerSnapshot& worker = workers_[registration.worker_id];
-    worker.worker_id = registration.worker_id;
-    worker.role = role;
-    worker.address = address;
-    worker.load = load;
-    worker.layerwise_push = layerwise_push;
-    const absl::Time now = clock_();
-    HeartbeatLease& lease = leases_.insert_or_assign(registration.worker_id, NewLease())
-                                .first->second;
-    lease.Observe(now);
-    worker.lease = lease.Lease();
-    worker.lease_expiry = now + worker.lease;
-    worker.capabilities = std::move(capabilities);
     callback = on_removed_;
+    // Under the same lock as the insertion: two workers that disagree cannot both join.
+    if (kv_peer.has_value() && role != WorkerRole::kEncoder) {
+      refused = CheckKvPeer(role, address, *kv_peer);
+    }
+    if (refused.ok()) {
+      registration.worker_id = absl::StrCat(WorkerRoleName(role), "-", next_id_++);
+      registration.lease = options_.lease;
+      WorkerSnapshot& worker = workers_[registration.worker_id];
+      worker.worker_id = registration.worker_id;
+      worker.role = role;
+      worker.address = address;
+      worker.load = load;
+      worker.layerwise_push = layerwise_push;
+      worker.kv_peer = std::move(kv_peer);
+      const absl::Time now = clock_();
+      HeartbeatLease& lease =
+          leases_.insert_or_assign(registration.worker_id, NewLease()).first->second;
+      lease.Observe(now);
+      worker.lease = lease.Lease();
+      worker.lease_expiry = now + worker.lease;
+      worker.capabilities = std::move(capabilities);
+    }
   }
   for (const WorkerSnapshot& old : replaced) {
     if (callback) {
@@ -73,7 +82,24 @@ absl::StatusOr<WorkerRegistry::Registration> WorkerRegistry::Register(
                         absl::StrCat("worker '", old.worker_id, "' restarted at ", address)));
     }
   }
+  if (!refused.ok()) return refused;
   return registration;
+}
+
+absl::Status WorkerRegistry::CheckKvPeer(WorkerRole role, const std::string& address,
+                                         const KvPeerConfig& kv_peer) const {
+  const std::string joining = absl::StrCat(WorkerRoleName(role), " worker ", address);
+  for (const auto& [id, w] : workers_) {
+    if (w.role == WorkerRole::kEncoder || w.draining || !w.kv_peer.has_value()) continue;
+    const std::string member = absl::StrCat("the registered ", WorkerRoleName(w.role),
+                                            " worker ", id, " (", w.address, ")");
+    std::optional<std::string> mismatch = KvPeerMismatch(kv_peer, joining, *w.kv_peer, member);
+    if (mismatch.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the router refuses ", joining, ": ", *mismatch));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status WorkerRegistry::Heartbeat(const std::string& worker_id, const WorkerLoad& load) {

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "engine/sched/step_totals.h"
 #include "services/router/heartbeat_lease.h"
+#include "services/router/kv_peer_config.h"
 
 namespace sluice {
 
@@ -64,6 +65,9 @@ struct WorkerSnapshot {
   // A prefill worker in layerwise KV transfer mode: it takes the decode reservation in its
   // Prefill call (WorkerInfo.kv_transfer_mode).
   bool layerwise_push = false;
+  // Prefill and decode workers: the KV settings its peers must share, as registered; nullopt
+  // for a worker that did not report them (one from before the check).
+  std::optional<KvPeerConfig> kv_peer;
   int64_t num_assigned = 0;  // requests this router sent and has not released yet
   int64_t num_picked_total = 0;
   absl::Duration lease;  // granted at the last heartbeat (HeartbeatLease)
@@ -127,10 +131,16 @@ class WorkerRegistry {
   // registered at the same address is replaced (a restart): the old entry is
   // removed first (OnRemoved runs for it). InvalidArgument for an empty
   // address. `layerwise_push`: WorkerSnapshot::layerwise_push.
+  // `kv_peer` (prefill and decode workers): FailedPrecondition, naming both sides' values
+  // (KvPeerMismatch), when it differs from the kv_peer of a live, non-draining prefill or
+  // decode worker at another address: the worker is not added (an entry it replaces is still
+  // removed: that process is gone). Workers without a kv_peer are not compared. A draining
+  // worker takes no new requests, so a pool may change its settings by a rolling restart.
   absl::StatusOr<Registration> Register(WorkerRole role, const std::string& address,
                                         const WorkerLoad& load,
                                         std::vector<std::string> capabilities = {},
-                                        bool layerwise_push = false);
+                                        bool layerwise_push = false,
+                                        std::optional<KvPeerConfig> kv_peer = std::nullopt);
   // Heartbeat extends the lease and records `load`. NotFound when the worker is
   // unknown (its lease already expired): the worker must Register again.
   absl::Status Heartbeat(const std::string& worker_id, const WorkerLoad& load);
@@ -178,6 +188,9 @@ class WorkerRegistry {
 
  private:
   HeartbeatLease NewLease() const;
+  // CheckKvPeer: Register's kv_peer check against the workers registered now; mu_ held.
+  absl::Status CheckKvPeer(WorkerRole role, const std::string& address,
+                           const KvPeerConfig& kv_peer) const;
 
   WorkerRegistryOptions options_;
   Clock clock_;

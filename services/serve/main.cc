@@ -10,9 +10,10 @@
 //   sluice eval ppl FILE [--url http://127.0.0.1:8000] [--model NAME] [--concurrency 4]
 //                   [--tokenizer MODEL_DIR [--max-length N] [--stride S]]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
-//   sluice --version | sluice version   (version and git commit of the build)
+//   sluice --version | sluice version | sluice SUBCOMMAND --version   (version and git commit)
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -26,6 +27,7 @@
 #include "services/serve/render_flags.h"
 #include "services/serve/server_limits.h"
 #include "services/serve/tls_flags.h"
+#include "services/serve/version_flag.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
 #include "services/serve/log.h"
@@ -141,8 +143,7 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
 int main(int argc, char** argv) {
   CLI::App app{"Sluice: an LLM serving engine with an OpenAI-compatible API"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", sluice::SluiceVersionLine(),
-                       "Print the version and the git commit of this build, and exit");
+  // `--version` (on every subcommand too): ParseCommandLine below.
   CLI::App* version_cmd = app.add_subcommand(
       "version", "Print the version and the git commit of this build");
 
@@ -351,6 +352,9 @@ int main(int argc, char** argv) {
     cmd.add_option("--test-image-encode-delay-ms", w.test_image_encode_delay_ms,
                    "Test only: hold each image encode of this worker this long")
         ->check(CLI::NonNegativeNumber);
+    cmd.add_flag("--test-register-without-kv-peer", w.test_register_without_kv_peer,
+                 "Test only: register without the KV settings the router checks (as a worker "
+                 "from before the check), so a misconfigured worker is admitted");
     cmd.add_option("--drain-timeout-s", w.drain_timeout_s,
                    "SIGTERM: finish requests in flight within this many seconds, then cut the "
                    "rest (the router moves cut decode streams elsewhere) and exit 0")
@@ -443,7 +447,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "dummy"}));
   sluice::AddPeerTlsFlags(*encoder_cmd, encoder_options.tls);
 
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code =
+          sluice::ParseCommandLine(app, argc, argv, sluice::SluiceVersionLine())) {
+    return *exit_code;
+  }
   if (version_cmd->parsed()) {
     std::printf("%s\n", sluice::SluiceVersionLine().c_str());
     return 0;

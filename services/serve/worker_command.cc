@@ -1,10 +1,12 @@
 #include "services/serve/worker_command.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -371,6 +373,11 @@ int Run(const WorkerOptions& options, Role role) {
       wildcard ? advertise.substr(0, advertise.rfind(':')) : options.http_host;
   const std::string metrics_address = absl::StrCat(metrics_host, ":", (*http)->port());
 
+  // Set when the router refused this worker (its settings differ from the pool's).
+  struct Refusal {
+    std::mutex mu;
+    std::optional<std::string> why;  // guarded by mu
+  } refusal;
   std::unique_ptr<RegistrationClient> registration;
   if (!options.router.empty()) {
     RegistrationOptions reg;
@@ -385,6 +392,21 @@ int Run(const WorkerOptions& options, Role role) {
     reg.worker.set_max_model_len(engine.max_model_len());
     reg.worker.set_metrics_address(metrics_address);
     reg.worker.set_kv_transfer_mode(transfer_mode);
+    // What KV peers must share: the router refuses this worker if its pool differs.
+    if (!options.test_register_without_kv_peer) {
+      v1::KvPeerConfig* kv_peer = reg.worker.mutable_kv_peer();
+      kv_peer->set_swa_replay_tokens(static_cast<int32_t>(EffectiveSwaReplayTokens(
+          engine.model(), runtime_options.engine.swa_replay_tokens)));
+      *kv_peer->mutable_layout() = LayoutOf(engine.kv_cache(), engine.model().KvDtypeBytes());
+    }
+    // A refusal ends the worker (exit 1) through the signal wait below.
+    reg.on_refused = [&refusal](const std::string& why) {
+      {
+        std::lock_guard<std::mutex> lock(refusal.mu);
+        refusal.why = why;
+      }
+      kill(getpid(), SIGTERM);
+    };
     // Grammars sent as SamplingParams.grammar_ebnf are compiled and enforced (WorkerGrammars).
     reg.worker.add_capabilities("grammar");  // registry.proto WorkerInfo.capabilities
     // Images sent as bytes are encoded here (WorkerImages).
@@ -419,6 +441,20 @@ int Run(const WorkerOptions& options, Role role) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
+  std::optional<std::string> refused;
+  {
+    std::lock_guard<std::mutex> lock(refusal.mu);
+    refused = refusal.why;
+  }
+  if (refused.has_value()) {
+    // Never registered: nothing to drain. A misconfigured worker must not run unnoticed.
+    spdlog::error("exiting: the router at {} refused this {} worker: {}", options.router, name,
+                  *refused);
+    server->Shutdown(std::chrono::system_clock::now());
+    registration.reset();
+    (*http)->Stop();
+    return 1;
+  }
   // Drain: readiness fails and the router stops sending work at once; what this worker holds
   // gets --drain-timeout-s to finish. A prefill worker waits until its pinned KV was pulled
   // (the Release acks need the server up); a decode worker until its streams ended. Then the

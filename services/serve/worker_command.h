@@ -53,6 +53,9 @@ struct WorkerOptions {
   int64_t encoder_cache_bytes = 64 << 20;
   int image_encode_threads = 2;          // threads encoding those images
   double test_image_encode_delay_ms = 0;  // test only: hold each of those encodes this long
+  // Test only: register as a worker from before the router's KV peer check (no
+  // WorkerInfo.kv_peer), so the router admits it whatever its settings.
+  bool test_register_without_kv_peer = false;
 };
 
 // RunPrefillWorker / RunDecodeWorker: serve until SIGINT/SIGTERM; exit code.

@@ -1,4 +1,7 @@
-"""`sluice --version` and `sluice version` print the version and the git commit of the build.
+"""`sluice --version` and `sluice version` print the version and the git commit of the build;
+so does `--version` after any subcommand (`sluice serve --version`), which needs none of the
+subcommand's required options. With an argument no command knows (`sluice --version --foo`) it is
+the usual usage error, not a version.
 
 The commit is `git describe --always --dirty` of the checkout at build time (cmake/
 build_info.cmake runs at every build); a build from sources outside git (a tarball) says
@@ -44,13 +47,49 @@ def test_version_prints_version_and_commit(args):
     assert exists.returncode == 0, f"{commit} is not a commit of {REPO}"
 
 
+def run(*args):
+    return subprocess.run([sluice_bin(), *args], capture_output=True, text=True, timeout=30)
+
+
 def test_version_needs_no_subcommand_arguments():
     # `sluice` alone still asks for a subcommand (usage error), and --version wins over one.
-    r = subprocess.run([sluice_bin()], capture_output=True, text=True, timeout=30)
+    r = run()
     assert r.returncode != 0
-    r = subprocess.run([sluice_bin(), "--version", "serve"], capture_output=True, text=True,
-                       timeout=30)
+    r = run("--version", "serve")
     assert r.returncode == 0 and LINE_RE.match(r.stdout.strip()), (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("args", [["serve", "--version"], ["prefill", "--version"],
+                                  ["router", "--version"], ["eval", "ppl", "--version"],
+                                  ["--version", "decode"], ["--version=true"]])
+def test_version_after_any_subcommand(args):
+    # As the top-level flag: no "--model is required" (nothing is needed to print the version).
+    r = run(*args)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert LINE_RE.match(r.stdout.strip()) and len(r.stdout.splitlines()) == 1, r.stdout
+    assert r.stderr == ""
+
+
+@pytest.mark.parametrize("args, unknown", [(["--version", "--foo"], "--foo"),
+                                           (["serve", "--version", "--bogus"], "--bogus"),
+                                           (["--version", "serve", "--bogus"], "--bogus"),
+                                           (["version", "--foo"], "--foo")])
+def test_version_with_an_unknown_argument_is_a_usage_error(args, unknown):
+    # The same error and exit code as the unknown flag gets without --version.
+    reference = run("serve", "--model", "m", unknown)
+    assert reference.returncode == 109, reference.stderr  # CLI11's ExtrasError
+    r = run(*args)
+    assert r.returncode == reference.returncode, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert r.stderr == reference.stderr == (f"The following argument was not expected: {unknown}"
+                                            "\nRun with --help for more information.\n")
+
+
+def test_version_with_a_bad_value_is_a_usage_error():
+    reference = run("serve", "--model", "m", "--max-num-seqs", "-1")
+    r = run("serve", "--version", "--max-num-seqs", "-1")
+    assert reference.returncode not in (0, 1), reference.stderr  # a CLI11 validation error
+    assert (r.returncode, r.stdout, r.stderr) == (reference.returncode, "", reference.stderr)
 
 
 def run_build_info(source_dir, out):

@@ -147,6 +147,8 @@ class Cluster:
                                       "--lease-seconds", "3", "--max-lease-seconds", "5",
                                       *router_args], self.dir)
         self.workers = {}
+        self.extra_procs = []  # started by start_worker, outside the pool wait_registered counts
+        self.model_dir = model_dir
         self.metrics_urls = {}  # worker name -> its /metrics URL (HTTP, --http-port)
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):
             for i in range(count):
@@ -207,8 +209,17 @@ class Cluster:
         """Sum of every sample of `metric` in worker `name`'s /metrics."""
         return sum_samples(self.worker_metrics_text(name), metric)
 
+    def start_worker(self, name, role, args=()):
+        """One more `role` worker registering with this router (e.g. a misconfigured one),
+        with `args`; not in self.workers (wait_registered ignores it); stopped by stop()."""
+        proc = Proc(name, [sluice_bin(), role, "--model", str(self.model_dir), "--listen",
+                           f"127.0.0.1:{free_port()}", "--router", f"127.0.0.1:{self.grpc_port}",
+                           "--http-port", str(free_port()), *args], self.dir)
+        self.extra_procs.append(proc)
+        return proc
+
     def stop(self):
-        for proc in [*self.workers.values(), self.router]:
+        for proc in [*self.extra_procs, *self.workers.values(), self.router]:
             proc.stop()
 
 

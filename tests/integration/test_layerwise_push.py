@@ -24,6 +24,9 @@ layers' compute) and answers once every layer landed; decode only acks and decod
    counted as staged, every decode block free. A decode worker with staging in push or layerwise mode
    (where prefill would write into its unregistered KV), and a slot smaller than a block, are
    refused at start.
+5. KV layouts that differ (--block-size): a decode worker that reports its settings is refused at
+   registration; one that does not (as a worker from before the check) gets the layerwise
+   prefill's refusal, a non-retried 500 naming both layouts.
 """
 
 import concurrent.futures
@@ -249,3 +252,39 @@ def test_staged_decode_refuses_what_cannot_work(args, message):
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert message in proc.stdout + proc.stderr
+
+
+def test_layout_mismatch_is_a_clear_error():
+    """KV layouts that differ (--block-size 16 on the prefill worker, 32 on the decode worker).
+    A decode worker that registers without its KV settings (as one from before the router's
+    check): the layerwise prefill refuses the decode reservation, and the request fails with a
+    server error (500) naming both layouts, not retried, every block freed. One that reports them
+    is refused at registration and exits non-zero naming both layouts."""
+    cluster = Cluster(num_prefill=1, num_decode=1,
+                      worker_args=("--kv-transfer-mode", "layerwise"),
+                      role_args={"prefill": ["--block-size", "16"],
+                                 "decode": ["--block-size", "32", "--reserve-timeout-s", "3",
+                                            "--test-register-without-kv-peer"]})
+    try:
+        client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=60,
+                               max_retries=0)
+        with pytest.raises(openai.InternalServerError) as e:
+            complete(client, PROMPTS[0])
+        assert e.value.status_code == 500
+        message = e.value.body["message"]
+        assert message.startswith("the KV transfer between this request's workers failed: "
+                                  "KV layout mismatch for request '"), message
+        assert "': decode block_size 32, " in message and "; prefill block_size 16, " in message
+        assert cluster.metric('sluice_router_retries_total{stage="prefill"}') == 0
+        assert cluster.metric('sluice_router_retries_total{stage="decode"}') == 0
+        # The decode reservation is freed once no layer push can reach it (its timeout, 3 s).
+        wait_blocks_free(cluster)
+
+        refused = cluster.start_worker("decode-32", "decode", [
+            "--kv-transfer-mode", "layerwise", "--block-size", "32"])
+        assert refused.proc.wait(timeout=120) == 1, refused.tail()
+        log = refused.log_path.read_text(errors="replace")
+        assert "KV layout mismatch: decode worker 127.0.0.1:" in log, refused.tail()
+        assert " has block_size 32, " in log and ") has block_size 16, " in log, refused.tail()
+    finally:
+        cluster.stop()

@@ -5,8 +5,10 @@ pulling it.
 1. 20 concurrent greedy chats through the router (1 prefill + 1 decode, push) equal what
    `sluice serve` returns (the pushed KV is right); the pushes show in the workers' metrics and
    every KV block is free afterwards.
-2. A mode mismatch (prefill push, decode pull) fails the request with an error naming both modes,
-   and frees the blocks on both workers.
+2. A mode mismatch (prefill push, decode pull) is refused when the worker registers (it exits
+   non-zero naming both modes); one that reaches a request (a worker from before the check)
+   fails it with a server error naming both modes, without a retry, and frees the blocks on both
+   workers.
 """
 
 import concurrent.futures
@@ -72,16 +74,54 @@ def test_push_mode_matches_sluice_serve():
 
 
 def test_mode_mismatch_is_a_clear_error():
+    """A decode worker that registers without its KV settings (as one from before the router's
+    check) pulls while the prefill worker pushes: the request fails with a server error (500,
+    not the client's 400) naming both modes, is not retried, and every block is freed. A pull
+    decode worker that reports its settings is refused by the router at registration and exits
+    non-zero, saying why; the pool goes on serving."""
     cluster = Cluster(num_prefill=1, num_decode=1,
                       role_args={"prefill": ["--kv-transfer-mode", "push"],
-                                 "decode": ["--kv-transfer-mode", "pull"]})
+                                 "decode": ["--kv-transfer-mode", "pull",
+                                            "--test-register-without-kv-peer"]})
     try:
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=60,
                                max_retries=0)
-        with pytest.raises(openai.APIError) as e:
+        with pytest.raises(openai.InternalServerError) as e:
             complete(client, 1)
-        assert "KV transfer mode mismatch" in str(e.value), str(e.value)
-        assert "push" in str(e.value) and "pull" in str(e.value)
+        assert e.value.status_code == 500
+        assert e.value.body["type"] == "server_error", e.value.body
+        message = e.value.body["message"]
+        assert message.startswith("the KV transfer between this request's workers failed: "
+                                  "KV transfer mode mismatch: decode worker runs "
+                                  "--kv-transfer-mode pull, prefill worker 127.0.0.1:"), message
+        assert message.endswith(" runs push; start every worker with the same "
+                                "--kv-transfer-mode"), message
+        assert cluster.metric('sluice_router_retries_total{stage="decode"}') == 0
+        assert cluster.metric("sluice_router_migrations_total") == 0
         wait_blocks_free(cluster)
+        assert sum_samples(cluster.worker_metrics_text("prefill-0"),
+                           "sluice_prefill_held_blocks") == 0
+
+        refused = cluster.start_worker("decode-pull", "decode", ["--kv-transfer-mode", "pull"])
+        assert refused.proc.wait(timeout=120) == 1, refused.tail()
+        prefill = next(w for w in cluster.workers_json() if w["role"] == "prefill")
+        # "... decode worker 127.0.0.1:PORT" and then:
+        why = (f" runs --kv-transfer-mode pull but the registered prefill worker {prefill['id']} "
+               f"({prefill['address']}) runs --kv-transfer-mode push; start every prefill and "
+               f"decode worker with the same --kv-transfer-mode")
+        log = refused.log_path.read_text(errors="replace")
+        assert (f"exiting: the router at 127.0.0.1:{cluster.grpc_port} refused this decode "
+                f"worker: the router refuses decode worker 127.0.0.1:") in log, refused.tail()
+        assert why in log, refused.tail()
+        router_log = cluster.router.log_path.read_text(errors="replace")
+        assert "[error] the router refuses decode worker 127.0.0.1:" in router_log
+        assert why in router_log
+        assert [w["role"] for w in cluster.workers_json()].count("decode") == 1
+        # The pool is not closed: a decode worker that agrees with it joins.
+        cluster.start_worker("decode-push", "decode", ["--kv-transfer-mode", "push"])
+        wait_until(lambda: [w["role"] for w in cluster.workers_json()].count("decode") == 2,
+                   120, "the push decode worker registered")
+        modes = sorted((w["role"], w.get("kv_transfer_mode", "-")) for w in cluster.workers_json())
+        assert modes == [("decode", "-"), ("decode", "push"), ("prefill", "push")], modes
     finally:
         cluster.stop()

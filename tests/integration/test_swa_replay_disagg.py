@@ -134,19 +134,38 @@ def test_short_replay_below_window_completes_in_push_mode(mode):
 
 
 def test_replay_mismatch_is_a_clear_error():
-    """Prefill moves only full-attention layers, decode expects every layer: the request fails
-    with an error naming --swa-replay-tokens (never decodes on missing sliding-layer KV), and
-    every block is freed."""
+    """Prefill moves only full-attention layers, decode expects every layer. A decode worker
+    that registers without its KV settings (as one from before the router's check): the request
+    fails with a server error (500) naming both --swa-replay-tokens values (never decodes on
+    missing sliding-layer KV), without a retry, and every block is freed. One that reports them
+    is refused at registration and exits non-zero naming both values."""
     cluster = Cluster(num_prefill=1, num_decode=1, model_dir=MODEL_DIR,
                       role_args={"prefill": ["--swa-replay-tokens", "128"],
-                                 "decode": ["--swa-replay-tokens", "0"]},
+                                 "decode": ["--swa-replay-tokens", "0",
+                                            "--test-register-without-kv-peer"]},
                       router_args=("--min-remote-prefill-tokens", "1"))
     try:
-        with pytest.raises(openai.APIError) as e:
+        with pytest.raises(openai.InternalServerError) as e:
             complete_all(cluster.url, [prompt(40)])
-        assert "SWA replay mismatch" in str(e.value), str(e.value)
-        assert "--swa-replay-tokens" in str(e.value)
+        assert e.value.status_code == 500
+        message = e.value.body["message"]
+        assert message.startswith("the KV transfer between this request's workers failed: "
+                                  "SWA replay mismatch: prefill worker 127.0.0.1:"), message
+        assert message.endswith(" runs --swa-replay-tokens 128 (moves only full-attention "
+                                "layers) but this decode worker runs --swa-replay-tokens 0; "
+                                "start every worker with the same --swa-replay-tokens"), message
+        assert cluster.metric('sluice_router_retries_total{stage="decode"}') == 0
         wait_until(lambda: all(cluster.worker_metric(name, "sluice_kv_cache_used_blocks") == 0
                                for name in cluster.workers), 15, "KV blocks free")
+
+        refused = cluster.start_worker("decode-no-replay", "decode",
+                                       ["--swa-replay-tokens", "0"])
+        assert refused.proc.wait(timeout=120) == 1, refused.tail()
+        prefill = next(w for w in cluster.workers_json() if w["role"] == "prefill")
+        why = (f" runs --swa-replay-tokens 0 (moves every layer) but the registered prefill "
+               f"worker {prefill['id']} ({prefill['address']}) runs --swa-replay-tokens 128 "
+               f"(moves only full-attention layers)")
+        assert why in refused.log_path.read_text(errors="replace"), refused.tail()
+        assert why in cluster.router.log_path.read_text(errors="replace")
     finally:
         cluster.stop()

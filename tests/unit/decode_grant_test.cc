@@ -4,11 +4,15 @@
 // token of an earlier reservation of the same request id opens nothing. DecodeService runs here
 // on loopback gRPC around an AsyncEngine with the fake ChecksumModel (no KV transfer is made:
 // the remote-prefill case holds its transfer back with test_transfer_delay). Also: a Reserve
-// answer that never reached its caller frees its blocks.
+// answer that never reached its caller frees its blocks, and a KV transfer a misconfigured peer
+// refused ends the request marked as a misconfiguration (services/common/misconfigured_peer.h).
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +22,9 @@
 #include "gtest/gtest.h"
 #include "services/decode/decode_service.h"
 #include "services/common/worker_metrics.h"
+#include "services/serve/log.h"
 #include "sluice/v1/worker.grpc.pb.h"
+#include "spdlog/sinks/base_sink.h"
 #include "tests/util/fake_models.h"
 
 namespace sluice {
@@ -43,14 +49,17 @@ std::unique_ptr<LLMEngine> MakeEngine() {
 class Worker {
  public:
   explicit Worker(absl::Duration reserve_timeout = absl::Seconds(30),
-                  absl::Duration reserve_answer_delay = absl::ZeroDuration())
+                  absl::Duration reserve_answer_delay = absl::ZeroDuration(),
+                  v1::KvTransferMode transfer_mode = v1::KV_TRANSFER_MODE_PULL,
+                  absl::Duration transfer_delay = absl::Seconds(60))
       : engine_(MakeEngine()), metrics_("decode", "checksum") {
     DecodeServiceOptions options;
     options.reserve_timeout = reserve_timeout;
     options.test_reserve_answer_delay = reserve_answer_delay;
+    options.transfer_mode = transfer_mode;
     options.release_timeout = absl::Milliseconds(200);
     // A remote prefill's transfer waits this long: the session stays reserved and claimed.
-    options.test_transfer_delay = absl::Seconds(60);
+    options.test_transfer_delay = transfer_delay;
     service_ = std::make_unique<DecodeService>(&engine_, /*agent=*/nullptr,
                                                std::vector<transfer::KvRegion>{}, "descriptor",
                                                &metrics_, options);
@@ -139,6 +148,7 @@ struct DecodeResult {
   grpc::Status status;
   std::vector<int32_t> tokens;
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Error error;  // the final message's, when it ended with an error
 };
 DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
   grpc::ClientContext context;
@@ -150,6 +160,7 @@ DecodeResult Decode(Worker& w, const v1::DecodeRequest& request) {
     for (const v1::SampledToken& t : message.tokens()) result.tokens.push_back(t.token_id());
     if (message.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       result.finish = message.finish_reason();
+      result.error = message.error();
     }
   }
   result.status = reader->Finish();
@@ -370,6 +381,173 @@ TEST(DecodeGrantTest, ReserveAnswerThatNeverReachedItsCallerFreesTheBlocks) {
   EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
     return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
   }));
+}
+
+// A prefill worker that refuses every PushKv with FAILED_PRECONDITION (as one running
+// --kv-transfer-mode pull does) and acks every Release.
+class RefusingPrefill final : public v1::PrefillWorker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
+                                   const v1::PushKvRequest*, v1::PushKvResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 "KV transfer mode mismatch: this prefill worker runs "
+                                 "--kv-transfer-mode pull"));
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest*,
+                                    v1::ReleaseResponse* response) override {
+    ++num_releases_;
+    response->set_released(true);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  int num_releases() const { return num_releases_.load(); }
+
+ private:
+  std::atomic<int> num_releases_{0};
+};
+
+// A KV transfer refused by the peer for a worker misconfiguration (here PushKv's
+// FAILED_PRECONDITION) ends the request FAILED_PRECONDITION marked
+// ERROR_CAUSE_WORKER_MISCONFIGURED, which the router answers as a server error without a retry.
+// The blocks come back.
+TEST(DecodeTransferErrorTest, PushRefusedByAMisconfiguredPeerIsMarked) {
+  RefusingPrefill prefill;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&prefill);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
+  ASSERT_NE(prefill_server, nullptr);
+  Worker w(absl::Seconds(30), absl::ZeroDuration(), v1::KV_TRANSFER_MODE_PUSH,
+           /*transfer_delay=*/absl::ZeroDuration());
+  v1::DecodeRequest request = RemoteDecode("p1", "");
+  request.mutable_prefill()->set_kv_transfer_mode(v1::KV_TRANSFER_MODE_PUSH);
+  request.mutable_prefill()->set_prefill_worker_address(absl::StrCat("127.0.0.1:", port));
+  DecodeResult d = Decode(w, request);
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();  // the error is the final message's
+  EXPECT_EQ(d.finish, v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(d.error.code(), static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(d.error.cause(), v1::ERROR_CAUSE_WORKER_MISCONFIGURED);
+  EXPECT_EQ(d.error.message(),
+            absl::StrCat("KV push from prefill worker 127.0.0.1:", port,
+                         " failed: KV transfer mode mismatch: this prefill worker runs "
+                         "--kv-transfer-mode pull"));
+  EXPECT_TRUE(d.tokens.empty());
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  prefill_server->Shutdown();
+}
+
+// The decode worker finds the mismatch itself (the prefill answer says push, it pulls): the
+// request ends marked, the prefill pin is acked, and the blocks come back.
+TEST(DecodeTransferErrorTest, ModeMismatchIsMarkedAndAckedThePin) {
+  RefusingPrefill prefill;
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&prefill);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
+  ASSERT_NE(prefill_server, nullptr);
+  Worker w(absl::Seconds(30), absl::ZeroDuration(), v1::KV_TRANSFER_MODE_PULL,
+           /*transfer_delay=*/absl::ZeroDuration());
+  v1::DecodeRequest request = RemoteDecode("p2", "");
+  request.mutable_prefill()->set_kv_transfer_mode(v1::KV_TRANSFER_MODE_PUSH);
+  request.mutable_prefill()->set_prefill_worker_address(absl::StrCat("127.0.0.1:", port));
+  DecodeResult d = Decode(w, request);
+  EXPECT_TRUE(d.status.ok()) << d.status.error_message();
+  EXPECT_EQ(d.finish, v1::FINISH_REASON_ERROR);
+  EXPECT_EQ(d.error.code(), static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(d.error.cause(), v1::ERROR_CAUSE_WORKER_MISCONFIGURED);
+  EXPECT_EQ(d.error.message(),
+            absl::StrCat("KV transfer mode mismatch: decode worker runs --kv-transfer-mode pull, "
+                         "prefill worker 127.0.0.1:", port, " runs push; start every worker with "
+                         "the same --kv-transfer-mode"));
+  EXPECT_EQ(prefill.num_releases(), 1);  // the pin is freed now, not at its timeout
+  EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+    return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+  }));
+  prefill_server->Shutdown();
+}
+
+// CaptureLog: the default logger's lines while it lives (then the previous logger again).
+class CaptureLog {
+ public:
+  CaptureLog() : previous_(spdlog::default_logger()), sink_(std::make_shared<Sink>()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~CaptureLog() { spdlog::set_default_logger(previous_); }
+  std::string text() { return sink_->text(); }
+
+ private:
+  class Sink final : public spdlog::sinks::base_sink<std::mutex> {
+   public:
+    std::string text() {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return text_;
+    }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      text_.append(msg.payload.data(), msg.payload.size());
+      text_ += '\n';
+    }
+    void flush_() override {}
+
+   private:
+    std::string text_;
+  };
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<Sink> sink_;
+};
+
+// A Decode cancelled before its (delayed) transfer began acks the prefill pin at once (its
+// blocks are of no use), and says so when that ack fails: the blocks then stay pinned until the
+// prefill worker's pin timeout. Layerwise mode: the cancelled reservation is freed only at its
+// timeout (a layer push may still write into it), so the transfer job finds it cancelled.
+TEST(DecodeTransferErrorTest, CancelBeforeTheTransferAcksThePin) {
+  RefusingPrefill prefill;  // acks every Release
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&prefill);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> prefill_server = builder.BuildAndStart();
+  ASSERT_NE(prefill_server, nullptr);
+  CaptureLog log;
+  Worker w(/*reserve_timeout=*/absl::Seconds(1), absl::ZeroDuration(),
+           v1::KV_TRANSFER_MODE_LAYERWISE, /*transfer_delay=*/absl::Milliseconds(300));
+  const std::pair<std::string, std::string> cases[] = {
+      {"live", absl::StrCat("127.0.0.1:", port)}, {"gone", "127.0.0.1:1"}};
+  for (const auto& [id, address] : cases) {
+    v1::DecodeRequest request = RemoteDecode(id, "");
+    request.mutable_prefill()->set_prefill_worker_address(address);
+    grpc::ClientContext context;
+    auto reader = w.stub()->Decode(&context, request);
+    ASSERT_TRUE(w.WaitStats([](const AsyncEngineStats& s) { return s.num_reserved == 1; }));
+    context.TryCancel();
+    v1::TokenOutput message;
+    while (reader->Read(&message)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_TRUE(w.WaitStats([](const AsyncEngineStats& s) {
+      return s.num_reserved == 0 && s.num_free_blocks == kBlocks;
+    }));
+  }
+  const std::string failed = "request gone: cancelled before its KV transfer, but the ack to "
+                             "prefill worker 127.0.0.1:1 failed (UNAVAILABLE";
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (log.text().find(failed) == std::string::npos && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(prefill.num_releases(), 1);  // the live worker's pin, acked after the cancel
+  EXPECT_NE(log.text().find(failed), std::string::npos) << log.text();
+  // The acked one logs nothing about its ack.
+  EXPECT_EQ(log.text().find("request live: cancelled before"), std::string::npos) << log.text();
+  prefill_server->Shutdown();
 }
 
 }  // namespace

@@ -16,11 +16,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "services/common/misconfigured_peer.h"
 #include "services/router/remote_backend.h"
 #include "services/router/worker_registry.h"
 #include "sluice/v1/worker.grpc.pb.h"
@@ -64,6 +66,10 @@ struct Script {
   // A Decode of a migration's prefill ends the request at once with DEADLINE_EXCEEDED (its
   // reservation expired under the transfer).
   bool expire_resumed_transfer = false;
+  // Every Decode of a prefill ends the request at once with this error (a transfer that failed,
+  // e.g. between misconfigured workers).
+  std::optional<v1::Error> transfer_error;
+  std::optional<grpc::Status> prefill_error;  // every Prefill answers it
   std::mutex mu;
   std::vector<PrefillCall> prefills;
   std::map<std::string, std::vector<int32_t>> reserves;  // worker -> resumed of its Reserve
@@ -84,6 +90,10 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
       std::lock_guard<std::mutex> lock(script_->mu);
       script_->prefills.push_back(
           {Ids(request->resumed_output_token_ids()), request->sampling().has_prompt_logprobs()});
+    }
+    if (script_->prefill_error.has_value()) {
+      reactor->Finish(*script_->prefill_error);
+      return reactor;
     }
     if (resumed > 0 && script_->fail_resumed_prefill) {
       reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "test: refused"));
@@ -171,27 +181,34 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     const int n = script_->decodes.fetch_add(1);
     const int32_t fail_after =
         n == 0 ? kFailAfter : (n == 1 && script_->fail_second_decode ? 2 : -1);
-    const bool expire = script_->expire_resumed_transfer && call.with_prefill && from > 1;
+    std::optional<v1::Error> end_with;
+    if (script_->expire_resumed_transfer && call.with_prefill && from > 1) {
+      // What a decode worker sends when the reservation expired under the transfer.
+      end_with.emplace();
+      end_with->set_code(static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
+      end_with->set_message("test: the KV reservation expired");
+    } else if (script_->transfer_error.has_value() && call.with_prefill) {
+      end_with = script_->transfer_error;
+    }
     return new Stream(request->request_id(), from, request->sampling().max_tokens(), fail_after,
-                      expire);
+                      end_with);
   }
 
  private:
   // Stream writes outputs [from, max_tokens) one message each, or fails with UNAVAILABLE after
-  // `fail_after` of them (a killed worker).
+  // `fail_after` of them (a killed worker), or (end_with) ends the request at once with an error.
   class Stream final : public grpc::ServerWriteReactor<v1::TokenOutput> {
    public:
-    Stream(std::string id, int32_t from, int32_t max_tokens, int32_t fail_after, bool expire)
+    Stream(std::string id, int32_t from, int32_t max_tokens, int32_t fail_after,
+           const std::optional<v1::Error>& end_with)
         : id_(std::move(id)), from_(from), max_tokens_(max_tokens), fail_after_(fail_after) {
-      if (!expire) {
+      if (!end_with.has_value()) {
         Next();
         return;
       }
-      // What a decode worker sends when the reservation expired under the transfer.
       out_.set_request_id(id_);
       out_.set_finish_reason(v1::FINISH_REASON_ERROR);
-      out_.mutable_error()->set_code(static_cast<int32_t>(absl::StatusCode::kDeadlineExceeded));
-      out_.mutable_error()->set_message("test: the KV reservation expired");
+      *out_.mutable_error() = *end_with;
       from_ = max_tokens_;  // the stream ends after this message
       StartWrite(&out_);
     }
@@ -458,6 +475,66 @@ TEST(RemoteBackendMigration, MaxMigrationsBoundsTheMoves) {
   EXPECT_EQ(c.counters.num_migrations, 1);
   EXPECT_EQ(c.counters.num_migration_prefills, 1);
   EXPECT_EQ(c.counters.num_worker_failures, 1);
+}
+
+// A decode worker that ended the request for misconfigured peers (FAILED_PRECONDITION marked
+// ERROR_CAUSE_WORKER_MISCONFIGURED): the client gets a server error (INTERNAL: HTTP 500) naming
+// the mismatch, not the 400 the code alone would give, and no other decode worker is tried
+// (one retry raced the first attempt: a 503 "already in flight").
+TEST(RemoteBackendMisconfiguredPeers, ServerErrorWithoutRetry) {
+  Cluster c;
+  v1::Error error;
+  error.set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  error.set_message("KV transfer mode mismatch: decode worker runs --kv-transfer-mode pull, "
+                    "prefill worker 127.0.0.1:1 runs push");
+  error.set_cause(v1::ERROR_CAUSE_WORKER_MISCONFIGURED);
+  c.script.transfer_error = error;
+  Outcome o = c.RunOne();
+  EXPECT_EQ(o.reason, FinishReason::kError);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInternal) << o.status;
+  EXPECT_EQ(o.status.message(),
+            "the KV transfer between this request's workers failed: KV transfer mode mismatch: "
+            "decode worker runs --kv-transfer-mode pull, prefill worker 127.0.0.1:1 runs push");
+  EXPECT_EQ(c.script.decode_calls.size(), 1u);
+  EXPECT_EQ(c.counters.num_decode_retries, 0);
+  EXPECT_EQ(c.counters.num_migrations, 0);
+  EXPECT_EQ(c.counters.num_worker_failures, 1);
+}
+
+// A prefill worker that refused the request for misconfigured peers (a layerwise prefill whose
+// decode reservation has another KV layout), the mark in the gRPC status details: the same
+// server error, and no other prefill worker is tried.
+TEST(RemoteBackendMisconfiguredPeers, MarkedPrefillRefusalIsAServerError) {
+  Cluster c;
+  c.script.prefill_error = ToGrpcWithCause(MisconfiguredPeerError(
+      "KV layout mismatch for request 'r': decode block_size 32; prefill block_size 16"));
+  Outcome o = c.RunOne();
+  EXPECT_EQ(o.reason, FinishReason::kError);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kInternal) << o.status;
+  EXPECT_EQ(o.status.message(),
+            "the KV transfer between this request's workers failed: KV layout mismatch for "
+            "request 'r': decode block_size 32; prefill block_size 16");
+  EXPECT_EQ(c.script.prefills.size(), 1u);
+  EXPECT_TRUE(c.script.decode_calls.empty());
+  EXPECT_EQ(c.counters.num_prefill_retries, 0);
+  EXPECT_EQ(c.counters.num_worker_failures, 1);
+  // Unmarked, the refusal keeps its code (a prefill worker from before the mark).
+  Cluster old;
+  old.script.prefill_error = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "KV layout");
+  EXPECT_EQ(old.RunOne().status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The same error without the mark (a decode worker from before it) keeps its code: the
+// router's answer to such workers is unchanged.
+TEST(RemoteBackendMisconfiguredPeers, UnmarkedErrorKeepsItsCode) {
+  Cluster c;
+  v1::Error error;
+  error.set_code(static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
+  error.set_message("KV transfer mode mismatch");
+  c.script.transfer_error = error;
+  Outcome o = c.RunOne();
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+  EXPECT_EQ(c.script.decode_calls.size(), 1u);
 }
 
 }  // namespace

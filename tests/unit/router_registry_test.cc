@@ -283,5 +283,93 @@ TEST_F(RouterRegistryTest, EachWorkerGetsALeaseFromItsHeartbeatJitter) {
   EXPECT_FALSE(registry_.Pick(WorkerRole::kDecode, 10).has_value());
 }
 
+// The KV settings of a worker of the test model (the CPU engine's float32 cache).
+KvPeerConfig Peer(const std::string& mode, int64_t swa_replay_tokens = 0,
+                  int64_t block_size = 16) {
+  KvPeerConfig c;
+  c.transfer_mode = mode;
+  c.swa_replay_tokens = swa_replay_tokens;
+  c.block_size = block_size;
+  c.num_layers = 4;
+  c.values_per_token = 256;
+  c.dtype_bytes = 4;
+  return c;
+}
+
+// A prefill or decode worker whose KV settings differ from a registered one's is refused with
+// FAILED_PRECONDITION naming both values and both workers, and is not added; one that agrees
+// joins.
+TEST_F(RouterRegistryTest, WorkerWhoseKvSettingsDifferFromThePoolIsRefused) {
+  ASSERT_TRUE(registry_.Register(WorkerRole::kPrefill, "127.0.0.1:7101", Load(0, 0, 100), {},
+                                 false, Peer("push")).ok());
+  auto mode = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100), {},
+                                 false, Peer("pull"));
+  ASSERT_EQ(mode.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(mode.status().message(),
+            "the router refuses decode worker 127.0.0.1:7201: KV transfer mode mismatch: decode "
+            "worker 127.0.0.1:7201 runs --kv-transfer-mode pull but the registered prefill "
+            "worker prefill-1 (127.0.0.1:7101) runs --kv-transfer-mode push; start every "
+            "prefill and decode worker with the same --kv-transfer-mode");
+  auto replay = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7202", Load(0, 0, 100), {},
+                                   false, Peer("push", 128));
+  ASSERT_EQ(replay.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(replay.status().message().find(
+                "SWA replay mismatch: decode worker 127.0.0.1:7202 runs --swa-replay-tokens 128 "
+                "(moves only full-attention layers) but the registered prefill worker prefill-1 "
+                "(127.0.0.1:7101) runs --swa-replay-tokens 0 (moves every layer)"),
+            absl::string_view::npos)
+      << replay.status();
+  auto layout = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7203", Load(0, 0, 100), {},
+                                   false, Peer("push", 0, 32));
+  ASSERT_EQ(layout.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(layout.status().message().find(
+                "KV layout mismatch: decode worker 127.0.0.1:7203 has block_size 32, 4 layers, "
+                "256 values/token of 4 bytes but the registered prefill worker prefill-1 "
+                "(127.0.0.1:7101) has block_size 16"),
+            absl::string_view::npos)
+      << layout.status();
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 0);
+  EXPECT_FALSE(registry_.Pick(WorkerRole::kDecode, 1).has_value());
+  // Replay counts may differ while both replay (each receiver replays its own).
+  ASSERT_TRUE(registry_.Register(WorkerRole::kDecode, "127.0.0.1:7204", Load(0, 0, 100), {},
+                                 false, Peer("push")).ok());
+  EXPECT_EQ(registry_.CountLive(WorkerRole::kDecode), 1);
+}
+
+TEST_F(RouterRegistryTest, ReplayCountsMayDifferWhileBothReplay) {
+  ASSERT_TRUE(registry_.Register(WorkerRole::kPrefill, "127.0.0.1:7101", Load(0, 0, 100), {},
+                                 false, Peer("pull", 64)).ok());
+  EXPECT_TRUE(registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100), {},
+                                 false, Peer("pull", 128)).ok());
+}
+
+// Not compared: workers without reported settings (from before the check), draining workers
+// (they take no new requests: a rolling restart may change the pool's settings), encoders;
+// nor the entry a restart at the same address replaces.
+TEST_F(RouterRegistryTest, KvSettingsAreComparedOnlyWithLiveReportingKvWorkers) {
+  const std::string legacy = Add(WorkerRole::kPrefill, "127.0.0.1:7101", Load(0, 0, 100));
+  EXPECT_TRUE(registry_.Register(WorkerRole::kEncoder, "127.0.0.1:7301", Load(0, 0, 0)).ok());
+  auto pull = registry_.Register(WorkerRole::kPrefill, "127.0.0.1:7102", Load(0, 0, 100), {},
+                                 false, Peer("pull"));
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  ASSERT_TRUE(registry_.Drain(pull->worker_id).ok());
+  auto push = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100), {},
+                                 false, Peer("push"));
+  ASSERT_TRUE(push.ok()) << push.status();
+  // The only reporting live worker restarts with other settings: its old entry is gone.
+  auto restarted = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100),
+                                      {}, false, Peer("layerwise"));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(registry_.Get(restarted->worker_id)->kv_peer->transfer_mode, "layerwise");
+  EXPECT_FALSE(registry_.Get(legacy)->kv_peer.has_value());
+  // A refused restart still removes the entry of the process it replaces.
+  ASSERT_TRUE(registry_.Register(WorkerRole::kPrefill, "127.0.0.1:7103", Load(0, 0, 100), {},
+                                 false, Peer("layerwise")).ok());
+  auto refused = registry_.Register(WorkerRole::kDecode, "127.0.0.1:7201", Load(0, 0, 100), {},
+                                    false, Peer("pull"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(registry_.Get(restarted->worker_id).has_value());
+}
+
 }  // namespace
 }  // namespace sluice
