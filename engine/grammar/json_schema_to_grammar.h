@@ -9,7 +9,8 @@
 // Supported keywords: type (incl. unions), enum, const, properties, required,
 // additionalProperties (false / true / schema), propertyNames (type, enum, const, pattern,
 // minLength, maxLength, format: the keys of additional properties, which are otherwise free
-// strings of at most 64 characters), minProperties / maxProperties (counted over all
+// strings of at most 64 characters; never a declared or required name, in any spelling:
+// string_exclusion.h), minProperties / maxProperties (counted over all
 // properties), items (schema, false, or an array = tuple),
 // prefixItems, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced),
 // allOf (merged), $ref to "#..." JSON pointers (recursion allowed), $defs / definitions,

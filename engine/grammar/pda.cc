@@ -1,6 +1,7 @@
 #include "engine/grammar/pda.h"
 
 #include <algorithm>
+#include <deque>
 #include <tuple>
 #include <utility>
 
@@ -149,13 +150,8 @@ class NfaBuilder {
       }
       case ExprKind::kChoice: {
         const int32_t end = NewState();
-        for (const Expr& c : e.children) {
-          const int32_t start = NewState();
-          states[from].eps.push_back(start);
-          absl::StatusOr<int32_t> r = Build(c, start);
-          if (!r.ok()) return r;
-          states[*r].eps.push_back(end);
-        }
+        absl::Status st = BuildInto(e, from, end);
+        if (!st.ok()) return st;
         return end;
       }
       case ExprKind::kRepeat: {
@@ -176,23 +172,103 @@ class NfaBuilder {
           return loop;
         }
         const int32_t end = NewState();
-        states[cur].eps.push_back(end);
-        for (int32_t i = e.min_count; i < e.max_count; ++i) {
-          absl::StatusOr<int32_t> r = Build(child, cur);
-          if (!r.ok()) return r;
-          cur = *r;
-          states[cur].eps.push_back(end);
-        }
+        absl::StatusOr<int32_t> chain = Chain(child, end, e.max_count - e.min_count);
+        if (!chain.ok()) return chain;
+        states[cur].eps.push_back(*chain);
         return end;
       }
     }
     return absl::InternalError("unknown expression kind");
   }
 
+  // BuildInto adds a fragment for `e` from `from` that ends in the existing state `into`.
+  // Alternatives and last elements of sequences end there directly, so every bounded repeat
+  // of one expression that ends in `into` shares one chain of states (Chain): the key of an
+  // additional property minus the declared names has an alternative per prefix-tree node,
+  // each ending in "any character, up to 64 - depth times", and subset construction would
+  // otherwise give each node its own copy of the chain (tens of thousands of states).
+  absl::Status BuildInto(const Expr& e, int32_t from, int32_t into) {
+    if (*budget_ < 0) return absl::ResourceExhaustedError("grammar too large: too many automaton states");
+    switch (e.kind) {
+      case ExprKind::kChoice:
+        for (const Expr& c : e.children) {
+          const int32_t start = NewState();
+          states[from].eps.push_back(start);
+          absl::Status st = BuildInto(c, start, into);
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      case ExprKind::kSequence: {
+        if (e.children.empty()) break;
+        int32_t cur = from;
+        for (size_t i = 0; i + 1 < e.children.size(); ++i) {
+          absl::StatusOr<int32_t> r = Build(e.children[i], cur);
+          if (!r.ok()) return r.status();
+          cur = *r;
+        }
+        return BuildInto(e.children.back(), cur, into);
+      }
+      case ExprKind::kRepeat: {
+        if (e.max_count < 0 || e.max_count == e.min_count) break;
+        int32_t cur = from;
+        for (int32_t i = 0; i < e.min_count; ++i) {
+          absl::StatusOr<int32_t> r = Build(e.children[0], cur);
+          if (!r.ok()) return r.status();
+          cur = *r;
+        }
+        absl::StatusOr<int32_t> chain = Chain(e.children[0], into, e.max_count - e.min_count);
+        if (!chain.ok()) return chain.status();
+        states[cur].eps.push_back(*chain);
+        return absl::OkStatus();
+      }
+      default:
+        break;
+    }
+    absl::StatusOr<int32_t> r = Build(e, from);
+    if (!r.ok()) return r.status();
+    states[*r].eps.push_back(into);
+    return absl::OkStatus();
+  }
+
+  // Chain: a state from which `x` matches 0..count times and then `into` follows. Position k
+  // of the chain for (x, into) is "up to k more x": it reaches `into` directly or through one
+  // x to position k - 1; positions are built once and extended on demand.
+  absl::StatusOr<int32_t> Chain(const Expr& x, int32_t into, int32_t count) {
+    ChainStates* chain = nullptr;
+    std::vector<ChainStates*>& same_into = chains_by_into_[into];
+    for (ChainStates* c : same_into) {
+      if (ExprEquals(c->x, x)) {
+        chain = c;
+        break;
+      }
+    }
+    if (chain == nullptr) {
+      chains_.push_back(ChainStates{x, {into}});
+      chain = &chains_.back();  // a deque: stays valid while x's own chains are added
+      same_into.push_back(chain);
+    }
+    while (static_cast<int32_t>(chain->positions.size()) <= count) {
+      const int32_t p = NewState();
+      states[p].eps.push_back(into);
+      absl::StatusOr<int32_t> r = Build(x, p);
+      if (!r.ok()) return r;
+      states[*r].eps.push_back(chain->positions.back());
+      chain->positions.push_back(p);
+    }
+    return chain->positions[count];
+  }
+
   std::vector<NfaState> states;
 
  private:
+  struct ChainStates {
+    Expr x;
+    std::vector<int32_t> positions;  // [k]: up to k more x, then `into`; [0] = into
+  };
+
   int64_t* budget_;
+  std::deque<ChainStates> chains_;
+  absl::flat_hash_map<int32_t, std::vector<ChainStates*>> chains_by_into_;
   std::vector<PdaToken>* tokens_;
 };
 
