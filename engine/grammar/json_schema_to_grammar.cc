@@ -810,7 +810,8 @@ class SchemaCompiler {
   }
 
   // CountedObject: the object with between lo and hi (-1: any) properties, counted in the rules:
-  // rule (i, c) emits properties i..n-1 (then additional ones) after c were emitted.
+  // rule (i, c) emits properties i..n-1 (then additional ones) after c declared ones were
+  // emitted.
   absl::StatusOr<Expr> CountedObject(const std::vector<std::pair<std::string, Expr>>& props,
                                      const absl::flat_hash_set<std::string>& required,
                                      const std::optional<Expr>& extra_member, int32_t lo, int32_t hi,
@@ -825,9 +826,20 @@ class SchemaCompiler {
     if (!extra_member.has_value() && lo > n) {
       return SchemaError(path, "minProperties exceeds the properties allowed (nothing can match)");
     }
-    // Counts past max(lo, n) only matter through hi; unbounded: count up to max(lo, n) and
-    // let additional properties repeat from there.
-    const int32_t cap = hi >= 0 ? hi : std::max(lo, n);
+    // Additional keys are never a declared name, but they may repeat one another (a grammar
+    // cannot remember every key emitted), and a repeated key is one property once parsed. So
+    // at most one additional property counts toward minProperties: the count always meets
+    // it in distinct keys, and a minimum that needs two additional properties is refused.
+    if (extra_member.has_value() && lo > n + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unsupported JSON Schema combination at ", path, ": minProperties ", lo,
+          " with additionalProperties needs more than one additional property, and additional keys "
+          "are not kept distinct from one another (at most minProperties ", n + 1, " with ", n,
+          " declared properties)"));
+    }
+    // Rules count the declared properties emitted (at most n, and at most hi); additional ones
+    // follow them in one repeat bounded by hi.
+    const int32_t cap = hi >= 0 ? std::min(hi, n) : n;
     if (static_cast<int64_t>(n + 1) * (cap + 1) > kMaxCountedObjectRules) {
       return SchemaError(path, "minProperties / maxProperties too large to enforce with these properties");
     }
@@ -848,13 +860,12 @@ class SchemaCompiler {
       slot = r;
       std::vector<Expr> alts;
       if (i == n) {
+        // c declared properties were emitted; the first additional one counts (c + 1 >= lo
+        // here), the rest only toward maxProperties.
         if (c >= lo) alts.push_back(Literal(""));
-        if (extra_member.has_value()) {
-          if (c < cap) {
-            alts.push_back(Sequence({sep(c), *extra_member, RuleRef(self(self, n, c + 1))}));
-          } else if (hi < 0) {  // unbounded: any number more (c >= lo here)
-            alts.push_back(Star(Sequence({sep(c), *extra_member})));
-          }
+        if (extra_member.has_value() && (hi < 0 || c < hi)) {
+          alts.push_back(Sequence({sep(c), *extra_member,
+                                   Repeat(Sequence({Literal(kItemSep), *extra_member}), 0, hi < 0 ? -1 : hi - c - 1)}));
         }
       } else {
         const int32_t next_c = std::min(c + 1, cap);  // saturates only when hi is unbounded
@@ -863,7 +874,7 @@ class SchemaCompiler {
                                    props[i].second, RuleRef(self(self, i + 1, next_c))}));
         }
         const bool can_skip = !required.contains(props[i].first) &&
-                              (extra_member.has_value() || c + (n - i - 1) >= lo);
+                              c + (n - i - 1) + (extra_member.has_value() ? 1 : 0) >= lo;
         if (can_skip) alts.push_back(RuleRef(self(self, i + 1, c)));
       }
       g_.rule(r).body = Choice(std::move(alts));
