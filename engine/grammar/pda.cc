@@ -275,21 +275,34 @@ class NfaBuilder {
 // Determinize: subset construction over byte ranges and call labels.
 absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, int32_t rule,
                          int64_t max_dfa_states, Pda* pda) {
+  // A closure keeps only the states that matter for what follows: those with byte, call or
+  // token edges, and the accepting one. States that only pass epsilon moves on (the ends of
+  // alternatives, of repeats) would otherwise tell apart subsets with the same future, e.g.
+  // every prefix-tree branch of a key that joins the shared chain (Chain) through its own end.
+  std::vector<uint32_t> seen(nfa.states.size(), 0);
+  uint32_t epoch = 0;
+  std::vector<int32_t> stack;
   auto closure = [&](std::vector<int32_t> set) {
-    std::vector<int32_t> stack = set;
-    std::vector<char> seen(nfa.states.size(), 0);
-    for (int32_t s : set) seen[s] = 1;
+    ++epoch;
+    stack = set;
+    for (int32_t s : set) seen[s] = epoch;
     while (!stack.empty()) {
       const int32_t s = stack.back();
       stack.pop_back();
       for (int32_t t : nfa.states[s].eps) {
-        if (!seen[t]) {
-          seen[t] = 1;
+        if (seen[t] != epoch) {
+          seen[t] = epoch;
           set.push_back(t);
           stack.push_back(t);
         }
       }
     }
+    set.erase(std::remove_if(set.begin(), set.end(),
+                             [&](int32_t s) {
+                               const NfaState& st = nfa.states[s];
+                               return s != accept && st.bytes.empty() && st.calls.empty() && st.tokens.empty();
+                             }),
+              set.end());
     std::sort(set.begin(), set.end());
     return set;
   };
