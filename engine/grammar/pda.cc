@@ -150,8 +150,9 @@ class NfaBuilder {
       }
       case ExprKind::kChoice: {
         const int32_t end = NewState();
-        absl::Status st = BuildInto(e, from, end);
-        if (!st.ok()) return st;
+        absl::StatusOr<int32_t> start = StartInto(e, end);
+        if (!start.ok()) return start;
+        states[from].eps.push_back(*start);
         return end;
       }
       case ExprKind::kRepeat: {
@@ -181,53 +182,91 @@ class NfaBuilder {
     return absl::InternalError("unknown expression kind");
   }
 
-  // BuildInto adds a fragment for `e` from `from` that ends in the existing state `into`.
-  // Alternatives and last elements of sequences end there directly, so every bounded repeat
-  // of one expression that ends in `into` shares one chain of states (Chain): the key of an
-  // additional property minus the declared names has an alternative per prefix-tree node,
-  // each ending in "any character, up to 64 - depth times", and subset construction would
-  // otherwise give each node its own copy of the chain (tens of thousands of states).
-  absl::Status BuildInto(const Expr& e, int32_t from, int32_t into) {
+  // StartInto builds `e` backwards from the existing state `into` and returns the state it
+  // starts in: every element is built knowing what follows it, so fragments with one future
+  // are one set of states. Bounded repeats of one expression into one state share a chain
+  // (Chain), and a literal or character class into one state is built once (the memo): the
+  // key of an additional property minus the declared names has an alternative per
+  // prefix-tree node, each ending in "any character, up to 64 - depth times" (and the hex
+  // digits of its escapes), and subset construction would otherwise give each node its own
+  // copy of them (tens of thousands of states).
+  absl::StatusOr<int32_t> StartInto(const Expr& e, int32_t into) {
     if (*budget_ < 0) return absl::ResourceExhaustedError("grammar too large: too many automaton states");
     switch (e.kind) {
-      case ExprKind::kChoice:
-        for (const Expr& c : e.children) {
-          const int32_t start = NewState();
-          states[from].eps.push_back(start);
-          absl::Status st = BuildInto(c, start, into);
-          if (!st.ok()) return st;
+      case ExprKind::kEmpty:
+        return into;
+      case ExprKind::kLiteral:
+      case ExprKind::kCharClass: {
+        std::vector<std::pair<const Expr*, int32_t>>& built = leaves_by_into_[into];
+        for (const auto& [leaf, start] : built) {
+          if (ExprEquals(*leaf, e)) return start;
         }
-        return absl::OkStatus();
+        int32_t start = into;
+        if (e.kind == ExprKind::kLiteral) {
+          for (size_t i = e.text.size(); i-- > 0;) {
+            const int32_t prev = NewState();
+            const uint8_t c = static_cast<uint8_t>(e.text[i]);
+            states[prev].bytes.push_back(ByteEdge{c, c, start});
+            start = prev;
+          }
+        } else {
+          start = NewState();
+          absl::StatusOr<int32_t> r = Build(e, start);
+          if (!r.ok()) return r;
+          states[*r].eps.push_back(into);
+        }
+        leaves_by_into_[into].emplace_back(&e, start);
+        return start;
+      }
       case ExprKind::kSequence: {
-        if (e.children.empty()) break;
-        int32_t cur = from;
-        for (size_t i = 0; i + 1 < e.children.size(); ++i) {
-          absl::StatusOr<int32_t> r = Build(e.children[i], cur);
-          if (!r.ok()) return r.status();
+        int32_t cur = into;
+        for (size_t i = e.children.size(); i-- > 0;) {
+          absl::StatusOr<int32_t> r = StartInto(e.children[i], cur);
+          if (!r.ok()) return r;
           cur = *r;
         }
-        return BuildInto(e.children.back(), cur, into);
+        return cur;
+      }
+      case ExprKind::kChoice: {
+        const int32_t start = NewState();
+        for (const Expr& c : e.children) {
+          absl::StatusOr<int32_t> r = StartInto(c, into);
+          if (!r.ok()) return r;
+          states[start].eps.push_back(*r);
+        }
+        return start;
       }
       case ExprKind::kRepeat: {
-        if (e.max_count < 0 || e.max_count == e.min_count) break;
-        int32_t cur = from;
-        for (int32_t i = 0; i < e.min_count; ++i) {
-          absl::StatusOr<int32_t> r = Build(e.children[0], cur);
-          if (!r.ok()) return r.status();
+        const Expr& x = e.children[0];
+        int32_t cur = into;
+        if (e.max_count < 0) {
+          // loop -> into; loop -> x -> loop.
+          const int32_t loop = NewState();
+          states[loop].eps.push_back(into);
+          absl::StatusOr<int32_t> r = StartInto(x, loop);
+          if (!r.ok()) return r;
+          states[loop].eps.push_back(*r);
+          cur = loop;
+        } else if (e.max_count > e.min_count) {
+          absl::StatusOr<int32_t> r = Chain(x, into, e.max_count - e.min_count);
+          if (!r.ok()) return r;
           cur = *r;
         }
-        absl::StatusOr<int32_t> chain = Chain(e.children[0], into, e.max_count - e.min_count);
-        if (!chain.ok()) return chain.status();
-        states[cur].eps.push_back(*chain);
-        return absl::OkStatus();
+        for (int32_t i = 0; i < e.min_count; ++i) {
+          absl::StatusOr<int32_t> r = StartInto(x, cur);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        return cur;
       }
-      default:
-        break;
+      default: {  // rule calls and tokens
+        const int32_t start = NewState();
+        absl::StatusOr<int32_t> r = Build(e, start);
+        if (!r.ok()) return r;
+        states[*r].eps.push_back(into);
+        return start;
+      }
     }
-    absl::StatusOr<int32_t> r = Build(e, from);
-    if (!r.ok()) return r.status();
-    states[*r].eps.push_back(into);
-    return absl::OkStatus();
   }
 
   // Chain: a state from which `x` matches 0..count times and then `into` follows. Position k
@@ -250,9 +289,9 @@ class NfaBuilder {
     while (static_cast<int32_t>(chain->positions.size()) <= count) {
       const int32_t p = NewState();
       states[p].eps.push_back(into);
-      absl::StatusOr<int32_t> r = Build(x, p);
+      absl::StatusOr<int32_t> r = StartInto(chain->x, chain->positions.back());
       if (!r.ok()) return r;
-      states[*r].eps.push_back(chain->positions.back());
+      states[p].eps.push_back(*r);
       chain->positions.push_back(p);
     }
     return chain->positions[count];
@@ -269,6 +308,9 @@ class NfaBuilder {
   int64_t* budget_;
   std::deque<ChainStates> chains_;
   absl::flat_hash_map<int32_t, std::vector<ChainStates*>> chains_by_into_;
+  // (leaf, start) of the literals and classes built into a state (the leaf lives in the
+  // grammar or in chains_, both unchanged while the builder runs)
+  absl::flat_hash_map<int32_t, std::vector<std::pair<const Expr*, int32_t>>> leaves_by_into_;
   std::vector<PdaToken>* tokens_;
 };
 
@@ -596,8 +638,10 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
   for (int32_t r = 0; r < n; ++r) {
     NfaBuilder nfa(&budget, &pda.tokens);
     const int32_t start = nfa.NewState();
-    absl::StatusOr<int32_t> accept = nfa.Build(grammar.rule(r).body, start);
-    if (!accept.ok()) return accept.status();
+    absl::StatusOr<int32_t> accept = nfa.NewState();
+    absl::StatusOr<int32_t> body = nfa.StartInto(grammar.rule(r).body, *accept);
+    if (!body.ok()) return body.status();
+    nfa.states[start].eps.push_back(*body);
     if (budget < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "grammar too large: more than ", options.max_states, " automaton states"));
