@@ -634,6 +634,19 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
   pda.rule_start.assign(n, -1);
   pda.root_rule = grammar.root();
   for (int32_t r = 0; r < n; ++r) pda.rule_names.push_back(grammar.rule(r).name);
+  // Token terminals are numbered in the order the grammar writes them (rules are built back
+  // to front), so a vocabulary without them is told about the first one written.
+  auto add_tokens = [&](auto& self, const Expr& e) -> void {
+    if (e.kind == ExprKind::kToken) {
+      const PdaToken t{e.token_id >= 0 ? std::string() : e.text, e.token_id};
+      if (std::none_of(pda.tokens.begin(), pda.tokens.end(),
+                       [&](const PdaToken& x) { return x.text == t.text && x.id == t.id; })) {
+        pda.tokens.push_back(t);
+      }
+    }
+    for (const Expr& c : e.children) self(self, c);
+  };
+  for (int32_t r = 0; r < n; ++r) add_tokens(add_tokens, grammar.rule(r).body);
   int64_t budget = options.max_states;
   for (int32_t r = 0; r < n; ++r) {
     NfaBuilder nfa(&budget, &pda.tokens);
