@@ -79,13 +79,19 @@ class BoundedClasses {
 int32_t DominantSuccessor(const Pda& pda, int32_t s) {
   const PdaState& st = pda.states[s];
   int32_t best = -1, best_width = 0;
-  absl::flat_hash_map<int32_t, int32_t> width;
+  // Edges are sorted by byte and few: sum each target's widths over the later edges.
   for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-    const ByteEdge& edge = pda.byte_edges[e];
-    int32_t& w = width[edge.next];
-    w += edge.hi - edge.lo + 1;
-    if (w > best_width || (w == best_width && edge.next < best)) {
-      best = edge.next;
+    const int32_t next = pda.byte_edges[e].next;
+    bool seen = false;
+    for (uint32_t f = st.byte_begin; f < e && !seen; ++f) seen = pda.byte_edges[f].next == next;
+    if (seen) continue;
+    int32_t w = 0;
+    for (uint32_t f = e; f < st.byte_end; ++f) {
+      const ByteEdge& edge = pda.byte_edges[f];
+      if (edge.next == next) w += edge.hi - edge.lo + 1;
+    }
+    if (w > best_width || (w == best_width && next < best)) {
+      best = next;
       best_width = w;
     }
   }
