@@ -288,8 +288,14 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
            // prefix-tree states walk beside the key character chain (Reuse::ref_state).
            R"({"type":"object","properties":{"name":{"type":"string"},"nick":{"type":"string"},"id":{"type":"integer"},
                "a/b":{"type":"null"}},"additionalProperties":true})",
+           // GBNF (not JSON): `field`'s loop state walks beside its first state, and its rule
+           // returns inside the walked subtrees (the bench's ebnf_csv_rows).
+           "root ::= header (\"\\n\" row){1,8}\nheader ::= \"id,name,city,amount\"\n"
+           "row ::= [1-9] [0-9]* \",\" field \",\" field \",\" [0-9]+ \".\" [0-9] [0-9]\n"
+           "field ::= [A-Za-z] [A-Za-z ]*\n",
        }) {
-    absl::StatusOr<Grammar> grammar = JsonSchemaToGrammar(nlohmann::json::parse(schema));
+    absl::StatusOr<Grammar> grammar = schema[0] == '{' ? JsonSchemaToGrammar(nlohmann::json::parse(schema))
+                                                       : ParseEbnf(schema);
     ASSERT_TRUE(grammar.ok()) << grammar.status();
     PdaOptions full;
     full.share_table_walks = false;
@@ -308,7 +314,7 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
       ASSERT_EQ(a.uncertain_lcp, b.uncertain_lcp) << schema << " state " << s;
       if (!accepted_ids(a).empty()) ++num_tables;
     }
-    EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most of the vocabulary
+    if (schema[0] == '{') EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most tokens
   }
 }
 
