@@ -74,11 +74,35 @@ class BoundedClasses {
   std::vector<std::vector<int32_t>> levels_;
 };
 
+// DominantSuccessor: the state most of `s`'s bytes lead to (-1: none), the key under which
+// states that differ only in a few bytes find each other.
+int32_t DominantSuccessor(const Pda& pda, int32_t s) {
+  const PdaState& st = pda.states[s];
+  int32_t best = -1, best_width = 0;
+  // Edges are sorted by byte and few: sum each target's widths over the later edges.
+  for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+    const int32_t next = pda.byte_edges[e].next;
+    bool seen = false;
+    for (uint32_t f = st.byte_begin; f < e && !seen; ++f) seen = pda.byte_edges[f].next == next;
+    if (seen) continue;
+    int32_t w = 0;
+    for (uint32_t f = e; f < st.byte_end; ++f) {
+      const ByteEdge& edge = pda.byte_edges[f];
+      if (edge.next == next) w += edge.hi - edge.lo + 1;
+    }
+    if (w > best_width || (w == best_width && next < best)) {
+      best = next;
+      best_width = w;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 // WalkScratch: Precompute's buffers, kept across states (their capacity is reused).
 struct WalkScratch {
-  std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos;
+  std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos, shadow;
   std::vector<size_t> exact_begin, context_begin, pool;
   // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
   std::vector<std::pair<int32_t, int32_t>> decided;
@@ -154,7 +178,11 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   // last_in_class[l - kMinShared]: class at level l -> the last tabled state in it
   std::vector<absl::flat_hash_map<int32_t, int32_t>> last_in_class(
       BoundedClasses::kMaxDepth - kMinShared + 1);
+  // (rule, dominant successor) -> the last tabled state with them
+  absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> by_successor;
   std::vector<int32_t> subtree_depth;  // [trie node] the deepest level in its subtree
+  std::vector<int64_t> nodes_deeper;
+  std::array<int64_t, 256> first_byte_nodes{};
   std::vector<int32_t> position;       // [token id] place in the trie's sorted order
   const std::vector<TrieNode>& trie = g->vocab_->trie();
   for (int32_t s = 0; s < n; ++s) {
@@ -187,6 +215,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
           }
           subtree_depth[i] = deepest;
         }
+        // nodes_deeper[l]: trie nodes with a subtree deeper than l (what a walk sharing l
+        // bytes visits, at most); first_byte_nodes[b]: the nodes under first byte b.
+        nodes_deeper.assign(subtree_depth[0] + 2, 0);
+        for (size_t i = 1; i < trie.size(); ++i) ++nodes_deeper[subtree_depth[i] - 1];
+        for (int32_t l = subtree_depth[0]; l-- > 0;) nodes_deeper[l] += nodes_deeper[l + 1];
+        for (int32_t i = 1; i < static_cast<int32_t>(trie.size()); i = trie[i].subtree_end) {
+          first_byte_nodes[trie[i].byte] = trie[i].subtree_end - i;
+        }
       }
       while (shared_depth < std::min(subtree_depth[0], kMaxSharedDepth) &&
              classes.Affordable(shared_depth + 1) &&
@@ -195,16 +231,42 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       }
       if (shared_depth >= subtree_depth[0]) same = ref;  // no token tells them apart
     }
+    // A state whose bytes mostly lead where an earlier state's of its rule lead (a node of the
+    // declared names' prefix tree in an additional key, beside the plain key character chain)
+    // walks beside that state's path and only where the two differ (Reuse::ref_state): a
+    // token's class depends only on the states its bytes enter (and the rule's contexts).
+    // Of the two kinds of reference, the one whose walk looks cheaper is taken: the first
+    // bytes that differ bound the in-step walk from above.
+    const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
+    int32_t byte_ref = -1;
+    if (share && same < 0) {
+      auto it = by_successor.find(successor_key);
+      if (it != by_successor.end()) {
+        int64_t byte_cost = 0;
+        for (int b = 0; shared_depth > 0 && b < 256; ++b) {
+          if (built.Next(s, static_cast<uint8_t>(b)) != built.Next(it->second, static_cast<uint8_t>(b))) {
+            byte_cost += first_byte_nodes[b];
+          }
+        }
+        if (shared_depth == 0 || byte_cost < nodes_deeper[shared_depth]) {
+          byte_ref = it->second;
+          shared_depth = 0;
+        }
+      }
+    }
+    if ((shared_depth > 0 || byte_ref >= 0) && same < 0 && position.empty()) {
+      const std::vector<int32_t>& sorted = g->vocab_->sorted_token_ids();
+      position.assign(g->vocab_->vocab_size(), -1);
+      for (size_t k = 0; k < sorted.size(); ++k) position[sorted[k]] = static_cast<int32_t>(k);
+    }
     if (same >= 0) {
       g->tables_[s] = g->tables_[same];
     } else if (shared_depth > 0) {
-      if (position.empty()) {
-        const std::vector<int32_t>& sorted = g->vocab_->sorted_token_ids();
-        position.assign(g->vocab_->vocab_size(), -1);
-        for (size_t k = 0; k < sorted.size(); ++k) position[sorted[k]] = static_cast<int32_t>(k);
-      }
-      const Reuse reuse{shared_depth, &g->tables_[ref], &subtree_depth, &position};
+      const Reuse reuse{shared_depth, -1, &g->tables_[ref], &subtree_depth, &position};
       g->Precompute(s, walk, scratch, &reuse);  // its depth covers only the walked subtrees
+    } else if (byte_ref >= 0) {
+      const Reuse reuse{0, byte_ref, &g->tables_[byte_ref], nullptr, &position};
+      g->Precompute(s, walk, scratch, &reuse);
     } else {
       const int32_t depth = g->Precompute(s, walk, scratch);
       if (depth <= BoundedClasses::kMaxDepth) {
@@ -217,6 +279,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     for (int32_t l = kMinShared; keyed && l <= BoundedClasses::kMaxDepth; ++l) {
       last_in_class[l - kMinShared][classes.Of(l, s)] = s;
     }
+    if (share) by_successor[successor_key] = s;
     const StateTokens& t = g->tables_[s];
     ++g->stats_.num_byte_states;
     g->stats_.num_uncertain += static_cast<int64_t>(t.uncertain_ids.size());
@@ -296,6 +359,9 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   exact_begin.assign({0, 1});
   context_begin.assign({0, 0});
   pool.assign(1, walk.nodes().size());
+  // shadow[d]: the reference state's walk after d bytes (-1: no longer comparable).
+  std::vector<int32_t>& shadow = scratch.shadow;
+  shadow.assign(1, reuse != nullptr ? reuse->ref_state : -1);
   std::vector<int32_t>& returned = walk.context_returns();
   auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end, bool ids) {
     for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
@@ -320,10 +386,33 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   int32_t max_depth = 0;
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
+    int32_t next_shadow = -1;  // the reference's state after this node's byte, while in step
     if (reuse != nullptr) {
-      // A subtree no deeper than reuse->depth keeps the reference's classes; the rest is walked,
-      // and decides the node's own tokens, or every token below where it rejects.
-      if ((*reuse->subtree_depth)[i] <= reuse->depth) {
+      // A subtree no deeper than reuse->depth, or where the reference's walk enters the state
+      // this one does, keeps the reference's classes; the rest is walked, and decides the
+      // node's own tokens, or every token below where it rejects.
+      const int32_t pd = node.depth - 1;
+      if (reuse->ref_state >= 0) {
+        shadow.resize(pd + 1);
+        const int32_t y = shadow[pd];
+        if (y >= 0 && exact_begin[pd + 1] - exact_begin[pd] == 1 &&
+            context_begin[pd + 1] == context_begin[pd]) {
+          const StackNode top = walk.nodes()[exact[exact_begin[pd]]];
+          if (top.parent == kSentinelParent) {
+            const int32_t ny = pda_.Next(y, node.byte);
+            if (pda_.Next(top.state, node.byte) == ny) {
+              i = node.subtree_end;
+              continue;
+            }
+            // The reference's walk stays one top with nothing returned only through states
+            // that neither call nor return.
+            if (ny >= 0 && pda_.states[ny].call_begin == pda_.states[ny].call_end &&
+                !pda_.states[ny].accepting) {
+              next_shadow = ny;
+            }
+          }
+        }
+      } else if ((*reuse->subtree_depth)[i] <= reuse->depth) {
         i = node.subtree_end;
         continue;
       }
@@ -365,6 +454,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
         exact_begin.push_back(exact.size());
         context_begin.push_back(context.size());
         pool.push_back(walk.nodes().size());
+        shadow.push_back(next_shadow);
         ++i;
         continue;
       }
@@ -433,6 +523,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     exact_begin.push_back(exact.size());
     context_begin.push_back(context.size());
     pool.push_back(walk.nodes().size());
+    shadow.push_back(next_shadow);
     ++i;
   }
   StateTokens& t = tables_[state];

@@ -71,8 +71,12 @@ class CompiledGrammar {
   // Precompute fills tables_[state]; returns the deepest trie level its walk looked at.
   // With `reuse`, the tokens of every trie subtree no deeper than reuse->depth keep their
   // class in reuse->table (a state no string of that many bytes tells apart) without a walk.
+  // With reuse->ref_state (the state whose table is reuse->table) instead, the walk follows
+  // that state's path beside its own, and a subtree where both enter the same state with
+  // nothing returned yet keeps the reference's classes (from there the two walks are one).
   struct Reuse {
     int32_t depth = 0;
+    int32_t ref_state = -1;
     const StateTokens* table = nullptr;
     const std::vector<int32_t>* subtree_depth = nullptr;  // [trie node] deepest level below
     const std::vector<int32_t>* position = nullptr;       // [token id] place in sorted order

@@ -7,6 +7,21 @@ namespace sluice::grammar {
 
 Expr Empty() { return Expr{}; }
 
+bool ExprEquals(const Expr& a, const Expr& b) {
+  if (a.kind != b.kind || a.text != b.text || a.negated != b.negated || a.rule != b.rule ||
+      a.min_count != b.min_count || a.max_count != b.max_count || a.token_id != b.token_id ||
+      a.ranges.size() != b.ranges.size() || a.children.size() != b.children.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.ranges.size(); ++i) {
+    if (a.ranges[i].lo != b.ranges[i].lo || a.ranges[i].hi != b.ranges[i].hi) return false;
+  }
+  for (size_t i = 0; i < a.children.size(); ++i) {
+    if (!ExprEquals(a.children[i], b.children[i])) return false;
+  }
+  return true;
+}
+
 Expr Literal(absl::string_view utf8) {
   if (utf8.empty()) return Empty();
   Expr e;

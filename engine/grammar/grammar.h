@@ -91,6 +91,9 @@ class Grammar {
   int32_t root_ = 0;
 };
 
+// ExprEquals: the same tree (kinds, texts, ranges, counts, rules and children alike).
+bool ExprEquals(const Expr& a, const Expr& b);
+
 // ExprToString prints one expression in GBNF syntax.
 std::string ExprToString(const Grammar& grammar, const Expr& expr);
 

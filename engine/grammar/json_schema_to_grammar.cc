@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/grammar/regex_to_grammar.h"
+#include "engine/grammar/string_exclusion.h"
 
 namespace sluice::grammar {
 namespace {
@@ -121,36 +122,6 @@ Expr IntegerRangeExpr(std::optional<int64_t> lo, std::optional<int64_t> hi) {
 namespace {
 
 // ---- strings ----
-
-Expr HexDigit() { return CharClass({{'0', '9'}, {'a', 'f'}, {'A', 'F'}}); }
-
-// JsonUnicodeEscapeExpr: "u" and four hex digits spelling a UTF-16 code unit, where a high
-// surrogate (D800-DBFF) must be followed by "\u" and a low one (DC00-DFFF) and a low one never
-// stands alone. RFC 8259 (sections 7, 8.2) lets the grammar spell unpaired surrogates but leaves
-// their meaning unpredictable: nlohmann::json (the tool-call parser) and pydantic (the openai
-// SDK's parse) reject them, and I-JSON (RFC 7493, 2.1) forbids them. So every string the engine
-// lets out decodes to Unicode scalar values.
-Expr JsonUnicodeEscapeExpr() {
-  const Expr d = CharClass({{'d', 'd'}, {'D', 'D'}});
-  const Expr not_surrogate =
-      Choice({Sequence({CharClass({{'0', '9'}, {'a', 'c'}, {'A', 'C'}, {'e', 'f'}, {'E', 'F'}}),
-                        Repeat(HexDigit(), 3, 3)}),
-              Sequence({d, CharClass({{'0', '7'}}), Repeat(HexDigit(), 2, 2)})});
-  const Expr surrogate_pair =
-      Sequence({d, CharClass({{'8', '9'}, {'a', 'b'}, {'A', 'B'}}), Repeat(HexDigit(), 2, 2),
-                Literal("\\u"), d, CharClass({{'c', 'f'}, {'C', 'F'}}), Repeat(HexDigit(), 2, 2)});
-  return Sequence({Literal("u"), Choice({not_surrogate, surrogate_pair})});
-}
-
-// JsonCharExpr: one character of a JSON string body (a surrogate pair's two escapes count as
-// one character, as JSON Schema's minLength / maxLength count code points).
-Expr JsonCharExpr() {
-  return Choice({CharClass({{'"', '"'}, {'\\', '\\'}, {0, 0x1F}}, /*negated=*/true),
-                 Sequence({Literal("\\"),
-                           Choice({CharClass({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'},
-                                              {'f', 'f'}, {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
-                                   JsonUnicodeEscapeExpr()})})});
-}
 
 // JsonEscapeExpr rewrites a regex over string contents into one over the JSON string body:
 // '"' and '\' appear escaped, control characters only as \n \r \t (the others are dropped).
@@ -617,7 +588,15 @@ class SchemaCompiler {
     return SchemaError(path, absl::StrCat("unknown type '", t, "'"));
   }
 
-  absl::StatusOr<Expr> VisitString(const json& s, const std::string& path) {
+  // StringContent: what a string schema allows, as code points (before JSON escaping), and
+  // whether every JSON spelling of it is allowed (length bounds: JsonSpellings) or only the
+  // plain one (pattern, format: JsonEscapeExpr). `unconstrained` when no keyword bounds it.
+  struct Content {
+    Expr decoded;
+    bool all_spellings = true;
+    bool unconstrained = false;
+  };
+  absl::StatusOr<Content> StringContent(const json& s, const std::string& path) {
     absl::StatusOr<int32_t> min_len = GetCount(s, "minLength", path);
     if (!min_len.ok()) return min_len.status();
     absl::StatusOr<int32_t> max_len = GetCount(s, "maxLength", path);
@@ -647,12 +626,36 @@ class SchemaCompiler {
         return absl::InvalidArgumentError(absl::StrCat("invalid JSON schema at ", Child(path, "pattern"),
                                                        ": ", e.status().message()));
       }
-      return Sequence({Literal("\""), JsonEscapeExpr(*e), Literal("\"")});
+      return Content{*std::move(e), /*all_spellings=*/false};
     }
-    if (*min_len < 0 && *max_len < 0) return RuleRef(StringRule());
+    const Expr any = CharClass({{0, 0x10FFFF}});
+    if (*min_len < 0 && *max_len < 0) return Content{Star(any), true, /*unconstrained=*/true};
     const int32_t lo = std::max(*min_len, 0);
     if (*max_len >= 0 && *max_len < lo) return SchemaError(path, "maxLength is below minLength (nothing can match)");
-    return Sequence({Literal("\""), Repeat(JsonCharExpr(), lo, *max_len), Literal("\"")});
+    return Content{Repeat(any, lo, *max_len), true};
+  }
+
+  static Expr Spell(const Content& c, const Expr& decoded) {
+    return Sequence({Literal("\""), c.all_spellings ? JsonSpellings(decoded) : JsonEscapeExpr(decoded),
+                     Literal("\"")});
+  }
+
+  absl::StatusOr<Expr> VisitString(const json& s, const std::string& path) {
+    absl::StatusOr<Content> c = StringContent(s, path);
+    if (!c.ok()) return c.status();
+    if (c->unconstrained) return RuleRef(StringRule());
+    return Spell(*c, c->decoded);
+  }
+
+  // KeyExpr: the key (a JSON string) of an additional property: the strings of `c` except the
+  // declared property names, in every spelling (an escaped spelling of a declared name is the
+  // same key once parsed); nullopt when no key is left.
+  absl::StatusOr<std::optional<Expr>> KeyExpr(const Content& c, const std::vector<std::string>& declared,
+                                              const std::string& path) {
+    absl::StatusOr<Expr> left = ExcludeStrings(c.decoded, declared);
+    if (!left.ok()) return SchemaError(path, std::string(left.status().message()));
+    if (IsNothing(*left)) return std::optional<Expr>();
+    return std::optional<Expr>(Spell(c, *left));
   }
 
   absl::StatusOr<Expr> VisitNumber(const json& s, bool integer, const std::string& path) {
@@ -738,19 +741,23 @@ class SchemaCompiler {
         extra = *std::move(e);
       }
     }
-    // The keys of additional properties (propertyNames, or free strings of bounded length).
-    std::optional<Expr> extra_key;
-    if (s.contains("propertyNames")) {
-      absl::flat_hash_set<std::string> declared;
-      for (const auto& p : props) declared.insert(p.first);
-      absl::StatusOr<std::optional<Expr>> k =
-          PropertyNameExpr(s["propertyNames"], Child(path, "propertyNames"), depth, declared);
-      if (!k.ok()) return k.status();
-      if (!k->has_value()) extra.reset();  // propertyNames false: no key fits
-      extra_key = *std::move(*k);
+    // The keys of additional properties (propertyNames, or free strings of bounded length),
+    // never a declared name: the object would repeat the key, and a JSON parser keeps the
+    // last value, which only the additional schema checked.
+    std::vector<std::string> declared;
+    for (const auto& p : props) declared.push_back(p.first);
+    for (const std::string& r : required_order) {
+      if (std::find(declared.begin(), declared.end(), r) == declared.end()) declared.push_back(r);
     }
-    if (extra.has_value() && !extra_key.has_value()) {
-      extra_key = Sequence({Literal("\""), Repeat(JsonCharExpr(), 0, kMaxKeyLength), Literal("\"")});
+    std::optional<Expr> extra_key;
+    if (extra.has_value()) {
+      absl::StatusOr<std::optional<Expr>> k =
+          s.contains("propertyNames")
+              ? PropertyNameExpr(s["propertyNames"], Child(path, "propertyNames"), depth, declared)
+              : KeyExpr(Content{Repeat(CharClass({{0, 0x10FFFF}}), 0, kMaxKeyLength)}, declared, path);
+      if (!k.ok()) return k.status();
+      if (!k->has_value()) extra.reset();  // no key fits (propertyNames false, or all declared)
+      extra_key = *std::move(*k);
     }
     for (const std::string& r : required_order) {
       if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; })) {
@@ -772,8 +779,13 @@ class SchemaCompiler {
     auto member = [&](const std::string& key, Expr value) {
       return Sequence({Literal(DumpValue(json(key))), Literal(kKeySep), std::move(value)});
     };
+    // One rule for an additional member, however many places the object rules offer one (one
+    // automaton, walked over the vocabulary once).
     std::optional<Expr> extra_member;
-    if (extra.has_value()) extra_member = Sequence({*extra_key, Literal(kKeySep), *extra});
+    if (extra.has_value()) {
+      extra_member = RuleRef(g_.AddRule(absl::StrCat(prefix, "-extra"),
+                                        Sequence({*extra_key, Literal(kKeySep), *extra})));
+    }
     if (*min_props > 0 || *max_props >= 0) {
       return CountedObject(props, required, extra_member, std::max(*min_props, 0), *max_props, prefix, path);
     }
@@ -798,7 +810,8 @@ class SchemaCompiler {
   }
 
   // CountedObject: the object with between lo and hi (-1: any) properties, counted in the rules:
-  // rule (i, c) emits properties i..n-1 (then additional ones) after c were emitted.
+  // rule (i, c) emits properties i..n-1 (then additional ones) after c declared ones were
+  // emitted.
   absl::StatusOr<Expr> CountedObject(const std::vector<std::pair<std::string, Expr>>& props,
                                      const absl::flat_hash_set<std::string>& required,
                                      const std::optional<Expr>& extra_member, int32_t lo, int32_t hi,
@@ -813,9 +826,20 @@ class SchemaCompiler {
     if (!extra_member.has_value() && lo > n) {
       return SchemaError(path, "minProperties exceeds the properties allowed (nothing can match)");
     }
-    // Counts past max(lo, n) only matter through hi; unbounded: count up to max(lo, n) and
-    // let additional properties repeat from there.
-    const int32_t cap = hi >= 0 ? hi : std::max(lo, n);
+    // Additional keys are never a declared name, but they may repeat one another (a grammar
+    // cannot remember every key emitted), and a repeated key is one property once parsed. So
+    // at most one additional property counts toward minProperties: the count always meets
+    // it in distinct keys, and a minimum that needs two additional properties is refused.
+    if (extra_member.has_value() && lo > n + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unsupported JSON Schema combination at ", path, ": minProperties ", lo,
+          " with additionalProperties needs more than one additional property, and additional keys "
+          "are not kept distinct from one another (at most minProperties ", n + 1, " with ", n,
+          " declared properties)"));
+    }
+    // Rules count the declared properties emitted (at most n, and at most hi); additional ones
+    // follow them in one repeat bounded by hi.
+    const int32_t cap = hi >= 0 ? std::min(hi, n) : n;
     if (static_cast<int64_t>(n + 1) * (cap + 1) > kMaxCountedObjectRules) {
       return SchemaError(path, "minProperties / maxProperties too large to enforce with these properties");
     }
@@ -836,13 +860,12 @@ class SchemaCompiler {
       slot = r;
       std::vector<Expr> alts;
       if (i == n) {
+        // c declared properties were emitted; the first additional one counts (c + 1 >= lo
+        // here), the rest only toward maxProperties.
         if (c >= lo) alts.push_back(Literal(""));
-        if (extra_member.has_value()) {
-          if (c < cap) {
-            alts.push_back(Sequence({sep(c), *extra_member, RuleRef(self(self, n, c + 1))}));
-          } else if (hi < 0) {  // unbounded: any number more (c >= lo here)
-            alts.push_back(Star(Sequence({sep(c), *extra_member})));
-          }
+        if (extra_member.has_value() && (hi < 0 || c < hi)) {
+          alts.push_back(Sequence({sep(c), *extra_member,
+                                   Repeat(Sequence({Literal(kItemSep), *extra_member}), 0, hi < 0 ? -1 : hi - c - 1)}));
         }
       } else {
         const int32_t next_c = std::min(c + 1, cap);  // saturates only when hi is unbounded
@@ -851,7 +874,7 @@ class SchemaCompiler {
                                    props[i].second, RuleRef(self(self, i + 1, next_c))}));
         }
         const bool can_skip = !required.contains(props[i].first) &&
-                              (extra_member.has_value() || c + (n - i - 1) >= lo);
+                              c + (n - i - 1) + (extra_member.has_value() ? 1 : 0) >= lo;
         if (can_skip) alts.push_back(RuleRef(self(self, i + 1, c)));
       }
       g_.rule(r).body = Choice(std::move(alts));
@@ -862,14 +885,14 @@ class SchemaCompiler {
   }
 
   // PropertyNameExpr: the key grammar (a JSON string) of a `propertyNames` schema for additional
-  // properties; nullopt for false, or when every name it lists is `declared` (a declared name
+  // properties minus the `declared` names; nullopt for false, or when no name is left (a declared name
   // as an additional key would repeat the key). Only string keywords apply to names; other
   // keywords are refused.
   absl::StatusOr<std::optional<Expr>> PropertyNameExpr(const json& pn, const std::string& path, int depth,
-                                                       const absl::flat_hash_set<std::string>& declared) {
+                                                       const std::vector<std::string>& declared) {
     if (pn.is_boolean()) {
       if (!pn.get<bool>()) return std::optional<Expr>();
-      return std::optional<Expr>(Sequence({Literal("\""), Repeat(JsonCharExpr(), 0, kMaxKeyLength), Literal("\"")}));
+      return KeyExpr(Content{Repeat(CharClass({{0, 0x10FFFF}}), 0, kMaxKeyLength)}, declared, path);
     }
     if (!pn.is_object()) return SchemaError(path, "a schema must be an object or a boolean");
     json names = pn;
@@ -901,11 +924,16 @@ class SchemaCompiler {
       if (strings.empty()) return SchemaError(path, "no value of 'enum' / 'const' is a string (no key can match)");
       json extra_names = json::array();
       for (const json& v : strings) {
-        if (!declared.contains(v.get<std::string>())) extra_names.push_back(v);
+        if (std::find(declared.begin(), declared.end(), v.get<std::string>()) == declared.end()) {
+          extra_names.push_back(v);
+        }
       }
       if (extra_names.empty()) return std::optional<Expr>();
       names.erase("const");
       names["enum"] = std::move(extra_names);
+      absl::StatusOr<Expr> e = Visit(names, path, depth + 1);
+      if (!e.ok()) return e.status();
+      return std::optional<Expr>(*std::move(e));
     }
     if (!names.contains("enum") && !names.contains("pattern") && !names.contains("format")) {
       absl::StatusOr<int32_t> min_len = GetCount(names, "minLength", path);
@@ -914,9 +942,9 @@ class SchemaCompiler {
       if (!max_len.ok()) return max_len.status();
       if (*max_len < 0) names["maxLength"] = std::max(*min_len, kMaxKeyLength);
     }
-    absl::StatusOr<Expr> e = Visit(names, path, depth + 1);
-    if (!e.ok()) return e.status();
-    return std::optional<Expr>(*std::move(e));
+    absl::StatusOr<Content> c = StringContent(names, path);
+    if (!c.ok()) return c.status();
+    return KeyExpr(*c, declared, path);
   }
 
   absl::StatusOr<Expr> VisitArray(const json& s, const std::string& path, int depth) {

@@ -9,8 +9,11 @@
 // Supported keywords: type (incl. unions), enum, const, properties, required,
 // additionalProperties (false / true / schema), propertyNames (type, enum, const, pattern,
 // minLength, maxLength, format: the keys of additional properties, which are otherwise free
-// strings of at most 64 characters), minProperties / maxProperties (counted over all
-// properties), items (schema, false, or an array = tuple),
+// strings of at most 64 characters; never a declared or required name, in any spelling:
+// string_exclusion.h), minProperties / maxProperties (maxProperties counts all properties,
+// minProperties the declared ones and at most one additional property, since additional keys
+// may repeat one another: a minimum past the declared properties + 1 with
+// additionalProperties is an error), items (schema, false, or an array = tuple),
 // prefixItems, minItems, maxItems, anyOf, oneOf (as anyOf: exclusivity is not enforced),
 // allOf (merged), $ref to "#..." JSON pointers (recursion allowed), $defs / definitions,
 // pattern (regex_to_grammar.h subset), minLength, maxLength, format (date, time, date-time,

@@ -1,6 +1,7 @@
 #include "engine/grammar/pda.h"
 
 #include <algorithm>
+#include <deque>
 #include <tuple>
 #include <utility>
 
@@ -149,13 +150,9 @@ class NfaBuilder {
       }
       case ExprKind::kChoice: {
         const int32_t end = NewState();
-        for (const Expr& c : e.children) {
-          const int32_t start = NewState();
-          states[from].eps.push_back(start);
-          absl::StatusOr<int32_t> r = Build(c, start);
-          if (!r.ok()) return r;
-          states[*r].eps.push_back(end);
-        }
+        absl::StatusOr<int32_t> start = StartInto(e, end);
+        if (!start.ok()) return start;
+        states[from].eps.push_back(*start);
         return end;
       }
       case ExprKind::kRepeat: {
@@ -176,44 +173,178 @@ class NfaBuilder {
           return loop;
         }
         const int32_t end = NewState();
-        states[cur].eps.push_back(end);
-        for (int32_t i = e.min_count; i < e.max_count; ++i) {
-          absl::StatusOr<int32_t> r = Build(child, cur);
-          if (!r.ok()) return r;
-          cur = *r;
-          states[cur].eps.push_back(end);
-        }
+        absl::StatusOr<int32_t> chain = Chain(child, end, e.max_count - e.min_count);
+        if (!chain.ok()) return chain;
+        states[cur].eps.push_back(*chain);
         return end;
       }
     }
     return absl::InternalError("unknown expression kind");
   }
 
+  // StartInto builds `e` backwards from the existing state `into` and returns the state it
+  // starts in: every element is built knowing what follows it, so fragments with one future
+  // are one set of states. Bounded repeats of one expression into one state share a chain
+  // (Chain), and a literal or character class into one state is built once (the memo): the
+  // key of an additional property minus the declared names has an alternative per
+  // prefix-tree node, each ending in "any character, up to 64 - depth times" (and the hex
+  // digits of its escapes), and subset construction would otherwise give each node its own
+  // copy of them (tens of thousands of states).
+  absl::StatusOr<int32_t> StartInto(const Expr& e, int32_t into) {
+    if (*budget_ < 0) return absl::ResourceExhaustedError("grammar too large: too many automaton states");
+    switch (e.kind) {
+      case ExprKind::kEmpty:
+        return into;
+      case ExprKind::kLiteral:
+      case ExprKind::kCharClass: {
+        std::vector<std::pair<const Expr*, int32_t>>& built = leaves_by_into_[into];
+        for (const auto& [leaf, start] : built) {
+          if (ExprEquals(*leaf, e)) return start;
+        }
+        int32_t start = into;
+        if (e.kind == ExprKind::kLiteral) {
+          for (size_t i = e.text.size(); i-- > 0;) {
+            const int32_t prev = NewState();
+            const uint8_t c = static_cast<uint8_t>(e.text[i]);
+            states[prev].bytes.push_back(ByteEdge{c, c, start});
+            start = prev;
+          }
+        } else {
+          start = NewState();
+          absl::StatusOr<int32_t> r = Build(e, start);
+          if (!r.ok()) return r;
+          states[*r].eps.push_back(into);
+        }
+        leaves_by_into_[into].emplace_back(&e, start);
+        return start;
+      }
+      case ExprKind::kSequence: {
+        int32_t cur = into;
+        for (size_t i = e.children.size(); i-- > 0;) {
+          absl::StatusOr<int32_t> r = StartInto(e.children[i], cur);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        return cur;
+      }
+      case ExprKind::kChoice: {
+        const int32_t start = NewState();
+        for (const Expr& c : e.children) {
+          absl::StatusOr<int32_t> r = StartInto(c, into);
+          if (!r.ok()) return r;
+          states[start].eps.push_back(*r);
+        }
+        return start;
+      }
+      case ExprKind::kRepeat: {
+        const Expr& x = e.children[0];
+        int32_t cur = into;
+        if (e.max_count < 0) {
+          // loop -> into; loop -> x -> loop.
+          const int32_t loop = NewState();
+          states[loop].eps.push_back(into);
+          absl::StatusOr<int32_t> r = StartInto(x, loop);
+          if (!r.ok()) return r;
+          states[loop].eps.push_back(*r);
+          cur = loop;
+        } else if (e.max_count > e.min_count) {
+          absl::StatusOr<int32_t> r = Chain(x, into, e.max_count - e.min_count);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        for (int32_t i = 0; i < e.min_count; ++i) {
+          absl::StatusOr<int32_t> r = StartInto(x, cur);
+          if (!r.ok()) return r;
+          cur = *r;
+        }
+        return cur;
+      }
+      default: {  // rule calls and tokens
+        const int32_t start = NewState();
+        absl::StatusOr<int32_t> r = Build(e, start);
+        if (!r.ok()) return r;
+        states[*r].eps.push_back(into);
+        return start;
+      }
+    }
+  }
+
+  // Chain: a state from which `x` matches 0..count times and then `into` follows. Position k
+  // of the chain for (x, into) is "up to k more x": it reaches `into` directly or through one
+  // x to position k - 1; positions are built once and extended on demand.
+  absl::StatusOr<int32_t> Chain(const Expr& x, int32_t into, int32_t count) {
+    ChainStates* chain = nullptr;
+    std::vector<ChainStates*>& same_into = chains_by_into_[into];
+    for (ChainStates* c : same_into) {
+      if (ExprEquals(c->x, x)) {
+        chain = c;
+        break;
+      }
+    }
+    if (chain == nullptr) {
+      chains_.push_back(ChainStates{x, {into}});
+      chain = &chains_.back();  // a deque: stays valid while x's own chains are added
+      same_into.push_back(chain);
+    }
+    while (static_cast<int32_t>(chain->positions.size()) <= count) {
+      const int32_t p = NewState();
+      states[p].eps.push_back(into);
+      absl::StatusOr<int32_t> r = StartInto(chain->x, chain->positions.back());
+      if (!r.ok()) return r;
+      states[p].eps.push_back(*r);
+      chain->positions.push_back(p);
+    }
+    return chain->positions[count];
+  }
+
   std::vector<NfaState> states;
 
  private:
+  struct ChainStates {
+    Expr x;
+    std::vector<int32_t> positions;  // [k]: up to k more x, then `into`; [0] = into
+  };
+
   int64_t* budget_;
+  std::deque<ChainStates> chains_;
+  absl::flat_hash_map<int32_t, std::vector<ChainStates*>> chains_by_into_;
+  // (leaf, start) of the literals and classes built into a state (the leaf lives in the
+  // grammar or in chains_, both unchanged while the builder runs)
+  absl::flat_hash_map<int32_t, std::vector<std::pair<const Expr*, int32_t>>> leaves_by_into_;
   std::vector<PdaToken>* tokens_;
 };
 
 // Determinize: subset construction over byte ranges and call labels.
 absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, int32_t rule,
                          int64_t max_dfa_states, Pda* pda) {
+  // A closure keeps only the states that matter for what follows: those with byte, call or
+  // token edges, and the accepting one. States that only pass epsilon moves on (the ends of
+  // alternatives, of repeats) would otherwise tell apart subsets with the same future, e.g.
+  // every prefix-tree branch of a key that joins the shared chain (Chain) through its own end.
+  std::vector<uint32_t> seen(nfa.states.size(), 0);
+  uint32_t epoch = 0;
+  std::vector<int32_t> stack;
   auto closure = [&](std::vector<int32_t> set) {
-    std::vector<int32_t> stack = set;
-    std::vector<char> seen(nfa.states.size(), 0);
-    for (int32_t s : set) seen[s] = 1;
+    ++epoch;
+    stack = set;
+    for (int32_t s : set) seen[s] = epoch;
     while (!stack.empty()) {
       const int32_t s = stack.back();
       stack.pop_back();
       for (int32_t t : nfa.states[s].eps) {
-        if (!seen[t]) {
-          seen[t] = 1;
+        if (seen[t] != epoch) {
+          seen[t] = epoch;
           set.push_back(t);
           stack.push_back(t);
         }
       }
     }
+    set.erase(std::remove_if(set.begin(), set.end(),
+                             [&](int32_t s) {
+                               const NfaState& st = nfa.states[s];
+                               return s != accept && st.bytes.empty() && st.calls.empty() && st.tokens.empty();
+                             }),
+              set.end());
     std::sort(set.begin(), set.end());
     return set;
   };
@@ -503,12 +634,27 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
   pda.rule_start.assign(n, -1);
   pda.root_rule = grammar.root();
   for (int32_t r = 0; r < n; ++r) pda.rule_names.push_back(grammar.rule(r).name);
+  // Token terminals are numbered in the order the grammar writes them (rules are built back
+  // to front), so a vocabulary without them is told about the first one written.
+  auto add_tokens = [&](auto& self, const Expr& e) -> void {
+    if (e.kind == ExprKind::kToken) {
+      const PdaToken t{e.token_id >= 0 ? std::string() : e.text, e.token_id};
+      if (std::none_of(pda.tokens.begin(), pda.tokens.end(),
+                       [&](const PdaToken& x) { return x.text == t.text && x.id == t.id; })) {
+        pda.tokens.push_back(t);
+      }
+    }
+    for (const Expr& c : e.children) self(self, c);
+  };
+  for (int32_t r = 0; r < n; ++r) add_tokens(add_tokens, grammar.rule(r).body);
   int64_t budget = options.max_states;
   for (int32_t r = 0; r < n; ++r) {
     NfaBuilder nfa(&budget, &pda.tokens);
     const int32_t start = nfa.NewState();
-    absl::StatusOr<int32_t> accept = nfa.Build(grammar.rule(r).body, start);
-    if (!accept.ok()) return accept.status();
+    absl::StatusOr<int32_t> accept = nfa.NewState();
+    absl::StatusOr<int32_t> body = nfa.StartInto(grammar.rule(r).body, *accept);
+    if (!body.ok()) return body.status();
+    nfa.states[start].eps.push_back(*body);
     if (budget < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "grammar too large: more than ", options.max_states, " automaton states"));

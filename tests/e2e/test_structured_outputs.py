@@ -131,6 +131,11 @@ MAP_SCHEMAS = {
                            "required": ["id"], "additionalProperties": {"type": ["integer", "null"]},
                            "propertyNames": {"enum": ["id", "x_a", "x_b", "x_c"]}, "maxProperties": 3},
     "free_keys": {"type": "object", "additionalProperties": {"type": "boolean"}, "maxProperties": 2},
+    # Free keys beside declared ones (never a declared name again), and a minimum that one
+    # declared and one additional property meet (additional keys may repeat one another).
+    "declared_min_count": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                           "additionalProperties": {"type": "boolean"}, "propertyNames": {"maxLength": 4},
+                           "minProperties": 2, "maxProperties": 3},
 }
 
 
@@ -145,6 +150,9 @@ def test_additional_properties_sampled(client, model, name):
         check_choices(r, schema)
         for c in r.choices:
             extra_keys |= set(json.loads(c.message.content)) - set(schema.get("properties", {}))
+            keys = [k for k, _ in json.loads(c.message.content, object_pairs_hook=lambda p: p)]
+            for k in schema.get("properties", {}):
+                assert keys.count(k) <= 1, (k, c.message.content)  # never again as an additional key
     assert extra_keys  # the samples do use additional properties
 
 
@@ -317,6 +325,9 @@ BAD = [
         "type": "object", "patternProperties": {"^a": {}}}}}}, "response_format", "patternProperties"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
         "$ref": "https://example.com/x.json"}}}}, "response_format", "not local"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "m", "schema": {
+        "type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}}}},
+     "response_format", "minProperties 2 with additionalProperties"),
     ({"guided_json": "{not json"}, "guided_json", "not a valid JSON schema"),
     ({"guided_regex": r"(a)\1"}, "guided_regex", "backreference"),
     ({"structured_outputs": {"regex": r"a(?=b)"}}, "structured_outputs.regex", "lookahead"),

@@ -284,8 +284,18 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
   for (const char* schema : {
            R"({"type":"object","additionalProperties":{"type":"string"}})",
            R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],"additionalProperties":{"type":"integer"}})",
+           // Declared names sharing prefixes, one that JSON may escape ("a/b" as "a\/b"): the
+           // prefix-tree states walk beside the key character chain (Reuse::ref_state).
+           R"({"type":"object","properties":{"name":{"type":"string"},"nick":{"type":"string"},"id":{"type":"integer"},
+               "a/b":{"type":"null"}},"additionalProperties":true})",
+           // GBNF (not JSON): `field`'s loop state walks beside its first state, and its rule
+           // returns inside the walked subtrees (the bench's ebnf_csv_rows).
+           "root ::= header (\"\\n\" row){1,8}\nheader ::= \"id,name,city,amount\"\n"
+           "row ::= [1-9] [0-9]* \",\" field \",\" field \",\" [0-9]+ \".\" [0-9] [0-9]\n"
+           "field ::= [A-Za-z] [A-Za-z ]*\n",
        }) {
-    absl::StatusOr<Grammar> grammar = JsonSchemaToGrammar(nlohmann::json::parse(schema));
+    absl::StatusOr<Grammar> grammar = schema[0] == '{' ? JsonSchemaToGrammar(nlohmann::json::parse(schema))
+                                                       : ParseEbnf(schema);
     ASSERT_TRUE(grammar.ok()) << grammar.status();
     PdaOptions full;
     full.share_table_walks = false;
@@ -304,7 +314,68 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
       ASSERT_EQ(a.uncertain_lcp, b.uncertain_lcp) << schema << " state " << s;
       if (!accepted_ids(a).empty()) ++num_tables;
     }
-    EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most of the vocabulary
+    if (schema[0] == '{') EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most tokens
+  }
+}
+
+// Once an additional property was emitted only additional keys can follow, and none may spell
+// a declared name: at every split of `"name"` into an accepted prefix and the rest, no token the
+// mask allows starts with the rest and the closing quote (any tokenization of the declared key
+// has such a token). The same schemas as the grammar bench's extra_keys cases.
+TEST(GrammarMatcherTest, MaskNeverAllowsADeclaredNameAsAnAdditionalKey) {
+  const std::string path = sluice::testing::RequirePath(sluice::testing::SharedDir() + "/tokenizers/llama3/tokenizer.json");
+  auto tokenizer = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto vocab = TokenVocab::FromTokenizer(**tokenizer, {*(*tokenizer)->TokenToId("<|eot_id|>")});
+  struct Case {
+    nlohmann::ordered_json schema;
+    std::string prefix;  // a document up to an additional key's opening quote
+  };
+  nlohmann::ordered_json p8 = nlohmann::ordered_json::parse(
+      R"({"id":{"type":"integer"},"name":{"type":"string"},"email":{"type":"string"},"age":{"type":"integer"},
+          "active":{"type":"boolean"},"tags":{"type":"array","items":{"type":"string"}},"created_at":{"type":"string"},
+          "score":{"type":"number"}})");
+  nlohmann::ordered_json p30 = nlohmann::ordered_json::object();
+  for (const char* w : {"title", "author", "isbn", "publisher", "year", "pages", "language", "genre", "price",
+                        "currency", "in_stock", "rating", "reviews", "summary", "cover_url", "edition", "series",
+                        "volume", "translator", "illustrator", "format", "weight", "width", "height", "depth",
+                        "shelf", "barcode", "added_by", "updated_at", "notes"}) {
+    p30[w] = {{"type", "string"}};
+  }
+  const std::vector<Case> cases = {
+      {{{"type", "object"}, {"properties", p8}, {"required", {"id", "name"}}, {"additionalProperties", true}},
+       R"({"id": 7, "name": "Ada", "x": 1, ")"},
+      {{{"type", "object"}, {"properties", p30}, {"required", {"title"}}, {"additionalProperties", {{"type", "string"}}}},
+       R"({"title": "t", "tit": "u", ")"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Grammar> grammar = JsonSchemaToGrammar(c.schema);
+    ASSERT_TRUE(grammar.ok()) << grammar.status();
+    auto compiled = CompiledGrammar::Create(*grammar, vocab);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    int64_t checked = 0;
+    for (auto it = c.schema["properties"].begin(); it != c.schema["properties"].end(); ++it) {
+      const std::string name = it.key();
+      for (size_t k = 0; k <= name.size(); ++k) {
+        GrammarMatcher m(*compiled);
+        ASSERT_TRUE(m.AcceptBytes(c.prefix + name.substr(0, k))) << name << " " << k;
+        std::vector<uint32_t> mask(vocab->num_bitmask_words());
+        m.FillNextTokenBitmask(absl::MakeSpan(mask));
+        const std::string rest = name.substr(k) + "\"";
+        int32_t allowed = 0;
+        for (int32_t id : MaskIds(mask)) {
+          const std::string_view bytes = vocab->token_bytes(id);
+          EXPECT_FALSE(bytes.substr(0, rest.size()) == rest) << name << ": token '" << bytes << "' after " << k;
+          ++allowed;
+        }
+        EXPECT_GT(allowed, 1000) << name << " " << k;  // other keys stay open
+        // One character more is another key.
+        EXPECT_TRUE(GrammarMatcher(m).AcceptBytes(name.substr(k) + "s\": \"v\"}")) << name;
+        EXPECT_FALSE(GrammarMatcher(m).AcceptBytes(rest)) << name;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 40);
   }
 }
 

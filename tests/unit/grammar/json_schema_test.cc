@@ -156,9 +156,17 @@ TEST(JsonSchemaTest, PropertyNamesAndPropertyCounts) {
        {R"({"c": 3})", R"({"a": 1, "c": 3})", R"({"b": 2, "c": 3})"}, {R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 2})"}},
       {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"minProperties":1})",
        {R"({"a": 1})", R"({"b": 2})", R"({"a": 1, "b": 2})"}, {"{}"}},
+      // At most one additional property counts toward minProperties (additional keys may
+      // repeat one another: {"x": null, "x": null} is one property once parsed).
       {R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"null"},"propertyNames":{"maxLength":2},"minProperties":2,"maxProperties":3})",
-       {R"({"a": 1, "x": null})", R"({"x": null, "y": null})", R"({"a": 1, "x": null, "yy": null})"},
-       {R"({"a": 1})", R"({"x": null})", R"({"a": 1, "x": null, "y": null, "z": null})"}},
+       {R"({"a": 1, "x": null})", R"({"a": 1, "x": null, "yy": null})", R"({"a": 1, "x": null, "x": null})"},
+       {R"({"a": 1})", R"({"x": null})", R"({"x": null, "x": null})", R"({"x": null, "y": null})",
+        R"({"a": 1, "x": null, "y": null, "z": null})", R"({"a": 1, "a": null})"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"additionalProperties":{"type":"integer"},"minProperties":3})",
+       {R"({"a": 1, "b": 2, "c": 3})", R"({"a": 1, "b": 2, "c": 3, "c": 4, "d": 5})"},
+       {R"({"a": 1, "c": 3, "d": 4})", R"({"b": 1, "c": 3, "c": 4})", R"({"a": 1, "b": 2})"}},
+      {R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1})",
+       {R"({"k": 1})", R"({"k": 1, "k": 2})"}, {"{}"}},
   });
   // A prefix that leaves no way to end never happens: with a required "c" and at most two
   // properties, after "a" and "b" the object cannot go on, so "b" is not allowed after "a".
@@ -176,6 +184,11 @@ TEST(JsonSchemaTest, PropertyNamesAndPropertyCounts) {
            {R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})", "maxProperties is below the number of required"},
            {R"({"type":"object","minProperties":3,"maxProperties":2})", "maxProperties is below minProperties"},
            {R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})", "minProperties exceeds"},
+           // Two additional properties would be needed, and their keys could be one key.
+           {R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":2})",
+            "minProperties 2 with additionalProperties needs more than one additional property"},
+           {R"({"type":"object","properties":{"a":{}},"additionalProperties":true,"minProperties":3})",
+            "at most minProperties 2 with 1 declared properties"},
        }) {
     absl::StatusOr<Grammar> bad = JsonSchemaToGrammar(nlohmann::json::parse(schema));
     ASSERT_FALSE(bad.ok()) << schema;
