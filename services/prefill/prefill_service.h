@@ -131,7 +131,8 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   absl::StatusOr<Destination> CheckDestination(const std::string& request_id,
                                                const v1::KvBlocks& destination) const;
   // PushRuns: one push of paired runs, straight from the registered KV (agent) or through the
-  // staging (options.staging): KvTransferAgent::Push's contract either way.
+  // staging (options.staging): KvTransferAgent::Push's contract either way (a staging device
+  // copy that failed is Unavailable, as a failed RMA is).
   absl::Status PushRuns(const transfer::RemoteKvDescriptor& remote,
                         absl::Span<const transfer::BlockRun> remote_runs,
                         absl::Span<const transfer::KvRegion> local,

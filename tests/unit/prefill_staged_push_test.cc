@@ -4,7 +4,7 @@
 // UCX agent (tcp) into a "decode worker's" registered blocks. Two PushKv calls are inside their
 // staged transfers at the same time (each holds at its first copy-lane wait until the other got
 // there too; a single set of slots would make them take turns), and each lands its prompt's KV
-// exactly in its own reserved blocks.
+// exactly in its own reserved blocks. A failed device copy fails its push as UNAVAILABLE.
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -53,9 +53,12 @@ class GateCopier final : public transfer::DeviceCopier {
   }
   absl::Status Wait(int lane) override {
     if (on_first_wait) std::exchange(on_first_wait, nullptr)();
-    return inner_.Wait(lane);
+    absl::Status s = inner_.Wait(lane);
+    if (fail_next_wait.exchange(false)) return absl::InternalError("injected: copy faulted");
+    return s;
   }
   std::function<void()> on_first_wait;
+  std::atomic<bool> fail_next_wait{false};  // the next Wait fails, as a faulted device copy
 
  private:
   transfer::HostMemcpyCopier inner_;
@@ -189,6 +192,39 @@ TEST(PrefillStagedPushTest, ConcurrentPushesOverlapAndLandExactly) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(engine.Stats().num_free_blocks, kBlocks);
+
+  // A device -> host copy into a staging slot fails: PushKv answers UNAVAILABLE (a transfer
+  // failure the decode worker recomputes after, not INTERNAL), and the pin is freed.
+  {
+    v1::PrefillRequest request;
+    request.set_request_id("faulted");
+    for (int32_t t : prompts[0]) request.add_prompt_token_ids(t);
+    request.mutable_sampling()->set_temperature(0);
+    request.mutable_sampling()->set_max_tokens(4);
+    v1::PrefillResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Prefill(&context, request, &response).ok());
+    for (GateCopier* c : copiers) c->fail_next_wait = true;
+    v1::PushKvRequest push;
+    push.set_request_id("faulted");
+    push.set_transfer_token(response.kv().transfer_token());
+    v1::KvBlocks* d = push.mutable_destination();
+    d->set_kv_descriptor(decode_desc->Serialize());
+    transfer::RunsToWire(std::vector<int32_t>{20, 21, 22}, d);
+    *d->mutable_layout() = LayoutOf(engine.kv_cache(), /*dtype_bytes=*/4);
+    d->set_num_tokens(static_cast<int32_t>(prompts[0].size()));
+    push.set_timeout_ms(20000);
+    v1::PushKvResponse pushed_response;
+    grpc::ClientContext push_context;
+    const grpc::Status s = stub->PushKv(&push_context, push, &pushed_response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_EQ(s.error_message(),
+              "device -> host copy of a staged KV transfer failed: injected: copy faulted");
+    for (int i = 0; i < 1000 && engine.Stats().num_free_blocks != kBlocks; ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_EQ(engine.Stats().num_free_blocks, kBlocks);
+  }
   server->Shutdown();
   engine.Shutdown();
 }
