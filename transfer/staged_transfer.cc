@@ -3,11 +3,30 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "transfer/transfer_validation.h"
 
 namespace sluice::transfer {
+namespace {
+
+constexpr char kCopyFailureUrl[] = "type.sluice.dev/transfer.StagingCopyFailure";
+
+// CopyFailure: a copier's error, marked and saying which direction failed.
+absl::Status CopyFailure(const absl::Status& status, bool to_device) {
+  absl::Status marked(status.code(),
+                      absl::StrCat(to_device ? "host -> device" : "device -> host",
+                                   " copy of a staged KV transfer failed: ", status.message()));
+  marked.SetPayload(kCopyFailureUrl, absl::Cord("1"));
+  return marked;
+}
+
+}  // namespace
+
+bool IsStagingCopyFailure(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kCopyFailureUrl).has_value();
+}
 
 absl::StatusOr<std::unique_ptr<StagedKvTransfer>> StagedKvTransfer::Create(
     KvTransferAgent* agent, DeviceCopier* copier, const StagingOptions& options) {
@@ -102,7 +121,7 @@ absl::Status StagedKvTransfer::EnqueueCopies(const Chunk& chunk, const KvRegion&
     absl::Status s = to_device
                          ? copier_->CopyAsync(slot, dev, host, bytes, CopyDirection::kHostToDevice)
                          : copier_->CopyAsync(slot, host, dev, bytes, CopyDirection::kDeviceToHost);
-    if (!s.ok()) return s;
+    if (!s.ok()) return CopyFailure(s, to_device);
     host += bytes;
     ++stats_.num_device_copies;
   }
@@ -147,6 +166,11 @@ absl::Status StagedKvTransfer::Transfer(const RemoteKvDescriptor& remote,
   const int slots = options_.num_slots;
   const size_t n = chunks->size();
   absl::Status status;
+  // A lane's copies done; a copy that failed comes back marked (IsStagingCopyFailure).
+  auto wait_lane = [&](int lane) {
+    absl::Status s = copier_->Wait(lane);
+    return s.ok() ? s : CopyFailure(s, /*to_device=*/!is_push);
+  };
   auto check_deadline = [&] {
     return absl::Now() < deadline
                ? absl::OkStatus()
@@ -157,7 +181,7 @@ absl::Status StagedKvTransfer::Transfer(const RemoteKvDescriptor& remote,
     for (size_t k = 0; k < n && status.ok(); ++k) {
       const Chunk& c = (*chunks)[k];
       const int slot = static_cast<int>(k % slots);
-      if (k >= static_cast<size_t>(slots)) status = copier_->Wait(slot);  // slot drained
+      if (k >= static_cast<size_t>(slots)) status = wait_lane(slot);  // slot drained
       if (status.ok()) status = check_deadline();
       if (status.ok()) {
         status = MoveChunk(region_descs[c.region], c, local_regions[c.region].block_bytes, slot,
@@ -172,7 +196,7 @@ absl::Status StagedKvTransfer::Transfer(const RemoteKvDescriptor& remote,
     for (size_t k = 0; k < n && status.ok(); ++k) {
       const Chunk& c = (*chunks)[k];
       const int slot = static_cast<int>(k % slots);
-      status = copier_->Wait(slot);  // chunk k is in its slot
+      status = wait_lane(slot);  // chunk k is in its slot
       // Chunk k + 1 goes to the slot chunk k + 1 - slots used: already written to the peer
       // (with one slot, that is chunk k's: fill it only after the write below).
       auto stage_next = [&] {
@@ -192,7 +216,7 @@ absl::Status StagedKvTransfer::Transfer(const RemoteKvDescriptor& remote,
   }
   // Drain every lane on every path: no copy may touch the buffers after we return.
   for (int lane = 0; lane < slots; ++lane) {
-    absl::Status s = copier_->Wait(lane);
+    absl::Status s = wait_lane(lane);
     if (status.ok()) status = s;
   }
   if (status.ok()) {

@@ -13,6 +13,9 @@
 // transfer, and on every return (error included) no copy or RMA touches the buffers any more.
 // Layer-by-layer push: Push with the layer's regions (RemoteKvDescriptor::SelectRegions and the
 // matching local subspan), as with the agent.
+// A failed device copy (DeviceCopier::CopyAsync or Wait) is returned with its code and marked
+// (IsStagingCopyFailure), so a caller can tell it from the network's errors: a decode worker
+// recomputes the prompt after either, under its own cause.
 #ifndef SLUICE_TRANSFER_STAGED_TRANSFER_H_
 #define SLUICE_TRANSFER_STAGED_TRANSFER_H_
 
@@ -45,6 +48,10 @@ struct StagedTransferStats {
   int64_t bytes_pulled = 0;
   int64_t bytes_pushed = 0;
 };
+
+// IsStagingCopyFailure: `status` is a staged transfer's failed device copy (host <-> device
+// through a staging slot), not an RMA error.
+bool IsStagingCopyFailure(const absl::Status& status);
 
 class StagedKvTransfer {
  public:

@@ -249,6 +249,7 @@ TEST(StagedKvTransferFailureTest, PeerGoneThenNextTransferWorks) {
   absl::Status s = f.staged->Pull(gone_desc, runs, f.local_kv.regions, runs,
                                   absl::Now() + absl::Seconds(3));
   EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_FALSE(IsStagingCopyFailure(s)) << s;  // the network's error, not a copy's
   ASSERT_TRUE(
       f.staged->Pull(f.desc, runs, f.local_kv.regions, runs, absl::Now() + absl::Seconds(10)).ok());
   for (int b = 0; b < 6; ++b) EXPECT_TRUE(f.local_kv.BlockHolds(1, b, 1, b));
@@ -334,6 +335,91 @@ TEST(StagedKvTransferFailureTest, GetFailingMidPullDrainsAndFreesTheSlots) {
   EXPECT_EQ(copier.num_run(), copier.num_enqueued());
 }
 
+// FaultyCopier: a HostMemcpyCopier whose `fail_wait`-th Wait (0-based) or `fail_enqueue`-th
+// CopyAsync fails with Internal, as a device copy that faulted would (the lane's copies are
+// over either way: a failed Wait still ran them, a refused CopyAsync queued nothing).
+class FaultyCopier final : public DeviceCopier {
+ public:
+  explicit FaultyCopier(int num_lanes) : inner_(num_lanes) {}
+  int num_lanes() const override { return inner_.num_lanes(); }
+  absl::StatusOr<void*> AllocateStaging(int64_t bytes) override {
+    return inner_.AllocateStaging(bytes);
+  }
+  void FreeStaging(void* staging) override { inner_.FreeStaging(staging); }
+  absl::Status CopyAsync(int lane, void* dst, const void* src, int64_t bytes,
+                         CopyDirection direction) override {
+    if (num_enqueue_calls_++ == fail_enqueue) {
+      return absl::InternalError("injected: cudaMemcpyAsync failed");
+    }
+    ++num_enqueued_;
+    return inner_.CopyAsync(lane, dst, src, bytes, direction);
+  }
+  absl::Status Wait(int lane) override {
+    absl::Status s = inner_.Wait(lane);
+    if (num_waits_++ == fail_wait) return absl::InternalError("injected: copy faulted");
+    return s;
+  }
+  int64_t num_enqueued() const { return num_enqueued_; }
+  int64_t num_run() const { return inner_.num_copies(); }
+  int num_enqueue_calls() const { return num_enqueue_calls_; }
+  int fail_wait = -1;
+  int fail_enqueue = -1;
+
+ private:
+  HostMemcpyCopier inner_;
+  int num_waits_ = 0;
+  int num_enqueue_calls_ = 0;
+  int64_t num_enqueued_ = 0;
+};
+
+// A device copy that fails mid-pull and mid-push: the error keeps its code and is marked as a
+// copy's (IsStagingCopyFailure, naming the direction), every lane is drained, nothing counts as
+// moved, and the same staging then serves the next transfer exactly.
+TEST(StagedKvTransferFailureTest, DeviceCopyFailureIsMarkedAndDrains) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  FaultyCopier copier(2);
+  auto staged = StagedKvTransfer::Create(local.get(), &copier, StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  const std::vector<BlockRun> runs = {{0, 10}};  // 5 chunks of 2 blocks per region
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+
+  copier.fail_wait = 0;  // the first slot's host -> device copies (before chunk 2's read)
+  absl::Status s = (*staged)->Pull(*desc, runs, local_kv.regions, runs, deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(IsStagingCopyFailure(s)) << s;
+  EXPECT_EQ(s.message(),
+            "host -> device copy of a staged KV transfer failed: injected: copy faulted");
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());  // every lane drained
+  EXPECT_EQ((*staged)->stats().bytes_pulled, 0);
+  EXPECT_EQ((*staged)->stats().num_chunks, 2);  // stopped before chunk 2's read
+
+  EXPECT_FALSE(IsStagingCopyFailure(absl::OkStatus()));
+  EXPECT_FALSE(IsStagingCopyFailure(absl::InternalError("host -> device copy")));
+  ASSERT_TRUE((*staged)->Pull(*desc, runs, local_kv.regions, runs, deadline).ok());
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < 10; ++b) EXPECT_TRUE(local_kv.BlockHolds(r, b, 1, b)) << r << " " << b;
+  }
+  EXPECT_EQ((*staged)->stats().bytes_pulled, 10 * kBlockBytes * kNumRegions);
+
+  copier.fail_enqueue = copier.num_enqueue_calls() + 3;  // the push's fourth device -> host copy
+  s = (*staged)->Push(*desc, runs, local_kv.regions, runs, deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(IsStagingCopyFailure(s)) << s;
+  EXPECT_EQ(s.message(),
+            "device -> host copy of a staged KV transfer failed: injected: cudaMemcpyAsync failed");
+  EXPECT_EQ(copier.num_run(), copier.num_enqueued());
+  EXPECT_EQ((*staged)->stats().bytes_pushed, 0);
+}
+
 // A staging pool of two members: two pulls run at once, each exact; a third waits for a member
 // and, when none comes free before its deadline, fails with DeadlineExceeded having moved
 // nothing; once one is free it runs. Stats are the members' summed.
@@ -402,6 +488,77 @@ TEST(StagingPoolTest, ConcurrentPullsAndDeadlineWhileBusy) {
   EXPECT_EQ(stats.num_chunks, (*pool)->member(0)->stats().num_chunks +
                                   (*pool)->member(1)->stats().num_chunks);
   EXPECT_EQ(stats.num_chunks, (3 + 3 + 2) * kNumRegions);
+}
+
+// Two pushes through a pool of two members (a prefill worker's concurrent PushKv calls or
+// layer groups): both are inside their transfers at once — each holds at its first lane wait
+// until the other got there too — and each lands its own bytes in the peer's blocks.
+TEST(StagingPoolTest, ConcurrentPushesOverlapAndLandExactly) {
+  auto peer = MakeAgent("tcp");
+  auto local = MakeAgent("tcp");
+  ASSERT_NE(peer, nullptr);
+  ASSERT_NE(local, nullptr);
+  Buffers peer_kv(1), local_kv(2);
+  for (const KvRegion& r : peer_kv.regions) {
+    ASSERT_TRUE(peer->RegisterRegion(r.base, r.num_blocks * r.block_bytes).ok());
+  }
+  auto desc = peer->Describe(peer_kv.regions);
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  std::vector<HookCopier*> copiers;
+  auto pool = StagingPool::Create(
+      local.get(), 2,
+      [&copiers]() -> absl::StatusOr<std::unique_ptr<DeviceCopier>> {
+        auto copier = std::make_unique<HookCopier>(2);
+        copiers.push_back(copier.get());
+        return std::unique_ptr<DeviceCopier>(std::move(copier));
+      },
+      StagingOptions{2 * kBlockBytes, 2});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::atomic<int> inside{0}, gave_up{0};
+  for (HookCopier* c : copiers) {
+    c->on_first_wait = [&inside, &gave_up] {
+      ++inside;
+      // Held until both pushes are in. A pool that ran them one after the other would hold the
+      // first here alone until it gives up.
+      const absl::Time until = absl::Now() + absl::Seconds(10);
+      while (inside.load() < 2 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+      if (inside.load() < 2) ++gave_up;
+    };
+  }
+  // Local blocks 0..6 -> peer 20..26 and local 10..14 -> peer 40..44: several chunks each.
+  const std::vector<BlockRun> local_a = {{0, 7}}, remote_a = {{20, 7}};
+  const std::vector<BlockRun> local_b = {{10, 5}}, remote_b = {{40, 5}};
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::Status sa, sb;
+  std::thread ta([&] { sa = (*pool)->Push(*desc, remote_a, local_kv.regions, local_a, deadline); });
+  std::thread tb([&] { sb = (*pool)->Push(*desc, remote_b, local_kv.regions, local_b, deadline); });
+  ta.join();
+  tb.join();
+  ASSERT_TRUE(sa.ok()) << sa;
+  ASSERT_TRUE(sb.ok()) << sb;
+  EXPECT_EQ(inside.load(), 2);
+  EXPECT_EQ(gave_up.load(), 0);  // both pushes were in their transfers at the same time
+  for (int r = 0; r < kNumRegions; ++r) {
+    for (int b = 0; b < kNumBlocks; ++b) {
+      int src = b;
+      int seed = 1;  // untouched: the peer's own
+      if (b >= 20 && b < 27) {
+        src = b - 20;
+        seed = 2;
+      } else if (b >= 40 && b < 45) {
+        src = b - 30;
+        seed = 2;
+      }
+      EXPECT_TRUE(peer_kv.BlockHolds(r, b, seed, src)) << r << " " << b;
+    }
+  }
+  const StagedTransferStats stats = (*pool)->stats();
+  EXPECT_EQ(stats.bytes_pushed, 12 * kBlockBytes * kNumRegions);
+  // Each member moved one of them: 4 and 3 slot fills per region.
+  EXPECT_EQ((*pool)->member(0)->stats().num_chunks + (*pool)->member(1)->stats().num_chunks,
+            (4 + 3) * kNumRegions);
+  EXPECT_GT((*pool)->member(0)->stats().bytes_pushed, 0);
+  EXPECT_GT((*pool)->member(1)->stats().bytes_pushed, 0);
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ void AppendRecomputes(std::string& out, const RecomputeCounts& counts) {
       "request gives its blocks back and recomputes when readmitted), swa_replay_failed (a "
       "transfer's sliding-window layers could not be rebuilt), kvstore_swa_replay_failed (the "
       "same for blocks loaded from the kvstore); decode workers also count the transfer reasons "
-      "(pin_gone, ack_failed, transfer_timeout, reservation_expired, transfer_failed).");
+      "(pin_gone, ack_failed, transfer_timeout, reservation_expired, transfer_failed, "
+      "staging_copy_failed).");
   const std::pair<RecomputeCause, int64_t> engine_causes[] = {
       {RecomputeCause::kOutOfKvBlocks,
        counts.num_preemptions - counts.num_preemptions_waiting_head},

@@ -7,7 +7,7 @@
 // --log-steps writes "step {json}"). `cause` is a RecomputeCauseName for what the engine
 // decides (preemptions, sliding-window replays that failed), or a decode worker's transfer
 // reason (RecomputeReasonName: pin_gone, ack_failed, transfer_timeout, reservation_expired,
-// transfer_failed). A preemption says what happens to the request: `mode` "recompute" (it
+// transfer_failed, staging_copy_failed). A preemption says what happens to the request: `mode` "recompute" (it
 // gave its blocks back, waits, and computes its tokens again when readmitted; swapping KV to
 // host memory is not implemented). `needed_by` (preemptions: whose tokens needed the blocks),
 // `source` (the peer whose KV was not used) and `detail` (the error) appear when known. Every

@@ -24,7 +24,8 @@ std::vector<double> TransferBuckets() {
 
 // A decode worker's transfer recompute reasons (services/decode: RecomputeReasonName).
 constexpr const char* kTransferRecomputeReasons[] = {
-    "pin_gone", "ack_failed", "transfer_timeout", "reservation_expired", "transfer_failed"};
+    "pin_gone",        "ack_failed",          "transfer_timeout", "reservation_expired",
+    "transfer_failed", "staging_copy_failed"};
 
 // Handover: includes the router's Decode call and the transfer; up to the reservation timeout.
 std::vector<double> HandoverBuckets() {
@@ -245,7 +246,8 @@ std::string WorkerMetrics::Render(const AsyncEngineStats& stats,
       itl_.Render("sluice_inter_token_latency_seconds", out);
       Header(out, "sluice_decode_recomputes_total", "counter",
              "Prompts recomputed here instead of using their transferred KV, by reason (pin_gone, "
-             "ack_failed, transfer_timeout, reservation_expired, transfer_failed; "
+             "ack_failed, transfer_timeout, reservation_expired, transfer_failed, "
+             "staging_copy_failed; "
              "swa_replay_failed: transferred, but the sliding-window layers could not be "
              "rebuilt).");
       for (const char* reason : kTransferRecomputeReasons) {

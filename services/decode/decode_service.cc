@@ -63,6 +63,8 @@ const char* RecomputeReasonName(RecomputeReason reason) {
       return "reservation_expired";
     case RecomputeReason::kTransferFailed:
       return "transfer_failed";
+    case RecomputeReason::kStagingCopyFailed:
+      return "staging_copy_failed";
   }
   return "transfer_failed";
 }
@@ -911,7 +913,15 @@ void DecodeService::RunTransfer(const std::shared_ptr<DecodeSession>& session) {
       status = push ? RequestPush(session->id(), prefill, job->blocks, deadline, &safe_at)
                     : PullKv(prefill, job->blocks, deadline);
       metrics_->ObserveTransfer(absl::ToDoubleSeconds(absl::Now() - start), status.ok());
-      if (absl::IsDeadlineExceeded(status)) reason = RecomputeReason::kTransferTimeout;
+      if (transfer::IsStagingCopyFailure(status)) {
+        // A device copy out of a staging slot failed (the RMA may have worked): the reserved
+        // blocks hold part of the prompt's KV at best. Like a failed RMA it is no reason to
+        // fail the request: Unavailable makes the engine drop the blocks and recompute.
+        reason = RecomputeReason::kStagingCopyFailed;
+        status = absl::UnavailableError(status.message());
+      } else if (absl::IsDeadlineExceeded(status)) {
+        reason = RecomputeReason::kTransferTimeout;
+      }
     }
     // Not the request's fault and no attempt elsewhere would help: the operator must see it.
     if (IsMisconfiguredPeer(status)) {

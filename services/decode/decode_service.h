@@ -92,10 +92,12 @@ struct DecodeServiceOptions {
 //   kTransferTimeout    the pull or push missed its deadline
 //   kReservationExpired no time was left for the transfer when it could start
 //   kTransferFailed     the pull or push failed (UCX error, peer gone)
+//   kStagingCopyFailed  a staged pull's device copy (a staging slot -> the reserved blocks)
+//                       failed: the RMA read may have landed, but the blocks are not whole
 // (The same metric's reason "swa_replay_failed" is the engine's: the transfer succeeded but the
 // sliding-window layers could not be rebuilt; RecomputeCause::kSwaReplayFailed.)
 enum class RecomputeReason { kPinGone, kAckFailed, kTransferTimeout, kReservationExpired,
-                             kTransferFailed };
+                             kTransferFailed, kStagingCopyFailed };
 const char* RecomputeReasonName(RecomputeReason reason);
 
 class DecodeSession;

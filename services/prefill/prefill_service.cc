@@ -498,7 +498,12 @@ absl::Status PrefillService::PushRuns(const transfer::RemoteKvDescriptor& remote
                                       absl::Span<const transfer::BlockRun> local_runs,
                                       absl::Time deadline) {
   if (options_.staging != nullptr) {
-    return options_.staging->Push(remote, remote_runs, local, local_runs, deadline);
+    absl::Status s = options_.staging->Push(remote, remote_runs, local, local_runs, deadline);
+    // A device copy into a staging slot failed: like a failed RMA, a transfer failure the
+    // request survives (decode recomputes after PushKv; the router prefills elsewhere after a
+    // layerwise Prefill), not INTERNAL, which fails it.
+    if (transfer::IsStagingCopyFailure(s)) return absl::UnavailableError(s.message());
+    return s;
   }
   return agent_->Push(remote, remote_runs, local, local_runs, deadline);
 }

@@ -31,7 +31,7 @@
 #include "transfer/block_runs.h"
 #include "transfer/kv_transfer.h"
 #include "transfer/layerwise_push.h"
-#include "transfer/staged_transfer.h"
+#include "transfer/staging_pool.h"
 #include "services/common/worker_grammar.h"
 
 namespace sluice {
@@ -50,10 +50,12 @@ struct PrefillServiceOptions {
   // Where pushes read the prompt's KV. Null: the agent RMA-writes straight from the service's
   // `regions` (registered with it). Set: `regions` are not registered with the agent (device
   // memory its UCX context cannot register, or staging chosen for the transport): every push,
-  // PushKv and layerwise alike, copies them through this staging's registered host slots
-  // (StagedKvTransfer::Push, device copies overlapping the network). Such a worker serves push
-  // and layerwise modes only: a decode worker could not pull its KV. Borrowed.
-  transfer::StagedKvTransfer* staging = nullptr;
+  // PushKv and layerwise alike (each layer group), copies them through the registered host
+  // slots of a free pool member (StagedKvTransfer::Push, device copies overlapping the
+  // network): as many pushes stage at once as the pool has members, and one finding none free
+  // waits for one, at most until its deadline. Such a worker serves push and layerwise modes
+  // only: a decode worker could not pull its KV. Borrowed.
+  transfer::StagingPool* staging = nullptr;
   // SWA bounded replay in effect (EffectiveSwaReplayTokens of --swa-replay-tokens): > 0: only the
   // full-attention layers' KV is moved (announced in PrefillResponse.kv.swa_replay_tokens).
   int64_t swa_replay_tokens = 0;
@@ -129,7 +131,8 @@ class PrefillService final : public v1::PrefillWorker::CallbackService {
   absl::StatusOr<Destination> CheckDestination(const std::string& request_id,
                                                const v1::KvBlocks& destination) const;
   // PushRuns: one push of paired runs, straight from the registered KV (agent) or through the
-  // staging (options.staging): KvTransferAgent::Push's contract either way.
+  // staging (options.staging): KvTransferAgent::Push's contract either way (a staging device
+  // copy that failed is Unavailable, as a failed RMA is).
   absl::Status PushRuns(const transfer::RemoteKvDescriptor& remote,
                         absl::Span<const transfer::BlockRun> remote_runs,
                         absl::Span<const transfer::KvRegion> local,

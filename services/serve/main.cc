@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "engine/kv/swa_replay.h"
 #include "services/serve/build_info.h"
 #include "services/serve/encoder_command.h"
@@ -378,6 +379,12 @@ int main(int argc, char** argv) {
                    "KV staging: bytes of each of the 2 staging slots (>= one block of a "
                    "layer's K or V)")
         ->check(CLI::PositiveNumber);
+    // Range checked at start-up (worker_command.cc), with a message naming the limit.
+    cmd.add_option("--kv-staging-transfers", w.kv_staging_transfers,
+                   absl::StrCat("KV staging: ", i == 0 ? "pushes" : "pulls",
+                                " staged at once, each through its own 2 slots (2 x "
+                                "--kv-staging-slot-bytes of pinned memory each); 1..",
+                                sluice::kMaxKvStagingTransfers));
     if (i == 1) {
       cmd.add_option("--test-transfer-delay-ms", w.test_transfer_delay_ms,
                      "Test only: hold every KV transfer this long before it starts")

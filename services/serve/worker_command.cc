@@ -39,9 +39,9 @@ namespace {
 enum class Role { kPrefill, kDecode };
 
 // MaybeKvStaging: the pinned host staging --kv-staging asks for (null: none), for KV that is
-// not registered with UCX, with `num_members` transfers at once: a prefill worker pushes
-// through its one member (PrefillServiceOptions::staging), a decode worker pulls through the
-// pool, a member per transfer thread (DecodeServiceOptions::staging). "on" always, "auto" when
+// not registered with UCX, with `num_members` (--kv-staging-transfers) transfers at once, each
+// on its own member: a prefill worker pushes through the pool (PrefillServiceOptions::staging),
+// a decode worker pulls through it (DecodeServiceOptions::staging). "on" always, "auto" when
 // the KV is in memory `agent` cannot register (device KV, a UCX context without CUDA). Staging
 // works where this worker moves the KV itself: a prefill worker pushes (push, layerwise), a
 // decode worker pulls (pull); in the other mode the peer moves it, so this worker's KV must be
@@ -150,6 +150,12 @@ int Run(const WorkerOptions& options, Role role) {
     spdlog::error("--http-port must be in [0, 65535], not {}", options.http_port);
     return 1;
   }
+  if (options.kv_staging_transfers < 1 || options.kv_staging_transfers > kMaxKvStagingTransfers) {
+    spdlog::error("--kv-staging-transfers must be in [1, {}] (each staged transfer holds 2 "
+                  "slots of --kv-staging-slot-bytes of pinned memory), not {}",
+                  kMaxKvStagingTransfers, options.kv_staging_transfers);
+    return 1;
+  }
 
   // mTLS: checked before the model loads, so a bad file fails in a second.
   if (absl::Status tls = ValidatePeerTls(options.tls); !tls.ok()) {
@@ -211,12 +217,12 @@ int Run(const WorkerOptions& options, Role role) {
   // A prefill worker may push its KV, a decode worker pull it, through pinned host staging
   // instead of registering it (--kv-staging): then the KV stays unregistered and only the
   // staging slots are.
-  // Decode: a staging member (2 slots, 2 copy lanes) per transfer thread, so concurrent pulls
-  // do not wait for each other's slots. Prefill: one (its pushes take turns).
-  const DecodeServiceOptions decode_defaults;
+  // --kv-staging-transfers members (2 slots, 2 copy lanes each), so that many concurrent
+  // pushes (prefill) or pulls (decode) do not wait for each other's slots; the services' transfer
+  // threads are at least as many (below).
   absl::StatusOr<std::unique_ptr<transfer::StagingPool>> staging =
       MaybeKvStaging(options, role, transfer_mode, *memory, agent->get(),
-                     role == Role::kPrefill ? 1 : decode_defaults.transfer_threads);
+                     options.kv_staging_transfers);
   if (!staging.ok()) {
     spdlog::error("KV staging: {}", staging.status().ToString());
     return 1;
@@ -298,7 +304,11 @@ int Run(const WorkerOptions& options, Role role) {
     prefill_options.images = images->get();
     prefill_options.layerwise_group_layers = options.layerwise_group_layers;
     prefill_options.test_fail_layer_group = options.test_fail_layer_push;
-    if (*staging != nullptr) prefill_options.staging = (*staging)->member(0);
+    if (*staging != nullptr) {
+      prefill_options.staging = staging->get();
+      prefill_options.push_threads =
+          std::max(prefill_options.push_threads, options.kv_staging_transfers);
+    }
     // The advertised address is only known after binding; the service copies it below.
     prefill = std::make_unique<PrefillService>(&engine, agent->get(), regions, kv_descriptor, "",
                                                &metrics, prefill_options);
@@ -318,7 +328,11 @@ int Run(const WorkerOptions& options, Role role) {
     decode_options.test_reserve_answer_delay =
         absl::Milliseconds(options.test_reserve_answer_delay_ms);
     decode_options.channel_credentials = peer_credentials;
-    if (*staging != nullptr) decode_options.staging = staging->get();
+    if (*staging != nullptr) {
+      decode_options.staging = staging->get();
+      decode_options.transfer_threads =
+          std::max(decode_options.transfer_threads, options.kv_staging_transfers);
+    }
     decode = std::make_unique<DecodeService>(&engine, agent->get(), regions, kv_descriptor,
                                              &metrics, decode_options);
     builder.RegisterService(decode.get());

@@ -14,6 +14,9 @@
 
 namespace sluice {
 
+// The most --kv-staging-transfers: each holds 2 x --kv-staging-slot-bytes of pinned memory.
+inline constexpr int kMaxKvStagingTransfers = 64;
+
 struct WorkerOptions {
   RuntimeOptions runtime;
   std::string listen = "127.0.0.1:7101";  // gRPC host:port (port 0: any free port)
@@ -45,6 +48,10 @@ struct WorkerOptions {
   // copied with memcpy); "off": never (such a device KV fails at startup).
   std::string kv_staging = "auto";
   int64_t kv_staging_slot_bytes = 8 << 20;  // staging: bytes per slot (2 slots)
+  // Staging: transfers staged at once, each with its own 2 slots and copy lanes (pushes on a
+  // prefill worker, pulls on a decode worker); the worker's transfer threads are at least as
+  // many. In [1, kMaxKvStagingTransfers].
+  int kv_staging_transfers = 4;
   // --tls-cert/--tls-key/--tls-ca: mTLS on the gRPC port (callers need a certificate of the
   // CA) and on every channel this worker opens (router, prefill peers, kvstore).
   PeerTlsOptions tls;

@@ -13,17 +13,20 @@ layers' compute) and answers once every layer landed; decode only acks and decod
 3. Staged pushes (`--kv-staging on`): the prefill worker's KV is not registered with UCX (as a
    GPU worker's device KV that its UCX cannot reach); every layerwise push, and every PushKv in
    push mode, copies it through two registered host staging slots of 64 KiB (a long prompt's
-   layer takes several slot fills) and RMA-writes it from there. Same tokens as `sluice serve`,
+   layer takes several slot fills) and RMA-writes it from there, up to --kv-staging-transfers
+   (3 here) pushes at once, each through its own pair of slots. Same tokens as `sluice serve`,
    every transfer ok, blocks free; a pull-mode prefill worker with staging is refused at start.
 4. Staged pulls (`--kv-staging on` on the decode worker, pull mode): the decode worker's KV is
    not registered; every pull RMA-reads the prefill worker's KV into two registered host slots
-   of 64 KiB (several slot fills per long prompt; one pair per transfer thread, so concurrent
-   pulls do not wait for each other) and copies it from there into the reserved blocks. Same tokens as `sluice serve`, every pulled byte through the staging, no failed
+   of 64 KiB (several slot fills per long prompt; one pair per staged transfer, 4 of them by
+   default (--kv-staging-transfers), so concurrent pulls do not wait for each other) and copies
+   it from there into the reserved blocks. Same tokens as `sluice serve`, every pulled byte
+   through the staging, no failed
    transfer or recompute, blocks free. A staged pull from a prefill worker killed (-9) after
    it answered fails, and the request is recomputed on the decode worker (same tokens), nothing
    counted as staged, every decode block free. A decode worker with staging in push or layerwise mode
-   (where prefill would write into its unregistered KV), and a slot smaller than a block, are
-   refused at start.
+   (where prefill would write into its unregistered KV), a slot smaller than a block, and a
+   --kv-staging-transfers outside [1, 64], are refused at start.
 5. KV layouts that differ (--block-size): a decode worker that reports its settings is refused at
    registration; one that does not (as a worker from before the check) gets the layerwise
    prefill's refusal, a non-retried 500 naming both layouts.
@@ -131,6 +134,7 @@ def test_staged_push_matches_sluice_serve(reference, mode):
                       worker_args=("--kv-transfer-mode", mode),
                       role_args={"prefill": ["--kv-staging", "on",
                                              "--kv-staging-slot-bytes", str(64 << 10),
+                                             "--kv-staging-transfers", "3",
                                              "--max-num-batched-tokens", "128"]})
     try:
         outputs = run_all(cluster.url, PROMPTS)
@@ -140,7 +144,8 @@ def test_staged_push_matches_sluice_serve(reference, mode):
         wait_blocks_free(cluster)
         prefill = cluster.worker_metrics_text("prefill-0")
         decode = cluster.worker_metrics_text("decode-0")
-        assert "pinned host staging slots of 65536 bytes" in cluster.workers["prefill-0"].tail(200)
+        assert ("KV pushes go through pinned host staging slots of 65536 bytes: 2 per transfer, "
+                "3 transfers at once" in cluster.workers["prefill-0"].tail(200))
         # Every pushed byte went through the staging, the long prompts' layers in several
         # slot fills each.
         staged = sum_samples(prefill, "sluice_kv_staging_bytes_total")
@@ -244,6 +249,11 @@ def test_staged_pull_from_killed_prefill_recomputes(reference):
     (["--kv-transfer-mode", "layerwise"], "in layerwise mode the prefill worker writes into it"),
     (["--kv-transfer-mode", "pull", "--kv-staging-slot-bytes", "64"],
      "is smaller than one KV block"),
+    (["--kv-transfer-mode", "pull", "--kv-staging-transfers", "0"],
+     "--kv-staging-transfers must be in [1, 64] (each staged transfer holds 2 slots of "
+     "--kv-staging-slot-bytes of pinned memory), not 0"),
+    (["--kv-transfer-mode", "pull", "--kv-staging-transfers", "65"],
+     "--kv-staging-transfers must be in [1, 64]"),
 ])
 def test_staged_decode_refuses_what_cannot_work(args, message):
     proc = subprocess.run(

@@ -108,7 +108,8 @@ TEST(RecomputeMetricsTest, DecodeWorkerLabelsPreemptionsAndRecomputesByCause) {
                               "sluice_recomputes_total{cause=\"ack_failed\"} 0\n"
                               "sluice_recomputes_total{cause=\"transfer_timeout\"} 1\n"
                               "sluice_recomputes_total{cause=\"reservation_expired\"} 0\n"
-                              "sluice_recomputes_total{cause=\"transfer_failed\"} 0\n"));
+                              "sluice_recomputes_total{cause=\"transfer_failed\"} 0\n"
+                              "sluice_recomputes_total{cause=\"staging_copy_failed\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE sluice_preemptions_total counter\n"
                               "sluice_preemptions_total{cause=\"out_of_kv_blocks\"} 3\n"
                               "sluice_preemptions_total{cause=\"waiting_head_blocked\"} 2\n"));
