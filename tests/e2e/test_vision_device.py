@@ -1,5 +1,5 @@
 """Where the vision tower runs (issue 26): `sluice encoder --device`, `sluice serve/generate
---vision-device`, and what `--device cuda` does with a LLaVA folder.
+--vision-device`, and `--device cuda` with a LLaVA folder (the CUDA language model).
 
 CI has no GPU and may build with or without the CUDA backend (SLUICE_CUDA=AUTO), so each test
 checks the exact answer its build and machine can give (as test_device_flags.py does): a build
@@ -100,15 +100,26 @@ def generate(tmp_path, *flags):
     return proc, dst
 
 
-def test_llava_language_model_is_refused_on_cuda(tmp_path):
-    """The CUDA runners do not serve LLaVA's language model: a start-up error, not a missing
-    tensor or a 400 on every image request."""
-    proc, _ = generate(tmp_path, "--device", "cuda")
-    assert proc.returncode != 0, proc.stderr
-    if "this build has no CUDA backend" in proc.stderr:
-        return  # the engine's own --device check comes first (test_device_flags.py)
-    assert ("UNIMPLEMENTED: --device cuda: the CUDA runner does not serve "
-            "LlavaForConditionalGeneration's language model yet") in proc.stderr
+NO_GPU_LM = "FAILED_PRECONDITION: --device cuda: no CUDA GPU is visible ("
+
+
+def test_llava_language_model_on_cuda(tmp_path):
+    """--device cuda on a LLaVA folder: the CUDA Llama runner serves the language model and the
+    vision tower follows the engine's device. A build without the backend names the rebuild
+    flag, a machine without a GPU fails the load clearly; on a GPU the greedy text is the
+    reference's (bf16 language model and tower, as engine/cuda/cuda_llava_test.cc checks)."""
+    proc, dst = generate(tmp_path, "--device", "cuda")
+    if proc.returncode != 0:
+        assert proc.returncode == 1, proc.stderr
+        if "this build has no CUDA backend" in proc.stderr:
+            return  # the engine's own --device check comes first (test_device_flags.py)
+        assert NO_GPU_LM in proc.stderr, proc.stderr[-4000:]
+        assert not has_gpu(), "a GPU is present but --device cuda did not load llava-tiny"
+        return
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(FIXTURE / "tokenizer.json"))
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert out[0]["choices"][0]["message"]["content"] == want_text(tokenizer, 0)
 
 
 def test_vision_tower_on_cuda_with_the_language_model_on_cpu(tmp_path):

@@ -1,0 +1,372 @@
+// LLaVA's language model on the CUDA Llama runner (GPU only; part of cuda_model_test): the
+// llava-tiny goldens (../shared/fixtures/llava-tiny: prompt 0 with image 0, prompt 1 with images
+// 1 and 2) with the reference image features spliced at the placeholder tokens, and prompt 0
+// with each other fixture image against the float32 CPU model. Bars as cuda_model_test.cc's
+// (bf16): max |Δlogit| ≤ 0.15 at every prompt position; greedy tokens equal. Prefill runs whole
+// and in chunks of 7 (chunk boundaries inside the images' placeholder runs); decode steps replay
+// the CUDA graphs. Then the same through LLMEngine (async steps, chunked prefill, prefix-cache
+// hits on image blocks).
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_deepseek_runner.h"
+#include "engine/cuda/cuda_llama_runner.h"
+#include "engine/cuda/cuda_model.h"
+#include "engine/kv/block_hash.h"
+#include "engine/model/model.h"
+#include "engine/model/safetensors.h"
+#include "engine/sched/llm_engine.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_common.h"
+#include "tests/util/golden_runner.h"
+#include "tests/util/test_paths.h"
+
+namespace sluice::cuda_runner {
+namespace {
+
+constexpr float kMaxLogitDiff = 0.15f;  // cuda_model_test.cc's bf16 bar
+constexpr int32_t kImageToken = 6;      // llava-tiny's image_token_index
+constexpr int64_t kBlockSize = 4;
+
+CudaRunnerOptions LlavaOptions() {
+  CudaRunnerOptions o;
+  o.block_size = kBlockSize;
+  o.max_model_len = 512;
+  o.max_num_tokens = 512;
+  o.max_num_seqs = 128;  // logits rows: every prompt position
+  return o;
+}
+
+class CudaLlavaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::CudaAvailable()) GTEST_SKIP() << "no CUDA device";
+    dir_ = testing::FixtureDir("llava-tiny");
+    auto golden = SafetensorsFile::Open(dir_ + "/golden.safetensors");
+    ASSERT_TRUE(golden.ok()) << golden.status();
+    golden_ = std::move(*golden);
+  }
+  std::vector<float> Floats(const std::string& name) {
+    const TensorView* v = golden_->Find(name);
+    EXPECT_NE(v, nullptr) << name;
+    if (v == nullptr) return {};
+    auto t = ToFloat32(*v);
+    return t.ok() ? *t : std::vector<float>{};
+  }
+  std::vector<int32_t> Ints(const std::string& name) {
+    const TensorView* v = golden_->Find(name);
+    EXPECT_NE(v, nullptr) << name;
+    if (v == nullptr) return {};
+    auto t = ToInt64(*v);
+    return t.ok() ? std::vector<int32_t>(t->begin(), t->end()) : std::vector<int32_t>{};
+  }
+  // The reference projected features of the prompt's images, in order.
+  std::vector<float> Features(const std::vector<int32_t>& images) {
+    std::vector<float> out;
+    for (int32_t k : images) {
+      const std::vector<float> f = Floats(absl::StrCat("image_features_", k));
+      out.insert(out.end(), f.begin(), f.end());
+    }
+    return out;
+  }
+  std::string dir_;
+  std::unique_ptr<SafetensorsFile> golden_;
+};
+
+struct PromptRun {
+  std::vector<float> logits;  // [T, V]: every prompt position
+  std::vector<int32_t> greedy;
+  std::vector<bool> graph_steps;  // per decode step: replayed a graph (CUDA runner)
+};
+
+// Prefill of `ids` in chunks of `chunk` (0: whole) with `features` rows spliced at the image
+// tokens in order, then greedy decode one token per step, over scattered KV blocks.
+PromptRun RunPrompt(Model& model, const std::vector<int32_t>& ids,
+                    const std::vector<float>& features, int64_t chunk, int num_new) {
+  const int64_t V = model.config().vocab_size, H = model.config().hidden_size;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  const int64_t blocks = (T + num_new + kBlockSize - 1) / kBlockSize + 1;
+  KvCache cache(model.kv_cache_spec(), blocks, kBlockSize, /*allocate_storage=*/true);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) table[b] = static_cast<int32_t>((b * 7 + 3) % blocks);
+  PromptRun run;
+  std::vector<int32_t> tokens = ids;
+  int64_t image_row = 0;
+  auto step = [&](int64_t start, int64_t n, bool all_logits) {
+    ForwardInput in;
+    for (int64_t p = start; p < start + n; ++p) {
+      in.token_ids.push_back(tokens[p]);
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.slot_mapping.push_back(int64_t{table[p / kBlockSize]} * kBlockSize + p % kBlockSize);
+      if (p < T && tokens[p] == kImageToken && !features.empty()) {
+        in.embedding_rows.push_back(static_cast<int32_t>(p - start));
+        in.embedding_values.insert(in.embedding_values.end(), features.begin() + image_row * H,
+                                   features.begin() + (image_row + 1) * H);
+        ++image_row;
+      }
+      if (all_logits || p == start + n - 1) {
+        in.logits_indices.push_back(static_cast<int32_t>(p - start));
+      }
+    }
+    in.sequences.push_back({0, static_cast<int32_t>(n), static_cast<int32_t>(start), table});
+    std::vector<float> logits(in.logits_indices.size() * V);
+    const absl::Status s = model.Forward(in, cache, absl::MakeSpan(logits));
+    EXPECT_TRUE(s.ok()) << s;
+    return logits;
+  };
+  const int64_t c = chunk > 0 ? chunk : T;
+  for (int64_t start = 0; start < T; start += c) {
+    std::vector<float> l = step(start, std::min(c, T - start), true);
+    run.logits.insert(run.logits.end(), l.begin(), l.end());
+  }
+  if (!features.empty()) {
+    EXPECT_EQ(image_row * H, static_cast<int64_t>(features.size()));
+  }
+  run.greedy.push_back(testing::ArgMax(run.logits.data() + (T - 1) * V, V));
+  while (static_cast<int>(run.greedy.size()) < num_new) {
+    tokens.push_back(run.greedy.back());
+    std::vector<float> l = step(static_cast<int64_t>(tokens.size()) - 1, 1, false);
+    run.greedy.push_back(testing::ArgMax(l.data(), V));
+  }
+  return run;
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  }
+  return m;
+}
+
+TEST_F(CudaLlavaTest, GoldenLogitsAndGreedyTokensOfBothPrompts) {
+  auto model = LoadCudaModel(dir_, LlavaOptions());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE((*model)->SupportsInputEmbeddings());
+  EXPECT_EQ((*model)->config().multimodal_architecture, "LlavaForConditionalGeneration");
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> ids = Ints(absl::StrCat("input_ids_", i));
+    const std::vector<float> features = Features(Ints(absl::StrCat("prompt_images_", i)));
+    const std::vector<float> want = Floats(absl::StrCat("logits_", i));
+    const std::vector<int32_t> greedy = Ints(absl::StrCat("greedy_", i));
+    for (int64_t chunk : {0, 7}) {
+      SCOPED_TRACE(absl::StrCat("prompt ", i, " chunk ", chunk));
+      PromptRun run =
+          RunPrompt(**model, ids, features, chunk, static_cast<int>(greedy.size()));
+      const float diff = MaxAbsDiff(run.logits, want);
+      std::printf("llava-tiny CUDA prompt %d chunk %lld: max|dlogit| %.4f\n", i,
+                  static_cast<long long>(chunk), diff);
+      EXPECT_LE(diff, kMaxLogitDiff);
+      EXPECT_EQ(run.greedy, greedy);
+    }
+    // The splice matters at this bar: the placeholder tokens' own embeddings give logits
+    // farther from the reference than the bound.
+    PromptRun plain = RunPrompt(**model, ids, {}, 0, 1);
+    const float without = MaxAbsDiff(plain.logits, want);
+    std::printf("llava-tiny CUDA prompt %d without image features: max|dlogit| %.4f\n", i,
+                without);
+    EXPECT_GT(without, kMaxLogitDiff);
+  }
+}
+
+// Prompt 0 with each fixture image (only image 0 has reference logits in that prompt): the CUDA
+// runner against the float32 CPU model on the same features.
+TEST_F(CudaLlavaTest, EachFixtureImageMatchesTheCpuModel) {
+  auto gpu = LoadCudaModel(dir_, LlavaOptions());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto cpu = LoadModel(dir_);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::vector<int32_t> ids = Ints("input_ids_0");
+  for (int32_t k = 0; k < 3; ++k) {
+    SCOPED_TRACE(absl::StrCat("image ", k));
+    const std::vector<float> features = Features({k});
+    PromptRun want = RunPrompt(**cpu, ids, features, 0, 16);
+    PromptRun got = RunPrompt(**gpu, ids, features, 7, 16);
+    const float diff = MaxAbsDiff(got.logits, want.logits);
+    std::printf("llava-tiny CUDA vs CPU, prompt 0 with image %d: max|dlogit| %.4f\n", k, diff);
+    EXPECT_LE(diff, kMaxLogitDiff);
+    EXPECT_EQ(got.greedy, want.greedy);
+  }
+}
+
+// Two sequences in one step, the second's image rows at flattened indices past the first's
+// tokens; logits against the reference.
+TEST_F(CudaLlavaTest, BatchedPromptsSpliceAtFlattenedRows) {
+  auto model = LoadCudaModel(dir_, LlavaOptions());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t V = (*model)->config().vocab_size, H = (*model)->config().hidden_size;
+  KvCache cache((*model)->kv_cache_spec(), 64, kBlockSize, true);
+  std::vector<std::vector<int32_t>> tables(2);
+  ForwardInput in;
+  int32_t next_block = 63;
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> ids = Ints(absl::StrCat("input_ids_", i));
+    const std::vector<float> features = Features(Ints(absl::StrCat("prompt_images_", i)));
+    const int64_t T = static_cast<int64_t>(ids.size());
+    for (int64_t b = 0; b < (T + kBlockSize - 1) / kBlockSize; ++b) {
+      tables[i].push_back(next_block--);
+    }
+    const int32_t start = static_cast<int32_t>(in.token_ids.size());
+    int64_t image_row = 0;
+    for (int64_t p = 0; p < T; ++p) {
+      in.token_ids.push_back(ids[p]);
+      in.positions.push_back(static_cast<int32_t>(p));
+      in.slot_mapping.push_back(int64_t{tables[i][p / kBlockSize]} * kBlockSize +
+                                p % kBlockSize);
+      in.logits_indices.push_back(static_cast<int32_t>(start + p));
+      if (ids[p] == kImageToken) {
+        in.embedding_rows.push_back(static_cast<int32_t>(start + p));
+        in.embedding_values.insert(in.embedding_values.end(), features.begin() + image_row * H,
+                                   features.begin() + (image_row + 1) * H);
+        ++image_row;
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int32_t start = i == 0 ? 0 : static_cast<int32_t>(Ints("input_ids_0").size());
+    const int32_t n = static_cast<int32_t>(Ints(absl::StrCat("input_ids_", i)).size());
+    in.sequences.push_back({start, n, 0, tables[i]});
+  }
+  std::vector<float> logits(in.logits_indices.size() * V);
+  ASSERT_TRUE((*model)->Forward(in, cache, absl::MakeSpan(logits)).ok());
+  std::vector<float> want = Floats("logits_0");
+  const std::vector<float> want1 = Floats("logits_1");
+  want.insert(want.end(), want1.begin(), want1.end());
+  const float diff = MaxAbsDiff(logits, want);
+  std::printf("llava-tiny CUDA, both prompts in one step: max|dlogit| %.4f\n", diff);
+  EXPECT_LE(diff, kMaxLogitDiff);
+}
+
+// A one-token prefill chunk on an image placeholder has the shape of a decode step; it must run
+// eagerly (the graphs splice nothing). Bad embedding plans are refused before anything runs.
+TEST_F(CudaLlavaTest, ImageStepsRunEagerlyAndBadPlansAreRejected) {
+  auto runner = CudaLlamaRunner::Load(dir_, LlavaOptions());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE((*runner)->SupportsInputEmbeddings());
+  ASSERT_TRUE((*runner)->AllocateKvCache(16).ok());
+  const int64_t H = (*runner)->config().hidden_size;
+  std::vector<int32_t> table = {3, 4};
+  ForwardInput in;
+  in.token_ids = {kImageToken};
+  in.positions = {0};
+  in.slot_mapping = {3 * kBlockSize};
+  in.sequences.push_back({0, 1, 0, absl::MakeConstSpan(table)});
+  in.logits_indices = {0};
+  ASSERT_TRUE((*runner)->Step(in).ok());
+  EXPECT_TRUE((*runner)->last_step().graph);  // no image: the bucket's graph
+  in.embedding_rows = {0};
+  in.embedding_values.assign(static_cast<size_t>(H), 0.25f);
+  ASSERT_TRUE((*runner)->Step(in).ok());
+  EXPECT_FALSE((*runner)->last_step().graph);
+  ASSERT_TRUE((*runner)->Synchronize().ok());
+
+  ForwardInput bad = in;
+  bad.embedding_values.pop_back();
+  absl::Status s = (*runner)->Step(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  bad = in;
+  bad.embedding_rows = {1};
+  s = (*runner)->Step(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(s.message(), "input embedding 0: row 1 is outside [0, 1)");
+  bad = in;
+  bad.embedding_rows = {0, 0};
+  bad.embedding_values.resize(static_cast<size_t>(2 * H), 0.25f);
+  s = (*runner)->Step(bad);
+  EXPECT_EQ(s.message(), "input embedding 1: row 0 is named twice");
+
+  // Runners without input embeddings refuse them.
+  auto ds = CudaDeepseekRunner::Load(testing::FixtureDir("deepseek-v3-tiny"), LlavaOptions());
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_FALSE((*ds)->SupportsInputEmbeddings());
+  ASSERT_TRUE((*ds)->AllocateKvCache(16).ok());
+  ForwardInput plain = in;
+  plain.embedding_values.assign(static_cast<size_t>((*ds)->config().hidden_size), 0.25f);
+  EXPECT_EQ((*ds)->Step(plain).code(), absl::StatusCode::kUnimplemented);
+}
+
+// Through LLMEngine with async steps: chunked prefill (8 tokens a step: chunks end inside the
+// images), both prompts, then prompt 0 again (its blocks come from the prefix cache, image
+// blocks included) and prompt 0 with image 1 instead (a different image hash: no block past the
+// image is shared, and its tokens are the CPU model's). Greedy tokens against the goldens.
+TEST_F(CudaLlavaTest, EngineServesImagePromptsWithPrefixCaching) {
+  auto model = LoadCudaModel(dir_, LlavaOptions());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t H = (*model)->config().hidden_size;
+  EngineOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 128;
+  options.allocate_host_kv_cache = false;
+  options.max_model_len = 512;
+  options.max_num_seqs = 8;
+  options.max_num_batched_tokens = 8;
+  options.async_scheduling = true;
+  options.enable_prefix_caching = true;
+  auto engine = LLMEngine::Create(std::move(*model), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  auto request = [&](const std::string& id, int prompt, const std::vector<int32_t>& images,
+                     int max_tokens) {
+    EngineRequest r;
+    r.request_id = id;
+    r.prompt_token_ids = Ints(absl::StrCat("input_ids_", prompt));
+    const std::vector<int32_t>& ids = r.prompt_token_ids;
+    size_t k = 0;
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (ids[p] != kImageToken || (p > 0 && ids[p - 1] == kImageToken)) continue;
+      MultimodalInput mm;
+      mm.offset = static_cast<int32_t>(p);
+      while (p + mm.num_tokens < ids.size() && ids[p + mm.num_tokens] == kImageToken) {
+        ++mm.num_tokens;
+      }
+      mm.embeddings = std::make_shared<const std::vector<float>>(Features({images.at(k)}));
+      EXPECT_EQ(static_cast<int64_t>(mm.embeddings->size()), int64_t{mm.num_tokens} * H);
+      mm.content_hash = BlockHash{static_cast<uint64_t>(1000 + images.at(k)), 26};
+      r.mm_inputs.push_back(std::move(mm));
+      ++k;
+    }
+    EXPECT_EQ(k, images.size());
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  auto run = [&](std::vector<EngineRequest> requests) {
+    std::map<std::string, std::vector<int32_t>> tokens;
+    for (EngineRequest& r : requests) EXPECT_TRUE((*engine)->AddRequest(std::move(r)).ok());
+    for (int step = 0; step < 1000 && (*engine)->HasUnfinishedRequests(); ++step) {
+      for (RequestOutput& out : (*engine)->Step()) {
+        EXPECT_TRUE(out.status.ok()) << out.request_id << ": " << out.status;
+        for (const SampledToken& t : out.new_tokens) tokens[out.request_id].push_back(t.token_id);
+      }
+    }
+    EXPECT_FALSE((*engine)->HasUnfinishedRequests());
+    return tokens;
+  };
+  const std::vector<int32_t> greedy0 = Ints("greedy_0"), greedy1 = Ints("greedy_1");
+  auto first = run({request("p0", 0, {0}, static_cast<int>(greedy0.size())),
+                    request("p1", 1, {1, 2}, static_cast<int>(greedy1.size()))});
+  EXPECT_EQ(first["p0"], greedy0);
+  EXPECT_EQ(first["p1"], greedy1);
+  const int64_t hits_before = (*engine)->counters().num_prefix_cache_hit_blocks;
+  auto again = run({request("p0-again", 0, {0}, static_cast<int>(greedy0.size()))});
+  EXPECT_EQ(again["p0-again"], greedy0);
+  EXPECT_GT((*engine)->counters().num_prefix_cache_hit_blocks, hits_before);
+
+  auto cpu = LoadModel(dir_);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const PromptRun want = RunPrompt(**cpu, Ints("input_ids_0"), Features({1}), 0, 16);
+  auto other = run({request("p0-image1", 0, {1}, 16)});
+  EXPECT_EQ(other["p0-image1"], want.greedy);
+  EXPECT_EQ((*engine)->num_free_blocks(), (*engine)->num_total_blocks());
+}
+
+}  // namespace
+}  // namespace sluice::cuda_runner
