@@ -19,7 +19,9 @@
 #include "engine/cuda/cuda_llama_runner.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/kv/block_hash.h"
+#include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
+#include "engine/model/model_config.h"
 #include "engine/model/safetensors.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
@@ -290,6 +292,31 @@ TEST_F(CudaLlavaTest, ImageStepsRunEagerlyAndBadPlansAreRejected) {
   ForwardInput plain = in;
   plain.embedding_values.assign(static_cast<size_t>((*ds)->config().hidden_size), 0.25f);
   EXPECT_EQ((*ds)->Step(plain).code(), absl::StatusCode::kUnimplemented);
+}
+
+// --load-format dummy on a LLaVA folder (bench/vision_ttft.py at LLaVA-1.5-7B shapes): the
+// language model's dummy weights keep the plain Llama names on both backends, so the CUDA
+// runner matches the CPU dummy model (logits within 5% of the largest |logit|, as
+// cuda_model_test.cc's CheckDummyMatchesCpu), image rows spliced in both.
+TEST_F(CudaLlavaTest, DummyLanguageModelMatchesTheCpuDummyModel) {
+  auto config = ModelConfig::Load(dir_);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto runner = CreateDummyCudaRunner(*config, 11, LlavaOptions());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  auto gpu = WrapRunner(std::move(*runner));
+  auto cpu = LoadDummyModel(dir_, 11);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::vector<int32_t> ids = Ints("input_ids_0");
+  const std::vector<float> features = Features({2});
+  PromptRun want = RunPrompt(**cpu, ids, features, 0, 4);
+  PromptRun got = RunPrompt(*gpu, ids, features, 7, 4);
+  float ref_max = 0;
+  for (float v : want.logits) ref_max = std::max(ref_max, std::fabs(v));
+  const float diff = MaxAbsDiff(got.logits, want.logits);
+  std::printf("llava-tiny dummy CUDA vs CPU: max|dlogit| %.5f (max|logit| %.5f)\n", diff,
+              ref_max);
+  EXPECT_GT(ref_max, 0.0f);
+  EXPECT_LE(diff, 0.05f * ref_max + 1e-3f);
 }
 
 // Through LLMEngine with async steps: chunked prefill (8 tokens a step: chunks end inside the
