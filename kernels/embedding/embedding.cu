@@ -86,8 +86,9 @@ absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t*
 
 // One block per given row r: out[rows[r], :] = bf16(values[r, :]).
 template <bool kVec>
-__global__ void ScatterRowsKernel(const float* __restrict__ values, const int32_t* __restrict__ rows,
-                                  int64_t dim, bf16* __restrict__ out, int64_t num_tokens) {
+__global__ void ScatterRowsKernel(const float* __restrict__ values,
+                                  const int32_t* __restrict__ rows, int64_t dim,
+                                  bf16* __restrict__ out, int64_t num_tokens) {
   const int64_t r = blockIdx.x;
   const int32_t row = rows[r];
   if (row < 0 || row >= num_tokens) return;

@@ -37,7 +37,8 @@ absl::Status ScatterRowsCpu(const float* values, const int32_t* rows, int64_t nu
                                        : std::string(" is named twice")));
     }
     seen[static_cast<size_t>(row)] = true;
-    std::memcpy(out + int64_t{row} * dim, values + r * dim, static_cast<size_t>(dim) * sizeof(float));
+    std::memcpy(out + int64_t{row} * dim, values + r * dim,
+                static_cast<size_t>(dim) * sizeof(float));
   }
   return absl::OkStatus();
 }

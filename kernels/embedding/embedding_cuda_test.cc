@@ -144,8 +144,9 @@ TEST(ScatterRowsCudaTest, MatchesCpuReferenceExactly) {
     auto d_out = Upload(base);
     auto d_rows = Upload(rows);
     auto d_values = Upload(values);
-    ASSERT_TRUE(
-        ScatterRowsCuda(d_values.data(), d_rows.data(), n, dim, d_out.data(), tokens, nullptr).ok());
+    ASSERT_TRUE(ScatterRowsCuda(d_values.data(), d_rows.data(), n, dim, d_out.data(), tokens,
+                                nullptr)
+                    .ok());
     std::vector<float> want = ToFloat(base);
     ASSERT_TRUE(ScatterRowsCpu(values.data(), rows.data(), n, dim, want.data(), tokens).ok());
     for (float& v : want) v = Bf16ToFloat(FloatToBf16(v));
