@@ -8,7 +8,18 @@ a running endpoint.
 
     .venv/bin/python bench/vision_ttft.py --model ../shared/fixtures/llava-tiny \
         [--modes serve,disagg,selfencode] [--endpoint URL] [--sluice build/bin/sluice] [--requests 30] \
-        [--image-size 640x480] [--out FILE]
+        [--image-size 640x480] [--worker-args ARGS] [--encoder-args ARGS] [--out FILE]
+
+On a GPU with LLaVA-1.5-7B shapes and dummy weights (CLIP ViT-L/14-336 + a 7B Llama, both on
+the GPU; only config.json and preprocessor_config.json exist there, so a byte-level BPE of the
+config's vocab_size with `<image>` at image_token_index and a plain USER/ASSISTANT chat template
+are written beside a copy of them):
+
+    .venv/bin/python bench/vision_ttft.py --model bench/configs/llava-1.5-7b --modes serve \
+        --worker-args "--device cuda --load-format dummy" --requests 20 --out FILE
+
+--worker-args go to `sluice serve` and to the prefill / decode workers, --encoder-args to
+`sluice encoder` (e.g. "--device cuda --load-format dummy").
 
 Each request is a streamed greedy chat (max_tokens 1) whose user message holds k JPEG images of
 `--image-size` (random noise, so decoding and the antialiased resize do real work) and a short
@@ -25,8 +36,11 @@ import io
 import json
 import os
 import pathlib
+import shlex
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -78,17 +92,58 @@ def measure(client, model, args, rng):
 
 SERVER_ARGS = ["--limit-mm-per-prompt", "image=5", "--max-image-bytes", str(64 << 20)]
 
+# A chat template taking string content (images become `<image>` placeholders in the text).
+CHAT_TEMPLATE = ("{%- for message in messages -%}"
+                 "{%- if message['role'] == 'user' -%}{{- 'USER: ' -}}"
+                 "{%- else -%}{{- 'ASSISTANT: ' -}}{%- endif -%}"
+                 "{{- message['content'] + '\\n' -}}"
+                 "{%- endfor -%}"
+                 "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}")
 
-def start(mode, model_dir):
+
+def model_folder(config_dir: pathlib.Path) -> pathlib.Path:
+    """`config_dir` itself when it has a tokenizer; else a temporary copy of its config.json and
+    preprocessor_config.json with a byte-level BPE of text_config.vocab_size tokens whose id
+    image_token_index is the special token `<image>`, and CHAT_TEMPLATE (dummy-weight runs)."""
+    if (config_dir / "tokenizer.json").exists():
+        return config_dir
+    sys.path.insert(0, str(REPO / "bench"))
+    from disagg_serving_bench import write_tokenizer  # noqa: E402
+    d = pathlib.Path(tempfile.mkdtemp(prefix="sluice-vision-ttft-")) / config_dir.name
+    d.mkdir()
+    for name in ("config.json", "preprocessor_config.json"):
+        shutil.copy(config_dir / name, d / name)
+    config = json.loads((d / "config.json").read_text())
+    vocab_size = config["text_config"]["vocab_size"]
+    image_id = config["image_token_index"]
+    write_tokenizer(d / "tokenizer.json", vocab_size)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    old = next(s for s, i in vocab.items() if i == image_id)
+    # write_tokenizer adds merge k with token 256 + k; nothing merges its 3-symbol tokens further.
+    if image_id < 256 or len(old) != 3:
+        raise ValueError(f"image_token_index {image_id} is not a 3-symbol merge of the BPE")
+    del tok["model"]["merges"][image_id - 256]
+    del vocab[old]
+    vocab["<image>"] = image_id
+    tok["added_tokens"] = [{"id": image_id, "content": "<image>", "single_word": False,
+                            "lstrip": False, "rstrip": False, "normalized": False,
+                            "special": True}]
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    (d / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return d
+
+
+def start(mode, model_dir, worker_args, encoder_args):
     """(url, stop) of a fresh server for `mode`."""
     if mode == "serve":
-        server = ServerProcess(extra_args=SERVER_ARGS, model_dir=model_dir)
+        server = ServerProcess(extra_args=SERVER_ARGS + worker_args, model_dir=model_dir)
         return server.url, server.stop
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from sluice_cluster import Cluster  # noqa: E402
     cluster = Cluster(1, 1, num_encoder=1 if mode == "disagg" else 0, model_dir=model_dir,
-                      router_args=SERVER_ARGS,
-                      role_args={"encoder": ["--max-image-bytes", str(64 << 20)]})
+                      router_args=SERVER_ARGS, worker_args=worker_args,
+                      role_args={"encoder": ["--max-image-bytes", str(64 << 20), *encoder_args]})
     return cluster.url, cluster.stop
 
 
@@ -102,18 +157,25 @@ def main():
     ap.add_argument("--endpoint", help="measure the server at this URL instead")
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--image-size", default="640x480")
+    ap.add_argument("--worker-args", default="",
+                    help="extra flags of sluice serve and the prefill/decode workers, e.g. "
+                         "'--device cuda --load-format dummy'")
+    ap.add_argument("--encoder-args", default="", help="extra flags of sluice encoder")
     ap.add_argument("--out")
     args = ap.parse_args()
     os.environ["SLUICE_BIN"] = args.sluice
     model = pathlib.Path(args.model).name
+    worker_args, encoder_args = shlex.split(args.worker_args), shlex.split(args.encoder_args)
     result = {"model": args.model, "image_size": args.image_size, "requests": args.requests,
+              "worker_args": args.worker_args, "encoder_args": args.encoder_args,
               "cpu_threads": os.environ.get("SLUICE_CPU_THREADS", "default"), "ttft": {}}
     modes = ["endpoint"] if args.endpoint else args.modes.split(",")
     for mode in modes:
         if mode == "endpoint":
             url, stop = args.endpoint, (lambda: None)
         else:
-            url, stop = start(mode, pathlib.Path(args.model))
+            url, stop = start(mode, model_folder(pathlib.Path(args.model)), worker_args,
+                              encoder_args)
         try:
             client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
             result["ttft"][mode] = measure(client, model, args, np.random.default_rng(26))

@@ -88,10 +88,15 @@ for t in "${targets[@]}"; do
       for m in llama-tiny qwen3-hybrid-tiny; do
         cp ../shared/fixtures/$m/model.safetensors "$bundle/fixtures/$m/"
       done
-      # llava-tiny for the CUDA vision tower (cuda_vision_test.cc): weights, configs, the three
-      # images and (below) only the vision goldens (pixel values, hidden states, features).
+      # llava-tiny for the CUDA vision tower (cuda_vision_test.cc) and language model
+      # (cuda_llava_test.cc): weights, configs, the three images and (below) the vision goldens
+      # (pixel values, hidden states, features) and the prompts' ids, images, greedy tokens and
+      # logits (F16, as above: 1.5 MB).
       mkdir -p "$bundle/fixtures/llava-tiny"
       cp ../shared/fixtures/llava-tiny/{config.json,preprocessor_config.json,model.safetensors,image_0.png,image_1.png,image_2.jpg} \
+        "$bundle/fixtures/llava-tiny/"
+      # And what `sluice serve --device cuda` on llava-tiny reads besides.
+      cp ../shared/fixtures/llava-tiny/{generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja,processor_config.json} \
         "$bundle/fixtures/llava-tiny/"
       python3 - ../shared/fixtures "$bundle/fixtures" <<'PY'
 import json, struct, sys
@@ -132,14 +137,16 @@ def rewrite(src, dst, keep, to_bf16, to_f16=lambda k: False):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 never = lambda k: False
-# Golden logits as F16: all |logit| < 2.4 in these fixtures, so the error is < 0.001 (half an
+# Golden logits as F16: all |logit| < 2.4 in these fixtures (llava-tiny's too), so the error is < 0.001 (half an
 # F16 ulp in [2, 4)), far inside the tests' 0.15 bound, for half the bytes.
 for model in ("llama-tiny", "qwen3-hybrid-tiny", "deepseek-v3-tiny"):
     rewrite(f"{src_dir}/{model}/golden.safetensors", f"{dst_dir}/{model}/golden.safetensors",
             lambda k: k.rsplit("_", 1)[-1] in ("0", "1"), never,
             lambda k: k.startswith("logits_"))
 rewrite(f"{src_dir}/llava-tiny/golden.safetensors", f"{dst_dir}/llava-tiny/golden.safetensors",
-        lambda k: k.startswith(("pixel_values_", "vision_hidden_", "image_features_")), never)
+        lambda k: k.startswith(("pixel_values_", "vision_hidden_", "image_features_", "input_ids_",
+                                "prompt_images_", "greedy_", "logits_")), never,
+        lambda k: k.startswith("logits_"))
 rewrite(f"{src_dir}/deepseek-v3-tiny/model.safetensors",
         f"{dst_dir}/deepseek-v3-tiny/model.safetensors", lambda k: True,
         lambda k: not k.endswith("e_score_correction_bias"))

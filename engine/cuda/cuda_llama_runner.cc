@@ -78,6 +78,7 @@ class ShardSource : public WeightSource {
     }
     return inner_.FillFloat(name, shape, dummy_init, dst);
   }
+  bool Contains(const std::string& name) const override { return inner_.Contains(name); }
 
  private:
   WeightSource& inner_;
@@ -105,6 +106,8 @@ class LlamaCore : public RunnerCore {
   }
   absl::Status AllocateCache(int64_t blocks) override;
   bool SupportsSwaReplay() const override { return true; }
+  // LLaVA's language model: image features replace the placeholder tokens' embeddings.
+  bool SupportsInputEmbeddings() const override { return true; }
   std::vector<DeviceKvArray> CacheArrays() const override {
     std::vector<DeviceKvArray> arrays;
     const int64_t block_bytes = options.block_size * kv_dim * static_cast<int64_t>(sizeof(bf16));
@@ -134,6 +137,15 @@ class LlamaCore : public RunnerCore {
     return absl::OkStatus();
   }
 
+  // The checkpoint name of Hugging Face Llama name `hf`: "model.*" under model_prefix, the
+  // head under lm_head_name (LlavaForConditionalGeneration nests the language model; the CPU
+  // loader, engine/model/llama.cc, reads the same layouts).
+  std::string Name(const std::string& hf) const {
+    if (hf.rfind("model.", 0) == 0) return model_prefix + hf.substr(6);
+    return hf == "lm_head.weight" ? lm_head_name : hf;
+  }
+  std::string model_prefix = "model.";
+  std::string lm_head_name = "lm_head.weight";
   // This rank's heads, KV heads and intermediate channels (tp_size divides the model's).
   int64_t H = 0, heads = 0, kv_heads = 0, hd = 0, inter = 0;
   int64_t q_dim = 0, kv_dim = 0, qkv_dim = 0;
@@ -273,18 +285,30 @@ absl::Status LlamaCore::LoadWeights(WeightSource& full_src) {
   };
   auto fused = [&](DeviceBuffer<bf16>* buf, const std::vector<WeightPart>& parts, int64_t cols,
                    DummyInit init) { return AllocFillFused(src, buf, parts, cols, init, st); };
+  // LlavaForConditionalGeneration: transformers 4.x / 5 save `language_model.model.*` +
+  // `language_model.lm_head.weight`, 4.52+ in-memory names are `model.language_model.*` +
+  // `lm_head.weight`; dummy weights keep the plain names (as LoadDummyModel's checkpoint).
+  if (!c.multimodal_architecture.empty()) {
+    if (full_src.Contains("language_model.model.embed_tokens.weight")) {
+      model_prefix = "language_model.model.";
+      lm_head_name = "language_model.lm_head.weight";
+    } else if (full_src.Contains("model.language_model.embed_tokens.weight")) {
+      model_prefix = "model.language_model.";
+    }
+  }
   const int64_t vocab_rows = vocab;
   SLUICE_RETURN_IF_ERROR(
-      alloc_fill(&embed, "model.embed_tokens.weight", {vocab_rows, H}, DummyInit::kNormal));
-  SLUICE_RETURN_IF_ERROR(alloc_fill(&final_norm, "model.norm.weight", {H}, DummyInit::kOnes));
+      alloc_fill(&embed, Name("model.embed_tokens.weight"), {vocab_rows, H}, DummyInit::kNormal));
+  SLUICE_RETURN_IF_ERROR(
+      alloc_fill(&final_norm, Name("model.norm.weight"), {H}, DummyInit::kOnes));
   if (!c.tie_word_embeddings) {
     SLUICE_RETURN_IF_ERROR(
-        alloc_fill(&lm_head, "lm_head.weight", {vocab_rows, H}, DummyInit::kNormal));
+        alloc_fill(&lm_head, Name("lm_head.weight"), {vocab_rows, H}, DummyInit::kNormal));
   }
   layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     DeviceLayer& L = layers[static_cast<size_t>(i)];
-    const std::string p = LayerPrefix(i);
+    const std::string p = Name(LayerPrefix(i));
     const std::string a = p + "self_attn.", m = p + "mlp.";
     if (tp > 1) {
       using B = ShardSource::Block;

@@ -14,7 +14,11 @@
 //
 // Supported: LlamaForCausalLM (any GQA ratio, attention/MLP biases, tied embeddings, rope
 // default/linear/llama3/YaRN) and Qwen3ForCausalLM (per-head q/k norms, hybrid sliding-window
-// layers per ModelConfig::layer_is_sliding). Every layer keeps a full-length KV cache.
+// layers per ModelConfig::layer_is_sliding), and the language model of
+// LlavaForConditionalGeneration (text_config; `language_model.*` or `model.language_model.*`
+// tensor names): an eager step carrying ForwardInput::embedding_rows overwrites those rows of
+// the gathered token embeddings with the given image features, rounded to bf16
+// (kernels::ScatterRowsCuda), before layer 0. Every layer keeps a full-length KV cache.
 // SWA bounded replay (engine/kv/swa_replay.h): a step carrying ForwardInput::kv_frozen_layers
 // runs RoPE of its frozen layers with no slot (nothing written; their attention reads the
 // cache as it is), and one carrying a sliding_kv_start > 0 runs its sliding layers' attention

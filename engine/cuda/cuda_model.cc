@@ -57,6 +57,8 @@ class CudaModel : public Model {
   // CudaLlamaRunner: frozen layers skip their K/V write, sliding layers of bounded sequences run
   // kernels::PagedAttentionBoundedCuda.
   bool SupportsSwaReplay() const override { return runner_->SupportsSwaReplay(); }
+  // CudaLlamaRunner: LLaVA's language model takes the image features at their placeholders.
+  bool SupportsInputEmbeddings() const override { return runner_->SupportsInputEmbeddings(); }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

@@ -170,6 +170,11 @@ class CudaRunner {
   // with bounded sliding attention for models that have sliding layers. Other runners reject
   // the hooks (Unimplemented).
   bool SupportsSwaReplay() const;
+  // True when Step honours ForwardInput::embedding_rows / embedding_values (Model::
+  // SupportsInputEmbeddings): CudaLlamaRunner, which splices the rows (rounded to bf16) over the
+  // looked-up token embeddings of an eager step — a step carrying them never replays a graph.
+  // Other runners reject them (Unimplemented).
+  bool SupportsInputEmbeddings() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 

@@ -172,6 +172,7 @@ absl::Status AllocFillFused(WeightSource& src, DeviceBuffer<bf16>* buf,
 RunnerCore::~RunnerCore() {
   if (stream.get() != nullptr) (void)stream.Synchronize();
   if (tail_fence != nullptr) cudaEventDestroy(tail_fence);
+  if (embeddings_uploaded != nullptr) cudaEventDestroy(embeddings_uploaded);
   DestroyGraphs();
   for (cudaEvent_t e : layer_events) {
     if (e != nullptr) cudaEventDestroy(e);
@@ -337,6 +338,69 @@ absl::Status RunnerCore::EnqueueEmbedding(const DeviceMeta& m, int64_t T, const 
   SLUICE_RETURN_IF_ERROR(kernels::EmbeddingFeedbackCuda(embed, vocab, hidden, m.ids, sampled.data(),
                                                         T, out, nullptr, st, pdl.common));
   Mark("embedding");
+  if (step_embeddings.count > 0) {
+    SLUICE_RETURN_IF_ERROR(kernels::ScatterRowsCuda(step_embeddings.values, step_embeddings.rows,
+                                                    step_embeddings.count, hidden, out, T, st));
+    Mark("input_embeddings");
+  }
+  return absl::OkStatus();
+}
+
+size_t RunnerCore::InputEmbeddingsBytes(const ForwardInput& plan, int64_t hidden) {
+  const size_t n = plan.embedding_rows.size();
+  return (n * sizeof(int32_t) + 15) / 16 * 16 + n * static_cast<size_t>(hidden) * sizeof(float);
+}
+
+absl::Status RunnerCore::ReserveInputEmbeddings(const ForwardInput& plan) {
+  if (plan.embedding_rows.empty()) return absl::OkStatus();
+  const size_t bytes = InputEmbeddingsBytes(plan, hidden);
+  if (embeddings_uploaded == nullptr) {
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&embeddings_uploaded, cudaEventDisableTiming),
+        "cudaEventCreate input embeddings");
+  }
+  if (bytes <= embeddings_staging.bytes && bytes <= embeddings_dev.bytes()) {
+    return absl::OkStatus();
+  }
+  // Both old buffers may still be read by enqueued steps. Grown by half again, so a series of
+  // growing image prompts reallocates a few times only.
+  SLUICE_RETURN_IF_ERROR(stream.Synchronize());
+  const size_t grown = std::max(bytes + bytes / 2, size_t{1} << 20);
+  if (embeddings_staging.ptr != nullptr) cudaFreeHost(embeddings_staging.ptr);
+  embeddings_staging.ptr = nullptr;
+  embeddings_staging.bytes = 0;
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&embeddings_staging.ptr, grown),
+                              "cudaMallocHost input embeddings");
+  embeddings_staging.bytes = grown;
+  embeddings_dev = DeviceBuffer<uint8_t>();
+  auto dev = DeviceBuffer<uint8_t>::Create(grown);
+  if (!dev.ok()) return dev.status();
+  embeddings_dev = std::move(*dev);
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::StageInputEmbeddings(const ForwardInput& plan) {
+  step_embeddings = StepEmbeddings{};
+  if (plan.embedding_rows.empty()) return absl::OkStatus();
+  SLUICE_RETURN_IF_ERROR(ReserveInputEmbeddings(plan));
+  // The previous image step's copy must have read the staging before it is rewritten.
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(embeddings_uploaded),
+                              "cudaEventSynchronize input embeddings");
+  const size_t n = plan.embedding_rows.size();
+  const size_t values_at = (n * sizeof(int32_t) + 15) / 16 * 16;
+  const size_t bytes = InputEmbeddingsBytes(plan, hidden);
+  char* host = static_cast<char*>(embeddings_staging.ptr);
+  std::memcpy(host, plan.embedding_rows.data(), n * sizeof(int32_t));
+  std::memcpy(host + values_at, plan.embedding_values.data(),
+              plan.embedding_values.size() * sizeof(float));
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(embeddings_dev.data(), host, bytes,
+                                              cudaMemcpyHostToDevice, stream.get()),
+                              "cudaMemcpyAsync input embeddings");
+  SLUICE_CUDA_RETURN_IF_ERROR(cudaEventRecord(embeddings_uploaded, stream.get()),
+                              "cudaEventRecord input embeddings");
+  step_embeddings.rows = reinterpret_cast<const int32_t*>(embeddings_dev.data());
+  step_embeddings.values = reinterpret_cast<const float*>(embeddings_dev.data() + values_at);
+  step_embeddings.count = static_cast<int64_t>(n);
   return absl::OkStatus();
 }
 
@@ -448,6 +512,30 @@ absl::Status RunnerCore::Validate(const ForwardInput& in) const {
   if (next_row != T) {
     return absl::InvalidArgumentError(absl::StrCat("tokens [", next_row, ", ", T,
                                                    ") belong to no sequence"));
+  }
+  if (!in.embedding_rows.empty() || !in.embedding_values.empty()) {
+    if (!SupportsInputEmbeddings()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA runner for ", config.architecture_name, " does not take input embeddings"));
+    }
+    if (static_cast<int64_t>(in.embedding_values.size()) !=
+        static_cast<int64_t>(in.embedding_rows.size()) * hidden) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("embedding_values has ", in.embedding_values.size(), " floats, expected ",
+                       in.embedding_rows.size(), " x ", hidden));
+    }
+    // ScatterRowsCpu's rules: every row inside the step, none twice.
+    std::vector<bool> seen(static_cast<size_t>(T), false);
+    for (size_t r = 0; r < in.embedding_rows.size(); ++r) {
+      const int32_t row = in.embedding_rows[r];
+      if (row < 0 || row >= T || seen[static_cast<size_t>(row)]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "input embedding ", r, ": row ", row,
+            row < 0 || row >= T ? absl::StrCat(" is outside [0, ", T, ")")
+                                : std::string(" is named twice")));
+      }
+      seen[static_cast<size_t>(row)] = true;
+    }
   }
   if (!in.kv_frozen_layers.empty() || !in.sliding_kv_start.empty()) {
     if (!SupportsSwaReplay()) {
@@ -649,6 +737,7 @@ absl::StatusOr<std::vector<ProfileEntry>> RunnerCore::ProfileStep(const ForwardI
   // Grown here, before the hold: growing it synchronizes, which would end the hold early.
   if (!plan.token_ids.empty()) {
     SLUICE_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
+    SLUICE_RETURN_IF_ERROR(m.ReserveInputEmbeddings(plan));
   }
   SLUICE_RETURN_IF_ERROR(m.stream.Synchronize());
   // Hold the GPU while the host enqueues, so the kernels then run back to back as they would
@@ -718,12 +807,14 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
     return absl::OkStatus();
   }
   // A step with a per-layer KV hook runs eagerly: the graphs record no layer events. So does a
-  // step with frozen layers (the graphs write every layer). A decode step with a
+  // step with frozen layers (the graphs write every layer) and one with input embeddings (image
+  // placeholders of one-token prefill chunks: the graphs splice none). A decode step with a
   // sliding_kv_start > 0 replays the bucket's bounded graph, where there is one.
   const bool bounded = std::any_of(plan.sliding_kv_start.begin(), plan.sliding_kv_start.end(),
                                    [](int32_t start) { return start > 0; });
   const bool decode = allow_graph && !plan.on_layer_kv_written &&
-                      plan.kv_frozen_layers.empty() && (!bounded || m.CapturesBoundedGraphs()) &&
+                      plan.kv_frozen_layers.empty() && plan.embedding_rows.empty() &&
+                      (!bounded || m.CapturesBoundedGraphs()) &&
                       T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
   if (decode) {
     Graph* g = nullptr;
@@ -754,6 +845,7 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   if (!host.ok()) return host.status();
   m.Pack(plan, layout, S, *host);
   SLUICE_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
+  SLUICE_RETURN_IF_ERROR(m.StageInputEmbeddings(plan));
   // A step without logits rows samples nothing and leaves `sampled` as it was: the next step's
   // token references still mean the rows of the last step that had some. (An SWA replay runs
   // as such a step between two asynchronous sampled steps of the engine.)
@@ -765,6 +857,7 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   m.layer_hook = nullptr;
   m.frozen_layers = nullptr;
   m.bounded_sliding = false;
+  m.step_embeddings = StepEmbeddings{};
   return enqueued;
 }
 
@@ -1102,6 +1195,7 @@ int64_t CudaRunner::WeightBytesPerStep() const { return core_->WeightBytes(); }
 int64_t CudaRunner::ActiveWeightBytesPerToken() const { return core_->ActiveWeightBytes(); }
 int64_t CudaRunner::KvBytesPerToken() const { return core_->KvBytesPerToken(); }
 bool CudaRunner::SupportsSwaReplay() const { return core_->SupportsSwaReplay(); }
+bool CudaRunner::SupportsInputEmbeddings() const { return core_->SupportsInputEmbeddings(); }
 KvCacheSpec CudaRunner::kv_cache_spec() const { return core_->CacheSpec(); }
 absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {
   return core_->AllocateKvCache(num_blocks);

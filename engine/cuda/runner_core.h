@@ -70,6 +70,9 @@ class WeightSource {
   // e_score_correction_bias). Synchronous.
   virtual absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape,
                                  DummyInit dummy_init, float* dst) = 0;
+  // True when the source holds tensor `name` (a checkpoint's layout probe, e.g. LLaVA's nested
+  // language-model names); dummy weights follow the plain layout and answer false.
+  virtual bool Contains(const std::string& name) const { return false; }
 };
 
 // CheckpointSource: tensors of a safetensors checkpoint, converted to bf16 on the host and
@@ -81,6 +84,7 @@ class CheckpointSource : public WeightSource {
                     bf16* dst, cudaStream_t stream) override;
   absl::Status FillFloat(const std::string& name, const std::vector<int64_t>& shape, DummyInit,
                          float* dst) override;
+  bool Contains(const std::string& name) const override { return ckpt_->Contains(name); }
 
  private:
   std::unique_ptr<Checkpoint> ckpt_;
@@ -158,12 +162,18 @@ class RunnerCore {
   // bounded_sliding and DeviceMeta::sliding_start); Validate rejects plans carrying them
   // otherwise.
   virtual bool SupportsSwaReplay() const { return false; }
+  // True when Enqueue's EnqueueEmbedding may splice ForwardInput::embedding_rows /
+  // embedding_values into the step (vision-language models); Validate rejects plans carrying
+  // them otherwise.
+  virtual bool SupportsInputEmbeddings() const { return false; }
 
   // ---- Shared machinery.
   // InitCore validates the options and creates the stream, cuBLASLt, the sampling buffers
   // (`hidden` wide gathered rows, logits) and the metadata staging.
   absl::Status InitCore(const ModelConfig& c, const CudaRunnerOptions& o, int64_t hidden);
-  // Resolves fed-back token ids and gathers the embedding rows into `out` [T, hidden].
+  // Resolves fed-back token ids and gathers the embedding rows into `out` [T, hidden]; then
+  // overwrites the rows of the step's input embeddings (ForwardInput::embedding_rows, staged by
+  // EnqueueStep) with their values rounded to bf16.
   absl::Status EnqueueEmbedding(const DeviceMeta& m, int64_t T, const bf16* embed, bf16* out);
   // The end of the forward: residual += delta, normed = RmsNorm(residual) · final_norm (both
   // [T, hidden]); then the N logits rows of normed are gathered, `head` [vocab, hidden] applied
@@ -260,6 +270,23 @@ class RunnerCore {
   void Pack(const ForwardInput& plan, const MetaLayout& l, int64_t padded_seqs, char* dst) const;
   absl::StatusOr<char*> AcquireStaging(size_t bytes);
   absl::Status Upload(const char* host, size_t bytes, void* device);
+  // Input embeddings (ForwardInput::embedding_rows / embedding_values) of an eager step go to
+  // the device through pinned staging, laid out as [rows int32, padded to 16 bytes][values
+  // fp32]: ReserveInputEmbeddings grows both buffers to what `plan` needs (a synchronization
+  // when one grows); StageInputEmbeddings waits until the previous upload has read the staging,
+  // packs `plan`'s rows and values, enqueues the copy and points `step_embeddings` at it.
+  static size_t InputEmbeddingsBytes(const ForwardInput& plan, int64_t hidden);
+  absl::Status ReserveInputEmbeddings(const ForwardInput& plan);
+  absl::Status StageInputEmbeddings(const ForwardInput& plan);
+  PinnedBuffer embeddings_staging;
+  DeviceBuffer<uint8_t> embeddings_dev;
+  cudaEvent_t embeddings_uploaded = nullptr;  // recorded after the last staging copy
+  // The step being enqueued's input embeddings on the device (count 0: none).
+  struct StepEmbeddings {
+    const int32_t* rows = nullptr;
+    const float* values = nullptr;
+    int64_t count = 0;
+  } step_embeddings;
   // ReserveEagerWorkspace grows the eager attention workspace to what `plan` needs (a
   // synchronization when it grows) and returns the plan's longest query and sequence.
   absl::Status ReserveEagerWorkspace(const ForwardInput& plan, int64_t* max_q, int64_t* max_len);

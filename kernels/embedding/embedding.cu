@@ -1,5 +1,6 @@
 // CUDA embedding gather: one block per token; 16-byte copies when dim % 8 == 0 and the table
 // and output are 16-byte aligned. EmbeddingFeedbackCuda also resolves fed-back token ids.
+// ScatterRowsCuda: the inverse direction, one block per given row (fp32 in, bf16 out).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -83,7 +84,47 @@ absl::Status Launch(const bf16* table, int64_t vocab_size, int64_t dim, int32_t*
   return CudaLaunchStatus("EmbeddingCuda launch");
 }
 
+// One block per given row r: out[rows[r], :] = bf16(values[r, :]).
+template <bool kVec>
+__global__ void ScatterRowsKernel(const float* __restrict__ values,
+                                  const int32_t* __restrict__ rows, int64_t dim,
+                                  bf16* __restrict__ out, int64_t num_tokens) {
+  const int64_t r = blockIdx.x;
+  const int32_t row = rows[r];
+  if (row < 0 || row >= num_tokens) return;
+  const float* src = values + r * dim;
+  bf16* dst = out + static_cast<int64_t>(row) * dim;
+  if constexpr (kVec) {
+    for (int64_t i = threadIdx.x; i < dim / 8; i += blockDim.x) {
+      const float4 a = reinterpret_cast<const float4*>(src)[2 * i];
+      const float4 b = reinterpret_cast<const float4*>(src)[2 * i + 1];
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      cuda_detail::StoreBf16x8(dst + i * 8, v);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
 }  // namespace
+
+absl::Status ScatterRowsCuda(const float* values, const int32_t* rows, int64_t num_rows,
+                             int64_t dim, bf16* out, int64_t num_tokens, cudaStream_t stream) {
+  if (dim < 1 || num_rows < 0 || num_tokens < 0 || num_rows > 0x7fffffff) {
+    return absl::InvalidArgumentError(absl::StrCat("ScatterRowsCuda: bad shape num_rows=",
+                                                   num_rows, " dim=", dim, " num_tokens=",
+                                                   num_tokens));
+  }
+  if (num_rows == 0) return absl::OkStatus();
+  const unsigned grid = static_cast<unsigned>(num_rows);
+  if (dim % 8 == 0 && Aligned16(values) && Aligned16(out)) {
+    const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, (dim / 8 + 31) / 32 * 32));
+    ScatterRowsKernel<true><<<grid, threads, 0, stream>>>(values, rows, dim, out, num_tokens);
+  } else {
+    ScatterRowsKernel<false><<<grid, kThreads, 0, stream>>>(values, rows, dim, out, num_tokens);
+  }
+  return CudaLaunchStatus("ScatterRowsCuda launch");
+}
 
 absl::Status EmbeddingCuda(const bf16* table, int64_t vocab_size, int64_t dim, const int32_t* ids,
                            int64_t num_tokens, bf16* out, int32_t* bad_index, cudaStream_t stream,

@@ -32,6 +32,17 @@ absl::Status EmbeddingFeedbackCuda(const bf16* table, int64_t vocab_size, int64_
                                    bf16* out, int32_t* bad_index, cudaStream_t stream,
                                    bool pdl = false);
 
+// ScatterRowsCuda: out[rows[r], :] = bf16(values[r, :]) (round to nearest even) for
+// r < num_rows — ScatterRowsCpu on the device, for the input embeddings of a vision-language
+// model's image placeholder tokens (values: the projected image features, fp32). values:
+// [num_rows, dim] fp32, rows: [num_rows] int32 (both device), out: [num_tokens, dim] bf16.
+// Rows are only known on the device: one outside [0, num_tokens) is skipped, and a row named
+// twice gets either value — callers validate on the host (ScatterRowsCpu's errors).
+// Errors: InvalidArgument for dim < 1, num_rows < 0 or num_tokens < 0; Internal for launch
+// errors.
+absl::Status ScatterRowsCuda(const float* values, const int32_t* rows, int64_t num_rows,
+                             int64_t dim, bf16* out, int64_t num_tokens, cudaStream_t stream);
+
 }  // namespace sluice::kernels
 
 #endif  // SLUICE_KERNELS_EMBEDDING_EMBEDDING_CUDA_H_

@@ -123,5 +123,57 @@ TEST(EmbeddingCudaTest, FeedbackIdsResolveInTheGather) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// ScatterRowsCuda against ScatterRowsCpu rounded to bf16: bitwise, rows in any order, the
+// untouched rows keep the gathered embeddings; the vector (dim % 8 == 0, LLaVA-1.5's 4096) and
+// scalar paths.
+TEST(ScatterRowsCudaTest, MatchesCpuReferenceExactly) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t shapes[][2] = {{64, 30}, {4096, 600}, {13, 9}, {4104, 3}};  // dim, tokens
+  for (const auto& shape : shapes) {
+    const int64_t dim = shape[0], tokens = shape[1];
+    const auto base = RandomBf16(static_cast<size_t>(tokens * dim), rng, -1.0f, 1.0f);
+    // Every third token, last first, then token 1 (a chunk inside and at the ends of a run).
+    std::vector<int32_t> rows;
+    for (int64_t t = tokens - 1; t >= 0; t -= 3) rows.push_back(static_cast<int32_t>(t));
+    if (tokens > 1 && (tokens - 1 - 1) % 3 != 0) rows.push_back(1);
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+    std::vector<float> values(static_cast<size_t>(n * dim));
+    for (float& v : values) v = dist(rng);
+    auto d_out = Upload(base);
+    auto d_rows = Upload(rows);
+    auto d_values = Upload(values);
+    ASSERT_TRUE(ScatterRowsCuda(d_values.data(), d_rows.data(), n, dim, d_out.data(), tokens,
+                                nullptr)
+                    .ok());
+    std::vector<float> want = ToFloat(base);
+    ASSERT_TRUE(ScatterRowsCpu(values.data(), rows.data(), n, dim, want.data(), tokens).ok());
+    for (float& v : want) v = Bf16ToFloat(FloatToBf16(v));
+    ExpectClose(absl::StrCat("scatter rows dim=", dim, " tokens=", tokens, " rows=", n),
+                Download(d_out), want, 0.0, 0.0);
+  }
+}
+
+TEST(ScatterRowsCudaTest, SkipsRowsOutsideTheStep) {
+  SLUICE_SKIP_WITHOUT_CUDA();
+  auto rng = cuda_test::Rng();
+  const int64_t dim = 16, tokens = 4;
+  const auto base = RandomBf16(static_cast<size_t>(tokens * dim), rng, -1.0f, 1.0f);
+  const std::vector<int32_t> rows = {4, -1, 2};
+  const std::vector<float> values(3 * dim, 0.5f);
+  auto d_out = Upload(base);
+  auto d_rows = Upload(rows);
+  auto d_values = Upload(values);
+  ASSERT_TRUE(
+      ScatterRowsCuda(d_values.data(), d_rows.data(), 3, dim, d_out.data(), tokens, nullptr).ok());
+  std::vector<float> want = ToFloat(base);
+  for (int64_t j = 0; j < dim; ++j) want[static_cast<size_t>(2 * dim + j)] = 0.5f;
+  ExpectClose("scatter rows outside", Download(d_out), want, 0.0, 0.0);
+  EXPECT_EQ(ScatterRowsCuda(d_values.data(), d_rows.data(), 1, 0, d_out.data(), tokens, nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace sluice::kernels

@@ -28,5 +28,31 @@ TEST(EmbeddingTest, RejectsOutOfRangeIds) {
   }
 }
 
+TEST(ScatterRowsTest, OverwritesTheNamedRowsOnly) {
+  const int64_t dim = 2;
+  std::vector<float> out = {0, 1, 2, 3, 4, 5, 6, 7};  // 4 tokens
+  const std::vector<float> values = {10, 11, 20, 21};
+  const int32_t rows[] = {3, 1};
+  ASSERT_TRUE(ScatterRowsCpu(values.data(), rows, 2, dim, out.data(), 4).ok());
+  EXPECT_EQ(out, (std::vector<float>{0, 1, 20, 21, 4, 5, 10, 11}));
+  EXPECT_TRUE(ScatterRowsCpu(values.data(), rows, 0, dim, out.data(), 4).ok());
+}
+
+TEST(ScatterRowsTest, RejectsRowsOutsideTheStepOrNamedTwice) {
+  std::vector<float> out(8);
+  const std::vector<float> values(6, 1.0f);
+  const int32_t outside[] = {0, 4};
+  absl::Status s = ScatterRowsCpu(values.data(), outside, 2, 2, out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "input embedding 1: row 4 is outside [0, 4)");
+  const int32_t negative[] = {-1};
+  EXPECT_EQ(ScatterRowsCpu(values.data(), negative, 1, 2, out.data(), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  const int32_t twice[] = {2, 0, 2};
+  s = ScatterRowsCpu(values.data(), twice, 3, 2, out.data(), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "input embedding 2: row 2 is named twice");
+}
+
 }  // namespace
 }  // namespace sluice::kernels

@@ -75,15 +75,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
 #if defined(SLUICE_HAVE_CUDA)
   absl::StatusOr<ModelConfig> config = ModelConfig::Load(options.model_dir);
   if (!config.ok()) return config.status();
-  // The CUDA runners read neither the nested language_model.* weights nor image embeddings
-  // (Model::SupportsInputEmbeddings): refuse at start-up instead of failing on a tensor name
-  // or refusing every image request.
-  if (!config->multimodal_architecture.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--device cuda: the CUDA runner does not serve ", config->multimodal_architecture,
-        "'s language model yet; use --device cpu (with --vision-device cuda the vision tower "
-        "runs on the GPU), or `sluice encoder --device cuda` for the encoder pool"));
-  }
+  // LlavaForConditionalGeneration: CudaLlamaRunner loads the nested language model and takes
+  // the image features as input embeddings (its vision tower is the in-process encoder's,
+  // services/serve/vision_device.h).
   int num_devices = 0;
   if (cudaError_t e = cudaGetDeviceCount(&num_devices); e != cudaSuccess || num_devices == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
