@@ -57,6 +57,9 @@ class CudaModel : public Model {
   // CudaLlamaRunner: frozen layers skip their K/V write, sliding layers of bounded sequences run
   // kernels::PagedAttentionBoundedCuda.
   bool SupportsSwaReplay() const override { return runner_->SupportsSwaReplay(); }
+  // Steps with more logits rows are refused (RunnerCore::Validate); the engine's scheduler
+  // sizes its steps to this.
+  int64_t max_num_logits() const override { return runner_->max_num_logits(); }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

@@ -170,6 +170,8 @@ class CudaRunner {
   // with bounded sliding attention for models that have sliding layers. Other runners reject
   // the hooks (Unimplemented).
   bool SupportsSwaReplay() const;
+  // Logits rows one Step may ask for: max(options().max_num_logits, options().max_num_seqs).
+  int64_t max_num_logits() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 
