@@ -59,6 +59,9 @@ class CudaModel : public Model {
   bool SupportsSwaReplay() const override { return runner_->SupportsSwaReplay(); }
   // CudaLlamaRunner: LLaVA's language model takes the image features at their placeholders.
   bool SupportsInputEmbeddings() const override { return runner_->SupportsInputEmbeddings(); }
+  // Steps with more logits rows are refused (RunnerCore::Validate); the engine's scheduler
+  // sizes its steps to this.
+  int64_t max_num_logits() const override { return runner_->max_num_logits(); }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

@@ -175,6 +175,8 @@ class CudaRunner {
   // looked-up token embeddings of an eager step — a step carrying them never replays a graph.
   // Other runners reject them (Unimplemented).
   bool SupportsInputEmbeddings() const;
+  // Logits rows one Step may ask for: max(options().max_num_logits, options().max_num_seqs).
+  int64_t max_num_logits() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 

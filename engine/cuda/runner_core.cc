@@ -1196,6 +1196,7 @@ int64_t CudaRunner::ActiveWeightBytesPerToken() const { return core_->ActiveWeig
 int64_t CudaRunner::KvBytesPerToken() const { return core_->KvBytesPerToken(); }
 bool CudaRunner::SupportsSwaReplay() const { return core_->SupportsSwaReplay(); }
 bool CudaRunner::SupportsInputEmbeddings() const { return core_->SupportsInputEmbeddings(); }
+int64_t CudaRunner::max_num_logits() const { return core_->max_logits; }
 KvCacheSpec CudaRunner::kv_cache_spec() const { return core_->CacheSpec(); }
 absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {
   return core_->AllocateKvCache(num_blocks);

@@ -345,6 +345,11 @@ class Model {
   }
   // The logits width Forward writes per row: vocab_size, or RestrictLogits' count.
   virtual int64_t logits_width() const { return config().vocab_size; }
+  // The most logits rows (ForwardInput::logits_indices) one step may ask for: a backend with
+  // fixed-size logits buffers refuses larger steps (the CUDA runners: CudaRunnerOptions::
+  // max_num_logits, at least max_num_seqs). The engine's scheduler keeps every step within it
+  // (EngineOptions::max_num_logits). 0: no limit (the CPU models).
+  virtual int64_t max_num_logits() const { return 0; }
 
   // --- Multi-token prediction (DeepSeek-V3 report, arXiv:2412.19437 §2.2; engine/spec's
   // MtpDrafter) ---

@@ -22,6 +22,14 @@
 namespace sluice {
 namespace {
 
+// EffectiveMaxNumLogits: the logits-row limit the scheduler keeps to, the smaller of the
+// options' and the model's (0: none).
+int64_t EffectiveMaxNumLogits(const Model& model, const EngineOptions& options) {
+  const int64_t given = options.max_num_logits, backend = model.max_num_logits();
+  if (given > 0 && backend > 0) return std::min(given, backend);
+  return std::max<int64_t>({given, backend, 0});
+}
+
 class LLMEngineImpl final : public LLMEngine {
  public:
   LLMEngineImpl(std::unique_ptr<Model> model, const EngineOptions& options, int64_t num_blocks,
@@ -64,6 +72,7 @@ class LLMEngineImpl final : public LLMEngine {
     c.block_size = options.block_size;
     c.max_num_seqs = options.max_num_seqs;
     c.max_num_batched_tokens = options.max_num_batched_tokens;
+    c.max_num_logits = EffectiveMaxNumLogits(model, options);
     c.enable_prefix_caching = options.enable_prefix_caching;
     c.kv_identity = kv_identity;
     c.kv_connector = options.kv_connector.get();
@@ -1567,6 +1576,19 @@ absl::StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::Create(std::unique_ptr<Mod
   if (options.max_num_seqs <= 0) return absl::InvalidArgumentError("max_num_seqs must be > 0");
   if (options.max_num_batched_tokens <= 0) {
     return absl::InvalidArgumentError("max_num_batched_tokens must be > 0");
+  }
+  if (options.max_num_logits < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_logits must be >= 0, got ", options.max_num_logits));
+  }
+  // Every running sequence samples a row in a decode step.
+  if (const int64_t rows = EffectiveMaxNumLogits(*model, options);
+      rows > 0 && rows < options.max_num_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a step may ask for at most ", rows, " logits rows (",
+        options.max_num_logits == rows ? "max_num_logits" : "the model's max_num_logits",
+        "), fewer than max_num_seqs ", options.max_num_seqs,
+        ": every running sequence samples one in a decode step"));
   }
   if (options.speculative.enabled()) {
     if (absl::Status s = options.speculative.Validate(); !s.ok()) return s;

@@ -35,6 +35,14 @@ struct EngineOptions {
   int64_t kv_cache_bytes = 1LL << 30;  // KV memory budget when num_kv_blocks == 0
   int32_t max_num_seqs = 256;          // running sequences per step
   int32_t max_num_batched_tokens = 512;  // token budget per step (prefill chunk + decodes)
+  // Logits rows per step: decode rows, speculative verify rows (a draft's and the bonus row)
+  // and prompt-logprob rows (one per prompt position of a chunk of a request with
+  // SamplingParams::prompt_logprobs). A step never asks for more: prompt-logprob prefill
+  // chunks and drafts are cut to the rows left (such a prompt takes more steps), while every
+  // running sequence keeps the row it samples from. 0: the model's limit (Model::
+  // max_num_logits: the CUDA runners' logits buffers; none on the CPU); with both, the smaller.
+  // Must be >= max_num_seqs.
+  int64_t max_num_logits = 0;
   int32_t max_model_len = 0;           // 0: the model's max_position_embeddings
   int32_t max_waiting_requests = 4096;  // beyond this Submit returns ResourceExhausted
   // Disaggregation: prefill-held KV blocks are freed after this long without a release
@@ -194,7 +202,8 @@ struct EngineCounters {
 
 class LLMEngine {
  public:
-  // `model` is owned. Errors: InvalidArgument for options that cannot hold one sequence.
+  // `model` is owned. Errors: InvalidArgument for options that cannot hold one sequence, or
+  // whose logits-row limit (max_num_logits or the model's) is below max_num_seqs.
   static absl::StatusOr<std::unique_ptr<LLMEngine>> Create(std::unique_ptr<Model> model,
                                                            const EngineOptions& options);
   virtual ~LLMEngine() = default;

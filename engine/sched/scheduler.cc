@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -81,6 +82,32 @@ class StepTimeBudget {
 };
 
 }  // namespace
+
+int32_t NumLogitsRows(const Sequence& seq, int32_t num_new_tokens) {
+  if (num_new_tokens <= 0) return 0;
+  const int32_t c = seq.num_computed_tokens;
+  const int32_t end = c + num_new_tokens;
+  int32_t rows = 0;
+  if (seq.NeedsPromptLogprobs()) {
+    rows += std::max(0, std::min(end, seq.num_prompt_tokens() - 1) - c);
+  }
+  if (end >= seq.num_tokens()) rows += end - seq.num_tokens() + 1;
+  return rows;
+}
+
+int32_t FitLogitsRows(const Sequence& seq, int32_t num_new_tokens, int64_t max_rows) {
+  if (NumLogitsRows(seq, num_new_tokens) <= max_rows) return num_new_tokens;
+  int32_t lo = 0, hi = num_new_tokens - 1;  // NumLogitsRows grows with the tokens: the largest
+  while (lo < hi) {                            // count that fits
+    const int32_t mid = lo + (hi - lo + 1) / 2;
+    if (NumLogitsRows(seq, mid) <= max_rows) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
 
 const char* SchedulingPolicyName(SchedulingPolicy policy) {
   switch (policy) {
@@ -475,19 +502,35 @@ SchedulerOutput Scheduler::Schedule() {
   const int32_t block_size = static_cast<int32_t>(config_.block_size);
   bool prefill_scheduled = false;  // the step's first prefill chunk gets at least block_size
   bool first_token_scheduled = false;  // a prefill this step ends its prompt (fair policies)
-  // The prefill chunk `seq` may take this step: its uncomputed tokens within both budgets; 0:
-  // none this step. With a fair policy a step that already ends some prompt's prefill (a first
-  // token) takes no chunk that does not end its own: that first token would wait for it.
-  auto prefill_chunk = [&](const Sequence& seq) {
+  // Logits rows left in this step. A sequence may take those beyond one for each of the
+  // `reserved` running sequences still to be planned: as running_ never holds more than
+  // max_num_seqs <= max_num_logits sequences, each of them finds at least one row left.
+  const bool rows_limited = config_.max_num_logits > 0;
+  int64_t rows_left = config_.max_num_logits;
+  auto rows_free = [&](size_t reserved) {
+    return rows_limited ? std::max<int64_t>(0, rows_left - static_cast<int64_t>(reserved))
+                        : std::numeric_limits<int64_t>::max();
+  };
+  // The prefill chunk `seq` may take this step: its uncomputed tokens within the budgets (tokens,
+  // time, logits rows beyond `reserved`); 0: none this step. With a fair policy a step that
+  // already ends some prompt's prefill (a first token) takes no chunk that does not end its
+  // own: that first token would wait for it.
+  auto prefill_chunk = [&](const Sequence& seq, size_t reserved) {
     const int32_t left = seq.num_tokens() - seq.num_computed_tokens;
-    const int32_t n = std::min(left, budget);
-    if (n <= 1) return n;
-    const int32_t chunk =
-        time.MaxChunk(n, seq.num_computed_tokens, prefill_scheduled ? 0 : block_size);
-    if (ordered && first_token_scheduled && chunk < left) return 0;
+    const int32_t want = std::min(left, budget);
+    int32_t chunk = want;
+    if (want > 1) {
+      chunk = time.MaxChunk(want, seq.num_computed_tokens, prefill_scheduled ? 0 : block_size);
+    }
+    // Prompt logprobs ask for a row per position: the chunk ends where the rows do.
+    chunk = FitLogitsRows(seq, chunk, rows_free(reserved));
+    if (want > 1 && ordered && first_token_scheduled && chunk < left) return 0;
     return chunk;
   };
+  // Running sequences after index `k` (each keeps a row while `k` is planned).
+  auto after = [&](size_t k) { return running_.size() > k ? running_.size() - k - 1 : 0; };
   auto add = [&](Sequence& seq, int32_t n) {
+    rows_left -= NumLogitsRows(seq, n);
     time.Charge(n, seq.num_computed_tokens);
     if (ordered) {
       const double cost = PlanCost(n, seq.num_computed_tokens);
@@ -527,8 +570,12 @@ SchedulerOutput Scheduler::Schedule() {
     // Draft tokens ride behind the uncomputed ones and are cut first when the budget is short.
     const int32_t uncomputed = seq.num_tokens() - seq.num_computed_tokens;
     int32_t n = uncomputed > 1
-                    ? prefill_chunk(seq)
-                    : std::min(uncomputed + static_cast<int32_t>(seq.draft.tokens.size()), budget);
+                    ? prefill_chunk(seq, after(i))
+                    : FitLogitsRows(
+                          seq,
+                          std::min(uncomputed + static_cast<int32_t>(seq.draft.tokens.size()),
+                                   budget),
+                          rows_free(after(i)));
     seq.TruncateDraft(static_cast<size_t>(std::max(0, n - uncomputed)));
     if (n <= 0 || seq.finish_pending) {
       ++i;
@@ -567,7 +614,7 @@ SchedulerOutput Scheduler::Schedule() {
           NeedsImageEncode(holder.request, holder.num_computed_tokens)) {
         continue;
       }
-      const int32_t n = prefill_chunk(holder);
+      const int32_t n = prefill_chunk(holder, running_.size() - std::min(r, running_.size()));
       if (n <= 0 || !EnsureBlocks(holder, holder.num_computed_tokens + n)) continue;
       holder.admission_order = next_admission_++;
       admitted.push_back(std::move(waiting_[k]));
@@ -585,7 +632,7 @@ SchedulerOutput Scheduler::Schedule() {
     Sequence* wait = can_admit ? waiting_.front().get() : nullptr;
     if (run == nullptr && wait == nullptr) break;
     if (run != nullptr && (wait == nullptr || !PolicyBefore(*wait, *run, now))) {
-      const int32_t n = prefill_chunk(*run);
+      const int32_t n = prefill_chunk(*run, after(r));
       if (n <= 0) {  // not this step (time spent, or it would delay a first token)
         ++r;
         continue;
@@ -620,8 +667,8 @@ SchedulerOutput Scheduler::Schedule() {
       waiting_.pop_front();
       continue;
     }
-    const int32_t n = prefill_chunk(seq);
-    if (n <= 0) {  // not this step (time spent, or it would delay a first token)
+    const int32_t n = prefill_chunk(seq, running_.size() - std::min(r, running_.size()));
+    if (n <= 0) {  // not this step (time or logits rows spent, or it would delay a first token)
       if (fresh) DropBlocks(seq);
       admit = false;
       continue;

@@ -40,6 +40,11 @@
 // chunk, after it in the order, that does not end its own prompt: a short prompt's first
 // token then costs one short step, not a step filled up with a long prompt's chunk (the long
 // prompt goes on in the next step; aging moves it ahead of the short ones if they keep coming).
+// With a logits-row limit (SchedulerConfig::max_num_logits: a backend's fixed logits buffers) a
+// step's rows — one per sampling sequence and per draft, one per prompt position of a chunk
+// whose request wants prompt logprobs — stay within it: such chunks and drafts are cut to the
+// rows left after one is kept for each running sequence still to be planned (a prompt-logprob
+// prompt then takes more steps, at least one token each while it runs).
 // Not thread-safe.
 #ifndef SLUICE_ENGINE_SCHED_SCHEDULER_H_
 #define SLUICE_ENGINE_SCHED_SCHEDULER_H_
@@ -78,6 +83,10 @@ struct SchedulerConfig {
   int64_t block_size = 16;
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 512;
+  // Logits rows per step (NumLogitsRows summed over the plan), >= max_num_seqs; 0: no limit.
+  // Prompt-logprob prefill chunks and drafts are cut to the rows left after one row is kept
+  // for every running sequence not yet planned, so each of those can still sample.
+  int64_t max_num_logits = 0;
   bool enable_prefix_caching = false;
   // Seeds the block hashes (KvLayoutIdentity); used with prefix caching.
   std::string kv_identity;
@@ -115,6 +124,14 @@ struct ScheduledSequence {
     return std::max(0, seq->num_computed_tokens + num_new_tokens - seq->num_tokens());
   }
 };
+
+// NumLogitsRows: the logits rows a step computing `num_new_tokens` tokens of `seq` asks for
+// (the engine's forward input): while seq wants prompt logprobs, one per prompt position
+// before the last that it computes; when it samples, one per draft token plus one.
+int32_t NumLogitsRows(const Sequence& seq, int32_t num_new_tokens);
+// FitLogitsRows: the most tokens, at most `num_new_tokens`, that `seq` may compute with at most
+// `max_rows` logits rows (0 when not even one token fits).
+int32_t FitLogitsRows(const Sequence& seq, int32_t num_new_tokens, int64_t max_rows);
 
 struct SchedulerOutput {
   std::vector<ScheduledSequence> scheduled;

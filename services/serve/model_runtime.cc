@@ -173,6 +173,7 @@ class EplbModel : public Model {
   int64_t WeightBytesPerToken() const override { return inner_->WeightBytesPerToken(); }
   // Rebalancing moves which rank computes an expert, not the order of any reduction.
   bool IsBatchInvariant() const override { return inner_->IsBatchInvariant(); }
+  int64_t max_num_logits() const override { return inner_->max_num_logits(); }
   absl::Status UpdateExpertPlacement(absl::Span<const int32_t> slots) override {
     return inner_->UpdateExpertPlacement(slots);
   }
