@@ -747,7 +747,7 @@ class SchemaCompiler {
           PropertyNameExpr(s["propertyNames"], Child(path, "propertyNames"), depth, declared);
       if (!k.ok()) return k.status();
       if (!k->has_value()) extra.reset();  // propertyNames false: no key fits
-      extra_key = *std::move(*k);
+      extra_key = std::move(*k);  // empty for propertyNames false
     }
     if (extra.has_value() && !extra_key.has_value()) {
       extra_key = Sequence({Literal("\""), Repeat(JsonCharExpr(), 0, kMaxKeyLength), Literal("\"")});
