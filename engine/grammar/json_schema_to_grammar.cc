@@ -757,7 +757,7 @@ class SchemaCompiler {
               : KeyExpr(Content{Repeat(CharClass({{0, 0x10FFFF}}), 0, kMaxKeyLength)}, declared, path);
       if (!k.ok()) return k.status();
       if (!k->has_value()) extra.reset();  // no key fits (propertyNames false, or all declared)
-      extra_key = *std::move(*k);
+      extra_key = std::move(*k);  // empty when no key fits
     }
     for (const std::string& r : required_order) {
       if (std::none_of(props.begin(), props.end(), [&](const auto& p) { return p.first == r; })) {

@@ -1,8 +1,7 @@
 #include "services/common/recompute_log.h"
 
-#include <spdlog/spdlog.h>
-
 #include "nlohmann/json.hpp"
+#include "services/serve/log.h"
 
 namespace sluice {
 

@@ -4,10 +4,9 @@
 #include <map>
 #include <string>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "services/serve/log.h"
 
 namespace sluice {
 
