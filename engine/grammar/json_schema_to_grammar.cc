@@ -5,6 +5,9 @@
 #include <limits>
 #include <utility>
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -732,6 +735,26 @@ class SchemaCompiler {
         props.emplace_back(it.key(), *std::move(e));
       }
     }
+    if (s.contains("propertyNames")) {
+      // propertyNames binds declared keys too: an optional property whose name does not fit can
+      // never appear; a required one makes the object impossible.
+      const std::string pn_path = Child(path, "propertyNames");
+      for (const std::string& r : required_order) {
+        absl::StatusOr<bool> fits = NameFitsPropertyNames(s["propertyNames"], r, pn_path);
+        if (!fits.ok()) return fits.status();
+        if (!*fits) {
+          return SchemaError(path, absl::StrCat("required property '", r,
+                                                "' does not match 'propertyNames' (nothing can match)"));
+        }
+      }
+      std::vector<std::pair<std::string, Expr>> kept;
+      for (auto& p : props) {
+        absl::StatusOr<bool> fits = NameFitsPropertyNames(s["propertyNames"], p.first, pn_path);
+        if (!fits.ok()) return fits.status();
+        if (*fits) kept.push_back(std::move(p));
+      }
+      props = std::move(kept);
+    }
     std::optional<Expr> extra;
     if (s.contains("additionalProperties")) {
       const json& a = s["additionalProperties"];
@@ -882,6 +905,72 @@ class SchemaCompiler {
     };
     const int32_t start = build(build, 0, 0);
     return Sequence({Literal("{"), RuleRef(start), Literal("}")});
+  }
+
+  // NameFitsPropertyNames: whether the declared key `name` satisfies the `propertyNames` schema
+  // `pn` (the keywords PropertyNameExpr takes; `pattern` is an unanchored search, as JSON Schema
+  // defines it, with PCRE2 standing in for ECMA-262 regexes). `format` is checked only on
+  // additional keys, so with declared properties it is refused rather than left unchecked.
+  absl::StatusOr<bool> NameFitsPropertyNames(const json& pn, const std::string& name, const std::string& path) {
+    if (pn.is_boolean()) return pn.get<bool>();
+    if (!pn.is_object()) return SchemaError(path, "a schema must be an object or a boolean");
+    for (auto it = pn.begin(); it != pn.end(); ++it) {
+      const std::string& k = it.key();
+      if (IsAnnotation(k) || k == "type" || k == "enum" || k == "const" || k == "pattern" ||
+          k == "minLength" || k == "maxLength") {
+        continue;
+      }
+      if (k == "format") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unsupported JSON Schema combination at ", path,
+            ": 'format' in propertyNames with declared properties (only additional keys are checked against "
+            "a format)"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("unsupported JSON Schema keyword '", k, "' at ", path,
+                                                     " (propertyNames takes type, enum, const, pattern, "
+                                                     "minLength, maxLength, format)"));
+    }
+    if (pn.contains("type")) {
+      const json& t = pn["type"];
+      const bool has_string = (t.is_string() && t == "string") ||
+                              (t.is_array() && std::find(t.begin(), t.end(), json("string")) != t.end());
+      if (!has_string) return SchemaError(path, "propertyNames must allow strings (keys are strings)");
+    }
+    const json key(name);
+    if (pn.contains("const") && pn["const"] != key) return false;
+    if (pn.contains("enum")) {
+      if (!pn["enum"].is_array()) return SchemaError(path, "enum must be an array");
+      if (std::find(pn["enum"].begin(), pn["enum"].end(), key) == pn["enum"].end()) return false;
+    }
+    // Lengths count code points: every byte that does not continue a UTF-8 sequence.
+    const int64_t length = std::count_if(name.begin(), name.end(), [](char c) {
+      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    });
+    absl::StatusOr<int32_t> min_len = GetCount(pn, "minLength", path);
+    if (!min_len.ok()) return min_len.status();
+    absl::StatusOr<int32_t> max_len = GetCount(pn, "maxLength", path);
+    if (!max_len.ok()) return max_len.status();
+    if (length < *min_len || (*max_len >= 0 && length > *max_len)) return false;
+    if (pn.contains("pattern")) {
+      if (!pn["pattern"].is_string()) return SchemaError(path, "'pattern' must be a string");
+      const std::string pattern = pn["pattern"].get<std::string>();
+      int error = 0;
+      PCRE2_SIZE offset = 0;
+      pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+      if (re == nullptr) {
+        return SchemaError(path, absl::StrCat("'pattern' is not a valid regular expression at offset ", offset));
+      }
+      pcre2_match_data* md = pcre2_match_data_create_from_pattern(re, nullptr);
+      const int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, md, nullptr);
+      pcre2_match_data_free(md);
+      pcre2_code_free(re);
+      if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+        return SchemaError(path, absl::StrCat("'pattern' could not be matched against the key '", name, "'"));
+      }
+      if (rc == PCRE2_ERROR_NOMATCH) return false;
+    }
+    return true;
   }
 
   // PropertyNameExpr: the key grammar (a JSON string) of a `propertyNames` schema for additional

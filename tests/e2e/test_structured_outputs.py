@@ -131,6 +131,11 @@ MAP_SCHEMAS = {
                            "required": ["id"], "additionalProperties": {"type": ["integer", "null"]},
                            "propertyNames": {"enum": ["id", "x_a", "x_b", "x_c"]}, "maxProperties": 3},
     "free_keys": {"type": "object", "additionalProperties": {"type": "boolean"}, "maxProperties": 2},
+    # propertyNames binds declared keys too: "Abc" never fits "^z", so it never appears.
+    "declared_names_bound": {"type": "object", "properties": {"Abc": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                              "zed": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "additionalProperties": {"type": "boolean"}, "propertyNames": {"pattern": "^z[a-z]{0,3}$"},
+                             "maxProperties": 2},
     # Free keys beside declared ones (never a declared name again), and a minimum that one
     # declared and one additional property meet (additional keys may repeat one another).
     "declared_min_count": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -328,6 +333,9 @@ BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "m", "schema": {
         "type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}}}},
      "response_format", "minProperties 2 with additionalProperties"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "propertyNames": False}}}},
+     "response_format", "required property 'a' does not match 'propertyNames'"),
     ({"guided_json": "{not json"}, "guided_json", "not a valid JSON schema"),
     ({"guided_regex": r"(a)\1"}, "guided_regex", "backreference"),
     ({"structured_outputs": {"regex": r"a(?=b)"}}, "structured_outputs.regex", "lookahead"),

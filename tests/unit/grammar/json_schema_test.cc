@@ -147,8 +147,15 @@ TEST(JsonSchemaTest, PropertyNamesAndPropertyCounts) {
       // Listed names that are declared properties are not additional keys (no repeated key).
       {R"({"type":"object","properties":{"id":{"type":"integer"}},"additionalProperties":{"type":"null"},"propertyNames":{"enum":["id","x"]}})",
        {R"({"id": 1, "x": null})", R"({"x": null})"}, {R"({"id": 1, "id": null})", R"({"id": null})"}},
-      {R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],"additionalProperties":{"type":"integer"},"propertyNames":false})",
-       {R"({"id": 1})"}, {R"({"id": 1, "x": 2})"}},
+      // propertyNames binds declared keys too: a declared name that does not fit never appears.
+      {R"({"type":"object","properties":{"id":{"type":"integer"}},"additionalProperties":{"type":"integer"},"propertyNames":false})",
+       {"{}"}, {R"({"id": 1})", R"({"x": 2})"}},
+      {R"({"type":"object","properties":{"Abc":{"type":"integer"},"zed":{"type":"integer"}},"propertyNames":{"pattern":"^z"}})",
+       {R"({"zed": 1})", "{}"}, {R"({"Abc": 1})"}},
+      {R"({"type":"object","properties":{"longname":{"type":"integer"},"ab":{"type":"integer"},"é":{"type":"integer"}},"propertyNames":{"maxLength":2,"minLength":1}})",
+       {R"({"ab": 1, "é": 2})"}, {R"({"longname": 1})"}},
+      {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"propertyNames":{"enum":["b","c"]}})",
+       {R"({"b": 1})"}, {R"({"a": 1})"}},
       // Counts: additional properties only, declared ones (optional and required), both.
       {R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":1,"maxProperties":2})",
        {R"({"a": 1})", R"({"a": 1, "b": 2})"}, {"{}", R"({"a": 1, "b": 2, "c": 3})"}},
@@ -183,6 +190,14 @@ TEST(JsonSchemaTest, PropertyNamesAndPropertyCounts) {
            {R"({"type":"object","additionalProperties":true,"propertyNames":{"enum":[1,2]}})", "no value of 'enum'"},
            {R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})", "maxProperties is below the number of required"},
            {R"({"type":"object","minProperties":3,"maxProperties":2})", "maxProperties is below minProperties"},
+           {R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"propertyNames":false})",
+            "required property 'a' does not match 'propertyNames' (nothing can match)"},
+           {R"({"type":"object","properties":{"longname":{}},"required":["longname"],"propertyNames":{"maxLength":3}})",
+            "required property 'longname' does not match 'propertyNames'"},
+           {R"({"type":"object","properties":{"a":{}},"propertyNames":{"format":"email"}})",
+            "'format' in propertyNames with declared properties"},
+           {R"({"type":"object","properties":{"a":{}},"propertyNames":{"pattern":"("}})",
+            "'pattern' is not a valid regular expression"},
            {R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})", "minProperties exceeds"},
            // Two additional properties would be needed, and their keys could be one key.
            {R"({"type":"object","additionalProperties":{"type":"integer"},"minProperties":2})",
