@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "services/api/openai_errors.h"
+#include "services/api/structured_output.h"
 #include "services/api/openai_fields.h"
 
 namespace sluice {
@@ -21,16 +22,6 @@ const json* Present(const json& obj, const char* name) {
 
 constexpr std::string_view kToolKeys[] = {"type", "name", "description", "parameters", "strict"};
 
-// OpenAI: names of response formats are a-z, A-Z, 0-9, underscores and dashes, at most 64.
-bool ValidFormatName(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 // Function keeps a flat tool's keys but `type` in their order, nulls dropped.
 template <typename Json>
@@ -176,7 +167,7 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseTextFormat(
     return s;
   }
   const json* name = Present(*format, "name");
-  if (name == nullptr || !name->is_string() || !ValidFormatName(name->get<std::string>())) {
+  if (name == nullptr || !name->is_string() || !ValidSchemaFormatName(name->get<std::string>())) {
     return InvalidParam("text.format.name",
                         "'text.format.name' is required: 1 to 64 of a-z, A-Z, 0-9, _ and -");
   }

@@ -104,6 +104,14 @@ absl::Status AddVllm(const json& obj, const ordered_json* ordered_obj, const std
 
 }  // namespace
 
+bool ValidSchemaFormatName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
 absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
     const json& body, bool allow_unknown, std::vector<std::string>* unknown,
     const ordered_json* ordered_body) {
@@ -132,6 +140,19 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
                                           allow_unknown, unknown);
           !s.ok()) {
         return s;
+      }
+      const json* name = Present(*js, "name");
+      if (name == nullptr || !name->is_string() || !ValidSchemaFormatName(name->get<std::string>())) {
+        return InvalidParam("response_format",
+                            "'response_format.json_schema.name' is required: 1 to 64 of a-z, A-Z, "
+                            "0-9, _ and -");
+      }
+      if (const json* d = Present(*js, "description"); d != nullptr && !d->is_string()) {
+        return InvalidParam("response_format",
+                            "'response_format.json_schema.description' must be a string");
+      }
+      if (const json* st = Present(*js, "strict"); st != nullptr && !st->is_boolean()) {
+        return InvalidParam("response_format", "'response_format.json_schema.strict' must be a boolean");
       }
       const json* schema = Present(*js, "schema");
       if (schema == nullptr) {

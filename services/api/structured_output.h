@@ -23,6 +23,9 @@ struct StructuredOutputRequest {
   std::string param;
 };
 
+// OpenAI: a response format's name is 1 to 64 of a-z, A-Z, 0-9, '_' and '-'.
+bool ValidSchemaFormatName(const std::string& name);
+
 // ParseStructuredOutput reads the fields above. nullopt: no constraint (absent, null, or
 // response_format type "text"). Errors: InvalidArgument with the field as param (wrong shapes,
 // two constraints at once, an unknown response_format type, unknown keys inside

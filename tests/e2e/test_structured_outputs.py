@@ -336,6 +336,11 @@ BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "propertyNames": False}}}},
      "response_format", "required property 'a' does not match 'propertyNames'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+     "response_format", "'response_format.json_schema.name' is required"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "strict": "yes",
+                                                                 "schema": {"type": "object"}}}},
+     "response_format", "'response_format.json_schema.strict' must be a boolean"),
     ({"guided_json": "{not json"}, "guided_json", "not a valid JSON schema"),
     ({"guided_regex": r"(a)\1"}, "guided_regex", "backreference"),
     ({"structured_outputs": {"regex": r"a(?=b)"}}, "structured_outputs.regex", "lookahead"),

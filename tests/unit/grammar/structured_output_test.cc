@@ -93,6 +93,12 @@ TEST(StructuredOutputTest, BadConstraintsAre400NamingTheField) {
       {{{"guided_regex", "a"}, {"guided_choice", {"a"}}}, "guided_choice", "only one output constraint"},
       {{{"response_format", {{"type", "xml"}}}}, "response_format", "'xml' is not supported"},
       {{{"response_format", {{"type", "json_schema"}}}}, "response_format", "needs a 'json_schema' object"},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "object"}}}}}}}},
+       "response_format", "'response_format.json_schema.name' is required"},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "bad name!"}, {"schema", {{"type", "object"}}}}}}}},
+       "response_format", "1 to 64 of a-z, A-Z, 0-9, _ and -"},
+      {{{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"strict", "yes"}, {"schema", {{"type", "object"}}}}}}}},
+       "response_format", "'response_format.json_schema.strict' must be a boolean"},
       {{{"structured_outputs", {{"regexp", "a"}}}}, "structured_outputs", "'structured_outputs.regexp' is not supported"},
   };
   for (const Case& c : cases) {
