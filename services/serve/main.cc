@@ -11,6 +11,7 @@
 //                   [--tokenizer MODEL_DIR [--max-length N] [--stride S]]
 //   sluice kvstore [--port 7300] [--dram-bytes 1G] [--ssd-dir DIR] [--ssd-bytes 16G] [--ttl-hours 72]
 //   sluice --version | sluice version | sluice SUBCOMMAND --version   (version and git commit)
+//   A usage error (unknown argument, bad value, missing option) exits 2: usage_error.h.
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "services/serve/render_flags.h"
 #include "services/serve/server_limits.h"
 #include "services/serve/tls_flags.h"
+#include "services/serve/usage_error.h"
 #include "services/serve/version_flag.h"
 #include "services/serve/generate_command.h"
 #include "services/serve/kvstore_command.h"
@@ -481,7 +483,7 @@ int main(int argc, char** argv) {
     }
     if (auto layout = sluice::CheckParallelLayout(*runtime); !layout.ok()) {
       spdlog::error("{}", layout.status().ToString());
-      return 2;
+      return sluice::kUsageErrorExitCode;
     }
   }
 

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "services/serve/usage_error.h"
+
 namespace sluice {
 namespace {
 
@@ -62,8 +64,11 @@ void Restore(const Relaxed& relaxed) {
 std::optional<int> Parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help: the help text, exit 0
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    std::fputs(UsageErrorMessage(app, e).c_str(), stderr);
+    return kUsageErrorExitCode;
   }
   return std::nullopt;
 }

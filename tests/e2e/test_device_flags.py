@@ -127,15 +127,15 @@ def run_ok(cmd):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--device", "tpu"], "--device: tpu not in {cpu,cuda}"),
-    (["--load-format", "pt"], "--load-format: pt not in {auto,dummy}"),
+    (["--device", "tpu"], "--device: invalid value 'tpu' (expected one of: cpu, cuda)"),
+    (["--load-format", "pt"], "--load-format: invalid value 'pt' (expected one of: auto, dummy)"),
     (["--gpu-memory-utilization", "1.5"],
-     "--gpu-memory-utilization: Value 1.5 not in range 0.000000 to 1.000000"),
+     "--gpu-memory-utilization: invalid value '1.5' (expected a number in [0, 1])"),
 ])
 def test_bad_values(tmp_path, flags, message):
     proc = generate(tmp_path, *flags)
-    assert proc.returncode != 0
-    assert message in proc.stderr
+    assert (proc.returncode, proc.stderr) == (
+        2, f"sluice: error: {message}\nRun 'sluice generate --help' for usage.\n")
 
 
 def test_zero_gpu_memory_utilization(tmp_path, cuda_build):

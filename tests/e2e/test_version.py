@@ -1,7 +1,7 @@
 """`sluice --version` and `sluice version` print the version and the git commit of the build;
 so does `--version` after any subcommand (`sluice serve --version`), which needs none of the
 subcommand's required options. With an argument no command knows (`sluice --version --foo`) it is
-the usual usage error, not a version.
+the usual usage error (exit 2, test_cli_usage.py), not a version.
 
 The commit is `git describe --always --dirty` of the checkout at build time (cmake/
 build_info.cmake runs at every build); a build from sources outside git (a tarball) says
@@ -54,7 +54,7 @@ def run(*args):
 def test_version_needs_no_subcommand_arguments():
     # `sluice` alone still asks for a subcommand (usage error), and --version wins over one.
     r = run()
-    assert r.returncode != 0
+    assert r.returncode == 2, (r.stdout, r.stderr)
     r = run("--version", "serve")
     assert r.returncode == 0 and LINE_RE.match(r.stdout.strip()), (r.stdout, r.stderr)
 
@@ -70,25 +70,30 @@ def test_version_after_any_subcommand(args):
     assert r.stderr == ""
 
 
-@pytest.mark.parametrize("args, unknown", [(["--version", "--foo"], "--foo"),
-                                           (["serve", "--version", "--bogus"], "--bogus"),
-                                           (["--version", "serve", "--bogus"], "--bogus"),
-                                           (["version", "--foo"], "--foo")])
-def test_version_with_an_unknown_argument_is_a_usage_error(args, unknown):
-    # The same error and exit code as the unknown flag gets without --version.
-    reference = run("serve", "--model", "m", unknown)
-    assert reference.returncode == 109, reference.stderr  # CLI11's ExtrasError
+@pytest.mark.parametrize("args, unknown, command", [(["--version", "--foo"], "--foo", "sluice"),
+                                                    (["serve", "--version", "--bogus"], "--bogus",
+                                                     "sluice serve"),
+                                                    (["--version", "serve", "--bogus"], "--bogus",
+                                                     "sluice serve"),
+                                                    (["version", "--foo"], "--foo",
+                                                     "sluice version")])
+def test_version_with_an_unknown_argument_is_a_usage_error(args, unknown, command):
+    # The same error and exit code (2) as the unknown flag gets without --version.
+    expected = (f"sluice: error: unrecognized argument: {unknown}\n"
+                f"Run '{command} --help' for usage.\n")
+    if command == "sluice serve":
+        reference = run("serve", "--model", "m", unknown)
+        assert (reference.returncode, reference.stderr) == (2, expected)
     r = run(*args)
-    assert r.returncode == reference.returncode, (r.stdout, r.stderr)
-    assert r.stdout == ""
-    assert r.stderr == reference.stderr == (f"The following argument was not expected: {unknown}"
-                                            "\nRun with --help for more information.\n")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", expected)
 
 
 def test_version_with_a_bad_value_is_a_usage_error():
     reference = run("serve", "--model", "m", "--max-num-seqs", "-1")
     r = run("serve", "--version", "--max-num-seqs", "-1")
-    assert reference.returncode not in (0, 1), reference.stderr  # a CLI11 validation error
+    assert reference.returncode == 2, reference.stderr
+    assert reference.stderr == ("sluice: error: --max-num-seqs: invalid value '-1' (expected an "
+                                "integer > 0)\nRun 'sluice serve --help' for usage.\n")
     assert (r.returncode, r.stdout, r.stderr) == (reference.returncode, "", reference.stderr)
 
 
