@@ -83,7 +83,8 @@ grpc::Status RegistryService::Register(grpc::ServerContext* context,
   if (!registration.ok()) {
     if (absl::IsFailedPrecondition(registration.status())) {
       // A misconfigured worker: it exits on this answer; the operator reads why here too.
-      spdlog::error("{}", std::string(registration.status().message()));
+      spdlog::error("refused {} worker {}: {}", WorkerRoleName(role), info.address(),
+                    std::string(registration.status().message()));
     }
     return ToGrpc(registration.status());
   }

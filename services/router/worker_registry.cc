@@ -94,10 +94,9 @@ absl::Status WorkerRegistry::CheckKvPeer(WorkerRole role, const std::string& add
     const std::string member = absl::StrCat("the registered ", WorkerRoleName(w.role),
                                             " worker ", id, " (", w.address, ")");
     std::optional<std::string> mismatch = KvPeerMismatch(kv_peer, joining, *w.kv_peer, member);
-    if (mismatch.has_value()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the router refuses ", joining, ": ", *mismatch));
-    }
+    // The mismatch alone: it names the joining worker, and each reader says the refusal in
+    // its own words (the worker: "the router at ... refused this decode worker: ...").
+    if (mismatch.has_value()) return absl::FailedPreconditionError(*mismatch);
   }
   return absl::OkStatus();
 }

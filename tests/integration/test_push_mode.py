@@ -110,11 +110,14 @@ def test_mode_mismatch_is_a_clear_error():
                f"({prefill['address']}) runs --kv-transfer-mode push; start every prefill and "
                f"decode worker with the same --kv-transfer-mode")
         log = refused.log_path.read_text(errors="replace")
+        # The refusal is said once: by the worker, then the router's reason.
         assert (f"exiting: the router at 127.0.0.1:{cluster.grpc_port} refused this decode "
-                f"worker: the router refuses decode worker 127.0.0.1:") in log, refused.tail()
+                f"worker: KV transfer mode mismatch: decode worker 127.0.0.1:") in log, refused.tail()
         assert why in log, refused.tail()
+        assert "refuses" not in log, refused.tail()
         router_log = cluster.router.log_path.read_text(errors="replace")
-        assert "[error] the router refuses decode worker 127.0.0.1:" in router_log
+        assert ("[error] refused decode worker 127.0.0.1:" in router_log and
+                ": KV transfer mode mismatch: decode worker 127.0.0.1:" in router_log), router_log
         assert why in router_log
         assert [w["role"] for w in cluster.workers_json()].count("decode") == 1
         # The pool is not closed: a decode worker that agrees with it joins.
