@@ -93,7 +93,7 @@ Expr Repeat(Expr child, int32_t min_count, int32_t max_count) {
 int32_t Grammar::AddRule(std::string name, Expr body) {
   std::string unique = name;
   for (int i = 1; FindRule(unique).has_value(); ++i) unique = absl::StrCat(name, "-", i);
-  rules_.push_back(Rule{std::move(unique), std::move(body)});
+  rules_.push_back(Rule{std::move(unique), std::move(body), {}});
   return static_cast<int32_t>(rules_.size()) - 1;
 }
 

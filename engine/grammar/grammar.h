@@ -68,6 +68,9 @@ inline Expr Optional(Expr child) { return Repeat(std::move(child), 0, 1); }
 struct Rule {
   std::string name;
   Expr body;
+  // What errors call the rule when its name is the compiler's own (e.g. "JSON Schema $ref
+  // '#/$defs/node'" for the rule a schema's reference became); empty: "grammar rule 'NAME'".
+  std::string origin;
 };
 
 // Grammar: rules by index; `root` is where matching starts. Rule names are unique.

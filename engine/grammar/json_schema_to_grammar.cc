@@ -425,6 +425,7 @@ class SchemaCompiler {
       if (it != ref_rules_.end()) return RuleRef(it->second);
       std::string name = ref.size() > 1 ? ref.substr(ref.rfind('/') + 1) : "root-ref";
       const int32_t rule = g_.AddRule(name.empty() ? "ref" : name);
+      g_.rule(rule).origin = absl::StrCat("JSON Schema $ref '", ref, "'");
       ref_rules_[ref] = rule;
       absl::StatusOr<Expr> body = Visit(**target, ref, depth + 1);
       if (!body.ok()) return body.status();

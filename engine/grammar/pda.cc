@@ -314,9 +314,16 @@ class NfaBuilder {
   std::vector<PdaToken>* tokens_;
 };
 
-// Determinize: subset construction over byte ranges and call labels.
+// RuleLabel: how errors name rule `r`: its Rule::origin, else "grammar rule 'NAME'".
+std::string RuleLabel(const Grammar& grammar, int32_t r) {
+  const Rule& rule = grammar.rule(r);
+  return rule.origin.empty() ? absl::StrCat("grammar rule '", rule.name, "'") : rule.origin;
+}
+
+// Determinize: subset construction over byte ranges and call labels. `label`: the rule's
+// RuleLabel.
 absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, int32_t rule,
-                         int64_t max_dfa_states, Pda* pda) {
+                         const std::string& label, int64_t max_dfa_states, Pda* pda) {
   // A closure keeps only the states that matter for what follows: those with byte, call or
   // token edges, and the accepting one. States that only pass epsilon moves on (the ends of
   // alternatives, of repeats) would otherwise tell apart subsets with the same future, e.g.
@@ -365,7 +372,7 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
   for (size_t k = 0; k < sets.size(); ++k) {
     if (static_cast<int64_t>(sets.size()) > max_dfa_states) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "grammar rule '", pda->rule_names[rule], "' needs more than ", max_dfa_states,
+          label, " needs more than ", max_dfa_states,
           " automaton states (a pattern or repetition is too complex)"));
     }
     const std::vector<int32_t> set = sets[k];
@@ -550,7 +557,7 @@ void MinimizeStates(Pda* pda) {
 }
 
 // CheckLeftRecursion refuses rules that can call themselves before consuming a byte.
-absl::Status CheckLeftRecursion(const Pda& pda) {
+absl::Status CheckLeftRecursion(const Pda& pda, const Grammar& grammar) {
   const int32_t n = static_cast<int32_t>(pda.rule_start.size());
   // Nullable rules (match ""), to a fixpoint.
   std::vector<char> nullable(n, 0);
@@ -599,9 +606,20 @@ absl::Status CheckLeftRecursion(const Pda& pda) {
       if (i < corners[r].size()) {
         const int32_t c = corners[r][i++];
         if (color[c] == 1) {
+          // The cycle is c and the rules above it on the path: name one with an origin (what
+          // the user wrote) over a helper rule of the compiler's.
+          int32_t named = c;
+          bool on_cycle = false;
+          for (const auto& frame : stack) {
+            on_cycle = on_cycle || frame.first == c;
+            if (on_cycle && grammar.rule(named).origin.empty() &&
+                !grammar.rule(frame.first).origin.empty()) {
+              named = frame.first;
+            }
+          }
           return absl::InvalidArgumentError(absl::StrCat(
-              "grammar rule '", pda.rule_names[c],
-              "' is left-recursive (it can reach itself before matching any character)"));
+              RuleLabel(grammar, named),
+              " is left-recursive (it can reach itself before matching any character)"));
         }
         if (color[c] == 0) {
           color[c] = 1;
@@ -659,10 +677,11 @@ absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options) 
       return absl::ResourceExhaustedError(absl::StrCat(
           "grammar too large: more than ", options.max_states, " automaton states"));
     }
-    absl::Status st = Determinize(nfa, start, *accept, r, options.max_rule_dfa_states, &pda);
+    absl::Status st = Determinize(nfa, start, *accept, r, RuleLabel(grammar, r),
+                                  options.max_rule_dfa_states, &pda);
     if (!st.ok()) return st;
   }
-  absl::Status st = CheckLeftRecursion(pda);
+  absl::Status st = CheckLeftRecursion(pda, grammar);
   if (!st.ok()) return st;
   MinimizeStates(&pda);
   return pda;

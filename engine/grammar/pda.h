@@ -88,8 +88,8 @@ struct Pda {
   bool CanConsume(int32_t state) const { return HasByteEdges(state) || HasTokenEdges(state); }
 };
 
-// BuildPda compiles `grammar`. Errors: InvalidArgument for a left-recursive rule (named),
-// ResourceExhausted when the automata exceed the option limits.
+// BuildPda compiles `grammar`. Errors: InvalidArgument for a left-recursive rule (named by its
+// Rule::origin when it has one), ResourceExhausted when the automata exceed the option limits.
 absl::StatusOr<Pda> BuildPda(const Grammar& grammar, const PdaOptions& options = {});
 
 // Utf8ByteRanges splits code points [lo, hi] into UTF-8 byte-range sequences: every string of

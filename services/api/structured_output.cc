@@ -158,6 +158,16 @@ absl::StatusOr<std::optional<StructuredOutputRequest>> ParseStructuredOutput(
       if (schema == nullptr) {
         return InvalidParam("response_format", "'response_format.json_schema.schema' is required");
       }
+      // An object, as OpenAI's API and vLLM's take it (only guided_json and
+      // structured_outputs.json take JSON text): a string here is a mistake to name, not text
+      // to parse and then blame for its JSON syntax.
+      if (!schema->is_object()) {
+        const std::string type = schema->type_name();
+        return InvalidParam("response_format.json_schema.schema",
+                            absl::StrCat("'response_format.json_schema.schema' must be a JSON "
+                                         "Schema object, got ",
+                                         type == "array" ? "an " : "a ", type));
+      }
       absl::StatusOr<std::string> text = SchemaText(
           *schema, "response_format",
           At(At(At(ordered_body, "response_format"), "json_schema"), "schema"));

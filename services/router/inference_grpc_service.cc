@@ -175,8 +175,10 @@ absl::Status ToolsToJson(const v1::GenerateRequest& request, json& body,
   return absl::OkStatus();
 }
 
-// ResponseFormatToJson writes response_format as the HTTP API's object.
-absl::Status ResponseFormatToJson(const v1::ResponseFormat& format, json& body) {
+// ResponseFormatToJson writes response_format as the HTTP API's object; `ordered_schema` gets
+// the schema with its key order kept (the generated objects follow its property order).
+absl::Status ResponseFormatToJson(const v1::ResponseFormat& format, json& body,
+                                  std::optional<nlohmann::ordered_json>* ordered_schema) {
   json rf{{"type", format.type()}};
   const bool schema_fields = !format.name().empty() || !format.schema_json().empty() ||
                              format.has_strict() || !format.description().empty();
@@ -185,16 +187,12 @@ absl::Status ResponseFormatToJson(const v1::ResponseFormat& format, json& body) 
     if (!format.name().empty()) js["name"] = format.name();
     if (!format.description().empty()) js["description"] = format.description();
     if (!format.schema_json().empty()) {
-      absl::StatusOr<json> schema =
-          JsonField(format.schema_json(), "response_format", "response_format.schema_json");
+      absl::StatusOr<nlohmann::ordered_json> schema = JsonField<nlohmann::ordered_json>(
+          format.schema_json(), "response_format", "response_format.schema_json");
       if (!schema.ok()) return schema.status();
-      // A schema object travels as its text, which the parser reads keeping key order (the
-      // generated objects follow the schema's property order).
-      if (schema->is_object()) {
-        js["schema"] = format.schema_json();
-      } else {
-        js["schema"] = *std::move(schema);
-      }
+      // Any JSON value goes to the HTTP parser, which refuses all but an object as there.
+      js["schema"] = json(*schema);
+      if (schema->is_object()) *ordered_schema = *std::move(schema);
     }
     if (format.has_strict()) js["strict"] = format.strict();
     rf["json_schema"] = std::move(js);
@@ -225,7 +223,8 @@ v1::FinishReason FinishReasonFromText(const std::string& reason) {
 
 absl::StatusOr<json> GenerateRequestToJson(
     const v1::GenerateRequest& request, const std::string& served_model_name, Endpoint* endpoint,
-    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools) {
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools,
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_body) {
   json body = json::object();
   body["model"] = request.model().empty() ? served_model_name : request.model();
   switch (request.prompt_case()) {
@@ -264,8 +263,14 @@ absl::StatusOr<json> GenerateRequestToJson(
   }
   if (absl::Status s = ToolsToJson(request, body, ordered_tools); !s.ok()) return s;
   if (request.has_response_format()) {
-    if (absl::Status s = ResponseFormatToJson(request.response_format(), body); !s.ok()) {
+    std::optional<nlohmann::ordered_json> schema;
+    if (absl::Status s = ResponseFormatToJson(request.response_format(), body, &schema); !s.ok()) {
       return s;
+    }
+    // The only part of the body whose key order matters to the parser (ParseStructuredOutput).
+    if (schema.has_value() && ordered_body != nullptr) {
+      *ordered_body = std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json{
+          {"response_format", {{"json_schema", {{"schema", *std::move(schema)}}}}}});
     }
   }
   if (request.has_cache_salt()) body["cache_salt"] = request.cache_salt();
@@ -649,33 +654,36 @@ class InferenceGrpcService::TokenizeReactor final : public grpc::ServerUnaryReac
 
 absl::StatusOr<GenerationRequest> InferenceGrpcService::Parse(
     Endpoint endpoint, const json& body, const jinja::RenderLimits& limits,
-    std::shared_ptr<const nlohmann::ordered_json> ordered_tools) const {
+    std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
+    std::shared_ptr<const nlohmann::ordered_json> ordered_body) const {
   ParseContext context = MakeParseContext();
   context.render_limits = limits;
   context.ordered_tools = std::move(ordered_tools);
+  context.ordered_body = std::move(ordered_body);
   return endpoint == Endpoint::kChatCompletions ? ParseChatCompletionRequest(body, context)
                                                 : ParseCompletionRequest(body, context);
 }
 
 void InferenceGrpcService::RenderThen(
     Endpoint endpoint, json body, std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
-    RenderCancel cancelled, absl::Time deadline,
-    std::function<void(absl::StatusOr<GenerationRequest>)> done) {
+    std::shared_ptr<const nlohmann::ordered_json> ordered_body, RenderCancel cancelled,
+    absl::Time deadline, std::function<void(absl::StatusOr<GenerationRequest>)> done) {
   if (options_.render_pools == nullptr) {
     jinja::RenderLimits limits = options_.render_limits;
     limits.cancelled = cancelled.get();
     limits.deadline = deadline;
-    done(Parse(endpoint, body, limits, std::move(ordered_tools)));
+    done(Parse(endpoint, body, limits, std::move(ordered_tools), std::move(ordered_body)));
     return;
   }
   std::function<void(absl::StatusOr<GenerationRequest>)> on_refused = done;
   absl::Status posted = options_.render_pools->Post(
       /*custom_template=*/false, cancelled, deadline,
       [this, endpoint, cancelled, body = std::move(body), ordered_tools = std::move(ordered_tools),
+       ordered_body = std::move(ordered_body),
        done = std::move(done)](const jinja::RenderLimits& limits) {
         // Cancelled before it ran (client gone, or the pools stopping): no render at all.
         done(cancelled->load() ? absl::CancelledError("the call was cancelled")
-                               : Parse(endpoint, body, limits, ordered_tools));
+                               : Parse(endpoint, body, limits, ordered_tools, ordered_body));
       });
   if (!posted.ok()) on_refused(posted);
 }
@@ -702,15 +710,16 @@ grpc::ServerWriteReactor<v1::TokenOutput>* InferenceGrpcService::Generate(
     return reactor;
   }
   Endpoint endpoint = Endpoint::kCompletions;
-  std::shared_ptr<const nlohmann::ordered_json> ordered_tools;
-  absl::StatusOr<json> body =
-      GenerateRequestToJson(*request, options_.served_model_name, &endpoint, &ordered_tools);
+  std::shared_ptr<const nlohmann::ordered_json> ordered_tools, ordered_body;
+  absl::StatusOr<json> body = GenerateRequestToJson(*request, options_.served_model_name,
+                                                    &endpoint, &ordered_tools, &ordered_body);
   if (!body.ok()) {
     reactor->Fail(body.status());
     return reactor;
   }
   // The reactor lives until it finishes the call, which only Admit (or Fail) does.
-  RenderThen(endpoint, *std::move(body), std::move(ordered_tools), reactor->cancelled(),
+  RenderThen(endpoint, *std::move(body), std::move(ordered_tools), std::move(ordered_body),
+             reactor->cancelled(),
              CallDeadline(context),
              [reactor, detokenize = request->detokenize(),
               api_key = *std::move(api_key)](absl::StatusOr<GenerationRequest> parsed) {
@@ -739,7 +748,7 @@ grpc::ServerUnaryReactor* InferenceGrpcService::Tokenize(grpc::CallbackServerCon
                 {"messages", ChatToJson(request->chat())},
                 {"add_generation_prompt", request->chat().add_generation_prompt()}};
       auto* reactor = new TokenizeReactor();
-      RenderThen(Endpoint::kChatCompletions, std::move(body), nullptr, reactor->cancelled,
+      RenderThen(Endpoint::kChatCompletions, std::move(body), nullptr, nullptr, reactor->cancelled,
                  CallDeadline(context),
                  [this, reactor, response](absl::StatusOr<GenerationRequest> parsed) {
                    if (!parsed.ok()) {

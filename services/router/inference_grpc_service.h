@@ -75,11 +75,14 @@ struct InferenceGrpcServiceOptions {
 // GenerateRequestToJson returns the OpenAI body equivalent to `request`
 // (model filled in with `served_model_name` when empty) and the endpoint whose
 // parser validates it; `ordered_tools` (may be null) gets the tools with their
-// schemas' key order kept (ParseContext::ordered_tools). InvalidArgument when no
-// prompt is set, a schema text is not JSON, or tools come without a chat prompt.
+// schemas' key order kept (ParseContext::ordered_tools), `ordered_body` (may be null) the
+// response_format schema with its key order kept (ParseContext::ordered_body; null when there
+// is none). InvalidArgument when no prompt is set, a schema text is not JSON, or tools come
+// without a chat prompt.
 absl::StatusOr<nlohmann::json> GenerateRequestToJson(
     const v1::GenerateRequest& request, const std::string& served_model_name, Endpoint* endpoint,
-    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools = nullptr);
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_tools = nullptr,
+    std::shared_ptr<const nlohmann::ordered_json>* ordered_body = nullptr);
 
 class InferenceGrpcService final : public v1::Inference::CallbackService {
  public:
@@ -112,12 +115,14 @@ class InferenceGrpcService final : public v1::Inference::CallbackService {
   // Parse validates `body` as the endpoint's HTTP body with render `limits`.
   absl::StatusOr<GenerationRequest> Parse(
       Endpoint endpoint, const nlohmann::json& body, const jinja::RenderLimits& limits,
-      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr) const;
+      std::shared_ptr<const nlohmann::ordered_json> ordered_tools = nullptr,
+      std::shared_ptr<const nlohmann::ordered_json> ordered_body = nullptr) const;
   // RenderThen runs `done(Parse(...))` on the render pools (or at once without them), with
   // the call's deadline; `cancelled` stops the render. Pools that refuse the job (queue
   // full, stopping) give `done` their Unavailable status, on this thread.
   void RenderThen(Endpoint endpoint, nlohmann::json body,
                   std::shared_ptr<const nlohmann::ordered_json> ordered_tools,
+                  std::shared_ptr<const nlohmann::ordered_json> ordered_body,
                   RenderCancel cancelled, absl::Time deadline,
                   std::function<void(absl::StatusOr<GenerationRequest>)> done);
   // Authenticate checks the call's key (null key and OK when auth is off).

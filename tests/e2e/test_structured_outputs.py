@@ -351,6 +351,38 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("schema,got", [('{"type": "object"}', "a string"), ("object", "a string"),
+                                        ([{"type": "object"}], "an array")])
+def test_response_format_schema_must_be_an_object(client, model, schema, got):
+    # As OpenAI's API answers: the schema is an object; JSON text in a string is not parsed.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model, messages=MSG, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert e.value.status_code == 400
+    assert e.value.body == {
+        "message": f"'response_format.json_schema.schema' must be a JSON Schema object, got {got}",
+        "type": "invalid_request_error", "param": "response_format.json_schema.schema",
+        "code": 400}
+
+
+@pytest.mark.parametrize("schema,ref", [
+    ({"$defs": {"node": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "string"}]}},
+      "$ref": "#/$defs/node"}, "#/$defs/node"),
+    ({"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "#"),
+])
+def test_left_recursive_ref_is_named_as_written(client, model, schema, ref):
+    # Not the grammar rule made for it ("node", "root-ref").
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model, messages=MSG, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    assert e.value.body["param"] == "response_format"
+    assert e.value.body["message"] == (
+        f"invalid 'response_format': JSON Schema $ref '{ref}' is left-recursive (it can reach "
+        "itself before matching any character)")
+
+
 @pytest.mark.parametrize("extra,param,message", BAD)
 def test_bad_constraints_are_400(client, model, extra, param, message):
     with pytest.raises(openai.BadRequestError) as e:

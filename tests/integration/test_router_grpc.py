@@ -340,6 +340,11 @@ def test_tool_and_response_format_errors_are_the_http_ones(endpoint):
          pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
                             response_format=pb.ResponseFormat(type="json_schema", name="e",
                                                               schema_json='{"enum": []}'))),
+        # The schema is an object: JSON text of a string is refused as HTTP refuses a string.
+        (dict(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": "{}"}}),
+         pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
+                            response_format=pb.ResponseFormat(type="json_schema", name="s",
+                                                              schema_json='"{}"'))),
         (dict(response_format={"type": "xml"}),
          pb.GenerateRequest(model=MODEL_NAME, chat=chat_request("x").chat,
                             response_format=pb.ResponseFormat(type="xml"))),

@@ -266,6 +266,33 @@ TEST(JsonSchemaTest, ErrorsNameTheProblem) {
   }
 }
 
+// A $ref that reaches itself before any character is generated can never produce a value: the
+// error names the $ref as the schema writes it, not the grammar rule made for it ("node",
+// "root-ref", "x-1" when names collide).
+TEST(JsonSchemaTest, LeftRecursiveRefIsNamedAsWritten) {
+  GrammarCompiler compiler(ByteVocab());
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"$defs":{"node":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"string"}]}},"$ref":"#/$defs/node"})",
+       "#/$defs/node"},
+      {R"({"anyOf":[{"$ref":"#"},{"type":"null"}]})", "#"},
+      {R"({"definitions":{"a":{"$ref":"#/definitions/b"},"b":{"anyOf":[{"$ref":"#/definitions/a"},{"type":"integer"}]}},
+           "$ref":"#/definitions/a"})",
+       "#/definitions/a"},
+      {R"({"type":"object","properties":{"x":{"$ref":"#/$defs/x"}},
+           "$defs":{"x":{"anyOf":[{"$ref":"#/properties/x"},{"type":"null"}]}}})",
+       "#/$defs/x"},
+  };
+  for (const auto& [schema, ref] : cases) {
+    auto g = compiler.Compile(GrammarSpec{GrammarKind::kJsonSchema, schema, {}});
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(g.status().message(),
+              "JSON Schema $ref '" + ref +
+                  "' is left-recursive (it can reach itself before matching any character)")
+        << schema;
+  }
+}
+
 TEST(JsonSchemaTest, AnyJsonAndChoice) {
   auto obj = *CompiledGrammar::Create(AnyJsonGrammar(true), ByteVocab());
   EXPECT_TRUE(FullMatch(obj, R"({"a": [1, -2.5e3, "s", true, null, {}], "b": {"c": []}})"));

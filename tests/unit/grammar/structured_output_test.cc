@@ -115,6 +115,33 @@ TEST(StructuredOutputTest, BadConstraintsAre400NamingTheField) {
   EXPECT_EQ(OpenAiErrorJson(off.status())["error"]["param"], "guided_regex");
 }
 
+// response_format.json_schema.schema is an object, as in OpenAI's API (and vLLM's): a schema
+// sent as a string, even one holding JSON, is a 400 saying so, not a JSON syntax error about
+// the string's text. (vLLM's guided_json and structured_outputs.json do take JSON text.)
+TEST(StructuredOutputTest, ResponseFormatSchemaMustBeAnObject) {
+  grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
+  const std::vector<std::pair<json, std::string>> cases = {
+      {"{\"type\": \"object\"}", "a string"},
+      {"object", "a string"},
+      {json::array({json{{"type", "object"}}}), "an array"},
+      {42, "a number"},
+      {true, "a boolean"},
+  };
+  for (const auto& [schema, got] : cases) {
+    const json body = {{"response_format",
+                        {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", schema}}}}}};
+    auto g = StructuredOutputGrammar(body, &compiler);
+    ASSERT_FALSE(g.ok()) << schema.dump();
+    EXPECT_EQ(HttpStatusFor(g.status()), 400);
+    const json error = OpenAiErrorJson(g.status())["error"];
+    EXPECT_EQ(error["type"], "invalid_request_error");
+    EXPECT_EQ(error["param"], "response_format.json_schema.schema");
+    EXPECT_EQ(error["message"],
+              "'response_format.json_schema.schema' must be a JSON Schema object, got " + got)
+        << schema.dump();
+  }
+}
+
 TEST(StructuredOutputTest, CompilesWhatItParsed) {
   grammar::GrammarCompiler compiler(grammar::testing::ByteVocab());
   auto g = StructuredOutputGrammar(json{{"structured_outputs", {{"regex", "[0-9]{2}"}}}}, &compiler);
