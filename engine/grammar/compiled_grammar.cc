@@ -1,6 +1,7 @@
 #include "engine/grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <array>
 #include <string_view>
 #include <utility>
 
@@ -98,6 +99,147 @@ int32_t DominantSuccessor(const Pda& pda, int32_t s) {
   return best;
 }
 
+// NextRange: the state after byte b from q (-1: none), and in *end the last byte with that
+// answer.
+int32_t NextRange(const Pda& pda, int32_t q, int b, int* end) {
+  const PdaState& st = pda.states[q];
+  for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+    const ByteEdge& edge = pda.byte_edges[e];
+    if (b < edge.lo) {
+      *end = edge.lo - 1;
+      return -1;
+    }
+    if (b <= edge.hi) {
+      *end = edge.hi;
+      return edge.next;
+    }
+  }
+  *end = 255;
+  return -1;
+}
+
+// Truncation: whether state `s` is a truncated copy of state `r`: walking any bytes from both
+// in lockstep, the two stay pure byte states (no accepting, call or token edge) until they
+// enter one same state (from there the walks are one) or `s` has no edge where `r` has one
+// (`s` rejects there), and `r` never lacks an edge that `s` has. The state `s` is in after a
+// byte must follow from the state `r` is in (so a node of `r`'s walk tells `s`'s), and no
+// state where `s` died may be entered again after the walks became one. Then every token
+// takes `r`'s class except those whose bytes enter a state of `dead` from `r`'s in-step walk,
+// which `s` rejects. A chain of capped characters (k left vs 64 left) is such a pair: a walk
+// of `r`'s vocabulary names every token longer than k characters. At most `budget` pairs.
+class Truncation {
+ public:
+  explicit Truncation(const Pda& pda)
+      : pda_(pda),
+        partner_(pda.states.size(), -1),
+        mark_(pda.states.size(), 0),
+        kind_(pda.states.size(), kPaired),
+        seen_(pda.states.size(), 0) {}
+
+  bool Check(int32_t s, int32_t r, int32_t budget, std::vector<int32_t>* dead) {
+    dead->clear();
+    ++epoch_;
+    merged_.clear();
+    pending_.clear();
+    if (s == r || !Pure(s) || !Pure(r)) return false;
+    Pair(r, s);
+    while (!pending_.empty()) {
+      const int32_t y = pending_.back();
+      pending_.pop_back();
+      const int32_t x = partner_[y];
+      for (int b = 0; b < 256;) {
+        int end_x = 255, end_y = 255;
+        const int32_t nx = NextRange(pda_, x, b, &end_x);
+        const int32_t ny = NextRange(pda_, y, b, &end_y);
+        b = std::min(end_x, end_y) + 1;
+        if (ny < 0) {
+          if (nx >= 0) return false;
+          continue;
+        }
+        if (nx < 0) {
+          if (Marked(ny) && kind_[ny] != kDead) return false;
+          if (!Marked(ny)) {
+            Mark(ny, kDead);
+            dead->push_back(ny);
+          }
+          continue;
+        }
+        if (nx == ny) {
+          if (Marked(ny) && kind_[ny] != kMerged) return false;
+          if (!Marked(ny)) {
+            Mark(ny, kMerged);
+            merged_.push_back(ny);
+          }
+          continue;
+        }
+        if (Marked(ny)) {
+          if (kind_[ny] != kPaired || partner_[ny] != nx) return false;
+          continue;
+        }
+        if (!Pure(nx) || !Pure(ny) || --budget < 0) return false;
+        Pair(ny, nx);
+      }
+    }
+    // No dead state after the walks met: follow bytes, tokens and returns from calls.
+    for (size_t k = 0; k < merged_.size(); ++k) {
+      const PdaState& st = pda_.states[merged_[k]];
+      auto reach = [&](int32_t q) {
+        if (q < 0) return true;
+        if (Marked(q) && kind_[q] == kDead) return false;
+        if (Marked(q) && kind_[q] == kReached) return true;
+        // A paired state reached after the meeting is fine: only dead states are looked up.
+        if (Marked(q) && kind_[q] == kPaired) {
+          if (seen_[q] == epoch_) return true;
+          seen_[q] = epoch_;
+        } else if (Marked(q) && kind_[q] == kMerged) {
+          return true;  // queued already
+        } else {
+          Mark(q, kReached);
+        }
+        merged_.push_back(q);
+        return true;
+      };
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        if (!reach(pda_.byte_edges[e].next)) return false;
+      }
+      for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
+        if (!reach(pda_.token_edges[e].next)) return false;
+      }
+      for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
+        if (!reach(pda_.call_edges[e].next)) return false;
+      }
+      if (--budget < 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  enum Kind : uint8_t { kPaired, kDead, kMerged, kReached };
+  // Pure: only byte edges, at least one (a token that ends here is accepted in both).
+  bool Pure(int32_t q) const {
+    const PdaState& st = pda_.states[q];
+    return !st.accepting && st.call_begin == st.call_end && st.token_begin == st.token_end &&
+           st.byte_begin < st.byte_end;
+  }
+  bool Marked(int32_t q) const { return mark_[q] == epoch_; }
+  void Mark(int32_t q, Kind k) {
+    mark_[q] = epoch_;
+    kind_[q] = k;
+  }
+  void Pair(int32_t y, int32_t x) {
+    Mark(y, kPaired);
+    partner_[y] = x;
+    pending_.push_back(y);
+  }
+  const Pda& pda_;
+  std::vector<int32_t> partner_;  // [r's state] the state s is in beside it
+  std::vector<uint32_t> mark_;    // [state] epoch_ when kind_ is this check's
+  std::vector<Kind> kind_;
+  std::vector<uint32_t> seen_;    // [state] paired states queued after the meeting
+  uint32_t epoch_ = 0;
+  std::vector<int32_t> merged_, pending_;
+};
+
 }  // namespace
 
 // WalkScratch: Precompute's buffers, kept across states (their capacity is reused).
@@ -180,11 +322,24 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       BoundedClasses::kMaxDepth - kMinShared + 1);
   // (rule, dominant successor) -> the last tabled state with them
   absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> by_successor;
-  std::vector<int32_t> subtree_depth;  // [trie node] the deepest level in its subtree
-  std::vector<int64_t> nodes_deeper;
-  std::array<int64_t, 256> first_byte_nodes{};
-  std::vector<int32_t> position;       // [token id] place in the trie's sorted order
+  // Vocabulary-wide trie statistics (built once per vocabulary): the walks' sizes.
+  const std::vector<int32_t>& subtree_depth = g->vocab_->subtree_depth();
+  const std::vector<int64_t>& nodes_deeper = g->vocab_->nodes_deeper();
+  const std::vector<int32_t>& position = g->vocab_->sorted_position();
   const std::vector<TrieNode>& trie = g->vocab_->trie();
+  // States walked in full, with the (state entered, trie node) pairs their walks recorded.
+  struct Root {
+    int32_t state;
+    std::vector<std::pair<int32_t, int32_t>> entered;
+    std::vector<int32_t> node_begin, nodes;  // entered's nodes grouped by state, once used
+  };
+  std::vector<Root> roots;
+  absl::flat_hash_map<int32_t, std::vector<int32_t>> roots_of_rule;  // rule -> into roots
+  Truncation truncation(built);
+  std::vector<int32_t> dead, dead_nodes;
+  std::vector<std::pair<int32_t, int32_t>> rejected;
+  // Below, a walk costs about as much as looking for a truncation's root.
+  constexpr int64_t kMinTruncationCost = 4096;
   for (int32_t s = 0; s < n; ++s) {
     if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
     const bool keyed = share && classes.Affordable(BoundedClasses::kMaxDepth);
@@ -206,24 +361,6 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       }
     }
     if (same < 0 && ref >= 0) {
-      if (subtree_depth.empty()) {
-        subtree_depth.resize(trie.size());
-        for (int32_t i = static_cast<int32_t>(trie.size()) - 1; i >= 0; --i) {
-          int32_t deepest = trie[i].depth;
-          for (int32_t j = i + 1; j < trie[i].subtree_end; j = trie[j].subtree_end) {
-            deepest = std::max(deepest, subtree_depth[j]);
-          }
-          subtree_depth[i] = deepest;
-        }
-        // nodes_deeper[l]: trie nodes with a subtree deeper than l (what a walk sharing l
-        // bytes visits, at most); first_byte_nodes[b]: the nodes under first byte b.
-        nodes_deeper.assign(subtree_depth[0] + 2, 0);
-        for (size_t i = 1; i < trie.size(); ++i) ++nodes_deeper[subtree_depth[i] - 1];
-        for (int32_t l = subtree_depth[0]; l-- > 0;) nodes_deeper[l] += nodes_deeper[l + 1];
-        for (int32_t i = 1; i < static_cast<int32_t>(trie.size()); i = trie[i].subtree_end) {
-          first_byte_nodes[trie[i].byte] = trie[i].subtree_end - i;
-        }
-      }
       while (shared_depth < std::min(subtree_depth[0], kMaxSharedDepth) &&
              classes.Affordable(shared_depth + 1) &&
              classes.Of(shared_depth + 1, s) == classes.Of(shared_depth + 1, ref)) {
@@ -239,14 +376,17 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // bytes that differ bound the in-step walk from above.
     const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
     int32_t byte_ref = -1;
+    int64_t byte_cost = 0;
     if (share && same < 0) {
       auto it = by_successor.find(successor_key);
       if (it != by_successor.end()) {
-        int64_t byte_cost = 0;
-        for (int b = 0; shared_depth > 0 && b < 256; ++b) {
-          if (built.Next(s, static_cast<uint8_t>(b)) != built.Next(it->second, static_cast<uint8_t>(b))) {
-            byte_cost += first_byte_nodes[b];
-          }
+        for (int b = 0; b < 256;) {  // by ranges of bytes where both states answer alike
+          int end_s = 255, end_ref = 255;
+          const int32_t next_s = NextRange(built, s, b, &end_s);
+          const int32_t next_ref = NextRange(built, it->second, b, &end_ref);
+          const int end = std::min(end_s, end_ref);
+          if (next_s != next_ref) byte_cost += g->vocab_->NodesUnderFirstBytes(b, end);
+          b = end + 1;
         }
         if (shared_depth == 0 || byte_cost < nodes_deeper[shared_depth]) {
           byte_ref = it->second;
@@ -254,13 +394,78 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         }
       }
     }
-    if ((shared_depth > 0 || byte_ref >= 0) && same < 0 && position.empty()) {
-      const std::vector<int32_t>& sorted = g->vocab_->sorted_token_ids();
-      position.assign(g->vocab_->vocab_size(), -1);
-      for (size_t k = 0; k < sorted.size(); ++k) position[sorted[k]] = static_cast<int32_t>(k);
+    // A truncated copy of a state walked in full (the k-characters-left states of a capped
+    // key against the first) takes that walk's table minus the subtrees where it stops, found
+    // among the nodes the walk recorded: no walk at all. Tried only where the walk it saves
+    // is large, within a budget of state pairs that stays well below it.
+    int32_t root = -1;
+    if (share && same < 0) {
+      const int64_t cost = shared_depth > 0 ? nodes_deeper[shared_depth]
+                           : byte_ref >= 0  ? byte_cost
+                                            : static_cast<int64_t>(trie.size());
+      auto it = roots_of_rule.find(built.states[s].rule);
+      if (cost >= kMinTruncationCost && it != roots_of_rule.end()) {
+        const int32_t budget = static_cast<int32_t>(std::min<int64_t>(cost / 8, 1 << 16));
+        // The largest walks first: a truncated copy of a large walk is what saves one.
+        const std::vector<int32_t>& candidates = it->second;
+        for (size_t k = 0; k < candidates.size() && k < 8; ++k) {
+          if (truncation.Check(s, roots[candidates[k]].state, budget, &dead)) {
+            root = candidates[k];
+            break;
+          }
+        }
+      }
+    }
+    // A walk beside another state that may cost a full walk is taken in full instead, so
+    // that the state becomes a root its truncated copies derive from (the last hex digit of a
+    // \uXXXX escape, beside the UTF-8 continuation byte, in every k-characters-left copy).
+    if (root < 0 && byte_ref >= 0 && byte_cost >= kMinTruncationCost) {
+      int64_t full_cost = 0;
+      const PdaState& st = built.states[s];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const ByteEdge& edge = built.byte_edges[e];
+        full_cost += g->vocab_->NodesUnderFirstBytes(edge.lo, edge.hi);
+      }
+      if (full_cost <= byte_cost) byte_ref = -1;  // no byte leads where the reference's does
     }
     if (same >= 0) {
       g->tables_[s] = g->tables_[same];
+    } else if (root >= 0) {
+      Root& r = roots[root];
+      if (r.node_begin.empty()) {  // nodes by the state entered (a counting sort, node order kept)
+        r.node_begin.assign(n + 1, 0);
+        for (const auto& [state, node] : r.entered) ++r.node_begin[state + 1];
+        for (int32_t q = 0; q < n; ++q) r.node_begin[q + 1] += r.node_begin[q];
+        r.nodes.resize(r.entered.size());
+        std::vector<int32_t> fill(r.node_begin.begin(), r.node_begin.end() - 1);
+        for (const auto& [state, node] : r.entered) r.nodes[fill[state]++] = node;
+        r.entered = {};
+      }
+      // Each dead state's nodes are in trie order: merge the lists, then their subtrees'
+      // token ranges (a subtree nests in an earlier one or starts after it).
+      dead_nodes.clear();
+      for (int32_t y : dead) {
+        const size_t before = dead_nodes.size();
+        dead_nodes.insert(dead_nodes.end(), r.nodes.begin() + r.node_begin[y],
+                          r.nodes.begin() + r.node_begin[y + 1]);
+        std::inplace_merge(dead_nodes.begin(), dead_nodes.begin() + before, dead_nodes.end());
+      }
+      rejected.clear();
+      const int32_t num_sorted = static_cast<int32_t>(g->vocab_->sorted_token_ids().size());
+      const int32_t num_trie = static_cast<int32_t>(trie.size());
+      for (int32_t i : dead_nodes) {
+        const TrieNode& node = trie[i];
+        const int32_t end =
+            node.subtree_end < num_trie ? trie[node.subtree_end].token_begin : num_sorted;
+        if (node.token_begin >= end) continue;
+        if (!rejected.empty() && node.token_begin <= rejected.back().second) {
+          rejected.back().second = std::max(rejected.back().second, end);
+        } else {
+          rejected.emplace_back(node.token_begin, end);
+        }
+      }
+      const Reuse reuse{0, -1, &g->tables_[r.state], nullptr, &position, &rejected};
+      g->Precompute(s, walk, scratch, &reuse);
     } else if (shared_depth > 0) {
       const Reuse reuse{shared_depth, -1, &g->tables_[ref], &subtree_depth, &position};
       g->Precompute(s, walk, scratch, &reuse);  // its depth covers only the walked subtrees
@@ -268,7 +473,16 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       const Reuse reuse{0, byte_ref, &g->tables_[byte_ref], nullptr, &position};
       g->Precompute(s, walk, scratch, &reuse);
     } else {
-      const int32_t depth = g->Precompute(s, walk, scratch);
+      Root r{s, {}, {}, {}};
+      const int32_t depth = g->Precompute(s, walk, scratch, nullptr, share ? &r.entered : nullptr);
+      if (share) {
+        std::vector<int32_t>& list = roots_of_rule[built.states[s].rule];
+        const size_t size = r.entered.size();
+        roots.push_back(std::move(r));
+        list.insert(std::find_if(list.begin(), list.end(),
+                                 [&](int32_t k) { return roots[k].entered.size() < size; }),
+                    static_cast<int32_t>(roots.size()) - 1);
+      }
       if (depth <= BoundedClasses::kMaxDepth) {
         if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
             std::find(depths.begin(), depths.end(), depth) == depths.end()) {
@@ -332,7 +546,8 @@ const CompiledGrammar::Closure& CompiledGrammar::ContextClosure(int32_t rule, St
 }
 
 int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch& scratch,
-                                    const Reuse* reuse) {
+                                    const Reuse* reuse,
+                                    std::vector<std::pair<int32_t, int32_t>>* entered) {
   const std::vector<TrieNode>& trie = vocab_->trie();
   const std::vector<int32_t>& sorted = vocab_->sorted_token_ids();
   const int32_t own_rule = pda_.states[state].rule;
@@ -379,11 +594,18 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   };
   auto reject_subtree = [&](const TrieNode& node) {
     if (reuse == nullptr) return;
+    // Within reuse->depth bytes the reference dies where this walk does: its table rejects
+    // the subtree already.
+    if (reuse->ref_state < 0 && node.depth <= reuse->depth) return;
     decide(node.token_begin, node.subtree_end < num_nodes ? trie[node.subtree_end].token_begin
                                                           : static_cast<int32_t>(sorted.size()));
   };
   int32_t i = 1;
   int32_t max_depth = 0;
+  if (reuse != nullptr && reuse->rejected != nullptr) {
+    decided = *reuse->rejected;  // no walk: the reference's classes, minus these subtrees
+    i = num_nodes;
+  }
   while (i < num_nodes) {
     const TrieNode& node = trie[i];
     int32_t next_shadow = -1;  // the reference's state after this node's byte, while in step
@@ -431,6 +653,12 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     exact.resize(exact_begin[d + 1]);
     context.resize(context_begin[d + 1]);
     walk.nodes().resize(pool[d]);
+    if (entered != nullptr && exact.size() - exact_begin[d] == 1 &&
+        context.size() == context_begin[d]) {
+      const StackNode top = walk.nodes()[exact[exact_begin[d]]];
+      const int32_t ns = top.parent == kSentinelParent ? pda_.Next(top.state, node.byte) : -1;
+      if (ns >= 0) entered->emplace_back(ns, i);
+    }
     StackWalk::Flags flags;
     next_exact.clear();
     next_context.clear();
@@ -547,7 +775,29 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     std::inplace_merge(merged.begin(), merged.begin() + num_ref, merged.end());
     uncertain_pos.swap(merged);
     merged.clear();
-    if (!ref.accepted_bits.empty()) {
+    int64_t num_decided = 0;
+    for (const auto& [begin, end] : decided) num_decided += end - begin;
+    if (!ref.accepted_bits.empty() && 2 * num_decided > static_cast<int64_t>(sorted.size())) {
+      // Most tokens decided (a short truncated copy): gather the few kept, in trie order,
+      // instead of clearing the many.
+      auto keep = [&](int32_t begin, int32_t end) {
+        for (int32_t k = begin; k < end; ++k) {
+          const int32_t id = sorted[k];
+          if ((ref.accepted_bits[id >> 5] >> (id & 31)) & 1u) merged.push_back(id);
+        }
+      };
+      int32_t pos = 0;
+      for (const auto& [begin, end] : decided) {
+        keep(pos, begin);
+        pos = end;
+      }
+      keep(pos, static_cast<int32_t>(sorted.size()));
+      const size_t num_kept = merged.size();
+      merged.insert(merged.end(), accepted.begin(), accepted.end());
+      std::inplace_merge(merged.begin(), merged.begin() + num_kept, merged.end(),
+                         [&](int32_t a, int32_t b) { return position[a] < position[b]; });
+      accepted.swap(merged);
+    } else if (!ref.accepted_bits.empty()) {
       t.accepted_bits = ref.accepted_bits;
       for (const auto& [begin, end] : decided) {
         for (int32_t k = begin; k < end; ++k) {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -80,9 +81,15 @@ class CompiledGrammar {
     const StateTokens* table = nullptr;
     const std::vector<int32_t>* subtree_depth = nullptr;  // [trie node] deepest level below
     const std::vector<int32_t>* position = nullptr;       // [token id] place in sorted order
+    // Instead of a walk: the sorted, disjoint ranges of sorted positions this state rejects;
+    // every other token keeps its class in `table` (a truncated copy's, Truncation).
+    const std::vector<std::pair<int32_t, int32_t>>* rejected = nullptr;
   };
+  // With `entered`, a walk without `reuse` appends (state, trie node) wherever the walk is
+  // one top at the bottom of its rule with nothing returned and the node's byte enters state.
   int32_t Precompute(int32_t state, class StackWalk& walk, struct WalkScratch& scratch,
-                     const Reuse* reuse = nullptr);
+                     const Reuse* reuse = nullptr,
+                     std::vector<std::pair<int32_t, int32_t>>* entered = nullptr);
   // ContextClosure: the tops a return of rule `r` continues at (its return sites, and the
   // sites of every rule that returns from there, outwards), built once into the walk's
   // persistent node prefix: a return costs an append at every trie node instead of a fresh

@@ -87,6 +87,27 @@ void TokenVocab::Build() {
   }
   close_to(0);
   trie_[0].subtree_end = static_cast<int32_t>(trie_.size());
+  sorted_position_.assign(vocab_size_, -1);
+  for (size_t k = 0; k < ids.size(); ++k) sorted_position_[ids[k]] = static_cast<int32_t>(k);
+  subtree_depth_.resize(trie_.size());
+  for (int32_t i = static_cast<int32_t>(trie_.size()) - 1; i >= 0; --i) {
+    int32_t deepest = trie_[i].depth;
+    for (int32_t j = i + 1; j < trie_[i].subtree_end; j = trie_[j].subtree_end) {
+      deepest = std::max(deepest, subtree_depth_[j]);
+    }
+    subtree_depth_[i] = deepest;
+  }
+  nodes_deeper_.assign(subtree_depth_[0] + 2, 0);
+  for (size_t i = 1; i < trie_.size(); ++i) ++nodes_deeper_[subtree_depth_[i] - 1];
+  for (int32_t l = subtree_depth_[0]; l-- > 0;) nodes_deeper_[l] += nodes_deeper_[l + 1];
+  std::array<int64_t, 256> first_byte_nodes{};
+  for (int32_t i = 1; i < static_cast<int32_t>(trie_.size()); i = trie_[i].subtree_end) {
+    first_byte_nodes[trie_[i].byte] = trie_[i].subtree_end - i;
+  }
+  first_byte_nodes_below_[0] = 0;
+  for (int b = 0; b < 256; ++b) {
+    first_byte_nodes_below_[b + 1] = first_byte_nodes_below_[b] + first_byte_nodes[b];
+  }
 }
 
 }  // namespace sluice::grammar

@@ -3,6 +3,7 @@
 #ifndef SLUICE_ENGINE_GRAMMAR_TOKEN_VOCAB_H_
 #define SLUICE_ENGINE_GRAMMAR_TOKEN_VOCAB_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,6 +58,17 @@ class TokenVocab {
   }
   const std::vector<TrieNode>& trie() const { return trie_; }
   const std::vector<int32_t>& sorted_token_ids() const { return sorted_token_ids_; }
+  // Trie statistics the grammar compiler sizes its walks with, built once per vocabulary:
+  // sorted_position()[id]: the token's place in sorted_token_ids() (-1: empty token);
+  // subtree_depth()[node]: the deepest level in the node's subtree;
+  // nodes_deeper()[l]: trie nodes (not the root) whose subtree goes deeper than l;
+  // NodesUnderFirstBytes(lo, hi): trie nodes under first bytes lo..hi (inclusive).
+  const std::vector<int32_t>& sorted_position() const { return sorted_position_; }
+  const std::vector<int32_t>& subtree_depth() const { return subtree_depth_; }
+  const std::vector<int64_t>& nodes_deeper() const { return nodes_deeper_; }
+  int64_t NodesUnderFirstBytes(int lo, int hi) const {
+    return first_byte_nodes_below_[hi + 1] - first_byte_nodes_below_[lo];
+  }
   // num_bitmask_words: uint32 words of a token bitmask (bit i of word i/32 is token i).
   int32_t num_bitmask_words() const { return (vocab_size_ + 31) / 32; }
 
@@ -70,6 +82,10 @@ class TokenVocab {
   absl::flat_hash_map<std::string, int32_t> named_tokens_;
   std::vector<TrieNode> trie_;
   std::vector<int32_t> sorted_token_ids_;
+  std::vector<int32_t> sorted_position_;
+  std::vector<int32_t> subtree_depth_;
+  std::vector<int64_t> nodes_deeper_;
+  std::array<int64_t, 257> first_byte_nodes_below_{};  // [b]: nodes under first bytes < b
 };
 
 }  // namespace sluice::grammar

@@ -283,6 +283,9 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
   };
   for (const char* schema : {
            R"({"type":"object","additionalProperties":{"type":"string"}})",
+           // Keys of at most 12 characters: every k-characters-left state is a truncated copy of
+           // the first (Truncation), down to the escapes' and UTF-8 sequences' inner states.
+           R"({"type":"object","propertyNames":{"maxLength":12},"additionalProperties":{"type":"integer"}})",
            R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],"additionalProperties":{"type":"integer"}})",
            // Declared names sharing prefixes, one that JSON may escape ("a/b" as "a\/b"): the
            // prefix-tree states walk beside the key character chain (Reuse::ref_state).
