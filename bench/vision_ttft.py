@@ -26,7 +26,12 @@ Each request is a streamed greedy chat (max_tokens 1) whose user message holds k
 question; TTFT is the time from sending to the first content chunk, measured with the openai
 SDK one request at a time. "miss" requests use fresh images; "hit" requests repeat the first
 request's images (embeddings from the cache; the prefix cache may also hit). Prints and writes
-JSON: per mode and (k, miss|hit) the median and p90 TTFT in seconds, the ratio of 5-image to
+JSON: per mode and (k, miss|hit) the median and p90 TTFT in seconds, the encoder's share of
+TTFT (median over requests of the wall time the process that encodes the images spent decoding
+and encoding them during the request, from its /metrics counter, over that request's TTFT:
+`sluice serve`'s sluice_image_encode_seconds_total, the encoder worker's
+sluice_encoder_encode_seconds_total, or the workers' sluice_worker_image_encode_seconds_total;
+with `encode_median_s`, the time itself), the ratio of 5-image to
 1-image median TTFT, and the disaggregated / aggregated median ratios of each router mode.
 `--endpoint URL` measures a server already running there instead (mode "endpoint").
 """
@@ -42,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 import openai
@@ -71,20 +77,47 @@ def ttft(client, model, urls) -> float:
     return first if first is not None else time.perf_counter() - start
 
 
-def measure(client, model, args, rng):
+def metric_sum(sources) -> float | None:
+    """The sum of each (metrics URL, counter name) of `sources`; None when one is missing."""
+    total = 0.0
+    for url, name in sources:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            values = [float(line.split()[1]) for line in r.read().decode().splitlines()
+                      if line.startswith(name + " ")]
+        if not values:
+            return None
+        total += values[0]
+    return total
+
+
+def measure(client, model, args, rng, encode_sources):
+    """Per (k, miss|hit): TTFT median / p90, and from `encode_sources` (the counters of wall
+    time spent decoding and encoding images where this mode encodes them, read around each
+    request; requests run one at a time) the encode time per request and its share of that
+    request's TTFT, medians."""
     w, h = (int(x) for x in args.image_size.split("x"))
     out = {}
     ttft(client, model, [jpeg(rng, w, h)])  # warm-up
     for k in (1, 5):
         repeated = [jpeg(rng, w, h) for _ in range(k)]
         for kind in ("miss", "hit"):
-            times = []
+            times, encode, share = [], [], []
             for _ in range(args.requests):
                 urls = repeated if kind == "hit" else [jpeg(rng, w, h) for _ in range(k)]
-                times.append(ttft(client, model, urls))
+                before = metric_sum(encode_sources)
+                t = ttft(client, model, urls)
+                after = metric_sum(encode_sources)
+                times.append(t)
+                if before is not None and after is not None:
+                    encode.append(after - before)
+                    share.append((after - before) / t)
             times.sort()
             out[f"{k}_image_{kind}"] = {"median_s": statistics.median(times),
                                         "p90_s": times[int(0.9 * (len(times) - 1))]}
+            if encode:
+                out[f"{k}_image_{kind}"].update({
+                    "encode_median_s": statistics.median(encode),
+                    "encoder_share_of_ttft_median": statistics.median(share)})
     out["ratio_5_to_1_miss"] = out["5_image_miss"]["median_s"] / out["1_image_miss"]["median_s"]
     out["ratio_miss_to_hit_5"] = out["5_image_miss"]["median_s"] / out["5_image_hit"]["median_s"]
     return out
@@ -135,16 +168,24 @@ def model_folder(config_dir: pathlib.Path) -> pathlib.Path:
 
 
 def start(mode, model_dir, worker_args, encoder_args):
-    """(url, stop) of a fresh server for `mode`."""
+    """(url, stop, encode_sources) of a fresh server for `mode`: encode_sources are the
+    (metrics URL, counter) pairs of wall time spent decoding and encoding images where the mode
+    encodes them (the server, the encoder worker, or the prefill and decode workers)."""
     if mode == "serve":
         server = ServerProcess(extra_args=SERVER_ARGS + worker_args, model_dir=model_dir)
-        return server.url, server.stop
+        return server.url, server.stop, [(server.url + "/metrics",
+                                          "sluice_image_encode_seconds_total")]
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from sluice_cluster import Cluster  # noqa: E402
     cluster = Cluster(1, 1, num_encoder=1 if mode == "disagg" else 0, model_dir=model_dir,
                       router_args=SERVER_ARGS, worker_args=worker_args,
                       role_args={"encoder": ["--max-image-bytes", str(64 << 20), *encoder_args]})
-    return cluster.url, cluster.stop
+    if mode == "disagg":
+        sources = [(cluster.metrics_urls["encoder-0"], "sluice_encoder_encode_seconds_total")]
+    else:
+        sources = [(cluster.metrics_urls[w], "sluice_worker_image_encode_seconds_total")
+                   for w in ("prefill-0", "decode-0")]
+    return cluster.url, cluster.stop, sources
 
 
 def main():
@@ -172,13 +213,20 @@ def main():
     modes = ["endpoint"] if args.endpoint else args.modes.split(",")
     for mode in modes:
         if mode == "endpoint":
+            # A `sluice serve` endpoint reports its encode time; other servers: TTFT only.
             url, stop = args.endpoint, (lambda: None)
+            sources = [(url + "/metrics", "sluice_image_encode_seconds_total")]
+            try:
+                metric_sum(sources)
+            except OSError:
+                sources = []
         else:
-            url, stop = start(mode, model_folder(pathlib.Path(args.model)), worker_args,
-                              encoder_args)
+            url, stop, sources = start(mode, model_folder(pathlib.Path(args.model)),
+                                       worker_args, encoder_args)
         try:
             client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-            result["ttft"][mode] = measure(client, model, args, np.random.default_rng(26))
+            result["ttft"][mode] = measure(client, model, args, np.random.default_rng(26),
+                                           sources)
         finally:
             stop()
     t = result["ttft"]

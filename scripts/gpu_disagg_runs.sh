@@ -14,8 +14,8 @@
 #
 # 1. Equality: router + 1 prefill + 1 decode (--device cuda, KV GPU to GPU over UCX cuda_ipc)
 #    against `sluice serve --device cuda`, greedy tokens of every request, free KV blocks back to
-#    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; one GPU per worker when
-#    two are visible; push again with transfers started late, decoding started late (race
+#    baseline (bench/gpu_disagg_equality.py), per model, pull, push and layerwise; again with
+#    --batch-invariant (the concurrent pass exact too); one GPU per worker when two are visible; push again with transfers started late, decoding started late (race
 #    checks) and UCX_PROTO_INFO logs; push and layerwise with the prefill worker's KV through
 #    its own pinned host staging (--kv-staging on), and pull with the decode worker's KV
 #    pulled through its own staging (--kv-staging on there). Each run's sequential pass runs twice and
@@ -109,6 +109,17 @@ for model in "${MODELS[@]}"; do
         FAILED=1
       fi
     done
+  done
+  # The same with --batch-invariant on `sluice serve` and both workers: every kernel is batch
+  # invariant, so the concurrent pass must be token for token too (without it a near-tied token
+  # or MoE expert may flip between differently batched steps: reported, not judged).
+  for mode in pull push layerwise; do
+    echo "== equality ${name}_${mode}_batch_invariant"
+    if ! "$PY" bench/gpu_disagg_equality.py --model "$model" --mode "$mode" \
+        --requests "$REQUESTS" --worker-args=--batch-invariant \
+        --out "$RESULTS/gpu_disagg_equality_${name}_${mode}_batch_invariant_h200.json"; then
+      FAILED=1
+    fi
   done
   # Push race checks (H100, sluice-mini-moe: 4 of 16 sequential requests differed in push
   # mode, none in pull or layerwise, every transfer ok). late_start: every push starts 200 ms

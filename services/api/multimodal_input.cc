@@ -9,6 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/vision/image_placeholders.h"
 #include "services/api/image_fetch.h"
 #include "services/api/openai_errors.h"
@@ -167,6 +169,7 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
         out.push_back(std::move(mm_input));
         continue;
       }
+      const absl::Time start = absl::Now();
       auto decoded = vision::DecodeImage(images[i].bytes, mm.decode_limits);
       if (!decoded.ok()) return Bad(images[i].where, std::string(decoded.status().message()));
       if (mm.encoder == nullptr) {
@@ -179,6 +182,11 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
       auto embeddings = mm.encoder->EncodeImage(*decoded);
       if (!embeddings.ok()) return Bad(images[i].where, std::string(embeddings.status().message()));
       mm_input.embeddings = std::make_shared<const std::vector<float>>(*std::move(embeddings));
+      if (mm.encode_counters != nullptr) {
+        mm.encode_counters->images.fetch_add(1, std::memory_order_relaxed);
+        mm.encode_counters->micros.fetch_add(absl::ToInt64Microseconds(absl::Now() - start),
+                                             std::memory_order_relaxed);
+      }
       if (mm.cache != nullptr) mm.cache->Insert(mm_input.content_hash, mm_input.embeddings);
     }
     out.push_back(std::move(mm_input));

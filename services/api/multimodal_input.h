@@ -21,6 +21,7 @@
 #ifndef SLUICE_SERVICES_API_MULTIMODAL_INPUT_H_
 #define SLUICE_SERVICES_API_MULTIMODAL_INPUT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,14 @@ class ImageFetcher;  // services/api/image_fetch.h
 // DetectChatContentFormat: kOpenAi when the template iterates over a message's content or
 // reads a part's type, else kString.
 ChatContentFormat DetectChatContentFormat(const std::string& template_source);
+
+// ImageEncodeCounters: images a process turned into embeddings itself (embedding-cache misses)
+// and the wall time spent decoding and encoding them, for its /metrics (the encoder's share of
+// TTFT, bench/vision_ttft.py).
+struct ImageEncodeCounters {
+  std::atomic<int64_t> images{0};
+  std::atomic<int64_t> micros{0};
+};
 
 // MultimodalContext: a vision-language deployment's image settings. Pointers are borrowed.
 struct MultimodalContext {
@@ -65,6 +74,8 @@ struct MultimodalContext {
   ChatContentFormat content_format = ChatContentFormat::kString;
   // http(s) image URLs are fetched through this (--allowed-media-domains); null: refused.
   const ImageFetcher* fetcher = nullptr;
+  // Where EncodePromptImages counts the images it encodes (may be null).
+  ImageEncodeCounters* encode_counters = nullptr;
 };
 
 // ChatImage: one image part's bytes and where it was (for error messages).

@@ -210,6 +210,20 @@ std::shared_ptr<RequestHandle> OpenAiService::Handle(const HttpRequestInfo& requ
     if (options_.multimodal != nullptr && options_.multimodal->cache != nullptr) {
       text += RenderEncoderCacheMetrics(options_.multimodal->cache->stats());
     }
+    if (options_.multimodal != nullptr && options_.multimodal->encode_counters != nullptr) {
+      const ImageEncodeCounters& c = *options_.multimodal->encode_counters;
+      absl::StrAppend(
+          &text,
+          "# HELP sluice_images_encoded_total Images this server decoded and encoded itself "
+          "(embedding-cache hits not counted).\n"
+          "# TYPE sluice_images_encoded_total counter\n"
+          "sluice_images_encoded_total ", c.images.load(std::memory_order_relaxed), "\n",
+          "# HELP sluice_image_encode_seconds_total Wall time spent decoding and encoding "
+          "those images (in the request handlers, before the request reaches the engine).\n"
+          "# TYPE sluice_image_encode_seconds_total counter\n"
+          "sluice_image_encode_seconds_total ",
+          c.micros.load(std::memory_order_relaxed) / 1e6, "\n");
+    }
     reply(200, "text/plain; version=0.0.4; charset=utf-8", text);
     return nullptr;
   }

@@ -81,6 +81,7 @@ absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) c
     }
     if (embeddings == nullptr) {
       const std::string where = absl::StrCat("mm_inputs[", i, "]");
+      const absl::Time start = absl::Now();
       absl::StatusOr<vision::RgbImage> decoded = vision::DecodeImage(*mm.image, limits_);
       if (!decoded.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": ", decoded.status().message()));
@@ -91,6 +92,8 @@ absl::Status WorkerImages::EncodeMissing(std::vector<MultimodalInput>* inputs) c
       }
       embeddings = std::make_shared<const std::vector<float>>(*std::move(encoded));
       num_encoded_.fetch_add(1, std::memory_order_relaxed);
+      encode_micros_.fetch_add(absl::ToInt64Microseconds(absl::Now() - start),
+                               std::memory_order_relaxed);
       if (cache_ != nullptr) cache_->Insert(mm.content_hash, embeddings);
     }
     mm.embeddings = std::move(embeddings);
@@ -242,6 +245,9 @@ vision::EmbeddingCacheStats WorkerImages::cache_stats() const {
 }
 
 int64_t WorkerImages::num_encoded() const { return num_encoded_.load(std::memory_order_relaxed); }
+double WorkerImages::encode_seconds() const {
+  return encode_micros_.load(std::memory_order_relaxed) / 1e6;
+}
 int64_t WorkerImages::num_encoding() const { return num_encoding_.load(); }
 
 std::string RenderWorkerImageMetrics(const WorkerImages& images) {
@@ -251,6 +257,10 @@ std::string RenderWorkerImageMetrics(const WorkerImages& images) {
       "bytes: no encoder worker could; cache hits not counted).\n"
       "# TYPE sluice_worker_images_encoded_total counter\n"
       "sluice_worker_images_encoded_total ", images.num_encoded(), "\n",
+      "# HELP sluice_worker_image_encode_seconds_total Wall time this worker spent decoding and "
+      "encoding those images.\n"
+      "# TYPE sluice_worker_image_encode_seconds_total counter\n"
+      "sluice_worker_image_encode_seconds_total ", images.encode_seconds(), "\n",
       "# HELP sluice_worker_image_encodes_running Requests whose images this worker is encoding "
       "(queued for or on its encode threads).\n"
       "# TYPE sluice_worker_image_encodes_running gauge\n"

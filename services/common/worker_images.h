@@ -87,6 +87,7 @@ class WorkerImages final : public ImageEncoder {
   // Cache figures (all zero without a cache).
   vision::EmbeddingCacheStats cache_stats() const;
   int64_t num_encoded() const;
+  double encode_seconds() const;  // wall time decoding and encoding those
   int64_t num_encoding() const;  // encodes started and not finished (queued or running)
   // Embedding bytes received: by RMA from encoders' staging arenas, and inline (in requests or
   // fetched inline after a failed RMA read).
@@ -115,6 +116,7 @@ class WorkerImages final : public ImageEncoder {
   vision::ImageDecodeLimits limits_;
   absl::Duration test_encode_delay_;
   mutable std::atomic<int64_t> num_encoded_{0};
+  mutable std::atomic<int64_t> encode_micros_{0};  // decoding + encoding the num_encoded_
   std::atomic<int64_t> num_encoding_{0};
   std::mutex mu_;
   std::vector<ImageEncodeResult> done_;  // guarded by mu_
@@ -142,7 +144,8 @@ void NoteWireInputs(const WorkerImages* images,
 
 // RenderWorkerImageMetrics: sluice_encoder_cache_{hits,misses,evictions}_total,
 // sluice_encoder_cache_bytes (as `sluice encoder` and `sluice serve` name them),
-// sluice_worker_images_encoded_total and sluice_worker_image_encodes_running, in Prometheus text
+// sluice_worker_images_encoded_total, sluice_worker_image_encode_seconds_total and
+// sluice_worker_image_encodes_running, in Prometheus text
 // format.
 std::string RenderWorkerImageMetrics(const WorkerImages& images);
 

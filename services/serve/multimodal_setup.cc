@@ -117,6 +117,7 @@ absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadMultimodal(
   if (!encoder.ok()) return encoder.status();
   rt->encoder = *std::move(encoder);
   rt->context.encoder = rt->encoder.get();
+  rt->context.encode_counters = &rt->encode_counters;
   rt->context.image_token_id = rt->encoder->image_token_id();
   rt->context.tokens_per_image = rt->encoder->tokens_per_image();
   rt->context.preprocess_fingerprint = rt->encoder->processor().Fingerprint();

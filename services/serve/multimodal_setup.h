@@ -53,6 +53,7 @@ struct MultimodalRuntime {
   std::unique_ptr<vision::EmbeddingCache> cache;
   std::unique_ptr<ImageFetcher> fetcher;
   std::unique_ptr<CheckedImages> checked;  // the router's: images already checked
+  ImageEncodeCounters encode_counters;       // with an encoder
   MultimodalContext context;
 };
 

@@ -85,12 +85,19 @@ def test_same_image_hits_the_encoder_cache_and_the_prefix_cache(vl, vl_server):
     image = png(np.full((40, 50, 3), 77, dtype=np.uint8))
     messages = [{"role": "user", "content": [image_part(image),
                                              {"type": "text", "text": "Describe it, please."}]}]
+    encoded = metric(vl_server, "sluice_images_encoded_total")
     first = chat(vl, messages)
+    assert metric(vl_server, "sluice_images_encoded_total") == encoded + 1
     hits, misses = (metric(vl_server, "sluice_encoder_cache_hits_total"),
                     metric(vl_server, "sluice_encoder_cache_misses_total"))
+    seconds = metric(vl_server, "sluice_image_encode_seconds_total")
+    assert seconds > 0
     second = chat(vl, messages)
     assert metric(vl_server, "sluice_encoder_cache_hits_total") == hits + 1
     assert metric(vl_server, "sluice_encoder_cache_misses_total") == misses
+    # A cache hit is not an encode: neither counter moves.
+    assert metric(vl_server, "sluice_images_encoded_total") == encoded + 1
+    assert metric(vl_server, "sluice_image_encode_seconds_total") == seconds
     assert second.choices[0].message.content == first.choices[0].message.content
     assert second.usage.prompt_tokens_details.cached_tokens >= 16
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/vision_encoder.h"
@@ -73,6 +74,8 @@ TEST(WorkerImagesTest, EncodesBytesAsTheEncoderDoesThroughItsCache) {
   EXPECT_EQ(in[2].embeddings, given.embeddings);
   EXPECT_EQ((*images)->num_encoded(), 2);
   EXPECT_EQ((*images)->cache_stats().misses, 2);
+  const double encode_seconds = (*images)->encode_seconds();
+  EXPECT_GT(encode_seconds, 0.0);  // two tower runs on the CPU: milliseconds, never 0 µs
 
   // The same image again (a later turn, or decode after prefill): from the cache.
   std::vector<MultimodalInput> again = {BytesInput(png, fp, n)};
@@ -83,6 +86,12 @@ TEST(WorkerImagesTest, EncodesBytesAsTheEncoderDoesThroughItsCache) {
   const std::string metrics = RenderWorkerImageMetrics(**images);
   EXPECT_NE(metrics.find("sluice_encoder_cache_hits_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("sluice_worker_images_encoded_total 2\n"), std::string::npos) << metrics;
+  // A cache hit adds no encode time.
+  EXPECT_EQ((*images)->encode_seconds(), encode_seconds);
+  EXPECT_NE(metrics.find(absl::StrCat("sluice_worker_image_encode_seconds_total ",
+                                      encode_seconds, "\n")),
+            std::string::npos)
+      << metrics;
 }
 
 TEST(WorkerImagesTest, EncodesForTheEngineOnItsOwnThreads) {
