@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   double decode_s = 0, preprocess_s = 0, encode_s = 0, batched_s = 0;
   int64_t n = 0;
   std::vector<float> batch_pixels;
+  int64_t per_image = 0;  // floats of one preprocessed image (the same for every image)
   for (int round = -1; round < iters; ++round) {  // round -1 warms up
     for (const std::string& bytes : files) {
       const auto t0 = Clock::now();
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
         std::cerr << features.status() << "\n";
         return 1;
       }
+      per_image = static_cast<int64_t>(pixels.size());
       if (static_cast<int>(batch_pixels.size() / pixels.size()) < batch) {
         batch_pixels.insert(batch_pixels.end(), pixels.begin(), pixels.end());
       }
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
       }
     }
   }
-  const int64_t per_image = static_cast<int64_t>(batch_pixels.size()) / batch;  // may be short
+  // Fewer images than the batch were seen (files x rounds): the batch repeats them.
   while (static_cast<int>(batch_pixels.size() / per_image) < batch) {
     batch_pixels.insert(batch_pixels.end(), batch_pixels.begin(), batch_pixels.begin() + per_image);
   }

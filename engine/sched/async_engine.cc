@@ -162,7 +162,16 @@ class AsyncEngine::Impl {
       callbacks_.emplace(id, std::move(op.on_output));
       // Whoever learns of the reservation may read Stats() next: it must show the blocks taken.
       PublishStats();
-      op.on_reserved(std::move(blocks));
+      // Blocks freed while an async step was in flight may still be written by it; the
+      // reservation's writer (a KV transfer from another process) is not ordered after that
+      // step on the device, so the blocks are announced once it has been read.
+      const int64_t after_step = engine_->num_steps_enqueued();
+      if (engine_->num_steps_read() >= after_step) {
+        op.on_reserved(std::move(blocks));
+      } else {
+        fenced_reserves_.push_back(
+            FencedReserve{id, after_step, std::move(op.on_reserved), *std::move(blocks)});
+      }
       return true;
     }
     if (absl::IsResourceExhausted(blocks.status()) && absl::Now() < op.deadline) return false;
@@ -174,6 +183,16 @@ class AsyncEngine::Impl {
     op.on_reserved(blocks.status());
     Forget(id);
     return true;
+  }
+
+  // AnnounceFencedReserves hands out the reservations whose blocks no step in flight writes.
+  void AnnounceFencedReserves() {
+    while (!fenced_reserves_.empty() &&
+           engine_->num_steps_read() >= fenced_reserves_.front().after_step) {
+      FencedReserve r = std::move(fenced_reserves_.front());
+      fenced_reserves_.pop_front();
+      r.on_reserved(std::move(r.blocks));
+    }
   }
 
   void RetryPendingReserves() {
@@ -218,6 +237,17 @@ class AsyncEngine::Impl {
           Forget(abort->request_id);
           pending_reserves_.erase(it);
           return;
+        }
+      }
+      for (auto it = fenced_reserves_.begin(); it != fenced_reserves_.end(); ++it) {
+        if (it->request_id == abort->request_id) {
+          // Its blocks were never announced: the caller learns of the abort as a failed
+          // reservation (as above) and not of the engine's final output.
+          it->on_reserved(absl::CancelledError("aborted before its KV blocks were reserved"));
+          fenced_reserves_.erase(it);
+          callbacks_.erase(abort->request_id);
+          Forget(abort->request_id);
+          break;
         }
       }
       engine_->AbortRequest(abort->request_id);
@@ -266,6 +296,7 @@ class AsyncEngine::Impl {
           Forget(out.request_id);
         }
       }
+      AnnounceFencedReserves();
       RetryPendingReserves();
       PublishStats();
     }
@@ -274,6 +305,11 @@ class AsyncEngine::Impl {
       op.on_reserved(absl::UnavailableError("engine shut down"));
     }
     pending_reserves_.clear();
+    for (FencedReserve& r : fenced_reserves_) {
+      r.on_reserved(absl::UnavailableError("engine shut down"));
+      callbacks_.erase(r.request_id);
+    }
+    fenced_reserves_.clear();
     for (auto& [id, callback] : callbacks_) {
       RequestOutput out;
       out.request_id = id;
@@ -317,6 +353,15 @@ class AsyncEngine::Impl {
   bool stop_ = false;                           // guarded by mu_
   std::unordered_map<std::string, OutputCallback> callbacks_;  // engine thread only
   std::deque<ReserveOp> pending_reserves_;  // engine thread only: waiting for free blocks
+  // Reserved while an async step was in flight: announced once num_steps_read() reaches
+  // after_step (engine thread only, in order of after_step).
+  struct FencedReserve {
+    std::string request_id;
+    int64_t after_step = 0;
+    std::function<void(absl::StatusOr<std::vector<int32_t>>)> on_reserved;
+    std::vector<int32_t> blocks;
+  };
+  std::deque<FencedReserve> fenced_reserves_;
 };
 
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine)

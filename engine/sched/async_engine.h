@@ -54,6 +54,8 @@ class AsyncEngine {
   // ReserveForTransfer reserves decode blocks for `request` (prompt + 1 tokens). `on_reserved`
   // gets the block ids (sequence order) or an error, from the engine thread; when blocks are
   // short the reservation is retried after each step until `deadline`, then DeadlineExceeded.
+  // The ids come once no asynchronous step in flight at the reservation can still write them
+  // (LLMEngine::num_steps_read), so the caller may hand them to any writer at once.
   // After a successful reservation `on_output` receives the request's outputs (from the second
   // token on) once CompleteTransfer(OK) ran, or one final kError/kAbort output. Errors from
   // on_reserved: as LLMEngine::ReserveForTransfer, Unavailable on shutdown; no on_output call.

@@ -330,6 +330,8 @@ class LLMEngineImpl final : public LLMEngine {
   }
   int64_t num_held_blocks() const override { return num_held_blocks_; }
   int64_t num_reserved() const override { return scheduler_.num_reserved(); }
+  int64_t num_steps_enqueued() const override { return num_steps_enqueued_; }
+  int64_t num_steps_read() const override { return num_steps_read_; }
   KvCache& kv_cache() override { return kv_cache_; }
 
   std::vector<RequestOutput> Step() override {
@@ -994,6 +996,7 @@ class LLMEngineImpl final : public LLMEngine {
     ++counters_.num_steps;
     for (const ScheduledSequence& s : plan.scheduled) AdvanceComputed(*s.seq, s.num_new_tokens);
     in_flight_.push_back(std::move(step));
+    ++num_steps_enqueued_;
     return absl::OkStatus();
   }
 
@@ -1016,6 +1019,7 @@ class LLMEngineImpl final : public LLMEngine {
   void FinishInFlight(std::vector<RequestOutput>& outputs) {
     InFlightStep step = std::move(in_flight_.front());
     in_flight_.pop_front();
+    ++num_steps_read_;
     greedy_.resize(step.num_sampled);
     top_lists_.resize(step.num_sampled);
     const absl::Status read =
@@ -1549,6 +1553,8 @@ class LLMEngineImpl final : public LLMEngine {
   Model::DeviceLogitsProcessing processing_;          // of the step being enqueued
   std::vector<kernels::SamplingRow> sampling_rows_;  // scratch: EnqueuePlan
   std::deque<InFlightStep> in_flight_;  // async steps enqueued and not yet read, oldest first
+  int64_t num_steps_enqueued_ = 0;      // async steps ever enqueued
+  int64_t num_steps_read_ = 0;          // ... and read (or failed)
   std::vector<const Sequence*> removed_;  // sequences removed during FinishInFlight
   std::vector<int32_t> stop_ids_;
   std::vector<int32_t> load_blocks_;  // scratch

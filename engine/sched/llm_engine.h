@@ -266,6 +266,13 @@ class LLMEngine {
   virtual bool HasStepWork() const = 0;
   virtual int64_t num_held_blocks() const = 0;  // blocks pinned by held prefill requests
   virtual int64_t num_reserved() const = 0;     // requests waiting for a KV transfer
+  // Async steps (EngineOptions::async_scheduling) enqueued and read so far. A block freed while
+  // a step is in flight may still be written by it (the row of a sequence that finished, which
+  // the step computes one token for nothing): a writer outside the engine's device stream (a
+  // KV transfer into a reservation) may write blocks reserved now only once
+  // num_steps_read() reaches the num_steps_enqueued() of now. Both 0 for synchronous engines.
+  virtual int64_t num_steps_enqueued() const { return 0; }
+  virtual int64_t num_steps_read() const { return 0; }
   // kv_cache: the paged KV storage (per layer k/v float32 [num_blocks, block_size, floats]).
   // Buffer addresses are fixed for the engine's lifetime (register them with the transfer
   // agent at start); contents are written only by Step().

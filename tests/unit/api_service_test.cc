@@ -90,10 +90,10 @@ TEST_F(ServiceTest, DeeplyNestedBodiesAre400) {
     EXPECT_EQ(sink->status, 400);
     EXPECT_EQ(sink->json()["error"]["message"], "The request body is nested deeper than 128 levels");
   }
+  // guided_json takes the schema as JSON text (response_format's schema must be an object).
   const std::string schema_text = json(std::string(200, '[') + std::string(200, ']')).dump();
   auto text = Send("POST", "/v1/chat/completions",
-                   chat_prefix + R"("hi"}],"response_format":{"type":"json_schema","json_schema":)"
-                                 R"({"name":"x","schema":)" + schema_text + "}}}");
+                   chat_prefix + R"("hi"}],"guided_json":)" + schema_text + "}");
   EXPECT_EQ(text->status, 400);
   EXPECT_THAT(text->json()["error"]["message"].get<std::string>(),
               HasSubstr("nested deeper than 128 levels"));

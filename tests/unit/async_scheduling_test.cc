@@ -4,15 +4,20 @@
 // pipelining, every request's tokens, logprobs, finish reasons and cached-token counts must
 // equal those of the synchronous engine on the same model; blocks must all come back.
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "engine/model/model.h"
+#include "engine/sched/async_engine.h"
 #include "engine/sched/llm_engine.h"
 #include "tests/unit/ranked_model.h"
 
@@ -321,6 +326,73 @@ TEST(AsyncSchedulingTest, AbortWhileInFlightLeavesOthersAndFreesBlocks) {
     EXPECT_EQ(async.finish.at(id), FinishReason::kLength) << id;
   }
   EXPECT_TRUE(async.blocks_back);
+}
+
+// A sequence that a read step shows finished (EOS) frees its blocks while the next step, which
+// computes one token for it for nothing, is still in flight and writes one of them. A transfer
+// reservation waiting for blocks gets them at that moment; its writer (another process's KV
+// push or this worker's pull) is not ordered after that step on the device, so the blocks may
+// be announced only once no unread step writes any of them (GPU finding: sluice-mini-moe push
+// mode, 21 of 200 concurrent requests differed).
+TEST(AsyncSchedulingTest, ReservedBlocksAreAnnouncedOnceNoStepInFlightWritesThem) {
+  EngineOptions options;
+  options.block_size = 4;
+  options.num_kv_blocks = 12;  // two generating requests fill it: reservations wait for frees
+  options.max_num_batched_tokens = 512;
+  options.enable_prefix_caching = false;
+  options.async_scheduling = true;
+  auto model = std::make_unique<RankedModel>(/*device_greedy=*/true, /*async=*/true);
+  RankedModel* m = model.get();
+  auto created = LLMEngine::Create(std::move(model), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  AsyncEngine engine(*std::move(created));
+
+  constexpr int kGenerations = 16;
+  constexpr int kReservations = 24;
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0, eos = 0, announced = 0, written_in_flight = 0, failed = 0;
+  for (int i = 0; i < kGenerations; ++i) {
+    ASSERT_TRUE(engine
+                    .Submit(Request("g" + std::to_string(i), i, 16),
+                            [&](const RequestOutput& out) {
+                              if (!out.finished()) return;
+                              std::lock_guard<std::mutex> lock(mu);
+                              ++finished;
+                              eos += out.finish_reason == FinishReason::kStop ? 1 : 0;
+                              cv.notify_all();
+                            })
+                    .ok());
+  }
+  for (int i = 0; i < kReservations; ++i) {
+    const std::string id = "t" + std::to_string(i);
+    engine.ReserveForTransfer(
+        Request(id, 100 + i, 4), std::nullopt, absl::Now() + absl::Seconds(30),
+        // The engine thread: the model's unread steps are those that may still be running.
+        [&, id](absl::StatusOr<std::vector<int32_t>> blocks) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!blocks.ok()) {
+            ++failed;
+          } else {
+            ++announced;
+            written_in_flight += m->UnreadStepsWrite(*blocks) ? 1 : 0;
+          }
+          engine.Abort(id);  // the transfer never comes: the blocks go back for the next one
+          cv.notify_all();
+        },
+        [](const RequestOutput&) {});
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] {
+      return finished == kGenerations && announced + failed == kReservations;
+    }));
+  }
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(announced, kReservations);
+  EXPECT_EQ(written_in_flight, 0);
+  EXPECT_GT(eos, 0);  // sequences did end while a step computed one more token for them
+  engine.Shutdown();
 }
 
 // Blocks committed to the prefix cache after pipelined steps hold the real tokens, never a

@@ -82,6 +82,9 @@ class RankedModel final : public Model {
     ++async_steps_;
     last_sampled_ = out;
     unread_.push_back(std::move(out));
+    std::vector<int64_t> blocks;
+    for (int64_t slot : in.slot_mapping) blocks.push_back(slot / kv.block_size());
+    unread_blocks_.push_back(std::move(blocks));
     max_unread_ = std::max(max_unread_, static_cast<int>(unread_.size()));
     return absl::OkStatus();
   }
@@ -90,9 +93,20 @@ class RankedModel final : public Model {
     if (out.size() != unread_.front().size()) return absl::InvalidArgumentError("out size");
     std::copy(unread_.front().begin(), unread_.front().end(), out.begin());
     unread_.pop_front();
+    unread_blocks_.pop_front();
     return absl::OkStatus();
   }
   int NumUnreadSteps() const override { return static_cast<int>(unread_.size()); }
+  // UnreadStepsWrite: a step enqueued and not yet read writes K/V into one of `blocks` (on a
+  // device it might still be running).
+  bool UnreadStepsWrite(const std::vector<int32_t>& blocks) const {
+    for (const std::vector<int64_t>& step : unread_blocks_) {
+      for (int64_t b : step) {
+        if (std::find(blocks.begin(), blocks.end(), b) != blocks.end()) return true;
+      }
+    }
+    return false;
+  }
 
   int full_steps() const { return full_steps_; }
   int greedy_steps() const { return greedy_steps_; }
@@ -156,6 +170,7 @@ class RankedModel final : public Model {
   int sampled_rows_ = 0;
   std::vector<GreedyToken> last_sampled_;
   std::deque<std::vector<GreedyToken>> unread_;
+  std::deque<std::vector<int64_t>> unread_blocks_;  // blocks each unread step writes
 };
 
 }  // namespace sluice
