@@ -338,6 +338,7 @@ TEST(AsyncSchedulingTest, ReservedBlocksAreAnnouncedOnceNoStepInFlightWritesThem
   EngineOptions options;
   options.block_size = 4;
   options.num_kv_blocks = 12;  // two generating requests fill it: reservations wait for frees
+  options.max_model_len = 48;
   options.max_num_batched_tokens = 512;
   options.enable_prefix_caching = false;
   options.async_scheduling = true;
