@@ -303,6 +303,10 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   j["acceptance_rate"] = drafts > 0 ? accepted / drafts : 0.0;
   j["mean_accepted_length"] = verifications > 0 ? (accepted + verifications) / verifications : 1.0;
   j["verifications_per_step"] = verifications / steps;
+  // Auto verification on a target with asynchronous steps: steps run plain and pipelined.
+  j["pipelined_steps_per_step"] =
+      static_cast<double>(after.num_spec_pipelined_steps - before.num_spec_pipelined_steps) /
+      steps;
   j["draft_s_per_step"] = (after.spec_draft_seconds - before.spec_draft_seconds) / steps;
   j["verify_s_per_step"] = (after.spec_verify_seconds - before.spec_verify_seconds) / steps;
   j["cpu_step_s"] = cpu_seconds / steps;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 #include <deque>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -18,6 +19,7 @@
 #include "engine/sched/scheduler.h"
 #include "engine/sched/step_cost_model.h"
 #include "engine/spec/rejection_sampler.h"
+#include "engine/spec/speculation_regime.h"
 
 namespace sluice {
 namespace {
@@ -58,6 +60,14 @@ class LLMEngineImpl final : public LLMEngine {
     has_sliding_layers_ = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
     swa_replay_tokens_ = EffectiveSwaReplayTokens(*model_, options.swa_replay_tokens);
     if (swa_replay_tokens_ > 0) stored_layers_ = FullAttentionLayers(model_->config());
+    // Auto verification on a model with asynchronous steps weighs speculation against plain
+    // pipelined steps (engine/spec/speculation_regime.h). Not for a drafter that reads each
+    // step's hidden states (MTP): pipelined steps hand none over.
+    if (options.speculative.enabled() && options.speculative.verify == VerifyMode::kAuto &&
+        options.async_scheduling && model_->SupportsAsyncSteps() &&
+        !options.speculative.drafter->WantsHiddenStates()) {
+      regime_.emplace();
+    }
     // A model with its own (device) KV cache moves connector blocks itself, in its dtype.
     device_kv_copies_ = model_->SupportsKvBlockCopies();
     connector_block_bytes_ =
@@ -349,6 +359,14 @@ class LLMEngineImpl final : public LLMEngine {
     ExpireTimers(outputs);
     FinishConnectorLoads();
     FinishImageEncodes(outputs);
+    if (regime_.has_value()) {
+      ObserveRegime();
+      // Back to speculation: drafting needs the real tokens of the step still in flight.
+      if (!regime_->Pipelined() && !in_flight_.empty()) {
+        FinishInFlight(outputs);
+        removed_.clear();  // no plan holds them yet
+      }
+    }
     ProposeDrafts();
 
     SchedulerOutput plan = scheduler_.Schedule();
@@ -639,10 +657,34 @@ class LLMEngineImpl final : public LLMEngine {
     return false;
   }
 
+  // ObserveRegime hands the speculation regime the step that ran since the last Step(): its
+  // engine time (Step() to Step(): the host's work between steps counts), the tokens it
+  // emitted and the decode sequences it ran, then counts the next step if it runs pipelined.
+  void ObserveRegime() {
+    const Clock::time_point now = Now();
+    if (regime_last_step_ != Clock::time_point{} && regime_last_sequences_ > 0) {
+      regime_->Observe(std::chrono::duration<double>(now - regime_last_step_).count(),
+                       counters_.num_generation_tokens - regime_last_tokens_,
+                       regime_last_sequences_);
+    }
+    regime_last_step_ = now;
+    regime_last_tokens_ = counters_.num_generation_tokens;
+    int64_t decoding = 0;
+    for (const Sequence* seq : scheduler_.running()) {
+      decoding += seq->num_computed_tokens >= seq->num_prompt_tokens() ? 1 : 0;
+    }
+    regime_last_sequences_ = decoding;
+    if (regime_->Pipelined() && decoding > 0) ++counters_.num_spec_pipelined_steps;
+  }
+
   // ProposeDrafts asks the drafter for the running decode sequences' drafts (speculative
   // decoding), as many as the confidence scheduler finds worth verifying.
   void ProposeDrafts() {
     if (!options_.speculative.enabled()) return;
+    if (regime_.has_value() && regime_->Pipelined()) {
+      for (Sequence* seq : scheduler_.running()) seq->draft.Clear();
+      return;
+    }
     std::vector<Sequence*> candidates;
     std::vector<int32_t> room;
     for (Sequence* seq : scheduler_.running()) {
@@ -897,7 +939,7 @@ class LLMEngineImpl final : public LLMEngine {
     // A KV connector needs no exclusion: write-through gathers what a read step committed
     // (FinishInFlight), and the model orders its copies after the steps on the device.
     if (!options_.async_scheduling || !model_->SupportsAsyncSteps() ||
-        options_.speculative.enabled()) {
+        (options_.speculative.enabled() && !(regime_.has_value() && regime_->Pipelined()))) {
       return false;
     }
     if (HasGrammar(plan) && (!model_->SupportsDeviceLogitsProcessing() || !in_flight_.empty())) {
@@ -1566,6 +1608,12 @@ class LLMEngineImpl final : public LLMEngine {
   // the scheduler itself, the rejection rule, and Propose's scratch.
   StepCostModel step_cost_;
   ConfidenceScheduler confidence_;
+  // Auto verification with asynchronous steps: speculative or plain pipelined steps, and the
+  // step it observes next (ObserveRegime).
+  std::optional<SpeculationRegime> regime_;
+  Clock::time_point regime_last_step_{};
+  int64_t regime_last_tokens_ = 0;
+  int64_t regime_last_sequences_ = 0;
   // Fair prefill: cost(q, c) of every synchronous step, for the scheduler's time budget.
   QcCostModel qc_cost_;
   std::shared_ptr<const RejectionRule> rejection_rule_;

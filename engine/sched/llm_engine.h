@@ -187,6 +187,9 @@ struct EngineCounters {
   int64_t num_spec_draft_tokens = 0;
   int64_t num_spec_accepted_tokens = 0;
   int64_t num_spec_verifications = 0;
+  // Steps with decode sequences that ran plain and pipelined (no drafts, async scheduling)
+  // because auto verification measured them faster than speculating (SpeculationRegime).
+  int64_t num_spec_pipelined_steps = 0;
   double spec_draft_seconds = 0.0;   // in the drafter
   double spec_verify_seconds = 0.0;  // target forwards of steps that verified drafts
   // The same two spans in process CPU time (every thread of the process): on a shared machine

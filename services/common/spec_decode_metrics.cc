@@ -15,7 +15,8 @@ void Metric(std::string& out, const char* name, const char* type, const char* he
 
 SpecDecodeStats SpecDecodeFromCounters(const EngineCounters& c) {
   return SpecDecodeStats{c.num_spec_draft_tokens, c.num_spec_accepted_tokens,
-                         c.num_spec_verifications, c.spec_draft_seconds, c.spec_verify_seconds};
+                         c.num_spec_verifications, c.spec_draft_seconds, c.spec_verify_seconds,
+                         c.num_spec_pipelined_steps};
 }
 
 void AppendSpecDecodeMetrics(const SpecDecodeStats& s, std::string& out) {
@@ -30,6 +31,10 @@ void AppendSpecDecodeMetrics(const SpecDecodeStats& s, std::string& out) {
          "Time spent drafting (draft model forwards or n-gram lookup).", s.draft_seconds);
   Metric(out, "sluice_spec_decode_verify_seconds_total", "counter",
          "Target forward time of steps that verified drafts.", s.verify_seconds);
+  Metric(out, "sluice_spec_decode_pipelined_steps_total", "counter",
+         "Steps auto verification ran plain and pipelined (async scheduling, no drafts) because "
+         "they measured faster than speculating.",
+         static_cast<double>(s.num_pipelined_steps));
   Metric(out, "sluice_spec_decode_acceptance_rate", "gauge",
          "Accepted / verified draft tokens since start (0 before any).",
          s.num_draft_tokens > 0

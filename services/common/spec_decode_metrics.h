@@ -15,6 +15,7 @@ struct SpecDecodeStats {
   int64_t num_verifications = 0;    // sequence-steps that verified at least one draft
   double draft_seconds = 0.0;
   double verify_seconds = 0.0;
+  int64_t num_pipelined_steps = 0;  // EngineCounters::num_spec_pipelined_steps
 };
 
 SpecDecodeStats SpecDecodeFromCounters(const EngineCounters& c);
@@ -22,6 +23,7 @@ SpecDecodeStats SpecDecodeFromCounters(const EngineCounters& c);
 // AppendSpecDecodeMetrics appends (vLLM's spec_decode names, sluice_ prefix):
 //   sluice_spec_decode_num_draft_tokens_total, ..._num_accepted_tokens_total,
 //   ..._num_drafts_total (verifications), ..._draft_seconds_total, ..._verify_seconds_total,
+//   ..._pipelined_steps_total (steps auto verification ran plain and pipelined instead),
 //   and the gauges ..._acceptance_rate (accepted / drafts) and ..._mean_accepted_length
 //   (tokens per verification, the target's own token included; 0 before any).
 void AppendSpecDecodeMetrics(const SpecDecodeStats& stats, std::string& out);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include "engine/model/model.h"
 #include "engine/sched/async_engine.h"
 #include "engine/sched/llm_engine.h"
+#include "engine/spec/drafter.h"
 #include "tests/unit/ranked_model.h"
 
 namespace sluice {
@@ -46,6 +48,7 @@ struct GenRun {
   int async_steps = 0, max_unread = 0, fed_back = 0, full_steps = 0, greedy_steps = 0;
   int sampled_rows = 0;
   int64_t preemptions = 0;
+  int64_t spec_verifications = 0, spec_pipelined_steps = 0;
   bool blocks_back = false;
 };
 
@@ -56,6 +59,7 @@ struct EngineSetup {
   int32_t max_model_len = 0;
   // Step() call -> request to abort before it.
   std::map<int, std::string> aborts;
+  std::shared_ptr<Drafter> drafter;  // speculative decoding with auto verification
 };
 
 GenRun Generate(bool async, const std::vector<Arrival>& arrivals, const EngineSetup& setup = {}) {
@@ -66,6 +70,9 @@ GenRun Generate(bool async, const std::vector<Arrival>& arrivals, const EngineSe
   options.enable_prefix_caching = setup.prefix_caching;
   options.async_scheduling = async;
   options.max_model_len = setup.max_model_len;
+  options.speculative.drafter = setup.drafter;
+  options.speculative.num_speculative_tokens = 3;
+  options.speculative.verify = VerifyMode::kAuto;
   auto model = std::make_unique<RankedModel>(/*device_greedy=*/true, /*async=*/true);
   RankedModel* m = model.get();
   auto created = LLMEngine::Create(std::move(model), options);
@@ -99,6 +106,8 @@ GenRun Generate(bool async, const std::vector<Arrival>& arrivals, const EngineSe
   run.full_steps = m->full_steps();
   run.greedy_steps = m->greedy_steps();
   run.preemptions = engine.counters().num_preemptions;
+  run.spec_verifications = engine.counters().num_spec_verifications;
+  run.spec_pipelined_steps = engine.counters().num_spec_pipelined_steps;
   run.blocks_back = engine.num_free_blocks() == engine.num_total_blocks();
   return run;
 }
@@ -326,6 +335,56 @@ TEST(AsyncSchedulingTest, AbortWhileInFlightLeavesOthersAndFreesBlocks) {
     EXPECT_EQ(async.finish.at(id), FinishReason::kLength) << id;
   }
   EXPECT_TRUE(async.blocks_back);
+}
+
+// SlowDrafter proposes three wrong-ish tokens per sequence with high confidence and takes 2 ms
+// a round: speculation costs more than it can gain against the fake's microsecond steps.
+class SlowDrafter final : public Drafter {
+ public:
+  std::string_view method() const override { return "slow"; }
+  absl::Status Propose(absl::Span<const DraftInput> inputs, const DraftContinue& keep_going,
+                       std::vector<DraftOutput>* outputs) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ++rounds;
+    outputs->assign(inputs.size(), DraftOutput{});
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      int32_t token = inputs[i].token_ids.back();
+      for (int32_t j = 0; j < inputs[i].max_draft_tokens; ++j) {
+        token = 2 + (token * 5 + 3) % 60;
+        (*outputs)[i].tokens.push_back(token);
+        (*outputs)[i].confidence.push_back(0.9f);
+        if (keep_going && !keep_going(i, j, 0.9f)) break;
+      }
+    }
+    return absl::OkStatus();
+  }
+  int rounds = 0;
+};
+
+// Auto verification on a model with asynchronous steps measures speculative steps (synchronous)
+// against plain pipelined ones and runs the faster (SpeculationRegime): with a drafter that
+// costs more than it gains, most steps run pipelined, speculation is retried now and then, and
+// every switch (draining the pipeline to draft again) keeps the greedy output exact.
+TEST(AsyncSchedulingTest, AutoVerificationRunsPipelinedStepsWhenSpeculationDoesNotPay) {
+  std::vector<Arrival> arrivals = Staggered(6, 90);
+  for (Arrival& a : arrivals) a.request.sampling.ignore_eos = true;
+  const GenRun plain = Generate(true, arrivals);
+  EngineSetup setup;
+  auto drafter = std::make_shared<SlowDrafter>();
+  setup.drafter = drafter;
+  const GenRun spec = Generate(true, arrivals, setup);
+  ExpectSame(plain, spec);
+  EXPECT_GT(spec.spec_verifications, 0);  // the measured speculative steps verified drafts
+  EXPECT_GT(spec.spec_pipelined_steps, 40);
+  EXPECT_GT(spec.async_steps, 40);
+  // Speculation ran in its first measurement and in retries only: far fewer rounds than steps.
+  EXPECT_GT(drafter->rounds, 0);
+  EXPECT_LT(drafter->rounds, spec.spec_pipelined_steps);
+  // Without async scheduling there is nothing to weigh: every step speculates.
+  const GenRun sync_spec = Generate(false, arrivals, setup);
+  ExpectSame(plain, sync_spec);
+  EXPECT_EQ(sync_spec.spec_pipelined_steps, 0);
+  EXPECT_EQ(sync_spec.async_steps, 0);
 }
 
 // A sequence that a read step shows finished (EOS) frees its blocks while the next step, which

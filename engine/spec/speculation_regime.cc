@@ -1,0 +1,62 @@
+#include "engine/spec/speculation_regime.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace sluice {
+
+void SpeculationRegime::Start(bool pipelined, Phase phase) {
+  if (pipelined != pipelined_) ++num_switches_;
+  pipelined_ = pipelined;
+  phase_ = phase;
+  phase_steps_ = 0;
+  // A measurement starts afresh; the regime that runs on keeps its running rate.
+  if (phase != Phase::kExploit) rate_[pipelined ? 1 : 0] = Rate{};
+}
+
+void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences) {
+  if (sequences <= 0 || !(seconds > 0.0)) return;
+  Rate& rate = rate_[pipelined_ ? 1 : 0];
+  ++phase_steps_;
+  if (phase_ == Phase::kExploit) {
+    rate.tokens = kDecay * rate.tokens + static_cast<double>(tokens);
+    rate.sequence_seconds = kDecay * rate.sequence_seconds + seconds * static_cast<double>(sequences);
+    if (phase_steps_ >= retry_interval_) Start(!pipelined_, Phase::kRetry);
+    return;
+  }
+  if (phase_steps_ > 1) {  // the first step of a measurement may be the switch itself
+    rate.tokens += static_cast<double>(tokens);
+    rate.sequence_seconds += seconds * static_cast<double>(sequences);
+  }
+  const double retried = rate_[pipelined_ ? 1 : 0].Value();
+  const double running = rate_[pipelined_ ? 0 : 1].Value();
+  // A retry far behind the running regime stops early: it only costs.
+  const bool abandon = phase_ == Phase::kRetry && phase_steps_ > kMinRetrySteps &&
+                       retried < kAbandonRatio * running;
+  if (phase_steps_ < kMeasureSteps && !abandon) return;
+  const bool pipelined_wins = rate_[1].Value() > rate_[0].Value();
+  switch (phase_) {
+    case Phase::kFirst:
+      Start(true, Phase::kSecond);
+      return;
+    case Phase::kSecond:
+      Start(pipelined_wins, Phase::kExploit);
+      return;
+    case Phase::kRetry:
+      if (pipelined_wins == pipelined_) {
+        retry_interval_ = kRetryInterval;  // the retried regime won: it runs now
+      } else {
+        // Spaced by the factor it lost by (at least 2): a retry costs about kMeasureSteps
+        // steps of the slower rate.
+        const double factor = std::max(2.0, retried > 0.0 ? running / retried : 64.0);
+        retry_interval_ = std::min(kMaxRetryInterval,
+                                   static_cast<int64_t>(std::lround(factor * retry_interval_)));
+      }
+      Start(pipelined_wins, Phase::kExploit);
+      return;
+    case Phase::kExploit:
+      return;
+  }
+}
+
+}  // namespace sluice

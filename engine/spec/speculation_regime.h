@@ -1,0 +1,69 @@
+// SpeculationRegime: with --speculative-verify auto on a model that runs asynchronous steps
+// (the CUDA runners), chooses per step between the two ways the engine can decode:
+//   * speculative steps: drafting needs each step's real last token, so every step is read
+//     before the next one is planned (synchronous), and the confidence scheduler decides the
+//     drafts (ConfidenceScheduler; it may decide none);
+//   * pipelined plain steps: no drafts, async scheduling on (the next step is enqueued before
+//     this one is read, so the host's scheduling, drafting-free, overlaps the device).
+// The confidence scheduler's cost model prices drafts against a synchronous plain step, which is
+// the wrong baseline when the pipelined one is faster (a small model on a GPU: the host's step
+// overhead is most of a synchronous step). So each regime's realized rate is measured — tokens
+// emitted per second of engine time per running sequence, over the steps it ran — and the better
+// one runs. The other is measured again for kMeasureSteps steps after an interval that starts
+// at kRetryInterval steps and grows (up to kMaxRetryInterval) each time it still loses, by the
+// factor it lost by and at least 2, as the confidence scheduler spaces its probes; a retry
+// running below kAbandonRatio of the running regime's rate ends after kMinRetrySteps counted
+// steps. So a batch where speculation never pays spends next to nothing on it (on a GPU, a CPU
+// draft model's speculative step of 8 sequences costs ~10 plain pipelined steps), and one where
+// it starts paying (longer outputs, a warmer calibration) finds out.
+#ifndef SLUICE_ENGINE_SPEC_SPECULATION_REGIME_H_
+#define SLUICE_ENGINE_SPEC_SPECULATION_REGIME_H_
+
+#include <cstdint>
+
+namespace sluice {
+
+class SpeculationRegime {
+ public:
+  // Steps per measurement of a regime; its first step is not counted (it may be the switch: a
+  // drained pipeline, or a first draft round that catches up on many tokens).
+  static constexpr int64_t kMeasureSteps = 8;
+  static constexpr int64_t kRetryInterval = 32;
+  static constexpr int64_t kMaxRetryInterval = 1024;
+  static constexpr int64_t kMinRetrySteps = 2;
+  static constexpr double kAbandonRatio = 0.5;
+  // Weight of the older steps in the running regime's rate, per step.
+  static constexpr double kDecay = 0.9;
+
+  // Pipelined: the next step runs plain and pipelined (else speculative).
+  bool Pipelined() const { return pipelined_; }
+  // Observe: the step just run (in the regime Pipelined() said) took `seconds` of engine time,
+  // from its start to the next step's, and emitted `tokens` tokens for `sequences` running
+  // decode sequences. Steps without decode sequences are not observed. Then moves on: may
+  // switch the regime of the next step.
+  void Observe(double seconds, int64_t tokens, int64_t sequences);
+  // The measured rates (tokens per second per sequence; 0 before a measurement).
+  double speculative_rate() const { return rate_[0].Value(); }
+  double pipelined_rate() const { return rate_[1].Value(); }
+  int64_t num_switches() const { return num_switches_; }
+
+ private:
+  struct Rate {
+    double tokens = 0.0;
+    double sequence_seconds = 0.0;
+    double Value() const { return sequence_seconds > 0.0 ? tokens / sequence_seconds : 0.0; }
+  };
+  enum class Phase { kFirst, kSecond, kExploit, kRetry };
+  void Start(bool pipelined, Phase phase);
+
+  bool pipelined_ = false;      // speculative first: it also calibrates the drafter
+  Phase phase_ = Phase::kFirst;
+  int64_t phase_steps_ = 0;     // steps observed in this phase
+  int64_t retry_interval_ = kRetryInterval;
+  int64_t num_switches_ = 0;
+  Rate rate_[2];                // [speculative, pipelined]
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_ENGINE_SPEC_SPECULATION_REGIME_H_

@@ -1,0 +1,84 @@
+// SpeculationRegime: measured rates pick speculative or pipelined plain steps; the loser is
+// measured again after an interval that doubles while it keeps losing.
+#include "engine/spec/speculation_regime.h"
+
+#include <gtest/gtest.h>
+
+namespace sluice {
+namespace {
+
+// Runs `steps` steps of the current regime, each emitting `tokens` per sequence in 10 ms for
+// 4 sequences (a rate of tokens / 0.01 per sequence-second). Returns the regime after them.
+bool RunSteps(SpeculationRegime& regime, int64_t steps, double spec_tokens, double plain_tokens) {
+  for (int64_t i = 0; i < steps; ++i) {
+    const double tokens = regime.Pipelined() ? plain_tokens : spec_tokens;
+    regime.Observe(0.01, static_cast<int64_t>(4 * tokens), 4);
+  }
+  return regime.Pipelined();
+}
+
+TEST(SpeculationRegimeTest, MeasuresBothThenRunsTheFasterAndRetriesTheOtherLessOften) {
+  SpeculationRegime regime;
+  EXPECT_FALSE(regime.Pipelined());  // speculation first: it calibrates the drafter too
+  // Speculative steps emit 1 token per sequence, pipelined ones 1.5 (the host's work overlaps).
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps - 1, 1, 1.5));
+  EXPECT_TRUE(RunSteps(regime, 1, 1, 1.5));  // measured: now the pipelined steps' turn
+  EXPECT_NEAR(regime.speculative_rate(), 100.0, 1e-9);
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 1, 1.5));
+  EXPECT_NEAR(regime.pipelined_rate(), 150.0, 1e-9);
+  // Pipelined runs; speculation is retried after kRetryInterval steps, for kMeasureSteps.
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 1, 1.5));
+  EXPECT_FALSE(RunSteps(regime, 1, 1, 1.5));
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps - 1, 1, 1.5));
+  EXPECT_TRUE(RunSteps(regime, 1, 1, 1.5));
+  // It lost again, by 1.5x: the next retry comes twice as late (at least 2x).
+  EXPECT_TRUE(RunSteps(regime, 2 * SpeculationRegime::kRetryInterval - 1, 1, 1.5));
+  EXPECT_FALSE(RunSteps(regime, 1, 1, 1.5));
+  EXPECT_EQ(regime.num_switches(), 4);
+  // Now speculation pays (3 tokens per step): the retry finds it and it stays.
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 1.5));
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 3, 1.5));
+  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);
+  // ... and its retry of pipelined steps comes after kRetryInterval again.
+  EXPECT_TRUE(RunSteps(regime, 1, 3, 1.5));
+}
+
+TEST(SpeculationRegimeTest, SpeculationThatPaysFromTheStartKeepsRunning) {
+  SpeculationRegime regime;
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 1));
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 1));
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 3, 1));
+  EXPECT_EQ(regime.num_switches(), 2);
+}
+
+// On a GPU a CPU draft model's speculative step of 8 sequences cost ~10 plain pipelined steps:
+// a retry that far behind stops after kMinRetrySteps counted steps, and the next comes later by
+// the factor it lost by.
+TEST(SpeculationRegimeTest, RetryFarBehindEndsEarlyAndBacksOffByItsLoss) {
+  SpeculationRegime regime;
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.25, 2));  // 25 vs 200
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.25, 2));
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 0.25, 2));
+  EXPECT_FALSE(RunSteps(regime, 1, 0.25, 2));  // the retry begins
+  // Its first step is not counted; after kMinRetrySteps counted steps at 25 < 0.5 x 200 it ends.
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMinRetrySteps, 0.25, 2));
+  EXPECT_TRUE(RunSteps(regime, 1, 0.25, 2));
+  // 8x behind: the next retry after 32 x 8 steps.
+  EXPECT_TRUE(RunSteps(regime, 8 * SpeculationRegime::kRetryInterval - 1, 0.25, 2));
+  EXPECT_FALSE(RunSteps(regime, 1, 0.25, 2));
+}
+
+TEST(SpeculationRegimeTest, FirstStepOfAMeasurementAndIdleStepsAreNotCounted) {
+  SpeculationRegime regime;
+  // The first speculative step drains the pipeline or catches a drafter up: slow, not counted.
+  regime.Observe(1.0, 4, 4);
+  for (int i = 0; i < 10; ++i) regime.Observe(0.01, 4, 0);  // no decode sequences: ignored
+  regime.Observe(0.0, 4, 4);                                // no time: ignored
+  EXPECT_FALSE(regime.Pipelined());
+  for (int64_t i = 1; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.01, 4, 4);
+  EXPECT_NEAR(regime.speculative_rate(), 100.0, 1e-9);
+  EXPECT_TRUE(regime.Pipelined());
+}
+
+}  // namespace
+}  // namespace sluice
