@@ -249,6 +249,9 @@ struct WalkScratch {
   // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
   std::vector<std::pair<int32_t, int32_t>> decided;
   std::vector<int32_t> merged;
+  // The in-rule run (Precompute's inner loop): per trie depth, the one top's state, its
+  // parent node and the reference's state beside it.
+  std::vector<int32_t> run_state, run_parent, run_shadow;
 };
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
@@ -295,6 +298,11 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       std::vector<int32_t>& sites = g->return_sites_[c.rule];
       if (std::find(sites.begin(), sites.end(), c.next) == sites.end()) sites.push_back(c.next);
     }
+  }
+  g->plain_.assign(n, 0);
+  for (int32_t s = 0; s < n; ++s) {
+    const PdaState& st = built.states[s];
+    g->plain_[s] = st.call_begin == st.call_end && !st.accepting && built.CanConsume(s);
   }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
   g->closures_.assign(built.rule_start.size(), {});
@@ -606,7 +614,98 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     decided = *reuse->rejected;  // no walk: the reference's classes, minus these subtrees
     i = num_nodes;
   }
+  // The bulk of a walk is one top moving inside its rule through states that neither call nor
+  // return (a string's characters): those nodes are walked by the inner loop below with one
+  // state per depth, and the level structures above are written only where the walk leaves
+  // that run (a byte that enters a calling or accepting state), for the general step.
+  const bool runs = reuse == nullptr || reuse->rejected == nullptr;
+  std::vector<int32_t>& run_state = scratch.run_state;
+  std::vector<int32_t>& run_parent = scratch.run_parent;
+  std::vector<int32_t>& run_shadow = scratch.run_shadow;
+  if (runs && run_state.size() < static_cast<size_t>(vocab_->subtree_depth()[0]) + 2) {
+    const size_t levels = static_cast<size_t>(vocab_->subtree_depth()[0]) + 2;
+    run_state.resize(levels);
+    run_parent.resize(levels);
+    run_shadow.resize(levels);
+  }
+  const std::vector<int32_t>* reuse_depths = reuse != nullptr ? reuse->subtree_depth : nullptr;
+  const bool with_ref = reuse != nullptr && reuse->ref_state >= 0;
   while (i < num_nodes) {
+    if (runs) {
+      const int32_t base = trie[i].depth - 1;
+      if (exact_begin[base + 1] - exact_begin[base] == 1 &&
+          context_begin[base + 1] == context_begin[base]) {
+        const StackNode top = walk.nodes()[exact[exact_begin[base]]];
+        run_state[base] = top.state;
+        run_parent[base] = top.parent;
+        run_shadow[base] = with_ref ? (base < static_cast<int32_t>(shadow.size()) ? shadow[base] : -1)
+                                    : -1;
+        const bool sentinel = top.parent == kSentinelParent;
+        int32_t j = i;
+        while (j < num_nodes) {
+          const TrieNode& node = trie[j];
+          const int32_t pd = node.depth - 1;
+          if (pd < base) break;  // past the run's first parent's subtree
+          const int32_t ns = pda_.Next(run_state[pd], node.byte);
+          if (ns >= 0 && !plain_[ns]) break;  // calls or may return: the general step
+          int32_t next_shadow = -1;
+          if (reuse != nullptr) {
+            if (with_ref) {
+              const int32_t y = run_shadow[pd];
+              if (y >= 0 && sentinel) {
+                const int32_t ny = pda_.Next(y, node.byte);
+                if (ns == ny) {
+                  j = node.subtree_end;
+                  continue;
+                }
+                if (ny >= 0 && pda_.states[ny].call_begin == pda_.states[ny].call_end &&
+                    !pda_.states[ny].accepting) {
+                  next_shadow = ny;
+                }
+              }
+            } else if ((*reuse_depths)[j] <= reuse->depth) {
+              j = node.subtree_end;
+              continue;
+            }
+            decide(node.token_begin, node.token_end);
+          }
+          max_depth = std::max(max_depth, node.depth);
+          if (ns < 0) {
+            reject_subtree(node);
+            j = node.subtree_end;
+            continue;
+          }
+          if (entered != nullptr && sentinel) entered->emplace_back(ns, j);
+          add_range(&accepted, node.token_begin, node.token_end, true);
+          run_state[pd + 1] = ns;
+          run_parent[pd + 1] = run_parent[pd];
+          run_shadow[pd + 1] = next_shadow;
+          ++j;
+        }
+        if (j < num_nodes && trie[j].depth - 1 > base) {
+          // The general step takes node j: write the run's levels above base for it.
+          const int32_t pd = trie[j].depth - 1;
+          exact_begin.resize(base + 2);
+          context_begin.resize(base + 2);
+          pool.resize(base + 1);
+          exact.resize(exact_begin[base + 1]);
+          context.resize(context_begin[base + 1]);
+          walk.nodes().resize(pool[base]);
+          shadow.resize(base + 1);
+          for (int32_t l = base + 1; l <= pd; ++l) {
+            exact.push_back(walk.NewNode(run_state[l], run_parent[l]));
+            exact_begin.push_back(exact.size());
+            context_begin.push_back(context.size());
+            pool.push_back(walk.nodes().size());
+            shadow.push_back(run_shadow[l]);
+          }
+        }
+        i = j;
+        if (i >= num_nodes || trie[i].depth - 1 < base) continue;
+        // Node i is the run's first node the general step takes (its parent level written).
+        // Fall through to the general step, which must not restart the run at this node.
+      }
+    }
     const TrieNode& node = trie[i];
     int32_t next_shadow = -1;  // the reference's state after this node's byte, while in step
     if (reuse != nullptr) {
