@@ -457,7 +457,7 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
 // character, after an escape); each costs a walk of the whole vocabulary at compile time.
 void MinimizeStates(Pda* pda) {
   const int32_t n = static_cast<int32_t>(pda->states.size());
-  std::vector<int32_t> cls(n), next_cls(n);
+  std::vector<int32_t> cls(n);
   int32_t num_classes = 0;
   {
     absl::flat_hash_map<std::pair<int32_t, bool>, int32_t> initial;
@@ -501,16 +501,93 @@ void MinimizeStates(Pda* pda) {
       for (auto [a, b] : pairs) sig.insert(sig.end(), {a, b});
     }
   };
-  for (;;) {
-    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-    for (int32_t s = 0; s < n; ++s) {
-      signature(s);
-      next_cls[s] = ids.try_emplace(sig, ids.size()).first->second;
-    }
-    cls.swap(next_cls);
-    if (static_cast<int32_t>(ids.size()) == num_classes) break;
-    num_classes = static_cast<int32_t>(ids.size());
+  // Refinement by worklist: a state's signature can change only when a state it has an edge
+  // into moved to a new class, so after a first pass over every state only the predecessors
+  // of moved states are signed again, each against one unchanged member of its class (a chain
+  // of capped key characters splits one state per round: a pass over all states per round
+  // cost rounds x states). Every split separates states whose signatures differ under a
+  // partition no finer than the coarsest stable one, and the loop ends when every class is
+  // stable, so the classes are the ones full Moore rounds reach.
+  std::vector<std::vector<int32_t>> preds(n);
+  for (int32_t s = 0; s < n; ++s) {
+    const PdaState& st = pda->states[s];
+    auto add = [&](int32_t t) {
+      if (preds[t].empty() || preds[t].back() != s) preds[t].push_back(s);
+    };
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) add(pda->byte_edges[e].next);
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) add(pda->call_edges[e].next);
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) add(pda->token_edges[e].next);
   }
+  std::vector<std::vector<int32_t>> members(num_classes);
+  for (int32_t s = 0; s < n; ++s) members[cls[s]].push_back(s);
+  // Each round signs under the partition its start had (moves apply at its end), so the
+  // members of a class left unsigned share one signature: that of the unchanged member.
+  std::vector<char> dirty(n, 1), class_hit(num_classes, 0);
+  std::vector<int32_t> dirty_list(n), classes_hit, kept, ref_sig, cur;
+  for (int32_t s = 0; s < n; ++s) dirty_list[s] = s;
+  std::vector<std::pair<int32_t, int32_t>> moved;  // (state, new class)
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> groups;  // signature -> new class
+  while (!dirty_list.empty()) {
+    classes_hit.clear();
+    for (int32_t s : dirty_list) {
+      if (!class_hit[cls[s]]) {
+        class_hit[cls[s]] = 1;
+        classes_hit.push_back(cls[s]);
+      }
+    }
+    moved.clear();
+    for (int32_t c : classes_hit) {
+      class_hit[c] = 0;
+      cur = members[c];  // a copy: new classes grow `members`
+      const std::vector<int32_t>& m = cur;
+      int32_t ref = m[0];
+      for (int32_t x : m) {
+        if (!dirty[x]) {
+          ref = x;
+          break;
+        }
+      }
+      if (m.size() == 1) {
+        dirty[ref] = 0;
+        continue;
+      }
+      signature(ref);
+      ref_sig = sig;
+      groups.clear();
+      kept.clear();
+      for (int32_t x : m) {
+        const bool check = dirty[x] && x != ref;
+        dirty[x] = 0;
+        if (check) {
+          signature(x);
+          if (sig != ref_sig) {
+            auto [it, fresh] = groups.try_emplace(sig, 0);
+            if (fresh) {
+              it->second = static_cast<int32_t>(members.size());
+              members.emplace_back();
+              class_hit.push_back(0);
+            }
+            members[it->second].push_back(x);
+            moved.emplace_back(x, it->second);
+            continue;
+          }
+        }
+        kept.push_back(x);
+      }
+      members[c].swap(kept);
+    }
+    dirty_list.clear();
+    for (const auto& [x, c] : moved) cls[x] = c;
+    for (const auto& [x, c] : moved) {
+      for (int32_t p : preds[x]) {
+        if (!dirty[p]) {
+          dirty[p] = 1;
+          dirty_list.push_back(p);
+        }
+      }
+    }
+  }
+  num_classes = static_cast<int32_t>(members.size());
   if (num_classes == n) return;
   // Rebuild with one state per class, numbered by first occurrence.
   std::vector<int32_t> id_of_class(num_classes, -1), rep;
