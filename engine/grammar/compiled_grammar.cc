@@ -75,6 +75,15 @@ class BoundedClasses {
   std::vector<std::vector<int32_t>> levels_;
 };
 
+// BitCount: set bits of a word, without a library call (builds for any x86-64 have no popcnt
+// instruction).
+inline int32_t BitCount(uint32_t x) {
+  x = x - ((x >> 1) & 0x55555555u);
+  x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+  x = (x + (x >> 4)) & 0x0f0f0f0fu;
+  return static_cast<int32_t>((x * 0x01010101u) >> 24);
+}
+
 // DominantSuccessor: the state most of `s`'s bytes lead to (-1: none), the key under which
 // states that differ only in a few bytes find each other.
 int32_t DominantSuccessor(const Pda& pda, int32_t s) {
@@ -252,6 +261,7 @@ struct WalkScratch {
   // The in-rule run (Precompute's inner loop): per trie depth, the one top's state, its
   // parent node and the reference's state beside it.
   std::vector<int32_t> run_state, run_parent, run_shadow;
+  std::vector<uint8_t> run_context;  // the level's context tops are the rule's closure
 };
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
@@ -300,9 +310,11 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     }
   }
   g->plain_.assign(n, 0);
+  g->returning_.assign(n, 0);
   for (int32_t s = 0; s < n; ++s) {
     const PdaState& st = built.states[s];
     g->plain_[s] = st.call_begin == st.call_end && !st.accepting && built.CanConsume(s);
+    g->returning_[s] = st.call_begin == st.call_end && st.accepting && built.CanConsume(s);
   }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
   g->closures_.assign(built.rule_start.size(), {});
@@ -622,20 +634,42 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   std::vector<int32_t>& run_state = scratch.run_state;
   std::vector<int32_t>& run_parent = scratch.run_parent;
   std::vector<int32_t>& run_shadow = scratch.run_shadow;
+  std::vector<uint8_t>& run_context = scratch.run_context;
   if (runs && run_state.size() < static_cast<size_t>(vocab_->subtree_depth()[0]) + 2) {
     const size_t levels = static_cast<size_t>(vocab_->subtree_depth()[0]) + 2;
     run_state.resize(levels);
     run_parent.resize(levels);
     run_shadow.resize(levels);
+    run_context.resize(levels);
+  }
+  // A run also goes through states where the rule may return (a loop such as [A-Za-z ]*,
+  // with nothing below the rule's own bottom): the level's context tops are then the rule's
+  // closure, and a byte none of them takes leaves only the one top (closure_bytes).
+  const std::vector<int32_t>& closure_tops = own_closure.tops;
+  std::array<uint64_t, 4> closure_bytes{};
+  for (int32_t top : closure_tops) {
+    const PdaState& st = pda_.states[walk.nodes()[top].state];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      for (int b = pda_.byte_edges[e].lo; b <= pda_.byte_edges[e].hi; ++b) {
+        closure_bytes[b >> 6] |= uint64_t{1} << (b & 63);
+      }
+    }
   }
   const std::vector<int32_t>* reuse_depths = reuse != nullptr ? reuse->subtree_depth : nullptr;
   const bool with_ref = reuse != nullptr && reuse->ref_state >= 0;
   while (i < num_nodes) {
     if (runs) {
       const int32_t base = trie[i].depth - 1;
-      if (exact_begin[base + 1] - exact_begin[base] == 1 &&
-          context_begin[base + 1] == context_begin[base]) {
-        const StackNode top = walk.nodes()[exact[exact_begin[base]]];
+      const size_t num_context = context_begin[base + 1] - context_begin[base];
+      const StackNode top = exact_begin[base + 1] - exact_begin[base] == 1
+                                ? walk.nodes()[exact[exact_begin[base]]]
+                                : StackNode{-1, kRootParent};
+      if (top.state >= 0 &&
+          (num_context == 0 ||
+           (top.parent == kSentinelParent && num_context == closure_tops.size() &&
+            std::equal(closure_tops.begin(), closure_tops.end(),
+                       context.begin() + context_begin[base])))) {
+        run_context[base] = num_context != 0;
         run_state[base] = top.state;
         run_parent[base] = top.parent;
         run_shadow[base] = with_ref ? (base < static_cast<int32_t>(shadow.size()) ? shadow[base] : -1)
@@ -646,13 +680,20 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
           const TrieNode& node = trie[j];
           const int32_t pd = node.depth - 1;
           if (pd < base) break;  // past the run's first parent's subtree
+          const bool in_context = run_context[pd];
+          if (in_context && ((closure_bytes[node.byte >> 6] >> (node.byte & 63)) & 1)) break;
           const int32_t ns = pda_.Next(run_state[pd], node.byte);
-          if (ns >= 0 && !plain_[ns]) break;  // calls or may return: the general step
+          uint8_t next_context = 0;
+          if (ns >= 0 && !plain_[ns]) {
+            // A return from the rule's own bottom: the closure follows (else the general step).
+            if (!sentinel || returning_[ns] == 0) break;
+            next_context = !closure_tops.empty();
+          }
           int32_t next_shadow = -1;
           if (reuse != nullptr) {
             if (with_ref) {
               const int32_t y = run_shadow[pd];
-              if (y >= 0 && sentinel) {
+              if (y >= 0 && sentinel && !in_context) {
                 const int32_t ny = pda_.Next(y, node.byte);
                 if (ns == ny) {
                   j = node.subtree_end;
@@ -675,11 +716,12 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
             j = node.subtree_end;
             continue;
           }
-          if (entered != nullptr && sentinel) entered->emplace_back(ns, j);
+          if (entered != nullptr && sentinel && !in_context) entered->emplace_back(ns, j);
           add_range(&accepted, node.token_begin, node.token_end, true);
           run_state[pd + 1] = ns;
           run_parent[pd + 1] = run_parent[pd];
           run_shadow[pd + 1] = next_shadow;
+          run_context[pd + 1] = next_context;
           ++j;
         }
         if (j < num_nodes && trie[j].depth - 1 > base) {
@@ -694,6 +736,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
           shadow.resize(base + 1);
           for (int32_t l = base + 1; l <= pd; ++l) {
             exact.push_back(walk.NewNode(run_state[l], run_parent[l]));
+            if (run_context[l]) context.insert(context.end(), closure_tops.begin(), closure_tops.end());
             exact_begin.push_back(exact.size());
             context_begin.push_back(context.size());
             pool.push_back(walk.nodes().size());
@@ -904,8 +947,12 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
         }
       }
       for (int32_t id : accepted) t.accepted_bits[id >> 5] |= 1u << (id & 31);
+      // Only whether more tokens than words are set matters: stop counting there (a bitmask
+      // of a large set passes it within its first words).
       int64_t count = 0;
-      for (uint32_t w : t.accepted_bits) count += __builtin_popcount(w);
+      for (size_t w = 0; w < t.accepted_bits.size() && count <= words; ++w) {
+        count += BitCount(t.accepted_bits[w]);
+      }
       if (count > words) {
         accepted.clear();
       } else {  // few enough for an id list (in trie order, as a walk lists them)
