@@ -262,6 +262,23 @@ struct WalkScratch {
   // parent node and the reference's state beside it.
   std::vector<int32_t> run_state, run_parent, run_shadow;
   std::vector<uint8_t> run_context;  // the level's context tops are the rule's closure
+  // Byte transitions as 256-entry rows, filled the first time a run steps from a state:
+  // row[state] (-1: not yet) into next (-1: no edge).
+  std::vector<int32_t> row, next;
+  // A reference table's accepted tokens as a bitmask over sorted positions (Precompute).
+  absl::flat_hash_map<const StateTokens*, std::vector<uint64_t>> by_position;
+  int32_t Next(const Pda& pda, int32_t q, uint8_t byte) {
+    if (row[q] < 0) {
+      row[q] = static_cast<int32_t>(next.size());
+      next.resize(next.size() + 256, -1);
+      const PdaState& st = pda.states[q];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const ByteEdge& edge = pda.byte_edges[e];
+        std::fill(next.begin() + row[q] + edge.lo, next.begin() + row[q] + edge.hi + 1, edge.next);
+      }
+    }
+    return next[row[q] + byte];
+  }
 };
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
@@ -327,6 +344,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   // bounded repetitions (the 16 digits of a number) share one walk that way.
   BoundedClasses classes(built);
   WalkScratch scratch;
+  scratch.row.assign(n, -1);
   absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
   std::vector<int32_t> depths;  // the depths in `walked`
   // A state that no string of up to L bytes tells apart from an earlier one (whose walk went
@@ -682,7 +700,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
           if (pd < base) break;  // past the run's first parent's subtree
           const bool in_context = run_context[pd];
           if (in_context && ((closure_bytes[node.byte >> 6] >> (node.byte & 63)) & 1)) break;
-          const int32_t ns = pda_.Next(run_state[pd], node.byte);
+          const int32_t ns = scratch.Next(pda_, run_state[pd], node.byte);
           uint8_t next_context = 0;
           if (ns >= 0 && !plain_[ns]) {
             // A return from the rule's own bottom: the closure follows (else the general step).
@@ -694,7 +712,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
             if (with_ref) {
               const int32_t y = run_shadow[pd];
               if (y >= 0 && sentinel && !in_context) {
-                const int32_t ny = pda_.Next(y, node.byte);
+                const int32_t ny = scratch.Next(pda_, y, node.byte);
                 if (ns == ny) {
                   j = node.subtree_end;
                   continue;
@@ -922,10 +940,25 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     if (!ref.accepted_bits.empty() && 2 * num_decided > static_cast<int64_t>(sorted.size())) {
       // Most tokens decided (a short truncated copy): gather the few kept, in trie order,
       // instead of clearing the many.
+      // The reference's accepted set by sorted position (built once per reference): the kept
+      // tokens of a range are its set bits, so the walk over them skips the rejected ones 64
+      // at a time.
+      std::vector<uint64_t>& by_position = scratch.by_position[&ref];
+      if (by_position.empty()) {
+        by_position.assign((sorted.size() + 63) / 64, 0);
+        for (size_t w = 0; w < ref.accepted_bits.size(); ++w) {
+          for (uint32_t bits = ref.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+            const int32_t p = position[static_cast<int32_t>(w * 32) + __builtin_ctz(bits)];
+            if (p >= 0) by_position[p >> 6] |= uint64_t{1} << (p & 63);
+          }
+        }
+      }
       auto keep = [&](int32_t begin, int32_t end) {
-        for (int32_t k = begin; k < end; ++k) {
-          const int32_t id = sorted[k];
-          if ((ref.accepted_bits[id >> 5] >> (id & 31)) & 1u) merged.push_back(id);
+        for (int32_t w = begin >> 6; w << 6 < end; ++w) {
+          uint64_t bits = by_position[w];
+          if (w << 6 < begin) bits &= ~uint64_t{0} << (begin & 63);
+          if ((w + 1) << 6 > end) bits &= ~(~uint64_t{0} << (end & 63));
+          for (; bits != 0; bits &= bits - 1) merged.push_back(sorted[(w << 6) + __builtin_ctzll(bits)]);
         }
       };
       int32_t pos = 0;
