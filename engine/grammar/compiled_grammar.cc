@@ -38,12 +38,13 @@ class BoundedClasses {
  private:
   void Refine() {
     const int32_t n = static_cast<int32_t>(pda_.states.size());
-    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-    std::vector<int32_t> out(n), sig;
-    for (int32_t s = 0; s < n; ++s) {
-      const PdaState& st = pda_.states[s];
-      sig.clear();
-      if (levels_.empty()) {
+    std::vector<int32_t> sig;
+    if (levels_.empty()) {
+      absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+      std::vector<int32_t> out(n);
+      preds_.assign(n, {});
+      for (int32_t s = 0; s < n; ++s) {
+        const PdaState& st = pda_.states[s];
         sig = {st.rule, st.accepting ? 1 : 0, pda_.HasByteEdges(s) ? 1 : 0, -1};
         for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
           sig.insert(sig.end(), {pda_.call_edges[e].rule, pda_.call_edges[e].next});
@@ -52,27 +53,107 @@ class BoundedClasses {
         for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
           sig.insert(sig.end(), {pda_.token_edges[e].token, pda_.token_edges[e].next});
         }
-      } else {
-        const std::vector<int32_t>& prev = levels_.back();
-        sig.push_back(prev[s]);
+        out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
         for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-          const ByteEdge& edge = pda_.byte_edges[e];
-          const int32_t c = prev[edge.next];
-          // Adjacent ranges into one class read as one (as MinimizeStates writes them).
-          if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
-            sig[sig.size() - 2] = edge.hi;
-          } else {
-            sig.insert(sig.end(), {edge.lo, edge.hi, c});
-          }
+          std::vector<int32_t>& p = preds_[pda_.byte_edges[e].next];
+          if (p.empty() || p.back() != s) p.push_back(s);
         }
       }
-      out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+      members_.assign(ids.size(), {});
+      for (int32_t s = 0; s < n; ++s) members_[out[s]].push_back(s);
+      dirty_.assign(n, 1);
+      dirty_list_.resize(n);
+      for (int32_t s = 0; s < n; ++s) dirty_list_[s] = s;
+      levels_.push_back(std::move(out));
+      return;
+    }
+    // Level k + 1 splits each class of level k by the classes its bytes lead to at level k.
+    // Numbers stay where a state stays in its class, so a state's signature changes only when
+    // a state one of its bytes leads to moved in the last round: only those are signed again,
+    // against an unchanged member of their class (the same partition as signing every state).
+    const std::vector<int32_t>& prev = levels_.back();
+    auto signature = [&](int32_t s) {
+      const PdaState& st = pda_.states[s];
+      sig.clear();
+      sig.push_back(prev[s]);
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const ByteEdge& edge = pda_.byte_edges[e];
+        const int32_t c = prev[edge.next];
+        // Adjacent ranges into one class read as one (as MinimizeStates writes them).
+        if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
+          sig[sig.size() - 2] = edge.hi;
+        } else {
+          sig.insert(sig.end(), {edge.lo, edge.hi, c});
+        }
+      }
+    };
+    std::vector<int32_t> out = prev;
+    std::vector<int32_t> classes, kept, ref_sig, cur;
+    std::vector<std::pair<int32_t, int32_t>> moved;  // (state, new class)
+    absl::flat_hash_map<std::vector<int32_t>, int32_t> groups;
+    std::vector<char> hit(members_.size(), 0);
+    for (int32_t s : dirty_list_) {
+      if (!hit[prev[s]]) {
+        hit[prev[s]] = 1;
+        classes.push_back(prev[s]);
+      }
+    }
+    for (int32_t c : classes) {
+      cur = members_[c];  // a copy: new classes grow members_
+      int32_t ref = cur[0];
+      for (int32_t x : cur) {
+        if (!dirty_[x]) {
+          ref = x;
+          break;
+        }
+      }
+      if (cur.size() == 1) {
+        dirty_[ref] = 0;
+        continue;
+      }
+      signature(ref);
+      ref_sig = sig;
+      groups.clear();
+      kept.clear();
+      for (int32_t x : cur) {
+        const bool check = dirty_[x] && x != ref;
+        dirty_[x] = 0;
+        if (check) {
+          signature(x);
+          if (sig != ref_sig) {
+            auto [it, fresh] = groups.try_emplace(sig, 0);
+            if (fresh) {
+              it->second = static_cast<int32_t>(members_.size());
+              members_.emplace_back();
+            }
+            members_[it->second].push_back(x);
+            moved.emplace_back(x, it->second);
+            continue;
+          }
+        }
+        kept.push_back(x);
+      }
+      members_[c].swap(kept);
+    }
+    dirty_list_.clear();
+    for (const auto& [x, c] : moved) out[x] = c;
+    for (const auto& [x, c] : moved) {
+      for (int32_t p : preds_[x]) {
+        if (!dirty_[p]) {
+          dirty_[p] = 1;
+          dirty_list_.push_back(p);
+        }
+      }
     }
     levels_.push_back(std::move(out));
   }
 
   const Pda& pda_;
   std::vector<std::vector<int32_t>> levels_;
+  std::vector<std::vector<int32_t>> preds_;    // [state] states with a byte edge into it
+  std::vector<std::vector<int32_t>> members_;  // [class] its states at the last level
+  std::vector<char> dirty_;                    // [state] to sign at the next level
+  std::vector<int32_t> dirty_list_;
 };
 
 // BitCount: set bits of a word, without a library call (builds for any x86-64 have no popcnt
