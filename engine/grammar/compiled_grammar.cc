@@ -414,6 +414,25 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     g->plain_[s] = st.call_begin == st.call_end && !st.accepting && built.CanConsume(s);
     g->returning_[s] = st.call_begin == st.call_end && st.accepting && built.CanConsume(s);
   }
+  // A state whose calls only return at once (an empty rule such as an object's "nothing
+  // follows" tail) and then leave the rule, consuming nothing on the way, steps like a
+  // returning one: its expansion from the rule's bottom is itself plus a return.
+  {
+    StackWalk probe(&g->pda_);
+    std::vector<int32_t> tops;
+    for (int32_t s = 0; s < n; ++s) {
+      const PdaState& st = built.states[s];
+      if (st.call_begin == st.call_end || !built.CanConsume(s)) continue;
+      probe.nodes().clear();
+      probe.ResetVisited();
+      probe.context_returns().clear();
+      tops.clear();
+      StackWalk::Flags flags;
+      probe.Expand(probe.NewNode(s, kSentinelParent), &tops, &flags);
+      g->returning_[s] = flags.reached_sentinel && !flags.reached_root &&
+                         probe.context_returns().empty() && tops.size() == 1 && tops[0] == 0;
+    }
+  }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
   g->closures_.assign(built.rule_start.size(), {});
   g->tables_.resize(n);
