@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/partition_refinement.h"
 #include "engine/grammar/stack_walk.h"
 
 namespace sluice::grammar {
@@ -37,12 +39,11 @@ class BoundedClasses {
 
  private:
   void Refine() {
-    const int32_t n = static_cast<int32_t>(pda_.states.size());
-    std::vector<int32_t> sig;
     if (levels_.empty()) {
+      const int32_t n = static_cast<int32_t>(pda_.states.size());
       absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-      std::vector<int32_t> out(n);
-      preds_.assign(n, {});
+      std::vector<int32_t> out(n), sig;
+      std::vector<std::vector<int32_t>> preds(n);
       for (int32_t s = 0; s < n; ++s) {
         const PdaState& st = pda_.states[s];
         sig = {st.rule, st.accepting ? 1 : 0, pda_.HasByteEdges(s) ? 1 : 0, -1};
@@ -55,105 +56,38 @@ class BoundedClasses {
         }
         out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
         for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-          std::vector<int32_t>& p = preds_[pda_.byte_edges[e].next];
+          std::vector<int32_t>& p = preds[pda_.byte_edges[e].next];
           if (p.empty() || p.back() != s) p.push_back(s);
         }
       }
-      members_.assign(ids.size(), {});
-      for (int32_t s = 0; s < n; ++s) members_[out[s]].push_back(s);
-      dirty_.assign(n, 1);
-      dirty_list_.resize(n);
-      for (int32_t s = 0; s < n; ++s) dirty_list_[s] = s;
+      refinement_.emplace(out, static_cast<int32_t>(ids.size()), std::move(preds));
       levels_.push_back(std::move(out));
       return;
     }
-    // Level k + 1 splits each class of level k by the classes its bytes lead to at level k.
-    // Numbers stay where a state stays in its class, so a state's signature changes only when
-    // a state one of its bytes leads to moved in the last round: only those are signed again,
-    // against an unchanged member of their class (the same partition as signing every state).
-    const std::vector<int32_t>& prev = levels_.back();
-    auto signature = [&](int32_t s) {
+    // Level k + 1 splits each class of level k by the classes its bytes lead to at level k:
+    // one round of refinement (numbers differ from a fresh numbering, classes do not).
+    refinement_->Round([&](int32_t s, std::vector<int32_t>* sig) {
+      const std::vector<int32_t>& prev = refinement_->classes();
       const PdaState& st = pda_.states[s];
-      sig.clear();
-      sig.push_back(prev[s]);
+      sig->clear();
+      sig->push_back(prev[s]);
       for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
         const ByteEdge& edge = pda_.byte_edges[e];
         const int32_t c = prev[edge.next];
         // Adjacent ranges into one class read as one (as MinimizeStates writes them).
-        if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
-          sig[sig.size() - 2] = edge.hi;
+        if (sig->size() >= 4 && sig->back() == c && (*sig)[sig->size() - 2] + 1 == edge.lo) {
+          (*sig)[sig->size() - 2] = edge.hi;
         } else {
-          sig.insert(sig.end(), {edge.lo, edge.hi, c});
+          sig->insert(sig->end(), {edge.lo, edge.hi, c});
         }
       }
-    };
-    std::vector<int32_t> out = prev;
-    std::vector<int32_t> classes, kept, ref_sig, cur;
-    std::vector<std::pair<int32_t, int32_t>> moved;  // (state, new class)
-    absl::flat_hash_map<std::vector<int32_t>, int32_t> groups;
-    std::vector<char> hit(members_.size(), 0);
-    for (int32_t s : dirty_list_) {
-      if (!hit[prev[s]]) {
-        hit[prev[s]] = 1;
-        classes.push_back(prev[s]);
-      }
-    }
-    for (int32_t c : classes) {
-      cur = members_[c];  // a copy: new classes grow members_
-      int32_t ref = cur[0];
-      for (int32_t x : cur) {
-        if (!dirty_[x]) {
-          ref = x;
-          break;
-        }
-      }
-      if (cur.size() == 1) {
-        dirty_[ref] = 0;
-        continue;
-      }
-      signature(ref);
-      ref_sig = sig;
-      groups.clear();
-      kept.clear();
-      for (int32_t x : cur) {
-        const bool check = dirty_[x] && x != ref;
-        dirty_[x] = 0;
-        if (check) {
-          signature(x);
-          if (sig != ref_sig) {
-            auto [it, fresh] = groups.try_emplace(sig, 0);
-            if (fresh) {
-              it->second = static_cast<int32_t>(members_.size());
-              members_.emplace_back();
-            }
-            members_[it->second].push_back(x);
-            moved.emplace_back(x, it->second);
-            continue;
-          }
-        }
-        kept.push_back(x);
-      }
-      members_[c].swap(kept);
-    }
-    dirty_list_.clear();
-    for (const auto& [x, c] : moved) out[x] = c;
-    for (const auto& [x, c] : moved) {
-      for (int32_t p : preds_[x]) {
-        if (!dirty_[p]) {
-          dirty_[p] = 1;
-          dirty_list_.push_back(p);
-        }
-      }
-    }
-    levels_.push_back(std::move(out));
+    });
+    levels_.push_back(refinement_->classes());
   }
 
   const Pda& pda_;
   std::vector<std::vector<int32_t>> levels_;
-  std::vector<std::vector<int32_t>> preds_;    // [state] states with a byte edge into it
-  std::vector<std::vector<int32_t>> members_;  // [class] its states at the last level
-  std::vector<char> dirty_;                    // [state] to sign at the next level
-  std::vector<int32_t> dirty_list_;
+  std::optional<PartitionRefinement> refinement_;  // at the last level
 };
 
 // BitCount: set bits of a word, without a library call (builds for any x86-64 have no popcnt
@@ -774,6 +708,15 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     }
   }
   const std::vector<int32_t>* reuse_depths = reuse != nullptr ? reuse->subtree_depth : nullptr;
+  // Drops the levels below level d (the tops after d bytes stay, their children go).
+  auto truncate_levels = [&](int32_t d) {
+    exact_begin.resize(d + 2);
+    context_begin.resize(d + 2);
+    pool.resize(d + 1);
+    exact.resize(exact_begin[d + 1]);
+    context.resize(context_begin[d + 1]);
+    walk.nodes().resize(pool[d]);
+  };
   const bool with_ref = reuse != nullptr && reuse->ref_state >= 0;
   while (i < num_nodes) {
     if (runs) {
@@ -845,12 +788,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
         if (j < num_nodes && trie[j].depth - 1 > base) {
           // The general step takes node j: write the run's levels above base for it.
           const int32_t pd = trie[j].depth - 1;
-          exact_begin.resize(base + 2);
-          context_begin.resize(base + 2);
-          pool.resize(base + 1);
-          exact.resize(exact_begin[base + 1]);
-          context.resize(context_begin[base + 1]);
-          walk.nodes().resize(pool[base]);
+          truncate_levels(base);
           shadow.resize(base + 1);
           for (int32_t l = base + 1; l <= pd; ++l) {
             exact.push_back(walk.NewNode(run_state[l], run_parent[l]));
@@ -907,12 +845,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       i = node.subtree_end;  // the state has no edge for this first byte
       continue;
     }
-    exact_begin.resize(d + 2);
-    context_begin.resize(d + 2);
-    pool.resize(d + 1);
-    exact.resize(exact_begin[d + 1]);
-    context.resize(context_begin[d + 1]);
-    walk.nodes().resize(pool[d]);
+    truncate_levels(d);
     if (entered != nullptr && exact.size() - exact_begin[d] == 1 &&
         context.size() == context_begin[d]) {
       const StackNode top = walk.nodes()[exact[exact_begin[d]]];

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/partition_refinement.h"
 #include "engine/grammar/regex_to_grammar.h"
 #include "engine/grammar/text_escapes.h"
 
@@ -467,18 +468,32 @@ void MinimizeStates(Pda* pda) {
     }
     num_classes = static_cast<int32_t>(initial.size());
   }
+  // Refinement by worklist (partition_refinement.h): a capped key's character chain splits
+  // one state per round, so signing every state in every round cost rounds x states.
+  std::vector<std::vector<int32_t>> preds(n);
+  for (int32_t s = 0; s < n; ++s) {
+    const PdaState& st = pda->states[s];
+    auto add = [&](int32_t t) {
+      if (preds[t].empty() || preds[t].back() != s) preds[t].push_back(s);
+    };
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) add(pda->byte_edges[e].next);
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) add(pda->call_edges[e].next);
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) add(pda->token_edges[e].next);
+  }
+  PartitionRefinement refinement(std::move(cls), num_classes, std::move(preds));
   // Signature of a state under the current classes: its class, then its edges by target class
   // (adjacent byte ranges into one class merged, calls and tokens sorted).
-  std::vector<int32_t> sig;
   std::vector<std::pair<int32_t, int32_t>> pairs;
-  auto signature = [&](int32_t s) {
+  auto signature = [&](int32_t s, std::vector<int32_t>* out) {
+    const std::vector<int32_t>& now = refinement.classes();
+    std::vector<int32_t>& sig = *out;
     const PdaState& st = pda->states[s];
     sig.clear();
-    sig.push_back(cls[s]);
+    sig.push_back(now[s]);
     int32_t lo = -1, hi = -2, c = -1;
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
       const ByteEdge& edge = pda->byte_edges[e];
-      const int32_t ec = cls[edge.next];
+      const int32_t ec = now[edge.next];
       if (ec == c && hi + 1 == edge.lo) {
         hi = edge.hi;
         continue;
@@ -493,101 +508,17 @@ void MinimizeStates(Pda* pda) {
                                        std::tuple{st.token_begin, st.token_end, false}}) {
       pairs.clear();
       for (uint32_t e = begin; e < end; ++e) {
-        pairs.push_back(is_call ? std::make_pair(pda->call_edges[e].rule, cls[pda->call_edges[e].next])
-                                : std::make_pair(pda->token_edges[e].token, cls[pda->token_edges[e].next]));
+        pairs.push_back(is_call ? std::make_pair(pda->call_edges[e].rule, now[pda->call_edges[e].next])
+                                : std::make_pair(pda->token_edges[e].token, now[pda->token_edges[e].next]));
       }
       std::sort(pairs.begin(), pairs.end());
       sig.push_back(-1);  // separator
       for (auto [a, b] : pairs) sig.insert(sig.end(), {a, b});
     }
   };
-  // Refinement by worklist: a state's signature can change only when a state it has an edge
-  // into moved to a new class, so after a first pass over every state only the predecessors
-  // of moved states are signed again, each against one unchanged member of its class (a chain
-  // of capped key characters splits one state per round: a pass over all states per round
-  // cost rounds x states). Every split separates states whose signatures differ under a
-  // partition no finer than the coarsest stable one, and the loop ends when every class is
-  // stable, so the classes are the ones full Moore rounds reach.
-  std::vector<std::vector<int32_t>> preds(n);
-  for (int32_t s = 0; s < n; ++s) {
-    const PdaState& st = pda->states[s];
-    auto add = [&](int32_t t) {
-      if (preds[t].empty() || preds[t].back() != s) preds[t].push_back(s);
-    };
-    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) add(pda->byte_edges[e].next);
-    for (uint32_t e = st.call_begin; e < st.call_end; ++e) add(pda->call_edges[e].next);
-    for (uint32_t e = st.token_begin; e < st.token_end; ++e) add(pda->token_edges[e].next);
-  }
-  std::vector<std::vector<int32_t>> members(num_classes);
-  for (int32_t s = 0; s < n; ++s) members[cls[s]].push_back(s);
-  // Each round signs under the partition its start had (moves apply at its end), so the
-  // members of a class left unsigned share one signature: that of the unchanged member.
-  std::vector<char> dirty(n, 1), class_hit(num_classes, 0);
-  std::vector<int32_t> dirty_list(n), classes_hit, kept, ref_sig, cur;
-  for (int32_t s = 0; s < n; ++s) dirty_list[s] = s;
-  std::vector<std::pair<int32_t, int32_t>> moved;  // (state, new class)
-  absl::flat_hash_map<std::vector<int32_t>, int32_t> groups;  // signature -> new class
-  while (!dirty_list.empty()) {
-    classes_hit.clear();
-    for (int32_t s : dirty_list) {
-      if (!class_hit[cls[s]]) {
-        class_hit[cls[s]] = 1;
-        classes_hit.push_back(cls[s]);
-      }
-    }
-    moved.clear();
-    for (int32_t c : classes_hit) {
-      class_hit[c] = 0;
-      cur = members[c];  // a copy: new classes grow `members`
-      const std::vector<int32_t>& m = cur;
-      int32_t ref = m[0];
-      for (int32_t x : m) {
-        if (!dirty[x]) {
-          ref = x;
-          break;
-        }
-      }
-      if (m.size() == 1) {
-        dirty[ref] = 0;
-        continue;
-      }
-      signature(ref);
-      ref_sig = sig;
-      groups.clear();
-      kept.clear();
-      for (int32_t x : m) {
-        const bool check = dirty[x] && x != ref;
-        dirty[x] = 0;
-        if (check) {
-          signature(x);
-          if (sig != ref_sig) {
-            auto [it, fresh] = groups.try_emplace(sig, 0);
-            if (fresh) {
-              it->second = static_cast<int32_t>(members.size());
-              members.emplace_back();
-              class_hit.push_back(0);
-            }
-            members[it->second].push_back(x);
-            moved.emplace_back(x, it->second);
-            continue;
-          }
-        }
-        kept.push_back(x);
-      }
-      members[c].swap(kept);
-    }
-    dirty_list.clear();
-    for (const auto& [x, c] : moved) cls[x] = c;
-    for (const auto& [x, c] : moved) {
-      for (int32_t p : preds[x]) {
-        if (!dirty[p]) {
-          dirty[p] = 1;
-          dirty_list.push_back(p);
-        }
-      }
-    }
-  }
-  num_classes = static_cast<int32_t>(members.size());
+  while (!refinement.stable()) refinement.Round(signature);
+  cls = refinement.classes();
+  num_classes = refinement.num_classes();
   if (num_classes == n) return;
   // Rebuild with one state per class, numbered by first occurrence.
   std::vector<int32_t> id_of_class(num_classes, -1), rep;
