@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+#include "engine/grammar/compiled_grammar.h"
 #include "engine/grammar/grammar_compiler.h"
 #include "engine/grammar/grammar_matcher.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -57,6 +59,31 @@ std::string Dump(const json& v) {
     return s + "]";
   }
   return v.dump();
+}
+
+// TableDigest: an FNV-1a hash of every state's token tables (accepted bits or ids, uncertain
+// ids and their shared-prefix lengths), so two builds of the engine can be checked to compute
+// the same tables (compile speedups must not change a mask).
+uint64_t TableDigest(const sluice::grammar::CompiledGrammar& g) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= (v >> (8 * k)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  const int32_t n = static_cast<int32_t>(g.pda().states.size());
+  for (int32_t s = 0; s < n; ++s) {
+    const sluice::grammar::StateTokens& t = g.tokens(s);
+    mix(static_cast<uint64_t>(s));
+    for (const auto* v : {&t.accepted_ids, &t.uncertain_ids, &t.uncertain_lcp}) {
+      mix(v->size());
+      for (int32_t x : *v) mix(static_cast<uint32_t>(x));
+    }
+    mix(t.accepted_bits.size());
+    for (uint32_t w : t.accepted_bits) mix(w);
+  }
+  return h;
 }
 
 }  // namespace
@@ -151,7 +178,8 @@ int main(int argc, char** argv) {
               {"mask_us_max", Percentile(mask_us, 1.0)},
               {"num_states", compiled->stats().num_states},
               {"num_uncertain", compiled->stats().num_uncertain},
-              {"table_bytes", compiled->stats().table_bytes}};
+              {"table_bytes", compiled->stats().table_bytes},
+              {"table_digest", absl::StrFormat("%016x", TableDigest(*compiled))}};
     std::printf("%s\n", r.dump().c_str());
     std::fflush(stdout);
     results.push_back(r);

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/partition_refinement.h"
 #include "engine/grammar/stack_walk.h"
 
 namespace sluice::grammar {
@@ -37,13 +39,13 @@ class BoundedClasses {
 
  private:
   void Refine() {
-    const int32_t n = static_cast<int32_t>(pda_.states.size());
-    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-    std::vector<int32_t> out(n), sig;
-    for (int32_t s = 0; s < n; ++s) {
-      const PdaState& st = pda_.states[s];
-      sig.clear();
-      if (levels_.empty()) {
+    if (levels_.empty()) {
+      const int32_t n = static_cast<int32_t>(pda_.states.size());
+      absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+      std::vector<int32_t> out(n), sig;
+      std::vector<std::vector<int32_t>> preds(n);
+      for (int32_t s = 0; s < n; ++s) {
+        const PdaState& st = pda_.states[s];
         sig = {st.rule, st.accepting ? 1 : 0, pda_.HasByteEdges(s) ? 1 : 0, -1};
         for (uint32_t e = st.call_begin; e < st.call_end; ++e) {
           sig.insert(sig.end(), {pda_.call_edges[e].rule, pda_.call_edges[e].next});
@@ -52,28 +54,50 @@ class BoundedClasses {
         for (uint32_t e = st.token_begin; e < st.token_end; ++e) {
           sig.insert(sig.end(), {pda_.token_edges[e].token, pda_.token_edges[e].next});
         }
-      } else {
-        const std::vector<int32_t>& prev = levels_.back();
-        sig.push_back(prev[s]);
+        out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
         for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
-          const ByteEdge& edge = pda_.byte_edges[e];
-          const int32_t c = prev[edge.next];
-          // Adjacent ranges into one class read as one (as MinimizeStates writes them).
-          if (sig.size() >= 4 && sig.back() == c && sig[sig.size() - 2] + 1 == edge.lo) {
-            sig[sig.size() - 2] = edge.hi;
-          } else {
-            sig.insert(sig.end(), {edge.lo, edge.hi, c});
-          }
+          std::vector<int32_t>& p = preds[pda_.byte_edges[e].next];
+          if (p.empty() || p.back() != s) p.push_back(s);
         }
       }
-      out[s] = ids.try_emplace(sig, static_cast<int32_t>(ids.size())).first->second;
+      refinement_.emplace(out, static_cast<int32_t>(ids.size()), std::move(preds));
+      levels_.push_back(std::move(out));
+      return;
     }
-    levels_.push_back(std::move(out));
+    // Level k + 1 splits each class of level k by the classes its bytes lead to at level k:
+    // one round of refinement (numbers differ from a fresh numbering, classes do not).
+    refinement_->Round([&](int32_t s, std::vector<int32_t>* sig) {
+      const std::vector<int32_t>& prev = refinement_->classes();
+      const PdaState& st = pda_.states[s];
+      sig->clear();
+      sig->push_back(prev[s]);
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const ByteEdge& edge = pda_.byte_edges[e];
+        const int32_t c = prev[edge.next];
+        // Adjacent ranges into one class read as one (as MinimizeStates writes them).
+        if (sig->size() >= 4 && sig->back() == c && (*sig)[sig->size() - 2] + 1 == edge.lo) {
+          (*sig)[sig->size() - 2] = edge.hi;
+        } else {
+          sig->insert(sig->end(), {edge.lo, edge.hi, c});
+        }
+      }
+    });
+    levels_.push_back(refinement_->classes());
   }
 
   const Pda& pda_;
   std::vector<std::vector<int32_t>> levels_;
+  std::optional<PartitionRefinement> refinement_;  // at the last level
 };
+
+// BitCount: set bits of a word, without a library call (builds for any x86-64 have no popcnt
+// instruction).
+inline int32_t BitCount(uint32_t x) {
+  x = x - ((x >> 1) & 0x55555555u);
+  x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+  x = (x + (x >> 4)) & 0x0f0f0f0fu;
+  return static_cast<int32_t>((x * 0x01010101u) >> 24);
+}
 
 // DominantSuccessor: the state most of `s`'s bytes lead to (-1: none), the key under which
 // states that differ only in a few bytes find each other.
@@ -249,6 +273,27 @@ struct WalkScratch {
   // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
   std::vector<std::pair<int32_t, int32_t>> decided;
   std::vector<int32_t> merged;
+  // The in-rule run (Precompute's inner loop): per trie depth, the one top's state, its
+  // parent node and the reference's state beside it.
+  std::vector<int32_t> run_state, run_parent, run_shadow;
+  std::vector<uint8_t> run_context;  // the level's context tops are the rule's closure
+  // Byte transitions as 256-entry rows, filled the first time a run steps from a state:
+  // row[state] (-1: not yet) into next (-1: no edge).
+  std::vector<int32_t> row, next;
+  // A reference table's accepted tokens as a bitmask over sorted positions (Precompute).
+  absl::flat_hash_map<const StateTokens*, std::vector<uint64_t>> by_position;
+  int32_t Next(const Pda& pda, int32_t q, uint8_t byte) {
+    if (row[q] < 0) {
+      row[q] = static_cast<int32_t>(next.size());
+      next.resize(next.size() + 256, -1);
+      const PdaState& st = pda.states[q];
+      for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+        const ByteEdge& edge = pda.byte_edges[e];
+        std::fill(next.begin() + row[q] + edge.lo, next.begin() + row[q] + edge.hi + 1, edge.next);
+      }
+    }
+    return next[row[q] + byte];
+  }
 };
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
@@ -296,6 +341,32 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       if (std::find(sites.begin(), sites.end(), c.next) == sites.end()) sites.push_back(c.next);
     }
   }
+  g->plain_.assign(n, 0);
+  g->returning_.assign(n, 0);
+  for (int32_t s = 0; s < n; ++s) {
+    const PdaState& st = built.states[s];
+    g->plain_[s] = st.call_begin == st.call_end && !st.accepting && built.CanConsume(s);
+    g->returning_[s] = st.call_begin == st.call_end && st.accepting && built.CanConsume(s);
+  }
+  // A state whose calls only return at once (an empty rule such as an object's "nothing
+  // follows" tail) and then leave the rule, consuming nothing on the way, steps like a
+  // returning one: its expansion from the rule's bottom is itself plus a return.
+  {
+    StackWalk probe(&g->pda_);
+    std::vector<int32_t> tops;
+    for (int32_t s = 0; s < n; ++s) {
+      const PdaState& st = built.states[s];
+      if (st.call_begin == st.call_end || !built.CanConsume(s)) continue;
+      probe.nodes().clear();
+      probe.ResetVisited();
+      probe.context_returns().clear();
+      tops.clear();
+      StackWalk::Flags flags;
+      probe.Expand(probe.NewNode(s, kSentinelParent), &tops, &flags);
+      g->returning_[s] = flags.reached_sentinel && !flags.reached_root &&
+                         probe.context_returns().empty() && tops.size() == 1 && tops[0] == 0;
+    }
+  }
   g->rule_epoch_.assign(built.rule_start.size(), 0);
   g->closures_.assign(built.rule_start.size(), {});
   g->tables_.resize(n);
@@ -307,6 +378,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   // bounded repetitions (the 16 digits of a number) share one walk that way.
   BoundedClasses classes(built);
   WalkScratch scratch;
+  scratch.row.assign(n, -1);
   absl::flat_hash_map<std::pair<int32_t, int32_t>, int32_t> walked;  // (depth, class) -> state
   std::vector<int32_t> depths;  // the depths in `walked`
   // A state that no string of up to L bytes tells apart from an earlier one (whose walk went
@@ -606,7 +678,133 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     decided = *reuse->rejected;  // no walk: the reference's classes, minus these subtrees
     i = num_nodes;
   }
+  // The bulk of a walk is one top moving inside its rule through states that neither call nor
+  // return (a string's characters): those nodes are walked by the inner loop below with one
+  // state per depth, and the level structures above are written only where the walk leaves
+  // that run (a byte that enters a calling or accepting state), for the general step.
+  const bool runs = reuse == nullptr || reuse->rejected == nullptr;
+  std::vector<int32_t>& run_state = scratch.run_state;
+  std::vector<int32_t>& run_parent = scratch.run_parent;
+  std::vector<int32_t>& run_shadow = scratch.run_shadow;
+  std::vector<uint8_t>& run_context = scratch.run_context;
+  if (runs && run_state.size() < static_cast<size_t>(vocab_->subtree_depth()[0]) + 2) {
+    const size_t levels = static_cast<size_t>(vocab_->subtree_depth()[0]) + 2;
+    run_state.resize(levels);
+    run_parent.resize(levels);
+    run_shadow.resize(levels);
+    run_context.resize(levels);
+  }
+  // A run also goes through states where the rule may return (a loop such as [A-Za-z ]*,
+  // with nothing below the rule's own bottom): the level's context tops are then the rule's
+  // closure, and a byte none of them takes leaves only the one top (closure_bytes).
+  const std::vector<int32_t>& closure_tops = own_closure.tops;
+  std::array<uint64_t, 4> closure_bytes{};
+  for (int32_t top : closure_tops) {
+    const PdaState& st = pda_.states[walk.nodes()[top].state];
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+      for (int b = pda_.byte_edges[e].lo; b <= pda_.byte_edges[e].hi; ++b) {
+        closure_bytes[b >> 6] |= uint64_t{1} << (b & 63);
+      }
+    }
+  }
+  const std::vector<int32_t>* reuse_depths = reuse != nullptr ? reuse->subtree_depth : nullptr;
+  // Drops the levels below level d (the tops after d bytes stay, their children go).
+  auto truncate_levels = [&](int32_t d) {
+    exact_begin.resize(d + 2);
+    context_begin.resize(d + 2);
+    pool.resize(d + 1);
+    exact.resize(exact_begin[d + 1]);
+    context.resize(context_begin[d + 1]);
+    walk.nodes().resize(pool[d]);
+  };
+  const bool with_ref = reuse != nullptr && reuse->ref_state >= 0;
   while (i < num_nodes) {
+    if (runs) {
+      const int32_t base = trie[i].depth - 1;
+      const size_t num_context = context_begin[base + 1] - context_begin[base];
+      const StackNode top = exact_begin[base + 1] - exact_begin[base] == 1
+                                ? walk.nodes()[exact[exact_begin[base]]]
+                                : StackNode{-1, kRootParent};
+      if (top.state >= 0 &&
+          (num_context == 0 ||
+           (top.parent == kSentinelParent && num_context == closure_tops.size() &&
+            std::equal(closure_tops.begin(), closure_tops.end(),
+                       context.begin() + context_begin[base])))) {
+        run_context[base] = num_context != 0;
+        run_state[base] = top.state;
+        run_parent[base] = top.parent;
+        run_shadow[base] = with_ref ? (base < static_cast<int32_t>(shadow.size()) ? shadow[base] : -1)
+                                    : -1;
+        const bool sentinel = top.parent == kSentinelParent;
+        int32_t j = i;
+        while (j < num_nodes) {
+          const TrieNode& node = trie[j];
+          const int32_t pd = node.depth - 1;
+          if (pd < base) break;  // past the run's first parent's subtree
+          const bool in_context = run_context[pd];
+          if (in_context && ((closure_bytes[node.byte >> 6] >> (node.byte & 63)) & 1)) break;
+          const int32_t ns = scratch.Next(pda_, run_state[pd], node.byte);
+          uint8_t next_context = 0;
+          if (ns >= 0 && !plain_[ns]) {
+            // A return from the rule's own bottom: the closure follows (else the general step).
+            if (!sentinel || returning_[ns] == 0) break;
+            next_context = !closure_tops.empty();
+          }
+          int32_t next_shadow = -1;
+          if (reuse != nullptr) {
+            if (with_ref) {
+              const int32_t y = run_shadow[pd];
+              if (y >= 0 && sentinel && !in_context) {
+                const int32_t ny = scratch.Next(pda_, y, node.byte);
+                if (ns == ny) {
+                  j = node.subtree_end;
+                  continue;
+                }
+                if (ny >= 0 && pda_.states[ny].call_begin == pda_.states[ny].call_end &&
+                    !pda_.states[ny].accepting) {
+                  next_shadow = ny;
+                }
+              }
+            } else if ((*reuse_depths)[j] <= reuse->depth) {
+              j = node.subtree_end;
+              continue;
+            }
+            decide(node.token_begin, node.token_end);
+          }
+          max_depth = std::max(max_depth, node.depth);
+          if (ns < 0) {
+            reject_subtree(node);
+            j = node.subtree_end;
+            continue;
+          }
+          if (entered != nullptr && sentinel && !in_context) entered->emplace_back(ns, j);
+          add_range(&accepted, node.token_begin, node.token_end, true);
+          run_state[pd + 1] = ns;
+          run_parent[pd + 1] = run_parent[pd];
+          run_shadow[pd + 1] = next_shadow;
+          run_context[pd + 1] = next_context;
+          ++j;
+        }
+        if (j < num_nodes && trie[j].depth - 1 > base) {
+          // The general step takes node j: write the run's levels above base for it.
+          const int32_t pd = trie[j].depth - 1;
+          truncate_levels(base);
+          shadow.resize(base + 1);
+          for (int32_t l = base + 1; l <= pd; ++l) {
+            exact.push_back(walk.NewNode(run_state[l], run_parent[l]));
+            if (run_context[l]) context.insert(context.end(), closure_tops.begin(), closure_tops.end());
+            exact_begin.push_back(exact.size());
+            context_begin.push_back(context.size());
+            pool.push_back(walk.nodes().size());
+            shadow.push_back(run_shadow[l]);
+          }
+        }
+        i = j;
+        if (i >= num_nodes || trie[i].depth - 1 < base) continue;
+        // Node i is the run's first node the general step takes (its parent level written).
+        // Fall through to the general step, which must not restart the run at this node.
+      }
+    }
     const TrieNode& node = trie[i];
     int32_t next_shadow = -1;  // the reference's state after this node's byte, while in step
     if (reuse != nullptr) {
@@ -647,12 +845,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       i = node.subtree_end;  // the state has no edge for this first byte
       continue;
     }
-    exact_begin.resize(d + 2);
-    context_begin.resize(d + 2);
-    pool.resize(d + 1);
-    exact.resize(exact_begin[d + 1]);
-    context.resize(context_begin[d + 1]);
-    walk.nodes().resize(pool[d]);
+    truncate_levels(d);
     if (entered != nullptr && exact.size() - exact_begin[d] == 1 &&
         context.size() == context_begin[d]) {
       const StackNode top = walk.nodes()[exact[exact_begin[d]]];
@@ -780,10 +973,25 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     if (!ref.accepted_bits.empty() && 2 * num_decided > static_cast<int64_t>(sorted.size())) {
       // Most tokens decided (a short truncated copy): gather the few kept, in trie order,
       // instead of clearing the many.
+      // The reference's accepted set by sorted position (built once per reference): the kept
+      // tokens of a range are its set bits, so the walk over them skips the rejected ones 64
+      // at a time.
+      std::vector<uint64_t>& by_position = scratch.by_position[&ref];
+      if (by_position.empty()) {
+        by_position.assign((sorted.size() + 63) / 64, 0);
+        for (size_t w = 0; w < ref.accepted_bits.size(); ++w) {
+          for (uint32_t bits = ref.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+            const int32_t p = position[static_cast<int32_t>(w * 32) + __builtin_ctz(bits)];
+            if (p >= 0) by_position[p >> 6] |= uint64_t{1} << (p & 63);
+          }
+        }
+      }
       auto keep = [&](int32_t begin, int32_t end) {
-        for (int32_t k = begin; k < end; ++k) {
-          const int32_t id = sorted[k];
-          if ((ref.accepted_bits[id >> 5] >> (id & 31)) & 1u) merged.push_back(id);
+        for (int32_t w = begin >> 6; w << 6 < end; ++w) {
+          uint64_t bits = by_position[w];
+          if (w << 6 < begin) bits &= ~uint64_t{0} << (begin & 63);
+          if ((w + 1) << 6 > end) bits &= ~(~uint64_t{0} << (end & 63));
+          for (; bits != 0; bits &= bits - 1) merged.push_back(sorted[(w << 6) + __builtin_ctzll(bits)]);
         }
       };
       int32_t pos = 0;
@@ -805,8 +1013,12 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
         }
       }
       for (int32_t id : accepted) t.accepted_bits[id >> 5] |= 1u << (id & 31);
+      // Only whether more tokens than words are set matters: stop counting there (a bitmask
+      // of a large set passes it within its first words).
       int64_t count = 0;
-      for (uint32_t w : t.accepted_bits) count += __builtin_popcount(w);
+      for (size_t w = 0; w < t.accepted_bits.size() && count <= words; ++w) {
+        count += BitCount(t.accepted_bits[w]);
+      }
       if (count > words) {
         accepted.clear();
       } else {  // few enough for an id list (in trie order, as a walk lists them)

@@ -108,6 +108,10 @@ class CompiledGrammar {
   std::vector<int32_t> token_ids_;  // [pda_.tokens.size()]
   // return_sites_[r]: the states calls of rule r return to (CallEdge::next), distinct.
   std::vector<std::vector<int32_t>> return_sites_;
+  // plain_[s]: s can consume and neither calls nor accepts (a walk moves through it as a DFA).
+  std::vector<uint8_t> plain_;
+  // returning_[s]: s can consume, may return (accepting) and does not call.
+  std::vector<uint8_t> returning_;
   std::vector<uint32_t> rule_epoch_;  // Precompute scratch: rules expanded at this trie node
   uint32_t epoch_ = 0;
   std::vector<Closure> closures_;  // [rule]

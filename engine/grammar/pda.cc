@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/grammar/partition_refinement.h"
 #include "engine/grammar/regex_to_grammar.h"
 #include "engine/grammar/text_escapes.h"
 
@@ -457,7 +458,7 @@ absl::Status Determinize(const NfaBuilder& nfa, int32_t start, int32_t accept, i
 // character, after an escape); each costs a walk of the whole vocabulary at compile time.
 void MinimizeStates(Pda* pda) {
   const int32_t n = static_cast<int32_t>(pda->states.size());
-  std::vector<int32_t> cls(n), next_cls(n);
+  std::vector<int32_t> cls(n);
   int32_t num_classes = 0;
   {
     absl::flat_hash_map<std::pair<int32_t, bool>, int32_t> initial;
@@ -467,18 +468,32 @@ void MinimizeStates(Pda* pda) {
     }
     num_classes = static_cast<int32_t>(initial.size());
   }
+  // Refinement by worklist (partition_refinement.h): a capped key's character chain splits
+  // one state per round, so signing every state in every round cost rounds x states.
+  std::vector<std::vector<int32_t>> preds(n);
+  for (int32_t s = 0; s < n; ++s) {
+    const PdaState& st = pda->states[s];
+    auto add = [&](int32_t t) {
+      if (preds[t].empty() || preds[t].back() != s) preds[t].push_back(s);
+    };
+    for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) add(pda->byte_edges[e].next);
+    for (uint32_t e = st.call_begin; e < st.call_end; ++e) add(pda->call_edges[e].next);
+    for (uint32_t e = st.token_begin; e < st.token_end; ++e) add(pda->token_edges[e].next);
+  }
+  PartitionRefinement refinement(std::move(cls), num_classes, std::move(preds));
   // Signature of a state under the current classes: its class, then its edges by target class
   // (adjacent byte ranges into one class merged, calls and tokens sorted).
-  std::vector<int32_t> sig;
   std::vector<std::pair<int32_t, int32_t>> pairs;
-  auto signature = [&](int32_t s) {
+  auto signature = [&](int32_t s, std::vector<int32_t>* out) {
+    const std::vector<int32_t>& now = refinement.classes();
+    std::vector<int32_t>& sig = *out;
     const PdaState& st = pda->states[s];
     sig.clear();
-    sig.push_back(cls[s]);
+    sig.push_back(now[s]);
     int32_t lo = -1, hi = -2, c = -1;
     for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
       const ByteEdge& edge = pda->byte_edges[e];
-      const int32_t ec = cls[edge.next];
+      const int32_t ec = now[edge.next];
       if (ec == c && hi + 1 == edge.lo) {
         hi = edge.hi;
         continue;
@@ -493,24 +508,17 @@ void MinimizeStates(Pda* pda) {
                                        std::tuple{st.token_begin, st.token_end, false}}) {
       pairs.clear();
       for (uint32_t e = begin; e < end; ++e) {
-        pairs.push_back(is_call ? std::make_pair(pda->call_edges[e].rule, cls[pda->call_edges[e].next])
-                                : std::make_pair(pda->token_edges[e].token, cls[pda->token_edges[e].next]));
+        pairs.push_back(is_call ? std::make_pair(pda->call_edges[e].rule, now[pda->call_edges[e].next])
+                                : std::make_pair(pda->token_edges[e].token, now[pda->token_edges[e].next]));
       }
       std::sort(pairs.begin(), pairs.end());
       sig.push_back(-1);  // separator
       for (auto [a, b] : pairs) sig.insert(sig.end(), {a, b});
     }
   };
-  for (;;) {
-    absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-    for (int32_t s = 0; s < n; ++s) {
-      signature(s);
-      next_cls[s] = ids.try_emplace(sig, ids.size()).first->second;
-    }
-    cls.swap(next_cls);
-    if (static_cast<int32_t>(ids.size()) == num_classes) break;
-    num_classes = static_cast<int32_t>(ids.size());
-  }
+  while (!refinement.stable()) refinement.Round(signature);
+  cls = refinement.classes();
+  num_classes = refinement.num_classes();
   if (num_classes == n) return;
   // Rebuild with one state per class, numbered by first occurrence.
   std::vector<int32_t> id_of_class(num_classes, -1), rep;
