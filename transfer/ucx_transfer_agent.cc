@@ -81,6 +81,15 @@ absl::Status UcxTransferAgent::Init() {
   if (std::getenv("UCX_MEMTYPE_REG_WHOLE_ALLOC_TYPES") == nullptr) {
     (void)ucp_config_modify(config, "MEMTYPE_REG_WHOLE_ALLOC_TYPES", "");
   }
+  // cuda_ipc turns get_zcopy off by default ("auto") on GPUs without active NVLink (UCX PR
+  // #7566: concurrent reads there ran slower than puts), and a pull (ucp_get) of device KV then
+  // goes through another protocol: 0.7 GB/s on one H100 of a VM, where the same process pair
+  // puts at 92-399 GB/s (bench/results/gpu_h100_20261206/kv_transfer_cuda_ipc_pull_slow.json).
+  // Any cuda_ipc get beats that, so it is on unless the operator set
+  // UCX_CUDA_IPC_ENABLE_GET_ZCOPY; a UCX without cuda_ipc ignores the key.
+  if (std::getenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") == nullptr) {
+    (void)ucp_config_modify(config, "CUDA_IPC_ENABLE_GET_ZCOPY", "y");
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;

@@ -190,10 +190,16 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return Done();
     }
     // The stream ended without a final message (the decode worker or the way to it failed), or
-    // with one that gave up on the request (decode_error_).
-    const bool stream_failed = decode_error_.ok() && IsWorkerFailure(status.error_code());
+    // with one that gave up on the request (decode_error_). ALREADY_EXISTS before anything
+    // streamed: the worker still holds an earlier attempt under this id (a reservation that
+    // expired there is not yet forgotten), as Reserve meets it (ReserveAnswered): go on
+    // elsewhere, without suspecting the worker.
+    const bool stale_session = decode_error_.ok() && !decode_streamed_ &&
+                               status.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    const bool stream_failed =
+        decode_error_.ok() && (IsWorkerFailure(status.error_code()) || stale_session);
     const bool worker_failed = stream_failed || !decode_error_.ok();
-    if (stream_failed) backend_->prober_.Suspect(*decode_);
+    if (stream_failed && !stale_session) backend_->prober_.Suspect(*decode_);
     // A migration's prefill whose KV decode_ could not take (it ended the request before
     // streaming: its reservation expired, the transfer failed): the handover is what fails, so
     // decode_ re-prefills itself instead (a pinned retry would hand over again).
