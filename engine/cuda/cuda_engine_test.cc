@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "engine/cuda/cuda_model.h"
+#include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/grammar_matcher.h"
+#include "engine/grammar/token_vocab.h"
 #include "engine/model/model_config.h"
 #include "engine/sched/llm_engine.h"
 #include "gtest/gtest.h"
@@ -251,6 +254,53 @@ TEST_P(CudaEngineTest, DeviceLogitsProcessingEqualsHost) {
   }
   // With a small KV cache: preemptions recompute sequences with penalties in flight.
   ExpectSameTokens(RunEngine(dir, false, requests, 48), RunEngine(dir, true, requests, 48));
+}
+
+// Grammar rows through the async engine: with a step in flight, a plan's forward is enqueued
+// first and its masks are built once that step is read (Model::EnqueueForwardStep, then
+// EnqueueStepSampling). Tokens, logprobs and finish reasons equal the synchronous engine's
+// (host masking and sampling), and every output follows the grammar.
+TEST_P(CudaEngineTest, GrammarMasksBuiltWhileTheForwardRunsEqualHost) {
+  const std::string dir = Dir();
+  auto config = ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const int32_t vocab = static_cast<int32_t>(config->vocab_size);
+  // Token i spells i in decimal with the letters a-j ("bcd" is 123); the EOS spells nothing.
+  std::vector<std::string> texts(vocab);
+  for (int32_t i = 0; i < vocab; ++i) {
+    for (char c : std::to_string(i)) texts[i] += static_cast<char>('a' + (c - '0'));
+  }
+  const std::vector<int32_t> eos = config->eos_token_ids;
+  for (int32_t id : eos) texts[id].clear();
+  grammar::GrammarCompiler compiler(grammar::TokenVocab::FromTokens(texts, eos));
+  // No output of at most 16 tokens (5 letters each at most) ends it, and ignore_eos keeps the
+  // others running: both engines step the same batches, so MoE routing sees the same rows.
+  auto regex = compiler.Compile({grammar::GrammarKind::kRegex, "b[a-j]{100}", {}});
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  std::vector<EngineRequest> requests = Requests(24, vocab, /*ignore_eos=*/true);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SamplingParams& p = requests[i].sampling;
+    p.max_tokens = 10 + static_cast<int32_t>(i % 7);
+    p.seed = 500 + static_cast<int64_t>(i);
+    if (i % 3 == 1) p.temperature = 0.9f;
+    if (i % 2 == 0) requests[i].grammar = *regex;  // the others share the steps unconstrained
+  }
+  const EngineRun sync = RunEngine(dir, false, requests);
+  const EngineRun async = RunEngine(dir, true, requests);
+  ExpectSameTokens(sync, async);
+  EXPECT_EQ(sync.steps, async.steps);
+  int constrained = 0;
+  for (const EngineRequest& r : requests) {
+    if (r.grammar == nullptr) continue;
+    grammar::GrammarMatcher m(r.grammar, eos);
+    const std::vector<SampledToken>& got = async.tokens.at(r.request_id);
+    EXPECT_EQ(got.size(), static_cast<size_t>(r.sampling.max_tokens)) << r.request_id;
+    for (const SampledToken& t : got) {
+      EXPECT_TRUE(m.AcceptToken(t.token_id)) << r.request_id << " token " << t.token_id;
+    }
+    ++constrained;
+  }
+  EXPECT_EQ(constrained, 12);
 }
 
 // The golden prompts through the async engine (alone in the batch, stop ids ignored) give the

@@ -150,6 +150,16 @@ class CudaModel : public Model {
     return runner_->ReadSampledStepWithTop(out, top);
   }
 
+  bool SupportsDeferredSampling() const override { return true; }
+  absl::Status EnqueueForwardStep(const ForwardInput& input, KvCache& kv_cache) override {
+    if (absl::Status s = PrepareCache(kv_cache); !s.ok()) return s;
+    return runner_->EnqueueForwardStep(input);
+  }
+  absl::Status EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                   const DeviceLogitsProcessing& processing) override {
+    return runner_->EnqueueStepSampling(rows, processing);
+  }
+
  private:
   // Checks the KV geometry and ids, (re)allocates the device cache, enqueues the step.
   absl::Status RunStep(const ForwardInput& input, KvCache& kv_cache) {

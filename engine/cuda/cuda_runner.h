@@ -249,6 +249,11 @@ class CudaRunner {
                                            const Model::DeviceLogitsProcessing& processing);
   absl::Status ReadSampledStepWithTop(absl::Span<GreedyToken> out,
                                       absl::Span<std::vector<kernels::TopLogprob>> top);
+  // EnqueueProcessedSampledStep in two calls (Model::EnqueueForwardStep / EnqueueStepSampling):
+  // the forward now, its processing (grammar masks built meanwhile), sampling and copies next.
+  absl::Status EnqueueForwardStep(const ForwardInput& plan);
+  absl::Status EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                   const Model::DeviceLogitsProcessing& processing);
   int NumUnreadSteps() const;
   // Synchronize waits for all enqueued work; returns the first asynchronous CUDA error.
   absl::Status Synchronize();

@@ -950,6 +950,21 @@ absl::Status EnsurePinned(PinnedBuffer& b, size_t bytes) {
 
 }  // namespace
 
+namespace {
+
+// Rows of `processing` that penalize placeholder ids: the previous step's tokens.
+bool HasPlaceholderIds(const Model::DeviceLogitsProcessing* processing) {
+  return processing != nullptr && std::any_of(processing->ids.begin(), processing->ids.end(),
+                                              [](int32_t id) { return id < 0; });
+}
+
+bool Processes(const Model::DeviceLogitsProcessing* processing) {
+  return processing != nullptr &&
+         (!processing->rows.empty() || !processing->top_logprobs.empty());
+}
+
+}  // namespace
+
 absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
                                             absl::Span<const kernels::SamplingRow> rows,
                                             const Model::DeviceLogitsProcessing* processing) {
@@ -958,34 +973,75 @@ absl::Status RunnerCore::EnqueueSampledStep(const ForwardInput& plan,
     return absl::InvalidArgumentError(absl::StrCat("EnqueueSampledStep: ", rows.size(),
                                                    " sampling rows for ", n, " logits rows"));
   }
-  const bool process =
-      processing != nullptr && (!processing->rows.empty() || !processing->top_logprobs.empty());
+  // Everything that can refuse the step is checked before its forward is enqueued.
+  const bool process = Processes(processing);
   if (process) SLUICE_RETURN_IF_ERROR(ValidateProcessing(*processing, n, vocab));
-  auto slot = step_outputs.Acquire(n);
-  if (!slot.ok()) return slot.status();
-  processing_slots[*slot].top_counts.clear();
-  kernels::SamplingRow* staged = step_outputs.params(*slot);
-  std::copy(rows.begin(), rows.end(), staged);
+  if (step_outputs.num_unread() >= Model::kMaxUnreadSteps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Model::kMaxUnreadSteps, " sampled steps are unread: read one before enqueuing another"));
+  }
+  SLUICE_RETURN_IF_ERROR(EnqueueForward(plan, process && HasPlaceholderIds(processing)));
+  return EnqueueSampling(rows, processing);
+}
+
+absl::Status RunnerCore::EnqueueForwardStep(const ForwardInput& plan) {
+  if (step_outputs.num_unread() >= Model::kMaxUnreadSteps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Model::kMaxUnreadSteps, " sampled steps are unread: read one before enqueuing another"));
+  }
+  // The processing is not known yet: keep the fed-back tokens in case it penalizes them.
+  return EnqueueForward(plan, /*keep_fed_back=*/true);
+}
+
+absl::Status RunnerCore::EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                             const Model::DeviceLogitsProcessing* processing) {
+  return EnqueueSampling(rows, processing);
+}
+
+absl::Status RunnerCore::EnqueueForward(const ForwardInput& plan, bool keep_fed_back) {
+  if (pending_sampling.has_value()) {
+    return absl::FailedPreconditionError("a forward step is still waiting for its sampling");
+  }
   // The step's forward overwrites `sampled` (its argmax) after its embedding read the fed-back
   // tokens: keep them for the penalties' placeholder ids.
-  const int64_t prev_n = prev_num_logits;
-  const bool placeholders =
-      process && prev_n > 0 &&
-      std::any_of(processing->ids.begin(), processing->ids.end(), [](int32_t id) {
-        return id < 0;
-      });
-  if (process) SLUICE_RETURN_IF_ERROR(EnsureProcessingBuffers());
-  if (placeholders) {
+  const int64_t prev_n = keep_fed_back ? prev_num_logits : 0;
+  if (prev_n > 0) {
+    SLUICE_RETURN_IF_ERROR(EnsureProcessingBuffers());
     SLUICE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(prev_sampled_copy.data(), sampled.data(),
                                                 prev_n * sizeof(int32_t),
                                                 cudaMemcpyDeviceToDevice, stream.get()),
                                 "cudaMemcpyAsync fed-back tokens");
   }
   SLUICE_RETURN_IF_ERROR(EnqueueStep(plan, /*allow_graph=*/true));
+  pending_sampling = PendingSampling{static_cast<int64_t>(plan.logits_indices.size()), prev_n};
+  return absl::OkStatus();
+}
+
+absl::Status RunnerCore::EnqueueSampling(absl::Span<const kernels::SamplingRow> rows,
+                                         const Model::DeviceLogitsProcessing* processing) {
+  if (!pending_sampling.has_value()) {
+    return absl::FailedPreconditionError("no forward step is waiting for its sampling");
+  }
+  const PendingSampling pending = *pending_sampling;
+  pending_sampling.reset();  // whatever happens below, the next call is a forward
+  const int64_t n = pending.num_logits;
+  if (static_cast<int64_t>(rows.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueStepSampling: ", rows.size(),
+                                                   " sampling rows for ", n, " logits rows"));
+  }
+  const bool process = Processes(processing);
+  if (process) SLUICE_RETURN_IF_ERROR(ValidateProcessing(*processing, n, vocab));
+  auto slot = step_outputs.Acquire(n);
+  if (!slot.ok()) return slot.status();
+  processing_slots[*slot].top_counts.clear();
+  kernels::SamplingRow* staged = step_outputs.params(*slot);
+  std::copy(rows.begin(), rows.end(), staged);
+  const bool placeholders = process && pending.fed_back_rows > 0 && HasPlaceholderIds(processing);
+  if (process) SLUICE_RETURN_IF_ERROR(EnsureProcessingBuffers());
   if (n > 0) {
     if (process) {
-      SLUICE_RETURN_IF_ERROR(
-          EnqueueProcessing(*processing, *slot, staged, n, placeholders ? prev_n : 0));
+      SLUICE_RETURN_IF_ERROR(EnqueueProcessing(*processing, *slot, staged, n,
+                                               placeholders ? pending.fed_back_rows : 0));
     } else {
       SLUICE_RETURN_IF_ERROR(EnqueueRowSampling(staged, n));
     }
@@ -1177,6 +1233,7 @@ absl::Status RunnerCore::AllocateKvCache(int64_t blocks) {
   SLUICE_RETURN_IF_ERROR(AllocateCache(blocks));
   num_blocks = blocks;
   prev_num_logits = 0;
+  pending_sampling.reset();
   step_outputs.Clear();  // the stream is idle: nothing unread can refer to the old cache
   return CaptureGraphs();
 }
@@ -1231,6 +1288,13 @@ absl::Status CudaRunner::EnqueueProcessedSampledStep(
     const ForwardInput& plan, absl::Span<const kernels::SamplingRow> rows,
     const Model::DeviceLogitsProcessing& processing) {
   return core_->EnqueueSampledStep(plan, rows, &processing);
+}
+absl::Status CudaRunner::EnqueueForwardStep(const ForwardInput& plan) {
+  return core_->EnqueueForwardStep(plan);
+}
+absl::Status CudaRunner::EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                             const Model::DeviceLogitsProcessing& processing) {
+  return core_->EnqueueStepSampling(rows, &processing);
 }
 absl::Status CudaRunner::ReadSampledStepWithTop(
     absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {

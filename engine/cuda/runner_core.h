@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -196,6 +197,11 @@ class RunnerCore {
   absl::Status EnqueueSampledStep(const ForwardInput& plan,
                                   absl::Span<const kernels::SamplingRow> rows,
                                   const Model::DeviceLogitsProcessing* processing = nullptr);
+  // The same in two calls (Model::EnqueueForwardStep / EnqueueStepSampling): the forward, then
+  // its processing, sampling and copies once the host has built `processing`.
+  absl::Status EnqueueForwardStep(const ForwardInput& plan);
+  absl::Status EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                   const Model::DeviceLogitsProcessing* processing);
   absl::Status ReadSampledStep(absl::Span<GreedyToken> out);
   absl::Status ReadSampledStepWithTop(absl::Span<GreedyToken> out,
                                       absl::Span<std::vector<kernels::TopLogprob>> top);
@@ -313,6 +319,18 @@ class RunnerCore {
   int next_staging = 0;
   std::vector<Graph> graphs;    // ascending batch
   int64_t prev_num_logits = 0;  // logits rows of the previous step (for fed-back token ids)
+  // A forward enqueued without its sampling yet (EnqueueForward → EnqueueSampling).
+  struct PendingSampling {
+    int64_t num_logits = 0;
+    int64_t fed_back_rows = 0;  // the previous step's tokens kept in prev_sampled_copy
+  };
+  std::optional<PendingSampling> pending_sampling;
+  // EnqueueForward enqueues the forward of a sampled step; `keep_fed_back`: first copy the
+  // previous step's tokens aside (penalties of placeholder ids read them after the forward
+  // overwrote `sampled`).
+  absl::Status EnqueueForward(const ForwardInput& plan, bool keep_fed_back);
+  absl::Status EnqueueSampling(absl::Span<const kernels::SamplingRow> rows,
+                               const Model::DeviceLogitsProcessing* processing);
   // Device logits processing and top logprobs (allocated on first use).
   struct ProcessingSlot {     // per StepOutputRing slot, reused only after that step was read
     PinnedBuffer upload;      // rows, top counts, list ids staged for the upload

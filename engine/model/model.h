@@ -267,6 +267,25 @@ class Model {
       absl::Span<GreedyToken> out, absl::Span<std::vector<kernels::TopLogprob>> top) {
     return absl::UnimplementedError("this model does not support device logits processing");
   }
+
+  // --- Processing supplied after the forward (grammar masks built while the step runs) ---
+  // EnqueueProcessedSampledStep in two calls: EnqueueForwardStep enqueues the step's forward
+  // (token ids -(r + 1) read the previous enqueued step's tokens, as there), and the next
+  // EnqueueStepSampling its processing, sampling and token copies; the step is readable (and
+  // counts as unread) from then on. Between the two the host may read older steps — so the
+  // grammar masks of a step whose rows' newest tokens are still in flight are built from those
+  // tokens while its forward runs (xgrammar's overlap of mask generation with the GPU's step).
+  // Errors: those of EnqueueProcessedSampledStep, split between the two; FailedPrecondition for
+  // a forward already awaiting its sampling, or a sampling without one (a failed
+  // EnqueueStepSampling drops its forward's sampling: the next call is a forward again).
+  virtual bool SupportsDeferredSampling() const { return false; }
+  virtual absl::Status EnqueueForwardStep(const ForwardInput& input, KvCache& kv_cache) {
+    return absl::UnimplementedError("this model does not support deferred sampling");
+  }
+  virtual absl::Status EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                           const DeviceLogitsProcessing& processing) {
+    return absl::UnimplementedError("this model does not support deferred sampling");
+  }
   // True when Forward and ForwardGreedy call ForwardInput::on_layer_kv_written.
   virtual bool SupportsLayerKvHook() const { return false; }
   // True when Forward honours ForwardInput::kv_frozen_layers and sliding_kv_start.

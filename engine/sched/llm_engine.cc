@@ -380,8 +380,11 @@ class LLMEngineImpl final : public LLMEngine {
       // Async scheduling: this plan was built while the step in flight runs, its sampled
       // tokens standing in as placeholders. Enqueue it behind that step, then read that step.
       if (!plan.scheduled.empty() && AsyncPlan(plan)) {
-        const absl::Status enqueued = EnqueuePlan(plan);
+        // Grammar rows: the forward now, the masks once the read below gave their tokens.
+        const bool defer = HasGrammar(plan);
+        absl::Status enqueued = EnqueuePlan(plan, defer);
         FinishInFlight(outputs);
+        if (enqueued.ok() && defer) enqueued = EnqueueDeferredSampling();
         if (!enqueued.ok()) {
           DropRemoved(plan);  // the read may have finished some of the plan's sequences
           FailRequests(PlanIds(plan), enqueued, outputs);
@@ -932,9 +935,10 @@ class LLMEngineImpl final : public LLMEngine {
   // model does SampleToken's logits processing and top logprobs there
   // (SupportsDeviceLogitsProcessing), else only IsDeviceSamplable rows (greedy or
   // temperature/top-k/top-p/min-p, no penalties, min_tokens or top logprobs). A plan with
-  // grammar rows runs so only with device logits processing (the mask is applied there) and
-  // nothing in flight: its masks need every row's newest token, so such a step is read before
-  // the next one is enqueued.
+  // grammar rows runs so only with device logits processing (the mask is applied there). Its
+  // masks need every row's newest token: with a step in flight, only when the model takes the
+  // processing after the forward (SupportsDeferredSampling), so the forward runs while the
+  // host reads that step and builds the masks (Step()); else the step in flight is read first.
   bool AsyncPlan(const SchedulerOutput& plan) {
     // A KV connector needs no exclusion: write-through gathers what a read step committed
     // (FinishInFlight), and the model orders its copies after the steps on the device.
@@ -942,7 +946,9 @@ class LLMEngineImpl final : public LLMEngine {
         (options_.speculative.enabled() && !(regime_.has_value() && regime_->Pipelined()))) {
       return false;
     }
-    if (HasGrammar(plan) && (!model_->SupportsDeviceLogitsProcessing() || !in_flight_.empty())) {
+    if (HasGrammar(plan) &&
+        (!model_->SupportsDeviceLogitsProcessing() ||
+         (!in_flight_.empty() && !model_->SupportsDeferredSampling()))) {
       return false;
     }
     const bool any_row = model_->SupportsDeviceLogitsProcessing();
@@ -962,8 +968,9 @@ class LLMEngineImpl final : public LLMEngine {
 
   // BuildDeviceProcessing fills processing_ for the plan's sampling rows (plan order) when some
   // row needs SampleToken's logits processing, a grammar mask or top logprobs; false
-  // (processing_ empty) when every row is IsDeviceSamplable.
-  bool BuildDeviceProcessing(const SchedulerOutput& plan) {
+  // (processing_ empty) when every row is IsDeviceSamplable. Without `fill_masks` the grammar
+  // rows' masks are left to FillDeferredMasks.
+  bool BuildDeviceProcessing(const SchedulerOutput& plan, bool fill_masks = true) {
     processing_.rows.clear();
     processing_.ids.clear();
     processing_.masks.clear();
@@ -985,31 +992,65 @@ class LLMEngineImpl final : public LLMEngine {
       if (penalized) {
         processing_.rows.push_back(DeviceLogitsProcessingRow(p, Context(*s.seq), &processing_.ids));
       }
-      if (s.seq->matcher != nullptr) AppendGrammarMask(*s.seq, mask_words);
+      if (s.seq->matcher != nullptr) AppendGrammarMask(*s.seq, mask_words, fill_masks);
       if (top) processing_.top_logprobs.push_back(p.logprobs.value_or(0));
     }
     return true;
   }
 
-  // AppendGrammarMask appends seq's next-token bitmask to processing_.masks, sized to the
-  // model's vocab (tokens past the tokenizer's are cleared, as ApplyTokenBitmask treats them),
-  // and points the newest processing row at it.
-  void AppendGrammarMask(Sequence& seq, int64_t mask_words) {
+  // AppendGrammarMask points the newest processing row at mask_words new words of
+  // processing_.masks and, with `fill`, writes seq's next-token bitmask there (WriteGrammarMask).
+  void AppendGrammarMask(Sequence& seq, int64_t mask_words, bool fill) {
+    const size_t begin = processing_.masks.size();
+    processing_.rows.back().mask_begin = static_cast<int32_t>(begin);
+    processing_.masks.resize(begin + mask_words, 0u);
+    if (fill) WriteGrammarMask(seq, absl::MakeSpan(processing_.masks).subspan(begin, mask_words));
+  }
+
+  // WriteGrammarMask writes seq's next-token bitmask into `words`, sized to the model's vocab
+  // (tokens past the tokenizer's are cleared, as ApplyTokenBitmask treats them).
+  void WriteGrammarMask(Sequence& seq, absl::Span<uint32_t> words) {
     if (!seq.grammar_bitmask_current) {
       seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
       seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
       seq.grammar_bitmask_current = true;
     }
-    processing_.rows.back().mask_begin = static_cast<int32_t>(processing_.masks.size());
-    const int64_t copied = std::min<int64_t>(mask_words, seq.grammar_bitmask.size());
-    processing_.masks.insert(processing_.masks.end(), seq.grammar_bitmask.begin(),
-                             seq.grammar_bitmask.begin() + copied);
-    processing_.masks.resize(processing_.masks.size() + (mask_words - copied), 0u);
+    const size_t copied = std::min(words.size(), seq.grammar_bitmask.size());
+    std::copy_n(seq.grammar_bitmask.begin(), copied, words.begin());
+    std::fill(words.begin() + copied, words.end(), 0u);
+  }
+
+  // EnqueueDeferredSampling completes the newest step in flight, whose forward EnqueuePlan
+  // enqueued alone: its grammar rows' masks are built now that the step before it was read
+  // (the rows' matchers hold their newest tokens), then its processing and sampling enqueued.
+  // A row whose sequence that read finished gets an all-allowed mask: its token is dropped. On
+  // an error the step leaves in_flight_ unread (its sequences are failed by the caller).
+  absl::Status EnqueueDeferredSampling() {
+    const int64_t mask_words = kernels::MaskWords(model_->config().vocab_size);
+    size_t r = 0;
+    for (const InFlightRow& row : in_flight_.back().rows) {
+      if (!row.samples) continue;
+      const int32_t begin = processing_.rows[r++].mask_begin;
+      if (begin < 0) continue;
+      const absl::Span<uint32_t> words = absl::MakeSpan(processing_.masks).subspan(begin, mask_words);
+      if (row.seq != nullptr && row.seq->matcher != nullptr) {
+        WriteGrammarMask(*row.seq, words);
+      } else {
+        std::fill(words.begin(), words.end(), ~0u);
+      }
+    }
+    absl::Status st = model_->EnqueueStepSampling(sampling_rows_, processing_);
+    if (!st.ok()) {
+      in_flight_.pop_back();
+      ++num_steps_read_;  // never readable: the reservation fence must not wait for it
+    }
+    return st;
   }
 
   // EnqueuePlan enqueues `plan` as an asynchronous step and advances its sequences' computed
-  // tokens; block commits wait until the step's tokens are read (FinishInFlight).
-  absl::Status EnqueuePlan(const SchedulerOutput& plan) {
+  // tokens; block commits wait until the step's tokens are read (FinishInFlight). `defer_sampling`:
+  // only the forward (Model::EnqueueForwardStep); EnqueueDeferredSampling completes the step.
+  absl::Status EnqueuePlan(const SchedulerOutput& plan, bool defer_sampling = false) {
     BuildForwardInput(plan);
     sampling_rows_.clear();
     InFlightStep step;
@@ -1026,15 +1067,17 @@ class LLMEngineImpl final : public LLMEngine {
       }
     }
     // Placeholders in the rows' output lists refer to the step in flight, as in input_.
-    const bool processed = BuildDeviceProcessing(plan);
+    const bool processed = BuildDeviceProcessing(plan, /*fill_masks=*/!defer_sampling);
     step.top_logprobs = !processing_.top_logprobs.empty();
-    if (absl::Status st =
-            processed ? model_->EnqueueProcessedSampledStep(input_, kv_cache_, sampling_rows_,
-                                                            processing_)
-                      : model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
-        !st.ok()) {
-      return st;
+    absl::Status st;
+    if (defer_sampling) {
+      st = model_->EnqueueForwardStep(input_, kv_cache_);
+    } else if (processed) {
+      st = model_->EnqueueProcessedSampledStep(input_, kv_cache_, sampling_rows_, processing_);
+    } else {
+      st = model_->EnqueueSampledStep(input_, kv_cache_, sampling_rows_);
     }
+    if (!st.ok()) return st;
     ++counters_.num_steps;
     for (const ScheduledSequence& s : plan.scheduled) AdvanceComputed(*s.seq, s.num_new_tokens);
     in_flight_.push_back(std::move(step));

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,9 @@ using testing::ChecksumModel;
 // and draws have something to act on.
 class HostAsyncModel final : public Model {
  public:
-  explicit HostAsyncModel(bool device_processing) : device_processing_(device_processing) {}
+  // `deferred`: also the split protocol (EnqueueForwardStep, then EnqueueStepSampling).
+  explicit HostAsyncModel(bool device_processing, bool deferred = false)
+      : device_processing_(device_processing), deferred_(deferred) {}
   const ModelConfig& config() const override { return inner_.config(); }
   KvCacheSpec kv_cache_spec() const override { return inner_.kv_cache_spec(); }
   int64_t WeightBytesPerToken() const override { return 0; }
@@ -63,6 +66,21 @@ class HostAsyncModel final : public Model {
     ++processed_steps;
     return Enqueue(input, kv, rows, processing);
   }
+  bool SupportsDeferredSampling() const override { return deferred_; }
+  absl::Status EnqueueForwardStep(const ForwardInput& input, KvCache& kv) override {
+    if (!deferred_) return Model::EnqueueForwardStep(input, kv);
+    if (pending_.has_value()) return absl::FailedPreconditionError("forward pending");
+    ++deferred_steps;
+    // The engine reads the step before while this forward "runs".
+    if (!unread_.empty()) ++overlapped_forwards;
+    return EnqueueForward(input, kv);
+  }
+  absl::Status EnqueueStepSampling(absl::Span<const kernels::SamplingRow> rows,
+                                   const DeviceLogitsProcessing& processing) override {
+    if (!deferred_) return Model::EnqueueStepSampling(rows, processing);
+    ++processed_steps;
+    return EnqueueSampling(rows, processing);
+  }
   absl::Status ReadSampledStep(absl::Span<GreedyToken> out) override {
     std::vector<std::vector<kernels::TopLogprob>> top(out.size());
     return ReadSampledStepWithTop(out, absl::MakeSpan(top));
@@ -83,7 +101,7 @@ class HostAsyncModel final : public Model {
   }
   int NumUnreadSteps() const override { return static_cast<int>(unread_.size()); }
 
-  int plain_steps = 0, processed_steps = 0;
+  int plain_steps = 0, processed_steps = 0, deferred_steps = 0, overlapped_forwards = 0;
 
  private:
   struct Step {
@@ -94,11 +112,16 @@ class HostAsyncModel final : public Model {
   absl::Status Enqueue(const ForwardInput& input, KvCache& kv,
                        absl::Span<const kernels::SamplingRow> rows,
                        const DeviceLogitsProcessing& processing) {
+    if (absl::Status s = EnqueueForward(input, kv); !s.ok()) return s;
+    return EnqueueSampling(rows, processing);
+  }
+
+  // The forward's raw logits, kept for the sampling (pending_).
+  absl::Status EnqueueForward(const ForwardInput& input, KvCache& kv) {
     if (static_cast<int>(unread_.size()) >= kMaxUnreadSteps) {
       return absl::FailedPreconditionError("too many unread");
     }
     const int64_t n = static_cast<int64_t>(input.logits_indices.size());
-    if (static_cast<int64_t>(rows.size()) != n) return absl::InvalidArgumentError("rows");
     ForwardInput resolved = input;
     for (int32_t& id : resolved.token_ids) {
       if (id < 0) {
@@ -108,9 +131,21 @@ class HostAsyncModel final : public Model {
       }
     }
     const int64_t vocab = ChecksumModel::kVocab;
-    std::vector<float> raw(n * vocab), processed(n * vocab);
+    std::vector<float> raw(n * vocab);
     if (absl::Status s = Forward(resolved, kv, absl::MakeSpan(raw)); !s.ok()) return s;
-    processed = raw;
+    pending_ = std::move(raw);
+    return absl::OkStatus();
+  }
+
+  absl::Status EnqueueSampling(absl::Span<const kernels::SamplingRow> rows,
+                               const DeviceLogitsProcessing& processing) {
+    if (!pending_.has_value()) return absl::FailedPreconditionError("no forward pending");
+    std::vector<float> raw = std::move(*pending_);
+    pending_.reset();
+    const int64_t vocab = ChecksumModel::kVocab;
+    const int64_t n = static_cast<int64_t>(raw.size()) / vocab;
+    if (static_cast<int64_t>(rows.size()) != n) return absl::InvalidArgumentError("rows");
+    std::vector<float> processed = raw;
     if (!processing.rows.empty()) {
       kernels::LogitsProcessingCpu(raw.data(), n, vocab, processing.rows.data(),
                                    processing.ids.data(), processing.masks.data(), prev_.data(),
@@ -145,6 +180,8 @@ class HostAsyncModel final : public Model {
 
   ChecksumModel inner_;
   bool device_processing_;
+  bool deferred_;
+  std::optional<std::vector<float>> pending_;  // a deferred forward's raw logits
   std::vector<int32_t> prev_;  // the newest enqueued step's tokens
   std::deque<Step> unread_;
 };
@@ -203,8 +240,9 @@ struct EngineRun {
 // Every third request constrained by `grammar` when it is set.
 EngineRun RunAll(bool async, bool device_processing, int64_t num_kv_blocks,
                  int* plain_steps = nullptr, int* processed_steps = nullptr,
-                 std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr) {
-  auto owned = std::make_unique<HostAsyncModel>(device_processing);
+                 std::shared_ptr<const grammar::CompiledGrammar> grammar = nullptr,
+                 bool deferred = false, int* overlapped_forwards = nullptr) {
+  auto owned = std::make_unique<HostAsyncModel>(device_processing, deferred);
   HostAsyncModel* model = owned.get();
   EngineOptions options;
   options.block_size = 4;
@@ -236,6 +274,7 @@ EngineRun RunAll(bool async, bool device_processing, int64_t num_kv_blocks,
   run.preemptions = (*engine)->counters().num_preemptions;
   if (plain_steps != nullptr) *plain_steps = model->plain_steps;
   if (processed_steps != nullptr) *processed_steps = model->processed_steps;
+  if (overlapped_forwards != nullptr) *overlapped_forwards = model->overlapped_forwards;
   return run;
 }
 
@@ -294,8 +333,8 @@ TEST(DeviceLogitsProcessingEngineTest, WithoutDeviceProcessingPenalizedRowsRunSy
 // (LogitsProcessingRow::mask_begin), the step is read before the next one is enqueued (the next
 // mask needs its token), and tokens, logprobs and finish reasons equal the host path's
 // (ApplyTokenBitmask, then SampleToken). Every constrained output follows the grammar.
-TEST(DeviceLogitsProcessingEngineTest, GrammarRowsOnTheDeviceEqualHostSampling) {
-  // ChecksumModel's 64 ids: letters, digit pairs and the EOS.
+// A regex over ChecksumModel's 64 ids: letters, digit pairs and the EOS.
+std::shared_ptr<const grammar::CompiledGrammar> ChecksumRegex() {
   std::vector<std::string> tokens(ChecksumModel::kVocab);
   for (int i = 2; i < ChecksumModel::kVocab; ++i) {
     tokens[i] = i < 28 ? std::string(1, static_cast<char>('a' + i - 2))
@@ -304,24 +343,55 @@ TEST(DeviceLogitsProcessingEngineTest, GrammarRowsOnTheDeviceEqualHostSampling) 
   auto vocab = grammar::TokenVocab::FromTokens(tokens, {ChecksumModel::kEos});
   grammar::GrammarCompiler compiler(vocab);
   auto regex = compiler.Compile({grammar::GrammarKind::kRegex, "[a-f]{2,6}[0-9]+", {}});
-  ASSERT_TRUE(regex.ok()) << regex.status();
-  const EngineRun sync = RunAll(/*async=*/false, /*device_processing=*/true, 256, nullptr,
-                                nullptr, *regex);
-  int plain = 0, processed = 0;
-  const EngineRun async = RunAll(/*async=*/true, /*device_processing=*/true, 256, &plain,
-                                 &processed, *regex);
-  ExpectSame(sync, async);
-  EXPECT_GT(processed, 10);  // grammar rows ran as processed asynchronous steps
+  EXPECT_TRUE(regex.ok()) << regex.status();
+  return regex.ok() ? *regex : nullptr;
+}
+
+// Every constrained request's output follows `regex`; returns how many were checked.
+int CheckConstrained(const EngineRun& run,
+                     const std::shared_ptr<const grammar::CompiledGrammar>& regex) {
   int constrained = 0;
   for (size_t i = 0; i < PenalizedRequests().size(); i += 3) {
     const std::string id = absl::StrCat("r", i);
-    grammar::GrammarMatcher m(*regex, std::vector<int32_t>{ChecksumModel::kEos});
-    for (const SampledToken& t : async.tokens.at(id)) {
+    grammar::GrammarMatcher m(regex, std::vector<int32_t>{ChecksumModel::kEos});
+    for (const SampledToken& t : run.tokens.at(id)) {
       EXPECT_TRUE(m.AcceptToken(t.token_id)) << id << " token " << t.token_id;
     }
     ++constrained;
   }
-  EXPECT_EQ(constrained, 4);
+  return constrained;
+}
+
+TEST(DeviceLogitsProcessingEngineTest, GrammarRowsOnTheDeviceEqualHostSampling) {
+  const auto regex = ChecksumRegex();
+  ASSERT_NE(regex, nullptr);
+  const EngineRun sync = RunAll(/*async=*/false, /*device_processing=*/true, 256, nullptr,
+                                nullptr, regex);
+  int plain = 0, processed = 0;
+  const EngineRun async = RunAll(/*async=*/true, /*device_processing=*/true, 256, &plain,
+                                 &processed, regex);
+  ExpectSame(sync, async);
+  EXPECT_GT(processed, 10);  // grammar rows ran as processed asynchronous steps
+  EXPECT_EQ(CheckConstrained(async, regex), 4);
+}
+
+// With deferred sampling, a plan with grammar rows is enqueued (its forward) while the step
+// before it is in flight; the masks are built after that step is read. Same tokens, logprobs
+// and finish reasons as host sampling, and most grammar steps overlapped the step before.
+TEST(DeviceLogitsProcessingEngineTest, GrammarMasksBuiltWhileTheForwardRunsEqualHostSampling) {
+  const auto regex = ChecksumRegex();
+  ASSERT_NE(regex, nullptr);
+  for (int64_t blocks : {int64_t{256}, int64_t{24}}) {  // 24 blocks of 4: preemptions
+    const EngineRun sync = RunAll(/*async=*/false, /*device_processing=*/true, blocks, nullptr,
+                                  nullptr, regex);
+    int plain = 0, processed = 0, overlapped = 0;
+    const EngineRun async = RunAll(/*async=*/true, /*device_processing=*/true, blocks, &plain,
+                                   &processed, regex, /*deferred=*/true, &overlapped);
+    ExpectSame(sync, async);
+    EXPECT_EQ(CheckConstrained(async, regex), 4);
+    EXPECT_GT(overlapped, 10) << "blocks " << blocks;
+    if (blocks == 24) EXPECT_GT(async.preemptions, 0);
+  }
 }
 
 }  // namespace
