@@ -72,7 +72,8 @@ def ttft(client, model, urls) -> float:
                                             messages=[{"role": "user", "content": content}])
     first = None
     for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content is not None:
+        # The first chunk carries only the role (content ""): the first token's is the next.
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - start
     return first if first is not None else time.perf_counter() - start
 
