@@ -86,10 +86,14 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     encode_until_ = DeadlineIn(options_.encode_deadline);
     // The images are encoded while the workers are picked and decode reserves; only the prefill
     // (or a local Decode) waits for the embeddings. The Reserve then carries the images as bytes
-    // (a decode worker encodes them only if it computes the prompt itself), so this needs decode
-    // workers that encode images; without one, encode first.
-    overlap_ = backend_->registry_->CountLive(WorkerRole::kEncoder) > 0 &&
-               backend_->registry_->CountLiveWith(WorkerRole::kDecode, kImageEncodeCapability) > 0;
+    // (a decode worker encodes them only if it computes the prompt itself), and the picks, seeing
+    // images without embeddings, take only workers that encode images: so this needs such decode
+    // workers, and prefill workers that all are (else fewer would be picked); else, encode first.
+    const WorkerRegistry& registry = *backend_->registry_;
+    overlap_ = registry.CountLive(WorkerRole::kEncoder) > 0 &&
+               registry.CountLiveWith(WorkerRole::kDecode, kImageEncodeCapability) > 0 &&
+               registry.CountLiveWith(WorkerRole::kPrefill, kImageEncodeCapability) ==
+                   registry.CountLive(WorkerRole::kPrefill);
     if (!overlap_) return StartEncode();
     {
       std::lock_guard<std::mutex> lock(mu_);

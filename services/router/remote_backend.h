@@ -45,8 +45,8 @@
 // deadline, removed) is probed and the images go to another, up to max_encode_attempts within
 // encode_deadline. Meanwhile steps 1-2 run: the workers are picked and D.Reserve is made, with
 // the images as bytes (D encodes them only if it computes the prompt itself), when a live decode
-// worker advertises kImageEncodeCapability (else the images are encoded first); P.Prefill, or a
-// local D.Decode, waits for the embeddings. An encode that fails ends the request with its error
+// worker and every live prefill worker advertise kImageEncodeCapability (else the images are
+// encoded first); P.Prefill, or a local D.Decode, waits for the embeddings. An encode that fails ends the request with its error
 // and cancels the reservation; a request that ends first cancels the Encode. The embeddings
 // travel with the prompt to prefill (PrefillRequest.mm_inputs) and decode (DecodeRequest, and
 // ReserveRequest once encoded: a decode worker recomputes prompt positions after a preemption,
