@@ -72,7 +72,7 @@ def ttft(client, model, urls) -> float:
                                             messages=[{"role": "user", "content": content}])
     first = None
     for chunk in stream:
-        # The first chunk carries only the role (content ""): the first token's is the next.
+        # The first chunk may carry only the role (content ""): time the first text.
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - start
     return first if first is not None else time.perf_counter() - start
