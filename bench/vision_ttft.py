@@ -168,7 +168,7 @@ def model_folder(config_dir: pathlib.Path) -> pathlib.Path:
     return d
 
 
-def start(mode, model_dir, worker_args, encoder_args):
+def start(mode, model_dir, worker_args, encoder_args, decode_args=()):
     """(url, stop, encode_sources) of a fresh server for `mode`: encode_sources are the
     (metrics URL, counter) pairs of wall time spent decoding and encoding images where the mode
     encodes them (the server, the encoder worker, or the prefill and decode workers)."""
@@ -180,7 +180,8 @@ def start(mode, model_dir, worker_args, encoder_args):
     from sluice_cluster import Cluster  # noqa: E402
     cluster = Cluster(1, 1, num_encoder=1 if mode == "disagg" else 0, model_dir=model_dir,
                       router_args=SERVER_ARGS, worker_args=worker_args,
-                      role_args={"encoder": ["--max-image-bytes", str(64 << 20), *encoder_args]})
+                      role_args={"encoder": ["--max-image-bytes", str(64 << 20), *encoder_args],
+                                 "decode": list(decode_args)})
     if mode == "disagg":
         sources = [(cluster.metrics_urls["encoder-0"], "sluice_encoder_encode_seconds_total")]
     else:
@@ -203,13 +204,18 @@ def main():
                     help="extra flags of sluice serve and the prefill/decode workers, e.g. "
                          "'--device cuda --load-format dummy'")
     ap.add_argument("--encoder-args", default="", help="extra flags of sluice encoder")
+    ap.add_argument("--decode-args", default="",
+                    help="extra flags of the decode worker (disagg, selfencode), e.g. "
+                         "'--test-reserve-answer-delay-ms 50'")
     ap.add_argument("--out")
     args = ap.parse_args()
     os.environ["SLUICE_BIN"] = args.sluice
     model = pathlib.Path(args.model).name
     worker_args, encoder_args = shlex.split(args.worker_args), shlex.split(args.encoder_args)
+    decode_args = shlex.split(args.decode_args)
     result = {"model": args.model, "image_size": args.image_size, "requests": args.requests,
               "worker_args": args.worker_args, "encoder_args": args.encoder_args,
+              "decode_args": args.decode_args,
               "cpu_threads": os.environ.get("SLUICE_CPU_THREADS", "default"), "ttft": {}}
     modes = ["endpoint"] if args.endpoint else args.modes.split(",")
     for mode in modes:
@@ -223,7 +229,7 @@ def main():
                 sources = []
         else:
             url, stop, sources = start(mode, model_folder(pathlib.Path(args.model)),
-                                       worker_args, encoder_args)
+                                       worker_args, encoder_args, decode_args)
         try:
             client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
             result["ttft"][mode] = measure(client, model, args, np.random.default_rng(26),

@@ -61,8 +61,9 @@ struct Unary {
 // Call: one request. No thread of its own: each step starts an RPC whose
 // callback runs the next step. At most one step runs at a time, except that the
 // Reserve and Prefill callbacks may race; they meet in PrefillPhaseEnded, where
-// exactly one of them goes on. Flow state is guarded by `mu_`; RPCs are started
-// and outputs delivered without it held.
+// exactly one of them goes on. The images' Encode runs beside them (its own state); the
+// flow meets it in ImagesReady before a call that needs the embeddings. Flow state is
+// guarded by `mu_`; RPCs are started and outputs delivered without it held.
 class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
  public:
   Call(RemoteBackend* backend, EngineRequest request, OutputCallback on_output)
@@ -83,7 +84,24 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     pending_images_ = PendingImages(request_);
     if (pending_images_.empty()) return StartWithImages();
     encode_until_ = DeadlineIn(options_.encode_deadline);
+    // The images are encoded while the workers are picked and decode reserves; only the prefill
+    // (or a local Decode) waits for the embeddings. The Reserve then carries the images as bytes
+    // (a decode worker encodes them only if it computes the prompt itself), and the picks, seeing
+    // images without embeddings, take only workers that encode images: so this needs such decode
+    // workers, and prefill workers that all are (else fewer would be picked); else, encode first.
+    const WorkerRegistry& registry = *backend_->registry_;
+    overlap_ = registry.CountLive(WorkerRole::kEncoder) > 0 &&
+               registry.CountLiveWith(WorkerRole::kDecode, kImageEncodeCapability) > 0 &&
+               registry.CountLiveWith(WorkerRole::kPrefill, kImageEncodeCapability) ==
+                   registry.CountLive(WorkerRole::kPrefill);
+    if (!overlap_) return StartEncode();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      encoding_ = true;
+      MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_);  // bytes until EndEncode
+    }
     StartEncode();
+    NextDecodeAttempt();
   }
 
   // Abort cancels every RPC in flight but a Reserve; their callbacks end the request. A
@@ -280,6 +298,16 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // Done releases the decode worker and forgets the request: the last step.
   void Done() {
     if (decode_.has_value()) backend_->ReleaseWorker(decode_->worker_id, request_.request_id);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (encoding_) {
+        // The request ended while its images were still encoded: that result is of no use. The
+        // Encode's end (EndEncode) forgets the request: its callback still uses the backend.
+        flow_done_ = true;
+        if (encode_context_ != nullptr) encode_context_->TryCancel();
+        return;
+      }
+    }
     // Embeddings an encoder staged that no prefill answer released (aborted, failed, prefilled
     // on the decode worker): free their slots now rather than at their lease's end.
     ReleaseStagedEmbeddings();
@@ -311,10 +339,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
 
   // StartEncode sends the request's images to an encoder worker (another after a failure).
   void StartEncode() {
-    if (IsAborted()) {
-      Finish(FinishReason::kAbort);
-      return Done();
-    }
+    if (!EncodeWanted()) return EndEncode(absl::CancelledError("the request ended"));
     std::optional<WorkerSnapshot> worker;
     if (num_encode_attempts_ < options_.max_encode_attempts &&
         std::chrono::system_clock::now() < encode_until_) {
@@ -332,16 +357,16 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       for (size_t i = 0; i < pending_images_.size(); ++i) {
         backend_->Count(&RemoteBackendCounters::num_self_encoded_images);
       }
-      pending_images_.clear();
-      return StartWithImages();
+      return EndEncode(absl::OkStatus(), request_.mm_inputs);
     }
     if (!worker.has_value()) {
-      FailOnWorker(absl::UnavailableError(
+      // A worker's failure: counted before the caller learns of it (FailOnWorker).
+      backend_->Count(&RemoteBackendCounters::num_worker_failures);
+      return EndEncode(absl::UnavailableError(
           num_encode_attempts_ == 0
               ? std::string("no encoder worker is available for this request's images")
               : absl::StrCat("every encoder worker tried failed (", num_encode_attempts_,
                              " attempts); last: ", encode_error_)));
-      return Done();
     }
     ++num_encode_attempts_;
     using Rpc = Unary<v1::Encoder::Stub, v1::EncodeRequest, v1::EncodeResponse>;
@@ -356,10 +381,18 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       return EncodeEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "worker removed"),
                          nullptr);
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      encode_context_ = &rpc->context;  // Done cancels it
+    }
     rpc->stub->async()->Encode(
         &rpc->context, &rpc->request, &rpc->response,
         [self = shared_from_this(), rpc, worker = *worker](grpc::Status status) {
           self->Detach(&rpc->context);
+          {
+            std::lock_guard<std::mutex> lock(self->mu_);
+            self->encode_context_ = nullptr;
+          }
           self->EncodeEnded(worker, status, &rpc->response);
         });
   }
@@ -367,29 +400,26 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   void EncodeEnded(const WorkerSnapshot& worker, const grpc::Status& status,
                    const v1::EncodeResponse* response) {
     backend_->registry_->Release(worker.worker_id);
-    if (IsAborted()) {
-      Finish(FinishReason::kAbort);
-      return Done();
-    }
+    if (!EncodeWanted()) return EndEncode(absl::CancelledError("the request ended"));
     if (status.ok()) {
-      absl::Status applied = ApplyEncodeResponse(*response, pending_images_, &request_,
-                                                  &embedding_refs_, worker.address);
+      // Spliced into a copy: the worker flow reads request_ meanwhile (see Start).
+      EngineRequest encoded;
+      encoded.mm_inputs = request_.mm_inputs;
+      std::vector<v1::EmbeddingRef> refs;
+      absl::Status applied =
+          ApplyEncodeResponse(*response, pending_images_, &encoded, &refs, worker.address);
       if (!applied.ok()) {
-        Finish(FinishReason::kError,
-               absl::InternalError(absl::StrCat("encoder worker ", worker.worker_id, " (",
-                                                worker.address, "): ", applied.message())));
-        return Done();
+        return EndEncode(absl::InternalError(absl::StrCat(
+            "encoder worker ", worker.worker_id, " (", worker.address, "): ", applied.message())));
       }
       for (size_t i = 0; i < pending_images_.size(); ++i) {
         backend_->Count(&RemoteBackendCounters::num_encoded_images);
       }
-      pending_images_.clear();
-      return StartWithImages();
+      return EndEncode(absl::OkStatus(), std::move(encoded.mm_inputs), std::move(refs));
     }
     if (!IsWorkerFailure(status.error_code())) {
       // The images themselves (the API checked them already: limits set differently here).
-      Finish(FinishReason::kError, FromGrpc(status));
-      return Done();
+      return EndEncode(FromGrpc(status));
     }
     encode_error_ = absl::StrCat("encoder worker ", worker.worker_id, " (", worker.address,
                                  "): ", status.error_message());
@@ -400,9 +430,78 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     StartEncode();
   }
 
+  // EndEncode: the images' encode ended: `images` are request_.mm_inputs with the embeddings
+  // answered (`refs`: those staged on the encoder), or with their bytes alone for the workers
+  // to encode (self-encode); else `status` is the request's error. Encoded first (no overlap):
+  // the prefill / decode flow begins now. Else it runs already: the step waiting for the
+  // images (ImagesReady) goes on, or the request, ended meanwhile, is forgotten.
+  void EndEncode(absl::Status status, std::vector<MultimodalInput> images = {},
+                 std::vector<v1::EmbeddingRef> refs = {}) {
+    pending_images_.clear();
+    if (!overlap_) {
+      if (IsAborted()) {
+        Finish(FinishReason::kAbort);
+        return Done();
+      }
+      if (!status.ok()) {
+        Finish(FinishReason::kError, std::move(status));
+        return Done();
+      }
+      request_.mm_inputs = std::move(images);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        embedding_refs_ = std::move(refs);
+      }
+      return StartWithImages();
+    }
+    google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire;
+    if (status.ok()) MmInputsToWire(images, &wire, refs);
+    std::function<void()> waiter;
+    bool flow_done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      encoding_ = false;
+      images_status_ = status;
+      if (status.ok()) {
+        wire_mm_inputs_.Swap(&wire);
+        embedding_refs_ = std::move(refs);
+      }
+      waiter = std::exchange(images_waiter_, nullptr);
+      flow_done = flow_done_;
+    }
+    if (flow_done) {
+      ReleaseStagedEmbeddings();
+      return backend_->Forget(request_.request_id);
+    }
+    if (waiter) waiter();
+  }
+  // EncodeWanted: the request still needs its images encoded (not aborted, not ended).
+  bool EncodeWanted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !aborted_ && !flow_done_;
+  }
+  // ImagesReady: the images' encode has ended (ImagesStatus says how); else false, and `then`
+  // runs when it ends (on the Encode's callback). At most one step waits: the flow is parked.
+  bool ImagesReady(std::function<void()> then) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!encoding_) return true;
+    images_waiter_ = std::move(then);
+    return false;
+  }
+  absl::Status ImagesStatus() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return images_status_;
+  }
+  // WireMmInputs: the images as a prefill / decode call carries them now (bytes while encoding).
+  void WireMmInputs(google::protobuf::RepeatedPtrField<v1::MultimodalInput>* out) {
+    std::lock_guard<std::mutex> lock(mu_);  // EndEncode sets them on the Encode's callback
+    *out = wire_mm_inputs_;
+  }
+
   // StartWithImages: every image has its embeddings; the prefill / decode flow begins.
   void StartWithImages() {
     if (!request_.mm_inputs.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
       MmInputsToWire(request_.mm_inputs, &wire_mm_inputs_, embedding_refs_);
     }
     NextDecodeAttempt();
@@ -478,7 +577,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     *rpc->request.mutable_sampling() = WireSampling();
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
-    *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
+    WireMmInputs(rpc->request.mutable_mm_inputs());
     AddResumed(rpc->request.mutable_resumed_output_token_ids(), num_resumed_);
     rpc->request.set_max_wait_ms(
         static_cast<int32_t>(absl::ToInt64Milliseconds(options_.reserve_attempt_wait)));
@@ -633,7 +732,6 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     // (ReserveEnded starts it again). Its requests reserve first even behind a queue (the
     // reservation is where the layers land); without one it falls back to push mode.
     std::optional<v1::KvBlocks> reservation;
-    absl::Duration reservation_ttl;
     bool parked = false, reserve_first = false;
     // A resumed request's KV is pushed after its prefill (PushKv), not layer by layer.
     if (worker->layerwise_push && num_resumed_ == 0) {
@@ -641,8 +739,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       if (reserving_) {
         parked = prefill_parked_ = true;
       } else if (reservation_.has_value()) {
-        reservation_ttl = reservation_usable_until_ - absl::Now();
-        if (reservation_ttl >= absl::Milliseconds(1)) reservation = reservation_;
+        reservation = reservation_;  // its lease is checked when the call goes out
       } else if (!reserve_started_) {
         parked = prefill_parked_ = reserve_first = true;
       }
@@ -654,9 +751,36 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     }
     ++num_prefill_attempts_;
     if (idle) BeginReserve();
+    // The prefill needs the images' embeddings: it waits for their encode (see Start); the
+    // Reserve above does not.
+    if (!ImagesReady([self = shared_from_this(), worker = *worker, reservation] {
+          self->SendPrefill(worker, reservation);
+        })) {
+      return;
+    }
+    SendPrefill(*worker, std::move(reservation));
+  }
+
+  // SendPrefill: the Prefill call to `worker` (picked and counted by StartPrefill), with the
+  // decode reservation a layerwise worker pushes into.
+  void SendPrefill(const WorkerSnapshot& worker, std::optional<v1::KvBlocks> reservation) {
+    if (absl::Status images = ImagesStatus(); !images.ok()) {
+      // The images could not be encoded: the request's error (AfterPrefill frees a reservation).
+      backend_->ReleaseWorker(worker.worker_id, request_.request_id);
+      prefill_error_ = std::move(images);
+      return PrefillPhaseEnded();
+    }
+    absl::Duration reservation_ttl;
+    if (reservation.has_value()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        reservation_ttl = reservation_usable_until_ - absl::Now();
+      }
+      if (reservation_ttl < absl::Milliseconds(1)) reservation.reset();
+    }
     using Rpc = Unary<PrefillStub, v1::PrefillRequest, v1::PrefillResponse>;
     auto rpc = std::make_shared<Rpc>();
-    rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(worker->address));
+    rpc->stub = v1::PrefillWorker::NewStub(backend_->ChannelTo(worker.address));
     rpc->context.set_deadline(prefill_until_);
     rpc->request.set_request_id(id());
     rpc->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
@@ -664,19 +788,19 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     *rpc->request.mutable_sampling() = WireSampling();
     rpc->request.set_cache_salt(request_.cache_salt);
     rpc->request.set_priority(request_.priority);
-    *rpc->request.mutable_mm_inputs() = wire_mm_inputs_;
+    WireMmInputs(rpc->request.mutable_mm_inputs());
     AddResumed(rpc->request.mutable_resumed_output_token_ids(), num_resumed_);
     if (reservation.has_value()) {
       *rpc->request.mutable_decode_reservation() = *std::move(reservation);
       rpc->request.set_decode_reservation_ttl_ms(
           static_cast<int32_t>(absl::ToInt64Milliseconds(reservation_ttl)));
     }
-    if (!Attach(&rpc->context, worker->worker_id)) {
-      return PrefillEnded(*worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
+    if (!Attach(&rpc->context, worker.worker_id)) {
+      return PrefillEnded(worker, grpc::Status(grpc::StatusCode::CANCELLED, "aborted"), nullptr);
     }
     rpc->stub->async()->Prefill(
         &rpc->context, &rpc->request, &rpc->response,
-        [self = shared_from_this(), rpc, worker = *worker](grpc::Status status) {
+        [self = shared_from_this(), rpc, worker](grpc::Status status) {
           self->Detach(&rpc->context);
           self->PrefillEnded(worker, status, &rpc->response);
         });
@@ -1152,7 +1276,17 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   // Per input, the reference of embeddings an encoder staged (empty: none); guarded by mu_
   // once the Reserve and Prefill calls are out.
   std::vector<v1::EmbeddingRef> embedding_refs_;
+  // Guarded by mu_ (EndEncode sets them while the Reserve may read them).
   google::protobuf::RepeatedPtrField<v1::MultimodalInput> wire_mm_inputs_;
+  // The encode overlaps the worker picks and the Reserve (Start); its state, guarded by mu_:
+  // in flight, how it ended, the step waiting for it (ImagesReady), whether the request ended
+  // meanwhile (Done), and the Encode call to cancel then.
+  bool overlap_ = false;  // set by Start
+  bool encoding_ = false;
+  absl::Status images_status_;
+  std::function<void()> images_waiter_;
+  bool flow_done_ = false;
+  grpc::ClientContext* encode_context_ = nullptr;
   absl::Status prefill_error_;
   bool finished_ = false;
   int32_t num_prompt_tokens_ = 0;
@@ -1210,6 +1344,17 @@ void RemoteBackend::Call::StartDecode() {
     if (prefill_.has_value()) ReleaseOnPrefill(prefill_->prefill_worker_address());
     return FailNoDecode(reserve_error_);
   }
+  // A local prefill needs the images' embeddings: wait for their encode (see Start).
+  if (!ImagesReady([self = shared_from_this()] { self->StartDecode(); })) return;
+  if (absl::Status images = ImagesStatus(); !images.ok()) {
+    CancelOnDecode();  // a reservation made while the images were encoded
+    if (IsAborted()) {
+      Finish(FinishReason::kAbort);
+    } else {
+      Finish(FinishReason::kError, std::move(images));
+    }
+    return Done();
+  }
   auto* reader = new DecodeReader(shared_from_this());
   reader->context.set_deadline(DeadlineIn(options_.decode_deadline));
   reader->request.set_request_id(id());
@@ -1224,7 +1369,7 @@ void RemoteBackend::Call::StartDecode() {
   // Needed unless a Reserve made the session (local prefill, migration, a failed Reserve) —
   // and also then: a reservation that expired on decode_ before this call arrives is made
   // again from this call, whose images must key its KV blocks (so they are always sent).
-  *reader->request.mutable_mm_inputs() = wire_mm_inputs_;
+  WireMmInputs(reader->request.mutable_mm_inputs());
   if (prefill_.has_value()) {
     *reader->request.mutable_prefill() = *prefill_;
     // A migration's prefill: the tokens it prefilled (as the Reserve's; the prefill's token,

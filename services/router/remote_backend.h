@@ -40,16 +40,21 @@
 // from the registry at once rather than at the end of its lease.
 //
 // Images (vision-language models): a request whose images have no embeddings yet (the API
-// checked them and kept their bytes) first goes to an encoder worker (sluice.v1.Encoder,
-// WorkerRole::kEncoder, least loaded); one that fails (UNAVAILABLE, deadline, removed) is
-// probed and the images go to another, up to max_encode_attempts within encode_deadline. The
-// embeddings then travel with the prompt to prefill (PrefillRequest.mm_inputs) and decode
-// (ReserveRequest / DecodeRequest.mm_inputs: a decode worker recomputes prompt positions after
-// a preemption, and prefills itself for short prompts and migrations). Without a live encoder
-// worker, or once every one tried failed, the images go to prefill and decode as bytes and the
-// workers encode them themselves (self_encode_fallback; only workers advertising
-// kImageEncodeCapability are picked then, and if no decode worker does, the request is refused:
-// Unavailable, 503).
+// checked them and kept their bytes) goes to an encoder worker (sluice.v1.Encoder,
+// WorkerRole::kEncoder, PickEncoder: cache affinity within load); one that fails (UNAVAILABLE,
+// deadline, removed) is probed and the images go to another, up to max_encode_attempts within
+// encode_deadline. Meanwhile the workers are picked and D.Reserve is made (as in step 2), with
+// the images as bytes (D encodes them only if it computes the prompt itself), when a live decode
+// worker and every live prefill worker advertise kImageEncodeCapability (else the images are
+// encoded first); P.Prefill, or a local D.Decode, waits for the embeddings. An encode that fails
+// ends the request with its error and cancels the reservation; a request that ends first
+// cancels the Encode. The embeddings travel with the prompt to prefill
+// (PrefillRequest.mm_inputs) and decode (DecodeRequest, and ReserveRequest once encoded: a
+// decode worker recomputes prompt positions after a preemption, and prefills itself for short
+// prompts and migrations). Without a live encoder worker, or once every one tried failed, the
+// images go to prefill and decode as bytes and the workers encode them themselves
+// (self_encode_fallback; only workers advertising kImageEncodeCapability are picked then, and if
+// no decode worker does, the request is refused: Unavailable, 503).
 //
 // KV blocks on decode (the queue): each Reserve lets the decode worker wait at
 // most reserve_attempt_wait for free blocks; a worker that has none is skipped

@@ -461,6 +461,45 @@ def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer
         c.stop()
 
 
+def test_decode_reserves_while_the_encoder_runs_and_a_failed_encode_frees_it(tokenizer):
+    """The router encodes the images while it picks the workers and reserves on decode: with
+    each Encode held 1.5 s, the decode worker's blocks are reserved while the encoder still
+    runs, and the prefill worker gets nothing before the embeddings (the reference text). An
+    Encode the encoder refuses after that (two images, --max-images-per-call 1: RESOURCE_EXHAUSTED)
+    fails the request with 429 as before, and the reservation is freed."""
+    c = Cluster(1, 1, num_encoder=1, model_dir=FIXTURE, worker_args=WORKER_ARGS,
+                router_args=LIMIT_ARGS,
+                role_args={"encoder": ["--test-encode-delay-ms", "1500",
+                                       "--max-images-per-call", "1"]})
+    client = client_of(c.url)
+    total = c.worker_metric("decode-0", "sluice_kv_cache_blocks")
+
+    def decode_free():
+        return c.worker_metric("decode-0", "sluice_kv_cache_free_blocks")
+    try:
+        t, result = in_background(lambda: chat(client, PROMPT0))
+        wait_until(lambda: c.worker_metric("encoder-0", "sluice_encoder_requests_running") > 0,
+                   30, "the encoder busy with the image", interval=0.02)
+        wait_until(lambda: decode_free() < total, 1.0, "decode blocks reserved while encoding",
+                   interval=0.02)
+        assert c.worker_metric("encoder-0", "sluice_encoder_requests_running") == 1
+        assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 0
+        t.join(120)
+        assert "error" not in result, result
+        assert result["reply"].choices[0].message.content == want_text(tokenizer, 0)
+        assert c.metric("sluice_router_encoded_images_total") == 1
+        assert c.metric("sluice_router_self_encoded_images_total") == 0
+        assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 0
+        wait_until(lambda: decode_free() == total, 10, "decode blocks free")
+
+        with pytest.raises(openai.RateLimitError, match="at most 1 images per call"):
+            chat(client, PROMPT1)
+        wait_until(lambda: decode_free() == total, 10, "the reservation freed")
+        assert c.metric("sluice_router_self_encoded_images_total") == 0
+    finally:
+        c.stop()
+
+
 def test_rolling_restart_of_the_encoder_pool_fails_nothing(tokenizer):
     """Issue 22 (SIGTERM of each kind of worker, rolling restart of every pool): while clients
     send image chats back to back (each Encode held 300 ms, so calls are in flight), each encoder

@@ -4,6 +4,9 @@
 // The old behaviour reserved at arrival: requests waiting for prefill held every decode block
 // while a request whose prefill had answered failed with 503 "the decode workers are full" on
 // a decode worker holding no KV at all.
+//
+// Requests with images: the encode runs while decode reserves (RemoteBackendEncodeOverlap);
+// only the prefill waits for the embeddings.
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
@@ -18,8 +21,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "services/router/image_encoding.h"
 #include "services/router/remote_backend.h"
 #include "services/router/worker_registry.h"
+#include "sluice/v1/encoder.grpc.pb.h"
 #include "sluice/v1/worker.grpc.pb.h"
 
 namespace sluice {
@@ -49,6 +54,10 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
     response->mutable_kv()->set_num_tokens(request->prompt_token_ids_size());
     response->set_prefill_worker_address(address);
     std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(request->request_id());
+    for (const v1::MultimodalInput& mm : request->mm_inputs()) {
+      image_embedding_bytes_.push_back(static_cast<int64_t>(mm.embeddings().size()));
+    }
     if (request->prompt_token_ids(0) == kLong) {
       queued_.push_back(reactor);
       cv_.notify_all();
@@ -73,11 +82,22 @@ class FakePrefill final : public v1::PrefillWorker::CallbackService {
     for (grpc::ServerUnaryReactor* reactor : queued_) reactor->Finish(grpc::Status::OK);
     queued_.clear();
   }
+  std::vector<std::string> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  // Per image of every Prefill, the bytes of embeddings it carried (0: bytes only).
+  std::vector<int64_t> image_embedding_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return image_embedding_bytes_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<grpc::ServerUnaryReactor*> queued_;
+  std::vector<std::string> calls_;  // request ids, in arrival order
+  std::vector<int64_t> image_embedding_bytes_;
 };
 
 // FakeDecode has room for `capacity` reservations (one per request, whatever its length):
@@ -102,6 +122,10 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     }
     held_.insert(request->request_id());
     reserved_.push_back(request->request_id());
+    for (const v1::MultimodalInput& mm : request->mm_inputs()) {
+      reserve_images_.push_back(mm.image());
+    }
+    cv_.notify_all();
     response->mutable_kv()->add_runs()->set_num_blocks(1);
     response->set_reservation_token("token-" + request->request_id());
     if (hold_answers_) {
@@ -169,6 +193,15 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
     std::lock_guard<std::mutex> lock(mu_);
     return reserved_;
   }
+  bool WaitReserved(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return reserved_.size() >= n; });
+  }
+  // The image bytes every Reserve carried, per image ("" where it carried embeddings).
+  std::vector<std::string> reserve_images() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserve_images_;
+  }
   std::set<std::string> held() {
     std::lock_guard<std::mutex> lock(mu_);
     return held_;
@@ -201,6 +234,7 @@ class FakeDecode final : public v1::DecodeWorker::CallbackService {
   std::map<std::string, std::string> cancel_tokens_;  // request id -> token its Cancel carried
   std::set<std::string> held_;
   std::vector<std::string> reserved_;  // request ids, in the order they got blocks
+  std::vector<std::string> reserve_images_;
   int64_t num_full_ = 0;
   bool hold_answers_ = false;
   std::vector<grpc::ServerUnaryReactor*> held_answers_;
@@ -446,6 +480,208 @@ TEST(RemoteBackendReserve, AbortDuringReserveCancelsWithTheTokenOfItsAnswer) {
   }
   prefill_server->Shutdown();
   decode_server->Shutdown();
+}
+
+
+// FakeEncoder holds every Encode call until Answer: OK answers each image with kImageTokens x
+// kHidden embeddings under the content hash its bytes spell (the tests send
+// ContentHashToWire(hash) as the image), as an encoder serving the router's model would.
+constexpr int32_t kImageTokens = 2;
+constexpr int32_t kHidden = 4;
+
+class FakeEncoder final : public v1::Encoder::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
+                                   const v1::EncodeRequest* request,
+                                   v1::EncodeResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const std::vector<float> values(kImageTokens * kHidden, 0.5f);
+    for (const std::string& image : request->images()) {
+      v1::ImageEmbedding* e = response->add_embeddings();
+      e->set_content_hash(image);
+      e->set_num_tokens(kImageTokens);
+      e->set_hidden_size(kHidden);
+      e->set_values(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back(reactor);
+    contexts_.push_back(context);
+    cv_.notify_all();
+    return reactor;
+  }
+  bool WaitHeld() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return !held_.empty(); });
+  }
+  size_t num_held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+  // Every held call was cancelled by its caller (waits up to 20 s).
+  bool WaitHeldCancelled() {
+    for (int i = 0; i < 2000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        bool all = !contexts_.empty();
+        for (grpc::CallbackServerContext* c : contexts_) all = all && c->IsCancelled();
+        if (all) return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return false;
+  }
+  void Answer(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (grpc::ServerUnaryReactor* reactor : held_) reactor->Finish(status);
+    held_.clear();
+    contexts_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<grpc::ServerUnaryReactor*> held_;
+  std::vector<grpc::CallbackServerContext*> contexts_;  // of held_
+};
+
+// One image at prompt positions 1..2, as bytes (the API checked it; no embeddings yet).
+EngineRequest ImageRequest(const std::string& id) {
+  EngineRequest r = Request(id, kShort);
+  MultimodalInput mm;
+  mm.offset = 1;
+  mm.num_tokens = kImageTokens;
+  mm.content_hash = BlockHash{11, 22};
+  mm.image = std::make_shared<const std::string>(ContentHashToWire(mm.content_hash));
+  r.mm_inputs.push_back(mm);
+  return r;
+}
+
+// Fake prefill, decode and encoder workers on loopback; `decode_encodes`: the decode worker
+// advertises image_encode.
+struct ImageCluster {
+  explicit ImageCluster(bool decode_encodes) : decode(/*capacity=*/4) {
+    prefill_server = Serve(&prefill, &prefill.address);
+    decode_server = Serve(&decode, &decode_address);
+    encoder_server = Serve(&encoder, &encoder_address);
+    const std::vector<std::string> encodes = {kImageEncodeCapability};
+    EXPECT_TRUE(
+        registry.Register(WorkerRole::kPrefill, prefill.address, WorkerLoad{}, encodes).ok());
+    EXPECT_TRUE(registry
+                    .Register(WorkerRole::kDecode, decode_address, WorkerLoad{},
+                              decode_encodes ? encodes : std::vector<std::string>{})
+                    .ok());
+    EXPECT_TRUE(registry.Register(WorkerRole::kEncoder, encoder_address, WorkerLoad{}).ok());
+    options.reserve_attempt_wait = absl::Milliseconds(50);
+  }
+  ~ImageCluster() {
+    encoder.Answer(grpc::Status(grpc::StatusCode::CANCELLED, "shutting down"));
+    encoder_server->Shutdown();
+    prefill_server->Shutdown();
+    decode_server->Shutdown();
+  }
+
+  FakePrefill prefill;
+  FakeDecode decode;
+  FakeEncoder encoder;
+  std::string decode_address, encoder_address;
+  std::unique_ptr<grpc::Server> prefill_server, decode_server, encoder_server;
+  WorkerRegistry registry;
+  RemoteBackendOptions options;
+};
+
+// The decode Reserve goes out while the encoder still holds the images (it carries their
+// bytes); the prefill only once the embeddings are there, and carries them. The tokens are
+// those of a request encoded first.
+TEST(RemoteBackendEncodeOverlap, DecodeReservesWhileTheImagesAreEncoded) {
+  ImageCluster cluster(/*decode_encodes=*/true);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&cluster.registry, cluster.options);
+    ASSERT_TRUE(backend.Submit(ImageRequest("img"), outcomes.For("img")).ok());
+    ASSERT_TRUE(cluster.encoder.WaitHeld());
+    ASSERT_TRUE(cluster.decode.WaitReserved(1));
+    // Reserved, the encode still held, and no prefill sent without the embeddings.
+    EXPECT_EQ(cluster.encoder.num_held(), 1u);
+    EXPECT_EQ(cluster.decode.held(), std::set<std::string>{"img"});
+    EXPECT_EQ(cluster.decode.reserve_images(),
+              std::vector<std::string>{ContentHashToWire(BlockHash{11, 22})});
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(cluster.prefill.calls().empty());
+
+    cluster.encoder.Answer(grpc::Status::OK);
+    const Outcome o = outcomes.Wait("img");
+    ASSERT_TRUE(o.done);
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.reason, FinishReason::kLength);
+    EXPECT_EQ(o.tokens, (std::vector<int32_t>{kFirstToken, kSecondToken}));
+    EXPECT_EQ(cluster.prefill.calls(), std::vector<std::string>{"img"});
+    EXPECT_EQ(cluster.prefill.image_embedding_bytes(),
+              std::vector<int64_t>{kImageTokens * kHidden * 4});
+    EXPECT_EQ(cluster.decode.decode_tokens().at("img"), "token-img");
+    EXPECT_EQ(cluster.decode.held(), std::set<std::string>{});
+    const RemoteBackendCounters c = backend.counters();
+    EXPECT_EQ(c.num_encoded_images, 1);
+    EXPECT_EQ(c.num_remote_prefills, 1);
+    EXPECT_EQ(c.num_worker_failures, 0);
+  }
+}
+
+// The encoder refuses the image after decode reserved: the request fails with the encoder's
+// error (INVALID_ARGUMENT, a 400), no prefill is sent, and the reservation is cancelled with
+// its token, so the decode worker holds no blocks. An abort during the encode does the same.
+TEST(RemoteBackendEncodeOverlap, FailedEncodeFreesTheReservation) {
+  ImageCluster cluster(/*decode_encodes=*/true);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&cluster.registry, cluster.options);
+    ASSERT_TRUE(backend.Submit(ImageRequest("bad"), outcomes.For("bad")).ok());
+    ASSERT_TRUE(cluster.encoder.WaitHeld());
+    ASSERT_TRUE(cluster.decode.WaitReserved(1));
+    cluster.encoder.Answer(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "image 0 is not a PNG, JPEG or WebP"));
+    const Outcome o = outcomes.Wait("bad");
+    ASSERT_TRUE(o.done);
+    EXPECT_EQ(o.reason, FinishReason::kError);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kInvalidArgument) << o.status;
+    EXPECT_NE(std::string(o.status.message()).find("not a PNG"), std::string::npos);
+    EXPECT_TRUE(o.tokens.empty());
+    EXPECT_EQ(cluster.decode.WaitCancel("bad"), std::optional<std::string>("token-bad"));
+    EXPECT_EQ(cluster.decode.held(), std::set<std::string>{});
+
+    ASSERT_TRUE(backend.Submit(ImageRequest("gone"), outcomes.For("gone")).ok());
+    ASSERT_TRUE(cluster.encoder.WaitHeld());
+    ASSERT_TRUE(cluster.decode.WaitReserved(2));
+    backend.Abort("gone");
+    EXPECT_EQ(cluster.decode.WaitCancel("gone"), std::optional<std::string>("token-gone"));
+    EXPECT_EQ(outcomes.Wait("gone").reason, FinishReason::kAbort);
+    EXPECT_EQ(cluster.decode.held(), std::set<std::string>{});
+    EXPECT_TRUE(cluster.prefill.calls().empty());
+    EXPECT_TRUE(cluster.encoder.WaitHeldCancelled());  // the abort cancelled the Encode
+    EXPECT_EQ(backend.counters().num_encoded_images, 0);
+    EXPECT_EQ(backend.counters().num_worker_failures, 0);
+  }
+  EXPECT_EQ(cluster.decode.reserved(), (std::vector<std::string>{"bad", "gone"}));
+}
+
+// A decode worker that cannot encode images cannot hold them as bytes: the images are encoded
+// first and every call carries the embeddings.
+TEST(RemoteBackendEncodeOverlap, DecodeWithoutImageEncodeReservesAfterTheEncode) {
+  ImageCluster cluster(/*decode_encodes=*/false);
+  Outcomes outcomes;
+  {
+    RemoteBackend backend(&cluster.registry, cluster.options);
+    ASSERT_TRUE(backend.Submit(ImageRequest("img"), outcomes.For("img")).ok());
+    ASSERT_TRUE(cluster.encoder.WaitHeld());
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(cluster.decode.reserved().empty());
+    cluster.encoder.Answer(grpc::Status::OK);
+    const Outcome o = outcomes.Wait("img");
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.tokens, (std::vector<int32_t>{kFirstToken, kSecondToken}));
+    EXPECT_EQ(cluster.decode.reserve_images(), std::vector<std::string>{""});
+    EXPECT_EQ(cluster.prefill.image_embedding_bytes(),
+              std::vector<int64_t>{kImageTokens * kHidden * 4});
+  }
 }
 
 }  // namespace
