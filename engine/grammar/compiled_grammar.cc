@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -163,6 +164,7 @@ class Truncation {
   bool Check(int32_t s, int32_t r, int32_t budget, std::vector<int32_t>* dead) {
     dead->clear();
     ++epoch_;
+    paired_late_ = false;
     merged_.clear();
     pending_.clear();
     if (s == r || !Pure(s) || !Pure(r)) return false;
@@ -213,6 +215,7 @@ class Truncation {
         if (Marked(q) && kind_[q] == kReached) return true;
         // A paired state reached after the meeting is fine: only dead states are looked up.
         if (Marked(q) && kind_[q] == kPaired) {
+          paired_late_ = true;
           if (seen_[q] == epoch_) return true;
           seen_[q] = epoch_;
         } else if (Marked(q) && kind_[q] == kMerged) {
@@ -233,6 +236,30 @@ class Truncation {
         if (!reach(pda_.call_edges[e].next)) return false;
       }
       if (--budget < 0) return false;
+    }
+    return true;
+  }
+
+  // Shift: after a Check(s, r) that returned true, the map f it proved, for every state the
+  // walk from r reaches in step with the copy: (*next)[q] = the copy's state beside q (q
+  // itself once the walks are one), kShiftDead where the copy rejects, kShiftUnknown for states
+  // the check never saw (those past a dead state). f is a simulation that may only lose edges,
+  // so applying it j times gives a truncated copy of any state it maps, whose walk rejects
+  // exactly the tokens that enter a state where f^j is undefined. False if a paired state is
+  // entered again after the walks became one (a later copy might die there).
+  bool PureState(int32_t q) const { return Pure(q); }
+  static constexpr int32_t kShiftDead = -2;
+  static constexpr int32_t kShiftUnknown = -1;
+  bool Shift(std::vector<int32_t>* next) const {
+    if (paired_late_) return false;
+    next->assign(pda_.states.size(), kShiftUnknown);
+    for (size_t q = 0; q < next->size(); ++q) {
+      if (!Marked(static_cast<int32_t>(q))) continue;
+      switch (kind_[q]) {
+        case kPaired: (*next)[q] = partner_[q]; break;
+        case kDead: (*next)[q] = kShiftDead; break;
+        default: (*next)[q] = static_cast<int32_t>(q);
+      }
     }
     return true;
   }
@@ -261,6 +288,7 @@ class Truncation {
   std::vector<Kind> kind_;
   std::vector<uint32_t> seen_;    // [state] paired states queued after the meeting
   uint32_t epoch_ = 0;
+  bool paired_late_ = false;  // a paired state was reached after the walks met
   std::vector<int32_t> merged_, pending_;
 };
 
@@ -404,6 +432,13 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     int32_t state;
     std::vector<std::pair<int32_t, int32_t>> entered;
     std::vector<int32_t> node_begin, nodes;  // entered's nodes grouped by state, once used
+    // Its chain's token levels (OrbitLevels, at the first copy). Bitmask roots: the accepted
+    // ids of level below the chain's length, by level (accepted_begin[l]: the first of level
+    // l); id-list roots: accepted_level[k] of accepted_ids[k]. uncertain_level likewise.
+    bool levels_built = false, levels_ok = false;
+    std::vector<int32_t> accepted_begin, accepted_by_level, accepted_level, uncertain_level;
+    int64_t accepted_count = 0;
+    int32_t last_j = -1, last_state = -1;  // the last bitmask copy built: the next one's base
   };
   std::vector<Root> roots;
   absl::flat_hash_map<int32_t, std::vector<int32_t>> roots_of_rule;  // rule -> into roots
@@ -412,9 +447,255 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   std::vector<std::pair<int32_t, int32_t>> rejected;
   // Below, a walk costs about as much as looking for a truncation's root.
   constexpr int64_t kMinTruncationCost = 4096;
+  // Chains (Truncation::Shift): a truncation check of a root's main successor against the root
+  // (a capped key's "63 characters left" against "64 left") proves a shift f over every state
+  // the root's walk reaches. Each root f maps heads a chain root, f(root), f(f(root)), ...
+  // (that key character state at 63, 62, ... left; likewise the states inside an escape or a
+  // UTF-8 sequence); the j-th takes the root's table minus the tokens whose walk from the root
+  // enters a state where f^j is undefined: those of level below j, a token's level being the
+  // least, over the states its bytes enter, of how often f applies there. One pass over the
+  // root's recorded walk buckets its tokens by level, and each copy clears one bucket from the
+  // previous copy's bitmask: no walk, no subtree search, no state-pair check per copy.
+  constexpr int32_t kEndless = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> shift_next;   // f (Truncation::Shift), empty until one is proved
+  std::vector<int32_t> shift_depth;  // [state] how often f applies (kEndless: forever)
+  absl::flat_hash_map<int32_t, int32_t> shift_tries;  // rule -> checks tried
+  constexpr int32_t kMaxShiftTries = 4;  // per rule: failed checks cost up to their budget each
+  struct Orbit {
+    int32_t root;  // into roots
+    int32_t j;     // the state is f^j(root)
+  };
+  absl::flat_hash_map<int32_t, Orbit> orbit_of;
+  auto add_orbit = [&](int32_t root) {
+    int32_t x = roots[root].state;
+    const int32_t length = shift_depth[x];
+    if (length == kEndless) return;
+    for (int32_t j = 1; j <= length; ++j) {
+      x = shift_next[x];
+      orbit_of.try_emplace(x, Orbit{root, j});
+    }
+  };
+  // Proves a shift from root `root` (its main successor a truncated copy of it), if any.
+  auto try_shift = [&](int32_t root) {
+    const int32_t r = roots[root].state;
+    const int32_t next = DominantSuccessor(built, r);
+    if (next < 0 || next == r || !truncation.PureState(r) || !truncation.PureState(next)) return;
+    ++shift_tries[built.states[r].rule];
+    const int32_t budget = static_cast<int32_t>(std::min<int64_t>(trie.size() / 8, 1 << 16));
+    if (!truncation.Check(next, r, budget, &dead) || !truncation.Shift(&shift_next)) {
+      shift_next.clear();
+      return;
+    }
+    // f applied along each state's chain until a state where it is undefined (0: dead, or
+    // one the check never saw) or one where the walks are one (kEndless); a cycle voids the
+    // shift. A state the check never saw is no copy's state: the copy that would be there
+    // died on the way already (it follows a dead state, or f^j of a path's states runs into
+    // it only where f^(j-1) of an earlier state was dead).
+    constexpr int32_t kPending = -1, kOnChain = -2;
+    shift_depth.assign(n, kPending);
+    std::vector<int32_t> chain;
+    for (int32_t q = 0; q < n; ++q) {
+      if (shift_depth[q] != kPending) continue;
+      chain.clear();
+      int32_t x = q, depth = 0;
+      while (true) {
+        if (shift_depth[x] >= 0) {
+          depth = shift_depth[x];
+          break;
+        }
+        if (shift_depth[x] == kOnChain) {
+          shift_next.clear();
+          shift_depth.clear();
+          return;
+        }
+        const int32_t f = shift_next[x];
+        if (f < 0 || f == x) {
+          depth = f == x ? kEndless : 0;
+          shift_depth[x] = depth;
+          break;
+        }
+        shift_depth[x] = kOnChain;
+        chain.push_back(x);
+        x = f;
+      }
+      for (size_t k = chain.size(); k-- > 0;) {
+        if (depth != kEndless) ++depth;
+        shift_depth[chain[k]] = depth;
+      }
+    }
+    for (size_t k = 0; k < roots.size(); ++k) add_orbit(static_cast<int32_t>(k));
+  };
+  const int32_t num_sorted = static_cast<int32_t>(g->vocab_->sorted_token_ids().size());
+  const int32_t num_trie = static_cast<int32_t>(trie.size());
+  const int32_t words = g->vocab_->num_bitmask_words();
+  const std::vector<int32_t>& sorted_ids = g->vocab_->sorted_token_ids();
+  // The root's tokens by level, from its recorded walk (preorder): a node's level is the least
+  // of its parent's and its state's shift depth, a token's that of its deepest recorded node.
+  // The sweep writes (sorted position range, level) segments in order; every token of the
+  // root's table lies in one (its first byte's node is recorded).
+  struct Segment {
+    int32_t begin, end, level;
+  };
+  std::vector<Segment> segments;
+  std::vector<int32_t> level_at, node_at;         // by trie depth: the recorded path
+  std::vector<std::pair<int32_t, int32_t>> open;  // (token range end, level), nested
+  auto orbit_levels = [&](Root& r) -> bool {
+    r.levels_built = true;
+    if (r.entered.empty()) return false;  // grouped by state for truncated copies already
+    const int32_t length = shift_depth[r.state];
+    segments.clear();
+    open.clear();
+    int32_t cursor = 0;
+    auto fill_to = [&](int32_t b) {
+      while (cursor < b) {
+        while (!open.empty() && open.back().first <= cursor) open.pop_back();
+        if (open.empty()) {
+          cursor = b;
+          break;
+        }
+        const int32_t limit = std::min(b, open.back().first);
+        const int32_t level = open.back().second;
+        if (!segments.empty() && segments.back().end == cursor && segments.back().level == level) {
+          segments.back().end = limit;
+        } else {
+          segments.push_back({cursor, limit, level});
+        }
+        cursor = limit;
+      }
+    };
+    for (const auto& [state, node] : r.entered) {
+      const TrieNode& v = trie[node];
+      const size_t d = static_cast<size_t>(v.depth);
+      if (level_at.size() <= d) {
+        level_at.resize(d + 1, kEndless);
+        node_at.resize(d + 1, -1);
+      }
+      int32_t level = kEndless;
+      if (d > 1) {
+        const int32_t p = node_at[d - 1];
+        if (p < 0 || p >= node || node >= trie[p].subtree_end) return false;  // parent unrecorded
+        level = level_at[d - 1];
+      }
+      level = std::min(level, shift_depth[state]);
+      level_at[d] = level;
+      node_at[d] = node;
+      fill_to(v.token_begin);
+      open.emplace_back(v.subtree_end < num_trie ? trie[v.subtree_end].token_begin : num_sorted,
+                        level);
+    }
+    fill_to(num_sorted);
+    // Levels of tokens listed in sorted order, -1 for one outside every segment.
+    size_t seg = 0;
+    auto level_of = [&](int32_t pos) {
+      while (seg < segments.size() && segments[seg].end <= pos) ++seg;
+      return seg < segments.size() && segments[seg].begin <= pos ? segments[seg].level : -1;
+    };
+    const StateTokens& t = g->tables_[r.state];
+    for (int32_t id : t.uncertain_ids) {
+      const int32_t level = level_of(position[id]);
+      if (level < 0) return false;
+      r.uncertain_level.push_back(level);
+    }
+    seg = 0;
+    if (t.accepted_bits.empty()) {
+      for (int32_t id : t.accepted_ids) {
+        const int32_t level = level_of(position[id]);
+        if (level < 0) return false;
+        r.accepted_level.push_back(level);
+      }
+      return true;
+    }
+    std::vector<int32_t> ids, levels;
+    int64_t in_segments = 0;
+    for (const Segment& sg : segments) {
+      for (int32_t p = sg.begin; p < sg.end; ++p) {
+        const int32_t id = sorted_ids[p];
+        if (((t.accepted_bits[id >> 5] >> (id & 31)) & 1) == 0) continue;
+        ++in_segments;
+        if (sg.level < length) {
+          ids.push_back(id);
+          levels.push_back(sg.level);
+        }
+      }
+    }
+    for (uint32_t w : t.accepted_bits) r.accepted_count += BitCount(w);
+    if (in_segments != r.accepted_count) return false;
+    r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);
+    for (int32_t level : levels) ++r.accepted_begin[level + 1];
+    for (size_t l = 1; l < r.accepted_begin.size(); ++l) r.accepted_begin[l] += r.accepted_begin[l - 1];
+    r.accepted_by_level.resize(ids.size());
+    std::vector<int32_t> fill(r.accepted_begin.begin(), r.accepted_begin.end() - 1);
+    for (size_t k = 0; k < ids.size(); ++k) r.accepted_by_level[fill[levels[k]]++] = ids[k];
+    return true;
+  };
+  std::vector<uint64_t> by_position;  // orbit_table's scratch, all clear between uses
+  // The table of f^j(root) (orbit_of), or false where the root's levels are not known.
+  auto orbit_table = [&](int32_t s, const Orbit& orbit) -> bool {
+    Root& r = roots[orbit.root];
+    if (!r.levels_built) r.levels_ok = orbit_levels(r);
+    if (!r.levels_ok) return false;
+    const int32_t j = orbit.j;
+    const StateTokens& rt = g->tables_[r.state];
+    StateTokens& t = g->tables_[s];
+    std::string_view prev;
+    for (size_t k = 0; k < rt.uncertain_ids.size(); ++k) {
+      if (r.uncertain_level[k] < j) continue;
+      const std::string_view b = g->vocab_->token_bytes(rt.uncertain_ids[k]);
+      size_t lcp = 0;
+      while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+      t.uncertain_ids.push_back(rt.uncertain_ids[k]);
+      t.uncertain_lcp.push_back(static_cast<int32_t>(lcp));
+      prev = b;
+    }
+    if (rt.accepted_bits.empty()) {
+      for (size_t k = 0; k < rt.accepted_ids.size(); ++k) {
+        if (r.accepted_level[k] >= j) t.accepted_ids.push_back(rt.accepted_ids[k]);
+      }
+      return true;
+    }
+    int32_t from = 0;  // levels [from, j) to clear
+    if (r.last_j >= 0 && r.last_j < j) {
+      t.accepted_bits = g->tables_[r.last_state].accepted_bits;
+      from = r.last_j;
+    } else {
+      t.accepted_bits = rt.accepted_bits;
+    }
+    for (int32_t k = r.accepted_begin[from]; k < r.accepted_begin[j]; ++k) {
+      const int32_t id = r.accepted_by_level[k];
+      t.accepted_bits[id >> 5] &= ~(1u << (id & 31));
+    }
+    if (r.accepted_count - r.accepted_begin[j] > words) {
+      r.last_j = j;
+      r.last_state = s;
+      return true;
+    }
+    // Few enough for an id list, in trie order (as a walk lists them): through a bitmask over
+    // sorted positions, left clear again.
+    by_position.resize((num_sorted + 63) / 64, 0);
+    for (size_t w = 0; w < t.accepted_bits.size(); ++w) {
+      for (uint32_t bits = t.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+        const int32_t p = position[static_cast<int32_t>(w * 32) + __builtin_ctz(bits)];
+        by_position[p >> 6] |= uint64_t{1} << (p & 63);
+      }
+    }
+    t.accepted_ids.reserve(static_cast<size_t>(r.accepted_count - r.accepted_begin[j]));
+    for (size_t w = 0; w < by_position.size(); ++w) {
+      for (uint64_t bits = by_position[w]; bits != 0; bits &= bits - 1) {
+        t.accepted_ids.push_back(sorted_ids[static_cast<int32_t>(w * 64) + __builtin_ctzll(bits)]);
+      }
+      by_position[w] = 0;
+    }
+    t.accepted_bits.clear();
+    return true;
+  };
   for (int32_t s = 0; s < n; ++s) {
     if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
     const bool keyed = share && classes.Affordable(BoundedClasses::kMaxDepth);
+    const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
+    auto orbit = orbit_of.find(s);
+    const bool chain_copy = orbit != orbit_of.end() && orbit_table(s, orbit->second);
+    g->stats_.num_chain_copies += chain_copy ? 1 : 0;
+    if (!chain_copy) {
     int32_t ref = -1;
     int32_t shared_depth = 0;  // ref's table holds for tokens up to this many bytes
     for (int32_t l = BoundedClasses::kMaxDepth; keyed && l >= kMinShared && ref < 0; --l) {
@@ -446,7 +727,6 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // token's class depends only on the states its bytes enter (and the rule's contexts).
     // Of the two kinds of reference, the one whose walk looks cheaper is taken: the first
     // bytes that differ bound the in-step walk from above.
-    const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
     int32_t byte_ref = -1;
     int64_t byte_cost = 0;
     if (share && same < 0) {
@@ -523,8 +803,6 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         std::inplace_merge(dead_nodes.begin(), dead_nodes.begin() + before, dead_nodes.end());
       }
       rejected.clear();
-      const int32_t num_sorted = static_cast<int32_t>(g->vocab_->sorted_token_ids().size());
-      const int32_t num_trie = static_cast<int32_t>(trie.size());
       for (int32_t i : dead_nodes) {
         const TrieNode& node = trie[i];
         const int32_t end =
@@ -554,6 +832,12 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         list.insert(std::find_if(list.begin(), list.end(),
                                  [&](int32_t k) { return roots[k].entered.size() < size; }),
                     static_cast<int32_t>(roots.size()) - 1);
+        const int32_t root = static_cast<int32_t>(roots.size()) - 1;
+        if (!shift_next.empty()) {
+          if (shift_next[s] >= 0) add_orbit(root);
+        } else if (shift_tries[built.states[s].rule] < kMaxShiftTries) {
+          try_shift(root);
+        }
       }
       if (depth <= BoundedClasses::kMaxDepth) {
         if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
@@ -562,6 +846,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         }
       }
     }
+    }  // not a chain copy
     for (int32_t l = kMinShared; keyed && l <= BoundedClasses::kMaxDepth; ++l) {
       last_in_class[l - kMinShared][classes.Of(l, s)] = s;
     }
