@@ -297,6 +297,7 @@ class Truncation {
 // WalkScratch: Precompute's buffers, kept across states (their capacity is reused).
 struct WalkScratch {
   std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos, shadow;
+  std::vector<uint32_t> accepted_mask;  // a walk without a reference: its accepted tokens, by id
   std::vector<size_t> exact_begin, context_begin, pool;
   // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
   std::vector<std::pair<int32_t, int32_t>> decided;
@@ -824,6 +825,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       g->Precompute(s, walk, scratch, &reuse);
     } else {
       Root r{s, {}, {}, {}};
+      if (share) {  // at most the nodes under its first bytes: one allocation, no regrowth
+        int64_t bound = 0;
+        const PdaState& st = built.states[s];
+        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+          bound += g->vocab_->NodesUnderFirstBytes(built.byte_edges[e].lo, built.byte_edges[e].hi);
+        }
+        r.entered.reserve(static_cast<size_t>(std::min<int64_t>(bound, num_trie)));
+      }
       const int32_t depth = g->Precompute(s, walk, scratch, nullptr, share ? &r.entered : nullptr);
       if (share) {
         std::vector<int32_t>& list = roots_of_rule[built.states[s].rule];
@@ -935,6 +944,24 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   std::vector<int32_t>& shadow = scratch.shadow;
   shadow.assign(1, reuse != nullptr ? reuse->ref_state : -1);
   std::vector<int32_t>& returned = walk.context_returns();
+  // A walk without a reference sets accepted tokens in a bitmask as it goes and lists them
+  // only while they are few enough for an id list (most of a large set is never listed).
+  const int32_t words = vocab_->num_bitmask_words();
+  const bool direct = reuse == nullptr;
+  std::vector<uint32_t>& mask = scratch.accepted_mask;
+  int64_t num_accepted = 0;
+  if (direct) mask.resize(words, 0);
+  auto add_accepted = [&](int32_t begin, int32_t end) {
+    if (!direct) {
+      for (int32_t k = begin; k < end; ++k) accepted.push_back(sorted[k]);
+      return;
+    }
+    for (int32_t k = begin; k < end; ++k) {
+      const int32_t id = sorted[k];
+      mask[id >> 5] |= 1u << (id & 31);
+      if (num_accepted++ <= words) accepted.push_back(id);
+    }
+  };
   auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end, bool ids) {
     for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
   };
@@ -1063,7 +1090,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
             continue;
           }
           if (entered != nullptr && sentinel && !in_context) entered->emplace_back(ns, j);
-          add_range(&accepted, node.token_begin, node.token_end, true);
+          add_accepted(node.token_begin, node.token_end);
           run_state[pd + 1] = ns;
           run_parent[pd + 1] = run_parent[pd];
           run_shadow[pd + 1] = next_shadow;
@@ -1155,7 +1182,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       }
       const PdaState& st = pda_.states[ns];
       if (st.call_begin == st.call_end && !st.accepting && pda_.CanConsume(ns)) {
-        add_range(&accepted, node.token_begin, node.token_end, true);
+        add_accepted(node.token_begin, node.token_end);
         exact.push_back(walk.NewNode(ns, top.parent));
         exact_begin.push_back(exact.size());
         context_begin.push_back(context.size());
@@ -1215,7 +1242,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       }
     }
     if (!next_exact.empty()) {
-      add_range(&accepted, node.token_begin, node.token_end, true);
+      add_accepted(node.token_begin, node.token_end);
     } else if (!next_context.empty() || may_end) {
       add_range(&uncertain_pos, node.token_begin, node.token_end, false);
     }
@@ -1233,7 +1260,14 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     ++i;
   }
   StateTokens& t = tables_[state];
-  const int32_t words = vocab_->num_bitmask_words();
+  if (direct) {
+    if (num_accepted > words) {
+      t.accepted_bits.swap(mask);  // the scratch mask starts clear again at the next walk
+      mask.clear();
+    } else {
+      for (int32_t id : accepted) mask[id >> 5] = 0;
+    }
+  }
   if (reuse != nullptr) {
     // The reference's classes outside the decided ranges, the walk's inside them.
     const StateTokens& ref = *reuse->table;
