@@ -433,13 +433,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     int32_t state;
     std::vector<std::pair<int32_t, int32_t>> entered;
     std::vector<int32_t> node_begin, nodes;  // entered's nodes grouped by state, once used
-    // Its chain's token levels (OrbitLevels, at the first copy). Bitmask roots: the accepted
+    // Its chain's token levels (orbit_levels, at the first copy). Bitmask roots: the accepted
     // ids of level below the chain's length, by level (accepted_begin[l]: the first of level
-    // l); id-list roots: accepted_level[k] of accepted_ids[k]. uncertain_level likewise.
+    // l); id-list roots: accepted_level[k] of accepted_ids[k] (accepted_begin counts alike).
+    // uncertain_level[k] of uncertain_ids[k].
     bool levels_built = false, levels_ok = false;
     std::vector<int32_t> accepted_begin, accepted_by_level, accepted_level, uncertain_level;
     int64_t accepted_count = 0;
-    int32_t last_j = -1, last_state = -1;  // the last bitmask copy built: the next one's base
+    int32_t last_j = -1, last_state = -1;  // the last copy built: the next one's base
   };
   std::vector<Root> roots;
   absl::flat_hash_map<int32_t, std::vector<int32_t>> roots_of_rule;  // rule -> into roots
@@ -538,7 +539,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     int32_t begin, end, level;
   };
   std::vector<Segment> segments;
-  std::vector<int32_t> level_at, node_at;         // by trie depth: the recorded path
+  std::vector<int32_t> level_at, node_at, end_at;  // by trie depth: the recorded path
   std::vector<std::pair<int32_t, int32_t>> open;  // (token range end, level), nested
   auto orbit_levels = [&](Root& r) -> bool {
     r.levels_built = true;
@@ -570,16 +571,18 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       if (level_at.size() <= d) {
         level_at.resize(d + 1, kEndless);
         node_at.resize(d + 1, -1);
+        end_at.resize(d + 1, -1);
       }
       int32_t level = kEndless;
       if (d > 1) {
         const int32_t p = node_at[d - 1];
-        if (p < 0 || p >= node || node >= trie[p].subtree_end) return false;  // parent unrecorded
+        if (p < 0 || p >= node || node >= end_at[d - 1]) return false;  // parent unrecorded
         level = level_at[d - 1];
       }
       level = std::min(level, shift_depth[state]);
       level_at[d] = level;
       node_at[d] = node;
+      end_at[d] = v.subtree_end;
       fill_to(v.token_begin);
       open.emplace_back(v.subtree_end < num_trie ? trie[v.subtree_end].token_begin : num_sorted,
                         level);
@@ -599,11 +602,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     }
     seg = 0;
     if (t.accepted_bits.empty()) {
+      r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);  // counts, as below
       for (int32_t id : t.accepted_ids) {
         const int32_t level = level_of(position[id]);
         if (level < 0) return false;
         r.accepted_level.push_back(level);
+        if (level < length) ++r.accepted_begin[level + 1];
       }
+      for (size_t l = 1; l < r.accepted_begin.size(); ++l) r.accepted_begin[l] += r.accepted_begin[l - 1];
       return true;
     }
     std::vector<int32_t> ids, levels;
@@ -649,9 +655,15 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       prev = b;
     }
     if (rt.accepted_bits.empty()) {
-      for (size_t k = 0; k < rt.accepted_ids.size(); ++k) {
-        if (r.accepted_level[k] >= j) t.accepted_ids.push_back(rt.accepted_ids[k]);
+      if (r.last_j >= 0 && r.last_j < j && r.accepted_begin[r.last_j] == r.accepted_begin[j]) {
+        t.accepted_ids = g->tables_[r.last_state].accepted_ids;  // no token of levels [last_j, j)
+      } else {
+        for (size_t k = 0; k < rt.accepted_ids.size(); ++k) {
+          if (r.accepted_level[k] >= j) t.accepted_ids.push_back(rt.accepted_ids[k]);
+        }
       }
+      r.last_j = j;
+      r.last_state = s;
       return true;
     }
     int32_t from = 0;  // levels [from, j) to clear
