@@ -531,108 +531,93 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   const int32_t num_trie = static_cast<int32_t>(trie.size());
   const int32_t words = g->vocab_->num_bitmask_words();
   const std::vector<int32_t>& sorted_ids = g->vocab_->sorted_token_ids();
-  // The root's tokens by level, from its recorded walk (preorder): a node's level is the least
-  // of its parent's and its state's shift depth, a token's that of its deepest recorded node.
-  // The sweep writes (sorted position range, level) segments in order; every token of the
-  // root's table lies in one (its first byte's node is recorded).
-  struct Segment {
-    int32_t begin, end, level;
-  };
-  std::vector<Segment> segments;
+  // The root's tokens by level, from its recorded walk (preorder), in one pass: a node's level
+  // is the least of its parent's and its state's shift depth, a token's that of its deepest
+  // recorded node (its own node for every accepted token of a bitmask root: bytes consumed
+  // inside the rule; an uncertain token may end past the rule's return, below that node).
   std::vector<int32_t> level_at, node_at, end_at;  // by trie depth: the recorded path
-  std::vector<std::pair<int32_t, int32_t>> open;  // (token range end, level), nested
+  std::vector<int32_t> by_level_ids, by_level_levels;
   auto orbit_levels = [&](Root& r) -> bool {
     r.levels_built = true;
     if (r.entered.empty()) return false;  // grouped by state for truncated copies already
     const int32_t length = shift_depth[r.state];
-    segments.clear();
-    open.clear();
-    int32_t cursor = 0;
-    auto fill_to = [&](int32_t b) {
-      while (cursor < b) {
-        while (!open.empty() && open.back().first <= cursor) open.pop_back();
-        if (open.empty()) {
-          cursor = b;
-          break;
-        }
-        const int32_t limit = std::min(b, open.back().first);
-        const int32_t level = open.back().second;
-        if (!segments.empty() && segments.back().end == cursor && segments.back().level == level) {
-          segments.back().end = limit;
-        } else {
-          segments.push_back({cursor, limit, level});
-        }
-        cursor = limit;
+    const StateTokens& t = g->tables_[r.state];
+    const bool bits = !t.accepted_bits.empty();
+    r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);  // counts first
+    by_level_ids.clear();
+    by_level_levels.clear();
+    int32_t top = 0;  // depth of the last recorded node (the path is level_at[1..top])
+    // Sorted-order queries (uncertain ids, an id-list root's accepted ids), answered once the
+    // walk is past their position: the deepest node on the path whose subtree holds it.
+    size_t next_uncertain = 0, next_accepted = 0;
+    bool ok = true;
+    auto answer = [&](int32_t pos) {
+      for (int32_t d = top; d >= 1; --d) {
+        const int32_t end = end_at[d] < num_trie ? trie[end_at[d]].token_begin : num_sorted;
+        if (pos < end) return level_at[d];
+      }
+      return -1;
+    };
+    auto answer_before = [&](int32_t limit) {
+      for (; next_uncertain < t.uncertain_ids.size(); ++next_uncertain) {
+        const int32_t pos = position[t.uncertain_ids[next_uncertain]];
+        if (pos >= limit) break;
+        const int32_t level = answer(pos);
+        ok = ok && level >= 0;
+        r.uncertain_level.push_back(level);
+      }
+      for (; !bits && next_accepted < t.accepted_ids.size(); ++next_accepted) {
+        const int32_t pos = position[t.accepted_ids[next_accepted]];
+        if (pos >= limit) break;
+        const int32_t level = answer(pos);
+        ok = ok && level >= 0;
+        r.accepted_level.push_back(level);
+        if (level >= 0 && level < length) ++r.accepted_begin[level + 1];
       }
     };
+    int64_t covered = 0;
     for (const auto& [state, node] : r.entered) {
       const TrieNode& v = trie[node];
-      const size_t d = static_cast<size_t>(v.depth);
-      if (level_at.size() <= d) {
+      answer_before(v.token_begin);
+      const int32_t d = v.depth;
+      if (static_cast<int32_t>(level_at.size()) <= d) {
         level_at.resize(d + 1, kEndless);
         node_at.resize(d + 1, -1);
         end_at.resize(d + 1, -1);
       }
       int32_t level = kEndless;
       if (d > 1) {
-        const int32_t p = node_at[d - 1];
-        if (p < 0 || p >= node || node >= end_at[d - 1]) return false;  // parent unrecorded
+        if (d - 1 > top || node_at[d - 1] >= node || node >= end_at[d - 1]) return false;  // parent unrecorded
         level = level_at[d - 1];
       }
       level = std::min(level, shift_depth[state]);
       level_at[d] = level;
       node_at[d] = node;
       end_at[d] = v.subtree_end;
-      fill_to(v.token_begin);
-      open.emplace_back(v.subtree_end < num_trie ? trie[v.subtree_end].token_begin : num_sorted,
-                        level);
-    }
-    fill_to(num_sorted);
-    // Levels of tokens listed in sorted order, -1 for one outside every segment.
-    size_t seg = 0;
-    auto level_of = [&](int32_t pos) {
-      while (seg < segments.size() && segments[seg].end <= pos) ++seg;
-      return seg < segments.size() && segments[seg].begin <= pos ? segments[seg].level : -1;
-    };
-    const StateTokens& t = g->tables_[r.state];
-    for (int32_t id : t.uncertain_ids) {
-      const int32_t level = level_of(position[id]);
-      if (level < 0) return false;
-      r.uncertain_level.push_back(level);
-    }
-    seg = 0;
-    if (t.accepted_bits.empty()) {
-      r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);  // counts, as below
-      for (int32_t id : t.accepted_ids) {
-        const int32_t level = level_of(position[id]);
-        if (level < 0) return false;
-        r.accepted_level.push_back(level);
-        if (level < length) ++r.accepted_begin[level + 1];
-      }
-      for (size_t l = 1; l < r.accepted_begin.size(); ++l) r.accepted_begin[l] += r.accepted_begin[l - 1];
-      return true;
-    }
-    std::vector<int32_t> ids, levels;
-    int64_t in_segments = 0;
-    for (const Segment& sg : segments) {
-      for (int32_t p = sg.begin; p < sg.end; ++p) {
+      top = d;
+      if (!bits) continue;
+      for (int32_t p = v.token_begin; p < v.token_end; ++p) {
         const int32_t id = sorted_ids[p];
         if (((t.accepted_bits[id >> 5] >> (id & 31)) & 1) == 0) continue;
-        ++in_segments;
-        if (sg.level < length) {
-          ids.push_back(id);
-          levels.push_back(sg.level);
+        ++covered;
+        if (level < length) {
+          by_level_ids.push_back(id);
+          by_level_levels.push_back(level);
+          ++r.accepted_begin[level + 1];
         }
       }
     }
-    for (uint32_t w : t.accepted_bits) r.accepted_count += BitCount(w);
-    if (in_segments != r.accepted_count) return false;
-    r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);
-    for (int32_t level : levels) ++r.accepted_begin[level + 1];
+    answer_before(num_sorted);
+    if (!ok) return false;
     for (size_t l = 1; l < r.accepted_begin.size(); ++l) r.accepted_begin[l] += r.accepted_begin[l - 1];
-    r.accepted_by_level.resize(ids.size());
+    if (!bits) return true;
+    for (uint32_t w : t.accepted_bits) r.accepted_count += BitCount(w);
+    if (covered != r.accepted_count) return false;
+    r.accepted_by_level.resize(by_level_ids.size());
     std::vector<int32_t> fill(r.accepted_begin.begin(), r.accepted_begin.end() - 1);
-    for (size_t k = 0; k < ids.size(); ++k) r.accepted_by_level[fill[levels[k]]++] = ids[k];
+    for (size_t k = 0; k < by_level_ids.size(); ++k) {
+      r.accepted_by_level[fill[by_level_levels[k]]++] = by_level_ids[k];
+    }
     return true;
   };
   std::vector<uint64_t> by_position;  // orbit_table's scratch, all clear between uses
