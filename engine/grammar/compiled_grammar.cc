@@ -468,6 +468,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     int32_t j;     // the state is f^j(root)
   };
   absl::flat_hash_map<int32_t, Orbit> orbit_of;
+  constexpr int32_t kMinChainHead = 8;  // shorter chains need not pay for a full walk
   auto add_orbit = [&](int32_t root) {
     int32_t x = roots[root].state;
     const int32_t length = shift_depth[x];
@@ -694,9 +695,15 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     const bool chain_copy = orbit != orbit_of.end() && orbit_table(s, orbit->second);
     g->stats_.num_chain_copies += chain_copy ? 1 : 0;
     if (!chain_copy) {
+    // The head of a long chain not yet walked (a UTF-8 continuation byte state of the first
+    // level, which would walk beside another state) is walked in full instead: the rest of
+    // its chain then copies its table.
+    const bool chain_head = !shift_next.empty() && shift_depth[s] >= kMinChainHead &&
+                            shift_depth[s] != kEndless;
     int32_t ref = -1;
     int32_t shared_depth = 0;  // ref's table holds for tokens up to this many bytes
-    for (int32_t l = BoundedClasses::kMaxDepth; keyed && l >= kMinShared && ref < 0; --l) {
+    for (int32_t l = BoundedClasses::kMaxDepth; keyed && !chain_head && l >= kMinShared && ref < 0;
+         --l) {
       auto it = last_in_class[l - kMinShared].find(classes.Of(l, s));
       if (it != last_in_class[l - kMinShared].end()) {
         ref = it->second;
@@ -727,7 +734,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // bytes that differ bound the in-step walk from above.
     int32_t byte_ref = -1;
     int64_t byte_cost = 0;
-    if (share && same < 0) {
+    if (share && same < 0 && !chain_head) {
       auto it = by_successor.find(successor_key);
       if (it != by_successor.end()) {
         for (int b = 0; b < 256;) {  // by ranges of bytes where both states answer alike
@@ -749,7 +756,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // among the nodes the walk recorded: no walk at all. Tried only where the walk it saves
     // is large, within a budget of state pairs that stays well below it.
     int32_t root = -1;
-    if (share && same < 0) {
+    if (share && same < 0 && !chain_head) {
       const int64_t cost = shared_depth > 0 ? nodes_deeper[shared_depth]
                            : byte_ref >= 0  ? byte_cost
                                             : static_cast<int64_t>(trie.size());
