@@ -698,8 +698,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // The head of a long chain not yet walked (a UTF-8 continuation byte state of the first
     // level, which would walk beside another state) is walked in full instead: the rest of
     // its chain then copies its table.
-    const bool chain_head = !shift_next.empty() && shift_depth[s] >= kMinChainHead &&
-                            shift_depth[s] != kEndless;
+    // (Not a member of a chain whose root's levels are unknown: it would walk in full in vain.)
+    const bool chain_head = !shift_next.empty() && orbit == orbit_of.end() &&
+                            shift_depth[s] >= kMinChainHead && shift_depth[s] != kEndless;
     int32_t ref = -1;
     int32_t shared_depth = 0;  // ref's table holds for tokens up to this many bytes
     for (int32_t l = BoundedClasses::kMaxDepth; keyed && !chain_head && l >= kMinShared && ref < 0;
