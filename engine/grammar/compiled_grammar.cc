@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -163,6 +164,7 @@ class Truncation {
   bool Check(int32_t s, int32_t r, int32_t budget, std::vector<int32_t>* dead) {
     dead->clear();
     ++epoch_;
+    paired_late_ = false;
     merged_.clear();
     pending_.clear();
     if (s == r || !Pure(s) || !Pure(r)) return false;
@@ -213,6 +215,7 @@ class Truncation {
         if (Marked(q) && kind_[q] == kReached) return true;
         // A paired state reached after the meeting is fine: only dead states are looked up.
         if (Marked(q) && kind_[q] == kPaired) {
+          paired_late_ = true;
           if (seen_[q] == epoch_) return true;
           seen_[q] = epoch_;
         } else if (Marked(q) && kind_[q] == kMerged) {
@@ -233,6 +236,30 @@ class Truncation {
         if (!reach(pda_.call_edges[e].next)) return false;
       }
       if (--budget < 0) return false;
+    }
+    return true;
+  }
+
+  // Shift: after a Check(s, r) that returned true, the map f it proved, for every state the
+  // walk from r reaches in step with the copy: (*next)[q] = the copy's state beside q (q
+  // itself once the walks are one), kShiftDead where the copy rejects, kShiftUnknown for states
+  // the check never saw (those past a dead state). f is a simulation that may only lose edges,
+  // so applying it j times gives a truncated copy of any state it maps, whose walk rejects
+  // exactly the tokens that enter a state where f^j is undefined. False if a paired state is
+  // entered again after the walks became one (a later copy might die there).
+  bool PureState(int32_t q) const { return Pure(q); }
+  static constexpr int32_t kShiftDead = -2;
+  static constexpr int32_t kShiftUnknown = -1;
+  bool Shift(std::vector<int32_t>* next) const {
+    if (paired_late_) return false;
+    next->assign(pda_.states.size(), kShiftUnknown);
+    for (size_t q = 0; q < next->size(); ++q) {
+      if (!Marked(static_cast<int32_t>(q))) continue;
+      switch (kind_[q]) {
+        case kPaired: (*next)[q] = partner_[q]; break;
+        case kDead: (*next)[q] = kShiftDead; break;
+        default: (*next)[q] = static_cast<int32_t>(q);
+      }
     }
     return true;
   }
@@ -261,6 +288,7 @@ class Truncation {
   std::vector<Kind> kind_;
   std::vector<uint32_t> seen_;    // [state] paired states queued after the meeting
   uint32_t epoch_ = 0;
+  bool paired_late_ = false;  // a paired state was reached after the walks met
   std::vector<int32_t> merged_, pending_;
 };
 
@@ -269,6 +297,7 @@ class Truncation {
 // WalkScratch: Precompute's buffers, kept across states (their capacity is reused).
 struct WalkScratch {
   std::vector<int32_t> exact, context, next_exact, next_context, accepted, uncertain_pos, shadow;
+  std::vector<uint32_t> accepted_mask;  // a walk without a reference: its accepted tokens, by id
   std::vector<size_t> exact_begin, context_begin, pool;
   // With a reference table: the sorted positions the walk decided, as [begin, end) ranges.
   std::vector<std::pair<int32_t, int32_t>> decided;
@@ -404,6 +433,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     int32_t state;
     std::vector<std::pair<int32_t, int32_t>> entered;
     std::vector<int32_t> node_begin, nodes;  // entered's nodes grouped by state, once used
+    // Its chain's token levels (orbit_levels, at the first copy). Bitmask roots: the accepted
+    // ids of level below the chain's length, by level (accepted_begin[l]: the first of level
+    // l); id-list roots: accepted_level[k] of accepted_ids[k] (accepted_begin counts alike).
+    // uncertain_level[k] of uncertain_ids[k].
+    bool levels_built = false, levels_ok = false;
+    std::vector<int32_t> accepted_begin, accepted_by_level, accepted_level, uncertain_level;
+    int64_t accepted_count = 0;
+    int32_t last_j = -1, last_state = -1;  // the last copy built: the next one's base
   };
   std::vector<Root> roots;
   absl::flat_hash_map<int32_t, std::vector<int32_t>> roots_of_rule;  // rule -> into roots
@@ -412,12 +449,262 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
   std::vector<std::pair<int32_t, int32_t>> rejected;
   // Below, a walk costs about as much as looking for a truncation's root.
   constexpr int64_t kMinTruncationCost = 4096;
+  // Chains (Truncation::Shift): a truncation check of a root's main successor against the root
+  // (a capped key's "63 characters left" against "64 left") proves a shift f over every state
+  // the root's walk reaches. Each root f maps heads a chain root, f(root), f(f(root)), ...
+  // (that key character state at 63, 62, ... left; likewise the states inside an escape or a
+  // UTF-8 sequence); the j-th takes the root's table minus the tokens whose walk from the root
+  // enters a state where f^j is undefined: those of level below j, a token's level being the
+  // least, over the states its bytes enter, of how often f applies there. One pass over the
+  // root's recorded walk buckets its tokens by level, and each copy clears one bucket from the
+  // previous copy's bitmask: no walk, no subtree search, no state-pair check per copy.
+  constexpr int32_t kEndless = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> shift_next;   // f (Truncation::Shift), empty until one is proved
+  std::vector<int32_t> shift_depth;  // [state] how often f applies (kEndless: forever)
+  absl::flat_hash_map<int32_t, int32_t> shift_tries;  // rule -> checks tried
+  constexpr int32_t kMaxShiftTries = 4;  // per rule: failed checks cost up to their budget each
+  struct Orbit {
+    int32_t root;  // into roots
+    int32_t j;     // the state is f^j(root)
+  };
+  absl::flat_hash_map<int32_t, Orbit> orbit_of;
+  constexpr int32_t kMinChainHead = 8;  // shorter chains need not pay for a full walk
+  auto add_orbit = [&](int32_t root) {
+    int32_t x = roots[root].state;
+    const int32_t length = shift_depth[x];
+    if (length == kEndless) return;
+    for (int32_t j = 1; j <= length; ++j) {
+      x = shift_next[x];
+      orbit_of.try_emplace(x, Orbit{root, j});
+    }
+  };
+  // Proves a shift from root `root` (its main successor a truncated copy of it), if any.
+  auto try_shift = [&](int32_t root) {
+    const int32_t r = roots[root].state;
+    const int32_t next = DominantSuccessor(built, r);
+    if (next < 0 || next == r || !truncation.PureState(r) || !truncation.PureState(next)) return;
+    ++shift_tries[built.states[r].rule];
+    const int32_t budget = static_cast<int32_t>(std::min<int64_t>(trie.size() / 8, 1 << 16));
+    if (!truncation.Check(next, r, budget, &dead) || !truncation.Shift(&shift_next)) {
+      shift_next.clear();
+      return;
+    }
+    // f applied along each state's chain until a state where it is undefined (0: dead, or
+    // one the check never saw) or one where the walks are one (kEndless); a cycle voids the
+    // shift. A state the check never saw is no copy's state: the copy that would be there
+    // died on the way already (it follows a dead state, or f^j of a path's states runs into
+    // it only where f^(j-1) of an earlier state was dead).
+    constexpr int32_t kPending = -1, kOnChain = -2;
+    shift_depth.assign(n, kPending);
+    std::vector<int32_t> chain;
+    for (int32_t q = 0; q < n; ++q) {
+      if (shift_depth[q] != kPending) continue;
+      chain.clear();
+      int32_t x = q, depth = 0;
+      while (true) {
+        if (shift_depth[x] >= 0) {
+          depth = shift_depth[x];
+          break;
+        }
+        if (shift_depth[x] == kOnChain) {
+          shift_next.clear();
+          shift_depth.clear();
+          return;
+        }
+        const int32_t f = shift_next[x];
+        if (f < 0 || f == x) {
+          depth = f == x ? kEndless : 0;
+          shift_depth[x] = depth;
+          break;
+        }
+        shift_depth[x] = kOnChain;
+        chain.push_back(x);
+        x = f;
+      }
+      for (size_t k = chain.size(); k-- > 0;) {
+        if (depth != kEndless) ++depth;
+        shift_depth[chain[k]] = depth;
+      }
+    }
+    for (size_t k = 0; k < roots.size(); ++k) add_orbit(static_cast<int32_t>(k));
+  };
+  const int32_t num_sorted = static_cast<int32_t>(g->vocab_->sorted_token_ids().size());
+  const int32_t num_trie = static_cast<int32_t>(trie.size());
+  const int32_t words = g->vocab_->num_bitmask_words();
+  const std::vector<int32_t>& sorted_ids = g->vocab_->sorted_token_ids();
+  // The root's tokens by level, from its recorded walk (preorder), in one pass: a node's level
+  // is the least of its parent's and its state's shift depth, a token's that of its deepest
+  // recorded node (its own node for every accepted token of a bitmask root: bytes consumed
+  // inside the rule; an uncertain token may end past the rule's return, below that node).
+  std::vector<int32_t> level_at, node_at, end_at;  // by trie depth: the recorded path
+  std::vector<int32_t> by_level_ids, by_level_levels;
+  auto orbit_levels = [&](Root& r) -> bool {
+    r.levels_built = true;
+    if (r.entered.empty()) return false;  // grouped by state for truncated copies already
+    const int32_t length = shift_depth[r.state];
+    const StateTokens& t = g->tables_[r.state];
+    const bool bits = !t.accepted_bits.empty();
+    r.accepted_begin.assign(static_cast<size_t>(length) + 2, 0);  // counts first
+    by_level_ids.clear();
+    by_level_levels.clear();
+    int32_t top = 0;  // depth of the last recorded node (the path is level_at[1..top])
+    // Sorted-order queries (uncertain ids, an id-list root's accepted ids), answered once the
+    // walk is past their position: the deepest node on the path whose subtree holds it.
+    size_t next_uncertain = 0, next_accepted = 0;
+    bool ok = true;
+    auto answer = [&](int32_t pos) {
+      for (int32_t d = top; d >= 1; --d) {
+        const int32_t end = end_at[d] < num_trie ? trie[end_at[d]].token_begin : num_sorted;
+        if (pos < end) return level_at[d];
+      }
+      return -1;
+    };
+    auto answer_before = [&](int32_t limit) {
+      for (; next_uncertain < t.uncertain_ids.size(); ++next_uncertain) {
+        const int32_t pos = position[t.uncertain_ids[next_uncertain]];
+        if (pos >= limit) break;
+        const int32_t level = answer(pos);
+        ok = ok && level >= 0;
+        r.uncertain_level.push_back(level);
+      }
+      for (; !bits && next_accepted < t.accepted_ids.size(); ++next_accepted) {
+        const int32_t pos = position[t.accepted_ids[next_accepted]];
+        if (pos >= limit) break;
+        const int32_t level = answer(pos);
+        ok = ok && level >= 0;
+        r.accepted_level.push_back(level);
+        if (level >= 0 && level < length) ++r.accepted_begin[level + 1];
+      }
+    };
+    int64_t covered = 0;
+    for (const auto& [state, node] : r.entered) {
+      const TrieNode& v = trie[node];
+      answer_before(v.token_begin);
+      const int32_t d = v.depth;
+      if (static_cast<int32_t>(level_at.size()) <= d) {
+        level_at.resize(d + 1, kEndless);
+        node_at.resize(d + 1, -1);
+        end_at.resize(d + 1, -1);
+      }
+      int32_t level = kEndless;
+      if (d > 1) {
+        if (d - 1 > top || node_at[d - 1] >= node || node >= end_at[d - 1]) return false;  // parent unrecorded
+        level = level_at[d - 1];
+      }
+      level = std::min(level, shift_depth[state]);
+      level_at[d] = level;
+      node_at[d] = node;
+      end_at[d] = v.subtree_end;
+      top = d;
+      if (!bits) continue;
+      for (int32_t p = v.token_begin; p < v.token_end; ++p) {
+        const int32_t id = sorted_ids[p];
+        if (((t.accepted_bits[id >> 5] >> (id & 31)) & 1) == 0) continue;
+        ++covered;
+        if (level < length) {
+          by_level_ids.push_back(id);
+          by_level_levels.push_back(level);
+          ++r.accepted_begin[level + 1];
+        }
+      }
+    }
+    answer_before(num_sorted);
+    if (!ok) return false;
+    for (size_t l = 1; l < r.accepted_begin.size(); ++l) r.accepted_begin[l] += r.accepted_begin[l - 1];
+    if (!bits) return true;
+    for (uint32_t w : t.accepted_bits) r.accepted_count += BitCount(w);
+    if (covered != r.accepted_count) return false;
+    r.accepted_by_level.resize(by_level_ids.size());
+    std::vector<int32_t> fill(r.accepted_begin.begin(), r.accepted_begin.end() - 1);
+    for (size_t k = 0; k < by_level_ids.size(); ++k) {
+      r.accepted_by_level[fill[by_level_levels[k]]++] = by_level_ids[k];
+    }
+    return true;
+  };
+  std::vector<uint64_t> by_position;  // orbit_table's scratch, all clear between uses
+  // The table of f^j(root) (orbit_of), or false where the root's levels are not known.
+  auto orbit_table = [&](int32_t s, const Orbit& orbit) -> bool {
+    Root& r = roots[orbit.root];
+    if (!r.levels_built) r.levels_ok = orbit_levels(r);
+    if (!r.levels_ok) return false;
+    const int32_t j = orbit.j;
+    const StateTokens& rt = g->tables_[r.state];
+    StateTokens& t = g->tables_[s];
+    std::string_view prev;
+    for (size_t k = 0; k < rt.uncertain_ids.size(); ++k) {
+      if (r.uncertain_level[k] < j) continue;
+      const std::string_view b = g->vocab_->token_bytes(rt.uncertain_ids[k]);
+      size_t lcp = 0;
+      while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+      t.uncertain_ids.push_back(rt.uncertain_ids[k]);
+      t.uncertain_lcp.push_back(static_cast<int32_t>(lcp));
+      prev = b;
+    }
+    if (rt.accepted_bits.empty()) {
+      if (r.last_j >= 0 && r.last_j < j && r.accepted_begin[r.last_j] == r.accepted_begin[j]) {
+        t.accepted_ids = g->tables_[r.last_state].accepted_ids;  // no token of levels [last_j, j)
+      } else {
+        for (size_t k = 0; k < rt.accepted_ids.size(); ++k) {
+          if (r.accepted_level[k] >= j) t.accepted_ids.push_back(rt.accepted_ids[k]);
+        }
+      }
+      r.last_j = j;
+      r.last_state = s;
+      return true;
+    }
+    int32_t from = 0;  // levels [from, j) to clear
+    if (r.last_j >= 0 && r.last_j < j) {
+      t.accepted_bits = g->tables_[r.last_state].accepted_bits;
+      from = r.last_j;
+    } else {
+      t.accepted_bits = rt.accepted_bits;
+    }
+    for (int32_t k = r.accepted_begin[from]; k < r.accepted_begin[j]; ++k) {
+      const int32_t id = r.accepted_by_level[k];
+      t.accepted_bits[id >> 5] &= ~(1u << (id & 31));
+    }
+    if (r.accepted_count - r.accepted_begin[j] > words) {
+      r.last_j = j;
+      r.last_state = s;
+      return true;
+    }
+    // Few enough for an id list, in trie order (as a walk lists them): through a bitmask over
+    // sorted positions, left clear again.
+    by_position.resize((num_sorted + 63) / 64, 0);
+    for (size_t w = 0; w < t.accepted_bits.size(); ++w) {
+      for (uint32_t bits = t.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+        const int32_t p = position[static_cast<int32_t>(w * 32) + __builtin_ctz(bits)];
+        by_position[p >> 6] |= uint64_t{1} << (p & 63);
+      }
+    }
+    t.accepted_ids.reserve(static_cast<size_t>(r.accepted_count - r.accepted_begin[j]));
+    for (size_t w = 0; w < by_position.size(); ++w) {
+      for (uint64_t bits = by_position[w]; bits != 0; bits &= bits - 1) {
+        t.accepted_ids.push_back(sorted_ids[static_cast<int32_t>(w * 64) + __builtin_ctzll(bits)]);
+      }
+      by_position[w] = 0;
+    }
+    t.accepted_bits.clear();
+    return true;
+  };
   for (int32_t s = 0; s < n; ++s) {
     if (!reachable[s] || !g->pda_.HasByteEdges(s)) continue;
     const bool keyed = share && classes.Affordable(BoundedClasses::kMaxDepth);
+    const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
+    auto orbit = orbit_of.find(s);
+    const bool chain_copy = orbit != orbit_of.end() && orbit_table(s, orbit->second);
+    g->stats_.num_chain_copies += chain_copy ? 1 : 0;
+    if (!chain_copy) {
+    // The head of a long chain not yet walked (a UTF-8 continuation byte state of the first
+    // level, which would walk beside another state) is walked in full instead: the rest of
+    // its chain then copies its table.
+    // (Not a member of a chain whose root's levels are unknown: it would walk in full in vain.)
+    const bool chain_head = !shift_next.empty() && orbit == orbit_of.end() &&
+                            shift_depth[s] >= kMinChainHead && shift_depth[s] != kEndless;
     int32_t ref = -1;
     int32_t shared_depth = 0;  // ref's table holds for tokens up to this many bytes
-    for (int32_t l = BoundedClasses::kMaxDepth; keyed && l >= kMinShared && ref < 0; --l) {
+    for (int32_t l = BoundedClasses::kMaxDepth; keyed && !chain_head && l >= kMinShared && ref < 0;
+         --l) {
       auto it = last_in_class[l - kMinShared].find(classes.Of(l, s));
       if (it != last_in_class[l - kMinShared].end()) {
         ref = it->second;
@@ -446,10 +733,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // token's class depends only on the states its bytes enter (and the rule's contexts).
     // Of the two kinds of reference, the one whose walk looks cheaper is taken: the first
     // bytes that differ bound the in-step walk from above.
-    const auto successor_key = std::make_pair(built.states[s].rule, DominantSuccessor(built, s));
     int32_t byte_ref = -1;
     int64_t byte_cost = 0;
-    if (share && same < 0) {
+    if (share && same < 0 && !chain_head) {
       auto it = by_successor.find(successor_key);
       if (it != by_successor.end()) {
         for (int b = 0; b < 256;) {  // by ranges of bytes where both states answer alike
@@ -471,7 +757,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
     // among the nodes the walk recorded: no walk at all. Tried only where the walk it saves
     // is large, within a budget of state pairs that stays well below it.
     int32_t root = -1;
-    if (share && same < 0) {
+    if (share && same < 0 && !chain_head) {
       const int64_t cost = shared_depth > 0 ? nodes_deeper[shared_depth]
                            : byte_ref >= 0  ? byte_cost
                                             : static_cast<int64_t>(trie.size());
@@ -523,8 +809,6 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         std::inplace_merge(dead_nodes.begin(), dead_nodes.begin() + before, dead_nodes.end());
       }
       rejected.clear();
-      const int32_t num_sorted = static_cast<int32_t>(g->vocab_->sorted_token_ids().size());
-      const int32_t num_trie = static_cast<int32_t>(trie.size());
       for (int32_t i : dead_nodes) {
         const TrieNode& node = trie[i];
         const int32_t end =
@@ -546,6 +830,14 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
       g->Precompute(s, walk, scratch, &reuse);
     } else {
       Root r{s, {}, {}, {}};
+      if (share) {  // at most the nodes under its first bytes: one allocation, no regrowth
+        int64_t bound = 0;
+        const PdaState& st = built.states[s];
+        for (uint32_t e = st.byte_begin; e < st.byte_end; ++e) {
+          bound += g->vocab_->NodesUnderFirstBytes(built.byte_edges[e].lo, built.byte_edges[e].hi);
+        }
+        r.entered.reserve(static_cast<size_t>(std::min<int64_t>(bound, num_trie)));
+      }
       const int32_t depth = g->Precompute(s, walk, scratch, nullptr, share ? &r.entered : nullptr);
       if (share) {
         std::vector<int32_t>& list = roots_of_rule[built.states[s].rule];
@@ -554,6 +846,12 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         list.insert(std::find_if(list.begin(), list.end(),
                                  [&](int32_t k) { return roots[k].entered.size() < size; }),
                     static_cast<int32_t>(roots.size()) - 1);
+        const int32_t root = static_cast<int32_t>(roots.size()) - 1;
+        if (!shift_next.empty()) {
+          if (shift_next[s] >= 0) add_orbit(root);
+        } else if (shift_tries[built.states[s].rule] < kMaxShiftTries) {
+          try_shift(root);
+        }
       }
       if (depth <= BoundedClasses::kMaxDepth) {
         if (walked.try_emplace({depth, classes.Of(depth, s)}, s).second &&
@@ -562,6 +860,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> CompiledGrammar::Create(
         }
       }
     }
+    }  // not a chain copy
     for (int32_t l = kMinShared; keyed && l <= BoundedClasses::kMaxDepth; ++l) {
       last_in_class[l - kMinShared][classes.Of(l, s)] = s;
     }
@@ -650,6 +949,24 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
   std::vector<int32_t>& shadow = scratch.shadow;
   shadow.assign(1, reuse != nullptr ? reuse->ref_state : -1);
   std::vector<int32_t>& returned = walk.context_returns();
+  // A walk without a reference sets accepted tokens in a bitmask as it goes and lists them
+  // only while they are few enough for an id list (most of a large set is never listed).
+  const int32_t words = vocab_->num_bitmask_words();
+  const bool direct = reuse == nullptr;
+  std::vector<uint32_t>& mask = scratch.accepted_mask;
+  int64_t num_accepted = 0;
+  if (direct) mask.resize(words, 0);
+  auto add_accepted = [&](int32_t begin, int32_t end) {
+    if (!direct) {
+      for (int32_t k = begin; k < end; ++k) accepted.push_back(sorted[k]);
+      return;
+    }
+    for (int32_t k = begin; k < end; ++k) {
+      const int32_t id = sorted[k];
+      mask[id >> 5] |= 1u << (id & 31);
+      if (num_accepted++ <= words) accepted.push_back(id);
+    }
+  };
   auto add_range = [&](std::vector<int32_t>* out, int32_t begin, int32_t end, bool ids) {
     for (int32_t k = begin; k < end; ++k) out->push_back(ids ? sorted[k] : k);
   };
@@ -778,7 +1095,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
             continue;
           }
           if (entered != nullptr && sentinel && !in_context) entered->emplace_back(ns, j);
-          add_range(&accepted, node.token_begin, node.token_end, true);
+          add_accepted(node.token_begin, node.token_end);
           run_state[pd + 1] = ns;
           run_parent[pd + 1] = run_parent[pd];
           run_shadow[pd + 1] = next_shadow;
@@ -870,7 +1187,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       }
       const PdaState& st = pda_.states[ns];
       if (st.call_begin == st.call_end && !st.accepting && pda_.CanConsume(ns)) {
-        add_range(&accepted, node.token_begin, node.token_end, true);
+        add_accepted(node.token_begin, node.token_end);
         exact.push_back(walk.NewNode(ns, top.parent));
         exact_begin.push_back(exact.size());
         context_begin.push_back(context.size());
@@ -930,7 +1247,7 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
       }
     }
     if (!next_exact.empty()) {
-      add_range(&accepted, node.token_begin, node.token_end, true);
+      add_accepted(node.token_begin, node.token_end);
     } else if (!next_context.empty() || may_end) {
       add_range(&uncertain_pos, node.token_begin, node.token_end, false);
     }
@@ -948,7 +1265,14 @@ int32_t CompiledGrammar::Precompute(int32_t state, StackWalk& walk, WalkScratch&
     ++i;
   }
   StateTokens& t = tables_[state];
-  const int32_t words = vocab_->num_bitmask_words();
+  if (direct) {
+    if (num_accepted > words) {
+      t.accepted_bits.swap(mask);  // the scratch mask starts clear again at the next walk
+      mask.clear();
+    } else {
+      for (int32_t id : accepted) mask[id >> 5] = 0;
+    }
+  }
   if (reuse != nullptr) {
     // The reference's classes outside the decided ranges, the walk's inside them.
     const StateTokens& ref = *reuse->table;

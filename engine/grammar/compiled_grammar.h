@@ -46,6 +46,7 @@ struct CompileStats {
   int32_t num_byte_states = 0;  // states with precomputed tables
   int64_t num_uncertain = 0;    // sum over states
   int64_t table_bytes = 0;
+  int32_t num_chain_copies = 0;  // tables taken from a chain root's by token level (no walk)
 };
 
 class CompiledGrammar {

@@ -318,7 +318,96 @@ TEST(GrammarMatcherTest, SharedTableWalksEqualFullWalks) {
       if (!accepted_ids(a).empty()) ++num_tables;
     }
     if (schema[0] == '{') EXPECT_GT(num_tables, 100) << schema;  // the key chain's states accept most tokens
+    if (schema == std::string(R"({"type":"object","additionalProperties":{"type":"string"}})")) {
+      // The 64-character key: every k-characters-left state but the first level's is a chain
+      // copy (Truncation::Shift), 1,009 of its 1,309 tables.
+      EXPECT_GT((*shared)->stats().num_chain_copies, 1000);
+      EXPECT_EQ((*walked)->stats().num_chain_copies, 0);
+    }
   }
+}
+
+// A free additional key holds at most 64 characters (code points; an escape or a UTF-8
+// sequence is one), with the real Llama 3 tokens of the text: 64 pass, the 65th is refused by
+// the mask and by AcceptToken, and after 64 the mask allows only tokens that close the key.
+// The key chain's tables are chain copies, so this checks them at the bound itself.
+TEST(GrammarMatcherTest, FreeAdditionalKeyHoldsAtMost64Characters) {
+  const std::string path = sluice::testing::RequirePath(sluice::testing::SharedDir() + "/tokenizers/llama3/tokenizer.json");
+  auto tokenizer = Tokenizer::FromFile(path);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const int32_t eot = *(*tokenizer)->TokenToId("<|eot_id|>");
+  auto vocab = TokenVocab::FromTokenizer(**tokenizer, {eot});
+  auto grammar = JsonSchemaToGrammar(nlohmann::json::parse(R"({"type":"object","additionalProperties":{"type":"string"}})"));
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  auto g = CompiledGrammar::Create(*grammar, vocab);
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_GT((*g)->stats().num_chain_copies, 1000);
+  // Feeds `text` token by token; returns how many tokens the mask allowed and the matcher took.
+  auto feed = [&](GrammarMatcher& m, const std::string& text) {
+    const std::vector<int32_t> ids = (*tokenizer)->Encode(text, /*add_special_tokens=*/false);
+    std::vector<uint32_t> mask(m.num_bitmask_words());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      m.FillNextTokenBitmask(absl::MakeSpan(mask));
+      const bool allowed = (mask[ids[i] >> 5] >> (ids[i] & 31)) & 1u;
+      GrammarMatcher copy = m;
+      EXPECT_EQ(allowed, copy.AcceptToken(ids[i])) << text << " token " << i;
+      if (!allowed) return std::make_pair(i, ids.size());
+      EXPECT_TRUE(m.AcceptToken(ids[i]));
+    }
+    return std::make_pair(ids.size(), ids.size());
+  };
+  const std::string k63 = "customer_shipping_address_line_two_including_apartment_suite_no";
+  ASSERT_EQ(k63.size(), 63u);
+  struct Case {
+    std::string key;  // as written in the JSON text
+    bool fits;
+  };
+  for (const Case& c : std::vector<Case>{
+           {k63, true},
+           {k63 + "X", true},          // 64
+           {k63 + "XY", false},        // 65
+           {k63 + "\xC3\xA9", true},   // e-acute: two bytes, one character
+           {k63 + "X\xC3\xA9", false},
+           {k63 + "\\n", true},        // an escape is one character
+           {k63 + "X\\n", false},
+           {k63 + "\\u00e9", true},
+           {k63 + "X\\u00e9", false},
+           {k63 + "\xF0\x9F\x98\x80", true},  // one code point, four bytes
+           {"x", true},
+       }) {
+    GrammarMatcher m(*g);
+    const std::string doc = "{\"" + c.key + "\": \"v\"}";
+    const auto [taken, total] = feed(m, doc);
+    if (c.fits) {
+      EXPECT_EQ(taken, total) << doc;
+      EXPECT_TRUE(m.CanEnd()) << doc;
+    } else {
+      EXPECT_LT(taken, total) << doc;
+    }
+  }
+  // After 64 characters, byte by byte so that no token spans the bound: the mask is exactly the
+  // tokens a brute-force check allows, none of them another key character.
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.AcceptBytes("{\"" + k63 + "X"));
+  std::vector<uint32_t> mask(m.num_bitmask_words());
+  m.FillNextTokenBitmask(absl::MakeSpan(mask));
+  const std::vector<int32_t> allowed = MaskIds(mask);
+  EXPECT_EQ(allowed, MaskIds(BruteForceMask(m)));
+  ASSERT_FALSE(allowed.empty());
+  for (int32_t id : allowed) {
+    const std::string_view bytes = vocab->token_bytes(id);
+    ASSERT_FALSE(bytes.empty());
+    EXPECT_EQ(bytes[0], '"') << id;
+  }
+  // One character before the bound a key character still fits, two do not.
+  GrammarMatcher before(*g);
+  ASSERT_TRUE(before.AcceptBytes("{\"" + k63));
+  before.FillNextTokenBitmask(absl::MakeSpan(mask));
+  EXPECT_EQ(MaskIds(mask), MaskIds(BruteForceMask(before)));
+  const int32_t x = *(*tokenizer)->TokenToId("X");
+  const int32_t xy = *(*tokenizer)->TokenToId("XY");
+  EXPECT_TRUE((mask[x >> 5] >> (x & 31)) & 1u);
+  EXPECT_FALSE((mask[xy >> 5] >> (xy & 31)) & 1u);
 }
 
 // Once an additional property was emitted only additional keys can follow, and none may spell
