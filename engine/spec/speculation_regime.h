@@ -10,13 +10,15 @@
 // overhead is most of a synchronous step). So each regime's realized rate is measured — tokens
 // emitted per second of engine time per running sequence, over the steps it ran — and the better
 // one runs. The two share the work (ConfidenceScheduler::Baseline):
-//   * while speculation is measured (Measuring(): the first measurement and every retry) every
-//     sequence drafts and verifies in full, so the window measures speculation itself — not
-//     synchronous plain steps that a pessimistic prior or a cost fit thrown off by a few slow
-//     first steps would plan — and calibrates acceptance at every depth;
-//   * in the speculative regime otherwise the scheduler plans the best L >= 1 drafts: no drafts
-//     at all is the pipelined regime, whose rate this class measures; per-sequence thresholds
+//   * in speculation's first measurement (FirstMeasurement()) every sequence drafts and
+//     verifies in full, so the window measures speculation itself — not synchronous plain steps
+//     that the pessimistic priors or a cost fit thrown off by a few slow first steps would plan
+//     — and calibrates acceptance at every depth;
+//   * while speculation runs (it won) the scheduler plans the best L >= 1 drafts: no drafts at
+//     all is the pipelined regime, whose rate this class measures; per-sequence thresholds
 //     still cut the drafts that do not pay;
+//   * a retry of speculation (Retrying()) runs the scheduler's own plan, L = 0 included, so where
+//     drafting does not pay (large batches) a retry costs synchronous plain steps, not drafts;
 //   * the target's cost fit then prices verify steps only (a plain synchronous step may take
 //     another path, CUDA graphs, whose cost would bend the line through the verify steps). The other is measured again for kMeasureSteps steps after an interval that starts
 // at kRetryInterval steps and grows (up to kMaxRetryInterval) each time it still loses, by the

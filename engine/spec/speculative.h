@@ -91,16 +91,17 @@ class ConfidenceScheduler {
  public:
   // What a step without drafts is, for BeginStep's plan (engine/spec/speculation_regime.h).
   enum class Baseline {
-    // A synchronous plain step: L = 0 is one of the plans (no SpeculationRegime).
+    // A synchronous plain step: L = 0 is one of the plans. Without SpeculationRegime, and in
+    // its retries of speculation (no drafts when they do not pay: a cheap retry).
     kSynchronous,
     // SpeculationRegime runs plain steps pipelined and measures them itself: this step is one
     // of its speculative steps, so the plan is the best L >= 1 (a synchronous L = 0 step only
     // loses to a pipelined one), the per-sequence thresholds cutting drafts as usual.
     kPipelined,
-    // SpeculationRegime is measuring speculation: every sequence drafts and verifies in full,
-    // whatever the priors and the cost fit say, so the measured rate is that of speculation and
-    // the calibration learns acceptance at every depth (confidence-scheduled verification
-    // cannot learn what it never verifies).
+    // SpeculationRegime's first measurement of speculation: every sequence drafts and verifies
+    // in full whatever the priors and the cost fit say, so the measured rate is that of
+    // speculation and the calibration learns acceptance at every depth (confidence-scheduled
+    // verification cannot learn an acceptance it never verifies).
     kMeasuring,
   };
 
