@@ -494,6 +494,7 @@ class LLMEngineImpl final : public LLMEngine {
     absl::Status status;
     const Clock::time_point start = Now();
     const double cpu_start = CpuSeconds();
+    const double clock_start = options_.speculative.clock ? options_.speculative.clock() : 0.0;
     if (device_greedy) {
       greedy_.resize(input_.logits_indices.size());
       status = model_->ForwardGreedy(input_, kv_cache_, absl::MakeSpan(greedy_));
@@ -511,10 +512,14 @@ class LLMEngineImpl final : public LLMEngine {
     input_.on_layer_kv_written = nullptr;
     layer_observers_.clear();
     // The confidence scheduler prices decode steps: prompt chunks (a cheaper per-token rate in
-    // one large GEMM) would bend the fit.
-    if (IsDecodeStep(plan)) {
+    // one large GEMM) would bend the fit. Beside SpeculationRegime it prices verify steps only:
+    // plain steps are the regime's (pipelined), and a synchronous plain step may take another
+    // path (CUDA graphs) whose cost would bend the verify steps' line.
+    if (IsDecodeStep(plan) && (!regime_.has_value() || HasDrafts(plan))) {
       step_cost_.Observe(static_cast<double>(input_.token_ids.size()),
-                         options_.speculative.cost_clock == CostClock::kProcessCpu
+                         options_.speculative.clock
+                             ? options_.speculative.clock() - clock_start
+                         : options_.speculative.cost_clock == CostClock::kProcessCpu
                              ? CpuSeconds() - cpu_start
                              : seconds);
     }
@@ -664,12 +669,28 @@ class LLMEngineImpl final : public LLMEngine {
   // engine time (Step() to Step(): the host's work between steps counts), the tokens it
   // emitted and the decode sequences it ran, then counts the next step if it runs pipelined.
   void ObserveRegime() {
-    const Clock::time_point now = Now();
-    if (regime_last_step_ != Clock::time_point{} && regime_last_sequences_ > 0) {
-      regime_->Observe(std::chrono::duration<double>(now - regime_last_step_).count(),
-                       counters_.num_generation_tokens - regime_last_tokens_,
-                       regime_last_sequences_);
+    const double now = options_.speculative.clock
+                           ? options_.speculative.clock()
+                           : std::chrono::duration<double>(Now().time_since_epoch()).count();
+    // A step that computed prompt tokens, and the step after it (a pipelined step reads its
+    // predecessor, so that is where a pipelined prefill's time shows), count prefill time that
+    // either regime pays alike: not observed, or a batch's arrival would decide the regime.
+    // Under prefill in every step, one step in kMeasureSteps + 1 is observed all the same.
+    const bool prefilled = counters_.num_prompt_tokens_computed != regime_last_prompt_tokens_;
+    const bool skip = (prefilled || regime_prefilled_before_) &&
+                      regime_skipped_ < SpeculationRegime::kMeasureSteps;
+    if (regime_last_step_.has_value() && regime_last_sequences_ > 0) {
+      if (skip) {
+        ++regime_skipped_;
+      } else {
+        regime_skipped_ = 0;
+        regime_->Observe(now - *regime_last_step_,
+                         counters_.num_generation_tokens - regime_last_tokens_,
+                         regime_last_sequences_);
+      }
     }
+    regime_prefilled_before_ = prefilled;
+    regime_last_prompt_tokens_ = counters_.num_prompt_tokens_computed;
     regime_last_step_ = now;
     regime_last_tokens_ = counters_.num_generation_tokens;
     int64_t decoding = 0;
@@ -709,9 +730,18 @@ class LLMEngineImpl final : public LLMEngine {
     if (candidates.empty()) return;
     Drafter& drafter = *options_.speculative.drafter;
     bool probe_only = false;
+    ConfidenceScheduler::Baseline baseline = ConfidenceScheduler::Baseline::kSynchronous;
+    // Beside SpeculationRegime: speculation's first measurement drafts in full; a retry runs
+    // the scheduler's own plan (no drafts when they do not pay: a cheap retry); speculation that
+    // won runs at least one draft (no drafts at all is the pipelined regime).
+    if (regime_.has_value() && regime_->FirstMeasurement()) {
+      baseline = ConfidenceScheduler::Baseline::kMeasuring;
+    } else if (regime_.has_value() && !regime_->Retrying()) {
+      baseline = ConfidenceScheduler::Baseline::kPipelined;
+    }
     const int32_t depth =
         confidence_.BeginStep(static_cast<int32_t>(candidates.size()), step_cost_,
-                              drafter.round_cost(), &probe_only);
+                              drafter.round_cost(), &probe_only, baseline);
     if (depth <= 0) return;
     if (probe_only && candidates.size() > ConfidenceScheduler::kProbeSequences) {
       candidates.resize(ConfidenceScheduler::kProbeSequences);
@@ -1654,7 +1684,10 @@ class LLMEngineImpl final : public LLMEngine {
   // Auto verification with asynchronous steps: speculative or plain pipelined steps, and the
   // step it observes next (ObserveRegime).
   std::optional<SpeculationRegime> regime_;
-  Clock::time_point regime_last_step_{};
+  std::optional<double> regime_last_step_;  // seconds on the regime's clock
+  int64_t regime_last_prompt_tokens_ = 0;
+  bool regime_prefilled_before_ = false;  // the step before the last computed prompt tokens
+  int64_t regime_skipped_ = 0;            // steps not observed in a row (prefill)
   int64_t regime_last_tokens_ = 0;
   int64_t regime_last_sequences_ = 0;
   // Fair prefill: cost(q, c) of every synchronous step, for the scheduler's time budget.

@@ -12,6 +12,21 @@ void SpeculationRegime::Start(bool pipelined, Phase phase) {
   phase_steps_ = 0;
   // A measurement starts afresh; the regime that runs on keeps its running rate.
   if (phase != Phase::kExploit) rate_[pipelined ? 1 : 0] = Rate{};
+  window_.clear();
+}
+
+SpeculationRegime::Rate SpeculationRegime::MeasuredRate() const {
+  std::vector<double> seconds;
+  for (const Step& s : window_) seconds.push_back(s.seconds);
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  const double limit = kOutlierFactor * seconds[seconds.size() / 2];
+  Rate rate;
+  for (const Step& s : window_) {
+    if (s.seconds > limit) continue;
+    rate.tokens += s.tokens;
+    rate.sequence_seconds += s.seconds * s.sequences;
+  }
+  return rate;
 }
 
 void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences) {
@@ -25,8 +40,8 @@ void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequence
     return;
   }
   if (phase_steps_ > 1) {  // the first step of a measurement may be the switch itself
-    rate.tokens += static_cast<double>(tokens);
-    rate.sequence_seconds += seconds * static_cast<double>(sequences);
+    window_.push_back(Step{seconds, static_cast<double>(tokens), static_cast<double>(sequences)});
+    rate = MeasuredRate();
   }
   const double retried = rate_[pipelined_ ? 1 : 0].Value();
   const double running = rate_[pipelined_ ? 0 : 1].Value();

@@ -9,7 +9,18 @@
 // the wrong baseline when the pipelined one is faster (a small model on a GPU: the host's step
 // overhead is most of a synchronous step). So each regime's realized rate is measured — tokens
 // emitted per second of engine time per running sequence, over the steps it ran — and the better
-// one runs. The other is measured again for kMeasureSteps steps after an interval that starts
+// one runs. The two share the work (ConfidenceScheduler::Baseline):
+//   * in speculation's first measurement (FirstMeasurement()) every sequence drafts and
+//     verifies in full, so the window measures speculation itself — not synchronous plain steps
+//     that the pessimistic priors or a cost fit thrown off by a few slow first steps would plan
+//     — and calibrates acceptance at every depth;
+//   * while speculation runs (it won) the scheduler plans the best L >= 1 drafts: no drafts at
+//     all is the pipelined regime, whose rate this class measures; per-sequence thresholds
+//     still cut the drafts that do not pay;
+//   * a retry of speculation (Retrying()) runs the scheduler's own plan, L = 0 included, so where
+//     drafting does not pay (large batches) a retry costs synchronous plain steps, not drafts;
+//   * the target's cost fit then prices verify steps only (a plain synchronous step may take
+//     another path, CUDA graphs, whose cost would bend the line through the verify steps). The other is measured again for kMeasureSteps steps after an interval that starts
 // at kRetryInterval steps and grows (up to kMaxRetryInterval) each time it still loses, by the
 // factor it lost by and at least 2, as the confidence scheduler spaces its probes; a retry
 // running below kAbandonRatio of the running regime's rate ends after kMinRetrySteps counted
@@ -20,6 +31,7 @@
 #define SLUICE_ENGINE_SPEC_SPECULATION_REGIME_H_
 
 #include <cstdint>
+#include <vector>
 
 namespace sluice {
 
@@ -34,9 +46,18 @@ class SpeculationRegime {
   static constexpr double kAbandonRatio = 0.5;
   // Weight of the older steps in the running regime's rate, per step.
   static constexpr double kDecay = 0.9;
+  // A measurement leaves out its steps slower than kOutlierFactor × its median step: one-off
+  // costs (a GPU kernel shape's first use: module loading, library heuristics) would otherwise
+  // decide a regime from one step of eight.
+  static constexpr double kOutlierFactor = 4.0;
 
   // Pipelined: the next step runs plain and pipelined (else speculative).
   bool Pipelined() const { return pipelined_; }
+  // FirstMeasurement: the next step is one of speculation's first measurement; the confidence
+  // scheduler then drafts and verifies in full (ConfidenceScheduler::Baseline::kMeasuring).
+  bool FirstMeasurement() const { return !pipelined_ && phase_ == Phase::kFirst; }
+  // Retrying: the next step is one of a later measurement of the regime not running.
+  bool Retrying() const { return phase_ == Phase::kRetry; }
   // Observe: the step just run (in the regime Pipelined() said) took `seconds` of engine time,
   // from its start to the next step's, and emitted `tokens` tokens for `sequences` running
   // decode sequences. Steps without decode sequences are not observed. Then moves on: may
@@ -54,7 +75,14 @@ class SpeculationRegime {
     double Value() const { return sequence_seconds > 0.0 ? tokens / sequence_seconds : 0.0; }
   };
   enum class Phase { kFirst, kSecond, kExploit, kRetry };
+  struct Step {
+    double seconds = 0.0;
+    double tokens = 0.0;
+    double sequences = 0.0;
+  };
   void Start(bool pipelined, Phase phase);
+  // The rate of the measurement's steps, those slower than kOutlierFactor × the median left out.
+  Rate MeasuredRate() const;
 
   bool pipelined_ = false;      // speculative first: it also calibrates the drafter
   Phase phase_ = Phase::kFirst;
@@ -62,6 +90,7 @@ class SpeculationRegime {
   int64_t retry_interval_ = kRetryInterval;
   int64_t num_switches_ = 0;
   Rate rate_[2];                // [speculative, pipelined]
+  std::vector<Step> window_;    // the counted steps of the measurement in progress
 };
 
 }  // namespace sluice

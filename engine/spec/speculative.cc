@@ -61,13 +61,19 @@ double ConfidenceCalibration::MaxAcceptance() const {
 }
 
 int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& target,
-                                       const StepCostModel* draft, bool* probe_only) {
+                                       const StepCostModel* draft, bool* probe_only,
+                                       Baseline baseline) {
   *probe_only = false;
   probing_ = false;
   ++steps_;
   rate_ = draft_threshold_ = verify_threshold_ = 0.0;
   planned_length_ = max_tokens_;
   if (mode_ == VerifyMode::kFixed) return max_tokens_;
+  if (baseline == Baseline::kMeasuring) {
+    probing_ = true;  // every sequence, in full
+    return max_tokens_;
+  }
+  const bool pipelined = baseline == Baseline::kPipelined;
   const double b = target.per_token_seconds();
   const double a = target.fixed_seconds();
   const double ad = draft != nullptr ? draft->fixed_seconds() : 0.0;
@@ -77,7 +83,7 @@ int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& targe
   // unknown (every measured step had the same size): probe — a few sequences draft and verify
   // in full, which also gives the fit steps of another size.
   if (a + b * batch_d <= 0.0 || !target.Identified()) {
-    *probe_only = true;
+    *probe_only = !pipelined;  // beside pipelined steps there is no cheaper plan to fall back on
     probing_ = true;
     return max_tokens_;
   }
@@ -86,7 +92,7 @@ int32_t ConfidenceScheduler::BeginStep(int32_t batch, const StepCostModel& targe
   const double plain_cost = a / batch_d + b;
   const double draft_cost = b + bd + ad / batch_d;
   double tokens = 1.0, cost = plain_cost, product = 1.0;
-  double best_rate = tokens / cost;
+  double best_rate = pipelined ? 0.0 : tokens / cost;  // L = 0 only against synchronous steps
   int32_t best_length = 0;
   for (int32_t length = 1; length <= max_tokens_; ++length) {
     product *= DepthAcceptance(length);

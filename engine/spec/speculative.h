@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,10 @@ struct SpeculativeOptions {
   std::shared_ptr<const RejectionRule> rejection_rule;  // null: the exact rule
   // The clock the target's step-cost fit uses (a draft model's fit: DraftModelOptions).
   CostClock cost_clock = CostClock::kWall;
+  // Seconds on a clock of the caller's (differences only) that replaces cost_clock for the
+  // target's step-cost fit and the wall clock for SpeculationRegime's rates; null: those.
+  // Tests inject a virtual clock that a fake model advances by modelled step costs.
+  std::function<double()> clock;
   bool enabled() const { return drafter != nullptr; }
   // InvalidArgument naming --num-speculative-tokens when it is outside [1, 16].
   absl::Status Validate() const;
@@ -84,6 +89,22 @@ class ConfidenceCalibration {
 // kMaxProbeInterval, so a batch where speculation never pays spends next to nothing on it.
 class ConfidenceScheduler {
  public:
+  // What a step without drafts is, for BeginStep's plan (engine/spec/speculation_regime.h).
+  enum class Baseline {
+    // A synchronous plain step: L = 0 is one of the plans. Without SpeculationRegime, and in
+    // its retries of speculation (no drafts when they do not pay: a cheap retry).
+    kSynchronous,
+    // SpeculationRegime runs plain steps pipelined and measures them itself: this step is one
+    // of its speculative steps, so the plan is the best L >= 1 (a synchronous L = 0 step only
+    // loses to a pipelined one), the per-sequence thresholds cutting drafts as usual.
+    kPipelined,
+    // SpeculationRegime's first measurement of speculation: every sequence drafts and verifies
+    // in full whatever the priors and the cost fit say, so the measured rate is that of
+    // speculation and the calibration learns acceptance at every depth (confidence-scheduled
+    // verification cannot learn an acceptance it never verifies).
+    kMeasuring,
+  };
+
   static constexpr int64_t kProbeInterval = 16;
   static constexpr int64_t kMaxProbeInterval = 512;
   static constexpr int32_t kProbeSequences = 2;
@@ -98,7 +119,7 @@ class ConfidenceScheduler {
   // not draft). `*probe_only` is set when only kProbeSequences sequences should draft (they
   // then draft and verify max_tokens).
   int32_t BeginStep(int32_t batch, const StepCostModel& target, const StepCostModel* draft,
-                    bool* probe_only);
+                    bool* probe_only, Baseline baseline = Baseline::kSynchronous);
   // The planned rate r* (tokens per second per sequence of the step) and the two thresholds
   // on P_j derived from it (0 in fixed mode, during probes and before any step is priced).
   double planned_rate() const { return rate_; }

@@ -80,5 +80,19 @@ TEST(SpeculationRegimeTest, FirstStepOfAMeasurementAndIdleStepsAreNotCounted) {
   EXPECT_TRUE(regime.Pipelined());
 }
 
+// A kernel shape's first use (module loading) makes one step of a measurement 20x slower: the
+// measurement leaves out steps slower than kOutlierFactor x its median.
+TEST(SpeculationRegimeTest, MeasurementLeavesOutOutlierSteps) {
+  SpeculationRegime regime;
+  regime.Observe(0.01, 12, 4);  // the first step: not counted
+  regime.Observe(0.2, 12, 4);   // 20x the others
+  for (int64_t i = 2; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.01, 12, 4);
+  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);
+  // Pipelined steps at 200: speculation (300) wins although its eight steps took 0.27 s.
+  EXPECT_TRUE(regime.Pipelined());
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 2));
+  EXPECT_NEAR(regime.pipelined_rate(), 200.0, 1e-9);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -192,6 +192,33 @@ TEST(ConfidenceSchedulerTest, ShrinksToZeroWhenVerificationDoesNotPay) {
   EXPECT_EQ(first_probe, ConfidenceScheduler::kProbeInterval);
 }
 
+// Beside SpeculationRegime: a speculating step plans at least one draft (no drafts at all is the
+// regime's pipelined step), the per-sequence threshold still cutting drafts that do not pay;
+// speculation's first measurement drafts and verifies everything.
+TEST(ConfidenceSchedulerTest, BesidePipelinedStepsPlansAtLeastOneDraftOrMeasuresInFull) {
+  ConfidenceScheduler s(VerifyMode::kAuto, 5);
+  const StepCostModel target = Linear(0.010, 0.010);
+  for (int i = 0; i < 200; ++i) s.ObserveVerification({0.99f}, 1, i % 2);  // 50% accepted
+  bool probe = true;
+  EXPECT_EQ(s.BeginStep(64, target, nullptr, &probe), 0);  // against a synchronous plain step
+  EXPECT_FALSE(probe);
+  // Per sequence a plain share costs 0.01/64 + 0.01, each draft 0.01 more; at the prior's 0.7
+  // per depth L = 1 is best: r* = 1.7 / 0.0201563 = 84.34, a row verified while P >= 0.8434.
+  EXPECT_EQ(s.BeginStep(64, target, nullptr, &probe, ConfidenceScheduler::Baseline::kPipelined),
+            5);
+  EXPECT_FALSE(probe);
+  EXPECT_EQ(s.planned_length(), 1);
+  EXPECT_NEAR(s.planned_rate(), 1.7 / (0.01 / 64 + 0.02), 1e-9);
+  EXPECT_NEAR(s.verify_threshold(), 0.01 * 1.7 / (0.01 / 64 + 0.02), 1e-12);
+  EXPECT_EQ(s.VerifyLength({0.99f}), 0);  // calibrated 103.8 / 204 = 0.509 < 0.843
+  EXPECT_EQ(s.BeginStep(64, target, nullptr, &probe, ConfidenceScheduler::Baseline::kMeasuring),
+            5);
+  EXPECT_FALSE(probe);  // every sequence, not kProbeSequences
+  double product = 1.0;
+  EXPECT_TRUE(s.KeepGoing(3, 0.01f, &product));
+  EXPECT_EQ(s.VerifyLength({0.01f, 0.01f, 0.01f, 0.01f, 0.01f}), 5);
+}
+
 // Before the step cost is measured, or while every step had the same size (so its split into
 // fixed and per-token cost is unknown), each step is a probe: a few sequences draft and verify
 // in full, giving the fit steps of another size.
