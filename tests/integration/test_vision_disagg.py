@@ -463,13 +463,13 @@ def test_encoder_killed_mid_request_fails_over_then_the_workers_encode(tokenizer
 
 def test_decode_reserves_while_the_encoder_runs_and_a_failed_encode_frees_it(tokenizer):
     """The router encodes the images while it picks the workers and reserves on decode: with
-    each Encode held 1.5 s, the decode worker's blocks are reserved while the encoder still
+    each Encode held 3 s, the decode worker's blocks are reserved while the encoder still
     runs, and the prefill worker gets nothing before the embeddings (the reference text). An
     Encode the encoder refuses after that (two images, --max-images-per-call 1: RESOURCE_EXHAUSTED)
     fails the request with 429 as before, and the reservation is freed."""
     c = Cluster(1, 1, num_encoder=1, model_dir=FIXTURE, worker_args=WORKER_ARGS,
                 router_args=LIMIT_ARGS,
-                role_args={"encoder": ["--test-encode-delay-ms", "1500",
+                role_args={"encoder": ["--test-encode-delay-ms", "3000",
                                        "--max-images-per-call", "1"]})
     client = client_of(c.url)
     total = c.worker_metric("decode-0", "sluice_kv_cache_blocks")
@@ -480,7 +480,8 @@ def test_decode_reserves_while_the_encoder_runs_and_a_failed_encode_frees_it(tok
         t, result = in_background(lambda: chat(client, PROMPT0))
         wait_until(lambda: c.worker_metric("encoder-0", "sluice_encoder_requests_running") > 0,
                    30, "the encoder busy with the image", interval=0.02)
-        wait_until(lambda: decode_free() < total, 1.0, "decode blocks reserved while encoding",
+        # Well inside the 3 s encode, with room for a loaded machine's metric polls.
+        wait_until(lambda: decode_free() < total, 2.0, "decode blocks reserved while encoding",
                    interval=0.02)
         assert c.worker_metric("encoder-0", "sluice_encoder_requests_running") == 1
         assert c.worker_metric("prefill-0", "sluice_worker_images_encoded_total") == 0
