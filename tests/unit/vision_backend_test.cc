@@ -79,6 +79,21 @@ TEST(VisionBackendTest, EncoderChecksInputsAndDelegatesToTheFactorysBackend) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->size(), 16u * 64);
   EXPECT_EQ(calls.load(), 2);
+  // A thin strip (shortest edge 1 -> 32 multiplies its pixels by 1024 before the 32x32 crop):
+  // 1 x 64 resizes to 32 x 2048 = 64 tiles of 32 x 32, the most allowed; 1 x 65 is refused.
+  RgbImage strip;
+  strip.width = 1;
+  strip.height = 64;
+  strip.pixels.assign(64 * 3, 7);
+  EXPECT_TRUE((*enc)->EncodeImage(strip).ok());
+  strip.height = 65;
+  strip.pixels.assign(65 * 3, 7);
+  const absl::Status refused = (*enc)->EncodeImage(strip).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("image of 1x65 pixels: its aspect ratio is too extreme"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(calls.load(), 3);
 }
 
 TEST(VisionBackendTest, FactoryErrorsAreTheLoadsErrors) {
