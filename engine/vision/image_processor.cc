@@ -159,6 +159,21 @@ std::string ImageProcessorConfig::Fingerprint() const {
       image_mean[0], image_mean[1], image_mean[2], image_std[0], image_std[1], image_std[2]);
 }
 
+absl::Status CheckResizedSize(const ImageProcessorConfig& config, int64_t image_size,
+                              int64_t height, int64_t width) {
+  ImageProcessorConfig no_crop = config;
+  no_crop.do_center_crop = false;
+  const auto resized = no_crop.OutputSize(height, width);
+  const double limit = static_cast<double>(kMaxResizedTiles * image_size * image_size);
+  if (static_cast<double>(resized[0]) * static_cast<double>(resized[1]) <= limit) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "image of ", width, "x", height, " pixels: its aspect ratio is too extreme ",
+      "(preprocessing would resize it to ", resized[1], "x", resized[0],
+      " before cropping; at most ", kMaxResizedTiles * image_size * image_size, " pixels)"));
+}
+
 std::vector<float> Preprocess(const RgbImage& image, const ImageProcessorConfig& config) {
   int64_t h = image.height, w = image.width;
   std::vector<uint8_t> resized;

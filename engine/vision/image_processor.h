@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/vision/image.h"
 #include "engine/vision/resize.h"
@@ -56,6 +57,15 @@ struct ImageProcessorConfig {
 
 // Preprocess turns `image` into pixel_values [3, H, W] float32 as described above.
 std::vector<float> Preprocess(const RgbImage& image, const ImageProcessorConfig& config);
+
+// The resize runs on the whole image before the crop, so a thin strip grows by the square of
+// its aspect ratio (1 x 500,000 pixels, 2 KB as a PNG, would become 336 x 168,000,000).
+// CheckResizedSize: InvalidArgument naming the image's size when the resize before the crop
+// would make more than kMaxResizedTiles times image_size² pixels (image_size: the vision
+// tower's input side; an aspect ratio over about 64:1 with a shortest-edge resize).
+inline constexpr int64_t kMaxResizedTiles = 64;
+absl::Status CheckResizedSize(const ImageProcessorConfig& config, int64_t image_size,
+                              int64_t height, int64_t width);
 
 }  // namespace sluice::vision
 

@@ -129,19 +129,7 @@ absl::StatusOr<std::vector<float>> VisionEncoder::Encode(absl::Span<const float>
 absl::StatusOr<std::vector<float>> VisionEncoder::EncodeImage(const RgbImage& image) const {
   const auto size = processor_.OutputSize(image.height, image.width);
   const int64_t s = config_.vision.image_size;
-  // The resize runs on the whole image before the crop: a thin strip grows by the square of
-  // its aspect ratio (1 x 500,000 pixels, 2 KB as a PNG, becomes 336 x 168,000,000), so its
-  // size is bounded here, not only the decoded image's.
-  ImageProcessorConfig no_crop = processor_;
-  no_crop.do_center_crop = false;
-  const auto resized = no_crop.OutputSize(image.height, image.width);
-  if (static_cast<double>(resized[0]) * static_cast<double>(resized[1]) >
-      static_cast<double>(kMaxResizedTiles * s * s)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "image of ", image.width, "x", image.height, " pixels: its aspect ratio is too extreme ",
-        "(preprocessing would resize it to ", resized[1], "x", resized[0],
-        " before cropping; at most ", kMaxResizedTiles * s * s, " pixels)"));
-  }
+  SLUICE_RETURN_IF_ERROR(CheckResizedSize(processor_, s, image.height, image.width));
   if (size[0] != s || size[1] != s) {
     return absl::InvalidArgumentError(absl::StrCat(
         "preprocessing makes a ", size[1], "x", size[0], " image, the vision tower takes ", s,

@@ -58,10 +58,8 @@ class VisionEncoder {
                                             int64_t num_images) const;
   // EncodeImage: one decoded image through preprocessing and Encode → [tokens_per_image,
   // embedding_dim]. Errors: InvalidArgument when preprocessing does not produce the tower's
-  // image_size (a preprocessor_config without center crop on a non-square image), or when the
-  // resize before the crop would make more than kMaxResizedTiles times the tower's image_size²
-  // pixels (an aspect ratio over about 64:1 with CLIP's shortest-edge resize).
-  static constexpr int64_t kMaxResizedTiles = 64;
+  // image_size (a preprocessor_config without center crop on a non-square image), or that of
+  // CheckResizedSize (image_processor.h: an aspect ratio over about 64:1).
   absl::StatusOr<std::vector<float>> EncodeImage(const RgbImage& image) const;
 
  private:

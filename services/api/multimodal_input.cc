@@ -172,6 +172,11 @@ absl::StatusOr<std::vector<MultimodalInput>> EncodePromptImages(
       const absl::Time start = absl::Now();
       auto decoded = vision::DecodeImage(images[i].bytes, mm.decode_limits);
       if (!decoded.ok()) return Bad(images[i].where, std::string(decoded.status().message()));
+      if (mm.encoder == nullptr && mm.processor != nullptr) {
+        const absl::Status resize = vision::CheckResizedSize(*mm.processor, mm.tower_image_size,
+                                                             decoded->height, decoded->width);
+        if (!resize.ok()) return Bad(images[i].where, std::string(resize.message()));
+      }
       if (mm.encoder == nullptr) {
         // Encoded elsewhere (an encoder worker): only the bytes travel on.
         if (mm.checked != nullptr) mm.checked->Insert(mm_input.content_hash);

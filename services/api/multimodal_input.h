@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "engine/sched/request.h"
 #include "engine/vision/embedding_cache.h"
 #include "engine/vision/image.h"
+#include "engine/vision/image_processor.h"
 #include "engine/vision/vision_encoder.h"
 #include "services/api/checked_images.h"
 #include "nlohmann/json.hpp"
@@ -69,6 +71,10 @@ struct MultimodalContext {
   int32_t image_token_id = -1;
   int64_t tokens_per_image = 0;
   std::string preprocess_fingerprint;
+  // Without an encoder: the preprocessing and the tower's input side, so the check refuses
+  // what the encoder would (vision::CheckResizedSize); null: not checked here.
+  std::shared_ptr<const vision::ImageProcessorConfig> processor;
+  int64_t tower_image_size = 0;
   int32_t max_images_per_prompt = 8;        // --limit-mm-per-prompt
   vision::ImageDecodeLimits decode_limits;
   ChatContentFormat content_format = ChatContentFormat::kString;

@@ -146,6 +146,8 @@ absl::StatusOr<std::unique_ptr<MultimodalRuntime>> LoadRouterMultimodal(
   rt->context.image_token_id = llava->image_token_index;
   rt->context.tokens_per_image = llava->image_seq_length;
   rt->context.preprocess_fingerprint = processor->Fingerprint();
+  rt->context.processor = std::make_shared<const vision::ImageProcessorConfig>(*processor);
+  rt->context.tower_image_size = llava->vision.image_size;
   if (absl::Status s = FillContext(flags, tokenizer, chat_template, rt.get()); !s.ok()) {
     return s;
   }

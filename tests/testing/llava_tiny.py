@@ -109,4 +109,7 @@ def bad_images(url_case):
         ("too-many-images", [image_part(whole)] * 4, "At most 3 image(s)"),
         ("not-base64", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}],
          "not valid base64"),
+        # 1 x 5000: the shortest-edge resize before the crop would make 32 x 160,000 pixels.
+        ("thin-strip", [image_part(png(np.zeros((1, 5000, 3), dtype=np.uint8)))],
+         "image of 5000x1 pixels: its aspect ratio is too extreme"),
     ]
