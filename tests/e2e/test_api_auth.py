@@ -9,7 +9,6 @@ import http.client
 import json
 import pathlib
 import signal
-import socket
 import tempfile
 import time
 import urllib.parse
@@ -20,6 +19,7 @@ import openai
 import pytest
 
 from conftest import MODEL_NAME, ServerProcess
+from ports import free_port
 
 BLOCK_SIZE = 16
 
@@ -30,12 +30,6 @@ def sha256(key: str) -> str:
 
 def write_keys(path: pathlib.Path, keys):
     path.write_text(json.dumps({"keys": keys}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raw(url, method, path, key=None, body=None, conn=None):

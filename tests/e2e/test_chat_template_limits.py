@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 
+from ports import free_port
+
 CHAT = [{"role": "user", "content": "Who made the heaven and the earth?"}]
 
 # (template, the limit it exhausts). Each would run for minutes to hours without a budget.
@@ -136,13 +138,6 @@ def test_abandoned_hostile_renders_stop_and_the_server_goes_on(server, base_url,
 
 
 # ---- render flags (sluice serve --render-*) ----
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("flag,value,expected", [
     ("--render-threads", "0", "--render-threads: invalid value '0' (expected an integer in [1, 256])"),

@@ -9,7 +9,6 @@ Orders are asserted, never durations (speed lives in bench/fair_prefill_bench.py
 """
 
 import random
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from conftest import MODEL_DIR, MODEL_NAME, ServerProcess, sluice_bin
+from ports import free_port
 
 LONG_TOKENS = 1200
 VOCAB = 8192
@@ -94,12 +94,6 @@ def test_priority_field_orders_prefills():
     finally:
         assert server.stop() == 0
     assert order.index("urgent") < order.index("late"), order
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_priority_under_fcfs_is_refused():

@@ -8,7 +8,6 @@ not), 16 routed experts (EP 2, 4, 8, 16), intermediate_size 1024.
 
 import json
 import pathlib
-import socket
 import subprocess
 import urllib.request
 
@@ -16,6 +15,7 @@ import openai
 import pytest
 
 from conftest import MODEL_DIR, REPO, ServerProcess, sluice_bin
+from ports import free_port
 
 PROMPTS = [
     "The capital of France is",
@@ -69,9 +69,7 @@ def test_local_deploy_two_ranks_per_worker(reference, model, tmp_path):
     """deploy/local/up.sh --tp 2 --ep 2: every prompt is prefilled on the prefill worker and its
     KV moves to the decode worker (only the engine's cache, rank 0's, travels; the decode
     worker's other rank must see it too), and the text still equals the single-rank server's."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port(span=2000)  # up.sh derives its other ports from PORT..PORT+1999
     run_dir = tmp_path / "run"
     up = subprocess.run(
         [str(REPO / "deploy/local/up.sh"), "--port", str(port), "--run-dir", str(run_dir),

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from conftest import MODEL_NAME, ServerProcess
+from ports import free_port
 
 
 def openssl(*args, cwd):
@@ -35,12 +36,6 @@ def make_server_cert(d: pathlib.Path, ca: str, name: str):
     (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
             "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ never share KV blocks; every kind of bad image is a 400 naming the problem and t
 serving."""
 
 import json
-import socket
 import urllib.request
 
 import numpy as np
@@ -19,12 +18,7 @@ from conftest import ServerProcess
 from llava_tiny import (FIXTURE, HF_TEMPLATE, LIMIT_ARGS, PROMPT0, PROMPT1, bad_images as
                         common_bad_images, data_url, fixture_image, golden, image_part,
                         noise_png, png, want_text)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 @pytest.fixture(scope="module")

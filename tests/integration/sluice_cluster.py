@@ -7,16 +7,20 @@ Every process binds loopback ports; every wait has a deadline. The binary comes 
 import json
 import os
 import pathlib
-import random
 import re
 import signal
-import socket
+import sys
 import subprocess
 import tempfile
 import time
 import urllib.request
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# Benchmarks import this module by path, outside pytest's pythonpath (tests/pytest.ini).
+if str(REPO / "tests" / "testing") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests" / "testing"))
+from ports import free_port  # noqa: E402,F401  (re-exported: tests import it from here)
+
 MODEL_DIR = REPO / "models" / "sluice-mini-moe"
 MODEL_NAME = "sluice-mini-moe"
 STARTUP_TIMEOUT_S = float(os.environ.get("SLUICE_STARTUP_TIMEOUT", "300"))
@@ -25,41 +29,6 @@ STARTUP_TIMEOUT_S = float(os.environ.get("SLUICE_STARTUP_TIMEOUT", "300"))
 def sluice_bin() -> str:
     path = os.environ.get("SLUICE_BIN", str(REPO / "build" / "bin" / "sluice"))
     return path if os.path.isabs(path) else str(REPO / path)
-
-
-def _ephemeral_range():
-    try:
-        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-_handed_out = set()
-
-
-def free_port() -> int:
-    """A loopback port that is free now and outside the kernel's ephemeral range.
-
-    A port from bind(0) lies inside that range, so between this call and the service's own bind
-    the kernel may hand it to an outgoing connection (gRPC, UCX) as its source port and the
-    service then fails with "Address already in use". Ports below the range are never picked
-    that way; each is handed out once per test process (pytest-xdist workers differ in pid)."""
-    low, high = _ephemeral_range()
-    lo, hi = (10000, low - 1) if low > 12000 else (high + 1, 65535)
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(1000):
-        port = rng.randint(lo, hi)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free loopback port in {lo}-{hi}")
 
 
 def http_get(url: str, timeout: float = 5.0, context=None):
