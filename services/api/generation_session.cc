@@ -383,6 +383,12 @@ void GenerationSession::Fail(const absl::Status& status) {
 
 void GenerationSession::Cancel() {
   if (done_) return;
+  // The client left: each unfinished choice ends as an abort (vLLM's finished_reason "abort").
+  // The backend's abort outputs arrive after Done and are not observed again.
+  const Clock::time_point now = Clock::now();
+  for (const Choice& c : choices_) {
+    if (!c.output->finished()) ObserveEnd(c, FinishReason::kAbort, now);
+  }
   AbortUnfinished();
   Done(499, "the client went away");
 }

@@ -78,6 +78,9 @@ def test_client_disconnect_mid_stream(client, model, base_url):
     # Long enough (ignore_eos, ~2000 tokens) that it cannot finish during the checks below.
     body = {"model": model, "messages": CHAT, "max_tokens": 2000, "stream": True,
             "temperature": 0.8, "seed": 5, "ignore_eos": True}
+    families, _ = metric_families(base_url)
+    aborts = sample(families, "vllm:request_success", "vllm:request_success_total",
+                    {"finished_reason": "abort"})
     with httpx.Client(timeout=120) as http:
         with http.stream("POST", base_url + "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
@@ -96,6 +99,9 @@ def test_client_disconnect_mid_stream(client, model, base_url):
             break
         assert time.monotonic() < deadline, "the disconnected request was not aborted"
         time.sleep(0.1)
+    # vLLM counts a request its client left as finished with reason "abort".
+    assert sample(families, "vllm:request_success", "vllm:request_success_total",
+                  {"finished_reason": "abort"}) == aborts + 1
     r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=4)
     assert r.choices[0].message.content is not None
 
