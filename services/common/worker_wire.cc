@@ -120,7 +120,11 @@ absl::StatusOr<std::vector<MultimodalInput>> MmInputsFromWire(
       continue;
     }
     auto values = std::make_shared<std::vector<float>>(w.embeddings().size() / sizeof(float));
-    std::memcpy(values->data(), w.embeddings().data(), w.embeddings().size());  // little-endian
+    // Neither embeddings nor image: an empty list, which the engine refuses (with num_tokens > 0)
+    // as embeddings of the wrong size. memcpy's pointers must be valid even for 0 bytes.
+    if (!values->empty()) {
+      std::memcpy(values->data(), w.embeddings().data(), w.embeddings().size());  // little-endian
+    }
     mm.embeddings = std::move(values);
     out.push_back(std::move(mm));
   }

@@ -135,6 +135,15 @@ TEST(ImageRoutingTest, EncodeReplyIsCheckedThenSpliced) {
   MmInputsToWire(r.mm_inputs, &wire);
   wire.Mutable(1)->mutable_embeddings()->push_back('x');
   EXPECT_TRUE(absl::IsInvalidArgument(MmInputsFromWire(wire).status()));
+  // Neither embeddings nor image (worker_request_fuzz found the 0-byte copy from a null pointer
+  // that this was): an empty embedding list, for the engine to refuse.
+  MmInputsToWire(r.mm_inputs, &wire);
+  wire.Mutable(1)->clear_embeddings();
+  back = MmInputsFromWire(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_NE((*back)[1].embeddings, nullptr);
+  EXPECT_TRUE((*back)[1].embeddings->empty());
+  EXPECT_EQ((*back)[1].image, nullptr);
 }
 
 TEST(ImageRoutingTest, EncodersAreTheirOwnPool) {
