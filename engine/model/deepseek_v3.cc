@@ -41,6 +41,7 @@ struct MlpWeights {
   int64_t intermediate = 0;
   std::vector<float> gate_up;
   std::vector<float> down;
+  std::vector<uint16_t> gate_up_bf16, down_bf16;  // as bfloat16 instead (PackLayer)
 };
 
 struct MoeWeights {
@@ -48,7 +49,9 @@ struct MoeWeights {
   std::vector<float> correction_bias;  // [n_routed_experts] (mlp.gate.e_score_correction_bias)
   std::vector<float> experts_gate_up;  // [n_routed_experts, 2 * moe_intermediate, hidden]
   std::vector<float> experts_down;     // [n_routed_experts, hidden, moe_intermediate]
-  std::vector<kernels::MoeExpertWeights> views;  // per expert, into the two vectors above
+  // The two above as bfloat16 instead (PackLayer; the float32 vectors are then empty).
+  std::vector<uint16_t> experts_gate_up_bf16, experts_down_bf16;
+  std::vector<kernels::MoeExpertWeights> views;  // per expert, into the vectors above
   bool has_shared = false;
   MlpWeights shared;  // intermediate = moe_intermediate_size * n_shared_experts
 };
@@ -67,6 +70,8 @@ struct LayerWeights {
   std::vector<float> kv_b;       // [heads, qk_nope_head_dim + v_head_dim, kv_lora_rank]
   std::vector<float> o_proj;     // [hidden, heads * v_head_dim]
   std::vector<float> o_bias;     // [hidden] or empty
+  // w_a, q_b, o_proj as bfloat16 instead (PackLayer; the float32 vectors are then empty).
+  std::vector<uint16_t> w_a_bf16, q_b_bf16, o_proj_bf16;
   bool is_moe = false;
   MlpWeights dense;
   MoeWeights moe;
@@ -100,6 +105,108 @@ struct Workspace {
 template <typename T>
 void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
+}
+
+// AllBf16: every value of w is a bfloat16 value (a bfloat16 checkpoint, widened on load), so a
+// bfloat16 copy computes the same bits (kernels::LinearBf16Cpu) from half the bytes.
+bool AllBf16(const std::vector<float>& w) {
+  for (float v : w) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    if (static_cast<uint32_t>(kernels::ToBf16(v)) << 16 != bits) return false;
+  }
+  return true;
+}
+
+std::vector<uint16_t> Bf16Copy(const std::vector<float>& w) {
+  std::vector<uint16_t> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = kernels::ToBf16(w[i]);
+  return out;
+}
+
+std::vector<float> Widen(const std::vector<uint16_t>& w) {
+  std::vector<float> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(w[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof(bits));
+  }
+  return out;
+}
+
+// SetExpertViews points m.views at `count` experts of gu + dn values each, in whichever storage
+// m holds.
+void SetExpertViews(MoeWeights& m, int64_t count, int64_t gu, int64_t dn) {
+  m.views.clear();
+  const bool bf16 = !m.experts_gate_up_bf16.empty();
+  for (int64_t e = 0; e < count; ++e) {
+    kernels::MoeExpertWeights v;
+    if (bf16) {
+      v.gate_up_bf16 = m.experts_gate_up_bf16.data() + e * gu;
+      v.down_bf16 = m.experts_down_bf16.data() + e * dn;
+    } else {
+      v.gate_up = m.experts_gate_up.data() + e * gu;
+      v.down = m.experts_down.data() + e * dn;
+    }
+    m.views.push_back(v);
+  }
+}
+
+// Linear: y = x · Wᵀ (+ bias) from W's bfloat16 copy when PackLayer made one (w32 is then
+// empty), else from the float32 matrix.
+void Linear(const float* x, const std::vector<float>& w32, const std::vector<uint16_t>& w16,
+            const std::vector<float>& bias, float* y, int64_t m, int64_t n, int64_t k) {
+  const float* b = bias.empty() ? nullptr : bias.data();
+  if (!w16.empty()) {
+    kernels::LinearBf16Cpu(x, w16.data(), b, y, m, n, k);
+  } else {
+    kernels::LinearCpu(x, w32.data(), b, y, m, n, k);
+  }
+}
+
+// Pack moves w32 to w16 when AllBf16; Unpack moves it back (exactly).
+void Pack(std::vector<float>& w32, std::vector<uint16_t>& w16) {
+  if (w32.empty() || !AllBf16(w32)) return;
+  w16 = Bf16Copy(w32);
+  std::vector<float>().swap(w32);
+}
+void Unpack(std::vector<float>& w32, std::vector<uint16_t>& w16) {
+  if (w16.empty()) return;
+  w32 = Widen(w16);
+  std::vector<uint16_t>().swap(w16);
+}
+
+// ForEachMatrix calls f(float32, bfloat16) for each of a layer's matrices but the routed experts.
+template <typename F>
+void ForEachMatrix(LayerWeights& w, F f) {
+  f(w.w_a, w.w_a_bf16);
+  f(w.q_b, w.q_b_bf16);
+  f(w.o_proj, w.o_proj_bf16);
+  MlpWeights& mlp = w.is_moe ? w.moe.shared : w.dense;
+  f(mlp.gate_up, mlp.gate_up_bf16);
+  f(mlp.down, mlp.down_bf16);
+}
+
+// PackLayer stores a layer's weight matrices as bfloat16 where that loses nothing (AllBf16):
+// a step reads half the bytes (the routed experts: up to top_k · tokens of them per layer in a
+// verification step). `experts`: the routed experts too; the expert-parallel paths move float32
+// experts between ranks. UnpackLayer restores float32 (exactly) for Shard.
+void PackLayer(LayerWeights& w, const ModelConfig& c, bool experts) {
+  ForEachMatrix(w, Pack);
+  MoeWeights& m = w.moe;
+  if (!experts || !w.is_moe || !AllBf16(m.experts_gate_up) || !AllBf16(m.experts_down)) return;
+  Pack(m.experts_gate_up, m.experts_gate_up_bf16);
+  Pack(m.experts_down, m.experts_down_bf16);
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  SetExpertViews(m, c.n_routed_experts, 2 * inter * h, h * inter);
+}
+void UnpackLayer(LayerWeights& w, const ModelConfig& c) {
+  ForEachMatrix(w, Unpack);
+  MoeWeights& m = w.moe;
+  if (m.experts_gate_up_bf16.empty()) return;
+  Unpack(m.experts_gate_up, m.experts_gate_up_bf16);
+  Unpack(m.experts_down, m.experts_down_bf16);
+  const int64_t h = c.hidden_size, inter = c.moe_intermediate_size;
+  SetExpertViews(m, c.n_routed_experts, 2 * inter * h, h * inter);
 }
 
 class DeepseekV3Model : public Model {
@@ -165,6 +272,9 @@ class DeepseekV3Model : public Model {
   absl::Status Mlp(const LayerWeights& w, int64_t num_tokens);
   void SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows, std::vector<float>& gate_up,
               std::vector<float>& act, float* out);
+  // LmHead: logits = ws_.lm_rows · headᵀ over `own_head` (the MTP module's) when not empty, else
+  // the target's output head.
+  void LmHead(const std::vector<float>& own_head, int64_t num_logits, float* logits) const;
 
   ModelConfig config_;
   int64_t q_width_ = 0;  // heads * (qk_nope_head_dim + qk_rope_head_dim)
@@ -174,6 +284,8 @@ class DeepseekV3Model : public Model {
   kernels::RopeTable rope_;
   std::vector<float> embed_;    // [vocab, hidden]
   std::vector<float> lm_head_;  // [vocab, hidden]; empty when tied (then embed_ is used)
+  // The output head (lm_head_ or embed_) as bfloat16 when AllBf16; lm_head_ is then freed.
+  std::vector<uint16_t> head_bf16_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   MtpWeights mtp_;
@@ -307,10 +419,7 @@ absl::Status DeepseekV3Model::LoadLayer(const Checkpoint& ckpt, int64_t layer,
     std::memcpy(m.experts_down.data() + e * h * inter, expert.down.data(),
                 expert.down.size() * sizeof(float));
   }
-  for (int64_t e = 0; e < e_count; ++e) {
-    m.views.push_back({m.experts_gate_up.data() + e * 2 * inter * h,
-                       m.experts_down.data() + e * h * inter});
-  }
+  SetExpertViews(m, e_count, 2 * inter * h, h * inter);
   m.has_shared = c.n_shared_experts > 0;
   if (m.has_shared) {
     SLUICE_RETURN_IF_ERROR(
@@ -400,6 +509,16 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
     }
   }
   weight_bytes_per_token_ = floats * static_cast<int64_t>(sizeof(float));
+
+  // The weight matrices in bfloat16 where that is exact (AllBf16).
+  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+  std::vector<float> head_values(head, head + c.vocab_size * h);
+  if (AllBf16(head_values)) {
+    head_bf16_ = Bf16Copy(head_values);
+    std::vector<float>().swap(lm_head_);
+  }
+  for (LayerWeights& w : layers_) PackLayer(w, c, /*experts=*/true);
+  if (mtp_status_.ok()) PackLayer(mtp_.block, c, /*experts=*/true);
   return absl::OkStatus();
 }
 
@@ -502,10 +621,23 @@ void DeepseekV3Model::SwiGlu(const MlpWeights& mlp, const float* x, int64_t rows
   const int64_t h = config_.hidden_size;
   Grow(gate_up, rows * 2 * mlp.intermediate);
   Grow(act, rows * mlp.intermediate);
-  kernels::LinearCpu(x, mlp.gate_up.data(), nullptr, gate_up.data(), rows, 2 * mlp.intermediate,
-                     h);
+  Linear(x, mlp.gate_up, mlp.gate_up_bf16, {}, gate_up.data(), rows, 2 * mlp.intermediate, h);
   kernels::SiluMulCpu(gate_up.data(), act.data(), rows, mlp.intermediate);
-  kernels::LinearCpu(act.data(), mlp.down.data(), nullptr, out, rows, h, mlp.intermediate);
+  Linear(act.data(), mlp.down, mlp.down_bf16, {}, out, rows, h, mlp.intermediate);
+}
+
+void DeepseekV3Model::LmHead(const std::vector<float>& own_head, int64_t num_logits,
+                             float* logits) const {
+  const int64_t h = config_.hidden_size, vocab = config_.vocab_size;
+  if (!own_head.empty()) {
+    kernels::LinearCpu(ws_.lm_rows.data(), own_head.data(), nullptr, logits, num_logits, vocab, h);
+  } else if (!head_bf16_.empty()) {
+    kernels::LinearBf16Cpu(ws_.lm_rows.data(), head_bf16_.data(), nullptr, logits, num_logits,
+                           vocab, h);
+  } else {
+    const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
+    kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits, num_logits, vocab, h);
+  }
 }
 
 // Attention reads ws_.normed and writes o_proj's output to ws_.delta.
@@ -520,16 +652,15 @@ void DeepseekV3Model::Attention(const LayerWeights& w, int64_t cache_layer,
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t latent_width = rank + dr;
 
-  kernels::LinearCpu(ws_.normed.data(), w.w_a.data(), w.b_a.empty() ? nullptr : w.b_a.data(),
-                     ws_.a_out.data(), num_tokens, a_width_, h);
+  Linear(ws_.normed.data(), w.w_a, w.w_a_bf16, w.b_a, ws_.a_out.data(), num_tokens, a_width_, h);
   // Query: q_b_proj(q_a_layernorm(q_a)) or q_proj's rows of the fused output.
   float* q = nullptr;
   int64_t q_stride = 0;
   if (c.q_lora_rank > 0) {
     kernels::RmsNormCpu(ws_.a_out.data(), a_width_, w.q_a_norm.data(), ws_.q_a_normed.data(),
                         c.q_lora_rank, num_tokens, c.q_lora_rank, eps);
-    kernels::LinearCpu(ws_.q_a_normed.data(), w.q_b.data(), nullptr, ws_.q.data(), num_tokens,
-                       q_width_, c.q_lora_rank);
+    Linear(ws_.q_a_normed.data(), w.q_b, w.q_b_bf16, {}, ws_.q.data(), num_tokens, q_width_,
+           c.q_lora_rank);
     q = ws_.q.data();
     q_stride = q_width_;
   } else {
@@ -557,8 +688,8 @@ void DeepseekV3Model::Attention(const LayerWeights& w, int64_t cache_layer,
   *status = kernels::MlaAttentionCpu(q, q_stride, w.kv_b.data(), ws_.sequences, mla_dims_, cache,
                                      ws_.attn.data());
   if (!status->ok()) return;
-  kernels::LinearCpu(ws_.attn.data(), w.o_proj.data(), w.o_bias.empty() ? nullptr : w.o_bias.data(),
-                     ws_.delta.data(), num_tokens, h, c.num_attention_heads * c.v_head_dim);
+  Linear(ws_.attn.data(), w.o_proj, w.o_proj_bf16, w.o_bias, ws_.delta.data(), num_tokens, h,
+         c.num_attention_heads * c.v_head_dim);
   if (tp_comm_ != nullptr) {  // row-parallel o_proj over this rank's heads
     *status = tp_comm_->AllReduceSum(absl::MakeSpan(ws_.delta.data(), num_tokens * h));
   }
@@ -658,9 +789,7 @@ absl::Status DeepseekV3Model::Forward(const ForwardInput& input, KvCache& kv_cac
     std::memcpy(ws_.lm_rows.data() + i * h, ws_.normed.data() + input.logits_indices[i] * h,
                 h * sizeof(float));
   }
-  const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
-  kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
-                     h);
+  LmHead({}, num_logits, logits.data());
   return absl::OkStatus();
 }
 
@@ -723,10 +852,7 @@ absl::Status DeepseekV3Model::ForwardMtp(const ForwardInput& input,
     std::memcpy(ws_.lm_rows.data() + i * h, ws_.normed.data() + t * h, h * sizeof(float));
     std::memcpy(hidden_out.data() + i * h, ws_.residual.data() + t * h, h * sizeof(float));
   }
-  const float* head =
-      !m.head.empty() ? m.head.data() : (lm_head_.empty() ? embed_.data() : lm_head_.data());
-  kernels::LinearCpu(ws_.lm_rows.data(), head, nullptr, logits.data(), num_logits, c.vocab_size,
-                     h);
+  LmHead(m.head, num_logits, logits.data());
   return absl::OkStatus();
 }
 
@@ -735,8 +861,12 @@ absl::Status DeepseekV3Model::Shard(const ParallelShard& shard) {
   if (shard.comm == nullptr) return absl::InvalidArgumentError("ParallelShard: no communicator");
   if (group_comm_ != nullptr) return absl::FailedPreconditionError("the model is already sharded");
   group_comm_ = shard.comm;
+  // The splits below move float32 rows and columns; packed again after, but for the experts of
+  // an expert-parallel model (ExpertParallelMoe moves float32 experts).
+  for (LayerWeights& w : layers_) UnpackLayer(w, config_);
   if (shard.tensor_parallel) SLUICE_RETURN_IF_ERROR(ShardAttentionAndDense(shard));
   if (shard.expert_parallel) SLUICE_RETURN_IF_ERROR(ShardExperts(shard));
+  for (LayerWeights& w : layers_) PackLayer(w, config_, /*experts=*/!shard.expert_parallel);
   return absl::OkStatus();
 }
 
@@ -809,10 +939,7 @@ absl::Status DeepseekV3Model::ShardExperts(const ParallelShard& shard) {
     }
     m.experts_gate_up = std::move(gate_up);
     m.experts_down = std::move(down);
-    m.views.clear();
-    for (size_t s = 0; s < mine.size(); ++s) {
-      m.views.push_back({m.experts_gate_up.data() + s * gu, m.experts_down.data() + s * dn});
-    }
+    SetExpertViews(m, static_cast<int64_t>(mine.size()), gu, dn);
     ep_[l] = std::make_unique<ExpertParallelMoe>(shard.comm, *placement);
   }
   return absl::OkStatus();
@@ -836,11 +963,7 @@ absl::Status DeepseekV3Model::UpdateExpertPlacement(absl::Span<const int32_t> ex
     if (!down.ok()) return down.status();
     m.experts_gate_up = std::move(*gate_up);
     m.experts_down = std::move(*down);
-    m.views.clear();
-    for (int32_t s = 0; s < to->slots_per_rank; ++s) {
-      m.views.push_back({m.experts_gate_up.data() + s * 2 * inter * h,
-                         m.experts_down.data() + s * h * inter});
-    }
+    SetExpertViews(m, to->slots_per_rank, 2 * inter * h, h * inter);
     std::vector<int64_t> load = ep_[l]->load();  // keep counting across the swap
     ep_[l] = std::make_unique<ExpertParallelMoe>(&comm, *to);
     ep_[l]->AddLoad(load);

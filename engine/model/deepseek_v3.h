@@ -17,7 +17,10 @@ namespace sluice {
 
 // LoadDeepseekV3 builds a DeepSeek-V3 model from `config` (architecture kDeepseekV3) and the
 // tensors of `checkpoint`, converting weights to float32 (the checkpoint is not referenced
-// afterwards).
+// afterwards). A weight matrix whose values are all bfloat16 values (a bfloat16 checkpoint) is
+// then kept as bfloat16 and computed in float32 (kernels::LinearBf16Cpu): the same logits from
+// half the weight bytes. The output head and the attention, dense, shared-expert and routed-expert
+// matrices qualify; routed experts stay float32 in an expert-parallel shard.
 //
 // Supported: q_lora_rank > 0 (q_a_proj → q_a_layernorm → q_b_proj) or 0 (q_proj); default and
 // YaRN RoPE (with `rope_interleave`); first_k_dense_replace dense SwiGLU layers, then MoE layers

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/common/isa_clones.h"
 #include "kernels/common/parallel.h"
 #include "kernels/common/vec16.h"
 #include "kernels/mla_attention/mla_attention.h"
@@ -72,6 +73,93 @@ inline void WeightedRowSum(const float* coef, const float* const* rows, int64_t 
   }
 }
 
+// The arguments of MlaAttentionCpu that AttendItems reads; token_seq maps a query token to its
+// sequence (-1: none).
+struct MlaItems {
+  const float* q;
+  int64_t q_token_stride;
+  const float* w_kv_b;
+  absl::Span<const MlaSequence> sequences;
+  const MlaDims& dims;
+  const MlaPagedCache& cache;
+  const int32_t* token_seq;
+  float* out;
+};
+
+// AttendItems computes the work items (token, head) in [begin, end): absorbed scores over the
+// latent cache, softmax, then W_UV. scratch holds 2 · rank + (keys) floats, row_ptrs
+// max(keys, qk_nope_head_dim) pointers.
+SLUICE_AVX512_CLONES void AttendItems(const MlaItems& a, int64_t begin, int64_t end,
+                                      float* scratch, const float** row_ptrs) {
+  const MlaDims& dims = a.dims;
+  const int64_t heads = dims.num_heads;
+  const int64_t rank = dims.kv_lora_rank;
+  const int64_t dn = dims.qk_nope_head_dim;
+  const int64_t dr = dims.qk_rope_head_dim;
+  const int64_t dv = dims.v_head_dim;
+  const int64_t width = dims.LatentWidth();
+  const int64_t bs = a.cache.block_size;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t t = item / heads;
+    const int64_t h = item % heads;
+    if (a.token_seq[t] < 0) continue;  // token not in any sequence: left untouched
+    const MlaSequence& s = a.sequences[a.token_seq[t]];
+    const int64_t num_keys = int64_t{s.num_context_tokens} + (t - s.query_start) + 1;
+    float* q_lat = scratch;
+    float* out_lat = q_lat + rank;
+    float* scores = out_lat + rank;
+
+    const float* q_nope = a.q + t * a.q_token_stride + h * (dn + dr);
+    const float* q_pe = q_nope + dn;
+    const float* w_uk = a.w_kv_b + h * (dn + dv) * rank;  // [dn, R]
+    const float* w_uv = w_uk + dn * rank;               // [dv, R]
+    const float** rows = row_ptrs;
+    // q_lat = W_UKᵀ · q_nope: a weighted sum of the dn rows of W_UK.
+    for (int64_t d = 0; d < dn; ++d) rows[d] = w_uk + d * rank;
+    WeightedRowSum(q_nope, rows, dn, rank, q_lat);
+
+    for (int64_t j = 0; j < num_keys; ++j) {
+      rows[j] = a.cache.data + (int64_t{s.block_table[j / bs]} * bs + j % bs) * width;
+    }
+    float max_score = -INFINITY;
+    int64_t j = 0;
+    for (; j + 4 <= num_keys; j += 4) {
+      float lat[4], pe[4];
+      const float* pe_rows[4] = {rows[j] + rank, rows[j + 1] + rank, rows[j + 2] + rank,
+                                 rows[j + 3] + rank};
+      DotN<4>(q_lat, rows + j, rank, lat);
+      DotN<4>(q_pe, pe_rows, dr, pe);
+      for (int i = 0; i < 4; ++i) {
+        scores[j + i] = (lat[i] + pe[i]) * dims.softmax_scale;
+        max_score = std::max(max_score, scores[j + i]);
+      }
+    }
+    for (; j < num_keys; ++j) {
+      scores[j] = (Dot(q_lat, rows[j], rank) + Dot(q_pe, rows[j] + rank, dr)) *
+                  dims.softmax_scale;
+      max_score = std::max(max_score, scores[j]);
+    }
+    float sum = 0.0f;
+    for (j = 0; j < num_keys; ++j) {
+      scores[j] = std::exp(scores[j] - max_score);
+      sum += scores[j];
+    }
+    const float inv_sum = 1.0f / sum;
+    for (j = 0; j < num_keys; ++j) scores[j] *= inv_sum;
+    WeightedRowSum(scores, rows, num_keys, rank, out_lat);
+
+    // out_h = W_UV · out_lat.
+    float* o = a.out + t * heads * dv + h * dv;
+    int64_t v = 0;
+    for (; v + 4 <= dv; v += 4) {
+      const float* uv_rows[4] = {w_uv + v * rank, w_uv + (v + 1) * rank, w_uv + (v + 2) * rank,
+                                 w_uv + (v + 3) * rank};
+      DotN<4>(out_lat, uv_rows, rank, o + v);
+    }
+    for (; v < dv; ++v) o[v] = Dot(w_uv + v * rank, out_lat, rank);
+  }
+}
+
 }  // namespace
 
 absl::Status MlaWriteCacheCpu(const float* latent, const int64_t* slot_mapping,
@@ -98,7 +186,6 @@ absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float
   const int64_t dn = dims.qk_nope_head_dim;
   const int64_t dr = dims.qk_rope_head_dim;
   const int64_t dv = dims.v_head_dim;
-  const int64_t width = dims.LatentWidth();
   const int64_t bs = cache.block_size;
 
   // Validate the plan and map work items (token, head) to their sequence.
@@ -138,74 +225,15 @@ absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float
   }
   const int64_t item_work = (dn + dv) * rank + max_keys * (2 * rank + dr);
   const int64_t min_chunk = std::max<int64_t>(1, (int64_t{1} << 18) / item_work);
+  const MlaItems items{q, q_token_stride, w_kv_b, sequences, dims, cache, token_seq, out};
+  const int64_t scratch_floats = 2 * rank + max_keys;
+  const int64_t scratch_rows = std::max(max_keys, dn);
   ParallelFor(num_tokens * heads, min_chunk, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scratch;
     thread_local std::vector<const float*> row_ptrs;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / heads;
-      const int64_t h = item % heads;
-      if (token_seq[t] < 0) continue;  // token not in any sequence: left untouched
-      const MlaSequence& s = sequences[token_seq[t]];
-      const int64_t num_keys = int64_t{s.num_context_tokens} + (t - s.query_start) + 1;
-      if (static_cast<int64_t>(scratch.size()) < 2 * rank + num_keys) {
-        scratch.resize(2 * rank + num_keys);
-      }
-      if (static_cast<int64_t>(row_ptrs.size()) < std::max(num_keys, dn)) {
-        row_ptrs.resize(std::max(num_keys, dn));
-      }
-      float* q_lat = scratch.data();
-      float* out_lat = q_lat + rank;
-      float* scores = out_lat + rank;
-
-      const float* q_nope = q + t * q_token_stride + h * (dn + dr);
-      const float* q_pe = q_nope + dn;
-      const float* w_uk = w_kv_b + h * (dn + dv) * rank;  // [dn, R]
-      const float* w_uv = w_uk + dn * rank;               // [dv, R]
-      const float** rows = row_ptrs.data();
-      // q_lat = W_UKᵀ · q_nope: a weighted sum of the dn rows of W_UK.
-      for (int64_t d = 0; d < dn; ++d) rows[d] = w_uk + d * rank;
-      WeightedRowSum(q_nope, rows, dn, rank, q_lat);
-
-      for (int64_t j = 0; j < num_keys; ++j) {
-        rows[j] = cache.data + (int64_t{s.block_table[j / bs]} * bs + j % bs) * width;
-      }
-      float max_score = -INFINITY;
-      int64_t j = 0;
-      for (; j + 4 <= num_keys; j += 4) {
-        float lat[4], pe[4];
-        const float* pe_rows[4] = {rows[j] + rank, rows[j + 1] + rank, rows[j + 2] + rank,
-                                   rows[j + 3] + rank};
-        DotN<4>(q_lat, rows + j, rank, lat);
-        DotN<4>(q_pe, pe_rows, dr, pe);
-        for (int i = 0; i < 4; ++i) {
-          scores[j + i] = (lat[i] + pe[i]) * dims.softmax_scale;
-          max_score = std::max(max_score, scores[j + i]);
-        }
-      }
-      for (; j < num_keys; ++j) {
-        scores[j] = (Dot(q_lat, rows[j], rank) + Dot(q_pe, rows[j] + rank, dr)) *
-                    dims.softmax_scale;
-        max_score = std::max(max_score, scores[j]);
-      }
-      float sum = 0.0f;
-      for (j = 0; j < num_keys; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        sum += scores[j];
-      }
-      const float inv_sum = 1.0f / sum;
-      for (j = 0; j < num_keys; ++j) scores[j] *= inv_sum;
-      WeightedRowSum(scores, rows, num_keys, rank, out_lat);
-
-      // out_h = W_UV · out_lat.
-      float* o = out + t * heads * dv + h * dv;
-      int64_t v = 0;
-      for (; v + 4 <= dv; v += 4) {
-        const float* uv_rows[4] = {w_uv + v * rank, w_uv + (v + 1) * rank, w_uv + (v + 2) * rank,
-                                   w_uv + (v + 3) * rank};
-        DotN<4>(out_lat, uv_rows, rank, o + v);
-      }
-      for (; v < dv; ++v) o[v] = Dot(w_uv + v * rank, out_lat, rank);
-    }
+    if (static_cast<int64_t>(scratch.size()) < scratch_floats) scratch.resize(scratch_floats);
+    if (static_cast<int64_t>(row_ptrs.size()) < scratch_rows) row_ptrs.resize(scratch_rows);
+    AttendItems(items, begin, end, scratch.data(), row_ptrs.data());
   });
   return absl::OkStatus();
 }

@@ -17,10 +17,14 @@
 
 namespace sluice::kernels {
 
-// MoeExpertWeights points at one SwiGLU expert's float32 weights (not owned).
+// MoeExpertWeights points at one SwiGLU expert's weights (not owned), each matrix either float32
+// or bfloat16 (the other pointer null). A bfloat16 matrix is computed as LinearBf16Cpu does: the
+// same bits as its float32 values through LinearCpu, from half the bytes.
 struct MoeExpertWeights {
   const float* gate_up = nullptr;  // [2 * intermediate, hidden]: gate_proj rows, then up_proj
   const float* down = nullptr;     // [hidden, intermediate]: down_proj
+  const uint16_t* gate_up_bf16 = nullptr;  // gate_up as bfloat16 when gate_up is null
+  const uint16_t* down_bf16 = nullptr;     // down as bfloat16 when down is null
 };
 
 // MoeWorkspace holds the scratch buffers of MoeExpertsCpu. Reuse one across calls so that a
@@ -42,8 +46,8 @@ struct MoeWorkspace {
 //   topk_weights: [num_tokens, top_k], float32
 //   experts:      per-expert weights, each [2 * intermediate, hidden] and [hidden, intermediate]
 //   out:          [num_tokens, hidden], float32, overwritten (not accumulated)
-// Errors: InvalidArgument for an expert id out of range or a null expert weight that a token
-// uses (out is then unspecified).
+// Errors: InvalidArgument for an expert id out of range or an expert a token uses with a matrix
+// that has neither (or both) of its pointers (out is then unspecified).
 absl::Status MoeExpertsCpu(const float* x, int64_t num_tokens, int64_t hidden,
                            int64_t intermediate, const int32_t* topk_ids,
                            const float* topk_weights, int64_t top_k,

@@ -30,9 +30,12 @@ absl::Status MoeExpertsCpu(const float* x, int64_t num_tokens, int64_t hidden,
                                                      " routed to expert ", e, " outside [0, ",
                                                      num_experts, ")"));
     }
-    if (experts[e].gate_up == nullptr || experts[e].down == nullptr) {
+    const MoeExpertWeights& ew = experts[e];
+    if ((ew.gate_up == nullptr) == (ew.gate_up_bf16 == nullptr) ||
+        (ew.down == nullptr) == (ew.down_bf16 == nullptr)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("moe experts: expert ", e, " has no weights"));
+          absl::StrCat("moe experts: expert ", e,
+                       " needs one float32 or bfloat16 matrix each for gate_up and down"));
     }
     ++ws.expert_offsets[e + 1];
   }
@@ -62,11 +65,20 @@ absl::Status MoeExpertsCpu(const float* x, int64_t num_tokens, int64_t hidden,
     if (m == 0) continue;
     float* gu = ws.gate_up.data() + begin * 2 * intermediate;
     float* act = ws.act.data() + begin * intermediate;
-    LinearCpu(ws.gathered.data() + begin * hidden, experts[e].gate_up, nullptr, gu, m,
-              2 * intermediate, hidden);
+    const MoeExpertWeights& ew = experts[e];
+    const float* xe = ws.gathered.data() + begin * hidden;
+    if (ew.gate_up_bf16 != nullptr) {
+      LinearBf16Cpu(xe, ew.gate_up_bf16, nullptr, gu, m, 2 * intermediate, hidden);
+    } else {
+      LinearCpu(xe, ew.gate_up, nullptr, gu, m, 2 * intermediate, hidden);
+    }
     SiluMulCpu(gu, act, m, intermediate);
-    LinearCpu(act, experts[e].down, nullptr, ws.expert_out.data() + begin * hidden, m, hidden,
-              intermediate);
+    float* ye = ws.expert_out.data() + begin * hidden;
+    if (ew.down_bf16 != nullptr) {
+      LinearBf16Cpu(act, ew.down_bf16, nullptr, ye, m, hidden, intermediate);
+    } else {
+      LinearCpu(act, ew.down, nullptr, ye, m, hidden, intermediate);
+    }
   }
 
   // Combine per token in k order (fixed summation order: batch invariant).

@@ -1,10 +1,12 @@
 #include "kernels/moe/moe_experts.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/linear/linear.h"
 
 namespace sluice::kernels {
 namespace {
@@ -129,6 +131,72 @@ TEST(MoeExpertsTest, BatchInvariant) {
       ASSERT_EQ(single[c], batch_out[t * hidden + c]) << "token " << t << " channel " << c;
     }
   }
+}
+
+// Experts stored as bfloat16 give the bits of the same values in float32, with a mix of both
+// storages in one call.
+TEST(MoeExpertsTest, Bf16ExpertsMatchFloat32Bits) {
+  std::mt19937 rng(9);
+  const int64_t experts = 6, hidden = 72, inter = 40, top_k = 2, tokens = 7;
+  RandomExperts ex = MakeExperts(experts, hidden, inter, rng);
+  std::vector<std::vector<uint16_t>> gate_up16(experts), down16(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    for (float& v : ex.gate_up[e]) gate_up16[e].push_back(ToBf16(v));
+    for (float& v : ex.down[e]) down16[e].push_back(ToBf16(v));
+    // The float32 matrices hold the bfloat16 values, widened.
+    for (size_t i = 0; i < ex.gate_up[e].size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(gate_up16[e][i]) << 16;
+      std::memcpy(&ex.gate_up[e][i], &bits, sizeof(bits));
+    }
+    for (size_t i = 0; i < ex.down[e].size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(down16[e][i]) << 16;
+      std::memcpy(&ex.down[e][i], &bits, sizeof(bits));
+    }
+  }
+  std::vector<MoeExpertWeights> mixed(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    if (e % 3 == 0) {
+      mixed[e] = ex.views[e];
+    } else {
+      mixed[e].gate_up_bf16 = gate_up16[e].data();
+      if (e % 3 == 1) {
+        mixed[e].down_bf16 = down16[e].data();
+      } else {
+        mixed[e].down = ex.down[e].data();
+      }
+    }
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(tokens * hidden), w(tokens * top_k);
+  std::vector<int32_t> ids(tokens * top_k);
+  for (float& v : x) v = normal(rng);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ids[t * 2] = static_cast<int32_t>(t % experts);
+    ids[t * 2 + 1] = static_cast<int32_t>((t + 2) % experts);
+    w[t * 2] = 0.6f;
+    w[t * 2 + 1] = 0.4f;
+  }
+  std::vector<float> want(tokens * hidden), got(tokens * hidden);
+  MoeWorkspace ws;
+  ASSERT_TRUE(MoeExpertsCpu(x.data(), tokens, hidden, inter, ids.data(), w.data(), top_k,
+                            ex.views, want.data(), ws)
+                  .ok());
+  ASSERT_TRUE(MoeExpertsCpu(x.data(), tokens, hidden, inter, ids.data(), w.data(), top_k, mixed,
+                            got.data(), ws)
+                  .ok());
+  for (int64_t i = 0; i < tokens * hidden; ++i) ASSERT_EQ(want[i], got[i]) << i;
+
+  // A matrix with both storages, or neither, is refused.
+  mixed[1].gate_up = ex.gate_up[1].data();
+  absl::Status both = MoeExpertsCpu(x.data(), tokens, hidden, inter, ids.data(), w.data(), top_k,
+                                    mixed, got.data(), ws);
+  EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(both.message().find("expert 1"), std::string::npos) << both.message();
+  mixed[1] = MoeExpertWeights{};
+  EXPECT_EQ(MoeExpertsCpu(x.data(), tokens, hidden, inter, ids.data(), w.data(), top_k, mixed,
+                          got.data(), ws)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MoeExpertsTest, RejectsExpertIdOutOfRange) {
