@@ -199,7 +199,7 @@ Json MeasureBandwidth(int64_t dram_bytes, int64_t working_set_bytes, int runs) {
 struct ModelBytes {
   int64_t weight_bytes_per_token = 0;  // Model::WeightBytesPerToken()
   int64_t kv_bytes_per_token = 0;      // KvCacheSpec::BytesPerToken()
-  int64_t expert_bytes = 0;            // one routed expert (gate, up, down), float32
+  int64_t expert_bytes = 0;            // one routed expert (gate, up, down), as stored
   int64_t num_moe_layers = 0;
   int64_t n_routed = 0;
   int64_t top_k = 0;
@@ -227,7 +227,12 @@ ModelBytes GetModelBytes(const Model& model) {
   if (c.n_routed_experts > 0) {
     m.n_routed = c.n_routed_experts;
     m.top_k = c.num_experts_per_tok;
-    m.expert_bytes = 3 * c.hidden_size * c.moe_intermediate_size * 4;
+    // Stored as the model's matrices are on average (bfloat16 or float32): the bytes per
+    // weight value of one token's weights.
+    const double bytes_per_weight = static_cast<double>(model.WeightBytesPerToken()) /
+                                    static_cast<double>(std::max<int64_t>(1, model.WeightsPerToken()));
+    m.expert_bytes = static_cast<int64_t>(
+        3.0 * static_cast<double>(c.hidden_size * c.moe_intermediate_size) * bytes_per_weight);
     m.num_moe_layers = c.num_hidden_layers - c.first_k_dense_replace;
   }
   return m;
@@ -352,13 +357,13 @@ absl::StatusOr<Json> RunDecode(LLMEngine& engine, const ModelBytes& bytes, doubl
 }
 
 // Matmul + attention FLOPs per prompt token of a prefill of `length` tokens (estimate): 2 per
-// weight a token uses (WeightBytesPerToken / 4, minus the lm_head, computed for the last
+// weight a token uses (WeightsPerToken, minus the lm_head, computed for the last
 // token only), plus causal attention over (length + 1) / 2 keys on average: per layer and head,
 // 2·(d_qk + d_v) per key — MLA in its absorbed form attends in the latent space
 // (d_qk = kv_lora_rank + qk_rope_head_dim, d_v = kv_lora_rank).
 double PrefillFlopsPerToken(const Model& model, int32_t length) {
   const ModelConfig& c = model.config();
-  const double weights = static_cast<double>(model.WeightBytesPerToken()) / 4.0 -
+  const double weights = static_cast<double>(model.WeightsPerToken()) -
                          static_cast<double>(c.vocab_size * c.hidden_size);
   int64_t d_qk = c.head_dim, d_v = c.head_dim;
   if (c.kv_lora_rank > 0) {

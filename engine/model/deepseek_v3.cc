@@ -224,6 +224,7 @@ class DeepseekV3Model : public Model {
     return spec;
   }
   int64_t WeightBytesPerToken() const override { return weight_bytes_per_token_; }
+  int64_t WeightsPerToken() const override { return weights_per_token_; }
   // The CPU kernels fix every reduction's order per output element (kernels/linear, rms_norm,
   // mla_attention per (token, head) over all keys, MoE combine per token in top-k order).
   bool IsBatchInvariant() const override { return true; }
@@ -292,6 +293,7 @@ class DeepseekV3Model : public Model {
   absl::Status mtp_status_;  // OK when mtp_ is loaded
   int64_t last_num_tokens_ = 0;  // tokens of the last Forward (final_hidden_states)
   int64_t weight_bytes_per_token_ = 0;
+  int64_t weights_per_token_ = 0;
   Workspace ws_;
   // Parallelism (Shard): tensor-parallel group completing o_proj and dense down_proj, and per
   // layer the expert-parallel runner of MoE layers (null for dense layers or without EP).
@@ -492,7 +494,7 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
   }
   SLUICE_RETURN_IF_ERROR(LoadMtp(ckpt));
 
-  // Bytes one decode token reads (float32 storage): every attention/norm/dense weight, the
+  // Weights one decode token reads: every attention/norm/dense weight, the
   // router, num_experts_per_tok routed experts and the shared experts per MoE layer, the final
   // norm, lm_head and one embedding row.
   int64_t floats = h + final_norm_.size() + static_cast<int64_t>(c.vocab_size) * h;
@@ -508,7 +510,7 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
                 w.moe.shared.gate_up.size() + w.moe.shared.down.size();
     }
   }
-  weight_bytes_per_token_ = floats * static_cast<int64_t>(sizeof(float));
+  weights_per_token_ = floats;
 
   // The weight matrices in bfloat16 where that is exact (AllBf16).
   const float* head = lm_head_.empty() ? embed_.data() : lm_head_.data();
@@ -519,6 +521,20 @@ absl::Status DeepseekV3Model::Load(const Checkpoint& ckpt) {
   }
   for (LayerWeights& w : layers_) PackLayer(w, c, /*experts=*/true);
   if (mtp_status_.ok()) PackLayer(mtp_.block, c, /*experts=*/true);
+
+  // The same weights in bytes, as stored now: 2 per bfloat16 value, 4 per float32 one.
+  const int64_t bf16_saved = 2;  // bytes per value a bfloat16 copy saves
+  int64_t saved = head_bf16_.empty() ? 0 : static_cast<int64_t>(c.vocab_size) * h * bf16_saved;
+  for (const LayerWeights& w : layers_) {
+    const MlpWeights& mlp = w.is_moe ? w.moe.shared : w.dense;
+    saved += bf16_saved * static_cast<int64_t>(w.w_a_bf16.size() + w.q_b_bf16.size() +
+                                                w.o_proj_bf16.size() + mlp.gate_up_bf16.size() +
+                                                mlp.down_bf16.size());
+    if (w.is_moe && !w.moe.experts_gate_up_bf16.empty()) {
+      saved += bf16_saved * c.num_experts_per_tok * 3 * c.moe_intermediate_size * h;
+    }
+  }
+  weight_bytes_per_token_ = floats * static_cast<int64_t>(sizeof(float)) - saved;
   return absl::OkStatus();
 }
 

@@ -172,6 +172,9 @@ class Model {
   // Bytes of weights read by one decode step of one token (routed experts counted only for the
   // experts a token uses). Used for the memory-bandwidth roofline in bench/.
   virtual int64_t WeightBytesPerToken() const = 0;
+  // The same weights as a count of values (bench/ estimates 2 FLOPs per value and token); the
+  // default holds for float32 storage.
+  virtual int64_t WeightsPerToken() const { return WeightBytesPerToken() / 4; }
   // Forward runs one step: writes every token's K/V into `kv_cache` at its slot, attends over
   // each sequence's cached context plus its new tokens (causal, sliding window where the layer
   // has one), and writes logits for each of `input.logits_indices` into

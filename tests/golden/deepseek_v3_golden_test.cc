@@ -102,7 +102,12 @@ TEST(DeepseekV3ModelTest, KvSpecAndWeightBytesOfSluiceMiniMoe) {
   EXPECT_EQ(spec.num_layers, 8);
   EXPECT_EQ(spec.k_floats_per_token, 160);
   EXPECT_EQ(spec.v_floats_per_token, 0);
-  EXPECT_EQ((*model)->WeightBytesPerToken(), (9354112 + 384 + 7 * 16) * 4);
+  EXPECT_EQ((*model)->WeightsPerToken(), 9354112 + 384 + 7 * 16);
+  // A bfloat16 checkpoint: 2 bytes per value of the matrices kept as bfloat16 — the output head
+  // (8192 x 384), per layer w_a (352 x 384), q_b (192 x 384) and o_proj (384 x 192), layer 0's
+  // dense MLP (3 x 1024 x 384), per MoE layer the shared and 2 routed experts (3 x 3 x 96 x 384):
+  // 8,908,800 values. Norms, kv_b, the router and the embedding row stay float32.
+  EXPECT_EQ((*model)->WeightBytesPerToken(), (9354112 + 384 + 7 * 16) * 4 - 8908800 * 2);
 }
 
 // Writes a copy of `src_dir` (config.json + model.safetensors) into a temp folder with the
