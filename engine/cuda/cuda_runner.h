@@ -177,6 +177,8 @@ class CudaRunner {
   bool SupportsInputEmbeddings() const;
   // Logits rows one Step may ask for: max(options().max_num_logits, options().max_num_seqs).
   int64_t max_num_logits() const;
+  // GEMM plans created so far (kernels::CublasLt::num_plans; Model::num_kernel_plans).
+  int64_t num_kernel_plans() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 

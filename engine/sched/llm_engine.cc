@@ -675,9 +675,13 @@ class LLMEngineImpl final : public LLMEngine {
     // A step that computed prompt tokens, and the step after it (a pipelined step reads its
     // predecessor, so that is where a pipelined prefill's time shows), count prefill time that
     // either regime pays alike: not observed, or a batch's arrival would decide the regime.
-    // Under prefill in every step, one step in kMeasureSteps + 1 is observed all the same.
+    // Nor is a step that created kernel plans (a new GEMM shape's one-off set-up, which the
+    // verify steps' many token counts meet for a while). Under prefill or new shapes in every
+    // step, one step in kMeasureSteps + 1 is observed all the same.
     const bool prefilled = counters_.num_prompt_tokens_computed != regime_last_prompt_tokens_;
-    const bool skip = (prefilled || regime_prefilled_before_) &&
+    const int64_t plans = model_->num_kernel_plans();
+    const bool cold = plans != regime_last_plans_;
+    const bool skip = (prefilled || regime_prefilled_before_ || cold) &&
                       regime_skipped_ < SpeculationRegime::kMeasureSteps;
     if (regime_last_step_.has_value() && regime_last_sequences_ > 0) {
       if (skip) {
@@ -691,12 +695,16 @@ class LLMEngineImpl final : public LLMEngine {
     }
     regime_prefilled_before_ = prefilled;
     regime_last_prompt_tokens_ = counters_.num_prompt_tokens_computed;
+    regime_last_plans_ = plans;
     regime_last_step_ = now;
     regime_last_tokens_ = counters_.num_generation_tokens;
-    int64_t decoding = 0;
+    int64_t decoding = 0, fresh = 0;
     for (const Sequence* seq : scheduler_.running()) {
       decoding += seq->num_computed_tokens >= seq->num_prompt_tokens() ? 1 : 0;
+      // Its prompt computed, its first sampled token not yet: it decodes from this step on.
+      fresh += seq->num_computed_tokens == seq->num_prompt_tokens() ? 1 : 0;
     }
+    regime_->NoteNewSequences(fresh, decoding);
     regime_last_sequences_ = decoding;
     if (regime_->Pipelined() && decoding > 0) ++counters_.num_spec_pipelined_steps;
   }
@@ -1687,7 +1695,8 @@ class LLMEngineImpl final : public LLMEngine {
   std::optional<double> regime_last_step_;  // seconds on the regime's clock
   int64_t regime_last_prompt_tokens_ = 0;
   bool regime_prefilled_before_ = false;  // the step before the last computed prompt tokens
-  int64_t regime_skipped_ = 0;            // steps not observed in a row (prefill)
+  int64_t regime_skipped_ = 0;            // steps not observed in a row (prefill, new shapes)
+  int64_t regime_last_plans_ = 0;         // Model::num_kernel_plans at the last Step()
   int64_t regime_last_tokens_ = 0;
   int64_t regime_last_sequences_ = 0;
   // Fair prefill: cost(q, c) of every synchronous step, for the scheduler's time budget.

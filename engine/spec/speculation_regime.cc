@@ -12,7 +12,18 @@ void SpeculationRegime::Start(bool pipelined, Phase phase) {
   phase_steps_ = 0;
   // A measurement starts afresh; the regime that runs on keeps its running rate.
   if (phase != Phase::kExploit) rate_[pipelined ? 1 : 0] = Rate{};
+  if (!pipelined) new_since_measured_ = 0;
   window_.clear();
+}
+
+void SpeculationRegime::NoteNewSequences(int64_t count, int64_t decoding) {
+  // Sequences that start while speculation runs are measured by it.
+  if (count <= 0 || !pipelined_) return;
+  new_since_measured_ += count;
+  if (phase_ == Phase::kExploit && 2 * new_since_measured_ >= decoding) {
+    retry_interval_ = kRetryInterval;
+    Start(false, Phase::kRetry);
+  }
 }
 
 SpeculationRegime::Rate SpeculationRegime::MeasuredRate() const {

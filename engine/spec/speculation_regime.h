@@ -63,6 +63,12 @@ class SpeculationRegime {
   // decode sequences. Steps without decode sequences are not observed. Then moves on: may
   // switch the regime of the next step.
   void Observe(double seconds, int64_t tokens, int64_t sequences);
+  // NoteNewSequences: `count` of the `decoding` decode sequences of the next step start
+  // decoding with it. Once half the decode batch has started in pipelined steps since
+  // speculation last ran, the pipelined regime retries speculation at once, its spacing back
+  // at kRetryInterval: what drafting gains depends on the text, and at batch 1 a new request's
+  // text alone decides.
+  void NoteNewSequences(int64_t count, int64_t decoding);
   // The measured rates (tokens per second per sequence; 0 before a measurement).
   double speculative_rate() const { return rate_[0].Value(); }
   double pipelined_rate() const { return rate_[1].Value(); }
@@ -89,6 +95,8 @@ class SpeculationRegime {
   int64_t phase_steps_ = 0;     // steps observed in this phase
   int64_t retry_interval_ = kRetryInterval;
   int64_t num_switches_ = 0;
+  int64_t new_since_measured_ = 0;  // sequences that started decoding in pipelined steps
+                                    // since speculation last ran
   Rate rate_[2];                // [speculative, pipelined]
   std::vector<Step> window_;    // the counted steps of the measurement in progress
 };

@@ -1060,6 +1060,11 @@ void CublasLt::set_autotune(int64_t max_m) {
   impl_->autotune_max_m = max_m;
 }
 
+int64_t CublasLt::num_plans() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<int64_t>(impl_->plans.size());
+}
+
 std::string CublasLt::DescribePlans() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<std::pair<PlanKey, const Plan*>> sorted;

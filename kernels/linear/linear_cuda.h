@@ -42,6 +42,9 @@ class CublasLt {
   // DescribePlans: one line per cached plan (shape, chosen kernel, cuBLASLt algo/tile/split-K,
   // tuned timings in microseconds), for benchmarks.
   std::string DescribePlans();
+  // num_plans: the plans created so far. A step that created one paid cuBLASLt's heuristic
+  // query for a new shape (a first-use cost that later steps of that shape do not pay).
+  int64_t num_plans();
   CublasLt& operator=(const CublasLt&) = delete;
 
   struct Impl;

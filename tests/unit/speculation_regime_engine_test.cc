@@ -45,9 +45,14 @@ struct VirtualTime {
 // tokens repeats with one slot (index 4) that differs every time — like Numbers 7's offerings,
 // where n-gram lookup proposes the formula right and the slot (the prince's name) wrong.
 constexpr int kFormula = 16;
-// Salts 0..7 (token 0 is 2 + salt).
+// Salts 0..7 (token 0 is 2 + salt); salts 8..15 are prose: no formula, so n-gram lookup's
+// proposals are mostly wrong.
 int32_t Script(int32_t salt, int64_t i) {
   if (i == 0) return 2 + salt;
+  if (salt >= 8) {
+    const uint32_t h = static_cast<uint32_t>(i * 40503 + salt) * 2654435761u;  // Knuth's hash
+    return static_cast<int32_t>(10 + (h >> 16) % 50);
+  }
   const int64_t j = (i - 1) % kFormula, rep = (i - 1) / kFormula;
   if (j == 4) return static_cast<int32_t>(30 + (rep * 7 + salt * 5) % 30);
   return static_cast<int32_t>(10 + j);
@@ -122,6 +127,8 @@ class QuoteModel final : public Model {
     return absl::OkStatus();
   }
   int NumUnreadSteps() const override { return static_cast<int>(unread_.size()); }
+  // Each new eager shape is a plan set up on first use (kFirstUseSeconds).
+  int64_t num_kernel_plans() const override { return static_cast<int64_t>(eager_shapes_.size()); }
   int async_steps() const { return async_steps_; }
 
  private:
@@ -201,8 +208,9 @@ struct QuoteRun {
 };
 
 // As spec_bench: an untimed warm-up round of the batch, then a timed one from the step after
-// which every request has its first token until all finish. `k` 0: no speculation.
-QuoteRun RunQuote(int batch, int max_tokens, int32_t k, VerifyMode mode) {
+// which every request has its first token until all finish. `k` 0: no speculation. `prose`:
+// the warm-up round's requests are prose (salts 8..15), not quotes.
+QuoteRun RunQuote(int batch, int max_tokens, int32_t k, VerifyMode mode, bool prose = false) {
   VirtualTime time;
   EngineOptions options;
   options.block_size = 16;
@@ -227,7 +235,7 @@ QuoteRun RunQuote(int batch, int max_tokens, int32_t k, VerifyMode mode) {
     return engine.Step();
   };
   for (int i = 0; i < batch; ++i) {
-    EXPECT_TRUE(engine.AddRequest(QuoteRequest("warm-" + std::to_string(i), (i + 1) % 8, 40, max_tokens)).ok());
+    EXPECT_TRUE(engine.AddRequest(QuoteRequest("warm-" + std::to_string(i), (i + 1) % 8 + (prose ? 8 : 0), 40, max_tokens)).ok());
   }
   while (engine.HasUnfinishedRequests()) step();
   for (int i = 0; i < batch; ++i) {
@@ -310,6 +318,22 @@ TEST(SpeculationRegimeEngineTest, LargerBatchesFallBackToPipelinedSteps) {
     EXPECT_GE(autov.rate(), 0.95 * plain.rate());
     EXPECT_GE(autov.rate(), std::min(1.05 * fixed.rate(), 0.95 * plain.rate()));
   }
+}
+
+// Batch 1: the warm-up request is prose, where drafting loses, so pipelined steps win there. The
+// next request quotes: speculation is retried as it starts decoding and runs (on the H100
+// before the retry, a 64-token quoting request after another request ran plain throughout).
+TEST(SpeculationRegimeEngineTest, NewRequestRetriesSpeculation) {
+  constexpr int kTokens = 64;
+  const QuoteRun plain = RunQuote(1, kTokens, 0, VerifyMode::kAuto, /*prose=*/true);
+  const QuoteRun fixed = RunQuote(1, kTokens, 5, VerifyMode::kFixed, /*prose=*/true);
+  const QuoteRun autov = RunQuote(1, kTokens, 5, VerifyMode::kAuto, /*prose=*/true);
+  Report("none", plain, plain);
+  Report("ngram:5", fixed, plain);
+  Report("ngram:auto", autov, plain);
+  ExpectQuoted(autov, 1, kTokens);
+  EXPECT_GT(autov.verifications, 0);
+  EXPECT_GE(autov.rate(), 0.85 * fixed.rate());
 }
 
 }  // namespace

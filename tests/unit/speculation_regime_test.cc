@@ -94,5 +94,29 @@ TEST(SpeculationRegimeTest, MeasurementLeavesOutOutlierSteps) {
   EXPECT_NEAR(regime.pipelined_rate(), 200.0, 1e-9);
 }
 
+// A new request at batch 1 (or half a batch of new sequences) while pipelined steps run: what
+// drafting gains for its text is unknown, so speculation is retried at once, its spacing reset.
+TEST(SpeculationRegimeTest, NewSequencesRetrySpeculationAtOnce) {
+  SpeculationRegime regime;
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.5, 2));  // 50 vs 200
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.5, 2));
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 0.5, 2));
+  EXPECT_FALSE(RunSteps(regime, 1 + SpeculationRegime::kMinRetrySteps, 0.5, 2));  // a retry
+  EXPECT_TRUE(RunSteps(regime, 1, 0.5, 2));  // abandoned: 4x behind, the next after 4 x 32 steps
+  EXPECT_TRUE(RunSteps(regime, 2 * SpeculationRegime::kRetryInterval, 0.5, 2));
+  // One new sequence of 4: not enough. A second: half the batch is new, speculation runs next.
+  regime.NoteNewSequences(1, 4);
+  EXPECT_TRUE(regime.Pipelined());
+  regime.NoteNewSequences(1, 4);
+  EXPECT_FALSE(regime.Pipelined());
+  EXPECT_TRUE(regime.Retrying());
+  // The new text drafts well (3 tokens a step): the retry wins and speculation stays.
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 2));
+  EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 3, 2));
+  // Sequences that start while speculation runs are measured by it: no retry is asked for.
+  regime.NoteNewSequences(4, 4);
+  EXPECT_FALSE(regime.Retrying());
+}
+
 }  // namespace
 }  // namespace sluice
