@@ -675,13 +675,13 @@ class LLMEngineImpl final : public LLMEngine {
     // A step that computed prompt tokens, and the step after it (a pipelined step reads its
     // predecessor, so that is where a pipelined prefill's time shows), count prefill time that
     // either regime pays alike: not observed, or a batch's arrival would decide the regime.
-    // Nor is a step that created kernel plans (a new GEMM shape's one-off set-up, which the
-    // verify steps' many token counts meet for a while). Under prefill or new shapes in every
-    // step, one step in kMeasureSteps + 1 is observed all the same.
+    // Under prefill in every step, one step in kMeasureSteps + 1 is observed all the same. A
+    // step that created kernel plans (a new GEMM shape's one-off set-up, which verify steps'
+    // many token counts meet for a while) is observed as cold.
     const bool prefilled = counters_.num_prompt_tokens_computed != regime_last_prompt_tokens_;
     const int64_t plans = model_->num_kernel_plans();
     const bool cold = plans != regime_last_plans_;
-    const bool skip = (prefilled || regime_prefilled_before_ || cold) &&
+    const bool skip = (prefilled || regime_prefilled_before_) &&
                       regime_skipped_ < SpeculationRegime::kMeasureSteps;
     if (regime_last_step_.has_value() && regime_last_sequences_ > 0) {
       if (skip) {
@@ -690,7 +690,7 @@ class LLMEngineImpl final : public LLMEngine {
         regime_skipped_ = 0;
         regime_->Observe(now - *regime_last_step_,
                          counters_.num_generation_tokens - regime_last_tokens_,
-                         regime_last_sequences_);
+                         regime_last_sequences_, cold);
       }
     }
     regime_prefilled_before_ = prefilled;
@@ -739,10 +739,11 @@ class LLMEngineImpl final : public LLMEngine {
     Drafter& drafter = *options_.speculative.drafter;
     bool probe_only = false;
     ConfidenceScheduler::Baseline baseline = ConfidenceScheduler::Baseline::kSynchronous;
-    // Beside SpeculationRegime: speculation's first measurement drafts in full; a retry runs
-    // the scheduler's own plan (no drafts when they do not pay: a cheap retry); speculation that
-    // won runs at least one draft (no drafts at all is the pipelined regime).
-    if (regime_.has_value() && regime_->FirstMeasurement()) {
+    // Beside SpeculationRegime: speculation's first measurement and a retry for new sequences
+    // draft in full; another retry runs the scheduler's own plan (no drafts when they do not
+    // pay: a cheap retry); speculation that won runs at least one draft (no drafts at all is the
+    // pipelined regime).
+    if (regime_.has_value() && regime_->DraftsInFull()) {
       baseline = ConfidenceScheduler::Baseline::kMeasuring;
     } else if (regime_.has_value() && !regime_->Retrying()) {
       baseline = ConfidenceScheduler::Baseline::kPipelined;
@@ -1695,7 +1696,7 @@ class LLMEngineImpl final : public LLMEngine {
   std::optional<double> regime_last_step_;  // seconds on the regime's clock
   int64_t regime_last_prompt_tokens_ = 0;
   bool regime_prefilled_before_ = false;  // the step before the last computed prompt tokens
-  int64_t regime_skipped_ = 0;            // steps not observed in a row (prefill, new shapes)
+  int64_t regime_skipped_ = 0;            // steps not observed in a row (prefill)
   int64_t regime_last_plans_ = 0;         // Model::num_kernel_plans at the last Step()
   int64_t regime_last_tokens_ = 0;
   int64_t regime_last_sequences_ = 0;

@@ -9,6 +9,7 @@ void SpeculationRegime::Start(bool pipelined, Phase phase) {
   if (pipelined != pipelined_) ++num_switches_;
   pipelined_ = pipelined;
   phase_ = phase;
+  full_retry_ = false;
   phase_steps_ = 0;
   // A measurement starts afresh; the regime that runs on keeps its running rate.
   if (phase != Phase::kExploit) rate_[pipelined ? 1 : 0] = Rate{};
@@ -20,38 +21,49 @@ void SpeculationRegime::NoteNewSequences(int64_t count, int64_t decoding) {
   // Sequences that start while speculation runs are measured by it.
   if (count <= 0 || !pipelined_) return;
   new_since_measured_ += count;
-  if (phase_ == Phase::kExploit && 2 * new_since_measured_ >= decoding) {
+  if (phase_ == Phase::kExploit && decoding <= kTurnoverMaxSequences &&
+      2 * new_since_measured_ >= decoding &&
+      rate_[0].Value() >= kTurnoverRetryRatio * rate_[1].Value()) {
     retry_interval_ = kRetryInterval;
     Start(false, Phase::kRetry);
+    full_retry_ = true;
   }
 }
 
 SpeculationRegime::Rate SpeculationRegime::MeasuredRate() const {
+  const bool any_warm =
+      std::any_of(window_.begin(), window_.end(), [](const Step& s) { return !s.cold; });
   std::vector<double> seconds;
-  for (const Step& s : window_) seconds.push_back(s.seconds);
+  for (const Step& s : window_) {
+    if (!any_warm || !s.cold) seconds.push_back(s.seconds);
+  }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   const double limit = kOutlierFactor * seconds[seconds.size() / 2];
   Rate rate;
   for (const Step& s : window_) {
-    if (s.seconds > limit) continue;
+    if ((any_warm && s.cold) || s.seconds > limit) continue;
     rate.tokens += s.tokens;
     rate.sequence_seconds += s.seconds * s.sequences;
   }
   return rate;
 }
 
-void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences) {
+void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences, bool cold) {
   if (sequences <= 0 || !(seconds > 0.0)) return;
   Rate& rate = rate_[pipelined_ ? 1 : 0];
   ++phase_steps_;
   if (phase_ == Phase::kExploit) {
-    rate.tokens = kDecay * rate.tokens + static_cast<double>(tokens);
-    rate.sequence_seconds = kDecay * rate.sequence_seconds + seconds * static_cast<double>(sequences);
+    if (!cold) {
+      rate.tokens = kDecay * rate.tokens + static_cast<double>(tokens);
+      rate.sequence_seconds =
+          kDecay * rate.sequence_seconds + seconds * static_cast<double>(sequences);
+    }
     if (phase_steps_ >= retry_interval_) Start(!pipelined_, Phase::kRetry);
     return;
   }
   if (phase_steps_ > 1) {  // the first step of a measurement may be the switch itself
-    window_.push_back(Step{seconds, static_cast<double>(tokens), static_cast<double>(sequences)});
+    window_.push_back(
+        Step{seconds, static_cast<double>(tokens), static_cast<double>(sequences), cold});
     rate = MeasuredRate();
   }
   const double retried = rate_[pipelined_ ? 1 : 0].Value();

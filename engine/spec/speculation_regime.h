@@ -10,7 +10,7 @@
 // overhead is most of a synchronous step). So each regime's realized rate is measured — tokens
 // emitted per second of engine time per running sequence, over the steps it ran — and the better
 // one runs. The two share the work (ConfidenceScheduler::Baseline):
-//   * in speculation's first measurement (FirstMeasurement()) every sequence drafts and
+//   * in speculation's first measurement (DraftsInFull()) every sequence drafts and
 //     verifies in full, so the window measures speculation itself — not synchronous plain steps
 //     that the pessimistic priors or a cost fit thrown off by a few slow first steps would plan
 //     — and calibrates acceptance at every depth;
@@ -44,30 +44,45 @@ class SpeculationRegime {
   static constexpr int64_t kMaxRetryInterval = 1024;
   static constexpr int64_t kMinRetrySteps = 2;
   static constexpr double kAbandonRatio = 0.5;
+  // NoteNewSequences retries for new texts only in batches of at most kTurnoverMaxSequences
+  // (a larger batch's gain averages over many texts, and drafting it in full costs more), and
+  // only while speculation's last rate was at least kTurnoverRetryRatio of the pipelined one
+  // (at batch 1 a quoting text drafts ~1.8x the plain rate and prose ~0.75x).
+  static constexpr int64_t kTurnoverMaxSequences = 4;
+  static constexpr double kTurnoverRetryRatio = 0.4;
   // Weight of the older steps in the running regime's rate, per step.
   static constexpr double kDecay = 0.9;
-  // A measurement leaves out its steps slower than kOutlierFactor × its median step: one-off
-  // costs (a GPU kernel shape's first use: module loading, library heuristics) would otherwise
-  // decide a regime from one step of eight.
+  // A measurement leaves out its steps slower than kOutlierFactor × its median step, and its
+  // cold steps (below) while it has others: one-off costs (a GPU kernel shape's first use:
+  // module loading, library heuristics) would otherwise decide a regime from one step of eight.
   static constexpr double kOutlierFactor = 4.0;
 
   // Pipelined: the next step runs plain and pipelined (else speculative).
   bool Pipelined() const { return pipelined_; }
-  // FirstMeasurement: the next step is one of speculation's first measurement; the confidence
-  // scheduler then drafts and verifies in full (ConfidenceScheduler::Baseline::kMeasuring).
-  bool FirstMeasurement() const { return !pipelined_ && phase_ == Phase::kFirst; }
+  // DraftsInFull: the next step is one of speculation's first measurement, or of a retry for
+  // new sequences (NoteNewSequences); the confidence scheduler then drafts and verifies in full
+  // (ConfidenceScheduler::Baseline::kMeasuring): a new text's acceptance is not calibrated yet.
+  bool DraftsInFull() const {
+    return !pipelined_ && (phase_ == Phase::kFirst || (phase_ == Phase::kRetry && full_retry_));
+  }
   // Retrying: the next step is one of a later measurement of the regime not running.
   bool Retrying() const { return phase_ == Phase::kRetry; }
   // Observe: the step just run (in the regime Pipelined() said) took `seconds` of engine time,
   // from its start to the next step's, and emitted `tokens` tokens for `sequences` running
   // decode sequences. Steps without decode sequences are not observed. Then moves on: may
   // switch the regime of the next step.
-  void Observe(double seconds, int64_t tokens, int64_t sequences);
+  // `cold`: the step set up kernels for a new shape (Model::num_kernel_plans grew). It counts
+  // towards the measurement's length, so an always-cold regime (a CPU draft model's verify
+  // steps at batch 64 meet a new token count nearly every step) is still measured in
+  // kMeasureSteps steps, but its rate comes from the warm steps when there are any.
+  void Observe(double seconds, int64_t tokens, int64_t sequences, bool cold = false);
   // NoteNewSequences: `count` of the `decoding` decode sequences of the next step start
   // decoding with it. Once half the decode batch has started in pipelined steps since
-  // speculation last ran, the pipelined regime retries speculation at once, its spacing back
-  // at kRetryInterval: what drafting gains depends on the text, and at batch 1 a new request's
-  // text alone decides.
+  // speculation last ran, the pipelined regime retries speculation at once, drafting in full,
+  // its spacing back at kRetryInterval: what drafting gains depends on the text, and at batch 1
+  // a new request's text alone decides. Not for batches over kTurnoverMaxSequences, nor when
+  // speculation's last rate was below kTurnoverRetryRatio of the pipelined one: no text makes
+  // up for that (a CPU draft model's verify steps beside a GPU target: 0.05x at batch 64).
   void NoteNewSequences(int64_t count, int64_t decoding);
   // The measured rates (tokens per second per sequence; 0 before a measurement).
   double speculative_rate() const { return rate_[0].Value(); }
@@ -85,9 +100,11 @@ class SpeculationRegime {
     double seconds = 0.0;
     double tokens = 0.0;
     double sequences = 0.0;
+    bool cold = false;
   };
   void Start(bool pipelined, Phase phase);
-  // The rate of the measurement's steps, those slower than kOutlierFactor × the median left out.
+  // The rate of the measurement's warm steps (all of them when none is warm), those slower
+  // than kOutlierFactor × their median left out.
   Rate MeasuredRate() const;
 
   bool pipelined_ = false;      // speculative first: it also calibrates the drafter
@@ -95,6 +112,7 @@ class SpeculationRegime {
   int64_t phase_steps_ = 0;     // steps observed in this phase
   int64_t retry_interval_ = kRetryInterval;
   int64_t num_switches_ = 0;
+  bool full_retry_ = false;         // this retry drafts in full (new sequences)
   int64_t new_since_measured_ = 0;  // sequences that started decoding in pipelined steps
                                     // since speculation last ran
   Rate rate_[2];                // [speculative, pipelined]

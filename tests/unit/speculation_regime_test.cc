@@ -98,24 +98,64 @@ TEST(SpeculationRegimeTest, MeasurementLeavesOutOutlierSteps) {
 // drafting gains for its text is unknown, so speculation is retried at once, its spacing reset.
 TEST(SpeculationRegimeTest, NewSequencesRetrySpeculationAtOnce) {
   SpeculationRegime regime;
-  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.5, 2));  // 50 vs 200
-  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.5, 2));
-  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 0.5, 2));
-  EXPECT_FALSE(RunSteps(regime, 1 + SpeculationRegime::kMinRetrySteps, 0.5, 2));  // a retry
-  EXPECT_TRUE(RunSteps(regime, 1, 0.5, 2));  // abandoned: 4x behind, the next after 4 x 32 steps
-  EXPECT_TRUE(RunSteps(regime, 2 * SpeculationRegime::kRetryInterval, 0.5, 2));
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 1, 2.25));  // 100 vs 225
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 1, 2.25));
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 1, 2.25));
+  EXPECT_FALSE(RunSteps(regime, 1 + SpeculationRegime::kMinRetrySteps, 1, 2.25));  // a retry
+  EXPECT_TRUE(RunSteps(regime, 1, 1, 2.25));  // abandoned: over 2x behind, the next after 64+
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval, 1, 2.25));
   // One new sequence of 4: not enough. A second: half the batch is new, speculation runs next.
   regime.NoteNewSequences(1, 4);
   EXPECT_TRUE(regime.Pipelined());
   regime.NoteNewSequences(1, 4);
   EXPECT_FALSE(regime.Pipelined());
   EXPECT_TRUE(regime.Retrying());
+  EXPECT_TRUE(regime.DraftsInFull());  // a new text: acceptance not calibrated yet
   // The new text drafts well (3 tokens a step): the retry wins and speculation stays.
   EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 3, 2));
   EXPECT_FALSE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 3, 2));
   // Sequences that start while speculation runs are measured by it: no retry is asked for.
   regime.NoteNewSequences(4, 4);
   EXPECT_FALSE(regime.Retrying());
+}
+
+// Speculation far behind (a CPU draft model's verify steps beside a GPU target), or a batch over
+// kTurnoverMaxSequences: new sequences do not bring a retry; the spaced retries still come.
+TEST(SpeculationRegimeTest, NewSequencesDoNotRetrySpeculationFarBehind) {
+  SpeculationRegime regime;
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.1, 2));  // 10 vs 200
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kMeasureSteps, 0.1, 2));
+  regime.NoteNewSequences(4, 4);
+  EXPECT_TRUE(regime.Pipelined());
+  EXPECT_TRUE(RunSteps(regime, SpeculationRegime::kRetryInterval - 1, 0.1, 2));
+  EXPECT_FALSE(RunSteps(regime, 1, 0.1, 2));
+  EXPECT_FALSE(regime.DraftsInFull());  // a spaced retry runs the scheduler's own plan
+  SpeculationRegime wide;
+  EXPECT_TRUE(RunSteps(wide, SpeculationRegime::kMeasureSteps, 1, 2.25));
+  EXPECT_TRUE(RunSteps(wide, SpeculationRegime::kMeasureSteps, 1, 2.25));
+  wide.NoteNewSequences(8, 8);
+  EXPECT_TRUE(wide.Pipelined());
+}
+
+// Cold steps (a new kernel shape's set-up) count towards a measurement's length but not its rate
+// while it has warm steps; a measurement of nothing but cold steps is priced by them.
+TEST(SpeculationRegimeTest, ColdStepsCountButArePricedOnlyWhenAllAreCold) {
+  SpeculationRegime regime;
+  regime.Observe(0.01, 12, 4);              // the first step: not counted
+  regime.Observe(0.08, 12, 4, /*cold=*/true);
+  regime.Observe(0.08, 12, 4, /*cold=*/true);
+  regime.Observe(0.08, 12, 4, /*cold=*/true);
+  regime.Observe(0.08, 12, 4, /*cold=*/true);  // a majority of slow steps: no outliers by median
+  for (int64_t i = 5; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.01, 12, 4);
+  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);  // the three warm steps
+  EXPECT_TRUE(regime.Pipelined());                       // measured in kMeasureSteps steps
+  // Pipelined steps all cold: their rate is theirs (2 tokens in 0.04 s: 50).
+  for (int64_t i = 0; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.04, 8, 4, true);
+  EXPECT_NEAR(regime.pipelined_rate(), 50.0, 1e-9);
+  EXPECT_FALSE(regime.Pipelined());
+  // In the running regime, cold steps leave its rate alone.
+  regime.Observe(1.0, 4, 4, /*cold=*/true);
+  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);
 }
 
 }  // namespace
