@@ -62,7 +62,7 @@ class CudaModel : public Model {
   // Steps with more logits rows are refused (RunnerCore::Validate); the engine's scheduler
   // sizes its steps to this.
   int64_t max_num_logits() const override { return runner_->max_num_logits(); }
-  int64_t num_kernel_plans() const override { return runner_->num_kernel_plans(); }
+  double kernel_setup_seconds() const override { return runner_->kernel_setup_seconds(); }
 
   // The runner's step already ends in a device argmax; only the log-softmax of the chosen
   // tokens is added, so [rows] ids and floats cross to the host instead of [rows, vocab].

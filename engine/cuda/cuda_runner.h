@@ -177,8 +177,9 @@ class CudaRunner {
   bool SupportsInputEmbeddings() const;
   // Logits rows one Step may ask for: max(options().max_num_logits, options().max_num_seqs).
   int64_t max_num_logits() const;
-  // GEMM plans created so far (kernels::CublasLt::num_plans; Model::num_kernel_plans).
-  int64_t num_kernel_plans() const;
+  // Host seconds spent setting up GEMM plans so far (kernels::CublasLt::setup_seconds;
+  // Model::kernel_setup_seconds).
+  double kernel_setup_seconds() const;
   // The cache layout the plan's slots refer to (engine/model/model.h), for CudaModel.
   KvCacheSpec kv_cache_spec() const;
 

@@ -1255,8 +1255,8 @@ bool CudaRunner::SupportsSwaReplay() const { return core_->SupportsSwaReplay(); 
 bool CudaRunner::SupportsInputEmbeddings() const { return core_->SupportsInputEmbeddings(); }
 int64_t CudaRunner::max_num_logits() const { return core_->max_logits; }
 
-int64_t CudaRunner::num_kernel_plans() const {
-  return core_->lt != nullptr ? core_->lt->num_plans() : 0;
+double CudaRunner::kernel_setup_seconds() const {
+  return core_->lt != nullptr ? core_->lt->setup_seconds() : 0.0;
 }
 KvCacheSpec CudaRunner::kv_cache_spec() const { return core_->CacheSpec(); }
 absl::Status CudaRunner::AllocateKvCache(int64_t num_blocks) {

@@ -372,10 +372,11 @@ class Model {
   // max_num_logits, at least max_num_seqs). The engine's scheduler keeps every step within it
   // (EngineOptions::max_num_logits). 0: no limit (the CPU models).
   virtual int64_t max_num_logits() const { return 0; }
-  // Kernel plans (e.g. cuBLASLt GEMM plans per shape) the backend has created so far; it grows
-  // on a step that met a new shape and paid its one-off set-up. The engine leaves such steps out
-  // of its speculation measurements (engine/spec/speculation_regime.h). 0: no such costs.
-  virtual int64_t num_kernel_plans() const { return 0; }
+  // Host seconds the backend has spent so far setting up kernels for shapes met the first time
+  // (the CUDA runner's cuBLASLt plans: heuristic query and first launch, which loads the
+  // kernel's module). One-off costs: the engine nets them out of the step times its
+  // speculation measurements price (engine/spec/speculation_regime.h). 0: no such costs.
+  virtual double kernel_setup_seconds() const { return 0.0; }
 
   // --- Multi-token prediction (DeepSeek-V3 report, arXiv:2412.19437 §2.2; engine/spec's
   // MtpDrafter) ---

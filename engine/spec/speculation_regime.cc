@@ -31,39 +31,31 @@ void SpeculationRegime::NoteNewSequences(int64_t count, int64_t decoding) {
 }
 
 SpeculationRegime::Rate SpeculationRegime::MeasuredRate() const {
-  const bool any_warm =
-      std::any_of(window_.begin(), window_.end(), [](const Step& s) { return !s.cold; });
   std::vector<double> seconds;
-  for (const Step& s : window_) {
-    if (!any_warm || !s.cold) seconds.push_back(s.seconds);
-  }
+  for (const Step& s : window_) seconds.push_back(s.seconds);
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   const double limit = kOutlierFactor * seconds[seconds.size() / 2];
   Rate rate;
   for (const Step& s : window_) {
-    if ((any_warm && s.cold) || s.seconds > limit) continue;
+    if (s.seconds > limit) continue;
     rate.tokens += s.tokens;
     rate.sequence_seconds += s.seconds * s.sequences;
   }
   return rate;
 }
 
-void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences, bool cold) {
+void SpeculationRegime::Observe(double seconds, int64_t tokens, int64_t sequences) {
   if (sequences <= 0 || !(seconds > 0.0)) return;
   Rate& rate = rate_[pipelined_ ? 1 : 0];
   ++phase_steps_;
   if (phase_ == Phase::kExploit) {
-    if (!cold) {
-      rate.tokens = kDecay * rate.tokens + static_cast<double>(tokens);
-      rate.sequence_seconds =
-          kDecay * rate.sequence_seconds + seconds * static_cast<double>(sequences);
-    }
+    rate.tokens = kDecay * rate.tokens + static_cast<double>(tokens);
+    rate.sequence_seconds = kDecay * rate.sequence_seconds + seconds * static_cast<double>(sequences);
     if (phase_steps_ >= retry_interval_) Start(!pipelined_, Phase::kRetry);
     return;
   }
   if (phase_steps_ > 1) {  // the first step of a measurement may be the switch itself
-    window_.push_back(
-        Step{seconds, static_cast<double>(tokens), static_cast<double>(sequences), cold});
+    window_.push_back(Step{seconds, static_cast<double>(tokens), static_cast<double>(sequences)});
     rate = MeasuredRate();
   }
   const double retried = rate_[pipelined_ ? 1 : 0].Value();

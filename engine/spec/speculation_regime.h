@@ -52,9 +52,9 @@ class SpeculationRegime {
   static constexpr double kTurnoverRetryRatio = 0.4;
   // Weight of the older steps in the running regime's rate, per step.
   static constexpr double kDecay = 0.9;
-  // A measurement leaves out its steps slower than kOutlierFactor × its median step, and its
-  // cold steps (below) while it has others: one-off costs (a GPU kernel shape's first use:
-  // module loading, library heuristics) would otherwise decide a regime from one step of eight.
+  // A measurement leaves out its steps slower than kOutlierFactor × its median step: one-off
+  // costs the engine could not net out (Model::kernel_setup_seconds) would otherwise decide a
+  // regime from one step of eight.
   static constexpr double kOutlierFactor = 4.0;
 
   // Pipelined: the next step runs plain and pipelined (else speculative).
@@ -71,11 +71,7 @@ class SpeculationRegime {
   // from its start to the next step's, and emitted `tokens` tokens for `sequences` running
   // decode sequences. Steps without decode sequences are not observed. Then moves on: may
   // switch the regime of the next step.
-  // `cold`: the step set up kernels for a new shape (Model::num_kernel_plans grew). It counts
-  // towards the measurement's length, so an always-cold regime (a CPU draft model's verify
-  // steps at batch 64 meet a new token count nearly every step) is still measured in
-  // kMeasureSteps steps, but its rate comes from the warm steps when there are any.
-  void Observe(double seconds, int64_t tokens, int64_t sequences, bool cold = false);
+  void Observe(double seconds, int64_t tokens, int64_t sequences);
   // NoteNewSequences: `count` of the `decoding` decode sequences of the next step start
   // decoding with it. Once half the decode batch has started in pipelined steps since
   // speculation last ran, the pipelined regime retries speculation at once, drafting in full,
@@ -100,11 +96,9 @@ class SpeculationRegime {
     double seconds = 0.0;
     double tokens = 0.0;
     double sequences = 0.0;
-    bool cold = false;
   };
   void Start(bool pipelined, Phase phase);
-  // The rate of the measurement's warm steps (all of them when none is warm), those slower
-  // than kOutlierFactor × their median left out.
+  // The rate of the measurement's steps, those slower than kOutlierFactor × the median left out.
   Rate MeasuredRate() const;
 
   bool pipelined_ = false;      // speculative first: it also calibrates the drafter

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -580,6 +581,7 @@ struct CublasLt::Impl {
   DeviceBuffer<uint8_t> flush;  // Tune's L2 flush buffer (allocated on first use)
   std::mutex mu;
   absl::flat_hash_map<PlanKey, std::unique_ptr<Plan>> plans;
+  double setup_seconds = 0.0;  // host time of the calls that created a plan
   int64_t autotune_max_m = 0;  // plans with m <= this are tuned
   LinearOptions options;
   std::unique_ptr<gemm_search::SplitResources> split_res;  // two-stream splits' side stream
@@ -958,6 +960,7 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
                : BatchInvariantLinearCuda(x, w, bias, y, m, n, k, false, stream, ctas);
   }
   std::lock_guard<std::mutex> lock(impl.mu);
+  const auto started = std::chrono::steady_clock::now();
   const PlanKey key{m,
                     n,
                     k,
@@ -966,6 +969,18 @@ absl::Status RunLinear(CublasLt::Impl& impl, const bf16* x, const bf16* w, const
                     Alignment(w),
                     Alignment(y),
                     bias != nullptr ? Alignment(bias) : 256u};
+  // A call that creates the plan counts its whole host time as set-up (SetupTimer below).
+  struct SetupTimer {
+    CublasLt::Impl& impl;
+    bool on;
+    std::chrono::steady_clock::time_point started;
+    ~SetupTimer() {
+      if (on) {
+        impl.setup_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      }
+    }
+  } setup_timer{impl, impl.plans.find(key) == impl.plans.end(), started};
   auto plan = impl.GetPlan(key);
   if (!plan.ok()) return plan.status();
   Plan& p = **plan;
@@ -1060,9 +1075,9 @@ void CublasLt::set_autotune(int64_t max_m) {
   impl_->autotune_max_m = max_m;
 }
 
-int64_t CublasLt::num_plans() {
+double CublasLt::setup_seconds() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return static_cast<int64_t>(impl_->plans.size());
+  return impl_->setup_seconds;
 }
 
 std::string CublasLt::DescribePlans() {

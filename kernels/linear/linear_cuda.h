@@ -42,9 +42,10 @@ class CublasLt {
   // DescribePlans: one line per cached plan (shape, chosen kernel, cuBLASLt algo/tile/split-K,
   // tuned timings in microseconds), for benchmarks.
   std::string DescribePlans();
-  // num_plans: the plans created so far. A step that created one paid cuBLASLt's heuristic
-  // query for a new shape (a first-use cost that later steps of that shape do not pay).
-  int64_t num_plans();
+  // setup_seconds: host seconds spent so far in calls that created a plan (a shape met the
+  // first time: cuBLASLt's heuristic query, tuning if on, and the first launch, which loads the
+  // kernel's module): one-off costs that later calls of the shape do not pay.
+  double setup_seconds();
   CublasLt& operator=(const CublasLt&) = delete;
 
   struct Impl;

@@ -127,8 +127,10 @@ class QuoteModel final : public Model {
     return absl::OkStatus();
   }
   int NumUnreadSteps() const override { return static_cast<int>(unread_.size()); }
-  // Each new eager shape is a plan set up on first use (kFirstUseSeconds).
-  int64_t num_kernel_plans() const override { return static_cast<int64_t>(eager_shapes_.size()); }
+  // The first use of each eager shape is kernel set-up (kFirstUseSeconds), reported as such.
+  double kernel_setup_seconds() const override {
+    return kFirstUseSeconds * static_cast<double>(eager_shapes_.size());
+  }
   int async_steps() const { return async_steps_; }
 
  private:

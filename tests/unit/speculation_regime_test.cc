@@ -137,26 +137,5 @@ TEST(SpeculationRegimeTest, NewSequencesDoNotRetrySpeculationFarBehind) {
   EXPECT_TRUE(wide.Pipelined());
 }
 
-// Cold steps (a new kernel shape's set-up) count towards a measurement's length but not its rate
-// while it has warm steps; a measurement of nothing but cold steps is priced by them.
-TEST(SpeculationRegimeTest, ColdStepsCountButArePricedOnlyWhenAllAreCold) {
-  SpeculationRegime regime;
-  regime.Observe(0.01, 12, 4);              // the first step: not counted
-  regime.Observe(0.08, 12, 4, /*cold=*/true);
-  regime.Observe(0.08, 12, 4, /*cold=*/true);
-  regime.Observe(0.08, 12, 4, /*cold=*/true);
-  regime.Observe(0.08, 12, 4, /*cold=*/true);  // a majority of slow steps: no outliers by median
-  for (int64_t i = 5; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.01, 12, 4);
-  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);  // the three warm steps
-  EXPECT_TRUE(regime.Pipelined());                       // measured in kMeasureSteps steps
-  // Pipelined steps all cold: their rate is theirs (2 tokens in 0.04 s: 50).
-  for (int64_t i = 0; i < SpeculationRegime::kMeasureSteps; ++i) regime.Observe(0.04, 8, 4, true);
-  EXPECT_NEAR(regime.pipelined_rate(), 50.0, 1e-9);
-  EXPECT_FALSE(regime.Pipelined());
-  // In the running regime, cold steps leave its rate alone.
-  regime.Observe(1.0, 4, 4, /*cold=*/true);
-  EXPECT_NEAR(regime.speculative_rate(), 300.0, 1e-9);
-}
-
 }  // namespace
 }  // namespace sluice
