@@ -724,8 +724,9 @@ class LLMEngineImpl final : public LLMEngine {
     std::vector<int32_t> room;
     for (Sequence* seq : scheduler_.running()) {
       seq->draft.Clear();
-      // Structured-output rows are not drafted: VerifyRow does not apply the grammar mask.
-      if (seq->finish_pending || seq->request.hold_kv_blocks || seq->matcher != nullptr ||
+      // Structured-output rows draft too: their drafts are checked against the grammar when
+      // verified (VerifyDrafts masks each row with the grammar's state before it).
+      if (seq->finish_pending || seq->request.hold_kv_blocks ||
           seq->num_computed_tokens != seq->num_tokens() - 1) {
         continue;
       }
@@ -793,7 +794,10 @@ class LLMEngineImpl final : public LLMEngine {
   // rows starting at `row` (or its greedy tokens on the device): tokens are taken row by row
   // while the drafts are accepted, each through SampleToken's processing with the tokens before
   // it as context, until a rejection (whose row gives the corrected token), the bonus row, or a
-  // finish (EOS, stop id, length). Returns the next sequence's first row.
+  // finish (EOS, stop id, length). A structured-output row's logits are masked with its
+  // grammar's state after the tokens before it (the matcher takes each token as it is kept), so
+  // a draft the grammar refuses has probability 0 there: rejected, and the corrected token is
+  // drawn from the masked distribution. Returns the next sequence's first row.
   size_t VerifyDrafts(const ScheduledSequence& s, bool device_greedy, size_t row,
                       std::vector<RequestOutput>& outputs, std::vector<std::string>& finished) {
     Sequence& seq = *s.seq;
@@ -817,11 +821,19 @@ class LLMEngineImpl final : public LLMEngine {
         v.token.logprob = greedy_[row + i].logprob;
         v.accepted = offered.has_value() && v.token.token_id == offered->token_id;
       } else {
-        v = VerifyRow(absl::Span<float>(logits_.data() + (row + i) * vocab, vocab),
-                      seq.request.sampling, Context(seq), offered, seq.NextDrawKey(),
+        const absl::Span<float> logits(logits_.data() + (row + i) * vocab, vocab);
+        if (seq.matcher != nullptr) {
+          if (!seq.grammar_bitmask_current) {
+            seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+            seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+          }
+          grammar::ApplyTokenBitmask(seq.grammar_bitmask, logits);
+        }
+        v = VerifyRow(logits, seq.request.sampling, Context(seq), offered, seq.NextDrawKey(),
                       *rejection_rule_);
       }
       seq.AppendToken(v.token.token_id);
+      if (seq.matcher != nullptr) AdvanceGrammar(seq, v.token.token_id);
       tokens.push_back(std::move(v.token));
       if (v.accepted) ++accepted;
       if (offered.has_value() && !v.accepted) rejected = true;
@@ -835,6 +847,7 @@ class LLMEngineImpl final : public LLMEngine {
     AdvanceComputed(seq, s.num_new_tokens - num_drafts + accepted);
     scheduler_.CommitBlocks(seq);
     WriteThrough(seq);
+    JumpForward(seq, tokens);
     EmitTokens(seq, std::move(tokens), outputs, finished);
     return row + num_drafts + 1;
   }

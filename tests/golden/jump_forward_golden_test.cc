@@ -1,7 +1,10 @@
 // Jump-forward decoding (EngineOptions::grammar_jump_forward) on the embedded sluice-mini-moe
 // with its real tokenizer: JSON-schema requests give exactly the tokens (so the text) of the
 // step-by-step constrained run, greedy and sampled with a seed, batched; the forced tokens are
-// counted (EngineCounters::num_jump_forward_tokens) and each one saves a model step.
+// counted (EngineCounters::num_jump_forward_tokens) and each one saves a model step. With
+// speculative decoding (sluice-mini-draft drafting), structured-output rows draft and their
+// drafts are checked against the grammar when verified: greedy output equals the output without
+// speculation, and sampled output still follows the grammar.
 #include <map>
 #include <memory>
 #include <string>
@@ -10,8 +13,10 @@
 #include <gtest/gtest.h>
 
 #include "engine/grammar/grammar_compiler.h"
+#include "engine/grammar/grammar_matcher.h"
 #include "engine/model/model.h"
 #include "engine/sched/llm_engine.h"
+#include "engine/spec/draft_model_drafter.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/util/test_paths.h"
 
@@ -73,13 +78,19 @@ class JumpForwardTest : public ::testing::Test {
     return out;
   }
 
-  static EngineRun RunEngine(bool jump_forward, std::vector<EngineRequest> requests) {
+  static EngineRun RunEngine(bool jump_forward, std::vector<EngineRequest> requests,
+                             std::shared_ptr<Drafter> drafter = nullptr) {
     auto model = LoadModel(testing::EmbeddedModelDir());
     EXPECT_TRUE(model.ok()) << model.status();
     EngineOptions options;
     options.block_size = 16;
     options.num_kv_blocks = 128;
     options.grammar_jump_forward = jump_forward;
+    if (drafter != nullptr) {
+      options.speculative.drafter = std::move(drafter);
+      options.speculative.verify = VerifyMode::kFixed;
+      options.speculative.num_speculative_tokens = 4;
+    }
     auto engine = LLMEngine::Create(std::move(*model), options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     EngineRun run;
@@ -132,6 +143,52 @@ TEST_F(JumpForwardTest, EachForcedTokenSavesAStep) {
   EXPECT_EQ(jumped.tokens.at("r0"), steps.tokens.at("r0"));
   EXPECT_EQ(jumped.counters.num_steps + jumped.counters.num_jump_forward_tokens,
             steps.counters.num_steps);
+}
+
+std::shared_ptr<Drafter> DraftModel() {
+  DraftModelOptions options;
+  options.block_size = 16;
+  options.num_kv_blocks = 128;
+  options.model_id = "sluice-mini-draft";
+  auto model = LoadModel(testing::SharedModelDir("sluice-mini-draft"));
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  auto drafter = DraftModelDrafter::Create(std::move(*model), options);
+  EXPECT_TRUE(drafter.ok()) << drafter.status();
+  return drafter.ok() ? std::shared_ptr<Drafter>(std::move(*drafter)) : nullptr;
+}
+
+TEST_F(JumpForwardTest, SpeculationChecksDraftsAgainstTheGrammar) {
+  for (float temperature : {0.0f, 1.0f}) {
+    SCOPED_TRACE(::testing::Message() << "temperature " << temperature);
+    const EngineRun plain = RunEngine(true, Requests(temperature));
+    const EngineRun spec = RunEngine(true, Requests(temperature), DraftModel());
+    EXPECT_GT(spec.counters.num_spec_verifications, 0);
+    EXPECT_GT(spec.counters.num_spec_accepted_tokens, 0);
+    // The draft model knows no grammar: some of its drafts break it and are rejected.
+    EXPECT_LT(spec.counters.num_spec_accepted_tokens, spec.counters.num_spec_draft_tokens);
+    ASSERT_EQ(spec.tokens.size(), 3u);
+    for (const auto& [id, tokens] : spec.tokens) {
+      EXPECT_EQ(spec.reasons.at(id), FinishReason::kStop) << id;
+      // Every token is one the grammar allows, and the output completes it.
+      auto g = compiler_->Compile(
+          {grammar::GrammarKind::kJsonSchema, kSchemas[id.back() - '0'], {}});
+      ASSERT_TRUE(g.ok()) << g.status();
+      grammar::GrammarMatcher matcher(*g);
+      for (size_t t = 0; t + 1 < tokens.size(); ++t) {
+        ASSERT_TRUE(matcher.AcceptToken(tokens[t]))
+            << id << " token " << t << ": " << tokenizer_->Decode(tokens, true);
+      }
+      EXPECT_TRUE(matcher.CanEnd()) << id << ": " << tokenizer_->Decode(tokens, true);
+      // Greedy: token for token the output without speculation (sampled requests draw their
+      // random numbers differently with speculation: the same distribution, not the same text).
+      if (temperature == 0.0f) {
+        EXPECT_EQ(tokens, plain.tokens.at(id))
+            << id << "\nplain: " << tokenizer_->Decode(plain.tokens.at(id), true)
+            << "\nspec:  " << tokenizer_->Decode(tokens, true);
+      }
+    }
+  }
 }
 
 }  // namespace
