@@ -1,6 +1,8 @@
 #include "services/common/http_server.h"
 
+#include <algorithm>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -41,10 +43,21 @@ std::string StatusLine(int status) {
                       "\r\n");
 }
 
+// LiveConnection is what the server keeps of each connection to close it on Stop.
+class LiveConnection {
+ public:
+  virtual ~LiveConnection() = default;
+  // CloseForStop cancels the request being answered and closes the socket. Only once no io
+  // thread runs (the strand's work is then serialized with the caller).
+  virtual void CloseForStop() = 0;
+};
+
 // Connection serves one TCP connection (Stream: beast::tcp_stream, or TlsStream over it), on
 // its own strand. It is the ResponseSink of the request it is answering.
 template <class Stream>
-class Connection : public ResponseSink, public std::enable_shared_from_this<Connection<Stream>> {
+class Connection : public ResponseSink,
+                   public LiveConnection,
+                   public std::enable_shared_from_this<Connection<Stream>> {
  public:
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
 
@@ -116,6 +129,11 @@ class Connection : public ResponseSink, public std::enable_shared_from_this<Conn
     if (closed_) return;
     Enqueue("0\r\n\r\n", /*last=*/true);
   }
+
+  // The request's handle usually holds this connection as its sink (GenerationSession::sink_):
+  // a cycle that only Close breaks. Without it, a request still open when the server stops
+  // would keep the connection, its socket and the handle alive forever.
+  void CloseForStop() override { Close(); }
 
  private:
   // DoRead waits for the next request. Between keep-alive requests the wait for its first
@@ -427,6 +445,12 @@ class HttpServer::Impl {
     for (std::thread& t : threads_) {
       if (t.joinable()) t.join();
     }
+    // No io thread runs now: close what is still open, cancelling its request (as when its
+    // client goes away), which breaks the connection <-> request handle cycle.
+    for (const std::weak_ptr<LiveConnection>& weak : connections_) {
+      if (std::shared_ptr<LiveConnection> connection = weak.lock()) connection->CloseForStop();
+    }
+    connections_.clear();
   }
 
   uint16_t port() const { return port_; }
@@ -441,13 +465,16 @@ class HttpServer::Impl {
                              if (!ec) {
                                socket.set_option(tcp::no_delay(true), ec);
                                if (tls_ != nullptr) {
-                                 std::make_shared<Connection<TlsStream>>(
-                                     std::move(socket), options_, handler_, tls_->Current())
-                                     ->Run();
+                                 auto connection = std::make_shared<Connection<TlsStream>>(
+                                     std::move(socket), options_, handler_, tls_->Current());
+                                 Track(connection);
+                                 connection->Run();
                                } else {
-                                 std::make_shared<Connection<beast::tcp_stream>>(
-                                     std::move(socket), options_, handler_)
-                                     ->Run();
+                                 auto connection =
+                                     std::make_shared<Connection<beast::tcp_stream>>(
+                                         std::move(socket), options_, handler_);
+                                 Track(connection);
+                                 connection->Run();
                                }
                              } else if (ec == net::error::no_descriptors ||
                                         ec == net::error::no_buffer_space ||
@@ -464,6 +491,18 @@ class HttpServer::Impl {
                            });
   }
 
+  // Track remembers a new connection for Stop (on the acceptor's strand). Closed connections
+  // are dropped when the list has doubled since the last sweep, so it stays within twice the
+  // number of open connections.
+  void Track(const std::shared_ptr<LiveConnection>& connection) {
+    if (connections_.size() >= sweep_at_) {
+      std::erase_if(connections_,
+                    [](const std::weak_ptr<LiveConnection>& weak) { return weak.expired(); });
+      sweep_at_ = std::max<size_t>(64, 2 * connections_.size());
+    }
+    connections_.push_back(connection);
+  }
+
   HttpServerOptions options_;
   HttpHandler handler_;
   std::unique_ptr<TlsContextSource> tls_;  // null: plain HTTP
@@ -471,6 +510,9 @@ class HttpServer::Impl {
   tcp::acceptor acceptor_;
   net::steady_timer accept_backoff_;  // on the acceptor's strand
   std::vector<std::thread> threads_;
+  // Every accepted connection, for Stop; the acceptor's strand's, then Stop's after the join.
+  std::vector<std::weak_ptr<LiveConnection>> connections_;
+  size_t sweep_at_ = 64;
   uint16_t port_ = 0;
   bool stopped_ = false;
 };

@@ -52,10 +52,12 @@ class HttpServer {
 
   // port is the bound port (the actual one when options.port was 0).
   uint16_t port() const;
-  // Stop closes the listener, stops the io threads and joins them. Pending handlers are
-  // destroyed with the server. Idempotent. Sinks and Posters handed to the handler refer to
-  // the server's io_context: whoever holds them (e.g. engine callbacks) must release them
-  // before the server is destroyed (stop the server, then the engine, then destroy the server).
+  // Stop closes the listener, stops the io threads and joins them, then closes the connections
+  // still open, cancelling the requests they answer (RequestHandle::Cancel, on the calling
+  // thread: no io thread runs then). Pending handlers are destroyed with the server.
+  // Idempotent. Sinks and Posters handed to the handler refer to the server's io_context:
+  // whoever holds them (e.g. engine callbacks) must release them before the server is
+  // destroyed (stop the server, then the engine, then destroy the server).
   void Stop();
 
  private:
