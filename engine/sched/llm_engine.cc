@@ -606,10 +606,7 @@ class LLMEngineImpl final : public LLMEngine {
       return;
     }
     while (CheckFinished(seq) == FinishReason::kNone) {
-      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
-      seq.grammar_bitmask_current = true;
-      const int32_t forced = grammar::SingleAllowedToken(seq.grammar_bitmask);
+      const int32_t forced = grammar::SingleAllowedToken(GrammarMask(seq));
       if (forced < 0) return;
       if (seq.num_output_tokens() < p.min_tokens) {
         auto contains = [&](const auto& ids) {
@@ -822,13 +819,7 @@ class LLMEngineImpl final : public LLMEngine {
         v.accepted = offered.has_value() && v.token.token_id == offered->token_id;
       } else {
         const absl::Span<float> logits(logits_.data() + (row + i) * vocab, vocab);
-        if (seq.matcher != nullptr) {
-          if (!seq.grammar_bitmask_current) {
-            seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-            seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
-          }
-          grammar::ApplyTokenBitmask(seq.grammar_bitmask, logits);
-        }
+        if (seq.matcher != nullptr) grammar::ApplyTokenBitmask(GrammarMask(seq), logits);
         v = VerifyRow(logits, seq.request.sampling, Context(seq), offered, seq.NextDrawKey(),
                       *rejection_rule_);
       }
@@ -1065,13 +1056,9 @@ class LLMEngineImpl final : public LLMEngine {
   // WriteGrammarMask writes seq's next-token bitmask into `words`, sized to the model's vocab
   // (tokens past the tokenizer's are cleared, as ApplyTokenBitmask treats them).
   void WriteGrammarMask(Sequence& seq, absl::Span<uint32_t> words) {
-    if (!seq.grammar_bitmask_current) {
-      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
-      seq.grammar_bitmask_current = true;
-    }
-    const size_t copied = std::min(words.size(), seq.grammar_bitmask.size());
-    std::copy_n(seq.grammar_bitmask.begin(), copied, words.begin());
+    const std::vector<uint32_t>& mask = GrammarMask(seq);
+    const size_t copied = std::min(words.size(), mask.size());
+    std::copy_n(mask.begin(), copied, words.begin());
     std::fill(words.begin() + copied, words.end(), 0u);
   }
 
@@ -1489,14 +1476,21 @@ class LLMEngineImpl final : public LLMEngine {
       return SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
     }
     // Structured output: only the tokens the grammar allows (EOS alone once it is complete).
-    if (!seq.grammar_bitmask_current) {
-      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
-      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
-    }
-    grammar::ApplyTokenBitmask(seq.grammar_bitmask, logits);
+    grammar::ApplyTokenBitmask(GrammarMask(seq), logits);
     SampledToken token = SampleToken(logits, seq.request.sampling, Context(seq), seq.NextDrawKey());
     AdvanceGrammar(seq, token.token_id);
     return token;
+  }
+
+  // GrammarMask: seq's next-token bitmask (seq has a matcher), built once per grammar state:
+  // AdvanceGrammar marks it stale.
+  static const std::vector<uint32_t>& GrammarMask(Sequence& seq) {
+    if (!seq.grammar_bitmask_current) {
+      seq.grammar_bitmask.resize(seq.matcher->num_bitmask_words());
+      seq.matcher->FillNextTokenBitmask(absl::MakeSpan(seq.grammar_bitmask));
+      seq.grammar_bitmask_current = true;
+    }
+    return seq.grammar_bitmask;
   }
 
   // AdvanceGrammar moves seq's matcher past `token`. A token the grammar refuses (only when
