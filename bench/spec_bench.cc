@@ -47,6 +47,7 @@
 #include "engine/spec/draft_model_drafter.h"
 #include "engine/spec/ngram_drafter.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "services/common/crash_handler.h"
 #include "nlohmann/json.hpp"
 
 #if defined(SLUICE_SPEC_BENCH_CUDA)
@@ -321,6 +322,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
 }  // namespace sluice
 
 int main(int argc, char** argv) {
+  sluice::InstallCrashHandler(argv[0]);
   CLI::App app{"Speculative decoding benchmark (CPU engine, or the CUDA runner with --device)"};
   std::string model = std::string(SLUICE_SOURCE_DIR) + "/../shared/models/sluice-mini-moe";
   std::string draft = std::string(SLUICE_SOURCE_DIR) + "/../shared/models/sluice-mini-draft";

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/kv/swa_replay.h"
 #include "services/serve/build_info.h"
+#include "services/common/crash_handler.h"
 #include "services/serve/encoder_command.h"
 #include "services/serve/eval_command.h"
 #include "services/serve/api_auth_flags.h"
@@ -144,6 +145,7 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
 }  // namespace
 
 int main(int argc, char** argv) {
+  sluice::InstallCrashHandler(argv[0]);
   CLI::App app{"Sluice: an LLM serving engine with an OpenAI-compatible API"};
   app.require_subcommand(1);
   // `--version` (on every subcommand too): ParseCommandLine below.
