@@ -72,7 +72,57 @@ DraftModelDrafter::DraftModelDrafter(std::unique_ptr<Model> model,
     : model_(std::move(model)),
       options_(options),
       kv_(model_->kv_cache_spec(), absl::StrCat("draft:", options.model_id), options.block_size,
-          options.num_kv_blocks, options.enable_prefix_caching) {}
+          options.num_kv_blocks, options.enable_prefix_caching, options.host_kv_storage) {}
+
+absl::Status DraftModelDrafter::CatchUp(absl::Span<SeqState* const> states) {
+  const int64_t limit = options_.max_tokens_per_forward;
+  if (static_cast<int64_t>(states.size()) > limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model: ", states.size(), " sequences exceed max_tokens_per_forward ", limit));
+  }
+  const auto pending = [&] {
+    int64_t total = 0;
+    for (const SeqState* s : states) total += static_cast<int64_t>(s->tokens.size()) - s->num_computed;
+    return total;
+  };
+  // Each forward computes up to `limit` of the tokens before each sequence's last (round 0
+  // feeds the last one with its logits row), until round 0 fits.
+  while (pending() > limit) {
+    ForwardInput& in = input_;
+    in.token_ids.clear();
+    in.positions.clear();
+    in.slot_mapping.clear();
+    in.sequences.clear();
+    in.logits_indices.clear();
+    std::vector<std::pair<SeqState*, int32_t>> advanced;
+    int64_t room = limit;
+    for (SeqState* s : states) {
+      const int32_t last = static_cast<int32_t>(s->tokens.size()) - 1;
+      const int32_t take = static_cast<int32_t>(std::min<int64_t>(last - s->num_computed, room));
+      if (take <= 0) continue;
+      SequenceSlice slice;
+      slice.query_start = static_cast<int32_t>(in.token_ids.size());
+      slice.num_context_tokens = s->num_computed;
+      slice.num_query_tokens = take;
+      slice.block_table = absl::MakeConstSpan(s->blocks.table);
+      for (int32_t pos = s->num_computed; pos < s->num_computed + take; ++pos) {
+        in.token_ids.push_back(s->tokens[pos]);
+        in.positions.push_back(pos);
+        in.slot_mapping.push_back(kv_.Slot(s->blocks, pos));
+      }
+      in.sequences.push_back(slice);
+      advanced.emplace_back(s, take);
+      room -= take;
+      if (room == 0) break;
+    }
+    const double start = CostClockSeconds(options_.cost_clock);
+    SLUICE_RETURN_IF_ERROR(model_->Forward(in, kv_.kv_cache(), absl::Span<float>()));
+    round_cost_.Observe(static_cast<double>(in.token_ids.size()),
+                        CostClockSeconds(options_.cost_clock) - start);
+    for (auto& [s, take] : advanced) s->num_computed += take;
+  }
+  return absl::OkStatus();
+}
 
 void DraftModelDrafter::Release(std::string_view request_id) {
   auto it = states_.find(std::string(request_id));
@@ -135,6 +185,12 @@ absl::Status DraftModelDrafter::Propose(absl::Span<const DraftInput> inputs,
   if (!token_counts_.empty() && num_counted_ >= next_rerank_) {
     next_rerank_ = 2 * num_counted_;
     SLUICE_RETURN_IF_ERROR(Rerank());
+  }
+  if (options_.max_tokens_per_forward > 0) {
+    if (absl::Status st = CatchUp(states); !st.ok()) {
+      for (size_t i : active) Release(inputs[i].request_id);
+      return st;
+    }
   }
   // Logits rows are over vocab_ids_ (FR-Spec) or every id.
   const int64_t width = model_->logits_width();

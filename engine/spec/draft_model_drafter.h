@@ -43,6 +43,14 @@ struct DraftModelOptions {
   // target's output exact and, for sampled requests, its distribution (q is 0 off the subset).
   // 0 or >= the vocabulary: every token.
   int32_t draft_vocab = 0;
+  // Tokens one Forward of the draft model may hold (a CUDA runner's max_num_tokens; 0: no
+  // limit). A round's catch-up chunks (new prompts, rejected drafts) beyond it are computed
+  // first, in forwards of at most this many tokens without logits. Must be at least the
+  // sequences drafted for in one call.
+  int64_t max_tokens_per_forward = 0;
+  // False when the draft model keeps its own KV cache (a CUDA runner, where the KvCache passed
+  // to Forward only gives the geometry): the host cache then allocates no storage.
+  bool host_kv_storage = true;
 };
 
 class DraftModelDrafter final : public Drafter {
@@ -81,6 +89,9 @@ class DraftModelDrafter final : public Drafter {
   bool Prepare(SeqState& s, absl::Span<const int32_t> tokens, int64_t num_kv_tokens);
   // Commit registers the full blocks below num_computed in the prefix cache.
   void Commit(SeqState& s);
+  // CatchUp computes the sequences' pending tokens but the last in forwards of at most
+  // max_tokens_per_forward tokens, until one round-0 forward holds what is left.
+  absl::Status CatchUp(absl::Span<SeqState* const> states);
   // CountTokens adds the real tokens of `s` not counted yet; Rerank re-selects the FR-Spec
   // subset from the counts.
   void CountTokens(SeqState& s, absl::Span<const int32_t> tokens);

@@ -7,9 +7,10 @@
 namespace sluice {
 
 PagedDraftKv::PagedDraftKv(const KvCacheSpec& spec, const std::string& identity,
-                           int64_t block_size, int64_t num_kv_blocks, bool enable_prefix_caching)
+                           int64_t block_size, int64_t num_kv_blocks, bool enable_prefix_caching,
+                           bool host_storage)
     : block_size_(block_size),
-      kv_cache_(spec, num_kv_blocks, block_size),
+      kv_cache_(spec, num_kv_blocks, block_size, host_storage),
       hasher_(KvLayoutIdentity(identity, block_size, "f32", spec.num_layers,
                                spec.k_floats_per_token, spec.v_floats_per_token),
               block_size),

@@ -33,8 +33,10 @@ class PagedDraftKv {
 
   // `identity` names the drafter's weights and layout in the block hashes (KvLayoutIdentity's
   // model id, e.g. "draft:<dir>"); num_kv_blocks and block_size > 0 (the drafters check).
+  // `host_storage` false: the KvCache holds the geometry only (a model on a device keeps its
+  // own KV).
   PagedDraftKv(const KvCacheSpec& spec, const std::string& identity, int64_t block_size,
-               int64_t num_kv_blocks, bool enable_prefix_caching);
+               int64_t num_kv_blocks, bool enable_prefix_caching, bool host_storage = true);
 
   int64_t block_size() const { return block_size_; }
   bool prefix_caching() const { return cache_.enabled(); }

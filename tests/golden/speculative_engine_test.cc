@@ -34,17 +34,22 @@ std::unique_ptr<Model> Load(const std::string& dir) {
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256, int32_t draft_vocab = 0,
-                                              bool bf16_weights = true) {
+DraftModelOptions DraftOptions(int64_t num_blocks = 256) {
   DraftModelOptions options;
   options.block_size = kBlockSize;
   options.num_kv_blocks = num_blocks;
-  options.draft_vocab = draft_vocab;
-  options.bf16_weights = bf16_weights;
   options.model_id = "sluice-mini-draft";
   // Auto mode prices steps on this clock: the process's CPU time, not wall time, so other
   // processes on a loaded machine do not change which draft lengths it picks.
   options.cost_clock = CostClock::kProcessCpu;
+  return options;
+}
+
+std::shared_ptr<DraftModelDrafter> DraftModel(int64_t num_blocks = 256, int32_t draft_vocab = 0,
+                                              bool bf16_weights = true) {
+  DraftModelOptions options = DraftOptions(num_blocks);
+  options.draft_vocab = draft_vocab;
+  options.bf16_weights = bf16_weights;
   auto drafter = DraftModelDrafter::Create(Load(testing::SharedModelDir("sluice-mini-draft")),
                                            options);
   EXPECT_TRUE(drafter.ok()) << drafter.status();
@@ -156,6 +161,54 @@ TEST(SpeculativeEngineTest, TightBudgetAndDraftBlocksStillExact) {
   ExpectSame(plain, RunAll(*engine, requests));
   EXPECT_GT(engine->counters().num_spec_verifications, 0);
   EXPECT_EQ(drafter->num_free_blocks(), drafter->num_total_blocks());
+}
+
+// TokenLimitModel forwards to `inner` and records the most tokens one Forward held.
+class TokenLimitModel final : public Model {
+ public:
+  explicit TokenLimitModel(std::unique_ptr<Model> inner, int64_t* max_tokens)
+      : inner_(std::move(inner)), max_tokens_(max_tokens) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  KvCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
+  int64_t WeightBytesPerToken() const override { return inner_->WeightBytesPerToken(); }
+  absl::Status StoreWeightsBf16() override { return inner_->StoreWeightsBf16(); }
+  absl::Status Forward(const ForwardInput& input, KvCache& kv_cache,
+                       absl::Span<float> logits) override {
+    *max_tokens_ = std::max<int64_t>(*max_tokens_, static_cast<int64_t>(input.token_ids.size()));
+    return inner_->Forward(input, kv_cache, logits);
+  }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  int64_t* max_tokens_;
+};
+
+// A draft model whose forwards hold at most 8 tokens (a CUDA draft runner's max_num_tokens):
+// catch-up chunks are split, the drafts are those of an unlimited drafter and the output the
+// plain one.
+TEST(SpeculativeEngineTest, DraftForwardTokenLimitSplitsCatchUpChunks) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  const std::vector<EngineRequest> requests = MiniMoeRequests(dir);
+  auto plain_engine = Engine(dir, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  auto unlimited = Engine(dir, DraftModel(), VerifyMode::kFixed);
+  ExpectSame(plain, RunAll(*unlimited, requests));
+  int64_t max_tokens = 0;
+  DraftModelOptions options = DraftOptions();
+  options.max_tokens_per_forward = 8;
+  auto drafter = DraftModelDrafter::Create(
+      std::make_unique<TokenLimitModel>(Load(testing::SharedModelDir("sluice-mini-draft")),
+                                        &max_tokens),
+      options);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  auto limited = Engine(dir, std::shared_ptr<DraftModelDrafter>(*std::move(drafter)),
+                        VerifyMode::kFixed);
+  ExpectSame(plain, RunAll(*limited, requests));
+  EXPECT_LE(max_tokens, 8);
+  EXPECT_GT(max_tokens, 5);  // chunks filled up to the limit, not one token at a time
+  EXPECT_EQ(limited->counters().num_spec_draft_tokens, unlimited->counters().num_spec_draft_tokens);
+  EXPECT_EQ(limited->counters().num_spec_accepted_tokens,
+            unlimited->counters().num_spec_accepted_tokens);
 }
 
 // FR-Spec (a draft LM head over the most frequent tokens, re-ranked while requests run) and
