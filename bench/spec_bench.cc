@@ -10,17 +10,21 @@
 // the process CPU time of its decode phase; run with SLUICE_CPU_THREADS=1 and the CPU-time rates
 // (cpu_tokens_per_s, cpu_speedup) measure the work done whatever else runs beside it.
 // Each configuration first runs one untimed round of the batch (warm-up: a serving engine's
-// calibration and step-cost fit come from earlier traffic). Timing covers decode only: it starts at the first step after which every request of the batch
-// has its first token (all prompts prefilled) and ends when all finish. Per configuration:
+// calibration and step-cost fit come from earlier traffic). Timing covers decode only: it
+// starts at the first step after which every request of the batch has its first token (all
+// prompts prefilled) and ends when all finish. Per configuration:
 //   tokens_per_s, speedup (over "none" at the same batch), mean_accepted_length (tokens per
 //   verification incl. the target's own), acceptance_rate, draft_s_per_step, verify_s_per_step,
-//   plain_step_s (the "none" step time), and ceiling_speedup = mean_accepted_length ·
-//   plain_step_s / (draft_s_per_step + verify_s_per_step): what acceptance and the two step
-//   costs allow when every sequence verifies every step (batch 1).
+//   plain_step_s (the "none" step time), requests_equal_to_none (of `requests`: greedy
+//   outputs token for token those of "none" in the same repeat), and ceiling_speedup =
+//   mean_accepted_length · plain_step_s / (draft_s_per_step + verify_s_per_step): what
+//   acceptance and the two step costs allow when every sequence verifies every step (batch 1).
 //
 // --device cuda (CUDA builds): the target runs on the GPU's CUDA runner (bf16, decode graphs,
-// async scheduling for "none"; verify steps eager and synchronous), the draft model on the CPU
-// as `sluice serve --device cuda` runs it. The confidence scheduler then prices steps on wall
+// async scheduling for "none"; verify steps synchronous, replaying decode graphs of k + 1 query
+// tokens per sequence, or eagerly with the config modifier "-eager", e.g. ngram-eager:5), the
+// draft model on the same GPU (or on the CPU with the modifier "-cpu", e.g. draft-cpu-v1024:5;
+// FR-Spec's "-vN" needs the CPU draft), as `sluice serve --device cuda` runs them. The confidence scheduler then prices steps on wall
 // time (CPU time does not see the GPU), and the wall-clock fields are the ones to read.
 //
 // Usage: spec_bench --model DIR --draft DIR [--workload bible|quote] [--batches 1,8,64]
@@ -158,6 +162,11 @@ struct Config {
   int32_t k = 5;
   bool draft_bf16 = true;  // "-f32": the draft keeps float32 weights
   int32_t draft_vocab = 0;  // "-vN": FR-Spec over the N most frequent tokens
+  // "-eager" (--device cuda): verify steps run eagerly, without the multi-token decode graphs
+  // (CudaRunnerOptions::graph_query_lens).
+  bool verify_graphs = true;
+  // "-cpu" (--device cuda): the draft model runs on the CPU engine instead of the GPU.
+  bool draft_on_cpu = false;
 };
 
 Config ParseConfig(const std::string& text) {
@@ -170,6 +179,10 @@ Config ParseConfig(const std::string& text) {
   for (size_t i = 1; i < method.size(); ++i) {
     if (method[i] == "f32") {
       c.draft_bf16 = false;
+    } else if (method[i] == "eager") {
+      c.verify_graphs = false;
+    } else if (method[i] == "cpu") {
+      c.draft_on_cpu = true;
     } else if (!method[i].empty() && method[i][0] == 'v') {
       c.draft_vocab = std::stoi(method[i].substr(1));
     } else {
@@ -191,9 +204,11 @@ Config ParseConfig(const std::string& text) {
 }
 
 // LoadTarget: the target on `device`; a CUDA target keeps its KV on the GPU
-// (options->allocate_host_kv_cache false) with logits rows for k + 1 positions per sequence.
+// (options->allocate_host_kv_cache false) with logits rows for k + 1 positions per sequence and,
+// with `verify_graphs`, decode graphs of 2..k + 1 query tokens per sequence (k:
+// options->speculative.num_speculative_tokens), as `sluice serve` captures them.
 std::unique_ptr<Model> LoadTarget(const std::string& model_dir, const std::string& device,
-                                  EngineOptions* options) {
+                                  bool verify_graphs, EngineOptions* options) {
   if (device == "cpu") {
     auto model = LoadModel(model_dir);
     if (!model.ok()) Fail(model.status());
@@ -206,6 +221,11 @@ std::unique_ptr<Model> LoadTarget(const std::string& model_dir, const std::strin
   r.max_num_tokens = options->max_num_batched_tokens;
   r.max_num_seqs = options->max_num_seqs;
   r.max_num_logits = int64_t{options->max_num_seqs} * (1 + kMaxSpeculativeTokens);
+  if (verify_graphs && options->speculative.drafter != nullptr) {
+    for (int32_t q = 2; q <= 1 + options->speculative.num_speculative_tokens; ++q) {
+      r.graph_query_lens.push_back(q);
+    }
+  }
   auto model = cuda_runner::LoadCudaModel(model_dir, r);
   if (!model.ok()) Fail(model.status());
   options->allocate_host_kv_cache = false;
@@ -215,9 +235,29 @@ std::unique_ptr<Model> LoadTarget(const std::string& model_dir, const std::strin
 #endif
 }
 
+// Outputs: each timed request's generated token ids, by request id.
+using Outputs = std::map<std::string, std::vector<int32_t>>;
+
+// LoadCudaDraft: the draft model on the GPU beside the target, as `sluice serve --device cuda`
+// runs it (services/serve/model_runtime.cc): the engine's step limits, decode graphs.
+std::unique_ptr<Model> LoadCudaDraft(const std::string& draft_dir, const EngineOptions& options) {
+#if defined(SLUICE_SPEC_BENCH_CUDA)
+  cuda_runner::CudaRunnerOptions r;
+  r.block_size = options.block_size;
+  r.max_model_len = options.max_model_len;
+  r.max_num_tokens = options.max_num_batched_tokens;
+  r.max_num_seqs = options.max_num_seqs;
+  auto model = cuda_runner::LoadCudaModel(draft_dir, r);
+  if (!model.ok()) Fail(model.status());
+  return *std::move(model);
+#else
+  Fail(absl::InvalidArgumentError("--device cuda: this build has no CUDA backend"));
+#endif
+}
+
 Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Config& config,
             const std::vector<std::vector<int32_t>>& prompts, int batch, int max_tokens,
-            const std::string& device) {
+            const std::string& device, Outputs* outputs) {
   EngineOptions options;
   options.block_size = 16;
   size_t longest = 0;
@@ -235,7 +275,15 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
     d.cost_clock = device == "cpu" ? CostClock::kProcessCpu : CostClock::kWall;
     d.bf16_weights = config.draft_bf16;
     d.draft_vocab = config.draft_vocab;
-    auto drafter = DraftModelDrafter::Create(*LoadModel(draft_dir), d);
+    std::unique_ptr<Model> draft_model;
+    if (device == "cuda" && !config.draft_on_cpu) {
+      draft_model = LoadCudaDraft(draft_dir, options);
+      d.max_tokens_per_forward = options.max_num_batched_tokens;
+      d.host_kv_storage = false;
+    } else {
+      draft_model = *LoadModel(draft_dir);
+    }
+    auto drafter = DraftModelDrafter::Create(std::move(draft_model), d);
     if (!drafter.ok()) Fail(drafter.status());
     draft = std::shared_ptr<DraftModelDrafter>(std::move(*drafter));
     options.speculative.drafter = draft;
@@ -246,7 +294,7 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   // The confidence scheduler prices drafts on CPU time, as this bench measures (see Clocks).
   options.speculative.cost_clock = device == "cpu" ? CostClock::kProcessCpu : CostClock::kWall;
   options.speculative.num_speculative_tokens = config.k;
-  std::unique_ptr<Model> target = LoadTarget(model_dir, device, &options);
+  std::unique_ptr<Model> target = LoadTarget(model_dir, device, config.verify_graphs, &options);
   auto created = LLMEngine::Create(std::move(target), options);
   if (!created.ok()) Fail(created.status());
   std::unique_ptr<LLMEngine> engine = *std::move(created);
@@ -273,15 +321,24 @@ Json RunOne(const std::string& model_dir, const std::string& draft_dir, const Co
   }
   std::map<std::string, int> emitted;
   // Prefill until every request has its first token.
+  outputs->clear();
   while (static_cast<int>(emitted.size()) < batch) {
-    for (const RequestOutput& out : engine->Step()) emitted[out.request_id] += out.new_tokens.size();
+    for (const RequestOutput& out : engine->Step()) {
+      emitted[out.request_id] += out.new_tokens.size();
+      std::vector<int32_t>& ids = (*outputs)[out.request_id];
+      for (const SampledToken& t : out.new_tokens) ids.push_back(t.token_id);
+    }
   }
   const EngineCounters before = engine->counters();
   const Clock::time_point start = Clock::now();
   const double cpu_start = ProcessCpuSeconds();
   int64_t tokens = 0;
   while (engine->HasUnfinishedRequests()) {
-    for (const RequestOutput& out : engine->Step()) tokens += out.new_tokens.size();
+    for (const RequestOutput& out : engine->Step()) {
+      tokens += out.new_tokens.size();
+      std::vector<int32_t>& ids = (*outputs)[out.request_id];
+      for (const SampledToken& t : out.new_tokens) ids.push_back(t.token_id);
+    }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double cpu_seconds = ProcessCpuSeconds() - cpu_start;
@@ -337,7 +394,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens", max_tokens);
   app.add_option("--out", out);
   std::string device = "cpu";
-  app.add_option("--device", device, "Where the target runs (the draft model runs on the CPU)")
+  app.add_option("--device", device, "Where the target and the draft model run (draft on the CPU: config modifier -cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   int repeats = 1;
   app.add_option("--repeats", repeats,
@@ -371,10 +428,21 @@ int main(int argc, char** argv) {
     const int batch = std::stoi(b);
    for (int rep = 0; rep < repeats; ++rep) {
     double plain_tps = 0, plain_step = 0, plain_cpu_tps = 0, plain_cpu_step = 0;
+    sluice::Outputs plain_outputs, outputs;
     for (const std::string& c : std::vector<std::string>(absl::StrSplit(configs, ','))) {
       const sluice::Config config = sluice::ParseConfig(c);
       nlohmann::ordered_json run =
-          sluice::RunOne(model, draft, config, prompts, batch, max_tokens, device);
+          sluice::RunOne(model, draft, config, prompts, batch, max_tokens, device, &outputs);
+      if (config.name == "none") plain_outputs = outputs;
+      if (config.name != "none" && !plain_outputs.empty()) {
+        // Greedy: speculation must not change the text. On the CPU every request is equal;
+        // on CUDA a verify row's GEMM shape differs from a decode row's, so bf16 rounding may
+        // part a sequence where two logits tie within it (engine/cuda/cuda_spec_test.cc).
+        int equal = 0;
+        for (const auto& [id, ids] : outputs) equal += plain_outputs[id] == ids;
+        run["requests_equal_to_none"] = equal;
+        run["requests"] = outputs.size();
+      }
       if (config.name == "none") {
         plain_tps = run["tokens_per_s"];
         plain_cpu_tps = run["cpu_tokens_per_s"];

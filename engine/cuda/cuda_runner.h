@@ -78,6 +78,21 @@ struct CudaRunnerOptions {
   // Decode batch-size buckets captured as graphs (those ≤ max_num_seqs); a decode step of n
   // sequences replays the smallest bucket ≥ n, padded with inert rows.
   std::vector<int64_t> graph_batch_sizes = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  // Multi-token decode graphs, for speculative verify steps (engine/spec: each decode sequence's
+  // last token and its drafts in one step). For each q listed (2..64), the buckets b of
+  // graph_batch_sizes with b·q ≤ min(max_num_tokens, max_logits, multi_token_graph_max_tokens)
+  // are also captured with q query tokens per sequence. A step whose sequences hold 1..q query
+  // tokens each (and some more than one) replays the graph of fewest tokens that holds it:
+  // every sequence is padded to q rows with inert tokens (K/V not written, outputs unread),
+  // padded sequences as in a decode bucket. Steps that fit none (longer rows, more sequences,
+  // a context within q tokens of max_model_len, bounded sliding attention) run eagerly. Empty
+  // (the default): every multi-token step runs eagerly. `sluice serve` lists 2..k + 1 when it
+  // speculates with k drafts.
+  std::vector<int64_t> graph_query_lens;
+  // Past this many tokens a multi-token bucket is not captured: the step's compute then hides
+  // the kernel launches a graph saves, while each captured shape costs start-up (capture, GEMM
+  // tuning).
+  int64_t multi_token_graph_max_tokens = 512;
   // Keep each decode graph's hot activations (the model's HotActivations: for Llama/Qwen3 the
   // MLP's gate/up product and SiLU·mul output) in an L2 set-aside, with an access-policy window
   // on the graph's kernels (engine/cuda/l2_persist.h); graphs only.
@@ -132,6 +147,7 @@ struct CudaRunnerOptions {
 struct StepInfo {
   bool graph = false;        // replayed a captured decode graph
   int64_t graph_batch = 0;   // its bucket
+  int64_t graph_query_len = 0;  // its query tokens per sequence (1: a plain decode graph)
   int64_t num_tokens = 0;
   int64_t num_logits = 0;
 };

@@ -52,6 +52,7 @@ CudaRunnerOptions SpecRunnerOptions(bool batch_invariant) {
   o.max_num_seqs = kMaxSeqs;
   o.max_num_logits = kMaxSeqs * (1 + kK);  // what model_runtime.cc plans for k = 5
   o.graph_batch_sizes = {1, 2, 4, 8, 16};
+  for (int32_t q = 2; q <= 1 + kK; ++q) o.graph_query_lens.push_back(q);  // as model_runtime.cc
   // Two runner instances are compared: keep cuBLASLt's heuristic plans (cuda_engine_test.cc).
   o.autotune_gemms = false;
   o.batch_invariant = batch_invariant;
@@ -99,10 +100,43 @@ ForwardInput Plan(const std::vector<SeqPlan>& seqs, const std::vector<int32_t>& 
 // `min_top1`: the fraction of rows whose argmax agrees in default mode. Llama-tiny's rows stay
 // within the bf16 bar; sluice-mini-moe's logits reach |20| and bf16 flips some MoE routing
 // choices, so its bar is top-1 only (as in cuda_model_test.cc's goldens).
+// RowAgreement: rows of `a` and `b` ([n, V]) within the bar, bitwise equal, same argmax.
+struct RowAgreement {
+  int64_t within = 0, bitwise = 0, top1 = 0;
+};
+RowAgreement CompareRows(const float* a, const float* b, int64_t n, int64_t V) {
+  RowAgreement r;
+  for (int64_t i = 0; i < n; ++i, a += V, b += V) {
+    float diff = 0;
+    for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(a[v] - b[v]));
+    r.within += diff <= kMaxLogitDiff;
+    r.bitwise += std::equal(a, a + V, b);
+    r.top1 += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+  }
+  return r;
+}
+
+// ExpectAgreement: batch-invariant mode: every row bit for bit; default mode: every row within
+// the bar (when `rows_within_bar`) and at least `min_top1` of them with the same argmax.
+void ExpectAgreement(const RowAgreement& r, int64_t n, bool batch_invariant,
+                     bool rows_within_bar, double min_top1, const std::string& what) {
+  std::printf("%s: within %.2f %lld/%lld, bitwise %lld, top-1 %lld\n", what.c_str(),
+              kMaxLogitDiff, static_cast<long long>(r.within), static_cast<long long>(n),
+              static_cast<long long>(r.bitwise), static_cast<long long>(r.top1));
+  if (batch_invariant) {
+    EXPECT_EQ(r.bitwise, n) << what;
+    return;
+  }
+  if (rows_within_bar) EXPECT_EQ(r.within, n) << what;
+  EXPECT_GE(static_cast<double>(r.top1), min_top1 * static_cast<double>(n)) << what;
+}
+
 void CheckVerifyStepMatchesDecodeSteps(const std::string& dir, bool batch_invariant,
                                        bool rows_within_bar, double min_top1) {
-  auto model = LoadCudaModel(dir, SpecRunnerOptions(batch_invariant));
-  ASSERT_TRUE(model.ok()) << model.status();
+  auto loaded = LoadCudaRunner(dir, SpecRunnerOptions(batch_invariant));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CudaRunner* runner = loaded->get();
+  auto model = absl::StatusOr<std::unique_ptr<Model>>(WrapRunner(*std::move(loaded)));
   const int64_t V = (*model)->config().vocab_size;
   constexpr int kSeqs = 12;  // 12 × 6 = 72 rows: past max_num_seqs, within max_num_logits
   constexpr int64_t kBlocks = 160;
@@ -147,33 +181,63 @@ void CheckVerifyStepMatchesDecodeSteps(const std::string& dir, bool batch_invari
                 want.begin() + (s * (kK + 1) + j) * V);
     }
   }
-  // Verify: all k + 1 positions of every sequence in one step, 72 logits rows.
+  // Verify: all k + 1 positions of every sequence in one step, 72 logits rows. It replays the
+  // multi-token decode graph of k + 1 query tokens and 16 sequences (4 padded).
   const ForwardInput verify = Plan(verified, prompt, end, true);
   ASSERT_EQ(verify.logits_indices.size(), static_cast<size_t>(kSeqs * (kK + 1)));
   std::vector<float> got(want.size());
   ASSERT_TRUE((*model)->Forward(verify, geometry, absl::MakeSpan(got)).ok());
-  int64_t rows_within = 0, top1 = 0, bitwise = 0;
+  EXPECT_TRUE(runner->last_step().graph);
+  EXPECT_EQ(runner->last_step().graph_query_len, kK + 1);
+  EXPECT_EQ(runner->last_step().graph_batch, kMaxSeqs);
   const int64_t n = kSeqs * (kK + 1);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* a = want.data() + r * V;
-    const float* b = got.data() + r * V;
-    float diff = 0;
-    for (int64_t v = 0; v < V; ++v) diff = std::max(diff, std::fabs(a[v] - b[v]));
-    rows_within += diff <= kMaxLogitDiff;
-    bitwise += std::equal(a, a + V, b);
-    top1 += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
-  }
-  std::printf("%s%s: verify vs decode rows: within %.2f %lld/%lld, bitwise %lld, top-1 %lld\n",
-              dir.c_str(), batch_invariant ? " (batch invariant)" : "", kMaxLogitDiff,
-              static_cast<long long>(rows_within), static_cast<long long>(n),
-              static_cast<long long>(bitwise), static_cast<long long>(top1));
-  if (batch_invariant) {
-    EXPECT_EQ(bitwise, n);
-  } else {
-    if (rows_within_bar) {
-      EXPECT_EQ(rows_within, n);
+  const std::string name = dir + (batch_invariant ? " (batch invariant)" : "");
+  ExpectAgreement(CompareRows(want.data(), got.data(), n, V), n, batch_invariant,
+                  rows_within_bar, min_top1, name + ": verify (graph) vs decode rows");
+  // The same step eagerly (ProfileStep never replays a graph): padding changes no real row
+  // beyond the bf16 bar (GEMM shapes differ), and none at all in batch-invariant mode.
+  ASSERT_TRUE(runner->ProfileStep(verify).ok());
+  EXPECT_FALSE(runner->last_step().graph);
+  absl::StatusOr<std::vector<float>> eager = runner->Logits();
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  ExpectAgreement(CompareRows(eager->data(), got.data(), n, V), n, batch_invariant,
+                  rows_within_bar, min_top1, name + ": verify graph vs eager");
+  // Ragged rows, as auto verification plans them: sequence s verifies 1 + s % (k + 1)
+  // positions (rewriting the same K/V). The graph of k + 1 query tokens pads each to k + 1;
+  // its rows are the decode rows of the same positions.
+  {
+    std::vector<int32_t> ragged_end(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) ragged_end[s] = prompt[s] + 1 + s % (kK + 1);
+    const ForwardInput ragged = Plan(verified, prompt, ragged_end, true);
+    std::vector<float> rows(ragged.logits_indices.size() * V), want_rows;
+    ASSERT_TRUE((*model)->Forward(ragged, geometry, absl::MakeSpan(rows)).ok());
+    EXPECT_TRUE(runner->last_step().graph);
+    EXPECT_EQ(runner->last_step().graph_query_len, kK + 1);
+    for (int s = 0; s < kSeqs; ++s) {
+      const float* first = want.data() + s * (kK + 1) * V;
+      want_rows.insert(want_rows.end(), first, first + (ragged_end[s] - prompt[s]) * V);
     }
-    EXPECT_GE(static_cast<double>(top1), min_top1 * static_cast<double>(n));
+    const int64_t rn = static_cast<int64_t>(ragged.logits_indices.size());
+    ExpectAgreement(CompareRows(want_rows.data(), rows.data(), rn, V), rn, batch_invariant,
+                    rows_within_bar, min_top1, name + ": ragged verify (graph) vs decode rows");
+  }
+  // Padding rows wrote no K/V: position end + 1 decoded on both copies (a decode graph) reads
+  // the K/V of every verified position, the padded positions of the ragged step included.
+  {
+    std::vector<int32_t> next(kSeqs), after(kSeqs);
+    for (int s = 0; s < kSeqs; ++s) {
+      decoded[s].tokens.push_back(7);
+      verified[s].tokens.push_back(7);
+      next[s] = end[s];
+      after[s] = end[s] + 1;
+    }
+    std::vector<float> a(static_cast<size_t>(kSeqs * V)), b(a.size());
+    ASSERT_TRUE((*model)->Forward(Plan(decoded, next, after, true), geometry,
+                                  absl::MakeSpan(a)).ok());
+    ASSERT_TRUE((*model)->Forward(Plan(verified, next, after, true), geometry,
+                                  absl::MakeSpan(b)).ok());
+    ExpectAgreement(CompareRows(a.data(), b.data(), kSeqs, V), kSeqs, batch_invariant,
+                    rows_within_bar, min_top1, name + ": decode after verify vs after decode");
   }
   // The same verify step through ForwardGreedy (the engine's plain greedy path; it rewrites the
   // same K/V): per row, the argmax of the logits above.
@@ -450,6 +514,22 @@ TEST_F(CudaSpecTest, NgramGreedyEqualsPlainOnLlamaTiny) {
                        [] { return std::make_shared<NgramDrafter>(); });
 }
 
+DraftModelOptions DraftOptions() {
+  DraftModelOptions options;
+  options.block_size = kBlockSize;
+  options.num_kv_blocks = 256;
+  options.model_id = "sluice-mini-draft";
+  return options;
+}
+
+std::shared_ptr<Drafter> MiniDrafter(std::unique_ptr<Model> draft,
+                                     const DraftModelOptions& options) {
+  auto drafter = DraftModelDrafter::Create(std::move(draft), options);
+  EXPECT_TRUE(drafter.ok()) << drafter.status();
+  if (!drafter.ok()) return nullptr;
+  return std::shared_ptr<Drafter>(*std::move(drafter));
+}
+
 TEST_F(CudaSpecTest, DraftModelGreedyEqualsPlainOnMiniMoe) {
   const std::string dir = testing::SharedModelDir("sluice-mini-moe");
   const std::string draft_dir = testing::SharedModelDir("sluice-mini-draft");
@@ -459,14 +539,31 @@ TEST_F(CudaSpecTest, DraftModelGreedyEqualsPlainOnMiniMoe) {
     auto draft = LoadModel(draft_dir);  // the draft model runs on the CPU
     EXPECT_TRUE(draft.ok()) << draft.status();
     if (!draft.ok()) return nullptr;
-    DraftModelOptions options;
-    options.block_size = kBlockSize;
-    options.num_kv_blocks = 256;
-    options.model_id = "sluice-mini-draft";
-    auto drafter = DraftModelDrafter::Create(*std::move(draft), options);
-    EXPECT_TRUE(drafter.ok()) << drafter.status();
-    if (!drafter.ok()) return nullptr;
-    return std::shared_ptr<Drafter>(*std::move(drafter));
+    return MiniDrafter(*std::move(draft), DraftOptions());
+  });
+}
+
+// The draft model on the GPU beside the target (`sluice serve --device cuda`): its rounds replay
+// its own decode graphs, its catch-up chunks are cut to its runner's step size (16 tokens here,
+// below the prompts' lengths) and its KV lives on the device.
+TEST_F(CudaSpecTest, DraftModelOnGpuGreedyEqualsPlainOnMiniMoe) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  const std::string draft_dir = testing::SharedModelDir("sluice-mini-draft");
+  CheckSpecEqualsPlain(dir, 1.0f, MiniMoeRequests(dir), [&]() -> std::shared_ptr<Drafter> {
+    CudaRunnerOptions o;
+    o.block_size = kBlockSize;
+    o.max_model_len = 512;
+    o.max_num_tokens = 16;
+    o.max_num_seqs = kMaxSeqs;
+    o.graph_batch_sizes = {1, 2, 4, 8, 16};
+    o.autotune_gemms = false;
+    auto draft = LoadCudaModel(draft_dir, o);
+    EXPECT_TRUE(draft.ok()) << draft.status();
+    if (!draft.ok()) return nullptr;
+    DraftModelOptions options = DraftOptions();
+    options.max_tokens_per_forward = 16;
+    options.host_kv_storage = false;
+    return MiniDrafter(*std::move(draft), options);
   });
 }
 

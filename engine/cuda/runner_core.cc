@@ -59,28 +59,8 @@ absl::Status LoadGemmTuningOnce(std::string path) {
 
 }  // namespace
 
-MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb) {
-  MetaLayout l;
-  l.num_tokens = t;
-  l.num_seqs = s;
-  l.num_logits = n;
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    const size_t at = off;
-    off += (bytes + 7) / 8 * 8;
-    return at;
-  };
-  l.slots = take(t * sizeof(int64_t));
-  l.ids = take(t * sizeof(int32_t));
-  l.positions = take(t * sizeof(int32_t));
-  l.query_start = take((s + 1) * sizeof(int32_t));
-  l.context_lens = take(s * sizeof(int32_t));
-  l.logits_rows = take(n * sizeof(int32_t));
-  l.block_tables = take(s * mb * sizeof(int32_t));
-  l.sliding_start = take(s * sizeof(int32_t));
-  l.bytes = off;
-  return l;
-}
+// The longest query row a multi-token graph bucket is captured for (graph_query_lens).
+constexpr int64_t kMaxGraphQueryLen = 64;
 
 DeviceMeta MetaPointers(void* base, const MetaLayout& l) {
   char* b = static_cast<char*>(base);
@@ -195,6 +175,7 @@ void RunnerCore::DestroyGraphs() {
     if (g.bounded_graph != nullptr) cudaGraphDestroy(g.bounded_graph);
   }
   graphs.clear();
+  buckets.clear();
   for (cudaEvent_t& e : staging_done) {
     if (e != nullptr) cudaEventDestroy(e);
     e = nullptr;
@@ -262,6 +243,12 @@ absl::Status RunnerCore::InitCore(const ModelConfig& c, const CudaRunnerOptions&
   }
   // At least one row per sequence: a decode step (and its graph bucket) samples every one.
   max_logits = std::max(o.max_num_logits, o.max_num_seqs);
+  for (int64_t q : o.graph_query_lens) {
+    if (q < 2 || q > kMaxGraphQueryLen) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA runner: graph_query_lens entries must be 2..", kMaxGraphQueryLen, ", got ", q));
+    }
+  }
   if (o.decode_pdl_level < 0 || o.decode_pdl_level > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA runner: decode_pdl_level must be 0..3, got ", o.decode_pdl_level));
@@ -569,46 +556,13 @@ absl::Status RunnerCore::Validate(const ForwardInput& in) const {
   return absl::OkStatus();
 }
 
-// Pack writes the plan into `dst` laid out as `l`. Rows past the plan (graph padding, up to
-// l.num_seqs) are inert: one token at position 0 whose K/V is not written (slot -1), reading
-// block 0, its logits row its own.
-void RunnerCore::Pack(const ForwardInput& in, const MetaLayout& l,
-                                 int64_t padded_seqs, char* dst) const {
-  const int64_t T = static_cast<int64_t>(in.token_ids.size());
-  const int64_t S = static_cast<int64_t>(in.sequences.size());
-  const int64_t N = static_cast<int64_t>(in.logits_indices.size());
-  auto* slots = reinterpret_cast<int64_t*>(dst + l.slots);
-  auto* ids = reinterpret_cast<int32_t*>(dst + l.ids);
-  auto* pos = reinterpret_cast<int32_t*>(dst + l.positions);
-  auto* qsl = reinterpret_cast<int32_t*>(dst + l.query_start);
-  auto* ctx = reinterpret_cast<int32_t*>(dst + l.context_lens);
-  auto* rows = reinterpret_cast<int32_t*>(dst + l.logits_rows);
-  auto* bt = reinterpret_cast<int32_t*>(dst + l.block_tables);
-  auto* sliding = reinterpret_cast<int32_t*>(dst + l.sliding_start);
-  std::memcpy(slots, in.slot_mapping.data(), T * sizeof(int64_t));
-  std::memcpy(ids, in.token_ids.data(), T * sizeof(int32_t));
-  std::memcpy(pos, in.positions.data(), T * sizeof(int32_t));
-  std::memcpy(rows, in.logits_indices.data(), N * sizeof(int32_t));
-  const int64_t bs = options.block_size;
-  qsl[0] = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const SequenceSlice& q = in.sequences[s];
-    qsl[s + 1] = q.query_start + q.num_query_tokens;
-    ctx[s] = q.num_context_tokens;
-    const int64_t need = (int64_t{q.num_context_tokens} + q.num_query_tokens + bs - 1) / bs;
-    std::memcpy(bt + s * max_blocks_per_seq, q.block_table.data(), need * sizeof(int32_t));
-    sliding[s] = in.sliding_kv_start.empty() ? 0 : in.sliding_kv_start[s];
+void RunnerCore::Pack(const ForwardInput& plan, const Graph& g, char* dst) const {
+  const PackGeometry geometry{options.block_size, max_blocks_per_seq};
+  if (g.query_len == 1) {
+    PackStep(plan, g.layout, g.batch, geometry, dst);
+  } else {
+    PackPaddedStep(plan, g.layout, g.batch, g.query_len, geometry, dst);
   }
-  for (int64_t s = S; s < padded_seqs; ++s) {
-    slots[s] = -1;
-    ids[s] = 0;
-    pos[s] = 0;
-    qsl[s + 1] = static_cast<int32_t>(s + 1);
-    ctx[s] = 0;
-    bt[s * max_blocks_per_seq] = 0;
-    sliding[s] = 0;
-  }
-  for (int64_t r = N; r < l.num_logits; ++r) rows[r] = static_cast<int32_t>(r);
 }
 
 absl::StatusOr<char*> RunnerCore::AcquireStaging(size_t bytes) {
@@ -642,22 +596,36 @@ absl::Status RunnerCore::CaptureGraphs() {
   }
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<int64_t> query_lens = {1};
+  for (int64_t q : options.graph_query_lens) query_lens.push_back(q);
+  std::sort(query_lens.begin(), query_lens.end());
+  query_lens.erase(std::unique(query_lens.begin(), query_lens.end()), query_lens.end());
+  const int64_t multi_token_max = std::min({options.max_num_tokens, max_logits,
+                                            options.multi_token_graph_max_tokens});
   // Fixed metadata buffers first: the workspace size is computed from the real batch.
-  for (int64_t b : sizes) {
-    Graph g;
-    g.batch = b;
-    g.layout = MakeLayout(b, b, b, max_blocks_per_seq);
-    auto meta = DeviceBuffer<int64_t>::Create(g.layout.bytes / 8);
-    if (!meta.ok()) return meta.status();
-    g.meta = std::move(*meta);
-    graphs.push_back(std::move(g));
+  int64_t max_graph_tokens = 0;
+  for (int64_t q : query_lens) {
+    for (int64_t b : sizes) {
+      if (q > 1 && (b * q > multi_token_max || q > options.max_model_len)) continue;
+      Graph g;
+      g.batch = b;
+      g.query_len = q;
+      g.layout = MakeLayout(b * q, b, b * q, max_blocks_per_seq);
+      auto meta = DeviceBuffer<int64_t>::Create(g.layout.bytes / 8);
+      if (!meta.ok()) return meta.status();
+      g.meta = std::move(*meta);
+      max_graph_tokens = std::max(max_graph_tokens, b * q);
+      buckets.push_back({b, q});
+      graphs.push_back(std::move(g));
+    }
   }
   // One workspace serves every bucket (graphs replay one at a time on one stream).
   size_t ws_bytes = 0;
   for (const Graph& g : graphs) {
     const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
-    ws_bytes = std::max(ws_bytes, AttentionWorkspaceBytes(
-                                      AttnBatch(m, g.batch, g.batch, 1, options.max_model_len)));
+    ws_bytes = std::max(ws_bytes,
+                        AttentionWorkspaceBytes(AttnBatch(m, g.batch * g.query_len, g.batch,
+                                                          g.query_len, options.max_model_len)));
   }
   auto ws = DeviceBuffer<uint8_t>::Create(ws_bytes);
   if (!ws.ok()) return ws.status();
@@ -669,24 +637,26 @@ absl::Status RunnerCore::CaptureGraphs() {
   if (options.autotune_gemms && !options.gemm_tuning.empty()) {
     SLUICE_RETURN_IF_ERROR(LoadGemmTuningOnce(options.gemm_tuning));
   }
-  if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(graphs.back().batch);
+  if (options.autotune_gemms && !graphs.empty()) lt->set_autotune(max_graph_tokens);
   // One set-aside share for all buckets, sized for the largest one's window (a re-capture
   // gives back the share it took before).
   if (l2_set_aside > 0) L2ReleaseSetAside();
   l2_set_aside = 0;
   if (options.l2_persist_activations && !graphs.empty()) {
     SLUICE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&l2_device), "cudaGetDevice");
-    auto set_aside = L2SetAsideFor(HotActivations(graphs.back().batch).bytes);
+    auto set_aside = L2SetAsideFor(HotActivations(sizes.back()).bytes);
     if (!set_aside.ok()) return set_aside.status();
     l2_set_aside = *set_aside;
   }
   for (Graph& g : graphs) {
     auto host = AcquireStaging(g.layout.bytes);
     if (!host.ok()) return host.status();
-    Pack(empty, g.layout, g.batch, *host);  // all rows inert
+    Pack(empty, g, *host);  // all rows inert
     SLUICE_RETURN_IF_ERROR(Upload(*host, g.layout.bytes, g.meta.data()));
     SLUICE_RETURN_IF_ERROR(CaptureBucket(g, &g.graph, &g.exec));
-    if (CapturesBoundedGraphs()) {
+    // Multi-token buckets are not captured bounded: such steps (an SWA replay's bounded
+    // sliding attention while speculating) run eagerly.
+    if (g.query_len == 1 && CapturesBoundedGraphs()) {
       bounded_sliding = true;
       const absl::Status captured = CaptureBucket(g, &g.bounded_graph, &g.bounded_exec);
       bounded_sliding = false;
@@ -709,20 +679,20 @@ bool RunnerCore::CapturesBoundedGraphs() const {
 
 absl::Status RunnerCore::CaptureBucket(const Graph& g, cudaGraph_t* graph,
                                        cudaGraphExec_t* exec) {
-  const int64_t b = g.batch;
+  const int64_t b = g.batch, q = g.query_len, t = b * q;
   const DeviceMeta m = MetaPointers(g.meta.data(), g.layout);
   // Eager run first: cuBLASLt picks and caches its plans outside the capture.
-  SLUICE_RETURN_IF_ERROR(Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data()));
+  SLUICE_RETURN_IF_ERROR(Enqueue(m, t, b, t, q, options.max_model_len, graph_ws.data()));
   SLUICE_RETURN_IF_ERROR(stream.Synchronize());
   SLUICE_CUDA_RETURN_IF_ERROR(
       cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal),
       "cudaStreamBeginCapture");
-  absl::Status enq = Enqueue(m, b, b, b, 1, options.max_model_len, graph_ws.data());
+  absl::Status enq = Enqueue(m, t, b, t, q, options.max_model_len, graph_ws.data());
   const cudaError_t end = cudaStreamEndCapture(stream.get(), graph);
   SLUICE_RETURN_IF_ERROR(enq);
   SLUICE_CUDA_RETURN_IF_ERROR(end, "cudaStreamEndCapture");
   if (l2_set_aside > 0) {
-    auto changed = PersistInGraph(*graph, HotActivations(b), l2_set_aside);
+    auto changed = PersistInGraph(*graph, HotActivations(t), l2_set_aside);
     if (!changed.ok()) return changed.status();
   }
   SLUICE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(exec, *graph, 0), "cudaGraphInstantiate");
@@ -795,13 +765,19 @@ absl::Status RunnerCore::ReserveEagerWorkspace(const ForwardInput& plan,
   return absl::OkStatus();
 }
 
+RunnerCore::Graph* RunnerCore::FindGraph(const ForwardInput& plan, bool bounded) {
+  const int i = FindGraphBucket(plan, buckets, options.max_model_len, bounded,
+                                CapturesBoundedGraphs());
+  return i < 0 ? nullptr : &graphs[static_cast<size_t>(i)];
+}
+
 absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph) {
   RunnerCore& m = *this;
   SLUICE_RETURN_IF_ERROR(m.Validate(plan));
   const int64_t T = static_cast<int64_t>(plan.token_ids.size());
   const int64_t S = static_cast<int64_t>(plan.sequences.size());
   const int64_t N = static_cast<int64_t>(plan.logits_indices.size());
-  m.last = StepInfo{false, 0, T, N};
+  m.last = StepInfo{.num_tokens = T, .num_logits = N};
   if (T == 0) {
     m.prev_num_logits = 0;
     return absl::OkStatus();
@@ -812,30 +788,22 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   // sliding_kv_start > 0 replays the bucket's bounded graph, where there is one.
   const bool bounded = std::any_of(plan.sliding_kv_start.begin(), plan.sliding_kv_start.end(),
                                    [](int32_t start) { return start > 0; });
-  const bool decode = allow_graph && !plan.on_layer_kv_written &&
-                      plan.kv_frozen_layers.empty() && plan.embedding_rows.empty() &&
-                      (!bounded || m.CapturesBoundedGraphs()) &&
-                      T == S && !m.graphs.empty() && S <= m.graphs.back().batch;
-  if (decode) {
-    Graph* g = nullptr;
-    for (Graph& cand : m.graphs) {
-      if (cand.batch >= S && cand.batch >= N) {
-        g = &cand;
-        break;
-      }
-    }
-    if (g != nullptr) {
-      auto host = m.AcquireStaging(g->layout.bytes);
-      if (!host.ok()) return host.status();
-      m.Pack(plan, g->layout, g->batch, *host);
-      SLUICE_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
-      SLUICE_CUDA_RETURN_IF_ERROR(
-          cudaGraphLaunch(bounded ? g->bounded_exec : g->exec, m.stream.get()), "cudaGraphLaunch");
-      m.last.graph = true;
-      m.last.graph_batch = g->batch;
-      m.prev_num_logits = N;
-      return absl::OkStatus();
-    }
+  Graph* g = allow_graph && !plan.on_layer_kv_written && plan.kv_frozen_layers.empty() &&
+                     plan.embedding_rows.empty()
+                 ? m.FindGraph(plan, bounded)
+                 : nullptr;
+  if (g != nullptr) {
+    auto host = m.AcquireStaging(g->layout.bytes);
+    if (!host.ok()) return host.status();
+    m.Pack(plan, *g, *host);
+    SLUICE_RETURN_IF_ERROR(m.Upload(*host, g->layout.bytes, g->meta.data()));
+    SLUICE_CUDA_RETURN_IF_ERROR(
+        cudaGraphLaunch(bounded ? g->bounded_exec : g->exec, m.stream.get()), "cudaGraphLaunch");
+    m.last.graph = true;
+    m.last.graph_batch = g->batch;
+    m.last.graph_query_len = g->query_len;
+    m.prev_num_logits = N;
+    return absl::OkStatus();
   }
   int64_t max_q = 0, max_len = 0;
   SLUICE_RETURN_IF_ERROR(m.ReserveEagerWorkspace(plan, &max_q, &max_len));
@@ -843,7 +811,7 @@ absl::Status RunnerCore::EnqueueStep(const ForwardInput& plan, bool allow_graph)
   const DeviceMeta meta = MetaPointers(m.eager_meta.data(), layout);
   auto host = m.AcquireStaging(layout.bytes);
   if (!host.ok()) return host.status();
-  m.Pack(plan, layout, S, *host);
+  PackStep(plan, layout, S, PackGeometry{m.options.block_size, m.max_blocks_per_seq}, *host);
   SLUICE_RETURN_IF_ERROR(m.Upload(*host, layout.bytes, m.eager_meta.data()));
   SLUICE_RETURN_IF_ERROR(m.StageInputEmbeddings(plan));
   // A step without logits rows samples nothing and leaves `sampled` as it was: the next step's

@@ -20,6 +20,7 @@
 #include "common/status_macros.h"
 #include "engine/cuda/cuda_runner.h"
 #include "engine/cuda/l2_persist.h"
+#include "engine/cuda/step_meta.h"
 #include "engine/cuda/step_output_ring.h"
 #include "engine/model/dummy_weights.h"
 #include "engine/model/model.h"
@@ -33,17 +34,6 @@ namespace sluice::cuda_runner {
 
 using kernels::bf16;
 using kernels::DeviceBuffer;
-
-// Byte offsets of one step's metadata inside its (host staging / device) buffer. Sizes:
-// T tokens, S sequences, N logits rows, MB block-table width. slot_mapping comes first so the
-// int64 array is 8-byte aligned.
-struct MetaLayout {
-  int64_t num_tokens = 0, num_seqs = 0, num_logits = 0;
-  size_t slots = 0, ids = 0, positions = 0, query_start = 0, context_lens = 0, logits_rows = 0,
-         block_tables = 0, sliding_start = 0, bytes = 0;
-};
-
-MetaLayout MakeLayout(int64_t t, int64_t s, int64_t n, int64_t mb);
 
 // Device pointers of one step's metadata.
 struct DeviceMeta {
@@ -254,6 +244,9 @@ class RunnerCore {
  private:
   struct Graph {
     int64_t batch = 0;
+    // Query tokens per sequence (CudaRunnerOptions::graph_query_lens; 1: a plain decode
+    // bucket): batch · query_len tokens and logits rows.
+    int64_t query_len = 1;
     MetaLayout layout;
     DeviceBuffer<int64_t> meta;
     cudaGraph_t graph = nullptr;
@@ -273,7 +266,11 @@ class RunnerCore {
   absl::Status CaptureBucket(const Graph& g, cudaGraph_t* graph, cudaGraphExec_t* exec);
   absl::Status CaptureGraphs();
   absl::Status Validate(const ForwardInput& plan) const;
-  void Pack(const ForwardInput& plan, const MetaLayout& l, int64_t padded_seqs, char* dst) const;
+  // Pack: `plan` into bucket `g`'s layout (PackStep, or PackPaddedStep for a multi-token
+  // bucket).
+  void Pack(const ForwardInput& plan, const Graph& g, char* dst) const;
+  // FindGraph: the graph `plan` replays (FindGraphBucket), or null for an eager step.
+  Graph* FindGraph(const ForwardInput& plan, bool bounded);
   absl::StatusOr<char*> AcquireStaging(size_t bytes);
   absl::Status Upload(const char* host, size_t bytes, void* device);
   // Input embeddings (ForwardInput::embedding_rows / embedding_values) of an eager step go to
@@ -317,7 +314,8 @@ class RunnerCore {
   PinnedBuffer staging[2];
   cudaEvent_t staging_done[2] = {nullptr, nullptr};
   int next_staging = 0;
-  std::vector<Graph> graphs;    // ascending batch
+  std::vector<Graph> graphs;    // by query_len, then ascending batch
+  std::vector<GraphBucket> buckets;  // graphs[i]'s shape
   int64_t prev_num_logits = 0;  // logits rows of the previous step (for fed-back token ids)
   // A forward enqueued without its sampling yet (EnqueueForward → EnqueueSampling).
   struct PendingSampling {

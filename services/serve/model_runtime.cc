@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -93,8 +94,11 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   runner.max_num_tokens = engine.max_num_batched_tokens;
   runner.max_num_seqs = engine.max_num_seqs;
   // A speculative verify step asks for the logits of every decode sequence's k + 1 positions.
-  runner.max_num_logits =
-      int64_t{engine.max_num_seqs} * (1 + SpeculativeVerifyRows(options.speculative));
+  const int32_t verify_rows = SpeculativeVerifyRows(options.speculative);
+  runner.max_num_logits = int64_t{engine.max_num_seqs} * (1 + verify_rows);
+  // ... and replays decode graphs of 2..k + 1 query tokens per sequence (each sequence padded
+  // to the step's longest row).
+  for (int32_t q = 2; q <= 1 + verify_rows; ++q) runner.graph_query_lens.push_back(q);
   runner.gemm_tuning = options.gemm_tuning;
   runner.gemm_tuning_save = options.gemm_tuning_save;
   runner.batch_invariant = engine.batch_invariant;
@@ -125,6 +129,37 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   (void)engine;
   return CheckDeviceOptions(options);  // the no-CUDA-backend error
 #endif
+}
+
+// CudaDraftModel: a draft model on GPU 0 beside the target, with the target's step limits
+// (its forwards hold at most a step's tokens; one logits row per sequence and round) and decode
+// graphs for its rounds; its KV gets at most kCudaDraftKvBytes of the activation reserve.
+constexpr int64_t kCudaDraftKvBytes = 512LL << 20;
+DraftModelOnDevice CudaDraftModel(const RuntimeOptions& options, const EngineOptions& engine,
+                                  int64_t max_model_len) {
+  DraftModelOnDevice d;
+  d.max_tokens_per_forward = engine.max_num_batched_tokens;
+  d.kv_bytes = kCudaDraftKvBytes;
+#if defined(SLUICE_HAVE_CUDA)
+  cuda_runner::CudaRunnerOptions runner;
+  runner.block_size = engine.block_size;
+  runner.max_model_len = max_model_len;
+  runner.max_num_tokens = engine.max_num_batched_tokens;
+  runner.max_num_seqs = engine.max_num_seqs;
+  runner.gemm_tuning = options.gemm_tuning;
+  d.load = [runner](const std::string& dir) mutable -> absl::StatusOr<std::unique_ptr<Model>> {
+    // The drafter never feeds positions past the draft's own max_position_embeddings.
+    absl::StatusOr<ModelConfig> config = ModelConfig::Load(dir);
+    if (!config.ok()) return config.status();
+    runner.max_model_len = std::min<int64_t>(runner.max_model_len, config->max_position_embeddings);
+    return cuda_runner::LoadCudaModel(dir, runner);
+  };
+#else
+  d.load = [options](const std::string&) -> absl::StatusOr<std::unique_ptr<Model>> {
+    return CheckDeviceOptions(options);
+  };
+#endif
+  return d;
 }
 
 // WarmUp runs one 1-token request through `engine`, so what a CUDA model does on its first step
@@ -425,14 +460,21 @@ absl::StatusOr<ModelRuntime> LoadModelRuntime(const RuntimeOptions& options) {
     runtime.kv_connector = engine_options.kv_connector;
     spdlog::info("kvstore connector: {} shard(s) {}", shards->size(), options.kvstore);
   }
-  // On --device cuda the target verifies drafts in its eager multi-token path (decode CUDA
-  // graphs cover steps without drafts), the draft model runs on the CPU and MTP is refused by
-  // the CUDA model's MtpStatus (engine/spec/README.md).
+  // On --device cuda the target verifies drafts in multi-token decode graphs
+  // (CudaRunnerOptions::graph_query_lens), the draft model runs on the same GPU and MTP is
+  // refused by the CUDA model's MtpStatus (engine/spec/README.md).
+  std::optional<DraftModelOnDevice> draft_on_device;
+  if (options.device == "cuda") {
+    draft_on_device = CudaDraftModel(options, engine_options,
+                                     engine_options.max_model_len > 0
+                                         ? engine_options.max_model_len
+                                         : (*model)->config().max_position_embeddings);
+  }
   if (absl::Status s = ConfigureSpeculative(
           options.speculative, options.model_dir, (*model)->config().vocab_size,
           *runtime.tokenizer,
           (*model)->kv_cache_spec().BytesPerToken() * engine_options.block_size, model->get(),
-          &engine_options);
+          &engine_options, draft_on_device ? &*draft_on_device : nullptr);
       !s.ok()) {
     return s;
   }

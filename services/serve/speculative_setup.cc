@@ -54,7 +54,7 @@ int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags) {
 absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
                                   int64_t target_vocab_size, const Tokenizer& target_tokenizer,
                                   int64_t target_block_bytes, Model* target,
-                                  EngineOptions* engine) {
+                                  EngineOptions* engine, const DraftModelOnDevice* on_device) {
   SpeculativeOptions& spec = engine->speculative;
   spec.num_speculative_tokens = flags.num_speculative_tokens;
   if (absl::Status s = spec.Validate(); !s.ok()) return s;
@@ -103,18 +103,34 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
         !s.ok()) {
       return s;
     }
-    // The draft model runs on the CPU engine's kernels whatever the target's device: a few
-    // million weights, drafted one sequence-round at a time beside the target's step.
-    absl::StatusOr<std::unique_ptr<Model>> draft = LoadModel(flags.model);
+    // Beside a GPU target the draft model runs on the same GPU (a draft round there is a decode
+    // graph replay; on the host's cores it took longer than the target's step), else on the CPU
+    // engine's kernels.
+    absl::StatusOr<std::unique_ptr<Model>> draft =
+        on_device != nullptr ? on_device->load(flags.model) : LoadModel(flags.model);
     if (!draft.ok()) return draft.status();
-    DraftModelOptions options;
-    options.block_size = engine->block_size;
-    options.num_kv_blocks = DraftKvBlocks(
+    const int64_t target_blocks =
         engine->num_kv_blocks > 0
             ? engine->num_kv_blocks
-            : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes),
-        !engine->allocate_host_kv_cache, engine->kv_cache_bytes,
-        (*draft)->kv_cache_spec().BytesPerToken() * engine->block_size);
+            : engine->kv_cache_bytes / std::max<int64_t>(1, target_block_bytes);
+    const int64_t draft_block_floats = (*draft)->kv_cache_spec().BytesPerToken() * engine->block_size;
+    DraftModelOptions options;
+    options.block_size = engine->block_size;
+    if (on_device != nullptr) {
+      if (flags.draft_vocab > 0) {
+        return absl::InvalidArgumentError(
+            "--speculative-draft-vocab: a draft model on the GPU keeps its full LM head (the "
+            "restricted head is a CPU-engine option); drop the flag");
+      }
+      // bf16 on the device: half the float32 bytes BytesPerToken counts.
+      options.num_kv_blocks =
+          DraftKvBlocks(target_blocks, true, on_device->kv_bytes, draft_block_floats / 2);
+      options.max_tokens_per_forward = on_device->max_tokens_per_forward;
+      options.host_kv_storage = false;
+    } else {
+      options.num_kv_blocks = DraftKvBlocks(target_blocks, !engine->allocate_host_kv_cache,
+                                            engine->kv_cache_bytes, draft_block_floats);
+    }
     options.enable_prefix_caching = engine->enable_prefix_caching;
     options.model_id = flags.model;
     if (flags.draft_vocab < 0) {

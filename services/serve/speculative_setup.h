@@ -5,6 +5,8 @@
 #define SLUICE_SERVICES_SERVE_SPECULATIVE_SETUP_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,6 +38,16 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
 // rows for max_num_seqs · (1 + this).
 int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags);
 
+// DraftModelOnDevice: how a draft model is loaded beside a target on a GPU (model_runtime.cc):
+// `load` makes the device model of a draft folder; its forwards hold at most
+// max_tokens_per_forward tokens (DraftModelOptions), and its KV cache, kept on the device, at
+// most kv_bytes of bf16 blocks (and no more blocks than the target's).
+struct DraftModelOnDevice {
+  std::function<absl::StatusOr<std::unique_ptr<Model>>(const std::string& dir)> load;
+  int64_t max_tokens_per_forward = 0;
+  int64_t kv_bytes = 0;
+};
+
 // ConfigureSpeculative fills engine->speculative from `flags` (nothing when speculation is off).
 // `target_dir` / `target_vocab_size` / `target_tokenizer` describe the target; `target` is the
 // target model itself (MTP drafts with its module; not owned, must outlive the engine's drafter).
@@ -43,8 +55,9 @@ int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags);
 // (engine->num_kv_blocks, or what engine->kv_cache_bytes holds of `target_block_bytes` blocks);
 // beside a target whose KV lives on the GPU (!engine->allocate_host_kv_cache) the draft model's
 // host KV gets at most what engine->kv_cache_bytes holds of its own blocks (DraftKvBlocks).
-// The draft model always runs on the CPU; a CUDA target cannot draft with MTP (its
-// MtpStatus says so).
+// The draft model runs on the CPU engine, or through `on_device` (not null) on the target's
+// GPU; a CUDA target cannot draft with MTP (its MtpStatus says so), nor restrict a device draft
+// model's LM head (--speculative-draft-vocab: InvalidArgument).
 // Errors: InvalidArgument for an unknown method, --speculative-method draft_model without
 // --speculative-model, --speculative-method mtp on a target without MTP weights (the message
 // names them), --num-speculative-tokens or --speculative-verify out of range, a
@@ -52,7 +65,8 @@ int32_t SpeculativeVerifyRows(const SpeculativeFlags& flags);
 absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::string& target_dir,
                                   int64_t target_vocab_size, const Tokenizer& target_tokenizer,
                                   int64_t target_block_bytes, Model* target,
-                                  EngineOptions* engine);
+                                  EngineOptions* engine,
+                                  const DraftModelOnDevice* on_device = nullptr);
 
 }  // namespace sluice
 
