@@ -513,8 +513,9 @@ class LLMEngineImpl final : public LLMEngine {
     layer_observers_.clear();
     // The confidence scheduler prices decode steps: prompt chunks (a cheaper per-token rate in
     // one large GEMM) would bend the fit. Beside SpeculationRegime it prices verify steps only:
-    // plain steps are the regime's (pipelined), and a synchronous plain step may take another
-    // path (CUDA graphs) whose cost would bend the verify steps' line.
+    // plain steps are the regime's (pipelined), and a synchronous plain step takes another path
+    // (a plain decode graph, against a verify step's padded multi-token one) whose cost would
+    // bend the verify steps' line.
     if (IsDecodeStep(plan) && (!regime_.has_value() || HasDrafts(plan))) {
       step_cost_.Observe(static_cast<double>(input_.token_ids.size()),
                          options_.speculative.clock
