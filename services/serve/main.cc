@@ -74,6 +74,9 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "(auto: configs/gemm_tuning; empty: time every decode GEMM shape at start-up)");
   app.add_option("--gemm-tuning-save", runtime.gemm_tuning_save,
                  "--device cuda: write the start-up's GEMM tuning table here (file or directory)");
+  app.add_flag("--enforce-eager", runtime.enforce_eager,
+               "--device cuda: capture no CUDA graphs; every step (decode, speculative verify, "
+               "draft rounds) runs eagerly");
   app.add_option("--block-size", runtime.engine.block_size, "Tokens per KV block")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-model-len", runtime.engine.max_model_len,

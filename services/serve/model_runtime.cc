@@ -101,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Model>> LoadCudaBackend(const RuntimeOptions& opt
   for (int32_t q = 2; q <= 1 + verify_rows; ++q) runner.graph_query_lens.push_back(q);
   runner.gemm_tuning = options.gemm_tuning;
   runner.gemm_tuning_save = options.gemm_tuning_save;
+  runner.use_cuda_graphs = !options.enforce_eager;
   runner.batch_invariant = engine.batch_invariant;
   // A kvstore block copy through pinned staging gets the store's shorter call deadline (the
   // connector's load timeout): past it the save is dropped, the load computed.
@@ -147,6 +148,7 @@ DraftModelOnDevice CudaDraftModel(const RuntimeOptions& options, const EngineOpt
   runner.max_num_tokens = engine.max_num_batched_tokens;
   runner.max_num_seqs = engine.max_num_seqs;
   runner.gemm_tuning = options.gemm_tuning;
+  runner.use_cuda_graphs = !options.enforce_eager;
   d.load = [runner](const std::string& dir) mutable -> absl::StatusOr<std::unique_ptr<Model>> {
     // The drafter never feeds positions past the draft's own max_position_embeddings.
     absl::StatusOr<ModelConfig> config = ModelConfig::Load(dir);

@@ -42,6 +42,10 @@ struct RuntimeOptions {
   // write the process's table after start-up ("" nowhere).
   std::string gemm_tuning = "auto";
   std::string gemm_tuning_save;
+  // --device cuda (vLLM's --enforce-eager): run every step eagerly, capturing no CUDA graphs,
+  // for the target and a GPU draft model alike. Start-up is shorter; decode steps pay the
+  // kernels' launch costs.
+  bool enforce_eager = false;
   // "host:port[,host:port...]": kvstore shards to load prompt KV from and write it through to
   // (services/kvstore/kvstore_connector.h); empty: none.
   std::string kvstore;

@@ -1,8 +1,9 @@
 """Speculative decoding on `sluice serve --device cuda` (a GPU machine: SLUICE_TEST_DEVICE=cuda;
 skipped otherwise — the CPU engine's answers are tests/e2e/test_speculative.py's).
 
-The target verifies drafts on the GPU (k + 1 query tokens and logits rows per decode sequence),
-the draft model runs on the CPU beside it. With --batch-invariant a verify row's logits are those
+The target verifies drafts on the GPU (k + 1 query tokens and logits rows per decode sequence,
+replaying the multi-token decode graphs, or eagerly with --enforce-eager), and the draft model
+runs in a CUDA runner of its own on the same GPU. With --batch-invariant a verify row's logits are those
 of the same position decoded alone, so greedy answers with speculation equal the plain CUDA
 server's token for token: the sluice-mini-draft draft model for sluice-mini-moe (auto
 verification) and n-gram lookup on llama-tiny (fixed k), with n = 2, logprobs, penalties and stop
@@ -78,7 +79,8 @@ def assert_drafts_accepted(url):
     (MODEL_DIR, ["--speculative-model", str(DRAFT_DIR)], PROMPTS),
     (LLAMA_DIR, ["--speculative-method", "ngram", "--speculative-verify", "5"],
      ["the cat sat on the mat and the cat sat on the mat and the cat", "one two three one two"]),
-], ids=["draft-model", "ngram"])
+    (MODEL_DIR, ["--speculative-model", str(DRAFT_DIR), "--enforce-eager"], PROMPTS),
+], ids=["draft-model", "ngram", "draft-model-eager"])
 def test_batch_invariant_greedy_equals_plain(pair, model_dir, spec_args, prompts):
     (_, plain), (spec_proc, spec) = pair(model_dir, spec_args, common=["--batch-invariant"])
     for prompt in prompts:
