@@ -62,8 +62,10 @@ absl::Status MlaWriteCacheCpu(const float* latent, const int64_t* slot_mapping,
 //           channels of each head are already roped (same channel order as the cached k_pe)
 //   w_kv_b: [num_heads, dn + dv, R], float32: kv_b_proj.weight (per head: W_UK rows, then W_UV)
 //   out:    [num_tokens, num_heads * dv], float32
-// Each (token, head) is computed independently in a fixed order: results do not depend on the
-// batch or the thread count. Parallel over (token, head).
+// Each (token, head) is computed in a fixed order of its own: results do not depend on the batch,
+// the other query tokens of its sequence or the thread count. Parallel over (group, head), a
+// group being up to six consecutive query tokens of one sequence that share each cached row's
+// loads (a speculative verify step's k + 1 tokens).
 // Errors: InvalidArgument for a block table too short for a sequence or a block id outside
 // the cache.
 absl::Status MlaAttentionCpu(const float* q, int64_t q_token_stride, const float* w_kv_b,

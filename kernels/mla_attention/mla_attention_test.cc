@@ -182,6 +182,37 @@ TEST(MlaAttentionTest, BatchInvariant) {
   }
 }
 
+// A speculative verify step (k + 1 query tokens of one sequence, attended in groups that share
+// the cached rows' loads) gives each token the bits of a decode step of that token alone: 1..13
+// query tokens cover every group size and the balanced splits (7 = 4 + 3, 13 = 5 + 4 + 4).
+TEST(MlaAttentionTest, QueryTokensMatchOneTokenSteps) {
+  std::mt19937 rng(4);
+  std::vector<SeqPlan> plans;
+  for (int32_t q = 1; q <= 13; ++q) plans.push_back({static_cast<int32_t>(3 * q + 2), q});
+  for (int64_t block_size : {1, 16}) {
+    Problem p = MakeProblem(MiniDims(), block_size, plans, rng);
+    std::vector<float> batched = RunMla(p, p.sequences, p.num_tokens, p.q.data());
+    const int64_t per_token = p.dims.num_heads * p.dims.v_head_dim;
+    const int64_t q_stride =
+        p.dims.num_heads * (p.dims.qk_nope_head_dim + p.dims.qk_rope_head_dim);
+    for (const MlaSequence& s : p.sequences) {
+      for (int32_t i = 0; i < s.num_query_tokens; ++i) {
+        MlaSequence step = s;
+        step.query_start = 0;
+        step.num_context_tokens = s.num_context_tokens + i;
+        step.num_query_tokens = 1;
+        const int64_t t = s.query_start + i;
+        std::vector<float> single = RunMla(p, {step}, 1, p.q.data() + t * q_stride);
+        for (int64_t e = 0; e < per_token; ++e) {
+          ASSERT_EQ(single[e], batched[t * per_token + e])
+              << "sequence of " << s.num_query_tokens << " query tokens, token " << i
+              << ", block size " << block_size;
+        }
+      }
+    }
+  }
+}
+
 TEST(MlaAttentionTest, WriteCachePlacesEntriesAtSlots) {
   const MlaDims dims = TinyDims();
   const int64_t width = dims.LatentWidth();

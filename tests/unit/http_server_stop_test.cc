@@ -89,8 +89,9 @@ TEST(HttpServerStopTest, IdleConnectionsAreFreedWithTheServer) {
           std::lock_guard<std::mutex> lock(mu);
           sink_seen = sink;
         }
-        sink->SendResponse(200, "text/plain", "ok");
+        // Counted before the reply is sent: the client may read it before this thread runs on.
         answered.fetch_add(1);
+        sink->SendResponse(200, "text/plain", "ok");
         return nullptr;
       });
   ASSERT_TRUE(server.ok()) << server.status();
