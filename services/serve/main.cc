@@ -20,7 +20,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/spec/speculative.h"
 #include "engine/kv/swa_replay.h"
 #include "services/serve/build_info.h"
 #include "services/common/crash_handler.h"
@@ -38,6 +40,7 @@
 #include "services/serve/router_command.h"
 #include "services/serve/scheduling_flags.h"
 #include "services/serve/serve_command.h"
+#include "services/serve/speculative_setup.h"
 #include "services/serve/worker_command.h"
 
 namespace {
@@ -108,19 +111,33 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
       ->check(CLI::IsMember({"draft_model", "ngram", "mtp"}));
   app.add_option("--num-speculative-tokens", runtime.speculative.num_speculative_tokens,
                  "Draft tokens per step: the fixed k, or the most --speculative-verify auto "
-                 "verifies (1..16, default 5)");
+                 "verifies (1..16, default 5)")
+      ->check(CLI::Range(1, sluice::kMaxSpeculativeTokens));
   app.add_option("--speculative-verify", runtime.speculative.verify,
                  "auto: verify per sequence the draft prefix whose expected gain beats its cost "
-                 "(confidence-scheduled); a number k: always draft and verify k tokens");
+                 "(confidence-scheduled); a number k: always draft and verify k tokens")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "auto") return "";
+            int32_t k = 0;
+            if (absl::SimpleAtoi(value, &k) && k >= 1 && k <= sluice::kMaxSpeculativeTokens) {
+              return "";
+            }
+            return absl::StrCat("invalid value '", value, "' (expected auto or an integer in [1, ",
+                                sluice::kMaxSpeculativeTokens, "])");
+          },
+          "auto|K", "speculative verify"));
   app.add_option("--speculative-draft-vocab", runtime.speculative.draft_vocab,
                  "--speculative-model: draft only over the N most frequent tokens (FR-Spec: an "
                  "LM head of N rows; counted over the served tokens, lowest ids until then). "
                  "0: the whole vocabulary")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-lookup-min", runtime.speculative.prompt_lookup_min,
-                 "--speculative-method ngram: shortest suffix matched in the sequence");
+                 "--speculative-method ngram: shortest suffix matched in the sequence")
+      ->check(CLI::PositiveNumber);
   app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,
-                 "--speculative-method ngram: longest suffix matched in the sequence");
+                 "--speculative-method ngram: longest suffix matched in the sequence")
+      ->check(CLI::PositiveNumber);
   sluice::AddSchedulingFlags(app, runtime.engine);
   app.add_flag("--batch-invariant", runtime.engine.batch_invariant,
                "Bitwise-reproducible logits: a request gets the same logits, logprobs and "
@@ -488,6 +505,18 @@ int main(int argc, char** argv) {
     }
     if (auto layout = sluice::CheckParallelLayout(*runtime); !layout.ok()) {
       spdlog::error("{}", layout.status().ToString());
+      return sluice::kUsageErrorExitCode;
+    }
+    sluice::SpeculativeFlagsGiven given;
+    given.model = cmd->count("--speculative-model") > 0;
+    given.num_speculative_tokens = cmd->count("--num-speculative-tokens") > 0;
+    given.verify = cmd->count("--speculative-verify") > 0;
+    given.draft_vocab = cmd->count("--speculative-draft-vocab") > 0;
+    given.prompt_lookup =
+        cmd->count("--prompt-lookup-min") > 0 || cmd->count("--prompt-lookup-max") > 0;
+    if (absl::Status s = sluice::CheckSpeculativeFlags(runtime->speculative, given); !s.ok()) {
+      std::fprintf(stderr, "sluice: error: %s\nRun 'sluice %s --help' for usage.\n",
+                   std::string(s.message()).c_str(), cmd->get_name().c_str());
       return sluice::kUsageErrorExitCode;
     }
   }

@@ -1,6 +1,7 @@
 #include "services/serve/speculative_setup.h"
 
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,54 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
       return mismatch(absl::StrCat("tokenizers differ at id ", id, " ('", draft.IdToToken(id),
                                    "' vs '", target_tokenizer.IdToToken(id), "')"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSpeculativeFlags(const SpeculativeFlags& flags,
+                                   const SpeculativeFlagsGiven& given) {
+  if (given.model && flags.model.empty()) {
+    return absl::InvalidArgumentError("--speculative-model: empty path");
+  }
+  const std::string method =
+      !flags.method.empty() ? flags.method : (flags.model.empty() ? "" : "draft_model");
+  if (method.empty()) {
+    for (const auto& [set, name] : {std::pair{given.num_speculative_tokens,
+                                              "--num-speculative-tokens"},
+                                    std::pair{given.verify, "--speculative-verify"},
+                                    std::pair{given.draft_vocab, "--speculative-draft-vocab"},
+                                    std::pair{given.prompt_lookup, "--prompt-lookup-min/max"}}) {
+      if (set) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, " needs a drafter: --speculative-model DIR or --speculative-method"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (!flags.model.empty() && method != "draft_model") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-method ", method, " does not use a draft model: drop "
+                     "--speculative-model"));
+  }
+  if (given.draft_vocab && method != "draft_model") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-draft-vocab restricts a draft model's LM head; --speculative-method ",
+        method, " has none"));
+  }
+  if (given.prompt_lookup && method != "ngram") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt-lookup-min/max set n-gram lookup; --speculative-method is ", method));
+  }
+  if (method == "ngram" && flags.prompt_lookup_min > flags.prompt_lookup_max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt-lookup-min ", flags.prompt_lookup_min, " is above --prompt-lookup-max ",
+        flags.prompt_lookup_max));
+  }
+  if (given.verify && given.num_speculative_tokens && flags.verify != "auto" &&
+      flags.verify != std::to_string(flags.num_speculative_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-verify ", flags.verify, " fixes k = ", flags.verify,
+        " but --num-speculative-tokens is ", flags.num_speculative_tokens, ": give one"));
   }
   return absl::OkStatus();
 }
@@ -133,9 +182,10 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
     }
     options.enable_prefix_caching = engine->enable_prefix_caching;
     options.model_id = flags.model;
-    if (flags.draft_vocab < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--speculative-draft-vocab must be >= 0, got ", flags.draft_vocab));
+    if (flags.draft_vocab < 0 || flags.draft_vocab > target_vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--speculative-draft-vocab must be in [0, ", target_vocab_size,
+                       "] (the vocabulary), got ", flags.draft_vocab));
     }
     options.draft_vocab = flags.draft_vocab;
     absl::StatusOr<std::unique_ptr<DraftModelDrafter>> drafter =

@@ -26,6 +26,25 @@ struct SpeculativeFlags {
   int32_t prompt_lookup_max = 4;
 };
 
+// Which speculative flags the command line gave (CLI11's count), for CheckSpeculativeFlags.
+struct SpeculativeFlagsGiven {
+  bool model = false;
+  bool num_speculative_tokens = false;
+  bool verify = false;
+  bool draft_vocab = false;
+  bool prompt_lookup = false;  // --prompt-lookup-min or --prompt-lookup-max
+};
+
+// CheckSpeculativeFlags: the flag combination means one thing, before any model loads (a usage
+// error, exit 2, in main.cc). Errors (InvalidArgument, naming the flags): an empty
+// --speculative-model; a drafter flag without a drafter (--num-speculative-tokens,
+// --speculative-verify); --speculative-model with another method than draft_model;
+// --speculative-draft-vocab without a draft model; --prompt-lookup-min/max without ngram or
+// with min > max; a fixed --speculative-verify k that contradicts --num-speculative-tokens.
+// (Ranges of single values are CLI11 checks on the flags themselves.)
+absl::Status CheckSpeculativeFlags(const SpeculativeFlags& flags,
+                                   const SpeculativeFlagsGiven& given);
+
 // CheckDraftMatchesTarget: the draft folder's vocabulary size (config.json) and tokenizer
 // (tokenizer.json, every id's token string and the special tokens) equal the target's.
 // Errors: InvalidArgument naming both folders and the first difference; those of

@@ -177,10 +177,66 @@ def test_mismatched_draft_is_refused(tmp_path):
     assert str(draft) in out and str(MODEL_DIR) in out and "tokenizers differ at id 300" in out
 
 
-@pytest.mark.parametrize("k", ["0", "17"])
+def usage_error(args, command="serve"):
+    """Runs `sluice COMMAND --model ... ARGS`, which must stop at the command line: exit 2, one
+    "sluice: error: ..." line, before any model loads."""
+    proc = subprocess.run([sluice_bin(), command, "--model", str(MODEL_DIR), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "loading model" not in proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("sluice: error: ") and lines[1].startswith(f"Run 'sluice {command}")
+    return lines[0][len("sluice: error: "):]
+
+
+@pytest.mark.parametrize("k", ["0", "17", "-1"])
 def test_num_speculative_tokens_out_of_range_is_refused(k):
-    out = start_fails(["--speculative-method", "ngram", "--num-speculative-tokens", k])
-    assert f"--num-speculative-tokens must be in [1, 16], got {k}" in out
+    assert usage_error(["--speculative-method", "ngram", "--num-speculative-tokens", k]) == (
+        f"--num-speculative-tokens: invalid value '{k}' (expected an integer in [1, 16])")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--speculative-method", "ngram", "--speculative-verify", "foo"],
+     "--speculative-verify: invalid value 'foo' (expected auto or an integer in [1, 16])"),
+    (["--speculative-method", "ngram", "--speculative-verify", "17"],
+     "--speculative-verify: invalid value '17' (expected auto or an integer in [1, 16])"),
+    (["--num-speculative-tokens", "4"],
+     "--num-speculative-tokens needs a drafter: --speculative-model DIR or --speculative-method"),
+    (["--speculative-verify", "3"],
+     "--speculative-verify needs a drafter: --speculative-model DIR or --speculative-method"),
+    (["--speculative-method", "ngram", "--speculative-model", str(DRAFT_DIR)],
+     "--speculative-method ngram does not use a draft model: drop --speculative-model"),
+    (["--speculative-method", "ngram", "--speculative-draft-vocab", "100"],
+     "--speculative-draft-vocab restricts a draft model's LM head; --speculative-method ngram "
+     "has none"),
+    (["--speculative-model", str(DRAFT_DIR), "--prompt-lookup-min", "2"],
+     "--prompt-lookup-min/max set n-gram lookup; --speculative-method is draft_model"),
+    (["--speculative-method", "ngram", "--prompt-lookup-min", "5", "--prompt-lookup-max", "2"],
+     "--prompt-lookup-min 5 is above --prompt-lookup-max 2"),
+    (["--speculative-method", "ngram", "--speculative-verify", "8",
+      "--num-speculative-tokens", "3"],
+     "--speculative-verify 8 fixes k = 8 but --num-speculative-tokens is 3: give one"),
+    (["--speculative-model", ""], "--speculative-model: empty path"),
+], ids=["verify-word", "verify-range", "k-without-drafter", "verify-without-drafter",
+        "ngram-with-model", "draft-vocab-with-ngram", "lookup-with-draft-model",
+        "lookup-min-above-max", "verify-contradicts-k", "empty-model"])
+def test_contradictory_speculative_flags_are_usage_errors(args, message):
+    assert usage_error(args) == message
+
+
+def test_speculative_usage_errors_on_generate_and_decode():
+    assert usage_error(["--input", "x", "--output", "y", "--speculative-method", "ngram",
+                        "--speculative-draft-vocab", "9"], command="generate").startswith(
+        "--speculative-draft-vocab restricts")
+    assert usage_error(["--router", "localhost:1", "--speculative-method", "ngram",
+                        "--speculative-verify", "x"], command="decode").startswith(
+        "--speculative-verify: invalid value 'x'")
+
+
+def test_draft_vocab_above_the_vocabulary_is_refused():
+    out = start_fails(["--speculative-model", str(DRAFT_DIR), "--speculative-draft-vocab",
+                       "100000"])
+    assert "--speculative-draft-vocab must be in [0, 8192] (the vocabulary), got 100000" in out
 
 
 def test_generate_with_draft_model(tmp_path, client):
