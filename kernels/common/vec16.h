@@ -59,6 +59,35 @@ inline void Reduce4(V16 a, V16 b, V16 c, V16 d, float* out) {
 #endif
 }
 
+// Exp: e^x per lane, within about 2 ulp of expf for x in [-87.33, 88]; lanes below -87.33
+// (where expf turns denormal) give 0, lanes above 88 give e^88. Cody–Waite reduction
+// x = n·ln2 + r with |r| ≤ ln2/2 (ln2 split in a high part exact in float and a low part), a
+// degree-7 Taylor polynomial of e^r (truncation error r^8/8! < 6e-9, under a tenth of an ulp),
+// and 2^n from the exponent bits. Plain multiplies and adds, so a baseline build's AVX-512 clone
+// and its SSE code compute the same bits (kernels/common/isa_clones.h).
+inline V16 Exp(V16 x) {
+  const V16 zero = V16{};
+  const V16 lo = zero - 87.33f;
+  const V16 hi = zero + 88.0f;
+  const V16 in = x < lo ? lo : (x > hi ? hi : x);
+  const V16 round = zero + 12582912.0f;  // 1.5 · 2^23: adding then subtracting it rounds
+  const V16 n = (in * 1.44269504088896341f + round) - round;
+  const V16 r = (in - n * 0.693359375f) - n * -2.12194440e-4f;
+  V16 p = zero + (1.0f / 5040.0f);
+  p = p * r + (1.0f / 720.0f);
+  p = p * r + (1.0f / 120.0f);
+  p = p * r + (1.0f / 24.0f);
+  p = p * r + (1.0f / 6.0f);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
+  V16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const V16 e = p * scale;
+  return x < lo ? zero : e;
+}
+
 }  // namespace sluice::kernels::simd
 
 #endif  // SLUICE_KERNELS_COMMON_VEC16_H_

@@ -114,6 +114,19 @@ inline void WeightedRowSum(const float* coef, const float* const* rows, int64_t 
   WeightedRowSums<1>(&coef, rows, &num_rows, n, &y);
 }
 
+// ExpShifted: v[j] = e^(v[j] - shift) for j < n, 16 at a time (simd::Exp); the last partial
+// vector goes through a padded copy so every element gets the same arithmetic.
+inline void ExpShifted(float* v, int64_t n, float shift) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) Store(v + j, simd::Exp(Load(v + j) - shift));
+  if (j < n) {
+    float tail[kLanes] = {};
+    std::memcpy(tail, v + j, (n - j) * sizeof(float));
+    Store(tail, simd::Exp(Load(tail) - shift));
+    std::memcpy(v + j, tail, (n - j) * sizeof(float));
+  }
+}
+
 // Query tokens of one sequence that one work item attends together (a speculative verify step
 // of k = 5 drafts is one group per head): each cached latent row is loaded once for all of them.
 constexpr int kMaxGroup = 6;
@@ -208,11 +221,9 @@ inline void AttendGroup(const MlaItems& a, const MlaGroup& group, int64_t h, flo
     }
   }
   for (int g = 0; g < G; ++g) {
+    ExpShifted(scores[g], num_keys[g], max_score[g]);
     float sum = 0.0f;
-    for (j = 0; j < num_keys[g]; ++j) {
-      scores[g][j] = std::exp(scores[g][j] - max_score[g]);
-      sum += scores[g][j];
-    }
+    for (j = 0; j < num_keys[g]; ++j) sum += scores[g][j];
     const float inv_sum = 1.0f / sum;
     for (j = 0; j < num_keys[g]; ++j) scores[g][j] *= inv_sum;
   }
