@@ -68,9 +68,11 @@ absl::Status CheckSpeculativeFlags(const SpeculativeFlags& flags,
     return absl::OkStatus();
   }
   if (!flags.model.empty() && method != "draft_model") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--speculative-method ", method, " does not use a draft model: drop "
-                     "--speculative-model"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-method ", method,
+        method == "mtp" ? " drafts with the target's own MTP module"
+                        : " does not use a draft model",
+        ": drop --speculative-model"));
   }
   if (given.draft_vocab && method != "draft_model") {
     return absl::InvalidArgumentError(absl::StrCat(
