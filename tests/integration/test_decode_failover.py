@@ -177,8 +177,12 @@ def test_decode_queue_timeout_is_a_clear_503():
                 range(NUM_QUEUED)))
     finally:
         serve.stop()
+    # The router holds each Decode 700 ms after its reservation, so a worker keeps its one
+    # request's blocks longer than the 300 ms queue wait however fast it decodes (a fast engine
+    # otherwise served all 32 within the wait).
     cluster = Cluster(num_prefill=1, num_decode=2, role_args={"decode": SMALL_DECODE},
-                      router_args=["--decode-queue-timeout-s", "0.3"])
+                      router_args=["--decode-queue-timeout-s", "0.3",
+                                   "--test-decode-start-delay-ms", "700"])
     try:
         client = openai.OpenAI(base_url=cluster.url + "/v1", api_key="x", timeout=60,
                                max_retries=0)
