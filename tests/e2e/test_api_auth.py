@@ -173,6 +173,7 @@ def test_grpc_inference_needs_a_key(server):
     stub = pb_grpc.InferenceStub(grpc.insecure_channel(server.grpc_address))
     request = pb.GenerateRequest(text="Hello")
     request.sampling.max_tokens = 2
+    request.sampling.ignore_eos = True  # a sampled EOS would end it early
     for metadata in ((), (("authorization", "Bearer sk-wrong"),)):
         with pytest.raises(grpc.RpcError) as err:
             list(stub.Generate(request, metadata=metadata, timeout=60))

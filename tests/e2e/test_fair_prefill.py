@@ -24,11 +24,11 @@ LONG_TOKENS = 1200
 VOCAB = 8192
 
 
-def completion(url, tokens, done, name, priority=None):
+def completion(client, tokens, done, name, priority=None):
     body = {"model": MODEL_NAME, "prompt": tokens, "max_tokens": 1, "temperature": 0}
     if priority is not None:
         body["priority"] = priority
-    r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+    r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == len(tokens)
     done.append(name)
@@ -38,13 +38,22 @@ def finish_order(url, requests, gap_s=0.3):
     """Sends requests [(name, tokens, priority)] `gap_s` apart, returns the order they ended."""
     done = []
     threads = []
-    for name, tokens, priority in requests:
-        t = threading.Thread(target=completion, args=(url, tokens, done, name, priority))
-        t.start()
-        threads.append(t)
-        time.sleep(gap_s)
-    for t in threads:
-        t.join(timeout=600)
+    # Each request gets a kept-alive connection opened beforehand, so sending one is its arrival:
+    # connecting inside the threads let a later one overtake an earlier one on a loaded machine.
+    clients = [httpx.Client(base_url=url, timeout=600) for _ in requests]
+    try:
+        for client in clients:
+            assert client.get("/health").status_code == 200
+        for client, (name, tokens, priority) in zip(clients, requests):
+            t = threading.Thread(target=completion, args=(client, tokens, done, name, priority))
+            t.start()
+            threads.append(t)
+            time.sleep(gap_s)
+        for t in threads:
+            t.join(timeout=600)
+    finally:
+        for client in clients:
+            client.close()
     assert len(done) == len(requests), done
     return done
 
@@ -116,7 +125,8 @@ def test_priority_under_fcfs_is_refused():
                 assert err["message"] == message and err["type"] == "invalid_request_error"
         # Priority 0 (the default class) is accepted; the server goes on serving.
         r = httpx.post(server.url + "/v1/completions", timeout=60, json={
-            "model": MODEL_NAME, "prompt": "x", "max_tokens": 2, "priority": 0})
+            "model": MODEL_NAME, "prompt": "x", "max_tokens": 2, "priority": 0,
+            "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
         stub = pb_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
         request = pb.GenerateRequest(text="x", priority=3)

@@ -92,6 +92,7 @@ def test_grpc_over_tls(server, pki):
     assert stub.Health(pb.HealthRequest(), timeout=60).status == pb.HealthResponse.SERVING
     request = pb.GenerateRequest(text="Hello")
     request.sampling.max_tokens = 2
+    request.sampling.ignore_eos = True  # a sampled EOS would end it early
     assert list(stub.Generate(request, timeout=60))[-1].usage.completion_tokens == 2
 
 
