@@ -6,6 +6,7 @@
 // of the 16 lanes, then the k % 16 tail in increasing k, then the bias. Tiles only decide how
 // many (i, j) pairs share loads, never the arithmetic of one pair.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 
@@ -110,6 +111,10 @@ inline void MicroKernel(const float* x, const W* w, const float* bias, float* y,
       for (int b = 0; b < NR; ++b) red[a][b] = Reduce(acc[a][b]);
     }
   }
+  if (k_main == k && bias == nullptr) {  // the common case, kept free of the loops below
+    for (int a = 0; a < MR; ++a) std::memcpy(y + (i0 + a) * n + j0, red[a], sizeof(red[a]));
+    return;
+  }
   for (int a = 0; a < MR; ++a) {
     for (int b = 0; b < NR; ++b) {
       float s = red[a][b];
@@ -120,64 +125,48 @@ inline void MicroKernel(const float* x, const W* w, const float* bias, float* y,
   }
 }
 
-// Rows i of columns [j0, j0 + NR); the first row block prefetches the NR weight rows after these
-// (up to j_end), which the next call reads.
-template <int NR, typename W>
-void RowBlocks(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
-               int64_t k, int64_t j0, int64_t j_end) {
+// Columns [j0, j0 + NR) for every row, MR rows per tile. The first tile reads the NR weight
+// rows from memory and prefetches the NR rows after them (up to j_end), which the next call
+// reads; later tiles find them in L1, so all m rows share one weight read.
+template <int MR, int NR, typename W>
+void ColumnBlock(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
+                 int64_t k, int64_t j0, int64_t j_end) {
   const int64_t next_rows = std::min<int64_t>(NR, j_end - (j0 + NR));
-  const char* next = next_rows > 0 ? reinterpret_cast<const char*>(w + (j0 + NR) * k) : nullptr;
-  const int64_t next_bytes = next_rows > 0 ? next_rows * k * int64_t{sizeof(W)} : 0;
+  const char* prefetch =
+      next_rows > 0 ? reinterpret_cast<const char*>(w + (j0 + NR) * k) : nullptr;
+  int64_t prefetch_bytes = next_rows > 0 ? next_rows * k * int64_t{sizeof(W)} : 0;
   int64_t i = 0;
-  if (m >= 4) {
-    MicroKernel<4, NR>(x, w, bias, y, n, k, 0, j0, next, next_bytes);
-    i = 4;
-  } else if (m > 0) {
-    MicroKernel<1, NR>(x, w, bias, y, n, k, 0, j0, next, next_bytes);
-    i = 1;
+  for (; i + MR <= m; i += MR, prefetch = nullptr, prefetch_bytes = 0) {
+    MicroKernel<MR, NR>(x, w, bias, y, n, k, i, j0, prefetch, prefetch_bytes);
   }
-  for (; i + 4 <= m; i += 4) MicroKernel<4, NR>(x, w, bias, y, n, k, i, j0);
-  for (; i < m; ++i) MicroKernel<1, NR>(x, w, bias, y, n, k, i, j0);
+  if constexpr (MR > 3) {
+    if (m - i == 3) MicroKernel<3, NR>(x, w, bias, y, n, k, i, j0, prefetch, prefetch_bytes);
+  }
+  if (m - i == 2) MicroKernel<2, NR>(x, w, bias, y, n, k, i, j0, prefetch, prefetch_bytes);
+  if (m - i == 1) MicroKernel<1, NR>(x, w, bias, y, n, k, i, j0, prefetch, prefetch_bytes);
 }
 
-// Up to this many rows Panel takes eight columns at a time (decode and verification steps).
-constexpr int64_t kFewRows = 8;
+// Tiles of 3 rows × 8 columns: 24 accumulators and 8 weight vectors, the AVX-512 register file's
+// worth when the multiply-add is fused. Unfused (a baseline build's clones) each product needs a
+// register too, and beyond a few rows 4 × 4 tiles are faster (bench/linear_cpu_bench.cc A/B,
+// bench/results/cpu_linear_tiles_ab.json).
+#ifdef __FMA__
+constexpr int64_t kMaxRowsFor3x8 = INT64_MAX;
+#else
+constexpr int64_t kMaxRowsFor3x8 = 8;  // decode and speculative verification steps
+#endif
 
-// Column panel [j_begin, j_end): panels of 64 columns stay hot in L2 while every x row
-// streams past them.
 template <typename W>
 void Panel(const float* x, const W* w, const float* bias, float* y, int64_t m, int64_t n,
            int64_t k, int64_t j_begin, int64_t j_end) {
-  constexpr int64_t kPanel = 64;
-  for (int64_t p = j_begin; p < j_end; p += kPanel) {
-    const int64_t p_end = std::min(j_end, p + kPanel);
-    int64_t j = p;
-    if (m <= kFewRows) {
-      // Decode and speculative verification (a few rows): eight weight rows per block keep
-      // more loads in flight than four, and each row block after the first finds those eight
-      // rows in L1, so the m rows share one weight read.
-      for (; j + 8 <= p_end; j += 8) {
-        // The first row block reads the eight weight rows from memory and prefetches the next
-        // eight (rows j + 8.. are contiguous, so within the panel range); later row blocks find
-        // them in L1.
-        const int64_t next_rows = std::min<int64_t>(8, j_end - (j + 8));
-        const char* next = next_rows > 0 ? reinterpret_cast<const char*>(w + (j + 8) * k) : nullptr;
-        const int64_t next_bytes = next_rows > 0 ? next_rows * k * int64_t{sizeof(W)} : 0;
-        if (m >= 3) {
-          MicroKernel<3, 8>(x, w, bias, y, n, k, 0, j, next, next_bytes);
-        } else if (m == 2) {
-          MicroKernel<2, 8>(x, w, bias, y, n, k, 0, j, next, next_bytes);
-        } else {
-          MicroKernel<1, 8>(x, w, bias, y, n, k, 0, j, next, next_bytes);
-        }
-        int64_t i = std::min<int64_t>(m, 3);
-        for (; i + 3 <= m; i += 3) MicroKernel<3, 8>(x, w, bias, y, n, k, i, j);
-        if (m - i == 2) MicroKernel<2, 8>(x, w, bias, y, n, k, i, j);
-        if (m - i == 1) MicroKernel<1, 8>(x, w, bias, y, n, k, i, j);
-      }
-    }
-    for (; j + 4 <= p_end; j += 4) RowBlocks<4>(x, w, bias, y, m, n, k, j, j_end);
-    for (; j < p_end; ++j) RowBlocks<1>(x, w, bias, y, m, n, k, j, j_end);
+  int64_t j = j_begin;
+  if (m <= kMaxRowsFor3x8) {
+    for (; j + 8 <= j_end; j += 8) ColumnBlock<3, 8>(x, w, bias, y, m, n, k, j, j_end);
+    for (; j + 4 <= j_end; j += 4) ColumnBlock<3, 4>(x, w, bias, y, m, n, k, j, j_end);
+    for (; j < j_end; ++j) ColumnBlock<3, 1>(x, w, bias, y, m, n, k, j, j_end);
+  } else {
+    for (; j + 4 <= j_end; j += 4) ColumnBlock<4, 4>(x, w, bias, y, m, n, k, j, j_end);
+    for (; j < j_end; ++j) ColumnBlock<4, 1>(x, w, bias, y, m, n, k, j, j_end);
   }
 }
 
