@@ -101,7 +101,12 @@ VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
                         const SequenceContext& context, const std::optional<DraftToken>& draft,
                         const SampleDrawKey& key, const RejectionRule& rule) {
   VerifiedToken out;
-  if (params.temperature < kGreedyTemperature || !draft.has_value()) {
+  // Greedy rows, the bonus row, and a deterministic proposal (q = one-hot(d)): the position's
+  // own SampleToken draw, the draft accepted when it is that token. For a one-hot q this is
+  // exact with the rule's acceptance probability, min(1, p(d) / 1) = p(d), and the token is the
+  // one the position gets without speculation, whatever the drafts and however many of them a
+  // step verifies: a seed gives the same output with or without speculation.
+  if (params.temperature < kGreedyTemperature || !draft.has_value() || draft->probs.empty()) {
     out.token = SampleToken(logits, params, context, key);
     out.accepted = draft.has_value() && out.token.token_id == draft->token_id;
     return out;

@@ -3,13 +3,16 @@
 // Greedy rows: the target's token is SampleToken's (argmax after SampleToken's processing); a
 // draft is accepted when it equals it, so greedy output is token for token the output without
 // speculation.
-// Sampled rows: draft d, proposed from q, is accepted with probability min(1, p(d) / q(d)), p
-// being the distribution SampleToken samples from (penalties, temperature, min_p, top_k, top_p);
-// after a rejection the token is drawn from norm(max(0, p - q)), and after k accepted drafts the
-// bonus token from p. The emitted tokens are then distributed exactly as under p (Leviathan et
-// al. 2023, arXiv:2211.17192, Theorem 1; Chen et al. 2023, arXiv:2302.01318). A deterministic
-// proposal (n-gram) is q = one-hot(d). Logprobs reported are the target's raw ones, as
-// SampleToken's.
+// Sampled rows, draft d proposed from a distribution q (a draft model sampling at the request's
+// temperature): d is accepted with probability min(1, p(d) / q(d)), p being the distribution
+// SampleToken samples from (penalties, temperature, min_p, top_k, top_p); after a rejection the
+// token is drawn from norm(max(0, p - q)), and after k accepted drafts the bonus token from p.
+// The emitted tokens are then distributed exactly as under p (Leviathan et al. 2023,
+// arXiv:2211.17192, Theorem 1; Chen et al. 2023, arXiv:2302.01318).
+// Sampled rows with a deterministic proposal (n-gram: q = one-hot(d)): the token is SampleToken's
+// own draw and d is accepted when it is that token. The acceptance probability is the rule's,
+// p(d), and the output is the output without speculation, draw for draw.
+// Logprobs reported are the target's raw ones, as SampleToken's.
 #ifndef SLUICE_ENGINE_SPEC_REJECTION_SAMPLER_H_
 #define SLUICE_ENGINE_SPEC_REJECTION_SAMPLER_H_
 
@@ -29,8 +32,8 @@ namespace sluice {
 void TargetProbs(absl::Span<float> logits, const SamplingParams& params,
                  const SequenceContext& context, std::vector<double>* probs);
 
-// RejectionRule: the acceptance test and the distribution after a rejection. The default is the
-// exact rule above; it is an object so tests can show that a wrong rule is caught (the
+// RejectionRule: the acceptance test and the distribution after a rejection of a draft proposed
+// from a distribution q. The default is the exact rule above; it is an object so tests can show that a wrong rule is caught (the
 // statistical test of tests/unit/spec_distribution_test.cc).
 class RejectionRule {
  public:

@@ -68,6 +68,34 @@ def test_greedy_equals_plain(which, request, client):
         same_choices(completions(client, prompt, **kwargs), completions(spec, prompt, **kwargs))
 
 
+QUOTE = ("Num7:13 And his offering was one silver charger, the weight thereof was an hundred and "
+         "thirty shekels, one silver bowl of seventy shekels, after the shekel of the sanctuary; "
+         "both of them were full of fine flour mingled with oil for a meat offering:\n"
+         "Num7:14 One spoon of ten shekels of gold, full of incense:\n"
+         "Num7:18 On the second day Nethaneel the son of Zuar, prince of Issachar, did offer:\n"
+         "Num7:19 He offered for his offering one silver charger,")
+
+
+def test_seeded_sampling_with_ngram_auto_is_the_plain_output(client):
+    # n-gram drafts are deterministic proposals: each position keeps its own seeded draw, so a
+    # seed gives the plain server's text however many drafts auto verifies in each step.
+    proc, spec = spec_client(["--speculative-method", "ngram"])  # --speculative-verify auto
+    try:
+        for seed, temperature in ((42, 0.8), (7, 0.4)):
+            kwargs = dict(model=MODEL_NAME, prompt=QUOTE, max_tokens=40, seed=seed,
+                          temperature=temperature, logprobs=1)
+            want = client.completions.create(**kwargs)
+            for _ in range(3):
+                same_choices(want, spec.completions.create(**kwargs))
+        with urllib.request.urlopen(proc.url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        accepted = [line for line in metrics.splitlines()
+                    if line.startswith("sluice_spec_decode_num_accepted_tokens_total")]
+        assert accepted and float(accepted[0].split()[-1]) > 0, accepted
+    finally:
+        assert proc.stop() == 0, proc.logs()
+
+
 def test_stop_strings_and_chat(draft_server, client):
     _, spec = draft_server
     plain = completions(client, PROMPTS[0], max_tokens=40)

@@ -314,6 +314,48 @@ TEST(SpeculativeEngineTest, NgramGreedyEqualsPlainOnLlamaTiny) {
   }
 }
 
+// Sampled requests with n-gram drafts (a deterministic proposal) take each position's own
+// seeded draw, the draft accepted when it is that token: the output is the output without
+// speculation, whatever k and whichever drafts the auto scheduler verifies. sluice-mini-moe
+// continues Numbers 7's repeated offering formula by quoting it, so drafts get accepted.
+TEST(SpeculativeEngineTest, NgramSampledEqualsPlainOnMiniMoe) {
+  const std::string dir = testing::SharedModelDir("sluice-mini-moe");
+  const std::vector<int32_t> quote = Encode(
+      dir,
+      "Num7:13 And his offering was one silver charger, the weight thereof was an hundred and "
+      "thirty shekels, one silver bowl of seventy shekels, after the shekel of the sanctuary; "
+      "both of them were full of fine flour mingled with oil for a meat offering:\n"
+      "Num7:14 One spoon of ten shekels of gold, full of incense:\n"
+      "Num7:15 One young bullock, one ram, one lamb of the first year, for a burnt offering:\n"
+      "Num7:16 One kid of the goats for a sin offering:\n"
+      "Num7:18 On the second day Nethaneel the son of Zuar, prince of Issachar, did offer:\n"
+      "Num7:19 He offered for his offering one silver charger,");
+  std::vector<EngineRequest> requests;
+  for (const char* id : {"cold", "top-p", "warm", "hot"}) {
+    requests.push_back(GreedyRequest(id, quote, 40));
+  }
+  const float temperatures[] = {0.3f, 0.5f, 0.7f, 1.0f};
+  for (size_t i = 0; i < requests.size(); ++i) {
+    requests[i].sampling.temperature = temperatures[i];
+    requests[i].sampling.seed = 1000 + i;
+  }
+  requests[1].sampling.top_p = 0.8f;
+  requests[1].sampling.logprobs = 2;
+  requests[2].sampling.presence_penalty = 0.2f;
+  auto plain_engine = Engine(dir, nullptr);
+  const auto plain = RunAll(*plain_engine, requests);
+  for (auto [mode, k] : {std::pair{VerifyMode::kFixed, 5}, std::pair{VerifyMode::kFixed, 2},
+                         std::pair{VerifyMode::kAuto, 5}}) {
+    SCOPED_TRACE(::testing::Message() << (mode == VerifyMode::kAuto ? "auto" : "fixed")
+                                      << " k=" << k);
+    auto engine = Engine(dir, std::make_shared<NgramDrafter>(), mode, k);
+    ASSERT_NE(engine, nullptr);
+    ExpectSame(plain, RunAll(*engine, requests));
+    // Auto verifies what the measured step costs make worth it: a count that depends on timing.
+    if (mode == VerifyMode::kFixed) EXPECT_GT(engine->counters().num_spec_accepted_tokens, 20);
+  }
+}
+
 TEST(SpeculativeEngineTest, NumSpeculativeTokensOutOfRangeIsRefused) {
   EngineOptions options;
   options.num_kv_blocks = 64;
