@@ -104,7 +104,7 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
       ->check(CLI::NonNegativeNumber);
   app.add_option("--speculative-model", runtime.speculative.model,
                  "Draft model folder for speculative decoding (same vocabulary and tokenizer as "
-                 "--model); CPU backend");
+                 "--model); it runs where the target runs (--device)");
   app.add_option("--speculative-method", runtime.speculative.method,
                  "Speculative decoding drafter: draft_model (needs --speculative-model), ngram "
                  "(prompt lookup) or mtp (the target's own MTP module; DeepSeek-V3)")
@@ -114,8 +114,9 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "verifies (1..16, default 5)")
       ->check(CLI::Range(1, sluice::kMaxSpeculativeTokens));
   app.add_option("--speculative-verify", runtime.speculative.verify,
-                 "auto: verify per sequence the draft prefix whose expected gain beats its cost "
-                 "(confidence-scheduled); a number k: always draft and verify k tokens")
+                 "auto (default): verify per sequence the draft prefix whose expected gain "
+                 "beats its cost (confidence-scheduled); a number k: always draft and verify k "
+                 "tokens")
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {
             if (value == "auto") return "";
@@ -133,10 +134,12 @@ void AddEngineFlags(CLI::App& app, sluice::RuntimeOptions& runtime, double& kv_c
                  "0: the whole vocabulary")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--prompt-lookup-min", runtime.speculative.prompt_lookup_min,
-                 "--speculative-method ngram: shortest suffix matched in the sequence")
+                 "--speculative-method ngram: shortest suffix matched in the sequence "
+                 "(default 2)")
       ->check(CLI::PositiveNumber);
   app.add_option("--prompt-lookup-max", runtime.speculative.prompt_lookup_max,
-                 "--speculative-method ngram: longest suffix matched in the sequence")
+                 "--speculative-method ngram: longest suffix matched in the sequence "
+                 "(default 4)")
       ->check(CLI::PositiveNumber);
   sluice::AddSchedulingFlags(app, runtime.engine);
   app.add_flag("--batch-invariant", runtime.engine.batch_invariant,

@@ -15,12 +15,21 @@
 #include "services/serve/log.h"
 
 namespace sluice {
+namespace {
+
+// A draft folder that does not load: the error names the flag, not only the file.
+absl::Status DraftLoadError(const std::string& draft_dir, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("--speculative-model ", draft_dir,
+                                             ": cannot load the draft model: ", s.message()));
+}
+
+}  // namespace
 
 absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::string& target_dir,
                                      int64_t target_vocab_size,
                                      const Tokenizer& target_tokenizer) {
   absl::StatusOr<ModelConfig> config = ModelConfig::Load(draft_dir);
-  if (!config.ok()) return config.status();
+  if (!config.ok()) return DraftLoadError(draft_dir, config.status());
   auto mismatch = [&](const std::string& what) {
     return absl::InvalidArgumentError(
         absl::StrCat("--speculative-model: the draft model ", draft_dir,
@@ -31,7 +40,7 @@ absl::Status CheckDraftMatchesTarget(const std::string& draft_dir, const std::st
   }
   absl::StatusOr<std::unique_ptr<Tokenizer>> draft_tokenizer =
       Tokenizer::FromFile(draft_dir + "/tokenizer.json");
-  if (!draft_tokenizer.ok()) return draft_tokenizer.status();
+  if (!draft_tokenizer.ok()) return DraftLoadError(draft_dir, draft_tokenizer.status());
   const Tokenizer& draft = **draft_tokenizer;
   if (draft.vocab_size() != target_tokenizer.vocab_size()) {
     return mismatch(absl::StrCat("tokenizer vocabulary of ", draft.vocab_size(), " vs ",
@@ -67,6 +76,10 @@ absl::Status CheckSpeculativeFlags(const SpeculativeFlags& flags,
     }
     return absl::OkStatus();
   }
+  if (method == "draft_model" && flags.model.empty()) {
+    return absl::InvalidArgumentError(
+        "--speculative-method draft_model needs --speculative-model DIR");
+  }
   if (!flags.model.empty() && method != "draft_model") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--speculative-method ", method,
@@ -88,10 +101,13 @@ absl::Status CheckSpeculativeFlags(const SpeculativeFlags& flags,
         "--prompt-lookup-min ", flags.prompt_lookup_min, " is above --prompt-lookup-max ",
         flags.prompt_lookup_max));
   }
-  if (given.verify && given.num_speculative_tokens && flags.verify != "auto" &&
-      flags.verify != std::to_string(flags.num_speculative_tokens)) {
+  VerifyMode mode = VerifyMode::kAuto;
+  int32_t fixed_k = flags.num_speculative_tokens;
+  if (absl::Status s = ParseVerifyMode(flags.verify, &mode, &fixed_k); !s.ok()) return s;
+  if (given.verify && given.num_speculative_tokens && mode == VerifyMode::kFixed &&
+      fixed_k != flags.num_speculative_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative-verify ", flags.verify, " fixes k = ", flags.verify,
+        "--speculative-verify ", flags.verify, " fixes k = ", fixed_k,
         " but --num-speculative-tokens is ", flags.num_speculative_tokens, ": give one"));
   }
   return absl::OkStatus();
@@ -159,7 +175,7 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
     // engine's kernels.
     absl::StatusOr<std::unique_ptr<Model>> draft =
         on_device != nullptr ? on_device->load(flags.model) : LoadModel(flags.model);
-    if (!draft.ok()) return draft.status();
+    if (!draft.ok()) return DraftLoadError(flags.model, draft.status());
     const int64_t target_blocks =
         engine->num_kv_blocks > 0
             ? engine->num_kv_blocks
@@ -192,7 +208,7 @@ absl::Status ConfigureSpeculative(const SpeculativeFlags& flags, const std::stri
     options.draft_vocab = flags.draft_vocab;
     absl::StatusOr<std::unique_ptr<DraftModelDrafter>> drafter =
         DraftModelDrafter::Create(*std::move(draft), options);
-    if (!drafter.ok()) return drafter.status();
+    if (!drafter.ok()) return DraftLoadError(flags.model, drafter.status());
     spec.drafter = std::shared_ptr<DraftModelDrafter>(*std::move(drafter));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -38,7 +38,8 @@ struct SpeculativeFlagsGiven {
 // CheckSpeculativeFlags: the flag combination means one thing, before any model loads (a usage
 // error, exit 2, in main.cc). Errors (InvalidArgument, naming the flags): an empty
 // --speculative-model; a drafter flag without a drafter (--num-speculative-tokens,
-// --speculative-verify); --speculative-model with another method than draft_model;
+// --speculative-verify); --speculative-method draft_model without --speculative-model;
+// --speculative-model with another method than draft_model;
 // --speculative-draft-vocab without a draft model; --prompt-lookup-min/max without ngram or
 // with min > max; a fixed --speculative-verify k that contradicts --num-speculative-tokens.
 // (Ranges of single values are CLI11 checks on the flags themselves.)

@@ -244,10 +244,16 @@ def test_num_speculative_tokens_out_of_range_is_refused(k):
     (["--speculative-method", "ngram", "--speculative-verify", "8",
       "--num-speculative-tokens", "3"],
      "--speculative-verify 8 fixes k = 8 but --num-speculative-tokens is 3: give one"),
+    (["--speculative-method", "ngram", "--speculative-verify", "08",
+      "--num-speculative-tokens", "3"],
+     "--speculative-verify 08 fixes k = 8 but --num-speculative-tokens is 3: give one"),
     (["--speculative-model", ""], "--speculative-model: empty path"),
+    (["--speculative-method", "draft_model"],
+     "--speculative-method draft_model needs --speculative-model DIR"),
 ], ids=["verify-word", "verify-range", "k-without-drafter", "verify-without-drafter",
         "ngram-with-model", "draft-vocab-with-ngram", "lookup-with-draft-model",
-        "lookup-min-above-max", "verify-contradicts-k", "empty-model"])
+        "lookup-min-above-max", "verify-contradicts-k", "verify-contradicts-k-leading-zero",
+        "empty-model", "draft-method-without-model"])
 def test_contradictory_speculative_flags_are_usage_errors(args, message):
     assert usage_error(args) == message
 
@@ -261,6 +267,17 @@ def test_speculative_usage_errors_on_generate_and_decode():
         "--speculative-verify: invalid value 'x'")
 
 
+def test_unloadable_draft_model_errors_name_the_flag(tmp_path):
+    broken = tmp_path / "broken-draft"
+    shutil.copytree(DRAFT_DIR, broken)
+    (broken / "model.safetensors").write_bytes(b"")
+    for draft, detail in ((tmp_path / "missing", "config.json"),
+                          (broken, "file too small for a safetensors header")):
+        out = start_fails(["--speculative-model", str(draft)])
+        assert f"--speculative-model {draft}: cannot load the draft model: " in out, out
+        assert detail in out, out
+
+
 def test_draft_vocab_above_the_vocabulary_is_refused():
     out = start_fails(["--speculative-model", str(DRAFT_DIR), "--speculative-draft-vocab",
                        "100000"])
@@ -272,9 +289,10 @@ def test_generate_with_draft_model(tmp_path, client):
              for i, p in enumerate(PROMPTS)]
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    # "04" and 4 are the same k: numbers, not strings, are compared.
     proc = subprocess.run([sluice_bin(), "generate", "--model", str(MODEL_DIR), "--input",
                            str(src), "--output", str(dst), "--speculative-model", str(DRAFT_DIR),
-                           "--speculative-verify", "4"],
+                           "--speculative-verify", "04", "--num-speculative-tokens", "4"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = [json.loads(l) for l in dst.read_text().splitlines()]
