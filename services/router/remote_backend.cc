@@ -71,8 +71,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
         options_(backend->options_),
         request_(std::move(request)),
         on_output_(std::move(on_output)),
-        prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())),
-        queue_until_(absl::Now() + options_.decode_queue_timeout) {
+        prompt_len_(static_cast<int64_t>(request_.prompt_token_ids.size())) {
     ToWire(request_.sampling, &wire_sampling_);
     // The grammar travels as text; the workers compile it against their vocabulary.
     if (request_.grammar != nullptr) wire_sampling_.set_grammar_ebnf(request_.grammar->ebnf());
@@ -665,7 +664,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
       reserve_error_ = absl::UnavailableError(absl::StrCat(
           "no decode worker had free KV blocks for this request (", prompt_len_ + 1,
           " tokens) within ",
-          absl::FormatDuration(absl::Trunc(WaitUntil() - arrived_, absl::Milliseconds(100))),
+          absl::FormatDuration(absl::Trunc(WaitUntil() - WaitStart(), absl::Milliseconds(100))),
           " of waiting; the decode workers are full, retry later"));
       reserve_full_ = true;
       backend_->Count(&RemoteBackendCounters::num_decode_queue_timeouts);
@@ -687,12 +686,23 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   }
 
   // WaitUntil: the end of the wait for decode blocks: the queue timeout, and while prefill
-  // pins the first token's KV, the pin's end.
+  // pins the first token's KV, the pin's end. The queue timeout counts from the first time
+  // every decode worker was full, not from the request's arrival: a request may queue for
+  // prefill far longer, and reserves only once its prefill runs.
   absl::Time WaitUntil() {
     // A migration waits from its start (the request may be older than the queue timeout).
-    const absl::Time until = resuming_ ? migrate_until_ : queue_until_;
     std::lock_guard<std::mutex> lock(mu_);
+    if (queue_until_ == absl::InfiniteFuture()) {
+      queue_wait_start_ = absl::Now();
+      queue_until_ = queue_wait_start_ + options_.decode_queue_timeout;
+    }
+    const absl::Time until = resuming_ ? migrate_until_ : queue_until_;
     return std::min(until, pin_until_);
+  }
+  // WaitStart: when the wait WaitUntil ends began (a migration's, or the queue wait's).
+  absl::Time WaitStart() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return resuming_ ? migrate_until_ - options_.decode_queue_timeout : queue_wait_start_;
   }
   bool CanReusePin() {
     if (!prefill_.has_value() || num_decode_attempts_ >= options_.max_decode_attempts) {
@@ -1226,7 +1236,6 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   OutputCallback on_output_;
   const int64_t prompt_len_;
   v1::SamplingParams wire_sampling_;
-  const absl::Time arrived_ = absl::Now();
 
   std::mutex mu_;
   bool aborted_ = false;                                // guarded by mu_
@@ -1240,7 +1249,9 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   bool reserve_started_ = false;  // this prefill phase's reservation began; guarded by mu_
   bool prefill_phase_ended_ = false;                    // guarded by mu_
   bool prefill_ok_ = false;  // a prefill worker answered the first token; guarded by mu_
-  const absl::Time queue_until_;                        // the end of the wait for decode blocks
+  // The end of the wait for decode blocks (set by WaitUntil; guarded by mu_).
+  absl::Time queue_until_ = absl::InfiniteFuture();
+  absl::Time queue_wait_start_;
   absl::Time pin_until_ = absl::InfiniteFuture();       // pinned KV usable until; guarded by mu_
   absl::Time reserved_at_ = absl::InfiniteFuture();     // last Reserve OK on decode_
   // The last Reserve's blocks and until when a push into them may run; guarded by mu_.

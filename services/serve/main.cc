@@ -302,7 +302,8 @@ int main(int argc, char** argv) {
   router_cmd->add_option_function<double>(
       "--decode-queue-timeout-s",
       [&router](double s) { router.backend.decode_queue_timeout = absl::Seconds(s); },
-      "Wait this long for a decode worker with free KV blocks before answering 503 (120)");
+      "Wait this long for a decode worker with free KV blocks before answering 503, "
+      "counted from the first time every decode worker was full (120)");
   router_cmd->add_option_function<double>(
       "--kv-pin-timeout-s",
       [&router](double s) { router.backend.prefill_pin_timeout = absl::Seconds(s); },

@@ -36,7 +36,7 @@ def test_user_is_logged_per_request(server, client, model):
     [line] = log_lines(server, f'user="{user}-r"')
     assert f"POST /v1/responses 200 id={r.id} " in line
     c = client.completions.create(model=model, prompt="Ge1:1", max_tokens=2, user=user + "-c",
-                                  stream=True)
+                                  stream=True, extra_body={"ignore_eos": True})
     list(c)
     [line] = log_lines(server, f'user="{user}-c"')
     assert "POST /v1/completions 200 " in line and "finish=length" in line

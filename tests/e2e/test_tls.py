@@ -74,7 +74,7 @@ def test_openai_sdk_over_https_with_custom_ca(server, pki):
     assert out.usage.completion_tokens == 3
     chunks = list(client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-        stream=True))
+        stream=True, extra_body={"ignore_eos": True}))
     assert chunks[-1].choices[0].finish_reason == "length"
     # A client that does not trust the CA refuses the server.
     with pytest.raises(openai.APIConnectionError):
