@@ -8,12 +8,15 @@ ChoiceOutput::ChoiceOutput(const Tokenizer& tokenizer, const SamplingParams& par
                            bool want_logprobs, int64_t text_offset_base)
     : detokenizer_(tokenizer, params.skip_special_tokens),
       stop_matcher_(params.stop, params.include_stop_str_in_output),
+      min_tokens_(params.min_tokens),
       want_logprobs_(want_logprobs),
       include_stop_token_text_(params.include_stop_str_in_output),
       text_offset_base_(text_offset_base) {}
 
 void ChoiceOutput::Finish(ChoiceDelta& delta, const char* reason, bool flush) {
-  if (flush) {
+  if (flush && num_output_tokens_ <= min_tokens_) {
+    delta.text += detokenizer_.Flush();  // still within min_tokens: no stop string applies
+  } else if (flush) {
     // Held-back bytes of the detokenizer go through the matcher too: they may complete a stop.
     StopStringMatcher::Result r = stop_matcher_.Push(detokenizer_.Flush());
     delta.text += r.text;
@@ -57,6 +60,10 @@ ChoiceDelta ChoiceOutput::Push(const RequestOutput& output) {
     if (is_final_stop_token && !include_stop_token_text_) continue;
     std::string piece = detokenizer_.Push(token.token_id);
     raw_text_bytes_ += static_cast<int64_t>(piece.size());
+    if (num_output_tokens_ <= min_tokens_) {  // stop strings apply after min_tokens tokens
+      delta.text += piece;
+      continue;
+    }
     StopStringMatcher::Result r = stop_matcher_.Push(piece);
     delta.text += r.text;
     if (r.stopped) {

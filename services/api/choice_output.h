@@ -3,7 +3,8 @@
 // Each token goes through the IncrementalDetokenizer (never half a UTF-8 character), then the
 // StopStringMatcher (text that may start a stop string is held back). When a stop string
 // matches, the choice finishes with "stop" and the caller must abort the engine request; tokens
-// arriving after that are ignored. Not thread-safe: one owner (the request's strand).
+// arriving after that are ignored. The text of the first min_tokens tokens is not searched for
+// stop strings (vLLM, PR 22014: stop strings apply once min_tokens tokens are out). Not thread-safe: one owner (the request's strand).
 #ifndef SLUICE_SERVICES_API_CHOICE_OUTPUT_H_
 #define SLUICE_SERVICES_API_CHOICE_OUTPUT_H_
 
@@ -71,6 +72,7 @@ class ChoiceOutput {
   IncrementalDetokenizer detokenizer_;
   StopStringMatcher stop_matcher_;
   std::vector<int32_t> stop_token_ids_;
+  int32_t min_tokens_;
   bool want_logprobs_;
   bool include_stop_token_text_;
   int64_t text_offset_base_;

@@ -125,6 +125,19 @@ def test_min_tokens_holds_eos_off(client, model):
     assert ids[:5] == plain
 
 
+def test_min_tokens_holds_stop_strings_off(client, model):
+    # vLLM: stop strings apply once min_tokens tokens are out; their earlier text is not searched.
+    plain, choice, _ = complete(client, model, max_tokens=32)
+    word = choice.text.split()[0]
+    _, early, r_early = complete(client, model, max_tokens=32, stop=[word])
+    assert early.finish_reason == "stop" and word not in early.text
+    held_off = r_early.usage.completion_tokens + 3
+    ids, held, r = complete(client, model, max_tokens=32, stop=[word], min_tokens=held_off)
+    assert r.usage.completion_tokens >= held_off
+    assert ids[:held_off] == plain[:held_off]
+    assert word in held.text
+
+
 def test_min_tokens_holds_stop_token_ids_off(client, model):
     plain, _, _ = complete(client, model, max_tokens=32)
     k = next(k for k in range(2, len(plain)) if plain[k] not in plain[:k] and plain[k] != EOS)

@@ -171,6 +171,22 @@ TEST_F(ServiceTest, StopStringTruncatesAndAbortsEngineRequest) {
   EXPECT_EQ(sink->num_responses, 1);
 }
 
+// vLLM: stop strings apply once min_tokens tokens are out; earlier text is not searched.
+TEST_F(ServiceTest, StopStringsWaitForMinTokens) {
+  auto sink = Post("/v1/completions", {{"model", "mini"}, {"prompt", "x"}, {"max_tokens", 20},
+                                       {"min_tokens", 4}, {"stop", {"S"}}});
+  const std::string id = backend_.order().at(0);
+  EmitText(id, "aSbc");
+  EXPECT_EQ(sink->num_responses, 0);
+  EmitText(id, "dSe");
+  ASSERT_EQ(sink->num_responses, 1);
+  json r = sink->json();
+  EXPECT_EQ(r["choices"][0]["text"], "aSbcd");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 6);
+  EXPECT_THAT(backend_.aborted(), ElementsAre(id));
+}
+
 TEST_F(ServiceTest, StreamedChatEventsAreFramedLikeOpenAi) {
   auto sink = Post("/v1/chat/completions",
                    {{"model", "mini"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
