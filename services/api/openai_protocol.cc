@@ -82,7 +82,15 @@ absl::StatusOr<bool> GetInt(const json& body, const char* name, int64_t lo, int6
   const json* v = Present(body, name);
   if (v == nullptr) return false;
   std::optional<int64_t> x = AsInt64(*v);
-  if (!x.has_value()) return TypeError(name, "an integer");
+  if (!x.has_value()) {
+    // An integer beyond int64 (2**63, 1e300) is out of range, not of the wrong type.
+    const bool integral =
+        v->is_number_integer() ||
+        (v->is_number_float() && std::isfinite(v->get<double>()) &&
+         v->get<double>() == std::floor(v->get<double>()));
+    if (!integral) return TypeError(name, "an integer");
+    return RangeError(name, absl::StrCat("between ", lo, " and ", hi, ", got ", v->dump()));
+  }
   if (*x < lo || *x > hi) {
     return RangeError(name, absl::StrCat("between ", lo, " and ", hi, ", got ", *x));
   }

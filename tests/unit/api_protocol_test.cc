@@ -142,6 +142,21 @@ TEST_F(ProtocolTest, TopPErrorsNameTheHalfOpenRange) {
   EXPECT_TRUE(ParseChatCompletionRequest(Chat({{"top_p", 0.01}}), context_).ok());
 }
 
+// An integer too large for int64 is out of range, not of the wrong type.
+TEST_F(ProtocolTest, HugeIntegersAreRangeErrors) {
+  for (const json& huge : {json(uint64_t{1} << 63), json(1e300)}) {
+    absl::StatusOr<GenerationRequest> r =
+        ParseChatCompletionRequest(Chat({{"max_tokens", huge}}), context_);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["message"],
+              absl::StrCat("'max_tokens' must be between 1 and 2147483647, got ", huge.dump()));
+  }
+  absl::StatusOr<GenerationRequest> r =
+      ParseChatCompletionRequest(Chat({{"max_tokens", 1.5}}), context_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["message"], "'max_tokens' must be an integer");
+}
+
 TEST_F(ProtocolTest, ChatParameterErrorsNameTheParameter) {
   ExpectChatError({{"temperature", "hot"}}, "temperature");
   ExpectChatError({{"temperature", -1}}, "temperature");
