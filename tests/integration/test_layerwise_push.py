@@ -227,8 +227,9 @@ def test_staged_pull_from_killed_prefill_recomputes(reference):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(complete, client, PROMPTS[9])
             # Prefilled and pinned, waiting for the pull.
+            # Polled often: the kill must land inside the 2 s pull delay.
             wait_until(lambda: cluster.worker_metric("prefill-0", "sluice_prefill_held_blocks") > 0,
-                       60, "the prefill worker holds the KV")
+                       60, "the prefill worker holds the KV", interval=0.02)
             cluster.workers["prefill-0"].kill9()
             assert future.result() == reference[9]
         decode = cluster.worker_metrics_text("decode-0")

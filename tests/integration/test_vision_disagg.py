@@ -537,10 +537,11 @@ def test_rolling_restart_of_the_encoder_pool_fails_nothing(tokenizer):
             worker = c.workers[name]
             # Catch it holding a call when affinity sends it any (else it drains idle).
             busy_by = time.monotonic() + 15
-            while (time.monotonic() < busy_by and
-                   c.worker_metric(name, "sluice_encoder_requests_running") == 0):
-                time.sleep(0.05)
             busy[name] = c.worker_metric(name, "sluice_encoder_requests_running")
+            while time.monotonic() < busy_by and busy[name] == 0:
+                time.sleep(0.05)
+                # The value seen is the one kept: a second read could miss a call ending.
+                busy[name] = c.worker_metric(name, "sluice_encoder_requests_running")
             before = len(results)
             worker.proc.send_signal(signal.SIGTERM)
             assert worker.proc.wait(timeout=60) == 0, worker.tail()
