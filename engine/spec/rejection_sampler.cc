@@ -116,7 +116,7 @@ VerifiedToken VerifyRow(absl::Span<float> logits, const SamplingParams& params,
   raw.assign(logits.begin(), logits.end());
   TargetProbs(logits, params, context, &p);
   const int32_t d = draft->token_id;
-  const double q = draft->probs.empty() ? 1.0 : static_cast<double>(draft->probs[d]);
+  const double q = static_cast<double>(draft->probs[d]);
   int32_t token;
   if (rule.Accept(p[d], q, DrawUniform(key, kAcceptDraw))) {
     token = d;

@@ -33,8 +33,8 @@ void TargetProbs(absl::Span<float> logits, const SamplingParams& params,
                  const SequenceContext& context, std::vector<double>* probs);
 
 // RejectionRule: the acceptance test and the distribution after a rejection of a draft proposed
-// from a distribution q. The default is the exact rule above; it is an object so tests can show that a wrong rule is caught (the
-// statistical test of tests/unit/spec_distribution_test.cc).
+// from a distribution q. The default is the exact rule above; it is an object so tests can show
+// that a wrong rule is caught (the statistical test of tests/golden/spec_distribution_test.cc).
 class RejectionRule {
  public:
   virtual ~RejectionRule() = default;

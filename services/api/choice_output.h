@@ -4,7 +4,8 @@
 // StopStringMatcher (text that may start a stop string is held back). When a stop string
 // matches, the choice finishes with "stop" and the caller must abort the engine request; tokens
 // arriving after that are ignored. The text of the first min_tokens tokens is not searched for
-// stop strings (vLLM, PR 22014: stop strings apply once min_tokens tokens are out). Not thread-safe: one owner (the request's strand).
+// stop strings (vLLM, PR 22014: stop strings apply once min_tokens tokens are out).
+// Not thread-safe: one owner (the request's strand).
 #ifndef SLUICE_SERVICES_API_CHOICE_OUTPUT_H_
 #define SLUICE_SERVICES_API_CHOICE_OUTPUT_H_
 

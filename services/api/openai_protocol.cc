@@ -84,10 +84,9 @@ absl::StatusOr<bool> GetInt(const json& body, const char* name, int64_t lo, int6
   std::optional<int64_t> x = AsInt64(*v);
   if (!x.has_value()) {
     // An integer beyond int64 (2**63, 1e300) is out of range, not of the wrong type.
-    const bool integral =
-        v->is_number_integer() ||
-        (v->is_number_float() && std::isfinite(v->get<double>()) &&
-         v->get<double>() == std::floor(v->get<double>()));
+    const double d = v->is_number() ? v->get<double>() : 0.0;
+    const bool integral = v->is_number_integer() ||
+                          (v->is_number_float() && std::isfinite(d) && d == std::floor(d));
     if (!integral) return TypeError(name, "an integer");
     return RangeError(name, absl::StrCat("between ", lo, " and ", hi, ", got ", v->dump()));
   }

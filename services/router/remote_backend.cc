@@ -659,6 +659,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     backoff_ = std::min(options_.reserve_backoff_max,
                         backoff_ == absl::ZeroDuration() ? options_.reserve_backoff_initial
                                                          : backoff_ * 2);
+    StartQueueWait();
     const absl::Time wake = absl::Now() + backoff_;
     if (wake >= WaitUntil()) {
       reserve_error_ = absl::UnavailableError(absl::StrCat(
@@ -685,17 +686,20 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
     NextReserve();
   }
 
+  // StartQueueWait: every decode worker was found full; the queue timeout counts from the first
+  // time, not from the request's arrival (a request may queue for prefill far longer, and
+  // reserves only once its prefill runs).
+  void StartQueueWait() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queue_until_ != absl::InfiniteFuture()) return;
+    queue_wait_start_ = absl::Now();
+    queue_until_ = queue_wait_start_ + options_.decode_queue_timeout;
+  }
   // WaitUntil: the end of the wait for decode blocks: the queue timeout, and while prefill
-  // pins the first token's KV, the pin's end. The queue timeout counts from the first time
-  // every decode worker was full, not from the request's arrival: a request may queue for
-  // prefill far longer, and reserves only once its prefill runs.
+  // pins the first token's KV, the pin's end.
   absl::Time WaitUntil() {
     // A migration waits from its start (the request may be older than the queue timeout).
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_until_ == absl::InfiniteFuture()) {
-      queue_wait_start_ = absl::Now();
-      queue_until_ = queue_wait_start_ + options_.decode_queue_timeout;
-    }
     const absl::Time until = resuming_ ? migrate_until_ : queue_until_;
     return std::min(until, pin_until_);
   }
@@ -1249,7 +1253,7 @@ class RemoteBackend::Call : public std::enable_shared_from_this<Call> {
   bool reserve_started_ = false;  // this prefill phase's reservation began; guarded by mu_
   bool prefill_phase_ended_ = false;                    // guarded by mu_
   bool prefill_ok_ = false;  // a prefill worker answered the first token; guarded by mu_
-  // The end of the wait for decode blocks (set by WaitUntil; guarded by mu_).
+  // The end of the wait for decode blocks (set by StartQueueWait; guarded by mu_).
   absl::Time queue_until_ = absl::InfiniteFuture();
   absl::Time queue_wait_start_;
   absl::Time pin_until_ = absl::InfiniteFuture();       // pinned KV usable until; guarded by mu_
