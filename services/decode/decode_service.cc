@@ -300,6 +300,11 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     absl::Time reserved_at = absl::InfinitePast();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      // Its engine request already ended (final output, failed reservation): an abort now
+      // would hit whatever request reuses the engine id since, e.g. the local re-prefill the
+      // router starts here right after this request's reservation expired, when the old
+      // stream's cancel arrives late.
+      if (state_ == State::kFailed) return;
       cancelled_ = true;
       abort = state_ != State::kTransferring;
       const bool pushed = prefill_.has_value() && prefill_->kv_pushed();
@@ -307,7 +312,7 @@ class DecodeSession : public std::enable_shared_from_this<DecodeSession> {
     }
     if (!abort) return;
     if (reserved_at != absl::InfinitePast()) {
-      service_->AbortReservation(engine_id_, reserved_at);
+      service_->AbortReservation(shared_from_this(), reserved_at);
     } else {
       service_->engine()->Abort(engine_id_);
     }
@@ -838,13 +843,18 @@ void DecodeService::ExpireUnclaimed(const std::shared_ptr<DecodeSession>& sessio
   });
 }
 
-void DecodeService::AbortReservation(const std::string& engine_id, absl::Time reserved_at) {
+void DecodeService::AbortReservation(const std::shared_ptr<DecodeSession>& session,
+                                     absl::Time reserved_at) {
   const absl::Time safe_at = reserved_at + options_.reserve_timeout;
   if (options_.transfer_mode != v1::KV_TRANSFER_MODE_LAYERWISE || safe_at <= absl::Now()) {
-    engine_->Abort(engine_id);
+    engine_->Abort(session->engine_id());
     return;
   }
-  pool_.PostAt(safe_at, [this, engine_id] { engine_->Abort(engine_id); });
+  std::weak_ptr<DecodeSession> weak = session;
+  pool_.PostAt(safe_at, [this, weak] {
+    std::shared_ptr<DecodeSession> s = weak.lock();
+    if (s != nullptr && !s->Finished()) engine_->Abort(s->engine_id());
+  });
 }
 
 void DecodeService::StartTransfer(std::shared_ptr<DecodeSession> session) {

@@ -136,8 +136,9 @@ class DecodeService final : public v1::DecodeWorker::CallbackService {
   // AbortReservation frees a cancelled reservation: at once, except in layerwise mode, where a
   // prefill worker may still write into it until its pushes' deadline — which the router bounds
   // by the reservation's life (PrefillRequest.decode_reservation_ttl_ms) —, so at
-  // `reserved_at` + reserve_timeout.
-  void AbortReservation(const std::string& engine_id, absl::Time reserved_at);
+  // `reserved_at` + reserve_timeout; then only if `session`'s engine request has not ended
+  // meanwhile (its engine id may by then name a later session's request).
+  void AbortReservation(const std::shared_ptr<DecodeSession>& session, absl::Time reserved_at);
 
  private:
   // NewSession: a session reserving blocks for `request` (a Decode that came without a
